@@ -1,0 +1,1 @@
+//! The s2mmu workloads on the host's real KVM.

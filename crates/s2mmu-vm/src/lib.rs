@@ -1,0 +1,1 @@
+//! A simulated VM on the s2mmu engine.
