@@ -1,3 +1,47 @@
 //! s2mmu: a second-stage MMU for hypervisors.
+//!
+//! The memory-virtualization core that Linux KVM keeps in its kernel, as an
+//! embeddable library: stage-2 page tables and their walker ([`walk`],
+//! [`ops`]), table memory ([`table`], [`memcache`]) and TLB invalidation
+//! ([`tlb`]). The core needs only `alloc`; the `std` feature (on by default)
+//! adds a host-memory table allocator with epoch-based reclamation.
+//!
+//! ```
+//! use s2mmu::format::arm64::{Arm64Stage2, Granule};
+//! use s2mmu::{MapOptions, PageCache, PageTable, Prot, HostMmOps, NoTlb};
+//! use std::sync::Arc;
+//!
+//! let fmt = Arm64Stage2::new(Granule::K4, 40)?;
+//! let mm = HostMmOps::new(4096)?;
+//! let mut pt = PageTable::new(fmt, mm.clone(), Arc::new(NoTlb))?;
+//! let mut cache = PageCache::new(mm);
+//! cache.top_up(4)?;
+//! // 4 MiB at IPA 1 GiB, 2 MiB aligned on both sides: two 2 MiB blocks.
+//! pt.map(1 << 30, 4 << 20, 0x8000_0000, Prot::RW, &mut cache, MapOptions::default())?;
+//! let t = pt.translate((1 << 30) + 0x1234).unwrap();
+//! assert_eq!(t.pa, 0x8000_1234);
+//! assert_eq!(t.size, 2 << 20);
+//! # Ok::<(), s2mmu::Error>(())
+//! ```
 #![cfg_attr(not(feature = "std"), no_std)]
+#![warn(missing_docs)]
 extern crate alloc;
+
+mod error;
+pub mod format;
+pub mod memcache;
+pub mod ops;
+mod pgtable;
+pub mod table;
+pub mod tlb;
+pub mod walk;
+
+pub use error::{Error, Result};
+pub use format::{Prot, PteFormat};
+pub use memcache::PageCache;
+pub use ops::{MapOptions, MapStats, RelaxOutcome, SplitPolicy, SplitStats, UnmapStats};
+pub use pgtable::{Leaf, PageTable, TableReader, Translation};
+#[cfg(feature = "std")]
+pub use table::HostMmOps;
+pub use table::MmOps;
+pub use tlb::{NoTlb, TlbBatch, TlbInvalidate, TlbPolicy};

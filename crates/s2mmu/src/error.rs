@@ -1,0 +1,137 @@
+//! The engine's error type: one small enum whose variants carry the offending values.
+
+use core::fmt;
+
+/// Everything an engine operation can refuse or fail with.
+///
+/// Operations validate their input before they change anything, so an error
+/// means the page table is exactly as it was before the call (the one
+/// documented exception is [`Error::Again`] from shared-mode walks, which
+/// leaves the table consistent but tells the caller to retry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// An address or size is not aligned as required.
+    Misaligned {
+        /// Which argument (`"ipa"`, `"size"`, `"pa"`, ...).
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The alignment it must have.
+        align: u64,
+    },
+    /// A size of zero, or a range that wraps around the address space.
+    EmptyRange {
+        /// Start of the range.
+        ipa: u64,
+        /// Size given.
+        size: u64,
+    },
+    /// The range does not fit in the input address space.
+    OutOfRange {
+        /// Start of the range.
+        ipa: u64,
+        /// Size of the range.
+        size: u64,
+        /// Size of the IPA space (`1 << ipa_bits`).
+        limit: u64,
+    },
+    /// A configuration value is not supported (granule, IPA size, chunk size, ...).
+    InvalidConfig {
+        /// Which setting.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+    },
+    /// The output address does not fit the descriptor format.
+    PhysOutOfRange {
+        /// The output address given.
+        pa: u64,
+        /// The number of physical address bits the format encodes.
+        pa_bits: u32,
+    },
+    /// Mapping over a page that is already mapped.
+    AlreadyMapped {
+        /// First guest address that is already mapped.
+        ipa: u64,
+    },
+    /// An operation on a single address found no valid mapping there.
+    NotMapped {
+        /// The address.
+        ipa: u64,
+    },
+    /// The range cuts through a block mapping that the operation cannot
+    /// change partially (split it first).
+    SplitsBlock {
+        /// Start of the block.
+        block_ipa: u64,
+        /// Size of the block.
+        block_size: u64,
+    },
+    /// Permissions that the format cannot express or that contradict each other.
+    InvalidProt {
+        /// The raw permission bits.
+        bits: u32,
+    },
+    /// The page cache holds fewer table pages than the operation needs.
+    CacheExhausted {
+        /// Pages the operation needs.
+        needed: usize,
+        /// Pages the cache holds.
+        available: usize,
+    },
+    /// The table-page allocator returned no memory.
+    OutOfMemory,
+    /// A shared-mode update lost a race with another walker (or met an
+    /// entry locked for break-before-make); retry the operation.
+    Again {
+        /// The address whose entry changed underneath.
+        ipa: u64,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Error::Misaligned { what, value, align } => {
+                write!(f, "{what} {value:#x} is not aligned to {align:#x}")
+            }
+            Error::EmptyRange { ipa, size } => {
+                write!(f, "range at {ipa:#x} of size {size:#x} is empty or wraps")
+            }
+            Error::OutOfRange { ipa, size, limit } => write!(
+                f,
+                "range {ipa:#x}+{size:#x} is outside the IPA space of {limit:#x} bytes"
+            ),
+            Error::InvalidConfig { what, value } => {
+                write!(f, "unsupported {what}: {value}")
+            }
+            Error::PhysOutOfRange { pa, pa_bits } => {
+                write!(f, "output address {pa:#x} does not fit in {pa_bits} bits")
+            }
+            Error::AlreadyMapped { ipa } => write!(f, "IPA {ipa:#x} is already mapped"),
+            Error::NotMapped { ipa } => write!(f, "IPA {ipa:#x} is not mapped"),
+            Error::SplitsBlock {
+                block_ipa,
+                block_size,
+            } => write!(
+                f,
+                "range cuts through the block mapping at {block_ipa:#x} of size {block_size:#x}; split it first"
+            ),
+            Error::InvalidProt { bits } => write!(f, "invalid permissions {bits:#x}"),
+            Error::CacheExhausted { needed, available } => write!(
+                f,
+                "page cache holds {available} table pages, the operation needs {needed}"
+            ),
+            Error::OutOfMemory => write!(f, "out of memory for table pages"),
+            Error::Again { ipa } => {
+                write!(f, "entry for IPA {ipa:#x} changed concurrently; retry")
+            }
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for Error {}
+
+/// Shorthand for engine results.
+pub type Result<T> = core::result::Result<T, Error>;

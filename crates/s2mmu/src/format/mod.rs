@@ -1,0 +1,213 @@
+//! Descriptor formats behind one trait.
+//!
+//! Everything above this module (walker, operations, dirty logging) is
+//! format-agnostic: it asks the format what a level covers, whether an entry
+//! is a table, how to build a leaf. [`arm64`] is the VMSAv8-64 stage-2
+//! format; x86 EPT can follow behind the same trait.
+
+pub mod arm64;
+
+use core::fmt;
+
+/// Access permissions and memory type of a mapping, independent of format.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Prot(u32);
+
+impl Prot {
+    /// Readable.
+    pub const R: Prot = Prot(1 << 0);
+    /// Writable.
+    pub const W: Prot = Prot(1 << 1);
+    /// Executable (at every exception level).
+    pub const X: Prot = Prot(1 << 2);
+    /// Device memory (nGnRE); never executable, never cacheable.
+    pub const DEVICE: Prot = Prot(1 << 3);
+    /// Normal non-cacheable memory.
+    pub const NORMAL_NC: Prot = Prot(1 << 4);
+    /// Read and write.
+    pub const RW: Prot = Prot(Self::R.0 | Self::W.0);
+    /// Read, write and execute.
+    pub const RWX: Prot = Prot(Self::R.0 | Self::W.0 | Self::X.0);
+    /// No access (an invalid mapping is expressed by not mapping; this is
+    /// only useful as an empty set).
+    pub const NONE: Prot = Prot(0);
+
+    const ALL: u32 = 0x1f;
+
+    /// Builds a value from raw bits.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidProt`] when unknown bits are set.
+    pub fn from_bits(bits: u32) -> crate::Result<Prot> {
+        if bits & !Self::ALL != 0 {
+            return Err(crate::Error::InvalidProt { bits });
+        }
+        Ok(Prot(bits))
+    }
+
+    /// The raw bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Whether every permission in `other` is in `self`.
+    pub const fn contains(self, other: Prot) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The union of both sets.
+    #[must_use]
+    pub const fn union(self, other: Prot) -> Prot {
+        Prot(self.0 | other.0)
+    }
+
+    /// `self` without the permissions in `other`.
+    #[must_use]
+    pub const fn difference(self, other: Prot) -> Prot {
+        Prot(self.0 & !other.0)
+    }
+}
+
+impl core::ops::BitOr for Prot {
+    type Output = Prot;
+    fn bitor(self, rhs: Prot) -> Prot {
+        self.union(rhs)
+    }
+}
+
+impl fmt::Debug for Prot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Self::R, "R"),
+            (Self::W, "W"),
+            (Self::X, "X"),
+            (Self::DEVICE, "DEVICE"),
+            (Self::NORMAL_NC, "NC"),
+        ];
+        let mut first = true;
+        write!(f, "Prot(")?;
+        for (p, n) in names {
+            if self.contains(p) {
+                if !first {
+                    write!(f, "|")?;
+                }
+                write!(f, "{n}")?;
+                first = false;
+            }
+        }
+        write!(f, ")")
+    }
+}
+
+/// A stage-2 descriptor format and the geometry of one table built with it.
+///
+/// Levels are numbered as on arm64: the last level (pages) is
+/// [`PteFormat::last_level`], the root is [`PteFormat::start_level`], and a
+/// smaller number covers more address space. The root may consist of several
+/// concatenated table pages ([`PteFormat::root_pages`]).
+///
+/// All methods are cheap and pure; the walker calls them for every entry.
+pub trait PteFormat: Clone + Send + Sync + 'static {
+    /// log2 of the translation granule (the size of a page and of a table page).
+    fn page_shift(&self) -> u32;
+    /// Number of IPA bits the table translates.
+    fn ipa_bits(&self) -> u32;
+    /// Number of output-address bits the descriptors can hold.
+    fn pa_bits(&self) -> u32;
+    /// Level of the root table.
+    fn start_level(&self) -> u32;
+    /// Number of concatenated pages that form the root table.
+    fn root_pages(&self) -> usize;
+    /// Whether a leaf (block or page) may be installed at `level`.
+    fn leaf_allowed(&self, level: u32) -> bool;
+
+    /// Level of page (last-level) entries.
+    #[inline]
+    fn last_level(&self) -> u32 {
+        3
+    }
+    /// Bytes in one page (and one table page).
+    #[inline]
+    fn page_size(&self) -> u64 {
+        1 << self.page_shift()
+    }
+    /// Index bits resolved per level.
+    #[inline]
+    fn bits_per_level(&self) -> u32 {
+        self.page_shift() - 3
+    }
+    /// Entries in one table page.
+    #[inline]
+    fn entries_per_table(&self) -> usize {
+        1 << self.bits_per_level()
+    }
+    /// log2 of the bytes an entry at `level` covers.
+    #[inline]
+    fn level_shift(&self, level: u32) -> u32 {
+        self.bits_per_level() * (self.last_level() - level) + self.page_shift()
+    }
+    /// Bytes an entry at `level` covers.
+    #[inline]
+    fn granule(&self, level: u32) -> u64 {
+        1 << self.level_shift(level)
+    }
+    /// Index of `addr` in a table at `level` (for the root: within one root page).
+    #[inline]
+    fn index(&self, addr: u64, level: u32) -> usize {
+        ((addr >> self.level_shift(level)) as usize) & (self.entries_per_table() - 1)
+    }
+    /// Bytes of IPA space one root page covers.
+    #[inline]
+    fn root_page_span(&self) -> u64 {
+        self.granule(self.start_level()) << self.bits_per_level()
+    }
+    /// Size of the IPA space in bytes.
+    #[inline]
+    fn ipa_limit(&self) -> u64 {
+        1u64 << self.ipa_bits()
+    }
+
+    /// Whether the entry is valid (a table or a leaf that translates).
+    fn is_valid(&self, pte: u64) -> bool;
+    /// Whether the entry at `level` points to a next-level table.
+    fn is_table(&self, pte: u64, level: u32) -> bool;
+    /// A table entry pointing at the table page at `pa`.
+    fn table_pte(&self, pa: u64) -> u64;
+    /// A valid leaf at `level` mapping `pa` with `prot`, access flag set.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidProt`] for contradictory permissions,
+    /// [`crate::Error::PhysOutOfRange`] when `pa` does not fit.
+    fn leaf_pte(&self, pa: u64, level: u32, prot: Prot) -> crate::Result<u64>;
+    /// The output address of a valid table or leaf entry.
+    fn output_address(&self, pte: u64) -> u64;
+    /// The permissions (and memory type where the format records it) of a leaf.
+    fn prot(&self, pte: u64) -> Prot;
+    /// The descriptor bits that grant `prot`'s access permissions (not the
+    /// memory type): what a permission relaxation ORs in.
+    fn perm_bits(&self, prot: Prot) -> u64;
+    /// The bit that grants write access.
+    fn write_bit(&self) -> u64;
+    /// The access flag bit.
+    fn access_flag(&self) -> u64;
+    /// `pte` made executable (at every exception level).
+    fn with_exec(&self, pte: u64) -> u64;
+    /// The leaf that maps `offset` bytes further than `pte` with the same
+    /// attributes (used to fill a table from a block). The default adds to
+    /// the entry, right for formats whose output address sits in place in
+    /// the entry and does not carry out of it for offsets inside one block.
+    #[inline]
+    fn advance_leaf(&self, pte: u64, offset: u64) -> u64 {
+        pte + offset
+    }
+    /// The leaf at `level` with the output address and attributes of the
+    /// leaf `pte` (a block's attributes carried to its pages, or back).
+    fn relevel_leaf(&self, pte: u64, from_level: u32, to_level: u32) -> u64;
+    /// The invalid value that marks an entry locked for break-before-make.
+    fn locked(&self) -> u64;
+    /// Whether the entry holds the break-before-make lock marker.
+    #[inline]
+    fn is_locked(&self, pte: u64) -> bool {
+        pte == self.locked()
+    }
+}

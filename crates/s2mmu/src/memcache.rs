@@ -1,0 +1,97 @@
+//! Pre-allocated table pages (KVM's `kvm_mmu_memory_cache`).
+//!
+//! Allocation may sleep or fail, so operations that run under the MMU lock
+//! never allocate: the caller tops the cache up before taking the lock, and
+//! the operation takes pages from it.
+
+use crate::table::MmOps;
+use crate::{Error, Result};
+use alloc::vec::Vec;
+
+/// A stack of zeroed table pages owned by one user (a vCPU, the split driver).
+/// Pages left in it are given back when it is dropped.
+pub struct PageCache<M: MmOps> {
+    mm: M,
+    pages: Vec<u64>,
+}
+
+impl<M: MmOps> PageCache<M> {
+    /// An empty cache drawing from `mm`.
+    pub fn new(mm: M) -> Self {
+        PageCache {
+            mm,
+            pages: Vec::new(),
+        }
+    }
+
+    /// Fills the cache until it holds at least `min` pages.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] if the allocator runs dry; the pages obtained so
+    /// far stay in the cache.
+    pub fn top_up(&mut self, min: usize) -> Result<()> {
+        self.pages.reserve(min.saturating_sub(self.pages.len()));
+        while self.pages.len() < min {
+            let pa = self.mm.zalloc_page().ok_or(Error::OutOfMemory)?;
+            self.pages.push(pa);
+        }
+        Ok(())
+    }
+
+    /// Number of pages held.
+    pub fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// Takes one page.
+    pub(crate) fn pop(&mut self) -> Option<u64> {
+        self.pages.pop()
+    }
+
+    /// Returns an unused page taken with [`PageCache::pop`].
+    pub(crate) fn push(&mut self, pa: u64) {
+        self.pages.push(pa);
+    }
+
+    /// Gives every held page back to the allocator.
+    pub fn release_all(&mut self) {
+        for pa in self.pages.drain(..) {
+            // SAFETY: cached pages were never linked into a table, so no
+            // reader can reach them.
+            unsafe { self.mm.free_page(pa) };
+        }
+    }
+}
+
+impl<M: MmOps> Drop for PageCache<M> {
+    fn drop(&mut self) {
+        self.release_all();
+    }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use crate::table::HostMmOps;
+
+    #[test]
+    fn top_up_and_release() {
+        let mm = HostMmOps::new(4096).unwrap();
+        let mut c = PageCache::new(mm.clone());
+        c.top_up(5).unwrap();
+        assert_eq!(c.len(), 5);
+        c.top_up(3).unwrap();
+        assert_eq!(c.len(), 5, "top_up never shrinks");
+        let p = c.pop().unwrap();
+        assert_eq!(c.len(), 4);
+        c.push(p);
+        assert_eq!(mm.stats().live_pages, 5);
+        drop(c);
+        assert_eq!(mm.stats().live_pages, 0, "dropping the cache frees its pages");
+    }
+}

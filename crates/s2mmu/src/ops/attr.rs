@@ -1,0 +1,175 @@
+//! Attribute updates of existing leaves: write-protect, permission
+//! relaxation, access flag. No break-before-make: only permissions change.
+
+use crate::format::{Prot, PteFormat};
+use crate::pgtable::PageTable;
+use crate::table::MmOps;
+use crate::tlb::TlbBatch;
+use crate::walk::{Visit, VisitCtx, WalkAction, WalkFlags};
+use crate::{Error, Result};
+
+/// What a permission relaxation found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelaxOutcome {
+    /// The leaf before.
+    pub old: u64,
+    /// The leaf after (equal to `old` if it already allowed the access).
+    pub new: u64,
+    /// Level of the leaf.
+    pub level: u32,
+    /// First address the leaf maps.
+    pub leaf_ipa: u64,
+}
+
+impl RelaxOutcome {
+    /// Whether this call made the leaf writable (the moment a dirty-logged
+    /// page must be marked dirty).
+    pub fn became_writable(&self, write_bit: u64) -> bool {
+        self.old & write_bit == 0 && self.new & write_bit != 0
+    }
+}
+
+impl<F: PteFormat, M: MmOps> PageTable<F, M> {
+    /// Removes write permission from every leaf overlapping
+    /// `[ipa, ipa + size)` (whole blocks, even partly covered ones). Holes
+    /// are skipped. Issues one range invalidation for what it changed and
+    /// returns the number of leaves changed.
+    ///
+    /// # Errors
+    /// [`Error::Misaligned`], [`Error::EmptyRange`], [`Error::OutOfRange`].
+    pub fn wrprotect(&mut self, ipa: u64, size: u64) -> Result<u64> {
+        let tlb = self.tlb.clone();
+        let mut batch = TlbBatch::new(&*tlb, self.tlb_policy);
+        let n = self.wrprotect_batched(ipa, size, &mut batch)?;
+        batch.finish();
+        Ok(n)
+    }
+
+    /// [`PageTable::wrprotect`] adding its invalidation to `batch`, for
+    /// callers that protect many ranges and flush once (dirty-log clear).
+    ///
+    /// # Errors
+    /// As [`PageTable::wrprotect`].
+    pub fn wrprotect_batched(
+        &mut self,
+        ipa: u64,
+        size: u64,
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<u64> {
+        self.check_range(ipa, size)?;
+        let w = self.format().write_bit();
+        let mut changed = 0u64;
+        let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
+            if ctx.fmt.is_valid(ctx.old) && ctx.old & w != 0 {
+                ctx.try_set(ctx.old & !w)?;
+                changed += 1;
+                batch.add(ctx.entry_start(), ctx.granule());
+            }
+            Ok(WalkAction::Continue)
+        };
+        self.walk(ipa, size, WalkFlags::LEAF | WalkFlags::IGNORE_AGAIN, &mut v)?;
+        Ok(changed)
+    }
+
+    /// Adds the access permissions of `prot` (read, write, execute) to the
+    /// leaf that maps `ipa`, whatever its size, by compare-and-swap (safe
+    /// under the read lock: the fault path's fast path). Then invalidates
+    /// the address on this CPU only, as KVM does: other CPUs at worst take a
+    /// spurious fault on the old entry.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidProt`] if `prot` has memory-type bits;
+    /// - [`Error::NotMapped`] if no valid leaf maps `ipa`;
+    /// - [`Error::Again`] if the entry changed underneath or is locked.
+    pub fn relax_perms(&self, ipa: u64, prot: Prot) -> Result<RelaxOutcome> {
+        if prot.contains(Prot::DEVICE) || prot.contains(Prot::NORMAL_NC) {
+            return Err(Error::InvalidProt { bits: prot.bits() });
+        }
+        let page = self.format().page_size();
+        self.check_range(ipa & !(page - 1), page)?;
+        let set = self.format().perm_bits(prot);
+        let mut out = None;
+        let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
+            if ctx.fmt.is_locked(ctx.old) {
+                return Err(Error::Again { ipa: ctx.addr });
+            }
+            if !ctx.fmt.is_valid(ctx.old) {
+                return Err(Error::NotMapped { ipa: ctx.addr });
+            }
+            let mut new = ctx.old | set;
+            if prot.contains(Prot::X) {
+                new = ctx.fmt.with_exec(new);
+            }
+            if new != ctx.old {
+                ctx.try_set(new)?;
+            }
+            out = Some(RelaxOutcome {
+                old: ctx.old,
+                new,
+                level: ctx.level,
+                leaf_ipa: ctx.entry_start(),
+            });
+            Ok(WalkAction::Continue)
+        };
+        let r = self.walk_shared(ipa & !(page - 1), page, WalkFlags::LEAF, &mut v);
+        if let Some(o) = out {
+            if o.new != o.old {
+                self.tlb.flush_ipa_local(ipa, Some(o.level));
+            }
+        }
+        r?;
+        out.ok_or(Error::NotMapped { ipa })
+    }
+
+    /// Sets the access flag of the leaf that maps `ipa` (an access-flag
+    /// fault), by compare-and-swap.
+    ///
+    /// # Errors
+    /// [`Error::NotMapped`] or [`Error::Again`] as for
+    /// [`PageTable::relax_perms`].
+    pub fn mkyoung(&self, ipa: u64) -> Result<()> {
+        let page = self.format().page_size();
+        self.check_range(ipa & !(page - 1), page)?;
+        let af = self.format().access_flag();
+        let mut found = false;
+        let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
+            if !ctx.fmt.is_valid(ctx.old) {
+                return Err(Error::NotMapped { ipa: ctx.addr });
+            }
+            found = true;
+            if ctx.old & af == 0 {
+                ctx.try_set(ctx.old | af)?;
+            }
+            Ok(WalkAction::Continue)
+        };
+        self.walk_shared(ipa & !(page - 1), page, WalkFlags::LEAF, &mut v)?;
+        if found {
+            Ok(())
+        } else {
+            Err(Error::NotMapped { ipa })
+        }
+    }
+
+    /// Reports whether any leaf overlapping `[ipa, ipa + size)` has its
+    /// access flag set, clearing the flags if `mkold` (page aging). No
+    /// invalidation: a stale young entry only delays aging.
+    ///
+    /// # Errors
+    /// [`Error::Misaligned`], [`Error::EmptyRange`], [`Error::OutOfRange`].
+    pub fn test_clear_young(&mut self, ipa: u64, size: u64, mkold: bool) -> Result<bool> {
+        self.check_range(ipa, size)?;
+        let af = self.format().access_flag();
+        let mut young = false;
+        let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
+            if ctx.fmt.is_valid(ctx.old) && ctx.old & af != 0 {
+                young = true;
+                if mkold {
+                    ctx.try_set(ctx.old & !af)?;
+                }
+            }
+            Ok(WalkAction::Continue)
+        };
+        self.walk(ipa, size, WalkFlags::LEAF, &mut v)?;
+        Ok(young)
+    }
+}

@@ -1,0 +1,45 @@
+//! Test helpers shared by the engine's integration tests and fuzz target.
+#![allow(dead_code)]
+
+pub mod model;
+
+use s2mmu::format::arm64::{Arm64Stage2, Granule};
+use s2mmu::tlb::TlbRecorder;
+use s2mmu::{HostMmOps, PageCache, PageTable};
+use std::sync::Arc;
+
+/// A table with a recording TLB backend.
+pub struct Fixture {
+    pub pt: PageTable<Arm64Stage2, HostMmOps>,
+    pub mm: HostMmOps,
+    pub tlb: Arc<TlbRecorder>,
+    pub cache: PageCache<HostMmOps>,
+}
+
+pub fn fixture(granule: Granule, ipa_bits: u32) -> Fixture {
+    let fmt = Arm64Stage2::new(granule, ipa_bits).unwrap();
+    let mm = HostMmOps::new(1 << granule.shift()).unwrap();
+    let tlb = Arc::new(TlbRecorder::new());
+    let pt = PageTable::new(fmt, mm.clone(), tlb.clone()).unwrap();
+    let cache = PageCache::new(mm.clone());
+    Fixture { pt, mm, tlb, cache }
+}
+
+impl Fixture {
+    /// Table pages allocated and not freed or waiting for reclamation must
+    /// be exactly those reachable from the root plus those in the cache.
+    pub fn assert_no_leak(&self) {
+        let s = self.mm.stats();
+        let reachable = self.pt.table_pages();
+        assert_eq!(
+            s.live_pages - s.deferred_pages,
+            reachable + self.cache.len(),
+            "live {} deferred {} reachable {} cached {}",
+            s.live_pages,
+            s.deferred_pages,
+            reachable,
+            self.cache.len()
+        );
+        self.pt.check_counts().unwrap();
+    }
+}
