@@ -92,6 +92,10 @@ mod tests {
         c.push(p);
         assert_eq!(mm.stats().live_pages, 5);
         drop(c);
-        assert_eq!(mm.stats().live_pages, 0, "dropping the cache frees its pages");
+        assert_eq!(
+            mm.stats().live_pages,
+            0,
+            "dropping the cache frees its pages"
+        );
     }
 }

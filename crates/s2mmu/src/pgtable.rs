@@ -371,8 +371,8 @@ fn translate<F: PteFormat, M: MmOps>(core: &TableCore<F, M>, ipa: u64) -> Option
     loop {
         // SAFETY: `table` is the root or a child read from a valid table
         // entry; the read guard keeps it allocated; the index is in bounds.
-        let pte = unsafe { entry_ref(&core.mm, table, fmt.index(ipa, level)) }
-            .load(Ordering::Acquire);
+        let pte =
+            unsafe { entry_ref(&core.mm, table, fmt.index(ipa, level)) }.load(Ordering::Acquire);
         if !fmt.is_valid(pte) {
             return None;
         }

@@ -339,7 +339,11 @@ mod host {
             let b = mm.zalloc_page().unwrap();
             assert_eq!(a, b, "freed page is recycled");
             // SAFETY: live page.
-            assert_eq!(unsafe { *mm.phys_to_virt(b).add(7) }, 0, "recycled page is zeroed");
+            assert_eq!(
+                unsafe { *mm.phys_to_virt(b).add(7) },
+                0,
+                "recycled page is zeroed"
+            );
             assert_eq!(mm.entry_count(b).load(Ordering::Relaxed), 0);
         }
 

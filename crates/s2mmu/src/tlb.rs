@@ -297,7 +297,9 @@ mod tests {
         assert_eq!(split.flush_range(&r, 0, 64 << 30), 8);
         let calls = r.take();
         assert_eq!(calls.len(), 8);
-        assert!(calls.iter().all(|c| matches!(c, TlbCall::Range { size, .. } if *size == 8 << 30)));
+        assert!(calls
+            .iter()
+            .all(|c| matches!(c, TlbCall::Range { size, .. } if *size == 8 << 30)));
         let whole = TlbPolicy::new(12);
         assert_eq!(whole.flush_range(&r, 0, 64 << 30), 1);
         assert_eq!(r.take(), vec![TlbCall::Vmid]);

@@ -296,12 +296,7 @@ impl<'a, F: PteFormat, M: MmOps, V: Visitor<F, M>> Walker<'a, F, M, V> {
     }
 
     #[inline]
-    fn visit(
-        &mut self,
-        entry: &AtomicU64,
-        count: Option<&AtomicU32>,
-        level: u32,
-    ) -> Result<Flow> {
+    fn visit(&mut self, entry: &AtomicU64, count: Option<&AtomicU32>, level: u32) -> Result<Flow> {
         let fmt = self.fmt;
         let mut old = entry.load(Ordering::Acquire);
         let mut table = fmt.is_table(old, level);
@@ -334,8 +329,8 @@ impl<'a, F: PteFormat, M: MmOps, V: Visitor<F, M>> Walker<'a, F, M, V> {
             }
             WalkAction::Continue => {}
         }
-        let no_descent = self.flags.contains(WalkFlags::NO_LAST_LEVEL_TABLES)
-            && level + 1 == fmt.last_level();
+        let no_descent =
+            self.flags.contains(WalkFlags::NO_LAST_LEVEL_TABLES) && level + 1 == fmt.last_level();
         if !table || no_descent {
             self.addr = (self.addr & !(granule - 1)) + granule;
             return Ok(Flow::Next);
@@ -409,7 +404,11 @@ pub(crate) unsafe fn walk<F: PteFormat, M: MmOps, V: Visitor<F, M>>(
         .checked_add(size)
         .and_then(|e| e.checked_add(page - 1))
         .map(|e| e & !(page - 1))
-        .ok_or(Error::OutOfRange { ipa: addr, size, limit })?;
+        .ok_or(Error::OutOfRange {
+            ipa: addr,
+            size,
+            limit,
+        })?;
     if addr > limit || end > limit {
         return Err(Error::OutOfRange {
             ipa: addr,

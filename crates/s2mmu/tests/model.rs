@@ -44,7 +44,11 @@ fn run(granule: Granule, ops: &[Op]) {
     drop(fx.cache);
     drop(fx.pt);
     assert!(fx.mm.flush_deferred(), "deferred frees ran");
-    assert_eq!(fx.mm.stats().live_pages, 0, "every table page is freed at the end");
+    assert_eq!(
+        fx.mm.stats().live_pages,
+        0,
+        "every table page is freed at the end"
+    );
 }
 
 proptest! {

@@ -17,13 +17,37 @@ fn map_uses_the_largest_blocks_alignment_allows() {
     // [1G - 4K, 2G + 2M + 4K): a page, a 1G block, a 2M block, a page.
     let ipa = GIB - 4096;
     let size = GIB + 2 * MIB + 8192;
-    fx.pt.map(ipa, size, ipa, Prot::RW, &mut fx.cache, MapOptions::default()).unwrap();
-    let sizes: Vec<u64> = fx.pt.leaves(ipa, size).unwrap().iter().map(|l| l.size).collect();
+    fx.pt
+        .map(
+            ipa,
+            size,
+            ipa,
+            Prot::RW,
+            &mut fx.cache,
+            MapOptions::default(),
+        )
+        .unwrap();
+    let sizes: Vec<u64> = fx
+        .pt
+        .leaves(ipa, size)
+        .unwrap()
+        .iter()
+        .map(|l| l.size)
+        .collect();
     assert_eq!(sizes, vec![4096, GIB, 2 * MIB, 4096]);
     // A pa misaligned to 2M forces pages for the same ipa range.
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(8).unwrap();
-    fx.pt.map(GIB, 2 * MIB, 0x1000, Prot::RW, &mut fx.cache, MapOptions::default()).unwrap();
+    fx.pt
+        .map(
+            GIB,
+            2 * MIB,
+            0x1000,
+            Prot::RW,
+            &mut fx.cache,
+            MapOptions::default(),
+        )
+        .unwrap();
     assert_eq!(fx.pt.leaves(GIB, 2 * MIB).unwrap().len(), 512);
     fx.assert_no_leak();
 }
@@ -33,31 +57,98 @@ fn bad_input_is_refused_and_leaves_the_table_alone() {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(4).unwrap();
     let d = MapOptions::default();
-    fx.pt.map(GIB, 2 * MIB, GIB, Prot::RW, &mut fx.cache, d).unwrap();
+    fx.pt
+        .map(GIB, 2 * MIB, GIB, Prot::RW, &mut fx.cache, d)
+        .unwrap();
     let before = fx.pt.leaves(0, 1 << 40).unwrap();
     let cache_before = fx.cache.len();
     let cases = [
-        (fx.pt.map(GIB + 1, 4096, 0, Prot::R, &mut fx.cache, d).unwrap_err(),
-         Error::Misaligned { what: "ipa", value: GIB + 1, align: 4096 }),
-        (fx.pt.map(0, 4095, 0, Prot::R, &mut fx.cache, d).unwrap_err(),
-         Error::Misaligned { what: "size", value: 4095, align: 4096 }),
-        (fx.pt.map(0, 4096, 7, Prot::R, &mut fx.cache, d).unwrap_err(),
-         Error::Misaligned { what: "pa", value: 7, align: 4096 }),
-        (fx.pt.map(0, 0, 0, Prot::R, &mut fx.cache, d).unwrap_err(),
-         Error::EmptyRange { ipa: 0, size: 0 }),
-        (fx.pt.map((1 << 40) - 4096, 8192, 0, Prot::R, &mut fx.cache, d).unwrap_err(),
-         Error::OutOfRange { ipa: (1 << 40) - 4096, size: 8192, limit: 1 << 40 }),
-        (fx.pt.map(GIB - 4096, 8192, 0, Prot::R, &mut fx.cache, d).unwrap_err(),
-         Error::AlreadyMapped { ipa: GIB }),
-        (fx.pt.map(0, 4096, 1 << 48, Prot::R, &mut fx.cache, d).unwrap_err(),
-         Error::PhysOutOfRange { pa: 1 << 48, pa_bits: 48 }),
-        (fx.pt.map(0, 4096, 0, Prot::RWX | Prot::DEVICE, &mut fx.cache, d).unwrap_err(),
-         Error::InvalidProt { bits: (Prot::RWX | Prot::DEVICE).bits() }),
-        (fx.pt.unmap(GIB, 4096).unwrap_err(),
-         Error::SplitsBlock { block_ipa: GIB, block_size: 2 * MIB }),
-        (fx.pt.relax_perms(2 * GIB, Prot::RW).unwrap_err(), Error::NotMapped { ipa: 2 * GIB }),
-        (fx.pt.wrprotect(GIB, 123).unwrap_err(),
-         Error::Misaligned { what: "size", value: 123, align: 4096 }),
+        (
+            fx.pt
+                .map(GIB + 1, 4096, 0, Prot::R, &mut fx.cache, d)
+                .unwrap_err(),
+            Error::Misaligned {
+                what: "ipa",
+                value: GIB + 1,
+                align: 4096,
+            },
+        ),
+        (
+            fx.pt
+                .map(0, 4095, 0, Prot::R, &mut fx.cache, d)
+                .unwrap_err(),
+            Error::Misaligned {
+                what: "size",
+                value: 4095,
+                align: 4096,
+            },
+        ),
+        (
+            fx.pt
+                .map(0, 4096, 7, Prot::R, &mut fx.cache, d)
+                .unwrap_err(),
+            Error::Misaligned {
+                what: "pa",
+                value: 7,
+                align: 4096,
+            },
+        ),
+        (
+            fx.pt.map(0, 0, 0, Prot::R, &mut fx.cache, d).unwrap_err(),
+            Error::EmptyRange { ipa: 0, size: 0 },
+        ),
+        (
+            fx.pt
+                .map((1 << 40) - 4096, 8192, 0, Prot::R, &mut fx.cache, d)
+                .unwrap_err(),
+            Error::OutOfRange {
+                ipa: (1 << 40) - 4096,
+                size: 8192,
+                limit: 1 << 40,
+            },
+        ),
+        (
+            fx.pt
+                .map(GIB - 4096, 8192, 0, Prot::R, &mut fx.cache, d)
+                .unwrap_err(),
+            Error::AlreadyMapped { ipa: GIB },
+        ),
+        (
+            fx.pt
+                .map(0, 4096, 1 << 48, Prot::R, &mut fx.cache, d)
+                .unwrap_err(),
+            Error::PhysOutOfRange {
+                pa: 1 << 48,
+                pa_bits: 48,
+            },
+        ),
+        (
+            fx.pt
+                .map(0, 4096, 0, Prot::RWX | Prot::DEVICE, &mut fx.cache, d)
+                .unwrap_err(),
+            Error::InvalidProt {
+                bits: (Prot::RWX | Prot::DEVICE).bits(),
+            },
+        ),
+        (
+            fx.pt.unmap(GIB, 4096).unwrap_err(),
+            Error::SplitsBlock {
+                block_ipa: GIB,
+                block_size: 2 * MIB,
+            },
+        ),
+        (
+            fx.pt.relax_perms(2 * GIB, Prot::RW).unwrap_err(),
+            Error::NotMapped { ipa: 2 * GIB },
+        ),
+        (
+            fx.pt.wrprotect(GIB, 123).unwrap_err(),
+            Error::Misaligned {
+                what: "size",
+                value: 123,
+                align: 4096,
+            },
+        ),
     ];
     for (got, want) in cases {
         assert_eq!(got, want);
@@ -72,8 +163,16 @@ fn bad_input_is_refused_and_leaves_the_table_alone() {
 fn map_refuses_when_the_cache_is_short() {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(1).unwrap();
-    let r = fx.pt.map(GIB, 4096, 0, Prot::R, &mut fx.cache, MapOptions::default());
-    assert_eq!(r, Err(Error::CacheExhausted { needed: 2, available: 1 }));
+    let r = fx
+        .pt
+        .map(GIB, 4096, 0, Prot::R, &mut fx.cache, MapOptions::default());
+    assert_eq!(
+        r,
+        Err(Error::CacheExhausted {
+            needed: 2,
+            available: 1
+        })
+    );
     assert!(fx.pt.leaves(0, 1 << 40).unwrap().is_empty());
     assert_eq!(fx.pt.table_pages(), 0);
 }
@@ -83,13 +182,21 @@ fn unmap_frees_emptied_tables_and_invalidates() {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(8).unwrap();
     let opts = MapOptions { force_pages: true };
-    fx.pt.map(GIB, 4 * MIB, 0, Prot::RW, &mut fx.cache, opts).unwrap();
+    fx.pt
+        .map(GIB, 4 * MIB, 0, Prot::RW, &mut fx.cache, opts)
+        .unwrap();
     assert_eq!(fx.pt.table_pages(), 3, "one level-2 and two level-3 tables");
     fx.tlb.take();
     let st = fx.pt.unmap(GIB, 2 * MIB).unwrap();
     assert_eq!((st.leaves, st.tables_freed), (512, 1));
     assert_eq!(fx.pt.table_pages(), 2);
-    assert_eq!(fx.tlb.take(), vec![TlbCall::Range { ipa: GIB, size: 2 * MIB }]);
+    assert_eq!(
+        fx.tlb.take(),
+        vec![TlbCall::Range {
+            ipa: GIB,
+            size: 2 * MIB
+        }]
+    );
     let st = fx.pt.unmap(GIB, 4 * MIB).unwrap();
     assert_eq!((st.leaves, st.tables_freed), (512, 2));
     assert_eq!(fx.pt.table_pages(), 0);
@@ -105,20 +212,48 @@ fn unmap_frees_emptied_tables_and_invalidates() {
 fn write_protect_then_relax() {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(8).unwrap();
-    fx.pt.map(GIB, 2 * MIB, 0, Prot::RW, &mut fx.cache, MapOptions { force_pages: true }).unwrap();
+    fx.pt
+        .map(
+            GIB,
+            2 * MIB,
+            0,
+            Prot::RW,
+            &mut fx.cache,
+            MapOptions { force_pages: true },
+        )
+        .unwrap();
     fx.tlb.take();
     assert_eq!(fx.pt.wrprotect(GIB, 2 * MIB).unwrap(), 512);
-    assert_eq!(fx.tlb.take(), vec![TlbCall::Range { ipa: GIB, size: 2 * MIB }]);
-    assert_eq!(fx.pt.wrprotect(GIB, 2 * MIB).unwrap(), 0, "already protected");
+    assert_eq!(
+        fx.tlb.take(),
+        vec![TlbCall::Range {
+            ipa: GIB,
+            size: 2 * MIB
+        }]
+    );
+    assert_eq!(
+        fx.pt.wrprotect(GIB, 2 * MIB).unwrap(),
+        0,
+        "already protected"
+    );
     assert_eq!(fx.pt.translate(GIB + 4096).unwrap().prot, Prot::R);
     let w = fx.pt.format().write_bit();
     let o = fx.pt.relax_perms(GIB + 4096 + 17, Prot::RW).unwrap();
     assert!(o.became_writable(w));
     assert_eq!(o.leaf_ipa, GIB + 4096);
-    assert_eq!(fx.tlb.take(), vec![TlbCall::IpaLocal { ipa: GIB + 4096 + 17, level: Some(3) }]);
+    assert_eq!(
+        fx.tlb.take(),
+        vec![TlbCall::IpaLocal {
+            ipa: GIB + 4096 + 17,
+            level: Some(3)
+        }]
+    );
     let o = fx.pt.relax_perms(GIB + 4096, Prot::RW).unwrap();
     assert!(!o.became_writable(w), "second relax finds it writable");
-    assert!(fx.tlb.take().is_empty(), "nothing changed, nothing to invalidate");
+    assert!(
+        fx.tlb.take().is_empty(),
+        "nothing changed, nothing to invalidate"
+    );
     assert_eq!(fx.pt.translate(GIB + 4096).unwrap().prot, Prot::RW);
     assert_eq!(fx.pt.translate(GIB + 8192).unwrap().prot, Prot::R);
 }
@@ -127,21 +262,42 @@ fn write_protect_then_relax() {
 fn access_flag() {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(8).unwrap();
-    fx.pt.map(GIB, 8192, 0, Prot::RW, &mut fx.cache, MapOptions::default()).unwrap();
-    assert!(fx.pt.test_clear_young(GIB, 8192, true).unwrap(), "new mappings are young");
+    fx.pt
+        .map(GIB, 8192, 0, Prot::RW, &mut fx.cache, MapOptions::default())
+        .unwrap();
+    assert!(
+        fx.pt.test_clear_young(GIB, 8192, true).unwrap(),
+        "new mappings are young"
+    );
     assert!(!fx.pt.test_clear_young(GIB, 8192, false).unwrap());
     fx.pt.mkyoung(GIB + 4096).unwrap();
     assert!(fx.pt.test_clear_young(GIB, 8192, false).unwrap());
     assert!(!fx.pt.test_clear_young(GIB, 4096, false).unwrap());
-    assert_eq!(fx.pt.mkyoung(2 * GIB), Err(Error::NotMapped { ipa: 2 * GIB }));
+    assert_eq!(
+        fx.pt.mkyoung(2 * GIB),
+        Err(Error::NotMapped { ipa: 2 * GIB })
+    );
 }
 
 #[test]
 fn split_1g_block_with_a_full_cache_is_one_step() {
-    for policy in [SplitPolicy::SkipReturns, SplitPolicy::FullWalk, SplitPolicy::NoLastLevelTables] {
+    for policy in [
+        SplitPolicy::SkipReturns,
+        SplitPolicy::FullWalk,
+        SplitPolicy::NoLastLevelTables,
+    ] {
         let mut fx = fixture(Granule::K4, 40);
         fx.cache.top_up(2).unwrap();
-        fx.pt.map(GIB, GIB, 0x80_0000_0000, Prot::R, &mut fx.cache, MapOptions::default()).unwrap();
+        fx.pt
+            .map(
+                GIB,
+                GIB,
+                0x80_0000_0000,
+                Prot::R,
+                &mut fx.cache,
+                MapOptions::default(),
+            )
+            .unwrap();
         fx.cache.top_up(fx.pt.split_capacity(GIB)).unwrap();
         assert_eq!(fx.cache.len(), 513);
         fx.tlb.take();
@@ -149,7 +305,13 @@ fn split_1g_block_with_a_full_cache_is_one_step() {
         assert!(st.complete);
         assert_eq!((st.blocks_split, st.tables), (1, 513), "{policy:?}");
         // Break-before-make: one invalidation of the block at its level.
-        assert_eq!(fx.tlb.take(), vec![TlbCall::Ipa { ipa: GIB, level: Some(1) }]);
+        assert_eq!(
+            fx.tlb.take(),
+            vec![TlbCall::Ipa {
+                ipa: GIB,
+                level: Some(1)
+            }]
+        );
         let leaves = fx.pt.leaves(GIB, GIB).unwrap();
         assert_eq!(leaves.len(), 262144);
         assert!(leaves.iter().enumerate().all(|(i, l)| l.size == 4096
@@ -163,22 +325,34 @@ fn split_1g_block_with_a_full_cache_is_one_step() {
 fn split_is_best_effort_when_the_cache_runs_dry() {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(2).unwrap();
-    fx.pt.map(GIB, GIB, 0, Prot::RW, &mut fx.cache, MapOptions::default()).unwrap();
+    fx.pt
+        .map(GIB, GIB, 0, Prot::RW, &mut fx.cache, MapOptions::default())
+        .unwrap();
     fx.cache.release_all();
     fx.cache.top_up(3).unwrap();
     // Three pages: one turns the 1G block into 2M blocks, two split two of them.
-    let st = fx.pt.split(GIB, GIB, &mut fx.cache, SplitPolicy::SkipReturns).unwrap();
+    let st = fx
+        .pt
+        .split(GIB, GIB, &mut fx.cache, SplitPolicy::SkipReturns)
+        .unwrap();
     assert!(!st.complete);
     assert_eq!(st.blocks_split, 3);
     let leaves = fx.pt.leaves(GIB, GIB).unwrap();
     assert_eq!(leaves.len(), 2 * 512 + 510);
     for l in &leaves {
-        assert_eq!(fx.pt.translate(l.ipa).unwrap().pa, l.ipa - GIB, "translation unchanged");
+        assert_eq!(
+            fx.pt.translate(l.ipa).unwrap().pa,
+            l.ipa - GIB,
+            "translation unchanged"
+        );
     }
     fx.assert_no_leak();
     // Topping up and splitting again finishes the job.
     fx.cache.top_up(fx.pt.split_capacity(GIB)).unwrap();
-    let st = fx.pt.split(GIB, GIB, &mut fx.cache, SplitPolicy::SkipReturns).unwrap();
+    let st = fx
+        .pt
+        .split(GIB, GIB, &mut fx.cache, SplitPolicy::SkipReturns)
+        .unwrap();
     assert!(st.complete);
     assert_eq!(st.blocks_split, 510);
     assert_eq!(fx.pt.leaves(GIB, GIB).unwrap().len(), 262144);
@@ -188,8 +362,12 @@ fn split_is_best_effort_when_the_cache_runs_dry() {
 fn shared_map_loses_races_cleanly() {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(8).unwrap();
-    fx.pt.map_shared(GIB, 4096, 0, Prot::R, &mut fx.cache, MapOptions::default()).unwrap();
-    let r = fx.pt.map_shared(GIB, 4096, 0, Prot::R, &mut fx.cache, MapOptions::default());
+    fx.pt
+        .map_shared(GIB, 4096, 0, Prot::R, &mut fx.cache, MapOptions::default())
+        .unwrap();
+    let r = fx
+        .pt
+        .map_shared(GIB, 4096, 0, Prot::R, &mut fx.cache, MapOptions::default());
     assert_eq!(r, Err(Error::AlreadyMapped { ipa: GIB }));
 }
 
@@ -214,7 +392,14 @@ fn concurrent_faults_map_each_page_once() {
                     let ipa = GIB + ((i * 7 + t) % 2048) * 4096;
                     cache.top_up(3).unwrap();
                     loop {
-                        match pt.map_shared(ipa, 4096, ipa, Prot::RW, &mut cache, MapOptions::default()) {
+                        match pt.map_shared(
+                            ipa,
+                            4096,
+                            ipa,
+                            Prot::RW,
+                            &mut cache,
+                            MapOptions::default(),
+                        ) {
                             Ok(_) | Err(Error::AlreadyMapped { .. }) => break,
                             Err(Error::Again { .. }) => continue,
                             Err(e) => panic!("{e}"),
@@ -235,15 +420,30 @@ fn other_granules_map_their_blocks() {
     for (g, bits, block) in [(Granule::K16, 47, 32 * MIB), (Granule::K64, 48, 512 * MIB)] {
         let mut fx = fixture(g, bits);
         fx.cache.top_up(4).unwrap();
-        fx.pt.map(GIB, 2 * block, GIB, Prot::RW, &mut fx.cache, MapOptions::default()).unwrap();
+        fx.pt
+            .map(
+                GIB,
+                2 * block,
+                GIB,
+                Prot::RW,
+                &mut fx.cache,
+                MapOptions::default(),
+            )
+            .unwrap();
         let leaves = fx.pt.leaves(GIB, 2 * block).unwrap();
         assert_eq!(leaves.len(), 2);
         assert!(leaves.iter().all(|l| l.size == block && l.level == 2));
         fx.cache.top_up(fx.pt.split_capacity(2 * block)).unwrap();
-        let st = fx.pt.split(GIB, 2 * block, &mut fx.cache, SplitPolicy::SkipReturns).unwrap();
+        let st = fx
+            .pt
+            .split(GIB, 2 * block, &mut fx.cache, SplitPolicy::SkipReturns)
+            .unwrap();
         assert_eq!(st.blocks_split, 2);
         let page = fx.pt.format().page_size();
-        assert_eq!(fx.pt.leaves(GIB, 2 * block).unwrap().len() as u64, 2 * block / page);
+        assert_eq!(
+            fx.pt.leaves(GIB, 2 * block).unwrap().len() as u64,
+            2 * block / page
+        );
         fx.assert_no_leak();
     }
 }

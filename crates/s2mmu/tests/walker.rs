@@ -17,7 +17,9 @@ fn mapped_4k(size: u64) -> common::Fixture {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(2 + (size >> 21) as usize).unwrap();
     let opts = MapOptions { force_pages: true };
-    fx.pt.map(GIB, size, 0x10_0000_0000, Prot::RW, &mut fx.cache, opts).unwrap();
+    fx.pt
+        .map(GIB, size, 0x10_0000_0000, Prot::RW, &mut fx.cache, opts)
+        .unwrap();
     fx
 }
 
@@ -30,18 +32,34 @@ fn visits_every_entry_of_a_range_in_order() {
         Ok(WalkAction::Continue)
     };
     let flags = WalkFlags::LEAF | WalkFlags::TABLE_PRE | WalkFlags::TABLE_POST;
-    fx.pt.walk(GIB + 2 * MIB - 8192, 16384, flags, &mut v).unwrap();
+    fx.pt
+        .walk(GIB + 2 * MIB - 8192, 16384, flags, &mut v)
+        .unwrap();
     let l3: Vec<_> = seen.iter().filter(|s| s.1 == 3).map(|s| s.0).collect();
     assert_eq!(
         l3,
-        vec![GIB + 2 * MIB - 8192, GIB + 2 * MIB - 4096, GIB + 2 * MIB, GIB + 2 * MIB + 4096]
+        vec![
+            GIB + 2 * MIB - 8192,
+            GIB + 2 * MIB - 4096,
+            GIB + 2 * MIB,
+            GIB + 2 * MIB + 4096
+        ]
     );
     // Two level-2 tables, each with a pre and a post visit around its pages.
-    let pre = seen.iter().filter(|s| s.2 == Visit::TablePre && s.1 == 2).count();
-    let post = seen.iter().filter(|s| s.2 == Visit::TablePost && s.1 == 2).count();
+    let pre = seen
+        .iter()
+        .filter(|s| s.2 == Visit::TablePre && s.1 == 2)
+        .count();
+    let post = seen
+        .iter()
+        .filter(|s| s.2 == Visit::TablePost && s.1 == 2)
+        .count();
     assert_eq!((pre, post), (2, 2));
     let first_post = seen.iter().position(|s| s.2 == Visit::TablePost).unwrap();
-    assert!(seen[..first_post].iter().any(|s| s.1 == 3), "post comes after children");
+    assert!(
+        seen[..first_post].iter().any(|s| s.1 == 3),
+        "post comes after children"
+    );
 }
 
 #[test]
@@ -54,7 +72,9 @@ fn unaligned_range_covers_every_touched_page() {
         n += 1;
         Ok(WalkAction::Continue)
     };
-    fx.pt.walk(GIB + 0x1800, 0x1000, WalkFlags::LEAF, &mut v).unwrap();
+    fx.pt
+        .walk(GIB + 0x1800, 0x1000, WalkFlags::LEAF, &mut v)
+        .unwrap();
     assert_eq!(n, 2);
 }
 
@@ -62,14 +82,29 @@ fn unaligned_range_covers_every_touched_page() {
 fn walk_starting_inside_a_block_sees_unaligned_address() {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(2).unwrap();
-    fx.pt.map(GIB, 2 * MIB, 0x4000_0000, Prot::RW, &mut fx.cache, MapOptions::default()).unwrap();
+    fx.pt
+        .map(
+            GIB,
+            2 * MIB,
+            0x4000_0000,
+            Prot::RW,
+            &mut fx.cache,
+            MapOptions::default(),
+        )
+        .unwrap();
     let mut seen = Vec::new();
     let mut v = |ctx: &Ctx<'_>, _: Visit| {
         seen.push((ctx.addr, ctx.entry_start(), ctx.level));
         Ok(WalkAction::Continue)
     };
-    fx.pt.walk(GIB + 0x3000, 0x2000, WalkFlags::LEAF, &mut v).unwrap();
-    assert_eq!(seen, vec![(GIB + 0x3000, GIB, 2)], "one visit of the block, mid-block address");
+    fx.pt
+        .walk(GIB + 0x3000, 0x2000, WalkFlags::LEAF, &mut v)
+        .unwrap();
+    assert_eq!(
+        seen,
+        vec![(GIB + 0x3000, GIB, 2)],
+        "one visit of the block, mid-block address"
+    );
 }
 
 #[test]
@@ -104,7 +139,9 @@ fn skip_children_skips_the_subtree() {
         }
         Ok(WalkAction::Continue)
     };
-    fx.pt.walk(GIB, 4 * MIB, WalkFlags::LEAF | WalkFlags::TABLE_PRE, &mut v).unwrap();
+    fx.pt
+        .walk(GIB, 4 * MIB, WalkFlags::LEAF | WalkFlags::TABLE_PRE, &mut v)
+        .unwrap();
     assert_eq!((tables, leaves), (2, 0));
 }
 
@@ -115,10 +152,22 @@ fn a_table_installed_by_a_leaf_visit_is_descended_into() {
     let child = {
         // Map installs a level-2 and a level-3 table from leaf visits of
         // empty entries; it can only reach level 3 by descending into them.
-        fx.pt.map(GIB, 4096, 0x1000, Prot::R, &mut fx.cache, MapOptions::default()).unwrap();
+        fx.pt
+            .map(
+                GIB,
+                4096,
+                0x1000,
+                Prot::R,
+                &mut fx.cache,
+                MapOptions::default(),
+            )
+            .unwrap();
         fx.pt.leaves(GIB, 4096).unwrap()[0]
     };
-    assert_eq!(child.level, 3, "map descended through the tables it installed");
+    assert_eq!(
+        child.level, 3,
+        "map descended through the tables it installed"
+    );
     let mut levels = Vec::new();
     let mut v = |ctx: &Ctx<'_>, _: Visit| {
         levels.push(ctx.level);
@@ -145,7 +194,12 @@ fn visitor_errors_stop_the_walk_unless_ignored() {
         Err(Error::Again { ipa: ctx.addr })
     };
     fx.pt
-        .walk(GIB, 2 * MIB, WalkFlags::LEAF | WalkFlags::IGNORE_AGAIN, &mut v)
+        .walk(
+            GIB,
+            2 * MIB,
+            WalkFlags::LEAF | WalkFlags::IGNORE_AGAIN,
+            &mut v,
+        )
         .unwrap();
     assert_eq!(n, 512);
 }
@@ -165,10 +219,23 @@ fn concatenated_roots_are_walked_across() {
     assert_eq!(fx.pt.format().root_pages(), 8);
     fx.cache.top_up(4).unwrap();
     let a = (512 * GIB) - 2 * MIB;
-    fx.pt.map(a, 4 * MIB, a, Prot::RW, &mut fx.cache, MapOptions::default()).unwrap();
+    fx.pt
+        .map(
+            a,
+            4 * MIB,
+            a,
+            Prot::RW,
+            &mut fx.cache,
+            MapOptions::default(),
+        )
+        .unwrap();
     let leaves = fx.pt.leaves(a, 4 * MIB).unwrap();
     assert_eq!(leaves.len(), 2);
-    assert_eq!(leaves[1].ipa, 512 * GIB, "second block is in the second root page");
+    assert_eq!(
+        leaves[1].ipa,
+        512 * GIB,
+        "second block is in the second root page"
+    );
     assert_eq!(fx.pt.translate(512 * GIB + 5).unwrap().pa, 512 * GIB + 5);
 }
 

@@ -206,7 +206,14 @@ fn map_visit<F: PteFormat, M: MmOps>(
             ipa: ctx.addr.max(ctx.entry_start()),
         });
     }
-    if leaf_fits(fmt, ctx.addr, ctx.end, ctx.level, pa_offset, opts.force_pages) {
+    if leaf_fits(
+        fmt,
+        ctx.addr,
+        ctx.end,
+        ctx.level,
+        pa_offset,
+        opts.force_pages,
+    ) {
         let pte = fmt.leaf_pte(ctx.addr.wrapping_add(pa_offset), ctx.level, prot)?;
         ctx.try_set(pte)?;
         stats.leaves += 1;

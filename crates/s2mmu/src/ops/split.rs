@@ -177,12 +177,17 @@ fn build_subtree<F: PteFormat, M: MmOps>(
             unsafe { ptr.add(i).write(fmt.table_pte(sub)) };
         }
     } else {
-        for i in 0..entries {
-            // SAFETY: as above.
-            unsafe { ptr.add(i).write(fmt.advance_leaf(first, i as u64 * step)) };
+        // SAFETY: as above; the slice is the page's entries and nothing
+        // else refers to the page.
+        let table = unsafe { core::slice::from_raw_parts_mut(ptr, entries) };
+        let mut offset = 0;
+        for e in table.iter_mut() {
+            *e = fmt.advance_leaf(first, offset);
+            offset += step;
         }
     }
-    mm.entry_count(child).store(entries as u32, Ordering::Relaxed);
+    mm.entry_count(child)
+        .store(entries as u32, Ordering::Relaxed);
     child
 }
 

@@ -1,0 +1,295 @@
+//! The one JSON shape every benchmark prints with `--json`, and the
+//! statistics and formatting helpers the benchmarks share.
+
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+/// Facts about the machine and build a result came from.
+pub fn host() -> Value {
+    json!({
+        "logical_cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "kernel_release": kernel_release(),
+        "engine_version": env!("CARGO_PKG_VERSION"),
+        "git_revision": option_env!("S2MMU_GIT_REV").filter(|s| !s.is_empty()),
+        "cpu_model": cpu_model(),
+        "release_build": !cfg!(debug_assertions),
+    })
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The CPU model name from /proc/cpuinfo.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// A benchmark's whole report: the envelope of DESIGN.md.
+pub struct Report {
+    benchmark: &'static str,
+    params: Value,
+    results: Vec<Value>,
+    comparisons: Vec<Value>,
+    text: String,
+}
+
+impl Report {
+    /// Sets the human-readable form printed without `--json`.
+    pub fn set_text(&mut self, text: String) {
+        self.text = text;
+    }
+
+    /// The human-readable form.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// An empty report for `benchmark` run with `params`.
+    pub fn new(benchmark: &'static str, params: Value) -> Self {
+        Report {
+            benchmark,
+            params,
+            results: Vec::new(),
+            comparisons: Vec::new(),
+            text: String::new(),
+        }
+    }
+
+    /// Adds a result row; `metrics` keys carry their unit.
+    pub fn result(&mut self, case: &str, policy: &str, metrics: Value) {
+        let mut row = Map::new();
+        row.insert("case".into(), case.into());
+        row.insert("policy".into(), policy.into());
+        if let Value::Object(m) = metrics {
+            row.extend(m);
+        }
+        self.results.push(Value::Object(row));
+    }
+
+    /// Adds a baseline-against-optimized comparison and returns it.
+    pub fn compare(
+        &mut self,
+        case: &str,
+        metric: &str,
+        baseline: f64,
+        optimized: f64,
+    ) -> Comparison {
+        let c = Comparison::new(baseline, optimized);
+        self.comparisons.push(json!({
+            "case": case,
+            "metric": metric,
+            "baseline": baseline,
+            "optimized": optimized,
+            "speedup": finite(c.speedup),
+            "improvement_pct": finite(c.improvement_pct),
+        }));
+        c
+    }
+
+    /// The report as one JSON object.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "benchmark": self.benchmark,
+            "params": self.params,
+            "host": host(),
+            "results": self.results,
+            "comparisons": self.comparisons,
+        })
+    }
+}
+
+fn finite(x: f64) -> Value {
+    if x.is_finite() {
+        json!(x)
+    } else {
+        Value::Null
+    }
+}
+
+/// Baseline against optimized.
+#[derive(Clone, Copy, Debug)]
+pub struct Comparison {
+    /// baseline / optimized.
+    pub speedup: f64,
+    /// How much smaller optimized is, in percent of baseline.
+    pub improvement_pct: f64,
+}
+
+impl Comparison {
+    /// Compares two measurements where smaller is better.
+    pub fn new(baseline: f64, optimized: f64) -> Self {
+        Comparison {
+            speedup: baseline / optimized,
+            improvement_pct: (baseline - optimized) / baseline * 100.0,
+        }
+    }
+}
+
+/// Median, minimum and maximum of a set of durations.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Summary {
+    /// Median.
+    pub median: Duration,
+    /// Minimum.
+    pub min: Duration,
+    /// Maximum.
+    pub max: Duration,
+    /// Number of samples.
+    pub runs: usize,
+}
+
+impl Summary {
+    /// Summarises `samples` (empty gives zeros).
+    pub fn of(samples: &[Duration]) -> Summary {
+        if samples.is_empty() {
+            return Summary::default();
+        }
+        let mut s = samples.to_vec();
+        s.sort();
+        let n = s.len();
+        let median = if n % 2 == 1 {
+            s[n / 2]
+        } else {
+            (s[n / 2 - 1] + s[n / 2]) / 2
+        };
+        Summary {
+            median,
+            min: s[0],
+            max: s[n - 1],
+            runs: n,
+        }
+    }
+
+    /// The metrics of DESIGN.md's result rows.
+    pub fn json(&self) -> Value {
+        json!({
+            "median_ns": self.median.as_nanos() as u64,
+            "min_ns": self.min.as_nanos() as u64,
+            "max_ns": self.max.as_nanos() as u64,
+            "runs": self.runs,
+        })
+    }
+}
+
+/// Merges two JSON objects (the second wins on equal keys).
+pub fn merge(a: Value, b: Value) -> Value {
+    match (a, b) {
+        (Value::Object(mut a), Value::Object(b)) => {
+            a.extend(b);
+            Value::Object(a)
+        }
+        (a, _) => a,
+    }
+}
+
+/// Seconds with nine decimals, as the KVM selftests print them.
+#[allow(dead_code)]
+pub fn secs(d: Duration) -> String {
+    format!("{}.{:09}s", d.as_secs(), d.subsec_nanos())
+}
+
+/// A duration in the most readable unit.
+pub fn human(d: Duration) -> String {
+    let ns = d.as_nanos() as f64;
+    if ns < 1e3 {
+        format!("{ns:.0} ns")
+    } else if ns < 1e6 {
+        format!("{:.2} us", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.3} ms", ns / 1e6)
+    } else {
+        format!("{:.3} s", ns / 1e9)
+    }
+}
+
+/// Parses a size such as `4096`, `64K`, `2M`, `1G`, `1GiB`, `64g`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let lower = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (num, mult) = match lower.chars().last() {
+        Some('k') => (&lower[..lower.len() - 1], 1u64 << 10),
+        Some('m') => (&lower[..lower.len() - 1], 1 << 20),
+        Some('g') => (&lower[..lower.len() - 1], 1 << 30),
+        Some('t') => (&lower[..lower.len() - 1], 1 << 40),
+        _ => (lower, 1),
+    };
+    let n: u64 = num.trim().parse().map_err(|_| {
+        format!("invalid size '{s}': expected a number with an optional K/M/G/T suffix")
+    })?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+/// A byte count as the largest exact unit (`1GiB`, `2MiB`, `4096B`).
+pub fn human_bytes(b: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", b >> shift);
+        }
+    }
+    format!("{b}B")
+}
+
+/// "PASS"/"MISS" for a target line.
+pub fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "PASS"
+    } else {
+        "MISS"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_size("2MB").unwrap(), 2 << 20);
+        assert!(parse_size("x").unwrap_err().contains("invalid size"));
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(human_bytes(1 << 30), "1GiB");
+        assert_eq!(human_bytes(3 << 20), "3MiB");
+    }
+
+    #[test]
+    fn summary_median() {
+        let d = |n| Duration::from_nanos(n);
+        let s = Summary::of(&[d(5), d(1), d(3)]);
+        assert_eq!((s.median, s.min, s.max, s.runs), (d(3), d(1), d(5), 3));
+        assert_eq!(Summary::of(&[d(1), d(3)]).median, d(2));
+    }
+
+    #[test]
+    fn envelope_has_every_field() {
+        let mut r = Report::new("x", json!({"a": 1}));
+        r.result("c", "p", json!({"median_ns": 5}));
+        let c = r.compare("c", "median_ns", 10.0, 5.0);
+        assert_eq!(c.speedup, 2.0);
+        assert_eq!(c.improvement_pct, 50.0);
+        let j = r.to_json();
+        for k in ["benchmark", "params", "host", "results", "comparisons"] {
+            assert!(j.get(k).is_some(), "{k}");
+        }
+        assert_eq!(j["results"][0]["case"], "c");
+        assert_eq!(j["results"][0]["median_ns"], 5);
+        assert_eq!(j["comparisons"][0]["speedup"], 2.0);
+    }
+}
