@@ -87,6 +87,65 @@ pub enum Error {
         /// The address whose entry changed underneath.
         ipa: u64,
     },
+    /// A dirty-log clear whose first page is not a multiple of 64 (EINVAL).
+    ClearNotAligned {
+        /// The first page given.
+        first_page: u64,
+    },
+    /// A dirty-log clear that leaves the slot, or whose page count is not a
+    /// multiple of 64 without reaching the slot's end (EINVAL).
+    ClearBadRange {
+        /// The first page given.
+        first_page: u64,
+        /// The number of pages given.
+        num_pages: u64,
+        /// Pages in the slot.
+        slot_pages: u64,
+    },
+    /// A caller's bitmap has fewer 64-bit words than the range needs.
+    BitmapTooSmall {
+        /// Words given.
+        words: usize,
+        /// Words needed.
+        needed: usize,
+    },
+    /// No memslot with this id (EINVAL/ENOENT).
+    NoSuchSlot {
+        /// The slot id.
+        slot: u32,
+    },
+    /// Dirty logging is off for the slot (ENOENT).
+    LoggingDisabled {
+        /// The slot id.
+        slot: u32,
+    },
+    /// No memslot covers the guest address: an MMIO access.
+    NoSlot {
+        /// The faulting guest physical address.
+        gpa: u64,
+    },
+    /// A write to a read-only memslot.
+    WriteToReadOnly {
+        /// The faulting guest physical address.
+        gpa: u64,
+    },
+    /// The dirty ring is not enabled, or a bitmap call was made while only
+    /// the ring tracks dirty pages (ENXIO).
+    WrongDirtyMode {
+        /// What the call needs.
+        needs: &'static str,
+    },
+    /// A dirty-ring size that is not a power of two within the limits.
+    InvalidRingSize {
+        /// Entries asked for.
+        entries: u32,
+    },
+    /// The vCPU's dirty ring is soft-full: the vCPU must stop until the
+    /// ring is harvested and reset (`KVM_EXIT_DIRTY_RING_FULL`).
+    RingFull {
+        /// The vCPU.
+        vcpu: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -126,6 +185,35 @@ impl fmt::Display for Error {
             Error::Again { ipa } => {
                 write!(f, "entry for IPA {ipa:#x} changed concurrently; retry")
             }
+            Error::ClearNotAligned { first_page } => write!(
+                f,
+                "dirty-log clear: first page {first_page} is not a multiple of 64"
+            ),
+            Error::ClearBadRange {
+                first_page,
+                num_pages,
+                slot_pages,
+            } => write!(
+                f,
+                "dirty-log clear of {num_pages} pages from page {first_page} does not fit a slot of {slot_pages} pages (the count must be a multiple of 64 unless it ends at the slot's end)"
+            ),
+            Error::BitmapTooSmall { words, needed } => {
+                write!(f, "bitmap has {words} words, the range needs {needed}")
+            }
+            Error::NoSuchSlot { slot } => write!(f, "no memslot {slot}"),
+            Error::LoggingDisabled { slot } => {
+                write!(f, "dirty logging is not enabled on memslot {slot}")
+            }
+            Error::NoSlot { gpa } => write!(f, "no memslot covers guest address {gpa:#x}"),
+            Error::WriteToReadOnly { gpa } => {
+                write!(f, "write to read-only memslot at guest address {gpa:#x}")
+            }
+            Error::WrongDirtyMode { needs } => write!(f, "this call needs {needs}"),
+            Error::InvalidRingSize { entries } => write!(
+                f,
+                "dirty ring of {entries} entries: must be a power of two from 256 to 65536"
+            ),
+            Error::RingFull { vcpu } => write!(f, "dirty ring of vCPU {vcpu} is full"),
         }
     }
 }

@@ -28,6 +28,7 @@
 extern crate alloc;
 
 mod error;
+pub mod dirty;
 pub mod format;
 pub mod memcache;
 pub mod ops;
