@@ -6,6 +6,7 @@
 
 pub mod asm;
 pub mod cpu_mode;
+pub mod dirty_log_perf;
 pub mod error;
 pub mod guest_code;
 pub mod kvm_handle;

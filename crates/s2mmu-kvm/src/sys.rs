@@ -174,9 +174,14 @@ impl VcpuCounters {
         }
     }
 
-    /// Counter-by-counter sum (None stays None).
+    /// Counter-by-counter sum; a counter missing on one side counts as absent there, so
+    /// summing from [`VcpuCounters::default`] works.
     pub fn add(&self, other: &VcpuCounters) -> VcpuCounters {
-        let s = |a: Option<u64>, b: Option<u64>| Some(a?.wrapping_add(b?));
+        let s = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.wrapping_add(b)),
+            (a, None) => a,
+            (None, b) => b,
+        };
         VcpuCounters {
             exits: s(self.exits, other.exits),
             pf_taken: s(self.pf_taken, other.pf_taken),

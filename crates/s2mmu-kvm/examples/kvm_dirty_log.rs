@@ -1,0 +1,42 @@
+//! The 1-vCPU, 256 MiB dirty-log pass on the host's real KVM, printed like
+//! `dirty_log_perf_test`, with the exits of each pass.
+//!
+//! `cargo run --release -p s2mmu-kvm --example kvm_dirty_log [-- MIB [ITERATIONS [VCPUS]]]`
+
+use s2mmu_kvm::dirty_log_perf::{self, DirtyLogParams};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mib: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
+    let iterations: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
+    let vcpus: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
+    for manual_protect in [true, false] {
+        let params = DirtyLogParams {
+            vcpus,
+            bytes_per_vcpu: mib << 20,
+            iterations,
+            manual_protect,
+            ..Default::default()
+        };
+        println!(
+            "== real KVM, {vcpus} vCPU x {mib} MiB, {} ==",
+            if manual_protect {
+                "manual protect (get + clear)"
+            } else {
+                "no manual protect (-g)"
+            }
+        );
+        match dirty_log_perf::run(&params) {
+            Ok(report) => {
+                for line in report.selftest_lines() {
+                    println!("{line}");
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
+        println!();
+    }
+}
