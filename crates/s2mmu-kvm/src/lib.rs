@@ -6,11 +6,14 @@
 
 pub mod asm;
 pub mod cpu_mode;
+pub mod dirty_log_check;
 pub mod dirty_log_perf;
 pub mod error;
 pub mod guest_code;
+pub mod host;
 pub mod kvm_handle;
 pub mod memory;
+pub mod memslot_perf;
 pub mod page_tables;
 pub mod sys;
 pub mod vm;
