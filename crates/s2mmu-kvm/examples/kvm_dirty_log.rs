@@ -1,25 +1,39 @@
 //! The 1-vCPU, 256 MiB dirty-log pass on the host's real KVM, printed like
 //! `dirty_log_perf_test`, with the exits of each pass.
 //!
-//! `cargo run --release -p s2mmu-kvm --example kvm_dirty_log [-- MIB [ITERATIONS [VCPUS]]]`
+//! `cargo run --release -p s2mmu-kvm --example kvm_dirty_log [-- MIB [ITERATIONS [VCPUS [BACKING]]]]`
+//!
+//! BACKING is a selftest name: anonymous (default), anonymous_thp, anonymous_hugetlb_2mb,
+//! anonymous_hugetlb_1gb.
 
 use s2mmu_kvm::dirty_log_perf::{self, DirtyLogParams};
+use s2mmu_kvm::host::HostInfo;
+use s2mmu_kvm::Backing;
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let mib: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
     let iterations: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
     let vcpus: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
+    let backing = match Backing::from_selftest_name(&args.next().unwrap_or("anonymous".into())) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    println!("host: {}", HostInfo::detect().one_line());
     for manual_protect in [true, false] {
         let params = DirtyLogParams {
             vcpus,
             bytes_per_vcpu: mib << 20,
             iterations,
             manual_protect,
+            backing,
             ..Default::default()
         };
         println!(
-            "== real KVM, {vcpus} vCPU x {mib} MiB, {} ==",
+            "== real KVM, {vcpus} vCPU x {mib} MiB, {backing}, {} ==",
             if manual_protect {
                 "manual protect (get + clear)"
             } else {
