@@ -6,6 +6,7 @@
 //! exactly the lockstep of the selftest: GET and CLEAR happen while every vCPU is parked in
 //! userspace.
 
+use crate::dirty_ring::{DirtyRing, RingResetter};
 use crate::error::Error;
 use crate::guest_code::{self, GUEST_PAGE_SIZE};
 use crate::kvm_handle::open_kvm;
@@ -40,6 +41,11 @@ pub struct DirtyLogParams {
     pub write_percent: u32,
     /// Guest page size; only 4096 is supported.
     pub page_size: u64,
+    /// Use the per-vCPU dirty ring with this many entries (a power of two in
+    /// 1024..=65536) instead of bitmaps. Then `manual_protect` is ignored, "get dirty log"
+    /// is the harvest of every ring and "clear dirty log" is `KVM_RESET_DIRTY_RINGS`; vCPUs
+    /// whose ring fills mid-pass harvest and reset it themselves and go on.
+    pub dirty_ring_entries: Option<u32>,
 }
 
 impl Default for DirtyLogParams {
@@ -54,6 +60,7 @@ impl Default for DirtyLogParams {
             initially_set: true,
             write_percent: 100,
             page_size: GUEST_PAGE_SIZE,
+            dirty_ring_entries: None,
         }
     }
 }
@@ -66,6 +73,7 @@ impl DirtyLogParams {
             bytes_per_vcpu: self.bytes_per_vcpu,
             slots: self.slots,
             backing: self.backing,
+            dirty_ring_entries: self.dirty_ring_entries,
         }
     }
 
@@ -98,6 +106,8 @@ impl DirtyLogParams {
 pub struct PassCounts {
     /// Returns from `KVM_RUN` to userspace that were the doorbell (one per vCPU per pass).
     pub userspace_mmio_exits: u64,
+    /// `KVM_EXIT_DIRTY_RING_FULL` returns (dirty ring only).
+    pub userspace_ring_full_exits: u64,
     /// Other returns to userspace (interruptions).
     pub userspace_other_exits: u64,
     /// KVM's per-vCPU binary statistics over the pass (None where unavailable): `exits`
@@ -109,6 +119,8 @@ impl PassCounts {
     fn add(&self, other: &PassCounts) -> PassCounts {
         PassCounts {
             userspace_mmio_exits: self.userspace_mmio_exits + other.userspace_mmio_exits,
+            userspace_ring_full_exits: self.userspace_ring_full_exits
+                + other.userspace_ring_full_exits,
             userspace_other_exits: self.userspace_other_exits + other.userspace_other_exits,
             kvm: self.kvm.add(&other.kvm),
         }
@@ -122,9 +134,10 @@ pub struct IterationReport {
     pub iteration: u32,
     /// From publishing the iteration until the slowest vCPU finished its pass.
     pub dirty_memory: Duration,
-    /// `KVM_GET_DIRTY_LOG` on every slot.
+    /// `KVM_GET_DIRTY_LOG` on every slot (dirty ring: harvesting every ring into bitmaps).
     pub get_dirty_log: Duration,
-    /// `KVM_CLEAR_DIRTY_LOG` of every whole slot (manual protect only).
+    /// `KVM_CLEAR_DIRTY_LOG` of every whole slot (manual protect only; dirty ring:
+    /// `KVM_RESET_DIRTY_RINGS`).
     pub clear_dirty_log: Option<Duration>,
     /// Pages the guest wrote in this pass (replayed on the host from the guest's RNG).
     pub pages_written: u64,
@@ -182,6 +195,11 @@ impl DirtyLogReport {
     /// lines are followed by the exits of the pass, which the selftest does not print).
     pub fn selftest_lines(&self) -> Vec<String> {
         let s = fmt_secs;
+        let (get_name, clear_name) = if self.params.dirty_ring_entries.is_some() {
+            ("harvest dirty ring", "reset dirty ring")
+        } else {
+            ("get dirty log", "clear dirty log")
+        };
         let mut out = vec![
             format!("Test iterations: {}", self.iterations.len()),
             "Testing guest mode: PA-bits:ANY, VA-bits:48,  4K pages".to_string(),
@@ -204,19 +222,27 @@ impl DirtyLogReport {
             ));
             out.push(format!(
                 "Iteration {n} exits: {} (KVM stat 'exits'), {} write faults fixed \
-                 ('pf_fixed'), {} doorbell MMIO exits; pages written {}, pages dirty {}",
+                 ('pf_fixed'), {} doorbell MMIO exits{}; pages written {}, pages dirty {}",
                 opt(it.exits.kvm.exits),
                 opt(it.exits.kvm.pf_fixed),
                 it.exits.userspace_mmio_exits,
+                if self.params.dirty_ring_entries.is_some() {
+                    format!(
+                        ", {} ring-full exits (harvested and reset inside the pass)",
+                        it.exits.userspace_ring_full_exits
+                    )
+                } else {
+                    String::new()
+                },
                 it.pages_written,
                 it.pages_dirty
             ));
             out.push(format!(
-                "Iteration {n} get dirty log time: {}",
+                "Iteration {n} {get_name} time: {}",
                 s(it.get_dirty_log)
             ));
             if let Some(clear) = it.clear_dirty_log {
-                out.push(format!("Iteration {n} clear dirty log time: {}", s(clear)));
+                out.push(format!("Iteration {n} {clear_name} time: {}", s(clear)));
             }
         }
         out.push(format!(
@@ -226,13 +252,15 @@ impl DirtyLogReport {
         let n = self.iterations.len();
         let get = self.get_dirty_log_total();
         out.push(format!(
-            "Get dirty log over {n} iterations took {}. (Avg {}/iteration)",
+            "{} over {n} iterations took {}. (Avg {}/iteration)",
+            capitalize(get_name),
             s(get),
             s(Self::average(get, n))
         ));
         if let Some(clear) = self.clear_dirty_log_total() {
             out.push(format!(
-                "Clear dirty log over {n} iterations took {}. (Avg {}/iteration)",
+                "{} over {n} iterations took {}. (Avg {}/iteration)",
+                capitalize(clear_name),
                 s(clear),
                 s(Self::average(clear, n))
             ));
@@ -244,6 +272,13 @@ impl DirtyLogReport {
 /// `%ld.%.9lds`, as the selftests print durations.
 pub fn fmt_secs(d: Duration) -> String {
     format!("{}.{:09}s", d.as_secs(), d.subsec_nanos())
+}
+
+fn capitalize(s: &str) -> String {
+    let mut chars = s.chars();
+    chars.next().map_or_else(String::new, |c| {
+        c.to_uppercase().collect::<String>() + chars.as_str()
+    })
 }
 
 fn opt(v: Option<u64>) -> String {
@@ -287,7 +322,7 @@ pub fn run_observed(
     params.validate()?;
     let kvm = open_kvm()?;
     let mut vm = MemstressVm::create(&kvm, params.shape())?;
-    let manual_caps = if params.manual_protect {
+    let manual_caps = if params.manual_protect && params.dirty_ring_entries.is_none() {
         let offered_initially_set = sys::manual_protect_caps(vm.vm_fd())
             & u64::from(kvm_bindings::KVM_DIRTY_LOG_INITIALLY_SET)
             != 0;
@@ -310,14 +345,31 @@ pub fn run_observed(
         error: Mutex::new(None),
     });
 
+    let rings: Vec<Arc<Mutex<RingState>>> = vm
+        .take_rings()
+        .into_iter()
+        .map(|ring| {
+            Arc::new(Mutex::new(RingState {
+                ring,
+                pending: Vec::new(),
+            }))
+        })
+        .collect();
+    let resetter = if rings.is_empty() {
+        None
+    } else {
+        Some(Arc::new(RingResetter::new(vm.vm_fd())?))
+    };
+
     let populate_start = Instant::now();
     let mut handles = Vec::new();
     for (index, vcpu) in vm.take_vcpus().into_iter().enumerate() {
         let shared = Arc::clone(&shared);
+        let ring = rings.get(index).cloned().zip(resetter.clone());
         let index = index as u32;
         let handle = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
-            .spawn(move || vcpu_thread(vcpu, index, &shared))
+            .spawn(move || vcpu_thread(vcpu, index, &shared, ring))
             .map_err(|e| Error::Ioctl {
                 op: "pthread_create",
                 errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
@@ -354,6 +406,23 @@ pub fn run_observed(
             let dirty_memory = t.elapsed();
 
             let t = Instant::now();
+            if let Some(resetter) = &resetter {
+                harvest_rings(&rings, &mut bitmaps)?;
+                let get_dirty_log = t.elapsed();
+                let t = Instant::now();
+                resetter.reset()?;
+                let reset = t.elapsed();
+                finish_iteration(
+                    iteration,
+                    dirty_memory,
+                    get_dirty_log,
+                    Some(reset),
+                    &bitmaps,
+                    &mut iterations,
+                    observer,
+                );
+                continue;
+            }
             for (slot, bitmap) in slots.iter().zip(bitmaps.iter_mut()) {
                 sys::get_dirty_log(vm.vm_fd(), slot.id, slot.pages, bitmap)?;
             }
@@ -367,21 +436,15 @@ pub fn run_observed(
             } else {
                 None
             };
-            let pages_dirty = bitmaps
-                .iter()
-                .flatten()
-                .map(|w| u64::from(w.count_ones()))
-                .sum();
-            observer(iteration, &bitmaps);
-            iterations.push(IterationReport {
+            finish_iteration(
                 iteration,
                 dirty_memory,
                 get_dirty_log,
                 clear_dirty_log,
-                pages_written: 0,
-                pages_dirty,
-                exits: PassCounts::default(),
-            });
+                &bitmaps,
+                &mut iterations,
+                observer,
+            );
         }
 
         let t = Instant::now();
@@ -432,6 +495,77 @@ pub fn run_observed(
     })
 }
 
+/// Records one iteration and shows its bitmaps to the observer.
+fn finish_iteration(
+    iteration: u32,
+    dirty_memory: Duration,
+    get_dirty_log: Duration,
+    clear_dirty_log: Option<Duration>,
+    bitmaps: &[Vec<u64>],
+    iterations: &mut Vec<IterationReport>,
+    observer: &mut Observer<'_>,
+) {
+    let pages_dirty = bitmaps
+        .iter()
+        .flatten()
+        .map(|w| u64::from(w.count_ones()))
+        .sum();
+    observer(iteration, bitmaps);
+    iterations.push(IterationReport {
+        iteration,
+        dirty_memory,
+        get_dirty_log,
+        clear_dirty_log,
+        pages_written: 0,
+        pages_dirty,
+        exits: PassCounts::default(),
+    });
+}
+
+/// A vCPU's ring and the entries its thread harvested mid-pass when the ring filled.
+struct RingState {
+    ring: DirtyRing,
+    /// (slot, offset) pairs harvested since the last collection.
+    pending: Vec<(u32, u64)>,
+}
+
+/// Collects every vCPU's ring (and what its thread harvested mid-pass) into per-slot
+/// bitmaps, replacing their contents. Runs while every vCPU is parked.
+fn harvest_rings(rings: &[Arc<Mutex<RingState>>], bitmaps: &mut [Vec<u64>]) -> Result<(), Error> {
+    for bitmap in bitmaps.iter_mut() {
+        bitmap.fill(0);
+    }
+    for ring in rings {
+        let mut state = ring.lock().map_err(|_| Error::GuestFailed {
+            vcpu: u32::MAX,
+            exit_reason: "a vCPU thread panicked while harvesting its ring".into(),
+        })?;
+        let RingState { ring, pending } = &mut *state;
+        ring.harvest(|slot, offset| pending.push((slot, offset)));
+        for &(slot, offset) in pending.iter() {
+            // Test slots are ids 1..=slots in address space 0.
+            let index = (slot & 0xffff) as usize;
+            let word = index
+                .checked_sub(1)
+                .and_then(|i| bitmaps.get_mut(i))
+                .and_then(|b| b.get_mut((offset / 64) as usize));
+            match word {
+                Some(word) => *word |= 1 << (offset % 64),
+                None => {
+                    return Err(Error::GuestFailed {
+                        vcpu: u32::MAX,
+                        exit_reason: format!(
+                            "dirty ring entry for unknown slot {slot:#x} offset {offset}"
+                        ),
+                    })
+                }
+            }
+        }
+        pending.clear();
+    }
+    Ok(())
+}
+
 /// Pages written in each pass (index = pass, 0 = populate), summed over vCPUs.
 fn pages_written_per_pass(params: &DirtyLogParams, shape: MemstressShape) -> Vec<u64> {
     let mut out = vec![0u64; params.iterations as usize + 1];
@@ -472,7 +606,32 @@ fn wait_for_pass(shared: &Shared, pass: u64) -> Result<(), Error> {
     }
 }
 
-fn vcpu_thread(mut vcpu: VcpuFd, index: u32, shared: &Shared) -> PassLog {
+fn vcpu_thread(
+    mut vcpu: VcpuFd,
+    index: u32,
+    shared: &Shared,
+    ring: Option<(Arc<Mutex<RingState>>, Arc<RingResetter>)>,
+) -> PassLog {
+    // When the ring fills mid-pass: move its entries aside for the next collection and
+    // reset it, so the guest can go on (a stop the selftest's lockstep does not have).
+    let mut on_ring_full = || -> Result<(), Error> {
+        let Some((state, resetter)) = &ring else {
+            return Err(Error::GuestFailed {
+                vcpu: index,
+                exit_reason: "KVM_EXIT_DIRTY_RING_FULL without a dirty ring".into(),
+            });
+        };
+        {
+            let mut state = state.lock().map_err(|_| Error::GuestFailed {
+                vcpu: index,
+                exit_reason: "ring lock poisoned".into(),
+            })?;
+            let RingState { ring, pending } = &mut *state;
+            ring.harvest(|slot, offset| pending.push((slot, offset)));
+        }
+        resetter.reset().map(|_| ())
+    };
+
     let mut log = PassLog::new();
     let stats = VcpuStats::open(&vcpu).ok();
     let read = |s: &Option<VcpuStats>| s.as_ref().and_then(|s| s.read().ok());
@@ -480,7 +639,7 @@ fn vcpu_thread(mut vcpu: VcpuFd, index: u32, shared: &Shared) -> PassLog {
     let mut pass = 0u64;
     loop {
         let mut exits = PassExits::default();
-        if let Err(e) = run_pass(&mut vcpu, index, &mut exits) {
+        if let Err(e) = run_pass(&mut vcpu, index, &mut exits, &mut on_ring_full) {
             if let Ok(mut slot) = shared.error.lock() {
                 slot.get_or_insert(e);
             }
@@ -497,6 +656,7 @@ fn vcpu_thread(mut vcpu: VcpuFd, index: u32, shared: &Shared) -> PassLog {
         };
         log.push(PassCounts {
             userspace_mmio_exits: exits.mmio,
+            userspace_ring_full_exits: exits.ring_full,
             userspace_other_exits: exits.other,
             kvm,
         });

@@ -8,6 +8,7 @@ pub mod asm;
 pub mod cpu_mode;
 pub mod dirty_log_check;
 pub mod dirty_log_perf;
+pub mod dirty_ring;
 pub mod error;
 pub mod guest_code;
 pub mod host;

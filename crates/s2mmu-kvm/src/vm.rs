@@ -15,12 +15,16 @@
 //! | [`TEST_GPA`] | test region, split into `slots` memslots (ids 1..=slots) |
 
 use crate::cpu_mode;
+use crate::dirty_ring::{self, DirtyRing};
 use crate::error::Error;
 use crate::guest_code::{self, GUEST_PAGE_SIZE};
 use crate::kvm_handle::open_kvm;
 use crate::memory::{Backing, GuestMemory};
 use crate::page_tables::GuestPageTables;
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_MEM_LOG_DIRTY_PAGES};
+use kvm_bindings::{
+    kvm_userspace_memory_region, KVM_EXIT_DIRTY_RING_FULL, KVM_MAX_CPUID_ENTRIES,
+    KVM_MEM_LOG_DIRTY_PAGES,
+};
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 
 /// GDT location.
@@ -65,6 +69,8 @@ pub struct MemstressShape {
     pub slots: u32,
     /// Host memory behind the test region.
     pub backing: Backing,
+    /// Per-vCPU dirty ring entries, when the VM uses the dirty ring instead of bitmaps.
+    pub dirty_ring_entries: Option<u32>,
 }
 
 impl MemstressShape {
@@ -123,6 +129,9 @@ impl MemstressShape {
                 ),
             ));
         }
+        if let Some(entries) = self.dirty_ring_entries {
+            dirty_ring::validate_entries(entries)?;
+        }
         if self.slots > 32000 {
             return Err(Error::invalid(
                 "slots",
@@ -139,6 +148,7 @@ pub struct MemstressVm {
     // Field order matters for drop: the VM (and its slots) goes before the memory.
     vm: VmFd,
     vcpus: Vec<VcpuFd>,
+    rings: Vec<DirtyRing>,
     shape: MemstressShape,
     slots: Vec<TestSlot>,
     system: GuestMemory,
@@ -202,6 +212,7 @@ impl MemstressVm {
         let mut this = MemstressVm {
             vm,
             vcpus: Vec::new(),
+            rings: Vec::new(),
             shape,
             slots,
             system,
@@ -221,6 +232,10 @@ impl MemstressVm {
             this.set_slot_flags(i, 0)?;
         }
 
+        if let Some(entries) = shape.dirty_ring_entries {
+            // The ring size is fixed before any vCPU exists (KVM refuses it afterwards).
+            dirty_ring::enable(&this.vm, entries)?;
+        }
         let cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(|e| Error::from_errno("KVM_GET_SUPPORTED_CPUID", e))?;
@@ -252,6 +267,9 @@ impl MemstressVm {
             regs.rax = guest_code::MEMSTRESS_VALUE;
             vcpu.set_regs(&regs)
                 .map_err(|e| Error::from_errno("KVM_SET_REGS", e))?;
+            if let Some(entries) = shape.dirty_ring_entries {
+                this.rings.push(DirtyRing::map(&vcpu, entries)?);
+            }
             this.vcpus.push(vcpu);
         }
         Ok(this)
@@ -271,11 +289,12 @@ impl MemstressVm {
                 bytes_per_vcpu: 64 << 10,
                 slots: 1,
                 backing: Backing::Anonymous,
+                dirty_ring_entries: None,
             },
         )?;
         let mut vcpus = vm.take_vcpus();
         let mut exits = PassExits::default();
-        run_pass(&mut vcpus[0], 0, &mut exits)?;
+        run_pass(&mut vcpus[0], 0, &mut exits, &mut || Ok(()))?;
         // The guest wrote every page: check one word really landed in the test memory.
         if vm.test.read_u64(0)? != guest_code::MEMSTRESS_VALUE {
             return Err(Error::GuestFailed {
@@ -311,6 +330,11 @@ impl MemstressVm {
     /// Moves the vCPUs out, to hand one to each vCPU thread.
     pub fn take_vcpus(&mut self) -> Vec<VcpuFd> {
         std::mem::take(&mut self.vcpus)
+    }
+
+    /// Moves the dirty rings out (one per vCPU, in vCPU order; empty without a ring).
+    pub fn take_rings(&mut self) -> Vec<DirtyRing> {
+        std::mem::take(&mut self.rings)
     }
 
     /// Sets the per-pass write threshold the guest reads at the start of each pass.
@@ -361,19 +385,32 @@ impl MemstressVm {
 pub struct PassExits {
     /// `KVM_EXIT_MMIO` returns (the doorbell).
     pub mmio: u64,
+    /// `KVM_EXIT_DIRTY_RING_FULL` returns (the ring was harvested and reset, then the
+    /// pass went on).
+    pub ring_full: u64,
     /// Other returns (signals, `KVM_EXIT_INTR`), each retried.
     pub other: u64,
 }
 
 /// Runs `vcpu` until it rings the doorbell once (one memstress pass), counting the
-/// returns to userspace in `exits`.
+/// returns to userspace in `exits`. `on_ring_full` must harvest and reset the dirty ring
+/// when KVM stops the vCPU because its ring is full.
 ///
 /// # Errors
-/// [`Error::GuestFailed`] for any exit other than the doorbell or an interruption;
-/// [`Error::Ioctl`] when `KVM_RUN` fails.
-pub fn run_pass(vcpu: &mut VcpuFd, index: u32, exits: &mut PassExits) -> Result<(), Error> {
+/// [`Error::GuestFailed`] for any exit other than the doorbell, a full ring or an
+/// interruption; [`Error::Ioctl`] when `KVM_RUN` fails; whatever `on_ring_full` returns.
+pub fn run_pass(
+    vcpu: &mut VcpuFd,
+    index: u32,
+    exits: &mut PassExits,
+    on_ring_full: &mut dyn FnMut() -> Result<(), Error>,
+) -> Result<(), Error> {
     loop {
         match vcpu.run() {
+            Ok(VcpuExit::Unsupported(reason)) if reason == KVM_EXIT_DIRTY_RING_FULL => {
+                exits.ring_full += 1;
+                on_ring_full()?;
+            }
             Ok(VcpuExit::MmioWrite(addr, _)) if addr == MMIO_DOORBELL_GPA => {
                 exits.mmio += 1;
                 return Ok(());

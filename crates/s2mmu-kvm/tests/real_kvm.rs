@@ -158,3 +158,41 @@ fn thp_backing_runs() {
     let check = check_dirty_log(&params).unwrap();
     assert!(check.passes(), "{:?}", check.first_failure());
 }
+
+#[test]
+fn dirty_ring_reports_exactly_the_written_pages() {
+    if !kvm_usable() {
+        return;
+    }
+    for (entries, write_percent, vcpus) in [(1024, 100, 1), (1024, 50, 2), (65536, 100, 1)] {
+        let params = DirtyLogParams {
+            vcpus,
+            bytes_per_vcpu: 16 << 20,
+            iterations: 3,
+            slots: 2,
+            write_percent,
+            dirty_ring_entries: Some(entries),
+            ..Default::default()
+        };
+        let check = match check_dirty_log(&params) {
+            Err(e @ Error::CapabilityMissing { .. }) => {
+                println!("skipped: {e}");
+                return;
+            }
+            other => other.unwrap(),
+        };
+        assert!(check.passes(), "{params:?}: {:?}", check.first_failure());
+        // Without INITIALLY_SET, iteration 1 is exact too.
+        assert_eq!(check.iterations[0].extra, 0);
+        for it in &check.run.iterations {
+            assert_eq!(it.pages_written, it.pages_dirty, "{it:?}");
+            if entries == 1024 && write_percent == 100 {
+                // 4096 pages per vCPU cannot fit a 1024-entry ring: it must fill mid-pass.
+                assert!(it.exits.userspace_ring_full_exits >= 3, "{it:?}");
+            }
+            if entries == 65536 {
+                assert_eq!(it.exits.userspace_ring_full_exits, 0, "{it:?}");
+            }
+        }
+    }
+}
