@@ -46,10 +46,15 @@ fn one_write_fault_per_page_after_write_protection() {
             assert_eq!(it.pages_dirty, pages, "{it:?}");
             assert_eq!(it.exits.userspace_mmio_exits, 1, "{it:?}");
             if it.iteration >= first_protected {
-                // The guest runs natively: each first write to a protected page is exactly
-                // one fixed fault, and at least one VM exit.
+                // The guest runs natively: each first write to a protected page is one fixed
+                // fault and one VM exit (an emulated guest would show none). A handful more
+                // are tolerated for host-side invalidations (compaction, reclaim) that zap a
+                // mapping mid-pass; observed here: exactly `pages`.
                 if let (Some(fixed), Some(exits)) = (it.exits.kvm.pf_fixed, it.exits.kvm.exits) {
-                    assert_eq!(fixed, pages, "manual={manual_protect} {it:?}");
+                    assert!(
+                        (pages..=pages + 16).contains(&fixed),
+                        "manual={manual_protect} {it:?}"
+                    );
                     assert!(exits >= pages, "manual={manual_protect} {it:?}");
                 }
             } else if let Some(fixed) = it.exits.kvm.pf_fixed {
