@@ -171,6 +171,48 @@ pub struct DirtyLogReport {
 }
 
 impl DirtyLogReport {
+    /// Every timed phase, named as in the selftest's output (lower case, without "time"),
+    /// so a comparison can join these with the engine's figures by name: `populate
+    /// memory`, `enabling dirty logging`, `iteration N dirty memory`, `iteration N get
+    /// dirty log`, `iteration N clear dirty log`, `disabling dirty logging`, `get dirty
+    /// log total`, `clear dirty log total` (dirty ring: `harvest dirty ring`, `reset dirty
+    /// ring`).
+    pub fn phases(&self) -> Vec<(String, Duration)> {
+        let (get_name, clear_name) = self.collect_names();
+        let mut out = vec![
+            ("populate memory".to_string(), self.populate),
+            (
+                "enabling dirty logging".to_string(),
+                self.enable_dirty_logging,
+            ),
+        ];
+        for it in &self.iterations {
+            let n = it.iteration;
+            out.push((format!("iteration {n} dirty memory"), it.dirty_memory));
+            out.push((format!("iteration {n} {get_name}"), it.get_dirty_log));
+            if let Some(clear) = it.clear_dirty_log {
+                out.push((format!("iteration {n} {clear_name}"), clear));
+            }
+        }
+        out.push((
+            "disabling dirty logging".to_string(),
+            self.disable_dirty_logging,
+        ));
+        out.push((format!("{get_name} total"), self.get_dirty_log_total()));
+        if let Some(clear) = self.clear_dirty_log_total() {
+            out.push((format!("{clear_name} total"), clear));
+        }
+        out
+    }
+
+    fn collect_names(&self) -> (&'static str, &'static str) {
+        if self.params.dirty_ring_entries.is_some() {
+            ("harvest dirty ring", "reset dirty ring")
+        } else {
+            ("get dirty log", "clear dirty log")
+        }
+    }
+
     /// Sum of the GET times.
     pub fn get_dirty_log_total(&self) -> Duration {
         self.iterations.iter().map(|i| i.get_dirty_log).sum()
@@ -195,11 +237,7 @@ impl DirtyLogReport {
     /// lines are followed by the exits of the pass, which the selftest does not print).
     pub fn selftest_lines(&self) -> Vec<String> {
         let s = fmt_secs;
-        let (get_name, clear_name) = if self.params.dirty_ring_entries.is_some() {
-            ("harvest dirty ring", "reset dirty ring")
-        } else {
-            ("get dirty log", "clear dirty log")
-        };
+        let (get_name, clear_name) = self.collect_names();
         let mut out = vec![
             format!("Test iterations: {}", self.iterations.len()),
             "Testing guest mode: PA-bits:ANY, VA-bits:48,  4K pages".to_string(),

@@ -35,6 +35,16 @@ fn one_write_fault_per_page_after_write_protection() {
     }
     for manual_protect in [true, false] {
         let report = dirty_log_perf::run(&small(manual_protect)).unwrap();
+        let phases: Vec<String> = report.phases().into_iter().map(|(name, _)| name).collect();
+        assert!(
+            phases.contains(&"iteration 3 dirty memory".to_string()),
+            "{phases:?}"
+        );
+        assert_eq!(
+            phases.contains(&"clear dirty log total".to_string()),
+            manual_protect,
+            "{phases:?}"
+        );
         let pages = 16 << 20 >> 12;
         assert_eq!(report.total_pages, pages);
         assert_eq!(report.populate_exits.userspace_mmio_exits, 1);
