@@ -402,17 +402,26 @@ pub fn run_observed(
     let populate_start = Instant::now();
     let mut handles = Vec::new();
     for (index, vcpu) in vm.take_vcpus().into_iter().enumerate() {
-        let shared = Arc::clone(&shared);
+        let thread_shared = Arc::clone(&shared);
         let ring = rings.get(index).cloned().zip(resetter.clone());
         let index = index as u32;
-        let handle = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
-            .spawn(move || vcpu_thread(vcpu, index, &shared, ring))
-            .map_err(|e| Error::Ioctl {
-                op: "pthread_create",
-                errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
-            })?;
-        handles.push(handle);
+            .spawn(move || vcpu_thread(vcpu, index, &thread_shared, ring));
+        match spawned {
+            Ok(handle) => handles.push(handle),
+            Err(e) => {
+                // The threads already started finish their pass, see `quit` and leave.
+                shared.quit.store(true, Ordering::Release);
+                for handle in handles {
+                    let _ = handle.join();
+                }
+                return Err(Error::Ioctl {
+                    op: "pthread_create",
+                    errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+                });
+            }
+        }
     }
     let mut stop = |shared: &Shared| {
         shared.quit.store(true, Ordering::Release);
@@ -768,6 +777,21 @@ mod tests {
             ..p
         };
         assert_eq!(pages_written_per_pass(&p, p.shape()), vec![2048, 0, 0, 0]);
+    }
+
+    #[test]
+    fn run_rejects_bad_parameters_before_opening_kvm() {
+        let bad = DirtyLogParams {
+            write_percent: 200,
+            ..Default::default()
+        };
+        assert!(matches!(
+            run(&bad),
+            Err(Error::InvalidArgument {
+                name: "write_percent",
+                ..
+            })
+        ));
     }
 
     #[test]

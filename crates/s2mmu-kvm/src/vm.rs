@@ -429,3 +429,59 @@ pub fn run_pass(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> MemstressShape {
+        MemstressShape {
+            vcpus: 1,
+            bytes_per_vcpu: 1 << 20,
+            slots: 1,
+            backing: Backing::Anonymous,
+            dirty_ring_entries: None,
+        }
+    }
+
+    #[test]
+    fn shape_validation() {
+        assert!(small().validate().is_ok());
+        assert!(MemstressShape {
+            dirty_ring_entries: Some(100),
+            ..small()
+        }
+        .validate()
+        .is_err());
+        assert!(MemstressShape {
+            backing: Backing::AnonymousThp,
+            slots: 2,
+            ..small()
+        }
+        .validate()
+        .is_err());
+        assert!(MemstressShape {
+            bytes_per_vcpu: 1 << 40,
+            vcpus: 2,
+            ..small()
+        }
+        .validate()
+        .is_err());
+    }
+
+    #[test]
+    fn a_faulting_guest_is_reported_not_hung() {
+        if let Some(reason) = crate::kvm_unusable_reason() {
+            println!("skipped: {reason}");
+            return;
+        }
+        let kvm = open_kvm().unwrap();
+        let mut vm = MemstressVm::create(&kvm, small()).unwrap();
+        // `hlt` at CPL 3 raises #GP; with no IDT that is a triple fault (shutdown).
+        vm.system.write_bytes(CODE_GPA, &[0xf4]).unwrap();
+        let mut vcpus = vm.take_vcpus();
+        let err =
+            run_pass(&mut vcpus[0], 0, &mut PassExits::default(), &mut || Ok(())).unwrap_err();
+        assert!(matches!(err, Error::GuestFailed { vcpu: 0, .. }), "{err}");
+    }
+}
