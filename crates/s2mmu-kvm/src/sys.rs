@@ -61,7 +61,7 @@ pub fn enable_manual_protect(vm: &VmFd, initially_set: bool) -> Result<u64, Erro
     Ok(want)
 }
 
-/// Bytes of the dirty bitmap of a slot with `pages` pages (KVM rounds up to 64 bits).
+/// u64 words of the dirty bitmap of a slot with `pages` pages (KVM rounds up to 64 bits).
 pub fn bitmap_words(pages: u64) -> usize {
     pages.div_ceil(64) as usize
 }
