@@ -1,1 +1,47 @@
-//! The s2mmu workloads on the host's real KVM.
+//! The s2mmu workloads on the host's real KVM (`/dev/kvm`), so every benchmark can put the
+//! real kernel's figures next to the engine's.
+//!
+//! Guest code runs at CPL 3 in 64-bit mode: on machines whose KVM is `kvm_pvm` only
+//! user-mode guest code runs natively (see `shared/reference/real-kvm-here.md`); at CPL 3
+//! every first write to a write-protected page is one shadow-MMU fault, which is what the
+//! dirty-logging figures must measure. The reports carry KVM's own per-vCPU counters
+//! (`exits`, `pf_fixed`) per pass, so that can be checked on every run.
+//!
+//! Entry points:
+//! - [`dirty_log_perf::run`] (`dirty_log_perf_test` on real vCPUs) with
+//!   [`dirty_log_perf::DirtyLogParams`], returning a [`dirty_log_perf::DirtyLogReport`];
+//!   [`dirty_log_perf::DirtyLogReport::selftest_lines`] prints it like the selftest.
+//! - [`dirty_log_check::check_dirty_log`]: the dirty log of each pass must be exactly the
+//!   set of pages the guest wrote.
+//! - [`memslot_perf::kvm_memslot_ops`]: memslot setup / move / delete times.
+//! - [`host::HostInfo`]: kernel, CPU and KVM module description for reports.
+//! - [`kvm_unusable_reason`]: `None` where guests run; else a one-line reason to skip.
+//!
+//! Building blocks: [`vm::MemstressVm`] (VM, slots, vCPUs in user long mode),
+//! [`memory::GuestMemory`] (anonymous / THP / hugetlb backings), [`asm`] (x86-64 encoder),
+//! [`guest_code`] (the memstress guest program), [`page_tables`], [`cpu_mode`] (GDT and
+//! sregs), [`sys`] (`KVM_CLEAR_DIRTY_LOG`, manual protect, binary stats) and
+//! [`dirty_ring`].
+
+pub mod asm;
+pub mod cpu_mode;
+pub mod dirty_log_check;
+pub mod dirty_log_perf;
+pub mod dirty_ring;
+pub mod error;
+pub mod guest_code;
+pub mod host;
+pub mod kvm_handle;
+pub mod memory;
+pub mod memslot_perf;
+pub mod page_tables;
+pub mod sys;
+pub mod vm;
+
+pub use dirty_log_check::{check_dirty_log, DirtyLogCheckReport};
+pub use dirty_log_perf::{DirtyLogParams, DirtyLogReport, IterationReport, PassCounts};
+pub use error::Error;
+pub use host::HostInfo;
+pub use kvm_handle::{kvm_unusable_reason, open_kvm};
+pub use memory::{Backing, GuestMemory};
+pub use memslot_perf::{kvm_memslot_ops, KvmMemslotTimes};
