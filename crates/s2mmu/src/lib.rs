@@ -31,6 +31,9 @@ mod error;
 pub mod dirty;
 pub mod format;
 pub mod memcache;
+pub mod memslot;
+#[cfg(feature = "std")]
+pub mod mmu;
 pub mod ops;
 mod pgtable;
 pub mod table;

@@ -1,0 +1,58 @@
+//! Memslots: which guest-physical ranges exist and which host memory backs them.
+//!
+//! Two policies sit behind one interface, [`MemslotStore`]:
+//! - [`TreeMemslots`], the design Linux KVM merged in 5.17 ("Scalable memslots"): two sets,
+//!   active and inactive, that share `Arc<Slot>` objects; each set has a gfn-ordered tree,
+//!   an hva interval index, an id map and a last-used-slot cache. A change is applied to
+//!   the inactive set, published by swapping, and replayed on the retired set once its
+//!   readers are gone: O(log n) per change.
+//! - [`ArrayMemslots`], the design before it and the baseline: a gfn-sorted array copied
+//!   whole on every change, binary search by gfn, linear scan by hva: O(n) per change.
+//!
+//! Readers (vCPU threads, MMU notifiers) call [`MemslotStore::snapshot`] and use the
+//! [`SlotLookup`] methods on it. They never lock and always see one published state, the
+//! old or the new, never a mix. A vCPU keeps a [`VcpuSlotCache`], which is checked against
+//! the state's generation.
+//!
+//! Delete and move reach the stage-2 page table through [`Stage2Invalidate`].
+//!
+//! The sets, lookups and validation are `no_std` + `alloc`; the stores publish with
+//! `arc-swap` and so need the `std` feature.
+
+// Without `std` only the sets, lookups and validation exist; the update paths that use them
+// are the stores, so they look unused there.
+#![cfg_attr(not(feature = "std"), allow(dead_code))]
+
+mod array;
+mod cache;
+mod config;
+mod error;
+mod hva_index;
+mod invalidate;
+mod lookup;
+mod slot;
+mod store;
+mod tree;
+mod validate;
+
+#[cfg(feature = "std")]
+mod array_store;
+#[cfg(feature = "std")]
+mod tree_store;
+
+pub use array::ArraySet;
+pub use cache::VcpuSlotCache;
+pub use config::{
+    MemslotConfig, KVM_MEM_MAX_NR_PAGES, KVM_MEM_SLOTS_NUM, KVM_USER_MEM_SLOTS, PAGE_SHIFT_4K,
+};
+pub use error::{errno, MemslotError};
+pub use invalidate::{NoStage2, Stage2Invalidate};
+pub use lookup::{HvaOverlap, SlotLookup};
+pub use slot::{HvaFault, MemslotChange, Slot, SlotFlags, UserMemoryRegion};
+pub use store::MemslotStore;
+pub use tree::TreeSet;
+
+#[cfg(feature = "std")]
+pub use array_store::{ArrayMemslots, ArraySnapshot};
+#[cfg(feature = "std")]
+pub use tree_store::{TreeMemslots, TreeSnapshot};

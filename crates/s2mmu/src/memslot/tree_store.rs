@@ -1,0 +1,140 @@
+//! The 5.17 store: two tree sets, active and inactive, sharing slot objects. Every change
+//! is applied to the inactive set, published by swapping, and then replayed on the set
+//! that was retired once its readers are gone, so both sets end up equal again.
+
+use std::sync::{Mutex, PoisonError};
+
+use alloc::sync::Arc;
+use arc_swap::{ArcSwap, Guard};
+
+use super::config::MemslotConfig;
+use super::error::MemslotError;
+use super::invalidate::Stage2Invalidate;
+use super::lookup::SlotLookup;
+use super::slot::{MemslotChange, Slot, UserMemoryRegion};
+use super::store::{next_store_id, wait_for_readers, MemslotStore};
+use super::tree::TreeSet;
+use super::validate::plan_update;
+
+/// A reader's view of the active tree set.
+pub struct TreeSnapshot(Guard<Arc<TreeSet>>);
+
+impl core::ops::Deref for TreeSnapshot {
+    type Target = TreeSet;
+    fn deref(&self) -> &TreeSet {
+        &self.0
+    }
+}
+
+/// What only the updater touches.
+struct TreeUpdater {
+    /// The set no reader can see. Equal to the active one between updates.
+    inactive: TreeSet,
+    generation: u64,
+}
+
+/// Memslots as Linux KVM has them since 5.17. See the module documentation.
+pub struct TreeMemslots {
+    config: MemslotConfig,
+    active: ArcSwap<TreeSet>,
+    updater: Mutex<TreeUpdater>,
+}
+
+impl TreeMemslots {
+    /// An empty store with KVM's default limits and 4 KiB pages.
+    pub fn new() -> Self {
+        Self::with_config(MemslotConfig::default())
+    }
+
+    /// KVM's `kvm_swap_active_memslots`: publishes the inactive set with a new generation,
+    /// waits for the readers of the set it replaces, and makes that one the inactive set.
+    fn swap_active(&self, updater: &mut TreeUpdater) {
+        updater.generation += 1;
+        let mut next = core::mem::take(&mut updater.inactive);
+        next.generation = updater.generation;
+        let retired = self.active.swap(Arc::new(next));
+        updater.inactive = wait_for_readers(retired);
+    }
+
+    /// KVM's `kvm_activate_memslot` after a `kvm_replace_memslot` on the inactive set.
+    fn replace_and_activate(
+        &self,
+        updater: &mut TreeUpdater,
+        old: Option<&Arc<Slot>>,
+        new: Option<&Arc<Slot>>,
+    ) {
+        updater.inactive.replace(old, new);
+        self.swap_active(updater);
+        updater.inactive.replace(old, new);
+    }
+}
+
+impl Default for TreeMemslots {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemslotStore for TreeMemslots {
+    type Set = TreeSet;
+    type Snapshot = TreeSnapshot;
+    const POLICY: &'static str = "tree";
+
+    fn with_config(config: MemslotConfig) -> Self {
+        let store_id = next_store_id();
+        Self {
+            config,
+            active: ArcSwap::from_pointee(TreeSet::new(store_id)),
+            updater: Mutex::new(TreeUpdater {
+                inactive: TreeSet::new(store_id),
+                generation: 0,
+            }),
+        }
+    }
+
+    fn config(&self) -> &MemslotConfig {
+        &self.config
+    }
+
+    fn snapshot(&self) -> TreeSnapshot {
+        TreeSnapshot(self.active.load())
+    }
+
+    fn set_memory_region(
+        &self,
+        region: &UserMemoryRegion,
+        stage2: &dyn Stage2Invalidate,
+    ) -> Result<MemslotChange, MemslotError> {
+        // A panic elsewhere cannot leave the sets half-updated: every step below completes
+        // or does not start, so a poisoned lock is still consistent.
+        let mut guard = self.updater.lock().unwrap_or_else(PoisonError::into_inner);
+        let updater = &mut *guard;
+        // Between updates the inactive set equals the active one; validating against it
+        // avoids holding a snapshot of the set about to be retired.
+        let plan = plan_update(&self.config, region, &updater.inactive)?;
+        let new = plan.new.map(Arc::new);
+        let old = updater.inactive.id_arc(plan.id).cloned();
+        match plan.change {
+            MemslotChange::Create | MemslotChange::FlagsOnly => {
+                self.replace_and_activate(updater, old.as_ref(), new.as_ref());
+            }
+            MemslotChange::Delete | MemslotChange::Move => {
+                let Some(old) = old else {
+                    // plan_update only classifies an existing slot as a delete or move.
+                    return Err(MemslotError::NoSuchSlot { id: plan.id });
+                };
+                // Publish the stand-in so no vCPU can map the old range any more; the set
+                // retired by the swap still holds `old`.
+                let invalid = Arc::new(old.to_invalid());
+                updater.inactive.replace(Some(&old), Some(&invalid));
+                self.swap_active(updater);
+                stage2.unmap_gfn_range(old.base_gfn(), old.npages());
+                updater.inactive.replace(Some(&old), new.as_ref());
+                self.swap_active(updater);
+                updater.inactive.replace(Some(&invalid), new.as_ref());
+            }
+        }
+        debug_assert_eq!(updater.inactive.len(), self.active.load().len());
+        Ok(plan.change)
+    }
+}

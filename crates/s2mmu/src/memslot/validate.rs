@@ -1,0 +1,157 @@
+//! The checks of KVM's `kvm_set_memory_region()`, shared by both policies.
+
+use super::config::MemslotConfig;
+use super::error::MemslotError;
+use super::lookup::SlotLookup;
+use super::slot::{MemslotChange, Slot, SlotFlags, UserMemoryRegion};
+
+/// An update that passed every check, ready to apply.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub change: MemslotChange,
+    pub id: u16,
+    /// The slot after the update; `None` for a delete.
+    pub new: Option<Slot>,
+}
+
+/// Checks `req` against `set` in KVM's order and classifies it.
+///
+/// # Errors
+/// The first failed check, as a [`MemslotError`]; [`MemslotError::NoChange`] when the
+/// request equals the slot as it is.
+pub(crate) fn plan_update<S: SlotLookup + ?Sized>(
+    config: &MemslotConfig,
+    req: &UserMemoryRegion,
+    set: &S,
+) -> Result<Plan, MemslotError> {
+    if req.flags & !SlotFlags::USER_MASK != 0 {
+        return Err(MemslotError::InvalidFlags { flags: req.flags });
+    }
+    let id = req.id();
+    if id >= config.max_user_slots {
+        return Err(MemslotError::IdOutOfRange {
+            id,
+            max: config.max_user_slots,
+        });
+    }
+    let page_mask = config.page_size() - 1;
+    if req.memory_size & page_mask != 0 {
+        return Err(MemslotError::Misaligned {
+            what: "memory_size",
+            value: req.memory_size,
+        });
+    }
+    if req.guest_phys_addr & page_mask != 0 {
+        return Err(MemslotError::Misaligned {
+            what: "guest_phys_addr",
+            value: req.guest_phys_addr,
+        });
+    }
+    if req.userspace_addr & page_mask != 0 {
+        return Err(MemslotError::Misaligned {
+            what: "userspace_addr",
+            value: req.userspace_addr,
+        });
+    }
+    if req.userspace_addr.checked_add(req.memory_size).is_none() {
+        return Err(MemslotError::Wraps {
+            what: "userspace_addr",
+            start: req.userspace_addr,
+            len: req.memory_size,
+        });
+    }
+    if req.as_id() != 0 {
+        return Err(MemslotError::AddressSpaceOutOfRange {
+            as_id: req.as_id(),
+            max: 1,
+        });
+    }
+    if req.guest_phys_addr.checked_add(req.memory_size).is_none() {
+        return Err(MemslotError::Wraps {
+            what: "guest_phys_addr",
+            start: req.guest_phys_addr,
+            len: req.memory_size,
+        });
+    }
+    let npages = req.memory_size >> config.page_shift;
+    if npages > config.max_npages {
+        return Err(MemslotError::TooLarge {
+            npages,
+            max: config.max_npages,
+        });
+    }
+
+    let old = set.id_to_slot(id);
+    if npages == 0 {
+        return match old {
+            Some(_) => Ok(Plan {
+                change: MemslotChange::Delete,
+                id,
+                new: None,
+            }),
+            None => Err(MemslotError::NoSuchSlot { id }),
+        };
+    }
+
+    let base_gfn = req.guest_phys_addr >> config.page_shift;
+    let change = match old {
+        None => {
+            if set.total_pages().checked_add(npages).is_none() {
+                return Err(MemslotError::Wraps {
+                    what: "total_pages",
+                    start: set.total_pages(),
+                    len: npages,
+                });
+            }
+            MemslotChange::Create
+        }
+        Some(old) => {
+            if old.userspace_addr() != req.userspace_addr {
+                return Err(MemslotError::ImmutableChange {
+                    what: "userspace_addr",
+                });
+            }
+            if old.npages() != npages {
+                return Err(MemslotError::ImmutableChange { what: "npages" });
+            }
+            let old_flags = old.flags().bits() & SlotFlags::USER_MASK;
+            if (old_flags ^ req.flags) & SlotFlags::READONLY.bits() != 0 {
+                return Err(MemslotError::ImmutableChange { what: "readonly" });
+            }
+            if old.base_gfn() != base_gfn {
+                MemslotChange::Move
+            } else if old_flags != req.flags {
+                MemslotChange::FlagsOnly
+            } else {
+                return Err(MemslotError::NoChange { id });
+            }
+        }
+    };
+
+    if matches!(change, MemslotChange::Create | MemslotChange::Move) {
+        let mut other = None;
+        set.for_each_in_gfn_range(base_gfn, base_gfn + npages, |slot| {
+            if slot.id() != id && other.is_none() {
+                other = Some(slot.id());
+            }
+        });
+        if let Some(other) = other {
+            return Err(MemslotError::Overlap { slot: id, other });
+        }
+    }
+
+    let flags = SlotFlags::from_bits(req.flags);
+    let new = Slot::new(
+        id,
+        base_gfn,
+        npages,
+        req.userspace_addr,
+        flags,
+        config.page_shift,
+    );
+    Ok(Plan {
+        change,
+        id,
+        new: Some(new),
+    })
+}
