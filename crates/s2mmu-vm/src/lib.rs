@@ -1,12 +1,20 @@
 //! A simulated VM on the s2mmu engine.
 //!
-//! Guest memory is real host memory ([`memory`]); each vCPU is a thread
-//! that accesses it through a per-vCPU software TLB ([`tlb`]); a TLB miss
-//! walks the stage-2 table without locks and a missing or write-protected
-//! entry is a fault handled by the engine, as a hardware exit would be.
+//! Guest memory is real host memory ([`memory`]); each vCPU ([`vcpu`]) is
+//! a thread that accesses it through a per-vCPU software TLB ([`tlb`]); a
+//! TLB miss walks the stage-2 table without locks, and a missing or
+//! write-protected entry is a fault handled by the engine, as a hardware
+//! exit would be. TLB invalidations from the engine reach every vCPU's TLB
+//! before the engine goes on.
 
 pub mod memory;
 pub mod tlb;
+pub mod vcpu;
+pub mod vm;
+pub mod workload;
 
 pub use memory::{Backing, GuestMemory, MemoryError};
 pub use tlb::{ShootdownStats, SoftTlb, TlbShootdown, TlbStats};
+pub use vcpu::{Vcpu, VcpuExit};
+pub use vm::{SlotInfo, Vm, VmConfig, VmError, VmMmu};
+pub use workload::{stamp, Control, Pattern, Workload, WorkloadConfig};

@@ -94,7 +94,10 @@ impl fmt::Display for MemoryError {
                 free,
             } => {
                 let (knob, n) = if page_size == 1 << 30 {
-                    ("/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages", needed)
+                    (
+                        "/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages",
+                        needed,
+                    )
                 } else {
                     ("/proc/sys/vm/nr_hugepages", needed)
                 };
@@ -151,8 +154,12 @@ impl GuestMemory {
     /// how to reserve pages, [`MemoryError::Mmap`].
     pub fn new(size: u64, backing: Backing) -> Result<Self, MemoryError> {
         let page = backing.page_size();
-        let multiple = if backing == Backing::AnonymousThp { 4096 } else { page };
-        if size == 0 || size % multiple != 0 {
+        let multiple = if backing == Backing::AnonymousThp {
+            4096
+        } else {
+            page
+        };
+        if size == 0 || !size.is_multiple_of(multiple) {
             return Err(MemoryError::BadSize { size, multiple });
         }
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
@@ -232,12 +239,14 @@ impl GuestMemory {
 
     /// The word at byte `offset` (8-byte aligned, inside the memory).
     fn word(&self, offset: u64) -> Option<&AtomicU64> {
-        if offset % 8 != 0 || offset + 8 > self.size {
+        if !offset.is_multiple_of(8) || offset + 8 > self.size {
             return None;
         }
         // SAFETY: aligned and in bounds of the live mapping; the memory is
         // only ever accessed through atomics.
-        Some(unsafe { AtomicU64::from_ptr(self.ptr.add(self.offset + offset as usize) as *mut u64) })
+        Some(unsafe {
+            AtomicU64::from_ptr(self.ptr.add(self.offset + offset as usize) as *mut u64)
+        })
     }
 
     /// Reads the 8-byte word at `offset` (None if misaligned or outside).
@@ -247,14 +256,19 @@ impl GuestMemory {
 
     /// Writes the 8-byte word at `offset`; returns false if misaligned or outside.
     pub fn write_u64(&self, offset: u64, value: u64) -> bool {
-        self.word(offset).map(|w| w.store(value, Ordering::Relaxed)).is_some()
+        self.word(offset)
+            .map(|w| w.store(value, Ordering::Relaxed))
+            .is_some()
     }
 
     /// Copies `out.len()` bytes from `offset` (word by word, atomically per
     /// word, as a migration reads memory the guest may be writing).
     /// Returns false if the range is misaligned or outside.
     pub fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
-        if offset % 8 != 0 || out.len() % 8 != 0 || offset + out.len() as u64 > self.size {
+        if !offset.is_multiple_of(8)
+            || !out.len().is_multiple_of(8)
+            || offset + out.len() as u64 > self.size
+        {
             return false;
         }
         for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
@@ -267,7 +281,10 @@ impl GuestMemory {
     /// Writes `data` at `offset` word by word. Returns false if misaligned
     /// or outside.
     pub fn write_from(&self, offset: u64, data: &[u8]) -> bool {
-        if offset % 8 != 0 || data.len() % 8 != 0 || offset + data.len() as u64 > self.size {
+        if !offset.is_multiple_of(8)
+            || !data.len().is_multiple_of(8)
+            || offset + data.len() as u64 > self.size
+        {
             return false;
         }
         for (i, chunk) in data.chunks_exact(8).enumerate() {
@@ -321,7 +338,10 @@ mod tests {
         assert_eq!(m.read_u64(1 << 20), None);
         let mut buf = [0u8; 16];
         assert!(m.read_into(4096, &mut buf));
-        assert_eq!(u64::from_le_bytes(buf[..8].try_into().unwrap()), 0xdead_beef);
+        assert_eq!(
+            u64::from_le_bytes(buf[..8].try_into().unwrap()),
+            0xdead_beef
+        );
         assert!(m.write_from(8192, &buf));
         assert_eq!(m.read_u64(8192), Some(0xdead_beef));
     }
@@ -339,11 +359,18 @@ mod tests {
             Err(MemoryError::BadSize { .. })
         ));
         if hugetlb_free(1 << 30) < 1024 {
-            let e = GuestMemory::new(1024 << 30, Backing::Hugetlb1G).err().unwrap();
+            let e = GuestMemory::new(1024 << 30, Backing::Hugetlb1G)
+                .err()
+                .unwrap();
             assert!(matches!(e, MemoryError::HugetlbNotReserved { .. }));
             assert!(e.to_string().contains("nr_hugepages"), "{e}");
         }
-        assert_eq!(Backing::parse("anonymous_thp").unwrap(), Backing::AnonymousThp);
-        assert!(Backing::parse("bogus").unwrap_err().contains("anonymous_thp"));
+        assert_eq!(
+            Backing::parse("anonymous_thp").unwrap(),
+            Backing::AnonymousThp
+        );
+        assert!(Backing::parse("bogus")
+            .unwrap_err()
+            .contains("anonymous_thp"));
     }
 }

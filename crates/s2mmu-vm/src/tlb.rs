@@ -140,7 +140,8 @@ impl TlbShootdown {
         let mut waited = 0;
         for (v, seq) in vcpus.iter().zip(wait) {
             let mut spins = 0u32;
-            while v.mode.load(Ordering::SeqCst) == IN_GUEST && v.acked.load(Ordering::Acquire) < seq {
+            while v.mode.load(Ordering::SeqCst) == IN_GUEST && v.acked.load(Ordering::Acquire) < seq
+            {
                 if spins == 0 {
                     waited += 1;
                 }
@@ -159,6 +160,12 @@ impl TlbShootdown {
 }
 
 impl s2mmu::TlbInvalidate for TlbShootdown {
+    /// After a permission relaxation nothing needs invalidating: a vCPU
+    /// whose TLB holds the old, stricter entry misses on the access it
+    /// lacks and walks the table again (what a spurious fault does on
+    /// hardware). So no other vCPU is disturbed.
+    fn flush_ipa_local(&self, _ipa: u64, _level: Option<u32>) {}
+
     fn flush_ipa(&self, ipa: u64, level: Option<u32>) {
         // By-IPA invalidation removes the entry at its level: with the
         // level hint that is the whole block (the TLB caches pages of it).
@@ -345,7 +352,11 @@ mod tests {
         assert_eq!(t.lookup(0x5123, false), None);
         t.fill(0x5123, 0x7000_0000, false);
         assert_eq!(t.lookup(0x5ff8, false), Some(0x7000_0ff8));
-        assert_eq!(t.lookup(0x5000, true), None, "read-only entry refuses writes");
+        assert_eq!(
+            t.lookup(0x5000, true),
+            None,
+            "read-only entry refuses writes"
+        );
     }
 
     #[test]
@@ -408,6 +419,10 @@ mod tests {
             sd.flush_range((100 + i) << 12, 4096);
         }
         t.enter_guest();
-        assert_eq!(t.valid_entries(), 0, "too many posted ranges flush everything");
+        assert_eq!(
+            t.valid_entries(),
+            0,
+            "too many posted ranges flush everything"
+        );
     }
 }

@@ -29,7 +29,11 @@ impl DirtyBitmap {
         if all_set {
             for (i, w) in words.iter_mut().enumerate() {
                 let left = npages - i as u64 * 64;
-                *w.get_mut() = if left >= 64 { u64::MAX } else { (1 << left) - 1 };
+                *w.get_mut() = if left >= 64 {
+                    u64::MAX
+                } else {
+                    (1 << left) - 1
+                };
             }
         }
         DirtyBitmap {
@@ -123,12 +127,12 @@ pub fn check_clear_args(
     slot_pages: u64,
     bitmap_words: usize,
 ) -> Result<()> {
-    if first_page % 64 != 0 {
+    if !first_page.is_multiple_of(64) {
         return Err(Error::ClearNotAligned { first_page });
     }
     let bad = first_page > slot_pages
         || num_pages > slot_pages - first_page
-        || (num_pages < slot_pages - first_page && num_pages % 64 != 0);
+        || (num_pages < slot_pages - first_page && !num_pages.is_multiple_of(64));
     if bad {
         return Err(Error::ClearBadRange {
             first_page,
@@ -314,7 +318,10 @@ mod tests {
         assert_eq!(b.clear_masked(1, 0b111), 0b10, "only bits that were set");
         assert_eq!(b.take_word(2), 2);
         assert_eq!(b.count(), 1);
-        assert!(matches!(b.copy_to(&mut [0u64; 2]), Err(Error::BitmapTooSmall { .. })));
+        assert!(matches!(
+            b.copy_to(&mut [0u64; 2]),
+            Err(Error::BitmapTooSmall { .. })
+        ));
     }
 
     #[test]
@@ -326,15 +333,30 @@ mod tests {
 
     #[test]
     fn clear_arguments_follow_kvm() {
-        assert_eq!(check_clear_args(1, 64, 256, 4), Err(Error::ClearNotAligned { first_page: 1 }));
+        assert_eq!(
+            check_clear_args(1, 64, 256, 4),
+            Err(Error::ClearNotAligned { first_page: 1 })
+        );
         assert!(check_clear_args(0, 256, 256, 4).is_ok());
         assert!(check_clear_args(64, 64, 256, 1).is_ok());
         // Not a multiple of 64, but reaches the slot's end: allowed.
         assert!(check_clear_args(64, 36, 100, 1).is_ok());
-        assert!(matches!(check_clear_args(0, 36, 100, 1), Err(Error::ClearBadRange { .. })));
-        assert!(matches!(check_clear_args(0, 257, 256, 5), Err(Error::ClearBadRange { .. })));
-        assert!(matches!(check_clear_args(320, 0, 256, 0), Err(Error::ClearBadRange { .. })));
-        assert!(matches!(check_clear_args(0, 256, 256, 3), Err(Error::BitmapTooSmall { .. })));
+        assert!(matches!(
+            check_clear_args(0, 36, 100, 1),
+            Err(Error::ClearBadRange { .. })
+        ));
+        assert!(matches!(
+            check_clear_args(0, 257, 256, 5),
+            Err(Error::ClearBadRange { .. })
+        ));
+        assert!(matches!(
+            check_clear_args(320, 0, 256, 0),
+            Err(Error::ClearBadRange { .. })
+        ));
+        assert!(matches!(
+            check_clear_args(0, 256, 256, 3),
+            Err(Error::BitmapTooSmall { .. })
+        ));
     }
 
     #[test]
@@ -349,7 +371,11 @@ mod tests {
         let mut got = Vec::new();
         assert_eq!(r.harvest(&mut got), 5);
         assert_eq!(got[0], DirtyGfn { slot: 1, offset: 3 });
-        assert_eq!(r.harvest(&mut got), 0, "harvested entries are not returned twice");
+        assert_eq!(
+            r.harvest(&mut got),
+            0,
+            "harvested entries are not returned twice"
+        );
         let mut groups = Vec::new();
         assert_eq!(r.reset(|s, o, m| groups.push((s, o, m))), 5);
         assert_eq!(groups, vec![(1, 3, 0b1000_0011), (1, 200, 1), (2, 5, 1)]);
@@ -363,7 +389,10 @@ mod tests {
             assert!(!r.soft_full());
             r.push(3, 0, i).unwrap();
         }
-        assert!(r.soft_full(), "soft limit is size minus the reserved entries");
+        assert!(
+            r.soft_full(),
+            "soft limit is size minus the reserved entries"
+        );
         for i in 192..256u64 {
             r.push(3, 0, i).unwrap();
         }

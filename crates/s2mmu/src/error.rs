@@ -140,6 +140,8 @@ pub enum Error {
         /// Entries asked for.
         entries: u32,
     },
+    /// A memslot update was refused.
+    Memslot(crate::memslot::MemslotError),
     /// The vCPU's dirty ring is soft-full: the vCPU must stop until the
     /// ring is harvested and reset (`KVM_EXIT_DIRTY_RING_FULL`).
     RingFull {
@@ -214,6 +216,7 @@ impl fmt::Display for Error {
                 "dirty ring of {entries} entries: must be a power of two from 256 to 65536"
             ),
             Error::RingFull { vcpu } => write!(f, "dirty ring of vCPU {vcpu} is full"),
+            Error::Memslot(e) => write!(f, "memslot update refused: {e}"),
         }
     }
 }
@@ -223,3 +226,9 @@ impl std::error::Error for Error {}
 
 /// Shorthand for engine results.
 pub type Result<T> = core::result::Result<T, Error>;
+
+impl From<crate::memslot::MemslotError> for Error {
+    fn from(e: crate::memslot::MemslotError) -> Self {
+        Error::Memslot(e)
+    }
+}

@@ -27,8 +27,8 @@
 #![warn(missing_docs)]
 extern crate alloc;
 
-mod error;
 pub mod dirty;
+mod error;
 pub mod format;
 pub mod memcache;
 pub mod memslot;

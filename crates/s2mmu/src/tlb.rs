@@ -120,6 +120,7 @@ pub struct TlbBatch<'a> {
     tlb: &'a dyn TlbInvalidate,
     policy: TlbPolicy,
     range: Option<(u64, u64)>,
+    whole_vmid: bool,
     calls: u64,
 }
 
@@ -130,8 +131,15 @@ impl<'a> TlbBatch<'a> {
             tlb,
             policy,
             range: None,
+            whole_vmid: false,
             calls: 0,
         }
+    }
+
+    /// Makes the pending flush one whole-VMID flush, whatever was added
+    /// (KVM flushes the whole VM after a dirty-ring reset).
+    pub fn add_whole_vmid(&mut self) {
+        self.whole_vmid = true;
     }
 
     /// Adds `[ipa, ipa + size)` to the batch.
@@ -148,13 +156,18 @@ impl<'a> TlbBatch<'a> {
 
     /// Whether anything is pending.
     pub fn is_empty(&self) -> bool {
-        self.range.is_none()
+        self.range.is_none() && !self.whole_vmid
     }
 
     /// Issues the pending flush now; returns the number of backend calls
     /// made by this batch so far.
     pub fn flush(&mut self) -> u64 {
-        if let Some((s, e)) = self.range.take() {
+        if self.whole_vmid {
+            self.whole_vmid = false;
+            self.range = None;
+            self.tlb.flush_vmid();
+            self.calls += 1;
+        } else if let Some((s, e)) = self.range.take() {
             self.calls += self.policy.flush_range(self.tlb, s, e - s);
         }
         self.calls

@@ -1,0 +1,198 @@
+//! A simulated vCPU: guest accesses through a software TLB, stage-2 walks
+//! on a miss, and the engine's fault handler on a fault.
+
+use crate::memory::GuestMemory;
+use crate::tlb::SoftTlb;
+use crate::vm::VmMmu;
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::memslot::MemslotStore;
+use s2mmu::mmu::{FaultOutcome, FaultStats, VcpuMmu};
+use s2mmu::{HostMmOps, Prot, TableReader};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Why a guest access left the vCPU (what a `KVM_RUN` exit would report).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VcpuExit {
+    /// No memslot there, or a write to a read-only slot: MMIO.
+    Mmio {
+        /// The address.
+        gpa: u64,
+        /// Whether it was a write.
+        write: bool,
+    },
+    /// The vCPU's dirty ring is soft-full: harvest and reset, then retry.
+    DirtyRingFull,
+    /// The access is not 8-byte aligned.
+    Misaligned {
+        /// The address.
+        gpa: u64,
+    },
+    /// The engine failed (out of memory).
+    Engine(s2mmu::Error),
+}
+
+impl fmt::Display for VcpuExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VcpuExit::Mmio { gpa, write } => write!(
+                f,
+                "MMIO {} at {gpa:#x}",
+                if *write { "write" } else { "read" }
+            ),
+            VcpuExit::DirtyRingFull => write!(f, "dirty ring full"),
+            VcpuExit::Misaligned { gpa } => write!(f, "misaligned access at {gpa:#x}"),
+            VcpuExit::Engine(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// A vCPU of a [`crate::Vm`]. Owned by the thread that runs it.
+pub struct Vcpu<S: MemslotStore> {
+    mmu: Arc<VmMmu<S>>,
+    reader: TableReader<Arm64Stage2, HostMmOps>,
+    // Keeps guest memory mapped while this vCPU can reach it.
+    _memory: Arc<GuestMemory>,
+    vmmu: VcpuMmu<HostMmOps>,
+    tlb: SoftTlb,
+    in_guest: bool,
+    /// Faults taken (exits).
+    pub faults: u64,
+    /// Guest accesses made.
+    pub accesses: u64,
+}
+
+impl<S: MemslotStore> Vcpu<S> {
+    pub(crate) fn new(
+        mmu: Arc<VmMmu<S>>,
+        memory: Arc<GuestMemory>,
+        vmmu: VcpuMmu<HostMmOps>,
+        tlb: SoftTlb,
+    ) -> Self {
+        Vcpu {
+            reader: mmu.reader(),
+            mmu,
+            _memory: memory,
+            vmmu,
+            tlb,
+            in_guest: false,
+            faults: 0,
+            accesses: 0,
+        }
+    }
+
+    /// The vCPU index.
+    pub fn id(&self) -> usize {
+        self.vmmu.id()
+    }
+
+    /// Fault and lock counters.
+    pub fn fault_stats(&self) -> FaultStats {
+        self.vmmu.stats
+    }
+
+    /// The software TLB.
+    pub fn tlb(&self) -> &SoftTlb {
+        &self.tlb
+    }
+
+    /// Enters guest mode (applies pending TLB invalidations).
+    pub fn enter(&mut self) {
+        if !self.in_guest {
+            self.tlb.enter_guest();
+            self.in_guest = true;
+        }
+    }
+
+    /// Leaves guest mode (invalidations stop waiting for this vCPU). Call
+    /// before the thread blocks.
+    pub fn exit(&mut self) {
+        if self.in_guest {
+            self.tlb.exit_guest();
+            self.in_guest = false;
+        }
+    }
+
+    /// Whether the vCPU must stay out of the guest until the dirty rings
+    /// are reset.
+    pub fn ring_full(&self) -> bool {
+        self.mmu.ring_soft_full(self.vmmu.id())
+    }
+
+    /// Host address for a guest access, faulting as needed.
+    #[inline]
+    fn translate(&mut self, gpa: u64, write: bool) -> Result<u64, VcpuExit> {
+        if !gpa.is_multiple_of(8) {
+            return Err(VcpuExit::Misaligned { gpa });
+        }
+        self.enter();
+        loop {
+            self.tlb.check_requests();
+            if let Some(h) = self.tlb.lookup(gpa, write) {
+                return Ok(h);
+            }
+            if let Some(t) = self.reader.translate(gpa) {
+                let writable = t.prot.contains(Prot::W);
+                if writable || !write {
+                    self.tlb.fill(gpa, t.pa, writable);
+                    continue;
+                }
+            }
+            // A stage-2 fault: leave guest mode while the engine handles it.
+            self.exit();
+            self.faults += 1;
+            let r = self.mmu.handle_fault(&mut self.vmmu, gpa, write);
+            if self.ring_full() {
+                return Err(VcpuExit::DirtyRingFull);
+            }
+            self.enter();
+            match r {
+                Ok(
+                    FaultOutcome::Fast
+                    | FaultOutcome::Slow
+                    | FaultOutcome::Spurious
+                    | FaultOutcome::Retry,
+                ) => {}
+                Err(s2mmu::Error::NoSlot { .. }) => return Err(VcpuExit::Mmio { gpa, write }),
+                Err(s2mmu::Error::WriteToReadOnly { .. }) => {
+                    return Err(VcpuExit::Mmio { gpa, write: true })
+                }
+                Err(e) => return Err(VcpuExit::Engine(e)),
+            }
+        }
+    }
+
+    /// Writes the 8-byte word at `gpa`, as a guest store.
+    ///
+    /// # Errors
+    /// A [`VcpuExit`] the caller must handle before retrying.
+    #[inline]
+    pub fn write_u64(&mut self, gpa: u64, value: u64) -> Result<(), VcpuExit> {
+        let h = self.translate(gpa, true)?;
+        self.accesses += 1;
+        // SAFETY: `h` is the host address of an aligned word of guest memory
+        // (a memslot of this VM maps it), which `_memory` keeps mapped; guest
+        // memory is only accessed through atomics.
+        unsafe { AtomicU64::from_ptr(h as *mut u64) }.store(value, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads the 8-byte word at `gpa`, as a guest load.
+    ///
+    /// # Errors
+    /// A [`VcpuExit`] the caller must handle before retrying.
+    #[inline]
+    pub fn read_u64(&mut self, gpa: u64) -> Result<u64, VcpuExit> {
+        let h = self.translate(gpa, false)?;
+        self.accesses += 1;
+        // SAFETY: as in `write_u64`.
+        Ok(unsafe { AtomicU64::from_ptr(h as *mut u64) }.load(Ordering::Relaxed))
+    }
+}
+
+impl<S: MemslotStore> Drop for Vcpu<S> {
+    fn drop(&mut self) {
+        self.exit();
+    }
+}

@@ -1,0 +1,239 @@
+//! A simulated VM: guest memory divided into memslots, the engine's MMU,
+//! and the TLB shootdown that its vCPUs register with.
+
+use crate::memory::{Backing, GuestMemory, MemoryError};
+use crate::tlb::TlbShootdown;
+use crate::vcpu::Vcpu;
+use s2mmu::format::arm64::{Arm64Stage2, Granule};
+use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
+use s2mmu::mmu::{Mmu, MmuPolicy};
+use s2mmu::{HostMmOps, PteFormat};
+use std::fmt;
+use std::sync::Arc;
+
+/// The engine types a simulated VM uses.
+pub type VmMmu<S> = Mmu<Arm64Stage2, HostMmOps, S>;
+
+/// How to build a [`Vm`].
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    /// Bytes of guest memory.
+    pub mem_size: u64,
+    /// How it is backed.
+    pub backing: Backing,
+    /// Number of memslots it is divided into (dirty_log_perf_test's `-x`).
+    pub slots: u32,
+    /// Guest-physical address of the first slot.
+    pub gpa_base: u64,
+    /// The MMU's policies.
+    pub policy: MmuPolicy,
+    /// Entries of each vCPU's software TLB.
+    pub tlb_entries: usize,
+    /// IPA size in bits.
+    pub ipa_bits: u32,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        VmConfig {
+            mem_size: 256 << 20,
+            backing: Backing::Anonymous,
+            slots: 1,
+            gpa_base: 1 << 32,
+            policy: MmuPolicy::default(),
+            tlb_entries: 1024,
+            ipa_bits: 40,
+        }
+    }
+}
+
+/// Why a VM could not be built or used.
+#[derive(Debug)]
+pub enum VmError {
+    /// Guest memory.
+    Memory(MemoryError),
+    /// The engine refused something.
+    Engine(s2mmu::Error),
+    /// The configuration does not make sense.
+    Config(String),
+}
+
+impl fmt::Display for VmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VmError::Memory(e) => write!(f, "{e}"),
+            VmError::Engine(e) => write!(f, "{e}"),
+            VmError::Config(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+impl std::error::Error for VmError {}
+
+impl From<MemoryError> for VmError {
+    fn from(e: MemoryError) -> Self {
+        VmError::Memory(e)
+    }
+}
+
+impl From<s2mmu::Error> for VmError {
+    fn from(e: s2mmu::Error) -> Self {
+        VmError::Engine(e)
+    }
+}
+
+/// One memslot of the VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotInfo {
+    /// Slot id.
+    pub id: u16,
+    /// Guest-physical base.
+    pub gpa: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Offset of its memory in [`Vm::memory`].
+    pub mem_offset: u64,
+}
+
+/// A simulated VM.
+pub struct Vm<S: MemslotStore = TreeMemslots> {
+    // Field order matters for drop: vCPU-facing parts first, memory last.
+    mmu: Arc<VmMmu<S>>,
+    shootdown: Arc<TlbShootdown>,
+    slots: Vec<SlotInfo>,
+    config: VmConfig,
+    memory: Arc<GuestMemory>,
+}
+
+impl<S: MemslotStore> Vm<S> {
+    /// Builds a VM: maps guest memory, divides it into `slots` memslots
+    /// (each a multiple of the backing's page size), creates the MMU.
+    ///
+    /// # Errors
+    /// [`VmError::Config`] for a size that cannot be divided,
+    /// [`VmError::Memory`], [`VmError::Engine`].
+    pub fn new(config: VmConfig) -> Result<Self, VmError> {
+        let fmt = Arm64Stage2::new(Granule::K4, config.ipa_bits)?;
+        let host_page = config.backing.page_size();
+        let unit = host_page.max(fmt.page_size());
+        if config.slots == 0
+            || config.mem_size == 0
+            || !config
+                .mem_size
+                .is_multiple_of(unit * u64::from(config.slots))
+        {
+            return Err(VmError::Config(format!(
+                "guest memory of {} bytes cannot be divided into {} slots of whole {}-byte pages",
+                config.mem_size, config.slots, unit
+            )));
+        }
+        if !config.gpa_base.is_multiple_of(unit)
+            || config.gpa_base + config.mem_size > fmt.ipa_limit()
+        {
+            return Err(VmError::Config(format!(
+                "guest-physical base {:#x} must be aligned to {unit:#x} and the memory must fit {} IPA bits",
+                config.gpa_base, config.ipa_bits
+            )));
+        }
+        let memory = Arc::new(GuestMemory::new(config.mem_size, config.backing)?);
+        let shootdown = Arc::new(TlbShootdown::new(fmt.page_shift()));
+        let mm = HostMmOps::new(fmt.page_size() as usize)?;
+        let store = S::with_config(MemslotConfig {
+            page_shift: fmt.page_shift(),
+            ..MemslotConfig::default()
+        });
+        let mmu = Arc::new(Mmu::new(fmt, mm, shootdown.clone(), store, config.policy)?);
+        let per = config.mem_size / u64::from(config.slots);
+        let mut slots = Vec::new();
+        for i in 0..config.slots {
+            let id = u16::try_from(i).map_err(|_| VmError::Config("too many slots".into()))?;
+            let off = u64::from(i) * per;
+            let region = UserMemoryRegion::new(
+                id,
+                SlotFlags::NONE,
+                config.gpa_base + off,
+                per,
+                memory.host_addr() + off,
+            );
+            mmu.set_memory_region(&region, host_page)?;
+            slots.push(SlotInfo {
+                id,
+                gpa: config.gpa_base + off,
+                size: per,
+                mem_offset: off,
+            });
+        }
+        Ok(Vm {
+            mmu,
+            shootdown,
+            slots,
+            config,
+            memory,
+        })
+    }
+
+    /// The MMU.
+    pub fn mmu(&self) -> &Arc<VmMmu<S>> {
+        &self.mmu
+    }
+
+    /// The TLB shootdown (its counters show invalidation costs).
+    pub fn shootdown(&self) -> &Arc<TlbShootdown> {
+        &self.shootdown
+    }
+
+    /// Guest memory.
+    pub fn memory(&self) -> &Arc<GuestMemory> {
+        &self.memory
+    }
+
+    /// The memslots.
+    pub fn slots(&self) -> &[SlotInfo] {
+        &self.slots
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &VmConfig {
+        &self.config
+    }
+
+    /// Creates a vCPU.
+    ///
+    /// # Errors
+    /// [`VmError::Engine`].
+    pub fn new_vcpu(&self) -> Result<Vcpu<S>, VmError> {
+        let vmmu = self.mmu.new_vcpu()?;
+        let tlb = self.shootdown.register(self.config.tlb_entries);
+        Ok(Vcpu::new(self.mmu.clone(), self.memory.clone(), vmmu, tlb))
+    }
+
+    /// Enables dirty logging on every slot.
+    ///
+    /// # Errors
+    /// [`VmError::Engine`].
+    pub fn enable_dirty_logging(&self) -> Result<(), VmError> {
+        for s in &self.slots {
+            self.mmu.enable_dirty_logging(s.id)?;
+        }
+        Ok(())
+    }
+
+    /// Disables dirty logging on every slot.
+    ///
+    /// # Errors
+    /// [`VmError::Engine`].
+    pub fn disable_dirty_logging(&self) -> Result<(), VmError> {
+        for s in &self.slots {
+            self.mmu.disable_dirty_logging(s.id)?;
+        }
+        Ok(())
+    }
+
+    /// The slot holding `gpa` and the offset of `gpa` in guest memory.
+    pub fn locate(&self, gpa: u64) -> Option<(SlotInfo, u64)> {
+        self.slots
+            .iter()
+            .find(|s| gpa >= s.gpa && gpa - s.gpa < s.size)
+            .map(|s| (*s, s.mem_offset + gpa - s.gpa))
+    }
+}

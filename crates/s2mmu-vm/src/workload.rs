@@ -1,0 +1,385 @@
+//! Guest workloads on vCPU threads: the KVM selftests' memstress pattern
+//! (each vCPU writes one word per page of its own region, pass after pass,
+//! in lockstep with the host) and a random-access pattern, with a throttle
+//! for migration's convergence help.
+
+use crate::vcpu::{Vcpu, VcpuExit};
+use crate::vm::Vm;
+use s2mmu::memslot::MemslotStore;
+use s2mmu::mmu::FaultStats;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The access pattern of a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// Every page of the vCPU's region in order (memstress).
+    Sequential,
+    /// As many pages as the region has, chosen at random in it.
+    Random,
+}
+
+/// What each vCPU does.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkloadConfig {
+    /// Bytes of guest memory each vCPU touches (its own region).
+    pub bytes_per_vcpu: u64,
+    /// Percent of accesses that are writes (the rest read).
+    pub write_percent: u32,
+    /// Access pattern.
+    pub pattern: Pattern,
+    /// Page size the workload steps by.
+    pub page_size: u64,
+}
+
+/// Values the vCPUs write: `(vcpu << 48) | (pass << 24) | page`, so a
+/// checker can tell which pass of which vCPU wrote a page.
+pub fn stamp(vcpu: usize, pass: u64, page: u64) -> u64 {
+    ((vcpu as u64) << 48) | ((pass & 0xff_ffff) << 24) | (page & 0xff_ffff)
+}
+
+/// State shared between the host and the vCPU threads.
+pub struct Control {
+    /// Pass the host asks for (vCPUs run passes until they reach it).
+    target: AtomicU64,
+    /// Free-running mode: vCPUs run passes until stopped (migration).
+    free_running: AtomicBool,
+    paused: AtomicBool,
+    /// Per vCPU: whether it is executing guest accesses right now.
+    running: Vec<AtomicBool>,
+    stop: AtomicBool,
+    /// Passes each vCPU completed.
+    done: Vec<AtomicU64>,
+    /// Pages written by each vCPU, in total.
+    pub pages_written: Vec<AtomicU64>,
+    /// Delay per page in nanoseconds (0 = none): the throttle.
+    pub throttle_ns: AtomicU64,
+    /// Last pass-completion time of each vCPU and its duration.
+    pass_times: Mutex<Vec<Vec<Duration>>>,
+    fault_stats: Mutex<Vec<FaultStats>>,
+    errors: Mutex<Vec<String>>,
+    /// Time spent stopped on a full dirty ring, nanoseconds, all vCPUs.
+    pub ring_full_wait_ns: AtomicU64,
+}
+
+impl Control {
+    fn new(vcpus: usize) -> Self {
+        Control {
+            target: AtomicU64::new(0),
+            free_running: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            running: (0..vcpus).map(|_| AtomicBool::new(false)).collect(),
+            stop: AtomicBool::new(false),
+            done: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
+            pages_written: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
+            throttle_ns: AtomicU64::new(0),
+            pass_times: Mutex::new(vec![Vec::new(); vcpus]),
+            fault_stats: Mutex::new(vec![FaultStats::default(); vcpus]),
+            errors: Mutex::new(Vec::new()),
+            ring_full_wait_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+/// vCPU threads running a workload on a VM.
+pub struct Workload<S: MemslotStore + 'static> {
+    vm: Arc<Vm<S>>,
+    control: Arc<Control>,
+    threads: Vec<JoinHandle<()>>,
+    config: WorkloadConfig,
+}
+
+impl<S: MemslotStore + 'static> Workload<S> {
+    /// Starts `vcpus` vCPU threads, each owning the region
+    /// `[gpa_base + i * bytes_per_vcpu, +bytes_per_vcpu)`; they wait for
+    /// [`Workload::run_pass`] or [`Workload::run_free`].
+    ///
+    /// # Errors
+    /// A message when the regions do not fit the VM's memory or a vCPU
+    /// cannot be created.
+    pub fn start(vm: Arc<Vm<S>>, vcpus: usize, config: WorkloadConfig) -> Result<Self, String> {
+        let need = config.bytes_per_vcpu * vcpus as u64;
+        if vcpus == 0
+            || config.bytes_per_vcpu < config.page_size
+            || !config.bytes_per_vcpu.is_multiple_of(config.page_size)
+            || need > vm.config().mem_size
+        {
+            return Err(format!(
+                "{vcpus} vCPUs x {} bytes (whole pages each) do not fit {} bytes of guest memory",
+                config.bytes_per_vcpu,
+                vm.config().mem_size
+            ));
+        }
+        let control = Arc::new(Control::new(vcpus));
+        let mut threads = Vec::new();
+        for i in 0..vcpus {
+            let mut vcpu = vm.new_vcpu().map_err(|e| e.to_string())?;
+            let control = control.clone();
+            let base = vm.config().gpa_base + i as u64 * config.bytes_per_vcpu;
+            let h = std::thread::Builder::new()
+                .name(format!("vcpu{i}"))
+                .spawn(move || vcpu_thread(&mut vcpu, i, base, config, &control))
+                .map_err(|e| e.to_string())?;
+            threads.push(h);
+        }
+        Ok(Workload {
+            vm,
+            control,
+            threads,
+            config,
+        })
+    }
+
+    /// The shared control block.
+    pub fn control(&self) -> &Arc<Control> {
+        &self.control
+    }
+
+    /// The VM.
+    pub fn vm(&self) -> &Arc<Vm<S>> {
+        &self.vm
+    }
+
+    /// The workload's configuration.
+    pub fn config(&self) -> &WorkloadConfig {
+        &self.config
+    }
+
+    /// Runs one pass on every vCPU and waits for all; returns the wall
+    /// time. `while_waiting` is called repeatedly meanwhile (a dirty-ring
+    /// reaper).
+    ///
+    /// # Errors
+    /// The first error a vCPU reported.
+    pub fn run_pass(&self, mut while_waiting: impl FnMut()) -> Result<Duration, String> {
+        let pass = self.control.target.load(Ordering::Acquire) + 1;
+        let t0 = Instant::now();
+        self.control.target.store(pass, Ordering::Release);
+        let mut spins = 0u32;
+        while self
+            .control
+            .done
+            .iter()
+            .any(|d| d.load(Ordering::Acquire) < pass)
+        {
+            self.check_errors()?;
+            while_waiting();
+            spins += 1;
+            if spins > 64 {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        let t = t0.elapsed();
+        self.check_errors()?;
+        Ok(t)
+    }
+
+    /// Lets vCPUs run passes back to back until [`Workload::pause`].
+    pub fn run_free(&self) {
+        self.control.free_running.store(true, Ordering::Release);
+    }
+
+    /// Pauses every vCPU wherever it is (mid-pass included) and returns
+    /// once none executes guest accesses: the stop of a migration's
+    /// downtime. Free running resumes with [`Workload::resume`].
+    pub fn pause(&self) {
+        self.control.paused.store(true, Ordering::SeqCst);
+        while self
+            .control
+            .running
+            .iter()
+            .any(|r| r.load(Ordering::SeqCst))
+        {
+            if self.check_errors().is_err() {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Undoes [`Workload::pause`].
+    pub fn resume(&self) {
+        self.control.paused.store(false, Ordering::SeqCst);
+    }
+
+    /// Stops free running after the current passes (vCPUs then wait for
+    /// [`Workload::run_pass`]).
+    pub fn stop_free(&self) {
+        self.control.free_running.store(false, Ordering::Release);
+    }
+
+    /// Passes completed by each vCPU.
+    pub fn passes_done(&self) -> Vec<u64> {
+        self.control
+            .done
+            .iter()
+            .map(|d| d.load(Ordering::Acquire))
+            .collect()
+    }
+
+    /// Duration of every pass of every vCPU.
+    pub fn pass_times(&self) -> Vec<Vec<Duration>> {
+        self.control.pass_times.lock().unwrap().clone()
+    }
+
+    /// Fault counters of every vCPU, as of its last completed pass.
+    pub fn fault_stats(&self) -> Vec<FaultStats> {
+        self.control.fault_stats.lock().unwrap().clone()
+    }
+
+    fn check_errors(&self) -> Result<(), String> {
+        match self.control.errors.lock().unwrap().first() {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the vCPU threads and joins them.
+    pub fn stop(mut self) -> Vec<FaultStats> {
+        self.shutdown();
+        self.fault_stats()
+    }
+
+    fn shutdown(&mut self) {
+        self.control.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<S: MemslotStore + 'static> Drop for Workload<S> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A small xorshift generator, as the selftests' guest_random.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+}
+
+fn vcpu_thread<S: MemslotStore>(
+    vcpu: &mut Vcpu<S>,
+    idx: usize,
+    base: u64,
+    cfg: WorkloadConfig,
+    c: &Control,
+) {
+    let pages = cfg.bytes_per_vcpu / cfg.page_size;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((idx as u64 + 1) * 0x1000_0001));
+    let mut pass = 0u64;
+    loop {
+        // Wait (outside guest mode) until the host asks for another pass.
+        let mut spins = 0u32;
+        loop {
+            if c.stop.load(Ordering::Acquire) {
+                vcpu.exit();
+                return;
+            }
+            if c.free_running.load(Ordering::Acquire) || c.target.load(Ordering::Acquire) > pass {
+                if park(vcpu, idx, c) {
+                    break;
+                }
+                continue;
+            }
+            vcpu.exit();
+            spins += 1;
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        pass += 1;
+        let t0 = Instant::now();
+        let throttle = c.throttle_ns.load(Ordering::Relaxed);
+        let mut written = 0u64;
+        for i in 0..pages {
+            let page = match cfg.pattern {
+                Pattern::Sequential => i,
+                Pattern::Random => rng.next() % pages,
+            };
+            let gpa = base + page * cfg.page_size;
+            if c.paused.load(Ordering::Relaxed) && !park(vcpu, idx, c) {
+                return;
+            }
+            let write =
+                cfg.write_percent >= 100 || (rng.next() % 100) < u64::from(cfg.write_percent);
+            loop {
+                let r = if write {
+                    vcpu.write_u64(gpa, stamp(idx, pass, page))
+                } else {
+                    vcpu.read_u64(gpa).map(|_| ())
+                };
+                match r {
+                    Ok(()) => break,
+                    Err(VcpuExit::DirtyRingFull) => {
+                        // KVM_EXIT_DIRTY_RING_FULL: stay out until reset,
+                        // not counted as running (a pause must not wait).
+                        let w = Instant::now();
+                        c.running[idx].store(false, Ordering::SeqCst);
+                        while vcpu.ring_full() && !c.stop.load(Ordering::Acquire) {
+                            std::thread::sleep(Duration::from_micros(20));
+                        }
+                        c.ring_full_wait_ns
+                            .fetch_add(w.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                        if !park(vcpu, idx, c) {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        c.errors.lock().unwrap().push(format!("vCPU {idx}: {e}"));
+                        vcpu.exit();
+                        c.running[idx].store(false, Ordering::SeqCst);
+                        c.done[idx].store(u64::MAX, Ordering::Release);
+                        return;
+                    }
+                }
+            }
+            written += u64::from(write);
+            if throttle > 0 {
+                vcpu.exit();
+                let until = Instant::now() + Duration::from_nanos(throttle);
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        vcpu.exit();
+        c.running[idx].store(false, Ordering::SeqCst);
+        c.pages_written[idx].fetch_add(written, Ordering::Relaxed);
+        c.pass_times.lock().unwrap()[idx].push(t0.elapsed());
+        c.fault_stats.lock().unwrap()[idx] = vcpu.fault_stats();
+        c.done[idx].store(pass, Ordering::Release);
+    }
+}
+
+/// Marks the vCPU running unless the host paused it; while paused, waits
+/// outside guest mode. Returns false if the workload is stopping.
+fn park<S: MemslotStore>(vcpu: &mut Vcpu<S>, idx: usize, c: &Control) -> bool {
+    loop {
+        c.running[idx].store(true, Ordering::SeqCst);
+        if !c.paused.load(Ordering::SeqCst) {
+            return true;
+        }
+        vcpu.exit();
+        c.running[idx].store(false, Ordering::SeqCst);
+        while c.paused.load(Ordering::SeqCst) {
+            if c.stop.load(Ordering::Acquire) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! Dirty logging end to end on simulated vCPUs.
+
+use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
+use s2mmu::mmu::{FaultPath, MmuPolicy};
+use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+fn vm<S: MemslotStore>(mem: u64, backing: Backing, slots: u32, policy: MmuPolicy) -> Arc<Vm<S>> {
+    Arc::new(
+        Vm::new(VmConfig {
+            mem_size: mem,
+            backing,
+            slots,
+            policy,
+            ..VmConfig::default()
+        })
+        .unwrap(),
+    )
+}
+
+fn workload<S: MemslotStore + 'static>(
+    vm: &Arc<Vm<S>>,
+    vcpus: usize,
+    pattern: Pattern,
+) -> Workload<S> {
+    let per = vm.config().mem_size / vcpus as u64;
+    Workload::start(
+        vm.clone(),
+        vcpus,
+        WorkloadConfig {
+            bytes_per_vcpu: per,
+            write_percent: 100,
+            pattern,
+            page_size: 4096,
+        },
+    )
+    .unwrap()
+}
+
+/// Dirty pages of every slot, through GET (+ CLEAR with manual protect).
+fn harvest<S: MemslotStore>(vm: &Vm<S>) -> Vec<u64> {
+    let mmu = vm.mmu();
+    let mut gpas = Vec::new();
+    for s in vm.slots() {
+        let pages = s.size / 4096;
+        let mut bm = vec![0u64; pages.div_ceil(64) as usize];
+        mmu.get_dirty_log(s.id, &mut bm).unwrap();
+        if mmu.policy().manual_protect {
+            mmu.clear_dirty_log(s.id, 0, pages, &bm).unwrap();
+        }
+        for (w, &word) in bm.iter().enumerate() {
+            let mut m = word;
+            while m != 0 {
+                let b = m.trailing_zeros() as u64;
+                gpas.push(s.gpa + (w as u64 * 64 + b) * 4096);
+                m &= m - 1;
+            }
+        }
+    }
+    gpas
+}
+
+#[test]
+fn every_written_page_is_logged_and_nothing_else() {
+    for manual in [true, false] {
+        let policy = MmuPolicy {
+            manual_protect: manual,
+            ..MmuPolicy::default()
+        };
+        let vm = vm::<TreeMemslots>(16 * MIB, Backing::Anonymous, 2, policy);
+        let w = workload(&vm, 1, Pattern::Sequential);
+        w.run_pass(|| {}).unwrap(); // populate
+        vm.enable_dirty_logging().unwrap();
+        assert!(
+            harvest(&vm).is_empty(),
+            "nothing dirty before the guest writes"
+        );
+        for _ in 0..3 {
+            w.run_pass(|| {}).unwrap();
+            let got = harvest(&vm);
+            assert_eq!(got.len() as u64, 16 * MIB / 4096, "manual={manual}");
+        }
+        assert!(harvest(&vm).is_empty(), "a harvest clears the log");
+        let st = w.stop();
+        let f = st[0];
+        // Populate: one translation fault per page; then one
+        // write-protection fault per page per pass, all on the fast path.
+        assert_eq!(f.translation, 4096);
+        assert_eq!(f.permission, 3 * 4096);
+        assert_eq!(f.fast, 3 * 4096);
+        assert_eq!(f.dirtied, 3 * 4096);
+    }
+}
+
+#[test]
+fn baseline_policy_takes_the_write_lock_for_every_fault() {
+    let vm = vm::<ArrayMemslots>(8 * MIB, Backing::Anonymous, 1, MmuPolicy::baseline());
+    let w = workload(&vm, 2, Pattern::Sequential);
+    w.run_pass(|| {}).unwrap();
+    vm.enable_dirty_logging().unwrap();
+    w.run_pass(|| {}).unwrap();
+    assert_eq!(harvest(&vm).len() as u64, 8 * MIB / 4096);
+    let st = w.stop();
+    let total: u64 = st.iter().map(|s| s.write_locks).sum();
+    let fast: u64 = st.iter().map(|s| s.fast).sum();
+    assert_eq!(fast, 0);
+    assert_eq!(
+        total,
+        2 * 8 * MIB / 4096,
+        "one write lock per fault, populate and dirty pass"
+    );
+}
+
+#[test]
+fn huge_pages_are_split_eagerly_or_on_fault_and_never_writable_while_logged() {
+    for eager in [Some(1u64 << 30), None] {
+        let policy = MmuPolicy {
+            eager_split_chunk: eager,
+            ..MmuPolicy::default()
+        };
+        let vm = vm::<TreeMemslots>(16 * MIB, Backing::AnonymousThp, 1, policy);
+        let w = workload(&vm, 2, Pattern::Sequential);
+        w.run_pass(|| {}).unwrap();
+        let blocks = vm
+            .mmu()
+            .with_table(|pt| pt.leaves(1 << 32, 16 * MIB).unwrap());
+        assert_eq!(blocks.len(), 8, "populate maps 2 MiB blocks over THP");
+        vm.enable_dirty_logging().unwrap();
+        let after = vm
+            .mmu()
+            .with_table(|pt| pt.leaves(1 << 32, 16 * MIB).unwrap());
+        assert!(
+            after.iter().all(|l| !l.prot.contains(s2mmu::Prot::W)),
+            "all protected"
+        );
+        if eager.is_some() {
+            assert_eq!(after.len(), 4096, "eager split leaves pages only");
+        } else {
+            assert_eq!(after.len(), 8, "blocks stay until a write faults");
+        }
+        w.run_pass(|| {}).unwrap();
+        assert_eq!(harvest(&vm).len(), 4096);
+        let leaves = vm
+            .mmu()
+            .with_table(|pt| pt.leaves(1 << 32, 16 * MIB).unwrap());
+        assert!(
+            leaves.iter().all(|l| l.size == 4096),
+            "no huge mapping while logged"
+        );
+        let st = w.stop();
+        let splits: u64 = st.iter().map(|s| s.splits_on_fault).sum();
+        assert_eq!(splits, if eager.is_some() { 0 } else { 8 });
+        // Disabling logging lets faults map blocks again.
+        vm.disable_dirty_logging().unwrap();
+        let w = workload(&vm, 1, Pattern::Sequential);
+        w.run_pass(|| {}).unwrap();
+        let leaves = vm
+            .mmu()
+            .with_table(|pt| pt.leaves(1 << 32, 16 * MIB).unwrap());
+        assert_eq!(leaves.len(), 8, "blocks are back after logging stops");
+        drop(w);
+    }
+}
+
+#[test]
+fn initially_set_protects_lazily_through_clear() {
+    let policy = MmuPolicy {
+        initially_set: true,
+        ..MmuPolicy::default()
+    };
+    let vm = vm::<TreeMemslots>(8 * MIB, Backing::AnonymousThp, 1, policy);
+    let w = workload(&vm, 1, Pattern::Sequential);
+    w.run_pass(|| {}).unwrap();
+    vm.enable_dirty_logging().unwrap();
+    // Everything reads dirty first; nothing was protected yet.
+    assert_eq!(harvest(&vm).len(), 2048);
+    let leaves = vm
+        .mmu()
+        .with_table(|pt| pt.leaves(1 << 32, 8 * MIB).unwrap());
+    assert_eq!(
+        leaves.len(),
+        2048,
+        "the clear split the blocks (eager split on)"
+    );
+    assert!(leaves.iter().all(|l| !l.prot.contains(s2mmu::Prot::W)));
+    w.run_pass(|| {}).unwrap();
+    assert_eq!(harvest(&vm).len(), 2048);
+}
+
+#[test]
+fn clear_dirty_log_checks_its_arguments() {
+    let vm = vm::<TreeMemslots>(4 * MIB, Backing::Anonymous, 1, MmuPolicy::default());
+    let mmu = vm.mmu();
+    let bm = vec![u64::MAX; 16];
+    assert_eq!(
+        mmu.clear_dirty_log(0, 0, 1024, &bm),
+        Err(s2mmu::Error::LoggingDisabled { slot: 0 })
+    );
+    vm.enable_dirty_logging().unwrap();
+    assert_eq!(
+        mmu.clear_dirty_log(0, 1, 64, &bm),
+        Err(s2mmu::Error::ClearNotAligned { first_page: 1 })
+    );
+    assert!(matches!(
+        mmu.clear_dirty_log(0, 0, 65, &bm),
+        Err(s2mmu::Error::ClearBadRange { .. })
+    ));
+    assert!(matches!(
+        mmu.clear_dirty_log(0, 0, 1024, &bm[..3]),
+        Err(s2mmu::Error::BitmapTooSmall { .. })
+    ));
+    assert_eq!(
+        mmu.clear_dirty_log(9, 0, 64, &bm),
+        Err(s2mmu::Error::NoSuchSlot { slot: 9 })
+    );
+    assert_eq!(
+        mmu.clear_dirty_log(0, 0, 1024, &bm),
+        Ok(0),
+        "nothing dirty yet"
+    );
+}
+
+/// The stress test: vCPUs write without pause while the host harvests and
+/// copies dirty pages to a mirror (as a migration would), toggles logging
+/// (a full copy restarts tracking) and splits. At the end, with vCPUs
+/// paused and a last harvest copied, the mirror must equal guest memory:
+/// a dirty write that was not logged would leave a stale page.
+fn stress<S: MemslotStore + 'static>(
+    policy: MmuPolicy,
+    backing: Backing,
+    vcpus: usize,
+    pattern: Pattern,
+) {
+    let secs: f64 = std::env::var("S2MMU_STRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let mem = 32 * MIB;
+    let vm = vm::<S>(mem, backing, 2, policy);
+    let w = workload(&vm, vcpus, pattern);
+    let memory = vm.memory().clone();
+    let words = (mem / 8) as usize;
+    let mut mirror = vec![0u64; words];
+    let copy_page = |mirror: &mut Vec<u64>, gpa: u64| {
+        let (_, off) = vm.locate(gpa).expect("harvested gpa is in a slot");
+        for i in 0..512u64 {
+            mirror[(off / 8 + i) as usize] = memory.read_u64(off + i * 8).unwrap();
+        }
+    };
+    let full_copy = |mirror: &mut Vec<u64>| {
+        for (i, m) in mirror.iter_mut().enumerate() {
+            *m = memory.read_u64(i as u64 * 8).unwrap();
+        }
+    };
+    w.run_pass(|| {}).unwrap();
+    vm.enable_dirty_logging().unwrap();
+    if policy.dirty_ring_entries.is_none() {
+        harvest(&vm); // start clean, then copy everything
+    }
+    full_copy(&mut mirror);
+    w.run_free();
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut rounds = 0u64;
+    let mut harvested = 0usize;
+    let mut ring = Vec::new();
+    while Instant::now() < deadline {
+        rounds += 1;
+        if policy.dirty_ring_entries.is_some() {
+            // KVM's protocol: harvest, reset (re-protect), then copy.
+            ring.clear();
+            vm.mmu().harvest_rings(&mut ring).unwrap();
+            vm.mmu().reset_rings().unwrap();
+            for g in &ring {
+                let s = vm.slots()[g.slot as usize];
+                copy_page(&mut mirror, s.gpa + g.offset * 4096);
+            }
+            harvested += ring.len();
+        } else {
+            for gpa in harvest(&vm) {
+                copy_page(&mut mirror, gpa);
+                harvested += 1;
+            }
+            if rounds.is_multiple_of(7) {
+                // Stop tracking and start again: a fresh full copy.
+                vm.disable_dirty_logging().unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+                vm.enable_dirty_logging().unwrap();
+                harvest(&vm);
+                full_copy(&mut mirror);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    w.pause();
+    if policy.dirty_ring_entries.is_some() {
+        ring.clear();
+        vm.mmu().harvest_rings(&mut ring).unwrap();
+        vm.mmu().reset_rings().unwrap();
+        for g in &ring {
+            let s = vm.slots()[g.slot as usize];
+            copy_page(&mut mirror, s.gpa + g.offset * 4096);
+        }
+    } else {
+        for gpa in harvest(&vm) {
+            copy_page(&mut mirror, gpa);
+        }
+    }
+    let passes = w.passes_done();
+    let written: u64 = w
+        .control()
+        .pages_written
+        .iter()
+        .map(|p| p.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
+    // Stop the (still paused) vCPUs before comparing: none may write again.
+    drop(w);
+    assert!(
+        written > 0 && harvested > 0,
+        "the test exercised something: {written} writes, {harvested} harvested"
+    );
+    let mut bad = 0;
+    for (i, m) in mirror.iter().enumerate() {
+        let v = memory.read_u64(i as u64 * 8).unwrap();
+        if *m != v {
+            bad += 1;
+        }
+    }
+    assert_eq!(
+        bad, 0,
+        "{bad} words differ: dirty writes were lost ({rounds} rounds, passes {passes:?})"
+    );
+    // Memory holds exactly what the vCPUs wrote: each page's first word
+    // is a stamp of the vCPU that owns it and of that page.
+    let per = mem / vcpus as u64;
+    for page in 0..mem / 4096 {
+        let v = memory.read_u64(page * 4096).unwrap();
+        let owner = page * 4096 / per;
+        assert_eq!(v >> 48, owner, "page {page} written by its vCPU");
+        if pattern == Pattern::Sequential {
+            assert_eq!(
+                v & 0xff_ffff,
+                page % (per / 4096),
+                "page {page} holds its own index"
+            );
+        }
+    }
+}
+
+#[test]
+fn stress_fast_path_anonymous() {
+    stress::<TreeMemslots>(
+        MmuPolicy::default(),
+        Backing::Anonymous,
+        4,
+        Pattern::Sequential,
+    );
+}
+
+#[test]
+fn stress_baseline_thp_split_on_fault() {
+    stress::<ArrayMemslots>(
+        MmuPolicy::baseline(),
+        Backing::AnonymousThp,
+        2,
+        Pattern::Random,
+    );
+}
+
+#[test]
+fn stress_eager_split_thp() {
+    stress::<TreeMemslots>(
+        MmuPolicy::default(),
+        Backing::AnonymousThp,
+        2,
+        Pattern::Sequential,
+    );
+}
+
+#[test]
+fn stress_dirty_ring() {
+    let policy = MmuPolicy {
+        dirty_ring_entries: Some(1024),
+        ..MmuPolicy::default()
+    };
+    stress::<TreeMemslots>(policy, Backing::Anonymous, 2, Pattern::Random);
+}
+
+#[test]
+fn fault_path_policies_are_distinct() {
+    assert_ne!(MmuPolicy::default().fault_path, FaultPath::WriteLock);
+    assert_eq!(MmuPolicy::baseline().fault_path, FaultPath::WriteLock);
+}

@@ -1,0 +1,1039 @@
+//! The `Mmu` facade: one VM's stage-2 table, memslots and dirty tracking
+//! behind the MMU lock, with the fault path and the dirty-logging API.
+//!
+//! Every optimisation the seeds describe is a policy here ([`MmuPolicy`]),
+//! defaulting to the optimised choice, so a benchmark can run both sides in
+//! one process:
+//! - fault path: permission relaxation under the read lock by
+//!   compare-and-swap ([`FaultPath::ReadLockFastPath`], arm64 since 5.17 /
+//!   seed 002) or every fault under the write lock ([`FaultPath::WriteLock`]);
+//! - eager split when logging starts, in chunks that drop the lock between
+//!   them (seed 004), or split on fault;
+//! - the split walk ([`SplitPolicy`], seed 000);
+//! - large TLB ranges as one whole-VMID flush or split calls (seed 003);
+//! - memslots as the tree or the array (seed 001), through the store type.
+//!
+//! Lock order: memslot updates and logging changes are serialised by an
+//! update mutex (KVM's `slots_lock`) and never hold the MMU lock while they
+//! wait for memslot readers.
+
+use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing};
+use crate::format::{Prot, PteFormat};
+use crate::memcache::PageCache;
+use crate::memslot::{
+    MemslotChange, MemslotStore, SlotFlags, SlotLookup, Stage2Invalidate, UserMemoryRegion,
+    VcpuSlotCache,
+};
+use crate::ops::{MapOptions, SplitPolicy};
+use crate::pgtable::{PageTable, TableReader};
+use crate::table::MmOps;
+use crate::tlb::{LargeRangePolicy, TlbBatch, TlbInvalidate, TlbPolicy};
+use crate::{Error, Result};
+use arc_swap::ArcSwapOption;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
+
+/// How faults take the MMU lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultPath {
+    /// A write to a write-protected page is fixed under the read lock by
+    /// compare-and-swap; only faults that allocate or split take the write
+    /// lock.
+    ReadLockFastPath,
+    /// Every fault takes the write lock (the baseline).
+    WriteLock,
+}
+
+/// The switchable policies of an [`Mmu`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmuPolicy {
+    /// How faults take the lock.
+    pub fault_path: FaultPath,
+    /// Eager split when logging starts, with this chunk size in bytes
+    /// (the lock is dropped and the page cache topped up between chunks);
+    /// `None` splits huge mappings on the first write fault instead.
+    pub eager_split_chunk: Option<u64>,
+    /// How the split walk moves.
+    pub split_walk: SplitPolicy,
+    /// What to do with range invalidations above the limit.
+    pub tlb_large_range: LargeRangePolicy,
+    /// The range limit in pages.
+    pub tlb_limit_pages: u64,
+    /// Manual protect (`KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`): GET only copies
+    /// the bitmap; CLEAR re-protects.
+    pub manual_protect: bool,
+    /// With manual protect, bitmaps start all set and enabling logging
+    /// protects nothing (`KVM_DIRTY_LOG_INITIALLY_SET`).
+    pub initially_set: bool,
+    /// Track dirty pages in per-vCPU rings of this many entries instead of
+    /// bitmaps.
+    pub dirty_ring_entries: Option<u32>,
+    /// When logging stops, unmap the page mappings of regions the host backs
+    /// with huge pages, so later faults map blocks again (x86's huge-page
+    /// recovery; arm64 has none).
+    pub recover_huge_pages: bool,
+}
+
+impl Default for MmuPolicy {
+    fn default() -> Self {
+        MmuPolicy {
+            fault_path: FaultPath::ReadLockFastPath,
+            eager_split_chunk: Some(1 << 30),
+            split_walk: SplitPolicy::SkipReturns,
+            tlb_large_range: LargeRangePolicy::WholeVmid,
+            tlb_limit_pages: TlbPolicy::DEFAULT_LIMIT_PAGES,
+            manual_protect: true,
+            initially_set: false,
+            dirty_ring_entries: None,
+            recover_huge_pages: true,
+        }
+    }
+}
+
+impl MmuPolicy {
+    /// The baseline of every optimisation: write-lock faults, split on
+    /// fault, full split walk, split TLB calls.
+    pub fn baseline() -> Self {
+        MmuPolicy {
+            fault_path: FaultPath::WriteLock,
+            eager_split_chunk: None,
+            split_walk: SplitPolicy::FullWalk,
+            tlb_large_range: LargeRangePolicy::SplitCalls,
+            ..MmuPolicy::default()
+        }
+    }
+}
+
+/// Lock and fault counters of one vCPU (or of the VM-wide operations).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    /// Faults fixed by the read-lock fast path.
+    pub fast: u64,
+    /// Faults handled under the write lock.
+    pub slow: u64,
+    /// Faults that found the mapping already fixed.
+    pub spurious: u64,
+    /// Faults that lost a race and returned to the guest to retry.
+    pub retries: u64,
+    /// Faults on unmapped addresses.
+    pub translation: u64,
+    /// Faults on mapped but write-protected addresses.
+    pub permission: u64,
+    /// Huge mappings split by a fault.
+    pub splits_on_fault: u64,
+    /// Pages newly marked dirty.
+    pub dirtied: u64,
+    /// Read-lock acquisitions.
+    pub read_locks: u64,
+    /// Read-lock acquisitions that had to wait.
+    pub read_contended: u64,
+    /// Write-lock acquisitions.
+    pub write_locks: u64,
+    /// Write-lock acquisitions that had to wait.
+    pub write_contended: u64,
+    /// Nanoseconds spent waiting for the lock.
+    pub lock_wait_ns: u64,
+}
+
+impl FaultStats {
+    /// Adds `o` to `self`.
+    pub fn add(&mut self, o: &FaultStats) {
+        self.fast += o.fast;
+        self.slow += o.slow;
+        self.spurious += o.spurious;
+        self.retries += o.retries;
+        self.translation += o.translation;
+        self.permission += o.permission;
+        self.splits_on_fault += o.splits_on_fault;
+        self.dirtied += o.dirtied;
+        self.read_locks += o.read_locks;
+        self.read_contended += o.read_contended;
+        self.write_locks += o.write_locks;
+        self.write_contended += o.write_contended;
+        self.lock_wait_ns += o.lock_wait_ns;
+    }
+
+    /// Lock acquisitions that had to wait, both modes.
+    pub fn contentions(&self) -> u64 {
+        self.read_contended + self.write_contended
+    }
+}
+
+/// What a fault did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultOutcome {
+    /// Fixed under the read lock.
+    Fast,
+    /// Fixed under the write lock.
+    Slow,
+    /// Nothing to do: the mapping already allowed the access.
+    Spurious,
+    /// Lost a race; the guest retries the access.
+    Retry,
+}
+
+/// A vCPU's state in the MMU: its memslot cache, its page cache and its
+/// counters.
+pub struct VcpuMmu<M: MmOps> {
+    id: usize,
+    slot_cache: VcpuSlotCache,
+    cache: PageCache<M>,
+    /// Counters of this vCPU's faults.
+    pub stats: FaultStats,
+}
+
+impl<M: MmOps> VcpuMmu<M> {
+    /// The vCPU's index.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+}
+
+/// A memslot's state that the MMU keeps beside the memslot store.
+struct SlotSide {
+    dirty: ArcSwapOption<DirtyBitmap>,
+    host_page: AtomicU64,
+}
+
+/// One VM's MMU.
+pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
+    pt: RwLock<PageTable<F, M>>,
+    reader: TableReader<F, M>,
+    mm: M,
+    slots: S,
+    side: Box<[SlotSide]>,
+    rings: RwLock<Vec<Arc<DirtyRing>>>,
+    policy: MmuPolicy,
+    update: Mutex<()>,
+    split_cache: Mutex<PageCache<M>>,
+    vm_stats: Mutex<FaultStats>,
+    page_shift: u32,
+    /// Invalidation calls issued by dirty-log clears, and their time.
+    pub clear_tlb_calls: AtomicU64,
+}
+
+struct Stage2Hook<'a, F: PteFormat, M: MmOps, S: MemslotStore> {
+    mmu: &'a Mmu<F, M, S>,
+}
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore> Stage2Invalidate for Stage2Hook<'_, F, M, S> {
+    fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
+        let shift = self.mmu.page_shift;
+        let mut st = FaultStats::default();
+        let mut pt = self.mmu.write_lock(&mut st);
+        // Slot ranges hold whole blocks (faults map blocks only inside a
+        // slot), so this cannot cut one; any other error is a bad range the
+        // store already refused.
+        let _ = pt.unmap(base_gfn << shift, npages << shift);
+        drop(pt);
+        self.mmu.vm_stats.lock().unwrap().add(&st);
+    }
+}
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+    /// An MMU for `fmt`, table pages from `mm`, invalidations to `tlb`,
+    /// memslots in `slots` (whose page size must be the granule).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for mismatched page sizes or a bad policy;
+    /// [`Error::OutOfMemory`].
+    pub fn new(
+        fmt: F,
+        mm: M,
+        tlb: Arc<dyn TlbInvalidate>,
+        slots: S,
+        policy: MmuPolicy,
+    ) -> Result<Self> {
+        let page_shift = fmt.page_shift();
+        if slots.config().page_shift != page_shift {
+            return Err(Error::InvalidConfig {
+                what: "memslot page shift (must match the granule)",
+                value: u64::from(slots.config().page_shift),
+            });
+        }
+        if let Some(chunk) = policy.eager_split_chunk {
+            if chunk == 0 || chunk % fmt.page_size() != 0 {
+                return Err(Error::InvalidConfig {
+                    what: "eager split chunk size",
+                    value: chunk,
+                });
+            }
+        }
+        if let Some(n) = policy.dirty_ring_entries {
+            DirtyRing::new(n)?;
+        }
+        let mut pt = PageTable::new(fmt, mm.clone(), tlb)?;
+        pt.set_tlb_policy(TlbPolicy {
+            limit_pages: policy.tlb_limit_pages,
+            large_range: policy.tlb_large_range,
+            page_shift,
+        });
+        let reader = pt.reader();
+        let nslots = usize::from(slots.config().max_user_slots);
+        let side = (0..nslots)
+            .map(|_| SlotSide {
+                dirty: ArcSwapOption::empty(),
+                host_page: AtomicU64::new(1 << page_shift),
+            })
+            .collect();
+        Ok(Mmu {
+            pt: RwLock::new(pt),
+            reader,
+            split_cache: Mutex::new(PageCache::new(mm.clone())),
+            mm,
+            slots,
+            side,
+            rings: RwLock::new(Vec::new()),
+            policy,
+            update: Mutex::new(()),
+            vm_stats: Mutex::new(FaultStats::default()),
+            page_shift,
+            clear_tlb_calls: AtomicU64::new(0),
+        })
+    }
+
+    /// The policies in force.
+    pub fn policy(&self) -> &MmuPolicy {
+        &self.policy
+    }
+
+    /// The memslot store.
+    pub fn slots(&self) -> &S {
+        &self.slots
+    }
+
+    /// A lockless reader of the stage-2 table (a vCPU's table walker).
+    pub fn reader(&self) -> TableReader<F, M> {
+        self.reader.clone()
+    }
+
+    /// Runs `f` on the table under the read lock (inspection, tests).
+    pub fn with_table<R>(&self, f: impl FnOnce(&PageTable<F, M>) -> R) -> R {
+        f(&self.pt.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Counters of VM-wide operations (logging changes, clears, memslot
+    /// updates), not of vCPU faults.
+    pub fn vm_stats(&self) -> FaultStats {
+        *self.vm_stats.lock().unwrap()
+    }
+
+    /// Creates the MMU state of a new vCPU (and its dirty ring, if rings
+    /// are on).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRingSize`] cannot happen here (checked at creation).
+    pub fn new_vcpu(&self) -> Result<VcpuMmu<M>> {
+        let mut rings = self.rings.write().unwrap();
+        let id = rings.len();
+        let entries = self.policy.dirty_ring_entries.unwrap_or(256);
+        rings.push(Arc::new(DirtyRing::new(entries)?));
+        Ok(VcpuMmu {
+            id,
+            slot_cache: VcpuSlotCache::new(),
+            cache: PageCache::new(self.mm.clone()),
+            stats: FaultStats::default(),
+        })
+    }
+
+    fn read_lock(&self, st: &mut FaultStats) -> RwLockReadGuard<'_, PageTable<F, M>> {
+        st.read_locks += 1;
+        if let Ok(g) = self.pt.try_read() {
+            return g;
+        }
+        st.read_contended += 1;
+        let t = Instant::now();
+        let g = self.pt.read().unwrap_or_else(|e| e.into_inner());
+        st.lock_wait_ns += t.elapsed().as_nanos() as u64;
+        g
+    }
+
+    fn write_lock(&self, st: &mut FaultStats) -> RwLockWriteGuard<'_, PageTable<F, M>> {
+        st.write_locks += 1;
+        if let Ok(g) = self.pt.try_write() {
+            return g;
+        }
+        st.write_contended += 1;
+        let t = Instant::now();
+        let g = self.pt.write().unwrap_or_else(|e| e.into_inner());
+        st.lock_wait_ns += t.elapsed().as_nanos() as u64;
+        g
+    }
+
+    // ---- memslots ----------------------------------------------------
+
+    /// `KVM_SET_USER_MEMORY_REGION`: creates, deletes, moves or changes
+    /// the flags of a slot. `host_page_size` is the page size of the host
+    /// memory behind it (the largest stage-2 mapping a fault may install).
+    /// Turning `LOG_DIRTY_PAGES` on or off enables or disables dirty logging
+    /// as [`Mmu::enable_dirty_logging`] describes.
+    ///
+    /// # Errors
+    /// [`Error::Memslot`] with KVM's validation; [`Error::InvalidConfig`]
+    /// for a host page size that is not a power of two of at least a page.
+    pub fn set_memory_region(
+        &self,
+        region: &UserMemoryRegion,
+        host_page_size: u64,
+    ) -> Result<MemslotChange> {
+        let page = 1u64 << self.page_shift;
+        if !host_page_size.is_power_of_two() || host_page_size < page {
+            return Err(Error::InvalidConfig {
+                what: "host page size",
+                value: host_page_size,
+            });
+        }
+        let _u = self.update.lock().unwrap();
+        let id = usize::from(region.id());
+        let was_logging = self
+            .slots
+            .snapshot()
+            .id_to_slot(region.id())
+            .is_some_and(|s| s.dirty_logging());
+        let logging =
+            region.flags & SlotFlags::LOG_DIRTY_PAGES.bits() != 0 && region.memory_size != 0;
+        // A bitmap must exist before a fault can see the slot logging.
+        let new_bitmap = (logging && !was_logging && self.policy.dirty_ring_entries.is_none())
+            .then(|| {
+                Arc::new(DirtyBitmap::new(
+                    region.memory_size >> self.page_shift,
+                    self.initially_set(),
+                ))
+            });
+        let prev_host_page = self
+            .side
+            .get(id)
+            .map(|s| s.host_page.load(Ordering::Relaxed));
+        if let (Some(side), Some(b)) = (self.side.get(id), &new_bitmap) {
+            side.dirty.store(Some(b.clone()));
+        }
+        let change = match self
+            .slots
+            .set_memory_region(region, &Stage2Hook { mmu: self })
+        {
+            Ok(c) => c,
+            Err(e) => {
+                if new_bitmap.is_some() {
+                    self.side[id].dirty.store(None);
+                }
+                return Err(e.into());
+            }
+        };
+        let side = &self.side[id];
+        match change {
+            MemslotChange::Create => side.host_page.store(host_page_size, Ordering::Relaxed),
+            MemslotChange::Delete => {
+                side.dirty.store(None);
+                side.host_page.store(page, Ordering::Relaxed);
+            }
+            MemslotChange::Move | MemslotChange::FlagsOnly => {
+                if let Some(p) = prev_host_page {
+                    side.host_page.store(p.max(page), Ordering::Relaxed);
+                }
+            }
+        }
+        if logging && !was_logging && change != MemslotChange::Create {
+            self.start_logging(region.id())?;
+        } else if !logging && was_logging && change == MemslotChange::FlagsOnly {
+            self.stop_logging(region.id())?;
+        }
+        Ok(change)
+    }
+
+    fn initially_set(&self) -> bool {
+        self.policy.manual_protect && self.policy.initially_set
+    }
+
+    /// Slot range in bytes.
+    fn slot_range(&self, id: u16) -> Result<(u64, u64)> {
+        let snap = self.slots.snapshot();
+        let s = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
+            slot: u32::from(id),
+        })?;
+        Ok((
+            s.base_gfn() << self.page_shift,
+            s.npages() << self.page_shift,
+        ))
+    }
+
+    /// Turns dirty logging on for slot `id` (a flags change).
+    ///
+    /// Unless bitmaps start all set, the slot's huge mappings are split
+    /// first when eager split is on (in chunks: the cache is topped up and
+    /// the lock dropped between chunks), then the whole slot is
+    /// write-protected (in 1 GiB chunks) and its TLB entries flushed.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchSlot`], [`Error::Memslot`].
+    pub fn enable_dirty_logging(&self, id: u16) -> Result<()> {
+        let region = self.region_of(id, true)?;
+        let host_page = self.side[usize::from(id)].host_page.load(Ordering::Relaxed);
+        self.set_memory_region(&region, host_page).map(|_| ())
+    }
+
+    /// Turns dirty logging off for slot `id`: later faults map huge pages
+    /// again (and, with [`MmuPolicy::recover_huge_pages`], page mappings of
+    /// huge-page-backed regions are dropped so they fault back as blocks).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchSlot`], [`Error::Memslot`].
+    pub fn disable_dirty_logging(&self, id: u16) -> Result<()> {
+        let region = self.region_of(id, false)?;
+        let host_page = self.side[usize::from(id)].host_page.load(Ordering::Relaxed);
+        self.set_memory_region(&region, host_page).map(|_| ())
+    }
+
+    fn region_of(&self, id: u16, logging: bool) -> Result<UserMemoryRegion> {
+        let snap = self.slots.snapshot();
+        let s = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
+            slot: u32::from(id),
+        })?;
+        let mut flags = s.flags().bits() & SlotFlags::USER_MASK;
+        if logging {
+            flags |= SlotFlags::LOG_DIRTY_PAGES.bits();
+        } else {
+            flags &= !SlotFlags::LOG_DIRTY_PAGES.bits();
+        }
+        Ok(UserMemoryRegion::new(
+            id,
+            SlotFlags::from_bits(flags),
+            s.base_gfn() << self.page_shift,
+            s.npages() << self.page_shift,
+            s.userspace_addr(),
+        ))
+    }
+
+    fn start_logging(&self, id: u16) -> Result<()> {
+        if self.initially_set() {
+            return Ok(());
+        }
+        let (base, size) = self.slot_range(id)?;
+        if let Some(chunk) = self.policy.eager_split_chunk {
+            self.split_range(base, size, chunk)?;
+        }
+        self.wrprotect_range(base, size)
+    }
+
+    fn stop_logging(&self, id: u16) -> Result<()> {
+        self.side[usize::from(id)].dirty.store(None);
+        if !self.policy.recover_huge_pages {
+            return Ok(());
+        }
+        let host_page = self.side[usize::from(id)].host_page.load(Ordering::Relaxed);
+        let (base, size) = self.slot_range(id)?;
+        let snap = self.slots.snapshot();
+        let hva = snap.id_to_slot(id).map(|s| s.userspace_addr()).unwrap_or(0);
+        drop(snap);
+        let block = self.block_size_for(host_page);
+        if block <= 1 << self.page_shift || (base ^ hva) & (block - 1) != 0 {
+            return Ok(());
+        }
+        // Drop the page mappings of every block-aligned region inside the
+        // slot; faults map them back as blocks.
+        let first = base.next_multiple_of(block);
+        let mut a = first;
+        let mut st = FaultStats::default();
+        while a + block <= base + size {
+            let mut pt = self.write_lock(&mut st);
+            let leaves = pt.leaves(a, block)?;
+            if leaves.iter().any(|l| l.size < block) {
+                pt.unmap(a, block)?;
+            }
+            drop(pt);
+            a += block;
+        }
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(())
+    }
+
+    /// The largest block the format allows that is not larger than `host_page`.
+    fn block_size_for(&self, host_page: u64) -> u64 {
+        self.reader.format().page_size().max(
+            self.leaf_sizes()
+                .into_iter()
+                .filter(|&g| g <= host_page)
+                .max()
+                .unwrap_or(0),
+        )
+    }
+
+    fn leaf_sizes(&self) -> Vec<u64> {
+        let f = self.reader.format();
+        (f.start_level()..=f.last_level())
+            .filter(|&l| f.leaf_allowed(l))
+            .map(|l| f.granule(l))
+            .collect()
+    }
+
+    /// Splits every huge mapping in `[base, base + size)` chunk by chunk,
+    /// dropping the lock between chunks.
+    fn split_range(&self, base: u64, size: u64, chunk: u64) -> Result<()> {
+        let mut st = FaultStats::default();
+        let mut cache = self.split_cache.lock().unwrap();
+        let mut a = base;
+        while a < base + size {
+            let next = ((a / chunk) + 1) * chunk;
+            let n = next.min(base + size) - a;
+            let capacity = self.with_table(|pt| pt.split_capacity(n));
+            cache.top_up(capacity)?;
+            let mut pt = self.write_lock(&mut st);
+            pt.split(a, n, &mut cache, self.policy.split_walk)?;
+            drop(pt);
+            a += n;
+        }
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(())
+    }
+
+    /// Write-protects `[base, base + size)` in 1 GiB chunks and flushes the
+    /// range once.
+    fn wrprotect_range(&self, base: u64, size: u64) -> Result<()> {
+        let mut st = FaultStats::default();
+        let tlb = self.with_table(|pt| pt.tlb().clone());
+        let policy = self.with_table(|pt| pt.tlb_policy());
+        let mut batch = TlbBatch::new(&*tlb, policy);
+        let chunk = 1u64 << 30;
+        let mut a = base;
+        while a < base + size {
+            let n = (((a / chunk) + 1) * chunk).min(base + size) - a;
+            let mut pt = self.write_lock(&mut st);
+            pt.wrprotect_batched(a, n, &mut batch)?;
+            drop(pt);
+            a += n;
+        }
+        batch.finish();
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(())
+    }
+
+    // ---- the fault path ------------------------------------------------
+
+    /// Handles a stage-2 fault of `vcpu` at `gpa` (`write` for a write
+    /// access), as an exit handler would.
+    ///
+    /// # Errors
+    /// [`Error::NoSlot`] (MMIO), [`Error::WriteToReadOnly`], or an engine
+    /// error (out of memory).
+    pub fn handle_fault(
+        &self,
+        vcpu: &mut VcpuMmu<M>,
+        gpa: u64,
+        write: bool,
+    ) -> Result<FaultOutcome> {
+        let shift = self.page_shift;
+        let gfn = gpa >> shift;
+        let snap = self.slots.snapshot();
+        let slot = snap
+            .gfn_to_slot_vcpu(&mut vcpu.slot_cache, gfn)
+            .ok_or(Error::NoSlot { gpa })?;
+        let hva = match slot.gfn_to_hva(gfn, write) {
+            Ok(h) => h,
+            Err(crate::memslot::HvaFault::ReadOnly) => return Err(Error::WriteToReadOnly { gpa }),
+            // A slot being deleted or moved: the guest retries.
+            Err(_) => return Ok(FaultOutcome::Retry),
+        };
+        let logging = slot.dirty_logging();
+        let id = slot.id();
+        let slot_start = slot.base_gfn() << shift;
+        let slot_end = slot.end_gfn() << shift;
+        drop(snap);
+        let page = 1u64 << shift;
+        let mapped = self.reader.translate(gpa);
+        let w = Prot::W;
+
+        if let Some(t) = mapped {
+            if !write || t.prot.contains(w) {
+                vcpu.stats.spurious += 1;
+                return Ok(FaultOutcome::Spurious);
+            }
+            vcpu.stats.permission += 1;
+            // The fast path: relax a page (or a block of a slot that is not
+            // logged) under the read lock.
+            if self.policy.fault_path == FaultPath::ReadLockFastPath && (t.size == page || !logging)
+            {
+                let pt = self.read_lock(&mut vcpu.stats);
+                match pt.relax_perms(gpa, Prot::RW) {
+                    Ok(o) => {
+                        drop(pt);
+                        if o.became_writable(self.reader.format().write_bit()) && logging {
+                            self.mark_dirty(vcpu, id, gfn - (slot_start >> shift));
+                        }
+                        vcpu.stats.fast += 1;
+                        return Ok(FaultOutcome::Fast);
+                    }
+                    Err(Error::Again { .. }) => {
+                        vcpu.stats.retries += 1;
+                        return Ok(FaultOutcome::Retry);
+                    }
+                    Err(Error::NotMapped { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        } else {
+            vcpu.stats.translation += 1;
+        }
+        self.slow_fault(vcpu, gpa, hva, write, logging, id, slot_start, slot_end)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn slow_fault(
+        &self,
+        vcpu: &mut VcpuMmu<M>,
+        gpa: u64,
+        hva: u64,
+        write: bool,
+        logging: bool,
+        id: u16,
+        slot_start: u64,
+        slot_end: u64,
+    ) -> Result<FaultOutcome> {
+        let fmt = self.reader.format();
+        let shift = self.page_shift;
+        let page = 1u64 << shift;
+        // Top up outside the lock: enough for a map, or for splitting the
+        // largest block in one step.
+        let levels = (fmt.last_level() - fmt.start_level()) as usize;
+        let split_need = if logging && write {
+            1 + fmt.entries_per_table()
+        } else {
+            0
+        };
+        vcpu.cache.top_up(levels.max(split_need))?;
+        let mut pt = self.write_lock(&mut vcpu.stats);
+        vcpu.stats.slow += 1;
+        let offset = (gpa - slot_start) >> shift;
+        match pt.translate(gpa) {
+            Some(t) if !write || t.prot.contains(Prot::W) => {
+                vcpu.stats.spurious += 1;
+                Ok(FaultOutcome::Spurious)
+            }
+            Some(t) => {
+                if logging && t.size > page {
+                    // A huge mapping is never made writable while logged:
+                    // split it (it stays write-protected), then relax the page.
+                    let block = gpa & !(t.size - 1);
+                    pt.split(block, t.size, &mut vcpu.cache, self.policy.split_walk)?;
+                    vcpu.stats.splits_on_fault += 1;
+                }
+                let o = pt.relax_perms(gpa, Prot::RW)?;
+                drop(pt);
+                if logging && o.became_writable(fmt.write_bit()) {
+                    self.mark_dirty(vcpu, id, offset);
+                }
+                Ok(FaultOutcome::Slow)
+            }
+            None => {
+                // Map: pages while logging, else the largest block that the
+                // host backing, both alignments and the slot allow.
+                let host_page = self.side[usize::from(id)].host_page.load(Ordering::Relaxed);
+                let mut size = page;
+                if !logging {
+                    for g in self.leaf_sizes() {
+                        let base = gpa & !(g - 1);
+                        if g <= host_page
+                            && (gpa ^ hva) & (g - 1) == 0
+                            && base >= slot_start
+                            && base + g <= slot_end
+                        {
+                            size = g;
+                            break;
+                        }
+                    }
+                }
+                // Logged pages are mapped read-only on a read so the first
+                // write traps; otherwise writable as the host page is.
+                let prot = if logging && !write {
+                    Prot::R | Prot::X
+                } else {
+                    Prot::RWX
+                };
+                let opts = MapOptions { force_pages: false };
+                let mut r = pt.map(
+                    gpa & !(size - 1),
+                    size,
+                    hva & !(size - 1),
+                    prot,
+                    &mut vcpu.cache,
+                    opts,
+                );
+                if matches!(r, Err(Error::AlreadyMapped { .. })) && size > page {
+                    // Part of the block is mapped by pages: map just this page.
+                    r = pt.map(
+                        gpa & !(page - 1),
+                        page,
+                        hva & !(page - 1),
+                        prot,
+                        &mut vcpu.cache,
+                        opts,
+                    );
+                }
+                r?;
+                drop(pt);
+                if logging && write {
+                    self.mark_dirty(vcpu, id, offset);
+                }
+                Ok(FaultOutcome::Slow)
+            }
+        }
+    }
+
+    fn mark_dirty(&self, vcpu: &mut VcpuMmu<M>, slot: u16, offset: u64) {
+        if self.policy.dirty_ring_entries.is_some() {
+            let rings = self.rings.read().unwrap();
+            // The push cannot overflow: a vCPU stops at the soft limit, and
+            // the reserved entries cover the faults in flight.
+            if rings[vcpu.id]
+                .push(vcpu.id, u32::from(slot), offset)
+                .is_ok()
+            {
+                vcpu.stats.dirtied += 1;
+            }
+        } else if let Some(b) = self.side[usize::from(slot)].dirty.load_full() {
+            if b.mark(offset) {
+                vcpu.stats.dirtied += 1;
+            }
+        }
+    }
+
+    // ---- dirty log: bitmaps -------------------------------------------
+
+    fn bitmap(&self, id: u16) -> Result<Arc<DirtyBitmap>> {
+        if self.policy.dirty_ring_entries.is_some() {
+            return Err(Error::WrongDirtyMode {
+                needs: "dirty bitmaps (the VM uses dirty rings)",
+            });
+        }
+        let side = self
+            .side
+            .get(usize::from(id))
+            .filter(|_| self.slots.snapshot().id_to_slot(id).is_some())
+            .ok_or(Error::NoSuchSlot {
+                slot: u32::from(id),
+            })?;
+        side.dirty.load_full().ok_or(Error::LoggingDisabled {
+            slot: u32::from(id),
+        })
+    }
+
+    /// `KVM_GET_DIRTY_LOG`: copies slot `id`'s bitmap into `out`. Without
+    /// manual protect it also clears the bitmap and write-protects the
+    /// pages that were dirty (take-and-clear, protect, flush); returns the
+    /// number of dirty pages reported.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchSlot`], [`Error::LoggingDisabled`],
+    /// [`Error::WrongDirtyMode`], [`Error::BitmapTooSmall`].
+    pub fn get_dirty_log(&self, id: u16, out: &mut [u64]) -> Result<u64> {
+        let _u = self.update.lock().unwrap();
+        let b = self.bitmap(id)?;
+        if out.len() < b.words() {
+            return Err(Error::BitmapTooSmall {
+                words: out.len(),
+                needed: b.words(),
+            });
+        }
+        if self.policy.manual_protect {
+            b.copy_to(out)?;
+            return Ok(out[..b.words()]
+                .iter()
+                .map(|w| u64::from(w.count_ones()))
+                .sum());
+        }
+        let (base, size) = self.slot_range(id)?;
+        let mut st = FaultStats::default();
+        let mut pt = self.write_lock(&mut st);
+        let tlb = pt.tlb().clone();
+        let mut batch = TlbBatch::new(&*tlb, pt.tlb_policy());
+        let mut n = 0;
+        for (i, o) in out.iter_mut().enumerate().take(b.words()) {
+            let mask = b.take_word(i);
+            *o = mask;
+            if mask != 0 {
+                n += u64::from(mask.count_ones());
+                self.protect_mask(&mut pt, base, i as u64 * 64, mask, &mut batch)?;
+            }
+        }
+        drop(pt);
+        if n > 0 {
+            batch.add(base, size);
+        }
+        let calls = batch.finish();
+        self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(n)
+    }
+
+    /// `KVM_CLEAR_DIRTY_LOG`: for pages `[first_page, first_page +
+    /// num_pages)` of slot `id` whose bit is set in `bitmap` (bit 0 of word
+    /// 0 is `first_page`), clears the dirty bits that are set and
+    /// write-protects exactly those pages, then flushes the slot's TLB
+    /// entries once; returns the number of pages cleared. Processed in
+    /// 1 GiB chunks, dropping the lock between them (QEMU's default clear
+    /// chunk is the same size).
+    ///
+    /// # Errors
+    /// [`Error::ClearNotAligned`], [`Error::ClearBadRange`],
+    /// [`Error::BitmapTooSmall`], [`Error::NoSuchSlot`],
+    /// [`Error::LoggingDisabled`], [`Error::WrongDirtyMode`].
+    pub fn clear_dirty_log(
+        &self,
+        id: u16,
+        first_page: u64,
+        num_pages: u64,
+        bitmap: &[u64],
+    ) -> Result<u64> {
+        let _u = self.update.lock().unwrap();
+        let b = self.bitmap(id)?;
+        check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
+        let (base, size) = self.slot_range(id)?;
+        let tlb = self.with_table(|pt| pt.tlb().clone());
+        let mut batch = TlbBatch::new(&*tlb, self.with_table(|pt| pt.tlb_policy()));
+        let mut st = FaultStats::default();
+        let words = num_pages.div_ceil(64) as usize;
+        let first_word = (first_page / 64) as usize;
+        let chunk_words = ((1u64 << 30) >> self.page_shift) as usize / 64;
+        let split = self.initially_set() && self.policy.eager_split_chunk.is_some();
+        let mut cache = self.split_cache.lock().unwrap();
+        let mut cleared = 0;
+        let mut w = 0;
+        while w < words {
+            let end = (w + chunk_words.max(1)).min(words);
+            if split {
+                let bytes = ((end - w) as u64 * 64) << self.page_shift;
+                let cap = self.with_table(|pt| pt.split_capacity(bytes));
+                cache.top_up(cap)?;
+            }
+            let mut pt = self.write_lock(&mut st);
+            for (k, &user) in bitmap.iter().enumerate().take(end).skip(w) {
+                let mask = b.clear_masked(first_word + k, user);
+                if mask == 0 {
+                    continue;
+                }
+                cleared += u64::from(mask.count_ones());
+                let page0 = (first_word + k) as u64 * 64;
+                if split {
+                    let lo = base + ((page0 + u64::from(mask.trailing_zeros())) << self.page_shift);
+                    let hi =
+                        base + ((page0 + 64 - u64::from(mask.leading_zeros())) << self.page_shift);
+                    pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
+                }
+                self.protect_mask(&mut pt, base, page0, mask, &mut batch)?;
+            }
+            drop(pt);
+            w = end;
+        }
+        drop(cache);
+        if cleared > 0 {
+            batch.add(base, size);
+        }
+        let calls = batch.finish();
+        self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(cleared)
+    }
+
+    /// Write-protects the pages of `mask` (bit i = page `page0 + i` of the
+    /// slot at `base`), one call per run of consecutive bits.
+    fn protect_mask(
+        &self,
+        pt: &mut PageTable<F, M>,
+        base: u64,
+        page0: u64,
+        mut mask: u64,
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<()> {
+        while mask != 0 {
+            let lo = mask.trailing_zeros();
+            let run = (!(mask >> lo)).trailing_zeros();
+            let start = base + ((page0 + u64::from(lo)) << self.page_shift);
+            pt.wrprotect_batched(start, u64::from(run) << self.page_shift, batch)?;
+            mask = if lo + run >= 64 {
+                0
+            } else {
+                mask & !(((1u64 << run) - 1) << lo)
+            };
+        }
+        Ok(())
+    }
+
+    // ---- dirty log: rings ---------------------------------------------
+
+    /// Whether `vcpu`'s dirty ring is soft-full: the vCPU must not enter the
+    /// guest until the ring is harvested and reset.
+    pub fn ring_soft_full(&self, vcpu: usize) -> bool {
+        self.policy.dirty_ring_entries.is_some()
+            && self
+                .rings
+                .read()
+                .unwrap()
+                .get(vcpu)
+                .is_some_and(|r| r.soft_full())
+    }
+
+    /// Harvests every vCPU's ring into `out`; returns the number of entries.
+    ///
+    /// # Errors
+    /// [`Error::WrongDirtyMode`] when rings are off.
+    pub fn harvest_rings(&self, out: &mut Vec<DirtyGfn>) -> Result<usize> {
+        if self.policy.dirty_ring_entries.is_none() {
+            return Err(Error::WrongDirtyMode {
+                needs: "dirty rings",
+            });
+        }
+        Ok(self
+            .rings
+            .read()
+            .unwrap()
+            .iter()
+            .map(|r| r.harvest(out))
+            .sum())
+    }
+
+    /// `KVM_RESET_DIRTY_RINGS`: re-protects every harvested page and frees
+    /// its ring entry, then flushes the whole VM's TLBs once if anything
+    /// was reset; returns the number of entries reset.
+    ///
+    /// # Errors
+    /// [`Error::WrongDirtyMode`] when rings are off.
+    pub fn reset_rings(&self) -> Result<u64> {
+        if self.policy.dirty_ring_entries.is_none() {
+            return Err(Error::WrongDirtyMode {
+                needs: "dirty rings",
+            });
+        }
+        let _u = self.update.lock().unwrap();
+        let snap = self.slots.snapshot();
+        let rings = self.rings.read().unwrap().clone();
+        let mut st = FaultStats::default();
+        let mut pt = self.write_lock(&mut st);
+        let tlb = pt.tlb().clone();
+        let mut batch = TlbBatch::new(&*tlb, pt.tlb_policy());
+        let mut total = 0;
+        let mut result = Ok(());
+        for r in &rings {
+            total += r.reset(|slot, offset, mask| {
+                let Ok(id) = u16::try_from(slot) else { return };
+                let Some(s) = snap.id_to_slot(id) else { return };
+                // Entries beyond the slot (a stale ring entry of a moved
+                // slot) are ignored, as KVM does.
+                if offset + 64 - u64::from(mask.leading_zeros()) > s.npages() {
+                    return;
+                }
+                let base = s.base_gfn() << self.page_shift;
+                if let Err(e) = self.protect_mask(&mut pt, base, offset, mask, &mut batch) {
+                    result = Err(e);
+                }
+            });
+        }
+        drop(pt);
+        drop(snap);
+        // KVM flushes the whole VM after a reset.
+        if total > 0 {
+            batch.add_whole_vmid();
+        }
+        batch.finish();
+        self.vm_stats.lock().unwrap().add(&st);
+        result.map(|_| total)
+    }
+}
