@@ -17,14 +17,35 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Options of `split-perf`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct Params {
-    /// Bytes in the slot.
+    /// Slot size (e.g. 1G, 512M).
+    #[arg(long, default_value = "1G", value_parser = crate::report::parse_size)]
     pub size: u64,
     /// Repetitions per backing and policy.
+    #[arg(long, default_value_t = 7)]
     pub runs: usize,
-    /// Translation granule.
+    /// Translation granule: 4k, 16k or 64k.
+    #[arg(long, default_value = "4k", value_parser = parse_granule)]
     pub granule: Granule,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_granule(s: &str) -> Result<Granule, String> {
+    let bytes = crate::report::parse_size(s)?;
+    Granule::from_bytes(bytes).map_err(|e| e.to_string())
+}
+
+/// Runs `split-perf` from the command line.
+///
+/// # Errors
+/// A message naming what failed.
+pub fn main(p: Params) -> Result<(), String> {
+    let r = run(&p, !p.json)?;
+    crate::report::emit(&r, p.json);
+    Ok(())
 }
 
 type Table = PageTable<Arm64Stage2, HostMmOps>;
