@@ -40,6 +40,41 @@ pub fn stamp(vcpu: usize, pass: u64, page: u64) -> u64 {
     ((vcpu as u64) << 48) | ((pass & 0xff_ffff) << 24) | (page & 0xff_ffff)
 }
 
+/// How often (in accesses) a vCPU publishes its live counters.
+pub const LIVE_EVERY: u64 = 64;
+
+/// One vCPU's running totals, readable while it runs. Each sits on its own
+/// cache line and only its vCPU writes it.
+#[derive(Default)]
+#[repr(align(128))]
+pub struct LiveCounters {
+    /// Guest accesses made.
+    pub accesses: AtomicU64,
+    /// Guest writes made.
+    pub writes: AtomicU64,
+    /// Faults (exits) taken.
+    pub faults: AtomicU64,
+    /// Software-TLB misses (table walks).
+    pub tlb_misses: AtomicU64,
+    /// Software-TLB fills.
+    pub tlb_fills: AtomicU64,
+    /// Invalidation requests the vCPU applied.
+    pub tlb_flushes: AtomicU64,
+}
+
+impl LiveCounters {
+    fn publish<S: MemslotStore>(&self, vcpu: &Vcpu<S>, writes: u64) {
+        let t = vcpu.tlb().stats();
+        self.accesses.store(vcpu.accesses, Ordering::Relaxed);
+        self.writes.store(writes, Ordering::Relaxed);
+        self.faults.store(vcpu.faults, Ordering::Relaxed);
+        self.tlb_misses.store(t.misses, Ordering::Relaxed);
+        self.tlb_fills.store(t.fills, Ordering::Relaxed);
+        self.tlb_flushes
+            .store(vcpu.tlb().shared().flushes_applied.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
+
 /// State shared between the host and the vCPU threads.
 pub struct Control {
     /// Pass the host asks for (vCPUs run passes until they reach it).
@@ -52,8 +87,11 @@ pub struct Control {
     stop: AtomicBool,
     /// Passes each vCPU completed.
     done: Vec<AtomicU64>,
-    /// Pages written by each vCPU, in total.
+    /// Pages written by each vCPU, in total (updated at the end of a pass).
     pub pages_written: Vec<AtomicU64>,
+    /// Live counters of each vCPU, updated every [`LIVE_EVERY`] accesses
+    /// and at the end of every pass: for throughput timelines.
+    pub live: Vec<LiveCounters>,
     /// Delay per page in nanoseconds (0 = none): the throttle.
     pub throttle_ns: AtomicU64,
     /// Last pass-completion time of each vCPU and its duration.
@@ -74,6 +112,7 @@ impl Control {
             stop: AtomicBool::new(false),
             done: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
             pages_written: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
+            live: (0..vcpus).map(|_| LiveCounters::default()).collect(),
             throttle_ns: AtomicU64::new(0),
             pass_times: Mutex::new(vec![Vec::new(); vcpus]),
             fault_stats: Mutex::new(vec![FaultStats::default(); vcpus]),
@@ -279,6 +318,7 @@ fn vcpu_thread<S: MemslotStore>(
     let pages = cfg.bytes_per_vcpu / cfg.page_size;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((idx as u64 + 1) * 0x1000_0001));
     let mut pass = 0u64;
+    let mut total_writes = 0u64;
     loop {
         // Wait (outside guest mode) until the host asks for another pass.
         let mut spins = 0u32;
@@ -348,6 +388,9 @@ fn vcpu_thread<S: MemslotStore>(
                 }
             }
             written += u64::from(write);
+            if vcpu.accesses % LIVE_EVERY == 0 {
+                c.live[idx].publish(vcpu, total_writes + written);
+            }
             if throttle > 0 {
                 vcpu.exit();
                 let until = Instant::now() + Duration::from_nanos(throttle);
@@ -358,6 +401,8 @@ fn vcpu_thread<S: MemslotStore>(
         }
         vcpu.exit();
         c.running[idx].store(false, Ordering::SeqCst);
+        total_writes += written;
+        c.live[idx].publish(vcpu, total_writes);
         c.pages_written[idx].fetch_add(written, Ordering::Relaxed);
         c.pass_times.lock().unwrap()[idx].push(t0.elapsed());
         c.fault_stats.lock().unwrap()[idx] = vcpu.fault_stats();
