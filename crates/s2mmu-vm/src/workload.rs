@@ -388,7 +388,7 @@ fn vcpu_thread<S: MemslotStore>(
                 }
             }
             written += u64::from(write);
-            if vcpu.accesses % LIVE_EVERY == 0 {
+            if vcpu.accesses.is_multiple_of(LIVE_EVERY) {
                 c.live[idx].publish(vcpu, total_writes + written);
             }
             if throttle > 0 {
