@@ -134,6 +134,8 @@ pub struct FaultStats {
     pub write_contended: u64,
     /// Nanoseconds spent waiting for the lock.
     pub lock_wait_ns: u64,
+    /// Nanoseconds spent splitting huge mappings (eager or on fault).
+    pub split_ns: u64,
 }
 
 impl FaultStats {
@@ -152,6 +154,7 @@ impl FaultStats {
         self.write_locks += o.write_locks;
         self.write_contended += o.write_contended;
         self.lock_wait_ns += o.lock_wait_ns;
+        self.split_ns += o.split_ns;
     }
 
     /// Lock acquisitions that had to wait, both modes.
@@ -578,7 +581,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             let capacity = self.with_table(|pt| pt.split_capacity(n));
             cache.top_up(capacity)?;
             let mut pt = self.write_lock(&mut st);
+            let t0 = Instant::now();
             pt.split(a, n, &mut cache, self.policy.split_walk)?;
+            st.split_ns += t0.elapsed().as_nanos() as u64;
             drop(pt);
             a += n;
         }
@@ -713,7 +718,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                     // A huge mapping is never made writable while logged:
                     // split it (it stays write-protected), then relax the page.
                     let block = gpa & !(t.size - 1);
+                    let t0 = Instant::now();
                     pt.split(block, t.size, &mut vcpu.cache, self.policy.split_walk)?;
+                    vcpu.stats.split_ns += t0.elapsed().as_nanos() as u64;
                     vcpu.stats.splits_on_fault += 1;
                 }
                 let o = pt.relax_perms(gpa, Prot::RW)?;
