@@ -70,8 +70,10 @@ impl LiveCounters {
         self.faults.store(vcpu.faults, Ordering::Relaxed);
         self.tlb_misses.store(t.misses, Ordering::Relaxed);
         self.tlb_fills.store(t.fills, Ordering::Relaxed);
-        self.tlb_flushes
-            .store(vcpu.tlb().shared().flushes_applied.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.tlb_flushes.store(
+            vcpu.tlb().shared().flushes_applied.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
     }
 }
 
