@@ -453,6 +453,16 @@ fn phase_rows(report: &mut Report, phases: &[(String, Duration)], policy: &str) 
 /// # Errors
 /// A message naming what failed.
 pub fn main(p: Params) -> Result<(), String> {
+    let report = run(&p)?;
+    crate::report::emit(&report, p.json);
+    Ok(())
+}
+
+/// Runs the benchmark and returns its report.
+///
+/// # Errors
+/// A message naming what failed.
+pub fn run(p: &Params) -> Result<Report, String> {
     if p.iterations == 0 {
         return Err("-i must be at least 1".into());
     }
@@ -492,14 +502,14 @@ pub fn main(p: Params) -> Result<(), String> {
         slots: p.slots,
         write_percent: p.write_percent,
         random: p.random,
-        policy: policy_for(&p, fault_path, eager),
+        policy: policy_for(p, fault_path, eager),
     };
     let ring = p.ring.is_some();
     let huge = p.backing != Backing::Anonymous;
 
     if p.kvm && !p.compare {
         for &v in &vcpus_list {
-            let r = s2mmu_kvm::dirty_log_perf::run(&kvm_params(&p, v, bytes)?)
+            let r = s2mmu_kvm::dirty_log_perf::run(&kvm_params(p, v, bytes)?)
                 .map_err(|e| e.to_string())?;
             for l in r.selftest_lines() {
                 text += &l;
@@ -513,13 +523,13 @@ pub fn main(p: Params) -> Result<(), String> {
             spec(v, FaultPath::ReadLockFastPath, p.eager_split),
             &p.memslots,
         )?;
-        let k = s2mmu_kvm::dirty_log_perf::run(&kvm_params(&p, v, bytes)?)
-            .map_err(|e| e.to_string())?;
-        text += &compare_text(&p, v, bytes, &e, &k, &mut report);
+        let k =
+            s2mmu_kvm::dirty_log_perf::run(&kvm_params(p, v, bytes)?).map_err(|e| e.to_string())?;
+        text += &compare_text(p, v, bytes, &e, &k, &mut report);
     } else if p.policy == PolicyArg::Both {
-        text += &both_table(&p, &vcpus_list, bytes, spec, &mut report)?;
+        text += &both_table(p, &vcpus_list, bytes, spec, &mut report)?;
     } else if p.eager_split && huge {
-        text += &eager_vs_fault(&p, vcpus_list[0], bytes, spec, &mut report)?;
+        text += &eager_vs_fault(p, vcpus_list[0], bytes, spec, &mut report)?;
     } else {
         let fp = if p.policy == PolicyArg::Baseline {
             FaultPath::WriteLock
@@ -542,8 +552,7 @@ pub fn main(p: Params) -> Result<(), String> {
         }
     }
     report.set_text(text);
-    crate::report::emit(&report, p.json);
-    Ok(())
+    Ok(report)
 }
 
 /// The single-run target: 1 vCPU, 256 MiB, a dirty pass of 65536

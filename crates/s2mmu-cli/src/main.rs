@@ -5,6 +5,7 @@
 
 mod dirty_log_perf;
 mod report;
+mod reproduce;
 mod split_perf;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +28,8 @@ enum Cmd {
     SplitPerf(split_perf::Params),
     /// Seeds 002/004: KVM's dirty_log_perf_test on the engine, on real KVM (--kvm), or both (--compare).
     DirtyLogPerf(dirty_log_perf::Params),
+    /// Runs every seed's experiment and writes a report next to the published figures.
+    Reproduce(reproduce::Params),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::SplitPerf(p) => split_perf::main(p),
         Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
+        Cmd::Reproduce(p) => reproduce::main(p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
