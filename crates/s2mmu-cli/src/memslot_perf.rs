@@ -350,6 +350,24 @@ struct Vm<S> {
 impl<S: MemslotStore> Vm<S> {
     /// The selftest's `prepare_vm`: the area cut into `nslots` equal slots, the remainder
     /// added to the last, created one by one. Returns the time the creates took.
+    /// The last slot where it was set up, and the same slot moved just past the end of the
+    /// area (the selftest's move target).
+    fn last_slot_home_and_away(&self) -> (UserMemoryRegion, UserMemoryRegion) {
+        let last_base = self.last_slot_base_gfn();
+        let home = UserMemoryRegion::new(
+            (self.nslots - 1) as u16,
+            SlotFlags::NONE,
+            last_base << PAGE_SHIFT,
+            (self.base_gfn() + self.pages - last_base) << PAGE_SHIFT,
+            self.page_hva(last_base - self.base_gfn()),
+        );
+        let away = UserMemoryRegion {
+            guest_phys_addr: MEM_GPA + self.pages * PAGE_SIZE,
+            ..home
+        };
+        (home, away)
+    }
+
     fn prepare(nslots: u32, bytes: u64) -> Result<(Self, Duration), String> {
         let memory = GuestMemory::new(bytes)?;
         let pages = bytes / PAGE_SIZE;
@@ -617,20 +635,7 @@ fn scenario_move<S: MemslotStore>(
     } else {
         last_base - window
     };
-    let last_id = (vm.nslots - 1) as u16;
-    let last_pages = vm.base_gfn() + vm.pages - last_base;
-    let hva = vm.page_hva(last_base - vm.base_gfn());
-    let home = UserMemoryRegion::new(
-        last_id,
-        SlotFlags::NONE,
-        last_base << PAGE_SHIFT,
-        last_pages << PAGE_SHIFT,
-        hva,
-    );
-    let away = UserMemoryRegion {
-        guest_phys_addr: MEM_GPA + vm.pages * PAGE_SIZE,
-        ..home
-    };
+    let (home, away) = vm.last_slot_home_and_away();
     vm.run_loop(
         seconds,
         |vm| {
@@ -732,21 +737,7 @@ fn single_ops<S: MemslotStore>(
     nslots: u32,
     params: &MemslotPerfParams,
 ) -> Result<Vec<CaseResult>, String> {
-    let last_base = vm.last_slot_base_gfn();
-    let last_id = (vm.nslots - 1) as u16;
-    let last_pages = vm.base_gfn() + vm.pages - last_base;
-    let hva = vm.page_hva(last_base - vm.base_gfn());
-    let home = UserMemoryRegion::new(
-        last_id,
-        SlotFlags::NONE,
-        last_base << PAGE_SHIFT,
-        last_pages << PAGE_SHIFT,
-        hva,
-    );
-    let away = UserMemoryRegion {
-        guest_phys_addr: MEM_GPA + vm.pages * PAGE_SIZE,
-        ..home
-    };
+    let (home, away) = vm.last_slot_home_and_away();
     let ops = params.single_ops.max(1);
     let fail = |e: s2mmu::memslot::MemslotError| format!("single op: {e}");
 
@@ -764,7 +755,7 @@ fn single_ops<S: MemslotStore>(
     for _ in 0..ops {
         let start = Instant::now();
         vm.store
-            .set_memory_region(&UserMemoryRegion::delete(last_id), &NoStage2)
+            .set_memory_region(&UserMemoryRegion::delete(home.id()), &NoStage2)
             .map_err(fail)?;
         deletes.push(start.elapsed().as_nanos() as f64);
         vm.store.set_memory_region(&home, &NoStage2).map_err(fail)?;
