@@ -73,6 +73,10 @@ pub struct Params {
     /// Run the engine and real KVM in one process and print the ratio per phase.
     #[arg(long)]
     pub compare: bool,
+    /// With --kvm: also check that each pass's dirty log holds exactly the pages the guest
+    /// wrote (all of them, and after the first pass no others); a mismatch fails the run.
+    #[arg(long, requires = "kvm")]
+    pub check: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -509,8 +513,33 @@ pub fn run(p: &Params) -> Result<Report, String> {
 
     if p.kvm && !p.compare {
         for &v in &vcpus_list {
-            let r = s2mmu_kvm::dirty_log_perf::run(&kvm_params(p, v, bytes)?)
-                .map_err(|e| e.to_string())?;
+            let kp = kvm_params(p, v, bytes)?;
+            let r = if p.check {
+                let c = s2mmu_kvm::check_dirty_log(&kp).map_err(|e| e.to_string())?;
+                for i in &c.iterations {
+                    text += &format!(
+                        "check iteration {}: {} pages written, {} reported, {} missing, {} extra: {}\n",
+                        i.iteration,
+                        i.written,
+                        i.reported,
+                        i.missing,
+                        i.extra,
+                        if i.passes() { "ok" } else { "FAILED" }
+                    );
+                    report.result(
+                        &format!("check_iteration_{}", i.iteration),
+                        "kvm",
+                        json!({"written": i.written, "reported": i.reported,
+                               "missing": i.missing, "extra": i.extra, "passes": i.passes()}),
+                    );
+                }
+                if let Some(f) = c.first_failure() {
+                    return Err(format!("dirty log check failed on real KVM: {f}"));
+                }
+                c.run
+            } else {
+                s2mmu_kvm::dirty_log_perf::run(&kp).map_err(|e| e.to_string())?
+            };
             for l in r.selftest_lines() {
                 text += &l;
                 text.push('\n');
