@@ -3,7 +3,9 @@
 //! Each subcommand lives in its own module with its options (`Args`/`Params`)
 //! and a `main` that runs it and prints its report.
 
+mod dirty_log_perf;
 mod report;
+mod reproduce;
 mod split_perf;
 
 use clap::{Parser, Subcommand};
@@ -24,12 +26,18 @@ struct Cli {
 enum Cmd {
     /// Seed 000: eager split of a slot with the skipping walker against a full walk.
     SplitPerf(split_perf::Params),
+    /// Seeds 002/004: KVM's dirty_log_perf_test on the engine, on real KVM (--kvm), or both (--compare).
+    DirtyLogPerf(dirty_log_perf::Params),
+    /// Runs every seed's experiment and writes a report next to the published figures.
+    Reproduce(reproduce::Params),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::SplitPerf(p) => split_perf::main(p),
+        Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
+        Cmd::Reproduce(p) => reproduce::main(p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

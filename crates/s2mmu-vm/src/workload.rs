@@ -75,8 +75,10 @@ impl LiveCounters {
         self.faults.store(vcpu.faults, Ordering::Relaxed);
         self.tlb_misses.store(t.misses, Ordering::Relaxed);
         self.tlb_fills.store(t.fills, Ordering::Relaxed);
-        self.tlb_flushes
-            .store(vcpu.tlb().shared().flushes_applied.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.tlb_flushes.store(
+            vcpu.tlb().shared().flushes_applied.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -107,6 +109,11 @@ pub struct Control {
     /// Where each vCPU is: saved whenever it stops for a pause and at the
     /// end of each pass, so a paused workload can be resumed elsewhere.
     states: Mutex<Vec<VcpuState>>,
+    /// Percent of accesses that are writes, read at the start of each pass
+    /// (starts as the configuration's).
+    pub write_percent: AtomicU64,
+    /// Whether passes visit pages at random, read at the start of each pass.
+    pub random: AtomicBool,
     /// Last pass-completion time of each vCPU and its duration.
     pass_times: Mutex<Vec<Vec<Duration>>>,
     fault_stats: Mutex<Vec<FaultStats>>,
@@ -129,6 +136,8 @@ impl Control {
             throttle_ns: AtomicU64::new(0),
             pace_pages_per_sec: AtomicU64::new(0),
             states: Mutex::new(vec![VcpuState::default(); vcpus]),
+            write_percent: AtomicU64::new(100),
+            random: AtomicBool::new(false),
             pass_times: Mutex::new(vec![Vec::new(); vcpus]),
             fault_stats: Mutex::new(vec![FaultStats::default(); vcpus]),
             errors: Mutex::new(Vec::new()),
@@ -223,6 +232,12 @@ impl<S: MemslotStore + 'static> Workload<S> {
             }
             control.states.lock().unwrap().copy_from_slice(states);
         }
+        control
+            .write_percent
+            .store(u64::from(config.write_percent), Ordering::Relaxed);
+        control
+            .random
+            .store(config.pattern == Pattern::Random, Ordering::Relaxed);
         let mut threads = Vec::new();
         for i in 0..vcpus {
             let mut vcpu = vm.new_vcpu().map_err(|e| e.to_string())?;
@@ -482,6 +497,8 @@ fn vcpu_thread<S: MemslotStore>(
         let t0 = Instant::now();
         let mut mark = t0;
         let throttle = c.throttle_ns.load(Ordering::Relaxed);
+        let write_percent = c.write_percent.load(Ordering::Relaxed);
+        let random = c.random.load(Ordering::Relaxed);
         let mut written = 0u64;
         for i in std::mem::take(&mut first_page)..pages {
             if c.paused.load(Ordering::Relaxed) {
@@ -494,13 +511,9 @@ fn vcpu_thread<S: MemslotStore>(
                 mark = Instant::now();
             }
             let rng_at_access = rng.0;
-            let page = match cfg.pattern {
-                Pattern::Sequential => i,
-                Pattern::Random => rng.next() % pages,
-            };
+            let page = if random { rng.next() % pages } else { i };
             let gpa = base + page * cfg.page_size;
-            let write =
-                cfg.write_percent >= 100 || (rng.next() % 100) < u64::from(cfg.write_percent);
+            let write = write_percent >= 100 || (rng.next() % 100) < write_percent;
             loop {
                 let r = if write {
                     vcpu.write_u64(gpa, stamp(idx, pass, page))
