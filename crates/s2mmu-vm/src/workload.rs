@@ -99,7 +99,8 @@ pub struct Control {
     /// Live counters of each vCPU, updated every [`LIVE_EVERY`] accesses
     /// and at the end of every pass: for throughput timelines.
     pub live: Vec<LiveCounters>,
-    /// Delay per page in nanoseconds (0 = none): the throttle.
+    /// Delay per page in nanoseconds (0 = none): the throttle, served in
+    /// sleeps of at least a millisecond outside guest mode.
     pub throttle_ns: AtomicU64,
     /// Pages per second each vCPU accesses at most (0 = as fast as it
     /// can): a guest that dirties memory at a set rate. vCPUs that are
@@ -458,6 +459,7 @@ fn vcpu_thread<S: MemslotStore>(
         total_writes = s.writes;
     }
     let mut guest_ns = 0u64;
+    let mut owed_ns = 0u64;
     let mut pacer = Pacer {
         rate: 0,
         since: Instant::now(),
@@ -496,7 +498,6 @@ fn vcpu_thread<S: MemslotStore>(
         pass += 1;
         let t0 = Instant::now();
         let mut mark = t0;
-        let throttle = c.throttle_ns.load(Ordering::Relaxed);
         let write_percent = c.write_percent.load(Ordering::Relaxed);
         let random = c.random.load(Ordering::Relaxed);
         let mut written = 0u64;
@@ -557,15 +558,26 @@ fn vcpu_thread<S: MemslotStore>(
                 mark = now;
                 c.live[idx].publish(vcpu, total_writes + written, guest_ns);
             }
+            // Read per page: a migration raises it mid-pass.
+            let throttle = c.throttle_ns.load(Ordering::Relaxed);
             if throttle > 0 {
-                vcpu.exit();
-                let now = Instant::now();
-                guest_ns += (now - mark).as_nanos() as u64;
-                let until = now + Duration::from_nanos(throttle);
-                while Instant::now() < until {
-                    std::hint::spin_loop();
+                // The throttle is owed per page and served in sleeps of at
+                // least a millisecond outside guest mode (as QEMU's
+                // auto-converge sleeps vCPUs), so a throttled vCPU leaves
+                // the CPU to the host and a pause need not wait for it.
+                owed_ns += throttle;
+                if owed_ns >= 1_000_000 {
+                    vcpu.exit();
+                    let now = Instant::now();
+                    guest_ns += (now - mark).as_nanos() as u64;
+                    save(pass, i + 1, rng.0, total_writes + written);
+                    c.running[idx].store(false, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_nanos(std::mem::take(&mut owed_ns)));
+                    if !park(vcpu, idx, c) {
+                        return;
+                    }
+                    mark = Instant::now();
                 }
-                mark = Instant::now();
             }
             if let Some(d) = pacer.delay(c.pace_pages_per_sec.load(Ordering::Relaxed)) {
                 // Ahead of the pace: sleep outside guest mode, where a
