@@ -4,9 +4,10 @@
 //! and a `main` that runs it and prints its report.
 
 mod dirty_log_perf;
-mod report;
 mod reproduce;
 mod split_perf;
+
+use s2mmu_cli::{migrate, report};
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -30,6 +31,8 @@ enum Cmd {
     DirtyLogPerf(dirty_log_perf::Params),
     /// Runs every seed's experiment and writes a report next to the published figures.
     Reproduce(reproduce::Params),
+    /// Pre-copy live migration of a running guest over TCP (in one process, or --listen/--to).
+    Migrate(migrate::Params),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
         Cmd::SplitPerf(p) => split_perf::main(p),
         Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
+        Cmd::Migrate(p) => migrate::main(p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -425,7 +425,8 @@ impl Pacer {
             return None;
         }
         self.pages += 1;
-        let due = self.since + Duration::from_nanos(self.pages.saturating_mul(1_000_000_000) / rate);
+        let due =
+            self.since + Duration::from_nanos(self.pages.saturating_mul(1_000_000_000) / rate);
         let now = Instant::now();
         if due > now {
             Some(due - now)

@@ -3,7 +3,7 @@
 //! complete, valid stream.
 
 use super::error::MigrateError;
-use super::hash::{digest_of, xxh64};
+use super::hash::digest_of;
 use super::wire::{
     tag, tag_name, Dec, Enc, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
 };
@@ -36,8 +36,8 @@ pub struct DestOutcome {
     pub resumed_at: Option<Instant>,
     /// Per-slot digests of the memory the guest resumed from.
     pub slot_digests: Vec<(u16, u64)>,
-    /// Whether every page was compared against the source's own hashes.
-    pub verified_full: bool,
+    /// With verify-full: pages that differ byte for byte from the source's.
+    pub verify_mismatches: Option<u64>,
     /// Guest writes per second after the resume.
     pub resumed_write_rate: f64,
     /// Passes each vCPU had reached when the destination stopped it.
@@ -58,7 +58,6 @@ pub fn receive(stream: &TcpStream, cfg: &DestConfig) -> Result<DestOutcome, Migr
 /// # Errors
 /// Any stream error ([`MigrateError::Truncated`],
 /// [`MigrateError::PageChecksum`], ...), [`MigrateError::Incomplete`],
-/// [`MigrateError::MemoryMismatch`] (with a VERIFY record),
 /// [`MigrateError::Aborted`]. On an error the guest is not resumed and the
 /// source is told why when the connection still works.
 pub fn receive_from<R: Read, W: Write>(
@@ -88,16 +87,12 @@ fn receive_inner<R: Read, W: Write>(
     let mut received = vec![0u64; page_count.div_ceil(64) as usize];
     let mut page_hash = vec![0u64; page_count as usize];
     let mut state = None;
-    let mut verify: Option<Vec<u64>> = None;
     let memory = vm.memory().clone();
     loop {
         let at_byte = rd.pos;
-        match rd.next()? {
+        match rd.next_record()? {
             Record::Page { gpa, hash } => {
-                let off = match vm.locate(gpa) {
-                    Some((_, off)) if gpa.is_multiple_of(PAGE_SIZE as u64) => off,
-                    _ => return Err(MigrateError::PageOutOfRange { gpa, at_byte }),
-                };
+                let off = page_offset(&vm, gpa, at_byte)?;
                 if !memory.write_from(off, rd.page_data()) {
                     return Err(MigrateError::PageOutOfRange { gpa, at_byte });
                 }
@@ -105,32 +100,15 @@ fn receive_inner<R: Read, W: Write>(
                 received[i / 64] |= 1 << (i % 64);
                 page_hash[i] = hash;
             }
-            Record::Control { tag: t, body, at_byte } => match t {
+            Record::Control {
+                tag: t,
+                body,
+                at_byte,
+            } => match t {
                 tag::ROUND => {}
                 tag::STATE => state = Some(GuestState::decode(&body, at_byte)?),
-                tag::VERIFY => {
-                    let mut d = Dec::new(&body, "VERIFY", at_byte);
-                    let n = d.u64()?;
-                    if n != page_count {
-                        return Err(d.malformed(format!("{n} page hashes for {page_count} pages")));
-                    }
-                    let mut v = Vec::with_capacity(n as usize);
-                    for _ in 0..n {
-                        v.push(d.u64()?);
-                    }
-                    d.finish()?;
-                    verify = Some(v);
-                }
                 tag::END => {
-                    let mut d = Dec::new(&body, "END", at_byte);
-                    let (pages, bytes) = (d.u64()?, d.u64()?);
-                    d.finish()?;
-                    if pages != rd.pages || bytes != at_byte {
-                        return Err(d.malformed(format!(
-                            "the source sent {pages} pages in {bytes} bytes, {} pages in {at_byte} bytes arrived",
-                            rd.pages
-                        )));
-                    }
+                    check_end(&body, at_byte, rd.pages)?;
                     break;
                 }
                 tag::ABORT => {
@@ -142,7 +120,7 @@ fn receive_inner<R: Read, W: Write>(
                     return Err(MigrateError::Malformed {
                         record: tag_name(other),
                         at_byte,
-                        why: "a reply record in the source's stream".into(),
+                        why: "not expected before the stream's END".into(),
                     })
                 }
             },
@@ -154,7 +132,11 @@ fn receive_inner<R: Read, W: Write>(
         .enumerate()
         .map(|(w, &m)| {
             let valid = (page_count - w as u64 * 64).min(64);
-            let mask = if valid == 64 { u64::MAX } else { (1u64 << valid) - 1 };
+            let mask = if valid == 64 {
+                u64::MAX
+            } else {
+                (1u64 << valid) - 1
+            };
             u64::from((!m & mask).count_ones())
         })
         .sum();
@@ -172,10 +154,6 @@ fn receive_inner<R: Read, W: Write>(
         at_byte: rd.pos,
         why: "the stream carried no vCPU STATE".into(),
     })?;
-    let verified_full = verify.is_some();
-    if let Some(source_hashes) = verify {
-        compare_every_page(&vm, &page_hash, &source_hashes)?;
-    }
     let slot_digests: Vec<(u16, u64)> = vm
         .slots()
         .iter()
@@ -185,10 +163,9 @@ fn receive_inner<R: Read, W: Write>(
             (s.id, digest_of(&page_hash[first..first + n]))
         })
         .collect();
-    // Resume: vCPUs continue from the transferred state.
     let wl_cfg = WorkloadConfig {
         bytes_per_vcpu: state.bytes_per_vcpu,
-        write_percent: state.write_percent,
+        write_percent: state.write_percent.min(100),
         pattern: if state.pattern == 1 {
             Pattern::Random
         } else {
@@ -196,7 +173,20 @@ fn receive_inner<R: Read, W: Write>(
         },
         page_size: PAGE_SIZE as u64,
     };
-    let wl = Workload::start_at(vm.clone(), wl_cfg, &state.vcpus).map_err(MigrateError::Setup)?;
+    // What the guest resumes from, kept for the byte comparison.
+    let snapshot = header.verify_full.then(|| {
+        let mut v = vec![0u8; header.mem_size as usize];
+        memory.read_into(0, &mut v);
+        v
+    });
+    // Resume: vCPUs continue from the transferred state.
+    let wl = Workload::start_at(vm.clone(), wl_cfg, &state.vcpus).map_err(|e| {
+        MigrateError::Malformed {
+            record: "STATE",
+            at_byte: rd.pos,
+            why: e,
+        }
+    })?;
     wl.control()
         .pace_pages_per_sec
         .store(state.pace_pages_per_sec, Ordering::Relaxed);
@@ -210,8 +200,19 @@ fn receive_inner<R: Read, W: Write>(
     let mut w = WireWriter::replies(&mut reply);
     w.control(tag::RESUMED, &e.0)?;
     w.flush()?;
+    let mut verify_mismatches = None;
+    if let Some(snapshot) = snapshot {
+        let (bad, first) = compare_with_snapshot(&mut rd, &vm, &snapshot)?;
+        let mut e = Enc::default();
+        e.u64(bad).u64(first);
+        w.control(tag::VERIFIED, &e.0)?;
+        w.flush()?;
+        verify_mismatches = Some(bad);
+    }
     let writes0: u64 = state.vcpus.iter().map(|v| v.writes).sum();
-    std::thread::sleep(cfg.run_after);
+    if let Some(rest) = cfg.run_after.checked_sub(resumed_at.elapsed()) {
+        std::thread::sleep(rest);
+    }
     let writes1: u64 = wl
         .control()
         .live
@@ -227,10 +228,105 @@ fn receive_inner<R: Read, W: Write>(
         bytes: rd.pos,
         resumed_at: Some(resumed_at),
         slot_digests,
-        verified_full,
+        verify_mismatches,
         resumed_write_rate: writes1.saturating_sub(writes0) as f64 / secs.max(1e-9),
         resumed_passes,
     })
+}
+
+fn page_offset(vm: &Vm, gpa: u64, at_byte: u64) -> Result<u64, MigrateError> {
+    match vm.locate(gpa) {
+        Some((_, off)) if gpa.is_multiple_of(PAGE_SIZE as u64) => Ok(off),
+        _ => Err(MigrateError::PageOutOfRange { gpa, at_byte }),
+    }
+}
+
+/// END's counts must be what arrived: a stream that lost records is not
+/// complete even when every page happened to arrive.
+fn check_end(body: &[u8], at_byte: u64, pages_seen: u64) -> Result<(), MigrateError> {
+    let mut d = Dec::new(body, "END", at_byte);
+    let (pages, bytes) = (d.u64()?, d.u64()?);
+    d.finish()?;
+    if pages != pages_seen || bytes != at_byte {
+        return Err(d.malformed(format!(
+            "the source sent {pages} pages in {bytes} bytes, {pages_seen} pages in {at_byte} bytes arrived"
+        )));
+    }
+    Ok(())
+}
+
+/// The verification pass: VERIFY, all of the source's memory as PAGE
+/// records, END; each page is compared byte for byte with the memory the
+/// guest resumed from. Returns the number of differing pages and the
+/// first one's address.
+fn compare_with_snapshot<R: Read>(
+    rd: &mut WireReader<R>,
+    vm: &Vm,
+    snapshot: &[u8],
+) -> Result<(u64, u64), MigrateError> {
+    match rd.next_record()? {
+        Record::Control {
+            tag: tag::VERIFY, ..
+        } => {}
+        Record::Control {
+            tag: tag::ABORT,
+            body,
+            ..
+        } => {
+            return Err(MigrateError::Aborted {
+                reason: String::from_utf8_lossy(&body).into_owned(),
+            })
+        }
+        other => {
+            return Err(MigrateError::Malformed {
+                record: "VERIFY",
+                at_byte: rd.pos,
+                why: format!("expected the verification pass, got {other:?}"),
+            })
+        }
+    }
+    let page_count = snapshot.len() as u64 / PAGE_SIZE as u64;
+    let mut seen = vec![false; page_count as usize];
+    let (mut bad, mut first) = (0u64, 0u64);
+    loop {
+        let at_byte = rd.pos;
+        match rd.next_record()? {
+            Record::Page { gpa, .. } => {
+                let off = page_offset(vm, gpa, at_byte)? as usize;
+                seen[off / PAGE_SIZE] = true;
+                if snapshot[off..off + PAGE_SIZE] != rd.page_data()[..] {
+                    if bad == 0 {
+                        first = gpa;
+                    }
+                    bad += 1;
+                }
+            }
+            Record::Control {
+                tag: tag::END,
+                body,
+                at_byte,
+            } => {
+                check_end(&body, at_byte, rd.pages)?;
+                break;
+            }
+            Record::Control {
+                tag: t, at_byte, ..
+            } => {
+                return Err(MigrateError::Malformed {
+                    record: tag_name(t),
+                    at_byte,
+                    why: "not expected in the verification pass".into(),
+                })
+            }
+        }
+    }
+    if let Some(i) = seen.iter().position(|s| !s) {
+        return Err(MigrateError::Incomplete {
+            missing_pages: seen.iter().filter(|s| !**s).count() as u64,
+            first_missing_gpa: gpa_of(vm, i as u64 * PAGE_SIZE as u64),
+        });
+    }
+    Ok((bad, first))
 }
 
 fn gpa_of(vm: &Vm, offset: u64) -> u64 {
@@ -239,28 +335,6 @@ fn gpa_of(vm: &Vm, offset: u64) -> u64 {
         .find(|s| offset >= s.mem_offset && offset - s.mem_offset < s.size)
         .map(|s| s.gpa + offset - s.mem_offset)
         .unwrap_or(offset)
-}
-
-/// Re-reads every page of the destination's memory and compares it with
-/// what arrived and with the source's own hash of it.
-fn compare_every_page(vm: &Vm, received: &[u64], source: &[u64]) -> Result<(), MigrateError> {
-    let mut buf = vec![0u8; PAGE_SIZE];
-    for (i, (&got, &want)) in received.iter().zip(source).enumerate() {
-        let off = i as u64 * PAGE_SIZE as u64;
-        let gpa = gpa_of(vm, off);
-        vm.memory().read_into(off, &mut buf);
-        let here = xxh64(&buf, gpa);
-        if here != want || got != want {
-            let slot = vm.locate(gpa).map(|(s, _)| s.id).unwrap_or(0);
-            return Err(MigrateError::MemoryMismatch {
-                slot,
-                detail: format!(
-                    "page at gpa {gpa:#x}: source hash {want:#018x}, received {got:#018x}, destination memory {here:#018x}"
-                ),
-            });
-        }
-    }
-    Ok(())
 }
 
 /// The destination's VM: the source's geometry with the destination's
@@ -275,7 +349,11 @@ pub fn build_vm(h: &Header, policy: MmuPolicy) -> Result<Vm, MigrateError> {
         backing,
         slots: h.slots,
         gpa_base: h.gpa_base,
-        policy,
+        // The destination does not log dirty pages.
+        policy: MmuPolicy {
+            dirty_ring_entries: None,
+            ..policy
+        },
         ..VmConfig::default()
     })
     .map_err(|e| MigrateError::Setup(format!("destination guest: {e}")))

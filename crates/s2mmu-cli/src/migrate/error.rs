@@ -20,11 +20,18 @@ pub enum MigrateError {
     /// A record tag this format does not have.
     UnknownRecord { tag: u8, at_byte: u64 },
     /// A record whose contents do not make sense.
-    Malformed { record: &'static str, at_byte: u64, why: String },
+    Malformed {
+        record: &'static str,
+        at_byte: u64,
+        why: String,
+    },
     /// A page outside the destination's guest memory.
     PageOutOfRange { gpa: u64, at_byte: u64 },
     /// The stream ended properly but some guest pages never arrived.
-    Incomplete { missing_pages: u64, first_missing_gpa: u64 },
+    Incomplete {
+        missing_pages: u64,
+        first_missing_gpa: u64,
+    },
     /// After the migration, a slot of the destination differs from the
     /// source's.
     MemoryMismatch { slot: u16, detail: String },

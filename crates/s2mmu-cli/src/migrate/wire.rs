@@ -3,17 +3,23 @@
 //! ```text
 //! header   "S2MMIGR\0"  version:u16  len:u32  body[len]  xxh64(body):u64
 //!          body = mem_size:u64 page_size:u32 slots:u32 gpa_base:u64
-//!                 backing_len:u8 backing[backing_len]
+//!                 backing_len:u8 backing[backing_len] flags:u8 (bit 0: verify-full)
 //! page     0x01 gpa:u64 xxh64(data, seed=gpa):u64 data[page_size]
 //! control  tag:u8 len:u32 body[len] xxh64(body, seed=tag):u64
 //!          0x02 ROUND   round:u32 pages:u64
 //!          0x03 STATE   the vCPUs' state and the workload (GuestState)
-//!          0x04 VERIFY  one xxh64 per page of the source's memory
+//!          0x04 VERIFY  (empty) after RESUMED, with verify-full: all of the
+//!                       source's memory follows as PAGE records, then END
 //!          0x05 END     page_records:u64 bytes_before_end:u64
 //!          0x06 ABORT   reason (UTF-8)
 //!          0x81 RESUMED slots:u32 (id:u16 digest:u64)*   destination -> source
 //!          0x82 REJECTED reason (UTF-8)                  destination -> source
+//!          0x83 VERIFIED differing_pages:u64 first_gpa:u64 destination -> source
 //! ```
+//! The source stops sending pages when it sends STATE; the destination
+//! resumes the guest only after END, when every page of guest memory has
+//! arrived, and says so with RESUMED and the per-slot digests of the
+//! memory it resumed from (XXH64 of the pages' hashes in order).
 //! A page's checksum is seeded with its address, so a page delivered to
 //! the wrong address fails as surely as a flipped bit. END carries the
 //! counts the receiver must have seen: a stream cut anywhere, even at a
@@ -43,6 +49,7 @@ pub mod tag {
     pub const ABORT: u8 = 0x06;
     pub const RESUMED: u8 = 0x81;
     pub const REJECTED: u8 = 0x82;
+    pub const VERIFIED: u8 = 0x83;
 }
 
 /// Name of a record tag, for error messages.
@@ -56,6 +63,7 @@ pub fn tag_name(t: u8) -> &'static str {
         tag::ABORT => "ABORT",
         tag::RESUMED => "RESUMED",
         tag::REJECTED => "REJECTED",
+        tag::VERIFIED => "VERIFIED",
         _ => "unknown",
     }
 }
@@ -71,6 +79,9 @@ pub struct Header {
     pub gpa_base: u64,
     /// Backing name (selftests' names).
     pub backing: String,
+    /// The source will send all of its memory again after the resume for
+    /// a byte-for-byte comparison (the destination keeps a snapshot).
+    pub verify_full: bool,
 }
 
 /// The guest's vCPU state and the workload they run.
@@ -152,13 +163,19 @@ impl<'a> Dec<'a> {
         Ok(self.take(1)?[0])
     }
     pub fn u16(&mut self) -> Result<u16, MigrateError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     pub fn u32(&mut self) -> Result<u32, MigrateError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     pub fn u64(&mut self) -> Result<u64, MigrateError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], MigrateError> {
         self.take(n)
@@ -185,7 +202,8 @@ impl Header {
             .u32(self.slots)
             .u64(self.gpa_base)
             .u8(name.len().min(255) as u8)
-            .bytes(&name[..name.len().min(255)]);
+            .bytes(&name[..name.len().min(255)])
+            .u8(u8::from(self.verify_full));
         e.0
     }
 
@@ -201,12 +219,20 @@ impl Header {
         let n = d.u8()? as usize;
         let backing = String::from_utf8(d.bytes(n)?.to_vec())
             .map_err(|_| d.malformed("backing name is not UTF-8".into()))?;
+        let flags = d.u8()?;
+        if flags > 1 {
+            return Err(d.malformed(format!("unknown flags {flags:#04x}")));
+        }
         d.finish()?;
+        if mem_size == 0 || !mem_size.is_multiple_of(PAGE_SIZE as u64) || mem_size > 1 << 40 {
+            return Err(d.malformed(format!("guest memory of {mem_size} bytes")));
+        }
         Ok(Header {
             mem_size,
             slots,
             gpa_base,
             backing,
+            verify_full: flags & 1 != 0,
         })
     }
 }
@@ -371,7 +397,11 @@ pub enum Record {
     /// [`WireReader::page_data`].
     Page { gpa: u64, hash: u64 },
     /// A control record whose checksum was verified.
-    Control { tag: u8, body: Vec<u8>, at_byte: u64 },
+    Control {
+        tag: u8,
+        body: Vec<u8>,
+        at_byte: u64,
+    },
 }
 
 /// Reads a stream, verifying every checksum and locating every error.
@@ -461,7 +491,7 @@ impl<R: Read> WireReader<R> {
     /// [`MigrateError::Truncated`] (the stream ended, even between
     /// records: every stream ends with END), [`MigrateError::PageChecksum`],
     /// [`MigrateError::RecordChecksum`], [`MigrateError::UnknownRecord`].
-    pub fn next(&mut self) -> Result<Record, MigrateError> {
+    pub fn next_record(&mut self) -> Result<Record, MigrateError> {
         let at_byte = self.pos;
         let mut t = [0u8; 1];
         self.fill(&mut t, "the next record's tag: the stream ended before END")?;
@@ -469,15 +499,26 @@ impl<R: Read> WireReader<R> {
             tag::PAGE => {
                 let gpa = self.u64("a PAGE record")?;
                 let hash = self.u64("a PAGE record")?;
-                fill_from(&mut self.r, &mut self.pos, &mut self.page[..], "a PAGE record")?;
+                fill_from(
+                    &mut self.r,
+                    &mut self.pos,
+                    &mut self.page[..],
+                    "a PAGE record",
+                )?;
                 if xxh64(&self.page[..], gpa) != hash {
                     return Err(MigrateError::PageChecksum { gpa, at_byte });
                 }
                 self.pages += 1;
                 Ok(Record::Page { gpa, hash })
             }
-            tag::ROUND | tag::STATE | tag::VERIFY | tag::END | tag::ABORT | tag::RESUMED
-            | tag::REJECTED => {
+            tag::ROUND
+            | tag::STATE
+            | tag::VERIFY
+            | tag::END
+            | tag::ABORT
+            | tag::RESUMED
+            | tag::REJECTED
+            | tag::VERIFIED => {
                 let name = tag_name(t[0]);
                 let mut l = [0u8; 4];
                 self.fill(&mut l, name)?;
