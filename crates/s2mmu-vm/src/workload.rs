@@ -573,7 +573,10 @@ fn vcpu_thread<S: MemslotStore>(
                     guest_ns += (now - mark).as_nanos() as u64;
                     save(pass, i + 1, rng.0, total_writes + written);
                     c.running[idx].store(false, Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_nanos(std::mem::take(&mut owed_ns)));
+                    let nap = Duration::from_nanos(std::mem::take(&mut owed_ns));
+                    std::thread::sleep(nap);
+                    // A throttled vCPU does not catch up with its pace.
+                    pacer.since += nap;
                     if !park(vcpu, idx, c) {
                         return;
                     }

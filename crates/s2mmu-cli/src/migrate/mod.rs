@@ -301,12 +301,12 @@ pub fn main(p: Params) -> Result<(), String> {
         let policy = cfg.policy;
         if !p.json || p.compare_policies {
             eprintln!(
-                "{}migrating a {} guest ({}, {} vCPUs dirtying {}/s) {}",
+                "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {}",
                 cfg.label,
                 human_bytes(cfg.mem_size),
                 cfg.backing.name(),
                 cfg.vcpus,
-                human_bytes(cfg.dirty_rate),
+                rate_text(cfg.dirty_rate),
                 match &p.to {
                     Some(a) => format!("to {a}"),
                     None => "over loopback TCP in this process".into(),
@@ -340,10 +340,10 @@ pub fn main(p: Params) -> Result<(), String> {
             })
             .collect();
         let title = format!(
-            "s2mmu migrate: {} guest, {} vCPUs dirtying {}/s, {} harvest",
+            "s2mmu migrate: {} guest, {} vCPUs dirtying {}, {} harvest",
             human_bytes(p.mem),
             p.vcpus,
-            human_bytes(p.dirty_rate),
+            rate_text(p.dirty_rate),
             harvest_name(p.harvest)
         );
         std::fs::write(&p.plot, plot::svg(&title, &plot_runs))
@@ -352,6 +352,14 @@ pub fn main(p: Params) -> Result<(), String> {
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
     Ok(())
+}
+
+fn rate_text(r: u64) -> String {
+    if r == 0 {
+        "as fast as they can".into()
+    } else {
+        format!("{:.1} MiB/s", r as f64 / MIB)
+    }
 }
 
 fn harvest_name(h: HarvestArg) -> &'static str {
@@ -552,12 +560,12 @@ fn report(p: &Params, runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPo
 fn summary(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>, pol: &MmuPolicy) -> String {
     let precopy = s.rounds.iter().filter(|r| !r.final_round).count();
     let mut t = format!(
-        "\nMigrated a {} guest ({}, {} slot(s)), {} vCPUs dirtying {}/s ({}), {} harvest, {}\n",
+        "\nMigrated a {} guest ({}, {} slot(s)), {} vCPUs dirtying {} ({}), {} harvest, {}\n",
         human_bytes(p.mem),
         p.backing,
         p.slots,
         p.vcpus,
-        human_bytes(p.dirty_rate),
+        rate_text(p.dirty_rate),
         format!("{:?}", p.pattern).to_lowercase(),
         harvest_name(p.harvest),
         policy_label(pol)
