@@ -101,7 +101,7 @@ pub struct Params {
     /// When huge mappings are split (default: the policy's).
     #[arg(long, value_enum)]
     pub split: Option<SplitArg>,
-    /// Downtime budget (e.g. 300ms, 1s).
+    /// Downtime budget (e.g. 300ms, 1s); pre-copy stops once the rest is estimated to take half of it.
     #[arg(long, default_value = "300ms", value_parser = parse_duration)]
     pub max_downtime: Duration,
     /// Pre-copy rounds after the first before giving up.

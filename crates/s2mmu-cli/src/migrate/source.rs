@@ -7,7 +7,7 @@
 use super::bandwidth::TokenBucket;
 use super::error::MigrateError;
 use super::hash::{digest_of, xxh64};
-use super::timeline::{Sample, Timeline};
+use super::timeline::{intervals, Sample, Timeline};
 use super::wire::{
     tag, Dec, Enc, GuestState, Header, Record, WireReader, WireWriter, PAGE_RECORD_BYTES, PAGE_SIZE,
 };
@@ -146,7 +146,8 @@ pub struct RoundStat {
 pub struct Phase {
     /// Guest writes per second of wall time.
     pub write_rate: f64,
-    /// Nanoseconds of guest execution per write (faults included).
+    /// Nanoseconds of guest execution per write (faults included): the
+    /// median over the phase's timeline intervals.
     pub ns_per_write: f64,
 }
 
@@ -365,7 +366,10 @@ pub fn migrate_source<W: Write, R: Read>(
             );
         }
         rounds.push(stat);
-        if est <= cfg.max_downtime {
+        // Half the budget: the rest is the margin for a link or a host
+        // slower during the stop-and-copy than on average (another round
+        // is cheap when this one is this small).
+        if est <= cfg.max_downtime / 2 {
             break Ok(());
         }
         if round >= cfg.max_rounds {
@@ -515,8 +519,8 @@ pub fn migrate_source<W: Write, R: Read>(
     }
     let samples = timeline.finish();
     let pause_s = log_start_s + (pause_at - log_start).as_secs_f64();
-    let before = phase(warm, at_log);
-    let during = phase(at_log, at_pause);
+    let before = phase(warm, at_log, &samples, 0.0, log_start_s);
+    let during = phase(at_log, at_pause, &samples, log_start_s, pause_s);
 
     // Verification against the frozen source memory.
     let slot_digests = source_digests(&vm);
@@ -623,16 +627,36 @@ fn counters(c: &s2mmu_vm::Control) -> (Instant, u64, u64) {
     )
 }
 
-/// The guest between two counter snapshots.
-fn phase(a: (Instant, u64, u64), b: (Instant, u64, u64)) -> Phase {
+/// The guest between two counter snapshots. The time per write is the
+/// median over the timeline's intervals in the phase when it has at least
+/// three (robust to a host that deschedules a vCPU now and then), else
+/// the phase's mean.
+fn phase(
+    a: (Instant, u64, u64),
+    b: (Instant, u64, u64),
+    samples: &[Sample],
+    from_s: f64,
+    to_s: f64,
+) -> Phase {
     let w = b.1.saturating_sub(a.1);
     let secs = (b.0 - a.0).as_secs_f64();
     if w == 0 || secs <= 0.0 {
         return Phase::default();
     }
+    let mut per: Vec<f64> = intervals(samples)
+        .iter()
+        .filter(|i| i.start_s >= from_s && i.end_s <= to_s)
+        .filter_map(|i| i.speed.map(|v| 1e9 / v))
+        .collect();
+    let ns_per_write = if per.len() >= 3 {
+        per.sort_by(f64::total_cmp);
+        per[per.len() / 2]
+    } else {
+        b.2.saturating_sub(a.2) as f64 / w as f64
+    };
     Phase {
         write_rate: w as f64 / secs,
-        ns_per_write: b.2.saturating_sub(a.2) as f64 / w as f64,
+        ns_per_write,
     }
 }
 
