@@ -28,9 +28,10 @@ pub struct DestConfig {
 /// What the destination did.
 #[derive(Clone, Debug, Default)]
 pub struct DestOutcome {
-    /// Page records received (pages sent more than once count each time).
+    /// Page records received up to END (pages sent more than once count
+    /// each time; the verification pass not included).
     pub page_records: u64,
-    /// Stream bytes received.
+    /// Stream bytes received up to END.
     pub bytes: u64,
     /// When the guest resumed.
     pub resumed_at: Option<Instant>,
@@ -88,6 +89,13 @@ fn receive_inner<R: Read, W: Write>(
     let mut page_hash = vec![0u64; page_count as usize];
     let mut state = None;
     let memory = vm.memory().clone();
+    // With verify-full, what the guest will resume from, read back from
+    // guest memory as each page lands (the guest does not run here before
+    // the resume, so at END it equals guest memory; keeping it up to date
+    // costs no downtime).
+    let mut snapshot = header
+        .verify_full
+        .then(|| vec![0u8; header.mem_size as usize]);
     loop {
         let at_byte = rd.pos;
         match rd.next_record()? {
@@ -95,6 +103,10 @@ fn receive_inner<R: Read, W: Write>(
                 let off = page_offset(&vm, gpa, at_byte)?;
                 if !memory.write_from(off, rd.page_data()) {
                     return Err(MigrateError::PageOutOfRange { gpa, at_byte });
+                }
+                if let Some(snap) = snapshot.as_mut() {
+                    let o = off as usize;
+                    memory.read_into(off, &mut snap[o..o + PAGE_SIZE]);
                 }
                 let i = (off / PAGE_SIZE as u64) as usize;
                 received[i / 64] |= 1 << (i % 64);
@@ -173,12 +185,6 @@ fn receive_inner<R: Read, W: Write>(
         },
         page_size: PAGE_SIZE as u64,
     };
-    // What the guest resumes from, kept for the byte comparison.
-    let snapshot = header.verify_full.then(|| {
-        let mut v = vec![0u8; header.mem_size as usize];
-        memory.read_into(0, &mut v);
-        v
-    });
     // Resume: vCPUs continue from the transferred state.
     let wl = Workload::start_at(vm.clone(), wl_cfg, &state.vcpus).map_err(|e| {
         MigrateError::Malformed {
@@ -200,6 +206,7 @@ fn receive_inner<R: Read, W: Write>(
     let mut w = WireWriter::replies(&mut reply);
     w.control(tag::RESUMED, &e.0)?;
     w.flush()?;
+    let (page_records, bytes) = (rd.pages, rd.pos);
     let mut verify_mismatches = None;
     if let Some(snapshot) = snapshot {
         let (bad, first) = compare_with_snapshot(&mut rd, &vm, &snapshot)?;
@@ -224,8 +231,8 @@ fn receive_inner<R: Read, W: Write>(
     let resumed_passes = wl.vcpu_states().iter().map(|s| s.pass).collect();
     drop(wl);
     Ok(DestOutcome {
-        page_records: rd.pages,
-        bytes: rd.pos,
+        page_records,
+        bytes,
         resumed_at: Some(resumed_at),
         slot_digests,
         verify_mismatches,
