@@ -247,7 +247,11 @@ pub fn migrate_source<W: Write, R: Read>(
     let wl = Workload::start(vm.clone(), cfg.vcpus, wl_cfg).map_err(MigrateError::Setup)?;
     // The guest has been running: every page touched once.
     wl.run_pass(|| {}).map_err(MigrateError::Setup)?;
-    let pace = cfg.dirty_rate / page / cfg.vcpus as u64;
+    // 0 is unpaced: a rate below a page per second per vCPU is one.
+    let pace = match cfg.dirty_rate {
+        0 => 0,
+        r => (r / page / cfg.vcpus as u64).max(1),
+    };
     let ctl = wl.control().clone();
     ctl.pace_pages_per_sec.store(pace, Ordering::Relaxed);
     let timeline = Timeline::start(ctl.clone(), cfg.sample_every);
