@@ -93,9 +93,20 @@ fn receive_inner<R: Read, W: Write>(
     // guest memory as each page lands (the guest does not run here before
     // the resume, so at END it equals guest memory; keeping it up to date
     // costs no downtime).
-    let mut snapshot = header
-        .verify_full
-        .then(|| vec![0u8; header.mem_size as usize]);
+    let mut snapshot = match header.verify_full {
+        true => {
+            let n = header.mem_size as usize;
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                MigrateError::Setup(format!(
+                    "no memory for a {n}-byte copy of the guest (--verify-full)"
+                ))
+            })?;
+            v.resize(n, 0u8);
+            Some(v)
+        }
+        false => None,
+    };
     loop {
         let at_byte = rd.pos;
         match rd.next_record()? {

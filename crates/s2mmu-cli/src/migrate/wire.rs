@@ -36,6 +36,9 @@ pub const MAGIC: [u8; 8] = *b"S2MMIGR\0";
 pub const VERSION: u16 = 1;
 /// Guest page size of the stream.
 pub const PAGE_SIZE: usize = 4096;
+/// The largest guest this build migrates (the destination keeps a hash
+/// per page, and with verify-full a copy of all memory).
+pub const MAX_MEM: u64 = 64 << 30;
 /// Bytes a page record takes on the wire.
 pub const PAGE_RECORD_BYTES: u64 = 1 + 8 + 8 + PAGE_SIZE as u64;
 
@@ -224,8 +227,10 @@ impl Header {
             return Err(d.malformed(format!("unknown flags {flags:#04x}")));
         }
         d.finish()?;
-        if mem_size == 0 || !mem_size.is_multiple_of(PAGE_SIZE as u64) || mem_size > 1 << 40 {
-            return Err(d.malformed(format!("guest memory of {mem_size} bytes")));
+        if mem_size == 0 || !mem_size.is_multiple_of(PAGE_SIZE as u64) || mem_size > MAX_MEM {
+            return Err(d.malformed(format!(
+                "guest memory of {mem_size} bytes (whole pages, at most {MAX_MEM})"
+            )));
         }
         Ok(Header {
             mem_size,
@@ -575,4 +580,104 @@ fn fill_from<R: Read>(
     }
     *pos += got as u64;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        Header {
+            mem_size: 1 << 20,
+            slots: 2,
+            gpa_base: 1 << 32,
+            backing: "anonymous".into(),
+            verify_full: true,
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let mut w = WireWriter::new(Vec::new(), &header()).unwrap();
+        let page = [0x5au8; PAGE_SIZE];
+        let h = w.page(1 << 32, &page).unwrap();
+        w.control(tag::ROUND, &[1, 2, 3]).unwrap();
+        w.end().unwrap();
+        let bytes = std::mem::take(w.get_mut());
+        let (mut r, got) = WireReader::new(&bytes[..]).unwrap();
+        assert_eq!(got, header());
+        assert_eq!(
+            r.next_record().unwrap(),
+            Record::Page {
+                gpa: 1 << 32,
+                hash: h
+            }
+        );
+        assert_eq!(r.page_data()[..], page[..]);
+        match r.next_record().unwrap() {
+            Record::Control { tag: t, body, .. } => {
+                assert_eq!((t, body), (tag::ROUND, vec![1, 2, 3]))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            r.next_record().unwrap(),
+            Record::Control { tag: tag::END, .. }
+        ));
+        assert!(matches!(
+            r.next_record(),
+            Err(MigrateError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_headers_are_named() {
+        let w = WireWriter::new(Vec::new(), &header()).unwrap();
+        let good = w.w;
+        let mut bad = good.clone();
+        bad[0] = b'X';
+        assert!(matches!(
+            WireReader::new(&bad[..]),
+            Err(MigrateError::BadMagic { .. })
+        ));
+        let mut bad = good.clone();
+        bad[15] ^= 1;
+        assert!(matches!(
+            WireReader::new(&bad[..]),
+            Err(MigrateError::RecordChecksum {
+                record: "header",
+                ..
+            })
+        ));
+        assert!(matches!(
+            WireReader::new(&good[..good.len() - 1]),
+            Err(MigrateError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn state_round_trips_and_rejects_nonsense() {
+        let s = GuestState {
+            bytes_per_vcpu: 1 << 20,
+            write_percent: 100,
+            pattern: 0,
+            pace_pages_per_sec: 8192,
+            vcpus: vec![VcpuState {
+                pass: 3,
+                next_page: 7,
+                rng: 99,
+                writes: 1000,
+            }],
+        };
+        assert_eq!(GuestState::decode(&s.encode(), 0).unwrap(), s);
+        let mut b = s.encode();
+        b.pop();
+        assert!(matches!(
+            GuestState::decode(&b, 0),
+            Err(MigrateError::Malformed {
+                record: "STATE",
+                ..
+            })
+        ));
+    }
 }
