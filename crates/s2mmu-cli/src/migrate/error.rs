@@ -39,7 +39,7 @@ pub enum MigrateError {
     NotConverged {
         rounds: u32,
         dirty_rate_mib_s: f64,
-        guest_write_mib_s: f64,
+        guest_writes_per_s: f64,
         bandwidth_mib_s: f64,
         remaining_mib: f64,
         max_downtime_ms: f64,
@@ -111,13 +111,13 @@ impl fmt::Display for MigrateError {
             NotConverged {
                 rounds,
                 dirty_rate_mib_s,
-                guest_write_mib_s,
+                guest_writes_per_s,
                 bandwidth_mib_s,
                 remaining_mib,
                 max_downtime_ms,
             } => write!(
                 f,
-                "did not converge: dirty rate {dirty_rate_mib_s:.1} MiB/s (guest writes {guest_write_mib_s:.1} MiB/s) against bandwidth {bandwidth_mib_s:.1} MiB/s after {rounds} rounds; {remaining_mib:.1} MiB would remain for a {max_downtime_ms:.0} ms downtime budget. The source guest keeps running; the destination was not resumed"
+                "did not converge: dirty rate {dirty_rate_mib_s:.1} MiB/s (the guest writes {guest_writes_per_s:.0} times a second) against bandwidth {bandwidth_mib_s:.1} MiB/s after {rounds} rounds; {remaining_mib:.1} MiB would remain for a {max_downtime_ms:.0} ms downtime budget. The source guest keeps running; the destination was not resumed"
             ),
             Aborted { reason } => write!(f, "the source aborted the migration: {reason}"),
             Rejected { reason } => write!(f, "the destination rejected the migration: {reason}"),

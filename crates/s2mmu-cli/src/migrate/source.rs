@@ -354,13 +354,13 @@ pub fn migrate_source<W: Write, R: Read>(
         };
         if cfg.progress {
             eprintln!(
-                "{}round {round:>2}: sent {pages:>7} pages ({:>7.1} MiB) in {:>7.1} ms at {:>7.1} MiB/s; guest dirtied {dirty:>6} pages ({:>6.1} MiB/s; writes {:>6.1} MiB/s); est. downtime {:>6.1} ms{}",
+                "{}round {round:>2}: sent {pages:>7} pages ({:>7.1} MiB) in {:>7.1} ms at {:>7.1} MiB/s; guest dirtied {dirty:>6} pages ({:>6.1} MiB/s; {:>9.0} guest writes/s); est. downtime {:>6.1} ms{}",
                 cfg.label,
                 bytes as f64 / MIB,
                 (t1 - t0).as_secs_f64() * 1e3,
                 stat.bandwidth / MIB,
                 dirty_rate / MIB,
-                guest_pages_per_s * page as f64 / MIB,
+                guest_pages_per_s,
                 est.as_secs_f64() * 1e3,
                 match (throttle_pct, cfg.converge) {
                     (0, Converge::DirtyLimit) if stat.pace != pace => format!("; dirty limit {:.1} MiB/s", (stat.pace * page * cfg.vcpus as u64) as f64 / MIB),
@@ -380,7 +380,7 @@ pub fn migrate_source<W: Write, R: Read>(
             break Err(MigrateError::NotConverged {
                 rounds: round + 1,
                 dirty_rate_mib_s: dirty_rate / MIB,
-                guest_write_mib_s: guest_pages_per_s * page as f64 / MIB,
+                guest_writes_per_s: guest_pages_per_s,
                 bandwidth_mib_s: bandwidth / MIB,
                 remaining_mib: remaining as f64 / MIB,
                 max_downtime_ms: cfg.max_downtime.as_secs_f64() * 1e3,
