@@ -5,9 +5,10 @@
 
 mod dirty_log_perf;
 mod memslot_perf;
-mod report;
 mod reproduce;
 mod split_perf;
+
+use s2mmu_cli::{migrate, report};
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -33,6 +34,8 @@ enum Cmd {
     MemslotPerf(memslot_perf::Args),
     /// Runs every seed's experiment and writes a report next to the published figures.
     Reproduce(reproduce::Params),
+    /// Pre-copy live migration of a running guest over TCP (in one process, or --listen/--to).
+    Migrate(migrate::Params),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
         Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
+        Cmd::Migrate(p) => migrate::main(p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

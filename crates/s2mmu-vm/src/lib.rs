@@ -18,4 +18,6 @@ pub use memory::{Backing, GuestMemory, MemoryError};
 pub use tlb::{ShootdownStats, SoftTlb, TlbShootdown, TlbStats};
 pub use vcpu::{Vcpu, VcpuExit};
 pub use vm::{SlotInfo, Vm, VmConfig, VmError, VmMmu};
-pub use workload::{stamp, Control, LiveCounters, Pattern, Workload, WorkloadConfig, LIVE_EVERY};
+pub use workload::{
+    stamp, Control, LiveCounters, Pattern, VcpuState, Workload, WorkloadConfig, LIVE_EVERY,
+};

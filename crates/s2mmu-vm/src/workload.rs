@@ -60,11 +60,16 @@ pub struct LiveCounters {
     pub tlb_fills: AtomicU64,
     /// Invalidation requests the vCPU applied.
     pub tlb_flushes: AtomicU64,
+    /// Nanoseconds spent executing guest accesses (faults included;
+    /// throttle, pacing sleeps and pauses excluded): writes per guest
+    /// nanosecond is the guest's speed, whatever its pacing.
+    pub guest_ns: AtomicU64,
 }
 
 impl LiveCounters {
-    fn publish<S: MemslotStore>(&self, vcpu: &Vcpu<S>, writes: u64) {
+    fn publish<S: MemslotStore>(&self, vcpu: &Vcpu<S>, writes: u64, guest_ns: u64) {
         let t = vcpu.tlb().stats();
+        self.guest_ns.store(guest_ns, Ordering::Relaxed);
         self.accesses.store(vcpu.accesses, Ordering::Relaxed);
         self.writes.store(writes, Ordering::Relaxed);
         self.faults.store(vcpu.faults, Ordering::Relaxed);
@@ -94,8 +99,17 @@ pub struct Control {
     /// Live counters of each vCPU, updated every [`LIVE_EVERY`] accesses
     /// and at the end of every pass: for throughput timelines.
     pub live: Vec<LiveCounters>,
-    /// Delay per page in nanoseconds (0 = none): the throttle.
+    /// Delay per page in nanoseconds (0 = none): the throttle, served in
+    /// sleeps of at least a millisecond outside guest mode.
     pub throttle_ns: AtomicU64,
+    /// Pages per second each vCPU accesses at most (0 = as fast as it
+    /// can): a guest that dirties memory at a set rate. vCPUs that are
+    /// ahead of it sleep outside guest mode; lowering it is QEMU's
+    /// dirty-limit.
+    pub pace_pages_per_sec: AtomicU64,
+    /// Where each vCPU is: saved whenever it stops for a pause and at the
+    /// end of each pass, so a paused workload can be resumed elsewhere.
+    states: Mutex<Vec<VcpuState>>,
     /// Percent of accesses that are writes, read at the start of each pass
     /// (starts as the configuration's).
     pub write_percent: AtomicU64,
@@ -121,6 +135,8 @@ impl Control {
             pages_written: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
             live: (0..vcpus).map(|_| LiveCounters::default()).collect(),
             throttle_ns: AtomicU64::new(0),
+            pace_pages_per_sec: AtomicU64::new(0),
+            states: Mutex::new(vec![VcpuState::default(); vcpus]),
             write_percent: AtomicU64::new(100),
             random: AtomicBool::new(false),
             pass_times: Mutex::new(vec![Vec::new(); vcpus]),
@@ -129,6 +145,20 @@ impl Control {
             ring_full_wait_ns: AtomicU64::new(0),
         }
     }
+}
+
+/// Where a vCPU is in its workload: the architectural state a migration
+/// carries to resume it on the destination.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VcpuState {
+    /// The pass it is in (1-based; passes before it are complete).
+    pub pass: u64,
+    /// Index of the next access in that pass.
+    pub next_page: u64,
+    /// Its random generator's state.
+    pub rng: u64,
+    /// Guest writes it has made in total.
+    pub writes: u64,
 }
 
 /// vCPU threads running a workload on a VM.
@@ -148,6 +178,41 @@ impl<S: MemslotStore + 'static> Workload<S> {
     /// A message when the regions do not fit the VM's memory or a vCPU
     /// cannot be created.
     pub fn start(vm: Arc<Vm<S>>, vcpus: usize, config: WorkloadConfig) -> Result<Self, String> {
+        Self::start_inner(vm, vcpus, config, None)
+    }
+
+    /// Starts vCPU threads that continue from `states` (one per vCPU, as
+    /// [`Workload::vcpu_states`] returned them on another VM): the resume
+    /// of a migrated guest. Call [`Workload::run_free`] to let them run;
+    /// pass counts continue from the saved ones.
+    ///
+    /// # Errors
+    /// As [`Workload::start`], or when a state does not fit the workload.
+    pub fn start_at(
+        vm: Arc<Vm<S>>,
+        config: WorkloadConfig,
+        states: &[VcpuState],
+    ) -> Result<Self, String> {
+        let pages = config.bytes_per_vcpu / config.page_size.max(1);
+        if let Some((i, s)) = states
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.pass == 0 || s.next_page > pages)
+        {
+            return Err(format!(
+                "vCPU {i} state (pass {}, page {}) does not fit a workload of {pages} pages per vCPU",
+                s.pass, s.next_page
+            ));
+        }
+        Self::start_inner(vm, states.len(), config, Some(states))
+    }
+
+    fn start_inner(
+        vm: Arc<Vm<S>>,
+        vcpus: usize,
+        config: WorkloadConfig,
+        resume: Option<&[VcpuState]>,
+    ) -> Result<Self, String> {
         let need = config.bytes_per_vcpu * vcpus as u64;
         if vcpus == 0
             || config.bytes_per_vcpu < config.page_size
@@ -161,6 +226,13 @@ impl<S: MemslotStore + 'static> Workload<S> {
             ));
         }
         let control = Arc::new(Control::new(vcpus));
+        if let Some(states) = resume {
+            for (i, s) in states.iter().enumerate() {
+                control.done[i].store(s.pass - 1, Ordering::Relaxed);
+                control.pages_written[i].store(s.writes, Ordering::Relaxed);
+            }
+            control.states.lock().unwrap().copy_from_slice(states);
+        }
         control
             .write_percent
             .store(u64::from(config.write_percent), Ordering::Relaxed);
@@ -172,9 +244,10 @@ impl<S: MemslotStore + 'static> Workload<S> {
             let mut vcpu = vm.new_vcpu().map_err(|e| e.to_string())?;
             let control = control.clone();
             let base = vm.config().gpa_base + i as u64 * config.bytes_per_vcpu;
+            let start = resume.map(|s| s[i]);
             let h = std::thread::Builder::new()
                 .name(format!("vcpu{i}"))
-                .spawn(move || vcpu_thread(&mut vcpu, i, base, config, &control))
+                .spawn(move || vcpu_thread(&mut vcpu, i, base, config, &control, start))
                 .map_err(|e| e.to_string())?;
             threads.push(h);
         }
@@ -264,6 +337,12 @@ impl<S: MemslotStore + 'static> Workload<S> {
         self.control.free_running.store(false, Ordering::Release);
     }
 
+    /// Where each vCPU is. Exact while the workload is paused
+    /// ([`Workload::pause`]); otherwise as of its last stop or pass end.
+    pub fn vcpu_states(&self) -> Vec<VcpuState> {
+        self.control.states.lock().unwrap().clone()
+    }
+
     /// Passes completed by each vCPU.
     pub fn passes_done(&self) -> Vec<u64> {
         self.control
@@ -323,17 +402,78 @@ impl Rng {
     }
 }
 
+/// Keeps a vCPU at its pace: pages per second from a start instant.
+struct Pacer {
+    rate: u64,
+    since: Instant,
+    pages: u64,
+}
+
+impl Pacer {
+    /// How long to sleep before the next access (None: on time or behind).
+    /// A vCPU that fell far behind (paused, throttled) does not burst to
+    /// catch up: its schedule restarts.
+    fn delay(&mut self, rate: u64) -> Option<Duration> {
+        if rate != self.rate {
+            *self = Pacer {
+                rate,
+                since: Instant::now(),
+                pages: 0,
+            };
+        }
+        if rate == 0 {
+            return None;
+        }
+        self.pages += 1;
+        let due =
+            self.since + Duration::from_nanos(self.pages.saturating_mul(1_000_000_000) / rate);
+        let now = Instant::now();
+        if due > now {
+            Some(due - now)
+        } else {
+            if now - due > Duration::from_millis(50) {
+                self.since = now;
+                self.pages = 0;
+            }
+            None
+        }
+    }
+}
+
 fn vcpu_thread<S: MemslotStore>(
     vcpu: &mut Vcpu<S>,
     idx: usize,
     base: u64,
     cfg: WorkloadConfig,
     c: &Control,
+    resume: Option<VcpuState>,
 ) {
     let pages = cfg.bytes_per_vcpu / cfg.page_size;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((idx as u64 + 1) * 0x1000_0001));
     let mut pass = 0u64;
     let mut total_writes = 0u64;
+    let mut first_page = 0u64;
+    if let Some(s) = resume {
+        pass = s.pass - 1;
+        first_page = s.next_page;
+        rng.0 = s.rng;
+        total_writes = s.writes;
+    }
+    let mut guest_ns = 0u64;
+    let mut owed_ns = 0u64;
+    let mut pacer = Pacer {
+        rate: 0,
+        since: Instant::now(),
+        pages: 0,
+    };
+    let save = |pass: u64, next_page: u64, rng: u64, writes: u64| {
+        c.states.lock().unwrap()[idx] = VcpuState {
+            pass,
+            next_page,
+            rng,
+            writes,
+        };
+    };
     loop {
         // Wait (outside guest mode) until the host asks for another pass.
         let mut spins = 0u32;
@@ -358,16 +498,23 @@ fn vcpu_thread<S: MemslotStore>(
         }
         pass += 1;
         let t0 = Instant::now();
-        let throttle = c.throttle_ns.load(Ordering::Relaxed);
+        let mut mark = t0;
         let write_percent = c.write_percent.load(Ordering::Relaxed);
         let random = c.random.load(Ordering::Relaxed);
         let mut written = 0u64;
-        for i in 0..pages {
+        for i in std::mem::take(&mut first_page)..pages {
+            if c.paused.load(Ordering::Relaxed) {
+                guest_ns += mark.elapsed().as_nanos() as u64;
+                save(pass, i, rng.0, total_writes + written);
+                c.live[idx].publish(vcpu, total_writes + written, guest_ns);
+                if !park(vcpu, idx, c) {
+                    return;
+                }
+                mark = Instant::now();
+            }
+            let rng_at_access = rng.0;
             let page = if random { rng.next() % pages } else { i };
             let gpa = base + page * cfg.page_size;
-            if c.paused.load(Ordering::Relaxed) && !park(vcpu, idx, c) {
-                return;
-            }
             let write = write_percent >= 100 || (rng.next() % 100) < write_percent;
             loop {
                 let r = if write {
@@ -381,6 +528,10 @@ fn vcpu_thread<S: MemslotStore>(
                         // KVM_EXIT_DIRTY_RING_FULL: stay out until reset,
                         // not counted as running (a pause must not wait).
                         let w = Instant::now();
+                        guest_ns += (w - mark).as_nanos() as u64;
+                        // The access is redone after the reset: a pause
+                        // meanwhile must resume it, not the next one.
+                        save(pass, i, rng_at_access, total_writes + written);
                         c.running[idx].store(false, Ordering::SeqCst);
                         while vcpu.ring_full() && !c.stop.load(Ordering::Acquire) {
                             std::thread::sleep(Duration::from_micros(20));
@@ -390,6 +541,7 @@ fn vcpu_thread<S: MemslotStore>(
                         if !park(vcpu, idx, c) {
                             return;
                         }
+                        mark = Instant::now();
                     }
                     Err(e) => {
                         c.errors.lock().unwrap().push(format!("vCPU {idx}: {e}"));
@@ -402,20 +554,59 @@ fn vcpu_thread<S: MemslotStore>(
             }
             written += u64::from(write);
             if vcpu.accesses.is_multiple_of(LIVE_EVERY) {
-                c.live[idx].publish(vcpu, total_writes + written);
+                let now = Instant::now();
+                guest_ns += (now - mark).as_nanos() as u64;
+                mark = now;
+                c.live[idx].publish(vcpu, total_writes + written, guest_ns);
             }
+            // Read per page: a migration raises it mid-pass.
+            let throttle = c.throttle_ns.load(Ordering::Relaxed);
             if throttle > 0 {
-                vcpu.exit();
-                let until = Instant::now() + Duration::from_nanos(throttle);
-                while Instant::now() < until {
-                    std::hint::spin_loop();
+                // The throttle is owed per page and served in sleeps of at
+                // least a millisecond outside guest mode (as QEMU's
+                // auto-converge sleeps vCPUs), so a throttled vCPU leaves
+                // the CPU to the host and a pause need not wait for it.
+                owed_ns += throttle;
+                if owed_ns >= 1_000_000 {
+                    vcpu.exit();
+                    let now = Instant::now();
+                    guest_ns += (now - mark).as_nanos() as u64;
+                    save(pass, i + 1, rng.0, total_writes + written);
+                    c.running[idx].store(false, Ordering::SeqCst);
+                    let nap = Duration::from_nanos(std::mem::take(&mut owed_ns));
+                    std::thread::sleep(nap);
+                    // A throttled vCPU does not catch up with its pace.
+                    pacer.since += nap;
+                    if !park(vcpu, idx, c) {
+                        return;
+                    }
+                    mark = Instant::now();
+                }
+            }
+            if let Some(d) = pacer.delay(c.pace_pages_per_sec.load(Ordering::Relaxed)) {
+                // Ahead of the pace: sleep outside guest mode, where a
+                // pause need not wait for it. Sleeps shorter than the
+                // timer's slack are batched.
+                if d >= Duration::from_micros(200) {
+                    vcpu.exit();
+                    let now = Instant::now();
+                    guest_ns += (now - mark).as_nanos() as u64;
+                    save(pass, i + 1, rng.0, total_writes + written);
+                    c.running[idx].store(false, Ordering::SeqCst);
+                    std::thread::sleep(d);
+                    if !park(vcpu, idx, c) {
+                        return;
+                    }
+                    mark = Instant::now();
                 }
             }
         }
         vcpu.exit();
-        c.running[idx].store(false, Ordering::SeqCst);
+        guest_ns += mark.elapsed().as_nanos() as u64;
         total_writes += written;
-        c.live[idx].publish(vcpu, total_writes);
+        save(pass + 1, 0, rng.0, total_writes);
+        c.running[idx].store(false, Ordering::SeqCst);
+        c.live[idx].publish(vcpu, total_writes, guest_ns);
         c.pages_written[idx].fetch_add(written, Ordering::Relaxed);
         c.pass_times.lock().unwrap()[idx].push(t0.elapsed());
         c.fault_stats.lock().unwrap()[idx] = vcpu.fault_stats();

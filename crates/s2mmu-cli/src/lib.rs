@@ -1,0 +1,5 @@
+//! The library half of the `s2mmu` command: what integration tests reach.
+//! The subcommands that are only benchmarks live in the binary.
+
+pub mod migrate;
+pub mod report;

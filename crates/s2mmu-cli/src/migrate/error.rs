@@ -1,0 +1,129 @@
+//! Why a migration failed: every variant names what was wrong and where.
+
+use std::fmt;
+
+/// A failed migration.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MigrateError {
+    /// A socket or file operation failed.
+    Io { what: String, error: String },
+    /// The stream ended before it was complete.
+    Truncated { at_byte: u64, inside: &'static str },
+    /// The stream does not start with this format's magic.
+    BadMagic { found: [u8; 8] },
+    /// The stream's format version is not the one this build reads.
+    Version { found: u16, supported: u16 },
+    /// A page's checksum does not match its data.
+    PageChecksum { gpa: u64, at_byte: u64 },
+    /// A record's checksum does not match its contents.
+    RecordChecksum { record: &'static str, at_byte: u64 },
+    /// A record tag this format does not have.
+    UnknownRecord { tag: u8, at_byte: u64 },
+    /// A record whose contents do not make sense.
+    Malformed {
+        record: &'static str,
+        at_byte: u64,
+        why: String,
+    },
+    /// A page outside the destination's guest memory.
+    PageOutOfRange { gpa: u64, at_byte: u64 },
+    /// The stream ended properly but some guest pages never arrived.
+    Incomplete {
+        missing_pages: u64,
+        first_missing_gpa: u64,
+    },
+    /// After the migration, a slot of the destination differs from the
+    /// source's.
+    MemoryMismatch { slot: u16, detail: String },
+    /// Pre-copy could not reach the downtime budget.
+    NotConverged {
+        rounds: u32,
+        dirty_rate_mib_s: f64,
+        guest_writes_per_s: f64,
+        bandwidth_mib_s: f64,
+        remaining_mib: f64,
+        max_downtime_ms: f64,
+    },
+    /// The source gave up and told the destination.
+    Aborted { reason: String },
+    /// The destination refused the stream and told the source.
+    Rejected { reason: String },
+    /// Options or the VM could not be set up.
+    Setup(String),
+}
+
+impl MigrateError {
+    /// An I/O error while doing `what`.
+    pub fn io(what: impl Into<String>, e: &std::io::Error) -> Self {
+        MigrateError::Io {
+            what: what.into(),
+            error: e.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for MigrateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use MigrateError::*;
+        match self {
+            Io { what, error } => write!(f, "{what}: {error}"),
+            Truncated { at_byte, inside } => {
+                write!(f, "truncated stream at byte {at_byte} (inside {inside})")
+            }
+            BadMagic { found } => write!(
+                f,
+                "not an s2mmu migration stream: magic {:?}",
+                String::from_utf8_lossy(found)
+            ),
+            Version { found, supported } => write!(
+                f,
+                "stream format version mismatch: stream is version {found}, this build reads version {supported}"
+            ),
+            PageChecksum { gpa, at_byte } => {
+                write!(f, "checksum mismatch for the page at gpa {gpa:#x} (stream byte {at_byte})")
+            }
+            RecordChecksum { record, at_byte } => {
+                write!(f, "checksum mismatch in the {record} record at stream byte {at_byte}")
+            }
+            UnknownRecord { tag, at_byte } => {
+                write!(f, "corrupt stream: unknown record tag {tag:#04x} at byte {at_byte}")
+            }
+            Malformed {
+                record,
+                at_byte,
+                why,
+            } => write!(f, "malformed {record} record at stream byte {at_byte}: {why}"),
+            PageOutOfRange { gpa, at_byte } => write!(
+                f,
+                "page at gpa {gpa:#x} (stream byte {at_byte}) is outside the guest's memory"
+            ),
+            Incomplete {
+                missing_pages,
+                first_missing_gpa,
+            } => write!(
+                f,
+                "incomplete memory: {missing_pages} pages never arrived (first at gpa {first_missing_gpa:#x}); the guest is not resumed"
+            ),
+            MemoryMismatch { slot, detail } => write!(
+                f,
+                "VERIFICATION FAILED: destination memory differs from source in slot {slot}: {detail}"
+            ),
+            NotConverged {
+                rounds,
+                dirty_rate_mib_s,
+                guest_writes_per_s,
+                bandwidth_mib_s,
+                remaining_mib,
+                max_downtime_ms,
+            } => write!(
+                f,
+                "did not converge: dirty rate {dirty_rate_mib_s:.1} MiB/s (the guest writes {guest_writes_per_s:.0} times a second) against bandwidth {bandwidth_mib_s:.1} MiB/s after {rounds} rounds; {remaining_mib:.1} MiB would remain for a {max_downtime_ms:.0} ms downtime budget. The source guest keeps running; the destination was not resumed"
+            ),
+            Aborted { reason } => write!(f, "the source aborted the migration: {reason}"),
+            Rejected { reason } => write!(f, "the destination rejected the migration: {reason}"),
+            Setup(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+impl std::error::Error for MigrateError {}

@@ -1,0 +1,652 @@
+//! `s2mmu migrate`: a pre-copy live migration of a running guest over TCP.
+//!
+//! By default the source and the destination run in one process (two
+//! threads over loopback TCP); `--listen ADDR` runs only a destination
+//! and `--to ADDR` only a source, for two processes. The stream is our own
+//! versioned format ([`wire`]) with a checksum on every page and record;
+//! the destination resumes the guest only from a complete, valid stream
+//! ([`dest`]), and the source then checks the destination's memory against
+//! its own ([`source`]).
+
+pub mod bandwidth;
+pub mod dest;
+pub mod error;
+pub mod hash;
+pub mod plot;
+pub mod source;
+pub mod timeline;
+pub mod wire;
+
+use crate::report::{human_bytes, parse_size, Report};
+use dest::{receive, DestConfig, DestOutcome};
+use error::MigrateError;
+use s2mmu::mmu::{FaultPath, MmuPolicy};
+use s2mmu_vm::{Backing, Pattern};
+use serde_json::json;
+use source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::time::Duration;
+
+/// Access pattern option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatternArg {
+    /// Every page of a vCPU's region in turn (memstress).
+    Sequential,
+    /// Pages at random in the region.
+    Random,
+}
+
+/// Harvest option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HarvestArg {
+    /// Dirty bitmap: GET per round, CLEAR per chunk before sending it.
+    Bitmap,
+    /// Per-vCPU dirty rings.
+    Ring,
+}
+
+/// Split option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitArg {
+    /// Split huge mappings when logging starts.
+    Eager,
+    /// Split them on the first write fault.
+    OnFault,
+}
+
+/// Convergence option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvergeArg {
+    /// Throttle the vCPUs (QEMU auto-converge).
+    Auto,
+    /// Cap each vCPU's dirty rate (QEMU dirty-limit).
+    DirtyLimit,
+    /// No help: fail at the round limit.
+    None,
+}
+
+/// Options of `s2mmu migrate`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Params {
+    /// Guest memory (K/M/G suffixes).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub mem: u64,
+    /// vCPUs running the workload.
+    #[arg(short = 'v', long, default_value_t = 2)]
+    pub vcpus: usize,
+    /// Backing of guest memory (selftests' names).
+    #[arg(short = 's', long, default_value = "anonymous_thp")]
+    pub backing: String,
+    /// Memslots.
+    #[arg(short = 'x', long, default_value_t = 1)]
+    pub slots: u32,
+    /// Bytes per second the guest dirties, all vCPUs together (0: as fast as it can).
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub dirty_rate: u64,
+    /// The guest's access pattern.
+    #[arg(long, value_enum, default_value = "sequential")]
+    pub pattern: PatternArg,
+    /// How dirty pages are collected.
+    #[arg(long, value_enum, default_value = "bitmap")]
+    pub harvest: HarvestArg,
+    /// Entries of each vCPU's dirty ring (with --harvest ring).
+    #[arg(long, default_value_t = 4096)]
+    pub ring_entries: u32,
+    /// Bytes cleared per CLEAR_DIRTY_LOG call (with --harvest bitmap).
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub clear_chunk: u64,
+    /// MMU policy: write-lock faults and split on fault (MmuPolicy::baseline) instead of the read-lock fast path and eager split.
+    #[arg(long)]
+    pub baseline: bool,
+    /// When huge mappings are split (default: the policy's).
+    #[arg(long, value_enum)]
+    pub split: Option<SplitArg>,
+    /// Downtime budget (e.g. 300ms, 1s); pre-copy stops once the rest is estimated to take half of it.
+    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    pub max_downtime: Duration,
+    /// Pre-copy rounds after the first before giving up.
+    #[arg(long, default_value_t = 30)]
+    pub max_rounds: u32,
+    /// Link limit in bytes per second (K/M/G suffixes; 0: none).
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub bandwidth: u64,
+    /// Convergence help when the guest dirties faster than the link drains.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub converge: ConvergeArg,
+    /// Also compare all of memory byte for byte after the resume.
+    #[arg(long)]
+    pub verify_full: bool,
+    /// How long the guest runs before logging starts.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// How long the destination runs the resumed guest.
+    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    pub run_after: Duration,
+    /// SVG plot file ("" for none).
+    #[arg(long, default_value = "s2mmu-migrate.svg")]
+    pub plot: String,
+    /// Run only a destination, listening on ADDR (host:port).
+    #[arg(long, value_name = "ADDR", conflicts_with = "to")]
+    pub listen: Option<String>,
+    /// Run only a source, migrating to the destination at ADDR.
+    #[arg(long, value_name = "ADDR")]
+    pub to: Option<String>,
+    /// Migrate twice, with MmuPolicy::default() and MmuPolicy::baseline(), and compare the guest slowdowns.
+    #[arg(long, conflicts_with_all = ["listen", "to", "baseline"])]
+    pub compare_policies: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `300ms`, `1.5s`, `250us` or a plain number of milliseconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        (t.as_str(), 1e-3)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration '{s}': expected e.g. 300ms, 1.5s or 250us"))?;
+    if !v.is_finite() || v < 0.0 || v * scale > 86_400.0 {
+        return Err(format!("duration '{s}' is out of range"));
+    }
+    Ok(Duration::from_secs_f64(v * scale))
+}
+
+impl Params {
+    /// The MMU policy these options ask for.
+    pub fn policy(&self, baseline: bool) -> MmuPolicy {
+        let mut p = if baseline {
+            MmuPolicy::baseline()
+        } else {
+            MmuPolicy::default()
+        };
+        match self.split {
+            Some(SplitArg::Eager) => p.eager_split_chunk = Some(1 << 30),
+            Some(SplitArg::OnFault) => p.eager_split_chunk = None,
+            None => {}
+        }
+        p
+    }
+
+    /// The source's configuration.
+    ///
+    /// # Errors
+    /// A message naming the bad option.
+    pub fn source_config(&self, baseline: bool) -> Result<SourceConfig, String> {
+        let backing = Backing::parse(&self.backing)?;
+        if self.vcpus == 0 || self.vcpus > 256 {
+            return Err(format!("-v {}: use 1 to 256 vCPUs", self.vcpus));
+        }
+        if self.ring_entries < 64 || !self.ring_entries.is_power_of_two() {
+            return Err(format!(
+                "--ring-entries {}: use a power of two of at least 64",
+                self.ring_entries
+            ));
+        }
+        Ok(SourceConfig {
+            mem_size: self.mem,
+            vcpus: self.vcpus,
+            backing,
+            slots: self.slots,
+            policy: self.policy(baseline),
+            harvest: match self.harvest {
+                HarvestArg::Bitmap => Harvest::Bitmap,
+                HarvestArg::Ring => Harvest::Ring,
+            },
+            ring_entries: self.ring_entries,
+            clear_chunk: self.clear_chunk,
+            dirty_rate: self.dirty_rate,
+            pattern: match self.pattern {
+                PatternArg::Sequential => Pattern::Sequential,
+                PatternArg::Random => Pattern::Random,
+            },
+            max_downtime: self.max_downtime,
+            max_rounds: self.max_rounds,
+            bandwidth: self.bandwidth,
+            converge: match self.converge {
+                ConvergeArg::Auto => Converge::Auto,
+                ConvergeArg::DirtyLimit => Converge::DirtyLimit,
+                ConvergeArg::None => Converge::None,
+            },
+            verify_full: self.verify_full,
+            warmup: self.warmup,
+            sample_every: Duration::from_millis(50),
+            progress: true,
+            label: String::new(),
+        })
+    }
+}
+
+/// Runs a whole migration in this process: a destination thread listening
+/// on a loopback port and the source connecting to it.
+///
+/// # Errors
+/// The source's error when it failed (the destination's then follows from
+/// it), otherwise the destination's.
+pub fn migrate_in_process(
+    cfg: &SourceConfig,
+    dest: &DestConfig,
+) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
+    let dcfg = dest.clone();
+    let dest_thread = std::thread::Builder::new()
+        .name("migrate-dest".into())
+        .spawn(move || {
+            let (s, _) = listener
+                .accept()
+                .map_err(|e| MigrateError::io("accepting the source", &e))?;
+            receive(&s, &dcfg)
+        })
+        .map_err(|e| MigrateError::io("starting the destination thread", &e))?;
+    let src = TcpStream::connect(addr)
+        .map_err(|e| MigrateError::io(format!("connecting to {addr}"), &e))
+        .and_then(|stream| {
+            let _ = stream.set_nodelay(true);
+            let r = migrate_source(cfg, &stream, &stream);
+            if r.is_err() {
+                let _ = stream.shutdown(Shutdown::Write);
+            }
+            r
+        });
+    let dst = dest_thread.join().unwrap_or_else(|_| {
+        Err(MigrateError::Setup(
+            "the destination thread panicked".into(),
+        ))
+    });
+    match (src, dst) {
+        (Ok(s), Ok(d)) => Ok((s, d)),
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+    }
+}
+
+/// `s2mmu migrate`.
+///
+/// # Errors
+/// Why the migration failed (the process then exits nonzero).
+pub fn main(p: Params) -> Result<(), String> {
+    if let Some(addr) = &p.listen {
+        return listen(&p, addr);
+    }
+    let policies: Vec<(bool, &str)> = if p.compare_policies {
+        vec![(false, "fast_path"), (true, "baseline")]
+    } else {
+        vec![(
+            p.baseline,
+            if p.baseline { "baseline" } else { "fast_path" },
+        )]
+    };
+    let dest_cfg = |baseline| DestConfig {
+        policy: p.policy(baseline),
+        run_after: p.run_after,
+    };
+    let mut runs: Vec<(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)> = Vec::new();
+    for (baseline, name) in &policies {
+        let mut cfg = p.source_config(*baseline)?;
+        if p.compare_policies {
+            cfg.label = format!("[{}] ", policy_label(&cfg.policy));
+        }
+        let policy = cfg.policy;
+        if !p.json || p.compare_policies {
+            eprintln!(
+                "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {}",
+                cfg.label,
+                human_bytes(cfg.mem_size),
+                cfg.backing.name(),
+                cfg.vcpus,
+                rate_text(cfg.dirty_rate),
+                match &p.to {
+                    Some(a) => format!("to {a}"),
+                    None => "over loopback TCP in this process".into(),
+                }
+            );
+        }
+        let (s, d) = match &p.to {
+            Some(addr) => {
+                let stream =
+                    TcpStream::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
+                let _ = stream.set_nodelay(true);
+                (
+                    migrate_source(&cfg, &stream, &stream).map_err(|e| e.to_string())?,
+                    None,
+                )
+            }
+            None => {
+                let (s, d) =
+                    migrate_in_process(&cfg, &dest_cfg(*baseline)).map_err(|e| e.to_string())?;
+                (s, Some(d))
+            }
+        };
+        runs.push((name.to_string(), s, d, policy));
+    }
+    if !p.plot.is_empty() {
+        let plot_runs: Vec<plot::PlotRun<'_>> = runs
+            .iter()
+            .map(|(_, s, _, pol)| plot::PlotRun {
+                label: policy_label(pol),
+                outcome: s,
+            })
+            .collect();
+        let title = format!(
+            "s2mmu migrate: {} guest, {} vCPUs dirtying {}, {} harvest",
+            human_bytes(p.mem),
+            p.vcpus,
+            rate_text(p.dirty_rate),
+            harvest_name(p.harvest)
+        );
+        std::fs::write(&p.plot, plot::svg(&title, &plot_runs))
+            .map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
+    }
+    let report = report(&p, &runs);
+    crate::report::emit(&report, p.json);
+    Ok(())
+}
+
+fn rate_text(r: u64) -> String {
+    if r == 0 {
+        "as fast as they can".into()
+    } else {
+        format!("{:.1} MiB/s", r as f64 / MIB)
+    }
+}
+
+fn harvest_name(h: HarvestArg) -> &'static str {
+    match h {
+        HarvestArg::Bitmap => "bitmap",
+        HarvestArg::Ring => "dirty ring",
+    }
+}
+
+/// A policy in words.
+pub fn policy_label(p: &MmuPolicy) -> &'static str {
+    match (p.fault_path, p.eager_split_chunk.is_some()) {
+        (FaultPath::ReadLockFastPath, true) => "read-lock fast path + eager split",
+        (FaultPath::ReadLockFastPath, false) => "read-lock fast path, split on fault",
+        (FaultPath::WriteLock, true) => "write-lock faults, eager split",
+        (FaultPath::WriteLock, false) => "write-lock faults, split on fault (baseline)",
+    }
+}
+
+fn listen(p: &Params, addr: &str) -> Result<(), String> {
+    let listener = TcpListener::bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
+    eprintln!(
+        "destination listening on {}",
+        listener
+            .local_addr()
+            .map_or(addr.to_string(), |a| a.to_string())
+    );
+    let (stream, peer) = listener
+        .accept()
+        .map_err(|e| format!("accepting a source on {addr}: {e}"))?;
+    eprintln!("source connected from {peer}");
+    let d = receive(
+        &stream,
+        &DestConfig {
+            policy: p.policy(p.baseline),
+            run_after: p.run_after,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let mut r = Report::new("migrate", params_json(p));
+    r.result(
+        "destination",
+        policy_label(&p.policy(p.baseline)),
+        dest_json(&d),
+    );
+    r.set_text(format!(
+        "destination: received {} page records ({:.1} MiB); guest resumed from complete memory and ran {} ms at {:.1} MiB/s\n{}{}",
+        d.page_records,
+        d.bytes as f64 / MIB,
+        p.run_after.as_millis(),
+        d.resumed_write_rate * 4096.0 / MIB,
+        digests_text(&d.slot_digests),
+        match d.verify_mismatches {
+            Some(0) => "byte comparison: every page equal\n".to_string(),
+            Some(n) => format!("byte comparison: {n} pages DIFFER\n"),
+            None => String::new(),
+        }
+    ));
+    crate::report::emit(&r, p.json);
+    match d.verify_mismatches {
+        Some(n) if n > 0 => Err(format!(
+            "VERIFICATION FAILED: {n} pages differ from the source's"
+        )),
+        _ => Ok(()),
+    }
+}
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+fn digests_text(d: &[(u16, u64)]) -> String {
+    d.iter()
+        .map(|(id, h)| format!("  slot {id} digest {h:#018x}\n"))
+        .collect()
+}
+
+fn params_json(p: &Params) -> serde_json::Value {
+    json!({
+        "mem_bytes": p.mem,
+        "vcpus": p.vcpus,
+        "backing": p.backing,
+        "slots": p.slots,
+        "dirty_rate_bytes_per_s": p.dirty_rate,
+        "pattern": format!("{:?}", p.pattern).to_lowercase(),
+        "harvest": format!("{:?}", p.harvest).to_lowercase(),
+        "ring_entries": p.ring_entries,
+        "clear_chunk_bytes": p.clear_chunk,
+        "baseline": p.baseline,
+        "split": p.split.map(|s| format!("{s:?}").to_lowercase()),
+        "max_downtime_ns": p.max_downtime.as_nanos() as u64,
+        "max_rounds": p.max_rounds,
+        "bandwidth_bytes_per_s": p.bandwidth,
+        "converge": format!("{:?}", p.converge).to_lowercase(),
+        "verify_full": p.verify_full,
+        "warmup_ns": p.warmup.as_nanos() as u64,
+        "run_after_ns": p.run_after.as_nanos() as u64,
+        "plot": p.plot,
+        "listen": p.listen,
+        "to": p.to,
+        "compare_policies": p.compare_policies,
+    })
+}
+
+fn dest_json(d: &DestOutcome) -> serde_json::Value {
+    json!({
+        "pages": d.page_records,
+        "bytes": d.bytes,
+        "resumed": d.resumed_at.is_some(),
+        "resumed_write_rate_pages_per_s": d.resumed_write_rate,
+        "slot_digests": d.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
+        "byte_compare_mismatched_pages": d.verify_mismatches,
+    })
+}
+
+fn source_json(s: &SourceOutcome) -> serde_json::Value {
+    json!({
+        "converged": true,
+        "rounds": s.rounds.len(),
+        "total_ns": s.total.as_nanos() as u64,
+        "downtime_ns": s.downtime.as_nanos() as u64,
+        "pages": s.page_records,
+        "bytes": s.bytes,
+        "pages_per_round": s.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(),
+        "dirty_rate_bytes_per_s_per_round": s.rounds.iter().filter(|r| !r.final_round).map(|r| r.dirty_rate).collect::<Vec<_>>(),
+        "bandwidth_bytes_per_s_per_round": s.rounds.iter().map(|r| r.bandwidth).collect::<Vec<_>>(),
+        "guest_write_rate_before_pages_per_s": s.before.write_rate,
+        "guest_write_rate_logging_pages_per_s": s.during.write_rate,
+        "guest_ns_per_write_before": s.before.ns_per_write,
+        "guest_ns_per_write_logging": s.during.ns_per_write,
+        "guest_slowdown_pct": s.slowdown_pct(),
+        "max_throttle_pct": s.max_throttle_pct,
+        "final_pace_pages_per_s_per_vcpu": s.final_pace,
+        "memory_equal": true,
+        "verified_full": s.verified_full,
+        "slot_digests": s.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
+    })
+}
+
+fn report(p: &Params, runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)]) -> Report {
+    let mut r = Report::new("migrate", params_json(p));
+    let mut text = String::new();
+    for (name, s, d, pol) in runs {
+        let mut row = source_json(s);
+        if let (Some(d), serde_json::Value::Object(m)) = (d, &mut row) {
+            m.insert("destination".into(), dest_json(d));
+        }
+        r.result("migrate", name, row);
+        text.push_str(&summary(p, s, d.as_ref(), pol));
+    }
+    if runs.len() == 2 {
+        let (a, b) = (&runs[0].1, &runs[1].1);
+        r.compare(
+            "migrate",
+            "guest_ns_per_write_logging",
+            b.during.ns_per_write,
+            a.during.ns_per_write,
+        );
+        r.compare(
+            "migrate",
+            "downtime_ns",
+            b.downtime.as_nanos() as f64,
+            a.downtime.as_nanos() as f64,
+        );
+        r.compare(
+            "migrate",
+            "total_ns",
+            b.total.as_nanos() as f64,
+            a.total.as_nanos() as f64,
+        );
+        text.push_str(&format!(
+            "\nGuest slowdown while logging, side by side\n  {:<46} {:>12} {:>12} {:>10} {:>10} {:>7}\n",
+            "policy", "ns/write pre", "ns/write log", "slowdown", "downtime", "rounds"
+        ));
+        for (_, s, _, pol) in runs {
+            text.push_str(&format!(
+                "  {:<46} {:>12.0} {:>12.0} {:>9.0}% {:>8.1}ms {:>7}\n",
+                policy_label(pol),
+                s.before.ns_per_write,
+                s.during.ns_per_write,
+                s.slowdown_pct(),
+                s.downtime.as_secs_f64() * 1e3,
+                s.rounds.len()
+            ));
+        }
+        let (fa, fb) = (a.during.ns_per_write, b.during.ns_per_write);
+        text.push_str(&format!(
+            "  fast path + eager split: {} guest time per write while logging than the baseline ({:.2}x)\n",
+            if fa < fb { "less" } else { "NOT less" },
+            fb / fa.max(1e-9)
+        ));
+    }
+    if !p.plot.is_empty() {
+        text.push_str(&format!("plot: {}\n", p.plot));
+    }
+    r.set_text(text);
+    r
+}
+
+fn summary(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>, pol: &MmuPolicy) -> String {
+    let precopy = s.rounds.iter().filter(|r| !r.final_round).count();
+    let mut t = format!(
+        "\nMigrated a {} guest ({}, {} slot(s)), {} vCPUs dirtying {} ({}), {} harvest, {}\n",
+        human_bytes(p.mem),
+        p.backing,
+        p.slots,
+        p.vcpus,
+        rate_text(p.dirty_rate),
+        format!("{:?}", p.pattern).to_lowercase(),
+        harvest_name(p.harvest),
+        policy_label(pol)
+    );
+    t.push_str(&format!(
+        "  converged after {precopy} pre-copy round(s) + stop-and-copy\n  total time           {:.3} s (logging on to resumed on the destination)\n  downtime             {:.1} ms (budget {} ms): {}\n",
+        s.total.as_secs_f64(),
+        s.downtime.as_secs_f64() * 1e3,
+        p.max_downtime.as_millis(),
+        if s.downtime <= p.max_downtime { "within budget" } else { "OVER BUDGET" }
+    ));
+    let per_round: Vec<String> = s
+        .rounds
+        .iter()
+        .map(|r| {
+            if r.final_round {
+                format!("{} (paused)", r.pages)
+            } else {
+                r.pages.to_string()
+            }
+        })
+        .collect();
+    t.push_str(&format!(
+        "  pages sent per round {}\n  sent in total        {} pages, {:.1} MiB\n",
+        per_round.join(", "),
+        s.page_records,
+        s.bytes as f64 / MIB
+    ));
+    t.push_str(&format!(
+        "  guest dirty rate     {:.1} MiB/s before logging, {:.1} MiB/s while logging\n  guest time per write {:.0} ns before logging, {:.0} ns while logging: slowdown {:+.0}%\n",
+        s.before.write_rate * 4096.0 / MIB,
+        s.during.write_rate * 4096.0 / MIB,
+        s.before.ns_per_write,
+        s.during.ns_per_write,
+        s.slowdown_pct()
+    ));
+    if s.max_throttle_pct > 0 {
+        t.push_str(&format!(
+            "  auto-converge        throttled the vCPUs up to {}%\n",
+            s.max_throttle_pct
+        ));
+    }
+    if p.converge == ConvergeArg::DirtyLimit && s.final_pace * 4096 * p.vcpus as u64 != p.dirty_rate
+    {
+        t.push_str(&format!(
+            "  dirty-limit          vCPUs capped at {:.1} MiB/s in all\n",
+            (s.final_pace * 4096 * p.vcpus as u64) as f64 / MIB
+        ));
+    }
+    t.push_str(&format!(
+        "  verification         destination memory equals the source's: per-slot digests equal ({} slot(s)){}\n",
+        s.slot_digests.len(),
+        if s.verified_full {
+            ", and every page equal byte for byte"
+        } else {
+            ""
+        }
+    ));
+    if let Some(d) = d {
+        t.push_str(&format!(
+            "  destination          guest resumed from complete memory, ran {} ms at {:.1} MiB/s\n",
+            p.run_after.as_millis(),
+            d.resumed_write_rate * 4096.0 / MIB
+        ));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("300ms").unwrap(), Duration::from_millis(300));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
+        assert_eq!(parse_duration("20").unwrap(), Duration::from_millis(20));
+        assert!(parse_duration("fast")
+            .unwrap_err()
+            .contains("invalid duration"));
+        assert!(parse_duration("-1s").is_err());
+    }
+}

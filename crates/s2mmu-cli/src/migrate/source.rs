@@ -1,0 +1,864 @@
+//! The source: runs the guest, logs its dirty pages and sends its memory in
+//! pre-copy rounds until what is left fits the downtime budget, then pauses
+//! it, sends the rest and the vCPU state, and waits for the destination to
+//! resume it. Afterwards it checks the destination's memory against its own
+//! (frozen) memory.
+
+use super::bandwidth::TokenBucket;
+use super::error::MigrateError;
+use super::hash::{digest_of, xxh64};
+use super::timeline::{intervals, Sample, Timeline};
+use super::wire::{
+    tag, Dec, Enc, GuestState, Header, Record, WireReader, WireWriter, PAGE_RECORD_BYTES, PAGE_SIZE,
+};
+use s2mmu::dirty::DirtyGfn;
+use s2mmu::mmu::MmuPolicy;
+use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use std::io::{BufWriter, Read, Write};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How dirty pages are collected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Harvest {
+    /// `KVM_GET_DIRTY_LOG` per round, `KVM_CLEAR_DIRTY_LOG` per chunk just
+    /// before the chunk's pages are sent (QEMU's clear_bmap).
+    Bitmap,
+    /// Per-vCPU dirty rings, reaped whenever one fills and at each round.
+    Ring,
+}
+
+/// What the source does when the guest dirties memory faster than the
+/// link drains it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Converge {
+    /// QEMU's auto-converge: throttle the vCPUs (20 %, then +10 % per
+    /// round, up to 99 %) after two rounds that dirtied more than half of
+    /// what they sent.
+    Auto,
+    /// QEMU's dirty-limit: cap each vCPU's dirty rate (its pace) to a
+    /// quarter of the link, halving it on every further such round.
+    DirtyLimit,
+    /// Nothing: a guest that outruns the link fails at the round limit.
+    None,
+}
+
+/// The source's guest and migration settings.
+#[derive(Clone, Debug)]
+pub struct SourceConfig {
+    /// Bytes of guest memory.
+    pub mem_size: u64,
+    /// vCPUs running the workload.
+    pub vcpus: usize,
+    /// How guest memory is backed.
+    pub backing: Backing,
+    /// Memslots.
+    pub slots: u32,
+    /// The MMU's policy (dirty-log fields are set from `harvest`).
+    pub policy: MmuPolicy,
+    /// How dirty pages are collected.
+    pub harvest: Harvest,
+    /// Entries of each vCPU's dirty ring.
+    pub ring_entries: u32,
+    /// Bytes cleared per `clear_dirty_log` call (bitmap harvest).
+    pub clear_chunk: u64,
+    /// Bytes per second the whole guest dirties (0: as fast as it can).
+    pub dirty_rate: u64,
+    /// The guest's access pattern.
+    pub pattern: Pattern,
+    /// Downtime budget.
+    pub max_downtime: Duration,
+    /// Pre-copy rounds after the first before giving up.
+    pub max_rounds: u32,
+    /// Link limit in bytes per second (0: none).
+    pub bandwidth: u64,
+    /// Convergence help.
+    pub converge: Converge,
+    /// Byte-compare all of memory after the resume.
+    pub verify_full: bool,
+    /// How long the guest runs before logging starts (its speed then is
+    /// the reference for the slowdown).
+    pub warmup: Duration,
+    /// Interval of the throughput timeline.
+    pub sample_every: Duration,
+    /// A progress line per round on stderr.
+    pub progress: bool,
+    /// Name of this run in progress lines.
+    pub label: String,
+}
+
+impl Default for SourceConfig {
+    fn default() -> Self {
+        SourceConfig {
+            mem_size: 1 << 30,
+            vcpus: 2,
+            backing: Backing::AnonymousThp,
+            slots: 1,
+            policy: MmuPolicy::default(),
+            harvest: Harvest::Bitmap,
+            ring_entries: 4096,
+            clear_chunk: 64 << 20,
+            dirty_rate: 64 << 20,
+            pattern: Pattern::Sequential,
+            max_downtime: Duration::from_millis(300),
+            max_rounds: 30,
+            bandwidth: 0,
+            converge: Converge::Auto,
+            verify_full: false,
+            warmup: Duration::from_millis(500),
+            sample_every: Duration::from_millis(50),
+            progress: true,
+            label: String::new(),
+        }
+    }
+}
+
+/// One pre-copy round (round 0 sends all memory; the last is the
+/// stop-and-copy with the vCPUs paused).
+#[derive(Clone, Debug, Default)]
+pub struct RoundStat {
+    /// Round number.
+    pub round: u32,
+    /// Pages sent in it.
+    pub pages: u64,
+    /// Stream bytes sent in it.
+    pub bytes: u64,
+    /// Seconds since the timeline started, at its start and end.
+    pub start_s: f64,
+    pub end_s: f64,
+    /// Pages found dirty when it ended (what the next round sends).
+    pub dirty_after: u64,
+    /// Guest dirty rate during it, bytes per second.
+    pub dirty_rate: f64,
+    /// Bandwidth of its sending, bytes per second.
+    pub bandwidth: f64,
+    /// Throttle in percent while it ran.
+    pub throttle_pct: u32,
+    /// Each vCPU's pace (pages per second, 0: unpaced) while it ran.
+    pub pace: u64,
+    /// Whether the vCPUs were paused (the stop-and-copy).
+    pub final_round: bool,
+}
+
+/// The guest's speed in one phase.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Phase {
+    /// Guest writes per second of wall time.
+    pub write_rate: f64,
+    /// Nanoseconds of guest execution per write (faults included): the
+    /// median over the phase's timeline intervals.
+    pub ns_per_write: f64,
+}
+
+/// What the source did.
+#[derive(Clone, Debug, Default)]
+pub struct SourceOutcome {
+    /// Every round.
+    pub rounds: Vec<RoundStat>,
+    /// From logging on to the destination's resume.
+    pub total: Duration,
+    /// From the pause to the destination's resume (as the source saw it).
+    pub downtime: Duration,
+    /// Page records sent (the verification pass not included).
+    pub page_records: u64,
+    /// Stream bytes sent (the verification pass not included).
+    pub bytes: u64,
+    /// Timeline samples.
+    pub samples: Vec<Sample>,
+    /// Timeline seconds at logging on, pause and resume.
+    pub log_start_s: f64,
+    pub pause_s: f64,
+    pub resumed_s: f64,
+    /// The guest before logging and while logging.
+    pub before: Phase,
+    pub during: Phase,
+    /// Per-slot digests both sides agreed on.
+    pub slot_digests: Vec<(u16, u64)>,
+    /// Whether all memory was byte-compared too.
+    pub verified_full: bool,
+    /// Highest throttle used, percent.
+    pub max_throttle_pct: u32,
+    /// Per-vCPU pace at the end (dirty-limit lowers it).
+    pub final_pace: u64,
+}
+
+impl SourceOutcome {
+    /// How much slower the guest executed per write while logging, in
+    /// percent of its speed before.
+    pub fn slowdown_pct(&self) -> f64 {
+        if self.before.ns_per_write > 0.0 {
+            (self.during.ns_per_write / self.before.ns_per_write - 1.0) * 100.0
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The policy the source's VM runs with: the caller's, with the dirty-log
+/// mode of `cfg` (manual protect; nothing initially set, so the first
+/// round sends all memory and logs what changes meanwhile).
+pub fn source_policy(cfg: &SourceConfig) -> MmuPolicy {
+    MmuPolicy {
+        manual_protect: true,
+        initially_set: false,
+        dirty_ring_entries: (cfg.harvest == Harvest::Ring).then_some(cfg.ring_entries),
+        ..cfg.policy
+    }
+}
+
+/// Runs the source side on a connection: `out` carries the stream,
+/// `replies` the destination's answers.
+///
+/// # Errors
+/// [`MigrateError::Setup`], [`MigrateError::Io`],
+/// [`MigrateError::NotConverged`] (the destination was told to abort and
+/// the source guest kept running), [`MigrateError::Rejected`],
+/// [`MigrateError::MemoryMismatch`].
+pub fn migrate_source<W: Write, R: Read>(
+    cfg: &SourceConfig,
+    out: W,
+    replies: R,
+) -> Result<SourceOutcome, MigrateError> {
+    let page = PAGE_SIZE as u64;
+    if cfg.vcpus == 0 || cfg.mem_size < cfg.vcpus as u64 * page {
+        return Err(MigrateError::Setup(format!(
+            "{} bytes of guest memory cannot hold a page for each of {} vCPUs",
+            cfg.mem_size, cfg.vcpus
+        )));
+    }
+    let vm = Arc::new(
+        Vm::new(VmConfig {
+            mem_size: cfg.mem_size,
+            backing: cfg.backing,
+            slots: cfg.slots,
+            gpa_base: 1 << 32,
+            policy: source_policy(cfg),
+            ..VmConfig::default()
+        })
+        .map_err(|e| MigrateError::Setup(format!("source guest: {e}")))?,
+    );
+    let wl_cfg = WorkloadConfig {
+        bytes_per_vcpu: cfg.mem_size / cfg.vcpus as u64 / page * page,
+        write_percent: 100,
+        pattern: cfg.pattern,
+        page_size: page,
+    };
+    let wl = Workload::start(vm.clone(), cfg.vcpus, wl_cfg).map_err(MigrateError::Setup)?;
+    // The guest has been running: every page touched once.
+    wl.run_pass(|| {}).map_err(MigrateError::Setup)?;
+    // 0 is unpaced: a rate below a page per second per vCPU is one.
+    let pace = match cfg.dirty_rate {
+        0 => 0,
+        r => (r / page / cfg.vcpus as u64).max(1),
+    };
+    let ctl = wl.control().clone();
+    ctl.pace_pages_per_sec.store(pace, Ordering::Relaxed);
+    let timeline = Timeline::start(ctl.clone(), cfg.sample_every);
+    wl.run_free();
+    let warm = counters(&ctl);
+
+    let header = Header {
+        mem_size: cfg.mem_size,
+        slots: cfg.slots,
+        gpa_base: vm.config().gpa_base,
+        backing: cfg.backing.name().to_string(),
+        verify_full: cfg.verify_full,
+    };
+    let wire = WireWriter::new(BufWriter::with_capacity(1 << 18, out), &header)?;
+    let mut replies = WireReader::replies(replies);
+    let mut s = Sender {
+        vm: &vm,
+        wire,
+        bucket: TokenBucket::new(cfg.bandwidth),
+        buf: Box::new([0; PAGE_SIZE]),
+        pending: vm
+            .slots()
+            .iter()
+            .map(|s| vec![0u64; (s.size / page).div_ceil(64) as usize])
+            .collect(),
+        ring: cfg.harvest == Harvest::Ring,
+        vcpus: cfg.vcpus,
+        chunk_pages: (cfg.clear_chunk / page / 64 * 64).max(64),
+        gfns: Vec::new(),
+    };
+    std::thread::sleep(cfg.warmup);
+
+    // Pre-copy.
+    let log_start = Instant::now();
+    let log_start_s = timeline.at(log_start);
+    let at_log = counters(&ctl);
+    vm.enable_dirty_logging()
+        .map_err(|e| MigrateError::Setup(format!("enabling dirty logging: {e}")))?;
+    let mut rounds: Vec<RoundStat> = Vec::new();
+    let mut send_time = Duration::ZERO;
+    let mut send_bytes = 0u64;
+    let mut last_harvest = log_start;
+    let mut last_writes = writes(&ctl);
+    let mut high_rounds = 0u32;
+    let mut throttle_pct = 0u32;
+    let mut unthrottled_ns_per_page = 0f64;
+    let mut max_throttle = 0u32;
+    let mut round = 0u32;
+    let result = loop {
+        let t0 = Instant::now();
+        let (p0, b0) = (s.wire.pages, s.wire.pos);
+        let mut e = Enc::default();
+        e.u32(round).u64(if round == 0 {
+            cfg.mem_size / page
+        } else {
+            s.dirty_count()
+        });
+        if let Err(e) = s.wire.control(tag::ROUND, &e.0) {
+            break Err(e);
+        }
+        let sent = if round == 0 {
+            s.send_all()
+        } else {
+            s.send_dirty()
+        };
+        if let Err(e) = sent.and_then(|_| s.wire.flush()) {
+            break Err(e);
+        }
+        let t1 = Instant::now();
+        let (pages, bytes) = (s.wire.pages - p0, s.wire.pos - b0);
+        send_time += t1 - t0;
+        send_bytes += bytes;
+        // Harvest what the guest dirtied meanwhile.
+        let dirty = match s.harvest() {
+            Ok(n) => n,
+            Err(e) => break Err(e),
+        };
+        let now = Instant::now();
+        let dt = (now - last_harvest).as_secs_f64().max(1e-9);
+        last_harvest = now;
+        let w = writes(&ctl);
+        let guest_pages_per_s = w.saturating_sub(last_writes) as f64 / dt;
+        last_writes = w;
+        let dirty_rate = dirty as f64 * page as f64 / dt;
+        let bandwidth = send_bytes as f64 / send_time.as_secs_f64().max(1e-9);
+        let remaining = dirty * PAGE_RECORD_BYTES;
+        let est = Duration::from_secs_f64(remaining as f64 / bandwidth.max(1.0));
+        let stat = RoundStat {
+            round,
+            pages,
+            bytes,
+            start_s: timeline.at(t0),
+            end_s: timeline.at(t1),
+            dirty_after: dirty,
+            dirty_rate,
+            bandwidth: bytes as f64 / (t1 - t0).as_secs_f64().max(1e-9),
+            throttle_pct,
+            pace: ctl.pace_pages_per_sec.load(Ordering::Relaxed),
+            final_round: false,
+        };
+        if cfg.progress {
+            eprintln!(
+                "{}round {round:>2}: sent {pages:>7} pages ({:>7.1} MiB) in {:>7.1} ms at {:>7.1} MiB/s; guest dirtied {dirty:>6} pages ({:>6.1} MiB/s; {:>9.0} guest writes/s); est. downtime {:>6.1} ms{}",
+                cfg.label,
+                bytes as f64 / MIB,
+                (t1 - t0).as_secs_f64() * 1e3,
+                stat.bandwidth / MIB,
+                dirty_rate / MIB,
+                guest_pages_per_s,
+                est.as_secs_f64() * 1e3,
+                match (throttle_pct, cfg.converge) {
+                    (0, Converge::DirtyLimit) if stat.pace != pace => format!("; dirty limit {:.1} MiB/s", (stat.pace * page * cfg.vcpus as u64) as f64 / MIB),
+                    (0, _) => String::new(),
+                    (p, _) => format!("; throttle {p}%"),
+                }
+            );
+        }
+        rounds.push(stat);
+        // Half the budget: the rest is the margin for a link or a host
+        // slower during the stop-and-copy than on average (another round
+        // is cheap when this one is this small).
+        if est <= cfg.max_downtime / 2 {
+            break Ok(());
+        }
+        if round >= cfg.max_rounds {
+            break Err(MigrateError::NotConverged {
+                rounds: round + 1,
+                dirty_rate_mib_s: dirty_rate / MIB,
+                guest_writes_per_s: guest_pages_per_s,
+                bandwidth_mib_s: bandwidth / MIB,
+                remaining_mib: remaining as f64 / MIB,
+                max_downtime_ms: cfg.max_downtime.as_secs_f64() * 1e3,
+            });
+        }
+        // Convergence help, QEMU's trigger: the round dirtied more than
+        // half of what it sent.
+        if round > 0 && dirty * page * 2 > bytes {
+            high_rounds += 1;
+            match cfg.converge {
+                Converge::Auto if high_rounds >= 2 => {
+                    if throttle_pct == 0 {
+                        unthrottled_ns_per_page =
+                            1e9 * cfg.vcpus as f64 / guest_pages_per_s.max(1.0);
+                        throttle_pct = 20;
+                    } else {
+                        throttle_pct = (throttle_pct + 10).min(99);
+                    }
+                    max_throttle = max_throttle.max(throttle_pct);
+                    // Sleeping p of the time: a delay of p / (1 - p) of
+                    // the time a page took unthrottled.
+                    let p = f64::from(throttle_pct) / 100.0;
+                    let ns = unthrottled_ns_per_page * p / (1.0 - p);
+                    ctl.throttle_ns.store(ns as u64, Ordering::Relaxed);
+                }
+                Converge::DirtyLimit => {
+                    let cur = ctl.pace_pages_per_sec.load(Ordering::Relaxed);
+                    let quarter = (bandwidth / 4.0 / page as f64 / cfg.vcpus as f64) as u64;
+                    let limit = if cur == 0 || cur > quarter {
+                        quarter
+                    } else {
+                        cur / 2
+                    };
+                    ctl.pace_pages_per_sec
+                        .store(limit.max(1), Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
+        round += 1;
+    };
+    let final_pace = ctl.pace_pages_per_sec.load(Ordering::Relaxed);
+    if let Err(e) = result {
+        // The guest stays on the source: tell the destination, which must
+        // not resume it.
+        let _ = s.wire.control(tag::ABORT, e.to_string().as_bytes());
+        let _ = s.wire.flush();
+        ctl.throttle_ns.store(0, Ordering::Relaxed);
+        let _ = vm.disable_dirty_logging();
+        return Err(rejected_or(e, &mut replies));
+    }
+
+    // Stop and copy.
+    let pause_at = Instant::now();
+    let at_pause = counters(&ctl);
+    wl.pause();
+    let stop_copy = (|| {
+        let t0 = Instant::now();
+        let (p0, b0) = (s.wire.pages, s.wire.pos);
+        s.final_harvest()?;
+        let mut e = Enc::default();
+        e.u32(round + 1).u64(s.dirty_count());
+        s.wire.control(tag::ROUND, &e.0)?;
+        s.send_dirty()?;
+        let state = GuestState {
+            bytes_per_vcpu: wl_cfg.bytes_per_vcpu,
+            write_percent: wl_cfg.write_percent,
+            pattern: u8::from(wl_cfg.pattern == Pattern::Random),
+            pace_pages_per_sec: final_pace,
+            vcpus: wl.vcpu_states(),
+        };
+        s.wire.control(tag::STATE, &state.encode())?;
+        s.wire.end()?;
+        let t1 = Instant::now();
+        rounds.push(RoundStat {
+            round: round + 1,
+            pages: s.wire.pages - p0,
+            bytes: s.wire.pos - b0,
+            start_s: timeline.at(t0),
+            end_s: timeline.at(t1),
+            bandwidth: (s.wire.pos - b0) as f64 / (t1 - t0).as_secs_f64().max(1e-9),
+            throttle_pct,
+            pace: final_pace,
+            final_round: true,
+            ..RoundStat::default()
+        });
+        if cfg.progress {
+            let r = rounds.last().expect("pushed");
+            eprintln!(
+                "{}round {:>2}: vCPUs paused; sent the last {} pages ({:.1} MiB) and the vCPU state in {:.1} ms",
+                cfg.label,
+                r.round,
+                r.pages,
+                r.bytes as f64 / MIB,
+                (t1 - t0).as_secs_f64() * 1e3
+            );
+        }
+        Ok::<(), MigrateError>(())
+    })();
+    if let Err(e) = stop_copy {
+        wl.resume();
+        return Err(rejected_or(e, &mut replies));
+    }
+    let digests = match replies.next_record() {
+        Ok(Record::Control {
+            tag: tag::RESUMED,
+            body,
+            at_byte,
+        }) => parse_digests(&body, at_byte),
+        Ok(Record::Control {
+            tag: tag::REJECTED,
+            body,
+            ..
+        }) => Err(MigrateError::Rejected {
+            reason: String::from_utf8_lossy(&body).into_owned(),
+        }),
+        Ok(other) => Err(MigrateError::Malformed {
+            record: "reply",
+            at_byte: replies.pos,
+            why: format!("expected RESUMED or REJECTED, got {other:?}"),
+        }),
+        Err(e) => Err(e),
+    };
+    let resumed_at = Instant::now();
+    let dest_digests = match digests {
+        Ok(d) => d,
+        Err(e) => {
+            // Not resumed there: the guest goes on here.
+            wl.resume();
+            return Err(e);
+        }
+    };
+    let downtime = resumed_at - pause_at;
+    if cfg.progress {
+        eprintln!(
+            "{}resumed on the destination after {:.1} ms of downtime",
+            cfg.label,
+            downtime.as_secs_f64() * 1e3
+        );
+    }
+    let samples = timeline.finish();
+    let pause_s = log_start_s + (pause_at - log_start).as_secs_f64();
+    let before = phase(warm, at_log, &samples, 0.0, log_start_s);
+    let during = phase(at_log, at_pause, &samples, log_start_s, pause_s);
+
+    // Verification against the frozen source memory.
+    let slot_digests = source_digests(&vm);
+    for (id, d) in &slot_digests {
+        match dest_digests.iter().find(|(i, _)| i == id) {
+            Some((_, got)) if got == d => {}
+            Some((_, got)) => {
+                return Err(MigrateError::MemoryMismatch {
+                    slot: *id,
+                    detail: format!("source digest {d:#018x}, destination {got:#018x}"),
+                })
+            }
+            None => {
+                return Err(MigrateError::MemoryMismatch {
+                    slot: *id,
+                    detail: "the destination reported no digest for it".into(),
+                })
+            }
+        }
+    }
+    if cfg.verify_full {
+        s.wire.control(tag::VERIFY, &[])?;
+        s.bucket = TokenBucket::new(0);
+        s.send_all()?;
+        s.wire.end()?;
+        match replies.next_record()? {
+            Record::Control {
+                tag: tag::VERIFIED,
+                body,
+                at_byte,
+            } => {
+                let mut d = Dec::new(&body, "VERIFIED", at_byte);
+                let (bad, first) = (d.u64()?, d.u64()?);
+                d.finish()?;
+                if bad > 0 {
+                    let slot = vm.locate(first).map(|(s, _)| s.id).unwrap_or(0);
+                    return Err(MigrateError::MemoryMismatch {
+                        slot,
+                        detail: format!(
+                            "{bad} pages differ byte for byte, the first at gpa {first:#x}"
+                        ),
+                    });
+                }
+            }
+            Record::Control {
+                tag: tag::REJECTED,
+                body,
+                ..
+            } => {
+                return Err(MigrateError::Rejected {
+                    reason: String::from_utf8_lossy(&body).into_owned(),
+                })
+            }
+            other => {
+                return Err(MigrateError::Malformed {
+                    record: "reply",
+                    at_byte: replies.pos,
+                    why: format!("expected VERIFIED, got {other:?}"),
+                })
+            }
+        }
+    }
+    let page_records: u64 = rounds.iter().map(|r| r.pages).sum();
+    let bytes: u64 = rounds.iter().map(|r| r.bytes).sum();
+    drop(wl);
+    Ok(SourceOutcome {
+        rounds,
+        total: resumed_at - log_start,
+        downtime,
+        page_records,
+        bytes,
+        log_start_s,
+        pause_s,
+        resumed_s: log_start_s + (resumed_at - log_start).as_secs_f64(),
+        samples,
+        before,
+        during,
+        slot_digests,
+        verified_full: cfg.verify_full,
+        max_throttle_pct: max_throttle,
+        final_pace,
+    })
+}
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+fn writes(c: &s2mmu_vm::Control) -> u64 {
+    c.live
+        .iter()
+        .map(|l| l.writes.load(Ordering::Relaxed))
+        .sum()
+}
+
+/// The vCPUs' counters at an instant: time, guest writes, guest
+/// execution nanoseconds.
+fn counters(c: &s2mmu_vm::Control) -> (Instant, u64, u64) {
+    (
+        Instant::now(),
+        writes(c),
+        c.live
+            .iter()
+            .map(|l| l.guest_ns.load(Ordering::Relaxed))
+            .sum(),
+    )
+}
+
+/// The guest between two counter snapshots. The time per write is the
+/// median over the timeline's intervals in the phase when it has at least
+/// three (robust to a host that deschedules a vCPU now and then), else
+/// the phase's mean.
+fn phase(
+    a: (Instant, u64, u64),
+    b: (Instant, u64, u64),
+    samples: &[Sample],
+    from_s: f64,
+    to_s: f64,
+) -> Phase {
+    let w = b.1.saturating_sub(a.1);
+    let secs = (b.0 - a.0).as_secs_f64();
+    if w == 0 || secs <= 0.0 {
+        return Phase::default();
+    }
+    let mut per: Vec<f64> = intervals(samples)
+        .iter()
+        .filter(|i| i.start_s >= from_s && i.end_s <= to_s)
+        .filter_map(|i| i.speed.map(|v| 1e9 / v))
+        .collect();
+    let ns_per_write = if per.len() >= 3 {
+        per.sort_by(f64::total_cmp);
+        per[per.len() / 2]
+    } else {
+        b.2.saturating_sub(a.2) as f64 / w as f64
+    };
+    Phase {
+        write_rate: w as f64 / secs,
+        ns_per_write,
+    }
+}
+
+/// When sending failed because the destination gave up, its reason is the
+/// better error.
+fn rejected_or<R: Read>(e: MigrateError, replies: &mut WireReader<R>) -> MigrateError {
+    if !matches!(e, MigrateError::Io { .. }) {
+        return e;
+    }
+    match replies.next_record() {
+        Ok(Record::Control {
+            tag: tag::REJECTED,
+            body,
+            ..
+        }) => MigrateError::Rejected {
+            reason: String::from_utf8_lossy(&body).into_owned(),
+        },
+        _ => e,
+    }
+}
+
+fn parse_digests(body: &[u8], at_byte: u64) -> Result<Vec<(u16, u64)>, MigrateError> {
+    let mut d = Dec::new(body, "RESUMED", at_byte);
+    let n = d.u32()?;
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push((d.u16()?, d.u64()?));
+    }
+    d.finish()?;
+    Ok(v)
+}
+
+/// Per-slot digests of the source's memory as it is now: XXH64 of every
+/// page (seeded with its address), then of those hashes in page order, as
+/// the destination computes them.
+pub fn source_digests(vm: &Vm) -> Vec<(u16, u64)> {
+    let mut buf = vec![0u8; PAGE_SIZE];
+    vm.slots()
+        .iter()
+        .map(|s| {
+            let n = s.size / PAGE_SIZE as u64;
+            let hashes: Vec<u64> = (0..n)
+                .map(|i| {
+                    let off = s.mem_offset + i * PAGE_SIZE as u64;
+                    vm.memory().read_into(off, &mut buf);
+                    xxh64(&buf, s.gpa + i * PAGE_SIZE as u64)
+                })
+                .collect();
+            (s.id, digest_of(&hashes))
+        })
+        .collect()
+}
+
+/// The sending half: pages out of guest memory onto the wire, with the
+/// pending dirty set per slot.
+struct Sender<'a, W: Write> {
+    vm: &'a Arc<Vm>,
+    wire: WireWriter<BufWriter<W>>,
+    bucket: TokenBucket,
+    buf: Box<[u8; PAGE_SIZE]>,
+    /// Pages to send, one bitmap per slot (bit i = page i of the slot).
+    pending: Vec<Vec<u64>>,
+    ring: bool,
+    vcpus: usize,
+    /// Pages per `clear_dirty_log` call (a multiple of 64).
+    chunk_pages: u64,
+    gfns: Vec<DirtyGfn>,
+}
+
+impl<W: Write> Sender<'_, W> {
+    fn send_page(&mut self, slot: usize, index: u64) -> Result<(), MigrateError> {
+        let s = self.vm.slots()[slot];
+        let off = s.mem_offset + index * PAGE_SIZE as u64;
+        self.bucket.take(super::wire::PAGE_RECORD_BYTES);
+        self.vm.memory().read_into(off, &mut self.buf[..]);
+        self.wire
+            .page(s.gpa + index * PAGE_SIZE as u64, &self.buf)?;
+        if self.ring && self.wire.pages.is_multiple_of(256) {
+            self.reap_if_full()?;
+        }
+        Ok(())
+    }
+
+    /// Round 0: every page.
+    fn send_all(&mut self) -> Result<(), MigrateError> {
+        for slot in 0..self.vm.slots().len() {
+            for i in 0..self.vm.slots()[slot].size / PAGE_SIZE as u64 {
+                self.send_page(slot, i)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn dirty_count(&self) -> u64 {
+        self.pending
+            .iter()
+            .flatten()
+            .map(|w| u64::from(w.count_ones()))
+            .sum()
+    }
+
+    /// Sends the pending pages. With bitmaps each chunk's dirty bits are
+    /// cleared (and its pages write-protected) just before its pages are
+    /// read, so a write after the clear is logged again.
+    fn send_dirty(&mut self) -> Result<(), MigrateError> {
+        let mmu = self.vm.mmu().clone();
+        for slot in 0..self.pending.len() {
+            let info = self.vm.slots()[slot];
+            let npages = info.size / PAGE_SIZE as u64;
+            let mut first = 0u64;
+            while first < npages {
+                let n = self.chunk_pages.min(npages - first);
+                let (w0, w1) = ((first / 64) as usize, (first + n).div_ceil(64) as usize);
+                if self.pending[slot][w0..w1].iter().any(|&w| w != 0) {
+                    if !self.ring {
+                        mmu.clear_dirty_log(info.id, first, n, &self.pending[slot][w0..w1])
+                            .map_err(|e| {
+                                MigrateError::Setup(format!("clearing the dirty log: {e}"))
+                            })?;
+                    }
+                    for wi in w0..w1 {
+                        let mut m = std::mem::take(&mut self.pending[slot][wi]);
+                        while m != 0 {
+                            let b = u64::from(m.trailing_zeros());
+                            m &= m - 1;
+                            self.send_page(slot, wi as u64 * 64 + b)?;
+                        }
+                    }
+                }
+                first += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// End of a round: what the guest dirtied since the pages were last
+    /// protected. Returns the number of pending pages.
+    fn harvest(&mut self) -> Result<u64, MigrateError> {
+        if self.ring {
+            self.reap()?;
+        } else {
+            let mmu = self.vm.mmu().clone();
+            for (slot, bm) in self.vm.slots().iter().zip(self.pending.iter_mut()) {
+                mmu.get_dirty_log(slot.id, bm)
+                    .map_err(|e| MigrateError::Setup(format!("getting the dirty log: {e}")))?;
+            }
+        }
+        Ok(self.dirty_count())
+    }
+
+    /// With the vCPUs paused: everything still dirty (nothing is
+    /// re-protected; the guest will not run here again).
+    fn final_harvest(&mut self) -> Result<(), MigrateError> {
+        if self.ring {
+            let mmu = self.vm.mmu().clone();
+            self.gfns.clear();
+            mmu.harvest_rings(&mut self.gfns)
+                .map_err(|e| MigrateError::Setup(format!("harvesting the dirty rings: {e}")))?;
+            self.mark_gfns();
+            Ok(())
+        } else {
+            self.harvest().map(|_| ())
+        }
+    }
+
+    fn reap_if_full(&mut self) -> Result<(), MigrateError> {
+        let mmu = self.vm.mmu();
+        if (0..self.vcpus).any(|v| mmu.ring_soft_full(v)) {
+            self.reap()?;
+        }
+        Ok(())
+    }
+
+    /// Harvests every ring into the pending set, then resets them (which
+    /// re-protects the pages: they are read only after this).
+    fn reap(&mut self) -> Result<(), MigrateError> {
+        let mmu = self.vm.mmu().clone();
+        self.gfns.clear();
+        mmu.harvest_rings(&mut self.gfns)
+            .and_then(|_| mmu.reset_rings())
+            .map_err(|e| MigrateError::Setup(format!("reaping the dirty rings: {e}")))?;
+        self.mark_gfns();
+        Ok(())
+    }
+
+    fn mark_gfns(&mut self) {
+        for g in &self.gfns {
+            let Some(slot) = self
+                .vm
+                .slots()
+                .iter()
+                .position(|s| u32::from(s.id) == g.slot)
+            else {
+                continue;
+            };
+            if let Some(w) = self.pending[slot].get_mut((g.offset / 64) as usize) {
+                *w |= 1 << (g.offset % 64);
+            }
+        }
+    }
+}
