@@ -5,6 +5,7 @@
 
 mod report;
 mod split_perf;
+mod tlb_perf;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -24,12 +25,15 @@ struct Cli {
 enum Cmd {
     /// Seed 000: eager split of a slot with the skipping walker against a full walk.
     SplitPerf(split_perf::Params),
+    /// Seed 003: dirty-log clears of a large slot with split range TLB calls against one whole-VMID flush.
+    TlbPerf(tlb_perf::Params),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::SplitPerf(p) => split_perf::main(p),
+        Cmd::TlbPerf(p) => tlb_perf::main(p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
