@@ -3,7 +3,9 @@
 //! Each subcommand lives in its own module with its options (`Args`/`Params`)
 //! and a `main` that runs it and prints its report.
 
+mod dirty_log_perf;
 mod report;
+mod reproduce;
 mod split_perf;
 mod tlb_perf;
 
@@ -27,6 +29,10 @@ enum Cmd {
     SplitPerf(split_perf::Params),
     /// Seed 003: dirty-log clears of a large slot with split range TLB calls against one whole-VMID flush.
     TlbPerf(tlb_perf::Params),
+    /// Seeds 002/004: KVM's dirty_log_perf_test on the engine, on real KVM (--kvm), or both (--compare).
+    DirtyLogPerf(dirty_log_perf::Params),
+    /// Runs every seed's experiment and writes a report next to the published figures.
+    Reproduce(reproduce::Params),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +40,8 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::SplitPerf(p) => split_perf::main(p),
         Cmd::TlbPerf(p) => tlb_perf::main(p),
+        Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
+        Cmd::Reproduce(p) => reproduce::main(p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

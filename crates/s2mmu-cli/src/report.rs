@@ -252,6 +252,20 @@ pub fn verdict(ok: bool) -> &'static str {
     }
 }
 
+/// Prints a report: its text, or its JSON envelope with `json`. A closed
+/// pipe (`| head`) is not an error worth a panic.
+pub fn emit(report: &Report, json: bool) {
+    use std::io::Write;
+    let out = if json {
+        let mut s = serde_json::to_string_pretty(&report.to_json()).expect("serialisable");
+        s.push('\n');
+        s
+    } else {
+        report.text().to_string()
+    };
+    let _ = std::io::stdout().lock().write_all(out.as_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,18 +306,4 @@ mod tests {
         assert_eq!(j["results"][0]["median_ns"], 5);
         assert_eq!(j["comparisons"][0]["speedup"], 2.0);
     }
-}
-
-/// Prints a report: its text, or its JSON envelope with `json`. A closed
-/// pipe (`| head`) is not an error worth a panic.
-pub fn emit(report: &Report, json: bool) {
-    use std::io::Write;
-    let out = if json {
-        let mut s = serde_json::to_string_pretty(&report.to_json()).expect("serialisable");
-        s.push('\n');
-        s
-    } else {
-        report.text().to_string()
-    };
-    let _ = std::io::stdout().lock().write_all(out.as_bytes());
 }

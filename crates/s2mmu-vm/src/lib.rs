@@ -8,6 +8,7 @@
 //! before the engine goes on.
 
 pub mod memory;
+mod sync;
 pub mod tlb;
 pub mod vcpu;
 pub mod vm;

@@ -14,9 +14,7 @@
 //! stale writable entry cannot outlive write-protect plus flush, which is
 //! what makes dirty logging lose no write.
 
-use parking_lot::Mutex;
-use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use crate::sync::{fence, lock, wait_step, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
 
 const OUTSIDE_GUEST: u8 = 0;
 const IN_GUEST: u8 = 1;
@@ -96,7 +94,7 @@ impl TlbShootdown {
     /// Registers a vCPU and returns its TLB of `entries` entries.
     pub fn register(&self, entries: usize) -> SoftTlb {
         let shared = Arc::new(VcpuTlbShared::new());
-        self.vcpus.lock().push(shared.clone());
+        lock(&self.vcpus).push(shared.clone());
         SoftTlb::new(shared, entries, self.page_shift)
     }
 
@@ -118,11 +116,11 @@ impl TlbShootdown {
         if range.is_none() {
             self.vmid_flushes.fetch_add(1, Ordering::Relaxed);
         }
-        let vcpus = self.vcpus.lock().clone();
+        let vcpus = lock(&self.vcpus).clone();
         let mut wait = Vec::with_capacity(vcpus.len());
         for v in &vcpus {
             let seq = {
-                let mut mb = v.mailbox.lock();
+                let mut mb = lock(&v.mailbox);
                 match range {
                     Some(r) if !mb.all && mb.ranges.len() < MAX_POSTED_RANGES => mb.ranges.push(r),
                     _ => {
@@ -145,12 +143,8 @@ impl TlbShootdown {
                 if spins == 0 {
                     waited += 1;
                 }
+                wait_step(spins);
                 spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
             }
         }
         self.vcpus_waited.fetch_add(waited, Ordering::Relaxed);
@@ -262,7 +256,7 @@ impl SoftTlb {
     #[cold]
     fn apply_requests(&mut self) {
         let (seq, mb) = {
-            let mut mb = self.shared.mailbox.lock();
+            let mut mb = lock(&self.shared.mailbox);
             let seq = self.shared.requests.load(Ordering::Acquire);
             (seq, std::mem::take(&mut *mb))
         };
@@ -339,7 +333,7 @@ impl Drop for SoftTlb {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use s2mmu::TlbInvalidate;

@@ -70,8 +70,10 @@ impl LiveCounters {
         self.faults.store(vcpu.faults, Ordering::Relaxed);
         self.tlb_misses.store(t.misses, Ordering::Relaxed);
         self.tlb_fills.store(t.fills, Ordering::Relaxed);
-        self.tlb_flushes
-            .store(vcpu.tlb().shared().flushes_applied.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.tlb_flushes.store(
+            vcpu.tlb().shared().flushes_applied.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -94,6 +96,11 @@ pub struct Control {
     pub live: Vec<LiveCounters>,
     /// Delay per page in nanoseconds (0 = none): the throttle.
     pub throttle_ns: AtomicU64,
+    /// Percent of accesses that are writes, read at the start of each pass
+    /// (starts as the configuration's).
+    pub write_percent: AtomicU64,
+    /// Whether passes visit pages at random, read at the start of each pass.
+    pub random: AtomicBool,
     /// Last pass-completion time of each vCPU and its duration.
     pass_times: Mutex<Vec<Vec<Duration>>>,
     fault_stats: Mutex<Vec<FaultStats>>,
@@ -114,6 +121,8 @@ impl Control {
             pages_written: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
             live: (0..vcpus).map(|_| LiveCounters::default()).collect(),
             throttle_ns: AtomicU64::new(0),
+            write_percent: AtomicU64::new(100),
+            random: AtomicBool::new(false),
             pass_times: Mutex::new(vec![Vec::new(); vcpus]),
             fault_stats: Mutex::new(vec![FaultStats::default(); vcpus]),
             errors: Mutex::new(Vec::new()),
@@ -152,6 +161,12 @@ impl<S: MemslotStore + 'static> Workload<S> {
             ));
         }
         let control = Arc::new(Control::new(vcpus));
+        control
+            .write_percent
+            .store(u64::from(config.write_percent), Ordering::Relaxed);
+        control
+            .random
+            .store(config.pattern == Pattern::Random, Ordering::Relaxed);
         let mut threads = Vec::new();
         for i in 0..vcpus {
             let mut vcpu = vm.new_vcpu().map_err(|e| e.to_string())?;
@@ -344,18 +359,16 @@ fn vcpu_thread<S: MemslotStore>(
         pass += 1;
         let t0 = Instant::now();
         let throttle = c.throttle_ns.load(Ordering::Relaxed);
+        let write_percent = c.write_percent.load(Ordering::Relaxed);
+        let random = c.random.load(Ordering::Relaxed);
         let mut written = 0u64;
         for i in 0..pages {
-            let page = match cfg.pattern {
-                Pattern::Sequential => i,
-                Pattern::Random => rng.next() % pages,
-            };
+            let page = if random { rng.next() % pages } else { i };
             let gpa = base + page * cfg.page_size;
             if c.paused.load(Ordering::Relaxed) && !park(vcpu, idx, c) {
                 return;
             }
-            let write =
-                cfg.write_percent >= 100 || (rng.next() % 100) < u64::from(cfg.write_percent);
+            let write = write_percent >= 100 || (rng.next() % 100) < write_percent;
             loop {
                 let r = if write {
                     vcpu.write_u64(gpa, stamp(idx, pass, page))

@@ -12,7 +12,10 @@
 use crate::{Error, Result};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
+#[cfg(not(loom))]
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// One slot's dirty bitmap: bit `i` is page `base_gfn + i`.
 pub struct DirtyBitmap {
@@ -25,17 +28,17 @@ impl DirtyBitmap {
     /// `KVM_DIRTY_LOG_INITIALLY_SET`) all set.
     pub fn new(npages: u64, all_set: bool) -> Self {
         let n = npages.div_ceil(64) as usize;
-        let mut words: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-        if all_set {
-            for (i, w) in words.iter_mut().enumerate() {
+        let words: Vec<AtomicU64> = (0..n)
+            .map(|i| {
                 let left = npages - i as u64 * 64;
-                *w.get_mut() = if left >= 64 {
-                    u64::MAX
-                } else {
-                    (1 << left) - 1
+                let v = match (all_set, left >= 64) {
+                    (false, _) => 0,
+                    (true, true) => u64::MAX,
+                    (true, false) => (1 << left) - 1,
                 };
-            }
-        }
+                AtomicU64::new(v)
+            })
+            .collect();
         DirtyBitmap {
             words: words.into_boxed_slice(),
             npages,
@@ -159,11 +162,20 @@ pub mod ring_flags {
 }
 
 /// One ring entry.
-#[derive(Default)]
 struct RingEntry {
     flags: AtomicU32,
     slot: AtomicU32,
     offset: AtomicU64,
+}
+
+impl RingEntry {
+    fn new() -> Self {
+        RingEntry {
+            flags: AtomicU32::new(0),
+            slot: AtomicU32::new(0),
+            offset: AtomicU64::new(0),
+        }
+    }
 }
 
 /// A harvested dirty page.
@@ -204,7 +216,7 @@ impl DirtyRing {
             return Err(Error::InvalidRingSize { entries });
         }
         Ok(DirtyRing {
-            entries: (0..entries).map(|_| RingEntry::default()).collect(),
+            entries: (0..entries).map(|_| RingEntry::new()).collect(),
             dirty_index: AtomicU64::new(0),
             reset_index: AtomicU64::new(0),
             fetch_index: AtomicU64::new(0),
@@ -300,7 +312,7 @@ impl DirtyRing {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -90,7 +90,7 @@ fn readers_see_only_published_states<S: MemslotStore + 'static>() {
     let mut states: Vec<BTreeMap<u16, Key>> = vec![BTreeMap::new()];
     let mut rng = Lcg(7);
     let mut ops = 0;
-    while ops < 3000 {
+    while ops < 1000 {
         let id = rng.next(16) as u16;
         let current = states.last().and_then(|s| s.get(&id)).copied();
         let hva = 0x1000_0000 + u64::from(id) * 0x100_000;

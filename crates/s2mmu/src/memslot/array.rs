@@ -113,7 +113,12 @@ impl ArraySet {
     }
 }
 
-impl sealed::Sealed for ArraySet {}
+impl sealed::Sealed for ArraySet {
+    fn search_with_range(&self, gfn: u64) -> Option<(&Slot, u64, u64)> {
+        let entry = &self.entries[self.search_index(gfn)?];
+        Some((&*entry.slot, entry.base_gfn, entry.end_gfn))
+    }
+}
 
 impl SlotLookup for ArraySet {
     fn store_id(&self) -> u64 {

@@ -40,6 +40,19 @@ impl ArrayMemslots {
     }
 }
 
+impl ArrayMemslots {
+    /// KVM's old `install_new_memslots`: publish the new array, wait for the readers of the
+    /// old one (`synchronize_srcu_expedited`) and free it. Returns a handle on the array now
+    /// active.
+    fn install(&self, next: ArraySet) -> Arc<ArraySet> {
+        let next = Arc::new(next);
+        let retired = self.active.swap(Arc::clone(&next));
+        wait_for_readers(&retired);
+        drop(retired);
+        next
+    }
+}
+
 impl Default for ArrayMemslots {
     fn default() -> Self {
         Self::new()
@@ -82,8 +95,7 @@ impl MemslotStore for ArrayMemslots {
                 *generation += 1;
                 let next = current.with_change(old.as_deref(), new.as_ref(), *generation);
                 drop(current);
-                // The retired array is freed here or by its last reader.
-                drop(self.active.swap(Arc::new(next)));
+                self.install(next);
             }
             MemslotChange::Delete | MemslotChange::Move => {
                 let Some(old) = old else {
@@ -91,16 +103,14 @@ impl MemslotStore for ArrayMemslots {
                 };
                 let invalid = Arc::new(old.to_invalid());
                 *generation += 1;
-                let with_invalid =
-                    Arc::new(current.with_change(Some(&old), Some(&invalid), *generation));
+                let with_invalid = current.with_change(Some(&old), Some(&invalid), *generation);
                 drop(current);
-                let retired = self.active.swap(Arc::clone(&with_invalid));
-                drop(wait_for_readers(retired));
+                let with_invalid = self.install(with_invalid);
                 stage2.unmap_gfn_range(old.base_gfn(), old.npages());
                 *generation += 1;
                 let next = with_invalid.with_change(Some(&invalid), new.as_ref(), *generation);
                 drop(with_invalid);
-                drop(self.active.swap(Arc::new(next)));
+                self.install(next);
             }
         }
         Ok(plan.change)

@@ -14,6 +14,9 @@ pub struct VcpuSlotCache {
     store_id: u64,
     generation: u64,
     pub(crate) slot: Option<NonNull<Slot>>,
+    /// The cached slot's gfn range, kept here so that a miss does not read the slot.
+    pub(crate) base_gfn: u64,
+    pub(crate) end_gfn: u64,
     /// Lookups answered from the cache.
     pub hits: u64,
     /// Lookups that searched the set.
@@ -32,6 +35,8 @@ impl VcpuSlotCache {
             store_id: 0,
             generation: 0,
             slot: None,
+            base_gfn: 0,
+            end_gfn: 0,
             hits: 0,
             misses: 0,
         }
@@ -47,6 +52,15 @@ impl VcpuSlotCache {
         self.store_id = store_id;
         self.generation = generation;
         self.slot = None;
+        self.base_gfn = 0;
+        self.end_gfn = 0;
+    }
+
+    /// Remembers `slot`, found in the state the cache is tied to.
+    pub(crate) fn fill(&mut self, slot: &Slot, base_gfn: u64, end_gfn: u64) {
+        self.slot = Some(NonNull::from(slot));
+        self.base_gfn = base_gfn;
+        self.end_gfn = end_gfn;
     }
 
     /// The generation the cache was last filled under (0 if never).

@@ -8,18 +8,18 @@
 //! cut into slots) that is O(log n + k) for k hits; one very large slot widens the scan
 //! window of every query, which a balanced interval tree (KVM's) would not.
 
-use alloc::collections::BTreeMap;
 use alloc::sync::Arc;
 
 use super::slot::Slot;
+use super::sorted_map::SortedMap;
 
 /// Slots by host range.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct HvaIndex {
     /// (first byte, slot id) -> (last byte inclusive, slot).
-    by_start: BTreeMap<(u64, u16), (u64, Arc<Slot>)>,
+    by_start: SortedMap<(u64, u16), (u64, Arc<Slot>)>,
     /// Range length in bytes -> number of slots with that length.
-    lengths: BTreeMap<u64, u32>,
+    lengths: SortedMap<u64, u32>,
 }
 
 impl HvaIndex {
@@ -28,16 +28,21 @@ impl HvaIndex {
         let len = slot.hva_end() - start;
         self.by_start
             .insert((start, slot.id()), (start + len - 1, Arc::clone(slot)));
-        *self.lengths.entry(len).or_insert(0) += 1;
+        match self.lengths.get_mut(&len) {
+            Some(count) => *count += 1,
+            None => {
+                self.lengths.insert(len, 1);
+            }
+        }
     }
 
     pub(crate) fn remove(&mut self, slot: &Slot) {
         let start = slot.userspace_addr();
         let len = slot.hva_end() - start;
         if self.by_start.remove(&(start, slot.id())).is_some() {
-            if let Some(count) = self.lengths.get_mut(&len) {
-                *count -= 1;
-                if *count == 0 {
+            match self.lengths.get_mut(&len) {
+                Some(count) if *count > 1 => *count -= 1,
+                _ => {
                     self.lengths.remove(&len);
                 }
             }
@@ -51,11 +56,14 @@ impl HvaIndex {
         last: u64,
         mut f: F,
     ) {
-        let Some((&longest, _)) = self.lengths.last_key_value() else {
+        let Some((&longest, _)) = self.lengths.get_le(&u64::MAX) else {
             return;
         };
         let lowest_start = start.saturating_sub(longest - 1);
-        for (_, (slot_last, slot)) in self.by_start.range((lowest_start, 0)..=(last, u16::MAX)) {
+        for (&(slot_start, _), (slot_last, slot)) in self.by_start.iter_from(&(lowest_start, 0)) {
+            if slot_start > last {
+                break;
+            }
             if *slot_last >= start {
                 f(slot);
             }

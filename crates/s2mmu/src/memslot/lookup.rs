@@ -1,14 +1,18 @@
 //! The read side of a memslot set: what a vCPU or an MMU notifier asks of a snapshot.
 
-use core::ptr::NonNull;
-
 use super::cache::VcpuSlotCache;
 use super::slot::Slot;
 
 pub(crate) mod sealed {
+    use super::Slot;
+
     /// Only this crate's sets implement [`super::SlotLookup`]: the per-vCPU cache relies on
     /// their promise that a (store id, generation) pair names one immutable state.
-    pub trait Sealed {}
+    pub trait Sealed {
+        /// The slot containing `gfn` with its gfn range, read from the index rather than
+        /// from the slot, so that filling a cache costs no extra memory access.
+        fn search_with_range(&self, gfn: u64) -> Option<(&Slot, u64, u64)>;
+    }
 }
 
 /// One slot that overlaps a host-virtual range, with the overlap converted to gfns
@@ -99,23 +103,22 @@ pub trait SlotLookup: sealed::Sealed {
     fn gfn_to_slot_vcpu<'a>(&'a self, cache: &mut VcpuSlotCache, gfn: u64) -> Option<&'a Slot> {
         if cache.is_for(self.store_id(), self.generation()) {
             if let Some(cached) = cache.slot {
-                // SAFETY: the cache was filled from a state of this store with this
-                // generation. A generation is published once per store and a published
-                // state never changes while anyone can read it (the sets are sealed to this
-                // crate, which keeps that promise), so `self` is that same state and holds
-                // an `Arc` to the cached slot for at least the lifetime `'a` of `self`.
-                let slot = unsafe { cached.as_ref() };
-                if slot.contains(gfn) {
+                if gfn >= cache.base_gfn && gfn < cache.end_gfn {
                     cache.hits += 1;
-                    return Some(slot);
+                    // SAFETY: the cache was filled from a state of this store with this
+                    // generation. A generation is published once per store and a published
+                    // state never changes while anyone can read it (the sets are sealed to
+                    // this crate, which keeps that promise), so `self` is that same state
+                    // and holds an `Arc` to the cached slot for at least the lifetime `'a`.
+                    return Some(unsafe { cached.as_ref() });
                 }
             }
         } else {
             cache.reset(self.store_id(), self.generation());
         }
         cache.misses += 1;
-        let found = self.search(gfn)?;
-        cache.slot = Some(NonNull::from(found));
+        let (found, base_gfn, end_gfn) = self.search_with_range(gfn)?;
+        cache.fill(found, base_gfn, end_gfn);
         Some(found)
     }
 }

@@ -31,6 +31,7 @@ mod hva_index;
 mod invalidate;
 mod lookup;
 mod slot;
+mod sorted_map;
 mod store;
 mod tree;
 mod validate;

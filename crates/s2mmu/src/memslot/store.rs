@@ -56,15 +56,13 @@ pub(crate) fn next_store_id() -> u64 {
 }
 
 /// Waits until every reader of a retired state has dropped its snapshot (the
-/// `synchronize_srcu` of this design) and returns the state for reuse.
+/// `synchronize_srcu` of this design): afterwards the caller's handle is the only one,
+/// so `Arc::make_mut` and `Arc::try_unwrap` on it neither copy nor fail.
 #[cfg(feature = "std")]
-pub(crate) fn wait_for_readers<T>(mut retired: alloc::sync::Arc<T>) -> T {
+pub(crate) fn wait_for_readers<T>(retired: &alloc::sync::Arc<T>) {
     let mut spins = 0u32;
-    loop {
-        match alloc::sync::Arc::try_unwrap(retired) {
-            Ok(state) => return state,
-            Err(still_shared) => retired = still_shared,
-        }
+    // Snapshots are the only other strong references; no weak ones are ever made.
+    while alloc::sync::Arc::strong_count(retired) > 1 {
         // Readers hold snapshots for a lookup or a fault; spin briefly, then let them run.
         if spins < 128 {
             spins += 1;

@@ -2,16 +2,23 @@
 //! map and a last-used-slot cache. Two of these (active and inactive) share `Arc<Slot>`
 //! objects; see [`super::TreeMemslots`] for how they are swapped.
 
-use alloc::collections::BTreeMap;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::ops::Bound;
 use core::ptr;
 use core::sync::atomic::{AtomicPtr, Ordering};
 
 use super::hva_index::HvaIndex;
 use super::lookup::{sealed, HvaOverlap, SlotLookup};
 use super::slot::Slot;
+use super::sorted_map::SortedMap;
+
+/// A gfn-tree entry: the slot's end kept beside it, so a search decides a hit or a miss
+/// without touching the slot.
+#[derive(Clone, Debug)]
+struct GfnEntry {
+    end_gfn: u64,
+    slot: Arc<Slot>,
+}
 
 /// One memslot set of the tree policy. Read it through a snapshot.
 #[derive(Debug, Default)]
@@ -19,7 +26,7 @@ pub struct TreeSet {
     store_id: u64,
     pub(crate) generation: u64,
     /// base_gfn -> slot. Slots never overlap in gfn space, so ordering by base is enough.
-    gfn_tree: BTreeMap<u64, Arc<Slot>>,
+    gfn_tree: SortedMap<u64, GfnEntry>,
     hva_index: HvaIndex,
     /// Slot id -> slot, grown on demand (pay for the highest id in use, not the maximum).
     id_map: Vec<Option<Arc<Slot>>>,
@@ -28,6 +35,23 @@ pub struct TreeSet {
     /// Null, or a slot held by this set's maps (kept so by `replace`, which needs
     /// `&mut self` and so runs only while the set is unpublished).
     last_used: AtomicPtr<Slot>,
+}
+
+/// Needed by `Arc::make_mut`, which copies only if a reader still held the set; the store
+/// waits for readers first, so this runs only if that promise were broken.
+impl Clone for TreeSet {
+    fn clone(&self) -> Self {
+        Self {
+            store_id: self.store_id,
+            generation: self.generation,
+            gfn_tree: self.gfn_tree.clone(),
+            hva_index: self.hva_index.clone(),
+            id_map: self.id_map.clone(),
+            len: self.len,
+            total_pages: self.total_pages,
+            last_used: AtomicPtr::new(self.last_used.load(Ordering::Relaxed)),
+        }
+    }
 }
 
 impl TreeSet {
@@ -70,13 +94,22 @@ impl TreeSet {
         }
         self.id_map[index] = Some(Arc::clone(new));
         self.hva_index.insert(new);
-        self.gfn_tree.insert(new.base_gfn(), Arc::clone(new));
+        let entry = GfnEntry {
+            end_gfn: new.end_gfn(),
+            slot: Arc::clone(new),
+        };
+        self.gfn_tree.insert(new.base_gfn(), entry);
         self.len += 1;
         self.total_pages += new.npages();
     }
 }
 
-impl sealed::Sealed for TreeSet {}
+impl sealed::Sealed for TreeSet {
+    fn search_with_range(&self, gfn: u64) -> Option<(&Slot, u64, u64)> {
+        let (&base_gfn, entry) = self.gfn_tree.get_le(&gfn)?;
+        (gfn < entry.end_gfn).then_some((&*entry.slot, base_gfn, entry.end_gfn))
+    }
+}
 
 impl SlotLookup for TreeSet {
     fn store_id(&self) -> u64 {
@@ -100,8 +133,7 @@ impl SlotLookup for TreeSet {
     }
 
     fn search(&self, gfn: u64) -> Option<&Slot> {
-        let (_, slot) = self.gfn_tree.range(..=gfn).next_back()?;
-        slot.contains(gfn).then_some(&**slot)
+        sealed::Sealed::search_with_range(self, gfn).map(|(slot, _, _)| slot)
     }
 
     fn gfn_to_slot(&self, gfn: u64) -> Option<&Slot> {
@@ -122,24 +154,28 @@ impl SlotLookup for TreeSet {
     }
 
     fn gfn_to_slot_approx(&self, gfn: u64) -> Option<&Slot> {
-        match self.gfn_tree.range(..=gfn).next_back() {
-            Some((_, slot)) => Some(slot),
-            None => self.gfn_tree.first_key_value().map(|(_, slot)| &**slot),
-        }
+        let (_, entry) = self
+            .gfn_tree
+            .get_le(&gfn)
+            .or_else(|| self.gfn_tree.first())?;
+        Some(&entry.slot)
     }
 
     fn for_each_in_gfn_range<'a, F: FnMut(&'a Slot)>(&'a self, start: u64, end: u64, mut f: F) {
         if start >= end {
             return;
         }
-        if let Some((_, slot)) = self.gfn_tree.range(..=start).next_back() {
-            if slot.end_gfn() > start {
-                f(slot);
+        if let Some((_, entry)) = self.gfn_tree.get_le(&start) {
+            if entry.end_gfn > start {
+                f(&entry.slot);
             }
         }
-        let rest = (Bound::Excluded(start), Bound::Excluded(end));
-        for (_, slot) in self.gfn_tree.range(rest) {
-            f(slot);
+        // start < end <= u64::MAX, so start + 1 does not wrap.
+        for (&base, entry) in self.gfn_tree.iter_from(&(start + 1)) {
+            if base >= end {
+                break;
+            }
+            f(&entry.slot);
         }
     }
 

@@ -28,8 +28,9 @@ impl core::ops::Deref for TreeSnapshot {
 
 /// What only the updater touches.
 struct TreeUpdater {
-    /// The set no reader can see. Equal to the active one between updates.
-    inactive: TreeSet,
+    /// The set no reader can see, and the only handle on it between updates (so
+    /// `Arc::make_mut` on it never copies). Equal to the active one between updates.
+    inactive: Arc<TreeSet>,
     generation: u64,
 }
 
@@ -50,10 +51,9 @@ impl TreeMemslots {
     /// waits for the readers of the set it replaces, and makes that one the inactive set.
     fn swap_active(&self, updater: &mut TreeUpdater) {
         updater.generation += 1;
-        let mut next = core::mem::take(&mut updater.inactive);
-        next.generation = updater.generation;
-        let retired = self.active.swap(Arc::new(next));
-        updater.inactive = wait_for_readers(retired);
+        Arc::make_mut(&mut updater.inactive).generation = updater.generation;
+        updater.inactive = self.active.swap(Arc::clone(&updater.inactive));
+        wait_for_readers(&updater.inactive);
     }
 
     /// KVM's `kvm_activate_memslot` after a `kvm_replace_memslot` on the inactive set.
@@ -63,9 +63,9 @@ impl TreeMemslots {
         old: Option<&Arc<Slot>>,
         new: Option<&Arc<Slot>>,
     ) {
-        updater.inactive.replace(old, new);
+        Arc::make_mut(&mut updater.inactive).replace(old, new);
         self.swap_active(updater);
-        updater.inactive.replace(old, new);
+        Arc::make_mut(&mut updater.inactive).replace(old, new);
     }
 }
 
@@ -86,7 +86,7 @@ impl MemslotStore for TreeMemslots {
             config,
             active: ArcSwap::from_pointee(TreeSet::new(store_id)),
             updater: Mutex::new(TreeUpdater {
-                inactive: TreeSet::new(store_id),
+                inactive: Arc::new(TreeSet::new(store_id)),
                 generation: 0,
             }),
         }
@@ -111,7 +111,7 @@ impl MemslotStore for TreeMemslots {
         let updater = &mut *guard;
         // Between updates the inactive set equals the active one; validating against it
         // avoids holding a snapshot of the set about to be retired.
-        let plan = plan_update(&self.config, region, &updater.inactive)?;
+        let plan = plan_update(&self.config, region, &*updater.inactive)?;
         let new = plan.new.map(Arc::new);
         let old = updater.inactive.id_arc(plan.id).cloned();
         match plan.change {
@@ -126,12 +126,12 @@ impl MemslotStore for TreeMemslots {
                 // Publish the stand-in so no vCPU can map the old range any more; the set
                 // retired by the swap still holds `old`.
                 let invalid = Arc::new(old.to_invalid());
-                updater.inactive.replace(Some(&old), Some(&invalid));
+                Arc::make_mut(&mut updater.inactive).replace(Some(&old), Some(&invalid));
                 self.swap_active(updater);
                 stage2.unmap_gfn_range(old.base_gfn(), old.npages());
-                updater.inactive.replace(Some(&old), new.as_ref());
+                Arc::make_mut(&mut updater.inactive).replace(Some(&old), new.as_ref());
                 self.swap_active(updater);
-                updater.inactive.replace(Some(&invalid), new.as_ref());
+                Arc::make_mut(&mut updater.inactive).replace(Some(&invalid), new.as_ref());
             }
         }
         debug_assert_eq!(updater.inactive.len(), self.active.load().len());

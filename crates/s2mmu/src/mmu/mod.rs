@@ -136,6 +136,8 @@ pub struct FaultStats {
     pub write_contended: u64,
     /// Nanoseconds spent waiting for the lock.
     pub lock_wait_ns: u64,
+    /// Nanoseconds spent splitting huge mappings (eager or on fault).
+    pub split_ns: u64,
 }
 
 impl FaultStats {
@@ -154,6 +156,7 @@ impl FaultStats {
         self.write_locks += o.write_locks;
         self.write_contended += o.write_contended;
         self.lock_wait_ns += o.lock_wait_ns;
+        self.split_ns += o.split_ns;
     }
 
     /// Lock acquisitions that had to wait, both modes.
@@ -580,7 +583,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             let capacity = self.with_table(|pt| pt.split_capacity(n));
             cache.top_up(capacity)?;
             let mut pt = self.write_lock(&mut st);
+            let t0 = Instant::now();
             pt.split(a, n, &mut cache, self.policy.split_walk)?;
+            st.split_ns += t0.elapsed().as_nanos() as u64;
             drop(pt);
             a += n;
         }
@@ -696,12 +701,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         // Top up outside the lock: enough for a map, or for splitting the
         // largest block in one step.
         let levels = (fmt.last_level() - fmt.start_level()) as usize;
-        let split_need = if logging && write {
-            1 + fmt.entries_per_table()
-        } else {
-            0
-        };
-        vcpu.cache.top_up(levels.max(split_need))?;
+        vcpu.cache.top_up(levels)?;
         let mut pt = self.write_lock(&mut vcpu.stats);
         vcpu.stats.slow += 1;
         let offset = (gpa - slot_start) >> shift;
@@ -710,14 +710,32 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 vcpu.stats.spurious += 1;
                 Ok(FaultOutcome::Spurious)
             }
-            Some(t) => {
-                if logging && t.size > page {
-                    // A huge mapping is never made writable while logged:
-                    // split it (it stays write-protected), then relax the page.
-                    let block = gpa & !(t.size - 1);
-                    pt.split(block, t.size, &mut vcpu.cache, self.policy.split_walk)?;
-                    vcpu.stats.splits_on_fault += 1;
-                }
+            Some(t) if logging && t.size > page => {
+                // A huge mapping is never made writable while logged. Split
+                // on fault as KVM does without eager split (arm64's map of a
+                // page over a block; x86 before 5.18): break the block and
+                // map only the faulting page; the rest of the block faults
+                // back page by page (translation faults on the slow path).
+                let block = gpa & !(t.size - 1);
+                let t0 = Instant::now();
+                pt.unmap(block, t.size)?;
+                let prot = Prot::RWX;
+                let opts = MapOptions { force_pages: true };
+                pt.map(
+                    gpa & !(page - 1),
+                    page,
+                    hva & !(page - 1),
+                    prot,
+                    &mut vcpu.cache,
+                    opts,
+                )?;
+                vcpu.stats.split_ns += t0.elapsed().as_nanos() as u64;
+                vcpu.stats.splits_on_fault += 1;
+                drop(pt);
+                self.mark_dirty(vcpu, id, offset);
+                Ok(FaultOutcome::Slow)
+            }
+            Some(_) => {
                 let o = pt.relax_perms(gpa, Prot::RW)?;
                 drop(pt);
                 if logging && o.became_writable(fmt.write_bit()) {
