@@ -51,6 +51,14 @@ pub struct Params {
     /// TLB range limit in pages (arm64's MAX_TLBI_RANGE_PAGES).
     #[arg(long, default_value_t = TlbPolicy::DEFAULT_LIMIT_PAGES)]
     pub limit_pages: u64,
+    /// After every burst of 1024 guest writes a vCPU leaves guest mode and
+    /// idles this many microseconds (a guest waiting for an interrupt);
+    /// 0 keeps it in guest mode all the time. Idling keeps vCPUs from being
+    /// preempted inside guest mode on a host with fewer free cores than
+    /// threads, where every flush would wait out a scheduler time slice
+    /// (a preempted KVM vCPU is outside guest mode and is not waited for).
+    #[arg(long, default_value_t = 50)]
+    pub idle_us: u64,
     /// How long to watch the vCPUs after each clear for TLB refills, in
     /// microseconds.
     #[arg(long, default_value_t = 2000)]
@@ -73,6 +81,8 @@ pub fn main(p: Params) -> Result<(), String> {
 const PAGE: u64 = 4096;
 const SMALL_GPA: u64 = 1 << 32;
 const BIG_SLOT: u16 = 1;
+/// Guest writes between a vCPU's idle periods.
+const BURST: u64 = 1024;
 const POLICIES: [LargeRangePolicy; 2] = [LargeRangePolicy::SplitCalls, LargeRangePolicy::WholeVmid];
 
 fn policy_name(p: LargeRangePolicy) -> &'static str {
@@ -160,13 +170,28 @@ fn vcpu_loop(
     idx: usize,
     base: u64,
     pages: u64,
+    idle: Duration,
     live: &Live,
     stop: &AtomicBool,
 ) -> Result<(), String> {
     let shared = v.tlb().shared().clone();
     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ ((idx as u64 + 1) * 0x1000_0001);
     let mut n = 0u64;
+    let mut applied = shared.flushes_applied.load(Ordering::Relaxed);
     while !stop.load(Ordering::Relaxed) {
+        // Like a CPU returning from the invalidation interrupt: once this
+        // vCPU applied a flush, give the core back, so a flusher that shares
+        // it (more threads than cores) waits for the acknowledgement and not
+        // for the rest of a scheduler time slice.
+        let a = shared.flushes_applied.load(Ordering::Relaxed);
+        if a != applied {
+            applied = a;
+            std::thread::yield_now();
+        }
+        if !idle.is_zero() && n.is_multiple_of(BURST) {
+            v.exit();
+            std::thread::sleep(idle);
+        }
         for _ in 0..64 {
             x ^= x << 13;
             x ^= x >> 7;
@@ -178,8 +203,10 @@ fn vcpu_loop(
         }
         live.accesses.store(v.accesses, Ordering::Relaxed);
         live.misses.store(v.tlb().stats().misses, Ordering::Relaxed);
-        live.removed
-            .store(shared.entries_removed.load(Ordering::Relaxed), Ordering::Relaxed);
+        live.removed.store(
+            shared.entries_removed.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
     }
     v.exit();
     Ok(())
@@ -405,12 +432,13 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
         .map(|_| vm.new_vcpu().map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
     let stop_ref = &stop;
+    let idle = Duration::from_micros(p.idle_us);
     let result = std::thread::scope(|s| {
         let mut handles = Vec::new();
         for (i, v) in vcpus.into_iter().enumerate() {
             let l = &live[i];
             let base = SMALL_GPA + i as u64 * p.vcpu_mem;
-            handles.push(s.spawn(move || vcpu_loop(v, i, base, vcpu_pages, l, stop_ref)));
+            handles.push(s.spawn(move || vcpu_loop(v, i, base, vcpu_pages, idle, l, stop_ref)));
         }
         let r = measure(p, &vm, &live, npages, progress);
         stop.store(true, Ordering::Relaxed);
@@ -443,6 +471,7 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
             "dirty_every": p.dirty_every,
             "limit_pages": p.limit_pages,
             "settle_us": p.settle_us,
+            "idle_us": p.idle_us,
             "page_bytes": PAGE,
             "policies": POLICIES.iter().map(|x| policy_name(*x)).collect::<Vec<_>>(),
         }),
@@ -568,7 +597,17 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
     );
     s += &format!(
         "{:<12} {:<12} {:>7} {:>8} {:>12} {:>12} {:>8} {:>12} {:>9} {:>9} {:>10}\n",
-        "mode", "policy", "calls", "cleared", "clear", "invalidate", "share", "get", "removed", "misses", "refill"
+        "mode",
+        "policy",
+        "calls",
+        "cleared",
+        "clear",
+        "invalidate",
+        "share",
+        "get",
+        "removed",
+        "misses",
+        "refill"
     );
     for r in &rows {
         s += &format!(
@@ -627,8 +666,7 @@ fn measure(
     let l0 = sum_live(live);
     let t = Instant::now();
     std::thread::sleep(Duration::from_millis(50));
-    let base_miss_rate =
-        (sum_live(live).misses - l0.misses) as f64 / t.elapsed().as_secs_f64();
+    let base_miss_rate = (sum_live(live).misses - l0.misses) as f64 / t.elapsed().as_secs_f64();
     // The cost of one TLB refill: a walk of the table.
     let reader = vm.mmu().reader();
     let pages = p.vcpu_mem * p.vcpus as u64 / PAGE;
@@ -678,7 +716,8 @@ fn measure(
         }
         for (pi, pol) in POLICIES.iter().enumerate() {
             let s = &samples[pi];
-            let times = |f: fn(&Sample) -> Duration| Summary::of(&s.iter().map(f).collect::<Vec<_>>());
+            let times =
+                |f: fn(&Sample) -> Duration| Summary::of(&s.iter().map(f).collect::<Vec<_>>());
             rows.push(Row {
                 case: case.clone(),
                 mode,
@@ -712,6 +751,7 @@ mod tests {
             dirty_every: 64,
             limit_pages: 1 << 16,
             settle_us: 100,
+            idle_us: 50,
             json: true,
         }
     }

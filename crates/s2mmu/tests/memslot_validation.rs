@@ -4,19 +4,29 @@
 use std::collections::BTreeMap;
 
 use s2mmu::memslot::{
-    errno, ArrayMemslots, HvaFault, MemslotChange, MemslotConfig, MemslotError, MemslotStore, NoStage2, Slot, SlotFlags,
-    SlotLookup, TreeMemslots, UserMemoryRegion, KVM_MEM_MAX_NR_PAGES, KVM_USER_MEM_SLOTS,
+    errno, ArrayMemslots, HvaFault, MemslotChange, MemslotConfig, MemslotError, MemslotStore,
+    NoStage2, Slot, SlotFlags, SlotLookup, TreeMemslots, UserMemoryRegion, KVM_MEM_MAX_NR_PAGES,
+    KVM_USER_MEM_SLOTS,
 };
 
 const PAGE: u64 = 4096;
 const HVA: u64 = 0x7f00_0000_0000;
 
-fn set<S: MemslotStore>(store: &S, region: UserMemoryRegion) -> Result<MemslotChange, MemslotError> {
+fn set<S: MemslotStore>(
+    store: &S,
+    region: UserMemoryRegion,
+) -> Result<MemslotChange, MemslotError> {
     store.set_memory_region(&region, &NoStage2)
 }
 
 fn region(id: u16, gfn: u64, npages: u64) -> UserMemoryRegion {
-    UserMemoryRegion::new(id, SlotFlags::NONE, gfn * PAGE, npages * PAGE, HVA + u64::from(id) * 0x100_0000)
+    UserMemoryRegion::new(
+        id,
+        SlotFlags::NONE,
+        gfn * PAGE,
+        npages * PAGE,
+        HVA + u64::from(id) * 0x100_0000,
+    )
 }
 
 fn rejects_what_kvm_rejects<S: MemslotStore>() {
@@ -25,31 +35,127 @@ fn rejects_what_kvm_rejects<S: MemslotStore>() {
     let generation = store.snapshot().generation();
 
     let cases: Vec<(UserMemoryRegion, MemslotError)> = vec![
-        (UserMemoryRegion { flags: 1 << 2, ..region(1, 32, 4) }, MemslotError::InvalidFlags { flags: 4 }),
-        (region(KVM_USER_MEM_SLOTS, 32, 4), MemslotError::IdOutOfRange { id: KVM_USER_MEM_SLOTS, max: KVM_USER_MEM_SLOTS }),
-        (UserMemoryRegion { memory_size: PAGE + 1, ..region(1, 32, 4) }, MemslotError::Misaligned { what: "memory_size", value: PAGE + 1 }),
-        (UserMemoryRegion { guest_phys_addr: 100, ..region(1, 32, 4) }, MemslotError::Misaligned { what: "guest_phys_addr", value: 100 }),
-        (UserMemoryRegion { userspace_addr: HVA + 8, ..region(1, 32, 4) }, MemslotError::Misaligned { what: "userspace_addr", value: HVA + 8 }),
         (
-            UserMemoryRegion { userspace_addr: u64::MAX - PAGE + 1, ..region(1, 32, 4) },
-            MemslotError::Wraps { what: "userspace_addr", start: u64::MAX - PAGE + 1, len: 4 * PAGE },
+            UserMemoryRegion {
+                flags: 1 << 2,
+                ..region(1, 32, 4)
+            },
+            MemslotError::InvalidFlags { flags: 4 },
         ),
-        (UserMemoryRegion { slot: 1 << 16 | 1, ..region(1, 32, 4) }, MemslotError::AddressSpaceOutOfRange { as_id: 1, max: 1 }),
         (
-            UserMemoryRegion { guest_phys_addr: u64::MAX - PAGE + 1, ..region(1, 32, 4) },
-            MemslotError::Wraps { what: "guest_phys_addr", start: u64::MAX - PAGE + 1, len: 4 * PAGE },
+            region(KVM_USER_MEM_SLOTS, 32, 4),
+            MemslotError::IdOutOfRange {
+                id: KVM_USER_MEM_SLOTS,
+                max: KVM_USER_MEM_SLOTS,
+            },
         ),
-        (region(1, 1 << 40, KVM_MEM_MAX_NR_PAGES + 1), MemslotError::TooLarge { npages: KVM_MEM_MAX_NR_PAGES + 1, max: KVM_MEM_MAX_NR_PAGES }),
-        (UserMemoryRegion::delete(5), MemslotError::NoSuchSlot { id: 5 }),
-        (region(1, 8, 16), MemslotError::Overlap { slot: 1, other: 0 }),
-        (region(1, 15, 1), MemslotError::Overlap { slot: 1, other: 0 }),
-        (region(0, 0, 8), MemslotError::ImmutableChange { what: "npages" }),
-        (UserMemoryRegion { userspace_addr: HVA + PAGE, ..region(0, 0, 16) }, MemslotError::ImmutableChange { what: "userspace_addr" }),
-        (UserMemoryRegion { flags: SlotFlags::READONLY.bits(), ..region(0, 0, 16) }, MemslotError::ImmutableChange { what: "readonly" }),
+        (
+            UserMemoryRegion {
+                memory_size: PAGE + 1,
+                ..region(1, 32, 4)
+            },
+            MemslotError::Misaligned {
+                what: "memory_size",
+                value: PAGE + 1,
+            },
+        ),
+        (
+            UserMemoryRegion {
+                guest_phys_addr: 100,
+                ..region(1, 32, 4)
+            },
+            MemslotError::Misaligned {
+                what: "guest_phys_addr",
+                value: 100,
+            },
+        ),
+        (
+            UserMemoryRegion {
+                userspace_addr: HVA + 8,
+                ..region(1, 32, 4)
+            },
+            MemslotError::Misaligned {
+                what: "userspace_addr",
+                value: HVA + 8,
+            },
+        ),
+        (
+            UserMemoryRegion {
+                userspace_addr: u64::MAX - PAGE + 1,
+                ..region(1, 32, 4)
+            },
+            MemslotError::Wraps {
+                what: "userspace_addr",
+                start: u64::MAX - PAGE + 1,
+                len: 4 * PAGE,
+            },
+        ),
+        (
+            UserMemoryRegion {
+                slot: 1 << 16 | 1,
+                ..region(1, 32, 4)
+            },
+            MemslotError::AddressSpaceOutOfRange { as_id: 1, max: 1 },
+        ),
+        (
+            UserMemoryRegion {
+                guest_phys_addr: u64::MAX - PAGE + 1,
+                ..region(1, 32, 4)
+            },
+            MemslotError::Wraps {
+                what: "guest_phys_addr",
+                start: u64::MAX - PAGE + 1,
+                len: 4 * PAGE,
+            },
+        ),
+        (
+            region(1, 1 << 40, KVM_MEM_MAX_NR_PAGES + 1),
+            MemslotError::TooLarge {
+                npages: KVM_MEM_MAX_NR_PAGES + 1,
+                max: KVM_MEM_MAX_NR_PAGES,
+            },
+        ),
+        (
+            UserMemoryRegion::delete(5),
+            MemslotError::NoSuchSlot { id: 5 },
+        ),
+        (
+            region(1, 8, 16),
+            MemslotError::Overlap { slot: 1, other: 0 },
+        ),
+        (
+            region(1, 15, 1),
+            MemslotError::Overlap { slot: 1, other: 0 },
+        ),
+        (
+            region(0, 0, 8),
+            MemslotError::ImmutableChange { what: "npages" },
+        ),
+        (
+            UserMemoryRegion {
+                userspace_addr: HVA + PAGE,
+                ..region(0, 0, 16)
+            },
+            MemslotError::ImmutableChange {
+                what: "userspace_addr",
+            },
+        ),
+        (
+            UserMemoryRegion {
+                flags: SlotFlags::READONLY.bits(),
+                ..region(0, 0, 16)
+            },
+            MemslotError::ImmutableChange { what: "readonly" },
+        ),
         (region(0, 0, 16), MemslotError::NoChange { id: 0 }),
     ];
     for (request, error) in cases {
-        assert_eq!(set(&store, request), Err(error), "{} {request:?}", S::POLICY);
+        assert_eq!(
+            set(&store, request),
+            Err(error),
+            "{} {request:?}",
+            S::POLICY
+        );
         let expected_errno = match error {
             MemslotError::Overlap { .. } => errno::EEXIST,
             MemslotError::NoChange { .. } => 0,
@@ -58,14 +164,24 @@ fn rejects_what_kvm_rejects<S: MemslotStore>() {
         assert_eq!(error.errno(), expected_errno);
     }
     let snapshot = store.snapshot();
-    assert_eq!(snapshot.generation(), generation, "no failed request published anything");
+    assert_eq!(
+        snapshot.generation(),
+        generation,
+        "no failed request published anything"
+    );
     assert_eq!(snapshot.len(), 1);
     assert_eq!(snapshot.total_pages(), 16);
 
     // The highest id and a slot right after the first are fine.
     drop(snapshot);
-    assert_eq!(set(&store, region(KVM_USER_MEM_SLOTS - 1, 16, 1)), Ok(MemslotChange::Create));
-    let logging = UserMemoryRegion { flags: SlotFlags::LOG_DIRTY_PAGES.bits(), ..region(0, 0, 16) };
+    assert_eq!(
+        set(&store, region(KVM_USER_MEM_SLOTS - 1, 16, 1)),
+        Ok(MemslotChange::Create)
+    );
+    let logging = UserMemoryRegion {
+        flags: SlotFlags::LOG_DIRTY_PAGES.bits(),
+        ..region(0, 0, 16)
+    };
     assert_eq!(set(&store, logging), Ok(MemslotChange::FlagsOnly));
     assert!(store.snapshot().id_to_slot(0).unwrap().dirty_logging());
 }
@@ -82,10 +198,19 @@ fn array_rejects_what_kvm_rejects() {
 
 fn other_page_sizes_and_translation<S: MemslotStore>() {
     // 16 KiB pages: gfns count 16 KiB frames, and 4 KiB alignment is not enough.
-    let store = S::with_config(MemslotConfig { page_shift: 14, ..MemslotConfig::default() });
+    let store = S::with_config(MemslotConfig {
+        page_shift: 14,
+        ..MemslotConfig::default()
+    });
     let page = 1u64 << 14;
     let misaligned = UserMemoryRegion::new(0, SlotFlags::NONE, 4096, 4 * page, HVA);
-    assert_eq!(set(&store, misaligned), Err(MemslotError::Misaligned { what: "guest_phys_addr", value: 4096 }));
+    assert_eq!(
+        set(&store, misaligned),
+        Err(MemslotError::Misaligned {
+            what: "guest_phys_addr",
+            value: 4096
+        })
+    );
     let ro = UserMemoryRegion::new(0, SlotFlags::READONLY, 8 * page, 4 * page, HVA);
     assert_eq!(set(&store, ro), Ok(MemslotChange::Create));
     let snapshot = store.snapshot();
@@ -95,7 +220,9 @@ fn other_page_sizes_and_translation<S: MemslotStore>() {
     assert_eq!(slot.gfn_to_hva(10, true), Err(HvaFault::ReadOnly));
     assert_eq!(slot.gfn_to_hva(12, false), Err(HvaFault::NotInSlot));
     let mut hits = Vec::new();
-    snapshot.for_each_in_hva_range(HVA + page + 1, HVA + 2 * page + 1, |o| hits.push((o.gfn_start, o.gfn_end)));
+    snapshot.for_each_in_hva_range(HVA + page + 1, HVA + 2 * page + 1, |o| {
+        hits.push((o.gfn_start, o.gfn_end))
+    });
     assert_eq!(hits, vec![(9, 11)], "partial pages round outwards");
 }
 
@@ -114,14 +241,26 @@ fn aliased_hva_and_empty<S: MemslotStore>() {
     assert!(store.snapshot().gfn_to_slot_approx(5).is_none());
     // Two slots backed by the same host memory: both must hear of an invalidation.
     for (id, gfn) in [(1, 0), (2, 100)] {
-        set(&store, UserMemoryRegion::new(id, SlotFlags::NONE, gfn * PAGE, 8 * PAGE, HVA)).unwrap();
+        set(
+            &store,
+            UserMemoryRegion::new(id, SlotFlags::NONE, gfn * PAGE, 8 * PAGE, HVA),
+        )
+        .unwrap();
     }
     let mut hits = Vec::new();
-    store.snapshot().for_each_in_hva_range(HVA + 2 * PAGE, HVA + 3 * PAGE, |o| hits.push((o.slot.id(), o.gfn_start, o.gfn_end)));
+    store
+        .snapshot()
+        .for_each_in_hva_range(HVA + 2 * PAGE, HVA + 3 * PAGE, |o| {
+            hits.push((o.slot.id(), o.gfn_start, o.gfn_end))
+        });
     hits.sort_unstable();
     assert_eq!(hits, vec![(1, 2, 3), (2, 102, 103)]);
     let snapshot = store.snapshot();
-    assert_eq!(snapshot.gfn_to_slot_approx(50).map(Slot::id), Some(1), "the neighbour below the hole");
+    assert_eq!(
+        snapshot.gfn_to_slot_approx(50).map(Slot::id),
+        Some(1),
+        "the neighbour below the hole"
+    );
     assert_eq!(snapshot.gfn_to_slot_approx(500).map(Slot::id), Some(2));
 }
 
@@ -176,9 +315,16 @@ fn many_slots<S: MemslotStore>() {
         assert_eq!((slot.base_gfn(), slot.npages()), (base, npages));
         assert_eq!(snapshot.search(base + npages - 1).map(Slot::id), Some(id));
     }
-    let by_gfn: BTreeMap<u64, (u16, u64)> = model.iter().map(|(&id, &(base, n))| (base, (id, n))).collect();
+    let by_gfn: BTreeMap<u64, (u16, u64)> = model
+        .iter()
+        .map(|(&id, &(base, n))| (base, (id, n)))
+        .collect();
     for gfn in (0..ids * 4).chain((1 << 20)..(1 << 20) + ids * 4) {
-        let want = by_gfn.range(..=gfn).next_back().filter(|(&b, &(_, n))| gfn < b + n).map(|(_, &(id, _))| id);
+        let want = by_gfn
+            .range(..=gfn)
+            .next_back()
+            .filter(|(&b, &(_, n))| gfn < b + n)
+            .map(|(_, &(id, _))| id);
         assert_eq!(snapshot.search(gfn).map(Slot::id), want, "gfn {gfn}");
     }
     let mut in_order = Vec::new();

@@ -60,7 +60,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let size = npages << shift;
         let mut st = FaultStats::default();
         let mut cache = self.split_cache.lock().unwrap();
-        let levels = (self.reader.format().last_level() - self.reader.format().start_level()) as usize;
+        let levels =
+            (self.reader.format().last_level() - self.reader.format().start_level()) as usize;
         let mut done = 0;
         while done < size {
             let n = POPULATE_CHUNK.min(size - done);
@@ -138,7 +139,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a zero limit.
-    pub fn set_tlb_large_range(&self, large_range: LargeRangePolicy, limit_pages: u64) -> Result<()> {
+    pub fn set_tlb_large_range(
+        &self,
+        large_range: LargeRangePolicy,
+        limit_pages: u64,
+    ) -> Result<()> {
         if limit_pages == 0 {
             return Err(Error::InvalidConfig {
                 what: "TLB range limit in pages",
