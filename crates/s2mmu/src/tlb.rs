@@ -97,7 +97,7 @@ impl TlbPolicy {
             }
             LargeRangePolicy::SplitCalls => {
                 let step = limit << self.page_shift;
-                let end = ipa + size;
+                let end = ipa.saturating_add(size);
                 let mut a = ipa;
                 let mut calls = 0;
                 while a < end {

@@ -44,8 +44,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             .is_none_or(|end| end > slot.npages())
         {
             return Err(Error::OutOfRange {
-                ipa: (slot.base_gfn() + first_page) << shift,
-                size: npages << shift,
+                ipa: slot.base_gfn().saturating_add(first_page) << shift,
+                size: npages.saturating_mul(1 << shift),
                 limit: slot.end_gfn() << shift,
             });
         }
@@ -111,7 +111,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         for p in pages {
             if p >= npages {
                 return Err(Error::OutOfRange {
-                    ipa: (base_gfn + p) << shift,
+                    ipa: base_gfn.saturating_add(p) << shift,
                     size: 1 << shift,
                     limit: (base_gfn + npages) << shift,
                 });
