@@ -420,7 +420,7 @@ mod tests {
     #[test]
     fn ipa_operand_carries_the_level_hint() {
         let op = ipa_operand(0x4020_1000, Some(3), 12, true);
-        assert_eq!(op & ((1 << 44) - 1), 0x4020_1);
+        assert_eq!(op & ((1 << 44) - 1), 0x0004_0201);
         assert_eq!(op >> 44, (1 << 2) | 3);
         assert_eq!(ipa_operand(0x4020_1000, None, 12, true) >> 44, 0);
         assert_eq!(ipa_operand(0x4020_1000, Some(2), 12, false) >> 44, 0);
