@@ -4,6 +4,7 @@
 //! and a `main` that runs it and prints its report.
 
 mod dirty_log_perf;
+mod memslot_perf;
 mod report;
 mod reproduce;
 mod split_perf;
@@ -31,6 +32,8 @@ enum Cmd {
     TlbPerf(tlb_perf::Params),
     /// Seeds 002/004: KVM's dirty_log_perf_test on the engine, on real KVM (--kvm), or both (--compare).
     DirtyLogPerf(dirty_log_perf::Params),
+    /// Seed 001: memslot_perf_test scenarios on the tree memslots against the array baseline (and real KVM with --kvm).
+    MemslotPerf(memslot_perf::Args),
     /// Runs every seed's experiment and writes a report next to the published figures.
     Reproduce(reproduce::Params),
 }
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Cmd::SplitPerf(p) => split_perf::main(p),
         Cmd::TlbPerf(p) => tlb_perf::main(p),
         Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
+        Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
     };
     match result {

@@ -7,6 +7,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
+use super::config::KVM_MEM_SLOTS_NUM;
 use super::lookup::{sealed, HvaOverlap, SlotLookup};
 use super::slot::Slot;
 
@@ -33,7 +34,8 @@ impl ArrayEntry {
     }
 }
 
-const NO_INDEX: u32 = u32::MAX;
+/// `id_to_index` value of an id without a slot (KVM used -1 in its `short` array).
+const NO_INDEX: u16 = u16::MAX;
 
 /// One memslot state of the array policy. Immutable once built; read it through a snapshot.
 #[derive(Debug)]
@@ -42,8 +44,11 @@ pub struct ArraySet {
     generation: u64,
     /// Sorted by ascending base_gfn.
     entries: Vec<ArrayEntry>,
-    /// Slot id -> index in `entries` (KVM's `id_to_index`), up to the highest id in use.
-    id_to_index: Vec<u32>,
+    /// Slot id -> index in `entries`: KVM's `short id_to_index[KVM_MEM_SLOTS_NUM]`, which
+    /// 5.12-5.16 kernels embedded in `struct kvm_memslots` and so copied whole (64 KiB) with
+    /// every change, however few slots were in use. The "pay for what you use" goal of the
+    /// tree design is measured against exactly this cost.
+    id_to_index: Vec<u16>,
     total_pages: u64,
     /// Index of the last slot found by `gfn_to_slot` (KVM's `lru_slot`), or `usize::MAX`.
     last_used: AtomicUsize,
@@ -55,7 +60,7 @@ impl ArraySet {
             store_id,
             generation: 0,
             entries: Vec::new(),
-            id_to_index: Vec::new(),
+            id_to_index: vec![NO_INDEX; usize::from(KVM_MEM_SLOTS_NUM)],
             total_pages: 0,
             last_used: AtomicUsize::new(usize::MAX),
         }
@@ -91,10 +96,18 @@ impl ArraySet {
             entries.insert(at, ArrayEntry::new(new));
             total_pages += new.npages();
         }
-        let highest_id = entries.iter().map(|entry| entry.slot.id()).max();
-        let mut id_to_index = vec![NO_INDEX; highest_id.map_or(0, |id| usize::from(id) + 1)];
+        // The copy of the whole array struct, then the index fix-up of `update_memslots`.
+        let mut id_to_index = self.id_to_index.clone();
+        if let Some(old) = old {
+            if let Some(index) = id_to_index.get_mut(usize::from(old.id())) {
+                *index = NO_INDEX;
+            }
+        }
         for (index, entry) in entries.iter().enumerate() {
-            id_to_index[usize::from(entry.slot.id())] = index as u32;
+            if let Some(slot) = id_to_index.get_mut(usize::from(entry.slot.id())) {
+                // Fits: at most KVM_MEM_SLOTS_NUM (< u16::MAX) entries exist.
+                *slot = index as u16;
+            }
         }
         Self {
             store_id: self.store_id,

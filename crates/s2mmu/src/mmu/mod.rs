@@ -939,7 +939,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                     let lo = base + ((page0 + u64::from(mask.trailing_zeros())) << self.page_shift);
                     let hi =
                         base + ((page0 + 64 - u64::from(mask.leading_zeros())) << self.page_shift);
+                    let t0 = Instant::now();
                     pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
+                    st.split_ns += t0.elapsed().as_nanos() as u64;
                 }
                 self.protect_mask(&mut pt, base, page0, mask, &mut batch)?;
             }
