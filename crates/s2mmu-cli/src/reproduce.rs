@@ -129,7 +129,7 @@ fn experiments(p: &Params) -> Vec<Experiment> {
     let tlb: Vec<&'static str> = if q {
         vec!["--size", "16G", "--runs", "3"]
     } else {
-        vec!["--runs", "7"]
+        vec!["--runs", "11"]
     };
     v.push(Experiment {
         seed: "003",

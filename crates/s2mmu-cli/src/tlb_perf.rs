@@ -37,7 +37,7 @@ pub struct Params {
     #[arg(long, default_value = "1G", value_parser = crate::report::parse_size)]
     pub chunk: u64,
     /// Harvest cycles per mode and policy.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 11)]
     pub runs: usize,
     /// vCPU threads running a random-write workload during the cycles;
     /// 0: one per logical CPU but one (the clearing thread needs a core).
