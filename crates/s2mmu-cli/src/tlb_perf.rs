@@ -377,12 +377,14 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
     }
     let p = &resolved;
     let e = |e: s2mmu::Error| e.to_string();
-    let small = p.vcpu_mem * p.vcpus as u64;
+    let too_big = || "--vcpu-mem x --vcpus or --size too large for a 48-bit IPA space".to_string();
+    let small = p.vcpu_mem.checked_mul(p.vcpus as u64).ok_or_else(too_big)?;
     // The big slot sits above the small one, 1 GiB aligned.
-    let big_gpa = (SMALL_GPA + small).next_multiple_of(1 << 30);
-    let end = big_gpa
-        .checked_add(p.size)
-        .ok_or("--size too large for the IPA space")?;
+    let big_gpa = SMALL_GPA
+        .checked_add(small)
+        .and_then(|e| e.checked_next_multiple_of(1 << 30))
+        .ok_or_else(too_big)?;
+    let end = big_gpa.checked_add(p.size).ok_or_else(too_big)?;
     let ipa_bits = (64 - (end - 1).leading_zeros()).max(40);
     if ipa_bits > 48 {
         return Err("--size too large for a 48-bit IPA space".into());
@@ -788,6 +790,11 @@ mod tests {
 
     #[test]
     fn bad_options_are_refused() {
+        let mut huge = params("1G", "1G");
+        huge.vcpu_mem = 1 << 62;
+        huge.vcpus = 8;
+        assert!(run(&huge, false).is_err(), "typed error, no overflow");
+        assert!(run(&params("256T", "1G"), false).is_err(), "beyond 48 bits");
         assert!(check(&params("0", "1G")).is_err());
         assert!(check(&params("1G", "4K")).is_err());
         assert!(check(&params("1G", "2G")).is_err());
