@@ -7,6 +7,7 @@ mod dirty_log_perf;
 mod memslot_perf;
 mod reproduce;
 mod split_perf;
+mod tlb_perf;
 
 use s2mmu_cli::{migrate, report};
 
@@ -28,6 +29,8 @@ struct Cli {
 enum Cmd {
     /// Seed 000: eager split of a slot with the skipping walker against a full walk.
     SplitPerf(split_perf::Params),
+    /// Seed 003: dirty-log clears of a large slot with split range TLB calls against one whole-VMID flush.
+    TlbPerf(tlb_perf::Params),
     /// Seeds 002/004: KVM's dirty_log_perf_test on the engine, on real KVM (--kvm), or both (--compare).
     DirtyLogPerf(dirty_log_perf::Params),
     /// Seed 001: memslot_perf_test scenarios on the tree memslots against the array baseline (and real KVM with --kvm).
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::SplitPerf(p) => split_perf::main(p),
+        Cmd::TlbPerf(p) => tlb_perf::main(p),
         Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
         Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),

@@ -13,6 +13,8 @@
 //! page limit is either split into limit-sized calls (Linux mainline) or
 //! replaced by one whole-VMID flush.
 
+pub mod arm64;
+
 /// The invalidation primitives a backend implements.
 pub trait TlbInvalidate: Send + Sync {
     /// Invalidates the stage-2 translation of `ipa`; `level` is the level of
@@ -95,7 +97,7 @@ impl TlbPolicy {
             }
             LargeRangePolicy::SplitCalls => {
                 let step = limit << self.page_shift;
-                let end = ipa + size;
+                let end = ipa.saturating_add(size);
                 let mut a = ipa;
                 let mut calls = 0;
                 while a < end {

@@ -34,6 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
+mod populate;
+
 /// How faults take the MMU lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FaultPath {
@@ -642,7 +644,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let id = slot.id();
         let slot_start = slot.base_gfn() << shift;
         let slot_end = slot.end_gfn() << shift;
-        drop(snap);
+        // `snap` is held to the end of the fault, as KVM holds SRCU across
+        // it: a memslot change (turning logging on) waits for this fault
+        // before it write-protects, so a fault that saw logging off cannot
+        // make a page writable, unlogged, after the protect and flush.
         let page = 1u64 << shift;
         let mapped = self.reader.translate(gpa);
         let w = Prot::W;

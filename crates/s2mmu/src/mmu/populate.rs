@@ -1,0 +1,167 @@
+//! Mapping and dirtying a slot without vCPUs, for benchmarks and tests.
+//!
+//! [`Mmu::populate`] maps a range of a memslot with last-level pages the way
+//! faults would, but in one pass and without touching guest memory (like
+//! `KVM_PRE_FAULT_MEMORY`): the table only records the host addresses, so a
+//! slot can be backed by reserved, never-touched address space.
+//! [`Mmu::dirty_pages`] does what a guest write's permission fault does to a
+//! logged page (make it writable, mark it dirty), page by page.
+//! [`Mmu::set_tlb_large_range`] switches the large-range TLB policy of a
+//! live MMU, so one process can measure both sides of seed 003.
+
+use super::{FaultStats, Mmu};
+use crate::format::{Prot, PteFormat};
+use crate::memslot::{MemslotStore, SlotLookup};
+use crate::ops::MapOptions;
+use crate::table::MmOps;
+use crate::tlb::{LargeRangePolicy, TlbPolicy};
+use crate::{Error, Result};
+
+/// Bytes mapped per hold of the write lock in [`Mmu::populate`].
+const POPULATE_CHUNK: u64 = 1 << 30;
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+    /// Maps pages `[first_page, first_page + npages)` of slot `id` with
+    /// last-level pages, to the slot's host addresses, without touching
+    /// them. Pages of a logged slot are mapped read-only (their first write
+    /// faults, as after a fault on a read); others read-write-execute.
+    /// Works in 1 GiB chunks, topping the page cache up and dropping the
+    /// lock between them. Returns the number of pages mapped.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchSlot`]; [`Error::OutOfRange`] for pages beyond the
+    /// slot; [`Error::AlreadyMapped`] if a page in the range is mapped (the
+    /// pages before it stay mapped); [`Error::OutOfMemory`].
+    pub fn populate(&self, id: u16, first_page: u64, npages: u64) -> Result<u64> {
+        let _u = self.update.lock().unwrap();
+        let snap = self.slots.snapshot();
+        let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
+            slot: u32::from(id),
+        })?;
+        let shift = self.page_shift;
+        if first_page
+            .checked_add(npages)
+            .is_none_or(|end| end > slot.npages())
+        {
+            return Err(Error::OutOfRange {
+                ipa: slot.base_gfn().saturating_add(first_page) << shift,
+                size: npages.saturating_mul(1 << shift),
+                limit: slot.end_gfn() << shift,
+            });
+        }
+        let base = (slot.base_gfn() + first_page) << shift;
+        let hva = slot.userspace_addr() + (first_page << shift);
+        let prot = if slot.dirty_logging() {
+            Prot::R | Prot::X
+        } else {
+            Prot::RWX
+        };
+        drop(snap);
+        let size = npages << shift;
+        let mut st = FaultStats::default();
+        let mut cache = self.split_cache.lock().unwrap();
+        let levels =
+            (self.reader.format().last_level() - self.reader.format().start_level()) as usize;
+        let mut done = 0;
+        while done < size {
+            let n = POPULATE_CHUNK.min(size - done);
+            let need = self.with_table(|pt| pt.split_capacity(n)) + levels + 1;
+            cache.top_up(need)?;
+            let mut pt = self.write_lock(&mut st);
+            pt.map(
+                base + done,
+                n,
+                hva + done,
+                prot,
+                &mut cache,
+                MapOptions { force_pages: true },
+            )?;
+            drop(pt);
+            done += n;
+        }
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(npages)
+    }
+
+    /// Does to each page of slot `id` in `pages` (page offsets in the slot)
+    /// what a guest write's fault does: makes its mapping writable and, if
+    /// the slot is logged, marks it dirty. Pages that are not mapped are
+    /// skipped. Returns the number of pages newly marked dirty.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchSlot`]; [`Error::OutOfRange`] for a page beyond the
+    /// slot (the pages before it are done).
+    pub fn dirty_pages(&self, id: u16, pages: impl IntoIterator<Item = u64>) -> Result<u64> {
+        let snap = self.slots.snapshot();
+        let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
+            slot: u32::from(id),
+        })?;
+        let (base_gfn, npages, logging) = (slot.base_gfn(), slot.npages(), slot.dirty_logging());
+        // `snap` is held to the end, as a fault holds it: see handle_fault.
+        let shift = self.page_shift;
+        let bitmap = if logging && self.policy.dirty_ring_entries.is_none() {
+            self.side[usize::from(id)].dirty.load_full()
+        } else {
+            None
+        };
+        let wbit = self.reader.format().write_bit();
+        let mut st = FaultStats::default();
+        let pt = self.read_lock(&mut st);
+        let mut dirtied = 0;
+        for p in pages {
+            if p >= npages {
+                return Err(Error::OutOfRange {
+                    ipa: base_gfn.saturating_add(p) << shift,
+                    size: 1 << shift,
+                    limit: (base_gfn + npages) << shift,
+                });
+            }
+            let o = match pt.relax_perms((base_gfn + p) << shift, Prot::RW) {
+                Ok(o) => o,
+                Err(Error::NotMapped { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            if o.became_writable(wbit) {
+                if let Some(b) = &bitmap {
+                    dirtied += u64::from(b.mark(p));
+                }
+            }
+        }
+        drop(pt);
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(dirtied)
+    }
+
+    /// Switches how range invalidations above the page limit are issued
+    /// (`limit_pages` is the limit, at least 1) from now on, for a
+    /// benchmark that measures both policies on one MMU.
+    /// [`Mmu::policy`] keeps reporting the policy the MMU was created with.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a zero limit.
+    pub fn set_tlb_large_range(
+        &self,
+        large_range: LargeRangePolicy,
+        limit_pages: u64,
+    ) -> Result<()> {
+        if limit_pages == 0 {
+            return Err(Error::InvalidConfig {
+                what: "TLB range limit in pages",
+                value: 0,
+            });
+        }
+        let mut st = FaultStats::default();
+        let mut pt = self.write_lock(&mut st);
+        pt.set_tlb_policy(TlbPolicy {
+            limit_pages,
+            large_range,
+            page_shift: self.page_shift,
+        });
+        Ok(())
+    }
+
+    /// The TLB policy the table uses now.
+    pub fn tlb_policy(&self) -> TlbPolicy {
+        self.with_table(|pt| pt.tlb_policy())
+    }
+}

@@ -1,0 +1,532 @@
+//! The arm64 hook: the TLBI instructions (and barriers) a hypervisor issues
+//! for each engine call, with their operand encodings.
+//!
+//! [`Arm64Tlbi`] implements [`TlbInvalidate`] by emitting [`Insn`]s to a
+//! [`TlbiSink`]. A hypervisor running at EL2 plugs in a sink that executes
+//! them (`tlbi <op>, <operand>`, `dsb ish`, `isb`, in the VMID context of the
+//! VM); tests plug in [`InsnRecorder`]. The sequences are KVM's
+//! (`hyp/nvhe/tlb.c`):
+//!
+//! | engine call | sequence |
+//! |---|---|
+//! | [`TlbInvalidate::flush_ipa`] | `DSB ISHST; TLBI IPAS2E1IS, ipa; DSB ISH; TLBI VMALLE1IS; DSB ISH; ISB` |
+//! | [`TlbInvalidate::flush_ipa_local`] | `DSB NSHST; TLBI IPAS2E1, ipa; DSB NSH; TLBI VMALLE1; DSB NSH; ISB` |
+//! | [`TlbInvalidate::flush_range`] | `DSB ISHST; TLBI RIPAS2E1IS, range...; DSB ISH; TLBI VMALLE1IS; DSB ISH; ISB` |
+//! | [`TlbInvalidate::flush_vmid`] | `DSB ISHST; TLBI VMALLS12E1IS; DSB ISH; ISB` |
+//!
+//! Every address-based invalidation is a *stage-2 by IPA* one. A stage-1
+//! by-VA invalidation (`TLBI VAE1IS`) would leave the stage-2 (and combined)
+//! entries in place; the only stage-1 operation is `VMALLE1IS`, all stage-1
+//! entries of the VMID, issued after the stage-2 invalidation has completed
+//! (a `DSB`), because a combined stage-1+2 entry could otherwise be refilled
+//! from the old stage-2 entry (the ordering rule in KVM's source).
+//!
+//! Without FEAT_TLBIRANGE a range flush is a whole-VMID flush, as
+//! `kvm_tlb_flush_vmid_range` does.
+
+use super::TlbInvalidate;
+
+/// A TLBI operation this module emits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TlbiOp {
+    /// Stage-2 by IPA, Inner Shareable (all CPUs).
+    Ipas2e1is,
+    /// Stage-2 by IPA, this CPU only.
+    Ipas2e1,
+    /// Stage-2 by IPA range, Inner Shareable (FEAT_TLBIRANGE).
+    Ripas2e1is,
+    /// All stage-1 entries of the current VMID, Inner Shareable.
+    Vmalle1is,
+    /// All stage-1 entries of the current VMID, this CPU only.
+    Vmalle1,
+    /// All stage-1 and stage-2 entries of the current VMID, Inner Shareable.
+    Vmalls12e1is,
+}
+
+/// What an operation invalidates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TlbiScope {
+    /// Stage-2 entries of one IPA or of an IPA range.
+    Stage2ByIpa,
+    /// Every stage-1 entry of the VMID (the combined entries an IPA
+    /// invalidation cannot find, since their VA is unknown).
+    Stage1WholeVmid,
+    /// Every entry of the VMID, both stages.
+    WholeVmid,
+}
+
+impl TlbiOp {
+    /// What the operation invalidates.
+    pub const fn scope(self) -> TlbiScope {
+        match self {
+            TlbiOp::Ipas2e1is | TlbiOp::Ipas2e1 | TlbiOp::Ripas2e1is => TlbiScope::Stage2ByIpa,
+            TlbiOp::Vmalle1is | TlbiOp::Vmalle1 => TlbiScope::Stage1WholeVmid,
+            TlbiOp::Vmalls12e1is => TlbiScope::WholeVmid,
+        }
+    }
+
+    /// Whether it is broadcast to every CPU of the Inner Shareable domain.
+    pub const fn broadcast(self) -> bool {
+        !matches!(self, TlbiOp::Ipas2e1 | TlbiOp::Vmalle1)
+    }
+
+    /// The assembler mnemonic.
+    pub const fn mnemonic(self) -> &'static str {
+        match self {
+            TlbiOp::Ipas2e1is => "ipas2e1is",
+            TlbiOp::Ipas2e1 => "ipas2e1",
+            TlbiOp::Ripas2e1is => "ripas2e1is",
+            TlbiOp::Vmalle1is => "vmalle1is",
+            TlbiOp::Vmalle1 => "vmalle1",
+            TlbiOp::Vmalls12e1is => "vmalls12e1is",
+        }
+    }
+}
+
+/// A barrier between TLBIs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Barrier {
+    /// `DSB ISHST`: table stores visible to every walker before the TLBI.
+    DsbIshst,
+    /// `DSB ISH`: broadcast TLBIs complete on every CPU.
+    DsbIsh,
+    /// `DSB NSHST`.
+    DsbNshst,
+    /// `DSB NSH`: local TLBIs complete.
+    DsbNsh,
+    /// `ISB`.
+    Isb,
+}
+
+/// One instruction of an invalidation sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Insn {
+    /// `TLBI <op>, <operand>` (operand 0 for the VMALL ops).
+    Tlbi {
+        /// The operation.
+        op: TlbiOp,
+        /// The `Xt` operand, encoded as the architecture defines it.
+        operand: u64,
+    },
+    /// A barrier.
+    Barrier(Barrier),
+}
+
+/// Where a hypervisor executes the instructions (in the VM's VMID context:
+/// `VTTBR_EL2` holds its VMID while a sequence runs).
+pub trait TlbiSink: Send + Sync {
+    /// Executes `insn`.
+    fn emit(&self, insn: Insn);
+    /// Called once before and once after each sequence: a hypervisor
+    /// switches to the VM's VMID and back here (KVM's
+    /// `enter_vmid_context`/`exit_vmid_context`, the per-call fixed cost).
+    fn begin(&self) {}
+    /// See [`TlbiSink::begin`].
+    fn end(&self) {}
+}
+
+/// Largest number of pages one range TLBI covers
+/// (`MAX_TLBI_RANGE_PAGES = __TLBI_RANGE_PAGES(31, 3)` = 2^21).
+pub const MAX_TLBI_RANGE_PAGES: u64 = range_pages(31, 3);
+
+/// `__TLBI_RANGE_PAGES(num, scale)`: pages covered by one range TLBI.
+pub const fn range_pages(num: u64, scale: u32) -> u64 {
+    (num + 1) << (5 * scale + 1)
+}
+
+/// `__TLBI_RANGE_NUM(pages, scale)`: the NUM field covering as much of
+/// `pages` as possible at `scale`, or `None` if none fits.
+pub const fn range_num(pages: u64, scale: u32) -> Option<u64> {
+    let max = range_pages(31, scale);
+    let p = if pages < max { pages } else { max };
+    let n = p >> (5 * scale + 1);
+    if n == 0 {
+        None
+    } else {
+        Some(n - 1)
+    }
+}
+
+/// The TG field for a page size: 4K = 1, 16K = 2, 64K = 3.
+pub const fn translation_granule(page_shift: u32) -> u64 {
+    match page_shift {
+        12 => 1,
+        14 => 2,
+        16 => 3,
+        _ => 0,
+    }
+}
+
+/// Features of the CPU that change the encodings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Arm64TlbiFeatures {
+    /// FEAT_TLBIRANGE: range TLBIs exist.
+    pub range: bool,
+    /// FEAT_TTL: the level hint in operands.
+    pub ttl: bool,
+    /// LPA2 (52-bit addresses with 4K/16K): range base in 64 KiB units.
+    pub lpa2: bool,
+}
+
+impl Default for Arm64TlbiFeatures {
+    fn default() -> Self {
+        Arm64TlbiFeatures {
+            range: true,
+            ttl: true,
+            lpa2: false,
+        }
+    }
+}
+
+/// `__TLBI_VADDR` for an IPA operation: `ipa >> 12` in bits [43:0], and the
+/// TTL hint `(TG << 2) | level` in bits [47:44] when known.
+pub fn ipa_operand(ipa: u64, level: Option<u32>, page_shift: u32, ttl: bool) -> u64 {
+    let mut op = (ipa >> 12) & ((1 << 44) - 1);
+    if let Some(l) = level.filter(|&l| ttl && l <= 3) {
+        let tg = translation_granule(page_shift);
+        op |= ((tg << 2) | u64::from(l)) << 44;
+    }
+    op
+}
+
+/// A range operand: BADDR [36:0] (page number, or 64 KiB number with LPA2),
+/// TTL [38:37] (0: unknown), NUM [43:39], SCALE [45:44], TG [47:46].
+pub fn range_operand(start: u64, num: u64, scale: u32, page_shift: u32, lpa2: bool) -> u64 {
+    let baddr = if lpa2 {
+        start >> 16
+    } else {
+        start >> page_shift
+    } & ((1 << 37) - 1);
+    baddr | (num & 0x1f) << 39 | u64::from(scale & 3) << 44 | translation_granule(page_shift) << 46
+}
+
+/// Decodes a range operand into the byte range it covers.
+pub fn decode_range(operand: u64, page_shift: u32, lpa2: bool) -> (u64, u64) {
+    let baddr = operand & ((1 << 37) - 1);
+    let num = (operand >> 39) & 0x1f;
+    let scale = ((operand >> 44) & 3) as u32;
+    let start = if lpa2 {
+        baddr << 16
+    } else {
+        baddr << page_shift
+    };
+    (start, range_pages(num, scale) << page_shift)
+}
+
+/// The arm64 backend: engine calls become TLBI sequences on a sink.
+pub struct Arm64Tlbi<S: TlbiSink> {
+    sink: S,
+    page_shift: u32,
+    features: Arm64TlbiFeatures,
+}
+
+impl<S: TlbiSink> Arm64Tlbi<S> {
+    /// A backend for `2^page_shift`-byte pages emitting to `sink`.
+    pub fn new(sink: S, page_shift: u32, features: Arm64TlbiFeatures) -> Self {
+        Arm64Tlbi {
+            sink,
+            page_shift,
+            features,
+        }
+    }
+
+    /// The sink.
+    pub fn sink(&self) -> &S {
+        &self.sink
+    }
+
+    fn tlbi(&self, op: TlbiOp, operand: u64) {
+        self.sink.emit(Insn::Tlbi { op, operand });
+    }
+
+    fn barrier(&self, b: Barrier) {
+        self.sink.emit(Insn::Barrier(b));
+    }
+
+    /// `__flush_s2_tlb_range_op(ipas2e1is, start, pages, PAGE_SIZE, unknown
+    /// level)`, in pieces of at most [`MAX_TLBI_RANGE_PAGES`].
+    fn range_ops(&self, mut start: u64, mut pages: u64) {
+        let shift = self.page_shift;
+        while pages > 0 {
+            let mut left = pages.min(MAX_TLBI_RANGE_PAGES);
+            pages -= left;
+            let mut scale: i32 = 3;
+            while left > 0 {
+                let unaligned = self.features.lpa2 && start & 0xffff != 0;
+                if !self.features.range || left == 1 || unaligned || scale < 0 {
+                    self.tlbi(
+                        TlbiOp::Ipas2e1is,
+                        ipa_operand(start, None, shift, self.features.ttl),
+                    );
+                    start += 1 << shift;
+                    left -= 1;
+                    continue;
+                }
+                let s = scale as u32;
+                if let Some(num) = range_num(left, s) {
+                    self.tlbi(
+                        TlbiOp::Ripas2e1is,
+                        range_operand(start, num, s, shift, self.features.lpa2),
+                    );
+                    let n = range_pages(num, s);
+                    start += n << shift;
+                    left -= n;
+                }
+                scale -= 1;
+            }
+        }
+    }
+}
+
+impl<S: TlbiSink> TlbInvalidate for Arm64Tlbi<S> {
+    fn flush_ipa(&self, ipa: u64, level: Option<u32>) {
+        self.sink.begin();
+        self.barrier(Barrier::DsbIshst);
+        self.tlbi(
+            TlbiOp::Ipas2e1is,
+            ipa_operand(ipa, level, self.page_shift, self.features.ttl),
+        );
+        self.barrier(Barrier::DsbIsh);
+        self.tlbi(TlbiOp::Vmalle1is, 0);
+        self.barrier(Barrier::DsbIsh);
+        self.barrier(Barrier::Isb);
+        self.sink.end();
+    }
+
+    fn flush_ipa_local(&self, ipa: u64, level: Option<u32>) {
+        self.sink.begin();
+        self.barrier(Barrier::DsbNshst);
+        self.tlbi(
+            TlbiOp::Ipas2e1,
+            ipa_operand(ipa, level, self.page_shift, self.features.ttl),
+        );
+        self.barrier(Barrier::DsbNsh);
+        self.tlbi(TlbiOp::Vmalle1, 0);
+        self.barrier(Barrier::DsbNsh);
+        self.barrier(Barrier::Isb);
+        self.sink.end();
+    }
+
+    fn flush_range(&self, ipa: u64, size: u64) {
+        if size == 0 {
+            return;
+        }
+        if !self.features.range {
+            self.flush_vmid();
+            return;
+        }
+        let shift = self.page_shift;
+        let start = ipa & !((1u64 << shift) - 1);
+        let end = ipa.saturating_add(size);
+        let pages = (end - start).div_ceil(1 << shift);
+        self.sink.begin();
+        self.barrier(Barrier::DsbIshst);
+        self.range_ops(start, pages);
+        self.barrier(Barrier::DsbIsh);
+        self.tlbi(TlbiOp::Vmalle1is, 0);
+        self.barrier(Barrier::DsbIsh);
+        self.barrier(Barrier::Isb);
+        self.sink.end();
+    }
+
+    fn flush_vmid(&self) {
+        self.sink.begin();
+        self.barrier(Barrier::DsbIshst);
+        self.tlbi(TlbiOp::Vmalls12e1is, 0);
+        self.barrier(Barrier::DsbIsh);
+        self.barrier(Barrier::Isb);
+        self.sink.end();
+    }
+}
+
+#[cfg(feature = "std")]
+pub use recorder::InsnRecorder;
+
+#[cfg(feature = "std")]
+mod recorder {
+    use super::{Insn, TlbiSink};
+    use std::sync::Mutex;
+
+    /// A sink that records the instructions, for tests. Each sequence is
+    /// one entry (one hypervisor call).
+    #[derive(Debug, Default)]
+    pub struct InsnRecorder {
+        seqs: Mutex<Vec<Vec<Insn>>>,
+    }
+
+    impl InsnRecorder {
+        /// An empty recorder.
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// Takes the sequences recorded so far.
+        pub fn take(&self) -> Vec<Vec<Insn>> {
+            std::mem::take(&mut *self.seqs.lock().unwrap_or_else(|e| e.into_inner()))
+        }
+    }
+
+    impl TlbiSink for InsnRecorder {
+        fn begin(&self) {
+            self.seqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Vec::new());
+        }
+        fn emit(&self, insn: Insn) {
+            let mut s = self.seqs.lock().unwrap_or_else(|e| e.into_inner());
+            if s.is_empty() {
+                s.push(Vec::new());
+            }
+            if let Some(last) = s.last_mut() {
+                last.push(insn);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+
+    fn backend(f: Arm64TlbiFeatures) -> Arm64Tlbi<InsnRecorder> {
+        Arm64Tlbi::new(InsnRecorder::new(), 12, f)
+    }
+
+    fn ranges(seq: &[Insn]) -> Vec<(u64, u64)> {
+        seq.iter()
+            .filter_map(|i| match *i {
+                Insn::Tlbi {
+                    op: TlbiOp::Ripas2e1is,
+                    operand,
+                } => Some(decode_range(operand, 12, false)),
+                Insn::Tlbi {
+                    op: TlbiOp::Ipas2e1is,
+                    operand,
+                } => Some(((operand & ((1 << 44) - 1)) << 12, 4096)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn limits_match_the_kernel() {
+        assert_eq!(MAX_TLBI_RANGE_PAGES, 1 << 21);
+        assert_eq!(range_num(1 << 21, 3), Some(31));
+        assert_eq!(range_num(1 << 15, 3), None);
+        assert_eq!(range_num(3, 0), Some(0));
+    }
+
+    #[test]
+    fn ipa_operand_carries_the_level_hint() {
+        let op = ipa_operand(0x4020_1000, Some(3), 12, true);
+        assert_eq!(op & ((1 << 44) - 1), 0x0004_0201);
+        assert_eq!(op >> 44, (1 << 2) | 3);
+        assert_eq!(ipa_operand(0x4020_1000, None, 12, true) >> 44, 0);
+        assert_eq!(ipa_operand(0x4020_1000, Some(2), 12, false) >> 44, 0);
+    }
+
+    #[test]
+    fn an_8g_range_is_one_range_tlbi() {
+        let b = backend(Arm64TlbiFeatures::default());
+        b.flush_range(1 << 33, 8 << 30);
+        let seqs = b.sink().take();
+        assert_eq!(seqs.len(), 1);
+        let s = &seqs[0];
+        let want = range_operand(1 << 33, 31, 3, 12, false);
+        assert_eq!(
+            want,
+            ((1u64 << 33) >> 12) | 31 << 39 | 3 << 44 | 1 << 46,
+            "BADDR, NUM 31, SCALE 3, TG 4K"
+        );
+        assert_eq!(
+            s.as_slice(),
+            &[
+                Insn::Barrier(Barrier::DsbIshst),
+                Insn::Tlbi {
+                    op: TlbiOp::Ripas2e1is,
+                    operand: want
+                },
+                Insn::Barrier(Barrier::DsbIsh),
+                Insn::Tlbi {
+                    op: TlbiOp::Vmalle1is,
+                    operand: 0
+                },
+                Insn::Barrier(Barrier::DsbIsh),
+                Insn::Barrier(Barrier::Isb),
+            ]
+        );
+    }
+
+    #[test]
+    fn odd_ranges_are_covered_exactly() {
+        let b = backend(Arm64TlbiFeatures::default());
+        for pages in [1u64, 2, 3, 63, 64, 65, 1000, 123_457, (1 << 21) + 5] {
+            let start = 0x1_0000_0000 + 7 * 4096;
+            b.flush_range(start, pages << 12);
+            let seqs = b.sink().take();
+            assert_eq!(seqs.len(), 1);
+            let mut r = ranges(&seqs[0]);
+            r.sort();
+            let mut at = start;
+            for (s, n) in r {
+                assert_eq!(s, at, "contiguous, no overlap ({pages} pages)");
+                at += n;
+            }
+            assert_eq!(at, start + (pages << 12), "{pages} pages covered");
+        }
+    }
+
+    #[test]
+    fn without_range_ops_a_range_is_a_whole_vmid_flush() {
+        let b = backend(Arm64TlbiFeatures {
+            range: false,
+            ..Arm64TlbiFeatures::default()
+        });
+        b.flush_range(0x1000, 0x3000);
+        let seqs = b.sink().take();
+        assert_eq!(
+            seqs[0][1],
+            Insn::Tlbi {
+                op: TlbiOp::Vmalls12e1is,
+                operand: 0
+            }
+        );
+    }
+
+    #[test]
+    fn lpa2_uses_single_tlbis_until_64k_aligned() {
+        let b = Arm64Tlbi::new(
+            InsnRecorder::new(),
+            12,
+            Arm64TlbiFeatures {
+                lpa2: true,
+                ..Arm64TlbiFeatures::default()
+            },
+        );
+        b.flush_range(0x1_0000_3000, 64 << 12);
+        let seqs = b.sink().take();
+        let singles = seqs[0]
+            .iter()
+            .take_while(|i| {
+                !matches!(
+                    i,
+                    Insn::Tlbi {
+                        op: TlbiOp::Ripas2e1is,
+                        ..
+                    }
+                )
+            })
+            .filter(|i| {
+                matches!(
+                    i,
+                    Insn::Tlbi {
+                        op: TlbiOp::Ipas2e1is,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(singles, 13, "pages 3..16 of the first 64 KiB one by one");
+    }
+}
