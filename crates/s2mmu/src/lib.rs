@@ -49,3 +49,8 @@ pub use pgtable::{Leaf, PageTable, TableReader, Translation};
 pub use table::HostMmOps;
 pub use table::MmOps;
 pub use tlb::{NoTlb, TlbBatch, TlbInvalidate, TlbPolicy};
+
+/// The README's examples, compiled and run as doctests so they stay true.
+#[cfg(all(doctest, feature = "std"))]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
