@@ -105,6 +105,11 @@ mod host {
     use std::alloc::{alloc_zeroed, dealloc, Layout};
     use std::sync::Mutex;
 
+    // Lock poisoning: the pool's mutexes guard a free list and a chunk list
+    // that are updated by single pushes and pops, never left half-done, and
+    // no code panics while holding them; their `unwrap`s can only propagate
+    // a panic that is already a bug.
+
     /// Bytes in one allocation chunk. Its first page holds the entry counters
     /// of the others, so a counter is found by address arithmetic alone.
     const CHUNK: usize = 2 << 20;

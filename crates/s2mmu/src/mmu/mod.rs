@@ -16,6 +16,13 @@
 //! Lock order: memslot updates and logging changes are serialised by an
 //! update mutex (KVM's `slots_lock`) and never hold the MMU lock while they
 //! wait for memslot readers.
+//!
+//! Lock poisoning: the MMU lock (the table's `RwLock`) is taken through a
+//! poisoned state, since the table is consistent between walker steps. The
+//! other locks (the update mutex, the split cache, the counters, the ring
+//! list) are `unwrap`ped: they are poisoned only if a thread panicked while
+//! holding one, which no caller input causes (bad input is an [`Error`]), so
+//! such a panic is a bug and is propagated rather than hidden.
 
 use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing};
 use crate::format::{Prot, PteFormat};
