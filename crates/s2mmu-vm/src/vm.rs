@@ -250,7 +250,7 @@ mod tests {
         // `gpa_base + mem_size` overflowed (a panic in debug builds) before
         // the IPA limit was checked.
         let config = VmConfig {
-            gpa_base: u64::MAX & !0xfff,
+            gpa_base: !0xfff,
             mem_size: 1 << 20,
             ..VmConfig::default()
         };
