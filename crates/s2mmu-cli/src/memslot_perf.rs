@@ -121,9 +121,12 @@ pub struct MemslotPerfReport {
 /// A message when the parameters make no sense (no slot counts, zero runs) or when the
 /// guest memory cannot be mapped or a guest saw wrong data.
 pub fn run(params: &MemslotPerfParams) -> Result<MemslotPerfReport, String> {
-    if params.slots.is_empty() || params.runs == 0 || params.run_seconds <= 0.0 {
+    // `contains` is false for NaN; the upper bound keeps `Duration::from_secs_f64` (which
+    // panics on NaN, infinity and values beyond u64 seconds) away from absurd lengths.
+    let run_length_ok = (f64::MIN_POSITIVE..=86_400.0).contains(&params.run_seconds);
+    if params.slots.is_empty() || params.runs == 0 || !run_length_ok {
         return Err(
-            "memslot-perf needs at least one slot count, one run and a positive run length".into(),
+            "memslot-perf needs at least one slot count, one run and a run length of more than 0 and at most 86400 seconds".into(),
         );
     }
     if params
@@ -1274,6 +1277,25 @@ fn fill(out: &mut crate::report::Report, report: &MemslotPerfReport) {
                     tree.median_ns,
                 );
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_length_that_is_no_duration_is_refused() {
+        // Each of these reached `Duration::from_secs_f64` before and panicked there.
+        for seconds in [f64::NAN, f64::INFINITY, 1e30, -1.0, 0.0] {
+            let params = MemslotPerfParams {
+                slots: vec![2],
+                run_seconds: seconds,
+                runs: 1,
+                ..MemslotPerfParams::default()
+            };
+            assert!(run(&params).is_err(), "-l {seconds}");
         }
     }
 }

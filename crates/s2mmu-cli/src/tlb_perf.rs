@@ -358,6 +358,14 @@ fn check(p: &Params) -> Result<(), String> {
     if p.limit_pages == 0 {
         return Err("--limit-pages must be at least 1".into());
     }
+    // The report shows the limit in bytes; a limit of more pages than the
+    // 64-bit address space holds means nothing.
+    if p.limit_pages.checked_mul(PAGE).is_none() {
+        return Err(format!(
+            "--limit-pages must be at most {} (the 64-bit address space in pages)",
+            u64::MAX / PAGE
+        ));
+    }
     if p.dirty_every == 0 {
         return Err("--dirty-every must be at least 1".into());
     }
@@ -799,6 +807,17 @@ mod tests {
         assert!(check(&params("1G", "4K")).is_err());
         assert!(check(&params("1G", "2G")).is_err());
         assert!(check(&params("1G", "256M")).is_ok());
+    }
+
+    #[test]
+    fn limit_pages_beyond_the_address_space_is_refused() {
+        // Accepted before, and the report's `limit_pages * PAGE` then
+        // overflowed after the whole run.
+        let mut p = params("1G", "256M");
+        p.limit_pages = u64::MAX;
+        assert!(run(&p, false).is_err());
+        p.limit_pages = u64::MAX / PAGE;
+        assert!(check(&p).is_ok());
     }
 
     #[test]

@@ -180,8 +180,8 @@ impl RingResetter {
         if fd < 0 {
             return Err(Error::last_os("dup"));
         }
-        // SAFETY: `fd` is a fresh descriptor nothing else owns.
         Ok(RingResetter {
+            // SAFETY: `fd` is a fresh descriptor nothing else owns.
             vm: unsafe { File::from_raw_fd(fd) },
         })
     }

@@ -128,7 +128,10 @@ impl<S: MemslotStore> Vm<S> {
             )));
         }
         if !config.gpa_base.is_multiple_of(unit)
-            || config.gpa_base + config.mem_size > fmt.ipa_limit()
+            || config
+                .gpa_base
+                .checked_add(config.mem_size)
+                .is_none_or(|end| end > fmt.ipa_limit())
         {
             return Err(VmError::Config(format!(
                 "guest-physical base {:#x} must be aligned to {unit:#x} and the memory must fit {} IPA bits",
@@ -235,5 +238,25 @@ impl<S: MemslotStore> Vm<S> {
             .iter()
             .find(|s| gpa >= s.gpa && gpa - s.gpa < s.size)
             .map(|s| (*s, s.mem_offset + gpa - s.gpa))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpa_base_at_the_top_of_the_address_space_is_refused() {
+        // `gpa_base + mem_size` overflowed (a panic in debug builds) before
+        // the IPA limit was checked.
+        let config = VmConfig {
+            gpa_base: !0xfff,
+            mem_size: 1 << 20,
+            ..VmConfig::default()
+        };
+        assert!(matches!(
+            Vm::<TreeMemslots>::new(config),
+            Err(VmError::Config(_))
+        ));
     }
 }

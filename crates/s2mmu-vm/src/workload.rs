@@ -8,6 +8,9 @@ use crate::vm::Vm;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::FaultStats;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+// Lock poisoning: the `Control` mutexes hold plain per-vCPU records that are
+// replaced or pushed whole, and vCPU threads report failures as errors, not
+// panics; the `unwrap`s only propagate a panic that is already a bug.
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};

@@ -97,23 +97,31 @@ impl DirtyBitmap {
         Ok(())
     }
 
-    /// Takes word `index` and clears it (legacy GET: take-and-clear).
+    /// Takes word `index` and clears it (legacy GET: take-and-clear). A word
+    /// beyond the bitmap holds no dirty page (returns 0).
     #[inline]
     pub fn take_word(&self, index: usize) -> u64 {
-        if self.words[index].load(Ordering::Relaxed) == 0 {
+        let Some(word) = self.words.get(index) else {
+            return 0;
+        };
+        if word.load(Ordering::Relaxed) == 0 {
             return 0;
         }
-        self.words[index].swap(0, Ordering::AcqRel)
+        word.swap(0, Ordering::AcqRel)
     }
 
     /// Clears the bits of `mask` in word `index` and returns those that were
-    /// set (and so are now cleared): KVM's `fetch_andnot` step of CLEAR.
+    /// set (and so are now cleared): KVM's `fetch_andnot` step of CLEAR. A
+    /// word beyond the bitmap holds no dirty page (returns 0).
     #[inline]
     pub fn clear_masked(&self, index: usize, mask: u64) -> u64 {
         if mask == 0 {
             return 0;
         }
-        mask & self.words[index].fetch_and(!mask, Ordering::AcqRel)
+        let Some(word) = self.words.get(index) else {
+            return 0;
+        };
+        mask & word.fetch_and(!mask, Ordering::AcqRel)
     }
 }
 
@@ -334,6 +342,16 @@ mod tests {
             b.copy_to(&mut [0u64; 2]),
             Err(Error::BitmapTooSmall { .. })
         ));
+    }
+
+    #[test]
+    fn words_beyond_the_bitmap_are_clean_not_a_panic() {
+        // Indexed `words[index]` before: out of bounds panicked.
+        let b = DirtyBitmap::new(130, true);
+        assert_eq!(b.take_word(3), 0);
+        assert_eq!(b.take_word(usize::MAX), 0);
+        assert_eq!(b.clear_masked(3, u64::MAX), 0);
+        assert_eq!(b.count(), 130, "nothing in range was touched");
     }
 
     #[test]

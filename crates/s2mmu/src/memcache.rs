@@ -48,6 +48,22 @@ impl<M: MmOps> PageCache<M> {
         self.pages.is_empty()
     }
 
+    /// Checks that this cache's pages come from the allocator `mm`, the
+    /// table's: a table must never link (and later free) another pool's pages.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when they do not.
+    pub(crate) fn check_allocator(&self, mm: &M) -> Result<()> {
+        if self.mm.same_allocator(mm) {
+            Ok(())
+        } else {
+            Err(Error::InvalidConfig {
+                what: "page cache drawing from another allocator than the table's",
+                value: 0,
+            })
+        }
+    }
+
     /// Takes one page.
     pub(crate) fn pop(&mut self) -> Option<u64> {
         self.pages.pop()
@@ -97,5 +113,36 @@ mod tests {
             0,
             "dropping the cache frees its pages"
         );
+    }
+
+    #[test]
+    fn tables_refuse_a_cache_of_another_allocator() {
+        use crate::format::arm64::{Arm64Stage2, Granule};
+        use crate::{MapOptions, NoTlb, PageTable, Prot, SplitPolicy};
+        use alloc::sync::Arc;
+
+        let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
+        let mut pt = PageTable::new(fmt, HostMmOps::new(4096).unwrap(), Arc::new(NoTlb)).unwrap();
+        let other = HostMmOps::new(4096).unwrap();
+        let mut foreign = PageCache::new(other.clone());
+        foreign.top_up(8).unwrap();
+        let opts = MapOptions::default();
+        // Before the check, the map linked `other`'s pages into `pt`; dropping
+        // `other` and the cache then freed memory the table still used.
+        let r = pt.map(1 << 30, 4096, 0x8000_0000, Prot::RW, &mut foreign, opts);
+        assert!(matches!(r, Err(Error::InvalidConfig { .. })));
+        let r = pt.map_shared(1 << 30, 4096, 0x8000_0000, Prot::RW, &mut foreign, opts);
+        assert!(matches!(r, Err(Error::InvalidConfig { .. })));
+        let r = pt.split(1 << 30, 2 << 20, &mut foreign, SplitPolicy::SkipReturns);
+        assert!(matches!(r, Err(Error::InvalidConfig { .. })));
+        assert_eq!(foreign.len(), 8, "no page was taken");
+        assert_eq!(pt.table_pages(), 0);
+
+        let mut own = PageCache::new(pt.mm().clone());
+        own.top_up(8).unwrap();
+        pt.map(1 << 30, 4096, 0x8000_0000, Prot::RW, &mut own, opts)
+            .unwrap();
+        pt.split(1 << 30, 2 << 20, &mut own, SplitPolicy::SkipReturns)
+            .unwrap();
     }
 }

@@ -54,6 +54,16 @@ pub unsafe trait MmOps: Clone + Send + Sync + 'static {
     /// Pins the caller as a reader: pages unlinked after this call are not
     /// freed while the guard lives.
     fn read_guard(&self) -> Self::ReadGuard;
+    /// Whether `other` hands out pages of the same allocator as `self`, so
+    /// that a page from one may be freed through the other. Tables refuse a
+    /// [`crate::PageCache`] of another allocator: its pages would be linked
+    /// into the table and later freed into the wrong pool (or outlive theirs).
+    /// The default, `true`, suits an implementation with one allocator per
+    /// type; one whose handles can refer to different allocators overrides it.
+    fn same_allocator(&self, other: &Self) -> bool {
+        let _ = other;
+        true
+    }
     /// Frees unlinked pages once no reader that started before this call can
     /// still reach them. The default frees at once, which is right only
     /// where no software walks tables without the lock (hardware walkers are
@@ -94,6 +104,11 @@ mod host {
     use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
     use std::alloc::{alloc_zeroed, dealloc, Layout};
     use std::sync::Mutex;
+
+    // Lock poisoning: the pool's mutexes guard a free list and a chunk list
+    // that are updated by single pushes and pops, never left half-done, and
+    // no code panics while holding them; their `unwrap`s can only propagate
+    // a panic that is already a bug.
 
     /// Bytes in one allocation chunk. Its first page holds the entry counters
     /// of the others, so a counter is found by address arithmetic alone.
@@ -294,6 +309,10 @@ mod host {
         #[inline]
         fn read_guard(&self) -> crossbeam_epoch::Guard {
             crossbeam_epoch::pin()
+        }
+
+        fn same_allocator(&self, other: &Self) -> bool {
+            Arc::ptr_eq(&self.pool, &other.pool)
         }
 
         unsafe fn free_pages_deferred(&self, pages: Vec<u64>) {

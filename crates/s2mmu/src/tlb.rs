@@ -239,7 +239,9 @@ mod recorder {
         }
     }
 
-    /// A backend that records every call, for tests.
+    /// A backend that records every call, for tests. Its mutex is poisoned
+    /// only by a panic while pushing or taking, which cannot happen short of
+    /// running out of memory; its `unwrap`s propagate that panic.
     #[derive(Debug, Default)]
     pub struct TlbRecorder {
         calls: Mutex<Vec<TlbCall>>,

@@ -3,6 +3,8 @@
 
 use s2mmu_vm::Control;
 use std::sync::atomic::{AtomicBool, Ordering};
+// Lock poisoning: the sample list is only pushed to and cloned, so the
+// `unwrap`s only propagate a panic that is already a bug.
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};

@@ -16,6 +16,13 @@
 //! Lock order: memslot updates and logging changes are serialised by an
 //! update mutex (KVM's `slots_lock`) and never hold the MMU lock while they
 //! wait for memslot readers.
+//!
+//! Lock poisoning: the MMU lock (the table's `RwLock`) is taken through a
+//! poisoned state, since the table is consistent between walker steps. The
+//! other locks (the update mutex, the split cache, the counters, the ring
+//! list) are `unwrap`ped: they are poisoned only if a thread panicked while
+//! holding one, which no caller input causes (bad input is an [`Error`]), so
+//! such a panic is a bug and is propagated rather than hidden.
 
 use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing};
 use crate::format::{Prot, PteFormat};
@@ -398,14 +405,21 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             .is_some_and(|s| s.dirty_logging());
         let logging =
             region.flags & SlotFlags::LOG_DIRTY_PAGES.bits() != 0 && region.memory_size != 0;
-        // A bitmap must exist before a fault can see the slot logging.
-        let new_bitmap = (logging && !was_logging && self.policy.dirty_ring_entries.is_none())
-            .then(|| {
-                Arc::new(DirtyBitmap::new(
-                    region.memory_size >> self.page_shift,
-                    self.initially_set(),
-                ))
-            });
+        // A bitmap must exist before a fault can see the slot logging. It is
+        // only built for a request the store can accept (an id with a side
+        // entry, a size within the slot limit): a bad request must fail with
+        // the store's error, not index out of `side` or allocate a bitmap for
+        // an absurd size first.
+        let plausible = self.side.get(id).is_some()
+            && region.memory_size >> self.page_shift <= self.slots.config().max_npages;
+        let new_bitmap =
+            (logging && !was_logging && plausible && self.policy.dirty_ring_entries.is_none())
+                .then(|| {
+                    Arc::new(DirtyBitmap::new(
+                        region.memory_size >> self.page_shift,
+                        self.initially_set(),
+                    ))
+                });
         let prev_host_page = self
             .side
             .get(id)
@@ -419,13 +433,16 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         {
             Ok(c) => c,
             Err(e) => {
-                if new_bitmap.is_some() {
-                    self.side[id].dirty.store(None);
+                if let (Some(side), Some(_)) = (self.side.get(id), &new_bitmap) {
+                    side.dirty.store(None);
                 }
                 return Err(e.into());
             }
         };
-        let side = &self.side[id];
+        let side = self
+            .side
+            .get(id)
+            .expect("the store accepted the id, so it is below max_user_slots, the length of side");
         match change {
             MemslotChange::Create => side.host_page.store(host_page_size, Ordering::Relaxed),
             MemslotChange::Delete => {
@@ -805,10 +822,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         if self.policy.dirty_ring_entries.is_some() {
             let rings = self.rings.read().unwrap();
             // The push cannot overflow: a vCPU stops at the soft limit, and
-            // the reserved entries cover the faults in flight.
-            if rings[vcpu.id]
-                .push(vcpu.id, u32::from(slot), offset)
-                .is_ok()
+            // the reserved entries cover the faults in flight. A vCPU made by
+            // another `Mmu` may have no ring here: its page is not logged.
+            if rings
+                .get(vcpu.id)
+                .is_some_and(|r| r.push(vcpu.id, u32::from(slot), offset).is_ok())
             {
                 vcpu.stats.dirtied += 1;
             }
@@ -1060,5 +1078,77 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         batch.finish();
         self.vm_stats.lock().unwrap().add(&st);
         result.map(|_| total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::arm64::{Arm64Stage2, Granule};
+    use crate::memslot::{MemslotConfig, TreeMemslots};
+    use crate::tlb::NoTlb;
+    use crate::HostMmOps;
+
+    type TestMmu = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
+
+    const GPA: u64 = 1 << 30;
+    /// Host addresses only recorded in the table, never touched.
+    const HVA: u64 = 0x7000_0000_0000;
+
+    fn mmu(policy: MmuPolicy) -> TestMmu {
+        let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
+        let mm = HostMmOps::new(4096).unwrap();
+        let store = TreeMemslots::with_config(MemslotConfig::default());
+        Mmu::new(fmt, mm, Arc::new(NoTlb), store, policy).unwrap()
+    }
+
+    #[test]
+    fn logged_region_with_bad_id_is_refused_not_a_panic() {
+        let m = mmu(MmuPolicy::default());
+        let id = m.slots().config().max_user_slots;
+        let r = UserMemoryRegion::new(id, SlotFlags::LOG_DIRTY_PAGES, GPA, 1 << 20, HVA);
+        assert!(matches!(
+            m.set_memory_region(&r, 4096),
+            Err(Error::Memslot(_))
+        ));
+    }
+
+    #[test]
+    fn logged_region_too_large_is_refused_before_any_bitmap() {
+        let m = mmu(MmuPolicy::default());
+        // 2^52 pages: a bitmap for it would be 512 TiB.
+        let r = UserMemoryRegion::new(0, SlotFlags::LOG_DIRTY_PAGES, 0, 1 << 63, 0);
+        assert!(matches!(
+            m.set_memory_region(&r, 4096),
+            Err(Error::Memslot(_))
+        ));
+    }
+
+    #[test]
+    fn fault_by_a_vcpu_of_another_mmu_does_not_panic() {
+        let policy = MmuPolicy {
+            dirty_ring_entries: Some(256),
+            ..MmuPolicy::default()
+        };
+        let a = mmu(policy);
+        let b = mmu(policy);
+        let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 1 << 20, HVA);
+        a.set_memory_region(&r, 4096).unwrap();
+        a.enable_dirty_logging(0).unwrap();
+        let mut own = a.new_vcpu().unwrap();
+        // A read maps the logged page read-only.
+        a.handle_fault(&mut own, GPA, false).unwrap();
+        let _ = b.new_vcpu().unwrap();
+        let mut foreign = b.new_vcpu().unwrap();
+        assert_eq!(foreign.id(), 1, "no ring 1 in `a`");
+        // The write is fixed on the fast path, which then logs the page in
+        // the vCPU's ring: there is none for it in `a`.
+        assert!(a.handle_fault(&mut foreign, GPA, true).is_ok());
+        // A translation fault would take pages from the foreign vCPU's
+        // cache, which draws from `b`'s allocator: refused.
+        assert!(matches!(
+            a.handle_fault(&mut foreign, GPA + 4096, false),
+            Err(Error::InvalidConfig { .. })
+        ));
     }
 }

@@ -35,7 +35,9 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
     ///   for a bad range, [`Error::Misaligned`] for a `pa` not page aligned;
     /// - [`Error::PhysOutOfRange`], [`Error::InvalidProt`] from the format;
     /// - [`Error::AlreadyMapped`] naming the first mapped address in the range;
-    /// - [`Error::CacheExhausted`] if `cache` holds fewer pages than needed.
+    /// - [`Error::CacheExhausted`] if `cache` holds fewer pages than needed;
+    /// - [`Error::InvalidConfig`] if `cache` draws from another allocator
+    ///   than the table's.
     ///
     /// On error the table is unchanged.
     pub fn map(
@@ -87,6 +89,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         mode: WalkFlags,
     ) -> Result<MapStats> {
         self.check_range(ipa, size)?;
+        cache.check_allocator(self.mm())?;
         let fmt = self.format();
         let page = fmt.page_size();
         if pa & (page - 1) != 0 {

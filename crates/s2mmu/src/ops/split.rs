@@ -77,7 +77,9 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
     /// reports [`SplitStats::complete`] false; the mappings stay correct.
     ///
     /// # Errors
-    /// [`Error::Misaligned`], [`Error::EmptyRange`], [`Error::OutOfRange`].
+    /// [`Error::Misaligned`], [`Error::EmptyRange`], [`Error::OutOfRange`];
+    /// [`Error::InvalidConfig`] if `cache` draws from another allocator than
+    /// the table's.
     pub fn split(
         &mut self,
         ipa: u64,
@@ -86,6 +88,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         policy: SplitPolicy,
     ) -> Result<SplitStats> {
         self.check_range(ipa, size)?;
+        cache.check_allocator(self.mm())?;
         let tlb = self.tlb.clone();
         let mut stats = SplitStats {
             complete: true,
