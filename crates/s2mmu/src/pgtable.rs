@@ -116,9 +116,15 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         self.tlb_policy
     }
 
-    /// Sets how range invalidations are issued.
+    /// Sets how range invalidations are issued. The policy's `page_shift` is
+    /// the table's own page size whatever the caller put there: it is a
+    /// property of the format, and a wrong one would miscount pages (or, at
+    /// 64 and above, overflow the shift).
     pub fn set_tlb_policy(&mut self, policy: TlbPolicy) {
-        self.tlb_policy = policy;
+        self.tlb_policy = TlbPolicy {
+            page_shift: self.core.fmt.page_shift(),
+            ..policy
+        };
     }
 
     /// Physical address of the root (what VTTBR_EL2.BADDR would hold).

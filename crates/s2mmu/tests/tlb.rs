@@ -308,3 +308,37 @@ fn dirty_log_clears_issue_stage2_tlbis_only_under_both_policies() {
         }
     }
 }
+
+/// A caller's policy cannot carry a page size other than the table's: a
+/// shift of 64 or more used to overflow in the first range flush.
+#[test]
+fn tlb_policy_page_shift_is_the_tables_own() {
+    let rec = Arc::new(TlbRecorder::new());
+    let mm = HostMmOps::new(4096).unwrap();
+    let mut pt = PageTable::new(
+        Arm64Stage2::new(Granule::K4, 40).unwrap(),
+        mm.clone(),
+        rec.clone(),
+    )
+    .unwrap();
+    pt.set_tlb_policy(TlbPolicy {
+        limit_pages: 4,
+        large_range: LargeRangePolicy::SplitCalls,
+        page_shift: 70,
+    });
+    assert_eq!(pt.tlb_policy().page_shift, 12);
+    let mut cache = PageCache::new(mm);
+    cache.top_up(8).unwrap();
+    let opts = MapOptions { force_pages: true };
+    pt.map(0, 16 << 12, 0x1000_0000, Prot::RW, &mut cache, opts)
+        .unwrap();
+    rec.take();
+    pt.wrprotect(0, 16 << 12).unwrap();
+    // 16 pages over a 4-page limit: four range calls of 4 pages.
+    let ranges = rec
+        .take()
+        .into_iter()
+        .filter(|c| matches!(c, TlbCall::Range { .. }))
+        .count();
+    assert_eq!(ranges, 4);
+}
