@@ -341,3 +341,32 @@ fn tree_many_slots() {
 fn array_many_slots() {
     many_slots::<ArrayMemslots>();
 }
+
+/// A store configured with a page shift no granule has refuses every change
+/// with a typed error instead of overflowing a shift.
+fn refuses_a_page_shift_no_granule_has<S: MemslotStore>() {
+    for shift in [0, 13, 64, 200] {
+        let store = S::with_config(MemslotConfig {
+            page_shift: shift,
+            ..MemslotConfig::default()
+        });
+        assert_eq!(
+            set(&store, region(0, 0, 16)),
+            Err(MemslotError::BadConfig {
+                what: "page_shift",
+                value: u64::from(shift),
+            })
+        );
+        assert_eq!(store.snapshot().len(), 0);
+    }
+}
+
+#[test]
+fn tree_refuses_bad_page_shift() {
+    refuses_a_page_shift_no_granule_has::<TreeMemslots>();
+}
+
+#[test]
+fn array_refuses_bad_page_shift() {
+    refuses_a_page_shift_no_granule_has::<ArrayMemslots>();
+}

@@ -79,6 +79,14 @@ pub enum MemslotError {
         /// The existing slot it overlaps (the lowest such slot by gfn).
         other: u16,
     },
+    /// The store's configuration cannot describe any slot (a page shift that is not one
+    /// of the arm64 granules' 12, 14 or 16).
+    BadConfig {
+        /// Which setting.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+    },
     /// The request equals the slot as it is. KVM returns 0 without any swap; this store
     /// reports it so callers can tell, and does nothing.
     NoChange {
@@ -127,6 +135,9 @@ impl fmt::Display for MemslotError {
                 )
             }
             Self::NoChange { id } => write!(f, "slot {id} is already as requested"),
+            Self::BadConfig { what, value } => {
+                write!(f, "memslot configuration: {what} {value} is not supported")
+            }
         }
     }
 }

@@ -24,6 +24,12 @@ pub(crate) fn plan_update<S: SlotLookup + ?Sized>(
     req: &UserMemoryRegion,
     set: &S,
 ) -> Result<Plan, MemslotError> {
+    if !matches!(config.page_shift, 12 | 14 | 16) {
+        return Err(MemslotError::BadConfig {
+            what: "page_shift",
+            value: u64::from(config.page_shift),
+        });
+    }
     if req.flags & !SlotFlags::USER_MASK != 0 {
         return Err(MemslotError::InvalidFlags { flags: req.flags });
     }
