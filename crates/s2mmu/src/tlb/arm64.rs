@@ -178,8 +178,8 @@ impl Default for Arm64TlbiFeatures {
     }
 }
 
-/// `__TLBI_VADDR` for an IPA operation: `ipa >> 12` in bits [43:0], and the
-/// TTL hint `(TG << 2) | level` in bits [47:44] when known.
+/// `__TLBI_VADDR` for an IPA operation: `ipa >> 12` in bits \[43:0\], and the
+/// TTL hint `(TG << 2) | level` in bits \[47:44\] when known.
 pub fn ipa_operand(ipa: u64, level: Option<u32>, page_shift: u32, ttl: bool) -> u64 {
     let mut op = (ipa >> 12) & ((1 << 44) - 1);
     if let Some(l) = level.filter(|&l| ttl && l <= 3) {
@@ -189,8 +189,8 @@ pub fn ipa_operand(ipa: u64, level: Option<u32>, page_shift: u32, ttl: bool) -> 
     op
 }
 
-/// A range operand: BADDR [36:0] (page number, or 64 KiB number with LPA2),
-/// TTL [38:37] (0: unknown), NUM [43:39], SCALE [45:44], TG [47:46].
+/// A range operand: BADDR \[36:0\] (page number, or 64 KiB number with LPA2),
+/// TTL \[38:37\] (0: unknown), NUM \[43:39\], SCALE \[45:44\], TG \[47:46\].
 pub fn range_operand(start: u64, num: u64, scale: u32, page_shift: u32, lpa2: bool) -> u64 {
     let baddr = if lpa2 {
         start >> 16
