@@ -91,7 +91,12 @@ impl TlbShootdown {
         }
     }
 
-    /// Registers a vCPU and returns its TLB of `entries` entries.
+    /// The most entries a vCPU's software TLB holds (2^20, 24 MiB): far
+    /// beyond any hardware TLB, and small enough that its size cannot overflow.
+    pub const MAX_ENTRIES: usize = 1 << 20;
+
+    /// Registers a vCPU and returns its TLB of `entries` entries, rounded up
+    /// to a power of two and kept within 1..=[`Self::MAX_ENTRIES`].
     pub fn register(&self, entries: usize) -> SoftTlb {
         let shared = Arc::new(VcpuTlbShared::new());
         lock(&self.vcpus).push(shared.clone());
@@ -209,7 +214,9 @@ pub struct SoftTlb {
 
 impl SoftTlb {
     fn new(shared: Arc<VcpuTlbShared>, entries: usize, page_shift: u32) -> Self {
-        let n = entries.next_power_of_two().max(1);
+        let n = entries
+            .clamp(1, TlbShootdown::MAX_ENTRIES)
+            .next_power_of_two();
         SoftTlb {
             shared,
             entries: vec![Entry::default(); n].into_boxed_slice(),

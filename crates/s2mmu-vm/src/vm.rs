@@ -106,11 +106,15 @@ pub struct Vm<S: MemslotStore = TreeMemslots> {
 }
 
 impl<S: MemslotStore> Vm<S> {
+    /// The largest software TLB a vCPU may have.
+    pub const MAX_TLB_ENTRIES: usize = TlbShootdown::MAX_ENTRIES;
+
     /// Builds a VM: maps guest memory, divides it into `slots` memslots
     /// (each a multiple of the backing's page size), creates the MMU.
     ///
     /// # Errors
-    /// [`VmError::Config`] for a size that cannot be divided,
+    /// [`VmError::Config`] for a size that cannot be divided or a vCPU TLB
+    /// size outside 1..=[`Self::MAX_TLB_ENTRIES`],
     /// [`VmError::Memory`], [`VmError::Engine`].
     pub fn new(config: VmConfig) -> Result<Self, VmError> {
         let fmt = Arm64Stage2::new(Granule::K4, config.ipa_bits)?;
@@ -136,6 +140,13 @@ impl<S: MemslotStore> Vm<S> {
             return Err(VmError::Config(format!(
                 "guest-physical base {:#x} must be aligned to {unit:#x} and the memory must fit {} IPA bits",
                 config.gpa_base, config.ipa_bits
+            )));
+        }
+        if config.tlb_entries == 0 || config.tlb_entries > Self::MAX_TLB_ENTRIES {
+            return Err(VmError::Config(format!(
+                "a vCPU TLB of {} entries: it must hold 1 to {} entries",
+                config.tlb_entries,
+                Self::MAX_TLB_ENTRIES
             )));
         }
         let memory = Arc::new(GuestMemory::new(config.mem_size, config.backing)?);
@@ -258,5 +269,20 @@ mod tests {
             Vm::<TreeMemslots>::new(config),
             Err(VmError::Config(_))
         ));
+    }
+
+    #[test]
+    fn tlb_sizes_outside_what_a_vcpu_can_hold_are_refused() {
+        for tlb_entries in [0, Vm::<TreeMemslots>::MAX_TLB_ENTRIES + 1, usize::MAX] {
+            let config = VmConfig {
+                mem_size: 1 << 20,
+                tlb_entries,
+                ..VmConfig::default()
+            };
+            assert!(
+                matches!(Vm::<TreeMemslots>::new(config), Err(VmError::Config(_))),
+                "{tlb_entries} entries accepted"
+            );
+        }
     }
 }
