@@ -17,24 +17,14 @@ use std::time::Duration;
 fn small(mem: u64) -> SourceConfig {
     SourceConfig {
         mem_size: mem,
-        vcpus: 2,
         backing: Backing::Anonymous,
         slots: 2,
-        policy: MmuPolicy::default(),
-        harvest: Harvest::Bitmap,
         ring_entries: 256,
         clear_chunk: 1 << 20,
-        dirty_rate: 64 << 20,
-        pattern: Pattern::Sequential,
-        max_downtime: Duration::from_millis(300),
-        max_rounds: 30,
-        bandwidth: 0,
-        converge: Converge::Auto,
-        verify_full: false,
         warmup: Duration::from_millis(50),
         sample_every: Duration::from_millis(20),
         progress: false,
-        label: String::new(),
+        ..SourceConfig::default()
     }
 }
 

@@ -10,16 +10,22 @@ use s2mmu::dirty::DirtyBitmap;
 
 const PAGES: [u64; 2] = [1, 2];
 
+/// A bitmap and a vCPU thread marking `PAGES` in it, as the fault path does.
+fn bitmap_with_marking_vcpu() -> (Arc<DirtyBitmap>, loom::thread::JoinHandle<()>) {
+    let map = Arc::new(DirtyBitmap::new(64, false));
+    let m2 = map.clone();
+    let vcpu = loom::thread::spawn(move || {
+        for p in PAGES {
+            m2.mark(p);
+        }
+    });
+    (map, vcpu)
+}
+
 #[test]
 fn legacy_get_takes_every_mark_once() {
     loom::model(|| {
-        let map = Arc::new(DirtyBitmap::new(64, false));
-        let m2 = map.clone();
-        let vcpu = loom::thread::spawn(move || {
-            for p in PAGES {
-                m2.mark(p);
-            }
-        });
+        let (map, vcpu) = bitmap_with_marking_vcpu();
         let first = map.take_word(0);
         vcpu.join().unwrap();
         let second = map.take_word(0);
@@ -38,13 +44,7 @@ fn legacy_get_takes_every_mark_once() {
 #[test]
 fn manual_clear_never_drops_an_unseen_mark() {
     loom::model(|| {
-        let map = Arc::new(DirtyBitmap::new(64, false));
-        let m2 = map.clone();
-        let vcpu = loom::thread::spawn(move || {
-            for p in PAGES {
-                m2.mark(p);
-            }
-        });
+        let (map, vcpu) = bitmap_with_marking_vcpu();
         // GET copies, CLEAR clears only what the caller saw.
         let mut seen = [0u64; 1];
         map.copy_to(&mut seen).unwrap();
