@@ -363,6 +363,16 @@ impl<F: PteFormat, M: MmOps> TableReader<F, M> {
     pub fn format(&self) -> &F {
         &self.core.fmt
     }
+
+    /// Pins the caller as a lockless reader for as long as the guard lives
+    /// (with [`crate::HostMmOps`], an epoch pin). Walks made meanwhile pin
+    /// again, and with `HostMmOps` a nested pin only counts, so a vCPU that
+    /// holds one across its walk, the fault handler and its walk again pays
+    /// for one pin instead of three. Do not hold one while idle: table pages
+    /// freed meanwhile stay allocated until it is dropped.
+    pub fn read_guard(&self) -> M::ReadGuard {
+        self.core.mm.read_guard()
+    }
 }
 
 fn translate<F: PteFormat, M: MmOps>(core: &TableCore<F, M>, ipa: u64) -> Option<Translation> {

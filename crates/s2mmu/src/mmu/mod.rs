@@ -17,6 +17,11 @@
 //! update mutex (KVM's `slots_lock`) and never hold the MMU lock while they
 //! wait for memslot readers.
 //!
+//! The MMU lock ([`lock::MmuLock`]) is KVM's reader-writer lock with one
+//! addition: vCPUs on the fast path read through reader slots of their own
+//! while no writer is around, so the fast path shares no cache line between
+//! vCPUs ([`MmuPolicy::reader_slots`]; 0 is KVM's plain rwlock).
+//!
 //! Lock poisoning: the MMU lock (the table's `RwLock`) is taken through a
 //! poisoned state, since the table is consistent between walker steps. The
 //! other locks (the update mutex, the split cache, the counters, the ring
@@ -37,10 +42,12 @@ use crate::table::MmOps;
 use crate::tlb::{LargeRangePolicy, TlbBatch, TlbInvalidate, TlbPolicy};
 use crate::{Error, Result};
 use arc_swap::ArcSwapOption;
+use lock::{MmuLock, ReadGuard, WriteGuard};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+pub mod lock;
 mod populate;
 
 /// How faults take the MMU lock.
@@ -82,6 +89,11 @@ pub struct MmuPolicy {
     /// with huge pages, so later faults map blocks again (x86's huge-page
     /// recovery; arm64 has none).
     pub recover_huge_pages: bool,
+    /// vCPUs (by index) whose fault-path reads of the MMU lock go through
+    /// a reader slot of their own while no writer is around ([`lock`]),
+    /// instead of the rwlock's shared reader count; 0 keeps KVM's plain
+    /// rwlock for every reader.
+    pub reader_slots: usize,
 }
 
 impl Default for MmuPolicy {
@@ -96,6 +108,7 @@ impl Default for MmuPolicy {
             initially_set: false,
             dirty_ring_entries: None,
             recover_huge_pages: true,
+            reader_slots: 256,
         }
     }
 }
@@ -172,6 +185,23 @@ impl FaultStats {
     }
 }
 
+/// What the hardware reports about a stage-2 fault besides its address
+/// (arm64: ESR_EL2's fault status code and level).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// No valid entry translates the address.
+    Translation,
+    /// A valid leaf at `level` translates it without the permission the
+    /// access needs.
+    Permission {
+        /// The leaf's level.
+        level: u32,
+    },
+    /// A valid leaf already allows the access (a fault raised before
+    /// another vCPU fixed the entry): nothing to do.
+    Spurious,
+}
+
 /// What a fault did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultOutcome {
@@ -189,6 +219,7 @@ pub enum FaultOutcome {
 /// counters.
 pub struct VcpuMmu<M: MmOps> {
     id: usize,
+    lock_slot: Option<usize>,
     slot_cache: VcpuSlotCache,
     cache: PageCache<M>,
     /// Counters of this vCPU's faults.
@@ -210,7 +241,7 @@ struct SlotSide {
 
 /// One VM's MMU.
 pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
-    pt: RwLock<PageTable<F, M>>,
+    pt: MmuLock<PageTable<F, M>>,
     reader: TableReader<F, M>,
     mm: M,
     slots: S,
@@ -290,7 +321,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             })
             .collect();
         Ok(Mmu {
-            pt: RwLock::new(pt),
+            pt: MmuLock::new(pt, policy.reader_slots),
             reader,
             split_cache: Mutex::new(PageCache::new(mm.clone())),
             mm,
@@ -322,7 +353,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
 
     /// Runs `f` on the table under the read lock (inspection, tests).
     pub fn with_table<R>(&self, f: impl FnOnce(&PageTable<F, M>) -> R) -> R {
-        f(&self.pt.read().unwrap_or_else(|e| e.into_inner()))
+        f(&self.pt.read(None).guard)
     }
 
     /// Counters of VM-wide operations (logging changes, clears, memslot
@@ -343,34 +374,37 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         rings.push(Arc::new(DirtyRing::new(entries)?));
         Ok(VcpuMmu {
             id,
+            lock_slot: self.pt.slot_for(id),
             slot_cache: VcpuSlotCache::new(),
             cache: PageCache::new(self.mm.clone()),
             stats: FaultStats::default(),
         })
     }
 
-    fn read_lock(&self, st: &mut FaultStats) -> RwLockReadGuard<'_, PageTable<F, M>> {
+    /// Takes the MMU lock for reading, through the vCPU's reader slot
+    /// `slot` where it has one.
+    fn read_lock(
+        &self,
+        st: &mut FaultStats,
+        slot: Option<usize>,
+    ) -> ReadGuard<'_, PageTable<F, M>> {
+        let a = self.pt.read(slot);
         st.read_locks += 1;
-        if let Ok(g) = self.pt.try_read() {
-            return g;
+        if let Some(ns) = a.waited_ns {
+            st.read_contended += 1;
+            st.lock_wait_ns += ns;
         }
-        st.read_contended += 1;
-        let t = Instant::now();
-        let g = self.pt.read().unwrap_or_else(|e| e.into_inner());
-        st.lock_wait_ns += t.elapsed().as_nanos() as u64;
-        g
+        a.guard
     }
 
-    fn write_lock(&self, st: &mut FaultStats) -> RwLockWriteGuard<'_, PageTable<F, M>> {
+    fn write_lock(&self, st: &mut FaultStats) -> WriteGuard<'_, PageTable<F, M>> {
+        let a = self.pt.write();
         st.write_locks += 1;
-        if let Ok(g) = self.pt.try_write() {
-            return g;
+        if let Some(ns) = a.waited_ns {
+            st.write_contended += 1;
+            st.lock_wait_ns += ns;
         }
-        st.write_contended += 1;
-        let t = Instant::now();
-        let g = self.pt.write().unwrap_or_else(|e| e.into_inner());
-        st.lock_wait_ns += t.elapsed().as_nanos() as u64;
-        g
+        a.guard
     }
 
     // ---- memslots ----------------------------------------------------
@@ -634,7 +668,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     // ---- the fault path ------------------------------------------------
 
     /// Handles a stage-2 fault of `vcpu` at `gpa` (`write` for a write
-    /// access), as an exit handler would.
+    /// access), as an exit handler would that has only the address: it
+    /// walks the table to tell a translation fault from a permission fault,
+    /// then goes on as [`Mmu::handle_stage2_fault`].
     ///
     /// # Errors
     /// [`Error::NoSlot`] (MMIO), [`Error::WriteToReadOnly`], or an engine
@@ -644,6 +680,30 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         vcpu: &mut VcpuMmu<M>,
         gpa: u64,
         write: bool,
+    ) -> Result<FaultOutcome> {
+        let kind = match self.reader.translate(gpa) {
+            Some(t) if !write || t.prot.contains(Prot::W) => FaultKind::Spurious,
+            Some(t) => FaultKind::Permission { level: t.level },
+            None => FaultKind::Translation,
+        };
+        self.handle_stage2_fault(vcpu, gpa, write, kind)
+    }
+
+    /// Handles a stage-2 fault of `vcpu` at `gpa` (`write` for a write
+    /// access) of the kind the hardware reported (arm64's ESR fault status
+    /// and level), so the fast path needs no walk before its
+    /// compare-and-swap; a report that the table has overtaken is caught
+    /// there and the guest retries.
+    ///
+    /// # Errors
+    /// [`Error::NoSlot`] (MMIO), [`Error::WriteToReadOnly`], or an engine
+    /// error (out of memory).
+    pub fn handle_stage2_fault(
+        &self,
+        vcpu: &mut VcpuMmu<M>,
+        gpa: u64,
+        write: bool,
+        kind: FaultKind,
     ) -> Result<FaultOutcome> {
         let shift = self.page_shift;
         let gfn = gpa >> shift;
@@ -665,40 +725,51 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         // it: a memslot change (turning logging on) waits for this fault
         // before it write-protects, so a fault that saw logging off cannot
         // make a page writable, unlogged, after the protect and flush.
-        let page = 1u64 << shift;
-        let mapped = self.reader.translate(gpa);
-        let w = Prot::W;
-
-        if let Some(t) = mapped {
-            if !write || t.prot.contains(w) {
+        match kind {
+            FaultKind::Spurious => {
                 vcpu.stats.spurious += 1;
                 return Ok(FaultOutcome::Spurious);
             }
-            vcpu.stats.permission += 1;
-            // The fast path: relax a page (or a block of a slot that is not
-            // logged) under the read lock.
-            if self.policy.fault_path == FaultPath::ReadLockFastPath && (t.size == page || !logging)
-            {
-                let pt = self.read_lock(&mut vcpu.stats);
-                match pt.relax_perms(gpa, Prot::RW) {
-                    Ok(o) => {
-                        drop(pt);
-                        if o.became_writable(self.reader.format().write_bit()) && logging {
-                            self.mark_dirty(vcpu, id, gfn - (slot_start >> shift));
-                        }
-                        vcpu.stats.fast += 1;
-                        return Ok(FaultOutcome::Fast);
-                    }
-                    Err(Error::Again { .. }) => {
-                        vcpu.stats.retries += 1;
-                        return Ok(FaultOutcome::Retry);
-                    }
-                    Err(Error::NotMapped { .. }) => {}
-                    Err(e) => return Err(e),
-                }
+            FaultKind::Permission { .. } if !write => {
+                // Every mapping is readable: nothing to relax.
+                vcpu.stats.spurious += 1;
+                return Ok(FaultOutcome::Spurious);
             }
-        } else {
-            vcpu.stats.translation += 1;
+            FaultKind::Permission { level } => {
+                // The fast path: relax a page (or a block of a slot that is
+                // not logged) under the read lock. The leaf must still be at
+                // the reported level: a huge mapping is never made writable
+                // while its slot is logged.
+                let fmt = self.reader.format();
+                if self.policy.fault_path == FaultPath::ReadLockFastPath
+                    && (level == fmt.last_level() || !logging)
+                {
+                    let pt = self.read_lock(&mut vcpu.stats, vcpu.lock_slot);
+                    match pt.relax_perms_at_level(gpa, Prot::RW, level) {
+                        Ok(o) if o.new == o.old => {
+                            vcpu.stats.spurious += 1;
+                            return Ok(FaultOutcome::Spurious);
+                        }
+                        Ok(o) => {
+                            drop(pt);
+                            vcpu.stats.permission += 1;
+                            if o.became_writable(fmt.write_bit()) && logging {
+                                self.mark_dirty(vcpu, id, gfn - (slot_start >> shift));
+                            }
+                            vcpu.stats.fast += 1;
+                            return Ok(FaultOutcome::Fast);
+                        }
+                        Err(Error::Again { .. }) => {
+                            vcpu.stats.retries += 1;
+                            return Ok(FaultOutcome::Retry);
+                        }
+                        Err(Error::NotMapped { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                vcpu.stats.permission += 1;
+            }
+            FaultKind::Translation => vcpu.stats.translation += 1,
         }
         self.slow_fault(vcpu, gpa, hva, write, logging, id, slot_start, slot_end)
     }
@@ -830,7 +901,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             {
                 vcpu.stats.dirtied += 1;
             }
-        } else if let Some(b) = self.side[usize::from(slot)].dirty.load_full() {
+        } else if let Some(b) = &*self.side[usize::from(slot)].dirty.load() {
             if b.mark(offset) {
                 vcpu.stats.dirtied += 1;
             }

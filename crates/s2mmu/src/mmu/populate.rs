@@ -106,7 +106,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         };
         let wbit = self.reader.format().write_bit();
         let mut st = FaultStats::default();
-        let pt = self.read_lock(&mut st);
+        let pt = self.read_lock(&mut st, None);
         let mut dirtied = 0;
         for p in pages {
             if p >= npages {

@@ -82,6 +82,23 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
     /// - [`Error::NotMapped`] if no valid leaf maps `ipa`;
     /// - [`Error::Again`] if the entry changed underneath or is locked.
     pub fn relax_perms(&self, ipa: u64, prot: Prot) -> Result<RelaxOutcome> {
+        self.relax_perms_inner(ipa, prot, None)
+    }
+
+    /// As [`PageTable::relax_perms`], but only if the leaf is at `level`:
+    /// the level a permission fault reported (arm64's ESR fault level), so
+    /// a fault handler that trusts it need not walk the table first. A leaf
+    /// at another level means the table changed since the fault; nothing is
+    /// changed and the access is retried.
+    ///
+    /// # Errors
+    /// As [`PageTable::relax_perms`]; [`Error::Again`] also for a leaf at
+    /// another level.
+    pub fn relax_perms_at_level(&self, ipa: u64, prot: Prot, level: u32) -> Result<RelaxOutcome> {
+        self.relax_perms_inner(ipa, prot, Some(level))
+    }
+
+    fn relax_perms_inner(&self, ipa: u64, prot: Prot, level: Option<u32>) -> Result<RelaxOutcome> {
         if prot.contains(Prot::DEVICE) || prot.contains(Prot::NORMAL_NC) {
             return Err(Error::InvalidProt { bits: prot.bits() });
         }
@@ -95,6 +112,9 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
             }
             if !ctx.fmt.is_valid(ctx.old) {
                 return Err(Error::NotMapped { ipa: ctx.addr });
+            }
+            if level.is_some_and(|l| l != ctx.level) {
+                return Err(Error::Again { ipa: ctx.addr });
             }
             let mut new = ctx.old | set;
             if prot.contains(Prot::X) {
