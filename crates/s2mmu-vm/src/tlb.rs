@@ -240,7 +240,9 @@ impl SoftTlb {
     /// Call before the first access after [`SoftTlb::exit_guest`].
     #[inline]
     pub fn enter_guest(&mut self) {
-        self.shared.mode.store(IN_GUEST, Ordering::SeqCst);
+        // Dekker with `TlbShootdown::shoot`: store, full fence, load on both
+        // sides, so the fence alone orders the store (one barrier, not two).
+        self.shared.mode.store(IN_GUEST, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         self.check_requests();
     }

@@ -6,7 +6,7 @@ use crate::tlb::SoftTlb;
 use crate::vm::VmMmu;
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
-use s2mmu::mmu::{FaultOutcome, FaultStats, VcpuMmu};
+use s2mmu::mmu::{FaultKind, FaultOutcome, FaultStats, VcpuMmu};
 use s2mmu::{HostMmOps, Prot, TableReader};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -127,22 +127,34 @@ impl<S: MemslotStore> Vcpu<S> {
             return Err(VcpuExit::Misaligned { gpa });
         }
         self.enter();
+        // Pinned from the first miss to the end of the access, so the walk,
+        // the fault handler and the walk after it share one epoch pin.
+        let mut _pin = None;
         loop {
             self.tlb.check_requests();
             if let Some(h) = self.tlb.lookup(gpa, write) {
                 return Ok(h);
             }
-            if let Some(t) = self.reader.translate(gpa) {
-                let writable = t.prot.contains(Prot::W);
-                if writable || !write {
-                    self.tlb.fill(gpa, t.pa, writable);
+            if _pin.is_none() {
+                _pin = Some(self.reader.read_guard());
+            }
+            let kind = match self.reader.translate(gpa) {
+                Some(t) if write && !t.prot.contains(Prot::W) => {
+                    FaultKind::Permission { level: t.level }
+                }
+                Some(t) => {
+                    self.tlb.fill(gpa, t.pa, t.prot.contains(Prot::W));
                     continue;
                 }
-            }
-            // A stage-2 fault: leave guest mode while the engine handles it.
+                None => FaultKind::Translation,
+            };
+            // A stage-2 fault: leave guest mode while the engine handles it,
+            // with what the walk found, as hardware reports it.
             self.exit();
             self.faults += 1;
-            let r = self.mmu.handle_fault(&mut self.vmmu, gpa, write);
+            let r = self
+                .mmu
+                .handle_stage2_fault(&mut self.vmmu, gpa, write, kind);
             if self.ring_full() {
                 return Err(VcpuExit::DirtyRingFull);
             }

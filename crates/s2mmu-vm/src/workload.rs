@@ -124,6 +124,10 @@ pub struct Control {
     errors: Mutex<Vec<String>>,
     /// Time spent stopped on a full dirty ring, nanoseconds, all vCPUs.
     pub ring_full_wait_ns: AtomicU64,
+    /// The host thread waiting in [`Workload::run_pass`], woken when a vCPU
+    /// ends its pass or stops on a full ring (it sleeps instead of polling,
+    /// so it takes no CPU from the vCPUs on a machine with few cores).
+    host: Mutex<Option<std::thread::Thread>>,
 }
 
 impl Control {
@@ -146,6 +150,13 @@ impl Control {
             fault_stats: Mutex::new(vec![FaultStats::default(); vcpus]),
             errors: Mutex::new(Vec::new()),
             ring_full_wait_ns: AtomicU64::new(0),
+            host: Mutex::new(None),
+        }
+    }
+
+    fn wake_host(&self) {
+        if let Some(t) = self.host.lock().unwrap().as_ref() {
+            t.unpark();
         }
     }
 }
@@ -285,8 +296,10 @@ impl<S: MemslotStore + 'static> Workload<S> {
     /// The first error a vCPU reported.
     pub fn run_pass(&self, mut while_waiting: impl FnMut()) -> Result<Duration, String> {
         let pass = self.control.target.load(Ordering::Acquire) + 1;
+        *self.control.host.lock().unwrap() = Some(std::thread::current());
         let t0 = Instant::now();
         self.control.target.store(pass, Ordering::Release);
+        self.wake_vcpus();
         let mut spins = 0u32;
         while self
             .control
@@ -298,17 +311,29 @@ impl<S: MemslotStore + 'static> Workload<S> {
             while_waiting();
             spins += 1;
             if spins > 64 {
-                std::thread::sleep(Duration::from_micros(20));
+                // Woken by the last vCPU to finish (or one on a full ring);
+                // the timeout only bounds a missed wake-up.
+                std::thread::park_timeout(Duration::from_millis(1));
             }
         }
         let t = t0.elapsed();
+        *self.control.host.lock().unwrap() = None;
         self.check_errors()?;
         Ok(t)
+    }
+
+    /// Wakes vCPU threads that wait for the host (a new pass, a resume, a
+    /// stop).
+    fn wake_vcpus(&self) {
+        for t in &self.threads {
+            t.thread().unpark();
+        }
     }
 
     /// Lets vCPUs run passes back to back until [`Workload::pause`].
     pub fn run_free(&self) {
         self.control.free_running.store(true, Ordering::Release);
+        self.wake_vcpus();
     }
 
     /// Pauses every vCPU wherever it is (mid-pass included) and returns
@@ -332,6 +357,7 @@ impl<S: MemslotStore + 'static> Workload<S> {
     /// Undoes [`Workload::pause`].
     pub fn resume(&self) {
         self.control.paused.store(false, Ordering::SeqCst);
+        self.wake_vcpus();
     }
 
     /// Stops free running after the current passes (vCPUs then wait for
@@ -380,6 +406,7 @@ impl<S: MemslotStore + 'static> Workload<S> {
 
     fn shutdown(&mut self) {
         self.control.stop.store(true, Ordering::Release);
+        self.wake_vcpus();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -496,7 +523,8 @@ fn vcpu_thread<S: MemslotStore>(
             if spins < 100 {
                 std::hint::spin_loop();
             } else {
-                std::thread::sleep(Duration::from_micros(20));
+                // The host unparks vCPUs when it asks for a pass.
+                std::thread::park_timeout(Duration::from_millis(1));
             }
         }
         pass += 1;
@@ -536,6 +564,7 @@ fn vcpu_thread<S: MemslotStore>(
                         // meanwhile must resume it, not the next one.
                         save(pass, i, rng_at_access, total_writes + written);
                         c.running[idx].store(false, Ordering::SeqCst);
+                        c.wake_host();
                         while vcpu.ring_full() && !c.stop.load(Ordering::Acquire) {
                             std::thread::sleep(Duration::from_micros(20));
                         }
@@ -551,6 +580,7 @@ fn vcpu_thread<S: MemslotStore>(
                         vcpu.exit();
                         c.running[idx].store(false, Ordering::SeqCst);
                         c.done[idx].store(u64::MAX, Ordering::Release);
+                        c.wake_host();
                         return;
                     }
                 }
@@ -614,6 +644,7 @@ fn vcpu_thread<S: MemslotStore>(
         c.pass_times.lock().unwrap()[idx].push(t0.elapsed());
         c.fault_stats.lock().unwrap()[idx] = vcpu.fault_stats();
         c.done[idx].store(pass, Ordering::Release);
+        c.wake_host();
     }
 }
 
@@ -631,7 +662,8 @@ fn park<S: MemslotStore>(vcpu: &mut Vcpu<S>, idx: usize, c: &Control) -> bool {
             if c.stop.load(Ordering::Acquire) {
                 return false;
             }
-            std::thread::sleep(Duration::from_micros(20));
+            // [`Workload::resume`] and stop unpark vCPUs.
+            std::thread::park_timeout(Duration::from_millis(1));
         }
     }
 }
