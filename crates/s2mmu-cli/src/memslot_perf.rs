@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::report::paired_ratio;
 use s2mmu::memslot::{
     ArrayMemslots, MemslotStore, NoStage2, SlotFlags, SlotLookup, Stage2Invalidate, TreeMemslots,
     UserMemoryRegion, VcpuSlotCache,
@@ -261,21 +262,6 @@ fn run_both(params: &MemslotPerfParams, nslots: u32) -> Result<Vec<CaseResult>, 
         out.push(row);
     }
     Ok(out)
-}
-
-/// Median of `after[i] / before[i]` over the runs both have.
-fn paired_ratio(before: &[f64], after: &[f64]) -> Option<f64> {
-    let mut ratios: Vec<f64> = before
-        .iter()
-        .zip(after)
-        .filter(|(b, _)| **b > 0.0)
-        .map(|(b, a)| a / b)
-        .collect();
-    if ratios.is_empty() {
-        return None;
-    }
-    ratios.sort_by(f64::total_cmp);
-    Some(ratios[ratios.len() / 2])
 }
 
 /// The largest slot count not above `nslots` at which `bytes` splits into non-empty slots
