@@ -298,7 +298,9 @@ mod host {
         #[inline(always)]
         fn entry_count(&self, pa: u64) -> &AtomicU32 {
             let base = (pa as usize) & !(CHUNK - 1);
-            let index = (pa as usize - base) / self.pool.page_size;
+            // `page_size` is a power of two (checked in `new`): a shift, not a
+            // division, on every level of every walk.
+            let index = (pa as usize - base) >> self.pool.page_size.trailing_zeros();
             // SAFETY: `pa` is a page of a live chunk (the caller holds a table
             // page of this pool, and chunks live as long as the pool); the
             // counters of a chunk are the first `CHUNK / page_size` u32s of
