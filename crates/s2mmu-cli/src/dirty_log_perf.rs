@@ -668,6 +668,9 @@ fn both_table(
         p.iterations
     );
     s += "fast = read-lock fast path, vCPUs on their own reader slots (s2mmu); rwlock = the same fast path on a shared reader count (KVM's mmu_lock); write = every fault under the write lock (the baseline)\n";
+    if p.backing != Backing::Anonymous && !p.eager_split {
+        s += "note: huge-page backing without -e: the measured pass splits every block on fault, so all three policies map pages under the write lock; add -e to split eagerly and measure the fast path\n";
+    }
     s += &format!(
         "{:>6} | {:>12} {:>11} {:>10} | {:>12} | {:>12} {:>11} {:>10} | {:>9} {:>9} {:>11}\n",
         "vCPUs",

@@ -220,6 +220,11 @@ pub enum FaultOutcome {
 pub struct VcpuMmu<M: MmOps> {
     id: usize,
     lock_slot: Option<usize>,
+    /// The dirty bitmap of the slot this vCPU last marked, for the memslot
+    /// state (store id, generation) and slot id it was read in: within one
+    /// state a logging slot's bitmap never changes, so marking needs no
+    /// atomic load of the side table (KVM reads `memslot->dirty_bitmap`).
+    dirty_cache: Option<((u64, u64), u16, Arc<DirtyBitmap>)>,
     slot_cache: VcpuSlotCache,
     cache: PageCache<M>,
     /// Counters of this vCPU's faults.
@@ -231,6 +236,20 @@ impl<M: MmOps> VcpuMmu<M> {
     pub fn id(&self) -> usize {
         self.id
     }
+}
+
+/// What a fault found about its memslot, in the memslot state it holds.
+struct FaultSlot {
+    id: u16,
+    /// Dirty logging is on in that state.
+    logging: bool,
+    /// The slot's guest range in bytes.
+    start: u64,
+    end: u64,
+    /// The host address of the faulting page.
+    hva: u64,
+    /// The state: store id and generation.
+    state: (u64, u64),
 }
 
 /// A memslot's state that the MMU keeps beside the memslot store.
@@ -375,6 +394,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         Ok(VcpuMmu {
             id,
             lock_slot: self.pt.slot_for(id),
+            dirty_cache: None,
             slot_cache: VcpuSlotCache::new(),
             cache: PageCache::new(self.mm.clone()),
             stats: FaultStats::default(),
@@ -717,10 +737,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             // A slot being deleted or moved: the guest retries.
             Err(_) => return Ok(FaultOutcome::Retry),
         };
-        let logging = slot.dirty_logging();
-        let id = slot.id();
-        let slot_start = slot.base_gfn() << shift;
-        let slot_end = slot.end_gfn() << shift;
+        let fs = FaultSlot {
+            id: slot.id(),
+            logging: slot.dirty_logging(),
+            start: slot.base_gfn() << shift,
+            end: slot.end_gfn() << shift,
+            hva,
+            state: (snap.store_id(), snap.generation()),
+        };
         // `snap` is held to the end of the fault, as KVM holds SRCU across
         // it: a memslot change (turning logging on) waits for this fault
         // before it write-protects, so a fault that saw logging off cannot
@@ -742,7 +766,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 // while its slot is logged.
                 let fmt = self.reader.format();
                 if self.policy.fault_path == FaultPath::ReadLockFastPath
-                    && (level == fmt.last_level() || !logging)
+                    && (level == fmt.last_level() || !fs.logging)
                 {
                     let pt = self.read_lock(&mut vcpu.stats, vcpu.lock_slot);
                     match pt.relax_perms_at_level(gpa, Prot::RW, level) {
@@ -753,8 +777,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                         Ok(o) => {
                             drop(pt);
                             vcpu.stats.permission += 1;
-                            if o.became_writable(fmt.write_bit()) && logging {
-                                self.mark_dirty(vcpu, id, gfn - (slot_start >> shift));
+                            if o.became_writable(fmt.write_bit()) && fs.logging {
+                                self.mark_dirty(vcpu, &fs, gfn - (fs.start >> shift));
                             }
                             vcpu.stats.fast += 1;
                             return Ok(FaultOutcome::Fast);
@@ -771,21 +795,24 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             }
             FaultKind::Translation => vcpu.stats.translation += 1,
         }
-        self.slow_fault(vcpu, gpa, hva, write, logging, id, slot_start, slot_end)
+        self.slow_fault(vcpu, gpa, write, &fs)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn slow_fault(
         &self,
         vcpu: &mut VcpuMmu<M>,
         gpa: u64,
-        hva: u64,
         write: bool,
-        logging: bool,
-        id: u16,
-        slot_start: u64,
-        slot_end: u64,
+        fs: &FaultSlot,
     ) -> Result<FaultOutcome> {
+        let FaultSlot {
+            id,
+            logging,
+            start: slot_start,
+            end: slot_end,
+            hva,
+            ..
+        } = *fs;
         let fmt = self.reader.format();
         let shift = self.page_shift;
         let page = 1u64 << shift;
@@ -823,14 +850,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 vcpu.stats.split_ns += t0.elapsed().as_nanos() as u64;
                 vcpu.stats.splits_on_fault += 1;
                 drop(pt);
-                self.mark_dirty(vcpu, id, offset);
+                self.mark_dirty(vcpu, fs, offset);
                 Ok(FaultOutcome::Slow)
             }
             Some(_) => {
                 let o = pt.relax_perms(gpa, Prot::RW)?;
                 drop(pt);
                 if logging && o.became_writable(fmt.write_bit()) {
-                    self.mark_dirty(vcpu, id, offset);
+                    self.mark_dirty(vcpu, fs, offset);
                 }
                 Ok(FaultOutcome::Slow)
             }
@@ -882,14 +909,15 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 r?;
                 drop(pt);
                 if logging && write {
-                    self.mark_dirty(vcpu, id, offset);
+                    self.mark_dirty(vcpu, fs, offset);
                 }
                 Ok(FaultOutcome::Slow)
             }
         }
     }
 
-    fn mark_dirty(&self, vcpu: &mut VcpuMmu<M>, slot: u16, offset: u64) {
+    fn mark_dirty(&self, vcpu: &mut VcpuMmu<M>, fs: &FaultSlot, offset: u64) {
+        let slot = fs.id;
         if self.policy.dirty_ring_entries.is_some() {
             let rings = self.rings.read().unwrap();
             // The push cannot overflow: a vCPU stops at the soft limit, and
@@ -901,9 +929,22 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             {
                 vcpu.stats.dirtied += 1;
             }
-        } else if let Some(b) = &*self.side[usize::from(slot)].dirty.load() {
-            if b.mark(offset) {
-                vcpu.stats.dirtied += 1;
+        } else {
+            let cached =
+                matches!(&vcpu.dirty_cache, Some((st, id, _)) if *st == fs.state && *id == slot);
+            if !cached {
+                // The bitmap was published before the state in which the
+                // slot logs, and is dropped only after a later state has
+                // waited for this fault's.
+                vcpu.dirty_cache = self.side[usize::from(slot)]
+                    .dirty
+                    .load_full()
+                    .map(|b| (fs.state, slot, b));
+            }
+            if let Some((_, _, b)) = &vcpu.dirty_cache {
+                if b.mark(offset) {
+                    vcpu.stats.dirtied += 1;
+                }
             }
         }
     }
@@ -1193,6 +1234,35 @@ mod tests {
             m.set_memory_region(&r, 4096),
             Err(Error::Memslot(_))
         ));
+    }
+
+    /// A vCPU remembers the bitmap it last marked; logging turned off and on
+    /// again gives the slot a new bitmap, and the marks must land there.
+    #[test]
+    fn marks_after_logging_is_restarted_land_in_the_new_bitmap() {
+        let m = mmu(MmuPolicy {
+            manual_protect: false,
+            ..MmuPolicy::default()
+        });
+        let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 1 << 20, HVA);
+        m.set_memory_region(&r, 4096).unwrap();
+        let mut v = m.new_vcpu().unwrap();
+        let mut log = vec![0u64; 4];
+        for round in 0..3u64 {
+            m.enable_dirty_logging(0).unwrap();
+            for page in [round, round + 10] {
+                // A read maps the logged page read-only, the write then takes
+                // the fast path and marks it.
+                m.handle_fault(&mut v, GPA + page * 4096, false).unwrap();
+                assert_eq!(
+                    m.handle_fault(&mut v, GPA + page * 4096, true).unwrap(),
+                    FaultOutcome::Fast
+                );
+            }
+            assert_eq!(m.get_dirty_log(0, &mut log).unwrap(), 2, "round {round}");
+            assert_eq!(log[0], (1 << round) | (1 << (round + 10)));
+            m.disable_dirty_logging(0).unwrap();
+        }
     }
 
     #[test]
