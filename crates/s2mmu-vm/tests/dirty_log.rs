@@ -238,6 +238,16 @@ fn stress<S: MemslotStore + 'static>(
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1.0);
+    // More vCPUs on a machine with the cores for them (a power of two up to
+    // 64, so each gets whole pages of the 32 MiB).
+    let vcpus = match std::env::var("S2MMU_STRESS_VCPUS") {
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| n.is_power_of_two() && *n <= 64)
+            .expect("S2MMU_STRESS_VCPUS must be a power of two from 1 to 64"),
+        Err(_) => vcpus,
+    };
     let mem = 32 * MIB;
     let vm = vm::<S>(mem, backing, 2, policy);
     let w = workload(&vm, vcpus, pattern);
