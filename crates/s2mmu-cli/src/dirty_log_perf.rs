@@ -701,8 +701,8 @@ fn both_table(
     ];
     let mut lines = Vec::new();
     for &v in vcpus_list {
-        // dirty time, contentions, lock wait per run, per policy
-        let mut got: [Vec<(Duration, u64, u64, FaultStats)>; 3] = Default::default();
+        // Per policy, per run: the dirty memory time and the fault counters.
+        let mut got: [Vec<(Duration, FaultStats)>; 3] = Default::default();
         for r in 0..runs {
             for k in 0..3 {
                 let i = (k + r) % 3;
@@ -710,21 +710,26 @@ fn both_table(
                 let mut sp = spec(v, fp, p.eager_split);
                 sp.policy.reader_slots = slots;
                 let run = engine(sp, &p.memslots)?;
-                let t = run.fault_totals();
-                got[i].push((median_dirty(&run), t.contentions(), t.lock_wait_ns, t));
+                got[i].push((median_dirty(&run), run.fault_totals()));
             }
         }
-        let med = |v: &[(Duration, u64, u64, FaultStats)]| {
+        // Medians of the dirty time, the contentions and the lock wait.
+        let med = |v: &[(Duration, FaultStats)]| {
             let d = Summary::of(&v.iter().map(|x| x.0).collect::<Vec<_>>());
-            let mut c: Vec<u64> = v.iter().map(|x| x.1).collect();
-            c.sort_unstable();
-            let mut w: Vec<u64> = v.iter().map(|x| x.2).collect();
-            w.sort_unstable();
-            (d, c[c.len() / 2], w[w.len() / 2])
+            let median = |f: fn(&FaultStats) -> u64| {
+                let mut x: Vec<u64> = v.iter().map(|r| f(&r.1)).collect();
+                x.sort_unstable();
+                x[x.len() / 2]
+            };
+            (
+                d,
+                median(FaultStats::contentions),
+                median(|t| t.lock_wait_ns),
+            )
         };
         let m = [med(&got[0]), med(&got[1]), med(&got[2])];
         for (i, (pol, _, _)) in policies.iter().enumerate() {
-            let t = got[i][0].3;
+            let t = got[i][0].1;
             report.result(
                 &format!("vcpus_{v}"),
                 pol,
@@ -735,9 +740,8 @@ fn both_table(
                 ),
             );
         }
-        let secs = |v: &[(Duration, u64, u64, FaultStats)]| {
-            v.iter().map(|x| x.0.as_secs_f64()).collect::<Vec<_>>()
-        };
+        let secs =
+            |v: &[(Duration, FaultStats)]| v.iter().map(|x| x.0.as_secs_f64()).collect::<Vec<_>>();
         let (fast, rw, write) = (secs(&got[0]), secs(&got[1]), secs(&got[2]));
         let speedup = paired_ratio(&fast, &write).unwrap_or(0.0);
         let speedup_rw = paired_ratio(&rw, &write).unwrap_or(0.0);
