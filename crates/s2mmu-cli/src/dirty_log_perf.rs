@@ -7,7 +7,9 @@
 //! vCPUs dirty their memory in lockstep and the host gets (and with manual
 //! protect clears) the log; finally logging is disabled.
 
-use crate::report::{self, human, human_bytes, paired_ratio, parse_size, verdict, Report, Summary};
+use crate::report::{
+    self, human, human_bytes, paired_ratio, paired_ratios, parse_size, verdict, Report, Summary,
+};
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{FaultPath, FaultStats, MmuPolicy};
 use s2mmu::SplitPolicy;
@@ -874,14 +876,15 @@ fn eager_vs_fault(
         ("vCPU CPU time in that first pass", &vcpu_cpu),
         ("enabling dirty logging", &enable),
     ];
-    let mut first_ratios = None;
+    let secs = |runs: &[EngineRun], f: &RunMetric<'_>| {
+        runs.iter().map(|r| f(r).as_secs_f64()).collect::<Vec<_>>()
+    };
     for (name, f) in rows {
         let e: Vec<Duration> = eager.iter().map(f).collect();
         let l: Vec<Duration> = lazy.iter().map(f).collect();
         let (es, ls) = (Summary::of(&e), Summary::of(&l));
         // The ratio of each pair of runs, then its median.
-        let secs = |v: &[Duration]| v.iter().map(Duration::as_secs_f64).collect::<Vec<_>>();
-        let ratio = paired_ratio(&secs(&e), &secs(&l));
+        let ratio = paired_ratio(&secs(&eager, f), &secs(&lazy, f));
         let ratio_text = ratio.map_or("-".to_string(), |r| format!("{r:.2}x"));
         s += &format!(
             "{name:<46} {:>14} {:>14} {ratio_text:>9}\n",
@@ -897,16 +900,6 @@ fn eager_vs_fault(
             ls.median.as_nanos() as f64,
             es.median.as_nanos() as f64,
         );
-        if first_ratios.is_none() {
-            let mut all: Vec<f64> = e
-                .iter()
-                .zip(&l)
-                .filter(|(e, _)| !e.is_zero())
-                .map(|(e, l)| l.as_secs_f64() / e.as_secs_f64())
-                .collect();
-            all.sort_by(f64::total_cmp);
-            first_ratios = Some((ratio.unwrap_or(0.0), all));
-        }
     }
     let splits: u64 = lazy
         .iter()
@@ -917,7 +910,8 @@ fn eager_vs_fault(
     s += &format!(
         "splits on fault: {splits} per run (each under the write lock on a vCPU thread)\n"
     );
-    let (ratio, all) = first_ratios.unwrap_or_default();
+    let all = paired_ratios(&secs(&eager, &first), &secs(&lazy, &first));
+    let ratio = all.get(all.len() / 2).copied().unwrap_or(0.0);
     s += &format!(
         "first-pass ratio per run: {}\n",
         all.iter()

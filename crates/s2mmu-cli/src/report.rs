@@ -183,20 +183,23 @@ impl Summary {
     }
 }
 
-/// Median of `after[i] / before[i]` over the runs both have (runs paired
-/// in one process, so a machine-wide slowdown cancels out of each ratio).
-pub fn paired_ratio(before: &[f64], after: &[f64]) -> Option<f64> {
+/// `after[i] / before[i]` over the runs both have, sorted (runs paired in
+/// one process, so a machine-wide slowdown cancels out of each ratio).
+pub fn paired_ratios(before: &[f64], after: &[f64]) -> Vec<f64> {
     let mut ratios: Vec<f64> = before
         .iter()
         .zip(after)
         .filter(|(b, _)| **b > 0.0)
         .map(|(b, a)| a / b)
         .collect();
-    if ratios.is_empty() {
-        return None;
-    }
     ratios.sort_by(f64::total_cmp);
-    Some(ratios[ratios.len() / 2])
+    ratios
+}
+
+/// The median of [`paired_ratios`], if any run pairs.
+pub fn paired_ratio(before: &[f64], after: &[f64]) -> Option<f64> {
+    let ratios = paired_ratios(before, after);
+    ratios.get(ratios.len() / 2).copied()
 }
 
 /// Merges two JSON objects (the second wins on equal keys).

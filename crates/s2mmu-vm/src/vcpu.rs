@@ -129,15 +129,13 @@ impl<S: MemslotStore> Vcpu<S> {
         self.enter();
         // Pinned from the first miss to the end of the access, so the walk,
         // the fault handler and the walk after it share one epoch pin.
-        let mut _pin = None;
+        let mut pin = None;
         loop {
             self.tlb.check_requests();
             if let Some(h) = self.tlb.lookup(gpa, write) {
                 return Ok(h);
             }
-            if _pin.is_none() {
-                _pin = Some(self.reader.read_guard());
-            }
+            pin.get_or_insert_with(|| self.reader.read_guard());
             let kind = match self.reader.translate(gpa) {
                 Some(t) if write && !t.prot.contains(Prot::W) => {
                     FaultKind::Permission { level: t.level }

@@ -36,7 +36,7 @@ use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use loom::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 #[cfg(not(loom))]
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::TryLockError;
+use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
 #[cfg(not(loom))]
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
@@ -155,15 +155,7 @@ impl<T> MmuLock<T> {
                 s.0.store(false, Ordering::Release);
             }
         }
-        let (rw, waited_ns) = match self.rw.try_read() {
-            Ok(g) => (g, None),
-            Err(TryLockError::Poisoned(p)) => (p.into_inner(), None),
-            Err(TryLockError::WouldBlock) => {
-                let t = Instant::now();
-                let g = self.rw.read().unwrap_or_else(|p| p.into_inner());
-                (g, Some(t.elapsed().as_nanos() as u64))
-            }
-        };
+        let (rw, waited_ns) = timed(|| self.rw.try_read(), || self.rw.read());
         if slot.is_some()
             && !self.bias.load(Ordering::Relaxed)
             && self.shared_reads.fetch_add(1, Ordering::Relaxed) + 1 >= REBIAS_AFTER
@@ -185,15 +177,7 @@ impl<T> MmuLock<T> {
     /// Takes the lock for writing: the shared rwlock, then, if the lock is
     /// biased, revokes the bias and waits for the slot readers to leave.
     pub fn write(&self) -> Acquired<WriteGuard<'_, T>> {
-        let (rw, mut waited_ns) = match self.rw.try_write() {
-            Ok(g) => (g, None),
-            Err(TryLockError::Poisoned(p)) => (p.into_inner(), None),
-            Err(TryLockError::WouldBlock) => {
-                let t = Instant::now();
-                let g = self.rw.write().unwrap_or_else(|p| p.into_inner());
-                (g, Some(t.elapsed().as_nanos() as u64))
-            }
-        };
+        let (rw, mut waited_ns) = timed(|| self.rw.try_write(), || self.rw.write());
         self.shared_reads.store(0, Ordering::Relaxed);
         // Only a reader holding `rw` sets the bias, so it cannot turn on
         // while this writer holds it.
@@ -220,6 +204,24 @@ impl<T> MmuLock<T> {
                 _rw: rw,
             },
             waited_ns,
+        }
+    }
+}
+
+/// Takes a std (or loom) lock without waiting if it is free, else waits and
+/// returns how long. A poisoned lock is taken as it is: the guarded table is
+/// consistent between walker steps.
+fn timed<G>(
+    try_lock: impl FnOnce() -> TryLockResult<G>,
+    lock: impl FnOnce() -> LockResult<G>,
+) -> (G, Option<u64>) {
+    match try_lock() {
+        Ok(g) => (g, None),
+        Err(TryLockError::Poisoned(p)) => (p.into_inner(), None),
+        Err(TryLockError::WouldBlock) => {
+            let t = Instant::now();
+            let g = lock().unwrap_or_else(PoisonError::into_inner);
+            (g, Some(t.elapsed().as_nanos() as u64))
         }
     }
 }
