@@ -124,6 +124,12 @@ pub enum Error {
         /// The faulting guest physical address.
         gpa: u64,
     },
+    /// The host memory behind a memslot page has no physical address
+    /// ([`crate::mmu::HostMemory::host_to_phys`] returned `None`).
+    Unbacked {
+        /// The host virtual address.
+        hva: u64,
+    },
     /// A write to a read-only memslot.
     WriteToReadOnly {
         /// The faulting guest physical address.
@@ -205,6 +211,9 @@ impl fmt::Display for Error {
             Error::NoSuchSlot { slot } => write!(f, "no memslot {slot}"),
             Error::LoggingDisabled { slot } => {
                 write!(f, "dirty logging is not enabled on memslot {slot}")
+            }
+            Error::Unbacked { hva } => {
+                write!(f, "host address {hva:#x} has no physical address")
             }
             Error::NoSlot { gpa } => write!(f, "no memslot covers guest address {gpa:#x}"),
             Error::WriteToReadOnly { gpa } => {

@@ -226,6 +226,33 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         Ok(())
     }
 
+    /// The entry a hardware walk of `ipa` ends at: its level and value, a
+    /// valid leaf or an invalid entry (what a translation fault at that
+    /// level reports, as KVM's `kvm_pgtable_get_leaf`).
+    ///
+    /// # Errors
+    /// As [`PageTable::check_range`] for the page holding `ipa`.
+    pub fn lookup(&self, ipa: u64) -> Result<(u32, u64)> {
+        let page = self.format().page_size();
+        self.check_range(ipa & !(page - 1), page)?;
+        let mut out = None;
+        let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
+            out.get_or_insert((ctx.level, ctx.old));
+            Ok(WalkAction::Continue)
+        };
+        // SAFETY: a read-only walk; the read guard it pins keeps tables alive
+        // against concurrent unlinking.
+        unsafe {
+            self.walk_unchecked(
+                ipa & !(page - 1),
+                page,
+                WalkFlags::LEAF | WalkFlags::SHARED,
+                &mut v,
+            )?
+        };
+        out.ok_or(Error::NotMapped { ipa })
+    }
+
     /// Every valid leaf that overlaps `[ipa, ipa + size)`, in address order.
     ///
     /// # Errors

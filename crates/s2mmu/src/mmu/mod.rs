@@ -47,8 +47,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+mod host;
 pub mod lock;
 mod populate;
+
+pub use host::{HostMemory, IdentityHost};
 
 /// How faults take the MMU lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -271,6 +274,7 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
     split_cache: Mutex<PageCache<M>>,
     vm_stats: Mutex<FaultStats>,
     page_shift: u32,
+    host: Arc<dyn HostMemory>,
     /// Invalidation calls issued by dirty-log clears, and their time.
     pub clear_tlb_calls: AtomicU64,
 }
@@ -351,8 +355,38 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             update: Mutex::new(()),
             vm_stats: Mutex::new(FaultStats::default()),
             page_shift,
+            host: Arc::new(IdentityHost),
             clear_tlb_calls: AtomicU64::new(0),
         })
+    }
+
+    /// Takes output addresses from `host` instead of using host addresses
+    /// as physical ones ([`IdentityHost`], the default), and calls its
+    /// cache maintenance before installing leaves. Set it before the first
+    /// mapping: leaves made earlier keep the addresses they were made with.
+    #[must_use]
+    pub fn with_host_memory(mut self, host: Arc<dyn HostMemory>) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// The physical address to map `[hva, hva + size)` to, if the host
+    /// backs it contiguously at an address aligned to `size`.
+    fn phys_for(&self, hva: u64, size: u64) -> Option<u64> {
+        self.host
+            .host_to_phys(hva, size)
+            .filter(|pa| pa & (size - 1) == 0)
+    }
+
+    /// The physical address of the page at `hva`, after the cache
+    /// maintenance a new leaf over it needs.
+    fn phys_for_leaf(&self, hva: u64, size: u64, prot: Prot) -> Result<u64> {
+        let pa = self.phys_for(hva, size).ok_or(Error::Unbacked { hva })?;
+        self.host.clean_dcache(hva, size);
+        if prot.contains(Prot::X) {
+            self.host.invalidate_icache(hva, size);
+        }
+        Ok(pa)
     }
 
     /// The policies in force.
@@ -839,14 +873,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 pt.unmap(block, t.size)?;
                 let prot = Prot::RWX;
                 let opts = MapOptions { force_pages: true };
-                pt.map(
-                    gpa & !(page - 1),
-                    page,
-                    hva & !(page - 1),
-                    prot,
-                    &mut vcpu.cache,
-                    opts,
-                )?;
+                let pa = self.phys_for_leaf(hva & !(page - 1), page, prot)?;
+                pt.map(gpa & !(page - 1), page, pa, prot, &mut vcpu.cache, opts)?;
                 vcpu.stats.split_ns += t0.elapsed().as_nanos() as u64;
                 vcpu.stats.splits_on_fault += 1;
                 drop(pt);
@@ -873,6 +901,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                             && (gpa ^ hva) & (g - 1) == 0
                             && base >= slot_start
                             && base + g <= slot_end
+                            && (g == page || self.phys_for(hva & !(g - 1), g).is_some())
                         {
                             size = g;
                             break;
@@ -887,24 +916,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                     Prot::RWX
                 };
                 let opts = MapOptions { force_pages: false };
-                let mut r = pt.map(
-                    gpa & !(size - 1),
-                    size,
-                    hva & !(size - 1),
-                    prot,
-                    &mut vcpu.cache,
-                    opts,
-                );
+                let pa = self.phys_for_leaf(hva & !(size - 1), size, prot)?;
+                let mut r = pt.map(gpa & !(size - 1), size, pa, prot, &mut vcpu.cache, opts);
                 if matches!(r, Err(Error::AlreadyMapped { .. })) && size > page {
                     // Part of the block is mapped by pages: map just this page.
-                    r = pt.map(
-                        gpa & !(page - 1),
-                        page,
-                        hva & !(page - 1),
-                        prot,
-                        &mut vcpu.cache,
-                        opts,
-                    );
+                    let pa = self.phys_for_leaf(hva & !(page - 1), page, prot)?;
+                    r = pt.map(gpa & !(page - 1), page, pa, prot, &mut vcpu.cache, opts);
                 }
                 r?;
                 drop(pt);

@@ -67,15 +67,24 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             let n = POPULATE_CHUNK.min(size - done);
             let need = self.with_table(|pt| pt.split_capacity(n)) + levels + 1;
             cache.top_up(need)?;
+            // The host backs the chunk contiguously (the identity), or
+            // page by page.
+            let contiguous = self.host.host_to_phys(hva + done, n);
             let mut pt = self.write_lock(&mut st);
-            pt.map(
-                base + done,
-                n,
-                hva + done,
-                prot,
-                &mut cache,
-                MapOptions { force_pages: true },
-            )?;
+            let opts = MapOptions { force_pages: true };
+            if let Some(pa) = contiguous {
+                pt.map(base + done, n, pa, prot, &mut cache, opts)?;
+            } else {
+                let page = 1u64 << shift;
+                let mut off = 0;
+                while off < n {
+                    let hva = hva + done + off;
+                    let pa = self.host.host_to_phys(hva, page);
+                    let pa = pa.ok_or(Error::Unbacked { hva })?;
+                    pt.map(base + done + off, page, pa, prot, &mut cache, opts)?;
+                    off += page;
+                }
+            }
             drop(pt);
             done += n;
         }

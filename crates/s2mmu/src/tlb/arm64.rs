@@ -125,6 +125,20 @@ pub trait TlbiSink: Send + Sync {
     fn end(&self) {}
 }
 
+/// A shared sink (the hypervisor keeps a handle to read its counters or
+/// switch its VMID context while the engine owns the backend).
+impl<T: TlbiSink + ?Sized> TlbiSink for alloc::sync::Arc<T> {
+    fn emit(&self, insn: Insn) {
+        (**self).emit(insn)
+    }
+    fn begin(&self) {
+        (**self).begin()
+    }
+    fn end(&self) {
+        (**self).end()
+    }
+}
+
 /// Largest number of pages one range TLBI covers
 /// (`MAX_TLBI_RANGE_PAGES = __TLBI_RANGE_PAGES(31, 3)` = 2^21).
 pub const MAX_TLBI_RANGE_PAGES: u64 = range_pages(31, 3);

@@ -1,0 +1,568 @@
+// s2mmu's EL2 stub for QEMU's `virt` machine (aarch64, virtualization=on).
+//
+// It is the hypervisor half of the nVHE split: the engine runs on the host,
+// writes the stage-2 tables into guest RAM, and decides everything; this
+// program only does what needs an arm64 CPU at EL2:
+//   - load VTCR_EL2 / VTTBR_EL2 / HCR_EL2 and run guest code at EL1;
+//   - report each exit from the guest (stage-2 abort, HVC, anything else)
+//     to the engine through its CPU's mailbox, wait for the answer, execute
+//     the TLB maintenance the answer lists, then resume or stop the guest;
+//   - execute TLB maintenance the engine queues from a host thread
+//     (the design's kvm_call_hyp);
+//   - translate IPAs with AT S12E1R/W, so the host can compare what the
+//     architecture's walker finds with what the engine's `translate` says.
+//
+// Every CPU runs the same command loop on its own mailbox. The layout of
+// the control block and of a mailbox is mirrored in src/layout.rs.
+
+        .arch   armv8.4-a
+
+        .equ    CTL,            0x40200000
+        .equ    MBOX0,          0x40201000
+        .equ    MBOX_SZ,        0x2000
+        .equ    STACK0,         0x40240000
+        .equ    STACK_SZ,       0x4000
+        .equ    CTL_GO,         0x08
+        .equ    CTL_PSCI_ERR,   0x10
+        .equ    CTL_ALIVE,      0x100
+
+        // mailbox fields
+        .equ    MB_CMD_SEQ,     0x000
+        .equ    MB_DONE_SEQ,    0x008
+        .equ    MB_CMD,         0x010
+        .equ    MB_RET,         0x018
+        .equ    MB_ARG0,        0x020
+        .equ    MB_ARG4,        0x040
+        .equ    MB_ARG8,        0x060
+        .equ    MB_EXIT_SEQ,    0x080
+        .equ    MB_REPLY_SEQ,   0x088
+        .equ    MB_EXIT_KIND,   0x090
+        .equ    MB_ESR,         0x098
+        .equ    MB_FAR,         0x0a0
+        .equ    MB_HPFAR,       0x0a8
+        .equ    MB_ELR,         0x0b0
+        .equ    MB_GX0,         0x0b8
+        .equ    MB_GX2,         0x0c8
+        .equ    MB_ACTION,      0x0d0
+        .equ    MB_REPLY_X0,    0x0d8
+        .equ    MB_REPLY_NINSN, 0x0e8
+        .equ    MB_STAT_EXITS,  0x0f0
+        .equ    MB_STAT_TICKS,  0x0f8
+        .equ    MB_T_ENTRY,     0x100
+        .equ    MB_STACK_TOP,   0x108
+        .equ    MB_BAD_INSN,    0x110
+        .equ    MB_ID,          0x118
+        .equ    MB_IDLE_TICKS,  0x120
+        .equ    MB_IDLE_WAITS,  0x128
+        .equ    MB_REPLY_INSNS, 0x200
+        .equ    MB_CMD_INSNS,   0x1000
+
+        .equ    CMD_PING,       1
+        .equ    CMD_RUN,        2
+        .equ    CMD_TLBI,       3
+        .equ    CMD_AT,         4
+
+        .equ    EXIT_ABORT,     1
+        .equ    EXIT_HVC,       2
+        .equ    EXIT_OTHER,     3
+
+        .equ    ACT_RESUME,     0
+        .equ    ACT_RESUME_X0,  1
+        .equ    ACT_STOP,       2
+
+        .equ    FRAME,          256
+
+        // GICv2 of the virt machine, and the EL2 physical timer's PPI.
+        .equ    GICD,           0x08000000
+        .equ    GICC,           0x08010000
+        .equ    TIMER_HYP_INTID, 26
+        .equ    SPIN_BEFORE_IDLE, 2048
+
+        .section .text.hyp, "ax"
+        .global _start
+_start:
+        // Every CPU enters here: the boot CPU from the loader, the others
+        // from PSCI CPU_ON. The CPU index comes from MPIDR (virt: Aff0 is
+        // the index within a cluster of 8, Aff1 the cluster).
+        mrs     x0, mpidr_el1
+        and     x1, x0, #0xff
+        ubfx    x0, x0, #8, #8
+        add     x19, x1, x0, lsl #3
+        ldr     x1, =STACK0
+        add     x2, x19, #1
+        mov     x3, #STACK_SZ
+        madd    x1, x2, x3, x1
+        mov     sp, x1
+        ldr     x28, =MBOX0
+        mov     x3, #MBOX_SZ
+        madd    x28, x19, x3, x28
+        msr     tpidr_el2, x28
+        str     x1, [x28, #MB_STACK_TOP]
+        str     x19, [x28, #MB_ID]
+        adr     x1, vectors
+        msr     vbar_el2, x1
+        // CPTR_EL2: RES1 bits only, so FP/SIMD is not trapped.
+        mov     x1, #0x33ff
+        msr     cptr_el2, x1
+        // EL1 may read the physical counter; no virtual offset.
+        mov     x1, #3
+        msr     cnthctl_el2, x1
+        msr     cntvoff_el2, xzr
+        // The GIC forwards the EL2 timer's interrupt to this CPU, so WFI
+        // can sleep until the timer fires (the interrupt stays masked in
+        // PSTATE and is never taken: it only ends the WFI).
+        ldr     x1, =GICD
+        mov     w2, #1
+        str     w2, [x1]                        // GICD_CTLR: enable
+        mov     w2, #(1 << TIMER_HYP_INTID)
+        str     w2, [x1, #0x100]                // GICD_ISENABLER0 (banked)
+        ldr     x1, =GICC
+        mov     w2, #0xf0
+        str     w2, [x1, #4]                    // GICC_PMR
+        mov     w2, #1
+        str     w2, [x1]                        // GICC_CTLR: enable
+        // Ticks in 20 us, for idle waits.
+        mrs     x1, cntfrq_el0
+        mov     x2, #50000
+        udiv    x1, x1, x2
+        str     x1, [x28, #MB_IDLE_TICKS]
+        isb
+        cbnz    x19, cpu_ready
+
+        // Boot CPU: say we are alive, wait for the host to say how many
+        // CPUs to start, start the others through PSCI (SMC conduit with
+        // virtualization=on and no EL3).
+        ldr     x21, =CTL
+        ldr     x2, =0x733232756d6d6d73
+        str     x2, [x21]
+1:      ldr     x22, [x21, #CTL_GO]
+        cbz     x22, 1b
+        mov     x20, #1
+2:      cmp     x20, x22
+        b.ge    cpu_ready
+        and     x1, x20, #7
+        lsr     x2, x20, #3
+        orr     x1, x1, x2, lsl #8
+        ldr     x0, =0xc4000003
+        adr     x2, _start
+        mov     x3, x20
+        smc     #0
+        cbz     x0, 3f
+        str     x0, [x21, #CTL_PSCI_ERR]
+3:      add     x20, x20, #1
+        b       2b
+
+cpu_ready:
+        ldr     x1, =CTL + CTL_ALIVE
+        mov     x2, #1
+        str     x2, [x1, x19, lsl #3]
+
+// The command loop: wait until cmd_seq moves past done_seq, run the command,
+// publish its result and done_seq.
+cmd_loop:
+        mrs     x28, tpidr_el2
+        ldr     x1, [x28, #MB_STACK_TOP]
+        mov     sp, x1
+        add     x26, x28, #MB_CMD_SEQ
+        mov     x25, #SPIN_BEFORE_IDLE
+1:      ldar    x27, [x26]
+        ldr     x2, [x28, #MB_DONE_SEQ]
+        cmp     x27, x2
+        b.ne    2f
+        subs    x25, x25, #1
+        b.hi    1b
+        bl      idle_wait
+        mov     x25, #1
+        b       1b
+2:      ldr     x3, [x28, #MB_CMD]
+        cmp     x3, #CMD_RUN
+        b.eq    do_run
+        cmp     x3, #CMD_TLBI
+        b.eq    do_tlbi
+        cmp     x3, #CMD_AT
+        b.eq    do_at
+        cmp     x3, #CMD_PING
+        b.eq    cmd_ping
+        mov     x0, #-1
+        b       cmd_done
+cmd_ping:
+        // The answer is the counter frequency, for the host's tick maths.
+        mrs     x0, cntfrq_el0
+cmd_done:
+        // x0: the command's status.
+        mrs     x28, tpidr_el2
+        str     x0, [x28, #MB_RET]
+        ldr     x27, [x28, #MB_CMD_SEQ]
+        add     x1, x28, #MB_DONE_SEQ
+        stlr    x27, [x1]
+        b       cmd_loop
+
+// Load the VM's stage-2 context: args 0..2 = VTCR_EL2, VTTBR_EL2, HCR_EL2.
+// VTTBR is written only when it changes (QEMU drops its TLB on a change).
+load_vm:
+        ldr     x1, [x28, #MB_ARG0]
+        msr     vtcr_el2, x1
+        ldr     x1, [x28, #MB_ARG0 + 8]
+        mrs     x2, vttbr_el2
+        cmp     x1, x2
+        b.eq    1f
+        msr     vttbr_el2, x1
+1:      ldr     x1, [x28, #MB_ARG0 + 16]
+        msr     hcr_el2, x1
+        // Guest stage 1 off (M = 0), RES1 bits set.
+        ldr     x1, =0x30d00800
+        msr     sctlr_el1, x1
+        isb
+        ret
+
+// RUN: arg3 = guest entry, args 4..11 = guest x0..x7.
+do_run:
+        bl      load_vm
+        ldr     x1, [x28, #MB_ARG0 + 24]
+        msr     elr_el2, x1
+        mov     x1, #0x3c5
+        msr     spsr_el2, x1
+        ldp     x0, x1, [x28, #MB_ARG4]
+        ldp     x2, x3, [x28, #MB_ARG4 + 16]
+        ldp     x4, x5, [x28, #MB_ARG8]
+        ldp     x6, x7, [x28, #MB_ARG8 + 16]
+        mov     x8, xzr
+        mov     x28, xzr
+        isb
+        eret
+
+// TLBI: arg0 = number of instructions at MB_CMD_INSNS, args 1..2 = VTCR,
+// VTTBR (the VMID the maintenance applies to).
+do_tlbi:
+        ldr     x1, [x28, #MB_ARG0 + 8]
+        msr     vtcr_el2, x1
+        ldr     x1, [x28, #MB_ARG0 + 16]
+        mrs     x2, vttbr_el2
+        cmp     x1, x2
+        b.eq    1f
+        msr     vttbr_el2, x1
+1:      isb
+        add     x0, x28, #MB_CMD_INSNS
+        ldr     x1, [x28, #MB_ARG0]
+        bl      exec_insns
+        mov     x0, #0
+        b       cmd_done
+
+// AT: args 0..2 = VTCR, VTTBR, HCR; arg3 = IPA list, arg4 = count,
+// arg5 = output list (PAR_EL1 for each IPA), arg6 = 1 for a write check.
+do_at:
+        bl      load_vm
+        ldr     x3, [x28, #MB_ARG0 + 24]
+        ldr     x4, [x28, #MB_ARG4]
+        ldr     x5, [x28, #MB_ARG4 + 8]
+        ldr     x6, [x28, #MB_ARG4 + 16]
+        cbz     x4, 9f
+1:      ldr     x7, [x3], #8
+        cbnz    x6, 2f
+        at      s12e1r, x7
+        b       3f
+2:      at      s12e1w, x7
+3:      isb
+        mrs     x8, par_el1
+        str     x8, [x5], #8
+        subs    x4, x4, #1
+        b.ne    1b
+9:      mov     x0, #0
+        b       cmd_done
+
+// Sleeps until the EL2 physical timer fires, about 20 us from now, so a
+// CPU that waits for the host gives its host thread back to QEMU's other
+// CPUs. Clobbers x9, x10.
+idle_wait:
+        ldr     x9, [x28, #MB_IDLE_TICKS]
+        msr     cnthp_tval_el2, x9
+        mov     x10, #1
+        msr     cnthp_ctl_el2, x10              // enable, not masked
+        isb
+        wfi
+        msr     cnthp_ctl_el2, xzr              // the line drops again
+        isb
+        ldr     x9, [x28, #MB_IDLE_WAITS]
+        add     x9, x9, #1
+        str     x9, [x28, #MB_IDLE_WAITS]
+        ret
+
+// Executes x1 maintenance instructions from the list at x0: pairs of
+// (op, operand) u64s. Clobbers x0..x3.
+exec_insns:
+        cbz     x1, 9f
+1:      ldp     x2, x3, [x0], #16
+        cmp     x2, #1
+        b.ne    2f
+        dsb     ishst
+        b       8f
+2:      cmp     x2, #2
+        b.ne    3f
+        dsb     ish
+        b       8f
+3:      cmp     x2, #3
+        b.ne    4f
+        dsb     nshst
+        b       8f
+4:      cmp     x2, #4
+        b.ne    5f
+        dsb     nsh
+        b       8f
+5:      cmp     x2, #5
+        b.ne    10f
+        isb
+        b       8f
+10:     cmp     x2, #0x10
+        b.ne    11f
+        tlbi    ipas2e1is, x3
+        b       8f
+11:     cmp     x2, #0x11
+        b.ne    12f
+        tlbi    ipas2e1, x3
+        b       8f
+12:     cmp     x2, #0x12
+        b.ne    13f
+        tlbi    ripas2e1is, x3
+        b       8f
+13:     cmp     x2, #0x13
+        b.ne    14f
+        tlbi    vmalle1is
+        b       8f
+14:     cmp     x2, #0x14
+        b.ne    15f
+        tlbi    vmalle1
+        b       8f
+15:     cmp     x2, #0x15
+        b.ne    16f
+        tlbi    vmalls12e1is
+        b       8f
+16:     // Unknown: count it; the host checks the counter.
+        mrs     x2, tpidr_el2
+        ldr     x3, [x2, #MB_BAD_INSN]
+        add     x3, x3, #1
+        str     x3, [x2, #MB_BAD_INSN]
+8:      subs    x1, x1, #1
+        b.ne    1b
+9:      ret
+
+// An exit from the guest: post it, wait for the engine's answer, execute
+// the maintenance it lists, then resume (optionally with new x0/x1) or stop.
+lower_sync:
+        mrs     x28, tpidr_el2
+        mrs     x0, cntpct_el0
+        str     x0, [x28, #MB_T_ENTRY]
+        mrs     x1, esr_el2
+        lsr     x2, x1, #26
+        mov     x3, #EXIT_ABORT
+        cmp     x2, #0x24
+        b.eq    1f
+        cmp     x2, #0x20
+        b.eq    1f
+        mov     x3, #EXIT_HVC
+        cmp     x2, #0x16
+        b.eq    1f
+        mov     x3, #EXIT_OTHER
+1:      str     x3, [x28, #MB_EXIT_KIND]
+        str     x1, [x28, #MB_ESR]
+        mrs     x4, far_el2
+        str     x4, [x28, #MB_FAR]
+        mrs     x4, hpfar_el2
+        str     x4, [x28, #MB_HPFAR]
+        mrs     x4, elr_el2
+        str     x4, [x28, #MB_ELR]
+        ldp     x4, x5, [sp, #0]
+        stp     x4, x5, [x28, #MB_GX0]
+        ldr     x4, [sp, #16]
+        str     x4, [x28, #MB_GX2]
+        ldr     x6, [x28, #MB_EXIT_SEQ]
+        add     x6, x6, #1
+        add     x7, x28, #MB_EXIT_SEQ
+        stlr    x6, [x7]
+        add     x7, x28, #MB_REPLY_SEQ
+        mov     x5, #SPIN_BEFORE_IDLE
+2:      ldar    x8, [x7]
+        cmp     x8, x6
+        b.eq    3f
+        subs    x5, x5, #1
+        b.hi    2b
+        bl      idle_wait
+        mov     x5, #1
+        b       2b
+3:      add     x0, x28, #MB_REPLY_INSNS
+        ldr     x1, [x28, #MB_REPLY_NINSN]
+        bl      exec_insns
+        ldr     x2, [x28, #MB_ACTION]
+        cmp     x2, #ACT_STOP
+        b.eq    run_stopped
+        cmp     x2, #ACT_RESUME_X0
+        b.ne    4f
+        ldp     x3, x4, [x28, #MB_REPLY_X0]
+        stp     x3, x4, [sp, #0]
+4:      mrs     x3, cntpct_el0
+        ldr     x4, [x28, #MB_T_ENTRY]
+        sub     x3, x3, x4
+        ldr     x4, [x28, #MB_STAT_TICKS]
+        add     x4, x4, x3
+        str     x4, [x28, #MB_STAT_TICKS]
+        ldr     x4, [x28, #MB_STAT_EXITS]
+        add     x4, x4, #1
+        str     x4, [x28, #MB_STAT_EXITS]
+        ldp     x0, x1, [sp, #0]
+        ldp     x2, x3, [sp, #16]
+        ldp     x4, x5, [sp, #32]
+        ldp     x6, x7, [sp, #48]
+        ldp     x8, x9, [sp, #64]
+        ldp     x10, x11, [sp, #80]
+        ldp     x12, x13, [sp, #96]
+        ldp     x14, x15, [sp, #112]
+        ldp     x16, x17, [sp, #128]
+        ldp     x18, x19, [sp, #144]
+        ldp     x20, x21, [sp, #160]
+        ldp     x22, x23, [sp, #176]
+        ldp     x24, x25, [sp, #192]
+        ldp     x26, x27, [sp, #208]
+        ldp     x28, x29, [sp, #224]
+        ldr     x30, [sp, #240]
+        add     sp, sp, #FRAME
+        eret
+
+run_stopped:
+        mov     x0, #0
+        b       cmd_done
+
+// Anything taken from EL2 itself is a bug of this program: report it on
+// the console (semihosting) and stop.
+hyp_panic:
+        mrs     x28, tpidr_el2
+        mrs     x1, esr_el2
+        str     x1, [x28, #MB_ESR]
+        mrs     x1, elr_el2
+        str     x1, [x28, #MB_ELR]
+        mov     x1, #0xdead
+        str     x1, [x28, #MB_BAD_INSN]
+        adr     x1, panic_msg
+        mov     x0, #4
+        hlt     #0xf000
+1:      b       1b
+
+panic_msg:
+        .asciz  "s2mmu-hyp: exception taken at EL2\n"
+
+        .balign 2048
+vectors:
+        // Current EL with SP0, then SPx: never expected.
+        .rept   8
+        b       hyp_panic
+        .balign 128
+        .endr
+        // Lower EL, AArch64: synchronous.
+        sub     sp, sp, #FRAME
+        stp     x0, x1, [sp, #0]
+        stp     x2, x3, [sp, #16]
+        stp     x4, x5, [sp, #32]
+        stp     x6, x7, [sp, #48]
+        stp     x8, x9, [sp, #64]
+        stp     x10, x11, [sp, #80]
+        stp     x12, x13, [sp, #96]
+        stp     x14, x15, [sp, #112]
+        stp     x16, x17, [sp, #128]
+        stp     x18, x19, [sp, #144]
+        stp     x20, x21, [sp, #160]
+        stp     x22, x23, [sp, #176]
+        stp     x24, x25, [sp, #192]
+        stp     x26, x27, [sp, #208]
+        stp     x28, x29, [sp, #224]
+        str     x30, [sp, #240]
+        b       lower_sync
+        .balign 128
+        // Lower EL IRQ, FIQ, SError and the AArch32 entries: masked or
+        // impossible here.
+        .rept   7
+        b       hyp_panic
+        .balign 128
+        .endr
+        .ltorg
+
+// ---------------------------------------------------------------------
+// Guest code, run at EL1 with stage 1 off (its addresses are IPAs). It is
+// reached through a stage-2 mapping the engine makes like any other.
+        .section .text.guest, "ax"
+        .global guest_memstress
+        .global guest_probe
+
+// The memstress pattern. x0 = region base IPA, x1 = pages, x2 = page size,
+// x3 = vCPU index, x4 = 0 sequential / 1 random, x5 = random seed (non-zero),
+// x6 = writes per pass in random mode, x7 = 1 to verify each page's tag
+// (word 1 holds the page's own IPA, written by the host) before writing.
+// Each pass writes its stamp (vCPU << 48 | pass) to word 0 of the pages it
+// visits: the record of what the guest wrote. Between passes it asks the
+// host for the next pass with HVC (x0 = 1, x1 = pass done, x2 = counter
+// ticks the pass took); the host answers with the pass number in x0.
+guest_memstress:
+        mov     x19, x0
+        mov     x20, x1
+        mov     x21, x2
+        mov     x22, x3
+        mov     x23, x4
+        mov     x24, x5
+        mov     x25, x6
+        mov     x18, x7
+        mov     x1, #0
+        mov     x2, #0
+1:      mov     x0, #1
+        hvc     #0
+        mov     x26, x0
+        orr     x27, x26, x22, lsl #48
+        mrs     x17, cntvct_el0
+        cbnz    x23, 4f
+        mov     x9, x19
+        mov     x10, x20
+        cbz     x10, 6f
+2:      cbz     x18, 3f
+        ldr     x12, [x9, #8]
+        cmp     x12, x9
+        b.ne    bad_tag
+3:      str     x27, [x9]
+        add     x9, x9, x21
+        subs    x10, x10, #1
+        b.ne    2b
+        b       6f
+4:      mov     x10, x25
+        cbz     x10, 6f
+5:      eor     x24, x24, x24, lsl #13
+        eor     x24, x24, x24, lsr #7
+        eor     x24, x24, x24, lsl #17
+        udiv    x12, x24, x20
+        msub    x13, x12, x20, x24
+        madd    x9, x13, x21, x19
+        cbz     x18, 7f
+        ldr     x12, [x9, #8]
+        cmp     x12, x9
+        b.ne    bad_tag
+7:      str     x27, [x9]
+        subs    x10, x10, #1
+        b.ne    5b
+6:      mrs     x2, cntvct_el0
+        sub     x2, x2, x17
+        mov     x1, x26
+        b       1b
+
+bad_tag:
+        // A page whose content is not its own: a wrong or torn translation.
+        mov     x0, #3
+        mov     x1, x9
+        mov     x2, x12
+        hvc     #0
+        b       bad_tag
+
+// One access: x0 = 0 read / 1 write, x1 = IPA, x2 = value to write.
+// Reports with HVC: x0 = 2, x1 = the value read (or written).
+guest_probe:
+        cbz     x0, 1f
+        str     x2, [x1]
+        mov     x1, x2
+        b       2f
+1:      ldr     x1, [x1]
+2:      mov     x0, #2
+        hvc     #0
+        b       2b

@@ -1,0 +1,86 @@
+//! Assembles the EL2 stub and its guest code with GNU binutils for
+//! aarch64, when they are installed. Without them the crate still builds:
+//! `Machine::start` then reports that the image is missing, and the tests
+//! skip with that reason.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const AS: &str = "aarch64-linux-gnu-as";
+const LD: &str = "aarch64-linux-gnu-ld";
+const NM: &str = "aarch64-linux-gnu-nm";
+
+fn main() {
+    println!("cargo:rerun-if-changed=asm/hyp.S");
+    println!("cargo:rerun-if-changed=asm/hyp.ld");
+    println!("cargo:rerun-if-changed=build.rs");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let syms = out.join("symbols.rs");
+    match assemble(&out) {
+        Ok(symbols) => {
+            println!("cargo:rustc-cfg=s2mmu_arm64_image");
+            std::fs::write(&syms, symbols).expect("write symbols.rs");
+        }
+        Err(why) => {
+            println!(
+                "cargo:warning=s2mmu-arm64: EL2 image not built ({why}); arm64 checks will skip"
+            );
+            std::fs::write(
+                &syms,
+                format!("/// Why the image is missing.\npub const MISSING: &str = {why:?};\n"),
+            )
+            .expect("write symbols.rs");
+        }
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<Vec<u8>, String> {
+    let o = cmd
+        .output()
+        .map_err(|e| format!("{:?}: {e}", cmd.get_program()))?;
+    if !o.status.success() {
+        return Err(format!(
+            "{:?} failed: {}",
+            cmd.get_program(),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    Ok(o.stdout)
+}
+
+fn assemble(out: &Path) -> Result<String, String> {
+    let obj = out.join("hyp.o");
+    let elf = out.join("hyp.elf");
+    run(Command::new(AS).arg("asm/hyp.S").arg("-o").arg(&obj))
+        .map_err(|e| format!("{AS} (binutils-aarch64-linux-gnu) not usable: {e}"))?;
+    run(Command::new(LD)
+        .arg("-T")
+        .arg("asm/hyp.ld")
+        .arg(&obj)
+        .arg("-o")
+        .arg(&elf))?;
+    let nm = String::from_utf8_lossy(&run(Command::new(NM).arg(&elf))?).into_owned();
+    let mut s = String::new();
+    s.push_str(&format!(
+        "/// The assembled EL2 image (an ELF QEMU loads with -kernel).\npub const IMAGE: &[u8] = include_bytes!({:?});\n",
+        elf.display().to_string()
+    ));
+    for name in ["guest_memstress", "guest_probe"] {
+        let addr = nm
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let (a, _, n) = (it.next()?, it.next()?, it.next()?);
+                (n == name)
+                    .then(|| u64::from_str_radix(a, 16).ok())
+                    .flatten()
+            })
+            .next()
+            .ok_or_else(|| format!("symbol {name} not found"))?;
+        s.push_str(&format!(
+            "/// Address of `{name}` in the image.\npub const {}: u64 = {addr:#x};\n",
+            name.trim_start_matches('_').to_uppercase()
+        ));
+    }
+    Ok(s)
+}

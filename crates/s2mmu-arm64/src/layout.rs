@@ -1,0 +1,125 @@
+//! The guest-physical layout the host and the EL2 stub agree on, and the
+//! mailbox format. The assembly (`asm/hyp.S`, `asm/hyp.ld`) holds the same
+//! numbers.
+//!
+//! ```text
+//! 0x4000_0000  RAM base (QEMU virt); QEMU's device tree at its start
+//! 0x4008_0000  EL2 stub text          (asm/hyp.ld)
+//! 0x4010_0000  guest code, 64 KiB      mapped for the guest by the engine
+//! 0x4020_0000  control block
+//! 0x4020_1000  mailboxes, 8 KiB per CPU
+//! 0x4024_0000  EL2 stacks, 16 KiB per CPU
+//! 0x4030_0000  scratch (AT lists)       up to TABLES
+//! 0x4100_0000  table arena              (the engine's MmOps)
+//! 0x6000_0000  guest data               (memslots' host memory)
+//! ```
+
+/// Where the `virt` machine's RAM starts.
+pub const RAM_BASE: u64 = 0x4000_0000;
+/// The guest code region (64 KiB aligned, so every granule can map it).
+pub const GUEST_TEXT: u64 = 0x4010_0000;
+/// Size of the guest code region.
+pub const GUEST_TEXT_SIZE: u64 = 0x1_0000;
+/// The control block.
+pub const CTL: u64 = 0x4020_0000;
+/// Boot CPU's "alive" word value.
+pub const CTL_MAGIC: u64 = 0x7332_3275_6d6d_6d73;
+/// Control block: number of CPUs the boot CPU starts.
+pub const CTL_GO: u64 = 0x08;
+/// Control block: the first non-zero PSCI error.
+pub const CTL_PSCI_ERR: u64 = 0x10;
+/// Control block: one "alive" word per CPU.
+pub const CTL_ALIVE: u64 = 0x100;
+/// First mailbox.
+pub const MBOX0: u64 = 0x4020_1000;
+/// Bytes per mailbox.
+pub const MBOX_SIZE: u64 = 0x2000;
+/// Most CPUs: the stub sleeps through the GICv2 (at most 8 CPUs).
+pub const MAX_CPUS: usize = 8;
+/// Scratch space for AT lists.
+pub const SCRATCH: u64 = 0x4030_0000;
+/// The table arena.
+pub const TABLES: u64 = 0x4100_0000;
+/// Guest data: the memory behind memslots.
+pub const DATA: u64 = 0x6000_0000;
+
+/// Mailbox fields (byte offsets).
+pub mod mb {
+    /// Host increments after writing a command.
+    pub const CMD_SEQ: u64 = 0x000;
+    /// The stub sets it to `CMD_SEQ` when the command is done.
+    pub const DONE_SEQ: u64 = 0x008;
+    /// The command.
+    pub const CMD: u64 = 0x010;
+    /// The command's status.
+    pub const RET: u64 = 0x018;
+    /// Twelve arguments.
+    pub const ARG0: u64 = 0x020;
+    /// The stub increments when it posts an exit.
+    pub const EXIT_SEQ: u64 = 0x080;
+    /// The host sets it to `EXIT_SEQ` when it has answered.
+    pub const REPLY_SEQ: u64 = 0x088;
+    /// What the exit is ([`super::EXIT_ABORT`], ...).
+    pub const EXIT_KIND: u64 = 0x090;
+    /// ESR_EL2 of the exit.
+    pub const ESR: u64 = 0x098;
+    /// FAR_EL2.
+    pub const FAR: u64 = 0x0a0;
+    /// HPFAR_EL2.
+    pub const HPFAR: u64 = 0x0a8;
+    /// ELR_EL2.
+    pub const ELR: u64 = 0x0b0;
+    /// The guest's x0..x2 at the exit.
+    pub const GX0: u64 = 0x0b8;
+    /// The answer: resume, resume with x0/x1, stop.
+    pub const ACTION: u64 = 0x0d0;
+    /// x0, x1 to resume with.
+    pub const REPLY_X0: u64 = 0x0d8;
+    /// Number of maintenance instructions in the answer.
+    pub const REPLY_NINSN: u64 = 0x0e8;
+    /// Exits answered with a resume.
+    pub const STAT_EXITS: u64 = 0x0f0;
+    /// Counter ticks from exit entry to ERET, summed.
+    pub const STAT_TICKS: u64 = 0x0f8;
+    /// Unknown instructions the stub was asked to execute (or 0xdead after
+    /// an exception at EL2).
+    pub const BAD_INSN: u64 = 0x110;
+    /// The answer's instruction list.
+    pub const REPLY_INSNS: u64 = 0x200;
+    /// Capacity of the answer's list.
+    pub const REPLY_CAP: usize = ((CMD_INSNS - REPLY_INSNS) / 16) as usize;
+    /// A TLBI command's instruction list.
+    pub const CMD_INSNS: u64 = 0x1000;
+    /// Capacity of a TLBI command's list.
+    pub const CMD_CAP: usize = ((super::MBOX_SIZE - CMD_INSNS) / 16) as usize;
+}
+
+/// Command: do nothing (a round trip).
+pub const CMD_PING: u64 = 1;
+/// Command: run guest code until the host stops it.
+pub const CMD_RUN: u64 = 2;
+/// Command: execute a list of maintenance instructions.
+pub const CMD_TLBI: u64 = 3;
+/// Command: translate a list of IPAs with AT S12E1R/W.
+pub const CMD_AT: u64 = 4;
+
+/// Exit: a stage-2 abort (EC 0x24 or 0x20).
+pub const EXIT_ABORT: u64 = 1;
+/// Exit: HVC from the guest.
+pub const EXIT_HVC: u64 = 2;
+/// Exit: anything else.
+pub const EXIT_OTHER: u64 = 3;
+
+/// Answer: resume the guest.
+pub const ACT_RESUME: u64 = 0;
+/// Answer: resume with new x0 and x1.
+pub const ACT_RESUME_X0: u64 = 1;
+/// Answer: stop the guest; the RUN command completes.
+pub const ACT_STOP: u64 = 2;
+
+/// Guest HVC x0: a pass is done, give me the next (memstress).
+pub const HVC_PASS: u64 = 1;
+/// Guest HVC x0: a probe's result.
+pub const HVC_PROBE: u64 = 2;
+/// Guest HVC x0: a page held another page's tag.
+pub const HVC_BAD_TAG: u64 = 3;

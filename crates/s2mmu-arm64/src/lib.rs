@@ -1,0 +1,127 @@
+//! The s2mmu engine as the stage-2 MMU of a real arm64 implementation:
+//! QEMU's architectural model (`qemu-system-aarch64 -M
+//! virt,virtualization=on -cpu max`, MTTCG).
+//!
+//! The split is nVHE KVM's. The engine runs here, on the host, and writes
+//! its stage-2 tables into guest-physical RAM that this process shares with
+//! QEMU (a `memory-backend-file`): table pages come from an arena in that
+//! RAM ([`arena::ArenaMmOps`]), and mappings point at real guest-physical
+//! addresses ([`s2mmu::mmu::HostMemory`]). A small EL2 program in assembly
+//! (`asm/hyp.S`, assembled by the build with GNU binutils) runs on every
+//! QEMU CPU: it installs the tables (VTCR_EL2, VTTBR_EL2, HCR_EL2), runs
+//! guest code at EL1, reports every stage-2 abort (ESR_EL2, HPFAR_EL2,
+//! FAR_EL2) through a per-CPU mailbox and waits for the engine's answer,
+//! and executes the TLB maintenance the engine asks for — from a fault's
+//! answer, or queued by a host thread to a CPU kept for that ([`tlbi`]):
+//! the design's `kvm_call_hyp`.
+//!
+//! So QEMU's own walker — written independently of s2mmu — judges every
+//! table the engine builds, every fault it handles and every invalidation
+//! it issues: a missing TLBI leaves QEMU's TLB with a stale translation,
+//! and the guest's write is lost to the dirty log ([`vm`] checks every
+//! pass against the guest's own record).
+//!
+//! QEMU timings are an emulator's (TCG translates guest code), never
+//! hardware figures: use counts and ratios.
+//!
+//! Without QEMU or the aarch64 assembler the crate still builds;
+//! [`machine::Machine::start`] then returns [`Arm64Error::Unavailable`],
+//! and the tests skip with that reason.
+#![warn(missing_docs)]
+
+pub mod arena;
+pub mod layout;
+pub mod machine;
+pub mod probe;
+pub mod stage2;
+pub mod tlbi;
+pub mod vm;
+pub mod workload;
+
+use std::fmt;
+
+mod symbols {
+    include!(concat!(env!("OUT_DIR"), "/symbols.rs"));
+}
+
+/// What running on the arm64 model can fail with.
+#[derive(Debug)]
+pub enum Arm64Error {
+    /// QEMU or the assembled image is missing: the check cannot run here.
+    Unavailable(String),
+    /// A bad configuration (names the value).
+    Config(String),
+    /// A file or mapping could not be made.
+    Io(String),
+    /// QEMU exited, or the stub did not answer in time.
+    Boot(String),
+    /// The stub reported something the engine cannot handle.
+    Guest(String),
+    /// The engine refused an operation.
+    Engine(s2mmu::Error),
+}
+
+impl fmt::Display for Arm64Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Arm64Error::Unavailable(s) => write!(f, "arm64 model unavailable: {s}"),
+            Arm64Error::Config(s) => write!(f, "arm64 configuration: {s}"),
+            Arm64Error::Io(s) => write!(f, "arm64 I/O: {s}"),
+            Arm64Error::Boot(s) => write!(f, "arm64 machine: {s}"),
+            Arm64Error::Guest(s) => write!(f, "arm64 guest: {s}"),
+            Arm64Error::Engine(e) => write!(f, "engine: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Arm64Error {}
+
+impl From<s2mmu::Error> for Arm64Error {
+    fn from(e: s2mmu::Error) -> Self {
+        Arm64Error::Engine(e)
+    }
+}
+
+/// This crate's result.
+pub type Result<T> = std::result::Result<T, Arm64Error>;
+
+/// The assembled EL2 image.
+///
+/// # Errors
+/// [`Arm64Error::Unavailable`] when the build had no aarch64 assembler.
+pub fn image() -> Result<&'static [u8]> {
+    #[cfg(s2mmu_arm64_image)]
+    {
+        Ok(symbols::IMAGE)
+    }
+    #[cfg(not(s2mmu_arm64_image))]
+    {
+        Err(Arm64Error::Unavailable(symbols::MISSING.to_string()))
+    }
+}
+
+/// Guest code entry points in the image.
+#[cfg(s2mmu_arm64_image)]
+pub(crate) mod entry {
+    pub use super::symbols::{GUEST_MEMSTRESS as MEMSTRESS, GUEST_PROBE as PROBE};
+}
+/// Guest code entry points in the image (none without one).
+#[cfg(not(s2mmu_arm64_image))]
+pub(crate) mod entry {
+    pub const MEMSTRESS: u64 = 0;
+    pub const PROBE: u64 = 0;
+}
+
+/// Whether the arm64 model can run here, or why not (for tests that skip).
+pub fn available() -> std::result::Result<(), String> {
+    image().map_err(|e| e.to_string())?;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::var_os("S2MMU_QEMU").is_none()
+        && !std::env::split_paths(&path).any(|d| d.join("qemu-system-aarch64").is_file())
+    {
+        return Err(
+            "qemu-system-aarch64 not found (Debian: apt-get install qemu-system-arm)".into(),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,578 @@
+//! One `qemu-system-aarch64` process running the EL2 stub, its RAM shared
+//! with this process, and the mailboxes through which the two talk.
+
+use crate::layout::{self, mb};
+use crate::{image, Arm64Error, Result};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The machine's RAM, mapped into this process from the file QEMU uses as
+/// its memory backend.
+pub struct SharedRam {
+    ptr: *mut u8,
+    len: u64,
+    path: PathBuf,
+}
+
+// SAFETY: the mapping is plain shared memory; every access through this
+// type is atomic or volatile, and the pointer stays valid until drop.
+unsafe impl Send for SharedRam {}
+// SAFETY: as above; no method hands out references that allow plain
+// (non-atomic) concurrent writes.
+unsafe impl Sync for SharedRam {}
+
+impl SharedRam {
+    fn create(len: u64) -> Result<SharedRam> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let path = PathBuf::from(format!(
+            "/dev/shm/s2mmu-arm64-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| Arm64Error::Io(format!("{}: {e}", path.display())))?;
+        f.set_len(len)
+            .map_err(|e| Arm64Error::Io(format!("{}: {e}", path.display())))?;
+        use std::os::fd::AsRawFd;
+        // Host addresses congruent to physical ones modulo 1 GiB, so the
+        // engine's block mappings (which need guest, host and physical
+        // addresses aligned alike) are possible: reserve, then place the
+        // file at an aligned address inside the reservation.
+        const ALIGN: usize = 1 << 30;
+        // SAFETY: an anonymous reservation; the kernel picks the address.
+        let res = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len as usize + ALIGN,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if res == libc::MAP_FAILED {
+            let _ = std::fs::remove_file(&path);
+            return Err(Arm64Error::Io(format!(
+                "reserving {len} bytes: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let aligned = (res as usize).next_multiple_of(ALIGN);
+        let (head, tail) = (aligned - res as usize, ALIGN - (aligned - res as usize));
+        // SAFETY: the unused head and tail of our own reservation.
+        unsafe {
+            if head > 0 {
+                libc::munmap(res, head);
+            }
+            libc::munmap((aligned + len as usize) as *mut libc::c_void, tail);
+        }
+        // SAFETY: replaces the part of our reservation at `aligned` with a
+        // shared mapping of the file we sized to `len`.
+        let ptr = unsafe {
+            libc::mmap(
+                aligned as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            // SAFETY: the rest of our reservation.
+            unsafe { libc::munmap(aligned as *mut libc::c_void, len as usize) };
+            let _ = std::fs::remove_file(&path);
+            return Err(Arm64Error::Io(format!(
+                "mmap of {} bytes: {}",
+                len,
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(SharedRam {
+            ptr: ptr.cast(),
+            len,
+            path,
+        })
+    }
+
+    /// Bytes of RAM.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the RAM is empty (never: a machine has RAM).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether `[pa, pa + size)` lies in RAM.
+    pub fn contains(&self, pa: u64, size: u64) -> bool {
+        pa >= layout::RAM_BASE
+            && pa
+                .checked_add(size)
+                .is_some_and(|end| end <= layout::RAM_BASE + self.len)
+    }
+
+    /// A pointer to `[pa, pa + size)` in this process, if it lies in RAM.
+    pub fn ptr(&self, pa: u64, size: u64) -> Option<*mut u8> {
+        // SAFETY: in bounds of the mapping (checked).
+        self.contains(pa, size)
+            .then(|| unsafe { self.ptr.add((pa - layout::RAM_BASE) as usize) })
+    }
+
+    /// The host address of `pa` (what a memslot's `userspace_addr` holds).
+    pub fn hva(&self, pa: u64) -> Option<u64> {
+        self.ptr(pa, 1).map(|p| p as u64)
+    }
+
+    /// The physical address of host address `hva`, if it lies in RAM.
+    pub fn pa(&self, hva: u64) -> Option<u64> {
+        let base = self.ptr as u64;
+        (hva >= base && hva < base + self.len).then(|| hva - base + layout::RAM_BASE)
+    }
+
+    /// The 64-bit word at `pa`, as an atomic shared with QEMU.
+    ///
+    /// # Panics
+    /// If `pa` is not 8-byte aligned or not in RAM: callers pass the fixed
+    /// layout's addresses and addresses they checked.
+    pub fn word(&self, pa: u64) -> &AtomicU64 {
+        assert!(pa % 8 == 0, "unaligned shared word {pa:#x}");
+        let p = self.ptr(pa, 8).expect("shared word inside RAM");
+        // SAFETY: aligned, in bounds, and the mapping outlives `&self`; the
+        // other side (QEMU) accesses these words with single-copy-atomic
+        // loads and stores, as atomics do.
+        unsafe { &*(p as *const AtomicU64) }
+    }
+
+    /// Reads the word at `pa`.
+    pub fn read(&self, pa: u64) -> u64 {
+        self.word(pa).load(Ordering::Acquire)
+    }
+
+    /// Writes the word at `pa`.
+    pub fn write(&self, pa: u64, v: u64) {
+        self.word(pa).store(v, Ordering::Release)
+    }
+
+    /// Copies `data` to `pa`.
+    ///
+    /// # Errors
+    /// [`Arm64Error::Config`] if the range is not in RAM.
+    pub fn write_bytes(&self, pa: u64, data: &[u8]) -> Result<()> {
+        let p = self
+            .ptr(pa, data.len() as u64)
+            .ok_or_else(|| Arm64Error::Config(format!("{pa:#x}+{:#x} outside RAM", data.len())))?;
+        // SAFETY: in bounds (checked); bytes are copied, no reference to the
+        // shared memory is made.
+        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+}
+
+impl Drop for SharedRam {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `create`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len as usize) };
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// How to start a machine.
+#[derive(Clone, Debug)]
+pub struct MachineConfig {
+    /// CPUs: guest vCPUs plus one that serves the engine's invalidations.
+    pub cpus: usize,
+    /// Bytes of guest data after [`layout::DATA`].
+    pub data_bytes: u64,
+}
+
+/// A running QEMU with the EL2 stub on every CPU.
+pub struct Machine {
+    ram: Arc<SharedRam>,
+    child: Mutex<Child>,
+    console: Arc<Mutex<String>>,
+    cpus: usize,
+}
+
+/// Longest a command or a boot may take before the machine is declared stuck.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Finds `qemu-system-aarch64`.
+fn qemu_binary() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("S2MMU_QEMU") {
+        return Ok(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("qemu-system-aarch64"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Arm64Error::Unavailable(
+                "qemu-system-aarch64 not found (Debian: apt-get install qemu-system-arm)".into(),
+            )
+        })
+}
+
+impl Machine {
+    /// Starts QEMU and waits until every CPU sits in the stub's command loop.
+    ///
+    /// # Errors
+    /// [`Arm64Error::Unavailable`] without QEMU or the assembled image;
+    /// [`Arm64Error::Config`] for a CPU count outside 2..=16 or a data size
+    /// that is not a multiple of 2 MiB or above 16 GiB;
+    /// [`Arm64Error::Boot`] if QEMU exits or the stub does not come up.
+    pub fn start(cfg: &MachineConfig) -> Result<Machine> {
+        if !(2..=layout::MAX_CPUS).contains(&cfg.cpus) {
+            return Err(Arm64Error::Config(format!(
+                "CPUs {} outside 2..={} (guest vCPUs plus one service CPU)",
+                cfg.cpus,
+                layout::MAX_CPUS
+            )));
+        }
+        if cfg.data_bytes == 0 || cfg.data_bytes % (2 << 20) != 0 || cfg.data_bytes > 16 << 30 {
+            return Err(Arm64Error::Config(format!(
+                "guest data of {:#x} bytes: must be a non-zero multiple of 2 MiB, at most 16 GiB",
+                cfg.data_bytes
+            )));
+        }
+        let image = image()?;
+        let qemu = qemu_binary()?;
+        let ram_len = layout::DATA - layout::RAM_BASE + cfg.data_bytes;
+        let ram = Arc::new(SharedRam::create(ram_len)?);
+        let elf = ram.path.with_extension("elf");
+        std::fs::write(&elf, image)
+            .map_err(|e| Arm64Error::Io(format!("{}: {e}", elf.display())))?;
+        let mem_mb = ram_len >> 20;
+        let mut child = Command::new(&qemu)
+            .args(["-M", "virt,virtualization=on,gic-version=2", "-cpu", "max"])
+            .args(["-accel", "tcg,thread=multi"])
+            .args(["-smp", &cfg.cpus.to_string()])
+            .args(["-m", &format!("{mem_mb}M")])
+            .args([
+                "-object",
+                &format!(
+                    "memory-backend-file,id=mem,size={mem_mb}M,mem-path={},share=on",
+                    ram.path.display()
+                ),
+            ])
+            .args(["-machine", "memory-backend=mem"])
+            .args(["-display", "none", "-serial", "none", "-monitor", "none"])
+            .args(["-semihosting", "-nodefaults"])
+            .arg("-kernel")
+            .arg(&elf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Arm64Error::Unavailable(format!("{}: {e}", qemu.display())))?;
+        let console = Arc::new(Mutex::new(String::new()));
+        for pipe in [
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let console = console.clone();
+            std::thread::spawn(move || {
+                let mut pipe = pipe;
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut c = console.lock().unwrap();
+                    if c.len() < 1 << 16 {
+                        c.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    }
+                }
+            });
+        }
+        let m = Machine {
+            ram,
+            child: Mutex::new(child),
+            console,
+            cpus: cfg.cpus,
+        };
+        let booted = m.boot();
+        // QEMU has read the image once the boot CPU runs (or has failed).
+        let _ = std::fs::remove_file(&elf);
+        booted?;
+        Ok(m)
+    }
+
+    fn boot(&self) -> Result<()> {
+        let t0 = Instant::now();
+        self.wait("the boot CPU", t0, || {
+            self.ram.read(layout::CTL) == layout::CTL_MAGIC
+        })?;
+        self.ram
+            .write(layout::CTL + layout::CTL_GO, self.cpus as u64);
+        self.wait("every CPU", t0, || {
+            (0..self.cpus as u64)
+                .all(|i| self.ram.read(layout::CTL + layout::CTL_ALIVE + 8 * i) == 1)
+        })?;
+        let err = self.ram.read(layout::CTL + layout::CTL_PSCI_ERR);
+        if err != 0 {
+            return Err(Arm64Error::Boot(format!(
+                "PSCI CPU_ON returned {}",
+                err as i64
+            )));
+        }
+        Ok(())
+    }
+
+    /// Waits until `done` holds, failing if QEMU exits or the deadline
+    /// passes. It spins first (an answer from the stub is usually a few µs
+    /// away), then yields, then sleeps in short steps: on a machine with
+    /// fewer cores than QEMU has CPUs a spinning host thread would take the
+    /// core a QEMU CPU needs to make the answer.
+    pub(crate) fn wait(
+        &self,
+        what: &str,
+        since: Instant,
+        mut done: impl FnMut() -> bool,
+    ) -> Result<()> {
+        let mut spins = 0u32;
+        loop {
+            if done() {
+                return Ok(());
+            }
+            spins = spins.saturating_add(1);
+            if spins < 512 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if spins % 64 == 0 {
+                self.check_alive()?;
+                if since.elapsed() > DEADLINE {
+                    return Err(Arm64Error::Boot(format!(
+                        "timed out after {:?} waiting for {what}; console: {}",
+                        DEADLINE,
+                        self.console()
+                    )));
+                }
+            }
+            if spins < 1024 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        let mut c = self.child.lock().unwrap();
+        match c.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(st)) => Err(Arm64Error::Boot(format!(
+                "QEMU exited ({st}); console: {}",
+                self.console()
+            ))),
+            Err(e) => Err(Arm64Error::Io(format!("waiting for QEMU: {e}"))),
+        }
+    }
+
+    /// What QEMU and the stub printed so far.
+    pub fn console(&self) -> String {
+        self.console.lock().unwrap().clone()
+    }
+
+    /// The shared RAM.
+    pub fn ram(&self) -> &Arc<SharedRam> {
+        &self.ram
+    }
+
+    /// CPUs, service CPU included.
+    pub fn cpus(&self) -> usize {
+        self.cpus
+    }
+
+    /// CPU `cpu`'s mailbox.
+    ///
+    /// # Panics
+    /// If `cpu` is not below [`Machine::cpus`].
+    pub fn mailbox(&self, cpu: usize) -> Mailbox<'_> {
+        assert!(cpu < self.cpus, "no CPU {cpu}");
+        Mailbox {
+            m: self,
+            base: layout::MBOX0 + cpu as u64 * layout::MBOX_SIZE,
+        }
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        let mut c = self.child.lock().unwrap();
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// An exit the stub posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exit {
+    /// Its sequence number.
+    pub seq: u64,
+    /// [`layout::EXIT_ABORT`], [`layout::EXIT_HVC`] or [`layout::EXIT_OTHER`].
+    pub kind: u64,
+    /// ESR_EL2.
+    pub esr: u64,
+    /// FAR_EL2.
+    pub far: u64,
+    /// HPFAR_EL2.
+    pub hpfar: u64,
+    /// ELR_EL2.
+    pub elr: u64,
+    /// The guest's x0..x2.
+    pub x: [u64; 3],
+}
+
+impl Exit {
+    /// The faulting IPA of an abort: HPFAR_EL2.FIPA (IPA\[51:12\] in bits
+    /// \[43:4\]) and the page offset from FAR_EL2.
+    pub fn ipa(&self) -> u64 {
+        ((self.hpfar >> 4) & ((1 << 40) - 1)) << 12 | (self.far & 0xfff)
+    }
+
+    /// ESR's data fault status code.
+    pub fn dfsc(&self) -> u64 {
+        self.esr & 0x3f
+    }
+
+    /// Whether the abort was a write (ESR.WnR).
+    pub fn write(&self) -> bool {
+        self.esr & (1 << 6) != 0
+    }
+}
+
+/// One CPU's mailbox.
+pub struct Mailbox<'a> {
+    m: &'a Machine,
+    base: u64,
+}
+
+impl Mailbox<'_> {
+    fn w(&self, off: u64) -> &AtomicU64 {
+        self.m.ram.word(self.base + off)
+    }
+
+    /// Posts a command without waiting (RUN); returns its sequence number.
+    pub fn post(&self, cmd: u64, args: &[u64]) -> u64 {
+        debug_assert!(args.len() <= 12);
+        self.w(mb::CMD).store(cmd, Ordering::Relaxed);
+        for (i, &a) in args.iter().enumerate() {
+            self.w(mb::ARG0 + 8 * i as u64).store(a, Ordering::Relaxed);
+        }
+        let seq = self.w(mb::CMD_SEQ).load(Ordering::Relaxed) + 1;
+        self.w(mb::CMD_SEQ).store(seq, Ordering::Release);
+        seq
+    }
+
+    /// Whether command `seq` is done.
+    pub fn done(&self, seq: u64) -> bool {
+        self.w(mb::DONE_SEQ).load(Ordering::Acquire) == seq
+    }
+
+    /// Runs a command and waits for its status.
+    ///
+    /// # Errors
+    /// [`Arm64Error::Boot`] if QEMU exits or the command misses the deadline.
+    pub fn command(&self, cmd: u64, args: &[u64]) -> Result<u64> {
+        let seq = self.post(cmd, args);
+        self.m
+            .wait("a command", Instant::now(), || self.done(seq))?;
+        Ok(self.w(mb::RET).load(Ordering::Acquire))
+    }
+
+    /// Writes a TLBI command's instruction list.
+    pub fn set_cmd_insns(&self, insns: &[(u64, u64)]) {
+        assert!(insns.len() <= mb::CMD_CAP);
+        for (i, &(op, arg)) in insns.iter().enumerate() {
+            let a = mb::CMD_INSNS + 16 * i as u64;
+            self.w(a).store(op, Ordering::Relaxed);
+            self.w(a + 8).store(arg, Ordering::Relaxed);
+        }
+    }
+
+    /// The exit after `last`, if the stub has posted one.
+    pub fn poll_exit(&self, last: u64) -> Option<Exit> {
+        let seq = self.w(mb::EXIT_SEQ).load(Ordering::Acquire);
+        (seq != last).then(|| Exit {
+            seq,
+            kind: self.w(mb::EXIT_KIND).load(Ordering::Relaxed),
+            esr: self.w(mb::ESR).load(Ordering::Relaxed),
+            far: self.w(mb::FAR).load(Ordering::Relaxed),
+            hpfar: self.w(mb::HPFAR).load(Ordering::Relaxed),
+            elr: self.w(mb::ELR).load(Ordering::Relaxed),
+            x: [
+                self.w(mb::GX0).load(Ordering::Relaxed),
+                self.w(mb::GX0 + 8).load(Ordering::Relaxed),
+                self.w(mb::GX0 + 16).load(Ordering::Relaxed),
+            ],
+        })
+    }
+
+    /// Waits for the exit after `last`, or for command `run_seq` to finish.
+    ///
+    /// # Errors
+    /// As [`Mailbox::command`].
+    pub fn wait_exit(&self, last: u64) -> Result<Exit> {
+        let mut e = None;
+        self.m.wait("a guest exit", Instant::now(), || {
+            e = self.poll_exit(last);
+            e.is_some()
+        })?;
+        Ok(e.expect("set when wait returns"))
+    }
+
+    /// Answers exit `exit` with `action`, `x0`/`x1` for
+    /// [`layout::ACT_RESUME_X0`], and maintenance to execute first.
+    /// An instruction list longer than the mailbox holds must be split by
+    /// the caller.
+    pub fn reply(&self, exit: &Exit, action: u64, x: [u64; 2], insns: &[(u64, u64)]) {
+        assert!(insns.len() <= mb::REPLY_CAP);
+        for (i, &(op, arg)) in insns.iter().enumerate() {
+            let a = mb::REPLY_INSNS + 16 * i as u64;
+            self.w(a).store(op, Ordering::Relaxed);
+            self.w(a + 8).store(arg, Ordering::Relaxed);
+        }
+        self.w(mb::REPLY_NINSN)
+            .store(insns.len() as u64, Ordering::Relaxed);
+        self.w(mb::ACTION).store(action, Ordering::Relaxed);
+        self.w(mb::REPLY_X0).store(x[0], Ordering::Relaxed);
+        self.w(mb::REPLY_X0 + 8).store(x[1], Ordering::Relaxed);
+        self.w(mb::REPLY_SEQ).store(exit.seq, Ordering::Release);
+    }
+
+    /// Exits answered with a resume, and the counter ticks they spent at EL2
+    /// from exception entry to ERET (the stub's own count).
+    pub fn exit_stats(&self) -> (u64, u64) {
+        (
+            self.w(mb::STAT_EXITS).load(Ordering::Acquire),
+            self.w(mb::STAT_TICKS).load(Ordering::Acquire),
+        )
+    }
+
+    /// The stub's error word (unknown instructions, or 0xdead after an
+    /// exception at EL2).
+    pub fn bad_insns(&self) -> u64 {
+        self.w(mb::BAD_INSN).load(Ordering::Acquire)
+    }
+}

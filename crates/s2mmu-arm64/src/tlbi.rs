@@ -1,0 +1,215 @@
+//! Where the engine's TLB maintenance runs: on an arm64 CPU at EL2.
+//!
+//! [`HypSink`] is the [`TlbiSink`] of the engine's [`Arm64Tlbi`] backend.
+//! An invalidation issued while a vCPU thread handles that vCPU's stage-2
+//! abort goes into the abort's answer: the stub executes it on the
+//! faulting CPU before it returns to the guest (as KVM's fault path calls
+//! into hyp on the vCPU's own CPU). An invalidation issued by any other
+//! host thread (write protection on CLEAR, eager split, unmap) is queued
+//! to the service CPU, a QEMU CPU that stays at EL2, and the caller waits
+//! until the stub has executed it, barriers included: the design's
+//! `kvm_call_hyp`. The broadcast (`...IS`) forms reach every CPU; QEMU
+//! completes them on every vCPU before the issuing CPU goes on.
+
+use crate::layout::{self, mb};
+use crate::machine::Machine;
+use s2mmu::tlb::arm64::{Arm64Tlbi, Barrier, Insn, TlbiOp, TlbiSink};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The stub's code for an instruction (mirrored in `asm/hyp.S`).
+pub fn encode(insn: Insn) -> (u64, u64) {
+    match insn {
+        Insn::Barrier(b) => (
+            match b {
+                Barrier::DsbIshst => 1,
+                Barrier::DsbIsh => 2,
+                Barrier::DsbNshst => 3,
+                Barrier::DsbNsh => 4,
+                Barrier::Isb => 5,
+            },
+            0,
+        ),
+        Insn::Tlbi { op, operand } => (
+            match op {
+                TlbiOp::Ipas2e1is => 0x10,
+                TlbiOp::Ipas2e1 => 0x11,
+                TlbiOp::Ripas2e1is => 0x12,
+                TlbiOp::Vmalle1is => 0x13,
+                TlbiOp::Vmalle1 => 0x14,
+                TlbiOp::Vmalls12e1is => 0x15,
+            },
+            operand,
+        ),
+    }
+}
+
+/// The whole-VMID sequence, what an over-long list is replaced with.
+const WHOLE_VMID: [(u64, u64); 3] = [(1, 0), (0x15, 0), (2, 0)];
+
+thread_local! {
+    /// The answer being built by this thread's vCPU fault, if any.
+    static FAULT_INSNS: RefCell<Option<Vec<(u64, u64)>>> = const { RefCell::new(None) };
+    /// The sequence a host thread is issuing.
+    static HOST_INSNS: RefCell<Vec<(u64, u64)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Counters of the maintenance the engine issued.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlbiCounters {
+    /// Sequences executed in a fault's answer.
+    pub fault_sequences: u64,
+    /// Sequences executed by the service CPU for host threads.
+    pub host_sequences: u64,
+    /// TLBI instructions in all of them.
+    pub tlbis: u64,
+    /// Round trips to the service CPU.
+    pub service_calls: u64,
+    /// Wall time host threads waited for the service CPU, in ns.
+    pub service_ns: u64,
+    /// Host sequences dropped on purpose ([`HypSink::drop_host_sequences`]).
+    pub dropped: u64,
+}
+
+/// The engine's TLBI sink on the arm64 model.
+pub struct HypSink {
+    machine: Arc<Machine>,
+    service_cpu: usize,
+    vtcr: AtomicU64,
+    vttbr: AtomicU64,
+    service: Mutex<()>,
+    drop_next: AtomicU64,
+    fault_sequences: AtomicU64,
+    host_sequences: AtomicU64,
+    tlbis: AtomicU64,
+    service_calls: AtomicU64,
+    service_ns: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl HypSink {
+    /// A sink that sends host-thread maintenance to `service_cpu`.
+    pub fn new(machine: Arc<Machine>, service_cpu: usize) -> HypSink {
+        HypSink {
+            machine,
+            service_cpu,
+            vtcr: AtomicU64::new(0),
+            vttbr: AtomicU64::new(0),
+            service: Mutex::new(()),
+            drop_next: AtomicU64::new(0),
+            fault_sequences: AtomicU64::new(0),
+            host_sequences: AtomicU64::new(0),
+            tlbis: AtomicU64::new(0),
+            service_calls: AtomicU64::new(0),
+            service_ns: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// The VM context (VTCR_EL2, VTTBR_EL2) maintenance runs in.
+    pub fn set_context(&self, vtcr: u64, vttbr: u64) {
+        self.vtcr.store(vtcr, Ordering::Release);
+        self.vttbr.store(vttbr, Ordering::Release);
+    }
+
+    /// Fault injection for the check that proves a missing invalidation is
+    /// caught: the next `n` sequences issued by host threads are dropped
+    /// instead of executed. Never use outside such a test.
+    pub fn drop_host_sequences(&self, n: u64) {
+        self.drop_next.store(n, Ordering::Release);
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> TlbiCounters {
+        TlbiCounters {
+            fault_sequences: self.fault_sequences.load(Ordering::Relaxed),
+            host_sequences: self.host_sequences.load(Ordering::Relaxed),
+            tlbis: self.tlbis.load(Ordering::Relaxed),
+            service_calls: self.service_calls.load(Ordering::Relaxed),
+            service_ns: self.service_ns.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs `f` (a vCPU's fault handling) with the maintenance it issues
+    /// collected for the abort's answer instead of sent to the service CPU;
+    /// returns `f`'s result and that list.
+    pub fn collect_for_fault<R>(&self, f: impl FnOnce() -> R) -> (R, Vec<(u64, u64)>) {
+        FAULT_INSNS.with(|c| *c.borrow_mut() = Some(Vec::new()));
+        let r = f();
+        let mut insns = FAULT_INSNS
+            .with(|c| c.borrow_mut().take())
+            .unwrap_or_default();
+        if insns.len() > mb::REPLY_CAP {
+            insns = WHOLE_VMID.to_vec();
+        }
+        (r, insns)
+    }
+
+    fn run_on_service(&self, insns: &[(u64, u64)]) {
+        if self
+            .drop_next
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let insns = if insns.len() > mb::CMD_CAP {
+            &WHOLE_VMID[..]
+        } else {
+            insns
+        };
+        let t0 = Instant::now();
+        let _one = self.service.lock().unwrap();
+        let mbox = self.machine.mailbox(self.service_cpu);
+        mbox.set_cmd_insns(insns);
+        let args = [
+            insns.len() as u64,
+            self.vtcr.load(Ordering::Acquire),
+            self.vttbr.load(Ordering::Acquire),
+        ];
+        // A stuck service CPU cannot be recovered from: the engine's
+        // invalidation API has no error path, and going on would lose the
+        // guarantee every dirty log rests on.
+        if let Err(e) = mbox.command(layout::CMD_TLBI, &args) {
+            panic!("service CPU did not execute TLB maintenance: {e}");
+        }
+        self.service_calls.fetch_add(1, Ordering::Relaxed);
+        self.service_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
+impl TlbiSink for HypSink {
+    fn emit(&self, insn: Insn) {
+        let e = encode(insn);
+        if matches!(insn, Insn::Tlbi { .. }) {
+            self.tlbis.fetch_add(1, Ordering::Relaxed);
+        }
+        let in_fault = FAULT_INSNS.with(|c| c.borrow_mut().as_mut().map(|v| v.push(e)).is_some());
+        if !in_fault {
+            HOST_INSNS.with(|c| c.borrow_mut().push(e));
+        }
+    }
+
+    fn begin(&self) {}
+
+    fn end(&self) {
+        if FAULT_INSNS.with(|c| c.borrow().is_some()) {
+            self.fault_sequences.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let insns = HOST_INSNS.with(|c| std::mem::take(&mut *c.borrow_mut()));
+        if insns.is_empty() {
+            return;
+        }
+        self.host_sequences.fetch_add(1, Ordering::Relaxed);
+        self.run_on_service(&insns);
+    }
+}
+
+/// The engine's TLB backend on the arm64 model.
+pub type HypTlbi = Arm64Tlbi<Arc<HypSink>>;

@@ -1,0 +1,25 @@
+//! Shared helpers of the arm64 checks.
+#![allow(dead_code)]
+
+use s2mmu_arm64::machine::{Machine, MachineConfig};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// One QEMU at a time per test binary: the machine has 2 cores.
+static ONE: Mutex<()> = Mutex::new(());
+
+/// Serialises the tests of one binary.
+pub fn serial() -> MutexGuard<'static, ()> {
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A machine with `cpus` CPUs (the last serves maintenance), or `None`
+/// after printing why the check is skipped.
+pub fn machine(cpus: usize, data_bytes: u64) -> Option<Arc<Machine>> {
+    if let Err(why) = s2mmu_arm64::available() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    Some(Arc::new(
+        Machine::start(&MachineConfig { cpus, data_bytes }).expect("QEMU starts"),
+    ))
+}
