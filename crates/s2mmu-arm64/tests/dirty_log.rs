@@ -9,7 +9,10 @@ use s2mmu_arm64::workload::{run_dirty_log, DirtyConfig, DirtyReport, Harvest, Pa
 
 fn run(vcpus: usize, policy: MmuPolicy, cfg: DirtyConfig) -> Option<DirtyReport> {
     let _one = common::serial();
-    let m = common::machine(vcpus + 1, cfg.bytes_per_vcpu * vcpus as u64)?;
+    let m = common::machine(
+        vcpus + 1,
+        (cfg.bytes_per_vcpu * vcpus as u64).next_multiple_of(2 << 20),
+    )?;
     let vm = Arm64Vm::new(
         m,
         &VmConfig {
@@ -75,4 +78,147 @@ fn write_protect_bitmap_1_2_4_vcpus() {
         assert_exact(&r);
         assert!(r.faults.fast > 0, "the read-lock fast path ran");
     }
+}
+
+#[test]
+fn random_pattern_and_write_lock_baseline() {
+    let cfg = DirtyConfig {
+        pattern: Pattern::Random { writes: 700 },
+        ..small()
+    };
+    let Some(r) = run(2, MmuPolicy::default(), cfg) else {
+        return;
+    };
+    assert_exact(&r);
+    let written: Vec<u64> = r.passes.iter().filter_map(|p| p.written).collect();
+    assert!(
+        written.iter().all(|&w| w < 2048),
+        "random passes skip pages: {written:?}"
+    );
+    let policy = MmuPolicy {
+        fault_path: s2mmu::mmu::FaultPath::WriteLock,
+        ..MmuPolicy::default()
+    };
+    let Some(r) = run(2, policy, cfg) else { return };
+    assert_exact(&r);
+    assert_eq!(
+        r.faults.fast, 0,
+        "the baseline takes every fault under the write lock"
+    );
+}
+
+#[test]
+fn get_without_manual_protect() {
+    let policy = MmuPolicy {
+        manual_protect: false,
+        ..MmuPolicy::default()
+    };
+    let Some(r) = run(2, policy, small()) else {
+        return;
+    };
+    assert_exact(&r);
+}
+
+#[test]
+fn dirty_rings_1_2_4_vcpus() {
+    let policy = MmuPolicy {
+        dirty_ring_entries: Some(2048),
+        ..MmuPolicy::default()
+    };
+    for vcpus in [1, 2, 4] {
+        let cfg = DirtyConfig {
+            harvest: Harvest::Ring,
+            ..small()
+        };
+        let Some(r) = run(vcpus, policy, cfg) else {
+            return;
+        };
+        assert_exact(&r);
+    }
+}
+
+#[test]
+fn split_on_fault_of_2m_blocks() {
+    let policy = MmuPolicy {
+        eager_split_chunk: None,
+        ..MmuPolicy::default()
+    };
+    let cfg = DirtyConfig {
+        host_page: 2 << 20,
+        verify_tags: true,
+        ..small()
+    };
+    for vcpus in [1, 2, 4] {
+        let Some(r) = run(vcpus, policy, cfg) else {
+            return;
+        };
+        assert_exact(&r);
+        assert_eq!(
+            r.faults.splits_on_fault,
+            2 * vcpus as u64,
+            "each 2 MiB block split once"
+        );
+    }
+}
+
+#[test]
+fn eager_split_racing_the_guest_keeps_translations_whole() {
+    // Logging (and so the eager split of every 2 MiB block, break before
+    // make) starts while the vCPUs write and check every page's tag.
+    let cfg = DirtyConfig {
+        host_page: 2 << 20,
+        verify_tags: true,
+        enable_during_pass: true,
+        iterations: 4,
+        ..small()
+    };
+    for vcpus in [1, 2, 4] {
+        let Some(r) = run(vcpus, MmuPolicy::default(), cfg) else {
+            return;
+        };
+        assert_exact(&r);
+        assert_eq!(
+            r.faults.splits_on_fault, 0,
+            "eager split left no block to split on fault"
+        );
+    }
+}
+
+#[test]
+fn a_dropped_invalidation_loses_writes() {
+    // The proof that QEMU's TLB judges the engine's invalidations: drop the
+    // maintenance of one harvest (write protection still happens in the
+    // table) and the next pass's write through the stale writable entry
+    // never faults, so the log misses it. One page per vCPU: the local
+    // invalidation each permission fault's answer carries (VMALLE1) empties
+    // the CPU's TLB, so only the pages written after a pass's last fault
+    // can still be cached when the harvest drops its flush.
+    let base = DirtyConfig {
+        bytes_per_vcpu: 4096,
+        iterations: 3,
+        ..small()
+    };
+    let cfg = DirtyConfig {
+        drop_invalidations_after: Some(1),
+        ..base
+    };
+    let Some(r) = run(2, MmuPolicy::default(), cfg) else {
+        return;
+    };
+    assert!(r.tlbi.dropped > 0, "the injection dropped something");
+    let p2 = &r.passes[1];
+    assert_eq!(p2.written, Some(2));
+    assert_eq!(p2.missing, 2, "pass 2's writes must be lost: {p2:?}");
+    eprintln!(
+        "dropped {} sequences: pass 2 missed {} of {:?} pages",
+        r.tlbi.dropped, p2.missing, p2.written
+    );
+    // Nothing was logged, so the next harvest protects (and flushes)
+    // nothing: the stale entry keeps losing writes, as on hardware.
+    assert_eq!(r.passes[2].missing, 2);
+    // Without the injection the same run is exact.
+    let Some(r) = run(2, MmuPolicy::default(), base) else {
+        return;
+    };
+    assert_exact(&r);
 }
