@@ -204,6 +204,11 @@ pub struct Machine {
     cpus: usize,
 }
 
+/// Most guest data a machine may have. The RAM file is sparse (tmpfs), so
+/// only what the guest or the host touches takes memory: a large slot that
+/// is only mapped (tlb-perf) costs its tables, not its size.
+pub const MAX_DATA_BYTES: u64 = 128 << 30;
+
 /// Longest a command or a boot may take before the machine is declared stuck.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -228,8 +233,8 @@ impl Machine {
     ///
     /// # Errors
     /// [`Arm64Error::Unavailable`] without QEMU or the assembled image;
-    /// [`Arm64Error::Config`] for a CPU count outside 2..=16 or a data size
-    /// that is not a multiple of 2 MiB or above 16 GiB;
+    /// [`Arm64Error::Config`] for a CPU count outside 2..=8 or a data size
+    /// that is not a multiple of 2 MiB or above [`MAX_DATA_BYTES`];
     /// [`Arm64Error::Boot`] if QEMU exits or the stub does not come up.
     pub fn start(cfg: &MachineConfig) -> Result<Machine> {
         if !(2..=layout::MAX_CPUS).contains(&cfg.cpus) {
@@ -239,10 +244,12 @@ impl Machine {
                 layout::MAX_CPUS
             )));
         }
-        if cfg.data_bytes == 0 || cfg.data_bytes % (2 << 20) != 0 || cfg.data_bytes > 16 << 30 {
+        if cfg.data_bytes == 0 || cfg.data_bytes % (2 << 20) != 0 || cfg.data_bytes > MAX_DATA_BYTES
+        {
             return Err(Arm64Error::Config(format!(
-                "guest data of {:#x} bytes: must be a non-zero multiple of 2 MiB, at most 16 GiB",
-                cfg.data_bytes
+                "guest data of {:#x} bytes: must be a non-zero multiple of 2 MiB, at most {} GiB",
+                cfg.data_bytes,
+                MAX_DATA_BYTES >> 30
             )));
         }
         let image = image()?;
