@@ -136,7 +136,7 @@ impl Arm64Vm {
         let mmu = Mmu::new(fmt, arena, tlb, slots, cfg.policy)?
             .with_host_memory(Arc::new(RamHost(ram.clone())));
         let root = mmu.with_table(|pt| pt.root_pa());
-        let vtcr = stage2::vtcr(&fmt, false);
+        let vtcr = stage2::vtcr(&fmt, cfg.policy.hw_dirty);
         let vttbr = stage2::vttbr(root, stage2::VMID);
         sink.set_context(vtcr, vttbr);
         let vm = Arm64Vm {

@@ -222,3 +222,41 @@ fn a_dropped_invalidation_loses_writes() {
     };
     assert_exact(&r);
 }
+
+#[test]
+fn hardware_dirty_state_logs_without_faults() {
+    // FEAT_HAFDBS at stage 2: logged pages are writable-clean (DBM set,
+    // write permission clear) and QEMU's walker sets the write permission
+    // on the first write instead of raising a permission fault; GET scans
+    // the leaves, CLEAR cleans them. If the model did not implement DBM at
+    // stage 2, every first write would fault and this test would fail on
+    // the fault count while the logs stayed exact.
+    let policy = MmuPolicy {
+        hw_dirty: true,
+        ..MmuPolicy::default()
+    };
+    for vcpus in [1, 2, 4] {
+        let Some(r) = run(vcpus, policy, small()) else {
+            return;
+        };
+        assert_exact(&r);
+        assert_eq!(
+            r.faults.permission, 0,
+            "no write faulted: the hardware logged them"
+        );
+        assert_eq!(
+            r.faults.translation,
+            1024 * vcpus as u64,
+            "only the populate pass faulted"
+        );
+    }
+    // Random pages, 2 MiB backing split when logging starts.
+    let cfg = DirtyConfig {
+        host_page: 2 << 20,
+        pattern: Pattern::Random { writes: 500 },
+        ..small()
+    };
+    let Some(r) = run(2, policy, cfg) else { return };
+    assert_exact(&r);
+    assert_eq!(r.faults.permission, 0);
+}

@@ -331,6 +331,10 @@ impl PteFormat for Arm64Stage2 {
         pte & !XN_MASK
     }
     #[inline]
+    fn hw_dirty_bit(&self) -> u64 {
+        DBM
+    }
+    #[inline]
     fn relevel_leaf(&self, pte: u64, _from_level: u32, to_level: u32) -> u64 {
         // Blocks have type 0, pages type 1; everything else carries over.
         if to_level == 3 {

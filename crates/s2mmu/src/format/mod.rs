@@ -205,6 +205,14 @@ pub trait PteFormat: Clone + Send + Sync + 'static {
     fn relevel_leaf(&self, pte: u64, from_level: u32, to_level: u32) -> u64;
     /// The invalid value that marks an entry locked for break-before-make.
     fn locked(&self) -> u64;
+    /// The bit that lets the hardware record a write in a leaf without a
+    /// fault (arm64's DBM: a write to a leaf with DBM set and write
+    /// permission clear sets the write permission instead of faulting,
+    /// with VTCR_EL2.HD), or 0 where the format has none.
+    #[inline]
+    fn hw_dirty_bit(&self) -> u64 {
+        0
+    }
     /// Whether the entry holds the break-before-make lock marker.
     #[inline]
     fn is_locked(&self, pte: u64) -> bool {

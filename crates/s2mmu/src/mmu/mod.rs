@@ -88,6 +88,16 @@ pub struct MmuPolicy {
     /// Track dirty pages in per-vCPU rings of this many entries instead of
     /// bitmaps.
     pub dirty_ring_entries: Option<u32>,
+    /// Hardware dirty state (arm64 FEAT_HAFDBS: DBM with VTCR_EL2.HD): a
+    /// logged page is left writable-clean instead of write-protected, the
+    /// hardware records the first write in the leaf without a fault, and a
+    /// GET scans the slot's leaves into the bitmap; protecting (CLEAR, or
+    /// GET without manual protect) cleans them again. Needs bitmaps (not
+    /// rings) and a format with a hardware dirty bit; huge mappings are
+    /// split when logging starts (eager split, whatever its chunk policy
+    /// says, in 1 GiB chunks if it says none). The hypervisor must turn the
+    /// hardware's updates on (arm64: VTCR_EL2.HA and HD).
+    pub hw_dirty: bool,
     /// When logging stops, unmap the page mappings of regions the host backs
     /// with huge pages, so later faults map blocks again (x86's huge-page
     /// recovery; arm64 has none).
@@ -110,6 +120,7 @@ impl Default for MmuPolicy {
             manual_protect: true,
             initially_set: false,
             dirty_ring_entries: None,
+            hw_dirty: false,
             recover_huge_pages: true,
             reader_slots: 256,
         }
@@ -328,6 +339,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         }
         if let Some(n) = policy.dirty_ring_entries {
             DirtyRing::new(n)?;
+        }
+        if policy.hw_dirty && (fmt.hw_dirty_bit() == 0 || policy.dirty_ring_entries.is_some()) {
+            return Err(Error::InvalidConfig {
+                what: "hardware dirty state (needs a format with a hardware dirty bit, and bitmaps, not rings)",
+                value: u64::from(policy.dirty_ring_entries.unwrap_or(0)),
+            });
         }
         let mut pt = PageTable::new(fmt, mm.clone(), tlb)?;
         pt.set_tlb_policy(TlbPolicy {
@@ -619,7 +636,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             return Ok(());
         }
         let (base, size) = self.slot_range(id)?;
-        if let Some(chunk) = self.policy.eager_split_chunk {
+        let chunk = match (self.policy.eager_split_chunk, self.policy.hw_dirty) {
+            (Some(c), _) => Some(c),
+            // A dirty bit per block would log whole blocks: split first.
+            (None, true) => Some(1 << 30),
+            (None, false) => None,
+        };
+        if let Some(chunk) = chunk {
             self.split_range(base, size, chunk)?;
         }
         self.wrprotect_range(base, size)
@@ -710,7 +733,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         while a < base + size {
             let n = (((a / chunk) + 1) * chunk).min(base + size) - a;
             let mut pt = self.write_lock(&mut st);
-            pt.wrprotect_batched(a, n, &mut batch)?;
+            self.protect(&mut pt, a, n, &mut batch)?;
             drop(pt);
             a += n;
         }
@@ -1005,6 +1028,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 needed: b.words(),
             });
         }
+        self.sync_hw_dirty(id, &b)?;
         if self.policy.manual_protect {
             b.copy_to(out)?;
             return Ok(out[..b.words()]
@@ -1109,6 +1133,45 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
 
     /// Write-protects the pages of `mask` (bit i = page `page0 + i` of the
     /// slot at `base`), one call per run of consecutive bits.
+    /// Write-protects a range for dirty logging: clears write permission,
+    /// or with hardware dirty state makes the leaves writable-clean.
+    fn protect(
+        &self,
+        pt: &mut PageTable<F, M>,
+        ipa: u64,
+        size: u64,
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<u64> {
+        if self.policy.hw_dirty {
+            pt.clean_hw_dirty_batched(ipa, size, batch)
+        } else {
+            pt.wrprotect_batched(ipa, size, batch)
+        }
+    }
+
+    /// Hardware dirty state: records the leaves of slot `id` the hardware
+    /// dirtied in its bitmap (the scan KVM's DBM series does before it
+    /// copies the bitmap). Runs under the MMU lock for reading: the
+    /// hardware updates leaves concurrently, and only protection, under the
+    /// write lock, cleans them.
+    fn sync_hw_dirty(&self, id: u16, b: &DirtyBitmap) -> Result<()> {
+        if !self.policy.hw_dirty {
+            return Ok(());
+        }
+        let (base, size) = self.slot_range(id)?;
+        let shift = self.page_shift;
+        let mut st = FaultStats::default();
+        let pt = self.read_lock(&mut st, None);
+        pt.scan_hw_dirty(base, size, |ipa, len| {
+            for p in 0..len >> shift {
+                b.mark(((ipa - base) >> shift) + p);
+            }
+        })?;
+        drop(pt);
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(())
+    }
+
     fn protect_mask(
         &self,
         pt: &mut PageTable<F, M>,
@@ -1121,7 +1184,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             let lo = mask.trailing_zeros();
             let run = (!(mask >> lo)).trailing_zeros();
             let start = base + ((page0 + u64::from(lo)) << self.page_shift);
-            pt.wrprotect_batched(start, u64::from(run) << self.page_shift, batch)?;
+            self.protect(pt, start, u64::from(run) << self.page_shift, batch)?;
             mask = if lo + run >= 64 {
                 0
             } else {
@@ -1253,6 +1316,57 @@ mod tests {
             m.set_memory_region(&r, 4096),
             Err(Error::Memslot(_))
         ));
+    }
+
+    /// Hardware dirty state: logged leaves are writable-clean, a write the
+    /// hardware records (write bit set, simulated here by relaxing the
+    /// leaf as the walker would) is found by GET, and CLEAR cleans it.
+    #[test]
+    fn hardware_dirty_state_is_scanned_and_cleaned() {
+        use crate::format::arm64::{DBM, S2AP_W};
+        let m = mmu(MmuPolicy {
+            hw_dirty: true,
+            ..MmuPolicy::default()
+        });
+        let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 2 << 20, HVA);
+        m.set_memory_region(&r, 2 << 20).unwrap();
+        let mut v = m.new_vcpu().unwrap();
+        m.handle_fault(&mut v, GPA, true).unwrap();
+        assert_eq!(m.reader().translate(GPA).unwrap().size, 2 << 20);
+        m.enable_dirty_logging(0).unwrap();
+        let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
+        assert_eq!(leaves.len(), 512, "split when logging starts");
+        assert!(leaves.iter().all(|l| l.pte & (DBM | S2AP_W) == DBM));
+        // The hardware's update of pages 3 and 300.
+        for p in [3u64, 300] {
+            m.with_table(|pt| pt.relax_perms(GPA + p * 4096, Prot::RW))
+                .unwrap();
+        }
+        let mut bm = vec![0u64; 8];
+        assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 2);
+        assert_eq!((bm[0], bm[4]), (1 << 3, 1 << (300 - 256)));
+        assert_eq!(m.clear_dirty_log(0, 0, 512, &bm).unwrap(), 2);
+        let t = m.reader().translate(GPA + 300 * 4096).unwrap();
+        assert_eq!(t.pte & (DBM | S2AP_W), DBM, "cleaned: writable-clean again");
+        assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 0);
+        assert_eq!(v.stats.permission, 0);
+    }
+
+    #[test]
+    fn hardware_dirty_state_refuses_rings() {
+        let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
+        let r = Mmu::new(
+            fmt,
+            HostMmOps::new(4096).unwrap(),
+            Arc::new(NoTlb),
+            TreeMemslots::with_config(MemslotConfig::default()),
+            MmuPolicy {
+                hw_dirty: true,
+                dirty_ring_entries: Some(1024),
+                ..MmuPolicy::default()
+            },
+        );
+        assert!(matches!(r, Err(Error::InvalidConfig { .. })));
     }
 
     /// A real abort reports the accessed byte, not the page: the block

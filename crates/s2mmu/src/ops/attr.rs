@@ -71,6 +71,89 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         Ok(changed)
     }
 
+    /// Hardware dirty state: makes every valid leaf overlapping
+    /// `[ipa, ipa + size)` writable-clean (write permission cleared, the
+    /// format's [`PteFormat::hw_dirty_bit`] set), so the hardware records
+    /// the next write in the leaf instead of faulting; adds what it changed
+    /// to `batch`. Returns the number of leaves changed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if the format has no hardware dirty bit; as
+    /// [`PageTable::wrprotect`].
+    pub fn clean_hw_dirty_batched(
+        &mut self,
+        ipa: u64,
+        size: u64,
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<u64> {
+        let dbm = self.hw_dirty_bit()?;
+        self.check_range(ipa, size)?;
+        let w = self.format().write_bit();
+        let mut changed = 0u64;
+        let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
+            // Only a leaf that may be written (write bit or dirty bit set)
+            // becomes writable-clean: a read-only mapping stays read-only.
+            let new = (ctx.old & !w) | dbm;
+            if ctx.fmt.is_valid(ctx.old) && ctx.old & (w | dbm) != 0 && new != ctx.old {
+                // The hardware only ever sets the write bit of a leaf whose
+                // bit is clear; this store only clears a set one, or marks a
+                // leaf the hardware does not update yet (no DBM): no update
+                // of the hardware's is overwritten.
+                ctx.try_set(new)?;
+                changed += 1;
+                if ctx.old & w != 0 {
+                    batch.add(ctx.entry_start(), ctx.granule());
+                }
+            }
+            Ok(WalkAction::Continue)
+        };
+        self.walk(ipa, size, WalkFlags::LEAF | WalkFlags::IGNORE_AGAIN, &mut v)?;
+        Ok(changed)
+    }
+
+    /// Hardware dirty state: calls `dirty(leaf_ipa, leaf_size)` for every
+    /// leaf overlapping `[ipa, ipa + size)` that the hardware has dirtied
+    /// (hardware dirty bit set and write permission set). It only reads:
+    /// cleaning is a write protection ([`PageTable::wrprotect_batched`]
+    /// keeps the dirty bit, so the leaf is writable-clean again). Returns
+    /// the number of dirty leaves.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if the format has no hardware dirty bit; as
+    /// [`PageTable::check_range`].
+    pub fn scan_hw_dirty(
+        &self,
+        ipa: u64,
+        size: u64,
+        mut dirty: impl FnMut(u64, u64),
+    ) -> Result<u64> {
+        let dbm = self.hw_dirty_bit()?;
+        self.check_range(ipa, size)?;
+        let w = self.format().write_bit();
+        let mut n = 0u64;
+        let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
+            if ctx.fmt.is_valid(ctx.old) && ctx.old & (dbm | w) == dbm | w {
+                dirty(ctx.entry_start(), ctx.granule());
+                n += 1;
+            }
+            Ok(WalkAction::Continue)
+        };
+        // SAFETY: a read-only walk; the read guard it pins keeps tables
+        // alive against concurrent unlinking.
+        unsafe { self.walk_unchecked(ipa, size, WalkFlags::LEAF | WalkFlags::SHARED, &mut v)? };
+        Ok(n)
+    }
+
+    fn hw_dirty_bit(&self) -> Result<u64> {
+        match self.format().hw_dirty_bit() {
+            0 => Err(Error::InvalidConfig {
+                what: "hardware dirty state (the format has no hardware dirty bit)",
+                value: 0,
+            }),
+            b => Ok(b),
+        }
+    }
+
     /// Adds the access permissions of `prot` (read, write, execute) to the
     /// leaf that maps `ipa`, whatever its size, by compare-and-swap (safe
     /// under the read lock: the fault path's fast path). Then invalidates
