@@ -43,7 +43,7 @@ impl ArenaMmOps {
             });
         }
         let ps = page_size as u64;
-        if base % ps != 0 || size % ps != 0 || !ram.contains(base, size) {
+        if !base.is_multiple_of(ps) || !size.is_multiple_of(ps) || !ram.contains(base, size) {
             return Err(s2mmu::Error::InvalidConfig {
                 what: "arena range (page aligned, inside RAM)",
                 value: base,

@@ -146,7 +146,7 @@ impl SharedRam {
     /// If `pa` is not 8-byte aligned or not in RAM: callers pass the fixed
     /// layout's addresses and addresses they checked.
     pub fn word(&self, pa: u64) -> &AtomicU64 {
-        assert!(pa % 8 == 0, "unaligned shared word {pa:#x}");
+        assert!(pa.is_multiple_of(8), "unaligned shared word {pa:#x}");
         let p = self.ptr(pa, 8).expect("shared word inside RAM");
         // SAFETY: aligned, in bounds, and the mapping outlives `&self`; the
         // other side (QEMU) accesses these words with single-copy-atomic
@@ -244,7 +244,9 @@ impl Machine {
                 layout::MAX_CPUS
             )));
         }
-        if cfg.data_bytes == 0 || cfg.data_bytes % (2 << 20) != 0 || cfg.data_bytes > MAX_DATA_BYTES
+        if cfg.data_bytes == 0
+            || !cfg.data_bytes.is_multiple_of(2 << 20)
+            || cfg.data_bytes > MAX_DATA_BYTES
         {
             return Err(Arm64Error::Config(format!(
                 "guest data of {:#x} bytes: must be a non-zero multiple of 2 MiB, at most {} GiB",
@@ -366,7 +368,7 @@ impl Machine {
                 std::hint::spin_loop();
                 continue;
             }
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 self.check_alive()?;
                 if since.elapsed() > DEADLINE {
                     return Err(Arm64Error::Boot(format!(

@@ -15,23 +15,50 @@ use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserM
 use s2mmu::mmu::{FaultKind, HostMemory, Mmu, MmuPolicy, VcpuMmu};
 use s2mmu::tlb::arm64::Arm64TlbiFeatures;
 use s2mmu::{PteFormat, TlbInvalidate};
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// The engine's MMU as the arm64 model runs it.
 pub type Arm64Mmu = Mmu<Arm64Stage2, ArenaMmOps, TreeMemslots>;
 
+/// What a page the host moved away from holds afterwards.
+pub const POISON: u64 = 0xdead_beef_dead_beef;
+
 /// Memslot id of the guest code.
 pub const CODE_SLOT: u16 = 0;
 
 /// The host memory behind memslots: the machine's RAM, whose host
-/// addresses map to guest-physical ones by an offset.
-struct RamHost(Arc<SharedRam>);
+/// addresses map to guest-physical ones by an offset, except for pages the
+/// host has moved ([`Arm64Vm::remap_host_page`]).
+struct RamHost {
+    ram: Arc<SharedRam>,
+    page: u64,
+    moved: Mutex<BTreeMap<u64, u64>>,
+    any_moved: AtomicBool,
+}
+
+impl RamHost {
+    fn linear(&self, hva: u64, size: u64) -> Option<u64> {
+        let pa = self.ram.pa(hva)?;
+        self.ram.contains(pa, size).then_some(pa)
+    }
+}
 
 impl HostMemory for RamHost {
     fn host_to_phys(&self, hva: u64, size: u64) -> Option<u64> {
-        let pa = self.0.pa(hva)?;
-        self.0.contains(pa, size).then_some(pa)
+        if !self.any_moved.load(Ordering::Acquire) {
+            return self.linear(hva, size);
+        }
+        let moved = self.moved.lock().unwrap();
+        let mut inside = moved.range(hva..hva.saturating_add(size));
+        match inside.next() {
+            None => self.linear(hva, size),
+            // A moved page is contiguous only with itself.
+            Some((&at, &pa)) if at == hva && size == self.page => Some(pa),
+            Some(_) => None,
+        }
     }
     // QEMU models no caches: the maintenance hooks stay no-ops.
 }
@@ -64,6 +91,7 @@ impl Default for VmConfig {
 pub struct Arm64Vm {
     machine: Arc<Machine>,
     mmu: Arc<Arm64Mmu>,
+    host: Arc<RamHost>,
     sink: Arc<HypSink>,
     vtcr: u64,
     vttbr: u64,
@@ -133,8 +161,13 @@ impl Arm64Vm {
             page_shift: shift,
             ..MemslotConfig::default()
         });
-        let mmu = Mmu::new(fmt, arena, tlb, slots, cfg.policy)?
-            .with_host_memory(Arc::new(RamHost(ram.clone())));
+        let host = Arc::new(RamHost {
+            ram: ram.clone(),
+            page: 1 << shift,
+            moved: Mutex::new(BTreeMap::new()),
+            any_moved: AtomicBool::new(false),
+        });
+        let mmu = Mmu::new(fmt, arena, tlb, slots, cfg.policy)?.with_host_memory(host.clone());
         let root = mmu.with_table(|pt| pt.root_pa());
         let vtcr = stage2::vtcr(&fmt, cfg.policy.hw_dirty);
         let vttbr = stage2::vttbr(root, stage2::VMID);
@@ -142,6 +175,7 @@ impl Arm64Vm {
         let vm = Arm64Vm {
             machine,
             mmu: Arc::new(mmu),
+            host,
             sink,
             vtcr,
             vttbr,
@@ -192,6 +226,48 @@ impl Arm64Vm {
     pub fn set_vtcr(&mut self, vtcr: u64) {
         self.vtcr = vtcr;
         self.sink.set_context(vtcr, self.vttbr);
+    }
+
+    /// The physical address behind the host page at `hva` now.
+    pub fn host_page_pa(&self, hva: u64) -> Option<u64> {
+        self.host.host_to_phys(hva, self.host.page)
+    }
+
+    /// Moves the host page at `hva` to physical address `new_pa`, as a host
+    /// kernel migrating a page does, while the guest may be using it: the
+    /// engine's MMU notifier unmaps it (break-before-make, invalidated on
+    /// every CPU) and holds faults on it, the content is copied, the host
+    /// mapping switched, and faults map the new page.
+    ///
+    /// # Errors
+    /// [`Arm64Error::Config`] for an address that is not a page of guest
+    /// data RAM, or a target that is not; the engine's errors.
+    pub fn remap_host_page(&self, hva: u64, new_pa: u64) -> Result<()> {
+        let page = self.host.page;
+        let ram = self.machine.ram();
+        let old_pa = self
+            .host_page_pa(hva)
+            .filter(|&pa| hva.is_multiple_of(page) && pa >= layout::DATA)
+            .ok_or_else(|| Arm64Error::Config(format!("{hva:#x} is not a guest data page")))?;
+        if !new_pa.is_multiple_of(page) || new_pa < layout::DATA || !ram.contains(new_pa, page) {
+            return Err(Arm64Error::Config(format!(
+                "{new_pa:#x} is not a guest data page"
+            )));
+        }
+        self.mmu.invalidate_hva_range_start(hva, page)?;
+        // No CPU can reach the old page through stage 2 now.
+        for off in (0..page).step_by(8) {
+            ram.write(new_pa + off, ram.read(old_pa + off));
+        }
+        self.host.moved.lock().unwrap().insert(hva, new_pa);
+        self.host.any_moved.store(true, Ordering::Release);
+        self.mmu.invalidate_hva_range_end(hva, page)?;
+        // The host reuses the old page: anything that still reaches it
+        // through a stale translation reads poison, not its data.
+        for off in (0..page).step_by(8) {
+            ram.write(old_pa + off, POISON);
+        }
+        Ok(())
     }
 
     /// Adds memslot `id` at `gpa` over `size` bytes of RAM at `pa`,

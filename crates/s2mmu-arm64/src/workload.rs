@@ -74,6 +74,10 @@ pub struct DirtyConfig {
     /// Fault injection: drop the invalidations the host issues while it
     /// harvests after this iteration (the check must then fail).
     pub drop_invalidations_after: Option<u32>,
+    /// At most this many host pages moved to new physical pages while each
+    /// logged pass runs, spread over the pass ([`Arm64Vm::remap_host_page`]);
+    /// the spare pages follow the slot in guest data RAM.
+    pub remaps_per_pass: u64,
 }
 
 impl Default for DirtyConfig {
@@ -89,8 +93,16 @@ impl Default for DirtyConfig {
             verify_tags: false,
             enable_during_pass: false,
             drop_invalidations_after: None,
+            remaps_per_pass: 0,
         }
     }
+}
+
+/// Spare bytes after the slot that `cfg`'s remaps use.
+pub fn spare_bytes(cfg: &DirtyConfig, page: u64) -> u64 {
+    cfg.remaps_per_pass
+        .saturating_mul(u64::from(cfg.iterations))
+        .saturating_mul(page)
 }
 
 /// One logged pass.
@@ -140,6 +152,8 @@ pub struct DirtyReport {
     pub tlbi: crate::tlbi::TlbiCounters,
     /// Pages holding another page's tag (verify mode): (IPA, value).
     pub bad_tags: Vec<(u64, u64)>,
+    /// Host pages moved while the guest ran.
+    pub remaps: u64,
 }
 
 impl DirtyReport {
@@ -252,6 +266,11 @@ impl Control {
         }
     }
 
+    fn all_done(&self, pass: u64) -> bool {
+        let s = self.state.lock().unwrap();
+        s.done.iter().all(|&d| d.is_some_and(|d| d >= pass))
+    }
+
     fn stop(&self) {
         self.state.lock().unwrap().stop = true;
         self.cv.notify_all();
@@ -268,19 +287,25 @@ fn check_config(vm: &Arm64Vm, cfg: &DirtyConfig) -> Result<u64> {
         )));
     }
     let unit = cfg.host_page.max(page);
-    if cfg.bytes_per_vcpu == 0 || cfg.bytes_per_vcpu % unit != 0 || !cfg.host_page.is_power_of_two()
+    if cfg.bytes_per_vcpu == 0
+        || !cfg.bytes_per_vcpu.is_multiple_of(unit)
+        || !cfg.host_page.is_power_of_two()
     {
         return Err(Arm64Error::Config(format!(
             "{} bytes per vCPU: must be a non-zero multiple of the host page ({}) and the granule",
             cfg.bytes_per_vcpu, cfg.host_page
         )));
     }
+    let spare = spare_bytes(cfg, page);
     let total = (cfg.vcpus as u64)
         .checked_mul(cfg.bytes_per_vcpu)
-        .filter(|&t| vm.machine().ram().contains(layout::DATA, t))
+        .filter(|&t| {
+            t.checked_add(spare)
+                .is_some_and(|all| vm.machine().ram().contains(layout::DATA, all))
+        })
         .ok_or_else(|| {
             Arm64Error::Config(format!(
-                "{} vCPUs x {} bytes do not fit the machine's guest data",
+                "{} vCPUs x {} bytes (+ {spare} spare for remaps) do not fit the machine's guest data",
                 cfg.vcpus, cfg.bytes_per_vcpu
             ))
         })?;
@@ -459,6 +484,15 @@ fn coordinate(
             mmu.enable_dirty_logging(DATA_SLOT)?;
             report.enable_time = t.elapsed();
         }
+        // Remaps spread over the pass (until it ends or the pass's spare
+        // pages are used), so pages move after the guest touched them.
+        let mut k = 0;
+        while k < cfg.remaps_per_pass && !ctl.all_done(pass) {
+            remap_one(vm, npages, u64::from(it - 1) * cfg.remaps_per_pass + k)?;
+            report.remaps += 1;
+            k += 1;
+            std::thread::sleep(Duration::from_micros(50));
+        }
         ctl.wait_all(pass)?;
         let dirty_time = t.elapsed();
         if cfg.drop_invalidations_after == Some(it) {
@@ -517,13 +551,29 @@ fn coordinate(
     Ok(())
 }
 
-/// The guest's record against the log: (written, missing, extra).
+/// Moves the `k`-th remap's page (chosen by a fixed hash of `k`) to spare
+/// page `k`.
+fn remap_one(vm: &Arm64Vm, npages: u64, k: u64) -> Result<()> {
+    let page = vm.format().page_size();
+    let ram = vm.machine().ram();
+    let victim = k.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17) % npages;
+    let hva = ram.hva(layout::DATA).expect("data in RAM") + victim * page;
+    let spare = layout::DATA + npages * page + k * page;
+    vm.remap_host_page(hva, spare)
+}
+
+/// The guest's record against the log: (written, missing, extra). Stamps
+/// are read where each page lives now (remaps move them).
 fn compare(vm: &Arm64Vm, npages: u64, pass: u64, bitmap: &[u64]) -> (u64, u64, u64) {
     let ram = vm.machine().ram();
     let page = vm.format().page_size();
+    let hva0 = ram.hva(layout::DATA).expect("data in RAM");
     let (mut written, mut missing, mut extra) = (0, 0, 0);
     for i in 0..npages {
-        let stamp = ram.read(layout::DATA + i * page);
+        let pa = vm
+            .host_page_pa(hva0 + i * page)
+            .expect("slot pages are backed");
+        let stamp = ram.read(pa);
         let w = stamp & 0xffff_ffff == pass;
         let l = bitmap[(i / 64) as usize] >> (i % 64) & 1 == 1;
         written += u64::from(w);

@@ -9,10 +9,8 @@ use s2mmu_arm64::workload::{run_dirty_log, DirtyConfig, DirtyReport, Harvest, Pa
 
 fn run(vcpus: usize, policy: MmuPolicy, cfg: DirtyConfig) -> Option<DirtyReport> {
     let _one = common::serial();
-    let m = common::machine(
-        vcpus + 1,
-        (cfg.bytes_per_vcpu * vcpus as u64).next_multiple_of(2 << 20),
-    )?;
+    let data = cfg.bytes_per_vcpu * vcpus as u64 + s2mmu_arm64::workload::spare_bytes(&cfg, 4096);
+    let m = common::machine(vcpus + 1, data.next_multiple_of(2 << 20))?;
     let vm = Arm64Vm::new(
         m,
         &VmConfig {
@@ -259,4 +257,46 @@ fn hardware_dirty_state_logs_without_faults() {
     let Some(r) = run(2, policy, cfg) else { return };
     assert_exact(&r);
     assert_eq!(r.faults.permission, 0);
+}
+
+#[test]
+fn pages_remapped_while_the_guest_writes_stay_coherent() {
+    // The host moves pages (MMU notifier: unmap with break-before-make and
+    // broadcast invalidation, copy, switch, poison the old page) while the
+    // vCPUs write random pages, several times each per pass, checking each
+    // page's tag before every write: a translation that still reached an
+    // old page would read poison, and a write through it would be lost.
+    let pages = 1024;
+    let cfg = DirtyConfig {
+        verify_tags: true,
+        remaps_per_pass: 64,
+        iterations: 3,
+        pattern: Pattern::Random { writes: 4 * pages },
+        ..small()
+    };
+    let hw = MmuPolicy {
+        hw_dirty: true,
+        ..MmuPolicy::default()
+    };
+    for (vcpus, policy) in [
+        (1, MmuPolicy::default()),
+        (2, MmuPolicy::default()),
+        (2, hw),
+    ] {
+        let Some(r) = run(vcpus, policy, cfg) else {
+            return;
+        };
+        assert_exact(&r);
+        assert!(r.remaps > 0);
+        eprintln!("{} remaps", r.remaps);
+    }
+    // With 2 MiB blocks: each remap breaks a whole block.
+    let cfg = DirtyConfig {
+        host_page: 2 << 20,
+        ..cfg
+    };
+    let Some(r) = run(2, MmuPolicy::default(), cfg) else {
+        return;
+    };
+    assert_exact(&r);
 }

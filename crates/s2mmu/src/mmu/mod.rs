@@ -49,6 +49,7 @@ use std::time::Instant;
 
 mod host;
 pub mod lock;
+mod notifier;
 mod populate;
 
 pub use host::{HostMemory, IdentityHost};
@@ -286,6 +287,8 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
     vm_stats: Mutex<FaultStats>,
     page_shift: u32,
     host: Arc<dyn HostMemory>,
+    /// Host ranges being invalidated ([`Mmu::invalidate_hva_range_start`]).
+    invalidating: Mutex<Vec<(u64, u64)>>,
     /// Invalidation calls issued by dirty-log clears, and their time.
     pub clear_tlb_calls: AtomicU64,
 }
@@ -373,6 +376,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             vm_stats: Mutex::new(FaultStats::default()),
             page_shift,
             host: Arc::new(IdentityHost),
+            invalidating: Mutex::new(Vec::new()),
             clear_tlb_calls: AtomicU64::new(0),
         })
     }
@@ -879,6 +883,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         vcpu.cache.top_up(levels)?;
         let mut pt = self.write_lock(&mut vcpu.stats);
         vcpu.stats.slow += 1;
+        if self.hva_invalidating(hva, page) {
+            // The host is changing what backs the page: wait for it.
+            vcpu.stats.retries += 1;
+            return Ok(FaultOutcome::Retry);
+        }
         let offset = (gpa - slot_start) >> shift;
         match pt.translate(gpa) {
             Some(t) if !write || t.prot.contains(Prot::W) => {
@@ -926,7 +935,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                             && ((gpa & !(page - 1)) ^ hva) & (g - 1) == 0
                             && base >= slot_start
                             && base + g <= slot_end
-                            && (g == page || self.phys_for(hva & !(g - 1), g).is_some())
+                            && (g == page
+                                || (self.phys_for(hva & !(g - 1), g).is_some()
+                                    && !self.hva_invalidating(hva & !(g - 1), g)))
                         {
                             size = g;
                             break;
@@ -1350,6 +1361,14 @@ mod tests {
         assert_eq!(t.pte & (DBM | S2AP_W), DBM, "cleaned: writable-clean again");
         assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 0);
         assert_eq!(v.stats.permission, 0);
+        // A hardware-dirtied leaf the host invalidates keeps its write in
+        // the bitmap (found on QEMU: remapped pages lost their writes).
+        m.with_table(|pt| pt.relax_perms(GPA + 7 * 4096, Prot::RW))
+            .unwrap();
+        m.invalidate_hva_range_start(HVA + 7 * 4096, 4096).unwrap();
+        m.invalidate_hva_range_end(HVA + 7 * 4096, 4096).unwrap();
+        assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 1);
+        assert_eq!(bm[0], 1 << 7);
     }
 
     #[test]
@@ -1367,6 +1386,44 @@ mod tests {
             },
         );
         assert!(matches!(r, Err(Error::InvalidConfig { .. })));
+    }
+
+    /// The MMU notifier: an invalidated host range loses its stage-2
+    /// mappings (the whole block), faults on it retry until the end, then
+    /// map what backs it now.
+    #[test]
+    fn host_range_invalidation_unmaps_and_holds_faults() {
+        let m = mmu(MmuPolicy::default());
+        let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+        m.set_memory_region(&r, 2 << 20).unwrap();
+        let mut v = m.new_vcpu().unwrap();
+        m.handle_fault(&mut v, GPA, true).unwrap();
+        m.handle_fault(&mut v, GPA + (2 << 20), true).unwrap();
+        assert_eq!(m.invalidate_hva_range_start(HVA + 0x5000, 4096), Ok(1));
+        assert!(m.reader().translate(GPA).is_none(), "the whole block went");
+        assert!(
+            m.reader().translate(GPA + (2 << 20)).is_some(),
+            "the other stayed"
+        );
+        assert_eq!(
+            m.handle_fault(&mut v, GPA + 0x5000, true),
+            Ok(FaultOutcome::Retry)
+        );
+        // Pages of the block outside the range map again at once.
+        m.handle_fault(&mut v, GPA + 0x1000, true).unwrap();
+        assert!(
+            m.invalidate_hva_range_end(HVA, 4096).is_err(),
+            "not that range"
+        );
+        m.invalidate_hva_range_end(HVA + 0x5000, 4096).unwrap();
+        assert_eq!(
+            m.handle_fault(&mut v, GPA + 0x5000, true),
+            Ok(FaultOutcome::Slow)
+        );
+        assert!(matches!(
+            m.invalidate_hva_range_start(HVA, 0),
+            Err(Error::EmptyRange { .. })
+        ));
     }
 
     /// A real abort reports the accessed byte, not the page: the block

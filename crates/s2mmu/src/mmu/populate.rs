@@ -31,7 +31,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// # Errors
     /// [`Error::NoSuchSlot`]; [`Error::OutOfRange`] for pages beyond the
     /// slot; [`Error::AlreadyMapped`] if a page in the range is mapped (the
-    /// pages before it stay mapped); [`Error::OutOfMemory`].
+    /// pages before it stay mapped); [`Error::Again`] while the host
+    /// invalidates part of the range ([`Mmu::invalidate_hva_range_start`]);
+    /// [`Error::OutOfMemory`].
     pub fn populate(&self, id: u16, first_page: u64, npages: u64) -> Result<u64> {
         let _u = self.update.lock().unwrap();
         let snap = self.slots.snapshot();
@@ -71,6 +73,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             // page by page.
             let contiguous = self.host.host_to_phys(hva + done, n);
             let mut pt = self.write_lock(&mut st);
+            if self.hva_invalidating(hva + done, n) {
+                // The host is changing what backs part of the chunk.
+                return Err(Error::Again { ipa: base + done });
+            }
             let opts = MapOptions { force_pages: true };
             if let Some(pa) = contiguous {
                 pt.map(base + done, n, pa, prot, &mut cache, opts)?;
