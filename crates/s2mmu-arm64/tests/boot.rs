@@ -1,27 +1,44 @@
+//! The machine comes up, every CPU answers, and bad configurations are
+//! refused before QEMU starts.
+
+mod common;
+
 use s2mmu_arm64::layout::CMD_PING;
-use s2mmu_arm64::machine::{Machine, MachineConfig};
+use s2mmu_arm64::machine::{Machine, MachineConfig, MAX_DATA_BYTES};
+use s2mmu_arm64::Arm64Error;
 
 #[test]
 fn boots_and_answers_pings() {
-    if let Err(why) = s2mmu_arm64::available() {
-        eprintln!("skipped: {why}");
+    let _one = common::serial();
+    let Some(m) = common::machine(3, 64 << 20) else {
         return;
-    }
-    let m = Machine::start(&MachineConfig {
-        cpus: 3,
-        data_bytes: 64 << 20,
-    })
-    .unwrap();
+    };
     for cpu in 0..3 {
-        assert_ne!(
-            m.mailbox(cpu).command(CMD_PING, &[]).unwrap(),
-            0,
-            "CNTFRQ_EL0 is set"
-        );
+        let freq = m.mailbox(cpu).command(CMD_PING, &[]).unwrap();
+        assert_ne!(freq, 0, "CPU {cpu} reports CNTFRQ_EL0");
     }
     let t = std::time::Instant::now();
     for _ in 0..1000 {
         m.mailbox(1).command(CMD_PING, &[]).unwrap();
     }
-    eprintln!("1000 pings: {:?}", t.elapsed());
+    eprintln!("1000 mailbox round trips: {:?}", t.elapsed());
+}
+
+#[test]
+fn bad_configurations_are_refused_before_qemu_starts() {
+    for (cpus, data) in [
+        (1, 2 << 20),
+        (9, 2 << 20),
+        (2, 0),
+        (2, 4096),
+        (2, MAX_DATA_BYTES + (2 << 20)),
+    ] {
+        match Machine::start(&MachineConfig {
+            cpus,
+            data_bytes: data,
+        }) {
+            Err(Arm64Error::Config(msg)) => eprintln!("refused: {msg}"),
+            other => panic!("{cpus} CPUs, {data} bytes: {:?}", other.err()),
+        }
+    }
 }

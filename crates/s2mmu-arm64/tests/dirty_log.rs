@@ -8,17 +8,21 @@ use s2mmu_arm64::vm::{Arm64Vm, VmConfig};
 use s2mmu_arm64::workload::{run_dirty_log, DirtyConfig, DirtyReport, Harvest, Pattern};
 
 fn run(vcpus: usize, policy: MmuPolicy, cfg: DirtyConfig) -> Option<DirtyReport> {
-    let _one = common::serial();
-    let data = cfg.bytes_per_vcpu * vcpus as u64 + s2mmu_arm64::workload::spare_bytes(&cfg, 4096);
-    let m = common::machine(vcpus + 1, data.next_multiple_of(2 << 20))?;
-    let vm = Arm64Vm::new(
-        m,
-        &VmConfig {
+    run_on(
+        vcpus,
+        VmConfig {
             policy,
             ..VmConfig::default()
         },
+        cfg,
     )
-    .unwrap();
+}
+
+fn run_on(vcpus: usize, vm_cfg: VmConfig, cfg: DirtyConfig) -> Option<DirtyReport> {
+    let _one = common::serial();
+    let data = cfg.bytes_per_vcpu * vcpus as u64 + s2mmu_arm64::workload::spare_bytes(&cfg, 4096);
+    let m = common::machine(vcpus + 1, data.next_multiple_of(2 << 20))?;
+    let vm = Arm64Vm::new(m, &vm_cfg).unwrap();
     let r = run_dirty_log(&vm, &DirtyConfig { vcpus, ..cfg }).unwrap();
     for p in &r.passes {
         eprintln!(
@@ -299,4 +303,38 @@ fn pages_remapped_while_the_guest_writes_stay_coherent() {
         return;
     };
     assert_exact(&r);
+}
+
+#[test]
+fn granules_16k_and_64k() {
+    use s2mmu::format::arm64::Granule;
+    for (granule, bits) in [(Granule::K16, 40), (Granule::K64, 42)] {
+        for (host_page, hw_dirty) in [(0, false), (32 << 20, false), (0, true)] {
+            let page = 1u64 << granule.shift();
+            let policy = MmuPolicy {
+                hw_dirty,
+                ..MmuPolicy::default()
+            };
+            let vm_cfg = VmConfig {
+                granule,
+                ipa_bits: bits,
+                policy,
+                ..VmConfig::default()
+            };
+            let cfg = DirtyConfig {
+                bytes_per_vcpu: 32 << 20,
+                host_page: host_page.max(page),
+                verify_tags: true,
+                ..small()
+            };
+            let Some(r) = run_on(2, vm_cfg, cfg) else {
+                return;
+            };
+            assert_exact(&r);
+            eprintln!(
+                "{granule:?} host page {:#x} hw {hw_dirty}: ok",
+                cfg.host_page
+            );
+        }
+    }
 }

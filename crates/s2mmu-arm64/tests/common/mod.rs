@@ -16,6 +16,11 @@ pub fn serial() -> MutexGuard<'static, ()> {
 /// after printing why the check is skipped.
 pub fn machine(cpus: usize, data_bytes: u64) -> Option<Arc<Machine>> {
     if let Err(why) = s2mmu_arm64::available() {
+        // CI installs QEMU and binutils: there a missing one is a failure.
+        assert!(
+            std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
+            "S2MMU_REQUIRE_ARM64 is set but the arm64 model cannot run: {why}"
+        );
         eprintln!("skipped: {why}");
         return None;
     }

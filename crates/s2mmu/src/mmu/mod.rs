@@ -289,6 +289,8 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
     host: Arc<dyn HostMemory>,
     /// Host ranges being invalidated ([`Mmu::invalidate_hva_range_start`]).
     invalidating: Mutex<Vec<(u64, u64)>>,
+    /// Its length, read without the lock.
+    invalidations: AtomicU64,
     /// Invalidation calls issued by dirty-log clears, and their time.
     pub clear_tlb_calls: AtomicU64,
 }
@@ -377,6 +379,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             page_shift,
             host: Arc::new(IdentityHost),
             invalidating: Mutex::new(Vec::new()),
+            invalidations: AtomicU64::new(0),
             clear_tlb_calls: AtomicU64::new(0),
         })
     }

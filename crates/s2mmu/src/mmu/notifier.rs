@@ -15,6 +15,7 @@ use crate::format::PteFormat;
 use crate::memslot::{MemslotStore, SlotLookup};
 use crate::table::MmOps;
 use crate::{Error, Result};
+use core::sync::atomic::Ordering;
 
 impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// The host is about to change what backs `[hva, hva + size)`: unmaps
@@ -60,6 +61,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         // Registered before the lock is dropped: a fault that takes it next
         // sees the range and retries.
         self.invalidating.lock().unwrap().push((hva, end));
+        self.invalidations.fetch_add(1, Ordering::AcqRel);
         for l in &leaves {
             // A leaf of a slot lies inside the IPA space and is whole.
             pt.unmap(l.ipa, l.size)?;
@@ -82,6 +84,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             .position(|&r| r == (hva, hva.wrapping_add(size)))
             .ok_or(Error::NotMapped { ipa: hva })?;
         inv.swap_remove(i);
+        self.invalidations.fetch_sub(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -117,6 +120,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// is in progress (called by faults under the MMU write lock, for the
     /// page and for each block they consider).
     pub(super) fn hva_invalidating(&self, hva: u64, size: u64) -> bool {
+        // The common case, no invalidation at all, takes no lock. The count
+        // only changes under the MMU write lock or before the range is
+        // removed, and faults read it under the write lock.
+        if self.invalidations.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         let inv = self.invalidating.lock().unwrap();
         let end = hva.saturating_add(size);
         !inv.is_empty() && inv.iter().any(|&(a, b)| hva < b && a < end)
