@@ -117,7 +117,7 @@ impl<S: MemslotStore> Vcpu<S> {
     /// Whether the vCPU must stay out of the guest until the dirty rings
     /// are reset.
     pub fn ring_full(&self) -> bool {
-        self.mmu.ring_soft_full(self.vmmu.id())
+        self.vmmu.ring_soft_full()
     }
 
     /// Host address for a guest access, faulting as needed.

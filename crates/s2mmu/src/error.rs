@@ -130,6 +130,11 @@ pub enum Error {
         /// The host virtual address.
         hva: u64,
     },
+    /// A vCPU handle made by another `Mmu` was passed to this one.
+    ForeignVcpu {
+        /// The handle's vCPU index.
+        vcpu: usize,
+    },
     /// A write to a read-only memslot.
     WriteToReadOnly {
         /// The faulting guest physical address.
@@ -211,6 +216,9 @@ impl fmt::Display for Error {
             Error::NoSuchSlot { slot } => write!(f, "no memslot {slot}"),
             Error::LoggingDisabled { slot } => {
                 write!(f, "dirty logging is not enabled on memslot {slot}")
+            }
+            Error::ForeignVcpu { vcpu } => {
+                write!(f, "vCPU {vcpu} belongs to another MMU")
             }
             Error::Unbacked { hva } => {
                 write!(f, "host address {hva:#x} has no physical address")

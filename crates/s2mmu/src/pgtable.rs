@@ -288,9 +288,11 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         };
         let limit = self.core.fmt.ipa_limit();
         // SAFETY: read-only walk under a read guard.
-        let _ = unsafe {
+        let walked = unsafe {
             self.walk_unchecked(0, limit, WalkFlags::TABLE_PRE | WalkFlags::SHARED, &mut v)
         };
+        // A walk of the whole IPA space whose visitor never fails cannot.
+        walked.expect("counting walk over the IPA space");
         n
     }
 
@@ -352,7 +354,10 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         let flags = WalkFlags::LEAF | WalkFlags::TABLE_POST;
         // SAFETY: `&mut self`; root entries are cleared after their subtree
         // was walked (table-post), and pages are freed deferred.
-        let _ = unsafe { self.walk_unchecked(0, limit, flags, &mut v) };
+        let walked = unsafe { self.walk_unchecked(0, limit, flags, &mut v) };
+        // The visitor only fails on a concurrent change, which `&mut self`
+        // excludes; a failure would leak pages, never free a reachable one.
+        debug_assert!(walked.is_ok(), "table teardown walk failed: {walked:?}");
         // SAFETY: every page is unreachable now (its root entry is cleared).
         unsafe { self.core.mm.free_pages_deferred(pages) };
     }

@@ -80,6 +80,10 @@ pub enum WalkAction {
 }
 
 /// The entry being visited and the walk it belongs to.
+///
+/// A visitor outside the engine can only read: the writes (`try_set`,
+/// break-before-make) are the engine's own, so every entry the walker
+/// follows is one the engine built, whatever a caller's visitor does.
 pub struct VisitCtx<'a, F: PteFormat, M: MmOps> {
     /// The descriptor format.
     pub fmt: &'a F,
@@ -158,7 +162,7 @@ impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
     /// # Errors
     /// [`Error::Again`] when a shared walk lost a race for the entry.
     #[inline]
-    pub fn try_set(&self, new: u64) -> Result<()> {
+    pub(crate) fn try_set(&self, new: u64) -> Result<()> {
         if self.shared() {
             self.entry
                 .compare_exchange(self.old, new, Ordering::AcqRel, Ordering::Acquire)
@@ -178,7 +182,7 @@ impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
     /// # Errors
     /// [`Error::Again`] if the entry is locked by another walker or changed
     /// since it was read.
-    pub fn try_break(&self, tlb: &dyn TlbInvalidate) -> Result<()> {
+    pub(crate) fn try_break(&self, tlb: &dyn TlbInvalidate) -> Result<()> {
         if self.fmt.is_locked(self.old) {
             return Err(Error::Again { ipa: self.addr });
         }
@@ -204,7 +208,7 @@ impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
     /// The "make" of break-before-make: publishes `new` over the lock marker
     /// with release ordering, so a table built before is visible to any
     /// walker that reads the new entry.
-    pub fn make(&self, new: u64) {
+    pub(crate) fn make(&self, new: u64) {
         debug_assert!(self.fmt.is_locked(self.entry.load(Ordering::Relaxed)));
         self.entry.store(new, Ordering::Release);
         self.adjust_count(0, new);

@@ -197,7 +197,13 @@ const fn genmask(hi: u32, lo: u32) -> u64 {
     (u64::MAX >> (63 - hi)) & !((1u64 << lo) - 1)
 }
 
-impl PteFormat for Arm64Stage2 {
+// SAFETY: the geometry comes from `new`, which accepts only the three
+// granules, 32..=52 IPA bits and at most 16 root pages, computed as KVM does;
+// a table entry is VALID|TYPE below the last level and nothing else is
+// (leaves are blocks, type 0, or last-level pages; the lock marker and 0 are
+// invalid), and the permission, access, dirty and exec bits never touch
+// VALID or TYPE; `output_address` inverts `encode_oa` for table pages.
+unsafe impl PteFormat for Arm64Stage2 {
     #[inline]
     fn page_shift(&self) -> u32 {
         self.granule.shift()

@@ -107,7 +107,28 @@ impl fmt::Debug for Prot {
 /// concatenated table pages ([`PteFormat::root_pages`]).
 ///
 /// All methods are cheap and pure; the walker calls them for every entry.
-pub trait PteFormat: Clone + Send + Sync + 'static {
+///
+/// # Safety
+/// The walker follows the table entries this trait recognises and indexes
+/// table pages with the geometry it gives, with raw pointers. An
+/// implementation must guarantee, for every value the engine stores:
+/// - geometry: `page_shift` is 12, 14 or 16; `start_level <= last_level`;
+///   `1 <= root_pages <= 16`; [`PteFormat::index`] of any address below
+///   [`PteFormat::ipa_limit`] at the start level, plus the root page
+///   number, stays inside the root; `ipa_bits` and `pa_bits` are at most 52;
+/// - tables: `is_table(table_pte(pa), level)` holds for every level above
+///   the last, and `output_address(table_pte(pa)) == pa`;
+/// - nothing else is a table: `is_table` is false for `0`, for
+///   [`PteFormat::locked`], for every value [`PteFormat::leaf_pte`] returns,
+///   and for those values changed by [`PteFormat::perm_bits`],
+///   [`PteFormat::with_exec`], [`PteFormat::relevel_leaf`],
+///   [`PteFormat::advance_leaf`], the write bit, the access flag and the
+///   hardware dirty bit; and `is_table` is false at the last level;
+/// - `is_valid(0)` and `is_valid(locked())` are false.
+///
+/// A format that broke these would make the walker read or write memory
+/// that is not a table page.
+pub unsafe trait PteFormat: Clone + Send + Sync + 'static {
     /// log2 of the translation granule (the size of a page and of a table page).
     fn page_shift(&self) -> u32;
     /// Number of IPA bits the table translates.

@@ -31,11 +31,11 @@
 use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
 #[cfg(loom)]
-use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use loom::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 #[cfg(loom)]
 use loom::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 #[cfg(not(loom))]
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
 #[cfg(not(loom))]
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -52,7 +52,11 @@ pub const REBIAS_AFTER: u32 = 2;
 /// One vCPU's reader slot, alone on its cache line (128 bytes: adjacent-line
 /// prefetchers pull lines in pairs).
 #[repr(align(128))]
-struct ReaderSlot(AtomicBool);
+///
+/// A count, not a flag: nothing stops safe code from reading through one
+/// slot from two threads (or twice from one), and a writer must wait for
+/// every such reader, not for the first to leave.
+struct ReaderSlot(AtomicU32);
 
 /// A reader-writer lock around `T` whose vCPU readers use per-vCPU slots
 /// while no writer is around (see the module documentation).
@@ -65,7 +69,6 @@ pub struct MmuLock<T> {
     /// vCPU reads through `rw` since the last write.
     shared_reads: AtomicU32,
     /// Slots handed out so far (slot indices are below this).
-    in_use: AtomicUsize,
     slots: Box<[ReaderSlot]>,
     data: UnsafeCell<T>,
 }
@@ -108,23 +111,17 @@ impl<T> MmuLock<T> {
             rw: RwLock::new(()),
             bias: AtomicBool::new(slots > 0),
             shared_reads: AtomicU32::new(0),
-            in_use: AtomicUsize::new(0),
-            slots: (0..slots)
-                .map(|_| ReaderSlot(AtomicBool::new(false)))
-                .collect(),
+            slots: (0..slots).map(|_| ReaderSlot(AtomicU32::new(0))).collect(),
             data: UnsafeCell::new(data),
         }
     }
 
     /// The reader slot of vCPU `vcpu`, or `None` beyond the lock's slots
-    /// (that vCPU reads through the shared rwlock). Call once per vCPU
-    /// before its first read.
+    /// (that vCPU reads through the shared rwlock). Slots are a matter of
+    /// speed, not of safety: readers sharing one, or passing any index, are
+    /// still excluded from writers.
     pub fn slot_for(&self, vcpu: usize) -> Option<usize> {
-        (vcpu < self.slots.len()).then(|| {
-            // Before the slot's first store, so before the reader's fence.
-            self.in_use.fetch_max(vcpu + 1, Ordering::Relaxed);
-            vcpu
-        })
+        (vcpu < self.slots.len()).then_some(vcpu)
     }
 
     /// Whether vCPU readers currently read through their slots.
@@ -139,7 +136,7 @@ impl<T> MmuLock<T> {
         let slot = slot.and_then(|i| self.slots.get(i));
         if let Some(s) = slot {
             if self.bias.load(Ordering::Relaxed) {
-                s.0.store(true, Ordering::Relaxed);
+                s.0.fetch_add(1, Ordering::Relaxed);
                 fence(Ordering::SeqCst);
                 if self.bias.load(Ordering::Relaxed) {
                     return Acquired {
@@ -152,7 +149,7 @@ impl<T> MmuLock<T> {
                     };
                 }
                 // A writer is revoking the bias: step aside.
-                s.0.store(false, Ordering::Release);
+                s.0.fetch_sub(1, Ordering::Release);
             }
         }
         let (rw, waited_ns) = timed(|| self.rw.try_read(), || self.rw.read());
@@ -184,12 +181,13 @@ impl<T> MmuLock<T> {
         if self.bias.load(Ordering::Relaxed) {
             self.bias.store(false, Ordering::Relaxed);
             fence(Ordering::SeqCst);
-            let n = self.in_use.load(Ordering::Relaxed);
+            // Every slot, not just those handed out: a reader may pass any
+            // index, and an index it was not given is still its slot.
             let mut t = None;
-            for s in &self.slots[..n] {
+            for s in self.slots.iter() {
                 let mut spins = 0u32;
                 // Acquire: pairs with the reader's release of its slot.
-                while s.0.load(Ordering::Acquire) {
+                while s.0.load(Ordering::Acquire) != 0 {
                     t.get_or_insert_with(Instant::now);
                     backoff(&mut spins);
                 }
@@ -261,7 +259,7 @@ impl<T> Drop for ReadGuard<'_, T> {
         if let Some(s) = self.slot {
             // Release: the reads of the critical section happen before a
             // writer that sees the slot clear.
-            s.0.store(false, Ordering::Release);
+            s.0.fetch_sub(1, Ordering::Release);
         }
     }
 }
@@ -288,6 +286,34 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
+
+    /// Two readers on one slot: the writer must wait for both (the lock
+    /// handed out `&mut` while a reader lived when slots were flags).
+    #[test]
+    fn readers_sharing_a_slot_both_hold_off_writers() {
+        let l = Arc::new(MmuLock::new(0u64, 4));
+        let s = l.slot_for(1);
+        let a = l.read(s).guard;
+        let b = l.read(s).guard;
+        drop(a);
+        let l2 = l.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w = std::thread::spawn(move || {
+            *l2.write().guard += 1;
+            tx.send(()).unwrap();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(rx.try_recv().is_err(), "the writer got in while b reads");
+        assert_eq!(*b, 0);
+        drop(b);
+        rx.recv().unwrap();
+        w.join().unwrap();
+        assert_eq!(
+            *l.read(Some(3)).guard,
+            1,
+            "an index never handed out is a slot too"
+        );
+    }
 
     #[test]
     fn biases_after_enough_vcpu_reads_and_a_write_revokes() {

@@ -234,6 +234,12 @@ pub enum FaultOutcome {
 /// counters.
 pub struct VcpuMmu<M: MmOps> {
     id: usize,
+    /// The [`Mmu`] that made it ([`Mmu::new_vcpu`]): a handle is used only
+    /// with its own MMU, whose reader slot and ring it owns.
+    mmu_id: u64,
+    /// Its dirty ring, when the VM logs to rings (read without the ring
+    /// list's lock on every fault).
+    ring: Option<Arc<DirtyRing>>,
     lock_slot: Option<usize>,
     /// The dirty bitmap of the slot this vCPU last marked, for the memslot
     /// state (store id, generation) and slot id it was read in: within one
@@ -250,6 +256,14 @@ impl<M: MmOps> VcpuMmu<M> {
     /// The vCPU's index.
     pub fn id(&self) -> usize {
         self.id
+    }
+
+    /// Whether the vCPU's dirty ring is soft-full: its faults are refused
+    /// with [`Error::RingFull`] until the rings are harvested and reset
+    /// (read without a lock, for a vCPU loop's check before entering the
+    /// guest).
+    pub fn ring_soft_full(&self) -> bool {
+        self.ring.as_ref().is_some_and(|r| r.soft_full())
     }
 }
 
@@ -275,6 +289,8 @@ struct SlotSide {
 
 /// One VM's MMU.
 pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
+    /// Unique among the process's MMUs: brands the vCPU handles it makes.
+    id: u64,
     pt: MmuLock<PageTable<F, M>>,
     reader: TableReader<F, M>,
     mm: M,
@@ -304,10 +320,19 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Stage2Invalidate for Stage2Hook<'_
         let shift = self.mmu.page_shift;
         let mut st = FaultStats::default();
         let mut pt = self.mmu.write_lock(&mut st);
-        // Slot ranges hold whole blocks (faults map blocks only inside a
-        // slot), so this cannot cut one; any other error is a bad range the
-        // store already refused.
-        let _ = pt.unmap(base_gfn << shift, npages << shift);
+        // Whole leaves: a slot's range never cuts one (faults map blocks
+        // only inside a slot), but unmapping leaf by leaf cannot fail even
+        // if it did, and the range lies inside the IPA space (checked when
+        // the slot was made).
+        let (ipa, len) = (base_gfn << shift, npages << shift);
+        let unmapped = pt.leaves(ipa, len).and_then(|leaves| {
+            leaves
+                .iter()
+                .try_for_each(|l| pt.unmap(l.ipa, l.size).map(|_| ()))
+        });
+        if let Err(e) = unmapped {
+            unreachable!("unmapping slot range {ipa:#x}+{len:#x}: {e}");
+        }
         drop(pt);
         self.mmu.vm_stats.lock().unwrap().add(&st);
     }
@@ -365,7 +390,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 host_page: AtomicU64::new(1 << page_shift),
             })
             .collect();
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Mmu {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             pt: MmuLock::new(pt, policy.reader_slots),
             reader,
             split_cache: Mutex::new(PageCache::new(mm.clone())),
@@ -448,9 +475,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let mut rings = self.rings.write().unwrap();
         let id = rings.len();
         let entries = self.policy.dirty_ring_entries.unwrap_or(256);
-        rings.push(Arc::new(DirtyRing::new(entries)?));
+        let ring = Arc::new(DirtyRing::new(entries)?);
+        rings.push(ring.clone());
         Ok(VcpuMmu {
             id,
+            mmu_id: self.id,
+            ring: self.policy.dirty_ring_entries.map(|_| ring),
             lock_slot: self.pt.slot_for(id),
             dirty_cache: None,
             slot_cache: VcpuSlotCache::new(),
@@ -506,6 +536,22 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             return Err(Error::InvalidConfig {
                 what: "host page size",
                 value: host_page_size,
+            });
+        }
+        let limit = self.reader.format().ipa_limit();
+        if region.memory_size != 0
+            && region
+                .guest_phys_addr
+                .checked_add(region.memory_size)
+                .is_none_or(|end| end > limit)
+        {
+            // The store accepts any guest range; the table cannot map one
+            // beyond the IPA space, so such a slot is refused here, before
+            // anything changes, not at its first fault.
+            return Err(Error::OutOfRange {
+                ipa: region.guest_phys_addr,
+                size: region.memory_size,
+                limit,
             });
         }
         let _u = self.update.lock().unwrap();
@@ -566,6 +612,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                     side.host_page.store(p.max(page), Ordering::Relaxed);
                 }
             }
+        }
+        if !logging {
+            // Every change that leaves the slot unlogged drops its bitmap
+            // (a move as much as a flags change), so no stale log survives.
+            side.dirty.store(None);
         }
         if logging && !was_logging && change != MemslotChange::Create {
             self.start_logging(region.id())?;
@@ -789,6 +840,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         write: bool,
         kind: FaultKind,
     ) -> Result<FaultOutcome> {
+        if vcpu.mmu_id != self.id {
+            return Err(Error::ForeignVcpu { vcpu: vcpu.id });
+        }
+        if vcpu.ring.as_ref().is_some_and(|r| r.soft_full()) {
+            // KVM does not enter a vCPU whose ring is soft-full: making a
+            // page writable now could leave its write unrecorded.
+            return Err(Error::RingFull { vcpu: vcpu.id });
+        }
         let shift = self.page_shift;
         let gfn = gpa >> shift;
         let snap = self.slots.snapshot();
@@ -974,16 +1033,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
 
     fn mark_dirty(&self, vcpu: &mut VcpuMmu<M>, fs: &FaultSlot, offset: u64) {
         let slot = fs.id;
-        if self.policy.dirty_ring_entries.is_some() {
-            let rings = self.rings.read().unwrap();
-            // The push cannot overflow: a vCPU stops at the soft limit, and
-            // the reserved entries cover the faults in flight. A vCPU made by
-            // another `Mmu` may have no ring here: its page is not logged.
-            if rings
-                .get(vcpu.id)
-                .is_some_and(|r| r.push(vcpu.id, u32::from(slot), offset).is_ok())
-            {
-                vcpu.stats.dirtied += 1;
+        if let Some(ring) = &vcpu.ring {
+            // The push cannot overflow: a fault on a soft-full ring is
+            // refused before it changes anything, and a fault pushes at most
+            // once, into the entries reserved past the soft limit.
+            match ring.push(vcpu.id, u32::from(slot), offset) {
+                Ok(_) => vcpu.stats.dirtied += 1,
+                Err(e) => unreachable!("dirty ring overflow past its reserve: {e}"),
             }
         } else {
             let cached =
@@ -1328,8 +1384,41 @@ mod tests {
         let r = UserMemoryRegion::new(0, SlotFlags::LOG_DIRTY_PAGES, 0, 1 << 63, 0);
         assert!(matches!(
             m.set_memory_region(&r, 4096),
-            Err(Error::Memslot(_))
+            Err(Error::Memslot(_) | Error::OutOfRange { .. })
         ));
+    }
+
+    #[test]
+    fn a_slot_beyond_the_ipa_space_is_refused_at_creation() {
+        let m = mmu(MmuPolicy::default());
+        // 40-bit IPA space: the last MiB is fine, one more byte is not.
+        let ok = UserMemoryRegion::new(0, SlotFlags::NONE, (1 << 40) - (1 << 20), 1 << 20, HVA);
+        m.set_memory_region(&ok, 4096).unwrap();
+        let bad = UserMemoryRegion::new(1, SlotFlags::NONE, 1 << 40, 1 << 20, HVA);
+        assert!(matches!(
+            m.set_memory_region(&bad, 4096),
+            Err(Error::OutOfRange { .. })
+        ));
+        assert!(
+            m.slots().snapshot().id_to_slot(1).is_none(),
+            "nothing was created"
+        );
+    }
+
+    /// A move that turns logging off drops the bitmap like a flags change.
+    #[test]
+    fn a_move_that_stops_logging_drops_the_bitmap() {
+        let m = mmu(MmuPolicy::default());
+        let r = UserMemoryRegion::new(0, SlotFlags::LOG_DIRTY_PAGES, GPA, 1 << 20, HVA);
+        m.set_memory_region(&r, 4096).unwrap();
+        let mut bm = vec![0u64; 4];
+        m.get_dirty_log(0, &mut bm).unwrap();
+        let moved = UserMemoryRegion::new(0, SlotFlags::NONE, GPA << 1, 1 << 20, HVA);
+        m.set_memory_region(&moved, 4096).unwrap();
+        assert_eq!(
+            m.get_dirty_log(0, &mut bm),
+            Err(Error::LoggingDisabled { slot: 0 })
+        );
     }
 
     /// Hardware dirty state: logged leaves are writable-clean, a write the
@@ -1429,6 +1518,54 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_vcpu_of_another_mmu_is_refused() {
+        let a = mmu(MmuPolicy::default());
+        let b = mmu(MmuPolicy::default());
+        let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 1 << 20, HVA);
+        b.set_memory_region(&r, 4096).unwrap();
+        let mut va = a.new_vcpu().unwrap();
+        assert_eq!(
+            b.handle_fault(&mut va, GPA, true),
+            Err(Error::ForeignVcpu { vcpu: 0 })
+        );
+        assert!(b.reader().translate(GPA).is_none());
+    }
+
+    /// At the soft limit a fault changes nothing and says so: no page is
+    /// made writable that no ring would record.
+    #[test]
+    fn a_soft_full_ring_refuses_faults_before_any_change() {
+        let m = mmu(MmuPolicy {
+            dirty_ring_entries: Some(256),
+            ..MmuPolicy::default()
+        });
+        let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+        m.set_memory_region(&r, 4096).unwrap();
+        let mut v = m.new_vcpu().unwrap();
+        for p in 0..1024u64 {
+            m.handle_fault(&mut v, GPA + p * 4096, false).unwrap();
+        }
+        m.enable_dirty_logging(0).unwrap();
+        let mut p = 0u64;
+        while !v.ring_soft_full() {
+            m.handle_fault(&mut v, GPA + p * 4096, true).unwrap();
+            p += 1;
+        }
+        assert!(m.ring_soft_full(0));
+        let next = GPA + p * 4096;
+        assert_eq!(
+            m.handle_fault(&mut v, next, true),
+            Err(Error::RingFull { vcpu: 0 })
+        );
+        let t = m.reader().translate(next).unwrap();
+        assert!(!t.prot.contains(Prot::W), "still write-protected");
+        let mut out = Vec::new();
+        assert_eq!(m.harvest_rings(&mut out).unwrap(), p as usize);
+        m.reset_rings().unwrap();
+        assert_eq!(m.handle_fault(&mut v, next, true), Ok(FaultOutcome::Fast));
+    }
+
     /// A real abort reports the accessed byte, not the page: the block
     /// choice must look at the page (found on QEMU's arm64, where every
     /// read of word 1 of a page mapped 4 KiB instead of 2 MiB).
@@ -1517,14 +1654,17 @@ mod tests {
         let _ = b.new_vcpu().unwrap();
         let mut foreign = b.new_vcpu().unwrap();
         assert_eq!(foreign.id(), 1, "no ring 1 in `a`");
-        // The write is fixed on the fast path, which then logs the page in
-        // the vCPU's ring: there is none for it in `a`.
-        assert!(a.handle_fault(&mut foreign, GPA, true).is_ok());
-        // A translation fault would take pages from the foreign vCPU's
-        // cache, which draws from `b`'s allocator: refused.
-        assert!(matches!(
+        // Refused before anything changes: the page would become writable
+        // with no ring of `a` to record it, and a map would draw pages
+        // from `b`'s allocator.
+        assert_eq!(
+            a.handle_fault(&mut foreign, GPA, true),
+            Err(Error::ForeignVcpu { vcpu: 1 })
+        );
+        assert!(!a.reader().translate(GPA).unwrap().prot.contains(Prot::W));
+        assert_eq!(
             a.handle_fault(&mut foreign, GPA + 4096, false),
-            Err(Error::InvalidConfig { .. })
-        ));
+            Err(Error::ForeignVcpu { vcpu: 1 })
+        );
     }
 }
