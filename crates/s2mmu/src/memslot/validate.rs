@@ -24,6 +24,53 @@ pub(crate) fn plan_update<S: SlotLookup + ?Sized>(
     req: &UserMemoryRegion,
     set: &S,
 ) -> Result<Plan, MemslotError> {
+    let (id, npages) = check_request(config, req)?;
+    let old = set.id_to_slot(id);
+    if npages == 0 {
+        return match old {
+            Some(_) => Ok(Plan {
+                change: MemslotChange::Delete,
+                id,
+                new: None,
+            }),
+            None => Err(MemslotError::NoSuchSlot { id }),
+        };
+    }
+    let base_gfn = req.guest_phys_addr >> config.page_shift;
+    let change = classify(old, req, base_gfn, npages, set)?;
+    if matches!(change, MemslotChange::Create | MemslotChange::Move) {
+        let mut other = None;
+        set.for_each_in_gfn_range(base_gfn, base_gfn + npages, |slot| {
+            if slot.id() != id && other.is_none() {
+                other = Some(slot.id());
+            }
+        });
+        if let Some(other) = other {
+            return Err(MemslotError::Overlap { slot: id, other });
+        }
+    }
+    let flags = SlotFlags::from_bits(req.flags);
+    let new = Slot::new(
+        id,
+        base_gfn,
+        npages,
+        req.userspace_addr,
+        flags,
+        config.page_shift,
+    );
+    Ok(Plan {
+        change,
+        id,
+        new: Some(new),
+    })
+}
+
+/// The checks that need no memslot state, in KVM's order: flags, id,
+/// alignment, wrap-around, size. Returns the id and the size in pages.
+fn check_request(
+    config: &MemslotConfig,
+    req: &UserMemoryRegion,
+) -> Result<(u16, u64), MemslotError> {
     if !matches!(config.page_shift, 12 | 14 | 16) {
         return Err(MemslotError::BadConfig {
             what: "page_shift",
@@ -87,77 +134,45 @@ pub(crate) fn plan_update<S: SlotLookup + ?Sized>(
         });
     }
 
-    let old = set.id_to_slot(id);
-    if npages == 0 {
-        return match old {
-            Some(_) => Ok(Plan {
-                change: MemslotChange::Delete,
-                id,
-                new: None,
-            }),
-            None => Err(MemslotError::NoSuchSlot { id }),
-        };
-    }
+    Ok((id, npages))
+}
 
-    let base_gfn = req.guest_phys_addr >> config.page_shift;
-    let change = match old {
-        None => {
-            if set.total_pages().checked_add(npages).is_none() {
-                return Err(MemslotError::Wraps {
-                    what: "total_pages",
-                    start: set.total_pages(),
-                    len: npages,
-                });
-            }
-            MemslotChange::Create
+/// What an accepted request does to the slot it names (`old`): create,
+/// move or change flags; the fields KVM keeps immutable must not change.
+fn classify<S: SlotLookup + ?Sized>(
+    old: Option<&Slot>,
+    req: &UserMemoryRegion,
+    base_gfn: u64,
+    npages: u64,
+    set: &S,
+) -> Result<MemslotChange, MemslotError> {
+    let Some(old) = old else {
+        if set.total_pages().checked_add(npages).is_none() {
+            return Err(MemslotError::Wraps {
+                what: "total_pages",
+                start: set.total_pages(),
+                len: npages,
+            });
         }
-        Some(old) => {
-            if old.userspace_addr() != req.userspace_addr {
-                return Err(MemslotError::ImmutableChange {
-                    what: "userspace_addr",
-                });
-            }
-            if old.npages() != npages {
-                return Err(MemslotError::ImmutableChange { what: "npages" });
-            }
-            let old_flags = old.flags().bits() & SlotFlags::USER_MASK;
-            if (old_flags ^ req.flags) & SlotFlags::READONLY.bits() != 0 {
-                return Err(MemslotError::ImmutableChange { what: "readonly" });
-            }
-            if old.base_gfn() != base_gfn {
-                MemslotChange::Move
-            } else if old_flags != req.flags {
-                MemslotChange::FlagsOnly
-            } else {
-                return Err(MemslotError::NoChange { id });
-            }
-        }
+        return Ok(MemslotChange::Create);
     };
-
-    if matches!(change, MemslotChange::Create | MemslotChange::Move) {
-        let mut other = None;
-        set.for_each_in_gfn_range(base_gfn, base_gfn + npages, |slot| {
-            if slot.id() != id && other.is_none() {
-                other = Some(slot.id());
-            }
+    if old.userspace_addr() != req.userspace_addr {
+        return Err(MemslotError::ImmutableChange {
+            what: "userspace_addr",
         });
-        if let Some(other) = other {
-            return Err(MemslotError::Overlap { slot: id, other });
-        }
     }
-
-    let flags = SlotFlags::from_bits(req.flags);
-    let new = Slot::new(
-        id,
-        base_gfn,
-        npages,
-        req.userspace_addr,
-        flags,
-        config.page_shift,
-    );
-    Ok(Plan {
-        change,
-        id,
-        new: Some(new),
-    })
+    if old.npages() != npages {
+        return Err(MemslotError::ImmutableChange { what: "npages" });
+    }
+    let old_flags = old.flags().bits() & SlotFlags::USER_MASK;
+    if (old_flags ^ req.flags) & SlotFlags::READONLY.bits() != 0 {
+        return Err(MemslotError::ImmutableChange { what: "readonly" });
+    }
+    if old.base_gfn() != base_gfn {
+        Ok(MemslotChange::Move)
+    } else if old_flags != req.flags {
+        Ok(MemslotChange::FlagsOnly)
+    } else {
+        Err(MemslotError::NoChange { id: req.id() })
+    }
 }

@@ -1,0 +1,208 @@
+//! The dirty log through bitmaps: `KVM_GET_DIRTY_LOG`, and
+//! `KVM_CLEAR_DIRTY_LOG` with manual protect, hardware dirty state scanned
+//! into the bitmap.
+
+use super::*;
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+    pub(super) fn bitmap(&self, id: u16) -> Result<Arc<DirtyBitmap>> {
+        if self.policy.dirty_ring_entries.is_some() {
+            return Err(Error::WrongDirtyMode {
+                needs: "dirty bitmaps (the VM uses dirty rings)",
+            });
+        }
+        let side = self
+            .side
+            .get(usize::from(id))
+            .filter(|_| self.slots.snapshot().id_to_slot(id).is_some())
+            .ok_or(Error::NoSuchSlot {
+                slot: u32::from(id),
+            })?;
+        side.dirty.load_full().ok_or(Error::LoggingDisabled {
+            slot: u32::from(id),
+        })
+    }
+
+    /// `KVM_GET_DIRTY_LOG`: copies slot `id`'s bitmap into `out`. Without
+    /// manual protect it also clears the bitmap and write-protects the
+    /// pages that were dirty (take-and-clear, protect, flush); returns the
+    /// number of dirty pages reported.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchSlot`], [`Error::LoggingDisabled`],
+    /// [`Error::WrongDirtyMode`], [`Error::BitmapTooSmall`].
+    pub fn get_dirty_log(&self, id: u16, out: &mut [u64]) -> Result<u64> {
+        let _u = self.update.lock().unwrap();
+        let b = self.bitmap(id)?;
+        if out.len() < b.words() {
+            return Err(Error::BitmapTooSmall {
+                words: out.len(),
+                needed: b.words(),
+            });
+        }
+        self.sync_hw_dirty(id, &b)?;
+        if self.policy.manual_protect {
+            b.copy_to(out)?;
+            return Ok(out[..b.words()]
+                .iter()
+                .map(|w| u64::from(w.count_ones()))
+                .sum());
+        }
+        let (base, size) = self.slot_range(id)?;
+        let mut st = FaultStats::default();
+        let mut pt = self.write_lock(&mut st);
+        let tlb = pt.tlb().clone();
+        let mut batch = TlbBatch::new(&*tlb, pt.tlb_policy());
+        let mut n = 0;
+        for (i, o) in out.iter_mut().enumerate().take(b.words()) {
+            let mask = b.take_word(i);
+            *o = mask;
+            if mask != 0 {
+                n += u64::from(mask.count_ones());
+                self.protect_mask(&mut pt, base, i as u64 * 64, mask, &mut batch)?;
+            }
+        }
+        drop(pt);
+        if n > 0 {
+            batch.add(base, size);
+        }
+        let calls = batch.finish();
+        self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(n)
+    }
+
+    /// `KVM_CLEAR_DIRTY_LOG`: for pages `[first_page, first_page +
+    /// num_pages)` of slot `id` whose bit is set in `bitmap` (bit 0 of word
+    /// 0 is `first_page`), clears the dirty bits that are set and
+    /// write-protects exactly those pages, then flushes the slot's TLB
+    /// entries once; returns the number of pages cleared. Processed in
+    /// 1 GiB chunks, dropping the lock between them (QEMU's default clear
+    /// chunk is the same size).
+    ///
+    /// # Errors
+    /// [`Error::ClearNotAligned`], [`Error::ClearBadRange`],
+    /// [`Error::BitmapTooSmall`], [`Error::NoSuchSlot`],
+    /// [`Error::LoggingDisabled`], [`Error::WrongDirtyMode`].
+    pub fn clear_dirty_log(
+        &self,
+        id: u16,
+        first_page: u64,
+        num_pages: u64,
+        bitmap: &[u64],
+    ) -> Result<u64> {
+        let _u = self.update.lock().unwrap();
+        let b = self.bitmap(id)?;
+        check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
+        let (base, size) = self.slot_range(id)?;
+        let tlb = self.with_table(|pt| pt.tlb().clone());
+        let mut batch = TlbBatch::new(&*tlb, self.with_table(|pt| pt.tlb_policy()));
+        let mut st = FaultStats::default();
+        let words = num_pages.div_ceil(64) as usize;
+        let first_word = (first_page / 64) as usize;
+        let chunk_words = ((1u64 << 30) >> self.page_shift) as usize / 64;
+        let split = self.initially_set() && self.policy.eager_split_chunk.is_some();
+        let mut cache = self.split_cache.lock().unwrap();
+        let mut cleared = 0;
+        let mut w = 0;
+        while w < words {
+            let end = (w + chunk_words.max(1)).min(words);
+            if split {
+                let bytes = ((end - w) as u64 * 64) << self.page_shift;
+                let cap = self.with_table(|pt| pt.split_capacity(bytes));
+                cache.top_up(cap)?;
+            }
+            let mut pt = self.write_lock(&mut st);
+            for (k, &user) in bitmap.iter().enumerate().take(end).skip(w) {
+                let mask = b.clear_masked(first_word + k, user);
+                if mask == 0 {
+                    continue;
+                }
+                cleared += u64::from(mask.count_ones());
+                let page0 = (first_word + k) as u64 * 64;
+                if split {
+                    let lo = base + ((page0 + u64::from(mask.trailing_zeros())) << self.page_shift);
+                    let hi =
+                        base + ((page0 + 64 - u64::from(mask.leading_zeros())) << self.page_shift);
+                    let t0 = Instant::now();
+                    pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
+                    st.split_ns += t0.elapsed().as_nanos() as u64;
+                }
+                self.protect_mask(&mut pt, base, page0, mask, &mut batch)?;
+            }
+            drop(pt);
+            w = end;
+        }
+        drop(cache);
+        if cleared > 0 {
+            batch.add(base, size);
+        }
+        let calls = batch.finish();
+        self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(cleared)
+    }
+
+    /// Write-protects the pages of `mask` (bit i = page `page0 + i` of the
+    /// slot at `base`), one call per run of consecutive bits.
+    /// Write-protects a range for dirty logging: clears write permission,
+    /// or with hardware dirty state makes the leaves writable-clean.
+    pub(super) fn protect(
+        &self,
+        pt: &mut PageTable<F, M>,
+        ipa: u64,
+        size: u64,
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<u64> {
+        if self.policy.hw_dirty {
+            pt.clean_hw_dirty_batched(ipa, size, batch)
+        } else {
+            pt.wrprotect_batched(ipa, size, batch)
+        }
+    }
+
+    /// Hardware dirty state: records the leaves of slot `id` the hardware
+    /// dirtied in its bitmap (the scan KVM's DBM series does before it
+    /// copies the bitmap). Runs under the MMU lock for reading: the
+    /// hardware updates leaves concurrently, and only protection, under the
+    /// write lock, cleans them.
+    pub(super) fn sync_hw_dirty(&self, id: u16, b: &DirtyBitmap) -> Result<()> {
+        if !self.policy.hw_dirty {
+            return Ok(());
+        }
+        let (base, size) = self.slot_range(id)?;
+        let shift = self.page_shift;
+        let mut st = FaultStats::default();
+        let pt = self.read_lock(&mut st, None);
+        pt.scan_hw_dirty(base, size, |ipa, len| {
+            for p in 0..len >> shift {
+                b.mark(((ipa - base) >> shift) + p);
+            }
+        })?;
+        drop(pt);
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(())
+    }
+
+    pub(super) fn protect_mask(
+        &self,
+        pt: &mut PageTable<F, M>,
+        base: u64,
+        page0: u64,
+        mut mask: u64,
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<()> {
+        while mask != 0 {
+            let lo = mask.trailing_zeros();
+            let run = (!(mask >> lo)).trailing_zeros();
+            let start = base + ((page0 + u64::from(lo)) << self.page_shift);
+            self.protect(pt, start, u64::from(run) << self.page_shift, batch)?;
+            mask = if lo + run >= 64 {
+                0
+            } else {
+                mask & !(((1u64 << run) - 1) << lo)
+            };
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,302 @@
+//! Memslot changes and dirty logging turned on and off: write protection
+//! of a slot, the eager split when logging starts (seed 004), huge pages
+//! recovered when it stops.
+
+use super::*;
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+    /// `KVM_SET_USER_MEMORY_REGION`: creates, deletes, moves or changes
+    /// the flags of a slot. `host_page_size` is the page size of the host
+    /// memory behind it (the largest stage-2 mapping a fault may install).
+    /// Turning `LOG_DIRTY_PAGES` on or off enables or disables dirty logging
+    /// as [`Mmu::enable_dirty_logging`] describes.
+    ///
+    /// # Errors
+    /// [`Error::Memslot`] with KVM's validation; [`Error::InvalidConfig`]
+    /// for a host page size that is not a power of two of at least a page.
+    pub fn set_memory_region(
+        &self,
+        region: &UserMemoryRegion,
+        host_page_size: u64,
+    ) -> Result<MemslotChange> {
+        self.check_region(region, host_page_size)?;
+        let _u = self.update.lock().unwrap();
+        let id = usize::from(region.id());
+        let was_logging = self
+            .slots
+            .snapshot()
+            .id_to_slot(region.id())
+            .is_some_and(|s| s.dirty_logging());
+        let logging =
+            region.flags & SlotFlags::LOG_DIRTY_PAGES.bits() != 0 && region.memory_size != 0;
+        // A bitmap must exist before a fault can see the slot logging. It is
+        // only built for a request the store can accept (an id with a side
+        // entry, a size within the slot limit): a bad request must fail with
+        // the store's error, not index out of `side` or allocate a bitmap for
+        // an absurd size first.
+        let plausible = self.side.get(id).is_some()
+            && region.memory_size >> self.page_shift <= self.slots.config().max_npages;
+        let new_bitmap =
+            (logging && !was_logging && plausible && self.policy.dirty_ring_entries.is_none())
+                .then(|| {
+                    Arc::new(DirtyBitmap::new(
+                        region.memory_size >> self.page_shift,
+                        self.initially_set(),
+                    ))
+                });
+        let prev_host_page = self
+            .side
+            .get(id)
+            .map(|s| s.host_page.load(Ordering::Relaxed));
+        if let (Some(side), Some(b)) = (self.side.get(id), &new_bitmap) {
+            side.dirty.store(Some(b.clone()));
+        }
+        let change = match self
+            .slots
+            .set_memory_region(region, &Stage2Hook { mmu: self })
+        {
+            Ok(c) => c,
+            Err(e) => {
+                if let (Some(side), Some(_)) = (self.side.get(id), &new_bitmap) {
+                    side.dirty.store(None);
+                }
+                return Err(e.into());
+            }
+        };
+        let side = self
+            .side
+            .get(id)
+            .expect("the store accepted the id, so it is below max_user_slots, the length of side");
+        self.update_side(side, change, host_page_size, prev_host_page, logging);
+        if logging && !was_logging && change != MemslotChange::Create {
+            self.start_logging(region.id())?;
+        } else if !logging && was_logging && change == MemslotChange::FlagsOnly {
+            self.stop_logging(region.id())?;
+        }
+        Ok(change)
+    }
+
+    /// The checks the memslot store does not make: the host page size, and
+    /// a guest range inside the IPA space (the store accepts any; the table
+    /// cannot map beyond it, so such a slot is refused here, before anything
+    /// changes, not at its first fault).
+    fn check_region(&self, region: &UserMemoryRegion, host_page_size: u64) -> Result<()> {
+        let page = 1u64 << self.page_shift;
+        if !host_page_size.is_power_of_two() || host_page_size < page {
+            return Err(Error::InvalidConfig {
+                what: "host page size",
+                value: host_page_size,
+            });
+        }
+        let limit = self.reader.format().ipa_limit();
+        let end = region.guest_phys_addr.checked_add(region.memory_size);
+        if region.memory_size != 0 && end.is_none_or(|end| end > limit) {
+            return Err(Error::OutOfRange {
+                ipa: region.guest_phys_addr,
+                size: region.memory_size,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// The MMU's side of a slot after an accepted change: the host page
+    /// size, and no bitmap where the slot no longer logs (a delete, a move
+    /// or a flags change alike, so no stale log survives).
+    fn update_side(
+        &self,
+        side: &SlotSide,
+        change: MemslotChange,
+        host_page_size: u64,
+        prev_host_page: Option<u64>,
+        logging: bool,
+    ) {
+        let page = 1u64 << self.page_shift;
+        match change {
+            MemslotChange::Create => side.host_page.store(host_page_size, Ordering::Relaxed),
+            MemslotChange::Delete => side.host_page.store(page, Ordering::Relaxed),
+            MemslotChange::Move | MemslotChange::FlagsOnly => {
+                if let Some(p) = prev_host_page {
+                    side.host_page.store(p.max(page), Ordering::Relaxed);
+                }
+            }
+        }
+        if !logging {
+            side.dirty.store(None);
+        }
+    }
+
+    pub(super) fn initially_set(&self) -> bool {
+        self.policy.manual_protect && self.policy.initially_set
+    }
+
+    /// Slot range in bytes.
+    pub(super) fn slot_range(&self, id: u16) -> Result<(u64, u64)> {
+        let snap = self.slots.snapshot();
+        let s = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
+            slot: u32::from(id),
+        })?;
+        Ok((
+            s.base_gfn() << self.page_shift,
+            s.npages() << self.page_shift,
+        ))
+    }
+
+    /// Turns dirty logging on for slot `id` (a flags change).
+    ///
+    /// Unless bitmaps start all set, the slot's huge mappings are split
+    /// first when eager split is on (in chunks: the cache is topped up and
+    /// the lock dropped between chunks), then the whole slot is
+    /// write-protected (in 1 GiB chunks) and its TLB entries flushed.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchSlot`], [`Error::Memslot`].
+    pub fn enable_dirty_logging(&self, id: u16) -> Result<()> {
+        let region = self.region_of(id, true)?;
+        let host_page = self.side[usize::from(id)].host_page.load(Ordering::Relaxed);
+        self.set_memory_region(&region, host_page).map(|_| ())
+    }
+
+    /// Turns dirty logging off for slot `id`: later faults map huge pages
+    /// again (and, with [`MmuPolicy::recover_huge_pages`], page mappings of
+    /// huge-page-backed regions are dropped so they fault back as blocks).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchSlot`], [`Error::Memslot`].
+    pub fn disable_dirty_logging(&self, id: u16) -> Result<()> {
+        let region = self.region_of(id, false)?;
+        let host_page = self.side[usize::from(id)].host_page.load(Ordering::Relaxed);
+        self.set_memory_region(&region, host_page).map(|_| ())
+    }
+
+    pub(super) fn region_of(&self, id: u16, logging: bool) -> Result<UserMemoryRegion> {
+        let snap = self.slots.snapshot();
+        let s = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
+            slot: u32::from(id),
+        })?;
+        let mut flags = s.flags().bits() & SlotFlags::USER_MASK;
+        if logging {
+            flags |= SlotFlags::LOG_DIRTY_PAGES.bits();
+        } else {
+            flags &= !SlotFlags::LOG_DIRTY_PAGES.bits();
+        }
+        Ok(UserMemoryRegion::new(
+            id,
+            SlotFlags::from_bits(flags),
+            s.base_gfn() << self.page_shift,
+            s.npages() << self.page_shift,
+            s.userspace_addr(),
+        ))
+    }
+
+    pub(super) fn start_logging(&self, id: u16) -> Result<()> {
+        if self.initially_set() {
+            return Ok(());
+        }
+        let (base, size) = self.slot_range(id)?;
+        let chunk = match (self.policy.eager_split_chunk, self.policy.hw_dirty) {
+            (Some(c), _) => Some(c),
+            // A dirty bit per block would log whole blocks: split first.
+            (None, true) => Some(1 << 30),
+            (None, false) => None,
+        };
+        if let Some(chunk) = chunk {
+            self.split_range(base, size, chunk)?;
+        }
+        self.wrprotect_range(base, size)
+    }
+
+    pub(super) fn stop_logging(&self, id: u16) -> Result<()> {
+        self.side[usize::from(id)].dirty.store(None);
+        if !self.policy.recover_huge_pages {
+            return Ok(());
+        }
+        let host_page = self.side[usize::from(id)].host_page.load(Ordering::Relaxed);
+        let (base, size) = self.slot_range(id)?;
+        let snap = self.slots.snapshot();
+        let hva = snap.id_to_slot(id).map(|s| s.userspace_addr()).unwrap_or(0);
+        drop(snap);
+        let block = self.block_size_for(host_page);
+        if block <= 1 << self.page_shift || (base ^ hva) & (block - 1) != 0 {
+            return Ok(());
+        }
+        // Drop the page mappings of every block-aligned region inside the
+        // slot; faults map them back as blocks.
+        let first = base.next_multiple_of(block);
+        let mut a = first;
+        let mut st = FaultStats::default();
+        while a + block <= base + size {
+            let mut pt = self.write_lock(&mut st);
+            let leaves = pt.leaves(a, block)?;
+            if leaves.iter().any(|l| l.size < block) {
+                pt.unmap(a, block)?;
+            }
+            drop(pt);
+            a += block;
+        }
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(())
+    }
+
+    /// The largest block the format allows that is not larger than `host_page`.
+    pub(super) fn block_size_for(&self, host_page: u64) -> u64 {
+        self.reader.format().page_size().max(
+            self.leaf_sizes()
+                .into_iter()
+                .filter(|&g| g <= host_page)
+                .max()
+                .unwrap_or(0),
+        )
+    }
+
+    pub(super) fn leaf_sizes(&self) -> Vec<u64> {
+        let f = self.reader.format();
+        (f.start_level()..=f.last_level())
+            .filter(|&l| f.leaf_allowed(l))
+            .map(|l| f.granule(l))
+            .collect()
+    }
+
+    /// Splits every huge mapping in `[base, base + size)` chunk by chunk,
+    /// dropping the lock between chunks.
+    pub(super) fn split_range(&self, base: u64, size: u64, chunk: u64) -> Result<()> {
+        let mut st = FaultStats::default();
+        let mut cache = self.split_cache.lock().unwrap();
+        let mut a = base;
+        while a < base + size {
+            let next = ((a / chunk) + 1) * chunk;
+            let n = next.min(base + size) - a;
+            let capacity = self.with_table(|pt| pt.split_capacity(n));
+            cache.top_up(capacity)?;
+            let mut pt = self.write_lock(&mut st);
+            let t0 = Instant::now();
+            pt.split(a, n, &mut cache, self.policy.split_walk)?;
+            st.split_ns += t0.elapsed().as_nanos() as u64;
+            drop(pt);
+            a += n;
+        }
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(())
+    }
+
+    /// Write-protects `[base, base + size)` in 1 GiB chunks and flushes the
+    /// range once.
+    pub(super) fn wrprotect_range(&self, base: u64, size: u64) -> Result<()> {
+        let mut st = FaultStats::default();
+        let tlb = self.with_table(|pt| pt.tlb().clone());
+        let policy = self.with_table(|pt| pt.tlb_policy());
+        let mut batch = TlbBatch::new(&*tlb, policy);
+        let chunk = 1u64 << 30;
+        let mut a = base;
+        while a < base + size {
+            let n = (((a / chunk) + 1) * chunk).min(base + size) - a;
+            let mut pt = self.write_lock(&mut st);
+            self.protect(&mut pt, a, n, &mut batch)?;
+            drop(pt);
+            a += n;
+        }
+        batch.finish();
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(())
+    }
+}

@@ -1,0 +1,59 @@
+//! Lock and fault counters.
+
+/// Lock and fault counters of one vCPU (or of the VM-wide operations).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    /// Faults fixed by the read-lock fast path.
+    pub fast: u64,
+    /// Faults handled under the write lock.
+    pub slow: u64,
+    /// Faults that found the mapping already fixed.
+    pub spurious: u64,
+    /// Faults that lost a race and returned to the guest to retry.
+    pub retries: u64,
+    /// Faults on unmapped addresses.
+    pub translation: u64,
+    /// Faults on mapped but write-protected addresses.
+    pub permission: u64,
+    /// Huge mappings split by a fault.
+    pub splits_on_fault: u64,
+    /// Pages newly marked dirty.
+    pub dirtied: u64,
+    /// Read-lock acquisitions.
+    pub read_locks: u64,
+    /// Read-lock acquisitions that had to wait.
+    pub read_contended: u64,
+    /// Write-lock acquisitions.
+    pub write_locks: u64,
+    /// Write-lock acquisitions that had to wait.
+    pub write_contended: u64,
+    /// Nanoseconds spent waiting for the lock.
+    pub lock_wait_ns: u64,
+    /// Nanoseconds spent splitting huge mappings (eager or on fault).
+    pub split_ns: u64,
+}
+
+impl FaultStats {
+    /// Adds `o` to `self`.
+    pub fn add(&mut self, o: &FaultStats) {
+        self.fast += o.fast;
+        self.slow += o.slow;
+        self.spurious += o.spurious;
+        self.retries += o.retries;
+        self.translation += o.translation;
+        self.permission += o.permission;
+        self.splits_on_fault += o.splits_on_fault;
+        self.dirtied += o.dirtied;
+        self.read_locks += o.read_locks;
+        self.read_contended += o.read_contended;
+        self.write_locks += o.write_locks;
+        self.write_contended += o.write_contended;
+        self.lock_wait_ns += o.lock_wait_ns;
+        self.split_ns += o.split_ns;
+    }
+
+    /// Lock acquisitions that had to wait, both modes.
+    pub fn contentions(&self) -> u64 {
+        self.read_contended + self.write_contended
+    }
+}

@@ -1,0 +1,322 @@
+//! Unit tests of the facade.
+
+use super::*;
+use crate::format::arm64::{Arm64Stage2, Granule};
+use crate::memslot::{MemslotConfig, TreeMemslots};
+use crate::tlb::NoTlb;
+use crate::HostMmOps;
+
+type TestMmu = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
+
+const GPA: u64 = 1 << 30;
+/// Host addresses only recorded in the table, never touched.
+const HVA: u64 = 0x7000_0000_0000;
+
+fn mmu(policy: MmuPolicy) -> TestMmu {
+    let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
+    let mm = HostMmOps::new(4096).unwrap();
+    let store = TreeMemslots::with_config(MemslotConfig::default());
+    Mmu::new(fmt, mm, Arc::new(NoTlb), store, policy).unwrap()
+}
+
+#[test]
+fn logged_region_with_bad_id_is_refused_not_a_panic() {
+    let m = mmu(MmuPolicy::default());
+    let id = m.slots().config().max_user_slots;
+    let r = UserMemoryRegion::new(id, SlotFlags::LOG_DIRTY_PAGES, GPA, 1 << 20, HVA);
+    assert!(matches!(
+        m.set_memory_region(&r, 4096),
+        Err(Error::Memslot(_))
+    ));
+}
+
+#[test]
+fn logged_region_too_large_is_refused_before_any_bitmap() {
+    let m = mmu(MmuPolicy::default());
+    // 2^52 pages: a bitmap for it would be 512 TiB.
+    let r = UserMemoryRegion::new(0, SlotFlags::LOG_DIRTY_PAGES, 0, 1 << 63, 0);
+    assert!(matches!(
+        m.set_memory_region(&r, 4096),
+        Err(Error::Memslot(_) | Error::OutOfRange { .. })
+    ));
+}
+
+#[test]
+fn a_slot_beyond_the_ipa_space_is_refused_at_creation() {
+    let m = mmu(MmuPolicy::default());
+    // 40-bit IPA space: the last MiB is fine, one more byte is not.
+    let ok = UserMemoryRegion::new(0, SlotFlags::NONE, (1 << 40) - (1 << 20), 1 << 20, HVA);
+    m.set_memory_region(&ok, 4096).unwrap();
+    let bad = UserMemoryRegion::new(1, SlotFlags::NONE, 1 << 40, 1 << 20, HVA);
+    assert!(matches!(
+        m.set_memory_region(&bad, 4096),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(
+        m.slots().snapshot().id_to_slot(1).is_none(),
+        "nothing was created"
+    );
+}
+
+/// A move that turns logging off drops the bitmap like a flags change.
+#[test]
+fn a_move_that_stops_logging_drops_the_bitmap() {
+    let m = mmu(MmuPolicy::default());
+    let r = UserMemoryRegion::new(0, SlotFlags::LOG_DIRTY_PAGES, GPA, 1 << 20, HVA);
+    m.set_memory_region(&r, 4096).unwrap();
+    let mut bm = vec![0u64; 4];
+    m.get_dirty_log(0, &mut bm).unwrap();
+    let moved = UserMemoryRegion::new(0, SlotFlags::NONE, GPA << 1, 1 << 20, HVA);
+    m.set_memory_region(&moved, 4096).unwrap();
+    assert_eq!(
+        m.get_dirty_log(0, &mut bm),
+        Err(Error::LoggingDisabled { slot: 0 })
+    );
+}
+
+/// Hardware dirty state: logged leaves are writable-clean, a write the
+/// hardware records (write bit set, simulated here by relaxing the
+/// leaf as the walker would) is found by GET, and CLEAR cleans it.
+#[test]
+fn hardware_dirty_state_is_scanned_and_cleaned() {
+    use crate::format::arm64::{DBM, S2AP_W};
+    let m = mmu(MmuPolicy {
+        hw_dirty: true,
+        ..MmuPolicy::default()
+    });
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 2 << 20, HVA);
+    m.set_memory_region(&r, 2 << 20).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    m.handle_fault(&mut v, GPA, true).unwrap();
+    assert_eq!(m.reader().translate(GPA).unwrap().size, 2 << 20);
+    m.enable_dirty_logging(0).unwrap();
+    let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
+    assert_eq!(leaves.len(), 512, "split when logging starts");
+    assert!(leaves.iter().all(|l| l.pte & (DBM | S2AP_W) == DBM));
+    // The hardware's update of pages 3 and 300.
+    for p in [3u64, 300] {
+        m.with_table(|pt| pt.relax_perms(GPA + p * 4096, Prot::RW))
+            .unwrap();
+    }
+    let mut bm = vec![0u64; 8];
+    assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 2);
+    assert_eq!((bm[0], bm[4]), (1 << 3, 1 << (300 - 256)));
+    assert_eq!(m.clear_dirty_log(0, 0, 512, &bm).unwrap(), 2);
+    let t = m.reader().translate(GPA + 300 * 4096).unwrap();
+    assert_eq!(t.pte & (DBM | S2AP_W), DBM, "cleaned: writable-clean again");
+    assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 0);
+    assert_eq!(v.stats.permission, 0);
+    // A hardware-dirtied leaf the host invalidates keeps its write in
+    // the bitmap (found on QEMU: remapped pages lost their writes).
+    m.with_table(|pt| pt.relax_perms(GPA + 7 * 4096, Prot::RW))
+        .unwrap();
+    m.invalidate_hva_range_start(HVA + 7 * 4096, 4096).unwrap();
+    m.invalidate_hva_range_end(HVA + 7 * 4096, 4096).unwrap();
+    assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 1);
+    assert_eq!(bm[0], 1 << 7);
+}
+
+#[test]
+fn hardware_dirty_state_refuses_rings() {
+    let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
+    let r = Mmu::new(
+        fmt,
+        HostMmOps::new(4096).unwrap(),
+        Arc::new(NoTlb),
+        TreeMemslots::with_config(MemslotConfig::default()),
+        MmuPolicy {
+            hw_dirty: true,
+            dirty_ring_entries: Some(1024),
+            ..MmuPolicy::default()
+        },
+    );
+    assert!(matches!(r, Err(Error::InvalidConfig { .. })));
+}
+
+/// The MMU notifier: an invalidated host range loses its stage-2
+/// mappings (the whole block), faults on it retry until the end, then
+/// map what backs it now.
+#[test]
+fn host_range_invalidation_unmaps_and_holds_faults() {
+    let m = mmu(MmuPolicy::default());
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    m.set_memory_region(&r, 2 << 20).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    m.handle_fault(&mut v, GPA, true).unwrap();
+    m.handle_fault(&mut v, GPA + (2 << 20), true).unwrap();
+    assert_eq!(m.invalidate_hva_range_start(HVA + 0x5000, 4096), Ok(1));
+    assert!(m.reader().translate(GPA).is_none(), "the whole block went");
+    assert!(
+        m.reader().translate(GPA + (2 << 20)).is_some(),
+        "the other stayed"
+    );
+    assert_eq!(
+        m.handle_fault(&mut v, GPA + 0x5000, true),
+        Ok(FaultOutcome::Retry)
+    );
+    // Pages of the block outside the range map again at once.
+    m.handle_fault(&mut v, GPA + 0x1000, true).unwrap();
+    assert!(
+        m.invalidate_hva_range_end(HVA, 4096).is_err(),
+        "not that range"
+    );
+    m.invalidate_hva_range_end(HVA + 0x5000, 4096).unwrap();
+    assert_eq!(
+        m.handle_fault(&mut v, GPA + 0x5000, true),
+        Ok(FaultOutcome::Slow)
+    );
+    assert!(matches!(
+        m.invalidate_hva_range_start(HVA, 0),
+        Err(Error::EmptyRange { .. })
+    ));
+}
+
+#[test]
+fn a_vcpu_of_another_mmu_is_refused() {
+    let a = mmu(MmuPolicy::default());
+    let b = mmu(MmuPolicy::default());
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 1 << 20, HVA);
+    b.set_memory_region(&r, 4096).unwrap();
+    let mut va = a.new_vcpu().unwrap();
+    assert_eq!(
+        b.handle_fault(&mut va, GPA, true),
+        Err(Error::ForeignVcpu { vcpu: 0 })
+    );
+    assert!(b.reader().translate(GPA).is_none());
+}
+
+/// At the soft limit a fault changes nothing and says so: no page is
+/// made writable that no ring would record.
+#[test]
+fn a_soft_full_ring_refuses_faults_before_any_change() {
+    let m = mmu(MmuPolicy {
+        dirty_ring_entries: Some(256),
+        ..MmuPolicy::default()
+    });
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    m.set_memory_region(&r, 4096).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    for p in 0..1024u64 {
+        m.handle_fault(&mut v, GPA + p * 4096, false).unwrap();
+    }
+    m.enable_dirty_logging(0).unwrap();
+    let mut p = 0u64;
+    while !v.ring_soft_full() {
+        m.handle_fault(&mut v, GPA + p * 4096, true).unwrap();
+        p += 1;
+    }
+    assert!(m.ring_soft_full(0));
+    let next = GPA + p * 4096;
+    assert_eq!(
+        m.handle_fault(&mut v, next, true),
+        Err(Error::RingFull { vcpu: 0 })
+    );
+    let t = m.reader().translate(next).unwrap();
+    assert!(!t.prot.contains(Prot::W), "still write-protected");
+    let mut out = Vec::new();
+    assert_eq!(m.harvest_rings(&mut out).unwrap(), p as usize);
+    m.reset_rings().unwrap();
+    assert_eq!(m.handle_fault(&mut v, next, true), Ok(FaultOutcome::Fast));
+}
+
+/// A real abort reports the accessed byte, not the page: the block
+/// choice must look at the page (found on QEMU's arm64, where every
+/// read of word 1 of a page mapped 4 KiB instead of 2 MiB).
+#[test]
+fn a_fault_inside_a_page_still_maps_a_block() {
+    let m = mmu(MmuPolicy::default());
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    m.set_memory_region(&r, 2 << 20).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    m.handle_stage2_fault(&mut v, GPA + 0x1008, false, FaultKind::Translation)
+        .unwrap();
+    let t = m.reader().translate(GPA).unwrap();
+    assert_eq!((t.size, t.pa), (2 << 20, HVA));
+}
+
+/// Output addresses come from the host-memory hook.
+#[test]
+fn output_addresses_come_from_the_host_memory_hook() {
+    struct Offset;
+    impl HostMemory for Offset {
+        fn host_to_phys(&self, hva: u64, _size: u64) -> Option<u64> {
+            (hva >= HVA).then(|| hva - HVA + 0x80_0000_0000)
+        }
+    }
+    let m = mmu(MmuPolicy::default()).with_host_memory(Arc::new(Offset));
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    m.set_memory_region(&r, 4096).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    m.handle_fault(&mut v, GPA + 0x3000, true).unwrap();
+    assert_eq!(
+        m.reader().translate(GPA + 0x3010).unwrap().pa,
+        0x80_0000_3010
+    );
+    // An unbacked host page is an error, not a mapping.
+    let r = UserMemoryRegion::new(1, SlotFlags::NONE, GPA << 1, 1 << 20, 0x1000);
+    m.set_memory_region(&r, 4096).unwrap();
+    assert_eq!(
+        m.handle_fault(&mut v, GPA << 1, true),
+        Err(Error::Unbacked { hva: 0x1000 })
+    );
+}
+
+/// A vCPU remembers the bitmap it last marked; logging turned off and on
+/// again gives the slot a new bitmap, and the marks must land there.
+#[test]
+fn marks_after_logging_is_restarted_land_in_the_new_bitmap() {
+    let m = mmu(MmuPolicy {
+        manual_protect: false,
+        ..MmuPolicy::default()
+    });
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 1 << 20, HVA);
+    m.set_memory_region(&r, 4096).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    let mut log = vec![0u64; 4];
+    for round in 0..3u64 {
+        m.enable_dirty_logging(0).unwrap();
+        for page in [round, round + 10] {
+            // A read maps the logged page read-only, the write then takes
+            // the fast path and marks it.
+            m.handle_fault(&mut v, GPA + page * 4096, false).unwrap();
+            assert_eq!(
+                m.handle_fault(&mut v, GPA + page * 4096, true).unwrap(),
+                FaultOutcome::Fast
+            );
+        }
+        assert_eq!(m.get_dirty_log(0, &mut log).unwrap(), 2, "round {round}");
+        assert_eq!(log[0], (1 << round) | (1 << (round + 10)));
+        m.disable_dirty_logging(0).unwrap();
+    }
+}
+
+#[test]
+fn fault_by_a_vcpu_of_another_mmu_does_not_panic() {
+    let policy = MmuPolicy {
+        dirty_ring_entries: Some(256),
+        ..MmuPolicy::default()
+    };
+    let a = mmu(policy);
+    let b = mmu(policy);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 1 << 20, HVA);
+    a.set_memory_region(&r, 4096).unwrap();
+    a.enable_dirty_logging(0).unwrap();
+    let mut own = a.new_vcpu().unwrap();
+    // A read maps the logged page read-only.
+    a.handle_fault(&mut own, GPA, false).unwrap();
+    let _ = b.new_vcpu().unwrap();
+    let mut foreign = b.new_vcpu().unwrap();
+    assert_eq!(foreign.id(), 1, "no ring 1 in `a`");
+    // Refused before anything changes: the page would become writable
+    // with no ring of `a` to record it, and a map would draw pages
+    // from `b`'s allocator.
+    assert_eq!(
+        a.handle_fault(&mut foreign, GPA, true),
+        Err(Error::ForeignVcpu { vcpu: 1 })
+    );
+    assert!(!a.reader().translate(GPA).unwrap().prot.contains(Prot::W));
+    assert_eq!(
+        a.handle_fault(&mut foreign, GPA + 4096, false),
+        Err(Error::ForeignVcpu { vcpu: 1 })
+    );
+}
