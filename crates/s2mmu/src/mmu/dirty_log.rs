@@ -100,7 +100,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let mut st = FaultStats::default();
         let words = num_pages.div_ceil(64) as usize;
         let first_word = (first_page / 64) as usize;
-        let chunk_words = ((1u64 << 30) >> self.page_shift) as usize / 64;
+        let chunk_words = (LOCK_CHUNK >> self.page_shift) as usize / 64;
         let split = self.initially_set() && self.policy.eager_split_chunk.is_some();
         let mut cache = self.split_cache.lock().unwrap();
         let mut cleared = 0;

@@ -197,7 +197,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let chunk = match (self.policy.eager_split_chunk, self.policy.hw_dirty) {
             (Some(c), _) => Some(c),
             // A dirty bit per block would log whole blocks: split first.
-            (None, true) => Some(1 << 30),
+            (None, true) => Some(EAGER_SPLIT_CHUNK),
             (None, false) => None,
         };
         if let Some(chunk) = chunk {
@@ -286,7 +286,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let tlb = self.with_table(|pt| pt.tlb().clone());
         let policy = self.with_table(|pt| pt.tlb_policy());
         let mut batch = TlbBatch::new(&*tlb, policy);
-        let chunk = 1u64 << 30;
+        let chunk = LOCK_CHUNK;
         let mut a = base;
         while a < base + size {
             let n = (((a / chunk) + 1) * chunk).min(base + size) - a;

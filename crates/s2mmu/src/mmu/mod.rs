@@ -62,7 +62,7 @@ mod tests;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
-pub use policy::{FaultPath, MmuPolicy};
+pub use policy::{FaultPath, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
 pub use stats::FaultStats;
 
 /// A memslot's state that the MMU keeps beside the memslot store.
@@ -224,9 +224,16 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         Ok(pa)
     }
 
-    /// The policies in force.
-    pub fn policy(&self) -> &MmuPolicy {
-        &self.policy
+    /// The policies in force. The TLB range policy is read from the table,
+    /// where [`Mmu::set_tlb_large_range`] changes it, so this reports what
+    /// the next invalidation will do.
+    pub fn policy(&self) -> MmuPolicy {
+        let tlb = self.with_table(|pt| pt.tlb_policy());
+        MmuPolicy {
+            tlb_large_range: tlb.large_range,
+            tlb_limit_pages: tlb.limit_pages,
+            ..self.policy
+        }
     }
 
     /// The memslot store.

@@ -59,11 +59,21 @@ pub struct MmuPolicy {
     pub reader_slots: usize,
 }
 
+/// The default eager-split chunk, 1 GiB: split, then drop the MMU lock and
+/// top the page cache up, once per chunk (KVM's
+/// `eager_split_chunk_size` default is a 2 MiB block's worth; arm64 uses
+/// the chunk size userspace sets, QEMU 1 GiB).
+pub const EAGER_SPLIT_CHUNK: u64 = 1 << 30;
+
+/// Bytes write-protected or cleared per hold of the MMU write lock (QEMU's
+/// default clear chunk is the same size).
+pub const LOCK_CHUNK: u64 = 1 << 30;
+
 impl Default for MmuPolicy {
     fn default() -> Self {
         MmuPolicy {
             fault_path: FaultPath::ReadLockFastPath,
-            eager_split_chunk: Some(1 << 30),
+            eager_split_chunk: Some(EAGER_SPLIT_CHUNK),
             split_walk: SplitPolicy::SkipReturns,
             tlb_large_range: LargeRangePolicy::WholeVmid,
             tlb_limit_pages: TlbPolicy::DEFAULT_LIMIT_PAGES,

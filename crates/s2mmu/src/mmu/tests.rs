@@ -320,3 +320,18 @@ fn fault_by_a_vcpu_of_another_mmu_does_not_panic() {
         Err(Error::ForeignVcpu { vcpu: 1 })
     );
 }
+
+/// `policy()` reports the TLB range policy in force, also after it was
+/// switched on a live MMU (one source of truth: the table's).
+#[test]
+fn policy_reports_the_tlb_policy_in_force() {
+    let m = mmu(MmuPolicy::default());
+    assert_eq!(m.policy().tlb_large_range, LargeRangePolicy::WholeVmid);
+    m.set_tlb_large_range(LargeRangePolicy::SplitCalls, 512)
+        .unwrap();
+    let p = m.policy();
+    assert_eq!(
+        (p.tlb_large_range, p.tlb_limit_pages),
+        (LargeRangePolicy::SplitCalls, 512)
+    );
+}
