@@ -363,17 +363,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         Ok(())
     }
 
+    /// The one place a fault records a dirty page, in the vCPU's ring or
+    /// in the slot's bitmap: both are a [`DirtyTracker`].
     pub(super) fn mark_dirty(&self, vcpu: &mut VcpuMmu<M>, fs: &FaultSlot, offset: u64) {
         let slot = fs.id;
-        if let Some(ring) = &vcpu.ring {
-            // The push cannot overflow: a fault on a soft-full ring is
-            // refused before it changes anything, and a fault pushes at most
-            // once, into the entries reserved past the soft limit.
-            match ring.push(vcpu.id, u32::from(slot), offset) {
-                Ok(_) => vcpu.stats.dirtied += 1,
-                Err(e) => unreachable!("dirty ring overflow past its reserve: {e}"),
-            }
-        } else {
+        if vcpu.ring.is_none() {
             let cached =
                 matches!(&vcpu.dirty_cache, Some((st, id, _)) if *st == fs.state && *id == slot);
             if !cached {
@@ -385,11 +379,22 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                     .load_full()
                     .map(|b| (fs.state, slot, b));
             }
-            if let Some((_, _, b)) = &vcpu.dirty_cache {
-                if b.mark(offset) {
-                    vcpu.stats.dirtied += 1;
-                }
-            }
+        }
+        let tracker: Option<&dyn DirtyTracker> = match (&vcpu.ring, &vcpu.dirty_cache) {
+            (Some(ring), _) => Some(&**ring),
+            (None, Some((_, _, bitmap))) => Some(&**bitmap),
+            // No bitmap in this state: the slot stopped logging.
+            (None, None) => None,
+        };
+        let Some(tracker) = tracker else { return };
+        // Neither can fail: a fault on a soft-full ring is refused before it
+        // changes anything and pushes at most once, into the entries
+        // reserved past the soft limit; the page lies inside its slot, which
+        // the bitmap covers.
+        match tracker.mark(vcpu.id, u32::from(slot), offset) {
+            Ok(true) => vcpu.stats.dirtied += 1,
+            Ok(false) => {}
+            Err(e) => unreachable!("recording dirty page {offset} of slot {slot}: {e}"),
         }
     }
 }

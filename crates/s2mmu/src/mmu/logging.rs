@@ -39,7 +39,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let new_bitmap =
             (logging && !was_logging && plausible && self.policy.dirty_ring_entries.is_none())
                 .then(|| {
-                    Arc::new(DirtyBitmap::new(
+                    Arc::new(DirtyBitmap::for_slot(
+                        u32::from(region.id()),
                         region.memory_size >> self.page_shift,
                         self.initially_set(),
                     ))

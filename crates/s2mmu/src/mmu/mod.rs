@@ -29,7 +29,7 @@
 //! holding one, which no caller input causes (bad input is an [`Error`]), so
 //! such a panic is a bug and is propagated rather than hidden.
 
-use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing};
+use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing, DirtyTracker};
 use crate::format::{Prot, PteFormat};
 use crate::memcache::PageCache;
 use crate::memslot::{

@@ -1,0 +1,168 @@
+//! Per-slot dirty bitmaps: words of 64 pages updated with word-at-a-time
+//! atomics.
+
+use super::{DirtyGfn, DirtyTracker};
+use crate::{Error, Result};
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+#[cfg(not(loom))]
+use core::sync::atomic::{AtomicU64, Ordering};
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, Ordering};
+
+/// One slot's dirty bitmap: bit `i` is page `base_gfn + i`.
+pub struct DirtyBitmap {
+    words: Box<[AtomicU64]>,
+    npages: u64,
+    slot: u32,
+}
+
+impl DirtyBitmap {
+    /// A bitmap for `npages` pages, all clear or (KVM's
+    /// `KVM_DIRTY_LOG_INITIALLY_SET`) all set.
+    pub fn new(npages: u64, all_set: bool) -> Self {
+        let n = npages.div_ceil(64) as usize;
+        let words: Vec<AtomicU64> = (0..n)
+            .map(|i| {
+                let left = npages - i as u64 * 64;
+                let v = match (all_set, left >= 64) {
+                    (false, _) => 0,
+                    (true, true) => u64::MAX,
+                    (true, false) => (1 << left) - 1,
+                };
+                AtomicU64::new(v)
+            })
+            .collect();
+        DirtyBitmap {
+            words: words.into_boxed_slice(),
+            npages,
+            slot: 0,
+        }
+    }
+
+    /// A bitmap of slot `slot` ([`DirtyBitmap::new`] is slot 0): the slot
+    /// its [`DirtyTracker`] records name.
+    pub fn for_slot(slot: u32, npages: u64, all_set: bool) -> Self {
+        DirtyBitmap {
+            slot,
+            ..Self::new(npages, all_set)
+        }
+    }
+
+    /// The slot it tracks.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Pages covered.
+    pub fn npages(&self) -> u64 {
+        self.npages
+    }
+
+    /// Number of 64-page words.
+    pub fn words(&self) -> usize {
+        self.words.len()
+    }
+
+    /// Marks `page` dirty; returns whether it was clean. Out-of-range pages
+    /// are ignored (returns false).
+    #[inline]
+    pub fn mark(&self, page: u64) -> bool {
+        if page >= self.npages {
+            return false;
+        }
+        let bit = 1u64 << (page % 64);
+        self.words[(page / 64) as usize].fetch_or(bit, Ordering::Relaxed) & bit == 0
+    }
+
+    /// Whether `page` is marked.
+    pub fn is_set(&self, page: u64) -> bool {
+        page < self.npages
+            && self.words[(page / 64) as usize].load(Ordering::Relaxed) & (1 << (page % 64)) != 0
+    }
+
+    /// Number of dirty pages.
+    pub fn count(&self) -> u64 {
+        self.words
+            .iter()
+            .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
+            .sum()
+    }
+
+    /// Copies the bitmap into `out` without clearing it (manual-protect GET).
+    ///
+    /// # Errors
+    /// [`Error::BitmapTooSmall`] if `out` has fewer words than the bitmap.
+    pub fn copy_to(&self, out: &mut [u64]) -> Result<()> {
+        if out.len() < self.words.len() {
+            return Err(Error::BitmapTooSmall {
+                words: out.len(),
+                needed: self.words.len(),
+            });
+        }
+        for (o, w) in out.iter_mut().zip(self.words.iter()) {
+            *o = w.load(Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Takes word `index` and clears it (legacy GET: take-and-clear). A word
+    /// beyond the bitmap holds no dirty page (returns 0).
+    #[inline]
+    pub fn take_word(&self, index: usize) -> u64 {
+        let Some(word) = self.words.get(index) else {
+            return 0;
+        };
+        if word.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        word.swap(0, Ordering::AcqRel)
+    }
+
+    /// Clears the bits of `mask` in word `index` and returns those that were
+    /// set (and so are now cleared): KVM's `fetch_andnot` step of CLEAR. A
+    /// word beyond the bitmap holds no dirty page (returns 0).
+    #[inline]
+    pub fn clear_masked(&self, index: usize, mask: u64) -> u64 {
+        if mask == 0 {
+            return 0;
+        }
+        let Some(word) = self.words.get(index) else {
+            return 0;
+        };
+        mask & word.fetch_and(!mask, Ordering::AcqRel)
+    }
+}
+
+impl DirtyTracker for DirtyBitmap {
+    fn mark(&self, _vcpu: usize, slot: u32, offset: u64) -> Result<bool> {
+        if slot != self.slot {
+            return Err(Error::NoSuchSlot { slot });
+        }
+        if offset >= self.npages {
+            // In pages, as the slot counts them.
+            return Err(Error::OutOfRange {
+                ipa: offset,
+                size: 1,
+                limit: self.npages,
+            });
+        }
+        Ok(DirtyBitmap::mark(self, offset))
+    }
+
+    fn collect(&self, out: &mut Vec<DirtyGfn>) -> usize {
+        let before = out.len();
+        for i in 0..self.words.len() {
+            let mut w = self.take_word(i);
+            while w != 0 {
+                let bit = w.trailing_zeros();
+                w &= w - 1;
+                out.push(DirtyGfn {
+                    slot: self.slot,
+                    offset: i as u64 * 64 + u64::from(bit),
+                });
+            }
+        }
+        out.len() - before
+    }
+}
