@@ -18,6 +18,8 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod arm64;
+
 /// Which fault-path policy to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PolicyArg {
@@ -94,15 +96,21 @@ pub struct Params {
     /// Run on the host's real KVM instead of the engine.
     #[arg(long)]
     pub kvm: bool,
-    /// Run the engine and real KVM in one process and print the ratio per phase.
+    /// Run the engine, real KVM and QEMU's arm64 model in one process and print the ratios
+    /// per phase (a column that cannot run here is skipped with the reason).
     #[arg(long)]
     pub compare: bool,
-    /// With --kvm: also check that each pass's dirty log holds exactly the pages the guest
-    /// wrote (all of them, and after the first pass no others); a mismatch fails the run.
-    #[arg(long, requires = "kvm")]
+    /// Run on QEMU's arm64 model: the engine as the stage-2 MMU of qemu-system-aarch64
+    /// (s2mmu-arm64). Its timings are an emulator's, not hardware figures.
+    #[arg(long, conflicts_with_all = ["kvm", "compare"])]
+    pub arm64: bool,
+    /// With --kvm or --arm64: also check that each pass's dirty log holds exactly the pages
+    /// the guest wrote (all of them, and no others); a mismatch fails the run.
+    #[arg(long)]
     pub check: bool,
     /// Runs of each policy in the comparisons (-e, --policy both), alternating which goes
-    /// first; the tables quote medians (default 5 with -e, 3 with --policy both).
+    /// first; the tables quote medians (default 5 with -e, 3 with --policy both). With
+    /// --arm64: runs of the workload, each on a fresh QEMU (default 1).
     #[arg(short = 'r', long)]
     pub runs: Option<u32>,
     /// Print one JSON object instead of text.
@@ -489,7 +497,10 @@ fn phase_rows(report: &mut Report, phases: &[(String, Duration)], policy: &str) 
 pub fn main(p: Params) -> Result<(), String> {
     let report = run(&p)?;
     crate::report::emit(&report, p.json);
-    Ok(())
+    match report.failure() {
+        Some(why) => Err(why.to_string()),
+        None => Ok(()),
+    }
 }
 
 /// Runs the benchmark and returns its report.
@@ -516,15 +527,21 @@ pub fn run(p: &Params) -> Result<Report, String> {
     if vcpus_list.contains(&0) {
         return Err("-v must be at least 1".into());
     }
+    if p.check && !p.kvm && !p.arm64 {
+        return Err(
+            "--check needs --kvm or --arm64 (it checks the log of real guest writes)".into(),
+        );
+    }
     let bytes = p
         .bytes_per_vcpu
-        .unwrap_or(if list { 64 << 20 } else { 1 << 30 });
+        .unwrap_or(if list || p.arm64 { 64 << 20 } else { 1 << 30 });
     let params = json!({
         "vcpus": vcpus_list, "bytes_per_vcpu": bytes, "iterations": p.iterations,
         "backing": p.backing.name(), "slots": p.slots, "manual_protect": !p.no_manual_protect,
         "eager_split": p.eager_split, "write_percent": p.write_percent, "random": p.random,
         "policy": format!("{:?}", p.policy).to_lowercase(), "memslots": p.memslots,
-        "ring": p.ring, "kvm": p.kvm, "compare": p.compare,
+        "ring": p.ring, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
+        "runs": p.runs,
     });
     let mut report = Report::new("dirty-log-perf", params);
     let mut text = String::new();
@@ -541,7 +558,9 @@ pub fn run(p: &Params) -> Result<Report, String> {
     let ring = p.ring.is_some();
     let huge = p.backing != Backing::Anonymous;
 
-    if p.kvm && !p.compare {
+    if p.arm64 {
+        text += &arm64::run(p, &vcpus_list, bytes, &mut report)?;
+    } else if p.kvm && !p.compare {
         for &v in &vcpus_list {
             let kp = kvm_params(p, v, bytes)?;
             let r = if p.check {
