@@ -177,8 +177,7 @@ pub(super) fn run_one(
         host_page: plan.host_page,
         check: p.check,
         verify_tags: p.check,
-        enable_during_pass: false,
-        drop_invalidations_after: None,
+        ..DirtyConfig::default()
     };
     run_dirty_log(&vm, &cfg).map_err(|e| format!("arm64 model: {e}"))
 }
