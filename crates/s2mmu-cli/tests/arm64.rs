@@ -140,3 +140,53 @@ fn arm64_options_are_checked_before_qemu_starts() {
     refused(&with(&["--kvm"]), &["--kvm"]);
     refused(&["dirty-log-perf", "--check"], &["--check", "--arm64"]);
 }
+
+#[test]
+fn compare_has_an_arm64_column_or_says_why_not() {
+    let out = s2mmu(&[
+        "dirty-log-perf",
+        "--compare",
+        "-b",
+        "4M",
+        "-i",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let rows = j["results"].as_array().expect("results");
+    let phase = rows
+        .iter()
+        .any(|r| r["policy"] == "arm64" && r["case"] == "iteration 2 dirty memory");
+    let skipped = rows
+        .iter()
+        .find(|r| r["policy"] == "arm64" && r["case"] == "column_skipped");
+    match skip_reason() {
+        None => assert!(phase && skipped.is_none(), "no arm64 column: {rows:?}"),
+        Some(why) => {
+            eprintln!("arm64 column skipped: {why}");
+            assert!(skipped.is_some() && !phase);
+        }
+    }
+    // An option the model cannot take skips the column with the reason.
+    let out = s2mmu(&[
+        "dirty-log-perf",
+        "--compare",
+        "-b",
+        "4M",
+        "-x",
+        "2",
+        "-i",
+        "1",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("arm64 column skipped: ") && text.contains("-x 2"),
+        "{text}"
+    );
+}

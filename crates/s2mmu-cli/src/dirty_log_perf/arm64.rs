@@ -255,7 +255,7 @@ fn lines(r: &DirtyReport, e: &EngineRun, ring: bool, check: bool) -> Vec<String>
     let mut out = vec![
         format!("Test iterations: {}", e.iterations.len()),
         format!(
-            "Machine: QEMU's arm64 model, {} CPUs ({} vCPUs + 1 service CPU at EL2), 4K granule",
+            "Machine: QEMU's arm64 model, {} CPUs ({} vCPU(s) + 1 service CPU at EL2), 4K granule",
             e.vcpus + 1,
             e.vcpus
         ),
@@ -402,7 +402,7 @@ pub(super) fn run(
 
 /// JSON rows of one vCPU count: every phase with its samples, the round
 /// trip, the fault and maintenance counters of each run.
-fn rows(report: &mut Report, v: usize, runs: &[(DirtyReport, EngineRun)], ring: bool) {
+pub(super) fn rows(report: &mut Report, v: usize, runs: &[(DirtyReport, EngineRun)], ring: bool) {
     let Some((_, first)) = runs.first() else {
         return;
     };
