@@ -5,6 +5,14 @@
 
 use serde_json::Value;
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
+
+/// One QEMU at a time: the machine may have 2 cores.
+static ONE: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn s2mmu(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_s2mmu"))
@@ -37,6 +45,7 @@ fn skip_reason() -> Option<String> {
 
 #[test]
 fn dirty_log_perf_arm64_check_is_exact() {
+    let _one = serial();
     if let Some(why) = skip_reason() {
         eprintln!("skipped: {why}");
         return;
@@ -143,6 +152,7 @@ fn arm64_options_are_checked_before_qemu_starts() {
 
 #[test]
 fn compare_has_an_arm64_column_or_says_why_not() {
+    let _one = serial();
     let out = s2mmu(&[
         "dirty-log-perf",
         "--compare",
@@ -189,4 +199,71 @@ fn compare_has_an_arm64_column_or_says_why_not() {
         text.contains("arm64 column skipped: ") && text.contains("-x 2"),
         "{text}"
     );
+}
+
+#[test]
+fn tlb_perf_arm64_counts_round_trips_per_policy() {
+    let _one = serial();
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    // 2 GiB slot, range limit 2^16 pages (256 MiB): 8 split calls or one
+    // whole-VMID flush per clear; 512 MiB chunks: 4 clears.
+    let args = [
+        "tlb-perf",
+        "--arm64",
+        "--size",
+        "2G",
+        "--chunk",
+        "512M",
+        "--limit-pages",
+        "65536",
+        "--runs",
+        "1",
+    ];
+    let out = s2mmu(&[&args[..], &["--json"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(j["params"]["arm64"], true);
+    assert_eq!(j["params"]["dirty_every"], 1, "every page by default");
+    let rows = j["results"].as_array().expect("results");
+    let get = |case: &str, pol: &str| {
+        rows.iter()
+            .find(|r| r["case"] == case && r["policy"] == pol)
+            .unwrap_or_else(|| panic!("no row {case}/{pol}"))
+            .clone()
+    };
+    assert_eq!(get("whole_slot", "split_calls")["tlb_calls"], 8);
+    assert_eq!(get("whole_slot", "whole_vmid")["tlb_calls"], 1);
+    assert_eq!(get("whole_slot", "whole_vmid")["tlbi_instructions"], 1);
+    assert_eq!(get("chunk_512mib", "split_calls")["tlb_calls"], 32);
+    assert_eq!(get("chunk_512mib", "whole_vmid")["tlb_calls"], 4);
+    assert_eq!(get("whole_slot", "split_calls")["pages"], 1u64 << 19);
+    assert_eq!(
+        get("whole_slot", "split_calls")["samples_ns"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    let out = s2mmu(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("[target 1 instead of 8: PASS]"), "{text}");
+    assert!(text.contains("emulator's"), "{text}");
+}
+
+#[test]
+fn tlb_perf_arm64_options_are_checked_before_qemu_starts() {
+    refused(
+        &["tlb-perf", "--arm64", "--size", "256G"],
+        &["--size 256GiB", "128GiB"],
+    );
+    refused(&["tlb-perf", "--arm64", "--size", "3M"], &["--size", "1G"]);
+    refused(&["tlb-perf", "--arm64", "--runs", "0"], &["--runs"]);
+    refused(&["tlb-perf", "--arm64", "--vcpus", "2"], &["--vcpus"]);
 }
