@@ -55,7 +55,7 @@ pub struct Params {
     /// vCPUs: a number or a comma list (default 1; 1,2,4,8,16,32,64 with --policy both).
     #[arg(short = 'v', value_delimiter = ',')]
     pub vcpus: Vec<usize>,
-    /// Memory dirtied per vCPU (default 1G; 64M with a vCPU list).
+    /// Memory dirtied per vCPU (default 1G; 64M with a vCPU list or --arm64).
     #[arg(short = 'b', value_parser = parse_size)]
     pub bytes_per_vcpu: Option<u64>,
     /// Dirty iterations.
