@@ -405,14 +405,17 @@ fn report(
                 verdict(o.calls == clears && b.calls == want * clears)
             ));
         }
+        let per_call = |r: &Row| r.inv.median / u32::try_from(r.calls.max(1)).unwrap_or(u32::MAX);
         lines.push(format!(
-            "{:<12} TLBI instructions {} -> {}; time waiting for EL2 {} -> {} ({:.1}x less)",
+            "{:<12} TLBI instructions {} -> {}; time waiting for EL2 {} -> {} ({:.1}x less); per round trip {} with split_calls, {} with whole_vmid",
             b.case,
             b.tlbis,
             o.tlbis,
             human(b.inv.median),
             human(o.inv.median),
             b.inv.median.as_secs_f64() / o.inv.median.as_secs_f64().max(1e-12),
+            human(per_call(b)),
+            human(per_call(o)),
         ));
         lines.push(format!(
             "{:<12} invalidation share of clear time {:.2} % -> {:.2} % ({:.1}x drop); clear {} -> {} ({:+.1} %)  [target share drop >= 5x: {}]",
@@ -464,7 +467,7 @@ fn report(
         );
     }
     s += &format!(
-        "(medians of {} cycles per mode and policy, alternating; calls = round trips to the EL2 service CPU per cycle, TLBIs = TLBI instructions it executed, invalidate = the clearing thread's wait for them)\n",
+        "(medians of {} cycles per mode and policy, alternating; calls = round trips to the EL2 service CPU per cycle, TLBIs = TLBI instructions it executed, invalidate = the clearing thread's wait for them, the service CPU's wake-up from its idle wait included)\n",
         p.runs
     );
     for l in lines {
