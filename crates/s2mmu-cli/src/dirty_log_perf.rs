@@ -598,7 +598,12 @@ pub fn run(p: &Params) -> Result<Report, String> {
     } else if p.compare {
         let v = vcpus_list[0];
         // Which columns can run, decided before anything runs.
-        let arm64_plan = arm64::plan(p, &[v], bytes).and_then(|mut plan| {
+        // -r means nothing to --compare: one run of each column.
+        let one_run = Params {
+            runs: None,
+            ..p.clone()
+        };
+        let arm64_plan = arm64::plan(&one_run, &[v], bytes).and_then(|mut plan| {
             if let Some(why) = crate::arm64::unavailable() {
                 return Err(why);
             }

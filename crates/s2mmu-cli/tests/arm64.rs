@@ -266,4 +266,8 @@ fn tlb_perf_arm64_options_are_checked_before_qemu_starts() {
     refused(&["tlb-perf", "--arm64", "--size", "3M"], &["--size", "1G"]);
     refused(&["tlb-perf", "--arm64", "--runs", "0"], &["--runs"]);
     refused(&["tlb-perf", "--arm64", "--vcpus", "2"], &["--vcpus"]);
+    refused(
+        &["tlb-perf", "--arm64", "--limit-pages", "1"],
+        &["--limit-pages 1", "65536"],
+    );
 }

@@ -21,6 +21,8 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 
 const BIG_SLOT: u16 = 1;
+/// Most round trips to EL2 one cycle may make.
+const MAX_CALLS: u64 = 1 << 16;
 /// Where the slot sits in the IPA space.
 const BIG_GPA: u64 = 1 << 32;
 
@@ -82,6 +84,19 @@ pub(super) fn check_arm64(p: &Params) -> Result<(), String> {
         ));
     }
     a64::check_touched("--size (its page tables)", tables)?;
+    // Every call is a round trip to EL2 (tens of microseconds under QEMU):
+    // bound the calls one cycle of split calls makes.
+    let npages = p.size / PAGE;
+    let calls = npages
+        .div_ceil(p.chunk / PAGE)
+        .saturating_mul(npages.div_ceil(p.limit_pages));
+    if calls > MAX_CALLS {
+        return Err(format!(
+            "--limit-pages {} with --chunk {}: {calls} round trips to EL2 per cycle; at most {MAX_CALLS} on the arm64 model (raise --limit-pages or --chunk)",
+            p.limit_pages,
+            human_bytes(p.chunk)
+        ));
+    }
     Ok(())
 }
 
