@@ -271,3 +271,23 @@ fn tlb_perf_arm64_options_are_checked_before_qemu_starts() {
         &["--limit-pages 1", "65536"],
     );
 }
+
+#[test]
+fn without_qemu_arm64_is_refused_with_the_reason() {
+    for args in [
+        &["dirty-log-perf", "--arm64", "-b", "4M"][..],
+        &["tlb-perf", "--arm64", "--size", "1G"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_s2mmu"))
+            .args(args)
+            .env_remove("S2MMU_QEMU")
+            .env("PATH", "/nonexistent")
+            .output()
+            .expect("the s2mmu binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(out.stdout.is_empty());
+        assert!(err.starts_with("s2mmu: --arm64: "), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+    }
+}
