@@ -18,6 +18,8 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod arm64;
+
 /// Which fault-path policy to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PolicyArg {
@@ -53,7 +55,7 @@ pub struct Params {
     /// vCPUs: a number or a comma list (default 1; 1,2,4,8,16,32,64 with --policy both).
     #[arg(short = 'v', value_delimiter = ',')]
     pub vcpus: Vec<usize>,
-    /// Memory dirtied per vCPU (default 1G; 64M with a vCPU list).
+    /// Memory dirtied per vCPU (default 1G; 64M with a vCPU list or --arm64).
     #[arg(short = 'b', value_parser = parse_size)]
     pub bytes_per_vcpu: Option<u64>,
     /// Dirty iterations.
@@ -94,15 +96,21 @@ pub struct Params {
     /// Run on the host's real KVM instead of the engine.
     #[arg(long)]
     pub kvm: bool,
-    /// Run the engine and real KVM in one process and print the ratio per phase.
+    /// Run the engine, real KVM and QEMU's arm64 model in one process and print the ratios
+    /// per phase (a column that cannot run here is skipped with the reason).
     #[arg(long)]
     pub compare: bool,
-    /// With --kvm: also check that each pass's dirty log holds exactly the pages the guest
-    /// wrote (all of them, and after the first pass no others); a mismatch fails the run.
-    #[arg(long, requires = "kvm")]
+    /// Run on QEMU's arm64 model: the engine as the stage-2 MMU of qemu-system-aarch64
+    /// (s2mmu-arm64). Its timings are an emulator's, not hardware figures.
+    #[arg(long, conflicts_with_all = ["kvm", "compare"])]
+    pub arm64: bool,
+    /// With --kvm or --arm64: also check that each pass's dirty log holds exactly the pages
+    /// the guest wrote (all of them, and no others); a mismatch fails the run.
+    #[arg(long)]
     pub check: bool,
     /// Runs of each policy in the comparisons (-e, --policy both), alternating which goes
-    /// first; the tables quote medians (default 5 with -e, 3 with --policy both).
+    /// first; the tables quote medians (default 5 with -e, 3 with --policy both). With
+    /// --arm64: runs of the workload, each on a fresh QEMU (default 1).
     #[arg(short = 'r', long)]
     pub runs: Option<u32>,
     /// Print one JSON object instead of text.
@@ -489,7 +497,10 @@ fn phase_rows(report: &mut Report, phases: &[(String, Duration)], policy: &str) 
 pub fn main(p: Params) -> Result<(), String> {
     let report = run(&p)?;
     crate::report::emit(&report, p.json);
-    Ok(())
+    match report.failure() {
+        Some(why) => Err(why.to_string()),
+        None => Ok(()),
+    }
 }
 
 /// Runs the benchmark and returns its report.
@@ -516,15 +527,21 @@ pub fn run(p: &Params) -> Result<Report, String> {
     if vcpus_list.contains(&0) {
         return Err("-v must be at least 1".into());
     }
+    if p.check && !p.kvm && !p.arm64 {
+        return Err(
+            "--check needs --kvm or --arm64 (it checks the log of real guest writes)".into(),
+        );
+    }
     let bytes = p
         .bytes_per_vcpu
-        .unwrap_or(if list { 64 << 20 } else { 1 << 30 });
+        .unwrap_or(if list || p.arm64 { 64 << 20 } else { 1 << 30 });
     let params = json!({
         "vcpus": vcpus_list, "bytes_per_vcpu": bytes, "iterations": p.iterations,
         "backing": p.backing.name(), "slots": p.slots, "manual_protect": !p.no_manual_protect,
         "eager_split": p.eager_split, "write_percent": p.write_percent, "random": p.random,
         "policy": format!("{:?}", p.policy).to_lowercase(), "memslots": p.memslots,
-        "ring": p.ring, "kvm": p.kvm, "compare": p.compare,
+        "ring": p.ring, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
+        "runs": p.runs,
     });
     let mut report = Report::new("dirty-log-perf", params);
     let mut text = String::new();
@@ -541,7 +558,9 @@ pub fn run(p: &Params) -> Result<Report, String> {
     let ring = p.ring.is_some();
     let huge = p.backing != Backing::Anonymous;
 
-    if p.kvm && !p.compare {
+    if p.arm64 {
+        text += &arm64::run(p, &vcpus_list, bytes, &mut report)?;
+    } else if p.kvm && !p.compare {
         for &v in &vcpus_list {
             let kp = kvm_params(p, v, bytes)?;
             let r = if p.check {
@@ -578,13 +597,40 @@ pub fn run(p: &Params) -> Result<Report, String> {
         }
     } else if p.compare {
         let v = vcpus_list[0];
+        // Which columns can run, decided before anything runs.
+        // -r means nothing to --compare: one run of each column.
+        let one_run = Params {
+            runs: None,
+            ..p.clone()
+        };
+        let arm64_plan = arm64::plan(&one_run, &[v], bytes).and_then(|mut plan| {
+            if let Some(why) = crate::arm64::unavailable() {
+                return Err(why);
+            }
+            // The engine column's policy.
+            plan.policy.fault_path = FaultPath::ReadLockFastPath;
+            plan.runs = 1;
+            Ok(plan)
+        });
+        let kvm_skip = s2mmu_kvm::kvm_unusable_reason();
+        let kp = kvm_params(p, v, bytes)?;
         let e = engine(
             spec(v, FaultPath::ReadLockFastPath, p.eager_split),
             &p.memslots,
         )?;
-        let k =
-            s2mmu_kvm::dirty_log_perf::run(&kvm_params(p, v, bytes)?).map_err(|e| e.to_string())?;
-        text += &compare_text(p, v, bytes, &e, &k, &mut report);
+        let k = match kvm_skip {
+            None => Ok(s2mmu_kvm::dirty_log_perf::run(&kp).map_err(|e| e.to_string())?),
+            Some(why) => Err(why),
+        };
+        let a = match arm64_plan {
+            Ok(plan) => {
+                let r = arm64::run_one(p, &plan, v, bytes)?;
+                let run = arm64::as_engine_run(&r, &plan, v, bytes);
+                Ok((r, run))
+            }
+            Err(why) => Err(why),
+        };
+        text += &compare_text(p, v, bytes, &e, &k, &a, &mut report);
     } else if p.policy == PolicyArg::Both {
         text += &both_table(p, &vcpus_list, bytes, spec, &mut report)?;
     } else if p.eager_split && huge {
@@ -937,22 +983,34 @@ fn eager_vs_fault(
     Ok(s)
 }
 
+/// A column of `--compare`: its run, or why it was skipped.
+type Column<T> = Result<T, String>;
+
 fn compare_text(
     p: &Params,
     vcpus: usize,
     bytes: u64,
     e: &EngineRun,
-    k: &s2mmu_kvm::DirtyLogReport,
+    k: &Column<s2mmu_kvm::DirtyLogReport>,
+    a: &Column<(s2mmu_arm64::workload::DirtyReport, EngineRun)>,
     report: &mut Report,
 ) -> String {
     let ring = p.ring.is_some();
     let ep = e.phases(ring);
-    let kp = k.phases();
+    let kp = k.as_ref().map(|k| k.phases()).unwrap_or_default();
+    let ap = a.as_ref().map(|a| a.1.phases(ring)).unwrap_or_default();
     phase_rows(report, &ep, "engine");
     phase_rows(report, &kp, "kvm");
+    match a {
+        Ok(run) => arm64::rows(report, vcpus, std::slice::from_ref(run), ring),
+        Err(why) => report.result("column_skipped", "arm64", json!({"reason": why})),
+    }
+    if let Err(why) = k {
+        report.result("column_skipped", "kvm", json!({"reason": why}));
+    }
     let host = s2mmu_kvm::HostInfo::detect();
     let mut s = format!(
-        "dirty_log_perf: s2mmu engine vs host KVM, {vcpus} vCPU(s) x {}, {}, {} slot(s), {} iterations{}\n",
+        "dirty_log_perf: s2mmu engine vs host KVM vs QEMU's arm64 model, {vcpus} vCPU(s) x {}, {}, {} slot(s), {} iterations{}\n",
         human_bytes(bytes),
         p.backing.name(),
         p.slots,
@@ -960,41 +1018,90 @@ fn compare_text(
         if p.no_manual_protect { ", no manual protect" } else { ", manual protect" }
     );
     s += &format!("host: {}\n", host.one_line());
-    s += &format!("engine: {}\n\n", e.label);
+    s += &format!("engine: {}\n", e.label);
+    if let Err(why) = k {
+        s += &format!("KVM column skipped: {why}\n");
+    }
+    match a {
+        Ok(_) => s += &format!("arm64: the engine as the stage-2 MMU of qemu-system-aarch64 ({} CPUs: {vcpus} vCPU(s) + 1 service CPU); {}\n", vcpus + 1, crate::arm64::EMULATOR_NOTE.trim_start_matches("note: ")),
+        Err(why) => s += &format!("arm64 column skipped: {why}\n"),
+    }
     s += &format!(
-        "{:<34} {:>16} {:>16} {:>10}\n",
-        "phase", "s2mmu engine", "KVM", "KVM/engine"
+        "\n{:<34} {:>16} {:>16} {:>16} {:>10} {:>12}\n",
+        "phase", "s2mmu engine", "KVM", "arm64 (QEMU)", "KVM/engine", "arm64/engine"
     );
+    let find =
+        |v: &[(String, Duration)], name: &str| v.iter().find(|(n, _)| n == name).map(|(_, d)| *d);
+    let ratio = |x: Duration, d: Duration| x.as_secs_f64() / d.as_secs_f64().max(1e-12);
     for (name, d) in &ep {
-        if let Some((_, kd)) = kp.iter().find(|(n, _)| n == name) {
-            let ratio = kd.as_secs_f64() / d.as_secs_f64().max(1e-12);
+        let kd = find(&kp, name);
+        let ad = find(&ap, name);
+        if kd.is_none() && ad.is_none() && (k.is_ok() || a.is_ok()) {
+            continue;
+        }
+        if let Some(kd) = kd {
             report.compare(name, "median_ns", kd.as_nanos() as f64, d.as_nanos() as f64);
-            s += &format!(
-                "{name:<34} {:>16} {:>16} {:>9.2}x\n",
-                secs(*d),
-                secs(*kd),
-                ratio
+        }
+        if let Some(ad) = ad {
+            report.compare(
+                name,
+                "median_ns_arm64",
+                ad.as_nanos() as f64,
+                d.as_nanos() as f64,
             );
         }
-    }
-    for (i, it) in k.iterations.iter().enumerate() {
-        let ef = e
-            .iterations
-            .get(i)
-            .map(|x| x.faults.permission + x.faults.translation)
-            .unwrap_or(0);
-        let kf = it
-            .exits
-            .kvm
-            .pf_fixed
-            .map(|v| v.to_string())
-            .unwrap_or_else(|| "n/a".into());
+        let cell = |x: Option<Duration>| x.map_or("-".to_string(), secs);
+        let rcell =
+            |x: Option<Duration>| x.map_or("-".to_string(), |x| format!("{:.2}x", ratio(x, *d)));
         s += &format!(
-            "iteration {} faults: engine {ef}, KVM pf_fixed {kf} (pages written {})\n",
-            i + 1,
-            it.pages_written
+            "{name:<34} {:>16} {:>16} {:>16} {:>10} {:>12}\n",
+            secs(*d),
+            cell(kd),
+            cell(ad),
+            rcell(kd),
+            rcell(ad),
         );
     }
-    s += "(ratio > 1: the engine's simulated path is faster than a real KVM exit per fault)\n";
+    for (i, it) in e.iterations.iter().enumerate() {
+        let ef = it.faults.permission + it.faults.translation;
+        let mut line = format!("iteration {} faults: engine {ef}", i + 1);
+        if let Ok(k) = k {
+            if let Some(kit) = k.iterations.get(i) {
+                let kf = kit
+                    .exits
+                    .kvm
+                    .pf_fixed
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|| "n/a".into());
+                line += &format!(", KVM pf_fixed {kf} (pages written {})", kit.pages_written);
+            }
+        }
+        if let Ok((r, _)) = a {
+            if let Some(ap) = r.passes.get(i) {
+                line += &format!(", arm64 pages logged {}", ap.logged);
+            }
+        }
+        s += &line;
+        s.push('\n');
+    }
+    if let Ok((r, _)) = a {
+        let f = &r.faults;
+        s += &format!(
+            "arm64 faults, all passes (populate included): {} ({} fast, {} slow)\n",
+            f.permission + f.translation,
+            f.fast,
+            f.slow
+        );
+        for l in arm64::round_trip_lines(r) {
+            s += &l;
+            s.push('\n');
+        }
+    }
+    if k.is_ok() {
+        s += "(KVM/engine > 1: the engine's simulated path is faster than a real KVM exit per fault)\n";
+    }
+    if a.is_ok() {
+        s += "(arm64/engine: QEMU's emulated arm64 guest with the engine as its stage-2 MMU against the simulated VM; an emulator's time, so read it as a ratio on this machine, not as arm64 speed)\n";
+    }
     s
 }

@@ -43,6 +43,7 @@ pub struct Report {
     results: Vec<Value>,
     comparisons: Vec<Value>,
     text: String,
+    failure: Option<String>,
 }
 
 impl Report {
@@ -64,7 +65,19 @@ impl Report {
             results: Vec::new(),
             comparisons: Vec::new(),
             text: String::new(),
+            failure: None,
         }
+    }
+
+    /// Marks the run failed (a check that did not hold): the report is
+    /// still printed, then the command exits nonzero with `why`.
+    pub fn fail(&mut self, why: String) {
+        self.failure.get_or_insert(why);
+    }
+
+    /// Why the run failed, if a check did not hold.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
     }
 
     /// Adds a result row; `metrics` keys carry their unit.

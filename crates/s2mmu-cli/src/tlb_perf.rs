@@ -27,17 +27,28 @@ use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod arm64;
+
 /// Options of `tlb-perf`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Params {
     /// Size of the dirty-logged slot (mapped without touching memory).
     #[arg(long, default_value = "64G", value_parser = crate::report::parse_size)]
     pub size: u64,
+    /// Run on QEMU's arm64 model (s2mmu-arm64): every TLB call is a round trip to an EL2
+    /// service CPU that executes the TLBI instructions; no vCPU workload runs. QEMU's
+    /// timings are an emulator's: read the counts and the ratios.
+    #[arg(long, conflicts_with_all = ["vcpus", "vcpu_mem", "idle_us", "settle_us"])]
+    pub arm64: bool,
     /// Clear chunk (QEMU's x-clear-bitmap-shift; its default 18 is 1 GiB).
     #[arg(long, default_value = "1G", value_parser = crate::report::parse_size)]
     pub chunk: u64,
-    /// Harvest cycles per mode and policy.
-    #[arg(long, default_value_t = 11)]
+    /// Harvest cycles per mode and policy (default 11; 5 with --arm64).
+    #[arg(
+        long,
+        default_value_t = 11,
+        default_value_if("arm64", clap::builder::ArgPredicate::IsPresent, "5")
+    )]
     pub runs: usize,
     /// vCPU threads running a random-write workload during the cycles;
     /// 0: one per logical CPU but one (the clearing thread needs a core).
@@ -46,8 +57,13 @@ pub struct Params {
     /// Real memory each vCPU writes (its own region of a small slot).
     #[arg(long, default_value = "2M", value_parser = crate::report::parse_size)]
     pub vcpu_mem: u64,
-    /// One page in this many of the big slot is dirtied before each cycle.
-    #[arg(long, default_value_t = 64)]
+    /// One page in this many of the big slot is dirtied before each cycle
+    /// (default 64; 1, every page, with --arm64).
+    #[arg(
+        long,
+        default_value_t = 64,
+        default_value_if("arm64", clap::builder::ArgPredicate::IsPresent, "1")
+    )]
     pub dirty_every: u64,
     /// TLB range limit in pages (arm64's MAX_TLBI_RANGE_PAGES).
     #[arg(long, default_value_t = TlbPolicy::DEFAULT_LIMIT_PAGES)]
@@ -377,6 +393,9 @@ fn check(p: &Params) -> Result<(), String> {
 /// # Errors
 /// A message naming what failed (bad options, address space, engine).
 pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
+    if p.arm64 {
+        return arm64::run(p, progress);
+    }
     check(p)?;
     let mut resolved = p.clone();
     if resolved.vcpus == 0 {
@@ -792,6 +811,7 @@ mod tests {
             limit_pages: 1 << 16,
             settle_us: 100,
             idle_us: 50,
+            arm64: false,
             json: true,
         }
     }

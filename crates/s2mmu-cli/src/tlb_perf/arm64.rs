@@ -1,0 +1,494 @@
+//! `tlb-perf --arm64`: seed 003 where a TLB call is a real round trip to
+//! EL2. The slot is mapped with 4K pages over the arm64 model's sparse
+//! guest RAM (untouched: only its tables take memory), logged, dirtied as
+//! guest writes would dirty it, then got and cleared, whole and in
+//! `--chunk` clears, with each large-range policy. Every invalidation the
+//! clears issue is a sequence of TLBI instructions that the EL2 service CPU
+//! executes (QEMU's own TLB judges them); the host thread waits for it.
+//! Counted per cycle: service calls (round trips to EL2), TLBI
+//! instructions, the time spent waiting for them and its share of the
+//! clear. QEMU's timings are an emulator's: the counts are the result, the
+//! times are read as ratios.
+
+use super::{check, median_f, median_u, policy_name, Mode, Params, PAGE, POLICIES};
+use crate::arm64 as a64;
+use crate::report::{human, human_bytes, merge, verdict, Report, Summary};
+use s2mmu::mmu::MmuPolicy;
+use s2mmu::tlb::LargeRangePolicy;
+use s2mmu_arm64::layout;
+use s2mmu_arm64::vm::{Arm64Mmu, Arm64Vm, VmConfig};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const BIG_SLOT: u16 = 1;
+/// Most round trips to EL2 one cycle may make.
+const MAX_CALLS: u64 = 1 << 16;
+/// Where the slot sits in the IPA space.
+const BIG_GPA: u64 = 1 << 32;
+
+/// One measured harvest cycle.
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    get: Duration,
+    clear: Duration,
+    calls: u64,
+    tlbis: u64,
+    sequences: u64,
+    inv: Duration,
+    cleared: u64,
+}
+
+impl Sample {
+    fn share(&self) -> f64 {
+        self.inv.as_secs_f64() / self.clear.as_secs_f64().max(1e-12)
+    }
+}
+
+/// Medians of one mode and policy.
+struct Row {
+    case: String,
+    mode: Mode,
+    policy: LargeRangePolicy,
+    clear: Summary,
+    get: Summary,
+    inv: Summary,
+    share: f64,
+    calls: u64,
+    tlbis: u64,
+    sequences: u64,
+    cleared: u64,
+    samples: Vec<Sample>,
+}
+
+/// Checks what only the arm64 mode limits, before QEMU starts.
+///
+/// # Errors
+/// A message naming the flag and its limit.
+pub(super) fn check_arm64(p: &Params) -> Result<(), String> {
+    check(p)?;
+    if p.size > a64::MAX_BYTES {
+        return Err(format!(
+            "--size {}: the arm64 model holds at most {} of guest data",
+            human_bytes(p.size),
+            human_bytes(a64::MAX_BYTES)
+        ));
+    }
+    // The slot stays untouched; its 4K tables (1/512 of it) are real memory
+    // in the table arena.
+    let tables = p.size / 512 + (16 << 20);
+    if tables > a64::TABLE_BYTES {
+        return Err(format!(
+            "--size {}: its tables do not fit the arm64 model's table arena of {}",
+            human_bytes(p.size),
+            human_bytes(a64::TABLE_BYTES)
+        ));
+    }
+    a64::check_touched("--size (its page tables)", tables)?;
+    // Every call is a round trip to EL2 (tens of microseconds under QEMU):
+    // bound the calls one cycle of split calls makes.
+    let npages = p.size / PAGE;
+    let calls = npages
+        .div_ceil(p.chunk / PAGE)
+        .saturating_mul(npages.div_ceil(p.limit_pages));
+    if calls > MAX_CALLS {
+        return Err(format!(
+            "--limit-pages {} with --chunk {}: {calls} round trips to EL2 per cycle; at most {MAX_CALLS} on the arm64 model (raise --limit-pages or --chunk)",
+            p.limit_pages,
+            human_bytes(p.chunk)
+        ));
+    }
+    Ok(())
+}
+
+struct Bench<'a> {
+    vm: &'a Arm64Vm,
+    npages: u64,
+    chunk_pages: u64,
+    p: &'a Params,
+    bitmap: Vec<u64>,
+}
+
+impl Bench<'_> {
+    fn mmu(&self) -> &Arm64Mmu {
+        self.vm.mmu()
+    }
+
+    /// Dirties every `--dirty-every`th page as a guest write's fault would.
+    /// The fault path's relax of the permissions ends with a local TLBI for
+    /// the faulting CPU (KVM's `__kvm_tlb_flush_vmid_ipa_nsh`); a real fault
+    /// carries it in its answer to that CPU. Here no vCPU runs, so they are
+    /// collected as a fault's answer is (a few thousand pages at a time) and
+    /// not sent: sending them from this host thread would make each page a
+    /// round trip to the service CPU, a cost no guest write pays. They are
+    /// not counted in the cycle's figures either way (taken after this).
+    fn dirty(&self) -> Result<u64, String> {
+        const BATCH: u64 = 4096;
+        let every = self.p.dirty_every.max(1);
+        let mut dirtied = 0;
+        let mut first = 0;
+        while first < self.npages {
+            let end = first.saturating_add(BATCH * every).min(self.npages);
+            let (r, _local) = self.vm.sink().collect_for_fault(|| {
+                self.mmu()
+                    .dirty_pages(BIG_SLOT, (first..end).step_by(every as usize))
+            });
+            dirtied += r.map_err(|e| e.to_string())?;
+            first = end;
+        }
+        Ok(dirtied)
+    }
+
+    fn cycle(&mut self, mode: Mode, policy: LargeRangePolicy) -> Result<Sample, String> {
+        let e = |e: s2mmu::Error| e.to_string();
+        self.mmu()
+            .set_tlb_large_range(policy, self.p.limit_pages)
+            .map_err(e)?;
+        self.dirty()?;
+        let c0 = self.vm.sink().counters();
+        let t0 = Instant::now();
+        let vm = self.vm;
+        vm.mmu()
+            .get_dirty_log(BIG_SLOT, &mut self.bitmap)
+            .map_err(e)?;
+        let t1 = Instant::now();
+        let mut cleared = 0;
+        match mode {
+            Mode::Whole => {
+                cleared += self
+                    .mmu()
+                    .clear_dirty_log(BIG_SLOT, 0, self.npages, &self.bitmap)
+                    .map_err(e)?;
+            }
+            Mode::Chunked => {
+                let mut first = 0;
+                while first < self.npages {
+                    let n = self.chunk_pages.min(self.npages - first);
+                    let w0 = (first / 64) as usize;
+                    let w1 = (first + n).div_ceil(64) as usize;
+                    cleared += self
+                        .mmu()
+                        .clear_dirty_log(BIG_SLOT, first, n, &self.bitmap[w0..w1])
+                        .map_err(e)?;
+                    first += n;
+                }
+            }
+        }
+        let t2 = Instant::now();
+        let c1 = self.vm.sink().counters();
+        if c1.dropped != c0.dropped {
+            return Err("maintenance was dropped: the measurement is void".into());
+        }
+        Ok(Sample {
+            get: t1 - t0,
+            clear: t2 - t1,
+            calls: c1.service_calls - c0.service_calls,
+            tlbis: c1.tlbis - c0.tlbis,
+            sequences: c1.host_sequences - c0.host_sequences,
+            inv: Duration::from_nanos(c1.service_ns - c0.service_ns),
+            cleared,
+        })
+    }
+}
+
+/// Runs `tlb-perf --arm64` and returns its report.
+///
+/// # Errors
+/// Bad options (before QEMU starts), the model's or the engine's errors.
+pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
+    check_arm64(p)?;
+    if let Some(why) = a64::unavailable() {
+        return Err(format!("--arm64: {why}"));
+    }
+    let e = |e: s2mmu::Error| e.to_string();
+    let npages = p.size / PAGE;
+    if progress {
+        eprint!(
+            "starting QEMU ({} of sparse guest RAM)...",
+            human_bytes(p.size)
+        );
+    }
+    let t = Instant::now();
+    let machine = a64::start(2, p.size)?;
+    let boot_time = t.elapsed();
+    let policy = MmuPolicy {
+        tlb_limit_pages: p.limit_pages,
+        manual_protect: true,
+        initially_set: false,
+        ..MmuPolicy::default()
+    };
+    let vm = Arm64Vm::new(
+        machine,
+        &VmConfig {
+            policy,
+            table_bytes: a64::TABLE_BYTES,
+            ..VmConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    vm.add_slot(BIG_SLOT, BIG_GPA, layout::DATA, p.size, PAGE)
+        .map_err(|e| e.to_string())?;
+    if progress {
+        eprint!(
+            "\r{:60}\rmapping {} with 4K pages...",
+            "",
+            human_bytes(p.size)
+        );
+    }
+    let mmu = vm.mmu().clone();
+    let t = Instant::now();
+    mmu.populate(BIG_SLOT, 0, npages).map_err(e)?;
+    let populate_time = t.elapsed();
+    let table_pages = mmu.with_table(|pt| pt.table_pages());
+    let t = Instant::now();
+    mmu.enable_dirty_logging(BIG_SLOT).map_err(e)?;
+    let enable_time = t.elapsed();
+    if progress {
+        eprint!("\r{:60}\r", "");
+    }
+    let mut bench = Bench {
+        vm: &vm,
+        npages,
+        chunk_pages: p.chunk / PAGE,
+        p,
+        bitmap: vec![0u64; npages.div_ceil(64) as usize],
+    };
+    let modes = [
+        (Mode::Whole, "whole_slot".to_string()),
+        (
+            Mode::Chunked,
+            format!("chunk_{}", human_bytes(p.chunk).to_lowercase()),
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (mode, case) in modes {
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); POLICIES.len()];
+        // One untimed cycle per policy first (warm-up), then alternate.
+        for pol in POLICIES {
+            bench.cycle(mode, pol)?;
+        }
+        for run in 0..p.runs {
+            for k in 0..POLICIES.len() {
+                let pi = (k + run) % POLICIES.len();
+                samples[pi].push(bench.cycle(mode, POLICIES[pi])?);
+            }
+            if progress {
+                eprint!("\r{case}: run {}/{}   ", run + 1, p.runs);
+            }
+        }
+        if progress {
+            eprint!("\r{:40}\r", "");
+        }
+        for (pi, pol) in POLICIES.iter().enumerate() {
+            let s = &samples[pi];
+            let times =
+                |f: fn(&Sample) -> Duration| Summary::of(&s.iter().map(f).collect::<Vec<_>>());
+            rows.push(Row {
+                case: case.clone(),
+                mode,
+                policy: *pol,
+                clear: times(|x| x.clear),
+                get: times(|x| x.get),
+                inv: times(|x| x.inv),
+                share: median_f(s.iter().map(Sample::share).collect()),
+                calls: median_u(s.iter().map(|x| x.calls).collect()),
+                tlbis: median_u(s.iter().map(|x| x.tlbis).collect()),
+                sequences: median_u(s.iter().map(|x| x.sequences).collect()),
+                cleared: median_u(s.iter().map(|x| x.cleared).collect()),
+                samples: s.clone(),
+            });
+        }
+    }
+    drop(bench);
+    drop(vm);
+    report(
+        p,
+        &rows,
+        npages,
+        table_pages,
+        boot_time,
+        populate_time,
+        enable_time,
+    )
+}
+
+fn report(
+    p: &Params,
+    rows: &[Row],
+    npages: u64,
+    table_pages: usize,
+    boot_time: Duration,
+    populate_time: Duration,
+    enable_time: Duration,
+) -> Result<Report, String> {
+    let mut report = Report::new(
+        "tlb-perf",
+        json!({
+            "arm64": true,
+            "size_bytes": p.size,
+            "chunk_bytes": p.chunk,
+            "runs": p.runs,
+            "dirty_every": p.dirty_every,
+            "limit_pages": p.limit_pages,
+            "page_bytes": PAGE,
+            "qemu_cpus": 2,
+            "policies": POLICIES.iter().map(|x| policy_name(*x)).collect::<Vec<_>>(),
+        }),
+    );
+    report.result(
+        "setup",
+        "arm64",
+        json!({
+            "boot_ns": boot_time.as_nanos() as u64,
+            "populate_ns": populate_time.as_nanos() as u64,
+            "enable_logging_ns": enable_time.as_nanos() as u64,
+            "table_pages": table_pages,
+            "pages": npages,
+        }),
+    );
+    let ns = |v: &[Sample], f: fn(&Sample) -> u64| v.iter().map(f).collect::<Vec<_>>();
+    for r in rows {
+        report.result(
+            &r.case,
+            policy_name(r.policy),
+            merge(
+                r.clear.json(),
+                json!({
+                    "model": "arm64",
+                    "samples_ns": ns(&r.samples, |x| x.clear.as_nanos() as u64),
+                    "get_median_ns": r.get.median.as_nanos() as u64,
+                    "get_samples_ns": ns(&r.samples, |x| x.get.as_nanos() as u64),
+                    "tlb_calls": r.calls,
+                    "tlb_calls_samples": ns(&r.samples, |x| x.calls),
+                    "service_calls": r.calls,
+                    "tlbi_instructions": r.tlbis,
+                    "tlbi_samples": ns(&r.samples, |x| x.tlbis),
+                    "host_sequences": r.sequences,
+                    "tlb_time_ns": r.inv.median.as_nanos() as u64,
+                    "tlb_time_samples_ns": ns(&r.samples, |x| x.inv.as_nanos() as u64),
+                    "tlb_share_pct": r.share * 100.0,
+                    "pages": r.cleared,
+                }),
+            ),
+        );
+    }
+    let find = |mode: Mode, pol: LargeRangePolicy| {
+        rows.iter()
+            .find(|r| r.mode == mode && r.policy == pol)
+            .ok_or_else(|| "missing result row".to_string())
+    };
+    let mut lines = Vec::new();
+    for mode in [Mode::Whole, Mode::Chunked] {
+        let b = find(mode, LargeRangePolicy::SplitCalls)?;
+        let o = find(mode, LargeRangePolicy::WholeVmid)?;
+        report.compare(&b.case, "tlb_calls", b.calls as f64, o.calls as f64);
+        report.compare(&b.case, "tlbi_instructions", b.tlbis as f64, o.tlbis as f64);
+        report.compare(
+            &b.case,
+            "tlb_time_ns",
+            b.inv.median.as_nanos() as f64,
+            o.inv.median.as_nanos() as f64,
+        );
+        let c = report.compare(
+            &b.case,
+            "median_ns",
+            b.clear.median.as_nanos() as f64,
+            o.clear.median.as_nanos() as f64,
+        );
+        let sh = report.compare(&b.case, "tlb_share_pct", b.share * 100.0, o.share * 100.0);
+        let clears = if mode == Mode::Whole {
+            1
+        } else {
+            npages.div_ceil(p.chunk / PAGE)
+        };
+        let want = npages.div_ceil(p.limit_pages);
+        if mode == Mode::Whole {
+            lines.push(format!(
+                "{:<12} clearing the {} slot: {} round trip(s) to EL2 with whole_vmid, {} with split_calls  [target 1 instead of {want}: {}]",
+                b.case,
+                human_bytes(p.size),
+                o.calls,
+                b.calls,
+                verdict(o.calls == 1 && b.calls == want)
+            ));
+        } else {
+            lines.push(format!(
+                "{:<12} {clears} clears of {}: {} round trips to EL2 with whole_vmid, {} with split_calls  [target 1 instead of {want} per clear: {}]",
+                b.case,
+                human_bytes(p.chunk),
+                o.calls,
+                b.calls,
+                verdict(o.calls == clears && b.calls == want * clears)
+            ));
+        }
+        let per_call = |r: &Row| r.inv.median / u32::try_from(r.calls.max(1)).unwrap_or(u32::MAX);
+        lines.push(format!(
+            "{:<12} TLBI instructions {} -> {}; time waiting for EL2 {} -> {} ({:.1}x less); per round trip {} with split_calls, {} with whole_vmid",
+            b.case,
+            b.tlbis,
+            o.tlbis,
+            human(b.inv.median),
+            human(o.inv.median),
+            b.inv.median.as_secs_f64() / o.inv.median.as_secs_f64().max(1e-12),
+            human(per_call(b)),
+            human(per_call(o)),
+        ));
+        lines.push(format!(
+            "{:<12} invalidation share of clear time {:.2} % -> {:.2} % ({:.1}x drop); clear {} -> {} ({:+.1} %)  [target share drop >= 5x: {}]",
+            b.case,
+            b.share * 100.0,
+            o.share * 100.0,
+            sh.speedup,
+            human(b.clear.median),
+            human(o.clear.median),
+            -c.improvement_pct,
+            verdict(sh.speedup >= 5.0)
+        ));
+    }
+    let mut s = format!(
+        "tlb-perf --arm64: {} slot of {} 4K pages on QEMU's arm64 model (2 CPUs: one idle at EL2, one serving the host's TLB maintenance at EL2, so every TLB call is a round trip to EL2); {} of stage-2 tables in the shared RAM, QEMU up in {}, mapped in {}, logging enabled in {}; range limit {} pages ({}); {} dirtied per cycle; {} runs ({} build)\n{}\n",
+        human_bytes(p.size),
+        npages,
+        human_bytes(table_pages as u64 * PAGE),
+        human(boot_time),
+        human(populate_time),
+        human(enable_time),
+        p.limit_pages,
+        human_bytes(p.limit_pages * PAGE),
+        if p.dirty_every <= 1 {
+            "every page".to_string()
+        } else {
+            format!("1 page in {}", p.dirty_every)
+        },
+        p.runs,
+        if cfg!(debug_assertions) { "DEBUG" } else { "release" },
+        a64::EMULATOR_NOTE
+    );
+    s += &format!(
+        "{:<12} {:<12} {:>7} {:>7} {:>9} {:>12} {:>12} {:>8} {:>12}\n",
+        "mode", "policy", "calls", "TLBIs", "cleared", "clear", "invalidate", "share", "get"
+    );
+    for r in rows {
+        s += &format!(
+            "{:<12} {:<12} {:>7} {:>7} {:>9} {:>12} {:>12} {:>7.2}% {:>12}\n",
+            r.case,
+            policy_name(r.policy),
+            r.calls,
+            r.tlbis,
+            r.cleared,
+            human(r.clear.median),
+            human(r.inv.median),
+            r.share * 100.0,
+            human(r.get.median),
+        );
+    }
+    s += &format!(
+        "(medians of {} cycles per mode and policy, alternating; calls = round trips to the EL2 service CPU per cycle, TLBIs = TLBI instructions it executed, invalidate = the clearing thread's wait for them, the service CPU's wake-up from its idle wait included)\n",
+        p.runs
+    );
+    for l in lines {
+        s += &l;
+        s.push('\n');
+    }
+    report.set_text(s);
+    Ok(report)
+}
