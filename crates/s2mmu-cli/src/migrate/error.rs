@@ -71,9 +71,16 @@ impl MigrateError {
     /// An I/O error while doing `what`; a socket deadline that passed is
     /// [`MigrateError::Timeout`].
     pub fn io(what: impl Into<String>, e: &std::io::Error) -> Self {
-        use std::io::ErrorKind::{TimedOut, WouldBlock};
+        use std::io::ErrorKind::{InvalidData, TimedOut, WouldBlock};
         if matches!(e.kind(), WouldBlock | TimedOut) {
             return MigrateError::Timeout { what: what.into() };
+        }
+        // Sockets never report InvalidData; TLS does, for a failed
+        // handshake or an alert from the peer (a refused certificate).
+        if e.kind() == InvalidData {
+            return MigrateError::Auth {
+                why: format!("{}: TLS: {e}", what.into()),
+            };
         }
         MigrateError::Io {
             what: what.into(),
