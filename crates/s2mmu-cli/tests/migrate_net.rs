@@ -435,7 +435,8 @@ fn bin() -> &'static str {
 }
 
 /// Starts `s2mmu migrate --listen 127.0.0.1:0 ARGS` and returns it with
-/// the address it listens on.
+/// the address it listens on. The caller waits for it.
+#[allow(clippy::zombie_processes)]
 fn spawn_listener(args: &[&str]) -> (Child, String, BufReader<std::process::ChildStderr>) {
     let mut c = Command::new(bin())
         .args(["migrate", "--listen", "127.0.0.1:0", "--plot", ""])

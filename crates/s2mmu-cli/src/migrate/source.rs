@@ -598,25 +598,9 @@ pub fn migrate_source(
     let before = phase(warm, warm_end, &samples, 0.0, warm_end_s);
     let during = phase(at_log, at_pause, &samples, log_start_s, pause_s);
 
-    // Verification against the frozen source memory.
-    let slot_digests = source_digests(&vm);
-    for (id, d) in &slot_digests {
-        match dest_digests.iter().find(|(i, _)| i == id) {
-            Some((_, got)) if got == d => {}
-            Some((_, got)) => {
-                return Err(MigrateError::MemoryMismatch {
-                    slot: *id,
-                    detail: format!("source digest {d:#018x}, destination {got:#018x}"),
-                })
-            }
-            None => {
-                return Err(MigrateError::MemoryMismatch {
-                    slot: *id,
-                    detail: "the destination reported no digest for it".into(),
-                })
-            }
-        }
-    }
+    // Verification against the frozen source memory: the byte-for-byte
+    // pass first (the destination waits for it under its I/O deadline),
+    // then the digests.
     if cfg.verify_full {
         s.chans[0].wire.control(tag::VERIFY, &[])?;
         *s.bucket.lock().unwrap_or_else(|p| p.into_inner()) = TokenBucket::new(0);
@@ -642,6 +626,24 @@ pub fn migrate_source(
                 }
             }
             other => return Err(unexpected_reply(other, "VERIFIED")),
+        }
+    }
+    let slot_digests = source_digests(&vm);
+    for (id, d) in &slot_digests {
+        match dest_digests.iter().find(|(i, _)| i == id) {
+            Some((_, got)) if got == d => {}
+            Some((_, got)) => {
+                return Err(MigrateError::MemoryMismatch {
+                    slot: *id,
+                    detail: format!("source digest {d:#018x}, destination {got:#018x}"),
+                })
+            }
+            None => {
+                return Err(MigrateError::MemoryMismatch {
+                    slot: *id,
+                    detail: "the destination reported no digest for it".into(),
+                })
+            }
         }
     }
     let page_records: u64 = rounds.iter().map(|r| r.pages).sum();
@@ -878,6 +880,17 @@ struct Job {
     words: Vec<u64>,
 }
 
+/// A bitmap with the first `n` bits set.
+fn all_pages(n: u64) -> Vec<u64> {
+    let mut words = vec![u64::MAX; n.div_ceil(64) as usize];
+    if !n.is_multiple_of(64) {
+        if let Some(w) = words.last_mut() {
+            *w = (1u64 << (n % 64)) - 1;
+        }
+    }
+    words
+}
+
 /// The sending half: pages out of guest memory onto the channels, with
 /// the pending dirty set per slot.
 struct Sender<'a> {
@@ -1062,14 +1075,10 @@ impl Sender<'_> {
                 let npages = slots[at.0].size / PAGE_SIZE as u64;
                 if at.1 < npages {
                     let n = step.min(npages - at.1);
-                    let mut words = vec![u64::MAX; n.div_ceil(64) as usize];
-                    if n % 64 != 0 {
-                        *words.last_mut().expect("n > 0") = (1u64 << (n % 64)) - 1;
-                    }
                     let job = Job {
                         slot: at.0,
                         first: at.1,
-                        words,
+                        words: all_pages(n),
                     };
                     at.1 += n;
                     return Ok(Some(job));
@@ -1088,11 +1097,11 @@ impl Sender<'_> {
             let mut first = 0;
             while first < npages {
                 let n = (64 * 64u64).min(npages - first);
-                let mut words = vec![u64::MAX; n.div_ceil(64) as usize];
-                if n % 64 != 0 {
-                    *words.last_mut().expect("n > 0") = (1u64 << (n % 64)) - 1;
-                }
-                let job = Job { slot, first, words };
+                let job = Job {
+                    slot,
+                    first,
+                    words: all_pages(n),
+                };
                 self.chans[0].send_job(&vm, &self.bucket, 0, 1, &job)?;
                 first += n;
             }
