@@ -9,12 +9,13 @@ use super::hash::{digest_of, page_hash, ZERO_PAGE};
 use super::net::{self, BoxConn, Conn, Duplex, NetConfig};
 use super::wire::{
     channel_of, record_name, tag, tag_name, Dec, Enc, GuestState, Header, Opening, Record,
-    WireReader, WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE, SESSION_LEN,
+    WireReader, WireWriter, MAX_BATCH, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE,
+    SESSION_LEN,
 };
 use ring::rand::{SecureRandom, SystemRandom};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
-use std::io::{Read, Write};
+use std::io::{IoSliceMut, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -307,18 +308,22 @@ struct Shared<'a> {
 
 impl Shared<'_> {
     /// Takes the data of the PAGES record just read on `channel` into
-    /// guest memory, checking each page.
+    /// guest memory (one vectored read for all its pages), checking each
+    /// page.
     fn take_pages<R: Read>(
         &self,
         rd: &mut WireReader<R>,
         channel: u16,
         at_byte: u64,
     ) -> Result<(), MigrateError> {
-        for k in 0..rd.entries().len() {
-            let e = rd.entries()[k];
+        // Every entry is checked before any byte lands: in guest memory,
+        // on its own channel, and not twice in the record (each page
+        // becomes its own slice).
+        let mut offs = [0u64; MAX_BATCH];
+        let n = rd.entries().len();
+        for (k, e) in rd.entries().iter().enumerate() {
             let off = page_offset(self.vm, e.gpa, at_byte)?;
-            let i = off / PAGE_SIZE as u64;
-            let owner = channel_of(i, self.channels);
+            let owner = channel_of(off / PAGE_SIZE as u64, self.channels);
             if owner != channel {
                 return Err(MigrateError::Malformed {
                     record: "PAGES",
@@ -329,20 +334,43 @@ impl Shared<'_> {
                     ),
                 });
             }
+            offs[k] = off;
+        }
+        let mut sorted = offs;
+        sorted[..n].sort_unstable();
+        if let Some(w) = sorted[..n].windows(2).find(|w| w[0] == w[1]) {
+            return Err(MigrateError::Malformed {
+                record: "PAGES",
+                at_byte,
+                why: format!("the page at offset {:#x} twice in one record", w[0]),
+            });
+        }
+        let mut bufs: Vec<IoSliceMut<'_>> = Vec::with_capacity(n);
+        for (k, e) in rd.entries().iter().enumerate() {
+            if !e.zero {
+                // SAFETY: `offs[k]` is a page of guest memory (page_offset),
+                // the guest does not run before the resume, the page
+                // belongs to `channel`, which only this thread reads, and
+                // no other slice of this record covers it (no duplicates).
+                bufs.push(IoSliceMut::new(unsafe { self.raw.page(offs[k]) }));
+            }
+        }
+        rd.read_pages(&mut bufs)?;
+        drop(bufs);
+        for (k, &off) in offs[..n].iter().enumerate() {
+            let e = rd.entries()[k];
+            let i = off / PAGE_SIZE as u64;
             let bit = 1u64 << (i % 64);
             let seen = self.received[(i / 64) as usize].load(Ordering::Relaxed) & bit != 0;
-            // SAFETY: `off` is a page of guest memory (page_offset), the
-            // guest does not run before the resume, and the page belongs
-            // to `channel`, which only this thread reads.
-            let dst = unsafe { self.raw.page(off) };
+            // SAFETY: as above; the slices given to the read are gone.
+            let page = unsafe { self.raw.page(off) };
             let hash = if e.zero {
                 if seen {
-                    dst.fill(0);
+                    page.fill(0);
                 }
                 page_hash(&ZERO_PAGE, e.gpa)
             } else {
-                rd.read_page(dst)?;
-                if page_hash(dst, e.gpa) != e.hash {
+                if page_hash(page, e.gpa) != e.hash {
                     return Err(MigrateError::PageChecksum {
                         gpa: e.gpa,
                         at_byte,
@@ -352,7 +380,7 @@ impl Shared<'_> {
             };
             if let Some(snap) = &self.snapshot {
                 let w0 = (off / 8) as usize;
-                for (j, w) in dst.chunks_exact(8).enumerate() {
+                for (j, w) in page.chunks_exact(8).enumerate() {
                     let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
                     snap[w0 + j].store(v, Ordering::Relaxed);
                 }

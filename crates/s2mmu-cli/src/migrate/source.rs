@@ -6,7 +6,7 @@
 
 use super::bandwidth::TokenBucket;
 use super::error::MigrateError;
-use super::hash::{digest_of, page_hash};
+use super::hash::{digest_of, is_zero, page_hash};
 use super::net::BoxConn;
 use super::timeline::{intervals, Sample, Timeline};
 use super::wire::{
@@ -16,8 +16,8 @@ use super::wire::{
 };
 use s2mmu::dirty::DirtyGfn;
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
-use std::sync::atomic::Ordering;
+use s2mmu_vm::{Backing, GuestMemory, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -860,9 +860,8 @@ impl Chan {
                     continue;
                 }
                 let off = s.mem_offset + i * PAGE_SIZE as u64;
-                self.batch.push(s.gpa + i * PAGE_SIZE as u64, |p| {
-                    memory.read_into(off, p);
-                });
+                self.batch
+                    .push_known(s.gpa + i * PAGE_SIZE as u64, |p| copy_page(memory, off, p));
                 if self.batch.is_full() {
                     self.flush_batch(bucket)?;
                 }
@@ -870,6 +869,31 @@ impl Chan {
         }
         Ok(())
     }
+}
+
+/// Copies the guest page at `off` into `dst` word by word (atomically per
+/// word: the guest may be writing it), and says whether it was all zeros.
+fn copy_page(memory: &GuestMemory, off: u64, dst: &mut [u8]) -> bool {
+    if off + PAGE_SIZE as u64 > memory.size() || dst.len() != PAGE_SIZE {
+        memory.read_into(off, dst);
+        return is_zero(dst);
+    }
+    // SAFETY: the page lies inside the live mapping (checked above) and is
+    // 8-byte aligned (guest memory is page-aligned); like GuestMemory's own
+    // accessors, every access to it is atomic.
+    let words = unsafe {
+        std::slice::from_raw_parts(
+            (memory.host_addr() + off) as *const AtomicU64,
+            PAGE_SIZE / 8,
+        )
+    };
+    let mut acc = 0u64;
+    for (w, d) in words.iter().zip(dst.chunks_exact_mut(8)) {
+        let v = w.load(Ordering::Relaxed);
+        acc |= v;
+        d.copy_from_slice(&v.to_le_bytes());
+    }
+    acc == 0
 }
 
 /// Pages of one slot to send: bit b of `words[w]` is page

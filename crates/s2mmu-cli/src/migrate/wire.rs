@@ -456,13 +456,21 @@ impl Batch {
     /// returns whether it was a zero page (sent as a flag, without its
     /// bytes). A full batch takes nothing and returns `None`.
     pub fn push(&mut self, gpa: u64, fill: impl FnOnce(&mut [u8])) -> Option<bool> {
+        self.push_known(gpa, |p| {
+            fill(p);
+            is_zero(p)
+        })
+    }
+
+    /// As [`Batch::push`], with `fill` saying whether the page it wrote
+    /// is all zeros (a copy that looked at every word anyway).
+    pub fn push_known(&mut self, gpa: u64, fill: impl FnOnce(&mut [u8]) -> bool) -> Option<bool> {
         if self.is_full() {
             return None;
         }
         let at = self.data_pages * PAGE_SIZE;
         let page = &mut self.data[at..at + PAGE_SIZE];
-        fill(page);
-        let zero = is_zero(page);
+        let zero = fill(page);
         let (word, hash) = if zero {
             (gpa | 1, 0)
         } else {
@@ -793,6 +801,39 @@ impl<R: Read> WireReader<R> {
     /// [`MigrateError::Timeout`].
     pub fn read_page(&mut self, dst: &mut [u8]) -> Result<(), MigrateError> {
         self.fill(dst, "a PAGES record's data")
+    }
+
+    /// Reads the data of several pages at once into `bufs` (one page
+    /// each), with as few system calls as the connection allows; the
+    /// caller checks their hashes.
+    ///
+    /// # Errors
+    /// [`MigrateError::Truncated`], [`MigrateError::Io`],
+    /// [`MigrateError::Timeout`].
+    pub fn read_pages(
+        &mut self,
+        mut bufs: &mut [std::io::IoSliceMut<'_>],
+    ) -> Result<(), MigrateError> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut got = 0usize;
+        while got < total {
+            match self.r.read_vectored(bufs) {
+                Ok(0) => {
+                    return Err(MigrateError::Truncated {
+                        at_byte: self.pos,
+                        inside: "a PAGES record's data",
+                    })
+                }
+                Ok(n) => {
+                    got += n;
+                    self.pos += n as u64;
+                    std::io::IoSliceMut::advance_slices(&mut bufs, n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(MigrateError::io("receiving the migration stream", &e)),
+            }
+        }
+        Ok(())
     }
 
     /// Reads and drops `n` bytes (a PROBE's filler).
