@@ -619,3 +619,83 @@ fn psk_between_two_processes_and_a_wrong_key_is_refused() {
     assert!(log.contains("refused a peer"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---- the stream's own rules ---------------------------------------------------
+
+/// A stream for a 16-page guest: `pages` as given (None: a zero page),
+/// then a good STATE.
+fn stream_of(records: &[Vec<(u64, Option<u8>)>]) -> Vec<u8> {
+    let mut w = WireWriter::new(Vec::new(), &header(16 * PAGE_SIZE as u64)).unwrap();
+    w.probe(0, &[1], &mut |_| {}).unwrap();
+    for r in records {
+        let mut b = Batch::new();
+        for &(page, fill) in r {
+            b.push((1 << 32) + page * PAGE_SIZE as u64, |p| {
+                p.fill(fill.unwrap_or(0))
+            });
+        }
+        w.batch(&mut b).unwrap();
+    }
+    let state = GuestState {
+        bytes_per_vcpu: 8 * PAGE_SIZE as u64,
+        write_percent: 100,
+        pattern: 0,
+        pace_pages_per_sec: 0,
+        vcpus: vec![vcpu(1, 0), vcpu(1, 0)],
+    };
+    w.control(tag::STATE, &state.encode()).unwrap();
+    w.end().unwrap();
+    std::mem::take(w.get_mut())
+}
+
+#[test]
+fn a_zero_page_after_data_clears_the_page_and_duplicates_are_refused() {
+    use s2mmu_cli::migrate::hash::{digest_of, page_hash};
+    // Every page with data, then page 3 again as a zero page: the
+    // destination must hold zeros there, which its digest shows.
+    let all: Vec<(u64, Option<u8>)> = (0..16).map(|p| (p, Some(0x11))).collect();
+    let stream = stream_of(&[all, vec![(3, None)]]);
+    let mut reply = Vec::new();
+    let d = receive_from(&stream[..], &mut reply, &dest_cfg()).expect("valid stream");
+    assert_eq!(d.zero_pages, 1);
+    let hashes: Vec<u64> = (0..16u64)
+        .map(|p| {
+            let fill = if p == 3 { 0 } else { 0x11 };
+            page_hash(&[fill; PAGE_SIZE], (1 << 32) + p * PAGE_SIZE as u64)
+        })
+        .collect();
+    assert_eq!(d.slot_digests, vec![(0, digest_of(&hashes))]);
+
+    // The same page twice in one record.
+    let mut all: Vec<(u64, Option<u8>)> = (0..16).map(|p| (p, Some(0x22))).collect();
+    all.push((5, Some(0x33)));
+    let mut reply = Vec::new();
+    let r = receive_from(&stream_of(&[all])[..], &mut reply, &dest_cfg());
+    match r {
+        Err(MigrateError::Malformed {
+            record: "PAGES",
+            why,
+            ..
+        }) => {
+            assert!(why.contains("twice"), "{why}")
+        }
+        other => panic!("expected a refused duplicate, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_channel_sweep_prints_its_table() {
+    let out = Command::new(bin())
+        .args(["migrate", "--plot", "", "--channels", "1,2", "--no-tls"])
+        .args(&SMALL[..8])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("Round 0 by channel count"), "{stdout}");
+    assert!(stdout.contains("% of link"), "{stdout}");
+}

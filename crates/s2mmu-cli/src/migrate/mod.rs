@@ -139,7 +139,7 @@ pub struct Params {
     pub to: Option<String>,
     /// Connections the pages are spread over (QEMU's multifd): N, or a list (1,2,4) to run once per count and print a table. Default: half the CPUs, 1 to 8. On --listen: the most it accepts (default 64).
     #[arg(long, value_name = "N[,N...]", value_parser = parse_channels)]
-    pub channels: Option<Vec<u16>>,
+    pub channels: Option<ChannelCounts>,
     /// Deadline of every socket read and write (and the TCP keepalive idle time): a peer silent this long ends the migration.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub io_timeout: Duration,
@@ -175,8 +175,12 @@ pub struct Params {
     pub json: bool,
 }
 
+/// The channel counts of `--channels`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelCounts(pub Vec<u16>);
+
 /// Parses `4` or `1,2,4` (1 to 64 each, at most 16 counts).
-pub fn parse_channels(s: &str) -> Result<Vec<u16>, String> {
+pub fn parse_channels(s: &str) -> Result<ChannelCounts, String> {
     let v: Vec<u16> = s
         .split(',')
         .map(|p| match p.trim().parse::<u16>() {
@@ -190,7 +194,7 @@ pub fn parse_channels(s: &str) -> Result<Vec<u16>, String> {
     if v.is_empty() || v.len() > 16 {
         return Err(format!("'{s}': give 1 to 16 channel counts"));
     }
-    Ok(v)
+    Ok(ChannelCounts(v))
 }
 
 /// The default channel count: half the CPUs (the guest's vCPUs and the
@@ -307,7 +311,7 @@ impl Params {
     pub fn channel_list(&self) -> Vec<u16> {
         self.channels
             .clone()
-            .unwrap_or_else(|| vec![default_channels()])
+            .map_or_else(|| vec![default_channels()], |c| c.0)
     }
 
     /// The destination's configuration: what it accepts is what these
@@ -323,7 +327,7 @@ impl Params {
                 max_channels: self
                     .channels
                     .as_ref()
-                    .and_then(|c| c.iter().max().copied())
+                    .and_then(|c| c.0.iter().max().copied())
                     .unwrap_or(wire::MAX_CHANNELS),
             },
             io_timeout: self.io_timeout,
