@@ -712,7 +712,7 @@ fn report(p: &Params, runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPo
         r.result("migrate", name, row);
         text.push_str(&summary(p, s, d.as_ref(), pol));
     }
-    if runs.len() == 2 {
+    if p.compare_policies && runs.len() == 2 {
         let (a, b) = (&runs[0].1, &runs[1].1);
         r.compare(
             "migrate",
