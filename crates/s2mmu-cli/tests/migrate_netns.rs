@@ -5,7 +5,7 @@
 //! those namespaces.
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -42,15 +42,16 @@ impl Drop for Netns {
 const DEST_IP: &str = "10.213.7.1";
 const SRC_IP: &str = "10.213.7.2";
 
-fn make() -> Result<(Netns, String, String), String> {
+/// Namespaces `s2mmu-t<pid><tag>-d` and `-s` (tag: one letter per test).
+fn make(tag: &str) -> Result<(Netns, String, String), String> {
     let id = std::process::id();
-    let (a, b) = (format!("s2mmu-t{id}-d"), format!("s2mmu-t{id}-s"));
+    let (a, b) = (format!("s2mmu-t{id}{tag}-d"), format!("s2mmu-t{id}{tag}-s"));
     let mut ns = Netns { names: Vec::new() };
     ip(&["netns", "add", &a])?;
     ns.names.push(a.clone());
     ip(&["netns", "add", &b])?;
     ns.names.push(b.clone());
-    let (va, vb) = (format!("s2m{id}d"), format!("s2m{id}s"));
+    let (va, vb) = (format!("s2m{id}{tag}d"), format!("s2m{id}{tag}s"));
     ip(&[
         "link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b,
     ])?;
@@ -73,7 +74,7 @@ fn make() -> Result<(Netns, String, String), String> {
 
 #[test]
 fn migration_between_two_network_namespaces() {
-    let (ns, dest_ns, src_ns) = match make() {
+    let (ns, dest_ns, src_ns) = match make("a") {
         Ok(v) => v,
         Err(why) => {
             eprintln!("skipped: cannot make network namespaces here ({why})");
@@ -102,45 +103,14 @@ fn migration_between_two_network_namespaces() {
         "--psk",
         &key,
     ];
-    let mut dest = Command::new("ip")
-        .args(["netns", "exec", &dest_ns, bin, "migrate", "--listen"])
-        .arg(format!("{DEST_IP}:0"))
-        .args(common)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(dest.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        if err.read_line(&mut line).unwrap_or(0) == 0 {
-            let _ = dest.kill();
-            let _ = dest.wait();
-            panic!("the destination exited early");
-        }
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap_or("").to_string();
-        }
-    };
+    let (mut dest, mut err, addr) = start_dest(&dest_ns, &common);
     assert!(addr.starts_with(DEST_IP), "{addr}");
     let src = Command::new("ip")
         .args(["netns", "exec", &src_ns, bin, "migrate", "--to", &addr])
         .args(common)
         .output()
         .unwrap();
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = dest.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(60) {
-            let _ = dest.kill();
-            let _ = dest.wait();
-            panic!("the destination hung");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_bounded(&mut dest);
     let mut dlog = String::new();
     let _ = err.read_to_string(&mut dlog);
     let stdout = String::from_utf8_lossy(&src.stdout);
@@ -160,4 +130,126 @@ fn migration_between_two_network_namespaces() {
     );
     drop(ns);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts the destination in namespace `ns`; returns it, its stderr and
+/// the address it listens on.
+#[allow(clippy::zombie_processes)]
+fn start_dest(ns: &str, args: &[&str]) -> (Child, BufReader<ChildStderr>, String) {
+    let mut dest = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            env!("CARGO_BIN_EXE_s2mmu"),
+            "migrate",
+            "--listen",
+        ])
+        .arg(format!("{DEST_IP}:0"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(dest.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if err.read_line(&mut line).unwrap_or(0) == 0 {
+            let _ = dest.kill();
+            let _ = dest.wait();
+            panic!("the destination exited early");
+        }
+        if let Some(rest) = line.split("destination listening on ").nth(1) {
+            let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+            return (dest, err, addr);
+        }
+    }
+}
+
+/// Waits for `c` at most a minute; kills it and fails past that.
+fn wait_bounded(c: &mut Child) -> ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("a migration process hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_peer_that_vanishes_from_the_network_ends_both_sides() {
+    let (ns, dest_ns, src_ns) = match make("b") {
+        Ok(v) => v,
+        Err(why) => {
+            eprintln!("skipped: cannot make network namespaces here ({why})");
+            return;
+        }
+    };
+    // Plain TCP (the warning is expected), slowed so the cut lands
+    // mid-stream.
+    let common = [
+        "--mem",
+        "64M",
+        "-s",
+        "anonymous",
+        "--warmup",
+        "50ms",
+        "--run-after",
+        "50ms",
+        "--plot",
+        "",
+        "--io-timeout",
+        "2s",
+        "--bandwidth",
+        "4M",
+    ];
+    let (mut dest, mut derr, addr) = start_dest(&dest_ns, &common);
+    let mut src = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &src_ns,
+            env!("CARGO_BIN_EXE_s2mmu"),
+            "migrate",
+            "--to",
+            &addr,
+        ])
+        .args(common)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if derr.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        if line.contains("source connected") {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    // The destination's host disappears: no FIN, no RST, nothing.
+    let dev = format!("s2m{}bd", std::process::id());
+    ip(&["-n", &dest_ns, "link", "set", &dev, "down"]).unwrap();
+    let serr = src.stderr.take().unwrap();
+    let s_status = wait_bounded(&mut src);
+    let d_status = wait_bounded(&mut dest);
+    let mut slog = String::new();
+    let _ = BufReader::new(serr).read_to_string(&mut slog);
+    let mut dlog = String::new();
+    let _ = derr.read_to_string(&mut dlog);
+    assert!(!s_status.success(), "the source succeeded: {slog}");
+    assert!(!d_status.success(), "the destination succeeded: {dlog}");
+    assert!(slog.contains("timed out"), "source: {slog}");
+    assert!(dlog.contains("timed out"), "destination: {dlog}");
+    drop(ns);
 }
