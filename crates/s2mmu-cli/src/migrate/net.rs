@@ -61,15 +61,65 @@ impl Conn for TcpStream {
     }
 }
 
-impl Conn for StreamOwned<ClientConnection, TcpStream> {
-    fn tcp(&self) -> Option<&TcpStream> {
-        Some(&self.sock)
+/// A socket read in large chunks: rustls asks for 4 KiB at a time, which
+/// would be a system call per 4 KiB of a bulk stream. Writes go straight
+/// through.
+pub struct SockBuf {
+    sock: TcpStream,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl SockBuf {
+    fn new(sock: TcpStream) -> Self {
+        SockBuf {
+            sock,
+            buf: vec![0u8; 256 << 10].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
     }
 }
 
-impl Conn for StreamOwned<ServerConnection, TcpStream> {
+impl Read for SockBuf {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.start == self.end {
+            if out.len() >= self.buf.len() {
+                return self.sock.read(out);
+            }
+            let n = self.sock.read(&mut self.buf)?;
+            self.start = 0;
+            self.end = n;
+        }
+        let n = out.len().min(self.end - self.start);
+        out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        Ok(n)
+    }
+}
+
+impl Write for SockBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.sock.write(b)
+    }
+    fn write_vectored(&mut self, b: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        self.sock.write_vectored(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.sock.flush()
+    }
+}
+
+impl Conn for StreamOwned<ClientConnection, SockBuf> {
     fn tcp(&self) -> Option<&TcpStream> {
-        Some(&self.sock)
+        Some(&self.sock.sock)
+    }
+}
+
+impl Conn for StreamOwned<ServerConnection, SockBuf> {
+    fn tcp(&self) -> Option<&TcpStream> {
+        Some(&self.sock.sock)
     }
 }
 
@@ -266,10 +316,11 @@ fn handshake_error(e: std::io::Error) -> MigrateError {
 }
 
 fn tls_client(
-    mut s: TcpStream,
+    s: TcpStream,
     cfg: &Arc<ClientConfig>,
     name: &str,
-) -> Result<StreamOwned<ClientConnection, TcpStream>, MigrateError> {
+) -> Result<StreamOwned<ClientConnection, SockBuf>, MigrateError> {
+    let mut s = SockBuf::new(s);
     let name = ServerName::try_from(name.to_string())
         .map_err(|e| setup(&format!("TLS server name '{name}'"), e))?;
     let mut c = ClientConnection::new(cfg.clone(), name).map_err(|e| setup("TLS client", e))?;
@@ -280,9 +331,10 @@ fn tls_client(
 }
 
 fn tls_server(
-    mut s: TcpStream,
+    s: TcpStream,
     cfg: &Arc<ServerConfig>,
-) -> Result<StreamOwned<ServerConnection, TcpStream>, MigrateError> {
+) -> Result<StreamOwned<ServerConnection, SockBuf>, MigrateError> {
+    let mut s = SockBuf::new(s);
     let mut c = ServerConnection::new(cfg.clone()).map_err(|e| setup("TLS server", e))?;
     while c.is_handshaking() {
         c.complete_io(&mut s).map_err(handshake_error)?;
@@ -332,7 +384,7 @@ fn exchange_io(what: &str, e: &std::io::Error) -> MigrateError {
 }
 
 fn psk_client(
-    c: &mut StreamOwned<ClientConnection, TcpStream>,
+    c: &mut StreamOwned<ClientConnection, SockBuf>,
     key: &hmac::Key,
 ) -> Result<(), MigrateError> {
     let mut exporter = [0u8; 32];
@@ -361,7 +413,7 @@ fn psk_client(
 }
 
 fn psk_server(
-    c: &mut StreamOwned<ServerConnection, TcpStream>,
+    c: &mut StreamOwned<ServerConnection, SockBuf>,
     key: &hmac::Key,
 ) -> Result<(), MigrateError> {
     let mut exporter = [0u8; 32];
