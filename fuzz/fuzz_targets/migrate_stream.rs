@@ -1,6 +1,7 @@
-//! The migration destination against hostile streams: records are generated
-//! from the fuzzer's bytes and written with valid checksums (so they get past
-//! the checksum checks and reach the decoders), then optionally damaged. The
+//! The migration destination against hostile streams (format version 2):
+//! records are generated from the fuzzer's bytes and written with valid
+//! checksums (so they get past the checksum checks and reach the decoders),
+//! then optionally damaged. The
 //! destination may reject a stream, but it must never panic, and it must
 //! never resume a guest from a stream that lacked a page or the vCPU state.
 #![no_main]
@@ -20,6 +21,8 @@ fuzz_target!(|data: &[u8]| {
         mem_size: pages * PAGE_SIZE as u64,
         slots: u32::from(next() % 3),
         gpa_base: u64::from(next()) << 20,
+        vcpus: u32::from(next() % 3),
+        channels: u16::from(next() % 2) + 1,
         backing: ["anonymous", "anonymous_thp", "bogus"][usize::from(next() % 3)].into(),
         verify_full: next() & 1 == 1,
     };
@@ -27,6 +30,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(mut w) = WireWriter::new(&mut stream, &header) else {
         return;
     };
+    // The link probe (a destination expects it first).
+    if next() & 1 == 1 {
+        let _ = w.probe(u64::from(next() % 64), &[0x55; 64], &mut |_| {});
+    }
     let records = next() % 12;
     for _ in 0..records {
         match next() % 4 {
@@ -37,8 +44,15 @@ fuzz_target!(|data: &[u8]| {
                 let _ = w.page(gpa, &[fill; PAGE_SIZE]);
             }
             1 => {
-                let t = [tag::ROUND, tag::STATE, tag::VERIFY, tag::END, tag::ABORT, 0x7f]
-                    [usize::from(next() % 6)];
+                let t = [
+                    tag::ROUND,
+                    tag::STATE,
+                    tag::VERIFY,
+                    tag::END,
+                    tag::ABORT,
+                    tag::JOIN,
+                    0x7f,
+                ][usize::from(next() % 7)];
                 let len = usize::from(next() % 96);
                 let body: Vec<u8> = (0..len).map(|_| next()).collect();
                 let _ = w.control(t, &body);
@@ -64,8 +78,8 @@ fuzz_target!(|data: &[u8]| {
         _ => {}
     }
     let cfg = DestConfig {
-        policy: MmuPolicy::default(),
-        run_after: Duration::from_millis(1),
+        prefault: false,
+        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(1))
     };
     let mut reply = Vec::new();
     if let Ok(out) = receive_from(stream.as_slice(), &mut reply, &cfg) {

@@ -39,7 +39,7 @@ enum Cmd {
     /// Runs every seed's experiment and writes a report next to the published figures.
     Reproduce(reproduce::Params),
     /// Pre-copy live migration of a running guest over TCP (in one process, or --listen/--to).
-    Migrate(migrate::Params),
+    Migrate(Box<migrate::Params>),
 }
 
 fn main() -> ExitCode {
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
         Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
-        Cmd::Migrate(p) => migrate::main(p),
+        Cmd::Migrate(p) => migrate::main(*p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,13 +6,28 @@ use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::migrate::dest::{receive, receive_from, DestConfig, DestOutcome};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
+use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
 use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig};
 use s2mmu_cli::migrate::wire::{tag, Record, WireReader, PAGE_SIZE};
 use s2mmu_vm::{Backing, Pattern};
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// A source that uses `stream` (already connected) as its one channel.
+fn once(stream: TcpStream) -> impl FnMut(u16) -> Result<BoxConn, MigrateError> {
+    let mut s = Some(stream);
+    move |_| {
+        s.take()
+            .map(|s| Box::new(s) as BoxConn)
+            .ok_or_else(|| MigrateError::Setup("one channel only".into()))
+    }
+}
+
+fn plain() -> NetConfig {
+    NetConfig::plain(Duration::from_secs(10))
+}
 
 fn small(mem: u64) -> SourceConfig {
     SourceConfig {
@@ -30,13 +45,20 @@ fn small(mem: u64) -> SourceConfig {
 
 fn dest_cfg() -> DestConfig {
     DestConfig {
-        policy: MmuPolicy::default(),
-        run_after: Duration::from_millis(50),
+        prefault: false,
+        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
     }
 }
 
 fn check_equal(cfg: &SourceConfig) {
-    let (s, d) = migrate_in_process(cfg, &dest_cfg()).expect("migration succeeds");
+    check_equal_over(cfg, &plain());
+}
+
+fn check_equal_over(cfg: &SourceConfig, net: &NetConfig) {
+    let (s, d) = migrate_in_process(cfg, &dest_cfg(), net).expect("migration succeeds");
+    assert_eq!(s.channels, cfg.channels);
+    assert_eq!(d.channels, cfg.channels);
+    assert_eq!(d.probe_bytes, cfg.mem_size);
     assert_eq!(s.slot_digests.len(), cfg.slots as usize);
     assert_eq!(s.slot_digests, d.slot_digests, "per-slot digests agree");
     assert!(d.resumed_at.is_some());
@@ -68,6 +90,35 @@ fn ring_migration_leaves_equal_memory() {
 }
 
 #[test]
+fn three_channels_over_tls_leave_equal_memory() {
+    // Each page on the channel owning its stripe, every channel its own
+    // mutual-TLS connection.
+    let net = NetConfig {
+        io_timeout: Duration::from_secs(10),
+        security: net::ephemeral_tls().unwrap(),
+    };
+    check_equal_over(
+        &SourceConfig {
+            channels: 3,
+            verify_full: true,
+            ..small(16 << 20)
+        },
+        &net,
+    );
+}
+
+#[test]
+fn ring_harvest_over_two_channels_leaves_equal_memory() {
+    check_equal(&SourceConfig {
+        channels: 2,
+        harvest: Harvest::Ring,
+        pattern: Pattern::Random,
+        verify_full: true,
+        ..small(16 << 20)
+    });
+}
+
+#[test]
 fn baseline_policy_with_throttle_migrates() {
     // A guest dirtying twice as fast as the link drains: auto-converge must
     // throttle it enough to finish.
@@ -94,6 +145,17 @@ impl<R: Read> Read for Tee<R> {
     }
 }
 
+impl<R: Write> Write for Tee<R> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.inner.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<R: Read + Write + Send> Conn for Tee<R> {}
+
 /// A real migration whose stream is recorded on the way in.
 fn recorded_stream() -> Vec<u8> {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -106,25 +168,34 @@ fn recorded_stream() -> Vec<u8> {
         receive_from(tee, &s, &dest_cfg())
     });
     let stream = TcpStream::connect(addr).unwrap();
-    migrate_source(&small(8 << 20), &stream, &stream).expect("source");
+    migrate_source(&small(8 << 20), &mut once(stream)).expect("source");
     t.join().unwrap().expect("destination");
     let v = copy.lock().unwrap().clone();
     v
 }
 
-/// Offsets and tags of the records after the header.
+/// Offsets and tags of the records after the opening and HEADER.
 fn records(stream: &[u8]) -> Vec<(usize, u8)> {
-    let hlen = u32::from_le_bytes(stream[10..14].try_into().unwrap()) as usize;
-    let mut at = 14 + hlen + 8;
+    let hlen = u32::from_le_bytes(stream[11..15].try_into().unwrap()) as usize;
+    let mut at = 10 + 1 + 4 + hlen + 8;
     let mut v = Vec::new();
+    let u64_at = |a: usize| u64::from_le_bytes(stream[a..a + 8].try_into().unwrap());
     while at < stream.len() {
         let t = stream[at];
         v.push((at, t));
-        at += if t == tag::PAGE {
-            17 + PAGE_SIZE
-        } else {
-            let len = u32::from_le_bytes(stream[at + 1..at + 5].try_into().unwrap()) as usize;
-            1 + 4 + len + 8
+        at += match t {
+            tag::PAGES => {
+                let count = u16::from_le_bytes(stream[at + 1..at + 3].try_into().unwrap()) as usize;
+                let data = (0..count)
+                    .filter(|k| u64_at(at + 3 + 16 * k) & 1 == 0)
+                    .count();
+                3 + 16 * count + 8 + data * PAGE_SIZE
+            }
+            tag::PROBE => 17 + u64_at(at + 1) as usize,
+            _ => {
+                let len = u32::from_le_bytes(stream[at + 1..at + 5].try_into().unwrap()) as usize;
+                1 + 4 + len + 8
+            }
         };
     }
     assert_eq!(at, stream.len(), "records tile the stream");
@@ -153,11 +224,13 @@ fn assert_rejected(stream: &[u8], check: impl Fn(&MigrateError) -> bool) {
         Err(e) => assert!(check(&e), "unexpected error: {e}"),
         Ok(_) => panic!("a damaged stream was accepted and the guest resumed"),
     }
+    let tags = reply_tags(&reply);
     assert_eq!(
-        reply_tags(&reply),
-        vec![tag::REJECTED],
-        "the source is told, and no RESUMED is sent"
+        tags.last(),
+        Some(&tag::REJECTED),
+        "the source is told: {tags:x?}"
     );
+    assert!(!tags.contains(&tag::RESUMED), "no RESUMED is sent");
 }
 
 #[test]
@@ -167,18 +240,32 @@ fn damaged_streams_are_rejected_and_never_resumed() {
     // The untouched stream resumes.
     let (r, reply) = replay(&good);
     r.expect("the recorded stream is valid");
-    assert_eq!(reply_tags(&reply), vec![tag::RESUMED]);
+    assert_eq!(
+        reply_tags(&reply),
+        vec![tag::ACCEPT, tag::PROBED, tag::RESUMED]
+    );
 
-    // A flipped byte in a page's data.
-    let (page_at, _) = *recs.iter().find(|(_, t)| *t == tag::PAGE).unwrap();
+    // A flipped byte in a page's data (the first record's first page is
+    // not a zero page: the guest stamped every page).
+    let (page_at, _) = *recs.iter().find(|(_, t)| *t == tag::PAGES).unwrap();
+    let count = u16::from_le_bytes(good[page_at + 1..page_at + 3].try_into().unwrap()) as usize;
+    let data_at = page_at + 3 + 16 * count + 8;
     let mut bad = good.clone();
-    bad[page_at + 17 + 1000] ^= 0x40;
+    bad[data_at + 1000] ^= 0x40;
     assert_rejected(&bad, |e| matches!(e, MigrateError::PageChecksum { .. }));
 
-    // A flipped byte in a page's address: its checksum is seeded with it.
+    // A flipped byte in a page's address: the record's checksum covers it.
     let mut bad = good.clone();
-    bad[page_at + 2] ^= 0x10;
-    assert_rejected(&bad, |e| matches!(e, MigrateError::PageChecksum { .. }));
+    bad[page_at + 3 + 2] ^= 0x10;
+    assert_rejected(&bad, |e| {
+        matches!(
+            e,
+            MigrateError::RecordChecksum {
+                record: "PAGES",
+                ..
+            }
+        )
+    });
 
     // A flipped byte in the vCPU STATE control record.
     let (state_at, _) = *recs.iter().find(|(_, t)| *t == tag::STATE).unwrap();
@@ -211,16 +298,17 @@ fn damaged_streams_are_rejected_and_never_resumed() {
     // Truncated: in the header, inside a page, and cleanly before END.
     let (end_at, end_tag) = *recs.last().unwrap();
     assert_eq!(end_tag, tag::END);
-    for cut in [5, page_at + 17 + 2048, end_at] {
+    for cut in [5, data_at + 2048, end_at] {
         assert_rejected(&good[..cut], |e| {
             matches!(e, MigrateError::Truncated { .. })
         });
     }
 
-    // A whole page record missing, the stream otherwise intact: END's
+    // A whole PAGES record missing, the stream otherwise intact: END's
     // counts no longer match.
+    let next_at = recs.iter().find(|(a, _)| *a > page_at).unwrap().0;
     let mut bad = good[..page_at].to_vec();
-    bad.extend_from_slice(&good[page_at + 17 + PAGE_SIZE..]);
+    bad.extend_from_slice(&good[next_at..]);
     assert_rejected(&bad, |e| {
         matches!(e, MigrateError::Malformed { record: "END", .. })
     });
@@ -242,10 +330,10 @@ fn a_migration_that_cannot_converge_fails_cleanly() {
     let addr = listener.local_addr().unwrap();
     let t = std::thread::spawn(move || {
         let (s, _) = listener.accept().unwrap();
-        receive(&s, &dest_cfg())
+        receive(s, &dest_cfg())
     });
     let stream = TcpStream::connect(addr).unwrap();
-    let src = migrate_source(&cfg, &stream, &stream);
+    let src = migrate_source(&cfg, &mut once(stream));
     match &src {
         Err(MigrateError::NotConverged { rounds, .. }) => assert_eq!(*rounds, 3),
         other => panic!("expected NotConverged, got {other:?}"),
@@ -265,36 +353,63 @@ fn read_n(r: &mut impl Read, n: usize) -> std::io::Result<Vec<u8>> {
 }
 
 /// Forwards the source's stream to the destination, rewriting one page's
-/// data *and* its checksum: a stream that is valid but carries the wrong
-/// memory, as a dirty-tracking bug would produce.
+/// data, *its* checksum and its record's: a stream that is valid but
+/// carries the wrong memory, as a dirty-tracking bug would produce.
 fn tampering_proxy(mut from: TcpStream, mut to: TcpStream, victim: u64) -> std::io::Result<()> {
-    use s2mmu_cli::migrate::hash::xxh64;
-    use std::io::Write;
+    use s2mmu_cli::migrate::hash::{checksum, page_hash};
     let (mut back_from, mut back_to) = (to.try_clone()?, from.try_clone()?);
     std::thread::spawn(move || std::io::copy(&mut back_from, &mut back_to));
-    let head = read_n(&mut from, 14)?;
-    let len = u32::from_le_bytes(head[10..14].try_into().unwrap()) as usize;
+    // The opening and HEADER.
+    let head = read_n(&mut from, 15)?;
+    let len = u32::from_le_bytes(head[11..15].try_into().unwrap()) as usize;
     to.write_all(&head)?;
     to.write_all(&read_n(&mut from, len + 8)?)?;
     let mut tampered = false;
     loop {
         let t = read_n(&mut from, 1)?;
         to.write_all(&t)?;
-        if t[0] == tag::PAGE {
-            let mut rec = read_n(&mut from, 16 + PAGE_SIZE)?;
-            let gpa = u64::from_le_bytes(rec[0..8].try_into().unwrap());
-            if !tampered && gpa == victim {
-                tampered = true;
-                rec[16 + 8] ^= 0xff;
-                let h = xxh64(&rec[16..], gpa);
-                rec[8..16].copy_from_slice(&h.to_le_bytes());
+        match t[0] {
+            tag::PAGES => {
+                let c = read_n(&mut from, 2)?;
+                let count = u16::from_le_bytes(c[..].try_into().unwrap()) as usize;
+                let mut entries = read_n(&mut from, 16 * count + 8)?;
+                let mut datas = Vec::new();
+                for k in 0..count {
+                    let word = u64::from_le_bytes(entries[16 * k..16 * k + 8].try_into().unwrap());
+                    if word & 1 == 0 {
+                        datas.push((k, word, read_n(&mut from, PAGE_SIZE)?));
+                    }
+                }
+                for (k, gpa, data) in &mut datas {
+                    if !tampered && *gpa == victim {
+                        tampered = true;
+                        data[8] ^= 0xff;
+                        let h = page_hash(data, *gpa);
+                        entries[16 * *k + 8..16 * *k + 16].copy_from_slice(&h.to_le_bytes());
+                        let mut covered = c.clone();
+                        covered.extend_from_slice(&entries[..16 * count]);
+                        let check = checksum(&covered, u64::from(tag::PAGES));
+                        entries[16 * count..].copy_from_slice(&check.to_le_bytes());
+                    }
+                }
+                to.write_all(&c)?;
+                to.write_all(&entries)?;
+                for (_, _, d) in datas {
+                    to.write_all(&d)?;
+                }
             }
-            to.write_all(&rec)?;
-        } else {
-            let l = read_n(&mut from, 4)?;
-            let n = u32::from_le_bytes(l[..].try_into().unwrap()) as usize;
-            to.write_all(&l)?;
-            to.write_all(&read_n(&mut from, n + 8)?)?;
+            tag::PROBE => {
+                let l = read_n(&mut from, 16)?;
+                let n = u64::from_le_bytes(l[..8].try_into().unwrap()) as usize;
+                to.write_all(&l)?;
+                to.write_all(&read_n(&mut from, n)?)?;
+            }
+            _ => {
+                let l = read_n(&mut from, 4)?;
+                let n = u32::from_le_bytes(l[..].try_into().unwrap()) as usize;
+                to.write_all(&l)?;
+                to.write_all(&read_n(&mut from, n + 8)?)?;
+            }
         }
     }
 }
@@ -305,7 +420,7 @@ fn wrong_memory_on_the_destination_fails_verification() {
     let dest_addr = dest_listener.local_addr().unwrap();
     let dest = std::thread::spawn(move || {
         let (s, _) = dest_listener.accept().unwrap();
-        receive(&s, &dest_cfg())
+        receive(s, &dest_cfg())
     });
     let proxy_listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let proxy_addr = proxy_listener.local_addr().unwrap();
@@ -323,7 +438,7 @@ fn wrong_memory_on_the_destination_fails_verification() {
         dirty_rate: 2 * PAGE_SIZE as u64,
         ..small(8 << 20)
     };
-    let r = migrate_source(&cfg, &stream, &stream);
+    let r = migrate_source(&cfg, &mut once(stream));
     match &r {
         Err(MigrateError::MemoryMismatch { slot: 1, .. }) => {}
         other => panic!("expected a verification failure, got {other:?}"),

@@ -1,19 +1,77 @@
-//! The destination: receives the stream into its own guest memory,
+//! The destination: authenticates the source, checks what the stream asks
+//! for against its own limits before it allocates anything, receives the
+//! pages straight into its guest memory over one or more channels,
 //! verifies every page and the whole, and resumes the guest only from a
 //! complete, valid stream.
 
 use super::error::MigrateError;
-use super::hash::digest_of;
+use super::hash::{digest_of, page_hash, ZERO_PAGE};
+use super::net::{self, BoxConn, Conn, Duplex, NetConfig};
 use super::wire::{
-    tag, tag_name, Dec, Enc, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
+    channel_of, record_name, tag, tag_name, Dec, Enc, GuestState, Header, Opening, Record,
+    WireReader, WireWriter, MAX_BATCH, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE,
+    SESSION_LEN,
 };
+use ring::rand::{SecureRandom, SystemRandom};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
-use std::io::{BufReader, Read, Write};
-use std::net::TcpStream;
-use std::sync::atomic::Ordering;
+use std::io::{IoSliceMut, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What the destination accepts: a stream that asks for more is rejected
+/// before anything is allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of guest memory.
+    pub max_mem: u64,
+    /// vCPUs.
+    pub max_vcpus: u32,
+    /// Memslots.
+    pub max_slots: u32,
+    /// Channels (connections) of one migration.
+    pub max_channels: u16,
+}
+
+impl Limits {
+    /// Only this build's own bounds.
+    pub fn of_build() -> Self {
+        Limits {
+            max_mem: MAX_MEM,
+            max_vcpus: MAX_VCPUS,
+            max_slots: MAX_SLOTS,
+            max_channels: MAX_CHANNELS,
+        }
+    }
+
+    /// Checks a header against these limits.
+    ///
+    /// # Errors
+    /// [`MigrateError::OverLimit`].
+    pub fn check(&self, h: &Header) -> Result<(), MigrateError> {
+        let over = |what, asked: u64, allowed: u64| {
+            if asked > allowed {
+                Err(MigrateError::OverLimit {
+                    what,
+                    asked,
+                    allowed,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        over("bytes of guest memory", h.mem_size, self.max_mem)?;
+        over("vCPUs", u64::from(h.vcpus), u64::from(self.max_vcpus))?;
+        over("memslots", u64::from(h.slots), u64::from(self.max_slots))?;
+        over(
+            "channels",
+            u64::from(h.channels),
+            u64::from(self.max_channels),
+        )
+    }
+}
 
 /// How the destination runs.
 #[derive(Clone, Debug)]
@@ -23,16 +81,46 @@ pub struct DestConfig {
     /// How long to run the resumed guest before stopping (it proves the
     /// guest runs; the source has stopped it by then).
     pub run_after: Duration,
+    /// What it accepts.
+    pub limits: Limits,
+    /// How long it waits for the source's further channels.
+    pub io_timeout: Duration,
+    /// Log connections on stderr.
+    pub progress: bool,
+    /// Back all of guest memory with RAM before the stream starts.
+    pub prefault: bool,
+}
+
+impl DestConfig {
+    /// A destination with `policy` that accepts what this build can take.
+    pub fn new(policy: MmuPolicy, run_after: Duration) -> Self {
+        DestConfig {
+            policy,
+            run_after,
+            limits: Limits::of_build(),
+            io_timeout: Duration::from_secs(5),
+            progress: false,
+            prefault: true,
+        }
+    }
 }
 
 /// What the destination did.
 #[derive(Clone, Debug, Default)]
 pub struct DestOutcome {
-    /// Page records received up to END (pages sent more than once count
-    /// each time; the verification pass not included).
+    /// Page records received up to END on all channels (pages sent more
+    /// than once count each time; the verification pass not included).
     pub page_records: u64,
-    /// Stream bytes received up to END.
+    /// Of those, zero pages.
+    pub zero_pages: u64,
+    /// Stream bytes received up to END on all channels.
     pub bytes: u64,
+    /// Channels the stream came over.
+    pub channels: u16,
+    /// Bytes of the link probe.
+    pub probe_bytes: u64,
+    /// How long backing guest memory with RAM took (before the stream).
+    pub prefault: Duration,
     /// When the guest resumed.
     pub resumed_at: Option<Instant>,
     /// Per-slot digests of the memory the guest resumed from.
@@ -45,31 +133,128 @@ pub struct DestOutcome {
     pub resumed_passes: Vec<u64>,
 }
 
-/// Receives one migration from a TCP connection and resumes the guest.
+/// Accepts one source on `listener`, authenticates it as `net` says,
+/// joins its further channels and receives the migration.
 ///
 /// # Errors
-/// As [`receive_from`].
-pub fn receive(stream: &TcpStream, cfg: &DestConfig) -> Result<DestOutcome, MigrateError> {
-    let _ = stream.set_nodelay(true);
-    receive_from(BufReader::with_capacity(1 << 18, stream), stream, cfg)
+/// [`MigrateError::Auth`] when the peer failed authentication (nothing of
+/// the stream was read, no guest memory exists yet); otherwise as
+/// [`receive_from`].
+pub fn serve(
+    listener: &TcpListener,
+    cfg: &DestConfig,
+    net: &NetConfig,
+) -> Result<DestOutcome, MigrateError> {
+    let (s, peer) = net::accept_until(listener, None)?;
+    if cfg.progress {
+        eprintln!("source connected from {peer}");
+    }
+    let main = net::server(s, net)?;
+    receive_core(main, cfg, &mut |h, session| {
+        join_channels(listener, net, cfg, h, session)
+    })
 }
 
-/// Receives one migration from `input`, replying on `reply`.
+/// Receives one migration from `input`, replying on `reply`: one channel,
+/// no authentication (a recorded stream, a fuzzer's, a test's).
 ///
 /// # Errors
 /// Any stream error ([`MigrateError::Truncated`],
-/// [`MigrateError::PageChecksum`], ...), [`MigrateError::Incomplete`],
+/// [`MigrateError::PageChecksum`], ...), [`MigrateError::OverLimit`],
+/// [`MigrateError::BadState`], [`MigrateError::Incomplete`],
 /// [`MigrateError::Aborted`]. On an error the guest is not resumed and the
 /// source is told why when the connection still works.
-pub fn receive_from<R: Read, W: Write>(
+pub fn receive_from<R: Read + Send, W: Write + Send>(
     input: R,
-    mut reply: W,
+    reply: W,
     cfg: &DestConfig,
 ) -> Result<DestOutcome, MigrateError> {
-    let result = receive_inner(input, &mut reply, cfg);
+    receive_core(
+        Duplex {
+            input,
+            output: reply,
+        },
+        cfg,
+        &mut |h, _| {
+            Err(MigrateError::OverLimit {
+                what: "channels",
+                asked: u64::from(h.channels),
+                allowed: 1,
+            })
+        },
+    )
+}
+
+/// Receives one migration on an accepted, authenticated TCP connection
+/// (one channel only).
+///
+/// # Errors
+/// As [`receive_from`].
+pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, MigrateError> {
+    net::configure(&stream, cfg.io_timeout)?;
+    receive_from(
+        stream
+            .try_clone()
+            .map_err(|e| MigrateError::io("the connection", &e))?,
+        stream,
+        cfg,
+    )
+}
+
+type Join<'a> =
+    dyn FnMut(&Header, &[u8; SESSION_LEN]) -> Result<Vec<WireReader<BoxConn>>, MigrateError> + 'a;
+
+/// Accepts the source's further channels: each must authenticate and
+/// join this session with a channel number not seen yet. Others are
+/// dropped; the wait ends at the I/O timeout.
+fn join_channels(
+    listener: &TcpListener,
+    net: &NetConfig,
+    cfg: &DestConfig,
+    h: &Header,
+    session: &[u8; SESSION_LEN],
+) -> Result<Vec<WireReader<BoxConn>>, MigrateError> {
+    let n = usize::from(h.channels);
+    let mut got: Vec<Option<WireReader<BoxConn>>> = (1..n).map(|_| None).collect();
+    let deadline = Instant::now() + cfg.io_timeout;
+    while got.iter().any(Option::is_none) {
+        let (s, peer) = net::accept_until(listener, Some(deadline))?;
+        let conn = match net::server(s, net) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("refused a connection from {peer} while joining channels: {e}");
+                continue;
+            }
+        };
+        match WireReader::open(conn) {
+            Ok((
+                rd,
+                Opening::Join {
+                    session: s,
+                    channel,
+                },
+            )) if &s == session
+                && (1..n).contains(&usize::from(channel))
+                && got[usize::from(channel) - 1].is_none() =>
+            {
+                got[usize::from(channel) - 1] = Some(rd);
+            }
+            Ok(_) => eprintln!("refused a connection from {peer}: not a channel of this migration"),
+            Err(e) => eprintln!("refused a connection from {peer}: {e}"),
+        }
+    }
+    Ok(got.into_iter().flatten().collect())
+}
+
+fn receive_core<C: Conn>(
+    mut main: C,
+    cfg: &DestConfig,
+    join: &mut Join<'_>,
+) -> Result<DestOutcome, MigrateError> {
+    let result = receive_inner(&mut main, cfg, join);
     if let Err(e) = &result {
         if !matches!(e, MigrateError::Aborted { .. }) {
-            let mut r = WireWriter::replies(&mut reply);
+            let mut r = WireWriter::replies(&mut main);
             let _ = r.control(tag::REJECTED, e.to_string().as_bytes());
             let _ = r.flush();
         }
@@ -77,79 +262,400 @@ pub fn receive_from<R: Read, W: Write>(
     result
 }
 
-fn receive_inner<R: Read, W: Write>(
-    input: R,
-    mut reply: W,
+/// The destination's guest memory, written directly (no vCPU runs before
+/// the resume, and every page belongs to exactly one channel's thread).
+struct RawMem {
+    base: *mut u8,
+    size: u64,
+}
+
+// SAFETY: a plain pointer into a mapping the VM keeps alive for as long as
+// the receiving threads run (they are scoped inside `receive_inner`, which
+// holds the VM); which thread may touch which page is the stripe rule,
+// checked before every write.
+unsafe impl Send for RawMem {}
+// SAFETY: as above.
+unsafe impl Sync for RawMem {}
+
+impl RawMem {
+    /// The page at `off`.
+    ///
+    /// # Safety
+    /// `off` is a page-aligned offset inside guest memory, no vCPU runs,
+    /// and only the calling thread accesses this page while the slice
+    /// lives (the page belongs to its channel).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn page(&self, off: u64) -> &mut [u8] {
+        debug_assert!(off + PAGE_SIZE as u64 <= self.size);
+        // SAFETY: in bounds of the live mapping (the caller's contract),
+        // and exclusively this thread's.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(off as usize), PAGE_SIZE) }
+    }
+}
+
+/// What the receiving threads share.
+struct Shared<'a> {
+    vm: &'a Vm,
+    raw: RawMem,
+    channels: u16,
+    /// One bit per page: received at least once.
+    received: Vec<AtomicU64>,
+    /// Each page's hash.
+    hashes: Vec<AtomicU64>,
+    /// With verify-full: the memory the guest resumes from.
+    snapshot: Option<Vec<AtomicU64>>,
+}
+
+impl Shared<'_> {
+    /// Takes the data of the PAGES record just read on `channel` into
+    /// guest memory (one vectored read for all its pages), checking each
+    /// page.
+    fn take_pages<R: Read>(
+        &self,
+        rd: &mut WireReader<R>,
+        channel: u16,
+        at_byte: u64,
+    ) -> Result<(), MigrateError> {
+        // Every entry is checked before any byte lands: in guest memory,
+        // on its own channel, and not twice in the record (each page
+        // becomes its own slice).
+        let mut offs = [0u64; MAX_BATCH];
+        let n = rd.entries().len();
+        for (k, e) in rd.entries().iter().enumerate() {
+            let off = page_offset(self.vm, e.gpa, at_byte)?;
+            let owner = channel_of(off / PAGE_SIZE as u64, self.channels);
+            if owner != channel {
+                return Err(MigrateError::Malformed {
+                    record: "PAGES",
+                    at_byte,
+                    why: format!(
+                        "the page at gpa {:#x} came on channel {channel}; it belongs to channel {owner}",
+                        e.gpa
+                    ),
+                });
+            }
+            offs[k] = off;
+        }
+        let mut sorted = offs;
+        sorted[..n].sort_unstable();
+        if let Some(w) = sorted[..n].windows(2).find(|w| w[0] == w[1]) {
+            return Err(MigrateError::Malformed {
+                record: "PAGES",
+                at_byte,
+                why: format!("the page at offset {:#x} twice in one record", w[0]),
+            });
+        }
+        let mut bufs: Vec<IoSliceMut<'_>> = Vec::with_capacity(n);
+        for (k, e) in rd.entries().iter().enumerate() {
+            if !e.zero {
+                // SAFETY: `offs[k]` is a page of guest memory (page_offset),
+                // the guest does not run before the resume, the page
+                // belongs to `channel`, which only this thread reads, and
+                // no other slice of this record covers it (no duplicates).
+                bufs.push(IoSliceMut::new(unsafe { self.raw.page(offs[k]) }));
+            }
+        }
+        rd.read_pages(&mut bufs)?;
+        drop(bufs);
+        for (k, &off) in offs[..n].iter().enumerate() {
+            let e = rd.entries()[k];
+            let i = off / PAGE_SIZE as u64;
+            let bit = 1u64 << (i % 64);
+            let seen = self.received[(i / 64) as usize].load(Ordering::Relaxed) & bit != 0;
+            // SAFETY: as above; the slices given to the read are gone.
+            let page = unsafe { self.raw.page(off) };
+            let hash = if e.zero {
+                if seen {
+                    page.fill(0);
+                }
+                page_hash(&ZERO_PAGE, e.gpa)
+            } else {
+                if page_hash(page, e.gpa) != e.hash {
+                    return Err(MigrateError::PageChecksum {
+                        gpa: e.gpa,
+                        at_byte,
+                    });
+                }
+                e.hash
+            };
+            if let Some(snap) = &self.snapshot {
+                let w0 = (off / 8) as usize;
+                for (j, w) in page.chunks_exact(8).enumerate() {
+                    let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+                    snap[w0 + j].store(v, Ordering::Relaxed);
+                }
+            }
+            self.received[(i / 64) as usize].fetch_or(bit, Ordering::Relaxed);
+            self.hashes[i as usize].store(hash, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// Reads a PROBE and drops its bytes; returns its length.
+fn take_probe<R: Read>(rd: &mut WireReader<R>, h: &Header) -> Result<u64, MigrateError> {
+    match rd.next_record()? {
+        Record::Probe { len, at_byte } => {
+            if len > h.mem_size {
+                return Err(MigrateError::Malformed {
+                    record: "PROBE",
+                    at_byte,
+                    why: format!(
+                        "{len} bytes, more than the guest's {} bytes of memory",
+                        h.mem_size
+                    ),
+                });
+            }
+            rd.discard(len)?;
+            Ok(len)
+        }
+        other => Err(MigrateError::Malformed {
+            record: "PROBE",
+            at_byte: rd.pos,
+            why: format!("expected the link probe, got {}", record_name(&other)),
+        }),
+    }
+}
+
+/// A further channel: its probe, then pages until its END.
+fn channel_loop(
+    rd: &mut WireReader<BoxConn>,
+    sh: &Shared<'_>,
+    h: &Header,
+    channel: u16,
+    probed: &std::sync::mpsc::Sender<Result<u64, MigrateError>>,
+) -> Result<(), MigrateError> {
+    let p = take_probe(rd, h);
+    let failed = p.is_err();
+    let _ = probed.send(p.clone());
+    if failed {
+        return p.map(|_| ());
+    }
+    loop {
+        let at_byte = rd.pos;
+        match rd.next_record()? {
+            Record::Pages { .. } => sh.take_pages(rd, channel, at_byte)?,
+            Record::Control {
+                tag: tag::END,
+                body,
+                at_byte,
+            } => return check_end(&body, at_byte, rd.pages),
+            other => {
+                return Err(MigrateError::Malformed {
+                    record: "channel",
+                    at_byte,
+                    why: format!(
+                        "channel {channel} carries pages and END only, got {}",
+                        record_name(&other)
+                    ),
+                })
+            }
+        }
+    }
+}
+
+/// Checks the vCPU state against the header before any vCPU starts.
+fn check_state(s: &GuestState, h: &Header) -> Result<(), MigrateError> {
+    let bad = |why: String| Err(MigrateError::BadState { why });
+    let n = s.vcpus.len() as u64;
+    if n != u64::from(h.vcpus) {
+        return bad(format!(
+            "{n} vCPUs in STATE, the header announced {}",
+            h.vcpus
+        ));
+    }
+    if s.write_percent > 100 || s.pattern > 1 {
+        return bad(format!(
+            "write percent {} (at most 100), pattern {} (0 or 1)",
+            s.write_percent, s.pattern
+        ));
+    }
+    let page = PAGE_SIZE as u64;
+    if s.bytes_per_vcpu < page || !s.bytes_per_vcpu.is_multiple_of(page) {
+        return bad(format!(
+            "vCPU regions of {} bytes (whole pages)",
+            s.bytes_per_vcpu
+        ));
+    }
+    match s.bytes_per_vcpu.checked_mul(n) {
+        Some(need) if need <= h.mem_size => {}
+        _ => {
+            return bad(format!(
+                "{n} vCPU regions of {} bytes do not fit {} bytes of guest memory",
+                s.bytes_per_vcpu, h.mem_size
+            ))
+        }
+    }
+    let pages = s.bytes_per_vcpu / page;
+    if let Some((i, v)) = s
+        .vcpus
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.pass == 0 || v.next_page > pages)
+    {
+        return bad(format!(
+            "vCPU {i} at pass {}, page {} of a {pages}-page region",
+            v.pass, v.next_page
+        ));
+    }
+    Ok(())
+}
+
+fn receive_inner<C: Conn>(
+    main: &mut C,
     cfg: &DestConfig,
+    join: &mut Join<'_>,
 ) -> Result<DestOutcome, MigrateError> {
-    let (mut rd, header) = WireReader::new(input)?;
-    let vm = Arc::new(build_vm(&header, cfg.policy)?);
+    let (mut rd, header) = WireReader::new(main)?;
+    // Nothing is allocated before the stream is known to fit.
+    cfg.limits.check(&header)?;
+    Backing::parse(&header.backing).map_err(MigrateError::Setup)?;
     let page_count = header.mem_size / PAGE_SIZE as u64;
-    let mut received = vec![0u64; page_count.div_ceil(64) as usize];
-    let mut page_hash = vec![0u64; page_count as usize];
-    let mut state = None;
-    let memory = vm.memory().clone();
-    // With verify-full, what the guest will resume from, read back from
-    // guest memory as each page lands (the guest does not run here before
-    // the resume, so at END it equals guest memory; keeping it up to date
-    // costs no downtime).
-    let mut snapshot = match header.verify_full {
+    let vm = Arc::new(build_vm(&header, cfg.policy)?);
+    let prefault = if cfg.prefault {
+        populate(&vm, &mut rd)?
+    } else {
+        Duration::ZERO
+    };
+    let mut session = [0u8; SESSION_LEN];
+    SystemRandom::new()
+        .fill(&mut session)
+        .map_err(|_| MigrateError::Setup("no random numbers for a session id".into()))?;
+    {
+        let mut w = WireWriter::replies(rd.get_mut());
+        w.control(tag::ACCEPT, &session)?;
+        w.flush()?;
+    }
+    let mut extras = if header.channels > 1 {
+        join(&header, &session)?
+    } else {
+        Vec::new()
+    };
+    let snapshot = match header.verify_full {
         true => {
-            let n = header.mem_size as usize;
-            let mut v = Vec::new();
+            let n = (header.mem_size / 8) as usize;
+            let mut v: Vec<AtomicU64> = Vec::new();
             v.try_reserve_exact(n).map_err(|_| {
                 MigrateError::Setup(format!(
-                    "no memory for a {n}-byte copy of the guest (--verify-full)"
+                    "no memory for a {}-byte copy of the guest (--verify-full)",
+                    header.mem_size
                 ))
             })?;
-            v.resize(n, 0u8);
+            v.resize_with(n, || AtomicU64::new(0));
             Some(v)
         }
         false => None,
     };
-    loop {
-        let at_byte = rd.pos;
-        match rd.next_record()? {
-            Record::Page { gpa, hash } => {
-                let off = page_offset(&vm, gpa, at_byte)?;
-                if !memory.write_from(off, rd.page_data()) {
-                    return Err(MigrateError::PageOutOfRange { gpa, at_byte });
-                }
-                if let Some(snap) = snapshot.as_mut() {
-                    let o = off as usize;
-                    memory.read_into(off, &mut snap[o..o + PAGE_SIZE]);
-                }
-                let i = (off / PAGE_SIZE as u64) as usize;
-                received[i / 64] |= 1 << (i % 64);
-                page_hash[i] = hash;
+    let sh = Shared {
+        vm: &vm,
+        raw: RawMem {
+            base: vm.memory().host_addr() as *mut u8,
+            size: vm.memory().size(),
+        },
+        channels: header.channels,
+        received: (0..page_count.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+        hashes: (0..page_count).map(|_| AtomicU64::new(0)).collect(),
+        snapshot,
+    };
+    let sockets: Vec<TcpStream> = extras
+        .iter_mut()
+        .filter_map(|r| r.get_mut().tcp().and_then(|s| s.try_clone().ok()))
+        .collect();
+    let mut state = None;
+    let probe_bytes = std::thread::scope(|sc| {
+        let (ptx, prx) = std::sync::mpsc::channel();
+        let handles: Vec<_> = extras
+            .iter_mut()
+            .enumerate()
+            .map(|(k, r)| {
+                let (sh, h, ptx) = (&sh, &header, ptx.clone());
+                sc.spawn(move || channel_loop(r, sh, h, k as u16 + 1, &ptx))
+            })
+            .collect();
+        drop(ptx);
+        let main_result = (|| {
+            let mut probe = take_probe(&mut rd, &header)?;
+            for _ in 1..header.channels {
+                probe += prx
+                    .recv()
+                    .map_err(|_| MigrateError::Setup("a channel's thread ended early".into()))??;
             }
-            Record::Control {
-                tag: t,
-                body,
-                at_byte,
-            } => match t {
-                tag::ROUND => {}
-                tag::STATE => state = Some(GuestState::decode(&body, at_byte)?),
-                tag::END => {
-                    check_end(&body, at_byte, rd.pages)?;
-                    break;
-                }
-                tag::ABORT => {
-                    return Err(MigrateError::Aborted {
-                        reason: String::from_utf8_lossy(&body).into_owned(),
-                    })
-                }
-                other => {
-                    return Err(MigrateError::Malformed {
-                        record: tag_name(other),
+            let mut w = WireWriter::replies(rd.get_mut());
+            let mut e = Enc::default();
+            e.u64(probe);
+            w.control(tag::PROBED, &e.0)?;
+            w.flush()?;
+            loop {
+                let at_byte = rd.pos;
+                match rd.next_record()? {
+                    Record::Pages { .. } => sh.take_pages(&mut rd, 0, at_byte)?,
+                    Record::Control {
+                        tag: t,
+                        body,
                         at_byte,
-                        why: "not expected before the stream's END".into(),
-                    })
+                    } => match t {
+                        tag::ROUND => {}
+                        tag::STATE => state = Some(GuestState::decode(&body, at_byte)?),
+                        tag::END => {
+                            check_end(&body, at_byte, rd.pages)?;
+                            break;
+                        }
+                        tag::ABORT => {
+                            return Err(MigrateError::Aborted {
+                                reason: String::from_utf8_lossy(&body).into_owned(),
+                            })
+                        }
+                        other => {
+                            return Err(MigrateError::Malformed {
+                                record: tag_name(other),
+                                at_byte,
+                                why: "not expected before the stream's END".into(),
+                            })
+                        }
+                    },
+                    Record::Probe { at_byte, .. } => {
+                        return Err(MigrateError::Malformed {
+                            record: "PROBE",
+                            at_byte,
+                            why: "a second link probe".into(),
+                        })
+                    }
                 }
-            },
+            }
+            Ok(probe)
+        })();
+        if main_result.is_err() {
+            // End the other channels' threads now rather than at their
+            // timeouts.
+            for s in &sockets {
+                net::shutdown(s);
+            }
         }
-    }
+        let mut r = main_result;
+        for h in handles {
+            let c = h
+                .join()
+                .unwrap_or_else(|_| Err(MigrateError::Setup("a receiving thread panicked".into())));
+            // The main channel's error (an ABORT, say) explains the others'.
+            if r.is_ok() {
+                if let Err(e) = c {
+                    r = Err(e);
+                }
+            }
+        }
+        r
+    })?;
+    let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
+        (a + x.pages, b + x.pos, z + x.zero_pages)
+    });
     // Never resume from incomplete memory.
+    let received: Vec<u64> = sh
+        .received
+        .iter()
+        .map(|w| w.load(Ordering::Relaxed))
+        .collect();
     let missing: u64 = received
         .iter()
         .enumerate()
@@ -177,18 +683,24 @@ fn receive_inner<R: Read, W: Write>(
         at_byte: rd.pos,
         why: "the stream carried no vCPU STATE".into(),
     })?;
+    check_state(&state, &header)?;
+    let hashes: Vec<u64> = sh
+        .hashes
+        .iter()
+        .map(|h| h.load(Ordering::Relaxed))
+        .collect();
     let slot_digests: Vec<(u16, u64)> = vm
         .slots()
         .iter()
         .map(|s| {
             let first = (s.mem_offset / PAGE_SIZE as u64) as usize;
             let n = (s.size / PAGE_SIZE as u64) as usize;
-            (s.id, digest_of(&page_hash[first..first + n]))
+            (s.id, digest_of(&hashes[first..first + n]))
         })
         .collect();
     let wl_cfg = WorkloadConfig {
         bytes_per_vcpu: state.bytes_per_vcpu,
-        write_percent: state.write_percent.min(100),
+        write_percent: state.write_percent,
         pattern: if state.pattern == 1 {
             Pattern::Random
         } else {
@@ -197,13 +709,8 @@ fn receive_inner<R: Read, W: Write>(
         page_size: PAGE_SIZE as u64,
     };
     // Resume: vCPUs continue from the transferred state.
-    let wl = Workload::start_at(vm.clone(), wl_cfg, &state.vcpus).map_err(|e| {
-        MigrateError::Malformed {
-            record: "STATE",
-            at_byte: rd.pos,
-            why: e,
-        }
-    })?;
+    let wl = Workload::start_at(vm.clone(), wl_cfg, &state.vcpus)
+        .map_err(|why| MigrateError::BadState { why })?;
     wl.control()
         .pace_pages_per_sec
         .store(state.pace_pages_per_sec, Ordering::Relaxed);
@@ -214,15 +721,19 @@ fn receive_inner<R: Read, W: Write>(
     for (id, d) in &slot_digests {
         e.u16(*id).u64(*d);
     }
-    let mut w = WireWriter::replies(&mut reply);
-    w.control(tag::RESUMED, &e.0)?;
-    w.flush()?;
-    let (page_records, bytes) = (rd.pages, rd.pos);
+    {
+        let mut w = WireWriter::replies(rd.get_mut());
+        w.control(tag::RESUMED, &e.0)?;
+        w.flush()?;
+    }
+    let (page_records, bytes) = (rd.pages + extra_counts.0, rd.pos + extra_counts.1);
+    let zero_pages = rd.zero_pages + extra_counts.2;
     let mut verify_mismatches = None;
-    if let Some(snapshot) = snapshot {
-        let (bad, first) = compare_with_snapshot(&mut rd, &vm, &snapshot)?;
+    if let Some(snapshot) = &sh.snapshot {
+        let (bad, first) = compare_with_snapshot(&mut rd, &vm, snapshot)?;
         let mut e = Enc::default();
         e.u64(bad).u64(first);
+        let mut w = WireWriter::replies(rd.get_mut());
         w.control(tag::VERIFIED, &e.0)?;
         w.flush()?;
         verify_mismatches = Some(bad);
@@ -243,7 +754,11 @@ fn receive_inner<R: Read, W: Write>(
     drop(wl);
     Ok(DestOutcome {
         page_records,
+        zero_pages,
         bytes,
+        channels: header.channels,
+        probe_bytes,
+        prefault,
         resumed_at: Some(resumed_at),
         slot_digests,
         verify_mismatches,
@@ -252,9 +767,58 @@ fn receive_inner<R: Read, W: Write>(
     })
 }
 
+/// Backs all of guest memory with RAM before the stream starts, as QEMU's
+/// `-mem-prealloc` and Cloud Hypervisor's `prefault` do: the kernel's
+/// page zeroing (and, in a VM, the host's first touch) then does not run
+/// inside round 0. 64 MiB at a time with `MADV_POPULATE_WRITE` (touching
+/// each page where the kernel lacks it), telling the source every half
+/// second that the destination is alive.
+fn populate<R: Read + Write>(vm: &Vm, rd: &mut WireReader<R>) -> Result<Duration, MigrateError> {
+    let t0 = Instant::now();
+    let mem = vm.memory();
+    let (base, size) = (mem.host_addr() as usize, mem.size());
+    let chunk = 64u64 << 20;
+    let mut told = t0;
+    let mut off = 0u64;
+    while off < size {
+        let len = chunk.min(size - off);
+        // SAFETY: the range lies inside the VM's own live mapping; the
+        // advice only faults its pages in (their contents stay zero).
+        let r = unsafe {
+            libc::madvise(
+                (base + off as usize) as *mut libc::c_void,
+                len as usize,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if r != 0 {
+            // Older kernels: touch each page (fresh memory is zero, so is
+            // what is written).
+            let mut p = off;
+            while p < off + len {
+                mem.write_u64(p, 0);
+                p += PAGE_SIZE as u64;
+            }
+        }
+        off += len;
+        if told.elapsed() >= Duration::from_millis(500) {
+            told = Instant::now();
+            let mut w = WireWriter::replies(rd.get_mut());
+            w.control(tag::PROGRESS, &[])?;
+            w.flush()?;
+        }
+    }
+    Ok(t0.elapsed())
+}
+
 fn page_offset(vm: &Vm, gpa: u64, at_byte: u64) -> Result<u64, MigrateError> {
     match vm.locate(gpa) {
-        Some((_, off)) if gpa.is_multiple_of(PAGE_SIZE as u64) => Ok(off),
+        Some((_, off))
+            if gpa.is_multiple_of(PAGE_SIZE as u64)
+                && off + PAGE_SIZE as u64 <= vm.memory().size() =>
+        {
+            Ok(off)
+        }
         _ => Err(MigrateError::PageOutOfRange { gpa, at_byte }),
     }
 }
@@ -273,14 +837,14 @@ fn check_end(body: &[u8], at_byte: u64, pages_seen: u64) -> Result<(), MigrateEr
     Ok(())
 }
 
-/// The verification pass: VERIFY, all of the source's memory as PAGE
-/// records, END; each page is compared byte for byte with the memory the
-/// guest resumed from. Returns the number of differing pages and the
-/// first one's address.
+/// The verification pass: VERIFY, all of the source's memory as PAGES
+/// records on the main channel, END; each page is compared byte for byte
+/// with the memory the guest resumed from. Returns the number of differing
+/// pages and the first one's address.
 fn compare_with_snapshot<R: Read>(
     rd: &mut WireReader<R>,
     vm: &Vm,
-    snapshot: &[u8],
+    snapshot: &[AtomicU64],
 ) -> Result<(u64, u64), MigrateError> {
     match rd.next_record()? {
         Record::Control {
@@ -299,24 +863,47 @@ fn compare_with_snapshot<R: Read>(
             return Err(MigrateError::Malformed {
                 record: "VERIFY",
                 at_byte: rd.pos,
-                why: format!("expected the verification pass, got {other:?}"),
+                why: format!(
+                    "expected the verification pass, got {}",
+                    record_name(&other)
+                ),
             })
         }
     }
-    let page_count = snapshot.len() as u64 / PAGE_SIZE as u64;
+    let page_count = snapshot.len() as u64 * 8 / PAGE_SIZE as u64;
     let mut seen = vec![false; page_count as usize];
     let (mut bad, mut first) = (0u64, 0u64);
+    let mut buf = vec![0u8; PAGE_SIZE];
     loop {
         let at_byte = rd.pos;
         match rd.next_record()? {
-            Record::Page { gpa, .. } => {
-                let off = page_offset(vm, gpa, at_byte)? as usize;
-                seen[off / PAGE_SIZE] = true;
-                if snapshot[off..off + PAGE_SIZE] != rd.page_data()[..] {
-                    if bad == 0 {
-                        first = gpa;
+            Record::Pages { .. } => {
+                for k in 0..rd.entries().len() {
+                    let e = rd.entries()[k];
+                    let off = page_offset(vm, e.gpa, at_byte)?;
+                    if e.zero {
+                        buf.fill(0);
+                    } else {
+                        rd.read_page(&mut buf)?;
+                        if page_hash(&buf, e.gpa) != e.hash {
+                            return Err(MigrateError::PageChecksum {
+                                gpa: e.gpa,
+                                at_byte,
+                            });
+                        }
                     }
-                    bad += 1;
+                    seen[(off / PAGE_SIZE as u64) as usize] = true;
+                    let w0 = (off / 8) as usize;
+                    let differs = buf.chunks_exact(8).enumerate().any(|(j, w)| {
+                        snapshot[w0 + j].load(Ordering::Relaxed)
+                            != u64::from_le_bytes(w.try_into().expect("8 bytes"))
+                    });
+                    if differs {
+                        if bad == 0 {
+                            first = e.gpa;
+                        }
+                        bad += 1;
+                    }
                 }
             }
             Record::Control {
@@ -327,13 +914,11 @@ fn compare_with_snapshot<R: Read>(
                 check_end(&body, at_byte, rd.pages)?;
                 break;
             }
-            Record::Control {
-                tag: t, at_byte, ..
-            } => {
+            other => {
                 return Err(MigrateError::Malformed {
-                    record: tag_name(t),
+                    record: "verification pass",
                     at_byte,
-                    why: "not expected in the verification pass".into(),
+                    why: format!("{} is not expected in it", record_name(&other)),
                 })
             }
         }

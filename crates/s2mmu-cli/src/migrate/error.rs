@@ -7,6 +7,21 @@ use std::fmt;
 pub enum MigrateError {
     /// A socket or file operation failed.
     Io { what: String, error: String },
+    /// The peer sent or took nothing for longer than the I/O timeout: it
+    /// is stopped, stalled, or gone.
+    Timeout { what: String },
+    /// The stream asks for more than the destination's own options allow.
+    OverLimit {
+        what: &'static str,
+        asked: u64,
+        allowed: u64,
+    },
+    /// The vCPU state does not describe a guest that fits the destination's
+    /// memory.
+    BadState { why: String },
+    /// The peer failed authentication (TLS or the pre-shared key); nothing
+    /// of the guest was sent or written.
+    Auth { why: String },
     /// The stream ended before it was complete.
     Truncated { at_byte: u64, inside: &'static str },
     /// The stream does not start with this format's magic.
@@ -53,8 +68,20 @@ pub enum MigrateError {
 }
 
 impl MigrateError {
-    /// An I/O error while doing `what`.
+    /// An I/O error while doing `what`; a socket deadline that passed is
+    /// [`MigrateError::Timeout`].
     pub fn io(what: impl Into<String>, e: &std::io::Error) -> Self {
+        use std::io::ErrorKind::{InvalidData, TimedOut, WouldBlock};
+        if matches!(e.kind(), WouldBlock | TimedOut) {
+            return MigrateError::Timeout { what: what.into() };
+        }
+        // Sockets never report InvalidData; TLS does, for a failed
+        // handshake or an alert from the peer (a refused certificate).
+        if e.kind() == InvalidData {
+            return MigrateError::Auth {
+                why: format!("{}: TLS: {e}", what.into()),
+            };
+        }
         MigrateError::Io {
             what: what.into(),
             error: e.to_string(),
@@ -67,6 +94,20 @@ impl fmt::Display for MigrateError {
         use MigrateError::*;
         match self {
             Io { what, error } => write!(f, "{what}: {error}"),
+            Timeout { what } => write!(
+                f,
+                "{what}: timed out: the peer sent or accepted nothing for longer than --io-timeout; it is stopped, stalled or gone"
+            ),
+            OverLimit {
+                what,
+                asked,
+                allowed,
+            } => write!(
+                f,
+                "the stream asks for {asked} {what}, this destination accepts at most {allowed}"
+            ),
+            BadState { why } => write!(f, "the vCPU state does not fit the guest: {why}"),
+            Auth { why } => write!(f, "authentication failed: {why}"),
             Truncated { at_byte, inside } => {
                 write!(f, "truncated stream at byte {at_byte} (inside {inside})")
             }

@@ -1,30 +1,36 @@
 //! `s2mmu migrate`: a pre-copy live migration of a running guest over TCP.
 //!
 //! By default the source and the destination run in one process (two
-//! threads over loopback TCP); `--listen ADDR` runs only a destination
-//! and `--to ADDR` only a source, for two processes. The stream is our own
-//! versioned format ([`wire`]) with a checksum on every page and record;
-//! the destination resumes the guest only from a complete, valid stream
-//! ([`dest`]), and the source then checks the destination's memory against
-//! its own ([`source`]).
+//! threads over loopback TCP, mutual TLS with an ephemeral identity);
+//! `--listen ADDR` runs only a destination and `--to ADDR` only a source,
+//! for two processes ([`net`]: TLS from files or a pre-shared key, a
+//! deadline on every read and write). The stream is our own versioned
+//! format ([`wire`]) with a checksum on every page and record, spread over
+//! `--channels` connections; the destination checks it against its own
+//! limits, resumes the guest only from a complete, valid stream ([`dest`]),
+//! and the source then checks the destination's memory against its own
+//! ([`source`]).
 
 pub mod bandwidth;
 pub mod dest;
 pub mod error;
 pub mod hash;
+pub mod net;
 pub mod plot;
 pub mod source;
 pub mod timeline;
 pub mod wire;
 
 use crate::report::{human_bytes, parse_size, Report};
-use dest::{receive, DestConfig, DestOutcome};
+use dest::{serve, DestConfig, DestOutcome, Limits};
 use error::MigrateError;
+use net::{NetConfig, Security};
 use s2mmu::mmu::{FaultPath, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern};
 use serde_json::json;
 use source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::TcpListener;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Access pattern option.
@@ -131,12 +137,71 @@ pub struct Params {
     /// Run only a source, migrating to the destination at ADDR.
     #[arg(long, value_name = "ADDR")]
     pub to: Option<String>,
+    /// Connections the pages are spread over (QEMU's multifd): N, or a list (1,2,4) to run once per count and print a table. Default: half the CPUs, 1 to 8. On --listen: the most it accepts (default 64).
+    #[arg(long, value_name = "N[,N...]", value_parser = parse_channels)]
+    pub channels: Option<ChannelCounts>,
+    /// Deadline of every socket read and write (and the TCP keepalive idle time): a peer silent this long ends the migration.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub io_timeout: Duration,
+    /// TLS: this side's certificate chain (PEM); with --tls-key and --tls-ca, mutual TLS 1.3.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca"], conflicts_with = "psk")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS: this side's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// TLS: the CA that signed the peer's certificate (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// TLS: the name the destination's certificate must carry (default: the host of --to; "localhost" in one process).
+    #[arg(long, value_name = "NAME")]
+    pub tls_name: Option<String>,
+    /// Pre-shared key file (at least 16 bytes): TLS with ephemeral certificates, then HMAC-SHA256 challenge-response bound to the TLS session.
+    #[arg(long, value_name = "FILE")]
+    pub psk: Option<PathBuf>,
+    /// Destination: do not back guest memory with RAM before the stream starts (the kernel then zeroes each page inside round 0).
+    #[arg(long)]
+    pub no_prefault: bool,
+    /// In one process: plain TCP instead of TLS with an ephemeral identity (to measure what TLS costs).
+    #[arg(long, conflicts_with_all = ["tls_cert", "psk", "listen", "to"])]
+    pub no_tls: bool,
+    /// With --listen: authenticated sources to serve before giving up after failed ones (a peer that fails authentication is refused and not counted); the destination exits after the first migration that succeeds.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub attempts: u32,
     /// Migrate twice, with MmuPolicy::default() and MmuPolicy::baseline(), and compare the guest slowdowns.
     #[arg(long, conflicts_with_all = ["listen", "to", "baseline"])]
     pub compare_policies: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The channel counts of `--channels`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelCounts(pub Vec<u16>);
+
+/// Parses `4` or `1,2,4` (1 to 64 each, at most 16 counts).
+pub fn parse_channels(s: &str) -> Result<ChannelCounts, String> {
+    let v: Vec<u16> = s
+        .split(',')
+        .map(|p| match p.trim().parse::<u16>() {
+            Ok(n) if (1..=wire::MAX_CHANNELS).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "invalid channel count '{p}': use 1 to {}",
+                wire::MAX_CHANNELS
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    if v.is_empty() || v.len() > 16 {
+        return Err(format!("'{s}': give 1 to 16 channel counts"));
+    }
+    Ok(ChannelCounts(v))
+}
+
+/// The default channel count: half the CPUs (the guest's vCPUs and the
+/// other side need the rest), 1 to 8.
+pub fn default_channels() -> u16 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cpus / 2).clamp(1, 8) as u16
 }
 
 /// Parses `300ms`, `1.5s`, `250us` or a plain number of milliseconds.
@@ -186,6 +251,22 @@ impl Params {
         if self.vcpus == 0 || self.vcpus > 256 {
             return Err(format!("-v {}: use 1 to 256 vCPUs", self.vcpus));
         }
+        if self.mem == 0 || self.mem > wire::MAX_MEM {
+            return Err(format!(
+                "--mem {}: use 1 page to {}",
+                self.mem,
+                human_bytes(wire::MAX_MEM)
+            ));
+        }
+        if self.slots == 0 || self.slots > 512 {
+            return Err(format!("-x {}: use 1 to 512 memslots", self.slots));
+        }
+        if self.io_timeout < Duration::from_millis(100) {
+            return Err(format!(
+                "--io-timeout {:?}: use at least 100ms",
+                self.io_timeout
+            ));
+        }
         if self.ring_entries < 64 || !self.ring_entries.is_power_of_two() {
             return Err(format!(
                 "--ring-entries {}: use a power of two of at least 64",
@@ -222,12 +303,88 @@ impl Params {
             sample_every: Duration::from_millis(50),
             progress: true,
             label: String::new(),
+            channels: self.channel_list()[0],
+        })
+    }
+
+    /// The channel counts to run.
+    pub fn channel_list(&self) -> Vec<u16> {
+        self.channels
+            .clone()
+            .map_or_else(|| vec![default_channels()], |c| c.0)
+    }
+
+    /// The destination's configuration: what it accepts is what these
+    /// options say (--mem, -v, -x, and --channels when given).
+    pub fn dest_config(&self, baseline: bool) -> DestConfig {
+        DestConfig {
+            policy: self.policy(baseline),
+            run_after: self.run_after,
+            limits: Limits {
+                max_mem: self.mem,
+                max_vcpus: self.vcpus as u32,
+                max_slots: self.slots,
+                max_channels: self
+                    .channels
+                    .as_ref()
+                    .and_then(|c| c.0.iter().max().copied())
+                    .unwrap_or(wire::MAX_CHANNELS),
+            },
+            io_timeout: self.io_timeout,
+            progress: self.listen.is_some(),
+            prefault: !self.no_prefault,
+        }
+    }
+
+    /// How connections are secured.
+    ///
+    /// # Errors
+    /// A message naming the bad file or option.
+    pub fn net_config(&self) -> Result<NetConfig, String> {
+        let two_process = self.listen.is_some() || self.to.is_some();
+        let security =
+            if let (Some(c), Some(k), Some(a)) = (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+                let name = match (&self.tls_name, &self.to) {
+                    (Some(n), _) => n.clone(),
+                    (None, Some(to)) => host_of(to),
+                    (None, None) => "localhost".into(),
+                };
+                net::tls_from_files(c, k, a, &name).map_err(|e| e.to_string())?
+            } else if let Some(p) = &self.psk {
+                net::psk_from_file(p).map_err(|e| e.to_string())?
+            } else if two_process || self.no_tls {
+                Security::Plain
+            } else {
+                net::ephemeral_tls().map_err(|e| e.to_string())?
+            };
+        if two_process && matches!(security, Security::Plain) {
+            eprintln!(
+                "WARNING: no --tls-cert/--tls-key/--tls-ca and no --psk: PLAIN TCP, NO AUTHENTICATION, NO ENCRYPTION.\n\
+                 WARNING: anyone who can reach {} can {}; use this on a trusted network only.",
+                self.listen.as_deref().or(self.to.as_deref()).unwrap_or("the peer"),
+                if self.listen.is_some() {
+                    "write this destination's guest memory and resume it"
+                } else {
+                    "receive this guest's memory"
+                }
+            );
+        }
+        Ok(NetConfig {
+            io_timeout: self.io_timeout,
+            security,
         })
     }
 }
 
-/// Runs a whole migration in this process: a destination thread listening
-/// on a loopback port and the source connecting to it.
+/// The host part of `host:port` (`[v6]:port` too).
+fn host_of(addr: &str) -> String {
+    let h = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    h.trim_start_matches('[').trim_end_matches(']').to_string()
+}
+
+/// Runs a whole migration in this process: a destination thread serving
+/// a loopback port and the source connecting to it, both secured as `net`
+/// says.
 ///
 /// # Errors
 /// The source's error when it failed (the destination's then follows from
@@ -235,32 +392,28 @@ impl Params {
 pub fn migrate_in_process(
     cfg: &SourceConfig,
     dest: &DestConfig,
+    net: &NetConfig,
 ) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
     let addr = listener
         .local_addr()
         .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
-    let dcfg = dest.clone();
+    let (dcfg, dnet) = (dest.clone(), net.clone());
     let dest_thread = std::thread::Builder::new()
         .name("migrate-dest".into())
-        .spawn(move || {
-            let (s, _) = listener
-                .accept()
-                .map_err(|e| MigrateError::io("accepting the source", &e))?;
-            receive(&s, &dcfg)
-        })
+        .spawn(move || serve(&listener, &dcfg, &dnet))
         .map_err(|e| MigrateError::io("starting the destination thread", &e))?;
-    let src = TcpStream::connect(addr)
-        .map_err(|e| MigrateError::io(format!("connecting to {addr}"), &e))
-        .and_then(|stream| {
-            let _ = stream.set_nodelay(true);
-            let r = migrate_source(cfg, &stream, &stream);
-            if r.is_err() {
-                let _ = stream.shutdown(Shutdown::Write);
-            }
-            r
-        });
+    let a = addr.to_string();
+    let src = migrate_source(cfg, &mut |_| {
+        let s = net::connect_tcp(&a, net)?;
+        net::client(s, net)
+    });
+    if src.is_err() {
+        // A destination still waiting for the source's first connection
+        // (the source failed before connecting): unblock it.
+        let _ = std::net::TcpStream::connect(addr);
+    }
     let dst = dest_thread.join().unwrap_or_else(|_| {
         Err(MigrateError::Setup(
             "the destination thread panicked".into(),
@@ -288,48 +441,62 @@ pub fn main(p: Params) -> Result<(), String> {
             if p.baseline { "baseline" } else { "fast_path" },
         )]
     };
-    let dest_cfg = |baseline| DestConfig {
-        policy: p.policy(baseline),
-        run_after: p.run_after,
-    };
+    let channel_list = p.channel_list();
+    if channel_list.len() > 1 && p.compare_policies {
+        return Err("--compare-policies takes one --channels count".into());
+    }
+    let net = p.net_config()?;
     let mut runs: Vec<(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)> = Vec::new();
     for (baseline, name) in &policies {
-        let mut cfg = p.source_config(*baseline)?;
-        if p.compare_policies {
-            cfg.label = format!("[{}] ", policy_label(&cfg.policy));
-        }
-        let policy = cfg.policy;
-        if !p.json || p.compare_policies {
-            eprintln!(
-                "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {}",
-                cfg.label,
-                human_bytes(cfg.mem_size),
-                cfg.backing.name(),
-                cfg.vcpus,
-                rate_text(cfg.dirty_rate),
-                match &p.to {
-                    Some(a) => format!("to {a}"),
-                    None => "over loopback TCP in this process".into(),
-                }
-            );
-        }
-        let (s, d) = match &p.to {
-            Some(addr) => {
-                let stream =
-                    TcpStream::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
-                let _ = stream.set_nodelay(true);
-                (
-                    migrate_source(&cfg, &stream, &stream).map_err(|e| e.to_string())?,
+        for &channels in &channel_list {
+            let mut cfg = p.source_config(*baseline)?;
+            cfg.channels = channels;
+            if p.compare_policies {
+                cfg.label = format!("[{}] ", policy_label(&cfg.policy));
+            } else if channel_list.len() > 1 {
+                cfg.label = format!("[{channels} channel(s)] ");
+            }
+            let policy = cfg.policy;
+            if !p.json || p.compare_policies {
+                eprintln!(
+                    "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
+                    cfg.label,
+                    human_bytes(cfg.mem_size),
+                    cfg.backing.name(),
+                    cfg.vcpus,
+                    rate_text(cfg.dirty_rate),
+                    match &p.to {
+                        Some(a) => format!("to {a}"),
+                        None => "over loopback TCP in this process".into(),
+                    },
+                    channels,
+                    net.security.describe()
+                );
+            }
+            let (s, d) = match &p.to {
+                Some(addr) => (
+                    migrate_source(&cfg, &mut |_| {
+                        let s = net::connect_tcp(addr, &net)?;
+                        net::client(s, &net)
+                    })
+                    .map_err(|e| e.to_string())?,
                     None,
-                )
-            }
-            None => {
-                let (s, d) =
-                    migrate_in_process(&cfg, &dest_cfg(*baseline)).map_err(|e| e.to_string())?;
-                (s, Some(d))
-            }
-        };
-        runs.push((name.to_string(), s, d, policy));
+                ),
+                None => {
+                    let mut dcfg = p.dest_config(*baseline);
+                    dcfg.progress = false;
+                    let (s, d) =
+                        migrate_in_process(&cfg, &dcfg, &net).map_err(|e| e.to_string())?;
+                    (s, Some(d))
+                }
+            };
+            let name = if channel_list.len() > 1 {
+                format!("{name}_channels_{channels}")
+            } else {
+                name.to_string()
+            };
+            runs.push((name, s, d, policy));
+        }
     }
     if !p.plot.is_empty() {
         let plot_runs: Vec<plot::PlotRun<'_>> = runs
@@ -380,25 +547,43 @@ pub fn policy_label(p: &MmuPolicy) -> &'static str {
 }
 
 fn listen(p: &Params, addr: &str) -> Result<(), String> {
+    p.source_config(p.baseline)?;
+    let net = p.net_config()?;
+    let cfg = p.dest_config(p.baseline);
     let listener = TcpListener::bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
     eprintln!(
-        "destination listening on {}",
+        "destination listening on {} ({}); accepts at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
         listener
             .local_addr()
-            .map_or(addr.to_string(), |a| a.to_string())
+            .map_or(addr.to_string(), |a| a.to_string()),
+        net.security.describe(),
+        human_bytes(cfg.limits.max_mem),
+        cfg.limits.max_vcpus,
+        cfg.limits.max_slots,
+        cfg.limits.max_channels
     );
-    let (stream, peer) = listener
-        .accept()
-        .map_err(|e| format!("accepting a source on {addr}: {e}"))?;
-    eprintln!("source connected from {peer}");
-    let d = receive(
-        &stream,
-        &DestConfig {
-            policy: p.policy(p.baseline),
-            run_after: p.run_after,
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    let mut failures = 0;
+    let d = loop {
+        match serve(&listener, &cfg, &net) {
+            Ok(d) => break d,
+            Err(e @ MigrateError::Auth { .. }) => {
+                eprintln!("refused a peer: {e}; nothing of it was read, still listening");
+            }
+            Err(e) => {
+                failures += 1;
+                if failures >= p.attempts {
+                    return Err(format!(
+                        "the migration failed ({failures} of --attempts {}): {e}",
+                        p.attempts
+                    ));
+                }
+                eprintln!(
+                    "the migration failed ({failures} of --attempts {}): {e}; the guest was not resumed, serving the next source",
+                    p.attempts
+                );
+            }
+        }
+    };
     let mut r = Report::new("migrate", params_json(p));
     r.result(
         "destination",
@@ -406,9 +591,11 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         dest_json(&d),
     );
     r.set_text(format!(
-        "destination: received {} page records ({:.1} MiB); guest resumed from complete memory and ran {} ms at {:.1} MiB/s\n{}{}",
+        "destination: received {} page records ({} zero pages, {:.1} MiB) over {} channel(s); guest resumed from complete memory and ran {} ms at {:.1} MiB/s\n{}{}",
         d.page_records,
+        d.zero_pages,
         d.bytes as f64 / MIB,
+        d.channels,
         p.run_after.as_millis(),
         d.resumed_write_rate * 4096.0 / MIB,
         digests_text(&d.slot_digests),
@@ -459,13 +646,23 @@ fn params_json(p: &Params) -> serde_json::Value {
         "listen": p.listen,
         "to": p.to,
         "compare_policies": p.compare_policies,
+        "channels": p.channel_list(),
+        "io_timeout_ns": p.io_timeout.as_nanos() as u64,
+        "tls": p.tls_cert.is_some(),
+        "psk": p.psk.is_some(),
+        "no_tls": p.no_tls,
+        "no_prefault": p.no_prefault,
     })
 }
 
 fn dest_json(d: &DestOutcome) -> serde_json::Value {
     json!({
         "pages": d.page_records,
+        "zero_pages": d.zero_pages,
         "bytes": d.bytes,
+        "channels": d.channels,
+        "probe_bytes": d.probe_bytes,
+        "prefault_ns": d.prefault.as_nanos() as u64,
         "resumed": d.resumed_at.is_some(),
         "resumed_write_rate_pages_per_s": d.resumed_write_rate,
         "slot_digests": d.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
@@ -480,7 +677,14 @@ fn source_json(s: &SourceOutcome) -> serde_json::Value {
         "total_ns": s.total.as_nanos() as u64,
         "downtime_ns": s.downtime.as_nanos() as u64,
         "pages": s.page_records,
+        "zero_pages": s.zero_pages,
         "bytes": s.bytes,
+        "channels": s.channels,
+        "link_bytes": s.link_bytes,
+        "link_bytes_per_s": s.link,
+        "round0_bytes_per_s": s.rounds.first().map(|r| r.bandwidth),
+        "round0_pct_of_link": s.rounds.first().map(|r| 100.0 * r.bandwidth / s.link.max(1.0)),
+        "pct_of_link_per_round": s.rounds.iter().map(|r| 100.0 * r.bandwidth / s.link.max(1.0)).collect::<Vec<_>>(),
         "pages_per_round": s.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(),
         "dirty_rate_bytes_per_s_per_round": s.rounds.iter().filter(|r| !r.final_round).map(|r| r.dirty_rate).collect::<Vec<_>>(),
         "bandwidth_bytes_per_s_per_round": s.rounds.iter().map(|r| r.bandwidth).collect::<Vec<_>>(),
@@ -508,7 +712,7 @@ fn report(p: &Params, runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPo
         r.result("migrate", name, row);
         text.push_str(&summary(p, s, d.as_ref(), pol));
     }
-    if runs.len() == 2 {
+    if p.compare_policies && runs.len() == 2 {
         let (a, b) = (&runs[0].1, &runs[1].1);
         r.compare(
             "migrate",
@@ -550,6 +754,25 @@ fn report(p: &Params, runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPo
             fb / fa.max(1e-9)
         ));
     }
+    if p.channel_list().len() > 1 && runs.len() > 1 {
+        text.push_str(&format!(
+            "\nRound 0 by channel count (measured on this machine, {} CPUs, this run)\n  {:>8} {:>12} {:>14} {:>10} {:>10} {:>8}\n",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            "channels", "link MiB/s", "round 0 MiB/s", "% of link", "downtime", "memory"
+        ));
+        for (_, s, _, _) in runs {
+            let r0 = s.rounds.first().map_or(0.0, |r| r.bandwidth);
+            text.push_str(&format!(
+                "  {:>8} {:>12.0} {:>14.0} {:>9.0}% {:>8.1}ms {:>8}\n",
+                s.channels,
+                s.link / MIB,
+                r0 / MIB,
+                100.0 * r0 / s.link.max(1.0),
+                s.downtime.as_secs_f64() * 1e3,
+                "equal"
+            ));
+        }
+    }
     if !p.plot.is_empty() {
         text.push_str(&format!("plot: {}\n", p.plot));
     }
@@ -589,11 +812,37 @@ fn summary(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>, pol: &MmuPoli
         })
         .collect();
     t.push_str(&format!(
-        "  pages sent per round {}\n  sent in total        {} pages, {:.1} MiB\n",
+        "  pages sent per round {}\n  sent in total        {} pages ({} zero pages sent as a flag), {:.1} MiB\n",
         per_round.join(", "),
         s.page_records,
+        s.zero_pages,
         s.bytes as f64 / MIB
     ));
+    let rates: Vec<String> = s
+        .rounds
+        .iter()
+        .map(|r| {
+            format!(
+                "{:.0} MiB/s ({:.0}%)",
+                r.bandwidth / MIB,
+                100.0 * r.bandwidth / s.link.max(1.0)
+            )
+        })
+        .collect();
+    t.push_str(&format!(
+        "  link                 {:.1} MiB/s: {:.1} MiB over the same {} connection(s) with no guest and no checksum, just before the migration\n  throughput per round {} (% of link)\n",
+        s.link / MIB,
+        s.link_bytes as f64 / MIB,
+        s.channels,
+        rates.join(", ")
+    ));
+    if let Some(r0) = s.rounds.first() {
+        t.push_str(&format!(
+            "  round 0              {:.1} MiB/s = {:.0}% of the link\n",
+            r0.bandwidth / MIB,
+            100.0 * r0.bandwidth / s.link.max(1.0)
+        ));
+    }
     t.push_str(&format!(
         "  guest dirty rate     {:.1} MiB/s before logging, {:.1} MiB/s while logging\n  guest time per write {:.0} ns before logging, {:.0} ns while logging: slowdown {:+.0}%\n",
         s.before.write_rate * 4096.0 / MIB,
@@ -626,9 +875,17 @@ fn summary(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>, pol: &MmuPoli
     ));
     if let Some(d) = d {
         t.push_str(&format!(
-            "  destination          guest resumed from complete memory, ran {} ms at {:.1} MiB/s\n",
+            "  destination          guest resumed from complete memory, ran {} ms at {:.1} MiB/s{}\n",
             p.run_after.as_millis(),
-            d.resumed_write_rate * 4096.0 / MIB
+            d.resumed_write_rate * 4096.0 / MIB,
+            if d.prefault > Duration::ZERO {
+                format!(
+                    "; its memory was backed with RAM in {:.0} ms before the stream started",
+                    d.prefault.as_secs_f64() * 1e3
+                )
+            } else {
+                String::new()
+            }
         ));
     }
     t

@@ -6,17 +6,19 @@
 
 use super::bandwidth::TokenBucket;
 use super::error::MigrateError;
-use super::hash::{digest_of, xxh64};
+use super::hash::{digest_of, is_zero, page_hash};
+use super::net::BoxConn;
 use super::timeline::{intervals, Sample, Timeline};
 use super::wire::{
-    tag, Dec, Enc, GuestState, Header, Record, WireReader, WireWriter, PAGE_RECORD_BYTES, PAGE_SIZE,
+    channel_of, record_name, tag, Batch, Dec, Enc, GuestState, Header, Record, WireReader,
+    WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_RECORD_BYTES, PAGE_SIZE,
+    SESSION_LEN,
 };
 use s2mmu::dirty::DirtyGfn;
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
-use std::io::{BufWriter, Read, Write};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use s2mmu_vm::{Backing, GuestMemory, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How dirty pages are collected.
@@ -86,6 +88,8 @@ pub struct SourceConfig {
     pub progress: bool,
     /// Name of this run in progress lines.
     pub label: String,
+    /// Connections the pages are spread over.
+    pub channels: u16,
 }
 
 impl Default for SourceConfig {
@@ -110,6 +114,7 @@ impl Default for SourceConfig {
             sample_every: Duration::from_millis(50),
             progress: true,
             label: String::new(),
+            channels: 1,
         }
     }
 }
@@ -120,8 +125,10 @@ impl Default for SourceConfig {
 pub struct RoundStat {
     /// Round number.
     pub round: u32,
-    /// Pages sent in it.
+    /// Pages sent in it (zero pages included).
     pub pages: u64,
+    /// Of those, zero pages (sent as a flag, without their bytes).
+    pub zero_pages: u64,
     /// Stream bytes sent in it.
     pub bytes: u64,
     /// Seconds since the timeline started, at its start and end.
@@ -131,8 +138,10 @@ pub struct RoundStat {
     pub dirty_after: u64,
     /// Guest dirty rate during it, bytes per second.
     pub dirty_rate: f64,
-    /// Bandwidth of its sending, bytes per second.
+    /// Bandwidth of its sending, stream bytes per second.
     pub bandwidth: f64,
+    /// Guest memory it moved, bytes per second (zero pages count in full).
+    pub page_rate: f64,
     /// Throttle in percent while it ran.
     pub throttle_pct: u32,
     /// Each vCPU's pace (pages per second, 0: unpaced) while it ran.
@@ -162,6 +171,15 @@ pub struct SourceOutcome {
     pub downtime: Duration,
     /// Page records sent (the verification pass not included).
     pub page_records: u64,
+    /// Of those, zero pages.
+    pub zero_pages: u64,
+    /// The link: stream bytes per second of the probe (the same bytes as
+    /// round 0 over the same connections, no guest, no checksum).
+    pub link: f64,
+    /// Bytes the probe sent.
+    pub link_bytes: u64,
+    /// Channels used.
+    pub channels: u16,
     /// Stream bytes sent (the verification pass not included).
     pub bytes: u64,
     /// Timeline samples.
@@ -207,24 +225,39 @@ pub fn source_policy(cfg: &SourceConfig) -> MmuPolicy {
     }
 }
 
-/// Runs the source side on a connection: `out` carries the stream,
-/// `replies` the destination's answers.
+/// Opens the connection for a channel (0: the main one), secured as
+/// configured.
+pub type Connect<'a> = dyn FnMut(u16) -> Result<BoxConn, MigrateError> + 'a;
+
+/// Runs the source side: `connect` opens each channel's connection once
+/// the guest is warm.
 ///
 /// # Errors
-/// [`MigrateError::Setup`], [`MigrateError::Io`],
-/// [`MigrateError::NotConverged`] (the destination was told to abort and
-/// the source guest kept running), [`MigrateError::Rejected`],
-/// [`MigrateError::MemoryMismatch`].
-pub fn migrate_source<W: Write, R: Read>(
+/// [`MigrateError::Setup`], [`MigrateError::Io`], [`MigrateError::Timeout`],
+/// [`MigrateError::Auth`], [`MigrateError::NotConverged`] (the destination
+/// was told to abort and the source guest kept running),
+/// [`MigrateError::Rejected`], [`MigrateError::MemoryMismatch`].
+pub fn migrate_source(
     cfg: &SourceConfig,
-    out: W,
-    replies: R,
+    connect: &mut Connect<'_>,
 ) -> Result<SourceOutcome, MigrateError> {
     let page = PAGE_SIZE as u64;
-    if cfg.vcpus == 0 || cfg.mem_size < cfg.vcpus as u64 * page {
+    if cfg.vcpus == 0 || cfg.vcpus > MAX_VCPUS as usize || cfg.mem_size < cfg.vcpus as u64 * page {
         return Err(MigrateError::Setup(format!(
-            "{} bytes of guest memory cannot hold a page for each of {} vCPUs",
+            "{} bytes of guest memory cannot hold a page for each of {} vCPUs (1 to {MAX_VCPUS})",
             cfg.mem_size, cfg.vcpus
+        )));
+    }
+    if cfg.channels == 0 || cfg.channels > MAX_CHANNELS {
+        return Err(MigrateError::Setup(format!(
+            "{} channels: use 1 to {MAX_CHANNELS}",
+            cfg.channels
+        )));
+    }
+    if cfg.mem_size > MAX_MEM || cfg.slots == 0 || cfg.slots > MAX_SLOTS {
+        return Err(MigrateError::Setup(format!(
+            "a guest of {} bytes in {} slots: at most {MAX_MEM} bytes, 1 to {MAX_SLOTS} slots",
+            cfg.mem_size, cfg.slots
         )));
     }
     let vm = Arc::new(
@@ -257,21 +290,46 @@ pub fn migrate_source<W: Write, R: Read>(
     let timeline = Timeline::start(ctl.clone(), cfg.sample_every);
     wl.run_free();
     let warm = counters(&ctl);
+    std::thread::sleep(cfg.warmup);
+    let warm_end = counters(&ctl);
+    let warm_end_s = timeline.at(warm_end.0);
 
+    // Connect, be accepted, join the further channels, measure the link.
     let header = Header {
         mem_size: cfg.mem_size,
         slots: cfg.slots,
         gpa_base: vm.config().gpa_base,
+        vcpus: cfg.vcpus as u32,
+        channels: cfg.channels,
         backing: cfg.backing.name().to_string(),
         verify_full: cfg.verify_full,
     };
-    let wire = WireWriter::new(BufWriter::with_capacity(1 << 18, out), &header)?;
-    let mut replies = WireReader::replies(replies);
+    let main = connect(0)?;
+    let mut main = WireWriter::new(main, &header)?;
+    main.flush()?;
+    let session = match read_reply(&mut main)? {
+        Record::Control {
+            tag: tag::ACCEPT,
+            body,
+            at_byte,
+        } => {
+            let mut d = Dec::new(&body, "ACCEPT", at_byte);
+            let mut s = [0u8; SESSION_LEN];
+            s.copy_from_slice(d.bytes(SESSION_LEN)?);
+            d.finish()?;
+            s
+        }
+        other => return Err(unexpected_reply(other, "ACCEPT")),
+    };
+    let mut chans = vec![Chan::new(main)];
+    for c in 1..cfg.channels {
+        let conn = connect(c)?;
+        chans.push(Chan::new(WireWriter::join(conn, &session, c)?));
+    }
     let mut s = Sender {
         vm: &vm,
-        wire,
-        bucket: TokenBucket::new(cfg.bandwidth),
-        buf: Box::new([0; PAGE_SIZE]),
+        chans,
+        bucket: Mutex::new(TokenBucket::new(cfg.bandwidth)),
         pending: vm
             .slots()
             .iter()
@@ -282,7 +340,18 @@ pub fn migrate_source<W: Write, R: Read>(
         chunk_pages: (cfg.clear_chunk / page / 64 * 64).max(64),
         gfns: Vec::new(),
     };
-    std::thread::sleep(cfg.warmup);
+    let (link_bytes, link_time) = s.probe(cfg.mem_size)?;
+    let link = link_bytes as f64 / link_time.as_secs_f64().max(1e-9);
+    if cfg.progress {
+        eprintln!(
+            "{}link: {:.1} MiB in {:.1} ms at {:.1} MiB/s over {} channel(s) (no guest, no checksum)",
+            cfg.label,
+            link_bytes as f64 / MIB,
+            link_time.as_secs_f64() * 1e3,
+            link / MIB,
+            cfg.channels
+        );
+    }
 
     // Pre-copy.
     let log_start = Instant::now();
@@ -302,14 +371,14 @@ pub fn migrate_source<W: Write, R: Read>(
     let mut round = 0u32;
     let result = loop {
         let t0 = Instant::now();
-        let (p0, b0) = (s.wire.pages, s.wire.pos);
+        let (p0, b0, z0) = s.counts();
         let mut e = Enc::default();
         e.u32(round).u64(if round == 0 {
             cfg.mem_size / page
         } else {
             s.dirty_count()
         });
-        if let Err(e) = s.wire.control(tag::ROUND, &e.0) {
+        if let Err(e) = s.chans[0].wire.control(tag::ROUND, &e.0) {
             break Err(e);
         }
         let sent = if round == 0 {
@@ -317,11 +386,12 @@ pub fn migrate_source<W: Write, R: Read>(
         } else {
             s.send_dirty()
         };
-        if let Err(e) = sent.and_then(|_| s.wire.flush()) {
+        if let Err(e) = sent {
             break Err(e);
         }
         let t1 = Instant::now();
-        let (pages, bytes) = (s.wire.pages - p0, s.wire.pos - b0);
+        let (p1, b1, z1) = s.counts();
+        let (pages, bytes) = (p1 - p0, b1 - b0);
         send_time += t1 - t0;
         send_bytes += bytes;
         // Harvest what the guest dirtied meanwhile.
@@ -342,23 +412,28 @@ pub fn migrate_source<W: Write, R: Read>(
         let stat = RoundStat {
             round,
             pages,
+            zero_pages: z1 - z0,
             bytes,
             start_s: timeline.at(t0),
             end_s: timeline.at(t1),
             dirty_after: dirty,
             dirty_rate,
             bandwidth: bytes as f64 / (t1 - t0).as_secs_f64().max(1e-9),
+            page_rate: pages as f64 * page as f64 / (t1 - t0).as_secs_f64().max(1e-9),
             throttle_pct,
             pace: ctl.pace_pages_per_sec.load(Ordering::Relaxed),
             final_round: false,
         };
         if cfg.progress {
             eprintln!(
-                "{}round {round:>2}: sent {pages:>7} pages ({:>7.1} MiB) in {:>7.1} ms at {:>7.1} MiB/s; guest dirtied {dirty:>6} pages ({:>6.1} MiB/s; {:>9.0} guest writes/s); est. downtime {:>6.1} ms{}",
+                "{}round {round:>2}: sent {pages:>7} pages ({:>7.1} MiB, {} zero) in {:>7.1} ms at {:>7.1} MiB/s ({:>3.0}% of link; memory {:>7.1} MiB/s); guest dirtied {dirty:>6} pages ({:>6.1} MiB/s; {:>9.0} guest writes/s); est. downtime {:>6.1} ms{}",
                 cfg.label,
                 bytes as f64 / MIB,
+                stat.zero_pages,
                 (t1 - t0).as_secs_f64() * 1e3,
                 stat.bandwidth / MIB,
+                100.0 * stat.bandwidth / link.max(1.0),
+                stat.page_rate / MIB,
                 dirty_rate / MIB,
                 guest_pages_per_s,
                 est.as_secs_f64() * 1e3,
@@ -426,11 +501,13 @@ pub fn migrate_source<W: Write, R: Read>(
     if let Err(e) = result {
         // The guest stays on the source: tell the destination, which must
         // not resume it.
-        let _ = s.wire.control(tag::ABORT, e.to_string().as_bytes());
-        let _ = s.wire.flush();
+        let _ = s.chans[0]
+            .wire
+            .control(tag::ABORT, e.to_string().as_bytes());
+        let _ = s.chans[0].wire.flush();
         ctl.throttle_ns.store(0, Ordering::Relaxed);
         let _ = vm.disable_dirty_logging();
-        return Err(rejected_or(e, &mut replies));
+        return Err(rejected_or(e, &mut s.chans[0].wire));
     }
 
     // Stop and copy.
@@ -439,11 +516,11 @@ pub fn migrate_source<W: Write, R: Read>(
     wl.pause();
     let stop_copy = (|| {
         let t0 = Instant::now();
-        let (p0, b0) = (s.wire.pages, s.wire.pos);
+        let (p0, b0, z0) = s.counts();
         s.final_harvest()?;
         let mut e = Enc::default();
         e.u32(round + 1).u64(s.dirty_count());
-        s.wire.control(tag::ROUND, &e.0)?;
+        s.chans[0].wire.control(tag::ROUND, &e.0)?;
         s.send_dirty()?;
         let state = GuestState {
             bytes_per_vcpu: wl_cfg.bytes_per_vcpu,
@@ -452,16 +529,22 @@ pub fn migrate_source<W: Write, R: Read>(
             pace_pages_per_sec: final_pace,
             vcpus: wl.vcpu_states(),
         };
-        s.wire.control(tag::STATE, &state.encode())?;
-        s.wire.end()?;
+        for c in s.chans.iter_mut().skip(1) {
+            c.wire.end()?;
+        }
+        s.chans[0].wire.control(tag::STATE, &state.encode())?;
+        s.chans[0].wire.end()?;
         let t1 = Instant::now();
+        let (p1, b1, z1) = s.counts();
         rounds.push(RoundStat {
             round: round + 1,
-            pages: s.wire.pages - p0,
-            bytes: s.wire.pos - b0,
+            pages: p1 - p0,
+            zero_pages: z1 - z0,
+            bytes: b1 - b0,
             start_s: timeline.at(t0),
             end_s: timeline.at(t1),
-            bandwidth: (s.wire.pos - b0) as f64 / (t1 - t0).as_secs_f64().max(1e-9),
+            bandwidth: (b1 - b0) as f64 / (t1 - t0).as_secs_f64().max(1e-9),
+            page_rate: (p1 - p0) as f64 * page as f64 / (t1 - t0).as_secs_f64().max(1e-9),
             throttle_pct,
             pace: final_pace,
             final_round: true,
@@ -482,26 +565,15 @@ pub fn migrate_source<W: Write, R: Read>(
     })();
     if let Err(e) = stop_copy {
         wl.resume();
-        return Err(rejected_or(e, &mut replies));
+        return Err(rejected_or(e, &mut s.chans[0].wire));
     }
-    let digests = match replies.next_record() {
+    let digests = match read_reply(&mut s.chans[0].wire) {
         Ok(Record::Control {
             tag: tag::RESUMED,
             body,
             at_byte,
         }) => parse_digests(&body, at_byte),
-        Ok(Record::Control {
-            tag: tag::REJECTED,
-            body,
-            ..
-        }) => Err(MigrateError::Rejected {
-            reason: String::from_utf8_lossy(&body).into_owned(),
-        }),
-        Ok(other) => Err(MigrateError::Malformed {
-            record: "reply",
-            at_byte: replies.pos,
-            why: format!("expected RESUMED or REJECTED, got {other:?}"),
-        }),
+        Ok(other) => Err(unexpected_reply(other, "RESUMED")),
         Err(e) => Err(e),
     };
     let resumed_at = Instant::now();
@@ -523,34 +595,18 @@ pub fn migrate_source<W: Write, R: Read>(
     }
     let samples = timeline.finish();
     let pause_s = log_start_s + (pause_at - log_start).as_secs_f64();
-    let before = phase(warm, at_log, &samples, 0.0, log_start_s);
+    let before = phase(warm, warm_end, &samples, 0.0, warm_end_s);
     let during = phase(at_log, at_pause, &samples, log_start_s, pause_s);
 
-    // Verification against the frozen source memory.
-    let slot_digests = source_digests(&vm);
-    for (id, d) in &slot_digests {
-        match dest_digests.iter().find(|(i, _)| i == id) {
-            Some((_, got)) if got == d => {}
-            Some((_, got)) => {
-                return Err(MigrateError::MemoryMismatch {
-                    slot: *id,
-                    detail: format!("source digest {d:#018x}, destination {got:#018x}"),
-                })
-            }
-            None => {
-                return Err(MigrateError::MemoryMismatch {
-                    slot: *id,
-                    detail: "the destination reported no digest for it".into(),
-                })
-            }
-        }
-    }
+    // Verification against the frozen source memory: the byte-for-byte
+    // pass first (the destination waits for it under its I/O deadline),
+    // then the digests.
     if cfg.verify_full {
-        s.wire.control(tag::VERIFY, &[])?;
-        s.bucket = TokenBucket::new(0);
-        s.send_all()?;
-        s.wire.end()?;
-        match replies.next_record()? {
+        s.chans[0].wire.control(tag::VERIFY, &[])?;
+        *s.bucket.lock().unwrap_or_else(|p| p.into_inner()) = TokenBucket::new(0);
+        s.send_all_main()?;
+        s.chans[0].wire.end()?;
+        match read_reply(&mut s.chans[0].wire)? {
             Record::Control {
                 tag: tag::VERIFIED,
                 body,
@@ -569,25 +625,29 @@ pub fn migrate_source<W: Write, R: Read>(
                     });
                 }
             }
-            Record::Control {
-                tag: tag::REJECTED,
-                body,
-                ..
-            } => {
-                return Err(MigrateError::Rejected {
-                    reason: String::from_utf8_lossy(&body).into_owned(),
+            other => return Err(unexpected_reply(other, "VERIFIED")),
+        }
+    }
+    let slot_digests = source_digests(&vm);
+    for (id, d) in &slot_digests {
+        match dest_digests.iter().find(|(i, _)| i == id) {
+            Some((_, got)) if got == d => {}
+            Some((_, got)) => {
+                return Err(MigrateError::MemoryMismatch {
+                    slot: *id,
+                    detail: format!("source digest {d:#018x}, destination {got:#018x}"),
                 })
             }
-            other => {
-                return Err(MigrateError::Malformed {
-                    record: "reply",
-                    at_byte: replies.pos,
-                    why: format!("expected VERIFIED, got {other:?}"),
+            None => {
+                return Err(MigrateError::MemoryMismatch {
+                    slot: *id,
+                    detail: "the destination reported no digest for it".into(),
                 })
             }
         }
     }
     let page_records: u64 = rounds.iter().map(|r| r.pages).sum();
+    let zero_pages: u64 = rounds.iter().map(|r| r.zero_pages).sum();
     let bytes: u64 = rounds.iter().map(|r| r.bytes).sum();
     drop(wl);
     Ok(SourceOutcome {
@@ -595,7 +655,11 @@ pub fn migrate_source<W: Write, R: Read>(
         total: resumed_at - log_start,
         downtime,
         page_records,
+        zero_pages,
         bytes,
+        link,
+        link_bytes,
+        channels: cfg.channels,
         log_start_s,
         pause_s,
         resumed_s: log_start_s + (resumed_at - log_start).as_secs_f64(),
@@ -607,6 +671,40 @@ pub fn migrate_source<W: Write, R: Read>(
         max_throttle_pct: max_throttle,
         final_pace,
     })
+}
+
+/// Reads the destination's next reply on the main connection.
+/// PROGRESS (the destination is still preparing) is skipped: each one
+/// proves it alive within the I/O timeout.
+fn read_reply(w: &mut WireWriter<BoxConn>) -> Result<Record, MigrateError> {
+    let mut rd = WireReader::replies(w.get_mut());
+    loop {
+        match rd.next_record()? {
+            Record::Control {
+                tag: tag::PROGRESS, ..
+            } => {}
+            other => return Ok(other),
+        }
+    }
+}
+
+/// A reply that is not the one expected: REJECTED is the destination's
+/// reason, anything else malformed.
+fn unexpected_reply(r: Record, expected: &str) -> MigrateError {
+    match r {
+        Record::Control {
+            tag: tag::REJECTED,
+            body,
+            ..
+        } => MigrateError::Rejected {
+            reason: String::from_utf8_lossy(&body).into_owned(),
+        },
+        other => MigrateError::Malformed {
+            record: "reply",
+            at_byte: 0,
+            why: format!("expected {expected}, got {}", record_name(&other)),
+        },
+    }
 }
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -666,11 +764,11 @@ fn phase(
 
 /// When sending failed because the destination gave up, its reason is the
 /// better error.
-fn rejected_or<R: Read>(e: MigrateError, replies: &mut WireReader<R>) -> MigrateError {
+fn rejected_or(e: MigrateError, main: &mut WireWriter<BoxConn>) -> MigrateError {
     if !matches!(e, MigrateError::Io { .. }) {
         return e;
     }
-    match replies.next_record() {
+    match read_reply(main) {
         Ok(Record::Control {
             tag: tag::REJECTED,
             body,
@@ -693,7 +791,7 @@ fn parse_digests(body: &[u8], at_byte: u64) -> Result<Vec<(u16, u64)>, MigrateEr
     Ok(v)
 }
 
-/// Per-slot digests of the source's memory as it is now: XXH64 of every
+/// Per-slot digests of the source's memory as it is now: XXH3 of every
 /// page (seeded with its address), then of those hashes in page order, as
 /// the destination computes them.
 pub fn source_digests(vm: &Vm) -> Vec<(u16, u64)> {
@@ -706,7 +804,7 @@ pub fn source_digests(vm: &Vm) -> Vec<(u16, u64)> {
                 .map(|i| {
                     let off = s.mem_offset + i * PAGE_SIZE as u64;
                     vm.memory().read_into(off, &mut buf);
-                    xxh64(&buf, s.gpa + i * PAGE_SIZE as u64)
+                    page_hash(&buf, s.gpa + i * PAGE_SIZE as u64)
                 })
                 .collect();
             (s.id, digest_of(&hashes))
@@ -714,13 +812,115 @@ pub fn source_digests(vm: &Vm) -> Vec<(u16, u64)> {
         .collect()
 }
 
-/// The sending half: pages out of guest memory onto the wire, with the
-/// pending dirty set per slot.
-struct Sender<'a, W: Write> {
+/// One channel of the stream with the batch being filled for it.
+struct Chan {
+    wire: WireWriter<BoxConn>,
+    batch: Batch,
+}
+
+impl Chan {
+    fn new(wire: WireWriter<BoxConn>) -> Self {
+        Chan {
+            wire,
+            batch: Batch::new(),
+        }
+    }
+
+    /// Sends the batch (paced by the bandwidth limit).
+    fn flush_batch(&mut self, bucket: &Mutex<TokenBucket>) -> Result<(), MigrateError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        bucket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(self.batch.wire_bytes());
+        self.wire.batch(&mut self.batch)
+    }
+
+    /// Sends the pages of `job` that channel `c` of `n` owns.
+    fn send_job(
+        &mut self,
+        vm: &Vm,
+        bucket: &Mutex<TokenBucket>,
+        c: u16,
+        n: u16,
+        job: &Job,
+    ) -> Result<(), MigrateError> {
+        let s = vm.slots()[job.slot];
+        let first_index = s.mem_offset / PAGE_SIZE as u64;
+        let memory = vm.memory();
+        for (wi, &word) in job.words.iter().enumerate() {
+            let mut m = word;
+            while m != 0 {
+                let b = u64::from(m.trailing_zeros());
+                m &= m - 1;
+                let i = job.first + wi as u64 * 64 + b;
+                if n > 1 && channel_of(first_index + i, n) != c {
+                    continue;
+                }
+                let off = s.mem_offset + i * PAGE_SIZE as u64;
+                self.batch
+                    .push_known(s.gpa + i * PAGE_SIZE as u64, |p| copy_page(memory, off, p));
+                if self.batch.is_full() {
+                    self.flush_batch(bucket)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies the guest page at `off` into `dst` word by word (atomically per
+/// word: the guest may be writing it), and says whether it was all zeros.
+fn copy_page(memory: &GuestMemory, off: u64, dst: &mut [u8]) -> bool {
+    if off + PAGE_SIZE as u64 > memory.size() || dst.len() != PAGE_SIZE {
+        memory.read_into(off, dst);
+        return is_zero(dst);
+    }
+    // SAFETY: the page lies inside the live mapping (checked above) and is
+    // 8-byte aligned (guest memory is page-aligned); like GuestMemory's own
+    // accessors, every access to it is atomic.
+    let words = unsafe {
+        std::slice::from_raw_parts(
+            (memory.host_addr() + off) as *const AtomicU64,
+            PAGE_SIZE / 8,
+        )
+    };
+    let mut acc = 0u64;
+    for (w, d) in words.iter().zip(dst.chunks_exact_mut(8)) {
+        let v = w.load(Ordering::Relaxed);
+        acc |= v;
+        d.copy_from_slice(&v.to_le_bytes());
+    }
+    acc == 0
+}
+
+/// Pages of one slot to send: bit b of `words[w]` is page
+/// `first + 64 w + b` of the slot.
+struct Job {
+    slot: usize,
+    first: u64,
+    words: Vec<u64>,
+}
+
+/// A bitmap with the first `n` bits set.
+fn all_pages(n: u64) -> Vec<u64> {
+    let mut words = vec![u64::MAX; n.div_ceil(64) as usize];
+    if !n.is_multiple_of(64) {
+        if let Some(w) = words.last_mut() {
+            *w = (1u64 << (n % 64)) - 1;
+        }
+    }
+    words
+}
+
+/// The sending half: pages out of guest memory onto the channels, with
+/// the pending dirty set per slot.
+struct Sender<'a> {
     vm: &'a Arc<Vm>,
-    wire: WireWriter<BufWriter<W>>,
-    bucket: TokenBucket,
-    buf: Box<[u8; PAGE_SIZE]>,
+    chans: Vec<Chan>,
+    bucket: Mutex<TokenBucket>,
     /// Pages to send, one bitmap per slot (bit i = page i of the slot).
     pending: Vec<Vec<u64>>,
     ring: bool,
@@ -730,28 +930,208 @@ struct Sender<'a, W: Write> {
     gfns: Vec<DirtyGfn>,
 }
 
-impl<W: Write> Sender<'_, W> {
-    fn send_page(&mut self, slot: usize, index: u64) -> Result<(), MigrateError> {
-        let s = self.vm.slots()[slot];
-        let off = s.mem_offset + index * PAGE_SIZE as u64;
-        self.bucket.take(super::wire::PAGE_RECORD_BYTES);
-        self.vm.memory().read_into(off, &mut self.buf[..]);
-        self.wire
-            .page(s.gpa + index * PAGE_SIZE as u64, &self.buf)?;
-        if self.ring && self.wire.pages.is_multiple_of(256) {
-            self.reap_if_full()?;
+impl Sender<'_> {
+    /// Pages, bytes and zero pages sent so far on all channels.
+    fn counts(&self) -> (u64, u64, u64) {
+        self.chans.iter().fold((0, 0, 0), |(p, b, z), c| {
+            (p + c.wire.pages, b + c.wire.pos, z + c.wire.zero_pages)
+        })
+    }
+
+    /// The link figure: `total` bytes of filler over all channels at once
+    /// (paced like pages), until the destination says it has them all.
+    fn probe(&mut self, total: u64) -> Result<(u64, Duration), MigrateError> {
+        let n = self.chans.len() as u64;
+        let filler: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 1) as u8).collect();
+        let bucket = &self.bucket;
+        let t0 = Instant::now();
+        let per = total / n;
+        let results: Vec<Result<(), MigrateError>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = self
+                .chans
+                .iter_mut()
+                .enumerate()
+                .map(|(i, c)| {
+                    let len = if i == 0 { total - per * (n - 1) } else { per };
+                    let filler = &filler;
+                    let f = move || {
+                        c.wire.probe(len, filler, &mut |b| {
+                            bucket.lock().unwrap_or_else(|p| p.into_inner()).take(b)
+                        })
+                    };
+                    if i == 0 || n == 1 {
+                        Err(f)
+                    } else {
+                        Ok(sc.spawn(f))
+                    }
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h.join().unwrap_or_else(|_| {
+                        Err(MigrateError::Setup("a probe thread panicked".into()))
+                    }),
+                    Err(mut f) => f(),
+                })
+                .collect()
+        });
+        for r in results {
+            r?;
         }
-        Ok(())
+        match read_reply(&mut self.chans[0].wire)? {
+            Record::Control {
+                tag: tag::PROBED,
+                body,
+                at_byte,
+            } => {
+                let mut d = Dec::new(&body, "PROBED", at_byte);
+                let got = d.u64()?;
+                d.finish()?;
+                if got != total {
+                    return Err(d.malformed(format!(
+                        "the destination received {got} probe bytes of {total}"
+                    )));
+                }
+            }
+            other => return Err(unexpected_reply(other, "PROBED")),
+        }
+        Ok((total, t0.elapsed()))
+    }
+
+    /// Sends `jobs` over the channels (each page on the channel owning its
+    /// stripe), then flushes every channel. `next` makes the next job
+    /// (and may clear its dirty bits first); with rings, they are reaped
+    /// between jobs.
+    fn run(
+        &mut self,
+        mut next: impl FnMut(&mut Self) -> Result<Option<Job>, MigrateError>,
+    ) -> Result<(), MigrateError> {
+        let n = self.chans.len() as u16;
+        if n == 1 {
+            while let Some(job) = next(self)? {
+                self.chans[0].send_job(self.vm, &self.bucket, 0, 1, &job)?;
+                if self.ring {
+                    self.reap_if_full()?;
+                }
+            }
+            self.chans[0].flush_batch(&self.bucket)?;
+            return self.chans[0].wire.flush();
+        }
+        let mut chans = std::mem::take(&mut self.chans);
+        let vm = self.vm.clone();
+        let bucket = std::mem::replace(&mut self.bucket, Mutex::new(TokenBucket::new(0)));
+        let result = std::thread::scope(|sc| {
+            let mut txs = Vec::new();
+            let mut handles = Vec::new();
+            for (c, chan) in chans.iter_mut().enumerate() {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<Job>>(2);
+                txs.push(tx);
+                let (vm, bucket) = (&vm, &bucket);
+                handles.push(sc.spawn(move || {
+                    for job in rx {
+                        chan.send_job(vm, bucket, c as u16, n, &job)?;
+                    }
+                    chan.flush_batch(bucket)?;
+                    chan.wire.flush()
+                }));
+            }
+            let mut fed = Ok(());
+            'jobs: loop {
+                let job = match next(self) {
+                    Ok(Some(j)) => Arc::new(j),
+                    Ok(None) => break,
+                    Err(e) => {
+                        fed = Err(e);
+                        break;
+                    }
+                };
+                for tx in &txs {
+                    let mut j = job.clone();
+                    loop {
+                        match tx.try_send(j) {
+                            Ok(()) => break,
+                            Err(std::sync::mpsc::TrySendError::Full(back)) => {
+                                j = back;
+                                if self.ring {
+                                    if let Err(e) = self.reap_if_full() {
+                                        fed = Err(e);
+                                        break 'jobs;
+                                    }
+                                }
+                                std::thread::sleep(Duration::from_micros(50));
+                            }
+                            // The worker failed: its error is reported below.
+                            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => break 'jobs,
+                        }
+                    }
+                }
+            }
+            drop(txs);
+            while self.ring && handles.iter().any(|h| !h.is_finished()) {
+                if let Err(e) = self.reap_if_full() {
+                    fed = fed.and(Err(e));
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let mut r = fed;
+            for h in handles {
+                let w = h.join().unwrap_or_else(|_| {
+                    Err(MigrateError::Setup("a sending thread panicked".into()))
+                });
+                r = r.and(w);
+            }
+            r
+        });
+        self.chans = chans;
+        self.bucket = bucket;
+        result
     }
 
     /// Round 0: every page.
     fn send_all(&mut self) -> Result<(), MigrateError> {
-        for slot in 0..self.vm.slots().len() {
-            for i in 0..self.vm.slots()[slot].size / PAGE_SIZE as u64 {
-                self.send_page(slot, i)?;
+        let step = if self.ring { 256 } else { self.chunk_pages };
+        let mut at = (0usize, 0u64);
+        self.run(|s| {
+            let slots = s.vm.slots();
+            while at.0 < slots.len() {
+                let npages = slots[at.0].size / PAGE_SIZE as u64;
+                if at.1 < npages {
+                    let n = step.min(npages - at.1);
+                    let job = Job {
+                        slot: at.0,
+                        first: at.1,
+                        words: all_pages(n),
+                    };
+                    at.1 += n;
+                    return Ok(Some(job));
+                }
+                at = (at.0 + 1, 0);
+            }
+            Ok(None)
+        })
+    }
+
+    /// The verification pass: every page on the main channel.
+    fn send_all_main(&mut self) -> Result<(), MigrateError> {
+        let vm = self.vm.clone();
+        for (slot, info) in vm.slots().iter().enumerate() {
+            let npages = info.size / PAGE_SIZE as u64;
+            let mut first = 0;
+            while first < npages {
+                let n = (64 * 64u64).min(npages - first);
+                let job = Job {
+                    slot,
+                    first,
+                    words: all_pages(n),
+                };
+                self.chans[0].send_job(&vm, &self.bucket, 0, 1, &job)?;
+                first += n;
             }
         }
-        Ok(())
+        self.chans[0].flush_batch(&self.bucket)?;
+        self.chans[0].wire.flush()
     }
 
     fn dirty_count(&self) -> u64 {
@@ -764,36 +1144,39 @@ impl<W: Write> Sender<'_, W> {
 
     /// Sends the pending pages. With bitmaps each chunk's dirty bits are
     /// cleared (and its pages write-protected) just before its pages are
-    /// read, so a write after the clear is logged again.
+    /// handed to the channels, so a write after the clear is logged again.
     fn send_dirty(&mut self) -> Result<(), MigrateError> {
         let mmu = self.vm.mmu().clone();
-        for slot in 0..self.pending.len() {
-            let info = self.vm.slots()[slot];
-            let npages = info.size / PAGE_SIZE as u64;
-            let mut first = 0u64;
-            while first < npages {
-                let n = self.chunk_pages.min(npages - first);
-                let (w0, w1) = ((first / 64) as usize, (first + n).div_ceil(64) as usize);
-                if self.pending[slot][w0..w1].iter().any(|&w| w != 0) {
-                    if !self.ring {
-                        mmu.clear_dirty_log(info.id, first, n, &self.pending[slot][w0..w1])
+        let step = if self.ring { 256 } else { self.chunk_pages };
+        let mut at = (0usize, 0u64);
+        self.run(|s| {
+            while at.0 < s.pending.len() {
+                let info = s.vm.slots()[at.0];
+                let npages = info.size / PAGE_SIZE as u64;
+                while at.1 < npages {
+                    let (slot, first) = at;
+                    let n = step.min(npages - first);
+                    at.1 += n;
+                    let (w0, w1) = ((first / 64) as usize, (first + n).div_ceil(64) as usize);
+                    if s.pending[slot][w0..w1].iter().all(|&w| w == 0) {
+                        continue;
+                    }
+                    if !s.ring {
+                        mmu.clear_dirty_log(info.id, first, n, &s.pending[slot][w0..w1])
                             .map_err(|e| {
                                 MigrateError::Setup(format!("clearing the dirty log: {e}"))
                             })?;
                     }
-                    for wi in w0..w1 {
-                        let mut m = std::mem::take(&mut self.pending[slot][wi]);
-                        while m != 0 {
-                            let b = u64::from(m.trailing_zeros());
-                            m &= m - 1;
-                            self.send_page(slot, wi as u64 * 64 + b)?;
-                        }
-                    }
+                    let words: Vec<u64> = s.pending[slot][w0..w1]
+                        .iter_mut()
+                        .map(std::mem::take)
+                        .collect();
+                    return Ok(Some(Job { slot, first, words }));
                 }
-                first += n;
+                at = (at.0 + 1, 0);
             }
-        }
-        Ok(())
+            Ok(None)
+        })
     }
 
     /// End of a round: what the guest dirtied since the pages were last

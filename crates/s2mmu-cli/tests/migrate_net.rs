@@ -1,0 +1,701 @@
+//! The migration against peers that misbehave: wrong credentials, streams
+//! that ask for more than the destination allows, peers that stall, stop
+//! or vanish. Every peer is on 127.0.0.1. Behaviour only: no timing is
+//! asserted (the I/O timeouts are short so that the tests end soon).
+
+use s2mmu::mmu::MmuPolicy;
+use s2mmu_cli::migrate::dest::{receive_from, serve, DestConfig, DestOutcome, Limits};
+use s2mmu_cli::migrate::error::MigrateError;
+use s2mmu_cli::migrate::net::{self, NetConfig, Security};
+use s2mmu_cli::migrate::source::{migrate_source, SourceConfig, SourceOutcome};
+use s2mmu_cli::migrate::wire::{
+    tag, Batch, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
+};
+use s2mmu_vm::{Backing, VcpuState};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_millis(400);
+
+fn small(mem: u64) -> SourceConfig {
+    SourceConfig {
+        mem_size: mem,
+        backing: Backing::Anonymous,
+        slots: 1,
+        clear_chunk: 1 << 20,
+        warmup: Duration::from_millis(20),
+        sample_every: Duration::from_millis(20),
+        progress: false,
+        ..SourceConfig::default()
+    }
+}
+
+fn dest_cfg() -> DestConfig {
+    DestConfig {
+        prefault: false,
+        io_timeout: TIMEOUT,
+        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(20))
+    }
+}
+
+fn netcfg(security: Security) -> NetConfig {
+    NetConfig {
+        io_timeout: TIMEOUT,
+        security,
+    }
+}
+
+fn start_dest(
+    cfg: DestConfig,
+    net: NetConfig,
+) -> (String, JoinHandle<Result<DestOutcome, MigrateError>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    (addr, std::thread::spawn(move || serve(&l, &cfg, &net)))
+}
+
+fn run_source(
+    cfg: &SourceConfig,
+    addr: &str,
+    net: &NetConfig,
+) -> Result<SourceOutcome, MigrateError> {
+    migrate_source(cfg, &mut |_| {
+        let s = net::connect_tcp(addr, net)?;
+        net::client(s, net)
+    })
+}
+
+// ---- authentication ------------------------------------------------------
+
+#[test]
+fn the_right_pre_shared_key_migrates() {
+    let key = b"a key of thirty-two bytes, yes!!";
+    let (addr, d) = start_dest(dest_cfg(), netcfg(net::psk(key).unwrap()));
+    let s = run_source(&small(8 << 20), &addr, &netcfg(net::psk(key).unwrap())).expect("source");
+    let d = d.join().unwrap().expect("destination");
+    assert_eq!(s.slot_digests, d.slot_digests);
+}
+
+#[test]
+fn a_wrong_pre_shared_key_is_refused_before_any_stream() {
+    let (addr, d) = start_dest(
+        dest_cfg(),
+        netcfg(net::psk(b"the destination's key, 32 bytes.").unwrap()),
+    );
+    let r = run_source(
+        &small(8 << 20),
+        &addr,
+        &netcfg(net::psk(b"somebody else's key, also long..").unwrap()),
+    );
+    assert!(matches!(r, Err(MigrateError::Auth { .. })), "{r:?}");
+    // The destination refused it in the handshake: no header was read, so
+    // no guest memory exists to be written.
+    match d.join().unwrap() {
+        Err(MigrateError::Auth { why }) => assert!(why.contains("pre-shared key"), "{why}"),
+        other => panic!("expected an authentication failure, got {other:?}"),
+    }
+}
+
+/// PEM files of a CA and a certificate for localhost/127.0.0.1 it signed.
+fn pki_files(dir: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let d = std::env::temp_dir().join(format!("s2mmu-tls-{}-{dir}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let (pki, _, _) = net::make_pki(&["localhost", "127.0.0.1"]).unwrap();
+    let (c, k, a) = (d.join("cert.pem"), d.join("key.pem"), d.join("ca.pem"));
+    std::fs::write(&c, pki.cert_pem).unwrap();
+    std::fs::write(&k, pki.key_pem).unwrap();
+    std::fs::write(&a, pki.ca_pem).unwrap();
+    (c, k, a)
+}
+
+#[test]
+fn tls_from_files_migrates_and_another_ca_is_refused() {
+    let (c, k, a) = pki_files("good");
+    let sec = || net::tls_from_files(&c, &k, &a, "127.0.0.1").unwrap();
+    let (addr, d) = start_dest(dest_cfg(), netcfg(sec()));
+    run_source(&small(8 << 20), &addr, &netcfg(sec())).expect("source");
+    d.join().unwrap().expect("destination");
+
+    // A source whose certificate another CA signed (and which trusts only
+    // that CA): both sides refuse the handshake.
+    let (c2, k2, a2) = pki_files("other");
+    let (addr, d) = start_dest(dest_cfg(), netcfg(sec()));
+    let r = run_source(
+        &small(8 << 20),
+        &addr,
+        &netcfg(net::tls_from_files(&c2, &k2, &a2, "127.0.0.1").unwrap()),
+    );
+    assert!(matches!(r, Err(MigrateError::Auth { .. })), "{r:?}");
+    assert!(matches!(d.join().unwrap(), Err(MigrateError::Auth { .. })));
+
+    // A source that trusts the destination's CA but presents a
+    // certificate of another: the destination refuses it.
+    let (addr, d) = start_dest(dest_cfg(), netcfg(sec()));
+    let r = run_source(
+        &small(8 << 20),
+        &addr,
+        &netcfg(net::tls_from_files(&c2, &k2, &a, "127.0.0.1").unwrap()),
+    );
+    assert!(r.is_err(), "a source with an unknown certificate migrated");
+    assert!(matches!(d.join().unwrap(), Err(MigrateError::Auth { .. })));
+    let _ = std::fs::remove_dir_all(c.parent().unwrap());
+    let _ = std::fs::remove_dir_all(c2.parent().unwrap());
+}
+
+#[test]
+fn plain_tcp_to_a_tls_destination_is_refused() {
+    let (addr, d) = start_dest(dest_cfg(), netcfg(net::ephemeral_tls().unwrap()));
+    let r = run_source(&small(8 << 20), &addr, &netcfg(Security::Plain));
+    assert!(r.is_err());
+    assert!(matches!(d.join().unwrap(), Err(MigrateError::Auth { .. })));
+}
+
+// ---- the destination's limits -------------------------------------------
+
+fn limited(l: Limits) -> DestConfig {
+    DestConfig {
+        limits: l,
+        ..dest_cfg()
+    }
+}
+
+const LIMITS: Limits = Limits {
+    max_mem: 8 << 20,
+    max_vcpus: 2,
+    max_slots: 2,
+    max_channels: 2,
+};
+
+#[test]
+fn a_stream_asking_for_more_than_the_destination_allows_is_rejected() {
+    for (cfg, what) in [
+        (small(16 << 20), "bytes of guest memory"),
+        (
+            SourceConfig {
+                vcpus: 3,
+                ..small(8 << 20)
+            },
+            "vCPUs",
+        ),
+        (
+            SourceConfig {
+                slots: 4,
+                ..small(8 << 20)
+            },
+            "memslots",
+        ),
+        (
+            SourceConfig {
+                channels: 3,
+                ..small(8 << 20)
+            },
+            "channels",
+        ),
+    ] {
+        let (addr, d) = start_dest(limited(LIMITS), netcfg(Security::Plain));
+        match run_source(&cfg, &addr, &netcfg(Security::Plain)) {
+            Err(MigrateError::Rejected { reason }) => {
+                assert!(reason.contains(what), "{reason}")
+            }
+            other => panic!("expected a rejection for {what}, got {other:?}"),
+        }
+        match d.join().unwrap() {
+            Err(MigrateError::OverLimit { what: w, .. }) => assert_eq!(w, what),
+            other => panic!("expected OverLimit for {what}, got {other:?}"),
+        }
+    }
+}
+
+/// A complete stream for a 16-page guest with 2 vCPUs whose STATE is
+/// `state` (all pages sent as zero pages).
+fn stream_with_state(vcpus_in_header: u32, state: &GuestState) -> Vec<u8> {
+    let h = Header {
+        mem_size: 16 * PAGE_SIZE as u64,
+        slots: 1,
+        gpa_base: 1 << 32,
+        vcpus: vcpus_in_header,
+        channels: 1,
+        backing: "anonymous".into(),
+        verify_full: false,
+    };
+    let mut w = WireWriter::new(Vec::new(), &h).unwrap();
+    w.probe(0, &[1], &mut |_| {}).unwrap();
+    let mut b = Batch::new();
+    for i in 0..16u64 {
+        b.push((1 << 32) + i * PAGE_SIZE as u64, |p| p.fill(0));
+    }
+    w.batch(&mut b).unwrap();
+    w.control(tag::STATE, &state.encode()).unwrap();
+    w.end().unwrap();
+    std::mem::take(w.get_mut())
+}
+
+fn reply_tags(reply: &[u8]) -> Vec<u8> {
+    let mut rd = WireReader::replies(reply);
+    let mut tags = Vec::new();
+    while let Ok(Record::Control { tag, .. }) = rd.next_record() {
+        tags.push(tag);
+    }
+    tags
+}
+
+fn vcpu(pass: u64, next_page: u64) -> VcpuState {
+    VcpuState {
+        pass,
+        next_page,
+        rng: 1,
+        writes: 0,
+    }
+}
+
+#[test]
+fn vcpu_state_that_does_not_fit_guest_memory_is_rejected_before_any_vcpu_starts() {
+    let good = GuestState {
+        bytes_per_vcpu: 8 * PAGE_SIZE as u64,
+        write_percent: 100,
+        pattern: 0,
+        pace_pages_per_sec: 0,
+        vcpus: vec![vcpu(1, 0), vcpu(1, 3)],
+    };
+    let mut reply = Vec::new();
+    receive_from(&stream_with_state(2, &good)[..], &mut reply, &dest_cfg())
+        .expect("a state that fits resumes");
+    assert_eq!(reply_tags(&reply).last(), Some(&tag::RESUMED));
+
+    let bad = [
+        // Regions beyond guest memory.
+        (
+            2,
+            GuestState {
+                bytes_per_vcpu: 1 << 20,
+                ..good.clone()
+            },
+        ),
+        // A product that overflows.
+        (
+            2,
+            GuestState {
+                bytes_per_vcpu: (u64::MAX / 2 + 1) / PAGE_SIZE as u64 * PAGE_SIZE as u64,
+                ..good.clone()
+            },
+        ),
+        // More vCPUs than the header announced (and than the limit).
+        (
+            2,
+            GuestState {
+                vcpus: vec![vcpu(1, 0); 3],
+                ..good.clone()
+            },
+        ),
+        // A vCPU past the end of its region.
+        (
+            2,
+            GuestState {
+                vcpus: vec![vcpu(1, 0), vcpu(1, 9)],
+                ..good.clone()
+            },
+        ),
+        // Nonsense workload fields.
+        (
+            2,
+            GuestState {
+                write_percent: 1000,
+                ..good.clone()
+            },
+        ),
+    ];
+    for (n, state) in bad {
+        let mut reply = Vec::new();
+        let r = receive_from(&stream_with_state(n, &state)[..], &mut reply, &dest_cfg());
+        assert!(
+            matches!(r, Err(MigrateError::BadState { .. })),
+            "{state:?}: {r:?}"
+        );
+        let tags = reply_tags(&reply);
+        assert_eq!(tags.last(), Some(&tag::REJECTED));
+        assert!(!tags.contains(&tag::RESUMED));
+    }
+    // A header asking for more vCPUs than the build allows at all.
+    let mut reply = Vec::new();
+    let r = receive_from(
+        &stream_with_state(100_000, &good)[..],
+        &mut reply,
+        &dest_cfg(),
+    );
+    assert!(matches!(r, Err(MigrateError::Malformed { .. })), "{r:?}");
+}
+
+// ---- deadlines ------------------------------------------------------------
+
+#[test]
+fn a_silent_source_times_out_on_the_destination() {
+    for sec in [Security::Plain, net::ephemeral_tls().unwrap()] {
+        let (addr, d) = start_dest(dest_cfg(), netcfg(sec));
+        // Connects, then says nothing.
+        let _quiet = TcpStream::connect(&addr).unwrap();
+        match d.join().unwrap() {
+            Err(MigrateError::Timeout { .. }) => {}
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+}
+
+fn opening(h: &Header) -> Vec<u8> {
+    let w = WireWriter::new(Vec::new(), h).unwrap();
+    w.into_inner()
+}
+
+fn header(mem: u64) -> Header {
+    Header {
+        mem_size: mem,
+        slots: 1,
+        gpa_base: 1 << 32,
+        vcpus: 2,
+        channels: 1,
+        backing: "anonymous".into(),
+        verify_full: false,
+    }
+}
+
+#[test]
+fn a_source_that_stalls_or_vanishes_mid_stream_ends_the_destination() {
+    // Stalls inside the probe.
+    let (addr, d) = start_dest(dest_cfg(), netcfg(Security::Plain));
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(&opening(&header(1 << 20))).unwrap();
+    let mut w = WireWriter::replies(Vec::new());
+    w.probe(0, &[], &mut |_| {}).unwrap();
+    let mut probe = w.into_inner();
+    probe[1..9].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    // (the check of a 1 MiB probe)
+    let check =
+        s2mmu_cli::migrate::hash::checksum(&(1u64 << 20).to_le_bytes(), u64::from(tag::PROBE));
+    probe[9..17].copy_from_slice(&check.to_le_bytes());
+    s.write_all(&probe).unwrap();
+    s.write_all(&[7u8; 1000]).unwrap();
+    match d.join().unwrap() {
+        Err(MigrateError::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    drop(s);
+
+    // Vanishes after the header.
+    let (addr, d) = start_dest(dest_cfg(), netcfg(Security::Plain));
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(&opening(&header(1 << 20))).unwrap();
+    drop(s);
+    match d.join().unwrap() {
+        Err(MigrateError::Truncated { .. }) | Err(MigrateError::Io { .. }) => {}
+        other => panic!("expected a cut stream, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_destination_that_stops_answering_or_reading_ends_the_source() {
+    // Accepts, never answers.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let t = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        std::thread::sleep(TIMEOUT * 5);
+        drop(s);
+    });
+    match run_source(&small(8 << 20), &addr, &netcfg(Security::Plain)) {
+        Err(MigrateError::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    t.join().unwrap();
+
+    // Accepts the stream, then stops reading it (the socket buffers fill).
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let (mut rd, _) = WireReader::new(&mut s).unwrap();
+        let mut w = WireWriter::replies(rd.get_mut());
+        w.control(tag::ACCEPT, &[0u8; 16]).unwrap();
+        w.flush().unwrap();
+        std::thread::sleep(TIMEOUT * 8);
+    });
+    match run_source(&small(64 << 20), &addr, &netcfg(Security::Plain)) {
+        Err(MigrateError::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    t.join().unwrap();
+}
+
+// ---- two processes ----------------------------------------------------------
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_s2mmu")
+}
+
+/// Starts `s2mmu migrate --listen 127.0.0.1:0 ARGS` and returns it with
+/// the address it listens on. The caller waits for it.
+#[allow(clippy::zombie_processes)]
+fn spawn_listener(args: &[&str]) -> (Child, String, BufReader<std::process::ChildStderr>) {
+    let mut c = Command::new(bin())
+        .args(["migrate", "--listen", "127.0.0.1:0", "--plot", ""])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(c.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "the destination exited early"
+        );
+        if let Some(rest) = line.split("destination listening on ").nth(1) {
+            let addr = rest.split_whitespace().next().unwrap().to_string();
+            return (c, addr, err);
+        }
+    }
+}
+
+/// Waits for `c` at most `limit`; kills it and fails past that.
+fn wait_bounded(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s;
+        }
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            panic!("a migration process hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn rest_of(mut r: impl Read) -> String {
+    let mut s = String::new();
+    let _ = r.read_to_string(&mut s);
+    s
+}
+
+const SMALL: [&str; 10] = [
+    "--mem",
+    "16M",
+    "--warmup",
+    "20ms",
+    "--run-after",
+    "20ms",
+    "-s",
+    "anonymous",
+    "--io-timeout",
+    "1s",
+];
+
+#[test]
+fn a_killed_source_process_ends_the_destination_which_then_serves_the_next() {
+    // The destination serves up to two sources.
+    let (mut dest, addr, derr) = spawn_listener(&[&SMALL[..], &["--attempts", "2"]].concat());
+    // A source slowed to 4 MiB/s, killed mid-stream.
+    let mut src = Command::new(bin())
+        .args(["migrate", "--to", &addr, "--plot", "", "--bandwidth", "4M"])
+        .args(SMALL)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    src.kill().unwrap();
+    src.wait().unwrap();
+    // The next source completes; the destination exits 0 after it.
+    let out = Command::new(bin())
+        .args(["migrate", "--to", &addr, "--plot", ""])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = wait_bounded(&mut dest, Duration::from_secs(60));
+    let log = rest_of(derr);
+    assert!(st.success(), "{log}");
+    assert!(
+        log.contains("the migration failed (1 of --attempts 2)"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_failed_source_ends_a_single_attempt_destination_with_an_error() {
+    let (mut dest, addr, derr) = spawn_listener(&SMALL);
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let st = wait_bounded(&mut dest, Duration::from_secs(30));
+    assert!(!st.success());
+    let log = rest_of(derr);
+    assert!(log.contains("not an s2mmu migration stream"), "{log}");
+}
+
+#[test]
+fn a_stopped_destination_process_ends_the_source_with_a_timeout() {
+    let (mut dest, addr, _derr) = spawn_listener(&SMALL);
+    let pid = dest.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut src = Command::new(bin())
+        .args(["migrate", "--to", &addr, "--plot", ""])
+        .args(SMALL)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let serr = src.stderr.take().unwrap();
+    let st = wait_bounded(&mut src, Duration::from_secs(60));
+    let log = rest_of(serr);
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    let _ = dest.kill();
+    let _ = dest.wait();
+    assert!(!st.success());
+    assert!(log.contains("timed out"), "{log}");
+}
+
+#[test]
+fn psk_between_two_processes_and_a_wrong_key_is_refused() {
+    let dir = std::env::temp_dir().join(format!("s2mmu-psk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (good, bad) = (dir.join("good"), dir.join("bad"));
+    std::fs::write(&good, "0123456789abcdef0123456789abcdef\n").unwrap();
+    std::fs::write(&bad, "fedcba9876543210fedcba9876543210\n").unwrap();
+    let (mut dest, addr, derr) =
+        spawn_listener(&[&SMALL[..], &["--psk", good.to_str().unwrap()]].concat());
+    // The wrong key: refused, and the destination keeps listening.
+    let out = Command::new(bin())
+        .args([
+            "migrate",
+            "--to",
+            &addr,
+            "--plot",
+            "",
+            "--psk",
+            bad.to_str().unwrap(),
+        ])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("authentication failed"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(bin())
+        .args([
+            "migrate",
+            "--to",
+            &addr,
+            "--plot",
+            "",
+            "--psk",
+            good.to_str().unwrap(),
+        ])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = wait_bounded(&mut dest, Duration::from_secs(60));
+    let log = rest_of(derr);
+    assert!(st.success(), "{log}");
+    assert!(log.contains("refused a peer"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- the stream's own rules ---------------------------------------------------
+
+/// A stream for a 16-page guest: `pages` as given (None: a zero page),
+/// then a good STATE.
+fn stream_of(records: &[Vec<(u64, Option<u8>)>]) -> Vec<u8> {
+    let mut w = WireWriter::new(Vec::new(), &header(16 * PAGE_SIZE as u64)).unwrap();
+    w.probe(0, &[1], &mut |_| {}).unwrap();
+    for r in records {
+        let mut b = Batch::new();
+        for &(page, fill) in r {
+            b.push((1 << 32) + page * PAGE_SIZE as u64, |p| {
+                p.fill(fill.unwrap_or(0))
+            });
+        }
+        w.batch(&mut b).unwrap();
+    }
+    let state = GuestState {
+        bytes_per_vcpu: 8 * PAGE_SIZE as u64,
+        write_percent: 100,
+        pattern: 0,
+        pace_pages_per_sec: 0,
+        vcpus: vec![vcpu(1, 0), vcpu(1, 0)],
+    };
+    w.control(tag::STATE, &state.encode()).unwrap();
+    w.end().unwrap();
+    std::mem::take(w.get_mut())
+}
+
+#[test]
+fn a_zero_page_after_data_clears_the_page_and_duplicates_are_refused() {
+    use s2mmu_cli::migrate::hash::{digest_of, page_hash};
+    // Every page with data, then page 3 again as a zero page: the
+    // destination must hold zeros there, which its digest shows.
+    let all: Vec<(u64, Option<u8>)> = (0..16).map(|p| (p, Some(0x11))).collect();
+    let stream = stream_of(&[all, vec![(3, None)]]);
+    let mut reply = Vec::new();
+    let d = receive_from(&stream[..], &mut reply, &dest_cfg()).expect("valid stream");
+    assert_eq!(d.zero_pages, 1);
+    let hashes: Vec<u64> = (0..16u64)
+        .map(|p| {
+            let fill = if p == 3 { 0 } else { 0x11 };
+            page_hash(&[fill; PAGE_SIZE], (1 << 32) + p * PAGE_SIZE as u64)
+        })
+        .collect();
+    assert_eq!(d.slot_digests, vec![(0, digest_of(&hashes))]);
+
+    // The same page twice in one record.
+    let mut all: Vec<(u64, Option<u8>)> = (0..16).map(|p| (p, Some(0x22))).collect();
+    all.push((5, Some(0x33)));
+    let mut reply = Vec::new();
+    let r = receive_from(&stream_of(&[all])[..], &mut reply, &dest_cfg());
+    match r {
+        Err(MigrateError::Malformed {
+            record: "PAGES",
+            why,
+            ..
+        }) => {
+            assert!(why.contains("twice"), "{why}")
+        }
+        other => panic!("expected a refused duplicate, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_channel_sweep_prints_its_table() {
+    let out = Command::new(bin())
+        .args(["migrate", "--plot", "", "--channels", "1,2", "--no-tls"])
+        .args(&SMALL[..8])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("Round 0 by channel count"), "{stdout}");
+    assert!(stdout.contains("% of link"), "{stdout}");
+}
