@@ -182,15 +182,19 @@ mod host {
         }
 
         /// Advances the reclamation epoch until this pool's deferred frees
-        /// have run, for at most about two seconds (other threads' garbage
+        /// have run, for at most about ten seconds (other threads' garbage
         /// shares the queue, and a thread pinned for long holds the epoch
-        /// back): for leak checks in tests. Returns whether all ran.
+        /// back; on a loaded 2-core machine two seconds were not always
+        /// enough): for leak checks in tests. Returns whether all ran.
         pub fn flush_deferred(&self) -> bool {
-            for i in 0..20_000 {
+            let start = std::time::Instant::now();
+            let mut i = 0u32;
+            while start.elapsed() < std::time::Duration::from_secs(10) {
                 if self.pool.deferred_pages.load(Ordering::Acquire) == 0 {
                     return true;
                 }
                 crossbeam_epoch::pin().flush();
+                i = i.wrapping_add(1);
                 if i % 64 == 63 {
                     std::thread::sleep(std::time::Duration::from_micros(100));
                 }

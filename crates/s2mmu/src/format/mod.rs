@@ -3,9 +3,10 @@
 //! Everything above this module (walker, operations, dirty logging) is
 //! format-agnostic: it asks the format what a level covers, whether an entry
 //! is a table, how to build a leaf. [`arm64`] is the VMSAv8-64 stage-2
-//! format; x86 EPT can follow behind the same trait.
+//! format, [`ept`] the x86 EPT format.
 
 pub mod arm64;
+pub mod ept;
 
 use core::fmt;
 
@@ -115,7 +116,8 @@ impl fmt::Debug for Prot {
 /// - geometry: `page_shift` is 12, 14 or 16; `start_level <= last_level`;
 ///   `1 <= root_pages <= 16`; [`PteFormat::index`] of any address below
 ///   [`PteFormat::ipa_limit`] at the start level, plus the root page
-///   number, stays inside the root; `ipa_bits` and `pa_bits` are at most 52;
+///   number, stays inside the root; `ipa_bits` is at most 57 and
+///   `pa_bits` at most 52;
 /// - tables: `is_table(table_pte(pa), level)` holds for every level above
 ///   the last, and `output_address(table_pte(pa)) == pa`;
 /// - nothing else is a table: `is_table` is false for `0`, for

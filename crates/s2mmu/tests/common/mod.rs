@@ -5,27 +5,31 @@ pub mod model;
 
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::tlb::TlbRecorder;
-use s2mmu::{HostMmOps, PageCache, PageTable};
+use s2mmu::{HostMmOps, PageCache, PageTable, PteFormat};
 use std::sync::Arc;
 
 /// A table with a recording TLB backend.
-pub struct Fixture {
-    pub pt: PageTable<Arm64Stage2, HostMmOps>,
+pub struct Fixture<F: PteFormat = Arm64Stage2> {
+    pub pt: PageTable<F, HostMmOps>,
     pub mm: HostMmOps,
     pub tlb: Arc<TlbRecorder>,
     pub cache: PageCache<HostMmOps>,
 }
 
 pub fn fixture(granule: Granule, ipa_bits: u32) -> Fixture {
-    let fmt = Arm64Stage2::new(granule, ipa_bits).unwrap();
-    let mm = HostMmOps::new(1 << granule.shift()).unwrap();
+    fixture_for(Arm64Stage2::new(granule, ipa_bits).unwrap())
+}
+
+/// A fixture for a table of any format.
+pub fn fixture_for<F: PteFormat>(fmt: F) -> Fixture<F> {
+    let mm = HostMmOps::new(fmt.page_size() as usize).unwrap();
     let tlb = Arc::new(TlbRecorder::new());
     let pt = PageTable::new(fmt, mm.clone(), tlb.clone()).unwrap();
     let cache = PageCache::new(mm.clone());
     Fixture { pt, mm, tlb, cache }
 }
 
-impl Fixture {
+impl<F: PteFormat> Fixture<F> {
     /// Table pages allocated and not freed or waiting for reclamation must
     /// be exactly those reachable from the root plus those in the cache.
     pub fn assert_no_leak(&self) {

@@ -82,17 +82,24 @@ impl Op {
     }
 }
 
-pub struct Model {
-    pub fmt: Arm64Stage2,
+pub struct Model<F: PteFormat = Arm64Stage2> {
+    pub fmt: F,
     pub base: u64,
     pub window: u64,
     pub leaves: BTreeMap<u64, MLeaf>,
 }
 
-impl Model {
+impl Model<Arm64Stage2> {
     pub fn new(granule: Granule, ipa_bits: u32, base: u64, window: u64) -> Self {
+        Model::with_format(Arm64Stage2::new(granule, ipa_bits).unwrap(), base, window)
+    }
+}
+
+impl<F: PteFormat> Model<F> {
+    /// A model of a table of any format.
+    pub fn with_format(fmt: F, base: u64, window: u64) -> Self {
         Model {
-            fmt: Arm64Stage2::new(granule, ipa_bits).unwrap(),
+            fmt,
             base,
             window,
             leaves: BTreeMap::new(),
@@ -248,7 +255,7 @@ fn covered(calls: &[TlbCall], ipa: u64, size: u64) -> bool {
 /// Applies `op` to the table (through the fixture) and to the model, and
 /// checks that both agree: same result, same leaves, invalidations that
 /// cover everything removed or restricted, no leaked table page.
-pub fn apply(fx: &mut super::Fixture, m: &mut Model, op: &Op) {
+pub fn apply<F: PteFormat>(fx: &mut super::Fixture<F>, m: &mut Model<F>, op: &Op) {
     let page = m.page();
     let window_pages = m.window / page;
     let clamp = |p: u64, n: u64| {
@@ -362,7 +369,7 @@ pub fn apply(fx: &mut super::Fixture, m: &mut Model, op: &Op) {
 }
 
 /// The table's leaves in the window equal the model's.
-pub fn check(fx: &super::Fixture, m: &Model) {
+pub fn check<F: PteFormat>(fx: &super::Fixture<F>, m: &Model<F>) {
     let got: Vec<(u64, MLeaf)> = fx
         .pt
         .leaves(m.base, m.window)
