@@ -13,6 +13,7 @@
 use super::{FaultStats, Mmu};
 use crate::format::PteFormat;
 use crate::memslot::{MemslotStore, SlotLookup};
+use crate::pgtable::PageTable;
 use crate::table::MmOps;
 use crate::{Error, Result};
 use core::sync::atomic::Ordering;
@@ -52,11 +53,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         drop(snap);
         let mut leaves = Vec::new();
         for &(ipa, len, (id, slot_base)) in &ranges {
-            let found = pt.leaves(ipa, len)?;
             // A leaf the hardware dirtied carries the only record of that
             // write: move it to the bitmap before the leaf goes.
-            self.salvage_hw_dirty(id, slot_base, &found);
-            leaves.extend(found);
+            self.salvage_hw_dirty(&pt, id, slot_base, ipa, len)?;
+            leaves.extend(pt.leaves(ipa, len)?);
         }
         // Registered before the lock is dropped: a fault that takes it next
         // sees the range and retries.
@@ -88,32 +88,35 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         Ok(())
     }
 
-    /// Hardware dirty state: marks in slot `id`'s bitmap the pages of
-    /// `leaves` (of that slot, whose guest range starts at `slot_base`)
-    /// that the hardware dirtied, before they are unmapped.
-    fn salvage_hw_dirty(&self, id: u16, slot_base: u64, leaves: &[crate::Leaf]) {
-        let fmt = self.reader.format();
-        let dirty = fmt.hw_dirty_bit() | fmt.write_bit();
+    /// Hardware dirty state: freezes the leaves of `[ipa, ipa + len)` (slot
+    /// `id`, whose guest range starts at `slot_base`) so the hardware can
+    /// no longer dirty them, and marks in the slot's bitmap the pages of
+    /// those it had dirtied, before they are unmapped.
+    fn salvage_hw_dirty(
+        &self,
+        pt: &PageTable<F, M>,
+        id: u16,
+        slot_base: u64,
+        ipa: u64,
+        len: u64,
+    ) -> Result<()> {
         if !self.policy.hw_dirty {
-            return;
+            return Ok(());
         }
-        let Some(b) = self
+        let bitmap = self
             .side
             .get(usize::from(id))
-            .and_then(|s| s.dirty.load_full())
-        else {
-            return;
-        };
+            .and_then(|s| s.dirty.load_full());
         let shift = self.page_shift;
-        for l in leaves
-            .iter()
-            .filter(|l| l.pte & dirty == dirty && l.ipa >= slot_base)
-        {
-            let first = (l.ipa - slot_base) >> shift;
-            for p in first..first + (l.size >> shift) {
-                b.mark(p);
+        pt.freeze_hw_dirty(ipa, len, |leaf, size| {
+            if let Some(b) = &bitmap {
+                let first = (leaf.max(slot_base) - slot_base) >> shift;
+                for p in first..first + (size >> shift) {
+                    b.mark(p);
+                }
             }
-        }
+        })?;
+        Ok(())
     }
 
     /// Whether a host-range invalidation overlapping `[hva, hva + size)`

@@ -144,6 +144,51 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         Ok(n)
     }
 
+    /// Hardware dirty state: takes the hardware's dirty bit off every leaf
+    /// overlapping `[ipa, ipa + size)` by compare-and-swap, so the hardware
+    /// can no longer change them, and calls `dirty(leaf_ipa, leaf_size)` for
+    /// each leaf whose last value was dirty. Done before leaves that may be
+    /// dirty are unmapped: a plain store could overwrite a write the
+    /// hardware records between the engine's read and its store; a
+    /// compare-and-swap that loses to the hardware sees it and tries again
+    /// (the hardware changes a leaf at most once, so this ends).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if the format has no hardware dirty bit; as
+    /// [`PageTable::check_range`].
+    pub fn freeze_hw_dirty(
+        &self,
+        ipa: u64,
+        size: u64,
+        mut dirty: impl FnMut(u64, u64),
+    ) -> Result<u64> {
+        let dbm = self.hw_dirty_bit()?;
+        self.check_range(ipa, size)?;
+        let w = self.format().write_bit();
+        let mut frozen = 0u64;
+        loop {
+            let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
+                if ctx.fmt.is_valid(ctx.old) && ctx.old & dbm != 0 {
+                    ctx.try_set(ctx.old & !dbm)?;
+                    frozen += 1;
+                    if ctx.old & w != 0 {
+                        dirty(ctx.entry_start(), ctx.granule());
+                    }
+                }
+                Ok(WalkAction::Continue)
+            };
+            match self.walk_shared(ipa, size, WalkFlags::LEAF, &mut v) {
+                // Leaves frozen before the lost race stay frozen (and
+                // reported); the next pass skips them.
+                Err(Error::Again { .. }) => continue,
+                r => {
+                    r?;
+                    return Ok(frozen);
+                }
+            }
+        }
+    }
+
     fn hw_dirty_bit(&self) -> Result<u64> {
         match self.format().hw_dirty_bit() {
             0 => Err(Error::InvalidConfig {
