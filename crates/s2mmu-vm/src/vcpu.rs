@@ -57,6 +57,13 @@ pub struct Vcpu<S: MemslotStore> {
     vmmu: VcpuMmu<HostMmOps>,
     tlb: SoftTlb,
     in_guest: bool,
+    /// The MMU tracks dirty pages in hardware state (arm64 DBM): this vCPU's
+    /// walker records a write to a writable-clean leaf itself, as the
+    /// hardware does, instead of faulting.
+    hw_dirty: bool,
+    /// Write walks made that way (the leaf's write permission set by the
+    /// walk, or already set).
+    pub hw_dirty_walks: u64,
     /// Faults taken (exits).
     pub faults: u64,
     /// Guest accesses made.
@@ -72,6 +79,8 @@ impl<S: MemslotStore> Vcpu<S> {
     ) -> Self {
         Vcpu {
             reader: mmu.reader(),
+            hw_dirty: mmu.policy().hw_dirty,
+            hw_dirty_walks: 0,
             mmu,
             _memory: memory,
             vmmu,
@@ -136,7 +145,18 @@ impl<S: MemslotStore> Vcpu<S> {
                 return Ok(h);
             }
             pin.get_or_insert_with(|| self.reader.read_guard());
-            let kind = match self.reader.translate(gpa) {
+            let t = if write && self.hw_dirty {
+                // The hardware's own update: no fault for a writable-clean
+                // leaf (the fill below then caches it writable).
+                let t = self.reader.hw_dirty_update(gpa);
+                if t.is_some_and(|t| t.prot.contains(Prot::W)) {
+                    self.hw_dirty_walks += 1;
+                }
+                t
+            } else {
+                self.reader.translate(gpa)
+            };
+            let kind = match t {
                 Some(t) if write && !t.prot.contains(Prot::W) => {
                     FaultKind::Permission { level: t.level }
                 }

@@ -390,6 +390,44 @@ fn stress_eager_split_thp() {
 }
 
 #[test]
+fn stress_hardware_dirty_state() {
+    // The vCPUs' walkers set the write permission of writable-clean leaves
+    // themselves, racing the harvest's scan and clean: no write may be lost.
+    let policy = MmuPolicy {
+        hw_dirty: true,
+        ..MmuPolicy::default()
+    };
+    stress::<TreeMemslots>(policy, Backing::AnonymousThp, 2, Pattern::Random);
+}
+
+#[test]
+fn hardware_dirty_state_logs_every_page_without_a_fault() {
+    for manual in [true, false] {
+        let policy = MmuPolicy {
+            manual_protect: manual,
+            hw_dirty: true,
+            ..MmuPolicy::default()
+        };
+        let vm = vm::<TreeMemslots>(16 * MIB, Backing::Anonymous, 2, policy);
+        let w = workload(&vm, 1, Pattern::Sequential);
+        w.run_pass(|| {}).unwrap(); // populate
+        vm.enable_dirty_logging().unwrap();
+        assert!(
+            harvest(&vm).is_empty(),
+            "nothing dirty before the guest writes"
+        );
+        for _ in 0..3 {
+            w.run_pass(|| {}).unwrap();
+            let got = harvest(&vm);
+            assert_eq!(got.len() as u64, 16 * MIB / 4096, "manual={manual}");
+        }
+        let f = w.stop()[0];
+        assert_eq!(f.translation, 4096, "populate only");
+        assert_eq!(f.permission, 0, "the walker recorded every write");
+    }
+}
+
+#[test]
 fn stress_dirty_ring() {
     let policy = MmuPolicy {
         dirty_ring_entries: Some(1024),

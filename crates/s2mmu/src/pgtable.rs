@@ -7,7 +7,7 @@ use crate::walk::{self, Visit, VisitCtx, Visitor, WalkAction, WalkFlags, WalkSta
 use crate::{Error, Result};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 /// What a table and its lockless readers share: the format, the allocator
 /// and the root. The root is freed when the last of them goes.
@@ -405,22 +405,72 @@ impl<F: PteFormat, M: MmOps> TableReader<F, M> {
     pub fn read_guard(&self) -> M::ReadGuard {
         self.core.mm.read_guard()
     }
+
+    /// What a CPU with hardware dirty state does on a write to `ipa`
+    /// (arm64 FEAT_HAFDBS with VTCR_EL2.HD): if the leaf is writable-clean
+    /// (the format's hardware dirty bit set, write permission clear), it
+    /// sets the write permission by compare-and-swap, with no fault and no
+    /// lock, and returns the translation that allows the write; otherwise
+    /// it returns the translation as it is (a write to it still faults if
+    /// it is not writable). `None`: nothing maps `ipa`. For simulated vCPUs
+    /// and tests: the engine's cleaning and unmapping are built to race
+    /// this update, as they race the hardware's.
+    pub fn hw_dirty_update(&self, ipa: u64) -> Option<Translation> {
+        let fmt = &self.core.fmt;
+        let (dbm, w) = (fmt.hw_dirty_bit(), fmt.write_bit());
+        let _guard = self.core.mm.read_guard();
+        loop {
+            let (entry, level, pte) = find_leaf(&self.core, ipa)?;
+            if dbm == 0 || pte & (dbm | w) != dbm {
+                return Some(translation(fmt, ipa, level, pte));
+            }
+            if entry
+                .compare_exchange(pte, pte | w, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Some(translation(fmt, ipa, level, pte | w));
+            }
+            // The engine changed the entry meanwhile: walk again.
+        }
+    }
 }
 
 fn translate<F: PteFormat, M: MmOps>(core: &TableCore<F, M>, ipa: u64) -> Option<Translation> {
+    let _guard = core.mm.read_guard();
+    let (_, level, pte) = find_leaf(core, ipa)?;
+    Some(translation(&core.fmt, ipa, level, pte))
+}
+
+fn translation<F: PteFormat>(fmt: &F, ipa: u64, level: u32, pte: u64) -> Translation {
+    let size = fmt.granule(level);
+    Translation {
+        pa: fmt.output_address(pte) + (ipa & (size - 1)),
+        level,
+        size,
+        pte,
+        prot: fmt.prot(pte),
+    }
+}
+
+/// The valid leaf that maps `ipa`: its entry, level and value. The caller
+/// holds a read guard, which keeps the entry's table page allocated.
+fn find_leaf<F: PteFormat, M: MmOps>(
+    core: &TableCore<F, M>,
+    ipa: u64,
+) -> Option<(&AtomicU64, u32, u64)> {
     let fmt = &core.fmt;
     if ipa >= fmt.ipa_limit() {
         return None;
     }
-    let _guard = core.mm.read_guard();
     let root_index = ipa / fmt.root_page_span();
     let mut table = core.root + root_index * fmt.page_size();
     let mut level = fmt.start_level();
     loop {
         // SAFETY: `table` is the root or a child read from a valid table
-        // entry; the read guard keeps it allocated; the index is in bounds.
-        let pte =
-            unsafe { entry_ref(&core.mm, table, fmt.index(ipa, level)) }.load(Ordering::Acquire);
+        // entry; the caller's read guard keeps it allocated; the index is in
+        // bounds.
+        let entry = unsafe { entry_ref(&core.mm, table, fmt.index(ipa, level)) };
+        let pte = entry.load(Ordering::Acquire);
         if !fmt.is_valid(pte) {
             return None;
         }
@@ -429,13 +479,6 @@ fn translate<F: PteFormat, M: MmOps>(core: &TableCore<F, M>, ipa: u64) -> Option
             level += 1;
             continue;
         }
-        let size = fmt.granule(level);
-        return Some(Translation {
-            pa: fmt.output_address(pte) + (ipa & (size - 1)),
-            level,
-            size,
-            pte,
-            prot: fmt.prot(pte),
-        });
+        return Some((entry, level, pte));
     }
 }
