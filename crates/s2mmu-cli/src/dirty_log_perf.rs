@@ -31,6 +31,18 @@ pub enum PolicyArg {
     Both,
 }
 
+/// How dirty pages are tracked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DirtyArg {
+    /// Write protection: the first write to a page after each harvest
+    /// faults (KVM's default).
+    Wp,
+    /// Hardware dirty state (arm64 DBM): logged pages stay writable-clean,
+    /// the vCPU's walker records the first write in the leaf without a
+    /// fault, and GET scans the leaves.
+    Hw,
+}
+
 /// How fast-path faults take the MMU lock for reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ReadLockArg {
@@ -93,6 +105,10 @@ pub struct Params {
     /// Use per-vCPU dirty rings of this many entries instead of bitmaps.
     #[arg(long)]
     pub ring: Option<u32>,
+    /// Dirty tracking: write protection (wp) or hardware dirty state (hw,
+    /// arm64 DBM; bitmaps only, not with --ring).
+    #[arg(long, value_enum, default_value = "wp")]
+    pub dirty: DirtyArg,
     /// Run on the host's real KVM instead of the engine.
     #[arg(long)]
     pub kvm: bool,
@@ -298,6 +314,7 @@ fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
         // logging protects nothing and iteration 1 takes no faults.
         initially_set: !p.no_manual_protect && p.ring.is_none(),
         dirty_ring_entries: p.ring,
+        hw_dirty: p.dirty == DirtyArg::Hw,
         reader_slots: p.read_lock.reader_slots(),
         ..MmuPolicy::default()
     }
@@ -316,10 +333,10 @@ fn label(policy: &MmuPolicy, memslots: &str) -> String {
         } else {
             "split on fault"
         },
-        if policy.dirty_ring_entries.is_some() {
-            ", dirty ring"
-        } else {
-            ""
+        match (policy.dirty_ring_entries.is_some(), policy.hw_dirty) {
+            (true, _) => ", dirty ring",
+            (false, true) => ", hardware dirty state",
+            (false, false) => "",
         },
     )
 }
@@ -527,6 +544,11 @@ pub fn run(p: &Params) -> Result<Report, String> {
     if vcpus_list.contains(&0) {
         return Err("-v must be at least 1".into());
     }
+    if p.dirty == DirtyArg::Hw && (p.ring.is_some() || p.kvm || p.compare) {
+        return Err(
+            "--dirty hw: hardware dirty state logs to bitmaps on the engine (the simulated VM or --arm64), not with --ring, --kvm or --compare".into(),
+        );
+    }
     if p.check && !p.kvm && !p.arm64 {
         return Err(
             "--check needs --kvm or --arm64 (it checks the log of real guest writes)".into(),
@@ -540,7 +562,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
         "backing": p.backing.name(), "slots": p.slots, "manual_protect": !p.no_manual_protect,
         "eager_split": p.eager_split, "write_percent": p.write_percent, "random": p.random,
         "policy": format!("{:?}", p.policy).to_lowercase(), "memslots": p.memslots,
-        "ring": p.ring, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
+        "ring": p.ring, "dirty": match p.dirty { DirtyArg::Wp => "wp", DirtyArg::Hw => "hw" }, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
         "runs": p.runs,
     });
     let mut report = Report::new("dirty-log-perf", params);

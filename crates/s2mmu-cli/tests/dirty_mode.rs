@@ -1,0 +1,64 @@
+//! `dirty-log-perf --dirty hw`: hardware dirty state on the simulated VM
+//! (no write faults in logged passes) and its refused combinations.
+
+use std::process::Command;
+
+fn s2mmu(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_s2mmu"))
+        .args(args)
+        .output()
+        .expect("the s2mmu binary runs")
+}
+
+#[test]
+fn hardware_dirty_state_takes_no_write_faults() {
+    let out = s2mmu(&[
+        "dirty-log-perf",
+        "-v",
+        "1",
+        "-b",
+        "16M",
+        "-i",
+        "3",
+        "--dirty",
+        "hw",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
+    assert_eq!(v["params"]["dirty"], "hw", "{v}");
+    let human = s2mmu(&[
+        "dirty-log-perf",
+        "-v",
+        "1",
+        "-b",
+        "16M",
+        "-i",
+        "3",
+        "--dirty",
+        "hw",
+    ]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    let faults: Vec<&str> = text.lines().filter(|l| l.contains(" faults: ")).collect();
+    assert_eq!(faults.len(), 3, "{text}");
+    for l in faults {
+        assert!(l.contains("faults: 0 "), "a logged pass faulted: {l}");
+    }
+}
+
+#[test]
+fn hardware_dirty_state_refuses_rings_and_real_kvm() {
+    for extra in [&["--ring", "4096"][..], &["--kvm"][..], &["--compare"][..]] {
+        let mut args = vec!["dirty-log-perf", "-v", "1", "-b", "16M", "--dirty", "hw"];
+        args.extend_from_slice(extra);
+        let out = s2mmu(&args);
+        assert!(!out.status.success(), "{args:?} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--dirty hw"), "{args:?}: {err}");
+    }
+}
