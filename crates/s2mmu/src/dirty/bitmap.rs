@@ -106,6 +106,25 @@ impl DirtyBitmap {
         Ok(())
     }
 
+    /// Marks the pages of `mask` in word `index` at once (a scan of 64
+    /// leaves). A word beyond the bitmap is ignored, as are bits past its
+    /// last page.
+    #[inline]
+    pub fn mark_word(&self, index: usize, mask: u64) {
+        let Some(word) = self.words.get(index) else {
+            return;
+        };
+        let left = self.npages - index as u64 * 64;
+        let valid = if left >= 64 {
+            u64::MAX
+        } else {
+            (1 << left) - 1
+        };
+        if mask & valid != 0 {
+            word.fetch_or(mask & valid, Ordering::Relaxed);
+        }
+    }
+
     /// Takes word `index` and clears it (legacy GET: take-and-clear). A word
     /// beyond the bitmap holds no dirty page (returns 0).
     #[inline]

@@ -171,14 +171,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             return Ok(());
         }
         let (base, size) = self.slot_range(id)?;
-        let shift = self.page_shift;
         let mut st = FaultStats::default();
         let pt = self.read_lock(&mut st, None);
-        pt.scan_hw_dirty(base, size, |ipa, len| {
-            for p in 0..len >> shift {
-                b.mark(((ipa - base) >> shift) + p);
-            }
-        })?;
+        pt.scan_hw_dirty_into(base, size, base, b)?;
         drop(pt);
         self.vm_stats.lock().unwrap().add(&st);
         Ok(())
