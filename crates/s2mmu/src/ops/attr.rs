@@ -187,8 +187,8 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
                 let fast = ctx.level + 1 == last
                     && start >= base
                     && ctx.entry_inside_range()
-                    && first_page % 64 == 0
-                    && per_table % 64 == 0;
+                    && first_page.is_multiple_of(64)
+                    && per_table.is_multiple_of(64);
                 let Some(table) = ctx.child_table().filter(|_| fast) else {
                     return Ok(WalkAction::Continue);
                 };
