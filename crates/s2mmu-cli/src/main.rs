@@ -5,6 +5,7 @@
 
 mod arm64;
 mod dirty_log_perf;
+mod harvest_perf;
 mod memslot_perf;
 mod reproduce;
 mod split_perf;
@@ -32,6 +33,8 @@ enum Cmd {
     SplitPerf(split_perf::Params),
     /// Seed 003: dirty-log clears of a large slot with split range TLB calls against one whole-VMID flush.
     TlbPerf(tlb_perf::Params),
+    /// Harvest of hardware dirty state (arm64 DBM) on a large slot: the GET's word scan against a per-leaf walk.
+    HarvestPerf(harvest_perf::Params),
     /// Seeds 002/004: KVM's dirty_log_perf_test on the engine, on real KVM (--kvm), or both (--compare).
     DirtyLogPerf(dirty_log_perf::Params),
     /// Seed 001: memslot_perf_test scenarios on the tree memslots against the array baseline (and real KVM with --kvm).
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Cmd::SplitPerf(p) => split_perf::main(p),
         Cmd::TlbPerf(p) => tlb_perf::main(p),
         Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
+        Cmd::HarvestPerf(p) => harvest_perf::main(p),
         Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
         Cmd::Migrate(p) => migrate::main(*p),

@@ -62,3 +62,46 @@ fn hardware_dirty_state_refuses_rings_and_real_kvm() {
         assert!(err.contains("--dirty hw"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn harvest_perf_finds_every_dirtied_page_and_checks_its_flags() {
+    let out = s2mmu(&[
+        "harvest-perf",
+        "--size",
+        "64M",
+        "--runs",
+        "2",
+        "--dirty-every",
+        "3",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 3, "{v}");
+    for r in rows {
+        assert_eq!(r["runs"], 2);
+        assert_eq!(
+            r["samples_ns"].as_array().map(Vec::len),
+            Some(2),
+            "raw samples: {r}"
+        );
+    }
+    for bad in [
+        &["--size", "3M"][..],
+        &["--size", "512G"][..],
+        &["--runs", "0"][..],
+        &["--dirty-every", "0"][..],
+    ] {
+        let mut args = vec!["harvest-perf"];
+        args.extend_from_slice(bad);
+        let out = s2mmu(&args);
+        assert!(!out.status.success(), "{args:?} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(bad[0]), "{args:?}: the flag is named: {err}");
+    }
+}

@@ -8,7 +8,7 @@ use crate::table::MmOps;
 use crate::tlb::TlbBatch;
 use crate::walk::{Visit, VisitCtx, WalkAction, WalkFlags};
 use crate::{Error, Result};
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 /// What a permission relaxation found and did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,16 +192,20 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
                 let Some(table) = ctx.child_table().filter(|_| fast) else {
                     return Ok(WalkAction::Continue);
                 };
+                // SAFETY: `table` is the child of a valid table entry the
+                // walker read under its read guard, so the page is
+                // allocated; it holds `per_table` entries.
+                let entries = unsafe { entry_ref(ctx.mm, table, 0) } as *const AtomicU64;
                 for chunk in 0..per_table / 64 {
                     let mut mask = 0u64;
                     for j in 0..64 {
-                        // SAFETY: `table` is the child of a valid table
-                        // entry the walker read under its read guard, so the
-                        // page is allocated; the index is below the entries
-                        // per table.
-                        let e = unsafe { entry_ref(ctx.mm, table, chunk * 64 + j) }
-                            .load(Ordering::Relaxed);
-                        mask |= u64::from(e & dirty == dirty && fmt.is_valid(e)) << j;
+                        // SAFETY: the index is below the entries per table.
+                        let e = unsafe { &*entries.add(chunk * 64 + j) }.load(Ordering::Relaxed);
+                        // An entry with both bits is a valid leaf: the engine
+                        // writes no invalid value with them (0, the lock
+                        // marker), and the hardware only sets the write bit
+                        // of valid leaves.
+                        mask |= u64::from(e & dirty == dirty) << j;
                     }
                     found += u64::from(mask.count_ones());
                     bitmap.mark_word((first_page / 64) as usize + chunk, mask);
