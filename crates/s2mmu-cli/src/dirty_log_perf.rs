@@ -460,22 +460,7 @@ fn sum(v: &[FaultStats]) -> FaultStats {
 }
 
 fn diff(a: &FaultStats, b: &FaultStats) -> FaultStats {
-    FaultStats {
-        fast: a.fast - b.fast,
-        slow: a.slow - b.slow,
-        spurious: a.spurious - b.spurious,
-        retries: a.retries - b.retries,
-        translation: a.translation - b.translation,
-        permission: a.permission - b.permission,
-        splits_on_fault: a.splits_on_fault - b.splits_on_fault,
-        dirtied: a.dirtied - b.dirtied,
-        read_locks: a.read_locks - b.read_locks,
-        read_contended: a.read_contended - b.read_contended,
-        write_locks: a.write_locks - b.write_locks,
-        write_contended: a.write_contended - b.write_contended,
-        lock_wait_ns: a.lock_wait_ns - b.lock_wait_ns,
-        split_ns: a.split_ns - b.split_ns,
-    }
+    a.since(b)
 }
 
 fn engine(spec: RunSpec, memslots: &str) -> Result<EngineRun, String> {

@@ -43,7 +43,9 @@ pub mod walk;
 pub use error::{Error, Result};
 pub use format::{Prot, PteFormat};
 pub use memcache::PageCache;
-pub use ops::{MapOptions, MapStats, RelaxOutcome, SplitPolicy, SplitStats, UnmapStats};
+pub use ops::{
+    CollapseStats, MapOptions, MapStats, RelaxOutcome, SplitPolicy, SplitStats, UnmapStats,
+};
 pub use pgtable::{Leaf, PageTable, TableReader, Translation};
 #[cfg(feature = "std")]
 pub use table::HostMmOps;

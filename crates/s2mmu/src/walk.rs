@@ -205,6 +205,18 @@ impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
         Ok(())
     }
 
+    /// The "break" of a batched break-before-make (an exclusive walk that
+    /// breaks many entries and then invalidates them all at once, see
+    /// `collapse`): replaces the entry with the lock marker without an
+    /// invalidation; the caller invalidates before any `make`.
+    pub(crate) fn break_unflushed(&self) {
+        debug_assert!(!self.shared(), "only exclusive walks batch their breaks");
+        self.entry.store(self.fmt.locked(), Ordering::Release);
+        if self.old != 0 {
+            self.adjust_count(self.old, 0);
+        }
+    }
+
     /// The "make" of break-before-make: publishes `new` over the lock marker
     /// with release ordering, so a table built before is visible to any
     /// walker that reads the new entry.

@@ -215,11 +215,21 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let host_page = self.side[usize::from(id)].host_page.load(Ordering::Relaxed);
         let (base, size) = self.slot_range(id)?;
         let snap = self.slots.snapshot();
-        let hva = snap.id_to_slot(id).map(|s| s.userspace_addr()).unwrap_or(0);
+        let slot = snap.id_to_slot(id);
+        let hva = slot.map(|s| s.userspace_addr()).unwrap_or(0);
+        let readonly = slot.is_some_and(|s| s.flags().contains(SlotFlags::READONLY));
         drop(snap);
         let block = self.block_size_for(host_page);
         if block <= 1 << self.page_shift || (base ^ hva) & (block - 1) != 0 {
             return Ok(());
+        }
+        if self.policy.recover_in_place {
+            let prot = if readonly {
+                Prot::R | Prot::X
+            } else {
+                Prot::RWX
+            };
+            return self.collapse_range(base, size, block, prot);
         }
         // Drop the page mappings of every block-aligned region inside the
         // slot; faults map them back as blocks.
@@ -234,6 +244,24 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             }
             drop(pt);
             a += block;
+        }
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(())
+    }
+
+    /// Huge pages back in place ([`MmuPolicy::recover_in_place`]): collapses
+    /// `[base, base + size)` chunk by chunk under the write lock, one
+    /// whole-VMID invalidation per chunk and block level.
+    fn collapse_range(&self, base: u64, size: u64, block: u64, prot: Prot) -> Result<()> {
+        let mut st = FaultStats::default();
+        let mut a = base;
+        while a < base + size {
+            let n = (((a / LOCK_CHUNK) + 1) * LOCK_CHUNK).min(base + size) - a;
+            let mut pt = self.write_lock(&mut st);
+            let c = pt.collapse(a, n, block, prot)?;
+            drop(pt);
+            st.collapsed += c.blocks;
+            a += n;
         }
         self.vm_stats.lock().unwrap().add(&st);
         Ok(())

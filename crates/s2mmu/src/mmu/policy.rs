@@ -52,6 +52,10 @@ pub struct MmuPolicy {
     /// with huge pages, so later faults map blocks again (x86's huge-page
     /// recovery; arm64 has none).
     pub recover_huge_pages: bool,
+    /// With `recover_huge_pages`: collapse the page tables back into blocks
+    /// in place (KVM x86 since 6.13) instead of unmapping them for faults to
+    /// map blocks again, so the guest takes no fault for its huge pages.
+    pub recover_in_place: bool,
     /// vCPUs (by index) whose fault-path reads of the MMU lock go through
     /// a reader slot of their own while no writer is around ([`lock`]),
     /// instead of the rwlock's shared reader count; 0 keeps KVM's plain
@@ -82,6 +86,7 @@ impl Default for MmuPolicy {
             dirty_ring_entries: None,
             hw_dirty: false,
             recover_huge_pages: true,
+            recover_in_place: false,
             reader_slots: 256,
         }
     }

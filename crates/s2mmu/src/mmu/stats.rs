@@ -31,12 +31,37 @@ pub struct FaultStats {
     pub lock_wait_ns: u64,
     /// Nanoseconds spent splitting huge mappings (eager or on fault).
     pub split_ns: u64,
+    /// Blocks made back from tables in place when logging stopped.
+    pub collapsed: u64,
 }
 
 impl FaultStats {
+    /// The counts since `earlier` (a snapshot of the same counters).
+    #[must_use]
+    pub fn since(&self, earlier: &FaultStats) -> FaultStats {
+        FaultStats {
+            fast: self.fast.saturating_sub(earlier.fast),
+            slow: self.slow.saturating_sub(earlier.slow),
+            spurious: self.spurious.saturating_sub(earlier.spurious),
+            retries: self.retries.saturating_sub(earlier.retries),
+            translation: self.translation.saturating_sub(earlier.translation),
+            permission: self.permission.saturating_sub(earlier.permission),
+            splits_on_fault: self.splits_on_fault.saturating_sub(earlier.splits_on_fault),
+            dirtied: self.dirtied.saturating_sub(earlier.dirtied),
+            read_locks: self.read_locks.saturating_sub(earlier.read_locks),
+            read_contended: self.read_contended.saturating_sub(earlier.read_contended),
+            write_locks: self.write_locks.saturating_sub(earlier.write_locks),
+            write_contended: self.write_contended.saturating_sub(earlier.write_contended),
+            lock_wait_ns: self.lock_wait_ns.saturating_sub(earlier.lock_wait_ns),
+            split_ns: self.split_ns.saturating_sub(earlier.split_ns),
+            collapsed: self.collapsed.saturating_sub(earlier.collapsed),
+        }
+    }
+
     /// Adds `o` to `self`.
     pub fn add(&mut self, o: &FaultStats) {
         self.fast += o.fast;
+        self.collapsed += o.collapsed;
         self.slow += o.slow;
         self.spurious += o.spurious;
         self.retries += o.retries;

@@ -378,3 +378,34 @@ fn an_ept_vm_logs_dirty_pages() {
     );
     assert!(matches!(hw, Err(Error::InvalidConfig { .. })));
 }
+
+/// Huge pages back in place: when logging stops, the eagerly split pages
+/// become 2 MiB blocks again without unmapping, writable as the slot is.
+#[test]
+fn logging_stops_with_blocks_collapsed_in_place() {
+    for in_place in [false, true] {
+        let m = mmu(MmuPolicy {
+            recover_in_place: in_place,
+            ..MmuPolicy::default()
+        });
+        let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+        m.set_memory_region(&r, 2 << 20).unwrap();
+        let mut v = m.new_vcpu().unwrap();
+        for b in 0..2u64 {
+            m.handle_fault(&mut v, GPA + b * (2 << 20), true).unwrap();
+        }
+        m.enable_dirty_logging(0).unwrap();
+        m.handle_fault(&mut v, GPA + 0x3000, true).unwrap();
+        assert_eq!(m.reader().translate(GPA).unwrap().size, 4096);
+        m.disable_dirty_logging(0).unwrap();
+        let t = m.reader().translate(GPA + 0x7000);
+        if in_place {
+            let t = t.expect("still mapped");
+            assert_eq!(t.size, 2 << 20);
+            assert!(t.prot.contains(Prot::W), "writable again, as the slot is");
+            assert_eq!(m.vm_stats().collapsed, 2);
+        } else {
+            assert!(t.is_none(), "unmapped for faults to map blocks");
+        }
+    }
+}

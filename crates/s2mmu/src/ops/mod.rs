@@ -2,11 +2,13 @@
 //! small visitor on the generic walker.
 
 pub mod attr;
+pub mod collapse;
 pub mod map;
 pub mod split;
 pub mod unmap;
 
 pub use attr::RelaxOutcome;
+pub use collapse::CollapseStats;
 pub use map::{MapOptions, MapStats};
 pub use split::{SplitPolicy, SplitStats};
 pub use unmap::UnmapStats;
