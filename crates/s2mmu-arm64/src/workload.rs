@@ -78,6 +78,10 @@ pub struct DirtyConfig {
     /// logged pass runs, spread over the pass ([`Arm64Vm::remap_host_page`]);
     /// the spare pages follow the slot in guest data RAM.
     pub remaps_per_pass: u64,
+    /// Passes run after the logged ones, logging turned off while the first
+    /// of them runs (with `recover_in_place`, the collapse back to blocks
+    /// then races the guest); each page's stamp is checked after them.
+    pub passes_after_logging: u32,
 }
 
 impl Default for DirtyConfig {
@@ -94,6 +98,7 @@ impl Default for DirtyConfig {
             enable_during_pass: false,
             drop_invalidations_after: None,
             remaps_per_pass: 0,
+            passes_after_logging: 0,
         }
     }
 }
@@ -154,6 +159,11 @@ pub struct DirtyReport {
     pub bad_tags: Vec<(u64, u64)>,
     /// Host pages moved while the guest ran.
     pub remaps: u64,
+    /// After the passes that follow logging: pages whose stamp is the last
+    /// pass's (sequential pattern: all of them), and the slot's pages.
+    pub after_logging: Option<(u64, u64)>,
+    /// Blocks the engine collapsed back in place when logging stopped.
+    pub collapsed: u64,
 }
 
 impl DirtyReport {
@@ -545,9 +555,27 @@ fn coordinate(
         }
         report.passes.push(p);
     }
-    let t = Instant::now();
-    mmu.disable_dirty_logging(DATA_SLOT)?;
-    report.disable_time = t.elapsed();
+    if cfg.passes_after_logging == 0 {
+        let t = Instant::now();
+        mmu.disable_dirty_logging(DATA_SLOT)?;
+        report.disable_time = t.elapsed();
+        return Ok(());
+    }
+    let first = u64::from(cfg.iterations) + 2;
+    let last = first + u64::from(cfg.passes_after_logging) - 1;
+    for pass in first..=last {
+        ctl.go(pass);
+        if pass == first {
+            let t = Instant::now();
+            mmu.disable_dirty_logging(DATA_SLOT)?;
+            report.disable_time = t.elapsed();
+        }
+        ctl.wait_all(pass)?;
+    }
+    report.collapsed = mmu.vm_stats().collapsed;
+    let none = vec![0u64; bitmap.len()];
+    let (written, _, _) = compare(vm, npages, last, &none);
+    report.after_logging = Some((written, npages));
     Ok(())
 }
 
