@@ -31,6 +31,17 @@ pub enum PolicyArg {
     Both,
 }
 
+/// What happens to huge pages split for logging when logging stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RecoverArg {
+    /// Unmap the pages; faults map blocks again (x86 before 6.13).
+    Zap,
+    /// Collapse the pages back into blocks in place (x86 since 6.13).
+    InPlace,
+    /// Keep the pages (arm64 today).
+    Off,
+}
+
 /// How dirty pages are tracked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DirtyArg {
@@ -109,6 +120,14 @@ pub struct Params {
     /// arm64 DBM; bitmaps only, not with --ring).
     #[arg(long, value_enum, default_value = "wp")]
     pub dirty: DirtyArg,
+    /// Huge pages when logging stops: zap (refault), in-place (collapse),
+    /// off (stay split).
+    #[arg(long, value_enum, default_value = "zap")]
+    pub recover: RecoverArg,
+    /// Run one more pass after logging stops and time it (how the huge
+    /// pages came back shows there).
+    #[arg(long)]
+    pub after_pass: bool,
     /// Run on the host's real KVM instead of the engine.
     #[arg(long)]
     pub kvm: bool,
@@ -166,6 +185,9 @@ pub struct EngineRun {
     pub iterations: Vec<EngineIteration>,
     /// Disabling dirty logging time.
     pub disable: Duration,
+    /// With `--after-pass`: the first pass after logging stops, and the
+    /// vCPU faults it took (huge pages refaulted or collapsed in place).
+    pub after: Option<(Duration, FaultStats)>,
     /// Guest-physical test memory.
     pub test_gpa: (u64, u64),
     /// Counters of VM-wide operations (enable, clears): eager split time.
@@ -255,6 +277,15 @@ impl EngineRun {
             }
         }
         out.push(format!("Disabling dirty logging time: {}", s(self.disable)));
+        if let Some((t, f)) = &self.after {
+            out.push(format!(
+                "Pass after logging stopped: {} ({} faults: {} translation; {} blocks collapsed in place)",
+                s(*t),
+                f.fast + f.slow,
+                f.translation,
+                self.vm_stats.collapsed
+            ));
+        }
         let n = self.iterations.len().max(1) as u32;
         let gt: Duration = self.iterations.iter().map(|i| i.get).sum();
         out.push(format!(
@@ -301,6 +332,7 @@ struct RunSpec {
     write_percent: u32,
     random: bool,
     policy: MmuPolicy,
+    after_pass: bool,
 }
 
 fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
@@ -315,6 +347,8 @@ fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
         initially_set: !p.no_manual_protect && p.ring.is_none(),
         dirty_ring_entries: p.ring,
         hw_dirty: p.dirty == DirtyArg::Hw,
+        recover_huge_pages: p.recover != RecoverArg::Off,
+        recover_in_place: p.recover == RecoverArg::InPlace,
         reader_slots: p.read_lock.reader_slots(),
         ..MmuPolicy::default()
     }
@@ -446,6 +480,11 @@ fn run_engine<S: MemslotStore + 'static>(
     let t = Instant::now();
     vm.disable_dirty_logging().map_err(|e| e.to_string())?;
     run.disable = t.elapsed();
+    if spec.after_pass {
+        let before = sum(&w.fault_stats());
+        let t = w.run_pass(|| {})?;
+        run.after = Some((t, sum(&w.fault_stats()).since(&before)));
+    }
     run.vm_stats = mmu.vm_stats();
     w.stop();
     Ok(run)
@@ -547,7 +586,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
         "backing": p.backing.name(), "slots": p.slots, "manual_protect": !p.no_manual_protect,
         "eager_split": p.eager_split, "write_percent": p.write_percent, "random": p.random,
         "policy": format!("{:?}", p.policy).to_lowercase(), "memslots": p.memslots,
-        "ring": p.ring, "dirty": match p.dirty { DirtyArg::Wp => "wp", DirtyArg::Hw => "hw" }, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
+        "ring": p.ring, "dirty": match p.dirty { DirtyArg::Wp => "wp", DirtyArg::Hw => "hw" }, "recover": format!("{:?}", p.recover).to_lowercase(), "after_pass": p.after_pass, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
         "runs": p.runs,
     });
     let mut report = Report::new("dirty-log-perf", params);
@@ -561,6 +600,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
         write_percent: p.write_percent,
         random: p.random,
         policy: policy_for(p, fault_path, eager),
+        after_pass: p.after_pass,
     };
     let ring = p.ring.is_some();
     let huge = p.backing != Backing::Anonymous;

@@ -202,6 +202,7 @@ pub(super) fn as_engine_run(r: &DirtyReport, plan: &Plan, vcpus: usize, bytes: u
             })
             .collect(),
         disable: r.disable_time,
+        after: None,
         test_gpa: (DATA_GPA, DATA_GPA + bytes * vcpus as u64),
         vm_stats: Default::default(),
     }
