@@ -699,3 +699,78 @@ fn a_channel_sweep_prints_its_table() {
     assert!(stdout.contains("Round 0 by channel count"), "{stdout}");
     assert!(stdout.contains("% of link"), "{stdout}");
 }
+
+#[test]
+fn a_damaged_page_on_a_further_channel_is_named_and_the_guest_stays_on_the_source() {
+    // Generous deadlines: this test is about which error is reported, and a
+    // loaded machine must not turn the source's wait for REJECTED into a
+    // timeout.
+    let long = Duration::from_secs(10);
+    let (dest_addr, d) = start_dest(
+        DestConfig {
+            io_timeout: long,
+            ..dest_cfg()
+        },
+        NetConfig {
+            io_timeout: long,
+            security: Security::Plain,
+        },
+    );
+    // Channel 1 goes through a proxy that flips one byte well past its
+    // probe, inside its pages.
+    let proxy = TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy_addr = proxy.local_addr().unwrap().to_string();
+    let to = dest_addr.clone();
+    std::thread::spawn(move || {
+        let (mut from, _) = proxy.accept().unwrap();
+        let mut out = TcpStream::connect(&to).unwrap();
+        let (mut back_from, mut back_to) = (out.try_clone().unwrap(), from.try_clone().unwrap());
+        std::thread::spawn(move || std::io::copy(&mut back_from, &mut back_to));
+        let flip_at = (8u64 << 20) + (1 << 20) + 12345;
+        let mut at = 0u64;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if at <= flip_at && flip_at < at + n as u64 {
+                buf[(flip_at - at) as usize] ^= 0x20;
+            }
+            at += n as u64;
+            if out.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    });
+    let net = NetConfig {
+        io_timeout: long,
+        security: Security::Plain,
+    };
+    let cfg = SourceConfig {
+        channels: 2,
+        ..small(16 << 20)
+    };
+    let r = migrate_source(&cfg, &mut |c| {
+        let a = if c == 1 { &proxy_addr } else { &dest_addr };
+        let s = net::connect_tcp(a, &net)?;
+        net::client(s, &net)
+    });
+    let dr = d.join().unwrap();
+    match &r {
+        Err(MigrateError::Rejected { reason }) => assert!(
+            reason.contains("checksum") || reason.contains("malformed"),
+            "{reason}"
+        ),
+        other => panic!("expected the destination's reason, got {other:?} (destination: {dr:?})"),
+    }
+    match dr {
+        Err(
+            MigrateError::PageChecksum { .. }
+            | MigrateError::RecordChecksum { .. }
+            | MigrateError::Malformed { .. }
+            | MigrateError::UnknownRecord { .. },
+        ) => {}
+        other => panic!("expected the damaged channel's error, got {other:?}"),
+    }
+}

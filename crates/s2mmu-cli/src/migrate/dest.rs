@@ -571,7 +571,17 @@ fn receive_inner<C: Conn>(
             .enumerate()
             .map(|(k, r)| {
                 let (sh, h, ptx) = (&sh, &header, ptx.clone());
-                sc.spawn(move || channel_loop(r, sh, h, k as u16 + 1, &ptx))
+                sc.spawn(move || {
+                    let res = channel_loop(r, sh, h, k as u16 + 1, &ptx);
+                    if res.is_err() {
+                        // The source's sender on this channel fails at
+                        // once instead of at its write deadline.
+                        if let Some(s) = r.get_mut().tcp() {
+                            net::shutdown(s);
+                        }
+                    }
+                    res
+                })
             })
             .collect();
         drop(ptx);
@@ -638,11 +648,17 @@ fn receive_inner<C: Conn>(
             let c = h
                 .join()
                 .unwrap_or_else(|_| Err(MigrateError::Setup("a receiving thread panicked".into())));
-            // The main channel's error (an ABORT, say) explains the others'.
-            if r.is_ok() {
-                if let Err(e) = c {
-                    r = Err(e);
+            // The first error wins, except that a channel's own error
+            // (a bad page, say) explains the ABORT the source then sent,
+            // and the main channel's explains the cut channels.
+            match (&r, c) {
+                (Ok(_), Err(e)) => r = Err(e),
+                (Err(MigrateError::Aborted { .. }), Err(e))
+                    if !matches!(e, MigrateError::Io { .. } | MigrateError::Truncated { .. }) =>
+                {
+                    r = Err(e)
                 }
+                _ => {}
             }
         }
         r

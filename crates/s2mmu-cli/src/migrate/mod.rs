@@ -442,6 +442,12 @@ pub fn main(p: Params) -> Result<(), String> {
         )]
     };
     let channel_list = p.channel_list();
+    if channel_list.len() > 1 && p.to.is_some() {
+        return Err(
+            "--to runs one migration (the destination exits after it): give one --channels count"
+                .into(),
+        );
+    }
     if channel_list.len() > 1 && p.compare_policies {
         return Err("--compare-policies takes one --channels count".into());
     }
