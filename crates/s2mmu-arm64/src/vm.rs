@@ -169,7 +169,7 @@ impl Arm64Vm {
         });
         let mmu = Mmu::new(fmt, arena, tlb, slots, cfg.policy)?.with_host_memory(host.clone());
         let root = mmu.with_table(|pt| pt.root_pa());
-        let vtcr = stage2::vtcr(&fmt, cfg.policy.hw_dirty);
+        let vtcr = stage2::vtcr(&fmt, cfg.policy.dirty.hardware());
         let vttbr = stage2::vttbr(root, stage2::VMID);
         sink.set_context(vtcr, vttbr);
         let vm = Arm64Vm {

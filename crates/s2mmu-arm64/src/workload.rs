@@ -319,7 +319,7 @@ fn check_config(vm: &Arm64Vm, cfg: &DirtyConfig) -> Result<u64> {
                 cfg.vcpus, cfg.bytes_per_vcpu
             ))
         })?;
-    let ring = vm.mmu().policy().dirty_ring_entries;
+    let ring = vm.mmu().policy().dirty.ring_entries();
     match (cfg.harvest, ring) {
         (Harvest::Ring, None) => {
             return Err(Arm64Error::Config(

@@ -3,7 +3,7 @@
 
 mod common;
 
-use s2mmu::mmu::MmuPolicy;
+use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_arm64::vm::{Arm64Vm, VmConfig};
 use s2mmu_arm64::workload::{run_dirty_log, DirtyConfig, DirtyReport, Harvest, Pattern};
 
@@ -124,7 +124,7 @@ fn get_without_manual_protect() {
 #[test]
 fn dirty_rings_1_2_4_vcpus() {
     let policy = MmuPolicy {
-        dirty_ring_entries: Some(2048),
+        dirty: DirtyMode::Ring { entries: 2048 },
         ..MmuPolicy::default()
     };
     for vcpus in [1, 2, 4] {
@@ -234,7 +234,7 @@ fn hardware_dirty_state_logs_without_faults() {
     // stage 2, every first write would fault and this test would fail on
     // the fault count while the logs stayed exact.
     let policy = MmuPolicy {
-        hw_dirty: true,
+        dirty: DirtyMode::Hardware,
         ..MmuPolicy::default()
     };
     for vcpus in [1, 2, 4] {
@@ -279,7 +279,7 @@ fn pages_remapped_while_the_guest_writes_stay_coherent() {
         ..small()
     };
     let hw = MmuPolicy {
-        hw_dirty: true,
+        dirty: DirtyMode::Hardware,
         ..MmuPolicy::default()
     };
     for (vcpus, policy) in [
@@ -311,8 +311,13 @@ fn granules_16k_and_64k() {
     for (granule, bits) in [(Granule::K16, 40), (Granule::K64, 42)] {
         for (host_page, hw_dirty) in [(0, false), (32 << 20, false), (0, true)] {
             let page = 1u64 << granule.shift();
+            let dirty = if hw_dirty {
+                DirtyMode::Hardware
+            } else {
+                DirtyMode::Bitmap
+            };
             let policy = MmuPolicy {
-                hw_dirty,
+                dirty,
                 ..MmuPolicy::default()
             };
             let vm_cfg = VmConfig {

@@ -11,7 +11,7 @@ use crate::report::{
     self, human, human_bytes, paired_ratio, paired_ratios, parse_size, verdict, Report, Summary,
 };
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
-use s2mmu::mmu::{FaultPath, FaultStats, MmuPolicy};
+use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
 use s2mmu::SplitPolicy;
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
 use serde_json::json;
@@ -345,8 +345,11 @@ fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
         // INITIALLY_SET (KVM offers it on x86 and arm64), so enabling
         // logging protects nothing and iteration 1 takes no faults.
         initially_set: !p.no_manual_protect && p.ring.is_none(),
-        dirty_ring_entries: p.ring,
-        hw_dirty: p.dirty == DirtyArg::Hw,
+        dirty: match (p.ring, p.dirty) {
+            (Some(entries), _) => DirtyMode::Ring { entries },
+            (None, DirtyArg::Hw) => DirtyMode::Hardware,
+            (None, DirtyArg::Wp) => DirtyMode::Bitmap,
+        },
         recover_huge_pages: p.recover != RecoverArg::Off,
         recover_in_place: p.recover == RecoverArg::InPlace,
         reader_slots: p.read_lock.reader_slots(),
@@ -367,10 +370,10 @@ fn label(policy: &MmuPolicy, memslots: &str) -> String {
         } else {
             "split on fault"
         },
-        match (policy.dirty_ring_entries.is_some(), policy.hw_dirty) {
-            (true, _) => ", dirty ring",
-            (false, true) => ", hardware dirty state",
-            (false, false) => "",
+        match policy.dirty {
+            DirtyMode::Ring { .. } => ", dirty ring",
+            DirtyMode::Hardware => ", hardware dirty state",
+            DirtyMode::Bitmap => "",
         },
     )
 }
@@ -423,7 +426,7 @@ fn run_engine<S: MemslotStore + 'static>(
     ctl.random
         .store(spec.random, std::sync::atomic::Ordering::Relaxed);
     let mmu = vm.mmu().clone();
-    let ring = spec.policy.dirty_ring_entries.is_some();
+    let ring = spec.policy.dirty.ring_entries().is_some();
     let mut prev = sum(&w.fault_stats());
     let mut prev_vcpu_time: Duration = w.pass_times().iter().flatten().sum();
     let mut bitmaps: Vec<Vec<u64>> = vm

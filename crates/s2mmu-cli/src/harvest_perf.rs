@@ -1,5 +1,5 @@
 //! `s2mmu harvest-perf`: the harvest of hardware dirty state (arm64 DBM,
-//! `MmuPolicy::hw_dirty`) on a large slot mapped with 4 KiB pages, the
+//! `DirtyMode::Hardware`) on a large slot mapped with 4 KiB pages, the
 //! case Keqian Zhu's arm64 DBM RFC measured (about 40 ms per 64 GiB): the
 //! GET scans every leaf of the slot into the bitmap. Two scans run in the
 //! same process on the same table: the word scan the engine's GET uses
@@ -15,7 +15,7 @@ use crate::report::{human, human_bytes, verdict, Report, Summary};
 use s2mmu::dirty::DirtyBitmap;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
-use s2mmu::mmu::{Mmu, MmuPolicy};
+use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy};
 use s2mmu::{HostMmOps, NoTlb};
 use serde_json::json;
 use std::sync::Arc;
@@ -84,7 +84,7 @@ type HwMmu = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
 fn setup(p: &Params) -> Result<(Arc<HwMmu>, Duration), String> {
     let e = |e: s2mmu::Error| e.to_string();
     let policy = MmuPolicy {
-        hw_dirty: true,
+        dirty: DirtyMode::Hardware,
         manual_protect: true,
         ..MmuPolicy::default()
     };

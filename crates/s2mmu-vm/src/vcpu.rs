@@ -79,7 +79,7 @@ impl<S: MemslotStore> Vcpu<S> {
     ) -> Self {
         Vcpu {
             reader: mmu.reader(),
-            hw_dirty: mmu.policy().hw_dirty,
+            hw_dirty: mmu.policy().dirty.hardware(),
             hw_dirty_walks: 0,
             mmu,
             _memory: memory,

@@ -1,7 +1,7 @@
 //! Dirty logging end to end on simulated vCPUs.
 
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
-use s2mmu::mmu::{FaultPath, MmuPolicy};
+use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -267,7 +267,7 @@ fn stress<S: MemslotStore + 'static>(
     };
     w.run_pass(|| {}).unwrap();
     vm.enable_dirty_logging().unwrap();
-    if policy.dirty_ring_entries.is_none() {
+    if policy.dirty.bitmaps() {
         harvest(&vm); // start clean, then copy everything
     }
     full_copy(&mut mirror);
@@ -278,7 +278,7 @@ fn stress<S: MemslotStore + 'static>(
     let mut ring = Vec::new();
     while Instant::now() < deadline {
         rounds += 1;
-        if policy.dirty_ring_entries.is_some() {
+        if policy.dirty.ring_entries().is_some() {
             // KVM's protocol: harvest, reset (re-protect), then copy.
             ring.clear();
             vm.mmu().harvest_rings(&mut ring).unwrap();
@@ -305,7 +305,7 @@ fn stress<S: MemslotStore + 'static>(
         std::thread::sleep(Duration::from_millis(1));
     }
     w.pause();
-    if policy.dirty_ring_entries.is_some() {
+    if policy.dirty.ring_entries().is_some() {
         ring.clear();
         vm.mmu().harvest_rings(&mut ring).unwrap();
         vm.mmu().reset_rings().unwrap();
@@ -394,7 +394,7 @@ fn stress_hardware_dirty_state() {
     // The vCPUs' walkers set the write permission of writable-clean leaves
     // themselves, racing the harvest's scan and clean: no write may be lost.
     let policy = MmuPolicy {
-        hw_dirty: true,
+        dirty: DirtyMode::Hardware,
         ..MmuPolicy::default()
     };
     stress::<TreeMemslots>(policy, Backing::AnonymousThp, 2, Pattern::Random);
@@ -405,7 +405,7 @@ fn hardware_dirty_state_logs_every_page_without_a_fault() {
     for manual in [true, false] {
         let policy = MmuPolicy {
             manual_protect: manual,
-            hw_dirty: true,
+            dirty: DirtyMode::Hardware,
             ..MmuPolicy::default()
         };
         let vm = vm::<TreeMemslots>(16 * MIB, Backing::Anonymous, 2, policy);
@@ -430,7 +430,7 @@ fn hardware_dirty_state_logs_every_page_without_a_fault() {
 #[test]
 fn stress_dirty_ring() {
     let policy = MmuPolicy {
-        dirty_ring_entries: Some(1024),
+        dirty: DirtyMode::Ring { entries: 1024 },
         ..MmuPolicy::default()
     };
     stress::<TreeMemslots>(policy, Backing::Anonymous, 2, Pattern::Random);

@@ -184,7 +184,7 @@ pub(super) fn run_one(
 
 /// The run as the engine's phases name them (for `--compare` and JSON).
 pub(super) fn as_engine_run(r: &DirtyReport, plan: &Plan, vcpus: usize, bytes: u64) -> EngineRun {
-    let clear = plan.policy.manual_protect || plan.policy.dirty_ring_entries.is_some();
+    let clear = plan.policy.manual_protect || plan.policy.dirty.ring_entries().is_some();
     EngineRun {
         label: label(&plan.policy, "tree"),
         vcpus,

@@ -13,7 +13,7 @@ use super::wire::{
     SESSION_LEN,
 };
 use ring::rand::{SecureRandom, SystemRandom};
-use s2mmu::mmu::MmuPolicy;
+use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
 use std::io::{IoSliceMut, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -970,7 +970,7 @@ pub fn build_vm(h: &Header, policy: MmuPolicy) -> Result<Vm, MigrateError> {
         gpa_base: h.gpa_base,
         // The destination does not log dirty pages.
         policy: MmuPolicy {
-            dirty_ring_entries: None,
+            dirty: DirtyMode::Bitmap,
             ..policy
         },
         ..VmConfig::default()

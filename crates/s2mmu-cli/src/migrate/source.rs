@@ -15,7 +15,7 @@ use super::wire::{
     SESSION_LEN,
 };
 use s2mmu::dirty::DirtyGfn;
-use s2mmu::mmu::MmuPolicy;
+use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, GuestMemory, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -220,7 +220,13 @@ pub fn source_policy(cfg: &SourceConfig) -> MmuPolicy {
     MmuPolicy {
         manual_protect: true,
         initially_set: false,
-        dirty_ring_entries: (cfg.harvest == Harvest::Ring).then_some(cfg.ring_entries),
+        dirty: if cfg.harvest == Harvest::Ring {
+            DirtyMode::Ring {
+                entries: cfg.ring_entries,
+            }
+        } else {
+            DirtyMode::Bitmap
+        },
         ..cfg.policy
     }
 }

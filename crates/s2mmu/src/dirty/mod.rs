@@ -13,7 +13,7 @@
 //! ([`DirtyBitmap`]) and the ring ([`DirtyRing`]) implement it, and every
 //! implementation runs the same conformance tests (`conformance`). Hardware
 //! dirty state records in the page table itself and is scanned into a
-//! bitmap (see [`crate::mmu::MmuPolicy::hw_dirty`]).
+//! bitmap (see [`crate::mmu::DirtyMode::Hardware`]).
 
 mod bitmap;
 #[cfg(all(test, not(loom)))]

@@ -6,7 +6,7 @@ use super::*;
 
 impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     pub(super) fn bitmap(&self, id: u16) -> Result<Arc<DirtyBitmap>> {
-        if self.policy.dirty_ring_entries.is_some() {
+        if !self.policy.dirty.bitmaps() {
             return Err(Error::WrongDirtyMode {
                 needs: "dirty bitmaps (the VM uses dirty rings)",
             });
@@ -154,7 +154,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         size: u64,
         batch: &mut TlbBatch<'_>,
     ) -> Result<u64> {
-        if self.policy.hw_dirty {
+        if self.policy.dirty.hardware() {
             pt.clean_hw_dirty_batched(ipa, size, batch)
         } else {
             pt.wrprotect_batched(ipa, size, batch)
@@ -167,7 +167,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// hardware updates leaves concurrently, and only protection, under the
     /// write lock, cleans them.
     pub(super) fn sync_hw_dirty(&self, id: u16, b: &DirtyBitmap) -> Result<()> {
-        if !self.policy.hw_dirty {
+        if !self.policy.dirty.hardware() {
             return Ok(());
         }
         let (base, size) = self.slot_range(id)?;

@@ -36,15 +36,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         // an absurd size first.
         let plausible = self.side.get(id).is_some()
             && region.memory_size >> self.page_shift <= self.slots.config().max_npages;
-        let new_bitmap =
-            (logging && !was_logging && plausible && self.policy.dirty_ring_entries.is_none())
-                .then(|| {
-                    Arc::new(DirtyBitmap::for_slot(
-                        u32::from(region.id()),
-                        region.memory_size >> self.page_shift,
-                        self.initially_set(),
-                    ))
-                });
+        let new_bitmap = (logging && !was_logging && plausible && self.policy.dirty.bitmaps())
+            .then(|| {
+                Arc::new(DirtyBitmap::for_slot(
+                    u32::from(region.id()),
+                    region.memory_size >> self.page_shift,
+                    self.initially_set(),
+                ))
+            });
         let prev_host_page = self
             .side
             .get(id)
@@ -195,7 +194,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             return Ok(());
         }
         let (base, size) = self.slot_range(id)?;
-        let chunk = match (self.policy.eager_split_chunk, self.policy.hw_dirty) {
+        let chunk = match (self.policy.eager_split_chunk, self.policy.dirty.hardware()) {
             (Some(c), _) => Some(c),
             // A dirty bit per block would log whole blocks: split first.
             (None, true) => Some(EAGER_SPLIT_CHUNK),

@@ -62,7 +62,7 @@ mod tests;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
-pub use policy::{FaultPath, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
+pub use policy::{DirtyMode, FaultPath, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
 pub use stats::FaultStats;
 
 /// A memslot's state that the MMU keeps beside the memslot store.
@@ -151,13 +151,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 });
             }
         }
-        if let Some(n) = policy.dirty_ring_entries {
+        if let Some(n) = policy.dirty.ring_entries() {
             DirtyRing::new(n)?;
         }
-        if policy.hw_dirty && (fmt.hw_dirty_bit() == 0 || policy.dirty_ring_entries.is_some()) {
+        if policy.dirty.hardware() && fmt.hw_dirty_bit() == 0 {
             return Err(Error::InvalidConfig {
-                what: "hardware dirty state (needs a format with a hardware dirty bit, and bitmaps, not rings)",
-                value: u64::from(policy.dirty_ring_entries.unwrap_or(0)),
+                what: "hardware dirty state (the format has no hardware dirty bit)",
+                value: 0,
             });
         }
         let mut pt = PageTable::new(fmt, mm.clone(), tlb)?;
@@ -265,13 +265,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     pub fn new_vcpu(&self) -> Result<VcpuMmu<M>> {
         let mut rings = self.rings.write().unwrap();
         let id = rings.len();
-        let entries = self.policy.dirty_ring_entries.unwrap_or(256);
+        let entries = self.policy.dirty.ring_entries().unwrap_or(256);
         let ring = Arc::new(DirtyRing::new(entries)?);
         rings.push(ring.clone());
         Ok(VcpuMmu {
             id,
             mmu_id: self.id,
-            ring: self.policy.dirty_ring_entries.map(|_| ring),
+            ring: self.policy.dirty.ring_entries().map(|_| ring),
             lock_slot: self.pt.slot_for(id),
             dirty_cache: None,
             slot_cache: VcpuSlotCache::new(),

@@ -100,7 +100,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         ipa: u64,
         len: u64,
     ) -> Result<()> {
-        if !self.policy.hw_dirty {
+        if !self.policy.dirty.hardware() {
             return Ok(());
         }
         let bitmap = self

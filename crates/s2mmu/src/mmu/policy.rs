@@ -35,19 +35,8 @@ pub struct MmuPolicy {
     /// With manual protect, bitmaps start all set and enabling logging
     /// protects nothing (`KVM_DIRTY_LOG_INITIALLY_SET`).
     pub initially_set: bool,
-    /// Track dirty pages in per-vCPU rings of this many entries instead of
-    /// bitmaps.
-    pub dirty_ring_entries: Option<u32>,
-    /// Hardware dirty state (arm64 FEAT_HAFDBS: DBM with VTCR_EL2.HD): a
-    /// logged page is left writable-clean instead of write-protected, the
-    /// hardware records the first write in the leaf without a fault, and a
-    /// GET scans the slot's leaves into the bitmap; protecting (CLEAR, or
-    /// GET without manual protect) cleans them again. Needs bitmaps (not
-    /// rings) and a format with a hardware dirty bit; huge mappings are
-    /// split when logging starts (eager split, whatever its chunk policy
-    /// says, in 1 GiB chunks if it says none). The hypervisor must turn the
-    /// hardware's updates on (arm64: VTCR_EL2.HA and HD).
-    pub hw_dirty: bool,
+    /// How dirty pages are tracked while a slot logs.
+    pub dirty: DirtyMode,
     /// When logging stops, unmap the page mappings of regions the host backs
     /// with huge pages, so later faults map blocks again (x86's huge-page
     /// recovery; arm64 has none).
@@ -61,6 +50,53 @@ pub struct MmuPolicy {
     /// instead of the rwlock's shared reader count; 0 keeps KVM's plain
     /// rwlock for every reader.
     pub reader_slots: usize,
+}
+
+/// How dirty pages are tracked while a slot logs: one policy, one value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DirtyMode {
+    /// Write protection; the first write to a page after a harvest faults
+    /// and marks the slot's bitmap (`KVM_GET_DIRTY_LOG`, and
+    /// `KVM_CLEAR_DIRTY_LOG` with manual protect).
+    #[default]
+    Bitmap,
+    /// Write protection; the fault pushes the page to the vCPU's ring of
+    /// this many entries (`KVM_CAP_DIRTY_LOG_RING`: a power of two,
+    /// 256..=65536).
+    Ring {
+        /// Entries per vCPU ring.
+        entries: u32,
+    },
+    /// Hardware dirty state (arm64 FEAT_HAFDBS: DBM with VTCR_EL2.HD): a
+    /// logged page is left writable-clean instead of write-protected, the
+    /// hardware records the first write in the leaf without a fault, and a
+    /// GET scans the slot's leaves into its bitmap; protecting (CLEAR, or
+    /// GET without manual protect) cleans them again. Needs a format with a
+    /// hardware dirty bit; huge mappings are split when logging starts
+    /// (eager split, whatever its chunk policy says, in 1 GiB chunks if it
+    /// says none). The hypervisor must turn the hardware's updates on
+    /// (arm64: VTCR_EL2.HA and HD).
+    Hardware,
+}
+
+impl DirtyMode {
+    /// The ring size, for [`DirtyMode::Ring`].
+    pub const fn ring_entries(self) -> Option<u32> {
+        match self {
+            DirtyMode::Ring { entries } => Some(entries),
+            _ => None,
+        }
+    }
+
+    /// Whether the hardware records writes ([`DirtyMode::Hardware`]).
+    pub const fn hardware(self) -> bool {
+        matches!(self, DirtyMode::Hardware)
+    }
+
+    /// Whether slots keep bitmaps (every mode but rings).
+    pub const fn bitmaps(self) -> bool {
+        !matches!(self, DirtyMode::Ring { .. })
+    }
 }
 
 /// The default eager-split chunk, 1 GiB: split, then drop the MMU lock and
@@ -83,8 +119,7 @@ impl Default for MmuPolicy {
             tlb_limit_pages: TlbPolicy::DEFAULT_LIMIT_PAGES,
             manual_protect: true,
             initially_set: false,
-            dirty_ring_entries: None,
-            hw_dirty: false,
+            dirty: DirtyMode::Bitmap,
             recover_huge_pages: true,
             recover_in_place: false,
             reader_slots: 256,

@@ -114,7 +114,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let (base_gfn, npages, logging) = (slot.base_gfn(), slot.npages(), slot.dirty_logging());
         // `snap` is held to the end, as a fault holds it: see handle_fault.
         let shift = self.page_shift;
-        let bitmap = if logging && self.policy.dirty_ring_entries.is_none() {
+        let bitmap = if logging && self.policy.dirty.bitmaps() {
             self.side[usize::from(id)].dirty.load_full()
         } else {
             None

@@ -6,7 +6,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// Whether `vcpu`'s dirty ring is soft-full: the vCPU must not enter the
     /// guest until the ring is harvested and reset.
     pub fn ring_soft_full(&self, vcpu: usize) -> bool {
-        self.policy.dirty_ring_entries.is_some()
+        self.policy.dirty.ring_entries().is_some()
             && self
                 .rings
                 .read()
@@ -20,7 +20,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// # Errors
     /// [`Error::WrongDirtyMode`] when rings are off.
     pub fn harvest_rings(&self, out: &mut Vec<DirtyGfn>) -> Result<usize> {
-        if self.policy.dirty_ring_entries.is_none() {
+        if self.policy.dirty.ring_entries().is_none() {
             return Err(Error::WrongDirtyMode {
                 needs: "dirty rings",
             });
@@ -41,7 +41,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// # Errors
     /// [`Error::WrongDirtyMode`] when rings are off.
     pub fn reset_rings(&self) -> Result<u64> {
-        if self.policy.dirty_ring_entries.is_none() {
+        if self.policy.dirty.ring_entries().is_none() {
             return Err(Error::WrongDirtyMode {
                 needs: "dirty rings",
             });

@@ -81,7 +81,7 @@ fn a_move_that_stops_logging_drops_the_bitmap() {
 fn hardware_dirty_state_is_scanned_and_cleaned() {
     use crate::format::arm64::{DBM, S2AP_W};
     let m = mmu(MmuPolicy {
-        hw_dirty: true,
+        dirty: DirtyMode::Hardware,
         ..MmuPolicy::default()
     });
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 2 << 20, HVA);
@@ -114,23 +114,6 @@ fn hardware_dirty_state_is_scanned_and_cleaned() {
     m.invalidate_hva_range_end(HVA + 7 * 4096, 4096).unwrap();
     assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 1);
     assert_eq!(bm[0], 1 << 7);
-}
-
-#[test]
-fn hardware_dirty_state_refuses_rings() {
-    let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
-    let r = Mmu::new(
-        fmt,
-        HostMmOps::new(4096).unwrap(),
-        Arc::new(NoTlb),
-        TreeMemslots::with_config(MemslotConfig::default()),
-        MmuPolicy {
-            hw_dirty: true,
-            dirty_ring_entries: Some(1024),
-            ..MmuPolicy::default()
-        },
-    );
-    assert!(matches!(r, Err(Error::InvalidConfig { .. })));
 }
 
 /// The MMU notifier: an invalidated host range loses its stage-2
@@ -190,7 +173,7 @@ fn a_vcpu_of_another_mmu_is_refused() {
 #[test]
 fn a_soft_full_ring_refuses_faults_before_any_change() {
     let m = mmu(MmuPolicy {
-        dirty_ring_entries: Some(256),
+        dirty: DirtyMode::Ring { entries: 256 },
         ..MmuPolicy::default()
     });
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
@@ -293,7 +276,7 @@ fn marks_after_logging_is_restarted_land_in_the_new_bitmap() {
 #[test]
 fn fault_by_a_vcpu_of_another_mmu_does_not_panic() {
     let policy = MmuPolicy {
-        dirty_ring_entries: Some(256),
+        dirty: DirtyMode::Ring { entries: 256 },
         ..MmuPolicy::default()
     };
     let a = mmu(policy);
@@ -372,7 +355,7 @@ fn an_ept_vm_logs_dirty_pages() {
         Arc::new(NoTlb),
         TreeMemslots::with_config(MemslotConfig::default()),
         MmuPolicy {
-            hw_dirty: true,
+            dirty: DirtyMode::Hardware,
             ..MmuPolicy::default()
         },
     );
