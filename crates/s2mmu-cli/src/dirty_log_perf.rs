@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod arm64;
+mod lost;
 
 /// Which fault-path policy to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -139,10 +140,15 @@ pub struct Params {
     /// (s2mmu-arm64). Its timings are an emulator's, not hardware figures.
     #[arg(long, conflicts_with_all = ["kvm", "compare"])]
     pub arm64: bool,
-    /// With --kvm or --arm64: also check that each pass's dirty log holds exactly the pages
-    /// the guest wrote (all of them, and no others); a mismatch fails the run.
+    /// Check every pass's dirty log: with --kvm or --arm64, that it holds exactly the pages
+    /// the guest wrote; on the engine, that no page whose content changed is missing from it
+    /// (a lost write; pages hashed after each harvest). A mismatch fails the run.
     #[arg(long)]
     pub check: bool,
+    /// Test-only fault injection for --check on the engine: drop this many dirty marks in
+    /// the first logged pass (the check must then report lost writes).
+    #[arg(long, default_value_t = 0, requires = "check")]
+    pub inject_lost_marks: u64,
     /// Runs of each policy in the comparisons (-e, --policy both), alternating which goes
     /// first; the tables quote medians (default 5 with -e, 3 with --policy both). With
     /// --arm64: runs of the workload, each on a fresh QEMU (default 1).
@@ -168,6 +174,9 @@ pub struct EngineIteration {
     pub faults: FaultStats,
     /// Sum over vCPUs of their pass times.
     pub vcpu_time: Duration,
+    /// With `--check` on the engine: pages changed in the pass, and those
+    /// of them missing from the log.
+    pub lost_writes: Option<lost::Round>,
 }
 
 /// One engine run.
@@ -275,6 +284,14 @@ impl EngineRun {
             if let Some(cl) = it.clear {
                 out.push(format!("Iteration {n} {c} time: {}", s(cl)));
             }
+            if let Some(l) = it.lost_writes {
+                out.push(format!(
+                    "Iteration {n} lost-write check: {} pages changed, {} of them not in the log: {}",
+                    l.changed,
+                    l.lost,
+                    if l.lost == 0 { "ok" } else { "LOST WRITES" }
+                ));
+            }
         }
         out.push(format!("Disabling dirty logging time: {}", s(self.disable)));
         if let Some((t, f)) = &self.after {
@@ -333,6 +350,8 @@ struct RunSpec {
     random: bool,
     policy: MmuPolicy,
     after_pass: bool,
+    check: bool,
+    inject_lost_marks: u64,
 }
 
 fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
@@ -435,6 +454,11 @@ fn run_engine<S: MemslotStore + 'static>(
         .map(|s| vec![0u64; (s.size / 4096).div_ceil(64) as usize])
         .collect();
     let mut reaped = Vec::new();
+    let mut lost = spec
+        .check
+        .then(|| lost::LostWriteCheck::new(&vm))
+        .transpose()?;
+    mmu.inject_lost_marks(spec.inject_lost_marks);
     for _ in 0..spec.iterations {
         let mut it = EngineIteration::default();
         // With rings, a reaper harvests and resets whenever a vCPU stops on
@@ -471,6 +495,9 @@ fn run_engine<S: MemslotStore + 'static>(
                 }
                 it.clear = Some(t.elapsed());
             }
+        }
+        if let Some(check) = lost.as_mut() {
+            it.lost_writes = Some(check.round(&vm, &bitmaps)?);
         }
         let now = sum(&w.fault_stats());
         it.faults = diff(&now, &prev);
@@ -576,9 +603,9 @@ pub fn run(p: &Params) -> Result<Report, String> {
             "--dirty hw: hardware dirty state logs to bitmaps on the engine (the simulated VM or --arm64), not with --ring, --kvm or --compare".into(),
         );
     }
-    if p.check && !p.kvm && !p.arm64 {
+    if p.check && !p.kvm && !p.arm64 && (p.ring.is_some() || p.compare) {
         return Err(
-            "--check needs --kvm or --arm64 (it checks the log of real guest writes)".into(),
+            "--check on the engine compares page contents with the dirty bitmaps: not with --ring or --compare".into(),
         );
     }
     let bytes = p
@@ -604,6 +631,8 @@ pub fn run(p: &Params) -> Result<Report, String> {
         random: p.random,
         policy: policy_for(p, fault_path, eager),
         after_pass: p.after_pass,
+        check: p.check && !p.kvm && !p.arm64,
+        inject_lost_marks: p.inject_lost_marks,
     };
     let ring = p.ring.is_some();
     let huge = p.backing != Backing::Anonymous;
@@ -704,10 +733,31 @@ pub fn run(p: &Params) -> Result<Report, String> {
             };
             phase_rows(&mut report, &r.phases(ring), pol);
             text += &single_target(&r, v, bytes);
+            lost_rows(&mut report, &r, v);
         }
     }
     report.set_text(text);
     Ok(report)
+}
+
+/// The lost-write check's rows, and the run's failure if a write was lost.
+fn lost_rows(report: &mut Report, r: &EngineRun, vcpus: usize) {
+    let mut total = 0;
+    for (i, it) in r.iterations.iter().enumerate() {
+        if let Some(l) = it.lost_writes {
+            report.result(
+                &format!("lost_write_check_iteration_{}", i + 1),
+                "engine",
+                json!({"vcpus": vcpus, "changed": l.changed, "lost": l.lost}),
+            );
+            total += l.lost;
+        }
+    }
+    if total > 0 {
+        report.fail(format!(
+            "lost-write check: {total} pages changed without being in the dirty log"
+        ));
+    }
 }
 
 /// The single-run target: 1 vCPU, 256 MiB, a dirty pass of 65536

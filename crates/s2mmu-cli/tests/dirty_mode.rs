@@ -105,3 +105,62 @@ fn harvest_perf_finds_every_dirtied_page_and_checks_its_flags() {
         assert!(err.contains(bad[0]), "{args:?}: the flag is named: {err}");
     }
 }
+
+#[test]
+fn lost_write_check_passes_clean_runs_and_catches_dropped_marks() {
+    for extra in [
+        &[][..],
+        &["--dirty", "hw"][..],
+        &["-g"][..],
+        &["-x", "2"][..],
+    ] {
+        let mut args = vec![
+            "dirty-log-perf",
+            "-v",
+            "2",
+            "-b",
+            "8M",
+            "-i",
+            "3",
+            "--check",
+        ];
+        args.extend_from_slice(extra);
+        let out = s2mmu(&args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let checks: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("lost-write check"))
+            .collect();
+        assert_eq!(checks.len(), 3, "{text}");
+        assert!(
+            checks
+                .iter()
+                .all(|l| l.contains(" 0 of them not in the log: ok")),
+            "{text}"
+        );
+    }
+    let out = s2mmu(&[
+        "dirty-log-perf",
+        "-v",
+        "1",
+        "-b",
+        "8M",
+        "-i",
+        "2",
+        "--check",
+        "--inject-lost-marks",
+        "2",
+    ]);
+    assert!(!out.status.success(), "an injected loss must fail the run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("2 of them not in the log: LOST WRITES"),
+        "{text}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lost-write check"));
+}

@@ -387,6 +387,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             (None, None) => None,
         };
         let Some(tracker) = tracker else { return };
+        if self.drop_marks.load(Ordering::Relaxed) != 0
+            && self
+                .drop_marks
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return;
+        }
         // Neither can fail: a fault on a soft-full ring is refused before it
         // changes anything and pushes at most once, into the entries
         // reserved past the soft limit; the page lies inside its slot, which

@@ -91,6 +91,8 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
     invalidating: Mutex<Vec<(u64, u64)>>,
     /// Its length, read without the lock.
     invalidations: AtomicU64,
+    /// Dirty marks still to drop ([`Mmu::inject_lost_marks`]).
+    drop_marks: AtomicU64,
     /// Invalidation calls issued by dirty-log clears, and their time.
     pub clear_tlb_calls: AtomicU64,
 }
@@ -191,6 +193,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             host: Arc::new(IdentityHost),
             invalidating: Mutex::new(Vec::new()),
             invalidations: AtomicU64::new(0),
+            drop_marks: AtomicU64::new(0),
             clear_tlb_calls: AtomicU64::new(0),
         })
     }
@@ -203,6 +206,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     pub fn with_host_memory(mut self, host: Arc<dyn HostMemory>) -> Self {
         self.host = host;
         self
+    }
+
+    /// Fault injection for lost-write checks: the next `n` dirty marks of
+    /// the fault path are dropped (the page is made writable and not
+    /// recorded, the bug a lost-write check must catch). Never use it
+    /// outside such a check.
+    pub fn inject_lost_marks(&self, n: u64) {
+        self.drop_marks.store(n, Ordering::Release);
     }
 
     /// The physical address to map `[hva, hva + size)` to, if the host
