@@ -161,8 +161,9 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         unsafe { self.walk_unchecked(ipa, size, flags, visitor) }
     }
 
-    /// Walks `[ipa, ipa + size)` alongside other shared walkers; the visitor
-    /// must update entries only through [`VisitCtx::try_set`] and friends.
+    /// Walks `[ipa, ipa + size)` alongside other shared walkers (under the
+    /// MMU lock for reading). A visitor outside the engine only reads; the
+    /// engine's own visitors update entries by compare-and-swap.
     ///
     /// # Errors
     /// [`Error::OutOfRange`] or the first error of the visitor.
