@@ -54,6 +54,7 @@
         .equ    MB_ID,          0x118
         .equ    MB_IDLE_TICKS,  0x120
         .equ    MB_IDLE_WAITS,  0x128
+        .equ    MB_MMIO_DATA,   0x130
         .equ    MB_REPLY_INSNS, 0x200
         .equ    MB_CMD_INSNS,   0x1000
 
@@ -69,6 +70,7 @@
         .equ    ACT_RESUME,     0
         .equ    ACT_RESUME_X0,  1
         .equ    ACT_STOP,       2
+        .equ    ACT_MMIO,       3
 
         .equ    FRAME,          256
 
@@ -374,6 +376,14 @@ lower_sync:
         stp     x4, x5, [x28, #MB_GX0]
         ldr     x4, [sp, #16]
         str     x4, [x28, #MB_GX2]
+        // For an MMIO write the host needs Rt's value (ESR ISS.SRT; x31
+        // is XZR here).
+        ubfx    x4, x1, #16, #5
+        mov     x5, xzr
+        cmp     x4, #31
+        b.eq    5f
+        ldr     x5, [sp, x4, lsl #3]
+5:      str     x5, [x28, #MB_MMIO_DATA]
         ldr     x6, [x28, #MB_EXIT_SEQ]
         add     x6, x6, #1
         add     x7, x28, #MB_EXIT_SEQ
@@ -394,6 +404,8 @@ lower_sync:
         ldr     x2, [x28, #MB_ACTION]
         cmp     x2, #ACT_STOP
         b.eq    run_stopped
+        cmp     x2, #ACT_MMIO
+        b.eq    mmio_done
         cmp     x2, #ACT_RESUME_X0
         b.ne    4f
         ldp     x3, x4, [x28, #MB_REPLY_X0]
@@ -429,6 +441,21 @@ lower_sync:
 run_stopped:
         mov     x0, #0
         b       cmd_done
+
+// The host emulated the access (MMIO): a read's value goes to Rt, and the
+// instruction is skipped.
+mmio_done:
+        ldr     x3, [x28, #MB_ESR]
+        tbnz    x3, #6, 2f                      // WnR: a write
+        ubfx    x4, x3, #16, #5                 // SRT
+        cmp     x4, #31
+        b.eq    2f
+        ldr     x5, [x28, #MB_REPLY_X0]
+        str     x5, [sp, x4, lsl #3]
+2:      mrs     x4, elr_el2
+        add     x4, x4, #4
+        msr     elr_el2, x4
+        b       4b
 
 // Anything taken from EL2 itself is a bug of this program: report it on
 // the console (semihosting) and stop.

@@ -84,6 +84,9 @@ pub mod mb {
     /// Unknown instructions the stub was asked to execute (or 0xdead after
     /// an exception at EL2).
     pub const BAD_INSN: u64 = 0x110;
+    /// The value of the faulting access's register (ESR ISS.SRT): what an
+    /// MMIO write stores.
+    pub const MMIO_DATA: u64 = 0x130;
     /// The answer's instruction list.
     pub const REPLY_INSNS: u64 = 0x200;
     /// Capacity of the answer's list.
@@ -116,6 +119,9 @@ pub const ACT_RESUME: u64 = 0;
 pub const ACT_RESUME_X0: u64 = 1;
 /// Answer: stop the guest; the RUN command completes.
 pub const ACT_STOP: u64 = 2;
+/// Answer: the host emulated the access (MMIO): a read gets x0 in its
+/// register, and the instruction is skipped.
+pub const ACT_MMIO: u64 = 3;
 
 /// Guest HVC x0: a pass is done, give me the next (memstress).
 pub const HVC_PASS: u64 = 1;

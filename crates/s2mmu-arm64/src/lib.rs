@@ -112,6 +112,13 @@ pub(crate) mod entry {
     pub const PROBE: u64 = 0;
 }
 
+/// The guest probe's entry point (one load or store, then HVC with what it
+/// read or wrote): for [`vm::Arm64Vm::run`] with x0 = 1 to write, x1 =
+/// IPA, x2 = value.
+pub fn probe_entry() -> u64 {
+    entry::PROBE
+}
+
 /// Whether the arm64 model can run here, or why not (for tests that skip).
 pub fn available() -> std::result::Result<(), String> {
     image().map_err(|e| e.to_string())?;

@@ -451,6 +451,9 @@ pub struct Exit {
     pub elr: u64,
     /// The guest's x0..x2.
     pub x: [u64; 3],
+    /// The faulting access's register value (ESR ISS.SRT): an MMIO write's
+    /// data.
+    pub rt: u64,
 }
 
 impl Exit {
@@ -468,6 +471,12 @@ impl Exit {
     /// Whether the abort was a write (ESR.WnR).
     pub fn write(&self) -> bool {
         self.esr & (1 << 6) != 0
+    }
+
+    /// The access size in bytes (ESR ISS.SAS), if the syndrome is valid
+    /// (ISS.ISV: a single general-purpose register load or store).
+    pub fn access_size(&self) -> Option<u64> {
+        (self.esr & (1 << 24) != 0).then(|| 1 << ((self.esr >> 22) & 3))
     }
 }
 
@@ -535,6 +544,7 @@ impl Mailbox<'_> {
                 self.w(mb::GX0 + 8).load(Ordering::Relaxed),
                 self.w(mb::GX0 + 16).load(Ordering::Relaxed),
             ],
+            rt: self.w(mb::MMIO_DATA).load(Ordering::Relaxed),
         })
     }
 

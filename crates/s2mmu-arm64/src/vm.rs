@@ -96,6 +96,32 @@ pub struct Arm64Vm {
     vtcr: u64,
     vttbr: u64,
     fmt: Arm64Stage2,
+    mmio: Mutex<Option<Box<MmioHandler>>>,
+}
+
+/// One guest access to an IPA no memslot covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmioAccess {
+    /// The vCPU (CPU) that made it.
+    pub cpu: usize,
+    /// The IPA.
+    pub ipa: u64,
+    /// Bytes (1, 2, 4 or 8).
+    pub size: u64,
+    /// `Some(value)` for a write, `None` for a read.
+    pub write: Option<u64>,
+}
+
+/// A device model: answers an MMIO access (a read's value; ignored for a
+/// write).
+pub type MmioHandler = dyn Fn(MmioAccess) -> u64 + Send + Sync;
+
+/// What the host does with an abort.
+enum AbortAnswer {
+    /// The engine mapped or fixed the page: retry, after this maintenance.
+    Retry(Vec<(u64, u64)>),
+    /// A device model emulated the access: skip it (a read gets the value).
+    Mmio(u64),
 }
 
 /// What the host answers to a guest's HVC.
@@ -119,6 +145,8 @@ pub struct RunStats {
     /// Wall time from seeing an abort to answering it, in ns (engine
     /// included).
     pub host_ns: u64,
+    /// Aborts a device model emulated (MMIO).
+    pub mmio: u64,
 }
 
 /// Decodes a data or instruction abort's fault status code into what the
@@ -180,6 +208,7 @@ impl Arm64Vm {
             vtcr,
             vttbr,
             fmt,
+            mmio: Mutex::new(None),
         };
         let code_hva = ram.hva(layout::GUEST_TEXT).expect("guest text in RAM");
         let code = UserMemoryRegion::new(
@@ -270,6 +299,12 @@ impl Arm64Vm {
         Ok(())
     }
 
+    /// Installs a device model for guest accesses to IPAs no memslot
+    /// covers (else such an access ends the run with an error).
+    pub fn set_mmio_handler(&self, handler: Box<MmioHandler>) {
+        *self.mmio.lock().unwrap() = Some(handler);
+    }
+
     /// Adds memslot `id` at `gpa` over `size` bytes of RAM at `pa`,
     /// backed by host pages of `host_page` bytes (the largest block a fault
     /// may map).
@@ -331,11 +366,15 @@ impl Arm64Vm {
                 layout::EXIT_ABORT => {
                     let t0 = Instant::now();
                     st.aborts += 1;
-                    let r = self.handle_abort(vcpu, &e, &mut st);
+                    let r = self.handle_abort(cpu, vcpu, &e, &mut st);
                     match r {
-                        Ok(insns) => {
+                        Ok(AbortAnswer::Retry(insns)) => {
                             mbox.reply(&e, layout::ACT_RESUME, [0, 0], &insns);
                             st.host_ns += t0.elapsed().as_nanos() as u64;
+                        }
+                        Ok(AbortAnswer::Mmio(value)) => {
+                            mbox.reply(&e, layout::ACT_MMIO, [value, 0], &[]);
+                            st.mmio += 1;
                         }
                         Err(err) => {
                             mbox.reply(&e, layout::ACT_STOP, [0, 0], &[]);
@@ -381,10 +420,11 @@ impl Arm64Vm {
 
     fn handle_abort(
         &self,
+        cpu: usize,
         vcpu: &mut VcpuMmu<ArenaMmOps>,
         e: &Exit,
         st: &mut RunStats,
-    ) -> Result<Vec<(u64, u64)>> {
+    ) -> Result<AbortAnswer> {
         let ipa = e.ipa();
         let kind = fault_kind(e.dfsc()).ok_or_else(|| {
             Arm64Error::Guest(format!(
@@ -399,11 +439,30 @@ impl Arm64Vm {
             .collect_for_fault(|| self.mmu.handle_stage2_fault(vcpu, ipa, e.write(), kind));
         st.engine_ns += t0.elapsed().as_nanos() as u64;
         match r {
-            Ok(_) => Ok(insns),
-            Err(s2mmu::Error::NoSlot { gpa }) => Err(Arm64Error::Guest(format!(
-                "MMIO access at IPA {gpa:#x} (ELR {:#x}): no device model",
-                e.elr
-            ))),
+            Ok(_) => Ok(AbortAnswer::Retry(insns)),
+            Err(s2mmu::Error::NoSlot { gpa }) => {
+                let handler = self.mmio.lock().unwrap();
+                let (Some(h), Some(size)) = (handler.as_ref(), e.access_size()) else {
+                    return Err(Arm64Error::Guest(format!(
+                        "MMIO access at IPA {gpa:#x} (ELR {:#x}): no device model, or no \
+                         instruction syndrome to emulate it with",
+                        e.elr
+                    )));
+                };
+                let mask = if size == 8 {
+                    u64::MAX
+                } else {
+                    (1 << (size * 8)) - 1
+                };
+                let write = e.write().then_some(e.rt & mask);
+                let v = h(MmioAccess {
+                    cpu,
+                    ipa: gpa,
+                    size,
+                    write,
+                });
+                Ok(AbortAnswer::Mmio(v & mask))
+            }
             Err(err) => Err(err.into()),
         }
     }
