@@ -102,6 +102,47 @@ const BIG_SLOT: u16 = 1;
 const BURST: u64 = 1024;
 const POLICIES: [LargeRangePolicy; 2] = [LargeRangePolicy::SplitCalls, LargeRangePolicy::WholeVmid];
 
+/// The two clear modes, each measured for both policies: one untimed
+/// warm-up cycle per policy, then `runs` rounds alternating which policy
+/// goes first. Returns, per mode, its case name and the samples of each
+/// policy (in `POLICIES` order).
+#[allow(clippy::type_complexity)]
+fn alternate<S>(
+    runs: usize,
+    chunk: u64,
+    progress: bool,
+    mut cycle: impl FnMut(Mode, LargeRangePolicy) -> Result<S, String>,
+) -> Result<Vec<(Mode, String, Vec<Vec<S>>)>, String> {
+    let modes = [
+        (Mode::Whole, "whole_slot".to_string()),
+        (
+            Mode::Chunked,
+            format!("chunk_{}", human_bytes(chunk).to_lowercase()),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (mode, case) in modes {
+        let mut samples: Vec<Vec<S>> = (0..POLICIES.len()).map(|_| Vec::new()).collect();
+        for pol in POLICIES {
+            cycle(mode, pol)?;
+        }
+        for run in 0..runs {
+            for k in 0..POLICIES.len() {
+                let pi = (k + run) % POLICIES.len();
+                samples[pi].push(cycle(mode, POLICIES[pi])?);
+            }
+            if progress {
+                eprint!("\r{case}: run {}/{}   ", run + 1, runs);
+            }
+        }
+        if progress {
+            eprint!("\r{:40}\r", "");
+        }
+        out.push((mode, case, samples));
+    }
+    Ok(out)
+}
+
 fn policy_name(p: LargeRangePolicy) -> &'static str {
     match p {
         LargeRangePolicy::SplitCalls => "split_calls",
@@ -747,32 +788,9 @@ fn measure(
         base_miss_rate,
         bitmap: vec![0u64; npages.div_ceil(64) as usize],
     };
-    let modes = [
-        (Mode::Whole, "whole_slot".to_string()),
-        (
-            Mode::Chunked,
-            format!("chunk_{}", human_bytes(p.chunk).to_lowercase()),
-        ),
-    ];
     let mut rows = Vec::new();
-    for (mode, case) in modes {
-        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); POLICIES.len()];
-        // One untimed cycle per policy first (warm-up), then alternate.
-        for pol in POLICIES {
-            bench.cycle(mode, pol)?;
-        }
-        for run in 0..p.runs {
-            for k in 0..POLICIES.len() {
-                let pi = (k + run) % POLICIES.len();
-                samples[pi].push(bench.cycle(mode, POLICIES[pi])?);
-            }
-            if progress {
-                eprint!("\r{case}: run {}/{}   ", run + 1, p.runs);
-            }
-        }
-        if progress {
-            eprint!("\r{:40}\r", "");
-        }
+    for (mode, case, samples) in alternate(p.runs, p.chunk, progress, |m, pol| bench.cycle(m, pol))?
+    {
         for (pi, pol) in POLICIES.iter().enumerate() {
             let s = &samples[pi];
             let times =

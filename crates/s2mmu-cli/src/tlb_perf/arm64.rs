@@ -10,7 +10,7 @@
 //! clear. QEMU's timings are an emulator's: the counts are the result, the
 //! times are read as ratios.
 
-use super::{check, median_f, median_u, policy_name, Mode, Params, PAGE, POLICIES};
+use super::{alternate, check, median_f, median_u, policy_name, Mode, Params, PAGE, POLICIES};
 use crate::arm64 as a64;
 use crate::report::{human, human_bytes, merge, verdict, Report, Summary};
 use s2mmu::mmu::MmuPolicy;
@@ -252,32 +252,9 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
         p,
         bitmap: vec![0u64; npages.div_ceil(64) as usize],
     };
-    let modes = [
-        (Mode::Whole, "whole_slot".to_string()),
-        (
-            Mode::Chunked,
-            format!("chunk_{}", human_bytes(p.chunk).to_lowercase()),
-        ),
-    ];
     let mut rows = Vec::new();
-    for (mode, case) in modes {
-        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); POLICIES.len()];
-        // One untimed cycle per policy first (warm-up), then alternate.
-        for pol in POLICIES {
-            bench.cycle(mode, pol)?;
-        }
-        for run in 0..p.runs {
-            for k in 0..POLICIES.len() {
-                let pi = (k + run) % POLICIES.len();
-                samples[pi].push(bench.cycle(mode, POLICIES[pi])?);
-            }
-            if progress {
-                eprint!("\r{case}: run {}/{}   ", run + 1, p.runs);
-            }
-        }
-        if progress {
-            eprint!("\r{:40}\r", "");
-        }
+    for (mode, case, samples) in alternate(p.runs, p.chunk, progress, |m, pol| bench.cycle(m, pol))?
+    {
         for (pi, pol) in POLICIES.iter().enumerate() {
             let s = &samples[pi];
             let times =
