@@ -201,8 +201,17 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             (None, false) => None,
         };
         if let Some(chunk) = chunk {
-            self.split_range(base, size, chunk)?;
+            // Best effort, as KVM's eager split: the memslot change has
+            // happened, and a block left unsplit (out of table memory) is
+            // still logged correctly (split on its first write fault, or
+            // logged whole in hardware dirty state), so the change must not
+            // fail now. The failure is counted, not hidden.
+            if self.split_range(base, size, chunk).is_err() {
+                self.vm_stats.lock().unwrap().eager_split_failures += 1;
+            }
         }
+        // Cannot fail: the slot lies inside the IPA space (checked when it
+        // was made), the only thing a write-protect walk checks.
         self.wrprotect_range(base, size)
     }
 

@@ -33,6 +33,9 @@ pub struct FaultStats {
     pub split_ns: u64,
     /// Blocks made back from tables in place when logging stopped.
     pub collapsed: u64,
+    /// Eager splits that stopped early (out of table memory): the rest of
+    /// the slot is split on fault.
+    pub eager_split_failures: u64,
 }
 
 impl FaultStats {
@@ -55,6 +58,9 @@ impl FaultStats {
             lock_wait_ns: self.lock_wait_ns.saturating_sub(earlier.lock_wait_ns),
             split_ns: self.split_ns.saturating_sub(earlier.split_ns),
             collapsed: self.collapsed.saturating_sub(earlier.collapsed),
+            eager_split_failures: self
+                .eager_split_failures
+                .saturating_sub(earlier.eager_split_failures),
         }
     }
 
@@ -62,6 +68,7 @@ impl FaultStats {
     pub fn add(&mut self, o: &FaultStats) {
         self.fast += o.fast;
         self.collapsed += o.collapsed;
+        self.eager_split_failures += o.eager_split_failures;
         self.slow += o.slow;
         self.spurious += o.spurious;
         self.retries += o.retries;
