@@ -147,7 +147,11 @@ fn arm64_options_are_checked_before_qemu_starts() {
     refused(&with(&["--memslots", "array"]), &["--memslots array"]);
     refused(&with(&["-r", "0"]), &["-r 0", "1..=100"]);
     refused(&with(&["--kvm"]), &["--kvm"]);
-    refused(&["dirty-log-perf", "--check"], &["--check", "--arm64"]);
+    // --check on the engine is the lost-write check, which needs bitmaps.
+    refused(
+        &["dirty-log-perf", "--check", "--ring", "4096"],
+        &["--check", "--ring"],
+    );
 }
 
 #[test]
