@@ -36,8 +36,10 @@ impl WalkFlags {
     /// Keep walking when a visitor reports [`Error::Again`] (range walkers
     /// such as write-protect must not stop at a busy entry).
     pub const IGNORE_AGAIN: WalkFlags = WalkFlags(1 << 4);
-    /// Never descend into last-level tables (the reviewers' alternative to
-    /// skip return values: a walk that only cares about blocks).
+    /// Never descend into last-level tables: the walk skips the whole last
+    /// level (KVM's `KVM_PGTABLE_WALK_SKIP_LEVEL3` in the series that
+    /// replaced the RFC's skip return values; for a walk that only cares
+    /// about blocks, such as split).
     pub const NO_LAST_LEVEL_TABLES: WalkFlags = WalkFlags(1 << 5);
 
     /// No flags.

@@ -260,3 +260,37 @@ fn split_policies_visit_what_they_should() {
     assert_eq!(skip, 1 + 32 + 32);
     assert_eq!(flag, 1 + 32);
 }
+
+#[test]
+fn split_policies_on_blocks_read_what_they_should() {
+    // A 1 GiB block split with a full cache becomes a whole subtree in one
+    // step. The skip returns (v1) then skip its children; the level flag
+    // (v2) still reads the new level-2 table but none of its page tables;
+    // the full walk reads everything it built.
+    let mut got = Vec::new();
+    for policy in [
+        SplitPolicy::FullWalk,
+        SplitPolicy::SkipReturns,
+        SplitPolicy::NoLastLevelTables,
+    ] {
+        let mut fx = fixture(Granule::K4, 40);
+        fx.cache.top_up(1 + 512).unwrap();
+        fx.pt
+            .map(
+                GIB,
+                GIB,
+                0x40_0000_0000,
+                Prot::RW,
+                &mut fx.cache,
+                MapOptions::default(),
+            )
+            .unwrap();
+        let st = fx.pt.split(GIB, GIB, &mut fx.cache, policy).unwrap();
+        assert_eq!((st.blocks_split, st.tables), (1, 513), "{policy:?}");
+        assert_eq!(fx.pt.translate(GIB + 0x5000).unwrap().size, 4096);
+        got.push((st.entries, st.visits));
+    }
+    assert_eq!(got[0], (1 + 512 + 512 * 512, 1 + 512 * 512));
+    assert_eq!(got[1], (1, 1));
+    assert_eq!(got[2], (1 + 512, 1));
+}

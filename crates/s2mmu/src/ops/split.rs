@@ -16,13 +16,19 @@ pub enum SplitPolicy {
     /// is split the walker descends into every new entry, and an
     /// already-split range is visited page by page.
     FullWalk,
-    /// The 2026 RFC: a last-level entry returns "skip siblings" (its table
-    /// holds pages only), and a block split all the way down returns "skip
-    /// children".
+    /// Seed 000's RFC (2026-05-15, "v1" in split-perf): a last-level entry
+    /// returns "skip siblings" (its table holds pages only), and a block
+    /// split all the way down returns "skip children".
     #[default]
     SkipReturns,
-    /// The reviewers' alternative: a walk flag that never descends into
-    /// last-level tables.
+    /// The series that replaced the skip returns after review ("v2" in
+    /// split-perf; posted as v1 2026-06-10 and v2 2026-06-18): the split
+    /// walk sets a walker flag, KVM's `KVM_PGTABLE_WALK_SKIP_LEVEL3`
+    /// (here [`WalkFlags::NO_LAST_LEVEL_TABLES`]), so the walker never
+    /// descends into a last-level table: no page entry is read, and the
+    /// visitor returns nothing special. Compared with [`Self::SkipReturns`]
+    /// it reads no page at all in an already-split range, but after
+    /// splitting a level-1 block it still reads the new level-2 table.
     NoLastLevelTables,
 }
 
