@@ -582,3 +582,62 @@ fn fill(table: &mut [u64], first: u64, step: u64) {
         leaf = leaf.wrapping_add(step);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(size: &str, runs: usize) -> Params {
+        Params {
+            size: crate::report::parse_size(size).unwrap(),
+            runs,
+            granule: Granule::K16,
+            json: true,
+        }
+    }
+
+    #[test]
+    fn every_case_has_the_three_policies_and_the_v2_comparisons() {
+        let r = run(&params("64M", 1), false).unwrap().to_json();
+        let results = r["results"].as_array().unwrap();
+        let entries = |case: &str, pol: &str| {
+            results
+                .iter()
+                .find(|x| x["case"] == case && x["policy"] == pol)
+                .unwrap_or_else(|| panic!("no row {case}/{pol}"))["entries_visited"]
+                .as_u64()
+                .unwrap()
+        };
+        for case in [
+            "already_16k",
+            "blocks_32m",
+            "clear_already_16k",
+            "clear_blocks_32m",
+        ] {
+            let full = entries(case, "full_walk");
+            let v1 = entries(case, "skip");
+            let v2 = entries(case, "no_last_level_flag");
+            assert!(v2 <= v1 && v1 < full, "{case}: {full} {v1} {v2}");
+        }
+        let cmp = r["comparisons"].as_array().unwrap();
+        for case in [
+            "already_16k_v2",
+            "already_16k_v2_vs_v1",
+            "clear_blocks_32m_v2_vs_v1",
+        ] {
+            assert!(
+                cmp.iter().any(|c| c["case"] == case),
+                "no comparison {case}"
+            );
+        }
+        assert!(r["results"][0]["runs"].as_u64() == Some(1));
+    }
+
+    #[test]
+    fn a_size_that_is_no_whole_block_is_refused() {
+        let e = run(&params("48M", 1), false).err().unwrap();
+        assert!(e.contains("--size"), "{e}");
+        let e = run(&params("64M", 0), false).err().unwrap();
+        assert!(e.contains("--runs"), "{e}");
+    }
+}
