@@ -58,9 +58,13 @@ fn experiments(p: &Params) -> Vec<Experiment> {
     };
     v.push(Experiment {
         seed: "000",
-        title: "Optimize S2 page splitting: skip walker vs full walk (split-perf)",
-        published: "RFC 2026-05-15, FVP model, 1 GiB VM, whole-slot split: already 4K -97.33 % runtime; THP -19.82 %; 1x1G hugetlb -20.65 %. \
-                    v1 on AmpereOne (64 GB slot, flag variant): enable logging -35.47 % / -11.94 % / -14.46 %.",
+        title: "Optimize S2 page splitting: the RFC's skip returns (v1) and the skip-level walker flag (v2) vs the full walk, on eager split and on CLEAR (split-perf)",
+        published: "v1, skip returns (RFC 2026-05-15, FVP model, 1 GiB VM, whole-slot split): already 4K -97.33 % runtime; THP -19.82 %; 1x1G hugetlb -20.65 %. \
+                    v2, the skip-level walker flag KVM_PGTABLE_WALK_SKIP_LEVEL3 that replaced them, as posted 2026-06-10 (AmpereOne, 64 GB slot): \
+                    enabling logging -35.47 % / -11.94 % / -14.46 % (already 4K / THP / 64x1G hugetlb); CLEAR_DIRTY_LOG with manual protect -26.36 % / -12.05 % / -13.87 %. \
+                    Issue 17 quotes v2 on a 16 GB slot: enabling logging -44 % / -24.7 % / -24.8 %, CLEAR_DIRTY_LOG -39 % / -25.5 %, and the author finding that skipping children \
+                    'was marginally slower than just skipping levels' (the mail with these figures was not found here; the v2 posting of 2026-06-18 that was found carries no figures). \
+                    All are against the full walk; the v1 and v2 figures come from different machines and slot sizes.",
         command: format!("s2mmu split-perf {}", split_args.join(" ")),
         run: Box::new(move || {
             let words: Vec<&str> = split_args.iter().map(String::as_str).collect();
