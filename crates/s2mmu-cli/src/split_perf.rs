@@ -17,7 +17,7 @@
 //! differs. A floor is measured too: writing the new last-level tables with
 //! plain stores, the least work any split of that backing must do.
 
-use crate::report::{human, human_bytes, merge, verdict, Report, Summary};
+use crate::report::{human, human_bytes, merge, paired_ratios, verdict, Report, Summary};
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::{HostMmOps, MapOptions, NoTlb, PageCache, PageTable, Prot, PteFormat, SplitPolicy};
 use serde_json::json;
@@ -362,7 +362,13 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
                     }),
                 ),
             );
-            rows.push((case.name.clone(), case.backing, *policy, sum, last));
+            rows.push(Row {
+                name: case.name.clone(),
+                policy: *policy,
+                sum,
+                last,
+                secs: times.iter().map(Duration::as_secs_f64).collect(),
+            });
         }
     }
     // Floor: write the last-level tables a level-2-backed split creates.
@@ -377,8 +383,8 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
     );
     let find = |name: &str, pol: SplitPolicy| {
         rows.iter()
-            .find(|r| r.0 == name && r.2 == pol)
-            .map(|r| (r.3, r.4))
+            .find(|r| r.name == name && r.policy == pol)
+            .map(|r| (r.sum, r.last, r.secs.clone()))
     };
     let mut lines = Vec::new();
     for case in cases(&fmt) {
@@ -391,7 +397,7 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
         };
         lines.extend(compare_case(&mut report, &case, full, v1, v2));
     }
-    if let Some((skip2m, _)) = cases(&fmt)
+    if let Some((skip2m, _, _)) = cases(&fmt)
         .iter()
         .find(|c| c.backing == Backing::Level2Blocks && c.mode == Mode::Split)
         .and_then(|c| find(&c.name, SplitPolicy::SkipReturns))
@@ -417,7 +423,19 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
     Ok(report)
 }
 
-type Measured = (Summary, Sample);
+/// One case measured under one policy.
+struct Row {
+    name: String,
+    policy: SplitPolicy,
+    sum: Summary,
+    last: Sample,
+    /// Each run's time in seconds, in run order (runs are paired: every
+    /// run measures every policy).
+    secs: Vec<f64>,
+}
+
+/// A row's median, last sample and per-run times.
+type Measured = (Summary, Sample, Vec<f64>);
 
 /// The comparisons of one case: v1 and v2 each against the full walk, and
 /// v2 against v1 (JSON rows and the text lines).
@@ -461,13 +479,24 @@ fn compare_case(
         Mode::Split => format!("[{target}: {}]", verdict(ok)),
     };
     let runs = full.0.runs.min(v1.0.runs).min(v2.0.runs);
+    // v2/v1 run by run: the spread says whether a difference of medians is
+    // more than run-to-run noise.
+    let paired = paired_ratios(&v1.2, &v2.2);
+    let spread = match (paired.first(), paired.last()) {
+        (Some(lo), Some(hi)) => format!(
+            "; v2/v1 per run {:+.1} % .. {:+.1} %",
+            (lo - 1.0) * 100.0,
+            (hi - 1.0) * 100.0
+        ),
+        _ => String::new(),
+    };
     vec![
         format!(
             "{name:<22} v1 skip returns vs full walk: {:+.1} % time ({:.1}x faster), {entries_ratio:.0}x fewer entries  {tail}",
             -c1.improvement_pct, c1.speedup,
         ),
         format!(
-            "{name:<22} v2 skip-level flag vs full walk: {:+.1} % time ({:.1}x faster); v2 vs v1: {:+.1} % time (medians of {runs} runs: full {}, v1 {}, v2 {})",
+            "{name:<22} v2 skip-level flag vs full walk: {:+.1} % time ({:.1}x faster); v2 vs v1: {:+.1} % time (medians of {runs} runs: full {}, v1 {}, v2 {}{spread})",
             -c2.improvement_pct,
             c2.speedup,
             -c21.improvement_pct,
@@ -487,12 +516,7 @@ fn version(pol: SplitPolicy) -> &'static str {
     }
 }
 
-fn render(
-    p: &Params,
-    fmt: &Arm64Stage2,
-    rows: &[(String, Backing, SplitPolicy, Summary, Sample)],
-    lines: &[String],
-) -> String {
+fn render(p: &Params, fmt: &Arm64Stage2, rows: &[Row], lines: &[String]) -> String {
     let mut s = format!(
         "split-perf: {} slot, {} pages, {} runs per policy ({} build)\n",
         human_bytes(p.size),
@@ -508,7 +532,14 @@ fn render(
         "{:<22} {:<22} {:>12} {:>12} {:>12} {:>10} {:>8} {:>8}\n",
         "backing", "policy", "median", "min", "max", "entries", "tables", "blocks"
     );
-    for (name, _, pol, sum, last) in rows {
+    for Row {
+        name,
+        policy: pol,
+        sum,
+        last,
+        ..
+    } in rows
+    {
         s += &format!(
             "{:<22} {:<22} {:>12} {:>12} {:>12} {:>10} {:>8} {:>8}\n",
             name,
