@@ -9,6 +9,13 @@ use s2mmu::{Error, MapOptions, Prot, PteFormat, SplitPolicy};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
+/// Every split walk: the full walk, the RFC's skip returns (v1) and the
+/// skip-level flag (v2).
+const SPLIT_POLICIES: [SplitPolicy; 3] = [
+    SplitPolicy::SkipReturns,
+    SplitPolicy::FullWalk,
+    SplitPolicy::NoLastLevelTables,
+];
 
 #[test]
 fn map_uses_the_largest_blocks_alignment_allows() {
@@ -281,11 +288,7 @@ fn access_flag() {
 
 #[test]
 fn split_1g_block_with_a_full_cache_is_one_step() {
-    for policy in [
-        SplitPolicy::SkipReturns,
-        SplitPolicy::FullWalk,
-        SplitPolicy::NoLastLevelTables,
-    ] {
+    for policy in SPLIT_POLICIES {
         let mut fx = fixture(Granule::K4, 40);
         fx.cache.top_up(2).unwrap();
         fx.pt
@@ -323,39 +326,37 @@ fn split_1g_block_with_a_full_cache_is_one_step() {
 
 #[test]
 fn split_is_best_effort_when_the_cache_runs_dry() {
-    let mut fx = fixture(Granule::K4, 40);
-    fx.cache.top_up(2).unwrap();
-    fx.pt
-        .map(GIB, GIB, 0, Prot::RW, &mut fx.cache, MapOptions::default())
-        .unwrap();
-    fx.cache.release_all();
-    fx.cache.top_up(3).unwrap();
-    // Three pages: one turns the 1G block into 2M blocks, two split two of them.
-    let st = fx
-        .pt
-        .split(GIB, GIB, &mut fx.cache, SplitPolicy::SkipReturns)
-        .unwrap();
-    assert!(!st.complete);
-    assert_eq!(st.blocks_split, 3);
-    let leaves = fx.pt.leaves(GIB, GIB).unwrap();
-    assert_eq!(leaves.len(), 2 * 512 + 510);
-    for l in &leaves {
-        assert_eq!(
-            fx.pt.translate(l.ipa).unwrap().pa,
-            l.ipa - GIB,
-            "translation unchanged"
-        );
+    // With a short cache a 1G block becomes a table of 2M blocks, which
+    // every walk, the skip-level flag included, must descend into.
+    for policy in SPLIT_POLICIES {
+        let mut fx = fixture(Granule::K4, 40);
+        fx.cache.top_up(2).unwrap();
+        fx.pt
+            .map(GIB, GIB, 0, Prot::RW, &mut fx.cache, MapOptions::default())
+            .unwrap();
+        fx.cache.release_all();
+        fx.cache.top_up(3).unwrap();
+        // Three pages: one turns the 1G block into 2M blocks, two split two of them.
+        let st = fx.pt.split(GIB, GIB, &mut fx.cache, policy).unwrap();
+        assert!(!st.complete);
+        assert_eq!(st.blocks_split, 3, "{policy:?}");
+        let leaves = fx.pt.leaves(GIB, GIB).unwrap();
+        assert_eq!(leaves.len(), 2 * 512 + 510);
+        for l in &leaves {
+            assert_eq!(
+                fx.pt.translate(l.ipa).unwrap().pa,
+                l.ipa - GIB,
+                "translation unchanged"
+            );
+        }
+        fx.assert_no_leak();
+        // Topping up and splitting again finishes the job.
+        fx.cache.top_up(fx.pt.split_capacity(GIB)).unwrap();
+        let st = fx.pt.split(GIB, GIB, &mut fx.cache, policy).unwrap();
+        assert!(st.complete);
+        assert_eq!(st.blocks_split, 510, "{policy:?}");
+        assert_eq!(fx.pt.leaves(GIB, GIB).unwrap().len(), 262144);
     }
-    fx.assert_no_leak();
-    // Topping up and splitting again finishes the job.
-    fx.cache.top_up(fx.pt.split_capacity(GIB)).unwrap();
-    let st = fx
-        .pt
-        .split(GIB, GIB, &mut fx.cache, SplitPolicy::SkipReturns)
-        .unwrap();
-    assert!(st.complete);
-    assert_eq!(st.blocks_split, 510);
-    assert_eq!(fx.pt.leaves(GIB, GIB).unwrap().len(), 262144);
 }
 
 #[test]
@@ -417,7 +418,11 @@ fn concurrent_faults_map_each_page_once() {
 
 #[test]
 fn other_granules_map_their_blocks() {
-    for (g, bits, block) in [(Granule::K16, 47, 32 * MIB), (Granule::K64, 48, 512 * MIB)] {
+    let granules = [(Granule::K16, 47, 32 * MIB), (Granule::K64, 48, 512 * MIB)];
+    for ((g, bits, block), policy) in granules
+        .into_iter()
+        .flat_map(|g| SPLIT_POLICIES.map(|p| (g, p)))
+    {
         let mut fx = fixture(g, bits);
         fx.cache.top_up(4).unwrap();
         fx.pt
@@ -434,11 +439,8 @@ fn other_granules_map_their_blocks() {
         assert_eq!(leaves.len(), 2);
         assert!(leaves.iter().all(|l| l.size == block && l.level == 2));
         fx.cache.top_up(fx.pt.split_capacity(2 * block)).unwrap();
-        let st = fx
-            .pt
-            .split(GIB, 2 * block, &mut fx.cache, SplitPolicy::SkipReturns)
-            .unwrap();
-        assert_eq!(st.blocks_split, 2);
+        let st = fx.pt.split(GIB, 2 * block, &mut fx.cache, policy).unwrap();
+        assert_eq!(st.blocks_split, 2, "{g:?} {policy:?}");
         let page = fx.pt.format().page_size();
         assert_eq!(
             fx.pt.leaves(GIB, 2 * block).unwrap().len() as u64,
