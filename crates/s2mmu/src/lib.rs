@@ -41,7 +41,7 @@ pub mod tlb;
 pub mod walk;
 
 pub use error::{Error, Result};
-pub use format::{Prot, PteFormat};
+pub use format::{HwDirtyBits, Prot, PteFormat};
 pub use memcache::PageCache;
 pub use ops::{
     CollapseStats, MapOptions, MapStats, RelaxOutcome, SplitPolicy, SplitStats, UnmapStats,

@@ -407,29 +407,31 @@ impl<F: PteFormat, M: MmOps> TableReader<F, M> {
         self.core.mm.read_guard()
     }
 
-    /// What a CPU with hardware dirty state does on a write to `ipa`
-    /// (arm64 FEAT_HAFDBS with VTCR_EL2.HD): if the leaf is writable-clean
-    /// (the format's hardware dirty bit set, write permission clear), it
-    /// sets the write permission by compare-and-swap, with no fault and no
-    /// lock, and returns the translation that allows the write; otherwise
-    /// it returns the translation as it is (a write to it still faults if
-    /// it is not writable). `None`: nothing maps `ipa`. For simulated vCPUs
+    /// What a CPU with hardware dirty state does on a write to `ipa` (arm64
+    /// FEAT_HAFDBS with VTCR_EL2.HD; x86 EPT with A/D flags): if the leaf is
+    /// clean and tracked ([`crate::HwDirtyBits`]: arm64 DBM set and write
+    /// permission clear; EPT writable with the dirty flag clear), it makes
+    /// it dirty by compare-and-swap, with no fault and no lock, and returns
+    /// the translation after the update; otherwise it returns the
+    /// translation as it is (a write to it still faults if it is not
+    /// writable). `None`: nothing maps `ipa`. For simulated vCPUs
     /// and tests: the engine's cleaning and unmapping are built to race
     /// this update, as they race the hardware's.
     pub fn hw_dirty_update(&self, ipa: u64) -> Option<Translation> {
         let fmt = &self.core.fmt;
-        let (dbm, w) = (fmt.hw_dirty_bit(), fmt.write_bit());
+        let hw = fmt.hw_dirty_bits();
         let _guard = self.core.mm.read_guard();
         loop {
             let (entry, level, pte) = find_leaf(&self.core, ipa)?;
-            if dbm == 0 || pte & (dbm | w) != dbm {
+            let Some(hw) = hw.filter(|h| pte & h.update_mask == h.update_match) else {
                 return Some(translation(fmt, ipa, level, pte));
-            }
+            };
+            let new = pte | hw.update_set;
             if entry
-                .compare_exchange(pte, pte | w, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(pte, new, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                return Some(translation(fmt, ipa, level, pte | w));
+                return Some(translation(fmt, ipa, level, new));
             }
             // The engine changed the entry meanwhile: walk again.
         }

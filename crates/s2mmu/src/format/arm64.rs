@@ -12,7 +12,7 @@
 //! | 10 | AF |
 //! | 15:12 | PA\[51:48\] with 64K granule and 52-bit PA |
 //! | 47/49:page shift | output address |
-//! | 51 | DBM (not used: KVM never sets VTCR_EL2.HD) |
+//! | 51 | DBM: hardware dirty state (`DirtyMode::Hardware`, with VTCR_EL2.HA/HD) |
 //! | 52 | Contiguous (not used) |
 //! | 54:53 | XN (FEAT_XNX encoding) |
 //! | 58:55 | software bits |
@@ -337,8 +337,8 @@ unsafe impl PteFormat for Arm64Stage2 {
         pte & !XN_MASK
     }
     #[inline]
-    fn hw_dirty_bit(&self) -> u64 {
-        DBM
+    fn hw_dirty_bits(&self) -> Option<super::HwDirtyBits> {
+        Some(super::HwDirtyBits::ARM64_DBM)
     }
     #[inline]
     fn relevel_leaf(&self, pte: u64, _from_level: u32, to_level: u32) -> u64 {

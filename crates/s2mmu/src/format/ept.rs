@@ -239,6 +239,10 @@ unsafe impl PteFormat for EptFormat {
         pte | EXEC
     }
     #[inline]
+    fn hw_dirty_bits(&self) -> Option<super::HwDirtyBits> {
+        Some(super::HwDirtyBits::EPT_AD)
+    }
+    #[inline]
     fn relevel_leaf(&self, pte: u64, _from_level: u32, to_level: u32) -> u64 {
         if to_level == self.last_level() {
             pte & !PAGE_SIZE

@@ -100,6 +100,73 @@ impl fmt::Debug for Prot {
     }
 }
 
+/// The descriptor bits of a format's hardware dirty state, as masks, so the
+/// engine's clean, scan, freeze and the simulated CPU's update are one code
+/// for every format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HwDirtyBits {
+    /// A leaf is tracked (or may become so) when any of these is set: a
+    /// read-only mapping is never made writable by tracking.
+    pub trackable: u64,
+    /// Cleaning a tracked leaf clears these bits...
+    pub clean_clear: u64,
+    /// ...and sets these.
+    pub clean_set: u64,
+    /// A leaf is dirty when all of these are set.
+    pub dirty: u64,
+    /// The hardware's update on a write: where `pte & update_mask ==
+    /// update_match`, it sets `update_set` (by an atomic update).
+    pub update_mask: u64,
+    /// See `update_mask`.
+    pub update_match: u64,
+    /// See `update_mask`.
+    pub update_set: u64,
+    /// Clearing these stops the hardware from updating the leaf.
+    pub freeze_clear: u64,
+}
+
+impl HwDirtyBits {
+    /// arm64 FEAT_HAFDBS at stage 2: DBM (bit 51) with the write permission
+    /// S2AP\[1\] (bit 7). Writable-clean = DBM set, write clear; the hardware
+    /// sets the write permission on the first write; dirty = both set.
+    pub const ARM64_DBM: HwDirtyBits = HwDirtyBits {
+        trackable: (1 << 7) | (1 << 51),
+        clean_clear: 1 << 7,
+        clean_set: 1 << 51,
+        dirty: (1 << 7) | (1 << 51),
+        update_mask: (1 << 7) | (1 << 51),
+        update_match: 1 << 51,
+        update_set: 1 << 7,
+        freeze_clear: 1 << 51,
+    };
+
+    /// x86 EPT accessed/dirty flags (EPTP bit 6): a writable leaf stays
+    /// writable, the CPU sets the dirty flag (bit 9) on the first write;
+    /// cleaning clears it; freezing takes the write permission (bit 1).
+    pub const EPT_AD: HwDirtyBits = HwDirtyBits {
+        trackable: 1 << 1,
+        clean_clear: 1 << 9,
+        clean_set: 0,
+        dirty: 1 << 9,
+        update_mask: (1 << 1) | (1 << 9),
+        update_match: 1 << 1,
+        update_set: 1 << 9,
+        freeze_clear: 1 << 1,
+    };
+
+    /// `pte` cleaned: tracked and clean again.
+    #[inline]
+    pub const fn clean(&self, pte: u64) -> u64 {
+        (pte & !self.clean_clear) | self.clean_set
+    }
+
+    /// Whether the hardware has dirtied `pte`.
+    #[inline]
+    pub const fn is_dirty(&self, pte: u64) -> bool {
+        pte & self.dirty == self.dirty
+    }
+}
+
 /// A stage-2 descriptor format and the geometry of one table built with it.
 ///
 /// Levels are numbered as on arm64: the last level (pages) is
@@ -228,13 +295,13 @@ pub unsafe trait PteFormat: Clone + Send + Sync + 'static {
     fn relevel_leaf(&self, pte: u64, from_level: u32, to_level: u32) -> u64;
     /// The invalid value that marks an entry locked for break-before-make.
     fn locked(&self) -> u64;
-    /// The bit that lets the hardware record a write in a leaf without a
-    /// fault (arm64's DBM: a write to a leaf with DBM set and write
-    /// permission clear sets the write permission instead of faulting,
-    /// with VTCR_EL2.HD), or 0 where the format has none.
+    /// How the hardware records a write in a leaf without a fault
+    /// (hardware dirty state), or `None` where the format has no such
+    /// state: arm64's DBM ([`HwDirtyBits::ARM64_DBM`]) or x86 EPT's dirty
+    /// flag ([`HwDirtyBits::EPT_AD`]).
     #[inline]
-    fn hw_dirty_bit(&self) -> u64 {
-        0
+    fn hw_dirty_bits(&self) -> Option<HwDirtyBits> {
+        None
     }
     /// Whether the entry holds the break-before-make lock marker.
     #[inline]

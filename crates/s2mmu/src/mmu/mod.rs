@@ -156,7 +156,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         if let Some(n) = policy.dirty.ring_entries() {
             DirtyRing::new(n)?;
         }
-        if policy.dirty.hardware() && fmt.hw_dirty_bit() == 0 {
+        if policy.dirty.hardware() && fmt.hw_dirty_bits().is_none() {
             return Err(Error::InvalidConfig {
                 what: "hardware dirty state (the format has no hardware dirty bit)",
                 value: 0,

@@ -348,8 +348,15 @@ fn an_ept_vm_logs_dirty_pages() {
     let mut bm = vec![0u64; 16];
     assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 1);
     assert_eq!(bm[0], 1 << 5);
-    // EPT has no hardware dirty bit this engine drives yet.
-    let hw = Mmu::new(
+}
+
+/// Hardware dirty state on EPT: logged leaves stay writable with the dirty
+/// flag clear, a CPU write sets the flag (no fault), GET scans it, CLEAR
+/// clears it.
+#[test]
+fn an_ept_vm_logs_with_hardware_dirty_flags() {
+    use crate::format::ept::{EptFormat, DIRTY, WRITE};
+    let m = Mmu::new(
         EptFormat::new(4).unwrap(),
         HostMmOps::new(4096).unwrap(),
         Arc::new(NoTlb),
@@ -358,8 +365,35 @@ fn an_ept_vm_logs_dirty_pages() {
             dirty: DirtyMode::Hardware,
             ..MmuPolicy::default()
         },
+    )
+    .unwrap();
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 2 << 20, HVA);
+    m.set_memory_region(&r, 2 << 20).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    m.handle_fault(&mut v, GPA, true).unwrap();
+    m.enable_dirty_logging(0).unwrap();
+    let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
+    assert_eq!(leaves.len(), 512, "split first");
+    assert!(
+        leaves.iter().all(|l| l.pte & (WRITE | DIRTY) == WRITE),
+        "writable, clean"
     );
-    assert!(matches!(hw, Err(Error::InvalidConfig { .. })));
+    let reader = m.reader();
+    for p in [5u64, 6, 400] {
+        let t = reader.hw_dirty_update(GPA + p * 4096).unwrap();
+        assert_eq!(t.pte & DIRTY, DIRTY, "the CPU's update");
+    }
+    let mut bm = vec![0u64; 8];
+    assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 3);
+    assert_eq!((bm[0], bm[6]), (0b110_0000, 1 << (400 - 384)));
+    assert_eq!(m.clear_dirty_log(0, 0, 512, &bm).unwrap(), 3);
+    assert_eq!(
+        reader.translate(GPA + 5 * 4096).unwrap().pte & DIRTY,
+        0,
+        "cleaned"
+    );
+    assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 0);
+    assert_eq!(v.stats.permission, 0);
 }
 
 /// Huge pages back in place: when logging stops, the eagerly split pages

@@ -73,11 +73,12 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         Ok(changed)
     }
 
-    /// Hardware dirty state: makes every valid leaf overlapping
-    /// `[ipa, ipa + size)` writable-clean (write permission cleared, the
-    /// format's [`PteFormat::hw_dirty_bit`] set), so the hardware records
-    /// the next write in the leaf instead of faulting; adds what it changed
-    /// to `batch`. Returns the number of leaves changed.
+    /// Hardware dirty state: makes every trackable valid leaf overlapping
+    /// `[ipa, ipa + size)` clean (the format's [`crate::HwDirtyBits`]:
+    /// arm64 write permission cleared and DBM set, EPT dirty flag cleared),
+    /// so the hardware records the next write in the leaf instead of
+    /// faulting; adds what it changed to `batch`. Returns the number of
+    /// leaves changed.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] if the format has no hardware dirty bit; as
@@ -88,22 +89,21 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         size: u64,
         batch: &mut TlbBatch<'_>,
     ) -> Result<u64> {
-        let dbm = self.hw_dirty_bit()?;
+        let hw = self.hw_dirty_bits()?;
         self.check_range(ipa, size)?;
-        let w = self.format().write_bit();
         let mut changed = 0u64;
         let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
-            // Only a leaf that may be written (write bit or dirty bit set)
-            // becomes writable-clean: a read-only mapping stays read-only.
-            let new = (ctx.old & !w) | dbm;
-            if ctx.fmt.is_valid(ctx.old) && ctx.old & (w | dbm) != 0 && new != ctx.old {
-                // The hardware only ever sets the write bit of a leaf whose
-                // bit is clear; this store only clears a set one, or marks a
-                // leaf the hardware does not update yet (no DBM): no update
-                // of the hardware's is overwritten.
+            // Only a leaf that may be written becomes tracked: a read-only
+            // mapping stays read-only.
+            let new = hw.clean(ctx.old);
+            if ctx.fmt.is_valid(ctx.old) && ctx.old & hw.trackable != 0 && new != ctx.old {
+                // The hardware only sets `update_set` on a clean leaf; this
+                // store only changes a dirty one (clearing what it set), or
+                // starts tracking one the hardware does not update yet: no
+                // update of the hardware's is overwritten.
                 ctx.try_set(new)?;
                 changed += 1;
-                if ctx.old & w != 0 {
+                if ctx.old & hw.clean_clear != 0 {
                     batch.add(ctx.entry_start(), ctx.granule());
                 }
             }
@@ -129,12 +129,11 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         size: u64,
         mut dirty: impl FnMut(u64, u64),
     ) -> Result<u64> {
-        let dbm = self.hw_dirty_bit()?;
+        let hw = self.hw_dirty_bits()?;
         self.check_range(ipa, size)?;
-        let w = self.format().write_bit();
         let mut n = 0u64;
         let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
-            if ctx.fmt.is_valid(ctx.old) && ctx.old & (dbm | w) == dbm | w {
+            if ctx.fmt.is_valid(ctx.old) && hw.is_dirty(ctx.old) {
                 dirty(ctx.entry_start(), ctx.granule());
                 n += 1;
             }
@@ -165,7 +164,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         base: u64,
         bitmap: &crate::dirty::DirtyBitmap,
     ) -> Result<u64> {
-        let dbm = self.hw_dirty_bit()?;
+        let hw = self.hw_dirty_bits()?;
         self.check_range(ipa, size)?;
         if base > ipa {
             return Err(Error::InvalidConfig {
@@ -174,8 +173,8 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
             });
         }
         let fmt = self.format();
-        let (w, shift, last) = (fmt.write_bit(), fmt.page_shift(), fmt.last_level());
-        let dirty = dbm | w;
+        let (shift, last) = (fmt.page_shift(), fmt.last_level());
+        let dirty = hw.dirty;
         let per_table = fmt.entries_per_table();
         let mut found = 0u64;
         let mut v = |ctx: &VisitCtx<'_, F, M>, visit: Visit| {
@@ -201,10 +200,10 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
                     for j in 0..64 {
                         // SAFETY: the index is below the entries per table.
                         let e = unsafe { &*entries.add(chunk * 64 + j) }.load(Ordering::Relaxed);
-                        // An entry with both bits is a valid leaf: the engine
-                        // writes no invalid value with them (0, the lock
-                        // marker), and the hardware only sets the write bit
-                        // of valid leaves.
+                        // An entry with the dirty bits is a valid leaf: the
+                        // engine writes no invalid value with them (0, the
+                        // lock marker), and the hardware only updates valid
+                        // leaves.
                         mask |= u64::from(e & dirty == dirty) << j;
                     }
                     found += u64::from(mask.count_ones());
@@ -248,16 +247,15 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         size: u64,
         mut dirty: impl FnMut(u64, u64),
     ) -> Result<u64> {
-        let dbm = self.hw_dirty_bit()?;
+        let hw = self.hw_dirty_bits()?;
         self.check_range(ipa, size)?;
-        let w = self.format().write_bit();
         let mut frozen = 0u64;
         loop {
             let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
-                if ctx.fmt.is_valid(ctx.old) && ctx.old & dbm != 0 {
-                    ctx.try_set(ctx.old & !dbm)?;
+                if ctx.fmt.is_valid(ctx.old) && ctx.old & hw.freeze_clear != 0 {
+                    ctx.try_set(ctx.old & !hw.freeze_clear)?;
                     frozen += 1;
-                    if ctx.old & w != 0 {
+                    if hw.is_dirty(ctx.old) {
                         dirty(ctx.entry_start(), ctx.granule());
                     }
                 }
@@ -275,14 +273,11 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         }
     }
 
-    fn hw_dirty_bit(&self) -> Result<u64> {
-        match self.format().hw_dirty_bit() {
-            0 => Err(Error::InvalidConfig {
-                what: "hardware dirty state (the format has no hardware dirty bit)",
-                value: 0,
-            }),
-            b => Ok(b),
-        }
+    fn hw_dirty_bits(&self) -> Result<crate::HwDirtyBits> {
+        self.format().hw_dirty_bits().ok_or(Error::InvalidConfig {
+            what: "hardware dirty state (the format has none)",
+            value: 0,
+        })
     }
 
     /// Adds the access permissions of `prot` (read, write, execute) to the

@@ -121,8 +121,10 @@ fn contiguous_leaves<F: PteFormat, M: MmOps>(
     span: u64,
 ) -> Option<u64> {
     let g = fmt.granule(level);
-    let loose = fmt.perm_bits(Prot::RW) | fmt.access_flag() | fmt.hw_dirty_bit();
-    let norm = |e: u64| fmt.with_exec(e | loose) & !fmt.hw_dirty_bit();
+    let hw = fmt.hw_dirty_bits();
+    let (dirty, tracked) = hw.map_or((0, 0), |h| (h.dirty, h.clean_set));
+    let loose = fmt.perm_bits(Prot::RW) | fmt.access_flag() | dirty;
+    let norm = |e: u64| fmt.with_exec(e | loose) & !tracked;
     // SAFETY: `table` is the child of a table entry the walker read in an
     // exclusive walk (the caller holds the table mutably), so it is live;
     // indices stay below the entries per table.
