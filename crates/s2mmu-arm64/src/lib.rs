@@ -32,6 +32,7 @@
 pub mod arena;
 pub mod layout;
 pub mod machine;
+mod passes;
 pub mod probe;
 pub mod stage2;
 pub mod tlbi;

@@ -13,6 +13,7 @@
 //! did not issue.
 
 use crate::layout;
+use crate::passes::{Control, CtlState};
 use crate::vm::{Arm64Vm, HvcAnswer, RunStats};
 use crate::{entry, Arm64Error, Result};
 use s2mmu::dirty::DirtyGfn;
@@ -207,83 +208,6 @@ impl DirtyReport {
         self.passes
             .iter()
             .fold((0, 0), |(m, e), p| (m + p.missing, e + p.extra))
-    }
-}
-
-/// Pass coordination between the host's coordinator and vCPU threads.
-struct Control {
-    state: Mutex<CtlState>,
-    cv: Condvar,
-}
-
-struct CtlState {
-    next: u64,
-    stop: bool,
-    done: Vec<Option<u64>>,
-    failed: Option<String>,
-    bad_tags: Vec<(u64, u64)>,
-}
-
-impl Control {
-    fn report(&self, vcpu: usize, pass: u64) {
-        let mut s = self.state.lock().unwrap();
-        s.done[vcpu] = Some(pass);
-        self.cv.notify_all();
-    }
-
-    /// Blocks a vCPU that finished `done` until the next pass or the stop.
-    fn next_after(&self, done: u64) -> Option<u64> {
-        let mut s = self.state.lock().unwrap();
-        loop {
-            if s.stop || s.failed.is_some() {
-                return None;
-            }
-            if s.next > done {
-                return Some(s.next);
-            }
-            s = self.cv.wait(s).unwrap();
-        }
-    }
-
-    fn fail(&self, why: String) {
-        let mut s = self.state.lock().unwrap();
-        s.failed.get_or_insert(why);
-        self.cv.notify_all();
-    }
-
-    fn go(&self, pass: u64) {
-        self.state.lock().unwrap().next = pass;
-        self.cv.notify_all();
-    }
-
-    fn wait_all(&self, pass: u64) -> Result<()> {
-        let deadline = Instant::now() + crate::machine::DEADLINE;
-        let mut s = self.state.lock().unwrap();
-        loop {
-            if let Some(f) = &s.failed {
-                return Err(Arm64Error::Guest(f.clone()));
-            }
-            if s.done.iter().all(|&d| d.is_some_and(|d| d >= pass)) {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Arm64Error::Boot(format!(
-                    "vCPUs did not finish pass {pass}"
-                )));
-            }
-            s = self.cv.wait_timeout(s, deadline - now).unwrap().0;
-        }
-    }
-
-    fn all_done(&self, pass: u64) -> bool {
-        let s = self.state.lock().unwrap();
-        s.done.iter().all(|&d| d.is_some_and(|d| d >= pass))
-    }
-
-    fn stop(&self) {
-        self.state.lock().unwrap().stop = true;
-        self.cv.notify_all();
     }
 }
 

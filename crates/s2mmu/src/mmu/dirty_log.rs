@@ -146,7 +146,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// Write-protects the pages of `mask` (bit i = page `page0 + i` of the
     /// slot at `base`), one call per run of consecutive bits.
     /// Write-protects a range for dirty logging: clears write permission,
-    /// or with hardware dirty state makes the leaves writable-clean.
+    /// or with hardware dirty state cleans the leaves (tracked and clean).
     pub(super) fn protect(
         &self,
         pt: &mut PageTable<F, M>,

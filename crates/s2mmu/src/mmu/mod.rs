@@ -158,7 +158,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         }
         if policy.dirty.hardware() && fmt.hw_dirty_bits().is_none() {
             return Err(Error::InvalidConfig {
-                what: "hardware dirty state (the format has no hardware dirty bit)",
+                what: "hardware dirty state (the format has none)",
                 value: 0,
             });
         }

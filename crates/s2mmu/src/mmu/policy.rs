@@ -67,15 +67,16 @@ pub enum DirtyMode {
         /// Entries per vCPU ring.
         entries: u32,
     },
-    /// Hardware dirty state (arm64 FEAT_HAFDBS: DBM with VTCR_EL2.HD): a
-    /// logged page is left writable-clean instead of write-protected, the
+    /// Hardware dirty state ([`crate::HwDirtyBits`]: arm64 FEAT_HAFDBS, DBM
+    /// with VTCR_EL2.HD; x86 EPT accessed/dirty flags): a logged page is
+    /// left tracked and clean instead of write-protected, the
     /// hardware records the first write in the leaf without a fault, and a
     /// GET scans the slot's leaves into its bitmap; protecting (CLEAR, or
     /// GET without manual protect) cleans them again. Needs a format with a
-    /// hardware dirty bit; huge mappings are split when logging starts
+    /// hardware dirty state; huge mappings are split when logging starts
     /// (eager split, whatever its chunk policy says, in 1 GiB chunks if it
     /// says none). The hypervisor must turn the hardware's updates on
-    /// (arm64: VTCR_EL2.HA and HD).
+    /// (arm64: VTCR_EL2.HA and HD; EPT: the EPTP's A/D flag).
     Hardware,
 }
 

@@ -81,7 +81,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
     /// leaves changed.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] if the format has no hardware dirty bit; as
+    /// [`Error::InvalidConfig`] if the format has no hardware dirty state; as
     /// [`PageTable::wrprotect`].
     pub fn clean_hw_dirty_batched(
         &mut self,
@@ -115,13 +115,12 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
 
     /// Hardware dirty state: calls `dirty(leaf_ipa, leaf_size)` for every
     /// leaf overlapping `[ipa, ipa + size)` that the hardware has dirtied
-    /// (hardware dirty bit set and write permission set). It only reads:
-    /// cleaning is a write protection ([`PageTable::wrprotect_batched`]
-    /// keeps the dirty bit, so the leaf is writable-clean again). Returns
-    /// the number of dirty leaves.
+    /// ([`crate::HwDirtyBits::is_dirty`]). It only reads: cleaning is
+    /// [`PageTable::clean_hw_dirty_batched`]. Returns the number of dirty
+    /// leaves.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] if the format has no hardware dirty bit; as
+    /// [`Error::InvalidConfig`] if the format has no hardware dirty state; as
     /// [`PageTable::check_range`].
     pub fn scan_hw_dirty(
         &self,
@@ -154,7 +153,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
     /// number of dirty pages found.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] if the format has no hardware dirty bit; as
+    /// [`Error::InvalidConfig`] if the format has no hardware dirty state; as
     /// [`PageTable::check_range`]; [`Error::InvalidConfig`] for a `base`
     /// above `ipa`.
     pub fn scan_hw_dirty_into(
@@ -239,7 +238,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
     /// (the hardware changes a leaf at most once, so this ends).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] if the format has no hardware dirty bit; as
+    /// [`Error::InvalidConfig`] if the format has no hardware dirty state; as
     /// [`PageTable::check_range`].
     pub fn freeze_hw_dirty(
         &self,
