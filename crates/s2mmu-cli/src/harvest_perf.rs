@@ -11,7 +11,8 @@
 //! addresses), and the hardware's dirtying is done by the CPU's walk
 //! (`TableReader::hw_dirty_update`) before each timed harvest.
 
-use crate::report::{human, human_bytes, verdict, Report, Summary};
+use crate::report::{human, human_bytes, verdict, Report};
+use crate::stats::Samples;
 use s2mmu::dirty::DirtyBitmap;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
@@ -116,18 +117,18 @@ fn dirty(mmu: &HwMmu, size: u64, every: u64) -> u64 {
     n
 }
 
-struct Samples {
+struct Measured {
     word: Vec<Duration>,
     leaf: Vec<Duration>,
     clear: Vec<Duration>,
     found: u64,
 }
 
-fn measure(p: &Params, mmu: &HwMmu) -> Result<Samples, String> {
+fn measure(p: &Params, mmu: &HwMmu) -> Result<Measured, String> {
     let e = |e: s2mmu::Error| e.to_string();
     let npages = p.size / 4096;
     let mut bitmap = vec![0u64; npages.div_ceil(64) as usize];
-    let mut s = Samples {
+    let mut s = Measured {
         word: Vec::new(),
         leaf: Vec::new(),
         clear: Vec::new(),
@@ -173,9 +174,9 @@ pub fn run(p: &Params) -> Result<Report, String> {
     let (mmu, setup_time) = setup(p)?;
     let s = measure(p, &mmu)?;
     let (word, leaf, clear) = (
-        Summary::of(&s.word),
-        Summary::of(&s.leaf),
-        Summary::of(&s.clear),
+        Samples::of(&s.word).summary(),
+        Samples::of(&s.leaf).summary(),
+        Samples::of(&s.clear).summary(),
     );
     let gib = p.size as f64 / (1u64 << 30) as f64;
     let target = TARGET_PER_64G.mul_f64(p.size as f64 / (64u64 << 30) as f64);
@@ -188,8 +189,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
         ("per-leaf scan", leaf, &s.leaf),
         ("clear", clear, &s.clear),
     ] {
-        let mut m = sum.json();
-        m["samples_ns"] = json!(raw.iter().map(|d| d.as_nanos() as u64).collect::<Vec<_>>());
+        let mut m = Samples::of(raw).json();
         m["per_gib_ns"] = json!((sum.median.as_nanos() as f64 / gib) as u64);
         r.result(case, "hw_dirty", m);
     }

@@ -2,4 +2,6 @@
 //! The subcommands that are only benchmarks live in the binary.
 
 pub mod migrate;
+pub mod progress;
 pub mod report;
+pub mod stats;

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::report::paired_ratio;
+use crate::stats::paired_ratio;
 use s2mmu::memslot::{
     ArrayMemslots, MemslotStore, NoStage2, SlotFlags, SlotLookup, Stage2Invalidate, TreeMemslots,
     UserMemoryRegion, VcpuSlotCache,
@@ -97,6 +97,9 @@ pub struct CaseResult {
     pub max_ns: f64,
     /// Number of runs (samples).
     pub runs: u32,
+    /// Each run's figure, in run order (empty where only the median is known, as the
+    /// real-KVM rows' repeated operations).
+    pub samples_ns: Vec<f64>,
     /// Iterations summed over runs (scenarios only, else 0).
     pub iterations: u64,
     /// Tree rows of the scenarios: the median over runs of this run's time divided by the
@@ -287,22 +290,17 @@ impl CaseResult {
         samples: &[f64],
         iterations: u64,
     ) -> Self {
-        let mut sorted = samples.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let median = if sorted.is_empty() {
-            f64::NAN
-        } else {
-            sorted[sorted.len() / 2]
-        };
+        use crate::stats;
         Self {
             case,
             slots,
             slots_used,
             policy: policy.to_string(),
-            median_ns: median,
-            min_ns: sorted.first().copied().unwrap_or(f64::NAN),
-            max_ns: sorted.last().copied().unwrap_or(f64::NAN),
-            runs: sorted.len() as u32,
+            median_ns: stats::median(samples).unwrap_or(f64::NAN),
+            min_ns: stats::min(samples).unwrap_or(f64::NAN),
+            max_ns: stats::max(samples).unwrap_or(f64::NAN),
+            runs: u32::try_from(samples.len()).unwrap_or(u32::MAX),
+            samples_ns: samples.to_vec(),
             iterations,
             paired_ratio: None,
         }
@@ -1111,6 +1109,11 @@ fn kvm_rows(params: &MemslotPerfParams) -> Result<Vec<CaseResult>, String> {
             min_ns: f64::NAN,
             max_ns: f64::NAN,
             runs,
+            samples_ns: if runs == 1 {
+                vec![d.as_nanos() as f64]
+            } else {
+                Vec::new()
+            },
             iterations: 0,
             paired_ratio: None,
         };
@@ -1212,6 +1215,30 @@ fn params_json(p: &MemslotPerfParams, kvm: bool) -> Value {
     })
 }
 
+/// One row's metrics: one run is a value, not a distribution (`value_ns`); a median
+/// whose runs were not kept (real KVM's repeated operations) has no minimum or maximum.
+fn row_metrics(r: &CaseResult) -> Value {
+    let finite = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
+    let mut m = json!({
+        "slots": r.slots,
+        "slots_used": r.slots_used,
+        "runs": r.runs,
+        "samples_ns": r.samples_ns,
+        "iterations": r.iterations,
+        "paired_ratio_to_array": r.paired_ratio,
+    });
+    if r.runs == 1 {
+        m["value_ns"] = finite(r.median_ns);
+    } else {
+        m["median_ns"] = finite(r.median_ns);
+        if r.samples_ns.len() >= 2 {
+            m["min_ns"] = finite(r.min_ns);
+            m["max_ns"] = finite(r.max_ns);
+        }
+    }
+    m
+}
+
 /// Results and comparisons (array against tree for every case; real KVM against tree
 /// where KVM rows exist) into the JSON envelope.
 fn fill(out: &mut crate::report::Report, report: &MemslotPerfReport) {
@@ -1220,16 +1247,7 @@ fn fill(out: &mut crate::report::Report, report: &MemslotPerfReport) {
         out.result(
             &format!("{}@{}", r.case, r.slots),
             &r.policy,
-            json!({
-                "slots": r.slots,
-                "slots_used": r.slots_used,
-                "median_ns": r.median_ns,
-                "min_ns": if r.min_ns.is_finite() { json!(r.min_ns) } else { Value::Null },
-                "max_ns": if r.max_ns.is_finite() { json!(r.max_ns) } else { Value::Null },
-                "runs": r.runs,
-                "iterations": r.iterations,
-                "paired_ratio_to_array": r.paired_ratio,
-            }),
+            row_metrics(r),
         );
     }
     for &nslots in &report.params.slots {

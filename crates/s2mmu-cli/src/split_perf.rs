@@ -17,7 +17,8 @@
 //! differs (the `entries` column counts the split walk's reads only). A floor is measured too: writing the new last-level tables with
 //! plain stores, the least work any split of that backing must do.
 
-use crate::report::{human, human_bytes, merge, paired_ratios, verdict, Report, Summary};
+use crate::report::{human, human_bytes, merge, verdict, Report};
+use crate::stats::{paired_ratios, Samples, Summary};
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::{HostMmOps, MapOptions, NoTlb, PageCache, PageTable, Prot, PteFormat, SplitPolicy};
 use serde_json::json;
@@ -348,13 +349,14 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
         for (pi, policy) in POLICIES.iter().enumerate() {
             let s = &samples[pi];
             let times: Vec<Duration> = s.iter().map(|x| x.time).collect();
-            let sum = Summary::of(&times);
+            let samples = Samples::of(&times);
+            let sum = samples.summary();
             let last = s.last().copied().unwrap_or_default();
             report.result(
                 &case.name,
                 policy.name(),
                 merge(
-                    sum.json(),
+                    samples.json(),
                     json!({
                         "entries_visited": last.entries,
                         "tables_allocated": last.tables,
@@ -402,17 +404,17 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
         .find(|c| c.backing == Backing::Level2Blocks && c.mode == Mode::Split)
         .and_then(|c| find(&c.name, SplitPolicy::SkipReturns))
     {
-        let ratio = skip2m.median.as_secs_f64() / floor.median.as_secs_f64();
+        let ratio = skip2m.median.as_secs_f64() / floor.median().as_secs_f64();
         report.compare(
             "blocks_split_vs_floor",
             "median_ns",
-            floor.median.as_nanos() as f64,
+            floor.median().as_nanos() as f64,
             skip2m.median.as_nanos() as f64,
         );
         lines.push(format!(
             "floor: writing {} new tables with plain stores takes {}; the level-2-block split takes {} = {:.2}x the floor  [target <= 3x: {}]",
             p.size / fmt.granule(2),
-            human(floor.median),
+            human(floor.median()),
             human(skip2m.median),
             ratio,
             verdict(ratio <= 3.0)
@@ -569,7 +571,7 @@ fn store_floor(
     mm: &HostMmOps,
     size: u64,
     runs: usize,
-) -> Result<Summary, String> {
+) -> Result<Samples, String> {
     use s2mmu::MmOps;
     let tables = (size / fmt.granule(2)) as usize;
     let pages: Vec<u64> = (0..tables)
@@ -603,7 +605,7 @@ fn store_floor(
         // SAFETY: allocated above, never linked into a table.
         unsafe { mm.free_page(pa) };
     }
-    Ok(Summary::of(&times))
+    Ok(Samples::of(&times))
 }
 
 /// The floor's store loop: one leaf per entry, as a split writes them.

@@ -17,7 +17,7 @@
 //! vCPUs: entries it removes (range flushes of the big slot leave the small
 //! slot's entries alone) and the TLB misses they take to refill.
 
-use crate::report::{human, human_bytes, merge, verdict, Report, Summary};
+use crate::report::{human, human_bytes, merge, verdict, Report, Samples};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu::tlb::LargeRangePolicy;
@@ -365,9 +365,9 @@ struct Row {
     case: String,
     mode: Mode,
     policy: LargeRangePolicy,
-    clear: Summary,
-    get: Summary,
-    inv: Summary,
+    clear: Samples,
+    get: Samples,
+    inv: Samples,
     share: f64,
     calls: u64,
     vmid_flushes: u64,
@@ -376,21 +376,14 @@ struct Row {
     refill_misses: f64,
 }
 
-fn median_f(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+/// The median of per-cycle figures (zero when there are none).
+fn median_f(v: Vec<f64>) -> f64 {
+    crate::stats::median(&v).unwrap_or(0.0)
 }
 
+/// The median of per-cycle counts (zero when there are none).
 fn median_u(v: Vec<u64>) -> u64 {
-    median_f(v.into_iter().map(|x| x as f64).collect()).round() as u64
+    crate::stats::median_u64(&v).unwrap_or(0)
 }
 
 fn check(p: &Params) -> Result<(), String> {
@@ -572,10 +565,10 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
             merge(
                 r.clear.json(),
                 json!({
-                    "get_median_ns": r.get.median.as_nanos() as u64,
+                    "get_median_ns": r.get.median().as_nanos() as u64,
                     "tlb_calls": r.calls,
                     "tlb_vmid_flushes": r.vmid_flushes,
-                    "tlb_time_ns": r.inv.median.as_nanos() as u64,
+                    "tlb_time_ns": r.inv.median().as_nanos() as u64,
                     "tlb_share_pct": r.share * 100.0,
                     "pages": r.cleared,
                     "tlb_entries_removed": r.removed,
@@ -598,14 +591,14 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
         report.compare(
             &b.case,
             "tlb_time_ns",
-            b.inv.median.as_nanos() as f64,
-            o.inv.median.as_nanos() as f64,
+            b.inv.median().as_nanos() as f64,
+            o.inv.median().as_nanos() as f64,
         );
         let c = report.compare(
             &b.case,
             "median_ns",
-            b.clear.median.as_nanos() as f64,
-            o.clear.median.as_nanos() as f64,
+            b.clear.median().as_nanos() as f64,
+            o.clear.median().as_nanos() as f64,
         );
         let sh = report.compare(&b.case, "tlb_share_pct", b.share * 100.0, o.share * 100.0);
         let clears = if mode == Mode::Whole {
@@ -639,8 +632,8 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
             b.share * 100.0,
             o.share * 100.0,
             sh.speedup,
-            human(b.clear.median),
-            human(o.clear.median),
+            human(b.clear.median()),
+            human(o.clear.median()),
             -c.improvement_pct,
             verdict(sh.speedup >= 5.0)
         ));
@@ -656,7 +649,7 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
             per_clear(b.removed as f64),
             per_clear(b.refill_misses),
         ));
-        let saved = b.inv.median.saturating_sub(o.inv.median);
+        let saved = b.inv.median().saturating_sub(o.inv.median());
         let refill =
             Duration::from_nanos(((o.refill_misses - b.refill_misses).max(0.0) * walk_ns) as u64);
         lines.push(format!(
@@ -702,10 +695,10 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
             policy_name(r.policy),
             r.calls,
             r.cleared,
-            human(r.clear.median),
-            human(r.inv.median),
+            human(r.clear.median()),
+            human(r.inv.median()),
             r.share * 100.0,
-            human(r.get.median),
+            human(r.get.median()),
             r.removed,
             r.refill_misses,
             human(Duration::from_nanos((r.refill_misses * walk_ns) as u64)),
@@ -724,7 +717,7 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
     let slowest = rows
         .iter()
         .filter(|r| r.calls > 0)
-        .map(|r| r.inv.median / r.calls as u32)
+        .map(|r| r.inv.median() / r.calls as u32)
         .max()
         .unwrap_or_default();
     if slowest > Duration::from_micros(100) {
@@ -794,7 +787,7 @@ fn measure(
         for (pi, pol) in POLICIES.iter().enumerate() {
             let s = &samples[pi];
             let times =
-                |f: fn(&Sample) -> Duration| Summary::of(&s.iter().map(f).collect::<Vec<_>>());
+                |f: fn(&Sample) -> Duration| Samples::of(&s.iter().map(f).collect::<Vec<_>>());
             rows.push(Row {
                 case: case.clone(),
                 mode,

@@ -12,7 +12,7 @@
 
 use super::{alternate, check, median_f, median_u, policy_name, Mode, Params, PAGE, POLICIES};
 use crate::arm64 as a64;
-use crate::report::{human, human_bytes, merge, verdict, Report, Summary};
+use crate::report::{human, human_bytes, merge, verdict, Report, Samples};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu_arm64::layout;
@@ -49,9 +49,9 @@ struct Row {
     case: String,
     mode: Mode,
     policy: LargeRangePolicy,
-    clear: Summary,
-    get: Summary,
-    inv: Summary,
+    clear: Samples,
+    get: Samples,
+    inv: Samples,
     share: f64,
     calls: u64,
     tlbis: u64,
@@ -258,7 +258,7 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
         for (pi, pol) in POLICIES.iter().enumerate() {
             let s = &samples[pi];
             let times =
-                |f: fn(&Sample) -> Duration| Summary::of(&s.iter().map(f).collect::<Vec<_>>());
+                |f: fn(&Sample) -> Duration| Samples::of(&s.iter().map(f).collect::<Vec<_>>());
             rows.push(Row {
                 case: case.clone(),
                 mode,
@@ -332,7 +332,7 @@ fn report(
                 json!({
                     "model": "arm64",
                     "samples_ns": ns(&r.samples, |x| x.clear.as_nanos() as u64),
-                    "get_median_ns": r.get.median.as_nanos() as u64,
+                    "get_median_ns": r.get.median().as_nanos() as u64,
                     "get_samples_ns": ns(&r.samples, |x| x.get.as_nanos() as u64),
                     "tlb_calls": r.calls,
                     "tlb_calls_samples": ns(&r.samples, |x| x.calls),
@@ -340,7 +340,7 @@ fn report(
                     "tlbi_instructions": r.tlbis,
                     "tlbi_samples": ns(&r.samples, |x| x.tlbis),
                     "host_sequences": r.sequences,
-                    "tlb_time_ns": r.inv.median.as_nanos() as u64,
+                    "tlb_time_ns": r.inv.median().as_nanos() as u64,
                     "tlb_time_samples_ns": ns(&r.samples, |x| x.inv.as_nanos() as u64),
                     "tlb_share_pct": r.share * 100.0,
                     "pages": r.cleared,
@@ -362,14 +362,14 @@ fn report(
         report.compare(
             &b.case,
             "tlb_time_ns",
-            b.inv.median.as_nanos() as f64,
-            o.inv.median.as_nanos() as f64,
+            b.inv.median().as_nanos() as f64,
+            o.inv.median().as_nanos() as f64,
         );
         let c = report.compare(
             &b.case,
             "median_ns",
-            b.clear.median.as_nanos() as f64,
-            o.clear.median.as_nanos() as f64,
+            b.clear.median().as_nanos() as f64,
+            o.clear.median().as_nanos() as f64,
         );
         let sh = report.compare(&b.case, "tlb_share_pct", b.share * 100.0, o.share * 100.0);
         let clears = if mode == Mode::Whole {
@@ -397,15 +397,15 @@ fn report(
                 verdict(o.calls == clears && b.calls == want * clears)
             ));
         }
-        let per_call = |r: &Row| r.inv.median / u32::try_from(r.calls.max(1)).unwrap_or(u32::MAX);
+        let per_call = |r: &Row| r.inv.median() / u32::try_from(r.calls.max(1)).unwrap_or(u32::MAX);
         lines.push(format!(
             "{:<12} TLBI instructions {} -> {}; time waiting for EL2 {} -> {} ({:.1}x less); per round trip {} with split_calls, {} with whole_vmid",
             b.case,
             b.tlbis,
             o.tlbis,
-            human(b.inv.median),
-            human(o.inv.median),
-            b.inv.median.as_secs_f64() / o.inv.median.as_secs_f64().max(1e-12),
+            human(b.inv.median()),
+            human(o.inv.median()),
+            b.inv.median().as_secs_f64() / o.inv.median().as_secs_f64().max(1e-12),
             human(per_call(b)),
             human(per_call(o)),
         ));
@@ -415,8 +415,8 @@ fn report(
             b.share * 100.0,
             o.share * 100.0,
             sh.speedup,
-            human(b.clear.median),
-            human(o.clear.median),
+            human(b.clear.median()),
+            human(o.clear.median()),
             -c.improvement_pct,
             verdict(sh.speedup >= 5.0)
         ));
@@ -452,10 +452,10 @@ fn report(
             r.calls,
             r.tlbis,
             r.cleared,
-            human(r.clear.median),
-            human(r.inv.median),
+            human(r.clear.median()),
+            human(r.inv.median()),
             r.share * 100.0,
-            human(r.get.median),
+            human(r.get.median()),
         );
     }
     s += &format!(

@@ -1,0 +1,85 @@
+//! Progress on stderr for runs longer than a couple of seconds.
+//!
+//! A [`Progress`] draws an `indicatif` bar on stderr only when it is asked
+//! for (no `--quiet`) and stderr is a terminal, so a redirected or piped run,
+//! and whatever a command prints on stdout (its table or its `--json`
+//! envelope), is byte for byte the same with or without it. Every command
+//! that runs for more than about two seconds can take one: create it with
+//! the number of steps, [`Progress::step`] after each, and let it drop.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::Duration;
+
+/// A progress bar on stderr, or nothing when progress is off.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    /// A bar of `steps` steps labelled `what`, drawn when `enabled` and
+    /// stderr is a terminal (otherwise [`Progress::off`]).
+    pub fn new(what: &str, steps: u64, enabled: bool) -> Self {
+        if !enabled || !std::io::stderr().is_terminal() {
+            return Progress::off();
+        }
+        let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
+        // The template is a constant: if indicatif ever refused it, the
+        // default style is still a bar.
+        if let Ok(style) = ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed}, ~{eta} left)",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(what.to_string());
+        // Redraw on a timer so a long step still shows the time moving.
+        bar.enable_steady_tick(Duration::from_millis(250));
+        Progress { bar: Some(bar) }
+    }
+
+    /// No bar: every call is a no-op.
+    pub fn off() -> Self {
+        Progress { bar: None }
+    }
+
+    /// Whether a bar is drawn.
+    pub fn is_drawn(&self) -> bool {
+        self.bar.is_some()
+    }
+
+    /// Names the step now running (shown after the count).
+    pub fn message(&self, msg: &str) {
+        if let Some(b) = &self.bar {
+            b.set_message(msg.to_string());
+        }
+    }
+
+    /// One step done.
+    pub fn step(&self) {
+        if let Some(b) = &self.bar {
+            b.inc(1);
+        }
+    }
+}
+
+impl Drop for Progress {
+    /// Clears the bar so the command's own output starts on a clean line.
+    fn drop(&mut self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disabled_progress_draws_nothing() {
+        let p = Progress::new("x", 3, false);
+        assert!(!p.is_drawn());
+        p.message("m");
+        p.step();
+    }
+}
