@@ -1,9 +1,11 @@
 //! Progress on stderr for runs longer than a couple of seconds.
 //!
 //! A [`Progress`] draws an `indicatif` bar on stderr only when it is asked
-//! for (no `--quiet`) and stderr is a terminal, so a redirected or piped run,
-//! and whatever a command prints on stdout (its table or its `--json`
-//! envelope), is byte for byte the same with or without it. Every command
+//! for (no `--quiet`) and stderr is a terminal. When stderr is a file or a
+//! pipe it writes one line instead, when the run starts (what runs and how
+//! many steps), so a log shows what a long run is doing and no run is
+//! silent for long; `--quiet` turns that off too. Nothing goes to stdout:
+//! a command's table or `--json` envelope is byte for byte the same. Every command
 //! that runs for more than about two seconds can take one: create it with
 //! the number of steps, [`Progress::step`] after each, and let it drop.
 
@@ -18,9 +20,14 @@ pub struct Progress {
 
 impl Progress {
     /// A bar of `steps` steps labelled `what`, drawn when `enabled` and
-    /// stderr is a terminal (otherwise [`Progress::off`]).
+    /// stderr is a terminal; one start line when `enabled` and stderr is
+    /// not a terminal; otherwise nothing ([`Progress::off`]).
     pub fn new(what: &str, steps: u64, enabled: bool) -> Self {
-        if !enabled || !std::io::stderr().is_terminal() {
+        if !enabled {
+            return Progress::off();
+        }
+        if !std::io::stderr().is_terminal() {
+            eprintln!("{what}: running, {steps} step(s)");
             return Progress::off();
         }
         let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());

@@ -184,7 +184,7 @@ pub fn human(d: Duration) -> String {
     }
 }
 
-/// Parses a size such as `4096`, `64K`, `2M`, `1G`, `1GiB`, `64g`.
+/// Parses a size such as `4096`, `64K`, `2M`, `1G`, `1GiB`, `64g`, `1P`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let lower = t.to_ascii_lowercase();
@@ -194,10 +194,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         Some('m') => (&lower[..lower.len() - 1], 1 << 20),
         Some('g') => (&lower[..lower.len() - 1], 1 << 30),
         Some('t') => (&lower[..lower.len() - 1], 1 << 40),
+        Some('p') => (&lower[..lower.len() - 1], 1 << 50),
+        Some('e') => (&lower[..lower.len() - 1], 1 << 60),
         _ => (lower, 1),
     };
     let n: u64 = num.trim().parse().map_err(|_| {
-        format!("invalid size '{s}': expected a number with an optional K/M/G/T suffix")
+        format!("invalid size '{s}': expected a number with an optional K/M/G/T/P/E suffix")
     })?;
     n.checked_mul(mult)
         .ok_or_else(|| format!("size '{s}' is too large"))
