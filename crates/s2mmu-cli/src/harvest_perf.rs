@@ -11,6 +11,7 @@
 //! addresses), and the hardware's dirtying is done by the CPU's walk
 //! (`TableReader::hw_dirty_update`) before each timed harvest.
 
+use crate::progress::Progress;
 use crate::report::{human, human_bytes, verdict, Report};
 use crate::stats::Samples;
 use s2mmu::dirty::DirtyBitmap;
@@ -38,6 +39,9 @@ pub struct Params {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 const GPA: u64 = 1 << 32;
@@ -65,6 +69,9 @@ fn check(p: &Params) -> Result<(), String> {
             p.size / 4096
         ));
     }
+    // The 4K tables (1/512 of the slot) and two bitmaps of a bit per page.
+    let need = p.size / 512 + 2 * (p.size / 4096 / 8);
+    crate::limits::check_memory(&format!("--size {}", human_bytes(p.size)), need)?;
     Ok(())
 }
 
@@ -73,7 +80,10 @@ fn check(p: &Params) -> Result<(), String> {
 /// # Errors
 /// A message naming the flag or the step that failed.
 pub fn main(p: Params) -> Result<(), String> {
-    let r = run(&p)?;
+    let r = run(
+        &p,
+        &Progress::new("harvest-perf", p.runs as u64 + 1, !p.quiet),
+    )?;
     crate::report::emit(&r, p.json);
     Ok(())
 }
@@ -124,7 +134,7 @@ struct Measured {
     found: u64,
 }
 
-fn measure(p: &Params, mmu: &HwMmu) -> Result<Measured, String> {
+fn measure(p: &Params, mmu: &HwMmu, bar: &Progress) -> Result<Measured, String> {
     let e = |e: s2mmu::Error| e.to_string();
     let npages = p.size / 4096;
     let mut bitmap = vec![0u64; npages.div_ceil(64) as usize];
@@ -135,6 +145,7 @@ fn measure(p: &Params, mmu: &HwMmu) -> Result<Measured, String> {
         found: 0,
     };
     for _ in 0..p.runs {
+        bar.step();
         let dirtied = dirty(mmu, p.size, p.dirty_every);
         // The per-leaf walk over the same leaves, into a bitmap of its own.
         let own = DirtyBitmap::new(npages, false);
@@ -169,10 +180,13 @@ fn measure(p: &Params, mmu: &HwMmu) -> Result<Measured, String> {
 ///
 /// # Errors
 /// A message naming the flag or the step that failed.
-pub fn run(p: &Params) -> Result<Report, String> {
+pub fn run(p: &Params, bar: &Progress) -> Result<Report, String> {
     check(p)?;
+    bar.message(&format!("mapping {}", human_bytes(p.size)));
     let (mmu, setup_time) = setup(p)?;
-    let s = measure(p, &mmu)?;
+    bar.step();
+    bar.message("harvests");
+    let s = measure(p, &mmu, bar)?;
     let (word, leaf, clear) = (
         Samples::of(&s.word).summary(),
         Samples::of(&s.leaf).summary(),

@@ -41,14 +41,20 @@ pub struct Params {
     /// Clear chunk (QEMU's x-clear-bitmap-shift; its default 18 is 1 GiB).
     #[arg(long, default_value = "1G", value_parser = crate::report::parse_size)]
     pub chunk: u64,
-    /// Harvest cycles per mode and policy (default 11; 5 with --arm64).
-    #[arg(long, default_value_t = 11, default_value_if("arm64", "true", "5"))]
+    /// Harvest cycles per mode and policy, 1 to 1000 (default 11; 5 with --arm64).
+    #[arg(
+        long,
+        default_value_t = 11,
+        default_value_if("arm64", "true", "5"),
+        value_parser = crate::limits::count_in(1..=1000)
+    )]
     pub runs: usize,
-    /// vCPU threads running a random-write workload during the cycles;
+    /// vCPU threads running a random-write workload during the cycles, at most 64;
     /// 0: one per logical CPU but one (the clearing thread needs a core).
     #[arg(long, default_value_t = 0)]
     pub vcpus: usize,
-    /// Real memory each vCPU writes (its own region of a small slot).
+    /// Real memory each vCPU writes (its own region of a small slot); all vCPUs' together
+    /// must fit the host's available memory.
     #[arg(long, default_value = "2M", value_parser = crate::report::parse_size)]
     pub vcpu_mem: u64,
     /// One page in this many of the big slot is dirtied before each cycle
@@ -60,19 +66,22 @@ pub struct Params {
     pub limit_pages: u64,
     /// After every burst of 1024 guest writes a vCPU leaves guest mode and
     /// idles this many microseconds (a guest waiting for an interrupt);
-    /// 0 keeps it in guest mode all the time. Idling keeps vCPUs from being
+    /// 0 keeps it in guest mode all the time; at most 1000000. Idling keeps vCPUs from being
     /// preempted inside guest mode on a host with fewer free cores than
     /// threads, where every flush would wait out a scheduler time slice
     /// (a preempted KVM vCPU is outside guest mode and is not waited for).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = crate::limits::u64_in(0..=1_000_000))]
     pub idle_us: u64,
     /// How long to watch the vCPUs after each clear for TLB refills, in
-    /// microseconds.
-    #[arg(long, default_value_t = 2000)]
+    /// microseconds, at most 1000000.
+    #[arg(long, default_value_t = 2000, value_parser = crate::limits::u64_in(0..=1_000_000))]
     pub settle_us: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 /// Runs `tlb-perf` from the command line.
@@ -80,7 +89,7 @@ pub struct Params {
 /// # Errors
 /// A message naming what failed.
 pub fn main(p: Params) -> Result<(), String> {
-    let r = run(&p, !p.json)?;
+    let r = run(&p, !p.quiet)?;
     crate::report::emit(&r, p.json);
     Ok(())
 }
@@ -176,6 +185,27 @@ fn check(p: &Params) -> Result<(), String> {
     if p.dirty_every == 0 {
         return Err("--dirty-every must be at least 1".into());
     }
+    if p.runs == 0 || p.runs > 1000 {
+        return Err(format!("--runs {}: must be 1..=1000", p.runs));
+    }
+    // Real memory: the vCPUs' regions, and the big slot's 4K tables (1/512).
+    let regions = p
+        .vcpu_mem
+        .checked_mul(p.vcpus.max(1) as u64)
+        .ok_or_else(|| {
+            format!(
+                "--vcpu-mem {} x --vcpus {}: more than 64 bits",
+                human_bytes(p.vcpu_mem),
+                p.vcpus
+            )
+        })?;
+    let what = format!(
+        "--vcpu-mem {} x --vcpus {} and --size {}",
+        human_bytes(p.vcpu_mem),
+        p.vcpus,
+        human_bytes(p.size)
+    );
+    crate::limits::check_memory(&what, regions.saturating_add(p.size / 512))?;
     Ok(())
 }
 
@@ -208,6 +238,7 @@ mod tests {
             idle_us: 50,
             arm64: false,
             json: true,
+            quiet: true,
         }
     }
 
