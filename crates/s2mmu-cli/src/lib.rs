@@ -3,6 +3,7 @@
 
 pub mod limits;
 pub mod migrate;
+pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod stats;
