@@ -16,6 +16,8 @@ use std::time::Duration;
 /// A progress bar on stderr, or nothing when progress is off.
 pub struct Progress {
     bar: Option<ProgressBar>,
+    /// Enabled but stderr is no terminal: [`Progress::note`] writes lines.
+    lines: bool,
 }
 
 impl Progress {
@@ -28,7 +30,10 @@ impl Progress {
         }
         if !std::io::stderr().is_terminal() {
             eprintln!("{what}: running, {steps} step(s)");
-            return Progress::off();
+            return Progress {
+                bar: None,
+                lines: true,
+            };
         }
         let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
         // The template is a constant: if indicatif ever refused it, the
@@ -41,12 +46,18 @@ impl Progress {
         bar.set_prefix(what.to_string());
         // Redraw on a timer so a long step still shows the time moving.
         bar.enable_steady_tick(Duration::from_millis(250));
-        Progress { bar: Some(bar) }
+        Progress {
+            bar: Some(bar),
+            lines: false,
+        }
     }
 
     /// No bar: every call is a no-op.
     pub fn off() -> Self {
-        Progress { bar: None }
+        Progress {
+            bar: None,
+            lines: false,
+        }
     }
 
     /// Whether a bar is drawn.
@@ -59,6 +70,15 @@ impl Progress {
         if let Some(b) = &self.bar {
             b.set_message(msg.to_string());
         }
+    }
+
+    /// Names a long step worth a line in a log: the bar's message on a
+    /// terminal, a line on stderr when stderr is not one, nothing when off.
+    pub fn note(&self, msg: &str) {
+        if self.lines {
+            eprintln!("{msg}");
+        }
+        self.message(msg);
     }
 
     /// One step done.
