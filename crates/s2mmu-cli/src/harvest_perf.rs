@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 /// Options of `harvest-perf`.
 #[derive(Clone, Debug, clap::Args)]
+// "-1" is a value (refused naming its flag), not an unknown flag.
+#[command(allow_negative_numbers = true)]
 pub struct Params {
     /// Size of the slot, mapped with 4 KiB pages without touching memory
     /// (a multiple of 2M, at most 256G: its tables take size/512 bytes).

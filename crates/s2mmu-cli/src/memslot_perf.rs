@@ -124,6 +124,38 @@ pub struct MemslotPerfReport {
     pub kvm: Option<Vec<CaseResult>>,
 }
 
+/// The most slot counts one run takes (`-s`): each is a table of minutes.
+const MAX_SLOT_COUNTS: usize = 16;
+
+/// Refuses options that make no sense, naming the flag and its limit.
+///
+/// # Errors
+/// `-s`/`--slots`, `-r`/`--runs` or `-l`/`--seconds` out of range.
+fn check(params: &MemslotPerfParams) -> Result<(), String> {
+    let max = s2mmu::memslot::KVM_USER_MEM_SLOTS;
+    if params.slots.is_empty() || params.slots.len() > MAX_SLOT_COUNTS {
+        return Err(format!(
+            "--slots: 1 to {MAX_SLOT_COUNTS} slot counts, {} given",
+            params.slots.len()
+        ));
+    }
+    if let Some(n) = params.slots.iter().find(|&&n| n == 0 || n > u32::from(max)) {
+        return Err(format!("--slots {n}: each count must be in 1..={max}"));
+    }
+    if params.runs == 0 {
+        return Err("--runs 0: at least 1".into());
+    }
+    // `contains` is false for NaN; the upper bound keeps `Duration::from_secs_f64` (which
+    // panics on NaN, infinity and values beyond u64 seconds) away from absurd lengths.
+    if !(f64::MIN_POSITIVE..=86_400.0).contains(&params.run_seconds) {
+        return Err(format!(
+            "--seconds {}: more than 0 and at most 86400",
+            params.run_seconds
+        ));
+    }
+    Ok(())
+}
+
 /// Runs every scenario for every slot count and both policies.
 ///
 /// # Errors
@@ -131,24 +163,7 @@ pub struct MemslotPerfReport {
 /// guest memory cannot be mapped or a guest saw wrong data.
 /// `bar` advances after each scenario run.
 pub fn run_with(params: &MemslotPerfParams, bar: &Progress) -> Result<MemslotPerfReport, String> {
-    // `contains` is false for NaN; the upper bound keeps `Duration::from_secs_f64` (which
-    // panics on NaN, infinity and values beyond u64 seconds) away from absurd lengths.
-    let run_length_ok = (f64::MIN_POSITIVE..=86_400.0).contains(&params.run_seconds);
-    if params.slots.is_empty() || params.runs == 0 || !run_length_ok {
-        return Err(
-            "memslot-perf needs at least one slot count, one run and a run length of more than 0 and at most 86400 seconds".into(),
-        );
-    }
-    if params
-        .slots
-        .iter()
-        .any(|&n| n == 0 || n > u32::from(s2mmu::memslot::KVM_USER_MEM_SLOTS))
-    {
-        return Err(format!(
-            "slot counts must be in 1..={}",
-            s2mmu::memslot::KVM_USER_MEM_SLOTS
-        ));
-    }
+    check(params)?;
     let mut results = Vec::new();
     for &nslots in &params.slots {
         results.extend(run_both(params, nslots, bar)?);
@@ -321,13 +336,14 @@ impl CaseResult {
 
 /// Options of `memslot-perf`.
 #[derive(Clone, Debug, clap::Args)]
+// "-1" is a value (refused naming its flag), not an unknown flag.
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     /// Slot counts, one table each (the selftest's `-s`): each 1 to 32764, at most 16 counts.
     #[arg(
         short = 's',
         long,
         value_delimiter = ',',
-        num_args = 1..=16,
         default_values_t = [10u32, 30, 50, 100, 509, 32764],
         value_parser = clap::value_parser!(u32).range(1..=i64::from(s2mmu::memslot::KVM_USER_MEM_SLOTS))
     )]
@@ -399,6 +415,7 @@ pub fn main(args: Args) -> Result<(), String> {
 /// Real KVM being unusable is not an error: the column is left out with a note.
 pub fn run_report(args: &Args) -> Result<crate::report::Report, String> {
     let params = args.params();
+    check(&params)?;
     // Each scenario runs `runs` times on each policy, at each slot count.
     let steps = (params.slots.len() * SCENARIO_TABLE.len() * 2) as u64 * u64::from(params.runs);
     let bar = Progress::new("memslot-perf", steps, !args.quiet);

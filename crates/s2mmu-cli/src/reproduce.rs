@@ -84,6 +84,9 @@ fn preamble() -> String {
 /// the report says which failed.
 pub fn main(p: Params) -> Result<(), String> {
     let out = Path::new(&p.out);
+    // The experiments take minutes: find out first that the report can be
+    // written, not after them.
+    std::fs::write(out, "").map_err(|e| format!("--out {}: cannot write: {e}", p.out))?;
     let mut md = preamble();
     let mut all = Vec::new();
     let mut failed = Vec::new();

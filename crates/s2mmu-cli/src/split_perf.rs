@@ -31,6 +31,8 @@ mod report;
 
 /// Options of `split-perf`.
 #[derive(Clone, Debug, clap::Args)]
+// "-1" is a value (refused naming its flag), not an unknown flag.
+#[command(allow_negative_numbers = true)]
 pub struct Params {
     /// Slot size (e.g. 1G, 512M): a multiple of the granule's largest block, at most 255T
     /// (the IPA space above the slot's base) and what the host's free memory can hold

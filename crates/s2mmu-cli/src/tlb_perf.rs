@@ -29,6 +29,8 @@ mod vm;
 
 /// Options of `tlb-perf`.
 #[derive(Clone, Debug, clap::Args)]
+// "-1" is a value (refused naming its flag), not an unknown flag.
+#[command(allow_negative_numbers = true)]
 pub struct Params {
     /// Size of the dirty-logged slot (mapped without touching memory).
     #[arg(long, default_value = "64G", value_parser = crate::report::parse_size)]
