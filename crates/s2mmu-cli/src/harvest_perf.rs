@@ -36,7 +36,7 @@ pub struct Params {
     #[arg(long, default_value_t = 1)]
     pub dirty_every: u64,
     /// Harvests per scan (1..=100).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::limits::count_in(1..=100))]
     pub runs: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -84,7 +84,7 @@ fn check(p: &Params) -> Result<(), String> {
 pub fn main(p: Params) -> Result<(), String> {
     let r = run(
         &p,
-        &Progress::new("harvest-perf", p.runs as u64 + 1, !p.quiet),
+        &Progress::new("harvest-perf", (p.runs as u64).saturating_add(1), !p.quiet),
     )?;
     crate::report::emit(&r, p.json);
     Ok(())

@@ -109,13 +109,23 @@ pub fn first_words(args: &[&str]) -> Outcome {
         }
         thread::sleep(Duration::from_millis(10));
     };
-    let first_output = *first.lock().unwrap();
+    let ended = start.elapsed();
+    let stdout = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
+    // A command that exited may be read after `try_wait` saw it end: its
+    // words came no later than its end.
+    let said = !stdout.is_empty() || !stderr.is_empty();
+    let first_output = first
+        .lock()
+        .unwrap()
+        .map(|t| t.min(ended))
+        .or(said.then_some(ended));
     Outcome {
         code: status.and_then(|s| s.code()),
         killed,
         first_output,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
+        stdout,
+        stderr,
     }
 }
 
