@@ -167,12 +167,23 @@ impl LineChart {
         }
         chart
             .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()
             .map_err(err)?;
         Ok(())
     }
+}
+
+/// A bar's value as its label: three significant digits, so a bar too
+/// short to see still says what it measured.
+fn value_label(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let digits = (2 - v.abs().log10().floor() as i32).clamp(0, 6) as usize;
+    format!("{v:.digits$}")
 }
 
 impl BarChart {
@@ -245,6 +256,11 @@ impl BarChart {
                 .map_err(err)?
                 .label(name)
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+            let labels = values.iter().enumerate().map(|(i, &v)| {
+                let left = i as f64 + 0.1 + g as f64 * width;
+                Text::new(value_label(v), (left, v + y1 * 0.03), ("sans-serif", 11))
+            });
+            chart.draw_series(labels).map_err(err)?;
         }
         chart
             .configure_series_labels()
@@ -327,7 +343,15 @@ mod tests {
             ],
         };
         let svg = c.svg().unwrap();
-        for label in ["first pass", "splitting", "eager_split", "split_on_fault"] {
+        for label in [
+            "first pass",
+            "splitting",
+            "eager_split",
+            "split_on_fault",
+            "6.00",
+            "0.200",
+            "27.0",
+        ] {
             assert!(svg.contains(label), "no {label}");
         }
         let bad = BarChart {
