@@ -29,10 +29,12 @@ use std::time::{Duration, Instant};
 #[command(allow_negative_numbers = true)]
 pub struct Params {
     /// Size of the slot, mapped with 4 KiB pages without touching memory
-    /// (a multiple of 2M, at most 256G: its tables take size/512 bytes).
+    /// (a multiple of 2M, at most 256G: its tables take size/512 bytes, which must fit the
+    /// host's available memory).
     #[arg(long, default_value = "64G", value_parser = crate::report::parse_size)]
     pub size: u64,
-    /// One page in this many is dirtied before each harvest (1: every page).
+    /// One page in this many is dirtied before each harvest (1: every page), at most the
+    /// slot's pages.
     #[arg(long, default_value_t = 1)]
     pub dirty_every: u64,
     /// Harvests per scan (1..=100).

@@ -32,7 +32,9 @@ mod vm;
 // "-1" is a value (refused naming its flag), not an unknown flag.
 #[command(allow_negative_numbers = true)]
 pub struct Params {
-    /// Size of the dirty-logged slot (mapped without touching memory).
+    /// Size of the dirty-logged slot (mapped without touching memory): a multiple of 1G
+    /// that fits a 48-bit IPA space; its 4K tables (1/512 of it) must fit the host's
+    /// available memory (with --arm64: at most the model's guest RAM and table arena).
     #[arg(long, default_value = "64G", value_parser = crate::report::parse_size)]
     pub size: u64,
     /// Run on QEMU's arm64 model (s2mmu-arm64): every TLB call is a round trip to an EL2
@@ -40,7 +42,8 @@ pub struct Params {
     /// timings are an emulator's: read the counts and the ratios.
     #[arg(long, conflicts_with_all = ["vcpus", "vcpu_mem", "idle_us", "settle_us"])]
     pub arm64: bool,
-    /// Clear chunk (QEMU's x-clear-bitmap-shift; its default 18 is 1 GiB).
+    /// Clear chunk (QEMU's x-clear-bitmap-shift; its default 18 is 1 GiB): a multiple of
+    /// 256K (one bitmap word of pages), at most --size.
     #[arg(long, default_value = "1G", value_parser = crate::report::parse_size)]
     pub chunk: u64,
     /// Harvest cycles per mode and policy, 1 to 1000 (default 11; 5 with --arm64).
@@ -59,11 +62,12 @@ pub struct Params {
     /// must fit the host's available memory.
     #[arg(long, default_value = "2M", value_parser = crate::report::parse_size)]
     pub vcpu_mem: u64,
-    /// One page in this many of the big slot is dirtied before each cycle
+    /// One page in this many of the big slot is dirtied before each cycle, at least 1
     /// (default 64; 1, every page, with --arm64).
     #[arg(long, default_value_t = 64, default_value_if("arm64", "true", "1"))]
     pub dirty_every: u64,
-    /// TLB range limit in pages (arm64's MAX_TLBI_RANGE_PAGES).
+    /// TLB range limit in pages (arm64's MAX_TLBI_RANGE_PAGES), 1 to 2^52 - 1 (the 64-bit
+    /// address space in pages).
     #[arg(long, default_value_t = TlbPolicy::DEFAULT_LIMIT_PAGES)]
     pub limit_pages: u64,
     /// After every burst of 1024 guest writes a vCPU leaves guest mode and
