@@ -328,9 +328,9 @@ fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
     };
     let judged = fill(&mut report, p, f.npages, &model)?;
     let mut lines = Vec::new();
-    for mut mode_lines in judged {
+    for (mode, mut mode_lines) in [Mode::Whole, Mode::Chunked].into_iter().zip(judged) {
         // The TLBI line goes between the call count and the share.
-        let tlbi = tlbi_line(rows, mode_lines.first().map(String::as_str), &mut report);
+        let tlbi = tlbi_line(rows, mode, &mut report);
         mode_lines.splice(1..1, tlbi);
         lines.extend(mode_lines);
     }
@@ -338,18 +338,18 @@ fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
     Ok(report)
 }
 
-/// The TLBI counts and the wait for EL2 of the mode whose call line is
-/// `calls_line` (its case name leads it), and their comparison.
-fn tlbi_line(rows: &[Row], calls_line: Option<&str>, report: &mut Report) -> Option<String> {
-    let case = calls_line?.split_whitespace().next()?;
+/// The TLBI counts and the wait for EL2 in `mode`, and their comparison
+/// (none when a policy's row is missing).
+fn tlbi_line(rows: &[Row], mode: Mode, report: &mut Report) -> Option<String> {
     let find = |pol: LargeRangePolicy| {
         rows.iter()
-            .find(|r| r.common.case == case && r.common.policy == pol)
+            .find(|r| r.common.mode == mode && r.common.policy == pol)
     };
     let (b, o) = (
         find(LargeRangePolicy::SplitCalls)?,
         find(LargeRangePolicy::WholeVmid)?,
     );
+    let case = b.common.case.as_str();
     report.compare(case, "tlbi_instructions", b.tlbis as f64, o.tlbis as f64);
     let per_call =
         |r: &Row| r.common.inv.median() / u32::try_from(r.common.calls.max(1)).unwrap_or(u32::MAX);
