@@ -11,7 +11,9 @@
 //! addresses), and the hardware's dirtying is done by the CPU's walk
 //! (`TableReader::hw_dirty_update`) before each timed harvest.
 
-use crate::report::{human, human_bytes, verdict, Report, Summary};
+use crate::progress::Progress;
+use crate::report::{human, human_bytes, verdict, Report};
+use crate::stats::Samples;
 use s2mmu::dirty::DirtyBitmap;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
@@ -23,20 +25,27 @@ use std::time::{Duration, Instant};
 
 /// Options of `harvest-perf`.
 #[derive(Clone, Debug, clap::Args)]
+// "-1" is a value (refused naming its flag), not an unknown flag.
+#[command(allow_negative_numbers = true)]
 pub struct Params {
     /// Size of the slot, mapped with 4 KiB pages without touching memory
-    /// (a multiple of 2M, at most 256G: its tables take size/512 bytes).
+    /// (a multiple of 2M, at most 256G: its tables take size/512 bytes, which must fit the
+    /// host's available memory).
     #[arg(long, default_value = "64G", value_parser = crate::report::parse_size)]
     pub size: u64,
-    /// One page in this many is dirtied before each harvest (1: every page).
+    /// One page in this many is dirtied before each harvest (1: every page), at most the
+    /// slot's pages.
     #[arg(long, default_value_t = 1)]
     pub dirty_every: u64,
     /// Harvests per scan (1..=100).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::limits::count_in(1..=100))]
     pub runs: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 const GPA: u64 = 1 << 32;
@@ -64,6 +73,9 @@ fn check(p: &Params) -> Result<(), String> {
             p.size / 4096
         ));
     }
+    // The 4K tables (1/512 of the slot) and two bitmaps of a bit per page.
+    let need = p.size / 512 + 2 * (p.size / 4096 / 8);
+    crate::limits::check_memory(&format!("--size {}", human_bytes(p.size)), need)?;
     Ok(())
 }
 
@@ -72,7 +84,10 @@ fn check(p: &Params) -> Result<(), String> {
 /// # Errors
 /// A message naming the flag or the step that failed.
 pub fn main(p: Params) -> Result<(), String> {
-    let r = run(&p)?;
+    let r = run(
+        &p,
+        &Progress::new("harvest-perf", (p.runs as u64).saturating_add(1), !p.quiet),
+    )?;
     crate::report::emit(&r, p.json);
     Ok(())
 }
@@ -116,24 +131,25 @@ fn dirty(mmu: &HwMmu, size: u64, every: u64) -> u64 {
     n
 }
 
-struct Samples {
+struct Measured {
     word: Vec<Duration>,
     leaf: Vec<Duration>,
     clear: Vec<Duration>,
     found: u64,
 }
 
-fn measure(p: &Params, mmu: &HwMmu) -> Result<Samples, String> {
+fn measure(p: &Params, mmu: &HwMmu, bar: &Progress) -> Result<Measured, String> {
     let e = |e: s2mmu::Error| e.to_string();
     let npages = p.size / 4096;
     let mut bitmap = vec![0u64; npages.div_ceil(64) as usize];
-    let mut s = Samples {
+    let mut s = Measured {
         word: Vec::new(),
         leaf: Vec::new(),
         clear: Vec::new(),
         found: 0,
     };
     for _ in 0..p.runs {
+        bar.step();
         let dirtied = dirty(mmu, p.size, p.dirty_every);
         // The per-leaf walk over the same leaves, into a bitmap of its own.
         let own = DirtyBitmap::new(npages, false);
@@ -168,14 +184,17 @@ fn measure(p: &Params, mmu: &HwMmu) -> Result<Samples, String> {
 ///
 /// # Errors
 /// A message naming the flag or the step that failed.
-pub fn run(p: &Params) -> Result<Report, String> {
+pub fn run(p: &Params, bar: &Progress) -> Result<Report, String> {
     check(p)?;
+    bar.message(&format!("mapping {}", human_bytes(p.size)));
     let (mmu, setup_time) = setup(p)?;
-    let s = measure(p, &mmu)?;
+    bar.step();
+    bar.message("harvests");
+    let s = measure(p, &mmu, bar)?;
     let (word, leaf, clear) = (
-        Summary::of(&s.word),
-        Summary::of(&s.leaf),
-        Summary::of(&s.clear),
+        Samples::of(&s.word).summary(),
+        Samples::of(&s.leaf).summary(),
+        Samples::of(&s.clear).summary(),
     );
     let gib = p.size as f64 / (1u64 << 30) as f64;
     let target = TARGET_PER_64G.mul_f64(p.size as f64 / (64u64 << 30) as f64);
@@ -188,8 +207,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
         ("per-leaf scan", leaf, &s.leaf),
         ("clear", clear, &s.clear),
     ] {
-        let mut m = sum.json();
-        m["samples_ns"] = json!(raw.iter().map(|d| d.as_nanos() as u64).collect::<Vec<_>>());
+        let mut m = Samples::of(raw).json();
         m["per_gib_ns"] = json!((sum.median.as_nanos() as f64 / gib) as u64);
         r.result(case, "hw_dirty", m);
     }

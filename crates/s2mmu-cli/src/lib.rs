@@ -1,5 +1,9 @@
 //! The library half of the `s2mmu` command: what integration tests reach.
 //! The subcommands that are only benchmarks live in the binary.
 
+pub mod limits;
 pub mod migrate;
+pub mod plot;
+pub mod progress;
 pub mod report;
+pub mod stats;

@@ -11,7 +11,7 @@ mod reproduce;
 mod split_perf;
 mod tlb_perf;
 
-use s2mmu_cli::{migrate, report};
+use s2mmu_cli::{limits, migrate, plot, progress, report, stats};
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

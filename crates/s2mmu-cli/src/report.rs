@@ -1,6 +1,9 @@
 //! The one JSON shape every benchmark prints with `--json`, and the
-//! statistics and formatting helpers the benchmarks share.
+//! formatting helpers the benchmarks share (the statistics are in
+//! [`crate::stats`], re-exported here for the commands that import them
+//! from this module).
 
+pub use crate::stats::{paired_ratio, paired_ratios, Samples, Summary};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -150,71 +153,6 @@ impl Comparison {
     }
 }
 
-/// Median, minimum and maximum of a set of durations.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Summary {
-    /// Median.
-    pub median: Duration,
-    /// Minimum.
-    pub min: Duration,
-    /// Maximum.
-    pub max: Duration,
-    /// Number of samples.
-    pub runs: usize,
-}
-
-impl Summary {
-    /// Summarises `samples` (empty gives zeros).
-    pub fn of(samples: &[Duration]) -> Summary {
-        if samples.is_empty() {
-            return Summary::default();
-        }
-        let mut s = samples.to_vec();
-        s.sort();
-        let n = s.len();
-        let median = if n % 2 == 1 {
-            s[n / 2]
-        } else {
-            (s[n / 2 - 1] + s[n / 2]) / 2
-        };
-        Summary {
-            median,
-            min: s[0],
-            max: s[n - 1],
-            runs: n,
-        }
-    }
-
-    /// The metrics of DESIGN.md's result rows.
-    pub fn json(&self) -> Value {
-        json!({
-            "median_ns": self.median.as_nanos() as u64,
-            "min_ns": self.min.as_nanos() as u64,
-            "max_ns": self.max.as_nanos() as u64,
-            "runs": self.runs,
-        })
-    }
-}
-
-/// `after[i] / before[i]` over the runs both have, sorted (runs paired in
-/// one process, so a machine-wide slowdown cancels out of each ratio).
-pub fn paired_ratios(before: &[f64], after: &[f64]) -> Vec<f64> {
-    let mut ratios: Vec<f64> = before
-        .iter()
-        .zip(after)
-        .filter(|(b, _)| **b > 0.0)
-        .map(|(b, a)| a / b)
-        .collect();
-    ratios.sort_by(f64::total_cmp);
-    ratios
-}
-
-/// The median of [`paired_ratios`], if any run pairs.
-pub fn paired_ratio(before: &[f64], after: &[f64]) -> Option<f64> {
-    let ratios = paired_ratios(before, after);
-    ratios.get(ratios.len() / 2).copied()
-}
-
 /// Merges two JSON objects (the second wins on equal keys).
 pub fn merge(a: Value, b: Value) -> Value {
     match (a, b) {
@@ -246,7 +184,7 @@ pub fn human(d: Duration) -> String {
     }
 }
 
-/// Parses a size such as `4096`, `64K`, `2M`, `1G`, `1GiB`, `64g`.
+/// Parses a size such as `4096`, `64K`, `2M`, `1G`, `1GiB`, `64g`, `1P`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let lower = t.to_ascii_lowercase();
@@ -256,10 +194,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         Some('m') => (&lower[..lower.len() - 1], 1 << 20),
         Some('g') => (&lower[..lower.len() - 1], 1 << 30),
         Some('t') => (&lower[..lower.len() - 1], 1 << 40),
+        Some('p') => (&lower[..lower.len() - 1], 1 << 50),
+        Some('e') => (&lower[..lower.len() - 1], 1 << 60),
         _ => (lower, 1),
     };
     let n: u64 = num.trim().parse().map_err(|_| {
-        format!("invalid size '{s}': expected a number with an optional K/M/G/T suffix")
+        format!("invalid size '{s}': expected a number with an optional K/M/G/T/P/E suffix")
     })?;
     n.checked_mul(mult)
         .ok_or_else(|| format!("size '{s}' is too large"))
@@ -313,14 +253,6 @@ mod tests {
         assert!(parse_size("99999999999T").is_err());
         assert_eq!(human_bytes(1 << 30), "1GiB");
         assert_eq!(human_bytes(3 << 20), "3MiB");
-    }
-
-    #[test]
-    fn summary_median() {
-        let d = |n| Duration::from_nanos(n);
-        let s = Summary::of(&[d(5), d(1), d(3)]);
-        assert_eq!((s.median, s.min, s.max, s.runs), (d(3), d(1), d(5), 3));
-        assert_eq!(Summary::of(&[d(1), d(3)]).median, d(2));
     }
 
     #[test]

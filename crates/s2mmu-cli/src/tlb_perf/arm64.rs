@@ -10,9 +10,11 @@
 //! clear. QEMU's timings are an emulator's: the counts are the result, the
 //! times are read as ratios.
 
-use super::{alternate, check, median_f, median_u, policy_name, Mode, Params, PAGE, POLICIES};
+use super::report::{build_kind, fill, median_of, table, Common, Cycle, ModelRows};
+use super::{alternate, check, policy_name, Mode, Params, PAGE, POLICIES};
 use crate::arm64 as a64;
-use crate::report::{human, human_bytes, merge, verdict, Report, Summary};
+use crate::progress::Progress;
+use crate::report::{human, human_bytes, Report};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu_arm64::layout;
@@ -38,26 +40,30 @@ struct Sample {
     cleared: u64,
 }
 
-impl Sample {
-    fn share(&self) -> f64 {
-        self.inv.as_secs_f64() / self.clear.as_secs_f64().max(1e-12)
+impl Cycle for Sample {
+    fn get(&self) -> Duration {
+        self.get
+    }
+    fn clear(&self) -> Duration {
+        self.clear
+    }
+    fn inv(&self) -> Duration {
+        self.inv
+    }
+    fn calls(&self) -> u64 {
+        self.calls
+    }
+    fn cleared(&self) -> u64 {
+        self.cleared
     }
 }
 
-/// Medians of one mode and policy.
+/// Medians of one mode and policy: the common figures and the model's TLBIs.
 struct Row {
-    case: String,
-    mode: Mode,
-    policy: LargeRangePolicy,
-    clear: Summary,
-    get: Summary,
-    inv: Summary,
-    share: f64,
-    calls: u64,
+    common: Common,
     tlbis: u64,
     sequences: u64,
-    cleared: u64,
-    samples: Vec<Sample>,
+    tlbi_samples: Vec<u64>,
 }
 
 /// Checks what only the arm64 mode limits, before QEMU starts.
@@ -201,12 +207,11 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
     }
     let e = |e: s2mmu::Error| e.to_string();
     let npages = p.size / PAGE;
-    if progress {
-        eprint!(
-            "starting QEMU ({} of sparse guest RAM)...",
-            human_bytes(p.size)
-        );
-    }
+    let bar = Progress::new("tlb-perf --arm64", 1, progress);
+    bar.message(&format!(
+        "starting QEMU ({} of sparse guest RAM)",
+        human_bytes(p.size)
+    ));
     let t = Instant::now();
     let machine = a64::start(2, p.size)?;
     let boot_time = t.elapsed();
@@ -227,13 +232,7 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
     .map_err(|e| e.to_string())?;
     vm.add_slot(BIG_SLOT, BIG_GPA, layout::DATA, p.size, PAGE)
         .map_err(|e| e.to_string())?;
-    if progress {
-        eprint!(
-            "\r{:60}\rmapping {} with 4K pages...",
-            "",
-            human_bytes(p.size)
-        );
-    }
+    bar.message(&format!("mapping {} with 4K pages", human_bytes(p.size)));
     let mmu = vm.mmu().clone();
     let t = Instant::now();
     mmu.populate(BIG_SLOT, 0, npages).map_err(e)?;
@@ -242,9 +241,7 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
     let t = Instant::now();
     mmu.enable_dirty_logging(BIG_SLOT).map_err(e)?;
     let enable_time = t.elapsed();
-    if progress {
-        eprint!("\r{:60}\r", "");
-    }
+    drop(bar);
     let mut bench = Bench {
         vm: &vm,
         npages,
@@ -257,46 +254,36 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
     {
         for (pi, pol) in POLICIES.iter().enumerate() {
             let s = &samples[pi];
-            let times =
-                |f: fn(&Sample) -> Duration| Summary::of(&s.iter().map(f).collect::<Vec<_>>());
             rows.push(Row {
-                case: case.clone(),
-                mode,
-                policy: *pol,
-                clear: times(|x| x.clear),
-                get: times(|x| x.get),
-                inv: times(|x| x.inv),
-                share: median_f(s.iter().map(Sample::share).collect()),
-                calls: median_u(s.iter().map(|x| x.calls).collect()),
-                tlbis: median_u(s.iter().map(|x| x.tlbis).collect()),
-                sequences: median_u(s.iter().map(|x| x.sequences).collect()),
-                cleared: median_u(s.iter().map(|x| x.cleared).collect()),
-                samples: s.clone(),
+                common: Common::of(&case, mode, *pol, s),
+                tlbis: median_of(s, |x| x.tlbis),
+                sequences: median_of(s, |x| x.sequences),
+                tlbi_samples: s.iter().map(|x| x.tlbis).collect(),
             });
         }
     }
     drop(bench);
     drop(vm);
-    report(
-        p,
-        &rows,
+    let facts = Facts {
         npages,
         table_pages,
         boot_time,
         populate_time,
         enable_time,
-    )
+    };
+    report(p, &rows, &facts)
 }
 
-fn report(
-    p: &Params,
-    rows: &[Row],
+/// What the report says besides the rows.
+struct Facts {
     npages: u64,
     table_pages: usize,
     boot_time: Duration,
     populate_time: Duration,
     enable_time: Duration,
-) -> Result<Report, String> {
+}
+
+fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
     let mut report = Report::new(
         "tlb-perf",
         json!({
@@ -315,157 +302,103 @@ fn report(
         "setup",
         "arm64",
         json!({
-            "boot_ns": boot_time.as_nanos() as u64,
-            "populate_ns": populate_time.as_nanos() as u64,
-            "enable_logging_ns": enable_time.as_nanos() as u64,
-            "table_pages": table_pages,
-            "pages": npages,
+            "boot_ns": f.boot_time.as_nanos() as u64,
+            "populate_ns": f.populate_time.as_nanos() as u64,
+            "enable_logging_ns": f.enable_time.as_nanos() as u64,
+            "table_pages": f.table_pages,
+            "pages": f.npages,
         }),
     );
-    let ns = |v: &[Sample], f: fn(&Sample) -> u64| v.iter().map(f).collect::<Vec<_>>();
-    for r in rows {
-        report.result(
-            &r.case,
-            policy_name(r.policy),
-            merge(
-                r.clear.json(),
-                json!({
+    let model = ModelRows {
+        rows: rows
+            .iter()
+            .map(|r| {
+                let extra = json!({
                     "model": "arm64",
-                    "samples_ns": ns(&r.samples, |x| x.clear.as_nanos() as u64),
-                    "get_median_ns": r.get.median.as_nanos() as u64,
-                    "get_samples_ns": ns(&r.samples, |x| x.get.as_nanos() as u64),
-                    "tlb_calls": r.calls,
-                    "tlb_calls_samples": ns(&r.samples, |x| x.calls),
-                    "service_calls": r.calls,
+                    "service_calls": r.common.calls,
                     "tlbi_instructions": r.tlbis,
-                    "tlbi_samples": ns(&r.samples, |x| x.tlbis),
+                    "tlbi_samples": r.tlbi_samples,
                     "host_sequences": r.sequences,
-                    "tlb_time_ns": r.inv.median.as_nanos() as u64,
-                    "tlb_time_samples_ns": ns(&r.samples, |x| x.inv.as_nanos() as u64),
-                    "tlb_share_pct": r.share * 100.0,
-                    "pages": r.cleared,
-                }),
-            ),
-        );
-    }
-    let find = |mode: Mode, pol: LargeRangePolicy| {
-        rows.iter()
-            .find(|r| r.mode == mode && r.policy == pol)
-            .ok_or_else(|| "missing result row".to_string())
+                });
+                (&r.common, extra)
+            })
+            .collect(),
+        call_noun: "round trip(s) to EL2",
+        judge_chunked_calls: true,
     };
+    let judged = fill(&mut report, p, f.npages, &model)?;
     let mut lines = Vec::new();
-    for mode in [Mode::Whole, Mode::Chunked] {
-        let b = find(mode, LargeRangePolicy::SplitCalls)?;
-        let o = find(mode, LargeRangePolicy::WholeVmid)?;
-        report.compare(&b.case, "tlb_calls", b.calls as f64, o.calls as f64);
-        report.compare(&b.case, "tlbi_instructions", b.tlbis as f64, o.tlbis as f64);
-        report.compare(
-            &b.case,
-            "tlb_time_ns",
-            b.inv.median.as_nanos() as f64,
-            o.inv.median.as_nanos() as f64,
-        );
-        let c = report.compare(
-            &b.case,
-            "median_ns",
-            b.clear.median.as_nanos() as f64,
-            o.clear.median.as_nanos() as f64,
-        );
-        let sh = report.compare(&b.case, "tlb_share_pct", b.share * 100.0, o.share * 100.0);
-        let clears = if mode == Mode::Whole {
-            1
-        } else {
-            npages.div_ceil(p.chunk / PAGE)
-        };
-        let want = npages.div_ceil(p.limit_pages);
-        if mode == Mode::Whole {
-            lines.push(format!(
-                "{:<12} clearing the {} slot: {} round trip(s) to EL2 with whole_vmid, {} with split_calls  [target 1 instead of {want}: {}]",
-                b.case,
-                human_bytes(p.size),
-                o.calls,
-                b.calls,
-                verdict(o.calls == 1 && b.calls == want)
-            ));
-        } else {
-            lines.push(format!(
-                "{:<12} {clears} clears of {}: {} round trips to EL2 with whole_vmid, {} with split_calls  [target 1 instead of {want} per clear: {}]",
-                b.case,
-                human_bytes(p.chunk),
-                o.calls,
-                b.calls,
-                verdict(o.calls == clears && b.calls == want * clears)
-            ));
-        }
-        let per_call = |r: &Row| r.inv.median / u32::try_from(r.calls.max(1)).unwrap_or(u32::MAX);
-        lines.push(format!(
-            "{:<12} TLBI instructions {} -> {}; time waiting for EL2 {} -> {} ({:.1}x less); per round trip {} with split_calls, {} with whole_vmid",
-            b.case,
-            b.tlbis,
-            o.tlbis,
-            human(b.inv.median),
-            human(o.inv.median),
-            b.inv.median.as_secs_f64() / o.inv.median.as_secs_f64().max(1e-12),
-            human(per_call(b)),
-            human(per_call(o)),
-        ));
-        lines.push(format!(
-            "{:<12} invalidation share of clear time {:.2} % -> {:.2} % ({:.1}x drop); clear {} -> {} ({:+.1} %)  [target share drop >= 5x: {}]",
-            b.case,
-            b.share * 100.0,
-            o.share * 100.0,
-            sh.speedup,
-            human(b.clear.median),
-            human(o.clear.median),
-            -c.improvement_pct,
-            verdict(sh.speedup >= 5.0)
-        ));
+    for (mode, mut mode_lines) in [Mode::Whole, Mode::Chunked].into_iter().zip(judged) {
+        // The TLBI line goes between the call count and the share.
+        let tlbi = tlbi_line(rows, mode, &mut report);
+        mode_lines.splice(1..1, tlbi);
+        lines.extend(mode_lines);
     }
+    report.set_text(text(p, rows, f, &lines));
+    Ok(report)
+}
+
+/// The TLBI counts and the wait for EL2 in `mode`, and their comparison
+/// (none when a policy's row is missing).
+fn tlbi_line(rows: &[Row], mode: Mode, report: &mut Report) -> Option<String> {
+    let find = |pol: LargeRangePolicy| {
+        rows.iter()
+            .find(|r| r.common.mode == mode && r.common.policy == pol)
+    };
+    let (b, o) = (
+        find(LargeRangePolicy::SplitCalls)?,
+        find(LargeRangePolicy::WholeVmid)?,
+    );
+    let case = b.common.case.as_str();
+    report.compare(case, "tlbi_instructions", b.tlbis as f64, o.tlbis as f64);
+    let per_call =
+        |r: &Row| r.common.inv.median() / u32::try_from(r.common.calls.max(1)).unwrap_or(u32::MAX);
+    let (bi, oi) = (b.common.inv.median(), o.common.inv.median());
+    Some(format!(
+        "{case:<12} TLBI instructions {} -> {}; time waiting for EL2 {} -> {} ({:.1}x less); per round trip {} with split_calls, {} with whole_vmid",
+        b.tlbis,
+        o.tlbis,
+        human(bi),
+        human(oi),
+        bi.as_secs_f64() / oi.as_secs_f64().max(1e-12),
+        human(per_call(b)),
+        human(per_call(o)),
+    ))
+}
+
+/// The human-readable report.
+fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
     let mut s = format!(
         "tlb-perf --arm64: {} slot of {} 4K pages on QEMU's arm64 model (2 CPUs: one idle at EL2, one serving the host's TLB maintenance at EL2, so every TLB call is a round trip to EL2); {} of stage-2 tables in the shared RAM, QEMU up in {}, mapped in {}, logging enabled in {}; range limit {} pages ({}); {} dirtied per cycle; {} runs ({} build)\n{}\n",
         human_bytes(p.size),
-        npages,
-        human_bytes(table_pages as u64 * PAGE),
-        human(boot_time),
-        human(populate_time),
-        human(enable_time),
+        f.npages,
+        human_bytes(f.table_pages as u64 * PAGE),
+        human(f.boot_time),
+        human(f.populate_time),
+        human(f.enable_time),
         p.limit_pages,
-        human_bytes(p.limit_pages * PAGE),
+        human_bytes(p.limit_pages.saturating_mul(PAGE)),
         if p.dirty_every <= 1 {
             "every page".to_string()
         } else {
             format!("1 page in {}", p.dirty_every)
         },
         p.runs,
-        if cfg!(debug_assertions) { "DEBUG" } else { "release" },
+        build_kind(),
         a64::EMULATOR_NOTE
     );
-    s += &format!(
-        "{:<12} {:<12} {:>7} {:>7} {:>9} {:>12} {:>12} {:>8} {:>12}\n",
-        "mode", "policy", "calls", "TLBIs", "cleared", "clear", "invalidate", "share", "get"
-    );
-    for r in rows {
-        s += &format!(
-            "{:<12} {:<12} {:>7} {:>7} {:>9} {:>12} {:>12} {:>7.2}% {:>12}\n",
-            r.case,
-            policy_name(r.policy),
-            r.calls,
-            r.tlbis,
-            r.cleared,
-            human(r.clear.median),
-            human(r.inv.median),
-            r.share * 100.0,
-            human(r.get.median),
-        );
-    }
+    let cells: Vec<(&Common, String)> = rows
+        .iter()
+        .map(|r| (&r.common, format!(" {:>7}", r.tlbis)))
+        .collect();
+    s += &table(&cells, &format!(" {:>7}", "TLBIs"));
     s += &format!(
         "(medians of {} cycles per mode and policy, alternating; calls = round trips to the EL2 service CPU per cycle, TLBIs = TLBI instructions it executed, invalidate = the clearing thread's wait for them, the service CPU's wake-up from its idle wait included)\n",
         p.runs
     );
     for l in lines {
-        s += &l;
+        s += l;
         s.push('\n');
     }
-    report.set_text(s);
-    Ok(report)
+    s
 }

@@ -1,0 +1,97 @@
+//! Bounded flags: the value parsers and checks that refuse a number before
+//! anything is allocated or a thread starts, with a message that names the
+//! limit (clap puts the flag's name before it: `invalid value '1P' for
+//! '--size <SIZE>': at most 16TiB`).
+
+use crate::report::{human_bytes, parse_size};
+use std::ops::RangeInclusive;
+
+/// A parser for a size flag (`64K`, `2M`, `1G`) that takes only sizes in
+/// `range`, so clap refuses the others naming the flag and the limit.
+pub fn size_in(
+    range: RangeInclusive<u64>,
+) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let n = parse_size(s)?;
+        if n < *range.start() {
+            return Err(format!("at least {}", human_bytes(*range.start())));
+        }
+        if n > *range.end() {
+            return Err(format!("at most {}", human_bytes(*range.end())));
+        }
+        Ok(n)
+    }
+}
+
+/// A parser for a count flag that takes only counts in `range`.
+pub fn count_in(range: RangeInclusive<u64>) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(range)
+}
+
+/// A parser for a `u64` flag that takes only values in `range`.
+pub fn u64_in(range: RangeInclusive<u64>) -> clap::builder::RangedU64ValueParser<u64> {
+    clap::builder::RangedU64ValueParser::<u64>::new().range(range)
+}
+
+/// The memory the host can give without swapping (`MemAvailable` in
+/// /proc/meminfo), if it says.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuses a run that needs `need` bytes of memory when the host has less
+/// available; `what` names the flag and its value, as the user typed it
+/// (`--size 1T`).
+///
+/// # Errors
+/// `"{what}: needs about N of memory; the host has M available"`.
+pub fn check_memory(what: &str, need: u64) -> Result<(), String> {
+    match available_memory() {
+        Some(have) if need > have => Err(format!(
+            "{what}: needs about {} of memory; the host has {} available",
+            approx_bytes(need),
+            approx_bytes(have)
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A byte count rounded to one decimal in the largest binary unit.
+pub fn approx_bytes(b: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if b >= 1 << shift {
+            return format!("{:.1} {unit}", b as f64 / (1u64 << shift) as f64);
+        }
+    }
+    format!("{b} B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_outside_the_range_name_the_limit() {
+        let p = size_in(4096..=(1 << 30));
+        assert_eq!(p("1G"), Ok(1 << 30));
+        assert_eq!(p("2G").unwrap_err(), "at most 1GiB");
+        assert_eq!(p("1K").unwrap_err(), "at least 4KiB");
+        assert!(p("-1").unwrap_err().contains("invalid size"));
+        assert!(p("99999999999T").is_err());
+    }
+
+    #[test]
+    fn memory_beyond_the_host_is_refused() {
+        if available_memory().is_none() {
+            eprintln!("skipped: no MemAvailable in /proc/meminfo");
+            return;
+        }
+        let e = check_memory("--size 1P", u64::MAX).unwrap_err();
+        assert!(e.starts_with("--size 1P: needs about"), "{e}");
+        assert!(check_memory("--size 4K", 4096).is_ok());
+        assert_eq!(approx_bytes(3 << 29), "1.5 GiB");
+    }
+}

@@ -1,0 +1,365 @@
+//! Plots through `plotters` (SVG): line charts of named series over a
+//! numeric axis, optionally over shaded phases (a time series such as a
+//! migration's, with its pre-copy rounds and stop-and-copy), and grouped
+//! bar charts of a few cases measured under a few policies.
+//!
+//! Only the SVG backend is built: it writes text as SVG `<text>` and needs
+//! no font library. (plotters' bitmap backend must rasterise the labels
+//! itself, which needs a TrueType font and a font crate; see README.)
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+/// One named line: `(x, y)` points in x order.
+#[derive(Clone, Debug)]
+pub struct Series {
+    /// The legend's label.
+    pub name: String,
+    /// The points, in the order they are joined.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A shaded stretch of the x axis with its name (a migration phase).
+#[derive(Clone, Debug)]
+pub struct Phase {
+    /// The label written at its top.
+    pub name: String,
+    /// Where it starts on the x axis.
+    pub start: f64,
+    /// Where it ends on the x axis.
+    pub end: f64,
+}
+
+/// A line chart: series over shaded phases.
+#[derive(Clone, Debug, Default)]
+pub struct LineChart {
+    /// The title above the plot.
+    pub title: String,
+    /// The x axis' label, with its unit.
+    pub x_label: String,
+    /// The y axis' label, with its unit.
+    pub y_label: String,
+    /// The lines.
+    pub series: Vec<Series>,
+    /// Shaded stretches behind the lines (none for a plain chart).
+    pub phases: Vec<Phase>,
+}
+
+/// A grouped bar chart: for each category one bar per group.
+#[derive(Clone, Debug, Default)]
+pub struct BarChart {
+    /// The title above the plot.
+    pub title: String,
+    /// The y axis' label, with its unit.
+    pub y_label: String,
+    /// The categories along the x axis.
+    pub categories: Vec<String>,
+    /// Each group's name and its value per category (same order).
+    pub groups: Vec<(String, Vec<f64>)>,
+}
+
+/// The plot's size in pixels.
+const SIZE: (u32, u32) = (800, 450);
+
+fn color(i: usize) -> RGBColor {
+    // Palette99's first colours, named so a reader can match the legend.
+    const COLORS: [RGBColor; 6] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+    ];
+    COLORS[i % COLORS.len()]
+}
+
+/// The smallest and largest finite values, widened when they are equal so
+/// an axis always has a length.
+fn range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    let (lo, hi) = values
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+    if lo > hi {
+        return None;
+    }
+    if lo == hi {
+        let pad = if lo == 0.0 { 1.0 } else { lo.abs() * 0.1 };
+        return Some((lo - pad, hi + pad));
+    }
+    Some((lo, hi))
+}
+
+fn err<E: std::fmt::Display>(e: E) -> String {
+    format!("plot: {e}")
+}
+
+impl LineChart {
+    /// The chart as an SVG document.
+    ///
+    /// # Errors
+    /// No finite point to plot, or a drawing error from plotters.
+    pub fn svg(&self) -> Result<String, String> {
+        let mut out = String::new();
+        {
+            let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
+            self.draw(&root)?;
+            root.present().map_err(err)?;
+        }
+        Ok(out)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        let points = || self.series.iter().flat_map(|s| s.points.iter());
+        let phase_x = self.phases.iter().flat_map(|p| [p.start, p.end]);
+        let (x0, x1) = range(points().map(|p| p.0).chain(phase_x))
+            .ok_or_else(|| format!("plot '{}': no point to plot", self.title))?;
+        let (_, y1) = range(points().map(|p| p.1).chain([0.0]))
+            .ok_or_else(|| format!("plot '{}': no point to plot", self.title))?;
+        let y1 = y1 * 1.1;
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x0..x1, 0.0..y1)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(&self.x_label)
+            .y_desc(&self.y_label)
+            .draw()
+            .map_err(err)?;
+        for (i, ph) in self.phases.iter().enumerate() {
+            let shade = color(i + 3).mix(0.12);
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(ph.start, 0.0), (ph.end, y1)],
+                    shade.filled(),
+                )))
+                .map_err(err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    ph.name.clone(),
+                    (ph.start, y1 * 0.97),
+                    ("sans-serif", 12),
+                )))
+                .map_err(err)?;
+        }
+        for (i, s) in self.series.iter().enumerate() {
+            let c = color(i);
+            chart
+                .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(&s.name)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
+            chart
+                .draw_series(PointSeries::of_element(
+                    s.points.iter().copied(),
+                    3,
+                    c.filled(),
+                    &|p, size, style| EmptyElement::at(p) + Circle::new((0, 0), size, style),
+                ))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    }
+}
+
+/// A bar's value as its label: three significant digits, so a bar too
+/// short to see still says what it measured.
+fn value_label(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let digits = (2 - v.abs().log10().floor() as i32).clamp(0, 6) as usize;
+    format!("{v:.digits$}")
+}
+
+impl BarChart {
+    /// The chart as an SVG document.
+    ///
+    /// # Errors
+    /// No finite value, groups whose lengths differ from the categories',
+    /// or a drawing error from plotters.
+    pub fn svg(&self) -> Result<String, String> {
+        let mut out = String::new();
+        {
+            let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
+            self.draw(&root)?;
+            root.present().map_err(err)?;
+        }
+        Ok(out)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        let n = self.categories.len();
+        if n == 0 || self.groups.iter().any(|(_, v)| v.len() != n) {
+            return Err(format!(
+                "plot '{}': every group needs one value per category",
+                self.title
+            ));
+        }
+        let (_, y1) = range(
+            self.groups
+                .iter()
+                .flat_map(|(_, v)| v.iter().copied())
+                .chain([0.0]),
+        )
+        .ok_or_else(|| format!("plot '{}': no value to plot", self.title))?;
+        let y1 = y1 * 1.15;
+        root.fill(&WHITE).map_err(err)?;
+        let categories = self.categories.clone();
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..n as f64, 0.0..y1)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n * 2 + 1)
+            .x_label_formatter(&|x| {
+                // Label each category at its centre (x = i + 0.5) only.
+                let i = x.floor();
+                if (x - i - 0.5).abs() < 1e-6 && (i as usize) < categories.len() {
+                    categories[i as usize].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .y_desc(&self.y_label)
+            .draw()
+            .map_err(err)?;
+        let groups = self.groups.len() as f64;
+        let width = 0.8 / groups;
+        for (g, (name, values)) in self.groups.iter().enumerate() {
+            let c = color(g);
+            let bars = values.iter().enumerate().map(|(i, &v)| {
+                let left = i as f64 + 0.1 + g as f64 * width;
+                Rectangle::new([(left, 0.0), (left + width * 0.9, v)], c.filled())
+            });
+            chart
+                .draw_series(bars)
+                .map_err(err)?
+                .label(name)
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+            let labels = values.iter().enumerate().map(|(i, &v)| {
+                let left = i as f64 + 0.1 + g as f64 * width;
+                Text::new(value_label(v), (left, v + y1 * 0.03), ("sans-serif", 11))
+            });
+            chart.draw_series(labels).map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_chart_over_phases_is_svg_with_every_label() {
+        let c = LineChart {
+            title: "migration".into(),
+            x_label: "time (s)".into(),
+            y_label: "dirty pages".into(),
+            series: vec![Series {
+                name: "remaining".into(),
+                points: vec![(0.0, 100.0), (1.0, 40.0), (2.0, 5.0)],
+            }],
+            phases: vec![
+                Phase {
+                    name: "pre-copy".into(),
+                    start: 0.0,
+                    end: 1.5,
+                },
+                Phase {
+                    name: "stop-and-copy".into(),
+                    start: 1.5,
+                    end: 2.0,
+                },
+            ],
+        };
+        let svg = c.svg().unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..40.min(svg.len())]);
+        for label in [
+            "migration",
+            "time (s)",
+            "dirty pages",
+            "remaining",
+            "pre-copy",
+            "stop-and-copy",
+        ] {
+            assert!(svg.contains(label), "no {label}");
+        }
+        // The series is a polyline of its three points in its colour (the
+        // legend's sample line is one of two points).
+        let series_lines: Vec<&str> = svg
+            .split('<')
+            .filter(|e| e.starts_with("polyline") && e.contains("#1F77B4"))
+            .collect();
+        assert!(
+            series_lines
+                .iter()
+                .any(|e| e.split("points=\"").nth(1).map(|p| p
+                    .split('"')
+                    .next()
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .count())
+                    == Some(3)),
+            "{series_lines:?}"
+        );
+    }
+
+    #[test]
+    fn a_bar_chart_has_one_bar_per_group_and_category() {
+        let c = BarChart {
+            title: "eager vs fault".into(),
+            y_label: "ms".into(),
+            categories: vec!["first pass".into(), "splitting".into()],
+            groups: vec![
+                ("eager_split".into(), vec![6.0, 0.2]),
+                ("split_on_fault".into(), vec![27.0, 0.1]),
+            ],
+        };
+        let svg = c.svg().unwrap();
+        for label in [
+            "first pass",
+            "splitting",
+            "eager_split",
+            "split_on_fault",
+            "6.00",
+            "0.200",
+            "27.0",
+        ] {
+            assert!(svg.contains(label), "no {label}");
+        }
+        let bad = BarChart {
+            groups: vec![("x".into(), vec![1.0])],
+            ..c
+        };
+        assert!(bad.svg().unwrap_err().contains("one value per category"));
+        let empty = LineChart::default();
+        assert!(empty.svg().unwrap_err().contains("no point"));
+    }
+}

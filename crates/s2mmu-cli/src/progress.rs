@@ -1,0 +1,112 @@
+//! Progress on stderr for runs longer than a couple of seconds.
+//!
+//! A [`Progress`] draws an `indicatif` bar on stderr only when it is asked
+//! for (no `--quiet`) and stderr is a terminal. When stderr is a file or a
+//! pipe it writes one line instead, when the run starts (what runs and how
+//! many steps), so a log shows what a long run is doing and no run is
+//! silent for long; `--quiet` turns that off too. Nothing goes to stdout:
+//! a command's table or `--json` envelope is byte for byte the same. Every command
+//! that runs for more than about two seconds can take one: create it with
+//! the number of steps, [`Progress::step`] after each, and let it drop.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::Duration;
+
+/// A progress bar on stderr, or nothing when progress is off.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    /// Enabled but stderr is no terminal: [`Progress::note`] writes lines.
+    lines: bool,
+}
+
+impl Progress {
+    /// A bar of `steps` steps labelled `what`, drawn when `enabled` and
+    /// stderr is a terminal; one start line when `enabled` and stderr is
+    /// not a terminal; otherwise nothing ([`Progress::off`]).
+    pub fn new(what: &str, steps: u64, enabled: bool) -> Self {
+        if !enabled {
+            return Progress::off();
+        }
+        if !std::io::stderr().is_terminal() {
+            eprintln!("{what}: running, {steps} step(s)");
+            return Progress {
+                bar: None,
+                lines: true,
+            };
+        }
+        let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
+        // The template is a constant: if indicatif ever refused it, the
+        // default style is still a bar.
+        if let Ok(style) = ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed}, ~{eta} left)",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(what.to_string());
+        // Redraw on a timer so a long step still shows the time moving.
+        bar.enable_steady_tick(Duration::from_millis(250));
+        Progress {
+            bar: Some(bar),
+            lines: false,
+        }
+    }
+
+    /// No bar: every call is a no-op.
+    pub fn off() -> Self {
+        Progress {
+            bar: None,
+            lines: false,
+        }
+    }
+
+    /// Whether a bar is drawn.
+    pub fn is_drawn(&self) -> bool {
+        self.bar.is_some()
+    }
+
+    /// Names the step now running (shown after the count).
+    pub fn message(&self, msg: &str) {
+        if let Some(b) = &self.bar {
+            b.set_message(msg.to_string());
+        }
+    }
+
+    /// Names a long step worth a line in a log: the bar's message on a
+    /// terminal, a line on stderr when stderr is not one, nothing when off.
+    pub fn note(&self, msg: &str) {
+        if self.lines {
+            eprintln!("{msg}");
+        }
+        self.message(msg);
+    }
+
+    /// One step done.
+    pub fn step(&self) {
+        if let Some(b) = &self.bar {
+            b.inc(1);
+        }
+    }
+}
+
+impl Drop for Progress {
+    /// Clears the bar so the command's own output starts on a clean line.
+    fn drop(&mut self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disabled_progress_draws_nothing() {
+        let p = Progress::new("x", 3, false);
+        assert!(!p.is_drawn());
+        p.message("m");
+        p.step();
+    }
+}

@@ -1,0 +1,191 @@
+//! Every subcommand's bad input, as a user would type it: the command must
+//! exit with status 2 (not 101, a panic), quickly, with a message that
+//! names the flag at fault (and, where one applies, its limit).
+//!
+//! Cases that fail today in commands this suite does not own are kept,
+//! marked `#[ignore]` with the reason, so they run with `--ignored` and
+//! turn into plain tests once fixed.
+
+mod cli_common;
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use std::time::Duration;
+
+/// `s2mmu args` run in the scratch directory, killed after 30 s.
+fn s2mmu(args: &[&str]) -> assert_cmd::assert::Assert {
+    Command::new(env!("CARGO_BIN_EXE_s2mmu"))
+        .args(args)
+        .current_dir(cli_common::scratch())
+        .timeout(Duration::from_secs(30))
+        .assert()
+}
+
+/// `args` is refused with status 2 and a message holding every `wants`.
+fn refused(args: &[&str], wants: &[&str]) {
+    let mut a = s2mmu(args).code(2);
+    a = a.stderr(predicate::str::contains("panicked").not());
+    for w in wants {
+        a = a.stderr(predicate::str::contains(*w));
+    }
+    drop(a);
+}
+
+#[test]
+fn split_perf_bad_input() {
+    refused(
+        &["split-perf", "--size", "1P"],
+        &["--size", "at most 255TiB"],
+    );
+    refused(&["split-perf", "--size", "0"], &["--size", "at least"]);
+    refused(
+        &["split-perf", "--size", "12x"],
+        &["--size", "invalid size"],
+    );
+    refused(&["split-perf", "--size", "-1"], &["--size"]);
+    refused(
+        &["split-perf", "--size", "48M", "--granule", "16k"],
+        &["--size", "multiple of 32MiB"],
+    );
+    refused(&["split-perf", "--runs", "0"], &["--runs", "1..=1000"]);
+    refused(&["split-perf", "--runs", "1001"], &["--runs", "1..=1000"]);
+    refused(&["split-perf", "--granule", "8k"], &["--granule"]);
+}
+
+#[test]
+fn tlb_perf_bad_input() {
+    refused(&["tlb-perf", "--size", "0"], &["--size"]);
+    refused(&["tlb-perf", "--size", "1G", "--chunk", "4K"], &["--chunk"]);
+    refused(&["tlb-perf", "--size", "1G", "--chunk", "2G"], &["--chunk"]);
+    refused(&["tlb-perf", "--runs", "0"], &["--runs", "1..=1000"]);
+    refused(&["tlb-perf", "--vcpus", "65"], &["--vcpus", "64"]);
+    refused(&["tlb-perf", "--vcpu-mem", "1K"], &["--vcpu-mem"]);
+    refused(
+        &["tlb-perf", "--vcpu-mem", "1T", "--vcpus", "64"],
+        &["--vcpu-mem 1TiB x --vcpus 64", "memory"],
+    );
+    refused(
+        &["tlb-perf", "--vcpu-mem", "16E", "--vcpus", "64"],
+        &["--vcpu-mem"],
+    );
+    refused(&["tlb-perf", "--limit-pages", "0"], &["--limit-pages"]);
+    refused(&["tlb-perf", "--dirty-every", "0"], &["--dirty-every"]);
+    refused(
+        &["tlb-perf", "--settle-us", "1000001"],
+        &["--settle-us", "1000000"],
+    );
+    refused(&["tlb-perf", "--idle-us", "-1"], &["--idle-us"]);
+    refused(&["tlb-perf", "--arm64", "--vcpus", "2"], &["--vcpus"]);
+}
+
+#[test]
+fn harvest_perf_bad_input() {
+    refused(&["harvest-perf", "--size", "3M"], &["--size", "2M"]);
+    refused(&["harvest-perf", "--size", "512G"], &["--size", "256GiB"]);
+    refused(&["harvest-perf", "--runs", "0"], &["--runs", "1..=100"]);
+    refused(&["harvest-perf", "--runs", "101"], &["--runs", "1..=100"]);
+    refused(&["harvest-perf", "--dirty-every", "0"], &["--dirty-every"]);
+    refused(
+        &["harvest-perf", "--size", "2M", "--dirty-every", "513"],
+        &["--dirty-every", "512"],
+    );
+}
+
+#[test]
+fn memslot_perf_bad_input() {
+    refused(&["memslot-perf", "-s", "0"], &["--slots", "1..=32764"]);
+    refused(&["memslot-perf", "-s", "32765"], &["--slots", "1..=32764"]);
+    refused(&["memslot-perf", "-s", "10,x"], &["--slots"]);
+    let seventeen = vec!["1"; 17].join(",");
+    refused(&["memslot-perf", "-s", &seventeen], &["--slots"]);
+    for l in ["0", "-1", "nan", "inf", "61"] {
+        refused(&["memslot-perf", "-l", l], &["--seconds", "60"]);
+    }
+    refused(&["memslot-perf", "-r", "0"], &["--runs", "1..=100"]);
+    refused(&["memslot-perf", "-r", "101"], &["--runs", "1..=100"]);
+    refused(&["memslot-perf", "--single-ops", "0"], &["--single-ops"]);
+    refused(&["memslot-perf", "--lookups", "999"], &["--lookups"]);
+    refused(&["memslot-perf", "--lookups", "4294967295"], &["--lookups"]);
+}
+
+#[test]
+fn reproduce_bad_input() {
+    // Refused before the minutes of experiments, not after them.
+    refused(
+        &["reproduce", "--out", "/nonexistent-dir/report.md"],
+        &["--out /nonexistent-dir/report.md", "cannot write"],
+    );
+    refused(&["reproduce", "--runs", "3"], &["--runs"]);
+}
+
+#[test]
+fn dirty_log_perf_bad_input() {
+    refused(&["dirty-log-perf", "-v", "0"], &["-v", "at least 1"]);
+    refused(&["dirty-log-perf", "-v", "x"], &["-v"]);
+    refused(&["dirty-log-perf", "-i", "0"], &["-i", "at least 1"]);
+    refused(&["dirty-log-perf", "-w", "101"], &["-w", "0..=100"]);
+    refused(&["dirty-log-perf", "-s", "bogus"], &["-s", "bogus"]);
+}
+
+#[test]
+#[ignore = "dirty-log-perf: -v 18446744073709551615 panics (multiply with overflow in dirty_log_perf.rs's run_engine) instead of naming -v and its limit"]
+fn dirty_log_perf_huge_vcpu_count_is_refused() {
+    refused(&["dirty-log-perf", "-v", "18446744073709551615"], &["-v"]);
+}
+
+#[test]
+#[ignore = "dirty-log-perf: -v 100000 and -b 1P are refused naming an internal quantity ('guest-physical base ... must fit 40 IPA bits'), not -v or -b"]
+fn dirty_log_perf_too_much_memory_names_the_flags() {
+    refused(&["dirty-log-perf", "-v", "100000"], &["-v"]);
+    refused(&["dirty-log-perf", "-b", "1P"], &["-b"]);
+}
+
+#[test]
+#[ignore = "dirty-log-perf: -x 0 is refused as 'guest memory ... cannot be divided into 0 slots', not naming -x; --ring 0 says 'dirty ring of 0 entries', not --ring"]
+fn dirty_log_perf_slots_and_ring_name_the_flags() {
+    refused(&["dirty-log-perf", "-x", "0"], &["-x"]);
+    refused(&["dirty-log-perf", "--ring", "0"], &["--ring"]);
+}
+
+#[test]
+fn migrate_bad_input() {
+    refused(&["migrate", "--no-tls", "--mem", "0"], &["--mem", "64GiB"]);
+    refused(&["migrate", "--no-tls", "--mem", "1P"], &["--mem", "64GiB"]);
+    refused(&["migrate", "--no-tls", "-v", "0"], &["-v", "256"]);
+    refused(&["migrate", "--no-tls", "-x", "0"], &["-x", "512"]);
+    refused(
+        &["migrate", "--no-tls", "--ring-entries", "0"],
+        &["--ring-entries"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--io-timeout", "0s"],
+        &["--io-timeout"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--channels", "0"],
+        &["--channels", "1 to 64"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--attempts", "0"],
+        &["--attempts", "1..=1000"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--warmup", "100000000s"],
+        &["--warmup"],
+    );
+    refused(
+        &["migrate", "--no-tls", "-s", "bogus"],
+        &["bogus", "backing"],
+    );
+    refused(
+        &["migrate", "--listen", "x", "--to", "y"],
+        &["--listen", "--to"],
+    );
+}
+
+#[test]
+fn unknown_subcommands_and_flags_are_refused() {
+    refused(&["split-pref"], &["split-pref"]);
+    refused(&["split-perf", "--sise", "1G"], &["--sise"]);
+    s2mmu(&[]).code(2).stderr(predicate::str::contains("Usage"));
+}
