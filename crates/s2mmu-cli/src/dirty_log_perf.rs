@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod arm64;
+mod bounds;
 mod lost;
 
 /// Which fault-path policy to run.
@@ -157,6 +158,9 @@ pub struct Params {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// No progress on stderr.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
 }
 
 /// One dirty iteration of the engine run.
@@ -579,12 +583,6 @@ pub fn main(p: Params) -> Result<(), String> {
 /// # Errors
 /// A message naming what failed.
 pub fn run(p: &Params) -> Result<Report, String> {
-    if p.iterations == 0 {
-        return Err("-i must be at least 1".into());
-    }
-    if p.write_percent > 100 {
-        return Err("-w must be 0..=100".into());
-    }
     let list = p.vcpus.len() > 1 || p.policy == PolicyArg::Both;
     let vcpus_list: Vec<usize> = if p.vcpus.is_empty() {
         if p.policy == PolicyArg::Both {
@@ -595,9 +593,6 @@ pub fn run(p: &Params) -> Result<Report, String> {
     } else {
         p.vcpus.clone()
     };
-    if vcpus_list.contains(&0) {
-        return Err("-v must be at least 1".into());
-    }
     if p.dirty == DirtyArg::Hw && (p.ring.is_some() || p.kvm || p.compare) {
         return Err(
             "--dirty hw: hardware dirty state logs to bitmaps on the engine (the simulated VM or --arm64), not with --ring, --kvm or --compare".into(),
@@ -611,6 +606,13 @@ pub fn run(p: &Params) -> Result<Report, String> {
     let bytes = p
         .bytes_per_vcpu
         .unwrap_or(if list || p.arm64 { 64 << 20 } else { 1 << 30 });
+    bounds::check(p, &vcpus_list, bytes)?;
+    // Runs take from a second to minutes: say what runs before it does.
+    let _progress = crate::progress::Progress::new(
+        "dirty-log-perf",
+        (vcpus_list.len() as u64).saturating_mul(u64::from(p.iterations)),
+        !p.quiet,
+    );
     let params = json!({
         "vcpus": vcpus_list, "bytes_per_vcpu": bytes, "iterations": p.iterations,
         "backing": p.backing.name(), "slots": p.slots, "manual_protect": !p.no_manual_protect,

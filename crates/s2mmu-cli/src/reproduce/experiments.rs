@@ -161,6 +161,7 @@ fn seed_003(q: bool) -> Result<Experiment, String> {
 
 fn seed_004(q: bool) -> Result<Experiment, String> {
     let mut d: crate::dirty_log_perf::Params = defaults()?;
+    d.quiet = true;
     d.eager_split = true;
     d.backing = s2mmu_vm::Backing::parse("anonymous_thp")?;
     d.vcpus = vec![2];
@@ -180,6 +181,7 @@ fn seed_004(q: bool) -> Result<Experiment, String> {
 
 fn seed_kvm(q: bool) -> Result<Experiment, String> {
     let mut d: crate::dirty_log_perf::Params = defaults()?;
+    d.quiet = true;
     d.compare = true;
     d.bytes_per_vcpu = Some(if q { 64 << 20 } else { 256 << 20 });
     let command = format!(

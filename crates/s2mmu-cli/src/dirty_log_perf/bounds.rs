@@ -1,0 +1,141 @@
+//! `dirty-log-perf`'s flags checked before anything is allocated or a
+//! thread starts, each error naming the flag and its limit (the engine's own
+//! refusals name internal quantities such as IPA bits, which a user did not
+//! type).
+
+use super::Params;
+use crate::limits::{approx_bytes, check_memory};
+use crate::report::human_bytes;
+
+/// The most vCPUs a run takes: arm64 KVM's `KVM_MAX_VCPUS`.
+pub const MAX_VCPUS: usize = 512;
+/// The most dirty iterations a run takes (each is a pass over every vCPU's memory).
+pub const MAX_ITERATIONS: u32 = 100_000;
+/// The most memslots (KVM's `KVM_USER_MEM_SLOTS` on arm64 and x86).
+pub const MAX_SLOTS: u32 = 32_764;
+/// The most runs of each policy in a comparison.
+pub const MAX_RUNS: u32 = 1_000;
+/// Where the engine's guest memory starts (the simulated VM's default).
+const GPA_BASE: u64 = 1 << 32;
+/// The engine's guest IPA space: 40 bits, the simulated VM's default.
+const IPA_BITS: u32 = 40;
+/// The smallest guest page the benchmark dirties.
+const PAGE: u64 = 4096;
+
+/// Checks `p` and the memory its largest vCPU count needs.
+///
+/// # Errors
+/// A message naming the flag, the value and the limit.
+pub fn check(p: &Params, vcpus: &[usize], bytes_per_vcpu: u64) -> Result<(), String> {
+    if p.iterations == 0 || p.iterations > MAX_ITERATIONS {
+        return Err(format!(
+            "-i {}: at least 1, at most {MAX_ITERATIONS}",
+            p.iterations
+        ));
+    }
+    if p.write_percent > 100 {
+        return Err(format!("-w {}: must be 0..=100 (percent)", p.write_percent));
+    }
+    if p.slots == 0 || p.slots > MAX_SLOTS {
+        return Err(format!(
+            "-x {}: at least 1, at most {MAX_SLOTS} (memslots)",
+            p.slots
+        ));
+    }
+    if let Some(r) = p.runs {
+        if r == 0 || r > MAX_RUNS {
+            return Err(format!("-r {r}: at least 1, at most {MAX_RUNS}"));
+        }
+    }
+    if let Some(e) = p.ring {
+        if !e.is_power_of_two() || !(256..=65536).contains(&e) {
+            return Err(format!(
+                "--ring {e}: must be a power of two in 256..=65536 (entries per vCPU)"
+            ));
+        }
+    }
+    if let Some(&v) = vcpus.iter().find(|&&v| v == 0 || v > MAX_VCPUS) {
+        return Err(format!("-v {v}: at least 1, at most {MAX_VCPUS}"));
+    }
+    if bytes_per_vcpu < PAGE || !bytes_per_vcpu.is_multiple_of(PAGE) {
+        return Err(format!(
+            "-b {}: must be a multiple of 4K, at least 4K",
+            human_bytes(bytes_per_vcpu)
+        ));
+    }
+    let most = vcpus.iter().copied().max().unwrap_or(1);
+    let total = (most as u64).checked_mul(bytes_per_vcpu);
+    let room = (1u64 << IPA_BITS) - GPA_BASE;
+    let what = format!("-v {most} x -b {}", human_bytes(bytes_per_vcpu));
+    match total {
+        Some(t) if t <= room => {}
+        _ => {
+            return Err(format!(
+                "{what}: the guest holds at most {} ({IPA_BITS}-bit IPA space above {})",
+                approx_bytes(room),
+                human_bytes(GPA_BASE)
+            ))
+        }
+    }
+    let total = total.unwrap_or(u64::MAX);
+    if u64::from(p.slots) > total / PAGE {
+        return Err(format!(
+            "-x {}: more memslots than the guest's {} pages ({what})",
+            p.slots,
+            total / PAGE
+        ));
+    }
+    // --arm64 checks its own (smaller) limit; --kvm backs the same memory.
+    check_memory(&what, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        p: Params,
+    }
+
+    fn params(args: &[&str]) -> Params {
+        let mut all = vec!["dirty-log-perf"];
+        all.extend_from_slice(args);
+        Cli::parse_from(all).p
+    }
+
+    #[test]
+    fn every_refusal_names_its_flag() {
+        let cases: [(&[&str], &[usize], u64, &str); 8] = [
+            (&["-i", "0"], &[1], 1 << 20, "-i 0"),
+            (&["-w", "101"], &[1], 1 << 20, "-w 101"),
+            (&["-x", "0"], &[1], 1 << 20, "-x 0"),
+            (&["--ring", "100"], &[1], 1 << 20, "--ring 100"),
+            (&["-r", "0"], &[1], 1 << 20, "-r 0"),
+            (&[], &[100_000], 1 << 20, "-v 100000"),
+            (&[], &[usize::MAX], 4 << 20, "-v 18446744073709551615"),
+            (&[], &[1], 100, "-b 100"),
+        ];
+        for (args, vcpus, bytes, flag) in cases {
+            let err = check(&params(args), vcpus, bytes).unwrap_err();
+            assert!(err.starts_with(flag), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn products_beyond_the_ipa_space_name_both_flags() {
+        let err = check(&params(&[]), &[512], 1 << 40).unwrap_err();
+        assert!(err.starts_with("-v 512 x -b 1TiB"), "{err}");
+        assert!(err.contains("40-bit IPA space"), "{err}");
+        let err = check(&params(&["-x", "300"]), &[1], 1 << 20).unwrap_err();
+        assert!(err.starts_with("-x 300: more memslots"), "{err}");
+    }
+
+    #[test]
+    fn ordinary_runs_pass() {
+        assert_eq!(check(&params(&[]), &[1, 2, 4], 4 << 20), Ok(()));
+        assert_eq!(check(&params(&["--ring", "4096"]), &[2], 64 << 20), Ok(()));
+    }
+}
