@@ -420,9 +420,9 @@ impl<S: MemslotStore + 'static> Drop for Workload<S> {
 }
 
 /// A small xorshift generator, as the selftests' guest_random.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 7;

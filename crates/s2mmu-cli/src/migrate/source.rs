@@ -8,6 +8,7 @@ use super::bandwidth::TokenBucket;
 use super::error::MigrateError;
 use super::hash::{digest_of, is_zero, page_hash};
 use super::net::BoxConn;
+use super::postcopy::{self, Postcopy, PostcopyOutcome};
 use super::timeline::{intervals, Sample, Timeline};
 use super::wire::{
     channel_of, record_name, tag, Batch, Dec, Enc, GuestState, Header, Record, WireReader,
@@ -90,6 +91,8 @@ pub struct SourceConfig {
     pub label: String,
     /// Connections the pages are spread over.
     pub channels: u16,
+    /// When to switch to post-copy.
+    pub postcopy: Postcopy,
 }
 
 impl Default for SourceConfig {
@@ -115,6 +118,7 @@ impl Default for SourceConfig {
             progress: true,
             label: String::new(),
             channels: 1,
+            postcopy: Postcopy::Off,
         }
     }
 }
@@ -199,6 +203,8 @@ pub struct SourceOutcome {
     pub max_throttle_pct: u32,
     /// Per-vCPU pace at the end (dirty-limit lowers it).
     pub final_pace: u64,
+    /// Post-copy, when the migration switched to it.
+    pub postcopy: Option<PostcopyOutcome>,
 }
 
 impl SourceOutcome {
@@ -253,6 +259,11 @@ pub fn migrate_source(
             "{} bytes of guest memory cannot hold a page for each of {} vCPUs (1 to {MAX_VCPUS})",
             cfg.mem_size, cfg.vcpus
         )));
+    }
+    if cfg.postcopy != Postcopy::Off && cfg.verify_full {
+        return Err(MigrateError::Setup(
+            "post-copy and verify-full: the byte comparison needs the memory the guest resumed from; post-copy checks the destination against this memory plus its guest's writes".into(),
+        ));
     }
     if cfg.channels == 0 || cfg.channels > MAX_CHANNELS {
         return Err(MigrateError::Setup(format!(
@@ -309,6 +320,7 @@ pub fn migrate_source(
         channels: cfg.channels,
         backing: cfg.backing.name().to_string(),
         verify_full: cfg.verify_full,
+        postcopy: cfg.postcopy != Postcopy::Off,
     };
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;
@@ -332,6 +344,15 @@ pub fn migrate_source(
         let conn = connect(c)?;
         chans.push(Chan::new(WireWriter::join(conn, &session, c)?));
     }
+    // Post-copy's request and answer connections, after the data channels.
+    let mut pc_conns = Vec::new();
+    if cfg.postcopy != Postcopy::Off {
+        for c in [cfg.channels, cfg.channels + 1] {
+            let conn = connect(c)?;
+            pc_conns.push(WireWriter::join(conn, &session, c)?);
+        }
+    }
+    let mut switch = false;
     let mut s = Sender {
         vm: &vm,
         chans,
@@ -451,6 +472,12 @@ pub fn migrate_source(
             );
         }
         rounds.push(stat);
+        if cfg.postcopy == Postcopy::On
+            || (cfg.postcopy == Postcopy::Auto && round >= cfg.max_rounds)
+        {
+            switch = true;
+            break Ok(());
+        }
         // Half the budget: the rest is the margin for a link or a host
         // slower during the stop-and-copy than on average (another round
         // is cheap when this one is this small).
@@ -471,6 +498,11 @@ pub fn migrate_source(
         // half of what it sent.
         if round > 0 && dirty * page * 2 > bytes {
             high_rounds += 1;
+            if cfg.postcopy == Postcopy::Auto && high_rounds >= 2 {
+                // Not converging: post-copy instead of a throttle.
+                switch = true;
+                break Ok(());
+            }
             match cfg.converge {
                 Converge::Auto if high_rounds >= 2 => {
                     if throttle_pct == 0 {
@@ -514,6 +546,94 @@ pub fn migrate_source(
         ctl.throttle_ns.store(0, Ordering::Relaxed);
         let _ = vm.disable_dirty_logging();
         return Err(rejected_or(e, &mut s.chans[0].wire));
+    }
+    if switch {
+        let pause_at = Instant::now();
+        let at_pause = counters(&ctl);
+        wl.pause();
+        let state = GuestState {
+            bytes_per_vcpu: wl_cfg.bytes_per_vcpu,
+            write_percent: wl_cfg.write_percent,
+            pattern: u8::from(wl_cfg.pattern == Pattern::Random),
+            pace_pages_per_sec: final_pace,
+            vcpus: wl.vcpu_states(),
+        };
+        let mut pc = pc_conns.into_iter();
+        let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
+            return Err(MigrateError::Setup("post-copy's connections".into()));
+        };
+        let switched = s.final_harvest().and_then(|()| {
+            for c in s.chans.iter_mut().skip(1) {
+                c.wire.end()?;
+            }
+            let mut sw = postcopy::source::Switch {
+                vm: &vm,
+                missing: postcopy::memory_bitmap(&vm, &s.pending),
+                main: &mut s.chans[0].wire,
+                req,
+                answers,
+                state: &state,
+                bucket: &s.bucket,
+            };
+            let at = postcopy::source::switch(&mut sw)?;
+            Ok((sw, at))
+        });
+        let (sw, resumed_at) = match switched {
+            Ok(x) => x,
+            Err(e) => {
+                // The destination did not resume: the guest goes on here.
+                wl.resume();
+                return Err(e);
+            }
+        };
+        let downtime = resumed_at - pause_at;
+        if cfg.progress {
+            eprintln!(
+                "{}post-copy: vCPUs paused after round {round}; the destination resumed after {:.1} ms of downtime with {} pages missing",
+                cfg.label,
+                downtime.as_secs_f64() * 1e3,
+                sw.missing.iter().map(|w| w.count_ones() as u64).sum::<u64>()
+            );
+        }
+        // From here the guest's memory is split until FINAL: the source
+        // guest stays paused whatever happens.
+        let done = postcopy::source::finish(sw, resumed_at)?;
+        let slot_digests = postcopy::source::verify(&vm, &state, &done.fin)?;
+        let samples = timeline.finish();
+        let pause_s = log_start_s + (pause_at - log_start).as_secs_f64();
+        let at = |t: Instant| log_start_s + (t - log_start).as_secs_f64();
+        let (p0, b0, z0) = s.counts();
+        let _ = b0;
+        drop(wl);
+        return Ok(SourceOutcome {
+            total: done.background_end - log_start,
+            downtime,
+            page_records: p0 + done.answered_pages,
+            zero_pages: z0,
+            bytes: rounds.iter().map(|r| r.bytes).sum::<u64>() + done.bytes,
+            link,
+            link_bytes,
+            channels: cfg.channels,
+            log_start_s,
+            pause_s,
+            resumed_s: at(resumed_at),
+            before: phase(warm, warm_end, &samples, 0.0, warm_end_s),
+            during: phase(at_log, at_pause, &samples, log_start_s, pause_s),
+            samples,
+            rounds,
+            slot_digests,
+            verified_full: false,
+            max_throttle_pct: max_throttle,
+            final_pace,
+            postcopy: Some(PostcopyOutcome {
+                figures: done.fin.figures,
+                after_round: round,
+                background_pages: done.background_pages,
+                answered_pages: done.answered_pages,
+                bytes: done.bytes,
+                background_end_s: at(done.background_end),
+            }),
+        });
     }
 
     // Stop and copy.
@@ -676,13 +796,14 @@ pub fn migrate_source(
         verified_full: cfg.verify_full,
         max_throttle_pct: max_throttle,
         final_pace,
+        postcopy: None,
     })
 }
 
 /// Reads the destination's next reply on the main connection.
 /// PROGRESS (the destination is still preparing) is skipped: each one
 /// proves it alive within the I/O timeout.
-fn read_reply(w: &mut WireWriter<BoxConn>) -> Result<Record, MigrateError> {
+pub(crate) fn read_reply(w: &mut WireWriter<BoxConn>) -> Result<Record, MigrateError> {
     let mut rd = WireReader::replies(w.get_mut());
     loop {
         match rd.next_record()? {
@@ -696,7 +817,7 @@ fn read_reply(w: &mut WireWriter<BoxConn>) -> Result<Record, MigrateError> {
 
 /// A reply that is not the one expected: REJECTED is the destination's
 /// reason, anything else malformed.
-fn unexpected_reply(r: Record, expected: &str) -> MigrateError {
+pub(crate) fn unexpected_reply(r: Record, expected: &str) -> MigrateError {
     match r {
         Record::Control {
             tag: tag::REJECTED,
@@ -879,7 +1000,7 @@ impl Chan {
 
 /// Copies the guest page at `off` into `dst` word by word (atomically per
 /// word: the guest may be writing it), and says whether it was all zeros.
-fn copy_page(memory: &GuestMemory, off: u64, dst: &mut [u8]) -> bool {
+pub(crate) fn copy_page(memory: &GuestMemory, off: u64, dst: &mut [u8]) -> bool {
     if off + PAGE_SIZE as u64 > memory.size() || dst.len() != PAGE_SIZE {
         memory.read_into(off, dst);
         return is_zero(dst);

@@ -1,0 +1,72 @@
+//! Post-copy's lines in `s2mmu migrate`'s text and JSON reports.
+
+use super::super::source::SourceOutcome;
+use super::{PostcopyFigures, PostcopyOutcome};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// The destination's figures as JSON.
+pub fn figures_json(f: &PostcopyFigures) -> Value {
+    json!({
+        "missing_pages_at_resume": f.missing_pages,
+        "remote_faults": f.remote_faults,
+        "requests": f.requests,
+        "remote_fault_median_ns": f.fault_median_ns,
+        "remote_fault_p99_ns": f.fault_p99_ns,
+        "time_to_last_page_ns": f.time_to_last_page_ns,
+        "reference_request_median_ns": f.reference_ns,
+        "reference_requests": f.reference_samples,
+        "background_pages_landed": f.background_pages,
+        "answered_pages_landed": f.answered_pages,
+        "dropped_duplicates": f.dropped_duplicates,
+    })
+}
+
+/// Post-copy as the source saw it, with the destination's figures.
+pub fn json(pc: &PostcopyOutcome, s: &SourceOutcome) -> Value {
+    json!({
+        "after_round": pc.after_round,
+        "downtime_ns": s.downtime.as_nanos() as u64,
+        "background_pages_sent": pc.background_pages,
+        "answered_pages_sent": pc.answered_pages,
+        "bytes": pc.bytes,
+        "background_end_s": pc.background_end_s,
+        "destination": figures_json(&pc.figures),
+    })
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// The summary lines of a post-copy migration.
+pub fn text(pc: &PostcopyOutcome, s: &SourceOutcome, budget: Duration) -> String {
+    let f = &pc.figures;
+    let ratio = if f.reference_ns > 0 {
+        format!(
+            "{:.1}x the reference",
+            f.fault_median_ns as f64 / f.reference_ns as f64
+        )
+    } else {
+        "no reference".into()
+    };
+    format!(
+        "  post-copy            switched after round {}: {} pages missing when the destination resumed\n  downtime             {:.1} ms (stop to resume; budget {} ms): {}\n  remote faults        {} (a vCPU waited for a page; {} requests), wait median {:.3} ms, p99 {:.3} ms: {ratio}\n  reference            {:.3} ms: median of {} one-page requests on the same connections with nothing else sent (a round trip plus one page's transfer)\n  time to last page    {:.1} ms after the resume ({} pages in the background, {} answered, {} late copies dropped)\n  total time           {:.3} s (logging on to the background stream's end)\n",
+        pc.after_round,
+        f.missing_pages,
+        s.downtime.as_secs_f64() * 1e3,
+        budget.as_millis(),
+        if s.downtime <= budget { "within budget" } else { "OVER BUDGET" },
+        f.remote_faults,
+        f.requests,
+        ms(f.fault_median_ns),
+        ms(f.fault_p99_ns),
+        ms(f.reference_ns),
+        f.reference_samples,
+        ms(f.time_to_last_page_ns),
+        f.background_pages,
+        f.answered_pages,
+        f.dropped_duplicates,
+        s.total.as_secs_f64(),
+    )
+}
