@@ -335,7 +335,15 @@ pub struct Resume<'a, R: Read + Write> {
 pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, MigrateError> {
     let vm = r.vm;
     let missing_pages: u64 = r.missing.iter().map(|w| u64::from(w.count_ones())).sum();
-    let fetcher = Arc::new(Fetcher::new(vm, r.missing, r.req, r.cfg.io_timeout));
+    let mut req = r.req;
+    let mut answers = r.answers;
+    // To end the other side's readers at once when post-copy breaks.
+    let sockets: Vec<_> = [req.get_mut().tcp(), answers.get_mut().tcp()]
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.try_clone().ok())
+        .collect();
+    let fetcher = Arc::new(Fetcher::new(vm, r.missing, req, r.cfg.io_timeout));
     // Page-wide mappings only while pages are missing: a block must not
     // map a page that has not landed.
     vm.enable_dirty_logging()
@@ -360,7 +368,6 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
     wl.run_free();
     let resumed_at = Instant::now();
     let main = r.main;
-    let mut answers = r.answers;
     let f = &fetcher;
     let result = std::thread::scope(|sc| {
         let t = sc.spawn(move || {
@@ -373,6 +380,9 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
         let r = receive_rest(main, f, resumed_at);
         if let Err(e) = &r {
             f.fail(&e.to_string());
+            for s in &sockets {
+                super::super::net::shutdown(s);
+            }
         }
         let a = t
             .join()
@@ -498,6 +508,11 @@ fn receive_rest<R: Read + Write>(
     let beat = f.io_timeout / 4;
     let mut last_beat = resumed_at;
     loop {
+        if f.failed.load(Ordering::SeqCst) {
+            return Err(MigrateError::Setup(
+                f.why.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            ));
+        }
         if last_beat.elapsed() >= beat {
             // The source's request reader and our answer reader are idle
             // while no vCPU faults: keep their deadlines from passing.

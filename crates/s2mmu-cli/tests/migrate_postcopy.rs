@@ -1,0 +1,264 @@
+//! Post-copy migrations of small guests over loopback TCP: a guest that
+//! dirties memory as fast as it can resumes on the destination after
+//! round 0 and verifies; `--postcopy auto` switches when pre-copy does not
+//! converge; damaged and cut post-copy streams are refused by name, and
+//! both sides then say the guest's memory is split. Behaviour only: no
+//! timing is asserted.
+
+use s2mmu::mmu::MmuPolicy;
+use s2mmu_cli::migrate::dest::{serve, DestConfig, DestOutcome};
+use s2mmu_cli::migrate::error::MigrateError;
+use s2mmu_cli::migrate::migrate_in_process;
+use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
+use s2mmu_cli::migrate::postcopy::Postcopy;
+use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
+use s2mmu_cli::migrate::wire::{tag, PAGE_SIZE};
+use s2mmu_vm::Backing;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+fn plain() -> NetConfig {
+    NetConfig::plain(Duration::from_secs(10))
+}
+
+fn small(mem: u64) -> SourceConfig {
+    SourceConfig {
+        mem_size: mem,
+        backing: Backing::Anonymous,
+        slots: 2,
+        ring_entries: 256,
+        clear_chunk: 1 << 20,
+        dirty_rate: 0,
+        postcopy: Postcopy::On,
+        warmup: Duration::from_millis(50),
+        sample_every: Duration::from_millis(20),
+        progress: false,
+        ..SourceConfig::default()
+    }
+}
+
+fn dest_cfg() -> DestConfig {
+    DestConfig {
+        prefault: false,
+        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
+    }
+}
+
+fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SourceConfig) {
+    let pc = s
+        .postcopy
+        .as_ref()
+        .expect("the migration switched to post-copy");
+    let f = &pc.figures;
+    assert_eq!(
+        d.postcopy.as_ref(),
+        Some(f),
+        "both sides report the same figures"
+    );
+    assert!(
+        f.missing_pages > 0,
+        "a guest dirtying at full speed leaves pages to fetch"
+    );
+    assert!(f.missing_pages <= cfg.mem_size / PAGE_SIZE as u64);
+    // Every missing page landed exactly once, from one of the two streams.
+    assert_eq!(f.background_pages + f.answered_pages, f.missing_pages);
+    assert!(f.requests >= 1 && f.remote_faults >= f.requests.min(1));
+    assert!(f.reference_samples >= 1);
+    assert_eq!(s.slot_digests.len(), cfg.slots as usize);
+    assert_eq!(s.slot_digests, d.slot_digests, "memory verified");
+    assert!(d.resumed_passes.iter().all(|&p| p >= 1));
+}
+
+#[test]
+fn a_guest_dirtying_as_fast_as_it_can_migrates_with_postcopy() {
+    let cfg = small(32 << 20);
+    let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &plain()).expect("post-copy succeeds");
+    check_postcopy(&s, &d, &cfg);
+    assert_eq!(s.postcopy.as_ref().unwrap().after_round, 0);
+    assert_eq!(s.rounds.len(), 1, "round 0, then post-copy");
+}
+
+#[test]
+fn postcopy_with_dirty_rings_and_two_channels_over_tls() {
+    let cfg = SourceConfig {
+        harvest: Harvest::Ring,
+        channels: 2,
+        ..small(32 << 20)
+    };
+    let net = NetConfig {
+        security: net::ephemeral_tls().unwrap(),
+        ..plain()
+    };
+    let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &net).expect("post-copy succeeds");
+    check_postcopy(&s, &d, &cfg);
+}
+
+#[test]
+fn postcopy_auto_switches_when_precopy_does_not_converge() {
+    let cfg = SourceConfig {
+        postcopy: Postcopy::Auto,
+        bandwidth: 64 << 20,
+        converge: Converge::None,
+        max_rounds: 6,
+        max_downtime: Duration::from_millis(5),
+        ..small(16 << 20)
+    };
+    let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &plain()).expect("post-copy succeeds");
+    check_postcopy(&s, &d, &cfg);
+    let after = s.postcopy.as_ref().unwrap().after_round;
+    assert!(after >= 1, "pre-copy ran rounds before the switch");
+    assert_eq!(s.rounds.len() as u32, after + 1);
+}
+
+/// What a [`Tamper`] does once armed.
+#[derive(Clone, Copy)]
+enum Harm {
+    /// Flip a byte this many bytes after arming.
+    Flip(u64),
+    /// Fail every write this many bytes after arming (the connection is
+    /// shut down: a cut cable).
+    Cut(u64),
+}
+
+/// A connection that arms when it writes the POSTCOPY record (or at once)
+/// and then damages or cuts what it writes.
+struct Tamper {
+    inner: BoxConn,
+    armed_at: Option<u64>,
+    arm_on_postcopy: bool,
+    pos: u64,
+    harm: Harm,
+    done: bool,
+}
+
+impl Read for Tamper {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(b)
+    }
+}
+
+impl Write for Tamper {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.armed_at.is_none()
+            && self.arm_on_postcopy
+            && b.len() >= 5
+            && b[0] == tag::POSTCOPY
+            && u32::from_le_bytes(b[1..5].try_into().unwrap()) as usize == b.len() - 13
+        {
+            self.armed_at = Some(self.pos + b.len() as u64);
+        }
+        if self.armed_at.is_none() && !self.arm_on_postcopy {
+            self.armed_at = Some(0);
+        }
+        let mut data = b.to_vec();
+        if let (Some(at), false) = (self.armed_at, self.done) {
+            match self.harm {
+                Harm::Flip(k) if self.pos + data.len() as u64 > at + k && self.pos <= at + k => {
+                    data[(at + k - self.pos) as usize] ^= 0x40;
+                    self.done = true;
+                }
+                Harm::Cut(k) if self.pos + data.len() as u64 > at + k => {
+                    self.done = true;
+                    if let Some(s) = self.inner.tcp() {
+                        net::shutdown(s);
+                    }
+                    return Err(std::io::Error::other("cut"));
+                }
+                _ => {}
+            }
+        }
+        self.inner.write_all(&data)?;
+        self.pos += data.len() as u64;
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl Conn for Tamper {
+    fn tcp(&self) -> Option<&TcpStream> {
+        self.inner.tcp()
+    }
+}
+
+/// Runs a post-copy migration whose connection `victim` is a [`Tamper`];
+/// returns both sides' results.
+fn tampered(
+    cfg: &SourceConfig,
+    victim: u16,
+    arm_on_postcopy: bool,
+    harm: Harm,
+) -> (
+    Result<SourceOutcome, MigrateError>,
+    Result<DestOutcome, MigrateError>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let n = plain();
+    let dn = n.clone();
+    let dest = std::thread::spawn(move || serve(&listener, &dest_cfg(), &dn));
+    let src = migrate_source(cfg, &mut |c| {
+        let s = net::connect_tcp(&addr.to_string(), &n)?;
+        let conn = net::client(s, &n)?;
+        Ok(if c == victim {
+            Box::new(Tamper {
+                inner: conn,
+                armed_at: None,
+                arm_on_postcopy,
+                pos: 0,
+                harm,
+                done: false,
+            }) as BoxConn
+        } else {
+            conn
+        })
+    });
+    (src, dest.join().unwrap())
+}
+
+fn assert_split(r: &Result<impl std::fmt::Debug, MigrateError>, side: &str) -> String {
+    match r {
+        Err(e @ MigrateError::PostcopyBroken { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("SPLIT between the two hosts"), "{msg}");
+            msg
+        }
+        other => panic!("{side}: expected PostcopyBroken, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_damaged_answer_is_refused_and_both_sides_say_memory_is_split() {
+    let cfg = small(16 << 20);
+    // The answer connection carries only post-copy pages: byte 200 after
+    // its opening and JOIN (41 bytes) lies in the first answer's page data.
+    let (s, d) = tampered(&cfg, cfg.channels + 1, false, Harm::Flip(41 + 200));
+    let msg = assert_split(&d, "destination");
+    assert!(msg.contains("checksum mismatch"), "{msg}");
+    assert_split(&s, "source");
+}
+
+#[test]
+fn a_damaged_background_record_is_refused() {
+    let cfg = small(16 << 20);
+    let (s, d) = tampered(&cfg, 0, true, Harm::Flip(3000));
+    let msg = assert_split(&d, "destination");
+    assert!(msg.contains("checksum mismatch"), "{msg}");
+    assert_split(&s, "source");
+}
+
+#[test]
+fn a_cut_background_stream_is_refused() {
+    for at in [0, 5000, 300_000] {
+        let cfg = small(16 << 20);
+        let (s, d) = tampered(&cfg, 0, true, Harm::Cut(at));
+        let msg = assert_split(&d, "destination");
+        assert!(
+            msg.contains("truncated") || msg.contains("receiving"),
+            "cut at {at}: {msg}"
+        );
+        assert_split(&s, "source");
+    }
+}
