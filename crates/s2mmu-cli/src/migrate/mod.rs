@@ -912,11 +912,16 @@ fn summary(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>, pol: &MmuPoli
     ));
     if let Some(d) = d {
         t.push_str(&format!(
-            "  destination          guest resumed from {} memory, ran {} ms at {:.1} MiB/s{}\n",
+            "  destination          guest resumed from {} memory, ran {}{} ms at {:.1} MiB/s{}\n",
             if s.postcopy.is_some() {
                 "incomplete (post-copy)"
             } else {
                 "complete"
+            },
+            if s.postcopy.is_some() {
+                "at least "
+            } else {
+                ""
             },
             p.run_after.as_millis(),
             d.resumed_write_rate * 4096.0 / MIB,
