@@ -153,8 +153,8 @@ pub fn serve(
         eprintln!("source connected from {peer}");
     }
     let main = net::server(s, net)?;
-    receive_core(main, cfg, &mut |h, session| {
-        join_channels(listener, net, cfg, h, session)
+    receive_core(main, cfg, &mut |session, wanted, wait| {
+        join_channels(listener, net, wait, session, wanted)
     })
 }
 
@@ -178,10 +178,10 @@ pub fn receive_from<R: Read + Send, W: Write + Send>(
             output: reply,
         },
         cfg,
-        &mut |h, _| {
+        &mut |_, wanted, _| {
             Err(MigrateError::OverLimit {
-                what: "channels",
-                asked: u64::from(h.channels),
+                what: "connections",
+                asked: wanted.len() as u64 + 1,
                 allowed: 1,
             })
         },
@@ -204,24 +204,25 @@ pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, Migra
     )
 }
 
-type Join<'a> =
-    dyn FnMut(&Header, &[u8; SESSION_LEN]) -> Result<Vec<WireReader<BoxConn>>, MigrateError> + 'a;
+/// Accepts connections joining a session: the channel numbers wanted, in
+/// that order, waiting at most the given time.
+pub(crate) type Join<'a> = dyn FnMut(&[u8; SESSION_LEN], &[u16], Duration) -> Result<Vec<WireReader<BoxConn>>, MigrateError>
+    + 'a;
 
-/// Accepts the source's further channels: each must authenticate and
-/// join this session with a channel number not seen yet. Others are
-/// dropped; the wait ends at the I/O timeout.
+/// Accepts the source's connections that join `session` with the channel
+/// numbers `wanted` (its further channels; post-copy's recovery): each
+/// must authenticate and join with a wanted number not seen yet. Others
+/// are dropped; the wait ends after `wait`. Returns them in `wanted`'s
+/// order.
 fn join_channels(
     listener: &TcpListener,
     net: &NetConfig,
-    cfg: &DestConfig,
-    h: &Header,
+    wait: Duration,
     session: &[u8; SESSION_LEN],
+    wanted: &[u16],
 ) -> Result<Vec<WireReader<BoxConn>>, MigrateError> {
-    // Post-copy's request and answer connections join after the data
-    // channels.
-    let n = usize::from(h.channels) + if h.postcopy { 2 } else { 0 };
-    let mut got: Vec<Option<WireReader<BoxConn>>> = (1..n).map(|_| None).collect();
-    let deadline = Instant::now() + cfg.io_timeout;
+    let mut got: Vec<Option<WireReader<BoxConn>>> = wanted.iter().map(|_| None).collect();
+    let deadline = Instant::now() + wait;
     while got.iter().any(Option::is_none) {
         let (s, peer) = net::accept_until(listener, Some(deadline))?;
         let conn = match net::server(s, net) {
@@ -239,10 +240,14 @@ fn join_channels(
                     channel,
                 },
             )) if &s == session
-                && (1..n).contains(&usize::from(channel))
-                && got[usize::from(channel) - 1].is_none() =>
+                && wanted
+                    .iter()
+                    .position(|&c| c == channel)
+                    .is_some_and(|k| got[k].is_none()) =>
             {
-                got[usize::from(channel) - 1] = Some(rd);
+                if let Some(k) = wanted.iter().position(|&c| c == channel) {
+                    got[k] = Some(rd);
+                }
             }
             Ok(_) => eprintln!("refused a connection from {peer}: not a channel of this migration"),
             Err(e) => eprintln!("refused a connection from {peer}: {e}"),
@@ -539,7 +544,10 @@ fn receive_inner<C: Conn>(
         });
     }
     let mut extras = if header.channels > 1 || header.postcopy {
-        join(&header, &session)?
+        // Post-copy's request and answer connections join after the data
+        // channels.
+        let n = header.channels + if header.postcopy { 2 } else { 0 };
+        join(&session, &(1..n).collect::<Vec<u16>>(), cfg.io_timeout)?
     } else {
         Vec::new()
     };
@@ -738,9 +746,11 @@ fn receive_inner<C: Conn>(
                 "post-copy's connections did not join".into(),
             ));
         };
+        let main_socket = rd.get_mut().tcp().and_then(|s| s.try_clone().ok());
         return postcopy::dest::resume(postcopy::dest::Resume {
             vm: &vm,
             main: &mut rd,
+            main_socket,
             req,
             answers,
             state: &state,
@@ -750,6 +760,7 @@ fn receive_inner<C: Conn>(
             channels: header.channels,
             probe_bytes,
             prefault,
+            recover: &mut |wanted, wait| join(&session, wanted, wait),
         });
     }
     let hashes: Vec<u64> = sh

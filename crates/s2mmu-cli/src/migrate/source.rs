@@ -566,16 +566,15 @@ pub fn migrate_source(
             for c in s.chans.iter_mut().skip(1) {
                 c.wire.end()?;
             }
-            let mut sw = postcopy::source::Switch {
+            let sw = postcopy::source::Switch {
                 vm: &vm,
                 missing: postcopy::memory_bitmap(&vm, &s.pending),
-                main: &mut s.chans[0].wire,
                 req,
                 answers,
                 state: &state,
                 bucket: &s.bucket,
             };
-            let at = postcopy::source::switch(&mut sw)?;
+            let at = postcopy::source::switch(&sw, &mut s.chans[0].wire)?;
             Ok((sw, at))
         });
         let (sw, resumed_at) = match switched {
@@ -597,7 +596,14 @@ pub fn migrate_source(
         }
         // From here the guest's memory is split until FINAL: the source
         // guest stays paused whatever happens.
-        let done = postcopy::source::finish(sw, resumed_at)?;
+        let done = postcopy::source::run(
+            sw,
+            &mut s.chans[0].wire,
+            resumed_at,
+            connect,
+            &session,
+            cfg.channels,
+        )?;
         let slot_digests = postcopy::source::verify(&vm, &state, &done.fin)?;
         let samples = timeline.finish();
         let pause_s = log_start_s + (pause_at - log_start).as_secs_f64();
@@ -632,6 +638,7 @@ pub fn migrate_source(
                 answered_pages: done.answered_pages,
                 bytes: done.bytes,
                 background_end_s: at(done.background_end),
+                recoveries: done.recoveries,
             }),
         });
     }

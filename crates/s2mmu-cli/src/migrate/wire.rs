@@ -31,6 +31,10 @@
 //!          0x87 REQUEST gpa:u64 on the request connection   destination -> source
 //!          0x88 POSTCOPY_RESUMED (empty)                    destination -> source
 //!          0x89 DONE    (empty) every page is here          destination -> source
+//!          0x8b MISSING the pages still missing (POSTCOPY's form), on a
+//!                       post-copy recovery's main connection (it joins
+//!                       as channel 0, then the request and answer
+//!                       connections join again)       destination -> source
 //!          0x8a FINAL   the post-copy figures, the vCPU states and digests
 //!                       after the destination's run         destination -> source
 //! pages    0x01 count:u16 entry[count] xxh3(count, entries; seed=0x01):u64
@@ -113,6 +117,7 @@ pub mod tag {
     pub const POSTCOPY_RESUMED: u8 = 0x88;
     pub const DONE: u8 = 0x89;
     pub const FINAL: u8 = 0x8a;
+    pub const MISSING: u8 = 0x8b;
 }
 
 /// Name of a record tag, for error messages.
@@ -138,6 +143,7 @@ pub fn tag_name(t: u8) -> &'static str {
         tag::POSTCOPY_RESUMED => "POSTCOPY_RESUMED",
         tag::DONE => "DONE",
         tag::FINAL => "FINAL",
+        tag::MISSING => "MISSING",
         _ => "unknown",
     }
 }
@@ -151,7 +157,7 @@ fn max_body(t: u8) -> Option<usize> {
         tag::ROUND => 12,
         tag::STATE => 32 + 32 * MAX_VCPUS as usize,
         tag::VERIFY | tag::PROGRESS | tag::POSTCOPY_RESUMED | tag::DONE => 0,
-        tag::POSTCOPY => (MAX_MEM / PAGE_SIZE as u64 / 8) as usize,
+        tag::POSTCOPY | tag::MISSING => (MAX_MEM / PAGE_SIZE as u64 / 8) as usize,
         tag::REQUEST => 8,
         tag::FINAL => 64 + 32 * MAX_VCPUS as usize + 10 * MAX_SLOTS as usize,
         tag::END | tag::VERIFIED => 16,

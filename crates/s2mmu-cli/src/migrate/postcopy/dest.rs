@@ -11,9 +11,10 @@ use super::super::source::source_digests;
 use super::super::wire::{
     record_name, tag, Entry, GuestState, Record, WireReader, WireWriter, PAGE_SIZE,
 };
-use super::{median_p99, Final, PostcopyFigures};
+use super::{encode_missing, median_p99, Final, PostcopyFigures};
 use s2mmu_vm::{GuestMemory, PageFetch, Pattern, SlotInfo, Vm, Workload, WorkloadConfig};
 use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -45,6 +46,8 @@ pub struct Fetcher {
     lock: Mutex<()>,
     cv: Condvar,
     failed: AtomicBool,
+    /// The current connections broke (a recovery may follow).
+    broken: AtomicBool,
     why: Mutex<String>,
     io_timeout: Duration,
     latencies: Mutex<Vec<u64>>,
@@ -97,6 +100,7 @@ impl Fetcher {
             lock: Mutex::new(()),
             cv: Condvar::new(),
             failed: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
             why: Mutex::new(String::new()),
             io_timeout,
             latencies: Mutex::new(Vec::new()),
@@ -154,16 +158,22 @@ impl Fetcher {
         w.flush()
     }
 
-    /// Waits (on the condition variable, 10 ms at a time, at most twice
-    /// the I/O timeout) until `done` holds.
-    fn wait_until(&self, what: &str, done: impl Fn() -> bool) -> Result<(), String> {
-        let deadline = Instant::now() + self.io_timeout * 2;
+    /// Waits (on the condition variable, 10 ms at a time) until `done`
+    /// holds, post-copy fails, or (`bounded`) twice the I/O timeout
+    /// passes. A vCPU's wait is not bounded: it ends when its page lands
+    /// or post-copy is given up (every socket operation has a deadline),
+    /// so it outlasts a recovery.
+    fn wait_until(&self, what: &str, bounded: bool, done: impl Fn() -> bool) -> Result<(), String> {
+        let deadline = bounded.then(|| Instant::now() + self.io_timeout * 2);
         let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         while !done() {
             if self.failed.load(Ordering::SeqCst) {
                 return Err(self.why.lock().unwrap_or_else(|p| p.into_inner()).clone());
             }
-            if Instant::now() > deadline {
+            if bounded && self.broken.load(Ordering::SeqCst) {
+                return Err(format!("{what}: the connections broke"));
+            }
+            if deadline.is_some_and(|d| Instant::now() > d) {
                 return Err(format!(
                     "{what}: nothing within twice the I/O timeout ({:?})",
                     self.io_timeout * 2
@@ -263,13 +273,38 @@ impl Fetcher {
         Ok(())
     }
 
+    /// After a break, with no receiving thread running: the new request
+    /// connection; a page claimed but not landed (its copy was cut short)
+    /// is unclaimed. Returns the pages still missing (POSTCOPY's form).
+    fn after_break(&self, req: WireReader<BoxConn>) -> Vec<u64> {
+        *self.req.lock().unwrap_or_else(|p| p.into_inner()) = req;
+        let mut out = Vec::with_capacity(self.present.len());
+        for (w, (p, c)) in self.present.iter().zip(&self.claimed).enumerate() {
+            let present = p.load(Ordering::SeqCst);
+            c.store(present, Ordering::SeqCst);
+            out.push(self.missing[w] & !present);
+        }
+        out
+    }
+
+    /// Sends again every request whose page has not landed (it may have
+    /// been lost with the broken connection).
+    fn rerequest(&self) -> Result<(), MigrateError> {
+        for i in 0..self.pages {
+            if bit(&self.requested, i) && !bit(&self.present, i) {
+                self.send(tag::REQUEST, &self.gpa_of(i).to_le_bytes())?;
+            }
+        }
+        Ok(())
+    }
+
     /// One timed request for a page that is here already: a round trip
     /// plus one page's transfer on the request and answer connections.
     fn ping(&self, gpa: u64) -> Result<u64, MigrateError> {
         let a0 = self.answers.load(Ordering::SeqCst);
         let t0 = Instant::now();
         self.send(tag::REQUEST, &gpa.to_le_bytes())?;
-        self.wait_until("the reference request", || {
+        self.wait_until("the reference request", true, || {
             self.answers.load(Ordering::SeqCst) > a0
         })
         .map_err(|why| MigrateError::Setup(format!("post-copy reference: {why}")))?;
@@ -290,11 +325,12 @@ impl PageFetch for Fetcher {
         if !set(&self.requested, i) {
             self.requests.fetch_add(1, Ordering::Relaxed);
             let page_gpa = gpa & !(PAGE_SIZE as u64 - 1);
-            if let Err(e) = self.send(tag::REQUEST, &page_gpa.to_le_bytes()) {
-                self.fail(&format!("requesting the page at {page_gpa:#x}: {e}"));
-            }
+            // A request lost to a broken connection is sent again after
+            // the recovery (its bit stays set); without one, post-copy
+            // fails and so does this wait.
+            let _ = self.send(tag::REQUEST, &page_gpa.to_le_bytes());
         }
-        self.wait_until("a vCPU's page request", || bit(&self.present, i))?;
+        self.wait_until("a vCPU's page request", false, || bit(&self.present, i))?;
         self.remote_faults.fetch_add(1, Ordering::Relaxed);
         let mut l = self.latencies.lock().unwrap_or_else(|p| p.into_inner());
         if l.len() < MAX_LATENCIES {
@@ -304,12 +340,21 @@ impl PageFetch for Fetcher {
     }
 }
 
+/// Recoveries the destination waits for before it gives post-copy up.
+pub const MAX_RECOVERIES: u32 = 3;
+
+/// Accepts the connections of a recovery: the channel numbers wanted, in
+/// that order, within the time given.
+pub type Recover<'a> =
+    dyn FnMut(&[u16], Duration) -> Result<Vec<WireReader<BoxConn>>, MigrateError> + 'a;
+
 /// What the destination's post-copy needs from the pre-copy phase.
 pub struct Resume<'a, R: Read + Write> {
     /// The VM (no vCPU created yet).
     pub vm: &'a Arc<Vm>,
-    /// The main connection, right after POSTCOPY.
+    /// The main connection, right after POSTCOPY, and its socket.
     pub main: &'a mut WireReader<R>,
+    pub main_socket: Option<TcpStream>,
     /// The request and answer connections.
     pub req: WireReader<BoxConn>,
     pub answers: WireReader<BoxConn>,
@@ -320,29 +365,49 @@ pub struct Resume<'a, R: Read + Write> {
     pub cfg: &'a DestConfig,
     /// Page records, bytes and zero pages of the further data channels.
     pub extra_counts: (u64, u64, u64),
+    /// Data channels.
     pub channels: u16,
     pub probe_bytes: u64,
     pub prefault: Duration,
+    /// Accepts a recovery's connections.
+    pub recover: &'a mut Recover<'a>,
 }
 
-/// Resumes the guest with the missing pages unmapped, receives them, runs
-/// the guest on, and sends FINAL.
+/// Clones of the sockets under `conns`, to shut them down from another
+/// thread.
+fn sockets_of(main: Option<&TcpStream>, conns: [&mut WireReader<BoxConn>; 2]) -> Vec<TcpStream> {
+    let mut v: Vec<TcpStream> = main.and_then(|s| s.try_clone().ok()).into_iter().collect();
+    for c in conns {
+        if let Some(s) = c.get_mut().tcp().and_then(|s| s.try_clone().ok()) {
+            v.push(s);
+        }
+    }
+    v
+}
+
+/// A break a new connection can mend (not a damaged stream).
+fn recoverable(e: &MigrateError) -> bool {
+    matches!(
+        e,
+        MigrateError::Io { .. } | MigrateError::Timeout { .. } | MigrateError::Truncated { .. }
+    )
+}
+
+/// Resumes the guest with the missing pages unmapped, receives them
+/// (accepting the source again after a connection breaks, up to
+/// [`MAX_RECOVERIES`] times), runs the guest on, and sends FINAL.
 ///
 /// # Errors
 /// [`MigrateError::BadState`] before the resume; after it,
 /// [`MigrateError::PostcopyBroken`] naming the stream's error (a damaged
-/// or truncated post-copy stream, a connection that broke).
+/// or truncated post-copy stream, a connection that broke and was not
+/// recovered).
 pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, MigrateError> {
     let vm = r.vm;
     let missing_pages: u64 = r.missing.iter().map(|w| u64::from(w.count_ones())).sum();
     let mut req = r.req;
     let mut answers = r.answers;
-    // To end the other side's readers at once when post-copy breaks.
-    let sockets: Vec<_> = [req.get_mut().tcp(), answers.get_mut().tcp()]
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.try_clone().ok())
-        .collect();
+    let mut sockets = sockets_of(r.main_socket.as_ref(), [&mut req, &mut answers]);
     let fetcher = Arc::new(Fetcher::new(vm, r.missing, req, r.cfg.io_timeout));
     // Page-wide mappings only while pages are missing: a block must not
     // map a page that has not landed.
@@ -367,38 +432,70 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
         .store(state.pace_pages_per_sec, Ordering::Relaxed);
     wl.run_free();
     let resumed_at = Instant::now();
-    let main = r.main;
+    let first = r.main;
+    {
+        let mut w = WireWriter::replies(first.get_mut());
+        w.control(tag::POSTCOPY_RESUMED, &[])?;
+        w.flush()?;
+    }
     let f = &fetcher;
-    let result = std::thread::scope(|sc| {
-        let t = sc.spawn(move || {
-            let r = answer_loop(&mut answers, f);
-            if let Err(e) = &r {
-                f.fail(&format!("the answer connection: {e}"));
-            }
-            r
-        });
-        let r = receive_rest(main, f, resumed_at);
-        if let Err(e) = &r {
-            f.fail(&e.to_string());
-            for s in &sockets {
-                super::super::net::shutdown(s);
-            }
-        }
-        let a = t
-            .join()
-            .unwrap_or_else(|_| Err(MigrateError::Setup("the answer thread panicked".into())));
-        r.and_then(|x| a.map(|()| x))
-    });
-    let reference = match result {
-        Ok(x) => x,
-        Err(e) => {
+    let mut recovered: Option<WireReader<BoxConn>> = None;
+    let mut recoveries = 0u32;
+    let reference = loop {
+        let res = match &mut recovered {
+            Some(m) => phase(m, &mut answers, f, &sockets),
+            None => phase(first, &mut answers, f, &sockets),
+        };
+        let e = match res {
+            Ok(x) => break x,
+            Err(e) => e,
+        };
+        let give_up = |why: String| {
+            f.fail(&why);
             wl.pause();
-            let left = fetcher.left.load(Ordering::SeqCst);
-            return Err(MigrateError::PostcopyBroken {
-                why: format!("the destination: {e}"),
-                missing_pages: Some(left),
-            });
+            MigrateError::PostcopyBroken {
+                why,
+                missing_pages: Some(f.left.load(Ordering::SeqCst)),
+            }
+        };
+        if !recoverable(&e) || recoveries >= MAX_RECOVERIES {
+            return Err(give_up(format!(
+                "the destination: {e}{}",
+                if recoverable(&e) {
+                    format!(" ({recoveries} recoveries already)")
+                } else {
+                    String::new()
+                }
+            )));
         }
+        recoveries += 1;
+        let wait = r.cfg.io_timeout * 4;
+        eprintln!(
+            "destination: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts, {} pages are still on the source; vCPUs that need them wait; waiting up to {wait:?} for the source to resume over new connections",
+            f.left.load(Ordering::SeqCst)
+        );
+        let ch = r.channels;
+        let mut conns = match (r.recover)(&[0, ch, ch + 1], wait) {
+            Ok(c) if c.len() == 3 => c.into_iter(),
+            Ok(_) => return Err(give_up("the recovery's connections".into())),
+            Err(e2) => return Err(give_up(format!("the destination: {e}; no recovery: {e2}"))),
+        };
+        let (Some(mut m), Some(mut rq), Some(mut an)) = (conns.next(), conns.next(), conns.next())
+        else {
+            return Err(give_up("the recovery's connections".into()));
+        };
+        let main_sock = m.get_mut().tcp().and_then(|s| s.try_clone().ok());
+        sockets = sockets_of(main_sock.as_ref(), [&mut rq, &mut an]);
+        let still = f.after_break(rq);
+        let told = {
+            let mut w = WireWriter::replies(m.get_mut());
+            w.control(tag::MISSING, &encode_missing(&still))
+                .and_then(|()| w.flush())
+        };
+        // A failure here shows in the next phase.
+        let _ = told.and_then(|()| f.rerequest());
+        answers = an;
+        recovered = Some(m);
     };
     vm.set_page_fetch(None);
     // Every page is here: huge mappings may come back.
@@ -437,21 +534,21 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
         background_pages: fetcher.background_pages.load(Ordering::Relaxed),
         answered_pages: fetcher.answered_pages.load(Ordering::Relaxed),
         dropped_duplicates: fetcher.dropped.load(Ordering::Relaxed),
+        recoveries: u64::from(recoveries),
     };
     let fin = Final {
         figures: figures.clone(),
         vcpus: vcpus.clone(),
         digests: digests.clone(),
     };
-    {
-        let mut w = WireWriter::replies(main.get_mut());
-        w.control(tag::FINAL, &fin.encode())?;
-        w.flush()?;
-    }
+    let counts = match &mut recovered {
+        Some(m) => send_final(m, &fin)?,
+        None => send_final(first, &fin)?,
+    };
     Ok(DestOutcome {
-        page_records: main.pages + r.extra_counts.0,
-        zero_pages: main.zero_pages + r.extra_counts.2,
-        bytes: main.pos + r.extra_counts.1,
+        page_records: counts.0 + r.extra_counts.0,
+        zero_pages: counts.2 + r.extra_counts.2,
+        bytes: counts.1 + r.extra_counts.1,
         channels: r.channels,
         probe_bytes: r.probe_bytes,
         prefault: r.prefault,
@@ -461,6 +558,63 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
         resumed_write_rate: writes1.saturating_sub(writes0) as f64 / secs.max(1e-9),
         resumed_passes: vcpus.iter().map(|s| s.pass).collect(),
         postcopy: Some(figures),
+    })
+}
+
+/// Sends FINAL on `main`; returns its page records, bytes and zero pages
+/// received.
+fn send_final<M: Read + Write>(
+    main: &mut WireReader<M>,
+    fin: &Final,
+) -> Result<(u64, u64, u64), MigrateError> {
+    let mut w = WireWriter::replies(main.get_mut());
+    w.control(tag::FINAL, &fin.encode())?;
+    w.flush()?;
+    Ok((main.pages, main.pos, main.zero_pages))
+}
+
+/// One stretch of post-copy over one set of connections: the answers on
+/// their own thread, the background stream here. Either side's break
+/// ends both (their sockets are shut down). Returns the reference.
+fn phase<M: Read + Write + Send>(
+    main: &mut WireReader<M>,
+    answers: &mut WireReader<BoxConn>,
+    f: &Fetcher,
+    sockets: &[TcpStream],
+) -> Result<(u64, u64), MigrateError> {
+    f.broken.store(false, Ordering::SeqCst);
+    let cut = || {
+        f.broken.store(true, Ordering::SeqCst);
+        f.wake();
+        for s in sockets {
+            super::super::net::shutdown(s);
+        }
+    };
+    std::thread::scope(|sc| {
+        let t = sc.spawn(|| {
+            let r = answer_loop(answers, f);
+            if r.is_err() {
+                cut();
+            }
+            r
+        });
+        let r = receive_rest(main, f);
+        if r.is_err() {
+            cut();
+        }
+        let a = t
+            .join()
+            .unwrap_or_else(|_| Err(MigrateError::Setup("the answer thread panicked".into())));
+        match (r, a) {
+            (Ok(x), Ok(())) => Ok(x),
+            (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
+            // The damage, not the cut it caused.
+            (Err(m), Err(a)) => Err(if recoverable(&m) && !recoverable(&a) {
+                a
+            } else {
+                m
+            }),
+        }
     })
 }
 
@@ -498,20 +652,15 @@ fn answer_loop(rd: &mut WireReader<BoxConn>, f: &Fetcher) -> Result<(), MigrateE
 fn receive_rest<R: Read + Write>(
     main: &mut WireReader<R>,
     f: &Fetcher,
-    resumed_at: Instant,
 ) -> Result<(u64, u64), MigrateError> {
-    {
-        let mut w = WireWriter::replies(main.get_mut());
-        w.control(tag::POSTCOPY_RESUMED, &[])?;
-        w.flush()?;
-    }
     let beat = f.io_timeout / 4;
-    let mut last_beat = resumed_at;
+    let mut last_beat = Instant::now();
     loop {
-        if f.failed.load(Ordering::SeqCst) {
-            return Err(MigrateError::Setup(
-                f.why.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-            ));
+        if f.broken.load(Ordering::SeqCst) {
+            return Err(MigrateError::Io {
+                what: "the post-copy stream".into(),
+                error: "the answer connection broke".into(),
+            });
         }
         if last_beat.elapsed() >= beat {
             // The source's request reader and our answer reader are idle
@@ -550,7 +699,7 @@ fn receive_rest<R: Read + Write>(
     }
     if f.left.load(Ordering::SeqCst) > 0 {
         // The rest are answers still on their way.
-        if let Err(why) = f.wait_until("the last requested pages", || {
+        if let Err(why) = f.wait_until("the last requested pages", true, || {
             f.left.load(Ordering::SeqCst) == 0
         }) {
             let left = f.left.load(Ordering::SeqCst);

@@ -71,6 +71,8 @@ pub struct PostcopyFigures {
     pub answered_pages: u64,
     /// Copies that arrived after the page had already landed, dropped.
     pub dropped_duplicates: u64,
+    /// Times the connections broke and the source resumed over new ones.
+    pub recoveries: u64,
 }
 
 /// Post-copy as the source reports it.
@@ -87,6 +89,8 @@ pub struct PostcopyOutcome {
     pub bytes: u64,
     /// Timeline seconds at the end of the background stream.
     pub background_end_s: f64,
+    /// Connections that broke and were replaced (post-copy recovery).
+    pub recoveries: u32,
 }
 
 /// The FINAL record: figures, the destination's vCPU states after its run
@@ -115,6 +119,7 @@ impl Final {
             f.background_pages,
             f.answered_pages,
             f.dropped_duplicates,
+            f.recoveries,
         ] {
             e.u64(v);
         }
@@ -135,7 +140,7 @@ impl Final {
     /// [`MigrateError::Malformed`].
     pub fn decode(body: &[u8], at_byte: u64) -> Result<Self, MigrateError> {
         let mut d = Dec::new(body, "FINAL", at_byte);
-        let mut v = [0u64; 11];
+        let mut v = [0u64; 12];
         for x in &mut v {
             *x = d.u64()?;
         }
@@ -151,6 +156,7 @@ impl Final {
             background_pages: v[8],
             answered_pages: v[9],
             dropped_duplicates: v[10],
+            recoveries: v[11],
         };
         let n = d.u32()?;
         if n > MAX_VCPUS {

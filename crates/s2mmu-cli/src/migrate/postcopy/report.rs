@@ -19,6 +19,7 @@ pub fn figures_json(f: &PostcopyFigures) -> Value {
         "background_pages_landed": f.background_pages,
         "answered_pages_landed": f.answered_pages,
         "dropped_duplicates": f.dropped_duplicates,
+        "recoveries": f.recoveries,
     })
 }
 
@@ -51,7 +52,7 @@ pub fn text(pc: &PostcopyOutcome, s: &SourceOutcome, budget: Duration) -> String
         "no reference".into()
     };
     format!(
-        "  post-copy            switched after round {}: {} pages missing when the destination resumed\n  downtime             {:.1} ms (stop to resume; budget {} ms): {}\n  remote faults        {} (a vCPU waited for a page; {} requests), wait median {:.3} ms, p99 {:.3} ms: {ratio}\n  reference            {:.3} ms: median of {} one-page requests on the same connections with nothing else sent (a round trip plus one page's transfer)\n  time to last page    {:.1} ms after the resume ({} pages in the background, {} answered, {} late copies dropped)\n  total time           {:.3} s (logging on to the background stream's end)\n",
+        "  post-copy            switched after round {}: {} pages missing when the destination resumed\n  downtime             {:.1} ms (stop to resume; budget {} ms): {}\n  remote faults        {} (a vCPU waited for a page; {} requests), wait median {:.3} ms, p99 {:.3} ms: {ratio}\n  reference            {:.3} ms: median of {} one-page requests on the same connections with nothing else sent (a round trip plus one page's transfer)\n  time to last page    {:.1} ms after the resume ({} pages in the background, {} answered, {} late copies dropped)\n  total time           {:.3} s (logging on to the background stream's end){}\n",
         pc.after_round,
         f.missing_pages,
         s.downtime.as_secs_f64() * 1e3,
@@ -68,5 +69,13 @@ pub fn text(pc: &PostcopyOutcome, s: &SourceOutcome, budget: Duration) -> String
         f.answered_pages,
         f.dropped_duplicates,
         s.total.as_secs_f64(),
+        if f.recoveries > 0 {
+            format!(
+                "\n  recoveries           {}: the connections broke and post-copy resumed over new ones",
+                f.recoveries
+            )
+        } else {
+            String::new()
+        },
     )
 }

@@ -8,11 +8,12 @@ use super::super::bandwidth::TokenBucket;
 use super::super::error::MigrateError;
 use super::super::hash::{digest_of, page_hash};
 use super::super::net::BoxConn;
-use super::super::source::{copy_page, read_reply, unexpected_reply};
+use super::super::source::{copy_page, read_reply, unexpected_reply, Connect};
 use super::super::wire::{
     record_name, tag, Batch, Dec, GuestState, Record, WireReader, WireWriter, PAGE_SIZE,
+    SESSION_LEN,
 };
-use super::{encode_missing, Final};
+use super::{decode_missing, encode_missing, Final};
 use s2mmu_vm::{replay_writes, Pattern, Vm, WorkloadConfig};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,11 +23,13 @@ use std::time::Instant;
 /// Accesses of one vCPU the verification replays at most.
 const MAX_REPLAY_ACCESSES: u64 = 1 << 28;
 
-/// What the switch needs.
+/// Recoveries the source attempts before it gives post-copy up.
+pub const MAX_RECOVERIES: u32 = 3;
+
+/// What the switch needs (the main connection, which carries the
+/// background pages and the replies, is passed alongside).
 pub struct Switch<'a> {
     pub vm: &'a Arc<Vm>,
-    /// The main connection (background pages, then the replies).
-    pub main: &'a mut WireWriter<BoxConn>,
     /// The request connection (read) and the answer connection (written).
     pub req: WireWriter<BoxConn>,
     pub answers: WireWriter<BoxConn>,
@@ -52,6 +55,8 @@ pub struct Done {
     pub bytes: u64,
     /// The destination's FINAL.
     pub fin: Final,
+    /// Connections that broke and were replaced.
+    pub recoveries: u32,
 }
 
 /// Sends STATE and POSTCOPY and waits for the resume.
@@ -59,12 +64,11 @@ pub struct Done {
 /// # Errors
 /// The stream's or the destination's error; the destination has not
 /// resumed the guest (the source may).
-pub fn switch(sw: &mut Switch<'_>) -> Result<Instant, MigrateError> {
-    sw.main.control(tag::STATE, &sw.state.encode())?;
-    sw.main
-        .control(tag::POSTCOPY, &encode_missing(&sw.missing))?;
-    sw.main.flush()?;
-    match read_reply(sw.main)? {
+pub fn switch(sw: &Switch<'_>, main: &mut WireWriter<BoxConn>) -> Result<Instant, MigrateError> {
+    main.control(tag::STATE, &sw.state.encode())?;
+    main.control(tag::POSTCOPY, &encode_missing(&sw.missing))?;
+    main.flush()?;
+    match read_reply(main)? {
         Record::Control {
             tag: tag::POSTCOPY_RESUMED,
             ..
@@ -73,18 +77,120 @@ pub fn switch(sw: &mut Switch<'_>) -> Result<Instant, MigrateError> {
     }
 }
 
-/// After the resume: answers requests, streams the rest, reads FINAL.
+/// After the resume: [`finish`], and when a connection breaks, resumes
+/// over new ones (`connect`, joining `session`; at most
+/// [`MAX_RECOVERIES`] times). The guest stays paused here throughout.
 ///
 /// # Errors
 /// [`MigrateError::PostcopyBroken`]: the guest's memory is split.
-pub fn finish(sw: Switch<'_>, resumed_at: Instant) -> Result<Done, MigrateError> {
+pub fn run(
+    mut sw: Switch<'_>,
+    main: &mut WireWriter<BoxConn>,
+    resumed_at: Instant,
+    connect: &mut Connect<'_>,
+    session: &[u8; SESSION_LEN],
+    channels: u16,
+) -> Result<Done, MigrateError> {
+    let (vm, state, bucket) = (sw.vm, sw.state, sw.bucket);
+    let first_missing = sw.missing.clone();
+    let pages = vm.memory().size() / PAGE_SIZE as u64;
+    let mut recovered: Option<WireWriter<BoxConn>> = None;
+    let mut recoveries = 0;
+    loop {
+        let m = match recovered.as_mut() {
+            Some(m) => m,
+            None => &mut *main,
+        };
+        let e = match finish(sw, m, resumed_at) {
+            Ok(mut d) => {
+                d.recoveries = recoveries;
+                return Ok(d);
+            }
+            Err(e) => e,
+        };
+        let broken = |why: String| MigrateError::PostcopyBroken {
+            why: format!("the source: {why}"),
+            missing_pages: None,
+        };
+        let mendable = matches!(
+            e,
+            MigrateError::Io { .. } | MigrateError::Timeout { .. } | MigrateError::Truncated { .. }
+        );
+        if !mendable || recoveries >= MAX_RECOVERIES {
+            return Err(broken(e.to_string()));
+        }
+        recoveries += 1;
+        eprintln!(
+            "source: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts; it stays paused here; resuming over new connections (recovery {recoveries} of at most {MAX_RECOVERIES})"
+        );
+        let (m, req, answers, still) = reconnect(connect, session, channels, pages)
+            .map_err(|e2| broken(format!("{e}; the recovery failed: {e2}")))?;
+        // Only pages that were missing: the destination has the rest.
+        let missing = still
+            .iter()
+            .zip(&first_missing)
+            .map(|(a, b)| a & b)
+            .collect();
+        recovered = Some(m);
+        sw = Switch {
+            vm,
+            req,
+            answers,
+            state,
+            missing,
+            bucket,
+        };
+    }
+}
+
+/// A recovery's connections: the main one joins as channel 0, then the
+/// request and answer connections; the destination answers with MISSING.
+fn reconnect(
+    connect: &mut Connect<'_>,
+    session: &[u8; SESSION_LEN],
+    channels: u16,
+    pages: u64,
+) -> Result<
+    (
+        WireWriter<BoxConn>,
+        WireWriter<BoxConn>,
+        WireWriter<BoxConn>,
+        Vec<u64>,
+    ),
+    MigrateError,
+> {
+    let mut main = WireWriter::join(connect(0)?, session, 0)?;
+    let req = WireWriter::join(connect(channels)?, session, channels)?;
+    let answers = WireWriter::join(connect(channels + 1)?, session, channels + 1)?;
+    match read_reply(&mut main)? {
+        Record::Control {
+            tag: tag::MISSING,
+            body,
+            at_byte,
+        } => {
+            let still = decode_missing(&body, at_byte, pages)?;
+            Ok((main, req, answers, still))
+        }
+        other => Err(unexpected_reply(other, "MISSING")),
+    }
+}
+
+/// After the resume, over one set of connections: answers requests,
+/// streams the rest, reads FINAL.
+///
+/// # Errors
+/// The stream's error (the caller says the memory is split).
+pub fn finish(
+    sw: Switch<'_>,
+    main: &mut WireWriter<BoxConn>,
+    resumed_at: Instant,
+) -> Result<Done, MigrateError> {
     let vm = sw.vm;
     let sent: Vec<AtomicU64> = sw.missing.iter().map(|_| AtomicU64::new(0)).collect();
     let mut req_conn = sw.req;
     let req_sock = req_conn.get_mut().tcp().and_then(|s| s.try_clone().ok());
     let mut req = WireReader::replies(req_conn.into_inner());
     let mut answers = sw.answers;
-    let main = sw.main;
     let r = std::thread::scope(|sc| {
         let sent = &sent;
         let server = sc.spawn(move || serve_requests(vm, &mut req, &mut answers, sent));
@@ -118,14 +224,12 @@ pub fn finish(sw: Switch<'_>, resumed_at: Instant) -> Result<Done, MigrateError>
                 answered_pages: answered,
                 bytes: bytes + abytes,
                 fin,
+                recoveries: 0,
             }),
             (Err(e), _) | (_, Err(e)) => Err(e),
         }
     });
-    r.map_err(|e| MigrateError::PostcopyBroken {
-        why: format!("the source: {e}"),
-        missing_pages: None,
-    })
+    r
 }
 
 /// The guest-physical address of page `index` of guest memory.
