@@ -8,7 +8,7 @@
 //! destination resumes at once: those pages are simply not mapped in its
 //! stage-2 table (it logs dirty pages while post-copy runs, which keeps
 //! every mapping one page wide), and a vCPU's translation fault on one
-//! goes to [`dest::Fetcher`], the VM's [`s2mmu_vm::PageFetch`] hook: that
+//! goes to [`fetch::Fetcher`], the VM's [`s2mmu_vm::PageFetch`] hook: that
 //! vCPU alone waits while a REQUEST goes to the source over a connection
 //! kept for requests, and the page comes back over a second connection
 //! kept for the answers, so it never queues behind the background stream.
@@ -27,6 +27,7 @@
 //! the stop plus exactly the destination guest's writes.
 
 pub mod dest;
+pub mod fetch;
 pub mod report;
 pub mod source;
 

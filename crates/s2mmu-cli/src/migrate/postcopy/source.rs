@@ -143,6 +143,15 @@ pub fn run(
     }
 }
 
+/// A recovery's main, request and answer connections and the pages the
+/// destination still lacks.
+type Reconnected = (
+    WireWriter<BoxConn>,
+    WireWriter<BoxConn>,
+    WireWriter<BoxConn>,
+    Vec<u64>,
+);
+
 /// A recovery's connections: the main one joins as channel 0, then the
 /// request and answer connections; the destination answers with MISSING.
 fn reconnect(
@@ -150,15 +159,7 @@ fn reconnect(
     session: &[u8; SESSION_LEN],
     channels: u16,
     pages: u64,
-) -> Result<
-    (
-        WireWriter<BoxConn>,
-        WireWriter<BoxConn>,
-        WireWriter<BoxConn>,
-        Vec<u64>,
-    ),
-    MigrateError,
-> {
+) -> Result<Reconnected, MigrateError> {
     let mut main = WireWriter::join(connect(0)?, session, 0)?;
     let req = WireWriter::join(connect(channels)?, session, channels)?;
     let answers = WireWriter::join(connect(channels + 1)?, session, channels + 1)?;
