@@ -17,8 +17,11 @@ fn normalized(s: VcpuState, pages: u64) -> (u64, u64) {
 
 /// Calls `write(gpa, value)` for every guest write vCPU `vcpu` of a
 /// workload with `cfg` (its region starting at `base`) made from state
-/// `from` to state `to`, in order, and returns how many there were. At
-/// most `max_accesses` accesses are replayed.
+/// `from` to state `to`, in order, and returns how many there were. A
+/// sequential all-writes workload is replayed from its last full region's
+/// worth of accesses only (each page's last value is all that the region
+/// keeps; the skipped writes are counted, not called). At most
+/// `max_accesses` accesses are replayed.
 ///
 /// # Errors
 /// A message when `to` is not a state the vCPU can reach from `from`:
@@ -49,16 +52,28 @@ pub fn replay_writes(
                 b.0, b.1, a.0, a.1
             )
         })?;
+    let random = cfg.pattern == Pattern::Random;
+    let wp = u64::from(cfg.write_percent);
+    // Sequential and all writes: the generator is not used and every
+    // access writes, so the last `pages` accesses decide the region.
+    let skipped = if !random && wp >= 100 {
+        accesses.saturating_sub(u128::from(pages))
+    } else {
+        0
+    };
+    let accesses = accesses - skipped;
     if accesses > u128::from(max_accesses) {
         return Err(format!(
             "vCPU {vcpu}: {accesses} accesses between the states, more than the {max_accesses} allowed"
         ));
     }
-    let random = cfg.pattern == Pattern::Random;
-    let wp = u64::from(cfg.write_percent);
     let mut rng = Rng(from.rng);
-    let (mut pass, mut i) = a;
-    let mut writes = 0u64;
+    let start = a.0 as u128 * pages as u128 + a.1 as u128 + skipped;
+    let (mut pass, mut i) = (
+        (start / u128::from(pages)) as u64,
+        (start % u128::from(pages)) as u64,
+    );
+    let mut writes = skipped as u64;
     while (pass, i) != b {
         let page = if random { rng.next() % pages } else { i };
         if wp >= 100 || rng.next() % 100 < wp {

@@ -616,11 +616,23 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         dest_json(&d),
     );
     r.set_text(format!(
-        "destination: received {} page records ({} zero pages, {:.1} MiB) over {} channel(s); guest resumed from complete memory and ran {} ms at {:.1} MiB/s\n{}{}",
+        "destination: received {} page records ({} zero pages, {:.1} MiB) over {} channel(s); guest resumed from {} memory and ran {} ms at {:.1} MiB/s\n{}{}",
         d.page_records,
         d.zero_pages,
         d.bytes as f64 / MIB,
         d.channels,
+        match &d.postcopy {
+            Some(f) => format!(
+                "incomplete (post-copy: {} pages missing, {} remote faults, wait median {:.3} ms, p99 {:.3} ms, reference {:.3} ms, last page after {:.1} ms)",
+                f.missing_pages,
+                f.remote_faults,
+                f.fault_median_ns as f64 / 1e6,
+                f.fault_p99_ns as f64 / 1e6,
+                f.reference_ns as f64 / 1e6,
+                f.time_to_last_page_ns as f64 / 1e6
+            ),
+            None => "complete".into(),
+        },
         p.run_after.as_millis(),
         d.resumed_write_rate * 4096.0 / MIB,
         digests_text(&d.slot_digests),
@@ -699,7 +711,8 @@ fn dest_json(d: &DestOutcome) -> serde_json::Value {
 
 fn source_json(s: &SourceOutcome) -> serde_json::Value {
     json!({
-        "converged": true,
+        "converged": s.postcopy.is_none(),
+        "switched_to_postcopy": s.postcopy.is_some(),
         "rounds": s.rounds.len(),
         "total_ns": s.total.as_nanos() as u64,
         "downtime_ns": s.downtime.as_nanos() as u64,
