@@ -119,6 +119,8 @@ enum Harm {
     /// Fail every write this many bytes after arming (the connection is
     /// shut down: a cut cable).
     Cut(u64),
+    /// Flip this byte of the POSTCOPY record itself.
+    FlipPostcopy(usize),
 }
 
 /// A connection that arms when it writes the POSTCOPY record (or at once)
@@ -140,6 +142,7 @@ impl Read for Tamper {
 
 impl Write for Tamper {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let mut data = b.to_vec();
         if self.armed_at.is_none()
             && self.arm_on_postcopy
             && b.len() >= 5
@@ -147,11 +150,14 @@ impl Write for Tamper {
             && u32::from_le_bytes(b[1..5].try_into().unwrap()) as usize == b.len() - 13
         {
             self.armed_at = Some(self.pos + b.len() as u64);
+            if let Harm::FlipPostcopy(k) = self.harm {
+                data[k.min(b.len() - 1)] ^= 0x40;
+                self.done = true;
+            }
         }
         if self.armed_at.is_none() && !self.arm_on_postcopy {
             self.armed_at = Some(0);
         }
-        let mut data = b.to_vec();
         if let (Some(at), false) = (self.armed_at, self.done) {
             match self.harm {
                 Harm::Flip(k) if self.pos + data.len() as u64 > at + k && self.pos <= at + k => {
@@ -242,6 +248,24 @@ fn a_damaged_answer_is_refused_and_both_sides_say_memory_is_split() {
     let msg = assert_split(&d, "destination");
     assert!(msg.contains("checksum mismatch"), "{msg}");
     assert_split(&s, "source");
+}
+
+#[test]
+fn a_damaged_postcopy_record_is_refused_before_the_resume() {
+    let cfg = small(16 << 20);
+    // A bit of the missing pages' bitmap: the record's checksum fails and
+    // the destination never resumes (the source's guest goes on there).
+    let (s, d) = tampered(&cfg, 0, true, Harm::FlipPostcopy(7), true);
+    match &d {
+        Err(MigrateError::RecordChecksum { record, .. }) => assert_eq!(*record, "POSTCOPY"),
+        other => panic!("destination: expected a POSTCOPY checksum error, got {other:?}"),
+    }
+    match &s {
+        Err(MigrateError::Rejected { reason }) => {
+            assert!(reason.contains("checksum mismatch"), "{reason}")
+        }
+        other => panic!("source: expected Rejected, got {other:?}"),
+    }
 }
 
 #[test]

@@ -354,7 +354,14 @@ impl<S: MemslotStore + 'static> Workload<S> {
         }
     }
 
-    /// Undoes [`Workload::pause`].
+    /// Asks every vCPU to pause at its next access without waiting for
+    /// them: one blocked in a fault (post-copy's page request) pauses
+    /// once its page is there. [`Workload::resume`] undoes it.
+    pub fn request_pause(&self) {
+        self.control.paused.store(true, Ordering::SeqCst);
+    }
+
+    /// Undoes [`Workload::pause`] and [`Workload::request_pause`].
     pub fn resume(&self) {
         self.control.paused.store(false, Ordering::SeqCst);
         self.wake_vcpus();

@@ -146,9 +146,12 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
             )));
         }
         recoveries += 1;
+        // Paused until the recovery (a vCPU waiting for a page pauses once
+        // its page is there).
+        wl.request_pause();
         let wait = r.cfg.io_timeout * 4;
         eprintln!(
-            "destination: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts, {} pages are still on the source; vCPUs that need them wait; waiting up to {wait:?} for the source to resume over new connections",
+            "destination: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts, {} pages are still on the source; the guest is paused here; waiting up to {wait:?} for the source to resume over new connections",
             f.left.load(Ordering::SeqCst)
         );
         let ch = r.channels;
@@ -173,6 +176,7 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
         let _ = told.and_then(|()| f.rerequest());
         answers = an;
         recovered = Some(m);
+        wl.resume();
     };
     vm.set_page_fetch(None);
     // Every page is here: huge mappings may come back.
