@@ -198,6 +198,13 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
     let digests = source_digests(vm);
     let mut lat = std::mem::take(&mut *fetcher.latencies.lock().unwrap_or_else(|p| p.into_inner()));
     let (fault_median_ns, fault_p99_ns) = median_p99(&mut lat);
+    let mut alat = std::mem::take(
+        &mut *fetcher
+            .answered_latencies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
+    let (answered_median_ns, answered_p99_ns) = median_p99(&mut alat);
     let last = fetcher
         .last_landed
         .lock()
@@ -209,6 +216,9 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
         requests: fetcher.requests.load(Ordering::Relaxed),
         fault_median_ns,
         fault_p99_ns,
+        answered_faults: alat.len() as u64,
+        answered_median_ns,
+        answered_p99_ns,
         time_to_last_page_ns: last.as_nanos() as u64,
         reference_ns: reference.0,
         reference_samples: reference.1,

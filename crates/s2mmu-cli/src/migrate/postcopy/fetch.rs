@@ -46,6 +46,11 @@ pub struct Fetcher {
     pub(super) why: Mutex<String>,
     pub(super) io_timeout: Duration,
     pub(super) latencies: Mutex<Vec<u64>>,
+    /// The waits of the faults whose page landed as an answer (not from
+    /// the background stream): a request's round trip as the vCPU saw it.
+    pub(super) answered_latencies: Mutex<Vec<u64>>,
+    /// Pages that landed as answers.
+    pub(super) by_answer: Vec<AtomicU64>,
     pub(super) remote_faults: AtomicU64,
     pub(super) requests: AtomicU64,
     /// Answer records received (pings wait for the next one).
@@ -104,6 +109,8 @@ impl Fetcher {
             why: Mutex::new(String::new()),
             io_timeout,
             latencies: Mutex::new(Vec::new()),
+            answered_latencies: Mutex::new(Vec::new()),
+            by_answer: words(),
             remote_faults: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             answers: AtomicU64::new(0),
@@ -257,6 +264,10 @@ impl Fetcher {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+            if answers {
+                // Before `present`: a waiter that sees the page sees how.
+                set(&self.by_answer, i);
+            }
             set(&self.present, i);
             if answers {
                 self.answered_pages.fetch_add(1, Ordering::Relaxed);
@@ -337,9 +348,15 @@ impl PageFetch for Fetcher {
         }
         self.wait_until("a vCPU's page request", false, || bit(&self.present, i))?;
         self.remote_faults.fetch_add(1, Ordering::Relaxed);
-        let mut l = self.latencies.lock().unwrap_or_else(|p| p.into_inner());
-        if l.len() < MAX_LATENCIES {
-            l.push(t0.elapsed().as_nanos() as u64);
+        let ns = t0.elapsed().as_nanos() as u64;
+        for (l, yes) in [
+            (&self.latencies, true),
+            (&self.answered_latencies, bit(&self.by_answer, i)),
+        ] {
+            let mut l = l.lock().unwrap_or_else(|p| p.into_inner());
+            if yes && l.len() < MAX_LATENCIES {
+                l.push(ns);
+            }
         }
         Ok(true)
     }

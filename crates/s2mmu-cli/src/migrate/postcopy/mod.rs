@@ -60,6 +60,12 @@ pub struct PostcopyFigures {
     /// Median and 99th percentile of a remote fault's wait, nanoseconds.
     pub fault_median_ns: u64,
     pub fault_p99_ns: u64,
+    /// Of those, the faults whose page came as the answer to a request
+    /// (not from the background stream), and their wait's median and 99th
+    /// percentile: the request round trip as a vCPU sees it.
+    pub answered_faults: u64,
+    pub answered_median_ns: u64,
+    pub answered_p99_ns: u64,
     /// From the resume to the last missing page's arrival, nanoseconds.
     pub time_to_last_page_ns: u64,
     /// The reference: median of sequential one-page requests over the
@@ -114,6 +120,9 @@ impl Final {
             f.requests,
             f.fault_median_ns,
             f.fault_p99_ns,
+            f.answered_faults,
+            f.answered_median_ns,
+            f.answered_p99_ns,
             f.time_to_last_page_ns,
             f.reference_ns,
             f.reference_samples,
@@ -141,7 +150,7 @@ impl Final {
     /// [`MigrateError::Malformed`].
     pub fn decode(body: &[u8], at_byte: u64) -> Result<Self, MigrateError> {
         let mut d = Dec::new(body, "FINAL", at_byte);
-        let mut v = [0u64; 12];
+        let mut v = [0u64; 15];
         for x in &mut v {
             *x = d.u64()?;
         }
@@ -151,13 +160,16 @@ impl Final {
             requests: v[2],
             fault_median_ns: v[3],
             fault_p99_ns: v[4],
-            time_to_last_page_ns: v[5],
-            reference_ns: v[6],
-            reference_samples: v[7],
-            background_pages: v[8],
-            answered_pages: v[9],
-            dropped_duplicates: v[10],
-            recoveries: v[11],
+            answered_faults: v[5],
+            answered_median_ns: v[6],
+            answered_p99_ns: v[7],
+            time_to_last_page_ns: v[8],
+            reference_ns: v[9],
+            reference_samples: v[10],
+            background_pages: v[11],
+            answered_pages: v[12],
+            dropped_duplicates: v[13],
+            recoveries: v[14],
         };
         let n = d.u32()?;
         if n > MAX_VCPUS {
