@@ -342,3 +342,83 @@ fn a_connection_that_keeps_breaking_ends_in_split_memory() {
     assert!(msg.contains("recoveries already"), "{msg}");
     assert_split(&s, "source");
 }
+
+/// Post-copy's check on its own: the destination's FINAL must be the
+/// source's memory plus exactly the writes of the states it reports.
+#[test]
+fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
+    use s2mmu_cli::migrate::postcopy::{source::verify, Final};
+    use s2mmu_cli::migrate::source::source_digests;
+    use s2mmu_cli::migrate::wire::GuestState;
+    use s2mmu_vm::{stamp, VcpuState, Vm, VmConfig};
+
+    let vm = Vm::new(VmConfig {
+        mem_size: 1 << 20,
+        slots: 2,
+        ..VmConfig::default()
+    })
+    .unwrap();
+    let from = VcpuState {
+        pass: 3,
+        next_page: 10,
+        rng: 5,
+        writes: 100,
+    };
+    let state = GuestState {
+        bytes_per_vcpu: 512 << 10,
+        write_percent: 100,
+        pattern: 0,
+        pace_pages_per_sec: 0,
+        vcpus: vec![from; 2],
+    };
+    // The destination ran vCPU 0 two pages on (pages 10 and 11 of its
+    // region, pass 3) and vCPU 1 not at all.
+    let to = VcpuState {
+        next_page: 12,
+        writes: 102,
+        ..from
+    };
+    let dest_mem = Vm::new(vm.config().clone()).unwrap();
+    for p in [10u64, 11] {
+        dest_mem.memory().write_u64(p * 4096, stamp(0, 3, p));
+    }
+    let good = Final {
+        vcpus: vec![to, from],
+        digests: source_digests(&dest_mem),
+        ..Final::default()
+    };
+    assert_eq!(verify(&vm, &state, &good).unwrap(), good.digests);
+    // A write the replay does not explain (a late copy overwrote one, say).
+    dest_mem.memory().write_u64(11 * 4096, 0);
+    let wrong = Final {
+        digests: source_digests(&dest_mem),
+        ..good.clone()
+    };
+    match verify(&vm, &state, &wrong) {
+        Err(MigrateError::MemoryMismatch { slot: 0, .. }) => {}
+        other => panic!("expected a mismatch in slot 0, got {other:?}"),
+    }
+    // States the guest cannot have reached.
+    let backwards = Final {
+        vcpus: vec![
+            VcpuState {
+                next_page: 5,
+                ..from
+            },
+            from,
+        ],
+        ..good.clone()
+    };
+    assert!(matches!(
+        verify(&vm, &state, &backwards),
+        Err(MigrateError::MemoryMismatch { .. })
+    ));
+    let too_few = Final {
+        vcpus: vec![to],
+        ..good
+    };
+    assert!(matches!(
+        verify(&vm, &state, &too_few),
+        Err(MigrateError::MemoryMismatch { .. })
+    ));
+}
