@@ -25,6 +25,7 @@ fuzz_target!(|data: &[u8]| {
         channels: u16::from(next() % 2) + 1,
         backing: ["anonymous", "anonymous_thp", "bogus"][usize::from(next() % 3)].into(),
         verify_full: next() & 1 == 1,
+        postcopy: false,
     };
     let mut stream = Vec::new();
     let Ok(mut w) = WireWriter::new(&mut stream, &header) else {

@@ -221,6 +221,7 @@ fn stream_with_state(vcpus_in_header: u32, state: &GuestState) -> Vec<u8> {
         channels: 1,
         backing: "anonymous".into(),
         verify_full: false,
+        postcopy: false,
     };
     let mut w = WireWriter::new(Vec::new(), &h).unwrap();
     w.probe(0, &[1], &mut |_| {}).unwrap();
@@ -358,6 +359,7 @@ fn header(mem: u64) -> Header {
         channels: 1,
         backing: "anonymous".into(),
         verify_full: false,
+        postcopy: false,
     }
 }
 

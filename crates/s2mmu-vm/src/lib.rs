@@ -8,6 +8,7 @@
 //! before the engine goes on.
 
 pub mod memory;
+pub mod replay;
 mod sync;
 pub mod tlb;
 pub mod vcpu;
@@ -15,8 +16,9 @@ pub mod vm;
 pub mod workload;
 
 pub use memory::{Backing, GuestMemory, MemoryError};
+pub use replay::replay_writes;
 pub use tlb::{ShootdownStats, SoftTlb, TlbShootdown, TlbStats};
-pub use vcpu::{Vcpu, VcpuExit};
+pub use vcpu::{PageFetch, Vcpu, VcpuExit};
 pub use vm::{SlotInfo, Vm, VmConfig, VmError, VmMmu};
 pub use workload::{
     stamp, Control, LiveCounters, Pattern, VcpuState, Workload, WorkloadConfig, LIVE_EVERY,

@@ -29,8 +29,30 @@ pub enum VcpuExit {
         /// The address.
         gpa: u64,
     },
+    /// The page is not on this host yet and could not be fetched (the
+    /// [`PageFetch`] hook failed: post-copy's connection broke).
+    PageUnavailable {
+        /// The address.
+        gpa: u64,
+    },
     /// The engine failed (out of memory).
     Engine(s2mmu::Error),
+}
+
+/// Where a stage-2 translation fault on a page that is not on this host
+/// yet is resolved: post-copy migration's page request. The vCPU that
+/// faults calls it before the engine maps the page, outside guest mode,
+/// and only that vCPU waits; the others run on.
+pub trait PageFetch: Send + Sync {
+    /// Returns once the page at `gpa` is in guest memory: at once when it
+    /// is already there, otherwise after asking for it and waiting for it.
+    /// `vcpu` is the faulting vCPU's index. Returns whether it had to wait
+    /// (a remote fault).
+    ///
+    /// # Errors
+    /// A reason when the page cannot be had (the connection to its source
+    /// broke); the vCPU then exits with [`VcpuExit::PageUnavailable`].
+    fn fetch(&self, vcpu: usize, gpa: u64) -> Result<bool, String>;
 }
 
 impl fmt::Display for VcpuExit {
@@ -43,6 +65,10 @@ impl fmt::Display for VcpuExit {
             ),
             VcpuExit::DirtyRingFull => write!(f, "dirty ring full"),
             VcpuExit::Misaligned { gpa } => write!(f, "misaligned access at {gpa:#x}"),
+            VcpuExit::PageUnavailable { gpa } => write!(
+                f,
+                "the page at {gpa:#x} is not on this host and could not be fetched"
+            ),
             VcpuExit::Engine(e) => write!(f, "{e}"),
         }
     }
@@ -64,6 +90,10 @@ pub struct Vcpu<S: MemslotStore> {
     /// Write walks made that way (the leaf's write permission set by the
     /// walk, or already set).
     pub hw_dirty_walks: u64,
+    /// Post-copy's page request hook (None: all memory is here).
+    fetch: Option<Arc<dyn PageFetch>>,
+    /// Translation faults that had to wait for a page from elsewhere.
+    pub remote_faults: u64,
     /// Faults taken (exits).
     pub faults: u64,
     /// Guest accesses made.
@@ -76,8 +106,11 @@ impl<S: MemslotStore> Vcpu<S> {
         memory: Arc<GuestMemory>,
         vmmu: VcpuMmu<HostMmOps>,
         tlb: SoftTlb,
+        fetch: Option<Arc<dyn PageFetch>>,
     ) -> Self {
         Vcpu {
+            fetch,
+            remote_faults: 0,
             reader: mmu.reader(),
             hw_dirty: mmu.policy().dirty.hardware(),
             hw_dirty_walks: 0,
@@ -170,6 +203,15 @@ impl<S: MemslotStore> Vcpu<S> {
             // with what the walk found, as hardware reports it.
             self.exit();
             self.faults += 1;
+            if let (FaultKind::Translation, Some(f)) = (kind, &self.fetch) {
+                // Not mapped: the page may not be on this host yet. Only
+                // this vCPU waits for it (outside guest mode, so TLB
+                // invalidations do not wait for it either).
+                match f.fetch(self.vmmu.id(), gpa) {
+                    Ok(waited) => self.remote_faults += u64::from(waited),
+                    Err(_) => return Err(VcpuExit::PageUnavailable { gpa }),
+                }
+            }
             let r = self
                 .mmu
                 .handle_stage2_fault(&mut self.vmmu, gpa, write, kind);

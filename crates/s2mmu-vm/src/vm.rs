@@ -3,13 +3,13 @@
 
 use crate::memory::{Backing, GuestMemory, MemoryError};
 use crate::tlb::TlbShootdown;
-use crate::vcpu::Vcpu;
+use crate::vcpu::{PageFetch, Vcpu};
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{Mmu, MmuPolicy};
 use s2mmu::{HostMmOps, PteFormat};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The engine types a simulated VM uses.
 pub type VmMmu<S> = Mmu<Arm64Stage2, HostMmOps, S>;
@@ -102,6 +102,9 @@ pub struct Vm<S: MemslotStore = TreeMemslots> {
     shootdown: Arc<TlbShootdown>,
     slots: Vec<SlotInfo>,
     config: VmConfig,
+    /// Post-copy's page request hook, given to vCPUs created after it is
+    /// set.
+    fetch: Mutex<Option<Arc<dyn PageFetch>>>,
     memory: Arc<GuestMemory>,
 }
 
@@ -182,6 +185,7 @@ impl<S: MemslotStore> Vm<S> {
             shootdown,
             slots,
             config,
+            fetch: Mutex::new(None),
             memory,
         })
     }
@@ -218,7 +222,22 @@ impl<S: MemslotStore> Vm<S> {
     pub fn new_vcpu(&self) -> Result<Vcpu<S>, VmError> {
         let vmmu = self.mmu.new_vcpu()?;
         let tlb = self.shootdown.register(self.config.tlb_entries);
-        Ok(Vcpu::new(self.mmu.clone(), self.memory.clone(), vmmu, tlb))
+        let fetch = self.fetch.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok(Vcpu::new(
+            self.mmu.clone(),
+            self.memory.clone(),
+            vmmu,
+            tlb,
+            fetch,
+        ))
+    }
+
+    /// Sets the hook that vCPUs created from now on call on a translation
+    /// fault before the engine maps the page (post-copy: pages that have
+    /// not arrived are not mapped, and the fault is their request). Every
+    /// vCPU of a post-copy destination must be created after this.
+    pub fn set_page_fetch(&self, fetch: Option<Arc<dyn PageFetch>>) {
+        *self.fetch.lock().unwrap_or_else(|p| p.into_inner()) = fetch;
     }
 
     /// Enables dirty logging on every slot.

@@ -354,7 +354,14 @@ impl<S: MemslotStore + 'static> Workload<S> {
         }
     }
 
-    /// Undoes [`Workload::pause`].
+    /// Asks every vCPU to pause at its next access without waiting for
+    /// them: one blocked in a fault (post-copy's page request) pauses
+    /// once its page is there. [`Workload::resume`] undoes it.
+    pub fn request_pause(&self) {
+        self.control.paused.store(true, Ordering::SeqCst);
+    }
+
+    /// Undoes [`Workload::pause`] and [`Workload::request_pause`].
     pub fn resume(&self) {
         self.control.paused.store(false, Ordering::SeqCst);
         self.wake_vcpus();
@@ -420,9 +427,9 @@ impl<S: MemslotStore + 'static> Drop for Workload<S> {
 }
 
 /// A small xorshift generator, as the selftests' guest_random.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 7;

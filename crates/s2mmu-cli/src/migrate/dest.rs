@@ -7,6 +7,7 @@
 use super::error::MigrateError;
 use super::hash::{digest_of, page_hash, ZERO_PAGE};
 use super::net::{self, BoxConn, Conn, Duplex, NetConfig};
+use super::postcopy;
 use super::wire::{
     channel_of, record_name, tag, tag_name, Dec, Enc, GuestState, Header, Opening, Record,
     WireReader, WireWriter, MAX_BATCH, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE,
@@ -131,6 +132,8 @@ pub struct DestOutcome {
     pub resumed_write_rate: f64,
     /// Passes each vCPU had reached when the destination stopped it.
     pub resumed_passes: Vec<u64>,
+    /// Post-copy's figures (None: pre-copy only).
+    pub postcopy: Option<super::postcopy::PostcopyFigures>,
 }
 
 /// Accepts one source on `listener`, authenticates it as `net` says,
@@ -150,8 +153,8 @@ pub fn serve(
         eprintln!("source connected from {peer}");
     }
     let main = net::server(s, net)?;
-    receive_core(main, cfg, &mut |h, session| {
-        join_channels(listener, net, cfg, h, session)
+    receive_core(main, cfg, &mut |session, wanted, wait| {
+        join_channels(listener, net, wait, session, wanted)
     })
 }
 
@@ -175,10 +178,10 @@ pub fn receive_from<R: Read + Send, W: Write + Send>(
             output: reply,
         },
         cfg,
-        &mut |h, _| {
+        &mut |_, wanted, _| {
             Err(MigrateError::OverLimit {
-                what: "channels",
-                asked: u64::from(h.channels),
+                what: "connections",
+                asked: wanted.len() as u64 + 1,
                 allowed: 1,
             })
         },
@@ -201,22 +204,25 @@ pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, Migra
     )
 }
 
-type Join<'a> =
-    dyn FnMut(&Header, &[u8; SESSION_LEN]) -> Result<Vec<WireReader<BoxConn>>, MigrateError> + 'a;
+/// Accepts connections joining a session: the channel numbers wanted, in
+/// that order, waiting at most the given time.
+pub(crate) type Join<'a> = dyn FnMut(&[u8; SESSION_LEN], &[u16], Duration) -> Result<Vec<WireReader<BoxConn>>, MigrateError>
+    + 'a;
 
-/// Accepts the source's further channels: each must authenticate and
-/// join this session with a channel number not seen yet. Others are
-/// dropped; the wait ends at the I/O timeout.
+/// Accepts the source's connections that join `session` with the channel
+/// numbers `wanted` (its further channels; post-copy's recovery): each
+/// must authenticate and join with a wanted number not seen yet. Others
+/// are dropped; the wait ends after `wait`. Returns them in `wanted`'s
+/// order.
 fn join_channels(
     listener: &TcpListener,
     net: &NetConfig,
-    cfg: &DestConfig,
-    h: &Header,
+    wait: Duration,
     session: &[u8; SESSION_LEN],
+    wanted: &[u16],
 ) -> Result<Vec<WireReader<BoxConn>>, MigrateError> {
-    let n = usize::from(h.channels);
-    let mut got: Vec<Option<WireReader<BoxConn>>> = (1..n).map(|_| None).collect();
-    let deadline = Instant::now() + cfg.io_timeout;
+    let mut got: Vec<Option<WireReader<BoxConn>>> = wanted.iter().map(|_| None).collect();
+    let deadline = Instant::now() + wait;
     while got.iter().any(Option::is_none) {
         let (s, peer) = net::accept_until(listener, Some(deadline))?;
         let conn = match net::server(s, net) {
@@ -234,10 +240,14 @@ fn join_channels(
                     channel,
                 },
             )) if &s == session
-                && (1..n).contains(&usize::from(channel))
-                && got[usize::from(channel) - 1].is_none() =>
+                && wanted
+                    .iter()
+                    .position(|&c| c == channel)
+                    .is_some_and(|k| got[k].is_none()) =>
             {
-                got[usize::from(channel) - 1] = Some(rd);
+                if let Some(k) = wanted.iter().position(|&c| c == channel) {
+                    got[k] = Some(rd);
+                }
             }
             Ok(_) => eprintln!("refused a connection from {peer}: not a channel of this migration"),
             Err(e) => eprintln!("refused a connection from {peer}: {e}"),
@@ -526,8 +536,24 @@ fn receive_inner<C: Conn>(
         w.control(tag::ACCEPT, &session)?;
         w.flush()?;
     }
-    let mut extras = if header.channels > 1 {
-        join(&header, &session)?
+    if header.postcopy && header.verify_full {
+        return Err(MigrateError::Malformed {
+            record: "HEADER",
+            at_byte: 10,
+            why: "post-copy with verify-full (the byte comparison needs the memory the guest resumed from)".into(),
+        });
+    }
+    let mut extras = if header.channels > 1 || header.postcopy {
+        // Post-copy's request and answer connections join after the data
+        // channels.
+        let n = header.channels + if header.postcopy { 2 } else { 0 };
+        join(&session, &(1..n).collect::<Vec<u16>>(), cfg.io_timeout)?
+    } else {
+        Vec::new()
+    };
+    // Post-copy's two connections are not data channels.
+    let pc_conns = if header.postcopy {
+        extras.split_off(extras.len().saturating_sub(2))
     } else {
         Vec::new()
     };
@@ -564,6 +590,7 @@ fn receive_inner<C: Conn>(
         .filter_map(|r| r.get_mut().tcp().and_then(|s| s.try_clone().ok()))
         .collect();
     let mut state = None;
+    let mut postcopy_missing = None;
     let probe_bytes = std::thread::scope(|sc| {
         let (ptx, prx) = std::sync::mpsc::channel();
         let handles: Vec<_> = extras
@@ -608,6 +635,11 @@ fn receive_inner<C: Conn>(
                     } => match t {
                         tag::ROUND => {}
                         tag::STATE => state = Some(GuestState::decode(&body, at_byte)?),
+                        tag::POSTCOPY if header.postcopy && state.is_some() => {
+                            postcopy_missing =
+                                Some(postcopy::decode_missing(&body, at_byte, page_count)?);
+                            break;
+                        }
                         tag::END => {
                             check_end(&body, at_byte, rd.pages)?;
                             break;
@@ -666,11 +698,18 @@ fn receive_inner<C: Conn>(
     let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
         (a + x.pages, b + x.pos, z + x.zero_pages)
     });
-    // Never resume from incomplete memory.
+    // Never resume from incomplete memory (post-copy: every page but the
+    // missing ones, which come after the resume).
     let received: Vec<u64> = sh
         .received
         .iter()
-        .map(|w| w.load(Ordering::Relaxed))
+        .enumerate()
+        .map(|(w, x)| {
+            x.load(Ordering::Relaxed)
+                | postcopy_missing
+                    .as_ref()
+                    .map_or(0, |m: &Vec<u64>| m.get(w).copied().unwrap_or(0))
+        })
         .collect();
     let missing: u64 = received
         .iter()
@@ -700,6 +739,30 @@ fn receive_inner<C: Conn>(
         why: "the stream carried no vCPU STATE".into(),
     })?;
     check_state(&state, &header)?;
+    if let Some(missing) = postcopy_missing {
+        let mut pc = pc_conns.into_iter();
+        let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
+            return Err(MigrateError::Setup(
+                "post-copy's connections did not join".into(),
+            ));
+        };
+        let main_socket = rd.get_mut().tcp().and_then(|s| s.try_clone().ok());
+        return postcopy::dest::resume(postcopy::dest::Resume {
+            vm: &vm,
+            main: &mut rd,
+            main_socket,
+            req,
+            answers,
+            state: &state,
+            missing,
+            cfg,
+            extra_counts,
+            channels: header.channels,
+            probe_bytes,
+            prefault,
+            recover: &mut |wanted, wait| join(&session, wanted, wait),
+        });
+    }
     let hashes: Vec<u64> = sh
         .hashes
         .iter()
@@ -780,6 +843,7 @@ fn receive_inner<C: Conn>(
         verify_mismatches,
         resumed_write_rate: writes1.saturating_sub(writes0) as f64 / secs.max(1e-9),
         resumed_passes,
+        postcopy: None,
     })
 }
 
@@ -841,7 +905,7 @@ fn page_offset(vm: &Vm, gpa: u64, at_byte: u64) -> Result<u64, MigrateError> {
 
 /// END's counts must be what arrived: a stream that lost records is not
 /// complete even when every page happened to arrive.
-fn check_end(body: &[u8], at_byte: u64, pages_seen: u64) -> Result<(), MigrateError> {
+pub(crate) fn check_end(body: &[u8], at_byte: u64, pages_seen: u64) -> Result<(), MigrateError> {
     let mut d = Dec::new(body, "END", at_byte);
     let (pages, bytes) = (d.u64()?, d.u64()?);
     d.finish()?;

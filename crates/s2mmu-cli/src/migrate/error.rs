@@ -63,6 +63,15 @@ pub enum MigrateError {
     Aborted { reason: String },
     /// The destination refused the stream and told the source.
     Rejected { reason: String },
+    /// Post-copy broke after the destination resumed: the guest's memory
+    /// is split between the two hosts.
+    PostcopyBroken {
+        /// Which side saw what.
+        why: String,
+        /// Pages the destination still lacked when it broke (None: the
+        /// side reporting does not know).
+        missing_pages: Option<u64>,
+    },
     /// Options or the VM could not be set up.
     Setup(String),
 }
@@ -162,6 +171,14 @@ impl fmt::Display for MigrateError {
             ),
             Aborted { reason } => write!(f, "the source aborted the migration: {reason}"),
             Rejected { reason } => write!(f, "the destination rejected the migration: {reason}"),
+            PostcopyBroken { why, missing_pages } => write!(
+                f,
+                "POST-COPY BROKE: {why}. The guest's memory is SPLIT between the two hosts: the destination ran it with {} that only the source holds. Both sides are paused; neither may resume it alone",
+                match missing_pages {
+                    Some(n) => format!("{n} pages missing"),
+                    None => "pages missing".to_string(),
+                }
+            ),
             Setup(s) => write!(f, "{s}"),
         }
     }

@@ -17,6 +17,7 @@ pub mod error;
 pub mod hash;
 pub mod net;
 pub mod plot;
+pub mod postcopy;
 pub mod source;
 pub mod timeline;
 pub mod wire;
@@ -25,6 +26,7 @@ use crate::report::{human_bytes, parse_size, Report};
 use dest::{serve, DestConfig, DestOutcome, Limits};
 use error::MigrateError;
 use net::{NetConfig, Security};
+use postcopy::Postcopy;
 use s2mmu::mmu::{FaultPath, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern};
 use serde_json::json;
@@ -69,6 +71,15 @@ pub enum ConvergeArg {
     DirtyLimit,
     /// No help: fail at the round limit.
     None,
+}
+
+/// Post-copy option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostcopyArg {
+    /// Switch right after round 0.
+    On,
+    /// Switch when pre-copy is not converging (instead of throttling).
+    Auto,
 }
 
 /// Options of `s2mmu migrate`.
@@ -120,8 +131,11 @@ pub struct Params {
     #[arg(long, value_enum, default_value = "auto")]
     pub converge: ConvergeArg,
     /// Also compare all of memory byte for byte after the resume.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "postcopy")]
     pub verify_full: bool,
+    /// Post-copy: resume on the destination after round 0 (`--postcopy`) or once pre-copy does not converge (`--postcopy auto`); pages not there yet are fetched when the guest faults on them.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on", value_name = "WHEN")]
+    pub postcopy: Option<PostcopyArg>,
     /// How long the guest runs before logging starts.
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub warmup: Duration,
@@ -304,6 +318,11 @@ impl Params {
             progress: true,
             label: String::new(),
             channels: self.channel_list()[0],
+            postcopy: match self.postcopy {
+                None => Postcopy::Off,
+                Some(PostcopyArg::On) => Postcopy::On,
+                Some(PostcopyArg::Auto) => Postcopy::Auto,
+            },
         })
     }
 
@@ -597,11 +616,23 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         dest_json(&d),
     );
     r.set_text(format!(
-        "destination: received {} page records ({} zero pages, {:.1} MiB) over {} channel(s); guest resumed from complete memory and ran {} ms at {:.1} MiB/s\n{}{}",
+        "destination: received {} page records ({} zero pages, {:.1} MiB) over {} channel(s); guest resumed from {} memory and ran {} ms at {:.1} MiB/s\n{}{}",
         d.page_records,
         d.zero_pages,
         d.bytes as f64 / MIB,
         d.channels,
+        match &d.postcopy {
+            Some(f) => format!(
+                "incomplete (post-copy: {} pages missing, {} remote faults, wait median {:.3} ms, p99 {:.3} ms, reference {:.3} ms, last page after {:.1} ms)",
+                f.missing_pages,
+                f.remote_faults,
+                f.fault_median_ns as f64 / 1e6,
+                f.fault_p99_ns as f64 / 1e6,
+                f.reference_ns as f64 / 1e6,
+                f.time_to_last_page_ns as f64 / 1e6
+            ),
+            None => "complete".into(),
+        },
         p.run_after.as_millis(),
         d.resumed_write_rate * 4096.0 / MIB,
         digests_text(&d.slot_digests),
@@ -658,6 +689,7 @@ fn params_json(p: &Params) -> serde_json::Value {
         "psk": p.psk.is_some(),
         "no_tls": p.no_tls,
         "no_prefault": p.no_prefault,
+        "postcopy": p.postcopy.map(|w| format!("{w:?}").to_lowercase()),
     })
 }
 
@@ -673,12 +705,14 @@ fn dest_json(d: &DestOutcome) -> serde_json::Value {
         "resumed_write_rate_pages_per_s": d.resumed_write_rate,
         "slot_digests": d.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
         "byte_compare_mismatched_pages": d.verify_mismatches,
+        "postcopy": d.postcopy.as_ref().map(postcopy::report::figures_json),
     })
 }
 
 fn source_json(s: &SourceOutcome) -> serde_json::Value {
     json!({
-        "converged": true,
+        "converged": s.postcopy.is_none(),
+        "switched_to_postcopy": s.postcopy.is_some(),
         "rounds": s.rounds.len(),
         "total_ns": s.total.as_nanos() as u64,
         "downtime_ns": s.downtime.as_nanos() as u64,
@@ -704,6 +738,7 @@ fn source_json(s: &SourceOutcome) -> serde_json::Value {
         "memory_equal": true,
         "verified_full": s.verified_full,
         "slot_digests": s.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
+        "postcopy": s.postcopy.as_ref().map(|pc| postcopy::report::json(pc, s)),
     })
 }
 
@@ -799,13 +834,17 @@ fn summary(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>, pol: &MmuPoli
         harvest_name(p.harvest),
         policy_label(pol)
     );
-    t.push_str(&format!(
+    if let Some(pc) = &s.postcopy {
+        t.push_str(&postcopy::report::text(pc, s, p.max_downtime));
+    } else {
+        t.push_str(&format!(
         "  converged after {precopy} pre-copy round(s) + stop-and-copy\n  total time           {:.3} s (logging on to resumed on the destination)\n  downtime             {:.1} ms (budget {} ms): {}\n",
         s.total.as_secs_f64(),
         s.downtime.as_secs_f64() * 1e3,
         p.max_downtime.as_millis(),
         if s.downtime <= p.max_downtime { "within budget" } else { "OVER BUDGET" }
     ));
+    }
     let per_round: Vec<String> = s
         .rounds
         .iter()
@@ -871,7 +910,12 @@ fn summary(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>, pol: &MmuPoli
         ));
     }
     t.push_str(&format!(
-        "  verification         destination memory equals the source's: per-slot digests equal ({} slot(s)){}\n",
+        "  verification         destination memory equals the source's{}: per-slot digests equal ({} slot(s)){}\n",
+        if s.postcopy.is_some() {
+            " at the stop plus every write the destination guest made since (replayed from its vCPU states)"
+        } else {
+            ""
+        },
         s.slot_digests.len(),
         if s.verified_full {
             ", and every page equal byte for byte"
@@ -881,7 +925,17 @@ fn summary(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>, pol: &MmuPoli
     ));
     if let Some(d) = d {
         t.push_str(&format!(
-            "  destination          guest resumed from complete memory, ran {} ms at {:.1} MiB/s{}\n",
+            "  destination          guest resumed from {} memory, ran {}{} ms at {:.1} MiB/s{}\n",
+            if s.postcopy.is_some() {
+                "incomplete (post-copy)"
+            } else {
+                "complete"
+            },
+            if s.postcopy.is_some() {
+                "at least "
+            } else {
+                ""
+            },
             p.run_after.as_millis(),
             d.resumed_write_rate * 4096.0 / MIB,
             if d.prefault > Duration::ZERO {

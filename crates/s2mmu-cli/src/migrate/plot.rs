@@ -1,7 +1,8 @@
 //! The migration drawn as a hand-written SVG: the guest's write rate and
 //! its execution time per write over time (seed 002's per-interval
 //! degradation while dirty logging is on), and the dirty set of every
-//! round.
+//! round; a post-copy migration's phase on the destination is outlined
+//! from the resume to the last page.
 
 use super::source::SourceOutcome;
 use super::timeline::intervals;
@@ -279,6 +280,26 @@ impl Frame {
             self.y0,
             (b - a).max(1.0)
         );
+        if let Some(pc) = &o.postcopy {
+            // Post-copy: the guest runs on the destination while the
+            // missing pages arrive (from the resume to the background
+            // stream's end), outlined and labelled.
+            let e = self.x(pc.background_end_s);
+            let _ = writeln!(
+                s,
+                r#"<rect x="{b:.1}" y="{}" width="{:.1}" height="{PANEL_H}" fill="{c}" opacity="0.06" stroke="{c}" stroke-dasharray="2,3"/>"#,
+                self.y0,
+                (e - b).max(1.0)
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{}" font-size="11" fill="{c}">post-copy: {} remote faults, last page at +{:.0} ms</text>"#,
+                b + 4.0,
+                self.y0 + 14.0,
+                pc.figures.remote_faults,
+                pc.figures.time_to_last_page_ns as f64 / 1e6
+            );
+        }
     }
 
     fn line(&self, s: &mut String, pts: &[(f64, f64)], color: &str) {

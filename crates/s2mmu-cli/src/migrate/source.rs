@@ -8,6 +8,9 @@ use super::bandwidth::TokenBucket;
 use super::error::MigrateError;
 use super::hash::{digest_of, is_zero, page_hash};
 use super::net::BoxConn;
+use super::postcopy::{Postcopy, PostcopyOutcome};
+
+mod postcopy_switch;
 use super::timeline::{intervals, Sample, Timeline};
 use super::wire::{
     channel_of, record_name, tag, Batch, Dec, Enc, GuestState, Header, Record, WireReader,
@@ -90,6 +93,8 @@ pub struct SourceConfig {
     pub label: String,
     /// Connections the pages are spread over.
     pub channels: u16,
+    /// When to switch to post-copy.
+    pub postcopy: Postcopy,
 }
 
 impl Default for SourceConfig {
@@ -115,6 +120,7 @@ impl Default for SourceConfig {
             progress: true,
             label: String::new(),
             channels: 1,
+            postcopy: Postcopy::Off,
         }
     }
 }
@@ -199,6 +205,8 @@ pub struct SourceOutcome {
     pub max_throttle_pct: u32,
     /// Per-vCPU pace at the end (dirty-limit lowers it).
     pub final_pace: u64,
+    /// Post-copy, when the migration switched to it.
+    pub postcopy: Option<PostcopyOutcome>,
 }
 
 impl SourceOutcome {
@@ -253,6 +261,11 @@ pub fn migrate_source(
             "{} bytes of guest memory cannot hold a page for each of {} vCPUs (1 to {MAX_VCPUS})",
             cfg.mem_size, cfg.vcpus
         )));
+    }
+    if cfg.postcopy != Postcopy::Off && cfg.verify_full {
+        return Err(MigrateError::Setup(
+            "post-copy and verify-full: the byte comparison needs the memory the guest resumed from; post-copy checks the destination against this memory plus its guest's writes".into(),
+        ));
     }
     if cfg.channels == 0 || cfg.channels > MAX_CHANNELS {
         return Err(MigrateError::Setup(format!(
@@ -309,6 +322,7 @@ pub fn migrate_source(
         channels: cfg.channels,
         backing: cfg.backing.name().to_string(),
         verify_full: cfg.verify_full,
+        postcopy: cfg.postcopy != Postcopy::Off,
     };
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;
@@ -332,6 +346,15 @@ pub fn migrate_source(
         let conn = connect(c)?;
         chans.push(Chan::new(WireWriter::join(conn, &session, c)?));
     }
+    // Post-copy's request and answer connections, after the data channels.
+    let mut pc_conns = Vec::new();
+    if cfg.postcopy != Postcopy::Off {
+        for c in [cfg.channels, cfg.channels + 1] {
+            let conn = connect(c)?;
+            pc_conns.push(WireWriter::join(conn, &session, c)?);
+        }
+    }
+    let mut switch = false;
     let mut s = Sender {
         vm: &vm,
         chans,
@@ -451,6 +474,12 @@ pub fn migrate_source(
             );
         }
         rounds.push(stat);
+        if cfg.postcopy == Postcopy::On
+            || (cfg.postcopy == Postcopy::Auto && round >= cfg.max_rounds)
+        {
+            switch = true;
+            break Ok(());
+        }
         // Half the budget: the rest is the margin for a link or a host
         // slower during the stop-and-copy than on average (another round
         // is cheap when this one is this small).
@@ -471,6 +500,11 @@ pub fn migrate_source(
         // half of what it sent.
         if round > 0 && dirty * page * 2 > bytes {
             high_rounds += 1;
+            if cfg.postcopy == Postcopy::Auto && high_rounds >= 2 {
+                // Not converging: post-copy instead of a throttle.
+                switch = true;
+                break Ok(());
+            }
             match cfg.converge {
                 Converge::Auto if high_rounds >= 2 => {
                     if throttle_pct == 0 {
@@ -514,6 +548,32 @@ pub fn migrate_source(
         ctl.throttle_ns.store(0, Ordering::Relaxed);
         let _ = vm.disable_dirty_logging();
         return Err(rejected_or(e, &mut s.chans[0].wire));
+    }
+    if switch {
+        return postcopy_switch::run(postcopy_switch::Switching {
+            vm: &vm,
+            wl: &wl,
+            wl_cfg,
+            ctl: &ctl,
+            s: &mut s,
+            pc_conns,
+            final_pace,
+            round,
+            rounds,
+            timeline,
+            log_start,
+            log_start_s,
+            warm,
+            warm_end,
+            warm_end_s,
+            at_log,
+            link,
+            link_bytes,
+            cfg,
+            connect,
+            session,
+            max_throttle,
+        });
     }
 
     // Stop and copy.
@@ -676,13 +736,14 @@ pub fn migrate_source(
         verified_full: cfg.verify_full,
         max_throttle_pct: max_throttle,
         final_pace,
+        postcopy: None,
     })
 }
 
 /// Reads the destination's next reply on the main connection.
 /// PROGRESS (the destination is still preparing) is skipped: each one
 /// proves it alive within the I/O timeout.
-fn read_reply(w: &mut WireWriter<BoxConn>) -> Result<Record, MigrateError> {
+pub(crate) fn read_reply(w: &mut WireWriter<BoxConn>) -> Result<Record, MigrateError> {
     let mut rd = WireReader::replies(w.get_mut());
     loop {
         match rd.next_record()? {
@@ -696,7 +757,7 @@ fn read_reply(w: &mut WireWriter<BoxConn>) -> Result<Record, MigrateError> {
 
 /// A reply that is not the one expected: REJECTED is the destination's
 /// reason, anything else malformed.
-fn unexpected_reply(r: Record, expected: &str) -> MigrateError {
+pub(crate) fn unexpected_reply(r: Record, expected: &str) -> MigrateError {
     match r {
         Record::Control {
             tag: tag::REJECTED,
@@ -879,7 +940,7 @@ impl Chan {
 
 /// Copies the guest page at `off` into `dst` word by word (atomically per
 /// word: the guest may be writing it), and says whether it was all zeros.
-fn copy_page(memory: &GuestMemory, off: u64, dst: &mut [u8]) -> bool {
+pub(crate) fn copy_page(memory: &GuestMemory, off: u64, dst: &mut [u8]) -> bool {
     if off + PAGE_SIZE as u64 > memory.size() || dst.len() != PAGE_SIZE {
         memory.read_into(off, dst);
         return is_zero(dst);

@@ -8,7 +8,9 @@
 //!          is allocated)
 //!          0x08 HEADER  mem_size:u64 page_size:u32 slots:u32 gpa_base:u64
 //!                       vcpus:u32 channels:u16 backing_len:u8
-//!                       backing[backing_len] flags:u8 (bit 0: verify-full)
+//!                       backing[backing_len] flags:u8 (bit 0: verify-full,
+//!                       bit 1: post-copy: the last two channels are its
+//!                       request and answer connections, see `postcopy`)
 //!          0x09 JOIN    session[16] channel:u16
 //!          0x02 ROUND   round:u32 pages:u64
 //!          0x03 STATE   the vCPUs' state and the workload (GuestState)
@@ -23,6 +25,18 @@
 //!          0x81 RESUMED slots:u32 (id:u16 digest:u64)*   destination -> source
 //!          0x82 REJECTED reason (UTF-8)                  destination -> source
 //!          0x83 VERIFIED differing_pages:u64 first_gpa:u64 destination -> source
+//!          0x0a POSTCOPY the pages still missing, a bitmap over guest
+//!                       memory (bit i: page i), after STATE: the
+//!                       destination resumes at once (see `postcopy`)
+//!          0x87 REQUEST gpa:u64 on the request connection   destination -> source
+//!          0x88 POSTCOPY_RESUMED (empty)                    destination -> source
+//!          0x89 DONE    (empty) every page is here          destination -> source
+//!          0x8b MISSING the pages still missing (POSTCOPY's form), on a
+//!                       post-copy recovery's main connection (it joins
+//!                       as channel 0, then the request and answer
+//!                       connections join again)       destination -> source
+//!          0x8a FINAL   the post-copy figures, the vCPU states and digests
+//!                       after the destination's run         destination -> source
 //! pages    0x01 count:u16 entry[count] xxh3(count, entries; seed=0x01):u64
 //!          data[4096] for each entry that is not a zero page, in order
 //!          entry = gpa_and_flags:u64 (bit 0: zero page, no data follows)
@@ -92,12 +106,18 @@ pub mod tag {
     pub const PROBE: u8 = 0x07;
     pub const HEADER: u8 = 0x08;
     pub const JOIN: u8 = 0x09;
+    pub const POSTCOPY: u8 = 0x0a;
     pub const RESUMED: u8 = 0x81;
     pub const REJECTED: u8 = 0x82;
     pub const VERIFIED: u8 = 0x83;
     pub const ACCEPT: u8 = 0x84;
     pub const PROBED: u8 = 0x85;
     pub const PROGRESS: u8 = 0x86;
+    pub const REQUEST: u8 = 0x87;
+    pub const POSTCOPY_RESUMED: u8 = 0x88;
+    pub const DONE: u8 = 0x89;
+    pub const FINAL: u8 = 0x8a;
+    pub const MISSING: u8 = 0x8b;
 }
 
 /// Name of a record tag, for error messages.
@@ -118,6 +138,12 @@ pub fn tag_name(t: u8) -> &'static str {
         tag::ACCEPT => "ACCEPT",
         tag::PROBED => "PROBED",
         tag::PROGRESS => "PROGRESS",
+        tag::POSTCOPY => "POSTCOPY",
+        tag::REQUEST => "REQUEST",
+        tag::POSTCOPY_RESUMED => "POSTCOPY_RESUMED",
+        tag::DONE => "DONE",
+        tag::FINAL => "FINAL",
+        tag::MISSING => "MISSING",
         _ => "unknown",
     }
 }
@@ -130,7 +156,10 @@ fn max_body(t: u8) -> Option<usize> {
         tag::JOIN => SESSION_LEN + 2,
         tag::ROUND => 12,
         tag::STATE => 32 + 32 * MAX_VCPUS as usize,
-        tag::VERIFY | tag::PROGRESS => 0,
+        tag::VERIFY | tag::PROGRESS | tag::POSTCOPY_RESUMED | tag::DONE => 0,
+        tag::POSTCOPY | tag::MISSING => (MAX_MEM / PAGE_SIZE as u64 / 8) as usize,
+        tag::REQUEST => 8,
+        tag::FINAL => 64 + 32 * MAX_VCPUS as usize + 10 * MAX_SLOTS as usize,
         tag::END | tag::VERIFIED => 16,
         tag::ABORT | tag::REJECTED => 4096,
         tag::ACCEPT => SESSION_LEN,
@@ -158,6 +187,9 @@ pub struct Header {
     /// The source will send all of its memory again after the resume for
     /// a byte-for-byte comparison (the destination keeps a snapshot).
     pub verify_full: bool,
+    /// Post-copy: two more connections than `channels` counts as data
+    /// channels join, for page requests and their answers.
+    pub postcopy: bool,
 }
 
 /// How a connection opens: the main one with the guest's header, a
@@ -295,7 +327,7 @@ impl Header {
             .u16(self.channels)
             .u8(name.len().min(255) as u8)
             .bytes(&name[..name.len().min(255)])
-            .u8(u8::from(self.verify_full));
+            .u8(u8::from(self.verify_full) | (u8::from(self.postcopy) << 1));
         e.0
     }
 
@@ -319,7 +351,7 @@ impl Header {
         let backing = String::from_utf8(d.bytes(n)?.to_vec())
             .map_err(|_| d.malformed("backing name is not UTF-8".into()))?;
         let flags = d.u8()?;
-        if flags > 1 {
+        if flags > 3 {
             return Err(d.malformed(format!("unknown flags {flags:#04x}")));
         }
         d.finish()?;
@@ -350,6 +382,7 @@ impl Header {
             channels,
             backing,
             verify_full: flags & 1 != 0,
+            postcopy: flags & 2 != 0,
         })
     }
 }
@@ -1019,6 +1052,7 @@ mod tests {
             channels: 1,
             backing: "anonymous".into(),
             verify_full: true,
+            postcopy: false,
         }
     }
 

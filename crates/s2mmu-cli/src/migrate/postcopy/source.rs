@@ -1,0 +1,429 @@
+//! The source's post-copy: with its guest paused, it sends the vCPU state
+//! and the missing pages' bitmap, answers the destination's requests on
+//! their own connection as they come, streams every other missing page in
+//! the background, and checks the destination's memory against its own
+//! plus the destination guest's writes.
+
+use super::super::bandwidth::TokenBucket;
+use super::super::error::MigrateError;
+use super::super::hash::{digest_of, page_hash};
+use super::super::net::BoxConn;
+use super::super::source::{copy_page, read_reply, unexpected_reply, Connect};
+use super::super::wire::{
+    record_name, tag, Batch, Dec, GuestState, Record, WireReader, WireWriter, PAGE_SIZE,
+    SESSION_LEN,
+};
+use super::{decode_missing, encode_missing, Final};
+use s2mmu_vm::{replay_writes, Pattern, Vm, WorkloadConfig};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Accesses of one vCPU the verification replays at most.
+const MAX_REPLAY_ACCESSES: u64 = 1 << 28;
+
+/// Recoveries the source attempts before it gives post-copy up.
+pub const MAX_RECOVERIES: u32 = 3;
+
+/// What the switch needs (the main connection, which carries the
+/// background pages and the replies, is passed alongside).
+pub struct Switch<'a> {
+    pub vm: &'a Arc<Vm>,
+    /// The request connection (read) and the answer connection (written).
+    pub req: WireWriter<BoxConn>,
+    pub answers: WireWriter<BoxConn>,
+    /// The paused guest's state.
+    pub state: &'a GuestState,
+    /// The pages still dirty (bit i: page i of guest memory).
+    pub missing: Vec<u64>,
+    /// The link limit (background pages only).
+    pub bucket: &'a Mutex<TokenBucket>,
+}
+
+/// What the source saw of post-copy.
+#[derive(Clone, Debug)]
+pub struct Done {
+    /// When the destination said it resumed.
+    pub resumed_at: Instant,
+    /// When the background stream's END went out.
+    pub background_end: Instant,
+    /// Pages sent in the background and as answers.
+    pub background_pages: u64,
+    pub answered_pages: u64,
+    /// Stream bytes of both.
+    pub bytes: u64,
+    /// The destination's FINAL.
+    pub fin: Final,
+    /// Connections that broke and were replaced.
+    pub recoveries: u32,
+}
+
+/// Sends STATE and POSTCOPY and waits for the resume.
+///
+/// # Errors
+/// The stream's or the destination's error; the destination has not
+/// resumed the guest (the source may).
+pub fn switch(sw: &Switch<'_>, main: &mut WireWriter<BoxConn>) -> Result<Instant, MigrateError> {
+    main.control(tag::STATE, &sw.state.encode())?;
+    main.control(tag::POSTCOPY, &encode_missing(&sw.missing))?;
+    main.flush()?;
+    match read_reply(main)? {
+        Record::Control {
+            tag: tag::POSTCOPY_RESUMED,
+            ..
+        } => Ok(Instant::now()),
+        other => Err(unexpected_reply(other, "POSTCOPY_RESUMED")),
+    }
+}
+
+/// After the resume: [`finish`], and when a connection breaks, resumes
+/// over new ones (`connect`, joining `session`; at most
+/// [`MAX_RECOVERIES`] times). The guest stays paused here throughout.
+///
+/// # Errors
+/// [`MigrateError::PostcopyBroken`]: the guest's memory is split.
+pub fn run(
+    mut sw: Switch<'_>,
+    main: &mut WireWriter<BoxConn>,
+    resumed_at: Instant,
+    connect: &mut Connect<'_>,
+    session: &[u8; SESSION_LEN],
+    channels: u16,
+) -> Result<Done, MigrateError> {
+    let (vm, state, bucket) = (sw.vm, sw.state, sw.bucket);
+    let first_missing = sw.missing.clone();
+    let pages = vm.memory().size() / PAGE_SIZE as u64;
+    let mut recovered: Option<WireWriter<BoxConn>> = None;
+    let mut recoveries = 0;
+    loop {
+        let m = match recovered.as_mut() {
+            Some(m) => m,
+            None => &mut *main,
+        };
+        let e = match finish(sw, m, resumed_at) {
+            Ok(mut d) => {
+                d.recoveries = recoveries;
+                return Ok(d);
+            }
+            Err(e) => e,
+        };
+        let broken = |why: String| MigrateError::PostcopyBroken {
+            why: format!("the source: {why}"),
+            missing_pages: None,
+        };
+        let mendable = matches!(
+            e,
+            MigrateError::Io { .. } | MigrateError::Timeout { .. } | MigrateError::Truncated { .. }
+        );
+        if !mendable || recoveries >= MAX_RECOVERIES {
+            return Err(broken(e.to_string()));
+        }
+        recoveries += 1;
+        eprintln!(
+            "source: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts; it stays paused here; resuming over new connections (recovery {recoveries} of at most {MAX_RECOVERIES})"
+        );
+        let (m, req, answers, still) = reconnect(connect, session, channels, pages)
+            .map_err(|e2| broken(format!("{e}; the recovery failed: {e2}")))?;
+        // Only pages that were missing: the destination has the rest.
+        let missing = still
+            .iter()
+            .zip(&first_missing)
+            .map(|(a, b)| a & b)
+            .collect();
+        recovered = Some(m);
+        sw = Switch {
+            vm,
+            req,
+            answers,
+            state,
+            missing,
+            bucket,
+        };
+    }
+}
+
+/// A recovery's main, request and answer connections and the pages the
+/// destination still lacks.
+type Reconnected = (
+    WireWriter<BoxConn>,
+    WireWriter<BoxConn>,
+    WireWriter<BoxConn>,
+    Vec<u64>,
+);
+
+/// A recovery's connections: the main one joins as channel 0, then the
+/// request and answer connections; the destination answers with MISSING.
+fn reconnect(
+    connect: &mut Connect<'_>,
+    session: &[u8; SESSION_LEN],
+    channels: u16,
+    pages: u64,
+) -> Result<Reconnected, MigrateError> {
+    let mut main = WireWriter::join(connect(0)?, session, 0)?;
+    let req = WireWriter::join(connect(channels)?, session, channels)?;
+    let answers = WireWriter::join(connect(channels + 1)?, session, channels + 1)?;
+    match read_reply(&mut main)? {
+        Record::Control {
+            tag: tag::MISSING,
+            body,
+            at_byte,
+        } => {
+            let still = decode_missing(&body, at_byte, pages)?;
+            Ok((main, req, answers, still))
+        }
+        other => Err(unexpected_reply(other, "MISSING")),
+    }
+}
+
+/// After the resume, over one set of connections: answers requests,
+/// streams the rest, reads FINAL.
+///
+/// # Errors
+/// The stream's error (the caller says the memory is split).
+pub fn finish(
+    sw: Switch<'_>,
+    main: &mut WireWriter<BoxConn>,
+    resumed_at: Instant,
+) -> Result<Done, MigrateError> {
+    let vm = sw.vm;
+    let sent: Vec<AtomicU64> = sw.missing.iter().map(|_| AtomicU64::new(0)).collect();
+    let mut req_conn = sw.req;
+    let req_sock = req_conn.get_mut().tcp().and_then(|s| s.try_clone().ok());
+    let mut req = WireReader::replies(req_conn.into_inner());
+    let mut answers = sw.answers;
+    let r = std::thread::scope(|sc| {
+        let sent = &sent;
+        let server = sc.spawn(move || serve_requests(vm, &mut req, &mut answers, sent));
+        let bg = background(vm, main, &sw.missing, sent, sw.bucket);
+        let fin = bg.and_then(|(pages, bytes, end)| match read_reply(main)? {
+            Record::Control {
+                tag: tag::FINAL,
+                body,
+                at_byte,
+            } => Final::decode(&body, at_byte).map(|f| (pages, bytes, end, f)),
+            other => Err(unexpected_reply(other, "FINAL")),
+        });
+        if fin.is_err() {
+            // The request server would wait for DONE until its deadline,
+            // the destination for the stream until its own.
+            if let Some(s) = &req_sock {
+                super::super::net::shutdown(s);
+            }
+            if let Some(s) = main.get_mut().tcp() {
+                super::super::net::shutdown(s);
+            }
+        }
+        let served = server
+            .join()
+            .unwrap_or_else(|_| Err(MigrateError::Setup("the request server panicked".into())));
+        match (fin, served) {
+            (Ok((pages, bytes, end, fin)), Ok((answered, abytes))) => Ok(Done {
+                resumed_at,
+                background_end: end,
+                background_pages: pages,
+                answered_pages: answered,
+                bytes: bytes + abytes,
+                fin,
+                recoveries: 0,
+            }),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        }
+    });
+    r
+}
+
+/// The guest-physical address of page `index` of guest memory.
+fn gpa_of(vm: &Vm, index: u64) -> Option<(u64, u64)> {
+    let off = index * PAGE_SIZE as u64;
+    vm.slots()
+        .iter()
+        .find(|s| off >= s.mem_offset && off - s.mem_offset < s.size)
+        .map(|s| (s.gpa + off - s.mem_offset, off))
+}
+
+fn claim(sent: &[AtomicU64], i: u64) -> bool {
+    let b = 1u64 << (i % 64);
+    sent[(i / 64) as usize].fetch_or(b, Ordering::SeqCst) & b == 0
+}
+
+/// Every missing page no request has taken yet, on the main connection,
+/// then END. Returns pages, bytes and when END went out.
+fn background(
+    vm: &Vm,
+    main: &mut WireWriter<BoxConn>,
+    missing: &[u64],
+    sent: &[AtomicU64],
+    bucket: &Mutex<TokenBucket>,
+) -> Result<(u64, u64, Instant), MigrateError> {
+    let (p0, b0) = (main.pages, main.pos);
+    let mut batch = Batch::new();
+    let memory = vm.memory();
+    for (w, &word) in missing.iter().enumerate() {
+        let mut m = word;
+        while m != 0 {
+            let i = w as u64 * 64 + u64::from(m.trailing_zeros());
+            m &= m - 1;
+            if !claim(sent, i) {
+                continue;
+            }
+            let Some((gpa, off)) = gpa_of(vm, i) else {
+                continue;
+            };
+            batch.push_known(gpa, |p| copy_page(memory, off, p));
+            if batch.is_full() {
+                bucket
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take(batch.wire_bytes());
+                main.batch(&mut batch)?;
+            }
+        }
+    }
+    main.batch(&mut batch)?;
+    main.end()?;
+    Ok((main.pages - p0, main.pos - b0, Instant::now()))
+}
+
+/// Answers REQUESTs on the answer connection (first, whatever the
+/// background stream is doing), forwards heartbeats, ends at DONE.
+/// Returns the pages answered and their bytes.
+fn serve_requests(
+    vm: &Vm,
+    req: &mut WireReader<BoxConn>,
+    answers: &mut WireWriter<BoxConn>,
+    sent: &[AtomicU64],
+) -> Result<(u64, u64), MigrateError> {
+    let (p0, b0) = (answers.pages, answers.pos);
+    let mut batch = Batch::new();
+    loop {
+        match req.next_record()? {
+            Record::Control {
+                tag: tag::REQUEST,
+                body,
+                at_byte,
+            } => {
+                let mut d = Dec::new(&body, "REQUEST", at_byte);
+                let gpa = d.u64()?;
+                d.finish()?;
+                let off = match vm.locate(gpa) {
+                    Some((_, off)) if gpa.is_multiple_of(PAGE_SIZE as u64) => off,
+                    _ => return Err(MigrateError::PageOutOfRange { gpa, at_byte }),
+                };
+                claim(sent, off / PAGE_SIZE as u64);
+                batch.push_known(gpa, |p| copy_page(vm.memory(), off, p));
+                answers.batch(&mut batch)?;
+                answers.flush()?;
+            }
+            Record::Control {
+                tag: tag::PROGRESS, ..
+            } => {
+                answers.control(tag::PROGRESS, &[])?;
+                answers.flush()?;
+            }
+            Record::Control { tag: tag::DONE, .. } => {
+                answers.end()?;
+                return Ok((answers.pages - p0, answers.pos - b0));
+            }
+            other => {
+                return Err(MigrateError::Malformed {
+                    record: "request",
+                    at_byte: req.pos,
+                    why: format!(
+                        "the request connection carries REQUEST, PROGRESS and DONE, got {}",
+                        record_name(&other)
+                    ),
+                })
+            }
+        }
+    }
+}
+
+/// Checks FINAL: the destination's memory must be this (frozen) memory
+/// plus exactly the writes its guest made from `state` to FINAL's vCPU
+/// states, slot by slot. Returns the digests that agreed.
+///
+/// # Errors
+/// [`MigrateError::MemoryMismatch`].
+pub fn verify(vm: &Vm, state: &GuestState, fin: &Final) -> Result<Vec<(u16, u64)>, MigrateError> {
+    let mismatch = |slot, detail| MigrateError::MemoryMismatch { slot, detail };
+    if fin.vcpus.len() != state.vcpus.len() {
+        return Err(mismatch(
+            0,
+            format!(
+                "FINAL carries {} vCPU states, the guest has {}",
+                fin.vcpus.len(),
+                state.vcpus.len()
+            ),
+        ));
+    }
+    let cfg = WorkloadConfig {
+        bytes_per_vcpu: state.bytes_per_vcpu,
+        write_percent: state.write_percent,
+        pattern: if state.pattern == 1 {
+            Pattern::Random
+        } else {
+            Pattern::Sequential
+        },
+        page_size: PAGE_SIZE as u64,
+    };
+    // The destination guest's writes: the last value of every word, by
+    // page.
+    let mut overlay: HashMap<u64, HashMap<u64, u64>> = HashMap::new();
+    let base = vm.config().gpa_base;
+    for (v, (from, to)) in state.vcpus.iter().zip(&fin.vcpus).enumerate() {
+        replay_writes(
+            &cfg,
+            v,
+            base + v as u64 * cfg.bytes_per_vcpu,
+            *from,
+            *to,
+            MAX_REPLAY_ACCESSES,
+            |gpa, value| {
+                let page = gpa & !(PAGE_SIZE as u64 - 1);
+                overlay.entry(page).or_default().insert(gpa - page, value);
+            },
+        )
+        .map_err(|why| mismatch(0, format!("the destination's vCPU states: {why}")))?;
+    }
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let mut digests = Vec::new();
+    for s in vm.slots() {
+        let n = s.size / PAGE_SIZE as u64;
+        let hashes: Vec<u64> = (0..n)
+            .map(|i| {
+                let gpa = s.gpa + i * PAGE_SIZE as u64;
+                vm.memory()
+                    .read_into(s.mem_offset + i * PAGE_SIZE as u64, &mut buf);
+                if let Some(words) = overlay.get(&gpa) {
+                    for (&off, &v) in words {
+                        let o = off as usize;
+                        if o + 8 <= PAGE_SIZE {
+                            buf[o..o + 8].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                }
+                page_hash(&buf, gpa)
+            })
+            .collect();
+        let want = digest_of(&hashes);
+        match fin.digests.iter().find(|(id, _)| *id == s.id) {
+            Some((_, got)) if *got == want => digests.push((s.id, want)),
+            Some((_, got)) => {
+                return Err(mismatch(
+                    s.id,
+                    format!(
+                        "source memory at the stop plus the destination guest's writes has digest {want:#018x}, the destination {got:#018x}"
+                    ),
+                ))
+            }
+            None => {
+                return Err(mismatch(
+                    s.id,
+                    "the destination reported no digest for it".into(),
+                ))
+            }
+        }
+    }
+    Ok(digests)
+}

@@ -1,0 +1,424 @@
+//! Post-copy migrations of small guests over loopback TCP: a guest that
+//! dirties memory as fast as it can resumes on the destination after
+//! round 0 and verifies; `--postcopy auto` switches when pre-copy does not
+//! converge; damaged and cut post-copy streams are refused by name, and
+//! both sides then say the guest's memory is split. Behaviour only: no
+//! timing is asserted.
+
+use s2mmu::mmu::MmuPolicy;
+use s2mmu_cli::migrate::dest::{serve, DestConfig, DestOutcome};
+use s2mmu_cli::migrate::error::MigrateError;
+use s2mmu_cli::migrate::migrate_in_process;
+use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
+use s2mmu_cli::migrate::postcopy::Postcopy;
+use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
+use s2mmu_cli::migrate::wire::{tag, PAGE_SIZE};
+use s2mmu_vm::Backing;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+fn plain() -> NetConfig {
+    NetConfig::plain(Duration::from_secs(10))
+}
+
+fn small(mem: u64) -> SourceConfig {
+    SourceConfig {
+        mem_size: mem,
+        backing: Backing::Anonymous,
+        slots: 2,
+        ring_entries: 256,
+        clear_chunk: 1 << 20,
+        dirty_rate: 0,
+        postcopy: Postcopy::On,
+        warmup: Duration::from_millis(50),
+        sample_every: Duration::from_millis(20),
+        progress: false,
+        ..SourceConfig::default()
+    }
+}
+
+fn dest_cfg() -> DestConfig {
+    DestConfig {
+        prefault: false,
+        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
+    }
+}
+
+fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SourceConfig) {
+    let pc = s
+        .postcopy
+        .as_ref()
+        .expect("the migration switched to post-copy");
+    let f = &pc.figures;
+    assert_eq!(
+        d.postcopy.as_ref(),
+        Some(f),
+        "both sides report the same figures"
+    );
+    assert!(
+        f.missing_pages > 0,
+        "a guest dirtying at full speed leaves pages to fetch"
+    );
+    assert!(f.missing_pages <= cfg.mem_size / PAGE_SIZE as u64);
+    // Every missing page landed exactly once, from one of the two streams.
+    assert_eq!(f.background_pages + f.answered_pages, f.missing_pages);
+    assert!(f.requests >= 1 && f.remote_faults >= f.requests.min(1));
+    assert!(f.reference_samples >= 1);
+    assert_eq!(s.slot_digests.len(), cfg.slots as usize);
+    assert_eq!(s.slot_digests, d.slot_digests, "memory verified");
+    assert!(d.resumed_passes.iter().all(|&p| p >= 1));
+}
+
+#[test]
+fn a_guest_dirtying_as_fast_as_it_can_migrates_with_postcopy() {
+    let cfg = small(32 << 20);
+    let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &plain()).expect("post-copy succeeds");
+    check_postcopy(&s, &d, &cfg);
+    assert_eq!(s.postcopy.as_ref().unwrap().after_round, 0);
+    assert_eq!(s.rounds.len(), 1, "round 0, then post-copy");
+}
+
+#[test]
+fn postcopy_with_dirty_rings_and_two_channels_over_tls() {
+    let cfg = SourceConfig {
+        harvest: Harvest::Ring,
+        channels: 2,
+        ..small(32 << 20)
+    };
+    let net = NetConfig {
+        security: net::ephemeral_tls().unwrap(),
+        ..plain()
+    };
+    let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &net).expect("post-copy succeeds");
+    check_postcopy(&s, &d, &cfg);
+}
+
+#[test]
+fn postcopy_auto_switches_when_precopy_does_not_converge() {
+    let cfg = SourceConfig {
+        postcopy: Postcopy::Auto,
+        bandwidth: 64 << 20,
+        converge: Converge::None,
+        max_rounds: 6,
+        max_downtime: Duration::from_millis(5),
+        ..small(16 << 20)
+    };
+    let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &plain()).expect("post-copy succeeds");
+    check_postcopy(&s, &d, &cfg);
+    let after = s.postcopy.as_ref().unwrap().after_round;
+    assert!(after >= 1, "pre-copy ran rounds before the switch");
+    assert_eq!(s.rounds.len() as u32, after + 1);
+}
+
+/// What a [`Tamper`] does once armed.
+#[derive(Clone, Copy)]
+enum Harm {
+    /// Flip a byte this many bytes after arming.
+    Flip(u64),
+    /// Fail every write this many bytes after arming (the connection is
+    /// shut down: a cut cable).
+    Cut(u64),
+    /// Flip this byte of the POSTCOPY record itself.
+    FlipPostcopy(usize),
+}
+
+/// A connection that arms when it writes the POSTCOPY record (or at once)
+/// and then damages or cuts what it writes.
+struct Tamper {
+    inner: BoxConn,
+    armed_at: Option<u64>,
+    arm_on_postcopy: bool,
+    pos: u64,
+    harm: Harm,
+    done: bool,
+}
+
+impl Read for Tamper {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(b)
+    }
+}
+
+impl Write for Tamper {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let mut data = b.to_vec();
+        if self.armed_at.is_none()
+            && self.arm_on_postcopy
+            && b.len() >= 5
+            && b[0] == tag::POSTCOPY
+            && u32::from_le_bytes(b[1..5].try_into().unwrap()) as usize == b.len() - 13
+        {
+            self.armed_at = Some(self.pos + b.len() as u64);
+            if let Harm::FlipPostcopy(k) = self.harm {
+                data[k.min(b.len() - 1)] ^= 0x40;
+                self.done = true;
+            }
+        }
+        if self.armed_at.is_none() && !self.arm_on_postcopy {
+            self.armed_at = Some(0);
+        }
+        if let (Some(at), false) = (self.armed_at, self.done) {
+            match self.harm {
+                Harm::Flip(k) if self.pos + data.len() as u64 > at + k && self.pos <= at + k => {
+                    data[(at + k - self.pos) as usize] ^= 0x40;
+                    self.done = true;
+                }
+                Harm::Cut(k) if self.pos + data.len() as u64 > at + k => {
+                    self.done = true;
+                    if let Some(s) = self.inner.tcp() {
+                        net::shutdown(s);
+                    }
+                    return Err(std::io::Error::other("cut"));
+                }
+                _ => {}
+            }
+        }
+        self.inner.write_all(&data)?;
+        self.pos += data.len() as u64;
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl Conn for Tamper {
+    fn tcp(&self) -> Option<&TcpStream> {
+        self.inner.tcp()
+    }
+}
+
+/// Runs a post-copy migration whose connection `victim` is a [`Tamper`]
+/// (only the first one opened for that channel unless `every`); returns
+/// both sides' results.
+fn tampered(
+    cfg: &SourceConfig,
+    victim: u16,
+    arm_on_postcopy: bool,
+    harm: Harm,
+    every: bool,
+) -> (
+    Result<SourceOutcome, MigrateError>,
+    Result<DestOutcome, MigrateError>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let n = plain();
+    let dn = n.clone();
+    let dest = std::thread::spawn(move || serve(&listener, &dest_cfg(), &dn));
+    let mut opened = 0;
+    let src = migrate_source(cfg, &mut |c| {
+        let s = net::connect_tcp(&addr.to_string(), &n)?;
+        let conn = net::client(s, &n)?;
+        opened += u32::from(c == victim);
+        Ok(if c == victim && (every || opened == 1) {
+            Box::new(Tamper {
+                inner: conn,
+                armed_at: None,
+                arm_on_postcopy,
+                pos: 0,
+                harm,
+                done: false,
+            }) as BoxConn
+        } else {
+            conn
+        })
+    });
+    (src, dest.join().unwrap())
+}
+
+fn assert_split(r: &Result<impl std::fmt::Debug, MigrateError>, side: &str) -> String {
+    match r {
+        Err(e @ MigrateError::PostcopyBroken { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("SPLIT between the two hosts"), "{msg}");
+            msg
+        }
+        other => panic!("{side}: expected PostcopyBroken, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_damaged_answer_is_refused_and_both_sides_say_memory_is_split() {
+    let cfg = small(16 << 20);
+    // The answer connection carries only post-copy pages: byte 200 after
+    // its opening and JOIN (41 bytes) lies in the first answer's page data.
+    let (s, d) = tampered(&cfg, cfg.channels + 1, false, Harm::Flip(41 + 200), true);
+    let msg = assert_split(&d, "destination");
+    assert!(msg.contains("checksum mismatch"), "{msg}");
+    assert_split(&s, "source");
+}
+
+#[test]
+fn a_damaged_postcopy_record_is_refused_before_the_resume() {
+    let cfg = small(16 << 20);
+    // A bit of the missing pages' bitmap: the record's checksum fails and
+    // the destination never resumes (the source's guest goes on there).
+    let (s, d) = tampered(&cfg, 0, true, Harm::FlipPostcopy(7), true);
+    match &d {
+        Err(MigrateError::RecordChecksum { record, .. }) => assert_eq!(*record, "POSTCOPY"),
+        other => panic!("destination: expected a POSTCOPY checksum error, got {other:?}"),
+    }
+    match &s {
+        Err(MigrateError::Rejected { reason }) => {
+            assert!(reason.contains("checksum mismatch"), "{reason}")
+        }
+        other => panic!("source: expected Rejected, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_damaged_background_record_is_refused() {
+    let cfg = small(16 << 20);
+    let (s, d) = tampered(&cfg, 0, true, Harm::Flip(3000), true);
+    let msg = assert_split(&d, "destination");
+    assert!(msg.contains("checksum mismatch"), "{msg}");
+    assert_split(&s, "source");
+}
+
+/// Offsets into a stream, pseudo-random from the clock (printed, so a
+/// failing run can be repeated).
+fn random_offsets(n: usize, below: u64) -> Vec<u64> {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        | 1;
+    eprintln!("cut offsets from seed {seed:#x}");
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % below
+        })
+        .collect()
+}
+
+fn cut_and_recover(harvest: Harvest) {
+    // The background stream of a 16 MiB guest is about 16 MiB: cut it
+    // somewhere in its first half; then cut the answer connection.
+    let mut cuts: Vec<(u16, bool, u64)> = random_offsets(2, 8 << 20)
+        .into_iter()
+        .map(|k| (0, true, k))
+        .collect();
+    cuts.push((3, false, 41 + 5));
+    for (victim, arm_on_postcopy, at) in cuts {
+        let cfg = SourceConfig {
+            harvest,
+            ..small(16 << 20)
+        };
+        let victim = if victim == 0 { 0 } else { cfg.channels + 1 };
+        let (s, d) = tampered(&cfg, victim, arm_on_postcopy, Harm::Cut(at), false);
+        let (s, d) = match (s, d) {
+            (Ok(s), Ok(d)) => (s, d),
+            other => panic!("cut of channel {victim} at {at}: not recovered: {other:?}"),
+        };
+        check_postcopy(&s, &d, &cfg);
+        let pc = s.postcopy.as_ref().unwrap();
+        assert_eq!(pc.recoveries, 1, "cut of channel {victim} at {at}");
+        assert_eq!(pc.figures.recoveries, 1);
+    }
+}
+
+#[test]
+fn a_cut_connection_during_postcopy_is_recovered() {
+    cut_and_recover(Harvest::Bitmap);
+}
+
+#[test]
+fn a_cut_connection_during_postcopy_is_recovered_with_dirty_rings() {
+    cut_and_recover(Harvest::Ring);
+}
+
+#[test]
+fn a_connection_that_keeps_breaking_ends_in_split_memory() {
+    let cfg = small(16 << 20);
+    // Every answer connection is cut at its first answer: the recoveries
+    // run out.
+    let (s, d) = tampered(&cfg, cfg.channels + 1, false, Harm::Cut(41 + 5), true);
+    let msg = assert_split(&d, "destination");
+    assert!(msg.contains("recoveries already"), "{msg}");
+    assert_split(&s, "source");
+}
+
+/// Post-copy's check on its own: the destination's FINAL must be the
+/// source's memory plus exactly the writes of the states it reports.
+#[test]
+fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
+    use s2mmu_cli::migrate::postcopy::{source::verify, Final};
+    use s2mmu_cli::migrate::source::source_digests;
+    use s2mmu_cli::migrate::wire::GuestState;
+    use s2mmu_vm::{stamp, VcpuState, Vm, VmConfig};
+
+    let vm = Vm::new(VmConfig {
+        mem_size: 1 << 20,
+        slots: 2,
+        ..VmConfig::default()
+    })
+    .unwrap();
+    let from = VcpuState {
+        pass: 3,
+        next_page: 10,
+        rng: 5,
+        writes: 100,
+    };
+    let state = GuestState {
+        bytes_per_vcpu: 512 << 10,
+        write_percent: 100,
+        pattern: 0,
+        pace_pages_per_sec: 0,
+        vcpus: vec![from; 2],
+    };
+    // The destination ran vCPU 0 two pages on (pages 10 and 11 of its
+    // region, pass 3) and vCPU 1 not at all.
+    let to = VcpuState {
+        next_page: 12,
+        writes: 102,
+        ..from
+    };
+    let dest_mem = Vm::new(vm.config().clone()).unwrap();
+    for p in [10u64, 11] {
+        dest_mem.memory().write_u64(p * 4096, stamp(0, 3, p));
+    }
+    let good = Final {
+        vcpus: vec![to, from],
+        digests: source_digests(&dest_mem),
+        ..Final::default()
+    };
+    assert_eq!(verify(&vm, &state, &good).unwrap(), good.digests);
+    // A write the replay does not explain (a late copy overwrote one, say).
+    dest_mem.memory().write_u64(11 * 4096, 0);
+    let wrong = Final {
+        digests: source_digests(&dest_mem),
+        ..good.clone()
+    };
+    match verify(&vm, &state, &wrong) {
+        Err(MigrateError::MemoryMismatch { slot: 0, .. }) => {}
+        other => panic!("expected a mismatch in slot 0, got {other:?}"),
+    }
+    // States the guest cannot have reached.
+    let backwards = Final {
+        vcpus: vec![
+            VcpuState {
+                next_page: 5,
+                ..from
+            },
+            from,
+        ],
+        ..good.clone()
+    };
+    assert!(matches!(
+        verify(&vm, &state, &backwards),
+        Err(MigrateError::MemoryMismatch { .. })
+    ));
+    let too_few = Final {
+        vcpus: vec![to],
+        ..good
+    };
+    assert!(matches!(
+        verify(&vm, &state, &too_few),
+        Err(MigrateError::MemoryMismatch { .. })
+    ));
+}
