@@ -11,7 +11,7 @@ use crate::stage2;
 use crate::tlbi::{HypSink, HypTlbi};
 use crate::{Arm64Error, Result};
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
+use s2mmu::memslot::{MemslotConfig, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{FaultKind, HostMemory, Mmu, MmuPolicy, VcpuMmu};
 use s2mmu::tlb::arm64::Arm64TlbiFeatures;
 use s2mmu::{PteFormat, TlbInvalidate};

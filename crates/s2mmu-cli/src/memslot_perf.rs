@@ -214,7 +214,10 @@ fn one_run<S: MemslotStore>(
 /// run in ABBA order, so a drift of this shared machine's speed during the test falls
 /// on both alike instead of on whichever ran second.
 fn run_both(params: &MemslotPerfParams, nslots: u32) -> Result<Vec<CaseResult>, String> {
-    const POLICIES: [&str; 2] = [ArrayMemslots::POLICY, TreeMemslots::POLICY];
+    const POLICIES: [&str; 2] = [
+        <ArrayMemslots as MemslotStore>::POLICY,
+        <TreeMemslots as MemslotStore>::POLICY,
+    ];
     let mut out = Vec::new();
     let mut setups: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for (case, counts_setup) in SCENARIO_TABLE {

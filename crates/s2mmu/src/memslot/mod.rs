@@ -36,9 +36,7 @@ mod store;
 mod tree;
 mod validate;
 
-#[cfg(feature = "std")]
 mod array_store;
-#[cfg(feature = "std")]
 mod tree_store;
 
 pub use array::ArraySet;
@@ -53,7 +51,5 @@ pub use slot::{HvaFault, MemslotChange, Slot, SlotFlags, UserMemoryRegion};
 pub use store::MemslotStore;
 pub use tree::TreeSet;
 
-#[cfg(feature = "std")]
 pub use array_store::{ArrayMemslots, ArraySnapshot};
-#[cfg(feature = "std")]
 pub use tree_store::{TreeMemslots, TreeSnapshot};

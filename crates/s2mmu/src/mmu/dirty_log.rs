@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub(super) fn bitmap(&self, id: u16) -> Result<Arc<DirtyBitmap>> {
         if !self.policy.dirty.bitmaps() {
             return Err(Error::WrongDirtyMode {
@@ -32,7 +32,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// [`Error::NoSuchSlot`], [`Error::LoggingDisabled`],
     /// [`Error::WrongDirtyMode`], [`Error::BitmapTooSmall`].
     pub fn get_dirty_log(&self, id: u16, out: &mut [u64]) -> Result<u64> {
-        let _u = self.update.lock().unwrap();
+        let _u = self.update.lock();
         let b = self.bitmap(id)?;
         if out.len() < b.words() {
             return Err(Error::BitmapTooSmall {
@@ -68,7 +68,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         }
         let calls = batch.finish();
         self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(n)
     }
 
@@ -91,7 +91,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         num_pages: u64,
         bitmap: &[u64],
     ) -> Result<u64> {
-        let _u = self.update.lock().unwrap();
+        let _u = self.update.lock();
         let b = self.bitmap(id)?;
         check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
         let (base, size) = self.slot_range(id)?;
@@ -102,7 +102,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let first_word = (first_page / 64) as usize;
         let chunk_words = (LOCK_CHUNK >> self.page_shift) as usize / 64;
         let split = self.initially_set() && self.policy.eager_split_chunk.is_some();
-        let mut cache = self.split_cache.lock().unwrap();
+        let mut cache = self.split_cache.lock();
         let mut cleared = 0;
         let mut w = 0;
         while w < words {
@@ -124,9 +124,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                     let lo = base + ((page0 + u64::from(mask.trailing_zeros())) << self.page_shift);
                     let hi =
                         base + ((page0 + 64 - u64::from(mask.leading_zeros())) << self.page_shift);
-                    let t0 = Instant::now();
+                    let t0 = Stopwatch::<P::Clock>::start();
                     pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
-                    st.split_ns += t0.elapsed().as_nanos() as u64;
+                    st.split_ns += t0.elapsed_ns();
                 }
                 self.protect_mask(&mut pt, base, page0, mask, &mut batch)?;
             }
@@ -139,7 +139,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         }
         let calls = batch.finish();
         self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(cleared)
     }
 
@@ -175,7 +175,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let pt = self.read_lock(&mut st, None);
         pt.scan_hw_dirty_into(base, size, base, b)?;
         drop(pt);
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(())
     }
 

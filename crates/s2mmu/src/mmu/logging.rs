@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// `KVM_SET_USER_MEMORY_REGION`: creates, deletes, moves or changes
     /// the flags of a slot. `host_page_size` is the page size of the host
     /// memory behind it (the largest stage-2 mapping a fault may install).
@@ -20,7 +20,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         host_page_size: u64,
     ) -> Result<MemslotChange> {
         self.check_region(region, host_page_size)?;
-        let _u = self.update.lock().unwrap();
+        let _u = self.update.lock();
         let id = usize::from(region.id());
         let was_logging = self
             .slots
@@ -105,7 +105,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// or a flags change alike, so no stale log survives).
     fn update_side(
         &self,
-        side: &SlotSide,
+        side: &SlotSide<P>,
         change: MemslotChange,
         host_page_size: u64,
         prev_host_page: Option<u64>,
@@ -207,7 +207,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             // logged whole in hardware dirty state), so the change must not
             // fail now. The failure is counted, not hidden.
             if self.split_range(base, size, chunk).is_err() {
-                self.vm_stats.lock().unwrap().eager_split_failures += 1;
+                self.vm_stats.lock().eager_split_failures += 1;
             }
         }
         // Cannot fail: the slot lies inside the IPA space (checked when it
@@ -253,7 +253,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             drop(pt);
             a += block;
         }
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(())
     }
 
@@ -271,7 +271,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             st.collapsed += c.blocks;
             a += n;
         }
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(())
     }
 
@@ -298,7 +298,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// dropping the lock between chunks.
     pub(super) fn split_range(&self, base: u64, size: u64, chunk: u64) -> Result<()> {
         let mut st = FaultStats::default();
-        let mut cache = self.split_cache.lock().unwrap();
+        let mut cache = self.split_cache.lock();
         let mut a = base;
         while a < base + size {
             let next = ((a / chunk) + 1) * chunk;
@@ -306,13 +306,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             let capacity = self.with_table(|pt| pt.split_capacity(n));
             cache.top_up(capacity)?;
             let mut pt = self.write_lock(&mut st);
-            let t0 = Instant::now();
+            let t0 = Stopwatch::<P::Clock>::start();
             pt.split(a, n, &mut cache, self.policy.split_walk)?;
-            st.split_ns += t0.elapsed().as_nanos() as u64;
+            st.split_ns += t0.elapsed_ns();
             drop(pt);
             a += n;
         }
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(())
     }
 
@@ -333,7 +333,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             a += n;
         }
         batch.finish();
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(())
     }
 }

@@ -13,6 +13,7 @@ use super::{FaultStats, Mmu};
 use crate::format::{Prot, PteFormat};
 use crate::memslot::{MemslotStore, SlotLookup};
 use crate::ops::MapOptions;
+use crate::sync::{ArcOptionCell, Platform};
 use crate::table::MmOps;
 use crate::tlb::{LargeRangePolicy, TlbPolicy};
 use crate::{Error, Result};
@@ -20,7 +21,7 @@ use crate::{Error, Result};
 /// Bytes mapped per hold of the write lock in [`Mmu::populate`].
 const POPULATE_CHUNK: u64 = 1 << 30;
 
-impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// Maps pages `[first_page, first_page + npages)` of slot `id` with
     /// last-level pages, to the slot's host addresses, without touching
     /// them. Pages of a logged slot are mapped read-only (their first write
@@ -35,7 +36,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// invalidates part of the range ([`Mmu::invalidate_hva_range_start`]);
     /// [`Error::OutOfMemory`].
     pub fn populate(&self, id: u16, first_page: u64, npages: u64) -> Result<u64> {
-        let _u = self.update.lock().unwrap();
+        let _u = self.update.lock();
         let snap = self.slots.snapshot();
         let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
             slot: u32::from(id),
@@ -61,7 +62,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         drop(snap);
         let size = npages << shift;
         let mut st = FaultStats::default();
-        let mut cache = self.split_cache.lock().unwrap();
+        let mut cache = self.split_cache.lock();
         let levels =
             (self.reader.format().last_level() - self.reader.format().start_level()) as usize;
         let mut done = 0;
@@ -94,7 +95,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             drop(pt);
             done += n;
         }
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(npages)
     }
 
@@ -143,7 +144,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             }
         }
         drop(pt);
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(dirtied)
     }
 
