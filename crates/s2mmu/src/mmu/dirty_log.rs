@@ -51,7 +51,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let (base, size) = self.slot_range(id)?;
         let mut st = FaultStats::default();
         let mut pt = self.write_lock(&mut st);
-        let tlb = pt.tlb().clone();
+        let tlb = self.stage2.tlb.clone();
         let mut batch = TlbBatch::new(&*tlb, pt.tlb_policy());
         let mut n = 0;
         for (i, o) in out.iter_mut().enumerate().take(b.words()) {
@@ -95,7 +95,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let b = self.bitmap(id)?;
         check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
         let (base, size) = self.slot_range(id)?;
-        let tlb = self.with_table(|pt| pt.tlb().clone());
+        let tlb = self.stage2.tlb.clone();
         let mut batch = TlbBatch::new(&*tlb, self.with_table(|pt| pt.tlb_policy()));
         let mut st = FaultStats::default();
         let words = num_pages.div_ceil(64) as usize;

@@ -100,7 +100,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         gpa: u64,
         write: bool,
     ) -> Result<FaultOutcome> {
-        let kind = match self.reader.translate(gpa) {
+        let kind = match self.stage2.reader.translate(gpa) {
             Some(t) if !write || t.prot.contains(Prot::W) => FaultKind::Spurious,
             Some(t) => FaultKind::Permission { level: t.level },
             None => FaultKind::Translation,
@@ -188,7 +188,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         level: u32,
         fs: &FaultSlot,
     ) -> Option<Result<FaultOutcome>> {
-        let fmt = self.reader.format();
+        let fmt = self.stage2.reader.format();
         if self.policy.fault_path != FaultPath::ReadLockFastPath
             || (level != fmt.last_level() && fs.logging)
         {
@@ -231,7 +231,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             hva,
             ..
         } = *fs;
-        let fmt = self.reader.format();
+        let fmt = self.stage2.reader.format();
         let shift = self.page_shift;
         let page = 1u64 << shift;
         // Top up outside the lock: enough for a map, or for splitting the

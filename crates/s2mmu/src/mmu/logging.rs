@@ -88,7 +88,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 value: host_page_size,
             });
         }
-        let limit = self.reader.format().ipa_limit();
+        let limit = self.stage2.config.ipa_limit;
         let end = region.guest_phys_addr.checked_add(region.memory_size);
         if region.memory_size != 0 && end.is_none_or(|end| end > limit) {
             return Err(Error::OutOfRange {
@@ -277,7 +277,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
 
     /// The largest block the format allows that is not larger than `host_page`.
     pub(super) fn block_size_for(&self, host_page: u64) -> u64 {
-        self.reader.format().page_size().max(
+        self.stage2.reader.format().page_size().max(
             self.leaf_sizes()
                 .into_iter()
                 .filter(|&g| g <= host_page)
@@ -287,7 +287,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     }
 
     pub(super) fn leaf_sizes(&self) -> Vec<u64> {
-        let f = self.reader.format();
+        let f = self.stage2.reader.format();
         (f.start_level()..=f.last_level())
             .filter(|&l| f.leaf_allowed(l))
             .map(|l| f.granule(l))
@@ -320,7 +320,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// range once.
     pub(super) fn wrprotect_range(&self, base: u64, size: u64) -> Result<()> {
         let mut st = FaultStats::default();
-        let tlb = self.with_table(|pt| pt.tlb().clone());
+        let tlb = self.stage2.tlb.clone();
         let policy = self.with_table(|pt| pt.tlb_policy());
         let mut batch = TlbBatch::new(&*tlb, policy);
         let chunk = LOCK_CHUNK;

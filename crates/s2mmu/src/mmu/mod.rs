@@ -1,5 +1,7 @@
-//! The `Mmu` facade: one VM's stage-2 table, memslots and dirty tracking
-//! behind the MMU lock, with the fault path and the dirty-logging API.
+//! The `Mmu` facade: one VM's stage-2 part (`mmu/stage2.rs`: the table behind
+//! the MMU lock, the TLB backend, the fixed configuration), its memslot side
+//! (the store and each slot's dirty bitmap) and its dirty side (the vCPUs'
+//! rings), with the fault path and the dirty-logging API.
 //!
 //! Every optimisation the seeds describe is a policy here ([`MmuPolicy`]),
 //! defaulting to the optimised choice, so a benchmark can run both sides in
@@ -47,7 +49,8 @@ use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, Ordering};
-use lock::{MmuLock, ReadGuard, WriteGuard};
+use lock::{ReadGuard, WriteGuard};
+use stage2::Stage2;
 
 mod dirty_log;
 mod fault;
@@ -58,6 +61,7 @@ mod notifier;
 mod policy;
 mod populate;
 mod rings;
+mod stage2;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -78,9 +82,8 @@ struct SlotSide<P: Platform> {
 pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPlatform> {
     /// Unique among the process's MMUs: brands the vCPU handles it makes.
     id: u64,
-    pt: MmuLock<PageTable<F, M>, P>,
-    reader: TableReader<F, M>,
-    mm: M,
+    /// The table, the MMU lock, the TLB backend, the fixed configuration.
+    stage2: Stage2<F, M, P>,
     slots: S,
     side: Box<[SlotSide<P>]>,
     rings: RwLock<P, Vec<Arc<DirtyRing>>>,
@@ -88,6 +91,7 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPla
     update: Mutex<P, ()>,
     split_cache: Mutex<P, PageCache<M>>,
     vm_stats: Mutex<P, FaultStats>,
+    /// The memslots' page shift, the granule's (checked at creation).
     page_shift: u32,
     host: Arc<dyn HostMemory>,
     /// Host ranges being invalidated ([`Mmu::invalidate_hva_range_start`]).
@@ -108,7 +112,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Stage2Invalidate
     for Stage2Hook<'_, F, M, S, P>
 {
     fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
-        let shift = self.mmu.page_shift;
+        let shift = self.mmu.stage2.config.page_shift;
         let mut st = FaultStats::default();
         let mut pt = self.mmu.write_lock(&mut st);
         // Whole leaves: a slot's range never cuts one (faults map blocks
@@ -185,13 +189,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 value: 0,
             });
         }
-        let mut pt = PageTable::new(fmt, mm.clone(), tlb)?;
-        pt.set_tlb_policy(TlbPolicy {
+        let tlb_policy = TlbPolicy {
             limit_pages: policy.tlb_limit_pages,
             large_range: policy.tlb_large_range,
             page_shift,
-        });
-        let reader = pt.reader();
+        };
+        let stage2 = Stage2::new(fmt, mm, tlb, tlb_policy, policy.reader_slots)?;
         let nslots = usize::from(slots.config().max_user_slots);
         let side = (0..nslots)
             .map(|_| SlotSide {
@@ -202,10 +205,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Mmu {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            pt: MmuLock::for_platform(pt, policy.reader_slots),
-            reader,
-            split_cache: lock_api::Mutex::new(PageCache::new(mm.clone())),
-            mm,
+            split_cache: lock_api::Mutex::new(PageCache::new(stage2.mm.clone())),
+            stage2,
             slots,
             side,
             rings: lock_api::RwLock::new(Vec::new()),
@@ -277,12 +278,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
 
     /// A lockless reader of the stage-2 table (a vCPU's table walker).
     pub fn reader(&self) -> TableReader<F, M> {
-        self.reader.clone()
+        self.stage2.reader.clone()
     }
 
     /// Runs `f` on the table under the read lock (inspection, tests).
     pub fn with_table<R>(&self, f: impl FnOnce(&PageTable<F, M>) -> R) -> R {
-        f(&self.pt.read(None).guard)
+        self.stage2.with_table(f)
     }
 
     /// Counters of VM-wide operations (logging changes, clears, memslot
@@ -306,10 +307,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             id,
             mmu_id: self.id,
             ring: self.policy.dirty.ring_entries().map(|_| ring),
-            lock_slot: self.pt.slot_for(id),
+            lock_slot: self.stage2.slot_for(id),
             dirty_cache: None,
             slot_cache: VcpuSlotCache::new(),
-            cache: PageCache::new(self.mm.clone()),
+            cache: PageCache::new(self.stage2.mm.clone()),
             stats: FaultStats::default(),
         })
     }
@@ -321,22 +322,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         st: &mut FaultStats,
         slot: Option<usize>,
     ) -> ReadGuard<'_, PageTable<F, M>, P> {
-        let a = self.pt.read(slot);
-        st.read_locks += 1;
-        if let Some(ns) = a.waited_ns {
-            st.read_contended += 1;
-            st.lock_wait_ns += ns;
-        }
-        a.guard
+        self.stage2.read_lock(st, slot)
     }
 
     fn write_lock(&self, st: &mut FaultStats) -> WriteGuard<'_, PageTable<F, M>, P> {
-        let a = self.pt.write();
-        st.write_locks += 1;
-        if let Some(ns) = a.waited_ns {
-            st.write_contended += 1;
-            st.lock_wait_ns += ns;
-        }
-        a.guard
+        self.stage2.write_lock(st)
     }
 }

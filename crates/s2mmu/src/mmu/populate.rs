@@ -63,8 +63,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let size = npages << shift;
         let mut st = FaultStats::default();
         let mut cache = self.split_cache.lock();
-        let levels =
-            (self.reader.format().last_level() - self.reader.format().start_level()) as usize;
+        let levels = (self.stage2.reader.format().last_level()
+            - self.stage2.reader.format().start_level()) as usize;
         let mut done = 0;
         while done < size {
             let n = POPULATE_CHUNK.min(size - done);
@@ -120,7 +120,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         } else {
             None
         };
-        let wbit = self.reader.format().write_bit();
+        let wbit = self.stage2.reader.format().write_bit();
         let mut st = FaultStats::default();
         let pt = self.read_lock(&mut st, None);
         let mut dirtied = 0;

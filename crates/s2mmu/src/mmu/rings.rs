@@ -40,7 +40,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let rings = self.rings.read().clone();
         let mut st = FaultStats::default();
         let mut pt = self.write_lock(&mut st);
-        let tlb = pt.tlb().clone();
+        let tlb = self.stage2.tlb.clone();
         let mut batch = TlbBatch::new(&*tlb, pt.tlb_policy());
         let mut total = 0;
         let mut result = Ok(());
