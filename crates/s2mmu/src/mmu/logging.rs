@@ -68,10 +68,18 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             .get(id)
             .expect("the store accepted the id, so it is below max_user_slots, the length of side");
         self.update_side(side, change, host_page_size, prev_host_page, logging);
+        // The store has changed: from here on nothing may fail, or the call
+        // would return an error with the state changed. Both steps below are
+        // best effort where they need memory (an eager split, a huge-page
+        // recovery: optimisations whose failure is counted, not an error),
+        // and their other errors cannot happen for a slot the store holds.
         if logging && !was_logging && change != MemslotChange::Create {
             self.start_logging(region.id())?;
         } else if !logging && was_logging && change == MemslotChange::FlagsOnly {
-            self.stop_logging(region.id())?;
+            // `update_side` dropped the bitmap.
+            if self.recover_huge_pages(region.id()).is_err() {
+                self.vm_stats.lock().recovery_failures += 1;
+            }
         }
         Ok(change)
     }
@@ -215,8 +223,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         self.wrprotect_range(base, size)
     }
 
-    pub(super) fn stop_logging(&self, id: u16) -> Result<()> {
-        self.side[usize::from(id)].dirty.store(None);
+    /// Logging stopped on slot `id`: gets its huge mappings back
+    /// ([`MmuPolicy::recover_huge_pages`]), by unmapping page-mapped blocks
+    /// or collapsing them in place.
+    ///
+    /// # Errors
+    /// The table's error if an unmap or collapse fails; the slot is then
+    /// partly recovered and still correct (the rest stays mapped as pages).
+    pub(super) fn recover_huge_pages(&self, id: u16) -> Result<()> {
         if !self.policy.recover_huge_pages {
             return Ok(());
         }

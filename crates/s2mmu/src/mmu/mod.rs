@@ -65,6 +65,8 @@ mod stage2;
 mod stats;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_unchanged;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
