@@ -16,12 +16,8 @@
 //!
 //! Delete and move reach the stage-2 page table through [`Stage2Invalidate`].
 //!
-//! The sets, lookups and validation are `no_std` + `alloc`; the stores publish with
-//! `arc-swap` and so need the `std` feature.
-
-// Without `std` only the sets, lookups and validation exist; the update paths that use them
-// are the stores, so they look unused there.
-#![cfg_attr(not(feature = "std"), allow(dead_code))]
+//! Everything here is `no_std` + `alloc`: the stores take their update lock and the cell
+//! they publish through from a [`crate::sync::Platform`] (arc-swap with `std`).
 
 mod array;
 mod cache;

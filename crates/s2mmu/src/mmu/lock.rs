@@ -86,7 +86,7 @@ pub struct MmuLock<T, P: Platform = DefaultPlatform> {
 }
 
 // SAFETY: the lock hands out `&T` to any number of readers and `&mut T` to
-// one writer with no reader, as `std::sync::RwLock` does, so it is `Sync`
+// one writer with no reader, as a reader-writer lock does, so it is `Sync`
 // exactly when `T` may be sent and shared between threads.
 unsafe impl<T: Send + Sync, P: Platform> Sync for MmuLock<T, P> {}
 // SAFETY: moving the lock moves `T`; the rest is atomics and a raw lock
