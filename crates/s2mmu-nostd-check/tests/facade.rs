@@ -13,7 +13,7 @@ use std::sync::Arc;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{FaultOutcome, Mmu, MmuPolicy};
-use s2mmu::{Error, NoTlb, Prot};
+use s2mmu::{Error, Gpa, NoTlb, Prot};
 use s2mmu_nostd_check::{Arena, ArenaMmOps, CheckPlatform, RawTicketLock, TickClock};
 
 /// Bytes the bump allocator can hand out.
@@ -126,7 +126,7 @@ fn maps_faults_logs_and_harvests_without_std() {
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     assert_eq!(
-        m.handle_fault(&mut v, GPA + 0x5000, true),
+        m.handle_fault(&mut v, Gpa::new(GPA + 0x5000), true),
         Ok(FaultOutcome::Slow)
     );
     let t = m.reader().translate(GPA + 0x5000).unwrap();
@@ -149,11 +149,11 @@ fn maps_faults_logs_and_harvests_without_std() {
     // Writes to pages 5 and 700 (the second, unmapped, 2 MiB): a fast-path
     // relaxation and a new page mapping, both logged.
     assert_eq!(
-        m.handle_fault(&mut v, GPA + 5 * 4096, true),
+        m.handle_fault(&mut v, Gpa::new(GPA + 5 * 4096), true),
         Ok(FaultOutcome::Fast)
     );
     assert_eq!(
-        m.handle_fault(&mut v, GPA + 700 * 4096, true),
+        m.handle_fault(&mut v, Gpa::new(GPA + 700 * 4096), true),
         Ok(FaultOutcome::Slow)
     );
     assert_eq!(m.reader().translate(GPA + 700 * 4096).unwrap().size, 4096);

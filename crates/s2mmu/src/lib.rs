@@ -31,6 +31,7 @@
 #![warn(missing_docs)]
 extern crate alloc;
 
+pub mod addr;
 pub mod dirty;
 mod error;
 pub mod format;
@@ -44,6 +45,7 @@ pub mod table;
 pub mod tlb;
 pub mod walk;
 
+pub use addr::{Gpa, Hva};
 pub use error::{Error, Result};
 
 /// Whether this build of the engine has the `std` feature (cargo unifies

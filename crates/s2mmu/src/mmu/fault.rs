@@ -97,15 +97,16 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub fn handle_fault(
         &self,
         vcpu: &mut VcpuMmu<M>,
-        gpa: u64,
+        gpa: Gpa,
         write: bool,
     ) -> Result<FaultOutcome> {
+        let gpa = gpa.raw();
         let kind = match self.stage2.reader.translate(gpa) {
             Some(t) if !write || t.prot.contains(Prot::W) => FaultKind::Spurious,
             Some(t) => FaultKind::Permission { level: t.level },
             None => FaultKind::Translation,
         };
-        self.handle_stage2_fault(vcpu, gpa, write, kind)
+        self.handle_stage2_fault(vcpu, Gpa::new(gpa), write, kind)
     }
 
     /// Handles a stage-2 fault of `vcpu` at `gpa` (`write` for a write
@@ -120,10 +121,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub fn handle_stage2_fault(
         &self,
         vcpu: &mut VcpuMmu<M>,
-        gpa: u64,
+        gpa: Gpa,
         write: bool,
         kind: FaultKind,
     ) -> Result<FaultOutcome> {
+        let gpa = gpa.raw();
         if vcpu.mmu_id != self.id {
             return Err(Error::ForeignVcpu { vcpu: vcpu.id });
         }

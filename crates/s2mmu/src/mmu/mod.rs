@@ -44,7 +44,7 @@ use crate::pgtable::{PageTable, TableReader};
 use crate::sync::{ArcOptionCell, DefaultPlatform, Mutex, Platform, RwLock, Stopwatch};
 use crate::table::MmOps;
 use crate::tlb::{LargeRangePolicy, TlbBatch, TlbInvalidate, TlbPolicy};
-use crate::{Error, Result};
+use crate::{Error, Gpa, Result};
 use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;

@@ -16,7 +16,7 @@ use crate::memslot::{MemslotStore, SlotLookup};
 use crate::pgtable::PageTable;
 use crate::sync::{ArcOptionCell, Platform};
 use crate::table::MmOps;
-use crate::{Error, Result};
+use crate::{Error, Hva, Result};
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
 
@@ -30,7 +30,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// # Errors
     /// [`Error::EmptyRange`] for size 0, [`Error::OutOfRange`] for a range
     /// that wraps; nothing is changed then.
-    pub fn invalidate_hva_range_start(&self, hva: u64, size: u64) -> Result<u64> {
+    pub fn invalidate_hva_range_start(&self, hva: Hva, size: u64) -> Result<u64> {
+        let hva = hva.raw();
         if size == 0 {
             return Err(Error::EmptyRange { ipa: hva, size });
         }
@@ -79,7 +80,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// # Errors
     /// [`Error::NotMapped`] (naming `hva`) if no invalidation of exactly
     /// that range is in progress.
-    pub fn invalidate_hva_range_end(&self, hva: u64, size: u64) -> Result<()> {
+    pub fn invalidate_hva_range_end(&self, hva: Hva, size: u64) -> Result<()> {
+        let hva = hva.raw();
         let mut inv = self.invalidating.lock();
         let i = inv
             .iter()

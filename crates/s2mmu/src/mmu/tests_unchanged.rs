@@ -107,7 +107,7 @@ fn a_clear_that_cannot_split_leaves_bitmap_and_table_unchanged() {
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, GPA, true).unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
     m.enable_dirty_logging(0).unwrap();
     let mut before = vec![0u64; 16];
     assert_eq!(m.get_dirty_log(0, &mut before).unwrap(), 1024, "all set");
@@ -145,7 +145,7 @@ fn a_populate_that_fails_part_way_unmaps_what_it_mapped() {
     m.set_memory_region(&r, 4096).unwrap();
     let mut v = m.new_vcpu().unwrap();
     let last = GPA + (1 << 30);
-    m.handle_fault(&mut v, last, false).unwrap();
+    m.handle_fault(&mut v, Gpa::new(last), false).unwrap();
     let npages = size >> 12;
     assert_eq!(
         m.populate(0, 0, npages),
@@ -174,7 +174,7 @@ fn logging_on_without_split_memory_succeeds_and_logs() {
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, GPA, true).unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
     budget.store(0, Ordering::Relaxed);
     m.enable_dirty_logging(0).unwrap();
     assert_eq!(m.vm_stats().eager_split_failures, 1);
@@ -185,7 +185,8 @@ fn logging_on_without_split_memory_succeeds_and_logs() {
         .id_to_slot(0)
         .is_some_and(|s| s.dirty_logging()));
     budget.store(usize::MAX, Ordering::Relaxed);
-    m.handle_fault(&mut v, GPA + 3 * 4096, true).unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA + 3 * 4096), true)
+        .unwrap();
     let mut bm = vec![0u64; 16];
     assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 1);
     assert_eq!(bm[0], 1 << 3);
