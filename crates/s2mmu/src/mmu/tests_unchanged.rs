@@ -191,3 +191,42 @@ fn logging_on_without_split_memory_succeeds_and_logs() {
     assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 1);
     assert_eq!(bm[0], 1 << 3);
 }
+
+/// A CLEAR that runs out of table memory in its second chunk, after the
+/// first chunk's bits were cleared and its pages protected: the bits come
+/// back, so the bitmap is as before and no dirty page is lost.
+#[test]
+fn a_clear_that_fails_in_a_later_chunk_puts_its_bits_back() {
+    let (m, budget) = mmu(MmuPolicy {
+        initially_set: true,
+        ..MmuPolicy::default()
+    });
+    // 1 GiB (one CLEAR chunk) of 2 MiB blocks, and one block beyond it.
+    let size = (1 << 30) + (2 << 20);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, size, HVA);
+    m.set_memory_region(&r, 2 << 20).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    for b in 0..size / (2 << 20) {
+        m.handle_fault(&mut v, Gpa::new(GPA + b * (2 << 20)), true)
+            .unwrap();
+    }
+    m.enable_dirty_logging(0).unwrap();
+    let words = (size >> 12) as usize / 64;
+    let mut before = vec![0u64; words];
+    m.get_dirty_log(0, &mut before).unwrap();
+    // Exactly what the first chunk's top-up takes: splitting its 512
+    // blocks uses it all, and the second chunk's top-up finds none.
+    let first = m.with_table(|pt| pt.split_capacity(1 << 30));
+    budget.store(first, Ordering::Relaxed);
+    let r = m.clear_dirty_log(0, 0, size >> 12, &before);
+    assert_eq!(r, Err(Error::OutOfMemory), "capacity {first}");
+    let mut after = vec![0u64; words];
+    m.get_dirty_log(0, &mut after).unwrap();
+    assert_eq!(after, before, "the first chunk's bits came back");
+    // Its pages were split and protected (they fault and log again); the
+    // second chunk's block is as it was.
+    let t = m.reader().translate(GPA).unwrap();
+    assert_eq!((t.size, t.prot.contains(Prot::W)), (4096, false));
+    let t = m.reader().translate(GPA + (1 << 30)).unwrap();
+    assert_eq!((t.size, t.prot.contains(Prot::W)), (2 << 20, true));
+}
