@@ -11,9 +11,10 @@ use crate::stage2;
 use crate::tlbi::{HypSink, HypTlbi};
 use crate::{Arm64Error, Result};
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
+use s2mmu::memslot::{MemslotConfig, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{FaultKind, HostMemory, Mmu, MmuPolicy, VcpuMmu};
 use s2mmu::tlb::arm64::Arm64TlbiFeatures;
+use s2mmu::{Gpa, Hva};
 use s2mmu::{PteFormat, TlbInvalidate};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -283,14 +284,14 @@ impl Arm64Vm {
                 "{new_pa:#x} is not a guest data page"
             )));
         }
-        self.mmu.invalidate_hva_range_start(hva, page)?;
+        self.mmu.invalidate_hva_range_start(Hva::new(hva), page)?;
         // No CPU can reach the old page through stage 2 now.
         for off in (0..page).step_by(8) {
             ram.write(new_pa + off, ram.read(old_pa + off));
         }
         self.host.moved.lock().unwrap().insert(hva, new_pa);
         self.host.any_moved.store(true, Ordering::Release);
-        self.mmu.invalidate_hva_range_end(hva, page)?;
+        self.mmu.invalidate_hva_range_end(Hva::new(hva), page)?;
         // The host reuses the old page: anything that still reaches it
         // through a stale translation reads poison, not its data.
         for off in (0..page).step_by(8) {
@@ -434,9 +435,10 @@ impl Arm64Vm {
             ))
         })?;
         let t0 = Instant::now();
-        let (r, insns) = self
-            .sink
-            .collect_for_fault(|| self.mmu.handle_stage2_fault(vcpu, ipa, e.write(), kind));
+        let (r, insns) = self.sink.collect_for_fault(|| {
+            self.mmu
+                .handle_stage2_fault(vcpu, Gpa::new(ipa), e.write(), kind)
+        });
         st.engine_ns += t0.elapsed().as_nanos() as u64;
         match r {
             Ok(_) => Ok(AbortAnswer::Retry(insns)),

@@ -242,7 +242,10 @@ fn run_both(
     nslots: u32,
     bar: &Progress,
 ) -> Result<Vec<CaseResult>, String> {
-    const POLICIES: [&str; 2] = [ArrayMemslots::POLICY, TreeMemslots::POLICY];
+    const POLICIES: [&str; 2] = [
+        <ArrayMemslots as MemslotStore>::POLICY,
+        <TreeMemslots as MemslotStore>::POLICY,
+    ];
     let mut out = Vec::new();
     let mut setups: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for (case, counts_setup) in SCENARIO_TABLE {

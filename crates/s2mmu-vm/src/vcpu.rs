@@ -7,7 +7,7 @@ use crate::vm::VmMmu;
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::{FaultKind, FaultOutcome, FaultStats, VcpuMmu};
-use s2mmu::{HostMmOps, Prot, TableReader};
+use s2mmu::{Gpa, HostMmOps, Prot, TableReader};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -214,7 +214,7 @@ impl<S: MemslotStore> Vcpu<S> {
             }
             let r = self
                 .mmu
-                .handle_stage2_fault(&mut self.vmmu, gpa, write, kind);
+                .handle_stage2_fault(&mut self.vmmu, Gpa::new(gpa), write, kind);
             if self.ring_full() {
                 return Err(VcpuExit::DirtyRingFull);
             }

@@ -3,8 +3,12 @@
 //! The memory-virtualization core that Linux KVM keeps in its kernel, as an
 //! embeddable library: stage-2 page tables and their walker ([`walk`],
 //! [`ops`]), table memory ([`table`], [`memcache`]) and TLB invalidation
-//! ([`tlb`]). The core needs only `alloc`; the `std` feature (on by default)
-//! adds a host-memory table allocator with epoch-based reclamation.
+//! ([`tlb`]), memslots ([`memslot`]), dirty tracking ([`dirty`]) and the
+//! [`mmu::Mmu`] facade over them. Everything needs only `alloc`: the
+//! facade takes its locks, clock and snapshot cells from a
+//! [`sync::Platform`]. The `std` feature (on by default) adds a host-memory
+//! table allocator with epoch-based reclamation and the std platform
+//! (parking_lot, `Instant`, arc-swap).
 //!
 //! ```
 //! use s2mmu::format::arm64::{Arm64Stage2, Granule};
@@ -27,20 +31,27 @@
 #![warn(missing_docs)]
 extern crate alloc;
 
+pub mod addr;
 pub mod dirty;
 mod error;
 pub mod format;
 pub mod memcache;
 pub mod memslot;
-#[cfg(feature = "std")]
 pub mod mmu;
 pub mod ops;
 mod pgtable;
+pub mod sync;
 pub mod table;
 pub mod tlb;
 pub mod walk;
 
+pub use addr::{Gpa, Hva};
 pub use error::{Error, Result};
+
+/// Whether this build of the engine has the `std` feature (cargo unifies
+/// features across a build, so a no_std embedding's test can check that
+/// its build really is one).
+pub const STD: bool = cfg!(feature = "std");
 pub use format::{HwDirtyBits, Prot, PteFormat};
 pub use memcache::PageCache;
 pub use ops::{

@@ -5,7 +5,7 @@
 //! whole-VMID) invalidations are emitted, never a stage-1 by-VA one.
 
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
+use s2mmu::memslot::{MemslotConfig, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{Mmu, MmuPolicy};
 use s2mmu::tlb::arm64::{Arm64Tlbi, Arm64TlbiFeatures, Insn, InsnRecorder, TlbiOp, TlbiScope};
 use s2mmu::tlb::{LargeRangePolicy, TlbCall, TlbRecorder};

@@ -1,23 +1,24 @@
 //! The baseline store: one sorted array, copied whole on every change and published by
 //! swapping the pointer.
 
-use std::sync::{Mutex, PoisonError};
-
 use alloc::sync::Arc;
-use arc_swap::{ArcSwap, Guard};
+
+use crate::sync::{wait_for_readers, ArcCell, DefaultPlatform, Mutex, Platform};
 
 use super::array::ArraySet;
 use super::config::MemslotConfig;
 use super::error::MemslotError;
 use super::invalidate::Stage2Invalidate;
 use super::slot::{MemslotChange, UserMemoryRegion};
-use super::store::{next_store_id, wait_for_readers, MemslotStore};
+use super::store::{next_store_id, MemslotStore};
 use super::validate::plan_update;
 
 /// A reader's view of the active array.
-pub struct ArraySnapshot(Guard<Arc<ArraySet>>);
+pub struct ArraySnapshot<P: Platform = DefaultPlatform>(
+    <P::Cell<ArraySet> as ArcCell<ArraySet>>::Guard,
+);
 
-impl core::ops::Deref for ArraySnapshot {
+impl<P: Platform> core::ops::Deref for ArraySnapshot<P> {
     type Target = ArraySet;
     fn deref(&self) -> &ArraySet {
         &self.0
@@ -26,49 +27,55 @@ impl core::ops::Deref for ArraySnapshot {
 
 /// Memslots as Linux KVM had them before 5.17, behind the same interface as
 /// [`super::TreeMemslots`].
-pub struct ArrayMemslots {
+pub struct ArrayMemslots<P: Platform = DefaultPlatform> {
     config: MemslotConfig,
-    active: ArcSwap<ArraySet>,
+    active: P::Cell<ArraySet>,
     /// Serializes updates; holds the last generation published.
-    updater: Mutex<u64>,
+    updater: Mutex<P, u64>,
 }
 
 impl ArrayMemslots {
-    /// An empty store with KVM's default limits and 4 KiB pages.
+    /// An empty store on the default platform with KVM's default limits and 4 KiB pages.
     pub fn new() -> Self {
         Self::with_config(MemslotConfig::default())
     }
+
+    /// An empty store on the default platform with `config`'s limits (the
+    /// store of another platform: [`MemslotStore::with_config`]).
+    pub fn with_config(config: MemslotConfig) -> Self {
+        <Self as MemslotStore>::with_config(config)
+    }
 }
 
-impl ArrayMemslots {
+impl<P: Platform> ArrayMemslots<P> {
     /// KVM's old `install_new_memslots`: publish the new array, wait for the readers of the
     /// old one (`synchronize_srcu_expedited`) and free it. Returns a handle on the array now
     /// active.
     fn install(&self, next: ArraySet) -> Arc<ArraySet> {
         let next = Arc::new(next);
         let retired = self.active.swap(Arc::clone(&next));
-        wait_for_readers(&retired);
+        wait_for_readers::<P, _>(&retired);
         drop(retired);
         next
     }
 }
 
-impl Default for ArrayMemslots {
+impl<P: Platform> Default for ArrayMemslots<P> {
     fn default() -> Self {
-        Self::new()
+        <Self as MemslotStore>::with_config(MemslotConfig::default())
     }
 }
 
-impl MemslotStore for ArrayMemslots {
+impl<P: Platform> MemslotStore for ArrayMemslots<P> {
     type Set = ArraySet;
-    type Snapshot = ArraySnapshot;
+    type Snapshot = ArraySnapshot<P>;
     const POLICY: &'static str = "array";
 
     fn with_config(config: MemslotConfig) -> Self {
         Self {
             config,
-            active: ArcSwap::from_pointee(ArraySet::new(next_store_id())),
-            updater: Mutex::new(0),
+            active: ArcCell::new(Arc::new(ArraySet::new(next_store_id()))),
+            updater: lock_api::Mutex::new(0),
         }
     }
 
@@ -76,7 +83,7 @@ impl MemslotStore for ArrayMemslots {
         &self.config
     }
 
-    fn snapshot(&self) -> ArraySnapshot {
+    fn snapshot(&self) -> ArraySnapshot<P> {
         ArraySnapshot(self.active.load())
     }
 
@@ -85,7 +92,7 @@ impl MemslotStore for ArrayMemslots {
         region: &UserMemoryRegion,
         stage2: &dyn Stage2Invalidate,
     ) -> Result<MemslotChange, MemslotError> {
-        let mut generation = self.updater.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut generation = self.updater.lock();
         let current = self.active.load_full();
         let plan = plan_update(&self.config, region, &*current)?;
         let new = plan.new.map(Arc::new);

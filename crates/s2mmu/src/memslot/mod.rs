@@ -16,12 +16,8 @@
 //!
 //! Delete and move reach the stage-2 page table through [`Stage2Invalidate`].
 //!
-//! The sets, lookups and validation are `no_std` + `alloc`; the stores publish with
-//! `arc-swap` and so need the `std` feature.
-
-// Without `std` only the sets, lookups and validation exist; the update paths that use them
-// are the stores, so they look unused there.
-#![cfg_attr(not(feature = "std"), allow(dead_code))]
+//! Everything here is `no_std` + `alloc`: the stores take their update lock and the cell
+//! they publish through from a [`crate::sync::Platform`] (arc-swap with `std`).
 
 mod array;
 mod cache;
@@ -36,9 +32,7 @@ mod store;
 mod tree;
 mod validate;
 
-#[cfg(feature = "std")]
 mod array_store;
-#[cfg(feature = "std")]
 mod tree_store;
 
 pub use array::ArraySet;
@@ -53,7 +47,5 @@ pub use slot::{HvaFault, MemslotChange, Slot, SlotFlags, UserMemoryRegion};
 pub use store::MemslotStore;
 pub use tree::TreeSet;
 
-#[cfg(feature = "std")]
 pub use array_store::{ArrayMemslots, ArraySnapshot};
-#[cfg(feature = "std")]
 pub use tree_store::{TreeMemslots, TreeSnapshot};

@@ -54,21 +54,3 @@ static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) fn next_store_id() -> u64 {
     NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed)
 }
-
-/// Waits until every reader of a retired state has dropped its snapshot (the
-/// `synchronize_srcu` of this design): afterwards the caller's handle is the only one,
-/// so `Arc::make_mut` and `Arc::try_unwrap` on it neither copy nor fail.
-#[cfg(feature = "std")]
-pub(crate) fn wait_for_readers<T>(retired: &alloc::sync::Arc<T>) {
-    let mut spins = 0u32;
-    // Snapshots are the only other strong references; no weak ones are ever made.
-    while alloc::sync::Arc::strong_count(retired) > 1 {
-        // Readers hold snapshots for a lookup or a fault; spin briefly, then let them run.
-        if spins < 128 {
-            spins += 1;
-            core::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}

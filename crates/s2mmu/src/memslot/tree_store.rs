@@ -2,24 +2,25 @@
 //! is applied to the inactive set, published by swapping, and then replayed on the set
 //! that was retired once its readers are gone, so both sets end up equal again.
 
-use std::sync::{Mutex, PoisonError};
-
 use alloc::sync::Arc;
-use arc_swap::{ArcSwap, Guard};
+
+use crate::sync::{wait_for_readers, ArcCell, DefaultPlatform, Mutex, Platform};
 
 use super::config::MemslotConfig;
 use super::error::MemslotError;
 use super::invalidate::Stage2Invalidate;
 use super::lookup::SlotLookup;
 use super::slot::{MemslotChange, Slot, UserMemoryRegion};
-use super::store::{next_store_id, wait_for_readers, MemslotStore};
+use super::store::{next_store_id, MemslotStore};
 use super::tree::TreeSet;
 use super::validate::plan_update;
 
 /// A reader's view of the active tree set.
-pub struct TreeSnapshot(Guard<Arc<TreeSet>>);
+pub struct TreeSnapshot<P: Platform = DefaultPlatform>(
+    <P::Cell<TreeSet> as ArcCell<TreeSet>>::Guard,
+);
 
-impl core::ops::Deref for TreeSnapshot {
+impl<P: Platform> core::ops::Deref for TreeSnapshot<P> {
     type Target = TreeSet;
     fn deref(&self) -> &TreeSet {
         &self.0
@@ -35,25 +36,33 @@ struct TreeUpdater {
 }
 
 /// Memslots as Linux KVM has them since 5.17. See the module documentation.
-pub struct TreeMemslots {
+pub struct TreeMemslots<P: Platform = DefaultPlatform> {
     config: MemslotConfig,
-    active: ArcSwap<TreeSet>,
-    updater: Mutex<TreeUpdater>,
+    active: P::Cell<TreeSet>,
+    updater: Mutex<P, TreeUpdater>,
 }
 
 impl TreeMemslots {
-    /// An empty store with KVM's default limits and 4 KiB pages.
+    /// An empty store on the default platform with KVM's default limits and 4 KiB pages.
     pub fn new() -> Self {
         Self::with_config(MemslotConfig::default())
     }
 
+    /// An empty store on the default platform with `config`'s limits (the
+    /// store of another platform: [`MemslotStore::with_config`]).
+    pub fn with_config(config: MemslotConfig) -> Self {
+        <Self as MemslotStore>::with_config(config)
+    }
+}
+
+impl<P: Platform> TreeMemslots<P> {
     /// KVM's `kvm_swap_active_memslots`: publishes the inactive set with a new generation,
     /// waits for the readers of the set it replaces, and makes that one the inactive set.
     fn swap_active(&self, updater: &mut TreeUpdater) {
         updater.generation += 1;
         Arc::make_mut(&mut updater.inactive).generation = updater.generation;
         updater.inactive = self.active.swap(Arc::clone(&updater.inactive));
-        wait_for_readers(&updater.inactive);
+        wait_for_readers::<P, _>(&updater.inactive);
     }
 
     /// KVM's `kvm_activate_memslot` after a `kvm_replace_memslot` on the inactive set.
@@ -69,23 +78,23 @@ impl TreeMemslots {
     }
 }
 
-impl Default for TreeMemslots {
+impl<P: Platform> Default for TreeMemslots<P> {
     fn default() -> Self {
-        Self::new()
+        <Self as MemslotStore>::with_config(MemslotConfig::default())
     }
 }
 
-impl MemslotStore for TreeMemslots {
+impl<P: Platform> MemslotStore for TreeMemslots<P> {
     type Set = TreeSet;
-    type Snapshot = TreeSnapshot;
+    type Snapshot = TreeSnapshot<P>;
     const POLICY: &'static str = "tree";
 
     fn with_config(config: MemslotConfig) -> Self {
         let store_id = next_store_id();
         Self {
             config,
-            active: ArcSwap::from_pointee(TreeSet::new(store_id)),
-            updater: Mutex::new(TreeUpdater {
+            active: ArcCell::new(Arc::new(TreeSet::new(store_id))),
+            updater: lock_api::Mutex::new(TreeUpdater {
                 inactive: Arc::new(TreeSet::new(store_id)),
                 generation: 0,
             }),
@@ -96,7 +105,7 @@ impl MemslotStore for TreeMemslots {
         &self.config
     }
 
-    fn snapshot(&self) -> TreeSnapshot {
+    fn snapshot(&self) -> TreeSnapshot<P> {
         TreeSnapshot(self.active.load())
     }
 
@@ -105,9 +114,9 @@ impl MemslotStore for TreeMemslots {
         region: &UserMemoryRegion,
         stage2: &dyn Stage2Invalidate,
     ) -> Result<MemslotChange, MemslotError> {
-        // A panic elsewhere cannot leave the sets half-updated: every step below completes
-        // or does not start, so a poisoned lock is still consistent.
-        let mut guard = self.updater.lock().unwrap_or_else(PoisonError::into_inner);
+        // Every step below completes or does not start, so a panic elsewhere cannot leave
+        // the sets half-updated for the next updater (the platform's locks do not poison).
+        let mut guard = self.updater.lock();
         let updater = &mut *guard;
         // Between updates the inactive set equals the active one; validating against it
         // avoids holding a snapshot of the set about to be retired.

@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub(super) fn bitmap(&self, id: u16) -> Result<Arc<DirtyBitmap>> {
         if !self.policy.dirty.bitmaps() {
             return Err(Error::WrongDirtyMode {
@@ -30,9 +30,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     ///
     /// # Errors
     /// [`Error::NoSuchSlot`], [`Error::LoggingDisabled`],
-    /// [`Error::WrongDirtyMode`], [`Error::BitmapTooSmall`].
+    /// [`Error::WrongDirtyMode`], [`Error::BitmapTooSmall`]; the bitmap is
+    /// then as it was.
     pub fn get_dirty_log(&self, id: u16, out: &mut [u64]) -> Result<u64> {
-        let _u = self.update.lock().unwrap();
+        let _u = self.update.lock();
         let b = self.bitmap(id)?;
         if out.len() < b.words() {
             return Err(Error::BitmapTooSmall {
@@ -51,15 +52,25 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let (base, size) = self.slot_range(id)?;
         let mut st = FaultStats::default();
         let mut pt = self.write_lock(&mut st);
-        let tlb = pt.tlb().clone();
+        let tlb = self.stage2.tlb.clone();
         let mut batch = TlbBatch::new(&*tlb, pt.tlb_policy());
         let mut n = 0;
-        for (i, o) in out.iter_mut().enumerate().take(b.words()) {
+        for i in 0..b.words() {
             let mask = b.take_word(i);
-            *o = mask;
+            out[i] = mask;
             if mask != 0 {
                 n += u64::from(mask.count_ones());
-                self.protect_mask(&mut pt, base, i as u64 * 64, mask, &mut batch)?;
+                if let Err(e) = self.protect_mask(&mut pt, base, i as u64 * 64, mask, &mut batch) {
+                    // Put back every bit taken: the bitmap is as before and
+                    // no dirty page is lost (pages already protected stay
+                    // so, and fault again on their next write).
+                    for (j, &taken) in out.iter().enumerate().take(i + 1) {
+                        b.mark_word(j, taken);
+                    }
+                    drop(pt);
+                    batch.finish();
+                    return Err(e);
+                }
             }
         }
         drop(pt);
@@ -68,7 +79,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         }
         let calls = batch.finish();
         self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(n)
     }
 
@@ -83,7 +94,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// # Errors
     /// [`Error::ClearNotAligned`], [`Error::ClearBadRange`],
     /// [`Error::BitmapTooSmall`], [`Error::NoSuchSlot`],
-    /// [`Error::LoggingDisabled`], [`Error::WrongDirtyMode`].
+    /// [`Error::LoggingDisabled`], [`Error::WrongDirtyMode`];
+    /// [`Error::OutOfMemory`] where bitmaps start set and the split before
+    /// protection cannot get table pages. The bitmap is then as it was
+    /// (pages of earlier chunks may stay write-protected: their next write
+    /// faults and is logged, so nothing is lost).
     pub fn clear_dirty_log(
         &self,
         id: u16,
@@ -91,18 +106,58 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         num_pages: u64,
         bitmap: &[u64],
     ) -> Result<u64> {
-        let _u = self.update.lock().unwrap();
+        let _u = self.update.lock();
         let b = self.bitmap(id)?;
         check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
         let (base, size) = self.slot_range(id)?;
-        let tlb = self.with_table(|pt| pt.tlb().clone());
+        let tlb = self.stage2.tlb.clone();
         let mut batch = TlbBatch::new(&*tlb, self.with_table(|pt| pt.tlb_policy()));
         let mut st = FaultStats::default();
+        // Words cleared so far and the bits cleared in each, put back if a
+        // later step fails: the bitmap is then as before, and no dirty page
+        // is lost (pages already write-protected stay so: their next write
+        // faults and is logged again).
+        let mut taken = Vec::new();
+        let cleared = match self.clear_words(
+            &b, base, first_page, num_pages, bitmap, &mut st, &mut batch, &mut taken,
+        ) {
+            Ok(n) => n,
+            Err(e) => {
+                for (word, mask) in taken {
+                    b.mark_word(word, mask);
+                }
+                batch.finish();
+                return Err(e);
+            }
+        };
+        if cleared > 0 {
+            batch.add(base, size);
+        }
+        let calls = batch.finish();
+        self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
+        self.vm_stats.lock().add(&st);
+        Ok(cleared)
+    }
+
+    /// The body of [`Mmu::clear_dirty_log`]: clears and protects chunk by
+    /// chunk, recording in `taken` each word's cleared bits.
+    #[allow(clippy::too_many_arguments)]
+    fn clear_words(
+        &self,
+        b: &DirtyBitmap,
+        base: u64,
+        first_page: u64,
+        num_pages: u64,
+        bitmap: &[u64],
+        st: &mut FaultStats,
+        batch: &mut TlbBatch<'_>,
+        taken: &mut Vec<(usize, u64)>,
+    ) -> Result<u64> {
         let words = num_pages.div_ceil(64) as usize;
         let first_word = (first_page / 64) as usize;
         let chunk_words = (LOCK_CHUNK >> self.page_shift) as usize / 64;
         let split = self.initially_set() && self.policy.eager_split_chunk.is_some();
-        let mut cache = self.split_cache.lock().unwrap();
+        let mut cache = self.split_cache.lock();
         let mut cleared = 0;
         let mut w = 0;
         while w < words {
@@ -112,34 +167,28 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 let cap = self.with_table(|pt| pt.split_capacity(bytes));
                 cache.top_up(cap)?;
             }
-            let mut pt = self.write_lock(&mut st);
+            let mut pt = self.write_lock(st);
             for (k, &user) in bitmap.iter().enumerate().take(end).skip(w) {
                 let mask = b.clear_masked(first_word + k, user);
                 if mask == 0 {
                     continue;
                 }
+                taken.push((first_word + k, mask));
                 cleared += u64::from(mask.count_ones());
                 let page0 = (first_word + k) as u64 * 64;
                 if split {
                     let lo = base + ((page0 + u64::from(mask.trailing_zeros())) << self.page_shift);
                     let hi =
                         base + ((page0 + 64 - u64::from(mask.leading_zeros())) << self.page_shift);
-                    let t0 = Instant::now();
+                    let t0 = Stopwatch::<P::Clock>::start();
                     pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
-                    st.split_ns += t0.elapsed().as_nanos() as u64;
+                    st.split_ns += t0.elapsed_ns();
                 }
-                self.protect_mask(&mut pt, base, page0, mask, &mut batch)?;
+                self.protect_mask(&mut pt, base, page0, mask, batch)?;
             }
             drop(pt);
             w = end;
         }
-        drop(cache);
-        if cleared > 0 {
-            batch.add(base, size);
-        }
-        let calls = batch.finish();
-        self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
-        self.vm_stats.lock().unwrap().add(&st);
         Ok(cleared)
     }
 
@@ -175,7 +224,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let pt = self.read_lock(&mut st, None);
         pt.scan_hw_dirty_into(base, size, base, b)?;
         drop(pt);
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(())
     }
 

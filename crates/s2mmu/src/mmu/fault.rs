@@ -85,7 +85,7 @@ pub(super) struct FaultSlot {
     pub(super) state: (u64, u64),
 }
 
-impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// Handles a stage-2 fault of `vcpu` at `gpa` (`write` for a write
     /// access), as an exit handler would that has only the address: it
     /// walks the table to tell a translation fault from a permission fault,
@@ -97,15 +97,16 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     pub fn handle_fault(
         &self,
         vcpu: &mut VcpuMmu<M>,
-        gpa: u64,
+        gpa: Gpa,
         write: bool,
     ) -> Result<FaultOutcome> {
-        let kind = match self.reader.translate(gpa) {
+        let gpa = gpa.raw();
+        let kind = match self.stage2.reader.translate(gpa) {
             Some(t) if !write || t.prot.contains(Prot::W) => FaultKind::Spurious,
             Some(t) => FaultKind::Permission { level: t.level },
             None => FaultKind::Translation,
         };
-        self.handle_stage2_fault(vcpu, gpa, write, kind)
+        self.handle_stage2_fault(vcpu, Gpa::new(gpa), write, kind)
     }
 
     /// Handles a stage-2 fault of `vcpu` at `gpa` (`write` for a write
@@ -120,10 +121,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     pub fn handle_stage2_fault(
         &self,
         vcpu: &mut VcpuMmu<M>,
-        gpa: u64,
+        gpa: Gpa,
         write: bool,
         kind: FaultKind,
     ) -> Result<FaultOutcome> {
+        let gpa = gpa.raw();
         if vcpu.mmu_id != self.id {
             return Err(Error::ForeignVcpu { vcpu: vcpu.id });
         }
@@ -188,7 +190,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         level: u32,
         fs: &FaultSlot,
     ) -> Option<Result<FaultOutcome>> {
-        let fmt = self.reader.format();
+        let fmt = self.stage2.reader.format();
         if self.policy.fault_path != FaultPath::ReadLockFastPath
             || (level != fmt.last_level() && fs.logging)
         {
@@ -231,7 +233,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             hva,
             ..
         } = *fs;
-        let fmt = self.reader.format();
+        let fmt = self.stage2.reader.format();
         let shift = self.page_shift;
         let page = 1u64 << shift;
         // Top up outside the lock: enough for a map, or for splitting the
@@ -277,20 +279,20 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// page (translation faults on the slow path).
     fn split_on_fault(
         &self,
-        mut pt: WriteGuard<'_, PageTable<F, M>>,
+        mut pt: WriteGuard<'_, PageTable<F, M>, P>,
         vcpu: &mut VcpuMmu<M>,
         gpa: u64,
         size: u64,
         fs: &FaultSlot,
     ) -> Result<()> {
         let page = 1u64 << self.page_shift;
-        let t0 = Instant::now();
+        let t0 = Stopwatch::<P::Clock>::start();
         pt.unmap(gpa & !(size - 1), size)?;
         let prot = Prot::RWX;
         let opts = MapOptions { force_pages: true };
         let pa = self.phys_for_leaf(fs.hva & !(page - 1), page, prot)?;
         pt.map(gpa & !(page - 1), page, pa, prot, &mut vcpu.cache, opts)?;
-        vcpu.stats.split_ns += t0.elapsed().as_nanos() as u64;
+        vcpu.stats.split_ns += t0.elapsed_ns();
         vcpu.stats.splits_on_fault += 1;
         drop(pt);
         self.mark_dirty(vcpu, fs, (gpa - fs.start) >> self.page_shift);
@@ -331,7 +333,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// A translation fault: map the page, or the largest block allowed.
     fn map_new(
         &self,
-        mut pt: WriteGuard<'_, PageTable<F, M>>,
+        mut pt: WriteGuard<'_, PageTable<F, M>, P>,
         vcpu: &mut VcpuMmu<M>,
         gpa: u64,
         write: bool,

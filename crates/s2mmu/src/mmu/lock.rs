@@ -28,18 +28,29 @@
 //! writer did not see saw the bias off. (Fences rather than sequentially
 //! consistent accesses: the same cost on x86, and what loom can check.)
 
+use crate::sync::{DefaultPlatform, Platform, Stopwatch};
+use alloc::boxed::Box;
 use core::cell::UnsafeCell;
+use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
+#[cfg(not(loom))]
+use core::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 #[cfg(loom)]
 use loom::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+
+/// The shared rwlock: the platform's raw lock (loom's under loom).
+#[cfg(not(loom))]
+type SharedRw<P> = lock_api::RwLock<<P as Platform>::RawRwLock, ()>;
+#[cfg(not(loom))]
+type SharedRead<'a, P> = lock_api::RwLockReadGuard<'a, <P as Platform>::RawRwLock, ()>;
+#[cfg(not(loom))]
+type SharedWrite<'a, P> = lock_api::RwLockWriteGuard<'a, <P as Platform>::RawRwLock, ()>;
 #[cfg(loom)]
-use loom::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-#[cfg(not(loom))]
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
-use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
-#[cfg(not(loom))]
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Instant;
+type SharedRw<P> = (loom::sync::RwLock<()>, PhantomData<P>);
+#[cfg(loom)]
+type SharedRead<'a, P> = (loom::sync::RwLockReadGuard<'a, ()>, PhantomData<P>);
+#[cfg(loom)]
+type SharedWrite<'a, P> = (loom::sync::RwLockWriteGuard<'a, ()>, PhantomData<P>);
 
 /// vCPU reads through the shared rwlock, with no write between them, after
 /// which the lock is biased towards the slots again.
@@ -60,8 +71,8 @@ struct ReaderSlot(AtomicU32);
 
 /// A reader-writer lock around `T` whose vCPU readers use per-vCPU slots
 /// while no writer is around (see the module documentation).
-pub struct MmuLock<T> {
-    rw: RwLock<()>,
+pub struct MmuLock<T, P: Platform = DefaultPlatform> {
+    rw: SharedRw<P>,
     /// Whether vCPU readers may read through their slots. Set only by a
     /// reader holding `rw` for reading, cleared only by the writer holding
     /// it for writing.
@@ -71,14 +82,16 @@ pub struct MmuLock<T> {
     /// Slots handed out so far (slot indices are below this).
     slots: Box<[ReaderSlot]>,
     data: UnsafeCell<T>,
+    _platform: PhantomData<P>,
 }
 
 // SAFETY: the lock hands out `&T` to any number of readers and `&mut T` to
-// one writer with no reader, as `std::sync::RwLock` does, so it is `Sync`
+// one writer with no reader, as a reader-writer lock does, so it is `Sync`
 // exactly when `T` may be sent and shared between threads.
-unsafe impl<T: Send + Sync> Sync for MmuLock<T> {}
-// SAFETY: moving the lock moves `T`; the rest is atomics and a std lock.
-unsafe impl<T: Send> Send for MmuLock<T> {}
+unsafe impl<T: Send + Sync, P: Platform> Sync for MmuLock<T, P> {}
+// SAFETY: moving the lock moves `T`; the rest is atomics and a raw lock
+// (`Send` by the platform's bound).
+unsafe impl<T: Send, P: Platform> Send for MmuLock<T, P> {}
 
 /// A guard and whether taking it had to wait.
 pub struct Acquired<G> {
@@ -90,29 +103,40 @@ pub struct Acquired<G> {
 }
 
 /// Shared access to the data of an [`MmuLock`].
-pub struct ReadGuard<'a, T> {
-    lock: &'a MmuLock<T>,
+pub struct ReadGuard<'a, T, P: Platform = DefaultPlatform> {
+    lock: &'a MmuLock<T, P>,
     slot: Option<&'a ReaderSlot>,
-    _rw: Option<RwLockReadGuard<'a, ()>>,
+    _rw: Option<SharedRead<'a, P>>,
 }
 
 /// Exclusive access to the data of an [`MmuLock`].
-pub struct WriteGuard<'a, T> {
-    lock: &'a MmuLock<T>,
-    _rw: RwLockWriteGuard<'a, ()>,
+pub struct WriteGuard<'a, T, P: Platform = DefaultPlatform> {
+    lock: &'a MmuLock<T, P>,
+    _rw: SharedWrite<'a, P>,
 }
 
 impl<T> MmuLock<T> {
     /// A lock around `data` with `slots` vCPU reader slots (0: every reader
-    /// uses the shared rwlock, KVM's `mmu_lock`). It starts biased: there
-    /// is no writer yet.
+    /// uses the shared rwlock, KVM's `mmu_lock`), on the default platform.
+    /// It starts biased: there is no writer yet.
     pub fn new(data: T, slots: usize) -> Self {
+        Self::for_platform(data, slots)
+    }
+}
+
+impl<T, P: Platform> MmuLock<T, P> {
+    /// As [`MmuLock::new`], with platform `P`'s raw lock and clock.
+    pub fn for_platform(data: T, slots: usize) -> Self {
         MmuLock {
-            rw: RwLock::new(()),
+            #[cfg(not(loom))]
+            rw: lock_api::RwLock::new(()),
+            #[cfg(loom)]
+            rw: (loom::sync::RwLock::new(()), PhantomData),
             bias: AtomicBool::new(slots > 0),
             shared_reads: AtomicU32::new(0),
             slots: (0..slots).map(|_| ReaderSlot(AtomicU32::new(0))).collect(),
             data: UnsafeCell::new(data),
+            _platform: PhantomData,
         }
     }
 
@@ -132,7 +156,7 @@ impl<T> MmuLock<T> {
     /// Takes the lock for reading: through `slot` (from
     /// [`MmuLock::slot_for`]) while the lock is biased, else through the
     /// shared rwlock.
-    pub fn read(&self, slot: Option<usize>) -> Acquired<ReadGuard<'_, T>> {
+    pub fn read(&self, slot: Option<usize>) -> Acquired<ReadGuard<'_, T, P>> {
         let slot = slot.and_then(|i| self.slots.get(i));
         if let Some(s) = slot {
             if self.bias.load(Ordering::Relaxed) {
@@ -152,7 +176,7 @@ impl<T> MmuLock<T> {
                 s.0.fetch_sub(1, Ordering::Release);
             }
         }
-        let (rw, waited_ns) = timed(|| self.rw.try_read(), || self.rw.read());
+        let (rw, waited_ns) = shared_read::<P>(&self.rw);
         if slot.is_some()
             && !self.bias.load(Ordering::Relaxed)
             && self.shared_reads.fetch_add(1, Ordering::Relaxed) + 1 >= REBIAS_AFTER
@@ -173,8 +197,8 @@ impl<T> MmuLock<T> {
 
     /// Takes the lock for writing: the shared rwlock, then, if the lock is
     /// biased, revokes the bias and waits for the slot readers to leave.
-    pub fn write(&self) -> Acquired<WriteGuard<'_, T>> {
-        let (rw, mut waited_ns) = timed(|| self.rw.try_write(), || self.rw.write());
+    pub fn write(&self) -> Acquired<WriteGuard<'_, T, P>> {
+        let (rw, mut waited_ns) = shared_write::<P>(&self.rw);
         self.shared_reads.store(0, Ordering::Relaxed);
         // Only a reader holding `rw` sets the bias, so it cannot turn on
         // while this writer holds it.
@@ -188,12 +212,12 @@ impl<T> MmuLock<T> {
                 let mut spins = 0u32;
                 // Acquire: pairs with the reader's release of its slot.
                 while s.0.load(Ordering::Acquire) != 0 {
-                    t.get_or_insert_with(Instant::now);
-                    backoff(&mut spins);
+                    t.get_or_insert_with(Stopwatch::<P::Clock>::start);
+                    backoff::<P>(&mut spins);
                 }
             }
             if let Some(t) = t {
-                *waited_ns.get_or_insert(0) += t.elapsed().as_nanos() as u64;
+                *waited_ns.get_or_insert(0) += t.elapsed_ns();
             }
         }
         Acquired {
@@ -206,28 +230,56 @@ impl<T> MmuLock<T> {
     }
 }
 
-/// Takes a std (or loom) lock without waiting if it is free, else waits and
-/// returns how long. A poisoned lock is taken as it is: the guarded table is
-/// consistent between walker steps.
-fn timed<G>(
-    try_lock: impl FnOnce() -> TryLockResult<G>,
-    lock: impl FnOnce() -> LockResult<G>,
-) -> (G, Option<u64>) {
-    match try_lock() {
-        Ok(g) => (g, None),
-        Err(TryLockError::Poisoned(p)) => (p.into_inner(), None),
-        Err(TryLockError::WouldBlock) => {
-            let t = Instant::now();
-            let g = lock().unwrap_or_else(PoisonError::into_inner);
-            (g, Some(t.elapsed().as_nanos() as u64))
+/// Takes the shared rwlock for reading without waiting if it is free, else
+/// waits and returns how long (0 without a clock).
+#[cfg(not(loom))]
+fn shared_read<P: Platform>(rw: &SharedRw<P>) -> (SharedRead<'_, P>, Option<u64>) {
+    match rw.try_read() {
+        Some(g) => (g, None),
+        None => {
+            let t = Stopwatch::<P::Clock>::start();
+            let g = rw.read();
+            (g, Some(t.elapsed_ns()))
         }
     }
+}
+
+/// As [`shared_read`], for writing.
+#[cfg(not(loom))]
+fn shared_write<P: Platform>(rw: &SharedRw<P>) -> (SharedWrite<'_, P>, Option<u64>) {
+    match rw.try_write() {
+        Some(g) => (g, None),
+        None => {
+            let t = Stopwatch::<P::Clock>::start();
+            let g = rw.write();
+            (g, Some(t.elapsed_ns()))
+        }
+    }
+}
+
+/// Loom's lock, taken through a poisoned state (the guarded table is
+/// consistent between walker steps).
+#[cfg(loom)]
+fn shared_read<P: Platform>(rw: &SharedRw<P>) -> (SharedRead<'_, P>, Option<u64>) {
+    let g =
+        rw.0.read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    ((g, PhantomData), None)
+}
+
+/// As [`shared_read`], for writing.
+#[cfg(loom)]
+fn shared_write<P: Platform>(rw: &SharedRw<P>) -> (SharedWrite<'_, P>, Option<u64>) {
+    let g =
+        rw.0.write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    ((g, PhantomData), None)
 }
 
 /// Spins briefly, then yields: a slot reader that holds the lock may be
 /// preempted on a machine with fewer CPUs than vCPUs.
 #[inline]
-fn backoff(spins: &mut u32) {
+fn backoff<P: Platform>(spins: &mut u32) {
     #[cfg(loom)]
     {
         let _ = spins;
@@ -239,12 +291,12 @@ fn backoff(spins: &mut u32) {
         if *spins < 64 {
             core::hint::spin_loop();
         } else {
-            std::thread::yield_now();
+            P::relax();
         }
     }
 }
 
-impl<T> Deref for ReadGuard<'_, T> {
+impl<T, P: Platform> Deref for ReadGuard<'_, T, P> {
     type Target = T;
     fn deref(&self) -> &T {
         // SAFETY: this guard is a reader of the lock (its slot is set and a
@@ -254,7 +306,7 @@ impl<T> Deref for ReadGuard<'_, T> {
     }
 }
 
-impl<T> Drop for ReadGuard<'_, T> {
+impl<T, P: Platform> Drop for ReadGuard<'_, T, P> {
     fn drop(&mut self) {
         if let Some(s) = self.slot {
             // Release: the reads of the critical section happen before a
@@ -264,7 +316,7 @@ impl<T> Drop for ReadGuard<'_, T> {
     }
 }
 
-impl<T> Deref for WriteGuard<'_, T> {
+impl<T, P: Platform> Deref for WriteGuard<'_, T, P> {
     type Target = T;
     fn deref(&self) -> &T {
         // SAFETY: the writer holds `rw` for writing and no slot reader is
@@ -274,7 +326,7 @@ impl<T> Deref for WriteGuard<'_, T> {
     }
 }
 
-impl<T> DerefMut for WriteGuard<'_, T> {
+impl<T, P: Platform> DerefMut for WriteGuard<'_, T, P> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: as for `deref`; `&mut self` makes the borrow unique.
         unsafe { &mut *self.lock.data.get() }

@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// `KVM_SET_USER_MEMORY_REGION`: creates, deletes, moves or changes
     /// the flags of a slot. `host_page_size` is the page size of the host
     /// memory behind it (the largest stage-2 mapping a fault may install).
@@ -20,7 +20,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         host_page_size: u64,
     ) -> Result<MemslotChange> {
         self.check_region(region, host_page_size)?;
-        let _u = self.update.lock().unwrap();
+        let _u = self.update.lock();
         let id = usize::from(region.id());
         let was_logging = self
             .slots
@@ -68,10 +68,18 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             .get(id)
             .expect("the store accepted the id, so it is below max_user_slots, the length of side");
         self.update_side(side, change, host_page_size, prev_host_page, logging);
+        // The store has changed: from here on nothing may fail, or the call
+        // would return an error with the state changed. Both steps below are
+        // best effort where they need memory (an eager split, a huge-page
+        // recovery: optimisations whose failure is counted, not an error),
+        // and their other errors cannot happen for a slot the store holds.
         if logging && !was_logging && change != MemslotChange::Create {
             self.start_logging(region.id())?;
         } else if !logging && was_logging && change == MemslotChange::FlagsOnly {
-            self.stop_logging(region.id())?;
+            // `update_side` dropped the bitmap.
+            if self.recover_huge_pages(region.id()).is_err() {
+                self.vm_stats.lock().recovery_failures += 1;
+            }
         }
         Ok(change)
     }
@@ -88,7 +96,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 value: host_page_size,
             });
         }
-        let limit = self.reader.format().ipa_limit();
+        let limit = self.stage2.config.ipa_limit;
         let end = region.guest_phys_addr.checked_add(region.memory_size);
         if region.memory_size != 0 && end.is_none_or(|end| end > limit) {
             return Err(Error::OutOfRange {
@@ -105,7 +113,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// or a flags change alike, so no stale log survives).
     fn update_side(
         &self,
-        side: &SlotSide,
+        side: &SlotSide<P>,
         change: MemslotChange,
         host_page_size: u64,
         prev_host_page: Option<u64>,
@@ -207,7 +215,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             // logged whole in hardware dirty state), so the change must not
             // fail now. The failure is counted, not hidden.
             if self.split_range(base, size, chunk).is_err() {
-                self.vm_stats.lock().unwrap().eager_split_failures += 1;
+                self.vm_stats.lock().eager_split_failures += 1;
             }
         }
         // Cannot fail: the slot lies inside the IPA space (checked when it
@@ -215,8 +223,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         self.wrprotect_range(base, size)
     }
 
-    pub(super) fn stop_logging(&self, id: u16) -> Result<()> {
-        self.side[usize::from(id)].dirty.store(None);
+    /// Logging stopped on slot `id`: gets its huge mappings back
+    /// ([`MmuPolicy::recover_huge_pages`]), by unmapping page-mapped blocks
+    /// or collapsing them in place.
+    ///
+    /// # Errors
+    /// The table's error if an unmap or collapse fails; the slot is then
+    /// partly recovered and still correct (the rest stays mapped as pages).
+    pub(super) fn recover_huge_pages(&self, id: u16) -> Result<()> {
         if !self.policy.recover_huge_pages {
             return Ok(());
         }
@@ -253,7 +267,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             drop(pt);
             a += block;
         }
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(())
     }
 
@@ -271,13 +285,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             st.collapsed += c.blocks;
             a += n;
         }
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(())
     }
 
     /// The largest block the format allows that is not larger than `host_page`.
     pub(super) fn block_size_for(&self, host_page: u64) -> u64 {
-        self.reader.format().page_size().max(
+        self.stage2.reader.format().page_size().max(
             self.leaf_sizes()
                 .into_iter()
                 .filter(|&g| g <= host_page)
@@ -287,7 +301,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     }
 
     pub(super) fn leaf_sizes(&self) -> Vec<u64> {
-        let f = self.reader.format();
+        let f = self.stage2.reader.format();
         (f.start_level()..=f.last_level())
             .filter(|&l| f.leaf_allowed(l))
             .map(|l| f.granule(l))
@@ -298,7 +312,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// dropping the lock between chunks.
     pub(super) fn split_range(&self, base: u64, size: u64, chunk: u64) -> Result<()> {
         let mut st = FaultStats::default();
-        let mut cache = self.split_cache.lock().unwrap();
+        let mut cache = self.split_cache.lock();
         let mut a = base;
         while a < base + size {
             let next = ((a / chunk) + 1) * chunk;
@@ -306,13 +320,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             let capacity = self.with_table(|pt| pt.split_capacity(n));
             cache.top_up(capacity)?;
             let mut pt = self.write_lock(&mut st);
-            let t0 = Instant::now();
+            let t0 = Stopwatch::<P::Clock>::start();
             pt.split(a, n, &mut cache, self.policy.split_walk)?;
-            st.split_ns += t0.elapsed().as_nanos() as u64;
+            st.split_ns += t0.elapsed_ns();
             drop(pt);
             a += n;
         }
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(())
     }
 
@@ -320,7 +334,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// range once.
     pub(super) fn wrprotect_range(&self, base: u64, size: u64) -> Result<()> {
         let mut st = FaultStats::default();
-        let tlb = self.with_table(|pt| pt.tlb().clone());
+        let tlb = self.stage2.tlb.clone();
         let policy = self.with_table(|pt| pt.tlb_policy());
         let mut batch = TlbBatch::new(&*tlb, policy);
         let chunk = LOCK_CHUNK;
@@ -333,7 +347,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             a += n;
         }
         batch.finish();
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(())
     }
 }

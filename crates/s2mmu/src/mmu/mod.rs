@@ -1,5 +1,7 @@
-//! The `Mmu` facade: one VM's stage-2 table, memslots and dirty tracking
-//! behind the MMU lock, with the fault path and the dirty-logging API.
+//! The `Mmu` facade: one VM's stage-2 part (`mmu/stage2.rs`: the table behind
+//! the MMU lock, the TLB backend, the fixed configuration), its memslot side
+//! (the store and each slot's dirty bitmap) and its dirty side (the vCPUs'
+//! rings), with the fault path and the dirty-logging API.
 //!
 //! Every optimisation the seeds describe is a policy here ([`MmuPolicy`]),
 //! defaulting to the optimised choice, so a benchmark can run both sides in
@@ -22,12 +24,13 @@
 //! while no writer is around, so the fast path shares no cache line between
 //! vCPUs ([`MmuPolicy::reader_slots`]; 0 is KVM's plain rwlock).
 //!
-//! Lock poisoning: the MMU lock (the table's `RwLock`) is taken through a
-//! poisoned state, since the table is consistent between walker steps. The
-//! other locks (the update mutex, the split cache, the counters, the ring
-//! list) are `unwrap`ped: they are poisoned only if a thread panicked while
-//! holding one, which no caller input causes (bad input is an [`Error`]), so
-//! such a panic is a bug and is propagated rather than hidden.
+//! Platform: the locks, the clock and the snapshot cells come from the
+//! type parameter `P` ([`crate::sync::Platform`]): parking_lot, `Instant`
+//! and arc-swap with `std`, spin locks and lock-protected cells without, or
+//! the embedder's own ([`Mmu::for_platform`]). Its locks do not poison: a
+//! panic while one is held comes from a bug, not from caller input (bad
+//! input is an [`Error`]), and every structure they guard is consistent
+//! between the steps that take them.
 
 use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing, DirtyTracker};
 use crate::format::{Prot, PteFormat};
@@ -38,14 +41,16 @@ use crate::memslot::{
 };
 use crate::ops::{MapOptions, SplitPolicy};
 use crate::pgtable::{PageTable, TableReader};
+use crate::sync::{ArcOptionCell, DefaultPlatform, Mutex, Platform, RwLock, Stopwatch};
 use crate::table::MmOps;
 use crate::tlb::{LargeRangePolicy, TlbBatch, TlbInvalidate, TlbPolicy};
-use crate::{Error, Result};
-use arc_swap::ArcSwapOption;
-use lock::{MmuLock, ReadGuard, WriteGuard};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use crate::{Error, Gpa, Result};
+use alloc::boxed::Box;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
+use lock::{ReadGuard, WriteGuard};
+use stage2::Stage2;
 
 mod dirty_log;
 mod fault;
@@ -56,9 +61,12 @@ mod notifier;
 mod policy;
 mod populate;
 mod rings;
+mod stage2;
 mod stats;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_unchanged;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
@@ -66,29 +74,30 @@ pub use policy::{DirtyMode, FaultPath, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK}
 pub use stats::FaultStats;
 
 /// A memslot's state that the MMU keeps beside the memslot store.
-struct SlotSide {
-    dirty: ArcSwapOption<DirtyBitmap>,
+struct SlotSide<P: Platform> {
+    dirty: P::OptionCell<DirtyBitmap>,
     host_page: AtomicU64,
 }
 
-/// One VM's MMU.
-pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
+/// One VM's MMU, its locks, clock and snapshot cells from platform `P`
+/// ([`crate::sync`]).
+pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPlatform> {
     /// Unique among the process's MMUs: brands the vCPU handles it makes.
     id: u64,
-    pt: MmuLock<PageTable<F, M>>,
-    reader: TableReader<F, M>,
-    mm: M,
+    /// The table, the MMU lock, the TLB backend, the fixed configuration.
+    stage2: Stage2<F, M, P>,
     slots: S,
-    side: Box<[SlotSide]>,
-    rings: RwLock<Vec<Arc<DirtyRing>>>,
+    side: Box<[SlotSide<P>]>,
+    rings: RwLock<P, Vec<Arc<DirtyRing>>>,
     policy: MmuPolicy,
-    update: Mutex<()>,
-    split_cache: Mutex<PageCache<M>>,
-    vm_stats: Mutex<FaultStats>,
+    update: Mutex<P, ()>,
+    split_cache: Mutex<P, PageCache<M>>,
+    vm_stats: Mutex<P, FaultStats>,
+    /// The memslots' page shift, the granule's (checked at creation).
     page_shift: u32,
     host: Arc<dyn HostMemory>,
     /// Host ranges being invalidated ([`Mmu::invalidate_hva_range_start`]).
-    invalidating: Mutex<Vec<(u64, u64)>>,
+    invalidating: Mutex<P, Vec<(u64, u64)>>,
     /// Its length, read without the lock.
     invalidations: AtomicU64,
     /// Dirty marks still to drop ([`Mmu::inject_lost_marks`]).
@@ -97,13 +106,15 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
     pub clear_tlb_calls: AtomicU64,
 }
 
-struct Stage2Hook<'a, F: PteFormat, M: MmOps, S: MemslotStore> {
-    mmu: &'a Mmu<F, M, S>,
+struct Stage2Hook<'a, F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> {
+    mmu: &'a Mmu<F, M, S, P>,
 }
 
-impl<F: PteFormat, M: MmOps, S: MemslotStore> Stage2Invalidate for Stage2Hook<'_, F, M, S> {
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Stage2Invalidate
+    for Stage2Hook<'_, F, M, S, P>
+{
     fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
-        let shift = self.mmu.page_shift;
+        let shift = self.mmu.stage2.config.page_shift;
         let mut st = FaultStats::default();
         let mut pt = self.mmu.write_lock(&mut st);
         // Whole leaves: a slot's range never cuts one (faults map blocks
@@ -120,18 +131,36 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Stage2Invalidate for Stage2Hook<'_
             unreachable!("unmapping slot range {ipa:#x}+{len:#x}: {e}");
         }
         drop(pt);
-        self.mmu.vm_stats.lock().unwrap().add(&st);
+        self.mmu.vm_stats.lock().add(&st);
     }
 }
 
 impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// An MMU for `fmt`, table pages from `mm`, invalidations to `tlb`,
-    /// memslots in `slots` (whose page size must be the granule).
+    /// memslots in `slots` (whose page size must be the granule), on the
+    /// default platform ([`crate::sync::DefaultPlatform`]).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for mismatched page sizes or a bad policy;
     /// [`Error::OutOfMemory`].
     pub fn new(
+        fmt: F,
+        mm: M,
+        tlb: Arc<dyn TlbInvalidate>,
+        slots: S,
+        policy: MmuPolicy,
+    ) -> Result<Self> {
+        Self::for_platform(fmt, mm, tlb, slots, policy)
+    }
+}
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
+    /// As [`Mmu::new`], on platform `P` (a no_std hypervisor's locks,
+    /// clock and snapshot cells).
+    ///
+    /// # Errors
+    /// As [`Mmu::new`].
+    pub fn for_platform(
         fmt: F,
         mm: M,
         tlb: Arc<dyn TlbInvalidate>,
@@ -162,36 +191,33 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 value: 0,
             });
         }
-        let mut pt = PageTable::new(fmt, mm.clone(), tlb)?;
-        pt.set_tlb_policy(TlbPolicy {
+        let tlb_policy = TlbPolicy {
             limit_pages: policy.tlb_limit_pages,
             large_range: policy.tlb_large_range,
             page_shift,
-        });
-        let reader = pt.reader();
+        };
+        let stage2 = Stage2::new(fmt, mm, tlb, tlb_policy, policy.reader_slots)?;
         let nslots = usize::from(slots.config().max_user_slots);
         let side = (0..nslots)
             .map(|_| SlotSide {
-                dirty: ArcSwapOption::empty(),
+                dirty: ArcOptionCell::empty(),
                 host_page: AtomicU64::new(1 << page_shift),
             })
             .collect();
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Mmu {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            pt: MmuLock::new(pt, policy.reader_slots),
-            reader,
-            split_cache: Mutex::new(PageCache::new(mm.clone())),
-            mm,
+            split_cache: lock_api::Mutex::new(PageCache::new(stage2.mm.clone())),
+            stage2,
             slots,
             side,
-            rings: RwLock::new(Vec::new()),
+            rings: lock_api::RwLock::new(Vec::new()),
             policy,
-            update: Mutex::new(()),
-            vm_stats: Mutex::new(FaultStats::default()),
+            update: lock_api::Mutex::new(()),
+            vm_stats: lock_api::Mutex::new(FaultStats::default()),
             page_shift,
             host: Arc::new(IdentityHost),
-            invalidating: Mutex::new(Vec::new()),
+            invalidating: lock_api::Mutex::new(Vec::new()),
             invalidations: AtomicU64::new(0),
             drop_marks: AtomicU64::new(0),
             clear_tlb_calls: AtomicU64::new(0),
@@ -254,18 +280,18 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
 
     /// A lockless reader of the stage-2 table (a vCPU's table walker).
     pub fn reader(&self) -> TableReader<F, M> {
-        self.reader.clone()
+        self.stage2.reader.clone()
     }
 
     /// Runs `f` on the table under the read lock (inspection, tests).
     pub fn with_table<R>(&self, f: impl FnOnce(&PageTable<F, M>) -> R) -> R {
-        f(&self.pt.read(None).guard)
+        self.stage2.with_table(f)
     }
 
     /// Counters of VM-wide operations (logging changes, clears, memslot
     /// updates), not of vCPU faults.
     pub fn vm_stats(&self) -> FaultStats {
-        *self.vm_stats.lock().unwrap()
+        *self.vm_stats.lock()
     }
 
     /// Creates the MMU state of a new vCPU (and its dirty ring, if rings
@@ -274,7 +300,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// # Errors
     /// [`Error::InvalidRingSize`] cannot happen here (checked at creation).
     pub fn new_vcpu(&self) -> Result<VcpuMmu<M>> {
-        let mut rings = self.rings.write().unwrap();
+        let mut rings = self.rings.write();
         let id = rings.len();
         let entries = self.policy.dirty.ring_entries().unwrap_or(256);
         let ring = Arc::new(DirtyRing::new(entries)?);
@@ -283,10 +309,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             id,
             mmu_id: self.id,
             ring: self.policy.dirty.ring_entries().map(|_| ring),
-            lock_slot: self.pt.slot_for(id),
+            lock_slot: self.stage2.slot_for(id),
             dirty_cache: None,
             slot_cache: VcpuSlotCache::new(),
-            cache: PageCache::new(self.mm.clone()),
+            cache: PageCache::new(self.stage2.mm.clone()),
             stats: FaultStats::default(),
         })
     }
@@ -297,23 +323,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         &self,
         st: &mut FaultStats,
         slot: Option<usize>,
-    ) -> ReadGuard<'_, PageTable<F, M>> {
-        let a = self.pt.read(slot);
-        st.read_locks += 1;
-        if let Some(ns) = a.waited_ns {
-            st.read_contended += 1;
-            st.lock_wait_ns += ns;
-        }
-        a.guard
+    ) -> ReadGuard<'_, PageTable<F, M>, P> {
+        self.stage2.read_lock(st, slot)
     }
 
-    fn write_lock(&self, st: &mut FaultStats) -> WriteGuard<'_, PageTable<F, M>> {
-        let a = self.pt.write();
-        st.write_locks += 1;
-        if let Some(ns) = a.waited_ns {
-            st.write_contended += 1;
-            st.lock_wait_ns += ns;
-        }
-        a.guard
+    fn write_lock(&self, st: &mut FaultStats) -> WriteGuard<'_, PageTable<F, M>, P> {
+        self.stage2.write_lock(st)
     }
 }

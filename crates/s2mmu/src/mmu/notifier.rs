@@ -14,11 +14,13 @@ use super::{FaultStats, Mmu};
 use crate::format::PteFormat;
 use crate::memslot::{MemslotStore, SlotLookup};
 use crate::pgtable::PageTable;
+use crate::sync::{ArcOptionCell, Platform};
 use crate::table::MmOps;
-use crate::{Error, Result};
+use crate::{Error, Hva, Result};
+use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
 
-impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// The host is about to change what backs `[hva, hva + size)`: unmaps
     /// every stage-2 leaf that maps any of it (whole blocks), with their
     /// invalidations, and makes faults on it retry until the matching
@@ -28,7 +30,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// # Errors
     /// [`Error::EmptyRange`] for size 0, [`Error::OutOfRange`] for a range
     /// that wraps; nothing is changed then.
-    pub fn invalidate_hva_range_start(&self, hva: u64, size: u64) -> Result<u64> {
+    pub fn invalidate_hva_range_start(&self, hva: Hva, size: u64) -> Result<u64> {
+        let hva = hva.raw();
         if size == 0 {
             return Err(Error::EmptyRange { ipa: hva, size });
         }
@@ -60,14 +63,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         }
         // Registered before the lock is dropped: a fault that takes it next
         // sees the range and retries.
-        self.invalidating.lock().unwrap().push((hva, end));
+        self.invalidating.lock().push((hva, end));
         self.invalidations.fetch_add(1, Ordering::AcqRel);
         for l in &leaves {
             // A leaf of a slot lies inside the IPA space and is whole.
             pt.unmap(l.ipa, l.size)?;
         }
         drop(pt);
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(leaves.len() as u64)
     }
 
@@ -77,8 +80,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// # Errors
     /// [`Error::NotMapped`] (naming `hva`) if no invalidation of exactly
     /// that range is in progress.
-    pub fn invalidate_hva_range_end(&self, hva: u64, size: u64) -> Result<()> {
-        let mut inv = self.invalidating.lock().unwrap();
+    pub fn invalidate_hva_range_end(&self, hva: Hva, size: u64) -> Result<()> {
+        let hva = hva.raw();
+        let mut inv = self.invalidating.lock();
         let i = inv
             .iter()
             .position(|&r| r == (hva, hva.wrapping_add(size)))
@@ -129,7 +133,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         if self.invalidations.load(Ordering::Acquire) == 0 {
             return false;
         }
-        let inv = self.invalidating.lock().unwrap();
+        let inv = self.invalidating.lock();
         let end = hva.saturating_add(size);
         !inv.is_empty() && inv.iter().any(|&(a, b)| hva < b && a < end)
     }

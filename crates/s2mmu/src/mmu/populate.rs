@@ -11,8 +11,10 @@
 
 use super::{FaultStats, Mmu};
 use crate::format::{Prot, PteFormat};
+use crate::memcache::PageCache;
 use crate::memslot::{MemslotStore, SlotLookup};
 use crate::ops::MapOptions;
+use crate::sync::{ArcOptionCell, Platform};
 use crate::table::MmOps;
 use crate::tlb::{LargeRangePolicy, TlbPolicy};
 use crate::{Error, Result};
@@ -20,7 +22,7 @@ use crate::{Error, Result};
 /// Bytes mapped per hold of the write lock in [`Mmu::populate`].
 const POPULATE_CHUNK: u64 = 1 << 30;
 
-impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// Maps pages `[first_page, first_page + npages)` of slot `id` with
     /// last-level pages, to the slot's host addresses, without touching
     /// them. Pages of a logged slot are mapped read-only (their first write
@@ -30,12 +32,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     ///
     /// # Errors
     /// [`Error::NoSuchSlot`]; [`Error::OutOfRange`] for pages beyond the
-    /// slot; [`Error::AlreadyMapped`] if a page in the range is mapped (the
-    /// pages before it stay mapped); [`Error::Again`] while the host
-    /// invalidates part of the range ([`Mmu::invalidate_hva_range_start`]);
-    /// [`Error::OutOfMemory`].
+    /// slot; [`Error::AlreadyMapped`] if a page in the range is mapped;
+    /// [`Error::Again`] while the host invalidates part of the range
+    /// ([`Mmu::invalidate_hva_range_start`]); [`Error::OutOfMemory`]. The
+    /// pages this call mapped before the error are unmapped again.
     pub fn populate(&self, id: u16, first_page: u64, npages: u64) -> Result<u64> {
-        let _u = self.update.lock().unwrap();
+        let _u = self.update.lock();
         let snap = self.slots.snapshot();
         let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
             slot: u32::from(id),
@@ -61,41 +63,72 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         drop(snap);
         let size = npages << shift;
         let mut st = FaultStats::default();
-        let mut cache = self.split_cache.lock().unwrap();
-        let levels =
-            (self.reader.format().last_level() - self.reader.format().start_level()) as usize;
+        let mut cache = self.split_cache.lock();
         let mut done = 0;
-        while done < size {
-            let n = POPULATE_CHUNK.min(size - done);
+        let mapped = self.populate_chunks(base, hva, size, prot, &mut st, &mut cache, &mut done);
+        if let Err(e) = mapped {
+            // Take back what this call mapped, `[base, base + done)`: every
+            // page of it was unmapped before (a mapped one stops the call),
+            // and unmapping whole pages needs no memory.
+            if done > 0 {
+                let mut pt = self.write_lock(&mut st);
+                if let Err(u) = pt.unmap(base, done) {
+                    unreachable!("unmapping pages just mapped at {base:#x}+{done:#x}: {u}");
+                }
+            }
+            self.vm_stats.lock().add(&st);
+            return Err(e);
+        }
+        self.vm_stats.lock().add(&st);
+        Ok(npages)
+    }
+
+    /// The chunks of [`Mmu::populate`]; `done` counts the bytes mapped from
+    /// `base` on, for the caller to take back on an error.
+    #[allow(clippy::too_many_arguments)]
+    fn populate_chunks(
+        &self,
+        base: u64,
+        hva: u64,
+        size: u64,
+        prot: Prot,
+        st: &mut FaultStats,
+        cache: &mut PageCache<M>,
+        done: &mut u64,
+    ) -> Result<()> {
+        let shift = self.page_shift;
+        let levels = (self.stage2.reader.format().last_level()
+            - self.stage2.reader.format().start_level()) as usize;
+        while *done < size {
+            let n = POPULATE_CHUNK.min(size - *done);
             let need = self.with_table(|pt| pt.split_capacity(n)) + levels + 1;
             cache.top_up(need)?;
             // The host backs the chunk contiguously (the identity), or
             // page by page.
-            let contiguous = self.host.host_to_phys(hva + done, n);
-            let mut pt = self.write_lock(&mut st);
-            if self.hva_invalidating(hva + done, n) {
+            let contiguous = self.host.host_to_phys(hva + *done, n);
+            let mut pt = self.write_lock(st);
+            if self.hva_invalidating(hva + *done, n) {
                 // The host is changing what backs part of the chunk.
-                return Err(Error::Again { ipa: base + done });
+                return Err(Error::Again { ipa: base + *done });
             }
             let opts = MapOptions { force_pages: true };
             if let Some(pa) = contiguous {
-                pt.map(base + done, n, pa, prot, &mut cache, opts)?;
+                pt.map(base + *done, n, pa, prot, cache, opts)?;
+                *done += n;
             } else {
                 let page = 1u64 << shift;
-                let mut off = 0;
-                while off < n {
-                    let hva = hva + done + off;
+                let end = *done + n;
+                while *done < end {
+                    let hva = hva + *done;
                     let pa = self.host.host_to_phys(hva, page);
                     let pa = pa.ok_or(Error::Unbacked { hva })?;
-                    pt.map(base + done + off, page, pa, prot, &mut cache, opts)?;
-                    off += page;
+                    pt.map(base + *done, page, pa, prot, cache, opts)?;
+                    *done += page;
                 }
             }
             drop(pt);
-            done += n;
         }
-        self.vm_stats.lock().unwrap().add(&st);
-        Ok(npages)
+        Ok(())
     }
 
     /// Does to each page of slot `id` in `pages` (page offsets in the slot)
@@ -119,7 +152,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         } else {
             None
         };
-        let wbit = self.reader.format().write_bit();
+        let wbit = self.stage2.reader.format().write_bit();
         let mut st = FaultStats::default();
         let pt = self.read_lock(&mut st, None);
         let mut dirtied = 0;
@@ -143,7 +176,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             }
         }
         drop(pt);
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         Ok(dirtied)
     }
 

@@ -2,17 +2,12 @@
 
 use super::*;
 
-impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// Whether `vcpu`'s dirty ring is soft-full: the vCPU must not enter the
     /// guest until the ring is harvested and reset.
     pub fn ring_soft_full(&self, vcpu: usize) -> bool {
         self.policy.dirty.ring_entries().is_some()
-            && self
-                .rings
-                .read()
-                .unwrap()
-                .get(vcpu)
-                .is_some_and(|r| r.soft_full())
+            && self.rings.read().get(vcpu).is_some_and(|r| r.soft_full())
     }
 
     /// Harvests every vCPU's ring into `out`; returns the number of entries.
@@ -25,13 +20,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 needs: "dirty rings",
             });
         }
-        Ok(self
-            .rings
-            .read()
-            .unwrap()
-            .iter()
-            .map(|r| r.harvest(out))
-            .sum())
+        Ok(self.rings.read().iter().map(|r| r.harvest(out)).sum())
     }
 
     /// `KVM_RESET_DIRTY_RINGS`: re-protects every harvested page and frees
@@ -46,12 +35,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
                 needs: "dirty rings",
             });
         }
-        let _u = self.update.lock().unwrap();
+        let _u = self.update.lock();
         let snap = self.slots.snapshot();
-        let rings = self.rings.read().unwrap().clone();
+        let rings = self.rings.read().clone();
         let mut st = FaultStats::default();
         let mut pt = self.write_lock(&mut st);
-        let tlb = pt.tlb().clone();
+        let tlb = self.stage2.tlb.clone();
         let mut batch = TlbBatch::new(&*tlb, pt.tlb_policy());
         let mut total = 0;
         let mut result = Ok(());
@@ -77,7 +66,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             batch.add_whole_vmid();
         }
         batch.finish();
-        self.vm_stats.lock().unwrap().add(&st);
+        self.vm_stats.lock().add(&st);
         result.map(|_| total)
     }
 }

@@ -36,6 +36,9 @@ pub struct FaultStats {
     /// Eager splits that stopped early (out of table memory): the rest of
     /// the slot is split on fault.
     pub eager_split_failures: u64,
+    /// Huge-page recoveries (logging stopped) that stopped early (out of
+    /// table memory): the rest of the slot keeps its page mappings.
+    pub recovery_failures: u64,
 }
 
 impl FaultStats {
@@ -61,6 +64,9 @@ impl FaultStats {
             eager_split_failures: self
                 .eager_split_failures
                 .saturating_sub(earlier.eager_split_failures),
+            recovery_failures: self
+                .recovery_failures
+                .saturating_sub(earlier.recovery_failures),
         }
     }
 
@@ -69,6 +75,7 @@ impl FaultStats {
         self.fast += o.fast;
         self.collapsed += o.collapsed;
         self.eager_split_failures += o.eager_split_failures;
+        self.recovery_failures += o.recovery_failures;
         self.slow += o.slow;
         self.spurious += o.spurious;
         self.retries += o.retries;

@@ -4,7 +4,7 @@ use super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};
 use crate::tlb::NoTlb;
-use crate::HostMmOps;
+use crate::{HostMmOps, Hva};
 
 type TestMmu = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
 
@@ -87,7 +87,7 @@ fn hardware_dirty_state_is_scanned_and_cleaned() {
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 2 << 20, HVA);
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, GPA, true).unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
     assert_eq!(m.reader().translate(GPA).unwrap().size, 2 << 20);
     m.enable_dirty_logging(0).unwrap();
     let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
@@ -110,8 +110,10 @@ fn hardware_dirty_state_is_scanned_and_cleaned() {
     // the bitmap (found on QEMU: remapped pages lost their writes).
     m.with_table(|pt| pt.relax_perms(GPA + 7 * 4096, Prot::RW))
         .unwrap();
-    m.invalidate_hva_range_start(HVA + 7 * 4096, 4096).unwrap();
-    m.invalidate_hva_range_end(HVA + 7 * 4096, 4096).unwrap();
+    m.invalidate_hva_range_start(Hva::new(HVA + 7 * 4096), 4096)
+        .unwrap();
+    m.invalidate_hva_range_end(Hva::new(HVA + 7 * 4096), 4096)
+        .unwrap();
     assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 1);
     assert_eq!(bm[0], 1 << 7);
 }
@@ -125,31 +127,37 @@ fn host_range_invalidation_unmaps_and_holds_faults() {
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, GPA, true).unwrap();
-    m.handle_fault(&mut v, GPA + (2 << 20), true).unwrap();
-    assert_eq!(m.invalidate_hva_range_start(HVA + 0x5000, 4096), Ok(1));
+    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA + (2 << 20)), true)
+        .unwrap();
+    assert_eq!(
+        m.invalidate_hva_range_start(Hva::new(HVA + 0x5000), 4096),
+        Ok(1)
+    );
     assert!(m.reader().translate(GPA).is_none(), "the whole block went");
     assert!(
         m.reader().translate(GPA + (2 << 20)).is_some(),
         "the other stayed"
     );
     assert_eq!(
-        m.handle_fault(&mut v, GPA + 0x5000, true),
+        m.handle_fault(&mut v, Gpa::new(GPA + 0x5000), true),
         Ok(FaultOutcome::Retry)
     );
     // Pages of the block outside the range map again at once.
-    m.handle_fault(&mut v, GPA + 0x1000, true).unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA + 0x1000), true)
+        .unwrap();
     assert!(
-        m.invalidate_hva_range_end(HVA, 4096).is_err(),
+        m.invalidate_hva_range_end(Hva::new(HVA), 4096).is_err(),
         "not that range"
     );
-    m.invalidate_hva_range_end(HVA + 0x5000, 4096).unwrap();
+    m.invalidate_hva_range_end(Hva::new(HVA + 0x5000), 4096)
+        .unwrap();
     assert_eq!(
-        m.handle_fault(&mut v, GPA + 0x5000, true),
+        m.handle_fault(&mut v, Gpa::new(GPA + 0x5000), true),
         Ok(FaultOutcome::Slow)
     );
     assert!(matches!(
-        m.invalidate_hva_range_start(HVA, 0),
+        m.invalidate_hva_range_start(Hva::new(HVA), 0),
         Err(Error::EmptyRange { .. })
     ));
 }
@@ -162,7 +170,7 @@ fn a_vcpu_of_another_mmu_is_refused() {
     b.set_memory_region(&r, 4096).unwrap();
     let mut va = a.new_vcpu().unwrap();
     assert_eq!(
-        b.handle_fault(&mut va, GPA, true),
+        b.handle_fault(&mut va, Gpa::new(GPA), true),
         Err(Error::ForeignVcpu { vcpu: 0 })
     );
     assert!(b.reader().translate(GPA).is_none());
@@ -180,18 +188,20 @@ fn a_soft_full_ring_refuses_faults_before_any_change() {
     m.set_memory_region(&r, 4096).unwrap();
     let mut v = m.new_vcpu().unwrap();
     for p in 0..1024u64 {
-        m.handle_fault(&mut v, GPA + p * 4096, false).unwrap();
+        m.handle_fault(&mut v, Gpa::new(GPA + p * 4096), false)
+            .unwrap();
     }
     m.enable_dirty_logging(0).unwrap();
     let mut p = 0u64;
     while !v.ring_soft_full() {
-        m.handle_fault(&mut v, GPA + p * 4096, true).unwrap();
+        m.handle_fault(&mut v, Gpa::new(GPA + p * 4096), true)
+            .unwrap();
         p += 1;
     }
     assert!(m.ring_soft_full(0));
     let next = GPA + p * 4096;
     assert_eq!(
-        m.handle_fault(&mut v, next, true),
+        m.handle_fault(&mut v, Gpa::new(next), true),
         Err(Error::RingFull { vcpu: 0 })
     );
     let t = m.reader().translate(next).unwrap();
@@ -199,7 +209,10 @@ fn a_soft_full_ring_refuses_faults_before_any_change() {
     let mut out = Vec::new();
     assert_eq!(m.harvest_rings(&mut out).unwrap(), p as usize);
     m.reset_rings().unwrap();
-    assert_eq!(m.handle_fault(&mut v, next, true), Ok(FaultOutcome::Fast));
+    assert_eq!(
+        m.handle_fault(&mut v, Gpa::new(next), true),
+        Ok(FaultOutcome::Fast)
+    );
 }
 
 /// A real abort reports the accessed byte, not the page: the block
@@ -211,8 +224,13 @@ fn a_fault_inside_a_page_still_maps_a_block() {
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
-    m.handle_stage2_fault(&mut v, GPA + 0x1008, false, FaultKind::Translation)
-        .unwrap();
+    m.handle_stage2_fault(
+        &mut v,
+        Gpa::new(GPA + 0x1008),
+        false,
+        FaultKind::Translation,
+    )
+    .unwrap();
     let t = m.reader().translate(GPA).unwrap();
     assert_eq!((t.size, t.pa), (2 << 20, HVA));
 }
@@ -230,7 +248,8 @@ fn output_addresses_come_from_the_host_memory_hook() {
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
     m.set_memory_region(&r, 4096).unwrap();
     let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, GPA + 0x3000, true).unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA + 0x3000), true)
+        .unwrap();
     assert_eq!(
         m.reader().translate(GPA + 0x3010).unwrap().pa,
         0x80_0000_3010
@@ -239,7 +258,7 @@ fn output_addresses_come_from_the_host_memory_hook() {
     let r = UserMemoryRegion::new(1, SlotFlags::NONE, GPA << 1, 1 << 20, 0x1000);
     m.set_memory_region(&r, 4096).unwrap();
     assert_eq!(
-        m.handle_fault(&mut v, GPA << 1, true),
+        m.handle_fault(&mut v, Gpa::new(GPA << 1), true),
         Err(Error::Unbacked { hva: 0x1000 })
     );
 }
@@ -261,9 +280,11 @@ fn marks_after_logging_is_restarted_land_in_the_new_bitmap() {
         for page in [round, round + 10] {
             // A read maps the logged page read-only, the write then takes
             // the fast path and marks it.
-            m.handle_fault(&mut v, GPA + page * 4096, false).unwrap();
+            m.handle_fault(&mut v, Gpa::new(GPA + page * 4096), false)
+                .unwrap();
             assert_eq!(
-                m.handle_fault(&mut v, GPA + page * 4096, true).unwrap(),
+                m.handle_fault(&mut v, Gpa::new(GPA + page * 4096), true)
+                    .unwrap(),
                 FaultOutcome::Fast
             );
         }
@@ -286,7 +307,7 @@ fn fault_by_a_vcpu_of_another_mmu_does_not_panic() {
     a.enable_dirty_logging(0).unwrap();
     let mut own = a.new_vcpu().unwrap();
     // A read maps the logged page read-only.
-    a.handle_fault(&mut own, GPA, false).unwrap();
+    a.handle_fault(&mut own, Gpa::new(GPA), false).unwrap();
     let _ = b.new_vcpu().unwrap();
     let mut foreign = b.new_vcpu().unwrap();
     assert_eq!(foreign.id(), 1, "no ring 1 in `a`");
@@ -294,12 +315,12 @@ fn fault_by_a_vcpu_of_another_mmu_does_not_panic() {
     // with no ring of `a` to record it, and a map would draw pages
     // from `b`'s allocator.
     assert_eq!(
-        a.handle_fault(&mut foreign, GPA, true),
+        a.handle_fault(&mut foreign, Gpa::new(GPA), true),
         Err(Error::ForeignVcpu { vcpu: 1 })
     );
     assert!(!a.reader().translate(GPA).unwrap().prot.contains(Prot::W));
     assert_eq!(
-        a.handle_fault(&mut foreign, GPA + 4096, false),
+        a.handle_fault(&mut foreign, Gpa::new(GPA + 4096), false),
         Err(Error::ForeignVcpu { vcpu: 1 })
     );
 }
@@ -335,14 +356,15 @@ fn an_ept_vm_logs_dirty_pages() {
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, GPA + 0x2008, true).unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA + 0x2008), true)
+        .unwrap();
     assert_eq!(m.reader().translate(GPA).unwrap().size, 2 << 20);
     m.enable_dirty_logging(0).unwrap();
     let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
     assert_eq!(leaves.len(), 512, "eager split to 4 KiB");
     assert!(leaves.iter().all(|l| l.pte & WRITE == 0), "write-protected");
     assert_eq!(
-        m.handle_fault(&mut v, GPA + 0x5000, true),
+        m.handle_fault(&mut v, Gpa::new(GPA + 0x5000), true),
         Ok(FaultOutcome::Fast)
     );
     let mut bm = vec![0u64; 16];
@@ -370,7 +392,7 @@ fn an_ept_vm_logs_with_hardware_dirty_flags() {
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 2 << 20, HVA);
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, GPA, true).unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
     m.enable_dirty_logging(0).unwrap();
     let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
     assert_eq!(leaves.len(), 512, "split first");
@@ -409,10 +431,12 @@ fn logging_stops_with_blocks_collapsed_in_place() {
         m.set_memory_region(&r, 2 << 20).unwrap();
         let mut v = m.new_vcpu().unwrap();
         for b in 0..2u64 {
-            m.handle_fault(&mut v, GPA + b * (2 << 20), true).unwrap();
+            m.handle_fault(&mut v, Gpa::new(GPA + b * (2 << 20)), true)
+                .unwrap();
         }
         m.enable_dirty_logging(0).unwrap();
-        m.handle_fault(&mut v, GPA + 0x3000, true).unwrap();
+        m.handle_fault(&mut v, Gpa::new(GPA + 0x3000), true)
+            .unwrap();
         assert_eq!(m.reader().translate(GPA).unwrap().size, 4096);
         m.disable_dirty_logging(0).unwrap();
         let t = m.reader().translate(GPA + 0x7000);
