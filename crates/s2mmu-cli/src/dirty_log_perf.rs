@@ -10,16 +10,21 @@
 use crate::report::{
     self, human, human_bytes, paired_ratio, paired_ratios, parse_size, verdict, Report, Summary,
 };
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
 use s2mmu::SplitPolicy;
-use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod arm64;
 mod lost;
+mod modes;
+
+pub use modes::FormatArg;
 
 /// Which fault-path policy to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -49,10 +54,16 @@ pub enum DirtyArg {
     /// Write protection: the first write to a page after each harvest
     /// faults (KVM's default).
     Wp,
-    /// Hardware dirty state (arm64 DBM): logged pages stay writable-clean,
-    /// the vCPU's walker records the first write in the leaf without a
-    /// fault, and GET scans the leaves.
+    /// Hardware dirty state (arm64 DBM, EPT dirty flags): logged pages stay
+    /// writable-clean, the vCPU's walker records the first write in the
+    /// leaf without a fault, and GET scans the leaves.
     Hw,
+    /// Hardware dirty state with x86 Page-Modification Logging: as hw, and
+    /// the walker appends each page it dirties to its vCPU's 512-entry log
+    /// (a full log exits); GET flushes the logs instead of scanning.
+    Pml,
+    /// wp, hw and pml side by side (as `--dirty wp,hw,pml`).
+    All,
 }
 
 /// How fast-path faults take the MMU lock for reading.
@@ -117,10 +128,17 @@ pub struct Params {
     /// Use per-vCPU dirty rings of this many entries instead of bitmaps.
     #[arg(long)]
     pub ring: Option<u32>,
-    /// Dirty tracking: write protection (wp) or hardware dirty state (hw,
-    /// arm64 DBM; bitmaps only, not with --ring).
-    #[arg(long, value_enum, default_value = "wp")]
-    pub dirty: DirtyArg,
+    /// Dirty tracking: write protection (wp), hardware dirty state (hw:
+    /// arm64 DBM or EPT dirty flags), or hardware dirty state with x86 PML
+    /// (pml); hw and pml log to bitmaps only, not with --ring. Several
+    /// (`wp,hw,pml`, or `all`) run side by side in one process, with a pass
+    /// with logging off, as one table.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "wp")]
+    pub dirty: Vec<DirtyArg>,
+    /// The stage-2 format the simulated VM's vCPUs walk: arm64 (4 KiB
+    /// granule) or x86 EPT (4-level). Not with --kvm, --compare or --arm64.
+    #[arg(long, value_enum, default_value = "arm64")]
+    pub format: FormatArg,
     /// Huge pages when logging stops: zap (refault), in-place (collapse),
     /// off (stay split).
     #[arg(long, value_enum, default_value = "zap")]
@@ -174,6 +192,9 @@ pub struct EngineIteration {
     pub faults: FaultStats,
     /// Sum over vCPUs of their pass times.
     pub vcpu_time: Duration,
+    /// CPU time of the harvesting thread in GET and CLEAR (or the ring
+    /// harvest and reset).
+    pub harvest_cpu: Duration,
     /// With `--check` on the engine: pages changed in the pass, and those
     /// of them missing from the log.
     pub lost_writes: Option<lost::Round>,
@@ -188,6 +209,8 @@ pub struct EngineRun {
     pub vcpus: usize,
     /// Populate memory time.
     pub populate: Duration,
+    /// A pass with logging off after populating, when asked for.
+    pub off_pass: Option<Duration>,
     /// Enabling dirty logging time.
     pub enable: Duration,
     /// Iterations.
@@ -352,6 +375,9 @@ struct RunSpec {
     after_pass: bool,
     check: bool,
     inject_lost_marks: u64,
+    format: FormatArg,
+    /// Time one pass with logging off before logging starts.
+    off_pass: bool,
 }
 
 fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
@@ -364,10 +390,9 @@ fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
         // INITIALLY_SET (KVM offers it on x86 and arm64), so enabling
         // logging protects nothing and iteration 1 takes no faults.
         initially_set: !p.no_manual_protect && p.ring.is_none(),
-        dirty: match (p.ring, p.dirty) {
-            (Some(entries), _) => DirtyMode::Ring { entries },
-            (None, DirtyArg::Hw) => DirtyMode::Hardware,
-            (None, DirtyArg::Wp) => DirtyMode::Bitmap,
+        dirty: match p.ring {
+            Some(entries) => DirtyMode::Ring { entries },
+            None => modes::dirty_mode(p.dirty_modes()[0]),
         },
         recover_huge_pages: p.recover != RecoverArg::Off,
         recover_in_place: p.recover == RecoverArg::InPlace,
@@ -392,20 +417,21 @@ fn label(policy: &MmuPolicy, memslots: &str) -> String {
         match policy.dirty {
             DirtyMode::Ring { .. } => ", dirty ring",
             DirtyMode::Hardware => ", hardware dirty state",
+            DirtyMode::Pml => ", hardware dirty state with PML",
             DirtyMode::Bitmap => "",
         },
     )
 }
 
 /// Runs the selftest flow on the engine.
-fn run_engine<S: MemslotStore + 'static>(
+fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
     spec: RunSpec,
     memslots: &str,
 ) -> Result<EngineRun, String> {
     let mem = spec.bytes * spec.vcpus as u64;
     let gpa_base = 1u64 << 32;
     let vm = Arc::new(
-        Vm::<S>::new(VmConfig {
+        Vm::<S, F>::new(VmConfig {
             mem_size: mem,
             backing: spec.backing,
             slots: spec.slots,
@@ -434,6 +460,9 @@ fn run_engine<S: MemslotStore + 'static>(
     )?;
     w.run_pass(|| {})?;
     run.populate = t0.elapsed();
+    if spec.off_pass {
+        run.off_pass = Some(w.run_pass(|| {})?);
+    }
     let t = Instant::now();
     vm.enable_dirty_logging().map_err(|e| e.to_string())?;
     run.enable = t.elapsed();
@@ -473,6 +502,7 @@ fn run_engine<S: MemslotStore + 'static>(
             }
         };
         it.dirty_memory = w.run_pass(&mut reap)?;
+        let cpu0 = modes::thread_cpu_time();
         let t = Instant::now();
         if ring {
             let mut got = Vec::new();
@@ -496,6 +526,7 @@ fn run_engine<S: MemslotStore + 'static>(
                 it.clear = Some(t.elapsed());
             }
         }
+        it.harvest_cpu = modes::thread_cpu_time().saturating_sub(cpu0);
         if let Some(check) = lost.as_mut() {
             it.lost_writes = Some(check.round(&vm, &bitmaps)?);
         }
@@ -533,9 +564,11 @@ fn diff(a: &FaultStats, b: &FaultStats) -> FaultStats {
 }
 
 fn engine(spec: RunSpec, memslots: &str) -> Result<EngineRun, String> {
-    match memslots {
-        "array" => run_engine::<ArrayMemslots>(spec, memslots),
-        _ => run_engine::<TreeMemslots>(spec, memslots),
+    match (memslots, spec.format) {
+        ("array", FormatArg::Arm64) => run_engine::<ArrayMemslots, Arm64Stage2>(spec, memslots),
+        ("array", FormatArg::Ept) => run_engine::<ArrayMemslots, EptFormat>(spec, memslots),
+        (_, FormatArg::Arm64) => run_engine::<TreeMemslots, Arm64Stage2>(spec, memslots),
+        (_, FormatArg::Ept) => run_engine::<TreeMemslots, EptFormat>(spec, memslots),
     }
 }
 
@@ -598,11 +631,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
     if vcpus_list.contains(&0) {
         return Err("-v must be at least 1".into());
     }
-    if p.dirty == DirtyArg::Hw && (p.ring.is_some() || p.kvm || p.compare) {
-        return Err(
-            "--dirty hw: hardware dirty state logs to bitmaps on the engine (the simulated VM or --arm64), not with --ring, --kvm or --compare".into(),
-        );
-    }
+    modes::check_params(p)?;
     if p.check && !p.kvm && !p.arm64 && (p.ring.is_some() || p.compare) {
         return Err(
             "--check on the engine compares page contents with the dirty bitmaps: not with --ring or --compare".into(),
@@ -616,7 +645,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
         "backing": p.backing.name(), "slots": p.slots, "manual_protect": !p.no_manual_protect,
         "eager_split": p.eager_split, "write_percent": p.write_percent, "random": p.random,
         "policy": format!("{:?}", p.policy).to_lowercase(), "memslots": p.memslots,
-        "ring": p.ring, "dirty": match p.dirty { DirtyArg::Wp => "wp", DirtyArg::Hw => "hw" }, "recover": format!("{:?}", p.recover).to_lowercase(), "after_pass": p.after_pass, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
+        "ring": p.ring, "dirty": p.dirty_modes().iter().map(|d| modes::name(*d)).collect::<Vec<_>>(), "format": p.format.name(), "recover": format!("{:?}", p.recover).to_lowercase(), "after_pass": p.after_pass, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
         "runs": p.runs,
     });
     let mut report = Report::new("dirty-log-perf", params);
@@ -633,11 +662,15 @@ pub fn run(p: &Params) -> Result<Report, String> {
         after_pass: p.after_pass,
         check: p.check && !p.kvm && !p.arm64,
         inject_lost_marks: p.inject_lost_marks,
+        format: p.format,
+        off_pass: false,
     };
     let ring = p.ring.is_some();
     let huge = p.backing != Backing::Anonymous;
 
-    if p.arm64 {
+    if p.dirty_modes().len() > 1 {
+        text += &modes::table(p, vcpus_list[0], bytes, spec, &mut report)?;
+    } else if p.arm64 {
         text += &arm64::run(p, &vcpus_list, bytes, &mut report)?;
     } else if p.kvm && !p.compare {
         for &v in &vcpus_list {

@@ -17,7 +17,7 @@ pub mod workload;
 pub use memory::{Backing, GuestMemory, MemoryError};
 pub use tlb::{ShootdownStats, SoftTlb, TlbShootdown, TlbStats};
 pub use vcpu::{Vcpu, VcpuExit};
-pub use vm::{SlotInfo, Vm, VmConfig, VmError, VmMmu};
+pub use vm::{SlotInfo, Vm, VmConfig, VmError, VmFormat, VmMmu};
 pub use workload::{
     stamp, Control, LiveCounters, Pattern, VcpuState, Workload, WorkloadConfig, LIVE_EVERY,
 };

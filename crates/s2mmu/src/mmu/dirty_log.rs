@@ -167,6 +167,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// hardware updates leaves concurrently, and only protection, under the
     /// write lock, cleans them.
     pub(super) fn sync_hw_dirty(&self, id: u16, b: &DirtyBitmap) -> Result<()> {
+        if self.policy.dirty.pml() {
+            // The logs hold what the scan would find: no leaf is read.
+            self.flush_all_pml();
+            return Ok(());
+        }
         if !self.policy.dirty.hardware() {
             return Ok(());
         }

@@ -53,6 +53,7 @@ mod host;
 pub mod lock;
 mod logging;
 mod notifier;
+mod pml;
 mod policy;
 mod populate;
 mod rings;
@@ -62,6 +63,7 @@ mod tests;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
+pub use pml::{PmlFull, PmlLog, PML_LOG_ENTRIES};
 pub use policy::{DirtyMode, FaultPath, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
 pub use stats::FaultStats;
 
@@ -81,6 +83,8 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
     slots: S,
     side: Box<[SlotSide]>,
     rings: RwLock<Vec<Arc<DirtyRing>>>,
+    /// Every vCPU's page-modification log, with [`DirtyMode::Pml`].
+    pml: RwLock<Vec<Arc<PmlLog>>>,
     policy: MmuPolicy,
     update: Mutex<()>,
     split_cache: Mutex<PageCache<M>>,
@@ -186,6 +190,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             slots,
             side,
             rings: RwLock::new(Vec::new()),
+            pml: RwLock::new(Vec::new()),
             policy,
             update: Mutex::new(()),
             vm_stats: Mutex::new(FaultStats::default()),
@@ -279,6 +284,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let entries = self.policy.dirty.ring_entries().unwrap_or(256);
         let ring = Arc::new(DirtyRing::new(entries)?);
         rings.push(ring.clone());
+        let pml = self.policy.dirty.pml().then(|| Arc::new(PmlLog::new(id)));
+        if let Some(log) = &pml {
+            self.pml.write().unwrap().push(log.clone());
+        }
         Ok(VcpuMmu {
             id,
             mmu_id: self.id,
@@ -287,6 +296,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             dirty_cache: None,
             slot_cache: VcpuSlotCache::new(),
             cache: PageCache::new(self.mm.clone()),
+            pml,
             stats: FaultStats::default(),
         })
     }

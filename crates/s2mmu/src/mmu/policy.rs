@@ -78,6 +78,19 @@ pub enum DirtyMode {
     /// says none). The hypervisor must turn the hardware's updates on
     /// (arm64: VTCR_EL2.HA and HD; EPT: the EPTP's A/D flag).
     Hardware,
+    /// Hardware dirty state with x86 Page-Modification Logging ([`PmlLog`],
+    /// Intel SDM 29.3.6): as [`DirtyMode::Hardware`] (logged leaves tracked
+    /// and clean, no write fault, protection cleans the dirty flags of the
+    /// pages harvested), but the CPU also appends each page whose dirty flag
+    /// it sets to its vCPU's 512-entry log, and a GET flushes those logs
+    /// into the slots' bitmaps instead of scanning the leaves. A full log
+    /// exits to [`Mmu::flush_pml`]. Logs drain into bitmaps only (KVM can
+    /// also drain them into dirty rings; this mode is a bitmap mode). A mode
+    /// of its own rather than a flag beside `Hardware`, so the policy stays
+    /// one value per choice: PML without hardware dirty flags does not
+    /// exist. On arm64 the nearest equivalent is FEAT_HDBSS (Armv9.5), which
+    /// the simulated arm64 walker also runs as this mode.
+    Pml,
 }
 
 impl DirtyMode {
@@ -89,9 +102,16 @@ impl DirtyMode {
         }
     }
 
-    /// Whether the hardware records writes ([`DirtyMode::Hardware`]).
+    /// Whether the hardware records writes in the leaves
+    /// ([`DirtyMode::Hardware`], [`DirtyMode::Pml`]).
     pub const fn hardware(self) -> bool {
-        matches!(self, DirtyMode::Hardware)
+        matches!(self, DirtyMode::Hardware | DirtyMode::Pml)
+    }
+
+    /// Whether the hardware also logs the pages it dirties
+    /// ([`DirtyMode::Pml`]).
+    pub const fn pml(self) -> bool {
+        matches!(self, DirtyMode::Pml)
     }
 
     /// Whether slots keep bitmaps (every mode but rings).

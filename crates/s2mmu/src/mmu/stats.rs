@@ -36,6 +36,11 @@ pub struct FaultStats {
     /// Eager splits that stopped early (out of table memory): the rest of
     /// the slot is split on fault.
     pub eager_split_failures: u64,
+    /// Page-modification-log-full exits ([`crate::mmu::DirtyMode::Pml`]):
+    /// a write found the vCPU's log full, which was flushed before it went on.
+    pub pml_full_exits: u64,
+    /// Page-modification-log entries flushed into dirty bitmaps.
+    pub pml_entries: u64,
 }
 
 impl FaultStats {
@@ -61,6 +66,8 @@ impl FaultStats {
             eager_split_failures: self
                 .eager_split_failures
                 .saturating_sub(earlier.eager_split_failures),
+            pml_full_exits: self.pml_full_exits.saturating_sub(earlier.pml_full_exits),
+            pml_entries: self.pml_entries.saturating_sub(earlier.pml_entries),
         }
     }
 
@@ -82,6 +89,8 @@ impl FaultStats {
         self.write_contended += o.write_contended;
         self.lock_wait_ns += o.lock_wait_ns;
         self.split_ns += o.split_ns;
+        self.pml_full_exits += o.pml_full_exits;
+        self.pml_entries += o.pml_entries;
     }
 
     /// Lock acquisitions that had to wait, both modes.
