@@ -176,20 +176,32 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         }
         st.pml_entries += n as u64;
         let snap = self.slots.snapshot();
+        // The slot of the previous entry, its gfn range and bitmap: a log
+        // mostly holds runs of pages of one slot.
+        let mut last: Option<(u16, u64, u64, Arc<DirtyBitmap>)> = None;
         for gpa in gpas {
             let gfn = gpa >> self.page_shift;
-            let Some(slot) = snap.search(gfn).filter(|s| s.dirty_logging()) else {
-                continue;
-            };
-            let Some(bitmap) = self.side[usize::from(slot.id())].dirty.load_full() else {
+            if !last
+                .as_ref()
+                .is_some_and(|(_, lo, hi, _)| (*lo..*hi).contains(&gfn))
+            {
+                last = snap
+                    .search(gfn)
+                    .filter(|s| s.dirty_logging())
+                    .and_then(|s| {
+                        let b = self.side[usize::from(s.id())].dirty.load_full()?;
+                        Some((s.id(), s.base_gfn(), s.end_gfn(), b))
+                    });
+            }
+            let Some((id, base_gfn, _, bitmap)) = &last else {
                 continue;
             };
             if self.drop_injected_mark() {
                 continue;
             }
             // The page lies inside the slot, which the bitmap covers.
-            let tracker: &dyn DirtyTracker = &*bitmap;
-            if let Ok(true) = tracker.mark(log.vcpu, u32::from(slot.id()), gfn - slot.base_gfn()) {
+            let tracker: &dyn DirtyTracker = &**bitmap;
+            if let Ok(true) = tracker.mark(log.vcpu, u32::from(*id), gfn - base_gfn) {
                 st.dirtied += 1;
             }
         }
