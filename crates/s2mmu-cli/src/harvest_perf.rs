@@ -12,9 +12,9 @@
 //! addresses), and the hardware's dirtying is done by the CPU's walk
 //! (`TableReader::hw_dirty_update`) before each timed harvest.
 
+use crate::dirty_log_perf::FormatArg;
 use crate::report::{human, human_bytes, verdict, Report, Summary};
 use s2mmu::dirty::DirtyBitmap;
-use crate::dirty_log_perf::FormatArg;
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};

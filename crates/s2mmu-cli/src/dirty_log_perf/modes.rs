@@ -5,7 +5,7 @@
 
 use super::{engine, median_dirty, DirtyArg, EngineRun, Params, PolicyArg, RunSpec};
 use crate::report::{human, human_bytes, verdict, Report, Summary};
-use s2mmu::mmu::{DirtyMode, FaultPath};
+use s2mmu::mmu::{DirtyMode, FaultPath, HwDirtyBlocks};
 use serde_json::json;
 use std::time::Duration;
 
@@ -55,8 +55,16 @@ impl Params {
 pub(super) fn dirty_mode(d: DirtyArg) -> DirtyMode {
     match d {
         DirtyArg::Wp | DirtyArg::All => DirtyMode::Bitmap,
-        DirtyArg::Hw => DirtyMode::Hardware,
+        DirtyArg::Hw | DirtyArg::HwBlocks => DirtyMode::Hardware,
         DirtyArg::Pml => DirtyMode::Pml,
+    }
+}
+
+/// What the mode does with huge mappings.
+pub(super) fn hw_dirty_blocks(d: DirtyArg) -> HwDirtyBlocks {
+    match d {
+        DirtyArg::HwBlocks => HwDirtyBlocks::LogWholeBlocks,
+        _ => HwDirtyBlocks::SplitFirst,
     }
 }
 
@@ -66,6 +74,7 @@ pub(super) fn name(d: DirtyArg) -> &'static str {
         DirtyArg::Wp => "wp",
         DirtyArg::Hw => "hw",
         DirtyArg::Pml => "pml",
+        DirtyArg::HwBlocks => "hw-blocks",
         DirtyArg::All => "all",
     }
 }
@@ -78,6 +87,11 @@ pub(super) fn check_params(p: &Params) -> Result<(), String> {
     if hardware && (p.ring.is_some() || p.kvm || p.compare) {
         return Err(
             "--dirty hw/pml: hardware dirty state logs to bitmaps on the engine (the simulated VM, or --arm64 for hw), not with --ring, --kvm or --compare".into(),
+        );
+    }
+    if modes.contains(&DirtyArg::HwBlocks) && (p.arm64 || p.kvm || p.compare) {
+        return Err(
+            "--dirty hw-blocks runs on the simulated VM only (QEMU's arm64 model logs hw with blocks split first)".into(),
         );
     }
     if modes.contains(&DirtyArg::Pml) && p.arm64 {
@@ -137,6 +151,10 @@ struct ModeSamples {
     pml_full: Vec<u64>,
     /// Per run: median pages reported dirty per pass.
     pages: Vec<u64>,
+    /// Per run: enabling logging (the eager split, where the mode splits).
+    enable: Vec<Duration>,
+    /// Per run: time splitting (eager, on CLEAR, and on fault).
+    split: Vec<Duration>,
 }
 
 fn median_u64(v: &[u64]) -> u64 {
@@ -159,6 +177,10 @@ impl ModeSamples {
             .skip(usize::from(r.iterations.len() > 1))
             .collect();
         self.dirty.push(median_dirty(r));
+        self.enable.push(r.enable);
+        let on_fault: u64 = r.iterations.iter().map(|i| i.faults.split_ns).sum();
+        self.split
+            .push(Duration::from_nanos(r.vm_stats.split_ns + on_fault));
         self.off.push(r.off_pass.unwrap_or_default());
         let harvest: Vec<Duration> = steady
             .iter()
@@ -215,6 +237,7 @@ pub(super) fn table(
             let m = (run + k) % modes.len();
             let mut s = spec(vcpus, fault_path, p.eager_split);
             s.policy.dirty = dirty_mode(modes[m]);
+            s.policy.hw_dirty_blocks = hw_dirty_blocks(modes[m]);
             s.off_pass = true;
             let r = engine(s, &p.memslots)?;
             samples[m].add(&r);
@@ -229,11 +252,12 @@ pub(super) fn table(
         p.iterations,
     );
     out += &format!(
-        "{:<5} {:>12} {:>10} {:>12} {:>13} {:>13} {:>12} {:>14} {:>13}\n",
+        "{:<9} {:>11} {:>9} {:>10} {:>12} {:>12} {:>12} {:>7} {:>12} {:>11}\n",
         "mode",
         "faults/pass",
         "PML exits",
         "pages/pass",
+        "split",
         "logging off",
         "dirty memory",
         "vs off",
@@ -250,11 +274,12 @@ pub(super) fn table(
         let per_gib = Duration::from_secs_f64(harvest.median.as_secs_f64() / gib);
         let faults = median_u64(&s.faults);
         out += &format!(
-            "{:<5} {:>12} {:>10} {:>12} {:>13} {:>13} {:>11.2}x {:>14} {:>13}\n",
+            "{:<9} {:>11} {:>9} {:>10} {:>12} {:>12} {:>12} {:>6.2}x {:>12} {:>11}\n",
             name(*d),
             faults,
             median_u64(&s.pml_full),
             median_u64(&s.pages),
+            human(Summary::of(&s.split).median),
             human(off.median),
             human(dirty.median),
             slow,
@@ -269,6 +294,7 @@ pub(super) fn table(
                 "runs": runs, "iterations": p.iterations,
                 "faults_per_pass": s.faults, "pml_full_exits_per_pass": s.pml_full,
                 "pages_dirty_per_pass": s.pages,
+                "enable_ns": ns(&s.enable), "split_ns": ns(&s.split),
                 "dirty_memory_ns": ns(&s.dirty), "logging_off_pass_ns": ns(&s.off),
                 "slowdown_vs_logging_off": s.slowdowns(),
                 "harvest_ns": ns(&s.harvest), "harvest_ns_per_gib": harvest.median.as_secs_f64() * 1e9 / gib,
@@ -280,7 +306,7 @@ pub(super) fn table(
             hw_check = Some((faults, slow));
         }
     }
-    out += "faults/pass: stage-2 faults (translation + permission) in a logged pass; PML exits: log-full exits per pass; vs off: a run's logged pass over its own pass with logging off; harvest: GET + CLEAR per GiB of guest memory; harvest CPU: the harvesting thread's CPU time (CLOCK_THREAD_CPUTIME_ID) per harvest\n";
+    out += "split: time splitting huge mappings in the run (eagerly, on CLEAR with initially-set bitmaps, or on fault; 0 where nothing was split); faults/pass: stage-2 faults (translation + permission) in a logged pass; PML exits: log-full exits per pass; vs off: a run's logged pass over its own pass with logging off; harvest: GET + CLEAR per GiB of guest memory; harvest CPU: the harvesting thread's CPU time (CLOCK_THREAD_CPUTIME_ID) per harvest\n";
     if let (Some((faults, slow)), 1, true) = (hw_check, vcpus, bytes == 256 << 20) {
         out += &format!(
             "target: 1 vCPU, 256 MiB, hardware dirty mode takes 0 write faults per pass: {faults} ({})\n",

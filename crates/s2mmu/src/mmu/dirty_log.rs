@@ -101,7 +101,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let words = num_pages.div_ceil(64) as usize;
         let first_word = (first_page / 64) as usize;
         let chunk_words = (LOCK_CHUNK >> self.page_shift) as usize / 64;
-        let split = self.initially_set() && self.policy.eager_split_chunk.is_some();
+        // KVM splits on CLEAR where enabling logging split nothing
+        // (initially-set bitmaps) and faults would not: with eager split,
+        // and with hardware dirty state, whose writes never fault (a block
+        // left whole would be logged whole).
+        let split = self.initially_set()
+            && (self.policy.eager_split_chunk.is_some() || self.policy.dirty.hardware())
+            && self.policy.splits_for_logging();
         let mut cache = self.split_cache.lock().unwrap();
         let mut cleared = 0;
         let mut w = 0;

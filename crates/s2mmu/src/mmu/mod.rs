@@ -64,7 +64,7 @@ mod tests;
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
 pub use pml::{PmlFull, PmlLog, PML_LOG_ENTRIES};
-pub use policy::{DirtyMode, FaultPath, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
+pub use policy::{DirtyMode, FaultPath, HwDirtyBlocks, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
 pub use stats::FaultStats;
 
 /// A memslot's state that the MMU keeps beside the memslot store.
@@ -163,6 +163,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         if policy.dirty.hardware() && fmt.hw_dirty_bits().is_none() {
             return Err(Error::InvalidConfig {
                 what: "hardware dirty state (the format has none)",
+                value: 0,
+            });
+        }
+        if policy.dirty.pml() && policy.hw_dirty_blocks == HwDirtyBlocks::LogWholeBlocks {
+            return Err(Error::InvalidConfig {
+                what: "PML with whole blocks logged (PML logs the page written, not its block)",
                 value: 0,
             });
         }

@@ -37,6 +37,9 @@ pub struct MmuPolicy {
     pub initially_set: bool,
     /// How dirty pages are tracked while a slot logs.
     pub dirty: DirtyMode,
+    /// With [`DirtyMode::Hardware`]: split huge mappings when logging
+    /// starts, or log them as whole blocks.
+    pub hw_dirty_blocks: HwDirtyBlocks,
     /// When logging stops, unmap the page mappings of regions the host backs
     /// with huge pages, so later faults map blocks again (x86's huge-page
     /// recovery; arm64 has none).
@@ -120,6 +123,29 @@ impl DirtyMode {
     }
 }
 
+/// What happens to huge mappings (blocks) of a slot that starts logging
+/// with hardware dirty state: the trade-off between the split's cost and
+/// the log's resolution.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HwDirtyBlocks {
+    /// Split them into pages first (eager split, in the chunks
+    /// [`MmuPolicy::eager_split_chunk`] says, 1 GiB if it says none), so
+    /// the hardware dirties and the harvest reports single pages: what KVM
+    /// does (x86 maps no huge page in a logged slot; the arm64 DBM series
+    /// splits before it relies on DBM).
+    #[default]
+    SplitFirst,
+    /// Leave them: a block is tracked and cleaned as one leaf, the
+    /// hardware's first write to it dirties the whole block, and the
+    /// harvest reports every page of it. No split when logging starts (nor
+    /// on CLEAR with initially-set bitmaps), at the price of reporting (and
+    /// a migration copying) up to a block's worth of pages per write. Not
+    /// with [`DirtyMode::Pml`]: PML logs the 4 KiB page written, not the
+    /// block whose dirty flag the write set, so the block's other pages
+    /// would be written unlogged ([`Mmu::new`] refuses it).
+    LogWholeBlocks,
+}
+
 /// The default eager-split chunk, 1 GiB: split, then drop the MMU lock and
 /// top the page cache up, once per chunk (KVM's
 /// `eager_split_chunk_size` default is a 2 MiB block's worth; arm64 uses
@@ -141,6 +167,7 @@ impl Default for MmuPolicy {
             manual_protect: true,
             initially_set: false,
             dirty: DirtyMode::Bitmap,
+            hw_dirty_blocks: HwDirtyBlocks::SplitFirst,
             recover_huge_pages: true,
             recover_in_place: false,
             reader_slots: 256,
@@ -149,6 +176,12 @@ impl Default for MmuPolicy {
 }
 
 impl MmuPolicy {
+    /// Whether logging splits huge mappings (eagerly, or on a write fault
+    /// or CLEAR): every mode but hardware dirty state logging whole blocks.
+    pub const fn splits_for_logging(&self) -> bool {
+        !(self.dirty.hardware() && matches!(self.hw_dirty_blocks, HwDirtyBlocks::LogWholeBlocks))
+    }
+
     /// The baseline of every optimisation: write-lock faults, split on
     /// fault, full split walk, split TLB calls.
     pub fn baseline() -> Self {
