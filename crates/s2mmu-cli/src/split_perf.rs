@@ -17,8 +17,10 @@
 //! differs (the `entries` column counts the split walk's reads only). A floor is measured too: writing the new last-level tables with
 //! plain stores, the least work any split of that backing must do.
 
+use crate::dirty_log_perf::FormatArg;
 use crate::report::{human, human_bytes, merge, paired_ratios, verdict, Report, Summary};
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
+use s2mmu::format::ept::EptFormat;
 use s2mmu::{HostMmOps, MapOptions, NoTlb, PageCache, PageTable, Prot, PteFormat, SplitPolicy};
 use serde_json::json;
 use std::hint::black_box;
@@ -37,6 +39,10 @@ pub struct Params {
     /// Translation granule: 4k, 16k or 64k.
     #[arg(long, default_value = "4k", value_parser = parse_granule)]
     pub granule: Granule,
+    /// The table's format: arm64 (the granule above) or x86 EPT (4-level,
+    /// 4 KiB pages only).
+    #[arg(long, value_enum, default_value = "arm64")]
+    pub format: FormatArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -57,7 +63,7 @@ pub fn main(p: Params) -> Result<(), String> {
     Ok(())
 }
 
-type Table = PageTable<Arm64Stage2, HostMmOps>;
+type Table<F> = PageTable<F, HostMmOps>;
 
 /// How the slot is mapped before the split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,8 +101,8 @@ struct Case {
 /// with initially-set bitmaps: per 64-page word, split the word's range and
 /// write-protect it; the cache is topped up before each lock chunk. Timed
 /// whole, top-ups included (they are part of the ioctl).
-fn clear_like_engine(
-    pt: &mut Table,
+fn clear_like_engine<F: PteFormat>(
+    pt: &mut Table<F>,
     cache: &mut PageCache<HostMmOps>,
     base: u64,
     size: u64,
@@ -134,8 +140,8 @@ fn clear_like_engine(
 /// Splits `[base, base + size)` chunk by chunk, topping the cache up before
 /// each chunk as KVM's eager-split driver does between lock holds; the
 /// top-ups are inside the timed region.
-fn split_chunked(
-    pt: &mut Table,
+fn split_chunked<F: PteFormat>(
+    pt: &mut Table<F>,
     cache: &mut PageCache<HostMmOps>,
     base: u64,
     size: u64,
@@ -164,7 +170,7 @@ fn split_chunked(
     Ok((t0.elapsed(), total))
 }
 
-fn cases(fmt: &Arm64Stage2) -> Vec<Case> {
+fn cases<F: PteFormat>(fmt: &F) -> Vec<Case> {
     let page = human_bytes(fmt.page_size())
         .to_lowercase()
         .replace("kib", "k");
@@ -213,13 +219,13 @@ fn cases(fmt: &Arm64Stage2) -> Vec<Case> {
     v
 }
 
-fn build(
-    fmt: Arm64Stage2,
+fn build<F: PteFormat + Copy>(
+    fmt: F,
     mm: &HostMmOps,
     base: u64,
     size: u64,
     backing: Backing,
-) -> Result<Table, String> {
+) -> Result<Table<F>, String> {
     let mut pt = PageTable::new(fmt, mm.clone(), Arc::new(NoTlb)).map_err(|e| e.to_string())?;
     let mut cache = PageCache::new(mm.clone());
     cache
@@ -259,7 +265,20 @@ struct Sample {
 /// # Errors
 /// A message naming what failed (bad size, allocation failure).
 pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
-    let fmt = Arm64Stage2::new(p.granule, 48).map_err(|e| e.to_string())?;
+    match p.format {
+        FormatArg::Arm64 => {
+            let fmt = Arm64Stage2::new(p.granule, 48).map_err(|e| e.to_string())?;
+            run_on(p, fmt, progress)
+        }
+        FormatArg::Ept if p.granule != Granule::K4 => Err(format!(
+            "--format ept has 4 KiB pages only: not with --granule {:?}",
+            p.granule
+        )),
+        FormatArg::Ept => run_on(p, EptFormat::new(4).map_err(|e| e.to_string())?, progress),
+    }
+}
+
+fn run_on<F: PteFormat + Copy>(p: &Params, fmt: F, progress: bool) -> Result<Report, String> {
     let top_block = if fmt.leaf_allowed(1) {
         fmt.granule(1)
     } else {
@@ -282,6 +301,7 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
             "size_bytes": p.size,
             "runs": p.runs,
             "granule_bytes": fmt.page_size(),
+            "format": p.format.name(),
             "ipa_bits": 48,
             "policies": POLICIES.iter().map(|x| x.name()).collect::<Vec<_>>(),
             "versions": {"skip": "v1 (RFC skip returns)", "no_last_level_flag": "v2 (skip-level walker flag)"},
@@ -518,7 +538,7 @@ fn version(pol: SplitPolicy) -> &'static str {
     }
 }
 
-fn render(p: &Params, fmt: &Arm64Stage2, rows: &[Row], lines: &[String]) -> String {
+fn render<F: PteFormat>(p: &Params, fmt: &F, rows: &[Row], lines: &[String]) -> String {
     let mut s = format!(
         "split-perf: {} slot, {} pages, {} runs per policy ({} build)\n",
         human_bytes(p.size),
@@ -564,8 +584,8 @@ fn render(p: &Params, fmt: &Arm64Stage2, rows: &[Row], lines: &[String]) -> Stri
 /// Times writing the last-level tables that splitting `size` bytes of
 /// level-2 blocks creates (one page per block, every entry a plain store of
 /// a leaf), into pages already faulted in, as the split's cache pages are.
-fn store_floor(
-    fmt: &Arm64Stage2,
+fn store_floor<F: PteFormat>(
+    fmt: &F,
     mm: &HostMmOps,
     size: u64,
     runs: usize,
@@ -580,7 +600,7 @@ fn store_floor(
         .collect::<Result<_, _>>()?;
     let entries = fmt.entries_per_table();
     let leaf = fmt
-        .leaf_pte(0x40_0000_0000, 3, Prot::RW)
+        .leaf_pte(0x40_0000_0000, fmt.last_level(), Prot::RW)
         .map_err(|e| e.to_string())?;
     let step = fmt.page_size();
     let mut times = Vec::new();
@@ -625,6 +645,7 @@ mod tests {
             size: crate::report::parse_size(size).unwrap(),
             runs,
             granule: Granule::K16,
+            format: FormatArg::Arm64,
             json: true,
         }
     }
@@ -664,6 +685,24 @@ mod tests {
             );
         }
         assert!(r["results"][0]["runs"].as_u64() == Some(1));
+    }
+
+    #[test]
+    fn ept_runs_with_4k_pages_only() {
+        let p = Params {
+            format: FormatArg::Ept,
+            ..params("1G", 1)
+        };
+        let e = run(&p, false).err().unwrap();
+        assert!(e.contains("--format ept"), "{e}");
+        // 1 GiB is no whole number of EPT's largest block here either.
+        let p = Params {
+            format: FormatArg::Ept,
+            granule: Granule::K4,
+            ..params("512M", 1)
+        };
+        let e = run(&p, false).err().unwrap();
+        assert!(e.contains("--size"), "{e}");
     }
 
     #[test]
