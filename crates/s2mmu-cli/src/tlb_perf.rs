@@ -17,12 +17,15 @@
 //! vCPUs: entries it removes (range flushes of the big slot leave the small
 //! slot's entries alone) and the TLB misses they take to refill.
 
+use crate::dirty_log_perf::FormatArg;
 use crate::report::{human, human_bytes, merge, verdict, Report, Summary};
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu::TlbPolicy;
-use s2mmu_vm::{Backing, Vcpu, Vm, VmConfig};
+use s2mmu_vm::{Backing, Vcpu, Vm, VmConfig, VmFormat};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -40,6 +43,10 @@ pub struct Params {
     /// timings are an emulator's: read the counts and the ratios.
     #[arg(long, conflicts_with_all = ["vcpus", "vcpu_mem", "idle_us", "settle_us"])]
     pub arm64: bool,
+    /// The stage-2 format of the simulated VM and its big slot: arm64
+    /// (4 KiB granule) or x86 EPT (4-level); not with --arm64.
+    #[arg(long, value_enum, default_value = "arm64", conflicts_with = "arm64")]
+    pub format: FormatArg,
     /// Clear chunk (QEMU's x-clear-bitmap-shift; its default 18 is 1 GiB).
     #[arg(long, default_value = "1G", value_parser = crate::report::parse_size)]
     pub chunk: u64,
@@ -223,8 +230,8 @@ fn sum_live(live: &[Live]) -> LiveSum {
 
 /// A vCPU writing random words of its region until `stop`, staying in
 /// guest mode (so every invalidation waits for it).
-fn vcpu_loop(
-    mut v: Vcpu<TreeMemslots>,
+fn vcpu_loop<F: VmFormat>(
+    mut v: Vcpu<TreeMemslots, F>,
     idx: usize,
     base: u64,
     pages: u64,
@@ -295,8 +302,8 @@ enum Mode {
     Chunked,
 }
 
-struct Bench<'a> {
-    vm: &'a Vm<TreeMemslots>,
+struct Bench<'a, F: VmFormat> {
+    vm: &'a Vm<TreeMemslots, F>,
     live: &'a [Live],
     npages: u64,
     chunk_pages: u64,
@@ -306,7 +313,7 @@ struct Bench<'a> {
     bitmap: Vec<u64>,
 }
 
-impl Bench<'_> {
+impl<F: VmFormat> Bench<'_, F> {
     fn cycle(&mut self, mode: Mode, policy: LargeRangePolicy) -> Result<Sample, String> {
         let mmu = self.vm.mmu();
         let e = |e: s2mmu::Error| e.to_string();
@@ -437,6 +444,13 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
     if p.arm64 {
         return arm64::run(p, progress);
     }
+    match p.format {
+        FormatArg::Arm64 => run_on::<Arm64Stage2>(p, progress),
+        FormatArg::Ept => run_on::<EptFormat>(p, progress),
+    }
+}
+
+fn run_on<F: VmFormat>(p: &Params, progress: bool) -> Result<Report, String> {
     check(p)?;
     let mut resolved = p.clone();
     if resolved.vcpus == 0 {
@@ -465,7 +479,7 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
         initially_set: false,
         ..MmuPolicy::default()
     };
-    let vm = Vm::<TreeMemslots>::new(VmConfig {
+    let vm = Vm::<TreeMemslots, F>::new(VmConfig {
         mem_size: small,
         backing: Backing::Anonymous,
         slots: 1,
@@ -546,6 +560,7 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
             "vcpus": p.vcpus,
             "vcpu_mem_bytes": p.vcpu_mem,
             "dirty_every": p.dirty_every,
+            "format": p.format.name(),
             "limit_pages": p.limit_pages,
             "settle_us": p.settle_us,
             "idle_us": p.idle_us,
@@ -743,9 +758,9 @@ fn b_chunk_pages(p: &Params) -> u64 {
 
 type Measured = (Vec<Row>, f64, f64);
 
-fn measure(
+fn measure<F: VmFormat>(
     p: &Params,
-    vm: &Vm<TreeMemslots>,
+    vm: &Vm<TreeMemslots, F>,
     live: &[Live],
     npages: u64,
     progress: bool,
@@ -830,6 +845,7 @@ mod tests {
             settle_us: 100,
             idle_us: 50,
             arm64: false,
+            format: FormatArg::Arm64,
             json: true,
         }
     }
@@ -861,21 +877,29 @@ mod tests {
     #[test]
     fn small_run_counts_calls_per_policy() {
         // 1 GiB slot, limit 2^16 pages (256 MiB): 4 split calls or 1 VMID
-        // flush per clear; 256 MiB chunks: 4 clears.
-        let r = run(&params("1G", "256M"), false).unwrap();
-        let j = r.to_json();
-        let rows = j["results"].as_array().unwrap();
-        let get = |case: &str, pol: &str| {
-            rows.iter()
-                .find(|r| r["case"] == case && r["policy"] == pol)
-                .unwrap()
-                .clone()
-        };
-        assert_eq!(get("whole_slot", "split_calls")["tlb_calls"], 4);
-        assert_eq!(get("whole_slot", "whole_vmid")["tlb_calls"], 1);
-        assert_eq!(get("whole_slot", "whole_vmid")["tlb_vmid_flushes"], 1);
-        assert_eq!(get("chunk_256mib", "split_calls")["tlb_calls"], 16);
-        assert_eq!(get("chunk_256mib", "whole_vmid")["tlb_calls"], 4);
-        assert_eq!(get("whole_slot", "split_calls")["pages"], (1u64 << 18) / 64);
+        // flush per clear; 256 MiB chunks: 4 clears. The same on both
+        // formats: the invalidation policy is the engine's, not the table's.
+        for format in [FormatArg::Arm64, FormatArg::Ept] {
+            let p = Params {
+                format,
+                ..params("1G", "256M")
+            };
+            let r = run(&p, false).unwrap();
+            let j = r.to_json();
+            assert_eq!(j["params"]["format"], format.name());
+            let rows = j["results"].as_array().unwrap();
+            let get = |case: &str, pol: &str| {
+                rows.iter()
+                    .find(|r| r["case"] == case && r["policy"] == pol)
+                    .unwrap()
+                    .clone()
+            };
+            assert_eq!(get("whole_slot", "split_calls")["tlb_calls"], 4);
+            assert_eq!(get("whole_slot", "whole_vmid")["tlb_calls"], 1);
+            assert_eq!(get("whole_slot", "whole_vmid")["tlb_vmid_flushes"], 1);
+            assert_eq!(get("chunk_256mib", "split_calls")["tlb_calls"], 16);
+            assert_eq!(get("chunk_256mib", "whole_vmid")["tlb_calls"], 4);
+            assert_eq!(get("whole_slot", "split_calls")["pages"], (1u64 << 18) / 64);
+        }
     }
 }
