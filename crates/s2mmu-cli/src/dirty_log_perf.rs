@@ -10,10 +10,12 @@
 use crate::report::{
     self, human, human_bytes, paired_ratio, paired_ratios, parse_size, verdict, Report, Summary,
 };
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
 use s2mmu::SplitPolicy;
-use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +23,9 @@ use std::time::{Duration, Instant};
 mod arm64;
 mod bounds;
 mod lost;
+mod modes;
+
+pub use modes::FormatArg;
 
 /// Which fault-path policy to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -50,10 +55,20 @@ pub enum DirtyArg {
     /// Write protection: the first write to a page after each harvest
     /// faults (KVM's default).
     Wp,
-    /// Hardware dirty state (arm64 DBM): logged pages stay writable-clean,
-    /// the vCPU's walker records the first write in the leaf without a
-    /// fault, and GET scans the leaves.
+    /// Hardware dirty state (arm64 DBM, EPT dirty flags): logged pages stay
+    /// writable-clean, the vCPU's walker records the first write in the
+    /// leaf without a fault, and GET scans the leaves.
     Hw,
+    /// Hardware dirty state with x86 Page-Modification Logging: as hw, and
+    /// the walker appends each page it dirties to its vCPU's 512-entry log
+    /// (a full log exits); GET flushes the logs instead of scanning.
+    Pml,
+    /// As hw, but huge mappings are not split when logging starts: a write
+    /// to a block dirties (and reports) the whole block
+    /// (`HwDirtyBlocks::LogWholeBlocks`).
+    HwBlocks,
+    /// wp, hw and pml side by side (as `--dirty wp,hw,pml`).
+    All,
 }
 
 /// How fast-path faults take the MMU lock for reading.
@@ -118,10 +133,17 @@ pub struct Params {
     /// Use per-vCPU dirty rings of this many entries instead of bitmaps.
     #[arg(long)]
     pub ring: Option<u32>,
-    /// Dirty tracking: write protection (wp) or hardware dirty state (hw,
-    /// arm64 DBM; bitmaps only, not with --ring).
-    #[arg(long, value_enum, default_value = "wp")]
-    pub dirty: DirtyArg,
+    /// Dirty tracking: write protection (wp), hardware dirty state (hw:
+    /// arm64 DBM or EPT dirty flags), or hardware dirty state with x86 PML
+    /// (pml); hw and pml log to bitmaps only, not with --ring. Several
+    /// (`wp,hw,pml`, or `all`) run side by side in one process, with a pass
+    /// with logging off, as one table.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "wp")]
+    pub dirty: Vec<DirtyArg>,
+    /// The stage-2 format the simulated VM's vCPUs walk: arm64 (4 KiB
+    /// granule) or x86 EPT (4-level). Not with --kvm, --compare or --arm64.
+    #[arg(long, value_enum, default_value = "arm64")]
+    pub format: FormatArg,
     /// Huge pages when logging stops: zap (refault), in-place (collapse),
     /// off (stay split).
     #[arg(long, value_enum, default_value = "zap")]
@@ -178,6 +200,9 @@ pub struct EngineIteration {
     pub faults: FaultStats,
     /// Sum over vCPUs of their pass times.
     pub vcpu_time: Duration,
+    /// CPU time of the harvesting thread in GET and CLEAR (or the ring
+    /// harvest and reset).
+    pub harvest_cpu: Duration,
     /// With `--check` on the engine: pages changed in the pass, and those
     /// of them missing from the log.
     pub lost_writes: Option<lost::Round>,
@@ -192,6 +217,9 @@ pub struct EngineRun {
     pub vcpus: usize,
     /// Populate memory time.
     pub populate: Duration,
+    /// The median of three passes with logging off after populating, when
+    /// asked for.
+    pub off_pass: Option<Duration>,
     /// Enabling dirty logging time.
     pub enable: Duration,
     /// Iterations.
@@ -356,6 +384,9 @@ struct RunSpec {
     after_pass: bool,
     check: bool,
     inject_lost_marks: u64,
+    format: FormatArg,
+    /// Time passes with logging off before logging starts (their median).
+    off_pass: bool,
 }
 
 fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
@@ -368,11 +399,11 @@ fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
         // INITIALLY_SET (KVM offers it on x86 and arm64), so enabling
         // logging protects nothing and iteration 1 takes no faults.
         initially_set: !p.no_manual_protect && p.ring.is_none(),
-        dirty: match (p.ring, p.dirty) {
-            (Some(entries), _) => DirtyMode::Ring { entries },
-            (None, DirtyArg::Hw) => DirtyMode::Hardware,
-            (None, DirtyArg::Wp) => DirtyMode::Bitmap,
+        dirty: match p.ring {
+            Some(entries) => DirtyMode::Ring { entries },
+            None => modes::dirty_mode(p.dirty_modes()[0]),
         },
+        hw_dirty_blocks: modes::hw_dirty_blocks(p.dirty_modes()[0]),
         recover_huge_pages: p.recover != RecoverArg::Off,
         recover_in_place: p.recover == RecoverArg::InPlace,
         reader_slots: p.read_lock.reader_slots(),
@@ -395,21 +426,25 @@ fn label(policy: &MmuPolicy, memslots: &str) -> String {
         },
         match policy.dirty {
             DirtyMode::Ring { .. } => ", dirty ring",
+            DirtyMode::Hardware if !policy.splits_for_logging() => {
+                ", hardware dirty state, blocks logged whole"
+            }
             DirtyMode::Hardware => ", hardware dirty state",
+            DirtyMode::Pml => ", hardware dirty state with PML",
             DirtyMode::Bitmap => "",
         },
     )
 }
 
 /// Runs the selftest flow on the engine.
-fn run_engine<S: MemslotStore + 'static>(
+fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
     spec: RunSpec,
     memslots: &str,
 ) -> Result<EngineRun, String> {
     let mem = spec.bytes * spec.vcpus as u64;
     let gpa_base = 1u64 << 32;
     let vm = Arc::new(
-        Vm::<S>::new(VmConfig {
+        Vm::<S, F>::new(VmConfig {
             mem_size: mem,
             backing: spec.backing,
             slots: spec.slots,
@@ -438,9 +473,8 @@ fn run_engine<S: MemslotStore + 'static>(
     )?;
     w.run_pass(|| {})?;
     run.populate = t0.elapsed();
-    let t = Instant::now();
-    vm.enable_dirty_logging().map_err(|e| e.to_string())?;
-    run.enable = t.elapsed();
+    // The workload's pattern from here on (populate writes every page in
+    // order), so a pass with logging off runs the same accesses.
     let ctl = w.control();
     ctl.write_percent.store(
         u64::from(spec.write_percent),
@@ -448,6 +482,18 @@ fn run_engine<S: MemslotStore + 'static>(
     );
     ctl.random
         .store(spec.random, std::sync::atomic::Ordering::Relaxed);
+    if spec.off_pass {
+        // The median of three passes, as a logged run's figure is a median
+        // of its passes.
+        let mut t = (0..3)
+            .map(|_| w.run_pass(|| {}))
+            .collect::<Result<Vec<_>, _>>()?;
+        t.sort();
+        run.off_pass = Some(t[1]);
+    }
+    let t = Instant::now();
+    vm.enable_dirty_logging().map_err(|e| e.to_string())?;
+    run.enable = t.elapsed();
     let mmu = vm.mmu().clone();
     let ring = spec.policy.dirty.ring_entries().is_some();
     let mut prev = sum(&w.fault_stats());
@@ -477,6 +523,7 @@ fn run_engine<S: MemslotStore + 'static>(
             }
         };
         it.dirty_memory = w.run_pass(&mut reap)?;
+        let cpu0 = modes::thread_cpu_time();
         let t = Instant::now();
         if ring {
             let mut got = Vec::new();
@@ -500,6 +547,7 @@ fn run_engine<S: MemslotStore + 'static>(
                 it.clear = Some(t.elapsed());
             }
         }
+        it.harvest_cpu = modes::thread_cpu_time().saturating_sub(cpu0);
         if let Some(check) = lost.as_mut() {
             it.lost_writes = Some(check.round(&vm, &bitmaps)?);
         }
@@ -537,9 +585,11 @@ fn diff(a: &FaultStats, b: &FaultStats) -> FaultStats {
 }
 
 fn engine(spec: RunSpec, memslots: &str) -> Result<EngineRun, String> {
-    match memslots {
-        "array" => run_engine::<ArrayMemslots>(spec, memslots),
-        _ => run_engine::<TreeMemslots>(spec, memslots),
+    match (memslots, spec.format) {
+        ("array", FormatArg::Arm64) => run_engine::<ArrayMemslots, Arm64Stage2>(spec, memslots),
+        ("array", FormatArg::Ept) => run_engine::<ArrayMemslots, EptFormat>(spec, memslots),
+        (_, FormatArg::Arm64) => run_engine::<TreeMemslots, Arm64Stage2>(spec, memslots),
+        (_, FormatArg::Ept) => run_engine::<TreeMemslots, EptFormat>(spec, memslots),
     }
 }
 
@@ -593,11 +643,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
     } else {
         p.vcpus.clone()
     };
-    if p.dirty == DirtyArg::Hw && (p.ring.is_some() || p.kvm || p.compare) {
-        return Err(
-            "--dirty hw: hardware dirty state logs to bitmaps on the engine (the simulated VM or --arm64), not with --ring, --kvm or --compare".into(),
-        );
-    }
+    modes::check_params(p)?;
     if p.check && !p.kvm && !p.arm64 && (p.ring.is_some() || p.compare) {
         return Err(
             "--check on the engine compares page contents with the dirty bitmaps: not with --ring or --compare".into(),
@@ -618,7 +664,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
         "backing": p.backing.name(), "slots": p.slots, "manual_protect": !p.no_manual_protect,
         "eager_split": p.eager_split, "write_percent": p.write_percent, "random": p.random,
         "policy": format!("{:?}", p.policy).to_lowercase(), "memslots": p.memslots,
-        "ring": p.ring, "dirty": match p.dirty { DirtyArg::Wp => "wp", DirtyArg::Hw => "hw" }, "recover": format!("{:?}", p.recover).to_lowercase(), "after_pass": p.after_pass, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
+        "ring": p.ring, "dirty": p.dirty_modes().iter().map(|d| modes::name(*d)).collect::<Vec<_>>(), "format": p.format.name(), "recover": format!("{:?}", p.recover).to_lowercase(), "after_pass": p.after_pass, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
         "runs": p.runs,
     });
     let mut report = Report::new("dirty-log-perf", params);
@@ -635,11 +681,15 @@ pub fn run(p: &Params) -> Result<Report, String> {
         after_pass: p.after_pass,
         check: p.check && !p.kvm && !p.arm64,
         inject_lost_marks: p.inject_lost_marks,
+        format: p.format,
+        off_pass: false,
     };
     let ring = p.ring.is_some();
     let huge = p.backing != Backing::Anonymous;
 
-    if p.arm64 {
+    if p.dirty_modes().len() > 1 {
+        text += &modes::table(p, vcpus_list[0], bytes, spec, &mut report)?;
+    } else if p.arm64 {
         text += &arm64::run(p, &vcpus_list, bytes, &mut report)?;
     } else if p.kvm && !p.compare {
         for &v in &vcpus_list {

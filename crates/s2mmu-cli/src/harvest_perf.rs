@@ -11,14 +11,17 @@
 //! addresses), and the hardware's dirtying is done by the CPU's walk
 //! (`TableReader::hw_dirty_update`) before each timed harvest.
 
+use crate::dirty_log_perf::FormatArg;
 use crate::progress::Progress;
 use crate::report::{human, human_bytes, verdict, Report};
 use crate::stats::Samples;
 use s2mmu::dirty::DirtyBitmap;
-use s2mmu::format::arm64::{Arm64Stage2, Granule};
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy};
 use s2mmu::{HostMmOps, NoTlb};
+use s2mmu_vm::VmFormat;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,6 +43,10 @@ pub struct Params {
     /// Harvests per scan (1..=100).
     #[arg(long, default_value_t = 5, value_parser = crate::limits::count_in(1..=100))]
     pub runs: usize,
+    /// The table's format: arm64 (4 KiB granule, DBM) or x86 EPT (4-level,
+    /// dirty flags).
+    #[arg(long, value_enum, default_value = "arm64")]
+    pub format: FormatArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -92,11 +99,11 @@ pub fn main(p: Params) -> Result<(), String> {
     Ok(())
 }
 
-type HwMmu = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
+type HwMmu<F> = Mmu<F, HostMmOps, TreeMemslots>;
 
 /// The slot mapped, logged with hardware dirty state (every leaf
 /// writable-clean).
-fn setup(p: &Params) -> Result<(Arc<HwMmu>, Duration), String> {
+fn setup<F: VmFormat>(p: &Params) -> Result<(Arc<HwMmu<F>>, Duration), String> {
     let e = |e: s2mmu::Error| e.to_string();
     let policy = MmuPolicy {
         dirty: DirtyMode::Hardware,
@@ -104,7 +111,7 @@ fn setup(p: &Params) -> Result<(Arc<HwMmu>, Duration), String> {
         ..MmuPolicy::default()
     };
     let mmu = Mmu::new(
-        Arm64Stage2::new(Granule::K4, 40).map_err(e)?,
+        F::for_vm(40).map_err(e)?,
         HostMmOps::new(4096).map_err(e)?,
         Arc::new(NoTlb),
         TreeMemslots::new(),
@@ -120,7 +127,7 @@ fn setup(p: &Params) -> Result<(Arc<HwMmu>, Duration), String> {
 }
 
 /// Dirties one page in `every` as the hardware would (not timed).
-fn dirty(mmu: &HwMmu, size: u64, every: u64) -> u64 {
+fn dirty<F: VmFormat>(mmu: &HwMmu<F>, size: u64, every: u64) -> u64 {
     let reader = mmu.reader();
     let mut n = 0;
     for page in (0..size / 4096).step_by(every as usize) {
@@ -138,7 +145,7 @@ struct Measured {
     found: u64,
 }
 
-fn measure(p: &Params, mmu: &HwMmu, bar: &Progress) -> Result<Measured, String> {
+fn measure<F: VmFormat>(p: &Params, mmu: &HwMmu<F>, bar: &Progress) -> Result<Measured, String> {
     let e = |e: s2mmu::Error| e.to_string();
     let npages = p.size / 4096;
     let mut bitmap = vec![0u64; npages.div_ceil(64) as usize];
@@ -187,10 +194,20 @@ fn measure(p: &Params, mmu: &HwMmu, bar: &Progress) -> Result<Measured, String> 
 pub fn run(p: &Params, bar: &Progress) -> Result<Report, String> {
     check(p)?;
     bar.message(&format!("mapping {}", human_bytes(p.size)));
-    let (mmu, setup_time) = setup(p)?;
-    bar.step();
-    bar.message("harvests");
-    let s = measure(p, &mmu, bar)?;
+    let (s, setup_time) = match p.format {
+        FormatArg::Arm64 => {
+            let (mmu, t) = setup::<Arm64Stage2>(p)?;
+            bar.step();
+            bar.message("harvests");
+            (measure(p, &mmu, bar)?, t)
+        }
+        FormatArg::Ept => {
+            let (mmu, t) = setup::<EptFormat>(p)?;
+            bar.step();
+            bar.message("harvests");
+            (measure(p, &mmu, bar)?, t)
+        }
+    };
     let (word, leaf, clear) = (
         Samples::of(&s.word).summary(),
         Samples::of(&s.leaf).summary(),
@@ -200,7 +217,7 @@ pub fn run(p: &Params, bar: &Progress) -> Result<Report, String> {
     let target = TARGET_PER_64G.mul_f64(p.size as f64 / (64u64 << 30) as f64);
     let mut r = Report::new(
         "harvest-perf",
-        json!({ "size": p.size, "dirty_every": p.dirty_every, "runs": p.runs, "page_size": 4096 }),
+        json!({ "size": p.size, "dirty_every": p.dirty_every, "runs": p.runs, "page_size": 4096, "format": p.format.name() }),
     );
     for (case, sum, raw) in [
         ("get (word scan)", word, &s.word),
@@ -219,13 +236,17 @@ pub fn run(p: &Params, bar: &Progress) -> Result<Report, String> {
     );
     let ok = word.median <= target;
     let text = format!(
-        "harvest-perf: hardware dirty state (DBM) on a {} slot of 4 KiB pages, one page in {} dirty ({} pages), medians of {} runs\n\
+        "harvest-perf: hardware dirty state ({}) on a {} slot of 4 KiB pages, one page in {} dirty ({} pages), medians of {} runs\n\
          Setup (map + enable logging): {}\n\
          GET, word scan (the engine's): {} ({} per GiB; min {}, max {})\n\
          Per-leaf walk, same table:     {} ({} per GiB)\n\
          CLEAR (clean the dirty leaves): {}\n\
          Word scan vs per-leaf walk: {:.1}x faster\n\
          [target: harvest under {} for {} (20 ms per 64 GiB, half the DBM RFC's ~40 ms): {}]\n",
+        match p.format {
+            FormatArg::Arm64 => "arm64 DBM",
+            FormatArg::Ept => "x86 EPT dirty flags",
+        },
         human_bytes(p.size),
         p.dirty_every,
         s.found,

@@ -17,11 +17,13 @@
 //! differs (the `entries` column counts the split walk's reads only). A floor is measured too: writing the new last-level tables with
 //! plain stores, the least work any split of that backing must do.
 
+use crate::dirty_log_perf::FormatArg;
 use crate::limits;
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
 use crate::stats::Summary;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
+use s2mmu::format::ept::EptFormat;
 use s2mmu::{HostMmOps, PageTable, PteFormat, SplitPolicy};
 use serde_json::json;
 use std::time::Duration;
@@ -45,6 +47,10 @@ pub struct Params {
     /// Translation granule: 4k, 16k or 64k.
     #[arg(long, default_value = "4k", value_parser = parse_granule)]
     pub granule: Granule,
+    /// The table's format: arm64 (the granule above) or x86 EPT (4-level,
+    /// 4 KiB pages only).
+    #[arg(long, value_enum, default_value = "arm64")]
+    pub format: FormatArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -68,7 +74,7 @@ pub fn main(p: Params) -> Result<(), String> {
     Ok(())
 }
 
-type Table = PageTable<Arm64Stage2, HostMmOps>;
+type Table<F> = PageTable<F, HostMmOps>;
 
 /// How the slot is mapped before the split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +108,7 @@ struct Case {
     mode: Mode,
 }
 
-fn cases(fmt: &Arm64Stage2) -> Vec<Case> {
+fn cases<F: PteFormat>(fmt: &F) -> Vec<Case> {
     let page = human_bytes(fmt.page_size())
         .to_lowercase()
         .replace("kib", "k");
@@ -168,8 +174,7 @@ const MAX_SIZE: u64 = (1 << 48) - measure::BASE;
 ///
 /// # Errors
 /// A message naming the flag and its limit.
-fn check(p: &Params) -> Result<Arm64Stage2, String> {
-    let fmt = Arm64Stage2::new(p.granule, 48).map_err(|e| e.to_string())?;
+fn check<F: PteFormat>(p: &Params, fmt: F) -> Result<F, String> {
     let top_block = if fmt.leaf_allowed(1) {
         fmt.granule(1)
     } else {
@@ -199,7 +204,21 @@ fn check(p: &Params) -> Result<Arm64Stage2, String> {
 /// # Errors
 /// A message naming what failed (bad size, allocation failure).
 pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
-    let fmt = check(p)?;
+    match p.format {
+        FormatArg::Arm64 => {
+            let fmt = Arm64Stage2::new(p.granule, 48).map_err(|e| e.to_string())?;
+            run_on(p, fmt, progress)
+        }
+        FormatArg::Ept if p.granule != Granule::K4 => Err(format!(
+            "--format ept has 4 KiB pages only: not with --granule {:?}",
+            p.granule
+        )),
+        FormatArg::Ept => run_on(p, EptFormat::new(4).map_err(|e| e.to_string())?, progress),
+    }
+}
+
+fn run_on<F: PteFormat + Copy>(p: &Params, fmt: F, progress: bool) -> Result<Report, String> {
+    let fmt = check(p, fmt)?;
     let mm = HostMmOps::new(fmt.page_size() as usize).map_err(|e| e.to_string())?;
     let mut report = Report::new(
         "split-perf",
@@ -207,6 +226,7 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
             "size_bytes": p.size,
             "runs": p.runs,
             "granule_bytes": fmt.page_size(),
+            "format": p.format.name(),
             "ipa_bits": 48,
             "policies": POLICIES.iter().map(|x| x.name()).collect::<Vec<_>>(),
             "versions": {"skip": "v1 (RFC skip returns)", "no_last_level_flag": "v2 (skip-level walker flag)"},
@@ -252,6 +272,7 @@ mod tests {
             size: crate::report::parse_size(size).unwrap(),
             runs,
             granule: Granule::K16,
+            format: FormatArg::Arm64,
             json: true,
             quiet: true,
         }
@@ -295,6 +316,24 @@ mod tests {
     }
 
     #[test]
+    fn ept_runs_with_4k_pages_only() {
+        let p = Params {
+            format: FormatArg::Ept,
+            ..params("1G", 1)
+        };
+        let e = run(&p, false).err().unwrap();
+        assert!(e.contains("--format ept"), "{e}");
+        // 1 GiB is no whole number of EPT's largest block here either.
+        let p = Params {
+            format: FormatArg::Ept,
+            granule: Granule::K4,
+            ..params("512M", 1)
+        };
+        let e = run(&p, false).err().unwrap();
+        assert!(e.contains("--size"), "{e}");
+    }
+
+    #[test]
     fn a_size_that_is_no_whole_block_is_refused() {
         let e = run(&params("48M", 1), false).err().unwrap();
         assert!(e.contains("--size"), "{e}");
@@ -309,7 +348,8 @@ mod tests {
         let need = (255u64 << 40) / (16 << 10) * 8 * 4;
         match crate::limits::available_memory() {
             Some(have) if have < need => {
-                let e = check(&p).err().unwrap();
+                let fmt = Arm64Stage2::new(p.granule, 48).unwrap();
+                let e = check(&p, fmt).err().unwrap();
                 assert!(e.starts_with("--size 255TiB: needs about"), "{e}");
             }
             _ => eprintln!("skipped: this host has the memory for a 255 TiB slot's tables"),

@@ -31,7 +31,7 @@ fn hardware_dirty_state_takes_no_write_faults() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     let v: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
-    assert_eq!(v["params"]["dirty"], "hw", "{v}");
+    assert_eq!(v["params"]["dirty"], serde_json::json!(["hw"]), "{v}");
     let human = s2mmu(&[
         "dirty-log-perf",
         "-v",
@@ -111,6 +111,9 @@ fn lost_write_check_passes_clean_runs_and_catches_dropped_marks() {
     for extra in [
         &[][..],
         &["--dirty", "hw"][..],
+        &["--dirty", "pml", "--format", "ept"][..],
+        &["--dirty", "hw", "--format", "ept", "-g"][..],
+        &["--format", "ept"][..],
         &["-g"][..],
         &["-x", "2"][..],
     ] {
@@ -144,23 +147,135 @@ fn lost_write_check_passes_clean_runs_and_catches_dropped_marks() {
             "{text}"
         );
     }
+    // PML: marks dropped in the flush of the log are caught too.
+    for extra in [&[][..], &["--dirty", "pml", "--format", "ept"][..]] {
+        let mut args = vec![
+            "dirty-log-perf",
+            "-v",
+            "1",
+            "-b",
+            "8M",
+            "-i",
+            "2",
+            "--check",
+            "--inject-lost-marks",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        let out = s2mmu(&args);
+        assert!(
+            !out.status.success(),
+            "{args:?}: an injected loss must fail the run"
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("2 of them not in the log: LOST WRITES"),
+            "{args:?}: {text}"
+        );
+        assert!(String::from_utf8_lossy(&out.stderr).contains("lost-write check"));
+    }
+}
+
+#[test]
+fn the_modes_side_by_side_count_faults_exits_and_pages() {
     let out = s2mmu(&[
         "dirty-log-perf",
         "-v",
         "1",
         "-b",
-        "8M",
+        "16M",
         "-i",
+        "3",
+        "-r",
         "2",
-        "--check",
-        "--inject-lost-marks",
-        "2",
+        "--dirty",
+        "all",
+        "--format",
+        "ept",
+        "--json",
     ]);
-    assert!(!out.status.success(), "an injected loss must fail the run");
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("2 of them not in the log: LOST WRITES"),
-        "{text}"
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("lost-write check"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let rows = v["results"].as_array().expect("results");
+    let row = |mode: &str| {
+        rows.iter()
+            .find(|r| r["case"] == "dirty_modes" && r["policy"] == mode)
+            .unwrap_or_else(|| panic!("no row for {mode}: {v}"))
+    };
+    // 4096 pages a pass: wp faults on each; hw and pml not at all; PML's
+    // 512-entry log exits 7 times a pass (the 8th fill is the harvest's).
+    for (mode, faults, exits) in [("wp", 4096, 0), ("hw", 0, 0), ("pml", 0, 7)] {
+        let r = row(mode);
+        assert_eq!(r["runs"], 2);
+        assert_eq!(
+            r["faults_per_pass"],
+            serde_json::json!([faults, faults]),
+            "{r}"
+        );
+        assert_eq!(
+            r["pml_full_exits_per_pass"],
+            serde_json::json!([exits, exits])
+        );
+        assert_eq!(r["pages_dirty_per_pass"], serde_json::json!([4096, 4096]));
+        for k in [
+            "dirty_memory_ns",
+            "logging_off_pass_ns",
+            "harvest_ns",
+            "harvest_thread_cpu_ns",
+        ] {
+            let s = r[k].as_array().unwrap_or_else(|| panic!("{k}: {r}"));
+            assert_eq!(s.len(), 2, "{k}: raw samples per run");
+            assert!(
+                s.iter().all(|x| x.as_u64().is_some_and(|n| n > 0)),
+                "{k}: {r}"
+            );
+        }
+    }
+}
+
+#[test]
+fn modes_and_formats_refuse_what_cannot_run() {
+    for (args, named) in [
+        (&["--dirty", "pml", "--arm64"][..], "--dirty pml"),
+        (
+            &["--dirty", "hw-blocks", "--arm64"][..],
+            "--dirty hw-blocks",
+        ),
+        (&["--format", "ept", "--kvm"][..], "--format ept"),
+        (&["--format", "ept", "--arm64"][..], "--format ept"),
+        (&["--dirty", "wp,hw", "--check"][..], "several modes"),
+        (&["--dirty", "all", "-v", "1,2"][..], "several modes"),
+    ] {
+        let mut a = vec!["dirty-log-perf", "-b", "16M"];
+        a.extend_from_slice(args);
+        let out = s2mmu(&a);
+        assert!(!out.status.success(), "{a:?} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(named), "{a:?}: {err}");
+    }
+}
+
+#[test]
+fn harvest_perf_runs_on_ept() {
+    let out = s2mmu(&[
+        "harvest-perf",
+        "--size",
+        "64M",
+        "--runs",
+        "1",
+        "--format",
+        "ept",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["params"]["format"], "ept");
 }

@@ -19,7 +19,7 @@ pub use memory::{Backing, GuestMemory, MemoryError};
 pub use replay::replay_writes;
 pub use tlb::{ShootdownStats, SoftTlb, TlbShootdown, TlbStats};
 pub use vcpu::{PageFetch, Vcpu, VcpuExit};
-pub use vm::{SlotInfo, Vm, VmConfig, VmError, VmMmu};
+pub use vm::{SlotInfo, Vm, VmConfig, VmError, VmFormat, VmMmu};
 pub use workload::{
     stamp, Control, LiveCounters, Pattern, VcpuState, Workload, WorkloadConfig, LIVE_EVERY,
 };

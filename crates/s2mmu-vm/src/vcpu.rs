@@ -3,10 +3,10 @@
 
 use crate::memory::GuestMemory;
 use crate::tlb::SoftTlb;
-use crate::vm::VmMmu;
+use crate::vm::{VmFormat, VmMmu};
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
-use s2mmu::mmu::{FaultKind, FaultOutcome, FaultStats, VcpuMmu};
+use s2mmu::mmu::{FaultKind, FaultOutcome, FaultStats, PmlFull, PmlLog, VcpuMmu};
 use s2mmu::{Gpa, HostMmOps, Prot, TableReader};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,9 +75,9 @@ impl fmt::Display for VcpuExit {
 }
 
 /// A vCPU of a [`crate::Vm`]. Owned by the thread that runs it.
-pub struct Vcpu<S: MemslotStore> {
-    mmu: Arc<VmMmu<S>>,
-    reader: TableReader<Arm64Stage2, HostMmOps>,
+pub struct Vcpu<S: MemslotStore, F: VmFormat = Arm64Stage2> {
+    mmu: Arc<VmMmu<S, F>>,
+    reader: TableReader<F, HostMmOps>,
     // Keeps guest memory mapped while this vCPU can reach it.
     _memory: Arc<GuestMemory>,
     vmmu: VcpuMmu<HostMmOps>,
@@ -87,6 +87,10 @@ pub struct Vcpu<S: MemslotStore> {
     /// walker records a write to a writable-clean leaf itself, as the
     /// hardware does, instead of faulting.
     hw_dirty: bool,
+    /// Its page-modification log, when the MMU tracks with
+    /// [`s2mmu::mmu::DirtyMode::Pml`]: the walker appends each page whose
+    /// dirty state it sets, and a full log exits.
+    pml: Option<Arc<PmlLog>>,
     /// Write walks made that way (the leaf's write permission set by the
     /// walk, or already set).
     pub hw_dirty_walks: u64,
@@ -100,9 +104,9 @@ pub struct Vcpu<S: MemslotStore> {
     pub accesses: u64,
 }
 
-impl<S: MemslotStore> Vcpu<S> {
+impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
     pub(crate) fn new(
-        mmu: Arc<VmMmu<S>>,
+        mmu: Arc<VmMmu<S, F>>,
         memory: Arc<GuestMemory>,
         vmmu: VcpuMmu<HostMmOps>,
         tlb: SoftTlb,
@@ -114,6 +118,7 @@ impl<S: MemslotStore> Vcpu<S> {
             reader: mmu.reader(),
             hw_dirty: mmu.policy().dirty.hardware(),
             hw_dirty_walks: 0,
+            pml: vmmu.pml().cloned(),
             mmu,
             _memory: memory,
             vmmu,
@@ -181,7 +186,22 @@ impl<S: MemslotStore> Vcpu<S> {
             let t = if write && self.hw_dirty {
                 // The hardware's own update: no fault for a writable-clean
                 // leaf (the fill below then caches it writable).
-                let t = self.reader.hw_dirty_update(gpa);
+                let t = match &self.pml {
+                    Some(log) => match log.hw_write(&self.reader, gpa) {
+                        Ok(t) => t,
+                        Err(PmlFull) => {
+                            // The "log-full" VM exit: the exit handler
+                            // flushes the log, the write is retried.
+                            self.exit();
+                            self.vmmu.stats.pml_full_exits += 1;
+                            let r = self.mmu.flush_pml(&mut self.vmmu);
+                            self.enter();
+                            r.map_err(VcpuExit::Engine)?;
+                            continue;
+                        }
+                    },
+                    None => self.reader.hw_dirty_update(gpa),
+                };
                 if t.is_some_and(|t| t.prot.contains(Prot::W)) {
                     self.hw_dirty_walks += 1;
                 }
@@ -215,6 +235,12 @@ impl<S: MemslotStore> Vcpu<S> {
             let r = self
                 .mmu
                 .handle_stage2_fault(&mut self.vmmu, Gpa::new(gpa), write, kind);
+            if self.pml.is_some() {
+                // KVM flushes the log on every exit.
+                self.mmu
+                    .flush_pml(&mut self.vmmu)
+                    .map_err(VcpuExit::Engine)?;
+            }
             if self.ring_full() {
                 return Err(VcpuExit::DirtyRingFull);
             }
@@ -263,7 +289,7 @@ impl<S: MemslotStore> Vcpu<S> {
     }
 }
 
-impl<S: MemslotStore> Drop for Vcpu<S> {
+impl<S: MemslotStore, F: VmFormat> Drop for Vcpu<S, F> {
     fn drop(&mut self) {
         self.exit();
     }

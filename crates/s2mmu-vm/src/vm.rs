@@ -5,6 +5,7 @@ use crate::memory::{Backing, GuestMemory, MemoryError};
 use crate::tlb::TlbShootdown;
 use crate::vcpu::{PageFetch, Vcpu};
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
+use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{Mmu, MmuPolicy};
 use s2mmu::{HostMmOps, PteFormat};
@@ -12,7 +13,49 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 /// The engine types a simulated VM uses.
-pub type VmMmu<S> = Mmu<Arm64Stage2, HostMmOps, S>;
+pub type VmMmu<S, F = Arm64Stage2> = Mmu<F, HostMmOps, S>;
+
+/// A descriptor format a simulated VM runs on: its vCPUs walk stage-2
+/// tables of this format with 4 KiB pages, as that architecture's hardware
+/// does (arm64's walker and DBM, or x86's EPT walker with A/D flags and
+/// PML).
+pub trait VmFormat: PteFormat + Send + Sync + 'static {
+    /// Its name on the command line (`--format`).
+    const NAME: &'static str;
+
+    /// The format for a VM of `ipa_bits` guest-physical address bits.
+    ///
+    /// # Errors
+    /// [`s2mmu::Error::InvalidConfig`] (or the format's own error) for an
+    /// address size the format cannot translate.
+    fn for_vm(ipa_bits: u32) -> Result<Self, s2mmu::Error>
+    where
+        Self: Sized;
+}
+
+impl VmFormat for Arm64Stage2 {
+    const NAME: &'static str = "arm64";
+
+    fn for_vm(ipa_bits: u32) -> Result<Self, s2mmu::Error> {
+        Arm64Stage2::new(Granule::K4, ipa_bits)
+    }
+}
+
+impl VmFormat for EptFormat {
+    const NAME: &'static str = "ept";
+
+    /// 4-level EPT up to 48 bits, 5-level up to 57 (Intel SDM 29.3.2).
+    fn for_vm(ipa_bits: u32) -> Result<Self, s2mmu::Error> {
+        match ipa_bits {
+            0..=48 => EptFormat::new(4),
+            49..=57 => EptFormat::new(5),
+            _ => Err(s2mmu::Error::InvalidConfig {
+                what: "EPT guest-physical address bits (at most 57)",
+                value: u64::from(ipa_bits),
+            }),
+        }
+    }
+}
 
 /// How to build a [`Vm`].
 #[derive(Clone, Debug)]
@@ -95,10 +138,10 @@ pub struct SlotInfo {
     pub mem_offset: u64,
 }
 
-/// A simulated VM.
-pub struct Vm<S: MemslotStore = TreeMemslots> {
+/// A simulated VM whose vCPUs walk tables of format `F`.
+pub struct Vm<S: MemslotStore = TreeMemslots, F: VmFormat = Arm64Stage2> {
     // Field order matters for drop: vCPU-facing parts first, memory last.
-    mmu: Arc<VmMmu<S>>,
+    mmu: Arc<VmMmu<S, F>>,
     shootdown: Arc<TlbShootdown>,
     slots: Vec<SlotInfo>,
     config: VmConfig,
@@ -108,7 +151,7 @@ pub struct Vm<S: MemslotStore = TreeMemslots> {
     memory: Arc<GuestMemory>,
 }
 
-impl<S: MemslotStore> Vm<S> {
+impl<S: MemslotStore, F: VmFormat> Vm<S, F> {
     /// The largest software TLB a vCPU may have.
     pub const MAX_TLB_ENTRIES: usize = TlbShootdown::MAX_ENTRIES;
 
@@ -120,7 +163,7 @@ impl<S: MemslotStore> Vm<S> {
     /// size outside 1..=[`Self::MAX_TLB_ENTRIES`],
     /// [`VmError::Memory`], [`VmError::Engine`].
     pub fn new(config: VmConfig) -> Result<Self, VmError> {
-        let fmt = Arm64Stage2::new(Granule::K4, config.ipa_bits)?;
+        let fmt = F::for_vm(config.ipa_bits)?;
         let host_page = config.backing.page_size();
         let unit = host_page.max(fmt.page_size());
         if config.slots == 0
@@ -191,7 +234,7 @@ impl<S: MemslotStore> Vm<S> {
     }
 
     /// The MMU.
-    pub fn mmu(&self) -> &Arc<VmMmu<S>> {
+    pub fn mmu(&self) -> &Arc<VmMmu<S, F>> {
         &self.mmu
     }
 
@@ -219,7 +262,7 @@ impl<S: MemslotStore> Vm<S> {
     ///
     /// # Errors
     /// [`VmError::Engine`].
-    pub fn new_vcpu(&self) -> Result<Vcpu<S>, VmError> {
+    pub fn new_vcpu(&self) -> Result<Vcpu<S, F>, VmError> {
         let vmmu = self.mmu.new_vcpu()?;
         let tlb = self.shootdown.register(self.config.tlb_entries);
         let fetch = self.fetch.lock().unwrap_or_else(|p| p.into_inner()).clone();

@@ -4,7 +4,8 @@
 //! for migration's convergence help.
 
 use crate::vcpu::{Vcpu, VcpuExit};
-use crate::vm::Vm;
+use crate::vm::{Vm, VmFormat};
+use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::FaultStats;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -70,7 +71,7 @@ pub struct LiveCounters {
 }
 
 impl LiveCounters {
-    fn publish<S: MemslotStore>(&self, vcpu: &Vcpu<S>, writes: u64, guest_ns: u64) {
+    fn publish<S: MemslotStore, F: VmFormat>(&self, vcpu: &Vcpu<S, F>, writes: u64, guest_ns: u64) {
         let t = vcpu.tlb().stats();
         self.guest_ns.store(guest_ns, Ordering::Relaxed);
         self.accesses.store(vcpu.accesses, Ordering::Relaxed);
@@ -176,14 +177,14 @@ pub struct VcpuState {
 }
 
 /// vCPU threads running a workload on a VM.
-pub struct Workload<S: MemslotStore + 'static> {
-    vm: Arc<Vm<S>>,
+pub struct Workload<S: MemslotStore + 'static, F: VmFormat = Arm64Stage2> {
+    vm: Arc<Vm<S, F>>,
     control: Arc<Control>,
     threads: Vec<JoinHandle<()>>,
     config: WorkloadConfig,
 }
 
-impl<S: MemslotStore + 'static> Workload<S> {
+impl<S: MemslotStore + 'static, F: VmFormat> Workload<S, F> {
     /// Starts `vcpus` vCPU threads, each owning the region
     /// `[gpa_base + i * bytes_per_vcpu, +bytes_per_vcpu)`; they wait for
     /// [`Workload::run_pass`] or [`Workload::run_free`].
@@ -191,7 +192,7 @@ impl<S: MemslotStore + 'static> Workload<S> {
     /// # Errors
     /// A message when the regions do not fit the VM's memory or a vCPU
     /// cannot be created.
-    pub fn start(vm: Arc<Vm<S>>, vcpus: usize, config: WorkloadConfig) -> Result<Self, String> {
+    pub fn start(vm: Arc<Vm<S, F>>, vcpus: usize, config: WorkloadConfig) -> Result<Self, String> {
         Self::start_inner(vm, vcpus, config, None)
     }
 
@@ -203,7 +204,7 @@ impl<S: MemslotStore + 'static> Workload<S> {
     /// # Errors
     /// As [`Workload::start`], or when a state does not fit the workload.
     pub fn start_at(
-        vm: Arc<Vm<S>>,
+        vm: Arc<Vm<S, F>>,
         config: WorkloadConfig,
         states: &[VcpuState],
     ) -> Result<Self, String> {
@@ -222,7 +223,7 @@ impl<S: MemslotStore + 'static> Workload<S> {
     }
 
     fn start_inner(
-        vm: Arc<Vm<S>>,
+        vm: Arc<Vm<S, F>>,
         vcpus: usize,
         config: WorkloadConfig,
         resume: Option<&[VcpuState]>,
@@ -279,7 +280,7 @@ impl<S: MemslotStore + 'static> Workload<S> {
     }
 
     /// The VM.
-    pub fn vm(&self) -> &Arc<Vm<S>> {
+    pub fn vm(&self) -> &Arc<Vm<S, F>> {
         &self.vm
     }
 
@@ -420,7 +421,7 @@ impl<S: MemslotStore + 'static> Workload<S> {
     }
 }
 
-impl<S: MemslotStore + 'static> Drop for Workload<S> {
+impl<S: MemslotStore + 'static, F: VmFormat> Drop for Workload<S, F> {
     fn drop(&mut self) {
         self.shutdown();
     }
@@ -477,8 +478,8 @@ impl Pacer {
     }
 }
 
-fn vcpu_thread<S: MemslotStore>(
-    vcpu: &mut Vcpu<S>,
+fn vcpu_thread<S: MemslotStore, F: VmFormat>(
+    vcpu: &mut Vcpu<S, F>,
     idx: usize,
     base: u64,
     cfg: WorkloadConfig,
@@ -657,7 +658,7 @@ fn vcpu_thread<S: MemslotStore>(
 
 /// Marks the vCPU running unless the host paused it; while paused, waits
 /// outside guest mode. Returns false if the workload is stopping.
-fn park<S: MemslotStore>(vcpu: &mut Vcpu<S>, idx: usize, c: &Control) -> bool {
+fn park<S: MemslotStore, F: VmFormat>(vcpu: &mut Vcpu<S, F>, idx: usize, c: &Control) -> bool {
     loop {
         c.running[idx].store(true, Ordering::SeqCst);
         if !c.paused.load(Ordering::SeqCst) {

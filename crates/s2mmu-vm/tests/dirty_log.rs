@@ -1,14 +1,26 @@
 //! Dirty logging end to end on simulated vCPUs.
 
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
-use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy};
-use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy, PML_LOG_ENTRIES};
+use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
 fn vm<S: MemslotStore>(mem: u64, backing: Backing, slots: u32, policy: MmuPolicy) -> Arc<Vm<S>> {
+    vm_on::<S, Arm64Stage2>(mem, backing, slots, policy)
+}
+
+/// A VM whose vCPUs walk tables of format `F`.
+fn vm_on<S: MemslotStore, F: VmFormat>(
+    mem: u64,
+    backing: Backing,
+    slots: u32,
+    policy: MmuPolicy,
+) -> Arc<Vm<S, F>> {
     Arc::new(
         Vm::new(VmConfig {
             mem_size: mem,
@@ -21,11 +33,11 @@ fn vm<S: MemslotStore>(mem: u64, backing: Backing, slots: u32, policy: MmuPolicy
     )
 }
 
-fn workload<S: MemslotStore + 'static>(
-    vm: &Arc<Vm<S>>,
+fn workload<S: MemslotStore + 'static, F: VmFormat>(
+    vm: &Arc<Vm<S, F>>,
     vcpus: usize,
     pattern: Pattern,
-) -> Workload<S> {
+) -> Workload<S, F> {
     let per = vm.config().mem_size / vcpus as u64;
     Workload::start(
         vm.clone(),
@@ -41,7 +53,7 @@ fn workload<S: MemslotStore + 'static>(
 }
 
 /// Dirty pages of every slot, through GET (+ CLEAR with manual protect).
-fn harvest<S: MemslotStore>(vm: &Vm<S>) -> Vec<u64> {
+fn harvest<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Vec<u64> {
     let mmu = vm.mmu();
     let mut gpas = Vec::new();
     for s in vm.slots() {
@@ -65,18 +77,29 @@ fn harvest<S: MemslotStore>(vm: &Vm<S>) -> Vec<u64> {
 
 #[test]
 fn every_written_page_is_logged_and_nothing_else() {
+    logs_every_written_page::<Arm64Stage2>();
+}
+
+#[test]
+fn every_written_page_is_logged_and_nothing_else_on_ept() {
+    logs_every_written_page::<EptFormat>();
+}
+
+fn logs_every_written_page<F: VmFormat>() {
     for (manual, dirty) in [
         (true, DirtyMode::Bitmap),
         (false, DirtyMode::Bitmap),
         (true, DirtyMode::Hardware),
         (false, DirtyMode::Hardware),
+        (true, DirtyMode::Pml),
+        (false, DirtyMode::Pml),
     ] {
         let policy = MmuPolicy {
             manual_protect: manual,
             dirty,
             ..MmuPolicy::default()
         };
-        let vm = vm::<TreeMemslots>(16 * MIB, Backing::Anonymous, 2, policy);
+        let vm = vm_on::<TreeMemslots, F>(16 * MIB, Backing::Anonymous, 2, policy);
         let w = workload(&vm, 1, Pattern::Sequential);
         w.run_pass(|| {}).unwrap(); // populate
         vm.enable_dirty_logging().unwrap();
@@ -103,7 +126,53 @@ fn every_written_page_is_logged_and_nothing_else() {
         let per_pass = if dirty.hardware() { 0 } else { 4096 };
         assert_eq!(f.permission, 3 * per_pass);
         assert_eq!(f.fast, 3 * per_pass);
-        assert_eq!(f.dirtied, 3 * per_pass);
+        // (With PML, the pages its exits flushed are marked by the vCPU.)
+        assert_eq!(f.dirtied, 3 * per_pass + f.pml_entries);
+        // PML: 4096 pages a pass fill the 512-entry log 8 times; the first
+        // 7 fills end in a log-full exit at the next write, the last is
+        // flushed by the harvest. Nothing is logged before logging starts
+        // (writable leaves are made dirty).
+        let exits = if dirty.pml() { 3 * 7 } else { 0 };
+        assert_eq!(f.pml_full_exits, exits, "{} {dirty:?}", F::NAME);
+        let entries = if dirty.pml() { 3 * 4096 } else { 0 };
+        assert_eq!(f.pml_entries, exits * PML_LOG_ENTRIES as u64);
+        assert!(f.pml_entries <= entries);
+    }
+}
+
+#[test]
+fn a_pml_full_exit_mid_pass_loses_nothing() {
+    // One vCPU writes 1000 pages: the log fills at page 512 and exits at
+    // page 513, in the middle of the pass; the harvest then finds every
+    // page exactly once, the first 512 from the exit's flush and the rest
+    // from the log.
+    let policy = MmuPolicy {
+        dirty: DirtyMode::Pml,
+        manual_protect: true,
+        ..MmuPolicy::default()
+    };
+    let vm = vm_on::<TreeMemslots, EptFormat>(4 * MIB, Backing::Anonymous, 1, policy);
+    let mut vcpu = vm.new_vcpu().unwrap();
+    let base = vm.slots()[0].gpa;
+    for p in 0..1024u64 {
+        vcpu.write_u64(base + p * 4096, p).unwrap(); // populate
+    }
+    // Out of guest mode, or this thread's invalidations would wait for it.
+    vcpu.exit();
+    vm.enable_dirty_logging().unwrap();
+    harvest(&vm);
+    for round in 0..2u64 {
+        for p in 0..1000u64 {
+            vcpu.write_u64(base + p * 4096 + 8, round).unwrap();
+            let exits = vcpu.fault_stats().pml_full_exits;
+            assert_eq!(exits, round + u64::from(p >= 512), "round {round} page {p}");
+        }
+        vcpu.exit();
+        let log = vcpu.fault_stats();
+        assert_eq!(log.permission + log.translation, 1024, "populate only");
+        let got = harvest(&vm);
+        let want: Vec<u64> = (0..1000).map(|p| base + p * 4096).collect();
+        assert_eq!(got, want, "round {round}");
     }
 }
 
@@ -246,6 +315,15 @@ fn stress<S: MemslotStore + 'static>(
     vcpus: usize,
     pattern: Pattern,
 ) {
+    stress_on::<S, Arm64Stage2>(policy, backing, vcpus, pattern);
+}
+
+fn stress_on<S: MemslotStore + 'static, F: VmFormat>(
+    policy: MmuPolicy,
+    backing: Backing,
+    vcpus: usize,
+    pattern: Pattern,
+) {
     let secs: f64 = std::env::var("S2MMU_STRESS_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -261,7 +339,7 @@ fn stress<S: MemslotStore + 'static>(
         Err(_) => vcpus,
     };
     let mem = 32 * MIB;
-    let vm = vm::<S>(mem, backing, 2, policy);
+    let vm = vm_on::<S, F>(mem, backing, 2, policy);
     let w = workload(&vm, vcpus, pattern);
     let memory = vm.memory().clone();
     let words = (mem / 8) as usize;
@@ -410,6 +488,37 @@ fn stress_hardware_dirty_state() {
         ..MmuPolicy::default()
     };
     stress::<TreeMemslots>(policy, Backing::AnonymousThp, 2, Pattern::Random);
+}
+
+#[test]
+fn stress_hardware_dirty_flags_on_ept() {
+    let policy = MmuPolicy {
+        dirty: DirtyMode::Hardware,
+        ..MmuPolicy::default()
+    };
+    stress_on::<TreeMemslots, EptFormat>(policy, Backing::AnonymousThp, 2, Pattern::Random);
+}
+
+#[test]
+fn stress_pml() {
+    // The walkers set dirty flags and log them, log-full exits flush
+    // mid-pass, and the harvests flush the logs and clean the flags, all
+    // racing: no write may be lost.
+    let policy = MmuPolicy {
+        dirty: DirtyMode::Pml,
+        ..MmuPolicy::default()
+    };
+    stress_on::<TreeMemslots, EptFormat>(policy, Backing::AnonymousThp, 2, Pattern::Random);
+}
+
+#[test]
+fn stress_write_protection_on_ept() {
+    stress_on::<TreeMemslots, EptFormat>(
+        MmuPolicy::default(),
+        Backing::Anonymous,
+        2,
+        Pattern::Sequential,
+    );
 }
 
 #[test]

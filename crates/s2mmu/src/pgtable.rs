@@ -418,20 +418,27 @@ impl<F: PteFormat, M: MmOps> TableReader<F, M> {
     /// and tests: the engine's cleaning and unmapping are built to race
     /// this update, as they race the hardware's.
     pub fn hw_dirty_update(&self, ipa: u64) -> Option<Translation> {
+        self.hw_dirty_update_reporting(ipa).map(|(t, _)| t)
+    }
+
+    /// [`TableReader::hw_dirty_update`], also saying whether this call made
+    /// the leaf dirty (`true`: the write that x86 PML logs; `false`: the
+    /// leaf was dirty already, or is not tracked).
+    pub fn hw_dirty_update_reporting(&self, ipa: u64) -> Option<(Translation, bool)> {
         let fmt = &self.core.fmt;
         let hw = fmt.hw_dirty_bits();
         let _guard = self.core.mm.read_guard();
         loop {
             let (entry, level, pte) = find_leaf(&self.core, ipa)?;
             let Some(hw) = hw.filter(|h| pte & h.update_mask == h.update_match) else {
-                return Some(translation(fmt, ipa, level, pte));
+                return Some((translation(fmt, ipa, level, pte), false));
             };
             let new = pte | hw.update_set;
             if entry
                 .compare_exchange(pte, new, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                return Some(translation(fmt, ipa, level, new));
+                return Some((translation(fmt, ipa, level, new), true));
             }
             // The engine changed the entry meanwhile: walk again.
         }

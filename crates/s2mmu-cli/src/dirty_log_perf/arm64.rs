@@ -205,6 +205,7 @@ pub(super) fn as_engine_run(r: &DirtyReport, plan: &Plan, vcpus: usize, bytes: u
         after: None,
         test_gpa: (DATA_GPA, DATA_GPA + bytes * vcpus as u64),
         vm_stats: Default::default(),
+        off_pass: None,
     }
 }
 

@@ -4,7 +4,8 @@
 //! but that the dirty log did not report is a lost write (the bug class
 //! that made guests crash after live migration in propolis #233).
 
-use s2mmu_vm::Vm;
+use s2mmu::memslot::MemslotStore;
+use s2mmu_vm::{Vm, VmFormat};
 use xxhash_rust::xxh3::xxh3_64;
 
 const PAGE: u64 = 4096;
@@ -23,7 +24,7 @@ pub struct Round {
     pub lost: u64,
 }
 
-fn hash_slots<S: s2mmu::memslot::MemslotStore>(vm: &Vm<S>) -> Result<Vec<Vec<u64>>, String> {
+fn hash_slots<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Result<Vec<Vec<u64>>, String> {
     let mem = vm.memory();
     let mut page = vec![0u8; PAGE as usize];
     vm.slots()
@@ -43,7 +44,7 @@ fn hash_slots<S: s2mmu::memslot::MemslotStore>(vm: &Vm<S>) -> Result<Vec<Vec<u64
 
 impl LostWriteCheck {
     /// Hashes every page now (logging on, before the first logged pass).
-    pub fn new<S: s2mmu::memslot::MemslotStore>(vm: &Vm<S>) -> Result<Self, String> {
+    pub fn new<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Result<Self, String> {
         Ok(LostWriteCheck {
             hashes: hash_slots(vm)?,
         })
@@ -52,9 +53,9 @@ impl LostWriteCheck {
     /// After a harvest whose logs (one bitmap per slot, bit 0 the slot's
     /// first page) are `logs`: pages changed since the last round, and
     /// changed pages missing from the logs.
-    pub fn round<S: s2mmu::memslot::MemslotStore>(
+    pub fn round<S: MemslotStore, F: VmFormat>(
         &mut self,
-        vm: &Vm<S>,
+        vm: &Vm<S, F>,
         logs: &[Vec<u64>],
     ) -> Result<Round, String> {
         let now = hash_slots(vm)?;

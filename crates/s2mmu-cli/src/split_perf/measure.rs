@@ -5,7 +5,6 @@
 use super::{Backing, Case, Mode, Params, Sample, Table, POLICIES};
 use crate::progress::Progress;
 use crate::stats::Samples;
-use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::{HostMmOps, MapOptions, NoTlb, PageCache, PageTable, Prot, PteFormat, SplitPolicy};
 use std::hint::black_box;
 use std::sync::Arc;
@@ -18,8 +17,8 @@ pub(super) const BASE: u64 = 1 << 40;
 /// with initially-set bitmaps: per 64-page word, split the word's range and
 /// write-protect it; the cache is topped up before each lock chunk. Timed
 /// whole, top-ups included (they are part of the ioctl).
-fn clear_like_engine(
-    pt: &mut Table,
+fn clear_like_engine<F: PteFormat>(
+    pt: &mut Table<F>,
     cache: &mut PageCache<HostMmOps>,
     base: u64,
     size: u64,
@@ -57,8 +56,8 @@ fn clear_like_engine(
 /// Splits `[base, base + size)` chunk by chunk, topping the cache up before
 /// each chunk as KVM's eager-split driver does between lock holds; the
 /// top-ups are inside the timed region.
-fn split_chunked(
-    pt: &mut Table,
+fn split_chunked<F: PteFormat>(
+    pt: &mut Table<F>,
     cache: &mut PageCache<HostMmOps>,
     base: u64,
     size: u64,
@@ -87,13 +86,13 @@ fn split_chunked(
     Ok((t0.elapsed(), total))
 }
 
-pub(super) fn build(
-    fmt: Arm64Stage2,
+pub(super) fn build<F: PteFormat + Copy>(
+    fmt: F,
     mm: &HostMmOps,
     base: u64,
     size: u64,
     backing: Backing,
-) -> Result<Table, String> {
+) -> Result<Table<F>, String> {
     let mut pt = PageTable::new(fmt, mm.clone(), Arc::new(NoTlb)).map_err(|e| e.to_string())?;
     let mut cache = PageCache::new(mm.clone());
     cache
@@ -122,8 +121,8 @@ pub(super) fn build(
 /// One case: `p.runs` rounds of every policy, the order rotated each round
 /// so no policy always runs first; the samples per policy in `POLICIES`
 /// order.
-pub(super) fn case(
-    fmt: Arm64Stage2,
+pub(super) fn case<F: PteFormat + Copy>(
+    fmt: F,
     mm: &HostMmOps,
     p: &Params,
     case: &Case,
@@ -158,8 +157,8 @@ pub(super) fn case(
 }
 
 /// One timed split of the slot under `policy`.
-fn one(
-    pt: &mut Table,
+fn one<F: PteFormat>(
+    pt: &mut Table<F>,
     cache: &mut PageCache<HostMmOps>,
     size: u64,
     mode: Mode,
@@ -199,8 +198,8 @@ fn one(
 /// Times writing the last-level tables that splitting `size` bytes of
 /// level-2 blocks creates (one page per block, every entry a plain store of
 /// a leaf), into pages already faulted in, as the split's cache pages are.
-pub(super) fn store_floor(
-    fmt: &Arm64Stage2,
+pub(super) fn store_floor<F: PteFormat>(
+    fmt: &F,
     mm: &HostMmOps,
     size: u64,
     runs: usize,
@@ -215,7 +214,7 @@ pub(super) fn store_floor(
         .collect::<Result<_, _>>()?;
     let entries = fmt.entries_per_table();
     let leaf = fmt
-        .leaf_pte(0x40_0000_0000, 3, Prot::RW)
+        .leaf_pte(0x40_0000_0000, fmt.last_level(), Prot::RW)
         .map_err(|e| e.to_string())?;
     let step = fmt.page_size();
     let mut times = Vec::new();

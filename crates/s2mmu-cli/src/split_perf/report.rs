@@ -5,7 +5,6 @@
 use super::{cases, Backing, Case, Measured, Mode, Params, Row, Sample, POLICIES};
 use crate::report::{human, human_bytes, merge, verdict, Report};
 use crate::stats::{paired_ratios, Samples};
-use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::{PteFormat, SplitPolicy};
 use serde_json::json;
 use std::time::Duration;
@@ -43,10 +42,10 @@ pub(super) fn case_rows(report: &mut Report, case: &Case, samples: &[Vec<Sample>
 }
 
 /// The comparisons of every case and the floor, and the text.
-pub(super) fn finish(
+pub(super) fn finish<F: PteFormat>(
     report: &mut Report,
     p: &Params,
-    fmt: &Arm64Stage2,
+    fmt: &F,
     rows: &[Row],
     floor: &Samples,
 ) {
@@ -179,7 +178,7 @@ fn version(pol: SplitPolicy) -> &'static str {
     }
 }
 
-fn render(p: &Params, fmt: &Arm64Stage2, rows: &[Row], lines: &[String]) -> String {
+fn render<F: PteFormat>(p: &Params, fmt: &F, rows: &[Row], lines: &[String]) -> String {
     let mut s = format!(
         "split-perf: {} slot, {} pages, {} runs per policy ({} build)\n",
         human_bytes(p.size),

@@ -5,7 +5,7 @@
 use super::PAGE;
 use crate::report::human_bytes;
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::Vcpu;
+use s2mmu_vm::{Vcpu, VmFormat};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -85,8 +85,8 @@ pub(super) fn sum_live(live: &[Live]) -> LiveSum {
 
 /// A vCPU writing random words of its region until `stop`, staying in
 /// guest mode (so every invalidation waits for it).
-pub(super) fn vcpu_loop(
-    mut v: Vcpu<TreeMemslots>,
+pub(super) fn vcpu_loop<F: VmFormat>(
+    mut v: Vcpu<TreeMemslots, F>,
     idx: usize,
     base: u64,
     pages: u64,

@@ -11,7 +11,7 @@ use crate::report::{human, human_bytes, Report};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu::tlb::LargeRangePolicy;
-use s2mmu_vm::{Backing, Vm, VmConfig};
+use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -50,8 +50,8 @@ impl Cycle for Sample {
     }
 }
 
-struct Bench<'a> {
-    vm: &'a Vm<TreeMemslots>,
+struct Bench<'a, F: VmFormat> {
+    vm: &'a Vm<TreeMemslots, F>,
     live: &'a [Live],
     npages: u64,
     chunk_pages: u64,
@@ -61,7 +61,7 @@ struct Bench<'a> {
     bitmap: Vec<u64>,
 }
 
-impl Bench<'_> {
+impl<F: VmFormat> Bench<'_, F> {
     fn cycle(&mut self, mode: Mode, policy: LargeRangePolicy) -> Result<Sample, String> {
         let mmu = self.vm.mmu();
         let e = |e: s2mmu::Error| e.to_string();
@@ -124,10 +124,10 @@ struct Row {
 }
 
 /// The VM with the big slot mapped and logged, and what setting it up took.
-struct Setup {
+struct Setup<F: VmFormat> {
     /// Declared before `reservation`, so dropped first: its table holds
     /// addresses into the reservation.
-    vm: Vm<TreeMemslots>,
+    vm: Vm<TreeMemslots, F>,
     reservation: Reservation,
     npages: u64,
     table_pages: usize,
@@ -147,7 +147,7 @@ fn resolve(p: &Params) -> Params {
 
 /// Builds the VM: the vCPUs' small slot of real memory and the big slot,
 /// mapped with 4K pages and dirty-logged.
-fn setup(p: &Params, progress: &Progress) -> Result<Setup, String> {
+fn setup<F: VmFormat>(p: &Params, progress: &Progress) -> Result<Setup<F>, String> {
     let e = |e: s2mmu::Error| e.to_string();
     let too_big = || {
         format!(
@@ -175,7 +175,7 @@ fn setup(p: &Params, progress: &Progress) -> Result<Setup, String> {
         initially_set: false,
         ..MmuPolicy::default()
     };
-    let vm = Vm::<TreeMemslots>::new(VmConfig {
+    let vm = Vm::<TreeMemslots, F>::new(VmConfig {
         mem_size: small,
         backing: Backing::Anonymous,
         slots: 1,
@@ -214,7 +214,7 @@ fn setup(p: &Params, progress: &Progress) -> Result<Setup, String> {
 }
 
 /// Starts the vCPU threads, measures while they run, stops them.
-fn with_vcpus(p: &Params, st: &Setup, progress: bool) -> Result<Measured, String> {
+fn with_vcpus<F: VmFormat>(p: &Params, st: &Setup<F>, progress: bool) -> Result<Measured, String> {
     let live: Vec<Live> = (0..p.vcpus).map(|_| Live::default()).collect();
     let stop = AtomicBool::new(false);
     let vcpu_pages = p.vcpu_mem / PAGE;
@@ -252,11 +252,11 @@ fn with_vcpus(p: &Params, st: &Setup, progress: bool) -> Result<Measured, String
 ///
 /// # Errors
 /// A message naming the flag or the step that failed.
-pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
+pub(super) fn run<F: VmFormat>(p: &Params, progress: bool) -> Result<Report, String> {
     check(p)?;
     let p = &resolve(p);
     let bar = Progress::new("tlb-perf", 1, progress);
-    let st = setup(p, &bar)?;
+    let st = setup::<F>(p, &bar)?;
     drop(bar);
     let (rows, walk_ns, base_miss_rate) = with_vcpus(p, &st, progress)?;
     let Setup {
@@ -302,6 +302,7 @@ fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
             "vcpus": p.vcpus,
             "vcpu_mem_bytes": p.vcpu_mem,
             "dirty_every": p.dirty_every,
+            "format": p.format.name(),
             "limit_pages": p.limit_pages,
             "settle_us": p.settle_us,
             "idle_us": p.idle_us,
@@ -449,9 +450,9 @@ type Measured = (Vec<Row>, f64, f64);
 
 /// Waits for the vCPUs to run, measures the cost of a TLB refill, then the
 /// harvest cycles of both modes and policies.
-fn measure(
+fn measure<F: VmFormat>(
     p: &Params,
-    vm: &Vm<TreeMemslots>,
+    vm: &Vm<TreeMemslots, F>,
     live: &[Live],
     npages: u64,
     progress: bool,

@@ -181,6 +181,13 @@ unsafe impl PteFormat for EptFormat {
             pte |= PAGE_SIZE;
         }
         pte |= self.perm_bits(prot);
+        if prot.contains(Prot::W) {
+            // Writable leaves start dirty, as KVM's `make_spte` makes them
+            // (`spte_shadow_dirty_mask` with ACC_WRITE_MASK): the CPU need
+            // not set the flag, and with PML it logs nothing until dirty
+            // logging cleans the leaf.
+            pte |= DIRTY;
+        }
         if prot.contains(Prot::X) {
             pte |= EXEC;
         }

@@ -156,7 +156,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let words = num_pages.div_ceil(64) as usize;
         let first_word = (first_page / 64) as usize;
         let chunk_words = (LOCK_CHUNK >> self.page_shift) as usize / 64;
-        let split = self.initially_set() && self.policy.eager_split_chunk.is_some();
+        // KVM splits on CLEAR where enabling logging split nothing
+        // (initially-set bitmaps) and faults would not: with eager split,
+        // and with hardware dirty state, whose writes never fault (a block
+        // left whole would be logged whole).
+        let split = self.initially_set()
+            && (self.policy.eager_split_chunk.is_some() || self.policy.dirty.hardware())
+            && self.policy.splits_for_logging();
         let mut cache = self.split_cache.lock();
         let mut cleared = 0;
         let mut w = 0;
@@ -216,6 +222,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// hardware updates leaves concurrently, and only protection, under the
     /// write lock, cleans them.
     pub(super) fn sync_hw_dirty(&self, id: u16, b: &DirtyBitmap) -> Result<()> {
+        if self.policy.dirty.pml() {
+            // The logs hold what the scan would find: no leaf is read.
+            self.flush_all_pml();
+            return Ok(());
+        }
         if !self.policy.dirty.hardware() {
             return Ok(());
         }

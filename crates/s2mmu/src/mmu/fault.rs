@@ -52,6 +52,8 @@ pub struct VcpuMmu<M: MmOps> {
     pub(super) dirty_cache: Option<((u64, u64), u16, Arc<DirtyBitmap>)>,
     pub(super) slot_cache: VcpuSlotCache,
     pub(super) cache: PageCache<M>,
+    /// Its page-modification log, with [`DirtyMode::Pml`].
+    pub(super) pml: Option<Arc<PmlLog>>,
     /// Counters of this vCPU's faults.
     pub stats: FaultStats,
 }
@@ -68,6 +70,13 @@ impl<M: MmOps> VcpuMmu<M> {
     /// guest).
     pub fn ring_soft_full(&self) -> bool {
         self.ring.as_ref().is_some_and(|r| r.soft_full())
+    }
+
+    /// Its page-modification log, where the VM tracks dirty pages with
+    /// [`DirtyMode::Pml`]: the simulated CPU writes through it
+    /// ([`PmlLog::hw_write`]).
+    pub fn pml(&self) -> Option<&Arc<PmlLog>> {
+        self.pml.as_ref()
     }
 }
 
@@ -389,12 +398,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             (None, None) => None,
         };
         let Some(tracker) = tracker else { return };
-        if self.drop_marks.load(Ordering::Relaxed) != 0
-            && self
-                .drop_marks
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok()
-        {
+        if self.drop_injected_mark() {
             return;
         }
         // Neither can fail: a fault on a soft-full ring is refused before it
@@ -406,5 +410,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             Ok(false) => {}
             Err(e) => unreachable!("recording dirty page {offset} of slot {slot}: {e}"),
         }
+    }
+
+    /// Whether to drop this dirty mark ([`Mmu::inject_lost_marks`]).
+    pub(super) fn drop_injected_mark(&self) -> bool {
+        self.drop_marks.load(Ordering::Relaxed) != 0
+            && self
+                .drop_marks
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
     }
 }

@@ -203,6 +203,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         }
         let (base, size) = self.slot_range(id)?;
         let chunk = match (self.policy.eager_split_chunk, self.policy.dirty.hardware()) {
+            // Hardware dirty state logging whole blocks: no split.
+            _ if !self.policy.splits_for_logging() => None,
             (Some(c), _) => Some(c),
             // A dirty bit per block would log whole blocks: split first.
             (None, true) => Some(EAGER_SPLIT_CHUNK),

@@ -58,6 +58,7 @@ mod host;
 pub mod lock;
 mod logging;
 mod notifier;
+mod pml;
 mod policy;
 mod populate;
 mod rings;
@@ -70,7 +71,8 @@ mod tests_unchanged;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
-pub use policy::{DirtyMode, FaultPath, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
+pub use pml::{PmlFull, PmlLog, PML_LOG_ENTRIES};
+pub use policy::{DirtyMode, FaultPath, HwDirtyBlocks, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
 pub use stats::FaultStats;
 
 /// A memslot's state that the MMU keeps beside the memslot store.
@@ -89,6 +91,8 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPla
     slots: S,
     side: Box<[SlotSide<P>]>,
     rings: RwLock<P, Vec<Arc<DirtyRing>>>,
+    /// Every vCPU's page-modification log, with [`DirtyMode::Pml`].
+    pml: RwLock<P, Vec<Arc<PmlLog>>>,
     policy: MmuPolicy,
     update: Mutex<P, ()>,
     split_cache: Mutex<P, PageCache<M>>,
@@ -191,6 +195,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 value: 0,
             });
         }
+        if policy.dirty.pml() && policy.hw_dirty_blocks == HwDirtyBlocks::LogWholeBlocks {
+            return Err(Error::InvalidConfig {
+                what: "PML with whole blocks logged (PML logs the page written, not its block)",
+                value: 0,
+            });
+        }
         let tlb_policy = TlbPolicy {
             limit_pages: policy.tlb_limit_pages,
             large_range: policy.tlb_large_range,
@@ -212,6 +222,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             slots,
             side,
             rings: lock_api::RwLock::new(Vec::new()),
+            pml: lock_api::RwLock::new(Vec::new()),
             policy,
             update: lock_api::Mutex::new(()),
             vm_stats: lock_api::Mutex::new(FaultStats::default()),
@@ -305,6 +316,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let entries = self.policy.dirty.ring_entries().unwrap_or(256);
         let ring = Arc::new(DirtyRing::new(entries)?);
         rings.push(ring.clone());
+        let pml = self.policy.dirty.pml().then(|| Arc::new(PmlLog::new(id)));
+        if let Some(log) = &pml {
+            self.pml.write().push(log.clone());
+        }
         Ok(VcpuMmu {
             id,
             mmu_id: self.id,
@@ -313,6 +328,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             dirty_cache: None,
             slot_cache: VcpuSlotCache::new(),
             cache: PageCache::new(self.stage2.mm.clone()),
+            pml,
             stats: FaultStats::default(),
         })
     }

@@ -37,6 +37,9 @@ pub struct MmuPolicy {
     pub initially_set: bool,
     /// How dirty pages are tracked while a slot logs.
     pub dirty: DirtyMode,
+    /// With [`DirtyMode::Hardware`]: split huge mappings when logging
+    /// starts, or log them as whole blocks.
+    pub hw_dirty_blocks: HwDirtyBlocks,
     /// When logging stops, unmap the page mappings of regions the host backs
     /// with huge pages, so later faults map blocks again (x86's huge-page
     /// recovery; arm64 has none).
@@ -78,6 +81,19 @@ pub enum DirtyMode {
     /// says none). The hypervisor must turn the hardware's updates on
     /// (arm64: VTCR_EL2.HA and HD; EPT: the EPTP's A/D flag).
     Hardware,
+    /// Hardware dirty state with x86 Page-Modification Logging ([`PmlLog`],
+    /// Intel SDM 29.3.6): as [`DirtyMode::Hardware`] (logged leaves tracked
+    /// and clean, no write fault, protection cleans the dirty flags of the
+    /// pages harvested), but the CPU also appends each page whose dirty flag
+    /// it sets to its vCPU's 512-entry log, and a GET flushes those logs
+    /// into the slots' bitmaps instead of scanning the leaves. A full log
+    /// exits to [`Mmu::flush_pml`]. Logs drain into bitmaps only (KVM can
+    /// also drain them into dirty rings; this mode is a bitmap mode). A mode
+    /// of its own rather than a flag beside `Hardware`, so the policy stays
+    /// one value per choice: PML without hardware dirty flags does not
+    /// exist. On arm64 the nearest equivalent is FEAT_HDBSS (Armv9.5), which
+    /// the simulated arm64 walker also runs as this mode.
+    Pml,
 }
 
 impl DirtyMode {
@@ -89,15 +105,45 @@ impl DirtyMode {
         }
     }
 
-    /// Whether the hardware records writes ([`DirtyMode::Hardware`]).
+    /// Whether the hardware records writes in the leaves
+    /// ([`DirtyMode::Hardware`], [`DirtyMode::Pml`]).
     pub const fn hardware(self) -> bool {
-        matches!(self, DirtyMode::Hardware)
+        matches!(self, DirtyMode::Hardware | DirtyMode::Pml)
+    }
+
+    /// Whether the hardware also logs the pages it dirties
+    /// ([`DirtyMode::Pml`]).
+    pub const fn pml(self) -> bool {
+        matches!(self, DirtyMode::Pml)
     }
 
     /// Whether slots keep bitmaps (every mode but rings).
     pub const fn bitmaps(self) -> bool {
         !matches!(self, DirtyMode::Ring { .. })
     }
+}
+
+/// What happens to huge mappings (blocks) of a slot that starts logging
+/// with hardware dirty state: the trade-off between the split's cost and
+/// the log's resolution.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HwDirtyBlocks {
+    /// Split them into pages first (eager split, in the chunks
+    /// [`MmuPolicy::eager_split_chunk`] says, 1 GiB if it says none), so
+    /// the hardware dirties and the harvest reports single pages: what KVM
+    /// does (x86 maps no huge page in a logged slot; the arm64 DBM series
+    /// splits before it relies on DBM).
+    #[default]
+    SplitFirst,
+    /// Leave them: a block is tracked and cleaned as one leaf, the
+    /// hardware's first write to it dirties the whole block, and the
+    /// harvest reports every page of it. No split when logging starts (nor
+    /// on CLEAR with initially-set bitmaps), at the price of reporting (and
+    /// a migration copying) up to a block's worth of pages per write. Not
+    /// with [`DirtyMode::Pml`]: PML logs the 4 KiB page written, not the
+    /// block whose dirty flag the write set, so the block's other pages
+    /// would be written unlogged ([`Mmu::new`] refuses it).
+    LogWholeBlocks,
 }
 
 /// The default eager-split chunk, 1 GiB: split, then drop the MMU lock and
@@ -121,6 +167,7 @@ impl Default for MmuPolicy {
             manual_protect: true,
             initially_set: false,
             dirty: DirtyMode::Bitmap,
+            hw_dirty_blocks: HwDirtyBlocks::SplitFirst,
             recover_huge_pages: true,
             recover_in_place: false,
             reader_slots: 256,
@@ -129,6 +176,12 @@ impl Default for MmuPolicy {
 }
 
 impl MmuPolicy {
+    /// Whether logging splits huge mappings (eagerly, or on a write fault
+    /// or CLEAR): every mode but hardware dirty state logging whole blocks.
+    pub const fn splits_for_logging(&self) -> bool {
+        !(self.dirty.hardware() && matches!(self.hw_dirty_blocks, HwDirtyBlocks::LogWholeBlocks))
+    }
+
     /// The baseline of every optimisation: write-lock faults, split on
     /// fault, full split walk, split TLB calls.
     pub fn baseline() -> Self {

@@ -39,6 +39,11 @@ pub struct FaultStats {
     /// Huge-page recoveries (logging stopped) that stopped early (out of
     /// table memory): the rest of the slot keeps its page mappings.
     pub recovery_failures: u64,
+    /// Page-modification-log-full exits ([`crate::mmu::DirtyMode::Pml`]):
+    /// a write found the vCPU's log full, which was flushed before it went on.
+    pub pml_full_exits: u64,
+    /// Page-modification-log entries flushed into dirty bitmaps.
+    pub pml_entries: u64,
 }
 
 impl FaultStats {
@@ -67,6 +72,8 @@ impl FaultStats {
             recovery_failures: self
                 .recovery_failures
                 .saturating_sub(earlier.recovery_failures),
+            pml_full_exits: self.pml_full_exits.saturating_sub(earlier.pml_full_exits),
+            pml_entries: self.pml_entries.saturating_sub(earlier.pml_entries),
         }
     }
 
@@ -89,6 +96,8 @@ impl FaultStats {
         self.write_contended += o.write_contended;
         self.lock_wait_ns += o.lock_wait_ns;
         self.split_ns += o.split_ns;
+        self.pml_full_exits += o.pml_full_exits;
+        self.pml_entries += o.pml_entries;
     }
 
     /// Lock acquisitions that had to wait, both modes.

@@ -1,0 +1,321 @@
+//! `dirty-log-perf --dirty wp,hw,pml` (or `--dirty all`): the dirty
+//! tracking modes side by side in one process, each run beside a pass with
+//! logging off, in alternating order; and `--format`, the stage-2 format
+//! the simulated VM's vCPUs walk.
+
+use super::{engine, median_dirty, DirtyArg, EngineRun, Params, PolicyArg, RunSpec};
+use crate::report::{human, human_bytes, verdict, Report, Summary};
+use s2mmu::mmu::{DirtyMode, FaultPath, HwDirtyBlocks};
+use serde_json::json;
+use std::time::Duration;
+
+/// The stage-2 format of the simulated VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FormatArg {
+    /// arm64 stage 2, 4 KiB granule, DBM for hardware dirty state.
+    Arm64,
+    /// x86 EPT, 4 levels, accessed/dirty flags (and PML).
+    Ept,
+}
+
+impl FormatArg {
+    /// The name the option takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            FormatArg::Arm64 => "arm64",
+            FormatArg::Ept => "ept",
+        }
+    }
+}
+
+impl Params {
+    /// The dirty tracking modes asked for, `all` expanded, each once, in
+    /// the order given.
+    pub fn dirty_modes(&self) -> Vec<DirtyArg> {
+        let mut v = Vec::new();
+        for &d in &self.dirty {
+            let add: &[DirtyArg] = match d {
+                DirtyArg::All => &[DirtyArg::Wp, DirtyArg::Hw, DirtyArg::Pml],
+                _ => std::slice::from_ref(&d),
+            };
+            for a in add {
+                if !v.contains(a) {
+                    v.push(*a);
+                }
+            }
+        }
+        if v.is_empty() {
+            v.push(DirtyArg::Wp);
+        }
+        v
+    }
+}
+
+/// The engine's mode for one `--dirty` value (without `--ring`).
+pub(super) fn dirty_mode(d: DirtyArg) -> DirtyMode {
+    match d {
+        DirtyArg::Wp | DirtyArg::All => DirtyMode::Bitmap,
+        DirtyArg::Hw | DirtyArg::HwBlocks => DirtyMode::Hardware,
+        DirtyArg::Pml => DirtyMode::Pml,
+    }
+}
+
+/// What the mode does with huge mappings.
+pub(super) fn hw_dirty_blocks(d: DirtyArg) -> HwDirtyBlocks {
+    match d {
+        DirtyArg::HwBlocks => HwDirtyBlocks::LogWholeBlocks,
+        _ => HwDirtyBlocks::SplitFirst,
+    }
+}
+
+/// The name of a `--dirty` value.
+pub(super) fn name(d: DirtyArg) -> &'static str {
+    match d {
+        DirtyArg::Wp => "wp",
+        DirtyArg::Hw => "hw",
+        DirtyArg::Pml => "pml",
+        DirtyArg::HwBlocks => "hw-blocks",
+        DirtyArg::All => "all",
+    }
+}
+
+/// Refuses combinations of `--dirty` and `--format` with the other options
+/// that cannot run, naming why.
+pub(super) fn check_params(p: &Params) -> Result<(), String> {
+    let modes = p.dirty_modes();
+    let hardware = modes.iter().any(|d| *d != DirtyArg::Wp);
+    if hardware && (p.ring.is_some() || p.kvm || p.compare) {
+        return Err(
+            "--dirty hw/pml: hardware dirty state logs to bitmaps on the engine (the simulated VM, or --arm64 for hw), not with --ring, --kvm or --compare".into(),
+        );
+    }
+    if modes.contains(&DirtyArg::HwBlocks) && (p.arm64 || p.kvm || p.compare) {
+        return Err(
+            "--dirty hw-blocks runs on the simulated VM only (QEMU's arm64 model logs hw with blocks split first)".into(),
+        );
+    }
+    if modes.contains(&DirtyArg::Pml) && p.arm64 {
+        return Err(
+            "--dirty pml: Page-Modification Logging is x86's; QEMU's arm64 model has no such log (run --arm64 with --dirty wp or hw, or pml on the simulated VM)".into(),
+        );
+    }
+    if modes.len() > 1
+        && (p.arm64
+            || p.kvm
+            || p.compare
+            || p.check
+            || p.policy == PolicyArg::Both
+            || p.vcpus.len() > 1)
+    {
+        return Err(
+            "--dirty with several modes runs its side-by-side table on the simulated VM, for one vCPU count: not with --arm64, --kvm, --compare, --check, --policy both or a -v list".into(),
+        );
+    }
+    if p.format == FormatArg::Ept && (p.arm64 || p.kvm || p.compare) {
+        return Err(
+            "--format ept runs on the simulated VM: --arm64 is QEMU's arm64 model, and --kvm/--compare use the host's own stage-2 format".into(),
+        );
+    }
+    Ok(())
+}
+
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+pub(super) fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call writes only it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The samples of one mode over the runs.
+#[derive(Default)]
+struct ModeSamples {
+    /// Per run: the median logged pass (the passes after the first when
+    /// there are several: the first meets what enabling logging left).
+    dirty: Vec<Duration>,
+    /// Per run: the pass with logging off before logging started.
+    off: Vec<Duration>,
+    /// Per run: median GET + CLEAR time of those passes.
+    harvest: Vec<Duration>,
+    /// Per run: median CPU time of the harvesting thread in them.
+    harvest_cpu: Vec<Duration>,
+    /// Per run: median faults (translation + permission) per pass.
+    faults: Vec<u64>,
+    /// Per run: median log-full exits per pass.
+    pml_full: Vec<u64>,
+    /// Per run: median pages reported dirty per pass.
+    pages: Vec<u64>,
+    /// Per run: enabling logging (the eager split, where the mode splits).
+    enable: Vec<Duration>,
+    /// Per run: time splitting (eager, on CLEAR, and on fault).
+    split: Vec<Duration>,
+}
+
+fn median_u64(v: &[u64]) -> u64 {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s.get(s.len() / 2).copied().unwrap_or(0)
+}
+
+fn median_f64(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get(s.len() / 2).copied().unwrap_or(0.0)
+}
+
+impl ModeSamples {
+    fn add(&mut self, r: &EngineRun) {
+        let steady: Vec<_> = r
+            .iterations
+            .iter()
+            .skip(usize::from(r.iterations.len() > 1))
+            .collect();
+        self.dirty.push(median_dirty(r));
+        self.enable.push(r.enable);
+        let on_fault: u64 = r.iterations.iter().map(|i| i.faults.split_ns).sum();
+        self.split
+            .push(Duration::from_nanos(r.vm_stats.split_ns + on_fault));
+        self.off.push(r.off_pass.unwrap_or_default());
+        let harvest: Vec<Duration> = steady
+            .iter()
+            .map(|i| i.get + i.clear.unwrap_or_default())
+            .collect();
+        self.harvest.push(Summary::of(&harvest).median);
+        let cpu: Vec<Duration> = steady.iter().map(|i| i.harvest_cpu).collect();
+        self.harvest_cpu.push(Summary::of(&cpu).median);
+        let per = |f: &dyn Fn(&super::EngineIteration) -> u64| {
+            median_u64(&steady.iter().map(|i| f(i)).collect::<Vec<_>>())
+        };
+        self.faults
+            .push(per(&|i| i.faults.permission + i.faults.translation));
+        self.pml_full.push(per(&|i| i.faults.pml_full_exits));
+        self.pages.push(per(&|i| i.pages_dirty));
+    }
+
+    /// Per run, logged pass over that run's pass with logging off.
+    fn slowdowns(&self) -> Vec<f64> {
+        self.dirty
+            .iter()
+            .zip(&self.off)
+            .filter(|(_, o)| !o.is_zero())
+            .map(|(d, o)| d.as_secs_f64() / o.as_secs_f64())
+            .collect()
+    }
+}
+
+fn ns(v: &[Duration]) -> Vec<u64> {
+    v.iter().map(|d| d.as_nanos() as u64).collect()
+}
+
+/// Runs every mode `-r` times (default 3) in rotating order and prints the
+/// table: faults per pass, dirty memory time, slowdown against the pass
+/// with logging off, harvest time per GiB and the harvesting thread's CPU
+/// time.
+pub(super) fn table(
+    p: &Params,
+    vcpus: usize,
+    bytes: u64,
+    spec: impl Fn(usize, FaultPath, bool) -> RunSpec,
+    report: &mut Report,
+) -> Result<String, String> {
+    let modes = p.dirty_modes();
+    let runs = p.runs.unwrap_or(3).max(1) as usize;
+    let fault_path = if p.policy == PolicyArg::Baseline {
+        FaultPath::WriteLock
+    } else {
+        FaultPath::ReadLockFastPath
+    };
+    let mut samples: Vec<ModeSamples> = modes.iter().map(|_| ModeSamples::default()).collect();
+    for run in 0..runs {
+        for k in 0..modes.len() {
+            let m = (run + k) % modes.len();
+            let mut s = spec(vcpus, fault_path, p.eager_split);
+            s.policy.dirty = dirty_mode(modes[m]);
+            s.policy.hw_dirty_blocks = hw_dirty_blocks(modes[m]);
+            s.off_pass = true;
+            let r = engine(s, &p.memslots)?;
+            samples[m].add(&r);
+        }
+    }
+    let mem = bytes * vcpus as u64;
+    let gib = mem as f64 / f64::from(1u32 << 30);
+    let mut out = format!(
+        "Dirty tracking side by side: {vcpus} vCPU(s), {} each, format {}, {} iterations, {runs} run(s) of each mode in rotating order; medians over runs (a run's figure: its passes after the first)\n",
+        human_bytes(bytes),
+        p.format.name(),
+        p.iterations,
+    );
+    out += &format!(
+        "{:<9} {:>11} {:>9} {:>10} {:>12} {:>12} {:>12} {:>7} {:>12} {:>11}\n",
+        "mode",
+        "faults/pass",
+        "PML exits",
+        "pages/pass",
+        "split",
+        "logging off",
+        "dirty memory",
+        "vs off",
+        "harvest/GiB",
+        "harvest CPU"
+    );
+    let mut hw_check = None;
+    for (d, s) in modes.iter().zip(&samples) {
+        let dirty = Summary::of(&s.dirty);
+        let off = Summary::of(&s.off);
+        let harvest = Summary::of(&s.harvest);
+        let cpu = Summary::of(&s.harvest_cpu);
+        let slow = median_f64(&s.slowdowns());
+        let per_gib = Duration::from_secs_f64(harvest.median.as_secs_f64() / gib);
+        let faults = median_u64(&s.faults);
+        out += &format!(
+            "{:<9} {:>11} {:>9} {:>10} {:>12} {:>12} {:>12} {:>6.2}x {:>12} {:>11}\n",
+            name(*d),
+            faults,
+            median_u64(&s.pml_full),
+            median_u64(&s.pages),
+            human(Summary::of(&s.split).median),
+            human(off.median),
+            human(dirty.median),
+            slow,
+            human(per_gib),
+            human(cpu.median),
+        );
+        report.result(
+            "dirty_modes",
+            name(*d),
+            json!({
+                "vcpus": vcpus, "bytes_per_vcpu": bytes, "format": p.format.name(),
+                "runs": runs, "iterations": p.iterations,
+                "faults_per_pass": s.faults, "pml_full_exits_per_pass": s.pml_full,
+                "pages_dirty_per_pass": s.pages,
+                "enable_ns": ns(&s.enable), "split_ns": ns(&s.split),
+                "dirty_memory_ns": ns(&s.dirty), "logging_off_pass_ns": ns(&s.off),
+                "slowdown_vs_logging_off": s.slowdowns(),
+                "harvest_ns": ns(&s.harvest), "harvest_ns_per_gib": harvest.median.as_secs_f64() * 1e9 / gib,
+                "harvest_thread_cpu_ns": ns(&s.harvest_cpu),
+                "dirty_memory": dirty.json(),
+            }),
+        );
+        if *d == DirtyArg::Hw {
+            hw_check = Some((faults, slow));
+        }
+    }
+    out += "split: time splitting huge mappings in the run (eagerly, on CLEAR with initially-set bitmaps, or on fault; 0 where nothing was split); faults/pass: stage-2 faults (translation + permission) in a logged pass; PML exits: log-full exits per pass; vs off: a run's logged pass over its own pass with logging off; harvest: GET + CLEAR per GiB of guest memory; harvest CPU: the harvesting thread's CPU time (CLOCK_THREAD_CPUTIME_ID) per harvest\n";
+    if let (Some((faults, slow)), 1, true) = (hw_check, vcpus, bytes == 256 << 20) {
+        out += &format!(
+            "target: 1 vCPU, 256 MiB, hardware dirty mode takes 0 write faults per pass: {faults} ({})\n",
+            verdict(faults == 0)
+        );
+        out += &format!(
+            "target: its dirty memory time within 1.5x of a pass with logging off: {slow:.2}x ({})\n",
+            verdict(slow <= 1.5)
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,210 @@
+//! x86 Page-Modification Logging ([`DirtyMode::Pml`]): a per-vCPU log of
+//! the guest-physical pages whose EPT dirty flag the CPU set, so a harvest
+//! reads the log instead of scanning the slot's leaves.
+//!
+//! What the hardware does (Intel SDM Vol. 3C, 29.3.6 "Page-Modification
+//! Logging"): with the EPTP's A/D flag and the "enable PML" VM-execution
+//! control set, before the CPU sets a dirty flag in an EPT leaf it checks
+//! the 16-bit PML index. Out of 0..=511, a "page-modification log-full"
+//! VM exit happens instead, and neither the flag is set nor the access
+//! made. In range, it sets the flag, writes the access's guest-physical
+//! address with bits 11:0 cleared to entry `index` of the 4 KiB log page
+//! and decrements the index: the log fills from entry 511 down, and the
+//! index wraps to 0xFFFF after entry 0 is written.
+//!
+//! What KVM does with it (Linux `arch/x86/kvm/vmx/vmx.c`,
+//! `vmx_flush_pml_buffer`, `PML_LOG_NR_ENTRIES` = 512, `PML_HEAD_INDEX` =
+//! 511): on every VM exit, the log-full exit included, it walks the entries
+//! above the index, marks each page dirty in its memslot (the bitmap, or
+//! the vCPU's dirty ring), and resets the index to 511; before
+//! `KVM_GET_DIRTY_LOG` it kicks every vCPU out of the guest so their logs
+//! are flushed first. Protecting a page for the next round clears its dirty
+//! flag, so the next write logs it again.
+//!
+//! Here [`PmlLog`] is the log page and index of one vCPU. The simulated
+//! CPU's write ([`PmlLog::hw_write`]) sets the dirty flag and appends under
+//! the log's lock, and a flush takes the same lock, which stands for the
+//! kick: a flush sees a flag set by the hardware only together with its
+//! entry, as KVM sees a vCPU's log only at an instruction boundary.
+
+use super::*;
+use crate::pgtable::Translation;
+
+/// Entries of a PML log: one 4 KiB page of 8-byte addresses
+/// (`PML_LOG_NR_ENTRIES`).
+pub const PML_LOG_ENTRIES: usize = 512;
+
+/// The index of an empty log, where the first entry is written
+/// (`PML_HEAD_INDEX`).
+const PML_HEAD_INDEX: u16 = (PML_LOG_ENTRIES - 1) as u16;
+
+/// The log is full: the write that would set a dirty flag needs the
+/// "log-full" exit ([`Mmu::flush_pml`]) first, and then a retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PmlFull;
+
+struct PmlState {
+    entries: Box<[u64; PML_LOG_ENTRIES]>,
+    /// The next entry to write; 0xFFFF (out of range) when full.
+    index: u16,
+}
+
+impl PmlState {
+    fn len(&self) -> usize {
+        usize::from(PML_HEAD_INDEX.wrapping_sub(self.index))
+    }
+}
+
+/// One vCPU's page-modification log ([`VcpuMmu::pml`]).
+pub struct PmlLog {
+    vcpu: usize,
+    state: Mutex<DefaultPlatform, PmlState>,
+}
+
+impl PmlLog {
+    pub(super) fn new(vcpu: usize) -> Self {
+        PmlLog {
+            vcpu,
+            state: lock_api::Mutex::new(PmlState {
+                entries: Box::new([0; PML_LOG_ENTRIES]),
+                index: PML_HEAD_INDEX,
+            }),
+        }
+    }
+
+    /// The vCPU whose log this is.
+    pub fn vcpu(&self) -> usize {
+        self.vcpu
+    }
+
+    /// Entries logged and not flushed yet (0 to [`PML_LOG_ENTRIES`]).
+    pub fn len(&self) -> usize {
+        self.state.lock().len()
+    }
+
+    /// Whether the log holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// What a CPU with EPT A/D flags and PML does on a guest write to
+    /// `ipa` that missed its TLB: as [`TableReader::hw_dirty_update`], and
+    /// when that sets the leaf's dirty flag, the page's address is logged.
+    /// `None`: nothing maps `ipa` (a translation fault).
+    ///
+    /// # Errors
+    /// [`PmlFull`] when the write would set a dirty flag and the log is
+    /// full; nothing was changed then.
+    pub fn hw_write<F: PteFormat, M: MmOps>(
+        &self,
+        reader: &TableReader<F, M>,
+        ipa: u64,
+    ) -> core::result::Result<Option<Translation>, PmlFull> {
+        let mut st = self.state.lock();
+        if st.index > PML_HEAD_INDEX {
+            // Full: the SDM checks the index only for a write that would
+            // set a dirty flag; others go on.
+            let t = reader.translate(ipa);
+            let hw = reader.format().hw_dirty_bits();
+            return match (t, hw) {
+                (Some(t), Some(h)) if t.pte & h.update_mask == h.update_match => Err(PmlFull),
+                (t, _) => Ok(t),
+            };
+        }
+        let Some((t, dirtied)) = reader.hw_dirty_update_reporting(ipa) else {
+            return Ok(None);
+        };
+        if dirtied {
+            let i = usize::from(st.index);
+            st.entries[i] = ipa & !0xfff;
+            st.index = st.index.wrapping_sub(1);
+        }
+        Ok(Some(t))
+    }
+
+    /// Moves the entries into `out`, oldest first, and empties the log.
+    fn drain(&self, out: &mut Vec<u64>) -> usize {
+        let mut st = self.state.lock();
+        let n = st.len();
+        out.extend(st.entries[PML_LOG_ENTRIES - n..].iter().rev());
+        st.index = PML_HEAD_INDEX;
+        n
+    }
+}
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
+    /// The exit handler's PML flush (`vmx_flush_pml_buffer`): records every
+    /// page in `vcpu`'s log as dirty in its slot's bitmap and empties the
+    /// log. Call it on the "log-full" exit ([`PmlFull`]) before retrying
+    /// the write, and on every other exit of the vCPU; a harvest
+    /// ([`Mmu::get_dirty_log`]) flushes every vCPU's log itself. Returns
+    /// the number of entries flushed (a page of a slot that no longer
+    /// exists or no longer logs is dropped, as in KVM).
+    ///
+    /// # Errors
+    /// [`Error::ForeignVcpu`] for a vCPU of another MMU.
+    pub fn flush_pml(&self, vcpu: &mut VcpuMmu<M>) -> Result<usize> {
+        if vcpu.mmu_id != self.id {
+            return Err(Error::ForeignVcpu { vcpu: vcpu.id });
+        }
+        let Some(log) = vcpu.pml.clone() else {
+            return Ok(0);
+        };
+        let mut st = FaultStats::default();
+        let n = self.flush_pml_log(&log, &mut st);
+        vcpu.stats.dirtied += st.dirtied;
+        vcpu.stats.pml_entries += st.pml_entries;
+        Ok(n)
+    }
+
+    /// Flushes every vCPU's log: what KVM's kick before
+    /// `KVM_GET_DIRTY_LOG` achieves. No leaf is read.
+    pub(super) fn flush_all_pml(&self) {
+        let logs = self.pml.read().clone();
+        let mut st = FaultStats::default();
+        for log in &logs {
+            self.flush_pml_log(log, &mut st);
+        }
+        self.vm_stats.lock().add(&st);
+    }
+
+    fn flush_pml_log(&self, log: &PmlLog, st: &mut FaultStats) -> usize {
+        let mut gpas = Vec::with_capacity(PML_LOG_ENTRIES);
+        let n = log.drain(&mut gpas);
+        if n == 0 {
+            return 0;
+        }
+        st.pml_entries += n as u64;
+        let snap = self.slots.snapshot();
+        // The slot of the previous entry, its gfn range and bitmap: a log
+        // mostly holds runs of pages of one slot.
+        let mut last: Option<(u16, u64, u64, Arc<DirtyBitmap>)> = None;
+        for gpa in gpas {
+            let gfn = gpa >> self.page_shift;
+            if !last
+                .as_ref()
+                .is_some_and(|(_, lo, hi, _)| (*lo..*hi).contains(&gfn))
+            {
+                last = snap
+                    .search(gfn)
+                    .filter(|s| s.dirty_logging())
+                    .and_then(|s| {
+                        let b = self.side[usize::from(s.id())].dirty.load_full()?;
+                        Some((s.id(), s.base_gfn(), s.end_gfn(), b))
+                    });
+            }
+            let Some((id, base_gfn, _, bitmap)) = &last else {
+                continue;
+            };
+            if self.drop_injected_mark() {
+                continue;
+            }
+            // The page lies inside the slot, which the bitmap covers.
+            let tracker: &dyn DirtyTracker = &**bitmap;
+            if let Ok(true) = tracker.mark(log.vcpu, u32::from(*id), gfn - base_gfn) {
+                st.dirtied += 1;
+            }
+        }
+        n
+    }
+}
