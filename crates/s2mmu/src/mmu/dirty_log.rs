@@ -3,6 +3,7 @@
 //! into the bitmap.
 
 use super::*;
+use crate::dirty::DirtyConsumer;
 
 impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     pub(super) fn bitmap(&self, id: u16) -> Result<Arc<DirtyBitmap>> {
@@ -26,7 +27,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// `KVM_GET_DIRTY_LOG`: copies slot `id`'s bitmap into `out`. Without
     /// manual protect it also clears the bitmap and write-protects the
     /// pages that were dirty (take-and-clear, protect, flush); returns the
-    /// number of dirty pages reported.
+    /// number of dirty pages reported. While the slot has dirty views open
+    /// ([`Mmu::open_dirty_view`]) this is one consumer among them, with the
+    /// same results.
     ///
     /// # Errors
     /// [`Error::NoSuchSlot`], [`Error::LoggingDisabled`],
@@ -34,6 +37,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     pub fn get_dirty_log(&self, id: u16, out: &mut [u64]) -> Result<u64> {
         let _u = self.update.lock().unwrap();
         let b = self.bitmap(id)?;
+        if self.has_views(id) {
+            return self.log_get_with_views(id, out);
+        }
         if out.len() < b.words() {
             return Err(Error::BitmapTooSmall {
                 words: out.len(),
@@ -78,7 +84,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
     /// write-protects exactly those pages, then flushes the slot's TLB
     /// entries once; returns the number of pages cleared. Processed in
     /// 1 GiB chunks, dropping the lock between them (QEMU's default clear
-    /// chunk is the same size).
+    /// chunk is the same size). While the slot has dirty views open, only
+    /// the cleared pages that may be writable are protected (and the flush
+    /// is skipped if none is), as [`Mmu::clear_dirty_view`] does.
     ///
     /// # Errors
     /// [`Error::ClearNotAligned`], [`Error::ClearBadRange`],
@@ -94,6 +102,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let _u = self.update.lock().unwrap();
         let b = self.bitmap(id)?;
         check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
+        if self.has_views(id) {
+            return self.consumer_clear(id, DirtyConsumer::Log, first_page, num_pages, bitmap);
+        }
         let (base, size) = self.slot_range(id)?;
         let tlb = self.with_table(|pt| pt.tlb().clone());
         let mut batch = TlbBatch::new(&*tlb, self.with_table(|pt| pt.tlb_policy()));

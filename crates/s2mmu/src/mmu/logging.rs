@@ -123,6 +123,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         }
         if !logging {
             side.dirty.store(None);
+            self.drop_stale_views();
         }
     }
 

@@ -29,7 +29,7 @@
 //! holding one, which no caller input causes (bad input is an [`Error`]), so
 //! such a panic is a bug and is propagated rather than hidden.
 
-use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing, DirtyTracker};
+use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing, DirtyTracker, SlotViews};
 use crate::format::{Prot, PteFormat};
 use crate::memcache::PageCache;
 use crate::memslot::{
@@ -59,11 +59,15 @@ mod rings;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod views;
+#[cfg(test)]
+mod views_tests;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
 pub use policy::{DirtyMode, FaultPath, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
 pub use stats::FaultStats;
+pub use views::DirtyView;
 
 /// A memslot's state that the MMU keeps beside the memslot store.
 struct SlotSide {
@@ -95,6 +99,13 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore> {
     drop_marks: AtomicU64,
     /// Invalidation calls issued by dirty-log clears, and their time.
     pub clear_tlb_calls: AtomicU64,
+    /// The consumers of each slot that has dirty views open.
+    views: Mutex<Vec<SlotViews>>,
+    /// Its length, read without the lock (the single-consumer GET/CLEAR
+    /// checks it and nothing else while no view is open).
+    views_open: AtomicU64,
+    /// The next view id.
+    next_view: AtomicU64,
 }
 
 struct Stage2Hook<'a, F: PteFormat, M: MmOps, S: MemslotStore> {
@@ -195,6 +206,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             invalidations: AtomicU64::new(0),
             drop_marks: AtomicU64::new(0),
             clear_tlb_calls: AtomicU64::new(0),
+            views: Mutex::new(Vec::new()),
+            views_open: AtomicU64::new(0),
+            next_view: AtomicU64::new(0),
         })
     }
 

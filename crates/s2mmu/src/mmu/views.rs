@@ -1,0 +1,317 @@
+//! Dirty views: several independent consumers of one slot's dirty log over
+//! one stage-2 table (the bookkeeping is [`crate::dirty::SlotViews`]).
+//!
+//! A view is opened on a logged slot and gets and clears its own bitmap,
+//! with `KVM_CLEAR_DIRTY_LOG`'s arguments. While a slot has views, its own
+//! GET/CLEAR ([`Mmu::get_dirty_log`], [`Mmu::clear_dirty_log`]) is one more
+//! consumer beside them, with the same results as without views; when the
+//! last view closes, the slot's log goes back to the shared bitmap alone,
+//! so a slot without views runs exactly the single-consumer code.
+//!
+//! A clear write-protects only the cleared pages that may be writable: a
+//! page another consumer's clear protected and that was not written since
+//! costs no protect, no flush and, for the guest, no second fault. Works in
+//! every bitmap mode (write protection, with or without manual protect, and
+//! hardware dirty state, whose leaves are scanned into the shared bitmap
+//! before each fold); dirty rings have no bitmap and are refused.
+
+use super::*;
+use crate::dirty::{DirtyConsumer, DirtyViewStats, SlotViews};
+
+/// An open dirty view of a slot, from [`Mmu::open_dirty_view`]. Ids are
+/// never reused within an MMU, so a closed view's id stays unknown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DirtyView(u64);
+
+impl DirtyView {
+    /// The view's id.
+    pub fn id(self) -> u64 {
+        self.0
+    }
+}
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
+    /// Opens a dirty view of slot `id`: a consumer with a bitmap of its
+    /// own, all pages dirty at first (it cannot know what changed before
+    /// it existed).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchSlot`], [`Error::LoggingDisabled`],
+    /// [`Error::WrongDirtyMode`] (dirty rings), [`Error::TooManyDirtyViews`].
+    pub fn open_dirty_view(&self, id: u16) -> Result<DirtyView> {
+        let _u = self.update.lock().unwrap();
+        let b = self.bitmap(id)?;
+        self.sync_hw_dirty(id, &b)?;
+        let mut views = self.views.lock().unwrap();
+        let view = self.next_view.fetch_add(1, Ordering::Relaxed);
+        match views.iter_mut().find(|v| v.slot() == id) {
+            Some(v) => v.open(view)?,
+            None => {
+                let mut v = SlotViews::new(id, b);
+                v.open(view)?;
+                views.push(v);
+                self.views_open.fetch_add(1, Ordering::Release);
+            }
+        }
+        Ok(DirtyView(view))
+    }
+
+    /// Closes `view` and frees its bitmap; the last view of a slot hands
+    /// the slot's log back to its shared bitmap.
+    ///
+    /// # Errors
+    /// [`Error::UnknownDirtyView`] (never opened, closed, or its slot
+    /// stopped logging, which closes its views).
+    pub fn close_dirty_view(&self, view: DirtyView) -> Result<()> {
+        let _u = self.update.lock().unwrap();
+        let mut views = self.views.lock().unwrap();
+        let i = views
+            .iter()
+            .position(|v| v.has_view(view.0))
+            .ok_or(Error::UnknownDirtyView { view: view.0 })?;
+        views[i].close(view.0);
+        if views[i].views() == 0 {
+            views.swap_remove(i).restore();
+            self.views_open.fetch_sub(1, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Open views of slot `id` (0 for an unknown slot).
+    pub fn dirty_views_open(&self, id: u16) -> usize {
+        let views = self.views.lock().unwrap();
+        views
+            .iter()
+            .find(|v| v.slot() == id)
+            .map_or(0, |v| v.views())
+    }
+
+    /// What `view`'s gets and clears did.
+    ///
+    /// # Errors
+    /// [`Error::UnknownDirtyView`].
+    pub fn dirty_view_stats(&self, view: DirtyView) -> Result<DirtyViewStats> {
+        let mut views = self.views.lock().unwrap();
+        let v = views
+            .iter_mut()
+            .find(|v| v.has_view(view.0))
+            .ok_or(Error::UnknownDirtyView { view: view.0 })?;
+        v.stats_mut(DirtyConsumer::View(view.0)).copied()
+    }
+
+    /// Copies `view`'s bitmap into `out` (bit 0 of word 0 is page 0 of its
+    /// slot) without clearing it; returns the number of dirty pages.
+    ///
+    /// # Errors
+    /// [`Error::UnknownDirtyView`], [`Error::BitmapTooSmall`].
+    pub fn get_dirty_view(&self, view: DirtyView, out: &mut [u64]) -> Result<u64> {
+        let _u = self.update.lock().unwrap();
+        let id = self.view_slot(view)?;
+        self.consumer_get(id, DirtyConsumer::View(view.0), out)
+    }
+
+    /// Clears `view`'s bits for the pages of `[first_page, first_page +
+    /// num_pages)` set in `bitmap` (bit 0 of word 0 is `first_page`, as
+    /// `KVM_CLEAR_DIRTY_LOG`), write-protects those of them that may be
+    /// writable and flushes the slot's TLB entries once if it protected
+    /// any; returns the number of pages cleared.
+    ///
+    /// # Errors
+    /// [`Error::UnknownDirtyView`], [`Error::ClearNotAligned`],
+    /// [`Error::ClearBadRange`], [`Error::BitmapTooSmall`].
+    pub fn clear_dirty_view(
+        &self,
+        view: DirtyView,
+        first_page: u64,
+        num_pages: u64,
+        bitmap: &[u64],
+    ) -> Result<u64> {
+        let _u = self.update.lock().unwrap();
+        let id = self.view_slot(view)?;
+        let b = self.bitmap(id)?;
+        check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
+        self.consumer_clear(
+            id,
+            DirtyConsumer::View(view.0),
+            first_page,
+            num_pages,
+            bitmap,
+        )
+    }
+
+    /// The slot `view` looks at.
+    fn view_slot(&self, view: DirtyView) -> Result<u16> {
+        let views = self.views.lock().unwrap();
+        views
+            .iter()
+            .find(|v| v.has_view(view.0))
+            .map(|v| v.slot())
+            .ok_or(Error::UnknownDirtyView { view: view.0 })
+    }
+
+    /// Whether slot `id` has views open, so that its log is one consumer
+    /// among several: one atomic load while no slot has any.
+    pub(super) fn has_views(&self, id: u16) -> bool {
+        self.views_open.load(Ordering::Acquire) != 0
+            && self.views.lock().unwrap().iter().any(|v| v.slot() == id)
+    }
+
+    /// GET for one consumer of slot `id` (the update mutex held): folds
+    /// the shared bitmap (after scanning hardware dirty state into it) and
+    /// copies the consumer's bitmap.
+    pub(super) fn consumer_get(&self, id: u16, who: DirtyConsumer, out: &mut [u64]) -> Result<u64> {
+        let b = self.bitmap(id)?;
+        if out.len() < b.words() {
+            return Err(Error::BitmapTooSmall {
+                words: out.len(),
+                needed: b.words(),
+            });
+        }
+        self.sync_hw_dirty(id, &b)?;
+        let mut views = self.views.lock().unwrap();
+        let v = views
+            .iter_mut()
+            .find(|v| v.slot() == id)
+            .ok_or(Error::LoggingDisabled {
+                slot: u32::from(id),
+            })?;
+        v.fold();
+        v.bits(who)?.copy_to(out)?;
+        let n: u64 = out[..b.words()]
+            .iter()
+            .map(|w| u64::from(w.count_ones()))
+            .sum();
+        let st = v.stats_mut(who)?;
+        st.gets += 1;
+        st.reported += n;
+        Ok(n)
+    }
+
+    /// The slot's own GET while it has views (the update mutex held): the
+    /// log's bitmap; without manual protect also cleared and protected.
+    pub(super) fn log_get_with_views(&self, id: u16, out: &mut [u64]) -> Result<u64> {
+        let n = self.consumer_get(id, DirtyConsumer::Log, out)?;
+        if !self.policy.manual_protect && n > 0 {
+            let npages = self.bitmap(id)?.npages();
+            let words = npages.div_ceil(64) as usize;
+            self.consumer_clear(id, DirtyConsumer::Log, 0, npages, &out[..words])?;
+        }
+        Ok(n)
+    }
+
+    /// CLEAR for one consumer of slot `id` (the update mutex held, the
+    /// arguments checked): in 1 GiB chunks under the write lock, clears the
+    /// consumer's bits and write-protects the cleared pages that may be
+    /// writable (splitting first where bitmaps start all set with eager
+    /// split, as [`Mmu::clear_dirty_log`]), then one flush if any was.
+    pub(super) fn consumer_clear(
+        &self,
+        id: u16,
+        who: DirtyConsumer,
+        first_page: u64,
+        num_pages: u64,
+        bitmap: &[u64],
+    ) -> Result<u64> {
+        let (base, size) = self.slot_range(id)?;
+        let tlb = self.with_table(|pt| pt.tlb().clone());
+        let mut batch = TlbBatch::new(&*tlb, self.with_table(|pt| pt.tlb_policy()));
+        let mut st = FaultStats::default();
+        let words = num_pages.div_ceil(64) as usize;
+        let first_word = (first_page / 64) as usize;
+        let chunk_words = ((LOCK_CHUNK >> self.page_shift) as usize / 64).max(1);
+        let split = self.split_on_clear();
+        let mut cache = self.split_cache.lock().unwrap();
+        let mut views = self.views.lock().unwrap();
+        let v = views
+            .iter_mut()
+            .find(|v| v.slot() == id)
+            .ok_or(Error::LoggingDisabled {
+                slot: u32::from(id),
+            })?;
+        let (mut cleared, mut protected) = (0, 0);
+        for w in (0..words).step_by(chunk_words) {
+            let end = (w + chunk_words).min(words);
+            if split {
+                let bytes = ((end - w) as u64 * 64) << self.page_shift;
+                cache.top_up(self.with_table(|pt| pt.split_capacity(bytes)))?;
+            }
+            let mut pt = self.write_lock(&mut st);
+            for (k, &user) in bitmap.iter().enumerate().take(end).skip(w) {
+                let (c, mask) = v.clear_word(who, first_word + k, user)?;
+                cleared += u64::from(c.count_ones());
+                if mask == 0 {
+                    continue;
+                }
+                protected += u64::from(mask.count_ones());
+                let page0 = (first_word + k) as u64 * 64;
+                let done = self.protect_cleared(&mut pt, base, page0, mask, &mut cache, &mut batch);
+                if let Err(e) = done {
+                    // Nothing may be lost: the pages stay dirty for the
+                    // consumer and may-be-writable for everyone.
+                    v.undo_clear(who, first_word + k, c, mask)?;
+                    return Err(e);
+                }
+                st.split_ns += done?;
+            }
+        }
+        if protected > 0 {
+            batch.add(base, size);
+        }
+        let s = v.stats_mut(who)?;
+        s.cleared += cleared;
+        s.protected += protected;
+        s.already_protected += cleared - protected;
+        s.flushes += u64::from(protected > 0);
+        drop(views);
+        drop(cache);
+        let calls = batch.finish();
+        self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
+        self.vm_stats.lock().unwrap().add(&st);
+        Ok(cleared)
+    }
+
+    /// Drops the views of slots that stopped logging (or whose bitmap was
+    /// replaced): their ids become unknown.
+    pub(super) fn drop_stale_views(&self) {
+        let mut views = self.views.lock().unwrap();
+        let before = views.len();
+        views.retain(|v| {
+            self.side
+                .get(usize::from(v.slot()))
+                .and_then(|s| s.dirty.load_full())
+                .is_some_and(|b| Arc::ptr_eq(&b, v.shared()))
+        });
+        let dropped = (before - views.len()) as u64;
+        self.views_open.fetch_sub(dropped, Ordering::Release);
+    }
+
+    /// Whether clears split what they protect: bitmaps start all set with
+    /// eager split on, so logging started without splitting.
+    fn split_on_clear(&self) -> bool {
+        self.initially_set() && self.policy.eager_split_chunk.is_some()
+    }
+
+    /// Write-protects the pages of `mask` (bit i = page `page0 + i` of the
+    /// slot at `base`), splitting their range first where
+    /// [`Self::split_on_clear`]; returns the nanoseconds spent splitting.
+    fn protect_cleared(
+        &self,
+        pt: &mut PageTable<F, M>,
+        base: u64,
+        page0: u64,
+        mask: u64,
+        cache: &mut PageCache<M>,
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<u64> {
+        let mut ns = 0;
+        if self.split_on_clear() {
+            let lo = base + ((page0 + u64::from(mask.trailing_zeros())) << self.page_shift);
+            let hi = base + ((page0 + 64 - u64::from(mask.leading_zeros())) << self.page_shift);
+            let t0 = Instant::now();
+            pt.split(lo, hi - lo, cache, self.policy.split_walk)?;
+            ns = t0.elapsed().as_nanos() as u64;
+        }
+        self.protect_mask(pt, base, page0, mask, batch)?;
+        Ok(ns)
+    }
+}
