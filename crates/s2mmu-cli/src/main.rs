@@ -5,6 +5,7 @@
 
 mod arm64;
 mod dirty_log_perf;
+mod dirty_views;
 mod harvest_perf;
 mod memslot_perf;
 mod reproduce;
@@ -37,6 +38,8 @@ enum Cmd {
     HarvestPerf(harvest_perf::Params),
     /// Seeds 002/004: KVM's dirty_log_perf_test on the engine, on real KVM (--kvm), or both (--compare).
     DirtyLogPerf(dirty_log_perf::Params),
+    /// Several dirty consumers (views) of one slot at their own harvest periods, against one alone: faults, protects, lost pages.
+    DirtyViews(dirty_views::Params),
     /// Seed 001: memslot_perf_test scenarios on the tree memslots against the array baseline (and real KVM with --kvm).
     MemslotPerf(memslot_perf::Args),
     /// Runs every seed's experiment and writes a report next to the published figures.
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Cmd::TlbPerf(p) => tlb_perf::main(p),
         Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
         Cmd::HarvestPerf(p) => harvest_perf::main(p),
+        Cmd::DirtyViews(p) => dirty_views::main(p),
         Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
         Cmd::Migrate(p) => migrate::main(*p),

@@ -92,7 +92,10 @@ fn run(dirty: DirtyMode) {
     let t0 = Instant::now();
     let mut tick = 0u32;
     while t0.elapsed() < Duration::from_millis(400) {
-        for c in consumers.iter_mut().filter(|c| tick.is_multiple_of(c.period)) {
+        for c in consumers
+            .iter_mut()
+            .filter(|c| tick.is_multiple_of(c.period))
+        {
             harvest(&vm, &slot, c);
         }
         tick += 1;
