@@ -3,3 +3,4 @@
 
 pub mod migrate;
 pub mod report;
+pub mod snapshot;

@@ -12,7 +12,7 @@ mod reproduce;
 mod split_perf;
 mod tlb_perf;
 
-use s2mmu_cli::{migrate, report};
+use s2mmu_cli::{migrate, report, snapshot};
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -44,6 +44,8 @@ enum Cmd {
     MemslotPerf(memslot_perf::Args),
     /// Runs every seed's experiment and writes a report next to the published figures.
     Reproduce(reproduce::Params),
+    /// Incremental snapshots of a running guest from a dirty view of its own, and their restore (or --verify DIR).
+    Snapshot(snapshot::Params),
     /// Pre-copy live migration of a running guest over TCP (in one process, or --listen/--to).
     Migrate(Box<migrate::Params>),
 }
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
         Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
         Cmd::Migrate(p) => migrate::main(*p),
+        Cmd::Snapshot(p) => snapshot::main(p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
