@@ -103,7 +103,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let b = self.bitmap(id)?;
         check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
         if self.has_views(id) {
-            return self.consumer_clear(id, DirtyConsumer::Log, first_page, num_pages, bitmap);
+            let clears = [(DirtyConsumer::Log, bitmap)];
+            return Ok(self.consumer_clear(id, first_page, num_pages, &clears)?[0]);
         }
         let (base, size) = self.slot_range(id)?;
         let tlb = self.with_table(|pt| pt.tlb().clone());

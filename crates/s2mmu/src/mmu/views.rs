@@ -16,7 +16,7 @@
 //! before each fold); dirty rings have no bitmap and are refused.
 
 use super::*;
-use crate::dirty::{DirtyConsumer, DirtyViewStats, SlotViews};
+use crate::dirty::{DirtyConsumer, DirtyViewStats, SlotViews, MAX_DIRTY_VIEWS_PER_SLOT};
 
 /// An open dirty view of a slot, from [`Mmu::open_dirty_view`]. Ids are
 /// never reused within an MMU, so a closed view's id stays unknown.
@@ -130,13 +130,54 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let id = self.view_slot(view)?;
         let b = self.bitmap(id)?;
         check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
-        self.consumer_clear(
-            id,
-            DirtyConsumer::View(view.0),
-            first_page,
-            num_pages,
-            bitmap,
-        )
+        let clears = [(DirtyConsumer::View(view.0), bitmap)];
+        Ok(self.consumer_clear(id, first_page, num_pages, &clears)?[0])
+    }
+
+    /// [`Mmu::clear_dirty_view`] for several views of one slot at once, the
+    /// same range for each, each with its own bitmap: one pass under the
+    /// write lock, each page that may be writable protected once for all
+    /// of them, one flush. Consumers whose harvests fall together (a
+    /// snapshot every third round of a migration) clear this way so that
+    /// no write lands between their clears; returns the pages cleared per
+    /// view, in order.
+    ///
+    /// # Errors
+    /// [`Error::UnknownDirtyView`], [`Error::DirtyViewsOfSeveralSlots`],
+    /// [`Error::TooManyDirtyViews`] for more clears than a slot may have
+    /// views, and [`Mmu::clear_dirty_view`]'s argument errors; nothing is
+    /// cleared then.
+    pub fn clear_dirty_views(
+        &self,
+        first_page: u64,
+        num_pages: u64,
+        clears: &[(DirtyView, &[u64])],
+    ) -> Result<Vec<u64>> {
+        let _u = self.update.lock().unwrap();
+        let Some(&(first, _)) = clears.first() else {
+            return Ok(Vec::new());
+        };
+        let id = self.view_slot(first)?;
+        if clears.len() > MAX_DIRTY_VIEWS_PER_SLOT {
+            return Err(Error::TooManyDirtyViews {
+                slot: u32::from(id),
+                limit: MAX_DIRTY_VIEWS_PER_SLOT,
+            });
+        }
+        let b = self.bitmap(id)?;
+        let mut who = Vec::with_capacity(clears.len());
+        for &(view, bitmap) in clears {
+            let other = self.view_slot(view)?;
+            if other != id {
+                return Err(Error::DirtyViewsOfSeveralSlots {
+                    slot: u32::from(id),
+                    other: u32::from(other),
+                });
+            }
+            check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
+            who.push((DirtyConsumer::View(view.0), bitmap));
+        }
+        self.consumer_clear(id, first_page, num_pages, &who)
     }
 
     /// The slot `view` looks at.
@@ -194,24 +235,24 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         if !self.policy.manual_protect && n > 0 {
             let npages = self.bitmap(id)?.npages();
             let words = npages.div_ceil(64) as usize;
-            self.consumer_clear(id, DirtyConsumer::Log, 0, npages, &out[..words])?;
+            self.consumer_clear(id, 0, npages, &[(DirtyConsumer::Log, &out[..words])])?;
         }
         Ok(n)
     }
 
-    /// CLEAR for one consumer of slot `id` (the update mutex held, the
-    /// arguments checked): in 1 GiB chunks under the write lock, clears the
-    /// consumer's bits and write-protects the cleared pages that may be
-    /// writable (splitting first where bitmaps start all set with eager
-    /// split, as [`Mmu::clear_dirty_log`]), then one flush if any was.
+    /// CLEAR for consumers of slot `id` at once (the update mutex held,
+    /// the arguments checked): in 1 GiB chunks under the write lock, clears
+    /// each consumer's bits and write-protects the cleared pages that may
+    /// be writable, once for all of them (splitting first where bitmaps
+    /// start all set with eager split, as [`Mmu::clear_dirty_log`]), then
+    /// one flush if any was; returns the pages cleared per consumer.
     pub(super) fn consumer_clear(
         &self,
         id: u16,
-        who: DirtyConsumer,
         first_page: u64,
         num_pages: u64,
-        bitmap: &[u64],
-    ) -> Result<u64> {
+        clears: &[(DirtyConsumer, &[u64])],
+    ) -> Result<Vec<u64>> {
         let (base, size) = self.slot_range(id)?;
         let tlb = self.with_table(|pt| pt.tlb().clone());
         let mut batch = TlbBatch::new(&*tlb, self.with_table(|pt| pt.tlb_policy()));
@@ -219,7 +260,6 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
         let words = num_pages.div_ceil(64) as usize;
         let first_word = (first_page / 64) as usize;
         let chunk_words = ((LOCK_CHUNK >> self.page_shift) as usize / 64).max(1);
-        let split = self.split_on_clear();
         let mut cache = self.split_cache.lock().unwrap();
         let mut views = self.views.lock().unwrap();
         let v = views
@@ -228,46 +268,61 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore> Mmu<F, M, S> {
             .ok_or(Error::LoggingDisabled {
                 slot: u32::from(id),
             })?;
-        let (mut cleared, mut protected) = (0, 0);
+        // Pages cleared and protected per consumer, and one word's clears
+        // (to undo if its protect fails).
+        let mut counts = vec![(0u64, 0u64); clears.len()];
+        let mut undo = Vec::with_capacity(clears.len());
         for w in (0..words).step_by(chunk_words) {
             let end = (w + chunk_words).min(words);
-            if split {
+            if self.split_on_clear() {
                 let bytes = ((end - w) as u64 * 64) << self.page_shift;
                 cache.top_up(self.with_table(|pt| pt.split_capacity(bytes)))?;
             }
             let mut pt = self.write_lock(&mut st);
-            for (k, &user) in bitmap.iter().enumerate().take(end).skip(w) {
-                let (c, mask) = v.clear_word(who, first_word + k, user)?;
-                cleared += u64::from(c.count_ones());
+            for k in w..end {
+                let i = first_word + k;
+                undo.clear();
+                let mut mask = 0;
+                for (j, (who, bm)) in clears.iter().enumerate() {
+                    let (c, m) = v.clear_word(*who, i, bm.get(k).copied().unwrap_or(0))?;
+                    counts[j].0 += u64::from(c.count_ones());
+                    counts[j].1 += u64::from(m.count_ones());
+                    undo.push((*who, c, m));
+                    mask |= m;
+                }
                 if mask == 0 {
                     continue;
                 }
-                protected += u64::from(mask.count_ones());
-                let page0 = (first_word + k) as u64 * 64;
+                let page0 = i as u64 * 64;
                 let done = self.protect_cleared(&mut pt, base, page0, mask, &mut cache, &mut batch);
                 if let Err(e) = done {
                     // Nothing may be lost: the pages stay dirty for the
-                    // consumer and may-be-writable for everyone.
-                    v.undo_clear(who, first_word + k, c, mask)?;
+                    // consumers and may-be-writable for everyone.
+                    for &(who, c, m) in &undo {
+                        v.undo_clear(who, i, c, m)?;
+                    }
                     return Err(e);
                 }
                 st.split_ns += done?;
             }
         }
-        if protected > 0 {
+        let flushed = counts.iter().any(|c| c.1 > 0);
+        if flushed {
             batch.add(base, size);
         }
-        let s = v.stats_mut(who)?;
-        s.cleared += cleared;
-        s.protected += protected;
-        s.already_protected += cleared - protected;
-        s.flushes += u64::from(protected > 0);
+        for ((who, _), &(cleared, protected)) in clears.iter().zip(&counts) {
+            let s = v.stats_mut(*who)?;
+            s.cleared += cleared;
+            s.protected += protected;
+            s.already_protected += cleared - protected;
+            s.flushes += u64::from(protected > 0);
+        }
         drop(views);
         drop(cache);
         let calls = batch.finish();
         self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
         self.vm_stats.lock().unwrap().add(&st);
-        Ok(cleared)
+        Ok(counts.into_iter().map(|c| c.0).collect())
     }
 
     /// Drops the views of slots that stopped logging (or whose bitmap was

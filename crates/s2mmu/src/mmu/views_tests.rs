@@ -249,3 +249,49 @@ fn hardware_dirty_state_feeds_every_view() {
     assert_eq!(m.dirty_view_stats(b).unwrap().protected, 0);
     assert!(harvest_view(&m, a).is_empty(), "cleaned by a's clear");
 }
+
+/// Several views cleared at once: each page protected once for all of
+/// them, each view's bits cleared, one slot per call.
+#[test]
+fn a_joint_clear_protects_once_for_every_view() {
+    let m = logged(MmuPolicy::default());
+    let (a, b) = (m.open_dirty_view(0).unwrap(), m.open_dirty_view(0).unwrap());
+    let full = [u64::MAX; 4];
+    assert_eq!(
+        m.clear_dirty_views(0, PAGES, &[(a, &full[..]), (b, &full[..])]),
+        Ok(vec![PAGES, PAGES])
+    );
+    m.dirty_pages(0, [8, 9]).unwrap();
+    let (mut ba, mut bb) = (vec![0u64; 4], vec![0u64; 4]);
+    m.get_dirty_view(a, &mut ba).unwrap();
+    m.get_dirty_view(b, &mut bb).unwrap();
+    assert_eq!(
+        m.clear_dirty_views(0, PAGES, &[(a, &ba[..]), (b, &bb[..])]),
+        Ok(vec![2, 2])
+    );
+    let (sa, sb) = (
+        m.dirty_view_stats(a).unwrap(),
+        m.dirty_view_stats(b).unwrap(),
+    );
+    assert_eq!((sa.protected, sb.protected), (2, 0));
+    assert_eq!((sa.flushes, sb.flushes), (1, 0));
+    assert_eq!(m.dirty_pages(0, [8, 9]).unwrap(), 2, "protected again");
+    let small = [0u64; 3];
+    assert!(matches!(
+        m.clear_dirty_views(0, PAGES, &[(a, &full[..]), (b, &small[..])]),
+        Err(Error::BitmapTooSmall { .. })
+    ));
+    assert_eq!(
+        m.dirty_view_stats(a).unwrap().cleared,
+        PAGES + 2,
+        "nothing cleared"
+    );
+    let r = UserMemoryRegion::new(1, SlotFlags::LOG_DIRTY_PAGES, GPA << 1, PAGES * 4096, HVA);
+    m.set_memory_region(&r, 4096).unwrap();
+    let c = m.open_dirty_view(1).unwrap();
+    assert_eq!(
+        m.clear_dirty_views(0, PAGES, &[(a, &full[..]), (c, &full[..])]),
+        Err(Error::DirtyViewsOfSeveralSlots { slot: 0, other: 1 })
+    );
+    assert_eq!(m.clear_dirty_views(0, PAGES, &[]), Ok(vec![]));
+}
