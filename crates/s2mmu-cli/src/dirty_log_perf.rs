@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 mod arm64;
 mod bounds;
-mod lost;
 mod modes;
 
 pub use modes::FormatArg;
+use s2mmu_cli::lost_write as lost;
 
 /// Which fault-path policy to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -2,8 +2,10 @@
 //! The subcommands that are only benchmarks live in the binary.
 
 pub mod limits;
+pub mod lost_write;
 pub mod migrate;
 pub mod plot;
 pub mod progress;
 pub mod report;
+pub mod snapshot;
 pub mod stats;

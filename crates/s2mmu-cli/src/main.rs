@@ -5,13 +5,14 @@
 
 mod arm64;
 mod dirty_log_perf;
+mod dirty_views;
 mod harvest_perf;
 mod memslot_perf;
 mod reproduce;
 mod split_perf;
 mod tlb_perf;
 
-use s2mmu_cli::{limits, migrate, plot, progress, report, stats};
+use s2mmu_cli::{limits, migrate, plot, progress, report, snapshot, stats};
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -37,10 +38,14 @@ enum Cmd {
     HarvestPerf(harvest_perf::Params),
     /// Seeds 002/004: KVM's dirty_log_perf_test on the engine, on real KVM (--kvm), or both (--compare).
     DirtyLogPerf(dirty_log_perf::Params),
+    /// Several dirty consumers (views) of one slot at their own harvest periods, against one alone: faults, protects, lost pages.
+    DirtyViews(dirty_views::Params),
     /// Seed 001: memslot_perf_test scenarios on the tree memslots against the array baseline (and real KVM with --kvm).
     MemslotPerf(memslot_perf::Args),
     /// Runs every seed's experiment and writes a report next to the published figures.
     Reproduce(reproduce::Params),
+    /// Incremental snapshots of a running guest from a dirty view of its own, and their restore (or --verify DIR).
+    Snapshot(snapshot::Params),
     /// Pre-copy live migration of a running guest over TCP (in one process, or --listen/--to).
     Migrate(Box<migrate::Params>),
 }
@@ -52,9 +57,11 @@ fn main() -> ExitCode {
         Cmd::TlbPerf(p) => tlb_perf::main(p),
         Cmd::DirtyLogPerf(p) => dirty_log_perf::main(p),
         Cmd::HarvestPerf(p) => harvest_perf::main(p),
+        Cmd::DirtyViews(p) => dirty_views::main(p),
         Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
         Cmd::Migrate(p) => migrate::main(*p),
+        Cmd::Snapshot(p) => snapshot::main(p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

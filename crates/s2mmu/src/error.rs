@@ -159,6 +159,26 @@ pub enum Error {
         /// The vCPU.
         vcpu: usize,
     },
+    /// No open dirty view with this id (never opened, closed, or its slot
+    /// stopped logging).
+    UnknownDirtyView {
+        /// The view id.
+        view: u64,
+    },
+    /// One clear of several dirty views named views of different slots.
+    DirtyViewsOfSeveralSlots {
+        /// The first view's slot.
+        slot: u32,
+        /// Another view's slot.
+        other: u32,
+    },
+    /// A slot already has the most dirty views it may have open.
+    TooManyDirtyViews {
+        /// The slot id.
+        slot: u32,
+        /// Views a slot may have open at once.
+        limit: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -234,6 +254,15 @@ impl fmt::Display for Error {
             ),
             Error::RingFull { vcpu } => write!(f, "dirty ring of vCPU {vcpu} is full"),
             Error::Memslot(e) => write!(f, "memslot update refused: {e}"),
+            Error::UnknownDirtyView { view } => write!(f, "no open dirty view {view}"),
+            Error::DirtyViewsOfSeveralSlots { slot, other } => write!(
+                f,
+                "one clear of dirty views of memslot {slot} and of memslot {other}: one slot per clear"
+            ),
+            Error::TooManyDirtyViews { slot, limit } => write!(
+                f,
+                "memslot {slot} already has {limit} dirty views open, the most it may have"
+            ),
         }
     }
 }

@@ -74,6 +74,11 @@ pub enum MigrateError {
     },
     /// Options or the VM could not be set up.
     Setup(String),
+    /// `--check`: pages whose content changed that no dirty log reported
+    /// (the destination is not resumed; the source guest keeps running).
+    LostWrites { pages: u64, first_gpa: u64 },
+    /// `--snapshot-every`: a snapshot could not be taken or restored.
+    Snapshot(String),
 }
 
 impl MigrateError {
@@ -180,6 +185,11 @@ impl fmt::Display for MigrateError {
                 }
             ),
             Setup(s) => write!(f, "{s}"),
+            LostWrites { pages, first_gpa } => write!(
+                f,
+                "lost-write check: {pages} pages changed that the dirty log did not report, the first at gpa {first_gpa:#x}; the destination was not resumed"
+            ),
+            Snapshot(s) => write!(f, "snapshots: {s}"),
         }
     }
 }

@@ -12,8 +12,10 @@
 //! ([`source`]).
 
 pub mod bandwidth;
+pub mod checks;
 pub mod dest;
 pub mod error;
+pub mod extras;
 pub mod hash;
 pub mod net;
 pub mod plot;
@@ -187,6 +189,18 @@ pub struct Params {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The lost-write check of every round: pages hashed after each harvest; a changed page no log reported fails the migration before the resume.
+    #[arg(long)]
+    pub check: bool,
+    /// Test only: dirty marks to drop once logging is on (--check must catch them).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub inject_lost_marks: u64,
+    /// Incremental snapshots of the running guest every this long, from a dirty view of their own (with --snapshot-dir).
+    #[arg(long, value_parser = parse_duration, requires = "snapshot_dir")]
+    pub snapshot_every: Option<Duration>,
+    /// Where --snapshot-every writes (created; must hold no snapshot).
+    #[arg(long, value_name = "DIR", requires = "snapshot_every")]
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 /// The channel counts of `--channels`.
@@ -322,6 +336,12 @@ impl Params {
                 None => Postcopy::Off,
                 Some(PostcopyArg::On) => Postcopy::On,
                 Some(PostcopyArg::Auto) => Postcopy::Auto,
+            },
+            extras: extras::SourceExtras {
+                check: self.check,
+                inject_lost_marks: self.inject_lost_marks,
+                snapshot_every: self.snapshot_every,
+                snapshot_dir: self.snapshot_dir.clone(),
             },
         })
     }
@@ -543,7 +563,7 @@ pub fn main(p: Params) -> Result<(), String> {
     }
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
-    Ok(())
+    report.failure().map_or(Ok(()), |why| Err(why.to_string()))
 }
 
 fn rate_text(r: u64) -> String {
@@ -752,6 +772,7 @@ fn report(p: &Params, runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPo
         }
         r.result("migrate", name, row);
         text.push_str(&summary(p, s, d.as_ref(), pol));
+        s.extras.add_to(&mut r, &mut text);
     }
     if p.compare_policies && runs.len() == 2 {
         let (a, b) = (&runs[0].1, &runs[1].1);

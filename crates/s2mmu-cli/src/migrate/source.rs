@@ -95,6 +95,8 @@ pub struct SourceConfig {
     pub channels: u16,
     /// When to switch to post-copy.
     pub postcopy: Postcopy,
+    /// The lost-write check and snapshots beside the migration.
+    pub extras: super::extras::SourceExtras,
 }
 
 impl Default for SourceConfig {
@@ -121,6 +123,7 @@ impl Default for SourceConfig {
             label: String::new(),
             channels: 1,
             postcopy: Postcopy::Off,
+            extras: super::extras::SourceExtras::default(),
         }
     }
 }
@@ -199,6 +202,8 @@ pub struct SourceOutcome {
     pub during: Phase,
     /// Per-slot digests both sides agreed on.
     pub slot_digests: Vec<(u16, u64)>,
+    /// What the lost-write check and the snapshots found.
+    pub extras: super::extras::ExtrasOutcome,
     /// Whether all memory was byte-compared too.
     pub verified_full: bool,
     /// Highest throttle used, percent.
@@ -267,6 +272,11 @@ pub fn migrate_source(
             "post-copy and verify-full: the byte comparison needs the memory the guest resumed from; post-copy checks the destination against this memory plus its guest's writes".into(),
         ));
     }
+    if cfg.postcopy != Postcopy::Off && (cfg.extras.check || cfg.extras.snapshot_every.is_some()) {
+        return Err(MigrateError::Setup(
+            "post-copy with --check or --snapshot-every: both check and snapshot the source's memory round by round to the stop, and after a post-copy switch the memory is split between the hosts (not supported together)".into(),
+        ));
+    }
     if cfg.channels == 0 || cfg.channels > MAX_CHANNELS {
         return Err(MigrateError::Setup(format!(
             "{} channels: use 1 to {MAX_CHANNELS}",
@@ -279,6 +289,7 @@ pub fn migrate_source(
             cfg.mem_size, cfg.slots
         )));
     }
+    cfg.extras.validate(cfg.harvest)?;
     let vm = Arc::new(
         Vm::new(VmConfig {
             mem_size: cfg.mem_size,
@@ -388,6 +399,7 @@ pub fn migrate_source(
     let at_log = counters(&ctl);
     vm.enable_dirty_logging()
         .map_err(|e| MigrateError::Setup(format!("enabling dirty logging: {e}")))?;
+    let mut extras = cfg.extras.begin(&vm)?;
     let mut rounds: Vec<RoundStat> = Vec::new();
     let mut send_time = Duration::ZERO;
     let mut send_bytes = 0u64;
@@ -428,6 +440,9 @@ pub fn migrate_source(
             Ok(n) => n,
             Err(e) => break Err(e),
         };
+        if let Err(e) = extras.round(&vm, &s.pending) {
+            break Err(e);
+        }
         let now = Instant::now();
         let dt = (now - last_harvest).as_secs_f64().max(1e-9);
         last_harvest = now;
@@ -584,6 +599,7 @@ pub fn migrate_source(
         let t0 = Instant::now();
         let (p0, b0, z0) = s.counts();
         s.final_harvest()?;
+        extras.last_round(&vm, &s.pending)?;
         let mut e = Enc::default();
         e.u32(round + 1).u64(s.dirty_count());
         s.chans[0].wire.control(tag::ROUND, &e.0)?;
@@ -715,6 +731,7 @@ pub fn migrate_source(
     let page_records: u64 = rounds.iter().map(|r| r.pages).sum();
     let zero_pages: u64 = rounds.iter().map(|r| r.zero_pages).sum();
     let bytes: u64 = rounds.iter().map(|r| r.bytes).sum();
+    let extras = extras.finish(&vm);
     drop(wl);
     Ok(SourceOutcome {
         rounds,
@@ -733,6 +750,7 @@ pub fn migrate_source(
         before,
         during,
         slot_digests,
+        extras,
         verified_full: cfg.verify_full,
         max_throttle_pct: max_throttle,
         final_pace,

@@ -106,6 +106,14 @@ impl DirtyBitmap {
         Ok(())
     }
 
+    /// Word `index` (pages `64 * index ..`), 0 beyond the bitmap.
+    #[inline]
+    pub fn word(&self, index: usize) -> u64 {
+        self.words
+            .get(index)
+            .map_or(0, |w| w.load(Ordering::Relaxed))
+    }
+
     /// Marks the pages of `mask` in word `index` at once (a scan of 64
     /// leaves). A word beyond the bitmap is ignored, as are bits past its
     /// last page.

@@ -14,14 +14,20 @@
 //! implementation runs the same conformance tests (`conformance`). Hardware
 //! dirty state records in the page table itself and is scanned into a
 //! bitmap (see [`crate::mmu::DirtyMode::Hardware`]).
+//!
+//! Several consumers of one slot's log (dirty views: a migration, a
+//! snapshot, a working-set estimator) each keep a bitmap of their own
+//! ([`SlotViews`]) over one write protection.
 
 mod bitmap;
 #[cfg(all(test, not(loom)))]
 mod conformance;
 mod ring;
+mod view;
 
 pub use bitmap::DirtyBitmap;
 pub use ring::{ring_flags, DirtyRing, RING_RESERVED_ENTRIES};
+pub use view::{DirtyConsumer, DirtyViewStats, SlotViews, MAX_DIRTY_VIEWS_PER_SLOT};
 
 use crate::{Error, Result};
 use alloc::vec::Vec;

@@ -3,6 +3,7 @@
 //! into the bitmap.
 
 use super::*;
+use crate::dirty::DirtyConsumer;
 
 impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub(super) fn bitmap(&self, id: u16) -> Result<Arc<DirtyBitmap>> {
@@ -26,7 +27,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// `KVM_GET_DIRTY_LOG`: copies slot `id`'s bitmap into `out`. Without
     /// manual protect it also clears the bitmap and write-protects the
     /// pages that were dirty (take-and-clear, protect, flush); returns the
-    /// number of dirty pages reported.
+    /// number of dirty pages reported. While the slot has dirty views open
+    /// ([`Mmu::open_dirty_view`]) this is one consumer among them, with the
+    /// same results.
     ///
     /// # Errors
     /// [`Error::NoSuchSlot`], [`Error::LoggingDisabled`],
@@ -35,6 +38,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub fn get_dirty_log(&self, id: u16, out: &mut [u64]) -> Result<u64> {
         let _u = self.update.lock();
         let b = self.bitmap(id)?;
+        if self.has_views(id) {
+            return self.log_get_with_views(id, out);
+        }
         if out.len() < b.words() {
             return Err(Error::BitmapTooSmall {
                 words: out.len(),
@@ -89,7 +95,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// write-protects exactly those pages, then flushes the slot's TLB
     /// entries once; returns the number of pages cleared. Processed in
     /// 1 GiB chunks, dropping the lock between them (QEMU's default clear
-    /// chunk is the same size).
+    /// chunk is the same size). While the slot has dirty views open, only
+    /// the cleared pages that may be writable are protected (and the flush
+    /// is skipped if none is), as [`Mmu::clear_dirty_view`] does.
     ///
     /// # Errors
     /// [`Error::ClearNotAligned`], [`Error::ClearBadRange`],
@@ -109,6 +117,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let _u = self.update.lock();
         let b = self.bitmap(id)?;
         check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
+        if self.has_views(id) {
+            let clears = [(DirtyConsumer::Log, bitmap)];
+            return Ok(self.consumer_clear(id, first_page, num_pages, &clears)?[0]);
+        }
         let (base, size) = self.slot_range(id)?;
         let tlb = self.stage2.tlb.clone();
         let mut batch = TlbBatch::new(&*tlb, self.with_table(|pt| pt.tlb_policy()));
@@ -156,13 +168,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let words = num_pages.div_ceil(64) as usize;
         let first_word = (first_page / 64) as usize;
         let chunk_words = (LOCK_CHUNK >> self.page_shift) as usize / 64;
-        // KVM splits on CLEAR where enabling logging split nothing
-        // (initially-set bitmaps) and faults would not: with eager split,
-        // and with hardware dirty state, whose writes never fault (a block
-        // left whole would be logged whole).
-        let split = self.initially_set()
-            && (self.policy.eager_split_chunk.is_some() || self.policy.dirty.hardware())
-            && self.policy.splits_for_logging();
+        let split = self.split_on_clear();
         let mut cache = self.split_cache.lock();
         let mut cleared = 0;
         let mut w = 0;

@@ -131,6 +131,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         }
         if !logging {
             side.dirty.store(None);
+            self.drop_stale_views();
         }
     }
 

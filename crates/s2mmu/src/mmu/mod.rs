@@ -32,7 +32,7 @@
 //! input is an [`Error`]), and every structure they guard is consistent
 //! between the steps that take them.
 
-use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing, DirtyTracker};
+use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing, DirtyTracker, SlotViews};
 use crate::format::{Prot, PteFormat};
 use crate::memcache::PageCache;
 use crate::memslot::{
@@ -68,12 +68,16 @@ mod stats;
 mod tests;
 #[cfg(test)]
 mod tests_unchanged;
+mod views;
+#[cfg(test)]
+mod views_tests;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
 pub use pml::{PmlFull, PmlLog, PML_LOG_ENTRIES};
 pub use policy::{DirtyMode, FaultPath, HwDirtyBlocks, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
 pub use stats::FaultStats;
+pub use views::DirtyView;
 
 /// A memslot's state that the MMU keeps beside the memslot store.
 struct SlotSide<P: Platform> {
@@ -108,6 +112,13 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPla
     drop_marks: AtomicU64,
     /// Invalidation calls issued by dirty-log clears, and their time.
     pub clear_tlb_calls: AtomicU64,
+    /// The consumers of each slot that has dirty views open.
+    views: Mutex<P, Vec<SlotViews>>,
+    /// Its length, read without the lock (the single-consumer GET/CLEAR
+    /// checks it and nothing else while no view is open).
+    views_open: AtomicU64,
+    /// The next view id.
+    next_view: AtomicU64,
 }
 
 struct Stage2Hook<'a, F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> {
@@ -232,6 +243,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             invalidations: AtomicU64::new(0),
             drop_marks: AtomicU64::new(0),
             clear_tlb_calls: AtomicU64::new(0),
+            views: lock_api::Mutex::new(Vec::new()),
+            views_open: AtomicU64::new(0),
+            next_view: AtomicU64::new(0),
         })
     }
 

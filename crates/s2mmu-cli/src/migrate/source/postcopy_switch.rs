@@ -138,6 +138,8 @@ pub(super) fn run(x: Switching<'_, '_, '_>) -> Result<SourceOutcome, MigrateErro
     let (p0, b0, z0) = s.counts();
     let _ = b0;
     Ok(SourceOutcome {
+        // --check and --snapshot-every are refused with post-copy.
+        extras: Default::default(),
         total: done.background_end - log_start,
         downtime,
         page_records: p0 + done.answered_pages,
