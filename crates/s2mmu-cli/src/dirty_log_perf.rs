@@ -653,12 +653,15 @@ pub fn run(p: &Params) -> Result<Report, String> {
         .bytes_per_vcpu
         .unwrap_or(if list || p.arm64 { 64 << 20 } else { 1 << 30 });
     bounds::check(p, &vcpus_list, bytes)?;
-    // Runs take from a second to minutes: say what runs before it does.
-    let _progress = crate::progress::Progress::new(
-        "dirty-log-perf",
-        (vcpus_list.len() as u64).saturating_mul(u64::from(p.iterations)),
-        !p.quiet,
-    );
+    // Runs take from a second to minutes: say what runs before it does
+    // (not before --arm64's one-line refusal where QEMU cannot run).
+    let _progress = (!p.arm64 || crate::arm64::unavailable().is_none()).then(|| {
+        crate::progress::Progress::new(
+            "dirty-log-perf",
+            (vcpus_list.len() as u64).saturating_mul(u64::from(p.iterations)),
+            !p.quiet,
+        )
+    });
     let params = json!({
         "vcpus": vcpus_list, "bytes_per_vcpu": bytes, "iterations": p.iterations,
         "backing": p.backing.name(), "slots": p.slots, "manual_protect": !p.no_manual_protect,
