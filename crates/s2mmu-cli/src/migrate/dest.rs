@@ -14,6 +14,7 @@ use super::wire::{
     SESSION_LEN,
 };
 use ring::rand::{SecureRandom, SystemRandom};
+use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
 use std::io::{IoSliceMut, Read, Write};
@@ -527,6 +528,84 @@ fn receive_inner<C: Conn>(
     } else {
         Duration::ZERO
     };
+    let (session, mut extras, pc_conns) = accept_and_join(&mut rd, &header, cfg, join)?;
+    let sh = Shared {
+        vm: &vm,
+        raw: RawMem {
+            base: vm.memory().host_addr() as *mut u8,
+            size: vm.memory().size(),
+        },
+        channels: header.channels,
+        received: (0..page_count.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+        hashes: (0..page_count).map(|_| AtomicU64::new(0)).collect(),
+        snapshot: snapshot_for(&header)?,
+    };
+    let got = receive_channels(&mut rd, &mut extras, &sh, &header)?;
+    let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
+        (a + x.pages, b + x.pos, z + x.zero_pages)
+    });
+    // Never resume from incomplete memory (post-copy: every page but the
+    // missing ones, which come after the resume).
+    check_complete(&sh, got.postcopy_missing.as_deref(), &vm)?;
+    let state = got.state.ok_or(MigrateError::Malformed {
+        record: "END",
+        at_byte: rd.pos,
+        why: "the stream carried no vCPU STATE".into(),
+    })?;
+    check_state(&state, &header)?;
+    if let Some(missing) = got.postcopy_missing {
+        let mut pc = pc_conns.into_iter();
+        let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
+            return Err(MigrateError::Setup(
+                "post-copy's connections did not join".into(),
+            ));
+        };
+        let main_socket = rd.get_mut().tcp().and_then(|s| s.try_clone().ok());
+        return postcopy::dest::resume(postcopy::dest::Resume {
+            vm: &vm,
+            main: &mut rd,
+            main_socket,
+            req,
+            answers,
+            state: &state,
+            missing,
+            cfg,
+            extra_counts,
+            channels: header.channels,
+            probe_bytes: got.probe_bytes,
+            prefault,
+            recover: &mut |wanted, wait| join(&session, wanted, wait),
+        });
+    }
+    let mut outcome = resume_after_end(&mut rd, &vm, &sh, &state, cfg)?;
+    outcome.page_records += extra_counts.0;
+    outcome.bytes += extra_counts.1;
+    outcome.zero_pages += extra_counts.2;
+    outcome.channels = header.channels;
+    outcome.probe_bytes = got.probe_bytes;
+    outcome.prefault = prefault;
+    Ok(outcome)
+}
+
+/// Accepts the stream (ACCEPT with a fresh session id) and waits for the
+/// further channels to join it; returns the session, the data channels
+/// beyond the main one, and post-copy's request and answer connections.
+#[allow(clippy::type_complexity)]
+fn accept_and_join<C: Conn>(
+    rd: &mut WireReader<&mut C>,
+    header: &Header,
+    cfg: &DestConfig,
+    join: &mut Join<'_>,
+) -> Result<
+    (
+        [u8; SESSION_LEN],
+        Vec<WireReader<BoxConn>>,
+        Vec<WireReader<BoxConn>>,
+    ),
+    MigrateError,
+> {
     let mut session = [0u8; SESSION_LEN];
     SystemRandom::new()
         .fill(&mut session)
@@ -557,49 +636,58 @@ fn receive_inner<C: Conn>(
     } else {
         Vec::new()
     };
-    let snapshot = match header.verify_full {
-        true => {
-            let n = (header.mem_size / 8) as usize;
-            let mut v: Vec<AtomicU64> = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| {
-                MigrateError::Setup(format!(
-                    "no memory for a {}-byte copy of the guest (--verify-full)",
-                    header.mem_size
-                ))
-            })?;
-            v.resize_with(n, || AtomicU64::new(0));
-            Some(v)
-        }
-        false => None,
-    };
-    let sh = Shared {
-        vm: &vm,
-        raw: RawMem {
-            base: vm.memory().host_addr() as *mut u8,
-            size: vm.memory().size(),
-        },
-        channels: header.channels,
-        received: (0..page_count.div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect(),
-        hashes: (0..page_count).map(|_| AtomicU64::new(0)).collect(),
-        snapshot,
-    };
+    Ok((session, extras, pc_conns))
+}
+
+/// With verify-full: room for a copy of guest memory, allocated only if
+/// the host has it.
+fn snapshot_for(header: &Header) -> Result<Option<Vec<AtomicU64>>, MigrateError> {
+    if !header.verify_full {
+        return Ok(None);
+    }
+    let n = (header.mem_size / 8) as usize;
+    let mut v: Vec<AtomicU64> = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        MigrateError::Setup(format!(
+            "no memory for a {}-byte copy of the guest (--verify-full)",
+            header.mem_size
+        ))
+    })?;
+    v.resize_with(n, || AtomicU64::new(0));
+    Ok(Some(v))
+}
+
+/// What the main channel delivered up to its END (or POSTCOPY).
+struct Received {
+    /// Bytes of all channels' link probes.
+    probe_bytes: u64,
+    /// The vCPUs' STATE, if the stream carried one.
+    state: Option<GuestState>,
+    /// Post-copy: the pages still missing (a bitmap).
+    postcopy_missing: Option<Vec<u64>>,
+}
+
+/// Receives every channel at once, the further ones on their own threads,
+/// until each one's END; the first error ends the others' connections.
+fn receive_channels<C: Conn>(
+    rd: &mut WireReader<&mut C>,
+    extras: &mut [WireReader<BoxConn>],
+    sh: &Shared<'_>,
+    header: &Header,
+) -> Result<Received, MigrateError> {
     let sockets: Vec<TcpStream> = extras
         .iter_mut()
         .filter_map(|r| r.get_mut().tcp().and_then(|s| s.try_clone().ok()))
         .collect();
-    let mut state = None;
-    let mut postcopy_missing = None;
-    let probe_bytes = std::thread::scope(|sc| {
+    std::thread::scope(|sc| {
         let (ptx, prx) = std::sync::mpsc::channel();
         let handles: Vec<_> = extras
             .iter_mut()
             .enumerate()
             .map(|(k, r)| {
-                let (sh, h, ptx) = (&sh, &header, ptx.clone());
+                let ptx = ptx.clone();
                 sc.spawn(move || {
-                    let res = channel_loop(r, sh, h, k as u16 + 1, &ptx);
+                    let res = channel_loop(r, sh, header, k as u16 + 1, &ptx);
                     if res.is_err() {
                         // The source's sender on this channel fails at
                         // once instead of at its write deadline.
@@ -612,62 +700,7 @@ fn receive_inner<C: Conn>(
             })
             .collect();
         drop(ptx);
-        let main_result = (|| {
-            let mut probe = take_probe(&mut rd, &header)?;
-            for _ in 1..header.channels {
-                probe += prx
-                    .recv()
-                    .map_err(|_| MigrateError::Setup("a channel's thread ended early".into()))??;
-            }
-            let mut w = WireWriter::replies(rd.get_mut());
-            let mut e = Enc::default();
-            e.u64(probe);
-            w.control(tag::PROBED, &e.0)?;
-            w.flush()?;
-            loop {
-                let at_byte = rd.pos;
-                match rd.next_record()? {
-                    Record::Pages { .. } => sh.take_pages(&mut rd, 0, at_byte)?,
-                    Record::Control {
-                        tag: t,
-                        body,
-                        at_byte,
-                    } => match t {
-                        tag::ROUND => {}
-                        tag::STATE => state = Some(GuestState::decode(&body, at_byte)?),
-                        tag::POSTCOPY if header.postcopy && state.is_some() => {
-                            postcopy_missing =
-                                Some(postcopy::decode_missing(&body, at_byte, page_count)?);
-                            break;
-                        }
-                        tag::END => {
-                            check_end(&body, at_byte, rd.pages)?;
-                            break;
-                        }
-                        tag::ABORT => {
-                            return Err(MigrateError::Aborted {
-                                reason: String::from_utf8_lossy(&body).into_owned(),
-                            })
-                        }
-                        other => {
-                            return Err(MigrateError::Malformed {
-                                record: tag_name(other),
-                                at_byte,
-                                why: "not expected before the stream's END".into(),
-                            })
-                        }
-                    },
-                    Record::Probe { at_byte, .. } => {
-                        return Err(MigrateError::Malformed {
-                            record: "PROBE",
-                            at_byte,
-                            why: "a second link probe".into(),
-                        })
-                    }
-                }
-            }
-            Ok(probe)
-        })();
+        let main_result = main_channel(rd, sh, header, &prx);
         if main_result.is_err() {
             // End the other channels' threads now rather than at their
             // timeouts.
@@ -694,106 +727,92 @@ fn receive_inner<C: Conn>(
             }
         }
         r
-    })?;
-    let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
-        (a + x.pages, b + x.pos, z + x.zero_pages)
-    });
-    // Never resume from incomplete memory (post-copy: every page but the
-    // missing ones, which come after the resume).
-    let received: Vec<u64> = sh
-        .received
-        .iter()
-        .enumerate()
-        .map(|(w, x)| {
-            x.load(Ordering::Relaxed)
-                | postcopy_missing
-                    .as_ref()
-                    .map_or(0, |m: &Vec<u64>| m.get(w).copied().unwrap_or(0))
-        })
-        .collect();
-    let missing: u64 = received
-        .iter()
-        .enumerate()
-        .map(|(w, &m)| {
-            let valid = (page_count - w as u64 * 64).min(64);
-            let mask = if valid == 64 {
-                u64::MAX
-            } else {
-                (1u64 << valid) - 1
-            };
-            u64::from((!m & mask).count_ones())
-        })
-        .sum();
-    if missing > 0 {
-        let first = (0..page_count)
-            .find(|&i| received[(i / 64) as usize] & (1 << (i % 64)) == 0)
-            .unwrap_or(0);
-        return Err(MigrateError::Incomplete {
-            missing_pages: missing,
-            first_missing_gpa: gpa_of(&vm, first * PAGE_SIZE as u64),
-        });
+    })
+}
+
+/// The main channel: its probe (answered with PROBED once every channel's
+/// is in), then pages and control records until END or POSTCOPY.
+fn main_channel<C: Conn>(
+    rd: &mut WireReader<&mut C>,
+    sh: &Shared<'_>,
+    header: &Header,
+    probes: &std::sync::mpsc::Receiver<Result<u64, MigrateError>>,
+) -> Result<Received, MigrateError> {
+    let page_count = header.mem_size / PAGE_SIZE as u64;
+    let mut probe = take_probe(rd, header)?;
+    for _ in 1..header.channels {
+        probe += probes
+            .recv()
+            .map_err(|_| MigrateError::Setup("a channel's thread ended early".into()))??;
     }
-    let state = state.ok_or(MigrateError::Malformed {
-        record: "END",
-        at_byte: rd.pos,
-        why: "the stream carried no vCPU STATE".into(),
-    })?;
-    check_state(&state, &header)?;
-    if let Some(missing) = postcopy_missing {
-        let mut pc = pc_conns.into_iter();
-        let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
-            return Err(MigrateError::Setup(
-                "post-copy's connections did not join".into(),
-            ));
-        };
-        let main_socket = rd.get_mut().tcp().and_then(|s| s.try_clone().ok());
-        return postcopy::dest::resume(postcopy::dest::Resume {
-            vm: &vm,
-            main: &mut rd,
-            main_socket,
-            req,
-            answers,
-            state: &state,
-            missing,
-            cfg,
-            extra_counts,
-            channels: header.channels,
-            probe_bytes,
-            prefault,
-            recover: &mut |wanted, wait| join(&session, wanted, wait),
-        });
+    let mut w = WireWriter::replies(rd.get_mut());
+    let mut e = Enc::default();
+    e.u64(probe);
+    w.control(tag::PROBED, &e.0)?;
+    w.flush()?;
+    let mut state = None;
+    let mut postcopy_missing = None;
+    loop {
+        let at_byte = rd.pos;
+        match rd.next_record()? {
+            Record::Pages { .. } => sh.take_pages(rd, 0, at_byte)?,
+            Record::Control {
+                tag: t,
+                body,
+                at_byte,
+            } => match t {
+                tag::ROUND => {}
+                tag::STATE => state = Some(GuestState::decode(&body, at_byte)?),
+                tag::POSTCOPY if header.postcopy && state.is_some() => {
+                    postcopy_missing = Some(postcopy::decode_missing(&body, at_byte, page_count)?);
+                    break;
+                }
+                tag::END => {
+                    check_end(&body, at_byte, rd.pages)?;
+                    break;
+                }
+                tag::ABORT => {
+                    return Err(MigrateError::Aborted {
+                        reason: String::from_utf8_lossy(&body).into_owned(),
+                    })
+                }
+                other => {
+                    return Err(MigrateError::Malformed {
+                        record: tag_name(other),
+                        at_byte,
+                        why: "not expected before the stream's END".into(),
+                    })
+                }
+            },
+            Record::Probe { at_byte, .. } => {
+                return Err(MigrateError::Malformed {
+                    record: "PROBE",
+                    at_byte,
+                    why: "a second link probe".into(),
+                })
+            }
+        }
     }
-    let hashes: Vec<u64> = sh
-        .hashes
-        .iter()
-        .map(|h| h.load(Ordering::Relaxed))
-        .collect();
-    let slot_digests: Vec<(u16, u64)> = vm
-        .slots()
-        .iter()
-        .map(|s| {
-            let first = (s.mem_offset / PAGE_SIZE as u64) as usize;
-            let n = (s.size / PAGE_SIZE as u64) as usize;
-            (s.id, digest_of(&hashes[first..first + n]))
-        })
-        .collect();
-    let wl_cfg = WorkloadConfig {
-        bytes_per_vcpu: state.bytes_per_vcpu,
-        write_percent: state.write_percent,
-        pattern: if state.pattern == 1 {
-            Pattern::Random
-        } else {
-            Pattern::Sequential
-        },
-        page_size: PAGE_SIZE as u64,
-    };
-    // Resume: vCPUs continue from the transferred state.
-    let wl = Workload::start_at(vm.clone(), wl_cfg, &state.vcpus)
-        .map_err(|why| MigrateError::BadState { why })?;
-    wl.control()
-        .pace_pages_per_sec
-        .store(state.pace_pages_per_sec, Ordering::Relaxed);
-    wl.run_free();
+    Ok(Received {
+        probe_bytes: probe,
+        state,
+        postcopy_missing,
+    })
+}
+
+/// Resumes the guest here after a complete pre-copy stream: per-slot
+/// digests to the source (RESUMED), the byte comparison with verify-full,
+/// then the guest runs for `run_after`. The counts are the main channel's
+/// only (the caller adds the others').
+fn resume_after_end<C: Conn>(
+    rd: &mut WireReader<&mut C>,
+    vm: &Arc<Vm>,
+    sh: &Shared<'_>,
+    state: &GuestState,
+    cfg: &DestConfig,
+) -> Result<DestOutcome, MigrateError> {
+    let slot_digests = slot_digests(vm, sh);
+    let wl = start_workload(vm, state)?;
     let resumed_at = Instant::now();
     let mut e = Enc::default();
     e.u32(slot_digests.len() as u32);
@@ -805,11 +824,10 @@ fn receive_inner<C: Conn>(
         w.control(tag::RESUMED, &e.0)?;
         w.flush()?;
     }
-    let (page_records, bytes) = (rd.pages + extra_counts.0, rd.pos + extra_counts.1);
-    let zero_pages = rd.zero_pages + extra_counts.2;
+    let (page_records, bytes, zero_pages) = (rd.pages, rd.pos, rd.zero_pages);
     let mut verify_mismatches = None;
     if let Some(snapshot) = &sh.snapshot {
-        let (bad, first) = compare_with_snapshot(&mut rd, &vm, snapshot)?;
+        let (bad, first) = compare_with_snapshot(rd, vm, snapshot)?;
         let mut e = Enc::default();
         e.u64(bad).u64(first);
         let mut w = WireWriter::replies(rd.get_mut());
@@ -835,9 +853,9 @@ fn receive_inner<C: Conn>(
         page_records,
         zero_pages,
         bytes,
-        channels: header.channels,
-        probe_bytes,
-        prefault,
+        channels: 1,
+        probe_bytes: 0,
+        prefault: Duration::ZERO,
         resumed_at: Some(resumed_at),
         slot_digests,
         verify_mismatches,
@@ -845,6 +863,91 @@ fn receive_inner<C: Conn>(
         resumed_passes,
         postcopy: None,
     })
+}
+
+/// Each slot's digest of the memory the guest resumes from.
+fn slot_digests(vm: &Vm, sh: &Shared<'_>) -> Vec<(u16, u64)> {
+    let hashes: Vec<u64> = sh
+        .hashes
+        .iter()
+        .map(|h| h.load(Ordering::Relaxed))
+        .collect();
+    vm.slots()
+        .iter()
+        .map(|s| {
+            let first = (s.mem_offset / PAGE_SIZE as u64) as usize;
+            let n = (s.size / PAGE_SIZE as u64) as usize;
+            (s.id, digest_of(&hashes[first..first + n]))
+        })
+        .collect()
+}
+
+/// Resume: the vCPUs continue from the transferred state, paced as on the
+/// source.
+fn start_workload(
+    vm: &Arc<Vm>,
+    state: &GuestState,
+) -> Result<Workload<TreeMemslots>, MigrateError> {
+    let wl_cfg = WorkloadConfig {
+        bytes_per_vcpu: state.bytes_per_vcpu,
+        write_percent: state.write_percent,
+        pattern: if state.pattern == 1 {
+            Pattern::Random
+        } else {
+            Pattern::Sequential
+        },
+        page_size: PAGE_SIZE as u64,
+    };
+    let wl = Workload::start_at(vm.clone(), wl_cfg, &state.vcpus)
+        .map_err(|why| MigrateError::BadState { why })?;
+    wl.control()
+        .pace_pages_per_sec
+        .store(state.pace_pages_per_sec, Ordering::Relaxed);
+    wl.run_free();
+    Ok(wl)
+}
+
+/// Refuses to resume from incomplete memory: every page must have
+/// arrived, or (post-copy) be among the missing ones that come after the
+/// resume.
+fn check_complete(
+    sh: &Shared<'_>,
+    postcopy_missing: Option<&[u64]>,
+    vm: &Vm,
+) -> Result<(), MigrateError> {
+    let page_count = sh.hashes.len() as u64;
+    let received: Vec<u64> = sh
+        .received
+        .iter()
+        .enumerate()
+        .map(|(w, x)| {
+            x.load(Ordering::Relaxed)
+                | postcopy_missing.map_or(0, |m| m.get(w).copied().unwrap_or(0))
+        })
+        .collect();
+    let missing: u64 = received
+        .iter()
+        .enumerate()
+        .map(|(w, &m)| {
+            let valid = (page_count - w as u64 * 64).min(64);
+            let mask = if valid == 64 {
+                u64::MAX
+            } else {
+                (1u64 << valid) - 1
+            };
+            u64::from((!m & mask).count_ones())
+        })
+        .sum();
+    if missing > 0 {
+        let first = (0..page_count)
+            .find(|&i| received[(i / 64) as usize] & (1 << (i % 64)) == 0)
+            .unwrap_or(0);
+        return Err(MigrateError::Incomplete {
+            missing_pages: missing,
+            first_missing_gpa: gpa_of(vm, first * PAGE_SIZE as u64),
+        });
+    }
+    Ok(())
 }
 
 /// Backs all of guest memory with RAM before the stream starts, as QEMU's
