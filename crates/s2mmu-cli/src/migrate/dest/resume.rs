@@ -98,7 +98,7 @@ pub(super) fn slot_digests(vm: &Vm, sh: &Shared<'_>) -> Vec<(u16, u64)> {
 
 /// Resume: the vCPUs continue from the transferred state, paced as on the
 /// source.
-pub(super) fn start_workload(
+pub(crate) fn start_workload(
     vm: &Arc<Vm>,
     state: &GuestState,
 ) -> Result<Workload<TreeMemslots>, MigrateError> {
