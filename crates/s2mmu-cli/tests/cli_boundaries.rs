@@ -244,7 +244,6 @@ fn migrate_boundaries() {
 }
 
 #[test]
-#[ignore = "migrate --json prints nothing until the migration ends: with --bandwidth 1 (1 byte/s) it is silent for good"]
 fn migrate_json_is_not_silent_for_long() {
     let smalls = [
         ("--no-tls", ""),

@@ -13,10 +13,12 @@ use s2mmu_cli::migrate::source::{migrate_source, SourceConfig, SourceOutcome};
 use s2mmu_cli::migrate::wire::{
     tag, Batch, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
 };
+use s2mmu_cli::progress::Progress;
 use s2mmu_vm::{Backing, VcpuState};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -30,7 +32,7 @@ fn small(mem: u64) -> SourceConfig {
         clear_chunk: 1 << 20,
         warmup: Duration::from_millis(20),
         sample_every: Duration::from_millis(20),
-        progress: false,
+        progress: Arc::new(Progress::off()),
         ..SourceConfig::default()
     }
 }

@@ -22,6 +22,7 @@ pub mod source;
 pub mod timeline;
 pub mod wire;
 
+use crate::progress::Progress;
 use crate::report::{human_bytes, parse_size, Report};
 use dest::{serve, DestConfig, DestOutcome, Limits};
 use error::MigrateError;
@@ -33,6 +34,7 @@ use serde_json::json;
 use source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Access pattern option.
@@ -187,6 +189,9 @@ pub struct Params {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// No progress on stderr (the start line, the link, a line or a bar per round).
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
 }
 
 /// The channel counts of `--channels`.
@@ -315,7 +320,11 @@ impl Params {
             verify_full: self.verify_full,
             warmup: self.warmup,
             sample_every: Duration::from_millis(50),
-            progress: true,
+            progress: Arc::new(if self.quiet {
+                Progress::off()
+            } else {
+                Progress::lines_only()
+            }),
             label: String::new(),
             channels: self.channel_list()[0],
             postcopy: match self.postcopy {
@@ -350,7 +359,7 @@ impl Params {
                     .unwrap_or(wire::MAX_CHANNELS),
             },
             io_timeout: self.io_timeout,
-            progress: self.listen.is_some(),
+            progress: self.listen.is_some() && !self.quiet,
             prefault: !self.no_prefault,
         }
     }
@@ -482,8 +491,16 @@ pub fn main(p: Params) -> Result<(), String> {
                 cfg.label = format!("[{channels} channel(s)] ");
             }
             let policy = cfg.policy;
-            if !p.json || p.compare_policies {
-                eprintln!(
+            // Progress goes to stderr in every mode (--json's stdout is
+            // unchanged), so no migration is silent until its end: a start
+            // line, then the link and a line or a bar step per round.
+            let bar = Progress::new(
+                &format!("{}migrate", cfg.label),
+                u64::from(cfg.max_rounds).saturating_add(2),
+                !p.quiet,
+            );
+            if bar.is_on() {
+                bar.line(&format!(
                     "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
                     cfg.label,
                     human_bytes(cfg.mem_size),
@@ -496,8 +513,9 @@ pub fn main(p: Params) -> Result<(), String> {
                     },
                     channels,
                     net.security.describe()
-                );
+                ));
             }
+            cfg.progress = Arc::new(bar);
             let (s, d) = match &p.to {
                 Some(addr) => (
                     migrate_source(&cfg, &mut |_| {

@@ -113,13 +113,13 @@ pub(super) fn run(x: Switching<'_, '_, '_>) -> Result<SourceOutcome, MigrateErro
         }
     };
     let downtime = resumed_at - pause_at;
-    if cfg.progress {
-        eprintln!(
+    if cfg.progress.is_on() {
+        cfg.progress.line(&format!(
             "{}post-copy: vCPUs paused after round {round}; the destination resumed after {:.1} ms of downtime with {} pages missing",
             cfg.label,
             downtime.as_secs_f64() * 1e3,
             sw.missing.iter().map(|w| w.count_ones() as u64).sum::<u64>()
-        );
+        ));
     }
     // From here the guest's memory is split until FINAL: the source
     // guest stays paused whatever happens.
