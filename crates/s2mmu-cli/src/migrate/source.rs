@@ -816,16 +816,14 @@ fn phase(
     if w == 0 || secs <= 0.0 {
         return Phase::default();
     }
-    let mut per: Vec<f64> = intervals(samples)
+    let per: Vec<f64> = intervals(samples)
         .iter()
         .filter(|i| i.start_s >= from_s && i.end_s <= to_s)
         .filter_map(|i| i.speed.map(|v| 1e9 / v))
         .collect();
-    let ns_per_write = if per.len() >= 3 {
-        per.sort_by(f64::total_cmp);
-        per[per.len() / 2]
-    } else {
-        b.2.saturating_sub(a.2) as f64 / w as f64
+    let ns_per_write = match crate::stats::median(&per) {
+        Some(m) if per.len() >= 3 => m,
+        _ => b.2.saturating_sub(a.2) as f64 / w as f64,
     };
     Phase {
         write_rate: w as f64 / secs,

@@ -262,15 +262,15 @@ fn give_up(f: &Fetcher, wl: &Workload<TreeMemslots>, why: String) -> MigrateErro
 /// The fetcher's figures after the last page landed (the caller fills in
 /// the missing pages and the recoveries).
 fn figures_of(fetcher: &Fetcher, resumed_at: Instant, reference: (u64, u64)) -> PostcopyFigures {
-    let mut lat = std::mem::take(&mut *fetcher.latencies.lock().unwrap_or_else(|p| p.into_inner()));
-    let (fault_median_ns, fault_p99_ns) = median_p99(&mut lat);
-    let mut alat = std::mem::take(
+    let lat = std::mem::take(&mut *fetcher.latencies.lock().unwrap_or_else(|p| p.into_inner()));
+    let (fault_median_ns, fault_p99_ns) = median_p99(&lat);
+    let alat = std::mem::take(
         &mut *fetcher
             .answered_latencies
             .lock()
             .unwrap_or_else(|p| p.into_inner()),
     );
-    let (answered_median_ns, answered_p99_ns) = median_p99(&mut alat);
+    let (answered_median_ns, answered_p99_ns) = median_p99(&alat);
     let last = fetcher
         .last_landed
         .lock()
@@ -455,5 +455,5 @@ fn receive_rest<R: Read + Write>(
         times.push(f.ping(f.gpa_of(i))?);
     }
     f.send(tag::DONE, &[])?;
-    Ok((median_p99(&mut times).0, times.len() as u64))
+    Ok((median_p99(&times).0, times.len() as u64))
 }
