@@ -566,8 +566,8 @@ pub fn main(p: Params) -> Result<(), String> {
             rate_text(p.dirty_rate),
             harvest_name(p.harvest)
         );
-        std::fs::write(&p.plot, plot::svg(&title, &plot_runs))
-            .map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
+        let svg = plot::svg(&title, &plot_runs)?;
+        std::fs::write(&p.plot, svg).map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
     }
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
