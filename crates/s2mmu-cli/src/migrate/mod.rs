@@ -510,20 +510,7 @@ pub fn main(p: Params) -> Result<(), String> {
                 !p.quiet,
             );
             if bar.is_on() {
-                bar.line(&format!(
-                    "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
-                    cfg.label,
-                    human_bytes(cfg.mem_size),
-                    cfg.backing.name(),
-                    cfg.vcpus,
-                    rate_text(cfg.dirty_rate),
-                    match &p.to {
-                        Some(a) => format!("to {a}"),
-                        None => "over loopback TCP in this process".into(),
-                    },
-                    channels,
-                    net.security.describe()
-                ));
+                bar.line(&start_line(&cfg, p.to.as_deref(), &net));
             }
             cfg.progress = Arc::new(bar);
             let (s, d) = match &p.to {
@@ -572,6 +559,24 @@ pub fn main(p: Params) -> Result<(), String> {
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
     Ok(())
+}
+
+/// What a run migrates, where to and how: its first progress line.
+fn start_line(cfg: &SourceConfig, to: Option<&str>, net: &NetConfig) -> String {
+    format!(
+        "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
+        cfg.label,
+        human_bytes(cfg.mem_size),
+        cfg.backing.name(),
+        cfg.vcpus,
+        rate_text(cfg.dirty_rate),
+        match to {
+            Some(a) => format!("to {a}"),
+            None => "over loopback TCP in this process".into(),
+        },
+        cfg.channels,
+        net.security.describe()
+    )
 }
 
 fn rate_text(r: u64) -> String {
