@@ -43,6 +43,10 @@ pub struct LineChart {
     pub series: Vec<Series>,
     /// Shaded stretches behind the lines (none for a plain chart).
     pub phases: Vec<Phase>,
+    /// A logarithmic y axis (points at or below zero are left out): for
+    /// values over several orders of magnitude, such as a time per write
+    /// with faults in it.
+    pub log_y: bool,
 }
 
 /// A grouped bar chart: for each category one bar per group.
@@ -111,54 +115,89 @@ impl LineChart {
         Ok(out)
     }
 
+    /// The series' points as drawn: with a log y axis, `(x, log10 y)` of
+    /// the positive ones.
+    fn drawn_points(&self) -> Vec<Vec<(f64, f64)>> {
+        self.series
+            .iter()
+            .map(|s| match self.log_y {
+                false => s.points.clone(),
+                true => s
+                    .points
+                    .iter()
+                    .filter(|p| p.1 > 0.0)
+                    .map(|&(x, y)| (x, y.log10()))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Draws the chart on `root` (a whole document or one panel of a
+    /// [`stacked_svg`] figure).
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
-        let points = || self.series.iter().flat_map(|s| s.points.iter());
+        let drawn = self.drawn_points();
+        let points = || drawn.iter().flatten();
         let phase_x = self.phases.iter().flat_map(|p| [p.start, p.end]);
         let (x0, x1) = range(points().map(|p| p.0).chain(phase_x))
             .ok_or_else(|| format!("plot '{}': no point to plot", self.title))?;
-        let (_, y1) = range(points().map(|p| p.1).chain([0.0]))
-            .ok_or_else(|| format!("plot '{}': no point to plot", self.title))?;
-        let y1 = y1 * 1.1;
+        let no_point = || format!("plot '{}': no point to plot", self.title);
+        // A log axis spans whole decades; a linear one starts at zero.
+        let (y0, y1) = if self.log_y {
+            let (lo, hi) = range(points().map(|p| p.1)).ok_or_else(no_point)?;
+            (lo.floor(), hi.ceil().max(lo.floor() + 1.0))
+        } else {
+            let (_, hi) = range(points().map(|p| p.1).chain([0.0])).ok_or_else(no_point)?;
+            (0.0, hi * 1.1)
+        };
         root.fill(&WHITE).map_err(err)?;
         let mut chart = ChartBuilder::on(root)
             .caption(&self.title, ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(70)
-            .build_cartesian_2d(x0..x1, 0.0..y1)
+            .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(err)?;
+        let log_y = self.log_y;
+        let y_tick = |v: &f64| match log_y {
+            true => tick_label(three_digits(10f64.powf(*v))),
+            false => tick_label(*v),
+        };
         chart
             .configure_mesh()
             .x_desc(&self.x_label)
             .y_desc(&self.y_label)
+            .y_label_formatter(&y_tick)
             .draw()
             .map_err(err)?;
         for (i, ph) in self.phases.iter().enumerate() {
             let shade = color(i + 3).mix(0.12);
             chart
                 .draw_series(std::iter::once(Rectangle::new(
-                    [(ph.start, 0.0), (ph.end, y1)],
+                    [(ph.start, y0), (ph.end, y1)],
                     shade.filled(),
                 )))
                 .map_err(err)?;
+            // Names one below the other, so phases that start close
+            // together stay readable.
+            let row = (i % 6) as f64 + 1.0;
             chart
                 .draw_series(std::iter::once(Text::new(
                     ph.name.clone(),
-                    (ph.start, y1 * 0.97),
+                    (ph.start, y1 - (y1 - y0) * 0.05 * row),
                     ("sans-serif", 12),
                 )))
                 .map_err(err)?;
         }
-        for (i, s) in self.series.iter().enumerate() {
+        for (i, (s, points)) in self.series.iter().zip(&drawn).enumerate() {
             let c = color(i);
             chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
+                .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(2)))
                 .map_err(err)?
                 .label(&s.name)
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
             chart
                 .draw_series(PointSeries::of_element(
-                    s.points.iter().copied(),
+                    points.iter().copied(),
                     3,
                     c.filled(),
                     &|p, size, style| EmptyElement::at(p) + Circle::new((0, 0), size, style),
@@ -174,6 +213,65 @@ impl LineChart {
             .map_err(err)?;
         Ok(())
     }
+}
+
+/// An axis tick: whole numbers with k/M, small ones with a decimal.
+fn tick_label(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e6 {
+        format!("{:.0}M", v / 1e6)
+    } else if a >= 1e4 {
+        format!("{:.0}k", v / 1e3)
+    } else if a >= 10.0 || v == v.trunc() {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// `v` to three significant digits (a log axis' tick, 10^1 computed as
+/// 10.000000000000002, reads 10).
+fn three_digits(v: f64) -> f64 {
+    if v == 0.0 || !v.is_finite() {
+        return v;
+    }
+    let unit = 10f64.powi(v.abs().log10().floor() as i32 - 2);
+    (v / unit).round() * unit
+}
+
+/// One chart of a [`stacked_svg`] figure.
+#[derive(Clone, Debug)]
+pub enum Chart {
+    /// A line chart.
+    Line(LineChart),
+    /// A grouped bar chart.
+    Bar(BarChart),
+}
+
+/// Charts stacked top to bottom in one SVG document, each the size of a
+/// single chart.
+///
+/// # Errors
+/// No chart, or the first chart that cannot be drawn (see
+/// [`LineChart::svg`] and [`BarChart::svg`]).
+pub fn stacked_svg(charts: &[Chart]) -> Result<String, String> {
+    let n = u32::try_from(charts.len())
+        .ok()
+        .filter(|&n| (1..=16).contains(&n))
+        .ok_or_else(|| format!("plot: {} charts in one figure (1 to 16)", charts.len()))?;
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (SIZE.0, SIZE.1 * n)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        for (area, chart) in root.split_evenly((charts.len(), 1)).iter().zip(charts) {
+            match chart {
+                Chart::Line(c) => c.draw(area)?,
+                Chart::Bar(c) => c.draw(area)?,
+            }
+        }
+        root.present().map_err(err)?;
+    }
+    Ok(out)
 }
 
 /// A bar's value as its label: three significant digits, so a bar too
@@ -298,6 +396,7 @@ mod tests {
                     end: 2.0,
                 },
             ],
+            log_y: false,
         };
         let svg = c.svg().unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..40.min(svg.len())]);
@@ -329,6 +428,47 @@ mod tests {
                     == Some(3)),
             "{series_lines:?}"
         );
+    }
+
+    #[test]
+    fn a_log_axis_spans_decades_and_a_stacked_figure_holds_every_chart() {
+        let line = LineChart {
+            title: "per write".into(),
+            x_label: "time (s)".into(),
+            y_label: "ns".into(),
+            series: vec![Series {
+                name: "run".into(),
+                // The zero cannot be on a log axis: left out, not an error.
+                points: vec![(0.0, 50.0), (1.0, 0.0), (2.0, 20_000.0)],
+            }],
+            phases: Vec::new(),
+            log_y: true,
+        };
+        let svg = line.svg().unwrap();
+        // Decades 10 .. 100k: the ticks name them (plotters writes each
+        // text on its own line).
+        let texts: Vec<&str> = svg.lines().map(str::trim).collect();
+        for tick in ["10", "100", "100k"] {
+            assert!(texts.contains(&tick), "no tick {tick}");
+        }
+        let bars = BarChart {
+            title: "rounds".into(),
+            y_label: "pages".into(),
+            categories: vec!["0".into()],
+            groups: vec![("run".into(), vec![3.0])],
+        };
+        let fig = stacked_svg(&[Chart::Line(line.clone()), Chart::Bar(bars)]).unwrap();
+        assert!(fig.contains("per write") && fig.contains("rounds"));
+        assert!(fig.contains("height=\"900\""), "two charts of 450 pixels");
+        assert!(stacked_svg(&[]).unwrap_err().contains("0 charts"));
+        let none = LineChart {
+            series: vec![Series {
+                name: "zeros".into(),
+                points: vec![(0.0, 0.0)],
+            }],
+            ..line
+        };
+        assert!(none.svg().unwrap_err().contains("no point"));
     }
 
     #[test]

@@ -52,6 +52,15 @@ impl Progress {
         }
     }
 
+    /// Lines on stderr and no bar, with no start line: what a library
+    /// caller gets by default (the per-round lines of a migration).
+    pub fn lines_only() -> Self {
+        Progress {
+            bar: None,
+            lines: true,
+        }
+    }
+
     /// No bar: every call is a no-op.
     pub fn off() -> Self {
         Progress {
@@ -81,11 +90,37 @@ impl Progress {
         self.message(msg);
     }
 
+    /// Whether anything is shown (a bar or lines): lets a caller skip
+    /// formatting a line nobody sees.
+    pub fn is_on(&self) -> bool {
+        self.lines || self.bar.is_some()
+    }
+
+    /// A whole line of progress: above the bar on a terminal (the bar
+    /// stays at the bottom), on stderr when stderr is not a terminal,
+    /// nothing when off.
+    pub fn line(&self, msg: &str) {
+        match &self.bar {
+            Some(b) => b.println(msg),
+            None if self.lines => eprintln!("{msg}"),
+            None => {}
+        }
+    }
+
     /// One step done.
     pub fn step(&self) {
         if let Some(b) = &self.bar {
             b.inc(1);
         }
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("bar", &self.bar.is_some())
+            .field("lines", &self.lines)
+            .finish()
     }
 }
 
@@ -107,6 +142,10 @@ mod tests {
         let p = Progress::new("x", 3, false);
         assert!(!p.is_drawn());
         p.message("m");
+        p.line("l");
         p.step();
+        assert!(!p.is_on());
+        assert!(Progress::lines_only().is_on());
+        assert!(!Progress::lines_only().is_drawn());
     }
 }

@@ -171,6 +171,38 @@ fn migrate_bad_input() {
         &["--warmup"],
     );
     refused(
+        &["migrate", "--no-tls", "--clear-chunk", "0"],
+        &["--clear-chunk", "at least 256KiB"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--clear-chunk", "128G"],
+        &["--clear-chunk", "at most 64GiB"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--ring-entries", "1048576"],
+        &["--ring-entries", "65536"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--ring-entries", "100"],
+        &["--ring-entries", "power of two"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--max-rounds", "1001"],
+        &["--max-rounds", "1000"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--bandwidth", "2T"],
+        &["--bandwidth", "at most 1TiB"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--dirty-rate", "2T"],
+        &["--dirty-rate", "at most 1TiB"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--max-downtime", "100000000s"],
+        &["--max-downtime", "86400s"],
+    );
+    refused(
         &["migrate", "--no-tls", "-s", "bogus"],
         &["bogus", "backing"],
     );

@@ -9,6 +9,7 @@ use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
 use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig};
 use s2mmu_cli::migrate::wire::{tag, Record, WireReader, PAGE_SIZE};
+use s2mmu_cli::progress::Progress;
 use s2mmu_vm::{Backing, Pattern};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -38,7 +39,7 @@ fn small(mem: u64) -> SourceConfig {
         clear_chunk: 1 << 20,
         warmup: Duration::from_millis(50),
         sample_every: Duration::from_millis(20),
-        progress: false,
+        progress: Arc::new(Progress::off()),
         ..SourceConfig::default()
     }
 }

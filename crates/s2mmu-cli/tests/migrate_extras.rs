@@ -27,7 +27,7 @@ fn cfg(extras: SourceExtras) -> SourceConfig {
         pattern: Pattern::Sequential,
         warmup: Duration::from_millis(50),
         sample_every: Duration::from_millis(20),
-        progress: false,
+        progress: std::sync::Arc::new(s2mmu_cli::progress::Progress::off()),
         extras,
         ..SourceConfig::default()
     }

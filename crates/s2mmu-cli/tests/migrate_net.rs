@@ -1,7 +1,9 @@
-//! The migration against peers that misbehave: wrong credentials, streams
-//! that ask for more than the destination allows, peers that stall, stop
-//! or vanish. Every peer is on 127.0.0.1. Behaviour only: no timing is
-//! asserted (the I/O timeouts are short so that the tests end soon).
+//! The migration in one process against peers that misbehave: wrong
+//! credentials, streams that ask for more than the destination allows or
+//! break its rules, peers that stall, stop or vanish. Every peer is on
+//! 127.0.0.1. Behaviour only: no timing is asserted (the I/O timeouts are
+//! short so that the tests end soon). The same between two processes:
+//! `migrate_net_process.rs`.
 
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::migrate::dest::{receive_from, serve, DestConfig, DestOutcome, Limits};
@@ -11,13 +13,14 @@ use s2mmu_cli::migrate::source::{migrate_source, SourceConfig, SourceOutcome};
 use s2mmu_cli::migrate::wire::{
     tag, Batch, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
 };
+use s2mmu_cli::progress::Progress;
 use s2mmu_vm::{Backing, VcpuState};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_millis(400);
 
@@ -29,7 +32,7 @@ fn small(mem: u64) -> SourceConfig {
         clear_chunk: 1 << 20,
         warmup: Duration::from_millis(20),
         sample_every: Duration::from_millis(20),
-        progress: false,
+        progress: Arc::new(Progress::off()),
         ..SourceConfig::default()
     }
 }
@@ -430,198 +433,6 @@ fn a_destination_that_stops_answering_or_reading_ends_the_source() {
     t.join().unwrap();
 }
 
-// ---- two processes ----------------------------------------------------------
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_s2mmu")
-}
-
-/// Starts `s2mmu migrate --listen 127.0.0.1:0 ARGS` and returns it with
-/// the address it listens on. The caller waits for it.
-#[allow(clippy::zombie_processes)]
-fn spawn_listener(args: &[&str]) -> (Child, String, BufReader<std::process::ChildStderr>) {
-    let mut c = Command::new(bin())
-        .args(["migrate", "--listen", "127.0.0.1:0", "--plot", ""])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(c.stderr.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "the destination exited early"
-        );
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            let addr = rest.split_whitespace().next().unwrap().to_string();
-            return (c, addr, err);
-        }
-    }
-}
-
-/// Waits for `c` at most `limit`; kills it and fails past that.
-fn wait_bounded(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return s;
-        }
-        if t0.elapsed() > limit {
-            let _ = c.kill();
-            panic!("a migration process hung");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn rest_of(mut r: impl Read) -> String {
-    let mut s = String::new();
-    let _ = r.read_to_string(&mut s);
-    s
-}
-
-const SMALL: [&str; 10] = [
-    "--mem",
-    "16M",
-    "--warmup",
-    "20ms",
-    "--run-after",
-    "20ms",
-    "-s",
-    "anonymous",
-    "--io-timeout",
-    "1s",
-];
-
-#[test]
-fn a_killed_source_process_ends_the_destination_which_then_serves_the_next() {
-    // The destination serves up to two sources.
-    let (mut dest, addr, derr) = spawn_listener(&[&SMALL[..], &["--attempts", "2"]].concat());
-    // A source slowed to 4 MiB/s, killed mid-stream.
-    let mut src = Command::new(bin())
-        .args(["migrate", "--to", &addr, "--plot", "", "--bandwidth", "4M"])
-        .args(SMALL)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    src.kill().unwrap();
-    src.wait().unwrap();
-    // The next source completes; the destination exits 0 after it.
-    let out = Command::new(bin())
-        .args(["migrate", "--to", &addr, "--plot", ""])
-        .args(SMALL)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let st = wait_bounded(&mut dest, Duration::from_secs(60));
-    let log = rest_of(derr);
-    assert!(st.success(), "{log}");
-    assert!(
-        log.contains("the migration failed (1 of --attempts 2)"),
-        "{log}"
-    );
-}
-
-#[test]
-fn a_failed_source_ends_a_single_attempt_destination_with_an_error() {
-    let (mut dest, addr, derr) = spawn_listener(&SMALL);
-    let mut s = TcpStream::connect(&addr).unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
-    let st = wait_bounded(&mut dest, Duration::from_secs(30));
-    assert!(!st.success());
-    let log = rest_of(derr);
-    assert!(log.contains("not an s2mmu migration stream"), "{log}");
-}
-
-#[test]
-fn a_stopped_destination_process_ends_the_source_with_a_timeout() {
-    let (mut dest, addr, _derr) = spawn_listener(&SMALL);
-    let pid = dest.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let mut src = Command::new(bin())
-        .args(["migrate", "--to", &addr, "--plot", ""])
-        .args(SMALL)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let serr = src.stderr.take().unwrap();
-    let st = wait_bounded(&mut src, Duration::from_secs(60));
-    let log = rest_of(serr);
-    let _ = Command::new("kill").args(["-CONT", &pid]).status();
-    let _ = dest.kill();
-    let _ = dest.wait();
-    assert!(!st.success());
-    assert!(log.contains("timed out"), "{log}");
-}
-
-#[test]
-fn psk_between_two_processes_and_a_wrong_key_is_refused() {
-    let dir = std::env::temp_dir().join(format!("s2mmu-psk-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (good, bad) = (dir.join("good"), dir.join("bad"));
-    std::fs::write(&good, "0123456789abcdef0123456789abcdef\n").unwrap();
-    std::fs::write(&bad, "fedcba9876543210fedcba9876543210\n").unwrap();
-    let (mut dest, addr, derr) =
-        spawn_listener(&[&SMALL[..], &["--psk", good.to_str().unwrap()]].concat());
-    // The wrong key: refused, and the destination keeps listening.
-    let out = Command::new(bin())
-        .args([
-            "migrate",
-            "--to",
-            &addr,
-            "--plot",
-            "",
-            "--psk",
-            bad.to_str().unwrap(),
-        ])
-        .args(SMALL)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("authentication failed"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = Command::new(bin())
-        .args([
-            "migrate",
-            "--to",
-            &addr,
-            "--plot",
-            "",
-            "--psk",
-            good.to_str().unwrap(),
-        ])
-        .args(SMALL)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let st = wait_bounded(&mut dest, Duration::from_secs(60));
-    let log = rest_of(derr);
-    assert!(st.success(), "{log}");
-    assert!(log.contains("refused a peer"), "{log}");
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
 // ---- the stream's own rules ---------------------------------------------------
 
 /// A stream for a 16-page guest: `pages` as given (None: a zero page),
@@ -683,23 +494,6 @@ fn a_zero_page_after_data_clears_the_page_and_duplicates_are_refused() {
         }
         other => panic!("expected a refused duplicate, got {other:?}"),
     }
-}
-
-#[test]
-fn a_channel_sweep_prints_its_table() {
-    let out = Command::new(bin())
-        .args(["migrate", "--plot", "", "--channels", "1,2", "--no-tls"])
-        .args(&SMALL[..8])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("Round 0 by channel count"), "{stdout}");
-    assert!(stdout.contains("% of link"), "{stdout}");
 }
 
 #[test]

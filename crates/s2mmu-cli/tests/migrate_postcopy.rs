@@ -13,9 +13,11 @@ use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
 use s2mmu_cli::migrate::postcopy::Postcopy;
 use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
 use s2mmu_cli::migrate::wire::{tag, PAGE_SIZE};
+use s2mmu_cli::progress::Progress;
 use s2mmu_vm::Backing;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn plain() -> NetConfig {
@@ -33,7 +35,7 @@ fn small(mem: u64) -> SourceConfig {
         postcopy: Postcopy::On,
         warmup: Duration::from_millis(50),
         sample_every: Duration::from_millis(20),
-        progress: false,
+        progress: Arc::new(Progress::off()),
         ..SourceConfig::default()
     }
 }

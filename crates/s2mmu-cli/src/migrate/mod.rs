@@ -24,6 +24,8 @@ pub mod source;
 pub mod timeline;
 pub mod wire;
 
+use crate::limits;
+use crate::progress::Progress;
 use crate::report::{human_bytes, parse_size, Report};
 use dest::{serve, DestConfig, DestOutcome, Limits};
 use error::MigrateError;
@@ -35,6 +37,7 @@ use serde_json::json;
 use source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Access pattern option.
@@ -87,20 +90,20 @@ pub enum PostcopyArg {
 /// Options of `s2mmu migrate`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Params {
-    /// Guest memory (K/M/G suffixes).
+    /// Guest memory (K/M/G suffixes; 4K to 64G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub mem: u64,
-    /// vCPUs running the workload.
+    /// vCPUs running the workload (1 to 256).
     #[arg(short = 'v', long, default_value_t = 2)]
     pub vcpus: usize,
     /// Backing of guest memory (selftests' names).
     #[arg(short = 's', long, default_value = "anonymous_thp")]
     pub backing: String,
-    /// Memslots.
+    /// Memslots (1 to 512).
     #[arg(short = 'x', long, default_value_t = 1)]
     pub slots: u32,
-    /// Bytes per second the guest dirties, all vCPUs together (0: as fast as it can).
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    /// Bytes per second the guest dirties, all vCPUs together (0: as fast as it can; at most 1T).
+    #[arg(long, default_value = "64M", value_parser = limits::size_in(0..=MAX_RATE))]
     pub dirty_rate: u64,
     /// The guest's access pattern.
     #[arg(long, value_enum, default_value = "sequential")]
@@ -108,11 +111,11 @@ pub struct Params {
     /// How dirty pages are collected.
     #[arg(long, value_enum, default_value = "bitmap")]
     pub harvest: HarvestArg,
-    /// Entries of each vCPU's dirty ring (with --harvest ring).
-    #[arg(long, default_value_t = 4096)]
+    /// Entries of each vCPU's dirty ring (with --harvest ring): a power of two, 64 to 65536.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(64..=65536))]
     pub ring_entries: u32,
-    /// Bytes cleared per CLEAR_DIRTY_LOG call (with --harvest bitmap).
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    /// Bytes cleared per CLEAR_DIRTY_LOG call (with --harvest bitmap): 256K to 64G, rounded down to a multiple of 64 pages.
+    #[arg(long, default_value = "64M", value_parser = limits::size_in(MIN_CLEAR_CHUNK..=wire::MAX_MEM))]
     pub clear_chunk: u64,
     /// MMU policy: write-lock faults and split on fault (MmuPolicy::baseline) instead of the read-lock fast path and eager split.
     #[arg(long)]
@@ -120,14 +123,14 @@ pub struct Params {
     /// When huge mappings are split (default: the policy's).
     #[arg(long, value_enum)]
     pub split: Option<SplitArg>,
-    /// Downtime budget (e.g. 300ms, 1s); pre-copy stops once the rest is estimated to take half of it.
+    /// Downtime budget (e.g. 300ms, 1s; at most a day); pre-copy stops once the rest is estimated to take half of it.
     #[arg(long, default_value = "300ms", value_parser = parse_duration)]
     pub max_downtime: Duration,
-    /// Pre-copy rounds after the first before giving up.
-    #[arg(long, default_value_t = 30)]
+    /// Pre-copy rounds after the first before giving up (0 to 1000).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_ROUNDS)))]
     pub max_rounds: u32,
-    /// Link limit in bytes per second (K/M/G suffixes; 0: none).
-    #[arg(long, default_value = "0", value_parser = parse_size)]
+    /// Link limit in bytes per second (K/M/G suffixes; 0: none; at most 1T).
+    #[arg(long, default_value = "0", value_parser = limits::size_in(0..=MAX_RATE))]
     pub bandwidth: u64,
     /// Convergence help when the guest dirties faster than the link drains.
     #[arg(long, value_enum, default_value = "auto")]
@@ -138,10 +141,10 @@ pub struct Params {
     /// Post-copy: resume on the destination after round 0 (`--postcopy`) or once pre-copy does not converge (`--postcopy auto`); pages not there yet are fetched when the guest faults on them.
     #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on", value_name = "WHEN")]
     pub postcopy: Option<PostcopyArg>,
-    /// How long the guest runs before logging starts.
+    /// How long the guest runs before logging starts (at most a day).
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub warmup: Duration,
-    /// How long the destination runs the resumed guest.
+    /// How long the destination runs the resumed guest (at most a day).
     #[arg(long, default_value = "300ms", value_parser = parse_duration)]
     pub run_after: Duration,
     /// SVG plot file ("" for none).
@@ -156,7 +159,7 @@ pub struct Params {
     /// Connections the pages are spread over (QEMU's multifd): N, or a list (1,2,4) to run once per count and print a table. Default: half the CPUs, 1 to 8. On --listen: the most it accepts (default 64).
     #[arg(long, value_name = "N[,N...]", value_parser = parse_channels)]
     pub channels: Option<ChannelCounts>,
-    /// Deadline of every socket read and write (and the TCP keepalive idle time): a peer silent this long ends the migration.
+    /// Deadline of every socket read and write (and the TCP keepalive idle time; 100ms to a day): a peer silent this long ends the migration.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub io_timeout: Duration,
     /// TLS: this side's certificate chain (PEM); with --tls-key and --tls-ca, mutual TLS 1.3.
@@ -201,7 +204,17 @@ pub struct Params {
     /// Where --snapshot-every writes (created; must hold no snapshot).
     #[arg(long, value_name = "DIR", requires = "snapshot_every")]
     pub snapshot_dir: Option<PathBuf>,
+    /// No progress on stderr (the start line, the link, a line or a bar per round).
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
 }
+
+/// The most `--bandwidth` and `--dirty-rate` take: 1 TiB/s.
+pub const MAX_RATE: u64 = 1 << 40;
+/// The least `--clear-chunk` takes: 64 pages (one word of the bitmap).
+pub const MIN_CLEAR_CHUNK: u64 = 64 * wire::PAGE_SIZE as u64;
+/// The most `--max-rounds` takes.
+pub const MAX_ROUNDS: u32 = 1000;
 
 /// The channel counts of `--channels`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -249,7 +262,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("invalid duration '{s}': expected e.g. 300ms, 1.5s or 250us"))?;
     if !v.is_finite() || v < 0.0 || v * scale > 86_400.0 {
-        return Err(format!("duration '{s}' is out of range"));
+        return Err(format!(
+            "duration '{s}' is out of range: 0 to 86400s (a day)"
+        ));
     }
     Ok(Duration::from_secs_f64(v * scale))
 }
@@ -295,9 +310,9 @@ impl Params {
                 self.io_timeout
             ));
         }
-        if self.ring_entries < 64 || !self.ring_entries.is_power_of_two() {
+        if !(64..=65536).contains(&self.ring_entries) || !self.ring_entries.is_power_of_two() {
             return Err(format!(
-                "--ring-entries {}: use a power of two of at least 64",
+                "--ring-entries {}: use a power of two, 64 to 65536",
                 self.ring_entries
             ));
         }
@@ -329,7 +344,11 @@ impl Params {
             verify_full: self.verify_full,
             warmup: self.warmup,
             sample_every: Duration::from_millis(50),
-            progress: true,
+            progress: Arc::new(if self.quiet {
+                Progress::off()
+            } else {
+                Progress::lines_only()
+            }),
             label: String::new(),
             channels: self.channel_list()[0],
             postcopy: match self.postcopy {
@@ -370,7 +389,7 @@ impl Params {
                     .unwrap_or(wire::MAX_CHANNELS),
             },
             io_timeout: self.io_timeout,
-            progress: self.listen.is_some(),
+            progress: self.listen.is_some() && !self.quiet,
             prefault: !self.no_prefault,
         }
     }
@@ -502,22 +521,18 @@ pub fn main(p: Params) -> Result<(), String> {
                 cfg.label = format!("[{channels} channel(s)] ");
             }
             let policy = cfg.policy;
-            if !p.json || p.compare_policies {
-                eprintln!(
-                    "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
-                    cfg.label,
-                    human_bytes(cfg.mem_size),
-                    cfg.backing.name(),
-                    cfg.vcpus,
-                    rate_text(cfg.dirty_rate),
-                    match &p.to {
-                        Some(a) => format!("to {a}"),
-                        None => "over loopback TCP in this process".into(),
-                    },
-                    channels,
-                    net.security.describe()
-                );
+            // Progress goes to stderr in every mode (--json's stdout is
+            // unchanged), so no migration is silent until its end: a start
+            // line, then the link and a line or a bar step per round.
+            let bar = Progress::new(
+                &format!("{}migrate", cfg.label),
+                u64::from(cfg.max_rounds).saturating_add(2),
+                !p.quiet,
+            );
+            if bar.is_on() {
+                bar.line(&start_line(&cfg, p.to.as_deref(), &net));
             }
+            cfg.progress = Arc::new(bar);
             let (s, d) = match &p.to {
                 Some(addr) => (
                     migrate_source(&cfg, &mut |_| {
@@ -558,12 +573,30 @@ pub fn main(p: Params) -> Result<(), String> {
             rate_text(p.dirty_rate),
             harvest_name(p.harvest)
         );
-        std::fs::write(&p.plot, plot::svg(&title, &plot_runs))
-            .map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
+        let svg = plot::svg(&title, &plot_runs)?;
+        std::fs::write(&p.plot, svg).map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
     }
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
     report.failure().map_or(Ok(()), |why| Err(why.to_string()))
+}
+
+/// What a run migrates, where to and how: its first progress line.
+fn start_line(cfg: &SourceConfig, to: Option<&str>, net: &NetConfig) -> String {
+    format!(
+        "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
+        cfg.label,
+        human_bytes(cfg.mem_size),
+        cfg.backing.name(),
+        cfg.vcpus,
+        rate_text(cfg.dirty_rate),
+        match to {
+            Some(a) => format!("to {a}"),
+            None => "over loopback TCP in this process".into(),
+        },
+        cfg.channels,
+        net.security.describe()
+    )
 }
 
 fn rate_text(r: u64) -> String {

@@ -1,20 +1,14 @@
-//! The migration drawn as a hand-written SVG: the guest's write rate and
-//! its execution time per write over time (seed 002's per-interval
-//! degradation while dirty logging is on), and the dirty set of every
-//! round; a post-copy migration's phase on the destination is outlined
-//! from the resume to the last page.
+//! The migration drawn through [`crate::plot`] (plotters, SVG): three
+//! charts stacked in one figure. The guest's write rate over time and its
+//! execution time per write (log scale; seed 002's per-interval
+//! degradation while dirty logging is on), each over the shaded phases of
+//! every run (dirty logging, paused until resumed, and a post-copy
+//! migration's phase on the destination from the resume to the last
+//! page); then the pages sent in every round.
 
 use super::source::SourceOutcome;
 use super::timeline::intervals;
-use std::fmt::Write;
-
-const W: f64 = 960.0;
-const PANEL_H: f64 = 230.0;
-const LEFT: f64 = 80.0;
-const RIGHT: f64 = 20.0;
-const TOP: f64 = 40.0;
-const GAP: f64 = 70.0;
-const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+use crate::plot::{stacked_svg, BarChart, Chart, LineChart, Phase, Series};
 
 /// One migration to draw.
 pub struct PlotRun<'a> {
@@ -25,332 +19,138 @@ pub struct PlotRun<'a> {
 }
 
 /// The SVG document.
-pub fn svg(title: &str, runs: &[PlotRun<'_>]) -> String {
-    let h = TOP + 3.0 * PANEL_H + 2.0 * GAP + 60.0;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-        W / 2.0,
-        esc(title)
-    );
-    let t_max = runs
-        .iter()
-        .flat_map(|r| r.outcome.samples.last().map(|s| s.t_s))
-        .fold(0.0f64, f64::max)
-        .max(1e-3);
-
-    // Panel 1: guest writes per second of wall time.
-    let series: Vec<Vec<(f64, f64)>> = runs
-        .iter()
-        .map(|r| {
-            intervals(&r.outcome.samples)
-                .iter()
-                .map(|i| (i.t_s, i.write_rate * 4096.0 / (1u64 << 20) as f64))
-                .collect()
-        })
-        .collect();
-    let y0 = TOP;
-    let y_max = series
-        .iter()
-        .flatten()
-        .map(|p| p.1)
-        .fold(0.0f64, f64::max)
-        .max(1e-3)
-        * 1.1;
-    let frame = Frame {
-        y0,
-        t_max,
-        lo: 0.0,
-        hi: y_max,
-        log: false,
+///
+/// # Errors
+/// Nothing to plot (no run with a sample), or plotters' drawing error.
+pub fn svg(title: &str, runs: &[PlotRun<'_>]) -> Result<String, String> {
+    let phases: Vec<Phase> = runs.iter().flat_map(|r| phases_of(r, runs.len())).collect();
+    let rate = LineChart {
+        title: format!("{title}: guest dirty rate"),
+        x_label: "time (s)".into(),
+        y_label: "guest dirty rate (MiB/s, wall time)".into(),
+        series: runs
+            .iter()
+            .map(|r| Series {
+                name: r.label.to_string(),
+                points: intervals(&r.outcome.samples)
+                    .iter()
+                    .map(|i| (i.t_s, i.write_rate * 4096.0 / (1u64 << 20) as f64))
+                    .collect(),
+            })
+            .collect(),
+        phases: phases.clone(),
+        log_y: false,
     };
-    frame.axes(&mut s, "guest dirty rate (MiB/s, wall time)", "time (s)");
-    for (k, (r, pts)) in runs.iter().zip(&series).enumerate() {
-        frame.markers(&mut s, r.outcome, k);
-        frame.line(&mut s, pts, COLORS[k % COLORS.len()]);
+    let per_write = LineChart {
+        title: "guest execution time per write".into(),
+        x_label: "time (s)".into(),
+        y_label: "ns per write (log scale; faults included)".into(),
+        series: runs
+            .iter()
+            .map(|r| Series {
+                name: r.label.to_string(),
+                points: intervals(&r.outcome.samples)
+                    .iter()
+                    .filter_map(|i| i.speed.map(|v| (i.t_s, 1e9 / v)))
+                    .collect(),
+            })
+            .collect(),
+        phases,
+        log_y: true,
+    };
+    let mut charts = vec![Chart::Line(rate)];
+    // A log axis needs a positive point (a run too short for two samples
+    // has none): the chart is left out rather than the plot failed.
+    if per_write
+        .series
+        .iter()
+        .any(|s| s.points.iter().any(|p| p.1 > 0.0))
+    {
+        charts.push(Chart::Line(per_write));
     }
+    charts.extend(rounds_chart(runs).map(Chart::Bar));
+    stacked_svg(&charts)
+}
 
-    // Panel 2: guest execution time per write (log scale).
-    let series: Vec<Vec<(f64, f64)>> = runs
-        .iter()
-        .map(|r| {
-            intervals(&r.outcome.samples)
-                .iter()
-                .filter_map(|i| i.speed.map(|v| (i.t_s, 1e9 / v)))
-                .collect()
-        })
-        .collect();
-    let (lo, hi) = series
-        .iter()
-        .flatten()
-        .fold((f64::MAX, 0.0f64), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
-    let (lo, hi) = if hi > 0.0 {
-        (
-            lo.max(1.0).log10().floor(),
-            hi.log10().ceil().max(lo.log10() + 1.0),
-        )
+/// A run's phases: dirty logging on (from its start to the pause), paused
+/// until resumed (the downtime), and with post-copy the guest running on
+/// the destination while the missing pages arrive. Named after the run
+/// when there are several.
+fn phases_of(r: &PlotRun<'_>, runs: usize) -> Vec<Phase> {
+    let o = r.outcome;
+    let who = if runs > 1 {
+        format!("{}: ", r.label)
     } else {
-        (0.0, 1.0)
+        String::new()
     };
-    let frame = Frame {
-        y0: y0 + PANEL_H + GAP,
-        t_max,
-        lo,
-        hi,
-        log: true,
-    };
-    frame.axes(
-        &mut s,
-        "guest execution time per write (ns, log scale; faults included)",
-        "time (s)",
-    );
-    for (k, (r, pts)) in runs.iter().zip(&series).enumerate() {
-        frame.markers(&mut s, r.outcome, k);
-        frame.line(&mut s, pts, COLORS[k % COLORS.len()]);
-    }
-
-    // Panel 3: pages sent per round (the dirty set of the round before).
-    let y0 = y0 + 2.0 * (PANEL_H + GAP);
-    let n_rounds = runs
-        .iter()
-        .map(|r| r.outcome.rounds.len())
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let p_max = runs
-        .iter()
-        .flat_map(|r| r.outcome.rounds.iter().map(|x| x.pages))
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let (plo, phi) = (0.0, p_max.log10().ceil().max(1.0));
-    let frame = Frame {
-        y0,
-        t_max: n_rounds as f64,
-        lo: plo,
-        hi: phi,
-        log: true,
-    };
-    frame.y_axis(&mut s, "pages sent per round (log scale; last = paused)");
-    let slot = (W - LEFT - RIGHT) / n_rounds as f64;
-    let bar = slot * 0.8 / runs.len().max(1) as f64;
-    for (k, r) in runs.iter().enumerate() {
-        for (i, round) in r.outcome.rounds.iter().enumerate() {
-            let x = LEFT + i as f64 * slot + slot * 0.1 + k as f64 * bar;
-            let top = frame.y((round.pages.max(1)) as f64);
-            let base = y0 + PANEL_H;
-            let _ = writeln!(
-                s,
-                r#"<rect x="{x:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{}" opacity="{}"><title>{} round {}: {} pages</title></rect>"#,
-                bar.max(1.0),
-                (base - top).max(0.0),
-                COLORS[k % COLORS.len()],
-                if round.final_round { 0.5 } else { 0.9 },
-                esc(r.label),
-                round.round,
-                round.pages
-            );
-        }
-    }
-    for i in 0..n_rounds {
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{i}</text>"#,
-            LEFT + (i as f64 + 0.5) * slot,
-            y0 + PANEL_H + 16.0
-        );
-    }
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">round</text>"#,
-        LEFT + (W - LEFT - RIGHT) / 2.0,
-        y0 + PANEL_H + 34.0
-    );
-
-    // Legend.
-    let ly = y0 + PANEL_H + 52.0;
-    for (k, r) in runs.iter().enumerate() {
-        let x = LEFT + k as f64 * 300.0;
-        let _ = writeln!(
-            s,
-            r#"<rect x="{x}" y="{:.1}" width="14" height="10" fill="{}"/><text x="{}" y="{ly:.1}">{} (dashed: logging on; shaded: paused until resumed)</text>"#,
-            ly - 9.0,
-            COLORS[k % COLORS.len()],
-            x + 18.0,
-            esc(r.label)
-        );
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
-struct Frame {
-    y0: f64,
-    t_max: f64,
-    lo: f64,
-    hi: f64,
-    log: bool,
-}
-
-impl Frame {
-    fn x(&self, t: f64) -> f64 {
-        LEFT + t / self.t_max * (W - LEFT - RIGHT)
-    }
-
-    fn y(&self, v: f64) -> f64 {
-        let v = if self.log { v.max(1e-9).log10() } else { v };
-        let f = ((v - self.lo) / (self.hi - self.lo).max(1e-12)).clamp(0.0, 1.0);
-        self.y0 + PANEL_H - f * PANEL_H
-    }
-
-    fn y_axis(&self, s: &mut String, label: &str) {
-        let _ = writeln!(
-            s,
-            r##"<rect x="{LEFT}" y="{}" width="{}" height="{PANEL_H}" fill="none" stroke="#444"/>"##,
-            self.y0,
-            W - LEFT - RIGHT
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{LEFT}" y="{}">{}</text>"#,
-            self.y0 - 8.0,
-            esc(label)
-        );
-        let ticks: Vec<f64> = if self.log {
-            (self.lo as i32..=self.hi as i32)
-                .map(|e| 10f64.powi(e))
-                .collect()
-        } else {
-            (0..=4)
-                .map(|i| self.lo + (self.hi - self.lo) * i as f64 / 4.0)
-                .collect()
-        };
-        for v in ticks {
-            let y = self.y(v);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-                W - RIGHT,
-                LEFT - 6.0,
-                y + 4.0,
-                num(v)
-            );
-        }
-    }
-
-    fn axes(&self, s: &mut String, label: &str, x_label: &str) {
-        self.y_axis(s, label);
-        for i in 0..=8 {
-            let t = self.t_max * f64::from(i) / 8.0;
-            let _ = writeln!(
-                s,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{t:.1}</text>"#,
-                self.x(t),
-                self.y0 + PANEL_H + 16.0
-            );
-        }
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            LEFT + (W - LEFT - RIGHT) / 2.0,
-            self.y0 + PANEL_H + 34.0,
-            esc(x_label)
-        );
-    }
-
-    fn markers(&self, s: &mut String, o: &SourceOutcome, k: usize) {
-        let c = COLORS[k % COLORS.len()];
-        let x = self.x(o.log_start_s);
-        let _ = writeln!(
-            s,
-            r#"<line x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}" stroke="{c}" stroke-dasharray="5,4"/>"#,
-            self.y0,
-            self.y0 + PANEL_H
-        );
-        let (a, b) = (self.x(o.pause_s), self.x(o.resumed_s));
-        let _ = writeln!(
-            s,
-            r#"<rect x="{a:.1}" y="{}" width="{:.1}" height="{PANEL_H}" fill="{c}" opacity="0.15"/>"#,
-            self.y0,
-            (b - a).max(1.0)
-        );
-        if let Some(pc) = &o.postcopy {
-            // Post-copy: the guest runs on the destination while the
-            // missing pages arrive (from the resume to the background
-            // stream's end), outlined and labelled.
-            let e = self.x(pc.background_end_s);
-            let _ = writeln!(
-                s,
-                r#"<rect x="{b:.1}" y="{}" width="{:.1}" height="{PANEL_H}" fill="{c}" opacity="0.06" stroke="{c}" stroke-dasharray="2,3"/>"#,
-                self.y0,
-                (e - b).max(1.0)
-            );
-            let _ = writeln!(
-                s,
-                r#"<text x="{:.1}" y="{}" font-size="11" fill="{c}">post-copy: {} remote faults, last page at +{:.0} ms</text>"#,
-                b + 4.0,
-                self.y0 + 14.0,
+    let mut v = vec![
+        Phase {
+            name: format!("{who}dirty logging"),
+            start: o.log_start_s,
+            end: o.pause_s,
+        },
+        Phase {
+            name: format!("{who}paused until resumed"),
+            start: o.pause_s,
+            end: o.resumed_s,
+        },
+    ];
+    if let Some(pc) = &o.postcopy {
+        v.push(Phase {
+            name: format!(
+                "{who}post-copy: {} remote faults, last page at +{:.0} ms",
                 pc.figures.remote_faults,
                 pc.figures.time_to_last_page_ns as f64 / 1e6
-            );
-        }
+            ),
+            start: o.resumed_s,
+            end: pc.background_end_s.max(o.resumed_s),
+        });
     }
-
-    fn line(&self, s: &mut String, pts: &[(f64, f64)], color: &str) {
-        if pts.is_empty() {
-            return;
-        }
-        let mut d = String::new();
-        for (i, (t, v)) in pts.iter().enumerate() {
-            let _ = write!(
-                d,
-                "{}{:.1},{:.1} ",
-                if i == 0 { "M" } else { "L" },
-                self.x(*t),
-                self.y(*v)
-            );
-        }
-        let _ = writeln!(
-            s,
-            r#"<path d="{}" fill="none" stroke="{color}" stroke-width="1.5"/>"#,
-            d.trim_end()
-        );
-    }
+    v
 }
 
-fn num(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{:.0}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.0}k", v / 1e3)
-    } else if v >= 10.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.1}")
+/// Pages sent per round (each round sends the dirty set of the one before;
+/// the last is the stop-and-copy with the vCPUs paused), one bar per run.
+/// `None` when no run has a round.
+fn rounds_chart(runs: &[PlotRun<'_>]) -> Option<BarChart> {
+    let longest = runs.iter().max_by_key(|r| r.outcome.rounds.len())?;
+    if longest.outcome.rounds.is_empty() {
+        return None;
     }
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    let categories = longest
+        .outcome
+        .rounds
+        .iter()
+        .map(|r| match r.final_round {
+            true => format!("{} (paused)", r.round),
+            false => r.round.to_string(),
+        })
+        .collect::<Vec<_>>();
+    let groups = runs
+        .iter()
+        .map(|r| {
+            let mut pages: Vec<f64> = r.outcome.rounds.iter().map(|x| x.pages as f64).collect();
+            pages.resize(categories.len(), 0.0);
+            (r.label.to_string(), pages)
+        })
+        .collect();
+    Some(BarChart {
+        title: "pages sent per round".into(),
+        y_label: "pages".into(),
+        categories,
+        groups,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::migrate::postcopy::{PostcopyFigures, PostcopyOutcome};
     use crate::migrate::source::RoundStat;
     use crate::migrate::timeline::Sample;
 
-    #[test]
-    fn draws_a_well_formed_document() {
-        let o = SourceOutcome {
+    fn outcome() -> SourceOutcome {
+        SourceOutcome {
             samples: (0u32..10)
                 .map(|i| Sample {
                     t_s: f64::from(i) * 0.1,
@@ -374,17 +174,79 @@ mod tests {
             pause_s: 0.8,
             resumed_s: 0.82,
             ..SourceOutcome::default()
-        };
+        }
+    }
+
+    /// The texts of an SVG document (plotters writes each on its own line).
+    fn texts(svg: &str) -> Vec<&str> {
+        svg.lines().map(str::trim).collect()
+    }
+
+    #[test]
+    fn names_every_chart_series_and_phase() {
+        let o = outcome();
         let s = svg(
             "a <test>",
             &[PlotRun {
-                label: "x",
+                label: "fast_path",
                 outcome: &o,
             }],
-        );
-        assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
-        assert!(s.contains("a &lt;test&gt;"));
-        assert_eq!(s.matches("<path").count(), 2);
+        )
+        .unwrap();
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        let t = texts(&s);
+        for name in [
+            "a &lt;test&gt;: guest dirty rate",
+            "guest execution time per write",
+            "pages sent per round",
+            "fast_path",
+            "dirty logging",
+            "paused until resumed",
+            "1 (paused)",
+        ] {
+            assert!(t.contains(&name), "no {name}");
+        }
+        assert!(!t.iter().any(|x| x.starts_with("post-copy")));
         assert!(!s.contains("NaN") && !s.contains("inf"));
+    }
+
+    #[test]
+    fn post_copy_and_several_runs_are_named() {
+        let a = outcome();
+        let mut b = outcome();
+        b.postcopy = Some(PostcopyOutcome {
+            figures: PostcopyFigures {
+                remote_faults: 7,
+                time_to_last_page_ns: 120_000_000,
+                ..PostcopyFigures::default()
+            },
+            background_end_s: 0.95,
+            ..PostcopyOutcome::default()
+        });
+        let s = svg(
+            "two",
+            &[
+                PlotRun {
+                    label: "fast_path",
+                    outcome: &a,
+                },
+                PlotRun {
+                    label: "baseline",
+                    outcome: &b,
+                },
+            ],
+        )
+        .unwrap();
+        let t = texts(&s);
+        for name in [
+            "fast_path: dirty logging",
+            "baseline: paused until resumed",
+            "baseline: post-copy: 7 remote faults, last page at +120 ms",
+            "baseline",
+        ] {
+            assert!(t.contains(&name), "no {name}");
+        }
+        let none = svg("none", &[]).unwrap_err();
+        assert!(none.contains("no point"), "{none}");
     }
 }

@@ -17,6 +17,7 @@ use super::wire::{
     WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_RECORD_BYTES, PAGE_SIZE,
     SESSION_LEN,
 };
+use crate::progress::Progress;
 use s2mmu::dirty::DirtyGfn;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, GuestMemory, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
@@ -87,8 +88,10 @@ pub struct SourceConfig {
     pub warmup: Duration,
     /// Interval of the throughput timeline.
     pub sample_every: Duration,
-    /// A progress line per round on stderr.
-    pub progress: bool,
+    /// Where the progress lines go (the link, a line per round, the
+    /// resume): stderr lines, a bar on a terminal, or nowhere
+    /// ([`Progress::off`]); one step per round.
+    pub progress: Arc<Progress>,
     /// Name of this run in progress lines.
     pub label: String,
     /// Connections the pages are spread over.
@@ -119,7 +122,7 @@ impl Default for SourceConfig {
             verify_full: false,
             warmup: Duration::from_millis(500),
             sample_every: Duration::from_millis(50),
-            progress: true,
+            progress: Arc::new(Progress::lines_only()),
             label: String::new(),
             channels: 1,
             postcopy: Postcopy::Off,
@@ -382,15 +385,15 @@ pub fn migrate_source(
     };
     let (link_bytes, link_time) = s.probe(cfg.mem_size)?;
     let link = link_bytes as f64 / link_time.as_secs_f64().max(1e-9);
-    if cfg.progress {
-        eprintln!(
+    if cfg.progress.is_on() {
+        cfg.progress.line(&format!(
             "{}link: {:.1} MiB in {:.1} ms at {:.1} MiB/s over {} channel(s) (no guest, no checksum)",
             cfg.label,
             link_bytes as f64 / MIB,
             link_time.as_secs_f64() * 1e3,
             link / MIB,
             cfg.channels
-        );
+        ));
     }
 
     // Pre-copy.
@@ -468,8 +471,8 @@ pub fn migrate_source(
             pace: ctl.pace_pages_per_sec.load(Ordering::Relaxed),
             final_round: false,
         };
-        if cfg.progress {
-            eprintln!(
+        if cfg.progress.is_on() {
+            cfg.progress.line(&format!(
                 "{}round {round:>2}: sent {pages:>7} pages ({:>7.1} MiB, {} zero) in {:>7.1} ms at {:>7.1} MiB/s ({:>3.0}% of link; memory {:>7.1} MiB/s); guest dirtied {dirty:>6} pages ({:>6.1} MiB/s; {:>9.0} guest writes/s); est. downtime {:>6.1} ms{}",
                 cfg.label,
                 bytes as f64 / MIB,
@@ -486,7 +489,8 @@ pub fn migrate_source(
                     (0, _) => String::new(),
                     (p, _) => format!("; throttle {p}%"),
                 }
-            );
+            ));
+            cfg.progress.step();
         }
         rounds.push(stat);
         if cfg.postcopy == Postcopy::On
@@ -632,16 +636,16 @@ pub fn migrate_source(
             final_round: true,
             ..RoundStat::default()
         });
-        if cfg.progress {
+        if cfg.progress.is_on() {
             let r = rounds.last().expect("pushed");
-            eprintln!(
+            cfg.progress.line(&format!(
                 "{}round {:>2}: vCPUs paused; sent the last {} pages ({:.1} MiB) and the vCPU state in {:.1} ms",
                 cfg.label,
                 r.round,
                 r.pages,
                 r.bytes as f64 / MIB,
                 (t1 - t0).as_secs_f64() * 1e3
-            );
+            ));
         }
         Ok::<(), MigrateError>(())
     })();
@@ -668,12 +672,12 @@ pub fn migrate_source(
         }
     };
     let downtime = resumed_at - pause_at;
-    if cfg.progress {
-        eprintln!(
+    if cfg.progress.is_on() {
+        cfg.progress.line(&format!(
             "{}resumed on the destination after {:.1} ms of downtime",
             cfg.label,
             downtime.as_secs_f64() * 1e3
-        );
+        ));
     }
     let samples = timeline.finish();
     let pause_s = log_start_s + (pause_at - log_start).as_secs_f64();
@@ -830,16 +834,14 @@ fn phase(
     if w == 0 || secs <= 0.0 {
         return Phase::default();
     }
-    let mut per: Vec<f64> = intervals(samples)
+    let per: Vec<f64> = intervals(samples)
         .iter()
         .filter(|i| i.start_s >= from_s && i.end_s <= to_s)
         .filter_map(|i| i.speed.map(|v| 1e9 / v))
         .collect();
-    let ns_per_write = if per.len() >= 3 {
-        per.sort_by(f64::total_cmp);
-        per[per.len() / 2]
-    } else {
-        b.2.saturating_sub(a.2) as f64 / w as f64
+    let ns_per_write = match crate::stats::median(&per) {
+        Some(m) if per.len() >= 3 => m,
+        _ => b.2.saturating_sub(a.2) as f64 / w as f64,
     };
     Phase {
         write_rate: w as f64 / secs,

@@ -45,6 +45,7 @@ pub(super) fn vcpu_scaling(report: &Value) -> Option<LineChart> {
         y_label: "dirty memory time, median (ms)".into(),
         series,
         phases: Vec::new(),
+        log_y: false,
     })
 }
 

@@ -3,14 +3,15 @@
 //! page-fetch hook), its answer and the background stream are written
 //! into guest memory by whichever copy lands first.
 
-use super::super::dest::{check_end, DestConfig, DestOutcome};
+use super::super::dest::{check_end, start_workload, DestConfig, DestOutcome};
 use super::super::error::MigrateError;
 use super::super::net::BoxConn;
 use super::super::source::source_digests;
-use super::super::wire::{record_name, tag, GuestState, Record, WireReader, WireWriter, PAGE_SIZE};
+use super::super::wire::{record_name, tag, GuestState, Record, WireReader, WireWriter};
 use super::fetch::{bit, Fetcher, REFERENCE_PINGS};
 use super::{encode_missing, median_p99, Final, PostcopyFigures};
-use s2mmu_vm::{Pattern, Vm, Workload, WorkloadConfig};
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{Vm, Workload};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
@@ -84,7 +85,7 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
     let missing_pages: u64 = r.missing.iter().map(|w| u64::from(w.count_ones())).sum();
     let mut req = r.req;
     let mut answers = r.answers;
-    let mut sockets = sockets_of(r.main_socket.as_ref(), [&mut req, &mut answers]);
+    let sockets = sockets_of(r.main_socket.as_ref(), [&mut req, &mut answers]);
     let fetcher = Arc::new(Fetcher::new(vm, r.missing, req, r.cfg.io_timeout));
     // Page-wide mappings only while pages are missing: a block must not
     // map a page that has not landed.
@@ -92,22 +93,7 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
         .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
     vm.set_page_fetch(Some(fetcher.clone()));
     let state = r.state;
-    let wl_cfg = WorkloadConfig {
-        bytes_per_vcpu: state.bytes_per_vcpu,
-        write_percent: state.write_percent,
-        pattern: if state.pattern == 1 {
-            Pattern::Random
-        } else {
-            Pattern::Sequential
-        },
-        page_size: PAGE_SIZE as u64,
-    };
-    let wl = Workload::start_at(vm.clone(), wl_cfg, &state.vcpus)
-        .map_err(|why| MigrateError::BadState { why })?;
-    wl.control()
-        .pace_pages_per_sec
-        .store(state.pace_pages_per_sec, Ordering::Relaxed);
-    wl.run_free();
+    let wl = start_workload(vm, state)?;
     let resumed_at = Instant::now();
     let first = r.main;
     {
@@ -115,69 +101,20 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
         w.control(tag::POSTCOPY_RESUMED, &[])?;
         w.flush()?;
     }
-    let f = &fetcher;
-    let mut recovered: Option<WireReader<BoxConn>> = None;
-    let mut recoveries = 0u32;
-    let reference = loop {
-        let res = match &mut recovered {
-            Some(m) => phase(m, &mut answers, f, &sockets),
-            None => phase(first, &mut answers, f, &sockets),
-        };
-        let e = match res {
-            Ok(x) => break x,
-            Err(e) => e,
-        };
-        let give_up = |why: String| {
-            f.fail(&why);
-            wl.pause();
-            MigrateError::PostcopyBroken {
-                why,
-                missing_pages: Some(f.left.load(Ordering::SeqCst)),
-            }
-        };
-        if !recoverable(&e) || recoveries >= MAX_RECOVERIES {
-            return Err(give_up(format!(
-                "the destination: {e}{}",
-                if recoverable(&e) {
-                    format!(" ({recoveries} recoveries already)")
-                } else {
-                    String::new()
-                }
-            )));
-        }
-        recoveries += 1;
-        // Paused until the recovery (a vCPU waiting for a page pauses once
-        // its page is there).
-        wl.request_pause();
-        let wait = r.cfg.io_timeout * 4;
-        eprintln!(
-            "destination: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts, {} pages are still on the source; the guest is paused here; waiting up to {wait:?} for the source to resume over new connections",
-            f.left.load(Ordering::SeqCst)
-        );
-        let ch = r.channels;
-        let mut conns = match (r.recover)(&[0, ch, ch + 1], wait) {
-            Ok(c) if c.len() == 3 => c.into_iter(),
-            Ok(_) => return Err(give_up("the recovery's connections".into())),
-            Err(e2) => return Err(give_up(format!("the destination: {e}; no recovery: {e2}"))),
-        };
-        let (Some(mut m), Some(mut rq), Some(mut an)) = (conns.next(), conns.next(), conns.next())
-        else {
-            return Err(give_up("the recovery's connections".into()));
-        };
-        let main_sock = m.get_mut().tcp().and_then(|s| s.try_clone().ok());
-        sockets = sockets_of(main_sock.as_ref(), [&mut rq, &mut an]);
-        let still = f.after_break(rq);
-        let told = {
-            let mut w = WireWriter::replies(m.get_mut());
-            w.control(tag::MISSING, &encode_missing(&still))
-                .and_then(|()| w.flush())
-        };
-        // A failure here shows in the next phase.
-        let _ = told.and_then(|()| f.rerequest());
-        answers = an;
-        recovered = Some(m);
-        wl.resume();
+    let mut links = Links {
+        answers,
+        sockets,
+        recovered: None,
+        recoveries: 0,
     };
+    let reference = receive_missing(
+        first,
+        &mut links,
+        &fetcher,
+        &wl,
+        (r.cfg, r.channels),
+        r.recover,
+    )?;
     vm.set_page_fetch(None);
     // Every page is here: huge mappings may come back.
     vm.disable_dirty_logging()
@@ -196,43 +133,15 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
     wl.pause();
     let vcpus = wl.vcpu_states();
     let digests = source_digests(vm);
-    let mut lat = std::mem::take(&mut *fetcher.latencies.lock().unwrap_or_else(|p| p.into_inner()));
-    let (fault_median_ns, fault_p99_ns) = median_p99(&mut lat);
-    let mut alat = std::mem::take(
-        &mut *fetcher
-            .answered_latencies
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()),
-    );
-    let (answered_median_ns, answered_p99_ns) = median_p99(&mut alat);
-    let last = fetcher
-        .last_landed
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .map_or(Duration::ZERO, |t| t.saturating_duration_since(resumed_at));
-    let figures = PostcopyFigures {
-        missing_pages,
-        remote_faults: fetcher.remote_faults.load(Ordering::Relaxed),
-        requests: fetcher.requests.load(Ordering::Relaxed),
-        fault_median_ns,
-        fault_p99_ns,
-        answered_faults: alat.len() as u64,
-        answered_median_ns,
-        answered_p99_ns,
-        time_to_last_page_ns: last.as_nanos() as u64,
-        reference_ns: reference.0,
-        reference_samples: reference.1,
-        background_pages: fetcher.background_pages.load(Ordering::Relaxed),
-        answered_pages: fetcher.answered_pages.load(Ordering::Relaxed),
-        dropped_duplicates: fetcher.dropped.load(Ordering::Relaxed),
-        recoveries: u64::from(recoveries),
-    };
+    let mut figures = figures_of(&fetcher, resumed_at, reference);
+    figures.missing_pages = missing_pages;
+    figures.recoveries = u64::from(links.recoveries);
     let fin = Final {
         figures: figures.clone(),
         vcpus: vcpus.clone(),
         digests: digests.clone(),
     };
-    let counts = match &mut recovered {
+    let counts = match &mut links.recovered {
         Some(m) => send_final(m, &fin)?,
         None => send_final(first, &fin)?,
     };
@@ -250,6 +159,140 @@ pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, M
         resumed_passes: vcpus.iter().map(|s| s.pass).collect(),
         postcopy: Some(figures),
     })
+}
+
+/// The connections post-copy receives on after the resume, replaced by a
+/// recovery's.
+struct Links {
+    /// The answer connection.
+    answers: WireReader<BoxConn>,
+    /// Clones of the live sockets, to cut them all when one breaks.
+    sockets: Vec<TcpStream>,
+    /// The main connection of the last recovery (the first one until then).
+    recovered: Option<WireReader<BoxConn>>,
+    /// Recoveries so far.
+    recoveries: u32,
+}
+
+/// Receives the missing pages until DONE, accepting the source again
+/// after a break it can mend (up to [`MAX_RECOVERIES`] times); returns the
+/// reference round trip (nanoseconds, samples).
+fn receive_missing<M: Read + Write + Send>(
+    first: &mut WireReader<M>,
+    links: &mut Links,
+    f: &Fetcher,
+    wl: &Workload<TreeMemslots>,
+    (cfg, channels): (&DestConfig, u16),
+    recover: &mut Recover<'_>,
+) -> Result<(u64, u64), MigrateError> {
+    loop {
+        let res = match &mut links.recovered {
+            Some(m) => phase(m, &mut links.answers, f, &links.sockets),
+            None => phase(first, &mut links.answers, f, &links.sockets),
+        };
+        let e = match res {
+            Ok(x) => return Ok(x),
+            Err(e) => e,
+        };
+        if !recoverable(&e) || links.recoveries >= MAX_RECOVERIES {
+            return Err(give_up(
+                f,
+                wl,
+                format!(
+                    "the destination: {e}{}",
+                    if recoverable(&e) {
+                        format!(" ({} recoveries already)", links.recoveries)
+                    } else {
+                        String::new()
+                    }
+                ),
+            ));
+        }
+        links.recoveries += 1;
+        // Paused until the recovery (a vCPU waiting for a page pauses once
+        // its page is there).
+        wl.request_pause();
+        let wait = cfg.io_timeout * 4;
+        eprintln!(
+            "destination: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts, {} pages are still on the source; the guest is paused here; waiting up to {wait:?} for the source to resume over new connections",
+            f.left.load(Ordering::SeqCst)
+        );
+        let mut conns = match recover(&[0, channels, channels + 1], wait) {
+            Ok(c) if c.len() == 3 => c.into_iter(),
+            Ok(_) => return Err(give_up(f, wl, "the recovery's connections".into())),
+            Err(e2) => {
+                return Err(give_up(
+                    f,
+                    wl,
+                    format!("the destination: {e}; no recovery: {e2}"),
+                ))
+            }
+        };
+        let (Some(mut m), Some(mut rq), Some(mut an)) = (conns.next(), conns.next(), conns.next())
+        else {
+            return Err(give_up(f, wl, "the recovery's connections".into()));
+        };
+        let main_sock = m.get_mut().tcp().and_then(|s| s.try_clone().ok());
+        links.sockets = sockets_of(main_sock.as_ref(), [&mut rq, &mut an]);
+        let still = f.after_break(rq);
+        let told = {
+            let mut w = WireWriter::replies(m.get_mut());
+            w.control(tag::MISSING, &encode_missing(&still))
+                .and_then(|()| w.flush())
+        };
+        // A failure here shows in the next phase.
+        let _ = told.and_then(|()| f.rerequest());
+        links.answers = an;
+        links.recovered = Some(m);
+        wl.resume();
+    }
+}
+
+/// Post-copy given up: the fetcher fails its waiting vCPUs, the guest is
+/// paused, and the error says how many pages never came.
+fn give_up(f: &Fetcher, wl: &Workload<TreeMemslots>, why: String) -> MigrateError {
+    f.fail(&why);
+    wl.pause();
+    MigrateError::PostcopyBroken {
+        why,
+        missing_pages: Some(f.left.load(Ordering::SeqCst)),
+    }
+}
+
+/// The fetcher's figures after the last page landed (the caller fills in
+/// the missing pages and the recoveries).
+fn figures_of(fetcher: &Fetcher, resumed_at: Instant, reference: (u64, u64)) -> PostcopyFigures {
+    let lat = std::mem::take(&mut *fetcher.latencies.lock().unwrap_or_else(|p| p.into_inner()));
+    let (fault_median_ns, fault_p99_ns) = median_p99(&lat);
+    let alat = std::mem::take(
+        &mut *fetcher
+            .answered_latencies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
+    let (answered_median_ns, answered_p99_ns) = median_p99(&alat);
+    let last = fetcher
+        .last_landed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .map_or(Duration::ZERO, |t| t.saturating_duration_since(resumed_at));
+    PostcopyFigures {
+        missing_pages: 0,
+        remote_faults: fetcher.remote_faults.load(Ordering::Relaxed),
+        requests: fetcher.requests.load(Ordering::Relaxed),
+        fault_median_ns,
+        fault_p99_ns,
+        answered_faults: alat.len() as u64,
+        answered_median_ns,
+        answered_p99_ns,
+        time_to_last_page_ns: last.as_nanos() as u64,
+        reference_ns: reference.0,
+        reference_samples: reference.1,
+        background_pages: fetcher.background_pages.load(Ordering::Relaxed),
+        answered_pages: fetcher.answered_pages.load(Ordering::Relaxed),
+        dropped_duplicates: fetcher.dropped.load(Ordering::Relaxed),
+        recoveries: 0,
+    }
 }
 
 /// Sends FINAL on `main`; returns its page records, bytes and zero pages
@@ -412,5 +455,5 @@ fn receive_rest<R: Read + Write>(
         times.push(f.ping(f.gpa_of(i))?);
     }
     f.send(tag::DONE, &[])?;
-    Ok((median_p99(&mut times).0, times.len() as u64))
+    Ok((median_p99(&times).0, times.len() as u64))
 }

@@ -264,14 +264,15 @@ pub fn decode_missing(body: &[u8], at_byte: u64, pages: u64) -> Result<Vec<u64>,
     Ok(v)
 }
 
-/// The median and the 99th percentile of `v` (sorted in place).
-pub fn median_p99(v: &mut [u64]) -> (u64, u64) {
-    if v.is_empty() {
-        return (0, 0);
-    }
-    v.sort_unstable();
-    let p99 = ((v.len() * 99).div_ceil(100)).clamp(1, v.len()) - 1;
-    (v[v.len() / 2], v[p99])
+/// The median and the 99th percentile of `v`, 0 for none, by
+/// `crate::stats` (the median of an even count rounded half up, the
+/// percentile interpolated between ranks and rounded).
+pub fn median_p99(v: &[u64]) -> (u64, u64) {
+    let f: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+    (
+        crate::stats::median_u64(v).unwrap_or(0),
+        crate::stats::percentile(&f, 99.0).map_or(0, |p| p.round() as u64),
+    )
 }
 
 #[cfg(test)]
@@ -303,8 +304,10 @@ mod tests {
         );
         assert!(decode_missing(&encode_missing(&[8]), 0, 3).is_err());
         assert!(decode_missing(&encode_missing(&[1, 0]), 0, 3).is_err());
-        assert_eq!(median_p99(&mut [5, 1, 3]), (3, 5));
-        let mut v: Vec<u64> = (1..=200).collect();
-        assert_eq!(median_p99(&mut v), (101, 198));
+        assert_eq!(median_p99(&[5, 1, 3]), (3, 5));
+        assert_eq!(median_p99(&[4, 1, 3, 2]), (3, 4));
+        assert_eq!(median_p99(&[]), (0, 0));
+        let v: Vec<u64> = (1..=200).rev().collect();
+        assert_eq!(median_p99(&v), (101, 198));
     }
 }

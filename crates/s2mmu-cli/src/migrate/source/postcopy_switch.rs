@@ -51,117 +51,94 @@ pub(super) struct Switching<'a, 'v, 'c> {
 /// here); after it, [`MigrateError::PostcopyBroken`] (it stays paused) or
 /// [`MigrateError::MemoryMismatch`].
 pub(super) fn run(x: Switching<'_, '_, '_>) -> Result<SourceOutcome, MigrateError> {
-    let Switching {
-        vm,
-        wl,
-        wl_cfg,
-        ctl,
-        s,
-        pc_conns,
-        final_pace,
-        round,
-        rounds,
-        timeline,
-        log_start,
-        log_start_s,
-        warm,
-        warm_end,
-        warm_end_s,
-        at_log,
-        link,
-        link_bytes,
-        cfg,
-        connect,
-        session,
-        max_throttle,
-    } = x;
     let pause_at = Instant::now();
-    let at_pause = counters(ctl);
-    wl.pause();
+    let at_pause = counters(x.ctl);
+    x.wl.pause();
     let state = GuestState {
-        bytes_per_vcpu: wl_cfg.bytes_per_vcpu,
-        write_percent: wl_cfg.write_percent,
-        pattern: u8::from(wl_cfg.pattern == Pattern::Random),
-        pace_pages_per_sec: final_pace,
-        vcpus: wl.vcpu_states(),
+        bytes_per_vcpu: x.wl_cfg.bytes_per_vcpu,
+        write_percent: x.wl_cfg.write_percent,
+        pattern: u8::from(x.wl_cfg.pattern == Pattern::Random),
+        pace_pages_per_sec: x.final_pace,
+        vcpus: x.wl.vcpu_states(),
     };
-    let mut pc = pc_conns.into_iter();
+    let mut pc = x.pc_conns.into_iter();
     let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
         return Err(MigrateError::Setup("post-copy's connections".into()));
     };
-    let switched = s.final_harvest().and_then(|()| {
-        for c in s.chans.iter_mut().skip(1) {
+    let switched = x.s.final_harvest().and_then(|()| {
+        for c in x.s.chans.iter_mut().skip(1) {
             c.wire.end()?;
         }
         let sw = postcopy::source::Switch {
-            vm,
-            missing: postcopy::memory_bitmap(vm, &s.pending),
+            vm: x.vm,
+            missing: postcopy::memory_bitmap(x.vm, &x.s.pending),
             req,
             answers,
             state: &state,
-            bucket: &s.bucket,
+            bucket: &x.s.bucket,
         };
-        let at = postcopy::source::switch(&sw, &mut s.chans[0].wire)?;
+        let at = postcopy::source::switch(&sw, &mut x.s.chans[0].wire)?;
         Ok((sw, at))
     });
     let (sw, resumed_at) = match switched {
         Ok(x) => x,
         Err(e) => {
             // The destination did not resume: the guest goes on here.
-            wl.resume();
+            x.wl.resume();
             return Err(e);
         }
     };
     let downtime = resumed_at - pause_at;
-    if cfg.progress {
-        eprintln!(
-            "{}post-copy: vCPUs paused after round {round}; the destination resumed after {:.1} ms of downtime with {} pages missing",
-            cfg.label,
+    if x.cfg.progress.is_on() {
+        x.cfg.progress.line(&format!(
+            "{}post-copy: vCPUs paused after round {}; the destination resumed after {:.1} ms of downtime with {} pages missing",
+            x.cfg.label,
+            x.round,
             downtime.as_secs_f64() * 1e3,
             sw.missing.iter().map(|w| w.count_ones() as u64).sum::<u64>()
-        );
+        ));
     }
     // From here the guest's memory is split until FINAL: the source
     // guest stays paused whatever happens.
     let done = postcopy::source::run(
         sw,
-        &mut s.chans[0].wire,
+        &mut x.s.chans[0].wire,
         resumed_at,
-        connect,
-        &session,
-        cfg.channels,
+        x.connect,
+        &x.session,
+        x.cfg.channels,
     )?;
-    let slot_digests = postcopy::source::verify(vm, &state, &done.fin)?;
-    let samples = timeline.finish();
-    let pause_s = log_start_s + (pause_at - log_start).as_secs_f64();
-    let at = |t: Instant| log_start_s + (t - log_start).as_secs_f64();
-    let (p0, b0, z0) = s.counts();
+    let slot_digests = postcopy::source::verify(x.vm, &state, &done.fin)?;
+    let samples = x.timeline.finish();
+    let pause_s = x.log_start_s + (pause_at - x.log_start).as_secs_f64();
+    let at = |t: Instant| x.log_start_s + (t - x.log_start).as_secs_f64();
+    let (p0, b0, z0) = x.s.counts();
     let _ = b0;
     Ok(SourceOutcome {
         // --check and --snapshot-every are refused with post-copy.
         extras: Default::default(),
-        total: done.background_end - log_start,
+        total: done.background_end - x.log_start,
         downtime,
         page_records: p0 + done.answered_pages,
         zero_pages: z0,
-        bytes: rounds.iter().map(|r| r.bytes).sum::<u64>() + done.bytes,
-        link,
-        link_bytes,
-        channels: cfg.channels,
-        log_start_s,
+        bytes: x.rounds.iter().map(|r| r.bytes).sum::<u64>() + done.bytes,
+        link: x.link,
+        link_bytes: x.link_bytes,
+        channels: x.cfg.channels,
+        log_start_s: x.log_start_s,
         pause_s,
         resumed_s: at(resumed_at),
-        before: phase(warm, warm_end, &samples, 0.0, warm_end_s),
-        during: phase(at_log, at_pause, &samples, log_start_s, pause_s),
+        before: phase(x.warm, x.warm_end, &samples, 0.0, x.warm_end_s),
+        during: phase(x.at_log, at_pause, &samples, x.log_start_s, pause_s),
         samples,
-        rounds,
+        rounds: x.rounds,
         slot_digests,
         verified_full: false,
-        max_throttle_pct: max_throttle,
-        final_pace,
+        max_throttle_pct: x.max_throttle,
+        final_pace: x.final_pace,
         postcopy: Some(PostcopyOutcome {
             figures: done.fin.figures,
-            after_round: round,
+            after_round: x.round,
             background_pages: done.background_pages,
             answered_pages: done.answered_pages,
             bytes: done.bytes,

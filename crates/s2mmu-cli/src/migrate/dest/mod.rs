@@ -1,0 +1,329 @@
+//! The destination: authenticates the source, checks what the stream asks
+//! for against its own limits before it allocates anything, receives the
+//! pages straight into its guest memory over one or more channels,
+//! verifies every page and the whole, and resumes the guest only from a
+//! complete, valid stream.
+
+use super::error::MigrateError;
+use super::net::{self, Conn, Duplex, NetConfig};
+use super::postcopy;
+use super::wire::{
+    tag, Header, WireReader, WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE,
+};
+use s2mmu::mmu::{DirtyMode, MmuPolicy};
+use s2mmu_vm::{Backing, Vm, VmConfig};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod checks;
+mod join;
+mod receive;
+mod resume;
+
+pub(crate) use checks::check_end;
+use checks::{check_complete, check_state, snapshot_for};
+pub(crate) use join::Join;
+use join::{accept_and_join, join_channels};
+use receive::{populate, receive_channels, RawMem, Shared};
+use resume::resume_after_end;
+pub(crate) use resume::start_workload;
+
+/// What the destination accepts: a stream that asks for more is rejected
+/// before anything is allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of guest memory.
+    pub max_mem: u64,
+    /// vCPUs.
+    pub max_vcpus: u32,
+    /// Memslots.
+    pub max_slots: u32,
+    /// Channels (connections) of one migration.
+    pub max_channels: u16,
+}
+
+impl Limits {
+    /// Only this build's own bounds.
+    pub fn of_build() -> Self {
+        Limits {
+            max_mem: MAX_MEM,
+            max_vcpus: MAX_VCPUS,
+            max_slots: MAX_SLOTS,
+            max_channels: MAX_CHANNELS,
+        }
+    }
+
+    /// Checks a header against these limits.
+    ///
+    /// # Errors
+    /// [`MigrateError::OverLimit`].
+    pub fn check(&self, h: &Header) -> Result<(), MigrateError> {
+        let over = |what, asked: u64, allowed: u64| {
+            if asked > allowed {
+                Err(MigrateError::OverLimit {
+                    what,
+                    asked,
+                    allowed,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        over("bytes of guest memory", h.mem_size, self.max_mem)?;
+        over("vCPUs", u64::from(h.vcpus), u64::from(self.max_vcpus))?;
+        over("memslots", u64::from(h.slots), u64::from(self.max_slots))?;
+        over(
+            "channels",
+            u64::from(h.channels),
+            u64::from(self.max_channels),
+        )
+    }
+}
+
+/// How the destination runs.
+#[derive(Clone, Debug)]
+pub struct DestConfig {
+    /// The destination MMU's policies.
+    pub policy: MmuPolicy,
+    /// How long to run the resumed guest before stopping (it proves the
+    /// guest runs; the source has stopped it by then).
+    pub run_after: Duration,
+    /// What it accepts.
+    pub limits: Limits,
+    /// How long it waits for the source's further channels.
+    pub io_timeout: Duration,
+    /// Log connections on stderr.
+    pub progress: bool,
+    /// Back all of guest memory with RAM before the stream starts.
+    pub prefault: bool,
+}
+
+impl DestConfig {
+    /// A destination with `policy` that accepts what this build can take.
+    pub fn new(policy: MmuPolicy, run_after: Duration) -> Self {
+        DestConfig {
+            policy,
+            run_after,
+            limits: Limits::of_build(),
+            io_timeout: Duration::from_secs(5),
+            progress: false,
+            prefault: true,
+        }
+    }
+}
+
+/// What the destination did.
+#[derive(Clone, Debug, Default)]
+pub struct DestOutcome {
+    /// Page records received up to END on all channels (pages sent more
+    /// than once count each time; the verification pass not included).
+    pub page_records: u64,
+    /// Of those, zero pages.
+    pub zero_pages: u64,
+    /// Stream bytes received up to END on all channels.
+    pub bytes: u64,
+    /// Channels the stream came over.
+    pub channels: u16,
+    /// Bytes of the link probe.
+    pub probe_bytes: u64,
+    /// How long backing guest memory with RAM took (before the stream).
+    pub prefault: Duration,
+    /// When the guest resumed.
+    pub resumed_at: Option<Instant>,
+    /// Per-slot digests of the memory the guest resumed from.
+    pub slot_digests: Vec<(u16, u64)>,
+    /// With verify-full: pages that differ byte for byte from the source's.
+    pub verify_mismatches: Option<u64>,
+    /// Guest writes per second after the resume.
+    pub resumed_write_rate: f64,
+    /// Passes each vCPU had reached when the destination stopped it.
+    pub resumed_passes: Vec<u64>,
+    /// Post-copy's figures (None: pre-copy only).
+    pub postcopy: Option<super::postcopy::PostcopyFigures>,
+}
+
+/// Accepts one source on `listener`, authenticates it as `net` says,
+/// joins its further channels and receives the migration.
+///
+/// # Errors
+/// [`MigrateError::Auth`] when the peer failed authentication (nothing of
+/// the stream was read, no guest memory exists yet); otherwise as
+/// [`receive_from`].
+pub fn serve(
+    listener: &TcpListener,
+    cfg: &DestConfig,
+    net: &NetConfig,
+) -> Result<DestOutcome, MigrateError> {
+    let (s, peer) = net::accept_until(listener, None)?;
+    if cfg.progress {
+        eprintln!("source connected from {peer}");
+    }
+    let main = net::server(s, net)?;
+    receive_core(main, cfg, &mut |session, wanted, wait| {
+        join_channels(listener, net, wait, session, wanted)
+    })
+}
+
+/// Receives one migration from `input`, replying on `reply`: one channel,
+/// no authentication (a recorded stream, a fuzzer's, a test's).
+///
+/// # Errors
+/// Any stream error ([`MigrateError::Truncated`],
+/// [`MigrateError::PageChecksum`], ...), [`MigrateError::OverLimit`],
+/// [`MigrateError::BadState`], [`MigrateError::Incomplete`],
+/// [`MigrateError::Aborted`]. On an error the guest is not resumed and the
+/// source is told why when the connection still works.
+pub fn receive_from<R: Read + Send, W: Write + Send>(
+    input: R,
+    reply: W,
+    cfg: &DestConfig,
+) -> Result<DestOutcome, MigrateError> {
+    receive_core(
+        Duplex {
+            input,
+            output: reply,
+        },
+        cfg,
+        &mut |_, wanted, _| {
+            Err(MigrateError::OverLimit {
+                what: "connections",
+                asked: wanted.len() as u64 + 1,
+                allowed: 1,
+            })
+        },
+    )
+}
+
+/// Receives one migration on an accepted, authenticated TCP connection
+/// (one channel only).
+///
+/// # Errors
+/// As [`receive_from`].
+pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, MigrateError> {
+    net::configure(&stream, cfg.io_timeout)?;
+    receive_from(
+        stream
+            .try_clone()
+            .map_err(|e| MigrateError::io("the connection", &e))?,
+        stream,
+        cfg,
+    )
+}
+
+fn receive_core<C: Conn>(
+    mut main: C,
+    cfg: &DestConfig,
+    join: &mut Join<'_>,
+) -> Result<DestOutcome, MigrateError> {
+    let result = receive_inner(&mut main, cfg, join);
+    if let Err(e) = &result {
+        if !matches!(e, MigrateError::Aborted { .. }) {
+            let mut r = WireWriter::replies(&mut main);
+            let _ = r.control(tag::REJECTED, e.to_string().as_bytes());
+            let _ = r.flush();
+        }
+    }
+    result
+}
+
+fn receive_inner<C: Conn>(
+    main: &mut C,
+    cfg: &DestConfig,
+    join: &mut Join<'_>,
+) -> Result<DestOutcome, MigrateError> {
+    let (mut rd, header) = WireReader::new(main)?;
+    // Nothing is allocated before the stream is known to fit.
+    cfg.limits.check(&header)?;
+    Backing::parse(&header.backing).map_err(MigrateError::Setup)?;
+    let page_count = header.mem_size / PAGE_SIZE as u64;
+    let vm = Arc::new(build_vm(&header, cfg.policy)?);
+    let prefault = if cfg.prefault {
+        populate(&vm, &mut rd)?
+    } else {
+        Duration::ZERO
+    };
+    let (session, mut extras, pc_conns) = accept_and_join(&mut rd, &header, cfg, join)?;
+    let sh = Shared {
+        vm: &vm,
+        raw: RawMem {
+            base: vm.memory().host_addr() as *mut u8,
+            size: vm.memory().size(),
+        },
+        channels: header.channels,
+        received: (0..page_count.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+        hashes: (0..page_count).map(|_| AtomicU64::new(0)).collect(),
+        snapshot: snapshot_for(&header)?,
+    };
+    let got = receive_channels(&mut rd, &mut extras, &sh, &header)?;
+    let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
+        (a + x.pages, b + x.pos, z + x.zero_pages)
+    });
+    // Never resume from incomplete memory (post-copy: every page but the
+    // missing ones, which come after the resume).
+    check_complete(&sh, got.postcopy_missing.as_deref(), &vm)?;
+    let state = got.state.ok_or(MigrateError::Malformed {
+        record: "END",
+        at_byte: rd.pos,
+        why: "the stream carried no vCPU STATE".into(),
+    })?;
+    check_state(&state, &header)?;
+    if let Some(missing) = got.postcopy_missing {
+        let mut pc = pc_conns.into_iter();
+        let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
+            return Err(MigrateError::Setup(
+                "post-copy's connections did not join".into(),
+            ));
+        };
+        let main_socket = rd.get_mut().tcp().and_then(|s| s.try_clone().ok());
+        return postcopy::dest::resume(postcopy::dest::Resume {
+            vm: &vm,
+            main: &mut rd,
+            main_socket,
+            req,
+            answers,
+            state: &state,
+            missing,
+            cfg,
+            extra_counts,
+            channels: header.channels,
+            probe_bytes: got.probe_bytes,
+            prefault,
+            recover: &mut |wanted, wait| join(&session, wanted, wait),
+        });
+    }
+    let mut outcome = resume_after_end(&mut rd, &vm, &sh, &state, cfg)?;
+    outcome.page_records += extra_counts.0;
+    outcome.bytes += extra_counts.1;
+    outcome.zero_pages += extra_counts.2;
+    outcome.channels = header.channels;
+    outcome.probe_bytes = got.probe_bytes;
+    outcome.prefault = prefault;
+    Ok(outcome)
+}
+
+/// The destination's VM: the source's geometry with the destination's
+/// own MMU policy.
+///
+/// # Errors
+/// [`MigrateError::Setup`].
+pub fn build_vm(h: &Header, policy: MmuPolicy) -> Result<Vm, MigrateError> {
+    let backing = Backing::parse(&h.backing).map_err(MigrateError::Setup)?;
+    Vm::new(VmConfig {
+        mem_size: h.mem_size,
+        backing,
+        slots: h.slots,
+        gpa_base: h.gpa_base,
+        // The destination does not log dirty pages.
+        policy: MmuPolicy {
+            dirty: DirtyMode::Bitmap,
+            ..policy
+        },
+        ..VmConfig::default()
+    })
+    .map_err(|e| MigrateError::Setup(format!("destination guest: {e}")))
+}

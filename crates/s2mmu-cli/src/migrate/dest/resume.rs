@@ -1,0 +1,122 @@
+//! Resuming the guest after a complete pre-copy stream: digests, the
+//! workload from the transferred state, and its run.
+
+use super::checks::compare_with_snapshot;
+use super::receive::Shared;
+use super::{DestConfig, DestOutcome};
+use crate::migrate::error::MigrateError;
+use crate::migrate::hash::digest_of;
+use crate::migrate::net::Conn;
+use crate::migrate::wire::{tag, Enc, GuestState, WireReader, WireWriter, PAGE_SIZE};
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{Pattern, Vm, Workload, WorkloadConfig};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Resumes the guest here after a complete pre-copy stream: per-slot
+/// digests to the source (RESUMED), the byte comparison with verify-full,
+/// then the guest runs for `run_after`. The counts are the main channel's
+/// only (the caller adds the others').
+pub(super) fn resume_after_end<C: Conn>(
+    rd: &mut WireReader<&mut C>,
+    vm: &Arc<Vm>,
+    sh: &Shared<'_>,
+    state: &GuestState,
+    cfg: &DestConfig,
+) -> Result<DestOutcome, MigrateError> {
+    let slot_digests = slot_digests(vm, sh);
+    let wl = start_workload(vm, state)?;
+    let resumed_at = Instant::now();
+    let mut e = Enc::default();
+    e.u32(slot_digests.len() as u32);
+    for (id, d) in &slot_digests {
+        e.u16(*id).u64(*d);
+    }
+    {
+        let mut w = WireWriter::replies(rd.get_mut());
+        w.control(tag::RESUMED, &e.0)?;
+        w.flush()?;
+    }
+    let (page_records, bytes, zero_pages) = (rd.pages, rd.pos, rd.zero_pages);
+    let mut verify_mismatches = None;
+    if let Some(snapshot) = &sh.snapshot {
+        let (bad, first) = compare_with_snapshot(rd, vm, snapshot)?;
+        let mut e = Enc::default();
+        e.u64(bad).u64(first);
+        let mut w = WireWriter::replies(rd.get_mut());
+        w.control(tag::VERIFIED, &e.0)?;
+        w.flush()?;
+        verify_mismatches = Some(bad);
+    }
+    let writes0: u64 = state.vcpus.iter().map(|v| v.writes).sum();
+    if let Some(rest) = cfg.run_after.checked_sub(resumed_at.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    let writes1: u64 = wl
+        .control()
+        .live
+        .iter()
+        .map(|l| l.writes.load(Ordering::Relaxed))
+        .sum();
+    let secs = resumed_at.elapsed().as_secs_f64();
+    wl.pause();
+    let resumed_passes = wl.vcpu_states().iter().map(|s| s.pass).collect();
+    drop(wl);
+    Ok(DestOutcome {
+        page_records,
+        zero_pages,
+        bytes,
+        channels: 1,
+        probe_bytes: 0,
+        prefault: Duration::ZERO,
+        resumed_at: Some(resumed_at),
+        slot_digests,
+        verify_mismatches,
+        resumed_write_rate: writes1.saturating_sub(writes0) as f64 / secs.max(1e-9),
+        resumed_passes,
+        postcopy: None,
+    })
+}
+
+/// Each slot's digest of the memory the guest resumes from.
+pub(super) fn slot_digests(vm: &Vm, sh: &Shared<'_>) -> Vec<(u16, u64)> {
+    let hashes: Vec<u64> = sh
+        .hashes
+        .iter()
+        .map(|h| h.load(Ordering::Relaxed))
+        .collect();
+    vm.slots()
+        .iter()
+        .map(|s| {
+            let first = (s.mem_offset / PAGE_SIZE as u64) as usize;
+            let n = (s.size / PAGE_SIZE as u64) as usize;
+            (s.id, digest_of(&hashes[first..first + n]))
+        })
+        .collect()
+}
+
+/// Resume: the vCPUs continue from the transferred state, paced as on the
+/// source.
+pub(crate) fn start_workload(
+    vm: &Arc<Vm>,
+    state: &GuestState,
+) -> Result<Workload<TreeMemslots>, MigrateError> {
+    let wl_cfg = WorkloadConfig {
+        bytes_per_vcpu: state.bytes_per_vcpu,
+        write_percent: state.write_percent,
+        pattern: if state.pattern == 1 {
+            Pattern::Random
+        } else {
+            Pattern::Sequential
+        },
+        page_size: PAGE_SIZE as u64,
+    };
+    let wl = Workload::start_at(vm.clone(), wl_cfg, &state.vcpus)
+        .map_err(|why| MigrateError::BadState { why })?;
+    wl.control()
+        .pace_pages_per_sec
+        .store(state.pace_pages_per_sec, Ordering::Relaxed);
+    wl.run_free();
+    Ok(wl)
+}

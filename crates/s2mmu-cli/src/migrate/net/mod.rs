@@ -1,0 +1,327 @@
+//! Connections of a migration: TCP with a deadline on every read and write
+//! and TCP keepalive, optionally inside TLS (rustls), optionally with a
+//! pre-shared key.
+//!
+//! Three ways to secure a connection:
+//! - [`Security::Tls`]: mutual TLS 1.3 with certificates from files (or an
+//!   ephemeral CA made in memory for the in-process migration): each side
+//!   presents its certificate and checks the other's against the CA.
+//! - [`Security::Psk`]: rustls has no external-PSK support, so TLS runs
+//!   with an ephemeral self-signed certificate (encryption and integrity,
+//!   not identity) and both sides then prove knowledge of the key:
+//!   HMAC-SHA256 over fresh 32-byte nonces from both sides and the TLS
+//!   exporter value of this session (RFC 5705/8446 keying material), each
+//!   side with its own label. A peer without the key cannot answer; a
+//!   relay between two TLS sessions cannot forward the answers, because
+//!   the exporter differs per session; fresh nonces stop replays. The
+//!   destination checks the source's answer before it answers itself or
+//!   reads anything else, and the source checks the destination's before it
+//!   sends anything of the guest.
+//! - [`Security::Plain`]: bare TCP, for a trusted network only (said
+//!   loudly by the command).
+
+use super::error::MigrateError;
+use ring::hmac;
+use rustls::{ClientConfig, ClientConnection, ServerConfig, ServerConnection, StreamOwned};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod psk;
+mod tls;
+
+pub use psk::{psk, psk_from_file};
+use psk::{psk_client, psk_server};
+pub use tls::{ephemeral_tls, make_pki, tls_from_files, Pki};
+use tls::{tls_client, tls_server};
+
+/// A connection carrying a migration stream.
+pub trait Conn: Read + Write + Send {
+    /// The TCP socket underneath, to shut it down from another thread.
+    fn tcp(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
+/// A boxed connection.
+pub type BoxConn = Box<dyn Conn>;
+
+impl Conn for BoxConn {
+    fn tcp(&self) -> Option<&TcpStream> {
+        (**self).tcp()
+    }
+}
+
+impl Conn for TcpStream {
+    fn tcp(&self) -> Option<&TcpStream> {
+        Some(self)
+    }
+}
+
+/// A socket read in large chunks: rustls asks for 4 KiB at a time, which
+/// would be a system call per 4 KiB of a bulk stream. Writes go straight
+/// through.
+pub struct SockBuf {
+    sock: TcpStream,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl SockBuf {
+    fn new(sock: TcpStream) -> Self {
+        SockBuf {
+            sock,
+            buf: vec![0u8; 256 << 10].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+}
+
+impl Read for SockBuf {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.start == self.end {
+            if out.len() >= self.buf.len() {
+                return self.sock.read(out);
+            }
+            let n = self.sock.read(&mut self.buf)?;
+            self.start = 0;
+            self.end = n;
+        }
+        let n = out.len().min(self.end - self.start);
+        out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        Ok(n)
+    }
+}
+
+impl Write for SockBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.sock.write(b)
+    }
+    fn write_vectored(&mut self, b: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        self.sock.write_vectored(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.sock.flush()
+    }
+}
+
+impl Conn for StreamOwned<ClientConnection, SockBuf> {
+    fn tcp(&self) -> Option<&TcpStream> {
+        Some(&self.sock.sock)
+    }
+}
+
+impl Conn for StreamOwned<ServerConnection, SockBuf> {
+    fn tcp(&self) -> Option<&TcpStream> {
+        Some(&self.sock.sock)
+    }
+}
+
+/// A reader and a writer as one connection (a recorded stream in, the
+/// replies out).
+pub struct Duplex<R, W> {
+    /// Where the stream comes from.
+    pub input: R,
+    /// Where the replies go.
+    pub output: W,
+}
+
+impl<R: Read, W> Read for Duplex<R, W> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.input.read(buf)
+    }
+}
+
+impl<R, W: Write> Write for Duplex<R, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.output.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.output.flush()
+    }
+}
+
+impl<R: Read + Send, W: Write + Send> Conn for Duplex<R, W> {}
+
+/// How connections are secured.
+#[derive(Clone)]
+pub enum Security {
+    /// Bare TCP.
+    Plain,
+    /// Mutual TLS: `server` for the destination, `client` for the source,
+    /// and the name the source expects in the destination's certificate.
+    Tls {
+        server: Arc<ServerConfig>,
+        client: Arc<ClientConfig>,
+        server_name: String,
+    },
+    /// TLS with ephemeral certificates, then HMAC-SHA256 challenge-response
+    /// with the key, bound to the TLS session.
+    Psk {
+        server: Arc<ServerConfig>,
+        client: Arc<ClientConfig>,
+        key: Arc<hmac::Key>,
+    },
+}
+
+impl Security {
+    /// In words, for the report.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Security::Plain => "plain TCP (no authentication, no encryption)",
+            Security::Tls { .. } => "mutual TLS 1.3",
+            Security::Psk { .. } => "TLS 1.3 + pre-shared key (HMAC-SHA256 challenge-response)",
+        }
+    }
+}
+
+/// Socket settings of every connection.
+#[derive(Clone)]
+pub struct NetConfig {
+    /// Deadline of every read and write (and of the TLS handshake's each
+    /// step); also the keepalive idle time.
+    pub io_timeout: Duration,
+    /// How connections are secured.
+    pub security: Security,
+}
+
+impl NetConfig {
+    /// Bare TCP with `io_timeout`.
+    pub fn plain(io_timeout: Duration) -> Self {
+        NetConfig {
+            io_timeout,
+            security: Security::Plain,
+        }
+    }
+}
+
+fn setup(what: &str, e: impl std::fmt::Display) -> MigrateError {
+    MigrateError::Setup(format!("{what}: {e}"))
+}
+
+/// Sets the deadlines, keepalive and TCP_NODELAY of a connection.
+///
+/// # Errors
+/// [`MigrateError::Io`].
+pub fn configure(s: &TcpStream, io_timeout: Duration) -> Result<(), MigrateError> {
+    let io = |e: std::io::Error| MigrateError::io("configuring the connection", &e);
+    s.set_nodelay(true).map_err(io)?;
+    s.set_read_timeout(Some(io_timeout)).map_err(io)?;
+    s.set_write_timeout(Some(io_timeout)).map_err(io)?;
+    let sock = socket2::SockRef::from(s);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(io_timeout.max(Duration::from_secs(1)))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    sock.set_tcp_keepalive(&ka).map_err(io)?;
+    // Unacknowledged data older than this ends the connection: a peer
+    // that vanished mid-write is noticed as surely as a silent one.
+    sock.set_tcp_user_timeout(Some(io_timeout)).map_err(io)?;
+    Ok(())
+}
+
+/// Connects to `addr` within the I/O timeout.
+///
+/// # Errors
+/// [`MigrateError::Io`], [`MigrateError::Timeout`].
+pub fn connect_tcp(addr: &str, net: &NetConfig) -> Result<TcpStream, MigrateError> {
+    let what = format!("connecting to {addr}");
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| MigrateError::io(what.clone(), &e))?
+        .collect();
+    let mut last = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, net.io_timeout) {
+            Ok(s) => {
+                configure(&s, net.io_timeout)?;
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(match last {
+        Some(e) => MigrateError::io(what, &e),
+        None => MigrateError::Setup(format!("{what}: no address")),
+    })
+}
+
+/// The source's side of a new connection: TLS and the key exchange as
+/// configured.
+///
+/// # Errors
+/// [`MigrateError::Auth`] when the destination fails authentication,
+/// [`MigrateError::Io`], [`MigrateError::Timeout`].
+pub fn client(s: TcpStream, net: &NetConfig) -> Result<BoxConn, MigrateError> {
+    match &net.security {
+        Security::Plain => Ok(Box::new(s)),
+        Security::Tls {
+            client,
+            server_name,
+            ..
+        } => Ok(Box::new(tls_client(s, client, server_name)?)),
+        Security::Psk { client, key, .. } => {
+            let mut c = tls_client(s, client, "s2mmu-psk")?;
+            psk_client(&mut c, key)?;
+            Ok(Box::new(c))
+        }
+    }
+}
+
+/// The destination's side of an accepted connection.
+///
+/// # Errors
+/// [`MigrateError::Auth`] when the source fails authentication (nothing
+/// of the stream was read), [`MigrateError::Io`], [`MigrateError::Timeout`].
+pub fn server(s: TcpStream, net: &NetConfig) -> Result<BoxConn, MigrateError> {
+    configure(&s, net.io_timeout)?;
+    match &net.security {
+        Security::Plain => Ok(Box::new(s)),
+        Security::Tls { server, .. } => Ok(Box::new(tls_server(s, server)?)),
+        Security::Psk { server, key, .. } => {
+            let mut c = tls_server(s, server)?;
+            psk_server(&mut c, key)?;
+            Ok(Box::new(c))
+        }
+    }
+}
+
+/// Accepts a connection within `deadline` (None: wait for ever).
+///
+/// # Errors
+/// [`MigrateError::Timeout`] once the deadline passed, [`MigrateError::Io`].
+pub fn accept_until(
+    l: &TcpListener,
+    deadline: Option<Instant>,
+) -> Result<(TcpStream, std::net::SocketAddr), MigrateError> {
+    let Some(deadline) = deadline else {
+        return l
+            .accept()
+            .map_err(|e| MigrateError::io("accepting a source", &e));
+    };
+    l.set_nonblocking(true)
+        .map_err(|e| MigrateError::io("accepting a channel", &e))?;
+    let r = loop {
+        match l.accept() {
+            Ok((s, a)) => break s.set_nonblocking(false).map(|_| (s, a)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    break Err(e);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let _ = l.set_nonblocking(false);
+    r.map_err(|e| MigrateError::io("waiting for the source's further channels", &e))
+}
+
+/// Shuts a connection's socket down (to end a thread blocked on it).
+pub fn shutdown(s: &TcpStream) {
+    let _ = s.shutdown(Shutdown::Both);
+}

@@ -1,0 +1,180 @@
+//! The control bodies that describe a guest: HEADER (what the destination
+//! builds), the opening of a connection, and STATE (the vCPUs and the
+//! workload).
+
+use super::{
+    Dec, Enc, MigrateError, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE, SESSION_LEN,
+};
+use s2mmu_vm::VcpuState;
+
+/// What the destination needs to build the same guest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Bytes of guest memory.
+    pub mem_size: u64,
+    /// Memslots it is divided into.
+    pub slots: u32,
+    /// Guest-physical address of the first slot.
+    pub gpa_base: u64,
+    /// vCPUs the guest has (STATE must carry exactly these).
+    pub vcpus: u32,
+    /// Connections the stream is spread over (this one included).
+    pub channels: u16,
+    /// Backing name (selftests' names).
+    pub backing: String,
+    /// The source will send all of its memory again after the resume for
+    /// a byte-for-byte comparison (the destination keeps a snapshot).
+    pub verify_full: bool,
+    /// Post-copy: two more connections than `channels` counts as data
+    /// channels join, for page requests and their answers.
+    pub postcopy: bool,
+}
+
+/// How a connection opens: the main one with the guest's header, a
+/// further channel by joining the session the main one was given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Opening {
+    /// The main connection.
+    Main(Header),
+    /// Channel `channel` of the session `session`.
+    Join {
+        session: [u8; SESSION_LEN],
+        channel: u16,
+    },
+}
+
+/// The guest's vCPU state and the workload they run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestState {
+    /// Bytes each vCPU's region has.
+    pub bytes_per_vcpu: u64,
+    /// Percent of accesses that write.
+    pub write_percent: u32,
+    /// 0 sequential, 1 random.
+    pub pattern: u8,
+    /// Pages per second per vCPU (0 unpaced).
+    pub pace_pages_per_sec: u64,
+    /// One per vCPU.
+    pub vcpus: Vec<VcpuState>,
+}
+impl Header {
+    /// The HEADER record's body.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::default();
+        let name = self.backing.as_bytes();
+        e.u64(self.mem_size)
+            .u32(PAGE_SIZE as u32)
+            .u32(self.slots)
+            .u64(self.gpa_base)
+            .u32(self.vcpus)
+            .u16(self.channels)
+            .u8(name.len().min(255) as u8)
+            .bytes(&name[..name.len().min(255)])
+            .u8(u8::from(self.verify_full) | (u8::from(self.postcopy) << 1));
+        e.0
+    }
+
+    /// Parses and checks a HEADER body against this build's bounds (the
+    /// destination then checks it against its own limits).
+    ///
+    /// # Errors
+    /// [`MigrateError::Malformed`].
+    pub fn decode(body: &[u8], at_byte: u64) -> Result<Self, MigrateError> {
+        let mut d = Dec::new(body, "HEADER", at_byte);
+        let mem_size = d.u64()?;
+        let page_size = d.u32()?;
+        if page_size as usize != PAGE_SIZE {
+            return Err(d.malformed(format!("page size {page_size}, expected {PAGE_SIZE}")));
+        }
+        let slots = d.u32()?;
+        let gpa_base = d.u64()?;
+        let vcpus = d.u32()?;
+        let channels = d.u16()?;
+        let n = d.u8()? as usize;
+        let backing = String::from_utf8(d.bytes(n)?.to_vec())
+            .map_err(|_| d.malformed("backing name is not UTF-8".into()))?;
+        let flags = d.u8()?;
+        if flags > 3 {
+            return Err(d.malformed(format!("unknown flags {flags:#04x}")));
+        }
+        d.finish()?;
+        if mem_size == 0 || !mem_size.is_multiple_of(PAGE_SIZE as u64) || mem_size > MAX_MEM {
+            return Err(d.malformed(format!(
+                "guest memory of {mem_size} bytes (whole pages, at most {MAX_MEM})"
+            )));
+        }
+        if slots == 0 || slots > MAX_SLOTS {
+            return Err(d.malformed(format!("{slots} memslots (1 to {MAX_SLOTS})")));
+        }
+        if vcpus == 0 || vcpus > MAX_VCPUS {
+            return Err(d.malformed(format!("{vcpus} vCPUs (1 to {MAX_VCPUS})")));
+        }
+        if channels == 0 || channels > MAX_CHANNELS {
+            return Err(d.malformed(format!("{channels} channels (1 to {MAX_CHANNELS})")));
+        }
+        if gpa_base.checked_add(mem_size).is_none() || !gpa_base.is_multiple_of(PAGE_SIZE as u64) {
+            return Err(d.malformed(format!(
+                "guest memory at {gpa_base:#x} (page-aligned, below 2^64)"
+            )));
+        }
+        Ok(Header {
+            mem_size,
+            slots,
+            gpa_base,
+            vcpus,
+            channels,
+            backing,
+            verify_full: flags & 1 != 0,
+            postcopy: flags & 2 != 0,
+        })
+    }
+}
+
+impl GuestState {
+    /// The STATE record's body.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::default();
+        e.u64(self.bytes_per_vcpu)
+            .u32(self.write_percent)
+            .u8(self.pattern)
+            .u64(self.pace_pages_per_sec)
+            .u32(self.vcpus.len() as u32);
+        for v in &self.vcpus {
+            e.u64(v.pass).u64(v.next_page).u64(v.rng).u64(v.writes);
+        }
+        e.0
+    }
+
+    /// Parses a STATE record's body.
+    ///
+    /// # Errors
+    /// [`MigrateError::Malformed`].
+    pub fn decode(body: &[u8], at_byte: u64) -> Result<Self, MigrateError> {
+        let mut d = Dec::new(body, "STATE", at_byte);
+        let bytes_per_vcpu = d.u64()?;
+        let write_percent = d.u32()?;
+        let pattern = d.u8()?;
+        let pace_pages_per_sec = d.u64()?;
+        let n = d.u32()?;
+        if n == 0 || n > MAX_VCPUS {
+            return Err(d.malformed(format!("{n} vCPUs")));
+        }
+        let mut vcpus = Vec::new();
+        for _ in 0..n {
+            vcpus.push(VcpuState {
+                pass: d.u64()?,
+                next_page: d.u64()?,
+                rng: d.u64()?,
+                writes: d.u64()?,
+            });
+        }
+        d.finish()?;
+        Ok(GuestState {
+            bytes_per_vcpu,
+            write_percent,
+            pattern,
+            pace_pages_per_sec,
+            vcpus,
+        })
+    }
+}
