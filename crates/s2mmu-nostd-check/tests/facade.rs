@@ -5,7 +5,7 @@
 //! allocator only once the buffer is spent, which a panic's backtrace
 //! symbolisation can do).
 
-use s2mmu::Hva;
+use s2mmu::{Error, Gpa, Hva, NoTlb, Prot};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +14,6 @@ use std::sync::Arc;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{FaultOutcome, Mmu, MmuPolicy};
-use s2mmu::{Error, Gpa, NoTlb, Prot};
 use s2mmu_nostd_check::{Arena, ArenaMmOps, CheckPlatform, RawTicketLock, TickClock};
 
 /// Bytes the bump allocator can hand out.

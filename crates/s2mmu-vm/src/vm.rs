@@ -8,8 +8,7 @@ use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{Mmu, MmuPolicy};
-use s2mmu::{Gpa, Hva};
-use s2mmu::{HostMmOps, PteFormat};
+use s2mmu::{Gpa, HostMmOps, Hva, PteFormat};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 

@@ -6,8 +6,7 @@ use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, HwDirtyBlocks, Mmu, MmuPolicy};
-use s2mmu::{Error, HostMmOps, NoTlb, PteFormat};
-use s2mmu::{Gpa, Hva};
+use s2mmu::{Error, Gpa, HostMmOps, Hva, NoTlb, PteFormat};
 use std::sync::Arc;
 
 const GPA: u64 = 1 << 30;

@@ -169,7 +169,8 @@ struct OrderChecker<S> {
 }
 
 impl<S: MemslotStore> Stage2Invalidate for OrderChecker<S> {
-    fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
+    fn unmap_gfn_range(&self, base_gfn: Gfn, npages: u64) {
+        let base_gfn = base_gfn.raw();
         let snap = self.store.snapshot();
         let slot = snap
             .search(Gfn::new(base_gfn))
@@ -244,7 +245,8 @@ fn unmap_happens_before_publication<S: MemslotStore>() {
     // The delete's stand-in sits at gfn 1000, so the "not visible yet" probe must look elsewhere.
     struct DeleteChecker<S>(OrderChecker<S>);
     impl<S: MemslotStore> Stage2Invalidate for DeleteChecker<S> {
-        fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
+        fn unmap_gfn_range(&self, base_gfn: Gfn, npages: u64) {
+            let base_gfn = base_gfn.raw();
             let snap = self.0.store.snapshot();
             assert!(snap.search(Gfn::new(base_gfn)).unwrap().is_invalid());
             self.0.calls.lock().unwrap().push((base_gfn, npages));

@@ -138,8 +138,8 @@ impl Model {
 struct Recorder(Mutex<Vec<(u64, u64)>>);
 
 impl Stage2Invalidate for Recorder {
-    fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
-        self.0.lock().unwrap().push((base_gfn, npages));
+    fn unmap_gfn_range(&self, base_gfn: Gfn, npages: u64) {
+        self.0.lock().unwrap().push((base_gfn.raw(), npages));
     }
 }
 

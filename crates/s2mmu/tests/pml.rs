@@ -5,8 +5,7 @@
 use s2mmu::format::ept::{EptFormat, DIRTY};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy, PmlFull, PML_LOG_ENTRIES};
-use s2mmu::{Gpa, Hva};
-use s2mmu::{HostMmOps, NoTlb};
+use s2mmu::{Gpa, HostMmOps, Hva, NoTlb};
 use std::sync::Arc;
 
 const GPA: u64 = 1 << 30;

@@ -214,7 +214,7 @@ impl<S: MemslotStore> Vm<S> {
         let mut hits = 0u64;
         snapshot.for_each_in_hva_range(Hva::new(hva), Hva::new(hva + len), |overlap| {
             NoStage2.unmap_gfn_range(
-                overlap.gfn_start.raw(),
+                overlap.gfn_start,
                 overlap.gfn_end.raw() - overlap.gfn_start.raw(),
             );
             hits += 1;

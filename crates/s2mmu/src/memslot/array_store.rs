@@ -113,7 +113,7 @@ impl<P: Platform> MemslotStore for ArrayMemslots<P> {
                 let with_invalid = current.with_change(Some(&old), Some(&invalid), *generation);
                 drop(current);
                 let with_invalid = self.install(with_invalid);
-                stage2.unmap_gfn_range(old.base_gfn().raw(), old.npages());
+                stage2.unmap_gfn_range(old.base_gfn(), old.npages());
                 *generation += 1;
                 let next = with_invalid.with_change(Some(&invalid), new.as_ref(), *generation);
                 drop(with_invalid);

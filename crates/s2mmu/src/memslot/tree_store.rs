@@ -137,7 +137,7 @@ impl<P: Platform> MemslotStore for TreeMemslots<P> {
                 let invalid = Arc::new(old.to_invalid());
                 Arc::make_mut(&mut updater.inactive).replace(Some(&old), Some(&invalid));
                 self.swap_active(updater);
-                stage2.unmap_gfn_range(old.base_gfn().raw(), old.npages());
+                stage2.unmap_gfn_range(old.base_gfn(), old.npages());
                 Arc::make_mut(&mut updater.inactive).replace(Some(&old), new.as_ref());
                 self.swap_active(updater);
                 Arc::make_mut(&mut updater.inactive).replace(Some(&invalid), new.as_ref());

@@ -128,7 +128,8 @@ struct Stage2Hook<'a, F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> {
 impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Stage2Invalidate
     for Stage2Hook<'_, F, M, S, P>
 {
-    fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
+    fn unmap_gfn_range(&self, base_gfn: Gfn, npages: u64) {
+        let base_gfn = base_gfn.raw();
         let shift = self.mmu.stage2.config.page_shift;
         let mut st = FaultStats::default();
         let mut pt = self.mmu.write_lock(&mut st);

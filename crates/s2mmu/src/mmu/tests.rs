@@ -4,8 +4,7 @@ use super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};
 use crate::tlb::NoTlb;
-use crate::Gpa;
-use crate::{HostMmOps, Hva};
+use crate::{Gpa, HostMmOps, Hva};
 
 type TestMmu = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
 

@@ -7,8 +7,7 @@ use super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};
 use crate::tlb::NoTlb;
-use crate::HostMmOps;
-use crate::{Gpa, Hva};
+use crate::{Gpa, HostMmOps, Hva};
 use core::sync::atomic::AtomicUsize;
 
 /// Host table pages, refused once `budget` pages have been handed out.

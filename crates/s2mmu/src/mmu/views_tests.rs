@@ -6,8 +6,7 @@ use crate::dirty::MAX_DIRTY_VIEWS_PER_SLOT;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};
 use crate::tlb::NoTlb;
-use crate::HostMmOps;
-use crate::{Gpa, Hva};
+use crate::{Gpa, HostMmOps, Hva};
 
 type TestMmu = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
 
