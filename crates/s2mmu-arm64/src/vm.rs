@@ -14,7 +14,7 @@ use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::memslot::{MemslotConfig, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{FaultKind, HostMemory, Mmu, MmuPolicy, VcpuMmu};
 use s2mmu::tlb::arm64::Arm64TlbiFeatures;
-use s2mmu::{Gpa, Hva};
+use s2mmu::{Gpa, Hva, Pa};
 use s2mmu::{PteFormat, TlbInvalidate};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,18 +48,20 @@ impl RamHost {
 }
 
 impl HostMemory for RamHost {
-    fn host_to_phys(&self, hva: u64, size: u64) -> Option<u64> {
+    fn host_to_phys(&self, hva: Hva, size: u64) -> Option<Pa> {
+        let hva = hva.raw();
         if !self.any_moved.load(Ordering::Acquire) {
-            return self.linear(hva, size);
+            return self.linear(hva, size).map(Pa::new);
         }
         let moved = self.moved.lock().unwrap();
         let mut inside = moved.range(hva..hva.saturating_add(size));
-        match inside.next() {
+        let pa = match inside.next() {
             None => self.linear(hva, size),
             // A moved page is contiguous only with itself.
             Some((&at, &pa)) if at == hva && size == self.page => Some(pa),
             Some(_) => None,
-        }
+        };
+        pa.map(Pa::new)
     }
     // QEMU models no caches: the maintenance hooks stay no-ops.
 }
@@ -215,9 +217,9 @@ impl Arm64Vm {
         let code = UserMemoryRegion::new(
             CODE_SLOT,
             SlotFlags::NONE,
-            layout::GUEST_TEXT,
+            Gpa::new(layout::GUEST_TEXT),
             layout::GUEST_TEXT_SIZE.max(1 << shift),
-            code_hva,
+            Hva::new(code_hva),
         );
         vm.mmu.set_memory_region(&code, 1 << shift)?;
         // Map the code now: probes run it without a vCPU to fault it in.
@@ -260,7 +262,9 @@ impl Arm64Vm {
 
     /// The physical address behind the host page at `hva` now.
     pub fn host_page_pa(&self, hva: u64) -> Option<u64> {
-        self.host.host_to_phys(hva, self.host.page)
+        self.host
+            .host_to_phys(Hva::new(hva), self.host.page)
+            .map(Pa::raw)
     }
 
     /// Moves the host page at `hva` to physical address `new_pa`, as a host
@@ -321,7 +325,7 @@ impl Arm64Vm {
             )));
         }
         let hva = ram.hva(pa).expect("checked above");
-        let r = UserMemoryRegion::new(id, SlotFlags::NONE, gpa, size, hva);
+        let r = UserMemoryRegion::new(id, SlotFlags::NONE, Gpa::new(gpa), size, Hva::new(hva));
         self.mmu.set_memory_region(&r, host_page)?;
         Ok(())
     }
@@ -459,7 +463,7 @@ impl Arm64Vm {
                 let write = e.write().then_some(e.rt & mask);
                 let v = h(MmioAccess {
                     cpu,
-                    ipa: gpa,
+                    ipa: gpa.raw(),
                     size,
                     write,
                 });

@@ -20,7 +20,7 @@ use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy};
-use s2mmu::{HostMmOps, NoTlb};
+use s2mmu::{Gpa, HostMmOps, Hva, NoTlb};
 use s2mmu_vm::VmFormat;
 use serde_json::json;
 use std::sync::Arc;
@@ -118,7 +118,7 @@ fn setup<F: VmFormat>(p: &Params) -> Result<(Arc<HwMmu<F>>, Duration), String> {
         policy,
     )
     .map_err(e)?;
-    let slot = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, p.size, HVA);
+    let slot = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), p.size, Hva::new(HVA));
     mmu.set_memory_region(&slot, 4096).map_err(e)?;
     let t = Instant::now();
     mmu.populate(0, 0, p.size / 4096).map_err(e)?;

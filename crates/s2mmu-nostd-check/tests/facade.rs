@@ -5,6 +5,7 @@
 //! allocator only once the buffer is spent, which a panic's backtrace
 //! symbolisation can do).
 
+use s2mmu::{Error, Gpa, Hva, NoTlb, Prot};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,7 +14,6 @@ use std::sync::Arc;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{FaultOutcome, Mmu, MmuPolicy};
-use s2mmu::{Error, Gpa, NoTlb, Prot};
 use s2mmu_nostd_check::{Arena, ArenaMmOps, CheckPlatform, RawTicketLock, TickClock};
 
 /// Bytes the bump allocator can hand out.
@@ -122,7 +122,7 @@ fn maps_faults_logs_and_harvests_without_std() {
     assert!(base_pages >= 1, "the root came from the arena");
 
     // A 4 MiB slot on 2 MiB host pages: a write fault maps a block.
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     assert_eq!(
@@ -139,7 +139,13 @@ fn maps_faults_logs_and_harvests_without_std() {
 
     // Logging on: the eager split breaks the block into pages, all
     // write-protected.
-    let logged = UserMemoryRegion::new(0, SlotFlags::LOG_DIRTY_PAGES, GPA, 4 << 20, HVA);
+    let logged = UserMemoryRegion::new(
+        0,
+        SlotFlags::LOG_DIRTY_PAGES,
+        Gpa::new(GPA),
+        4 << 20,
+        Hva::new(HVA),
+    );
     m.set_memory_region(&logged, 2 << 20).unwrap();
     let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
     assert_eq!(leaves.len(), 512, "split when logging started");
@@ -178,7 +184,7 @@ fn maps_faults_logs_and_harvests_without_std() {
 
     // Deleting the slot unmaps it and gives its tables back (deferred
     // until no lockless reader walks).
-    let gone = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 0, HVA);
+    let gone = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 0, Hva::new(HVA));
     m.set_memory_region(&gone, 2 << 20).unwrap();
     assert!(m.reader().translate(GPA + 5 * 4096).is_none());
     drop(v);

@@ -8,7 +8,7 @@ use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{Mmu, MmuPolicy};
-use s2mmu::{HostMmOps, PteFormat};
+use s2mmu::{Gpa, HostMmOps, Hva, PteFormat};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -211,9 +211,9 @@ impl<S: MemslotStore, F: VmFormat> Vm<S, F> {
             let region = UserMemoryRegion::new(
                 id,
                 SlotFlags::NONE,
-                config.gpa_base + off,
+                Gpa::new(config.gpa_base + off),
                 per,
-                memory.host_addr() + off,
+                Hva::new(memory.host_addr() + off),
             );
             mmu.set_memory_region(&region, host_page)?;
             slots.push(SlotInfo {

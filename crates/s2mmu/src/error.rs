@@ -2,6 +2,8 @@
 
 use core::fmt;
 
+use crate::addr::{Gpa, Hva};
+
 /// Everything an engine operation can refuse or fail with.
 ///
 /// Operations validate their input before they change anything, so an error
@@ -122,13 +124,13 @@ pub enum Error {
     /// No memslot covers the guest address: an MMIO access.
     NoSlot {
         /// The faulting guest physical address.
-        gpa: u64,
+        gpa: Gpa,
     },
     /// The host memory behind a memslot page has no physical address
     /// ([`crate::mmu::HostMemory::host_to_phys`] returned `None`).
     Unbacked {
         /// The host virtual address.
-        hva: u64,
+        hva: Hva,
     },
     /// A vCPU handle made by another `Mmu` was passed to this one.
     ForeignVcpu {
@@ -138,7 +140,7 @@ pub enum Error {
     /// A write to a read-only memslot.
     WriteToReadOnly {
         /// The faulting guest physical address.
-        gpa: u64,
+        gpa: Gpa,
     },
     /// The dirty ring is not enabled, or a bitmap call was made while only
     /// the ring tracks dirty pages (ENXIO).

@@ -45,7 +45,7 @@ pub mod table;
 pub mod tlb;
 pub mod walk;
 
-pub use addr::{Gpa, Hva};
+pub use addr::{Gfn, Gpa, Hva, Pa};
 pub use error::{Error, Result};
 
 /// Whether this build of the engine has the `std` feature (cargo unifies

@@ -1,4 +1,13 @@
 //! The stage-2 page table: its root, its lockless reader, tear-down.
+//!
+//! This level takes and returns bare `u64` addresses (IPAs in, output
+//! addresses out), as aarch64-paging's table does below its typed API: it
+//! is the low-level table the facade ([`crate::mmu::Mmu`]) drives, its
+//! callers do address arithmetic on every call (alignment, block bases,
+//! level strides), and it has one kind of input and one of output, so a mixed
+//! up argument is an IPA-versus-size slip that types would not catch. The
+//! facade's public API, where guest-physical, frame, host-virtual and
+//! physical addresses meet, uses [`crate::addr`]'s types.
 
 use crate::format::{Prot, PteFormat};
 use crate::table::{entry_ref, MmOps};

@@ -6,7 +6,7 @@ use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, HwDirtyBlocks, Mmu, MmuPolicy};
-use s2mmu::{Error, HostMmOps, NoTlb, PteFormat};
+use s2mmu::{Error, Gpa, HostMmOps, Hva, NoTlb, PteFormat};
 use std::sync::Arc;
 
 const GPA: u64 = 1 << 30;
@@ -35,7 +35,7 @@ fn logged<F: PteFormat>(
         },
     )
     .unwrap();
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, SIZE, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), SIZE, Hva::new(HVA));
     m.set_memory_region(&r, BLOCK).unwrap();
     let mut v = m.new_vcpu().unwrap();
     for b in 0..SIZE / BLOCK {
@@ -151,7 +151,7 @@ fn initially_set_bitmaps_split_on_clear_without_eager_split() {
             },
         )
         .unwrap();
-        let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, SIZE, HVA);
+        let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), SIZE, Hva::new(HVA));
         m.set_memory_region(&r, BLOCK).unwrap();
         let mut v = m.new_vcpu().unwrap();
         for b in 0..SIZE / BLOCK {

@@ -2,6 +2,7 @@
 //! answer a reader gets must be the answer of one published state (the one whose
 //! generation the reader's snapshot carried), never a mix.
 
+use s2mmu::{Gfn, Gpa, Hva};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,7 @@ const GFN_SPACE: u64 = 512;
 type Key = (u16, u64, u64, u32);
 
 fn key(s: &Slot) -> Key {
-    (s.id(), s.base_gfn(), s.npages(), s.flags().bits())
+    (s.id(), s.base_gfn().raw(), s.npages(), s.flags().bits())
 }
 
 /// A small deterministic generator, so failures reproduce.
@@ -74,8 +75,8 @@ fn readers_see_only_published_states<S: MemslotStore + 'static>() {
                     last_generation = generation;
                     for _ in 0..4 {
                         let gfn = rng.next(GFN_SPACE);
-                        let by_vcpu = snap.gfn_to_slot_vcpu(&mut cache, gfn).map(key);
-                        let by_set = snap.gfn_to_slot(gfn).map(key);
+                        let by_vcpu = snap.gfn_to_slot_vcpu(&mut cache, Gfn::new(gfn)).map(key);
+                        let by_set = snap.gfn_to_slot(Gfn::new(gfn)).map(key);
                         assert_eq!(by_vcpu, by_set, "one snapshot, one answer");
                         if seen.len() < 400_000 {
                             seen.push((generation, gfn, by_vcpu));
@@ -98,32 +99,36 @@ fn readers_see_only_published_states<S: MemslotStore + 'static>() {
             (None, _) => UserMemoryRegion::new(
                 id,
                 SlotFlags::NONE,
-                rng.next(GFN_SPACE) * PAGE,
+                Gpa::new(rng.next(GFN_SPACE) * PAGE),
                 (1 + rng.next(24)) * PAGE,
-                hva,
+                Hva::new(hva),
             ),
             (Some(_), 0) => UserMemoryRegion::delete(id),
             (Some(k), 1) => UserMemoryRegion::new(
                 id,
                 SlotFlags::from_bits(k.3 ^ 1),
-                k.1 * PAGE,
+                Gpa::new(k.1 * PAGE),
                 k.2 * PAGE,
-                hva,
+                Hva::new(hva),
             ),
             (Some(k), _) => UserMemoryRegion::new(
                 id,
                 SlotFlags::from_bits(k.3),
-                rng.next(GFN_SPACE) * PAGE,
+                Gpa::new(rng.next(GFN_SPACE) * PAGE),
                 k.2 * PAGE,
-                hva,
+                Hva::new(hva),
             ),
         };
         let before = store.snapshot().generation();
         if let Ok(change) = store.set_memory_region(&region, &NoStage2) {
             assert_eq!(before as usize, states.len() - 1);
             let npages = region.memory_size / PAGE;
-            let new =
-                (npages > 0).then_some((id, region.guest_phys_addr / PAGE, npages, region.flags));
+            let new = (npages > 0).then_some((
+                id,
+                region.guest_phys_addr.raw() / PAGE,
+                npages,
+                region.flags,
+            ));
             record_publications(&mut states, change, id, new);
             assert_eq!(store.snapshot().generation() as usize, states.len() - 1);
             ops += 1;
@@ -164,18 +169,19 @@ struct OrderChecker<S> {
 }
 
 impl<S: MemslotStore> Stage2Invalidate for OrderChecker<S> {
-    fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
+    fn unmap_gfn_range(&self, base_gfn: Gfn, npages: u64) {
+        let base_gfn = base_gfn.raw();
         let snap = self.store.snapshot();
         let slot = snap
-            .search(base_gfn)
+            .search(Gfn::new(base_gfn))
             .expect("the old range is still covered");
         assert!(
             slot.is_invalid(),
             "the stand-in is published before the unmap"
         );
-        assert_eq!((slot.base_gfn(), slot.npages()), (base_gfn, npages));
+        assert_eq!((slot.base_gfn().raw(), slot.npages()), (base_gfn, npages));
         assert!(
-            snap.search(1000).is_none(),
+            snap.search(Gfn::new(1000)).is_none(),
             "the moved slot is not visible yet"
         );
         self.calls.lock().unwrap().push((base_gfn, npages));
@@ -191,7 +197,13 @@ fn unmap_happens_before_publication<S: MemslotStore>() {
     let hva = 0x7000_0000;
     store
         .set_memory_region(
-            &UserMemoryRegion::new(3, SlotFlags::NONE, 16 * PAGE, 8 * PAGE, hva),
+            &UserMemoryRegion::new(
+                3,
+                SlotFlags::NONE,
+                Gpa::new(16 * PAGE),
+                8 * PAGE,
+                Hva::new(hva),
+            ),
             &checker,
         )
         .unwrap();
@@ -199,17 +211,29 @@ fn unmap_happens_before_publication<S: MemslotStore>() {
         checker.calls.lock().unwrap().is_empty(),
         "a create unmaps nothing"
     );
-    let moved = UserMemoryRegion::new(3, SlotFlags::NONE, 1000 * PAGE, 8 * PAGE, hva);
+    let moved = UserMemoryRegion::new(
+        3,
+        SlotFlags::NONE,
+        Gpa::new(1000 * PAGE),
+        8 * PAGE,
+        Hva::new(hva),
+    );
     assert_eq!(
         store.set_memory_region(&moved, &checker),
         Ok(MemslotChange::Move)
     );
     let snap = store.snapshot();
-    assert!(snap.search(16).is_none());
-    assert_eq!(snap.search(1003).map(Slot::id), Some(3));
+    assert!(snap.search(Gfn::new(16)).is_none());
+    assert_eq!(snap.search(Gfn::new(1003)).map(Slot::id), Some(3));
     assert!(!snap.id_to_slot(3).unwrap().is_invalid());
     drop(snap);
-    let logging = UserMemoryRegion::new(3, SlotFlags::LOG_DIRTY_PAGES, 1000 * PAGE, 8 * PAGE, hva);
+    let logging = UserMemoryRegion::new(
+        3,
+        SlotFlags::LOG_DIRTY_PAGES,
+        Gpa::new(1000 * PAGE),
+        8 * PAGE,
+        Hva::new(hva),
+    );
     assert_eq!(
         store.set_memory_region(&logging, &checker),
         Ok(MemslotChange::FlagsOnly)
@@ -221,9 +245,10 @@ fn unmap_happens_before_publication<S: MemslotStore>() {
     // The delete's stand-in sits at gfn 1000, so the "not visible yet" probe must look elsewhere.
     struct DeleteChecker<S>(OrderChecker<S>);
     impl<S: MemslotStore> Stage2Invalidate for DeleteChecker<S> {
-        fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
+        fn unmap_gfn_range(&self, base_gfn: Gfn, npages: u64) {
+            let base_gfn = base_gfn.raw();
             let snap = self.0.store.snapshot();
-            assert!(snap.search(base_gfn).unwrap().is_invalid());
+            assert!(snap.search(Gfn::new(base_gfn)).unwrap().is_invalid());
             self.0.calls.lock().unwrap().push((base_gfn, npages));
         }
     }
@@ -255,7 +280,13 @@ fn snapshot_is_stable<S: MemslotStore + 'static>() {
     let store = Arc::new(S::with_config(MemslotConfig::default()));
     store
         .set_memory_region(
-            &UserMemoryRegion::new(1, SlotFlags::NONE, 0, 4 * PAGE, 0x10_0000),
+            &UserMemoryRegion::new(
+                1,
+                SlotFlags::NONE,
+                Gpa::new(0),
+                4 * PAGE,
+                Hva::new(0x10_0000),
+            ),
             &NoStage2,
         )
         .unwrap();
@@ -264,25 +295,31 @@ fn snapshot_is_stable<S: MemslotStore + 'static>() {
         let store = Arc::clone(&store);
         thread::spawn(move || {
             store.set_memory_region(
-                &UserMemoryRegion::new(2, SlotFlags::NONE, 64 * PAGE, 4 * PAGE, 0x20_0000),
+                &UserMemoryRegion::new(
+                    2,
+                    SlotFlags::NONE,
+                    Gpa::new(64 * PAGE),
+                    4 * PAGE,
+                    Hva::new(0x20_0000),
+                ),
                 &NoStage2,
             )
         })
     };
-    while store.snapshot().search(64).is_none() {
+    while store.snapshot().search(Gfn::new(64)).is_none() {
         thread::yield_now();
     }
-    assert_eq!(old.search(0).map(Slot::id), Some(1));
-    assert!(!old.search(0).unwrap().is_invalid());
-    assert!(old.search(64).is_none());
+    assert_eq!(old.search(Gfn::new(0)).map(Slot::id), Some(1));
+    assert!(!old.search(Gfn::new(0)).unwrap().is_invalid());
+    assert!(old.search(Gfn::new(64)).is_none());
     drop(old);
     assert_eq!(writer.join().unwrap(), Ok(MemslotChange::Create));
     let now = store.snapshot();
     assert_eq!(
         (
             now.len(),
-            now.search(0).map(Slot::id),
-            now.search(64).map(Slot::id)
+            now.search(Gfn::new(0)).map(Slot::id),
+            now.search(Gfn::new(64)).map(Slot::id)
         ),
         (2, Some(1), Some(2))
     );

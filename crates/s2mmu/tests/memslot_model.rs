@@ -1,6 +1,7 @@
 //! Property tests: random update sequences against a plain list of slots, for both
 //! policies, checking every result and every lookup after every step.
 
+use s2mmu::{Gfn, Gpa, Hva};
 use std::sync::Mutex;
 
 use proptest::prelude::*;
@@ -34,8 +35,8 @@ impl Model {
         }
         for (what, value) in [
             ("memory_size", req.memory_size),
-            ("guest_phys_addr", req.guest_phys_addr),
-            ("userspace_addr", req.userspace_addr),
+            ("guest_phys_addr", req.guest_phys_addr.raw()),
+            ("userspace_addr", req.userspace_addr.raw()),
         ] {
             if value % PAGE != 0 {
                 return Err(MemslotError::Misaligned { what, value });
@@ -50,12 +51,12 @@ impl Model {
         if req.guest_phys_addr.checked_add(req.memory_size).is_none() {
             return Err(MemslotError::Wraps {
                 what: "guest_phys_addr",
-                start: req.guest_phys_addr,
+                start: req.guest_phys_addr.raw(),
                 len: req.memory_size,
             });
         }
         let npages = req.memory_size / PAGE;
-        let base = req.guest_phys_addr / PAGE;
+        let base = req.guest_phys_addr.raw() / PAGE;
         let old = self.by_id(id).cloned();
         if npages == 0 {
             let Some(_) = old else {
@@ -78,7 +79,7 @@ impl Model {
                 if (o.flags().bits() ^ req.flags) & 2 != 0 {
                     return Err(MemslotError::ImmutableChange { what: "readonly" });
                 }
-                if o.base_gfn() != base {
+                if o.base_gfn() != Gfn::new(base) {
                     MemslotChange::Move
                 } else if o.flags().bits() != req.flags {
                     MemslotChange::FlagsOnly
@@ -91,7 +92,11 @@ impl Model {
             let other = self
                 .slots
                 .iter()
-                .filter(|s| s.id() != id && s.base_gfn() < base + npages && base < s.end_gfn())
+                .filter(|s| {
+                    s.id() != id
+                        && s.base_gfn() < Gfn::new(base + npages)
+                        && base < s.end_gfn().raw()
+                })
                 .min_by_key(|s| s.base_gfn());
             if let Some(other) = other {
                 return Err(MemslotError::Overlap {
@@ -103,7 +108,7 @@ impl Model {
         self.slots.retain(|s| s.id() != id);
         self.slots.push(Slot::new(
             id,
-            base,
+            Gfn::new(base),
             npages,
             req.userspace_addr,
             SlotFlags::from_bits(req.flags),
@@ -113,7 +118,7 @@ impl Model {
     }
 
     fn find(&self, gfn: u64) -> Option<&Slot> {
-        self.slots.iter().find(|s| s.contains(gfn))
+        self.slots.iter().find(|s| s.contains(Gfn::new(gfn)))
     }
 
     fn approx(&self, gfn: u64) -> Option<&Slot> {
@@ -121,7 +126,7 @@ impl Model {
             .or_else(|| {
                 self.slots
                     .iter()
-                    .filter(|s| s.base_gfn() <= gfn)
+                    .filter(|s| s.base_gfn() <= Gfn::new(gfn))
                     .max_by_key(|s| s.base_gfn())
             })
             .or_else(|| self.slots.iter().min_by_key(|s| s.base_gfn()))
@@ -133,8 +138,8 @@ impl Model {
 struct Recorder(Mutex<Vec<(u64, u64)>>);
 
 impl Stage2Invalidate for Recorder {
-    fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
-        self.0.lock().unwrap().push((base_gfn, npages));
+    fn unmap_gfn_range(&self, base_gfn: Gfn, npages: u64) {
+        self.0.lock().unwrap().push((base_gfn.raw(), npages));
     }
 }
 
@@ -163,9 +168,9 @@ fn region() -> impl Strategy<Value = UserMemoryRegion> {
         UserMemoryRegion {
             slot,
             flags,
-            guest_phys_addr: gpa.unwrap_or(id * 8 * PAGE),
+            guest_phys_addr: Gpa::new(gpa.unwrap_or(id * 8 * PAGE)),
             memory_size,
-            userspace_addr: hva.unwrap_or(0x1000_0000 + id * 0x10_0000),
+            userspace_addr: Hva::new(hva.unwrap_or(0x1000_0000 + id * 0x10_0000)),
         }
     })
 }
@@ -173,9 +178,9 @@ fn region() -> impl Strategy<Value = UserMemoryRegion> {
 fn key(s: &Slot) -> (u16, u64, u64, u64, u32) {
     (
         s.id(),
-        s.base_gfn(),
+        s.base_gfn().raw(),
         s.npages(),
-        s.userspace_addr(),
+        s.userspace_addr().raw(),
         s.flags().bits(),
     )
 }
@@ -201,15 +206,19 @@ fn check_state<S: MemslotStore>(
     }
     for gfn in 0..GFN_SPACE + 20 {
         let want = model.find(gfn).map(key);
-        assert_eq!(snap.search(gfn).map(key), want, "search {gfn}");
-        assert_eq!(snap.gfn_to_slot(gfn).map(key), want, "gfn_to_slot {gfn}");
+        assert_eq!(snap.search(Gfn::new(gfn)).map(key), want, "search {gfn}");
         assert_eq!(
-            snap.gfn_to_slot_vcpu(cache, gfn).map(key),
+            snap.gfn_to_slot(Gfn::new(gfn)).map(key),
+            want,
+            "gfn_to_slot {gfn}"
+        );
+        assert_eq!(
+            snap.gfn_to_slot_vcpu(cache, Gfn::new(gfn)).map(key),
             want,
             "vcpu {gfn}"
         );
         assert_eq!(
-            snap.gfn_to_slot_approx(gfn).map(key),
+            snap.gfn_to_slot_approx(Gfn::new(gfn)).map(key),
             model.approx(gfn).map(key),
             "approx {gfn}"
         );
@@ -222,7 +231,7 @@ fn check_state<S: MemslotStore>(
     for &(a, b) in probes {
         let (start, end) = (a % (GFN_SPACE + 20), b % (GFN_SPACE + 20));
         let mut got = Vec::new();
-        snap.for_each_in_gfn_range(start, end, |s| got.push(key(s)));
+        snap.for_each_in_gfn_range(Gfn::new(start), Gfn::new(end), |s| got.push(key(s)));
         let want: Vec<_> = want
             .iter()
             .copied()
@@ -234,16 +243,19 @@ fn check_state<S: MemslotStore>(
         let hva_start = 0x1000_0000 + (a * 0x1000 % 0x100_0000) - [0, 1, 0x800][(b % 3) as usize];
         let hva_end = hva_start + (b % 40) * 0x800 + (a % 2);
         let mut got = Vec::new();
-        snap.for_each_in_hva_range(hva_start, hva_end, |o| {
-            got.push((o.slot.id(), o.gfn_start, o.gfn_end))
+        snap.for_each_in_hva_range(Hva::new(hva_start), Hva::new(hva_end), |o| {
+            got.push((o.slot.id(), o.gfn_start.raw(), o.gfn_end.raw()))
         });
         got.sort_unstable();
         let mut want = Vec::new();
         for s in &model.slots {
-            let (lo, hi) = (hva_start.max(s.userspace_addr()), hva_end.min(s.hva_end()));
+            let (lo, hi) = (
+                hva_start.max(s.userspace_addr().raw()),
+                hva_end.min(s.hva_end().raw()),
+            );
             if lo < hi {
-                let first = s.base_gfn() + (lo - s.userspace_addr()) / PAGE;
-                let end = s.base_gfn() + (hi - s.userspace_addr()).div_ceil(PAGE);
+                let first = s.base_gfn().raw() + (lo - s.userspace_addr().raw()) / PAGE;
+                let end = s.base_gfn().raw() + (hi - s.userspace_addr().raw()).div_ceil(PAGE);
                 want.push((s.id(), first, end));
             }
         }
@@ -272,7 +284,7 @@ fn run_sequence<S: MemslotStore>(ops: &[UserMemoryRegion], probes: &[(u64, u64)]
         match got {
             Ok(MemslotChange::Delete | MemslotChange::Move) => {
                 let old = before.expect("delete or move of an existing slot");
-                assert_eq!(unmaps, vec![(old.base_gfn(), old.npages())]);
+                assert_eq!(unmaps, vec![(old.base_gfn().raw(), old.npages())]);
                 assert_eq!(published, 2, "stand-in then final state");
             }
             Ok(_) => {

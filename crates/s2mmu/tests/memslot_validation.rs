@@ -1,6 +1,7 @@
 //! KVM's validation rules and error kinds, page sizes other than 4 KiB, hva aliasing, and
 //! both policies at thousands of slots.
 
+use s2mmu::{Gfn, Gpa, Hva};
 use std::collections::BTreeMap;
 
 use s2mmu::memslot::{
@@ -23,9 +24,9 @@ fn region(id: u16, gfn: u64, npages: u64) -> UserMemoryRegion {
     UserMemoryRegion::new(
         id,
         SlotFlags::NONE,
-        gfn * PAGE,
+        Gpa::new(gfn * PAGE),
         npages * PAGE,
-        HVA + u64::from(id) * 0x100_0000,
+        Hva::new(HVA + u64::from(id) * 0x100_0000),
     )
 }
 
@@ -61,7 +62,7 @@ fn rejects_what_kvm_rejects<S: MemslotStore>() {
         ),
         (
             UserMemoryRegion {
-                guest_phys_addr: 100,
+                guest_phys_addr: Gpa::new(100),
                 ..region(1, 32, 4)
             },
             MemslotError::Misaligned {
@@ -71,7 +72,7 @@ fn rejects_what_kvm_rejects<S: MemslotStore>() {
         ),
         (
             UserMemoryRegion {
-                userspace_addr: HVA + 8,
+                userspace_addr: Hva::new(HVA + 8),
                 ..region(1, 32, 4)
             },
             MemslotError::Misaligned {
@@ -81,7 +82,7 @@ fn rejects_what_kvm_rejects<S: MemslotStore>() {
         ),
         (
             UserMemoryRegion {
-                userspace_addr: u64::MAX - PAGE + 1,
+                userspace_addr: Hva::new(u64::MAX - PAGE + 1),
                 ..region(1, 32, 4)
             },
             MemslotError::Wraps {
@@ -99,7 +100,7 @@ fn rejects_what_kvm_rejects<S: MemslotStore>() {
         ),
         (
             UserMemoryRegion {
-                guest_phys_addr: u64::MAX - PAGE + 1,
+                guest_phys_addr: Gpa::new(u64::MAX - PAGE + 1),
                 ..region(1, 32, 4)
             },
             MemslotError::Wraps {
@@ -133,7 +134,7 @@ fn rejects_what_kvm_rejects<S: MemslotStore>() {
         ),
         (
             UserMemoryRegion {
-                userspace_addr: HVA + PAGE,
+                userspace_addr: Hva::new(HVA + PAGE),
                 ..region(0, 0, 16)
             },
             MemslotError::ImmutableChange {
@@ -203,7 +204,8 @@ fn other_page_sizes_and_translation<S: MemslotStore>() {
         ..MemslotConfig::default()
     });
     let page = 1u64 << 14;
-    let misaligned = UserMemoryRegion::new(0, SlotFlags::NONE, 4096, 4 * page, HVA);
+    let misaligned =
+        UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(4096), 4 * page, Hva::new(HVA));
     assert_eq!(
         set(&store, misaligned),
         Err(MemslotError::Misaligned {
@@ -211,19 +213,47 @@ fn other_page_sizes_and_translation<S: MemslotStore>() {
             value: 4096
         })
     );
-    let ro = UserMemoryRegion::new(0, SlotFlags::READONLY, 8 * page, 4 * page, HVA);
+    let ro = UserMemoryRegion::new(
+        0,
+        SlotFlags::READONLY,
+        Gpa::new(8 * page),
+        4 * page,
+        Hva::new(HVA),
+    );
     assert_eq!(set(&store, ro), Ok(MemslotChange::Create));
     let snapshot = store.snapshot();
-    let slot = snapshot.gfn_to_slot(10).expect("gfn 10 is in 8..12");
-    assert_eq!((slot.base_gfn(), slot.npages()), (8, 4));
-    assert_eq!(slot.gfn_to_hva(10, false), Ok(HVA + 2 * page));
-    assert_eq!(slot.gfn_to_hva(10, true), Err(HvaFault::ReadOnly));
-    assert_eq!(slot.gfn_to_hva(12, false), Err(HvaFault::NotInSlot));
+    let slot = snapshot
+        .gfn_to_slot(Gfn::new(10))
+        .expect("gfn 10 is in 8..12");
+    assert_eq!((slot.base_gfn(), slot.npages()), (Gfn::new(8), 4));
+    assert_eq!(
+        slot.gfn_to_hva(Gfn::new(10), false),
+        Ok(Hva::new(HVA + 2 * page))
+    );
+    assert_eq!(slot.gfn_to_hva(Gfn::new(10), true), Err(HvaFault::ReadOnly));
+    assert_eq!(
+        slot.gfn_to_hva(Gfn::new(12), false),
+        Err(HvaFault::NotInSlot)
+    );
+    // The way back: an hva inside the slot names its gfn, one outside none
+    // (no underflow below the slot, no gfn past its end).
+    assert_eq!(
+        slot.hva_to_gfn(Hva::new(HVA + 2 * page + 5)),
+        Some(Gfn::new(10))
+    );
+    assert_eq!(slot.hva_to_gfn(Hva::new(HVA - 1)), None);
+    assert_eq!(slot.hva_to_gfn(Hva::new(HVA + 4 * page)), None);
     let mut hits = Vec::new();
-    snapshot.for_each_in_hva_range(HVA + page + 1, HVA + 2 * page + 1, |o| {
-        hits.push((o.gfn_start, o.gfn_end))
-    });
-    assert_eq!(hits, vec![(9, 11)], "partial pages round outwards");
+    snapshot.for_each_in_hva_range(
+        Hva::new(HVA + page + 1),
+        Hva::new(HVA + 2 * page + 1),
+        |o| hits.push((o.gfn_start, o.gfn_end)),
+    );
+    assert_eq!(
+        hits,
+        vec![(Gfn::new(9), Gfn::new(11))],
+        "partial pages round outwards"
+    );
 }
 
 #[test]
@@ -238,30 +268,45 @@ fn array_other_page_sizes_and_translation() {
 
 fn aliased_hva_and_empty<S: MemslotStore>() {
     let store = S::with_config(MemslotConfig::default());
-    assert!(store.snapshot().gfn_to_slot_approx(5).is_none());
+    assert!(store.snapshot().gfn_to_slot_approx(Gfn::new(5)).is_none());
     // Two slots backed by the same host memory: both must hear of an invalidation.
     for (id, gfn) in [(1, 0), (2, 100)] {
         set(
             &store,
-            UserMemoryRegion::new(id, SlotFlags::NONE, gfn * PAGE, 8 * PAGE, HVA),
+            UserMemoryRegion::new(
+                id,
+                SlotFlags::NONE,
+                Gpa::new(gfn * PAGE),
+                8 * PAGE,
+                Hva::new(HVA),
+            ),
         )
         .unwrap();
     }
     let mut hits = Vec::new();
-    store
-        .snapshot()
-        .for_each_in_hva_range(HVA + 2 * PAGE, HVA + 3 * PAGE, |o| {
-            hits.push((o.slot.id(), o.gfn_start, o.gfn_end))
-        });
+    store.snapshot().for_each_in_hva_range(
+        Hva::new(HVA + 2 * PAGE),
+        Hva::new(HVA + 3 * PAGE),
+        |o| hits.push((o.slot.id(), o.gfn_start, o.gfn_end)),
+    );
     hits.sort_unstable();
-    assert_eq!(hits, vec![(1, 2, 3), (2, 102, 103)]);
+    assert_eq!(
+        hits,
+        vec![
+            (1, Gfn::new(2), Gfn::new(3)),
+            (2, Gfn::new(102), Gfn::new(103))
+        ]
+    );
     let snapshot = store.snapshot();
     assert_eq!(
-        snapshot.gfn_to_slot_approx(50).map(Slot::id),
+        snapshot.gfn_to_slot_approx(Gfn::new(50)).map(Slot::id),
         Some(1),
         "the neighbour below the hole"
     );
-    assert_eq!(snapshot.gfn_to_slot_approx(500).map(Slot::id), Some(2));
+    assert_eq!(
+        snapshot.gfn_to_slot_approx(Gfn::new(500)).map(Slot::id),
+        Some(2)
+    );
 }
 
 #[test]
@@ -295,25 +340,40 @@ fn many_slots<S: MemslotStore>() {
         let npages = 1 + u64::from(id) % 3;
         let hva = HVA + u64::from(id) * 4 * PAGE;
         let request = match model.get(&id) {
-            None => UserMemoryRegion::new(id, SlotFlags::NONE, home * PAGE, npages * PAGE, hva),
+            None => UserMemoryRegion::new(
+                id,
+                SlotFlags::NONE,
+                Gpa::new(home * PAGE),
+                npages * PAGE,
+                Hva::new(hva),
+            ),
             Some(_) if step % 3 == 0 => UserMemoryRegion::delete(id),
             Some(&(base, _)) => {
                 let target = if base == home { away } else { home };
-                UserMemoryRegion::new(id, SlotFlags::NONE, target * PAGE, npages * PAGE, hva)
+                UserMemoryRegion::new(
+                    id,
+                    SlotFlags::NONE,
+                    Gpa::new(target * PAGE),
+                    npages * PAGE,
+                    Hva::new(hva),
+                )
             }
         };
         set(&store, request).unwrap();
         match request.memory_size {
             0 => model.remove(&id),
-            size => model.insert(id, (request.guest_phys_addr / PAGE, size / PAGE)),
+            size => model.insert(id, (request.guest_phys_addr.raw() / PAGE, size / PAGE)),
         };
     }
     let snapshot = store.snapshot();
     assert_eq!(snapshot.len(), model.len());
     for (&id, &(base, npages)) in &model {
         let slot = snapshot.id_to_slot(id).unwrap();
-        assert_eq!((slot.base_gfn(), slot.npages()), (base, npages));
-        assert_eq!(snapshot.search(base + npages - 1).map(Slot::id), Some(id));
+        assert_eq!((slot.base_gfn().raw(), slot.npages()), (base, npages));
+        assert_eq!(
+            snapshot.search(Gfn::new(base + npages - 1)).map(Slot::id),
+            Some(id)
+        );
     }
     let by_gfn: BTreeMap<u64, (u16, u64)> = model
         .iter()
@@ -325,10 +385,14 @@ fn many_slots<S: MemslotStore>() {
             .next_back()
             .filter(|(&b, &(_, n))| gfn < b + n)
             .map(|(_, &(id, _))| id);
-        assert_eq!(snapshot.search(gfn).map(Slot::id), want, "gfn {gfn}");
+        assert_eq!(
+            snapshot.search(Gfn::new(gfn)).map(Slot::id),
+            want,
+            "gfn {gfn}"
+        );
     }
     let mut in_order = Vec::new();
-    snapshot.for_each_slot(|slot| in_order.push(slot.base_gfn()));
+    snapshot.for_each_slot(|slot| in_order.push(slot.base_gfn().raw()));
     assert_eq!(in_order, by_gfn.keys().copied().collect::<Vec<_>>());
 }
 

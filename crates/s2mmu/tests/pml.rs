@@ -5,7 +5,7 @@
 use s2mmu::format::ept::{EptFormat, DIRTY};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy, PmlFull, PML_LOG_ENTRIES};
-use s2mmu::{HostMmOps, NoTlb};
+use s2mmu::{Gpa, HostMmOps, Hva, NoTlb};
 use std::sync::Arc;
 
 const GPA: u64 = 1 << 30;
@@ -30,7 +30,7 @@ fn logged_mmu(dirty: DirtyMode, manual_protect: bool) -> EptMmu {
         },
     )
     .unwrap();
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, SIZE, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), SIZE, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     for b in 0..SIZE / (2 << 20) {

@@ -9,6 +9,7 @@ use s2mmu::memslot::{MemslotConfig, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{Mmu, MmuPolicy};
 use s2mmu::tlb::arm64::{Arm64Tlbi, Arm64TlbiFeatures, Insn, InsnRecorder, TlbiOp, TlbiScope};
 use s2mmu::tlb::{LargeRangePolicy, TlbCall, TlbRecorder};
+use s2mmu::{Gpa, Hva};
 use s2mmu::{
     HostMmOps, MapOptions, PageCache, PageTable, Prot, SplitPolicy, TlbInvalidate, TlbPolicy,
 };
@@ -38,7 +39,13 @@ fn mmu(tlb: Arc<dyn TlbInvalidate>) -> TestMmu {
     };
     let m = Mmu::new(fmt, mm, tlb, store, policy).unwrap();
     m.set_memory_region(
-        &UserMemoryRegion::new(SLOT, SlotFlags::NONE, GPA, SLOT_SIZE, HVA),
+        &UserMemoryRegion::new(
+            SLOT,
+            SlotFlags::NONE,
+            Gpa::new(GPA),
+            SLOT_SIZE,
+            Hva::new(HVA),
+        ),
         PAGE,
     )
     .unwrap();
@@ -154,7 +161,7 @@ fn deleting_a_slot_invalidates_its_mappings() {
     let r = Arc::new(TlbRecorder::new());
     let m = mmu(r.clone());
     m.set_memory_region(
-        &UserMemoryRegion::new(SLOT, SlotFlags::NONE, GPA, 0, HVA),
+        &UserMemoryRegion::new(SLOT, SlotFlags::NONE, Gpa::new(GPA), 0, Hva::new(HVA)),
         PAGE,
     )
     .unwrap();

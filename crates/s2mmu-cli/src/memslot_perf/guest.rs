@@ -2,6 +2,7 @@
 //! thread's accesses, and the host side's discards and syncs (the running part).
 
 use super::*;
+use s2mmu::{Gfn, Gpa, Hva};
 use std::hint::black_box;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -107,12 +108,12 @@ impl<S: MemslotStore> Vm<S> {
         let home = UserMemoryRegion::new(
             (self.nslots - 1) as u16,
             SlotFlags::NONE,
-            last_base << PAGE_SHIFT,
+            Gpa::new(last_base << PAGE_SHIFT),
             (self.base_gfn() + self.pages - last_base) << PAGE_SHIFT,
-            self.page_hva(last_base - self.base_gfn()),
+            Hva::new(self.page_hva(last_base - self.base_gfn())),
         );
         let away = UserMemoryRegion {
-            guest_phys_addr: MEM_GPA + self.pages * PAGE_SIZE,
+            guest_phys_addr: Gpa::new(MEM_GPA + self.pages * PAGE_SIZE),
             ..home
         };
         (home, away)
@@ -137,9 +138,9 @@ impl<S: MemslotStore> Vm<S> {
             let region = UserMemoryRegion::new(
                 index as u16,
                 SlotFlags::NONE,
-                MEM_GPA + offset,
+                Gpa::new(MEM_GPA + offset),
                 npages * PAGE_SIZE,
-                memory.addr() + offset,
+                Hva::new(memory.addr() + offset),
             );
             store
                 .set_memory_region(&region, &NoStage2)
@@ -189,8 +190,9 @@ impl<S: MemslotStore> Vm<S> {
     ) -> Option<u64> {
         let snapshot = self.store.snapshot();
         let hva = snapshot
-            .gfn_to_slot_vcpu(cache, gfn)
-            .and_then(|slot| slot.gfn_to_hva(gfn, write.is_some()).ok());
+            .gfn_to_slot_vcpu(cache, Gfn::new(gfn))
+            .and_then(|slot| slot.gfn_to_hva(Gfn::new(gfn), write.is_some()).ok())
+            .map(Hva::raw);
         drop(snapshot);
         let Some(hva) = hva else {
             self.mmio_exits.fetch_add(1, Ordering::Relaxed);
@@ -210,8 +212,11 @@ impl<S: MemslotStore> Vm<S> {
         self.memory.discard(hva, len);
         let snapshot = self.store.snapshot();
         let mut hits = 0u64;
-        snapshot.for_each_in_hva_range(hva, hva + len, |overlap| {
-            NoStage2.unmap_gfn_range(overlap.gfn_start, overlap.gfn_end - overlap.gfn_start);
+        snapshot.for_each_in_hva_range(Hva::new(hva), Hva::new(hva + len), |overlap| {
+            NoStage2.unmap_gfn_range(
+                overlap.gfn_start,
+                overlap.gfn_end.raw() - overlap.gfn_start.raw(),
+            );
             hits += 1;
         });
         black_box(hits);

@@ -2,6 +2,7 @@
 //! prepared VM (the measuring part).
 
 use super::*;
+use s2mmu::Gfn;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -294,7 +295,7 @@ pub(super) fn time_lookups<S: MemslotStore>(
         let snapshot = vm.store.snapshot();
         let start = Instant::now();
         for &gfn in plain_chunk {
-            found += u64::from(snapshot.search(black_box(gfn)).is_some());
+            found += u64::from(snapshot.search(black_box(Gfn::new(gfn))).is_some());
         }
         plain.push(start.elapsed().as_nanos() as f64 / batch as f64);
 
@@ -303,7 +304,7 @@ pub(super) fn time_lookups<S: MemslotStore>(
         for &gfn in cache_chunk {
             found += u64::from(
                 snapshot
-                    .gfn_to_slot_vcpu(&mut cache, black_box(gfn))
+                    .gfn_to_slot_vcpu(&mut cache, black_box(Gfn::new(gfn)))
                     .is_some(),
             );
         }
@@ -315,7 +316,7 @@ pub(super) fn time_lookups<S: MemslotStore>(
             let snapshot = vm.store.snapshot();
             found += u64::from(
                 snapshot
-                    .gfn_to_slot_vcpu(&mut cache, black_box(gfn))
+                    .gfn_to_slot_vcpu(&mut cache, black_box(Gfn::new(gfn)))
                     .is_some(),
             );
         }

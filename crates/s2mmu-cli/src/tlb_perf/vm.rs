@@ -11,6 +11,7 @@ use crate::report::{human, human_bytes, Report};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu::tlb::LargeRangePolicy;
+use s2mmu::{Gpa, Hva};
 use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -189,9 +190,9 @@ fn setup<F: VmFormat>(p: &Params, progress: &Progress) -> Result<Setup<F>, Strin
     let region = UserMemoryRegion::new(
         BIG_SLOT,
         SlotFlags::NONE,
-        big_gpa,
+        Gpa::new(big_gpa),
         p.size,
-        reservation.addr as u64,
+        Hva::new(reservation.addr as u64),
     );
     mmu.set_memory_region(&region, PAGE).map_err(e)?;
     let npages = p.size / PAGE;

@@ -56,7 +56,9 @@ pub trait DirtyTracker: Send + Sync {
 pub struct DirtyGfn {
     /// Slot id.
     pub slot: u32,
-    /// Page offset in the slot.
+    /// Page offset in the slot: an index into the slot's pages, not an
+    /// address, so a bare `u64` (KVM's `kvm_dirty_gfn.offset`); the gfn is
+    /// the slot's [`crate::memslot::Slot::base_gfn`] plus this.
     pub offset: u64,
 }
 

@@ -10,6 +10,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use super::config::KVM_MEM_SLOTS_NUM;
 use super::lookup::{sealed, HvaOverlap, SlotLookup};
 use super::slot::Slot;
+use crate::addr::{Gfn, Hva};
 
 /// One array element: the search keys inline (as KVM kept whole slot structs in its
 /// array), plus the shared slot object.
@@ -25,10 +26,10 @@ struct ArrayEntry {
 impl ArrayEntry {
     fn new(slot: &Arc<Slot>) -> Self {
         Self {
-            base_gfn: slot.base_gfn(),
-            end_gfn: slot.end_gfn(),
-            hva_start: slot.userspace_addr(),
-            hva_end: slot.hva_end(),
+            base_gfn: slot.base_gfn().raw(),
+            end_gfn: slot.end_gfn().raw(),
+            hva_start: slot.userspace_addr().raw(),
+            hva_end: slot.hva_end().raw(),
             slot: Arc::clone(slot),
         }
     }
@@ -92,7 +93,7 @@ impl ArraySet {
             }
         }
         if let Some(new) = new {
-            let at = entries.partition_point(|entry| entry.base_gfn < new.base_gfn());
+            let at = entries.partition_point(|entry| entry.base_gfn < new.base_gfn().raw());
             entries.insert(at, ArrayEntry::new(new));
             total_pages += new.npages();
         }
@@ -154,12 +155,14 @@ impl SlotLookup for ArraySet {
         self.id_arc(id).map(|slot| &**slot)
     }
 
-    fn search(&self, gfn: u64) -> Option<&Slot> {
+    fn search(&self, gfn: Gfn) -> Option<&Slot> {
+        let gfn = gfn.raw();
         self.search_index(gfn)
             .map(|index| &*self.entries[index].slot)
     }
 
-    fn gfn_to_slot(&self, gfn: u64) -> Option<&Slot> {
+    fn gfn_to_slot(&self, gfn: Gfn) -> Option<&Slot> {
+        let gfn = gfn.raw();
         let cached = self.last_used.load(Ordering::Relaxed);
         if let Some(entry) = self.entries.get(cached) {
             if gfn >= entry.base_gfn && gfn < entry.end_gfn {
@@ -171,13 +174,15 @@ impl SlotLookup for ArraySet {
         Some(&self.entries[index].slot)
     }
 
-    fn gfn_to_slot_approx(&self, gfn: u64) -> Option<&Slot> {
+    fn gfn_to_slot_approx(&self, gfn: Gfn) -> Option<&Slot> {
+        let gfn = gfn.raw();
         let after = self.entries.partition_point(|entry| entry.base_gfn <= gfn);
         let index = after.saturating_sub(1);
         self.entries.get(index).map(|entry| &*entry.slot)
     }
 
-    fn for_each_in_gfn_range<'a, F: FnMut(&'a Slot)>(&'a self, start: u64, end: u64, mut f: F) {
+    fn for_each_in_gfn_range<'a, F: FnMut(&'a Slot)>(&'a self, start: Gfn, end: Gfn, mut f: F) {
+        let (start, end) = (start.raw(), end.raw());
         if start >= end {
             return;
         }
@@ -192,10 +197,11 @@ impl SlotLookup for ArraySet {
 
     fn for_each_in_hva_range<'a, F: FnMut(HvaOverlap<'a>)>(
         &'a self,
-        start: u64,
-        end: u64,
+        start: Hva,
+        end: Hva,
         mut f: F,
     ) {
+        let (start, end) = (start.raw(), end.raw());
         if start >= end {
             return;
         }

@@ -24,8 +24,8 @@ pub(crate) struct HvaIndex {
 
 impl HvaIndex {
     pub(crate) fn insert(&mut self, slot: &Arc<Slot>) {
-        let start = slot.userspace_addr();
-        let len = slot.hva_end() - start;
+        let start = slot.userspace_addr().raw();
+        let len = slot.hva_end().raw() - start;
         self.by_start
             .insert((start, slot.id()), (start + len - 1, Arc::clone(slot)));
         match self.lengths.get_mut(&len) {
@@ -37,8 +37,8 @@ impl HvaIndex {
     }
 
     pub(crate) fn remove(&mut self, slot: &Slot) {
-        let start = slot.userspace_addr();
-        let len = slot.hva_end() - start;
+        let start = slot.userspace_addr().raw();
+        let len = slot.hva_end().raw() - start;
         if self.by_start.remove(&(start, slot.id())).is_some() {
             match self.lengths.get_mut(&len) {
                 Some(count) if *count > 1 => *count -= 1,

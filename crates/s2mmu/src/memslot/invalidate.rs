@@ -1,5 +1,7 @@
 //! The hook through which memslot updates reach the stage-2 page table.
 
+use crate::addr::Gfn;
+
 /// What a delete or move asks of the stage-2 page table: unmap the old range (and flush
 /// its TLB entries) before the new state is published. Called with the store's update lock
 /// held, after the temporary `INVALID` stand-in has been published and every reader of the
@@ -8,7 +10,7 @@
 /// The engine's `Mmu` implements this; tests use a recorder.
 pub trait Stage2Invalidate {
     /// Unmaps guest frames `[base_gfn, base_gfn + npages)`.
-    fn unmap_gfn_range(&self, base_gfn: u64, npages: u64);
+    fn unmap_gfn_range(&self, base_gfn: Gfn, npages: u64);
 }
 
 /// A stage-2 hook that does nothing, for stores used without a page table.
@@ -16,5 +18,5 @@ pub trait Stage2Invalidate {
 pub struct NoStage2;
 
 impl Stage2Invalidate for NoStage2 {
-    fn unmap_gfn_range(&self, _base_gfn: u64, _npages: u64) {}
+    fn unmap_gfn_range(&self, _base_gfn: Gfn, _npages: u64) {}
 }

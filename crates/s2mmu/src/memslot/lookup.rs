@@ -2,6 +2,7 @@
 
 use super::cache::VcpuSlotCache;
 use super::slot::Slot;
+use crate::addr::{Gfn, Hva};
 
 pub(crate) mod sealed {
     use super::Slot;
@@ -22,23 +23,24 @@ pub struct HvaOverlap<'a> {
     /// The slot.
     pub slot: &'a Slot,
     /// First gfn of the overlap.
-    pub gfn_start: u64,
+    pub gfn_start: Gfn,
     /// One past the last gfn of the overlap.
-    pub gfn_end: u64,
+    pub gfn_end: Gfn,
 }
 
 impl<'a> HvaOverlap<'a> {
     /// Clamps the half-open hva range `[start, end)` to `slot`; the caller knows they overlap.
     pub(crate) fn clamp(slot: &'a Slot, start: u64, end: u64) -> Self {
-        let hva_start = start.max(slot.userspace_addr());
-        let hva_end = end.min(slot.hva_end());
+        let base_hva = slot.userspace_addr().raw();
+        let hva_start = start.max(base_hva);
+        let hva_end = end.min(slot.hva_end().raw());
         let page_mask = (1u64 << slot.page_shift()) - 1;
+        let base_gfn = slot.base_gfn().raw();
         Self {
             slot,
-            gfn_start: slot.hva_to_gfn(hva_start),
+            gfn_start: Gfn::new(base_gfn + ((hva_start - base_hva) >> slot.page_shift())),
             // Round the end up to a page, as KVM does with `hva_end + PAGE_SIZE - 1`.
-            gfn_end: slot.base_gfn()
-                + ((hva_end - slot.userspace_addr() + page_mask) >> slot.page_shift()),
+            gfn_end: Gfn::new(base_gfn + ((hva_end - base_hva + page_mask) >> slot.page_shift())),
         }
     }
 }
@@ -68,39 +70,40 @@ pub trait SlotLookup: sealed::Sealed {
 
     /// The slot containing `gfn`, searched without touching any cache (KVM's
     /// `search_memslots(.., approx = false)`).
-    fn search(&self, gfn: u64) -> Option<&Slot>;
+    fn search(&self, gfn: Gfn) -> Option<&Slot>;
 
     /// The slot containing `gfn`, trying the set-wide last-used slot first and updating it
     /// (KVM's `__gfn_to_memslot`). For callers that are not vCPUs.
-    fn gfn_to_slot(&self, gfn: u64) -> Option<&Slot>;
+    fn gfn_to_slot(&self, gfn: Gfn) -> Option<&Slot>;
 
     /// The slot containing `gfn`, or on a miss a neighbour of the hole: the slot with the
     /// highest base below `gfn`, or the lowest slot if `gfn` lies below all of them (the
     /// choice KVM's array made; its tree returns one of the same two neighbours). `None`
     /// only when the set is empty. KVM's `__gfn_to_memslot_approx`, used by s390 CMMA.
-    fn gfn_to_slot_approx(&self, gfn: u64) -> Option<&Slot>;
+    fn gfn_to_slot_approx(&self, gfn: Gfn) -> Option<&Slot>;
 
     /// Calls `f` for every slot overlapping the half-open gfn range `[start, end)`, in
     /// ascending gfn order (KVM's `kvm_for_each_memslot_in_gfn_range`).
-    fn for_each_in_gfn_range<'a, F: FnMut(&'a Slot)>(&'a self, start: u64, end: u64, f: F);
+    fn for_each_in_gfn_range<'a, F: FnMut(&'a Slot)>(&'a self, start: Gfn, end: Gfn, f: F);
 
     /// Calls `f` for every slot whose host range overlaps the half-open hva range
     /// `[start, end)`, with the overlap clamped and converted to gfns (KVM's
     /// `kvm_for_each_memslot_in_hva_range`, as MMU notifiers use it). Host ranges of
     /// different slots may overlap; each overlapping slot is reported once, in no
     /// particular order.
-    fn for_each_in_hva_range<'a, F: FnMut(HvaOverlap<'a>)>(&'a self, start: u64, end: u64, f: F);
+    fn for_each_in_hva_range<'a, F: FnMut(HvaOverlap<'a>)>(&'a self, start: Hva, end: Hva, f: F);
 
     /// Calls `f` for every slot in ascending gfn order.
     fn for_each_slot<'a, F: FnMut(&'a Slot)>(&'a self, f: F) {
-        self.for_each_in_gfn_range(0, u64::MAX, f);
+        self.for_each_in_gfn_range(Gfn::new(0), Gfn::new(u64::MAX), f);
     }
 
     /// The slot containing `gfn` through a vCPU's own last-used cache (KVM's
     /// `kvm_vcpu_gfn_to_memslot`): the cache is reset when this state's generation differs
     /// from the one it was filled under, and a miss searches without touching the set-wide
     /// cache, so vCPUs do not fight over it.
-    fn gfn_to_slot_vcpu<'a>(&'a self, cache: &mut VcpuSlotCache, gfn: u64) -> Option<&'a Slot> {
+    fn gfn_to_slot_vcpu<'a>(&'a self, cache: &mut VcpuSlotCache, gfn: Gfn) -> Option<&'a Slot> {
+        let gfn = gfn.raw();
         if cache.is_for(self.store_id(), self.generation()) {
             if let Some(cached) = cache.slot {
                 if gfn >= cache.base_gfn && gfn < cache.end_gfn {

@@ -2,6 +2,8 @@
 
 use core::ops::{BitOr, Range};
 
+use crate::addr::{Gfn, Gpa, Hva};
+
 /// Memslot flags, KVM's uapi bits plus the kernel-internal `INVALID` bit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SlotFlags(u32);
@@ -73,17 +75,17 @@ impl Slot {
     /// and reference models. `npages` must be non-zero for the slot to cover anything.
     pub const fn new(
         id: u16,
-        base_gfn: u64,
+        base_gfn: Gfn,
         npages: u64,
-        userspace_addr: u64,
+        userspace_addr: Hva,
         flags: SlotFlags,
         page_shift: u32,
     ) -> Self {
         Self {
             id,
-            base_gfn,
+            base_gfn: base_gfn.raw(),
             npages,
-            userspace_addr,
+            userspace_addr: userspace_addr.raw(),
             flags,
             page_shift,
         }
@@ -95,8 +97,8 @@ impl Slot {
     }
 
     /// First guest frame number.
-    pub const fn base_gfn(&self) -> u64 {
-        self.base_gfn
+    pub const fn base_gfn(&self) -> Gfn {
+        Gfn::new(self.base_gfn)
     }
 
     /// Size in pages.
@@ -105,23 +107,23 @@ impl Slot {
     }
 
     /// One past the last gfn. Validation guarantees this does not wrap.
-    pub const fn end_gfn(&self) -> u64 {
-        self.base_gfn + self.npages
+    pub const fn end_gfn(&self) -> Gfn {
+        Gfn::new(self.base_gfn + self.npages)
     }
 
     /// The gfns covered, half open.
-    pub const fn gfn_range(&self) -> Range<u64> {
-        self.base_gfn..self.end_gfn()
+    pub const fn gfn_range(&self) -> Range<Gfn> {
+        self.base_gfn()..self.end_gfn()
     }
 
     /// Host virtual address of the first page.
-    pub const fn userspace_addr(&self) -> u64 {
-        self.userspace_addr
+    pub const fn userspace_addr(&self) -> Hva {
+        Hva::new(self.userspace_addr)
     }
 
     /// One past the last host byte. Validation guarantees this does not wrap.
-    pub const fn hva_end(&self) -> u64 {
-        self.userspace_addr + (self.npages << self.page_shift)
+    pub const fn hva_end(&self) -> Hva {
+        Hva::new(self.userspace_addr + (self.npages << self.page_shift))
     }
 
     /// Flags, including `INVALID` for a stand-in.
@@ -145,7 +147,8 @@ impl Slot {
     }
 
     /// Whether `gfn` lies inside the slot (KVM's `try_get_memslot`).
-    pub const fn contains(&self, gfn: u64) -> bool {
+    pub const fn contains(&self, gfn: Gfn) -> bool {
+        let gfn = gfn.raw();
         gfn >= self.base_gfn && gfn - self.base_gfn < self.npages
     }
 
@@ -155,7 +158,7 @@ impl Slot {
     /// # Errors
     /// [`HvaFault::NotInSlot`] if the gfn is outside, [`HvaFault::Invalid`] for a stand-in,
     /// [`HvaFault::ReadOnly`] for a write to a read-only slot.
-    pub const fn gfn_to_hva(&self, gfn: u64, write: bool) -> Result<u64, HvaFault> {
+    pub const fn gfn_to_hva(&self, gfn: Gfn, write: bool) -> Result<Hva, HvaFault> {
         if !self.contains(gfn) {
             return Err(HvaFault::NotInSlot);
         }
@@ -165,13 +168,21 @@ impl Slot {
         if write && self.flags.contains(SlotFlags::READONLY) {
             return Err(HvaFault::ReadOnly);
         }
-        Ok(self.userspace_addr + ((gfn - self.base_gfn) << self.page_shift))
+        Ok(Hva::new(
+            self.userspace_addr + ((gfn.raw() - self.base_gfn) << self.page_shift),
+        ))
     }
 
-    /// The gfn that `hva` maps to in this slot (KVM's `hva_to_gfn_memslot`); the caller
-    /// makes sure `hva` lies in the slot.
-    pub const fn hva_to_gfn(&self, hva: u64) -> u64 {
-        self.base_gfn + ((hva - self.userspace_addr) >> self.page_shift)
+    /// The gfn that `hva` maps to in this slot (KVM's `hva_to_gfn_memslot`), or `None`
+    /// if `hva` lies outside the slot's host range.
+    pub const fn hva_to_gfn(&self, hva: Hva) -> Option<Gfn> {
+        let hva = hva.raw();
+        if hva < self.userspace_addr || hva >= self.hva_end().raw() {
+            return None;
+        }
+        Some(Gfn::new(
+            self.base_gfn + ((hva - self.userspace_addr) >> self.page_shift),
+        ))
     }
 
     /// The temporary stand-in published while the old range is unmapped.
@@ -186,7 +197,8 @@ impl Slot {
 /// KVM's `struct kvm_userspace_memory_region`, the request of one memslot update.
 ///
 /// `memory_size == 0` deletes the slot; otherwise the request creates the slot, or moves
-/// it (new `guest_phys_addr`), or changes its flags.
+/// it (new `guest_phys_addr`), or changes its flags. [`Gpa`] and [`Hva`] are
+/// `repr(transparent)` over `u64`, so the layout is still the uapi one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UserMemoryRegion {
@@ -194,12 +206,12 @@ pub struct UserMemoryRegion {
     pub slot: u32,
     /// `LOG_DIRTY_PAGES` and/or `READONLY`.
     pub flags: u32,
-    /// Guest-physical base address, in bytes.
-    pub guest_phys_addr: u64,
+    /// Guest-physical base address.
+    pub guest_phys_addr: Gpa,
     /// Size in bytes; 0 deletes.
     pub memory_size: u64,
     /// Host virtual address backing the first byte.
-    pub userspace_addr: u64,
+    pub userspace_addr: Hva,
 }
 
 impl UserMemoryRegion {
@@ -207,9 +219,9 @@ impl UserMemoryRegion {
     pub const fn new(
         id: u16,
         flags: SlotFlags,
-        guest_phys_addr: u64,
+        guest_phys_addr: Gpa,
         memory_size: u64,
-        userspace_addr: u64,
+        userspace_addr: Hva,
     ) -> Self {
         Self {
             slot: id as u32,
@@ -225,9 +237,9 @@ impl UserMemoryRegion {
         Self {
             slot: id as u32,
             flags: 0,
-            guest_phys_addr: 0,
+            guest_phys_addr: Gpa::new(0),
             memory_size: 0,
-            userspace_addr: 0,
+            userspace_addr: Hva::new(0),
         }
     }
 

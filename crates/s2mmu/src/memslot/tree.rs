@@ -11,6 +11,7 @@ use super::hva_index::HvaIndex;
 use super::lookup::{sealed, HvaOverlap, SlotLookup};
 use super::slot::Slot;
 use super::sorted_map::SortedMap;
+use crate::addr::{Gfn, Hva};
 
 /// A gfn-tree entry: the slot's end kept beside it, so a search decides a hit or a miss
 /// without touching the slot.
@@ -81,8 +82,8 @@ impl TreeSet {
             if ptr::eq(*last_used, Arc::as_ptr(old)) {
                 *last_used = new.map_or(ptr::null_mut(), |n| Arc::as_ptr(n).cast_mut());
             }
-            if new.is_none_or(|n| n.base_gfn() != old.base_gfn()) {
-                self.gfn_tree.remove(&old.base_gfn());
+            if new.is_none_or(|n| n.base_gfn().raw() != old.base_gfn().raw()) {
+                self.gfn_tree.remove(&old.base_gfn().raw());
             }
         }
         let Some(new) = new else {
@@ -95,10 +96,10 @@ impl TreeSet {
         self.id_map[index] = Some(Arc::clone(new));
         self.hva_index.insert(new);
         let entry = GfnEntry {
-            end_gfn: new.end_gfn(),
+            end_gfn: new.end_gfn().raw(),
             slot: Arc::clone(new),
         };
-        self.gfn_tree.insert(new.base_gfn(), entry);
+        self.gfn_tree.insert(new.base_gfn().raw(), entry);
         self.len += 1;
         self.total_pages += new.npages();
     }
@@ -132,28 +133,31 @@ impl SlotLookup for TreeSet {
         self.id_arc(id).map(|slot| &**slot)
     }
 
-    fn search(&self, gfn: u64) -> Option<&Slot> {
+    fn search(&self, gfn: Gfn) -> Option<&Slot> {
+        let gfn = gfn.raw();
         sealed::Sealed::search_with_range(self, gfn).map(|(slot, _, _)| slot)
     }
 
-    fn gfn_to_slot(&self, gfn: u64) -> Option<&Slot> {
+    fn gfn_to_slot(&self, gfn: Gfn) -> Option<&Slot> {
+        let gfn = gfn.raw();
         let cached = self.last_used.load(Ordering::Relaxed);
         if !cached.is_null() {
             // SAFETY: `last_used` is null or points to a slot this set holds an `Arc` to
             // (see the field); the set cannot change while `&self` is borrowed. Relaxed is
             // enough: the slot was initialised before the set was published to this reader.
             let slot = unsafe { &*cached };
-            if slot.contains(gfn) {
+            if slot.contains(Gfn::new(gfn)) {
                 return Some(slot);
             }
         }
-        let slot = self.search(gfn)?;
+        let slot = self.search(Gfn::new(gfn))?;
         self.last_used
             .store(ptr::from_ref(slot).cast_mut(), Ordering::Relaxed);
         Some(slot)
     }
 
-    fn gfn_to_slot_approx(&self, gfn: u64) -> Option<&Slot> {
+    fn gfn_to_slot_approx(&self, gfn: Gfn) -> Option<&Slot> {
+        let gfn = gfn.raw();
         let (_, entry) = self
             .gfn_tree
             .get_le(&gfn)
@@ -161,7 +165,8 @@ impl SlotLookup for TreeSet {
         Some(&entry.slot)
     }
 
-    fn for_each_in_gfn_range<'a, F: FnMut(&'a Slot)>(&'a self, start: u64, end: u64, mut f: F) {
+    fn for_each_in_gfn_range<'a, F: FnMut(&'a Slot)>(&'a self, start: Gfn, end: Gfn, mut f: F) {
+        let (start, end) = (start.raw(), end.raw());
         if start >= end {
             return;
         }
@@ -181,10 +186,11 @@ impl SlotLookup for TreeSet {
 
     fn for_each_in_hva_range<'a, F: FnMut(HvaOverlap<'a>)>(
         &'a self,
-        start: u64,
-        end: u64,
+        start: Hva,
+        end: Hva,
         mut f: F,
     ) {
+        let (start, end) = (start.raw(), end.raw());
         if start >= end {
             return;
         }

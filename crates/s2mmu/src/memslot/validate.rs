@@ -4,6 +4,7 @@ use super::config::MemslotConfig;
 use super::error::MemslotError;
 use super::lookup::SlotLookup;
 use super::slot::{MemslotChange, Slot, SlotFlags, UserMemoryRegion};
+use crate::addr::Gfn;
 
 /// An update that passed every check, ready to apply.
 #[derive(Debug)]
@@ -36,11 +37,11 @@ pub(crate) fn plan_update<S: SlotLookup + ?Sized>(
             None => Err(MemslotError::NoSuchSlot { id }),
         };
     }
-    let base_gfn = req.guest_phys_addr >> config.page_shift;
+    let base_gfn = req.guest_phys_addr.gfn(config.page_shift);
     let change = classify(old, req, base_gfn, npages, set)?;
     if matches!(change, MemslotChange::Create | MemslotChange::Move) {
         let mut other = None;
-        set.for_each_in_gfn_range(base_gfn, base_gfn + npages, |slot| {
+        set.for_each_in_gfn_range(base_gfn, Gfn::new(base_gfn.raw() + npages), |slot| {
             if slot.id() != id && other.is_none() {
                 other = Some(slot.id());
             }
@@ -94,22 +95,22 @@ fn check_request(
             value: req.memory_size,
         });
     }
-    if req.guest_phys_addr & page_mask != 0 {
+    if req.guest_phys_addr.raw() & page_mask != 0 {
         return Err(MemslotError::Misaligned {
             what: "guest_phys_addr",
-            value: req.guest_phys_addr,
+            value: req.guest_phys_addr.raw(),
         });
     }
-    if req.userspace_addr & page_mask != 0 {
+    if req.userspace_addr.raw() & page_mask != 0 {
         return Err(MemslotError::Misaligned {
             what: "userspace_addr",
-            value: req.userspace_addr,
+            value: req.userspace_addr.raw(),
         });
     }
     if req.userspace_addr.checked_add(req.memory_size).is_none() {
         return Err(MemslotError::Wraps {
             what: "userspace_addr",
-            start: req.userspace_addr,
+            start: req.userspace_addr.raw(),
             len: req.memory_size,
         });
     }
@@ -122,7 +123,7 @@ fn check_request(
     if req.guest_phys_addr.checked_add(req.memory_size).is_none() {
         return Err(MemslotError::Wraps {
             what: "guest_phys_addr",
-            start: req.guest_phys_addr,
+            start: req.guest_phys_addr.raw(),
             len: req.memory_size,
         });
     }
@@ -142,7 +143,7 @@ fn check_request(
 fn classify<S: SlotLookup + ?Sized>(
     old: Option<&Slot>,
     req: &UserMemoryRegion,
-    base_gfn: u64,
+    base_gfn: Gfn,
     npages: u64,
     set: &S,
 ) -> Result<MemslotChange, MemslotError> {

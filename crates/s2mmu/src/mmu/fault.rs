@@ -144,22 +144,25 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             return Err(Error::RingFull { vcpu: vcpu.id });
         }
         let shift = self.page_shift;
-        let gfn = gpa >> shift;
+        let gfn = Gpa::new(gpa).gfn(shift);
         let snap = self.slots.snapshot();
         let slot = snap
             .gfn_to_slot_vcpu(&mut vcpu.slot_cache, gfn)
-            .ok_or(Error::NoSlot { gpa })?;
+            .ok_or(Error::NoSlot { gpa: Gpa::new(gpa) })?;
         let hva = match slot.gfn_to_hva(gfn, write) {
-            Ok(h) => h,
-            Err(crate::memslot::HvaFault::ReadOnly) => return Err(Error::WriteToReadOnly { gpa }),
+            Ok(h) => h.raw(),
+            Err(crate::memslot::HvaFault::ReadOnly) => {
+                return Err(Error::WriteToReadOnly { gpa: Gpa::new(gpa) })
+            }
             // A slot being deleted or moved: the guest retries.
             Err(_) => return Ok(FaultOutcome::Retry),
         };
         let fs = FaultSlot {
             id: slot.id(),
             logging: slot.dirty_logging(),
-            start: slot.base_gfn() << shift,
-            end: slot.end_gfn() << shift,
+            // Validation keeps a slot's guest range inside the 64-bit space.
+            start: slot.base_gfn().raw() << shift,
+            end: slot.end_gfn().raw() << shift,
             hva,
             state: (snap.store_id(), snap.generation()),
         };

@@ -15,25 +15,27 @@
 //! FEAT_FWB (stage 2 forces write-back) and DIC/IDC they are no-ops, as they
 //! are under QEMU, which models no caches.
 
+use crate::addr::{Hva, Pa};
+
 /// The host's view of the memory behind memslots.
 pub trait HostMemory: Send + Sync {
     /// The physical address of `[hva, hva + size)`, if that range is
     /// backed and physically contiguous; `None` otherwise (the fault path
     /// then maps a smaller piece, or fails with [`crate::Error::Unbacked`]
     /// at a single page).
-    fn host_to_phys(&self, hva: u64, size: u64) -> Option<u64>;
+    fn host_to_phys(&self, hva: Hva, size: u64) -> Option<Pa>;
 
     /// Cleans and invalidates the data cache to the point of coherency for
     /// `[hva, hva + size)`, before a cacheable mapping of it is installed
     /// (KVM: `dcache_clean_inval_poc`, skipped with FEAT_FWB).
-    fn clean_dcache(&self, hva: u64, size: u64) {
+    fn clean_dcache(&self, hva: Hva, size: u64) {
         let _ = (hva, size);
     }
 
     /// Invalidates the instruction cache to the point of unification for
     /// `[hva, hva + size)`, before an executable mapping of it is installed
     /// (KVM: `icache_inval_pou`, skipped with CTR_EL0.DIC).
-    fn invalidate_icache(&self, hva: u64, size: u64) {
+    fn invalidate_icache(&self, hva: Hva, size: u64) {
         let _ = (hva, size);
     }
 }
@@ -45,7 +47,7 @@ pub trait HostMemory: Send + Sync {
 pub struct IdentityHost;
 
 impl HostMemory for IdentityHost {
-    fn host_to_phys(&self, hva: u64, _size: u64) -> Option<u64> {
-        Some(hva)
+    fn host_to_phys(&self, hva: Hva, _size: u64) -> Option<Pa> {
+        Some(Pa::new(hva.raw()))
     }
 }

@@ -97,10 +97,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             });
         }
         let limit = self.stage2.config.ipa_limit;
-        let end = region.guest_phys_addr.checked_add(region.memory_size);
+        let end = region.guest_phys_addr.raw().checked_add(region.memory_size);
         if region.memory_size != 0 && end.is_none_or(|end| end > limit) {
             return Err(Error::OutOfRange {
-                ipa: region.guest_phys_addr,
+                ipa: region.guest_phys_addr.raw(),
                 size: region.memory_size,
                 limit,
             });
@@ -146,7 +146,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             slot: u32::from(id),
         })?;
         Ok((
-            s.base_gfn() << self.page_shift,
+            s.base_gfn().raw() << self.page_shift,
             s.npages() << self.page_shift,
         ))
     }
@@ -192,7 +192,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         Ok(UserMemoryRegion::new(
             id,
             SlotFlags::from_bits(flags),
-            s.base_gfn() << self.page_shift,
+            // Validation kept the slot's guest range within 64 bits.
+            Gpa::new(s.base_gfn().raw() << self.page_shift),
             s.npages() << self.page_shift,
             s.userspace_addr(),
         ))
@@ -241,7 +242,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let (base, size) = self.slot_range(id)?;
         let snap = self.slots.snapshot();
         let slot = snap.id_to_slot(id);
-        let hva = slot.map(|s| s.userspace_addr()).unwrap_or(0);
+        let hva = slot.map(|s| s.userspace_addr().raw()).unwrap_or(0);
         let readonly = slot.is_some_and(|s| s.flags().contains(SlotFlags::READONLY));
         drop(snap);
         let block = self.block_size_for(host_page);

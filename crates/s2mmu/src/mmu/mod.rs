@@ -44,7 +44,7 @@ use crate::pgtable::{PageTable, TableReader};
 use crate::sync::{ArcOptionCell, DefaultPlatform, Mutex, Platform, RwLock, Stopwatch};
 use crate::table::MmOps;
 use crate::tlb::{LargeRangePolicy, TlbBatch, TlbInvalidate, TlbPolicy};
-use crate::{Error, Gpa, Result};
+use crate::{Error, Gfn, Gpa, Hva, Pa, Result};
 use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -128,7 +128,8 @@ struct Stage2Hook<'a, F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> {
 impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Stage2Invalidate
     for Stage2Hook<'_, F, M, S, P>
 {
-    fn unmap_gfn_range(&self, base_gfn: u64, npages: u64) {
+    fn unmap_gfn_range(&self, base_gfn: Gfn, npages: u64) {
+        let base_gfn = base_gfn.raw();
         let shift = self.mmu.stage2.config.page_shift;
         let mut st = FaultStats::default();
         let mut pt = self.mmu.write_lock(&mut st);
@@ -271,17 +272,20 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// backs it contiguously at an address aligned to `size`.
     fn phys_for(&self, hva: u64, size: u64) -> Option<u64> {
         self.host
-            .host_to_phys(hva, size)
+            .host_to_phys(Hva::new(hva), size)
+            .map(Pa::raw)
             .filter(|pa| pa & (size - 1) == 0)
     }
 
     /// The physical address of the page at `hva`, after the cache
     /// maintenance a new leaf over it needs.
     fn phys_for_leaf(&self, hva: u64, size: u64, prot: Prot) -> Result<u64> {
-        let pa = self.phys_for(hva, size).ok_or(Error::Unbacked { hva })?;
-        self.host.clean_dcache(hva, size);
+        let pa = self
+            .phys_for(hva, size)
+            .ok_or(Error::Unbacked { hva: Hva::new(hva) })?;
+        self.host.clean_dcache(Hva::new(hva), size);
         if prot.contains(Prot::X) {
-            self.host.invalidate_icache(hva, size);
+            self.host.invalidate_icache(Hva::new(hva), size);
         }
         Ok(pa)
     }

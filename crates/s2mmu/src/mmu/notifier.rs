@@ -45,11 +45,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let mut pt = self.write_lock(&mut st);
         let snap = self.slots.snapshot();
         let mut ranges = Vec::new();
-        snap.for_each_in_hva_range(hva, end, |o| {
-            let slot = (o.slot.id(), o.slot.base_gfn() << shift);
+        snap.for_each_in_hva_range(Hva::new(hva), Hva::new(end), |o| {
+            let slot = (o.slot.id(), o.slot.base_gfn().raw() << shift);
             ranges.push((
-                o.gfn_start << shift,
-                (o.gfn_end - o.gfn_start) << shift,
+                o.gfn_start.raw() << shift,
+                (o.gfn_end.raw() - o.gfn_start.raw()) << shift,
                 slot,
             ));
         });

@@ -186,11 +186,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 .is_some_and(|(_, lo, hi, _)| (*lo..*hi).contains(&gfn))
             {
                 last = snap
-                    .search(gfn)
+                    .search(Gfn::new(gfn))
                     .filter(|s| s.dirty_logging())
                     .and_then(|s| {
                         let b = self.side[usize::from(s.id())].dirty.load_full()?;
-                        Some((s.id(), s.base_gfn(), s.end_gfn(), b))
+                        Some((s.id(), s.base_gfn().raw(), s.end_gfn().raw(), b))
                     });
             }
             let Some((id, base_gfn, _, bitmap)) = &last else {

@@ -17,7 +17,7 @@ use crate::ops::MapOptions;
 use crate::sync::{ArcOptionCell, Platform};
 use crate::table::MmOps;
 use crate::tlb::{LargeRangePolicy, TlbPolicy};
-use crate::{Error, Result};
+use crate::{Error, Hva, Result};
 
 /// Bytes mapped per hold of the write lock in [`Mmu::populate`].
 const POPULATE_CHUNK: u64 = 1 << 30;
@@ -36,6 +36,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// [`Error::Again`] while the host invalidates part of the range
     /// ([`Mmu::invalidate_hva_range_start`]); [`Error::OutOfMemory`]. The
     /// pages this call mapped before the error are unmapped again.
+    ///
+    /// `first_page` is a page offset within the slot, not an address (hence
+    /// a bare `u64`): the gfn is the slot's base gfn plus it.
     pub fn populate(&self, id: u16, first_page: u64, npages: u64) -> Result<u64> {
         let _u = self.update.lock();
         let snap = self.slots.snapshot();
@@ -48,13 +51,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             .is_none_or(|end| end > slot.npages())
         {
             return Err(Error::OutOfRange {
-                ipa: slot.base_gfn().saturating_add(first_page) << shift,
+                ipa: slot.base_gfn().raw().saturating_add(first_page) << shift,
                 size: npages.saturating_mul(1 << shift),
-                limit: slot.end_gfn() << shift,
+                limit: slot.end_gfn().raw() << shift,
             });
         }
-        let base = (slot.base_gfn() + first_page) << shift;
-        let hva = slot.userspace_addr() + (first_page << shift);
+        let base = (slot.base_gfn().raw() + first_page) << shift;
+        let hva = slot.userspace_addr().raw() + (first_page << shift);
         let prot = if slot.dirty_logging() {
             Prot::R | Prot::X
         } else {
@@ -105,7 +108,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             cache.top_up(need)?;
             // The host backs the chunk contiguously (the identity), or
             // page by page.
-            let contiguous = self.host.host_to_phys(hva + *done, n);
+            let contiguous = self.host.host_to_phys(Hva::new(hva + *done), n);
             let mut pt = self.write_lock(st);
             if self.hva_invalidating(hva + *done, n) {
                 // The host is changing what backs part of the chunk.
@@ -113,16 +116,16 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             }
             let opts = MapOptions { force_pages: true };
             if let Some(pa) = contiguous {
-                pt.map(base + *done, n, pa, prot, cache, opts)?;
+                pt.map(base + *done, n, pa.raw(), prot, cache, opts)?;
                 *done += n;
             } else {
                 let page = 1u64 << shift;
                 let end = *done + n;
                 while *done < end {
                     let hva = hva + *done;
-                    let pa = self.host.host_to_phys(hva, page);
-                    let pa = pa.ok_or(Error::Unbacked { hva })?;
-                    pt.map(base + *done, page, pa, prot, cache, opts)?;
+                    let pa = self.host.host_to_phys(Hva::new(hva), page);
+                    let pa = pa.ok_or(Error::Unbacked { hva: Hva::new(hva) })?;
+                    pt.map(base + *done, page, pa.raw(), prot, cache, opts)?;
                     *done += page;
                 }
             }
@@ -139,12 +142,16 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// # Errors
     /// [`Error::NoSuchSlot`]; [`Error::OutOfRange`] for a page beyond the
     /// slot (the pages before it are done).
+    ///
+    /// `pages` are page offsets within the slot, not addresses (hence bare
+    /// `u64`s), as in a dirty bitmap or a ring entry.
     pub fn dirty_pages(&self, id: u16, pages: impl IntoIterator<Item = u64>) -> Result<u64> {
         let snap = self.slots.snapshot();
         let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
             slot: u32::from(id),
         })?;
-        let (base_gfn, npages, logging) = (slot.base_gfn(), slot.npages(), slot.dirty_logging());
+        let (base_gfn, npages, logging) =
+            (slot.base_gfn().raw(), slot.npages(), slot.dirty_logging());
         // `snap` is held to the end, as a fault holds it: see handle_fault.
         let shift = self.page_shift;
         let bitmap = if logging && self.policy.dirty.bitmaps() {

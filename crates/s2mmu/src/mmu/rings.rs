@@ -53,7 +53,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 if offset + 64 - u64::from(mask.leading_zeros()) > s.npages() {
                     return;
                 }
-                let base = s.base_gfn() << self.page_shift;
+                let base = s.base_gfn().raw() << self.page_shift;
                 if let Err(e) = self.protect_mask(&mut pt, base, offset, mask, &mut batch) {
                     result = Err(e);
                 }

@@ -4,7 +4,7 @@ use super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};
 use crate::tlb::NoTlb;
-use crate::{HostMmOps, Hva};
+use crate::{Gpa, HostMmOps, Hva};
 
 type TestMmu = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
 
@@ -23,7 +23,13 @@ fn mmu(policy: MmuPolicy) -> TestMmu {
 fn logged_region_with_bad_id_is_refused_not_a_panic() {
     let m = mmu(MmuPolicy::default());
     let id = m.slots().config().max_user_slots;
-    let r = UserMemoryRegion::new(id, SlotFlags::LOG_DIRTY_PAGES, GPA, 1 << 20, HVA);
+    let r = UserMemoryRegion::new(
+        id,
+        SlotFlags::LOG_DIRTY_PAGES,
+        Gpa::new(GPA),
+        1 << 20,
+        Hva::new(HVA),
+    );
     assert!(matches!(
         m.set_memory_region(&r, 4096),
         Err(Error::Memslot(_))
@@ -34,7 +40,13 @@ fn logged_region_with_bad_id_is_refused_not_a_panic() {
 fn logged_region_too_large_is_refused_before_any_bitmap() {
     let m = mmu(MmuPolicy::default());
     // 2^52 pages: a bitmap for it would be 512 TiB.
-    let r = UserMemoryRegion::new(0, SlotFlags::LOG_DIRTY_PAGES, 0, 1 << 63, 0);
+    let r = UserMemoryRegion::new(
+        0,
+        SlotFlags::LOG_DIRTY_PAGES,
+        Gpa::new(0),
+        1 << 63,
+        Hva::new(0),
+    );
     assert!(matches!(
         m.set_memory_region(&r, 4096),
         Err(Error::Memslot(_) | Error::OutOfRange { .. })
@@ -45,9 +57,21 @@ fn logged_region_too_large_is_refused_before_any_bitmap() {
 fn a_slot_beyond_the_ipa_space_is_refused_at_creation() {
     let m = mmu(MmuPolicy::default());
     // 40-bit IPA space: the last MiB is fine, one more byte is not.
-    let ok = UserMemoryRegion::new(0, SlotFlags::NONE, (1 << 40) - (1 << 20), 1 << 20, HVA);
+    let ok = UserMemoryRegion::new(
+        0,
+        SlotFlags::NONE,
+        Gpa::new((1 << 40) - (1 << 20)),
+        1 << 20,
+        Hva::new(HVA),
+    );
     m.set_memory_region(&ok, 4096).unwrap();
-    let bad = UserMemoryRegion::new(1, SlotFlags::NONE, 1 << 40, 1 << 20, HVA);
+    let bad = UserMemoryRegion::new(
+        1,
+        SlotFlags::NONE,
+        Gpa::new(1 << 40),
+        1 << 20,
+        Hva::new(HVA),
+    );
     assert!(matches!(
         m.set_memory_region(&bad, 4096),
         Err(Error::OutOfRange { .. })
@@ -62,11 +86,23 @@ fn a_slot_beyond_the_ipa_space_is_refused_at_creation() {
 #[test]
 fn a_move_that_stops_logging_drops_the_bitmap() {
     let m = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::LOG_DIRTY_PAGES, GPA, 1 << 20, HVA);
+    let r = UserMemoryRegion::new(
+        0,
+        SlotFlags::LOG_DIRTY_PAGES,
+        Gpa::new(GPA),
+        1 << 20,
+        Hva::new(HVA),
+    );
     m.set_memory_region(&r, 4096).unwrap();
     let mut bm = vec![0u64; 4];
     m.get_dirty_log(0, &mut bm).unwrap();
-    let moved = UserMemoryRegion::new(0, SlotFlags::NONE, GPA << 1, 1 << 20, HVA);
+    let moved = UserMemoryRegion::new(
+        0,
+        SlotFlags::NONE,
+        Gpa::new(GPA << 1),
+        1 << 20,
+        Hva::new(HVA),
+    );
     m.set_memory_region(&moved, 4096).unwrap();
     assert_eq!(
         m.get_dirty_log(0, &mut bm),
@@ -84,7 +120,7 @@ fn hardware_dirty_state_is_scanned_and_cleaned() {
         dirty: DirtyMode::Hardware,
         ..MmuPolicy::default()
     });
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 2 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 2 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
@@ -124,7 +160,7 @@ fn hardware_dirty_state_is_scanned_and_cleaned() {
 #[test]
 fn host_range_invalidation_unmaps_and_holds_faults() {
     let m = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
@@ -166,7 +202,7 @@ fn host_range_invalidation_unmaps_and_holds_faults() {
 fn a_vcpu_of_another_mmu_is_refused() {
     let a = mmu(MmuPolicy::default());
     let b = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 1 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 1 << 20, Hva::new(HVA));
     b.set_memory_region(&r, 4096).unwrap();
     let mut va = a.new_vcpu().unwrap();
     assert_eq!(
@@ -184,7 +220,7 @@ fn a_soft_full_ring_refuses_faults_before_any_change() {
         dirty: DirtyMode::Ring { entries: 256 },
         ..MmuPolicy::default()
     });
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 4096).unwrap();
     let mut v = m.new_vcpu().unwrap();
     for p in 0..1024u64 {
@@ -221,7 +257,7 @@ fn a_soft_full_ring_refuses_faults_before_any_change() {
 #[test]
 fn a_fault_inside_a_page_still_maps_a_block() {
     let m = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     m.handle_stage2_fault(
@@ -240,12 +276,13 @@ fn a_fault_inside_a_page_still_maps_a_block() {
 fn output_addresses_come_from_the_host_memory_hook() {
     struct Offset;
     impl HostMemory for Offset {
-        fn host_to_phys(&self, hva: u64, _size: u64) -> Option<u64> {
-            (hva >= HVA).then(|| hva - HVA + 0x80_0000_0000)
+        fn host_to_phys(&self, hva: Hva, _size: u64) -> Option<Pa> {
+            let hva = hva.raw();
+            (hva >= HVA).then(|| Pa::new(hva - HVA + 0x80_0000_0000))
         }
     }
     let m = mmu(MmuPolicy::default()).with_host_memory(Arc::new(Offset));
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 4096).unwrap();
     let mut v = m.new_vcpu().unwrap();
     m.handle_fault(&mut v, Gpa::new(GPA + 0x3000), true)
@@ -255,11 +292,19 @@ fn output_addresses_come_from_the_host_memory_hook() {
         0x80_0000_3010
     );
     // An unbacked host page is an error, not a mapping.
-    let r = UserMemoryRegion::new(1, SlotFlags::NONE, GPA << 1, 1 << 20, 0x1000);
+    let r = UserMemoryRegion::new(
+        1,
+        SlotFlags::NONE,
+        Gpa::new(GPA << 1),
+        1 << 20,
+        Hva::new(0x1000),
+    );
     m.set_memory_region(&r, 4096).unwrap();
     assert_eq!(
         m.handle_fault(&mut v, Gpa::new(GPA << 1), true),
-        Err(Error::Unbacked { hva: 0x1000 })
+        Err(Error::Unbacked {
+            hva: Hva::new(0x1000)
+        })
     );
 }
 
@@ -271,7 +316,7 @@ fn marks_after_logging_is_restarted_land_in_the_new_bitmap() {
         manual_protect: false,
         ..MmuPolicy::default()
     });
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 1 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 1 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 4096).unwrap();
     let mut v = m.new_vcpu().unwrap();
     let mut log = vec![0u64; 4];
@@ -302,7 +347,7 @@ fn fault_by_a_vcpu_of_another_mmu_does_not_panic() {
     };
     let a = mmu(policy);
     let b = mmu(policy);
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 1 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 1 << 20, Hva::new(HVA));
     a.set_memory_region(&r, 4096).unwrap();
     a.enable_dirty_logging(0).unwrap();
     let mut own = a.new_vcpu().unwrap();
@@ -353,7 +398,7 @@ fn an_ept_vm_logs_dirty_pages() {
         MmuPolicy::default(),
     )
     .unwrap();
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     m.handle_fault(&mut v, Gpa::new(GPA + 0x2008), true)
@@ -389,7 +434,7 @@ fn an_ept_vm_logs_with_hardware_dirty_flags() {
         },
     )
     .unwrap();
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 2 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 2 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
@@ -427,7 +472,7 @@ fn logging_stops_with_blocks_collapsed_in_place() {
             recover_in_place: in_place,
             ..MmuPolicy::default()
         });
-        let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+        let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
         m.set_memory_region(&r, 2 << 20).unwrap();
         let mut v = m.new_vcpu().unwrap();
         for b in 0..2u64 {

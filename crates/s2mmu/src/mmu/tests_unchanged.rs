@@ -7,7 +7,7 @@ use super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};
 use crate::tlb::NoTlb;
-use crate::HostMmOps;
+use crate::{Gpa, HostMmOps, Hva};
 use core::sync::atomic::AtomicUsize;
 
 /// Host table pages, refused once `budget` pages have been handed out.
@@ -104,7 +104,7 @@ fn a_clear_that_cannot_split_leaves_bitmap_and_table_unchanged() {
         initially_set: true,
         ..MmuPolicy::default()
     });
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
@@ -141,7 +141,7 @@ fn a_populate_that_fails_part_way_unmaps_what_it_mapped() {
     let (m, _) = mmu(MmuPolicy::default());
     // 1 GiB and 4 KiB: the populate's second chunk holds one page.
     let size = (1 << 30) + 4096;
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, size, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), size, Hva::new(HVA));
     m.set_memory_region(&r, 4096).unwrap();
     let mut v = m.new_vcpu().unwrap();
     let last = GPA + (1 << 30);
@@ -158,7 +158,7 @@ fn a_populate_that_fails_part_way_unmaps_what_it_mapped() {
         "the fault's page stays"
     );
     // Nothing in the way: the same call maps it all.
-    let gone = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 0, HVA);
+    let gone = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 0, Hva::new(HVA));
     m.set_memory_region(&gone, 4096).unwrap();
     m.set_memory_region(&r, 4096).unwrap();
     assert_eq!(m.populate(0, 0, npages), Ok(npages));
@@ -171,7 +171,7 @@ fn a_populate_that_fails_part_way_unmaps_what_it_mapped() {
 #[test]
 fn logging_on_without_split_memory_succeeds_and_logs() {
     let (m, budget) = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, 4 << 20, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
@@ -203,7 +203,7 @@ fn a_clear_that_fails_in_a_later_chunk_puts_its_bits_back() {
     });
     // 1 GiB (one CLEAR chunk) of 2 MiB blocks, and one block beyond it.
     let size = (1 << 30) + (2 << 20);
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, size, HVA);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), size, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
     for b in 0..size / (2 << 20) {

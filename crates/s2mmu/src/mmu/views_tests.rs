@@ -6,7 +6,7 @@ use crate::dirty::MAX_DIRTY_VIEWS_PER_SLOT;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};
 use crate::tlb::NoTlb;
-use crate::HostMmOps;
+use crate::{Gpa, HostMmOps, Hva};
 
 type TestMmu = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
 
@@ -20,7 +20,13 @@ fn logged(policy: MmuPolicy) -> TestMmu {
     let mm = HostMmOps::new(4096).unwrap();
     let store = TreeMemslots::with_config(MemslotConfig::default());
     let m = Mmu::new(fmt, mm, Arc::new(NoTlb), store, policy).unwrap();
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, GPA, PAGES * 4096, HVA);
+    let r = UserMemoryRegion::new(
+        0,
+        SlotFlags::NONE,
+        Gpa::new(GPA),
+        PAGES * 4096,
+        Hva::new(HVA),
+    );
     m.set_memory_region(&r, 4096).unwrap();
     m.populate(0, 0, PAGES).unwrap();
     m.enable_dirty_logging(0).unwrap();
@@ -208,7 +214,13 @@ fn bad_calls_are_typed_errors_and_change_nothing() {
         m.open_dirty_view(0),
         Err(Error::TooManyDirtyViews { .. })
     ));
-    let off = UserMemoryRegion::new(1, SlotFlags::NONE, GPA << 1, 1 << 20, HVA);
+    let off = UserMemoryRegion::new(
+        1,
+        SlotFlags::NONE,
+        Gpa::new(GPA << 1),
+        1 << 20,
+        Hva::new(HVA),
+    );
     m.set_memory_region(&off, 4096).unwrap();
     assert_eq!(
         m.open_dirty_view(1),
@@ -286,7 +298,13 @@ fn a_joint_clear_protects_once_for_every_view() {
         PAGES + 2,
         "nothing cleared"
     );
-    let r = UserMemoryRegion::new(1, SlotFlags::LOG_DIRTY_PAGES, GPA << 1, PAGES * 4096, HVA);
+    let r = UserMemoryRegion::new(
+        1,
+        SlotFlags::LOG_DIRTY_PAGES,
+        Gpa::new(GPA << 1),
+        PAGES * 4096,
+        Hva::new(HVA),
+    );
     m.set_memory_region(&r, 4096).unwrap();
     let c = m.open_dirty_view(1).unwrap();
     assert_eq!(
