@@ -134,6 +134,24 @@ fn compare_text(
             rcell(ad),
         );
     }
+    s += &fault_lines(e, k, a);
+    if k.is_ok() {
+        s += "(KVM/engine > 1: the engine's simulated path is faster than a real KVM exit per fault)\n";
+    }
+    if a.is_ok() {
+        s += "(arm64/engine: QEMU's emulated arm64 guest with the engine as its stage-2 MMU against the simulated VM; an emulator's time, so read it as a ratio on this machine, not as arm64 speed)\n";
+    }
+    s
+}
+
+/// Each iteration's faults per column, and the arm64 column's totals and
+/// round trips.
+fn fault_lines(
+    e: &EngineRun,
+    k: &Column<s2mmu_kvm::DirtyLogReport>,
+    a: &Column<(s2mmu_arm64::workload::DirtyReport, EngineRun)>,
+) -> String {
+    let mut s = String::new();
     for (i, it) in e.iterations.iter().enumerate() {
         let ef = it.faults.permission + it.faults.translation;
         let mut line = format!("iteration {} faults: engine {ef}", i + 1);
@@ -168,12 +186,6 @@ fn compare_text(
             s += &l;
             s.push('\n');
         }
-    }
-    if k.is_ok() {
-        s += "(KVM/engine > 1: the engine's simulated path is faster than a real KVM exit per fault)\n";
-    }
-    if a.is_ok() {
-        s += "(arm64/engine: QEMU's emulated arm64 guest with the engine as its stage-2 MMU against the simulated VM; an emulator's time, so read it as a ratio on this machine, not as arm64 speed)\n";
     }
     s
 }

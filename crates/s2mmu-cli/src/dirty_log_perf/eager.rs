@@ -78,30 +78,8 @@ pub(super) fn eager_vs_fault(
         ("vCPU CPU time in that first pass", &vcpu_cpu),
         ("enabling dirty logging", &enable),
     ];
-    let secs = |runs: &[EngineRun], f: &RunMetric<'_>| {
-        runs.iter().map(|r| f(r).as_secs_f64()).collect::<Vec<_>>()
-    };
     for (name, f) in rows {
-        let e: Vec<Duration> = eager.iter().map(f).collect();
-        let l: Vec<Duration> = lazy.iter().map(f).collect();
-        let (es, ls) = (Summary::of(&e), Summary::of(&l));
-        // The ratio of each pair of runs, then its median.
-        let ratio = paired_ratio(&secs(&eager, f), &secs(&lazy, f));
-        let ratio_text = ratio.map_or("-".to_string(), |r| format!("{r:.2}x"));
-        s += &format!(
-            "{name:<46} {:>14} {:>14} {ratio_text:>9}\n",
-            human(es.median),
-            human(ls.median),
-        );
-        let case = name.replace([' ', ','], "_").replace("__", "_");
-        report.result(&case, "eager_split", es.json());
-        report.result(&case, "split_on_fault", ls.json());
-        report.compare(
-            &case,
-            "median_ns",
-            ls.median.as_nanos() as f64,
-            es.median.as_nanos() as f64,
-        );
+        s += &metric_row(name, f, &eager, &lazy, report);
     }
     let splits: u64 = lazy
         .iter()
@@ -112,7 +90,63 @@ pub(super) fn eager_vs_fault(
     s += &format!(
         "splits on fault: {splits} per run (each under the write lock on a vCPU thread)\n"
     );
-    let all = paired_ratios(&secs(&eager, &first), &secs(&lazy, &first));
+    s += &first_pass_lines(p, vcpus, runs, &eager, &lazy, &first);
+    if let Some(run) = eager.first() {
+        for l in run.lines(p.ring.is_some()) {
+            report.result("eager_detail", "eager_split", json!({"line": l}));
+        }
+    }
+    Ok(s)
+}
+
+/// A metric's values over runs, in seconds.
+fn run_secs(runs: &[EngineRun], f: &RunMetric<'_>) -> Vec<f64> {
+    runs.iter().map(|r| f(r).as_secs_f64()).collect::<Vec<_>>()
+}
+
+/// One metric's line of the table (eager, on fault, their paired ratio)
+/// and its JSON rows.
+fn metric_row(
+    name: &str,
+    f: &RunMetric<'_>,
+    eager: &[EngineRun],
+    lazy: &[EngineRun],
+    report: &mut Report,
+) -> String {
+    let e: Vec<Duration> = eager.iter().map(f).collect();
+    let l: Vec<Duration> = lazy.iter().map(f).collect();
+    let (es, ls) = (Summary::of(&e), Summary::of(&l));
+    // The ratio of each pair of runs, then its median.
+    let ratio = paired_ratio(&run_secs(eager, f), &run_secs(lazy, f));
+    let ratio_text = ratio.map_or("-".to_string(), |r| format!("{r:.2}x"));
+    let s = format!(
+        "{name:<46} {:>14} {:>14} {ratio_text:>9}\n",
+        human(es.median),
+        human(ls.median),
+    );
+    let case = name.replace([' ', ','], "_").replace("__", "_");
+    report.result(&case, "eager_split", es.json());
+    report.result(&case, "split_on_fault", ls.json());
+    report.compare(
+        &case,
+        "median_ns",
+        ls.median.as_nanos() as f64,
+        es.median.as_nanos() as f64,
+    );
+    s
+}
+
+/// The first protected pass's ratio per run pair and the target line.
+fn first_pass_lines(
+    p: &Params,
+    vcpus: usize,
+    runs: usize,
+    eager: &[EngineRun],
+    lazy: &[EngineRun],
+    first: &RunMetric<'_>,
+) -> String {
+    let mut s = String::new();
+    let all = paired_ratios(&run_secs(eager, first), &run_secs(lazy, first));
     let ratio = all.get(all.len() / 2).copied().unwrap_or(0.0);
     s += &format!(
         "first-pass ratio per run: {}\n",
@@ -131,10 +165,5 @@ pub(super) fn eager_vs_fault(
             "first dirty pass {ratio:.2}x faster with eager split, median of {runs} paired runs (the target is set for 2 vCPUs on 2 MiB backing)\n"
         );
     }
-    if let Some(run) = eager.first() {
-        for l in run.lines(p.ring.is_some()) {
-            report.result("eager_detail", "eager_split", json!({"line": l}));
-        }
-    }
-    Ok(s)
+    s
 }

@@ -87,54 +87,16 @@ fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
 ) -> Result<EngineRun, String> {
     let mem = spec.bytes * spec.vcpus as u64;
     let gpa_base = 1u64 << 32;
-    let vm = Arc::new(
-        Vm::<S, F>::new(VmConfig {
-            mem_size: mem,
-            backing: spec.backing,
-            slots: spec.slots,
-            gpa_base,
-            policy: spec.policy,
-            ..VmConfig::default()
-        })
-        .map_err(|e| e.to_string())?,
-    );
+    let vm = Arc::new(new_vm::<S, F>(&spec, gpa_base)?);
     let mut run = EngineRun {
         label: label(&spec.policy, memslots),
         vcpus: spec.vcpus,
         test_gpa: (gpa_base, gpa_base + mem),
         ..EngineRun::default()
     };
-    let t0 = Instant::now();
-    let w = Workload::start(
-        vm.clone(),
-        spec.vcpus,
-        WorkloadConfig {
-            bytes_per_vcpu: spec.bytes,
-            write_percent: 100,
-            pattern: Pattern::Sequential,
-            page_size: 4096,
-        },
-    )?;
-    w.run_pass(|| {})?;
-    run.populate = t0.elapsed();
-    // The workload's pattern from here on (populate writes every page in
-    // order), so a pass with logging off runs the same accesses.
-    let ctl = w.control();
-    ctl.write_percent.store(
-        u64::from(spec.write_percent),
-        std::sync::atomic::Ordering::Relaxed,
-    );
-    ctl.random
-        .store(spec.random, std::sync::atomic::Ordering::Relaxed);
-    if spec.off_pass {
-        // The median of three passes, as a logged run's figure is a median
-        // of its passes.
-        let mut t = (0..3)
-            .map(|_| w.run_pass(|| {}))
-            .collect::<Result<Vec<_>, _>>()?;
-        t.sort();
-        run.off_pass = Some(t[1]);
-    }
+    let (w, populate, off_pass) = populate(&vm, &spec)?;
+    run.populate = populate;
+    run.off_pass = off_pass;
     let t = Instant::now();
     vm.enable_dirty_logging().map_err(|e| e.to_string())?;
     run.enable = t.elapsed();
@@ -168,29 +130,14 @@ fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
         };
         it.dirty_memory = w.run_pass(&mut reap)?;
         let cpu0 = modes::thread_cpu_time();
-        let t = Instant::now();
-        if ring {
-            let mut got = Vec::new();
-            mmu.harvest_rings(&mut got).map_err(|e| e.to_string())?;
-            it.get = t.elapsed();
-            it.pages_dirty = got.len() as u64 + reaped.drain(..).sum::<usize>() as u64;
-            let t = Instant::now();
-            mmu.reset_rings().map_err(|e| e.to_string())?;
-            it.clear = Some(t.elapsed());
-        } else {
-            for (s, bm) in vm.slots().iter().zip(bitmaps.iter_mut()) {
-                it.pages_dirty += mmu.get_dirty_log(s.id, bm).map_err(|e| e.to_string())?;
-            }
-            it.get = t.elapsed();
-            if spec.policy.manual_protect {
-                let t = Instant::now();
-                for (s, bm) in vm.slots().iter().zip(bitmaps.iter()) {
-                    mmu.clear_dirty_log(s.id, 0, s.size / 4096, bm)
-                        .map_err(|e| e.to_string())?;
-                }
-                it.clear = Some(t.elapsed());
-            }
-        }
+        harvest(
+            &vm,
+            ring,
+            spec.policy.manual_protect,
+            &mut bitmaps,
+            &mut reaped,
+            &mut it,
+        )?;
         it.harvest_cpu = modes::thread_cpu_time().saturating_sub(cpu0);
         if let Some(check) = lost.as_mut() {
             it.lost_writes = Some(check.round(&vm, &bitmaps)?);
@@ -214,6 +161,105 @@ fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
     run.vm_stats = mmu.vm_stats();
     w.stop();
     Ok(run)
+}
+
+/// The started workload, its populate time and the median pass with
+/// logging off (when asked for).
+type Populated<S, F> = (Workload<S, F>, Duration, Option<Duration>);
+
+/// Starts the workload and times its populate pass; then sets the pattern
+/// of the logged passes and, when asked, times passes with logging off
+/// (their median).
+fn populate<S: MemslotStore + 'static, F: VmFormat>(
+    vm: &Arc<Vm<S, F>>,
+    spec: &RunSpec,
+) -> Result<Populated<S, F>, String> {
+    let t0 = Instant::now();
+    let w = Workload::start(
+        vm.clone(),
+        spec.vcpus,
+        WorkloadConfig {
+            bytes_per_vcpu: spec.bytes,
+            write_percent: 100,
+            pattern: Pattern::Sequential,
+            page_size: 4096,
+        },
+    )?;
+    w.run_pass(|| {})?;
+    let populate = t0.elapsed();
+    // The workload's pattern from here on (populate writes every page in
+    // order), so a pass with logging off runs the same accesses.
+    let ctl = w.control();
+    ctl.write_percent.store(
+        u64::from(spec.write_percent),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    ctl.random
+        .store(spec.random, std::sync::atomic::Ordering::Relaxed);
+    let mut off_pass = None;
+    if spec.off_pass {
+        // The median of three passes, as a logged run's figure is a median
+        // of its passes.
+        let mut t = (0..3)
+            .map(|_| w.run_pass(|| {}))
+            .collect::<Result<Vec<_>, _>>()?;
+        t.sort();
+        off_pass = Some(t[1]);
+    }
+    Ok((w, populate, off_pass))
+}
+
+/// The simulated VM of `spec.vcpus * spec.bytes` bytes at `gpa_base`.
+fn new_vm<S: MemslotStore + 'static, F: VmFormat>(
+    spec: &RunSpec,
+    gpa_base: u64,
+) -> Result<Vm<S, F>, String> {
+    Vm::<S, F>::new(VmConfig {
+        mem_size: spec.bytes * spec.vcpus as u64,
+        backing: spec.backing,
+        slots: spec.slots,
+        gpa_base,
+        policy: spec.policy,
+        ..VmConfig::default()
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// One iteration's GET and CLEAR (or ring harvest and reset), timed into
+/// `it` with the pages the log reported.
+fn harvest<S: MemslotStore + 'static, F: VmFormat>(
+    vm: &Vm<S, F>,
+    ring: bool,
+    manual_protect: bool,
+    bitmaps: &mut [Vec<u64>],
+    reaped: &mut Vec<usize>,
+    it: &mut EngineIteration,
+) -> Result<(), String> {
+    let mmu = vm.mmu();
+    let t = Instant::now();
+    if ring {
+        let mut got = Vec::new();
+        mmu.harvest_rings(&mut got).map_err(|e| e.to_string())?;
+        it.get = t.elapsed();
+        it.pages_dirty = got.len() as u64 + reaped.drain(..).sum::<usize>() as u64;
+        let t = Instant::now();
+        mmu.reset_rings().map_err(|e| e.to_string())?;
+        it.clear = Some(t.elapsed());
+    } else {
+        for (s, bm) in vm.slots().iter().zip(bitmaps.iter_mut()) {
+            it.pages_dirty += mmu.get_dirty_log(s.id, bm).map_err(|e| e.to_string())?;
+        }
+        it.get = t.elapsed();
+        if manual_protect {
+            let t = Instant::now();
+            for (s, bm) in vm.slots().iter().zip(bitmaps.iter()) {
+                mmu.clear_dirty_log(s.id, 0, s.size / 4096, bm)
+                    .map_err(|e| e.to_string())?;
+            }
+            it.clear = Some(t.elapsed());
+        }
+    }
+    Ok(())
 }
 
 fn sum(v: &[FaultStats]) -> FaultStats {
