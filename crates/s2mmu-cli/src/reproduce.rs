@@ -153,3 +153,30 @@ pub fn main(p: Params) -> Result<(), String> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_with_a_plot_gets_svg_and_png_beside_the_report() {
+        let dir = std::env::temp_dir().join(format!("s2mmu-reproduce-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("r.md");
+        let report = json!({"results": [
+            {"case": "first_pass", "policy": "eager_split", "median_ns": 6e6},
+            {"case": "first_pass", "policy": "split_on_fault", "median_ns": 27e6},
+        ]});
+        let name = write_plot(&out, "004", &report).unwrap();
+        assert_eq!(name.as_deref(), Some("r-seed-004.svg"));
+        let svg = std::fs::read_to_string(dir.join("r-seed-004.svg")).unwrap();
+        assert!(svg.starts_with("<svg"));
+        let png = std::fs::read(dir.join("r-seed-004.png")).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        // A seed without a plot, or a report without its rows: no file.
+        assert_eq!(write_plot(&out, "000", &report).unwrap(), None);
+        assert_eq!(write_plot(&out, "002", &report).unwrap(), None);
+        assert!(!dir.join("r-seed-002.png").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
