@@ -358,37 +358,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
                 "hardware": p.hardware }),
     );
     let (fm, f1) = (per_page_cycle(&many, p), per_page_cycle(&one, p));
-    let mut text = format!(
-        "dirty-views: {} guest, {} vCPUs, {} ticks of {}, {} tracking; {}\n\
-         {:<10} {:>6} {:>8} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6}\n",
-        human_bytes(p.mem),
-        p.vcpus,
-        p.ticks,
-        if p.tick_ms == 0 {
-            "one guest pass".to_string()
-        } else {
-            format!("{} ms", p.tick_ms)
-        },
-        if p.hardware {
-            "hardware dirty state"
-        } else {
-            "write-protection"
-        },
-        if p.separate_clears {
-            "views due together clear one after the other"
-        } else {
-            "views due together clear in one call"
-        },
-        "consumer",
-        "period",
-        "harvests",
-        "reported",
-        "protected",
-        "already",
-        "flushes",
-        "over",
-        "lost"
-    );
+    let mut text = header(p);
     for (case, o) in [("views", &many), ("alone", &one)] {
         for (c, st) in &o.consumers {
             let name = format!("{case}/p{}", c.period);
@@ -468,6 +438,42 @@ pub fn run(p: &Params) -> Result<Report, String> {
     );
     r.set_text(text);
     Ok(r)
+}
+
+/// The title line (size, vCPUs, ticks, tracking, how views clear) and the
+/// table's column heads.
+fn header(p: &Params) -> String {
+    format!(
+        "dirty-views: {} guest, {} vCPUs, {} ticks of {}, {} tracking; {}\n\
+         {:<10} {:>6} {:>8} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6}\n",
+        human_bytes(p.mem),
+        p.vcpus,
+        p.ticks,
+        if p.tick_ms == 0 {
+            "one guest pass".to_string()
+        } else {
+            format!("{} ms", p.tick_ms)
+        },
+        if p.hardware {
+            "hardware dirty state"
+        } else {
+            "write-protection"
+        },
+        if p.separate_clears {
+            "views due together clear one after the other"
+        } else {
+            "views due together clear in one call"
+        },
+        "consumer",
+        "period",
+        "harvests",
+        "reported",
+        "protected",
+        "already",
+        "flushes",
+        "over",
+        "lost"
+    )
 }
 
 #[cfg(test)]

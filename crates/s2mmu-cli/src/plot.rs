@@ -1,14 +1,21 @@
-//! Plots through `plotters` (SVG): line charts of named series over a
-//! numeric axis, optionally over shaded phases (a time series such as a
-//! migration's, with its pre-copy rounds and stop-and-copy), and grouped
-//! bar charts of a few cases measured under a few policies.
+//! Plots through `plotters`, as SVG and as PNG: line charts of named
+//! series over a numeric axis, optionally over shaded phases (a time series
+//! such as a migration's, with its pre-copy rounds and stop-and-copy), and
+//! grouped bar charts of a few cases measured under a few policies.
 //!
-//! Only the SVG backend is built: it writes text as SVG `<text>` and needs
-//! no font library. (plotters' bitmap backend must rasterise the labels
-//! itself, which needs a TrueType font and a font crate; see README.)
+//! SVG writes text as `<text>`, but plotters measures every label with a
+//! font to lay the chart out, and PNG rasterises the labels: the bitmap
+//! backend draws into an RGB buffer. The font is Noto Sans, bundled as
+//! bytes by `ttf-noto-sans` and registered with plotters' `ab_glyph`
+//! renderer, so no system font or font library is needed; `png` encodes
+//! the buffer. [`write_svg_and_png`] writes both files of any
+//! [`Chart`].
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// One named line: `(x, y)` points in x order.
 #[derive(Clone, Debug)]
@@ -62,8 +69,8 @@ pub struct BarChart {
     pub groups: Vec<(String, Vec<f64>)>,
 }
 
-/// The plot's size in pixels.
-const SIZE: (u32, u32) = (800, 450);
+/// The plot's size in pixels (width, height), for SVG and PNG alike.
+pub const SIZE: (u32, u32) = (800, 450);
 
 fn color(i: usize) -> RGBColor {
     // Palette99's first colours, named so a reader can match the legend.
@@ -106,6 +113,8 @@ impl LineChart {
     /// # Errors
     /// No finite point to plot, or a drawing error from plotters.
     pub fn svg(&self) -> Result<String, String> {
+        // plotters lays text out with the registered font, SVG too.
+        register_bundled_font()?;
         let mut out = String::new();
         {
             let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
@@ -113,6 +122,14 @@ impl LineChart {
             root.present().map_err(err)?;
         }
         Ok(out)
+    }
+
+    /// The chart as a PNG file's bytes, [`SIZE`] pixels.
+    ///
+    /// # Errors
+    /// No finite point to plot, or a drawing or encoding error.
+    pub fn png(&self) -> Result<Vec<u8>, String> {
+        png_of(|root| self.draw(root))
     }
 
     /// The series' points as drawn: with a log y axis, `(x, log10 y)` of
@@ -151,7 +168,7 @@ impl LineChart {
         };
         root.fill(&WHITE).map_err(err)?;
         let mut chart = ChartBuilder::on(root)
-            .caption(&self.title, ("sans-serif", 20))
+            .caption(&self.title, (FAMILY, 20))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(70)
@@ -184,7 +201,7 @@ impl LineChart {
                 .draw_series(std::iter::once(Text::new(
                     ph.name.clone(),
                     (ph.start, y1 - (y1 - y0) * 0.05 * row),
-                    ("sans-serif", 12),
+                    (FAMILY, 12),
                 )))
                 .map_err(err)?;
         }
@@ -259,6 +276,8 @@ pub fn stacked_svg(charts: &[Chart]) -> Result<String, String> {
         .ok()
         .filter(|&n| (1..=16).contains(&n))
         .ok_or_else(|| format!("plot: {} charts in one figure (1 to 16)", charts.len()))?;
+    // plotters lays text out with the registered font, SVG too.
+    register_bundled_font()?;
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (SIZE.0, SIZE.1 * n)).into_drawing_area();
@@ -272,6 +291,27 @@ pub fn stacked_svg(charts: &[Chart]) -> Result<String, String> {
         root.present().map_err(err)?;
     }
     Ok(out)
+}
+
+/// [`stacked_svg`]'s figure as a PNG file's bytes, [`SIZE`] per chart.
+///
+/// # Errors
+/// As [`stacked_svg`], or an encoding error.
+pub fn stacked_png(charts: &[Chart]) -> Result<Vec<u8>, String> {
+    let n = u32::try_from(charts.len())
+        .ok()
+        .filter(|&n| (1..=16).contains(&n))
+        .ok_or_else(|| format!("plot: {} charts in one figure (1 to 16)", charts.len()))?;
+    png_sized((SIZE.0, SIZE.1 * n), |root| {
+        root.fill(&WHITE).map_err(err)?;
+        for (area, chart) in root.split_evenly((charts.len(), 1)).iter().zip(charts) {
+            match chart {
+                Chart::Line(c) => c.draw(area)?,
+                Chart::Bar(c) => c.draw(area)?,
+            }
+        }
+        Ok(())
+    })
 }
 
 /// A bar's value as its label: three significant digits, so a bar too
@@ -291,6 +331,8 @@ impl BarChart {
     /// No finite value, groups whose lengths differ from the categories',
     /// or a drawing error from plotters.
     pub fn svg(&self) -> Result<String, String> {
+        // plotters lays text out with the registered font, SVG too.
+        register_bundled_font()?;
         let mut out = String::new();
         {
             let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
@@ -298,6 +340,14 @@ impl BarChart {
             root.present().map_err(err)?;
         }
         Ok(out)
+    }
+
+    /// The chart as a PNG file's bytes, [`SIZE`] pixels.
+    ///
+    /// # Errors
+    /// As [`BarChart::svg`], or an encoding error.
+    pub fn png(&self) -> Result<Vec<u8>, String> {
+        png_of(|root| self.draw(root))
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
@@ -319,7 +369,7 @@ impl BarChart {
         root.fill(&WHITE).map_err(err)?;
         let categories = self.categories.clone();
         let mut chart = ChartBuilder::on(root)
-            .caption(&self.title, ("sans-serif", 20))
+            .caption(&self.title, (FAMILY, 20))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(70)
@@ -356,7 +406,7 @@ impl BarChart {
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
             let labels = values.iter().enumerate().map(|(i, &v)| {
                 let left = i as f64 + 0.1 + g as f64 * width;
-                Text::new(value_label(v), (left, v + y1 * 0.03), ("sans-serif", 11))
+                Text::new(value_label(v), (left, v + y1 * 0.03), (FAMILY, 11))
             });
             chart.draw_series(labels).map_err(err)?;
         }
@@ -370,9 +420,204 @@ impl BarChart {
     }
 }
 
+/// The font family the charts' text asks for; drawing registers the
+/// bundled font under it.
+const FAMILY: &str = "sans-serif";
+
+/// Registers the bundled Noto Sans as [`FAMILY`] with plotters (once per
+/// process), so the bitmap backend finds a font without a system one.
+fn register_bundled_font() -> Result<(), String> {
+    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            register_font(FAMILY, FontStyle::Normal, ttf_noto_sans::REGULAR)
+                .map_err(|_| "plot: the bundled Noto Sans font does not parse".to_string())
+        })
+        .clone()
+}
+
+/// Draws a chart into an RGB buffer of [`SIZE`] and encodes it as PNG.
+fn png_of(
+    draw: impl FnOnce(&DrawingArea<BitMapBackend<'_>, Shift>) -> Result<(), String>,
+) -> Result<Vec<u8>, String> {
+    png_sized(SIZE, draw)
+}
+
+/// A PNG of `(w, h)` pixels drawn by `draw`.
+fn png_sized(
+    (w, h): (u32, u32),
+    draw: impl FnOnce(&DrawingArea<BitMapBackend<'_>, Shift>) -> Result<(), String>,
+) -> Result<Vec<u8>, String> {
+    register_bundled_font()?;
+    let mut rgb = vec![0u8; w as usize * h as usize * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
+        draw(&root)?;
+        root.present().map_err(err)?;
+    }
+    encode_png(&rgb, w, h)
+}
+
+/// `rgb` (8-bit RGB rows, `w` by `h`) as a PNG file's bytes.
+fn encode_png(rgb: &[u8], w: u32, h: u32) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, w, h);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().map_err(err)?;
+    writer.write_image_data(rgb).map_err(err)?;
+    writer.finish().map_err(err)?;
+    Ok(out)
+}
+
+/// A chart drawn both ways: SVG for the browser, PNG where SVG is not shown.
+pub trait Figure {
+    /// The chart as an SVG document.
+    ///
+    /// # Errors
+    /// Nothing to plot, or a drawing error.
+    fn to_svg(&self) -> Result<String, String>;
+    /// The chart as a PNG file's bytes.
+    ///
+    /// # Errors
+    /// Nothing to plot, or a drawing or encoding error.
+    fn to_png(&self) -> Result<Vec<u8>, String>;
+}
+
+impl Figure for LineChart {
+    fn to_svg(&self) -> Result<String, String> {
+        self.svg()
+    }
+    fn to_png(&self) -> Result<Vec<u8>, String> {
+        self.png()
+    }
+}
+
+impl Figure for BarChart {
+    fn to_svg(&self) -> Result<String, String> {
+        self.svg()
+    }
+    fn to_png(&self) -> Result<Vec<u8>, String> {
+        self.png()
+    }
+}
+
+/// Writes `chart` as SVG to `svg_path` and as PNG beside it (the same path
+/// with the extension `png`); returns the PNG's path. Both are drawn before
+/// either is written, so a chart that cannot be drawn leaves no file.
+///
+/// # Errors
+/// The chart cannot be drawn, or a file cannot be written (naming it).
+pub fn write_svg_and_png(chart: &impl Figure, svg_path: &Path) -> Result<PathBuf, String> {
+    let svg = chart.to_svg()?;
+    let png = chart.to_png()?;
+    let png_path = svg_path.with_extension("png");
+    for (path, bytes) in [(svg_path, svg.as_bytes()), (png_path.as_path(), &png[..])] {
+        std::fs::write(path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(png_path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Decodes a PNG, checking its signature and IHDR by hand first:
+    /// returns (width, height, RGB pixels).
+    fn decode_png(bytes: &[u8]) -> (u32, u32, Vec<u8>) {
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+        assert_eq!(&bytes[12..16], b"IHDR", "first chunk");
+        let be = |o: usize| u32::from_be_bytes(bytes[o..o + 4].try_into().unwrap());
+        let (w, h) = (be(16), be(20));
+        assert_eq!((bytes[24], bytes[25]), (8, 2), "8-bit RGB");
+        let mut reader = png::Decoder::new(std::io::Cursor::new(bytes))
+            .read_info()
+            .unwrap();
+        let mut buf = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), (w, h));
+        buf.truncate(info.buffer_size());
+        (w, h, buf)
+    }
+
+    /// Pixels darker than light grey in rows `rows` (text is drawn black).
+    fn dark_pixels(rgb: &[u8], w: u32, rows: std::ops::Range<u32>) -> usize {
+        let row = w as usize * 3;
+        rgb[rows.start as usize * row..rows.end as usize * row]
+            .chunks(3)
+            .filter(|p| p.iter().all(|&c| c < 100))
+            .count()
+    }
+
+    fn bars() -> BarChart {
+        BarChart {
+            title: "eager split against split on fault".into(),
+            y_label: "ms".into(),
+            categories: vec!["first pass".into(), "enable".into()],
+            groups: vec![
+                ("eager".into(), vec![3.0, 40.0]),
+                ("on fault".into(), vec![30.0, 1.0]),
+            ],
+        }
+    }
+
+    #[test]
+    fn png_charts_decode_at_the_plot_size_with_their_text_drawn() {
+        let line = LineChart {
+            title: "vCPU scaling".into(),
+            x_label: "vCPUs".into(),
+            y_label: "ms".into(),
+            series: vec![Series {
+                name: "fast".into(),
+                points: vec![(1.0, 2.0), (8.0, 5.0)],
+            }],
+            phases: vec![],
+            log_y: false,
+        };
+        for png in [line.png().unwrap(), bars().png().unwrap()] {
+            let (w, h, rgb) = decode_png(&png);
+            assert_eq!((w, h), SIZE);
+            assert_eq!(rgb.len(), w as usize * h as usize * 3);
+            // The caption is the only thing in the top rows: dark pixels
+            // there are the title's glyphs, drawn with the bundled font.
+            assert!(dark_pixels(&rgb, w, 0..28) > 50, "no title text");
+        }
+        let untitled = BarChart {
+            title: String::new(),
+            ..bars()
+        };
+        let (w, _, rgb) = decode_png(&untitled.png().unwrap());
+        assert_eq!(dark_pixels(&rgb, w, 0..12), 0, "ink above an empty title");
+    }
+
+    #[test]
+    fn a_stacked_png_is_one_plot_size_per_chart() {
+        let charts = [Chart::Bar(bars()), Chart::Bar(bars())];
+        let (w, h, _) = decode_png(&stacked_png(&charts).unwrap());
+        assert_eq!((w, h), (SIZE.0, SIZE.1 * 2));
+        assert!(stacked_png(&[]).is_err());
+    }
+
+    #[test]
+    fn write_svg_and_png_writes_both_or_neither() {
+        let dir = std::env::temp_dir().join(format!("s2mmu-plot-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svg_path = dir.join("chart.svg");
+        let png_path = write_svg_and_png(&bars(), &svg_path).unwrap();
+        assert_eq!(png_path, dir.join("chart.png"));
+        let svg = std::fs::read_to_string(&svg_path).unwrap();
+        assert!(svg.starts_with("<svg"));
+        let (w, h, _) = decode_png(&std::fs::read(&png_path).unwrap());
+        assert_eq!((w, h), SIZE);
+        let bad = BarChart {
+            groups: vec![("eager".into(), vec![1.0])],
+            ..bars()
+        };
+        let none = dir.join("bad.svg");
+        assert!(write_svg_and_png(&bad, &none).is_err());
+        assert!(!none.exists() && !dir.join("bad.png").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_line_chart_over_phases_is_svg_with_every_label() {

@@ -1,8 +1,9 @@
 //! `s2mmu reproduce`: runs every seed's experiment with both policies side
 //! by side and writes a report that puts the published figures next to the
-//! ones measured on this machine, with plots (SVG files beside the report)
+//! ones measured on this machine, with plots (SVG and PNG files beside the report)
 //! of seed 002's vCPU scaling and seed 004's comparison.
 
+use crate::plot::write_svg_and_png;
 use crate::progress::Progress;
 use crate::report::{host, Report};
 use serde_json::{json, Value};
@@ -34,25 +35,25 @@ pub struct Params {
 }
 
 /// The plot of experiment `seed`'s report, if it has one: written as
-/// `<report stem>-seed-<seed>.svg` beside the report; returns the file's
-/// name (relative to the report, for the Markdown link).
+/// `<report stem>-seed-<seed>.svg` beside the report, and as the same name
+/// with `.png`; returns the SVG file's name (relative to the report, for
+/// the Markdown link).
 fn write_plot(out: &Path, seed: &str, report: &Value) -> Result<Option<String>, String> {
-    let svg = match seed {
-        "002" => plots::vcpu_scaling(report).map(|c| c.svg()),
-        "004" => plots::eager_vs_fault(report).map(|c| c.svg()),
-        _ => None,
-    };
-    let Some(svg) = svg.transpose()? else {
-        return Ok(None);
-    };
     let stem = out
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("s2mmu-reproduce");
     let name = format!("{stem}-seed-{seed}.svg");
     let path: PathBuf = out.with_file_name(&name);
-    std::fs::write(&path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    Ok(Some(name))
+    let written = match seed {
+        "002" => plots::vcpu_scaling(report).map(|c| write_svg_and_png(&c, &path)),
+        "004" => plots::eager_vs_fault(report).map(|c| write_svg_and_png(&c, &path)),
+        _ => None,
+    };
+    match written {
+        None => Ok(None),
+        Some(w) => w.map(|_| Some(name)),
+    }
 }
 
 /// The report's opening: the host and build the figures come from.
@@ -107,7 +108,14 @@ pub fn main(p: Params) -> Result<(), String> {
                     None
                 });
                 if let Some(name) = &plot {
-                    let _ = writeln!(md, "![seed {} plot]({name})\n", e.seed);
+                    let png = Path::new(name).with_extension("png");
+                    let _ = writeln!(
+                        md,
+                        "![seed {} plot]({name})\n\n(PNG: [{}]({}))\n",
+                        e.seed,
+                        png.display(),
+                        png.display()
+                    );
                 }
                 all.push(json!({"seed": e.seed, "command": e.command, "plot": plot, "report": j}));
             }
@@ -143,5 +151,32 @@ pub fn main(p: Params) -> Result<(), String> {
             failed.len(),
             failed.join("; ")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_with_a_plot_gets_svg_and_png_beside_the_report() {
+        let dir = std::env::temp_dir().join(format!("s2mmu-reproduce-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("r.md");
+        let report = json!({"results": [
+            {"case": "first_pass", "policy": "eager_split", "median_ns": 6e6},
+            {"case": "first_pass", "policy": "split_on_fault", "median_ns": 27e6},
+        ]});
+        let name = write_plot(&out, "004", &report).unwrap();
+        assert_eq!(name.as_deref(), Some("r-seed-004.svg"));
+        let svg = std::fs::read_to_string(dir.join("r-seed-004.svg")).unwrap();
+        assert!(svg.starts_with("<svg"));
+        let png = std::fs::read(dir.join("r-seed-004.png")).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        // A seed without a plot, or a report without its rows: no file.
+        assert_eq!(write_plot(&out, "000", &report).unwrap(), None);
+        assert_eq!(write_plot(&out, "002", &report).unwrap(), None);
+        assert!(!dir.join("r-seed-002.png").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -100,22 +100,7 @@ pub(super) fn plan(p: &Params, vcpus: &[usize], bytes: u64) -> Result<Plan, Stri
     a64::check_touched("-v x -b", total)?;
     let pages = bytes / PAGE;
     if let Some(n) = p.ring {
-        if !n.is_power_of_two() || !(256..=65536).contains(&n) {
-            return Err(format!("--ring {n}: must be a power of two in 256..=65536"));
-        }
-        if u64::from(n) < pages + 64 {
-            let want = (pages + 64).next_power_of_two();
-            return Err(if want <= 65536 {
-                format!(
-                    "--ring {n}: a vCPU's ring must hold a pass of {pages} pages plus 64 entries (--ring {want} or more)"
-                )
-            } else {
-                format!(
-                    "--ring {n}: a ring of at most 65536 entries cannot hold a pass of {pages} pages (-b at most {} with rings)",
-                    human_bytes((65536 - 64) / 64 * 64 * PAGE)
-                )
-            });
-        }
+        check_ring(n, pages)?;
     }
     let runs = p.runs.unwrap_or(1);
     if !(1..=100).contains(&runs) {
@@ -139,6 +124,28 @@ pub(super) fn plan(p: &Params, vcpus: &[usize], bytes: u64) -> Result<Plan, Stri
         random: p.random,
         runs,
     })
+}
+
+/// `--ring n` with the arm64 model: a power of two in 256..=65536 that
+/// holds a vCPU's pass of `pages` pages plus 64 entries.
+fn check_ring(n: u32, pages: u64) -> Result<(), String> {
+    if !n.is_power_of_two() || !(256..=65536).contains(&n) {
+        return Err(format!("--ring {n}: must be a power of two in 256..=65536"));
+    }
+    if u64::from(n) < pages + 64 {
+        let want = (pages + 64).next_power_of_two();
+        return Err(if want <= 65536 {
+            format!(
+                "--ring {n}: a vCPU's ring must hold a pass of {pages} pages plus 64 entries (--ring {want} or more)"
+            )
+        } else {
+            format!(
+                "--ring {n}: a ring of at most 65536 entries cannot hold a pass of {pages} pages (-b at most {} with rings)",
+                human_bytes((65536 - 64) / 64 * 64 * PAGE)
+            )
+        });
+    }
+    Ok(())
 }
 
 /// One run on a fresh QEMU.

@@ -226,23 +226,7 @@ pub(super) fn table(
 ) -> Result<String, String> {
     let modes = p.dirty_modes();
     let runs = p.runs.unwrap_or(3).max(1) as usize;
-    let fault_path = if p.policy == PolicyArg::Baseline {
-        FaultPath::WriteLock
-    } else {
-        FaultPath::ReadLockFastPath
-    };
-    let mut samples: Vec<ModeSamples> = modes.iter().map(|_| ModeSamples::default()).collect();
-    for run in 0..runs {
-        for k in 0..modes.len() {
-            let m = (run + k) % modes.len();
-            let mut s = spec(vcpus, fault_path, p.eager_split);
-            s.policy.dirty = dirty_mode(modes[m]);
-            s.policy.hw_dirty_blocks = hw_dirty_blocks(modes[m]);
-            s.off_pass = true;
-            let r = engine(s, &p.memslots)?;
-            samples[m].add(&r);
-        }
-    }
+    let samples = sample_modes(p, vcpus, runs, &modes, &spec)?;
     let mem = bytes * vcpus as u64;
     let gib = mem as f64 / f64::from(1u32 << 30);
     let mut out = format!(
@@ -318,4 +302,33 @@ pub(super) fn table(
         );
     }
     Ok(out)
+}
+
+/// `runs` runs of every mode in rotating order, each with a pass with
+/// logging off.
+fn sample_modes(
+    p: &Params,
+    vcpus: usize,
+    runs: usize,
+    modes: &[DirtyArg],
+    spec: &impl Fn(usize, FaultPath, bool) -> RunSpec,
+) -> Result<Vec<ModeSamples>, String> {
+    let fault_path = if p.policy == PolicyArg::Baseline {
+        FaultPath::WriteLock
+    } else {
+        FaultPath::ReadLockFastPath
+    };
+    let mut samples: Vec<ModeSamples> = modes.iter().map(|_| ModeSamples::default()).collect();
+    for run in 0..runs {
+        for k in 0..modes.len() {
+            let m = (run + k) % modes.len();
+            let mut s = spec(vcpus, fault_path, p.eager_split);
+            s.policy.dirty = dirty_mode(modes[m]);
+            s.policy.hw_dirty_blocks = hw_dirty_blocks(modes[m]);
+            s.off_pass = true;
+            let r = engine(s, &p.memslots)?;
+            samples[m].add(&r);
+        }
+    }
+    Ok(samples)
 }

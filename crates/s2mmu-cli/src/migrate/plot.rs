@@ -8,7 +8,7 @@
 
 use super::source::SourceOutcome;
 use super::timeline::intervals;
-use crate::plot::{stacked_svg, BarChart, Chart, LineChart, Phase, Series};
+use crate::plot::{stacked_png, stacked_svg, BarChart, Chart, LineChart, Phase, Series};
 
 /// One migration to draw.
 pub struct PlotRun<'a> {
@@ -23,6 +23,19 @@ pub struct PlotRun<'a> {
 /// # Errors
 /// Nothing to plot (no run with a sample), or plotters' drawing error.
 pub fn svg(title: &str, runs: &[PlotRun<'_>]) -> Result<String, String> {
+    stacked_svg(&charts(title, runs))
+}
+
+/// The same figure as a PNG file's bytes.
+///
+/// # Errors
+/// Nothing to plot (no run with a sample), or a drawing or encoding error.
+pub fn png(title: &str, runs: &[PlotRun<'_>]) -> Result<Vec<u8>, String> {
+    stacked_png(&charts(title, runs))
+}
+
+/// The figure's charts, top to bottom.
+fn charts(title: &str, runs: &[PlotRun<'_>]) -> Vec<Chart> {
     let phases: Vec<Phase> = runs.iter().flat_map(|r| phases_of(r, runs.len())).collect();
     let rate = LineChart {
         title: format!("{title}: guest dirty rate"),
@@ -69,7 +82,7 @@ pub fn svg(title: &str, runs: &[PlotRun<'_>]) -> Result<String, String> {
         charts.push(Chart::Line(per_write));
     }
     charts.extend(rounds_chart(runs).map(Chart::Bar));
-    stacked_svg(&charts)
+    charts
 }
 
 /// A run's phases: dirty logging on (from its start to the pause), paused

@@ -1,0 +1,64 @@
+//! The JSON rows and text lines of single engine runs: phases, the
+//! lost-write check and the single-run target.
+
+use crate::report::{human, verdict, Report};
+use serde_json::json;
+use std::time::Duration;
+
+use super::EngineRun;
+
+/// One JSON row per phase of a single run (`runs: 1`).
+pub(super) fn phase_rows(report: &mut Report, phases: &[(String, Duration)], policy: &str) {
+    for (name, d) in phases {
+        report.result(name, policy, json!({"median_ns": d.as_nanos() as u64, "min_ns": d.as_nanos() as u64, "max_ns": d.as_nanos() as u64, "runs": 1}));
+    }
+}
+
+/// The lost-write check's rows, and the run's failure if a write was lost.
+pub(super) fn lost_rows(report: &mut Report, r: &EngineRun, vcpus: usize) {
+    let mut total = 0;
+    for (i, it) in r.iterations.iter().enumerate() {
+        if let Some(l) = it.lost_writes {
+            report.result(
+                &format!("lost_write_check_iteration_{}", i + 1),
+                "engine",
+                json!({"vcpus": vcpus, "changed": l.changed, "lost": l.lost}),
+            );
+            total += l.lost;
+        }
+    }
+    if total > 0 {
+        report.fail(format!(
+            "lost-write check: {total} pages changed without being in the dirty log"
+        ));
+    }
+}
+
+/// The single-run target: 1 vCPU, 256 MiB, a dirty pass of 65536
+/// write-protection faults within 50 ms.
+pub(super) fn single_target(r: &EngineRun, vcpus: usize, bytes: u64) -> String {
+    let Some(it) = r
+        .iterations
+        .iter()
+        .skip(1)
+        .chain(r.iterations.first())
+        .next()
+    else {
+        return String::new();
+    };
+    let faults = it.faults.permission + it.faults.translation;
+    let per = if faults > 0 {
+        it.dirty_memory.as_nanos() as f64 / faults as f64
+    } else {
+        0.0
+    };
+    let mut s = format!("Per fault (pass time / faults): {per:.0} ns over {faults} faults\n");
+    if vcpus == 1 && bytes == 256 << 20 {
+        s += &format!(
+            "target: 1 vCPU, 256 MiB dirty pass within 50 ms: {} ({})\n",
+            human(it.dirty_memory),
+            verdict(it.dirty_memory <= Duration::from_millis(50))
+        );
+    }
+    s
+}

@@ -1,0 +1,285 @@
+//! Running the selftest flow on the engine's simulated VM: the settings
+//! derived from the flags, the VM and workload, and the timed phases.
+
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
+use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
+use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
+use s2mmu::SplitPolicy;
+use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{lost, modes, EngineIteration, EngineRun, FormatArg, Params, RecoverArg};
+
+/// Engine-run settings derived from the options.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RunSpec {
+    pub(super) vcpus: usize,
+    pub(super) bytes: u64,
+    pub(super) iterations: u32,
+    pub(super) backing: Backing,
+    pub(super) slots: u32,
+    pub(super) write_percent: u32,
+    pub(super) random: bool,
+    pub(super) policy: MmuPolicy,
+    pub(super) after_pass: bool,
+    pub(super) check: bool,
+    pub(super) inject_lost_marks: u64,
+    pub(super) format: FormatArg,
+    /// Time passes with logging off before logging starts (their median).
+    pub(super) off_pass: bool,
+}
+
+/// The engine's policy for the flags, a fault path and eager split or not.
+pub(super) fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
+    MmuPolicy {
+        fault_path,
+        eager_split_chunk: eager.then_some(1 << 30),
+        split_walk: SplitPolicy::SkipReturns,
+        manual_protect: !p.no_manual_protect,
+        // As the selftest: with manual protect it also asks for
+        // INITIALLY_SET (KVM offers it on x86 and arm64), so enabling
+        // logging protects nothing and iteration 1 takes no faults.
+        initially_set: !p.no_manual_protect && p.ring.is_none(),
+        dirty: match p.ring {
+            Some(entries) => DirtyMode::Ring { entries },
+            None => modes::dirty_mode(p.dirty_modes()[0]),
+        },
+        hw_dirty_blocks: modes::hw_dirty_blocks(p.dirty_modes()[0]),
+        recover_huge_pages: p.recover != RecoverArg::Off,
+        recover_in_place: p.recover == RecoverArg::InPlace,
+        reader_slots: p.read_lock.reader_slots(),
+        ..MmuPolicy::default()
+    }
+}
+
+/// The run's label: fault path, split policy, memslots and dirty tracking.
+pub(super) fn label(policy: &MmuPolicy, memslots: &str) -> String {
+    format!(
+        "{}, {}, memslots {memslots}{}",
+        match (policy.fault_path, policy.reader_slots) {
+            (FaultPath::ReadLockFastPath, 0) => "read-lock fast path (shared rwlock)",
+            (FaultPath::ReadLockFastPath, _) => "read-lock fast path (per-vCPU reader slots)",
+            (FaultPath::WriteLock, _) => "write-lock faults",
+        },
+        if policy.eager_split_chunk.is_some() {
+            "eager split"
+        } else {
+            "split on fault"
+        },
+        match policy.dirty {
+            DirtyMode::Ring { .. } => ", dirty ring",
+            DirtyMode::Hardware if !policy.splits_for_logging() => {
+                ", hardware dirty state, blocks logged whole"
+            }
+            DirtyMode::Hardware => ", hardware dirty state",
+            DirtyMode::Pml => ", hardware dirty state with PML",
+            DirtyMode::Bitmap => "",
+        },
+    )
+}
+
+/// Runs the selftest flow on the engine.
+fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
+    spec: RunSpec,
+    memslots: &str,
+) -> Result<EngineRun, String> {
+    let mem = spec.bytes * spec.vcpus as u64;
+    let gpa_base = 1u64 << 32;
+    let vm = Arc::new(new_vm::<S, F>(&spec, gpa_base)?);
+    let mut run = EngineRun {
+        label: label(&spec.policy, memslots),
+        vcpus: spec.vcpus,
+        test_gpa: (gpa_base, gpa_base + mem),
+        ..EngineRun::default()
+    };
+    let (w, populate, off_pass) = populate(&vm, &spec)?;
+    run.populate = populate;
+    run.off_pass = off_pass;
+    let t = Instant::now();
+    vm.enable_dirty_logging().map_err(|e| e.to_string())?;
+    run.enable = t.elapsed();
+    let mmu = vm.mmu().clone();
+    let ring = spec.policy.dirty.ring_entries().is_some();
+    let mut prev = sum(&w.fault_stats());
+    let mut prev_vcpu_time: Duration = w.pass_times().iter().flatten().sum();
+    let mut bitmaps: Vec<Vec<u64>> = vm
+        .slots()
+        .iter()
+        .map(|s| vec![0u64; (s.size / 4096).div_ceil(64) as usize])
+        .collect();
+    let mut reaped = Vec::new();
+    let mut lost = spec
+        .check
+        .then(|| lost::LostWriteCheck::new(&vm))
+        .transpose()?;
+    mmu.inject_lost_marks(spec.inject_lost_marks);
+    for _ in 0..spec.iterations {
+        let mut it = EngineIteration::default();
+        // With rings, a reaper harvests and resets whenever a vCPU stops on
+        // a full ring (its cost lands in the dirty memory time, as in KVM).
+        let mut reap = || {
+            if ring && (0..spec.vcpus).any(|v| mmu.ring_soft_full(v)) {
+                let mut tmp = Vec::new();
+                if mmu.harvest_rings(&mut tmp).is_ok() {
+                    let _ = mmu.reset_rings();
+                }
+                reaped.push(tmp.len());
+            }
+        };
+        it.dirty_memory = w.run_pass(&mut reap)?;
+        let cpu0 = modes::thread_cpu_time();
+        harvest(
+            &vm,
+            ring,
+            spec.policy.manual_protect,
+            &mut bitmaps,
+            &mut reaped,
+            &mut it,
+        )?;
+        it.harvest_cpu = modes::thread_cpu_time().saturating_sub(cpu0);
+        if let Some(check) = lost.as_mut() {
+            it.lost_writes = Some(check.round(&vm, &bitmaps)?);
+        }
+        let now = sum(&w.fault_stats());
+        it.faults = diff(&now, &prev);
+        prev = now;
+        let vt: Duration = w.pass_times().iter().flatten().sum();
+        it.vcpu_time = vt - prev_vcpu_time;
+        prev_vcpu_time = vt;
+        run.iterations.push(it);
+    }
+    let t = Instant::now();
+    vm.disable_dirty_logging().map_err(|e| e.to_string())?;
+    run.disable = t.elapsed();
+    if spec.after_pass {
+        let before = sum(&w.fault_stats());
+        let t = w.run_pass(|| {})?;
+        run.after = Some((t, sum(&w.fault_stats()).since(&before)));
+    }
+    run.vm_stats = mmu.vm_stats();
+    w.stop();
+    Ok(run)
+}
+
+/// The started workload, its populate time and the median pass with
+/// logging off (when asked for).
+type Populated<S, F> = (Workload<S, F>, Duration, Option<Duration>);
+
+/// Starts the workload and times its populate pass; then sets the pattern
+/// of the logged passes and, when asked, times passes with logging off
+/// (their median).
+fn populate<S: MemslotStore + 'static, F: VmFormat>(
+    vm: &Arc<Vm<S, F>>,
+    spec: &RunSpec,
+) -> Result<Populated<S, F>, String> {
+    let t0 = Instant::now();
+    let w = Workload::start(
+        vm.clone(),
+        spec.vcpus,
+        WorkloadConfig {
+            bytes_per_vcpu: spec.bytes,
+            write_percent: 100,
+            pattern: Pattern::Sequential,
+            page_size: 4096,
+        },
+    )?;
+    w.run_pass(|| {})?;
+    let populate = t0.elapsed();
+    // The workload's pattern from here on (populate writes every page in
+    // order), so a pass with logging off runs the same accesses.
+    let ctl = w.control();
+    ctl.write_percent.store(
+        u64::from(spec.write_percent),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    ctl.random
+        .store(spec.random, std::sync::atomic::Ordering::Relaxed);
+    let mut off_pass = None;
+    if spec.off_pass {
+        // The median of three passes, as a logged run's figure is a median
+        // of its passes.
+        let mut t = (0..3)
+            .map(|_| w.run_pass(|| {}))
+            .collect::<Result<Vec<_>, _>>()?;
+        t.sort();
+        off_pass = Some(t[1]);
+    }
+    Ok((w, populate, off_pass))
+}
+
+/// The simulated VM of `spec.vcpus * spec.bytes` bytes at `gpa_base`.
+fn new_vm<S: MemslotStore + 'static, F: VmFormat>(
+    spec: &RunSpec,
+    gpa_base: u64,
+) -> Result<Vm<S, F>, String> {
+    Vm::<S, F>::new(VmConfig {
+        mem_size: spec.bytes * spec.vcpus as u64,
+        backing: spec.backing,
+        slots: spec.slots,
+        gpa_base,
+        policy: spec.policy,
+        ..VmConfig::default()
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// One iteration's GET and CLEAR (or ring harvest and reset), timed into
+/// `it` with the pages the log reported.
+fn harvest<S: MemslotStore + 'static, F: VmFormat>(
+    vm: &Vm<S, F>,
+    ring: bool,
+    manual_protect: bool,
+    bitmaps: &mut [Vec<u64>],
+    reaped: &mut Vec<usize>,
+    it: &mut EngineIteration,
+) -> Result<(), String> {
+    let mmu = vm.mmu();
+    let t = Instant::now();
+    if ring {
+        let mut got = Vec::new();
+        mmu.harvest_rings(&mut got).map_err(|e| e.to_string())?;
+        it.get = t.elapsed();
+        it.pages_dirty = got.len() as u64 + reaped.drain(..).sum::<usize>() as u64;
+        let t = Instant::now();
+        mmu.reset_rings().map_err(|e| e.to_string())?;
+        it.clear = Some(t.elapsed());
+    } else {
+        for (s, bm) in vm.slots().iter().zip(bitmaps.iter_mut()) {
+            it.pages_dirty += mmu.get_dirty_log(s.id, bm).map_err(|e| e.to_string())?;
+        }
+        it.get = t.elapsed();
+        if manual_protect {
+            let t = Instant::now();
+            for (s, bm) in vm.slots().iter().zip(bitmaps.iter()) {
+                mmu.clear_dirty_log(s.id, 0, s.size / 4096, bm)
+                    .map_err(|e| e.to_string())?;
+            }
+            it.clear = Some(t.elapsed());
+        }
+    }
+    Ok(())
+}
+
+fn sum(v: &[FaultStats]) -> FaultStats {
+    let mut t = FaultStats::default();
+    for s in v {
+        t.add(s);
+    }
+    t
+}
+
+fn diff(a: &FaultStats, b: &FaultStats) -> FaultStats {
+    a.since(b)
+}
+
+/// Runs the flow on the memslot store and stage-2 format the flags name.
+pub(super) fn engine(spec: RunSpec, memslots: &str) -> Result<EngineRun, String> {
+    match (memslots, spec.format) {
+        ("array", FormatArg::Arm64) => run_engine::<ArrayMemslots, Arm64Stage2>(spec, memslots),
+        ("array", FormatArg::Ept) => run_engine::<ArrayMemslots, EptFormat>(spec, memslots),
+        (_, FormatArg::Arm64) => run_engine::<TreeMemslots, Arm64Stage2>(spec, memslots),
+        (_, FormatArg::Ept) => run_engine::<TreeMemslots, EptFormat>(spec, memslots),
+    }
+}
