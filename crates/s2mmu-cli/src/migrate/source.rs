@@ -18,7 +18,7 @@ use super::wire::{
     SESSION_LEN,
 };
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use s2mmu_vm::{Control, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -68,18 +68,7 @@ pub fn migrate_source(
     // Connect, be accepted, join the further channels, measure the link.
     let (session, chans, pc_conns) = connect_channels(cfg, &vm, connect)?;
     let mut s = Sender::new(&vm, chans, cfg);
-    let (link_bytes, link_time) = s.probe(cfg.mem_size)?;
-    let link = link_bytes as f64 / link_time.as_secs_f64().max(1e-9);
-    if cfg.progress.is_on() {
-        cfg.progress.line(&format!(
-            "{}link: {:.1} MiB in {:.1} ms at {:.1} MiB/s over {} channel(s) (no guest, no checksum)",
-            cfg.label,
-            link_bytes as f64 / MIB,
-            link_time.as_secs_f64() * 1e3,
-            link / MIB,
-            cfg.channels
-        ));
-    }
+    let (link_bytes, link) = probe_link(&mut s, cfg)?;
 
     // Pre-copy.
     let log_start = Instant::now();
@@ -100,15 +89,7 @@ pub fn migrate_source(
     } = pre;
     let final_pace = ctl.pace_pages_per_sec.load(Ordering::Relaxed);
     if let Err(e) = result {
-        // The guest stays on the source: tell the destination, which must
-        // not resume it.
-        let _ = s.chans[0]
-            .wire
-            .control(tag::ABORT, e.to_string().as_bytes());
-        let _ = s.chans[0].wire.flush();
-        ctl.throttle_ns.store(0, Ordering::Relaxed);
-        let _ = vm.disable_dirty_logging();
-        return Err(rejected_or(e, &mut s.chans[0].wire));
+        return Err(abort(e, &mut s, &ctl, &vm));
     }
     if switch {
         return postcopy_switch::run(postcopy_switch::Switching {
@@ -161,6 +142,40 @@ pub fn migrate_source(
     });
     drop(wl);
     outcome
+}
+
+/// The link figure before the migration (no guest, no checksum): bytes
+/// sent and bytes per second.
+///
+/// # Errors
+/// Sending or the destination's reply failed.
+fn probe_link(s: &mut Sender<'_>, cfg: &SourceConfig) -> Result<(u64, f64), MigrateError> {
+    let (link_bytes, link_time) = s.probe(cfg.mem_size)?;
+    let link = link_bytes as f64 / link_time.as_secs_f64().max(1e-9);
+    if cfg.progress.is_on() {
+        cfg.progress.line(&format!(
+            "{}link: {:.1} MiB in {:.1} ms at {:.1} MiB/s over {} channel(s) (no guest, no checksum)",
+            cfg.label,
+            link_bytes as f64 / MIB,
+            link_time.as_secs_f64() * 1e3,
+            link / MIB,
+            cfg.channels
+        ));
+    }
+    Ok((link_bytes, link))
+}
+
+/// Pre-copy failed: the guest stays on the source. Tells the destination,
+/// which must not resume it, lifts the throttle, stops dirty logging, and
+/// returns the error to report (the destination's reason when it gave up).
+fn abort(e: MigrateError, s: &mut Sender<'_>, ctl: &Control, vm: &Vm) -> MigrateError {
+    let _ = s.chans[0]
+        .wire
+        .control(tag::ABORT, e.to_string().as_bytes());
+    let _ = s.chans[0].wire.flush();
+    ctl.throttle_ns.store(0, Ordering::Relaxed);
+    let _ = vm.disable_dirty_logging();
+    rejected_or(e, &mut s.chans[0].wire)
 }
 
 /// The source's guest, started and run once over all its memory (the
