@@ -1,0 +1,280 @@
+//! The two ways to run a migration: both sides in this process
+//! ([`migrate_in_process`], what [`main`] runs by default), or one side per
+//! process (`--to` runs a source here, `--listen` a destination).
+
+use super::dest::{serve, DestConfig, DestOutcome};
+use super::error::MigrateError;
+use super::net::NetConfig;
+use super::params::{HarvestArg, Params};
+use super::report_text::{dest_json, digests_text, params_json, report, MIB};
+use super::source::{migrate_source, SourceConfig, SourceOutcome};
+use super::{net, plot};
+use crate::progress::Progress;
+use crate::report::{human_bytes, Report};
+use s2mmu::mmu::{FaultPath, MmuPolicy};
+use std::net::TcpListener;
+use std::sync::Arc;
+
+/// Runs a whole migration in this process: a destination thread serving
+/// a loopback port and the source connecting to it, both secured as `net`
+/// says.
+///
+/// # Errors
+/// The source's error when it failed (the destination's then follows from
+/// it), otherwise the destination's.
+pub fn migrate_in_process(
+    cfg: &SourceConfig,
+    dest: &DestConfig,
+    net: &NetConfig,
+) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
+    let (dcfg, dnet) = (dest.clone(), net.clone());
+    let dest_thread = std::thread::Builder::new()
+        .name("migrate-dest".into())
+        .spawn(move || serve(&listener, &dcfg, &dnet))
+        .map_err(|e| MigrateError::io("starting the destination thread", &e))?;
+    let a = addr.to_string();
+    let src = migrate_source(cfg, &mut |_| {
+        let s = net::connect_tcp(&a, net)?;
+        net::client(s, net)
+    });
+    if src.is_err() {
+        // A destination still waiting for the source's first connection
+        // (the source failed before connecting): unblock it.
+        let _ = std::net::TcpStream::connect(addr);
+    }
+    let dst = dest_thread.join().unwrap_or_else(|_| {
+        Err(MigrateError::Setup(
+            "the destination thread panicked".into(),
+        ))
+    });
+    match (src, dst) {
+        (Ok(s), Ok(d)) => Ok((s, d)),
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+    }
+}
+
+/// `s2mmu migrate`.
+///
+/// # Errors
+/// Why the migration failed (the process then exits nonzero).
+pub fn main(p: Params) -> Result<(), String> {
+    if let Some(addr) = &p.listen {
+        return listen(&p, addr);
+    }
+    let policies: Vec<(bool, &str)> = if p.compare_policies {
+        vec![(false, "fast_path"), (true, "baseline")]
+    } else {
+        vec![(
+            p.baseline,
+            if p.baseline { "baseline" } else { "fast_path" },
+        )]
+    };
+    let channel_list = p.channel_list();
+    if channel_list.len() > 1 && p.to.is_some() {
+        return Err(
+            "--to runs one migration (the destination exits after it): give one --channels count"
+                .into(),
+        );
+    }
+    if channel_list.len() > 1 && p.compare_policies {
+        return Err("--compare-policies takes one --channels count".into());
+    }
+    let net = p.net_config()?;
+    let mut runs: Vec<(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)> = Vec::new();
+    for (baseline, name) in &policies {
+        for &channels in &channel_list {
+            let mut cfg = p.source_config(*baseline)?;
+            cfg.channels = channels;
+            if p.compare_policies {
+                cfg.label = format!("[{}] ", policy_label(&cfg.policy));
+            } else if channel_list.len() > 1 {
+                cfg.label = format!("[{channels} channel(s)] ");
+            }
+            let policy = cfg.policy;
+            // Progress goes to stderr in every mode (--json's stdout is
+            // unchanged), so no migration is silent until its end: a start
+            // line, then the link and a line or a bar step per round.
+            let bar = Progress::new(
+                &format!("{}migrate", cfg.label),
+                u64::from(cfg.max_rounds).saturating_add(2),
+                !p.quiet,
+            );
+            if bar.is_on() {
+                bar.line(&start_line(&cfg, p.to.as_deref(), &net));
+            }
+            cfg.progress = Arc::new(bar);
+            let (s, d) = match &p.to {
+                Some(addr) => (
+                    migrate_source(&cfg, &mut |_| {
+                        let s = net::connect_tcp(addr, &net)?;
+                        net::client(s, &net)
+                    })
+                    .map_err(|e| e.to_string())?,
+                    None,
+                ),
+                None => {
+                    let mut dcfg = p.dest_config(*baseline);
+                    dcfg.progress = false;
+                    let (s, d) =
+                        migrate_in_process(&cfg, &dcfg, &net).map_err(|e| e.to_string())?;
+                    (s, Some(d))
+                }
+            };
+            let name = if channel_list.len() > 1 {
+                format!("{name}_channels_{channels}")
+            } else {
+                name.to_string()
+            };
+            runs.push((name, s, d, policy));
+        }
+    }
+    if !p.plot.is_empty() {
+        let plot_runs: Vec<plot::PlotRun<'_>> = runs
+            .iter()
+            .map(|(_, s, _, pol)| plot::PlotRun {
+                label: policy_label(pol),
+                outcome: s,
+            })
+            .collect();
+        let title = format!(
+            "s2mmu migrate: {} guest, {} vCPUs dirtying {}, {} harvest",
+            human_bytes(p.mem),
+            p.vcpus,
+            rate_text(p.dirty_rate),
+            harvest_name(p.harvest)
+        );
+        let svg = plot::svg(&title, &plot_runs)?;
+        std::fs::write(&p.plot, svg).map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
+    }
+    let report = report(&p, &runs);
+    crate::report::emit(&report, p.json);
+    report.failure().map_or(Ok(()), |why| Err(why.to_string()))
+}
+
+/// What a run migrates, where to and how: its first progress line.
+fn start_line(cfg: &SourceConfig, to: Option<&str>, net: &NetConfig) -> String {
+    format!(
+        "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
+        cfg.label,
+        human_bytes(cfg.mem_size),
+        cfg.backing.name(),
+        cfg.vcpus,
+        rate_text(cfg.dirty_rate),
+        match to {
+            Some(a) => format!("to {a}"),
+            None => "over loopback TCP in this process".into(),
+        },
+        cfg.channels,
+        net.security.describe()
+    )
+}
+
+pub(super) fn rate_text(r: u64) -> String {
+    if r == 0 {
+        "as fast as they can".into()
+    } else {
+        format!("{:.1} MiB/s", r as f64 / MIB)
+    }
+}
+
+pub(super) fn harvest_name(h: HarvestArg) -> &'static str {
+    match h {
+        HarvestArg::Bitmap => "bitmap",
+        HarvestArg::Ring => "dirty ring",
+    }
+}
+
+/// A policy in words.
+pub fn policy_label(p: &MmuPolicy) -> &'static str {
+    match (p.fault_path, p.eager_split_chunk.is_some()) {
+        (FaultPath::ReadLockFastPath, true) => "read-lock fast path + eager split",
+        (FaultPath::ReadLockFastPath, false) => "read-lock fast path, split on fault",
+        (FaultPath::WriteLock, true) => "write-lock faults, eager split",
+        (FaultPath::WriteLock, false) => "write-lock faults, split on fault (baseline)",
+    }
+}
+
+fn listen(p: &Params, addr: &str) -> Result<(), String> {
+    p.source_config(p.baseline)?;
+    let net = p.net_config()?;
+    let cfg = p.dest_config(p.baseline);
+    let listener = TcpListener::bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
+    eprintln!(
+        "destination listening on {} ({}); accepts at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
+        listener
+            .local_addr()
+            .map_or(addr.to_string(), |a| a.to_string()),
+        net.security.describe(),
+        human_bytes(cfg.limits.max_mem),
+        cfg.limits.max_vcpus,
+        cfg.limits.max_slots,
+        cfg.limits.max_channels
+    );
+    let mut failures = 0;
+    let d = loop {
+        match serve(&listener, &cfg, &net) {
+            Ok(d) => break d,
+            Err(e @ MigrateError::Auth { .. }) => {
+                eprintln!("refused a peer: {e}; nothing of it was read, still listening");
+            }
+            Err(e) => {
+                failures += 1;
+                if failures >= p.attempts {
+                    return Err(format!(
+                        "the migration failed ({failures} of --attempts {}): {e}",
+                        p.attempts
+                    ));
+                }
+                eprintln!(
+                    "the migration failed ({failures} of --attempts {}): {e}; the guest was not resumed, serving the next source",
+                    p.attempts
+                );
+            }
+        }
+    };
+    let mut r = Report::new("migrate", params_json(p));
+    r.result(
+        "destination",
+        policy_label(&p.policy(p.baseline)),
+        dest_json(&d),
+    );
+    r.set_text(format!(
+        "destination: received {} page records ({} zero pages, {:.1} MiB) over {} channel(s); guest resumed from {} memory and ran {} ms at {:.1} MiB/s\n{}{}",
+        d.page_records,
+        d.zero_pages,
+        d.bytes as f64 / MIB,
+        d.channels,
+        match &d.postcopy {
+            Some(f) => format!(
+                "incomplete (post-copy: {} pages missing, {} remote faults, wait median {:.3} ms, p99 {:.3} ms, reference {:.3} ms, last page after {:.1} ms)",
+                f.missing_pages,
+                f.remote_faults,
+                f.fault_median_ns as f64 / 1e6,
+                f.fault_p99_ns as f64 / 1e6,
+                f.reference_ns as f64 / 1e6,
+                f.time_to_last_page_ns as f64 / 1e6
+            ),
+            None => "complete".into(),
+        },
+        p.run_after.as_millis(),
+        d.resumed_write_rate * 4096.0 / MIB,
+        digests_text(&d.slot_digests),
+        match d.verify_mismatches {
+            Some(0) => "byte comparison: every page equal\n".to_string(),
+            Some(n) => format!("byte comparison: {n} pages DIFFER\n"),
+            None => String::new(),
+        }
+    ));
+    crate::report::emit(&r, p.json);
+    match d.verify_mismatches {
+        Some(n) if n > 0 => Err(format!(
+            "VERIFICATION FAILED: {n} pages differ from the source's"
+        )),
+        _ => Ok(()),
+    }
+}

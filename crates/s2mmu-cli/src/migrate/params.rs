@@ -1,0 +1,434 @@
+//! `s2mmu migrate`'s flags: the option enums, the parameter struct with
+//! its limits, their parsers, and the source, destination and network
+//! settings built from them.
+
+use super::dest::{DestConfig, Limits};
+use super::net::{NetConfig, Security};
+use super::postcopy::Postcopy;
+use super::source::{Converge, Harvest, SourceConfig};
+use super::{extras, net, wire};
+use crate::limits;
+use crate::progress::Progress;
+use crate::report::{human_bytes, parse_size};
+use s2mmu::mmu::MmuPolicy;
+use s2mmu_vm::{Backing, Pattern};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Access pattern option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatternArg {
+    /// Every page of a vCPU's region in turn (memstress).
+    Sequential,
+    /// Pages at random in the region.
+    Random,
+}
+
+/// Harvest option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HarvestArg {
+    /// Dirty bitmap: GET per round, CLEAR per chunk before sending it.
+    Bitmap,
+    /// Per-vCPU dirty rings.
+    Ring,
+}
+
+/// Split option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitArg {
+    /// Split huge mappings when logging starts.
+    Eager,
+    /// Split them on the first write fault.
+    OnFault,
+}
+
+/// Convergence option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvergeArg {
+    /// Throttle the vCPUs (QEMU auto-converge).
+    Auto,
+    /// Cap each vCPU's dirty rate (QEMU dirty-limit).
+    DirtyLimit,
+    /// No help: fail at the round limit.
+    None,
+}
+
+/// Post-copy option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostcopyArg {
+    /// Switch right after round 0.
+    On,
+    /// Switch when pre-copy is not converging (instead of throttling).
+    Auto,
+}
+
+/// Options of `s2mmu migrate`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Params {
+    /// Guest memory (K/M/G suffixes; 4K to 64G).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub mem: u64,
+    /// vCPUs running the workload (1 to 256).
+    #[arg(short = 'v', long, default_value_t = 2)]
+    pub vcpus: usize,
+    /// Backing of guest memory (selftests' names).
+    #[arg(short = 's', long, default_value = "anonymous_thp")]
+    pub backing: String,
+    /// Memslots (1 to 512).
+    #[arg(short = 'x', long, default_value_t = 1)]
+    pub slots: u32,
+    /// Bytes per second the guest dirties, all vCPUs together (0: as fast as it can; at most 1T).
+    #[arg(long, default_value = "64M", value_parser = limits::size_in(0..=MAX_RATE))]
+    pub dirty_rate: u64,
+    /// The guest's access pattern.
+    #[arg(long, value_enum, default_value = "sequential")]
+    pub pattern: PatternArg,
+    /// How dirty pages are collected.
+    #[arg(long, value_enum, default_value = "bitmap")]
+    pub harvest: HarvestArg,
+    /// Entries of each vCPU's dirty ring (with --harvest ring): a power of two, 64 to 65536.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(64..=65536))]
+    pub ring_entries: u32,
+    /// Bytes cleared per CLEAR_DIRTY_LOG call (with --harvest bitmap): 256K to 64G, rounded down to a multiple of 64 pages.
+    #[arg(long, default_value = "64M", value_parser = limits::size_in(MIN_CLEAR_CHUNK..=wire::MAX_MEM))]
+    pub clear_chunk: u64,
+    /// MMU policy: write-lock faults and split on fault (MmuPolicy::baseline) instead of the read-lock fast path and eager split.
+    #[arg(long)]
+    pub baseline: bool,
+    /// When huge mappings are split (default: the policy's).
+    #[arg(long, value_enum)]
+    pub split: Option<SplitArg>,
+    /// Downtime budget (e.g. 300ms, 1s; at most a day); pre-copy stops once the rest is estimated to take half of it.
+    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    pub max_downtime: Duration,
+    /// Pre-copy rounds after the first before giving up (0 to 1000).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_ROUNDS)))]
+    pub max_rounds: u32,
+    /// Link limit in bytes per second (K/M/G suffixes; 0: none; at most 1T).
+    #[arg(long, default_value = "0", value_parser = limits::size_in(0..=MAX_RATE))]
+    pub bandwidth: u64,
+    /// Convergence help when the guest dirties faster than the link drains.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub converge: ConvergeArg,
+    /// Also compare all of memory byte for byte after the resume.
+    #[arg(long, conflicts_with = "postcopy")]
+    pub verify_full: bool,
+    /// Post-copy: resume on the destination after round 0 (`--postcopy`) or once pre-copy does not converge (`--postcopy auto`); pages not there yet are fetched when the guest faults on them.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on", value_name = "WHEN")]
+    pub postcopy: Option<PostcopyArg>,
+    /// How long the guest runs before logging starts (at most a day).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// How long the destination runs the resumed guest (at most a day).
+    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    pub run_after: Duration,
+    /// SVG plot file ("" for none).
+    #[arg(long, default_value = "s2mmu-migrate.svg")]
+    pub plot: String,
+    /// Run only a destination, listening on ADDR (host:port).
+    #[arg(long, value_name = "ADDR", conflicts_with = "to")]
+    pub listen: Option<String>,
+    /// Run only a source, migrating to the destination at ADDR.
+    #[arg(long, value_name = "ADDR")]
+    pub to: Option<String>,
+    /// Connections the pages are spread over (QEMU's multifd): N, or a list (1,2,4) to run once per count and print a table. Default: half the CPUs, 1 to 8. On --listen: the most it accepts (default 64).
+    #[arg(long, value_name = "N[,N...]", value_parser = parse_channels)]
+    pub channels: Option<ChannelCounts>,
+    /// Deadline of every socket read and write (and the TCP keepalive idle time; 100ms to a day): a peer silent this long ends the migration.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub io_timeout: Duration,
+    /// TLS: this side's certificate chain (PEM); with --tls-key and --tls-ca, mutual TLS 1.3.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca"], conflicts_with = "psk")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS: this side's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// TLS: the CA that signed the peer's certificate (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// TLS: the name the destination's certificate must carry (default: the host of --to; "localhost" in one process).
+    #[arg(long, value_name = "NAME")]
+    pub tls_name: Option<String>,
+    /// Pre-shared key file (at least 16 bytes): TLS with ephemeral certificates, then HMAC-SHA256 challenge-response bound to the TLS session.
+    #[arg(long, value_name = "FILE")]
+    pub psk: Option<PathBuf>,
+    /// Destination: do not back guest memory with RAM before the stream starts (the kernel then zeroes each page inside round 0).
+    #[arg(long)]
+    pub no_prefault: bool,
+    /// In one process: plain TCP instead of TLS with an ephemeral identity (to measure what TLS costs).
+    #[arg(long, conflicts_with_all = ["tls_cert", "psk", "listen", "to"])]
+    pub no_tls: bool,
+    /// With --listen: authenticated sources to serve before giving up after failed ones (a peer that fails authentication is refused and not counted); the destination exits after the first migration that succeeds.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub attempts: u32,
+    /// Migrate twice, with MmuPolicy::default() and MmuPolicy::baseline(), and compare the guest slowdowns.
+    #[arg(long, conflicts_with_all = ["listen", "to", "baseline"])]
+    pub compare_policies: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The lost-write check of every round: pages hashed after each harvest; a changed page no log reported fails the migration before the resume.
+    #[arg(long)]
+    pub check: bool,
+    /// Test only: dirty marks to drop once logging is on (--check must catch them).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub inject_lost_marks: u64,
+    /// Incremental snapshots of the running guest every this long, from a dirty view of their own (with --snapshot-dir).
+    #[arg(long, value_parser = parse_duration, requires = "snapshot_dir")]
+    pub snapshot_every: Option<Duration>,
+    /// Where --snapshot-every writes (created; must hold no snapshot).
+    #[arg(long, value_name = "DIR", requires = "snapshot_every")]
+    pub snapshot_dir: Option<PathBuf>,
+    /// No progress on stderr (the start line, the link, a line or a bar per round).
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+/// The most `--bandwidth` and `--dirty-rate` take: 1 TiB/s.
+pub const MAX_RATE: u64 = 1 << 40;
+/// The least `--clear-chunk` takes: 64 pages (one word of the bitmap).
+pub const MIN_CLEAR_CHUNK: u64 = 64 * wire::PAGE_SIZE as u64;
+/// The most `--max-rounds` takes.
+pub const MAX_ROUNDS: u32 = 1000;
+
+/// The channel counts of `--channels`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelCounts(pub Vec<u16>);
+
+/// Parses `4` or `1,2,4` (1 to 64 each, at most 16 counts).
+pub fn parse_channels(s: &str) -> Result<ChannelCounts, String> {
+    let v: Vec<u16> = s
+        .split(',')
+        .map(|p| match p.trim().parse::<u16>() {
+            Ok(n) if (1..=wire::MAX_CHANNELS).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "invalid channel count '{p}': use 1 to {}",
+                wire::MAX_CHANNELS
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    if v.is_empty() || v.len() > 16 {
+        return Err(format!("'{s}': give 1 to 16 channel counts"));
+    }
+    Ok(ChannelCounts(v))
+}
+
+/// The default channel count: half the CPUs (the guest's vCPUs and the
+/// other side need the rest), 1 to 8.
+pub fn default_channels() -> u16 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cpus / 2).clamp(1, 8) as u16
+}
+
+/// Parses `300ms`, `1.5s`, `250us` or a plain number of milliseconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        (t.as_str(), 1e-3)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration '{s}': expected e.g. 300ms, 1.5s or 250us"))?;
+    if !v.is_finite() || v < 0.0 || v * scale > 86_400.0 {
+        return Err(format!(
+            "duration '{s}' is out of range: 0 to 86400s (a day)"
+        ));
+    }
+    Ok(Duration::from_secs_f64(v * scale))
+}
+
+impl Params {
+    /// The MMU policy these options ask for.
+    pub fn policy(&self, baseline: bool) -> MmuPolicy {
+        let mut p = if baseline {
+            MmuPolicy::baseline()
+        } else {
+            MmuPolicy::default()
+        };
+        match self.split {
+            Some(SplitArg::Eager) => p.eager_split_chunk = Some(1 << 30),
+            Some(SplitArg::OnFault) => p.eager_split_chunk = None,
+            None => {}
+        }
+        p
+    }
+
+    /// The source's configuration.
+    ///
+    /// # Errors
+    /// A message naming the bad option.
+    pub fn source_config(&self, baseline: bool) -> Result<SourceConfig, String> {
+        let backing = Backing::parse(&self.backing)?;
+        if self.vcpus == 0 || self.vcpus > 256 {
+            return Err(format!("-v {}: use 1 to 256 vCPUs", self.vcpus));
+        }
+        if self.mem == 0 || self.mem > wire::MAX_MEM {
+            return Err(format!(
+                "--mem {}: use 1 page to {}",
+                self.mem,
+                human_bytes(wire::MAX_MEM)
+            ));
+        }
+        if self.slots == 0 || self.slots > 512 {
+            return Err(format!("-x {}: use 1 to 512 memslots", self.slots));
+        }
+        if self.io_timeout < Duration::from_millis(100) {
+            return Err(format!(
+                "--io-timeout {:?}: use at least 100ms",
+                self.io_timeout
+            ));
+        }
+        if !(64..=65536).contains(&self.ring_entries) || !self.ring_entries.is_power_of_two() {
+            return Err(format!(
+                "--ring-entries {}: use a power of two, 64 to 65536",
+                self.ring_entries
+            ));
+        }
+        Ok(SourceConfig {
+            mem_size: self.mem,
+            vcpus: self.vcpus,
+            backing,
+            slots: self.slots,
+            policy: self.policy(baseline),
+            harvest: match self.harvest {
+                HarvestArg::Bitmap => Harvest::Bitmap,
+                HarvestArg::Ring => Harvest::Ring,
+            },
+            ring_entries: self.ring_entries,
+            clear_chunk: self.clear_chunk,
+            dirty_rate: self.dirty_rate,
+            pattern: match self.pattern {
+                PatternArg::Sequential => Pattern::Sequential,
+                PatternArg::Random => Pattern::Random,
+            },
+            max_downtime: self.max_downtime,
+            max_rounds: self.max_rounds,
+            bandwidth: self.bandwidth,
+            converge: match self.converge {
+                ConvergeArg::Auto => Converge::Auto,
+                ConvergeArg::DirtyLimit => Converge::DirtyLimit,
+                ConvergeArg::None => Converge::None,
+            },
+            verify_full: self.verify_full,
+            warmup: self.warmup,
+            sample_every: Duration::from_millis(50),
+            progress: Arc::new(if self.quiet {
+                Progress::off()
+            } else {
+                Progress::lines_only()
+            }),
+            label: String::new(),
+            channels: self.channel_list()[0],
+            postcopy: match self.postcopy {
+                None => Postcopy::Off,
+                Some(PostcopyArg::On) => Postcopy::On,
+                Some(PostcopyArg::Auto) => Postcopy::Auto,
+            },
+            extras: extras::SourceExtras {
+                check: self.check,
+                inject_lost_marks: self.inject_lost_marks,
+                snapshot_every: self.snapshot_every,
+                snapshot_dir: self.snapshot_dir.clone(),
+            },
+        })
+    }
+
+    /// The channel counts to run.
+    pub fn channel_list(&self) -> Vec<u16> {
+        self.channels
+            .clone()
+            .map_or_else(|| vec![default_channels()], |c| c.0)
+    }
+
+    /// The destination's configuration: what it accepts is what these
+    /// options say (--mem, -v, -x, and --channels when given).
+    pub fn dest_config(&self, baseline: bool) -> DestConfig {
+        DestConfig {
+            policy: self.policy(baseline),
+            run_after: self.run_after,
+            limits: Limits {
+                max_mem: self.mem,
+                max_vcpus: self.vcpus as u32,
+                max_slots: self.slots,
+                max_channels: self
+                    .channels
+                    .as_ref()
+                    .and_then(|c| c.0.iter().max().copied())
+                    .unwrap_or(wire::MAX_CHANNELS),
+            },
+            io_timeout: self.io_timeout,
+            progress: self.listen.is_some() && !self.quiet,
+            prefault: !self.no_prefault,
+        }
+    }
+
+    /// How connections are secured.
+    ///
+    /// # Errors
+    /// A message naming the bad file or option.
+    pub fn net_config(&self) -> Result<NetConfig, String> {
+        let two_process = self.listen.is_some() || self.to.is_some();
+        let security =
+            if let (Some(c), Some(k), Some(a)) = (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+                let name = match (&self.tls_name, &self.to) {
+                    (Some(n), _) => n.clone(),
+                    (None, Some(to)) => host_of(to),
+                    (None, None) => "localhost".into(),
+                };
+                net::tls_from_files(c, k, a, &name).map_err(|e| e.to_string())?
+            } else if let Some(p) = &self.psk {
+                net::psk_from_file(p).map_err(|e| e.to_string())?
+            } else if two_process || self.no_tls {
+                Security::Plain
+            } else {
+                net::ephemeral_tls().map_err(|e| e.to_string())?
+            };
+        if two_process && matches!(security, Security::Plain) {
+            eprintln!(
+                "WARNING: no --tls-cert/--tls-key/--tls-ca and no --psk: PLAIN TCP, NO AUTHENTICATION, NO ENCRYPTION.\n\
+                 WARNING: anyone who can reach {} can {}; use this on a trusted network only.",
+                self.listen.as_deref().or(self.to.as_deref()).unwrap_or("the peer"),
+                if self.listen.is_some() {
+                    "write this destination's guest memory and resume it"
+                } else {
+                    "receive this guest's memory"
+                }
+            );
+        }
+        Ok(NetConfig {
+            io_timeout: self.io_timeout,
+            security,
+        })
+    }
+}
+
+/// The host part of `host:port` (`[v6]:port` too).
+pub(super) fn host_of(addr: &str) -> String {
+    let h = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    h.trim_start_matches('[').trim_end_matches(']').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("300ms").unwrap(), Duration::from_millis(300));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
+        assert_eq!(parse_duration("20").unwrap(), Duration::from_millis(20));
+        assert!(parse_duration("fast")
+            .unwrap_err()
+            .contains("invalid duration"));
+        assert!(parse_duration("-1s").is_err());
+    }
+}

@@ -1,0 +1,328 @@
+//! What a migration run reports: the JSON rows and the summary text.
+
+use super::dest::DestOutcome;
+use super::drivers::{harvest_name, policy_label, rate_text};
+use super::params::{ConvergeArg, Params};
+use super::postcopy;
+use super::source::SourceOutcome;
+use crate::report::{human_bytes, Report};
+use s2mmu::mmu::MmuPolicy;
+use serde_json::json;
+use std::time::Duration;
+
+pub(super) const MIB: f64 = (1u64 << 20) as f64;
+
+pub(super) fn digests_text(d: &[(u16, u64)]) -> String {
+    d.iter()
+        .map(|(id, h)| format!("  slot {id} digest {h:#018x}\n"))
+        .collect()
+}
+
+pub(super) fn params_json(p: &Params) -> serde_json::Value {
+    json!({
+        "mem_bytes": p.mem,
+        "vcpus": p.vcpus,
+        "backing": p.backing,
+        "slots": p.slots,
+        "dirty_rate_bytes_per_s": p.dirty_rate,
+        "pattern": format!("{:?}", p.pattern).to_lowercase(),
+        "harvest": format!("{:?}", p.harvest).to_lowercase(),
+        "ring_entries": p.ring_entries,
+        "clear_chunk_bytes": p.clear_chunk,
+        "baseline": p.baseline,
+        "split": p.split.map(|s| format!("{s:?}").to_lowercase()),
+        "max_downtime_ns": p.max_downtime.as_nanos() as u64,
+        "max_rounds": p.max_rounds,
+        "bandwidth_bytes_per_s": p.bandwidth,
+        "converge": format!("{:?}", p.converge).to_lowercase(),
+        "verify_full": p.verify_full,
+        "warmup_ns": p.warmup.as_nanos() as u64,
+        "run_after_ns": p.run_after.as_nanos() as u64,
+        "plot": p.plot,
+        "listen": p.listen,
+        "to": p.to,
+        "compare_policies": p.compare_policies,
+        "channels": p.channel_list(),
+        "io_timeout_ns": p.io_timeout.as_nanos() as u64,
+        "tls": p.tls_cert.is_some(),
+        "psk": p.psk.is_some(),
+        "no_tls": p.no_tls,
+        "no_prefault": p.no_prefault,
+        "postcopy": p.postcopy.map(|w| format!("{w:?}").to_lowercase()),
+    })
+}
+
+pub(super) fn dest_json(d: &DestOutcome) -> serde_json::Value {
+    json!({
+        "pages": d.page_records,
+        "zero_pages": d.zero_pages,
+        "bytes": d.bytes,
+        "channels": d.channels,
+        "probe_bytes": d.probe_bytes,
+        "prefault_ns": d.prefault.as_nanos() as u64,
+        "resumed": d.resumed_at.is_some(),
+        "resumed_write_rate_pages_per_s": d.resumed_write_rate,
+        "slot_digests": d.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
+        "byte_compare_mismatched_pages": d.verify_mismatches,
+        "postcopy": d.postcopy.as_ref().map(postcopy::report::figures_json),
+    })
+}
+
+fn source_json(s: &SourceOutcome) -> serde_json::Value {
+    json!({
+        "converged": s.postcopy.is_none(),
+        "switched_to_postcopy": s.postcopy.is_some(),
+        "rounds": s.rounds.len(),
+        "total_ns": s.total.as_nanos() as u64,
+        "downtime_ns": s.downtime.as_nanos() as u64,
+        "pages": s.page_records,
+        "zero_pages": s.zero_pages,
+        "bytes": s.bytes,
+        "channels": s.channels,
+        "link_bytes": s.link_bytes,
+        "link_bytes_per_s": s.link,
+        "round0_bytes_per_s": s.rounds.first().map(|r| r.bandwidth),
+        "round0_pct_of_link": s.rounds.first().map(|r| 100.0 * r.bandwidth / s.link.max(1.0)),
+        "pct_of_link_per_round": s.rounds.iter().map(|r| 100.0 * r.bandwidth / s.link.max(1.0)).collect::<Vec<_>>(),
+        "pages_per_round": s.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(),
+        "dirty_rate_bytes_per_s_per_round": s.rounds.iter().filter(|r| !r.final_round).map(|r| r.dirty_rate).collect::<Vec<_>>(),
+        "bandwidth_bytes_per_s_per_round": s.rounds.iter().map(|r| r.bandwidth).collect::<Vec<_>>(),
+        "guest_write_rate_before_pages_per_s": s.before.write_rate,
+        "guest_write_rate_logging_pages_per_s": s.during.write_rate,
+        "guest_ns_per_write_before": s.before.ns_per_write,
+        "guest_ns_per_write_logging": s.during.ns_per_write,
+        "guest_slowdown_pct": s.slowdown_pct(),
+        "max_throttle_pct": s.max_throttle_pct,
+        "final_pace_pages_per_s_per_vcpu": s.final_pace,
+        "memory_equal": true,
+        "verified_full": s.verified_full,
+        "slot_digests": s.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
+        "postcopy": s.postcopy.as_ref().map(|pc| postcopy::report::json(pc, s)),
+    })
+}
+
+pub(super) fn report(
+    p: &Params,
+    runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)],
+) -> Report {
+    let mut r = Report::new("migrate", params_json(p));
+    let mut text = String::new();
+    for (name, s, d, pol) in runs {
+        let mut row = source_json(s);
+        if let (Some(d), serde_json::Value::Object(m)) = (d, &mut row) {
+            m.insert("destination".into(), dest_json(d));
+        }
+        r.result("migrate", name, row);
+        text.push_str(&summary(p, s, d.as_ref(), pol));
+        s.extras.add_to(&mut r, &mut text);
+    }
+    if p.compare_policies && runs.len() == 2 {
+        let (a, b) = (&runs[0].1, &runs[1].1);
+        r.compare(
+            "migrate",
+            "guest_ns_per_write_logging",
+            b.during.ns_per_write,
+            a.during.ns_per_write,
+        );
+        r.compare(
+            "migrate",
+            "downtime_ns",
+            b.downtime.as_nanos() as f64,
+            a.downtime.as_nanos() as f64,
+        );
+        r.compare(
+            "migrate",
+            "total_ns",
+            b.total.as_nanos() as f64,
+            a.total.as_nanos() as f64,
+        );
+        text.push_str(&format!(
+            "\nGuest slowdown while logging, side by side\n  {:<46} {:>12} {:>12} {:>10} {:>10} {:>7}\n",
+            "policy", "ns/write pre", "ns/write log", "slowdown", "downtime", "rounds"
+        ));
+        for (_, s, _, pol) in runs {
+            text.push_str(&format!(
+                "  {:<46} {:>12.0} {:>12.0} {:>9.0}% {:>8.1}ms {:>7}\n",
+                policy_label(pol),
+                s.before.ns_per_write,
+                s.during.ns_per_write,
+                s.slowdown_pct(),
+                s.downtime.as_secs_f64() * 1e3,
+                s.rounds.len()
+            ));
+        }
+        let (fa, fb) = (a.during.ns_per_write, b.during.ns_per_write);
+        text.push_str(&format!(
+            "  fast path + eager split: {} guest time per write while logging than the baseline ({:.2}x)\n",
+            if fa < fb { "less" } else { "NOT less" },
+            fb / fa.max(1e-9)
+        ));
+    }
+    if p.channel_list().len() > 1 && runs.len() > 1 {
+        text.push_str(&format!(
+            "\nRound 0 by channel count (measured on this machine, {} CPUs, this run)\n  {:>8} {:>12} {:>14} {:>10} {:>10} {:>8}\n",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            "channels", "link MiB/s", "round 0 MiB/s", "% of link", "downtime", "memory"
+        ));
+        for (_, s, _, _) in runs {
+            let r0 = s.rounds.first().map_or(0.0, |r| r.bandwidth);
+            text.push_str(&format!(
+                "  {:>8} {:>12.0} {:>14.0} {:>9.0}% {:>8.1}ms {:>8}\n",
+                s.channels,
+                s.link / MIB,
+                r0 / MIB,
+                100.0 * r0 / s.link.max(1.0),
+                s.downtime.as_secs_f64() * 1e3,
+                "equal"
+            ));
+        }
+    }
+    if !p.plot.is_empty() {
+        text.push_str(&format!("plot: {}\n", p.plot));
+    }
+    r.set_text(text);
+    r
+}
+
+pub(super) fn summary(
+    p: &Params,
+    s: &SourceOutcome,
+    d: Option<&DestOutcome>,
+    pol: &MmuPolicy,
+) -> String {
+    let precopy = s.rounds.iter().filter(|r| !r.final_round).count();
+    let mut t = format!(
+        "\nMigrated a {} guest ({}, {} slot(s)), {} vCPUs dirtying {} ({}), {} harvest, {}\n",
+        human_bytes(p.mem),
+        p.backing,
+        p.slots,
+        p.vcpus,
+        rate_text(p.dirty_rate),
+        format!("{:?}", p.pattern).to_lowercase(),
+        harvest_name(p.harvest),
+        policy_label(pol)
+    );
+    if let Some(pc) = &s.postcopy {
+        t.push_str(&postcopy::report::text(pc, s, p.max_downtime));
+    } else {
+        t.push_str(&format!(
+        "  converged after {precopy} pre-copy round(s) + stop-and-copy\n  total time           {:.3} s (logging on to resumed on the destination)\n  downtime             {:.1} ms (budget {} ms): {}\n",
+        s.total.as_secs_f64(),
+        s.downtime.as_secs_f64() * 1e3,
+        p.max_downtime.as_millis(),
+        if s.downtime <= p.max_downtime { "within budget" } else { "OVER BUDGET" }
+    ));
+    }
+    let per_round: Vec<String> = s
+        .rounds
+        .iter()
+        .map(|r| {
+            if r.final_round {
+                format!("{} (paused)", r.pages)
+            } else {
+                r.pages.to_string()
+            }
+        })
+        .collect();
+    t.push_str(&format!(
+        "  pages sent per round {}\n  sent in total        {} pages ({} zero pages sent as a flag), {:.1} MiB\n",
+        per_round.join(", "),
+        s.page_records,
+        s.zero_pages,
+        s.bytes as f64 / MIB
+    ));
+    let rates: Vec<String> = s
+        .rounds
+        .iter()
+        .map(|r| {
+            format!(
+                "{:.0} MiB/s ({:.0}%)",
+                r.bandwidth / MIB,
+                100.0 * r.bandwidth / s.link.max(1.0)
+            )
+        })
+        .collect();
+    t.push_str(&format!(
+        "  link                 {:.1} MiB/s: {:.1} MiB over the same {} connection(s) with no guest and no checksum, just before the migration\n  throughput per round {} (% of link)\n",
+        s.link / MIB,
+        s.link_bytes as f64 / MIB,
+        s.channels,
+        rates.join(", ")
+    ));
+    if let Some(r0) = s.rounds.first() {
+        t.push_str(&format!(
+            "  round 0              {:.1} MiB/s = {:.0}% of the link\n",
+            r0.bandwidth / MIB,
+            100.0 * r0.bandwidth / s.link.max(1.0)
+        ));
+    }
+    t.push_str(&guest_and_checks(p, s, d));
+    t
+}
+
+/// The summary's lines on the guest (its dirty rate and slowdown, the
+/// convergence help it got), the verification and the destination.
+fn guest_and_checks(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>) -> String {
+    let mut t = String::new();
+    t.push_str(&format!(
+        "  guest dirty rate     {:.1} MiB/s before logging, {:.1} MiB/s while logging\n  guest time per write {:.0} ns before logging, {:.0} ns while logging: slowdown {:+.0}%\n",
+        s.before.write_rate * 4096.0 / MIB,
+        s.during.write_rate * 4096.0 / MIB,
+        s.before.ns_per_write,
+        s.during.ns_per_write,
+        s.slowdown_pct()
+    ));
+    if s.max_throttle_pct > 0 {
+        t.push_str(&format!(
+            "  auto-converge        throttled the vCPUs up to {}%\n",
+            s.max_throttle_pct
+        ));
+    }
+    if p.converge == ConvergeArg::DirtyLimit && s.final_pace * 4096 * p.vcpus as u64 != p.dirty_rate
+    {
+        t.push_str(&format!(
+            "  dirty-limit          vCPUs capped at {:.1} MiB/s in all\n",
+            (s.final_pace * 4096 * p.vcpus as u64) as f64 / MIB
+        ));
+    }
+    t.push_str(&format!(
+        "  verification         destination memory equals the source's{}: per-slot digests equal ({} slot(s)){}\n",
+        if s.postcopy.is_some() {
+            " at the stop plus every write the destination guest made since (replayed from its vCPU states)"
+        } else {
+            ""
+        },
+        s.slot_digests.len(),
+        if s.verified_full {
+            ", and every page equal byte for byte"
+        } else {
+            ""
+        }
+    ));
+    if let Some(d) = d {
+        t.push_str(&format!(
+            "  destination          guest resumed from {} memory, ran {}{} ms at {:.1} MiB/s{}\n",
+            if s.postcopy.is_some() {
+                "incomplete (post-copy)"
+            } else {
+                "complete"
+            },
+            if s.postcopy.is_some() {
+                "at least "
+            } else {
+                ""
+            },
+            p.run_after.as_millis(),
+            d.resumed_write_rate * 4096.0 / MIB,
+            if d.prefault > Duration::ZERO {
+                format!(
+                    "; its memory was backed with RAM in {:.0} ms before the stream started",
+                    d.prefault.as_secs_f64() * 1e3
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    t
+}

@@ -1,0 +1,182 @@
+//! The stop-and-copy: pauses the guest, sends the last dirty pages and
+//! the vCPU state, waits for the destination to resume it, verifies the
+//! destination's memory, and assembles the outcome.
+
+use super::super::error::MigrateError;
+use super::super::extras::ExtrasRun;
+use super::super::timeline::Timeline;
+use super::super::wire::{tag, Enc, GuestState, Record, PAGE_SIZE};
+use super::verify::{check_digests, parse_digests, verify_full};
+use super::{
+    counters, phase, read_reply, rejected_or, unexpected_reply, RoundStat, Sender, SourceConfig,
+    SourceOutcome, MIB,
+};
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{Control, Pattern, Vm, Workload, WorkloadConfig};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the stop-and-copy needs from the run so far.
+pub(super) struct Stopping<'a, 'v> {
+    pub vm: &'a Arc<Vm>,
+    pub wl: &'a Workload<TreeMemslots>,
+    pub wl_cfg: WorkloadConfig,
+    pub ctl: &'a Control,
+    pub s: &'a mut Sender<'v>,
+    pub extras: ExtrasRun,
+    pub final_pace: u64,
+    /// The last pre-copy round.
+    pub round: u32,
+    pub throttle_pct: u32,
+    pub max_throttle: u32,
+    pub rounds: Vec<RoundStat>,
+    pub timeline: Timeline,
+    pub log_start: Instant,
+    pub log_start_s: f64,
+    pub warm: (Instant, u64, u64),
+    pub warm_end: (Instant, u64, u64),
+    pub warm_end_s: f64,
+    pub at_log: (Instant, u64, u64),
+    pub link: f64,
+    pub link_bytes: u64,
+    pub cfg: &'a SourceConfig,
+}
+
+/// Pauses the guest, sends the rest, and verifies the destination.
+///
+/// # Errors
+/// Sending failed (the guest resumes here; the destination's reason when
+/// it gave up), the destination did not resume it (it resumes here), or
+/// [`MigrateError::MemoryMismatch`].
+pub(super) fn run(mut x: Stopping<'_, '_>) -> Result<SourceOutcome, MigrateError> {
+    let pause_at = Instant::now();
+    let at_pause = counters(x.ctl);
+    x.wl.pause();
+    if let Err(e) = send_last(&mut x) {
+        x.wl.resume();
+        return Err(rejected_or(e, &mut x.s.chans[0].wire));
+    }
+    let digests = match read_reply(&mut x.s.chans[0].wire) {
+        Ok(Record::Control {
+            tag: tag::RESUMED,
+            body,
+            at_byte,
+        }) => parse_digests(&body, at_byte),
+        Ok(other) => Err(unexpected_reply(other, "RESUMED")),
+        Err(e) => Err(e),
+    };
+    let resumed_at = Instant::now();
+    let dest_digests = match digests {
+        Ok(d) => d,
+        Err(e) => {
+            // Not resumed there: the guest goes on here.
+            x.wl.resume();
+            return Err(e);
+        }
+    };
+    let downtime = resumed_at - pause_at;
+    let cfg = x.cfg;
+    if cfg.progress.is_on() {
+        cfg.progress.line(&format!(
+            "{}resumed on the destination after {:.1} ms of downtime",
+            cfg.label,
+            downtime.as_secs_f64() * 1e3
+        ));
+    }
+    let samples = x.timeline.finish();
+    let pause_s = x.log_start_s + (pause_at - x.log_start).as_secs_f64();
+    let before = phase(x.warm, x.warm_end, &samples, 0.0, x.warm_end_s);
+    let during = phase(x.at_log, at_pause, &samples, x.log_start_s, pause_s);
+
+    // Verification against the frozen source memory: the byte-for-byte
+    // pass first (the destination waits for it under its I/O deadline),
+    // then the digests.
+    if cfg.verify_full {
+        verify_full(x.vm, x.s)?;
+    }
+    let slot_digests = check_digests(x.vm, &dest_digests)?;
+    let rounds = x.rounds;
+    let page_records: u64 = rounds.iter().map(|r| r.pages).sum();
+    let zero_pages: u64 = rounds.iter().map(|r| r.zero_pages).sum();
+    let bytes: u64 = rounds.iter().map(|r| r.bytes).sum();
+    let extras = x.extras.finish(x.vm);
+    Ok(SourceOutcome {
+        rounds,
+        total: resumed_at - x.log_start,
+        downtime,
+        page_records,
+        zero_pages,
+        bytes,
+        link: x.link,
+        link_bytes: x.link_bytes,
+        channels: cfg.channels,
+        log_start_s: x.log_start_s,
+        pause_s,
+        resumed_s: x.log_start_s + (resumed_at - x.log_start).as_secs_f64(),
+        samples,
+        before,
+        during,
+        slot_digests,
+        extras,
+        verified_full: cfg.verify_full,
+        max_throttle_pct: x.max_throttle,
+        final_pace: x.final_pace,
+        postcopy: None,
+    })
+}
+
+/// With the vCPUs paused: the last harvest, the last dirty pages, the
+/// vCPU state, the end of every channel; records the final round.
+fn send_last(x: &mut Stopping<'_, '_>) -> Result<(), MigrateError> {
+    let page = PAGE_SIZE as u64;
+    let s = &mut *x.s;
+    let t0 = Instant::now();
+    let (p0, b0, z0) = s.counts();
+    s.final_harvest()?;
+    x.extras.last_round(x.vm, &s.pending)?;
+    let mut e = Enc::default();
+    e.u32(x.round + 1).u64(s.dirty_count());
+    s.chans[0].wire.control(tag::ROUND, &e.0)?;
+    s.send_dirty()?;
+    let state = GuestState {
+        bytes_per_vcpu: x.wl_cfg.bytes_per_vcpu,
+        write_percent: x.wl_cfg.write_percent,
+        pattern: u8::from(x.wl_cfg.pattern == Pattern::Random),
+        pace_pages_per_sec: x.final_pace,
+        vcpus: x.wl.vcpu_states(),
+    };
+    for c in s.chans.iter_mut().skip(1) {
+        c.wire.end()?;
+    }
+    s.chans[0].wire.control(tag::STATE, &state.encode())?;
+    s.chans[0].wire.end()?;
+    let t1 = Instant::now();
+    let (p1, b1, z1) = s.counts();
+    x.rounds.push(RoundStat {
+        round: x.round + 1,
+        pages: p1 - p0,
+        zero_pages: z1 - z0,
+        bytes: b1 - b0,
+        start_s: x.timeline.at(t0),
+        end_s: x.timeline.at(t1),
+        bandwidth: (b1 - b0) as f64 / (t1 - t0).as_secs_f64().max(1e-9),
+        page_rate: (p1 - p0) as f64 * page as f64 / (t1 - t0).as_secs_f64().max(1e-9),
+        throttle_pct: x.throttle_pct,
+        pace: x.final_pace,
+        final_round: true,
+        ..RoundStat::default()
+    });
+    let cfg = x.cfg;
+    if cfg.progress.is_on() {
+        let r = x.rounds.last().expect("pushed");
+        cfg.progress.line(&format!(
+            "{}round {:>2}: vCPUs paused; sent the last {} pages ({:.1} MiB) and the vCPU state in {:.1} ms",
+            cfg.label,
+            r.round,
+            r.pages,
+            r.bytes as f64 / MIB,
+            (t1 - t0).as_secs_f64() * 1e3
+        ));
+    }
+    Ok(())
+}
