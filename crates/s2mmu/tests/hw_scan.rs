@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::fixture_for;
+use common::{fixture_for, Fixture};
 use s2mmu::dirty::DirtyBitmap;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::format::ept::EptFormat;
@@ -17,11 +17,21 @@ const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 
-fn mixed_tables_scan_alike<F: PteFormat>(fmt: F) {
-    let mut fx = fixture_for(fmt);
+/// What `mixed` built: the range, its holes, and the pages the hardware
+/// dirtied.
+struct Mixed {
+    start: u64,
+    len: u64,
+    holes: Vec<u64>,
+    dirtied: u64,
+}
+
+/// Pages and a block, cleaned (tracked), then holes punched, read-only
+/// pages remapped, and a scattering of pages and the block dirtied.
+fn mixed<F: PteFormat>(fx: &mut Fixture<F>) -> Mixed {
     fx.cache.top_up(256).unwrap();
     let force = MapOptions { force_pages: true };
-    // 6 MiB of pages up to the end of the first GiB (the last three
+    // 6 MiB of pages up to a 1 GiB boundary (the last three
     // entries of a level-2 table page), then 2 MiB of pages and a 2 MiB
     // block after the boundary.
     let pages_at = 2 * GIB - 6 * MIB;
@@ -81,6 +91,22 @@ fn mixed_tables_scan_alike<F: PteFormat>(fmt: F) {
     ));
     dirtied += 512;
     assert!(dirtied > 512, "pages of the tables were dirtied");
+    Mixed {
+        start,
+        len,
+        holes,
+        dirtied,
+    }
+}
+
+fn mixed_tables_scan_alike<F: PteFormat>(fmt: F) {
+    let mut fx = fixture_for(fmt);
+    let Mixed {
+        start,
+        len,
+        holes,
+        dirtied,
+    } = mixed(&mut fx);
     for (from, base) in [(start, start), (start + 3 * PAGE, start - 64 * PAGE)] {
         let npages = (start + len - base) / PAGE;
         let fast = DirtyBitmap::new(npages, false);
@@ -126,4 +152,66 @@ fn table_scan_matches_per_leaf_scan_arm64() {
 #[test]
 fn table_scan_matches_per_leaf_scan_ept() {
     mixed_tables_scan_alike(EptFormat::new(4).unwrap());
+}
+
+/// Cleaning whole last-level tables at once (one range) changes the same
+/// leaves to the same values, counts the same, and invalidates the same
+/// range as cleaning page by page (a leaf visit each).
+fn clean_by_table_matches_clean_by_page<F: PteFormat + Clone>(fmt: F) {
+    let mut whole = fixture_for(fmt.clone());
+    let mut by_page = fixture_for(fmt);
+    let m = mixed(&mut whole);
+    mixed(&mut by_page);
+    whole.tlb.take();
+    by_page.tlb.take();
+    // The tables, then the block: each with its own batch, so the first
+    // invalidation ends at the last dirty page of the tables.
+    let (mut n, mut k) = (0, 0);
+    for (from, len) in [
+        (m.start, m.len - 2 * MIB),
+        (m.start + m.len - 2 * MIB, 2 * MIB),
+    ] {
+        let tlb = whole.pt.tlb().clone();
+        let mut batch = TlbBatch::new(&*tlb, whole.pt.tlb_policy());
+        n += whole
+            .pt
+            .clean_hw_dirty_batched(from, len, &mut batch)
+            .unwrap();
+        batch.finish();
+        let tlb = by_page.pt.tlb().clone();
+        let mut batch = TlbBatch::new(&*tlb, by_page.pt.tlb_policy());
+        for p in 0..len / PAGE {
+            let ipa = from + p * PAGE;
+            k += by_page
+                .pt
+                .clean_hw_dirty_batched(ipa, PAGE, &mut batch)
+                .unwrap();
+        }
+        batch.finish();
+    }
+    assert_eq!(n, k, "leaves changed");
+    // The dirty pages (the block is one leaf) were changed.
+    assert_eq!(n, m.dirtied - 511);
+    let leaves = |fx: &Fixture<F>| -> Vec<(u64, u64)> {
+        let l = fx.pt.leaves(m.start, m.len).unwrap();
+        l.iter().map(|l| (l.ipa, l.pte)).collect()
+    };
+    assert_eq!(leaves(&whole), leaves(&by_page));
+    assert_eq!(whole.tlb.take(), by_page.tlb.take(), "invalidations");
+    let none = DirtyBitmap::new(m.len / PAGE, false);
+    let found = whole
+        .pt
+        .scan_hw_dirty_into(m.start, m.len, m.start, &none)
+        .unwrap();
+    assert_eq!(found, 0, "nothing dirty after cleaning");
+}
+
+#[test]
+fn clean_by_table_matches_clean_by_page_arm64() {
+    clean_by_table_matches_clean_by_page(Arm64Stage2::new(Granule::K4, 40).unwrap());
+}
+
+#[test]
+fn clean_by_table_matches_clean_by_page_ept() {
+    clean_by_table_matches_clean_by_page(EptFormat::new(4).unwrap());
 }

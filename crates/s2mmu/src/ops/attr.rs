@@ -90,7 +90,23 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         let hw = self.hw_dirty_bits()?;
         self.check_range(ipa, size)?;
         let mut changed = 0u64;
-        let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
+        let last = self.format().last_level();
+        let mut v = |ctx: &VisitCtx<'_, F, M>, visit: Visit| {
+            if visit == Visit::TablePre {
+                // A last-level table wholly inside the range is cleaned in
+                // one loop (the same stores, no visit per entry).
+                if ctx.level + 1 == last && ctx.entry_inside_range() {
+                    if let Some(table) = ctx.child_table() {
+                        let (n, span) = super::hw_scan::clean_leaf_table(ctx, table, hw);
+                        changed += n;
+                        if let Some((ipa, len)) = span {
+                            batch.add(ipa, len);
+                        }
+                        return Ok(WalkAction::SkipChildren);
+                    }
+                }
+                return Ok(WalkAction::Continue);
+            }
             // Only a leaf that may be written becomes tracked: a read-only
             // mapping stays read-only.
             let new = hw.clean(ctx.old);
@@ -107,7 +123,8 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
             }
             Ok(WalkAction::Continue)
         };
-        self.walk(ipa, size, WalkFlags::LEAF | WalkFlags::IGNORE_AGAIN, &mut v)?;
+        let flags = WalkFlags::LEAF | WalkFlags::TABLE_PRE | WalkFlags::IGNORE_AGAIN;
+        self.walk(ipa, size, flags, &mut v)?;
         Ok(changed)
     }
 
