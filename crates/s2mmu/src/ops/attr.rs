@@ -89,24 +89,13 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
     ) -> Result<u64> {
         let hw = self.hw_dirty_bits()?;
         self.check_range(ipa, size)?;
-        let mut changed = 0u64;
         let last = self.format().last_level();
-        let mut v = |ctx: &VisitCtx<'_, F, M>, visit: Visit| {
-            if visit == Visit::TablePre {
-                // A last-level table wholly inside the range is cleaned in
-                // one loop (the same stores, no visit per entry).
-                if ctx.level + 1 == last && ctx.entry_inside_range() {
-                    if let Some(table) = ctx.child_table() {
-                        let (n, span) = super::hw_scan::clean_leaf_table(ctx, table, hw);
-                        changed += n;
-                        if let Some((ipa, len)) = span {
-                            batch.add(ipa, len);
-                        }
-                        return Ok(WalkAction::SkipChildren);
-                    }
-                }
-                return Ok(WalkAction::Continue);
-            }
+        if last > 0 && size >= self.format().granule(last - 1) {
+            // Room for a whole last-level table: cleaned a table at a time.
+            return self.clean_hw_dirty_tables(ipa, size, hw, batch);
+        }
+        let mut changed = 0u64;
+        let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
             // Only a leaf that may be written becomes tracked: a read-only
             // mapping stays read-only.
             let new = hw.clean(ctx.old);
@@ -123,7 +112,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
             }
             Ok(WalkAction::Continue)
         };
-        let flags = WalkFlags::LEAF | WalkFlags::TABLE_PRE | WalkFlags::IGNORE_AGAIN;
+        let flags = WalkFlags::LEAF | WalkFlags::IGNORE_AGAIN;
         self.walk(ipa, size, flags, &mut v)?;
         Ok(changed)
     }

@@ -114,13 +114,58 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
     }
 }
 
+impl<F: PteFormat, M: MmOps> PageTable<F, M> {
+    /// `clean_hw_dirty_batched` for a range that may hold whole last-level
+    /// tables (its range is checked): those are cleaned by
+    /// [`clean_leaf_table`], other leaves as that function's visit does.
+    #[inline(never)]
+    pub(super) fn clean_hw_dirty_tables(
+        &mut self,
+        ipa: u64,
+        size: u64,
+        hw: crate::HwDirtyBits,
+        batch: &mut crate::tlb::TlbBatch<'_>,
+    ) -> Result<u64> {
+        let last = self.format().last_level();
+        let mut changed = 0u64;
+        let mut v = |ctx: &VisitCtx<'_, F, M>, visit: Visit| {
+            if visit == Visit::TablePre {
+                if ctx.level + 1 == last && ctx.entry_inside_range() {
+                    if let Some(table) = ctx.child_table() {
+                        let (n, span) = clean_leaf_table(ctx, table, hw);
+                        changed += n;
+                        if let Some((ipa, len)) = span {
+                            batch.add(ipa, len);
+                        }
+                        return Ok(WalkAction::SkipChildren);
+                    }
+                }
+                return Ok(WalkAction::Continue);
+            }
+            // As `clean_hw_dirty_batched`'s visit (see its comments).
+            let new = hw.clean(ctx.old);
+            if ctx.fmt.is_valid(ctx.old) && ctx.old & hw.trackable != 0 && new != ctx.old {
+                ctx.try_set(new)?;
+                changed += 1;
+                if ctx.old & hw.clean_clear != 0 {
+                    batch.add(ctx.entry_start(), ctx.granule());
+                }
+            }
+            Ok(WalkAction::Continue)
+        };
+        let flags = WalkFlags::LEAF | WalkFlags::TABLE_PRE | WalkFlags::IGNORE_AGAIN;
+        self.walk(ipa, size, flags, &mut v)?;
+        Ok(changed)
+    }
+}
+
 /// Cleans the last-level table `table`, the child of the entry of `ctx`
 /// (an exclusive walk), as `clean_hw_dirty_batched`'s visit of each leaf
 /// would: every valid trackable leaf that cleaning changes is stored clean.
 /// Returns the number changed and the span from the first to the last one
 /// that was dirty, which is what those leaves' invalidations add up to in a
 /// batch (a batch keeps one covering range).
-pub(super) fn clean_leaf_table<F: PteFormat, M: MmOps>(
+fn clean_leaf_table<F: PteFormat, M: MmOps>(
     ctx: &VisitCtx<'_, F, M>,
     table: u64,
     hw: crate::HwDirtyBits,
