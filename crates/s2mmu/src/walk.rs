@@ -142,6 +142,23 @@ impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
             .then(|| self.fmt.output_address(self.old))
     }
 
+    /// The value of the entry after this one in the same table page, or
+    /// `None` for the page's last entry: a hint of what the walk visits
+    /// next (a scan prefetches its table), read once and relaxed.
+    #[inline]
+    pub(crate) fn next_sibling(&self) -> Option<u64> {
+        let idx = self.fmt.index(self.addr, self.level);
+        if idx + 1 >= self.fmt.entries_per_table() {
+            return None;
+        }
+        let next = (self.entry as *const AtomicU64).wrapping_add(1);
+        // SAFETY: `entry` is entry `idx` of a live table page of
+        // `entries_per_table` entries (the walker took it at the index of
+        // `addr`), so entry `idx + 1` is in the same page, which the walk
+        // keeps alive; table entries are only accessed atomically.
+        Some(unsafe { &*next }.load(Ordering::Relaxed))
+    }
+
     #[inline]
     fn adjust_count(&self, old: u64, new: u64) {
         if let Some(c) = self.count {

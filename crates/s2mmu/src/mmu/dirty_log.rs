@@ -172,6 +172,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let mut cache = self.split_cache.lock();
         let mut cleared = 0;
         let mut w = 0;
+        // Pages to protect that run on across words (start page, pages): a
+        // fully dirty last-level table is one walk, not one per word.
+        let mut run = (0u64, 0u64);
         while w < words {
             let end = (w + chunk_words.max(1)).min(words);
             if split {
@@ -196,8 +199,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                     pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
                     st.split_ns += t0.elapsed_ns();
                 }
-                self.protect_mask(&mut pt, base, page0, mask, batch)?;
+                self.protect_mask_runs(&mut pt, base, page0, mask, &mut run, batch)?;
             }
+            self.protect_run(&mut pt, base, &mut run, batch)?;
             drop(pt);
             w = end;
         }
@@ -242,6 +246,54 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         pt.scan_hw_dirty_into(base, size, base, b)?;
         drop(pt);
         self.vm_stats.lock().add(&st);
+        Ok(())
+    }
+
+    /// As [`Mmu::protect_mask`], but a run of bits that starts where
+    /// `run` (start page, pages) ends extends it, and the rest go through
+    /// `run` too: only the runs it cannot extend are protected here; the
+    /// caller protects the last with [`Mmu::protect_run`].
+    fn protect_mask_runs(
+        &self,
+        pt: &mut PageTable<F, M>,
+        base: u64,
+        page0: u64,
+        mut mask: u64,
+        run: &mut (u64, u64),
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<()> {
+        while mask != 0 {
+            let lo = mask.trailing_zeros();
+            let len = (!(mask >> lo)).trailing_zeros();
+            let start = page0 + u64::from(lo);
+            if run.1 == 0 || run.0 + run.1 != start {
+                self.protect_run(pt, base, run, batch)?;
+                run.0 = start;
+            }
+            run.1 += u64::from(len);
+            mask = if lo + len >= 64 {
+                0
+            } else {
+                mask & !(((1u64 << len) - 1) << lo)
+            };
+        }
+        Ok(())
+    }
+
+    /// Protects the pages of `run` (start page, pages; none if empty) of
+    /// the slot at `base`, and empties it.
+    fn protect_run(
+        &self,
+        pt: &mut PageTable<F, M>,
+        base: u64,
+        run: &mut (u64, u64),
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<()> {
+        let (start, pages) = core::mem::take(run);
+        if pages > 0 {
+            let ipa = base + (start << self.page_shift);
+            self.protect(pt, ipa, pages << self.page_shift, batch)?;
+        }
         Ok(())
     }
 

@@ -3,12 +3,10 @@
 
 use crate::format::{Prot, PteFormat};
 use crate::pgtable::PageTable;
-use crate::table::entry_ref;
 use crate::table::MmOps;
 use crate::tlb::TlbBatch;
 use crate::walk::{Visit, VisitCtx, WalkAction, WalkFlags};
 use crate::{Error, Result};
-use core::sync::atomic::{AtomicU64, Ordering};
 
 /// What a permission relaxation found and did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +89,11 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
     ) -> Result<u64> {
         let hw = self.hw_dirty_bits()?;
         self.check_range(ipa, size)?;
+        let last = self.format().last_level();
+        if last > 0 && size >= self.format().granule(last - 1) {
+            // Room for a whole last-level table: cleaned a table at a time.
+            return self.clean_hw_dirty_tables(ipa, size, hw, batch);
+        }
         let mut changed = 0u64;
         let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
             // Only a leaf that may be written becomes tracked: a read-only
@@ -109,7 +112,8 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
             }
             Ok(WalkAction::Continue)
         };
-        self.walk(ipa, size, WalkFlags::LEAF | WalkFlags::IGNORE_AGAIN, &mut v)?;
+        let flags = WalkFlags::LEAF | WalkFlags::IGNORE_AGAIN;
+        self.walk(ipa, size, flags, &mut v)?;
         Ok(changed)
     }
 
@@ -142,90 +146,6 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         // alive against concurrent unlinking.
         unsafe { self.walk_unchecked(ipa, size, WalkFlags::LEAF | WalkFlags::SHARED, &mut v)? };
         Ok(n)
-    }
-
-    /// Hardware dirty state, the harvest's scan: marks in `bitmap` (whose
-    /// bit 0 is the page at `base`) every page of `[ipa, ipa + size)` that
-    /// a leaf the hardware dirtied maps. A last-level table wholly inside
-    /// the range, at a 64-page-aligned offset from `base`, is read 64
-    /// entries to a bitmap word without a visit per entry (KVM's DBM series
-    /// measured the per-leaf walk as the cost of a harvest). Returns the
-    /// number of dirty pages found.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] if the format has no hardware dirty state; as
-    /// [`PageTable::check_range`]; [`Error::InvalidConfig`] for a `base`
-    /// above `ipa`.
-    pub fn scan_hw_dirty_into(
-        &self,
-        ipa: u64,
-        size: u64,
-        base: u64,
-        bitmap: &crate::dirty::DirtyBitmap,
-    ) -> Result<u64> {
-        let hw = self.hw_dirty_bits()?;
-        self.check_range(ipa, size)?;
-        if base > ipa {
-            return Err(Error::InvalidConfig {
-                what: "bitmap base above the scanned range",
-                value: base,
-            });
-        }
-        let fmt = self.format();
-        let (shift, last) = (fmt.page_shift(), fmt.last_level());
-        let dirty = hw.dirty;
-        let per_table = fmt.entries_per_table();
-        let mut found = 0u64;
-        let mut v = |ctx: &VisitCtx<'_, F, M>, visit: Visit| {
-            // Pages before `base` have no bit: a leaf or table reaching
-            // below it is clipped (the fast path needs it wholly above).
-            let start = ctx.entry_start();
-            let first_page = (start.max(base) - base) >> shift;
-            if visit == Visit::TablePre {
-                let fast = ctx.level + 1 == last
-                    && start >= base
-                    && ctx.entry_inside_range()
-                    && first_page.is_multiple_of(64)
-                    && per_table.is_multiple_of(64);
-                let Some(table) = ctx.child_table().filter(|_| fast) else {
-                    return Ok(WalkAction::Continue);
-                };
-                // SAFETY: `table` is the child of a valid table entry the
-                // walker read under its read guard, so the page is
-                // allocated; it holds `per_table` entries.
-                let entries = unsafe { entry_ref(ctx.mm, table, 0) } as *const AtomicU64;
-                for chunk in 0..per_table / 64 {
-                    let mut mask = 0u64;
-                    for j in 0..64 {
-                        // SAFETY: the index is below the entries per table.
-                        let e = unsafe { &*entries.add(chunk * 64 + j) }.load(Ordering::Relaxed);
-                        // An entry with the dirty bits is a valid leaf: the
-                        // engine writes no invalid value with them (0, the
-                        // lock marker), and the hardware only updates valid
-                        // leaves.
-                        mask |= u64::from(e & dirty == dirty) << j;
-                    }
-                    found += u64::from(mask.count_ones());
-                    bitmap.mark_word((first_page / 64) as usize + chunk, mask);
-                }
-                return Ok(WalkAction::SkipChildren);
-            }
-            if fmt.is_valid(ctx.old) && ctx.old & dirty == dirty {
-                let end = start + ctx.granule();
-                let pages = (end.max(base) - base) >> shift;
-                let pages = pages - first_page;
-                for p in first_page..first_page + pages {
-                    bitmap.mark(p);
-                }
-                found += pages;
-            }
-            Ok(WalkAction::Continue)
-        };
-        let flags = WalkFlags::LEAF | WalkFlags::TABLE_PRE | WalkFlags::SHARED;
-        // SAFETY: a read-only walk; the read guard it pins keeps tables
-        // alive against concurrent unlinking.
-        unsafe { self.walk_unchecked(ipa, size, flags, &mut v)? };
-        Ok(found)
     }
 
     /// Hardware dirty state: takes the hardware's dirty bit off every leaf
@@ -272,7 +192,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         }
     }
 
-    fn hw_dirty_bits(&self) -> Result<crate::HwDirtyBits> {
+    pub(crate) fn hw_dirty_bits(&self) -> Result<crate::HwDirtyBits> {
         self.format().hw_dirty_bits().ok_or(Error::InvalidConfig {
             what: "hardware dirty state (the format has none)",
             value: 0,

@@ -3,6 +3,7 @@
 
 pub mod attr;
 pub mod collapse;
+mod hw_scan;
 pub mod map;
 pub mod split;
 pub mod unmap;
