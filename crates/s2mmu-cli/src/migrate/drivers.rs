@@ -148,8 +148,14 @@ pub fn main(p: Params) -> Result<(), String> {
             rate_text(p.dirty_rate),
             harvest_name(p.harvest)
         );
+        // Both drawn before either is written: a figure that cannot be
+        // drawn leaves no file.
         let svg = plot::svg(&title, &plot_runs)?;
+        let png = plot::png(&title, &plot_runs)?;
+        let png_path = std::path::Path::new(&p.plot).with_extension("png");
         std::fs::write(&p.plot, svg).map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
+        std::fs::write(&png_path, png)
+            .map_err(|e| format!("writing the plot {}: {e}", png_path.display()))?;
     }
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);

@@ -123,7 +123,8 @@ pub struct Params {
     /// How long the destination runs the resumed guest (at most a day).
     #[arg(long, default_value = "300ms", value_parser = parse_duration)]
     pub run_after: Duration,
-    /// SVG plot file ("" for none).
+    /// SVG plot file ("" for none); a PNG of the same figure is written beside it
+    /// (the same path with the extension png).
     #[arg(long, default_value = "s2mmu-migrate.svg")]
     pub plot: String,
     /// Run only a destination, listening on ADDR (host:port).

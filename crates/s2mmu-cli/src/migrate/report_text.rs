@@ -178,7 +178,13 @@ pub(super) fn report(
         }
     }
     if !p.plot.is_empty() {
-        text.push_str(&format!("plot: {}\n", p.plot));
+        text.push_str(&format!(
+            "plot: {} and {}\n",
+            p.plot,
+            std::path::Path::new(&p.plot)
+                .with_extension("png")
+                .display()
+        ));
     }
     r.set_text(text);
     r
