@@ -256,6 +256,17 @@ impl fmt::Display for Error {
             ),
             Error::RingFull { vcpu } => write!(f, "dirty ring of vCPU {vcpu} is full"),
             Error::Memslot(e) => write!(f, "memslot update refused: {e}"),
+            Error::UnknownDirtyView { .. }
+            | Error::DirtyViewsOfSeveralSlots { .. }
+            | Error::TooManyDirtyViews { .. } => self.fmt_view(f),
+        }
+    }
+}
+
+impl Error {
+    /// The dirty-view errors' messages.
+    fn fmt_view(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
             Error::UnknownDirtyView { view } => write!(f, "no open dirty view {view}"),
             Error::DirtyViewsOfSeveralSlots { slot, other } => write!(
                 f,
@@ -265,6 +276,8 @@ impl fmt::Display for Error {
                 f,
                 "memslot {slot} already has {limit} dirty views open, the most it may have"
             ),
+            // Only the dirty-view errors come here.
+            _ => fmt::Debug::fmt(self, f),
         }
     }
 }
