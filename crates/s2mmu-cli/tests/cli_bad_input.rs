@@ -218,3 +218,31 @@ fn unknown_subcommands_and_flags_are_refused() {
     refused(&["split-perf", "--sise", "1G"], &["--sise"]);
     s2mmu(&[]).code(2).stderr(predicate::str::contains("Usage"));
 }
+
+#[test]
+fn dirty_views_bad_input() {
+    refused(&["dirty-views", "--mem", "0"], &["--mem", "16GiB"]);
+    refused(&["dirty-views", "--mem", "1P"], &["--mem", "16GiB"]);
+    refused(&["dirty-views", "--vcpus", "0"], &["--vcpus", "1..=64"]);
+    refused(
+        &["dirty-views", "--view-periods", "0"],
+        &["--view-periods", "1..=1000"],
+    );
+    refused(&["dirty-views", "--ticks", "0"], &["--ticks", "1..=100000"]);
+    refused(
+        &["dirty-views", "--tick-ms", "10001"],
+        &["--tick-ms", "0..=10000"],
+    );
+}
+
+#[test]
+fn snapshot_bad_input() {
+    refused(&["snapshot", "--mem", "0"], &["--mem", "16GiB"]);
+    refused(&["snapshot", "-v", "0"], &["--vcpus", "1..=64"]);
+    refused(&["snapshot", "--every", "0ms"], &["--every", "1ms..=1h"]);
+    refused(&["snapshot", "--duration", "100000000s"], &["--duration"]);
+    refused(
+        &["snapshot", "--verify", "/nonexistent/s2mmu-snapshots"],
+        &["/nonexistent/s2mmu-snapshots"],
+    );
+}

@@ -251,3 +251,54 @@ fn migrate_json_is_not_silent_for_long() {
     ];
     check(pass("migrate", &smalls, "--bandwidth", &values(&["1"])));
 }
+
+#[test]
+fn dirty_views_boundaries() {
+    let smalls = [("--mem", "4M"), ("--vcpus", "1"), ("--ticks", "1")];
+    let cmd = "dirty-views";
+    let mut bad = pass(
+        cmd,
+        &smalls,
+        "--mem",
+        &values(&["0", "1", "4M", "16G1", "1P", "17E", "-1", "x", ""]),
+    );
+    bad.extend(pass(cmd, &smalls, "--vcpus", &around("64", "65")));
+    bad.extend(pass(cmd, &smalls, "--ticks", &around("100000", "100001")));
+    bad.extend(pass(cmd, &smalls, "--tick-ms", &around("10000", "10001")));
+    bad.extend(pass(
+        cmd,
+        &smalls,
+        "--view-periods",
+        &around("1000", "1001"),
+    ));
+    check(bad);
+}
+
+#[test]
+fn snapshot_boundaries() {
+    let smalls = [
+        ("--mem", "4M"),
+        ("-v", "1"),
+        ("--duration", "10ms"),
+        ("--every", "5ms"),
+        ("--dir", "boundaries-snapshots"),
+    ];
+    let cmd = "snapshot";
+    let mut bad = pass(
+        cmd,
+        &smalls,
+        "--mem",
+        &values(&["0", "1", "4M", "16G1", "1P", "17E", "-1", "x", ""]),
+    );
+    bad.extend(pass(cmd, &smalls, "-v", &around("64", "65")));
+    bad.extend(pass(cmd, &smalls, "--dirty-rate", &around("1G", "16E")));
+    for flag in ["--every", "--duration"] {
+        bad.extend(pass(
+            cmd,
+            &smalls,
+            flag,
+            &values(&["0s", "1ms", "1000000000s", "-1s", "x", ""]),
+        ));
+    }
+    check(bad);
+}
