@@ -10,7 +10,8 @@ use super::EngineRun;
 /// One JSON row per phase of a single run (`runs: 1`).
 pub(super) fn phase_rows(report: &mut Report, phases: &[(String, Duration)], policy: &str) {
     for (name, d) in phases {
-        report.result(name, policy, json!({"median_ns": d.as_nanos() as u64, "min_ns": d.as_nanos() as u64, "max_ns": d.as_nanos() as u64, "runs": 1}));
+        // One sample: `value_ns` and `runs: 1`, not a distribution.
+        report.result(name, policy, crate::stats::Samples::of(&[*d]).json());
     }
 }
 
