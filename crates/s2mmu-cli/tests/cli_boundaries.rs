@@ -297,7 +297,7 @@ fn snapshot_boundaries() {
             cmd,
             &smalls,
             flag,
-            &values(&["0s", "1ms", "1000000000s", "-1s", "x", ""]),
+            &values(&["0s", "1ms", "10s", "1000000000s", "-1s", "x", ""]),
         ));
     }
     check(bad);

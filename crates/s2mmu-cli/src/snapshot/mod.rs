@@ -55,6 +55,9 @@ pub struct Params {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// No progress on stderr.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
 }
 
 const MAX_MEM: u64 = 16 << 30;
@@ -167,6 +170,10 @@ pub fn run(p: &Params) -> Result<Report, String> {
         .pace_pages_per_sec
         .store(pace, Ordering::Relaxed);
     vm.enable_dirty_logging().map_err(|e| e.to_string())?;
+    // The run is --duration long and silent until its report: say what
+    // runs on stderr first (a bar on a terminal).
+    let bar = crate::progress::Progress::new("snapshot", 2, !p.quiet);
+    bar.message("base and incrementals");
     let taker = Snapshotter::open(vm.clone(), &p.dir).map_err(s)?;
     wl.run_free();
     let snaps = SnapshotLoop::start(taker, p.every).map_err(s)?;
@@ -174,10 +181,14 @@ pub fn run(p: &Params) -> Result<Report, String> {
     wl.pause();
     let mut taker = snaps.finish().map_err(s)?;
     taker.take().map_err(s)?;
+    bar.step();
+    bar.message("restoring the chain");
     let t = Instant::now();
     let restored = restore::restore(&p.dir, p.mem).map_err(s)?;
     let restore_time = t.elapsed();
     let (differ, first) = restore::differing_pages(&restored, &vm);
+    bar.step();
+    drop(bar);
     let taken = std::mem::take(&mut taker.taken);
     drop(taker);
     wl.stop();
