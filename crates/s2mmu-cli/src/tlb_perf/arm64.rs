@@ -10,8 +10,10 @@
 //! clear. QEMU's timings are an emulator's: the counts are the result, the
 //! times are read as ratios.
 
-use super::report::{build_kind, fill, median_of, table, Common, Cycle, ModelRows};
-use super::{alternate, check, policy_name, Mode, Params, PAGE, POLICIES};
+use super::report::{
+    build_kind, fill, map_and_log, median_of, open, table, Common, CycleTimes, ModelRows, SlotFacts,
+};
+use super::{alternate, check, Mode, Params, PAGE, POLICIES};
 use crate::arm64 as a64;
 use crate::progress::Progress;
 use crate::report::{human, human_bytes, Report};
@@ -28,34 +30,13 @@ const MAX_CALLS: u64 = 1 << 16;
 /// Where the slot sits in the IPA space.
 const BIG_GPA: u64 = 1 << 32;
 
-/// One measured harvest cycle.
+/// One measured harvest cycle: what every model measures, and the TLBIs
+/// the EL2 service CPU executed.
 #[derive(Clone, Copy, Default)]
 struct Sample {
-    get: Duration,
-    clear: Duration,
-    calls: u64,
+    times: CycleTimes,
     tlbis: u64,
     sequences: u64,
-    inv: Duration,
-    cleared: u64,
-}
-
-impl Cycle for Sample {
-    fn get(&self) -> Duration {
-        self.get
-    }
-    fn clear(&self) -> Duration {
-        self.clear
-    }
-    fn inv(&self) -> Duration {
-        self.inv
-    }
-    fn calls(&self) -> u64 {
-        self.calls
-    }
-    fn cleared(&self) -> u64 {
-        self.cleared
-    }
 }
 
 /// Medians of one mode and policy: the common figures and the model's TLBIs.
@@ -185,13 +166,15 @@ impl Bench<'_> {
             return Err("maintenance was dropped: the measurement is void".into());
         }
         Ok(Sample {
-            get: t1 - t0,
-            clear: t2 - t1,
-            calls: c1.service_calls - c0.service_calls,
+            times: CycleTimes {
+                get: t1 - t0,
+                clear: t2 - t1,
+                calls: c1.service_calls - c0.service_calls,
+                inv: Duration::from_nanos(c1.service_ns - c0.service_ns),
+                cleared,
+            },
             tlbis: c1.tlbis - c0.tlbis,
             sequences: c1.host_sequences - c0.host_sequences,
-            inv: Duration::from_nanos(c1.service_ns - c0.service_ns),
-            cleared,
         })
     }
 }
@@ -205,7 +188,6 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
     if let Some(why) = a64::unavailable() {
         return Err(format!("--arm64: {why}"));
     }
-    let e = |e: s2mmu::Error| e.to_string();
     let npages = p.size / PAGE;
     let bar = Progress::new("tlb-perf --arm64", 1, progress);
     bar.message(&format!(
@@ -233,14 +215,7 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
     vm.add_slot(BIG_SLOT, BIG_GPA, layout::DATA, p.size, PAGE)
         .map_err(|e| e.to_string())?;
     bar.message(&format!("mapping {} with 4K pages", human_bytes(p.size)));
-    let mmu = vm.mmu().clone();
-    let t = Instant::now();
-    mmu.populate(BIG_SLOT, 0, npages).map_err(e)?;
-    let populate_time = t.elapsed();
-    let table_pages = mmu.with_table(|pt| pt.table_pages());
-    let t = Instant::now();
-    mmu.enable_dirty_logging(BIG_SLOT).map_err(e)?;
-    let enable_time = t.elapsed();
+    let slot = map_and_log(vm.mmu(), BIG_SLOT, npages)?;
     drop(bar);
     let mut bench = Bench {
         vm: &vm,
@@ -255,7 +230,7 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
         for (pi, pol) in POLICIES.iter().enumerate() {
             let s = &samples[pi];
             rows.push(Row {
-                common: Common::of(&case, mode, *pol, s),
+                common: Common::of(&case, mode, *pol, s.iter().map(|x| &x.times)),
                 tlbis: median_of(s, |x| x.tlbis),
                 sequences: median_of(s, |x| x.sequences),
                 tlbi_samples: s.iter().map(|x| x.tlbis).collect(),
@@ -264,50 +239,23 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
     }
     drop(bench);
     drop(vm);
-    let facts = Facts {
-        npages,
-        table_pages,
-        boot_time,
-        populate_time,
-        enable_time,
-    };
+    let facts = Facts { slot, boot_time };
     report(p, &rows, &facts)
 }
 
 /// What the report says besides the rows.
 struct Facts {
-    npages: u64,
-    table_pages: usize,
+    slot: SlotFacts,
     boot_time: Duration,
-    populate_time: Duration,
-    enable_time: Duration,
 }
 
 fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
-    let mut report = Report::new(
-        "tlb-perf",
-        json!({
-            "arm64": true,
-            "size_bytes": p.size,
-            "chunk_bytes": p.chunk,
-            "runs": p.runs,
-            "dirty_every": p.dirty_every,
-            "limit_pages": p.limit_pages,
-            "page_bytes": PAGE,
-            "qemu_cpus": 2,
-            "policies": POLICIES.iter().map(|x| policy_name(*x)).collect::<Vec<_>>(),
-        }),
-    );
-    report.result(
-        "setup",
+    let mut report = open(
+        p,
+        json!({ "arm64": true, "qemu_cpus": 2 }),
         "arm64",
-        json!({
-            "boot_ns": f.boot_time.as_nanos() as u64,
-            "populate_ns": f.populate_time.as_nanos() as u64,
-            "enable_logging_ns": f.enable_time.as_nanos() as u64,
-            "table_pages": f.table_pages,
-            "pages": f.npages,
-        }),
+        &f.slot,
+        json!({ "boot_ns": f.boot_time.as_nanos() as u64 }),
     );
     let model = ModelRows {
         rows: rows
@@ -326,7 +274,7 @@ fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
         call_noun: "round trip(s) to EL2",
         judge_chunked_calls: true,
     };
-    let judged = fill(&mut report, p, f.npages, &model)?;
+    let judged = fill(&mut report, p, f.slot.npages, &model)?;
     let mut lines = Vec::new();
     for (mode, mut mode_lines) in [Mode::Whole, Mode::Chunked].into_iter().zip(judged) {
         // The TLBI line goes between the call count and the share.
@@ -371,11 +319,11 @@ fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
     let mut s = format!(
         "tlb-perf --arm64: {} slot of {} 4K pages on QEMU's arm64 model (2 CPUs: one idle at EL2, one serving the host's TLB maintenance at EL2, so every TLB call is a round trip to EL2); {} of stage-2 tables in the shared RAM, QEMU up in {}, mapped in {}, logging enabled in {}; range limit {} pages ({}); {} dirtied per cycle; {} runs ({} build)\n{}\n",
         human_bytes(p.size),
-        f.npages,
-        human_bytes(f.table_pages as u64 * PAGE),
+        f.slot.npages,
+        human_bytes(f.slot.table_pages as u64 * PAGE),
         human(f.boot_time),
-        human(f.populate_time),
-        human(f.enable_time),
+        human(f.slot.populate_time),
+        human(f.slot.enable_time),
         p.limit_pages,
         human_bytes(p.limit_pages.saturating_mul(PAGE)),
         if p.dirty_every <= 1 {

@@ -4,25 +4,95 @@
 //! the seed's targets, and the table. Each model adds its own columns and
 //! JSON fields (the simulated VM's TLB refills, the arm64 model's TLBIs).
 
-use super::{policy_name, Mode, Params, PAGE};
+use super::{policy_name, Mode, Params, PAGE, POLICIES};
 use crate::report::{human, human_bytes, merge, verdict, Comparison, Report};
 use crate::stats::{self, Samples};
+use s2mmu::memslot::MemslotStore;
+use s2mmu::mmu::Mmu;
+use s2mmu::sync::Platform;
 use s2mmu::tlb::LargeRangePolicy;
+use s2mmu::{MmOps, PteFormat};
 use serde_json::{json, Value};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// What every model's harvest cycle measures.
-pub(super) trait Cycle {
+/// What every model's harvest cycle measures; each model's sample holds
+/// one, next to the figures only that model counts.
+#[derive(Clone, Copy, Default)]
+pub(super) struct CycleTimes {
     /// The GET's time.
-    fn get(&self) -> Duration;
+    pub get: Duration,
     /// The CLEAR's time (all chunks).
-    fn clear(&self) -> Duration;
+    pub clear: Duration,
     /// Time spent waiting for TLB invalidation during the clear.
-    fn inv(&self) -> Duration;
+    pub inv: Duration,
     /// TLB invalidation calls the clear made.
-    fn calls(&self) -> u64;
+    pub calls: u64,
     /// Pages the clear write-protected.
-    fn cleared(&self) -> u64;
+    pub cleared: u64,
+}
+
+/// What the slot's setup took, which every model reports.
+pub(super) struct SlotFacts {
+    pub npages: u64,
+    pub table_pages: usize,
+    pub populate_time: Duration,
+    pub enable_time: Duration,
+}
+
+/// Maps slot `slot`'s `npages` pages with 4K pages and enables its dirty
+/// logging, timing both: the setup every model does once its slot exists.
+///
+/// # Errors
+/// The engine's error, as text.
+pub(super) fn map_and_log<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform>(
+    mmu: &Mmu<F, M, S, P>,
+    slot: u16,
+    npages: u64,
+) -> Result<SlotFacts, String> {
+    let e = |e: s2mmu::Error| e.to_string();
+    let t = Instant::now();
+    mmu.populate(slot, 0, npages).map_err(e)?;
+    let populate_time = t.elapsed();
+    let table_pages = mmu.with_table(|pt| pt.table_pages());
+    let t = Instant::now();
+    mmu.enable_dirty_logging(slot).map_err(e)?;
+    let enable_time = t.elapsed();
+    Ok(SlotFacts {
+        npages,
+        table_pages,
+        populate_time,
+        enable_time,
+    })
+}
+
+/// Opens the report every model writes: the parameters all models share
+/// with the model's own (`model_params`) merged in, and the setup row
+/// (`setup_case`) with the model's own setup figures (`setup_extra`).
+pub(super) fn open(
+    p: &Params,
+    model_params: Value,
+    setup_case: &str,
+    f: &SlotFacts,
+    setup_extra: Value,
+) -> Report {
+    let params = json!({
+        "size_bytes": p.size,
+        "chunk_bytes": p.chunk,
+        "runs": p.runs,
+        "dirty_every": p.dirty_every,
+        "limit_pages": p.limit_pages,
+        "page_bytes": PAGE,
+        "policies": POLICIES.iter().map(|x| policy_name(*x)).collect::<Vec<_>>(),
+    });
+    let mut report = Report::new("tlb-perf", merge(params, model_params));
+    let setup = json!({
+        "populate_ns": f.populate_time.as_nanos() as u64,
+        "enable_logging_ns": f.enable_time.as_nanos() as u64,
+        "table_pages": f.table_pages,
+        "pages": f.npages,
+    });
+    report.result("setup", setup_case, merge(setup, setup_extra));
+    report
 }
 
 /// The medians of one mode and policy over its cycles, and their raw samples.
@@ -42,23 +112,30 @@ pub(super) struct Common {
 
 impl Common {
     /// Reduces `cycles` of one mode and policy.
-    pub fn of<S: Cycle>(case: &str, mode: Mode, policy: LargeRangePolicy, cycles: &[S]) -> Self {
-        let times = |f: fn(&S) -> Duration| Samples::of(&cycles.iter().map(f).collect::<Vec<_>>());
+    pub fn of<'c>(
+        case: &str,
+        mode: Mode,
+        policy: LargeRangePolicy,
+        cycles: impl IntoIterator<Item = &'c CycleTimes>,
+    ) -> Self {
+        let cycles: Vec<CycleTimes> = cycles.into_iter().copied().collect();
+        let times =
+            |f: fn(&CycleTimes) -> Duration| Samples::of(&cycles.iter().map(f).collect::<Vec<_>>());
         let shares: Vec<f64> = cycles
             .iter()
-            .map(|c| c.inv().as_secs_f64() / c.clear().as_secs_f64().max(1e-12))
+            .map(|c| c.inv.as_secs_f64() / c.clear.as_secs_f64().max(1e-12))
             .collect();
-        let calls_samples: Vec<u64> = cycles.iter().map(S::calls).collect();
+        let calls_samples: Vec<u64> = cycles.iter().map(|c| c.calls).collect();
         Common {
             case: case.to_string(),
             mode,
             policy,
-            clear: times(S::clear),
-            get: times(S::get),
-            inv: times(S::inv),
+            clear: times(|c| c.clear),
+            get: times(|c| c.get),
+            inv: times(|c| c.inv),
             share: stats::median(&shares).unwrap_or(0.0),
             calls: stats::median_u64(&calls_samples).unwrap_or(0),
-            cleared: median_of(cycles, S::cleared),
+            cleared: median_of(&cycles, |c| c.cleared),
             calls_samples,
         }
     }

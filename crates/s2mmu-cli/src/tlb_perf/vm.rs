@@ -4,8 +4,11 @@
 //! report of what it costs the vCPUs (entries removed, TLB refills).
 
 use super::guest::{sum_live, vcpu_loop, Live, Reservation};
-use super::report::{build_kind, fill, median_f_of, median_of, table, Common, Cycle, ModelRows};
-use super::{alternate, check, policy_name, Mode, Params, PAGE, POLICIES};
+use super::report::{
+    build_kind, fill, map_and_log, median_f_of, median_of, open, table, Common, CycleTimes,
+    ModelRows, SlotFacts,
+};
+use super::{alternate, check, Mode, Params, PAGE, POLICIES};
 use crate::progress::Progress;
 use crate::report::{human, human_bytes, Report};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
@@ -20,35 +23,14 @@ use std::time::{Duration, Instant};
 const SMALL_GPA: u64 = 1 << 32;
 const BIG_SLOT: u16 = 1;
 
-/// One measured harvest cycle.
+/// One measured harvest cycle: what every model measures, and what the
+/// vCPUs paid.
 #[derive(Clone, Copy, Default)]
 struct Sample {
-    get: Duration,
-    clear: Duration,
-    calls: u64,
+    times: CycleTimes,
     vmid_flushes: u64,
-    inv: Duration,
-    cleared: u64,
     removed: u64,
     refill_misses: f64,
-}
-
-impl Cycle for Sample {
-    fn get(&self) -> Duration {
-        self.get
-    }
-    fn clear(&self) -> Duration {
-        self.clear
-    }
-    fn inv(&self) -> Duration {
-        self.inv
-    }
-    fn calls(&self) -> u64 {
-        self.calls
-    }
-    fn cleared(&self) -> u64 {
-        self.cleared
-    }
 }
 
 struct Bench<'a, F: VmFormat> {
@@ -104,12 +86,14 @@ impl<F: VmFormat> Bench<'_, F> {
         let l1 = sum_live(self.live);
         let expected = self.base_miss_rate * window.as_secs_f64();
         Ok(Sample {
-            get: t1 - t0,
-            clear: t2 - t1,
-            calls: sd1.calls - sd0.calls,
+            times: CycleTimes {
+                get: t1 - t0,
+                clear: t2 - t1,
+                calls: sd1.calls - sd0.calls,
+                inv: Duration::from_nanos(sd1.time_ns - sd0.time_ns),
+                cleared,
+            },
             vmid_flushes: sd1.vmid_flushes - sd0.vmid_flushes,
-            inv: Duration::from_nanos(sd1.time_ns - sd0.time_ns),
-            cleared,
             removed: l1.removed - l0.removed,
             refill_misses: ((l1.misses - l0.misses) as f64 - expected).max(0.0),
         })
@@ -130,10 +114,7 @@ struct Setup<F: VmFormat> {
     /// addresses into the reservation.
     vm: Vm<TreeMemslots, F>,
     reservation: Reservation,
-    npages: u64,
-    table_pages: usize,
-    populate_time: Duration,
-    enable_time: Duration,
+    slot: SlotFacts,
 }
 
 /// Options with `--vcpus 0` resolved to the machine's CPUs.
@@ -195,22 +176,12 @@ fn setup<F: VmFormat>(p: &Params, progress: &Progress) -> Result<Setup<F>, Strin
         Hva::new(reservation.addr as u64),
     );
     mmu.set_memory_region(&region, PAGE).map_err(e)?;
-    let npages = p.size / PAGE;
     progress.message(&format!("mapping {} with 4K pages", human_bytes(p.size)));
-    let t = Instant::now();
-    mmu.populate(BIG_SLOT, 0, npages).map_err(e)?;
-    let populate_time = t.elapsed();
-    let table_pages = mmu.with_table(|pt| pt.table_pages());
-    let t = Instant::now();
-    mmu.enable_dirty_logging(BIG_SLOT).map_err(e)?;
-    let enable_time = t.elapsed();
+    let slot = map_and_log(&mmu, BIG_SLOT, p.size / PAGE)?;
     Ok(Setup {
         vm,
         reservation,
-        npages,
-        table_pages,
-        populate_time,
-        enable_time,
+        slot,
     })
 }
 
@@ -231,7 +202,7 @@ fn with_vcpus<F: VmFormat>(p: &Params, st: &Setup<F>, progress: bool) -> Result<
             let base = SMALL_GPA + i as u64 * p.vcpu_mem;
             handles.push(s.spawn(move || vcpu_loop(v, i, base, vcpu_pages, idle, l, stop_ref)));
         }
-        let r = measure(p, &st.vm, &live, st.npages, progress);
+        let r = measure(p, &st.vm, &live, st.slot.npages, progress);
         stop.store(true, Ordering::Relaxed);
         let mut errs = Vec::new();
         for h in handles {
@@ -263,18 +234,12 @@ pub(super) fn run<F: VmFormat>(p: &Params, progress: bool) -> Result<Report, Str
     let Setup {
         vm,
         reservation,
-        npages,
-        table_pages,
-        populate_time,
-        enable_time,
+        slot,
     } = st;
     drop(vm);
     drop(reservation);
     let facts = Facts {
-        npages,
-        table_pages,
-        populate_time,
-        enable_time,
+        slot,
         walk_ns,
         base_miss_rate,
     };
@@ -283,10 +248,7 @@ pub(super) fn run<F: VmFormat>(p: &Params, progress: bool) -> Result<Report, Str
 
 /// What the report says besides the rows.
 struct Facts {
-    npages: u64,
-    table_pages: usize,
-    populate_time: Duration,
-    enable_time: Duration,
+    slot: SlotFacts,
     /// The cost of one TLB refill (a table walk).
     walk_ns: f64,
     /// Misses per second the vCPUs take with no flush at all.
@@ -294,31 +256,18 @@ struct Facts {
 }
 
 fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
-    let mut report = Report::new(
-        "tlb-perf",
+    let mut report = open(
+        p,
         json!({
-            "size_bytes": p.size,
-            "chunk_bytes": p.chunk,
-            "runs": p.runs,
             "vcpus": p.vcpus,
             "vcpu_mem_bytes": p.vcpu_mem,
-            "dirty_every": p.dirty_every,
             "format": p.format.name(),
-            "limit_pages": p.limit_pages,
             "settle_us": p.settle_us,
             "idle_us": p.idle_us,
-            "page_bytes": PAGE,
-            "policies": POLICIES.iter().map(|x| policy_name(*x)).collect::<Vec<_>>(),
         }),
-    );
-    report.result(
-        "setup",
         "populate",
+        &f.slot,
         json!({
-            "populate_ns": f.populate_time.as_nanos() as u64,
-            "enable_logging_ns": f.enable_time.as_nanos() as u64,
-            "table_pages": f.table_pages,
-            "pages": f.npages,
             "walk_ns": f.walk_ns,
             "baseline_misses_per_s": f.base_miss_rate,
         }),
@@ -339,7 +288,7 @@ fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
         call_noun: "call(s)",
         judge_chunked_calls: false,
     };
-    let judged = fill(&mut report, p, f.npages, &model)?;
+    let judged = fill(&mut report, p, f.slot.npages, &model)?;
     let mut lines = Vec::new();
     for (mode, mut mode_lines) in [Mode::Whole, Mode::Chunked].into_iter().zip(judged) {
         mode_lines.extend(tradeoff_lines(p, rows, mode, f)?);
@@ -361,7 +310,7 @@ fn tradeoff_lines(p: &Params, rows: &[Row], mode: Mode, f: &Facts) -> Result<Vec
     let o = find(LargeRangePolicy::WholeVmid)?;
     let clears = match mode {
         Mode::Whole => 1,
-        Mode::Chunked => f.npages.div_ceil(p.chunk / PAGE),
+        Mode::Chunked => f.slot.npages.div_ceil(p.chunk / PAGE),
     };
     let per_clear = |x: f64| x / clears as f64;
     let walk_ns = f.walk_ns;
@@ -394,10 +343,10 @@ fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
     let mut s = format!(
         "tlb-perf: {} slot of {} pages ({} of stage-2 tables, mapped in {}, logging enabled in {}), range limit {} pages ({}), {} vCPUs writing {} each, 1 page in {} dirtied per cycle, {} runs ({} build)\n",
         human_bytes(p.size),
-        f.npages,
-        human_bytes(f.table_pages as u64 * PAGE),
-        human(f.populate_time),
-        human(f.enable_time),
+        f.slot.npages,
+        human_bytes(f.slot.table_pages as u64 * PAGE),
+        human(f.slot.populate_time),
+        human(f.slot.enable_time),
         p.limit_pages,
         human_bytes(p.limit_pages.saturating_mul(PAGE)),
         p.vcpus,
@@ -502,7 +451,7 @@ fn measure<F: VmFormat>(
         for (pi, pol) in POLICIES.iter().enumerate() {
             let s = &samples[pi];
             rows.push(Row {
-                common: Common::of(&case, mode, *pol, s),
+                common: Common::of(&case, mode, *pol, s.iter().map(|x| &x.times)),
                 vmid_flushes: median_of(s, |x| x.vmid_flushes),
                 removed: median_of(s, |x| x.removed),
                 refill_misses: median_f_of(s, |x| x.refill_misses),
