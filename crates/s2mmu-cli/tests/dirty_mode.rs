@@ -1,49 +1,28 @@
 //! `dirty-log-perf --dirty hw`: hardware dirty state on the simulated VM
 //! (no write faults in logged passes) and its refused combinations.
 
-use std::process::Command;
+mod cli_common;
 
-fn s2mmu(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_s2mmu"))
-        .args(args)
-        .output()
-        .expect("the s2mmu binary runs")
-}
+use cli_common::{fails_naming, json_of, output, succeeds, with};
+
+/// A short `dirty-log-perf` run on hardware dirty state: 3 logged passes.
+const HW_RUN: &[&str] = &[
+    "dirty-log-perf",
+    "-v",
+    "1",
+    "-b",
+    "16M",
+    "-i",
+    "3",
+    "--dirty",
+    "hw",
+];
 
 #[test]
 fn hardware_dirty_state_takes_no_write_faults() {
-    let out = s2mmu(&[
-        "dirty-log-perf",
-        "-v",
-        "1",
-        "-b",
-        "16M",
-        "-i",
-        "3",
-        "--dirty",
-        "hw",
-        "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
+    let v = json_of(&with(HW_RUN, &["--json"]));
     assert_eq!(v["params"]["dirty"], serde_json::json!(["hw"]), "{v}");
-    let human = s2mmu(&[
-        "dirty-log-perf",
-        "-v",
-        "1",
-        "-b",
-        "16M",
-        "-i",
-        "3",
-        "--dirty",
-        "hw",
-    ]);
-    let text = String::from_utf8_lossy(&human.stdout);
+    let text = String::from_utf8_lossy(&output(HW_RUN).stdout).into_owned();
     let faults: Vec<&str> = text.lines().filter(|l| l.contains(" faults: ")).collect();
     assert_eq!(faults.len(), 3, "{text}");
     for l in faults {
@@ -54,18 +33,14 @@ fn hardware_dirty_state_takes_no_write_faults() {
 #[test]
 fn hardware_dirty_state_refuses_rings_and_real_kvm() {
     for extra in [&["--ring", "4096"][..], &["--kvm"][..], &["--compare"][..]] {
-        let mut args = vec!["dirty-log-perf", "-v", "1", "-b", "16M", "--dirty", "hw"];
-        args.extend_from_slice(extra);
-        let out = s2mmu(&args);
-        assert!(!out.status.success(), "{args:?} accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("--dirty hw"), "{args:?}: {err}");
+        let base = ["dirty-log-perf", "-v", "1", "-b", "16M", "--dirty", "hw"];
+        fails_naming(&with(&base, extra), "--dirty hw");
     }
 }
 
 #[test]
 fn harvest_perf_finds_every_dirtied_page_and_checks_its_flags() {
-    let out = s2mmu(&[
+    let v = json_of(&[
         "harvest-perf",
         "--size",
         "64M",
@@ -75,12 +50,6 @@ fn harvest_perf_finds_every_dirtied_page_and_checks_its_flags() {
         "3",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     let rows = v["results"].as_array().expect("results");
     assert_eq!(rows.len(), 3, "{v}");
     for r in rows {
@@ -97,12 +66,7 @@ fn harvest_perf_finds_every_dirtied_page_and_checks_its_flags() {
         &["--runs", "0"][..],
         &["--dirty-every", "0"][..],
     ] {
-        let mut args = vec!["harvest-perf"];
-        args.extend_from_slice(bad);
-        let out = s2mmu(&args);
-        assert!(!out.status.success(), "{args:?} accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(bad[0]), "{args:?}: the flag is named: {err}");
+        fails_naming(&with(&["harvest-perf"], bad), bad[0]);
     }
 }
 
@@ -117,7 +81,7 @@ fn lost_write_check_passes_clean_runs_and_catches_dropped_marks() {
         &["-g"][..],
         &["-x", "2"][..],
     ] {
-        let mut args = vec![
+        let base = [
             "dirty-log-perf",
             "-v",
             "2",
@@ -127,14 +91,7 @@ fn lost_write_check_passes_clean_runs_and_catches_dropped_marks() {
             "3",
             "--check",
         ];
-        args.extend_from_slice(extra);
-        let out = s2mmu(&args);
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{args:?}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = succeeds(&with(&base, extra));
         let checks: Vec<&str> = text
             .lines()
             .filter(|l| l.contains("lost-write check"))
@@ -149,7 +106,7 @@ fn lost_write_check_passes_clean_runs_and_catches_dropped_marks() {
     }
     // PML: marks dropped in the flush of the log are caught too.
     for extra in [&[][..], &["--dirty", "pml", "--format", "ept"][..]] {
-        let mut args = vec![
+        let base = [
             "dirty-log-perf",
             "-v",
             "1",
@@ -161,8 +118,8 @@ fn lost_write_check_passes_clean_runs_and_catches_dropped_marks() {
             "--inject-lost-marks",
             "2",
         ];
-        args.extend_from_slice(extra);
-        let out = s2mmu(&args);
+        let args = with(&base, extra);
+        let out = output(&args);
         assert!(
             !out.status.success(),
             "{args:?}: an injected loss must fail the run"
@@ -178,7 +135,7 @@ fn lost_write_check_passes_clean_runs_and_catches_dropped_marks() {
 
 #[test]
 fn the_modes_side_by_side_count_faults_exits_and_pages() {
-    let out = s2mmu(&[
+    let v = json_of(&[
         "dirty-log-perf",
         "-v",
         "1",
@@ -194,12 +151,6 @@ fn the_modes_side_by_side_count_faults_exits_and_pages() {
         "ept",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     let rows = v["results"].as_array().expect("results");
     let row = |mode: &str| {
         rows.iter()
@@ -250,18 +201,13 @@ fn modes_and_formats_refuse_what_cannot_run() {
         (&["--dirty", "wp,hw", "--check"][..], "several modes"),
         (&["--dirty", "all", "-v", "1,2"][..], "several modes"),
     ] {
-        let mut a = vec!["dirty-log-perf", "-b", "16M"];
-        a.extend_from_slice(args);
-        let out = s2mmu(&a);
-        assert!(!out.status.success(), "{a:?} accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(named), "{a:?}: {err}");
+        fails_naming(&with(&["dirty-log-perf", "-b", "16M"], args), named);
     }
 }
 
 #[test]
 fn harvest_perf_runs_on_ept() {
-    let out = s2mmu(&[
+    let v = json_of(&[
         "harvest-perf",
         "--size",
         "64M",
@@ -271,11 +217,5 @@ fn harvest_perf_runs_on_ept() {
         "ept",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["params"]["format"], "ept");
 }

@@ -5,7 +5,7 @@
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -163,4 +163,44 @@ pub fn around(max: &str, max_plus_one: &str) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
+}
+
+/// `s2mmu args` run to completion (in the current directory).
+pub fn output(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_s2mmu"))
+        .args(args)
+        .output()
+        .expect("the s2mmu binary runs")
+}
+
+/// `base` followed by `extra`: one variant of a command line.
+pub fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    base.iter().chain(extra).copied().collect()
+}
+
+/// Runs `args`, which must succeed, and returns its stdout; fails with
+/// its stderr otherwise.
+pub fn succeeds(args: &[&str]) -> String {
+    let out = output(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `args` (a `--json` command line), which must succeed and print
+/// one JSON object; returns it.
+pub fn json_of(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&succeeds(args))
+        .unwrap_or_else(|e| panic!("{args:?}: not one JSON object: {e}"))
+}
+
+/// Runs `args`, which must fail with a message naming `named` on stderr.
+pub fn fails_naming(args: &[&str], named: &str) {
+    let out = output(args);
+    assert!(!out.status.success(), "{args:?} accepted");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(named), "{args:?}: names {named}: {err}");
 }
