@@ -17,32 +17,46 @@ const BLOCK: u64 = 2 << 20;
 const SIZE: u64 = 2 * BLOCK;
 const PAGES: u64 = SIZE / 4096;
 
-fn logged<F: PteFormat>(
-    fmt: F,
-    blocks: HwDirtyBlocks,
-    manual: bool,
-) -> Mmu<F, HostMmOps, TreeMemslots> {
-    let m = Mmu::new(
+type TestMmu<F> = Mmu<F, HostMmOps, TreeMemslots>;
+
+/// An MMU over a fresh host table with `policy`, no slot yet.
+fn mmu<F: PteFormat>(fmt: F, policy: MmuPolicy) -> Result<TestMmu<F>, Error> {
+    Mmu::new(
         fmt,
         HostMmOps::new(4096).unwrap(),
         Arc::new(NoTlb),
         TreeMemslots::new(),
-        MmuPolicy {
-            dirty: DirtyMode::Hardware,
-            hw_dirty_blocks: blocks,
-            manual_protect: manual,
-            ..MmuPolicy::default()
-        },
+        policy,
     )
-    .unwrap();
+}
+
+/// Hardware dirty state with `blocks`, CLEAR protecting when `manual`.
+fn hw_policy(blocks: HwDirtyBlocks, manual: bool) -> MmuPolicy {
+    MmuPolicy {
+        dirty: DirtyMode::Hardware,
+        hw_dirty_blocks: blocks,
+        manual_protect: manual,
+        ..MmuPolicy::default()
+    }
+}
+
+/// Slot 0 at `GPA`, both blocks mapped whole by a write fault each, then
+/// dirty-logged.
+fn map_blocks_and_log<F: PteFormat>(m: &TestMmu<F>) {
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), SIZE, Hva::new(HVA));
     m.set_memory_region(&r, BLOCK).unwrap();
     let mut v = m.new_vcpu().unwrap();
     for b in 0..SIZE / BLOCK {
-        m.handle_fault(&mut v, s2mmu::Gpa::new(GPA + b * BLOCK), true)
+        m.handle_fault(&mut v, Gpa::new(GPA + b * BLOCK), true)
             .unwrap();
     }
     m.enable_dirty_logging(0).unwrap();
+}
+
+/// Both blocks mapped and logged under hardware dirty state.
+fn logged<F: PteFormat>(fmt: F, blocks: HwDirtyBlocks, manual: bool) -> TestMmu<F> {
+    let m = mmu(fmt, hw_policy(blocks, manual)).unwrap();
+    map_blocks_and_log(&m);
     m
 }
 
@@ -115,11 +129,8 @@ fn get_without_manual_protect_cleans_a_whole_block() {
 
 #[test]
 fn pml_with_whole_blocks_is_refused() {
-    let r = Mmu::new(
+    let r = mmu(
         EptFormat::new(4).unwrap(),
-        HostMmOps::new(4096).unwrap(),
-        Arc::new(NoTlb),
-        TreeMemslots::new(),
         MmuPolicy {
             dirty: DirtyMode::Pml,
             hw_dirty_blocks: HwDirtyBlocks::LogWholeBlocks,
@@ -136,29 +147,13 @@ fn initially_set_bitmaps_split_on_clear_without_eager_split() {
     // state, whose writes never fault (before, the blocks stayed whole and
     // one write reported 512 pages).
     for blocks in [HwDirtyBlocks::SplitFirst, HwDirtyBlocks::LogWholeBlocks] {
-        let m = Mmu::new(
-            EptFormat::new(4).unwrap(),
-            HostMmOps::new(4096).unwrap(),
-            Arc::new(NoTlb),
-            TreeMemslots::new(),
-            MmuPolicy {
-                dirty: DirtyMode::Hardware,
-                hw_dirty_blocks: blocks,
-                manual_protect: true,
-                initially_set: true,
-                eager_split_chunk: None,
-                ..MmuPolicy::default()
-            },
-        )
-        .unwrap();
-        let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), SIZE, Hva::new(HVA));
-        m.set_memory_region(&r, BLOCK).unwrap();
-        let mut v = m.new_vcpu().unwrap();
-        for b in 0..SIZE / BLOCK {
-            m.handle_fault(&mut v, s2mmu::Gpa::new(GPA + b * BLOCK), true)
-                .unwrap();
-        }
-        m.enable_dirty_logging(0).unwrap();
+        let policy = MmuPolicy {
+            initially_set: true,
+            eager_split_chunk: None,
+            ..hw_policy(blocks, true)
+        };
+        let m = mmu(EptFormat::new(4).unwrap(), policy).unwrap();
+        map_blocks_and_log(&m);
         let mut bm = vec![0u64; (PAGES / 64) as usize];
         assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), PAGES, "initially set");
         // CLEAR the first 64 pages: their range is split (SplitFirst).
