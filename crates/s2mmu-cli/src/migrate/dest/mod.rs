@@ -99,6 +99,8 @@ pub struct DestConfig {
     pub progress: bool,
     /// Back all of guest memory with RAM before the stream starts.
     pub prefault: bool,
+    /// What post-copy does when a connection breaks.
+    pub recovery: crate::migrate::postcopy::control::Recovery,
 }
 
 impl DestConfig {
@@ -111,6 +113,7 @@ impl DestConfig {
             io_timeout: Duration::from_secs(5),
             progress: false,
             prefault: true,
+            recovery: crate::migrate::postcopy::control::Recovery::default(),
         }
     }
 }

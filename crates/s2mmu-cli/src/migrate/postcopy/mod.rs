@@ -26,6 +26,7 @@
 //! and requires the same digests: destination memory is the source's at
 //! the stop plus exactly the destination guest's writes.
 
+pub mod control;
 pub mod dest;
 pub mod fetch;
 pub mod report;
