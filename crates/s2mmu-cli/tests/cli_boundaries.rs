@@ -227,7 +227,13 @@ fn migrate_boundaries() {
     bad.extend(pass(cmd, &smalls, "--bandwidth", &around("1T", "2T")));
     bad.extend(pass(cmd, &smalls, "--attempts", &around("1000", "1001")));
     bad.extend(pass(cmd, &smalls, "--channels", &around("64", "65")));
-    for flag in ["--io-timeout", "--max-downtime", "--warmup", "--run-after"] {
+    for flag in [
+        "--io-timeout",
+        "--max-downtime",
+        "--warmup",
+        "--run-after",
+        "--recover-wait",
+    ] {
         bad.extend(pass(
             cmd,
             &smalls,

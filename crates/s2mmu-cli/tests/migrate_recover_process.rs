@@ -114,7 +114,9 @@ fn forward(mut from: TcpStream, mut into: TcpStream, cuttable: bool, at: u64, cu
     let _ = into.shutdown(Shutdown::Write);
 }
 
-/// Starts the destination; returns it with its address.
+/// Starts the destination; returns it with its address. The caller
+/// waits for it.
+#[allow(clippy::zombie_processes)]
 fn spawn_dest(args: &[&str], log: Arc<Mutex<String>>) -> (Child, String) {
     let mut c = Command::new(bin())
         .args(["migrate", "--listen", "127.0.0.1:0", "--plot", ""])
@@ -291,6 +293,13 @@ fn run_until_paused(name: &str, cut_after: u64, extra: &[&str]) -> Paused {
 fn recover(mut p: Paused, direct: bool) {
     let o = ctl(&p.dsock, &["recover"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    if direct {
+        // A peer without the key, and one that sends garbage, while the
+        // destination waits for the recovery: refused, it keeps waiting.
+        let mut g = TcpStream::connect(&p.dest_addr).unwrap();
+        let _ = g.write_all(b"S2MMU-NOT-A-MIGRATION\n");
+        drop(g);
+    }
     let o = if direct {
         ctl(&p.ssock, &["recover", "--to", &p.dest_addr])
     } else {
@@ -418,6 +427,7 @@ fn cancel_exits_saying_the_memory_is_split_and_bad_commands_change_nothing() {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
+        eprintln!("{side}:\n{err}");
         assert!(
             err.contains("SPLIT") && err.contains("cancelled by the operator"),
             "{side}:\n{err}"

@@ -133,7 +133,7 @@ pub struct Params {
     /// How long a paused post-copy waits for the operator before giving up (1s to a day, 86400s).
     #[arg(long, default_value = "600s", value_parser = parse_duration)]
     pub recover_wait: Duration,
-    /// Control socket (a Unix socket, mode 0600, created fresh; with --to or --listen) that `s2mmu migrate-ctl` talks to: status, recover [ADDR], cancel.
+    /// Control socket (a Unix socket, mode 0600, created fresh; with --to or --listen) that `s2mmu migrate-ctl` talks to: status, recover (the source: optionally to a new ADDR), cancel.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
     /// How long the guest runs before logging starts (at most a day).

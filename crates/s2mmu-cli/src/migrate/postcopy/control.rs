@@ -401,15 +401,16 @@ pub fn request(path: &Path, line: &str) -> Result<String, String> {
 pub fn await_operator<T>(
     rec: &Recovery,
     side: &str,
-    mut why: String,
+    first: String,
     pages: u64,
     mut attempt: impl FnMut(Option<&str>) -> Result<T, MigrateError>,
 ) -> Result<T, String> {
     let Some(ctl) = &rec.control else {
         return Err(format!(
-            "{why}; no --control socket to wait for an operator on"
+            "{first}; no --control socket to wait for an operator on"
         ));
     };
+    let mut why = first.clone();
     loop {
         eprintln!(
             "{side}: POST-COPY PAUSED ({why}): the guest's memory is split between the two hosts ({pages} pages missing on the destination as far as this side knows); the guest stays paused here; waiting up to {:?} for `s2mmu migrate-ctl --control {} recover` or `cancel`",
@@ -429,7 +430,7 @@ pub fn await_operator<T>(
             }
             Some(Command::Recover(addr)) => match attempt(addr.as_deref()) {
                 Ok(t) => return Ok(t),
-                Err(e) => why = format!("the recovery failed: {e}"),
+                Err(e) => why = format!("{first}; the recovery failed: {e}"),
             },
         }
     }

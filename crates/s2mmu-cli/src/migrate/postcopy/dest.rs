@@ -238,7 +238,10 @@ fn receive_missing<M: Read + Write + Send>(
                 )
             })
         } else {
-            let why = format!("{e} ({} recoveries already)", links.recoveries);
+            let why = match cfg.recovery.mode {
+                RecoveryMode::Auto => format!("{e} ({} recoveries already)", links.recoveries),
+                RecoveryMode::Manual => e.to_string(),
+            };
             control::await_operator(&cfg.recovery, "destination", why, left, &mut accept)
         };
         let mut conns = match conns {
