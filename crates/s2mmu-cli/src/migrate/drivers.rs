@@ -113,13 +113,7 @@ pub fn main(p: Params) -> Result<(), String> {
             cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
             let (s, d) = match &p.to {
                 Some(addr) => (
-                    migrate_source(&cfg, &mut |_| {
-                        // After `recover ADDR`, the operator's address.
-                        let to = cfg.recovery.control.as_ref().and_then(|c| c.redirect());
-                        let s = net::connect_tcp(to.as_deref().unwrap_or(addr), &net)?;
-                        net::client(s, &net)
-                    })
-                    .map_err(|e| e.to_string())?,
+                    source_to(&cfg, addr, &net).map_err(|e| e.to_string())?,
                     None,
                 ),
                 None => {
@@ -165,6 +159,20 @@ pub fn main(p: Params) -> Result<(), String> {
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
     report.failure().map_or(Ok(()), |why| Err(why.to_string()))
+}
+
+/// Runs a source in this process, migrating to `addr` (after a post-copy
+/// `recover ADDR`, to the operator's address).
+fn source_to(
+    cfg: &SourceConfig,
+    addr: &str,
+    net: &NetConfig,
+) -> Result<SourceOutcome, MigrateError> {
+    migrate_source(cfg, &mut |_| {
+        let to = cfg.recovery.control.as_ref().and_then(|c| c.redirect());
+        let s = net::connect_tcp(to.as_deref().unwrap_or(addr), net)?;
+        net::client(s, net)
+    })
 }
 
 /// `--control`'s socket, served until the returned guard is dropped.
