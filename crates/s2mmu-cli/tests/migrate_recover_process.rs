@@ -291,12 +291,31 @@ fn run_until_paused(name: &str, cut_after: u64, extra: &[&str]) -> Paused {
 /// Recovers `p` (the source through the proxy again, or straight to the
 /// destination) and requires both to finish verified.
 fn recover(mut p: Paused, direct: bool) {
-    let o = ctl(&p.dsock, &["recover"]);
+    let o = if direct {
+        // The destination accepts the recovery on a new address (a port
+        // free a moment ago).
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        p.dest_addr = format!("127.0.0.1:{port}");
+        ctl(&p.dsock, &["recover", "--listen", &p.dest_addr])
+    } else {
+        ctl(&p.dsock, &["recover"])
+    };
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     if direct {
         // A peer without the key, and one that sends garbage, while the
         // destination waits for the recovery: refused, it keeps waiting.
-        let mut g = TcpStream::connect(&p.dest_addr).unwrap();
+        let t0 = Instant::now();
+        let mut g = loop {
+            match TcpStream::connect(&p.dest_addr) {
+                Ok(g) => break g,
+                Err(e) if t0.elapsed() > Duration::from_secs(10) => panic!("{e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
         let _ = g.write_all(b"S2MMU-NOT-A-MIGRATION\n");
         drop(g);
     }
@@ -389,7 +408,9 @@ fn cancel_exits_saying_the_memory_is_split_and_bad_commands_change_nothing() {
     assert!(raw(&p.dsock, &[&long[..], b"\n"].concat()).contains("more than 512 bytes"));
     let o = ctl(&p.dsock, &["recover", "--to", "127.0.0.1:1"]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("takes no ADDR"));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("applies to a source"), "{e}");
+    assert!(raw(&p.dsock, b"cancel please\n").starts_with("error: cancel takes no argument"));
     assert_eq!(status(&p.dsock), before);
     // A recovery that cannot connect leaves the source paused.
     let o = ctl(&p.ssock, &["recover", "--to", "127.0.0.1:1"]);

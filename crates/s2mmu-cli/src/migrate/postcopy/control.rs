@@ -15,7 +15,9 @@
 //!   recovery), `recoveries`, `last_error`.
 //! - `recover [ADDR]`, only while `paused`: the source connects again, to
 //!   ADDR if given (default: `--to`); the destination accepts the source's
-//!   new connections on its `--listen` socket. A recovery whose
+//!   new connections on a new listener at ADDR if given (default: its
+//!   `--listen` socket). ADDR then stays the side's address for later
+//!   recoveries. A recovery whose
 //!   connections fail (authentication, a wrong session, a deadline) leaves
 //!   the side paused, with the reason in `last_error`.
 //! - `cancel`, only while `paused`: the process gives post-copy up and
@@ -115,7 +117,8 @@ struct State {
     recoveries: u32,
     last_error: String,
     command: Option<Command>,
-    /// The source's address for its next connections (`recover ADDR`).
+    /// The address of the next connections (`recover ADDR`): the source
+    /// connects to it, the destination listens on it.
     redirect: Option<String>,
 }
 
@@ -214,8 +217,8 @@ impl Control {
         s.pages_missing = pages_missing;
     }
 
-    /// The source's address for its next connections, when `recover ADDR`
-    /// gave one.
+    /// The address `recover ADDR` gave: the source connects to it, the
+    /// destination listens on it.
     pub fn redirect(&self) -> Option<String> {
         self.lock().redirect.clone()
     }
@@ -275,18 +278,16 @@ impl Control {
             ("status", None) => return self.status_json(),
             ("recover", None) => Command::Recover(None),
             ("recover", Some(a)) if a.len() > MAX_ADDR => {
-                return format!("error: an address of {} bytes (at most {MAX_ADDR})", a.len())
-            }
-            ("recover", Some(_)) if self.side != "source" => {
-                return "error: the destination accepts the recovery on its --listen socket; `recover` takes no ADDR here".into()
+                return format!(
+                    "error: an address of {} bytes (at most {MAX_ADDR})",
+                    a.len()
+                )
             }
             ("recover", Some(a)) => Command::Recover(Some(a.to_string())),
             ("cancel", None) => Command::Cancel,
             ("status" | "cancel", Some(_)) => return format!("error: {cmd} takes no argument"),
             _ => {
-                return format!(
-                    "error: unknown command {line:?} (status, recover [ADDR], cancel)"
-                )
+                return format!("error: unknown command {line:?} (status, recover [ADDR], cancel)")
             }
         };
         let mut s = self.lock();
@@ -302,7 +303,10 @@ impl Control {
             );
         }
         let said = match &command {
-            Command::Recover(Some(a)) => format!("ok: recovering, connecting to {a}"),
+            Command::Recover(Some(a)) if self.side == "source" => {
+                format!("ok: recovering, connecting to {a}")
+            }
+            Command::Recover(Some(a)) => format!("ok: recovering, listening on {a}"),
             Command::Recover(None) => "ok: recovering".into(),
             Command::Cancel => "ok: cancelling; the process exits with the memory split".into(),
         };
