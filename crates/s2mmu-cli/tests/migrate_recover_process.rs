@@ -22,7 +22,7 @@ fn bin() -> &'static str {
 /// A 16 MiB guest whose link is limited to 8 MiB/s: round 0 and the
 /// post-copy background stream take about 2 s each, so a cut armed when
 /// post-copy starts lands inside it.
-const SMALL: [&str; 14] = [
+const SMALL: [&str; 12] = [
     "--mem",
     "16M",
     "--warmup",
@@ -35,20 +35,19 @@ const SMALL: [&str; 14] = [
     "1s",
     "--bandwidth",
     "8M",
-    "--recovery",
-    "manual",
 ];
 
 /// A TCP proxy to `to` that, once armed, shuts every connection down
 /// after `cut_after` more bytes (either way, all connections together);
-/// connections after the cut are forwarded untouched.
+/// connections after the cut are forwarded untouched, or (`refuse_after`)
+/// closed at once.
 struct Proxy {
     addr: String,
     armed: Arc<AtomicBool>,
     cut_done: Arc<AtomicBool>,
 }
 
-fn proxy(to: String, cut_after: u64) -> Proxy {
+fn proxy(to: String, cut_after: u64, refuse_after: bool) -> Proxy {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let armed = Arc::new(AtomicBool::new(false));
@@ -59,6 +58,9 @@ fn proxy(to: String, cut_after: u64) -> Proxy {
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(s) = s else { return };
+            if refuse_after && c.load(Ordering::SeqCst) {
+                continue;
+            }
             let Ok(d) = TcpStream::connect(&to) else {
                 continue;
             };
@@ -223,20 +225,27 @@ struct Paused {
     proxy: Proxy,
 }
 
-fn run_until_paused(name: &str, cut_after: u64, extra: &[&str]) -> Paused {
+/// `mode`: `--recovery manual`, or `auto` with a proxy that refuses
+/// every connection after the cut (the immediate reconnects fail).
+fn run_until_paused(name: &str, cut_after: u64, mode: &str, extra: &[&str]) -> Paused {
     let dir = std::env::temp_dir().join(format!("s2mmu-rec-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let key = dir.join("key");
     std::fs::write(&key, b"0123456789abcdef0123456789abcdef").unwrap();
     let (dsock, ssock) = (dir.join("dest.sock"), dir.join("src.sock"));
-    let base = [&SMALL[..], &["--psk", key.to_str().unwrap()], extra].concat();
+    let base = [
+        &SMALL[..],
+        &["--psk", key.to_str().unwrap(), "--recovery", mode],
+        extra,
+    ]
+    .concat();
     let dlog = Arc::new(Mutex::new(String::new()));
     let (dest, dest_addr) = spawn_dest(
         &[&base[..], &["--control", dsock.to_str().unwrap()]].concat(),
         dlog.clone(),
     );
-    let proxy = proxy(dest_addr.clone(), cut_after);
+    let proxy = proxy(dest_addr.clone(), cut_after, mode == "auto");
     let mut src = Command::new(bin())
         .args([
             "migrate",
@@ -374,7 +383,12 @@ fn cut_points(n: usize) -> Vec<u64> {
 fn cut_pause_recover(harvest: &str) {
     for (k, at) in cut_points(3).into_iter().enumerate() {
         eprintln!("{harvest}: cut after {at} bytes");
-        let p = run_until_paused(&format!("{harvest}-{k}"), at, &["--harvest", harvest]);
+        let p = run_until_paused(
+            &format!("{harvest}-{k}"),
+            at,
+            "manual",
+            &["--harvest", harvest],
+        );
         recover(p, k % 2 == 1);
     }
 }
@@ -389,6 +403,19 @@ fn a_cut_postcopy_with_dirty_rings_pauses_both_until_recovered() {
     cut_pause_recover("ring");
 }
 
+#[test]
+fn with_auto_recovery_a_side_whose_reconnect_fails_waits_for_the_operator() {
+    // The proxy refuses the immediate reconnects: both sides then pause
+    // on their control sockets, and the operator recovers them around it.
+    let p = run_until_paused("auto", 256 << 10, "auto", &[]);
+    assert!(p
+        .slog
+        .lock()
+        .unwrap()
+        .contains("resuming over new connections"));
+    recover(p, true);
+}
+
 /// One raw line to a control socket, and its answer.
 fn raw(sock: &Path, line: &[u8]) -> String {
     let mut c = UnixStream::connect(sock).unwrap();
@@ -400,7 +427,7 @@ fn raw(sock: &Path, line: &[u8]) -> String {
 
 #[test]
 fn cancel_exits_saying_the_memory_is_split_and_bad_commands_change_nothing() {
-    let mut p = run_until_paused("cancel", 64 << 10, &[]);
+    let mut p = run_until_paused("cancel", 64 << 10, "manual", &[]);
     let before = status(&p.dsock);
     // Bad input: a clear error, and the side stays paused as it was.
     assert!(raw(&p.dsock, b"resume now\n").starts_with("error: unknown command"));
