@@ -430,7 +430,9 @@ pub fn await_operator<T>(
             }
             Some(Command::Cancel) => {
                 ctl.set(Phase::Failed, None);
-                return Err(format!("{why}; cancelled by the operator"));
+                return Err(format!(
+                    "{why}; cancelled by the operator (this {side} process ends; the other side stays paused until its own cancel or --recover-wait)"
+                ));
             }
             Some(Command::Recover(addr)) => match attempt(addr.as_deref()) {
                 Ok(t) => return Ok(t),
