@@ -8,6 +8,7 @@ mod dirty_log_perf;
 mod dirty_views;
 mod harvest_perf;
 mod memslot_perf;
+mod migrate_ctl;
 mod reproduce;
 mod split_perf;
 mod tlb_perf;
@@ -48,6 +49,8 @@ enum Cmd {
     Snapshot(snapshot::Params),
     /// Pre-copy live migration of a running guest over TCP (in one process, or --listen/--to).
     Migrate(Box<migrate::Params>),
+    /// Talks to a running migration's --control socket: status, recover (post-copy recovery by hand), cancel.
+    MigrateCtl(migrate_ctl::Params),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +64,7 @@ fn main() -> ExitCode {
         Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
         Cmd::Migrate(p) => migrate::main(*p),
+        Cmd::MigrateCtl(p) => migrate_ctl::main(p),
         Cmd::Snapshot(p) => snapshot::main(p),
     };
     match result {

@@ -210,6 +210,62 @@ fn migrate_bad_input() {
         &["migrate", "--listen", "x", "--to", "y"],
         &["--listen", "--to"],
     );
+    refused(
+        &["migrate", "--no-tls", "--recover-wait", "0s"],
+        &["--recover-wait", "86400s"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--recover-wait", "100000s"],
+        &["--recover-wait", "86400s"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--recovery", "bogus"],
+        &["--recovery", "bogus"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--recovery", "manual"],
+        &["--recovery manual", "--control"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--control", "c.sock"],
+        &["--control", "--to or --listen"],
+    );
+    let not_a_socket = cli_common::scratch().join("control-not-a-socket");
+    std::fs::write(&not_a_socket, b"x").unwrap();
+    refused(
+        &[
+            "migrate",
+            "--listen",
+            "127.0.0.1:0",
+            "--control",
+            not_a_socket.to_str().unwrap(),
+        ],
+        &["--control", "not a socket"],
+    );
+}
+
+#[test]
+fn migrate_ctl_bad_input() {
+    refused(
+        &["migrate-ctl", "--control", "no-such.sock", "status"],
+        &["no-such.sock", "no such socket"],
+    );
+    refused(
+        &[
+            "migrate-ctl",
+            "--control",
+            "no-such.sock",
+            "recover",
+            "--to",
+            "a b",
+        ],
+        &["--to", "no spaces"],
+    );
+    refused(
+        &["migrate-ctl", "--control", "no-such.sock", "resume"],
+        &["resume"],
+    );
+    refused(&["migrate-ctl", "status"], &["--control"]);
 }
 
 #[test]

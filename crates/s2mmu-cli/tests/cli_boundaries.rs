@@ -155,6 +155,7 @@ const FLAGS: &[(&str, &str, Values)] = &[
     ("migrate", "--max-downtime", List(MIGRATE_DURATIONS)),
     ("migrate", "--warmup", List(MIGRATE_DURATIONS)),
     ("migrate", "--run-after", List(MIGRATE_DURATIONS)),
+    ("migrate", "--recover-wait", List(MIGRATE_DURATIONS)),
     ("dirty-views", "--mem", List(MEM_SIZES)),
     ("dirty-views", "--vcpus", Around("64", "65")),
     ("dirty-views", "--ticks", Around("100000", "100001")),

@@ -6,6 +6,7 @@ use super::dest::{serve, DestConfig, DestOutcome};
 use super::error::MigrateError;
 use super::net::NetConfig;
 use super::params::{HarvestArg, Params};
+use super::postcopy::control::{Control, ControlSocket};
 use super::report_text::{dest_json, digests_text, params_json, report, MIB};
 use super::source::{migrate_source, SourceConfig, SourceOutcome};
 use super::{net, plot};
@@ -85,6 +86,7 @@ pub fn main(p: Params) -> Result<(), String> {
         return Err("--compare-policies takes one --channels count".into());
     }
     let net = p.net_config()?;
+    let control = start_control(&p, "source")?;
     let mut runs: Vec<(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)> = Vec::new();
     for (baseline, name) in &policies {
         for &channels in &channel_list {
@@ -108,13 +110,10 @@ pub fn main(p: Params) -> Result<(), String> {
                 bar.line(&start_line(&cfg, p.to.as_deref(), &net));
             }
             cfg.progress = Arc::new(bar);
+            cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
             let (s, d) = match &p.to {
                 Some(addr) => (
-                    migrate_source(&cfg, &mut |_| {
-                        let s = net::connect_tcp(addr, &net)?;
-                        net::client(s, &net)
-                    })
-                    .map_err(|e| e.to_string())?,
+                    source_to(&cfg, addr, &net).map_err(|e| e.to_string())?,
                     None,
                 ),
                 None => {
@@ -160,6 +159,31 @@ pub fn main(p: Params) -> Result<(), String> {
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
     report.failure().map_or(Ok(()), |why| Err(why.to_string()))
+}
+
+/// Runs a source in this process, migrating to `addr` (after a post-copy
+/// `recover ADDR`, to the operator's address).
+fn source_to(
+    cfg: &SourceConfig,
+    addr: &str,
+    net: &NetConfig,
+) -> Result<SourceOutcome, MigrateError> {
+    migrate_source(cfg, &mut |_| {
+        let to = cfg.recovery.control.as_ref().and_then(|c| c.redirect());
+        let s = net::connect_tcp(to.as_deref().unwrap_or(addr), net)?;
+        net::client(s, net)
+    })
+}
+
+/// `--control`'s socket, served until the returned guard is dropped.
+fn start_control(p: &Params, side: &'static str) -> Result<Option<ControlSocket>, String> {
+    p.recovery()?;
+    match &p.control {
+        Some(path) => Ok(Some(ControlSocket(
+            Control::start(path, side).map_err(|e| e.to_string())?,
+        ))),
+        None => Ok(None),
+    }
 }
 
 /// What a run migrates, where to and how: its first progress line.
@@ -208,7 +232,10 @@ pub fn policy_label(p: &MmuPolicy) -> &'static str {
 fn listen(p: &Params, addr: &str) -> Result<(), String> {
     p.source_config(p.baseline)?;
     let net = p.net_config()?;
-    let cfg = p.dest_config(p.baseline);
+    let mut cfg = p.dest_config(p.baseline);
+    cfg.recovery = p.recovery()?;
+    let control = start_control(p, "destination")?;
+    cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
     let listener = TcpListener::bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
     eprintln!(
         "destination listening on {} ({}); accepts at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",

@@ -4,6 +4,7 @@
 
 use super::dest::{DestConfig, Limits};
 use super::net::{NetConfig, Security};
+use super::postcopy::control::{Recovery, RecoveryMode};
 use super::postcopy::Postcopy;
 use super::source::{Converge, Harvest, SourceConfig};
 use super::{extras, net, wire};
@@ -63,6 +64,15 @@ pub enum PostcopyArg {
     Auto,
 }
 
+/// `--recovery`: what post-copy does when a connection breaks.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecoveryArg {
+    /// Reconnect at once (at most 3 times), then wait for an operator on --control if given.
+    Auto,
+    /// Keep both sides paused until an operator says `recover` or `cancel` on --control.
+    Manual,
+}
+
 /// Options of `s2mmu migrate`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Params {
@@ -117,6 +127,15 @@ pub struct Params {
     /// Post-copy: resume on the destination after round 0 (`--postcopy`) or once pre-copy does not converge (`--postcopy auto`); pages not there yet are fetched when the guest faults on them.
     #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on", value_name = "WHEN")]
     pub postcopy: Option<PostcopyArg>,
+    /// When a post-copy connection breaks: `auto` reconnects at once (at most 3 times), then waits for an operator if --control is given; `manual` (needs --control) keeps both sides paused, memory split, until `s2mmu migrate-ctl recover` or `cancel`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub recovery: RecoveryArg,
+    /// How long a paused post-copy waits for the operator before giving up (1s to a day, 86400s).
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    pub recover_wait: Duration,
+    /// Control socket (a Unix socket, mode 0600, created fresh; with --to or --listen) that `s2mmu migrate-ctl` talks to: status, recover (the source: optionally to a new ADDR), cancel.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
     /// How long the guest runs before logging starts (at most a day).
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub warmup: Duration,
@@ -339,6 +358,37 @@ impl Params {
                 snapshot_every: self.snapshot_every,
                 snapshot_dir: self.snapshot_dir.clone(),
             },
+            recovery: self.recovery()?,
+        })
+    }
+
+    /// The post-copy recovery policy (without its control socket, which
+    /// the caller starts once per process).
+    ///
+    /// # Errors
+    /// A message naming the bad option.
+    pub fn recovery(&self) -> Result<Recovery, String> {
+        if self.recover_wait < Duration::from_secs(1) {
+            return Err(format!(
+                "--recover-wait {:?}: use 1s to a day (86400s)",
+                self.recover_wait
+            ));
+        }
+        if self.control.is_some() && self.to.is_none() && self.listen.is_none() {
+            return Err("--control needs --to or --listen (one side per process)".into());
+        }
+        if self.recovery == RecoveryArg::Manual && self.control.is_none() {
+            return Err(
+                "--recovery manual needs --control PATH (the operator resumes through it)".into(),
+            );
+        }
+        Ok(Recovery {
+            mode: match self.recovery {
+                RecoveryArg::Auto => RecoveryMode::Auto,
+                RecoveryArg::Manual => RecoveryMode::Manual,
+            },
+            wait: self.recover_wait,
+            control: None,
         })
     }
 
@@ -368,6 +418,7 @@ impl Params {
             io_timeout: self.io_timeout,
             progress: self.listen.is_some() && !self.quiet,
             prefault: !self.no_prefault,
+            recovery: self.recovery().unwrap_or_default(),
         }
     }
 

@@ -99,6 +99,8 @@ pub struct DestConfig {
     pub progress: bool,
     /// Back all of guest memory with RAM before the stream starts.
     pub prefault: bool,
+    /// What post-copy does when a connection breaks.
+    pub recovery: crate::migrate::postcopy::control::Recovery,
 }
 
 impl DestConfig {
@@ -111,6 +113,7 @@ impl DestConfig {
             io_timeout: Duration::from_secs(5),
             progress: false,
             prefault: true,
+            recovery: crate::migrate::postcopy::control::Recovery::default(),
         }
     }
 }
@@ -163,7 +166,20 @@ pub fn serve(
     }
     let main = net::server(s, net)?;
     receive_core(main, cfg, &mut |session, wanted, wait| {
-        join_channels(listener, net, wait, session, wanted)
+        // After the operator's `recover ADDR`: a post-copy recovery is
+        // accepted on a new listener at ADDR.
+        match cfg.recovery.control.as_ref().and_then(|c| c.redirect()) {
+            Some(addr) => {
+                let what = format!("listening on {addr} for the recovery");
+                let l = TcpListener::bind(&addr).map_err(|e| MigrateError::io(&what, &e))?;
+                eprintln!(
+                    "destination: accepting the recovery on {}",
+                    l.local_addr().map_or(addr.clone(), |a| a.to_string())
+                );
+                join_channels(&l, net, wait, session, wanted)
+            }
+            None => join_channels(listener, net, wait, session, wanted),
+        }
     })
 }
 

@@ -8,6 +8,7 @@ use super::super::error::MigrateError;
 use super::super::net::BoxConn;
 use super::super::source::source_digests;
 use super::super::wire::{record_name, tag, GuestState, Record, WireReader, WireWriter};
+use super::control::{self, Phase, RecoveryMode};
 use super::fetch::{bit, Fetcher, REFERENCE_PINGS};
 use super::{encode_missing, median_p99, Final, PostcopyFigures};
 use s2mmu::memslot::TreeMemslots;
@@ -174,9 +175,11 @@ struct Links {
     recoveries: u32,
 }
 
-/// Receives the missing pages until DONE, accepting the source again
-/// after a break it can mend (up to [`MAX_RECOVERIES`] times); returns the
-/// reference round trip (nanoseconds, samples).
+/// Receives the missing pages until DONE; after a break it can mend,
+/// accepts the source again: at once (`--recovery auto`, at most
+/// [`MAX_RECOVERIES`] times), then (or at once with `manual`) when the
+/// operator says `recover` on the control socket ([`super::control`]).
+/// Returns the reference round trip (nanoseconds, samples).
 fn receive_missing<M: Read + Write + Send>(
     first: &mut WireReader<M>,
     links: &mut Links,
@@ -185,53 +188,72 @@ fn receive_missing<M: Read + Write + Send>(
     (cfg, channels): (&DestConfig, u16),
     recover: &mut Recover<'_>,
 ) -> Result<(u64, u64), MigrateError> {
+    let ctl = cfg.recovery.control.as_ref();
+    if let Some(c) = ctl {
+        c.set(Phase::Postcopy, Some(f.left.load(Ordering::SeqCst)));
+    }
     loop {
         let res = match &mut links.recovered {
             Some(m) => phase(m, &mut links.answers, f, &links.sockets),
             None => phase(first, &mut links.answers, f, &links.sockets),
         };
         let e = match res {
-            Ok(x) => return Ok(x),
+            Ok(x) => {
+                if let Some(c) = ctl {
+                    c.set(Phase::Done, Some(0));
+                }
+                return Ok(x);
+            }
             Err(e) => e,
         };
-        if !recoverable(&e) || links.recoveries >= MAX_RECOVERIES {
-            return Err(give_up(
-                f,
-                wl,
-                format!(
-                    "the destination: {e}{}",
-                    if recoverable(&e) {
-                        format!(" ({} recoveries already)", links.recoveries)
-                    } else {
-                        String::new()
-                    }
-                ),
-            ));
+        if !recoverable(&e) {
+            if let Some(c) = ctl {
+                c.set(Phase::Failed, None);
+            }
+            return Err(give_up(f, wl, format!("the destination: {e}")));
         }
-        links.recoveries += 1;
         // Paused until the recovery (a vCPU waiting for a page pauses once
         // its page is there).
         wl.request_pause();
+        let wanted = [0, channels, channels + 1];
         let wait = cfg.io_timeout * 4;
-        eprintln!(
-            "destination: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts, {} pages are still on the source; the guest is paused here; waiting up to {wait:?} for the source to resume over new connections",
-            f.left.load(Ordering::SeqCst)
-        );
-        let mut conns = match recover(&[0, channels, channels + 1], wait) {
-            Ok(c) if c.len() == 3 => c.into_iter(),
-            Ok(_) => return Err(give_up(f, wl, "the recovery's connections".into())),
-            Err(e2) => {
-                return Err(give_up(
-                    f,
-                    wl,
-                    format!("the destination: {e}; no recovery: {e2}"),
-                ))
-            }
+        let left = f.left.load(Ordering::SeqCst);
+        let mut accept = |_: Option<&str>| match recover(&wanted, wait) {
+            Ok(c) if c.len() == 3 => Ok(c),
+            Ok(_) => Err(MigrateError::Setup("the recovery's connections".into())),
+            Err(e) => Err(e),
         };
-        let (Some(mut m), Some(mut rq), Some(mut an)) = (conns.next(), conns.next(), conns.next())
+        let conns = if cfg.recovery.mode == RecoveryMode::Auto && links.recoveries < MAX_RECOVERIES
+        {
+            eprintln!(
+                "destination: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts, {left} pages are still on the source; the guest is paused here; waiting up to {wait:?} for the source to resume over new connections"
+            );
+            accept(None).or_else(|e2| {
+                control::await_operator(
+                    &cfg.recovery,
+                    "destination",
+                    format!("{e}; no recovery: {e2}"),
+                    left,
+                    &mut accept,
+                )
+            })
+        } else {
+            let why = match cfg.recovery.mode {
+                RecoveryMode::Auto => format!("{e} ({} recoveries already)", links.recoveries),
+                RecoveryMode::Manual => e.to_string(),
+            };
+            control::await_operator(&cfg.recovery, "destination", why, left, &mut accept)
+        };
+        let mut conns = match conns {
+            Ok(c) => c.into_iter(),
+            Err(why) => return Err(give_up(f, wl, format!("the destination: {why}"))),
+        };
+        links.recoveries += 1;
+        let (Some(mut m), Some(mut rq), Some(an)) = (conns.next(), conns.next(), conns.next())
         else {
             return Err(give_up(f, wl, "the recovery's connections".into()));
         };
+        let mut an = an;
         let main_sock = m.get_mut().tcp().and_then(|s| s.try_clone().ok());
         links.sockets = sockets_of(main_sock.as_ref(), [&mut rq, &mut an]);
         let still = f.after_break(rq);
@@ -242,6 +264,9 @@ fn receive_missing<M: Read + Write + Send>(
         };
         // A failure here shows in the next phase.
         let _ = told.and_then(|()| f.rerequest());
+        if let Some(c) = ctl {
+            c.recovered(f.left.load(Ordering::SeqCst));
+        }
         links.answers = an;
         links.recovered = Some(m);
         wl.resume();

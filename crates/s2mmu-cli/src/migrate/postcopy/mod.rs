@@ -25,7 +25,15 @@
 //! ([`s2mmu_vm::replay_writes`]), applies them to its own frozen memory,
 //! and requires the same digests: destination memory is the source's at
 //! the stop plus exactly the destination guest's writes.
+//!
+//! Recovery: a connection that breaks during post-copy leaves the memory
+//! split. Both sides say so and keep their guest paused; with `--recovery
+//! auto` they reconnect at once (at most [`source::MAX_RECOVERIES`] times),
+//! the destination answering with MISSING, the pages it still lacks; with
+//! `--recovery manual` (or once `auto` gave up) each waits for an
+//! operator on its control socket ([`control`]) to `recover` or `cancel`.
 
+pub mod control;
 pub mod dest;
 pub mod fetch;
 pub mod report;

@@ -13,6 +13,7 @@ use super::super::wire::{
     record_name, tag, Batch, Dec, GuestState, Record, WireReader, WireWriter, PAGE_SIZE,
     SESSION_LEN,
 };
+use super::control::{self, Phase, Recovery, RecoveryMode};
 use super::{decode_missing, encode_missing, Final};
 use s2mmu_vm::{replay_writes, Pattern, Vm, WorkloadConfig};
 use std::collections::HashMap;
@@ -78,8 +79,10 @@ pub fn switch(sw: &Switch<'_>, main: &mut WireWriter<BoxConn>) -> Result<Instant
 }
 
 /// After the resume: [`finish`], and when a connection breaks, resumes
-/// over new ones (`connect`, joining `session`; at most
-/// [`MAX_RECOVERIES`] times). The guest stays paused here throughout.
+/// over new ones (`connect`, joining `session`): at once, at most
+/// [`MAX_RECOVERIES`] times with `--recovery auto`, then (or at once with
+/// `manual`) when the operator says so on the control socket
+/// ([`super::control`]). The guest stays paused here throughout.
 ///
 /// # Errors
 /// [`MigrateError::PostcopyBroken`]: the guest's memory is split.
@@ -88,22 +91,30 @@ pub fn run(
     main: &mut WireWriter<BoxConn>,
     resumed_at: Instant,
     connect: &mut Connect<'_>,
-    session: &[u8; SESSION_LEN],
-    channels: u16,
+    (session, channels): (&[u8; SESSION_LEN], u16),
+    rec: &Recovery,
 ) -> Result<Done, MigrateError> {
     let (vm, state, bucket) = (sw.vm, sw.state, sw.bucket);
     let first_missing = sw.missing.clone();
     let pages = vm.memory().size() / PAGE_SIZE as u64;
     let mut recovered: Option<WireWriter<BoxConn>> = None;
     let mut recoveries = 0;
+    let count = |bm: &[u64]| bm.iter().map(|w| u64::from(w.count_ones())).sum::<u64>();
+    if let Some(c) = &rec.control {
+        c.set(Phase::Postcopy, Some(count(&sw.missing)));
+    }
     loop {
         let m = match recovered.as_mut() {
             Some(m) => m,
             None => &mut *main,
         };
+        let last_count = count(&sw.missing);
         let e = match finish(sw, m, resumed_at) {
             Ok(mut d) => {
                 d.recoveries = recoveries;
+                if let Some(c) = &rec.control {
+                    c.set(Phase::Done, Some(0));
+                }
                 return Ok(d);
             }
             Err(e) => e,
@@ -116,21 +127,45 @@ pub fn run(
             e,
             MigrateError::Io { .. } | MigrateError::Timeout { .. } | MigrateError::Truncated { .. }
         );
-        if !mendable || recoveries >= MAX_RECOVERIES {
+        if !mendable {
+            if let Some(c) = &rec.control {
+                c.set(Phase::Failed, None);
+            }
             return Err(broken(e.to_string()));
         }
+        let mut again = || reconnect(connect, session, channels, pages);
+        let (m, req, answers, still) = if rec.mode == RecoveryMode::Auto
+            && recoveries < MAX_RECOVERIES
+        {
+            eprintln!(
+                    "source: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts; it stays paused here; resuming over new connections (recovery {} of at most {MAX_RECOVERIES})",
+                    recoveries + 1
+                );
+            match again() {
+                Ok(x) => x,
+                Err(e2) => control::await_operator(
+                    rec,
+                    "source",
+                    format!("{e}; the recovery failed: {e2}"),
+                    last_count,
+                    |_| again(),
+                )
+                .map_err(broken)?,
+            }
+        } else {
+            control::await_operator(rec, "source", e.to_string(), last_count, |_| again())
+                .map_err(broken)?
+        };
         recoveries += 1;
-        eprintln!(
-            "source: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts; it stays paused here; resuming over new connections (recovery {recoveries} of at most {MAX_RECOVERIES})"
-        );
-        let (m, req, answers, still) = reconnect(connect, session, channels, pages)
-            .map_err(|e2| broken(format!("{e}; the recovery failed: {e2}")))?;
         // Only pages that were missing: the destination has the rest.
-        let missing = still
+        let missing: Vec<u64> = still
             .iter()
             .zip(&first_missing)
             .map(|(a, b)| a & b)
             .collect();
+        if let Some(c) = &rec.control {
+            c.recovered(count(&missing));
+        }
         recovered = Some(m);
         sw = Switch {
             vm,

@@ -85,6 +85,8 @@ pub struct SourceConfig {
     pub postcopy: Postcopy,
     /// The lost-write check and snapshots beside the migration.
     pub extras: super::super::extras::SourceExtras,
+    /// What post-copy does when a connection breaks.
+    pub recovery: super::super::postcopy::control::Recovery,
 }
 
 impl Default for SourceConfig {
@@ -112,6 +114,7 @@ impl Default for SourceConfig {
             channels: 1,
             postcopy: Postcopy::Off,
             extras: super::super::extras::SourceExtras::default(),
+            recovery: super::super::postcopy::control::Recovery::default(),
         }
     }
 }

@@ -105,8 +105,8 @@ pub(super) fn run(x: Switching<'_, '_, '_>) -> Result<SourceOutcome, MigrateErro
         &mut x.s.chans[0].wire,
         resumed_at,
         x.connect,
-        &x.session,
-        x.cfg.channels,
+        (&x.session, x.cfg.channels),
+        &x.cfg.recovery,
     )?;
     let slot_digests = postcopy::source::verify(x.vm, &state, &done.fin)?;
     let samples = x.timeline.finish();
