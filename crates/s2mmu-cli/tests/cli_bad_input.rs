@@ -210,6 +210,11 @@ fn migrate_bad_input() {
         &["migrate", "--listen", "x", "--to", "y"],
         &["--listen", "--to"],
     );
+    refused(
+        &["migrate", "--no-tls", "--format", "x86"],
+        &["--format", "x86", "arm64", "ept"],
+    );
+    refused(&["migrate", "--no-tls", "--format", ""], &["--format"]);
 }
 
 #[test]

@@ -227,6 +227,12 @@ fn migrate_boundaries() {
     bad.extend(pass(cmd, &smalls, "--bandwidth", &around("1T", "2T")));
     bad.extend(pass(cmd, &smalls, "--attempts", &around("1000", "1001")));
     bad.extend(pass(cmd, &smalls, "--channels", &around("64", "65")));
+    bad.extend(pass(
+        cmd,
+        &smalls,
+        "--format",
+        &values(&["arm64", "ept", "x86", "EPT", ""]),
+    ));
     for flag in ["--io-timeout", "--max-downtime", "--warmup", "--run-after"] {
         bad.extend(pass(
             cmd,

@@ -10,6 +10,7 @@ use super::{extras, net, wire};
 use crate::limits;
 use crate::progress::Progress;
 use crate::report::{human_bytes, parse_size};
+use crate::vm_format::FormatArg;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_vm::{Backing, Pattern};
 use std::path::PathBuf;
@@ -184,6 +185,9 @@ pub struct Params {
     /// No progress on stderr (the start line, the link, a line or a bar per round).
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// The stage-2 format of the guest's tables: arm64 (4 KiB granule) or x86 EPT (4-level); with --listen, a source on another format is refused.
+    #[arg(long, value_enum, default_value = "arm64")]
+    pub format: FormatArg,
 }
 
 /// The most `--bandwidth` and `--dirty-rate` take: 1 TiB/s.
@@ -339,6 +343,7 @@ impl Params {
                 snapshot_every: self.snapshot_every,
                 snapshot_dir: self.snapshot_dir.clone(),
             },
+            format: self.format,
         })
     }
 
@@ -368,6 +373,7 @@ impl Params {
             io_timeout: self.io_timeout,
             progress: self.listen.is_some() && !self.quiet,
             prefault: !self.no_prefault,
+            format: self.format,
         }
     }
 

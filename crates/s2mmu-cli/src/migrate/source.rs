@@ -17,8 +17,11 @@ use super::wire::{
     record_name, tag, Dec, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
     SESSION_LEN,
 };
+use crate::vm_format::FormatArg;
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Control, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use s2mmu_vm::{Control, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -55,7 +58,18 @@ pub fn migrate_source(
     connect: &mut Connect<'_>,
 ) -> Result<SourceOutcome, MigrateError> {
     config::validate(cfg)?;
-    let (vm, wl, wl_cfg, pace) = start_guest(cfg)?;
+    match cfg.format {
+        FormatArg::Arm64 => migrate_source_on::<Arm64Stage2>(cfg, connect),
+        FormatArg::Ept => migrate_source_on::<EptFormat>(cfg, connect),
+    }
+}
+
+/// [`migrate_source`] on a guest whose tables are in format `F`.
+fn migrate_source_on<F: VmFormat>(
+    cfg: &SourceConfig,
+    connect: &mut Connect<'_>,
+) -> Result<SourceOutcome, MigrateError> {
+    let (vm, wl, wl_cfg, pace) = start_guest::<F>(cfg)?;
     let ctl = wl.control().clone();
     ctl.pace_pages_per_sec.store(pace, Ordering::Relaxed);
     let timeline = Timeline::start(ctl.clone(), cfg.sample_every);
@@ -149,7 +163,10 @@ pub fn migrate_source(
 ///
 /// # Errors
 /// Sending or the destination's reply failed.
-fn probe_link(s: &mut Sender<'_>, cfg: &SourceConfig) -> Result<(u64, f64), MigrateError> {
+fn probe_link<F: VmFormat>(
+    s: &mut Sender<'_, F>,
+    cfg: &SourceConfig,
+) -> Result<(u64, f64), MigrateError> {
     let (link_bytes, link_time) = s.probe(cfg.mem_size)?;
     let link = link_bytes as f64 / link_time.as_secs_f64().max(1e-9);
     if cfg.progress.is_on() {
@@ -168,7 +185,12 @@ fn probe_link(s: &mut Sender<'_>, cfg: &SourceConfig) -> Result<(u64, f64), Migr
 /// Pre-copy failed: the guest stays on the source. Tells the destination,
 /// which must not resume it, lifts the throttle, stops dirty logging, and
 /// returns the error to report (the destination's reason when it gave up).
-fn abort(e: MigrateError, s: &mut Sender<'_>, ctl: &Control, vm: &Vm) -> MigrateError {
+fn abort<F: VmFormat>(
+    e: MigrateError,
+    s: &mut Sender<'_, F>,
+    ctl: &Control,
+    vm: &Vm<TreeMemslots, F>,
+) -> MigrateError {
     let _ = s.chans[0]
         .wire
         .control(tag::ABORT, e.to_string().as_bytes());
@@ -181,16 +203,21 @@ fn abort(e: MigrateError, s: &mut Sender<'_>, ctl: &Control, vm: &Vm) -> Migrate
 /// The source's guest, started and run once over all its memory (the
 /// guest has been running: every page touched once), with the workload's
 /// settings and its pace (pages per second per vCPU; 0 unpaced).
-type StartedGuest = (Arc<Vm>, Workload<TreeMemslots>, WorkloadConfig, u64);
+type StartedGuest<F> = (
+    Arc<Vm<TreeMemslots, F>>,
+    Workload<TreeMemslots, F>,
+    WorkloadConfig,
+    u64,
+);
 
 /// Creates the source's guest and its workload, and touches every page.
 ///
 /// # Errors
 /// [`MigrateError::Setup`] when the guest or its vCPUs cannot start.
-fn start_guest(cfg: &SourceConfig) -> Result<StartedGuest, MigrateError> {
+fn start_guest<F: VmFormat>(cfg: &SourceConfig) -> Result<StartedGuest<F>, MigrateError> {
     let page = PAGE_SIZE as u64;
     let vm = Arc::new(
-        Vm::new(VmConfig {
+        Vm::<TreeMemslots, F>::new(VmConfig {
             mem_size: cfg.mem_size,
             backing: cfg.backing,
             slots: cfg.slots,
@@ -226,9 +253,9 @@ type Connected = ([u8; SESSION_LEN], Vec<Chan>, Vec<WireWriter<BoxConn>>);
 ///
 /// # Errors
 /// Connecting or the handshake failed, or the destination did not accept.
-fn connect_channels(
+fn connect_channels<F: VmFormat>(
     cfg: &SourceConfig,
-    vm: &Vm,
+    vm: &Vm<TreeMemslots, F>,
     connect: &mut Connect<'_>,
 ) -> Result<Connected, MigrateError> {
     let header = Header {
@@ -240,6 +267,7 @@ fn connect_channels(
         backing: cfg.backing.name().to_string(),
         verify_full: cfg.verify_full,
         postcopy: cfg.postcopy != Postcopy::Off,
+        format: cfg.format,
     };
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;

@@ -10,8 +10,12 @@ use super::postcopy;
 use super::wire::{
     tag, Header, WireReader, WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE,
 };
+use crate::vm_format::FormatArg;
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
+use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
-use s2mmu_vm::{Backing, Vm, VmConfig};
+use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::AtomicU64;
@@ -99,6 +103,9 @@ pub struct DestConfig {
     pub progress: bool,
     /// Back all of guest memory with RAM before the stream starts.
     pub prefault: bool,
+    /// The stage-2 format its guest runs on: a stream from a source on
+    /// another one is refused ([`MigrateError::FormatMismatch`]).
+    pub format: FormatArg,
 }
 
 impl DestConfig {
@@ -111,6 +118,7 @@ impl DestConfig {
             io_timeout: Duration::from_secs(5),
             progress: false,
             prefault: true,
+            format: FormatArg::Arm64,
         }
     }
 }
@@ -234,12 +242,31 @@ fn receive_inner<C: Conn>(
     cfg: &DestConfig,
     join: &mut Join<'_>,
 ) -> Result<DestOutcome, MigrateError> {
-    let (mut rd, header) = WireReader::new(main)?;
+    let (rd, header) = WireReader::new(main)?;
     // Nothing is allocated before the stream is known to fit.
     cfg.limits.check(&header)?;
     Backing::parse(&header.backing).map_err(MigrateError::Setup)?;
+    if header.format != cfg.format {
+        return Err(MigrateError::FormatMismatch {
+            stream: header.format.name(),
+            destination: cfg.format.name(),
+        });
+    }
+    match cfg.format {
+        FormatArg::Arm64 => receive_guest::<C, Arm64Stage2>(rd, &header, cfg, join),
+        FormatArg::Ept => receive_guest::<C, EptFormat>(rd, &header, cfg, join),
+    }
+}
+
+/// Builds the guest `header` describes on format `F` and receives it.
+fn receive_guest<C: Conn, F: VmFormat>(
+    mut rd: WireReader<&mut C>,
+    header: &Header,
+    cfg: &DestConfig,
+    join: &mut Join<'_>,
+) -> Result<DestOutcome, MigrateError> {
     let page_count = header.mem_size / PAGE_SIZE as u64;
-    let vm = Arc::new(build_vm(&header, cfg.policy)?);
+    let vm = Arc::new(build_vm::<F>(&header, cfg.policy)?);
     let prefault = if cfg.prefault {
         populate(&vm, &mut rd)?
     } else {
@@ -311,7 +338,10 @@ fn receive_inner<C: Conn>(
 ///
 /// # Errors
 /// [`MigrateError::Setup`].
-pub fn build_vm(h: &Header, policy: MmuPolicy) -> Result<Vm, MigrateError> {
+pub fn build_vm<F: VmFormat>(
+    h: &Header,
+    policy: MmuPolicy,
+) -> Result<Vm<TreeMemslots, F>, MigrateError> {
     let backing = Backing::parse(&h.backing).map_err(MigrateError::Setup)?;
     Vm::new(VmConfig {
         mem_size: h.mem_size,

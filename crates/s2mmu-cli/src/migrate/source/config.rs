@@ -5,6 +5,7 @@ use super::super::error::MigrateError;
 use super::super::postcopy::Postcopy;
 use super::super::wire::{MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
 use crate::progress::Progress;
+use crate::vm_format::FormatArg;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern};
 use std::sync::Arc;
@@ -85,6 +86,8 @@ pub struct SourceConfig {
     pub postcopy: Postcopy,
     /// The lost-write check and snapshots beside the migration.
     pub extras: super::super::extras::SourceExtras,
+    /// The stage-2 format of the guest's tables (arm64 or x86 EPT).
+    pub format: FormatArg,
 }
 
 impl Default for SourceConfig {
@@ -112,6 +115,7 @@ impl Default for SourceConfig {
             channels: 1,
             postcopy: Postcopy::Off,
             extras: super::super::extras::SourceExtras::default(),
+            format: FormatArg::Arm64,
         }
     }
 }

@@ -11,17 +11,17 @@ use super::{
     SourceOutcome, Timeline,
 };
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Control, Vm, Workload, WorkloadConfig};
+use s2mmu_vm::{Control, Vm, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Where pre-copy left the source when it decided to switch.
-pub(super) struct Switching<'a, 'v, 'c> {
-    pub vm: &'a Arc<Vm>,
-    pub wl: &'a Workload<TreeMemslots>,
+pub(super) struct Switching<'a, 'v, 'c, F: VmFormat> {
+    pub vm: &'a Arc<Vm<TreeMemslots, F>>,
+    pub wl: &'a Workload<TreeMemslots, F>,
     pub wl_cfg: WorkloadConfig,
     pub ctl: &'a Control,
-    pub s: &'a mut Sender<'v>,
+    pub s: &'a mut Sender<'v, F>,
     /// Post-copy's request and answer connections.
     pub pc_conns: Vec<WireWriter<BoxConn>>,
     pub final_pace: u64,
@@ -50,7 +50,7 @@ pub(super) struct Switching<'a, 'v, 'c> {
 /// Before the destination resumed, the switch's error (the guest goes on
 /// here); after it, [`MigrateError::PostcopyBroken`] (it stays paused) or
 /// [`MigrateError::MemoryMismatch`].
-pub(super) fn run(x: Switching<'_, '_, '_>) -> Result<SourceOutcome, MigrateError> {
+pub(super) fn run<F: VmFormat>(x: Switching<'_, '_, '_, F>) -> Result<SourceOutcome, MigrateError> {
     let pause_at = Instant::now();
     let at_pause = counters(x.ctl);
     x.wl.pause();

@@ -12,18 +12,18 @@ use super::{
     SourceOutcome, MIB,
 };
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Control, Pattern, Vm, Workload, WorkloadConfig};
+use s2mmu_vm::{Control, Pattern, Vm, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// What the stop-and-copy needs from the run so far.
-pub(super) struct Stopping<'a, 'v> {
-    pub vm: &'a Arc<Vm>,
-    pub wl: &'a Workload<TreeMemslots>,
+pub(super) struct Stopping<'a, 'v, F: VmFormat> {
+    pub vm: &'a Arc<Vm<TreeMemslots, F>>,
+    pub wl: &'a Workload<TreeMemslots, F>,
     pub wl_cfg: WorkloadConfig,
     pub ctl: &'a Control,
-    pub s: &'a mut Sender<'v>,
-    pub extras: ExtrasRun,
+    pub s: &'a mut Sender<'v, F>,
+    pub extras: ExtrasRun<F>,
     pub final_pace: u64,
     /// The last pre-copy round.
     pub round: u32,
@@ -48,7 +48,7 @@ pub(super) struct Stopping<'a, 'v> {
 /// Sending failed (the guest resumes here; the destination's reason when
 /// it gave up), the destination did not resume it (it resumes here), or
 /// [`MigrateError::MemoryMismatch`].
-pub(super) fn run(mut x: Stopping<'_, '_>) -> Result<SourceOutcome, MigrateError> {
+pub(super) fn run<F: VmFormat>(mut x: Stopping<'_, '_, F>) -> Result<SourceOutcome, MigrateError> {
     let pause_at = Instant::now();
     let at_pause = counters(x.ctl);
     x.wl.pause();
@@ -127,7 +127,7 @@ pub(super) fn run(mut x: Stopping<'_, '_>) -> Result<SourceOutcome, MigrateError
 
 /// With the vCPUs paused: the last harvest, the last dirty pages, the
 /// vCPU state, the end of every channel; records the final round.
-fn send_last(x: &mut Stopping<'_, '_>) -> Result<(), MigrateError> {
+fn send_last<F: VmFormat>(x: &mut Stopping<'_, '_, F>) -> Result<(), MigrateError> {
     let page = PAGE_SIZE as u64;
     let s = &mut *x.s;
     let t0 = Instant::now();
