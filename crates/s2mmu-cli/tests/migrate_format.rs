@@ -4,14 +4,14 @@
 //! destination on another format refusing the source by name.
 
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::DestConfig;
+use s2mmu_cli::migrate::dest::{receive_from, DestConfig};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::extras::SourceExtras;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::NetConfig;
 use s2mmu_cli::migrate::postcopy::Postcopy;
 use s2mmu_cli::migrate::source::{Harvest, SourceConfig};
-use s2mmu_cli::migrate::wire::PAGE_SIZE;
+use s2mmu_cli::migrate::wire::{tag, Header, Record, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu_cli::progress::Progress;
 use s2mmu_cli::vm_format::FormatArg;
 use s2mmu_vm::Backing;
@@ -143,5 +143,58 @@ fn a_source_on_another_format_is_refused_and_keeps_its_guest() {
             }
             other => panic!("{src:?} to {dst:?}: expected the refusal, got {other:?}"),
         }
+    }
+}
+
+/// The opening of a stream from a source on `format` (a 16-page guest):
+/// all a destination reads before it must refuse another format.
+fn opening_on(format: FormatArg) -> Vec<u8> {
+    let h = Header {
+        mem_size: 16 * PAGE_SIZE as u64,
+        slots: 1,
+        gpa_base: 1 << 32,
+        vcpus: 1,
+        channels: 1,
+        backing: "anonymous".into(),
+        verify_full: false,
+        postcopy: false,
+        format,
+    };
+    WireWriter::new(Vec::new(), &h).unwrap().into_inner()
+}
+
+#[test]
+fn a_stream_on_another_format_is_refused_before_any_guest_exists() {
+    for (src, dst) in [
+        (FormatArg::Ept, FormatArg::Arm64),
+        (FormatArg::Arm64, FormatArg::Ept),
+    ] {
+        let mut reply = Vec::new();
+        let e = receive_from(&opening_on(src)[..], &mut reply, &dest_on(dst)).unwrap_err();
+        assert_eq!(
+            e,
+            MigrateError::FormatMismatch {
+                stream: src.name(),
+                destination: dst.name(),
+            }
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("--format {}", src.name()))
+                && text.contains(&format!("--format {}", dst.name())),
+            "{text}"
+        );
+        // The source is told why, and nothing else (no ACCEPT, no PROGRESS
+        // of a guest being prepared).
+        let mut rd = WireReader::replies(&reply[..]);
+        match rd.next_record().unwrap() {
+            Record::Control {
+                tag: tag::REJECTED,
+                body,
+                ..
+            } => assert_eq!(String::from_utf8_lossy(&body), text),
+            other => panic!("expected REJECTED, got {other:?}"),
+        }
+        assert!(rd.next_record().is_err(), "nothing after REJECTED");
     }
 }

@@ -266,13 +266,13 @@ fn receive_guest<C: Conn, F: VmFormat>(
     join: &mut Join<'_>,
 ) -> Result<DestOutcome, MigrateError> {
     let page_count = header.mem_size / PAGE_SIZE as u64;
-    let vm = Arc::new(build_vm::<F>(&header, cfg.policy)?);
+    let vm = Arc::new(build_vm::<F>(header, cfg.policy)?);
     let prefault = if cfg.prefault {
         populate(&vm, &mut rd)?
     } else {
         Duration::ZERO
     };
-    let (session, mut extras, pc_conns) = accept_and_join(&mut rd, &header, cfg, join)?;
+    let (session, mut extras, pc_conns) = accept_and_join(&mut rd, header, cfg, join)?;
     let sh = Shared {
         vm: &vm,
         raw: RawMem {
@@ -284,9 +284,9 @@ fn receive_guest<C: Conn, F: VmFormat>(
             .map(|_| AtomicU64::new(0))
             .collect(),
         hashes: (0..page_count).map(|_| AtomicU64::new(0)).collect(),
-        snapshot: snapshot_for(&header)?,
+        snapshot: snapshot_for(header)?,
     };
-    let got = receive_channels(&mut rd, &mut extras, &sh, &header)?;
+    let got = receive_channels(&mut rd, &mut extras, &sh, header)?;
     let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
         (a + x.pages, b + x.pos, z + x.zero_pages)
     });
@@ -298,7 +298,7 @@ fn receive_guest<C: Conn, F: VmFormat>(
         at_byte: rd.pos,
         why: "the stream carried no vCPU STATE".into(),
     })?;
-    check_state(&state, &header)?;
+    check_state(&state, header)?;
     if let Some(missing) = got.postcopy_missing {
         let mut pc = pc_conns.into_iter();
         let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
