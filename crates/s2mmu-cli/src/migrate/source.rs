@@ -14,14 +14,13 @@ use super::net::BoxConn;
 use super::postcopy::Postcopy;
 use super::timeline::{intervals, Sample, Timeline};
 use super::wire::{
-    record_name, tag, Dec, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
-    SESSION_LEN,
+    record_name, tag, Dec, Header, Record, WireReader, WireWriter, PAGE_SIZE, SESSION_LEN,
 };
 use crate::vm_format::FormatArg;
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Control, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
+use s2mmu_vm::{Control, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,6 +29,7 @@ pub mod config;
 pub mod outcome;
 mod postcopy_switch;
 mod precopy;
+mod precopy_end;
 mod sender;
 mod stop_copy;
 mod verify;
@@ -37,6 +37,7 @@ mod verify;
 pub use config::{source_policy, Converge, Harvest, SourceConfig};
 pub use outcome::{Phase, RoundStat, SourceOutcome};
 use precopy::Precopy;
+use precopy_end::PrecopyEnd;
 pub(crate) use sender::copy_page;
 use sender::{Chan, Sender};
 pub use verify::source_digests;
@@ -105,42 +106,14 @@ fn migrate_source_on<F: VmFormat>(
     if let Err(e) = result {
         return Err(abort(e, &mut s, &ctl, &vm));
     }
-    if switch {
-        return postcopy_switch::run(postcopy_switch::Switching {
-            vm: &vm,
-            wl: &wl,
-            wl_cfg,
-            ctl: &ctl,
-            s: &mut s,
-            pc_conns,
-            final_pace,
-            round,
-            rounds,
-            timeline,
-            log_start,
-            log_start_s,
-            warm,
-            warm_end,
-            warm_end_s,
-            at_log,
-            link,
-            link_bytes,
-            cfg,
-            connect,
-            session,
-            max_throttle,
-        });
-    }
-    let outcome = stop_copy::run(stop_copy::Stopping {
+    let end = PrecopyEnd {
         vm: &vm,
         wl: &wl,
         wl_cfg,
         ctl: &ctl,
         s: &mut s,
-        extras,
         final_pace,
         round,
-        throttle_pct,
         max_throttle,
         rounds,
         timeline,
@@ -153,7 +126,11 @@ fn migrate_source_on<F: VmFormat>(
         link,
         link_bytes,
         cfg,
-    });
+    };
+    if switch {
+        return postcopy_switch::run(end, pc_conns, connect, session);
+    }
+    let outcome = stop_copy::run(end, extras, throttle_pct);
     drop(wl);
     outcome
 }
