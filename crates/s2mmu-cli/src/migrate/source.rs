@@ -5,7 +5,8 @@
 //! (frozen) memory.
 //!
 //! Its parts: [`config`] (settings and checks), `sender` (pages onto the
-//! channels), `precopy` (the round loop), `stop_copy` (the stop, the
+//! channels), `precopy` (the round loop), `precopy_end` (where it left the
+//! source, which both endings take), `stop_copy` (the stop, the
 //! verification, the outcome), `postcopy_switch`, [`outcome`] and
 //! `verify`.
 
