@@ -1,4 +1,4 @@
-//! The migration destination against hostile streams (format version 2):
+//! The migration destination against hostile streams (format version 3):
 //! records are generated from the fuzzer's bytes and written with valid
 //! checksums (so they get past the checksum checks and reach the decoders),
 //! then optionally damaged. The
@@ -10,6 +10,7 @@ use libfuzzer_sys::fuzz_target;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::migrate::dest::{receive_from, DestConfig};
 use s2mmu_cli::migrate::wire::{tag, Header, WireWriter, PAGE_SIZE};
+use s2mmu_cli::vm_format::FormatArg;
 use std::time::Duration;
 
 fuzz_target!(|data: &[u8]| {
@@ -26,6 +27,8 @@ fuzz_target!(|data: &[u8]| {
         backing: ["anonymous", "anonymous_thp", "bogus"][usize::from(next() % 3)].into(),
         verify_full: next() & 1 == 1,
         postcopy: false,
+        // The destination runs arm64: an EPT stream is refused by name.
+        format: [FormatArg::Arm64, FormatArg::Ept][usize::from(next() % 2)],
     };
     let mut stream = Vec::new();
     let Ok(mut w) = WireWriter::new(&mut stream, &header) else {

@@ -9,3 +9,4 @@ pub mod progress;
 pub mod report;
 pub mod snapshot;
 pub mod stats;
+pub mod vm_format;

@@ -211,6 +211,11 @@ fn migrate_bad_input() {
         &["--listen", "--to"],
     );
     refused(
+        &["migrate", "--no-tls", "--format", "x86"],
+        &["--format", "x86", "arm64", "ept"],
+    );
+    refused(&["migrate", "--no-tls", "--format", ""], &["--format"]);
+    refused(
         &["migrate", "--no-tls", "--recover-wait", "0s"],
         &["--recover-wait", "86400s"],
     );

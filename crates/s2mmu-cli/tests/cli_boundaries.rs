@@ -156,6 +156,7 @@ const FLAGS: &[(&str, &str, Values)] = &[
     ("migrate", "--warmup", List(MIGRATE_DURATIONS)),
     ("migrate", "--run-after", List(MIGRATE_DURATIONS)),
     ("migrate", "--recover-wait", List(MIGRATE_DURATIONS)),
+    ("migrate", "--format", List(&["arm64", "ept", "x86", "EPT", ""])),
     ("dirty-views", "--mem", List(MEM_SIZES)),
     ("dirty-views", "--vcpus", Around("64", "65")),
     ("dirty-views", "--ticks", Around("100000", "100001")),

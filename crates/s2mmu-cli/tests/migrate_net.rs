@@ -14,6 +14,7 @@ use s2mmu_cli::migrate::wire::{
     tag, Batch, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
 };
 use s2mmu_cli::progress::Progress;
+use s2mmu_cli::vm_format::FormatArg;
 use s2mmu_vm::{Backing, VcpuState};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -225,6 +226,7 @@ fn stream_with_state(vcpus_in_header: u32, state: &GuestState) -> Vec<u8> {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
+        format: FormatArg::Arm64,
     };
     let mut w = WireWriter::new(Vec::new(), &h).unwrap();
     w.probe(0, &[1], &mut |_| {}).unwrap();
@@ -363,6 +365,7 @@ fn header(mem: u64) -> Header {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
+        format: FormatArg::Arm64,
     }
 }
 

@@ -214,3 +214,40 @@ fn a_channel_sweep_prints_its_table() {
     assert!(stdout.contains("Round 0 by channel count"), "{stdout}");
     assert!(stdout.contains("% of link"), "{stdout}");
 }
+
+#[test]
+fn a_destination_on_ept_refuses_an_arm64_source_by_name_then_takes_an_ept_one() {
+    let (mut dest, addr, derr) =
+        spawn_listener(&[&SMALL[..], &["--format", "ept", "--attempts", "2"]].concat());
+    let source = |format: &str| {
+        Command::new(bin())
+            .args(["migrate", "--to", &addr, "--plot", "", "--json"])
+            .args(["--format", format])
+            .args(SMALL)
+            .output()
+            .unwrap()
+    };
+    let out = source("arm64");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "stage-2 format mismatch: the stream's guest runs on --format arm64, this destination on --format ept"
+        ),
+        "{err}"
+    );
+    // The refusal counted as one failed attempt: the destination serves
+    // the next source, on its own format.
+    let out = source("ept");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["params"]["format"], "ept", "{report}");
+    let st = wait_bounded(&mut dest, Duration::from_secs(60));
+    let log = rest_of(derr);
+    assert!(st.success(), "{log}");
+    assert!(log.contains("stage-2 format mismatch"), "{log}");
+}

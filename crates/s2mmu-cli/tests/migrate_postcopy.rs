@@ -354,7 +354,7 @@ fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
     use s2mmu_cli::migrate::wire::GuestState;
     use s2mmu_vm::{stamp, VcpuState, Vm, VmConfig};
 
-    let vm = Vm::new(VmConfig {
+    let vm: Vm = Vm::new(VmConfig {
         mem_size: 1 << 20,
         slots: 2,
         ..VmConfig::default()
@@ -380,7 +380,7 @@ fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
         writes: 102,
         ..from
     };
-    let dest_mem = Vm::new(vm.config().clone()).unwrap();
+    let dest_mem: Vm = Vm::new(vm.config().clone()).unwrap();
     for p in [10u64, 11] {
         dest_mem.memory().write_u64(p * 4096, stamp(0, 3, p));
     }

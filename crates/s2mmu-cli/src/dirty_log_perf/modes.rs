@@ -9,24 +9,8 @@ use s2mmu::mmu::{DirtyMode, FaultPath, HwDirtyBlocks};
 use serde_json::json;
 use std::time::Duration;
 
-/// The stage-2 format of the simulated VM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum FormatArg {
-    /// arm64 stage 2, 4 KiB granule, DBM for hardware dirty state.
-    Arm64,
-    /// x86 EPT, 4 levels, accessed/dirty flags (and PML).
-    Ept,
-}
-
-impl FormatArg {
-    /// The name the option takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            FormatArg::Arm64 => "arm64",
-            FormatArg::Ept => "ept",
-        }
-    }
-}
+/// The stage-2 format of the simulated VM (shared with `migrate`).
+pub use s2mmu_cli::vm_format::FormatArg;
 
 impl Params {
     /// The dirty tracking modes asked for, `all` expanded, each once, in

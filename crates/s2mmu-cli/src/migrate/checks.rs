@@ -16,7 +16,7 @@
 use super::error::MigrateError;
 use crate::lost_write::LostWriteCheck;
 use s2mmu::memslot::MemslotStore;
-use s2mmu_vm::Vm;
+use s2mmu_vm::{Vm, VmFormat};
 
 /// The check across rounds.
 pub struct RunningLostCheck {
@@ -55,7 +55,7 @@ impl RunningLostCheck {
     ///
     /// # Errors
     /// [`MigrateError::Setup`] if a slot lies outside guest memory.
-    pub fn new<S: MemslotStore>(vm: &Vm<S>) -> Result<Self, MigrateError> {
+    pub fn new<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Result<Self, MigrateError> {
         let zero: Vec<Vec<u64>> = vm
             .slots()
             .iter()
@@ -75,9 +75,9 @@ impl RunningLostCheck {
     ///
     /// # Errors
     /// [`MigrateError::Setup`] if a slot lies outside guest memory.
-    pub fn round<S: MemslotStore>(
+    pub fn round<S: MemslotStore, F: VmFormat>(
         &mut self,
-        vm: &Vm<S>,
+        vm: &Vm<S, F>,
         log: &[Vec<u64>],
         last: bool,
     ) -> Result<(), MigrateError> {

@@ -141,8 +141,9 @@ pub fn main(p: Params) -> Result<(), String> {
             })
             .collect();
         let title = format!(
-            "s2mmu migrate: {} guest, {} vCPUs dirtying {}, {} harvest",
+            "s2mmu migrate: {} guest ({}), {} vCPUs dirtying {}, {} harvest",
             human_bytes(p.mem),
+            p.format.name(),
             p.vcpus,
             rate_text(p.dirty_rate),
             harvest_name(p.harvest)
@@ -189,9 +190,10 @@ fn start_control(p: &Params, side: &'static str) -> Result<Option<ControlSocket>
 /// What a run migrates, where to and how: its first progress line.
 fn start_line(cfg: &SourceConfig, to: Option<&str>, net: &NetConfig) -> String {
     format!(
-        "{}migrating a {} guest ({}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
+        "{}migrating a {} guest ({} stage 2, {}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
         cfg.label,
         human_bytes(cfg.mem_size),
+        cfg.format.name(),
         cfg.backing.name(),
         cfg.vcpus,
         rate_text(cfg.dirty_rate),
@@ -238,11 +240,12 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
     cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
     let listener = TcpListener::bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
     eprintln!(
-        "destination listening on {} ({}); accepts at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
+        "destination listening on {} ({}); accepts a guest on --format {} with at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
         listener
             .local_addr()
             .map_or(addr.to_string(), |a| a.to_string()),
         net.security.describe(),
+        cfg.format.name(),
         human_bytes(cfg.limits.max_mem),
         cfg.limits.max_vcpus,
         cfg.limits.max_slots,
@@ -277,7 +280,8 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         dest_json(&d),
     );
     r.set_text(format!(
-        "destination: received {} page records ({} zero pages, {:.1} MiB) over {} channel(s); guest resumed from {} memory and ran {} ms at {:.1} MiB/s\n{}{}",
+        "destination ({} stage 2): received {} page records ({} zero pages, {:.1} MiB) over {} channel(s); guest resumed from {} memory and ran {} ms at {:.1} MiB/s\n{}{}",
+        p.format.name(),
         d.page_records,
         d.zero_pages,
         d.bytes as f64 / MIB,

@@ -28,6 +28,14 @@ pub enum MigrateError {
     BadMagic { found: [u8; 8] },
     /// The stream's format version is not the one this build reads.
     Version { found: u16, supported: u16 },
+    /// The stream's guest runs on another stage-2 format than the one the
+    /// destination was started with (`--format`).
+    FormatMismatch {
+        /// The format the stream's HEADER names (the source's).
+        stream: &'static str,
+        /// The destination's own.
+        destination: &'static str,
+    },
     /// A page's checksum does not match its data.
     PageChecksum { gpa: u64, at_byte: u64 },
     /// A record's checksum does not match its contents.
@@ -133,6 +141,13 @@ impl fmt::Display for MigrateError {
             Version { found, supported } => write!(
                 f,
                 "stream format version mismatch: stream is version {found}, this build reads version {supported}"
+            ),
+            FormatMismatch {
+                stream,
+                destination,
+            } => write!(
+                f,
+                "stage-2 format mismatch: the stream's guest runs on --format {stream}, this destination on --format {destination}"
             ),
             PageChecksum { gpa, at_byte } => {
                 write!(f, "checksum mismatch for the page at gpa {gpa:#x} (stream byte {at_byte})")

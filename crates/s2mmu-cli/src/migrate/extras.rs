@@ -19,7 +19,7 @@ use crate::report::{verdict, Report};
 use crate::snapshot::restore::{differing_pages, restore};
 use crate::snapshot::taker::{SnapshotLoop, Snapshotter};
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::Vm;
+use s2mmu_vm::{Vm, VmFormat};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -65,9 +65,9 @@ pub struct SnapshotSummary {
 }
 
 /// The extras of one migration in progress.
-pub struct ExtrasRun {
+pub struct ExtrasRun<F: VmFormat> {
     check: Option<RunningLostCheck>,
-    snaps: Option<SnapshotLoop<TreeMemslots>>,
+    snaps: Option<SnapshotLoop<TreeMemslots, F>>,
     dir: Option<PathBuf>,
 }
 
@@ -103,7 +103,10 @@ impl SourceExtras {
     ///
     /// # Errors
     /// [`MigrateError::Setup`], [`MigrateError::Snapshot`].
-    pub fn begin(&self, vm: &Arc<Vm<TreeMemslots>>) -> Result<ExtrasRun, MigrateError> {
+    pub fn begin<F: VmFormat>(
+        &self,
+        vm: &Arc<Vm<TreeMemslots, F>>,
+    ) -> Result<ExtrasRun<F>, MigrateError> {
         let check = self.check.then(|| RunningLostCheck::new(vm)).transpose()?;
         vm.mmu().inject_lost_marks(self.inject_lost_marks);
         let snaps = match (&self.snapshot_dir, self.snapshot_every) {
@@ -177,14 +180,14 @@ impl ExtrasOutcome {
     }
 }
 
-impl ExtrasRun {
+impl<F: VmFormat> ExtrasRun<F> {
     /// After a pre-copy harvest whose log is `pending`.
     ///
     /// # Errors
     /// [`MigrateError::Setup`] from the check.
     pub fn round(
         &mut self,
-        vm: &Vm<TreeMemslots>,
+        vm: &Vm<TreeMemslots, F>,
         pending: &[Vec<u64>],
     ) -> Result<(), MigrateError> {
         match &mut self.check {
@@ -199,7 +202,7 @@ impl ExtrasRun {
     /// [`MigrateError::LostWrites`] if the check found any.
     pub fn last_round(
         &mut self,
-        vm: &Vm<TreeMemslots>,
+        vm: &Vm<TreeMemslots, F>,
         pending: &[Vec<u64>],
     ) -> Result<(), MigrateError> {
         let Some(c) = &mut self.check else {
@@ -221,7 +224,7 @@ impl ExtrasRun {
 
     /// After the resume: the last snapshot of the frozen source memory,
     /// the chain restored and compared with it.
-    pub fn finish(self, vm: &Vm<TreeMemslots>) -> ExtrasOutcome {
+    pub fn finish(self, vm: &Vm<TreeMemslots, F>) -> ExtrasOutcome {
         let snapshots = self.snaps.map(|l| {
             let mut taker = l.finish().map_err(|e| e.to_string())?;
             taker.take().map_err(|e| e.to_string())?;

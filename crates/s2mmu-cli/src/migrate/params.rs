@@ -11,6 +11,7 @@ use super::{extras, net, wire};
 use crate::limits;
 use crate::progress::Progress;
 use crate::report::{human_bytes, parse_size};
+use crate::vm_format::FormatArg;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_vm::{Backing, Pattern};
 use std::path::PathBuf;
@@ -203,6 +204,9 @@ pub struct Params {
     /// No progress on stderr (the start line, the link, a line or a bar per round).
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// The stage-2 format of the guest's tables: arm64 (4 KiB granule) or x86 EPT (4-level); with --listen, a source on another format is refused.
+    #[arg(long, value_enum, default_value = "arm64")]
+    pub format: FormatArg,
 }
 
 /// The most `--bandwidth` and `--dirty-rate` take: 1 TiB/s.
@@ -358,6 +362,7 @@ impl Params {
                 snapshot_every: self.snapshot_every,
                 snapshot_dir: self.snapshot_dir.clone(),
             },
+            format: self.format,
             recovery: self.recovery()?,
         })
     }
@@ -419,6 +424,7 @@ impl Params {
             progress: self.listen.is_some() && !self.quiet,
             prefault: !self.no_prefault,
             recovery: self.recovery().unwrap_or_default(),
+            format: self.format,
         }
     }
 

@@ -49,6 +49,7 @@ pub(super) fn params_json(p: &Params) -> serde_json::Value {
         "no_tls": p.no_tls,
         "no_prefault": p.no_prefault,
         "postcopy": p.postcopy.map(|w| format!("{w:?}").to_lowercase()),
+        "format": p.format.name(),
     })
 }
 
@@ -198,8 +199,9 @@ pub(super) fn summary(
 ) -> String {
     let precopy = s.rounds.iter().filter(|r| !r.final_round).count();
     let mut t = format!(
-        "\nMigrated a {} guest ({}, {} slot(s)), {} vCPUs dirtying {} ({}), {} harvest, {}\n",
+        "\nMigrated a {} guest ({} stage 2, {}, {} slot(s)), {} vCPUs dirtying {} ({}), {} harvest, {}\n",
         human_bytes(p.mem),
+        p.format.name(),
         p.backing,
         p.slots,
         p.vcpus,

@@ -5,7 +5,8 @@
 //! (frozen) memory.
 //!
 //! Its parts: [`config`] (settings and checks), `sender` (pages onto the
-//! channels), `precopy` (the round loop), `stop_copy` (the stop, the
+//! channels), `precopy` (the round loop), `precopy_end` (where it left the
+//! source, which both endings take), `stop_copy` (the stop, the
 //! verification, the outcome), `postcopy_switch`, [`outcome`] and
 //! `verify`.
 
@@ -14,11 +15,13 @@ use super::net::BoxConn;
 use super::postcopy::Postcopy;
 use super::timeline::{intervals, Sample, Timeline};
 use super::wire::{
-    record_name, tag, Dec, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
-    SESSION_LEN,
+    record_name, tag, Dec, Header, Record, WireReader, WireWriter, PAGE_SIZE, SESSION_LEN,
 };
+use crate::vm_format::FormatArg;
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Control, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use s2mmu_vm::{Control, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,6 +30,7 @@ pub mod config;
 pub mod outcome;
 mod postcopy_switch;
 mod precopy;
+mod precopy_end;
 mod sender;
 mod stop_copy;
 mod verify;
@@ -34,6 +38,7 @@ mod verify;
 pub use config::{source_policy, Converge, Harvest, SourceConfig};
 pub use outcome::{Phase, RoundStat, SourceOutcome};
 use precopy::Precopy;
+use precopy_end::PrecopyEnd;
 pub(crate) use sender::copy_page;
 use sender::{Chan, Sender};
 pub use verify::source_digests;
@@ -55,7 +60,18 @@ pub fn migrate_source(
     connect: &mut Connect<'_>,
 ) -> Result<SourceOutcome, MigrateError> {
     config::validate(cfg)?;
-    let (vm, wl, wl_cfg, pace) = start_guest(cfg)?;
+    match cfg.format {
+        FormatArg::Arm64 => migrate_source_on::<Arm64Stage2>(cfg, connect),
+        FormatArg::Ept => migrate_source_on::<EptFormat>(cfg, connect),
+    }
+}
+
+/// [`migrate_source`] on a guest whose tables are in format `F`.
+fn migrate_source_on<F: VmFormat>(
+    cfg: &SourceConfig,
+    connect: &mut Connect<'_>,
+) -> Result<SourceOutcome, MigrateError> {
+    let (vm, wl, wl_cfg, pace) = start_guest::<F>(cfg)?;
     let ctl = wl.control().clone();
     ctl.pace_pages_per_sec.store(pace, Ordering::Relaxed);
     let timeline = Timeline::start(ctl.clone(), cfg.sample_every);
@@ -91,42 +107,14 @@ pub fn migrate_source(
     if let Err(e) = result {
         return Err(abort(e, &mut s, &ctl, &vm));
     }
-    if switch {
-        return postcopy_switch::run(postcopy_switch::Switching {
-            vm: &vm,
-            wl: &wl,
-            wl_cfg,
-            ctl: &ctl,
-            s: &mut s,
-            pc_conns,
-            final_pace,
-            round,
-            rounds,
-            timeline,
-            log_start,
-            log_start_s,
-            warm,
-            warm_end,
-            warm_end_s,
-            at_log,
-            link,
-            link_bytes,
-            cfg,
-            connect,
-            session,
-            max_throttle,
-        });
-    }
-    let outcome = stop_copy::run(stop_copy::Stopping {
+    let end = PrecopyEnd {
         vm: &vm,
         wl: &wl,
         wl_cfg,
         ctl: &ctl,
         s: &mut s,
-        extras,
         final_pace,
         round,
-        throttle_pct,
         max_throttle,
         rounds,
         timeline,
@@ -139,7 +127,11 @@ pub fn migrate_source(
         link,
         link_bytes,
         cfg,
-    });
+    };
+    if switch {
+        return postcopy_switch::run(end, pc_conns, connect, session);
+    }
+    let outcome = stop_copy::run(end, extras, throttle_pct);
     drop(wl);
     outcome
 }
@@ -149,7 +141,10 @@ pub fn migrate_source(
 ///
 /// # Errors
 /// Sending or the destination's reply failed.
-fn probe_link(s: &mut Sender<'_>, cfg: &SourceConfig) -> Result<(u64, f64), MigrateError> {
+fn probe_link<F: VmFormat>(
+    s: &mut Sender<'_, F>,
+    cfg: &SourceConfig,
+) -> Result<(u64, f64), MigrateError> {
     let (link_bytes, link_time) = s.probe(cfg.mem_size)?;
     let link = link_bytes as f64 / link_time.as_secs_f64().max(1e-9);
     if cfg.progress.is_on() {
@@ -168,7 +163,12 @@ fn probe_link(s: &mut Sender<'_>, cfg: &SourceConfig) -> Result<(u64, f64), Migr
 /// Pre-copy failed: the guest stays on the source. Tells the destination,
 /// which must not resume it, lifts the throttle, stops dirty logging, and
 /// returns the error to report (the destination's reason when it gave up).
-fn abort(e: MigrateError, s: &mut Sender<'_>, ctl: &Control, vm: &Vm) -> MigrateError {
+fn abort<F: VmFormat>(
+    e: MigrateError,
+    s: &mut Sender<'_, F>,
+    ctl: &Control,
+    vm: &Vm<TreeMemslots, F>,
+) -> MigrateError {
     let _ = s.chans[0]
         .wire
         .control(tag::ABORT, e.to_string().as_bytes());
@@ -181,16 +181,21 @@ fn abort(e: MigrateError, s: &mut Sender<'_>, ctl: &Control, vm: &Vm) -> Migrate
 /// The source's guest, started and run once over all its memory (the
 /// guest has been running: every page touched once), with the workload's
 /// settings and its pace (pages per second per vCPU; 0 unpaced).
-type StartedGuest = (Arc<Vm>, Workload<TreeMemslots>, WorkloadConfig, u64);
+type StartedGuest<F> = (
+    Arc<Vm<TreeMemslots, F>>,
+    Workload<TreeMemslots, F>,
+    WorkloadConfig,
+    u64,
+);
 
 /// Creates the source's guest and its workload, and touches every page.
 ///
 /// # Errors
 /// [`MigrateError::Setup`] when the guest or its vCPUs cannot start.
-fn start_guest(cfg: &SourceConfig) -> Result<StartedGuest, MigrateError> {
+fn start_guest<F: VmFormat>(cfg: &SourceConfig) -> Result<StartedGuest<F>, MigrateError> {
     let page = PAGE_SIZE as u64;
     let vm = Arc::new(
-        Vm::new(VmConfig {
+        Vm::<TreeMemslots, F>::new(VmConfig {
             mem_size: cfg.mem_size,
             backing: cfg.backing,
             slots: cfg.slots,
@@ -226,9 +231,9 @@ type Connected = ([u8; SESSION_LEN], Vec<Chan>, Vec<WireWriter<BoxConn>>);
 ///
 /// # Errors
 /// Connecting or the handshake failed, or the destination did not accept.
-fn connect_channels(
+fn connect_channels<F: VmFormat>(
     cfg: &SourceConfig,
-    vm: &Vm,
+    vm: &Vm<TreeMemslots, F>,
     connect: &mut Connect<'_>,
 ) -> Result<Connected, MigrateError> {
     let header = Header {
@@ -240,6 +245,7 @@ fn connect_channels(
         backing: cfg.backing.name().to_string(),
         verify_full: cfg.verify_full,
         postcopy: cfg.postcopy != Postcopy::Off,
+        format: cfg.format,
     };
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;

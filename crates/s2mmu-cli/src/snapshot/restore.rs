@@ -5,7 +5,7 @@
 
 use super::format::{io, read_into, SlotGeom, SnapshotError};
 use s2mmu::memslot::MemslotStore;
-use s2mmu_vm::Vm;
+use s2mmu_vm::{Vm, VmFormat};
 use std::path::{Path, PathBuf};
 
 /// The most snapshot files one chain may have.
@@ -108,7 +108,10 @@ pub fn restore(dir: &Path, max_mem: u64) -> Result<Restored, SnapshotError> {
 
 /// Pages of `r` that differ from `vm`'s memory now, and the guest address
 /// of the first; a slot of one missing from the other counts all its pages.
-pub fn differing_pages<S: MemslotStore>(r: &Restored, vm: &Vm<S>) -> (u64, Option<u64>) {
+pub fn differing_pages<S: MemslotStore, F: VmFormat>(
+    r: &Restored,
+    vm: &Vm<S, F>,
+) -> (u64, Option<u64>) {
     let page = super::format::PAGE;
     let mut buf = vec![0u8; page as usize];
     let (mut n, mut first) = (0, None);

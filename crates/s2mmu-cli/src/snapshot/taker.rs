@@ -10,9 +10,10 @@
 
 use super::format::{io, Header, SlotGeom, SnapshotError, SnapshotWriter, PAGE};
 use super::restore::{file_name, snapshot_files, MAX_SNAPSHOTS};
+use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::DirtyView;
-use s2mmu_vm::Vm;
+use s2mmu_vm::{Vm, VmFormat};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -34,8 +35,8 @@ pub struct TakeStat {
 
 /// A guest's snapshot taker: one dirty view per slot, a directory, the
 /// chain so far. Dropping it closes its views.
-pub struct Snapshotter<S: MemslotStore> {
-    vm: Arc<Vm<S>>,
+pub struct Snapshotter<S: MemslotStore, F: VmFormat = Arm64Stage2> {
+    vm: Arc<Vm<S, F>>,
     views: Vec<DirtyView>,
     dir: PathBuf,
     geoms: Vec<SlotGeom>,
@@ -43,7 +44,7 @@ pub struct Snapshotter<S: MemslotStore> {
     pub taken: Vec<TakeStat>,
 }
 
-impl<S: MemslotStore> Snapshotter<S> {
+impl<S: MemslotStore, F: VmFormat> Snapshotter<S, F> {
     /// Opens a dirty view of every slot of `vm` (which must log) and
     /// takes `dir` (created if missing) for its files.
     ///
@@ -51,7 +52,7 @@ impl<S: MemslotStore> Snapshotter<S> {
     /// [`SnapshotError::Chain`] if `dir` holds snapshots already (a chain
     /// must not mix runs), [`SnapshotError::Io`], [`SnapshotError::Engine`]
     /// (a slot not logging, too many views).
-    pub fn open(vm: Arc<Vm<S>>, dir: &Path) -> Result<Self, SnapshotError> {
+    pub fn open(vm: Arc<Vm<S, F>>, dir: &Path) -> Result<Self, SnapshotError> {
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         if !snapshot_files(dir)?.is_empty() {
             return Err(SnapshotError::Chain {
@@ -164,7 +165,7 @@ impl<S: MemslotStore> Snapshotter<S> {
     }
 }
 
-impl<S: MemslotStore> Drop for Snapshotter<S> {
+impl<S: MemslotStore, F: VmFormat> Drop for Snapshotter<S, F> {
     fn drop(&mut self) {
         for v in self.views.drain(..) {
             // Unknown already if the slot stopped logging: nothing to free.
@@ -174,20 +175,20 @@ impl<S: MemslotStore> Drop for Snapshotter<S> {
 }
 
 /// A thread taking a snapshot every period while the guest runs.
-pub struct SnapshotLoop<S: MemslotStore + 'static> {
+pub struct SnapshotLoop<S: MemslotStore + 'static, F: VmFormat = Arm64Stage2> {
     stop: mpsc::Sender<()>,
-    thread: JoinHandle<Result<Snapshotter<S>, SnapshotError>>,
+    thread: JoinHandle<Result<Snapshotter<S, F>, SnapshotError>>,
 }
 
-impl<S: MemslotStore + 'static> SnapshotLoop<S> {
+impl<S: MemslotStore + 'static, F: VmFormat> SnapshotLoop<S, F> {
     /// Takes the base now, then a snapshot every `every` on a thread of
     /// its own.
     ///
     /// # Errors
     /// The base's [`SnapshotError`].
-    pub fn start(mut s: Snapshotter<S>, every: Duration) -> Result<Self, SnapshotError>
+    pub fn start(mut s: Snapshotter<S, F>, every: Duration) -> Result<Self, SnapshotError>
     where
-        Vm<S>: Send + Sync,
+        Vm<S, F>: Send + Sync,
     {
         s.take()?;
         let (stop, rx) = mpsc::channel::<()>();
@@ -210,7 +211,7 @@ impl<S: MemslotStore + 'static> SnapshotLoop<S> {
     ///
     /// # Errors
     /// The first [`SnapshotError`] a take on the thread met.
-    pub fn finish(self) -> Result<Snapshotter<S>, SnapshotError> {
+    pub fn finish(self) -> Result<Snapshotter<S, F>, SnapshotError> {
         let _ = self.stop.send(());
         self.thread
             .join()

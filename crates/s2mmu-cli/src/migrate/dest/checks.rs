@@ -8,7 +8,8 @@ use crate::migrate::hash::page_hash;
 use crate::migrate::wire::{
     record_name, tag, Dec, GuestState, Header, Record, WireReader, PAGE_SIZE,
 };
-use s2mmu_vm::Vm;
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{Vm, VmFormat};
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -80,10 +81,10 @@ pub(super) fn snapshot_for(header: &Header) -> Result<Option<Vec<AtomicU64>>, Mi
 /// Refuses to resume from incomplete memory: every page must have
 /// arrived, or (post-copy) be among the missing ones that come after the
 /// resume.
-pub(super) fn check_complete(
-    sh: &Shared<'_>,
+pub(super) fn check_complete<F: VmFormat>(
+    sh: &Shared<'_, F>,
     postcopy_missing: Option<&[u64]>,
-    vm: &Vm,
+    vm: &Vm<TreeMemslots, F>,
 ) -> Result<(), MigrateError> {
     let page_count = sh.hashes.len() as u64;
     let received: Vec<u64> = sh
@@ -138,9 +139,9 @@ pub(crate) fn check_end(body: &[u8], at_byte: u64, pages_seen: u64) -> Result<()
 /// records on the main channel, END; each page is compared byte for byte
 /// with the memory the guest resumed from. Returns the number of differing
 /// pages and the first one's address.
-pub(super) fn compare_with_snapshot<R: Read>(
+pub(super) fn compare_with_snapshot<R: Read, F: VmFormat>(
     rd: &mut WireReader<R>,
-    vm: &Vm,
+    vm: &Vm<TreeMemslots, F>,
     snapshot: &[AtomicU64],
 ) -> Result<(u64, u64), MigrateError> {
     match rd.next_record()? {
@@ -229,7 +230,7 @@ pub(super) fn compare_with_snapshot<R: Read>(
     Ok((bad, first))
 }
 
-pub(super) fn gpa_of(vm: &Vm, offset: u64) -> u64 {
+pub(super) fn gpa_of<F: VmFormat>(vm: &Vm<TreeMemslots, F>, offset: u64) -> u64 {
     vm.slots()
         .iter()
         .find(|s| offset >= s.mem_offset && offset - s.mem_offset < s.size)

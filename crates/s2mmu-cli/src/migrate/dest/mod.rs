@@ -10,8 +10,12 @@ use super::postcopy;
 use super::wire::{
     tag, Header, WireReader, WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE,
 };
+use crate::vm_format::FormatArg;
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
+use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
-use s2mmu_vm::{Backing, Vm, VmConfig};
+use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::AtomicU64;
@@ -101,6 +105,9 @@ pub struct DestConfig {
     pub prefault: bool,
     /// What post-copy does when a connection breaks.
     pub recovery: crate::migrate::postcopy::control::Recovery,
+    /// The stage-2 format its guest runs on: a stream from a source on
+    /// another one is refused ([`MigrateError::FormatMismatch`]).
+    pub format: FormatArg,
 }
 
 impl DestConfig {
@@ -114,6 +121,7 @@ impl DestConfig {
             progress: false,
             prefault: true,
             recovery: crate::migrate::postcopy::control::Recovery::default(),
+            format: FormatArg::Arm64,
         }
     }
 }
@@ -250,18 +258,37 @@ fn receive_inner<C: Conn>(
     cfg: &DestConfig,
     join: &mut Join<'_>,
 ) -> Result<DestOutcome, MigrateError> {
-    let (mut rd, header) = WireReader::new(main)?;
+    let (rd, header) = WireReader::new(main)?;
     // Nothing is allocated before the stream is known to fit.
     cfg.limits.check(&header)?;
     Backing::parse(&header.backing).map_err(MigrateError::Setup)?;
+    if header.format != cfg.format {
+        return Err(MigrateError::FormatMismatch {
+            stream: header.format.name(),
+            destination: cfg.format.name(),
+        });
+    }
+    match cfg.format {
+        FormatArg::Arm64 => receive_guest::<C, Arm64Stage2>(rd, &header, cfg, join),
+        FormatArg::Ept => receive_guest::<C, EptFormat>(rd, &header, cfg, join),
+    }
+}
+
+/// Builds the guest `header` describes on format `F` and receives it.
+fn receive_guest<C: Conn, F: VmFormat>(
+    mut rd: WireReader<&mut C>,
+    header: &Header,
+    cfg: &DestConfig,
+    join: &mut Join<'_>,
+) -> Result<DestOutcome, MigrateError> {
     let page_count = header.mem_size / PAGE_SIZE as u64;
-    let vm = Arc::new(build_vm(&header, cfg.policy)?);
+    let vm = Arc::new(build_vm::<F>(header, cfg.policy)?);
     let prefault = if cfg.prefault {
         populate(&vm, &mut rd)?
     } else {
         Duration::ZERO
     };
-    let (session, mut extras, pc_conns) = accept_and_join(&mut rd, &header, cfg, join)?;
+    let (session, mut extras, pc_conns) = accept_and_join(&mut rd, header, cfg, join)?;
     let sh = Shared {
         vm: &vm,
         raw: RawMem {
@@ -273,9 +300,9 @@ fn receive_inner<C: Conn>(
             .map(|_| AtomicU64::new(0))
             .collect(),
         hashes: (0..page_count).map(|_| AtomicU64::new(0)).collect(),
-        snapshot: snapshot_for(&header)?,
+        snapshot: snapshot_for(header)?,
     };
-    let got = receive_channels(&mut rd, &mut extras, &sh, &header)?;
+    let got = receive_channels(&mut rd, &mut extras, &sh, header)?;
     let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
         (a + x.pages, b + x.pos, z + x.zero_pages)
     });
@@ -287,7 +314,7 @@ fn receive_inner<C: Conn>(
         at_byte: rd.pos,
         why: "the stream carried no vCPU STATE".into(),
     })?;
-    check_state(&state, &header)?;
+    check_state(&state, header)?;
     if let Some(missing) = got.postcopy_missing {
         let mut pc = pc_conns.into_iter();
         let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
@@ -327,7 +354,10 @@ fn receive_inner<C: Conn>(
 ///
 /// # Errors
 /// [`MigrateError::Setup`].
-pub fn build_vm(h: &Header, policy: MmuPolicy) -> Result<Vm, MigrateError> {
+pub fn build_vm<F: VmFormat>(
+    h: &Header,
+    policy: MmuPolicy,
+) -> Result<Vm<TreeMemslots, F>, MigrateError> {
     let backing = Backing::parse(&h.backing).map_err(MigrateError::Setup)?;
     Vm::new(VmConfig {
         mem_size: h.mem_size,

@@ -11,7 +11,8 @@ use crate::migrate::wire::{
     channel_of, record_name, tag, tag_name, Enc, GuestState, Header, Record, WireReader,
     WireWriter, MAX_BATCH, PAGE_SIZE,
 };
-use s2mmu_vm::Vm;
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{Vm, VmFormat};
 use std::io::{IoSliceMut, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,8 +51,8 @@ impl RawMem {
 }
 
 /// What the receiving threads share.
-pub(super) struct Shared<'a> {
-    pub(super) vm: &'a Vm,
+pub(super) struct Shared<'a, F: VmFormat> {
+    pub(super) vm: &'a Vm<TreeMemslots, F>,
     pub(super) raw: RawMem,
     pub(super) channels: u16,
     /// One bit per page: received at least once.
@@ -62,7 +63,7 @@ pub(super) struct Shared<'a> {
     pub(super) snapshot: Option<Vec<AtomicU64>>,
 }
 
-impl Shared<'_> {
+impl<F: VmFormat> Shared<'_, F> {
     /// Takes the data of the PAGES record just read on `channel` into
     /// guest memory (one vectored read for all its pages), checking each
     /// page.
@@ -174,9 +175,9 @@ pub(super) fn take_probe<R: Read>(rd: &mut WireReader<R>, h: &Header) -> Result<
 }
 
 /// A further channel: its probe, then pages until its END.
-pub(super) fn channel_loop(
+pub(super) fn channel_loop<F: VmFormat>(
     rd: &mut WireReader<BoxConn>,
-    sh: &Shared<'_>,
+    sh: &Shared<'_, F>,
     h: &Header,
     channel: u16,
     probed: &std::sync::mpsc::Sender<Result<u64, MigrateError>>,
@@ -222,10 +223,10 @@ pub(super) struct Received {
 
 /// Receives every channel at once, the further ones on their own threads,
 /// until each one's END; the first error ends the others' connections.
-pub(super) fn receive_channels<C: Conn>(
+pub(super) fn receive_channels<C: Conn, F: VmFormat>(
     rd: &mut WireReader<&mut C>,
     extras: &mut [WireReader<BoxConn>],
-    sh: &Shared<'_>,
+    sh: &Shared<'_, F>,
     header: &Header,
 ) -> Result<Received, MigrateError> {
     let sockets: Vec<TcpStream> = extras
@@ -285,9 +286,9 @@ pub(super) fn receive_channels<C: Conn>(
 
 /// The main channel: its probe (answered with PROBED once every channel's
 /// is in), then pages and control records until END or POSTCOPY.
-pub(super) fn main_channel<C: Conn>(
+pub(super) fn main_channel<C: Conn, F: VmFormat>(
     rd: &mut WireReader<&mut C>,
-    sh: &Shared<'_>,
+    sh: &Shared<'_, F>,
     header: &Header,
     probes: &std::sync::mpsc::Receiver<Result<u64, MigrateError>>,
 ) -> Result<Received, MigrateError> {
@@ -359,8 +360,8 @@ pub(super) fn main_channel<C: Conn>(
 /// inside round 0. 64 MiB at a time with `MADV_POPULATE_WRITE` (touching
 /// each page where the kernel lacks it), telling the source every half
 /// second that the destination is alive.
-pub(super) fn populate<R: Read + Write>(
-    vm: &Vm,
+pub(super) fn populate<R: Read + Write, F: VmFormat>(
+    vm: &Vm<TreeMemslots, F>,
     rd: &mut WireReader<R>,
 ) -> Result<Duration, MigrateError> {
     let t0 = Instant::now();
@@ -400,7 +401,11 @@ pub(super) fn populate<R: Read + Write>(
     Ok(t0.elapsed())
 }
 
-pub(super) fn page_offset(vm: &Vm, gpa: u64, at_byte: u64) -> Result<u64, MigrateError> {
+pub(super) fn page_offset<F: VmFormat>(
+    vm: &Vm<TreeMemslots, F>,
+    gpa: u64,
+    at_byte: u64,
+) -> Result<u64, MigrateError> {
     match vm.locate(gpa) {
         Some((_, off))
             if gpa.is_multiple_of(PAGE_SIZE as u64)

@@ -9,7 +9,7 @@ use crate::migrate::hash::digest_of;
 use crate::migrate::net::Conn;
 use crate::migrate::wire::{tag, Enc, GuestState, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Pattern, Vm, Workload, WorkloadConfig};
+use s2mmu_vm::{Pattern, Vm, VmFormat, Workload, WorkloadConfig};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 /// digests to the source (RESUMED), the byte comparison with verify-full,
 /// then the guest runs for `run_after`. The counts are the main channel's
 /// only (the caller adds the others').
-pub(super) fn resume_after_end<C: Conn>(
+pub(super) fn resume_after_end<C: Conn, F: VmFormat>(
     rd: &mut WireReader<&mut C>,
-    vm: &Arc<Vm>,
-    sh: &Shared<'_>,
+    vm: &Arc<Vm<TreeMemslots, F>>,
+    sh: &Shared<'_, F>,
     state: &GuestState,
     cfg: &DestConfig,
 ) -> Result<DestOutcome, MigrateError> {
@@ -80,7 +80,10 @@ pub(super) fn resume_after_end<C: Conn>(
 }
 
 /// Each slot's digest of the memory the guest resumes from.
-pub(super) fn slot_digests(vm: &Vm, sh: &Shared<'_>) -> Vec<(u16, u64)> {
+pub(super) fn slot_digests<F: VmFormat>(
+    vm: &Vm<TreeMemslots, F>,
+    sh: &Shared<'_, F>,
+) -> Vec<(u16, u64)> {
     let hashes: Vec<u64> = sh
         .hashes
         .iter()
@@ -98,10 +101,10 @@ pub(super) fn slot_digests(vm: &Vm, sh: &Shared<'_>) -> Vec<(u16, u64)> {
 
 /// Resume: the vCPUs continue from the transferred state, paced as on the
 /// source.
-pub(crate) fn start_workload(
-    vm: &Arc<Vm>,
+pub(crate) fn start_workload<F: VmFormat>(
+    vm: &Arc<Vm<TreeMemslots, F>>,
     state: &GuestState,
-) -> Result<Workload<TreeMemslots>, MigrateError> {
+) -> Result<Workload<TreeMemslots, F>, MigrateError> {
     let wl_cfg = WorkloadConfig {
         bytes_per_vcpu: state.bytes_per_vcpu,
         write_percent: state.write_percent,

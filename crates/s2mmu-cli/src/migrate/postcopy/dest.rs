@@ -12,7 +12,7 @@ use super::control::{self, Phase, RecoveryMode};
 use super::fetch::{bit, Fetcher, REFERENCE_PINGS};
 use super::{encode_missing, median_p99, Final, PostcopyFigures};
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Vm, Workload};
+use s2mmu_vm::{Vm, VmFormat, Workload};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
@@ -28,9 +28,9 @@ pub type Recover<'a> =
     dyn FnMut(&[u16], Duration) -> Result<Vec<WireReader<BoxConn>>, MigrateError> + 'a;
 
 /// What the destination's post-copy needs from the pre-copy phase.
-pub struct Resume<'a, R: Read + Write> {
+pub struct Resume<'a, R: Read + Write, F: VmFormat> {
     /// The VM (no vCPU created yet).
-    pub vm: &'a Arc<Vm>,
+    pub vm: &'a Arc<Vm<TreeMemslots, F>>,
     /// The main connection, right after POSTCOPY, and its socket.
     pub main: &'a mut WireReader<R>,
     pub main_socket: Option<TcpStream>,
@@ -81,7 +81,9 @@ fn recoverable(e: &MigrateError) -> bool {
 /// [`MigrateError::PostcopyBroken`] naming the stream's error (a damaged
 /// or truncated post-copy stream, a connection that broke and was not
 /// recovered).
-pub fn resume<R: Read + Write + Send>(r: Resume<'_, R>) -> Result<DestOutcome, MigrateError> {
+pub fn resume<R: Read + Write + Send, F: VmFormat>(
+    r: Resume<'_, R, F>,
+) -> Result<DestOutcome, MigrateError> {
     let vm = r.vm;
     let missing_pages: u64 = r.missing.iter().map(|w| u64::from(w.count_ones())).sum();
     let mut req = r.req;
@@ -180,11 +182,11 @@ struct Links {
 /// [`MAX_RECOVERIES`] times), then (or at once with `manual`) when the
 /// operator says `recover` on the control socket ([`super::control`]).
 /// Returns the reference round trip (nanoseconds, samples).
-fn receive_missing<M: Read + Write + Send>(
+fn receive_missing<M: Read + Write + Send, F: VmFormat>(
     first: &mut WireReader<M>,
     links: &mut Links,
     f: &Fetcher,
-    wl: &Workload<TreeMemslots>,
+    wl: &Workload<TreeMemslots, F>,
     (cfg, channels): (&DestConfig, u16),
     recover: &mut Recover<'_>,
 ) -> Result<(u64, u64), MigrateError> {
@@ -275,7 +277,7 @@ fn receive_missing<M: Read + Write + Send>(
 
 /// Post-copy given up: the fetcher fails its waiting vCPUs, the guest is
 /// paused, and the error says how many pages never came.
-fn give_up(f: &Fetcher, wl: &Workload<TreeMemslots>, why: String) -> MigrateError {
+fn give_up<F: VmFormat>(f: &Fetcher, wl: &Workload<TreeMemslots, F>, why: String) -> MigrateError {
     f.fail(&why);
     wl.pause();
     MigrateError::PostcopyBroken {

@@ -8,7 +8,8 @@ use super::super::error::MigrateError;
 use super::super::hash::{page_hash, ZERO_PAGE};
 use super::super::net::BoxConn;
 use super::super::wire::{tag, Entry, WireReader, WireWriter, PAGE_SIZE};
-use s2mmu_vm::{GuestMemory, PageFetch, SlotInfo, Vm};
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{GuestMemory, PageFetch, SlotInfo, Vm, VmFormat};
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -70,8 +71,8 @@ pub(super) fn set(v: &[AtomicU64], i: u64) -> bool {
 }
 
 impl Fetcher {
-    pub(super) fn new(
-        vm: &Vm,
+    pub(super) fn new<F: VmFormat>(
+        vm: &Vm<TreeMemslots, F>,
         missing: Vec<u64>,
         req: WireReader<BoxConn>,
         io_timeout: Duration,

@@ -41,7 +41,8 @@ pub mod source;
 
 use super::error::MigrateError;
 use super::wire::{Dec, Enc, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
-use s2mmu_vm::{VcpuState, Vm};
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{VcpuState, Vm, VmFormat};
 
 /// When the source switches to post-copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,7 +213,7 @@ impl Final {
 /// The bitmap over all of guest memory (bit i: page i from the start of
 /// guest memory) of the per-slot bitmaps `pending` (bit i: page i of the
 /// slot), as POSTCOPY carries it.
-pub fn memory_bitmap(vm: &Vm, pending: &[Vec<u64>]) -> Vec<u64> {
+pub fn memory_bitmap<F: VmFormat>(vm: &Vm<TreeMemslots, F>, pending: &[Vec<u64>]) -> Vec<u64> {
     let pages = vm.memory().size() / PAGE_SIZE as u64;
     let mut out = vec![0u64; pages.div_ceil(64) as usize];
     for (s, bm) in vm.slots().iter().zip(pending) {

@@ -15,7 +15,8 @@ use super::super::wire::{
 };
 use super::control::{self, Phase, Recovery, RecoveryMode};
 use super::{decode_missing, encode_missing, Final};
-use s2mmu_vm::{replay_writes, Pattern, Vm, WorkloadConfig};
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{replay_writes, Pattern, Vm, VmFormat, WorkloadConfig};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,8 +30,8 @@ pub const MAX_RECOVERIES: u32 = 3;
 
 /// What the switch needs (the main connection, which carries the
 /// background pages and the replies, is passed alongside).
-pub struct Switch<'a> {
-    pub vm: &'a Arc<Vm>,
+pub struct Switch<'a, F: VmFormat> {
+    pub vm: &'a Arc<Vm<TreeMemslots, F>>,
     /// The request connection (read) and the answer connection (written).
     pub req: WireWriter<BoxConn>,
     pub answers: WireWriter<BoxConn>,
@@ -65,7 +66,10 @@ pub struct Done {
 /// # Errors
 /// The stream's or the destination's error; the destination has not
 /// resumed the guest (the source may).
-pub fn switch(sw: &Switch<'_>, main: &mut WireWriter<BoxConn>) -> Result<Instant, MigrateError> {
+pub fn switch<F: VmFormat>(
+    sw: &Switch<'_, F>,
+    main: &mut WireWriter<BoxConn>,
+) -> Result<Instant, MigrateError> {
     main.control(tag::STATE, &sw.state.encode())?;
     main.control(tag::POSTCOPY, &encode_missing(&sw.missing))?;
     main.flush()?;
@@ -86,8 +90,8 @@ pub fn switch(sw: &Switch<'_>, main: &mut WireWriter<BoxConn>) -> Result<Instant
 ///
 /// # Errors
 /// [`MigrateError::PostcopyBroken`]: the guest's memory is split.
-pub fn run(
-    mut sw: Switch<'_>,
+pub fn run<F: VmFormat>(
+    mut sw: Switch<'_, F>,
     main: &mut WireWriter<BoxConn>,
     resumed_at: Instant,
     connect: &mut Connect<'_>,
@@ -216,8 +220,8 @@ fn reconnect(
 ///
 /// # Errors
 /// The stream's error (the caller says the memory is split).
-pub fn finish(
-    sw: Switch<'_>,
+pub fn finish<F: VmFormat>(
+    sw: Switch<'_, F>,
     main: &mut WireWriter<BoxConn>,
     resumed_at: Instant,
 ) -> Result<Done, MigrateError> {
@@ -269,7 +273,7 @@ pub fn finish(
 }
 
 /// The guest-physical address of page `index` of guest memory.
-fn gpa_of(vm: &Vm, index: u64) -> Option<(u64, u64)> {
+fn gpa_of<F: VmFormat>(vm: &Vm<TreeMemslots, F>, index: u64) -> Option<(u64, u64)> {
     let off = index * PAGE_SIZE as u64;
     vm.slots()
         .iter()
@@ -284,8 +288,8 @@ fn claim(sent: &[AtomicU64], i: u64) -> bool {
 
 /// Every missing page no request has taken yet, on the main connection,
 /// then END. Returns pages, bytes and when END went out.
-fn background(
-    vm: &Vm,
+fn background<F: VmFormat>(
+    vm: &Vm<TreeMemslots, F>,
     main: &mut WireWriter<BoxConn>,
     missing: &[u64],
     sent: &[AtomicU64],
@@ -323,8 +327,8 @@ fn background(
 /// Answers REQUESTs on the answer connection (first, whatever the
 /// background stream is doing), forwards heartbeats, ends at DONE.
 /// Returns the pages answered and their bytes.
-fn serve_requests(
-    vm: &Vm,
+fn serve_requests<F: VmFormat>(
+    vm: &Vm<TreeMemslots, F>,
     req: &mut WireReader<BoxConn>,
     answers: &mut WireWriter<BoxConn>,
     sent: &[AtomicU64],
@@ -380,7 +384,11 @@ fn serve_requests(
 ///
 /// # Errors
 /// [`MigrateError::MemoryMismatch`].
-pub fn verify(vm: &Vm, state: &GuestState, fin: &Final) -> Result<Vec<(u16, u64)>, MigrateError> {
+pub fn verify<F: VmFormat>(
+    vm: &Vm<TreeMemslots, F>,
+    state: &GuestState,
+    fin: &Final,
+) -> Result<Vec<(u16, u64)>, MigrateError> {
     let mismatch = |slot, detail| MigrateError::MemoryMismatch { slot, detail };
     if fin.vcpus.len() != state.vcpus.len() {
         return Err(mismatch(

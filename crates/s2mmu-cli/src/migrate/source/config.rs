@@ -5,6 +5,7 @@ use super::super::error::MigrateError;
 use super::super::postcopy::Postcopy;
 use super::super::wire::{MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
 use crate::progress::Progress;
+use crate::vm_format::FormatArg;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern};
 use std::sync::Arc;
@@ -87,6 +88,8 @@ pub struct SourceConfig {
     pub extras: super::super::extras::SourceExtras,
     /// What post-copy does when a connection breaks.
     pub recovery: super::super::postcopy::control::Recovery,
+    /// The stage-2 format of the guest's tables (arm64 or x86 EPT).
+    pub format: FormatArg,
 }
 
 impl Default for SourceConfig {
@@ -115,6 +118,7 @@ impl Default for SourceConfig {
             postcopy: Postcopy::Off,
             extras: super::super::extras::SourceExtras::default(),
             recovery: super::super::postcopy::control::Recovery::default(),
+            format: FormatArg::Arm64,
         }
     }
 }

@@ -6,62 +6,31 @@
 use super::super::net::BoxConn;
 use super::super::postcopy::{self, PostcopyOutcome};
 use super::super::wire::{WireWriter, SESSION_LEN};
-use super::{
-    counters, phase, Connect, GuestState, MigrateError, Pattern, RoundStat, Sender, SourceConfig,
-    SourceOutcome, Timeline,
-};
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Control, Vm, Workload, WorkloadConfig};
-use std::sync::Arc;
+use super::precopy_end::PrecopyEnd;
+use super::{counters, phase, Connect, MigrateError, SourceOutcome};
+use s2mmu_vm::VmFormat;
 use std::time::Instant;
-
-/// Where pre-copy left the source when it decided to switch.
-pub(super) struct Switching<'a, 'v, 'c> {
-    pub vm: &'a Arc<Vm>,
-    pub wl: &'a Workload<TreeMemslots>,
-    pub wl_cfg: WorkloadConfig,
-    pub ctl: &'a Control,
-    pub s: &'a mut Sender<'v>,
-    /// Post-copy's request and answer connections.
-    pub pc_conns: Vec<WireWriter<BoxConn>>,
-    pub final_pace: u64,
-    /// The last pre-copy round.
-    pub round: u32,
-    pub rounds: Vec<RoundStat>,
-    pub timeline: Timeline,
-    pub log_start: Instant,
-    pub log_start_s: f64,
-    /// The guest's counters at warm-up start and end and at logging on.
-    pub warm: (Instant, u64, u64),
-    pub warm_end: (Instant, u64, u64),
-    pub warm_end_s: f64,
-    pub at_log: (Instant, u64, u64),
-    pub link: f64,
-    pub link_bytes: u64,
-    pub cfg: &'a SourceConfig,
-    pub connect: &'a mut Connect<'c>,
-    pub session: [u8; SESSION_LEN],
-    pub max_throttle: u32,
-}
 
 /// Pauses the guest and migrates the rest by post-copy.
 ///
 /// # Errors
 /// Before the destination resumed, the switch's error (the guest goes on
 /// here); after it, [`MigrateError::PostcopyBroken`] (it stays paused) or
-/// [`MigrateError::MemoryMismatch`].
-pub(super) fn run(x: Switching<'_, '_, '_>) -> Result<SourceOutcome, MigrateError> {
+/// [`MigrateError::MemoryMismatch`]. `pc_conns` are post-copy's request
+/// and answer connections; a recovery opens new ones with `connect`,
+/// joining `session`.
+pub(super) fn run<F: VmFormat>(
+    x: PrecopyEnd<'_, '_, F>,
+    pc_conns: Vec<WireWriter<BoxConn>>,
+    connect: &mut Connect<'_>,
+    session: [u8; SESSION_LEN],
+) -> Result<SourceOutcome, MigrateError> {
+    let at = x.clock();
     let pause_at = Instant::now();
     let at_pause = counters(x.ctl);
     x.wl.pause();
-    let state = GuestState {
-        bytes_per_vcpu: x.wl_cfg.bytes_per_vcpu,
-        write_percent: x.wl_cfg.write_percent,
-        pattern: u8::from(x.wl_cfg.pattern == Pattern::Random),
-        pace_pages_per_sec: x.final_pace,
-        vcpus: x.wl.vcpu_states(),
-    };
-    let mut pc = x.pc_conns.into_iter();
+    let state = x.guest_state();
+    let mut pc = pc_conns.into_iter();
     let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
         return Err(MigrateError::Setup("post-copy's connections".into()));
     };
@@ -104,14 +73,13 @@ pub(super) fn run(x: Switching<'_, '_, '_>) -> Result<SourceOutcome, MigrateErro
         sw,
         &mut x.s.chans[0].wire,
         resumed_at,
-        x.connect,
-        (&x.session, x.cfg.channels),
+        connect,
+        (&session, x.cfg.channels),
         &x.cfg.recovery,
     )?;
     let slot_digests = postcopy::source::verify(x.vm, &state, &done.fin)?;
     let samples = x.timeline.finish();
-    let pause_s = x.log_start_s + (pause_at - x.log_start).as_secs_f64();
-    let at = |t: Instant| x.log_start_s + (t - x.log_start).as_secs_f64();
+    let pause_s = at(pause_at);
     let (p0, b0, z0) = x.s.counts();
     let _ = b0;
     Ok(SourceOutcome {

@@ -9,7 +9,7 @@ use super::super::postcopy::Postcopy;
 use super::super::timeline::Timeline;
 use super::super::wire::{tag, Enc, PAGE_RECORD_BYTES, PAGE_SIZE};
 use super::{writes, Converge, RoundStat, Sender, SourceConfig, MIB};
-use s2mmu_vm::Control;
+use s2mmu_vm::{Control, VmFormat};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -83,7 +83,11 @@ impl<'a> Precopy<'a> {
     /// # Errors
     /// Sending or harvesting failed, or [`MigrateError::NotConverged`]
     /// at the round limit.
-    pub fn run(&mut self, s: &mut Sender<'_>, extras: &mut ExtrasRun) -> Result<(), MigrateError> {
+    pub fn run<F: VmFormat>(
+        &mut self,
+        s: &mut Sender<'_, F>,
+        extras: &mut ExtrasRun<F>,
+    ) -> Result<(), MigrateError> {
         loop {
             let end = self.one_round(s, extras)?;
             if self.decide(&end)? {
@@ -94,10 +98,10 @@ impl<'a> Precopy<'a> {
     }
 
     /// Sends one round, harvests, records and reports its figures.
-    fn one_round(
+    fn one_round<F: VmFormat>(
         &mut self,
-        s: &mut Sender<'_>,
-        extras: &mut ExtrasRun,
+        s: &mut Sender<'_, F>,
+        extras: &mut ExtrasRun<F>,
     ) -> Result<RoundEnd, MigrateError> {
         let (cfg, round) = (self.cfg, self.round);
         let page = PAGE_SIZE as u64;

@@ -9,7 +9,8 @@ use super::super::net::BoxConn;
 use super::super::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
 use super::{read_reply, unexpected_reply, Harvest, SourceConfig};
 use s2mmu::dirty::DirtyGfn;
-use s2mmu_vm::{GuestMemory, Vm};
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{GuestMemory, Vm, VmFormat};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -41,9 +42,9 @@ impl Chan {
     }
 
     /// Sends the pages of `job` that channel `c` of `n` owns.
-    fn send_job(
+    fn send_job<F: VmFormat>(
         &mut self,
-        vm: &Vm,
+        vm: &Vm<TreeMemslots, F>,
         bucket: &Mutex<TokenBucket>,
         c: u16,
         n: u16,
@@ -119,8 +120,8 @@ fn all_pages(n: u64) -> Vec<u64> {
 
 /// The sending half: pages out of guest memory onto the channels, with
 /// the pending dirty set per slot.
-pub(super) struct Sender<'a> {
-    pub(super) vm: &'a Arc<Vm>,
+pub(super) struct Sender<'a, F: VmFormat> {
+    pub(super) vm: &'a Arc<Vm<TreeMemslots, F>>,
     pub(super) chans: Vec<Chan>,
     pub(super) bucket: Mutex<TokenBucket>,
     /// Pages to send, one bitmap per slot (bit i = page i of the slot).
@@ -132,9 +133,13 @@ pub(super) struct Sender<'a> {
     pub(super) gfns: Vec<DirtyGfn>,
 }
 
-impl<'a> Sender<'a> {
+impl<'a, F: VmFormat> Sender<'a, F> {
     /// A sender over `chans` for `vm`, with nothing pending yet.
-    pub(super) fn new(vm: &'a Arc<Vm>, chans: Vec<Chan>, cfg: &SourceConfig) -> Self {
+    pub(super) fn new(
+        vm: &'a Arc<Vm<TreeMemslots, F>>,
+        chans: Vec<Chan>,
+        cfg: &SourceConfig,
+    ) -> Self {
         let page = PAGE_SIZE as u64;
         Sender {
             vm,

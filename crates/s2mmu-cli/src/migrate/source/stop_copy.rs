@@ -4,55 +4,32 @@
 
 use super::super::error::MigrateError;
 use super::super::extras::ExtrasRun;
-use super::super::timeline::Timeline;
-use super::super::wire::{tag, Enc, GuestState, Record, PAGE_SIZE};
+use super::super::wire::{tag, Enc, Record, PAGE_SIZE};
+use super::precopy_end::PrecopyEnd;
 use super::verify::{check_digests, parse_digests, verify_full};
 use super::{
-    counters, phase, read_reply, rejected_or, unexpected_reply, RoundStat, Sender, SourceConfig,
-    SourceOutcome, MIB,
+    counters, phase, read_reply, rejected_or, unexpected_reply, RoundStat, SourceOutcome, MIB,
 };
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Control, Pattern, Vm, Workload, WorkloadConfig};
-use std::sync::Arc;
+use s2mmu_vm::VmFormat;
 use std::time::Instant;
-
-/// What the stop-and-copy needs from the run so far.
-pub(super) struct Stopping<'a, 'v> {
-    pub vm: &'a Arc<Vm>,
-    pub wl: &'a Workload<TreeMemslots>,
-    pub wl_cfg: WorkloadConfig,
-    pub ctl: &'a Control,
-    pub s: &'a mut Sender<'v>,
-    pub extras: ExtrasRun,
-    pub final_pace: u64,
-    /// The last pre-copy round.
-    pub round: u32,
-    pub throttle_pct: u32,
-    pub max_throttle: u32,
-    pub rounds: Vec<RoundStat>,
-    pub timeline: Timeline,
-    pub log_start: Instant,
-    pub log_start_s: f64,
-    pub warm: (Instant, u64, u64),
-    pub warm_end: (Instant, u64, u64),
-    pub warm_end_s: f64,
-    pub at_log: (Instant, u64, u64),
-    pub link: f64,
-    pub link_bytes: u64,
-    pub cfg: &'a SourceConfig,
-}
 
 /// Pauses the guest, sends the rest, and verifies the destination.
 ///
 /// # Errors
 /// Sending failed (the guest resumes here; the destination's reason when
 /// it gave up), the destination did not resume it (it resumes here), or
-/// [`MigrateError::MemoryMismatch`].
-pub(super) fn run(mut x: Stopping<'_, '_>) -> Result<SourceOutcome, MigrateError> {
+/// [`MigrateError::MemoryMismatch`]. `extras` are pre-copy's check and
+/// snapshots, `throttle_pct` the throttle of its last round.
+pub(super) fn run<F: VmFormat>(
+    mut x: PrecopyEnd<'_, '_, F>,
+    mut extras: ExtrasRun<F>,
+    throttle_pct: u32,
+) -> Result<SourceOutcome, MigrateError> {
+    let at = x.clock();
     let pause_at = Instant::now();
     let at_pause = counters(x.ctl);
     x.wl.pause();
-    if let Err(e) = send_last(&mut x) {
+    if let Err(e) = send_last(&mut x, &mut extras, throttle_pct) {
         x.wl.resume();
         return Err(rejected_or(e, &mut x.s.chans[0].wire));
     }
@@ -84,7 +61,7 @@ pub(super) fn run(mut x: Stopping<'_, '_>) -> Result<SourceOutcome, MigrateError
         ));
     }
     let samples = x.timeline.finish();
-    let pause_s = x.log_start_s + (pause_at - x.log_start).as_secs_f64();
+    let pause_s = at(pause_at);
     let before = phase(x.warm, x.warm_end, &samples, 0.0, x.warm_end_s);
     let during = phase(x.at_log, at_pause, &samples, x.log_start_s, pause_s);
 
@@ -99,7 +76,7 @@ pub(super) fn run(mut x: Stopping<'_, '_>) -> Result<SourceOutcome, MigrateError
     let page_records: u64 = rounds.iter().map(|r| r.pages).sum();
     let zero_pages: u64 = rounds.iter().map(|r| r.zero_pages).sum();
     let bytes: u64 = rounds.iter().map(|r| r.bytes).sum();
-    let extras = x.extras.finish(x.vm);
+    let extras = extras.finish(x.vm);
     Ok(SourceOutcome {
         rounds,
         total: resumed_at - x.log_start,
@@ -112,7 +89,7 @@ pub(super) fn run(mut x: Stopping<'_, '_>) -> Result<SourceOutcome, MigrateError
         channels: cfg.channels,
         log_start_s: x.log_start_s,
         pause_s,
-        resumed_s: x.log_start_s + (resumed_at - x.log_start).as_secs_f64(),
+        resumed_s: at(resumed_at),
         samples,
         before,
         during,
@@ -127,24 +104,23 @@ pub(super) fn run(mut x: Stopping<'_, '_>) -> Result<SourceOutcome, MigrateError
 
 /// With the vCPUs paused: the last harvest, the last dirty pages, the
 /// vCPU state, the end of every channel; records the final round.
-fn send_last(x: &mut Stopping<'_, '_>) -> Result<(), MigrateError> {
+fn send_last<F: VmFormat>(
+    x: &mut PrecopyEnd<'_, '_, F>,
+    extras: &mut ExtrasRun<F>,
+    throttle_pct: u32,
+) -> Result<(), MigrateError> {
     let page = PAGE_SIZE as u64;
     let s = &mut *x.s;
     let t0 = Instant::now();
     let (p0, b0, z0) = s.counts();
     s.final_harvest()?;
-    x.extras.last_round(x.vm, &s.pending)?;
+    extras.last_round(x.vm, &s.pending)?;
     let mut e = Enc::default();
     e.u32(x.round + 1).u64(s.dirty_count());
     s.chans[0].wire.control(tag::ROUND, &e.0)?;
     s.send_dirty()?;
-    let state = GuestState {
-        bytes_per_vcpu: x.wl_cfg.bytes_per_vcpu,
-        write_percent: x.wl_cfg.write_percent,
-        pattern: u8::from(x.wl_cfg.pattern == Pattern::Random),
-        pace_pages_per_sec: x.final_pace,
-        vcpus: x.wl.vcpu_states(),
-    };
+    let state = x.guest_state();
+    let s = &mut *x.s;
     for c in s.chans.iter_mut().skip(1) {
         c.wire.end()?;
     }
@@ -161,7 +137,7 @@ fn send_last(x: &mut Stopping<'_, '_>) -> Result<(), MigrateError> {
         end_s: x.timeline.at(t1),
         bandwidth: (b1 - b0) as f64 / (t1 - t0).as_secs_f64().max(1e-9),
         page_rate: (p1 - p0) as f64 * page as f64 / (t1 - t0).as_secs_f64().max(1e-9),
-        throttle_pct: x.throttle_pct,
+        throttle_pct,
         pace: x.final_pace,
         final_round: true,
         ..RoundStat::default()

@@ -6,7 +6,8 @@ use super::super::error::MigrateError;
 use super::super::hash::{digest_of, page_hash};
 use super::super::wire::{tag, Dec, Record, PAGE_SIZE};
 use super::{read_reply, unexpected_reply, Sender};
-use s2mmu_vm::Vm;
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{Vm, VmFormat};
 
 pub(super) fn parse_digests(body: &[u8], at_byte: u64) -> Result<Vec<(u16, u64)>, MigrateError> {
     let mut d = Dec::new(body, "RESUMED", at_byte);
@@ -22,7 +23,7 @@ pub(super) fn parse_digests(body: &[u8], at_byte: u64) -> Result<Vec<(u16, u64)>
 /// Per-slot digests of the source's memory as it is now: XXH3 of every
 /// page (seeded with its address), then of those hashes in page order, as
 /// the destination computes them.
-pub fn source_digests(vm: &Vm) -> Vec<(u16, u64)> {
+pub fn source_digests<F: VmFormat>(vm: &Vm<TreeMemslots, F>) -> Vec<(u16, u64)> {
     let mut buf = vec![0u8; PAGE_SIZE];
     vm.slots()
         .iter()
@@ -46,7 +47,10 @@ pub fn source_digests(vm: &Vm) -> Vec<(u16, u64)> {
 ///
 /// # Errors
 /// Sending or the reply failed, or [`MigrateError::MemoryMismatch`].
-pub(super) fn verify_full(vm: &Vm, s: &mut Sender<'_>) -> Result<(), MigrateError> {
+pub(super) fn verify_full<F: VmFormat>(
+    vm: &Vm<TreeMemslots, F>,
+    s: &mut Sender<'_, F>,
+) -> Result<(), MigrateError> {
     s.chans[0].wire.control(tag::VERIFY, &[])?;
     *s.bucket.lock().unwrap_or_else(|p| p.into_inner()) = TokenBucket::new(0);
     s.send_all_main()?;
@@ -80,8 +84,8 @@ pub(super) fn verify_full(vm: &Vm, s: &mut Sender<'_>) -> Result<(), MigrateErro
 /// # Errors
 /// [`MigrateError::MemoryMismatch`] for the first slot that differs or
 /// that the destination did not report.
-pub(super) fn check_digests(
-    vm: &Vm,
+pub(super) fn check_digests<F: VmFormat>(
+    vm: &Vm<TreeMemslots, F>,
     dest_digests: &[(u16, u64)],
 ) -> Result<Vec<(u16, u64)>, MigrateError> {
     let slot_digests = source_digests(vm);

@@ -5,6 +5,7 @@
 use super::{
     Dec, Enc, MigrateError, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE, SESSION_LEN,
 };
+use crate::vm_format::FormatArg;
 use s2mmu_vm::VcpuState;
 
 /// What the destination needs to build the same guest.
@@ -28,6 +29,27 @@ pub struct Header {
     /// Post-copy: two more connections than `channels` counts as data
     /// channels join, for page requests and their answers.
     pub postcopy: bool,
+    /// The stage-2 format of the source's tables: the destination builds
+    /// its guest on the same one, or refuses the stream.
+    pub format: FormatArg,
+}
+
+/// The HEADER's code for a stage-2 format.
+fn format_code(f: FormatArg) -> u8 {
+    match f {
+        FormatArg::Arm64 => 0,
+        FormatArg::Ept => 1,
+    }
+}
+
+/// The stage-2 format of a HEADER code (None: a code this build does not
+/// know).
+fn format_of_code(code: u8) -> Option<FormatArg> {
+    match code {
+        0 => Some(FormatArg::Arm64),
+        1 => Some(FormatArg::Ept),
+        _ => None,
+    }
 }
 
 /// How a connection opens: the main one with the guest's header, a
@@ -70,7 +92,8 @@ impl Header {
             .u16(self.channels)
             .u8(name.len().min(255) as u8)
             .bytes(&name[..name.len().min(255)])
-            .u8(u8::from(self.verify_full) | (u8::from(self.postcopy) << 1));
+            .u8(u8::from(self.verify_full) | (u8::from(self.postcopy) << 1))
+            .u8(format_code(self.format));
         e.0
     }
 
@@ -97,6 +120,10 @@ impl Header {
         if flags > 3 {
             return Err(d.malformed(format!("unknown flags {flags:#04x}")));
         }
+        let code = d.u8()?;
+        let format = format_of_code(code).ok_or_else(|| {
+            d.malformed(format!("unknown stage-2 format {code} (0: arm64, 1: ept)"))
+        })?;
         d.finish()?;
         if mem_size == 0 || !mem_size.is_multiple_of(PAGE_SIZE as u64) || mem_size > MAX_MEM {
             return Err(d.malformed(format!(
@@ -126,6 +153,7 @@ impl Header {
             backing,
             verify_full: flags & 1 != 0,
             postcopy: flags & 2 != 0,
+            format,
         })
     }
 }

@@ -1,4 +1,4 @@
-//! The migration stream, format version 2. All integers little-endian.
+//! The migration stream, format version 3. All integers little-endian.
 //!
 //! ```text
 //! opening  "S2MMIGR\0" version:u16, then HEADER (the main connection) or
@@ -11,6 +11,9 @@
 //!                       backing[backing_len] flags:u8 (bit 0: verify-full,
 //!                       bit 1: post-copy: the last two channels are its
 //!                       request and answer connections, see `postcopy`)
+//!                       format:u8 (the stage-2 format of the source's
+//!                       tables: 0 arm64, 1 x86 EPT; a destination on
+//!                       another one refuses the stream)
 //!          0x09 JOIN    session[16] channel:u16
 //!          0x02 ROUND   round:u32 pages:u64
 //!          0x03 STATE   the vCPUs' state and the workload (GuestState)
@@ -66,7 +69,7 @@ use super::hash::{checksum, is_zero, page_hash};
 /// First bytes of every connection.
 pub const MAGIC: [u8; 8] = *b"S2MMIGR\0";
 /// The format version this build writes and reads.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Guest page size of the stream.
 pub const PAGE_SIZE: usize = 4096;
 /// The largest guest this build migrates (the destination keeps a hash
