@@ -467,7 +467,7 @@ fn receive_rest<R: Read + Write>(
             let first = (0..f.pages)
                 .find(|&i| !bit(&f.present, i))
                 .map_or(0, |i| f.gpa_of(i));
-            return Err(MigrateError::Setup(format!(
+            return Err(f.wait_failed(format!(
                 "{why}; {left} pages never arrived, the first at gpa {first:#x}"
             )));
         }

@@ -324,8 +324,25 @@ impl Fetcher {
         self.wait_until("the reference request", true, || {
             self.answers.load(Ordering::SeqCst) > a0
         })
-        .map_err(|why| MigrateError::Setup(format!("post-copy reference: {why}")))?;
+        .map_err(|why| self.wait_failed(format!("post-copy reference: {why}")))?;
         Ok(t0.elapsed().as_nanos() as u64)
+    }
+
+    /// The error of a bounded wait that failed: a broken connection is an
+    /// I/O error and a silent one a timeout, both of which a recovery can
+    /// mend (the pages are all here, or will be resent; only the
+    /// connections are gone); anything else (post-copy was failed) is not.
+    pub(super) fn wait_failed(&self, why: String) -> MigrateError {
+        if self.failed.load(Ordering::SeqCst) {
+            MigrateError::Setup(why)
+        } else if self.broken.load(Ordering::SeqCst) {
+            MigrateError::Io {
+                what: "the post-copy connections".into(),
+                error: why,
+            }
+        } else {
+            MigrateError::Timeout { what: why }
+        }
     }
 }
 
