@@ -175,6 +175,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         // Pages to protect that run on across words (start page, pages): a
         // fully dirty last-level table is one walk, not one per word.
         let mut run = (0u64, 0u64);
+        let group_words = (self.with_table(|pt| pt.format().entries_per_table()) / 64).max(1);
+        let mut group = Vec::with_capacity(group_words);
         while w < words {
             let end = (w + chunk_words.max(1)).min(words);
             if split {
@@ -183,23 +185,42 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 cache.top_up(cap)?;
             }
             let mut pt = self.write_lock(st);
-            for (k, &user) in bitmap.iter().enumerate().take(end).skip(w) {
-                let mask = b.clear_masked(first_word + k, user);
-                if mask == 0 {
-                    continue;
+            let mut k = w;
+            while k < end {
+                // The words of one last-level table of the slot's pages
+                // (or what of it this chunk holds).
+                let g_end = ((first_word + k) / group_words + 1) * group_words - first_word;
+                let g_end = g_end.min(end);
+                group.clear();
+                for (k, &user) in bitmap.iter().enumerate().take(g_end).skip(k) {
+                    let mask = b.clear_masked(first_word + k, user);
+                    group.push(mask);
+                    if mask == 0 {
+                        continue;
+                    }
+                    taken.push((first_word + k, mask));
+                    cleared += u64::from(mask.count_ones());
+                    if split {
+                        let page0 = (first_word + k) as u64 * 64;
+                        let (lo, hi) = (mask.trailing_zeros(), 64 - mask.leading_zeros());
+                        let lo = base + ((page0 + u64::from(lo)) << self.page_shift);
+                        let hi = base + ((page0 + u64::from(hi)) << self.page_shift);
+                        let t0 = Stopwatch::<P::Clock>::start();
+                        pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
+                        st.split_ns += t0.elapsed_ns();
+                    }
                 }
-                taken.push((first_word + k, mask));
-                cleared += u64::from(mask.count_ones());
-                let page0 = (first_word + k) as u64 * 64;
-                if split {
-                    let lo = base + ((page0 + u64::from(mask.trailing_zeros())) << self.page_shift);
-                    let hi =
-                        base + ((page0 + 64 - u64::from(mask.leading_zeros())) << self.page_shift);
-                    let t0 = Stopwatch::<P::Clock>::start();
-                    pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
-                    st.split_ns += t0.elapsed_ns();
-                }
-                self.protect_mask_runs(&mut pt, base, page0, mask, &mut run, batch)?;
+                let npages = b.npages();
+                self.protect_group(
+                    &mut pt,
+                    base,
+                    first_word + k,
+                    &group,
+                    npages,
+                    &mut run,
+                    batch,
+                )?;
+                k = g_end;
             }
             self.protect_run(&mut pt, base, &mut run, batch)?;
             drop(pt);
@@ -246,6 +267,44 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         pt.scan_hw_dirty_into(base, size, base, b)?;
         drop(pt);
         self.vm_stats.lock().add(&st);
+        Ok(())
+    }
+
+    /// Protects the pages of `masks`, the cleared bits of the bitmap words
+    /// from `word0` on (a last-level table's worth at most; the slot has
+    /// `npages` pages). With hardware dirty state and more than
+    /// [`Mmu::with_sparse_clear_runs`]'s runs of set bits among them, in
+    /// one masked clean ([`PageTable::clean_hw_dirty_masked`]) after
+    /// protecting `run`: a scattered bitmap takes one walk per table
+    /// instead of one per run. Otherwise run by run through `run`
+    /// ([`Mmu::protect_mask_runs`]), so long runs join across words.
+    #[allow(clippy::too_many_arguments)]
+    fn protect_group(
+        &self,
+        pt: &mut PageTable<F, M>,
+        base: u64,
+        word0: usize,
+        masks: &[u64],
+        npages: u64,
+        run: &mut (u64, u64),
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<()> {
+        let page0 = word0 as u64 * 64;
+        if self.policy.dirty.hardware() && bit_runs(masks) > self.sparse_clear_runs {
+            self.protect_run(pt, base, run, batch)?;
+            let pages = (masks.len() as u64 * 64).min(npages.saturating_sub(page0));
+            if pages > 0 {
+                let ipa = base + (page0 << self.page_shift);
+                pt.clean_hw_dirty_masked(ipa, pages << self.page_shift, masks, batch)?;
+            }
+            return Ok(());
+        }
+        for (i, &mask) in masks.iter().enumerate() {
+            if mask != 0 {
+                let page = page0 + i as u64 * 64;
+                self.protect_mask_runs(pt, base, page, mask, run, batch)?;
+            }
+        }
         Ok(())
     }
 
@@ -318,4 +377,16 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         }
         Ok(())
     }
+}
+
+/// The number of runs of consecutive set bits in `masks`, read as one
+/// bitmap (a run may continue from one word into the next).
+fn bit_runs(masks: &[u64]) -> u32 {
+    let mut carry = 0;
+    let mut runs = 0;
+    for &m in masks {
+        runs += (m & !((m << 1) | carry)).count_ones();
+        carry = m >> 63;
+    }
+    runs
 }
