@@ -109,6 +109,12 @@ fn harvest_perf_boundaries() {
     let mut bad = pass(cmd, &smalls, "--size", &around("256G", "257G"));
     bad.extend(pass(cmd, &smalls, "--runs", &around("100", "101")));
     bad.extend(pass(cmd, &smalls, "--dirty-every", &around("512", "513")));
+    bad.extend(pass(
+        cmd,
+        &smalls,
+        "--sparse-clear-runs",
+        &around("512", "513"),
+    ));
     check(bad);
 }
 

@@ -192,12 +192,18 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 let g_end = ((first_word + k) / group_words + 1) * group_words - first_word;
                 let g_end = g_end.min(end);
                 group.clear();
+                // Runs of set bits among the group's words, counted as the
+                // words are taken (a word of none costs nothing more).
+                let (mut runs, mut carry) = (0u32, 0u64);
                 for (k, &user) in bitmap.iter().enumerate().take(g_end).skip(k) {
                     let mask = b.clear_masked(first_word + k, user);
                     group.push(mask);
                     if mask == 0 {
+                        carry = 0;
                         continue;
                     }
+                    runs += (mask & !((mask << 1) | carry)).count_ones();
+                    carry = mask >> 63;
                     taken.push((first_word + k, mask));
                     cleared += u64::from(mask.count_ones());
                     if split {
@@ -210,16 +216,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                         st.split_ns += t0.elapsed_ns();
                     }
                 }
-                let npages = b.npages();
-                self.protect_group(
-                    &mut pt,
-                    base,
-                    first_word + k,
-                    &group,
-                    npages,
-                    &mut run,
-                    batch,
-                )?;
+                if runs > 0 {
+                    let (word0, npages) = (first_word + k, b.npages());
+                    let masks = (&group[..], runs, npages);
+                    self.protect_group(&mut pt, base, word0, masks, &mut run, batch)?;
+                }
                 k = g_end;
             }
             self.protect_run(&mut pt, base, &mut run, batch)?;
@@ -271,26 +272,25 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     }
 
     /// Protects the pages of `masks`, the cleared bits of the bitmap words
-    /// from `word0` on (a last-level table's worth at most; the slot has
-    /// `npages` pages). With hardware dirty state and more than
+    /// from `word0` on (a last-level table's worth at most, holding `runs`
+    /// runs of set bits; the slot has `npages` pages). With hardware dirty
+    /// state and more than
     /// [`Mmu::with_sparse_clear_runs`]'s runs of set bits among them, in
     /// one masked clean ([`PageTable::clean_hw_dirty_masked`]) after
     /// protecting `run`: a scattered bitmap takes one walk per table
     /// instead of one per run. Otherwise run by run through `run`
     /// ([`Mmu::protect_mask_runs`]), so long runs join across words.
-    #[allow(clippy::too_many_arguments)]
     fn protect_group(
         &self,
         pt: &mut PageTable<F, M>,
         base: u64,
         word0: usize,
-        masks: &[u64],
-        npages: u64,
+        (masks, runs, npages): (&[u64], u32, u64),
         run: &mut (u64, u64),
         batch: &mut TlbBatch<'_>,
     ) -> Result<()> {
         let page0 = word0 as u64 * 64;
-        if self.policy.dirty.hardware() && bit_runs(masks) > self.sparse_clear_runs {
+        if self.policy.dirty.hardware() && runs > self.sparse_clear_runs {
             self.protect_run(pt, base, run, batch)?;
             let pages = (masks.len() as u64 * 64).min(npages.saturating_sub(page0));
             if pages > 0 {
@@ -377,16 +377,4 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         }
         Ok(())
     }
-}
-
-/// The number of runs of consecutive set bits in `masks`, read as one
-/// bitmap (a run may continue from one word into the next).
-fn bit_runs(masks: &[u64]) -> u32 {
-    let mut carry = 0;
-    let mut runs = 0;
-    for &m in masks {
-        runs += (m & !((m << 1) | carry)).count_ones();
-        carry = m >> 63;
-    }
-    runs
 }
