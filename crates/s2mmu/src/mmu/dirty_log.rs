@@ -2,6 +2,7 @@
 //! `KVM_CLEAR_DIRTY_LOG` with manual protect, hardware dirty state scanned
 //! into the bitmap.
 
+use super::sparse_clear::ClearGroup;
 use super::*;
 use crate::dirty::DirtyConsumer;
 
@@ -175,8 +176,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         // Pages to protect that run on across words (start page, pages): a
         // fully dirty last-level table is one walk, not one per word.
         let mut run = (0u64, 0u64);
-        let group_words = (self.with_table(|pt| pt.format().entries_per_table()) / 64).max(1);
-        let mut group = Vec::with_capacity(group_words);
+        let table_words = self.with_table(|pt| pt.format().entries_per_table()) / 64;
+        let mut group = ClearGroup::new(table_words);
+        let npages = b.npages();
         while w < words {
             let end = (w + chunk_words.max(1)).min(words);
             if split {
@@ -185,44 +187,28 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 cache.top_up(cap)?;
             }
             let mut pt = self.write_lock(st);
-            let mut k = w;
-            while k < end {
-                // The words of one last-level table of the slot's pages
-                // (or what of it this chunk holds).
-                let g_end = ((first_word + k) / group_words + 1) * group_words - first_word;
-                let g_end = g_end.min(end);
-                group.clear();
-                // Runs of set bits among the group's words, counted as the
-                // words are taken (a word of none costs nothing more).
-                let (mut runs, mut carry) = (0u32, 0u64);
-                for (k, &user) in bitmap.iter().enumerate().take(g_end).skip(k) {
-                    let mask = b.clear_masked(first_word + k, user);
-                    group.push(mask);
-                    if mask == 0 {
-                        carry = 0;
-                        continue;
-                    }
-                    runs += (mask & !((mask << 1) | carry)).count_ones();
-                    carry = mask >> 63;
-                    taken.push((first_word + k, mask));
-                    cleared += u64::from(mask.count_ones());
-                    if split {
-                        let page0 = (first_word + k) as u64 * 64;
-                        let (lo, hi) = (mask.trailing_zeros(), 64 - mask.leading_zeros());
-                        let lo = base + ((page0 + u64::from(lo)) << self.page_shift);
-                        let hi = base + ((page0 + u64::from(hi)) << self.page_shift);
-                        let t0 = Stopwatch::<P::Clock>::start();
-                        pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
-                        st.split_ns += t0.elapsed_ns();
-                    }
+            for (k, &user) in bitmap.iter().enumerate().take(end).skip(w) {
+                let mask = b.clear_masked(first_word + k, user);
+                if mask == 0 {
+                    continue;
                 }
-                if runs > 0 {
-                    let (word0, npages) = (first_word + k, b.npages());
-                    let masks = (&group[..], runs, npages);
-                    self.protect_group(&mut pt, base, word0, masks, &mut run, batch)?;
+                taken.push((first_word + k, mask));
+                cleared += u64::from(mask.count_ones());
+                let page0 = (first_word + k) as u64 * 64;
+                if split {
+                    let lo = base + ((page0 + u64::from(mask.trailing_zeros())) << self.page_shift);
+                    let hi =
+                        base + ((page0 + 64 - u64::from(mask.leading_zeros())) << self.page_shift);
+                    let t0 = Stopwatch::<P::Clock>::start();
+                    pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
+                    st.split_ns += t0.elapsed_ns();
                 }
-                k = g_end;
+                if !group.holds(first_word + k) {
+                    self.protect_group(&mut pt, base, &mut group, npages, &mut run, batch)?;
+                }
+                group.add(first_word + k, mask);
             }
+            self.protect_group(&mut pt, base, &mut group, npages, &mut run, batch)?;
             self.protect_run(&mut pt, base, &mut run, batch)?;
             drop(pt);
             w = end;
@@ -271,48 +257,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         Ok(())
     }
 
-    /// Protects the pages of `masks`, the cleared bits of the bitmap words
-    /// from `word0` on (a last-level table's worth at most, holding `runs`
-    /// runs of set bits; the slot has `npages` pages). With hardware dirty
-    /// state and more than
-    /// [`Mmu::with_sparse_clear_runs`]'s runs of set bits among them, in
-    /// one masked clean ([`PageTable::clean_hw_dirty_masked`]) after
-    /// protecting `run`: a scattered bitmap takes one walk per table
-    /// instead of one per run. Otherwise run by run through `run`
-    /// ([`Mmu::protect_mask_runs`]), so long runs join across words.
-    fn protect_group(
-        &self,
-        pt: &mut PageTable<F, M>,
-        base: u64,
-        word0: usize,
-        (masks, runs, npages): (&[u64], u32, u64),
-        run: &mut (u64, u64),
-        batch: &mut TlbBatch<'_>,
-    ) -> Result<()> {
-        let page0 = word0 as u64 * 64;
-        if self.policy.dirty.hardware() && runs > self.sparse_clear_runs {
-            self.protect_run(pt, base, run, batch)?;
-            let pages = (masks.len() as u64 * 64).min(npages.saturating_sub(page0));
-            if pages > 0 {
-                let ipa = base + (page0 << self.page_shift);
-                pt.clean_hw_dirty_masked(ipa, pages << self.page_shift, masks, batch)?;
-            }
-            return Ok(());
-        }
-        for (i, &mask) in masks.iter().enumerate() {
-            if mask != 0 {
-                let page = page0 + i as u64 * 64;
-                self.protect_mask_runs(pt, base, page, mask, run, batch)?;
-            }
-        }
-        Ok(())
-    }
-
     /// As [`Mmu::protect_mask`], but a run of bits that starts where
     /// `run` (start page, pages) ends extends it, and the rest go through
     /// `run` too: only the runs it cannot extend are protected here; the
     /// caller protects the last with [`Mmu::protect_run`].
-    fn protect_mask_runs(
+    pub(super) fn protect_mask_runs(
         &self,
         pt: &mut PageTable<F, M>,
         base: u64,
@@ -341,7 +290,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
 
     /// Protects the pages of `run` (start page, pages; none if empty) of
     /// the slot at `base`, and empties it.
-    fn protect_run(
+    pub(super) fn protect_run(
         &self,
         pt: &mut PageTable<F, M>,
         base: u64,

@@ -62,6 +62,7 @@ mod pml;
 mod policy;
 mod populate;
 mod rings;
+mod sparse_clear;
 mod stage2;
 mod stats;
 #[cfg(test)]
