@@ -89,6 +89,14 @@ fn harvest_perf_bad_input() {
         &["harvest-perf", "--size", "2M", "--dirty-every", "513"],
         &["--dirty-every", "512"],
     );
+    refused(
+        &["harvest-perf", "--sparse-clear-runs", "513"],
+        &["--sparse-clear-runs", "0..=512"],
+    );
+    refused(
+        &["harvest-perf", "--sparse-clear-runs", "-1"],
+        &["--sparse-clear-runs"],
+    );
 }
 
 #[test]

@@ -128,6 +128,7 @@ const FLAGS: &[(&str, &str, Values)] = &[
     ("harvest-perf", "--size", Around("256G", "257G")),
     ("harvest-perf", "--runs", Around("100", "101")),
     ("harvest-perf", "--dirty-every", Around("512", "513")),
+    ("harvest-perf", "--sparse-clear-runs", Around("512", "513")),
     ("memslot-perf", "-s", Around("32764", "32765")),
     ("memslot-perf", "-r", Around("100", "101")),
     ("memslot-perf", "-l", List(&["0", "1e-300", "60", "60.001", "1e308", "nan", "inf", "-1", "x", ""])),

@@ -154,10 +154,56 @@ fn table_scan_matches_per_leaf_scan_ept() {
     mixed_tables_scan_alike(EptFormat::new(4).unwrap());
 }
 
-/// Cleaning whole last-level tables at once (one range) changes the same
-/// leaves to the same values, counts the same, and invalidates the same
-/// range as cleaning page by page (a leaf visit each).
-fn clean_by_table_matches_clean_by_page<F: PteFormat + Clone>(fmt: F) {
+/// Which pages of a clean's range a test cleans: every page as one range
+/// (`clean_hw_dirty_batched`, the whole-table loop), or the pages `p` with
+/// `p % every == 0` (and never any, for `every` 0) through a bitmap
+/// (`clean_hw_dirty_masked`, its set bits a table at a time), the bitmap's
+/// first bit `shift` pages below the range.
+#[derive(Clone, Copy, Debug)]
+enum Pick {
+    All,
+    Every { every: u64, shift: u64 },
+}
+
+impl Pick {
+    fn picks(self, p: u64) -> bool {
+        match self {
+            Pick::All => true,
+            Pick::Every { every, .. } => every != 0 && p.is_multiple_of(every),
+        }
+    }
+}
+
+/// The densities and bitmap offsets every format is cleaned with: dense,
+/// every other page, one in 3 (the sparse CLEAR of issue 16), one run per
+/// bitmap word, rarer than a table, none; bitmaps aligned to the tables and
+/// not.
+const PICKS: [Pick; 9] = [
+    Pick::All,
+    Pick::Every { every: 1, shift: 0 },
+    Pick::Every { every: 2, shift: 0 },
+    Pick::Every { every: 3, shift: 0 },
+    Pick::Every { every: 3, shift: 5 },
+    Pick::Every {
+        every: 64,
+        shift: 0,
+    },
+    Pick::Every {
+        every: 64,
+        shift: 37,
+    },
+    Pick::Every {
+        every: 700,
+        shift: 0,
+    },
+    Pick::Every { every: 0, shift: 0 },
+];
+
+/// Cleaning whole last-level tables at once (one range, or a bitmap's
+/// pages) changes the same leaves to the same values, counts the same, and
+/// invalidates the same range as cleaning the same pages one by one (a leaf
+/// visit each); a page not picked keeps its dirty state.
+fn clean_by_table_matches_clean_by_page<F: PteFormat + Clone>(fmt: F, pick: Pick) {
     let mut whole = fixture_for(fmt.clone());
     let mut by_page = fixture_for(fmt);
     let m = mixed(&mut whole);
@@ -166,21 +212,36 @@ fn clean_by_table_matches_clean_by_page<F: PteFormat + Clone>(fmt: F) {
     by_page.tlb.take();
     // The tables, then the block: each with its own batch, so the first
     // invalidation ends at the last dirty page of the tables.
-    let (mut n, mut k) = (0, 0);
+    let (mut n, mut k, mut picked) = (0, 0, 0);
     for (from, len) in [
         (m.start, m.len - 2 * MIB),
         (m.start + m.len - 2 * MIB, 2 * MIB),
     ] {
+        let pages = len / PAGE;
         let tlb = whole.pt.tlb().clone();
         let mut batch = TlbBatch::new(&*tlb, whole.pt.tlb_policy());
-        n += whole
-            .pt
-            .clean_hw_dirty_batched(from, len, &mut batch)
-            .unwrap();
+        n += match pick {
+            Pick::All => whole.pt.clean_hw_dirty_batched(from, len, &mut batch),
+            Pick::Every { shift, .. } => {
+                let mut masks = vec![0u64; (pages + shift).div_ceil(64) as usize];
+                for p in (0..pages).filter(|&p| pick.picks(p)) {
+                    masks[((p + shift) / 64) as usize] |= 1 << ((p + shift) % 64);
+                }
+                // Bit `p + shift` is page `p`: the range starts `shift`
+                // pages lower (pages with no bit set), another alignment
+                // of the bitmap to the tables.
+                let below = shift * PAGE;
+                whole
+                    .pt
+                    .clean_hw_dirty_masked(from - below, len + below, &masks, &mut batch)
+            }
+        }
+        .unwrap();
         batch.finish();
         let tlb = by_page.pt.tlb().clone();
         let mut batch = TlbBatch::new(&*tlb, by_page.pt.tlb_policy());
-        for p in 0..len / PAGE {
+        for p in (0..pages).filter(|&p| pick.picks(p)) {
+            picked += 1;
             let ipa = from + p * PAGE;
             k += by_page
                 .pt
@@ -189,29 +250,157 @@ fn clean_by_table_matches_clean_by_page<F: PteFormat + Clone>(fmt: F) {
         }
         batch.finish();
     }
-    assert_eq!(n, k, "leaves changed");
-    // The dirty pages (the block is one leaf) were changed.
-    assert_eq!(n, m.dirtied - 511);
+    assert_eq!(n, k, "leaves changed, {pick:?}");
+    if picked == m.len / PAGE {
+        // The dirty pages (the block is one leaf) were changed.
+        assert_eq!(n, m.dirtied - 511);
+    }
     let leaves = |fx: &Fixture<F>| -> Vec<(u64, u64)> {
         let l = fx.pt.leaves(m.start, m.len).unwrap();
         l.iter().map(|l| (l.ipa, l.pte)).collect()
     };
-    assert_eq!(leaves(&whole), leaves(&by_page));
-    assert_eq!(whole.tlb.take(), by_page.tlb.take(), "invalidations");
-    let none = DirtyBitmap::new(m.len / PAGE, false);
+    assert_eq!(leaves(&whole), leaves(&by_page), "{pick:?}");
+    assert_eq!(
+        whole.tlb.take(),
+        by_page.tlb.take(),
+        "invalidations, {pick:?}"
+    );
+    let left = DirtyBitmap::new(m.len / PAGE, false);
     let found = whole
         .pt
-        .scan_hw_dirty_into(m.start, m.len, m.start, &none)
+        .scan_hw_dirty_into(m.start, m.len, m.start, &left)
         .unwrap();
-    assert_eq!(found, 0, "nothing dirty after cleaning");
+    let dirty_left = by_page
+        .pt
+        .scan_hw_dirty_into(
+            m.start,
+            m.len,
+            m.start,
+            &DirtyBitmap::new(m.len / PAGE, false),
+        )
+        .unwrap();
+    assert_eq!(found, dirty_left, "dirty pages left, {pick:?}");
+    if picked == m.len / PAGE {
+        assert_eq!(found, 0, "nothing dirty after cleaning");
+    }
+    if matches!(pick, Pick::Every { every: 0, .. }) {
+        assert_eq!(found, m.dirtied, "nothing cleaned");
+    }
 }
 
 #[test]
 fn clean_by_table_matches_clean_by_page_arm64() {
-    clean_by_table_matches_clean_by_page(Arm64Stage2::new(Granule::K4, 40).unwrap());
+    for pick in PICKS {
+        clean_by_table_matches_clean_by_page(Arm64Stage2::new(Granule::K4, 40).unwrap(), pick);
+    }
 }
 
 #[test]
 fn clean_by_table_matches_clean_by_page_ept() {
-    clean_by_table_matches_clean_by_page(EptFormat::new(4).unwrap());
+    for pick in PICKS {
+        clean_by_table_matches_clean_by_page(EptFormat::new(4).unwrap(), pick);
+    }
+}
+
+/// A bitmap with fewer bits than the range has pages is refused, the table
+/// unchanged.
+#[test]
+fn masked_clean_refuses_a_short_bitmap() {
+    let mut fx = fixture_for(EptFormat::new(4).unwrap());
+    let m = mixed(&mut fx);
+    let before = fx.pt.leaves(m.start, m.len).unwrap();
+    let tlb = fx.pt.tlb().clone();
+    let mut batch = TlbBatch::new(&*tlb, fx.pt.tlb_policy());
+    let masks = vec![!0u64; (m.len / PAGE / 64) as usize - 1];
+    let r = fx
+        .pt
+        .clean_hw_dirty_masked(m.start, m.len, &masks, &mut batch);
+    assert!(
+        matches!(r, Err(s2mmu::Error::InvalidConfig { .. })),
+        "{r:?}"
+    );
+    batch.finish();
+    assert_eq!(fx.pt.leaves(m.start, m.len).unwrap(), before);
+}
+
+/// `Mmu::clear_dirty_log` with hardware dirty state, on a slot that starts
+/// and ends off a last-level table's bounds: the masked walk (taken above
+/// a threshold of runs per table: 0, the default, never) leaves the same
+/// leaves, clears the same count, and keeps dirty every page the caller's
+/// bitmap did not name, at every density of that bitmap.
+fn clear_alike_whatever_the_strategy<F: PteFormat + Clone>(fmt: F) {
+    use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
+    use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy, SPARSE_CLEAR_RUNS};
+    use s2mmu::{Gpa, HostMmOps, Hva, NoTlb};
+    use std::sync::Arc;
+    // 3 pages above a 2 MiB boundary, 2 MiB and 69 pages long: three
+    // tables, none whole, and a last bitmap word of 5 pages.
+    let (gpa, npages) = (GIB + 3 * PAGE, 512 + 69);
+    let dirtied = |p: u64| p.is_multiple_of(2) || p % 7 == 3 || (200..330).contains(&p);
+    for every in [1, 2, 3, 5, 64, 300] {
+        let mut after = Vec::new();
+        for runs in [0, SPARSE_CLEAR_RUNS, u32::MAX] {
+            let policy = MmuPolicy {
+                dirty: DirtyMode::Hardware,
+                manual_protect: true,
+                ..MmuPolicy::default()
+            };
+            let m = Mmu::new(
+                fmt.clone(),
+                HostMmOps::new(4096).unwrap(),
+                Arc::new(NoTlb),
+                TreeMemslots::new(),
+                policy,
+            )
+            .unwrap()
+            .with_sparse_clear_runs(runs);
+            let hva = Hva::new(0x7000_0000_0000);
+            let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(gpa), npages * PAGE, hva);
+            m.set_memory_region(&r, 4096).unwrap();
+            m.populate(0, 0, npages).unwrap();
+            m.enable_dirty_logging(0).unwrap();
+            let reader = m.reader();
+            let mut n = 0;
+            for p in (0..npages).filter(|&p| dirtied(p)) {
+                reader.hw_dirty_update(gpa + p * PAGE).unwrap();
+                n += 1;
+            }
+            let mut bm = vec![0u64; npages.div_ceil(64) as usize];
+            assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), n);
+            // The caller clears the pages `p % every == 0` of what it got.
+            let mut clear = vec![0u64; bm.len()];
+            let mut named = 0;
+            for p in (0..npages).filter(|&p| p.is_multiple_of(every) && dirtied(p)) {
+                clear[(p / 64) as usize] |= 1 << (p % 64);
+                named += 1;
+            }
+            let cleared = m.clear_dirty_log(0, 0, npages, &clear).unwrap();
+            assert_eq!(cleared, named, "every {every}, runs {runs}");
+            let leaves = m.with_table(|pt| pt.leaves(gpa, npages * PAGE)).unwrap();
+            after.push(leaves.iter().map(|l| (l.ipa, l.pte)).collect::<Vec<_>>());
+            // What was not cleared is still dirty in the table, and only
+            // that: the next GET finds exactly it.
+            let left = m.get_dirty_log(0, &mut bm).unwrap();
+            assert_eq!(left, n - named, "every {every}, runs {runs}");
+            for p in 0..npages {
+                let set = bm[(p / 64) as usize] >> (p % 64) & 1 == 1;
+                assert_eq!(
+                    set,
+                    dirtied(p) && !p.is_multiple_of(every),
+                    "page {p}, every {every}"
+                );
+            }
+        }
+        assert!(after.windows(2).all(|w| w[0] == w[1]), "every {every}");
+    }
+}
+
+#[test]
+fn clear_alike_whatever_the_strategy_arm64() {
+    clear_alike_whatever_the_strategy(Arm64Stage2::new(Granule::K4, 40).unwrap());
+}
+
+#[test]
+fn clear_alike_whatever_the_strategy_ept() {
+    clear_alike_whatever_the_strategy(EptFormat::new(4).unwrap());
 }

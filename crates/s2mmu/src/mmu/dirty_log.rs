@@ -2,6 +2,7 @@
 //! `KVM_CLEAR_DIRTY_LOG` with manual protect, hardware dirty state scanned
 //! into the bitmap.
 
+use super::sparse_clear::ClearGroup;
 use super::*;
 use crate::dirty::DirtyConsumer;
 
@@ -175,6 +176,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         // Pages to protect that run on across words (start page, pages): a
         // fully dirty last-level table is one walk, not one per word.
         let mut run = (0u64, 0u64);
+        let table_words = self.with_table(|pt| pt.format().entries_per_table()) / 64;
+        let mut group = ClearGroup::new(table_words);
+        let npages = b.npages();
         while w < words {
             let end = (w + chunk_words.max(1)).min(words);
             if split {
@@ -199,8 +203,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                     pt.split(lo, hi - lo, &mut cache, self.policy.split_walk)?;
                     st.split_ns += t0.elapsed_ns();
                 }
-                self.protect_mask_runs(&mut pt, base, page0, mask, &mut run, batch)?;
+                if !group.holds(first_word + k) {
+                    self.protect_group(&mut pt, base, &mut group, npages, &mut run, batch)?;
+                }
+                group.add(first_word + k, mask);
             }
+            self.protect_group(&mut pt, base, &mut group, npages, &mut run, batch)?;
             self.protect_run(&mut pt, base, &mut run, batch)?;
             drop(pt);
             w = end;
@@ -253,7 +261,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// `run` (start page, pages) ends extends it, and the rest go through
     /// `run` too: only the runs it cannot extend are protected here; the
     /// caller protects the last with [`Mmu::protect_run`].
-    fn protect_mask_runs(
+    pub(super) fn protect_mask_runs(
         &self,
         pt: &mut PageTable<F, M>,
         base: u64,
@@ -282,7 +290,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
 
     /// Protects the pages of `run` (start page, pages; none if empty) of
     /// the slot at `base`, and empties it.
-    fn protect_run(
+    pub(super) fn protect_run(
         &self,
         pt: &mut PageTable<F, M>,
         base: u64,

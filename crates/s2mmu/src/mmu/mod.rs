@@ -62,6 +62,7 @@ mod pml;
 mod policy;
 mod populate;
 mod rings;
+mod sparse_clear;
 mod stage2;
 mod stats;
 #[cfg(test)]
@@ -75,7 +76,10 @@ mod views_tests;
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
 pub use pml::{PmlFull, PmlLog, PML_LOG_ENTRIES};
-pub use policy::{DirtyMode, FaultPath, HwDirtyBlocks, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK};
+pub use policy::{
+    DirtyMode, FaultPath, HwDirtyBlocks, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK,
+    SPARSE_CLEAR_RUNS,
+};
 pub use stats::FaultStats;
 pub use views::DirtyView;
 
@@ -119,6 +123,10 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPla
     views_open: AtomicU64,
     /// The next view id.
     next_view: AtomicU64,
+    /// With hardware dirty state, a CLEAR cleans a last-level table's
+    /// worth of bitmap words with more runs of set bits than this in one
+    /// masked walk ([`Mmu::with_sparse_clear_runs`]).
+    sparse_clear_runs: u32,
 }
 
 struct Stage2Hook<'a, F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> {
@@ -247,7 +255,20 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             views: lock_api::Mutex::new(Vec::new()),
             views_open: AtomicU64::new(0),
             next_view: AtomicU64::new(0),
+            sparse_clear_runs: SPARSE_CLEAR_RUNS,
         })
+    }
+
+    /// With hardware dirty state, how scattered a CLEAR's bitmap must be for
+    /// a last-level table's worth of its words to be cleaned in one masked
+    /// walk: more than `runs` runs of set bits among them (default
+    /// [`SPARSE_CLEAR_RUNS`]); fewer are cleaned by a walk per run, which
+    /// joins runs across words. `u32::MAX` never takes the masked walk (the
+    /// CLEAR before it existed): benchmarks compare the two with it.
+    #[must_use]
+    pub fn with_sparse_clear_runs(mut self, runs: u32) -> Self {
+        self.sparse_clear_runs = runs;
+        self
     }
 
     /// Takes output addresses from `host` instead of using host addresses

@@ -96,20 +96,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         }
         let mut changed = 0u64;
         let mut v = |ctx: &VisitCtx<'_, F, M>, _: Visit| {
-            // Only a leaf that may be written becomes tracked: a read-only
-            // mapping stays read-only.
-            let new = hw.clean(ctx.old);
-            if ctx.fmt.is_valid(ctx.old) && ctx.old & hw.trackable != 0 && new != ctx.old {
-                // The hardware only sets `update_set` on a clean leaf; this
-                // store only changes a dirty one (clearing what it set), or
-                // starts tracking one the hardware does not update yet: no
-                // update of the hardware's is overwritten.
-                ctx.try_set(new)?;
-                changed += 1;
-                if ctx.old & hw.clean_clear != 0 {
-                    batch.add(ctx.entry_start(), ctx.granule());
-                }
-            }
+            changed += super::hw_clean::clean_leaf(ctx, hw, batch)?;
             Ok(WalkAction::Continue)
         };
         let flags = WalkFlags::LEAF | WalkFlags::IGNORE_AGAIN;

@@ -1,6 +1,5 @@
 //! The harvest's scan of hardware dirty state into a dirty bitmap
-//! (`KVM_GET_DIRTY_LOG` under arm64 DBM or EPT dirty flags), and the
-//! whole-table step of the clean that follows it (`KVM_CLEAR_DIRTY_LOG`).
+//! (`KVM_GET_DIRTY_LOG` under arm64 DBM or EPT dirty flags).
 //!
 //! Its cost is reading the slot's last-level tables (1/512 of the slot), so
 //! a last-level table wholly inside the range is read as a whole: 64
@@ -10,8 +9,7 @@
 //! The bitmap's OR is a locked instruction on x86, which orders the loads
 //! around it: one per 64 entries in the middle of the reads kept few
 //! cache-line misses in flight (the scan ran at a third of the memory
-//! bandwidth). The clean likewise takes a last-level table wholly inside
-//! its range in one loop instead of a visit per leaf.
+//! bandwidth). The clean that follows is `hw_clean.rs`.
 
 use crate::dirty::DirtyBitmap;
 use crate::format::PteFormat;
@@ -112,92 +110,6 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         unsafe { self.walk_unchecked(ipa, size, flags, &mut v)? };
         Ok(found)
     }
-}
-
-impl<F: PteFormat, M: MmOps> PageTable<F, M> {
-    /// `clean_hw_dirty_batched` for a range that may hold whole last-level
-    /// tables (its range is checked): those are cleaned by
-    /// [`clean_leaf_table`], other leaves as that function's visit does.
-    #[inline(never)]
-    pub(super) fn clean_hw_dirty_tables(
-        &mut self,
-        ipa: u64,
-        size: u64,
-        hw: crate::HwDirtyBits,
-        batch: &mut crate::tlb::TlbBatch<'_>,
-    ) -> Result<u64> {
-        let last = self.format().last_level();
-        let mut changed = 0u64;
-        let mut v = |ctx: &VisitCtx<'_, F, M>, visit: Visit| {
-            if visit == Visit::TablePre {
-                if ctx.level + 1 == last && ctx.entry_inside_range() {
-                    if let Some(table) = ctx.child_table() {
-                        let (n, span) = clean_leaf_table(ctx, table, hw);
-                        changed += n;
-                        if let Some((ipa, len)) = span {
-                            batch.add(ipa, len);
-                        }
-                        return Ok(WalkAction::SkipChildren);
-                    }
-                }
-                return Ok(WalkAction::Continue);
-            }
-            // As `clean_hw_dirty_batched`'s visit (see its comments).
-            let new = hw.clean(ctx.old);
-            if ctx.fmt.is_valid(ctx.old) && ctx.old & hw.trackable != 0 && new != ctx.old {
-                ctx.try_set(new)?;
-                changed += 1;
-                if ctx.old & hw.clean_clear != 0 {
-                    batch.add(ctx.entry_start(), ctx.granule());
-                }
-            }
-            Ok(WalkAction::Continue)
-        };
-        let flags = WalkFlags::LEAF | WalkFlags::TABLE_PRE | WalkFlags::IGNORE_AGAIN;
-        self.walk(ipa, size, flags, &mut v)?;
-        Ok(changed)
-    }
-}
-
-/// Cleans the last-level table `table`, the child of the entry of `ctx`
-/// (an exclusive walk), as `clean_hw_dirty_batched`'s visit of each leaf
-/// would: every valid trackable leaf that cleaning changes is stored clean.
-/// Returns the number changed and the span from the first to the last one
-/// that was dirty, which is what those leaves' invalidations add up to in a
-/// batch (a batch keeps one covering range).
-fn clean_leaf_table<F: PteFormat, M: MmOps>(
-    ctx: &VisitCtx<'_, F, M>,
-    table: u64,
-    hw: crate::HwDirtyBits,
-) -> (u64, Option<(u64, u64)>) {
-    let per_table = ctx.fmt.entries_per_table();
-    let page = ctx.fmt.page_size();
-    // SAFETY: `table` is the child of a valid table entry of an exclusive
-    // walk (the caller holds the table for writing), so the page is
-    // allocated; it holds `per_table` entries, all accessed atomically.
-    let entries = unsafe { core::slice::from_raw_parts(entry_ref(ctx.mm, table, 0), per_table) };
-    let mut changed = 0;
-    let mut dirty_span: Option<(usize, usize)> = None;
-    for (i, entry) in entries.iter().enumerate() {
-        let old = entry.load(Ordering::Acquire);
-        let new = hw.clean(old);
-        if ctx.fmt.is_valid(old) && old & hw.trackable != 0 && new != old {
-            // As `try_set` in an exclusive walk: a plain store, which
-            // overwrites no update of the hardware's (it only sets
-            // `update_set` on a clean leaf). Valid to valid: the table's
-            // count of non-zero entries is unchanged.
-            entry.store(new, Ordering::Release);
-            changed += 1;
-            if old & hw.clean_clear != 0 {
-                dirty_span = Some(dirty_span.map_or((i, i), |(lo, _)| (lo, i)));
-            }
-        }
-    }
-    let span = dirty_span.map(|(lo, hi)| {
-        let start = ctx.entry_start() + lo as u64 * page;
-        (start, (hi - lo + 1) as u64 * page)
-    });
-    (changed, span)
 }
 
 /// Reads a last-level table's `entries` into `words` (bit `j` of word `w`

@@ -3,6 +3,7 @@
 
 pub mod attr;
 pub mod collapse;
+mod hw_clean;
 mod hw_scan;
 pub mod map;
 pub mod split;
