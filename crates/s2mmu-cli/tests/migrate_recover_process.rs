@@ -22,7 +22,7 @@ fn bin() -> &'static str {
 /// A 16 MiB guest whose link is limited to 8 MiB/s: round 0 and the
 /// post-copy background stream take about 2 s each, so a cut armed when
 /// post-copy starts lands inside it.
-const SMALL: [&str; 12] = [
+const SMALL: [&str; 10] = [
     "--mem",
     "16M",
     "--warmup",
@@ -31,11 +31,22 @@ const SMALL: [&str; 12] = [
     "20ms",
     "-s",
     "anonymous",
-    "--io-timeout",
-    "1s",
     "--bandwidth",
     "8M",
 ];
+
+/// The I/O deadline: 5 s where the operator recovers (the cut shuts the
+/// connections down, so it is seen at once; a short deadline only made a
+/// loaded machine's stall end the pre-copy phase before the cut), 1 s with
+/// `--recovery auto`, whose destination waits 4 deadlines per immediate
+/// reconnect before it falls back to the operator.
+fn io_timeout(mode: &str) -> &'static str {
+    if mode == "auto" {
+        "1s"
+    } else {
+        "5s"
+    }
+}
 
 /// A TCP proxy to `to` that, once armed, shuts every connection down
 /// after `cut_after` more bytes (either way, all connections together);
@@ -183,7 +194,19 @@ fn wait_phase(sock: &Path, c: &mut Child, phase: &str, log: &Mutex<String>) -> s
                 log.lock().unwrap()
             );
         }
-        let v = status(sock);
+        let o = ctl(sock, &["status"]);
+        if !o.status.success() {
+            // It may have exited between the check above and the request.
+            if let Some(s) = c.try_wait().unwrap() {
+                panic!(
+                    "{} exited ({s}) before {phase}:\n{}",
+                    sock.display(),
+                    log.lock().unwrap()
+                );
+            }
+            panic!("{}", String::from_utf8_lossy(&o.stderr));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         if v["phase"] == phase {
             return v;
         }
@@ -236,7 +259,14 @@ fn run_until_paused(name: &str, cut_after: u64, mode: &str, extra: &[&str]) -> P
     let (dsock, ssock) = (dir.join("dest.sock"), dir.join("src.sock"));
     let base = [
         &SMALL[..],
-        &["--psk", key.to_str().unwrap(), "--recovery", mode],
+        &[
+            "--psk",
+            key.to_str().unwrap(),
+            "--recovery",
+            mode,
+            "--io-timeout",
+            io_timeout(mode),
+        ],
         extra,
     ]
     .concat();
