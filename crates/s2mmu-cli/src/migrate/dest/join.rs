@@ -17,46 +17,66 @@ pub(crate) type Join<'a> = dyn FnMut(&[u8; SESSION_LEN], &[u16], Duration) -> Re
 /// Accepts the source's connections that join `session` with the channel
 /// numbers `wanted` (its further channels; post-copy's recovery): each
 /// must authenticate and join with a wanted number not seen yet. Others
-/// are dropped; the wait ends after `wait`. Returns them in `wanted`'s
-/// order.
+/// are refused (dropped, each named to `refused`: a failed
+/// authentication, another session's id, garbage, a stall past the I/O
+/// deadline) and the wait goes on; it ends after `wait`. Returns them in
+/// `wanted`'s order.
+///
+/// # Errors
+/// [`MigrateError::JoinRefused`] when the wait passed after connections
+/// were refused (it names the last), [`MigrateError::Io`] when it passed
+/// with none at all.
 pub(super) fn join_channels(
     listener: &TcpListener,
     net: &NetConfig,
     wait: Duration,
     session: &[u8; SESSION_LEN],
     wanted: &[u16],
+    refused: &mut dyn FnMut(&str),
 ) -> Result<Vec<WireReader<BoxConn>>, MigrateError> {
     let mut got: Vec<Option<WireReader<BoxConn>>> = wanted.iter().map(|_| None).collect();
     let deadline = Instant::now() + wait;
+    let (mut count, mut last) = (0u64, String::new());
     while got.iter().any(Option::is_none) {
-        let (s, peer) = net::accept_until(listener, Some(deadline))?;
-        let conn = match net::server(s, net) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("refused a connection from {peer} while joining channels: {e}");
-                continue;
+        let (s, peer) = match net::accept_until(listener, Some(deadline)) {
+            Ok(x) => x,
+            Err(e) if count == 0 => return Err(e),
+            Err(_) => {
+                return Err(MigrateError::JoinRefused {
+                    wait,
+                    refused: count,
+                    last,
+                })
             }
         };
-        match WireReader::open(conn) {
-            Ok((
-                rd,
-                Opening::Join {
-                    session: s,
-                    channel,
+        let why = match net::server(s, net) {
+            Err(e) => format!("a connection from {peer} failed authentication: {e}"),
+            Ok(conn) => match WireReader::open(conn) {
+                Ok((
+                    rd,
+                    Opening::Join {
+                        session: s,
+                        channel,
+                    },
+                )) if &s == session => match wanted.iter().position(|&c| c == channel) {
+                    Some(k) if got[k].is_none() => {
+                        got[k] = Some(rd);
+                        continue;
+                    }
+                    Some(_) => format!("{peer} joined channel {channel} a second time"),
+                    None => format!("{peer} joined channel {channel}, not one awaited"),
                 },
-            )) if &s == session
-                && wanted
-                    .iter()
-                    .position(|&c| c == channel)
-                    .is_some_and(|k| got[k].is_none()) =>
-            {
-                if let Some(k) = wanted.iter().position(|&c| c == channel) {
-                    got[k] = Some(rd);
-                }
-            }
-            Ok(_) => eprintln!("refused a connection from {peer}: not a channel of this migration"),
-            Err(e) => eprintln!("refused a connection from {peer}: {e}"),
-        }
+                Ok((_, Opening::Join { .. })) => format!(
+                    "{peer} authenticated but joined another session (not this migration's)"
+                ),
+                Ok(_) => format!("{peer} opened a new migration, not a channel of this one"),
+                Err(e) => format!("{peer} authenticated, then: {e}"),
+            },
+        };
+        eprintln!("destination: refused a connection while joining channels: {why}");
+        refused(&why);
+        count += 1;
+        last = why;
     }
     Ok(got.into_iter().flatten().collect())
 }
