@@ -174,3 +174,15 @@ fn authenticated_peers_that_stall_or_send_garbage_do_not_end_the_recovery_wait()
         );
     });
 }
+
+#[test]
+fn strangers_stalling_their_handshakes_do_not_hold_the_sources_recovery_back() {
+    let p = run_until_paused("strangers", 80 << 10, "manual", &[]);
+    recover_with(p, false, |p| {
+        // Three bare connections that never start TLS, held open while the
+        // source recovers: each is authenticated on its own thread, so the
+        // source's handshake is not queued behind their deadlines.
+        let strangers: Vec<TcpStream> = (0..3).map(|_| dial(&p.dest_addr, &p.net())).collect();
+        strangers
+    });
+}

@@ -219,6 +219,17 @@ pub fn wait_exit(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
 /// The key both processes hold with [`Sec::Psk`].
 pub const PSK: &[u8] = b"0123456789abcdef0123456789abcdef";
 
+impl Drop for Paused {
+    /// A failed test does not leave both processes paused for
+    /// `--recover-wait` (the ones that exited are reaped already).
+    fn drop(&mut self) {
+        let _ = self.dest.kill();
+        let _ = self.src.kill();
+        let _ = self.dest.wait();
+        let _ = self.src.wait();
+    }
+}
+
 impl Paused {
     /// The credentials both processes hold, for a peer written in a test.
     pub fn net(&self) -> NetConfig {
@@ -376,8 +387,9 @@ pub fn recover(p: Paused, direct: bool) {
 }
 
 /// [`recover`], running `between` once the destination waits for the
-/// recovery and before the source is told to recover.
-pub fn recover_with(mut p: Paused, direct: bool, between: impl FnOnce(&mut Paused)) {
+/// recovery and before the source is told to recover; what it returns is
+/// held until both processes ended.
+pub fn recover_with<T>(mut p: Paused, direct: bool, between: impl FnOnce(&mut Paused) -> T) {
     let o = if direct {
         // The destination accepts the recovery on a new address (a port
         // free a moment ago).
@@ -406,7 +418,7 @@ pub fn recover_with(mut p: Paused, direct: bool, between: impl FnOnce(&mut Pause
         let _ = g.write_all(b"S2MMU-NOT-A-MIGRATION\n");
         drop(g);
     }
-    between(&mut p);
+    let _held = between(&mut p);
     let o = if direct {
         ctl(&p.ssock, &["recover", "--to", &p.dest_addr])
     } else {
