@@ -71,6 +71,15 @@ pub enum MigrateError {
     Aborted { reason: String },
     /// The destination refused the stream and told the source.
     Rejected { reason: String },
+    /// No connection of this migration joined within the wait (further
+    /// channels, a post-copy recovery); the ones that came were refused.
+    JoinRefused {
+        wait: std::time::Duration,
+        /// Connections refused.
+        refused: u64,
+        /// Why the last was refused.
+        last: String,
+    },
     /// Post-copy broke after the destination resumed: the guest's memory
     /// is split between the two hosts.
     PostcopyBroken {
@@ -191,6 +200,14 @@ impl fmt::Display for MigrateError {
             ),
             Aborted { reason } => write!(f, "the source aborted the migration: {reason}"),
             Rejected { reason } => write!(f, "the destination rejected the migration: {reason}"),
+            JoinRefused {
+                wait,
+                refused,
+                last,
+            } => write!(
+                f,
+                "no connection of this migration joined within {wait:?}; {refused} refused, the last because {last}"
+            ),
             PostcopyBroken { why, missing_pages } => write!(
                 f,
                 "POST-COPY BROKE: {why}. The guest's memory is SPLIT between the two hosts: the destination ran it with {} that only the source holds. Both sides are paused; neither may resume it alone",

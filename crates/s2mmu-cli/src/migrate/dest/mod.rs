@@ -173,6 +173,12 @@ pub fn serve(
         eprintln!("source connected from {peer}");
     }
     let main = net::server(s, net)?;
+    let ctl = cfg.recovery.control.clone();
+    let mut refused = |why: &str| {
+        if let Some(c) = &ctl {
+            c.refused(why);
+        }
+    };
     receive_core(main, cfg, &mut |session, wanted, wait| {
         // After the operator's `recover ADDR`: a post-copy recovery is
         // accepted on a new listener at ADDR.
@@ -184,9 +190,9 @@ pub fn serve(
                     "destination: accepting the recovery on {}",
                     l.local_addr().map_or(addr.clone(), |a| a.to_string())
                 );
-                join_channels(&l, net, wait, session, wanted)
+                join_channels(&l, net, wait, session, wanted, &mut refused)
             }
-            None => join_channels(listener, net, wait, session, wanted),
+            None => join_channels(listener, net, wait, session, wanted, &mut refused),
         }
     })
 }

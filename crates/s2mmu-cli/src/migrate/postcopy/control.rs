@@ -17,9 +17,11 @@
 //!   ADDR if given (default: `--to`); the destination accepts the source's
 //!   new connections on a new listener at ADDR if given (default: its
 //!   `--listen` socket). ADDR then stays the side's address for later
-//!   recoveries. A recovery whose
-//!   connections fail (authentication, a wrong session, a deadline) leaves
-//!   the side paused, with the reason in `last_error`.
+//!   recoveries. A connection refused while the destination waits
+//!   (authentication, another session's id, garbage or a stall after
+//!   authenticating) shows in `last_error` at once, and the wait goes on;
+//!   a recovery whose connections fail leaves the side paused, with the
+//!   reason in `last_error`.
 //! - `cancel`, only while `paused`: the process gives post-copy up and
 //!   exits with [`MigrateError::PostcopyBroken`], which says that the
 //!   memory is split and where the pages are.
@@ -215,6 +217,13 @@ impl Control {
         s.recoveries += 1;
         s.phase = Phase::Postcopy;
         s.pages_missing = pages_missing;
+    }
+
+    /// Records a connection refused while a recovery waits for the
+    /// source's (another session's, a failed authentication, a stall):
+    /// `status` shows it in `last_error` while the wait goes on.
+    pub fn refused(&self, why: &str) {
+        self.lock().last_error = format!("refused a recovery connection: {why}");
     }
 
     /// The address `recover ADDR` gave: the source connects to it, the
