@@ -169,13 +169,25 @@ fn abort<F: VmFormat>(
     ctl: &Control,
     vm: &Vm<TreeMemslots, F>,
 ) -> MigrateError {
-    let _ = s.chans[0]
-        .wire
-        .control(tag::ABORT, e.to_string().as_bytes());
-    let _ = s.chans[0].wire.flush();
     ctl.throttle_ns.store(0, Ordering::Relaxed);
     let _ = vm.disable_dirty_logging();
-    rejected_or(e, &mut s.chans[0].wire)
+    abort_and_reason(e, &mut s.chans[0].wire)
+}
+
+/// Sending failed before the stream's END: tells the destination with
+/// ABORT on the main connection, then returns the error to report (the
+/// destination's reason when it gave up, see [`rejected_or`]).
+///
+/// The ABORT is what ends the destination's wait on the main connection
+/// when the failure was on a further channel (a page it found damaged
+/// there): it then answers at once with REJECTED and its own reason.
+/// Without it both sides wait out their I/O deadlines, and the source
+/// reports its own broken channel instead of the destination's reason.
+fn abort_and_reason(e: MigrateError, main: &mut WireWriter<BoxConn>) -> MigrateError {
+    // Best effort: the main connection may be the one that failed.
+    let _ = main.control(tag::ABORT, e.to_string().as_bytes());
+    let _ = main.flush();
+    rejected_or(e, main)
 }
 
 /// The source's guest, started and run once over all its memory (the

@@ -7,7 +7,7 @@ use super::super::net::BoxConn;
 use super::super::postcopy::{self, PostcopyOutcome};
 use super::super::wire::{WireWriter, SESSION_LEN};
 use super::precopy_end::PrecopyEnd;
-use super::{counters, phase, Connect, MigrateError, SourceOutcome};
+use super::{abort_and_reason, counters, phase, Connect, MigrateError, SourceOutcome};
 use s2mmu_vm::VmFormat;
 use std::time::Instant;
 
@@ -34,10 +34,17 @@ pub(super) fn run<F: VmFormat>(
     let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
         return Err(MigrateError::Setup("post-copy's connections".into()));
     };
-    let switched = x.s.final_harvest().and_then(|()| {
-        for c in x.s.chans.iter_mut().skip(1) {
-            c.wire.end()?;
-        }
+    // Before POSTCOPY goes out the destination still waits on the main
+    // connection: a failure here (a further channel cut) is told to it
+    // with ABORT, as in stop-and-copy, so that its reason comes back.
+    let ended =
+        x.s.final_harvest()
+            .and_then(|()| x.s.chans.iter_mut().skip(1).try_for_each(|c| c.wire.end()));
+    if let Err(e) = ended {
+        x.wl.resume();
+        return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
+    }
+    let switched = {
         let sw = postcopy::source::Switch {
             vm: x.vm,
             missing: postcopy::memory_bitmap(x.vm, &x.s.pending),
@@ -46,9 +53,8 @@ pub(super) fn run<F: VmFormat>(
             state: &state,
             bucket: &x.s.bucket,
         };
-        let at = postcopy::source::switch(&sw, &mut x.s.chans[0].wire)?;
-        Ok((sw, at))
-    });
+        postcopy::source::switch(&sw, &mut x.s.chans[0].wire).map(|at| (sw, at))
+    };
     let (sw, resumed_at) = match switched {
         Ok(x) => x,
         Err(e) => {

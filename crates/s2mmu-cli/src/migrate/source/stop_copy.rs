@@ -8,7 +8,7 @@ use super::super::wire::{tag, Enc, Record, PAGE_SIZE};
 use super::precopy_end::PrecopyEnd;
 use super::verify::{check_digests, parse_digests, verify_full};
 use super::{
-    counters, phase, read_reply, rejected_or, unexpected_reply, RoundStat, SourceOutcome, MIB,
+    abort_and_reason, counters, phase, read_reply, unexpected_reply, RoundStat, SourceOutcome, MIB,
 };
 use s2mmu_vm::VmFormat;
 use std::time::Instant;
@@ -30,8 +30,10 @@ pub(super) fn run<F: VmFormat>(
     let at_pause = counters(x.ctl);
     x.wl.pause();
     if let Err(e) = send_last(&mut x, &mut extras, throttle_pct) {
+        // Not sent in full: the guest goes on here, and the destination,
+        // still waiting for the main connection's END, is told to stop.
         x.wl.resume();
-        return Err(rejected_or(e, &mut x.s.chans[0].wire));
+        return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
     }
     let digests = match read_reply(&mut x.s.chans[0].wire) {
         Ok(Record::Control {
