@@ -142,40 +142,14 @@ impl fmt::Display for MigrateError {
             Truncated { at_byte, inside } => {
                 write!(f, "truncated stream at byte {at_byte} (inside {inside})")
             }
-            BadMagic { found } => write!(
-                f,
-                "not an s2mmu migration stream: magic {:?}",
-                String::from_utf8_lossy(found)
-            ),
-            Version { found, supported } => write!(
-                f,
-                "stream format version mismatch: stream is version {found}, this build reads version {supported}"
-            ),
-            FormatMismatch {
-                stream,
-                destination,
-            } => write!(
-                f,
-                "stage-2 format mismatch: the stream's guest runs on --format {stream}, this destination on --format {destination}"
-            ),
-            PageChecksum { gpa, at_byte } => {
-                write!(f, "checksum mismatch for the page at gpa {gpa:#x} (stream byte {at_byte})")
-            }
-            RecordChecksum { record, at_byte } => {
-                write!(f, "checksum mismatch in the {record} record at stream byte {at_byte}")
-            }
-            UnknownRecord { tag, at_byte } => {
-                write!(f, "corrupt stream: unknown record tag {tag:#04x} at byte {at_byte}")
-            }
-            Malformed {
-                record,
-                at_byte,
-                why,
-            } => write!(f, "malformed {record} record at stream byte {at_byte}: {why}"),
-            PageOutOfRange { gpa, at_byte } => write!(
-                f,
-                "page at gpa {gpa:#x} (stream byte {at_byte}) is outside the guest's memory"
-            ),
+            BadMagic { .. }
+            | Version { .. }
+            | FormatMismatch { .. }
+            | PageChecksum { .. }
+            | RecordChecksum { .. }
+            | UnknownRecord { .. }
+            | Malformed { .. }
+            | PageOutOfRange { .. } => fmt_stream_damage(self, f),
             Incomplete {
                 missing_pages,
                 first_missing_gpa,
@@ -223,6 +197,50 @@ impl fmt::Display for MigrateError {
             ),
             Snapshot(s) => write!(f, "snapshots: {s}"),
         }
+    }
+}
+
+/// The messages of a stream that is not one this destination reads, or
+/// is damaged (split from `Display::fmt` to keep it short).
+fn fmt_stream_damage(e: &MigrateError, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    use MigrateError::*;
+    match e {
+            BadMagic { found } => write!(
+                f,
+                "not an s2mmu migration stream: magic {:?}",
+                String::from_utf8_lossy(found)
+            ),
+            Version { found, supported } => write!(
+                f,
+                "stream format version mismatch: stream is version {found}, this build reads version {supported}"
+            ),
+            FormatMismatch {
+                stream,
+                destination,
+            } => write!(
+                f,
+                "stage-2 format mismatch: the stream's guest runs on --format {stream}, this destination on --format {destination}"
+            ),
+            PageChecksum { gpa, at_byte } => {
+                write!(f, "checksum mismatch for the page at gpa {gpa:#x} (stream byte {at_byte})")
+            }
+            RecordChecksum { record, at_byte } => {
+                write!(f, "checksum mismatch in the {record} record at stream byte {at_byte}")
+            }
+            UnknownRecord { tag, at_byte } => {
+                write!(f, "corrupt stream: unknown record tag {tag:#04x} at byte {at_byte}")
+            }
+            Malformed {
+                record,
+                at_byte,
+                why,
+            } => write!(f, "malformed {record} record at stream byte {at_byte}: {why}"),
+            PageOutOfRange { gpa, at_byte } => write!(
+                f,
+                "page at gpa {gpa:#x} (stream byte {at_byte}) is outside the guest's memory"
+            ),
+        // Only the stream errors above are sent here.
+        other => write!(f, "{other:?}"),
     }
 }
 

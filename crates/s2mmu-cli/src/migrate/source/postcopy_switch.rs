@@ -9,7 +9,7 @@ use super::super::wire::{WireWriter, SESSION_LEN};
 use super::precopy_end::PrecopyEnd;
 use super::{abort_and_reason, counters, phase, Connect, MigrateError, SourceOutcome};
 use s2mmu_vm::VmFormat;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Pauses the guest and migrates the rest by post-copy.
 ///
@@ -64,15 +64,7 @@ pub(super) fn run<F: VmFormat>(
         }
     };
     let downtime = resumed_at - pause_at;
-    if x.cfg.progress.is_on() {
-        x.cfg.progress.line(&format!(
-            "{}post-copy: vCPUs paused after round {}; the destination resumed after {:.1} ms of downtime with {} pages missing",
-            x.cfg.label,
-            x.round,
-            downtime.as_secs_f64() * 1e3,
-            sw.missing.iter().map(|w| w.count_ones() as u64).sum::<u64>()
-        ));
-    }
+    say_resumed(&x, downtime, &sw.missing);
     // From here the guest's memory is split until FINAL: the source
     // guest stays paused whatever happens.
     let done = postcopy::source::run(
@@ -86,8 +78,7 @@ pub(super) fn run<F: VmFormat>(
     let slot_digests = postcopy::source::verify(x.vm, &state, &done.fin)?;
     let samples = x.timeline.finish();
     let pause_s = at(pause_at);
-    let (p0, b0, z0) = x.s.counts();
-    let _ = b0;
+    let (p0, _, z0) = x.s.counts();
     Ok(SourceOutcome {
         // --check and --snapshot-every are refused with post-copy.
         extras: Default::default(),
@@ -120,4 +111,18 @@ pub(super) fn run<F: VmFormat>(
             recoveries: done.recoveries,
         }),
     })
+}
+
+/// The progress line of the switch: the round, the downtime and the pages
+/// the destination resumed without.
+fn say_resumed<F: VmFormat>(x: &PrecopyEnd<'_, '_, F>, downtime: Duration, missing: &[u64]) {
+    if x.cfg.progress.is_on() {
+        x.cfg.progress.line(&format!(
+            "{}post-copy: vCPUs paused after round {}; the destination resumed after {:.1} ms of downtime with {} pages missing",
+            x.cfg.label,
+            x.round,
+            downtime.as_secs_f64() * 1e3,
+            missing.iter().map(|w| u64::from(w.count_ones())).sum::<u64>()
+        ));
+    }
 }
