@@ -33,7 +33,7 @@ pub(crate) use join::Join;
 use join::{accept_and_join, join_channels};
 use receive::{populate, receive_channels, RawMem, Shared};
 use resume::resume_after_end;
-pub(crate) use resume::start_workload;
+pub(crate) use resume::{run_resumed, start_workload, workload_config};
 
 /// What the destination accepts: a stream that asks for more is rejected
 /// before anything is allocated.

@@ -49,18 +49,7 @@ pub(super) fn resume_after_end<C: Conn, F: VmFormat>(
         w.flush()?;
         verify_mismatches = Some(bad);
     }
-    let writes0: u64 = state.vcpus.iter().map(|v| v.writes).sum();
-    if let Some(rest) = cfg.run_after.checked_sub(resumed_at.elapsed()) {
-        std::thread::sleep(rest);
-    }
-    let writes1: u64 = wl
-        .control()
-        .live
-        .iter()
-        .map(|l| l.writes.load(Ordering::Relaxed))
-        .sum();
-    let secs = resumed_at.elapsed().as_secs_f64();
-    wl.pause();
+    let resumed_write_rate = run_resumed(&wl, state, cfg.run_after, resumed_at);
     let resumed_passes = wl.vcpu_states().iter().map(|s| s.pass).collect();
     drop(wl);
     Ok(DestOutcome {
@@ -73,7 +62,7 @@ pub(super) fn resume_after_end<C: Conn, F: VmFormat>(
         resumed_at: Some(resumed_at),
         slot_digests,
         verify_mismatches,
-        resumed_write_rate: writes1.saturating_sub(writes0) as f64 / secs.max(1e-9),
+        resumed_write_rate,
         resumed_passes,
         postcopy: None,
     })
@@ -105,7 +94,19 @@ pub(crate) fn start_workload<F: VmFormat>(
     vm: &Arc<Vm<TreeMemslots, F>>,
     state: &GuestState,
 ) -> Result<Workload<TreeMemslots, F>, MigrateError> {
-    let wl_cfg = WorkloadConfig {
+    let wl = Workload::start_at(vm.clone(), workload_config(state), &state.vcpus)
+        .map_err(|why| MigrateError::BadState { why })?;
+    wl.control()
+        .pace_pages_per_sec
+        .store(state.pace_pages_per_sec, Ordering::Relaxed);
+    wl.run_free();
+    Ok(wl)
+}
+
+/// The workload the transferred state describes (what the source's
+/// vCPUs ran).
+pub(crate) fn workload_config(state: &GuestState) -> WorkloadConfig {
+    WorkloadConfig {
         bytes_per_vcpu: state.bytes_per_vcpu,
         write_percent: state.write_percent,
         pattern: if state.pattern == 1 {
@@ -114,12 +115,29 @@ pub(crate) fn start_workload<F: VmFormat>(
             Pattern::Sequential
         },
         page_size: PAGE_SIZE as u64,
-    };
-    let wl = Workload::start_at(vm.clone(), wl_cfg, &state.vcpus)
-        .map_err(|why| MigrateError::BadState { why })?;
-    wl.control()
-        .pace_pages_per_sec
-        .store(state.pace_pages_per_sec, Ordering::Relaxed);
-    wl.run_free();
-    Ok(wl)
+    }
+}
+
+/// Lets the resumed guest run until `run_after` has passed since
+/// `resumed_at`, then pauses it. Returns its writes per second since the
+/// resume (counted from the transferred state's totals).
+pub(crate) fn run_resumed<F: VmFormat>(
+    wl: &Workload<TreeMemslots, F>,
+    state: &GuestState,
+    run_after: Duration,
+    resumed_at: Instant,
+) -> f64 {
+    let writes0: u64 = state.vcpus.iter().map(|v| v.writes).sum();
+    if let Some(rest) = run_after.checked_sub(resumed_at.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    let writes1: u64 = wl
+        .control()
+        .live
+        .iter()
+        .map(|l| l.writes.load(Ordering::Relaxed))
+        .sum();
+    let secs = resumed_at.elapsed().as_secs_f64();
+    wl.pause();
+    writes1.saturating_sub(writes0) as f64 / secs.max(1e-9)
 }

@@ -3,7 +3,7 @@
 //! page-fetch hook), its answer and the background stream are written
 //! into guest memory by whichever copy lands first.
 
-use super::super::dest::{check_end, start_workload, DestConfig, DestOutcome};
+use super::super::dest::{check_end, run_resumed, start_workload, DestConfig, DestOutcome};
 use super::super::error::MigrateError;
 use super::super::net::BoxConn;
 use super::super::source::source_digests;
@@ -122,18 +122,7 @@ pub fn resume<R: Read + Write + Send, F: VmFormat>(
     // Every page is here: huge mappings may come back.
     vm.disable_dirty_logging()
         .map_err(|e| MigrateError::Setup(format!("destination logging off: {e}")))?;
-    let writes0: u64 = state.vcpus.iter().map(|v| v.writes).sum();
-    if let Some(rest) = r.cfg.run_after.checked_sub(resumed_at.elapsed()) {
-        std::thread::sleep(rest);
-    }
-    let writes1: u64 = wl
-        .control()
-        .live
-        .iter()
-        .map(|l| l.writes.load(Ordering::Relaxed))
-        .sum();
-    let secs = resumed_at.elapsed().as_secs_f64();
-    wl.pause();
+    let resumed_write_rate = run_resumed(&wl, state, r.cfg.run_after, resumed_at);
     let vcpus = wl.vcpu_states();
     let digests = source_digests(vm);
     let mut figures = figures_of(&fetcher, resumed_at, reference);
@@ -158,7 +147,7 @@ pub fn resume<R: Read + Write + Send, F: VmFormat>(
         resumed_at: Some(resumed_at),
         slot_digests: digests,
         verify_mismatches: None,
-        resumed_write_rate: writes1.saturating_sub(writes0) as f64 / secs.max(1e-9),
+        resumed_write_rate,
         resumed_passes: vcpus.iter().map(|s| s.pass).collect(),
         postcopy: Some(figures),
     })

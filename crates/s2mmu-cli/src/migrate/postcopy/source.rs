@@ -5,6 +5,7 @@
 //! plus the destination guest's writes.
 
 use super::super::bandwidth::TokenBucket;
+use super::super::dest::workload_config;
 use super::super::error::MigrateError;
 use super::super::hash::{digest_of, page_hash};
 use super::super::net::BoxConn;
@@ -16,7 +17,7 @@ use super::super::wire::{
 use super::control::{self, Phase, Recovery, RecoveryMode};
 use super::{decode_missing, encode_missing, Final};
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{replay_writes, Pattern, Vm, VmFormat, WorkloadConfig};
+use s2mmu_vm::{replay_writes, Vm, VmFormat};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -400,16 +401,7 @@ pub fn verify<F: VmFormat>(
             ),
         ));
     }
-    let cfg = WorkloadConfig {
-        bytes_per_vcpu: state.bytes_per_vcpu,
-        write_percent: state.write_percent,
-        pattern: if state.pattern == 1 {
-            Pattern::Random
-        } else {
-            Pattern::Sequential
-        },
-        page_size: PAGE_SIZE as u64,
-    };
+    let cfg = workload_config(state);
     // The destination guest's writes: the last value of every word, by
     // page.
     let mut overlay: HashMap<u64, HashMap<u64, u64>> = HashMap::new();
