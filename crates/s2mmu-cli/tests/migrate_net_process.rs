@@ -3,55 +3,13 @@
 //! processes, and the channel sweep's table. Every peer is on 127.0.0.1.
 //! Behaviour only: no timing is asserted.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod recover_common;
+
+use recover_common::{bin, spawn_listener, wait_exit};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_s2mmu")
-}
-
-/// Starts `s2mmu migrate --listen 127.0.0.1:0 ARGS` and returns it with
-/// the address it listens on. The caller waits for it.
-#[allow(clippy::zombie_processes)]
-fn spawn_listener(args: &[&str]) -> (Child, String, BufReader<std::process::ChildStderr>) {
-    let mut c = Command::new(bin())
-        .args(["migrate", "--listen", "127.0.0.1:0", "--plot", ""])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(c.stderr.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "the destination exited early"
-        );
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            let addr = rest.split_whitespace().next().unwrap().to_string();
-            return (c, addr, err);
-        }
-    }
-}
-
-/// Waits for `c` at most `limit`; kills it and fails past that.
-fn wait_bounded(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return s;
-        }
-        if t0.elapsed() > limit {
-            let _ = c.kill();
-            panic!("a migration process hung");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 fn rest_of(mut r: impl Read) -> String {
     let mut s = String::new();
@@ -98,7 +56,7 @@ fn a_killed_source_process_ends_the_destination_which_then_serves_the_next() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let st = wait_bounded(&mut dest, Duration::from_secs(60));
+    let st = wait_exit(&mut dest, Duration::from_secs(60));
     let log = rest_of(derr);
     assert!(st.success(), "{log}");
     assert!(
@@ -112,7 +70,7 @@ fn a_failed_source_ends_a_single_attempt_destination_with_an_error() {
     let (mut dest, addr, derr) = spawn_listener(&SMALL);
     let mut s = TcpStream::connect(&addr).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
-    let st = wait_bounded(&mut dest, Duration::from_secs(30));
+    let st = wait_exit(&mut dest, Duration::from_secs(30));
     assert!(!st.success());
     let log = rest_of(derr);
     assert!(log.contains("not an s2mmu migration stream"), "{log}");
@@ -135,7 +93,7 @@ fn a_stopped_destination_process_ends_the_source_with_a_timeout() {
         .spawn()
         .unwrap();
     let serr = src.stderr.take().unwrap();
-    let st = wait_bounded(&mut src, Duration::from_secs(60));
+    let st = wait_exit(&mut src, Duration::from_secs(60));
     let log = rest_of(serr);
     let _ = Command::new("kill").args(["-CONT", &pid]).status();
     let _ = dest.kill();
@@ -191,7 +149,7 @@ fn psk_between_two_processes_and_a_wrong_key_is_refused() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let st = wait_bounded(&mut dest, Duration::from_secs(60));
+    let st = wait_exit(&mut dest, Duration::from_secs(60));
     let log = rest_of(derr);
     assert!(st.success(), "{log}");
     assert!(log.contains("refused a peer"), "{log}");
@@ -246,7 +204,7 @@ fn a_destination_on_ept_refuses_an_arm64_source_by_name_then_takes_an_ept_one() 
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["params"]["format"], "ept", "{report}");
-    let st = wait_bounded(&mut dest, Duration::from_secs(60));
+    let st = wait_exit(&mut dest, Duration::from_secs(60));
     let log = rest_of(derr);
     assert!(st.success(), "{log}");
     assert!(log.contains("stage-2 format mismatch"), "{log}");

@@ -1,5 +1,6 @@
-//! What the post-copy recovery tests between two `s2mmu` processes
-//! share: a cutting TCP proxy, a destination and a source paused after
+//! What the tests between two `s2mmu` processes share (a listening
+//! destination, a bounded wait for a process), and what the post-copy
+//! recovery tests share besides: a cutting TCP proxy, a destination and a source paused after
 //! the cut (`--recovery manual --control PATH`), `s2mmu migrate-ctl`, and
 //! the recovery that must end with both processes verified.
 
@@ -8,7 +9,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -127,10 +128,11 @@ pub fn forward(mut from: TcpStream, mut into: TcpStream, cuttable: bool, at: u64
     let _ = into.shutdown(Shutdown::Write);
 }
 
-/// Starts the destination; returns it with its address. The caller
-/// waits for it.
+/// Starts `s2mmu migrate --listen 127.0.0.1:0 ARGS` and returns it with
+/// the address it listens on and the rest of its stderr. The caller waits
+/// for it.
 #[allow(clippy::zombie_processes)]
-pub fn spawn_dest(args: &[&str], log: Arc<Mutex<String>>) -> (Child, String) {
+pub fn spawn_listener(args: &[&str]) -> (Child, String, BufReader<ChildStderr>) {
     let mut c = Command::new(bin())
         .args(["migrate", "--listen", "127.0.0.1:0", "--plot", ""])
         .args(args)
@@ -148,10 +150,17 @@ pub fn spawn_dest(args: &[&str], log: Arc<Mutex<String>>) -> (Child, String) {
         );
         if let Some(rest) = line.split("destination listening on ").nth(1) {
             let addr = rest.split_whitespace().next().unwrap().to_string();
-            std::thread::spawn(move || collect(err, &log, None));
-            return (c, addr);
+            return (c, addr, err);
         }
     }
+}
+
+/// Starts the destination ([`spawn_listener`]) with its stderr collected
+/// into `log`; returns it with its address. The caller waits for it.
+pub fn spawn_dest(args: &[&str], log: Arc<Mutex<String>>) -> (Child, String) {
+    let (c, addr, err) = spawn_listener(args);
+    std::thread::spawn(move || collect(err, &log, None));
+    (c, addr)
 }
 
 /// Appends `r`'s lines to `log`; sets `on` when post-copy starts.
