@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use xxhash_rust::xxh3::xxh3_64;
 
 const PAGE: u64 = 4096;
-const MAX_MEM: u64 = 16 << 30;
 
 /// Options of `dirty-views`.
 #[derive(Clone, Debug, clap::Args)]
@@ -68,18 +67,7 @@ pub struct Params {
 }
 
 fn check(p: &Params) -> Result<(), String> {
-    if !(1..=64).contains(&p.vcpus) {
-        return Err(format!("--vcpus {}: must be 1..=64", p.vcpus));
-    }
-    let unit = (2 << 20) * p.vcpus as u64;
-    if p.mem == 0 || !p.mem.is_multiple_of(unit) || p.mem > MAX_MEM {
-        return Err(format!(
-            "--mem {}: must be a non-zero multiple of {} (2M per vCPU), at most {}",
-            p.mem,
-            human_bytes(unit),
-            human_bytes(MAX_MEM)
-        ));
-    }
+    crate::limits::check_guest(p.vcpus, p.mem)?;
     let n = p.view_periods.len();
     if n == 0 || n > MAX_DIRTY_VIEWS_PER_SLOT {
         return Err(format!(

@@ -60,21 +60,8 @@ pub struct Params {
     pub quiet: bool,
 }
 
-const MAX_MEM: u64 = 16 << 30;
-
 fn check(p: &Params) -> Result<(), String> {
-    if !(1..=64).contains(&p.vcpus) {
-        return Err(format!("--vcpus {}: must be 1..=64", p.vcpus));
-    }
-    let unit = (2 << 20) * p.vcpus as u64;
-    if p.mem == 0 || !p.mem.is_multiple_of(unit) || p.mem > MAX_MEM {
-        return Err(format!(
-            "--mem {}: must be a non-zero multiple of {} (2M per vCPU), at most {}",
-            p.mem,
-            human_bytes(unit),
-            human_bytes(MAX_MEM)
-        ));
-    }
+    crate::limits::check_guest(p.vcpus, p.mem)?;
     let hour = Duration::from_secs(3600);
     if p.every < Duration::from_millis(1) || p.every > hour {
         return Err(format!("--every {:?}: must be 1ms..=1h", p.every));
