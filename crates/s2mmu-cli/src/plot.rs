@@ -113,15 +113,7 @@ impl LineChart {
     /// # Errors
     /// No finite point to plot, or a drawing error from plotters.
     pub fn svg(&self) -> Result<String, String> {
-        // plotters lays text out with the registered font, SVG too.
-        register_bundled_font()?;
-        let mut out = String::new();
-        {
-            let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
-            self.draw(&root)?;
-            root.present().map_err(err)?;
-        }
-        Ok(out)
+        svg_sized(SIZE, |root| self.draw(root))
     }
 
     /// The chart as a PNG file's bytes, [`SIZE`] pixels.
@@ -272,25 +264,7 @@ pub enum Chart {
 /// No chart, or the first chart that cannot be drawn (see
 /// [`LineChart::svg`] and [`BarChart::svg`]).
 pub fn stacked_svg(charts: &[Chart]) -> Result<String, String> {
-    let n = u32::try_from(charts.len())
-        .ok()
-        .filter(|&n| (1..=16).contains(&n))
-        .ok_or_else(|| format!("plot: {} charts in one figure (1 to 16)", charts.len()))?;
-    // plotters lays text out with the registered font, SVG too.
-    register_bundled_font()?;
-    let mut out = String::new();
-    {
-        let root = SVGBackend::with_string(&mut out, (SIZE.0, SIZE.1 * n)).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        for (area, chart) in root.split_evenly((charts.len(), 1)).iter().zip(charts) {
-            match chart {
-                Chart::Line(c) => c.draw(area)?,
-                Chart::Bar(c) => c.draw(area)?,
-            }
-        }
-        root.present().map_err(err)?;
-    }
-    Ok(out)
+    svg_sized(stacked_size(charts)?, |root| draw_stacked(root, charts))
 }
 
 /// [`stacked_svg`]'s figure as a PNG file's bytes, [`SIZE`] per chart.
@@ -298,20 +272,32 @@ pub fn stacked_svg(charts: &[Chart]) -> Result<String, String> {
 /// # Errors
 /// As [`stacked_svg`], or an encoding error.
 pub fn stacked_png(charts: &[Chart]) -> Result<Vec<u8>, String> {
+    png_sized(stacked_size(charts)?, |root| draw_stacked(root, charts))
+}
+
+/// The size of a figure of `charts` one above the other: [`SIZE`] per
+/// chart, 1 to 16 charts.
+fn stacked_size(charts: &[Chart]) -> Result<(u32, u32), String> {
     let n = u32::try_from(charts.len())
         .ok()
         .filter(|&n| (1..=16).contains(&n))
         .ok_or_else(|| format!("plot: {} charts in one figure (1 to 16)", charts.len()))?;
-    png_sized((SIZE.0, SIZE.1 * n), |root| {
-        root.fill(&WHITE).map_err(err)?;
-        for (area, chart) in root.split_evenly((charts.len(), 1)).iter().zip(charts) {
-            match chart {
-                Chart::Line(c) => c.draw(area)?,
-                Chart::Bar(c) => c.draw(area)?,
-            }
+    Ok((SIZE.0, SIZE.1 * n))
+}
+
+/// Draws `charts` one above the other on a white `root`.
+fn draw_stacked<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    charts: &[Chart],
+) -> Result<(), String> {
+    root.fill(&WHITE).map_err(err)?;
+    for (area, chart) in root.split_evenly((charts.len(), 1)).iter().zip(charts) {
+        match chart {
+            Chart::Line(c) => c.draw(area)?,
+            Chart::Bar(c) => c.draw(area)?,
         }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 /// A bar's value as its label: three significant digits, so a bar too
@@ -331,15 +317,7 @@ impl BarChart {
     /// No finite value, groups whose lengths differ from the categories',
     /// or a drawing error from plotters.
     pub fn svg(&self) -> Result<String, String> {
-        // plotters lays text out with the registered font, SVG too.
-        register_bundled_font()?;
-        let mut out = String::new();
-        {
-            let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
-            self.draw(&root)?;
-            root.present().map_err(err)?;
-        }
-        Ok(out)
+        svg_sized(SIZE, |root| self.draw(root))
     }
 
     /// The chart as a PNG file's bytes, [`SIZE`] pixels.
@@ -434,6 +412,22 @@ fn register_bundled_font() -> Result<(), String> {
                 .map_err(|_| "plot: the bundled Noto Sans font does not parse".to_string())
         })
         .clone()
+}
+
+/// An SVG document of `(w, h)` drawn by `draw`.
+fn svg_sized(
+    size: (u32, u32),
+    draw: impl FnOnce(&DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String>,
+) -> Result<String, String> {
+    // plotters lays text out with the registered font, SVG too.
+    register_bundled_font()?;
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
+        draw(&root)?;
+        root.present().map_err(err)?;
+    }
+    Ok(out)
 }
 
 /// Draws a chart into an RGB buffer of [`SIZE`] and encodes it as PNG.
