@@ -2,15 +2,17 @@
 //! destination's handling of damaged streams. Behaviour only: no timing
 //! is asserted.
 
+mod migrate_common;
+
+use migrate_common::{dest_cfg, plain, small};
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::{receive, receive_from, DestConfig, DestOutcome};
+use s2mmu_cli::migrate::dest::{receive, receive_from, DestOutcome};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
 use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig};
 use s2mmu_cli::migrate::wire::{tag, Record, WireReader, PAGE_SIZE};
-use s2mmu_cli::progress::Progress;
-use s2mmu_vm::{Backing, Pattern};
+use s2mmu_vm::Pattern;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -23,31 +25,6 @@ fn once(stream: TcpStream) -> impl FnMut(u16) -> Result<BoxConn, MigrateError> {
         s.take()
             .map(|s| Box::new(s) as BoxConn)
             .ok_or_else(|| MigrateError::Setup("one channel only".into()))
-    }
-}
-
-fn plain() -> NetConfig {
-    NetConfig::plain(Duration::from_secs(10))
-}
-
-fn small(mem: u64) -> SourceConfig {
-    SourceConfig {
-        mem_size: mem,
-        backing: Backing::Anonymous,
-        slots: 2,
-        ring_entries: 256,
-        clear_chunk: 1 << 20,
-        warmup: Duration::from_millis(50),
-        sample_every: Duration::from_millis(20),
-        progress: Arc::new(Progress::off()),
-        ..SourceConfig::default()
-    }
-}
-
-fn dest_cfg() -> DestConfig {
-    DestConfig {
-        prefault: false,
-        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
     }
 }
 

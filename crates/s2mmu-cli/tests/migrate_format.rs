@@ -3,47 +3,32 @@
 //! lost-write check, dirty rings, snapshots beside it, post-copy), and a
 //! destination on another format refusing the source by name.
 
-use s2mmu::mmu::MmuPolicy;
+mod migrate_common;
+
+use migrate_common::{dest_cfg, plain, small};
 use s2mmu_cli::migrate::dest::{receive_from, DestConfig};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::extras::SourceExtras;
 use s2mmu_cli::migrate::migrate_in_process;
-use s2mmu_cli::migrate::net::NetConfig;
 use s2mmu_cli::migrate::postcopy::Postcopy;
 use s2mmu_cli::migrate::source::{Harvest, SourceConfig};
 use s2mmu_cli::migrate::wire::{tag, Header, Record, WireReader, WireWriter, PAGE_SIZE};
-use s2mmu_cli::progress::Progress;
 use s2mmu_cli::vm_format::FormatArg;
-use s2mmu_vm::Backing;
-use std::sync::Arc;
 use std::time::Duration;
-
-fn plain() -> NetConfig {
-    NetConfig::plain(Duration::from_secs(10))
-}
 
 /// A small EPT guest dirtying at full speed.
 fn ept(mem: u64) -> SourceConfig {
     SourceConfig {
-        mem_size: mem,
-        backing: Backing::Anonymous,
-        slots: 2,
-        ring_entries: 256,
-        clear_chunk: 1 << 20,
         dirty_rate: 0,
-        warmup: Duration::from_millis(50),
-        sample_every: Duration::from_millis(20),
-        progress: Arc::new(Progress::off()),
         format: FormatArg::Ept,
-        ..SourceConfig::default()
+        ..small(mem)
     }
 }
 
 fn dest_on(format: FormatArg) -> DestConfig {
     DestConfig {
-        prefault: false,
         format,
-        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
+        ..dest_cfg()
     }
 }
 

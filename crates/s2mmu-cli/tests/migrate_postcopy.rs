@@ -5,45 +5,26 @@
 //! both sides then say the guest's memory is split. Behaviour only: no
 //! timing is asserted.
 
-use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::{serve, DestConfig, DestOutcome};
+mod migrate_common;
+
+use migrate_common::{dest_cfg, plain};
+use s2mmu_cli::migrate::dest::{serve, DestOutcome};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
 use s2mmu_cli::migrate::postcopy::Postcopy;
 use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
 use s2mmu_cli::migrate::wire::{tag, PAGE_SIZE};
-use s2mmu_cli::progress::Progress;
-use s2mmu_vm::Backing;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
 use std::time::Duration;
 
-fn plain() -> NetConfig {
-    NetConfig::plain(Duration::from_secs(10))
-}
-
+/// [`migrate_common::small`] with post-copy on, dirtying at full speed.
 fn small(mem: u64) -> SourceConfig {
     SourceConfig {
-        mem_size: mem,
-        backing: Backing::Anonymous,
-        slots: 2,
-        ring_entries: 256,
-        clear_chunk: 1 << 20,
         dirty_rate: 0,
         postcopy: Postcopy::On,
-        warmup: Duration::from_millis(50),
-        sample_every: Duration::from_millis(20),
-        progress: Arc::new(Progress::off()),
-        ..SourceConfig::default()
-    }
-}
-
-fn dest_cfg() -> DestConfig {
-    DestConfig {
-        prefault: false,
-        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
+        ..migrate_common::small(mem)
     }
 }
 
