@@ -144,7 +144,7 @@ impl Final {
         }
         e.u32(self.vcpus.len() as u32);
         for v in &self.vcpus {
-            e.u64(v.pass).u64(v.next_page).u64(v.rng).u64(v.writes);
+            e.vcpu(v);
         }
         e.u32(self.digests.len() as u32);
         for (id, d) in &self.digests {
@@ -186,12 +186,7 @@ impl Final {
         }
         let mut vcpus = Vec::new();
         for _ in 0..n {
-            vcpus.push(VcpuState {
-                pass: d.u64()?,
-                next_page: d.u64()?,
-                rng: d.u64()?,
-                writes: d.u64()?,
-            });
+            vcpus.push(d.vcpu()?);
         }
         let n = d.u32()?;
         if n > MAX_SLOTS {

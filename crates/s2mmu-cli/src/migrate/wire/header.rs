@@ -168,7 +168,7 @@ impl GuestState {
             .u64(self.pace_pages_per_sec)
             .u32(self.vcpus.len() as u32);
         for v in &self.vcpus {
-            e.u64(v.pass).u64(v.next_page).u64(v.rng).u64(v.writes);
+            e.vcpu(v);
         }
         e.0
     }
@@ -189,12 +189,7 @@ impl GuestState {
         }
         let mut vcpus = Vec::new();
         for _ in 0..n {
-            vcpus.push(VcpuState {
-                pass: d.u64()?,
-                next_page: d.u64()?,
-                rng: d.u64()?,
-                writes: d.u64()?,
-            });
+            vcpus.push(d.vcpu()?);
         }
         d.finish()?;
         Ok(GuestState {
