@@ -210,12 +210,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         }
         self.sync_hw_dirty(id, &b)?;
         let mut views = self.views.lock();
-        let v = views
-            .iter_mut()
-            .find(|v| v.slot() == id)
-            .ok_or(Error::LoggingDisabled {
-                slot: u32::from(id),
-            })?;
+        let v = views_of(&mut views, id)?;
         v.fold();
         v.bits(who)?.copy_to(out)?;
         let n: u64 = out[..b.words()]
@@ -262,12 +257,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let chunk_words = ((LOCK_CHUNK >> self.page_shift) as usize / 64).max(1);
         let mut cache = self.split_cache.lock();
         let mut views = self.views.lock();
-        let v = views
-            .iter_mut()
-            .find(|v| v.slot() == id)
-            .ok_or(Error::LoggingDisabled {
-                slot: u32::from(id),
-            })?;
+        let v = views_of(&mut views, id)?;
         // Pages cleared and protected per consumer, and one word's clears
         // (to undo if its protect fails).
         let mut counts = alloc::vec![(0u64, 0u64); clears.len()];
@@ -373,4 +363,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         self.protect_mask(pt, base, page0, mask, batch)?;
         Ok(ns)
     }
+}
+
+/// The views of slot `id`, or [`Error::LoggingDisabled`] when it has none.
+fn views_of(views: &mut [SlotViews], id: u16) -> Result<&mut SlotViews> {
+    views
+        .iter_mut()
+        .find(|v| v.slot() == id)
+        .ok_or(Error::LoggingDisabled {
+            slot: u32::from(id),
+        })
 }
