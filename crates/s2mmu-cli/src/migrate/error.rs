@@ -99,6 +99,20 @@ pub enum MigrateError {
 }
 
 impl MigrateError {
+    /// The source's ABORT, its body the reason.
+    pub fn aborted(body: &[u8]) -> Self {
+        MigrateError::Aborted {
+            reason: String::from_utf8_lossy(body).into_owned(),
+        }
+    }
+
+    /// The destination's REJECTED, its body the reason.
+    pub fn rejected(body: &[u8]) -> Self {
+        MigrateError::Rejected {
+            reason: String::from_utf8_lossy(body).into_owned(),
+        }
+    }
+
     /// An I/O error while doing `what`; a socket deadline that passed is
     /// [`MigrateError::Timeout`].
     pub fn io(what: impl Into<String>, e: &std::io::Error) -> Self {

@@ -315,9 +315,7 @@ pub(crate) fn unexpected_reply(r: Record, expected: &str) -> MigrateError {
             tag: tag::REJECTED,
             body,
             ..
-        } => MigrateError::Rejected {
-            reason: String::from_utf8_lossy(&body).into_owned(),
-        },
+        } => MigrateError::rejected(&body),
         other => MigrateError::Malformed {
             record: "reply",
             at_byte: 0,
@@ -390,9 +388,7 @@ fn rejected_or(e: MigrateError, main: &mut WireWriter<BoxConn>) -> MigrateError 
             tag: tag::REJECTED,
             body,
             ..
-        }) => MigrateError::Rejected {
-            reason: String::from_utf8_lossy(&body).into_owned(),
-        },
+        }) => MigrateError::rejected(&body),
         _ => e,
     }
 }

@@ -152,11 +152,7 @@ pub(super) fn compare_with_snapshot<R: Read, F: VmFormat>(
             tag: tag::ABORT,
             body,
             ..
-        } => {
-            return Err(MigrateError::Aborted {
-                reason: String::from_utf8_lossy(&body).into_owned(),
-            })
-        }
+        } => return Err(MigrateError::aborted(&body)),
         other => {
             return Err(MigrateError::Malformed {
                 record: "VERIFY",

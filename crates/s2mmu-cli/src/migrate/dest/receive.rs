@@ -325,11 +325,7 @@ pub(super) fn main_channel<C: Conn, F: VmFormat>(
                     check_end(&body, at_byte, rd.pages)?;
                     break;
                 }
-                tag::ABORT => {
-                    return Err(MigrateError::Aborted {
-                        reason: String::from_utf8_lossy(&body).into_owned(),
-                    })
-                }
+                tag::ABORT => return Err(MigrateError::aborted(&body)),
                 other => {
                     return Err(MigrateError::Malformed {
                         record: tag_name(other),

@@ -433,11 +433,7 @@ fn receive_rest<R: Read + Write>(
                 tag: tag::ABORT,
                 body,
                 ..
-            } => {
-                return Err(MigrateError::Aborted {
-                    reason: String::from_utf8_lossy(&body).into_owned(),
-                })
-            }
+            } => return Err(MigrateError::aborted(&body)),
             other => {
                 return Err(MigrateError::Malformed {
                     record: "post-copy stream",
