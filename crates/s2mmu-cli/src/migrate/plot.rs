@@ -37,15 +37,18 @@ pub fn png(title: &str, runs: &[PlotRun<'_>]) -> Result<Vec<u8>, String> {
 /// The figure's charts, top to bottom.
 fn charts(title: &str, runs: &[PlotRun<'_>]) -> Vec<Chart> {
     let phases: Vec<Phase> = runs.iter().flat_map(|r| phases_of(r, runs.len())).collect();
+    // Each run's timeline intervals, for both time series.
+    let ivs: Vec<_> = runs.iter().map(|r| intervals(&r.outcome.samples)).collect();
     let rate = LineChart {
         title: format!("{title}: guest dirty rate"),
         x_label: "time (s)".into(),
         y_label: "guest dirty rate (MiB/s, wall time)".into(),
         series: runs
             .iter()
-            .map(|r| Series {
+            .zip(&ivs)
+            .map(|(r, iv)| Series {
                 name: r.label.to_string(),
-                points: intervals(&r.outcome.samples)
+                points: iv
                     .iter()
                     .map(|i| (i.t_s, i.write_rate * 4096.0 / (1u64 << 20) as f64))
                     .collect(),
@@ -60,9 +63,10 @@ fn charts(title: &str, runs: &[PlotRun<'_>]) -> Vec<Chart> {
         y_label: "ns per write (log scale; faults included)".into(),
         series: runs
             .iter()
-            .map(|r| Series {
+            .zip(&ivs)
+            .map(|(r, iv)| Series {
                 name: r.label.to_string(),
-                points: intervals(&r.outcome.samples)
+                points: iv
                     .iter()
                     .filter_map(|i| i.speed.map(|v| (i.t_s, 1e9 / v)))
                     .collect(),
