@@ -53,7 +53,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         }
         let change = match self
             .slots
-            .set_memory_region(region, &Stage2Hook { mmu: self })
+            .set_memory_region(
+                region,
+                &Stage2Hook {
+                    mmu: self,
+                    id: region.id(),
+                },
+            )
         {
             Ok(c) => c,
             Err(e) => {

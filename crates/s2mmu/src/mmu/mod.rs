@@ -69,6 +69,8 @@ mod stats;
 mod tests;
 #[cfg(test)]
 mod tests_unchanged;
+#[cfg(test)]
+mod tests_slot_change;
 mod views;
 #[cfg(test)]
 mod views_tests;
@@ -131,6 +133,8 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPla
 
 struct Stage2Hook<'a, F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> {
     mmu: &'a Mmu<F, M, S, P>,
+    /// The slot being deleted or moved.
+    id: u16,
 }
 
 impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Stage2Invalidate
@@ -146,7 +150,17 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Stage2Invalidate
         // if it did, and the range lies inside the IPA space (checked when
         // the slot was made).
         let (ipa, len) = (base_gfn << shift, npages << shift);
-        let unmapped = pt.leaves(ipa, len).and_then(|leaves| {
+        // The slot's dirty state that lives outside its bitmap goes into
+        // it first, while the old range still names the slot: leaves the
+        // hardware dirtied (frozen, so no write lands after), then the PML
+        // entries of its pages (their flush would look the old addresses
+        // up in the new memslots and drop them). A move keeps the bitmap.
+        let salvaged = self.mmu.salvage_hw_dirty(&pt, self.id, ipa, ipa, len);
+        if self.mmu.policy.dirty.pml() {
+            let old = (self.id, base_gfn, base_gfn + npages);
+            self.mmu.flush_all_pml_with(Some(old));
+        }
+        let unmapped = salvaged.and_then(|()| pt.leaves(ipa, len)).and_then(|leaves| {
             leaves
                 .iter()
                 .try_for_each(|l| pt.unmap(l.ipa, l.size).map(|_| ()))

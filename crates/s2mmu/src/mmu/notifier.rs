@@ -96,7 +96,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// `id`, whose guest range starts at `slot_base`) so the hardware can
     /// no longer dirty them, and marks in the slot's bitmap the pages of
     /// those it had dirtied, before they are unmapped.
-    fn salvage_hw_dirty(
+    pub(super) fn salvage_hw_dirty(
         &self,
         pt: &PageTable<F, M>,
         id: u16,

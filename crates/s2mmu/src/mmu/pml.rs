@@ -151,7 +151,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             return Ok(0);
         };
         let mut st = FaultStats::default();
-        let n = self.flush_pml_log(&log, &mut st);
+        let n = self.flush_pml_log(&log, &mut st, None);
         vcpu.stats.dirtied += st.dirtied;
         vcpu.stats.pml_entries += st.pml_entries;
         Ok(n)
@@ -160,15 +160,28 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// Flushes every vCPU's log: what KVM's kick before
     /// `KVM_GET_DIRTY_LOG` achieves. No leaf is read.
     pub(super) fn flush_all_pml(&self) {
+        self.flush_all_pml_with(None);
+    }
+
+    /// [`Mmu::flush_all_pml`], where `old` (slot id, first gfn, end gfn)
+    /// is the range a slot being deleted or moved had: its pages are
+    /// marked in that slot's bitmap (the memslots no longer name it), as
+    /// KVM flushes the logs before a slot moves.
+    pub(super) fn flush_all_pml_with(&self, old: Option<(u16, u64, u64)>) {
         let logs = self.pml.read().clone();
         let mut st = FaultStats::default();
         for log in &logs {
-            self.flush_pml_log(log, &mut st);
+            self.flush_pml_log(log, &mut st, old);
         }
         self.vm_stats.lock().add(&st);
     }
 
-    fn flush_pml_log(&self, log: &PmlLog, st: &mut FaultStats) -> usize {
+    fn flush_pml_log(
+        &self,
+        log: &PmlLog,
+        st: &mut FaultStats,
+        old: Option<(u16, u64, u64)>,
+    ) -> usize {
         let mut gpas = Vec::with_capacity(PML_LOG_ENTRIES);
         let n = log.drain(&mut gpas);
         if n == 0 {
@@ -185,13 +198,17 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 .as_ref()
                 .is_some_and(|(_, lo, hi, _)| (*lo..*hi).contains(&gfn))
             {
-                last = snap
-                    .search(Gfn::new(gfn))
-                    .filter(|s| s.dirty_logging())
-                    .and_then(|s| {
-                        let b = self.side[usize::from(s.id())].dirty.load_full()?;
-                        Some((s.id(), s.base_gfn().raw(), s.end_gfn().raw(), b))
-                    });
+                let range = match old {
+                    Some((id, lo, hi)) if (lo..hi).contains(&gfn) => Some((id, lo, hi)),
+                    _ => snap
+                        .search(Gfn::new(gfn))
+                        .filter(|s| s.dirty_logging() && !s.is_invalid())
+                        .map(|s| (s.id(), s.base_gfn().raw(), s.end_gfn().raw())),
+                };
+                last = range.and_then(|(id, lo, hi)| {
+                    let b = self.side.get(usize::from(id))?.dirty.load_full()?;
+                    Some((id, lo, hi, b))
+                });
             }
             let Some((id, base_gfn, _, bitmap)) = &last else {
                 continue;
