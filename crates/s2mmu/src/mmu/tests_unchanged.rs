@@ -230,3 +230,47 @@ fn a_clear_that_fails_in_a_later_chunk_puts_its_bits_back() {
     let t = m.reader().translate(GPA + (1 << 30)).unwrap();
     assert_eq!((t.size, t.prot.contains(Prot::W)), (2 << 20, true));
 }
+
+/// The same CLEAR with a dirty view open (the slot's log is then one
+/// consumer among several): the first chunk's bits come back too, for the
+/// log and for the view, which the CLEAR did not touch.
+#[test]
+fn a_clear_beside_views_that_fails_in_a_later_chunk_puts_its_bits_back() {
+    let (m, budget) = mmu(MmuPolicy {
+        initially_set: true,
+        ..MmuPolicy::default()
+    });
+    let size = (1 << 30) + (2 << 20);
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), size, Hva::new(HVA));
+    m.set_memory_region(&r, 2 << 20).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    for b in 0..size / (2 << 20) {
+        m.handle_fault(&mut v, Gpa::new(GPA + b * (2 << 20)), true)
+            .unwrap();
+    }
+    m.enable_dirty_logging(0).unwrap();
+    let view = m.open_dirty_view(0).unwrap();
+    let words = (size >> 12) as usize / 64;
+    let mut before = vec![0u64; words];
+    m.get_dirty_log(0, &mut before).unwrap();
+    let mut view_before = vec![0u64; words];
+    m.get_dirty_view(view, &mut view_before).unwrap();
+    let first = m.with_table(|pt| pt.split_capacity(1 << 30));
+    budget.store(first, Ordering::Relaxed);
+    let r = m.clear_dirty_log(0, 0, size >> 12, &before);
+    assert_eq!(r, Err(Error::OutOfMemory), "capacity {first}");
+    let mut after = vec![0u64; words];
+    m.get_dirty_log(0, &mut after).unwrap();
+    let lost = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| (b & !a).count_ones())
+        .sum::<u32>();
+    assert_eq!(lost, 0, "dirty pages lost by the failed CLEAR");
+    m.get_dirty_view(view, &mut after).unwrap();
+    assert_eq!(after, view_before, "the view is untouched");
+    // With memory the same call succeeds, and the view still reports all.
+    budget.store(usize::MAX, Ordering::Relaxed);
+    assert_eq!(m.clear_dirty_log(0, 0, size >> 12, &before), Ok(size >> 12));
+    m.close_dirty_view(view).unwrap();
+}

@@ -252,49 +252,28 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let tlb = self.with_table(|pt| pt.tlb().clone());
         let mut batch = TlbBatch::new(&*tlb, self.with_table(|pt| pt.tlb_policy()));
         let mut st = FaultStats::default();
-        let words = num_pages.div_ceil(64) as usize;
-        let first_word = (first_page / 64) as usize;
-        let chunk_words = ((LOCK_CHUNK >> self.page_shift) as usize / 64).max(1);
         let mut cache = self.split_cache.lock();
         let mut views = self.views.lock();
         let v = views_of(&mut views, id)?;
-        // Pages cleared and protected per consumer, and one word's clears
-        // (to undo if its protect fails).
+        // Pages cleared and protected per consumer, and every word's clears
+        // of this call (to undo if a later step fails, in any chunk).
         let mut counts = alloc::vec![(0u64, 0u64); clears.len()];
-        let mut undo = Vec::with_capacity(clears.len());
-        for w in (0..words).step_by(chunk_words) {
-            let end = (w + chunk_words).min(words);
-            if self.split_on_clear() {
-                let bytes = ((end - w) as u64 * 64) << self.page_shift;
-                cache.top_up(self.with_table(|pt| pt.split_capacity(bytes)))?;
+        let mut undo = Vec::new();
+        let span = (first_page, num_pages);
+        let done = self.clear_consumer_words(
+            v, base, span, clears, &mut counts, &mut undo, &mut cache, &mut batch, &mut st,
+        );
+        if let Err(e) = done {
+            // Nothing may be lost: the pages stay dirty for the consumers
+            // and may-be-writable for everyone (those protected already
+            // fault and log on their next write).
+            for &(who, i, c, m) in &undo {
+                v.undo_clear(who, i, c, m)?;
             }
-            let mut pt = self.write_lock(&mut st);
-            for k in w..end {
-                let i = first_word + k;
-                undo.clear();
-                let mut mask = 0;
-                for (j, (who, bm)) in clears.iter().enumerate() {
-                    let (c, m) = v.clear_word(*who, i, bm.get(k).copied().unwrap_or(0))?;
-                    counts[j].0 += u64::from(c.count_ones());
-                    counts[j].1 += u64::from(m.count_ones());
-                    undo.push((*who, c, m));
-                    mask |= m;
-                }
-                if mask == 0 {
-                    continue;
-                }
-                let page0 = i as u64 * 64;
-                let done = self.protect_cleared(&mut pt, base, page0, mask, &mut cache, &mut batch);
-                if let Err(e) = done {
-                    // Nothing may be lost: the pages stay dirty for the
-                    // consumers and may-be-writable for everyone.
-                    for &(who, c, m) in &undo {
-                        v.undo_clear(who, i, c, m)?;
-                    }
-                    return Err(e);
-                }
-                st.split_ns += done?;
-            }
+            drop(views);
+            drop(cache);
+            batch.finish();
+            return Err(e);
         }
         let flushed = counts.iter().any(|c| c.1 > 0);
         if flushed {
@@ -313,6 +292,54 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
         self.vm_stats.lock().add(&st);
         Ok(counts.into_iter().map(|c| c.0).collect())
+    }
+
+    /// The chunks of [`Mmu::consumer_clear`]: clears each word of `span`
+    /// (first page, pages) for every consumer and protects what may be
+    /// writable, recording each word's clears in `undo`.
+    #[allow(clippy::too_many_arguments)]
+    fn clear_consumer_words(
+        &self,
+        v: &SlotViews,
+        base: u64,
+        (first_page, num_pages): (u64, u64),
+        clears: &[(DirtyConsumer, &[u64])],
+        counts: &mut [(u64, u64)],
+        undo: &mut Vec<(DirtyConsumer, usize, u64, u64)>,
+        cache: &mut PageCache<M>,
+        batch: &mut TlbBatch<'_>,
+        st: &mut FaultStats,
+    ) -> Result<()> {
+        let words = num_pages.div_ceil(64) as usize;
+        let first_word = (first_page / 64) as usize;
+        let chunk_words = ((LOCK_CHUNK >> self.page_shift) as usize / 64).max(1);
+        for w in (0..words).step_by(chunk_words) {
+            let end = (w + chunk_words).min(words);
+            if self.split_on_clear() {
+                let bytes = ((end - w) as u64 * 64) << self.page_shift;
+                cache.top_up(self.with_table(|pt| pt.split_capacity(bytes)))?;
+            }
+            let mut pt = self.write_lock(st);
+            for k in w..end {
+                let i = first_word + k;
+                let mut mask = 0;
+                for (j, (who, bm)) in clears.iter().enumerate() {
+                    undo.try_reserve(1).map_err(|_| Error::OutOfMemory)?;
+                    let (c, m) = v.clear_word(*who, i, bm.get(k).copied().unwrap_or(0))?;
+                    counts[j].0 += u64::from(c.count_ones());
+                    counts[j].1 += u64::from(m.count_ones());
+                    if c != 0 {
+                        undo.push((*who, i, c, m));
+                    }
+                    mask |= m;
+                }
+                if mask != 0 {
+                    let page0 = i as u64 * 64;
+                    st.split_ns += self.protect_cleared(&mut pt, base, page0, mask, cache, batch)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Drops the views of slots that stopped logging (or whose bitmap was
