@@ -6,7 +6,7 @@ use crate::tlb::SoftTlb;
 use crate::vm::{VmFormat, VmMmu};
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
-use s2mmu::mmu::{FaultKind, FaultOutcome, FaultStats, PmlFull, PmlLog, VcpuMmu};
+use s2mmu::mmu::{FaultKind, FaultOutcome, FaultStats, PmlLog, PmlWriteError, VcpuMmu};
 use s2mmu::{Gpa, HostMmOps, Prot, TableReader};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -189,7 +189,7 @@ impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
                 let t = match &self.pml {
                     Some(log) => match log.hw_write(&self.reader, gpa) {
                         Ok(t) => t,
-                        Err(PmlFull) => {
+                        Err(PmlWriteError::Full) => {
                             // The "log-full" VM exit: the exit handler
                             // flushes the log, the write is retried.
                             self.exit();
@@ -198,6 +198,9 @@ impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
                             self.enter();
                             r.map_err(VcpuExit::Engine)?;
                             continue;
+                        }
+                        Err(PmlWriteError::ForeignReader) => {
+                            unreachable!("a vCPU's log and reader are both its VM's")
                         }
                     },
                     None => self.reader.hw_dirty_update(gpa),

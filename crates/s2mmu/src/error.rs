@@ -181,6 +181,28 @@ pub enum Error {
         /// Views a slot may have open at once.
         limit: usize,
     },
+    /// A dirty view of another MMU (views are branded to the MMU that
+    /// opened them, as vCPU handles are).
+    ForeignDirtyView {
+        /// The view id (in the MMU that opened it).
+        view: u64,
+    },
+    /// The MMU already has the most vCPUs it may have.
+    TooManyVcpus {
+        /// vCPUs an MMU may have.
+        limit: usize,
+    },
+    /// Pages beyond the end of a memslot (page offsets in the slot).
+    OutsideSlot {
+        /// The slot id.
+        slot: u32,
+        /// First page offset of the range.
+        first_page: u64,
+        /// Pages in the range.
+        pages: u64,
+        /// Pages in the slot.
+        slot_pages: u64,
+    },
 }
 
 impl fmt::Display for Error {
@@ -256,9 +278,22 @@ impl fmt::Display for Error {
             ),
             Error::RingFull { vcpu } => write!(f, "dirty ring of vCPU {vcpu} is full"),
             Error::Memslot(e) => write!(f, "memslot update refused: {e}"),
+            Error::TooManyVcpus { limit } => {
+                write!(f, "the MMU already has {limit} vCPUs, the most it may have")
+            }
+            Error::OutsideSlot {
+                slot,
+                first_page,
+                pages,
+                slot_pages,
+            } => write!(
+                f,
+                "{pages} pages from page {first_page} do not fit memslot {slot} of {slot_pages} pages"
+            ),
             Error::UnknownDirtyView { .. }
             | Error::DirtyViewsOfSeveralSlots { .. }
-            | Error::TooManyDirtyViews { .. } => self.fmt_view(f),
+            | Error::TooManyDirtyViews { .. }
+            | Error::ForeignDirtyView { .. } => self.fmt_view(f),
         }
     }
 }
@@ -276,6 +311,9 @@ impl Error {
                 f,
                 "memslot {slot} already has {limit} dirty views open, the most it may have"
             ),
+            Error::ForeignDirtyView { view } => {
+                write!(f, "dirty view {view} belongs to another MMU")
+            }
             // Only the dirty-view errors come here.
             _ => fmt::Debug::fmt(self, f),
         }

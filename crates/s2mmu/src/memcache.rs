@@ -27,10 +27,14 @@ impl<M: MmOps> PageCache<M> {
     /// Fills the cache until it holds at least `min` pages.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`] if the allocator runs dry; the pages obtained so
-    /// far stay in the cache.
+    /// [`Error::OutOfMemory`] if the list of `min` pages cannot be
+    /// allocated (nothing is taken then: an absurd `min` fails at once), or
+    /// if the allocator runs dry; the pages obtained so far stay in the
+    /// cache then.
     pub fn top_up(&mut self, min: usize) -> Result<()> {
-        self.pages.reserve(min.saturating_sub(self.pages.len()));
+        self.pages
+            .try_reserve(min.saturating_sub(self.pages.len()))
+            .map_err(|_| Error::OutOfMemory)?;
         while self.pages.len() < min {
             let pa = self.mm.zalloc_page().ok_or(Error::OutOfMemory)?;
             self.pages.push(pa);

@@ -20,10 +20,15 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 /// What a table and its lockless readers share: the format, the allocator
 /// and the root. The root is freed when the last of them goes.
+static NEXT_TABLE_ID: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
 pub(crate) struct TableCore<F: PteFormat, M: MmOps> {
     pub(crate) fmt: F,
     pub(crate) mm: M,
     pub(crate) root: u64,
+    /// Unique among the process's tables: brands handles tied to this one
+    /// ([`TableReader::table_id`]).
+    pub(crate) id: u64,
 }
 
 impl<F: PteFormat, M: MmOps> Drop for TableCore<F, M> {
@@ -99,7 +104,12 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
             .ok_or(Error::OutOfMemory)?;
         let tlb_policy = TlbPolicy::new(fmt.page_shift());
         Ok(PageTable {
-            core: Arc::new(TableCore { fmt, mm, root }),
+            core: Arc::new(TableCore {
+                fmt,
+                mm,
+                root,
+                id: NEXT_TABLE_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+            }),
             tlb,
             tlb_policy,
         })
@@ -395,6 +405,12 @@ impl<F: PteFormat, M: MmOps> Clone for TableReader<F, M> {
 }
 
 impl<F: PteFormat, M: MmOps> TableReader<F, M> {
+    /// The table's identity, unique among the process's tables (never
+    /// reused): what handles tied to one table check.
+    pub fn table_id(&self) -> u64 {
+        self.core.id
+    }
+
     /// Translates `ipa`: `None` if no valid leaf maps it (a translation
     /// fault), else the leaf and the output address.
     pub fn translate(&self, ipa: u64) -> Option<Translation> {

@@ -4,7 +4,7 @@
 
 use s2mmu::format::ept::{EptFormat, DIRTY};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
-use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy, PmlFull, PML_LOG_ENTRIES};
+use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy, PmlWriteError, PML_LOG_ENTRIES};
 use s2mmu::{Gpa, HostMmOps, Hva, NoTlb};
 use std::sync::Arc;
 
@@ -72,7 +72,7 @@ fn a_full_log_exits_before_the_write_and_the_flush_records_every_entry() {
     assert!(log.hw_write(&reader, GPA + order[3] * 4096).is_ok());
     // The 513th page: the log-full exit, before the flag is set.
     let next = GPA + order[PML_LOG_ENTRIES] * 4096;
-    assert_eq!(log.hw_write(&reader, next), Err(PmlFull));
+    assert_eq!(log.hw_write(&reader, next), Err(PmlWriteError::Full));
     assert_eq!(
         reader.translate(next).unwrap().pte & DIRTY,
         0,

@@ -20,33 +20,61 @@ pub struct DirtyBitmap {
 impl DirtyBitmap {
     /// A bitmap for `npages` pages, all clear or (KVM's
     /// `KVM_DIRTY_LOG_INITIALLY_SET`) all set.
+    ///
+    /// # Panics
+    /// If its memory cannot be allocated (a bit per page); for a size a
+    /// caller chose, use [`DirtyBitmap::try_new`].
     pub fn new(npages: u64, all_set: bool) -> Self {
-        let n = npages.div_ceil(64) as usize;
-        let words: Vec<AtomicU64> = (0..n)
-            .map(|i| {
-                let left = npages - i as u64 * 64;
-                let v = match (all_set, left >= 64) {
-                    (false, _) => 0,
-                    (true, true) => u64::MAX,
-                    (true, false) => (1 << left) - 1,
-                };
-                AtomicU64::new(v)
-            })
-            .collect();
-        DirtyBitmap {
+        Self::try_new(npages, all_set).expect("memory for a dirty bitmap")
+    }
+
+    /// [`DirtyBitmap::new`], failing instead of aborting where its memory
+    /// cannot be had.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the allocator refuses its words (or
+    /// their count does not fit the address space).
+    pub fn try_new(npages: u64, all_set: bool) -> Result<Self> {
+        let n = usize::try_from(npages.div_ceil(64)).map_err(|_| Error::OutOfMemory)?;
+        let mut words: Vec<AtomicU64> = Vec::new();
+        words.try_reserve_exact(n).map_err(|_| Error::OutOfMemory)?;
+        words.extend((0..n).map(|i| {
+            let left = npages - i as u64 * 64;
+            let v = match (all_set, left >= 64) {
+                (false, _) => 0,
+                (true, true) => u64::MAX,
+                (true, false) => (1 << left) - 1,
+            };
+            AtomicU64::new(v)
+        }));
+        Ok(DirtyBitmap {
             words: words.into_boxed_slice(),
             npages,
             slot: 0,
-        }
+        })
     }
 
     /// A bitmap of slot `slot` ([`DirtyBitmap::new`] is slot 0): the slot
     /// its [`DirtyTracker`] records name.
+    ///
+    /// # Panics
+    /// As [`DirtyBitmap::new`]; [`DirtyBitmap::try_for_slot`] fails instead.
     pub fn for_slot(slot: u32, npages: u64, all_set: bool) -> Self {
         DirtyBitmap {
             slot,
             ..Self::new(npages, all_set)
         }
+    }
+
+    /// [`DirtyBitmap::for_slot`], failing where its memory cannot be had.
+    ///
+    /// # Errors
+    /// As [`DirtyBitmap::try_new`].
+    pub fn try_for_slot(slot: u32, npages: u64, all_set: bool) -> Result<Self> {
+        Ok(DirtyBitmap {
+            slot,
+            ..Self::try_new(npages, all_set)?
+        })
     }
 
     /// The slot it tracks.
@@ -167,11 +195,11 @@ impl DirtyTracker for DirtyBitmap {
             return Err(Error::NoSuchSlot { slot });
         }
         if offset >= self.npages {
-            // In pages, as the slot counts them.
-            return Err(Error::OutOfRange {
-                ipa: offset,
-                size: 1,
-                limit: self.npages,
+            return Err(Error::OutsideSlot {
+                slot,
+                first_page: offset,
+                pages: 1,
+                slot_pages: self.npages,
             });
         }
         Ok(DirtyBitmap::mark(self, offset))

@@ -41,7 +41,7 @@ pub trait DirtyTracker: Send + Sync {
     /// every push).
     ///
     /// # Errors
-    /// [`Error::OutOfRange`] for a page the tracker does not cover (a
+    /// [`Error::OutsideSlot`] for a page the tracker does not cover (a
     /// bitmap: beyond its slot), [`Error::RingFull`] for a full ring; the
     /// record is not made then.
     fn mark(&self, vcpu: usize, slot: u32, offset: u64) -> Result<bool>;

@@ -87,21 +87,29 @@ impl SlotViews {
     /// slot's log takes over what `shared` holds (the pages it has not
     /// cleared yet, which are also the pages that may be writable), and
     /// no view is open yet.
-    pub fn new(slot: u16, shared: Arc<DirtyBitmap>) -> Self {
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when its bitmaps cannot be allocated.
+    pub fn new(slot: u16, shared: Arc<DirtyBitmap>) -> Result<Self> {
         let n = shared.npages();
         let s = u32::from(slot);
+        let mut consumers = Vec::new();
+        consumers
+            .try_reserve(MAX_DIRTY_VIEWS_PER_SLOT + 1)
+            .map_err(|_| Error::OutOfMemory)?;
+        consumers.push(Consumer {
+            who: DirtyConsumer::Log,
+            bits: DirtyBitmap::try_for_slot(s, n, false)?,
+            stats: DirtyViewStats::default(),
+        });
         let views = SlotViews {
             slot,
-            writable: DirtyBitmap::for_slot(s, n, false),
-            consumers: alloc::vec![Consumer {
-                who: DirtyConsumer::Log,
-                bits: DirtyBitmap::for_slot(s, n, false),
-                stats: DirtyViewStats::default(),
-            }],
+            writable: DirtyBitmap::try_for_slot(s, n, false)?,
+            consumers,
             shared,
         };
         views.fold();
-        views
+        Ok(views)
     }
 
     /// The slot.
@@ -128,7 +136,8 @@ impl SlotViews {
     ///
     /// # Errors
     /// [`Error::TooManyDirtyViews`] when [`MAX_DIRTY_VIEWS_PER_SLOT`] are
-    /// open; nothing changes then.
+    /// open, [`Error::OutOfMemory`] when its bitmap cannot be allocated;
+    /// nothing changes then.
     pub fn open(&mut self, view: u64) -> Result<()> {
         if self.views() >= MAX_DIRTY_VIEWS_PER_SLOT {
             return Err(Error::TooManyDirtyViews {
@@ -137,9 +146,13 @@ impl SlotViews {
             });
         }
         let n = self.shared.npages();
+        let bits = DirtyBitmap::try_for_slot(u32::from(self.slot), n, true)?;
+        self.consumers
+            .try_reserve(1)
+            .map_err(|_| Error::OutOfMemory)?;
         self.consumers.push(Consumer {
             who: DirtyConsumer::View(view),
-            bits: DirtyBitmap::for_slot(u32::from(self.slot), n, true),
+            bits,
             stats: DirtyViewStats {
                 opened_dirty: n,
                 ..DirtyViewStats::default()
@@ -266,7 +279,7 @@ mod tests {
     use alloc::vec;
 
     fn slot(npages: u64) -> SlotViews {
-        SlotViews::new(0, Arc::new(DirtyBitmap::for_slot(0, npages, false)))
+        SlotViews::new(0, Arc::new(DirtyBitmap::for_slot(0, npages, false))).unwrap()
     }
 
     /// Clears every page a consumer has dirty; returns how many, and the
@@ -323,7 +336,7 @@ mod tests {
     fn a_new_view_starts_all_dirty_and_pages_may_be_writable() {
         let shared = Arc::new(DirtyBitmap::for_slot(0, 100, false));
         shared.mark(9);
-        let mut v = SlotViews::new(0, shared);
+        let mut v = SlotViews::new(0, shared).unwrap();
         assert!(v.bits(DirtyConsumer::Log).unwrap().is_set(9));
         v.open(1).unwrap();
         assert_eq!(v.bits(DirtyConsumer::View(1)).unwrap().count(), 100);
@@ -334,7 +347,7 @@ mod tests {
     #[test]
     fn restore_hands_uncleared_pages_back_to_the_shared_bitmap() {
         let shared = Arc::new(DirtyBitmap::for_slot(0, 64, false));
-        let mut v = SlotViews::new(0, shared.clone());
+        let mut v = SlotViews::new(0, shared.clone()).unwrap();
         v.open(1).unwrap();
         shared.mark(1);
         shared.mark(2);

@@ -10,12 +10,16 @@ use super::config::MemslotConfig;
 use super::error::MemslotError;
 use super::invalidate::Stage2Invalidate;
 use super::slot::{MemslotChange, UserMemoryRegion};
-use super::store::{next_store_id, MemslotStore};
+use super::lookup::SlotLookup as _;
+use super::store::{held_by_this_thread, next_store_id, Held, MemslotStore};
 use super::validate::plan_update;
 
 /// A reader's view of the active array.
 pub struct ArraySnapshot<P: Platform = DefaultPlatform>(
     <P::Cell<ArraySet> as ArcCell<ArraySet>>::Guard,
+    // Counts the snapshot for its thread while it lives (read by its drop).
+    #[allow(dead_code)]
+    Held,
 );
 
 impl<P: Platform> core::ops::Deref for ArraySnapshot<P> {
@@ -84,7 +88,9 @@ impl<P: Platform> MemslotStore for ArrayMemslots<P> {
     }
 
     fn snapshot(&self) -> ArraySnapshot<P> {
-        ArraySnapshot(self.active.load())
+        let guard = self.active.load();
+        let held = Held::new(guard.store_id());
+        ArraySnapshot(guard, held)
     }
 
     fn set_memory_region(
@@ -94,6 +100,9 @@ impl<P: Platform> MemslotStore for ArrayMemslots<P> {
     ) -> Result<MemslotChange, MemslotError> {
         let mut generation = self.updater.lock();
         let current = self.active.load_full();
+        if held_by_this_thread(current.store_id()) {
+            return Err(MemslotError::SnapshotHeld);
+        }
         let plan = plan_update(&self.config, region, &*current)?;
         let new = plan.new.map(Arc::new);
         let old = current.id_arc(plan.id).cloned();

@@ -93,6 +93,10 @@ pub enum MemslotError {
         /// The slot id.
         id: u16,
     },
+    /// The thread asking for the update holds a snapshot of the same store
+    /// ([`super::MemslotStore::snapshot`]): the update waits for the readers
+    /// of the state it retires, so it would wait for that thread forever.
+    SnapshotHeld,
 }
 
 impl MemslotError {
@@ -135,6 +139,10 @@ impl fmt::Display for MemslotError {
                 )
             }
             Self::NoChange { id } => write!(f, "slot {id} is already as requested"),
+            Self::SnapshotHeld => write!(
+                f,
+                "memslot update by a thread that holds a snapshot of the same memslots (drop it first: the update would wait for it forever)"
+            ),
             Self::BadConfig { what, value } => {
                 write!(f, "memslot configuration: {what} {value} is not supported")
             }

@@ -11,13 +11,16 @@ use super::error::MemslotError;
 use super::invalidate::Stage2Invalidate;
 use super::lookup::SlotLookup;
 use super::slot::{MemslotChange, Slot, UserMemoryRegion};
-use super::store::{next_store_id, MemslotStore};
+use super::store::{held_by_this_thread, next_store_id, Held, MemslotStore};
 use super::tree::TreeSet;
 use super::validate::plan_update;
 
 /// A reader's view of the active tree set.
 pub struct TreeSnapshot<P: Platform = DefaultPlatform>(
     <P::Cell<TreeSet> as ArcCell<TreeSet>>::Guard,
+    // Counts the snapshot for its thread while it lives (read by its drop).
+    #[allow(dead_code)]
+    Held,
 );
 
 impl<P: Platform> core::ops::Deref for TreeSnapshot<P> {
@@ -106,7 +109,9 @@ impl<P: Platform> MemslotStore for TreeMemslots<P> {
     }
 
     fn snapshot(&self) -> TreeSnapshot<P> {
-        TreeSnapshot(self.active.load())
+        let guard = self.active.load();
+        let held = Held::new(guard.store_id());
+        TreeSnapshot(guard, held)
     }
 
     fn set_memory_region(
@@ -118,6 +123,9 @@ impl<P: Platform> MemslotStore for TreeMemslots<P> {
         // the sets half-updated for the next updater (the platform's locks do not poison).
         let mut guard = self.updater.lock();
         let updater = &mut *guard;
+        if held_by_this_thread(updater.inactive.store_id()) {
+            return Err(MemslotError::SnapshotHeld);
+        }
         // Between updates the inactive set equals the active one; validating against it
         // avoids holding a snapshot of the set about to be retired.
         let plan = plan_update(&self.config, region, &*updater.inactive)?;

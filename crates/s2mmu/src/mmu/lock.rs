@@ -118,7 +118,9 @@ pub struct WriteGuard<'a, T, P: Platform = DefaultPlatform> {
 impl<T> MmuLock<T> {
     /// A lock around `data` with `slots` vCPU reader slots (0: every reader
     /// uses the shared rwlock, KVM's `mmu_lock`), on the default platform.
-    /// It starts biased: there is no writer yet.
+    /// It starts biased: there is no writer yet. At most
+    /// [`super::MAX_VCPUS`] slots are made (readers beyond them use the
+    /// shared rwlock, as with 0), whatever `slots` asks for.
     pub fn new(data: T, slots: usize) -> Self {
         Self::for_platform(data, slots)
     }
@@ -127,6 +129,7 @@ impl<T> MmuLock<T> {
 impl<T, P: Platform> MmuLock<T, P> {
     /// As [`MmuLock::new`], with platform `P`'s raw lock and clock.
     pub fn for_platform(data: T, slots: usize) -> Self {
+        let slots = slots.min(super::MAX_VCPUS);
         MmuLock {
             #[cfg(not(loom))]
             rw: lock_api::RwLock::new(()),

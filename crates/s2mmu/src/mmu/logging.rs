@@ -13,7 +13,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     ///
     /// # Errors
     /// [`Error::Memslot`] with KVM's validation; [`Error::InvalidConfig`]
-    /// for a host page size that is not a power of two of at least a page.
+    /// for a host page size that is not a power of two of at least a page;
+    /// [`Error::OutOfMemory`] when a logged slot's bitmap cannot be
+    /// allocated; [`Error::Memslot`] with
+    /// [`crate::memslot::MemslotError::SnapshotHeld`] when this thread holds
+    /// a snapshot of the memslots. Nothing is changed then.
     pub fn set_memory_region(
         &self,
         region: &UserMemoryRegion,
@@ -36,14 +40,15 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         // an absurd size first.
         let plausible = self.side.get(id).is_some()
             && region.memory_size >> self.page_shift <= self.slots.config().max_npages;
-        let new_bitmap = (logging && !was_logging && plausible && self.policy.dirty.bitmaps())
-            .then(|| {
-                Arc::new(DirtyBitmap::for_slot(
-                    u32::from(region.id()),
-                    region.memory_size >> self.page_shift,
-                    self.initially_set(),
-                ))
-            });
+        let new_bitmap = if logging && !was_logging && plausible && self.policy.dirty.bitmaps() {
+            Some(Arc::new(DirtyBitmap::try_for_slot(
+                u32::from(region.id()),
+                region.memory_size >> self.page_shift,
+                self.initially_set(),
+            )?))
+        } else {
+            None
+        };
         let prev_host_page = self
             .side
             .get(id)

@@ -71,16 +71,18 @@ mod tests;
 mod tests_unchanged;
 #[cfg(test)]
 mod tests_slot_change;
+#[cfg(test)]
+mod tests_bounds;
 mod views;
 #[cfg(test)]
 mod views_tests;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
-pub use pml::{PmlFull, PmlLog, PML_LOG_ENTRIES};
+pub use pml::{PmlLog, PmlWriteError, PML_LOG_ENTRIES};
 pub use policy::{
     DirtyMode, FaultPath, HwDirtyBlocks, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK,
-    SPARSE_CLEAR_RUNS,
+    MAX_EAGER_SPLIT_CHUNK, MAX_VCPUS, SPARSE_CLEAR_RUNS,
 };
 pub use stats::FaultStats;
 pub use views::DirtyView;
@@ -100,7 +102,9 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPla
     stage2: Stage2<F, M, P>,
     slots: S,
     side: Box<[SlotSide<P>]>,
-    rings: RwLock<P, Vec<Arc<DirtyRing>>>,
+    /// Every vCPU's dirty ring (none when rings are off): its length is
+    /// the vCPU count.
+    rings: RwLock<P, Vec<Option<Arc<DirtyRing>>>>,
     /// Every vCPU's page-modification log, with [`DirtyMode::Pml`].
     pml: RwLock<P, Vec<Arc<PmlLog>>>,
     policy: MmuPolicy,
@@ -213,12 +217,18 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             });
         }
         if let Some(chunk) = policy.eager_split_chunk {
-            if chunk == 0 || chunk % fmt.page_size() != 0 {
+            if chunk == 0 || chunk % fmt.page_size() != 0 || chunk > MAX_EAGER_SPLIT_CHUNK {
                 return Err(Error::InvalidConfig {
                     what: "eager split chunk size",
                     value: chunk,
                 });
             }
+        }
+        if policy.reader_slots > MAX_VCPUS {
+            return Err(Error::InvalidConfig {
+                what: "reader slots (at most MAX_VCPUS)",
+                value: policy.reader_slots as u64,
+            });
         }
         if let Some(n) = policy.dirty.ring_entries() {
             DirtyRing::new(n)?;
@@ -359,24 +369,38 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     }
 
     /// Creates the MMU state of a new vCPU (and its dirty ring, if rings
-    /// are on).
+    /// are on, or its PML log with [`DirtyMode::Pml`]).
     ///
     /// # Errors
-    /// [`Error::InvalidRingSize`] cannot happen here (checked at creation).
+    /// [`Error::TooManyVcpus`] beyond [`MAX_VCPUS`];
+    /// [`Error::OutOfMemory`] if its ring or log cannot be allocated.
+    /// Nothing is changed then.
     pub fn new_vcpu(&self) -> Result<VcpuMmu<M>> {
         let mut rings = self.rings.write();
         let id = rings.len();
-        let entries = self.policy.dirty.ring_entries().unwrap_or(256);
-        let ring = Arc::new(DirtyRing::new(entries)?);
-        rings.push(ring.clone());
-        let pml = self.policy.dirty.pml().then(|| Arc::new(PmlLog::new(id)));
-        if let Some(log) = &pml {
-            self.pml.write().push(log.clone());
+        if id >= MAX_VCPUS {
+            return Err(Error::TooManyVcpus { limit: MAX_VCPUS });
         }
+        let oom = |_| Error::OutOfMemory;
+        let ring = match self.policy.dirty.ring_entries() {
+            Some(entries) => Some(Arc::new(DirtyRing::new(entries)?)),
+            None => None,
+        };
+        rings.try_reserve(1).map_err(oom)?;
+        let pml = self.policy.dirty.pml().then(|| {
+            let table = self.stage2.reader.table_id();
+            Arc::new(PmlLog::new(id, table))
+        });
+        if let Some(log) = &pml {
+            let mut logs = self.pml.write();
+            logs.try_reserve(1).map_err(oom)?;
+            logs.push(log.clone());
+        }
+        rings.push(ring.clone());
         Ok(VcpuMmu {
             id,
             mmu_id: self.id,
-            ring: self.policy.dirty.ring_entries().map(|_| ring),
+            ring,
             lock_slot: self.stage2.slot_for(id),
             dirty_cache: None,
             slot_cache: VcpuSlotCache::new(),

@@ -28,18 +28,16 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// unmapped.
     ///
     /// # Errors
-    /// [`Error::EmptyRange`] for size 0, [`Error::OutOfRange`] for a range
-    /// that wraps; nothing is changed then.
+    /// [`Error::EmptyRange`] for size 0 or a range that wraps; nothing is
+    /// changed then.
     pub fn invalidate_hva_range_start(&self, hva: Hva, size: u64) -> Result<u64> {
         let hva = hva.raw();
         if size == 0 {
             return Err(Error::EmptyRange { ipa: hva, size });
         }
-        let end = hva.checked_add(size).ok_or(Error::OutOfRange {
-            ipa: hva,
-            size,
-            limit: u64::MAX,
-        })?;
+        let end = hva
+            .checked_add(size)
+            .ok_or(Error::EmptyRange { ipa: hva, size })?;
         let shift = self.page_shift;
         let mut st = FaultStats::default();
         let mut pt = self.write_lock(&mut st);

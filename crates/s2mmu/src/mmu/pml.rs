@@ -38,10 +38,16 @@ pub const PML_LOG_ENTRIES: usize = 512;
 /// (`PML_HEAD_INDEX`).
 const PML_HEAD_INDEX: u16 = (PML_LOG_ENTRIES - 1) as u16;
 
-/// The log is full: the write that would set a dirty flag needs the
-/// "log-full" exit ([`Mmu::flush_pml`]) first, and then a retry.
+/// Why [`PmlLog::hw_write`] made no write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PmlFull;
+pub enum PmlWriteError {
+    /// The log is full: the write that would set a dirty flag needs the
+    /// "log-full" exit ([`Mmu::flush_pml`]) first, and then a retry.
+    Full,
+    /// The reader is not of the table of the MMU whose vCPU owns the log
+    /// (a log records the writes to its own VM's table only).
+    ForeignReader,
+}
 
 struct PmlState {
     entries: Box<[u64; PML_LOG_ENTRIES]>,
@@ -58,13 +64,16 @@ impl PmlState {
 /// One vCPU's page-modification log ([`VcpuMmu::pml`]).
 pub struct PmlLog {
     vcpu: usize,
+    /// The [`TableReader::table_id`] of its MMU's table.
+    table: u64,
     state: Mutex<DefaultPlatform, PmlState>,
 }
 
 impl PmlLog {
-    pub(super) fn new(vcpu: usize) -> Self {
+    pub(super) fn new(vcpu: usize, table: u64) -> Self {
         PmlLog {
             vcpu,
+            table,
             state: lock_api::Mutex::new(PmlState {
                 entries: Box::new([0; PML_LOG_ENTRIES]),
                 index: PML_HEAD_INDEX,
@@ -93,13 +102,17 @@ impl PmlLog {
     /// `None`: nothing maps `ipa` (a translation fault).
     ///
     /// # Errors
-    /// [`PmlFull`] when the write would set a dirty flag and the log is
-    /// full; nothing was changed then.
+    /// [`PmlWriteError::Full`] when the write would set a dirty flag and
+    /// the log is full; [`PmlWriteError::ForeignReader`] for a reader of
+    /// another MMU's table. Nothing was changed then.
     pub fn hw_write<F: PteFormat, M: MmOps>(
         &self,
         reader: &TableReader<F, M>,
         ipa: u64,
-    ) -> core::result::Result<Option<Translation>, PmlFull> {
+    ) -> core::result::Result<Option<Translation>, PmlWriteError> {
+        if reader.table_id() != self.table {
+            return Err(PmlWriteError::ForeignReader);
+        }
         let mut st = self.state.lock();
         if st.index > PML_HEAD_INDEX {
             // Full: the SDM checks the index only for a write that would
@@ -107,7 +120,7 @@ impl PmlLog {
             let t = reader.translate(ipa);
             let hw = reader.format().hw_dirty_bits();
             return match (t, hw) {
-                (Some(t), Some(h)) if t.pte & h.update_mask == h.update_match => Err(PmlFull),
+                (Some(t), Some(h)) if t.pte & h.update_mask == h.update_match => Err(PmlWriteError::Full),
                 (t, _) => Ok(t),
             };
         }
@@ -135,7 +148,7 @@ impl PmlLog {
 impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// The exit handler's PML flush (`vmx_flush_pml_buffer`): records every
     /// page in `vcpu`'s log as dirty in its slot's bitmap and empties the
-    /// log. Call it on the "log-full" exit ([`PmlFull`]) before retrying
+    /// log. Call it on the "log-full" exit ([`PmlWriteError::Full`]) before retrying
     /// the write, and on every other exit of the vCPU; a harvest
     /// ([`Mmu::get_dirty_log`]) flushes every vCPU's log itself. Returns
     /// the number of entries flushed (a page of a slot that no longer

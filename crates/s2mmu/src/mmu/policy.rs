@@ -19,8 +19,9 @@ pub enum FaultPath {
 pub struct MmuPolicy {
     /// How faults take the lock.
     pub fault_path: FaultPath,
-    /// Eager split when logging starts, with this chunk size in bytes
-    /// (the lock is dropped and the page cache topped up between chunks);
+    /// Eager split when logging starts, with this chunk size in bytes, a
+    /// multiple of the page size up to [`MAX_EAGER_SPLIT_CHUNK`] (the lock
+    /// is dropped and the page cache topped up between chunks);
     /// `None` splits huge mappings on the first write fault instead.
     pub eager_split_chunk: Option<u64>,
     /// How the split walk moves.
@@ -51,7 +52,7 @@ pub struct MmuPolicy {
     /// vCPUs (by index) whose fault-path reads of the MMU lock go through
     /// a reader slot of their own while no writer is around ([`lock`]),
     /// instead of the rwlock's shared reader count; 0 keeps KVM's plain
-    /// rwlock for every reader.
+    /// rwlock for every reader. At most [`MAX_VCPUS`].
     pub reader_slots: usize,
 }
 
@@ -151,6 +152,18 @@ pub enum HwDirtyBlocks {
 /// `eager_split_chunk_size` default is a 2 MiB block's worth; arm64 uses
 /// the chunk size userspace sets, QEMU 1 GiB).
 pub const EAGER_SPLIT_CHUNK: u64 = 1 << 30;
+
+/// The largest eager-split chunk [`Mmu::new`] accepts, 1 GiB: a chunk's
+/// split is done under one hold of the MMU write lock with the table pages
+/// topped up for it first, so the chunk bounds both the lock hold and that
+/// allocation (KVM arm64 accepts block sizes only, 1 GiB at most with 4 KiB
+/// pages).
+pub const MAX_EAGER_SPLIT_CHUNK: u64 = 1 << 30;
+
+/// The most vCPUs an [`Mmu`] may have ([`Mmu::new_vcpu`]) and the most
+/// reader slots its lock may have ([`MmuPolicy::reader_slots`]): x86 KVM's
+/// `KVM_MAX_VCPUS`.
+pub const MAX_VCPUS: usize = 4096;
 
 /// Bytes write-protected or cleared per hold of the MMU write lock (QEMU's
 /// default clear chunk is the same size).

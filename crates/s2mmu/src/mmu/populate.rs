@@ -50,10 +50,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             .checked_add(npages)
             .is_none_or(|end| end > slot.npages())
         {
-            return Err(Error::OutOfRange {
-                ipa: slot.base_gfn().raw().saturating_add(first_page) << shift,
-                size: npages.saturating_mul(1 << shift),
-                limit: slot.end_gfn().raw() << shift,
+            return Err(Error::OutsideSlot {
+                slot: u32::from(id),
+                first_page,
+                pages: npages,
+                slot_pages: slot.npages(),
             });
         }
         let base = (slot.base_gfn().raw() + first_page) << shift;
@@ -140,12 +141,17 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// skipped. Returns the number of pages newly marked dirty.
     ///
     /// # Errors
-    /// [`Error::NoSuchSlot`]; [`Error::OutOfRange`] for a page beyond the
-    /// slot (the pages before it are done).
+    /// [`Error::NoSuchSlot`]; [`Error::OutsideSlot`] for a page beyond the
+    /// slot (checked before any page is touched: nothing is changed then).
     ///
     /// `pages` are page offsets within the slot, not addresses (hence bare
     /// `u64`s), as in a dirty bitmap or a ring entry.
-    pub fn dirty_pages(&self, id: u16, pages: impl IntoIterator<Item = u64>) -> Result<u64> {
+    pub fn dirty_pages<I>(&self, id: u16, pages: I) -> Result<u64>
+    where
+        I: IntoIterator<Item = u64>,
+        I::IntoIter: Clone,
+    {
+        let pages = pages.into_iter();
         let snap = self.slots.snapshot();
         let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
             slot: u32::from(id),
@@ -159,18 +165,20 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         } else {
             None
         };
+        // Every page checked before any is touched.
+        if let Some(p) = pages.clone().find(|&p| p >= npages) {
+            return Err(Error::OutsideSlot {
+                slot: u32::from(id),
+                first_page: p,
+                pages: 1,
+                slot_pages: npages,
+            });
+        }
         let wbit = self.stage2.reader.format().write_bit();
         let mut st = FaultStats::default();
         let pt = self.read_lock(&mut st, None);
         let mut dirtied = 0;
         for p in pages {
-            if p >= npages {
-                return Err(Error::OutOfRange {
-                    ipa: base_gfn.saturating_add(p) << shift,
-                    size: 1 << shift,
-                    limit: (base_gfn + npages) << shift,
-                });
-            }
             let o = match pt.relax_perms((base_gfn + p) << shift, Prot::RW) {
                 Ok(o) => o,
                 Err(Error::NotMapped { .. }) => continue,

@@ -7,7 +7,11 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// guest until the ring is harvested and reset.
     pub fn ring_soft_full(&self, vcpu: usize) -> bool {
         self.policy.dirty.ring_entries().is_some()
-            && self.rings.read().get(vcpu).is_some_and(|r| r.soft_full())
+            && self
+                .rings
+                .read()
+                .get(vcpu)
+                .is_some_and(|r| r.as_ref().is_some_and(|r| r.soft_full()))
     }
 
     /// Harvests every vCPU's ring into `out`; returns the number of entries.
@@ -20,7 +24,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 needs: "dirty rings",
             });
         }
-        Ok(self.rings.read().iter().map(|r| r.harvest(out)).sum())
+        Ok(self.rings.read().iter().flatten().map(|r| r.harvest(out)).sum())
     }
 
     /// `KVM_RESET_DIRTY_RINGS`: re-protects every harvested page and frees
@@ -44,7 +48,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let mut batch = TlbBatch::new(&*tlb, pt.tlb_policy());
         let mut total = 0;
         let mut result = Ok(());
-        for r in &rings {
+        for r in rings.iter().flatten() {
             total += r.reset(|slot, offset, mask| {
                 let Ok(id) = u16::try_from(slot) else { return };
                 let Some(s) = snap.id_to_slot(id) else { return };

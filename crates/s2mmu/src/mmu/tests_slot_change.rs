@@ -101,7 +101,8 @@ fn write<F: PteFormat>(
         let t = match (m.policy.dirty.hardware(), v.pml().cloned()) {
             (true, Some(log)) => match log.hw_write(&reader, gpa) {
                 Ok(t) => t,
-                Err(PmlFull) => {
+                Err(e) => {
+                    assert_eq!(e, PmlWriteError::Full);
                     m.flush_pml(v).unwrap();
                     continue;
                 }

@@ -19,14 +19,19 @@ use super::*;
 use crate::dirty::{DirtyConsumer, DirtyViewStats, SlotViews, MAX_DIRTY_VIEWS_PER_SLOT};
 
 /// An open dirty view of a slot, from [`Mmu::open_dirty_view`]. Ids are
-/// never reused within an MMU, so a closed view's id stays unknown.
+/// never reused within an MMU, so a closed view's id stays unknown; the
+/// handle also names its MMU, which alone accepts it (ids of different
+/// MMUs overlap).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DirtyView(u64);
+pub struct DirtyView {
+    mmu: u64,
+    id: u64,
+}
 
 impl DirtyView {
-    /// The view's id.
+    /// The view's id (unique within its MMU).
     pub fn id(self) -> u64 {
-        self.0
+        self.id
     }
 }
 
@@ -37,7 +42,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     ///
     /// # Errors
     /// [`Error::NoSuchSlot`], [`Error::LoggingDisabled`],
-    /// [`Error::WrongDirtyMode`] (dirty rings), [`Error::TooManyDirtyViews`].
+    /// [`Error::WrongDirtyMode`] (dirty rings), [`Error::TooManyDirtyViews`],
+    /// [`Error::OutOfMemory`] for its bitmaps.
     pub fn open_dirty_view(&self, id: u16) -> Result<DirtyView> {
         let _u = self.update.lock();
         let b = self.bitmap(id)?;
@@ -47,13 +53,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         match views.iter_mut().find(|v| v.slot() == id) {
             Some(v) => v.open(view)?,
             None => {
-                let mut v = SlotViews::new(id, b);
+                let mut v = SlotViews::new(id, b)?;
                 v.open(view)?;
                 views.push(v);
                 self.views_open.fetch_add(1, Ordering::Release);
             }
         }
-        Ok(DirtyView(view))
+        Ok(DirtyView { mmu: self.id, id: view })
     }
 
     /// Closes `view` and frees its bitmap; the last view of a slot hands
@@ -61,15 +67,17 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     ///
     /// # Errors
     /// [`Error::UnknownDirtyView`] (never opened, closed, or its slot
-    /// stopped logging, which closes its views).
+    /// stopped logging, which closes its views); [`Error::ForeignDirtyView`]
+    /// for a view of another MMU.
     pub fn close_dirty_view(&self, view: DirtyView) -> Result<()> {
+        let view = self.own_view(view)?;
         let _u = self.update.lock();
         let mut views = self.views.lock();
         let i = views
             .iter()
-            .position(|v| v.has_view(view.0))
-            .ok_or(Error::UnknownDirtyView { view: view.0 })?;
-        views[i].close(view.0);
+            .position(|v| v.has_view(view))
+            .ok_or(Error::UnknownDirtyView { view })?;
+        views[i].close(view);
         if views[i].views() == 0 {
             views.swap_remove(i).restore();
             self.views_open.fetch_sub(1, Ordering::Release);
@@ -89,25 +97,27 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// What `view`'s gets and clears did.
     ///
     /// # Errors
-    /// [`Error::UnknownDirtyView`].
+    /// [`Error::UnknownDirtyView`], [`Error::ForeignDirtyView`].
     pub fn dirty_view_stats(&self, view: DirtyView) -> Result<DirtyViewStats> {
+        let view = self.own_view(view)?;
         let mut views = self.views.lock();
         let v = views
             .iter_mut()
-            .find(|v| v.has_view(view.0))
-            .ok_or(Error::UnknownDirtyView { view: view.0 })?;
-        v.stats_mut(DirtyConsumer::View(view.0)).copied()
+            .find(|v| v.has_view(view))
+            .ok_or(Error::UnknownDirtyView { view })?;
+        v.stats_mut(DirtyConsumer::View(view)).copied()
     }
 
     /// Copies `view`'s bitmap into `out` (bit 0 of word 0 is page 0 of its
     /// slot) without clearing it; returns the number of dirty pages.
     ///
     /// # Errors
-    /// [`Error::UnknownDirtyView`], [`Error::BitmapTooSmall`].
+    /// [`Error::UnknownDirtyView`], [`Error::ForeignDirtyView`],
+    /// [`Error::BitmapTooSmall`].
     pub fn get_dirty_view(&self, view: DirtyView, out: &mut [u64]) -> Result<u64> {
         let _u = self.update.lock();
         let id = self.view_slot(view)?;
-        self.consumer_get(id, DirtyConsumer::View(view.0), out)
+        self.consumer_get(id, DirtyConsumer::View(view.id), out)
     }
 
     /// Clears `view`'s bits for the pages of `[first_page, first_page +
@@ -117,7 +127,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// any; returns the number of pages cleared.
     ///
     /// # Errors
-    /// [`Error::UnknownDirtyView`], [`Error::ClearNotAligned`],
+    /// [`Error::UnknownDirtyView`], [`Error::ForeignDirtyView`],
+    /// [`Error::ClearNotAligned`],
     /// [`Error::ClearBadRange`], [`Error::BitmapTooSmall`].
     pub fn clear_dirty_view(
         &self,
@@ -130,7 +141,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let id = self.view_slot(view)?;
         let b = self.bitmap(id)?;
         check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
-        let clears = [(DirtyConsumer::View(view.0), bitmap)];
+        let clears = [(DirtyConsumer::View(view.id), bitmap)];
         Ok(self.consumer_clear(id, first_page, num_pages, &clears)?[0])
     }
 
@@ -143,7 +154,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// view, in order.
     ///
     /// # Errors
-    /// [`Error::UnknownDirtyView`], [`Error::DirtyViewsOfSeveralSlots`],
+    /// [`Error::UnknownDirtyView`], [`Error::ForeignDirtyView`],
+    /// [`Error::DirtyViewsOfSeveralSlots`],
     /// [`Error::TooManyDirtyViews`] for more clears than a slot may have
     /// views, and [`Mmu::clear_dirty_view`]'s argument errors; nothing is
     /// cleared then.
@@ -175,19 +187,28 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 });
             }
             check_clear_args(first_page, num_pages, b.npages(), bitmap.len())?;
-            who.push((DirtyConsumer::View(view.0), bitmap));
+            who.push((DirtyConsumer::View(view.id), bitmap));
         }
         self.consumer_clear(id, first_page, num_pages, &who)
     }
 
     /// The slot `view` looks at.
     fn view_slot(&self, view: DirtyView) -> Result<u16> {
+        let view = self.own_view(view)?;
         let views = self.views.lock();
         views
             .iter()
-            .find(|v| v.has_view(view.0))
+            .find(|v| v.has_view(view))
             .map(|v| v.slot())
-            .ok_or(Error::UnknownDirtyView { view: view.0 })
+            .ok_or(Error::UnknownDirtyView { view })
+    }
+
+    /// `view`'s id, if this MMU opened it.
+    fn own_view(&self, view: DirtyView) -> Result<u64> {
+        if view.mmu != self.id {
+            return Err(Error::ForeignDirtyView { view: view.id });
+        }
+        Ok(view.id)
     }
 
     /// Whether slot `id` has views open, so that its log is one consumer

@@ -182,12 +182,31 @@ fn tables_needed<F: PteFormat>(
     if child == fmt.last_level() {
         return n;
     }
+    // The children wholly inside the range all need the same count (each
+    // is aligned to its size, and a leaf's fit depends on the alignment
+    // of `pa_offset` alone then): counted once and multiplied, so a huge
+    // range costs a walk per level, not one per child (a 2^52-byte map
+    // with an empty cache took half a minute to say it needs more).
     let cg = fmt.granule(child);
-    let mut a = lo;
-    while a < hi {
-        let next = ((a & !(cg - 1)) + cg).min(hi);
-        n += tables_needed(fmt, a, next, child, pa_offset, force_pages);
-        a = next;
+    let first_full = (lo + cg - 1) & !(cg - 1);
+    let full_end = hi & !(cg - 1);
+    if first_full >= full_end {
+        let mut a = lo;
+        while a < hi {
+            let next = ((a & !(cg - 1)) + cg).min(hi);
+            n += tables_needed(fmt, a, next, child, pa_offset, force_pages);
+            a = next;
+        }
+        return n;
+    }
+    if lo < first_full {
+        n += tables_needed(fmt, lo, first_full, child, pa_offset, force_pages);
+    }
+    let full = usize::try_from((full_end - first_full) / cg).unwrap_or(usize::MAX);
+    let each = tables_needed(fmt, first_full, first_full + cg, child, pa_offset, force_pages);
+    n = n.saturating_add(full.saturating_mul(each));
+    if full_end < hi {
+        n = n.saturating_add(tables_needed(fmt, full_end, hi, child, pa_offset, force_pages));
     }
     n
 }
