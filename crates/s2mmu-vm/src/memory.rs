@@ -162,8 +162,19 @@ impl GuestMemory {
         if size == 0 || !size.is_multiple_of(multiple) {
             return Err(MemoryError::BadSize { size, multiple });
         }
+        // The mapping's length (with THP's 2 MiB of slack) must fit the
+        // address space: near 2^64 it cannot, whatever mmap would say.
+        let slack = if backing == Backing::AnonymousThp { 2 << 20 } else { 0 };
+        let Some(map_len) = usize::try_from(size)
+            .ok()
+            .and_then(|s| s.checked_add(slack))
+            .filter(|&l| l <= isize::MAX as usize)
+        else {
+            return Err(MemoryError::Mmap {
+                errno: libc::ENOMEM,
+            });
+        };
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        let mut map_len = size as usize;
         match backing {
             Backing::Hugetlb2M | Backing::Hugetlb1G => {
                 let needed = size / page;
@@ -178,10 +189,9 @@ impl GuestMemory {
                 let shift = page.trailing_zeros() as i32;
                 flags |= libc::MAP_HUGETLB | (shift << libc::MAP_HUGE_SHIFT);
             }
-            // Over-map so the guest memory can start on a 2 MiB boundary,
-            // which THP needs.
-            Backing::AnonymousThp => map_len += 2 << 20,
-            Backing::Anonymous => {}
+            // Over-mapped (`slack`) so the guest memory can start on a
+            // 2 MiB boundary, which THP needs.
+            Backing::AnonymousThp | Backing::Anonymous => {}
         }
         // SAFETY: an anonymous private mapping at an address the kernel
         // chooses; nothing else is affected.

@@ -329,6 +329,11 @@ impl SoftTlb {
         self.stats.fills += 1;
     }
 
+    /// The log2 of the page size it caches translations of.
+    pub fn page_shift(&self) -> u32 {
+        self.page_shift
+    }
+
     /// Number of valid entries.
     pub fn valid_entries(&self) -> usize {
         self.entries.iter().filter(|e| e.tag != 0).count()

@@ -37,6 +37,15 @@ pub enum VcpuExit {
     },
     /// The engine failed (out of memory).
     Engine(s2mmu::Error),
+    /// The stage-2 table maps the page to host memory outside the VM's
+    /// guest memory (a slot added through [`crate::Vm::mmu`] with a host
+    /// range of its own): the access is refused, never made.
+    OutsideGuestMemory {
+        /// The address.
+        gpa: u64,
+        /// The host address the table gave.
+        host: u64,
+    },
 }
 
 /// Where a stage-2 translation fault on a page that is not on this host
@@ -70,6 +79,10 @@ impl fmt::Display for VcpuExit {
                 "the page at {gpa:#x} is not on this host and could not be fetched"
             ),
             VcpuExit::Engine(e) => write!(f, "{e}"),
+            VcpuExit::OutsideGuestMemory { gpa, host } => write!(
+                f,
+                "guest address {gpa:#x} is mapped to host address {host:#x}, outside the VM's guest memory"
+            ),
         }
     }
 }
@@ -78,8 +91,9 @@ impl fmt::Display for VcpuExit {
 pub struct Vcpu<S: MemslotStore, F: VmFormat = Arm64Stage2> {
     mmu: Arc<VmMmu<S, F>>,
     reader: TableReader<F, HostMmOps>,
-    // Keeps guest memory mapped while this vCPU can reach it.
-    _memory: Arc<GuestMemory>,
+    // Keeps guest memory mapped while this vCPU can reach it; the software
+    // TLB caches only pages inside it.
+    memory: Arc<GuestMemory>,
     vmmu: VcpuMmu<HostMmOps>,
     tlb: SoftTlb,
     in_guest: bool,
@@ -120,7 +134,7 @@ impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
             hw_dirty_walks: 0,
             pml: vmmu.pml().cloned(),
             mmu,
-            _memory: memory,
+            memory,
             vmmu,
             tlb,
             in_guest: false,
@@ -217,6 +231,7 @@ impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
                     FaultKind::Permission { level: t.level }
                 }
                 Some(t) => {
+                    self.check_host_page(gpa, t.pa)?;
                     self.tlb.fill(gpa, t.pa, t.prot.contains(Prot::W));
                     continue;
                 }
@@ -264,6 +279,21 @@ impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
         }
     }
 
+    /// Refuses a translation whose host page lies outside guest memory: the
+    /// software TLB, and so every access, then only reaches memory that
+    /// `memory` keeps mapped, whatever slots the caller gave the engine.
+    fn check_host_page(&self, gpa: u64, host: u64) -> Result<(), VcpuExit> {
+        let page = 1u64 << self.tlb.page_shift();
+        let start = host & !(page - 1);
+        let (lo, size) = (self.memory.host_addr(), self.memory.size());
+        let inside = start >= lo && start - lo <= size.saturating_sub(page);
+        if inside {
+            Ok(())
+        } else {
+            Err(VcpuExit::OutsideGuestMemory { gpa, host })
+        }
+    }
+
     /// Writes the 8-byte word at `gpa`, as a guest store.
     ///
     /// # Errors
@@ -272,9 +302,9 @@ impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
     pub fn write_u64(&mut self, gpa: u64, value: u64) -> Result<(), VcpuExit> {
         let h = self.translate(gpa, true)?;
         self.accesses += 1;
-        // SAFETY: `h` is the host address of an aligned word of guest memory
-        // (a memslot of this VM maps it), which `_memory` keeps mapped; guest
-        // memory is only accessed through atomics.
+        // SAFETY: `h` is the host address of an aligned word of guest memory:
+        // the TLB only holds pages inside `memory` (`check_host_page`), which
+        // it keeps mapped; guest memory is only accessed through atomics.
         unsafe { AtomicU64::from_ptr(h as *mut u64) }.store(value, Ordering::Relaxed);
         Ok(())
     }

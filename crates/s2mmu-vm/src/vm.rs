@@ -347,4 +347,66 @@ mod tests {
             );
         }
     }
+
+    /// A slot added through `mmu()` at host memory that is not guest
+    /// memory: the vCPU's access is refused with an exit, not made (it
+    /// segfaulted from safe code).
+    #[test]
+    fn a_slot_outside_guest_memory_is_never_accessed() {
+        let config = VmConfig {
+            mem_size: 1 << 20,
+            ..VmConfig::default()
+        };
+        let vm = Vm::<TreeMemslots>::new(config).unwrap();
+        // Page-aligned host addresses far from anything mapped.
+        let hva = 0x1000_0000u64;
+        let r = UserMemoryRegion::new(1, SlotFlags::NONE, Gpa::new(1 << 35), 1 << 20, Hva::new(hva));
+        vm.mmu().set_memory_region(&r, 4096).unwrap();
+        let mut v = vm.new_vcpu().unwrap();
+        for write in [true, false] {
+            let r = if write {
+                v.write_u64(1 << 35, 7).map(|_| 0)
+            } else {
+                v.read_u64((1 << 35) + 8)
+            };
+            assert!(
+                matches!(r, Err(crate::VcpuExit::OutsideGuestMemory { .. })),
+                "{r:?}"
+            );
+        }
+        // Guest memory itself still works.
+        let base = vm.config().gpa_base;
+        v.write_u64(base, 7).unwrap();
+        assert_eq!(v.read_u64(base), Ok(7));
+    }
+
+    #[test]
+    fn workloads_and_memory_of_absurd_sizes_are_refused() {
+        use crate::workload::{Pattern, Workload, WorkloadConfig};
+        for size in [u64::MAX & !0xfff, 1 << 63] {
+            for backing in [Backing::Anonymous, Backing::AnonymousThp] {
+                assert!(GuestMemory::new(size, backing).is_err(), "{size:#x}");
+            }
+        }
+        let config = VmConfig {
+            mem_size: 1 << 20,
+            ..VmConfig::default()
+        };
+        let vm = Arc::new(Vm::<TreeMemslots>::new(config).unwrap());
+        let cfg = |bytes_per_vcpu, page_size| WorkloadConfig {
+            bytes_per_vcpu,
+            write_percent: 100,
+            pattern: Pattern::Sequential,
+            page_size,
+        };
+        for (vcpus, c) in [
+            (usize::MAX, cfg(4096, 4096)),
+            (1 << 40, cfg(4096, 4096)),
+            (3, cfg(1 << 63, 4096)),
+            (1, cfg(4096, 0)),
+        ] {
+            assert!(Workload::start(vm.clone(), vcpus, c).is_err(), "{vcpus}");
+        }
+        assert!(Workload::start(vm, 2, cfg(4096, 4096)).is_ok());
+    }
 }

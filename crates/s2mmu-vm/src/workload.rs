@@ -157,15 +157,23 @@ impl<S: MemslotStore + 'static, F: VmFormat> Workload<S, F> {
         config: WorkloadConfig,
         resume: Option<&[VcpuState]>,
     ) -> Result<Self, String> {
-        let need = config.bytes_per_vcpu * vcpus as u64;
+        // Every count and size checked before anything is allocated or a
+        // thread started (the per-vCPU state is allocated per vCPU).
+        let need = u64::try_from(vcpus)
+            .ok()
+            .and_then(|n| config.bytes_per_vcpu.checked_mul(n));
         if vcpus == 0
+            || vcpus > s2mmu::mmu::MAX_VCPUS
+            || config.page_size == 0
             || config.bytes_per_vcpu < config.page_size
             || !config.bytes_per_vcpu.is_multiple_of(config.page_size)
-            || need > vm.config().mem_size
+            || need.is_none_or(|need| need > vm.config().mem_size)
         {
             return Err(format!(
-                "{vcpus} vCPUs x {} bytes (whole pages each) do not fit {} bytes of guest memory",
+                "{vcpus} vCPUs (1 to {}) x {} bytes (whole pages of {} bytes each) do not fit {} bytes of guest memory",
+                s2mmu::mmu::MAX_VCPUS,
                 config.bytes_per_vcpu,
+                config.page_size,
                 vm.config().mem_size
             ));
         }
@@ -183,24 +191,26 @@ impl<S: MemslotStore + 'static, F: VmFormat> Workload<S, F> {
         control
             .random
             .store(config.pattern == Pattern::Random, Ordering::Relaxed);
-        let mut threads = Vec::new();
+        // Built first, so that a failure part-way stops and joins the
+        // threads already started (its drop does).
+        let mut w = Workload {
+            vm,
+            control,
+            threads: Vec::new(),
+            config,
+        };
         for i in 0..vcpus {
-            let mut vcpu = vm.new_vcpu().map_err(|e| e.to_string())?;
-            let control = control.clone();
-            let base = vm.config().gpa_base + i as u64 * config.bytes_per_vcpu;
+            let mut vcpu = w.vm.new_vcpu().map_err(|e| e.to_string())?;
+            let control = w.control.clone();
+            let base = w.vm.config().gpa_base + i as u64 * config.bytes_per_vcpu;
             let start = resume.map(|s| s[i]);
             let h = std::thread::Builder::new()
                 .name(format!("vcpu{i}"))
                 .spawn(move || vcpu_thread(&mut vcpu, i, base, config, &control, start))
                 .map_err(|e| e.to_string())?;
-            threads.push(h);
+            w.threads.push(h);
         }
-        Ok(Workload {
-            vm,
-            control,
-            threads,
-            config,
-        })
+        Ok(w)
     }
 
     /// The shared control block.
