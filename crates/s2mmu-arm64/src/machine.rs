@@ -320,8 +320,13 @@ impl Machine {
             cpus: cfg.cpus,
         };
         let booted = m.boot();
-        // QEMU has read the image once the boot CPU runs (or has failed).
+        // QEMU has read the image once the boot CPU runs (or has failed),
+        // and both it and this process have the RAM file mapped: unlinked
+        // now, the RAM lives as long as the mappings and nothing is left in
+        // /dev/shm however the process ends (a drop of the last handle on
+        // the RAM may never run: tables free it through deferred frees).
         let _ = std::fs::remove_file(&elf);
+        let _ = std::fs::remove_file(&m.ram.path);
         booted?;
         Ok(m)
     }
