@@ -164,7 +164,11 @@ impl GuestMemory {
         }
         // The mapping's length (with THP's 2 MiB of slack) must fit the
         // address space: near 2^64 it cannot, whatever mmap would say.
-        let slack = if backing == Backing::AnonymousThp { 2 << 20 } else { 0 };
+        let slack = if backing == Backing::AnonymousThp {
+            2 << 20
+        } else {
+            0
+        };
         let Some(map_len) = usize::try_from(size)
             .ok()
             .and_then(|s| s.checked_add(slack))

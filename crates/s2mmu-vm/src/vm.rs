@@ -360,7 +360,13 @@ mod tests {
         let vm = Vm::<TreeMemslots>::new(config).unwrap();
         // Page-aligned host addresses far from anything mapped.
         let hva = 0x1000_0000u64;
-        let r = UserMemoryRegion::new(1, SlotFlags::NONE, Gpa::new(1 << 35), 1 << 20, Hva::new(hva));
+        let r = UserMemoryRegion::new(
+            1,
+            SlotFlags::NONE,
+            Gpa::new(1 << 35),
+            1 << 20,
+            Hva::new(hva),
+        );
         vm.mmu().set_memory_region(&r, 4096).unwrap();
         let mut v = vm.new_vcpu().unwrap();
         for write in [true, false] {
@@ -383,7 +389,7 @@ mod tests {
     #[test]
     fn workloads_and_memory_of_absurd_sizes_are_refused() {
         use crate::workload::{Pattern, Workload, WorkloadConfig};
-        for size in [u64::MAX & !0xfff, 1 << 63] {
+        for size in [!0xfffu64, 1 << 63] {
             for backing in [Backing::Anonymous, Backing::AnonymousThp] {
                 assert!(GuestMemory::new(size, backing).is_err(), "{size:#x}");
             }

@@ -278,6 +278,19 @@ impl fmt::Display for Error {
             ),
             Error::RingFull { vcpu } => write!(f, "dirty ring of vCPU {vcpu} is full"),
             Error::Memslot(e) => write!(f, "memslot update refused: {e}"),
+            Error::TooManyVcpus { .. } | Error::OutsideSlot { .. } => self.fmt_limit(f),
+            Error::UnknownDirtyView { .. }
+            | Error::DirtyViewsOfSeveralSlots { .. }
+            | Error::TooManyDirtyViews { .. }
+            | Error::ForeignDirtyView { .. } => self.fmt_view(f),
+        }
+    }
+}
+
+impl Error {
+    /// The messages of the limits on vCPUs and slot pages.
+    fn fmt_limit(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
             Error::TooManyVcpus { limit } => {
                 write!(f, "the MMU already has {limit} vCPUs, the most it may have")
             }
@@ -290,15 +303,11 @@ impl fmt::Display for Error {
                 f,
                 "{pages} pages from page {first_page} do not fit memslot {slot} of {slot_pages} pages"
             ),
-            Error::UnknownDirtyView { .. }
-            | Error::DirtyViewsOfSeveralSlots { .. }
-            | Error::TooManyDirtyViews { .. }
-            | Error::ForeignDirtyView { .. } => self.fmt_view(f),
+            // Only the limit errors come here.
+            _ => fmt::Debug::fmt(self, f),
         }
     }
-}
 
-impl Error {
     /// The dirty-view errors' messages.
     fn fmt_view(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {

@@ -9,8 +9,8 @@ use super::array::ArraySet;
 use super::config::MemslotConfig;
 use super::error::MemslotError;
 use super::invalidate::Stage2Invalidate;
-use super::slot::{MemslotChange, UserMemoryRegion};
 use super::lookup::SlotLookup as _;
+use super::slot::{MemslotChange, UserMemoryRegion};
 use super::store::{held_by_this_thread, next_store_id, Held, MemslotStore};
 use super::validate::plan_update;
 
@@ -18,8 +18,7 @@ use super::validate::plan_update;
 pub struct ArraySnapshot<P: Platform = DefaultPlatform>(
     <P::Cell<ArraySet> as ArcCell<ArraySet>>::Guard,
     // Counts the snapshot for its thread while it lives (read by its drop).
-    #[allow(dead_code)]
-    Held,
+    #[allow(dead_code)] Held,
 );
 
 impl<P: Platform> core::ops::Deref for ArraySnapshot<P> {

@@ -19,8 +19,7 @@ use super::validate::plan_update;
 pub struct TreeSnapshot<P: Platform = DefaultPlatform>(
     <P::Cell<TreeSet> as ArcCell<TreeSet>>::Guard,
     // Counts the snapshot for its thread while it lives (read by its drop).
-    #[allow(dead_code)]
-    Held,
+    #[allow(dead_code)] Held,
 );
 
 impl<P: Platform> core::ops::Deref for TreeSnapshot<P> {

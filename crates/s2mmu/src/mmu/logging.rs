@@ -56,16 +56,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         if let (Some(side), Some(b)) = (self.side.get(id), &new_bitmap) {
             side.dirty.store(Some(b.clone()));
         }
-        let change = match self
-            .slots
-            .set_memory_region(
-                region,
-                &Stage2Hook {
-                    mmu: self,
-                    id: region.id(),
-                },
-            )
-        {
+        let change = match self.slots.set_memory_region(
+            region,
+            &Stage2Hook {
+                mmu: self,
+                id: region.id(),
+            },
+        ) {
             Ok(c) => c,
             Err(e) => {
                 if let (Some(side), Some(_)) = (self.side.get(id), &new_bitmap) {

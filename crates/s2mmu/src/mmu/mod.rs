@@ -68,11 +68,11 @@ mod stats;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests_unchanged;
+mod tests_bounds;
 #[cfg(test)]
 mod tests_slot_change;
 #[cfg(test)]
-mod tests_bounds;
+mod tests_unchanged;
 mod views;
 #[cfg(test)]
 mod views_tests;
@@ -164,11 +164,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Stage2Invalidate
             let old = (self.id, base_gfn, base_gfn + npages);
             self.mmu.flush_all_pml_with(Some(old));
         }
-        let unmapped = salvaged.and_then(|()| pt.leaves(ipa, len)).and_then(|leaves| {
-            leaves
-                .iter()
-                .try_for_each(|l| pt.unmap(l.ipa, l.size).map(|_| ()))
-        });
+        let unmapped = salvaged
+            .and_then(|()| pt.leaves(ipa, len))
+            .and_then(|leaves| {
+                leaves
+                    .iter()
+                    .try_for_each(|l| pt.unmap(l.ipa, l.size).map(|_| ()))
+            });
         if let Err(e) = unmapped {
             unreachable!("unmapping slot range {ipa:#x}+{len:#x}: {e}");
         }

@@ -120,7 +120,9 @@ impl PmlLog {
             let t = reader.translate(ipa);
             let hw = reader.format().hw_dirty_bits();
             return match (t, hw) {
-                (Some(t), Some(h)) if t.pte & h.update_mask == h.update_match => Err(PmlWriteError::Full),
+                (Some(t), Some(h)) if t.pte & h.update_mask == h.update_match => {
+                    Err(PmlWriteError::Full)
+                }
                 (t, _) => Ok(t),
             };
         }

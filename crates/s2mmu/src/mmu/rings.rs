@@ -24,7 +24,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 needs: "dirty rings",
             });
         }
-        Ok(self.rings.read().iter().flatten().map(|r| r.harvest(out)).sum())
+        Ok(self
+            .rings
+            .read()
+            .iter()
+            .flatten()
+            .map(|r| r.harvest(out))
+            .sum())
     }
 
     /// `KVM_RESET_DIRTY_RINGS`: re-protects every harvested page and frees

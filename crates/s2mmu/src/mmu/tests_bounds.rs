@@ -36,7 +36,10 @@ fn logged(m: &TestMmu) {
 
 #[test]
 fn a_view_of_another_mmu_is_refused_and_changes_nothing() {
-    let (a, b) = (mmu(MmuPolicy::default()).unwrap(), mmu(MmuPolicy::default()).unwrap());
+    let (a, b) = (
+        mmu(MmuPolicy::default()).unwrap(),
+        mmu(MmuPolicy::default()).unwrap(),
+    );
     logged(&a);
     logged(&b);
     let va = a.open_dirty_view(0).unwrap();
@@ -83,7 +86,11 @@ fn a_pml_log_refuses_the_reader_of_another_mmu() {
         log.hw_write(&b.reader(), GPA),
         Err(PmlWriteError::ForeignReader)
     );
-    assert_eq!(b.reader().translate(GPA).unwrap().pte, before, "leaf as it was");
+    assert_eq!(
+        b.reader().translate(GPA).unwrap().pte,
+        before,
+        "leaf as it was"
+    );
     assert!(log.is_empty());
     // Its own MMU's reader is accepted (nothing mapped there).
     assert_eq!(log.hw_write(&a.reader(), GPA), Ok(None));
@@ -97,7 +104,10 @@ fn vcpus_are_limited_and_get_no_ring_without_rings() {
     })
     .unwrap();
     let vcpus: Vec<_> = (0..MAX_VCPUS).map(|_| m.new_vcpu().unwrap()).collect();
-    assert!(vcpus.iter().all(|v| v.ring.is_none()), "bitmap mode: no ring");
+    assert!(
+        vcpus.iter().all(|v| v.ring.is_none()),
+        "bitmap mode: no ring"
+    );
     assert_eq!(
         m.new_vcpu().map(|_| ()),
         Err(Error::TooManyVcpus { limit: MAX_VCPUS })
@@ -207,7 +217,10 @@ fn a_huge_map_with_an_empty_cache_says_what_it_needs() {
     // A ragged range gets its partial children counted too.
     let r = pt.map(4096, (2 << 20) + 4096, 4096, Prot::RW, &mut cache, opts);
     // One table per level down to level 3, and two last-level tables.
-    assert!(matches!(r, Err(Error::CacheExhausted { needed: 5, .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::CacheExhausted { needed: 5, .. })),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -226,7 +239,13 @@ fn a_memslot_change_while_holding_a_snapshot_is_refused() {
     // A snapshot of another store does not count.
     let other = mmu(MmuPolicy::default()).unwrap();
     let snap = other.slots().snapshot();
-    let moved = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA << 1), 1 << 20, Hva::new(HVA));
+    let moved = UserMemoryRegion::new(
+        0,
+        SlotFlags::NONE,
+        Gpa::new(GPA << 1),
+        1 << 20,
+        Hva::new(HVA),
+    );
     m.set_memory_region(&moved, 4096).unwrap();
     drop(snap);
 }
@@ -251,6 +270,11 @@ fn dirty_pages_checks_every_page_before_touching_any() {
     assert!(text.contains("memslot 0 of 256 pages"), "{text}");
     let mut bm = vec![0u64; 4];
     assert_eq!(m.get_dirty_log(0, &mut bm), Ok(0), "page 1 untouched");
-    assert!(!m.reader().translate(GPA + 4096).unwrap().prot.contains(Prot::W));
+    assert!(!m
+        .reader()
+        .translate(GPA + 4096)
+        .unwrap()
+        .prot
+        .contains(Prot::W));
     assert_eq!(m.dirty_pages(0, [1]), Ok(1));
 }

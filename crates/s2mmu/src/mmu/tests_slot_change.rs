@@ -144,13 +144,15 @@ fn case<F: PteFormat>(fmt: F, policy: MmuPolicy, change: Change) -> Option<Strin
     let mm = HostMmOps::new(4096).unwrap();
     let store = TreeMemslots::with_config(MemslotConfig::default());
     let m = Mmu::new(fmt, mm, Arc::new(NoTlb), store, policy).unwrap();
-    m.set_memory_region(&region(GPA, SIZE, false), 4096).unwrap();
+    m.set_memory_region(&region(GPA, SIZE, false), 4096)
+        .unwrap();
     let mut v = m.new_vcpu().unwrap();
     // Both pages mapped before logging starts, which makes them tracked
     // and clean in the hardware modes (faults map logged pages as write
     // protection does).
     for p in [BEFORE, AFTER] {
-        m.handle_fault(&mut v, Gpa::new(GPA + p * 4096), true).unwrap();
+        m.handle_fault(&mut v, Gpa::new(GPA + p * 4096), true)
+            .unwrap();
     }
     m.enable_dirty_logging(0).unwrap();
     // A first harvest, so only the writes below are dirty.

@@ -59,7 +59,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 self.views_open.fetch_add(1, Ordering::Release);
             }
         }
-        Ok(DirtyView { mmu: self.id, id: view })
+        Ok(DirtyView {
+            mmu: self.id,
+            id: view,
+        })
     }
 
     /// Closes `view` and frees its bitmap; the last view of a slot hands
@@ -282,7 +285,15 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let mut undo = Vec::new();
         let span = (first_page, num_pages);
         let done = self.clear_consumer_words(
-            v, base, span, clears, &mut counts, &mut undo, &mut cache, &mut batch, &mut st,
+            v,
+            base,
+            span,
+            clears,
+            &mut counts,
+            &mut undo,
+            &mut cache,
+            &mut batch,
+            &mut st,
         );
         if let Err(e) = done {
             // Nothing may be lost: the pages stay dirty for the consumers
@@ -356,7 +367,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 }
                 if mask != 0 {
                     let page0 = i as u64 * 64;
-                    st.split_ns += self.protect_cleared(&mut pt, base, page0, mask, cache, batch)?;
+                    st.split_ns +=
+                        self.protect_cleared(&mut pt, base, page0, mask, cache, batch)?;
                 }
             }
         }

@@ -203,10 +203,24 @@ fn tables_needed<F: PteFormat>(
         n += tables_needed(fmt, lo, first_full, child, pa_offset, force_pages);
     }
     let full = usize::try_from((full_end - first_full) / cg).unwrap_or(usize::MAX);
-    let each = tables_needed(fmt, first_full, first_full + cg, child, pa_offset, force_pages);
+    let each = tables_needed(
+        fmt,
+        first_full,
+        first_full + cg,
+        child,
+        pa_offset,
+        force_pages,
+    );
     n = n.saturating_add(full.saturating_mul(each));
     if full_end < hi {
-        n = n.saturating_add(tables_needed(fmt, full_end, hi, child, pa_offset, force_pages));
+        n = n.saturating_add(tables_needed(
+            fmt,
+            full_end,
+            hi,
+            child,
+            pa_offset,
+            force_pages,
+        ));
     }
     n
 }
