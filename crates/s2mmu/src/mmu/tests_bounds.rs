@@ -108,6 +108,10 @@ fn vcpus_are_limited_and_get_no_ring_without_rings() {
         vcpus.iter().all(|v| v.ring.is_none()),
         "bitmap mode: no ring"
     );
+    assert!(
+        m.rings.read().iter().all(Option::is_none),
+        "and none kept for them"
+    );
     assert_eq!(
         m.new_vcpu().map(|_| ()),
         Err(Error::TooManyVcpus { limit: MAX_VCPUS })
