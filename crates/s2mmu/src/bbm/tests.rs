@@ -46,7 +46,7 @@ fn at_leaf<F: PteFormat>(
 }
 
 fn rules(pt: &PageTable<impl PteFormat, HostMmOps>) -> Vec<Rule> {
-    take_table_violations(pt.bbm_id()).into_iter().map(|v| v.rule).collect()
+    rules_of(pt.bbm_id())
 }
 
 #[test]
@@ -199,4 +199,75 @@ fn a_permission_relaxation_needs_no_invalidation() {
     at_leaf(&mut pt, 3, |ctx| ctx.try_set(ctx.fmt.with_exec(ctx.old | ctx.fmt.write_bit())).unwrap());
     super::report_clean(pt.bbm_id());
     assert_eq!(rules(&pt), []);
+}
+
+/// The engine's own operations, with their invalidations held as if the
+/// backend had only queued them (never completed): the trace points are
+/// on the real paths, so each rule fires from the real code.
+#[test]
+fn the_engines_operations_are_traced() {
+    let (mut pt, mut cache) = table(Arm64Stage2::new(Granule::K4, 40).unwrap(), true);
+    // Split: break the block, invalidation held, make the table.
+    let (split, held) = defer_invalidations(|| {
+        pt.split(IPA, 2 << 20, &mut cache, crate::SplitPolicy::SkipReturns)
+    });
+    split.unwrap();
+    drop(held);
+    assert!(rules(&pt).contains(&Rule::MakeBeforeInvalidate));
+    // Unmap: the emptied table freed while its invalidation is held.
+    let (unmapped, held) = defer_invalidations(|| pt.unmap(IPA, 2 << 20));
+    assert!(unmapped.unwrap().tables_freed >= 1);
+    drop(held);
+    assert!(rules(&pt).contains(&Rule::FreeBeforeInvalidate));
+    // Without holding them (the held ones having run late), the same
+    // operations break nothing.
+    pt.tlb().flush_vmid();
+    pt.map(IPA, 2 << 20, PA, Prot::RW, &mut cache, MapOptions::default())
+        .unwrap();
+    cache.top_up(4).unwrap();
+    pt.split(IPA, 2 << 20, &mut cache, crate::SplitPolicy::SkipReturns)
+        .unwrap();
+    pt.unmap(IPA, 2 << 20).unwrap();
+    assert_eq!(rules(&pt), []);
+}
+
+#[test]
+fn a_real_get_and_clear_are_checked() {
+    use crate::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
+    use crate::mmu::{Mmu, MmuPolicy};
+    use crate::{Gpa, Hva};
+    let guest = alloc::vec![0u8; 17 << 12];
+    let hva = (guest.as_ptr() as u64 + 4095) & !4095;
+    let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
+    let policy = MmuPolicy {
+        manual_protect: true,
+        ..MmuPolicy::default()
+    };
+    let mmu = Mmu::new(fmt, HostMmOps::new(4096).unwrap(), Arc::new(TlbRecorder::new()), TreeMemslots::new(), policy).unwrap();
+    expect_violations(mmu.bbm_id());
+    let slot = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(IPA), 16 << 12, Hva::new(hva));
+    mmu.set_memory_region(&slot, 4096).unwrap();
+    mmu.enable_dirty_logging(0).unwrap();
+    let mut vcpu = mmu.new_vcpu().unwrap();
+    let mut bits = [0u64; 1];
+    for held in [true, false] {
+        mmu.handle_fault(&mut vcpu, Gpa::new(IPA + 0x3000), true).unwrap();
+        mmu.get_dirty_log(0, &mut bits).unwrap();
+        assert_eq!(bits[0], 1 << 3);
+        let clear = || mmu.clear_dirty_log(0, 0, 16, &bits);
+        if held {
+            let (cleared, queued) = defer_invalidations(clear);
+            assert_eq!(cleared.unwrap(), 1);
+            drop(queued);
+        } else {
+            assert_eq!(clear().unwrap(), 1);
+        }
+        let want: &[Rule] = if held { &[Rule::ReportBeforeInvalidate] } else { &[] };
+        assert_eq!(rules_of(mmu.bbm_id()), want, "held {held}");
+        mmu.with_table(|pt| pt.tlb().flush_vmid());
+    }
+}
+
+fn rules_of(table: usize) -> Vec<Rule> {
+    take_table_violations(table).into_iter().map(|v| v.rule).collect()
 }
