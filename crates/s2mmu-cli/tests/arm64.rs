@@ -76,7 +76,15 @@ fn dirty_log_perf_arm64_check_is_exact() {
     assert_eq!(checks.len(), 2, "one check line per pass: {text}");
     for l in &checks {
         assert!(l.ends_with("missing 0, extra 0"), "{l}");
-        assert!(l.contains("written 1024"), "every page of 4M: {l}");
+        // The random pattern: some of the 1024 pages written, some not, so
+        // a page logged but not written could show as extra.
+        let num = |key: &str| -> u64 {
+            let at = l.find(key).unwrap() + key.len();
+            l[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+        };
+        let (w, u) = (num("written "), num("unwritten "));
+        assert_eq!(w + u, 1024, "{l}");
+        assert!(w > 0 && u > 0, "written and unwritten pages: {l}");
     }
     assert!(text.contains("Abort round trip: "), "{text}");
     assert!(text.contains("Iteration 2 dirty memory time: "), "{text}");
@@ -102,7 +110,8 @@ fn dirty_log_perf_arm64_check_is_exact() {
             (c["missing"].as_u64(), c["extra"].as_u64()),
             (Some(0), Some(0))
         );
-        assert_eq!(c["written"], 1024);
+        let w = c["written"].as_u64().unwrap();
+        assert!(w > 0 && w < 1024, "random writes leave pages unwritten: {c}");
     }
     let dirty = rows
         .iter()
@@ -114,7 +123,7 @@ fn dirty_log_perf_arm64_check_is_exact() {
         .iter()
         .find(|r| r["case"] == "abort_round_trip")
         .expect("the round trip row");
-    assert!(rt["aborts"][0].as_u64().unwrap() >= 2048, "{rt}");
+    assert!(rt["aborts"][0].as_u64().unwrap() >= 1024, "{rt}");
 }
 
 #[test]
