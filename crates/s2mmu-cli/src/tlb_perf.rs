@@ -158,7 +158,7 @@ fn policy_name(p: LargeRangePolicy) -> &'static str {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 /// The two clear modes: the whole slot in one call, or `--chunk` pieces.
 enum Mode {
     Whole,

@@ -263,10 +263,19 @@ fn tlb_perf_arm64_counts_round_trips_per_policy() {
             .map(Vec::len),
         Some(1)
     );
+    // The invalidations' effect on an idle CPU's TLB, per mode and policy
+    // (tests/effect.rs in s2mmu-arm64 shows it failing when dropped).
+    let setup = rows.iter().find(|r| r["case"] == "setup").expect("setup row");
+    let effect = setup["effect_check"].as_array().expect("effect check");
+    assert_eq!(effect.len(), 4, "{setup}");
+    for e in effect {
+        assert_eq!((e["pages"].as_u64(), e["protected"].as_u64()), (Some(8), Some(8)), "{e}");
+    }
     let out = s2mmu(&args);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     assert!(text.contains("[target 1 instead of 8: PASS]"), "{text}");
+    assert!(text.contains("Chunked/WholeVmid 8 of 8"), "{text}");
     assert!(text.contains("emulator's"), "{text}");
 }
 
