@@ -29,7 +29,13 @@ pub fn spread(npages: u64, n: u64) -> Vec<u64> {
     }
     let n = n.min(npages);
     (0..n)
-        .map(|k| if n == 1 { 0 } else { k * (npages - 1) / (n - 1) })
+        .map(|k| {
+            if n == 1 {
+                0
+            } else {
+                k * (npages - 1) / (n - 1)
+            }
+        })
         .collect()
 }
 
@@ -75,12 +81,10 @@ pub fn protect_effect(
         match vm.probe(cpu, ipa, Some(0x5e5f_0000 | p))? {
             Ok(_) => out.stale.push(ipa),
             Err(e) if e.dfsc() >> 2 == 0b0011 && e.write() && e.ipa() == ipa => out.protected += 1,
-            Err(e) => {
-                return Err(Arm64Error::Guest(format!(
-                    "write to {ipa:#x} after the harvest: fault status {:#x}, not a permission fault",
-                    e.dfsc()
-                )))
-            }
+            Err(e) => return Err(Arm64Error::Guest(format!(
+                "write to {ipa:#x} after the harvest: fault status {:#x}, not a permission fault",
+                e.dfsc()
+            ))),
         }
     }
     Ok(out)

@@ -192,8 +192,8 @@ impl HypSink {
         if droppable
             && self
                 .drop_next
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok()
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
         {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;

@@ -50,13 +50,20 @@ fn a_split_whose_invalidation_runs_after_the_answer_is_caught() {
     let Some(r) = split_on_fault(true) else {
         return;
     };
-    assert!(r.bad_tags.is_empty(), "QEMU does not see it: {:?}", r.bad_tags);
+    assert!(
+        r.bad_tags.is_empty(),
+        "QEMU does not see it: {:?}",
+        r.bad_tags
+    );
     let found = bbm::take_violations();
     let makes = found
         .iter()
         .filter(|v| v.rule == Rule::MakeBeforeInvalidate)
         .count();
-    assert!(makes >= 4, "each of the 4 splits is a make before its invalidation: {found:?}");
+    assert!(
+        makes >= 4,
+        "each of the 4 splits is a make before its invalidation: {found:?}"
+    );
     assert_eq!(r.tlbi.fault_service_sequences, 0);
 }
 

@@ -246,7 +246,10 @@ fn a_page_logged_but_not_written_is_extra() {
         return;
     };
     let p2 = &r.passes[1];
-    assert!(p2.written.is_some_and(|w| w < 1024), "pages left unwritten: {p2:?}");
+    assert!(
+        p2.written.is_some_and(|w| w < 1024),
+        "pages left unwritten: {p2:?}"
+    );
     assert_eq!((p2.missing, p2.extra), (0, 1), "{p2:?}");
     assert_eq!((r.passes[0].missing, r.passes[0].extra), (0, 0));
     let Some(r) = run(1, policy, base) else {

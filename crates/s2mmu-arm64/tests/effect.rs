@@ -21,8 +21,16 @@ fn run(drop_maintenance: bool) -> Option<ProtectEffect> {
         initially_set: false,
         ..MmuPolicy::default()
     };
-    let vm = Arm64Vm::new(m, &VmConfig { policy, ..VmConfig::default() }).unwrap();
-    vm.add_slot(SLOT, GPA, layout::DATA, PAGES * 4096, 4096).unwrap();
+    let vm = Arm64Vm::new(
+        m,
+        &VmConfig {
+            policy,
+            ..VmConfig::default()
+        },
+    )
+    .unwrap();
+    vm.add_slot(SLOT, GPA, layout::DATA, PAGES * 4096, 4096)
+        .unwrap();
     vm.mmu().populate(SLOT, 0, PAGES).unwrap();
     vm.mmu().enable_dirty_logging(SLOT).unwrap();
     let pages = spread(PAGES, 8);

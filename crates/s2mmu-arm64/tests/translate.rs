@@ -107,7 +107,13 @@ fn scatter(fmt: &Arm64Stage2, leaves: &mut Vec<Leaf>, holes: &mut Vec<u64>) {
         if r % 5 < 3 {
             let pa = layout::DATA + (rng.next() % data_pages) * page;
             let prot = if r % 4 == 0 { Prot::R } else { Prot::RW };
-            leaves.push(Leaf { ipa, size: page, pa, prot, backed: true });
+            leaves.push(Leaf {
+                ipa,
+                size: page,
+                pa,
+                prot,
+                backed: true,
+            });
         } else {
             holes.push(ipa + (r % page) & !7);
         }
@@ -123,7 +129,13 @@ fn scatter(fmt: &Arm64Stage2, leaves: &mut Vec<Leaf>, holes: &mut Vec<u64>) {
     for k in 0..8u64 {
         if k % 2 == 0 {
             let pa = (1u64 << 40) + (rng.next() % 4096) * block;
-            leaves.push(Leaf { ipa, size: block, pa, prot: Prot::RW, backed: false });
+            leaves.push(Leaf {
+                ipa,
+                size: block,
+                pa,
+                prot: Prot::RW,
+                backed: false,
+            });
         } else {
             holes.push(ipa + block / 3 & !7);
         }
@@ -157,19 +169,37 @@ fn build(fmt: &Arm64Stage2) -> Layout {
             far_pa += size;
             far_pa - size
         };
-        leaves.push(Leaf { ipa, size, pa, prot: Prot::RW, backed });
+        leaves.push(Leaf {
+            ipa,
+            size,
+            pa,
+            prot: Prot::RW,
+            backed,
+        });
         holes.push(ipa + size + size / 2);
         ipa += 2 * size;
         if l == 3 {
             backed_pa += size;
             let pa = backed_pa - size;
-            leaves.push(Leaf { ipa, size, pa, prot: Prot::R, backed: true });
+            leaves.push(Leaf {
+                ipa,
+                size,
+                pa,
+                prot: Prot::R,
+                backed: true,
+            });
             ipa += 2 * size;
         }
     }
     let top = fmt.ipa_limit() - 2 * big;
     far_pa = far_pa.next_multiple_of(big);
-    leaves.push(Leaf { ipa: top, size: big, pa: far_pa, prot: Prot::RW, backed: false });
+    leaves.push(Leaf {
+        ipa: top,
+        size: big,
+        pa: far_pa,
+        prot: Prot::RW,
+        backed: false,
+    });
     holes.push(top + big + 0x1000);
     // An address in a root entry nothing maps.
     holes.push(fmt.ipa_limit() / 2 + 0x3000);
@@ -185,7 +215,9 @@ fn sample_pages(l: &Leaf, page: u64) -> Vec<u64> {
     if n <= 16 {
         return (0..n).map(|i| l.ipa + i * page + 0x08).collect();
     }
-    (0..16).map(|k| l.ipa + k * (n - 1) / 15 * page + 0x08).collect()
+    (0..16)
+        .map(|k| l.ipa + k * (n - 1) / 15 * page + 0x08)
+        .collect()
 }
 
 /// Maps the layout with the engine (leaf `skew`, when given, one page off
@@ -283,19 +315,29 @@ fn guest_accesses(
     wrong: &mut Vec<String>,
 ) {
     let page = fmt.page_size();
-    let backed = lay.leaves.iter().filter(|l| l.backed && l.ipa != layout::GUEST_TEXT);
+    let backed = lay
+        .leaves
+        .iter()
+        .filter(|l| l.backed && l.ipa != layout::GUEST_TEXT);
     for (i, l) in backed.enumerate().filter(|(i, _)| *i < 8 || i % 8 == 0) {
         let off = (l.size / 2) & !(page - 1);
         let val = 0x5a5a_0000_0000 | i as u64;
         m.ram().write(l.pa + off + 16, val);
         let r = probe::access(m, regs, 0, l.ipa + off + 16, None).unwrap();
         if r.ok() != Some(val) {
-            wrong.push(format!("read at {:#x}: {r:?}, intended {val:#x}", l.ipa + off + 16));
+            wrong.push(format!(
+                "read at {:#x}: {r:?}, intended {val:#x}",
+                l.ipa + off + 16
+            ));
         }
         let w = probe::access(m, regs, 0, l.ipa + off + 24, Some(val + 1)).unwrap();
         if l.prot.contains(Prot::W) {
             if w.ok() != Some(val + 1) || m.ram().read(l.pa + off + 24) != val + 1 {
-                wrong.push(format!("write at {:#x} did not reach {:#x}", l.ipa + off + 24, l.pa + off + 24));
+                wrong.push(format!(
+                    "write at {:#x} did not reach {:#x}",
+                    l.ipa + off + 24,
+                    l.pa + off + 24
+                ));
             }
         } else {
             let e = w.expect_err("a write to a read-only page faults");
@@ -360,5 +402,10 @@ fn a_leaf_mapped_one_page_off_is_caught() {
     let wrong = check_granule(&m, Granule::K4, 40, 30, Some(first_scattered));
     assert!(wrong.len() >= 2, "read and write AT of the leaf: {wrong:?}");
     let tag = format!("{:#x}", skewed + 0x08);
-    assert!(wrong.iter().all(|w| w.contains(&tag) || w.contains("read at")), "{wrong:?}");
+    assert!(
+        wrong
+            .iter()
+            .all(|w| w.contains(&tag) || w.contains("read at")),
+        "{wrong:?}"
+    );
 }

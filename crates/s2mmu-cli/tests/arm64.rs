@@ -80,7 +80,12 @@ fn dirty_log_perf_arm64_check_is_exact() {
         // a page logged but not written could show as extra.
         let num = |key: &str| -> u64 {
             let at = l.find(key).unwrap() + key.len();
-            l[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+            l[at..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
         };
         let (w, u) = (num("written "), num("unwritten "));
         assert_eq!(w + u, 1024, "{l}");
@@ -111,7 +116,10 @@ fn dirty_log_perf_arm64_check_is_exact() {
             (Some(0), Some(0))
         );
         let w = c["written"].as_u64().unwrap();
-        assert!(w > 0 && w < 1024, "random writes leave pages unwritten: {c}");
+        assert!(
+            w > 0 && w < 1024,
+            "random writes leave pages unwritten: {c}"
+        );
     }
     let dirty = rows
         .iter()
@@ -265,11 +273,18 @@ fn tlb_perf_arm64_counts_round_trips_per_policy() {
     );
     // The invalidations' effect on an idle CPU's TLB, per mode and policy
     // (tests/effect.rs in s2mmu-arm64 shows it failing when dropped).
-    let setup = rows.iter().find(|r| r["case"] == "setup").expect("setup row");
+    let setup = rows
+        .iter()
+        .find(|r| r["case"] == "setup")
+        .expect("setup row");
     let effect = setup["effect_check"].as_array().expect("effect check");
     assert_eq!(effect.len(), 4, "{setup}");
     for e in effect {
-        assert_eq!((e["pages"].as_u64(), e["protected"].as_u64()), (Some(8), Some(8)), "{e}");
+        assert_eq!(
+            (e["pages"].as_u64(), e["protected"].as_u64()),
+            (Some(8), Some(8)),
+            "{e}"
+        );
     }
     let out = s2mmu(&args);
     let text = String::from_utf8_lossy(&out.stdout);

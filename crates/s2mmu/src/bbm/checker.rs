@@ -116,7 +116,14 @@ impl Checker {
     }
 }
 
-pub(super) fn store<F: PteFormat>(table: usize, fmt: &F, start: u64, level: u32, old: u64, new: u64) {
+pub(super) fn store<F: PteFormat>(
+    table: usize,
+    fmt: &F,
+    start: u64,
+    level: u32,
+    old: u64,
+    new: u64,
+) {
     let (o, n) = (Desc::of(fmt, old, level), Desc::of(fmt, new, level));
     // The common stores need no record and can break no rule: a first map
     // over an invalid entry nobody broke is checked below, but a valid to
@@ -136,14 +143,23 @@ pub(super) fn store<F: PteFormat>(table: usize, fmt: &F, start: u64, level: u32,
             if o.valid && o.remaps(&n) {
                 c.violate(Rule::ChangeWithoutBreak, table, start, level);
                 if o.table {
-                    c.unlinked.insert((table, o.oa), Unlinked { start, size, level, invalidated: false });
+                    c.unlinked.insert(
+                        (table, o.oa),
+                        Unlinked {
+                            start,
+                            size,
+                            level,
+                            invalidated: false,
+                        },
+                    );
                 }
             } else if let Some(Pending::Break { prev, .. }) = prev.filter(|_| !o.valid) {
                 if prev.remaps(&n) {
                     c.violate(Rule::MakeBeforeInvalidate, table, start, level);
                 }
             }
-            let protects = o.valid && !o.remaps(&n) && ((o.writable && !n.writable) || (o.dirty && !n.dirty));
+            let protects =
+                o.valid && !o.remaps(&n) && ((o.writable && !n.writable) || (o.dirty && !n.dirty));
             let stale_writable = prev.is_some_and(|p| p.was_writable()) && !n.writable;
             if protects || stale_writable {
                 c.entries.insert(key, Pending::Protect { size });
@@ -153,14 +169,27 @@ pub(super) fn store<F: PteFormat>(table: usize, fmt: &F, start: u64, level: u32,
         } else if o.valid {
             c.entries.insert(key, Pending::Break { prev: o, size });
             if o.table {
-                c.unlinked.insert((table, o.oa), Unlinked { start, size, level, invalidated: false });
+                c.unlinked.insert(
+                    (table, o.oa),
+                    Unlinked {
+                        start,
+                        size,
+                        level,
+                        invalidated: false,
+                    },
+                );
             }
         }
     });
 }
 
 pub(super) fn invalidated(table: usize, s: Scope) {
-    let held = DEFERRED.with(|d| d.borrow_mut().as_mut().map(|v| v.push((table, s))).is_some());
+    let held = DEFERRED.with(|d| {
+        d.borrow_mut()
+            .as_mut()
+            .map(|v| v.push((table, s)))
+            .is_some()
+    });
     if !held {
         with(|c| c.invalidate(table, s));
     }
@@ -212,7 +241,12 @@ pub(super) fn defer<R>(f: impl FnOnce() -> R) -> (R, Deferred) {
     let outer = DEFERRED.with(|d| d.borrow_mut().replace(Vec::new()));
     let r = f();
     let events = DEFERRED.with(|d| core::mem::replace(&mut *d.borrow_mut(), outer));
-    (r, Deferred { events: events.unwrap_or_default() })
+    (
+        r,
+        Deferred {
+            events: events.unwrap_or_default(),
+        },
+    )
 }
 
 pub(super) fn complete(events: Vec<(usize, Scope)>) {

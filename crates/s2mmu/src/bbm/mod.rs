@@ -80,10 +80,16 @@ pub struct Violation {
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let what = match self.rule {
-            Rule::ChangeWithoutBreak => "valid entry changed output address or size without a break",
-            Rule::MakeBeforeInvalidate => "entry made before the invalidation of its break completed",
+            Rule::ChangeWithoutBreak => {
+                "valid entry changed output address or size without a break"
+            }
+            Rule::MakeBeforeInvalidate => {
+                "entry made before the invalidation of its break completed"
+            }
             Rule::FreeBeforeInvalidate => "table page freed before the invalidation of its range",
-            Rule::ReportBeforeInvalidate => "page reported clean before its write protection was invalidated",
+            Rule::ReportBeforeInvalidate => {
+                "page reported clean before its write protection was invalidated"
+            }
         };
         write!(
             f,
@@ -148,7 +154,14 @@ pub const ENABLED: bool = cfg!(feature = "bbm-trace");
 /// `level` whose range starts at `start` in table `table`.
 #[cfg(feature = "bbm-trace")]
 #[inline(always)]
-pub(crate) fn store<F: PteFormat>(table: usize, fmt: &F, start: u64, level: u32, old: u64, new: u64) {
+pub(crate) fn store<F: PteFormat>(
+    table: usize,
+    fmt: &F,
+    start: u64,
+    level: u32,
+    old: u64,
+    new: u64,
+) {
     checker::store(table, fmt, start, level, old, new);
 }
 

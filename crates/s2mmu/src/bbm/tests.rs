@@ -6,8 +6,8 @@
 use super::{defer_invalidations, expect_violations, take_table_violations, Rule};
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::format::ept::EptFormat;
-use crate::walk::{Visit, VisitCtx, WalkAction, WalkFlags};
 use crate::tlb::TlbRecorder;
+use crate::walk::{Visit, VisitCtx, WalkAction, WalkFlags};
 use crate::{HostMmOps, MapOptions, PageCache, PageTable, Prot, PteFormat};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -130,8 +130,15 @@ fn a_table_freed_before_its_invalidation_is_caught() {
         assert_eq!(rules(&pt), []);
         let mut cache = PageCache::new(pt.mm().clone());
         cache.top_up(8).unwrap();
-        pt.map(IPA, 4 << 12, PA, Prot::RW, &mut cache, MapOptions::default())
-            .unwrap();
+        pt.map(
+            IPA,
+            4 << 12,
+            PA,
+            Prot::RW,
+            &mut cache,
+            MapOptions::default(),
+        )
+        .unwrap();
         let tlb = pt.tlb().clone();
         let mut freed = Vec::new();
         let mut v = |ctx: &VisitCtx<'_, Arm64Stage2, HostMmOps>, visit: Visit| {
@@ -144,9 +151,14 @@ fn a_table_freed_before_its_invalidation_is_caught() {
             }
             Ok(WalkAction::Continue)
         };
-        pt.walk(IPA, 4 << 12, WalkFlags::TABLE_POST, &mut v).unwrap();
+        pt.walk(IPA, 4 << 12, WalkFlags::TABLE_POST, &mut v)
+            .unwrap();
         super::free_tables(pt.bbm_id(), &freed);
-        let want: &[Rule] = if flush_first { &[] } else { &[Rule::FreeBeforeInvalidate] };
+        let want: &[Rule] = if flush_first {
+            &[]
+        } else {
+            &[Rule::FreeBeforeInvalidate]
+        };
         assert_eq!(rules(&pt), want, "flush first: {flush_first}");
         // The page leaks here on purpose: its leaves were left in it.
     }
@@ -169,9 +181,17 @@ fn protect_then_report<F: PteFormat>(fmt: F, flush: bool) -> Vec<Rule> {
 #[test]
 fn a_report_before_the_protection_is_invalidated_is_caught() {
     for flush in [false, true] {
-        let want: &[Rule] = if flush { &[] } else { &[Rule::ReportBeforeInvalidate] };
+        let want: &[Rule] = if flush {
+            &[]
+        } else {
+            &[Rule::ReportBeforeInvalidate]
+        };
         let arm64 = Arm64Stage2::new(Granule::K4, 40).unwrap();
-        assert_eq!(protect_then_report(arm64, flush), want, "arm64, flush {flush}");
+        assert_eq!(
+            protect_then_report(arm64, flush),
+            want,
+            "arm64, flush {flush}"
+        );
         let ept = EptFormat::new(4).unwrap();
         assert_eq!(protect_then_report(ept, flush), want, "EPT, flush {flush}");
     }
@@ -193,10 +213,15 @@ fn a_hardware_dirty_clean_is_a_protection() {
 fn a_permission_relaxation_needs_no_invalidation() {
     let (mut pt, _c) = table(Arm64Stage2::new(Granule::K4, 40).unwrap(), false);
     let tlb = pt.tlb().clone();
-    at_leaf(&mut pt, 3, |ctx| ctx.try_set(ctx.old & !ctx.fmt.write_bit()).unwrap());
+    at_leaf(&mut pt, 3, |ctx| {
+        ctx.try_set(ctx.old & !ctx.fmt.write_bit()).unwrap()
+    });
     tlb.flush_vmid();
     // Write and execute given back with no invalidation, then reported.
-    at_leaf(&mut pt, 3, |ctx| ctx.try_set(ctx.fmt.with_exec(ctx.old | ctx.fmt.write_bit())).unwrap());
+    at_leaf(&mut pt, 3, |ctx| {
+        ctx.try_set(ctx.fmt.with_exec(ctx.old | ctx.fmt.write_bit()))
+            .unwrap()
+    });
     super::report_clean(pt.bbm_id());
     assert_eq!(rules(&pt), []);
 }
@@ -208,9 +233,8 @@ fn a_permission_relaxation_needs_no_invalidation() {
 fn the_engines_operations_are_traced() {
     let (mut pt, mut cache) = table(Arm64Stage2::new(Granule::K4, 40).unwrap(), true);
     // Split: break the block, invalidation held, make the table.
-    let (split, held) = defer_invalidations(|| {
-        pt.split(IPA, 2 << 20, &mut cache, crate::SplitPolicy::SkipReturns)
-    });
+    let (split, held) =
+        defer_invalidations(|| pt.split(IPA, 2 << 20, &mut cache, crate::SplitPolicy::SkipReturns));
     split.unwrap();
     drop(held);
     assert!(rules(&pt).contains(&Rule::MakeBeforeInvalidate));
@@ -222,8 +246,15 @@ fn the_engines_operations_are_traced() {
     // Without holding them (the held ones having run late), the same
     // operations break nothing.
     pt.tlb().flush_vmid();
-    pt.map(IPA, 2 << 20, PA, Prot::RW, &mut cache, MapOptions::default())
-        .unwrap();
+    pt.map(
+        IPA,
+        2 << 20,
+        PA,
+        Prot::RW,
+        &mut cache,
+        MapOptions::default(),
+    )
+    .unwrap();
     cache.top_up(4).unwrap();
     pt.split(IPA, 2 << 20, &mut cache, crate::SplitPolicy::SkipReturns)
         .unwrap();
@@ -243,7 +274,14 @@ fn a_real_get_and_clear_are_checked() {
         manual_protect: true,
         ..MmuPolicy::default()
     };
-    let mmu = Mmu::new(fmt, HostMmOps::new(4096).unwrap(), Arc::new(TlbRecorder::new()), TreeMemslots::new(), policy).unwrap();
+    let mmu = Mmu::new(
+        fmt,
+        HostMmOps::new(4096).unwrap(),
+        Arc::new(TlbRecorder::new()),
+        TreeMemslots::new(),
+        policy,
+    )
+    .unwrap();
     expect_violations(mmu.bbm_id());
     let slot = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(IPA), 16 << 12, Hva::new(hva));
     mmu.set_memory_region(&slot, 4096).unwrap();
@@ -251,7 +289,8 @@ fn a_real_get_and_clear_are_checked() {
     let mut vcpu = mmu.new_vcpu().unwrap();
     let mut bits = [0u64; 1];
     for held in [true, false] {
-        mmu.handle_fault(&mut vcpu, Gpa::new(IPA + 0x3000), true).unwrap();
+        mmu.handle_fault(&mut vcpu, Gpa::new(IPA + 0x3000), true)
+            .unwrap();
         mmu.get_dirty_log(0, &mut bits).unwrap();
         assert_eq!(bits[0], 1 << 3);
         let clear = || mmu.clear_dirty_log(0, 0, 16, &bits);
@@ -262,12 +301,19 @@ fn a_real_get_and_clear_are_checked() {
         } else {
             assert_eq!(clear().unwrap(), 1);
         }
-        let want: &[Rule] = if held { &[Rule::ReportBeforeInvalidate] } else { &[] };
+        let want: &[Rule] = if held {
+            &[Rule::ReportBeforeInvalidate]
+        } else {
+            &[]
+        };
         assert_eq!(rules_of(mmu.bbm_id()), want, "held {held}");
         mmu.with_table(|pt| pt.tlb().flush_vmid());
     }
 }
 
 fn rules_of(table: usize) -> Vec<Rule> {
-    take_table_violations(table).into_iter().map(|v| v.rule).collect()
+    take_table_violations(table)
+        .into_iter()
+        .map(|v| v.rule)
+        .collect()
 }

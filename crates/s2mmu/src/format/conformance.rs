@@ -59,7 +59,10 @@ fn geometry<F: PteFormat + core::fmt::Debug>(f: &F) {
     let span = f.root_page_span();
     for addr in [0, limit - 1, limit / 2, limit.saturating_sub(span)] {
         let page = addr / span;
-        assert!(page < f.root_pages() as u64, "{f:?}: {addr:#x} in root page {page}");
+        assert!(
+            page < f.root_pages() as u64,
+            "{f:?}: {addr:#x} in root page {page}"
+        );
         assert!(f.index(addr, f.start_level()) < f.entries_per_table());
     }
     let covered = span.checked_mul(f.root_pages() as u64).unwrap_or(u64::MAX);
@@ -84,11 +87,17 @@ fn entries<F: PteFormat + core::fmt::Debug>(
     let table_pa = pa_seed & pa_mask & !(f.page_size() - 1);
     if level < last {
         let t = f.table_pte(table_pa);
-        assert!(f.is_table(t, level) && f.is_valid(t), "{f:?}: table at {level}");
+        assert!(
+            f.is_table(t, level) && f.is_valid(t),
+            "{f:?}: table at {level}"
+        );
         assert_eq!(f.output_address(t), table_pa, "{f:?}");
     }
     // Nothing is a table at the last level, whatever its bits.
-    assert!(!f.is_table(any, last), "{f:?}: {any:#x} a table at the last level");
+    assert!(
+        !f.is_table(any, last),
+        "{f:?}: {any:#x} a table at the last level"
+    );
     for v in [0, f.locked()] {
         assert!(!f.is_valid(v) && !f.is_table(v, level), "{f:?}: {v:#x}");
     }
@@ -132,14 +141,21 @@ fn entries<F: PteFormat + core::fmt::Debug>(
         derived.push(f.relevel_leaf(page, level + 1, level));
     }
     for d in derived {
-        assert!(!f.is_table(d, level), "{f:?}: derived leaf {d:#x} is a table at {level}");
+        assert!(
+            !f.is_table(d, level),
+            "{f:?}: derived leaf {d:#x} is a table at {level}"
+        );
     }
 }
 
 #[test]
 fn every_format_has_its_geometry() {
     let all = formats();
-    assert!(all.len() > 40, "the arm64 granule and IPA sizes and EPT: {}", all.len());
+    assert!(
+        all.len() > 40,
+        "the arm64 granule and IPA sizes and EPT: {}",
+        all.len()
+    );
     for f in &all {
         f.geometry();
     }
@@ -170,26 +186,65 @@ fn a_format_that_breaks_an_obligation_fails() {
     // SAFETY: never used for a table: only handed to the checks, which
     // call its pure methods.
     unsafe impl PteFormat for LockIsATable {
-        fn page_shift(&self) -> u32 { self.0.page_shift() }
-        fn ipa_bits(&self) -> u32 { self.0.ipa_bits() }
-        fn pa_bits(&self) -> u32 { self.0.pa_bits() }
-        fn start_level(&self) -> u32 { self.0.start_level() }
-        fn root_pages(&self) -> usize { self.0.root_pages() }
-        fn leaf_allowed(&self, level: u32) -> bool { self.0.leaf_allowed(level) }
-        fn is_valid(&self, pte: u64) -> bool { self.0.is_valid(pte) }
-        fn is_table(&self, pte: u64, level: u32) -> bool { self.0.is_table(pte, level) }
-        fn table_pte(&self, pa: u64) -> u64 { self.0.table_pte(pa) }
-        fn leaf_pte(&self, pa: u64, level: u32, prot: Prot) -> crate::Result<u64> { self.0.leaf_pte(pa, level, prot) }
-        fn output_address(&self, pte: u64) -> u64 { self.0.output_address(pte) }
-        fn prot(&self, pte: u64) -> Prot { self.0.prot(pte) }
-        fn perm_bits(&self, prot: Prot) -> u64 { self.0.perm_bits(prot) }
-        fn write_bit(&self) -> u64 { self.0.write_bit() }
-        fn access_flag(&self) -> u64 { self.0.access_flag() }
-        fn with_exec(&self, pte: u64) -> u64 { self.0.with_exec(pte) }
-        fn relevel_leaf(&self, pte: u64, from: u32, to: u32) -> u64 { self.0.relevel_leaf(pte, from, to) }
-        fn locked(&self) -> u64 { 0b11 }
+        fn page_shift(&self) -> u32 {
+            self.0.page_shift()
+        }
+        fn ipa_bits(&self) -> u32 {
+            self.0.ipa_bits()
+        }
+        fn pa_bits(&self) -> u32 {
+            self.0.pa_bits()
+        }
+        fn start_level(&self) -> u32 {
+            self.0.start_level()
+        }
+        fn root_pages(&self) -> usize {
+            self.0.root_pages()
+        }
+        fn leaf_allowed(&self, level: u32) -> bool {
+            self.0.leaf_allowed(level)
+        }
+        fn is_valid(&self, pte: u64) -> bool {
+            self.0.is_valid(pte)
+        }
+        fn is_table(&self, pte: u64, level: u32) -> bool {
+            self.0.is_table(pte, level)
+        }
+        fn table_pte(&self, pa: u64) -> u64 {
+            self.0.table_pte(pa)
+        }
+        fn leaf_pte(&self, pa: u64, level: u32, prot: Prot) -> crate::Result<u64> {
+            self.0.leaf_pte(pa, level, prot)
+        }
+        fn output_address(&self, pte: u64) -> u64 {
+            self.0.output_address(pte)
+        }
+        fn prot(&self, pte: u64) -> Prot {
+            self.0.prot(pte)
+        }
+        fn perm_bits(&self, prot: Prot) -> u64 {
+            self.0.perm_bits(prot)
+        }
+        fn write_bit(&self) -> u64 {
+            self.0.write_bit()
+        }
+        fn access_flag(&self) -> u64 {
+            self.0.access_flag()
+        }
+        fn with_exec(&self, pte: u64) -> u64 {
+            self.0.with_exec(pte)
+        }
+        fn relevel_leaf(&self, pte: u64, from: u32, to: u32) -> u64 {
+            self.0.relevel_leaf(pte, from, to)
+        }
+        fn locked(&self) -> u64 {
+            0b11
+        }
     }
     let bad = LockIsATable(Arm64Stage2::new(Granule::K4, 40).unwrap());
     let r = std::panic::catch_unwind(|| entries(&bad, 0x4000_0000, 0, 3, 0, 0));
-    assert!(r.is_err(), "a lock marker that is a valid table entry must fail");
+    assert!(
+        r.is_err(),
+        "a lock marker that is a valid table entry must fail"
+    );
 }

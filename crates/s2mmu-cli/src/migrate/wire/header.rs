@@ -34,7 +34,6 @@ pub struct Header {
     pub format: WireFormat,
 }
 
-
 /// How a connection opens: the main one with the guest's header, a
 /// further channel by joining the session the main one was given.
 #[derive(Clone, Debug, PartialEq, Eq)]
