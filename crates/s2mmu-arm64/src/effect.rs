@@ -81,10 +81,12 @@ pub fn protect_effect(
         match vm.probe(cpu, ipa, Some(0x5e5f_0000 | p))? {
             Ok(_) => out.stale.push(ipa),
             Err(e) if e.dfsc() >> 2 == 0b0011 && e.write() && e.ipa() == ipa => out.protected += 1,
-            Err(e) => return Err(Arm64Error::Guest(format!(
+            Err(e) => {
+                return Err(Arm64Error::Guest(format!(
                 "write to {ipa:#x} after the harvest: fault status {:#x}, not a permission fault",
                 e.dfsc()
-            ))),
+            )))
+            }
         }
     }
     Ok(out)

@@ -46,7 +46,7 @@ fn split_on_fault(answer_broadcasts: bool) -> Option<DirtyReport> {
 #[test]
 fn a_split_whose_invalidation_runs_after_the_answer_is_caught() {
     let _one = common::serial();
-    assert!(bbm::ENABLED, "the tests build the engine with bbm-trace");
+    const { assert!(bbm::ENABLED, "the tests build the engine with bbm-trace") };
     let Some(r) = split_on_fault(true) else {
         return;
     };

@@ -106,7 +106,11 @@ fn scatter(fmt: &Arm64Stage2, leaves: &mut Vec<Leaf>, holes: &mut Vec<u64>) {
         let r = rng.next();
         if r % 5 < 3 {
             let pa = layout::DATA + (rng.next() % data_pages) * page;
-            let prot = if r % 4 == 0 { Prot::R } else { Prot::RW };
+            let prot = if r.is_multiple_of(4) {
+                Prot::R
+            } else {
+                Prot::RW
+            };
             leaves.push(Leaf {
                 ipa,
                 size: page,
@@ -115,7 +119,7 @@ fn scatter(fmt: &Arm64Stage2, leaves: &mut Vec<Leaf>, holes: &mut Vec<u64>) {
                 backed: true,
             });
         } else {
-            holes.push(ipa + (r % page) & !7);
+            holes.push((ipa + (r % page)) & !7);
         }
     }
     let Some(block_level) = (fmt.start_level()..3).rev().find(|&l| fmt.leaf_allowed(l)) else {
@@ -127,7 +131,7 @@ fn scatter(fmt: &Arm64Stage2, leaves: &mut Vec<Leaf>, holes: &mut Vec<u64>) {
     }
     let mut ipa = (base + 384 * page).next_multiple_of(block);
     for k in 0..8u64 {
-        if k % 2 == 0 {
+        if k.is_multiple_of(2) {
             let pa = (1u64 << 40) + (rng.next() % 4096) * block;
             leaves.push(Leaf {
                 ipa,
@@ -137,7 +141,7 @@ fn scatter(fmt: &Arm64Stage2, leaves: &mut Vec<Leaf>, holes: &mut Vec<u64>) {
                 backed: false,
             });
         } else {
-            holes.push(ipa + block / 3 & !7);
+            holes.push((ipa + block / 3) & !7);
         }
         ipa += block;
     }

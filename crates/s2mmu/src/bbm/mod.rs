@@ -27,7 +27,7 @@
 //! trace point is an empty inline function: the engine pays nothing. With
 //! it on (the test builds: the engine's, the simulated VM's and the arm64
 //! model's dev-dependencies turn it on), a violation on a table that no
-//! test marked with [`expect_violations`] is recorded and makes the process
+//! test marked with `expect_violations` is recorded and makes the process
 //! exit with status 101 at its end, after printing each one: a test binary
 //! in which any test broke a rule fails as a whole.
 //!

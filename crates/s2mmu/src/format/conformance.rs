@@ -65,7 +65,7 @@ fn geometry<F: PteFormat + core::fmt::Debug>(f: &F) {
         );
         assert!(f.index(addr, f.start_level()) < f.entries_per_table());
     }
-    let covered = span.checked_mul(f.root_pages() as u64).unwrap_or(u64::MAX);
+    let covered = span.saturating_mul(f.root_pages() as u64);
     assert!(covered >= limit, "{f:?}: the root covers the IPA space");
 }
 
@@ -116,15 +116,16 @@ fn entries<F: PteFormat + core::fmt::Debug>(
     };
     assert!(f.is_valid(leaf), "{f:?}: leaf {leaf:#x}");
     assert_eq!(f.output_address(leaf), pa, "{f:?}: leaf {leaf:#x}");
-    let mut derived = Vec::new();
-    derived.push(leaf);
-    derived.push(leaf | f.perm_bits(Prot::RWX));
-    derived.push(leaf | f.perm_bits(prot));
-    derived.push(f.with_exec(leaf));
-    derived.push(leaf | f.write_bit());
-    derived.push(leaf & !f.write_bit());
-    derived.push(leaf | f.access_flag());
-    derived.push(leaf & !f.access_flag());
+    let mut derived = alloc::vec![
+        leaf,
+        leaf | f.perm_bits(Prot::RWX),
+        leaf | f.perm_bits(prot),
+        f.with_exec(leaf),
+        leaf | f.write_bit(),
+        leaf & !f.write_bit(),
+        leaf | f.access_flag(),
+        leaf & !f.access_flag(),
+    ];
     if let Some(hw) = f.hw_dirty_bits() {
         derived.push(hw.clean(leaf));
         derived.push(leaf | hw.update_set);
