@@ -3,6 +3,7 @@
 
 use super::{Deferred, Desc, Rule, Scope, Violation};
 use crate::format::PteFormat;
+use crate::tlb::arm64::{Barrier, Insn, TlbiOp};
 use crate::tlb::TlbInvalidate;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -79,6 +80,62 @@ static EXIT_HOOK: Once = Once::new();
 thread_local! {
     /// Invalidations held by [`defer`] on this thread.
     static DEFERRED: RefCell<Option<Vec<(usize, Scope)>>> = const { RefCell::new(None) };
+    /// The arm64 sequence being built on this thread.
+    static SEQUENCE: RefCell<Vec<Insn>> = const { RefCell::new(Vec::new()) };
+}
+
+pub(super) fn sequence_insn(insn: Insn) {
+    SEQUENCE.with(|s| s.borrow_mut().push(insn));
+}
+
+pub(super) fn sequence_end() {
+    let seq = SEQUENCE.with(|s| core::mem::take(&mut *s.borrow_mut()));
+    if let Err(operand) = check_sequence(&seq) {
+        with(|c| c.violate(Rule::BarrierMissing, 0, operand, 0));
+    }
+}
+
+/// Whether `seq` has the barriers a TLBI sequence needs: a DSB covering
+/// the TLBIs' domain before the first TLBI (a store DSB suffices: it
+/// orders the table stores), and a full DSB of that domain after the last
+/// (only a full DSB waits for the TLBIs to complete). `Err` carries the
+/// first TLBI's operand.
+pub(crate) fn check_sequence(seq: &[Insn]) -> Result<(), u64> {
+    let tlbis: Vec<(usize, TlbiOp, u64)> = seq
+        .iter()
+        .enumerate()
+        .filter_map(|(i, x)| match *x {
+            Insn::Tlbi { op, operand } => Some((i, op, operand)),
+            Insn::Barrier(_) => None,
+        })
+        .collect();
+    let (Some(&(first, _, operand)), Some(&(last, ..))) = (tlbis.first(), tlbis.last()) else {
+        return Ok(());
+    };
+    let local = tlbis
+        .iter()
+        .all(|&(_, op, _)| matches!(op, TlbiOp::Ipas2e1 | TlbiOp::Vmalle1));
+    let orders_stores = |b: Barrier| match b {
+        Barrier::DsbIshst | Barrier::DsbIsh => true,
+        Barrier::DsbNshst | Barrier::DsbNsh => local,
+        Barrier::Isb => false,
+    };
+    let completes = |b: Barrier| match b {
+        Barrier::DsbIsh => true,
+        Barrier::DsbNsh => local,
+        _ => false,
+    };
+    let before = seq[..first]
+        .iter()
+        .any(|x| matches!(*x, Insn::Barrier(b) if orders_stores(b)));
+    let after = seq[last + 1..]
+        .iter()
+        .any(|x| matches!(*x, Insn::Barrier(b) if completes(b)));
+    if before && after {
+        Ok(())
+    } else {
+        Err(operand)
+    }
 }
 
 fn with<R>(f: impl FnOnce(&mut Checker) -> R) -> R {

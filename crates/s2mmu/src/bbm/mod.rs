@@ -62,6 +62,12 @@ pub enum Rule {
     /// GET or CLEAR reported pages clean while a write protection (or
     /// clean, or unmap) of one of them was not yet invalidated.
     ReportBeforeInvalidate,
+    /// An arm64 invalidation sequence lacks its barriers: a DSB that makes
+    /// the table stores visible before the first TLBI (`DSB ISHST`), or one
+    /// that waits for the TLBIs to complete after the last (`DSB ISH`; the
+    /// `NSH` forms for a sequence of local TLBIs only). Reported with
+    /// table 0 and the first TLBI's operand as the address.
+    BarrierMissing,
 }
 
 /// One broken rule.
@@ -89,6 +95,9 @@ impl fmt::Display for Violation {
             Rule::FreeBeforeInvalidate => "table page freed before the invalidation of its range",
             Rule::ReportBeforeInvalidate => {
                 "page reported clean before its write protection was invalidated"
+            }
+            Rule::BarrierMissing => {
+                "TLBI sequence without a DSB before its first or after its last TLBI"
             }
         };
         write!(
@@ -189,6 +198,24 @@ pub(crate) fn teardown(table: usize, gone: bool) {
     checker::teardown(table, gone);
     #[cfg(not(feature = "bbm-trace"))]
     let _ = (table, gone);
+}
+
+/// Trace point: the arm64 backend emitted `insn` in the sequence it is
+/// building on this thread.
+#[inline(always)]
+pub(crate) fn sequence_insn(insn: crate::tlb::arm64::Insn) {
+    #[cfg(feature = "bbm-trace")]
+    checker::sequence_insn(insn);
+    #[cfg(not(feature = "bbm-trace"))]
+    let _ = insn;
+}
+
+/// Trace point: the arm64 backend's sequence on this thread is complete;
+/// its barriers are checked ([`Rule::BarrierMissing`]).
+#[inline(always)]
+pub(crate) fn sequence_end() {
+    #[cfg(feature = "bbm-trace")]
+    checker::sequence_end();
 }
 
 /// The table's invalidation backend, with its completions traced (itself

@@ -317,3 +317,62 @@ fn rules_of(table: usize) -> Vec<Rule> {
         .map(|v| v.rule)
         .collect()
 }
+
+#[test]
+fn a_tlbi_sequence_without_its_barriers_is_caught() {
+    use crate::tlb::arm64::{Barrier::*, Insn, TlbiOp::*};
+    let t = |op, operand| Insn::Tlbi { op, operand };
+    let b = Insn::Barrier;
+    let check = super::checker::check_sequence;
+    // KVM's sequences pass.
+    let ipa = [
+        b(DsbIshst),
+        t(Ipas2e1is, 0x40),
+        b(DsbIsh),
+        t(Vmalle1is, 0),
+        b(DsbIsh),
+        b(Isb),
+    ];
+    assert_eq!(check(&ipa), Ok(()));
+    let local = [
+        b(DsbNshst),
+        t(Ipas2e1, 0x40),
+        b(DsbNsh),
+        t(Vmalle1, 0),
+        b(DsbNsh),
+        b(Isb),
+    ];
+    assert_eq!(check(&local), Ok(()));
+    // No store barrier first, only a store barrier last, a local DSB for
+    // a broadcast TLBI: each caught, naming the first TLBI's operand.
+    let no_first = [
+        t(Ipas2e1is, 0x40),
+        b(DsbIsh),
+        t(Vmalle1is, 0),
+        b(DsbIsh),
+        b(Isb),
+    ];
+    assert_eq!(check(&no_first), Err(0x40));
+    let no_completion = [b(DsbIshst), t(Vmalls12e1is, 0), b(DsbIshst), b(Isb)];
+    assert_eq!(check(&no_completion), Err(0));
+    let local_dsb = [b(DsbNshst), t(Ipas2e1is, 0x80), b(DsbNsh), b(Isb)];
+    assert_eq!(check(&local_dsb), Err(0x80));
+}
+
+#[test]
+fn the_arm64_backends_sequences_carry_their_barriers() {
+    use crate::tlb::arm64::{Arm64Tlbi, InsnRecorder};
+    use crate::TlbInvalidate;
+    let before = super::violations().len();
+    let tlb = Arm64Tlbi::new(InsnRecorder::default(), 12, Default::default());
+    tlb.flush_ipa(0x4000_0000, Some(3));
+    tlb.flush_ipa_local(0x4000_0000, Some(3));
+    tlb.flush_range(0x4000_0000, 64 << 12);
+    tlb.flush_vmid();
+    assert_eq!(
+        super::violations().len(),
+        before,
+        "{:?}",
+        super::violations()
+    );
+}
