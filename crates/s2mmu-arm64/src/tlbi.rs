@@ -1,21 +1,25 @@
 //! Where the engine's TLB maintenance runs: on an arm64 CPU at EL2.
 //!
 //! [`HypSink`] is the [`TlbiSink`] of the engine's [`Arm64Tlbi`] backend.
-//! An invalidation issued while a vCPU thread handles that vCPU's stage-2
-//! abort goes into the abort's answer: the stub executes it on the
-//! faulting CPU before it returns to the guest (as KVM's fault path calls
-//! into hyp on the vCPU's own CPU). An invalidation issued by any other
-//! host thread (write protection on CLEAR, eager split, unmap) is queued
-//! to the service CPU, a QEMU CPU that stays at EL2, and the caller waits
-//! until the stub has executed it, barriers included: the design's
-//! `kvm_call_hyp`. The broadcast (`...IS`) forms reach every CPU; QEMU
-//! completes them on every vCPU before the issuing CPU goes on.
+//! Every broadcast sequence (the `...IS` forms: a break's invalidation, a
+//! write protection's, an unmap's) is queued to the service CPU, a QEMU CPU
+//! that stays at EL2, and the caller waits until the stub has executed it,
+//! barriers included: the design's `kvm_call_hyp`. QEMU completes the
+//! broadcast forms on every vCPU before the issuing CPU goes on. That holds
+//! inside a vCPU's stage-2 abort too: a split on fault breaks the block,
+//! and its invalidation must complete before the engine makes the table
+//! (break, DSB, TLBI, DSB, make), which an answer the stub runs after the
+//! host wrote the table cannot give. Only a sequence that is local to the
+//! faulting CPU (the `TLBI IPAS2E1; VMALLE1` after a permission relaxation,
+//! which needs no break) goes into the abort's answer, executed on that
+//! CPU before it returns to the guest, as KVM's fault path does on the
+//! vCPU's own CPU.
 
 use crate::layout::{self, mb};
 use crate::machine::Machine;
 use s2mmu::tlb::arm64::{Arm64Tlbi, Barrier, Insn, TlbiOp, TlbiSink};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -49,18 +53,30 @@ pub fn encode(insn: Insn) -> (u64, u64) {
 /// The whole-VMID sequence, what an over-long list is replaced with.
 const WHOLE_VMID: [(u64, u64); 3] = [(1, 0), (0x15, 0), (2, 0)];
 
+/// Whether every instruction of a sequence acts on the issuing CPU only
+/// (`DSB NSH*`, `ISB`, `TLBI IPAS2E1`, `TLBI VMALLE1`).
+fn is_local(insns: &[(u64, u64)]) -> bool {
+    insns
+        .iter()
+        .all(|&(code, _)| matches!(code, 3..=5 | 0x11 | 0x14))
+}
+
 thread_local! {
     /// The answer being built by this thread's vCPU fault, if any.
     static FAULT_INSNS: RefCell<Option<Vec<(u64, u64)>>> = const { RefCell::new(None) };
-    /// The sequence a host thread is issuing.
-    static HOST_INSNS: RefCell<Vec<(u64, u64)>> = const { RefCell::new(Vec::new()) };
+    /// The sequence this thread is issuing.
+    static SEQUENCE: RefCell<Vec<(u64, u64)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Counters of the maintenance the engine issued.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TlbiCounters {
-    /// Sequences executed in a fault's answer.
+    /// Sequences issued while a vCPU's abort was handled (in its answer
+    /// when local to that CPU, else by the service CPU before the engine
+    /// went on).
     pub fault_sequences: u64,
+    /// Of those, the broadcast ones the service CPU executed.
+    pub fault_service_sequences: u64,
     /// Sequences executed by the service CPU for host threads.
     pub host_sequences: u64,
     /// TLBI instructions in all of them.
@@ -81,7 +97,9 @@ pub struct HypSink {
     vttbr: AtomicU64,
     service: Mutex<()>,
     drop_next: AtomicU64,
+    answer_broadcasts: AtomicBool,
     fault_sequences: AtomicU64,
+    fault_service_sequences: AtomicU64,
     host_sequences: AtomicU64,
     tlbis: AtomicU64,
     service_calls: AtomicU64,
@@ -99,7 +117,9 @@ impl HypSink {
             vttbr: AtomicU64::new(0),
             service: Mutex::new(()),
             drop_next: AtomicU64::new(0),
+            answer_broadcasts: AtomicBool::new(false),
             fault_sequences: AtomicU64::new(0),
+            fault_service_sequences: AtomicU64::new(0),
             host_sequences: AtomicU64::new(0),
             tlbis: AtomicU64::new(0),
             service_calls: AtomicU64::new(0),
@@ -121,10 +141,22 @@ impl HypSink {
         self.drop_next.store(n, Ordering::Release);
     }
 
+    /// Fault injection for the check that proves the break-before-make
+    /// monitor catches a make before its break is invalidated: with `on`,
+    /// a fault's broadcast invalidations go into the abort's answer, run by
+    /// the stub after the host has made the new entry (what this sink did
+    /// before it ran them through the service CPU). QEMU does not model TLB
+    /// conflicts, so the guest runs on; the monitor ([`s2mmu::bbm`]) is
+    /// what sees it. Never use outside such a test.
+    pub fn answer_fault_broadcasts(&self, on: bool) {
+        self.answer_broadcasts.store(on, Ordering::Release);
+    }
+
     /// The counters so far.
     pub fn counters(&self) -> TlbiCounters {
         TlbiCounters {
             fault_sequences: self.fault_sequences.load(Ordering::Relaxed),
+            fault_service_sequences: self.fault_service_sequences.load(Ordering::Relaxed),
             host_sequences: self.host_sequences.load(Ordering::Relaxed),
             tlbis: self.tlbis.load(Ordering::Relaxed),
             service_calls: self.service_calls.load(Ordering::Relaxed),
@@ -138,7 +170,15 @@ impl HypSink {
     /// returns `f`'s result and that list.
     pub fn collect_for_fault<R>(&self, f: impl FnOnce() -> R) -> (R, Vec<(u64, u64)>) {
         FAULT_INSNS.with(|c| *c.borrow_mut() = Some(Vec::new()));
-        let r = f();
+        let r = if self.answer_broadcasts.load(Ordering::Acquire) {
+            // The injected fault: broadcasts wait in the answer, so they
+            // complete only after everything `f` stored.
+            let (r, queued) = s2mmu::bbm::defer_invalidations(f);
+            queued.complete();
+            r
+        } else {
+            f()
+        };
         let mut insns = FAULT_INSNS
             .with(|c| c.borrow_mut().take())
             .unwrap_or_default();
@@ -148,11 +188,12 @@ impl HypSink {
         (r, insns)
     }
 
-    fn run_on_service(&self, insns: &[(u64, u64)]) {
-        if self
-            .drop_next
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok()
+    fn run_on_service(&self, insns: &[(u64, u64)], droppable: bool) {
+        if droppable
+            && self
+                .drop_next
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
         {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -185,29 +226,31 @@ impl HypSink {
 
 impl TlbiSink for HypSink {
     fn emit(&self, insn: Insn) {
-        let e = encode(insn);
         if matches!(insn, Insn::Tlbi { .. }) {
             self.tlbis.fetch_add(1, Ordering::Relaxed);
         }
-        let in_fault = FAULT_INSNS.with(|c| c.borrow_mut().as_mut().map(|v| v.push(e)).is_some());
-        if !in_fault {
-            HOST_INSNS.with(|c| c.borrow_mut().push(e));
-        }
+        SEQUENCE.with(|c| c.borrow_mut().push(encode(insn)));
     }
 
     fn begin(&self) {}
 
     fn end(&self) {
-        if FAULT_INSNS.with(|c| c.borrow().is_some()) {
-            self.fault_sequences.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let insns = HOST_INSNS.with(|c| std::mem::take(&mut *c.borrow_mut()));
+        let insns = SEQUENCE.with(|c| std::mem::take(&mut *c.borrow_mut()));
         if insns.is_empty() {
             return;
         }
-        self.host_sequences.fetch_add(1, Ordering::Relaxed);
-        self.run_on_service(&insns);
+        let in_fault = FAULT_INSNS.with(|c| c.borrow().is_some());
+        if in_fault {
+            self.fault_sequences.fetch_add(1, Ordering::Relaxed);
+            if is_local(&insns) || self.answer_broadcasts.load(Ordering::Acquire) {
+                FAULT_INSNS.with(|c| c.borrow_mut().as_mut().map(|v| v.extend(insns)));
+                return;
+            }
+            self.fault_service_sequences.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.host_sequences.fetch_add(1, Ordering::Relaxed);
+        }
+        self.run_on_service(&insns, !in_fault);
     }
 }
 

@@ -75,6 +75,10 @@ pub struct DirtyConfig {
     /// Fault injection: drop the invalidations the host issues while it
     /// harvests after this iteration (the check must then fail).
     pub drop_invalidations_after: Option<u32>,
+    /// Fault injection: before harvesting this iteration, the host marks
+    /// dirty one page the guest did not write in it (the check must then
+    /// count one extra page).
+    pub log_unwritten_after: Option<u32>,
     /// At most this many host pages moved to new physical pages while each
     /// logged pass runs, spread over the pass ([`Arm64Vm::remap_host_page`]);
     /// the spare pages follow the slot in guest data RAM.
@@ -98,6 +102,7 @@ impl Default for DirtyConfig {
             verify_tags: false,
             enable_during_pass: false,
             drop_invalidations_after: None,
+            log_unwritten_after: None,
             remaps_per_pass: 0,
             passes_after_logging: 0,
         }
@@ -432,6 +437,10 @@ fn coordinate(
         if cfg.drop_invalidations_after == Some(it) {
             vm.sink().drop_host_sequences(u64::MAX);
         }
+        if cfg.log_unwritten_after == Some(it) {
+            let unwritten = (0..npages).find(|&i| !written_in(vm, i, pass));
+            mmu.dirty_pages(DATA_SLOT, unwritten)?;
+        }
         let (get_time, clear_time) = match cfg.harvest {
             Harvest::Bitmap => {
                 let t = Instant::now();
@@ -514,19 +523,24 @@ fn remap_one(vm: &Arm64Vm, npages: u64, k: u64) -> Result<()> {
     vm.remap_host_page(hva, spare)
 }
 
-/// The guest's record against the log: (written, missing, extra). Stamps
-/// are read where each page lives now (remaps move them).
-fn compare(vm: &Arm64Vm, npages: u64, pass: u64, bitmap: &[u64]) -> (u64, u64, u64) {
+/// Whether the guest's stamp says it wrote page `i` of the slot in `pass`
+/// (read where the page lives now: remaps move them).
+fn written_in(vm: &Arm64Vm, i: u64, pass: u64) -> bool {
     let ram = vm.machine().ram();
     let page = vm.format().page_size();
     let hva0 = ram.hva(layout::DATA).expect("data in RAM");
+    let pa = vm
+        .host_page_pa(hva0 + i * page)
+        .expect("slot pages are backed");
+    ram.read(pa) & 0xffff_ffff == pass
+}
+
+/// The guest's record against the log: (written, missing, extra). Stamps
+/// are read where each page lives now (remaps move them).
+fn compare(vm: &Arm64Vm, npages: u64, pass: u64, bitmap: &[u64]) -> (u64, u64, u64) {
     let (mut written, mut missing, mut extra) = (0, 0, 0);
     for i in 0..npages {
-        let pa = vm
-            .host_page_pa(hva0 + i * page)
-            .expect("slot pages are backed");
-        let stamp = ram.read(pa);
-        let w = stamp & 0xffff_ffff == pass;
+        let w = written_in(vm, i, pass);
         let l = bitmap[(i / 64) as usize] >> (i % 64) & 1 == 1;
         written += u64::from(w);
         missing += u64::from(w && !l);

@@ -226,6 +226,39 @@ fn a_dropped_invalidation_loses_writes() {
 }
 
 #[test]
+fn a_page_logged_but_not_written_is_extra() {
+    // The check's other half: random writes leave pages unwritten, and a
+    // page the host marks dirty though the guest did not write it in that
+    // pass is counted extra. Without the injection the same run is exact.
+    let policy = MmuPolicy {
+        initially_set: false,
+        ..MmuPolicy::default()
+    };
+    let base = DirtyConfig {
+        pattern: Pattern::Random { writes: 1024 },
+        ..small()
+    };
+    let cfg = DirtyConfig {
+        log_unwritten_after: Some(2),
+        ..base
+    };
+    let Some(r) = run(1, policy, cfg) else {
+        return;
+    };
+    let p2 = &r.passes[1];
+    assert!(
+        p2.written.is_some_and(|w| w < 1024),
+        "pages left unwritten: {p2:?}"
+    );
+    assert_eq!((p2.missing, p2.extra), (0, 1), "{p2:?}");
+    assert_eq!((r.passes[0].missing, r.passes[0].extra), (0, 0));
+    let Some(r) = run(1, policy, base) else {
+        return;
+    };
+    assert_exact(&r);
+}
+
+#[test]
 fn hardware_dirty_state_logs_without_faults() {
     // FEAT_HAFDBS at stage 2: logged pages are writable-clean (DBM set,
     // write permission clear) and QEMU's walker sets the write permission

@@ -19,8 +19,6 @@ use crate::progress::Progress;
 use crate::report::{human, human_bytes, verdict, Report};
 use crate::stats::Samples;
 use s2mmu::dirty::DirtyBitmap;
-use s2mmu::format::arm64::Arm64Stage2;
-use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy};
 use s2mmu::{Gpa, HostMmOps, Hva, NoTlb};
@@ -234,6 +232,19 @@ fn measure<F: VmFormat>(
     Ok(s)
 }
 
+/// The setup and measurement, on the format `--format` names.
+struct Measure<'a> {
+    p: &'a Params,
+    bar: &'a Progress,
+}
+
+impl s2mmu_cli::vm_format::WithFormat for Measure<'_> {
+    type Output = Result<(Measured, Duration), String>;
+    fn call<F: VmFormat>(self) -> Self::Output {
+        setup_and_measure::<F>(self.p, self.bar)
+    }
+}
+
 /// Both tables of the slot ([`setup`]), then [`measure`].
 fn setup_and_measure<F: VmFormat>(
     p: &Params,
@@ -256,10 +267,7 @@ fn setup_and_measure<F: VmFormat>(
 pub fn run(p: &Params, bar: &Progress) -> Result<Report, String> {
     check(p)?;
     bar.message(&format!("mapping {}", human_bytes(p.size)));
-    let (s, setup_time) = match p.format {
-        FormatArg::Arm64 => setup_and_measure::<Arm64Stage2>(p, bar)?,
-        FormatArg::Ept => setup_and_measure::<EptFormat>(p, bar)?,
-    };
+    let (s, setup_time) = p.format.with(Measure { p, bar })?;
     let (word, leaf, clear, clear_runs) = (
         Samples::of(&s.word).summary(),
         Samples::of(&s.leaf).summary(),

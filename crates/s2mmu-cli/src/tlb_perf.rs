@@ -20,8 +20,6 @@
 use crate::dirty_log_perf::FormatArg;
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
-use s2mmu::format::arm64::Arm64Stage2;
-use s2mmu::format::ept::EptFormat;
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu::TlbPolicy;
 
@@ -158,7 +156,7 @@ fn policy_name(p: LargeRangePolicy) -> &'static str {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 /// The two clear modes: the whole slot in one call, or `--chunk` pieces.
 enum Mode {
     Whole,
@@ -230,10 +228,20 @@ pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
     if p.arm64 {
         arm64::run(p, progress)
     } else {
-        match p.format {
-            FormatArg::Arm64 => vm::run::<Arm64Stage2>(p, progress),
-            FormatArg::Ept => vm::run::<EptFormat>(p, progress),
-        }
+        p.format.with(OnVm { p, progress })
+    }
+}
+
+/// The simulated VM's run, on the format `--format` names.
+struct OnVm<'a> {
+    p: &'a Params,
+    progress: bool,
+}
+
+impl s2mmu_cli::vm_format::WithFormat for OnVm<'_> {
+    type Output = Result<Report, String>;
+    fn call<F: s2mmu_vm::VmFormat>(self) -> Self::Output {
+        vm::run::<F>(self.p, self.progress)
     }
 }
 

@@ -76,7 +76,20 @@ fn dirty_log_perf_arm64_check_is_exact() {
     assert_eq!(checks.len(), 2, "one check line per pass: {text}");
     for l in &checks {
         assert!(l.ends_with("missing 0, extra 0"), "{l}");
-        assert!(l.contains("written 1024"), "every page of 4M: {l}");
+        // The random pattern: some of the 1024 pages written, some not, so
+        // a page logged but not written could show as extra.
+        let num = |key: &str| -> u64 {
+            let at = l.find(key).unwrap() + key.len();
+            l[at..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let (w, u) = (num("written "), num("unwritten "));
+        assert_eq!(w + u, 1024, "{l}");
+        assert!(w > 0 && u > 0, "written and unwritten pages: {l}");
     }
     assert!(text.contains("Abort round trip: "), "{text}");
     assert!(text.contains("Iteration 2 dirty memory time: "), "{text}");
@@ -102,7 +115,11 @@ fn dirty_log_perf_arm64_check_is_exact() {
             (c["missing"].as_u64(), c["extra"].as_u64()),
             (Some(0), Some(0))
         );
-        assert_eq!(c["written"], 1024);
+        let w = c["written"].as_u64().unwrap();
+        assert!(
+            w > 0 && w < 1024,
+            "random writes leave pages unwritten: {c}"
+        );
     }
     let dirty = rows
         .iter()
@@ -114,7 +131,7 @@ fn dirty_log_perf_arm64_check_is_exact() {
         .iter()
         .find(|r| r["case"] == "abort_round_trip")
         .expect("the round trip row");
-    assert!(rt["aborts"][0].as_u64().unwrap() >= 2048, "{rt}");
+    assert!(rt["aborts"][0].as_u64().unwrap() >= 1024, "{rt}");
 }
 
 #[test]
@@ -254,10 +271,26 @@ fn tlb_perf_arm64_counts_round_trips_per_policy() {
             .map(Vec::len),
         Some(1)
     );
+    // The invalidations' effect on an idle CPU's TLB, per mode and policy
+    // (tests/effect.rs in s2mmu-arm64 shows it failing when dropped).
+    let setup = rows
+        .iter()
+        .find(|r| r["case"] == "setup")
+        .expect("setup row");
+    let effect = setup["effect_check"].as_array().expect("effect check");
+    assert_eq!(effect.len(), 4, "{setup}");
+    for e in effect {
+        assert_eq!(
+            (e["pages"].as_u64(), e["protected"].as_u64()),
+            (Some(8), Some(8)),
+            "{e}"
+        );
+    }
     let out = s2mmu(&args);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     assert!(text.contains("[target 1 instead of 8: PASS]"), "{text}");
+    assert!(text.contains("Chunked/WholeVmid 8 of 8"), "{text}");
     assert!(text.contains("emulator's"), "{text}");
 }
 

@@ -143,7 +143,7 @@ fn opening_on(format: FormatArg) -> Vec<u8> {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format,
+        format: format.into(),
     };
     WireWriter::new(Vec::new(), &h).unwrap().into_inner()
 }

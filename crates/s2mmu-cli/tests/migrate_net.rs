@@ -226,7 +226,7 @@ fn stream_with_state(vcpus_in_header: u32, state: &GuestState) -> Vec<u8> {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: FormatArg::Arm64,
+        format: FormatArg::Arm64.into(),
     };
     let mut w = WireWriter::new(Vec::new(), &h).unwrap();
     w.probe(0, &[1], &mut |_| {}).unwrap();
@@ -365,7 +365,7 @@ fn header(mem: u64) -> Header {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: FormatArg::Arm64,
+        format: FormatArg::Arm64.into(),
     }
 }
 

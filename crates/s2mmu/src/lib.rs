@@ -32,6 +32,7 @@
 extern crate alloc;
 
 pub mod addr;
+pub mod bbm;
 pub mod dirty;
 mod error;
 pub mod format;

@@ -33,6 +33,7 @@ pub(crate) struct TableCore<F: PteFormat, M: MmOps> {
 
 impl<F: PteFormat, M: MmOps> Drop for TableCore<F, M> {
     fn drop(&mut self) {
+        crate::bbm::teardown(self.mm.phys_to_virt(self.root) as usize, true);
         // SAFETY: allocated in `PageTable::new` with the same count; the
         // owning table tore down every child, and this is the last handle.
         unsafe { self.mm.free_pages_exact(self.root, self.fmt.root_pages()) };
@@ -103,6 +104,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
             .zalloc_pages_exact(fmt.root_pages())
             .ok_or(Error::OutOfMemory)?;
         let tlb_policy = TlbPolicy::new(fmt.page_shift());
+        let tlb = crate::bbm::traced_tlb(mm.phys_to_virt(root) as usize, tlb);
         Ok(PageTable {
             core: Arc::new(TableCore {
                 fmt,
@@ -113,6 +115,12 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
             tlb,
             tlb_policy,
         })
+    }
+
+    /// The table's id in the break-before-make monitor ([`crate::bbm`]):
+    /// where its root lives in this process, unique while the table does.
+    pub fn bbm_id(&self) -> usize {
+        self.core.mm.phys_to_virt(self.core.root) as usize
     }
 
     /// The descriptor format.
@@ -359,6 +367,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
     /// can reach them. No invalidation is issued: the caller makes sure no
     /// CPU uses the table any more (VM tear-down).
     fn destroy(&mut self) {
+        crate::bbm::teardown(self.bbm_id(), false);
         let mut pages = Vec::new();
         let mut v = |ctx: &VisitCtx<'_, F, M>, visit: Visit| {
             if visit == Visit::TablePost {

@@ -106,9 +106,22 @@ pub struct VisitCtx<'a, F: PteFormat, M: MmOps> {
     pub flags: WalkFlags,
     entry: &'a AtomicU64,
     count: Option<&'a AtomicU32>,
+    /// The table's id for the break-before-make monitor.
+    #[cfg(feature = "bbm-trace")]
+    table: usize,
 }
 
 impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
+    /// The monitor's trace point for a store of this walk: the entry at
+    /// `level` starting at `start` went from `old` to `new`.
+    #[inline(always)]
+    pub(crate) fn trace_store(&self, start: u64, level: u32, old: u64, new: u64) {
+        #[cfg(feature = "bbm-trace")]
+        crate::bbm::store(self.table, self.fmt, start, level, old, new);
+        #[cfg(not(feature = "bbm-trace"))]
+        let _ = (start, level, old, new);
+    }
+
     /// Whether this is a shared walk.
     #[inline]
     pub fn shared(&self) -> bool {
@@ -189,6 +202,7 @@ impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
         } else {
             self.entry.store(new, Ordering::Release);
         }
+        self.trace_store(self.entry_start(), self.level, self.old, new);
         self.adjust_count(self.old, new);
         Ok(())
     }
@@ -213,6 +227,7 @@ impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
         } else {
             self.entry.store(locked, Ordering::Release);
         }
+        self.trace_store(self.entry_start(), self.level, self.old, locked);
         if self.fmt.is_table(self.old, self.level) {
             tlb.flush_range(self.entry_start(), self.granule());
         } else if self.fmt.is_valid(self.old) {
@@ -231,6 +246,7 @@ impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
     pub(crate) fn break_unflushed(&self) {
         debug_assert!(!self.shared(), "only exclusive walks batch their breaks");
         self.entry.store(self.fmt.locked(), Ordering::Release);
+        self.trace_store(self.entry_start(), self.level, self.old, self.fmt.locked());
         if self.old != 0 {
             self.adjust_count(self.old, 0);
         }
@@ -242,6 +258,7 @@ impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
     pub(crate) fn make(&self, new: u64) {
         debug_assert!(self.fmt.is_locked(self.entry.load(Ordering::Relaxed)));
         self.entry.store(new, Ordering::Release);
+        self.trace_store(self.entry_start(), self.level, self.fmt.locked(), new);
         self.adjust_count(0, new);
     }
 }
@@ -288,6 +305,8 @@ struct Walker<'a, F: PteFormat, M: MmOps, V: Visitor<F, M>> {
     addr: u64,
     visitor: &'a mut V,
     stats: WalkStats,
+    #[cfg(feature = "bbm-trace")]
+    table: usize,
 }
 
 impl<'a, F: PteFormat, M: MmOps, V: Visitor<F, M>> Walker<'a, F, M, V> {
@@ -406,6 +425,8 @@ impl<'a, F: PteFormat, M: MmOps, V: Visitor<F, M>> Walker<'a, F, M, V> {
             flags: self.flags,
             entry,
             count,
+            #[cfg(feature = "bbm-trace")]
+            table: self.table,
         }
     }
 }
@@ -462,6 +483,8 @@ pub(crate) unsafe fn walk<F: PteFormat, M: MmOps, V: Visitor<F, M>>(
         addr: start,
         visitor,
         stats: WalkStats::default(),
+        #[cfg(feature = "bbm-trace")]
+        table: mm.phys_to_virt(root) as usize,
     };
     let span = fmt.root_page_span();
     let mut root_index = (start / span) as usize;

@@ -257,7 +257,7 @@ fn connect_channels<F: VmFormat>(
         backing: cfg.backing.name().to_string(),
         verify_full: cfg.verify_full,
         postcopy: cfg.postcopy != Postcopy::Off,
-        format: cfg.format,
+        format: cfg.format.into(),
     };
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;

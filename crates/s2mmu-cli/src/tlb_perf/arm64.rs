@@ -19,6 +19,7 @@ use crate::progress::Progress;
 use crate::report::{human, human_bytes, Report};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu::tlb::LargeRangePolicy;
+use s2mmu_arm64::effect::{protect_effect, spread, ProtectEffect};
 use s2mmu_arm64::layout;
 use s2mmu_arm64::vm::{Arm64Mmu, Arm64Vm, VmConfig};
 use serde_json::json;
@@ -29,6 +30,8 @@ const BIG_SLOT: u16 = 1;
 const MAX_CALLS: u64 = 1 << 16;
 /// Where the slot sits in the IPA space.
 const BIG_GPA: u64 = 1 << 32;
+/// Pages the effect check writes, harvests and writes again.
+const EFFECT_PAGES: u64 = 8;
 
 /// One measured harvest cycle: what every model measures, and the TLBIs
 /// the EL2 service CPU executed.
@@ -125,6 +128,65 @@ impl Bench<'_> {
         Ok(dirtied)
     }
 
+    /// CLEAR of the whole slot from `self.bitmap`, in one call or in
+    /// `--chunk` calls; returns the pages cleared.
+    fn clear(&self, mode: Mode) -> s2mmu::Result<u64> {
+        let chunk = match mode {
+            Mode::Whole => self.npages,
+            Mode::Chunked => self.chunk_pages,
+        };
+        let mut cleared = 0;
+        let mut first = 0;
+        while first < self.npages {
+            let n = chunk.min(self.npages - first);
+            let w0 = (first / 64) as usize;
+            let w1 = (first + n).div_ceil(64) as usize;
+            cleared += self
+                .mmu()
+                .clear_dirty_log(BIG_SLOT, first, n, &self.bitmap[w0..w1])?;
+            first += n;
+        }
+        Ok(cleared)
+    }
+
+    /// The effect of each mode's and policy's invalidations on CPU 0's
+    /// TLB ([`s2mmu_arm64::effect`]): `EFFECT_PAGES` pages written through
+    /// a cached writable translation, harvested, written again; every
+    /// second write must fault.
+    ///
+    /// # Errors
+    /// The model's or the engine's errors, or a stale translation.
+    fn effect(&mut self) -> Result<Vec<(Mode, LargeRangePolicy, ProtectEffect)>, String> {
+        let pages = spread(self.npages, EFFECT_PAGES);
+        let mut out = Vec::new();
+        for mode in [Mode::Whole, Mode::Chunked] {
+            for policy in POLICIES {
+                let vm = self.vm;
+                vm.mmu()
+                    .set_tlb_large_range(policy, self.p.limit_pages)
+                    .map_err(|e| e.to_string())?;
+                let mut bitmap = std::mem::take(&mut self.bitmap);
+                let r = protect_effect(vm, BIG_SLOT, BIG_GPA, &pages, 0, |m| {
+                    m.get_dirty_log(BIG_SLOT, &mut bitmap)?;
+                    self.bitmap = bitmap;
+                    self.clear(mode)?;
+                    Ok(())
+                })
+                .map_err(|e| e.to_string())?;
+                if !r.stale.is_empty() {
+                    return Err(format!(
+                        "effect check: after a {mode:?} CLEAR with {policy:?}, {} of {} pages took a write through a stale writable translation on CPU 0 (first at IPA {:#x}): the invalidation missed them",
+                        r.stale.len(),
+                        r.pages,
+                        r.stale[0]
+                    ));
+                }
+                out.push((mode, policy, r));
+            }
+        }
+        Ok(out)
+    }
+
     fn cycle(&mut self, mode: Mode, policy: LargeRangePolicy) -> Result<Sample, String> {
         let e = |e: s2mmu::Error| e.to_string();
         self.mmu()
@@ -138,28 +200,7 @@ impl Bench<'_> {
             .get_dirty_log(BIG_SLOT, &mut self.bitmap)
             .map_err(e)?;
         let t1 = Instant::now();
-        let mut cleared = 0;
-        match mode {
-            Mode::Whole => {
-                cleared += self
-                    .mmu()
-                    .clear_dirty_log(BIG_SLOT, 0, self.npages, &self.bitmap)
-                    .map_err(e)?;
-            }
-            Mode::Chunked => {
-                let mut first = 0;
-                while first < self.npages {
-                    let n = self.chunk_pages.min(self.npages - first);
-                    let w0 = (first / 64) as usize;
-                    let w1 = (first + n).div_ceil(64) as usize;
-                    cleared += self
-                        .mmu()
-                        .clear_dirty_log(BIG_SLOT, first, n, &self.bitmap[w0..w1])
-                        .map_err(e)?;
-                    first += n;
-                }
-            }
-        }
+        let cleared = self.clear(mode).map_err(e)?;
         let t2 = Instant::now();
         let c1 = self.vm.sink().counters();
         if c1.dropped != c0.dropped {
@@ -237,9 +278,14 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
             });
         }
     }
+    let effect = bench.effect()?;
     drop(bench);
     drop(vm);
-    let facts = Facts { slot, boot_time };
+    let facts = Facts {
+        slot,
+        boot_time,
+        effect,
+    };
     report(p, &rows, &facts)
 }
 
@@ -247,6 +293,9 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
 struct Facts {
     slot: SlotFacts,
     boot_time: Duration,
+    /// The effect check of each mode and policy (every page protected,
+    /// or the run failed).
+    effect: Vec<(Mode, LargeRangePolicy, ProtectEffect)>,
 }
 
 fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
@@ -255,7 +304,13 @@ fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
         json!({ "arm64": true, "qemu_cpus": 2 }),
         "arm64",
         &f.slot,
-        json!({ "boot_ns": f.boot_time.as_nanos() as u64 }),
+        json!({
+            "boot_ns": f.boot_time.as_nanos() as u64,
+            "effect_check": f.effect.iter().map(|(m, pol, e)| json!({
+                "mode": format!("{m:?}").to_lowercase(), "policy": format!("{pol:?}"),
+                "pages": e.pages, "protected": e.protected, "stale": e.stale.len(),
+            })).collect::<Vec<_>>(),
+        }),
     );
     let model = ModelRows {
         rows: rows
@@ -348,5 +403,14 @@ fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
         s += l;
         s.push('\n');
     }
+    let checked: Vec<String> = f
+        .effect
+        .iter()
+        .map(|(m, pol, e)| format!("{m:?}/{pol:?} {} of {}", e.protected, e.pages))
+        .collect();
+    s += &format!(
+        "effect check (CPU 0, idle at EL2 between probes): pages written through a cached writable translation, then GET + CLEAR, then written again; second writes that took a permission fault: {}\n",
+        checked.join(", ")
+    );
     s
 }

@@ -6,6 +6,8 @@
 //! format, [`ept`] the x86 EPT format.
 
 pub mod arm64;
+#[cfg(all(test, feature = "std"))]
+mod conformance;
 pub mod ept;
 
 use core::fmt;

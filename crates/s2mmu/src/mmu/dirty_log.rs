@@ -51,6 +51,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         self.sync_hw_dirty(id, &b)?;
         if self.policy.manual_protect {
             b.copy_to(out)?;
+            self.bbm_report_clean();
             return Ok(out[..b.words()]
                 .iter()
                 .map(|w| u64::from(w.count_ones()))
@@ -85,6 +86,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             batch.add(base, size);
         }
         let calls = batch.finish();
+        self.bbm_report_clean();
         self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
         self.vm_stats.lock().add(&st);
         Ok(n)
@@ -147,6 +149,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             batch.add(base, size);
         }
         let calls = batch.finish();
+        self.bbm_report_clean();
         self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
         self.vm_stats.lock().add(&st);
         Ok(cleared)

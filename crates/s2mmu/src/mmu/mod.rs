@@ -364,6 +364,20 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         self.stage2.with_table(f)
     }
 
+    /// The stage-2 table's id in the break-before-make monitor
+    /// ([`crate::bbm`], [`PageTable::bbm_id`]).
+    pub fn bbm_id(&self) -> usize {
+        self.with_table(|pt| pt.bbm_id())
+    }
+
+    /// The monitor's trace point: GET or CLEAR reports pages clean now, so
+    /// every protection it made must have been invalidated.
+    #[inline(always)]
+    pub(crate) fn bbm_report_clean(&self) {
+        #[cfg(feature = "bbm-trace")]
+        crate::bbm::report_clean(self.bbm_id());
+    }
+
     /// Counters of VM-wide operations (logging changes, clears, memslot
     /// updates), not of vCPU faults.
     pub fn vm_stats(&self) -> FaultStats {

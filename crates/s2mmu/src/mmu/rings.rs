@@ -76,6 +76,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             batch.add_whole_vmid();
         }
         batch.finish();
+        self.bbm_report_clean();
         self.vm_stats.lock().add(&st);
         result.map(|_| total)
     }

@@ -55,6 +55,8 @@ impl<F: PteFormat, M: MmOps, P: Platform> Stage2<F, M, P> {
         };
         let mut pt = PageTable::new(fmt, mm.clone(), tlb.clone())?;
         pt.set_tlb_policy(tlb_policy);
+        // The table's backend: the caller's, traced where the monitor is on.
+        let tlb = pt.tlb().clone();
         Ok(Stage2 {
             reader: pt.reader(),
             table: MmuLock::for_platform(pt, reader_slots),

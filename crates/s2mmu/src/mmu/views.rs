@@ -244,6 +244,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let st = v.stats_mut(who)?;
         st.gets += 1;
         st.reported += n;
+        drop(views);
+        self.bbm_report_clean();
         Ok(n)
     }
 
@@ -321,6 +323,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         drop(views);
         drop(cache);
         let calls = batch.finish();
+        self.bbm_report_clean();
         self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
         self.vm_stats.lock().add(&st);
         Ok(counts.into_iter().map(|c| c.0).collect())

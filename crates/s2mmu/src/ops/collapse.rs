@@ -100,6 +100,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
             self.walk(at, fmt.granule(level), WalkFlags::LEAF, &mut make)?;
         }
         let tables: Vec<u64> = made.iter().map(|&(_, _, t)| t).collect();
+        crate::bbm::free_tables(self.bbm_id(), &tables);
         // SAFETY: each table was unlinked (its entry is a block now) and
         // the whole VMID invalidated; lockless readers that started before
         // hold a read guard, which the deferred free waits for.

@@ -177,6 +177,9 @@ fn clean_leaf_table<F: PteFormat, M: MmOps>(
             // `update_set` on a clean leaf). Valid to valid: the table's
             // count of non-zero entries is unchanged.
             entry.store(new, Ordering::Release);
+            let child = ctx.level + 1;
+            let start = ctx.entry_start() + i as u64 * ctx.fmt.granule(child);
+            ctx.trace_store(start, child, old, new);
             changed += 1;
             if old & hw.clean_clear != 0 {
                 dirty_span = Some(dirty_span.map_or((i, i), |(lo, _)| (lo, i)));

@@ -62,6 +62,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
         self.walk(ipa, size, WalkFlags::LEAF | WalkFlags::TABLE_POST, &mut v)?;
         stats.tables_freed = freed.len() as u64;
         stats.tlb_calls = batch.finish();
+        crate::bbm::free_tables(self.bbm_id(), &freed);
         // SAFETY: the tables were unlinked above and the invalidation that
         // covers them has been issued; readers still inside are protected by
         // the deferral.

@@ -250,11 +250,20 @@ impl<S: TlbiSink> Arm64Tlbi<S> {
     }
 
     fn tlbi(&self, op: TlbiOp, operand: u64) {
+        crate::bbm::sequence_insn(Insn::Tlbi { op, operand });
         self.sink.emit(Insn::Tlbi { op, operand });
     }
 
     fn barrier(&self, b: Barrier) {
+        crate::bbm::sequence_insn(Insn::Barrier(b));
         self.sink.emit(Insn::Barrier(b));
+    }
+
+    /// Ends a sequence: the monitor checks its barriers, then the sink
+    /// runs it.
+    fn end(&self) {
+        crate::bbm::sequence_end();
+        self.sink.end();
     }
 
     /// `__flush_s2_tlb_range_op(ipas2e1is, start, pages, PAGE_SIZE, unknown
@@ -304,7 +313,7 @@ impl<S: TlbiSink> TlbInvalidate for Arm64Tlbi<S> {
         self.tlbi(TlbiOp::Vmalle1is, 0);
         self.barrier(Barrier::DsbIsh);
         self.barrier(Barrier::Isb);
-        self.sink.end();
+        self.end();
     }
 
     fn flush_ipa_local(&self, ipa: u64, level: Option<u32>) {
@@ -318,7 +327,7 @@ impl<S: TlbiSink> TlbInvalidate for Arm64Tlbi<S> {
         self.tlbi(TlbiOp::Vmalle1, 0);
         self.barrier(Barrier::DsbNsh);
         self.barrier(Barrier::Isb);
-        self.sink.end();
+        self.end();
     }
 
     fn flush_range(&self, ipa: u64, size: u64) {
@@ -340,7 +349,7 @@ impl<S: TlbiSink> TlbInvalidate for Arm64Tlbi<S> {
         self.tlbi(TlbiOp::Vmalle1is, 0);
         self.barrier(Barrier::DsbIsh);
         self.barrier(Barrier::Isb);
-        self.sink.end();
+        self.end();
     }
 
     fn flush_vmid(&self) {
@@ -349,7 +358,7 @@ impl<S: TlbiSink> TlbInvalidate for Arm64Tlbi<S> {
         self.tlbi(TlbiOp::Vmalls12e1is, 0);
         self.barrier(Barrier::DsbIsh);
         self.barrier(Barrier::Isb);
-        self.sink.end();
+        self.end();
     }
 }
 

@@ -268,7 +268,7 @@ fn receive_inner<C: Conn>(
     // Nothing is allocated before the stream is known to fit.
     cfg.limits.check(&header)?;
     Backing::parse(&header.backing).map_err(MigrateError::Setup)?;
-    if header.format != cfg.format {
+    if header.format.arg() != cfg.format {
         return Err(MigrateError::FormatMismatch {
             stream: header.format.name(),
             destination: cfg.format.name(),

@@ -5,7 +5,7 @@
 use super::{
     Dec, Enc, MigrateError, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE, SESSION_LEN,
 };
-use crate::vm_format::FormatArg;
+use crate::vm_format::WireFormat;
 use s2mmu_vm::VcpuState;
 
 /// What the destination needs to build the same guest.
@@ -31,25 +31,7 @@ pub struct Header {
     pub postcopy: bool,
     /// The stage-2 format of the source's tables: the destination builds
     /// its guest on the same one, or refuses the stream.
-    pub format: FormatArg,
-}
-
-/// The HEADER's code for a stage-2 format.
-fn format_code(f: FormatArg) -> u8 {
-    match f {
-        FormatArg::Arm64 => 0,
-        FormatArg::Ept => 1,
-    }
-}
-
-/// The stage-2 format of a HEADER code (None: a code this build does not
-/// know).
-fn format_of_code(code: u8) -> Option<FormatArg> {
-    match code {
-        0 => Some(FormatArg::Arm64),
-        1 => Some(FormatArg::Ept),
-        _ => None,
-    }
+    pub format: WireFormat,
 }
 
 /// How a connection opens: the main one with the guest's header, a
@@ -93,7 +75,7 @@ impl Header {
             .u8(name.len().min(255) as u8)
             .bytes(&name[..name.len().min(255)])
             .u8(u8::from(self.verify_full) | (u8::from(self.postcopy) << 1))
-            .u8(format_code(self.format));
+            .u8(self.format.code());
         e.0
     }
 
@@ -121,7 +103,7 @@ impl Header {
             return Err(d.malformed(format!("unknown flags {flags:#04x}")));
         }
         let code = d.u8()?;
-        let format = format_of_code(code).ok_or_else(|| {
+        let format = WireFormat::of_code(code).ok_or_else(|| {
             d.malformed(format!("unknown stage-2 format {code} (0: arm64, 1: ept)"))
         })?;
         d.finish()?;

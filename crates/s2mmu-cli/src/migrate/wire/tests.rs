@@ -1,5 +1,5 @@
 use super::*;
-use crate::vm_format::FormatArg;
+use crate::vm_format::WireFormat;
 use s2mmu_vm::VcpuState;
 
 fn header() -> Header {
@@ -12,13 +12,13 @@ fn header() -> Header {
         backing: "anonymous".into(),
         verify_full: true,
         postcopy: false,
-        format: FormatArg::Arm64,
+        format: WireFormat::Arm64,
     }
 }
 
 #[test]
 fn the_header_carries_the_stage2_format() {
-    for format in [FormatArg::Arm64, FormatArg::Ept] {
+    for format in [WireFormat::Arm64, WireFormat::Ept] {
         let h = Header { format, ..header() };
         let body = h.encode();
         assert_eq!(Header::decode(&body, 0).unwrap(), h);
