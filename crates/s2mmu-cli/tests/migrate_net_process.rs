@@ -152,7 +152,7 @@ fn psk_between_two_processes_and_a_wrong_key_is_refused() {
     let st = wait_exit(&mut dest, Duration::from_secs(60));
     let log = rest_of(derr);
     assert!(st.success(), "{log}");
-    assert!(log.contains("refused a peer"), "{log}");
+    assert!(log.contains("refused a connection"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

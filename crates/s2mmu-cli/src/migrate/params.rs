@@ -425,6 +425,8 @@ impl Params {
             prefault: !self.no_prefault,
             recovery: self.recovery().unwrap_or_default(),
             format: self.format,
+            accept_wait: None,
+            stop: Default::default(),
         }
     }
 
