@@ -127,7 +127,13 @@ impl MigrateError {
     pub fn io(what: impl Into<String>, e: &std::io::Error) -> Self {
         use std::io::ErrorKind::{InvalidData, TimedOut, WouldBlock};
         if matches!(e.kind(), WouldBlock | TimedOut) {
-            return MigrateError::Timeout { what: what.into() };
+            // A deadline of our own (a record's minimum rate, a
+            // handshake's overall deadline) says which.
+            let what = match e.get_ref() {
+                Some(why) => format!("{} ({why})", what.into()),
+                None => what.into(),
+            };
+            return MigrateError::Timeout { what };
         }
         if e.kind() == InvalidData {
             return MigrateError::StreamDamaged {

@@ -58,7 +58,10 @@ impl Refusals {
         let why = if r.authenticated {
             format!("{peer} authenticated, then: {}", r.error)
         } else {
-            format!("a connection from {peer} failed authentication: {}", r.error)
+            format!(
+                "a connection from {peer} failed authentication: {}",
+                r.error
+            )
         };
         self.note(why, refused);
         self.last_error = Some(r.error);

@@ -8,7 +8,8 @@ use super::error::MigrateError;
 use super::net::{self, BoxConn, Conn, Duplex, NetConfig};
 use super::postcopy;
 use super::wire::{
-    tag, Header, Opening, WireReader, WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE,
+    tag, Header, Opening, WireReader, WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS,
+    PAGE_SIZE,
 };
 use crate::vm_format::FormatArg;
 use s2mmu::format::arm64::Arm64Stage2;
@@ -197,22 +198,27 @@ pub fn serve(
             c.refused(why);
         }
     };
-    receive_core(main, Some((header, pos)), cfg, &mut |session, wanted, wait| {
-        // After the operator's `recover ADDR`: a post-copy recovery is
-        // accepted on a new listener at ADDR.
-        match cfg.recovery.control.as_ref().and_then(|c| c.redirect()) {
-            Some(addr) => {
-                let what = format!("listening on {addr} for the recovery");
-                let l = TcpListener::bind(&addr).map_err(|e| MigrateError::io(&what, &e))?;
-                eprintln!(
-                    "destination: accepting the recovery on {}",
-                    l.local_addr().map_or(addr.clone(), |a| a.to_string())
-                );
-                join_channels(&l, net, wait, session, wanted, &mut refused)
+    receive_core(
+        main,
+        Some((header, pos)),
+        cfg,
+        &mut |session, wanted, wait| {
+            // After the operator's `recover ADDR`: a post-copy recovery is
+            // accepted on a new listener at ADDR.
+            match cfg.recovery.control.as_ref().and_then(|c| c.redirect()) {
+                Some(addr) => {
+                    let what = format!("listening on {addr} for the recovery");
+                    let l = TcpListener::bind(&addr).map_err(|e| MigrateError::io(&what, &e))?;
+                    eprintln!(
+                        "destination: accepting the recovery on {}",
+                        l.local_addr().map_or(addr.clone(), |a| a.to_string())
+                    );
+                    join_channels(&l, net, wait, session, wanted, &mut refused)
+                }
+                None => join_channels(listener, net, wait, session, wanted, &mut refused),
             }
-            None => join_channels(listener, net, wait, session, wanted, &mut refused),
-        }
-    })
+        },
+    )
 }
 
 /// The first connection that authenticates and opens a migration

@@ -127,7 +127,13 @@ impl<T: Send + 'static> Admission<T> {
                 Ok((s, peer)) => {
                     if let Err(error) = self.admit(s, peer) {
                         let authenticated = false;
-                        break Ok(Some((peer, Err(Refused { authenticated, error }))));
+                        break Ok(Some((
+                            peer,
+                            Err(Refused {
+                                authenticated,
+                                error,
+                            }),
+                        )));
                     }
                     true
                 }
@@ -220,10 +226,12 @@ fn authenticate_and_open<T>(
             // Plain TCP: the opening is the only check there is.
             return open(conn).map_err(pre);
         }
-        Pool::lock(pool).authenticated(id).map_err(|error| Refused {
-            authenticated: true,
-            error,
-        })?;
+        Pool::lock(pool)
+            .authenticated(id)
+            .map_err(|error| Refused {
+                authenticated: true,
+                error,
+            })?;
         let r = open(conn);
         Pool::lock(pool).opening -= 1;
         r.map_err(|error| Refused {

@@ -119,10 +119,7 @@ impl Header {
         // The name reaches the destination's log in its errors: printable
         // ASCII only, so a peer cannot forge lines or drive a terminal.
         if !backing.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(d.malformed(format!(
-                "backing name {:?} is not printable ASCII",
-                backing
-            )));
+            return Err(d.malformed(format!("backing name {:?} is not printable ASCII", backing)));
         }
         let flags = d.u8()?;
         if flags > 3 {
