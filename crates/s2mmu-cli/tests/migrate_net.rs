@@ -38,10 +38,13 @@ fn small(mem: u64) -> SourceConfig {
     }
 }
 
+/// A destination that gives up waiting for an authenticated source after
+/// 3 s (then `serve` returns the last refused connection's error).
 fn dest_cfg() -> DestConfig {
     DestConfig {
         prefault: false,
         io_timeout: TIMEOUT,
+        accept_wait: Some(Duration::from_secs(3)),
         ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(20))
     }
 }

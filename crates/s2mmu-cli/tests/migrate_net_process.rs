@@ -66,14 +66,47 @@ fn a_killed_source_process_ends_the_destination_which_then_serves_the_next() {
 }
 
 #[test]
-fn a_failed_source_ends_a_single_attempt_destination_with_an_error() {
+fn garbage_before_the_opening_is_refused_and_the_destination_serves_the_real_source() {
+    // With plain TCP the opening is the only check there is: a connection
+    // that fails it is a stranger (a probe, a scan), not an attempt.
     let (mut dest, addr, derr) = spawn_listener(&SMALL);
     let mut s = TcpStream::connect(&addr).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let out = Command::new(bin())
+        .args(["migrate", "--to", &addr, "--plot", ""])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let st = wait_exit(&mut dest, Duration::from_secs(30));
-    assert!(!st.success());
     let log = rest_of(derr);
+    assert!(st.success(), "{log}");
     assert!(log.contains("not an s2mmu migration stream"), "{log}");
+    assert!(!log.contains("the migration failed"), "{log}");
+}
+
+#[test]
+fn an_authenticated_source_that_fails_ends_a_single_attempt_destination_with_an_error() {
+    let (mut dest, addr, derr) = spawn_listener(&SMALL);
+    // A valid opening for more memory than the destination accepts.
+    let out = Command::new(bin())
+        .args(["migrate", "--to", &addr, "--plot", ""])
+        .args(["--mem", "32M"])
+        .args(&SMALL[2..])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let st = wait_exit(&mut dest, Duration::from_secs(30));
+    let log = rest_of(derr);
+    assert!(!st.success(), "{log}");
+    assert!(
+        log.contains("the migration failed (1 of --attempts 1)"),
+        "{log}"
+    );
 }
 
 #[test]
@@ -152,7 +185,7 @@ fn psk_between_two_processes_and_a_wrong_key_is_refused() {
     let st = wait_exit(&mut dest, Duration::from_secs(60));
     let log = rest_of(derr);
     assert!(st.success(), "{log}");
-    assert!(log.contains("refused a peer"), "{log}");
+    assert!(log.contains("refused a connection"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

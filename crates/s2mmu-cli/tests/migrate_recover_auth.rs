@@ -186,3 +186,15 @@ fn strangers_stalling_their_handshakes_do_not_hold_the_sources_recovery_back() {
         strangers
     });
 }
+
+#[test]
+fn more_strangers_than_the_authenticated_cap_do_not_split_the_guest_in_a_recovery() {
+    let p = run_until_paused("crowd", 80 << 10, "manual", &[]);
+    recover_with(p, false, |p| {
+        // Forty idle strangers held open while the source recovers: more
+        // than the 16 authenticated connections that may read their
+        // opening at once, fewer than the strangers' own budget of 64.
+        let strangers: Vec<TcpStream> = (0..40).map(|_| dial(&p.dest_addr, &p.net())).collect();
+        strangers
+    });
+}

@@ -34,6 +34,7 @@ pub fn migrate_in_process(
         .local_addr()
         .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
     let (dcfg, dnet) = (dest.clone(), net.clone());
+    let stop = dcfg.stop.clone();
     let dest_thread = std::thread::Builder::new()
         .name("migrate-dest".into())
         .spawn(move || serve(&listener, &dcfg, &dnet))
@@ -45,8 +46,10 @@ pub fn migrate_in_process(
     });
     if src.is_err() {
         // A destination still waiting for the source's first connection
-        // (the source failed before connecting): unblock it.
-        let _ = std::net::TcpStream::connect(addr);
+        // (the source failed before connecting): stop it. (A connection
+        // would not: one that fails before authenticating never ends the
+        // wait.)
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
     }
     let dst = dest_thread.join().unwrap_or_else(|_| {
         Err(MigrateError::Setup(
@@ -253,11 +256,11 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
     );
     let mut failures = 0;
     let d = loop {
+        // Connections that fail before they authenticate never come back
+        // from `serve` (it logs them and goes on): every error here is an
+        // authenticated source's attempt.
         match serve(&listener, &cfg, &net) {
             Ok(d) => break d,
-            Err(e @ MigrateError::Auth { .. }) => {
-                eprintln!("refused a peer: {e}; nothing of it was read, still listening");
-            }
             Err(e) => {
                 failures += 1;
                 if failures >= p.attempts {
@@ -308,9 +311,12 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         }
     ));
     crate::report::emit(&r, p.json);
-    match d.verify_mismatches {
-        Some(n) if n > 0 => Err(format!(
+    match (d.verify_mismatches, &d.verify_error) {
+        (Some(n), _) if n > 0 => Err(format!(
             "VERIFICATION FAILED: {n} pages differ from the source's"
+        )),
+        (_, Some(e)) => Err(format!(
+            "VERIFICATION INCOMPLETE: the guest resumed here and ran, but the byte comparison broke: {e}"
         )),
         _ => Ok(()),
     }

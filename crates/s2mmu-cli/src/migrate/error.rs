@@ -89,6 +89,10 @@ pub enum MigrateError {
         /// side reporting does not know).
         missing_pages: Option<u64>,
     },
+    /// The TLS layer refused a record after authentication: the stream
+    /// was damaged or forged in transit (a failed integrity check, an
+    /// unexpected message). Never a failed authentication.
+    StreamDamaged { what: String, why: String },
     /// Options or the VM could not be set up.
     Setup(String),
     /// `--check`: pages whose content changed that no dirty log reported
@@ -99,32 +103,42 @@ pub enum MigrateError {
 }
 
 impl MigrateError {
-    /// The source's ABORT, its body the reason.
+    /// The source's ABORT, its body the reason (escaped: the peer's
+    /// text never reaches a terminal or a log as control characters).
     pub fn aborted(body: &[u8]) -> Self {
         MigrateError::Aborted {
-            reason: String::from_utf8_lossy(body).into_owned(),
+            reason: peer_text(body),
         }
     }
 
-    /// The destination's REJECTED, its body the reason.
+    /// The destination's REJECTED, its body the reason (escaped).
     pub fn rejected(body: &[u8]) -> Self {
         MigrateError::Rejected {
-            reason: String::from_utf8_lossy(body).into_owned(),
+            reason: peer_text(body),
         }
     }
 
     /// An I/O error while doing `what`; a socket deadline that passed is
-    /// [`MigrateError::Timeout`].
+    /// [`MigrateError::Timeout`]. After a handshake, TLS reports a damaged
+    /// or forged record as `InvalidData`: that is
+    /// [`MigrateError::StreamDamaged`], never [`MigrateError::Auth`] (only
+    /// the handshake's own errors are authentication failures, and the
+    /// handshake classifies those itself).
     pub fn io(what: impl Into<String>, e: &std::io::Error) -> Self {
         use std::io::ErrorKind::{InvalidData, TimedOut, WouldBlock};
         if matches!(e.kind(), WouldBlock | TimedOut) {
-            return MigrateError::Timeout { what: what.into() };
+            // A deadline of our own (a record's minimum rate, a
+            // handshake's overall deadline) says which.
+            let what = match e.get_ref() {
+                Some(why) => format!("{} ({why})", what.into()),
+                None => what.into(),
+            };
+            return MigrateError::Timeout { what };
         }
-        // Sockets never report InvalidData; TLS does, for a failed
-        // handshake or an alert from the peer (a refused certificate).
         if e.kind() == InvalidData {
-            return MigrateError::Auth {
-                why: format!("{}: TLS: {e}", what.into()),
+            return MigrateError::StreamDamaged {
+                what: what.into(),
+                why: e.to_string(),
             };
         }
         MigrateError::Io {
@@ -204,6 +218,10 @@ impl fmt::Display for MigrateError {
                     None => "pages missing".to_string(),
                 }
             ),
+            StreamDamaged { what, why } => write!(
+                f,
+                "{what}: the stream was damaged in transit after authentication (TLS refused a record: {why}); the connection is dropped"
+            ),
             Setup(s) => write!(f, "{s}"),
             LostWrites { pages, first_gpa } => write!(
                 f,
@@ -259,3 +277,22 @@ fn fmt_stream_damage(e: &MigrateError, f: &mut fmt::Formatter<'_>) -> fmt::Resul
 }
 
 impl std::error::Error for MigrateError {}
+
+/// Text a peer sent (an ABORT's or REJECTED's reason), made safe to print:
+/// invalid UTF-8 replaced, and every control character (escape sequences,
+/// newlines, carriage returns), every bidirectional or zero-width format
+/// character and the backslash written as a Rust escape (`\u{1b}`,
+/// `\n`, `\\`), so that it can neither forge log lines nor drive the
+/// terminal.
+pub fn peer_text(body: &[u8]) -> String {
+    let mut out = String::with_capacity(body.len());
+    for c in String::from_utf8_lossy(body).chars() {
+        let format_char = matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}');
+        if c.is_control() || c == '\\' || format_char {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

@@ -180,7 +180,7 @@ pub struct Params {
     /// In one process: plain TCP instead of TLS with an ephemeral identity (to measure what TLS costs).
     #[arg(long, conflicts_with_all = ["tls_cert", "psk", "listen", "to"])]
     pub no_tls: bool,
-    /// With --listen: authenticated sources to serve before giving up after failed ones (a peer that fails authentication is refused and not counted); the destination exits after the first migration that succeeds.
+    /// With --listen: authenticated sources to serve before giving up after failed ones (a connection that fails before it authenticates, or with plain TCP before its opening is read, is refused and not counted); the destination exits after the first migration that succeeds.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub attempts: u32,
     /// Migrate twice, with MmuPolicy::default() and MmuPolicy::baseline(), and compare the guest slowdowns.
@@ -425,6 +425,8 @@ impl Params {
             prefault: !self.no_prefault,
             recovery: self.recovery().unwrap_or_default(),
             format: self.format,
+            accept_wait: None,
+            stop: Default::default(),
         }
     }
 

@@ -11,11 +11,12 @@
 //! `verify`.
 
 use super::error::MigrateError;
-use super::net::BoxConn;
+use super::net::{BoxConn, Conn};
 use super::postcopy::Postcopy;
 use super::timeline::{intervals, Sample, Timeline};
 use super::wire::{
-    record_name, tag, Dec, Header, Record, WireReader, WireWriter, PAGE_SIZE, SESSION_LEN,
+    record_name, tag, Dec, Header, Record, WireReader, WireWriter, DEFAULT_GRACE, PAGE_SIZE,
+    SESSION_LEN,
 };
 use crate::vm_format::FormatArg;
 use s2mmu::format::arm64::Arm64Stage2;
@@ -24,7 +25,7 @@ use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{Control, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub mod config;
 pub mod outcome;
@@ -262,7 +263,7 @@ fn connect_channels<F: VmFormat>(
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;
     main.flush()?;
-    let session = match read_reply(&mut main)? {
+    let session = match read_reply(&mut main, cfg.mem_size)? {
         Record::Control {
             tag: tag::ACCEPT,
             body,
@@ -292,16 +293,45 @@ fn connect_channels<F: VmFormat>(
     Ok((session, chans, pc_conns))
 }
 
-/// Reads the destination's next reply on the main connection.
-/// PROGRESS (the destination is still preparing) is skipped: each one
-/// proves it alive within the I/O timeout.
-pub(crate) fn read_reply(w: &mut WireWriter<BoxConn>) -> Result<Record, MigrateError> {
-    let mut rd = WireReader::replies(w.get_mut());
+/// The slowest a destination may back guest memory with RAM while it
+/// answers PROGRESS before ACCEPT: past that, PROGRESS no longer proves
+/// it is preparing.
+pub(crate) const MIN_PREPARE_RATE: u64 = 32 << 20;
+
+/// Reads the destination's next reply on the main connection, each
+/// record within its deadline (the connection's I/O timeout as grace).
+/// PROGRESS (the destination is still preparing `prepare_bytes` of guest
+/// memory) is skipped: each one proves it alive within the I/O timeout,
+/// but all of them together at most the I/O timeout plus `prepare_bytes`
+/// at [`MIN_PREPARE_RATE`] (a destination answering PROGRESS for ever
+/// does not hold the source for ever).
+pub(crate) fn read_reply(
+    w: &mut WireWriter<BoxConn>,
+    prepare_bytes: u64,
+) -> Result<Record, MigrateError> {
+    let grace = w
+        .get_mut()
+        .tcp()
+        .and_then(|t| t.read_timeout().ok().flatten())
+        .unwrap_or(DEFAULT_GRACE);
+    let limit = grace + Duration::from_secs_f64(prepare_bytes as f64 / MIN_PREPARE_RATE as f64);
+    let t0 = Instant::now();
+    let mut rd = WireReader::replies(w.get_mut()).with_grace(grace);
     loop {
         match rd.next_record()? {
             Record::Control {
                 tag: tag::PROGRESS, ..
-            } => {}
+            } if t0.elapsed() <= limit => {}
+            Record::Control {
+                tag: tag::PROGRESS, ..
+            } => {
+                return Err(MigrateError::Timeout {
+                    what: format!(
+                        "waiting for the destination's reply (it answered PROGRESS for {:?}, longer than preparing {prepare_bytes} bytes may take)",
+                        t0.elapsed()
+                    ),
+                })
+            }
             other => return Ok(other),
         }
     }
@@ -383,7 +413,7 @@ fn rejected_or(e: MigrateError, main: &mut WireWriter<BoxConn>) -> MigrateError 
     if !matches!(e, MigrateError::Io { .. }) {
         return e;
     }
-    match read_reply(main) {
+    match read_reply(main, 0) {
         Ok(Record::Control {
             tag: tag::REJECTED,
             body,

@@ -68,6 +68,13 @@ pub enum SnapshotError {
     TooMany { limit: u64 },
     /// The engine refused a dirty-view call.
     Engine(String),
+    /// Restoring the guest the file describes needs more memory than this
+    /// host has available (checked, and allocated fallibly, before any).
+    NoMemory {
+        path: PathBuf,
+        bytes: u64,
+        available: u64,
+    },
 }
 
 impl fmt::Display for SnapshotError {
@@ -105,6 +112,15 @@ impl fmt::Display for SnapshotError {
                 write!(f, "more than {limit} snapshots in one run")
             }
             SnapshotError::Engine(e) => write!(f, "dirty view: {e}"),
+            SnapshotError::NoMemory {
+                path,
+                bytes,
+                available,
+            } => write!(
+                f,
+                "{}: restoring its guest needs {bytes} bytes of memory, this host has {available} available",
+                path.display()
+            ),
         }
     }
 }
@@ -382,6 +398,74 @@ fn read_header(
     })
 }
 
+/// Opens `path` for reading only if it is a regular file: a FIFO, a
+/// device or a socket named like a snapshot is refused without blocking
+/// (it is opened non-blocking, and checked on the open descriptor, so it
+/// cannot be swapped in between).
+fn open_regular(path: &Path) -> Result<File, SnapshotError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| io(path, e))?;
+    let kind = file.metadata().map_err(|e| io(path, e))?.file_type();
+    if !kind.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_dir() {
+            "a directory"
+        } else {
+            "a device"
+        };
+        return Err(SnapshotError::Io {
+            path: path.to_path_buf(),
+            error: format!("not a regular file ({what}); refusing to read it"),
+        });
+    }
+    Ok(file)
+}
+
+/// Bytes of memory this host has available (`MemAvailable`), if known.
+fn available_memory() -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// One zeroed buffer per slot, after checking their total against the
+/// memory available; each allocated fallibly.
+fn zeroed_image(path: &Path, slots: &[SlotGeom]) -> Result<Vec<Vec<u8>>, SnapshotError> {
+    let bytes = slots.iter().map(|s| s.size).sum::<u64>();
+    let no_memory = |available| SnapshotError::NoMemory {
+        path: path.to_path_buf(),
+        bytes,
+        available,
+    };
+    if let Some(available) = available_memory() {
+        if bytes > available {
+            return Err(no_memory(available));
+        }
+    }
+    let mut image = Vec::new();
+    image
+        .try_reserve_exact(slots.len())
+        .map_err(|_| no_memory(0))?;
+    for s in slots {
+        let size = usize::try_from(s.size).map_err(|_| no_memory(0))?;
+        let mut m = Vec::new();
+        m.try_reserve_exact(size)
+            .map_err(|_| no_memory(available_memory().unwrap_or(0)))?;
+        m.resize(size, 0);
+        image.push(m);
+    }
+    Ok(image)
+}
+
 /// Reads the snapshot `path` into `image` (one buffer per slot of the
 /// header's table, which the caller has checked the image matches through
 /// `check`): checks everything [`SnapshotError`] names. On an error,
@@ -395,7 +479,7 @@ pub fn read_into(
     image: &mut Vec<Vec<u8>>,
     check: impl FnOnce(&Header) -> Result<(), SnapshotError>,
 ) -> Result<Header, SnapshotError> {
-    let file = File::open(path).map_err(|e| io(path, e))?;
+    let file = open_regular(path)?;
     let len = file.metadata().map_err(|e| io(path, e))?.len();
     let mut r = BufReader::with_capacity(1 << 20, file);
     let mut hash = Xxh3::new();
@@ -409,11 +493,7 @@ pub fn read_into(
     }
     check(&header)?;
     if image.is_empty() {
-        *image = header
-            .slots
-            .iter()
-            .map(|s| vec![0u8; s.size as usize])
-            .collect();
+        *image = zeroed_image(path, &header.slots)?;
     }
     let mut rec = vec![0u8; (RECORD_HEAD_BYTES + PAGE) as usize];
     for i in 0..header.pages {

@@ -3,11 +3,11 @@
 
 use super::DestConfig;
 use crate::migrate::error::MigrateError;
-use crate::migrate::net::{self, BoxConn, Conn, NetConfig};
+use crate::migrate::net::{Admission, BoxConn, Conn, NetConfig, Opener, Refused};
 use crate::migrate::wire::{tag, Header, Opening, WireReader, WireWriter, SESSION_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::mpsc;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Accepts connections joining a session: the channel numbers wanted, in
@@ -15,51 +15,69 @@ use std::time::{Duration, Instant};
 pub(crate) type Join<'a> = dyn FnMut(&[u8; SESSION_LEN], &[u16], Duration) -> Result<Vec<WireReader<BoxConn>>, MigrateError>
     + 'a;
 
-/// Connections authenticating at once while channels join; one more is
-/// refused at once, so strangers cannot hold unbounded threads.
-pub const MAX_OPENING: usize = 16;
+/// A connection's opening, read on its own thread once it authenticated.
+pub(super) type Opened = (WireReader<BoxConn>, Opening);
 
-/// An accepted connection after its authentication and opening record,
-/// or why it was refused.
-type Opened = (SocketAddr, Result<(WireReader<BoxConn>, Opening), String>);
-
-/// Authenticates `s` and reads its opening (each step bounded by the I/O
-/// deadline), on a thread of its own.
-fn open_peer(s: TcpStream, peer: SocketAddr, net: &NetConfig) -> Opened {
-    let r = match net::server(s, net) {
-        Err(e) => Err(format!(
-            "a connection from {peer} failed authentication: {e}"
-        )),
-        Ok(conn) => WireReader::open(conn).map_err(|e| format!("{peer} authenticated, then: {e}")),
-    };
-    (peer, r)
+/// Reads an authenticated connection's opening within one record's
+/// deadline (`grace` the I/O timeout).
+pub(super) fn opener(grace: Duration) -> Arc<Opener<Opened>> {
+    Arc::new(move |conn| WireReader::replies(conn).with_grace(grace).read_opening())
 }
 
 /// The connections refused so far.
 #[derive(Default)]
-struct Refusals {
-    count: u64,
-    last: String,
+pub(super) struct Refusals {
+    pub(super) count: u64,
+    pub(super) last: String,
+    pub(super) last_error: Option<MigrateError>,
 }
 
 impl Refusals {
-    fn note(&mut self, why: String, refused: &mut dyn FnMut(&str)) {
-        eprintln!("destination: refused a connection while joining channels: {why}");
-        refused(&why);
+    /// Notes a refusal: always to `refused` (the control socket's
+    /// `last_error`), on stderr the first ten and then every
+    /// power-of-two-th, so a flood of strangers cannot flood the log.
+    pub(super) fn note(&mut self, why: String, refused: &mut dyn FnMut(&str)) {
         self.count += 1;
+        if self.count <= 10 || self.count.is_power_of_two() {
+            eprintln!(
+                "destination: refused a connection ({} so far): {why}; still listening",
+                self.count
+            );
+        }
+        refused(&why);
         self.last = why;
+    }
+
+    /// Notes a connection refused by the admission.
+    pub(super) fn note_refused(
+        &mut self,
+        peer: SocketAddr,
+        r: Refused,
+        refused: &mut dyn FnMut(&str),
+    ) {
+        let why = if r.authenticated {
+            format!("{peer} authenticated, then: {}", r.error)
+        } else {
+            format!(
+                "a connection from {peer} failed authentication: {}",
+                r.error
+            )
+        };
+        self.note(why, refused);
+        self.last_error = Some(r.error);
     }
 }
 
 /// Which of `wanted` an opened connection fills (not filled yet, of
 /// `session`), or why it is refused.
 fn place(
-    (peer, opened): Opened,
+    peer: SocketAddr,
+    opened: Opened,
     session: &[u8; SESSION_LEN],
     wanted: &[u16],
     got: &[Option<WireReader<BoxConn>>],
 ) -> Result<(usize, WireReader<BoxConn>), String> {
-    match opened? {
+    match opened {
         (
             rd,
             Opening::Join {
@@ -83,8 +101,9 @@ fn place(
 /// Accepts the source's connections that join `session` with the channel
 /// numbers `wanted` (its further channels; post-copy's recovery): each
 /// must authenticate and join with a wanted number not seen yet. Each
-/// authenticates on a thread of its own (at most [`MAX_OPENING`] at
-/// once), so a peer that stalls cannot hold the source's back. Others are
+/// authenticates on a thread of its own ([`Admission`]: strangers have a
+/// budget of their own, the oldest evicted first), so a peer that stalls
+/// cannot hold the source's back. Others are
 /// refused (dropped, each named to `refused`: a failed authentication,
 /// another session's id, garbage, a stall past the I/O deadline) and the
 /// wait goes on; it ends after `wait`. Returns them in `wanted`'s order.
@@ -103,62 +122,32 @@ pub(super) fn join_channels(
 ) -> Result<Vec<WireReader<BoxConn>>, MigrateError> {
     let mut got: Vec<Option<WireReader<BoxConn>>> = wanted.iter().map(|_| None).collect();
     let deadline = Instant::now() + wait;
-    let (tx, rx) = mpsc::channel::<Opened>();
-    let (mut opening, mut no) = (0usize, Refusals::default());
-    let io = |e: &std::io::Error| MigrateError::io("accepting the source's channels", e);
-    listener.set_nonblocking(true).map_err(|e| io(&e))?;
-    let r = loop {
+    let mut admission = Admission::new(net, opener(net.io_timeout));
+    let mut no = Refusals::default();
+    loop {
         if got.iter().all(Option::is_some) {
-            break Ok(());
+            return Ok(got.into_iter().flatten().collect());
         }
-        match listener.accept() {
-            Ok((s, peer)) if opening < MAX_OPENING && s.set_nonblocking(false).is_ok() => {
-                let (tx, net) = (tx.clone(), net.clone());
-                let t = std::thread::Builder::new()
-                    .name("join-channel".into())
-                    .spawn(move || drop(tx.send(open_peer(s, peer, &net))));
-                match t {
-                    Ok(_) => opening += 1,
-                    Err(e) => no.note(
-                        format!("{peer}: no thread to authenticate it: {e}"),
-                        refused,
-                    ),
-                }
-                continue;
-            }
-            Ok((_, peer)) if opening >= MAX_OPENING => no.note(
-                format!("{peer}: {MAX_OPENING} connections authenticating already"),
-                refused,
-            ),
-            Ok((_, peer)) => no.note(format!("{peer}: its socket cannot block"), refused),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => break Err(io(&e)),
-        }
-        match rx.recv_timeout(Duration::from_millis(1)) {
-            Ok(opened) => {
-                opening -= 1;
-                match place(opened, session, wanted, &got) {
-                    Ok((k, rd)) => got[k] = Some(rd),
-                    Err(why) => no.note(why, refused),
-                }
-            }
-            Err(_) if Instant::now() < deadline => {}
-            Err(_) if no.count == 0 => {
-                break Err(MigrateError::Timeout {
+        match admission.next(listener, Some(deadline))? {
+            Some((peer, Ok(opened))) => match place(peer, opened, session, wanted, &got) {
+                Ok((k, rd)) => got[k] = Some(rd),
+                Err(why) => no.note(why, refused),
+            },
+            Some((peer, Err(r))) => no.note_refused(peer, r, refused),
+            None if no.count == 0 => {
+                return Err(MigrateError::Timeout {
                     what: "waiting for the source's further channels".into(),
                 })
             }
-            Err(_) => {
-                break Err(MigrateError::JoinRefused {
+            None => {
+                return Err(MigrateError::JoinRefused {
                     wait,
                     refused: no.count,
-                    last: std::mem::take(&mut no.last),
+                    last: no.last,
                 })
             }
         }
-    };
-    let _ = listener.set_nonblocking(false);
-    r.map(|()| got.into_iter().flatten().collect())
+    }
 }
 
 /// Accepts the stream (ACCEPT with a fresh session id) and waits for the

@@ -5,10 +5,11 @@
 //! complete, valid stream.
 
 use super::error::MigrateError;
-use super::net::{self, Conn, Duplex, NetConfig};
+use super::net::{self, BoxConn, Conn, Duplex, NetConfig};
 use super::postcopy;
 use super::wire::{
-    tag, Header, WireReader, WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE,
+    tag, Header, Opening, WireReader, WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS,
+    PAGE_SIZE,
 };
 use crate::vm_format::FormatArg;
 use s2mmu::format::arm64::Arm64Stage2;
@@ -18,7 +19,7 @@ use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,7 @@ mod resume;
 pub(crate) use checks::check_end;
 use checks::{check_complete, check_state, snapshot_for};
 pub(crate) use join::Join;
-use join::{accept_and_join, join_channels};
+use join::{accept_and_join, join_channels, opener, Refusals};
 use receive::{populate, receive_channels, RawMem, Shared};
 use resume::resume_after_end;
 pub(crate) use resume::{run_resumed, start_workload, workload_config};
@@ -108,6 +109,13 @@ pub struct DestConfig {
     /// The stage-2 format its guest runs on: a stream from a source on
     /// another one is refused ([`MigrateError::FormatMismatch`]).
     pub format: FormatArg,
+    /// How long [`serve`] waits for a source that authenticates (None:
+    /// for ever). Connections that fail before they authenticate never
+    /// end the wait.
+    pub accept_wait: Option<Duration>,
+    /// Set: [`serve`] stops waiting for a source (the in-process
+    /// migration's source failed before it connected).
+    pub stop: Arc<AtomicBool>,
 }
 
 impl DestConfig {
@@ -122,6 +130,8 @@ impl DestConfig {
             prefault: true,
             recovery: crate::migrate::postcopy::control::Recovery::default(),
             format: FormatArg::Arm64,
+            accept_wait: None,
+            stop: Arc::default(),
         }
     }
 }
@@ -148,6 +158,9 @@ pub struct DestOutcome {
     pub slot_digests: Vec<(u16, u64)>,
     /// With verify-full: pages that differ byte for byte from the source's.
     pub verify_mismatches: Option<u64>,
+    /// With verify-full: why the byte comparison broke after the guest had
+    /// resumed (the guest then ran on here, unverified; never dropped).
+    pub verify_error: Option<String>,
     /// Guest writes per second after the resume.
     pub resumed_write_rate: f64,
     /// Passes each vCPU had reached when the destination stopped it.
@@ -157,44 +170,94 @@ pub struct DestOutcome {
 }
 
 /// Accepts one source on `listener`, authenticates it as `net` says,
-/// joins its further channels and receives the migration.
+/// joins its further channels and receives the migration. Connections
+/// are authenticated concurrently ([`net::Admission`]); one that fails
+/// before it authenticates (a scan, a probe, a reset, a stall, a wrong
+/// key or certificate) is logged and the wait goes on: only an
+/// authenticated source's failure ends it.
 ///
 /// # Errors
-/// [`MigrateError::Auth`] when the peer failed authentication (nothing of
-/// the stream was read, no guest memory exists yet); otherwise as
-/// [`receive_from`].
+/// After `cfg.accept_wait` with no source: the last refused connection's
+/// error ([`MigrateError::Auth`] for a failed authentication,
+/// [`MigrateError::Timeout`] for a stall), or [`MigrateError::Timeout`]
+/// when none came; otherwise as [`receive_from`].
 pub fn serve(
     listener: &TcpListener,
     cfg: &DestConfig,
     net: &NetConfig,
 ) -> Result<DestOutcome, MigrateError> {
-    let (s, peer) = net::accept_until(listener, None)?;
+    let (peer, rd, header) = admit_source(listener, cfg, net)?;
     if cfg.progress {
         eprintln!("source connected from {peer}");
     }
-    let main = net::server(s, net)?;
+    let pos = rd.pos;
+    let main = rd.into_inner();
     let ctl = cfg.recovery.control.clone();
     let mut refused = |why: &str| {
         if let Some(c) = &ctl {
             c.refused(why);
         }
     };
-    receive_core(main, cfg, &mut |session, wanted, wait| {
-        // After the operator's `recover ADDR`: a post-copy recovery is
-        // accepted on a new listener at ADDR.
-        match cfg.recovery.control.as_ref().and_then(|c| c.redirect()) {
-            Some(addr) => {
-                let what = format!("listening on {addr} for the recovery");
-                let l = TcpListener::bind(&addr).map_err(|e| MigrateError::io(&what, &e))?;
-                eprintln!(
-                    "destination: accepting the recovery on {}",
-                    l.local_addr().map_or(addr.clone(), |a| a.to_string())
-                );
-                join_channels(&l, net, wait, session, wanted, &mut refused)
+    receive_core(
+        main,
+        Some((header, pos)),
+        cfg,
+        &mut |session, wanted, wait| {
+            // After the operator's `recover ADDR`: a post-copy recovery is
+            // accepted on a new listener at ADDR.
+            match cfg.recovery.control.as_ref().and_then(|c| c.redirect()) {
+                Some(addr) => {
+                    let what = format!("listening on {addr} for the recovery");
+                    let l = TcpListener::bind(&addr).map_err(|e| MigrateError::io(&what, &e))?;
+                    eprintln!(
+                        "destination: accepting the recovery on {}",
+                        l.local_addr().map_or(addr.clone(), |a| a.to_string())
+                    );
+                    join_channels(&l, net, wait, session, wanted, &mut refused)
+                }
+                None => join_channels(listener, net, wait, session, wanted, &mut refused),
             }
-            None => join_channels(listener, net, wait, session, wanted, &mut refused),
+        },
+    )
+}
+
+/// The first connection that authenticates and opens a migration
+/// (HEADER); every other is refused and logged.
+fn admit_source(
+    listener: &TcpListener,
+    cfg: &DestConfig,
+    net: &NetConfig,
+) -> Result<(std::net::SocketAddr, WireReader<BoxConn>, Header), MigrateError> {
+    let deadline = cfg.accept_wait.map(|w| Instant::now() + w);
+    let mut admission = net::Admission::new(net, opener(net.io_timeout));
+    let mut no = Refusals::default();
+    let quiet = &mut |_: &str| {};
+    loop {
+        // A short wait at a time, to see `stop`.
+        let soon = Instant::now() + Duration::from_millis(100);
+        let until = deadline.map_or(soon, |d| d.min(soon));
+        if cfg.stop.load(Ordering::SeqCst) {
+            return Err(MigrateError::Setup(
+                "stopped before a source connected".into(),
+            ));
         }
-    })
+        match admission.next(listener, Some(until))? {
+            None if deadline.is_none_or(|d| Instant::now() < d) => {}
+            Some((peer, Ok((rd, Opening::Main(header))))) => return Ok((peer, rd, header)),
+            Some((peer, Ok((_, Opening::Join { .. })))) => no.note(
+                format!("{peer} joined a channel before any migration started"),
+                quiet,
+            ),
+            // An authenticated source whose opening failed: an attempt.
+            Some((_, Err(r))) if r.authenticated => return Err(r.error),
+            Some((peer, Err(r))) => no.note_refused(peer, r, quiet),
+            None => {
+                return Err(no.last_error.unwrap_or(MigrateError::Timeout {
+                    what: "waiting for a source".into(),
+                }))
+            }
+        }
+    }
 }
 
 /// Receives one migration from `input`, replying on `reply`: one channel,
@@ -216,6 +279,7 @@ pub fn receive_from<R: Read + Send, W: Write + Send>(
             input,
             output: reply,
         },
+        None,
         cfg,
         &mut |_, wanted, _| {
             Err(MigrateError::OverLimit {
@@ -243,12 +307,15 @@ pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, Migra
     )
 }
 
+/// Receives on `main`; `opened`: its HEADER and the bytes of its opening
+/// when they were read already (by the admission).
 fn receive_core<C: Conn>(
     mut main: C,
+    opened: Option<(Header, u64)>,
     cfg: &DestConfig,
     join: &mut Join<'_>,
 ) -> Result<DestOutcome, MigrateError> {
-    let result = receive_inner(&mut main, cfg, join);
+    let result = receive_inner(&mut main, opened, cfg, join);
     if let Err(e) = &result {
         if !matches!(e, MigrateError::Aborted { .. }) {
             let mut r = WireWriter::replies(&mut main);
@@ -261,10 +328,15 @@ fn receive_core<C: Conn>(
 
 fn receive_inner<C: Conn>(
     main: &mut C,
+    opened: Option<(Header, u64)>,
     cfg: &DestConfig,
     join: &mut Join<'_>,
 ) -> Result<DestOutcome, MigrateError> {
-    let (rd, header) = WireReader::new(main)?;
+    let (rd, header) = match opened {
+        Some((header, pos)) => (WireReader::continued(main, pos), header),
+        None => WireReader::new(main)?,
+    };
+    let rd = rd.with_grace(cfg.io_timeout);
     // Nothing is allocated before the stream is known to fit.
     cfg.limits.check(&header)?;
     Backing::parse(&header.backing).map_err(MigrateError::Setup)?;

@@ -24,13 +24,15 @@ use super::error::MigrateError;
 use ring::hmac;
 use rustls::{ClientConfig, ClientConnection, ServerConfig, ServerConnection, StreamOwned};
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod admit;
 mod psk;
 mod tls;
 
+pub use admit::{Admission, Admitted, Opener, Refused, MAX_OPENING, MAX_PREAUTH};
 pub use psk::{psk, psk_from_file};
 use psk::{psk_client, psk_server};
 pub use tls::{ephemeral_tls, make_pki, tls_from_files, Pki};
@@ -61,28 +63,59 @@ impl Conn for TcpStream {
 
 /// A socket read in large chunks: rustls asks for 4 KiB at a time, which
 /// would be a system call per 4 KiB of a bulk stream. Writes go straight
-/// through.
+/// through. While a handshake runs, every read and write is bounded by
+/// the handshake's overall deadline (not only each by the I/O timeout),
+/// so a peer that drips its handshake a byte at a time is cut off.
 pub struct SockBuf {
     sock: TcpStream,
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    deadline: Option<Instant>,
 }
 
 impl SockBuf {
-    fn new(sock: TcpStream) -> Self {
+    fn new(sock: TcpStream, deadline: Option<Instant>) -> Self {
         SockBuf {
             sock,
             buf: vec![0u8; 256 << 10].into_boxed_slice(),
             start: 0,
             end: 0,
+            deadline,
         }
+    }
+
+    /// Before a read or write: the time left until the deadline becomes
+    /// the socket's timeout; none left is `TimedOut`.
+    fn arm(&self) -> std::io::Result<()> {
+        let Some(d) = self.deadline else {
+            return Ok(());
+        };
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the handshake's overall deadline passed",
+            ));
+        }
+        self.sock.set_read_timeout(Some(left))?;
+        self.sock.set_write_timeout(Some(left))
+    }
+
+    /// Ends the handshake's deadline: the I/O timeout bounds each read and
+    /// write again.
+    fn end_handshake(&mut self, io_timeout: Duration) -> Result<(), MigrateError> {
+        self.deadline = None;
+        let io = |e: std::io::Error| MigrateError::io("configuring the connection", &e);
+        self.sock.set_read_timeout(Some(io_timeout)).map_err(io)?;
+        self.sock.set_write_timeout(Some(io_timeout)).map_err(io)
     }
 }
 
 impl Read for SockBuf {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
         if self.start == self.end {
+            self.arm()?;
             if out.len() >= self.buf.len() {
                 return self.sock.read(out);
             }
@@ -99,9 +132,11 @@ impl Read for SockBuf {
 
 impl Write for SockBuf {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.arm()?;
         self.sock.write(b)
     }
     fn write_vectored(&mut self, b: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        self.arm()?;
         self.sock.write_vectored(b)
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -251,74 +286,58 @@ pub fn connect_tcp(addr: &str, net: &NetConfig) -> Result<TcpStream, MigrateErro
 }
 
 /// The source's side of a new connection: TLS and the key exchange as
-/// configured.
+/// configured, all of it within one I/O timeout (an overall deadline, so
+/// a destination that drips its handshake is cut off).
 ///
 /// # Errors
 /// [`MigrateError::Auth`] when the destination fails authentication,
 /// [`MigrateError::Io`], [`MigrateError::Timeout`].
 pub fn client(s: TcpStream, net: &NetConfig) -> Result<BoxConn, MigrateError> {
+    let deadline = Some(Instant::now() + net.io_timeout);
     match &net.security {
         Security::Plain => Ok(Box::new(s)),
         Security::Tls {
             client,
             server_name,
             ..
-        } => Ok(Box::new(tls_client(s, client, server_name)?)),
+        } => {
+            let mut c = tls_client(s, client, server_name, deadline)?;
+            c.sock.end_handshake(net.io_timeout)?;
+            Ok(Box::new(c))
+        }
         Security::Psk { client, key, .. } => {
-            let mut c = tls_client(s, client, "s2mmu-psk")?;
+            let mut c = tls_client(s, client, "s2mmu-psk", deadline)?;
             psk_client(&mut c, key)?;
+            c.sock.end_handshake(net.io_timeout)?;
             Ok(Box::new(c))
         }
     }
 }
 
-/// The destination's side of an accepted connection.
+/// The destination's side of an accepted connection: TLS and the key
+/// exchange within one I/O timeout from now (an overall deadline: a peer
+/// that sends its ClientHello a byte at a time is cut off).
 ///
 /// # Errors
 /// [`MigrateError::Auth`] when the source fails authentication (nothing
 /// of the stream was read), [`MigrateError::Io`], [`MigrateError::Timeout`].
 pub fn server(s: TcpStream, net: &NetConfig) -> Result<BoxConn, MigrateError> {
     configure(&s, net.io_timeout)?;
+    let deadline = Some(Instant::now() + net.io_timeout);
     match &net.security {
         Security::Plain => Ok(Box::new(s)),
-        Security::Tls { server, .. } => Ok(Box::new(tls_server(s, server)?)),
+        Security::Tls { server, .. } => {
+            let mut c = tls_server(s, server, deadline)?;
+            c.sock.end_handshake(net.io_timeout)?;
+            Ok(Box::new(c))
+        }
         Security::Psk { server, key, .. } => {
-            let mut c = tls_server(s, server)?;
+            let mut c = tls_server(s, server, deadline)?;
             psk_server(&mut c, key)?;
+            c.sock.end_handshake(net.io_timeout)?;
             Ok(Box::new(c))
         }
     }
-}
-
-/// Accepts a connection within `deadline` (None: wait for ever).
-///
-/// # Errors
-/// [`MigrateError::Timeout`] once the deadline passed, [`MigrateError::Io`].
-pub fn accept_until(
-    l: &TcpListener,
-    deadline: Option<Instant>,
-) -> Result<(TcpStream, std::net::SocketAddr), MigrateError> {
-    let Some(deadline) = deadline else {
-        return l
-            .accept()
-            .map_err(|e| MigrateError::io("accepting a source", &e));
-    };
-    l.set_nonblocking(true)
-        .map_err(|e| MigrateError::io("accepting a channel", &e))?;
-    let r = loop {
-        match l.accept() {
-            Ok((s, a)) => break s.set_nonblocking(false).map(|_| (s, a)),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    break Err(e);
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(e) => break Err(e),
-        }
-    };
-    let _ = l.set_nonblocking(false);
-    r.map_err(|e| MigrateError::io("waiting for the source's further channels", &e))
 }
 
 /// Shuts a connection's socket down (to end a thread blocked on it).

@@ -16,6 +16,7 @@ use rustls::{
 use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// ring's provider with AES-128-GCM first: the cheapest suite per byte
 /// on CPUs with AES instructions, which is what a bulk stream wants.
@@ -44,8 +45,9 @@ pub(super) fn tls_client(
     s: TcpStream,
     cfg: &Arc<ClientConfig>,
     name: &str,
+    deadline: Option<Instant>,
 ) -> Result<StreamOwned<ClientConnection, SockBuf>, MigrateError> {
-    let mut s = SockBuf::new(s);
+    let mut s = SockBuf::new(s, deadline);
     let name = ServerName::try_from(name.to_string())
         .map_err(|e| setup(&format!("TLS server name '{name}'"), e))?;
     let mut c = ClientConnection::new(cfg.clone(), name).map_err(|e| setup("TLS client", e))?;
@@ -58,8 +60,9 @@ pub(super) fn tls_client(
 pub(super) fn tls_server(
     s: TcpStream,
     cfg: &Arc<ServerConfig>,
+    deadline: Option<Instant>,
 ) -> Result<StreamOwned<ServerConnection, SockBuf>, MigrateError> {
-    let mut s = SockBuf::new(s);
+    let mut s = SockBuf::new(s, deadline);
     let mut c = ServerConnection::new(cfg.clone()).map_err(|e| setup("TLS server", e))?;
     while c.is_handshaking() {
         c.complete_io(&mut s).map_err(handshake_error)?;

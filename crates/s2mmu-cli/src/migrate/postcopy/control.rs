@@ -7,7 +7,9 @@
 //!
 //! The control socket is a Unix socket (mode 0600, created fresh) that
 //! speaks one line per connection, each way (at most [`MAX_LINE`] bytes,
-//! a deadline of [`CONTROL_IO_TIMEOUT`] on every read and write):
+//! each line within [`CONTROL_IO_TIMEOUT`] as a whole; clients served
+//! concurrently, at most [`MAX_CLIENTS`]). Both sides check the socket's
+//! directory and the peer's credentials (`control_guard`):
 //! - `status`: one JSON line: `side`, `phase` (`migrating`, `postcopy`,
 //!   `paused`, `recovering`, `done`, `failed`), `pages_missing` (the
 //!   destination: the pages it still lacks; the source: the pages the
@@ -30,11 +32,12 @@
 //! `s2mmu migrate-ctl` is the client ([`request`]).
 
 use super::super::error::MigrateError;
-use std::io::{BufRead, BufReader, Read, Write};
+use super::control_guard::{check_dir, check_peer, read_line_within};
+use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -46,6 +49,8 @@ pub const MAX_LINE: usize = 512;
 pub const MAX_ADDR: usize = 255;
 /// The deadline of every read and write on the control socket.
 pub const CONTROL_IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Clients served at once; one more is closed at once.
+pub const MAX_CLIENTS: usize = 16;
 /// The most `--recover-wait` takes: a day.
 pub const MAX_RECOVER_WAIT: Duration = Duration::from_secs(86_400);
 
@@ -124,8 +129,8 @@ struct State {
     redirect: Option<String>,
 }
 
-/// A control socket and the state it reports; its thread serves one
-/// connection at a time until this is dropped.
+/// A control socket and the state it reports; its thread serves it
+/// (each client on a thread of its own) until this is dropped.
 #[derive(Debug)]
 pub struct Control {
     side: &'static str,
@@ -147,6 +152,7 @@ impl Control {
     pub fn start(path: &Path, side: &'static str) -> Result<Arc<Self>, MigrateError> {
         let setup =
             |why: String| MigrateError::Setup(format!("--control {}: {why}", path.display()));
+        check_dir(path).map_err(setup)?;
         if let Ok(m) = std::fs::symlink_metadata(path) {
             if !m.file_type().is_socket() {
                 return Err(setup(
@@ -181,7 +187,7 @@ impl Control {
         let served = ctl.clone();
         let t = std::thread::Builder::new()
             .name("migrate-control".into())
-            .spawn(move || served.serve(&listener))
+            .spawn(move || Control::serve(&served, &listener))
             .map_err(|e| setup(format!("starting its thread: {e}")))?;
         *ctl.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
         Ok(ctl)
@@ -325,20 +331,37 @@ impl Control {
         said
     }
 
-    fn serve(&self, listener: &UnixListener) {
+    /// Serves each client on a thread of its own (at most
+    /// [`MAX_CLIENTS`] at once; one more is closed at once), so an idle or
+    /// slow client delays no other; each has [`CONTROL_IO_TIMEOUT`] for
+    /// its whole line.
+    fn serve(ctl: &Arc<Self>, listener: &UnixListener) {
+        let clients = Arc::new(AtomicUsize::new(0));
         for conn in listener.incoming() {
-            if self.stop.load(Ordering::SeqCst) {
+            if ctl.stop.load(Ordering::SeqCst) {
                 return;
             }
-            if let Ok(c) = conn {
-                // A client that misbehaves only loses its own answer.
-                let _ = self.serve_one(c);
+            let Ok(c) = conn else { continue };
+            // Another user's process is closed before anything is read.
+            if check_peer(&c).is_err() || clients.load(Ordering::SeqCst) >= MAX_CLIENTS {
+                continue;
+            }
+            clients.fetch_add(1, Ordering::SeqCst);
+            let (ctl, n) = (ctl.clone(), clients.clone());
+            let spawned = std::thread::Builder::new()
+                .name("migrate-control-client".into())
+                .spawn(move || {
+                    // A client that misbehaves only loses its own answer.
+                    let _ = ctl.serve_one(c);
+                    n.fetch_sub(1, Ordering::SeqCst);
+                });
+            if spawned.is_err() {
+                clients.fetch_sub(1, Ordering::SeqCst);
             }
         }
     }
 
     fn serve_one(&self, c: UnixStream) -> std::io::Result<()> {
-        c.set_read_timeout(Some(CONTROL_IO_TIMEOUT))?;
         c.set_write_timeout(Some(CONTROL_IO_TIMEOUT))?;
         let mut w = c.try_clone()?;
         let answer = match read_line(&c) {
@@ -361,21 +384,10 @@ impl Drop for ControlSocket {
     }
 }
 
-/// One line of at most [`MAX_LINE`] bytes (newline included), UTF-8.
-fn read_line(c: impl Read) -> Result<String, String> {
-    let mut buf = Vec::new();
-    BufReader::new(c.take(MAX_LINE as u64 + 1))
-        .read_until(b'\n', &mut buf)
-        .map_err(|e| format!("reading the command: {e}"))?;
-    if buf.last() != Some(&b'\n') {
-        return Err(if buf.len() > MAX_LINE {
-            format!("a line of more than {MAX_LINE} bytes")
-        } else {
-            "the line did not end with a newline".into()
-        });
-    }
-    buf.pop();
-    String::from_utf8(buf).map_err(|_| "the line is not UTF-8".into())
+/// One line of at most [`MAX_LINE`] bytes (newline included), UTF-8, the
+/// whole of it within [`CONTROL_IO_TIMEOUT`].
+fn read_line(c: &UnixStream) -> Result<String, String> {
+    read_line_within(c, MAX_LINE, CONTROL_IO_TIMEOUT)
 }
 
 /// Sends `line` to the control socket at `path` and returns its answer.
@@ -388,6 +400,8 @@ pub fn request(path: &Path, line: &str) -> Result<String, String> {
     if line.len() + 1 > MAX_LINE {
         return Err(at(format!("a command of more than {MAX_LINE} bytes")));
     }
+    // Nobody else could have put an impostor there.
+    check_dir(path).map_err(at)?;
     let mut c = UnixStream::connect(path).map_err(|e| {
         at(if e.kind() == std::io::ErrorKind::NotFound {
             "no such socket (is the migration running with --control?)".into()
@@ -395,12 +409,12 @@ pub fn request(path: &Path, line: &str) -> Result<String, String> {
             e.to_string()
         })
     })?;
-    c.set_read_timeout(Some(CONTROL_IO_TIMEOUT))
-        .and_then(|()| c.set_write_timeout(Some(CONTROL_IO_TIMEOUT)))
+    check_peer(&c).map_err(at)?;
+    c.set_write_timeout(Some(CONTROL_IO_TIMEOUT))
         .map_err(|e| at(e.to_string()))?;
     c.write_all(format!("{line}\n").as_bytes())
         .map_err(|e| at(format!("sending: {e}")))?;
-    read_line(&c).map_err(at)
+    read_line(&c).map_err(|e| at(format!("the answer: {e}")))
 }
 
 /// After a post-copy connection broke and no automatic reconnect is left:

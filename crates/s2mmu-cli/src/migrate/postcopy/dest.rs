@@ -147,6 +147,7 @@ pub fn resume<R: Read + Write + Send, F: VmFormat>(
         resumed_at: Some(resumed_at),
         slot_digests: digests,
         verify_mismatches: None,
+        verify_error: None,
         resumed_write_rate,
         resumed_passes: vcpus.iter().map(|s| s.pass).collect(),
         postcopy: Some(figures),

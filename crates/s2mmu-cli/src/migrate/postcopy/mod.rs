@@ -34,6 +34,7 @@
 //! operator on its control socket ([`control`]) to `recover` or `cancel`.
 
 pub mod control;
+mod control_guard;
 pub mod dest;
 pub mod fetch;
 pub mod report;

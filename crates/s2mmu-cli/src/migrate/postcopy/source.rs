@@ -74,7 +74,7 @@ pub fn switch<F: VmFormat>(
     main.control(tag::STATE, &sw.state.encode())?;
     main.control(tag::POSTCOPY, &encode_missing(&sw.missing))?;
     main.flush()?;
-    match read_reply(main)? {
+    match read_reply(main, 0)? {
         Record::Control {
             tag: tag::POSTCOPY_RESUMED,
             ..
@@ -203,7 +203,7 @@ fn reconnect(
     let mut main = WireWriter::join(connect(0)?, session, 0)?;
     let req = WireWriter::join(connect(channels)?, session, channels)?;
     let answers = WireWriter::join(connect(channels + 1)?, session, channels + 1)?;
-    match read_reply(&mut main)? {
+    match read_reply(&mut main, 0)? {
         Record::Control {
             tag: tag::MISSING,
             body,
@@ -236,7 +236,7 @@ pub fn finish<F: VmFormat>(
         let sent = &sent;
         let server = sc.spawn(move || serve_requests(vm, &mut req, &mut answers, sent));
         let bg = background(vm, main, &sw.missing, sent, sw.bucket);
-        let fin = bg.and_then(|(pages, bytes, end)| match read_reply(main)? {
+        let fin = bg.and_then(|(pages, bytes, end)| match read_reply(main, 0)? {
             Record::Control {
                 tag: tag::FINAL,
                 body,

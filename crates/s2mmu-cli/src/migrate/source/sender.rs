@@ -205,7 +205,7 @@ impl<'a, F: VmFormat> Sender<'a, F> {
         for r in results {
             r?;
         }
-        match read_reply(&mut self.chans[0].wire)? {
+        match read_reply(&mut self.chans[0].wire, 0)? {
             Record::Control {
                 tag: tag::PROBED,
                 body,

@@ -35,7 +35,7 @@ pub(super) fn run<F: VmFormat>(
         x.wl.resume();
         return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
     }
-    let digests = match read_reply(&mut x.s.chans[0].wire) {
+    let digests = match read_reply(&mut x.s.chans[0].wire, 0) {
         Ok(Record::Control {
             tag: tag::RESUMED,
             body,

@@ -55,7 +55,7 @@ pub(super) fn verify_full<F: VmFormat>(
     *s.bucket.lock().unwrap_or_else(|p| p.into_inner()) = TokenBucket::new(0);
     s.send_all_main()?;
     s.chans[0].wire.end()?;
-    match read_reply(&mut s.chans[0].wire)? {
+    match read_reply(&mut s.chans[0].wire, 0)? {
         Record::Control {
             tag: tag::VERIFIED,
             body,

@@ -98,6 +98,11 @@ impl Header {
         let n = d.u8()? as usize;
         let backing = String::from_utf8(d.bytes(n)?.to_vec())
             .map_err(|_| d.malformed("backing name is not UTF-8".into()))?;
+        // The name reaches the destination's log in its errors: printable
+        // ASCII only, so a peer cannot forge lines or drive a terminal.
+        if !backing.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(d.malformed(format!("backing name {:?} is not printable ASCII", backing)));
+        }
         let flags = d.u8()?;
         if flags > 3 {
             return Err(d.malformed(format!("unknown flags {flags:#04x}")));

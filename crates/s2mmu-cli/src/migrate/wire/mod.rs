@@ -177,7 +177,7 @@ mod writer;
 
 pub use codec::{Dec, Enc};
 pub use header::{GuestState, Header, Opening};
-pub use reader::{record_name, Entry, Record, WireReader};
+pub use reader::{record_name, Entry, Record, WireReader, DEFAULT_GRACE, MIN_RATE};
 pub use writer::{Batch, WireWriter};
 
 #[cfg(test)]

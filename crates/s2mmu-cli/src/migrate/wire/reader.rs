@@ -6,6 +6,66 @@ use super::{
     PAGE_SIZE, SESSION_LEN, VERSION,
 };
 use std::io::Read;
+use std::time::{Duration, Instant};
+
+/// The slowest a peer may send a record once its first byte came: below
+/// it the record's deadline passes. A real peer sends hundreds of MiB/s;
+/// one that drips bytes to hold the other side is cut off.
+pub const MIN_RATE: u64 = 256 << 10;
+
+/// The grace of a reader not told its peer's I/O timeout.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+/// A record's overall deadline: once its first byte came, the time spent
+/// waiting for the rest may not exceed `grace` plus the bytes received at
+/// [`MIN_RATE`] (a minimum rate, not a deadline per read). The wait for a
+/// record's first byte is the socket's own I/O timeout (an idle peer).
+#[derive(Clone, Copy, Debug)]
+struct Pace {
+    grace: Duration,
+    waited: Duration,
+    bytes: u64,
+    started: bool,
+}
+
+impl Pace {
+    fn new(grace: Duration) -> Self {
+        Pace {
+            grace,
+            waited: Duration::ZERO,
+            bytes: 0,
+            started: false,
+        }
+    }
+
+    /// One read of the record, timed.
+    fn read<R: Read>(
+        &mut self,
+        r: &mut R,
+        f: impl FnOnce(&mut R) -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        let t = Instant::now();
+        let n = f(r)?;
+        if self.started {
+            self.waited += t.elapsed();
+        }
+        self.started |= n > 0;
+        self.bytes += n as u64;
+        let allowed = self.grace + Duration::from_secs_f64(self.bytes as f64 / MIN_RATE as f64);
+        if self.waited > allowed {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the peer sent {} bytes of a record in {:?}, slower than {} KiB/s",
+                    self.bytes,
+                    self.waited,
+                    MIN_RATE >> 10
+                ),
+            ));
+        }
+        Ok(n)
+    }
+}
 
 /// One page of a PAGES record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +107,7 @@ pub struct WireReader<R: Read> {
     entries: Vec<Entry>,
     raw: Vec<u8>,
     scratch: Vec<u8>,
+    pace: Pace,
 }
 
 impl<R: Read> WireReader<R> {
@@ -60,7 +121,29 @@ impl<R: Read> WireReader<R> {
             entries: Vec::with_capacity(MAX_BATCH),
             raw: vec![0u8; 16 * MAX_BATCH + 8],
             scratch: Vec::new(),
+            pace: Pace::new(DEFAULT_GRACE),
         }
+    }
+
+    /// A reader that goes on where another stopped: `pos` bytes of the
+    /// stream were read already (the opening, by the admission).
+    pub fn continued(r: R, pos: u64) -> Self {
+        let mut s = Self::replies(r);
+        s.pos = pos;
+        s
+    }
+
+    /// The underlying reader, once nothing more is read through this one
+    /// (it buffers nothing: every byte it read was consumed).
+    pub fn into_inner(self) -> R {
+        self.r
+    }
+
+    /// The grace of each record's deadline (see [`MIN_RATE`]): the peer's
+    /// I/O timeout.
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.pace = Pace::new(grace);
+        self
     }
 
     /// Reads and checks a connection's opening.
@@ -70,7 +153,17 @@ impl<R: Read> WireReader<R> {
     /// [`MigrateError::Truncated`], [`MigrateError::RecordChecksum`],
     /// [`MigrateError::Malformed`].
     pub fn open(r: R) -> Result<(Self, Opening), MigrateError> {
-        let mut s = Self::replies(r);
+        Self::replies(r).read_opening()
+    }
+
+    /// Reads and checks a connection's opening, the whole of it within
+    /// one record's deadline.
+    ///
+    /// # Errors
+    /// As [`WireReader::open`].
+    pub fn read_opening(self) -> Result<(Self, Opening), MigrateError> {
+        let mut s = self;
+        s.pace = Pace::new(s.pace.grace);
         let mut magic = [0u8; 8];
         s.fill(&mut magic, "the opening")?;
         if magic != MAGIC {
@@ -85,7 +178,7 @@ impl<R: Read> WireReader<R> {
                 supported: VERSION,
             });
         }
-        match s.next_record()? {
+        match s.record()? {
             Record::Control {
                 tag: tag::HEADER,
                 body,
@@ -132,7 +225,7 @@ impl<R: Read> WireReader<R> {
     /// Fills `buf`; a stream that ends first is [`MigrateError::Truncated`]
     /// at the exact byte.
     fn fill(&mut self, buf: &mut [u8], inside: &'static str) -> Result<(), MigrateError> {
-        fill_from(&mut self.r, &mut self.pos, buf, inside)
+        fill_from(&mut self.r, &mut self.pace, &mut self.pos, buf, inside)
     }
 
     fn u64(&mut self, inside: &'static str) -> Result<u64, MigrateError> {
@@ -170,7 +263,7 @@ impl<R: Read> WireReader<R> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut got = 0usize;
         while got < total {
-            match self.r.read_vectored(bufs) {
+            match self.pace.read(&mut self.r, |r| r.read_vectored(bufs)) {
                 Ok(0) => {
                     return Err(MigrateError::Truncated {
                         at_byte: self.pos,
@@ -219,6 +312,12 @@ impl<R: Read> WireReader<R> {
     /// records: every stream ends with END), [`MigrateError::RecordChecksum`],
     /// [`MigrateError::UnknownRecord`], [`MigrateError::Malformed`].
     pub fn next_record(&mut self) -> Result<Record, MigrateError> {
+        self.pace = Pace::new(self.pace.grace);
+        self.record()
+    }
+
+    /// Reads a record, on the current record's deadline.
+    fn record(&mut self) -> Result<Record, MigrateError> {
         let at_byte = self.pos;
         let mut t = [0u8; 1];
         self.fill(&mut t, "the next record's tag: the stream ended before END")?;
@@ -334,13 +433,14 @@ pub fn record_name(r: &Record) -> String {
 
 fn fill_from<R: Read>(
     r: &mut R,
+    pace: &mut Pace,
     pos: &mut u64,
     buf: &mut [u8],
     inside: &'static str,
 ) -> Result<(), MigrateError> {
     let mut got = 0;
     while got < buf.len() {
-        match r.read(&mut buf[got..]) {
+        match pace.read(r, |r| r.read(&mut buf[got..])) {
             Ok(0) => {
                 return Err(MigrateError::Truncated {
                     at_byte: *pos + got as u64,
