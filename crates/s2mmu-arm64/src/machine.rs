@@ -263,7 +263,11 @@ impl Machine {
             .map_err(|e| Arm64Error::Io(format!("{}: {e}", elf.display())))?;
         let mem_mb = ram_len >> 20;
         let mut child = Command::new(&qemu)
-            .args(["-M", "virt,virtualization=on,gic-version=2", "-cpu", "max"])
+            .args(["-M", "virt,virtualization=on,gic-version=3"])
+            // pauth-impdef: a cheap pointer-authentication cipher (TCG's
+            // QARMA costs a Linux guest most of its boot time); no SVE or
+            // SME, so a guest's vector state is only FP/SIMD.
+            .args(["-cpu", "max,pauth-impdef=on,sve=off,sme=off"])
             .args(["-accel", "tcg,thread=multi"])
             .args(["-smp", &cfg.cpus.to_string()])
             .args(["-m", &format!("{mem_mb}M")])
@@ -386,7 +390,11 @@ impl Machine {
         }
     }
 
-    fn check_alive(&self) -> Result<()> {
+    /// Whether QEMU still runs.
+    ///
+    /// # Errors
+    /// [`Arm64Error::Boot`] (with the console) once it has exited.
+    pub fn check_alive(&self) -> Result<()> {
         let mut c = self.child.lock().unwrap();
         match c.try_wait() {
             Ok(None) => Ok(()),
@@ -489,6 +497,46 @@ pub struct Mailbox<'a> {
 impl Mailbox<'_> {
     fn w(&self, off: u64) -> &AtomicU64 {
         self.m.ram.word(self.base + off)
+    }
+
+    /// The mailbox word at byte offset `off` (a [`layout::mb`] field).
+    ///
+    /// # Panics
+    /// If `off` is not 8-byte aligned or outside the mailbox.
+    pub fn read(&self, off: u64) -> u64 {
+        assert!(off < layout::MBOX_SIZE, "mailbox offset {off:#x}");
+        self.w(off).load(Ordering::Acquire)
+    }
+
+    /// Writes the mailbox word at byte offset `off`.
+    ///
+    /// # Panics
+    /// As [`Mailbox::read`].
+    pub fn write(&self, off: u64, v: u64) {
+        assert!(off < layout::MBOX_SIZE, "mailbox offset {off:#x}");
+        self.w(off).store(v, Ordering::Release)
+    }
+
+    /// Where the guest's general registers lie during an exit: the stub's
+    /// frame below its stack top.
+    fn frame(&self) -> u64 {
+        self.w(mb::STACK_TOP).load(Ordering::Acquire) - layout::FRAME
+    }
+
+    /// Guest register x`n` (n < 31) during an exit; 0 for 31 (XZR).
+    pub fn gpr(&self, n: u64) -> u64 {
+        if n >= 31 {
+            return 0;
+        }
+        self.m.ram.read(self.frame() + 8 * n)
+    }
+
+    /// Sets guest register x`n` during an exit (the stub reloads it when it
+    /// resumes); writes to 31 (XZR) are ignored.
+    pub fn set_gpr(&self, n: u64, v: u64) {
+        if n < 31 {
+            self.m.ram.write(self.frame() + 8 * n, v)
+        }
     }
 
     /// Posts a command without waiting (RUN); returns its sequence number.
