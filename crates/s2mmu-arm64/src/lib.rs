@@ -31,6 +31,7 @@
 
 pub mod arena;
 pub mod layout;
+pub mod linux;
 pub mod machine;
 mod passes;
 pub mod probe;
