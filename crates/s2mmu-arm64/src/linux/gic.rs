@@ -212,40 +212,30 @@ impl Gic {
         let first = |base: u64| ((off - base) * 8) as u32;
         match (off, a.write) {
             (0x0000, None) => u64::from(d.ctlr) | 1 << 6 | 1 << 4, // DS, ARE
-            (0x0000, Some(_)) => d.ctlr = w as u32 & 0x3,
+            (0x0000, Some(_)) => {
+                d.ctlr = w as u32 & 0x3;
+                0
+            }
             // TYPER: ITLinesNumber, IDbits = 9 (10 bits), no LPIs.
             (0x0004, None) => u64::from(NR_IRQS / 32 - 1) | 9 << 19,
             (0x0008, None) => 0x0100_143b,
             (0xffe8, None) => 0x3b,
             (0x0080..=0x00ff, None) => bit_reg_read(d.group, first(0x80)),
-            (0x0080..=0x00ff, Some(_)) => set_bits(&mut d.group, first(0x80), w, true, true),
+            (0x0080..=0x00ff, Some(_)) => set_bits(&mut d.group, first(0x80), w, Bits::Assign),
             (0x0100..=0x017f, None) => bit_reg_read(d.enabled, first(0x100)),
             (0x0180..=0x01ff, None) => bit_reg_read(d.enabled, first(0x180)),
-            (0x0100..=0x017f, Some(_)) => set_bits(&mut d.enabled, first(0x100), w, true, false),
-            (0x0180..=0x01ff, Some(_)) => set_bits(&mut d.enabled, first(0x180), w, false, false),
+            (0x0100..=0x017f, Some(_)) => set_bits(&mut d.enabled, first(0x100), w, Bits::Set),
+            (0x0180..=0x01ff, Some(_)) => set_bits(&mut d.enabled, first(0x180), w, Bits::Clear),
             (0x0200..=0x027f, Some(_)) => {
                 drop(d);
                 self.pend_spis(first(0x200), w);
-                return 0;
+                0
             }
-            (0x0400..=0x07ff, _) => {
-                return bytes_access(&mut d.prio, (off - 0x400) as usize, a.size, a.write)
-            }
-            (0x0c00..=0x0cff, _) => return word_access(&mut d.cfg, (off - 0xc00) / 4, a.write),
-            (0x6100..=0x7fd8, _) => {
-                let n = ((off - 0x6000) / 8) as usize;
-                if n < NR_IRQS as usize {
-                    match a.write {
-                        None => return d.route[n] >> ((off % 8) * 8),
-                        Some(v) if a.size == 8 => d.route[n] = v,
-                        Some(v) if off % 8 == 0 => d.route[n] = d.route[n] & !0xffff_ffff | v,
-                        Some(v) => d.route[n] = d.route[n] & 0xffff_ffff | v << 32,
-                    }
-                }
-            }
-            _ => {}
+            (0x0400..=0x07ff, _) => bytes_access(&mut d.prio, (off - 0x400) as usize, a.size, a.write),
+            (0x0c00..=0x0cff, _) => word_access(&mut d.cfg, (off - 0xc00) / 4, a.write),
+            (0x6100..=0x7fd8, _) => route_access(&mut d.route, off, a),
+            _ => 0,
         }
-        0
     }
 
     fn pend_spis(&self, first: u32, w: u64) {
@@ -318,17 +308,43 @@ impl Gic {
     }
 }
 
-fn set_bits(bits: &mut u128, first: u32, w: u64, set: bool, assign: bool) {
+/// How a write changes a bit register.
+#[derive(Clone, Copy)]
+enum Bits {
+    Assign,
+    Set,
+    Clear,
+}
+
+fn set_bits(bits: &mut u128, first: u32, w: u64, how: Bits) -> u64 {
     if first >= 128 {
-        return;
+        return 0;
     }
     let m = u128::from(w as u32) << first;
-    if assign {
-        *bits = *bits & !(0xffff_ffffu128 << first) | m;
-    } else if set {
-        *bits |= m;
-    } else {
-        *bits &= !m;
+    match how {
+        Bits::Assign => *bits = *bits & !(0xffff_ffffu128 << first) | m,
+        Bits::Set => *bits |= m,
+        Bits::Clear => *bits &= !m,
+    }
+    0
+}
+
+/// GICD_IROUTER<n>: 64-bit, or either 32-bit half.
+fn route_access(route: &mut [u64], off: u64, a: GicAccess) -> u64 {
+    let n = ((off - 0x6000) / 8) as usize;
+    let Some(r) = route.get_mut(n) else {
+        return 0;
+    };
+    match a.write {
+        None => *r >> ((off % 8) * 8),
+        Some(v) => {
+            *r = match (a.size, off % 8) {
+                (8, _) => v,
+                (_, 0) => *r & !0xffff_ffff | v & 0xffff_ffff,
+                _ => *r & 0xffff_ffff | v << 32,
+            };
+            0
+        }
     }
 }
 

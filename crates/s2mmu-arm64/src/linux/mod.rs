@@ -12,6 +12,9 @@
 //! - [`bus`]: guest-physical MMIO ranges and their device models.
 //! - [`uart`]: a 16550 (rust-vmm `vm-superio`).
 //! - [`baseline`]: the same kernel booted by QEMU itself, for comparison.
+//! - [`gic`]: the GICv3 distributor and redistributors, list registers.
+//! - [`psci`]: PSCI 1.1 over HVC.
+//! - [`vm`]: the Linux VM ([`vm::run`]), its vCPU threads in `vcpu`.
 
 pub mod assets;
 pub mod baseline;
@@ -19,5 +22,9 @@ pub mod bus;
 pub mod cpio;
 pub mod debs;
 pub mod fdt;
+pub mod gic;
 pub mod loader;
+pub mod psci;
 pub mod uart;
+mod vcpu;
+pub mod vm;

@@ -32,7 +32,6 @@ enum Next {
 
 /// ESR_EL2 exception classes the loop handles.
 const EC_WFX: u64 = 0x01;
-const EC_HVC: u64 = 0x16;
 const EC_SMC: u64 = 0x17;
 const EC_SYSREG: u64 = 0x18;
 
