@@ -12,6 +12,8 @@
  *   secs=N       how long to run (default 10)
  *   threads=N    writer threads (default: one per online CPU)
  *   thp=1        madvise(MADV_HUGEPAGE) the mapping
+ *   corrupt=1    flip a bit of one page after the first pass, as a lost
+ *                write would (shows that the check fails)
  *   fb=ADDR:SIZE instead: map [ADDR, ADDR+SIZE) of /dev/mem (a region
  *                outside RAM) and write/check it the same way
  * Prints progress lines each second, then exactly one of
@@ -37,7 +39,7 @@
 #define MAX_THREADS 64
 
 struct cfg {
-	uint64_t mem_pages, file_pages, rate, secs, threads, thp;
+	uint64_t mem_pages, file_pages, rate, secs, threads, thp, corrupt;
 	uint64_t fb_addr, fb_size;
 };
 
@@ -162,6 +164,8 @@ static void *writer(void *arg)
 		atomic_fetch_add(&w->pages, w->file_pages);
 		done += w->file_pages;
 		atomic_store(&w->passes, gen);
+		if (cfg.corrupt && w->id == 0 && gen == 1)
+			w->mem[3 * 8] ^= 1;
 	}
 	return NULL;
 }
@@ -193,6 +197,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(argv[i], "secs")) cfg.secs = num(v);
 		else if (!strcmp(argv[i], "threads")) cfg.threads = num(v);
 		else if (!strcmp(argv[i], "thp")) cfg.thp = num(v);
+		else if (!strcmp(argv[i], "corrupt")) cfg.corrupt = num(v);
 		else if (!strcmp(argv[i], "fb")) {
 			char *c = strchr(v, ':');
 			if (!c) {

@@ -4,7 +4,7 @@
 
 use std::cmp::Ordering;
 use std::fs;
-use std::io::{BufReader, BufWriter};
+use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -194,7 +194,7 @@ fn stem(deb: &Path) -> String {
 ///
 /// # Errors
 /// `dpkg`'s errors; [`AssetError::Package`] when the package holds no
-/// `boot/vmlinuz-*` or it is not gzip.
+/// `boot/vmlinuz-*` or it is neither a gzip'd nor a plain `Image`.
 pub fn kernel_image(cache: &Path, deb: &Path) -> Result<(PathBuf, String), AssetError> {
     let out = cache.join(format!("kernel-{}", stem(deb)));
     let image = out.join("Image");
@@ -226,13 +226,28 @@ fn gunzip_vmlinuz(unpacked: &Path, image: &Path) -> Result<String, AssetError> {
         })?;
     let version =
         vmlinuz.file_name().unwrap_or_default().to_string_lossy()["vmlinuz-".len()..].to_string();
-    let src = fs::File::open(&vmlinuz).map_err(io_err(&vmlinuz))?;
+    let mut src = BufReader::new(fs::File::open(&vmlinuz).map_err(io_err(&vmlinuz))?);
+    let magic = src.fill_buf().map_err(io_err(&vmlinuz))?;
+    // Debian's vmlinuz is a gzip'd Image in older releases, the Image
+    // itself (a PE/EFI-stub with the arm64 header) in newer ones.
+    let gzip = magic.starts_with(&[0x1f, 0x8b]);
+    let image_magic = magic.get(56..60) == Some(&super::loader::IMAGE_MAGIC.to_le_bytes()[..]);
+    if !gzip && !image_magic {
+        return Err(AssetError::Package(format!(
+            "{}: neither gzip nor an arm64 Image (an EFI zboot image is not supported)",
+            vmlinuz.display()
+        )));
+    }
     let tmp = image.with_extension("tmp");
-    let dst = fs::File::create(&tmp).map_err(io_err(&tmp))?;
-    let mut gz = flate2::read::GzDecoder::new(BufReader::new(src));
-    std::io::copy(&mut gz, &mut BufWriter::new(dst)).map_err(|e| {
-        AssetError::Package(format!("{}: not a gzip'd Image: {e}", vmlinuz.display()))
-    })?;
+    let mut dst = BufWriter::new(fs::File::create(&tmp).map_err(io_err(&tmp))?);
+    let copied = if gzip {
+        std::io::copy(&mut flate2::read::GzDecoder::new(src), &mut dst)
+    } else {
+        std::io::copy(&mut src, &mut dst)
+    };
+    copied
+        .and_then(|_| dst.flush())
+        .map_err(|e| AssetError::Package(format!("{}: {e}", vmlinuz.display())))?;
     fs::rename(&tmp, image).map_err(io_err(image))?;
     Ok(version)
 }
