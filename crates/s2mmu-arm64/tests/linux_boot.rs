@@ -4,7 +4,7 @@
 
 mod common;
 
-use s2mmu::mmu::MmuPolicy;
+use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
 use std::time::Duration;
@@ -38,7 +38,11 @@ fn boot(vcpus: usize) {
         cmdline: "quiet".into(),
         echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
         timeout: Duration::from_secs(240),
-        policy: MmuPolicy::default(),
+        dirty: HarvestConfig {
+            mode: LinuxDirty::Off,
+            period: Duration::from_millis(100),
+            drop_invalidations_from: None,
+        },
     })
     .expect("the Linux VM runs");
     eprintln!(

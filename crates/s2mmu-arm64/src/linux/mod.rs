@@ -21,6 +21,7 @@ pub mod baseline;
 pub mod bus;
 pub mod cpio;
 pub mod debs;
+pub mod dirty;
 pub mod fdt;
 pub mod gic;
 pub mod loader;

@@ -262,6 +262,12 @@ fn abort(
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             Ok(Next::Resume(e.elr, insns))
         }
+        Err(s2mmu::Error::RingFull { .. }) => {
+            // As KVM's exit to user space: wait for the harvester to reset
+            // the rings, then let the guest fault again.
+            std::thread::sleep(Duration::from_micros(200));
+            Ok(Next::Resume(e.elr, Vec::new()))
+        }
         Err(s2mmu::Error::NoSlot { .. }) => {
             sh.count(id, ExitKind::Mmio);
             let next = mmio(sh, id, mbox, e);

@@ -3,6 +3,7 @@
 //! interrupt controller, UART and PSCI on the host.
 
 use super::bus::MmioBus;
+use super::dirty::{self, HarvestConfig, HarvestReport, LinuxDirty};
 use super::fdt::{self, FdtConfig};
 use super::gic::{Gic, GICR_STRIDE};
 use super::loader::{self, GuestRam};
@@ -14,7 +15,6 @@ use crate::machine::{Machine, MachineConfig, SharedRam};
 use crate::stage2;
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
-use s2mmu::mmu::MmuPolicy;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -69,8 +69,8 @@ pub struct LinuxConfig {
     pub echo: bool,
     /// Longest the guest may run before the host stops it.
     pub timeout: Duration,
-    /// The engine's policies (dirty logging mode).
-    pub policy: MmuPolicy,
+    /// Dirty logging once `/init` runs, checked against page hashes.
+    pub dirty: HarvestConfig,
 }
 
 /// The guest-physical places of the emulated devices.
@@ -298,6 +298,8 @@ pub struct LinuxReport {
     pub console: String,
     /// The host's log lines (unclaimed accesses and the like).
     pub log: Vec<String>,
+    /// The dirty-log harvests and their check (`None` without logging).
+    pub dirty: Option<HarvestReport>,
 }
 
 /// Exit kind names in [`LinuxReport::exits`] order.
@@ -343,7 +345,7 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
     let vm = Arm64Vm::new_bare(
         machine.clone(),
         &VmConfig {
-            policy: cfg.policy,
+            policy: cfg.dirty.mode.policy(),
             ..VmConfig::default()
         },
     )?;
@@ -408,6 +410,26 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
         }
     });
     let init_at = watch_init(&console, t0);
+    let harvester = (cfg.dirty.mode != LinuxDirty::Off).then(|| {
+        let (sh, c, hc, mem) = (sh.clone(), console.clone(), cfg.dirty, cfg.mem);
+        std::thread::spawn(move || {
+            // Logging starts under the running system (its RAM mapped in
+            // blocks, so the eager split runs), after the boot is timed.
+            while c
+                .wait_until(Duration::from_millis(100), |s| s.contains(INIT_LINE))
+                .is_none()
+            {
+                if sh.stopping() {
+                    return Ok(HarvestReport::default());
+                }
+            }
+            let r = dirty::run_harvester(&sh, &hc, mem);
+            if let Err(e) = &r {
+                sh.stop(StopReason::Error(format!("harvester: {e}")));
+            }
+            r
+        })
+    });
     let threads: Vec<_> = (0..cfg.vcpus)
         .map(|id| {
             let sh = sh.clone();
@@ -424,10 +446,17 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
         }
     }
     let total_s = t0.elapsed().as_secs_f64();
+    let dirty = match harvester.map(|h| h.join().expect("harvester panicked")) {
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => return Err(e),
+        None => None,
+    };
     if let Some(e) = first_err {
         return Err(e);
     }
-    Ok(report(&sh, &console, &init_at, total_s))
+    let mut r = report(&sh, &console, &init_at, total_s);
+    r.dirty = dirty;
+    Ok(r)
 }
 
 /// A thread that notes when the init line appears on the console.
@@ -496,5 +525,6 @@ fn report(
         stub_ns: (stub_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
         console: text,
         log: sh.log.lock().unwrap().clone(),
+        dirty: None,
     }
 }
