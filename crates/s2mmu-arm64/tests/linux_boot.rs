@@ -35,13 +35,14 @@ fn boot(vcpus: usize) {
         mem: 256 << 20,
         kernel: a.image,
         initrd: a.initramfs,
-        cmdline: "quiet".into(),
+        cmdline: std::env::var("S2MMU_LINUX_CMDLINE").unwrap_or_else(|_| "quiet".into()),
         echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
         timeout: Duration::from_secs(240),
         dirty: HarvestConfig {
             mode: LinuxDirty::Off,
             period: Duration::from_millis(100),
             drop_invalidations_from: None,
+            discard_log: None,
         },
     })
     .expect("the Linux VM runs");

@@ -27,7 +27,7 @@ fn assets() -> Option<assets::LinuxAssets> {
     }
 }
 
-fn run(mode: LinuxDirty, secs: u32, drop_from: Option<u64>) -> Option<LinuxReport> {
+fn run(mode: LinuxDirty, args: &str, discard: Option<u64>) -> Option<LinuxReport> {
     let _one = common::serial();
     let a = assets()?;
     let r = vm::run(&LinuxConfig {
@@ -35,13 +35,14 @@ fn run(mode: LinuxDirty, secs: u32, drop_from: Option<u64>) -> Option<LinuxRepor
         mem: 256 << 20,
         kernel: a.image,
         initrd: a.initramfs,
-        cmdline: format!("quiet s2mmu.run=dirtier s2mmu.args=mem=48,file=8,secs={secs}"),
+        cmdline: format!("quiet s2mmu.run=dirtier s2mmu.args={args}"),
         echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
         timeout: Duration::from_secs(240),
         dirty: HarvestConfig {
             mode,
             period: Duration::from_millis(100),
-            drop_invalidations_from: drop_from,
+            drop_invalidations_from: None,
+            discard_log: discard,
         },
     })
     .expect("the Linux VM runs");
@@ -54,7 +55,9 @@ fn run(mode: LinuxDirty, secs: u32, drop_from: Option<u64>) -> Option<LinuxRepor
 }
 
 fn no_page_lost(mode: LinuxDirty) {
-    let Some(r) = run(mode, 20, None) else { return };
+    let Some(r) = run(mode, "mem=48,file=8,secs=20", None) else {
+        return;
+    };
     let d = r.dirty.expect("the harvester ran");
     assert!(
         r.console.contains("s2mmu-dirtier: ok"),
@@ -86,13 +89,43 @@ fn linux_hardware_dirty_logging_loses_no_page() {
     no_page_lost(LinuxDirty::Hw);
 }
 
-/// The check can fail: with the harvests' invalidations dropped, QEMU's
-/// TLB keeps writable translations and the guest's writes go unlogged.
+/// The check can fail: one harvest's log discarded (as a harvest that lost
+/// its result), and the pages only that log named show as lost.
 #[test]
-fn dropped_harvest_invalidations_show_as_lost_pages() {
-    let Some(r) = run(LinuxDirty::Wp, 8, Some(5)) else {
+fn a_discarded_harvest_shows_as_lost_pages() {
+    let Some(r) = run(LinuxDirty::Wp, "mem=48,file=8,secs=8", Some(20)) else {
         return;
     };
     let d = r.dirty.expect("the harvester ran");
     assert!(d.lost > 0, "no lost page reported: {d:?}");
+}
+
+/// Dropped harvest invalidations, reported as what they are: under a
+/// Linux guest QEMU flushes a vCPU's whole TLB often enough (a local
+/// invalidation after each write fault is a whole-TLB flush in QEMU) that
+/// no stale translation outlives its harvest window, so this run loses no
+/// page; it only shows the drops happened. Ignored: it asserts nothing the
+/// check could catch.
+#[test]
+#[ignore = "QEMU's TLB flushes hide dropped invalidations under Linux; run by hand to see"]
+fn dropped_harvest_invalidations_under_linux() {
+    let _one = common::serial();
+    let Some(a) = assets() else { return };
+    let r = vm::run(&LinuxConfig {
+        vcpus: 2,
+        mem: 256 << 20,
+        kernel: a.image,
+        initrd: a.initramfs,
+        cmdline: "quiet s2mmu.run=dirtier s2mmu.args=mem=1,file=1,secs=8".into(),
+        echo: false,
+        timeout: Duration::from_secs(240),
+        dirty: HarvestConfig {
+            mode: LinuxDirty::Hw,
+            period: Duration::from_millis(100),
+            drop_invalidations_from: Some(5),
+            discard_log: None,
+        },
+    })
+    .expect("the Linux VM runs");
+    eprintln!("{:?}", r.dirty);
 }

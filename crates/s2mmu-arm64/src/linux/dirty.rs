@@ -65,9 +65,12 @@ pub struct HarvestConfig {
     pub mode: LinuxDirty,
     /// Time between harvests.
     pub period: Duration,
-    /// Fault injection: drop the invalidations of the harvests from this
-    /// one on (the check must then report lost pages).
+    /// Fault injection: drop the invalidations host threads issue from
+    /// this harvest on (see [`HarvestReport::dropped`]).
     pub drop_invalidations_from: Option<u64>,
+    /// Fault injection: discard this harvest's log, as a harvest that lost
+    /// its result would (the check must then report lost pages).
+    pub discard_log: Option<u64>,
 }
 
 /// What the harvester saw.
@@ -87,6 +90,8 @@ pub struct HarvestReport {
     pub harvest_ns: u64,
     /// Host ns spent hashing guest RAM.
     pub hash_ns: u64,
+    /// Invalidation sequences dropped by fault injection.
+    pub dropped: u64,
 }
 
 /// The guest RAM as words shared with QEMU.
@@ -171,6 +176,9 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
         let t = Instant::now();
         harvest(sh, cfg.mode, &mut bitmap, &mut ring)?;
         rep.harvest_ns += t.elapsed().as_nanos() as u64;
+        if cfg.discard_log == Some(rep.harvests) {
+            bitmap.fill(0);
+        }
         rep.harvests += 1;
         let logged = |p: u64| bitmap[(p / 64) as usize] >> (p % 64) & 1 == 1;
         rep.logged += bitmap.iter().map(|w| u64::from(w.count_ones())).sum::<u64>();
@@ -197,5 +205,6 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
         std::mem::swap(&mut prev, &mut now);
     }
     sh.vm.sink().drop_host_sequences(0);
+    rep.dropped = sh.vm.sink().counters().dropped;
     Ok(rep)
 }
