@@ -47,7 +47,11 @@ impl LinuxDirty {
     /// The engine's policy for this mode (eager split on, the default
     /// chunk).
     pub fn policy(self) -> MmuPolicy {
-        let mut p = MmuPolicy::default();
+        // The engine's default is manual protect (GET only copies).
+        let mut p = MmuPolicy {
+            manual_protect: false,
+            ..MmuPolicy::default()
+        };
         match self {
             LinuxDirty::Off | LinuxDirty::Wp => {}
             LinuxDirty::Manual => p.manual_protect = true,

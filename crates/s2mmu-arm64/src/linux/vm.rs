@@ -300,6 +300,8 @@ pub struct LinuxReport {
     pub log: Vec<String>,
     /// The dirty-log harvests and their check (`None` without logging).
     pub dirty: Option<HarvestReport>,
+    /// The engine's TLB maintenance: in fault answers, on the service CPU.
+    pub tlbi: crate::tlbi::TlbiCounters,
 }
 
 /// Exit kind names in [`LinuxReport::exits`] order.
@@ -526,5 +528,6 @@ fn report(
         console: text,
         log: sh.log.lock().unwrap().clone(),
         dirty: None,
+        tlbi: sh.vm.sink().counters(),
     }
 }
