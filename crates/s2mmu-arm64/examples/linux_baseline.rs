@@ -40,6 +40,7 @@ fn main() {
             mem_mib: 1024,
             run: "none".into(),
             args: String::new(),
+            extra_append: String::new(),
             timeout: Duration::from_secs(300),
         };
         let (mut init, mut off) = (Vec::new(), Vec::new());

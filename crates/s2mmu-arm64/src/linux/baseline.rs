@@ -29,8 +29,11 @@ pub struct BaselineConfig {
     pub mem_mib: u64,
     /// The guest program `/init` runs (`s2mmu.run=`), or `none`.
     pub run: String,
-    /// Its arguments, comma-separated (`s2mmu.args=`).
+    /// Its arguments, comma-separated (`s2mmu.args=`); `+` separates
+    /// those of each program when `run` names several (`a+b`).
     pub args: String,
+    /// More kernel parameters, space-separated (e.g. `mem=448M`).
+    pub extra_append: String,
     /// Give up (and kill QEMU) after this long; at most 30 minutes.
     pub timeout: Duration,
 }
@@ -85,12 +88,12 @@ impl std::error::Error for BaselineError {}
 fn check_word(what: &str, v: &str) -> Result<(), BaselineError> {
     let ok = v.len() <= 256
         && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.,=:/".contains(&b));
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.,=:/+".contains(&b));
     if ok {
         Ok(())
     } else {
         Err(BaselineError::Config(format!(
-            "{what} {v:?}: up to 256 of [A-Za-z0-9_-.,=:/]"
+            "{what} {v:?}: up to 256 of [A-Za-z0-9_-.,=:/+]"
         )))
     }
 }
@@ -120,7 +123,13 @@ impl BaselineConfig {
             )));
         }
         check_word("s2mmu.run", &self.run)?;
-        check_word("s2mmu.args", &self.args)
+        check_word("s2mmu.args", &self.args)?;
+        if self.extra_append.len() > 1024 {
+            return Err(BaselineError::Config("extra kernel parameters over 1024 bytes".into()));
+        }
+        self.extra_append
+            .split_whitespace()
+            .try_for_each(|w| check_word("kernel parameter", w))
     }
 
     /// The kernel command line (console on the `virt` PL011).
@@ -128,6 +137,10 @@ impl BaselineConfig {
         let mut a = format!("console=ttyAMA0 quiet s2mmu.run={}", self.run);
         if !self.args.is_empty() {
             a.push_str(&format!(" s2mmu.args={}", self.args));
+        }
+        for w in self.extra_append.split_whitespace() {
+            a.push(' ');
+            a.push_str(w);
         }
         a
     }
