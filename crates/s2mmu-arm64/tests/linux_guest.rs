@@ -280,14 +280,25 @@ fn boot(cpus: u32, run: &str, args: &str, extra: &str) -> Option<String> {
         timeout: Duration::from_secs(240),
     };
     let r = run_baseline(&a, &cfg).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.cpus_online, cpus, "every vCPU online at init:\n{}", r.console);
-    assert!(r.exit_ok, "QEMU exits cleanly after poweroff -f:\n{}", r.console);
+    assert_eq!(
+        r.cpus_online, cpus,
+        "every vCPU online at init:\n{}",
+        r.console
+    );
+    assert!(
+        r.exit_ok,
+        "QEMU exits cleanly after poweroff -f:\n{}",
+        r.console
+    );
     assert!(r.console.contains("s2mmu-init: power off"), "{}", r.console);
     Some(r.console)
 }
 
 fn field(line: &str, key: &str) -> u64 {
-    let v = line.split(key).nth(1).unwrap_or_else(|| panic!("no {key} in {line}"));
+    let v = line
+        .split(key)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {key} in {line}"));
     let v = v.split(' ').next().unwrap();
     if key == "hash=" {
         u64::from_str_radix(v, 16).unwrap()
@@ -307,8 +318,14 @@ fn the_initramfs_boots_on_qemu_and_the_programs_pass() {
     };
     let ok = console.lines().find(|l| l.starts_with("s2mmu-dirtier: ok"));
     let ok = ok.unwrap_or_else(|| panic!("no dirtier ok line:\n{console}"));
-    assert!(field(ok, "passes=") >= 2, "the data was re-checked at least once: {ok}");
-    assert!(console.contains("s2mmu-init: dirtier exited 0"), "{console}");
+    assert!(
+        field(ok, "passes=") >= 2,
+        "the data was re-checked at least once: {ok}"
+    );
+    assert!(
+        console.contains("s2mmu-init: dirtier exited 0"),
+        "{console}"
+    );
     let counts: Vec<u64> = console
         .lines()
         .filter(|l| l.starts_with("s2mmu-counter: n="))
@@ -316,9 +333,15 @@ fn the_initramfs_boots_on_qemu_and_the_programs_pass() {
         .collect();
     assert!(counts.len() >= 5, "about ten lines in 2 s:\n{console}");
     assert!(counts.windows(2).all(|w| w[1] == w[0] + 1), "{counts:?}");
-    let last = console.lines().find(|l| l.starts_with("s2mmu-counter: ok")).unwrap();
+    let last = console
+        .lines()
+        .find(|l| l.starts_with("s2mmu-counter: ok"))
+        .unwrap();
     assert_eq!(field(last, "n="), *counts.last().unwrap());
-    assert!(console.contains("s2mmu-init: counter exited 0"), "{console}");
+    assert!(
+        console.contains("s2mmu-init: counter exited 0"),
+        "{console}"
+    );
 }
 
 /// The dirtier's check can fail: told to corrupt one of its own pages
@@ -328,13 +351,23 @@ fn the_initramfs_boots_on_qemu_and_the_programs_pass() {
 #[test]
 fn the_dirtier_reports_a_lost_write_and_checks_a_dev_mem_region() {
     let args = "mem=8,file=0,secs=30,corrupt=1+fb=0x5c000000:0x100000,secs=2";
-    let Some(console) = boot(1, "dirtier+dirtier", args, "mem=448M") else { return };
+    let Some(console) = boot(1, "dirtier+dirtier", args, "mem=448M") else {
+        return;
+    };
     assert!(console.contains("s2mmu-dirtier: FAIL memory"), "{console}");
-    assert!(console.contains("s2mmu-init: dirtier exited 1"), "{console}");
-    let fb = console.lines().find(|l| l.starts_with("s2mmu-dirtier: ok fb"));
+    assert!(
+        console.contains("s2mmu-init: dirtier exited 1"),
+        "{console}"
+    );
+    let fb = console
+        .lines()
+        .find(|l| l.starts_with("s2mmu-dirtier: ok fb"));
     let fb = fb.unwrap_or_else(|| panic!("no fb ok line:\n{console}"));
     assert!(field(fb, "passes=") >= 2, "{fb}");
-    assert!(console.contains("s2mmu-init: dirtier exited 0"), "{console}");
+    assert!(
+        console.contains("s2mmu-init: dirtier exited 0"),
+        "{console}"
+    );
 }
 
 /// The real kernel and initramfs placed in a RAM image: the bytes are

@@ -125,7 +125,9 @@ impl BaselineConfig {
         check_word("s2mmu.run", &self.run)?;
         check_word("s2mmu.args", &self.args)?;
         if self.extra_append.len() > 1024 {
-            return Err(BaselineError::Config("extra kernel parameters over 1024 bytes".into()));
+            return Err(BaselineError::Config(
+                "extra kernel parameters over 1024 bytes".into(),
+            ));
         }
         self.extra_append
             .split_whitespace()
