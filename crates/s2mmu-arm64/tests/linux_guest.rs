@@ -200,7 +200,8 @@ fn the_device_tree_reads_back_with_dtc_and_has_what_qemu_gives_linux() {
 
 #[test]
 fn the_device_tree_refuses_what_it_cannot_describe() {
-    let cases: Vec<(fn(&mut FdtConfig), fn(&FdtError) -> bool)> = vec![
+    type Case = (fn(&mut FdtConfig), fn(&FdtError) -> bool);
+    let cases: Vec<Case> = vec![
         (|c| c.cpus = 0, |e| matches!(e, FdtError::Cpus(0))),
         (|c| c.cpus = 9, |e| matches!(e, FdtError::Cpus(9))),
         (
