@@ -128,6 +128,10 @@ fn the_device_tree_reads_back_with_dtc_and_has_what_qemu_gives_linux() {
         n("/s2mmu-region@10000000")["reg"],
         "<0x00 0x10000000 0x00 0x100000>"
     );
+    compare_with_qemus_virt_tree(&ours);
+}
+
+fn compare_with_qemus_virt_tree(ours: &BTreeMap<String, BTreeMap<String, String>>) {
     // QEMU's own tree for the same machine: every property of its GIC,
     // timer, PSCI, memory and CPU nodes that Linux reads is in ours (the
     // ITS, the PSCI 0.1 function ids and the cpu-map are left out on
