@@ -148,14 +148,12 @@ impl BaselineConfig {
     }
 }
 
-/// The number on `/init`'s count line in `console`, if it printed one.
+/// The number on `/init`'s count line in `console`, once the whole line
+/// is there.
 pub fn cpus_online(console: &str) -> Option<u32> {
     let at = console.find(INIT_LINE)? + INIT_LINE.len();
-    let digits: String = console[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
+    let (digits, _) = console[at..].split_once('\n')?;
+    digits.trim_end_matches('\r').parse().ok()
 }
 
 fn tail(s: &str) -> String {
@@ -184,6 +182,36 @@ fn spawn(assets: &LinuxAssets, cfg: &BaselineConfig) -> Result<Child, BaselineEr
         .map_err(|e| BaselineError::NoQemu(e.to_string()))
 }
 
+type Readers = (
+    mpsc::Receiver<Vec<u8>>,
+    std::thread::JoinHandle<()>,
+    std::thread::JoinHandle<String>,
+);
+
+/// QEMU's stdout as chunks on a channel (closed at its exit), and its
+/// stderr drained on its own thread so a chatty QEMU cannot block on a full
+/// pipe (the first 64 KiB kept).
+fn readers(child: &mut Child) -> Readers {
+    let mut out = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = out.read(&mut buf) {
+            if tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut err_pipe = child.stderr.take().expect("piped stderr");
+    let errors = std::thread::spawn(move || {
+        let mut e = Vec::new();
+        let _partial = err_pipe.by_ref().take(1 << 16).read_to_end(&mut e);
+        let _rest = std::io::copy(&mut err_pipe, &mut std::io::sink());
+        String::from_utf8_lossy(&e).into_owned()
+    });
+    (rx, reader, errors)
+}
+
 /// Boots `assets` under QEMU directly and times it.
 ///
 /// # Errors
@@ -196,16 +224,7 @@ pub fn run_baseline(
     cfg.validate()?;
     let start = Instant::now();
     let mut child = spawn(assets, cfg)?;
-    let mut out = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = mpsc::channel::<Vec<u8>>();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n @ 1..) = out.read(&mut buf) {
-            if tx.send(buf[..n].to_vec()).is_err() {
-                return;
-            }
-        }
-    });
+    let (rx, reader, errors) = readers(&mut child);
     let deadline = start + cfg.timeout;
     let mut console = String::new();
     let mut init_s = None;
@@ -235,6 +254,7 @@ pub fn run_baseline(
         let _gone = child.kill();
         let _reaped = child.wait();
         let _done = reader.join();
+        let _done = errors.join();
         return Err(BaselineError::Timeout(tail(&console)));
     }
     let status = child
@@ -242,10 +262,7 @@ pub fn run_baseline(
         .map_err(|e| BaselineError::NoQemu(e.to_string()))?;
     let poweroff_s = start.elapsed().as_secs_f64();
     let _done = reader.join();
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _partial = e.read_to_string(&mut err);
-    }
+    let err = errors.join().unwrap_or_default();
     let Some((init_s, cpus_online)) = init_s else {
         return Err(BaselineError::NoInit(format!(
             "{}\n{}",
@@ -260,4 +277,57 @@ pub fn run_baseline(
         exit_ok: status.success(),
         console,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_init_line_counts_only_when_complete() {
+        assert_eq!(
+            cpus_online("boot\ns2mmu-init: cpus online 2\r\nmore"),
+            Some(2)
+        );
+        assert_eq!(
+            cpus_online("s2mmu-init: cpus online 1"),
+            None,
+            "more digits may follow"
+        );
+        assert_eq!(cpus_online("s2mmu-init: cpus online x\n"), None);
+        assert_eq!(cpus_online("nothing\n"), None);
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_by_name() {
+        let ok = BaselineConfig {
+            cpus: 2,
+            mem_mib: 512,
+            run: "dirtier+counter".into(),
+            args: "mem=32,secs=4+secs=2".into(),
+            extra_append: "mem=448M".into(),
+            timeout: Duration::from_secs(60),
+        };
+        ok.validate().unwrap();
+        assert_eq!(
+            ok.append(),
+            "console=ttyAMA0 quiet s2mmu.run=dirtier+counter s2mmu.args=mem=32,secs=4+secs=2 mem=448M"
+        );
+        let bad: [fn(&mut BaselineConfig); 6] = [
+            |c| c.cpus = 9,
+            |c| c.mem_mib = 64,
+            |c| c.run = "a b".into(),
+            |c| c.args = "x\"y".into(),
+            |c| c.extra_append = "init=/bin/sh;reboot".into(),
+            |c| c.timeout = Duration::ZERO,
+        ];
+        for f in bad {
+            let mut c = ok.clone();
+            f(&mut c);
+            assert!(
+                matches!(c.validate(), Err(BaselineError::Config(_))),
+                "{c:?}"
+            );
+        }
+    }
 }
