@@ -279,9 +279,69 @@ pub fn run_baseline(
     })
 }
 
+/// Several boots of one configuration, back to back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BaselineSummary {
+    /// Each run's (seconds to the init line, seconds to QEMU's exit).
+    pub runs: Vec<(f64, f64)>,
+    /// The median of the first.
+    pub median_init_s: f64,
+    /// The median of the second.
+    pub median_poweroff_s: f64,
+}
+
+/// The median of `v` (the upper one of an even count); 0 when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Boots `cfg` `runs` times (1..=20) and takes the medians. Every run must
+/// reach init with all vCPUs online and exit cleanly.
+///
+/// # Errors
+/// [`BaselineError::Config`] for `runs` out of range or a run with vCPUs
+/// missing or an unclean exit; [`run_baseline`]'s errors.
+pub fn measure(
+    assets: &LinuxAssets,
+    cfg: &BaselineConfig,
+    runs: u32,
+) -> Result<BaselineSummary, BaselineError> {
+    if !(1..=20).contains(&runs) {
+        return Err(BaselineError::Config(format!("{runs} runs: 1 to 20")));
+    }
+    cfg.validate()?;
+    let mut out = Vec::with_capacity(runs as usize);
+    for _ in 0..runs {
+        let r = run_baseline(assets, cfg)?;
+        if r.cpus_online != cfg.cpus || !r.exit_ok {
+            return Err(BaselineError::Config(format!(
+                "a run had {} of {} vCPUs online, exit ok: {}; console ends:\n{}",
+                r.cpus_online,
+                cfg.cpus,
+                r.exit_ok,
+                tail(&r.console)
+            )));
+        }
+        out.push((r.init_s, r.poweroff_s));
+    }
+    Ok(BaselineSummary {
+        median_init_s: median(out.iter().map(|r| r.0).collect()),
+        median_poweroff_s: median(out.iter().map(|r| r.1).collect()),
+        runs: out,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 3.0);
+        assert_eq!(median(vec![]), 0.0);
+    }
 
     #[test]
     fn the_init_line_counts_only_when_complete() {
