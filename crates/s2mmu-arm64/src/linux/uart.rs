@@ -364,6 +364,19 @@ mod tests {
     }
 
     #[test]
+    fn output_reaches_a_file() {
+        let path = std::env::temp_dir().join(format!("s2mmu-uart-{}", std::process::id()));
+        let f = File::create(&path).unwrap();
+        let u = Uart::new(Arc::new(|| {}), UartOutput::File(f));
+        for b in b"console\n" {
+            u.write(THR, &[*b]);
+        }
+        drop(u);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "console\n");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn the_buffer_keeps_the_last_bytes_and_wakes_waiters() {
         let buf = ConsoleBuffer::new(4);
         buf.push(b"abcdef");
