@@ -149,6 +149,7 @@ pub fn main(p: Params) -> Result<(), String> {
                 mem_mib: p.mem >> 20,
                 run: p.run.clone(),
                 args: p.args.clone(),
+                extra_append: String::new(),
                 timeout: Duration::from_secs(p.timeout as u64),
             },
         )

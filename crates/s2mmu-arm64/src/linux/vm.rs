@@ -4,9 +4,11 @@
 
 use super::bus::MmioBus;
 use super::dirty::{self, HarvestConfig, HarvestReport, LinuxDirty};
-use super::fdt::{self, FdtConfig};
+use super::assets::LinuxAssets;
+use super::boot;
+use super::fdt::FdtConfig;
 use super::gic::{Gic, GICR_STRIDE};
-use super::loader::{self, GuestRam};
+use super::loader::GuestRam;
 use super::psci::{self, PowerState};
 use super::uart::{ConsoleBuffer, Uart, UartOutput, UART_REGS};
 use super::vcpu::{self, CURRENT};
@@ -335,10 +337,9 @@ fn check(cfg: &LinuxConfig) -> Result<()> {
 /// SYSTEM_OFF is a report with that reason, not an error.
 pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
     check(cfg)?;
-    let read = |p: &PathBuf| {
-        std::fs::read(p).map_err(|e| Arm64Error::Io(format!("{}: {e}", p.display())))
-    };
-    let (image, initrd) = (read(&cfg.kernel)?, read(&cfg.initrd)?);
+    for p in [&cfg.kernel, &cfg.initrd] {
+        std::fs::metadata(p).map_err(|e| Arm64Error::Io(format!("{}: {e}", p.display())))?;
+    }
     let t0 = Instant::now();
     let machine = Arc::new(Machine::start(&MachineConfig {
         cpus: cfg.vcpus + 1,
@@ -368,13 +369,15 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
         ram: machine.ram(),
         size: cfg.mem,
     };
-    let boot = loader::load(&mut ram, &image, Some(&initrd), |l| {
-        let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
-        f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
-        f.initrd = l.initrd;
-        fdt::build(&f)
-    })
-    .map_err(|e| Arm64Error::Config(format!("loading the kernel: {e}")))?;
+    let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
+    f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
+    let files = LinuxAssets {
+        image: cfg.kernel.clone(),
+        initramfs: cfg.initrd.clone(),
+        kernel_version: String::new(),
+    };
+    let boot = boot::load_linux(&mut ram, &files, &f)
+        .map_err(|e| Arm64Error::Config(format!("loading the kernel: {e}")))?;
     let sh = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
         let w = weak.clone();
         let intid = 32 + dl.uart_spi;
