@@ -287,7 +287,8 @@ fn print_text(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>)
         println!(
             "baseline (QEMU alone, EL1): init after {:.2} s; ratio {}",
             b.init_s,
-            r.init_s.map_or("n/a".into(), |s| format!("{:.2}x", s / b.init_s))
+            r.init_s
+                .map_or("n/a".into(), |s| format!("{:.2}x", s / b.init_s))
         );
     }
     for l in &r.log {
