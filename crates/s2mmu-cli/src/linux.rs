@@ -6,6 +6,7 @@
 
 use crate::arm64::EMULATOR_NOTE;
 use crate::report::human_bytes;
+use crate::stats::median;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::baseline::{self, BaselineConfig};
 use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
@@ -53,6 +54,9 @@ pub struct Params {
     /// Also boot the same kernel and initramfs with QEMU alone (EL1, no stage 2) and report the ratio.
     #[arg(long)]
     pub baseline: bool,
+    /// Runs (1..=10); with --baseline each run boots both, back to back, and the medians are compared.
+    #[arg(long, default_value_t = 1, value_parser = crate::limits::count_in(1..=10))]
+    pub runs: usize,
     /// Only make sure the kernel and initramfs are in the cache (downloads with S2MMU_LINUX_FETCH=1).
     #[arg(long)]
     pub fetch_only: bool,
@@ -137,33 +141,68 @@ pub fn main(p: Params) -> Result<(), String> {
         return Ok(());
     }
     let (cfg, a) = config(&p)?;
-    let r = vm::run(&cfg).map_err(|e| e.to_string())?;
-    if p.console != "-" {
-        std::fs::write(&p.console, &r.console).map_err(|e| format!("{}: {e}", p.console))?;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for run in 1..=p.runs {
+        let r = vm::run(&cfg).map_err(|e| e.to_string())?;
+        if p.console != "-" {
+            std::fs::write(&p.console, &r.console).map_err(|e| format!("{}: {e}", p.console))?;
+        }
+        let base = if p.baseline {
+            Some(baseline_once(&p, &a)?)
+        } else {
+            None
+        };
+        ours.extend(r.init_s);
+        theirs.extend(base.as_ref().map(|b| b.init_s));
+        if p.json {
+            println!("{}", to_json(&p, &r, base.as_ref()));
+        } else {
+            println!("run {run}:");
+            print_text(&p, &r, base.as_ref());
+        }
+        verdict(&p, &r)?;
     }
-    let base = if p.baseline {
-        let b = baseline::run_baseline(
-            &a,
-            &BaselineConfig {
-                cpus: p.vcpus as u32,
-                mem_mib: p.mem >> 20,
-                run: p.run.clone(),
-                args: p.args.clone(),
-                extra_append: String::new(),
-                timeout: Duration::from_secs(p.timeout as u64),
-            },
-        )
-        .map_err(|e| format!("baseline: {e}"))?;
-        Some(b)
-    } else {
-        None
-    };
+    if p.runs > 1 {
+        summary(&p, &ours, &theirs);
+    }
+    Ok(())
+}
+
+fn baseline_once(p: &Params, a: &assets::LinuxAssets) -> Result<baseline::BaselineReport, String> {
+    baseline::run_baseline(
+        a,
+        &BaselineConfig {
+            cpus: p.vcpus as u32,
+            mem_mib: p.mem >> 20,
+            run: p.run.clone(),
+            args: p.args.clone(),
+            extra_append: String::new(),
+            timeout: Duration::from_secs(p.timeout as u64),
+        },
+    )
+    .map_err(|e| format!("baseline: {e}"))
+}
+
+/// Medians over the runs (the JSON summary is the last line).
+fn summary(p: &Params, ours: &[f64], theirs: &[f64]) {
+    let (m, b) = (median(ours), median(theirs));
+    let ratio = m.zip(b).map(|(m, b)| m / b);
     if p.json {
-        println!("{}", to_json(&p, &r, base.as_ref()));
+        println!(
+            "{}",
+            json!({"summary": {"runs": p.runs, "vcpus": p.vcpus, "boot_to_init_s": ours,
+                "baseline_boot_to_init_s": theirs, "median_s": m, "baseline_median_s": b,
+                "ratio_of_medians": ratio}})
+        );
     } else {
-        print_text(&p, &r, base.as_ref());
+        println!(
+            "{} runs: boot to init median {} (runs {ours:.2?}); baseline median {} (runs {theirs:.2?}); ratio {}",
+            p.runs,
+            m.map_or("n/a".into(), |s| format!("{s:.2} s")),
+            b.map_or("n/a".into(), |s| format!("{s:.2} s")),
+            ratio.map_or("n/a".into(), |r| format!("{r:.2}x"))
+        );
     }
-    verdict(&p, &r)
 }
 
 fn verdict(p: &Params, r: &LinuxReport) -> Result<(), String> {
