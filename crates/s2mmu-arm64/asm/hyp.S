@@ -55,29 +55,50 @@
         .equ    MB_IDLE_TICKS,  0x120
         .equ    MB_IDLE_WAITS,  0x128
         .equ    MB_MMIO_DATA,   0x130
-        .equ    MB_REPLY_INSNS, 0x200
+        .equ    MB_INTID,       0x138
+        .equ    MB_LR0,         0x140
+        .equ    MB_ICH_HCR,     0x160
+        .equ    MB_NEW_ELR,     0x168
+        .equ    MB_CNTV_CTL,    0x170
+        .equ    MB_CNTV_CVAL,   0x178
+        .equ    MB_ICH_MISR,    0x180
+        .equ    MB_ICH_VMCR,    0x188
+        .equ    MB_SPSR,        0x190
+        .equ    MB_REPLY_INSNS, 0x400
         .equ    MB_CMD_INSNS,   0x1000
 
         .equ    CMD_PING,       1
         .equ    CMD_RUN,        2
         .equ    CMD_TLBI,       3
         .equ    CMD_AT,         4
+        .equ    CMD_LINUX,      5
+        .equ    CMD_KICK,       6
 
         .equ    EXIT_ABORT,     1
         .equ    EXIT_HVC,       2
         .equ    EXIT_OTHER,     3
+        .equ    EXIT_IRQ,       4
 
         .equ    ACT_RESUME,     0
         .equ    ACT_RESUME_X0,  1
         .equ    ACT_STOP,       2
         .equ    ACT_MMIO,       3
+        .equ    ACT_LINUX,      4
 
         .equ    FRAME,          256
 
-        // GICv2 of the virt machine, and the EL2 physical timer's PPI.
+        // GICv3 of the virt machine (distributor, redistributors 128 KiB
+        // apart), and the PPIs this program enables at EL2: the kick SGI,
+        // the maintenance interrupt, the EL2 physical timer (idle waits)
+        // and the EL1 virtual timer (a Linux guest's tick).
         .equ    GICD,           0x08000000
-        .equ    GICC,           0x08010000
+        .equ    GICR0,          0x080a0000
+        .equ    GICR_STRIDE,    0x20000
+        .equ    KICK_SGI,       15
+        .equ    MAINT_INTID,    25
         .equ    TIMER_HYP_INTID, 26
+        .equ    VTIMER_INTID,   27
+        .equ    PPI_ENABLE,     (1 << KICK_SGI) | (1 << MAINT_INTID) | (1 << TIMER_HYP_INTID) | (1 << VTIMER_INTID)
         .equ    SPIN_BEFORE_IDLE, 2048
 
         .section .text.hyp, "ax"
@@ -103,26 +124,46 @@ _start:
         str     x19, [x28, #MB_ID]
         adr     x1, vectors
         msr     vbar_el2, x1
-        // CPTR_EL2: RES1 bits only, so FP/SIMD is not trapped.
+        // CPTR_EL2: RES1 bits only, so FP/SIMD is not trapped (QEMU runs
+        // with SVE and SME off).
         mov     x1, #0x33ff
         msr     cptr_el2, x1
+        // A guest reads this CPU's MIDR and MPIDR (vCPU n is CPU n).
+        mrs     x1, midr_el1
+        msr     vpidr_el2, x1
+        mrs     x1, mpidr_el1
+        msr     vmpidr_el2, x1
         // EL1 may read the physical counter; no virtual offset.
         mov     x1, #3
         msr     cnthctl_el2, x1
         msr     cntvoff_el2, xzr
         // The GIC forwards the EL2 timer's interrupt to this CPU, so WFI
-        // can sleep until the timer fires (the interrupt stays masked in
-        // PSTATE and is never taken: it only ends the WFI).
+        // can sleep until the timer fires (at EL2 the interrupt stays
+        // masked in PSTATE and only ends the WFI); the kick, maintenance
+        // and virtual timer interrupts are taken from a running guest.
         ldr     x1, =GICD
-        mov     w2, #1
-        str     w2, [x1]                        // GICD_CTLR: enable
-        mov     w2, #(1 << TIMER_HYP_INTID)
-        str     w2, [x1, #0x100]                // GICD_ISENABLER0 (banked)
-        ldr     x1, =GICC
-        mov     w2, #0xf0
-        str     w2, [x1, #4]                    // GICC_PMR
-        mov     w2, #1
-        str     w2, [x1]                        // GICC_CTLR: enable
+        mov     w2, #0x13
+        str     w2, [x1]                        // GICD_CTLR: ARE, Grp0, Grp1
+        ldr     x1, =GICR0
+        mov     x2, #GICR_STRIDE
+        madd    x1, x19, x2, x1
+        ldr     w2, [x1, #0x14]                 // GICR_WAKER
+        bic     w2, w2, #2                      // ProcessorSleep = 0
+        str     w2, [x1, #0x14]
+1:      ldr     w2, [x1, #0x14]
+        tbnz    w2, #2, 1b                      // until ChildrenAsleep = 0
+        add     x1, x1, #0x10000                // SGI frame
+        mov     w2, #-1
+        str     w2, [x1, #0x80]                 // GICR_IGROUPR0: group 1
+        ldr     w2, =PPI_ENABLE
+        str     w2, [x1, #0x100]                // GICR_ISENABLER0
+        mov     x2, #0xf
+        msr     icc_sre_el2, x2                 // SRE, DFB, DIB, EL1 Enable
+        isb
+        mov     x2, #0xf0
+        msr     icc_pmr_el1, x2
+        mov     x2, #1
+        msr     icc_igrpen1_el1, x2
         // Ticks in 20 us, for idle waits.
         mrs     x1, cntfrq_el0
         mov     x2, #50000
@@ -185,6 +226,10 @@ cmd_loop:
         b.eq    do_at
         cmp     x3, #CMD_PING
         b.eq    cmd_ping
+        cmp     x3, #CMD_LINUX
+        b.eq    do_linux
+        cmp     x3, #CMD_KICK
+        b.eq    do_kick
         mov     x0, #-1
         b       cmd_done
 cmd_ping:
@@ -232,6 +277,44 @@ do_run:
         mov     x28, xzr
         isb
         eret
+
+// LINUX: a vCPU of a Linux guest from its reset state. Args 0..2 as RUN,
+// arg3 = entry, args 4..7 = x0..x3, arg8 = ICH_HCR_EL2, arg9 =
+// CNTVOFF_EL2, arg10 = CNTHCTL_EL2. The guest's EL1 state stays in this
+// CPU between exits (vCPU n is CPU n); the list registers start empty.
+do_linux:
+        bl      load_vm
+        ldr     x1, [x28, #MB_ARG8]
+        msr     ich_hcr_el2, x1
+        ldr     x1, [x28, #MB_ARG8 + 8]
+        msr     cntvoff_el2, x1
+        ldr     x1, [x28, #MB_ARG8 + 16]
+        msr     cnthctl_el2, x1
+        msr     ich_lr0_el2, xzr
+        msr     ich_lr1_el2, xzr
+        msr     ich_lr2_el2, xzr
+        msr     ich_lr3_el2, xzr
+        msr     cntv_ctl_el0, xzr
+        ldr     x1, [x28, #MB_ARG0 + 24]
+        msr     elr_el2, x1
+        mov     x1, #0x3c5
+        msr     spsr_el2, x1
+        ldp     x0, x1, [x28, #MB_ARG4]
+        ldp     x2, x3, [x28, #MB_ARG4 + 16]
+        .irp    r, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30
+        mov     x\r, xzr
+        .endr
+        isb
+        eret
+
+// KICK: arg0 = an ICC_SGI1R_EL1 value; sends that SGI at EL2 (another
+// CPU takes it as an IRQ and exits from its guest).
+do_kick:
+        ldr     x1, [x28, #MB_ARG0]
+        msr     icc_sgi1r_el1, x1
+        isb
+        mov     x0, #0
+        b       cmd_done
 
 // TLBI: arg0 = number of instructions at MB_CMD_INSNS, args 1..2 = VTCR,
 // VTTBR (the VMID the maintenance applies to).
@@ -364,8 +447,25 @@ lower_sync:
         cmp     x2, #0x16
         b.eq    1f
         mov     x3, #EXIT_OTHER
-1:      str     x3, [x28, #MB_EXIT_KIND]
+1:
+// Posts exit kind x3 with syndrome x1, waits for the answer.
+post_exit:
+        str     x3, [x28, #MB_EXIT_KIND]
         str     x1, [x28, #MB_ESR]
+        mrs     x4, ich_lr0_el2
+        mrs     x5, ich_lr1_el2
+        stp     x4, x5, [x28, #MB_LR0]
+        mrs     x4, ich_lr2_el2
+        mrs     x5, ich_lr3_el2
+        stp     x4, x5, [x28, #MB_LR0 + 16]
+        mrs     x4, cntv_ctl_el0
+        mrs     x5, cntv_cval_el0
+        stp     x4, x5, [x28, #MB_CNTV_CTL]
+        mrs     x4, ich_misr_el2
+        mrs     x5, ich_vmcr_el2
+        stp     x4, x5, [x28, #MB_ICH_MISR]
+        mrs     x4, spsr_el2
+        str     x4, [x28, #MB_SPSR]
         mrs     x4, far_el2
         str     x4, [x28, #MB_FAR]
         mrs     x4, hpfar_el2
@@ -406,6 +506,8 @@ lower_sync:
         b.eq    run_stopped
         cmp     x2, #ACT_MMIO
         b.eq    mmio_done
+        cmp     x2, #ACT_LINUX
+        b.eq    linux_resume
         cmp     x2, #ACT_RESUME_X0
         b.ne    4f
         ldp     x3, x4, [x28, #MB_REPLY_X0]
@@ -419,6 +521,7 @@ lower_sync:
         ldr     x4, [x28, #MB_STAT_EXITS]
         add     x4, x4, #1
         str     x4, [x28, #MB_STAT_EXITS]
+restore_guest:
         ldp     x0, x1, [sp, #0]
         ldp     x2, x3, [sp, #16]
         ldp     x4, x5, [sp, #32]
@@ -441,6 +544,48 @@ lower_sync:
 run_stopped:
         mov     x0, #0
         b       cmd_done
+
+// The host answered a Linux vCPU's exit: its list registers, ICH_HCR_EL2
+// and the return address from the mailbox; general registers from the
+// frame (the host edits them there).
+linux_resume:
+        ldp     x3, x4, [x28, #MB_LR0]
+        msr     ich_lr0_el2, x3
+        msr     ich_lr1_el2, x4
+        ldp     x3, x4, [x28, #MB_LR0 + 16]
+        msr     ich_lr2_el2, x3
+        msr     ich_lr3_el2, x4
+        ldr     x3, [x28, #MB_ICH_HCR]
+        msr     ich_hcr_el2, x3
+        ldr     x3, [x28, #MB_NEW_ELR]
+        msr     elr_el2, x3
+        isb
+        b       4b
+
+// A physical interrupt taken from the guest (HCR_EL2.IMO). Acknowledge
+// it; the virtual timer's is masked at its source (CNTV_CTL.IMASK, which
+// the guest clears when it programs the next event) so that the host can
+// inject virtual INTID 27; then complete it and exit to the host, which
+// answers with the list registers. Spurious INTIDs resume the guest.
+lower_irq:
+        mrs     x28, tpidr_el2
+        mrs     x0, cntpct_el0
+        str     x0, [x28, #MB_T_ENTRY]
+        mrs     x1, icc_iar1_el1
+        cmp     x1, #1020
+        b.hs    restore_guest
+        cmp     x1, #VTIMER_INTID
+        b.ne    1f
+        mrs     x2, cntv_ctl_el0
+        orr     x2, x2, #2
+        msr     cntv_ctl_el0, x2
+        isb
+1:      msr     icc_eoir1_el1, x1
+        isb
+        str     x1, [x28, #MB_INTID]
+        mov     x3, #EXIT_IRQ
+        mov     x1, xzr
+        b       post_exit
 
 // The host emulated the access (MMIO): a read's value goes to Rt, and the
 // instruction is skipped.
@@ -502,9 +647,28 @@ vectors:
         str     x30, [sp, #240]
         b       lower_sync
         .balign 128
-        // Lower EL IRQ, FIQ, SError and the AArch32 entries: masked or
-        // impossible here.
-        .rept   7
+        // Lower EL, AArch64: IRQ.
+        sub     sp, sp, #FRAME
+        stp     x0, x1, [sp, #0]
+        stp     x2, x3, [sp, #16]
+        stp     x4, x5, [sp, #32]
+        stp     x6, x7, [sp, #48]
+        stp     x8, x9, [sp, #64]
+        stp     x10, x11, [sp, #80]
+        stp     x12, x13, [sp, #96]
+        stp     x14, x15, [sp, #112]
+        stp     x16, x17, [sp, #128]
+        stp     x18, x19, [sp, #144]
+        stp     x20, x21, [sp, #160]
+        stp     x22, x23, [sp, #176]
+        stp     x24, x25, [sp, #192]
+        stp     x26, x27, [sp, #208]
+        stp     x28, x29, [sp, #224]
+        str     x30, [sp, #240]
+        b       lower_irq
+        .balign 128
+        // Lower EL FIQ, SError and the AArch32 entries: impossible here.
+        .rept   6
         b       hyp_panic
         .balign 128
         .endr

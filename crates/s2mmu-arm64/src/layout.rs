@@ -34,7 +34,7 @@ pub const CTL_ALIVE: u64 = 0x100;
 pub const MBOX0: u64 = 0x4020_1000;
 /// Bytes per mailbox.
 pub const MBOX_SIZE: u64 = 0x2000;
-/// Most CPUs: the stub sleeps through the GICv2 (at most 8 CPUs).
+/// Most CPUs (the stub numbers CPUs by MPIDR Aff0 within one cluster).
 pub const MAX_CPUS: usize = 8;
 /// Scratch space for AT lists.
 pub const SCRATCH: u64 = 0x4030_0000;
@@ -87,8 +87,30 @@ pub mod mb {
     /// The value of the faulting access's register (ESR ISS.SRT): what an
     /// MMIO write stores.
     pub const MMIO_DATA: u64 = 0x130;
+    /// The physical INTID of an [`super::EXIT_IRQ`] exit.
+    pub const INTID: u64 = 0x138;
+    /// ICH_LR0_EL2..ICH_LR3_EL2 at the exit; the host's values for
+    /// [`super::ACT_LINUX`].
+    pub const LR0: u64 = 0x140;
+    /// ICH_HCR_EL2 for [`super::ACT_LINUX`].
+    pub const ICH_HCR: u64 = 0x160;
+    /// ELR_EL2 to resume at for [`super::ACT_LINUX`].
+    pub const NEW_ELR: u64 = 0x168;
+    /// CNTV_CTL_EL0 at the exit.
+    pub const CNTV_CTL: u64 = 0x170;
+    /// CNTV_CVAL_EL0 at the exit.
+    pub const CNTV_CVAL: u64 = 0x178;
+    /// ICH_MISR_EL2 at the exit.
+    pub const ICH_MISR: u64 = 0x180;
+    /// ICH_VMCR_EL2 at the exit.
+    pub const ICH_VMCR: u64 = 0x188;
+    /// SPSR_EL2 at the exit.
+    pub const SPSR: u64 = 0x190;
+    /// Where the stub's stack starts (its top): the guest's x0..x30 lie in
+    /// the frame just below it during an exit.
+    pub const STACK_TOP: u64 = 0x108;
     /// The answer's instruction list.
-    pub const REPLY_INSNS: u64 = 0x200;
+    pub const REPLY_INSNS: u64 = 0x400;
     /// Capacity of the answer's list.
     pub const REPLY_CAP: usize = ((CMD_INSNS - REPLY_INSNS) / 16) as usize;
     /// A TLBI command's instruction list.
@@ -105,6 +127,12 @@ pub const CMD_RUN: u64 = 2;
 pub const CMD_TLBI: u64 = 3;
 /// Command: translate a list of IPAs with AT S12E1R/W.
 pub const CMD_AT: u64 = 4;
+/// Command: run a Linux vCPU from its reset state (see `asm/hyp.S`).
+pub const CMD_LINUX: u64 = 5;
+/// Command: send the SGI in arg0 (an ICC_SGI1R_EL1 value) from EL2.
+pub const CMD_KICK: u64 = 6;
+/// Bytes of the stub's exception frame (x0..x30 at 8-byte steps).
+pub const FRAME: u64 = 256;
 
 /// Exit: a stage-2 abort (EC 0x24 or 0x20).
 pub const EXIT_ABORT: u64 = 1;
@@ -112,6 +140,9 @@ pub const EXIT_ABORT: u64 = 1;
 pub const EXIT_HVC: u64 = 2;
 /// Exit: anything else.
 pub const EXIT_OTHER: u64 = 3;
+/// Exit: a physical interrupt taken from the guest (INTID in
+/// [`mb::INTID`]).
+pub const EXIT_IRQ: u64 = 4;
 
 /// Answer: resume the guest.
 pub const ACT_RESUME: u64 = 0;
@@ -122,6 +153,9 @@ pub const ACT_STOP: u64 = 2;
 /// Answer: the host emulated the access (MMIO): a read gets x0 in its
 /// register, and the instruction is skipped.
 pub const ACT_MMIO: u64 = 3;
+/// Answer: load the list registers, ICH_HCR_EL2 and ELR_EL2 from the
+/// mailbox and the general registers from the frame, then resume.
+pub const ACT_LINUX: u64 = 4;
 
 /// Guest HVC x0: a pass is done, give me the next (memstress).
 pub const HVC_PASS: u64 = 1;

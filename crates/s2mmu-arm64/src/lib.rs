@@ -32,9 +32,11 @@
 pub mod arena;
 pub mod effect;
 pub mod layout;
+pub mod linux;
 pub mod machine;
 mod passes;
 pub mod probe;
+pub mod ram;
 pub mod stage2;
 pub mod tlbi;
 pub mod vm;

@@ -188,6 +188,23 @@ impl HypSink {
         (r, insns)
     }
 
+    /// Makes CPU `cpu` (a vCPU running guest code, or about to) exit to the
+    /// host: the service CPU sends it the stub's kick SGI at EL2, which it
+    /// takes as an IRQ from the guest. A CPU at EL2 takes it once it next
+    /// enters its guest, so a kick is never lost.
+    ///
+    /// # Panics
+    /// If the service CPU stops answering (as for maintenance).
+    pub fn kick(&self, cpu: usize) {
+        // ICC_SGI1R_EL1: INTID 15, Aff1 = cpu / 16, target list bit Aff0.
+        let sgi = 15u64 << 24 | ((cpu as u64 / 16) << 16) | 1 << (cpu % 16);
+        let _one = self.service.lock().unwrap();
+        let mbox = self.machine.mailbox(self.service_cpu);
+        if let Err(e) = mbox.command(layout::CMD_KICK, &[sgi]) {
+            panic!("service CPU did not send a kick: {e}");
+        }
+    }
+
     fn run_on_service(&self, insns: &[(u64, u64)], droppable: bool) {
         if droppable
             && self

@@ -170,6 +170,29 @@ impl Arm64Vm {
     /// [`Arm64Error::Config`] for a table arena that does not fit;
     /// [`Arm64Error::Engine`] for a format or policy the engine refuses.
     pub fn new(machine: Arc<Machine>, cfg: &VmConfig) -> Result<Arm64Vm> {
+        let vm = Arm64Vm::new_bare(machine, cfg)?;
+        let shift = vm.fmt.page_shift();
+        let ram = vm.machine.ram().clone();
+        let code_hva = ram.hva(layout::GUEST_TEXT).expect("guest text in RAM");
+        let code = UserMemoryRegion::new(
+            CODE_SLOT,
+            SlotFlags::NONE,
+            Gpa::new(layout::GUEST_TEXT),
+            layout::GUEST_TEXT_SIZE.max(1 << shift),
+            Hva::new(code_hva),
+        );
+        vm.mmu.set_memory_region(&code, 1 << shift)?;
+        // Map the code now: probes run it without a vCPU to fault it in.
+        let pages = layout::GUEST_TEXT_SIZE.max(1 << shift) >> shift;
+        vm.mmu.populate(CODE_SLOT, 0, pages)?;
+        Ok(vm)
+    }
+
+    /// A VM with no memslot at all (a Linux guest brings its own RAM).
+    ///
+    /// # Errors
+    /// As [`Arm64Vm::new`].
+    pub fn new_bare(machine: Arc<Machine>, cfg: &VmConfig) -> Result<Arm64Vm> {
         if cfg.table_bytes == 0 || cfg.table_bytes > layout::DATA - layout::TABLES {
             return Err(Arm64Error::Config(format!(
                 "table arena of {:#x} bytes: must be 1..={:#x}",
@@ -203,7 +226,7 @@ impl Arm64Vm {
         let vtcr = stage2::vtcr(&fmt, cfg.policy.dirty.hardware());
         let vttbr = stage2::vttbr(root, stage2::VMID);
         sink.set_context(vtcr, vttbr);
-        let vm = Arm64Vm {
+        Ok(Arm64Vm {
             machine,
             mmu: Arc::new(mmu),
             host,
@@ -212,20 +235,7 @@ impl Arm64Vm {
             vttbr,
             fmt,
             mmio: Mutex::new(None),
-        };
-        let code_hva = ram.hva(layout::GUEST_TEXT).expect("guest text in RAM");
-        let code = UserMemoryRegion::new(
-            CODE_SLOT,
-            SlotFlags::NONE,
-            Gpa::new(layout::GUEST_TEXT),
-            layout::GUEST_TEXT_SIZE.max(1 << shift),
-            Hva::new(code_hva),
-        );
-        vm.mmu.set_memory_region(&code, 1 << shift)?;
-        // Map the code now: probes run it without a vCPU to fault it in.
-        let pages = layout::GUEST_TEXT_SIZE.max(1 << shift) >> shift;
-        vm.mmu.populate(CODE_SLOT, 0, pages)?;
-        Ok(vm)
+        })
     }
 
     /// The engine's MMU.
@@ -423,13 +433,18 @@ impl Arm64Vm {
             .wait("a stopped guest", Instant::now(), || mbox.done(run))
     }
 
-    fn handle_abort(
+    /// Handles stage-2 abort `e` of `vcpu` with the engine's fault path:
+    /// the maintenance the answer must execute before the guest retries,
+    /// or the engine's error ([`s2mmu::Error::NoSlot`] for an IPA no
+    /// memslot covers: MMIO).
+    ///
+    /// # Errors
+    /// [`Arm64Error::Guest`] for a fault status the engine does not handle.
+    pub fn fault(
         &self,
-        cpu: usize,
         vcpu: &mut VcpuMmu<ArenaMmOps>,
         e: &Exit,
-        st: &mut RunStats,
-    ) -> Result<AbortAnswer> {
+    ) -> Result<s2mmu::Result<Vec<(u64, u64)>>> {
         let ipa = e.ipa();
         let kind = fault_kind(e.dfsc()).ok_or_else(|| {
             Arm64Error::Guest(format!(
@@ -438,14 +453,31 @@ impl Arm64Vm {
                 e.esr
             ))
         })?;
-        let t0 = Instant::now();
+        // A permission fault on the guest's stage-1 walk (ESR ISS.S1PTW) is
+        // the walker's hardware update of a descriptor (access flag, dirty
+        // state): a write, whatever WnR says (QEMU reports it as a read).
+        // KVM's kvm_is_write_fault() decides the same way.
+        let s1ptw = e.esr & (1 << 7) != 0;
+        let write = e.write() || (s1ptw && matches!(kind, FaultKind::Permission { .. }));
         let (r, insns) = self.sink.collect_for_fault(|| {
             self.mmu
-                .handle_stage2_fault(vcpu, Gpa::new(ipa), e.write(), kind)
+                .handle_stage2_fault(vcpu, Gpa::new(ipa), write, kind)
         });
+        Ok(r.map(|_| insns))
+    }
+
+    fn handle_abort(
+        &self,
+        cpu: usize,
+        vcpu: &mut VcpuMmu<ArenaMmOps>,
+        e: &Exit,
+        st: &mut RunStats,
+    ) -> Result<AbortAnswer> {
+        let t0 = Instant::now();
+        let r = self.fault(vcpu, e)?;
         st.engine_ns += t0.elapsed().as_nanos() as u64;
         match r {
-            Ok(_) => Ok(AbortAnswer::Retry(insns)),
+            Ok(insns) => Ok(AbortAnswer::Retry(insns)),
             Err(s2mmu::Error::NoSlot { gpa }) => {
                 let handler = self.mmio.lock().unwrap();
                 let (Some(h), Some(size)) = (handler.as_ref(), e.access_size()) else {

@@ -28,3 +28,17 @@ pub fn machine(cpus: usize, data_bytes: u64) -> Option<Arc<Machine>> {
         Machine::start(&MachineConfig { cpus, data_bytes }).expect("QEMU starts"),
     ))
 }
+
+/// Whether the arm64 model cannot run here (after printing why the check
+/// is skipped; a failure when `S2MMU_REQUIRE_ARM64` is set).
+pub fn machine_unavailable() -> bool {
+    let Err(why) = s2mmu_arm64::available() else {
+        return false;
+    };
+    assert!(
+        std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
+        "S2MMU_REQUIRE_ARM64 is set but the arm64 model cannot run: {why}"
+    );
+    eprintln!("skipped: {why}");
+    true
+}

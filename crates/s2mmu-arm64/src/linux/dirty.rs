@@ -1,0 +1,226 @@
+//! Dirty logging under a running Linux, checked without trusting the
+//! engine: every harvest the host hashes each guest page, and a page whose
+//! content changed must be in the log of that harvest or of the next one
+//! (a write after a harvest's re-protection shows up in the next). A page
+//! that changed and is in neither was written without the engine knowing:
+//! a lost page.
+
+use super::vm::{Shared, RAM_IPA, RAM_SLOT};
+use crate::layout;
+use crate::Result;
+use s2mmu::dirty::DirtyGfn;
+use s2mmu::mmu::{DirtyMode, MmuPolicy};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How the host harvests a Linux guest's dirty pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinuxDirty {
+    /// No logging.
+    Off,
+    /// Write protection, GET re-protects (`KVM_GET_DIRTY_LOG`).
+    Wp,
+    /// Write protection, GET then CLEAR (manual protect).
+    Manual,
+    /// Write protection into per-vCPU dirty rings.
+    Ring,
+    /// Hardware dirty state (FEAT_HAFDBS: VTCR_EL2.HA/HD, DBM leaves).
+    Hw,
+}
+
+impl LinuxDirty {
+    /// Parses `off|wp|manual|ring|hw`.
+    ///
+    /// # Errors
+    /// A message naming the accepted words.
+    pub fn parse(s: &str) -> std::result::Result<LinuxDirty, String> {
+        Ok(match s {
+            "off" => LinuxDirty::Off,
+            "wp" => LinuxDirty::Wp,
+            "manual" => LinuxDirty::Manual,
+            "ring" => LinuxDirty::Ring,
+            "hw" => LinuxDirty::Hw,
+            _ => {
+                return Err(format!(
+                    "dirty mode {s:?}: one of off, wp, manual, ring, hw"
+                ))
+            }
+        })
+    }
+
+    /// The engine's policy for this mode (eager split on, the default
+    /// chunk).
+    pub fn policy(self) -> MmuPolicy {
+        // The engine's default is manual protect (GET only copies).
+        let mut p = MmuPolicy {
+            manual_protect: false,
+            ..MmuPolicy::default()
+        };
+        match self {
+            LinuxDirty::Off | LinuxDirty::Wp => {}
+            LinuxDirty::Manual => p.manual_protect = true,
+            LinuxDirty::Ring => p.dirty = DirtyMode::Ring { entries: 16384 },
+            LinuxDirty::Hw => p.dirty = DirtyMode::Hardware,
+        }
+        p
+    }
+}
+
+/// How the harvester runs.
+#[derive(Clone, Copy, Debug)]
+pub struct HarvestConfig {
+    /// The mode.
+    pub mode: LinuxDirty,
+    /// Time between harvests.
+    pub period: Duration,
+    /// Fault injection: drop the invalidations host threads issue from
+    /// this harvest on (see [`HarvestReport::dropped`]).
+    pub drop_invalidations_from: Option<u64>,
+    /// Fault injection: discard this harvest's log, as a harvest that lost
+    /// its result would (the check must then report lost pages).
+    pub discard_log: Option<u64>,
+}
+
+/// What the harvester saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HarvestReport {
+    /// Harvests made.
+    pub harvests: u64,
+    /// Pages logged over all harvests.
+    pub logged: u64,
+    /// Pages whose content changed between two harvests.
+    pub changed: u64,
+    /// Changed pages in no log (must be 0).
+    pub lost: u64,
+    /// The first lost pages' guest-physical addresses.
+    pub lost_examples: Vec<u64>,
+    /// Host ns spent harvesting (GET/CLEAR or ring harvest and reset).
+    pub harvest_ns: u64,
+    /// Host ns spent hashing guest RAM.
+    pub hash_ns: u64,
+    /// Invalidation sequences dropped by fault injection.
+    pub dropped: u64,
+}
+
+/// The guest RAM as words shared with QEMU.
+fn ram_words(sh: &Shared, npages: u64) -> &[AtomicU64] {
+    let bytes = npages * 4096;
+    let p = sh
+        .vm
+        .machine()
+        .ram()
+        .ptr(layout::DATA, bytes)
+        .expect("guest RAM lies inside the machine's data region");
+    // SAFETY: `p` points at `bytes` bytes of the shared mapping, 8-byte
+    // aligned (DATA is), valid for the `Shared`'s lifetime (the machine
+    // owns it); QEMU and this process only access it with
+    // single-copy-atomic loads and stores, which AtomicU64 is.
+    unsafe { std::slice::from_raw_parts(p.cast::<AtomicU64>(), (bytes / 8) as usize) }
+}
+
+fn hash_pages(words: &[AtomicU64], out: &mut [u64]) {
+    for (i, h) in out.iter_mut().enumerate() {
+        let mut x = 0xcbf2_9ce4_8422_2325u64;
+        for w in &words[i * 512..(i + 1) * 512] {
+            x = (x ^ w.load(Ordering::Relaxed)).wrapping_mul(0x0100_0000_01b3);
+        }
+        *h = x;
+    }
+}
+
+/// One harvest into `bitmap` (a bit per page of the RAM slot).
+fn harvest(
+    sh: &Shared,
+    mode: LinuxDirty,
+    bitmap: &mut [u64],
+    ring: &mut Vec<DirtyGfn>,
+) -> Result<()> {
+    let mmu = sh.vm.mmu();
+    let npages = (bitmap.len() * 64) as u64;
+    match mode {
+        LinuxDirty::Off => bitmap.fill(0),
+        LinuxDirty::Wp | LinuxDirty::Hw => {
+            mmu.get_dirty_log(RAM_SLOT, bitmap)?;
+        }
+        LinuxDirty::Manual => {
+            mmu.get_dirty_log(RAM_SLOT, bitmap)?;
+            mmu.clear_dirty_log(RAM_SLOT, 0, npages, bitmap)?;
+        }
+        LinuxDirty::Ring => {
+            ring.clear();
+            mmu.harvest_rings(ring)?;
+            bitmap.fill(0);
+            for g in ring.iter() {
+                if g.slot == u32::from(RAM_SLOT) && g.offset < npages {
+                    bitmap[(g.offset / 64) as usize] |= 1 << (g.offset % 64);
+                }
+            }
+            mmu.reset_rings()?;
+        }
+    }
+    Ok(())
+}
+
+/// Turns logging on for guest RAM and harvests every `cfg.period` until
+/// the VM stops, checking every page's content against the logs.
+///
+/// # Errors
+/// The engine's errors.
+pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Result<HarvestReport> {
+    let npages = mem / 4096;
+    let words = ram_words(sh, npages);
+    let mut rep = HarvestReport::default();
+    let mut prev = vec![0u64; npages as usize];
+    let mut now = vec![0u64; npages as usize];
+    let mut bitmap = vec![0u64; npages.div_ceil(64) as usize];
+    let mut ring = Vec::new();
+    let mut carry: Vec<u64> = Vec::new();
+    if cfg.mode != LinuxDirty::Off {
+        sh.vm.mmu().enable_dirty_logging(RAM_SLOT)?;
+    }
+    // The hashes the first window starts from: taken after logging is on,
+    // so every later write is either logged or a loss.
+    hash_pages(words, &mut prev);
+    while !sh.stopping() {
+        std::thread::sleep(cfg.period);
+        if cfg.drop_invalidations_from == Some(rep.harvests) {
+            sh.vm.sink().drop_host_sequences(u64::MAX);
+        }
+        let t = Instant::now();
+        harvest(sh, cfg.mode, &mut bitmap, &mut ring)?;
+        rep.harvest_ns += t.elapsed().as_nanos() as u64;
+        if cfg.discard_log == Some(rep.harvests) {
+            bitmap.fill(0);
+        }
+        rep.harvests += 1;
+        let logged = |p: u64| bitmap[(p / 64) as usize] >> (p % 64) & 1 == 1;
+        rep.logged += bitmap
+            .iter()
+            .map(|w| u64::from(w.count_ones()))
+            .sum::<u64>();
+        for &p in &carry {
+            if !logged(p) {
+                rep.lost += 1;
+                if rep.lost_examples.len() < 16 {
+                    rep.lost_examples.push(RAM_IPA + p * 4096);
+                }
+            }
+        }
+        let t = Instant::now();
+        hash_pages(words, &mut now);
+        rep.hash_ns += t.elapsed().as_nanos() as u64;
+        carry.clear();
+        for p in 0..npages {
+            if now[p as usize] != prev[p as usize] {
+                rep.changed += 1;
+                if !logged(p) {
+                    carry.push(p);
+                }
+            }
+        }
+        std::mem::swap(&mut prev, &mut now);
+    }
+    sh.vm.sink().drop_host_sequences(0);
+    rep.dropped = sh.vm.sink().counters().dropped;
+    Ok(rep)
+}

@@ -1,0 +1,33 @@
+//! What a Linux guest needs from the host side, apart from the vCPUs and
+//! the interrupt controller: its files (Debian's arm64 kernel, an
+//! initramfs with busybox and the guest programs of `guest/`), its device
+//! tree, the kernel's placement in guest RAM, the MMIO bus that stage-2
+//! data aborts outside RAM are routed to, and the console UART.
+//!
+//! - [`assets`]: the kernel `Image` and initramfs, fetched with apt and
+//!   built in a cache directory ([`debs`] unpacks the packages, [`cpio`]
+//!   writes the archive).
+//! - [`fdt`]: the device tree (rust-vmm `vm-fdt`).
+//! - [`loader`]: the arm64 boot protocol's placement; [`boot`] loads the
+//!   asset files and the device tree in one call.
+//! - [`bus`]: guest-physical MMIO ranges and their device models.
+//! - [`uart`]: a 16550 (rust-vmm `vm-superio`).
+//! - [`baseline`]: the same kernel booted by QEMU itself, for comparison.
+//! - [`gic`]: the GICv3 distributor and redistributors, list registers.
+//! - [`psci`]: PSCI 1.1 over HVC.
+//! - [`vm`]: the Linux VM ([`vm::run`]), its vCPU threads in `vcpu`.
+
+pub mod assets;
+pub mod baseline;
+pub mod boot;
+pub mod bus;
+pub mod cpio;
+pub mod debs;
+pub mod dirty;
+pub mod fdt;
+pub mod gic;
+pub mod loader;
+pub mod psci;
+pub mod uart;
+mod vcpu;
+pub mod vm;

@@ -1,0 +1,162 @@
+//! PSCI 1.1 over HVC, as Linux's `arch/arm64/kvm/psci.c` serves it: the
+//! guest's power state calls, decoded into what the VM must do.
+
+/// PSCI_VERSION.
+pub const VERSION: u32 = 0x8400_0000;
+/// CPU_SUSPEND (64-bit).
+pub const CPU_SUSPEND: u32 = 0xc400_0001;
+/// CPU_OFF.
+pub const CPU_OFF: u32 = 0x8400_0002;
+/// CPU_ON (64-bit).
+pub const CPU_ON: u32 = 0xc400_0003;
+/// AFFINITY_INFO (64-bit).
+pub const AFFINITY_INFO: u32 = 0xc400_0004;
+/// MIGRATE_INFO_TYPE.
+pub const MIGRATE_INFO_TYPE: u32 = 0x8400_0006;
+/// SYSTEM_OFF.
+pub const SYSTEM_OFF: u32 = 0x8400_0008;
+/// SYSTEM_RESET.
+pub const SYSTEM_RESET: u32 = 0x8400_0009;
+/// PSCI_FEATURES.
+pub const FEATURES: u32 = 0x8400_000a;
+
+/// PSCI 1.1 (major 1 in bits 31:16, minor 1).
+pub const VERSION_1_1: u64 = 0x1_0001;
+/// SUCCESS.
+pub const RET_SUCCESS: i64 = 0;
+/// NOT_SUPPORTED.
+pub const RET_NOT_SUPPORTED: i64 = -1;
+/// INVALID_PARAMETERS.
+pub const RET_INVALID_PARAMS: i64 = -2;
+/// ALREADY_ON.
+pub const RET_ALREADY_ON: i64 = -4;
+/// ON_PENDING.
+pub const RET_ON_PENDING: i64 = -5;
+/// MIGRATE_INFO_TYPE: no Trusted OS that needs migrating.
+pub const TOS_NOT_PRESENT_MP: u64 = 2;
+
+/// A vCPU's power state, as AFFINITY_INFO reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PowerState {
+    /// Running (or started and about to run).
+    On,
+    /// Off (never started, or CPU_OFF).
+    Off,
+    /// CPU_ON accepted, not running yet.
+    OnPending,
+}
+
+impl PowerState {
+    /// AFFINITY_INFO's code.
+    pub fn code(self) -> u64 {
+        match self {
+            PowerState::On => 0,
+            PowerState::Off => 1,
+            PowerState::OnPending => 2,
+        }
+    }
+}
+
+/// What a PSCI call asks of the VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PsciCall {
+    /// Answer with x0 = this and resume.
+    Answer(u64),
+    /// Start vCPU `target` at `entry` with x0 = `context`.
+    CpuOn {
+        /// The target vCPU (MPIDR Aff0).
+        target: u64,
+        /// Its entry point.
+        entry: u64,
+        /// Its x0.
+        context: u64,
+    },
+    /// Report vCPU `target`'s power state.
+    AffinityInfo {
+        /// The target vCPU.
+        target: u64,
+    },
+    /// Stop this vCPU.
+    CpuOff,
+    /// Power the machine off.
+    SystemOff,
+    /// Reset the machine (the host stops it and says so).
+    SystemReset,
+}
+
+/// Decodes a guest HVC with `x0..x3`. Unknown calls answer NOT_SUPPORTED,
+/// as SMCCC asks.
+pub fn decode(x: [u64; 4]) -> PsciCall {
+    let id = x[0] as u32;
+    let ans = |v: i64| PsciCall::Answer(v as u64);
+    if x[0] >> 32 != 0 {
+        return ans(RET_NOT_SUPPORTED);
+    }
+    match id {
+        VERSION => PsciCall::Answer(VERSION_1_1),
+        CPU_ON => PsciCall::CpuOn {
+            target: x[1],
+            entry: x[2],
+            context: x[3],
+        },
+        AFFINITY_INFO if x[2] != 0 => ans(RET_INVALID_PARAMS),
+        AFFINITY_INFO => PsciCall::AffinityInfo { target: x[1] },
+        CPU_OFF => PsciCall::CpuOff,
+        SYSTEM_OFF => PsciCall::SystemOff,
+        SYSTEM_RESET => PsciCall::SystemReset,
+        MIGRATE_INFO_TYPE => PsciCall::Answer(TOS_NOT_PRESENT_MP),
+        FEATURES => ans(features(x[1] as u32)),
+        _ => ans(RET_NOT_SUPPORTED),
+    }
+}
+
+fn features(id: u32) -> i64 {
+    match id {
+        VERSION | CPU_OFF | CPU_ON | AFFINITY_INFO | MIGRATE_INFO_TYPE | SYSTEM_OFF
+        | SYSTEM_RESET | FEATURES => RET_SUCCESS,
+        _ => RET_NOT_SUPPORTED,
+    }
+}
+
+/// The vCPU an MPIDR names (Aff0 within cluster 0), if it exists.
+pub fn vcpu_of(mpidr: u64, vcpus: usize) -> Option<usize> {
+    let aff0 = (mpidr & 0xff) as usize;
+    (mpidr & 0xff_00ff_ff00 == 0 && aff0 < vcpus).then_some(aff0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_decode_as_psci_1_1_says() {
+        assert_eq!(
+            decode([VERSION as u64, 0, 0, 0]),
+            PsciCall::Answer(0x1_0001)
+        );
+        assert_eq!(
+            decode([CPU_ON as u64, 1, 0x4020_0000, 7]),
+            PsciCall::CpuOn {
+                target: 1,
+                entry: 0x4020_0000,
+                context: 7
+            }
+        );
+        assert_eq!(
+            decode([FEATURES as u64, CPU_ON as u64, 0, 0]),
+            PsciCall::Answer(0)
+        );
+        assert_eq!(
+            decode([FEATURES as u64, CPU_SUSPEND as u64, 0, 0]),
+            PsciCall::Answer(u64::MAX)
+        );
+        assert_eq!(decode([0x8000_0000, 0, 0, 0]), PsciCall::Answer(u64::MAX));
+        assert_eq!(
+            decode([MIGRATE_INFO_TYPE as u64, 0, 0, 0]),
+            PsciCall::Answer(2)
+        );
+        assert_eq!(vcpu_of(0x8000_0001, 2), Some(1));
+        assert_eq!(vcpu_of(2, 2), None);
+        assert_eq!(vcpu_of(0x100, 2), None);
+    }
+}

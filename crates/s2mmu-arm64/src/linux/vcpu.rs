@@ -1,0 +1,363 @@
+//! One Linux vCPU's host thread: it waits for the vCPU to be powered on
+//! (PSCI CPU_ON, or the boot vCPU at start), starts it on its QEMU CPU and
+//! answers every exit the stub posts — stage-2 aborts with the engine's
+//! fault path or a device model, HVCs with PSCI, the SGI register trap
+//! with the vGIC, physical interrupts with list registers — until the vCPU
+//! is turned off or the VM stops.
+
+use super::gic::{GicAccess, GICD_SIZE, GICR_STRIDE, VTIMER_INTID};
+use super::psci::{self, PowerState, PsciCall};
+use super::vm::{ExitKind, Shared, StopReason};
+use crate::arena::ArenaMmOps;
+use crate::layout::{self, mb};
+use crate::machine::{Exit, Mailbox};
+use crate::{Arm64Error, Result};
+use s2mmu::mmu::VcpuMmu;
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+thread_local! {
+    /// The vCPU this thread serves (interrupts raised for it need no kick).
+    pub(crate) static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// What an exit's handling asks for.
+enum Next {
+    /// Resume at this ELR after this maintenance.
+    Resume(u64, Vec<(u64, u64)>),
+    /// Stop this vCPU (CPU_OFF, or the VM stops).
+    Off,
+}
+
+/// ESR_EL2 exception classes the loop handles.
+const EC_WFX: u64 = 0x01;
+const EC_SMC: u64 = 0x17;
+const EC_SYSREG: u64 = 0x18;
+
+/// Runs vCPU `id` until the VM stops.
+///
+/// # Errors
+/// The engine's errors, an exit the host cannot answer, QEMU exiting.
+pub(crate) fn vcpu_thread(sh: &Shared, id: usize) -> Result<()> {
+    CURRENT.with(|c| c.set(Some(id)));
+    let mut vcpu = sh.vm.mmu().new_vcpu()?;
+    while let Some((entry, x0)) = sh.wait_power_on(id) {
+        let r = run_vcpu(sh, id, &mut vcpu, entry, x0);
+        sh.set_power(id, PowerState::Off);
+        if let Err(e) = r {
+            sh.stop(StopReason::Error(e.to_string()));
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn run_vcpu(
+    sh: &Shared,
+    id: usize,
+    vcpu: &mut VcpuMmu<ArenaMmOps>,
+    entry: u64,
+    x0: u64,
+) -> Result<()> {
+    let mbox = sh.vm.machine().mailbox(id);
+    let mut last = mbox.read(mb::EXIT_SEQ);
+    let (vtcr, vttbr) = sh.vm.stage2_regs();
+    let args = [
+        vtcr,
+        vttbr,
+        super::vm::HCR_LINUX,
+        entry,
+        x0,
+        0,
+        0,
+        0,
+        super::gic::ICH_HCR_EN,
+        sh.cntvoff,
+        super::vm::CNTHCTL_LINUX,
+    ];
+    let run = mbox.post(layout::CMD_LINUX, &args);
+    sh.set_power(id, PowerState::On);
+    loop {
+        let Some(e) = wait_exit(sh, &mbox, last, run)? else {
+            return Ok(());
+        };
+        last = e.seq;
+        let t0 = Instant::now();
+        let next = if sh.stopping() {
+            Next::Off
+        } else {
+            handle(sh, id, vcpu, &mbox, &e)?
+        };
+        match next {
+            Next::Resume(elr, insns) => {
+                let mut lrs = [0u64; super::gic::NR_LRS];
+                for (i, lr) in lrs.iter_mut().enumerate() {
+                    *lr = mbox.read(mb::LR0 + 8 * i as u64);
+                }
+                let hcr = sh.gic.sync_lrs(id, &mut lrs);
+                for (i, lr) in lrs.iter().enumerate() {
+                    mbox.write(mb::LR0 + 8 * i as u64, *lr);
+                }
+                mbox.write(mb::ICH_HCR, hcr);
+                mbox.write(mb::NEW_ELR, elr);
+                sh.stats[id]
+                    .host_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                mbox.reply(&e, layout::ACT_LINUX, [0, 0], &insns);
+            }
+            Next::Off => {
+                mbox.reply(&e, layout::ACT_STOP, [0, 0], &[]);
+                sh.vm
+                    .machine()
+                    .wait("a stopped vCPU", Instant::now(), || mbox.done(run))?;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Waits for the next exit (`None` once the RUN command has finished),
+/// without a deadline of its own: a guest may idle for long. QEMU's death
+/// or the VM's stop ends the wait.
+fn wait_exit(sh: &Shared, mbox: &Mailbox<'_>, last: u64, run: u64) -> Result<Option<Exit>> {
+    let mut spins = 0u32;
+    loop {
+        if let Some(e) = mbox.poll_exit(last) {
+            return Ok(Some(e));
+        }
+        if mbox.done(run) {
+            return Ok(None);
+        }
+        spins = spins.saturating_add(1);
+        if spins < 256 {
+            std::hint::spin_loop();
+        } else if spins < 512 {
+            std::thread::yield_now();
+        } else {
+            if spins.is_multiple_of(256) {
+                sh.vm.machine().check_alive()?;
+                sh.check_deadline();
+            }
+            let nap = if spins < 20_000 { 20 } else { 200 };
+            std::thread::sleep(Duration::from_micros(nap));
+        }
+    }
+}
+
+fn handle(
+    sh: &Shared,
+    id: usize,
+    vcpu: &mut VcpuMmu<ArenaMmOps>,
+    mbox: &Mailbox<'_>,
+    e: &Exit,
+) -> Result<Next> {
+    let ec = e.esr >> 26;
+    match e.kind {
+        layout::EXIT_ABORT => abort(sh, id, vcpu, mbox, e),
+        layout::EXIT_IRQ => {
+            sh.count(id, ExitKind::Irq);
+            let intid = mbox.read(mb::INTID) as u32;
+            if intid == VTIMER_INTID {
+                sh.gic.raise(id, VTIMER_INTID);
+            }
+            Ok(Next::Resume(e.elr, Vec::new()))
+        }
+        layout::EXIT_HVC => {
+            sh.count(id, ExitKind::Hvc);
+            hvc(sh, id, mbox, e)
+        }
+        _ if ec == EC_SYSREG => {
+            sh.count(id, ExitKind::Sysreg);
+            sysreg(sh, id, mbox, e);
+            Ok(Next::Resume(e.elr + 4, Vec::new()))
+        }
+        _ if ec == EC_WFX => Ok(Next::Resume(e.elr + 4, Vec::new())),
+        _ if ec == EC_SMC => {
+            // SMC is not this VM's conduit (the device tree says HVC).
+            mbox.set_gpr(0, psci::RET_NOT_SUPPORTED as u64);
+            Ok(Next::Resume(e.elr + 4, Vec::new()))
+        }
+        _ => Err(Arm64Error::Guest(format!(
+            "vCPU {id}: unhandled exception class {ec:#x} (ESR_EL2 {:#x}) at {:#x}",
+            e.esr, e.elr
+        ))),
+    }
+}
+
+fn hvc(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
+    let x = [mbox.gpr(0), mbox.gpr(1), mbox.gpr(2), mbox.gpr(3)];
+    let ret = match psci::decode(x) {
+        PsciCall::Answer(v) => v,
+        PsciCall::CpuOn {
+            target,
+            entry,
+            context,
+        } => sh.cpu_on(target, entry, context) as u64,
+        PsciCall::AffinityInfo { target } => match psci::vcpu_of(target, sh.gic.vcpus()) {
+            Some(t) => sh.power(t).code(),
+            None => psci::RET_INVALID_PARAMS as u64,
+        },
+        PsciCall::CpuOff => return Ok(Next::Off),
+        PsciCall::SystemOff => {
+            sh.stop(StopReason::PowerOff);
+            return Ok(Next::Off);
+        }
+        PsciCall::SystemReset => {
+            sh.stop(StopReason::Reset);
+            return Ok(Next::Off);
+        }
+    };
+    mbox.set_gpr(0, ret);
+    let _ = id;
+    Ok(Next::Resume(e.elr, Vec::new()))
+}
+
+/// A trapped system register access (EC 0x18): the SGI registers, which
+/// EL1 writes trap while HCR_EL2.IMO is set. Anything else reads as zero.
+fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) {
+    let iss = e.esr & 0x1ff_ffff;
+    let read = iss & 1 != 0;
+    let rt = (iss >> 5) & 0x1f;
+    let crm = (iss >> 1) & 0xf;
+    let crn = (iss >> 10) & 0xf;
+    let op1 = (iss >> 14) & 7;
+    let op2 = (iss >> 17) & 7;
+    let op0 = (iss >> 20) & 3;
+    if read {
+        mbox.set_gpr(rt, 0);
+        return;
+    }
+    // ICC_SGI1R_EL1 (3,0,12,11,5); ICC_ASGI1R_EL1 (3,1,12,11,6) is group
+    // 1 for the other security state, the same with one security state.
+    let sgi = op0 == 3 && crn == 12 && crm == 11 && matches!((op1, op2), (0, 5) | (1, 6));
+    if !sgi {
+        sh.log(format!(
+            "vCPU {id}: write to trapped system register ({op0},{op1},{crn},{crm},{op2}) \
+             at {:#x} ignored",
+            e.elr
+        ));
+        return;
+    }
+    let (intid, targets) = sh.gic.sgi_targets(id, mbox.gpr(rt));
+    for t in targets {
+        sh.raise(t, intid);
+    }
+}
+
+fn abort(
+    sh: &Shared,
+    id: usize,
+    vcpu: &mut VcpuMmu<ArenaMmOps>,
+    mbox: &Mailbox<'_>,
+    e: &Exit,
+) -> Result<Next> {
+    let t0 = Instant::now();
+    let r = sh.vm.fault(vcpu, e)?;
+    let st = &sh.stats[id];
+    match r {
+        Ok(insns) => {
+            sh.count(id, ExitKind::Stage2Fault);
+            st.engine_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            Ok(Next::Resume(e.elr, insns))
+        }
+        Err(s2mmu::Error::RingFull { .. }) => {
+            // As KVM's exit to user space: wait for the harvester to reset
+            // the rings, then let the guest fault again.
+            std::thread::sleep(Duration::from_micros(200));
+            Ok(Next::Resume(e.elr, Vec::new()))
+        }
+        Err(s2mmu::Error::NoSlot { .. }) => {
+            sh.count(id, ExitKind::Mmio);
+            let next = mmio(sh, id, mbox, e);
+            st.device_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            next
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// An access to an IPA no memslot covers: the GIC's frames, the bus, or a
+/// logged read-as-zero/write-ignored.
+fn mmio(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
+    let ipa = e.ipa();
+    if e.esr >> 26 == 0x20 || e.esr & (1 << 7) != 0 {
+        return Err(Arm64Error::Guest(format!(
+            "vCPU {id}: instruction fetch or table walk at IPA {ipa:#x} outside RAM (ELR {:#x})",
+            e.elr
+        )));
+    }
+    let Some(size) = e.access_size() else {
+        sh.log(format!(
+            "vCPU {id}: MMIO access at IPA {ipa:#x} without a syndrome (ELR {:#x}): skipped",
+            e.elr
+        ));
+        return Ok(Next::Resume(e.elr + 4, Vec::new()));
+    };
+    let srt = (e.esr >> 16) & 0x1f;
+    let mask = if size == 8 {
+        u64::MAX
+    } else {
+        (1 << (size * 8)) - 1
+    };
+    let write = e.write().then(|| mbox.gpr(srt) & mask);
+    let v = device_access(sh, id, ipa, size, write) & mask;
+    if write.is_none() {
+        let sse = e.esr & (1 << 21) != 0;
+        let sf = e.esr & (1 << 15) != 0;
+        let mut v = v;
+        if sse && v & (1 << (size * 8 - 1)) != 0 {
+            v |= !mask;
+        }
+        if !sf {
+            v &= 0xffff_ffff;
+        }
+        mbox.set_gpr(srt, v);
+    }
+    Ok(Next::Resume(e.elr + 4, Vec::new()))
+}
+
+fn device_access(sh: &Shared, id: usize, ipa: u64, size: u64, write: Option<u64>) -> u64 {
+    let (gicd, gicr) = (sh.layout.gicd, sh.layout.gicr);
+    if ipa >= gicd && ipa + size <= gicd + GICD_SIZE {
+        let offset = ipa - gicd;
+        let v = sh.gic.dist_access(GicAccess {
+            offset,
+            size,
+            write,
+        });
+        sh.kick_pending();
+        return v;
+    }
+    let rsize = GICR_STRIDE * sh.gic.vcpus() as u64;
+    if ipa >= gicr && ipa + size <= gicr + rsize {
+        let offset = ipa - gicr;
+        let v = sh.gic.redist_access(GicAccess {
+            offset,
+            size,
+            write,
+        });
+        sh.kick_pending();
+        return v;
+    }
+    let mut buf = [0u8; 8];
+    let n = size as usize;
+    let r = match write {
+        Some(w) => {
+            buf[..n].copy_from_slice(&w.to_le_bytes()[..n]);
+            sh.bus.write(ipa, &buf[..n])
+        }
+        None => sh.bus.read(ipa, &mut buf[..n]),
+    };
+    if let Err(u) = r {
+        sh.log(format!(
+            "vCPU {id}: {} of {size} bytes at IPA {ipa:#x} claimed by no device ({u:?}): \
+             read as zero, write ignored",
+            if write.is_some() { "write" } else { "read" }
+        ));
+        return 0;
+    }
+    u64::from_le_bytes(buf)
+}
