@@ -172,7 +172,7 @@ impl Machine {
         // /dev/shm however the process ends (a drop of the last handle on
         // the RAM may never run: tables free it through deferred frees).
         let _ = std::fs::remove_file(&elf);
-        let _ = std::fs::remove_file(&m.ram.path);
+        let _ = std::fs::remove_file(m.ram.path());
         booted?;
         Ok(m)
     }
