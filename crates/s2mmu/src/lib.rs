@@ -44,6 +44,8 @@ pub mod sync;
 pub mod table;
 pub mod tlb;
 pub mod walk;
+#[cfg(feature = "vm-memory")]
+pub mod vmm_bitmap;
 
 pub use addr::{Gfn, Gpa, Hva, Pa};
 pub use error::{Error, Result};
