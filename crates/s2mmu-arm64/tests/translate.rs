@@ -201,6 +201,10 @@ fn check_granule(m: &Arc<Machine>, granule: Granule, ipa_bits: u32, vmid: u64) {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn qemu_walks_engine_tables_like_the_engine() {
     let Some(m) = common::machine(2, DATA_BYTES) else {
         return;
