@@ -30,7 +30,10 @@ fn small(manual_protect: bool) -> DirtyLogParams {
 }
 
 #[test]
-#[cfg_attr(not(s2mmu_kvm_device), ignore = "needs /dev/kvm, read-write (see the build warning)")]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn one_write_fault_per_page_after_write_protection() {
     if !kvm_usable() {
         return;
@@ -82,7 +85,10 @@ fn one_write_fault_per_page_after_write_protection() {
 }
 
 #[test]
-#[cfg_attr(not(s2mmu_kvm_device), ignore = "needs /dev/kvm, read-write (see the build warning)")]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn dirty_log_reports_exactly_the_written_pages() {
     if !kvm_usable() {
         return;
@@ -114,7 +120,10 @@ fn dirty_log_reports_exactly_the_written_pages() {
 }
 
 #[test]
-#[cfg_attr(not(s2mmu_kvm_device), ignore = "needs /dev/kvm, read-write (see the build warning)")]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn memslot_ops_at_small_counts() {
     if !kvm_usable() {
         return;
@@ -135,7 +144,10 @@ fn memslot_ops_at_small_counts() {
 }
 
 #[test]
-#[cfg_attr(not(s2mmu_kvm_device), ignore = "needs /dev/kvm, read-write (see the build warning)")]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn hugetlb_without_reservation_says_how_to_reserve() {
     if !kvm_usable() {
         return;
@@ -165,7 +177,10 @@ fn hugetlb_without_reservation_says_how_to_reserve() {
 }
 
 #[test]
-#[cfg_attr(not(s2mmu_kvm_device), ignore = "needs /dev/kvm, read-write (see the build warning)")]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn thp_backing_runs() {
     if !kvm_usable() {
         return;
@@ -181,7 +196,10 @@ fn thp_backing_runs() {
 }
 
 #[test]
-#[cfg_attr(not(s2mmu_kvm_device), ignore = "needs /dev/kvm, read-write (see the build warning)")]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn dirty_ring_reports_exactly_the_written_pages() {
     if !kvm_usable() {
         return;

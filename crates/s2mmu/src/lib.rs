@@ -43,9 +43,9 @@ mod pgtable;
 pub mod sync;
 pub mod table;
 pub mod tlb;
-pub mod walk;
 #[cfg(feature = "vm-memory")]
 pub mod vmm_bitmap;
+pub mod walk;
 
 pub use addr::{Gfn, Gpa, Hva, Pa};
 pub use error::{Error, Result};
