@@ -126,13 +126,13 @@ fn run_vcpu(mmu: &Vm, tlb: &GuestTlb, ram: &GuestRam, id: usize) -> Result<u64, 
     let mut vcpu = mmu.new_vcpu()?;
     let reader = mmu.reader();
     let mut faults = 0;
-    let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ (id as u64) << 32;
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ ((id as u64) << 32);
     for n in 0..WRITES_PER_VCPU {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         let gpa = GPA_BASE + (x % (RAM as u64 / 8)) * 8;
-        let value = (id as u64) << 56 | n;
+        let value = ((id as u64) << 56) | n;
         loop {
             let in_guest = &tlb.in_guest[id];
             in_guest.fetch_add(1, Ordering::SeqCst);
@@ -226,7 +226,7 @@ fn run() -> Result<(), String> {
     let stop = AtomicBool::new(false);
     let mut copy = vec![0u64; RAM / 8];
     let started = Instant::now();
-    let (faults, rounds, copied) = std::thread::scope(|s| {
+    let (faults, harvested) = std::thread::scope(|s| {
         let vcpus: Vec<_> = (0..VCPUS)
             .map(|id| {
                 s.spawn({
@@ -239,7 +239,7 @@ fn run() -> Result<(), String> {
         // blocks), round 0 copies everything, then a round every 2 ms.
         let harvester = s.spawn(|| -> Result<(u64, u64), s2mmu::Error> {
             mmu.set_memory_region(&region(SlotFlags::LOG_DIRTY_PAGES), 2 << 20)?;
-            let mut copied = copy_pages(&ram, &mut copy, &vec![u64::MAX; NPAGES / 64]);
+            let mut copied = copy_pages(&ram, &mut copy, &[u64::MAX; NPAGES / 64]);
             let mut rounds = 0;
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(2));
@@ -250,24 +250,18 @@ fn run() -> Result<(), String> {
             copied += harvest(&mmu, &ram, &mut copy)?;
             Ok((rounds + 1, copied))
         });
-        let mut faults = Vec::new();
-        for v in vcpus {
-            faults.push(v.join().expect("vCPU thread"));
-        }
+        let faults: Vec<_> = vcpus
+            .into_iter()
+            .map(|v| v.join().expect("vCPU thread"))
+            .collect();
         stop.store(true, Ordering::Relaxed);
-        let h = harvester.join().expect("harvest thread");
-        (
-            faults,
-            h.as_ref().map(|h| h.0).map_err(|e| e.to_string()),
-            h,
-        )
+        (faults, harvester.join().expect("harvest thread"))
     });
     let faults: Vec<u64> = faults
         .into_iter()
         .collect::<Result<_, _>>()
         .map_err(|e| format!("vCPU: {e}"))?;
-    let rounds = rounds.map_err(|e| format!("harvest: {e}"))?;
-    let copied = copied.map_err(|e| format!("harvest: {e}"))?.1;
+    let (rounds, copied) = harvested.map_err(|e| format!("harvest: {e}"))?;
     let stale = ram
         .words()
         .iter()
@@ -291,7 +285,7 @@ fn run() -> Result<(), String> {
             stale.first().unwrap()
         ));
     }
-    if faults.iter().any(|&f| f == 0) || rounds < 2 {
+    if faults.contains(&0) || rounds < 2 {
         return Err("every vCPU should fault and the harvest should run".into());
     }
     println!("vcpu_loop: the copy equals the guest's RAM");

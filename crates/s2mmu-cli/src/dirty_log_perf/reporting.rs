@@ -41,7 +41,7 @@ pub(super) fn count_rows(report: &mut Report, r: &EngineRun, vcpus: usize, polic
             policy,
             json!({
                 "vcpus": vcpus,
-                "value_ns": t.as_nanos() as u64,
+                "pass_ns": t.as_nanos() as u64,
                 "faults": f.fast + f.slow,
                 "translation_faults": f.translation,
                 "blocks_collapsed_in_place": r.vm_stats.collapsed,
