@@ -201,13 +201,14 @@ impl LineChart {
                 )))
                 .map_err(err)?;
             // Names one below the other, so phases that start close
-            // together stay readable; a phase in the right half of the axis
-            // is named from its end leftwards, so its name is not cut off
-            // at the plot's right edge.
+            // together stay readable; a name that would run past the plot's
+            // right edge is written from the phase's end leftwards instead.
             let row = (i % 6) as f64 + 1.0;
             let y = y1 - (y1 - y0) * 0.05 * row;
-            let right = ph.start > x0 + (x1 - x0) * 0.5;
-            let (x, h) = match right {
+            // About 7 pixels a character at size 12, over the plot's width.
+            let per_px = (x1 - x0) / f64::from(root.dim_in_pixel().0.saturating_sub(100).max(1));
+            let fits = ph.start + ph.name.chars().count() as f64 * 7.0 * per_px <= x1;
+            let (x, h) = match !fits {
                 true => (ph.end.min(x1), HPos::Right),
                 false => (ph.start.max(x0), HPos::Left),
             };
@@ -247,17 +248,21 @@ impl LineChart {
     }
 }
 
-/// An axis tick: whole numbers with k/M, small ones with a decimal.
+/// An axis tick: thousands and millions with k and M (1k, 1.5k, 10k, 2M),
+/// whole numbers as such, small ones with up to two decimals, never a
+/// trailing zero.
 fn tick_label(v: f64) -> String {
     let a = v.abs();
+    let trim = |x: f64| {
+        let s = format!("{x:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    };
     if a >= 1e6 {
-        format!("{:.0}M", v / 1e6)
-    } else if a >= 1e4 {
-        format!("{:.0}k", v / 1e3)
-    } else if a >= 10.0 || v == v.trunc() {
-        format!("{v:.0}")
+        format!("{}M", trim(v / 1e6))
+    } else if a >= 1e3 {
+        format!("{}k", trim(v / 1e3))
     } else {
-        format!("{v:.2}")
+        trim(v)
     }
 }
 

@@ -185,9 +185,14 @@ fn a_log_axis_spans_decades_and_a_stacked_figure_holds_every_chart() {
     // Decades 10 .. 100k: the ticks name them (plotters writes each
     // text on its own line).
     let texts: Vec<&str> = svg.lines().map(str::trim).collect();
-    for tick in ["10", "100", "100k"] {
+    for tick in ["10", "100", "1k", "10k", "100k"] {
         assert!(texts.contains(&tick), "no tick {tick}");
     }
+    // Only decades: no tick between them (10^2.5 would read 316).
+    assert!(
+        !texts.iter().any(|t| ["316", "31.6", "3.16k"].contains(t)),
+        "{texts:?}"
+    );
     let bars = BarChart {
         title: "rounds".into(),
         y_label: "pages".into(),
@@ -238,6 +243,34 @@ fn a_bar_chart_has_one_bar_per_group_and_category() {
     assert!(bad.svg().unwrap_err().contains("one value per category"));
     let empty = LineChart::default();
     assert!(empty.svg().unwrap_err().contains("no point"));
+}
+
+#[test]
+fn ticks_are_round_and_counts_whole() {
+    for (v, want) in [
+        (1000.0, "1k"),
+        (1500.0, "1.5k"),
+        (2e6, "2M"),
+        (0.5, "0.5"),
+        (10.0, "10"),
+        (0.0, "0"),
+    ] {
+        assert_eq!(tick_label(v), want);
+    }
+    // A count's bars are labelled as whole numbers, its axis has no
+    // fractional tick; a measurement keeps three significant digits.
+    let counts = BarChart {
+        title: "pages".into(),
+        y_label: "pages".into(),
+        categories: vec!["0".into(), "1".into()],
+        groups: vec![("run".into(), vec![3.0, 1.0])],
+    };
+    let svg = counts.svg().unwrap();
+    let texts: Vec<&str> = svg.lines().map(str::trim).collect();
+    assert!(texts.contains(&"3") && texts.contains(&"1"), "{texts:?}");
+    assert!(!texts.iter().any(|t| t.contains('.')), "{texts:?}");
+    // One group: no legend naming it.
+    assert!(!texts.contains(&"run"), "{texts:?}");
 }
 
 /// Writes a PNG of each kind of chart the commands draw, shaped like their
