@@ -1,7 +1,13 @@
 //! Assembles the EL2 stub and its guest code with GNU binutils for
 //! aarch64, when they are installed. Without them the crate still builds:
 //! `Machine::start` then reports that the image is missing, and the tests
-//! skip with that reason.
+//! are ignored with that reason: the cfg `s2mmu_arm64_runnable` is set only
+//! when the image is built and `qemu-system-aarch64` is on `PATH` (or
+//! `S2MMU_QEMU` names it). Without them the script runs again when `PATH`
+//! changes or the package manager installs something (dpkg's status file),
+//! so a build made before `apt-get install binutils-aarch64-linux-gnu
+//! qemu-system-arm` does not keep skipping; with `S2MMU_REQUIRE_ARM64` set
+//! (CI) it fails instead.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,6 +21,10 @@ fn main() {
     println!("cargo:rerun-if-changed=asm/hyp.ld");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=S2MMU_ARM64_NO_IMAGE");
+    println!("cargo:rerun-if-env-changed=PATH");
+    println!("cargo:rerun-if-env-changed=S2MMU_QEMU");
+    println!("cargo:rerun-if-env-changed=S2MMU_REQUIRE_ARM64");
+    println!("cargo::rustc-check-cfg=cfg(s2mmu_arm64_runnable)");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let syms = out.join("symbols.rs");
     // S2MMU_ARM64_NO_IMAGE=1 builds as a machine without binutils would,
@@ -24,6 +34,23 @@ fn main() {
     } else {
         assemble(&out)
     };
+    let runnable = match (&built, &qemu()) {
+        (Ok(_), Ok(())) => Ok(()),
+        (Err(why), _) | (_, Err(why)) => Err(why.clone()),
+    };
+    match runnable {
+        Ok(()) => println!("cargo:rustc-cfg=s2mmu_arm64_runnable"),
+        Err(why) => {
+            if std::env::var_os("S2MMU_REQUIRE_ARM64").is_some() {
+                panic!("S2MMU_REQUIRE_ARM64 is set but the arm64 checks cannot run: {why}");
+            }
+            // Installing binutils or QEMU later changes dpkg's status file.
+            let status = Path::new("/var/lib/dpkg/status");
+            if status.exists() {
+                println!("cargo:rerun-if-changed={}", status.display());
+            }
+        }
+    }
     match built {
         Ok(symbols) => {
             println!("cargo:rustc-cfg=s2mmu_arm64_image");
@@ -39,6 +66,19 @@ fn main() {
             )
             .expect("write symbols.rs");
         }
+    }
+}
+
+/// Whether QEMU's arm64 system emulator is there, as `available()` looks
+/// for it at run time.
+fn qemu() -> Result<(), String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::var_os("S2MMU_QEMU").is_some()
+        || std::env::split_paths(&path).any(|d| d.join("qemu-system-aarch64").is_file())
+    {
+        Ok(())
+    } else {
+        Err("qemu-system-aarch64 not found (Debian: apt-get install qemu-system-arm)".into())
     }
 }
 

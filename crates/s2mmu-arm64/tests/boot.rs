@@ -8,6 +8,10 @@ use s2mmu_arm64::machine::{Machine, MachineConfig, MAX_DATA_BYTES};
 use s2mmu_arm64::Arm64Error;
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn boots_and_answers_pings() {
     let _one = common::serial();
     let Some(m) = common::machine(3, 64 << 20) else {

@@ -72,6 +72,10 @@ fn small() -> DirtyConfig {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn write_protect_bitmap_1_2_4_vcpus() {
     for vcpus in [1, 2, 4] {
         let Some(r) = run(vcpus, MmuPolicy::default(), small()) else {
@@ -83,6 +87,10 @@ fn write_protect_bitmap_1_2_4_vcpus() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn random_pattern_and_write_lock_baseline() {
     let cfg = DirtyConfig {
         pattern: Pattern::Random { writes: 700 },
@@ -110,6 +118,10 @@ fn random_pattern_and_write_lock_baseline() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn get_without_manual_protect() {
     let policy = MmuPolicy {
         manual_protect: false,
@@ -122,6 +134,10 @@ fn get_without_manual_protect() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn dirty_rings_1_2_4_vcpus() {
     let policy = MmuPolicy {
         dirty: DirtyMode::Ring { entries: 2048 },
@@ -140,6 +156,10 @@ fn dirty_rings_1_2_4_vcpus() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn split_on_fault_of_2m_blocks() {
     let policy = MmuPolicy {
         eager_split_chunk: None,
@@ -164,6 +184,10 @@ fn split_on_fault_of_2m_blocks() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn eager_split_racing_the_guest_keeps_translations_whole() {
     // Logging (and so the eager split of every 2 MiB block, break before
     // make) starts while the vCPUs write and check every page's tag.
@@ -187,6 +211,10 @@ fn eager_split_racing_the_guest_keeps_translations_whole() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn a_dropped_invalidation_loses_writes() {
     // The proof that QEMU's TLB judges the engine's invalidations: drop the
     // maintenance of one harvest (write protection still happens in the
@@ -226,6 +254,10 @@ fn a_dropped_invalidation_loses_writes() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn a_page_logged_but_not_written_is_extra() {
     // The check's other half: random writes leave pages unwritten, and a
     // page the host marks dirty though the guest did not write it in that
@@ -259,6 +291,10 @@ fn a_page_logged_but_not_written_is_extra() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn hardware_dirty_state_logs_without_faults() {
     // FEAT_HAFDBS at stage 2: logged pages are writable-clean (DBM set,
     // write permission clear) and QEMU's walker sets the write permission
@@ -297,6 +333,10 @@ fn hardware_dirty_state_logs_without_faults() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn pages_remapped_while_the_guest_writes_stay_coherent() {
     // The host moves pages (MMU notifier: unmap with break-before-make and
     // broadcast invalidation, copy, switch, poison the old page) while the
@@ -339,6 +379,10 @@ fn pages_remapped_while_the_guest_writes_stay_coherent() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn granules_16k_and_64k() {
     use s2mmu::format::arm64::Granule;
     for (granule, bits) in [(Granule::K16, 40), (Granule::K64, 42)] {
@@ -378,6 +422,10 @@ fn granules_16k_and_64k() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn huge_pages_collapse_back_in_place_under_a_running_guest() {
     // Logging stops while the vCPUs write and check every page's tag: the
     // engine collapses the split 2 MiB blocks back in place (break, one

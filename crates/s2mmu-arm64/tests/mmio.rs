@@ -8,6 +8,10 @@ use s2mmu_arm64::vm::{Arm64Vm, HvcAnswer, MmioAccess, VmConfig};
 use std::sync::{Arc, Mutex};
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn mmio_reads_and_writes_reach_the_device_model() {
     let _one = common::serial();
     let Some(m) = common::machine(2, 2 << 20) else {

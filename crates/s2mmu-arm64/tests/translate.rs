@@ -374,6 +374,10 @@ const CONFIGS: [(Granule, u32); 7] = [
 ];
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn qemu_walks_engine_tables_as_intended() {
     let _one = common::serial();
     let Some(m) = common::machine(2, DATA_BYTES) else {

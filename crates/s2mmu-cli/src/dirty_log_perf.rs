@@ -36,7 +36,7 @@ pub use params::{DirtyArg, Params, PolicyArg, ReadLockArg, RecoverArg};
 use s2mmu_cli::lost_write as lost;
 
 use engine_run::{capitalise, median_dirty, secs};
-use reporting::{lost_rows, phase_rows, single_target};
+use reporting::{count_rows, lost_rows, phase_rows, single_target};
 use running::{engine, label, policy_for, RunSpec};
 
 /// Runs `dirty-log-perf` from the command line.
@@ -164,6 +164,7 @@ fn run_single(
             "fast_path"
         };
         phase_rows(report, &r.phases(ring), pol);
+        count_rows(report, &r, v, pol);
         text += &single_target(&r, v, bytes);
         lost_rows(report, &r, v);
     }

@@ -13,6 +13,7 @@
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{register_font, FontStyle};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -167,14 +168,27 @@ impl LineChart {
             .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(err)?;
         let log_y = self.log_y;
-        let y_tick = |v: &f64| match log_y {
-            true => tick_label(three_digits(10f64.powf(*v))),
+        // Counts (every y a whole number) get whole-number ticks only; a log
+        // axis names its decades only (10, 100, 1k), never 10^2.3.
+        let whole_y = !log_y && points().all(|p| p.1 == p.1.trunc());
+        let whole_x = points().all(|p| p.0 == p.0.trunc());
+        let x_tick = |v: &f64| match whole_x && (v - v.round()).abs() > 1e-9 {
+            true => String::new(),
             false => tick_label(*v),
         };
-        chart
-            .configure_mesh()
-            .x_desc(&self.x_label)
+        let y_tick = |v: &f64| match (log_y, whole_y) {
+            _ if (log_y || whole_y) && (v - v.round()).abs() > 1e-9 => String::new(),
+            (true, _) => tick_label(three_digits(10f64.powf(v.round()))),
+            (false, _) => tick_label(*v),
+        };
+        let mut mesh = chart.configure_mesh();
+        if log_y {
+            // One label per decade: plotters then puts them on the integers.
+            mesh.y_labels(((y1 - y0) as usize + 1).min(12));
+        }
+        mesh.x_desc(&self.x_label)
             .y_desc(&self.y_label)
+            .x_label_formatter(&x_tick)
             .y_label_formatter(&y_tick)
             .draw()
             .map_err(err)?;
@@ -187,14 +201,20 @@ impl LineChart {
                 )))
                 .map_err(err)?;
             // Names one below the other, so phases that start close
-            // together stay readable.
+            // together stay readable; a name that would run past the plot's
+            // right edge is written from the phase's end leftwards instead.
             let row = (i % 6) as f64 + 1.0;
+            let y = y1 - (y1 - y0) * 0.05 * row;
+            // About 7 pixels a character at size 12, over the plot's width.
+            let per_px = (x1 - x0) / f64::from(root.dim_in_pixel().0.saturating_sub(100).max(1));
+            let fits = ph.start + ph.name.chars().count() as f64 * 7.0 * per_px <= x1;
+            let (x, h) = match !fits {
+                true => (ph.end.min(x1), HPos::Right),
+                false => (ph.start.max(x0), HPos::Left),
+            };
+            let style = TextStyle::from((FAMILY, 12)).pos(Pos::new(h, VPos::Top));
             chart
-                .draw_series(std::iter::once(Text::new(
-                    ph.name.clone(),
-                    (ph.start, y1 - (y1 - y0) * 0.05 * row),
-                    (FAMILY, 12),
-                )))
+                .draw_series(std::iter::once(Text::new(ph.name.clone(), (x, y), style)))
                 .map_err(err)?;
         }
         for (i, (s, points)) in self.series.iter().zip(&drawn).enumerate() {
@@ -213,28 +233,36 @@ impl LineChart {
                 ))
                 .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        // A legend only tells lines apart: one line needs none (the title
+        // and axis names it).
+        if self.series.len() > 1 {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(err)?;
+        }
         Ok(())
     }
 }
 
-/// An axis tick: whole numbers with k/M, small ones with a decimal.
+/// An axis tick: thousands and millions with k and M (1k, 1.5k, 10k, 2M),
+/// whole numbers as such, small ones with up to two decimals, never a
+/// trailing zero.
 fn tick_label(v: f64) -> String {
     let a = v.abs();
+    let trim = |x: f64| {
+        let s = format!("{x:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    };
     if a >= 1e6 {
-        format!("{:.0}M", v / 1e6)
-    } else if a >= 1e4 {
-        format!("{:.0}k", v / 1e3)
-    } else if a >= 10.0 || v == v.trunc() {
-        format!("{v:.0}")
+        format!("{}M", trim(v / 1e6))
+    } else if a >= 1e3 {
+        format!("{}k", trim(v / 1e3))
     } else {
-        format!("{v:.2}")
+        trim(v)
     }
 }
 
@@ -301,10 +329,11 @@ fn draw_stacked<DB: DrawingBackend>(
 }
 
 /// A bar's value as its label: three significant digits, so a bar too
-/// short to see still says what it measured.
-fn value_label(v: f64) -> String {
-    if v == 0.0 || !v.is_finite() {
-        return format!("{v}");
+/// short to see still says what it measured; a count (`whole`) as the
+/// whole number it is.
+fn value_label(v: f64, whole: bool) -> String {
+    if whole || v == 0.0 || !v.is_finite() {
+        return format!("{v:.0}");
     }
     let digits = (2 - v.abs().log10().floor() as i32).clamp(0, 6) as usize;
     format!("{v:.digits$}")
@@ -353,9 +382,20 @@ impl BarChart {
             .y_label_area_size(70)
             .build_cartesian_2d(0.0..n as f64, 0.0..y1)
             .map_err(err)?;
+        // Counts (every value a whole number): whole-number ticks and labels.
+        let whole = self
+            .groups
+            .iter()
+            .flat_map(|(_, v)| v.iter())
+            .all(|v| *v == v.trunc());
+        let y_tick = |v: &f64| match whole && (v - v.round()).abs() > 1e-9 {
+            true => String::new(),
+            false => tick_label(*v),
+        };
         chart
             .configure_mesh()
             .disable_x_mesh()
+            .y_label_formatter(&y_tick)
             .x_labels(n * 2 + 1)
             .x_label_formatter(&|x| {
                 // Label each category at its centre (x = i + 0.5) only.
@@ -384,16 +424,18 @@ impl BarChart {
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
             let labels = values.iter().enumerate().map(|(i, &v)| {
                 let left = i as f64 + 0.1 + g as f64 * width;
-                Text::new(value_label(v), (left, v + y1 * 0.03), (FAMILY, 11))
+                Text::new(value_label(v, whole), (left, v + y1 * 0.03), (FAMILY, 11))
             });
             chart.draw_series(labels).map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        if self.groups.len() > 1 {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(err)?;
+        }
         Ok(())
     }
 }

@@ -94,16 +94,16 @@ pub fn main(p: Params) -> Result<(), String> {
     let list = experiments::all(p.quick, p.no_kvm)?;
     let bar = Progress::new("reproduce", list.len() as u64, !p.quiet);
     for e in list {
-        bar.note(&format!("reproduce: seed {}: {} ...", e.seed, e.command));
+        bar.note(&format!("reproduce: {}: {} ...", e.heading, e.command));
         let t0 = Instant::now();
-        let _ = writeln!(md, "## Seed {}: {}\n", e.seed, e.title);
+        let _ = writeln!(md, "## {}: {}\n", e.heading, e.title);
         let _ = writeln!(md, "Published: {}\n", e.published);
         let _ = writeln!(md, "Measured here with `{}`:\n", e.command);
         match (e.run)() {
             Ok(r) => {
                 let _ = writeln!(md, "```text\n{}```\n", r.text());
                 let j = r.to_json();
-                let plot = write_plot(out, e.seed, &j).unwrap_or_else(|err| {
+                let plot = write_plot(out, e.id, &j).unwrap_or_else(|err| {
                     let _ = writeln!(md, "(no plot: {err})\n");
                     None
                 });
@@ -111,18 +111,18 @@ pub fn main(p: Params) -> Result<(), String> {
                     let png = Path::new(name).with_extension("png");
                     let _ = writeln!(
                         md,
-                        "![seed {} plot]({name})\n\n(PNG: [{}]({}))\n",
-                        e.seed,
+                        "![{} plot]({name})\n\n(PNG: [{}]({}))\n",
+                        e.heading,
                         png.display(),
                         png.display()
                     );
                 }
-                all.push(json!({"seed": e.seed, "command": e.command, "plot": plot, "report": j}));
+                all.push(json!({"experiment": e.id, "seed": e.seed, "heading": e.heading, "command": e.command, "plot": plot, "report": j}));
             }
             Err(err) => {
                 let _ = writeln!(md, "FAILED: {err}\n");
-                failed.push(format!("seed {}: {err}", e.seed));
-                all.push(json!({"seed": e.seed, "command": e.command, "error": err}));
+                failed.push(format!("{}: {err}", e.heading));
+                all.push(json!({"experiment": e.id, "seed": e.seed, "heading": e.heading, "command": e.command, "error": err}));
             }
         }
         let _ = writeln!(md, "({:.1} s)\n", t0.elapsed().as_secs_f64());
@@ -136,7 +136,7 @@ pub fn main(p: Params) -> Result<(), String> {
             json!({"out": p.out, "quick": p.quick, "no_kvm": p.no_kvm}),
         );
         for x in &all {
-            r.result(x["seed"].as_str().unwrap_or("?"), "both", x.clone());
+            r.result(x["experiment"].as_str().unwrap_or("?"), "both", x.clone());
         }
         crate::report::emit(&r, true);
     } else {
@@ -157,6 +157,27 @@ pub fn main(p: Params) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A section is titled "Seed N" only for a seed N that exists (000 to
+    /// 004), and every section and JSON key is unique.
+    #[test]
+    fn every_section_is_named_by_what_it_reproduces() {
+        let list = experiments::all(true, false).unwrap();
+        let mut ids = std::collections::HashSet::new();
+        let mut headings = std::collections::HashSet::new();
+        for e in &list {
+            assert!(ids.insert(e.id), "two experiments keyed {}", e.id);
+            assert!(headings.insert(e.heading), "two sections titled {}", e.heading);
+            match e.seed {
+                Some(s) => {
+                    assert!(["000", "001", "002", "003", "004"].contains(&s), "{s}");
+                    assert_eq!(e.heading, format!("Seed {s}"));
+                    assert_eq!(e.id, s);
+                }
+                None => assert!(!e.heading.starts_with("Seed"), "{}", e.heading),
+            }
+        }
+    }
 
     #[test]
     fn a_seed_with_a_plot_gets_svg_and_png_beside_the_report() {

@@ -1,5 +1,6 @@
-//! Tests that run guests on the host's real KVM. Each one prints `skipped: <reason>` and
-//! returns where /dev/kvm cannot run this crate's CPL-3 guests. They assert counts and
+//! Tests that run guests on the host's real KVM. Where the build found no usable
+//! /dev/kvm they are ignored with that reason (`build.rs`); where it opens but cannot run
+//! this crate's CPL-3 guests, each one prints `skipped: <reason>` and returns. They assert counts and
 //! contents, never timings.
 
 use s2mmu_kvm::dirty_log_check::check_dirty_log;
@@ -29,6 +30,10 @@ fn small(manual_protect: bool) -> DirtyLogParams {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn one_write_fault_per_page_after_write_protection() {
     if !kvm_usable() {
         return;
@@ -80,6 +85,10 @@ fn one_write_fault_per_page_after_write_protection() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn dirty_log_reports_exactly_the_written_pages() {
     if !kvm_usable() {
         return;
@@ -111,6 +120,10 @@ fn dirty_log_reports_exactly_the_written_pages() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn memslot_ops_at_small_counts() {
     if !kvm_usable() {
         return;
@@ -131,6 +144,10 @@ fn memslot_ops_at_small_counts() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn hugetlb_without_reservation_says_how_to_reserve() {
     if !kvm_usable() {
         return;
@@ -160,6 +177,10 @@ fn hugetlb_without_reservation_says_how_to_reserve() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn thp_backing_runs() {
     if !kvm_usable() {
         return;
@@ -175,6 +196,10 @@ fn thp_backing_runs() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_kvm_device),
+    ignore = "needs /dev/kvm, read-write (see the build warning)"
+)]
 fn dirty_ring_reports_exactly_the_written_pages() {
     if !kvm_usable() {
         return;

@@ -44,6 +44,8 @@ mod pgtable;
 pub mod sync;
 pub mod table;
 pub mod tlb;
+#[cfg(feature = "vm-memory")]
+pub mod vmm_bitmap;
 pub mod walk;
 
 pub use addr::{Gfn, Gpa, Hva, Pa};

@@ -13,7 +13,12 @@ pub fn serial() -> MutexGuard<'static, ()> {
 }
 
 /// A machine with `cpus` CPUs (the last serves maintenance), or `None`
-/// after printing why the check is skipped.
+/// after printing why the check is skipped. Each test that needs one is
+/// also `#[cfg_attr(not(s2mmu_arm64_runnable), ignore = ...)]`, so that
+/// where the build found no EL2 image or no QEMU the test runner counts
+/// and shows it as ignored, with the reason, instead of as passed
+/// (`build.rs` sets the cfg); this `None` is left for a machine that loses
+/// QEMU after the build.
 pub fn machine(cpus: usize, data_bytes: u64) -> Option<Arc<Machine>> {
     if let Err(why) = s2mmu_arm64::available() {
         // CI installs QEMU and binutils: there a missing one is a failure.

@@ -135,6 +135,7 @@ fn compare_text(
         );
     }
     s += &fault_lines(e, k, a);
+    fault_rows(report, e, k, a);
     if k.is_ok() {
         s += "(KVM/engine > 1: the engine's simulated path is faster than a real KVM exit per fault)\n";
     }
@@ -142,6 +143,36 @@ fn compare_text(
         s += "(arm64/engine: QEMU's emulated arm64 guest with the engine as its stage-2 MMU against the simulated VM; an emulator's time, so read it as a ratio on this machine, not as arm64 speed)\n";
     }
     s
+}
+
+/// `fault_lines`' counts as JSON rows: per iteration the engine's faults,
+/// KVM's pf_fixed (null where the kernel does not export it) and pages
+/// written, the arm64 model's pages logged; the arm64 column's totals.
+fn fault_rows(
+    report: &mut Report,
+    e: &EngineRun,
+    k: &Column<s2mmu_kvm::DirtyLogReport>,
+    a: &Column<(s2mmu_arm64::workload::DirtyReport, EngineRun)>,
+) {
+    for (i, it) in e.iterations.iter().enumerate() {
+        let mut row = json!({"engine_faults": it.faults.permission + it.faults.translation});
+        if let Some(kit) = k.as_ref().ok().and_then(|k| k.iterations.get(i)) {
+            row["kvm_pf_fixed"] = json!(kit.exits.kvm.pf_fixed);
+            row["kvm_pages_written"] = json!(kit.pages_written);
+        }
+        if let Some(ap) = a.as_ref().ok().and_then(|(r, _)| r.passes.get(i)) {
+            row["arm64_pages_logged"] = json!(ap.logged);
+        }
+        report.result(&format!("iteration_{}_faults", i + 1), "compare", row);
+    }
+    if let Ok((r, _)) = a {
+        let f = &r.faults;
+        report.result(
+            "arm64_faults_all_passes",
+            "arm64",
+            json!({"faults": f.permission + f.translation, "fast": f.fast, "slow": f.slow}),
+        );
+    }
 }
 
 /// Each iteration's faults per column, and the arm64 column's totals and

@@ -128,12 +128,25 @@ fn a_line_chart_over_phases_is_svg_with_every_label() {
         "migration",
         "time (s)",
         "dirty pages",
-        "remaining",
         "pre-copy",
         "stop-and-copy",
     ] {
         assert!(svg.contains(label), "no {label}");
     }
+    // One line needs no legend; two get one naming each.
+    assert!(!svg.contains("remaining"), "a legend for a single line");
+    let two = LineChart {
+        series: vec![
+            c.series[0].clone(),
+            Series {
+                name: "second".into(),
+                points: vec![(0.0, 1.0), (2.0, 3.0)],
+            },
+        ],
+        ..c.clone()
+    };
+    let svg2 = two.svg().unwrap();
+    assert!(svg2.contains("remaining") && svg2.contains("second"));
     // The series is a polyline of its three points in its colour (the
     // legend's sample line is one of two points).
     let series_lines: Vec<&str> = svg
@@ -172,9 +185,14 @@ fn a_log_axis_spans_decades_and_a_stacked_figure_holds_every_chart() {
     // Decades 10 .. 100k: the ticks name them (plotters writes each
     // text on its own line).
     let texts: Vec<&str> = svg.lines().map(str::trim).collect();
-    for tick in ["10", "100", "100k"] {
+    for tick in ["10", "100", "1k", "10k", "100k"] {
         assert!(texts.contains(&tick), "no tick {tick}");
     }
+    // Only decades: no tick between them (10^2.5 would read 316).
+    assert!(
+        !texts.iter().any(|t| ["316", "31.6", "3.16k"].contains(t)),
+        "{texts:?}"
+    );
     let bars = BarChart {
         title: "rounds".into(),
         y_label: "pages".into(),
@@ -225,4 +243,155 @@ fn a_bar_chart_has_one_bar_per_group_and_category() {
     assert!(bad.svg().unwrap_err().contains("one value per category"));
     let empty = LineChart::default();
     assert!(empty.svg().unwrap_err().contains("no point"));
+}
+
+#[test]
+fn ticks_are_round_and_counts_whole() {
+    for (v, want) in [
+        (1000.0, "1k"),
+        (1500.0, "1.5k"),
+        (2e6, "2M"),
+        (0.5, "0.5"),
+        (10.0, "10"),
+        (0.0, "0"),
+    ] {
+        assert_eq!(tick_label(v), want);
+    }
+    // A count's bars are labelled as whole numbers, its axis has no
+    // fractional tick; a measurement keeps three significant digits.
+    let counts = BarChart {
+        title: "pages".into(),
+        y_label: "pages".into(),
+        categories: vec!["0".into(), "1".into()],
+        groups: vec![("run".into(), vec![3.0, 1.0])],
+    };
+    let svg = counts.svg().unwrap();
+    // The texts drawn (plotters writes each on its own line, tags apart).
+    let texts: Vec<&str> = svg
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('<'))
+        .collect();
+    assert!(texts.contains(&"3") && texts.contains(&"1"), "{texts:?}");
+    assert!(!texts.iter().any(|t| t.contains('.')), "{texts:?}");
+    // One group: no legend naming it.
+    assert!(!texts.contains(&"run"), "{texts:?}");
+}
+
+/// Writes a PNG of each kind of chart the commands draw, shaped like their
+/// real data, for a person to look at (labels inside the picture, round
+/// ticks, whole counts, legends only where they tell lines apart):
+/// `S2MMU_PLOT_GALLERY=/tmp/g cargo test -p s2mmu-cli --lib gallery -- --ignored`.
+#[test]
+#[ignore = "writes PNGs for a person to look at (set S2MMU_PLOT_GALLERY to a directory)"]
+fn gallery() {
+    let dir = std::path::PathBuf::from(std::env::var("S2MMU_PLOT_GALLERY").unwrap());
+    std::fs::create_dir_all(&dir).unwrap();
+    let t: Vec<f64> = (0..60).map(|i| f64::from(i) * 0.05).collect();
+    let rate = LineChart {
+        title: "migrate: guest dirty rate".into(),
+        x_label: "time (s)".into(),
+        y_label: "guest dirty rate (MiB/s, wall time)".into(),
+        series: vec![Series {
+            name: "pre-copy".into(),
+            points: t
+                .iter()
+                .map(|&x| (x, if x < 0.4 { 900.0 } else { 310.0 + 40.0 * x }))
+                .collect(),
+        }],
+        phases: vec![
+            Phase {
+                name: "dirty logging".into(),
+                start: 0.4,
+                end: 2.71,
+            },
+            Phase {
+                name: "paused until resumed".into(),
+                start: 2.71,
+                end: 2.76,
+            },
+            Phase {
+                name: "post-copy: 120 remote faults, last page at +35 ms".into(),
+                start: 2.76,
+                end: 2.95,
+            },
+        ],
+        log_y: false,
+    };
+    let per_write = LineChart {
+        title: "guest execution time per write".into(),
+        y_label: "ns per write (log scale; faults included)".into(),
+        series: vec![Series {
+            name: "pre-copy".into(),
+            points: t
+                .iter()
+                .map(|&x| {
+                    (
+                        x,
+                        if x < 0.4 {
+                            45.0
+                        } else {
+                            180.0 + 3000.0 * (x * 7.0).sin().abs()
+                        },
+                    )
+                })
+                .collect(),
+        }],
+        log_y: true,
+        ..rate.clone()
+    };
+    let rounds = BarChart {
+        title: "pages sent per round".into(),
+        y_label: "pages".into(),
+        categories: ["0", "1", "2", "3", "4 (paused)"]
+            .map(String::from)
+            .to_vec(),
+        groups: vec![(
+            "pre-copy".into(),
+            vec![262144.0, 30211.0, 5120.0, 731.0, 42.0],
+        )],
+    };
+    let fig = stacked_png(&[
+        Chart::Line(rate),
+        Chart::Line(per_write),
+        Chart::Bar(rounds),
+    ])
+    .unwrap();
+    std::fs::write(dir.join("migrate.png"), fig).unwrap();
+    let scaling = LineChart {
+        title: "Seed 002: dirty memory time per vCPU count".into(),
+        x_label: "vCPUs".into(),
+        y_label: "dirty memory time, median (ms)".into(),
+        series: vec![
+            Series {
+                name: "fast_path".into(),
+                points: vec![(1.0, 31.2), (2.0, 35.9), (4.0, 61.0)],
+            },
+            Series {
+                name: "write_lock".into(),
+                points: vec![(1.0, 38.5), (2.0, 71.3), (4.0, 160.4)],
+            },
+        ],
+        ..LineChart::default()
+    };
+    write_svg_and_png(&scaling, &dir.join("seed-002.svg")).unwrap();
+    let eager = BarChart {
+        title: "Seed 004: eager split vs split on fault".into(),
+        y_label: "median (ms)".into(),
+        categories: ["first pass", "enabling dirty logging", "splitting"]
+            .map(String::from)
+            .to_vec(),
+        groups: vec![
+            ("eager_split".into(), vec![6.1, 41.7, 0.21]),
+            ("split_on_fault".into(), vec![27.4, 0.9, 0.13]),
+        ],
+    };
+    write_svg_and_png(&eager, &dir.join("seed-004.svg")).unwrap();
+    let few = BarChart {
+        title: "a few pages".into(),
+        y_label: "pages".into(),
+        categories: vec!["0".into(), "1 (paused)".into()],
+        groups: vec![("run".into(), vec![3.0, 1.0])],
+    };
+    write_svg_and_png(&few, &dir.join("few.svg")).unwrap();
 }

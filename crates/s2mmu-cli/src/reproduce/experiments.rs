@@ -6,10 +6,17 @@ use crate::dirty_log_perf::{DirtyArg, FormatArg};
 use crate::report::Report;
 use clap::Parser;
 
-/// One experiment: its seed, the published figures, the command it is
-/// equivalent to (for the reader) and the call that runs it.
+/// One experiment: what it reproduces, the published figures, the command
+/// it is equivalent to (for the reader) and the call that runs it.
 pub(super) struct Experiment {
-    pub seed: &'static str,
+    /// Its key in `--json` and in plot file names: the seed's number
+    /// (`000`..`004`) or, for an experiment no seed describes, a name.
+    pub id: &'static str,
+    /// The seed it reproduces, if one does.
+    pub seed: Option<&'static str>,
+    /// What the report's section is titled by: "Seed 002", or what an
+    /// experiment without a seed reproduces.
+    pub heading: &'static str,
     pub title: &'static str,
     pub published: &'static str,
     pub command: String,
@@ -80,7 +87,9 @@ fn seed_000(q: bool) -> Result<Experiment, String> {
     p.runs = if q { 3 } else { 7 };
     p.quiet = true;
     Ok(Experiment {
-        seed: "000",
+        id: "000",
+        seed: Some("000"),
+        heading: "Seed 000",
         title: TITLE_000,
         published: PUBLISHED_000,
         command: format!("s2mmu split-perf --runs {}", p.runs),
@@ -112,7 +121,9 @@ fn seed_001(q: bool, no_kvm: bool) -> Result<Experiment, String> {
         if a.kvm { " --kvm" } else { "" }
     );
     Ok(Experiment {
-        seed: "001",
+        id: "001",
+        seed: Some("001"),
+        heading: "Seed 001",
         title: TITLE_001,
         published: PUBLISHED_001,
         command,
@@ -139,7 +150,9 @@ fn seed_002(q: bool) -> Result<Experiment, String> {
         d.bytes_per_vcpu.unwrap_or(0) >> 20
     );
     Ok(Experiment {
-        seed: "002",
+        id: "002",
+        seed: Some("002"),
+        heading: "Seed 002",
         title: TITLE_002,
         published: PUBLISHED_002,
         command,
@@ -155,7 +168,9 @@ fn seed_003(q: bool) -> Result<Experiment, String> {
     t.runs = if q { 5 } else { 11 };
     t.quiet = true;
     Ok(Experiment {
-        seed: "003",
+        id: "003",
+        seed: Some("003"),
+        heading: "Seed 003",
         title: TITLE_003,
         published: PUBLISHED_003,
         command: format!("s2mmu tlb-perf --runs {}", t.runs),
@@ -175,7 +190,9 @@ fn seed_004(q: bool) -> Result<Experiment, String> {
         d.bytes_per_vcpu.unwrap_or(0) >> 20
     );
     Ok(Experiment {
-        seed: "004",
+        id: "004",
+        seed: Some("004"),
+        heading: "Seed 004",
         title: TITLE_004,
         published: PUBLISHED_004,
         command,
@@ -204,7 +221,15 @@ fn dirty_modes(q: bool, format: FormatArg) -> Result<Experiment, String> {
         d.runs.unwrap_or(1)
     );
     Ok(Experiment {
-        seed: "16",
+        id: match format {
+            FormatArg::Arm64 => "dirty-modes-arm64",
+            FormatArg::Ept => "dirty-modes-ept",
+        },
+        seed: None,
+        heading: match format {
+            FormatArg::Arm64 => "Dirty-tracking modes, arm64 stage 2 (issue 16)",
+            FormatArg::Ept => "Dirty-tracking modes, x86 EPT (issue 16)",
+        },
         title: TITLE_MODES,
         published: PUBLISHED_MODES,
         command,
@@ -222,7 +247,9 @@ fn seed_kvm(q: bool) -> Result<Experiment, String> {
         d.bytes_per_vcpu.unwrap_or(0) >> 20
     );
     Ok(Experiment {
-        seed: "kvm",
+        id: "kvm",
+        seed: None,
+        heading: "The engine against real KVM",
         title: TITLE_KVM,
         published: PUBLISHED_KVM,
         command,

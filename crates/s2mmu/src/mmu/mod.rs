@@ -55,6 +55,7 @@ use stage2::Stage2;
 mod dirty_log;
 mod fault;
 mod host;
+mod host_dirty;
 pub mod lock;
 mod logging;
 mod notifier;
