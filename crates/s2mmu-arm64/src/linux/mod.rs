@@ -15,6 +15,9 @@
 //! - [`gic`]: the GICv3 distributor and redistributors, list registers.
 //! - [`psci`]: PSCI 1.1 over HVC.
 //! - [`vm`]: the Linux VM ([`vm::run`]), its vCPU threads in `vcpu`.
+//! - [`migrate`]: the same VM paused, saved, restored and migrated
+//!   (`s2mmu_migrate::MigratableVm`); [`vcpu_state`] and [`vm_state`]
+//!   are its state in the migration encoding.
 
 pub mod assets;
 pub mod baseline;
@@ -25,7 +28,11 @@ pub mod dirty;
 pub mod fdt;
 pub mod gic;
 pub mod loader;
+pub mod migrate;
+mod mig_vcpu;
 pub mod psci;
 pub mod uart;
 mod vcpu;
+pub mod vcpu_state;
 pub mod vm;
+pub mod vm_state;
