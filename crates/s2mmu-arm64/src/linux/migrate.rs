@@ -26,7 +26,7 @@ use crate::machine::{Machine, MachineConfig};
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
 use s2mmu_migrate::{MigratableVm, Pausable, VmError, PAGE_SIZE};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -396,9 +396,19 @@ impl MigratableVm for LinuxVm {
 
     fn read_page(&self, page: u64, buf: &mut [u8; PAGE_SIZE]) -> std::result::Result<(), VmError> {
         let pa = self.page_pa(page)?;
-        let ram = self.machine.ram();
-        for (i, c) in buf.chunks_exact_mut(8).enumerate() {
-            c.copy_from_slice(&ram.word(pa + 8 * i as u64).load(Ordering::Relaxed).to_le_bytes());
+        let p = self
+            .machine
+            .ram()
+            .ptr(pa, PAGE_SIZE as u64)
+            .ok_or_else(|| VmError::new(format!("page {page} outside the machine's RAM")))?;
+        // SAFETY: `p` points at PAGE_SIZE bytes of the shared RAM (checked
+        // by `ptr`), 8-byte aligned (DATA and pages are), mapped for the
+        // machine's lifetime, which `self` holds; QEMU and this process
+        // access it with single-copy-atomic loads and stores only, as
+        // AtomicU64 does.
+        let words = unsafe { std::slice::from_raw_parts(p.cast::<AtomicU64>(), PAGE_SIZE / 8) };
+        for (c, w) in buf.chunks_exact_mut(8).zip(words) {
+            c.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
         }
         Ok(())
     }
