@@ -14,10 +14,10 @@ use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::vm::LinuxConfig;
-use s2mmu_migrate::driver::{self, Policy};
 use s2mmu_arm64::linux::vm_state::LINUX_KIND;
+use s2mmu_migrate::driver::{self, Policy};
 use s2mmu_migrate::state::State;
-use s2mmu_migrate::{snapshot, MigrateError, MigratableVm, Pausable, VmError, PAGE_SIZE};
+use s2mmu_migrate::{snapshot, MigratableVm, MigrateError, Pausable, VmError, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
 /// The counter's buffer (KiB) and interval (ms): the guest program's
@@ -73,12 +73,18 @@ fn next_hash(prev: u64, n: u64) -> u64 {
 
 /// The counter's (n, hash) lines in `text`; panics on a FAIL line.
 fn counter_lines(text: &str) -> Vec<(u64, u64)> {
-    assert!(!text.contains("s2mmu-counter: FAIL"), "the counter's self-check failed:\n{text}");
+    assert!(
+        !text.contains("s2mmu-counter: FAIL"),
+        "the counter's self-check failed:\n{text}"
+    );
     text.lines()
         .filter_map(|l| {
             let r = l.split("s2mmu-counter: n=").nth(1)?;
             let (n, h) = r.split_once(" hash=")?;
-            Some((n.trim().parse().ok()?, u64::from_str_radix(h.trim(), 16).ok()?))
+            Some((
+                n.trim().parse().ok()?,
+                u64::from_str_radix(h.trim(), 16).ok()?,
+            ))
         })
         .collect()
 }
@@ -92,8 +98,18 @@ fn check_lives(lives: &[&str]) {
     if let Err(e) = r {
         for (i, l) in lives.iter().enumerate() {
             let head: String = l.chars().take(300).collect();
-            let tail: String = l.chars().rev().take(300).collect::<Vec<_>>().into_iter().rev().collect();
-            eprintln!("life {i}: {} bytes\n--- begins\n{head}\n--- ends\n{tail}\n---", l.len());
+            let tail: String = l
+                .chars()
+                .rev()
+                .take(300)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            eprintln!(
+                "life {i}: {} bytes\n--- begins\n{head}\n--- ends\n{tail}\n---",
+                l.len()
+            );
         }
         std::panic::resume_unwind(e);
     }
@@ -105,7 +121,10 @@ fn check_sequence(lines: &[(u64, u64)]) {
     for (i, &(n, hash)) in lines.iter().enumerate() {
         assert_eq!(n, i as u64 + 1, "counter line {i}: n={n}, lines {lines:?}");
         h = next_hash(h, n);
-        assert_eq!(hash, h, "counter n={n}: hash {hash:016x}, its data gives {h:016x}");
+        assert_eq!(
+            hash, h,
+            "counter n={n}: hash {hash:016x}, its data gives {h:016x}"
+        );
     }
 }
 
@@ -119,8 +138,15 @@ fn wait_lines(vm: &LinuxVm, from: usize, count: usize, what: &str) -> String {
         if counter_lines(&tail).len() >= count {
             return tail;
         }
-        assert!(vm.stopped().is_none(), "{what}: the guest stopped: {:?}\n{c}", vm.stopped());
-        assert!(t.elapsed() < Duration::from_secs(600), "{what}: no counter after 600 s:\n{c}");
+        assert!(
+            vm.stopped().is_none(),
+            "{what}: the guest stopped: {:?}\n{c}",
+            vm.stopped()
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(600),
+            "{what}: no counter after 600 s:\n{c}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -140,7 +166,10 @@ fn linux_guest_with_two_vcpus_migrates() {
     let a_text = vm_a.console().contents();
     let b1 = wait_lines(&vm_b, 0, 5, "B");
     check_lives(&[&a_text, &b1]);
-    assert!(a_text.contains("cpus online 2"), "A booted 2 vCPUs:\n{a_text}");
+    assert!(
+        a_text.contains("cpus online 2"),
+        "A booted 2 vCPUs:\n{a_text}"
+    );
     vm_b.shut_down().expect("B's threads end cleanly");
 }
 
@@ -173,7 +202,11 @@ fn linux_guest_migrates_and_goes_on() {
     let a_exits = vm_a.stub_exits();
     let b1 = wait_lines(&vm_b, 0, 5, "B");
     check_lives(&[&a_text, &b1]);
-    assert_eq!(vm_a.console().contents(), a_text, "A's guest printed after the switch");
+    assert_eq!(
+        vm_a.console().contents(),
+        a_text,
+        "A's guest printed after the switch"
+    );
     assert_eq!(vm_a.stub_exits(), a_exits, "A's guest ran after the switch");
 
     // B -> A (A's machine takes the guest back).
@@ -182,7 +215,11 @@ fn linux_guest_migrates_and_goes_on() {
     let b_text = vm_b.console().contents();
     let a2 = wait_lines(&vm_a, a_text.len(), 5, "A again");
     check_lives(&[&a_text, &b_text, &a2]);
-    assert_eq!(vm_b.console().contents(), b_text, "B's guest printed after the switch");
+    assert_eq!(
+        vm_b.console().contents(),
+        b_text,
+        "B's guest printed after the switch"
+    );
     vm_b.shut_down().expect("B's threads end cleanly");
     drop(vm_b);
 
@@ -304,5 +341,9 @@ fn refusals(vm: &mut LinuxVm, snap: &std::path::Path, good: &[u8]) {
         Err(MigrateError::State(e)) => assert!(e.to_string().contains("checksum"), "{e}"),
         other => panic!("damaged snapshot: {other:?}"),
     }
-    assert_eq!(vm.memory_digest().expect("D's digest"), before, "a refused snapshot changed D");
+    assert_eq!(
+        vm.memory_digest().expect("D's digest"),
+        before,
+        "a refused snapshot changed D"
+    );
 }

@@ -104,7 +104,10 @@ impl fmt::Display for StateError {
         match self {
             StateError::Truncated { what } => write!(f, "state truncated: it ends before {what}"),
             StateError::BadMagic { found } => {
-                write!(f, "not an s2mmu state: magic {found:02x?}, want {MAGIC:02x?}")
+                write!(
+                    f,
+                    "not an s2mmu state: magic {found:02x?}, want {MAGIC:02x?}"
+                )
             }
             StateError::Version { found, supported } => write!(
                 f,
@@ -168,7 +171,11 @@ impl State {
         if self.sections.iter().any(|(t, _)| *t == tag) {
             return Err(StateError::DuplicateSection { tag });
         }
-        check_bound("section count", self.sections.len() as u64 + 1, MAX_SECTIONS.into())?;
+        check_bound(
+            "section count",
+            self.sections.len() as u64 + 1,
+            MAX_SECTIONS.into(),
+        )?;
         check_bound(
             &format!("section {tag:#x}'s length"),
             bytes.len() as u64,
@@ -197,7 +204,13 @@ impl State {
 
     /// The encoded bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let len = HEADER_LEN + self.sections.iter().map(|(_, b)| 8 + b.len()).sum::<usize>() + 8;
+        let len = HEADER_LEN
+            + self
+                .sections
+                .iter()
+                .map(|(_, b)| 8 + b.len())
+                .sum::<usize>()
+            + 8;
         let mut out = Vec::with_capacity(len);
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
@@ -392,7 +405,10 @@ mod tests {
         for i in 0..b.len() {
             let mut d = b.clone();
             d[i] ^= 0x40;
-            assert!(State::decode(&d, 0x4c58).is_err(), "byte {i} flipped was accepted");
+            assert!(
+                State::decode(&d, 0x4c58).is_err(),
+                "byte {i} flipped was accepted"
+            );
         }
     }
 
@@ -401,7 +417,10 @@ mod tests {
         let b = sample().encode();
         assert!(matches!(
             State::decode(&b, 7),
-            Err(StateError::ForeignKind { found: 0x4c58, expected: 7 })
+            Err(StateError::ForeignKind {
+                found: 0x4c58,
+                expected: 7
+            })
         ));
         let mut v = b.clone();
         v[8] = 2;
@@ -411,15 +430,24 @@ mod tests {
         ));
         let mut m = b.clone();
         m[0] = b'X';
-        assert!(matches!(State::decode(&m, 0x4c58), Err(StateError::BadMagic { .. })));
+        assert!(matches!(
+            State::decode(&m, 0x4c58),
+            Err(StateError::BadMagic { .. })
+        ));
         assert!(matches!(
             State::decode(&b[..b.len() - 1], 0x4c58),
             Err(StateError::Checksum { .. })
         ));
-        assert!(matches!(State::decode(&b[..10], 0x4c58), Err(StateError::Truncated { .. })));
+        assert!(matches!(
+            State::decode(&b[..10], 0x4c58),
+            Err(StateError::Truncated { .. })
+        ));
         let mut t = b.clone();
         t.push(0);
-        assert!(matches!(State::decode(&t, 0x4c58), Err(StateError::Checksum { .. })));
+        assert!(matches!(
+            State::decode(&t, 0x4c58),
+            Err(StateError::Checksum { .. })
+        ));
     }
 
     /// A length field that claims more than is present, with a valid
@@ -435,18 +463,27 @@ mod tests {
         body.extend_from_slice(&u32::MAX.to_le_bytes());
         let sum = xxhash_rust::xxh3::xxh3_64(&body);
         body.extend_from_slice(&sum.to_le_bytes());
-        assert!(matches!(State::decode(&body, 5), Err(StateError::TooLarge { .. })));
+        assert!(matches!(
+            State::decode(&body, 5),
+            Err(StateError::TooLarge { .. })
+        ));
         let mut c = body[..16].to_vec();
         c.extend_from_slice(&(MAX_SECTIONS + 1).to_le_bytes());
         let sum = xxhash_rust::xxh3::xxh3_64(&c);
         c.extend_from_slice(&sum.to_le_bytes());
-        assert!(matches!(State::decode(&c, 5), Err(StateError::TooLarge { .. })));
+        assert!(matches!(
+            State::decode(&c, 5),
+            Err(StateError::TooLarge { .. })
+        ));
     }
 
     #[test]
     fn duplicate_and_missing_sections() {
         let mut s = sample();
-        assert_eq!(s.push(1, vec![]), Err(StateError::DuplicateSection { tag: 1 }));
+        assert_eq!(
+            s.push(1, vec![]),
+            Err(StateError::DuplicateSection { tag: 1 })
+        );
         assert_eq!(s.section(3), Err(StateError::MissingSection { tag: 3 }));
         let mut f = Fields::new(&[1, 0, 0, 0], "t");
         assert_eq!(f.u32("x").unwrap(), 1);

@@ -178,7 +178,17 @@ fn run_one(
     let run = match start {
         Start::Boot(entry, x0) => {
             let args = [
-                vtcr, vttbr, HCR_LINUX, entry, x0, 0, 0, 0, ICH_HCR_EN, sh.cntvoff, CNTHCTL_LINUX,
+                vtcr,
+                vttbr,
+                HCR_LINUX,
+                entry,
+                x0,
+                0,
+                0,
+                0,
+                ICH_HCR_EN,
+                sh.cntvoff,
+                CNTHCTL_LINUX,
             ];
             mbox.post(layout::CMD_LINUX, &args)
         }

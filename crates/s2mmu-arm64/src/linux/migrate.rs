@@ -59,6 +59,8 @@ pub struct LinuxVm {
     bitmap: Vec<u64>,
     /// The guest's virtual count at the last pause.
     paused_vct: u64,
+    /// Whether this QEMU has run guest code (see [`LinuxVm::renew`]).
+    ran: bool,
 }
 
 fn vmerr(e: impl std::fmt::Display) -> VmError {
@@ -98,6 +100,7 @@ impl LinuxVm {
             paused: true,
             bitmap: vec![0; (cfg.mem / 4096).div_ceil(64) as usize],
             paused_vct: 0,
+            ran: false,
         })
     }
 
@@ -136,6 +139,7 @@ impl LinuxVm {
         let gic = Gic::new(cfg.vcpus);
         me.start_threads(gic, None, power, 0, vec![None; cfg.vcpus], false)?;
         me.paused = false;
+        me.ran = true;
         Ok(me)
     }
 
@@ -198,8 +202,9 @@ impl LinuxVm {
             UartOutput::Buffer(self.console.clone())
         };
         let uart = Arc::new(match uart_state {
-            Some(s) => Uart::from_state(&s, irq, out)
-                .map_err(|e| Arm64Error::Config(e.to_string()))?,
+            Some(s) => {
+                Uart::from_state(&s, irq, out).map_err(|e| Arm64Error::Config(e.to_string()))?
+            }
             None => Uart::new(irq, out),
         });
         let mut bus = MmioBus::new();
@@ -263,6 +268,30 @@ impl LinuxVm {
             .map_err(|_| Arm64Error::Guest("the VM is still shared after its threads".into()))?;
         self.idle = Some(sh.vm);
         first.map_or(Ok(()), Err)
+    }
+
+    /// Replaces this VM's QEMU with a new one of the same size, before a
+    /// guest comes back to it. QEMU caches the code it has translated by
+    /// guest-physical page and notices changes only through its own
+    /// stores: pages the host writes into the shared RAM behind its back
+    /// (a migration's copies) would run stale translations of the old
+    /// guest code. A new QEMU has none.
+    ///
+    /// # Errors
+    /// As [`LinuxVm::blank`].
+    fn renew(&mut self) -> Result<()> {
+        self.take_down()?;
+        self.idle = None;
+        let machine = Arc::new(Machine::start(&MachineConfig {
+            cpus: self.vcpus + 1,
+            data_bytes: self.mem,
+        })?);
+        let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
+        avm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, self.mem, 2 << 20)?;
+        self.machine = machine;
+        self.idle = Some(avm);
+        self.ran = false;
+        Ok(())
     }
 
     /// Stops the guest (if it runs) and its threads.
@@ -352,6 +381,7 @@ impl Pausable for LinuxVm {
             first
         };
         self.paused = false;
+        self.ran = true;
         // Returns at the first guest instruction: the stub marks its ERET.
         if let Some(v) = first {
             let t = Instant::now();
@@ -378,7 +408,10 @@ impl MigratableVm for LinuxVm {
 
     fn harvest_dirty(&mut self, out: &mut Vec<u64>) -> std::result::Result<(), VmError> {
         let mut bm = std::mem::take(&mut self.bitmap);
-        let r = self.mmu().get_dirty_log(vm::RAM_SLOT, &mut bm).map_err(vmerr);
+        let r = self
+            .mmu()
+            .get_dirty_log(vm::RAM_SLOT, &mut bm)
+            .map_err(vmerr);
         for (i, w) in bm.iter().enumerate() {
             let mut w = *w;
             while w != 0 {
@@ -391,7 +424,9 @@ impl MigratableVm for LinuxVm {
     }
 
     fn stop_dirty_log(&mut self) -> std::result::Result<(), VmError> {
-        self.mmu().disable_dirty_logging(vm::RAM_SLOT).map_err(vmerr)
+        self.mmu()
+            .disable_dirty_logging(vm::RAM_SLOT)
+            .map_err(vmerr)
     }
 
     fn read_page(&self, page: u64, buf: &mut [u8; PAGE_SIZE]) -> std::result::Result<(), VmError> {
@@ -413,11 +448,18 @@ impl MigratableVm for LinuxVm {
         Ok(())
     }
 
-    fn write_page(&mut self, page: u64, data: &[u8; PAGE_SIZE]) -> std::result::Result<(), VmError> {
+    fn write_page(
+        &mut self,
+        page: u64,
+        data: &[u8; PAGE_SIZE],
+    ) -> std::result::Result<(), VmError> {
         if !self.paused {
             return Err(VmError::new("pages are written into a paused VM only"));
         }
         let pa = self.page_pa(page)?;
+        if self.ran {
+            self.renew().map_err(vmerr)?;
+        }
         self.machine.ram().write_bytes(pa, data).map_err(vmerr)
     }
 
@@ -453,6 +495,12 @@ impl MigratableVm for LinuxVm {
         }
         // Every check first: a refused state leaves the VM as it was.
         let st = LinuxState::decode(bytes, self.vcpus, self.mem).map_err(vmerr)?;
+        if self.ran {
+            return Err(VmError::new(
+                "this QEMU has run guest code: write the guest's memory first (it then \
+                 starts a new QEMU, whose translated-code cache is empty)",
+            ));
+        }
         self.take_down().map_err(vmerr)?;
         let now = self.counter().map_err(vmerr)?;
         let cntvoff = now.wrapping_sub(st.vct);

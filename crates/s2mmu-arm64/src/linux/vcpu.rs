@@ -120,7 +120,12 @@ fn run_vcpu(
 /// Waits for the next exit (`None` once the RUN command has finished),
 /// without a deadline of its own: a guest may idle for long. QEMU's death
 /// or the VM's stop ends the wait.
-pub(crate) fn wait_exit(sh: &Shared, mbox: &Mailbox<'_>, last: u64, run: u64) -> Result<Option<Exit>> {
+pub(crate) fn wait_exit(
+    sh: &Shared,
+    mbox: &Mailbox<'_>,
+    last: u64,
+    run: u64,
+) -> Result<Option<Exit>> {
     let mut spins = 0u32;
     loop {
         if let Some(e) = mbox.poll_exit(last) {

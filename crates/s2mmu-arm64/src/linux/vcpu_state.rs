@@ -145,7 +145,9 @@ impl VcpuState {
     /// The encoded bytes.
     pub fn encode(&self, out: &mut Vec<u8>) {
         let words = self.x.iter().chain([&self.pc, &self.pstate]);
-        let words = words.chain(self.sys.iter()).chain([&self.cntvct, &self.cntpct]);
+        let words = words
+            .chain(self.sys.iter())
+            .chain([&self.cntvct, &self.cntpct]);
         for v in words {
             out.extend_from_slice(&v.to_le_bytes());
         }

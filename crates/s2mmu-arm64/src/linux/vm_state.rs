@@ -58,15 +58,21 @@ pub fn gic_save(g: &Gic, out: &mut Vec<u8>) {
     out.extend_from_slice(&d.enabled.to_le_bytes());
     out.extend_from_slice(&d.group.to_le_bytes());
     out.extend_from_slice(&d.prio);
-    d.cfg.iter().for_each(|c| out.extend_from_slice(&c.to_le_bytes()));
-    d.route.iter().for_each(|r| out.extend_from_slice(&r.to_le_bytes()));
+    d.cfg
+        .iter()
+        .for_each(|c| out.extend_from_slice(&c.to_le_bytes()));
+    d.route
+        .iter()
+        .for_each(|r| out.extend_from_slice(&r.to_le_bytes()));
     for (r, p) in g.redist.iter().zip(&g.pending) {
         let r = r.lock().unwrap_or_else(|p| p.into_inner());
         out.push(u8::from(r.sleep));
         out.extend_from_slice(&r.enabled.to_le_bytes());
         out.extend_from_slice(&r.group.to_le_bytes());
         out.extend_from_slice(&r.prio);
-        r.cfg.iter().for_each(|c| out.extend_from_slice(&c.to_le_bytes()));
+        r.cfg
+            .iter()
+            .for_each(|c| out.extend_from_slice(&c.to_le_bytes()));
         let p = *p.lock().unwrap_or_else(|p| p.into_inner());
         out.extend_from_slice(&p.to_le_bytes());
     }
@@ -95,7 +101,8 @@ pub fn gic_load(bytes: &[u8], vcpus: usize) -> Result<Gic, StateError> {
         d.ctlr = f.u32("GICD_CTLR")?;
         d.enabled = u128f(&mut f, "GICD_ISENABLER")?;
         d.group = u128f(&mut f, "GICD_IGROUPR")?;
-        d.prio.copy_from_slice(f.bytes(NR_IRQS as usize, "GICD_IPRIORITYR")?);
+        d.prio
+            .copy_from_slice(f.bytes(NR_IRQS as usize, "GICD_IPRIORITYR")?);
         for c in d.cfg.iter_mut() {
             *c = f.u32("GICD_ICFGR")?;
         }
@@ -170,7 +177,9 @@ fn uart_load(bytes: &[u8]) -> Result<SerialState, StateError> {
 fn vcpu_save(c: &VcpuPart, out: &mut Vec<u8>) {
     out.extend_from_slice(&(c.power.code() as u32).to_le_bytes());
     let (flag, e, x) = c.start.map_or((0u64, 0, 0), |(e, x)| (1, e, x));
-    [flag, e, x].iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+    [flag, e, x]
+        .iter()
+        .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
     out.push(u8::from(c.regs.is_some()));
     if let Some(r) = &c.regs {
         r.encode(out);
@@ -246,7 +255,9 @@ impl LinuxState {
         if v != vcpus || m != mem {
             return Err(StateError::BadSection {
                 tag: TAG_CONFIG,
-                what: format!("a VM of {v} vCPUs and {m} bytes, the destination has {vcpus} and {mem}"),
+                what: format!(
+                    "a VM of {v} vCPUs and {m} bytes, the destination has {vcpus} and {mem}"
+                ),
             });
         }
         let mut f = Fields::new(st.section(TAG_TIMER)?, "timer");
@@ -264,7 +275,11 @@ impl LinuxState {
         if st.tags().len() != 4 + vcpus {
             return Err(StateError::BadSection {
                 tag: 0,
-                what: format!("{} sections, a {vcpus}-vCPU VM has {}", st.tags().len(), 4 + vcpus),
+                what: format!(
+                    "{} sections, a {vcpus}-vCPU VM has {}",
+                    st.tags().len(),
+                    4 + vcpus
+                ),
             });
         }
         Ok(LinuxState {

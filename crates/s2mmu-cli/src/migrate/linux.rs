@@ -38,7 +38,14 @@ fn config(p: &Params, a: &assets::LinuxAssets) -> LinuxConfig {
 /// The counter's last step number on a console.
 fn last_step(text: &str) -> Option<u64> {
     text.lines()
-        .filter_map(|l| l.split("s2mmu-counter: n=").nth(1)?.split(' ').next()?.parse().ok())
+        .filter_map(|l| {
+            l.split("s2mmu-counter: n=")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
         .last()
 }
 
@@ -124,7 +131,11 @@ pub fn main(p: &Params) -> Result<(), String> {
         runs.push(r);
     }
     let down = summary(runs.iter().map(|r| ms(r.downtime)).collect());
-    let bare = summary(runs.iter().map(|r| ms(r.downtime - r.digest_time)).collect());
+    let bare = summary(
+        runs.iter()
+            .map(|r| ms(r.downtime - r.digest_time))
+            .collect(),
+    );
     if p.json {
         let v = serde_json::json!({
             "guest": "linux", "vcpus": p.vcpus, "mem": p.mem, "runs": p.runs,
@@ -152,7 +163,9 @@ pub fn main(p: &Params) -> Result<(), String> {
             bare.1,
             bare.2
         );
-        println!("note: QEMU timings are an emulator's (TCG), on this machine: read them as ratios");
+        println!(
+            "note: QEMU timings are an emulator's (TCG), on this machine: read them as ratios"
+        );
     }
     Ok(())
 }
