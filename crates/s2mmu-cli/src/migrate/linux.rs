@@ -35,18 +35,13 @@ fn config(p: &Params, a: &assets::LinuxAssets) -> LinuxConfig {
     }
 }
 
-/// The counter's last step number on a console.
+/// The counter's last step number on a console (a line printed up to its
+/// hash at least, so that the number is whole).
 fn last_step(text: &str) -> Option<u64> {
-    text.lines()
-        .filter_map(|l| {
-            l.split("s2mmu-counter: n=")
-                .nth(1)?
-                .split(' ')
-                .next()?
-                .parse()
-                .ok()
-        })
-        .last()
+    text.lines().rev().find_map(|l| {
+        let (n, _) = l.split("s2mmu-counter: n=").nth(1)?.split_once(" hash=")?;
+        n.parse().ok()
+    })
 }
 
 fn wait_step(vm: &LinuxVm, min: u64, what: &str) -> Result<u64, String> {
