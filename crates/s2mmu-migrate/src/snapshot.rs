@@ -133,13 +133,9 @@ fn open(path: &Path) -> Result<HashReader<BufReader<File>>, MigrateError> {
     })
 }
 
-/// One pass over the file: checks everything; with `vm`, also writes the
-/// pages into it. Returns the state bytes and the pages stored.
-fn pass<V: MigratableVm>(
-    path: &Path,
-    pages: u64,
-    mut vm: Option<&mut V>,
-) -> Result<(Vec<u8>, u64), MigrateError> {
+/// Opens the file and checks its header against a VM of `pages` pages;
+/// returns the reader after the header and the state's length.
+fn header(path: &Path, pages: u64) -> Result<(HashReader<BufReader<File>>, usize), MigrateError> {
     let mut r = open(path)?;
     let mut magic = [0u8; 8];
     r.take(&mut magic, "the magic")?;
@@ -173,6 +169,17 @@ fn pass<V: MigratableVm>(
         }
         .into());
     }
+    Ok((r, state_len))
+}
+
+/// One pass over the file: checks everything; with `vm`, also writes the
+/// pages into it. Returns the state bytes and the pages stored.
+fn pass<V: MigratableVm>(
+    path: &Path,
+    pages: u64,
+    mut vm: Option<&mut V>,
+) -> Result<(Vec<u8>, u64), MigrateError> {
+    let (mut r, state_len) = header(path, pages)?;
     let (mut buf, zero) = ([0u8; PAGE_SIZE], [0u8; PAGE_SIZE]);
     let (mut next, mut stored) = (0u64, 0u64);
     loop {

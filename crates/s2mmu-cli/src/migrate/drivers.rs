@@ -64,9 +64,6 @@ pub fn migrate_in_process(
 /// # Errors
 /// Why the migration failed (the process then exits nonzero).
 pub fn main(p: Params) -> Result<(), String> {
-    if p.guest == "linux" {
-        return super::linux::main(&p);
-    }
     if let Some(addr) = &p.listen {
         return listen(&p, addr);
     }
