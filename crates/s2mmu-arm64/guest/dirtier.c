@@ -17,7 +17,7 @@
  *   fb=ADDR:SIZE instead: map [ADDR, ADDR+SIZE) of /dev/mem (a region
  *                outside RAM) and write/check it the same way
  * Prints progress lines each second, then exactly one of
- *   s2mmu-dirtier: ok passes=N pages=M
+ *   s2mmu-dirtier: ok passes=N pages=M secs=S pages_per_s=R
  *   s2mmu-dirtier: FAIL ...
  */
 #define _GNU_SOURCE
@@ -294,7 +294,9 @@ int main(int argc, char **argv)
 	}
 	if (failed)
 		return 1;
-	printf("s2mmu-dirtier: ok passes=%" PRIu64 " pages=%" PRIu64 "\n", passes, pages);
+	double secs = now() - t0;
+	printf("s2mmu-dirtier: ok passes=%" PRIu64 " pages=%" PRIu64 " secs=%.2f pages_per_s=%.0f\n",
+	       passes, pages, secs, pages / secs);
 	return 0;
 }
 
@@ -342,6 +344,8 @@ int fb_main(void)
 				return 1;
 			}
 		}
-	printf("s2mmu-dirtier: ok fb passes=%" PRIu64 " pages=%" PRIu64 "\n", gen - 1, written);
+	double secs = now() - t0;
+	printf("s2mmu-dirtier: ok fb passes=%" PRIu64 " pages=%" PRIu64 " secs=%.2f pages_per_s=%.0f\n",
+	       gen - 1, written, secs, written / secs);
 	return 0;
 }

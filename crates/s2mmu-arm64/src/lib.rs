@@ -35,6 +35,7 @@ pub mod linux;
 pub mod machine;
 mod passes;
 pub mod probe;
+pub mod ram;
 pub mod stage2;
 pub mod tlbi;
 pub mod vm;

@@ -2,6 +2,7 @@
 //! with this process, and the mailboxes through which the two talk.
 
 use crate::layout::{self, mb};
+pub use crate::ram::SharedRam;
 use crate::{image, Arm64Error, Result};
 use std::io::Read;
 use std::path::PathBuf;
@@ -9,183 +10,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// The machine's RAM, mapped into this process from the file QEMU uses as
-/// its memory backend.
-pub struct SharedRam {
-    ptr: *mut u8,
-    len: u64,
-    path: PathBuf,
-}
-
-// SAFETY: the mapping is plain shared memory; every access through this
-// type is atomic or volatile, and the pointer stays valid until drop.
-unsafe impl Send for SharedRam {}
-// SAFETY: as above; no method hands out references that allow plain
-// (non-atomic) concurrent writes.
-unsafe impl Sync for SharedRam {}
-
-impl SharedRam {
-    fn create(len: u64) -> Result<SharedRam> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let path = PathBuf::from(format!(
-            "/dev/shm/s2mmu-arm64-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| Arm64Error::Io(format!("{}: {e}", path.display())))?;
-        f.set_len(len)
-            .map_err(|e| Arm64Error::Io(format!("{}: {e}", path.display())))?;
-        use std::os::fd::AsRawFd;
-        // Host addresses congruent to physical ones modulo 1 GiB, so the
-        // engine's block mappings (which need guest, host and physical
-        // addresses aligned alike) are possible: reserve, then place the
-        // file at an aligned address inside the reservation.
-        const ALIGN: usize = 1 << 30;
-        // SAFETY: an anonymous reservation; the kernel picks the address.
-        let res = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                len as usize + ALIGN,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if res == libc::MAP_FAILED {
-            let _ = std::fs::remove_file(&path);
-            return Err(Arm64Error::Io(format!(
-                "reserving {len} bytes: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        let aligned = (res as usize).next_multiple_of(ALIGN);
-        let (head, tail) = (aligned - res as usize, ALIGN - (aligned - res as usize));
-        // SAFETY: the unused head and tail of our own reservation.
-        unsafe {
-            if head > 0 {
-                libc::munmap(res, head);
-            }
-            libc::munmap((aligned + len as usize) as *mut libc::c_void, tail);
-        }
-        // SAFETY: replaces the part of our reservation at `aligned` with a
-        // shared mapping of the file we sized to `len`.
-        let ptr = unsafe {
-            libc::mmap(
-                aligned as *mut libc::c_void,
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            // SAFETY: the rest of our reservation.
-            unsafe { libc::munmap(aligned as *mut libc::c_void, len as usize) };
-            let _ = std::fs::remove_file(&path);
-            return Err(Arm64Error::Io(format!(
-                "mmap of {} bytes: {}",
-                len,
-                std::io::Error::last_os_error()
-            )));
-        }
-        Ok(SharedRam {
-            ptr: ptr.cast(),
-            len,
-            path,
-        })
-    }
-
-    /// Bytes of RAM.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Whether the RAM is empty (never: a machine has RAM).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Whether `[pa, pa + size)` lies in RAM.
-    pub fn contains(&self, pa: u64, size: u64) -> bool {
-        pa >= layout::RAM_BASE
-            && pa
-                .checked_add(size)
-                .is_some_and(|end| end <= layout::RAM_BASE + self.len)
-    }
-
-    /// A pointer to `[pa, pa + size)` in this process, if it lies in RAM.
-    pub fn ptr(&self, pa: u64, size: u64) -> Option<*mut u8> {
-        // SAFETY: in bounds of the mapping (checked).
-        self.contains(pa, size)
-            .then(|| unsafe { self.ptr.add((pa - layout::RAM_BASE) as usize) })
-    }
-
-    /// The host address of `pa` (what a memslot's `userspace_addr` holds).
-    pub fn hva(&self, pa: u64) -> Option<u64> {
-        self.ptr(pa, 1).map(|p| p as u64)
-    }
-
-    /// The physical address of host address `hva`, if it lies in RAM.
-    pub fn pa(&self, hva: u64) -> Option<u64> {
-        let base = self.ptr as u64;
-        (hva >= base && hva < base + self.len).then(|| hva - base + layout::RAM_BASE)
-    }
-
-    /// The 64-bit word at `pa`, as an atomic shared with QEMU.
-    ///
-    /// # Panics
-    /// If `pa` is not 8-byte aligned or not in RAM: callers pass the fixed
-    /// layout's addresses and addresses they checked.
-    pub fn word(&self, pa: u64) -> &AtomicU64 {
-        assert!(pa.is_multiple_of(8), "unaligned shared word {pa:#x}");
-        let p = self.ptr(pa, 8).expect("shared word inside RAM");
-        // SAFETY: aligned, in bounds, and the mapping outlives `&self`; the
-        // other side (QEMU) accesses these words with single-copy-atomic
-        // loads and stores, as atomics do.
-        unsafe { &*(p as *const AtomicU64) }
-    }
-
-    /// Reads the word at `pa`.
-    pub fn read(&self, pa: u64) -> u64 {
-        self.word(pa).load(Ordering::Acquire)
-    }
-
-    /// Writes the word at `pa`.
-    pub fn write(&self, pa: u64, v: u64) {
-        self.word(pa).store(v, Ordering::Release)
-    }
-
-    /// Copies `data` to `pa`.
-    ///
-    /// # Errors
-    /// [`Arm64Error::Config`] if the range is not in RAM.
-    pub fn write_bytes(&self, pa: u64, data: &[u8]) -> Result<()> {
-        let p = self
-            .ptr(pa, data.len() as u64)
-            .ok_or_else(|| Arm64Error::Config(format!("{pa:#x}+{:#x} outside RAM", data.len())))?;
-        // SAFETY: in bounds (checked); bytes are copied, no reference to the
-        // shared memory is made.
-        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
-        Ok(())
-    }
-}
-
-impl Drop for SharedRam {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `create`, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len as usize) };
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
 
 /// How to start a machine.
 #[derive(Clone, Debug)]
@@ -228,6 +52,78 @@ fn qemu_binary() -> Result<PathBuf> {
         })
 }
 
+/// Starts QEMU on the shared RAM file with the stub's image.
+fn spawn_qemu(
+    qemu: &std::path::Path,
+    cpus: usize,
+    ram_len: u64,
+    ram: &SharedRam,
+    elf: &std::path::Path,
+) -> Result<Child> {
+    let mem_mb = ram_len >> 20;
+    Command::new(qemu)
+        .args(["-M", "virt,virtualization=on,gic-version=3"])
+        // pauth-impdef: a cheap pointer-authentication cipher (TCG's
+        // QARMA costs a Linux guest most of its boot time); no SVE or
+        // SME, so a guest's vector state is only FP/SIMD.
+        .args(["-cpu", "max,pauth-impdef=on,sve=off,sme=off"])
+        .args(["-accel", "tcg,thread=multi"])
+        .args(["-smp", &cpus.to_string()])
+        .args(["-m", &format!("{mem_mb}M")])
+        .args([
+            "-object",
+            &format!(
+                "memory-backend-file,id=mem,size={mem_mb}M,mem-path={},share=on",
+                ram.path().display()
+            ),
+        ])
+        .args(["-machine", "memory-backend=mem"])
+        .args(["-display", "none", "-serial", "none", "-monitor", "none"])
+        .args(["-semihosting", "-nodefaults"])
+        .arg("-kernel")
+        .arg(elf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Arm64Error::Unavailable(format!("{}: {e}", qemu.display())))
+}
+
+/// Collects QEMU's stdout and stderr (the stub's semihosting console) on
+/// threads, up to 64 KiB.
+fn collect_console(child: &mut Child) -> Arc<Mutex<String>> {
+    let console = Arc::new(Mutex::new(String::new()));
+    for pipe in [
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let console = console.clone();
+        std::thread::spawn(move || {
+            let mut pipe = pipe;
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut c = console.lock().unwrap();
+                if c.len() < 1 << 16 {
+                    c.push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            }
+        });
+    }
+    console
+}
+
 impl Machine {
     /// Starts QEMU and waits until every CPU sits in the stub's command loop.
     ///
@@ -258,65 +154,11 @@ impl Machine {
         let qemu = qemu_binary()?;
         let ram_len = layout::DATA - layout::RAM_BASE + cfg.data_bytes;
         let ram = Arc::new(SharedRam::create(ram_len)?);
-        let elf = ram.path.with_extension("elf");
+        let elf = ram.path().with_extension("elf");
         std::fs::write(&elf, image)
             .map_err(|e| Arm64Error::Io(format!("{}: {e}", elf.display())))?;
-        let mem_mb = ram_len >> 20;
-        let mut child = Command::new(&qemu)
-            .args(["-M", "virt,virtualization=on,gic-version=3"])
-            // pauth-impdef: a cheap pointer-authentication cipher (TCG's
-            // QARMA costs a Linux guest most of its boot time); no SVE or
-            // SME, so a guest's vector state is only FP/SIMD.
-            .args(["-cpu", "max,pauth-impdef=on,sve=off,sme=off"])
-            .args(["-accel", "tcg,thread=multi"])
-            .args(["-smp", &cfg.cpus.to_string()])
-            .args(["-m", &format!("{mem_mb}M")])
-            .args([
-                "-object",
-                &format!(
-                    "memory-backend-file,id=mem,size={mem_mb}M,mem-path={},share=on",
-                    ram.path.display()
-                ),
-            ])
-            .args(["-machine", "memory-backend=mem"])
-            .args(["-display", "none", "-serial", "none", "-monitor", "none"])
-            .args(["-semihosting", "-nodefaults"])
-            .arg("-kernel")
-            .arg(&elf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| Arm64Error::Unavailable(format!("{}: {e}", qemu.display())))?;
-        let console = Arc::new(Mutex::new(String::new()));
-        for pipe in [
-            child
-                .stdout
-                .take()
-                .map(|p| Box::new(p) as Box<dyn Read + Send>),
-            child
-                .stderr
-                .take()
-                .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let console = console.clone();
-            std::thread::spawn(move || {
-                let mut pipe = pipe;
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = pipe.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    let mut c = console.lock().unwrap();
-                    if c.len() < 1 << 16 {
-                        c.push_str(&String::from_utf8_lossy(&buf[..n]));
-                    }
-                }
-            });
-        }
+        let mut child = spawn_qemu(&qemu, cfg.cpus, ram_len, &ram, &elf)?;
+        let console = collect_console(&mut child);
         let m = Machine {
             ram,
             child: Mutex::new(child),

@@ -453,9 +453,15 @@ impl Arm64Vm {
                 e.esr
             ))
         })?;
+        // A permission fault on the guest's stage-1 walk (ESR ISS.S1PTW) is
+        // the walker's hardware update of a descriptor (access flag, dirty
+        // state): a write, whatever WnR says (QEMU reports it as a read).
+        // KVM's kvm_is_write_fault() decides the same way.
+        let s1ptw = e.esr & (1 << 7) != 0;
+        let write = e.write() || (s1ptw && matches!(kind, FaultKind::Permission { .. }));
         let (r, insns) = self.sink.collect_for_fault(|| {
             self.mmu
-                .handle_stage2_fault(vcpu, Gpa::new(ipa), e.write(), kind)
+                .handle_stage2_fault(vcpu, Gpa::new(ipa), write, kind)
         });
         Ok(r.map(|_| insns))
     }

@@ -4,8 +4,8 @@
 
 mod common;
 
-use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
+use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Dirty logging under a running Linux: while the guest's dirtier writes
-//! anonymous memory and tmpfs files on every vCPU, the host harvests every
+//! anonymous memory and tmpfs files on every vCPU (12 s), the host harvests every
 //! 100 ms and checks every guest page's content against the logs. A
 //! changed page in no log is a lost page; the dirtier checks its own data.
 
@@ -55,7 +55,7 @@ fn run(mode: LinuxDirty, args: &str, discard: Option<u64>) -> Option<LinuxReport
 }
 
 fn no_page_lost(mode: LinuxDirty) {
-    let Some(r) = run(mode, "mem=48,file=8,secs=20", None) else {
+    let Some(r) = run(mode, "mem=48,file=8,secs=12", None) else {
         return;
     };
     let d = r.dirty.expect("the harvester ran");
@@ -64,7 +64,7 @@ fn no_page_lost(mode: LinuxDirty) {
         "the guest's own check; console:\n{}",
         r.console
     );
-    assert!(d.harvests >= 50, "{} harvests", d.harvests);
+    assert!(d.harvests >= 10, "{} harvests", d.harvests);
     assert!(d.changed > 1000, "the guest changed {} pages", d.changed);
     assert_eq!(d.lost, 0, "lost pages: {:x?}", d.lost_examples);
 }
@@ -100,15 +100,15 @@ fn a_discarded_harvest_shows_as_lost_pages() {
     assert!(d.lost > 0, "no lost page reported: {d:?}");
 }
 
-/// Dropped harvest invalidations, reported as what they are: under a
-/// Linux guest QEMU flushes a vCPU's whole TLB often enough (a local
-/// invalidation after each write fault is a whole-TLB flush in QEMU) that
-/// no stale translation outlives its harvest window, so this run loses no
-/// page; it only shows the drops happened. Ignored: it asserts nothing the
-/// check could catch.
+/// The check catches what it exists for: with the harvests'
+/// invalidations dropped (from the 5th on), QEMU's TLB keeps writable
+/// translations of pages the harvest protected, the guest's writes through
+/// them go unlogged, and the hash check reports the pages. The dirtier
+/// rewrites a few hundred pages so that QEMU's TLB holds them. The guest
+/// need not finish: stale translations may stall it, so the run is cut at
+/// 60 s.
 #[test]
-#[ignore = "QEMU's TLB flushes hide dropped invalidations under Linux; run by hand to see"]
-fn dropped_harvest_invalidations_under_linux() {
+fn dropped_harvest_invalidations_show_as_lost_pages() {
     let _one = common::serial();
     let Some(a) = assets() else { return };
     let r = vm::run(&LinuxConfig {
@@ -118,14 +118,17 @@ fn dropped_harvest_invalidations_under_linux() {
         initrd: a.initramfs,
         cmdline: "quiet s2mmu.run=dirtier s2mmu.args=mem=1,file=1,secs=8".into(),
         echo: false,
-        timeout: Duration::from_secs(240),
+        timeout: Duration::from_secs(60),
         dirty: HarvestConfig {
-            mode: LinuxDirty::Hw,
+            mode: LinuxDirty::Wp,
             period: Duration::from_millis(100),
             drop_invalidations_from: Some(5),
             discard_log: None,
         },
     })
     .expect("the Linux VM runs");
-    eprintln!("{:?}", r.dirty);
+    let d = r.dirty.expect("the harvester ran");
+    eprintln!("{d:?} {:?}", r.tlbi);
+    assert!(d.dropped > 0, "nothing was dropped: {d:?}");
+    assert!(d.lost > 0, "no lost page reported: {d:?}");
 }

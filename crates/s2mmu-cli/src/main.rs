@@ -7,6 +7,7 @@ mod arm64;
 mod dirty_log_perf;
 mod dirty_views;
 mod harvest_perf;
+mod linux;
 mod memslot_perf;
 mod migrate_ctl;
 mod reproduce;
@@ -51,6 +52,8 @@ enum Cmd {
     Migrate(Box<migrate::Params>),
     /// Talks to a running migration's --control socket: status, recover (post-copy recovery by hand), cancel.
     MigrateCtl(migrate_ctl::Params),
+    /// Debian's arm64 Linux under the EL2 stub on QEMU, all guest RAM through the engine's fault path.
+    Linux(Box<linux::Params>),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Cmd::Migrate(p) => migrate::main(*p),
         Cmd::MigrateCtl(p) => migrate_ctl::main(p),
         Cmd::Snapshot(p) => snapshot::main(p),
+        Cmd::Linux(p) => linux::main(*p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

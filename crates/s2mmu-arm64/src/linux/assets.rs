@@ -137,6 +137,18 @@ pub(crate) fn run(cmd: &mut Command, fix: &str) -> Result<String, AssetError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A scratch name beside `path`, unique to this process and call: files
+/// are built there and renamed into place, so a reader (another test
+/// thread, another worktree's run sharing the cache) sees a whole file or
+/// none.
+pub(crate) fn scratch(path: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp-{}-{n}", std::process::id()));
+    path.with_file_name(name)
+}
+
 /// FNV-1a over `parts`: names cached builds by their inputs.
 pub(crate) fn content_hash(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -157,6 +169,10 @@ pub(crate) fn content_hash(parts: &[&[u8]]) -> u64 {
 /// `dpkg`, apt or the cross compiler is missing; the other variants when
 /// a step fails.
 pub fn ensure(opts: &AssetOptions) -> Result<LinuxAssets, AssetError> {
+    // One build at a time in this process (tests call it from several
+    // threads); other processes are kept apart by the scratch names.
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
     let dir = &opts.cache_dir;
     fs::create_dir_all(dir).map_err(io_err(dir))?;
     let kernel_deb = match super::debs::newest(dir, super::debs::KERNEL)? {
@@ -191,16 +207,30 @@ pub fn build_programs(cache: &Path) -> Result<Vec<(String, PathBuf)>, AssetError
     for (name, src) in PROGRAMS {
         let bin = dir.join(name);
         if !bin.exists() {
-            let c = dir.join(format!("{name}.c"));
+            let c = scratch(&dir.join(format!("{name}.c")));
             fs::write(&c, src).map_err(io_err(&c))?;
-            let tmp = dir.join(format!("{name}.tmp"));
-            run(
+            let tmp = scratch(&bin);
+            let built = run(
                 Command::new(CROSS_CC)
                     .args(["-static", "-O2", "-pthread", "-Wall", "-o"])
                     .arg(&tmp)
+                    .args(["-x", "c"])
                     .arg(&c),
                 CC_FIX,
-            )?;
+            );
+            let _gone = fs::remove_file(&c);
+            built.map_err(|e| match e {
+                // gcc is there but the arm64 libc (headers, libpthread.a) is not.
+                AssetError::Tool { output, .. }
+                    if output.contains(".h: No such file") || output.contains("cannot find -l") =>
+                {
+                    AssetError::Missing {
+                        what: format!("the arm64 C library for {CROSS_CC} ({output})"),
+                        fix: CC_FIX.into(),
+                    }
+                }
+                e => e,
+            })?;
             fs::rename(&tmp, &bin).map_err(io_err(&bin))?;
         }
         out.push((name.to_string(), bin));
@@ -241,7 +271,7 @@ pub fn initramfs(cache: &Path, busybox: &Path) -> Result<PathBuf, AssetError> {
         let data = fs::read(&bin).map_err(io_err(&bin))?;
         entries.push(Entry::File(format!("bin/{name}"), 0o755, data));
     }
-    let tmp = path.with_extension("tmp");
+    let tmp = scratch(&path);
     let f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
     cpio::write_gz(&entries, std::io::BufWriter::new(f)).map_err(io_err(&tmp))?;
     fs::rename(&tmp, &path).map_err(io_err(&path))?;
@@ -251,4 +281,37 @@ pub fn initramfs(cache: &Path, busybox: &Path) -> Result<PathBuf, AssetError> {
 /// The command that prepares a fresh machine (used in messages).
 pub fn setup_hint() -> String {
     format!("{CC_FIX} && {ARCH_FIX} && scripts/linux-assets.sh")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_tool_names_the_command_that_installs_it() {
+        let e = run(&mut Command::new("s2mmu-no-such-tool"), CC_FIX).unwrap_err();
+        assert!(matches!(e, AssetError::Missing { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .contains("apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross"),
+            "{e}"
+        );
+        let e = run(
+            Command::new("sh").args(["-c", "echo boom >&2; exit 3"]),
+            CC_FIX,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, AssetError::Tool { output, .. } if output.contains("boom")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_content_hash_changes_with_any_input() {
+        let a = content_hash(&[b"init", b"dirtier"]);
+        assert_ne!(a, content_hash(&[b"init", b"dirtier2"]));
+        assert_ne!(a, content_hash(&[b"initdirtier"]), "parts are delimited");
+        assert_eq!(a, content_hash(&[b"init", b"dirtier"]));
+    }
 }

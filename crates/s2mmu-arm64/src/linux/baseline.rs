@@ -29,8 +29,11 @@ pub struct BaselineConfig {
     pub mem_mib: u64,
     /// The guest program `/init` runs (`s2mmu.run=`), or `none`.
     pub run: String,
-    /// Its arguments, comma-separated (`s2mmu.args=`).
+    /// Its arguments, comma-separated (`s2mmu.args=`); `+` separates
+    /// those of each program when `run` names several (`a+b`).
     pub args: String,
+    /// More kernel parameters, space-separated (e.g. `mem=448M`).
+    pub extra_append: String,
     /// Give up (and kill QEMU) after this long; at most 30 minutes.
     pub timeout: Duration,
 }
@@ -85,12 +88,12 @@ impl std::error::Error for BaselineError {}
 fn check_word(what: &str, v: &str) -> Result<(), BaselineError> {
     let ok = v.len() <= 256
         && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.,=:/".contains(&b));
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.,=:/+".contains(&b));
     if ok {
         Ok(())
     } else {
         Err(BaselineError::Config(format!(
-            "{what} {v:?}: up to 256 of [A-Za-z0-9_-.,=:/]"
+            "{what} {v:?}: up to 256 of [A-Za-z0-9_-.,=:/+]"
         )))
     }
 }
@@ -120,7 +123,15 @@ impl BaselineConfig {
             )));
         }
         check_word("s2mmu.run", &self.run)?;
-        check_word("s2mmu.args", &self.args)
+        check_word("s2mmu.args", &self.args)?;
+        if self.extra_append.len() > 1024 {
+            return Err(BaselineError::Config(
+                "extra kernel parameters over 1024 bytes".into(),
+            ));
+        }
+        self.extra_append
+            .split_whitespace()
+            .try_for_each(|w| check_word("kernel parameter", w))
     }
 
     /// The kernel command line (console on the `virt` PL011).
@@ -129,18 +140,20 @@ impl BaselineConfig {
         if !self.args.is_empty() {
             a.push_str(&format!(" s2mmu.args={}", self.args));
         }
+        for w in self.extra_append.split_whitespace() {
+            a.push(' ');
+            a.push_str(w);
+        }
         a
     }
 }
 
-/// The number on `/init`'s count line in `console`, if it printed one.
+/// The number on `/init`'s count line in `console`, once the whole line
+/// is there.
 pub fn cpus_online(console: &str) -> Option<u32> {
     let at = console.find(INIT_LINE)? + INIT_LINE.len();
-    let digits: String = console[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
+    let (digits, _) = console[at..].split_once('\n')?;
+    digits.trim_end_matches('\r').parse().ok()
 }
 
 fn tail(s: &str) -> String {
@@ -169,6 +182,36 @@ fn spawn(assets: &LinuxAssets, cfg: &BaselineConfig) -> Result<Child, BaselineEr
         .map_err(|e| BaselineError::NoQemu(e.to_string()))
 }
 
+type Readers = (
+    mpsc::Receiver<Vec<u8>>,
+    std::thread::JoinHandle<()>,
+    std::thread::JoinHandle<String>,
+);
+
+/// QEMU's stdout as chunks on a channel (closed at its exit), and its
+/// stderr drained on its own thread so a chatty QEMU cannot block on a full
+/// pipe (the first 64 KiB kept).
+fn readers(child: &mut Child) -> Readers {
+    let mut out = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = out.read(&mut buf) {
+            if tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut err_pipe = child.stderr.take().expect("piped stderr");
+    let errors = std::thread::spawn(move || {
+        let mut e = Vec::new();
+        let _partial = err_pipe.by_ref().take(1 << 16).read_to_end(&mut e);
+        let _rest = std::io::copy(&mut err_pipe, &mut std::io::sink());
+        String::from_utf8_lossy(&e).into_owned()
+    });
+    (rx, reader, errors)
+}
+
 /// Boots `assets` under QEMU directly and times it.
 ///
 /// # Errors
@@ -181,16 +224,7 @@ pub fn run_baseline(
     cfg.validate()?;
     let start = Instant::now();
     let mut child = spawn(assets, cfg)?;
-    let mut out = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = mpsc::channel::<Vec<u8>>();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n @ 1..) = out.read(&mut buf) {
-            if tx.send(buf[..n].to_vec()).is_err() {
-                return;
-            }
-        }
-    });
+    let (rx, reader, errors) = readers(&mut child);
     let deadline = start + cfg.timeout;
     let mut console = String::new();
     let mut init_s = None;
@@ -220,6 +254,7 @@ pub fn run_baseline(
         let _gone = child.kill();
         let _reaped = child.wait();
         let _done = reader.join();
+        let _done = errors.join();
         return Err(BaselineError::Timeout(tail(&console)));
     }
     let status = child
@@ -227,10 +262,7 @@ pub fn run_baseline(
         .map_err(|e| BaselineError::NoQemu(e.to_string()))?;
     let poweroff_s = start.elapsed().as_secs_f64();
     let _done = reader.join();
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _partial = e.read_to_string(&mut err);
-    }
+    let err = errors.join().unwrap_or_default();
     let Some((init_s, cpus_online)) = init_s else {
         return Err(BaselineError::NoInit(format!(
             "{}\n{}",
@@ -245,4 +277,117 @@ pub fn run_baseline(
         exit_ok: status.success(),
         console,
     })
+}
+
+/// Several boots of one configuration, back to back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BaselineSummary {
+    /// Each run's (seconds to the init line, seconds to QEMU's exit).
+    pub runs: Vec<(f64, f64)>,
+    /// The median of the first.
+    pub median_init_s: f64,
+    /// The median of the second.
+    pub median_poweroff_s: f64,
+}
+
+/// The median of `v` (the upper one of an even count); 0 when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Boots `cfg` `runs` times (1..=20) and takes the medians. Every run must
+/// reach init with all vCPUs online and exit cleanly.
+///
+/// # Errors
+/// [`BaselineError::Config`] for `runs` out of range or a run with vCPUs
+/// missing or an unclean exit; [`run_baseline`]'s errors.
+pub fn measure(
+    assets: &LinuxAssets,
+    cfg: &BaselineConfig,
+    runs: u32,
+) -> Result<BaselineSummary, BaselineError> {
+    if !(1..=20).contains(&runs) {
+        return Err(BaselineError::Config(format!("{runs} runs: 1 to 20")));
+    }
+    cfg.validate()?;
+    let mut out = Vec::with_capacity(runs as usize);
+    for _ in 0..runs {
+        let r = run_baseline(assets, cfg)?;
+        if r.cpus_online != cfg.cpus || !r.exit_ok {
+            return Err(BaselineError::Config(format!(
+                "a run had {} of {} vCPUs online, exit ok: {}; console ends:\n{}",
+                r.cpus_online,
+                cfg.cpus,
+                r.exit_ok,
+                tail(&r.console)
+            )));
+        }
+        out.push((r.init_s, r.poweroff_s));
+    }
+    Ok(BaselineSummary {
+        median_init_s: median(out.iter().map(|r| r.0).collect()),
+        median_poweroff_s: median(out.iter().map(|r| r.1).collect()),
+        runs: out,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 3.0);
+        assert_eq!(median(vec![]), 0.0);
+    }
+
+    #[test]
+    fn the_init_line_counts_only_when_complete() {
+        assert_eq!(
+            cpus_online("boot\ns2mmu-init: cpus online 2\r\nmore"),
+            Some(2)
+        );
+        assert_eq!(
+            cpus_online("s2mmu-init: cpus online 1"),
+            None,
+            "more digits may follow"
+        );
+        assert_eq!(cpus_online("s2mmu-init: cpus online x\n"), None);
+        assert_eq!(cpus_online("nothing\n"), None);
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_by_name() {
+        let ok = BaselineConfig {
+            cpus: 2,
+            mem_mib: 512,
+            run: "dirtier+counter".into(),
+            args: "mem=32,secs=4+secs=2".into(),
+            extra_append: "mem=448M".into(),
+            timeout: Duration::from_secs(60),
+        };
+        ok.validate().unwrap();
+        assert_eq!(
+            ok.append(),
+            "console=ttyAMA0 quiet s2mmu.run=dirtier+counter s2mmu.args=mem=32,secs=4+secs=2 mem=448M"
+        );
+        let bad: [fn(&mut BaselineConfig); 6] = [
+            |c| c.cpus = 9,
+            |c| c.mem_mib = 64,
+            |c| c.run = "a b".into(),
+            |c| c.args = "x\"y".into(),
+            |c| c.extra_append = "init=/bin/sh;reboot".into(),
+            |c| c.timeout = Duration::ZERO,
+        ];
+        for f in bad {
+            let mut c = ok.clone();
+            f(&mut c);
+            assert!(
+                matches!(c.validate(), Err(BaselineError::Config(_))),
+                "{c:?}"
+            );
+        }
+    }
 }

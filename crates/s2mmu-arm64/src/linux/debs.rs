@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::assets::{io_err, run, AssetError, AssetOptions};
+use super::assets::{io_err, run, scratch, AssetError, AssetOptions};
 
 /// A package family in the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,8 +174,7 @@ pub fn download(opts: &AssetOptions, spec: DebSpec) -> Result<PathBuf, AssetErro
 
 /// `dpkg -x deb` into a fresh scratch directory of `cache`.
 fn unpack(cache: &Path, deb: &Path, tag: &str) -> Result<PathBuf, AssetError> {
-    let tmp = cache.join(format!("unpack-{tag}-{}", std::process::id()));
-    let _absent = fs::remove_dir_all(&tmp);
+    let tmp = scratch(&cache.join(format!("unpack-{tag}")));
     run(
         Command::new("dpkg").arg("-x").arg(deb).arg(&tmp),
         "apt-get install dpkg",
@@ -207,7 +206,9 @@ pub fn kernel_image(cache: &Path, deb: &Path) -> Result<(PathBuf, String), Asset
     let result = gunzip_vmlinuz(&tmp, &image);
     let _cleanup = fs::remove_dir_all(&tmp);
     let version = result?;
-    fs::write(&release, &version).map_err(io_err(&release))?;
+    let tmp = scratch(&release);
+    fs::write(&tmp, &version).map_err(io_err(&tmp))?;
+    fs::rename(&tmp, &release).map_err(io_err(&release))?;
     Ok((image, version))
 }
 
@@ -238,7 +239,7 @@ fn gunzip_vmlinuz(unpacked: &Path, image: &Path) -> Result<String, AssetError> {
             vmlinuz.display()
         )));
     }
-    let tmp = image.with_extension("tmp");
+    let tmp = scratch(image);
     let mut dst = BufWriter::new(fs::File::create(&tmp).map_err(io_err(&tmp))?);
     let copied = if gzip {
         std::io::copy(&mut flate2::read::GzDecoder::new(src), &mut dst)

@@ -40,14 +40,22 @@ impl LinuxDirty {
             "manual" => LinuxDirty::Manual,
             "ring" => LinuxDirty::Ring,
             "hw" => LinuxDirty::Hw,
-            _ => return Err(format!("dirty mode {s:?}: one of off, wp, manual, ring, hw")),
+            _ => {
+                return Err(format!(
+                    "dirty mode {s:?}: one of off, wp, manual, ring, hw"
+                ))
+            }
         })
     }
 
     /// The engine's policy for this mode (eager split on, the default
     /// chunk).
     pub fn policy(self) -> MmuPolicy {
-        let mut p = MmuPolicy::default();
+        // The engine's default is manual protect (GET only copies).
+        let mut p = MmuPolicy {
+            manual_protect: false,
+            ..MmuPolicy::default()
+        };
         match self {
             LinuxDirty::Off | LinuxDirty::Wp => {}
             LinuxDirty::Manual => p.manual_protect = true,
@@ -121,7 +129,12 @@ fn hash_pages(words: &[AtomicU64], out: &mut [u64]) {
 }
 
 /// One harvest into `bitmap` (a bit per page of the RAM slot).
-fn harvest(sh: &Shared, mode: LinuxDirty, bitmap: &mut [u64], ring: &mut Vec<DirtyGfn>) -> Result<()> {
+fn harvest(
+    sh: &Shared,
+    mode: LinuxDirty,
+    bitmap: &mut [u64],
+    ring: &mut Vec<DirtyGfn>,
+) -> Result<()> {
     let mmu = sh.vm.mmu();
     let npages = (bitmap.len() * 64) as u64;
     match mode {
@@ -181,7 +194,10 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
         }
         rep.harvests += 1;
         let logged = |p: u64| bitmap[(p / 64) as usize] >> (p % 64) & 1 == 1;
-        rep.logged += bitmap.iter().map(|w| u64::from(w.count_ones())).sum::<u64>();
+        rep.logged += bitmap
+            .iter()
+            .map(|w| u64::from(w.count_ones()))
+            .sum::<u64>();
         for &p in &carry {
             if !logged(p) {
                 rep.lost += 1;

@@ -180,10 +180,10 @@ fn check_memory(c: &FdtConfig) -> Result<(), FdtError> {
     if !(1..=MAX_VCPUS).contains(&c.cpus) {
         return Err(FdtError::Cpus(c.cpus));
     }
-    if !(MIN_MEM..=MAX_MEM).contains(&c.mem_size) || c.mem_size % (2 << 20) != 0 {
+    if !(MIN_MEM..=MAX_MEM).contains(&c.mem_size) || !c.mem_size.is_multiple_of(2 << 20) {
         return Err(FdtError::MemSize(c.mem_size));
     }
-    if c.mem_base % (2 << 20) != 0 {
+    if !c.mem_base.is_multiple_of(2 << 20) {
         return Err(FdtError::Misaligned("RAM", c.mem_base, 2 << 20));
     }
     if c.bootargs.len() >= MAX_BOOTARGS {

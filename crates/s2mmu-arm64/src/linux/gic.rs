@@ -231,7 +231,9 @@ impl Gic {
                 self.pend_spis(first(0x200), w);
                 0
             }
-            (0x0400..=0x07ff, _) => bytes_access(&mut d.prio, (off - 0x400) as usize, a.size, a.write),
+            (0x0400..=0x07ff, _) => {
+                bytes_access(&mut d.prio, (off - 0x400) as usize, a.size, a.write)
+            }
             (0x0c00..=0x0cff, _) => word_access(&mut d.cfg, (off - 0xc00) / 4, a.write),
             (0x6100..=0x7fd8, _) => route_access(&mut d.route, off, a),
             _ => 0,

@@ -47,9 +47,16 @@ impl GuestRam for SliceRam<'_> {
     fn range(&self) -> (u64, u64) {
         (self.base, self.mem.len() as u64)
     }
+    /// Writes nothing when `[gpa, gpa + data.len())` is not inside the
+    /// slice (the loader never asks for that).
     fn write(&mut self, gpa: u64, data: &[u8]) {
-        let o = (gpa - self.base) as usize;
-        self.mem[o..o + data.len()].copy_from_slice(data);
+        let range = gpa
+            .checked_sub(self.base)
+            .and_then(|o| usize::try_from(o).ok())
+            .and_then(|o| Some(o..o.checked_add(data.len())?));
+        if let Some(dst) = range.and_then(|r| self.mem.get_mut(r)) {
+            dst.copy_from_slice(data);
+        }
     }
 }
 
@@ -372,6 +379,17 @@ mod tests {
             "{e}"
         );
         assert!(mem.iter().all(|&b| b == 0), "nothing written on a refusal");
+        let mut ram = SliceRam {
+            base: 0x4000_0000,
+            mem: &mut mem,
+        };
+        ram.write(0x3fff_ffff, &[1, 2]);
+        ram.write(0x4000_0000 + (8 << 20) - 1, &[1, 2]);
+        ram.write(u64::MAX, &[1]);
+        assert!(
+            mem.iter().all(|&b| b == 0),
+            "a SliceRam ignores writes outside it"
+        );
         let mut ram = SliceRam {
             base: 0x4000_1000,
             mem: &mut mem,

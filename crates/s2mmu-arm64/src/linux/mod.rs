@@ -8,7 +8,8 @@
 //!   built in a cache directory ([`debs`] unpacks the packages, [`cpio`]
 //!   writes the archive).
 //! - [`fdt`]: the device tree (rust-vmm `vm-fdt`).
-//! - [`loader`]: the arm64 boot protocol's placement.
+//! - [`loader`]: the arm64 boot protocol's placement; [`boot`] loads the
+//!   asset files and the device tree in one call.
 //! - [`bus`]: guest-physical MMIO ranges and their device models.
 //! - [`uart`]: a 16550 (rust-vmm `vm-superio`).
 //! - [`baseline`]: the same kernel booted by QEMU itself, for comparison.
@@ -21,6 +22,7 @@
 
 pub mod assets;
 pub mod baseline;
+pub mod boot;
 pub mod bus;
 pub mod cpio;
 pub mod debs;

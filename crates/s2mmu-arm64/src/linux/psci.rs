@@ -130,7 +130,10 @@ mod tests {
 
     #[test]
     fn calls_decode_as_psci_1_1_says() {
-        assert_eq!(decode([VERSION as u64, 0, 0, 0]), PsciCall::Answer(0x1_0001));
+        assert_eq!(
+            decode([VERSION as u64, 0, 0, 0]),
+            PsciCall::Answer(0x1_0001)
+        );
         assert_eq!(
             decode([CPU_ON as u64, 1, 0x4020_0000, 7]),
             PsciCall::CpuOn {
@@ -139,13 +142,19 @@ mod tests {
                 context: 7
             }
         );
-        assert_eq!(decode([FEATURES as u64, CPU_ON as u64, 0, 0]), PsciCall::Answer(0));
+        assert_eq!(
+            decode([FEATURES as u64, CPU_ON as u64, 0, 0]),
+            PsciCall::Answer(0)
+        );
         assert_eq!(
             decode([FEATURES as u64, CPU_SUSPEND as u64, 0, 0]),
             PsciCall::Answer(u64::MAX)
         );
         assert_eq!(decode([0x8000_0000, 0, 0, 0]), PsciCall::Answer(u64::MAX));
-        assert_eq!(decode([MIGRATE_INFO_TYPE as u64, 0, 0, 0]), PsciCall::Answer(2));
+        assert_eq!(
+            decode([MIGRATE_INFO_TYPE as u64, 0, 0, 0]),
+            PsciCall::Answer(2)
+        );
         assert_eq!(vcpu_of(0x8000_0001, 2), Some(1));
         assert_eq!(vcpu_of(2, 2), None);
         assert_eq!(vcpu_of(0x100, 2), None);

@@ -281,8 +281,8 @@ impl MmioDevice for Uart {
     /// in its low lane and zeros above; beyond offset 7 reads as zero.
     fn read(&self, offset: u64, data: &mut [u8]) {
         data.fill(0);
-        if offset < UART_REGS {
-            data[0] = self.lock().read(offset as u8);
+        if let (true, Some(low)) = (offset < UART_REGS, data.first_mut()) {
+            *low = self.lock().read(offset as u8);
         }
     }
 
@@ -290,8 +290,8 @@ impl MmioDevice for Uart {
     /// they are ignored. An output error loses the byte, as a UART with no
     /// cable does.
     fn write(&self, offset: u64, data: &[u8]) {
-        if offset < UART_REGS {
-            let _lost = self.lock().write(offset as u8, data[0]);
+        if let (true, Some(&low)) = (offset < UART_REGS, data.first()) {
+            let _lost = self.lock().write(offset as u8, low);
         }
     }
 }
@@ -339,6 +339,12 @@ mod tests {
         assert!(!u.irq_pending(), "reading the data clears the interrupt");
         assert_eq!(u.enqueue(&[0u8; 100]), 64, "the FIFO holds 64 bytes");
         assert_eq!(u.enqueue(b"y"), 0);
+        // Accesses the bus never makes, made directly: no panic.
+        u.read(0, &mut []);
+        u.write(0, &[]);
+        let mut wide = [0xffu8; 8];
+        u.read(100, &mut wide);
+        assert_eq!(wide, [0; 8], "beyond the registers reads as zero");
     }
 
     #[test]
@@ -355,6 +361,19 @@ mod tests {
         bad.in_buffer = vec![0; 65];
         let e = Uart::from_state(&bad, Arc::new(|| {}), UartOutput::Discard).err();
         assert_eq!(e, Some(UartError::FifoTooLong(65)));
+    }
+
+    #[test]
+    fn output_reaches_a_file() {
+        let path = std::env::temp_dir().join(format!("s2mmu-uart-{}", std::process::id()));
+        let f = File::create(&path).unwrap();
+        let u = Uart::new(Arc::new(|| {}), UartOutput::File(f));
+        for b in b"console\n" {
+            u.write(THR, &[*b]);
+        }
+        drop(u);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "console\n");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! stub, every byte of its RAM mapped by the engine's fault path, its
 //! interrupt controller, UART and PSCI on the host.
 
+use super::assets::LinuxAssets;
+use super::boot;
 use super::bus::MmioBus;
 use super::dirty::{self, HarvestConfig, HarvestReport, LinuxDirty};
-use super::fdt::{self, FdtConfig};
+use super::fdt::FdtConfig;
 use super::gic::{Gic, GICR_STRIDE};
-use super::loader::{self, GuestRam};
+use super::loader::{BootLayout, GuestRam};
 use super::psci::{self, PowerState};
 use super::uart::{ConsoleBuffer, Uart, UartOutput, UART_REGS};
 use super::vcpu::{self, CURRENT};
@@ -300,6 +302,8 @@ pub struct LinuxReport {
     pub log: Vec<String>,
     /// The dirty-log harvests and their check (`None` without logging).
     pub dirty: Option<HarvestReport>,
+    /// The engine's TLB maintenance: in fault answers, on the service CPU.
+    pub tlbi: crate::tlbi::TlbiCounters,
 }
 
 /// Exit kind names in [`LinuxReport::exits`] order.
@@ -333,11 +337,54 @@ pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
 /// SYSTEM_OFF is a report with that reason, not an error.
 pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
     check(cfg)?;
-    let read = |p: &PathBuf| {
-        std::fs::read(p).map_err(|e| Arm64Error::Io(format!("{}: {e}", p.display())))
-    };
-    let (image, initrd) = (read(&cfg.kernel)?, read(&cfg.initrd)?);
+    for p in [&cfg.kernel, &cfg.initrd] {
+        std::fs::metadata(p).map_err(|e| Arm64Error::Io(format!("{}: {e}", p.display())))?;
+    }
     let t0 = Instant::now();
+    let (vm, dl, boot) = prepare(cfg)?;
+    let console = ConsoleBuffer::new(4 << 20);
+    let sh = shared(cfg, vm, dl, &boot, &console);
+    let init_at = watch_init(&console, t0);
+    let harvester = (cfg.dirty.mode != LinuxDirty::Off)
+        .then(|| spawn_harvester(sh.clone(), console.clone(), cfg.dirty, cfg.mem));
+    let mut threads = Vec::new();
+    let mut first_err = None;
+    for id in 0..cfg.vcpus {
+        let s = sh.clone();
+        match std::thread::Builder::new()
+            .name(format!("linux-vcpu{id}"))
+            .spawn(move || vcpu::vcpu_thread(&s, id))
+        {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                sh.stop(StopReason::Error(format!("vCPU thread: {e}")));
+                first_err = Some(Arm64Error::Io(format!("vCPU thread: {e}")));
+                break;
+            }
+        }
+    }
+    for t in threads {
+        if let Err(e) = t.join().expect("vCPU thread panicked") {
+            first_err.get_or_insert(e);
+        }
+    }
+    let total_s = t0.elapsed().as_secs_f64();
+    let dirty = match harvester.map(|h| h.join().expect("harvester panicked")) {
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => return Err(e),
+        None => None,
+    };
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let mut r = report(&sh, &console, &init_at, total_s);
+    r.dirty = dirty;
+    Ok(r)
+}
+
+/// Starts the machine, makes the VM with its RAM slot, and loads the
+/// kernel, initramfs and device tree.
+fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
     let machine = Arc::new(Machine::start(&MachineConfig {
         cpus: cfg.vcpus + 1,
         data_bytes: cfg.mem,
@@ -350,7 +397,6 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
         },
     )?;
     vm.add_slot(RAM_SLOT, RAM_IPA, layout::DATA, cfg.mem, 2 << 20)?;
-    let console = ConsoleBuffer::new(4 << 20);
     let fdt_base = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
     let dl = DeviceLayout {
         gicd: fdt_base.gicd.0,
@@ -366,14 +412,28 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
         ram: machine.ram(),
         size: cfg.mem,
     };
-    let boot = loader::load(&mut ram, &image, Some(&initrd), |l| {
-        let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
-        f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
-        f.initrd = l.initrd;
-        fdt::build(&f)
-    })
-    .map_err(|e| Arm64Error::Config(format!("loading the kernel: {e}")))?;
-    let sh = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
+    let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
+    f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
+    let files = LinuxAssets {
+        image: cfg.kernel.clone(),
+        initramfs: cfg.initrd.clone(),
+        kernel_version: String::new(),
+    };
+    let boot = boot::load_linux(&mut ram, &files, &f)
+        .map_err(|e| Arm64Error::Config(format!("loading the kernel: {e}")))?;
+    Ok((vm, dl, boot))
+}
+
+/// What the vCPU threads share: the UART on the bus, its interrupt raised
+/// in the GIC, vCPU 0 about to start at the kernel's entry.
+fn shared(
+    cfg: &LinuxConfig,
+    vm: Arm64Vm,
+    dl: DeviceLayout,
+    boot: &BootLayout,
+    console: &ConsoleBuffer,
+) -> Arc<Shared> {
+    Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
         let w = weak.clone();
         let intid = 32 + dl.uart_spi;
         let irq: super::uart::IrqCallback = Arc::new(move || {
@@ -408,55 +468,33 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
             deadline: Instant::now() + cfg.timeout,
             log: Mutex::new(Vec::new()),
         }
-    });
-    let init_at = watch_init(&console, t0);
-    let harvester = (cfg.dirty.mode != LinuxDirty::Off).then(|| {
-        let (sh, c, hc, mem) = (sh.clone(), console.clone(), cfg.dirty, cfg.mem);
-        std::thread::spawn(move || {
-            // Logging starts under the running system (its RAM mapped in
-            // blocks, so the eager split runs), after the boot is timed.
-            while c
-                .wait_until(Duration::from_millis(100), |s| s.contains(INIT_LINE))
-                .is_none()
-            {
-                if sh.stopping() {
-                    return Ok(HarvestReport::default());
-                }
+    })
+}
+
+/// The harvester's thread: logging starts under the running system (its
+/// RAM mapped in blocks, so the eager split runs), after the boot is
+/// timed, once `/init` prints its line.
+fn spawn_harvester(
+    sh: Arc<Shared>,
+    console: ConsoleBuffer,
+    hc: HarvestConfig,
+    mem: u64,
+) -> std::thread::JoinHandle<Result<HarvestReport>> {
+    std::thread::spawn(move || {
+        while console
+            .wait_until(Duration::from_millis(100), |s| s.contains(INIT_LINE))
+            .is_none()
+        {
+            if sh.stopping() {
+                return Ok(HarvestReport::default());
             }
-            let r = dirty::run_harvester(&sh, &hc, mem);
-            if let Err(e) = &r {
-                sh.stop(StopReason::Error(format!("harvester: {e}")));
-            }
-            r
-        })
-    });
-    let threads: Vec<_> = (0..cfg.vcpus)
-        .map(|id| {
-            let sh = sh.clone();
-            std::thread::Builder::new()
-                .name(format!("linux-vcpu{id}"))
-                .spawn(move || vcpu::vcpu_thread(&sh, id))
-                .map_err(|e| Arm64Error::Io(format!("vCPU thread: {e}")))
-        })
-        .collect::<Result<_>>()?;
-    let mut first_err = None;
-    for t in threads {
-        if let Err(e) = t.join().expect("vCPU thread panicked") {
-            first_err.get_or_insert(e);
         }
-    }
-    let total_s = t0.elapsed().as_secs_f64();
-    let dirty = match harvester.map(|h| h.join().expect("harvester panicked")) {
-        Some(Ok(r)) => Some(r),
-        Some(Err(e)) => return Err(e),
-        None => None,
-    };
-    if let Some(e) = first_err {
-        return Err(e);
-    }
-    let mut r = report(&sh, &console, &init_at, total_s);
-    r.dirty = dirty;
-    Ok(r)
+        let r = dirty::run_harvester(&sh, &hc, mem);
+        if let Err(e) = &r {
+            sh.stop(StopReason::Error(format!("harvester: {e}")));
+        }
+        r
+    })
 }
 
 /// A thread that notes when the init line appears on the console.
@@ -526,5 +564,6 @@ pub(crate) fn report(
         console: text,
         log: sh.log.lock().unwrap().clone(),
         dirty: None,
+        tlbi: sh.vm.sink().counters(),
     }
 }
