@@ -12,9 +12,10 @@
 //! guest's clock.
 
 use super::bus::MmioBus;
-use super::fdt::{self, FdtConfig};
+use super::assets::LinuxAssets;
+use super::boot;
+use super::fdt::FdtConfig;
 use super::gic::{Gic, GICR_STRIDE};
-use super::loader;
 use super::mig_vcpu::{self, Ctl};
 use super::psci::PowerState;
 use super::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
@@ -110,10 +111,6 @@ impl LinuxVm {
     /// # Errors
     /// As [`vm::run`].
     pub fn boot(cfg: &LinuxConfig) -> Result<LinuxVm> {
-        let read = |p: &std::path::PathBuf| {
-            std::fs::read(p).map_err(|e| Arm64Error::Io(format!("{}: {e}", p.display())))
-        };
-        let (image, initrd) = (read(&cfg.kernel)?, read(&cfg.initrd)?);
         let mut me = LinuxVm::blank(cfg)?;
         let bootargs = format!(
             "console=ttyS0 earlycon=uart8250,mmio,{:#x} {}",
@@ -123,13 +120,15 @@ impl LinuxVm {
             ram: me.machine.ram(),
             size: cfg.mem,
         };
-        let boot = loader::load(&mut ram, &image, Some(&initrd), |l| {
-            let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
-            f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
-            f.initrd = l.initrd;
-            fdt::build(&f)
-        })
-        .map_err(|e| Arm64Error::Config(format!("loading the kernel: {e}")))?;
+        let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
+        f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
+        let files = LinuxAssets {
+            image: cfg.kernel.clone(),
+            initramfs: cfg.initrd.clone(),
+            kernel_version: String::new(),
+        };
+        let boot = boot::load_linux(&mut ram, &files, &f)
+            .map_err(|e| Arm64Error::Config(format!("loading the kernel: {e}")))?;
         let mut power = Power {
             state: vec![PowerState::Off; cfg.vcpus],
             start: vec![None; cfg.vcpus],
