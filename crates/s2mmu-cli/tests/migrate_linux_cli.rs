@@ -11,7 +11,10 @@ fn refused(args: &[&str], want: &str) {
         .expect("s2mmu runs");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-    assert!(err.contains(want), "{args:?}: {err:?} does not say {want:?}");
+    assert!(
+        err.contains(want),
+        "{args:?}: {err:?} does not say {want:?}"
+    );
 }
 
 #[test]

@@ -11,9 +11,9 @@
 //! the value it had at the pause: the downtime is invisible to the
 //! guest's clock.
 
-use super::bus::MmioBus;
 use super::assets::LinuxAssets;
 use super::boot;
+use super::bus::MmioBus;
 use super::fdt::FdtConfig;
 use super::gic::{Gic, GICR_STRIDE};
 use super::mig_vcpu::{self, Ctl};
