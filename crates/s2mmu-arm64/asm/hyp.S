@@ -102,6 +102,7 @@
         .equ    SPIN_BEFORE_IDLE, 2048
 
         .section .text.hyp, "ax"
+        .include "asm/state.S"          // migration: vCPU state save/restore
         .global _start
 _start:
         // Every CPU enters here: the boot CPU from the loader, the others
@@ -230,6 +231,8 @@ cmd_loop:
         b.eq    do_linux
         cmp     x3, #CMD_KICK
         b.eq    do_kick
+        cmp     x3, #CMD_STATE
+        b.eq    do_state
         mov     x0, #-1
         b       cmd_done
 cmd_ping:
@@ -508,6 +511,8 @@ post_exit:
         b.eq    mmio_done
         cmp     x2, #ACT_LINUX
         b.eq    linux_resume
+        cmp     x2, #ACT_SAVE
+        b.eq    linux_save
         cmp     x2, #ACT_RESUME_X0
         b.ne    4f
         ldp     x3, x4, [x28, #MB_REPLY_X0]

@@ -36,13 +36,13 @@ pub const ICH_HCR_UIE: u64 = 1 << 1;
 
 /// The registers of one redistributor (the vCPU's SGIs and PPIs).
 #[derive(Clone, Debug)]
-struct Redist {
+pub(crate) struct Redist {
     /// GICR_WAKER.ProcessorSleep.
-    sleep: bool,
-    enabled: u32,
-    group: u32,
-    prio: [u8; 32],
-    cfg: [u32; 2],
+    pub(crate) sleep: bool,
+    pub(crate) enabled: u32,
+    pub(crate) group: u32,
+    pub(crate) prio: [u8; 32],
+    pub(crate) cfg: [u32; 2],
 }
 
 impl Default for Redist {
@@ -60,22 +60,22 @@ impl Default for Redist {
 
 /// The distributor's registers for the SPIs.
 #[derive(Clone, Debug)]
-struct Dist {
-    ctlr: u32,
-    enabled: u128,
-    group: u128,
-    prio: [u8; NR_IRQS as usize],
-    cfg: [u32; (NR_IRQS / 16) as usize],
-    route: [u64; NR_IRQS as usize],
+pub(crate) struct Dist {
+    pub(crate) ctlr: u32,
+    pub(crate) enabled: u128,
+    pub(crate) group: u128,
+    pub(crate) prio: [u8; NR_IRQS as usize],
+    pub(crate) cfg: [u32; (NR_IRQS / 16) as usize],
+    pub(crate) route: [u64; NR_IRQS as usize],
 }
 
 /// The emulated GICv3 of one VM.
 pub struct Gic {
-    vcpus: usize,
-    dist: Mutex<Dist>,
-    redist: Vec<Mutex<Redist>>,
+    pub(crate) vcpus: usize,
+    pub(crate) dist: Mutex<Dist>,
+    pub(crate) redist: Vec<Mutex<Redist>>,
     /// INTIDs pending for each vCPU and not yet in a list register.
-    pending: Vec<Mutex<u128>>,
+    pub(crate) pending: Vec<Mutex<u128>>,
 }
 
 /// A distributor or redistributor access.

@@ -16,6 +16,9 @@
 //! - [`gic`]: the GICv3 distributor and redistributors, list registers.
 //! - [`psci`]: PSCI 1.1 over HVC.
 //! - [`vm`]: the Linux VM ([`vm::run`]), its vCPU threads in `vcpu`.
+//! - [`migrate`]: the same VM paused, saved, restored and migrated
+//!   (`s2mmu_migrate::MigratableVm`); [`vcpu_state`] and [`vm_state`]
+//!   are its state in the migration encoding.
 
 pub mod assets;
 pub mod baseline;
@@ -27,7 +30,11 @@ pub mod dirty;
 pub mod fdt;
 pub mod gic;
 pub mod loader;
+mod mig_vcpu;
+pub mod migrate;
 pub mod psci;
 pub mod uart;
 mod vcpu;
+pub mod vcpu_state;
 pub mod vm;
+pub mod vm_state;

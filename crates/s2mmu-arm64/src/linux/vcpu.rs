@@ -23,7 +23,7 @@ thread_local! {
 }
 
 /// What an exit's handling asks for.
-enum Next {
+pub(crate) enum Next {
     /// Resume at this ELR after this maintenance.
     Resume(u64, Vec<(u64, u64)>),
     /// Stop this vCPU (CPU_OFF, or the VM stops).
@@ -120,7 +120,12 @@ fn run_vcpu(
 /// Waits for the next exit (`None` once the RUN command has finished),
 /// without a deadline of its own: a guest may idle for long. QEMU's death
 /// or the VM's stop ends the wait.
-fn wait_exit(sh: &Shared, mbox: &Mailbox<'_>, last: u64, run: u64) -> Result<Option<Exit>> {
+pub(crate) fn wait_exit(
+    sh: &Shared,
+    mbox: &Mailbox<'_>,
+    last: u64,
+    run: u64,
+) -> Result<Option<Exit>> {
     let mut spins = 0u32;
     loop {
         if let Some(e) = mbox.poll_exit(last) {
@@ -145,7 +150,7 @@ fn wait_exit(sh: &Shared, mbox: &Mailbox<'_>, last: u64, run: u64) -> Result<Opt
     }
 }
 
-fn handle(
+pub(crate) fn handle(
     sh: &Shared,
     id: usize,
     vcpu: &mut VcpuMmu<ArenaMmOps>,

@@ -120,9 +120,9 @@ pub(crate) struct VcpuCounters {
     pub(crate) host_ns: AtomicU64,
 }
 
-struct Power {
-    state: Vec<PowerState>,
-    start: Vec<Option<(u64, u64)>>,
+pub(crate) struct Power {
+    pub(crate) state: Vec<PowerState>,
+    pub(crate) start: Vec<Option<(u64, u64)>>,
 }
 
 /// What the vCPU threads share.
@@ -133,12 +133,12 @@ pub(crate) struct Shared {
     pub(crate) layout: DeviceLayout,
     pub(crate) stats: Vec<VcpuCounters>,
     pub(crate) cntvoff: u64,
-    power: Mutex<Power>,
-    power_cv: Condvar,
-    stopping: AtomicBool,
-    reason: Mutex<Option<StopReason>>,
-    deadline: Instant,
-    log: Mutex<Vec<String>>,
+    pub(crate) power: Mutex<Power>,
+    pub(crate) power_cv: Condvar,
+    pub(crate) stopping: AtomicBool,
+    pub(crate) reason: Mutex<Option<StopReason>>,
+    pub(crate) deadline: Instant,
+    pub(crate) log: Mutex<Vec<String>>,
 }
 
 /// Lines of the host's log kept (the rest are counted).
@@ -253,9 +253,9 @@ impl Shared {
 }
 
 /// Guest RAM as the loader writes it: the shared RAM behind the memslot.
-struct SlotRam<'a> {
-    ram: &'a SharedRam,
-    size: u64,
+pub(crate) struct SlotRam<'a> {
+    pub(crate) ram: &'a SharedRam,
+    pub(crate) size: u64,
 }
 
 impl GuestRam for SlotRam<'_> {
@@ -309,7 +309,7 @@ pub struct LinuxReport {
 /// Exit kind names in [`LinuxReport::exits`] order.
 pub const EXIT_NAMES: [&str; 5] = ["stage2_fault", "mmio", "hvc", "sysreg", "irq"];
 
-fn check(cfg: &LinuxConfig) -> Result<()> {
+pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
     if !(1..=MAX_VCPUS).contains(&cfg.vcpus) {
         return Err(Arm64Error::Config(format!(
             "vCPUs {} outside 1..={MAX_VCPUS}",
@@ -498,7 +498,7 @@ fn spawn_harvester(
 }
 
 /// A thread that notes when the init line appears on the console.
-fn watch_init(console: &ConsoleBuffer, t0: Instant) -> Arc<Mutex<Option<f64>>> {
+pub(crate) fn watch_init(console: &ConsoleBuffer, t0: Instant) -> Arc<Mutex<Option<f64>>> {
     let at = Arc::new(Mutex::new(None));
     let (c, a) = (console.clone(), at.clone());
     std::thread::spawn(move || {
@@ -511,7 +511,7 @@ fn watch_init(console: &ConsoleBuffer, t0: Instant) -> Arc<Mutex<Option<f64>>> {
     at
 }
 
-fn report(
+pub(crate) fn report(
     sh: &Shared,
     console: &ConsoleBuffer,
     init_at: &Mutex<Option<f64>>,

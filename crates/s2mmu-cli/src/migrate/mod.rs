@@ -17,6 +17,7 @@ pub mod dest;
 pub mod error;
 pub mod extras;
 pub mod hash;
+pub mod linux;
 pub mod net;
 pub mod plot;
 pub mod postcopy;

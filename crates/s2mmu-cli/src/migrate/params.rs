@@ -207,6 +207,12 @@ pub struct Params {
     /// The stage-2 format of the guest's tables: arm64 (4 KiB granule) or x86 EPT (4-level); with --listen, a source on another format is refused.
     #[arg(long, value_enum, default_value = "arm64")]
     pub format: FormatArg,
+    /// The guest: sim (the simulated VM and its workload) or linux (Debian's arm64 Linux on QEMU's model, two machines in this process; --mem 128M..4G, --vcpus 1..4, --runs, --json, -q apply).
+    #[arg(long, default_value = "sim", value_parser = ["sim", "linux"])]
+    pub guest: String,
+    /// With --guest linux: migrations to run and summarise (1 to 20).
+    #[arg(long, default_value_t = 1)]
+    pub runs: u32,
 }
 
 /// The most `--bandwidth` and `--dirty-rate` take: 1 TiB/s.

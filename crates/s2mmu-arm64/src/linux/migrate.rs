@@ -1,0 +1,516 @@
+//! A Linux VM that can be paused, saved, restored and migrated: the same
+//! guest as [`super::vm::run`] (kernel, device tree, vGIC, UART, PSCI,
+//! every RAM page through the engine's fault path), driven step by step
+//! and implementing [`s2mmu_migrate::MigratableVm`].
+//!
+//! A pause kicks every running vCPU; at its next exit the host answers
+//! as usual but with ACT_SAVE, and the stub stores the vCPU's registers
+//! (asm/state.S). Resume (on the same machine or another) starts each
+//! vCPU with the STATE command from those registers. On a new machine
+//! CNTVOFF_EL2 is set so that the guest's virtual count continues from
+//! the value it had at the pause: the downtime is invisible to the
+//! guest's clock.
+
+use super::assets::LinuxAssets;
+use super::boot;
+use super::bus::MmioBus;
+use super::fdt::FdtConfig;
+use super::gic::{Gic, GICR_STRIDE};
+use super::mig_vcpu::{self, Ctl};
+use super::psci::PowerState;
+use super::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
+use super::vcpu_state::{VcpuState, CMD_STATE};
+use super::vm::{self, DeviceLayout, LinuxConfig, Power, Shared, SlotRam, StopReason};
+use super::vm_state::{LinuxState, VcpuPart};
+use crate::layout;
+use crate::machine::{Machine, MachineConfig};
+use crate::vm::{Arm64Vm, VmConfig};
+use crate::{Arm64Error, Result};
+use s2mmu_migrate::{MigratableVm, Pausable, VmError, PAGE_SIZE};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use vm_superio::serial::SerialState;
+
+/// How long a pause may take (a loaded 2-core host runs QEMU slowly).
+const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The running parts: shared with the vCPU threads.
+struct Running {
+    sh: Arc<Shared>,
+    uart: Arc<Uart>,
+    ctl: Arc<Ctl>,
+    threads: Vec<JoinHandle<Result<()>>>,
+}
+
+/// A migratable Linux VM on its own QEMU machine.
+pub struct LinuxVm {
+    machine: Arc<Machine>,
+    vcpus: usize,
+    mem: u64,
+    console: ConsoleBuffer,
+    echo: bool,
+    timeout: Duration,
+    layout: DeviceLayout,
+    /// The engine's VM while no vCPU thread holds it.
+    idle: Option<Arm64Vm>,
+    run: Option<Running>,
+    paused: bool,
+    bitmap: Vec<u64>,
+    /// The guest's virtual count at the last pause.
+    paused_vct: u64,
+    /// Whether this QEMU has run guest code (see [`LinuxVm::renew`]).
+    ran: bool,
+}
+
+fn vmerr(e: impl std::fmt::Display) -> VmError {
+    VmError::new(e.to_string())
+}
+
+impl LinuxVm {
+    /// A VM of `cfg.vcpus` vCPUs and `cfg.mem` bytes on a new QEMU that
+    /// has not run (a migration's or a snapshot's destination).
+    ///
+    /// # Errors
+    /// As [`vm::run`] before the guest starts.
+    pub fn blank(cfg: &LinuxConfig) -> Result<LinuxVm> {
+        vm::check(cfg)?;
+        let machine = Arc::new(Machine::start(&MachineConfig {
+            cpus: cfg.vcpus + 1,
+            data_bytes: cfg.mem,
+        })?);
+        let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
+        avm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, cfg.mem, 2 << 20)?;
+        let f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
+        Ok(LinuxVm {
+            machine,
+            vcpus: cfg.vcpus,
+            mem: cfg.mem,
+            console: ConsoleBuffer::new(4 << 20),
+            echo: cfg.echo,
+            timeout: cfg.timeout,
+            layout: DeviceLayout {
+                gicd: f.gicd.0,
+                gicr: f.gicr.0,
+                uart: f.uart.0,
+                uart_spi: f.uart.2,
+            },
+            idle: Some(avm),
+            run: None,
+            paused: true,
+            bitmap: vec![0; (cfg.mem / 4096).div_ceil(64) as usize],
+            paused_vct: 0,
+            ran: false,
+        })
+    }
+
+    /// Boots `cfg`'s kernel and initramfs on a new QEMU; the guest runs
+    /// when this returns.
+    ///
+    /// # Errors
+    /// As [`vm::run`].
+    pub fn boot(cfg: &LinuxConfig) -> Result<LinuxVm> {
+        let mut me = LinuxVm::blank(cfg)?;
+        let bootargs = format!(
+            "console=ttyS0 earlycon=uart8250,mmio,{:#x} {}",
+            me.layout.uart, cfg.cmdline
+        );
+        let mut ram = SlotRam {
+            ram: me.machine.ram(),
+            size: cfg.mem,
+        };
+        let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
+        f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
+        let files = LinuxAssets {
+            image: cfg.kernel.clone(),
+            initramfs: cfg.initrd.clone(),
+            kernel_version: String::new(),
+        };
+        let boot = boot::load_linux(&mut ram, &files, &f)
+            .map_err(|e| Arm64Error::Config(format!("loading the kernel: {e}")))?;
+        let mut power = Power {
+            state: vec![PowerState::Off; cfg.vcpus],
+            start: vec![None; cfg.vcpus],
+        };
+        power.state[0] = PowerState::OnPending;
+        power.start[0] = Some((boot.entry, boot.dtb));
+        let gic = Gic::new(cfg.vcpus);
+        me.start_threads(gic, None, power, 0, vec![None; cfg.vcpus], false)?;
+        me.paused = false;
+        me.ran = true;
+        Ok(me)
+    }
+
+    /// What the console printed (the last 4 MiB).
+    pub fn console(&self) -> &ConsoleBuffer {
+        &self.console
+    }
+
+    /// Exits the stub answered on every vCPU so far (grows while the
+    /// guest runs; still after a pause).
+    pub fn stub_exits(&self) -> u64 {
+        (0..self.vcpus)
+            .map(|v| self.machine.mailbox(v).exit_stats().0)
+            .sum()
+    }
+
+    /// Why the guest stopped, once it has.
+    pub fn stopped(&self) -> Option<StopReason> {
+        let r = self.run.as_ref()?;
+        r.sh.stopping().then(|| {
+            r.sh.reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or(StopReason::PowerOff)
+        })
+    }
+
+    /// The physical counter of this machine now (the service CPU reads
+    /// it).
+    fn counter(&self) -> Result<u64> {
+        self.machine
+            .mailbox(self.vcpus)
+            .command(CMD_STATE, &[0, 0, 0, 0])
+    }
+
+    /// Builds the shared VM state around the engine's VM and starts the
+    /// vCPU threads (parked when `paused`, with `restore` to start from).
+    fn start_threads(
+        &mut self,
+        gic: Gic,
+        uart_state: Option<SerialState>,
+        power: Power,
+        cntvoff: u64,
+        restore: Vec<Option<VcpuState>>,
+        paused: bool,
+    ) -> Result<()> {
+        let avm = self.idle.take().expect("no vCPU threads run");
+        let me: Arc<OnceLock<Weak<Shared>>> = Arc::new(OnceLock::new());
+        let intid = 32 + self.layout.uart_spi;
+        let m2 = me.clone();
+        let irq: IrqCallback = Arc::new(move || {
+            if let Some(sh) = m2.get().and_then(Weak::upgrade) {
+                sh.raise(0, intid);
+            }
+        });
+        let out = if self.echo {
+            UartOutput::BufferAndStdout(self.console.clone())
+        } else {
+            UartOutput::Buffer(self.console.clone())
+        };
+        let uart = Arc::new(match uart_state {
+            Some(s) => {
+                Uart::from_state(&s, irq, out).map_err(|e| Arm64Error::Config(e.to_string()))?
+            }
+            None => Uart::new(irq, out),
+        });
+        let mut bus = MmioBus::new();
+        bus.insert("uart", self.layout.uart, UART_REGS, uart.clone())
+            .expect("the first device on an empty bus");
+        let sh = Arc::new(Shared {
+            vm: avm,
+            gic,
+            bus,
+            layout: self.layout,
+            stats: (0..self.vcpus).map(|_| Default::default()).collect(),
+            cntvoff,
+            power: Mutex::new(power),
+            power_cv: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            reason: Mutex::new(None),
+            deadline: Instant::now() + self.timeout,
+            log: Mutex::new(Vec::new()),
+        });
+        let _ = me.set(Arc::downgrade(&sh));
+        let ctl = Arc::new(Ctl::new(self.vcpus, paused));
+        ctl.lock().restore = restore;
+        let threads = (0..self.vcpus)
+            .map(|id| {
+                let (sh, ctl) = (sh.clone(), ctl.clone());
+                std::thread::Builder::new()
+                    .name(format!("linux-mig-vcpu{id}"))
+                    .spawn(move || mig_vcpu::vcpu_main(&sh, &ctl, id))
+                    .map_err(|e| Arm64Error::Io(format!("vCPU thread: {e}")))
+            })
+            .collect::<Result<_>>()?;
+        self.run = Some(Running {
+            sh,
+            uart,
+            ctl,
+            threads,
+        });
+        Ok(())
+    }
+
+    /// Stops the vCPU threads and takes the engine's VM back from them.
+    fn take_down(&mut self) -> Result<()> {
+        let Some(r) = self.run.take() else {
+            return Ok(());
+        };
+        r.sh.stop(StopReason::PowerOff);
+        let mut first = None;
+        for t in r.threads {
+            match t.join() {
+                Ok(Err(e)) => {
+                    first.get_or_insert(e);
+                }
+                Err(_) => {
+                    first.get_or_insert(Arm64Error::Guest("a vCPU thread panicked".into()));
+                }
+                Ok(Ok(())) => {}
+            }
+        }
+        drop(r.uart);
+        let sh = Arc::try_unwrap(r.sh)
+            .map_err(|_| Arm64Error::Guest("the VM is still shared after its threads".into()))?;
+        self.idle = Some(sh.vm);
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Replaces this VM's QEMU with a new one of the same size, before a
+    /// guest comes back to it. QEMU caches the code it has translated by
+    /// guest-physical page and notices changes only through its own
+    /// stores: pages the host writes into the shared RAM behind its back
+    /// (a migration's copies) would run stale translations of the old
+    /// guest code. A new QEMU has none.
+    ///
+    /// # Errors
+    /// As [`LinuxVm::blank`].
+    fn renew(&mut self) -> Result<()> {
+        self.take_down()?;
+        self.idle = None;
+        let machine = Arc::new(Machine::start(&MachineConfig {
+            cpus: self.vcpus + 1,
+            data_bytes: self.mem,
+        })?);
+        let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
+        avm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, self.mem, 2 << 20)?;
+        self.machine = machine;
+        self.idle = Some(avm);
+        self.ran = false;
+        Ok(())
+    }
+
+    /// Stops the guest (if it runs) and its threads.
+    ///
+    /// # Errors
+    /// The first error a vCPU thread met.
+    pub fn shut_down(&mut self) -> Result<()> {
+        self.take_down()
+    }
+
+    fn running(&self) -> std::result::Result<&Running, VmError> {
+        self.run
+            .as_ref()
+            .ok_or_else(|| VmError::new("the VM has no state yet (never booted or restored)"))
+    }
+
+    fn mmu(&self) -> &Arc<crate::vm::Arm64Mmu> {
+        match (&self.run, &self.idle) {
+            (Some(r), _) => r.sh.vm.mmu(),
+            (None, Some(v)) => v.mmu(),
+            (None, None) => unreachable!("the engine's VM is either idle or running"),
+        }
+    }
+
+    fn page_pa(&self, page: u64) -> std::result::Result<u64, VmError> {
+        if page >= self.mem / PAGE_SIZE as u64 {
+            return Err(VmError::new(format!(
+                "page {page} outside the guest's {} pages",
+                self.mem / PAGE_SIZE as u64
+            )));
+        }
+        Ok(layout::DATA + page * PAGE_SIZE as u64)
+    }
+}
+
+impl Drop for LinuxVm {
+    fn drop(&mut self) {
+        let _ = self.take_down();
+    }
+}
+
+impl Pausable for LinuxVm {
+    fn pause(&mut self) -> std::result::Result<(), VmError> {
+        let r = self.running()?;
+        if self.paused {
+            return Ok(());
+        }
+        {
+            let mut g = r.ctl.lock();
+            r.ctl.set_pause(&mut g, true);
+        }
+        let sh = r.sh.clone();
+        r.ctl
+            .wait_parked(Instant::now() + PAUSE_DEADLINE, |v| {
+                if sh.power(v) == PowerState::On {
+                    sh.vm.sink().kick(v);
+                }
+            })
+            .map_err(VmError::new)?;
+        if let Some(StopReason::Error(e)) = self.stopped() {
+            return Err(VmError::new(format!("the guest stopped: {e}")));
+        }
+        let vct = r.ctl.lock().saved.iter().flatten().map(|s| s.cntvct).max();
+        self.paused_vct = vct.unwrap_or(0);
+        self.paused = true;
+        Ok(())
+    }
+
+    fn resume(&mut self) -> std::result::Result<(), VmError> {
+        let r = self.running()?;
+        if !self.paused {
+            return Ok(());
+        }
+        let mbox: Vec<_> = (0..self.vcpus).map(|v| self.machine.mailbox(v)).collect();
+        let first = {
+            let mut g = r.ctl.lock();
+            for v in 0..self.vcpus {
+                if let Some(s) = g.saved[v].take() {
+                    g.restore[v] = Some(s);
+                }
+            }
+            let first = (0..self.vcpus).find(|&v| g.restore[v].is_some());
+            if let Some(v) = first {
+                VcpuState::clear_entered(&mbox[v]);
+            }
+            r.ctl.set_pause(&mut g, false);
+            first
+        };
+        self.paused = false;
+        self.ran = true;
+        // Returns at the first guest instruction: the stub marks its ERET.
+        if let Some(v) = first {
+            let t = Instant::now();
+            while VcpuState::entered_at(&mbox[v]) == 0 {
+                if t.elapsed() > PAUSE_DEADLINE {
+                    return Err(VmError::new(format!("vCPU {v} did not start")));
+                }
+                self.machine.check_alive().map_err(vmerr)?;
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MigratableVm for LinuxVm {
+    fn page_count(&self) -> u64 {
+        self.mem / PAGE_SIZE as u64
+    }
+
+    fn start_dirty_log(&mut self) -> std::result::Result<(), VmError> {
+        self.mmu().enable_dirty_logging(vm::RAM_SLOT).map_err(vmerr)
+    }
+
+    fn harvest_dirty(&mut self, out: &mut Vec<u64>) -> std::result::Result<(), VmError> {
+        let mut bm = std::mem::take(&mut self.bitmap);
+        let r = self
+            .mmu()
+            .get_dirty_log(vm::RAM_SLOT, &mut bm)
+            .map_err(vmerr);
+        for (i, w) in bm.iter().enumerate() {
+            let mut w = *w;
+            while w != 0 {
+                out.push(i as u64 * 64 + u64::from(w.trailing_zeros()));
+                w &= w - 1;
+            }
+        }
+        self.bitmap = bm;
+        r.map(|_| ())
+    }
+
+    fn stop_dirty_log(&mut self) -> std::result::Result<(), VmError> {
+        self.mmu()
+            .disable_dirty_logging(vm::RAM_SLOT)
+            .map_err(vmerr)
+    }
+
+    fn read_page(&self, page: u64, buf: &mut [u8; PAGE_SIZE]) -> std::result::Result<(), VmError> {
+        let pa = self.page_pa(page)?;
+        let p = self
+            .machine
+            .ram()
+            .ptr(pa, PAGE_SIZE as u64)
+            .ok_or_else(|| VmError::new(format!("page {page} outside the machine's RAM")))?;
+        // SAFETY: `p` points at PAGE_SIZE bytes of the shared RAM (checked
+        // by `ptr`), 8-byte aligned (DATA and pages are), mapped for the
+        // machine's lifetime, which `self` holds; QEMU and this process
+        // access it with single-copy-atomic loads and stores only, as
+        // AtomicU64 does.
+        let words = unsafe { std::slice::from_raw_parts(p.cast::<AtomicU64>(), PAGE_SIZE / 8) };
+        for (c, w) in buf.chunks_exact_mut(8).zip(words) {
+            c.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        Ok(())
+    }
+
+    fn write_page(
+        &mut self,
+        page: u64,
+        data: &[u8; PAGE_SIZE],
+    ) -> std::result::Result<(), VmError> {
+        if !self.paused {
+            return Err(VmError::new("pages are written into a paused VM only"));
+        }
+        let pa = self.page_pa(page)?;
+        if self.ran {
+            self.renew().map_err(vmerr)?;
+        }
+        self.machine.ram().write_bytes(pa, data).map_err(vmerr)
+    }
+
+    fn save_state(&mut self) -> std::result::Result<Vec<u8>, VmError> {
+        let r = self.running()?;
+        if !self.paused {
+            return Err(VmError::new("the VM must be paused to save its state"));
+        }
+        let g = r.ctl.lock();
+        let p = r.sh.power.lock().unwrap_or_else(|p| p.into_inner());
+        let cpus = (0..self.vcpus)
+            .map(|v| VcpuPart {
+                power: p.state[v],
+                start: p.start[v],
+                regs: g.saved[v].clone(),
+            })
+            .collect();
+        drop((g, p));
+        let st = LinuxState {
+            vcpus: self.vcpus,
+            mem: self.mem,
+            vct: self.paused_vct,
+            gic: super::vm_state::gic_copy(&r.sh.gic),
+            uart: r.uart.state(),
+            cpus,
+        };
+        st.encode().map_err(vmerr)
+    }
+
+    fn restore_state(&mut self, bytes: &[u8]) -> std::result::Result<(), VmError> {
+        if !self.paused {
+            return Err(VmError::new("state is restored into a paused VM only"));
+        }
+        // Every check first: a refused state leaves the VM as it was.
+        let st = LinuxState::decode(bytes, self.vcpus, self.mem).map_err(vmerr)?;
+        if self.ran {
+            return Err(VmError::new(
+                "this QEMU has run guest code: write the guest's memory first (it then \
+                 starts a new QEMU, whose translated-code cache is empty)",
+            ));
+        }
+        self.take_down().map_err(vmerr)?;
+        let now = self.counter().map_err(vmerr)?;
+        let cntvoff = now.wrapping_sub(st.vct);
+        let power = Power {
+            state: st.cpus.iter().map(|c| c.power).collect(),
+            start: st.cpus.iter().map(|c| c.start).collect(),
+        };
+        let restore = st.cpus.iter().map(|c| c.regs.clone()).collect();
+        self.start_threads(st.gic, Some(st.uart), power, cntvoff, restore, true)
+            .map_err(vmerr)?;
+        self.paused_vct = st.vct;
+        Ok(())
+    }
+}

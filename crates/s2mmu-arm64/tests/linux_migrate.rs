@@ -1,0 +1,351 @@
+//! A running Linux guest moves between QEMU machines and goes on: machine
+//! A boots Debian's kernel running the guest program `counter` (a counter
+//! that only grows and a running hash of its own data), is migrated in
+//! this process to machine B, back to A, then snapshotted and restored
+//! into a fresh machine D. Every console line of every machine, joined in
+//! the order the guest lived, must be the counter's exact sequence (each
+//! n once, each hash the one its data gives), and A's guest must not run
+//! while B runs it. Damaged and foreign state is refused by name before a
+//! destination runs.
+
+mod common;
+
+use s2mmu_arm64::linux::assets::{self, AssetOptions};
+use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
+use s2mmu_arm64::linux::migrate::LinuxVm;
+use s2mmu_arm64::linux::vm::LinuxConfig;
+use s2mmu_arm64::linux::vm_state::LINUX_KIND;
+use s2mmu_migrate::driver::{self, Policy};
+use s2mmu_migrate::state::State;
+use s2mmu_migrate::{snapshot, MigratableVm, MigrateError, Pausable, VmError, PAGE_SIZE};
+use std::time::{Duration, Instant};
+
+/// The counter's buffer (KiB) and interval (ms): the guest program's
+/// arguments, and what the test recomputes the hashes with.
+const KIB: u64 = 256;
+const MS: u64 = 100;
+
+fn assets() -> Option<assets::LinuxAssets> {
+    if common::machine_unavailable() {
+        return None;
+    }
+    match assets::ensure(&AssetOptions::from_env()) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            assert!(
+                std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
+                "S2MMU_REQUIRE_ARM64 is set but the Linux assets are missing: {e}"
+            );
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+fn config(a: &assets::LinuxAssets, vcpus: usize) -> LinuxConfig {
+    LinuxConfig {
+        vcpus,
+        mem: 128 << 20,
+        kernel: a.image.clone(),
+        initrd: a.initramfs.clone(),
+        cmdline: format!("quiet s2mmu.run=counter s2mmu.args=kib={KIB},ms={MS}"),
+        echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
+        timeout: Duration::from_secs(900),
+        dirty: HarvestConfig {
+            mode: LinuxDirty::Off,
+            period: Duration::from_millis(100),
+            drop_invalidations_from: None,
+            discard_log: None,
+        },
+    }
+}
+
+/// The counter's hash after step `n` from the hash after `n - 1`, as
+/// guest/counter.c computes it.
+fn next_hash(prev: u64, n: u64) -> u64 {
+    let mut sum = 0u64;
+    for i in 0..KIB * 128 {
+        let x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        sum = sum.wrapping_add(x ^ x >> 31);
+    }
+    (prev ^ sum ^ n).wrapping_mul(0x0100_0000_01b3)
+}
+
+/// The counter's (n, hash) lines in `text`; panics on a FAIL line.
+fn counter_lines(text: &str) -> Vec<(u64, u64)> {
+    assert!(
+        !text.contains("s2mmu-counter: FAIL"),
+        "the counter's self-check failed:\n{text}"
+    );
+    text.lines()
+        .filter_map(|l| {
+            let r = l.split("s2mmu-counter: n=").nth(1)?;
+            let (n, h) = r.split_once(" hash=")?;
+            Some((
+                n.trim().parse().ok()?,
+                u64::from_str_radix(h.trim(), 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Checks the counter's sequence over the consoles of the guest's lives,
+/// in order; on a failure, prints where each life's console begins and
+/// ends.
+fn check_lives(lives: &[&str]) {
+    let mut all: String = lives.concat();
+    // The last line may be half printed when the console was read.
+    all.truncate(all.rfind('\n').map_or(0, |i| i + 1));
+    let r = std::panic::catch_unwind(|| check_sequence(&counter_lines(&all)));
+    if let Err(e) = r {
+        for (i, l) in lives.iter().enumerate() {
+            let head: String = l.chars().take(300).collect();
+            let tail: String = l
+                .chars()
+                .rev()
+                .take(300)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            eprintln!(
+                "life {i}: {} bytes\n--- begins\n{head}\n--- ends\n{tail}\n---",
+                l.len()
+            );
+        }
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// Checks that `lines` is the counter's exact sequence from n = 1.
+fn check_sequence(lines: &[(u64, u64)]) {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for (i, &(n, hash)) in lines.iter().enumerate() {
+        assert_eq!(n, i as u64 + 1, "counter line {i}: n={n}, lines {lines:?}");
+        h = next_hash(h, n);
+        assert_eq!(
+            hash, h,
+            "counter n={n}: hash {hash:016x}, its data gives {h:016x}"
+        );
+    }
+}
+
+/// Waits until `vm`'s console (after byte `from`) shows `count` counter
+/// lines.
+fn wait_lines(vm: &LinuxVm, from: usize, count: usize, what: &str) -> String {
+    let t = Instant::now();
+    loop {
+        let c = vm.console().contents();
+        let tail = c.get(from..).unwrap_or("").to_string();
+        if counter_lines(&tail).len() >= count {
+            return tail;
+        }
+        assert!(
+            vm.stopped().is_none(),
+            "{what}: the guest stopped: {:?}\n{c}",
+            vm.stopped()
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(600),
+            "{what}: no counter after 600 s:\n{c}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Two vCPUs (one runs the counter, one idles in WFI): both stop at the
+/// pause with their state, and B runs both.
+#[test]
+fn linux_guest_with_two_vcpus_migrates() {
+    let _one = common::serial();
+    let Some(a) = assets() else { return };
+    let cfg = config(&a, 2);
+    let mut vm_a = LinuxVm::boot(&cfg).expect("A boots");
+    wait_lines(&vm_a, 0, 3, "A");
+    let mut vm_b = LinuxVm::blank(&cfg).expect("B starts");
+    let r = driver::migrate(&mut vm_a, &mut vm_b, &Policy::default()).expect("A -> B");
+    eprintln!("A -> B, 2 vCPUs: {r:?}");
+    let a_text = vm_a.console().contents();
+    let b1 = wait_lines(&vm_b, 0, 5, "B");
+    check_lives(&[&a_text, &b1]);
+    assert!(
+        a_text.contains("cpus online 2"),
+        "A booted 2 vCPUs:\n{a_text}"
+    );
+    vm_b.shut_down().expect("B's threads end cleanly");
+}
+
+#[test]
+fn linux_guest_migrates_and_goes_on() {
+    let _one = common::serial();
+    let Some(a) = assets() else { return };
+    let cfg = config(&a, 1);
+    let mut vm_a = LinuxVm::boot(&cfg).expect("A boots");
+    let a1 = wait_lines(&vm_a, 0, 3, "A");
+    eprintln!("A runs the counter: {} lines", counter_lines(&a1).len());
+
+    // A migration that loses a harvest fails at the digest, before
+    // the destination runs, and A's guest goes on.
+    let mut vm_c = LinuxVm::blank(&cfg).expect("C starts");
+    let mut lossy = LoseHarvests(&mut vm_a, 0);
+    let e = driver::migrate(&mut lossy, &mut vm_c, &Policy::default())
+        .expect_err("a migration that lost pages");
+    assert!(lossy.1 > 0, "the harvests found no page to lose");
+    assert!(matches!(e, MigrateError::DigestMismatch { .. }), "{e}");
+    drop(vm_c);
+    let n0 = counter_lines(&vm_a.console().contents()).len();
+    wait_lines(&vm_a, 0, n0 + 2, "A after the failed migration");
+
+    // A -> B.
+    let mut vm_b = LinuxVm::blank(&cfg).expect("B starts");
+    let r = driver::migrate(&mut vm_a, &mut vm_b, &Policy::default()).expect("A -> B");
+    eprintln!("A -> B: {r:?}");
+    let a_text = vm_a.console().contents();
+    let a_exits = vm_a.stub_exits();
+    let b1 = wait_lines(&vm_b, 0, 5, "B");
+    check_lives(&[&a_text, &b1]);
+    assert_eq!(
+        vm_a.console().contents(),
+        a_text,
+        "A's guest printed after the switch"
+    );
+    assert_eq!(vm_a.stub_exits(), a_exits, "A's guest ran after the switch");
+
+    // B -> A (A's machine takes the guest back).
+    let r = driver::migrate(&mut vm_b, &mut vm_a, &Policy::default()).expect("B -> A");
+    eprintln!("B -> A: {r:?}");
+    let b_text = vm_b.console().contents();
+    let a2 = wait_lines(&vm_a, a_text.len(), 5, "A again");
+    check_lives(&[&a_text, &b_text, &a2]);
+    assert_eq!(
+        vm_b.console().contents(),
+        b_text,
+        "B's guest printed after the switch"
+    );
+    vm_b.shut_down().expect("B's threads end cleanly");
+    drop(vm_b);
+
+    // A snapshot of A restored into a fresh machine D; damaged or foreign
+    // state refused by name first, D unchanged.
+    let dir = std::env::temp_dir().join(format!("s2mmu-linux-snap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let snap = dir.join("linux.snap");
+    let info = snapshot::save(&mut vm_a, &snap).expect("snapshot of A");
+    eprintln!("snapshot: {info:?}");
+    // The guest's life so far: A, B, A again.
+    let a_again = vm_a.console().contents()[a_text.len()..].to_string();
+    let good_state = vm_a.save_state().expect("A's state");
+    drop(vm_a);
+    let mut vm_d = LinuxVm::blank(&cfg).expect("D starts");
+    refusals(&mut vm_d, &snap, &good_state);
+    let got = snapshot::restore(&mut vm_d, &snap).expect("restore into D");
+    assert_eq!(got.digest, info.digest, "D's memory is the snapshot's");
+    vm_d.resume().expect("D resumes");
+    let d1 = wait_lines(&vm_d, 0, 5, "D");
+    check_lives(&[&a_text, &b_text, &a_again, &d1]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A source whose harvests are all emptied: the pages the guest wrote
+/// after round 0 copied them are never copied again (fault injection for
+/// the digest check; the counter writes its buffer every step, and round
+/// 0 takes several steps).
+struct LoseHarvests<'a>(&'a mut LinuxVm, u32);
+
+impl Pausable for LoseHarvests<'_> {
+    fn pause(&mut self) -> Result<(), VmError> {
+        self.0.pause()
+    }
+    fn resume(&mut self) -> Result<(), VmError> {
+        self.0.resume()
+    }
+}
+
+impl MigratableVm for LoseHarvests<'_> {
+    fn page_count(&self) -> u64 {
+        self.0.page_count()
+    }
+    fn start_dirty_log(&mut self) -> Result<(), VmError> {
+        self.0.start_dirty_log()
+    }
+    fn harvest_dirty(&mut self, out: &mut Vec<u64>) -> Result<(), VmError> {
+        let n = out.len();
+        self.0.harvest_dirty(out)?;
+        self.1 += (out.len() - n) as u32;
+        out.truncate(n);
+        Ok(())
+    }
+    fn stop_dirty_log(&mut self) -> Result<(), VmError> {
+        self.0.stop_dirty_log()
+    }
+    fn read_page(&self, page: u64, buf: &mut [u8; PAGE_SIZE]) -> Result<(), VmError> {
+        self.0.read_page(page, buf)
+    }
+    fn write_page(&mut self, page: u64, data: &[u8; PAGE_SIZE]) -> Result<(), VmError> {
+        self.0.write_page(page, data)
+    }
+    fn save_state(&mut self) -> Result<Vec<u8>, VmError> {
+        self.0.save_state()
+    }
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), VmError> {
+        self.0.restore_state(state)
+    }
+}
+
+/// The sequence check fails on a skipped step (so it can fail).
+#[test]
+#[should_panic(expected = "counter line 2")]
+fn sequence_check_sees_a_gap() {
+    let h1 = next_hash(0xcbf2_9ce4_8422_2325, 1);
+    let h2 = next_hash(h1, 2);
+    check_sequence(&[(1, h1), (2, h2), (4, next_hash(h2, 4))]);
+}
+
+/// The sequence check fails on a wrong hash.
+#[test]
+#[should_panic(expected = "its data gives")]
+fn sequence_check_sees_a_wrong_hash() {
+    let h1 = next_hash(0xcbf2_9ce4_8422_2325, 1);
+    check_sequence(&[(1, h1), (2, h1)]);
+}
+
+/// Damaged and foreign states are refused, naming what is wrong.
+fn refusals(vm: &mut LinuxVm, snap: &std::path::Path, good: &[u8]) {
+    let refuse = |vm: &mut LinuxVm, bytes: &[u8], want: &str| {
+        let e = vm.restore_state(bytes).expect_err(want).to_string();
+        assert!(e.contains(want), "refusal {e:?} does not say {want:?}");
+    };
+    let mut flipped = good.to_vec();
+    flipped[good.len() / 2] ^= 0x10;
+    refuse(vm, &flipped, "checksum");
+    let mut version = good.to_vec();
+    version[8] = 9;
+    refuse(vm, &version, "version 9");
+    let mut kind = good.to_vec();
+    kind[12] ^= 1;
+    refuse(vm, &kind, "checksum");
+    // A well-formed state of another kind of VM (checksum valid).
+    let st = State::decode(good, LINUX_KIND).expect("A's state decodes");
+    let mut foreign = State::new(LINUX_KIND ^ 0xff);
+    for t in st.tags() {
+        foreign.push(t, st.section(t).unwrap().to_vec()).unwrap();
+    }
+    refuse(vm, &foreign.encode(), "VM kind");
+    let before = vm.memory_digest().expect("D's digest");
+    refuse(vm, &good[..good.len() - 3], "checksum");
+    // A damaged snapshot file: one byte in the memory part.
+    let bad = snap.with_extension("bad");
+    let mut b = std::fs::read(snap).unwrap();
+    let mid = b.len() / 3;
+    b[mid] ^= 0x01;
+    std::fs::write(&bad, &b).unwrap();
+    match snapshot::restore(vm, &bad) {
+        Err(MigrateError::State(e)) => assert!(e.to_string().contains("checksum"), "{e}"),
+        other => panic!("damaged snapshot: {other:?}"),
+    }
+    assert_eq!(
+        vm.memory_digest().expect("D's digest"),
+        before,
+        "a refused snapshot changed D"
+    );
+}
