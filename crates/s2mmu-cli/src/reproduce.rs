@@ -167,7 +167,11 @@ mod tests {
         let mut headings = std::collections::HashSet::new();
         for e in &list {
             assert!(ids.insert(e.id), "two experiments keyed {}", e.id);
-            assert!(headings.insert(e.heading), "two sections titled {}", e.heading);
+            assert!(
+                headings.insert(e.heading),
+                "two sections titled {}",
+                e.heading
+            );
             match e.seed {
                 Some(s) => {
                     assert!(["000", "001", "002", "003", "004"].contains(&s), "{s}");

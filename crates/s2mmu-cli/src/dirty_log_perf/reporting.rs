@@ -60,7 +60,12 @@ pub(super) fn count_rows(report: &mut Report, r: &EngineRun, vcpus: usize, polic
 /// The pass `single_target` quotes (the second, or the only one): its
 /// faults and its time per fault in ns.
 fn per_fault(r: &EngineRun) -> Option<(u64, f64)> {
-    let it = r.iterations.iter().skip(1).chain(r.iterations.first()).next()?;
+    let it = r
+        .iterations
+        .iter()
+        .skip(1)
+        .chain(r.iterations.first())
+        .next()?;
     let faults = it.faults.permission + it.faults.translation;
     let per = if faults > 0 {
         it.dirty_memory.as_nanos() as f64 / faults as f64
@@ -94,7 +99,11 @@ pub(super) fn lost_rows(report: &mut Report, r: &EngineRun, vcpus: usize) {
 /// write-protection faults within 50 ms.
 pub(super) fn single_target(r: &EngineRun, vcpus: usize, bytes: u64) -> String {
     let (Some(it), Some((faults, per))) = (
-        r.iterations.iter().skip(1).chain(r.iterations.first()).next(),
+        r.iterations
+            .iter()
+            .skip(1)
+            .chain(r.iterations.first())
+            .next(),
         per_fault(r),
     ) else {
         return String::new();
