@@ -11,6 +11,7 @@
 //! the buffer. [`write_svg_and_png`] writes both files of any
 //! [`Chart`].
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -192,31 +193,8 @@ impl LineChart {
             .y_label_formatter(&y_tick)
             .draw()
             .map_err(err)?;
-        for (i, ph) in self.phases.iter().enumerate() {
-            let shade = color(i + 3).mix(0.12);
-            chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(ph.start, y0), (ph.end, y1)],
-                    shade.filled(),
-                )))
-                .map_err(err)?;
-            // Names one below the other, so phases that start close
-            // together stay readable; a name that would run past the plot's
-            // right edge is written from the phase's end leftwards instead.
-            let row = (i % 6) as f64 + 1.0;
-            let y = y1 - (y1 - y0) * 0.05 * row;
-            // About 7 pixels a character at size 12, over the plot's width.
-            let per_px = (x1 - x0) / f64::from(root.dim_in_pixel().0.saturating_sub(100).max(1));
-            let fits = ph.start + ph.name.chars().count() as f64 * 7.0 * per_px <= x1;
-            let (x, h) = match !fits {
-                true => (ph.end.min(x1), HPos::Right),
-                false => (ph.start.max(x0), HPos::Left),
-            };
-            let style = TextStyle::from((FAMILY, 12)).pos(Pos::new(h, VPos::Top));
-            chart
-                .draw_series(std::iter::once(Text::new(ph.name.clone(), (x, y), style)))
-                .map_err(err)?;
-        }
+        let width = root.dim_in_pixel().0;
+        draw_phases(&mut chart, &self.phases, (x0, x1, y0, y1), width)?;
         for (i, (s, points)) in self.series.iter().zip(&drawn).enumerate() {
             let c = color(i);
             chart
@@ -246,6 +224,42 @@ impl LineChart {
         }
         Ok(())
     }
+}
+
+/// Shades each phase over the plot's height and writes its name at its
+/// top: one below the other, so phases that start close together stay
+/// readable; a name that would run past the plot's right edge is written
+/// from the phase's end leftwards instead. `width` is the chart's width in
+/// pixels, `(x0, x1, y0, y1)` its ranges.
+fn draw_phases<DB: DrawingBackend>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    phases: &[Phase],
+    (x0, x1, y0, y1): (f64, f64, f64, f64),
+    width: u32,
+) -> Result<(), String> {
+    // About 7 pixels a character at size 12, over the plot's width.
+    let per_px = (x1 - x0) / f64::from(width.saturating_sub(100).max(1));
+    for (i, ph) in phases.iter().enumerate() {
+        let shade = color(i + 3).mix(0.12);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(ph.start, y0), (ph.end, y1)],
+                shade.filled(),
+            )))
+            .map_err(err)?;
+        let row = (i % 6) as f64 + 1.0;
+        let y = y1 - (y1 - y0) * 0.05 * row;
+        let fits = ph.start + ph.name.chars().count() as f64 * 7.0 * per_px <= x1;
+        let (x, h) = match fits {
+            true => (ph.start.max(x0), HPos::Left),
+            false => (ph.end.min(x1), HPos::Right),
+        };
+        let style = TextStyle::from((FAMILY, 12)).pos(Pos::new(h, VPos::Top));
+        chart
+            .draw_series(std::iter::once(Text::new(ph.name.clone(), (x, y), style)))
+            .map_err(err)?;
+    }
+    Ok(())
 }
 
 /// An axis tick: thousands and millions with k and M (1k, 1.5k, 10k, 2M),

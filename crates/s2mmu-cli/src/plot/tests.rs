@@ -287,6 +287,48 @@ fn ticks_are_round_and_counts_whole() {
 fn gallery() {
     let dir = std::path::PathBuf::from(std::env::var("S2MMU_PLOT_GALLERY").unwrap());
     std::fs::create_dir_all(&dir).unwrap();
+    gallery_migrate(&dir);
+    let scaling = LineChart {
+        title: "Seed 002: dirty memory time per vCPU count".into(),
+        x_label: "vCPUs".into(),
+        y_label: "dirty memory time, median (ms)".into(),
+        series: vec![
+            Series {
+                name: "fast_path".into(),
+                points: vec![(1.0, 31.2), (2.0, 35.9), (4.0, 61.0)],
+            },
+            Series {
+                name: "write_lock".into(),
+                points: vec![(1.0, 38.5), (2.0, 71.3), (4.0, 160.4)],
+            },
+        ],
+        ..LineChart::default()
+    };
+    write_svg_and_png(&scaling, &dir.join("seed-002.svg")).unwrap();
+    let eager = BarChart {
+        title: "Seed 004: eager split vs split on fault".into(),
+        y_label: "median (ms)".into(),
+        categories: ["first pass", "enabling dirty logging", "splitting"]
+            .map(String::from)
+            .to_vec(),
+        groups: vec![
+            ("eager_split".into(), vec![6.1, 41.7, 0.21]),
+            ("split_on_fault".into(), vec![27.4, 0.9, 0.13]),
+        ],
+    };
+    write_svg_and_png(&eager, &dir.join("seed-004.svg")).unwrap();
+    let few = BarChart {
+        title: "a few pages".into(),
+        y_label: "pages".into(),
+        categories: vec!["0".into(), "1 (paused)".into()],
+        groups: vec![("run".into(), vec![3.0, 1.0])],
+    };
+    write_svg_and_png(&few, &dir.join("few.svg")).unwrap();
+}
+
+/// The gallery's migration figure: dirty rate and time per write over
+/// phases, pages per round.
+fn gallery_migrate(dir: &std::path::Path) {
     let t: Vec<f64> = (0..60).map(|i| f64::from(i) * 0.05).collect();
     let rate = LineChart {
         title: "migrate: guest dirty rate".into(),
@@ -358,40 +400,4 @@ fn gallery() {
     ])
     .unwrap();
     std::fs::write(dir.join("migrate.png"), fig).unwrap();
-    let scaling = LineChart {
-        title: "Seed 002: dirty memory time per vCPU count".into(),
-        x_label: "vCPUs".into(),
-        y_label: "dirty memory time, median (ms)".into(),
-        series: vec![
-            Series {
-                name: "fast_path".into(),
-                points: vec![(1.0, 31.2), (2.0, 35.9), (4.0, 61.0)],
-            },
-            Series {
-                name: "write_lock".into(),
-                points: vec![(1.0, 38.5), (2.0, 71.3), (4.0, 160.4)],
-            },
-        ],
-        ..LineChart::default()
-    };
-    write_svg_and_png(&scaling, &dir.join("seed-002.svg")).unwrap();
-    let eager = BarChart {
-        title: "Seed 004: eager split vs split on fault".into(),
-        y_label: "median (ms)".into(),
-        categories: ["first pass", "enabling dirty logging", "splitting"]
-            .map(String::from)
-            .to_vec(),
-        groups: vec![
-            ("eager_split".into(), vec![6.1, 41.7, 0.21]),
-            ("split_on_fault".into(), vec![27.4, 0.9, 0.13]),
-        ],
-    };
-    write_svg_and_png(&eager, &dir.join("seed-004.svg")).unwrap();
-    let few = BarChart {
-        title: "a few pages".into(),
-        y_label: "pages".into(),
-        categories: vec!["0".into(), "1 (paused)".into()],
-        groups: vec![("run".into(), vec![3.0, 1.0])],
-    };
-    write_svg_and_png(&few, &dir.join("few.svg")).unwrap();
 }
