@@ -44,6 +44,10 @@ fn split_on_fault(answer_broadcasts: bool) -> Option<DirtyReport> {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn a_split_whose_invalidation_runs_after_the_answer_is_caught() {
     let _one = common::serial();
     const { assert!(bbm::ENABLED, "the tests build the engine with bbm-trace") };
@@ -68,6 +72,10 @@ fn a_split_whose_invalidation_runs_after_the_answer_is_caught() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn a_split_on_fault_invalidates_between_break_and_make() {
     let _one = common::serial();
     let Some(r) = split_on_fault(false) else {

@@ -50,6 +50,10 @@ fn run(drop_maintenance: bool) -> Option<ProtectEffect> {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn a_clears_invalidation_reaches_the_idle_cpu() {
     let Some(r) = run(false) else {
         return;
@@ -59,6 +63,10 @@ fn a_clears_invalidation_reaches_the_idle_cpu() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn a_dropped_clear_invalidation_leaves_stale_writable_translations() {
     let Some(r) = run(true) else {
         return;

@@ -61,11 +61,19 @@ fn boot(vcpus: usize) {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn linux_boots_to_init_on_one_vcpu_and_powers_off() {
     boot(1);
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn linux_boots_to_init_on_two_vcpus_and_powers_off() {
     boot(2);
 }

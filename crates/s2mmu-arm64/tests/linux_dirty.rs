@@ -70,21 +70,37 @@ fn no_page_lost(mode: LinuxDirty) {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn linux_write_protect_logging_loses_no_page() {
     no_page_lost(LinuxDirty::Wp);
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn linux_manual_protect_logging_loses_no_page() {
     no_page_lost(LinuxDirty::Manual);
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn linux_ring_logging_loses_no_page() {
     no_page_lost(LinuxDirty::Ring);
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn linux_hardware_dirty_logging_loses_no_page() {
     no_page_lost(LinuxDirty::Hw);
 }
@@ -92,6 +108,10 @@ fn linux_hardware_dirty_logging_loses_no_page() {
 /// The check can fail: one harvest's log discarded (as a harvest that lost
 /// its result), and the pages only that log named show as lost.
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn a_discarded_harvest_shows_as_lost_pages() {
     let Some(r) = run(LinuxDirty::Wp, "mem=48,file=8,secs=8", Some(20)) else {
         return;
@@ -108,6 +128,10 @@ fn a_discarded_harvest_shows_as_lost_pages() {
 /// need not finish: stale translations may stall it, so the run is cut at
 /// 60 s.
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn dropped_harvest_invalidations_show_as_lost_pages() {
     let _one = common::serial();
     let Some(a) = assets() else { return };

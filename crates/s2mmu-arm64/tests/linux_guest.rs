@@ -95,6 +95,10 @@ fn config() -> FdtConfig {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn the_device_tree_reads_back_with_dtc_and_has_what_qemu_gives_linux() {
     if !have("dtc") || !have("qemu-system-aarch64") {
         skip("dtc or qemu-system-aarch64 missing (apt-get install device-tree-compiler qemu-system-arm)");
@@ -317,6 +321,10 @@ fn field(line: &str, key: &str) -> u64 {
 /// passes; the counter prints consecutive values and checks its buffer;
 /// PSCI SYSTEM_OFF ends QEMU.
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn the_initramfs_boots_on_qemu_and_the_programs_pass() {
     let Some(console) = boot(2, "dirtier+counter", "mem=32,file=4,secs=4+secs=2", "") else {
         return;
@@ -354,6 +362,10 @@ fn the_initramfs_boots_on_qemu_and_the_programs_pass() {
 /// framebuffer mode, on 64 MiB of QEMU's RAM that the kernel was told is
 /// not RAM (`mem=448M` of 512), mapped through `/dev/mem`.
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn the_dirtier_reports_a_lost_write_and_checks_a_dev_mem_region() {
     let args = "mem=8,file=0,secs=30,corrupt=1+fb=0x5c000000:0x100000,secs=2";
     let Some(console) = boot(1, "dirtier+dirtier", args, "mem=448M") else {
@@ -379,6 +391,10 @@ fn the_dirtier_reports_a_lost_write_and_checks_a_dev_mem_region() {
 /// where the layout says, and the device tree written there names the
 /// initrd's final range (read back by dtc).
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn the_real_kernel_and_initramfs_load_with_their_device_tree() {
     let Some(a) = assets() else { return };
     if !have("dtc") {

@@ -156,6 +156,10 @@ fn wait_lines(vm: &LinuxVm, from: usize, count: usize, what: &str) -> String {
 /// Two vCPUs (one runs the counter, one idles in WFI): both stop at the
 /// pause with their state, and B runs both.
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn linux_guest_with_two_vcpus_migrates() {
     let _one = common::serial();
     let Some(a) = assets() else { return };
@@ -176,6 +180,10 @@ fn linux_guest_with_two_vcpus_migrates() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn linux_guest_migrates_and_goes_on() {
     let _one = common::serial();
     let Some(a) = assets() else { return };

@@ -19,6 +19,10 @@ fn ram_files() -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
 fn a_running_machine_has_no_ram_file_left_to_leak() {
     let _one = common::serial();
     assert_eq!(ram_files(), Vec::<String>::new(), "before");
