@@ -43,6 +43,7 @@ fn run(mode: LinuxDirty, args: &str, discard: Option<u64>) -> Option<LinuxReport
             period: Duration::from_millis(100),
             drop_invalidations_from: None,
             discard_log: discard,
+            change: Default::default(),
         },
     })
     .expect("the Linux VM runs");
@@ -124,6 +125,7 @@ fn dropped_harvest_invalidations_show_as_lost_pages() {
             period: Duration::from_millis(100),
             drop_invalidations_from: Some(5),
             discard_log: None,
+            change: Default::default(),
         },
     })
     .expect("the Linux VM runs");

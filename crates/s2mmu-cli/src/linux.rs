@@ -130,6 +130,7 @@ fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
             period: Duration::from_millis(p.harvest_ms as u64),
             drop_invalidations_from: None,
             discard_log: None,
+            change: Default::default(),
         },
     };
     Ok((cfg, a))

@@ -5,6 +5,7 @@
 //! that changed and is in neither was written without the engine knowing:
 //! a lost page.
 
+use super::changes::{Changer, HostChange};
 use super::vm::{Shared, RAM_IPA, RAM_SLOT};
 use crate::layout;
 use crate::Result;
@@ -51,6 +52,12 @@ impl LinuxDirty {
     /// The engine's policy for this mode (eager split on, the default
     /// chunk).
     pub fn policy(self) -> MmuPolicy {
+        self.policy_with(HostChange::None)
+    }
+
+    /// The engine's policy for this mode under `change` (a collapse needs
+    /// [`MmuPolicy::recover_in_place`]).
+    pub fn policy_with(self, change: HostChange) -> MmuPolicy {
         // The engine's default is manual protect (GET only copies).
         let mut p = MmuPolicy {
             manual_protect: false,
@@ -61,6 +68,10 @@ impl LinuxDirty {
             LinuxDirty::Manual => p.manual_protect = true,
             LinuxDirty::Ring => p.dirty = DirtyMode::Ring { entries: 16384 },
             LinuxDirty::Hw => p.dirty = DirtyMode::Hardware,
+        }
+        if let HostChange::Collapse { .. } = change {
+            p.recover_huge_pages = true;
+            p.recover_in_place = true;
         }
         p
     }
@@ -79,6 +90,8 @@ pub struct HarvestConfig {
     /// Fault injection: discard this harvest's log, as a harvest that lost
     /// its result would (the check must then report lost pages).
     pub discard_log: Option<u64>,
+    /// What the host changes under the guest between harvests.
+    pub change: HostChange,
 }
 
 /// What the harvester saw.
@@ -100,11 +113,17 @@ pub struct HarvestReport {
     pub hash_ns: u64,
     /// Invalidation sequences dropped by fault injection.
     pub dropped: u64,
+    /// Guest pages the host moved ([`HostChange::Remap`]).
+    pub remapped: u64,
+    /// Blocks collapsed back in place when logging stopped
+    /// ([`HostChange::Collapse`]).
+    pub collapsed: u64,
+    /// Times logging stopped and started again.
+    pub pauses: u64,
 }
 
 /// The guest RAM as words shared with QEMU.
-fn ram_words(sh: &Shared, npages: u64) -> &[AtomicU64] {
-    let bytes = npages * 4096;
+fn ram_words(sh: &Shared, bytes: u64) -> &[AtomicU64] {
     let p = sh
         .vm
         .machine()
@@ -118,8 +137,11 @@ fn ram_words(sh: &Shared, npages: u64) -> &[AtomicU64] {
     unsafe { std::slice::from_raw_parts(p.cast::<AtomicU64>(), (bytes / 8) as usize) }
 }
 
-fn hash_pages(words: &[AtomicU64], out: &mut [u64]) {
-    for (i, h) in out.iter_mut().enumerate() {
+/// Hashes every guest page where it lies now (`loc`: its page index in the
+/// data region, which a remap changes).
+fn hash_pages(words: &[AtomicU64], loc: &[u64], out: &mut [u64]) {
+    for (h, &at) in out.iter_mut().zip(loc) {
+        let i = at as usize;
         let mut x = 0xcbf2_9ce4_8422_2325u64;
         for w in &words[i * 512..(i + 1) * 512] {
             x = (x ^ w.load(Ordering::Relaxed)).wrapping_mul(0x0100_0000_01b3);
@@ -162,13 +184,15 @@ fn harvest(
 }
 
 /// Turns logging on for guest RAM and harvests every `cfg.period` until
-/// the VM stops, checking every page's content against the logs.
+/// the VM stops, checking every page's content against the logs, and
+/// making `cfg.change` between harvests.
 ///
 /// # Errors
 /// The engine's errors.
 pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Result<HarvestReport> {
     let npages = mem / 4096;
-    let words = ram_words(sh, npages);
+    let words = ram_words(sh, mem + cfg.change.spare_bytes());
+    let mut changer = Changer::new(cfg.change, npages);
     let mut rep = HarvestReport::default();
     let mut prev = vec![0u64; npages as usize];
     let mut now = vec![0u64; npages as usize];
@@ -180,9 +204,16 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
     }
     // The hashes the first window starts from: taken after logging is on,
     // so every later write is either logged or a loss.
-    hash_pages(words, &mut prev);
+    hash_pages(words, &changer.loc, &mut prev);
     while !sh.stopping() {
         std::thread::sleep(cfg.period);
+        if changer.paused() {
+            if changer.tick_paused(sh)? {
+                // Logging is on again: a fresh start, as at the beginning.
+                hash_pages(words, &changer.loc, &mut prev);
+            }
+            continue;
+        }
         if cfg.drop_invalidations_from == Some(rep.harvests) {
             sh.vm.sink().drop_host_sequences(u64::MAX);
         }
@@ -193,34 +224,63 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
             bitmap.fill(0);
         }
         rep.harvests += 1;
-        let logged = |p: u64| bitmap[(p / 64) as usize] >> (p % 64) & 1 == 1;
         rep.logged += bitmap
             .iter()
             .map(|w| u64::from(w.count_ones()))
             .sum::<u64>();
-        for &p in &carry {
-            if !logged(p) {
-                rep.lost += 1;
-                if rep.lost_examples.len() < 16 {
-                    rep.lost_examples.push(RAM_IPA + p * 4096);
-                }
-            }
-        }
         let t = Instant::now();
-        hash_pages(words, &mut now);
+        check_window(
+            &bitmap,
+            &mut carry,
+            &mut rep,
+            |now_h| hash_pages(words, &changer.loc, now_h),
+            &mut prev,
+            &mut now,
+        );
         rep.hash_ns += t.elapsed().as_nanos() as u64;
-        carry.clear();
-        for p in 0..npages {
-            if now[p as usize] != prev[p as usize] {
-                rep.changed += 1;
-                if !logged(p) {
-                    carry.push(p);
-                }
-            }
+        changer.after_harvest(sh, rep.harvests, &bitmap)?;
+        if changer.paused() {
+            // Pages carried to the next log cannot be judged: no next log.
+            carry.clear();
         }
-        std::mem::swap(&mut prev, &mut now);
     }
     sh.vm.sink().drop_host_sequences(0);
     rep.dropped = sh.vm.sink().counters().dropped;
+    rep.remapped = changer.remapped;
+    rep.collapsed = changer.collapsed;
+    rep.pauses = changer.pauses;
     Ok(rep)
+}
+
+/// One harvest's check: the pages carried from the last window must be in
+/// this log; a page whose hash changed since the last window and is in
+/// this log is fine, else it must be in the next (carried).
+fn check_window(
+    bitmap: &[u64],
+    carry: &mut Vec<u64>,
+    rep: &mut HarvestReport,
+    hash: impl FnOnce(&mut [u64]),
+    prev: &mut Vec<u64>,
+    now: &mut Vec<u64>,
+) {
+    let logged = |p: u64| bitmap[(p / 64) as usize] >> (p % 64) & 1 == 1;
+    for &p in carry.iter() {
+        if !logged(p) {
+            rep.lost += 1;
+            if rep.lost_examples.len() < 16 {
+                rep.lost_examples.push(RAM_IPA + p * 4096);
+            }
+        }
+    }
+    hash(now);
+    carry.clear();
+    for p in 0..now.len() as u64 {
+        if now[p as usize] != prev[p as usize] {
+            rep.changed += 1;
+            if !logged(p) {
+                carry.push(p);
+            }
+        }
+    }
+    std::mem::swap(prev, now);
 }

@@ -387,12 +387,12 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
 fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
     let machine = Arc::new(Machine::start(&MachineConfig {
         cpus: cfg.vcpus + 1,
-        data_bytes: cfg.mem,
+        data_bytes: cfg.mem + cfg.dirty.change.spare_bytes(),
     })?);
     let vm = Arm64Vm::new_bare(
         machine.clone(),
         &VmConfig {
-            policy: cfg.dirty.mode.policy(),
+            policy: cfg.dirty.mode.policy_with(cfg.dirty.change),
             ..VmConfig::default()
         },
     )?;
