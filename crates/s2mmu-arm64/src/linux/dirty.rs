@@ -6,7 +6,7 @@
 //! a lost page.
 
 use super::changes::{Changer, HostChange};
-use super::vm::{Shared, RAM_IPA, RAM_SLOT};
+use super::vm::{Shared, RAM_IPA};
 use crate::layout;
 use crate::Result;
 use s2mmu::dirty::DirtyGfn;
@@ -120,6 +120,8 @@ pub struct HarvestReport {
     pub collapsed: u64,
     /// Times logging stopped and started again.
     pub pauses: u64,
+    /// Times the framebuffer's memslot moved ([`HostChange::MoveSlot`]).
+    pub moves: u64,
 }
 
 /// The guest RAM as words shared with QEMU.
@@ -150,34 +152,43 @@ fn hash_pages(words: &[AtomicU64], loc: &[u64], out: &mut [u64]) {
     }
 }
 
-/// One harvest into `bitmap` (a bit per page of the RAM slot).
+/// One harvest into `bitmap`: of each logged slot (memslot, first bit,
+/// pages; each slot's first bit a multiple of 64).
 fn harvest(
     sh: &Shared,
     mode: LinuxDirty,
+    slots: &[(u16, u64, u64)],
     bitmap: &mut [u64],
     ring: &mut Vec<DirtyGfn>,
 ) -> Result<()> {
     let mmu = sh.vm.mmu();
-    let npages = (bitmap.len() * 64) as u64;
-    match mode {
-        LinuxDirty::Off => bitmap.fill(0),
-        LinuxDirty::Wp | LinuxDirty::Hw => {
-            mmu.get_dirty_log(RAM_SLOT, bitmap)?;
-        }
-        LinuxDirty::Manual => {
-            mmu.get_dirty_log(RAM_SLOT, bitmap)?;
-            mmu.clear_dirty_log(RAM_SLOT, 0, npages, bitmap)?;
-        }
-        LinuxDirty::Ring => {
-            ring.clear();
-            mmu.harvest_rings(ring)?;
-            bitmap.fill(0);
-            for g in ring.iter() {
-                if g.slot == u32::from(RAM_SLOT) && g.offset < npages {
-                    bitmap[(g.offset / 64) as usize] |= 1 << (g.offset % 64);
-                }
+    if mode == LinuxDirty::Ring {
+        ring.clear();
+        mmu.harvest_rings(ring)?;
+        bitmap.fill(0);
+        for g in ring.iter() {
+            let at = slots
+                .iter()
+                .find(|s| u32::from(s.0) == g.slot && g.offset < s.2);
+            if let Some(&(_, first, _)) = at {
+                let b = first + g.offset;
+                bitmap[(b / 64) as usize] |= 1 << (b % 64);
             }
-            mmu.reset_rings()?;
+        }
+        mmu.reset_rings()?;
+        return Ok(());
+    }
+    for &(slot, first, n) in slots {
+        let words = &mut bitmap[(first / 64) as usize..(first + n).div_ceil(64) as usize];
+        match mode {
+            LinuxDirty::Off | LinuxDirty::Ring => words.fill(0),
+            LinuxDirty::Wp | LinuxDirty::Hw => {
+                mmu.get_dirty_log(slot, words)?;
+            }
+            LinuxDirty::Manual => {
+                mmu.get_dirty_log(slot, words)?;
+                mmu.clear_dirty_log(slot, 0, n, words)?;
+            }
         }
     }
     Ok(())
@@ -190,9 +201,12 @@ fn harvest(
 /// # Errors
 /// The engine's errors.
 pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Result<HarvestReport> {
-    let npages = mem / 4096;
+    let ram_pages = mem / 4096;
     let words = ram_words(sh, mem + cfg.change.spare_bytes());
-    let mut changer = Changer::new(cfg.change, npages);
+    let mut changer = Changer::new(cfg.change, ram_pages);
+    let slots = changer.slots(ram_pages);
+    // Guest RAM's pages, then the framebuffer's.
+    let npages = ram_pages + cfg.change.fb_pages();
     let mut rep = HarvestReport::default();
     let mut prev = vec![0u64; npages as usize];
     let mut now = vec![0u64; npages as usize];
@@ -200,7 +214,9 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
     let mut ring = Vec::new();
     let mut carry: Vec<u64> = Vec::new();
     if cfg.mode != LinuxDirty::Off {
-        sh.vm.mmu().enable_dirty_logging(RAM_SLOT)?;
+        for &(slot, _, _) in &slots {
+            sh.vm.mmu().enable_dirty_logging(slot)?;
+        }
     }
     // The hashes the first window starts from: taken after logging is on,
     // so every later write is either logged or a loss.
@@ -217,9 +233,11 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
         if cfg.drop_invalidations_from == Some(rep.harvests) {
             sh.vm.sink().drop_host_sequences(u64::MAX);
         }
+        changer.before_harvest(sh, rep.harvests);
         let t = Instant::now();
-        harvest(sh, cfg.mode, &mut bitmap, &mut ring)?;
+        harvest(sh, cfg.mode, &slots, &mut bitmap, &mut ring)?;
         rep.harvest_ns += t.elapsed().as_nanos() as u64;
+        changer.move_framebuffer(sh, ram_pages)?;
         if cfg.discard_log == Some(rep.harvests) {
             bitmap.fill(0);
         }
@@ -233,6 +251,7 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
             &bitmap,
             &mut carry,
             &mut rep,
+            ram_pages,
             |now_h| hash_pages(words, &changer.loc, now_h),
             &mut prev,
             &mut now,
@@ -249,7 +268,18 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
     rep.remapped = changer.remapped;
     rep.collapsed = changer.collapsed;
     rep.pauses = changer.pauses;
+    rep.moves = changer.moves;
     Ok(rep)
+}
+
+/// The guest-physical address of bit `p`: guest RAM's `ram_pages`, then
+/// the framebuffer's.
+fn ipa_of(p: u64, ram_pages: u64) -> u64 {
+    if p < ram_pages {
+        RAM_IPA + p * 4096
+    } else {
+        super::changes::FB_IPA + (p - ram_pages) * 4096
+    }
 }
 
 /// One harvest's check: the pages carried from the last window must be in
@@ -259,6 +289,7 @@ fn check_window(
     bitmap: &[u64],
     carry: &mut Vec<u64>,
     rep: &mut HarvestReport,
+    ram_pages: u64,
     hash: impl FnOnce(&mut [u64]),
     prev: &mut Vec<u64>,
     now: &mut Vec<u64>,
@@ -268,7 +299,7 @@ fn check_window(
         if !logged(p) {
             rep.lost += 1;
             if rep.lost_examples.len() < 16 {
-                rep.lost_examples.push(RAM_IPA + p * 4096);
+                rep.lost_examples.push(ipa_of(p, ram_pages));
             }
         }
     }

@@ -136,6 +136,8 @@ pub(crate) struct Shared {
     power: Mutex<Power>,
     power_cv: Condvar,
     stopping: AtomicBool,
+    /// The framebuffer's memslot is moving: faults on it wait.
+    pub(crate) fb_moving: AtomicBool,
     reason: Mutex<Option<StopReason>>,
     deadline: Instant,
     log: Mutex<Vec<String>>,
@@ -414,6 +416,7 @@ fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
     };
     let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
     f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
+    super::changes::add_framebuffer(&vm, cfg.dirty.change, cfg.mem, &mut f)?;
     let files = LinuxAssets {
         image: cfg.kernel.clone(),
         initramfs: cfg.initrd.clone(),
@@ -464,6 +467,7 @@ fn shared(
             power: Mutex::new(Power { state, start }),
             power_cv: Condvar::new(),
             stopping: AtomicBool::new(false),
+            fb_moving: AtomicBool::new(false),
             reason: Mutex::new(None),
             deadline: Instant::now() + cfg.timeout,
             log: Mutex::new(Vec::new()),
