@@ -119,3 +119,38 @@ fn linux_framebuffer_slot_moved_while_logged() {
         assert_eq!(d.moves, 1, "{d:?}");
     }
 }
+
+/// A framebuffer move under hardware dirty state (writes need no fault, so
+/// holding faults does not hold them) is refused before QEMU starts, as is
+/// any change without logging.
+#[test]
+fn changes_the_mode_cannot_hold_are_refused() {
+    for (mode, change) in [
+        (LinuxDirty::Hw, HostChange::MoveSlot { at: 1 }),
+        (LinuxDirty::Off, HostChange::MoveSlot { at: 1 }),
+        (LinuxDirty::Off, HostChange::Remap { pages: 1 }),
+    ] {
+        let e = vm::run(&LinuxConfig {
+            vcpus: 1,
+            mem: 256 << 20,
+            kernel: "/nonexistent/Image".into(),
+            initrd: "/nonexistent/initrd".into(),
+            cmdline: String::new(),
+            echo: false,
+            timeout: Duration::from_secs(1),
+            dirty: HarvestConfig {
+                mode,
+                period: Duration::from_millis(100),
+                drop_invalidations_from: None,
+                discard_log: None,
+                change,
+            },
+        })
+        .err()
+        .expect("refused");
+        assert!(
+            matches!(&e, s2mmu_arm64::Arm64Error::Config(m) if m.contains("host change")),
+            "{e:?}"
+        );
+    }
+}

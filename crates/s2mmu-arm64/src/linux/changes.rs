@@ -5,6 +5,7 @@
 //! and a logged memslot outside RAM (a framebuffer the guest maps through
 //! `/dev/mem`) moved to other host memory at the same guest address.
 
+use super::dirty::LinuxDirty;
 use super::fdt::FdtConfig;
 use super::vm::{Shared, RAM_SLOT};
 use crate::layout;
@@ -85,6 +86,24 @@ pub(crate) fn add_framebuffer(
 pub const SPARE_BYTES: u64 = 16 << 20;
 
 impl HostChange {
+    /// Whether the change can run under `mode`: a framebuffer move holds
+    /// guest writes by holding faults, which hardware dirty state does not
+    /// take (and without logging nothing runs between harvests).
+    ///
+    /// # Errors
+    /// A message naming the change and the mode.
+    pub fn check(self, mode: LinuxDirty) -> std::result::Result<(), String> {
+        let bad = match self {
+            HostChange::None => false,
+            HostChange::MoveSlot { .. } => matches!(mode, LinuxDirty::Hw | LinuxDirty::Off),
+            _ => mode == LinuxDirty::Off,
+        };
+        if bad {
+            return Err(format!("host change {self:?} under dirty mode {mode:?}"));
+        }
+        Ok(())
+    }
+
     /// Pages of the framebuffer, if the change has one.
     pub fn fb_pages(self) -> u64 {
         match self {

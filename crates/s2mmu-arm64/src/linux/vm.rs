@@ -326,6 +326,10 @@ fn check(cfg: &LinuxConfig) -> Result<()> {
             MAX_MEM >> 30
         )));
     }
+    cfg.dirty
+        .change
+        .check(cfg.dirty.mode)
+        .map_err(Arm64Error::Config)?;
     Ok(())
 }
 
