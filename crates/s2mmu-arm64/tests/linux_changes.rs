@@ -146,8 +146,7 @@ fn changes_the_mode_cannot_hold_are_refused() {
                 change,
             },
         })
-        .err()
-        .expect("refused");
+        .expect_err("refused");
         assert!(
             matches!(&e, s2mmu_arm64::Arm64Error::Config(m) if m.contains("host change")),
             "{e:?}"
