@@ -43,6 +43,7 @@ fn boot(vcpus: usize) {
             period: Duration::from_millis(100),
             drop_invalidations_from: None,
             discard_log: None,
+            change: Default::default(),
         },
     })
     .expect("the Linux VM runs");

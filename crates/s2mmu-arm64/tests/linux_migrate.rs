@@ -56,6 +56,7 @@ fn config(a: &assets::LinuxAssets, vcpus: usize) -> LinuxConfig {
             period: Duration::from_millis(100),
             drop_invalidations_from: None,
             discard_log: None,
+            change: Default::default(),
         },
     }
 }

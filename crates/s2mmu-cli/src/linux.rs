@@ -15,6 +15,8 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod rate;
+
 /// Options of `linux`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Params {
@@ -57,6 +59,9 @@ pub struct Params {
     /// Runs (1..=10); with --baseline each run boots both, back to back, and the medians are compared.
     #[arg(long, default_value_t = 1, value_parser = crate::limits::count_in(1..=10))]
     pub runs: usize,
+    /// With --run dirtier: one run without dirty logging, then one per mode (wp, manual, ring, hw), and the dirtier's write rate in each against the run without.
+    #[arg(long)]
+    pub rate_per_mode: bool,
     /// Only make sure the kernel and initramfs are in the cache (downloads with S2MMU_LINUX_FETCH=1).
     #[arg(long)]
     pub fetch_only: bool,
@@ -92,8 +97,14 @@ fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
     if let Some(why) = crate::arm64::unavailable() {
         return Err(why);
     }
-    if p.dirty == LinuxDirty::Off && p.harvest_ms != 100 {
-        return Err("--harvest-ms needs --dirty".into());
+    if p.dirty == LinuxDirty::Off && !p.rate_per_mode && p.harvest_ms != 100 {
+        return Err("--harvest-ms needs --dirty or --rate-per-mode".into());
+    }
+    if p.rate_per_mode && (p.run != "dirtier" || p.dirty != LinuxDirty::Off || p.baseline) {
+        return Err(
+            "--rate-per-mode needs --run dirtier, and no --dirty or --baseline (it runs each mode)"
+                .into(),
+        );
     }
     let a = assets::ensure(&AssetOptions::from_env()).map_err(|e| {
         format!(
@@ -119,6 +130,7 @@ fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
             period: Duration::from_millis(p.harvest_ms as u64),
             drop_invalidations_from: None,
             discard_log: None,
+            change: Default::default(),
         },
     };
     Ok((cfg, a))
@@ -141,6 +153,9 @@ pub fn main(p: Params) -> Result<(), String> {
         return Ok(());
     }
     let (cfg, a) = config(&p)?;
+    if p.rate_per_mode {
+        return rate::rate_per_mode(&p, cfg);
+    }
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for run in 1..=p.runs {
         let r = vm::run(&cfg).map_err(|e| e.to_string())?;
@@ -166,6 +181,16 @@ pub fn main(p: Params) -> Result<(), String> {
         summary(&p, &ours, &theirs);
     }
     Ok(())
+}
+
+/// The write rate the dirtier printed on its `ok` line (`pages_per_s=R`).
+pub(crate) fn dirtier_rate(console: &str) -> Option<f64> {
+    console
+        .lines()
+        .filter(|l| l.contains("s2mmu-dirtier: ok"))
+        .find_map(|l| l.split("pages_per_s=").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|r| r.parse::<f64>().ok())
 }
 
 fn baseline_once(p: &Params, a: &assets::LinuxAssets) -> Result<baseline::BaselineReport, String> {
@@ -205,7 +230,7 @@ fn summary(p: &Params, ours: &[f64], theirs: &[f64]) {
     }
 }
 
-fn verdict(p: &Params, r: &LinuxReport) -> Result<(), String> {
+pub(crate) fn verdict(p: &Params, r: &LinuxReport) -> Result<(), String> {
     if r.reason != StopReason::PowerOff {
         return Err(format!("the guest did not power off: {:?}", r.reason));
     }
@@ -263,6 +288,7 @@ fn to_json(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) ->
             "service_cpu_calls": r.tlbi.service_calls,
             "service_cpu": ms(r.tlbi.service_ns),
         },
+        "dirtier_pages_per_s": dirtier_rate(&r.console),
         "dirty": r.dirty.as_ref().map(|d| json!({
             "mode": format!("{:?}", p.dirty),
             "harvest_ms": p.harvest_ms,
@@ -321,6 +347,9 @@ fn print_text(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>)
             ms(d.harvest_ns),
             ms(d.hash_ns)
         );
+    }
+    if let Some(rate) = dirtier_rate(&r.console) {
+        println!("dirtier: {rate:.0} pages/s");
     }
     if let Some(b) = b {
         println!(

@@ -315,3 +315,30 @@ fn snapshot_bad_input() {
         &["/nonexistent/s2mmu-snapshots"],
     );
 }
+
+#[test]
+fn linux_rate_per_mode_bad_input() {
+    refused(
+        &["linux", "--rate-per-mode"],
+        &["--rate-per-mode", "--run dirtier"],
+    );
+    refused(
+        &[
+            "linux",
+            "--run",
+            "dirtier",
+            "--rate-per-mode",
+            "--dirty",
+            "wp",
+        ],
+        &["--rate-per-mode", "no --dirty"],
+    );
+    refused(
+        &["linux", "--run", "dirtier", "--rate-per-mode", "--baseline"],
+        &["--rate-per-mode", "--baseline"],
+    );
+    refused(
+        &["linux", "--harvest-ms", "50"],
+        &["--harvest-ms", "--dirty"],
+    );
+}

@@ -5,7 +5,8 @@
 //! that changed and is in neither was written without the engine knowing:
 //! a lost page.
 
-use super::vm::{Shared, RAM_IPA, RAM_SLOT};
+use super::changes::{Changer, HostChange};
+use super::vm::{Shared, RAM_IPA};
 use crate::layout;
 use crate::Result;
 use s2mmu::dirty::DirtyGfn;
@@ -51,6 +52,12 @@ impl LinuxDirty {
     /// The engine's policy for this mode (eager split on, the default
     /// chunk).
     pub fn policy(self) -> MmuPolicy {
+        self.policy_with(HostChange::None)
+    }
+
+    /// The engine's policy for this mode under `change` (a collapse needs
+    /// [`MmuPolicy::recover_in_place`]).
+    pub fn policy_with(self, change: HostChange) -> MmuPolicy {
         // The engine's default is manual protect (GET only copies).
         let mut p = MmuPolicy {
             manual_protect: false,
@@ -61,6 +68,10 @@ impl LinuxDirty {
             LinuxDirty::Manual => p.manual_protect = true,
             LinuxDirty::Ring => p.dirty = DirtyMode::Ring { entries: 16384 },
             LinuxDirty::Hw => p.dirty = DirtyMode::Hardware,
+        }
+        if let HostChange::Collapse { .. } = change {
+            p.recover_huge_pages = true;
+            p.recover_in_place = true;
         }
         p
     }
@@ -79,6 +90,8 @@ pub struct HarvestConfig {
     /// Fault injection: discard this harvest's log, as a harvest that lost
     /// its result would (the check must then report lost pages).
     pub discard_log: Option<u64>,
+    /// What the host changes under the guest between harvests.
+    pub change: HostChange,
 }
 
 /// What the harvester saw.
@@ -100,11 +113,19 @@ pub struct HarvestReport {
     pub hash_ns: u64,
     /// Invalidation sequences dropped by fault injection.
     pub dropped: u64,
+    /// Guest pages the host moved ([`HostChange::Remap`]).
+    pub remapped: u64,
+    /// Blocks collapsed back in place when logging stopped
+    /// ([`HostChange::Collapse`]).
+    pub collapsed: u64,
+    /// Times logging stopped and started again.
+    pub pauses: u64,
+    /// Times the framebuffer's memslot moved ([`HostChange::MoveSlot`]).
+    pub moves: u64,
 }
 
 /// The guest RAM as words shared with QEMU.
-fn ram_words(sh: &Shared, npages: u64) -> &[AtomicU64] {
-    let bytes = npages * 4096;
+fn ram_words(sh: &Shared, bytes: u64) -> &[AtomicU64] {
     let p = sh
         .vm
         .machine()
@@ -118,8 +139,11 @@ fn ram_words(sh: &Shared, npages: u64) -> &[AtomicU64] {
     unsafe { std::slice::from_raw_parts(p.cast::<AtomicU64>(), (bytes / 8) as usize) }
 }
 
-fn hash_pages(words: &[AtomicU64], out: &mut [u64]) {
-    for (i, h) in out.iter_mut().enumerate() {
+/// Hashes every guest page where it lies now (`loc`: its page index in the
+/// data region, which a remap changes).
+fn hash_pages(words: &[AtomicU64], loc: &[u64], out: &mut [u64]) {
+    for (h, &at) in out.iter_mut().zip(loc) {
+        let i = at as usize;
         let mut x = 0xcbf2_9ce4_8422_2325u64;
         for w in &words[i * 512..(i + 1) * 512] {
             x = (x ^ w.load(Ordering::Relaxed)).wrapping_mul(0x0100_0000_01b3);
@@ -128,47 +152,61 @@ fn hash_pages(words: &[AtomicU64], out: &mut [u64]) {
     }
 }
 
-/// One harvest into `bitmap` (a bit per page of the RAM slot).
+/// One harvest into `bitmap`: of each logged slot (memslot, first bit,
+/// pages; each slot's first bit a multiple of 64).
 fn harvest(
     sh: &Shared,
     mode: LinuxDirty,
+    slots: &[(u16, u64, u64)],
     bitmap: &mut [u64],
     ring: &mut Vec<DirtyGfn>,
 ) -> Result<()> {
     let mmu = sh.vm.mmu();
-    let npages = (bitmap.len() * 64) as u64;
-    match mode {
-        LinuxDirty::Off => bitmap.fill(0),
-        LinuxDirty::Wp | LinuxDirty::Hw => {
-            mmu.get_dirty_log(RAM_SLOT, bitmap)?;
-        }
-        LinuxDirty::Manual => {
-            mmu.get_dirty_log(RAM_SLOT, bitmap)?;
-            mmu.clear_dirty_log(RAM_SLOT, 0, npages, bitmap)?;
-        }
-        LinuxDirty::Ring => {
-            ring.clear();
-            mmu.harvest_rings(ring)?;
-            bitmap.fill(0);
-            for g in ring.iter() {
-                if g.slot == u32::from(RAM_SLOT) && g.offset < npages {
-                    bitmap[(g.offset / 64) as usize] |= 1 << (g.offset % 64);
-                }
+    if mode == LinuxDirty::Ring {
+        ring.clear();
+        mmu.harvest_rings(ring)?;
+        bitmap.fill(0);
+        for g in ring.iter() {
+            let at = slots
+                .iter()
+                .find(|s| u32::from(s.0) == g.slot && g.offset < s.2);
+            if let Some(&(_, first, _)) = at {
+                let b = first + g.offset;
+                bitmap[(b / 64) as usize] |= 1 << (b % 64);
             }
-            mmu.reset_rings()?;
+        }
+        mmu.reset_rings()?;
+        return Ok(());
+    }
+    for &(slot, first, n) in slots {
+        let words = &mut bitmap[(first / 64) as usize..(first + n).div_ceil(64) as usize];
+        match mode {
+            LinuxDirty::Off | LinuxDirty::Ring => words.fill(0),
+            LinuxDirty::Wp | LinuxDirty::Hw => {
+                mmu.get_dirty_log(slot, words)?;
+            }
+            LinuxDirty::Manual => {
+                mmu.get_dirty_log(slot, words)?;
+                mmu.clear_dirty_log(slot, 0, n, words)?;
+            }
         }
     }
     Ok(())
 }
 
 /// Turns logging on for guest RAM and harvests every `cfg.period` until
-/// the VM stops, checking every page's content against the logs.
+/// the VM stops, checking every page's content against the logs, and
+/// making `cfg.change` between harvests.
 ///
 /// # Errors
 /// The engine's errors.
 pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Result<HarvestReport> {
-    let npages = mem / 4096;
-    let words = ram_words(sh, npages);
+    let ram_pages = mem / 4096;
+    let words = ram_words(sh, mem + cfg.change.spare_bytes());
+    let mut changer = Changer::new(cfg.change, ram_pages);
+    let slots = changer.slots(ram_pages);
+    // Guest RAM's pages, then the framebuffer's.
+    let npages = ram_pages + cfg.change.fb_pages();
     let mut rep = HarvestReport::default();
     let mut prev = vec![0u64; npages as usize];
     let mut now = vec![0u64; npages as usize];
@@ -176,51 +214,104 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
     let mut ring = Vec::new();
     let mut carry: Vec<u64> = Vec::new();
     if cfg.mode != LinuxDirty::Off {
-        sh.vm.mmu().enable_dirty_logging(RAM_SLOT)?;
+        for &(slot, _, _) in &slots {
+            sh.vm.mmu().enable_dirty_logging(slot)?;
+        }
     }
     // The hashes the first window starts from: taken after logging is on,
     // so every later write is either logged or a loss.
-    hash_pages(words, &mut prev);
+    hash_pages(words, &changer.loc, &mut prev);
     while !sh.stopping() {
         std::thread::sleep(cfg.period);
+        if changer.paused() {
+            if changer.tick_paused(sh)? {
+                // Logging is on again: a fresh start, as at the beginning.
+                hash_pages(words, &changer.loc, &mut prev);
+            }
+            continue;
+        }
         if cfg.drop_invalidations_from == Some(rep.harvests) {
             sh.vm.sink().drop_host_sequences(u64::MAX);
         }
+        changer.before_harvest(sh, rep.harvests);
         let t = Instant::now();
-        harvest(sh, cfg.mode, &mut bitmap, &mut ring)?;
+        harvest(sh, cfg.mode, &slots, &mut bitmap, &mut ring)?;
         rep.harvest_ns += t.elapsed().as_nanos() as u64;
+        changer.move_framebuffer(sh, ram_pages)?;
         if cfg.discard_log == Some(rep.harvests) {
             bitmap.fill(0);
         }
         rep.harvests += 1;
-        let logged = |p: u64| bitmap[(p / 64) as usize] >> (p % 64) & 1 == 1;
         rep.logged += bitmap
             .iter()
             .map(|w| u64::from(w.count_ones()))
             .sum::<u64>();
-        for &p in &carry {
-            if !logged(p) {
-                rep.lost += 1;
-                if rep.lost_examples.len() < 16 {
-                    rep.lost_examples.push(RAM_IPA + p * 4096);
-                }
-            }
-        }
         let t = Instant::now();
-        hash_pages(words, &mut now);
+        check_window(
+            &bitmap,
+            &mut carry,
+            &mut rep,
+            ram_pages,
+            |now_h| hash_pages(words, &changer.loc, now_h),
+            &mut prev,
+            &mut now,
+        );
         rep.hash_ns += t.elapsed().as_nanos() as u64;
-        carry.clear();
-        for p in 0..npages {
-            if now[p as usize] != prev[p as usize] {
-                rep.changed += 1;
-                if !logged(p) {
-                    carry.push(p);
-                }
-            }
+        changer.after_harvest(sh, rep.harvests, &bitmap)?;
+        if changer.paused() {
+            // Pages carried to the next log cannot be judged: no next log.
+            carry.clear();
         }
-        std::mem::swap(&mut prev, &mut now);
     }
     sh.vm.sink().drop_host_sequences(0);
     rep.dropped = sh.vm.sink().counters().dropped;
+    rep.remapped = changer.remapped;
+    rep.collapsed = changer.collapsed;
+    rep.pauses = changer.pauses;
+    rep.moves = changer.moves;
     Ok(rep)
+}
+
+/// The guest-physical address of bit `p`: guest RAM's `ram_pages`, then
+/// the framebuffer's.
+fn ipa_of(p: u64, ram_pages: u64) -> u64 {
+    if p < ram_pages {
+        RAM_IPA + p * 4096
+    } else {
+        super::changes::FB_IPA + (p - ram_pages) * 4096
+    }
+}
+
+/// One harvest's check: the pages carried from the last window must be in
+/// this log; a page whose hash changed since the last window and is in
+/// this log is fine, else it must be in the next (carried).
+fn check_window(
+    bitmap: &[u64],
+    carry: &mut Vec<u64>,
+    rep: &mut HarvestReport,
+    ram_pages: u64,
+    hash: impl FnOnce(&mut [u64]),
+    prev: &mut Vec<u64>,
+    now: &mut Vec<u64>,
+) {
+    let logged = |p: u64| bitmap[(p / 64) as usize] >> (p % 64) & 1 == 1;
+    for &p in carry.iter() {
+        if !logged(p) {
+            rep.lost += 1;
+            if rep.lost_examples.len() < 16 {
+                rep.lost_examples.push(ipa_of(p, ram_pages));
+            }
+        }
+    }
+    hash(now);
+    carry.clear();
+    for p in 0..now.len() as u64 {
+        if now[p as usize] != prev[p as usize] {
+            rep.changed += 1;
+            if !logged(p) {
+                carry.push(p);
+            }
+        }
+    }
+    std::mem::swap(prev, now);
 }

@@ -219,6 +219,7 @@ impl LinuxVm {
             power: Mutex::new(power),
             power_cv: Condvar::new(),
             stopping: AtomicBool::new(false),
+            fb_moving: AtomicBool::new(false),
             reason: Mutex::new(None),
             deadline: Instant::now() + self.timeout,
             log: Mutex::new(Vec::new()),

@@ -24,6 +24,7 @@ pub mod assets;
 pub mod baseline;
 pub mod boot;
 pub mod bus;
+pub mod changes;
 pub mod cpio;
 pub mod debs;
 pub mod dirty;

@@ -257,6 +257,12 @@ fn abort(
     mbox: &Mailbox<'_>,
     e: &Exit,
 ) -> Result<Next> {
+    if sh.fb_moving.load(Ordering::Acquire) && super::changes::in_fb(e.ipa()) {
+        // The framebuffer's slot is being moved: as KVM with an invalid
+        // slot, the guest retries the access once the move is done.
+        std::thread::sleep(Duration::from_micros(100));
+        return Ok(Next::Resume(e.elr, Vec::new()));
+    }
     let t0 = Instant::now();
     let r = sh.vm.fault(vcpu, e)?;
     let st = &sh.stats[id];

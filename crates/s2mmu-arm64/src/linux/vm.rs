@@ -136,6 +136,8 @@ pub(crate) struct Shared {
     pub(crate) power: Mutex<Power>,
     pub(crate) power_cv: Condvar,
     pub(crate) stopping: AtomicBool,
+    /// The framebuffer's memslot is moving: faults on it wait.
+    pub(crate) fb_moving: AtomicBool,
     pub(crate) reason: Mutex<Option<StopReason>>,
     pub(crate) deadline: Instant,
     pub(crate) log: Mutex<Vec<String>>,
@@ -324,6 +326,10 @@ pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
             MAX_MEM >> 30
         )));
     }
+    cfg.dirty
+        .change
+        .check(cfg.dirty.mode)
+        .map_err(Arm64Error::Config)?;
     Ok(())
 }
 
@@ -387,12 +393,12 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
 fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
     let machine = Arc::new(Machine::start(&MachineConfig {
         cpus: cfg.vcpus + 1,
-        data_bytes: cfg.mem,
+        data_bytes: cfg.mem + cfg.dirty.change.spare_bytes(),
     })?);
     let vm = Arm64Vm::new_bare(
         machine.clone(),
         &VmConfig {
-            policy: cfg.dirty.mode.policy(),
+            policy: cfg.dirty.mode.policy_with(cfg.dirty.change),
             ..VmConfig::default()
         },
     )?;
@@ -414,6 +420,7 @@ fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
     };
     let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
     f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
+    super::changes::add_framebuffer(&vm, cfg.dirty.change, cfg.mem, &mut f)?;
     let files = LinuxAssets {
         image: cfg.kernel.clone(),
         initramfs: cfg.initrd.clone(),
@@ -464,6 +471,7 @@ fn shared(
             power: Mutex::new(Power { state, start }),
             power_cv: Condvar::new(),
             stopping: AtomicBool::new(false),
+            fb_moving: AtomicBool::new(false),
             reason: Mutex::new(None),
             deadline: Instant::now() + cfg.timeout,
             log: Mutex::new(Vec::new()),

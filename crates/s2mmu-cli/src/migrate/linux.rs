@@ -31,6 +31,7 @@ fn config(p: &Params, a: &assets::LinuxAssets) -> LinuxConfig {
             period: Duration::from_millis(100),
             drop_invalidations_from: None,
             discard_log: None,
+            change: Default::default(),
         },
     }
 }
