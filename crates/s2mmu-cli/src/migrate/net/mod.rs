@@ -79,7 +79,7 @@ pub struct SockBuf {
 }
 
 /// The slowest a peer may take what this side writes, in bytes per second,
-/// as the reader's [`MIN_RATE`](super::wire::reader::MIN_RATE) for what it
+/// as the reader's [`MIN_RATE`](super::wire::MIN_RATE) for what it
 /// receives: a real peer takes hundreds of MiB/s.
 pub const MIN_WRITE_RATE: u64 = 256 << 10;
 
