@@ -10,9 +10,11 @@
 //! drives the facade through that platform (a stage-2 fault that maps a
 //! block, logging on with an eager split, guest writes logged, GET and
 //! CLEAR, the slot deleted), checks each result, and exits nonzero on a
-//! wrong one. Run it with the engine built without `std`:
+//! wrong one. Run it with the engine built without `std` (it is this
+//! crate's example, not the engine's: the engine's examples build with its
+//! dev-dependencies, whose `bbm-trace` feature turns `std` on):
 //!
-//! `cargo run -p s2mmu --no-default-features --example no_std_embedding`
+//! `cargo run -p s2mmu-nostd-check --example no_std_embedding`
 //!
 //! (with `std` on it runs the same, and says so; `S2MMU_REQUIRE_NOSTD=1`
 //! makes that a failure, as CI sets it).
