@@ -136,25 +136,36 @@ fn a_discarded_harvest_shows_as_lost_pages() {
 fn dropped_harvest_invalidations_show_as_lost_pages() {
     let _one = common::serial();
     let Some(a) = assets() else { return };
-    let r = vm::run(&LinuxConfig {
-        vcpus: 2,
-        mem: 256 << 20,
-        kernel: a.image,
-        initrd: a.initramfs,
-        cmdline: "quiet s2mmu.run=dirtier s2mmu.args=mem=1,file=1,secs=8".into(),
-        echo: false,
-        timeout: Duration::from_secs(60),
-        dirty: HarvestConfig {
-            mode: LinuxDirty::Wp,
-            period: Duration::from_millis(100),
-            drop_invalidations_from: Some(5),
-            discard_log: None,
-            change: Default::default(),
-        },
-    })
-    .expect("the Linux VM runs");
-    let d = r.dirty.expect("the harvester ran");
-    eprintln!("{d:?} {:?}", r.tlbi);
-    assert!(d.dropped > 0, "nothing was dropped: {d:?}");
-    assert!(d.lost > 0, "no lost page reported: {d:?}");
+    // Whether a stale translation survives long enough to take a write
+    // depends on when QEMU drops its TLB (the guest's own TLBIs flush it
+    // too): one run in several found none on a loaded machine. Up to three
+    // runs; the check must see lost pages in one of them.
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = vm::run(&LinuxConfig {
+            vcpus: 2,
+            mem: 256 << 20,
+            kernel: a.image.clone(),
+            initrd: a.initramfs.clone(),
+            cmdline: "quiet s2mmu.run=dirtier s2mmu.args=mem=1,file=1,secs=8".into(),
+            echo: false,
+            timeout: Duration::from_secs(60),
+            dirty: HarvestConfig {
+                mode: LinuxDirty::Wp,
+                period: Duration::from_millis(100),
+                drop_invalidations_from: Some(5),
+                discard_log: None,
+                change: Default::default(),
+            },
+        })
+        .expect("the Linux VM runs");
+        let d = r.dirty.expect("the harvester ran");
+        eprintln!("{d:?} {:?}", r.tlbi);
+        assert!(d.dropped > 0, "nothing was dropped: {d:?}");
+        if d.lost > 0 {
+            return;
+        }
+        seen.push(d);
+    }
+    panic!("no lost page reported in {} runs: {seen:?}", seen.len());
 }
