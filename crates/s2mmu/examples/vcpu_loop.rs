@@ -121,8 +121,21 @@ impl TlbInvalidate for GuestTlb {
 type Vm = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
 
 /// One vCPU: the guest's writes, each through the stage-2 table, faults
-/// handed to the MMU. Returns the number of stage-2 faults it took.
-fn run_vcpu(mmu: &Vm, tlb: &GuestTlb, ram: &GuestRam, id: usize) -> Result<u64, s2mmu::Error> {
+/// handed to the MMU. Returns the number of stage-2 faults it took. It
+/// starts writing once logging is on (or after 10 s), so its writes always
+/// race with the harvests however the threads are scheduled: on a loaded
+/// machine they could otherwise all finish before the harvest thread ran.
+fn run_vcpu(
+    mmu: &Vm,
+    tlb: &GuestTlb,
+    ram: &GuestRam,
+    id: usize,
+    logging: &AtomicBool,
+) -> Result<u64, s2mmu::Error> {
+    let waited = Instant::now();
+    while !logging.load(Ordering::Acquire) && waited.elapsed() < Duration::from_secs(10) {
+        std::thread::yield_now();
+    }
     let mut vcpu = mmu.new_vcpu()?;
     let reader = mmu.reader();
     let mut faults = 0;
@@ -224,14 +237,15 @@ fn run() -> Result<(), String> {
     mmu.set_memory_region(&region(SlotFlags::NONE), 2 << 20)
         .map_err(|e| e.to_string())?;
     let stop = AtomicBool::new(false);
+    let logging = AtomicBool::new(false);
     let mut copy = vec![0u64; RAM / 8];
     let started = Instant::now();
     let (faults, harvested) = std::thread::scope(|s| {
         let vcpus: Vec<_> = (0..VCPUS)
             .map(|id| {
                 s.spawn({
-                    let (mmu, tlb, ram) = (&mmu, &*tlb, &ram);
-                    move || run_vcpu(mmu, tlb, ram, id)
+                    let (mmu, tlb, ram, logging) = (&mmu, &*tlb, &ram, &logging);
+                    move || run_vcpu(mmu, tlb, ram, id, logging)
                 })
             })
             .collect();
@@ -239,6 +253,7 @@ fn run() -> Result<(), String> {
         // blocks), round 0 copies everything, then a round every 2 ms.
         let harvester = s.spawn(|| -> Result<(u64, u64), s2mmu::Error> {
             mmu.set_memory_region(&region(SlotFlags::LOG_DIRTY_PAGES), 2 << 20)?;
+            logging.store(true, Ordering::Release);
             let mut copied = copy_pages(&ram, &mut copy, &[u64::MAX; NPAGES / 64]);
             let mut rounds = 0;
             while !stop.load(Ordering::Relaxed) {
