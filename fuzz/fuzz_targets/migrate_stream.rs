@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::migrate::dest::{receive_from, DestConfig};
 use s2mmu_cli::migrate::wire::{tag, Header, WireWriter, PAGE_SIZE};
-use s2mmu_cli::vm_format::FormatArg;
+use s2mmu_cli::vm_format::WireFormat;
 use std::time::Duration;
 
 fuzz_target!(|data: &[u8]| {
@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
         verify_full: next() & 1 == 1,
         postcopy: false,
         // The destination runs arm64: an EPT stream is refused by name.
-        format: [FormatArg::Arm64, FormatArg::Ept][usize::from(next() % 2)],
+        format: [WireFormat::Arm64, WireFormat::Ept][usize::from(next() % 2)],
     };
     let mut stream = Vec::new();
     let Ok(mut w) = WireWriter::new(&mut stream, &header) else {
