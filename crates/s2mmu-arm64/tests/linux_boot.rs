@@ -4,32 +4,15 @@
 
 mod common;
 
-use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
 use std::time::Duration;
 
-/// The assets, or `None` after saying why the check is skipped.
-fn assets() -> Option<assets::LinuxAssets> {
-    if common::machine_unavailable() {
-        return None;
-    }
-    match assets::ensure(&AssetOptions::from_env()) {
-        Ok(a) => Some(a),
-        Err(e) => {
-            assert!(
-                std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
-                "S2MMU_REQUIRE_ARM64 is set but the Linux assets are missing: {e}"
-            );
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
-
 fn boot(vcpus: usize) {
     let _one = common::serial();
-    let Some(a) = assets() else { return };
+    let Some(a) = common::linux_assets() else {
+        return;
+    };
     let r = vm::run(&LinuxConfig {
         vcpus,
         mem: 256 << 20,

@@ -7,28 +7,10 @@
 
 mod common;
 
-use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::changes::{HostChange, FB_IPA, FB_SIZE};
 use s2mmu_arm64::linux::dirty::{HarvestConfig, HarvestReport, LinuxDirty};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
 use std::time::Duration;
-
-fn assets() -> Option<assets::LinuxAssets> {
-    if common::machine_unavailable() {
-        return None;
-    }
-    match assets::ensure(&AssetOptions::from_env()) {
-        Ok(a) => Some(a),
-        Err(e) => {
-            assert!(
-                std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
-                "S2MMU_REQUIRE_ARM64 is set but the Linux assets are missing: {e}"
-            );
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
 
 /// Runs the dirtier for 10 s on anonymous memory and tmpfs under `change`
 /// and returns the harvester's report once the guest's check passed and
@@ -43,7 +25,7 @@ fn run(mode: LinuxDirty, change: HostChange) -> Option<HarvestReport> {
 /// `s2mmu-dirtier: {ok}` must show and no page may be lost.
 fn run_args(mode: LinuxDirty, change: HostChange, args: &str, ok: &str) -> Option<HarvestReport> {
     let _one = common::serial();
-    let a = assets()?;
+    let a = common::linux_assets()?;
     let r = vm::run(&LinuxConfig {
         vcpus: 2,
         mem: 256 << 20,

@@ -5,31 +5,13 @@
 
 mod common;
 
-use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, LinuxReport, StopReason};
 use std::time::Duration;
 
-fn assets() -> Option<assets::LinuxAssets> {
-    if common::machine_unavailable() {
-        return None;
-    }
-    match assets::ensure(&AssetOptions::from_env()) {
-        Ok(a) => Some(a),
-        Err(e) => {
-            assert!(
-                std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
-                "S2MMU_REQUIRE_ARM64 is set but the Linux assets are missing: {e}"
-            );
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
-
 fn run(mode: LinuxDirty, args: &str, discard: Option<u64>) -> Option<LinuxReport> {
     let _one = common::serial();
-    let a = assets()?;
+    let a = common::linux_assets()?;
     let r = vm::run(&LinuxConfig {
         vcpus: 2,
         mem: 256 << 20,
@@ -135,7 +117,9 @@ fn a_discarded_harvest_shows_as_lost_pages() {
 )]
 fn dropped_harvest_invalidations_show_as_lost_pages() {
     let _one = common::serial();
-    let Some(a) = assets() else { return };
+    let Some(a) = common::linux_assets() else {
+        return;
+    };
     // Whether a stale translation survives long enough to take a write
     // depends on when QEMU drops its TLB (the guest's own TLBIs flush it
     // too): one run in several found none on a loaded machine. Up to three

@@ -10,7 +10,7 @@
 
 mod common;
 
-use s2mmu_arm64::linux::assets::{self, AssetOptions};
+use s2mmu_arm64::linux::assets;
 use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::vm::LinuxConfig;
@@ -24,23 +24,6 @@ use std::time::{Duration, Instant};
 /// arguments, and what the test recomputes the hashes with.
 const KIB: u64 = 256;
 const MS: u64 = 100;
-
-fn assets() -> Option<assets::LinuxAssets> {
-    if common::machine_unavailable() {
-        return None;
-    }
-    match assets::ensure(&AssetOptions::from_env()) {
-        Ok(a) => Some(a),
-        Err(e) => {
-            assert!(
-                std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
-                "S2MMU_REQUIRE_ARM64 is set but the Linux assets are missing: {e}"
-            );
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
 
 fn config(a: &assets::LinuxAssets, vcpus: usize) -> LinuxConfig {
     LinuxConfig {
@@ -163,7 +146,9 @@ fn wait_lines(vm: &LinuxVm, from: usize, count: usize, what: &str) -> String {
 )]
 fn linux_guest_with_two_vcpus_migrates() {
     let _one = common::serial();
-    let Some(a) = assets() else { return };
+    let Some(a) = common::linux_assets() else {
+        return;
+    };
     let cfg = config(&a, 2);
     let mut vm_a = LinuxVm::boot(&cfg).expect("A boots");
     wait_lines(&vm_a, 0, 3, "A");
@@ -187,7 +172,9 @@ fn linux_guest_with_two_vcpus_migrates() {
 )]
 fn linux_guest_migrates_and_goes_on() {
     let _one = common::serial();
-    let Some(a) = assets() else { return };
+    let Some(a) = common::linux_assets() else {
+        return;
+    };
     let cfg = config(&a, 1);
     let mut vm_a = LinuxVm::boot(&cfg).expect("A boots");
     let a1 = wait_lines(&vm_a, 0, 3, "A");

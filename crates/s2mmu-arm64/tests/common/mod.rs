@@ -1,6 +1,7 @@
 //! Shared helpers of the arm64 checks.
 #![allow(dead_code)]
 
+use s2mmu_arm64::linux::assets::{ensure, AssetOptions, LinuxAssets};
 use s2mmu_arm64::machine::{Machine, MachineConfig};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -46,4 +47,23 @@ pub fn machine_unavailable() -> bool {
     );
     eprintln!("skipped: {why}");
     true
+}
+
+/// The Linux guest's kernel and initramfs, or `None` after saying why the
+/// check is skipped (a failure instead under `S2MMU_REQUIRE_ARM64`).
+pub fn linux_assets() -> Option<LinuxAssets> {
+    if machine_unavailable() {
+        return None;
+    }
+    match ensure(&AssetOptions::from_env()) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            assert!(
+                std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
+                "S2MMU_REQUIRE_ARM64 is set but the Linux assets are missing: {e}"
+            );
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
 }
