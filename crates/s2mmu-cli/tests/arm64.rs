@@ -45,6 +45,14 @@ fn skip_reason() -> Option<String> {
 
 #[test]
 fn dirty_log_perf_arm64_check_is_exact() {
+    // The binary these runs start is built with the break-before-make
+    // monitor (the dev-dependency's feature): a violation fails the run.
+    const {
+        assert!(
+            s2mmu::bbm::ENABLED,
+            "the s2mmu binary's tests build the monitor in"
+        )
+    };
     let _one = serial();
     if let Some(why) = skip_reason() {
         eprintln!("skipped: {why}");
