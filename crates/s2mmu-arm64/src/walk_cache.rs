@@ -76,7 +76,7 @@ pub enum AfterMove {
     },
 }
 
-/// What [`move_stage1_table`] saw.
+/// What [`change_stage1_table`] saw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WalkCacheReport {
     /// The IPA of the guest's stage-1 root table (the page moved).
