@@ -160,7 +160,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             (slot.base_gfn().raw(), slot.npages(), slot.dirty_logging());
         // `snap` is held to the end, as a fault holds it: see handle_fault.
         let shift = self.page_shift;
-        let bitmap = if logging && self.policy.dirty.bitmaps() {
+        let bitmap = if logging && self.strategy.bitmaps().is_ok() {
             self.side[usize::from(id)].dirty.load_full()
         } else {
             None
