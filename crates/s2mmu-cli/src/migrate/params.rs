@@ -86,7 +86,7 @@ pub struct Params {
     /// The guest's access pattern.
     #[arg(long, value_enum, default_value = "sequential")]
     pub pattern: PatternArg,
-    /// How dirty pages are tracked and collected, any of the engine's dirty modes: wp (or bitmap: write protection, GET per round, CLEAR per chunk before sending it), ring or ring:N (per-vCPU dirty rings of N entries, a power of two 256..=65536, default 4096), hw (hardware dirty state: arm64 DBM or EPT dirty flags), hw-blocks (hw with huge mappings logged whole), pml (x86 EPT with PML; --format ept).
+    /// How dirty pages are tracked and collected, any of the engine's dirty modes: wp (or bitmap: write protection, GET per round, CLEAR per chunk before sending it), ring or ring:N (per-vCPU dirty rings of N entries, a power of two 256..=65536, default 4096), hw (hardware dirty state: arm64 DBM or EPT dirty flags), hw-blocks (hw with huge mappings logged whole), pml (hardware dirty state with x86 Page-Modification Logging, which the simulated arm64 vCPU also runs).
     #[arg(long, default_value = "wp", value_parser = crate::dirty_mode::parse_dirty_mode)]
     pub harvest: DirtyMode,
     /// Bytes cleared per CLEAR_DIRTY_LOG call (with --harvest bitmap): 256K to 64G, rounded down to a multiple of 64 pages.
