@@ -150,7 +150,10 @@ fn dirty_log_perf_too_much_memory_names_the_flags() {
 fn dirty_log_perf_slots_and_ring_name_the_flags() {
     refused(&["dirty-log-perf", "-x", "0"], &["-x"]);
     refused(&["dirty-log-perf", "--ring", "0"], &["--ring"]);
-    refused(&["dirty-log-perf", "--dirty", "wp,dbm"], &["--dirty", "\"dbm\"", "pml"]);
+    refused(
+        &["dirty-log-perf", "--dirty", "wp,dbm"],
+        &["--dirty", "\"dbm\"", "pml"],
+    );
 }
 
 #[test]
