@@ -69,6 +69,26 @@ fn ring_migration_leaves_equal_memory() {
 }
 
 #[test]
+fn every_engine_dirty_mode_migrates_with_equal_memory() {
+    // Migrate offers every mode the engine has, by the engine's own names:
+    // hardware dirty state and PML harvest by GET + CLEAR, the vCPUs'
+    // walkers dirtying the leaves (no write fault).
+    for name in DirtyMode::NAMES {
+        let harvest = s2mmu_cli::dirty_mode::parse_dirty_mode(name).unwrap();
+        let harvest = match harvest {
+            DirtyMode::Ring { .. } => DirtyMode::Ring { entries: 256 },
+            other => other,
+        };
+        check_equal(&SourceConfig {
+            harvest,
+            verify_full: true,
+            pattern: Pattern::Random,
+            ..small(16 << 20)
+        });
+    }
+}
+
+#[test]
 fn three_channels_over_tls_leave_equal_memory() {
     // Each page on the channel owning its stripe, every channel its own
     // mutual-TLS connection.
