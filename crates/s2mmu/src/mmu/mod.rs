@@ -357,7 +357,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     }
 
     /// The policies in force. The TLB range policy is read from the table,
-    /// where [`Mmu::set_tlb_large_range`] changes it, so this reports what
+    /// where `Mmu::set_tlb_large_range` changes it, so this reports what
     /// the next invalidation will do.
     pub fn policy(&self) -> MmuPolicy {
         let tlb = self.with_table(|pt| pt.tlb_policy());
