@@ -104,7 +104,7 @@ impl Protect {
 /// Choices of one mode cannot be given to another: PML has no block rule,
 /// rings no protection choice.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0559
 /// use s2mmu::mmu::{DirtyMode, HwDirtyBlocks, Protect};
 /// let _ = DirtyMode::Pml { protect: Protect::MANUAL, blocks: HwDirtyBlocks::LogWholeBlocks };
 /// ```
