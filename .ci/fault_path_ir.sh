@@ -5,11 +5,15 @@
 # engine as a path dependency with default features (outside the workspace,
 # so no dev-dependency turns the monitor on), runs it under callgrind with
 # collection on inside Mmu::handle_fault only, and prints the count.
-# Usage: .ci/fault_path_ir.sh [ENGINE_DIR]  (default: this checkout's crates/s2mmu)
+# Usage: [FEATURES=a,b] .ci/fault_path_ir.sh [ENGINE_DIR]  (default: this
+# checkout's crates/s2mmu; FEATURES adds engine features to the defaults,
+# e.g. FEATURES=test-hooks to count what the test hooks would cost).
 # Compare two revisions by extracting the other one (git archive) and
 # passing its crates/s2mmu. Needs valgrind.
 set -euo pipefail
 engine="$(cd "${1:-$(dirname "$0")/../crates/s2mmu}" && pwd)"
+features=""
+if [ -n "${FEATURES:-}" ]; then features="\"${FEATURES//,/\",\"}\""; fi
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 mkdir -p "$dir/src"
@@ -19,7 +23,7 @@ name = "fault-path-ir"
 version = "0.0.0"
 edition = "2021"
 [dependencies]
-s2mmu = { path = "$engine" }
+s2mmu = { path = "$engine", features = [$features] }
 [profile.release]
 debug = 1
 [workspace]

@@ -40,15 +40,6 @@ pub enum Pattern {
     },
 }
 
-/// How the host harvests dirty pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Harvest {
-    /// `KVM_GET_DIRTY_LOG` (+ `KVM_CLEAR_DIRTY_LOG` with manual protect).
-    Bitmap,
-    /// Per-vCPU dirty rings (the VM's policy must enable them).
-    Ring,
-}
-
 /// A dirty-logging run.
 #[derive(Clone, Copy, Debug)]
 pub struct DirtyConfig {
@@ -60,8 +51,6 @@ pub struct DirtyConfig {
     pub iterations: u32,
     /// Which pages a pass writes.
     pub pattern: Pattern,
-    /// How dirty pages are collected.
-    pub harvest: Harvest,
     /// Host page size behind the slot: the largest block a fault maps.
     pub host_page: u64,
     /// Compare every pass's log with the guest's record.
@@ -84,7 +73,7 @@ pub struct DirtyConfig {
     /// the spare pages follow the slot in guest data RAM.
     pub remaps_per_pass: u64,
     /// Passes run after the logged ones, logging turned off while the first
-    /// of them runs (with `recover_in_place`, the collapse back to blocks
+    /// of them runs (with `HugePageRecovery::Collapse`, the collapse back to blocks
     /// then races the guest); each page's stamp is checked after them.
     pub passes_after_logging: u32,
 }
@@ -96,7 +85,6 @@ impl Default for DirtyConfig {
             bytes_per_vcpu: 64 << 20,
             iterations: 3,
             pattern: Pattern::Sequential,
-            harvest: Harvest::Bitmap,
             host_page: 4096,
             check: true,
             verify_tags: false,
@@ -248,25 +236,15 @@ fn check_config(vm: &Arm64Vm, cfg: &DirtyConfig) -> Result<u64> {
                 cfg.vcpus, cfg.bytes_per_vcpu
             ))
         })?;
-    let ring = vm.mmu().policy().dirty.ring_entries();
-    match (cfg.harvest, ring) {
-        (Harvest::Ring, None) => {
-            return Err(Arm64Error::Config(
-                "ring harvest on a VM without dirty rings".into(),
-            ))
-        }
-        (Harvest::Bitmap, Some(_)) => {
-            return Err(Arm64Error::Config(
-                "bitmap harvest on a VM with dirty rings".into(),
-            ))
-        }
-        (Harvest::Ring, Some(n)) if u64::from(n) < cfg.bytes_per_vcpu / page + 64 => {
+    // The VM's dirty mode says how the host harvests: rings, or GET (+
+    // CLEAR with manual protect) for every bitmap mode.
+    if let Some(n) = vm.mmu().policy().dirty.ring_entries() {
+        if u64::from(n) < cfg.bytes_per_vcpu / page + 64 {
             return Err(Arm64Error::Config(format!(
                 "dirty rings of {n} entries cannot hold a pass of {} pages",
                 cfg.bytes_per_vcpu / page
-            )))
+            )));
         }
-        _ => {}
     }
     Ok(total)
 }
@@ -441,18 +419,18 @@ fn coordinate(
             let unwritten = (0..npages).find(|&i| !written_in(vm, i, pass));
             mmu.dirty_pages(DATA_SLOT, unwritten)?;
         }
-        let (get_time, clear_time) = match cfg.harvest {
-            Harvest::Bitmap => {
+        let (get_time, clear_time) = match mmu.policy().dirty.ring_entries() {
+            None => {
                 let t = Instant::now();
                 mmu.get_dirty_log(DATA_SLOT, &mut bitmap)?;
                 let g = t.elapsed();
                 let t = Instant::now();
-                if mmu.policy().manual_protect {
+                if mmu.policy().dirty.manual_protect() {
                     mmu.clear_dirty_log(DATA_SLOT, 0, npages, &bitmap)?;
                 }
                 (g, t.elapsed())
             }
-            Harvest::Ring => {
+            Some(_) => {
                 let t = Instant::now();
                 ring.clear();
                 mmu.harvest_rings(&mut ring)?;

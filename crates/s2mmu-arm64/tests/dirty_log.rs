@@ -3,9 +3,9 @@
 
 mod common;
 
-use s2mmu::mmu::{DirtyMode, MmuPolicy};
+use s2mmu::mmu::{DirtyMode, HugePageRecovery, MmuPolicy, Protect};
 use s2mmu_arm64::vm::{Arm64Vm, VmConfig};
-use s2mmu_arm64::workload::{run_dirty_log, DirtyConfig, DirtyReport, Harvest, Pattern};
+use s2mmu_arm64::workload::{run_dirty_log, DirtyConfig, DirtyReport, Pattern};
 
 fn run(vcpus: usize, policy: MmuPolicy, cfg: DirtyConfig) -> Option<DirtyReport> {
     run_on(
@@ -124,7 +124,9 @@ fn random_pattern_and_write_lock_baseline() {
 )]
 fn get_without_manual_protect() {
     let policy = MmuPolicy {
-        manual_protect: false,
+        dirty: DirtyMode::Bitmap {
+            protect: Protect::OnGet,
+        },
         ..MmuPolicy::default()
     };
     let Some(r) = run(2, policy, small()) else {
@@ -144,11 +146,7 @@ fn dirty_rings_1_2_4_vcpus() {
         ..MmuPolicy::default()
     };
     for vcpus in [1, 2, 4] {
-        let cfg = DirtyConfig {
-            harvest: Harvest::Ring,
-            ..small()
-        };
-        let Some(r) = run(vcpus, policy, cfg) else {
+        let Some(r) = run(vcpus, policy, small()) else {
             return;
         };
         assert_exact(&r);
@@ -262,10 +260,7 @@ fn a_page_logged_but_not_written_is_extra() {
     // The check's other half: random writes leave pages unwritten, and a
     // page the host marks dirty though the guest did not write it in that
     // pass is counted extra. Without the injection the same run is exact.
-    let policy = MmuPolicy {
-        initially_set: false,
-        ..MmuPolicy::default()
-    };
+    let policy = MmuPolicy::default();
     let base = DirtyConfig {
         pattern: Pattern::Random { writes: 1024 },
         ..small()
@@ -303,7 +298,7 @@ fn hardware_dirty_state_logs_without_faults() {
     // stage 2, every first write would fault and this test would fail on
     // the fault count while the logs stayed exact.
     let policy = MmuPolicy {
-        dirty: DirtyMode::Hardware,
+        dirty: DirtyMode::HW,
         ..MmuPolicy::default()
     };
     for vcpus in [1, 2, 4] {
@@ -352,7 +347,7 @@ fn pages_remapped_while_the_guest_writes_stay_coherent() {
         ..small()
     };
     let hw = MmuPolicy {
-        dirty: DirtyMode::Hardware,
+        dirty: DirtyMode::HW,
         ..MmuPolicy::default()
     };
     for (vcpus, policy) in [
@@ -389,9 +384,9 @@ fn granules_16k_and_64k() {
         for (host_page, hw_dirty) in [(0, false), (32 << 20, false), (0, true)] {
             let page = 1u64 << granule.shift();
             let dirty = if hw_dirty {
-                DirtyMode::Hardware
+                DirtyMode::HW
             } else {
-                DirtyMode::Bitmap
+                DirtyMode::WP
             };
             let policy = MmuPolicy {
                 dirty,
@@ -432,7 +427,7 @@ fn huge_pages_collapse_back_in_place_under_a_running_guest() {
     // whole-VMID TLBI, make) and QEMU must never see a torn or stale
     // translation; every stamp of the last pass lands in its own page.
     let policy = MmuPolicy {
-        recover_in_place: true,
+        huge_page_recovery: HugePageRecovery::Collapse,
         ..MmuPolicy::default()
     };
     let cfg = DirtyConfig {

@@ -16,11 +16,7 @@ const PAGES: u64 = 4096;
 fn run(drop_maintenance: bool) -> Option<ProtectEffect> {
     let _one = common::serial();
     let m = common::machine(2, PAGES * 4096)?;
-    let policy = MmuPolicy {
-        manual_protect: true,
-        initially_set: false,
-        ..MmuPolicy::default()
-    };
+    let policy = MmuPolicy::default();
     let vm = Arm64Vm::new(
         m,
         &VmConfig {

@@ -32,7 +32,7 @@ mod running;
 
 pub use engine_run::{EngineIteration, EngineRun};
 pub use modes::FormatArg;
-pub use params::{DirtyArg, Params, PolicyArg, ReadLockArg, RecoverArg};
+pub use params::{Params, PolicyArg, ReadLockArg, RecoverArg};
 use s2mmu_cli::lost_write as lost;
 
 use engine_run::{capitalise, median_dirty, secs};
@@ -68,7 +68,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
         p.vcpus.clone()
     };
     modes::check_params(p)?;
-    if p.check && !p.kvm && !p.arm64 && (p.ring.is_some() || p.compare) {
+    if p.check && !p.kvm && !p.arm64 && (p.ring().is_some() || p.compare) {
         return Err(
             "--check on the engine compares page contents with the dirty bitmaps: not with --ring or --compare".into(),
         );
@@ -132,7 +132,7 @@ fn params_json(p: &Params, vcpus_list: &[usize], bytes: u64) -> serde_json::Valu
         "backing": p.backing.name(), "slots": p.slots, "manual_protect": !p.no_manual_protect,
         "eager_split": p.eager_split, "write_percent": p.write_percent, "random": p.random,
         "policy": format!("{:?}", p.policy).to_lowercase(), "memslots": p.memslots,
-        "ring": p.ring, "dirty": p.dirty_modes().iter().map(|d| modes::name(*d)).collect::<Vec<_>>(), "format": p.format.name(), "recover": format!("{:?}", p.recover).to_lowercase(), "after_pass": p.after_pass, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
+        "ring": p.ring(), "dirty": p.dirty_modes().iter().map(|d| d.name()).collect::<Vec<_>>(), "format": p.format.name(), "recover": format!("{:?}", p.recover).to_lowercase(), "after_pass": p.after_pass, "kvm": p.kvm, "compare": p.compare, "arm64": p.arm64, "check": p.check,
         "runs": p.runs,
     })
 }
@@ -145,7 +145,7 @@ fn run_single(
     spec: impl Fn(usize, FaultPath, bool) -> RunSpec,
     report: &mut Report,
 ) -> Result<String, String> {
-    let ring = p.ring.is_some();
+    let ring = p.ring().is_some();
     let mut text = String::new();
     let fp = if p.policy == PolicyArg::Baseline {
         FaultPath::WriteLock

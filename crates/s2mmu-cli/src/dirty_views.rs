@@ -187,9 +187,9 @@ fn run_views(p: &Params, periods: &[u32]) -> Result<Outcome, String> {
     let e = |e: s2mmu::Error| e.to_string();
     let policy = MmuPolicy {
         dirty: if p.hardware {
-            DirtyMode::Hardware
+            DirtyMode::HW
         } else {
-            DirtyMode::Bitmap
+            DirtyMode::WP
         },
         ..MmuPolicy::default()
     };

@@ -114,8 +114,7 @@ type HwMmu<F> = Mmu<F, HostMmOps, TreeMemslots>;
 fn setup<F: VmFormat>(p: &Params, sparse_runs: u32) -> Result<(HwMmu<F>, Duration), String> {
     let e = |e: s2mmu::Error| e.to_string();
     let policy = MmuPolicy {
-        dirty: DirtyMode::Hardware,
-        manual_protect: true,
+        dirty: DirtyMode::HW,
         ..MmuPolicy::default()
     };
     let mmu = Mmu::new(

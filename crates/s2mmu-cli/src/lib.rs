@@ -1,6 +1,7 @@
 //! The library half of the `s2mmu` command: what integration tests reach.
 //! The subcommands that are only benchmarks live in the binary.
 
+pub mod dirty_mode;
 pub mod limits;
 pub mod lost_write;
 pub mod migrate;

@@ -150,6 +150,10 @@ fn dirty_log_perf_too_much_memory_names_the_flags() {
 fn dirty_log_perf_slots_and_ring_name_the_flags() {
     refused(&["dirty-log-perf", "-x", "0"], &["-x"]);
     refused(&["dirty-log-perf", "--ring", "0"], &["--ring"]);
+    refused(
+        &["dirty-log-perf", "--dirty", "wp,dbm"],
+        &["--dirty", "\"dbm\"", "pml"],
+    );
 }
 
 #[test]
@@ -159,8 +163,12 @@ fn migrate_bad_input() {
     refused(&["migrate", "--no-tls", "-v", "0"], &["-v", "256"]);
     refused(&["migrate", "--no-tls", "-x", "0"], &["-x", "512"]);
     refused(
-        &["migrate", "--no-tls", "--ring-entries", "0"],
-        &["--ring-entries"],
+        &["migrate", "--no-tls", "--harvest", "ring:0"],
+        &["--harvest ring:0"],
+    );
+    refused(
+        &["migrate", "--no-tls", "--harvest", "dbm"],
+        &["--harvest", "\"dbm\"", "hw-blocks"],
     );
     refused(
         &["migrate", "--no-tls", "--io-timeout", "0s"],
@@ -187,12 +195,12 @@ fn migrate_bad_input() {
         &["--clear-chunk", "at most 64GiB"],
     );
     refused(
-        &["migrate", "--no-tls", "--ring-entries", "1048576"],
-        &["--ring-entries", "65536"],
+        &["migrate", "--no-tls", "--harvest", "ring:1048576"],
+        &["--harvest ring:1048576", "65536"],
     );
     refused(
-        &["migrate", "--no-tls", "--ring-entries", "100"],
-        &["--ring-entries", "power of two"],
+        &["migrate", "--no-tls", "--harvest", "ring:100"],
+        &["--harvest ring:100", "power of two"],
     );
     refused(
         &["migrate", "--no-tls", "--max-rounds", "1001"],

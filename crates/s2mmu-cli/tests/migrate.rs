@@ -5,12 +5,13 @@
 mod migrate_common;
 
 use migrate_common::{dest_cfg, plain, small};
+use s2mmu::mmu::DirtyMode;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::migrate::dest::{receive, receive_from, DestOutcome};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
-use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig};
+use s2mmu_cli::migrate::source::{migrate_source, Converge, SourceConfig};
 use s2mmu_cli::migrate::wire::{tag, Record, WireReader, PAGE_SIZE};
 use s2mmu_vm::Pattern;
 use std::io::{Read, Write};
@@ -60,11 +61,31 @@ fn bitmap_migration_leaves_equal_memory() {
 fn ring_migration_leaves_equal_memory() {
     // Small rings fill during the first round: the sender reaps them.
     check_equal(&SourceConfig {
-        harvest: Harvest::Ring,
+        harvest: DirtyMode::Ring { entries: 256 },
         verify_full: true,
         pattern: Pattern::Random,
         ..small(16 << 20)
     });
+}
+
+#[test]
+fn every_engine_dirty_mode_migrates_with_equal_memory() {
+    // Migrate offers every mode the engine has, by the engine's own names:
+    // hardware dirty state and PML harvest by GET + CLEAR, the vCPUs'
+    // walkers dirtying the leaves (no write fault).
+    for name in DirtyMode::NAMES {
+        let harvest = s2mmu_cli::dirty_mode::parse_dirty_mode(name).unwrap();
+        let harvest = match harvest {
+            DirtyMode::Ring { .. } => DirtyMode::Ring { entries: 256 },
+            other => other,
+        };
+        check_equal(&SourceConfig {
+            harvest,
+            verify_full: true,
+            pattern: Pattern::Random,
+            ..small(16 << 20)
+        });
+    }
 }
 
 #[test]
@@ -89,7 +110,7 @@ fn three_channels_over_tls_leave_equal_memory() {
 fn ring_harvest_over_two_channels_leaves_equal_memory() {
     check_equal(&SourceConfig {
         channels: 2,
-        harvest: Harvest::Ring,
+        harvest: DirtyMode::Ring { entries: 256 },
         pattern: Pattern::Random,
         verify_full: true,
         ..small(16 << 20)

@@ -3,13 +3,14 @@
 //! destination is then not resumed); snapshots taken from a dirty view of
 //! their own while the migration runs restore to the source's memory.
 
+use s2mmu::mmu::DirtyMode;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::migrate::dest::DestConfig;
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::extras::SourceExtras;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::NetConfig;
-use s2mmu_cli::migrate::source::{Harvest, SourceConfig};
+use s2mmu_cli::migrate::source::SourceConfig;
 use s2mmu_vm::{Backing, Pattern};
 use std::time::Duration;
 
@@ -92,8 +93,7 @@ fn snapshots_beside_a_migration_restore_to_the_source_memory() {
 #[test]
 fn options_that_cannot_work_are_refused_before_the_guest_starts() {
     let ring = SourceConfig {
-        harvest: Harvest::Ring,
-        ring_entries: 256,
+        harvest: DirtyMode::Ring { entries: 256 },
         ..cfg(SourceExtras {
             check: true,
             ..SourceExtras::default()

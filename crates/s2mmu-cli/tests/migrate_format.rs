@@ -6,12 +6,13 @@
 mod migrate_common;
 
 use migrate_common::{dest_cfg, plain, small};
+use s2mmu::mmu::DirtyMode;
 use s2mmu_cli::migrate::dest::{receive_from, DestConfig};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::extras::SourceExtras;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::postcopy::Postcopy;
-use s2mmu_cli::migrate::source::{Harvest, SourceConfig};
+use s2mmu_cli::migrate::source::SourceConfig;
 use s2mmu_cli::migrate::wire::{tag, Header, Record, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu_cli::vm_format::FormatArg;
 use std::time::Duration;
@@ -59,7 +60,7 @@ fn precopy_on_ept_verifies_byte_for_byte_with_no_lost_write() {
 #[test]
 fn precopy_on_ept_with_dirty_rings_over_two_channels() {
     let cfg = SourceConfig {
-        harvest: Harvest::Ring,
+        harvest: DirtyMode::Ring { entries: 256 },
         channels: 2,
         ..ept(16 << 20)
     };

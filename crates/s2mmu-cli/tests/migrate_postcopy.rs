@@ -8,12 +8,13 @@
 mod migrate_common;
 
 use migrate_common::{dest_cfg, plain};
+use s2mmu::mmu::DirtyMode;
 use s2mmu_cli::migrate::dest::{serve, DestOutcome};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
 use s2mmu_cli::migrate::postcopy::Postcopy;
-use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
+use s2mmu_cli::migrate::source::{migrate_source, Converge, SourceConfig, SourceOutcome};
 use s2mmu_cli::migrate::wire::{tag, PAGE_SIZE};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -65,7 +66,7 @@ fn a_guest_dirtying_as_fast_as_it_can_migrates_with_postcopy() {
 #[test]
 fn postcopy_with_dirty_rings_and_two_channels_over_tls() {
     let cfg = SourceConfig {
-        harvest: Harvest::Ring,
+        harvest: DirtyMode::Ring { entries: 256 },
         channels: 2,
         ..small(32 << 20)
     };
@@ -279,7 +280,7 @@ fn random_offsets(n: usize, below: u64) -> Vec<u64> {
         .collect()
 }
 
-fn cut_and_recover(harvest: Harvest) {
+fn cut_and_recover(harvest: DirtyMode) {
     // The background stream of a 16 MiB guest is about 16 MiB: cut it
     // somewhere in its first half; then cut the answer connection.
     let mut cuts: Vec<(u16, bool, u64)> = random_offsets(2, 8 << 20)
@@ -307,12 +308,12 @@ fn cut_and_recover(harvest: Harvest) {
 
 #[test]
 fn a_cut_connection_during_postcopy_is_recovered() {
-    cut_and_recover(Harvest::Bitmap);
+    cut_and_recover(DirtyMode::WP);
 }
 
 #[test]
 fn a_cut_connection_during_postcopy_is_recovered_with_dirty_rings() {
-    cut_and_recover(Harvest::Ring);
+    cut_and_recover(DirtyMode::Ring { entries: 256 });
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
-use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy, PML_LOG_ENTRIES};
+use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy, Protect, PML_LOG_ENTRIES};
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,7 +60,7 @@ fn harvest<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Vec<u64> {
         let pages = s.size / 4096;
         let mut bm = vec![0u64; pages.div_ceil(64) as usize];
         mmu.get_dirty_log(s.id, &mut bm).unwrap();
-        if mmu.policy().manual_protect {
+        if mmu.policy().dirty.manual_protect() {
             mmu.clear_dirty_log(s.id, 0, pages, &bm).unwrap();
         }
         for (w, &word) in bm.iter().enumerate() {
@@ -87,16 +87,15 @@ fn every_written_page_is_logged_and_nothing_else_on_ept() {
 
 fn logs_every_written_page<F: VmFormat>() {
     for (manual, dirty) in [
-        (true, DirtyMode::Bitmap),
-        (false, DirtyMode::Bitmap),
-        (true, DirtyMode::Hardware),
-        (false, DirtyMode::Hardware),
-        (true, DirtyMode::Pml),
-        (false, DirtyMode::Pml),
+        (true, DirtyMode::WP),
+        (false, DirtyMode::WP),
+        (true, DirtyMode::HW),
+        (false, DirtyMode::HW),
+        (true, DirtyMode::PML),
+        (false, DirtyMode::PML),
     ] {
         let policy = MmuPolicy {
-            manual_protect: manual,
-            dirty,
+            dirty: dirty.with_protect(Protect::manual_if(manual)),
             ..MmuPolicy::default()
         };
         let vm = vm_on::<TreeMemslots, F>(16 * MIB, Backing::Anonymous, 2, policy);
@@ -147,8 +146,7 @@ fn a_pml_full_exit_mid_pass_loses_nothing() {
     // page exactly once, the first 512 from the exit's flush and the rest
     // from the log.
     let policy = MmuPolicy {
-        dirty: DirtyMode::Pml,
-        manual_protect: true,
+        dirty: DirtyMode::PML,
         ..MmuPolicy::default()
     };
     let vm = vm_on::<TreeMemslots, EptFormat>(4 * MIB, Backing::Anonymous, 1, policy);
@@ -249,7 +247,11 @@ fn huge_pages_are_split_eagerly_or_on_fault_and_never_writable_while_logged() {
 #[test]
 fn initially_set_protects_lazily_through_clear() {
     let policy = MmuPolicy {
-        initially_set: true,
+        dirty: DirtyMode::Bitmap {
+            protect: Protect::Manual {
+                initially_set: true,
+            },
+        },
         ..MmuPolicy::default()
     };
     let vm = vm::<TreeMemslots>(8 * MIB, Backing::AnonymousThp, 1, policy);
@@ -491,7 +493,7 @@ fn stress_hardware_dirty_state() {
     // The vCPUs' walkers set the write permission of writable-clean leaves
     // themselves, racing the harvest's scan and clean: no write may be lost.
     let policy = MmuPolicy {
-        dirty: DirtyMode::Hardware,
+        dirty: DirtyMode::HW,
         ..MmuPolicy::default()
     };
     stress::<TreeMemslots>(policy, Backing::AnonymousThp, 2, Pattern::Random);
@@ -500,7 +502,7 @@ fn stress_hardware_dirty_state() {
 #[test]
 fn stress_hardware_dirty_flags_on_ept() {
     let policy = MmuPolicy {
-        dirty: DirtyMode::Hardware,
+        dirty: DirtyMode::HW,
         ..MmuPolicy::default()
     };
     stress_on::<TreeMemslots, EptFormat>(policy, Backing::AnonymousThp, 2, Pattern::Random);
@@ -512,7 +514,7 @@ fn stress_pml() {
     // mid-pass, and the harvests flush the logs and clean the flags, all
     // racing: no write may be lost.
     let policy = MmuPolicy {
-        dirty: DirtyMode::Pml,
+        dirty: DirtyMode::PML,
         ..MmuPolicy::default()
     };
     stress_on::<TreeMemslots, EptFormat>(policy, Backing::AnonymousThp, 2, Pattern::Random);

@@ -129,10 +129,10 @@ fn run(dirty: DirtyMode) {
 
 #[test]
 fn no_consumer_loses_a_write_under_running_vcpus() {
-    run(DirtyMode::Bitmap);
+    run(DirtyMode::WP);
 }
 
 #[test]
 fn no_consumer_loses_a_write_with_hardware_dirty_state() {
-    run(DirtyMode::Hardware);
+    run(DirtyMode::HW);
 }

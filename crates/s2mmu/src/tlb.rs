@@ -47,7 +47,9 @@ impl TlbInvalidate for NoTlb {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LargeRangePolicy {
     /// One range call per `limit_pages` (Linux mainline's
-    /// `kvm_tlb_flush_vmid_range` loop).
+    /// `kvm_tlb_flush_vmid_range` loop). The seeds' baseline (the
+    /// `baselines` feature only).
+    #[cfg(feature = "baselines")]
     SplitCalls,
     /// One whole-VMID flush instead (the 2026 RFC's policy).
     WholeVmid,
@@ -95,6 +97,7 @@ impl TlbPolicy {
                 tlb.flush_vmid();
                 1
             }
+            #[cfg(feature = "baselines")]
             LargeRangePolicy::SplitCalls => {
                 let step = limit << self.page_shift;
                 let end = ipa.saturating_add(size);

@@ -1,11 +1,11 @@
-//! Blocks under hardware dirty state (`MmuPolicy::hw_dirty_blocks`): split
+//! Blocks under hardware dirty state (`DirtyMode::Hardware`'s `blocks`): split
 //! first (pages logged one by one) or logged whole (no split; a write to a
 //! block reports all its pages), for both formats.
 
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
-use s2mmu::mmu::{DirtyMode, HwDirtyBlocks, Mmu, MmuPolicy};
+use s2mmu::mmu::{DirtyMode, HwDirtyBlocks, Mmu, MmuPolicy, Protect};
 use s2mmu::{Error, Gpa, HostMmOps, Hva, NoTlb, PteFormat};
 use std::sync::Arc;
 
@@ -33,9 +33,10 @@ fn mmu<F: PteFormat>(fmt: F, policy: MmuPolicy) -> Result<TestMmu<F>, Error> {
 /// Hardware dirty state with `blocks`, CLEAR protecting when `manual`.
 fn hw_policy(blocks: HwDirtyBlocks, manual: bool) -> MmuPolicy {
     MmuPolicy {
-        dirty: DirtyMode::Hardware,
-        hw_dirty_blocks: blocks,
-        manual_protect: manual,
+        dirty: DirtyMode::Hardware {
+            protect: Protect::manual_if(manual),
+            blocks,
+        },
         ..MmuPolicy::default()
     }
 }
@@ -128,19 +129,6 @@ fn get_without_manual_protect_cleans_a_whole_block() {
 }
 
 #[test]
-fn pml_with_whole_blocks_is_refused() {
-    let r = mmu(
-        EptFormat::new(4).unwrap(),
-        MmuPolicy {
-            dirty: DirtyMode::Pml,
-            hw_dirty_blocks: HwDirtyBlocks::LogWholeBlocks,
-            ..MmuPolicy::default()
-        },
-    );
-    assert!(matches!(r, Err(Error::InvalidConfig { .. })));
-}
-
-#[test]
 fn initially_set_bitmaps_split_on_clear_without_eager_split() {
     // With initially-set bitmaps enabling logging splits nothing; without
     // an eager-split policy CLEAR must still split for hardware dirty
@@ -148,9 +136,14 @@ fn initially_set_bitmaps_split_on_clear_without_eager_split() {
     // one write reported 512 pages).
     for blocks in [HwDirtyBlocks::SplitFirst, HwDirtyBlocks::LogWholeBlocks] {
         let policy = MmuPolicy {
-            initially_set: true,
+            dirty: DirtyMode::Hardware {
+                protect: Protect::Manual {
+                    initially_set: true,
+                },
+                blocks,
+            },
             eager_split_chunk: None,
-            ..hw_policy(blocks, true)
+            ..MmuPolicy::default()
         };
         let m = mmu(EptFormat::new(4).unwrap(), policy).unwrap();
         map_blocks_and_log(&m);

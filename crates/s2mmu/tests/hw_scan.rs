@@ -341,8 +341,7 @@ fn clear_alike_whatever_the_strategy<F: PteFormat + Clone>(fmt: F) {
         let mut after = Vec::new();
         for runs in [0, SPARSE_CLEAR_RUNS, u32::MAX] {
             let policy = MmuPolicy {
-                dirty: DirtyMode::Hardware,
-                manual_protect: true,
+                dirty: DirtyMode::HW,
                 ..MmuPolicy::default()
             };
             let m = Mmu::new(

@@ -4,7 +4,7 @@
 
 use s2mmu::format::ept::{EptFormat, DIRTY};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
-use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy, PmlWriteError, PML_LOG_ENTRIES};
+use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy, PmlWriteError, Protect, PML_LOG_ENTRIES};
 use s2mmu::{Gpa, HostMmOps, Hva, NoTlb};
 use std::sync::Arc;
 
@@ -24,8 +24,7 @@ fn logged_mmu(dirty: DirtyMode, manual_protect: bool) -> EptMmu {
         Arc::new(NoTlb),
         TreeMemslots::new(),
         MmuPolicy {
-            dirty,
-            manual_protect,
+            dirty: dirty.with_protect(Protect::manual_if(manual_protect)),
             ..MmuPolicy::default()
         },
     )
@@ -55,7 +54,7 @@ fn bits(bm: &[u64]) -> Vec<u64> {
 
 #[test]
 fn a_full_log_exits_before_the_write_and_the_flush_records_every_entry() {
-    let m = logged_mmu(DirtyMode::Pml, false);
+    let m = logged_mmu(DirtyMode::PML, false);
     let mut v = m.new_vcpu().unwrap();
     let log = v.pml().expect("a PML vCPU has a log").clone();
     let reader = m.reader();
@@ -106,7 +105,7 @@ fn the_pml_harvest_reads_the_logs_not_the_leaves() {
     // A dirty flag set without a log entry (a CPU that did not log it):
     // the scan of the hardware mode finds it, the PML harvest does not,
     // which shows it reads no leaf. Its clean on CLEAR still works.
-    for (dirty, found) in [(DirtyMode::Hardware, 1), (DirtyMode::Pml, 0)] {
+    for (dirty, found) in [(DirtyMode::HW, 1), (DirtyMode::PML, 0)] {
         let m = logged_mmu(dirty, true);
         let reader = m.reader();
         reader.hw_dirty_update(GPA + 42 * 4096).unwrap();
@@ -117,7 +116,7 @@ fn the_pml_harvest_reads_the_logs_not_the_leaves() {
 
 #[test]
 fn clear_cleans_the_logged_pages_so_the_next_write_logs_again() {
-    let m = logged_mmu(DirtyMode::Pml, true);
+    let m = logged_mmu(DirtyMode::PML, true);
     let mut v = m.new_vcpu().unwrap();
     let log = v.pml().unwrap().clone();
     let reader = m.reader();
@@ -139,13 +138,13 @@ fn clear_cleans_the_logged_pages_so_the_next_write_logs_again() {
 
 #[test]
 fn a_vcpu_of_another_mmu_is_refused() {
-    let a = logged_mmu(DirtyMode::Pml, true);
-    let b = logged_mmu(DirtyMode::Pml, true);
+    let a = logged_mmu(DirtyMode::PML, true);
+    let b = logged_mmu(DirtyMode::PML, true);
     let mut v = b.new_vcpu().unwrap();
     assert!(matches!(
         a.flush_pml(&mut v),
         Err(s2mmu::Error::ForeignVcpu { .. })
     ));
-    let m = logged_mmu(DirtyMode::Hardware, true);
+    let m = logged_mmu(DirtyMode::HW, true);
     assert!(m.new_vcpu().unwrap().pml().is_none(), "no log without PML");
 }

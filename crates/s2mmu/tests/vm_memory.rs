@@ -83,7 +83,7 @@ fn device_writes<B: Bitmap>(mem: &GuestMemoryMmap<B>) {
 
 #[test]
 fn device_and_guest_writes_come_out_of_one_get() {
-    for dirty in [DirtyMode::Bitmap, DirtyMode::Hardware] {
+    for dirty in [DirtyMode::WP, DirtyMode::HW] {
         let m = mmu(MmuPolicy {
             dirty,
             ..MmuPolicy::default()
@@ -122,10 +122,7 @@ fn device_and_guest_writes_come_out_of_one_get() {
 
 #[test]
 fn a_dirty_view_sees_device_writes_too() {
-    let m = mmu(MmuPolicy {
-        manual_protect: true,
-        ..MmuPolicy::default()
-    });
+    let m = mmu(MmuPolicy::default());
     let mem = guest(&m, SlotDirtyBitmap::new(m.clone(), 0, 0));
     let view = m.open_dirty_view(0).unwrap();
     // A view starts all dirty: take and clear everything first.

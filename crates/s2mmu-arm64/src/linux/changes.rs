@@ -30,7 +30,7 @@ pub enum HostChange {
         pages: u32,
     },
     /// After harvest `at`, stop logging (the engine collapses the split
-    /// blocks back in place, [`s2mmu::mmu::MmuPolicy::recover_in_place`]),
+    /// blocks back in place, [`s2mmu::mmu::HugePageRecovery::Collapse`]),
     /// and start it again `after` ticks of the harvest period later.
     Collapse {
         /// The harvest after which logging stops.

@@ -10,7 +10,7 @@ use super::vm::{Shared, RAM_IPA};
 use crate::layout;
 use crate::Result;
 use s2mmu::dirty::DirtyGfn;
-use s2mmu::mmu::{DirtyMode, MmuPolicy};
+use s2mmu::mmu::{DirtyMode, HugePageRecovery, HwDirtyBlocks, MmuPolicy, Protect};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -56,22 +56,26 @@ impl LinuxDirty {
     }
 
     /// The engine's policy for this mode under `change` (a collapse needs
-    /// [`MmuPolicy::recover_in_place`]).
+    /// [`HugePageRecovery::Collapse`]).
     pub fn policy_with(self, change: HostChange) -> MmuPolicy {
         // The engine's default is manual protect (GET only copies).
+        let dirty = match self {
+            LinuxDirty::Off | LinuxDirty::Wp => DirtyMode::Bitmap {
+                protect: Protect::OnGet,
+            },
+            LinuxDirty::Manual => DirtyMode::WP,
+            LinuxDirty::Ring => DirtyMode::Ring { entries: 16384 },
+            LinuxDirty::Hw => DirtyMode::Hardware {
+                protect: Protect::OnGet,
+                blocks: HwDirtyBlocks::SplitFirst,
+            },
+        };
         let mut p = MmuPolicy {
-            manual_protect: false,
+            dirty,
             ..MmuPolicy::default()
         };
-        match self {
-            LinuxDirty::Off | LinuxDirty::Wp => {}
-            LinuxDirty::Manual => p.manual_protect = true,
-            LinuxDirty::Ring => p.dirty = DirtyMode::Ring { entries: 16384 },
-            LinuxDirty::Hw => p.dirty = DirtyMode::Hardware,
-        }
         if let HostChange::Collapse { .. } = change {
-            p.recover_huge_pages = true;
-            p.recover_in_place = true;
+            p.huge_page_recovery = HugePageRecovery::Collapse;
         }
         p
     }

@@ -9,9 +9,9 @@
 use super::{capitalise, label, policy_for, secs, EngineIteration, EngineRun, Params, PolicyArg};
 use crate::arm64 as a64;
 use crate::report::{human, human_bytes, merge, Report, Summary};
-use s2mmu::mmu::{FaultPath, MmuPolicy};
+use s2mmu::mmu::{FaultPath, MmuPolicy, Protect};
 use s2mmu_arm64::vm::{Arm64Vm, VmConfig};
-use s2mmu_arm64::workload::{run_dirty_log, DirtyConfig, DirtyReport, Harvest, Pattern, DATA_GPA};
+use s2mmu_arm64::workload::{run_dirty_log, DirtyConfig, DirtyReport, Pattern, DATA_GPA};
 use s2mmu_vm::Backing;
 use serde_json::json;
 use std::time::Duration;
@@ -99,7 +99,7 @@ pub(super) fn plan(p: &Params, vcpus: &[usize], bytes: u64) -> Result<Plan, Stri
         })?;
     a64::check_touched("-v x -b", total)?;
     let pages = bytes / PAGE;
-    if let Some(n) = p.ring {
+    if let Some(n) = p.ring() {
         check_ring(n, pages)?;
     }
     let runs = p.runs.unwrap_or(1);
@@ -120,7 +120,8 @@ pub(super) fn plan(p: &Params, vcpus: &[usize], bytes: u64) -> Result<Plan, Stri
     // initially-set is off with them.
     let random = p.random || p.check;
     if random {
-        policy.initially_set = false;
+        let manual = policy.dirty.manual_protect();
+        policy.dirty = policy.dirty.with_protect(Protect::manual_if(manual));
     }
     Ok(Plan {
         host_page,
@@ -180,11 +181,6 @@ pub(super) fn run_one(
         } else {
             Pattern::Sequential
         },
-        harvest: if p.ring.is_some() {
-            Harvest::Ring
-        } else {
-            Harvest::Bitmap
-        },
         host_page: plan.host_page,
         check: p.check,
         verify_tags: p.check,
@@ -195,7 +191,7 @@ pub(super) fn run_one(
 
 /// The run as the engine's phases name them (for `--compare` and JSON).
 pub(super) fn as_engine_run(r: &DirtyReport, plan: &Plan, vcpus: usize, bytes: u64) -> EngineRun {
-    let clear = plan.policy.manual_protect || plan.policy.dirty.ring_entries().is_some();
+    let clear = plan.policy.dirty.manual_protect() || plan.policy.dirty.ring_entries().is_some();
     EngineRun {
         label: label(&plan.policy, "tree"),
         vcpus,
@@ -352,7 +348,7 @@ pub(super) fn run(
     if let Some(why) = a64::unavailable() {
         return Err(format!("--arm64: {why}"));
     }
-    let ring = p.ring.is_some();
+    let ring = p.ring().is_some();
     let mut text = format!(
         "dirty-log-perf --arm64: the engine as the stage-2 MMU of QEMU's arm64 model (qemu-system-aarch64, MTTCG), {} per vCPU, {} ({} host pages), {} iterations, {} run(s) each on a fresh QEMU{}\n{}\n",
         human_bytes(bytes),

@@ -52,7 +52,7 @@ pub fn check(p: &Params, vcpus: &[usize], bytes_per_vcpu: u64) -> Result<(), Str
             return Err(format!("-r {r}: at least 1, at most {MAX_RUNS}"));
         }
     }
-    if let Some(e) = p.ring {
+    if let Some(e) = p.ring() {
         if !e.is_power_of_two() || !(256..=65536).contains(&e) {
             return Err(format!(
                 "--ring {e}: must be a power of two in 256..=65536 (entries per vCPU)"

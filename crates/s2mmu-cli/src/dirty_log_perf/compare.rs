@@ -67,7 +67,7 @@ fn compare_text(
     a: &Column<(s2mmu_arm64::workload::DirtyReport, EngineRun)>,
     report: &mut Report,
 ) -> String {
-    let ring = p.ring.is_some();
+    let ring = p.ring().is_some();
     let ep = e.phases(ring);
     let kp = k.as_ref().map(|k| k.phases()).unwrap_or_default();
     let ap = a.as_ref().map(|a| a.1.phases(ring)).unwrap_or_default();

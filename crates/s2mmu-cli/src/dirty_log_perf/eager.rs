@@ -22,7 +22,13 @@ pub(super) fn eager_vs_fault(
     // The pass that meets the write protection: the first after enabling, or with
     // KVM_DIRTY_LOG_INITIALLY_SET (manual protect, the default) the first after a CLEAR,
     // which is where KVM then write-protects and eagerly splits.
-    let wp = usize::from(policy_for(p, FaultPath::ReadLockFastPath, true).initially_set);
+    let policy = policy_for(p, FaultPath::ReadLockFastPath, true);
+    let wp = usize::from(
+        policy
+            .dirty
+            .protect()
+            .is_some_and(s2mmu::mmu::Protect::initially_set),
+    );
     if p.iterations as usize <= wp {
         return Err(format!(
             "-e with manual protect needs at least {} iterations (-i): the first pass after a clear is the one measured; or use -g",
@@ -92,7 +98,7 @@ pub(super) fn eager_vs_fault(
     );
     s += &first_pass_lines(p, vcpus, runs, &eager, &lazy, &first);
     if let Some(run) = eager.first() {
-        for l in run.lines(p.ring.is_some()) {
+        for l in run.lines(p.ring().is_some()) {
             report.result("eager_detail", "eager_split", json!({"line": l}));
         }
     }

@@ -22,7 +22,7 @@ pub(super) fn kvm_params(
         slots: p.slots,
         manual_protect: !p.no_manual_protect,
         write_percent: p.write_percent,
-        dirty_ring_entries: p.ring,
+        dirty_ring_entries: p.ring(),
         ..s2mmu_kvm::DirtyLogParams::default()
     })
 }

@@ -3,7 +3,7 @@
 //! logging off, in alternating order; and `--format`, the stage-2 format
 //! the simulated VM's vCPUs walk.
 
-use super::{engine, median_dirty, DirtyArg, EngineRun, Params, PolicyArg, RunSpec};
+use super::{engine, median_dirty, EngineRun, Params, PolicyArg, RunSpec};
 use crate::report::{human, human_bytes, verdict, Report, Summary};
 use s2mmu::mmu::{DirtyMode, FaultPath, HwDirtyBlocks};
 use serde_json::json;
@@ -15,51 +15,23 @@ pub use s2mmu_cli::vm_format::FormatArg;
 impl Params {
     /// The dirty tracking modes asked for, `all` expanded, each once, in
     /// the order given.
-    pub fn dirty_modes(&self) -> Vec<DirtyArg> {
-        let mut v = Vec::new();
-        for &d in &self.dirty {
-            let add: &[DirtyArg] = match d {
-                DirtyArg::All => &[DirtyArg::Wp, DirtyArg::Hw, DirtyArg::Pml],
-                _ => std::slice::from_ref(&d),
-            };
-            for a in add {
-                if !v.contains(a) {
-                    v.push(*a);
-                }
-            }
-        }
-        if v.is_empty() {
-            v.push(DirtyArg::Wp);
-        }
-        v
+    pub fn dirty_modes(&self) -> Vec<DirtyMode> {
+        self.dirty.0.clone()
+    }
+
+    /// The ring size: `--ring N`, or a ring mode's in `--dirty`.
+    pub fn ring(&self) -> Option<u32> {
+        self.ring
+            .or_else(|| self.dirty.0.iter().find_map(|d| d.ring_entries()))
     }
 }
 
-/// The engine's mode for one `--dirty` value (without `--ring`).
-pub(super) fn dirty_mode(d: DirtyArg) -> DirtyMode {
-    match d {
-        DirtyArg::Wp | DirtyArg::All => DirtyMode::Bitmap,
-        DirtyArg::Hw | DirtyArg::HwBlocks => DirtyMode::Hardware,
-        DirtyArg::Pml => DirtyMode::Pml,
-    }
-}
-
-/// What the mode does with huge mappings.
-pub(super) fn hw_dirty_blocks(d: DirtyArg) -> HwDirtyBlocks {
-    match d {
-        DirtyArg::HwBlocks => HwDirtyBlocks::LogWholeBlocks,
-        _ => HwDirtyBlocks::SplitFirst,
-    }
-}
-
-/// The name of a `--dirty` value.
-pub(super) fn name(d: DirtyArg) -> &'static str {
-    match d {
-        DirtyArg::Wp => "wp",
-        DirtyArg::Hw => "hw",
-        DirtyArg::Pml => "pml",
-        DirtyArg::HwBlocks => "hw-blocks",
-        DirtyArg::All => "all",
+/// `mode` protecting as `like` does (a run's policy sets the protection
+/// from `-g`; the mode list only names modes).
+pub(super) fn protected_as(mode: DirtyMode, like: DirtyMode) -> DirtyMode {
+    match like.protect() {
+        Some(p) => mode.with_protect(p),
+        None => mode,
     }
 }
 
@@ -67,18 +39,27 @@ pub(super) fn name(d: DirtyArg) -> &'static str {
 /// that cannot run, naming why.
 pub(super) fn check_params(p: &Params) -> Result<(), String> {
     let modes = p.dirty_modes();
-    let hardware = modes.iter().any(|d| *d != DirtyArg::Wp);
-    if hardware && (p.ring.is_some() || p.kvm || p.compare) {
+    let hardware = modes.iter().any(|d| d.hardware());
+    if hardware && (p.ring().is_some() || p.kvm || p.compare) {
         return Err(
             "--dirty hw/pml: hardware dirty state logs to bitmaps on the engine (the simulated VM, or --arm64 for hw), not with --ring, --kvm or --compare".into(),
         );
     }
-    if modes.contains(&DirtyArg::HwBlocks) && (p.arm64 || p.kvm || p.compare) {
+    let blocks_whole = |d: &DirtyMode| {
+        matches!(
+            d,
+            DirtyMode::Hardware {
+                blocks: HwDirtyBlocks::LogWholeBlocks,
+                ..
+            }
+        )
+    };
+    if modes.iter().any(blocks_whole) && (p.arm64 || p.kvm || p.compare) {
         return Err(
             "--dirty hw-blocks runs on the simulated VM only (QEMU's arm64 model logs hw with blocks split first)".into(),
         );
     }
-    if modes.contains(&DirtyArg::Pml) && p.arm64 {
+    if modes.iter().any(|d| d.pml()) && p.arm64 {
         return Err(
             "--dirty pml: Page-Modification Logging is x86's; QEMU's arm64 model has no such log (run --arm64 with --dirty wp or hw, or pml on the simulated VM)".into(),
         );
@@ -244,7 +225,7 @@ pub(super) fn table(
         let faults = median_u64(&s.faults);
         out += &format!(
             "{:<9} {:>11} {:>9} {:>10} {:>12} {:>12} {:>12} {:>6.2}x {:>12} {:>11}\n",
-            name(*d),
+            d.name(),
             faults,
             median_u64(&s.pml_full),
             median_u64(&s.pages),
@@ -257,7 +238,7 @@ pub(super) fn table(
         );
         report.result(
             "dirty_modes",
-            name(*d),
+            d.name(),
             json!({
                 "vcpus": vcpus, "bytes_per_vcpu": bytes, "format": p.format.name(),
                 "runs": runs, "iterations": p.iterations,
@@ -271,7 +252,13 @@ pub(super) fn table(
                 "dirty_memory": dirty.json(),
             }),
         );
-        if *d == DirtyArg::Hw {
+        if matches!(
+            d,
+            DirtyMode::Hardware {
+                blocks: HwDirtyBlocks::SplitFirst,
+                ..
+            }
+        ) {
             hw_check = Some((faults, slow));
         }
     }
@@ -295,7 +282,7 @@ fn sample_modes(
     p: &Params,
     vcpus: usize,
     runs: usize,
-    modes: &[DirtyArg],
+    modes: &[DirtyMode],
     spec: &impl Fn(usize, FaultPath, bool) -> RunSpec,
 ) -> Result<Vec<ModeSamples>, String> {
     let fault_path = if p.policy == PolicyArg::Baseline {
@@ -308,8 +295,7 @@ fn sample_modes(
         for k in 0..modes.len() {
             let m = (run + k) % modes.len();
             let mut s = spec(vcpus, fault_path, p.eager_split);
-            s.policy.dirty = dirty_mode(modes[m]);
-            s.policy.hw_dirty_blocks = hw_dirty_blocks(modes[m]);
+            s.policy.dirty = protected_as(modes[m], s.policy.dirty);
             s.off_pass = true;
             let r = engine(s, &p.memslots)?;
             samples[m].add(&r);

@@ -3,6 +3,7 @@
 
 use crate::report::parse_size;
 use s2mmu::mmu::MmuPolicy;
+use s2mmu_cli::dirty_mode::{parse_dirty_modes, DirtyModes};
 use s2mmu_vm::Backing;
 
 use super::FormatArg;
@@ -27,28 +28,6 @@ pub enum RecoverArg {
     InPlace,
     /// Keep the pages (arm64 today).
     Off,
-}
-
-/// How dirty pages are tracked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum DirtyArg {
-    /// Write protection: the first write to a page after each harvest
-    /// faults (KVM's default).
-    Wp,
-    /// Hardware dirty state (arm64 DBM, EPT dirty flags): logged pages stay
-    /// writable-clean, the vCPU's walker records the first write in the
-    /// leaf without a fault, and GET scans the leaves.
-    Hw,
-    /// Hardware dirty state with x86 Page-Modification Logging: as hw, and
-    /// the walker appends each page it dirties to its vCPU's 512-entry log
-    /// (a full log exits); GET flushes the logs instead of scanning.
-    Pml,
-    /// As hw, but huge mappings are not split when logging starts: a write
-    /// to a block dirties (and reports) the whole block
-    /// (`HwDirtyBlocks::LogWholeBlocks`).
-    HwBlocks,
-    /// wp, hw and pml side by side (as `--dirty wp,hw,pml`).
-    All,
 }
 
 /// How fast-path faults take the MMU lock for reading.
@@ -114,13 +93,15 @@ pub struct Params {
     /// Use per-vCPU dirty rings of this many entries instead of bitmaps.
     #[arg(long)]
     pub ring: Option<u32>,
-    /// Dirty tracking: write protection (wp), hardware dirty state (hw:
-    /// arm64 DBM or EPT dirty flags), or hardware dirty state with x86 PML
-    /// (pml); hw and pml log to bitmaps only, not with --ring. Several
+    /// Dirty tracking, the engine's modes by name: write protection (wp),
+    /// dirty rings (ring, ring:N; as --ring N), hardware dirty state (hw:
+    /// arm64 DBM or EPT dirty flags; hw-blocks: huge mappings left whole,
+    /// a write reports its whole block), or hardware dirty state with x86
+    /// PML (pml); hw and pml log to bitmaps only, not with --ring. Several
     /// (`wp,hw,pml`, or `all`) run side by side in one process, with a pass
     /// with logging off, as one table.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "wp")]
-    pub dirty: Vec<DirtyArg>,
+    #[arg(long, default_value = "wp", value_parser = parse_dirty_modes)]
+    pub dirty: DirtyModes,
     /// The stage-2 format the simulated VM's vCPUs walk: arm64 (4 KiB
     /// granule) or x86 EPT (4-level). Not with --kvm, --compare or --arm64.
     #[arg(long, value_enum, default_value = "arm64")]

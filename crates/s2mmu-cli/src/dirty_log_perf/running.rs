@@ -2,7 +2,9 @@
 //! derived from the flags, the VM and workload, and the timed phases.
 
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
-use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
+use s2mmu::mmu::{
+    DirtyMode, FaultPath, FaultStats, HugePageRecovery, HwDirtyBlocks, MmuPolicy, Protect,
+};
 use s2mmu::SplitPolicy;
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
@@ -36,18 +38,21 @@ pub(super) fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuP
         fault_path,
         eager_split_chunk: eager.then_some(1 << 30),
         split_walk: SplitPolicy::SkipReturns,
-        manual_protect: !p.no_manual_protect,
         // As the selftest: with manual protect it also asks for
         // INITIALLY_SET (KVM offers it on x86 and arm64), so enabling
         // logging protects nothing and iteration 1 takes no faults.
-        initially_set: !p.no_manual_protect && p.ring.is_none(),
-        dirty: match p.ring {
+        dirty: match p.ring() {
             Some(entries) => DirtyMode::Ring { entries },
-            None => modes::dirty_mode(p.dirty_modes()[0]),
+            None if p.no_manual_protect => p.dirty_modes()[0].with_protect(Protect::OnGet),
+            None => p.dirty_modes()[0].with_protect(Protect::Manual {
+                initially_set: true,
+            }),
         },
-        hw_dirty_blocks: modes::hw_dirty_blocks(p.dirty_modes()[0]),
-        recover_huge_pages: p.recover != RecoverArg::Off,
-        recover_in_place: p.recover == RecoverArg::InPlace,
+        huge_page_recovery: match p.recover {
+            RecoverArg::Off => HugePageRecovery::Off,
+            RecoverArg::Zap => HugePageRecovery::Unmap,
+            RecoverArg::InPlace => HugePageRecovery::Collapse,
+        },
         reader_slots: p.read_lock.reader_slots(),
         ..MmuPolicy::default()
     }
@@ -69,12 +74,13 @@ pub(super) fn label(policy: &MmuPolicy, memslots: &str) -> String {
         },
         match policy.dirty {
             DirtyMode::Ring { .. } => ", dirty ring",
-            DirtyMode::Hardware if !policy.splits_for_logging() => {
-                ", hardware dirty state, blocks logged whole"
-            }
-            DirtyMode::Hardware => ", hardware dirty state",
-            DirtyMode::Pml => ", hardware dirty state with PML",
-            DirtyMode::Bitmap => "",
+            DirtyMode::Hardware {
+                blocks: HwDirtyBlocks::LogWholeBlocks,
+                ..
+            } => ", hardware dirty state, blocks logged whole",
+            DirtyMode::Hardware { .. } => ", hardware dirty state",
+            DirtyMode::Pml { .. } => ", hardware dirty state with PML",
+            DirtyMode::Bitmap { .. } => "",
         },
     )
 }
@@ -132,7 +138,7 @@ fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
         harvest(
             &vm,
             ring,
-            spec.policy.manual_protect,
+            spec.policy.dirty.manual_protect(),
             &mut bitmaps,
             &mut reaped,
             &mut it,

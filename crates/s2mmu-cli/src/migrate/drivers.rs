@@ -5,14 +5,14 @@
 use super::dest::{serve, DestConfig, DestOutcome};
 use super::error::MigrateError;
 use super::net::NetConfig;
-use super::params::{HarvestArg, Params};
+use super::params::Params;
 use super::postcopy::control::{Control, ControlSocket};
 use super::report_text::{dest_json, digests_text, params_json, report, MIB};
 use super::source::{migrate_source, SourceConfig, SourceOutcome};
 use super::{net, plot};
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
-use s2mmu::mmu::{FaultPath, MmuPolicy};
+use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy};
 use std::net::TcpListener;
 use std::sync::Arc;
 
@@ -217,10 +217,12 @@ pub(super) fn rate_text(r: u64) -> String {
     }
 }
 
-pub(super) fn harvest_name(h: HarvestArg) -> &'static str {
+pub(super) fn harvest_name(h: DirtyMode) -> &'static str {
     match h {
-        HarvestArg::Bitmap => "bitmap",
-        HarvestArg::Ring => "dirty ring",
+        DirtyMode::Bitmap { .. } => "bitmap",
+        DirtyMode::Ring { .. } => "dirty ring",
+        DirtyMode::Hardware { .. } => "hardware dirty state",
+        DirtyMode::Pml { .. } => "PML",
     }
 }
 

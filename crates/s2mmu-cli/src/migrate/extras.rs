@@ -14,11 +14,11 @@
 
 use super::checks::{CheckSummary, RunningLostCheck};
 use super::error::MigrateError;
-use super::source::Harvest;
 use crate::report::{verdict, Report};
 use crate::snapshot::restore::{differing_pages, restore};
 use crate::snapshot::taker::{SnapshotLoop, Snapshotter};
 use s2mmu::memslot::TreeMemslots;
+use s2mmu::mmu::DirtyMode;
 use s2mmu_vm::{Vm, VmFormat};
 use serde_json::json;
 use std::path::PathBuf;
@@ -76,11 +76,10 @@ impl SourceExtras {
     ///
     /// # Errors
     /// [`MigrateError::Setup`] naming the option.
-    pub fn validate(&self, harvest: Harvest) -> Result<(), MigrateError> {
-        let bitmap = harvest == Harvest::Bitmap;
-        if (self.check || self.snapshot_every.is_some()) && !bitmap {
+    pub fn validate(&self, harvest: DirtyMode) -> Result<(), MigrateError> {
+        if (self.check || self.snapshot_every.is_some()) && !harvest.bitmaps() {
             return Err(MigrateError::Setup(
-                "--check and --snapshot-every need --harvest bitmap".into(),
+                "--check and --snapshot-every need a bitmap harvest (--harvest wp, hw, hw-blocks or pml)".into(),
             ));
         }
         if self.snapshot_every.is_some() != self.snapshot_dir.is_some() {

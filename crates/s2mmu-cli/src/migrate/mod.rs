@@ -31,6 +31,6 @@ mod report_text;
 
 pub use drivers::{main, migrate_in_process, policy_label};
 pub use params::{
-    default_channels, parse_channels, parse_duration, ChannelCounts, ConvergeArg, HarvestArg,
-    Params, PatternArg, PostcopyArg, RecoveryArg, SplitArg, MAX_RATE, MAX_ROUNDS, MIN_CLEAR_CHUNK,
+    default_channels, parse_channels, parse_duration, ChannelCounts, ConvergeArg, Params,
+    PatternArg, PostcopyArg, RecoveryArg, SplitArg, MAX_RATE, MAX_ROUNDS, MIN_CLEAR_CHUNK,
 };

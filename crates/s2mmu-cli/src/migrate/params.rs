@@ -6,13 +6,13 @@ use super::dest::{DestConfig, Limits};
 use super::net::{NetConfig, Security};
 use super::postcopy::control::{Recovery, RecoveryMode};
 use super::postcopy::Postcopy;
-use super::source::{Converge, Harvest, SourceConfig};
+use super::source::{Converge, SourceConfig};
 use super::{extras, net, wire};
 use crate::limits;
 use crate::progress::Progress;
 use crate::report::{human_bytes, parse_size};
 use crate::vm_format::FormatArg;
-use s2mmu::mmu::MmuPolicy;
+use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,15 +25,6 @@ pub enum PatternArg {
     Sequential,
     /// Pages at random in the region.
     Random,
-}
-
-/// Harvest option.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HarvestArg {
-    /// Dirty bitmap: GET per round, CLEAR per chunk before sending it.
-    Bitmap,
-    /// Per-vCPU dirty rings.
-    Ring,
 }
 
 /// Split option.
@@ -95,12 +86,9 @@ pub struct Params {
     /// The guest's access pattern.
     #[arg(long, value_enum, default_value = "sequential")]
     pub pattern: PatternArg,
-    /// How dirty pages are collected.
-    #[arg(long, value_enum, default_value = "bitmap")]
-    pub harvest: HarvestArg,
-    /// Entries of each vCPU's dirty ring (with --harvest ring): a power of two, 64 to 65536.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(64..=65536))]
-    pub ring_entries: u32,
+    /// How dirty pages are tracked and collected, any of the engine's dirty modes: wp (or bitmap: write protection, GET per round, CLEAR per chunk before sending it), ring or ring:N (per-vCPU dirty rings of N entries, a power of two 256..=65536, default 4096), hw (hardware dirty state: arm64 DBM or EPT dirty flags), hw-blocks (hw with huge mappings logged whole), pml (hardware dirty state with x86 Page-Modification Logging, which the simulated arm64 vCPU also runs).
+    #[arg(long, default_value = "wp", value_parser = crate::dirty_mode::parse_dirty_mode)]
+    pub harvest: DirtyMode,
     /// Bytes cleared per CLEAR_DIRTY_LOG call (with --harvest bitmap): 256K to 64G, rounded down to a multiple of 64 pages.
     #[arg(long, default_value = "64M", value_parser = limits::size_in(MIN_CLEAR_CHUNK..=wire::MAX_MEM))]
     pub clear_chunk: u64,
@@ -316,11 +304,12 @@ impl Params {
                 self.io_timeout
             ));
         }
-        if !(64..=65536).contains(&self.ring_entries) || !self.ring_entries.is_power_of_two() {
-            return Err(format!(
-                "--ring-entries {}: use a power of two, 64 to 65536",
-                self.ring_entries
-            ));
+        if let Some(n) = self.harvest.ring_entries() {
+            if !(256..=65536).contains(&n) || !n.is_power_of_two() {
+                return Err(format!(
+                    "--harvest ring:{n}: use a power of two, 256 to 65536 entries"
+                ));
+            }
         }
         Ok(SourceConfig {
             mem_size: self.mem,
@@ -328,11 +317,7 @@ impl Params {
             backing,
             slots: self.slots,
             policy: self.policy(baseline),
-            harvest: match self.harvest {
-                HarvestArg::Bitmap => Harvest::Bitmap,
-                HarvestArg::Ring => Harvest::Ring,
-            },
-            ring_entries: self.ring_entries,
+            harvest: self.harvest,
             clear_chunk: self.clear_chunk,
             dirty_rate: self.dirty_rate,
             pattern: match self.pattern {

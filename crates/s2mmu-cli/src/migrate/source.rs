@@ -36,7 +36,7 @@ mod sender;
 mod stop_copy;
 mod verify;
 
-pub use config::{source_policy, Converge, Harvest, SourceConfig};
+pub use config::{source_policy, Converge, SourceConfig};
 pub use outcome::{Phase, RoundStat, SourceOutcome};
 use precopy::Precopy;
 use precopy_end::PrecopyEnd;

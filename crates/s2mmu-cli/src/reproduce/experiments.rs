@@ -2,9 +2,10 @@
 //! published for it, and the benchmark called through its parameter struct
 //! (clap's defaults, then the few options the seed needs set as fields).
 
-use crate::dirty_log_perf::{DirtyArg, FormatArg};
+use crate::dirty_log_perf::FormatArg;
 use crate::report::Report;
 use clap::Parser;
+use s2mmu_cli::dirty_mode::{DirtyModes, ALL};
 
 /// One experiment: what it reproduces, the published figures, the command
 /// it is equivalent to (for the reader) and the call that runs it.
@@ -209,7 +210,7 @@ const PUBLISHED_MODES: &str = "No published head-to-head on one workload (issue 
 fn dirty_modes(q: bool, format: FormatArg) -> Result<Experiment, String> {
     let mut d: crate::dirty_log_perf::Params = defaults()?;
     d.quiet = true;
-    d.dirty = vec![DirtyArg::All];
+    d.dirty = DirtyModes(ALL.to_vec());
     d.format = format;
     d.vcpus = vec![1];
     d.bytes_per_vcpu = Some(256 << 20);

@@ -241,8 +241,6 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
     let boot_time = t.elapsed();
     let policy = MmuPolicy {
         tlb_limit_pages: p.limit_pages,
-        manual_protect: true,
-        initially_set: false,
         ..MmuPolicy::default()
     };
     let vm = Arm64Vm::new(

@@ -153,8 +153,6 @@ fn setup<F: VmFormat>(p: &Params, progress: &Progress) -> Result<Setup<F>, Strin
     let reservation = Reservation::new(p.size)?;
     let policy = MmuPolicy {
         tlb_limit_pages: p.limit_pages,
-        manual_protect: true,
-        initially_set: false,
         ..MmuPolicy::default()
     };
     let vm = Vm::<TreeMemslots, F>::new(VmConfig {

@@ -24,7 +24,6 @@ pub fn small(mem: u64) -> SourceConfig {
         mem_size: mem,
         backing: Backing::Anonymous,
         slots: 2,
-        ring_entries: 256,
         clear_chunk: 1 << 20,
         warmup: Duration::from_millis(50),
         sample_every: Duration::from_millis(20),

@@ -270,10 +270,7 @@ fn a_real_get_and_clear_are_checked() {
     let guest = alloc::vec![0u8; 17 << 12];
     let hva = (guest.as_ptr() as u64 + 4095) & !4095;
     let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
-    let policy = MmuPolicy {
-        manual_protect: true,
-        ..MmuPolicy::default()
-    };
+    let policy = MmuPolicy::default();
     let mmu = Mmu::new(
         fmt,
         HostMmOps::new(4096).unwrap(),

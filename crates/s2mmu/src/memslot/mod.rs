@@ -6,7 +6,7 @@
 //!   an hva interval index, an id map and a last-used-slot cache. A change is applied to
 //!   the inactive set, published by swapping, and replayed on the retired set once its
 //!   readers are gone: O(log n) per change.
-//! - [`ArrayMemslots`], the design before it and the baseline: a gfn-sorted array copied
+//! - `ArrayMemslots` (the `baselines` feature), the design before it and the baseline: a gfn-sorted array copied
 //!   whole on every change, binary search by gfn, linear scan by hva: O(n) per change.
 //!
 //! Readers (vCPU threads, MMU notifiers) call [`MemslotStore::snapshot`] and use the
@@ -19,6 +19,7 @@
 //! Everything here is `no_std` + `alloc`: the stores take their update lock and the cell
 //! they publish through from a [`crate::sync::Platform`] (arc-swap with `std`).
 
+#[cfg(feature = "baselines")]
 mod array;
 mod cache;
 mod config;
@@ -32,9 +33,11 @@ mod store;
 mod tree;
 mod validate;
 
+#[cfg(feature = "baselines")]
 mod array_store;
 mod tree_store;
 
+#[cfg(feature = "baselines")]
 pub use array::ArraySet;
 pub use cache::VcpuSlotCache;
 pub use config::{
@@ -47,5 +50,6 @@ pub use slot::{HvaFault, MemslotChange, Slot, SlotFlags, UserMemoryRegion};
 pub use store::MemslotStore;
 pub use tree::TreeSet;
 
+#[cfg(feature = "baselines")]
 pub use array_store::{ArrayMemslots, ArraySnapshot};
 pub use tree_store::{TreeMemslots, TreeSnapshot};

@@ -8,11 +8,7 @@ use crate::dirty::DirtyConsumer;
 
 impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub(super) fn bitmap(&self, id: u16) -> Result<Arc<DirtyBitmap>> {
-        if !self.policy.dirty.bitmaps() {
-            return Err(Error::WrongDirtyMode {
-                needs: "dirty bitmaps (the VM uses dirty rings)",
-            });
-        }
+        self.strategy.bitmaps()?;
         let side = self
             .side
             .get(usize::from(id))
@@ -48,8 +44,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 needed: b.words(),
             });
         }
-        self.sync_hw_dirty(id, &b)?;
-        if self.policy.manual_protect {
+        self.strategy.sync(self, id, &b)?;
+        if self.strategy.manual_protect() {
             b.copy_to(out)?;
             self.bbm_report_clean();
             return Ok(out[..b.words()]
@@ -87,7 +83,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         }
         let calls = batch.finish();
         self.bbm_report_clean();
-        self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
+        self.count_clear_tlb_calls(calls);
         self.vm_stats.lock().add(&st);
         Ok(n)
     }
@@ -150,7 +146,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         }
         let calls = batch.finish();
         self.bbm_report_clean();
-        self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
+        self.count_clear_tlb_calls(calls);
         self.vm_stats.lock().add(&st);
         Ok(cleared)
     }
@@ -219,10 +215,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         Ok(cleared)
     }
 
-    /// Write-protects the pages of `mask` (bit i = page `page0 + i` of the
-    /// slot at `base`), one call per run of consecutive bits.
-    /// Write-protects a range for dirty logging: clears write permission,
-    /// or with hardware dirty state cleans the leaves (tracked and clean).
+    /// Protects a range for the next round of dirty logging, as the
+    /// strategy does it (clears write permission, or with hardware dirty
+    /// state cleans the leaves).
     pub(super) fn protect(
         &self,
         pt: &mut PageTable<F, M>,
@@ -230,34 +225,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         size: u64,
         batch: &mut TlbBatch<'_>,
     ) -> Result<u64> {
-        if self.policy.dirty.hardware() {
-            pt.clean_hw_dirty_batched(ipa, size, batch)
-        } else {
-            pt.wrprotect_batched(ipa, size, batch)
-        }
-    }
-
-    /// Hardware dirty state: records the leaves of slot `id` the hardware
-    /// dirtied in its bitmap (the scan KVM's DBM series does before it
-    /// copies the bitmap). Runs under the MMU lock for reading: the
-    /// hardware updates leaves concurrently, and only protection, under the
-    /// write lock, cleans them.
-    pub(super) fn sync_hw_dirty(&self, id: u16, b: &DirtyBitmap) -> Result<()> {
-        if self.policy.dirty.pml() {
-            // The logs hold what the scan would find: no leaf is read.
-            self.flush_all_pml();
-            return Ok(());
-        }
-        if !self.policy.dirty.hardware() {
-            return Ok(());
-        }
-        let (base, size) = self.slot_range(id)?;
-        let mut st = FaultStats::default();
-        let pt = self.read_lock(&mut st, None);
-        pt.scan_hw_dirty_into(base, size, base, b)?;
-        drop(pt);
-        self.vm_stats.lock().add(&st);
-        Ok(())
+        self.strategy.protect_range(pt, ipa, size, batch)
     }
 
     /// As [`Mmu::protect_mask`], but a run of bits that starts where
@@ -308,6 +276,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         Ok(())
     }
 
+    /// Protects the pages of `mask` (bit i = page `page0 + i` of the
+    /// slot at `base`), one call per run of consecutive bits.
     pub(super) fn protect_mask(
         &self,
         pt: &mut PageTable<F, M>,

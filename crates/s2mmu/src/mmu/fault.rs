@@ -414,13 +414,4 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             Err(e) => unreachable!("recording dirty page {offset} of slot {slot}: {e}"),
         }
     }
-
-    /// Whether to drop this dirty mark ([`Mmu::inject_lost_marks`]).
-    pub(super) fn drop_injected_mark(&self) -> bool {
-        self.drop_marks.load(Ordering::Relaxed) != 0
-            && self
-                .drop_marks
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok()
-    }
 }

@@ -30,11 +30,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// `first_page` is a page offset within the slot, not an address (hence
     /// a bare `u64`), as in a dirty bitmap.
     pub fn mark_dirty_by_host(&self, id: u16, first_page: u64, npages: u64) -> Result<u64> {
-        if !self.policy.dirty.bitmaps() {
-            return Err(Error::WrongDirtyMode {
-                needs: "dirty bitmaps (the VM uses dirty rings)",
-            });
-        }
+        self.strategy.bitmaps()?;
         let snap = self.slots.snapshot();
         let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
             slot: u32::from(id),
@@ -82,11 +78,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// [`Error::NoSuchSlot`]; [`Error::OutOfRange`] for a page beyond the
     /// slot; [`Error::WrongDirtyMode`] with dirty rings.
     pub fn is_marked_dirty(&self, id: u16, page: u64) -> Result<bool> {
-        if !self.policy.dirty.bitmaps() {
-            return Err(Error::WrongDirtyMode {
-                needs: "dirty bitmaps (the VM uses dirty rings)",
-            });
-        }
+        self.strategy.bitmaps()?;
         let snap = self.slots.snapshot();
         let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
             slot: u32::from(id),

@@ -40,7 +40,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         // an absurd size first.
         let plausible = self.side.get(id).is_some()
             && region.memory_size >> self.page_shift <= self.slots.config().max_npages;
-        let new_bitmap = if logging && !was_logging && plausible && self.policy.dirty.bitmaps() {
+        let new_bitmap = if logging && !was_logging && plausible && self.strategy.bitmaps().is_ok()
+        {
             Some(Arc::new(DirtyBitmap::try_for_slot(
                 u32::from(region.id()),
                 region.memory_size >> self.page_shift,
@@ -144,7 +145,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     }
 
     pub(super) fn initially_set(&self) -> bool {
-        self.policy.manual_protect && self.policy.initially_set
+        self.strategy.initially_set()
     }
 
     /// Slot range in bytes.
@@ -175,8 +176,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     }
 
     /// Turns dirty logging off for slot `id`: later faults map huge pages
-    /// again (and, with [`MmuPolicy::recover_huge_pages`], page mappings of
-    /// huge-page-backed regions are dropped so they fault back as blocks).
+    /// again (and, as [`MmuPolicy::huge_page_recovery`] says, page mappings
+    /// of huge-page-backed regions are dropped so they fault back as
+    /// blocks, or collapsed into blocks in place).
     ///
     /// # Errors
     /// [`Error::NoSuchSlot`], [`Error::Memslot`].
@@ -212,15 +214,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             return Ok(());
         }
         let (base, size) = self.slot_range(id)?;
-        let chunk = match (self.policy.eager_split_chunk, self.policy.dirty.hardware()) {
-            // Hardware dirty state logging whole blocks: no split.
-            _ if !self.policy.splits_for_logging() => None,
-            (Some(c), _) => Some(c),
-            // A dirty bit per block would log whole blocks: split first.
-            (None, true) => Some(EAGER_SPLIT_CHUNK),
-            (None, false) => None,
-        };
-        if let Some(chunk) = chunk {
+        if let Some(chunk) = self.strategy.split_chunk(self.policy.eager_split_chunk) {
             // Best effort, as KVM's eager split: the memslot change has
             // happened, and a block left unsplit (out of table memory) is
             // still logged correctly (split on its first write fault, or
@@ -236,14 +230,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     }
 
     /// Logging stopped on slot `id`: gets its huge mappings back
-    /// ([`MmuPolicy::recover_huge_pages`]), by unmapping page-mapped blocks
+    /// ([`MmuPolicy::huge_page_recovery`]), by unmapping page-mapped blocks
     /// or collapsing them in place.
     ///
     /// # Errors
     /// The table's error if an unmap or collapse fails; the slot is then
     /// partly recovered and still correct (the rest stays mapped as pages).
     pub(super) fn recover_huge_pages(&self, id: u16) -> Result<()> {
-        if !self.policy.recover_huge_pages {
+        if self.policy.huge_page_recovery == HugePageRecovery::Off {
             return Ok(());
         }
         let host_page = self.side[usize::from(id)].host_page.load(Ordering::Relaxed);
@@ -257,7 +251,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         if block <= 1 << self.page_shift || (base ^ hva) & (block - 1) != 0 {
             return Ok(());
         }
-        if self.policy.recover_in_place {
+        if self.policy.huge_page_recovery == HugePageRecovery::Collapse {
             let prot = if readonly {
                 Prot::R | Prot::X
             } else {
@@ -283,7 +277,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         Ok(())
     }
 
-    /// Huge pages back in place ([`MmuPolicy::recover_in_place`]): collapses
+    /// Huge pages back in place ([`HugePageRecovery::Collapse`]): collapses
     /// `[base, base + size)` chunk by chunk under the write lock, one
     /// whole-VMID invalidation per chunk and block level.
     fn collapse_range(&self, base: u64, size: u64, block: u64, prot: Prot) -> Result<()> {

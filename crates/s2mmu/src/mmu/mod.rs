@@ -8,7 +8,8 @@
 //! one process:
 //! - fault path: permission relaxation under the read lock by
 //!   compare-and-swap ([`FaultPath::ReadLockFastPath`], arm64 since 5.17 /
-//!   seed 002) or every fault under the write lock ([`FaultPath::WriteLock`]);
+//!   seed 002) or every fault under the write lock (`FaultPath::WriteLock`, with the
+//!   `baselines` feature);
 //! - eager split when logging starts, in chunks that drop the lock between
 //!   them (seed 004), or split on fault;
 //! - the split walk ([`SplitPolicy`], seed 000);
@@ -59,13 +60,12 @@ mod host_dirty;
 pub mod lock;
 mod logging;
 mod notifier;
-mod pml;
 mod policy;
 mod populate;
-mod rings;
 mod sparse_clear;
 mod stage2;
 mod stats;
+mod strategy;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -80,12 +80,13 @@ mod views_tests;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
-pub use pml::{PmlLog, PmlWriteError, PML_LOG_ENTRIES};
 pub use policy::{
-    DirtyMode, FaultPath, HwDirtyBlocks, MmuPolicy, EAGER_SPLIT_CHUNK, LOCK_CHUNK,
-    MAX_EAGER_SPLIT_CHUNK, MAX_VCPUS, SPARSE_CLEAR_RUNS,
+    DirtyMode, FaultPath, HugePageRecovery, HwDirtyBlocks, MmuPolicy, ParseDirtyModeError, Protect,
+    EAGER_SPLIT_CHUNK, LOCK_CHUNK, MAX_EAGER_SPLIT_CHUNK, MAX_VCPUS, SPARSE_CLEAR_RUNS,
 };
 pub use stats::FaultStats;
+pub use strategy::pml::{PmlLog, PmlWriteError, PML_LOG_ENTRIES};
+use strategy::{Strategy, VcpuLog};
 pub use views::DirtyView;
 
 /// A memslot's state that the MMU keeps beside the memslot store.
@@ -103,11 +104,11 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPla
     stage2: Stage2<F, M, P>,
     slots: S,
     side: Box<[SlotSide<P>]>,
-    /// Every vCPU's dirty ring (none when rings are off): its length is
-    /// the vCPU count.
-    rings: RwLock<P, Vec<Option<Arc<DirtyRing>>>>,
-    /// Every vCPU's page-modification log, with [`DirtyMode::Pml`].
-    pml: RwLock<P, Vec<Arc<PmlLog>>>,
+    /// The dirty-log strategy ([`MmuPolicy::dirty`]) and its state (the
+    /// vCPUs' rings or logs where its mode has them).
+    strategy: Strategy<P>,
+    /// The vCPUs made so far ([`Mmu::new_vcpu`]).
+    vcpus: Mutex<P, usize>,
     policy: MmuPolicy,
     update: Mutex<P, ()>,
     split_cache: Mutex<P, PageCache<M>>,
@@ -119,9 +120,12 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPla
     invalidating: Mutex<P, Vec<(u64, u64)>>,
     /// Its length, read without the lock.
     invalidations: AtomicU64,
-    /// Dirty marks still to drop ([`Mmu::inject_lost_marks`]).
+    /// Dirty marks still to drop (`Mmu::inject_lost_marks`).
+    #[cfg(feature = "test-hooks")]
     drop_marks: AtomicU64,
-    /// Invalidation calls issued by dirty-log clears, and their time.
+    /// Invalidation calls issued by dirty-log clears (the `test-hooks`
+    /// feature only).
+    #[cfg(feature = "test-hooks")]
     pub clear_tlb_calls: AtomicU64,
     /// The consumers of each slot that has dirty views open.
     views: Mutex<P, Vec<SlotViews>>,
@@ -132,7 +136,7 @@ pub struct Mmu<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform = DefaultPla
     next_view: AtomicU64,
     /// With hardware dirty state, a CLEAR cleans a last-level table's
     /// worth of bitmap words with more runs of set bits than this in one
-    /// masked walk ([`Mmu::with_sparse_clear_runs`]).
+    /// masked walk (`Mmu::with_sparse_clear_runs`).
     sparse_clear_runs: u32,
 }
 
@@ -160,11 +164,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Stage2Invalidate
         // hardware dirtied (frozen, so no write lands after), then the PML
         // entries of its pages (their flush would look the old addresses
         // up in the new memslots and drop them). A move keeps the bitmap.
-        let salvaged = self.mmu.salvage_hw_dirty(&pt, self.id, ipa, ipa, len);
-        if self.mmu.policy.dirty.pml() {
-            let old = (self.id, base_gfn, base_gfn + npages);
-            self.mmu.flush_all_pml_with(Some(old));
-        }
+        let strategy = &self.mmu.strategy;
+        let salvaged = strategy.salvage(self.mmu, &pt, self.id, ipa, ipa, len);
+        strategy.before_slot_unmap(self.mmu, self.id, base_gfn, base_gfn + npages);
         let unmapped = salvaged
             .and_then(|()| pt.leaves(ipa, len))
             .and_then(|leaves| {
@@ -233,21 +235,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 value: policy.reader_slots as u64,
             });
         }
-        if let Some(n) = policy.dirty.ring_entries() {
-            DirtyRing::new(n)?;
-        }
-        if policy.dirty.hardware() && fmt.hw_dirty_bits().is_none() {
-            return Err(Error::InvalidConfig {
-                what: "hardware dirty state (the format has none)",
-                value: 0,
-            });
-        }
-        if policy.dirty.pml() && policy.hw_dirty_blocks == HwDirtyBlocks::LogWholeBlocks {
-            return Err(Error::InvalidConfig {
-                what: "PML with whole blocks logged (PML logs the page written, not its block)",
-                value: 0,
-            });
-        }
+        let strategy = Strategy::new(policy.dirty, &fmt)?;
         let tlb_policy = TlbPolicy {
             limit_pages: policy.tlb_limit_pages,
             large_range: policy.tlb_large_range,
@@ -268,8 +256,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             stage2,
             slots,
             side,
-            rings: lock_api::RwLock::new(Vec::new()),
-            pml: lock_api::RwLock::new(Vec::new()),
+            strategy,
+            vcpus: lock_api::Mutex::new(0),
             policy,
             update: lock_api::Mutex::new(()),
             vm_stats: lock_api::Mutex::new(FaultStats::default()),
@@ -277,7 +265,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             host: Arc::new(IdentityHost),
             invalidating: lock_api::Mutex::new(Vec::new()),
             invalidations: AtomicU64::new(0),
+            #[cfg(feature = "test-hooks")]
             drop_marks: AtomicU64::new(0),
+            #[cfg(feature = "test-hooks")]
             clear_tlb_calls: AtomicU64::new(0),
             views: lock_api::Mutex::new(Vec::new()),
             views_open: AtomicU64::new(0),
@@ -291,7 +281,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// walk: more than `runs` runs of set bits among them (default
     /// [`SPARSE_CLEAR_RUNS`]); fewer are cleaned by a walk per run, which
     /// joins runs across words. `u32::MAX` never takes the masked walk (the
-    /// CLEAR before it existed): benchmarks compare the two with it.
+    /// CLEAR before it existed): benchmarks compare the two with it (the
+    /// `test-hooks` feature only).
+    #[cfg(feature = "test-hooks")]
     #[must_use]
     pub fn with_sparse_clear_runs(mut self, runs: u32) -> Self {
         self.sparse_clear_runs = runs;
@@ -311,9 +303,35 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// Fault injection for lost-write checks: the next `n` dirty marks of
     /// the fault path are dropped (the page is made writable and not
     /// recorded, the bug a lost-write check must catch). Never use it
-    /// outside such a check.
+    /// outside such a check (the `test-hooks` feature only).
+    #[cfg(feature = "test-hooks")]
     pub fn inject_lost_marks(&self, n: u64) {
         self.drop_marks.store(n, Ordering::Release);
+    }
+
+    /// Whether to drop this dirty mark (`Mmu::inject_lost_marks`).
+    #[cfg(feature = "test-hooks")]
+    pub(super) fn drop_injected_mark(&self) -> bool {
+        self.drop_marks.load(Ordering::Relaxed) != 0
+            && self
+                .drop_marks
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+    }
+
+    /// Never: the product build has no fault injection.
+    #[cfg(not(feature = "test-hooks"))]
+    #[inline(always)]
+    pub(super) fn drop_injected_mark(&self) -> bool {
+        false
+    }
+
+    /// Counts the invalidation calls a dirty-log clear issued (in
+    /// `clear_tlb_calls`, with the `test-hooks` feature).
+    #[inline(always)]
+    pub(super) fn count_clear_tlb_calls(&self, _calls: u64) {
+        #[cfg(feature = "test-hooks")]
+        self.clear_tlb_calls.fetch_add(_calls, Ordering::Relaxed);
     }
 
     /// The physical address to map `[hva, hva + size)` to, if the host
@@ -339,7 +357,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     }
 
     /// The policies in force. The TLB range policy is read from the table,
-    /// where [`Mmu::set_tlb_large_range`] changes it, so this reports what
+    /// where `Mmu::set_tlb_large_range` changes it, so this reports what
     /// the next invalidation will do.
     pub fn policy(&self) -> MmuPolicy {
         let tlb = self.with_table(|pt| pt.tlb_policy());
@@ -393,27 +411,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// [`Error::OutOfMemory`] if its ring or log cannot be allocated.
     /// Nothing is changed then.
     pub fn new_vcpu(&self) -> Result<VcpuMmu<M>> {
-        let mut rings = self.rings.write();
-        let id = rings.len();
+        let mut vcpus = self.vcpus.lock();
+        let id = *vcpus;
         if id >= MAX_VCPUS {
             return Err(Error::TooManyVcpus { limit: MAX_VCPUS });
         }
-        let oom = |_| Error::OutOfMemory;
-        let ring = match self.policy.dirty.ring_entries() {
-            Some(entries) => Some(Arc::new(DirtyRing::new(entries)?)),
-            None => None,
-        };
-        rings.try_reserve(1).map_err(oom)?;
-        let pml = self.policy.dirty.pml().then(|| {
-            let table = self.stage2.reader.table_id();
-            Arc::new(PmlLog::new(id, table))
-        });
-        if let Some(log) = &pml {
-            let mut logs = self.pml.write();
-            logs.try_reserve(1).map_err(oom)?;
-            logs.push(log.clone());
-        }
-        rings.push(ring.clone());
+        let VcpuLog { ring, pml } = self.strategy.new_vcpu(id, self.stage2.reader.table_id())?;
+        *vcpus += 1;
         Ok(VcpuMmu {
             id,
             mmu_id: self.id,

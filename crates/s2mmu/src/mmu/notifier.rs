@@ -13,8 +13,7 @@
 use super::{FaultStats, Mmu};
 use crate::format::PteFormat;
 use crate::memslot::{MemslotStore, SlotLookup};
-use crate::pgtable::PageTable;
-use crate::sync::{ArcOptionCell, Platform};
+use crate::sync::Platform;
 use crate::table::MmOps;
 use crate::{Error, Hva, Result};
 use alloc::vec::Vec;
@@ -56,7 +55,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         for &(ipa, len, (id, slot_base)) in &ranges {
             // A leaf the hardware dirtied carries the only record of that
             // write: move it to the bitmap before the leaf goes.
-            self.salvage_hw_dirty(&pt, id, slot_base, ipa, len)?;
+            self.strategy.salvage(self, &pt, id, slot_base, ipa, len)?;
             leaves.extend(pt.leaves(ipa, len)?);
         }
         // Registered before the lock is dropped: a fault that takes it next
@@ -87,37 +86,6 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             .ok_or(Error::NotMapped { ipa: hva })?;
         inv.swap_remove(i);
         self.invalidations.fetch_sub(1, Ordering::AcqRel);
-        Ok(())
-    }
-
-    /// Hardware dirty state: freezes the leaves of `[ipa, ipa + len)` (slot
-    /// `id`, whose guest range starts at `slot_base`) so the hardware can
-    /// no longer dirty them, and marks in the slot's bitmap the pages of
-    /// those it had dirtied, before they are unmapped.
-    pub(super) fn salvage_hw_dirty(
-        &self,
-        pt: &PageTable<F, M>,
-        id: u16,
-        slot_base: u64,
-        ipa: u64,
-        len: u64,
-    ) -> Result<()> {
-        if !self.policy.dirty.hardware() {
-            return Ok(());
-        }
-        let bitmap = self
-            .side
-            .get(usize::from(id))
-            .and_then(|s| s.dirty.load_full());
-        let shift = self.page_shift;
-        pt.freeze_hw_dirty(ipa, len, |leaf, size| {
-            if let Some(b) = &bitmap {
-                let first = (leaf.max(slot_base) - slot_base) >> shift;
-                for p in first..first + (size >> shift) {
-                    b.mark(p);
-                }
-            }
-        })?;
         Ok(())
     }
 

@@ -10,11 +10,16 @@ pub enum FaultPath {
     /// compare-and-swap; only faults that allocate or split take the write
     /// lock.
     ReadLockFastPath,
-    /// Every fault takes the write lock (the baseline).
+    /// Every fault takes the write lock (the seeds' baseline, with the
+    /// `baselines` feature only).
+    #[cfg(feature = "baselines")]
     WriteLock,
 }
 
-/// The switchable policies of an [`Mmu`].
+/// The switchable policies of an [`Mmu`]. Every field is independent of
+/// the others: a choice that only makes sense with another lives inside
+/// it ([`DirtyMode`] carries its protection and block rule), so no
+/// combination can be written that [`Mmu::new`] would have to refuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmuPolicy {
     /// How faults take the lock.
@@ -30,25 +35,12 @@ pub struct MmuPolicy {
     pub tlb_large_range: LargeRangePolicy,
     /// The range limit in pages.
     pub tlb_limit_pages: u64,
-    /// Manual protect (`KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`): GET only copies
-    /// the bitmap; CLEAR re-protects.
-    pub manual_protect: bool,
-    /// With manual protect, bitmaps start all set and enabling logging
-    /// protects nothing (`KVM_DIRTY_LOG_INITIALLY_SET`).
-    pub initially_set: bool,
-    /// How dirty pages are tracked while a slot logs.
+    /// How dirty pages are tracked while a slot logs, with the choices
+    /// that belong to that mode.
     pub dirty: DirtyMode,
-    /// With [`DirtyMode::Hardware`]: split huge mappings when logging
-    /// starts, or log them as whole blocks.
-    pub hw_dirty_blocks: HwDirtyBlocks,
-    /// When logging stops, unmap the page mappings of regions the host backs
-    /// with huge pages, so later faults map blocks again (x86's huge-page
-    /// recovery; arm64 has none).
-    pub recover_huge_pages: bool,
-    /// With `recover_huge_pages`: collapse the page tables back into blocks
-    /// in place (KVM x86 since 6.13) instead of unmapping them for faults to
-    /// map blocks again, so the guest takes no fault for its huge pages.
-    pub recover_in_place: bool,
+    /// What happens to the page mappings of huge-page-backed regions when
+    /// logging stops.
+    pub huge_page_recovery: HugePageRecovery,
     /// vCPUs (by index) whose fault-path reads of the MMU lock go through
     /// a reader slot of their own while no writer is around ([`lock`]),
     /// instead of the rwlock's shared reader count; 0 keeps KVM's plain
@@ -56,17 +48,80 @@ pub struct MmuPolicy {
     pub reader_slots: usize,
 }
 
-/// How dirty pages are tracked while a slot logs: one policy, one value.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// When a bitmap mode write-protects (or, with hardware dirty state,
+/// cleans) the pages it reports dirty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protect {
+    /// `KVM_GET_DIRTY_LOG` alone: a GET takes the bitmap and protects the
+    /// pages it reports (no manual protect).
+    OnGet,
+    /// Manual protect (`KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`): a GET only
+    /// copies the bitmap; `KVM_CLEAR_DIRTY_LOG` protects.
+    Manual {
+        /// Bitmaps start all set and enabling logging protects nothing
+        /// (`KVM_DIRTY_LOG_INITIALLY_SET`): the CLEARs protect lazily.
+        initially_set: bool,
+    },
+}
+
+impl Protect {
+    /// Manual protect with bitmaps that start clear (the default).
+    pub const MANUAL: Protect = Protect::Manual {
+        initially_set: false,
+    };
+
+    /// [`Protect::MANUAL`] where `manual`, else [`Protect::OnGet`] (for a
+    /// command-line switch or a test's loop over both).
+    pub const fn manual_if(manual: bool) -> Protect {
+        if manual {
+            Protect::MANUAL
+        } else {
+            Protect::OnGet
+        }
+    }
+
+    /// Whether CLEAR protects and GET only copies.
+    pub const fn manual(self) -> bool {
+        matches!(self, Protect::Manual { .. })
+    }
+
+    /// Whether bitmaps start all set.
+    pub const fn initially_set(self) -> bool {
+        matches!(
+            self,
+            Protect::Manual {
+                initially_set: true
+            }
+        )
+    }
+}
+
+/// How dirty pages are tracked while a slot logs: one value per mode,
+/// each carrying the choices that exist for it only (the one dirty-mode
+/// type of the workspace: the CLI parses it with [`DirtyMode::from_str`]).
+/// The engine runs it as one strategy object ([`Mmu::new`]).
+///
+/// Choices of one mode cannot be given to another: PML has no block rule,
+/// rings no protection choice.
+///
+/// ```compile_fail,E0559
+/// use s2mmu::mmu::{DirtyMode, HwDirtyBlocks, Protect};
+/// let _ = DirtyMode::Pml { protect: Protect::MANUAL, blocks: HwDirtyBlocks::LogWholeBlocks };
+/// ```
+///
+/// [`DirtyMode::from_str`]: core::str::FromStr::from_str
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DirtyMode {
     /// Write protection; the first write to a page after a harvest faults
     /// and marks the slot's bitmap (`KVM_GET_DIRTY_LOG`, and
     /// `KVM_CLEAR_DIRTY_LOG` with manual protect).
-    #[default]
-    Bitmap,
+    Bitmap {
+        /// When pages are protected again.
+        protect: Protect,
+    },
     /// Write protection; the fault pushes the page to the vCPU's ring of
     /// this many entries (`KVM_CAP_DIRTY_LOG_RING`: a power of two,
-    /// 256..=65536).
+    /// 256..=65536). Rings are harvested and reset, never read as bitmaps.
     Ring {
         /// Entries per vCPU ring.
         entries: u32,
@@ -77,27 +132,110 @@ pub enum DirtyMode {
     /// hardware records the first write in the leaf without a fault, and a
     /// GET scans the slot's leaves into its bitmap; protecting (CLEAR, or
     /// GET without manual protect) cleans them again. Needs a format with a
-    /// hardware dirty state; huge mappings are split when logging starts
-    /// (eager split, whatever its chunk policy says, in 1 GiB chunks if it
-    /// says none). The hypervisor must turn the hardware's updates on
-    /// (arm64: VTCR_EL2.HA and HD; EPT: the EPTP's A/D flag).
-    Hardware,
+    /// hardware dirty state. The hypervisor must turn the hardware's
+    /// updates on (arm64: VTCR_EL2.HA and HD; EPT: the EPTP's A/D flag).
+    Hardware {
+        /// When leaves are cleaned again.
+        protect: Protect,
+        /// What happens to huge mappings when logging starts.
+        blocks: HwDirtyBlocks,
+    },
     /// Hardware dirty state with x86 Page-Modification Logging ([`PmlLog`],
     /// Intel SDM 29.3.6): as [`DirtyMode::Hardware`] (logged leaves tracked
     /// and clean, no write fault, protection cleans the dirty flags of the
     /// pages harvested), but the CPU also appends each page whose dirty flag
     /// it sets to its vCPU's 512-entry log, and a GET flushes those logs
     /// into the slots' bitmaps instead of scanning the leaves. A full log
-    /// exits to [`Mmu::flush_pml`]. Logs drain into bitmaps only (KVM can
-    /// also drain them into dirty rings; this mode is a bitmap mode). A mode
-    /// of its own rather than a flag beside `Hardware`, so the policy stays
-    /// one value per choice: PML without hardware dirty flags does not
-    /// exist. On arm64 the nearest equivalent is FEAT_HDBSS (Armv9.5), which
+    /// exits to [`Mmu::flush_pml`]. Logs drain into bitmaps only. Huge
+    /// mappings are always split first: PML logs the 4 KiB page written,
+    /// not the block whose dirty flag the write set, so it has no block
+    /// rule. On arm64 the nearest equivalent is FEAT_HDBSS (Armv9.5), which
     /// the simulated arm64 walker also runs as this mode.
-    Pml,
+    Pml {
+        /// When leaves are cleaned again.
+        protect: Protect,
+    },
+}
+
+impl Default for DirtyMode {
+    fn default() -> Self {
+        DirtyMode::WP
+    }
 }
 
 impl DirtyMode {
+    /// Write protection into bitmaps, manual protect, bitmaps start clear.
+    pub const WP: DirtyMode = DirtyMode::Bitmap {
+        protect: Protect::MANUAL,
+    };
+    /// Hardware dirty state, manual protect, huge mappings split first.
+    pub const HW: DirtyMode = DirtyMode::Hardware {
+        protect: Protect::MANUAL,
+        blocks: HwDirtyBlocks::SplitFirst,
+    };
+    /// Hardware dirty state, manual protect, huge mappings logged whole.
+    pub const HW_BLOCKS: DirtyMode = DirtyMode::Hardware {
+        protect: Protect::MANUAL,
+        blocks: HwDirtyBlocks::LogWholeBlocks,
+    };
+    /// PML, manual protect.
+    pub const PML: DirtyMode = DirtyMode::Pml {
+        protect: Protect::MANUAL,
+    };
+    /// The ring size [`DirtyMode::from_str`] gives `ring` without one.
+    ///
+    /// [`DirtyMode::from_str`]: core::str::FromStr::from_str
+    pub const DEFAULT_RING_ENTRIES: u32 = 4096;
+    /// Every mode's name, as [`DirtyMode::name`] gives it and
+    /// [`DirtyMode::from_str`] takes it.
+    ///
+    /// [`DirtyMode::from_str`]: core::str::FromStr::from_str
+    pub const NAMES: [&'static str; 5] = ["wp", "ring", "hw", "hw-blocks", "pml"];
+
+    /// The mode's short name (`wp`, `ring`, `hw`, `hw-blocks`, `pml`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DirtyMode::Bitmap { .. } => "wp",
+            DirtyMode::Ring { .. } => "ring",
+            DirtyMode::Hardware {
+                blocks: HwDirtyBlocks::LogWholeBlocks,
+                ..
+            } => "hw-blocks",
+            DirtyMode::Hardware { .. } => "hw",
+            DirtyMode::Pml { .. } => "pml",
+        }
+    }
+
+    /// The same mode protecting as `protect` says; a ring mode, which has
+    /// no protection choice (its reset protects), is returned as it is.
+    #[must_use]
+    pub const fn with_protect(self, protect: Protect) -> Self {
+        match self {
+            DirtyMode::Bitmap { .. } => DirtyMode::Bitmap { protect },
+            DirtyMode::Ring { entries } => DirtyMode::Ring { entries },
+            DirtyMode::Hardware { blocks, .. } => DirtyMode::Hardware { protect, blocks },
+            DirtyMode::Pml { .. } => DirtyMode::Pml { protect },
+        }
+    }
+
+    /// The protection choice of a bitmap mode (`None` for rings).
+    pub const fn protect(self) -> Option<Protect> {
+        match self {
+            DirtyMode::Bitmap { protect }
+            | DirtyMode::Hardware { protect, .. }
+            | DirtyMode::Pml { protect } => Some(protect),
+            DirtyMode::Ring { .. } => None,
+        }
+    }
+
+    /// Whether GET only copies and CLEAR protects (`false` for rings).
+    pub const fn manual_protect(self) -> bool {
+        match self.protect() {
+            Some(p) => p.manual(),
+            None => false,
+        }
+    }
+
     /// The ring size, for [`DirtyMode::Ring`].
     pub const fn ring_entries(self) -> Option<u32> {
         match self {
@@ -107,20 +245,63 @@ impl DirtyMode {
     }
 
     /// Whether the hardware records writes in the leaves
-    /// ([`DirtyMode::Hardware`], [`DirtyMode::Pml`]).
+    /// ([`DirtyMode::Hardware`], [`DirtyMode::Pml`]): for a VMM that must
+    /// turn the hardware's updates on, and for reports. The engine asks
+    /// its strategy object, not this.
     pub const fn hardware(self) -> bool {
-        matches!(self, DirtyMode::Hardware | DirtyMode::Pml)
+        matches!(self, DirtyMode::Hardware { .. } | DirtyMode::Pml { .. })
     }
 
     /// Whether the hardware also logs the pages it dirties
     /// ([`DirtyMode::Pml`]).
     pub const fn pml(self) -> bool {
-        matches!(self, DirtyMode::Pml)
+        matches!(self, DirtyMode::Pml { .. })
     }
 
     /// Whether slots keep bitmaps (every mode but rings).
     pub const fn bitmaps(self) -> bool {
         !matches!(self, DirtyMode::Ring { .. })
+    }
+}
+
+/// The error of [`DirtyMode::from_str`]: the text named no mode.
+///
+/// [`DirtyMode::from_str`]: core::str::FromStr::from_str
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseDirtyModeError;
+
+impl core::fmt::Display for ParseDirtyModeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "expected a dirty mode: wp, ring, ring:ENTRIES (a power of two, \
+             256..=65536), hw, hw-blocks or pml"
+        )
+    }
+}
+
+impl core::str::FromStr for DirtyMode {
+    type Err = ParseDirtyModeError;
+
+    /// `wp` (also `bitmap`), `ring` ([`DirtyMode::DEFAULT_RING_ENTRIES`]),
+    /// `ring:N`, `hw`, `hw-blocks`, `pml`; bitmap modes with manual
+    /// protect and bitmaps that start clear ([`DirtyMode::with_protect`]
+    /// changes that). The ring size is checked here for being a number
+    /// only; [`Mmu::new`] checks its range.
+    fn from_str(s: &str) -> core::result::Result<Self, Self::Err> {
+        Ok(match s {
+            "wp" | "bitmap" => DirtyMode::WP,
+            "ring" => DirtyMode::Ring {
+                entries: DirtyMode::DEFAULT_RING_ENTRIES,
+            },
+            "hw" => DirtyMode::HW,
+            "hw-blocks" => DirtyMode::HW_BLOCKS,
+            "pml" => DirtyMode::PML,
+            _ => match s.strip_prefix("ring:").map(str::parse) {
+                Some(Ok(entries)) => DirtyMode::Ring { entries },
+                _ => return Err(ParseDirtyModeError),
+            },
+        })
     }
 }
 
@@ -140,11 +321,23 @@ pub enum HwDirtyBlocks {
     /// hardware's first write to it dirties the whole block, and the
     /// harvest reports every page of it. No split when logging starts (nor
     /// on CLEAR with initially-set bitmaps), at the price of reporting (and
-    /// a migration copying) up to a block's worth of pages per write. Not
-    /// with [`DirtyMode::Pml`]: PML logs the 4 KiB page written, not the
-    /// block whose dirty flag the write set, so the block's other pages
-    /// would be written unlogged ([`Mmu::new`] refuses it).
+    /// a migration copying) up to a block's worth of pages per write.
     LogWholeBlocks,
+}
+
+/// What happens to the page mappings of a huge-page-backed region when
+/// its slot stops logging.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HugePageRecovery {
+    /// Left as pages (arm64 KVM today).
+    Off,
+    /// Unmapped, so later faults map blocks again (x86's huge-page
+    /// recovery).
+    #[default]
+    Unmap,
+    /// Collapsed back into blocks in place (KVM x86 since 6.13), so the
+    /// guest takes no fault for its huge pages.
+    Collapse,
 }
 
 /// The default eager-split chunk, 1 GiB: split, then drop the MMU lock and
@@ -171,7 +364,8 @@ pub const LOCK_CHUNK: u64 = 1 << 30;
 
 /// With hardware dirty state, a CLEAR cleans a last-level table's worth of
 /// bitmap words in one masked walk when they hold more than this many runs
-/// of set bits, and by a walk per run otherwise ([`Mmu::with_sparse_clear_runs`]).
+/// of set bits, and by a walk per run otherwise (`Mmu::with_sparse_clear_runs`,
+/// with the `test-hooks` feature, changes it).
 /// 1: `s2mmu harvest-perf --size 16G --sparse-clear-runs 0`, which times both
 /// in one process, had the masked walk at about 1.1 times the walk per run
 /// with one run per table (`--dirty-every 512`) and 0.6 to 0.8 times with
@@ -186,26 +380,18 @@ impl Default for MmuPolicy {
             split_walk: SplitPolicy::SkipReturns,
             tlb_large_range: LargeRangePolicy::WholeVmid,
             tlb_limit_pages: TlbPolicy::DEFAULT_LIMIT_PAGES,
-            manual_protect: true,
-            initially_set: false,
-            dirty: DirtyMode::Bitmap,
-            hw_dirty_blocks: HwDirtyBlocks::SplitFirst,
-            recover_huge_pages: true,
-            recover_in_place: false,
+            dirty: DirtyMode::WP,
+            huge_page_recovery: HugePageRecovery::Unmap,
             reader_slots: 256,
         }
     }
 }
 
 impl MmuPolicy {
-    /// Whether logging splits huge mappings (eagerly, or on a write fault
-    /// or CLEAR): every mode but hardware dirty state logging whole blocks.
-    pub const fn splits_for_logging(&self) -> bool {
-        !(self.dirty.hardware() && matches!(self.hw_dirty_blocks, HwDirtyBlocks::LogWholeBlocks))
-    }
-
     /// The baseline of every optimisation: write-lock faults, split on
-    /// fault, full split walk, split TLB calls.
+    /// fault, full split walk, split TLB calls (with the `baselines`
+    /// feature only).
+    #[cfg(feature = "baselines")]
     pub fn baseline() -> Self {
         MmuPolicy {
             fault_path: FaultPath::WriteLock,

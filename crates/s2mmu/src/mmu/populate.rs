@@ -6,7 +6,7 @@
 //! slot can be backed by reserved, never-touched address space.
 //! [`Mmu::dirty_pages`] does what a guest write's permission fault does to a
 //! logged page (make it writable, mark it dirty), page by page.
-//! [`Mmu::set_tlb_large_range`] switches the large-range TLB policy of a
+//! `Mmu::set_tlb_large_range` (the `baselines` feature) switches the large-range TLB policy of a
 //! live MMU, so one process can measure both sides of seed 003.
 
 use super::{FaultStats, Mmu};
@@ -16,7 +16,9 @@ use crate::memslot::{MemslotStore, SlotLookup};
 use crate::ops::MapOptions;
 use crate::sync::{ArcOptionCell, Platform};
 use crate::table::MmOps;
-use crate::tlb::{LargeRangePolicy, TlbPolicy};
+#[cfg(feature = "baselines")]
+use crate::tlb::LargeRangePolicy;
+use crate::tlb::TlbPolicy;
 use crate::{Error, Hva, Result};
 
 /// Bytes mapped per hold of the write lock in [`Mmu::populate`].
@@ -160,7 +162,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             (slot.base_gfn().raw(), slot.npages(), slot.dirty_logging());
         // `snap` is held to the end, as a fault holds it: see handle_fault.
         let shift = self.page_shift;
-        let bitmap = if logging && self.policy.dirty.bitmaps() {
+        let bitmap = if logging && self.strategy.bitmaps().is_ok() {
             self.side[usize::from(id)].dirty.load_full()
         } else {
             None
@@ -197,11 +199,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
 
     /// Switches how range invalidations above the page limit are issued
     /// (`limit_pages` is the limit, at least 1) from now on, for a
-    /// benchmark that measures both policies on one MMU.
+    /// benchmark that measures both policies on one MMU (the `baselines`
+    /// feature only: the other policy is a baseline).
     /// [`Mmu::policy`] keeps reporting the policy the MMU was created with.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a zero limit.
+    #[cfg(feature = "baselines")]
     pub fn set_tlb_large_range(
         &self,
         large_range: LargeRangePolicy,

@@ -1,5 +1,5 @@
 //! The hardware-dirty CLEAR's choice between a walk per run of dirty pages
-//! and one masked walk per last-level table ([`Mmu::with_sparse_clear_runs`]).
+//! and one masked walk per last-level table (`Mmu::with_sparse_clear_runs`).
 //!
 //! A CLEAR of one page in 3 of 16 GiB made 1.4M one-page walks from the
 //! root; `perf` put its time in the walker's descent, its read guard and
@@ -68,7 +68,7 @@ impl ClearGroup {
 impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// Protects the pages of `group` (of the slot at `base`, of `npages`
     /// pages) and empties it. With hardware dirty state and more than
-    /// [`Mmu::with_sparse_clear_runs`]'s runs among them, in one masked
+    /// `Mmu::with_sparse_clear_runs`'s runs among them, in one masked
     /// clean ([`PageTable::clean_hw_dirty_masked`]) after protecting `run`;
     /// otherwise run by run through `run` ([`Mmu::protect_mask_runs`]), so
     /// long runs join across words.
@@ -86,7 +86,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         if group.words.is_empty() {
             return Ok(());
         }
-        let done = if self.policy.dirty.hardware() && runs > self.sparse_clear_runs {
+        let done = if self.strategy.masked_clear() && runs > self.sparse_clear_runs {
             self.protect_run(pt, base, run, batch)?;
             group.dense.clear();
             group.dense.resize(group.table_words, 0);

@@ -117,7 +117,7 @@ fn a_move_that_stops_logging_drops_the_bitmap() {
 fn hardware_dirty_state_is_scanned_and_cleaned() {
     use crate::format::arm64::{DBM, S2AP_W};
     let m = mmu(MmuPolicy {
-        dirty: DirtyMode::Hardware,
+        dirty: DirtyMode::HW,
         ..MmuPolicy::default()
     });
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 2 << 20, Hva::new(HVA));
@@ -313,7 +313,9 @@ fn output_addresses_come_from_the_host_memory_hook() {
 #[test]
 fn marks_after_logging_is_restarted_land_in_the_new_bitmap() {
     let m = mmu(MmuPolicy {
-        manual_protect: false,
+        dirty: DirtyMode::Bitmap {
+            protect: Protect::OnGet,
+        },
         ..MmuPolicy::default()
     });
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 1 << 20, Hva::new(HVA));
@@ -429,7 +431,7 @@ fn an_ept_vm_logs_with_hardware_dirty_flags() {
         Arc::new(NoTlb),
         TreeMemslots::with_config(MemslotConfig::default()),
         MmuPolicy {
-            dirty: DirtyMode::Hardware,
+            dirty: DirtyMode::HW,
             ..MmuPolicy::default()
         },
     )
@@ -469,7 +471,11 @@ fn an_ept_vm_logs_with_hardware_dirty_flags() {
 fn logging_stops_with_blocks_collapsed_in_place() {
     for in_place in [false, true] {
         let m = mmu(MmuPolicy {
-            recover_in_place: in_place,
+            huge_page_recovery: if in_place {
+                HugePageRecovery::Collapse
+            } else {
+                HugePageRecovery::Unmap
+            },
             ..MmuPolicy::default()
         });
         let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));

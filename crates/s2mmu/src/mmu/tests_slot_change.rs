@@ -41,14 +41,16 @@ fn modes() -> [(&'static str, MmuPolicy); 5] {
         (
             "write protection",
             MmuPolicy {
-                manual_protect: false,
+                dirty: DirtyMode::Bitmap {
+                    protect: Protect::OnGet,
+                },
                 ..p
             },
         ),
         (
             "manual protect",
             MmuPolicy {
-                manual_protect: true,
+                dirty: DirtyMode::WP,
                 ..p
             },
         ),
@@ -62,14 +64,14 @@ fn modes() -> [(&'static str, MmuPolicy); 5] {
         (
             "hardware",
             MmuPolicy {
-                dirty: DirtyMode::Hardware,
+                dirty: DirtyMode::HW,
                 ..p
             },
         ),
         (
             "pml",
             MmuPolicy {
-                dirty: DirtyMode::Pml,
+                dirty: DirtyMode::PML,
                 ..p
             },
         ),
@@ -157,7 +159,7 @@ fn case<F: PteFormat>(fmt: F, policy: MmuPolicy, change: Change) -> Option<Strin
     m.enable_dirty_logging(0).unwrap();
     // A first harvest, so only the writes below are dirty.
     harvest(&m);
-    if policy.manual_protect && policy.dirty.bitmaps() {
+    if policy.dirty.manual_protect() {
         let all = vec![u64::MAX; (SIZE >> 12) as usize / 64];
         m.clear_dirty_log(0, 0, SIZE >> 12, &all).unwrap();
     }

@@ -101,7 +101,11 @@ fn table_view(m: &BudgetMmu, size: u64) -> Vec<Option<(u64, bool)>> {
 #[test]
 fn a_clear_that_cannot_split_leaves_bitmap_and_table_unchanged() {
     let (m, budget) = mmu(MmuPolicy {
-        initially_set: true,
+        dirty: DirtyMode::Bitmap {
+            protect: Protect::Manual {
+                initially_set: true,
+            },
+        },
         ..MmuPolicy::default()
     });
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
@@ -198,7 +202,11 @@ fn logging_on_without_split_memory_succeeds_and_logs() {
 #[test]
 fn a_clear_that_fails_in_a_later_chunk_puts_its_bits_back() {
     let (m, budget) = mmu(MmuPolicy {
-        initially_set: true,
+        dirty: DirtyMode::Bitmap {
+            protect: Protect::Manual {
+                initially_set: true,
+            },
+        },
         ..MmuPolicy::default()
     });
     // 1 GiB (one CLEAR chunk) of 2 MiB blocks, and one block beyond it.
@@ -237,7 +245,11 @@ fn a_clear_that_fails_in_a_later_chunk_puts_its_bits_back() {
 #[test]
 fn a_clear_beside_views_that_fails_in_a_later_chunk_puts_its_bits_back() {
     let (m, budget) = mmu(MmuPolicy {
-        initially_set: true,
+        dirty: DirtyMode::Bitmap {
+            protect: Protect::Manual {
+                initially_set: true,
+            },
+        },
         ..MmuPolicy::default()
     });
     let size = (1 << 30) + (2 << 20);

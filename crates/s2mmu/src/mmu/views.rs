@@ -47,7 +47,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub fn open_dirty_view(&self, id: u16) -> Result<DirtyView> {
         let _u = self.update.lock();
         let b = self.bitmap(id)?;
-        self.sync_hw_dirty(id, &b)?;
+        self.strategy.sync(self, id, &b)?;
         let mut views = self.views.lock();
         let view = self.next_view.fetch_add(1, Ordering::Relaxed);
         match views.iter_mut().find(|v| v.slot() == id) {
@@ -232,7 +232,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 needed: b.words(),
             });
         }
-        self.sync_hw_dirty(id, &b)?;
+        self.strategy.sync(self, id, &b)?;
         let mut views = self.views.lock();
         let v = views_of(&mut views, id)?;
         v.fold();
@@ -253,7 +253,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// log's bitmap; without manual protect also cleared and protected.
     pub(super) fn log_get_with_views(&self, id: u16, out: &mut [u64]) -> Result<u64> {
         let n = self.consumer_get(id, DirtyConsumer::Log, out)?;
-        if !self.policy.manual_protect && n > 0 {
+        if !self.strategy.manual_protect() && n > 0 {
             let npages = self.bitmap(id)?.npages();
             let words = npages.div_ceil(64) as usize;
             self.consumer_clear(id, 0, npages, &[(DirtyConsumer::Log, &out[..words])])?;
@@ -324,7 +324,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         drop(cache);
         let calls = batch.finish();
         self.bbm_report_clean();
-        self.clear_tlb_calls.fetch_add(calls, Ordering::Relaxed);
+        self.count_clear_tlb_calls(calls);
         self.vm_stats.lock().add(&st);
         Ok(counts.into_iter().map(|c| c.0).collect())
     }
@@ -398,9 +398,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// would not: with eager split, and with hardware dirty state, whose
     /// writes never fault (a block left whole would be logged whole).
     pub(super) fn split_on_clear(&self) -> bool {
-        self.initially_set()
-            && (self.policy.eager_split_chunk.is_some() || self.policy.dirty.hardware())
-            && self.policy.splits_for_logging()
+        self.initially_set() && self.strategy.splits_on_clear(self.policy.eager_split_chunk)
     }
 
     /// Write-protects the pages of `mask` (bit i = page `page0 + i` of the

@@ -156,7 +156,9 @@ fn the_slots_log_is_unchanged_after_views_close() {
 #[test]
 fn legacy_get_without_manual_protect_takes_and_protects_beside_views() {
     let m = logged(MmuPolicy {
-        manual_protect: false,
+        dirty: DirtyMode::Bitmap {
+            protect: Protect::OnGet,
+        },
         ..MmuPolicy::default()
     });
     let v = m.open_dirty_view(0).unwrap();
@@ -245,7 +247,7 @@ fn rings_have_no_bitmap_to_view() {
 #[test]
 fn hardware_dirty_state_feeds_every_view() {
     let m = logged(MmuPolicy {
-        dirty: DirtyMode::Hardware,
+        dirty: DirtyMode::HW,
         ..MmuPolicy::default()
     });
     let (a, b) = (m.open_dirty_view(0).unwrap(), m.open_dirty_view(0).unwrap());

@@ -14,7 +14,9 @@ use core::sync::atomic::Ordering;
 pub enum SplitPolicy {
     /// Visit every entry of the range, as Linux mainline does: after a block
     /// is split the walker descends into every new entry, and an
-    /// already-split range is visited page by page.
+    /// already-split range is visited page by page. The seeds' baseline
+    /// (the `baselines` feature only).
+    #[cfg(feature = "baselines")]
     FullWalk,
     /// Seed 000's RFC (2026-05-15, "v1" in split-perf): a last-level entry
     /// returns "skip siblings" (its table holds pages only), and a block
@@ -36,6 +38,7 @@ impl SplitPolicy {
     /// A short name for reports.
     pub fn name(self) -> &'static str {
         match self {
+            #[cfg(feature = "baselines")]
             SplitPolicy::FullWalk => "full_walk",
             SplitPolicy::SkipReturns => "skip",
             SplitPolicy::NoLastLevelTables => "no_last_level_flag",

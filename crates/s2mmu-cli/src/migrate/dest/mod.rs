@@ -444,7 +444,7 @@ pub fn build_vm<F: VmFormat>(
         gpa_base: h.gpa_base,
         // The destination does not log dirty pages.
         policy: MmuPolicy {
-            dirty: DirtyMode::Bitmap,
+            dirty: DirtyMode::WP,
             ..policy
         },
         ..VmConfig::default()

@@ -6,20 +6,10 @@ use super::super::postcopy::Postcopy;
 use super::super::wire::{MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
 use crate::progress::Progress;
 use crate::vm_format::FormatArg;
-use s2mmu::mmu::{DirtyMode, MmuPolicy};
+use s2mmu::mmu::{DirtyMode, MmuPolicy, Protect};
 use s2mmu_vm::{Backing, Pattern};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// How dirty pages are collected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Harvest {
-    /// `KVM_GET_DIRTY_LOG` per round, `KVM_CLEAR_DIRTY_LOG` per chunk just
-    /// before the chunk's pages are sent (QEMU's clear_bmap).
-    Bitmap,
-    /// Per-vCPU dirty rings, reaped whenever one fills and at each round.
-    Ring,
-}
 
 /// What the source does when the guest dirties memory faster than the
 /// link drains it.
@@ -47,12 +37,14 @@ pub struct SourceConfig {
     pub backing: Backing,
     /// Memslots.
     pub slots: u32,
-    /// The MMU's policy (dirty-log fields are set from `harvest`).
+    /// The MMU's policy (its dirty mode is set from `harvest`).
     pub policy: MmuPolicy,
-    /// How dirty pages are collected.
-    pub harvest: Harvest,
-    /// Entries of each vCPU's dirty ring.
-    pub ring_entries: u32,
+    /// How dirty pages are tracked and collected, any of the engine's
+    /// modes: rings are reaped whenever one fills and at each round; every
+    /// bitmap mode (write protection, hardware dirty state, PML) takes
+    /// `KVM_GET_DIRTY_LOG` per round and `KVM_CLEAR_DIRTY_LOG` per chunk
+    /// just before the chunk's pages are sent (QEMU's clear_bmap).
+    pub harvest: DirtyMode,
     /// Bytes cleared per `clear_dirty_log` call (bitmap harvest).
     pub clear_chunk: u64,
     /// Bytes per second the whole guest dirties (0: as fast as it can).
@@ -100,8 +92,7 @@ impl Default for SourceConfig {
             backing: Backing::AnonymousThp,
             slots: 1,
             policy: MmuPolicy::default(),
-            harvest: Harvest::Bitmap,
-            ring_entries: 4096,
+            harvest: DirtyMode::WP,
             clear_chunk: 64 << 20,
             dirty_rate: 64 << 20,
             pattern: Pattern::Sequential,
@@ -128,15 +119,7 @@ impl Default for SourceConfig {
 /// round sends all memory and logs what changes meanwhile).
 pub fn source_policy(cfg: &SourceConfig) -> MmuPolicy {
     MmuPolicy {
-        manual_protect: true,
-        initially_set: false,
-        dirty: if cfg.harvest == Harvest::Ring {
-            DirtyMode::Ring {
-                entries: cfg.ring_entries,
-            }
-        } else {
-            DirtyMode::Bitmap
-        },
+        dirty: cfg.harvest.with_protect(Protect::MANUAL),
         ..cfg.policy
     }
 }

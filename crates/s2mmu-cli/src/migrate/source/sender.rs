@@ -7,7 +7,7 @@ use super::super::error::MigrateError;
 use super::super::hash::is_zero;
 use super::super::net::BoxConn;
 use super::super::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
-use super::{read_reply, unexpected_reply, Harvest, SourceConfig};
+use super::{read_reply, unexpected_reply, SourceConfig};
 use s2mmu::dirty::DirtyGfn;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{GuestMemory, Vm, VmFormat};
@@ -150,7 +150,7 @@ impl<'a, F: VmFormat> Sender<'a, F> {
                 .iter()
                 .map(|s| vec![0u64; (s.size / page).div_ceil(64) as usize])
                 .collect(),
-            ring: cfg.harvest == Harvest::Ring,
+            ring: cfg.harvest.ring_entries().is_some(),
             vcpus: cfg.vcpus,
             chunk_pages: (cfg.clear_chunk / page / 64 * 64).max(64),
             gfns: Vec::new(),

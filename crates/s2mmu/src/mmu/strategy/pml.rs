@@ -27,8 +27,103 @@
 //! kick: a flush sees a flag set by the hardware only together with its
 //! entry, as KVM sees a vCPU's log only at an instruction boundary.
 
+use super::hw_scan::{hw_split_chunk, salvage_leaves};
 use super::*;
 use crate::pgtable::Translation;
+
+/// The PML strategy: hardware dirty state as [`super::hw_scan`] has it
+/// (leaves cleaned, salvaged before unmapping), harvested from every
+/// vCPU's log instead of the leaves.
+pub(in crate::mmu) struct PmlLogs<P: Platform> {
+    protect: Protect,
+    /// Every vCPU's log, by vCPU index.
+    logs: RwLock<P, Vec<Arc<PmlLog>>>,
+}
+
+impl<P: Platform> PmlLogs<P> {
+    pub(super) fn new(protect: Protect) -> Self {
+        PmlLogs {
+            protect,
+            logs: lock_api::RwLock::new(Vec::new()),
+        }
+    }
+}
+
+impl<P: Platform> DirtyStrategy<P> for PmlLogs<P> {
+    fn protect(&self) -> Option<Protect> {
+        Some(self.protect)
+    }
+
+    fn new_vcpu(&self, id: usize, table: u64) -> Result<VcpuLog> {
+        let log = Arc::new(PmlLog::new(id, table));
+        let mut logs = self.logs.write();
+        logs.try_reserve(1).map_err(|_| Error::OutOfMemory)?;
+        logs.push(log.clone());
+        Ok(VcpuLog {
+            ring: None,
+            pml: Some(log),
+        })
+    }
+
+    /// PML logs the 4 KiB page written, not the block whose dirty flag the
+    /// write set: blocks are always split first.
+    fn split_chunk(&self, eager: Option<u64>) -> Option<u64> {
+        hw_split_chunk(HwDirtyBlocks::SplitFirst, eager)
+    }
+
+    fn splits_on_clear(&self, _eager: Option<u64>) -> bool {
+        true
+    }
+
+    fn protect_range<F: PteFormat, M: MmOps>(
+        &self,
+        pt: &mut PageTable<F, M>,
+        ipa: u64,
+        size: u64,
+        batch: &mut TlbBatch<'_>,
+    ) -> Result<u64> {
+        pt.clean_hw_dirty_batched(ipa, size, batch)
+    }
+
+    fn masked_clear(&self) -> bool {
+        true
+    }
+
+    /// The logs hold what a scan would find: no leaf is read.
+    fn sync<F: PteFormat, M: MmOps, S: MemslotStore>(
+        &self,
+        mmu: &Mmu<F, M, S, P>,
+        _id: u16,
+        _b: &DirtyBitmap,
+    ) -> Result<()> {
+        mmu.flush_all_pml_with(self, None);
+        Ok(())
+    }
+
+    fn salvage<F: PteFormat, M: MmOps, S: MemslotStore>(
+        &self,
+        mmu: &Mmu<F, M, S, P>,
+        pt: &PageTable<F, M>,
+        id: u16,
+        slot_base: u64,
+        ipa: u64,
+        len: u64,
+    ) -> Result<()> {
+        salvage_leaves(mmu, pt, id, slot_base, ipa, len)
+    }
+
+    /// The PML entries of the slot's pages go into its bitmap: their flush
+    /// would look the old addresses up in the new memslots and drop them.
+    fn before_slot_unmap<F: PteFormat, M: MmOps, S: MemslotStore>(
+        &self,
+        mmu: &Mmu<F, M, S, P>,
+        id: u16,
+        base_gfn: u64,
+        end_gfn: u64,
+    ) {
+        mmu.flush_all_pml_with(self, Some((id, base_gfn, end_gfn)));
+    }
+}
 
 /// Entries of a PML log: one 4 KiB page of 8-byte addresses
 /// (`PML_LOG_NR_ENTRIES`).
@@ -70,7 +165,7 @@ pub struct PmlLog {
 }
 
 impl PmlLog {
-    pub(super) fn new(vcpu: usize, table: u64) -> Self {
+    fn new(vcpu: usize, table: u64) -> Self {
         PmlLog {
             vcpu,
             table,
@@ -172,18 +267,13 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         Ok(n)
     }
 
-    /// Flushes every vCPU's log: what KVM's kick before
-    /// `KVM_GET_DIRTY_LOG` achieves. No leaf is read.
-    pub(super) fn flush_all_pml(&self) {
-        self.flush_all_pml_with(None);
-    }
-
-    /// [`Mmu::flush_all_pml`], where `old` (slot id, first gfn, end gfn)
-    /// is the range a slot being deleted or moved had: its pages are
-    /// marked in that slot's bitmap (the memslots no longer name it), as
-    /// KVM flushes the logs before a slot moves.
-    pub(super) fn flush_all_pml_with(&self, old: Option<(u16, u64, u64)>) {
-        let logs = self.pml.read().clone();
+    /// Flushes every vCPU's log of `pml`: what KVM's kick before
+    /// `KVM_GET_DIRTY_LOG` achieves. No leaf is read. `old` (slot id,
+    /// first gfn, end gfn) is the range a slot being deleted or moved had:
+    /// its pages are marked in that slot's bitmap (the memslots no longer
+    /// name it), as KVM flushes the logs before a slot moves.
+    fn flush_all_pml_with(&self, pml: &PmlLogs<P>, old: Option<(u16, u64, u64)>) {
+        let logs = pml.logs.read().clone();
         let mut st = FaultStats::default();
         for log in &logs {
             self.flush_pml_log(log, &mut st, old);
