@@ -15,8 +15,12 @@
 
 pub mod driver;
 pub mod error;
+#[cfg(feature = "sim")]
+#[allow(unsafe_code)] // GuestMemory's impl of the unsafe trait GuestRam
+pub mod sim;
 pub mod snapshot;
 pub mod state;
+#[allow(unsafe_code)] // declares the unsafe trait GuestRam
 pub mod vm;
 
 pub use error::MigrateError;
