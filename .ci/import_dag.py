@@ -22,7 +22,11 @@ ITEM_RE = re.compile(
     r"(?:fn|struct|enum|trait|type|const|static|union|macro_rules!)\s+(\w+)"
 )
 MOD_RE = re.compile(r"^\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;")
-PATH_RE = re.compile(r"\b((?:crate|super|self)(?:::\w+)+)")
+# (Not the stem of a use group, `super::dest::{a, b}`: its leaves count.)
+PATH_RE = re.compile(r"(?<![\w:])((?:crate|super|self)(?:::\w+)+)(?!\w|::)")
+# A path that starts with a name (a child module, or a module the file
+# imported: `sender::copy_page`, `postcopy::source::run`).
+NAME_PATH_RE = re.compile(r"(?<![\w:])([a-z_]\w*(?:::\w+)+)(?!\w|::)")
 
 
 def modules(root):
@@ -151,7 +155,8 @@ class Crate:
                     return mod
                 target = self.uses.get(mod, {}).get(name)
                 if target is not None:
-                    return self.resolve(target + tuple(rest[1:]), seen) or mod
+                    found = self.resolve(target + tuple(rest[1:]), seen)
+                    return mod if found is None else found
                 return mod
         return None
 
@@ -160,6 +165,14 @@ class Crate:
         for m, t in self.text.items():
             paths = [self.absolute(m, p.split("::")) for p in PATH_RE.findall(t)]
             paths += list(self.uses[m].values())
+            for p in NAME_PATH_RE.findall(t):
+                segs = p.split("::")
+                if segs[0] in ("crate", "super", "self"):
+                    continue
+                if m + (segs[0],) in self.files:
+                    paths.append(m + tuple(segs))
+                elif segs[0] in self.uses[m] and self.uses[m][segs[0]] is not None:
+                    paths.append(self.uses[m][segs[0]] + tuple(segs[1:]))
             for p in paths:
                 d = self.resolve(p)
                 if d is not None and d != m:

@@ -1,7 +1,7 @@
 //! `migrate --check`: the lost-write check of a migration, whose guest
 //! runs while the source harvests.
 //!
-//! Every page is hashed after each harvest ([`crate::lost_write`]). With
+//! Every page is hashed after each harvest ([`crate::session::lost_write`]). With
 //! the guest running, a write lands in the log of the round whose window
 //! it falls in or of the next one (a write between a GET and the hashing
 //! that follows it is logged by the next GET; a write to a page reported
@@ -13,8 +13,9 @@
 //! writable and never logged again, so a workload that rewrites it shows
 //! it changed and unlogged within two rounds.
 
-use super::error::MigrateError;
-use crate::lost_write::LostWriteCheck;
+pub use super::extras::CheckSummary;
+use crate::stream_error::MigrateError;
+use crate::session::lost_write::LostWriteCheck;
 use s2mmu::memslot::MemslotStore;
 use s2mmu_vm::{Vm, VmFormat};
 
@@ -31,19 +32,6 @@ pub struct RunningLostCheck {
     lost: Vec<Vec<u64>>,
     /// What it found so far.
     pub found: CheckSummary,
-}
-
-/// What the check found.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CheckSummary {
-    /// Rounds checked.
-    pub rounds: u32,
-    /// Page changes seen (a page counted once per round it changed in).
-    pub changed: u64,
-    /// Changed pages no log reported (each page once).
-    pub lost: u64,
-    /// The guest address of the first lost page.
-    pub first_lost_gpa: Option<u64>,
 }
 
 fn err(e: String) -> MigrateError {

@@ -1,7 +1,7 @@
 //! The guest's throughput over time: a sampler thread reads the vCPUs'
 //! live counters at a fixed interval while the migration runs.
 
-use s2mmu_vm::Control;
+use crate::vm::GuestCounters;
 use std::sync::atomic::{AtomicBool, Ordering};
 // Lock poisoning: the sample list is only pushed to and cloned, so the
 // `unwrap`s only propagate a panic that is already a bug.
@@ -45,8 +45,11 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    /// Starts sampling `control`'s vCPUs every `every`.
-    pub fn start(control: Arc<Control>, every: Duration) -> Timeline {
+    /// Starts sampling the guest's counters (`counters`) every `every`.
+    pub fn start(
+        counters: Arc<dyn Fn() -> GuestCounters + Send + Sync>,
+        every: Duration,
+    ) -> Timeline {
         let t0 = Instant::now();
         let samples = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -57,18 +60,11 @@ impl Timeline {
                 .spawn(move || {
                     let mut next = t0;
                     while !stop.load(Ordering::Acquire) {
+                        let c = counters();
                         let s = Sample {
                             t_s: t0.elapsed().as_secs_f64(),
-                            writes: control
-                                .live
-                                .iter()
-                                .map(|l| l.writes.load(Ordering::Relaxed))
-                                .sum(),
-                            guest_ns: control
-                                .live
-                                .iter()
-                                .map(|l| l.guest_ns.load(Ordering::Relaxed))
-                                .sum(),
+                            writes: c.writes,
+                            guest_ns: c.guest_ns,
                         };
                         samples.lock().unwrap().push(s);
                         next += every;

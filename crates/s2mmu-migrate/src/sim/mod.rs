@@ -1,14 +1,24 @@
 //! The simulated VM of `s2mmu-vm` behind the session's interface
 //! ([`SessionVm`], [`GuestRam`], [`GuestRun`]): feature `sim`.
 //!
-//! Only the mapping from the interface to the simulated VM's calls lives
-//! here; the session's logic is in [`crate::session`].
+//! Besides the mapping from the interface to the simulated VM's calls:
+//! the simulated guest's own parts of a migration, which no other guest
+//! has ([`source`]: building and running it, its STATE ([`state`]) and
+//! post-copy's replay of its writes; [`extras`]: the lost-write check and
+//! snapshots beside pre-copy). The session's logic is in
+//! [`crate::session`].
+
+pub mod extras;
+pub mod in_process;
+pub mod snapshot_run;
+pub mod source;
+pub mod state;
 
 use crate::vm::{
     GuestCounters, GuestRam, GuestRun, PageFetch, RamSlot, RingEntry, SessionVm, VmError,
 };
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{GuestMemory, Vm, VmFormat, Workload};
+use s2mmu_vm::{Control, GuestMemory, Vm, VmFormat, Workload};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -149,6 +159,20 @@ impl<F: VmFormat> SessionVm for SimVm<F> {
         self.vm
             .set_page_fetch(fetch.map(|f| Arc::new(FetchHook(f)) as Arc<dyn s2mmu_vm::PageFetch>));
         Ok(())
+    }
+}
+
+/// A reader of the vCPUs' counters in `control` that a sampling thread
+/// can own.
+pub fn counter_source(control: Arc<Control>) -> Arc<dyn Fn() -> GuestCounters + Send + Sync> {
+    Arc::new(move || counters_of(&control))
+}
+
+fn counters_of(control: &Control) -> GuestCounters {
+    let live = &control.live;
+    GuestCounters {
+        writes: live.iter().map(|l| l.writes.load(Ordering::Relaxed)).sum(),
+        guest_ns: live.iter().map(|l| l.guest_ns.load(Ordering::Relaxed)).sum(),
     }
 }
 

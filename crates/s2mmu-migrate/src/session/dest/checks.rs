@@ -2,11 +2,12 @@
 //! memory, the vCPU state against the header, each channel's END, and the
 //! byte comparison of verify-full.
 
-use super::receive::{page_offset, Shared};
-use crate::migrate::error::MigrateError;
-use crate::migrate::hash::page_hash;
-use crate::migrate::wire::{
-    record_name, tag, Dec, GuestState, Header, Record, WireReader, PAGE_SIZE,
+use super::receive::{check_end, page_offset, Shared};
+use crate::sim::state::GuestState;
+use crate::stream_error::MigrateError;
+use crate::hash::page_hash;
+use crate::wire::{
+    record_name, tag, Dec, Header, Record, WireReader, PAGE_SIZE,
 };
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{Vm, VmFormat};
@@ -121,19 +122,6 @@ pub(super) fn check_complete<F: VmFormat>(
     Ok(())
 }
 
-/// END's counts must be what arrived: a stream that lost records is not
-/// complete even when every page happened to arrive.
-pub(crate) fn check_end(body: &[u8], at_byte: u64, pages_seen: u64) -> Result<(), MigrateError> {
-    let mut d = Dec::new(body, "END", at_byte);
-    let (pages, bytes) = (d.u64()?, d.u64()?);
-    d.finish()?;
-    if pages != pages_seen || bytes != at_byte {
-        return Err(d.malformed(format!(
-            "the source sent {pages} pages in {bytes} bytes, {pages_seen} pages in {at_byte} bytes arrived"
-        )));
-    }
-    Ok(())
-}
 
 /// The verification pass: VERIFY, all of the source's memory as PAGES
 /// records on the main channel, END; each page is compared byte for byte

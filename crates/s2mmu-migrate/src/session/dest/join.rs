@@ -1,10 +1,10 @@
 //! Opening a session: ACCEPT with a fresh session id, then the further
 //! channels (and post-copy's two connections) joining it.
 
-use super::DestConfig;
-use crate::migrate::error::MigrateError;
-use crate::migrate::net::{Admission, BoxConn, Conn, NetConfig, Opener, Refused};
-use crate::migrate::wire::{tag, Header, Opening, WireReader, WireWriter, SESSION_LEN};
+use super::config::DestConfig;
+use crate::stream_error::MigrateError;
+use crate::transport::{Admission, BoxConn, Conn, NetConfig, Opener, Refused};
+use crate::wire::{tag, Header, Opening, WireReader, WireWriter, SESSION_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;

@@ -2,13 +2,13 @@
 //! into guest memory (each checked against its channel, its address and
 //! its hash), probes, and the population of memory before the stream.
 
-use super::checks::check_end;
-use crate::migrate::error::MigrateError;
-use crate::migrate::hash::{page_hash, ZERO_PAGE};
-use crate::migrate::net::{self, BoxConn, Conn};
-use crate::migrate::postcopy;
-use crate::migrate::wire::{
-    channel_of, record_name, tag, tag_name, Enc, GuestState, Header, Record, WireReader,
+use crate::sim::state::GuestState;
+use crate::stream_error::MigrateError;
+use crate::hash::{page_hash, ZERO_PAGE};
+use crate::transport::{self, BoxConn, Conn};
+use crate::session::postcopy;
+use crate::wire::{
+    channel_of, record_name, tag, tag_name, Enc, Header, Record, WireReader,
     WireWriter, MAX_BATCH, PAGE_SIZE,
 };
 use s2mmu::memslot::TreeMemslots;
@@ -411,4 +411,18 @@ pub(super) fn page_offset<F: VmFormat>(
         }
         _ => Err(MigrateError::PageOutOfRange { gpa, at_byte }),
     }
+}
+
+/// END's counts must be what arrived: a stream that lost records is not
+/// complete even when every page happened to arrive.
+pub(crate) fn check_end(body: &[u8], at_byte: u64, pages_seen: u64) -> Result<(), MigrateError> {
+    let mut d = Dec::new(body, "END", at_byte);
+    let (pages, bytes) = (d.u64()?, d.u64()?);
+    d.finish()?;
+    if pages != pages_seen || bytes != at_byte {
+        return Err(d.malformed(format!(
+            "the source sent {pages} pages in {bytes} bytes, {pages_seen} pages in {at_byte} bytes arrived"
+        )));
+    }
+    Ok(())
 }

@@ -3,13 +3,14 @@
 
 use super::checks::compare_with_snapshot;
 use super::receive::Shared;
-use super::{DestConfig, DestOutcome};
-use crate::migrate::error::MigrateError;
-use crate::migrate::hash::digest_of;
-use crate::migrate::net::Conn;
-use crate::migrate::wire::{tag, Enc, GuestState, WireReader, WireWriter, PAGE_SIZE};
+use super::config::{DestConfig, DestOutcome};
+use crate::stream_error::MigrateError;
+use crate::hash::digest_of;
+use crate::transport::Conn;
+use crate::sim::state::{workload_config, GuestState};
+use crate::wire::{tag, Enc, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Pattern, Vm, VmFormat, Workload, WorkloadConfig};
+use s2mmu_vm::{Vm, VmFormat, Workload};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -119,21 +120,6 @@ pub(crate) fn start_workload<F: VmFormat>(
         .store(state.pace_pages_per_sec, Ordering::Relaxed);
     wl.run_free();
     Ok(wl)
-}
-
-/// The workload the transferred state describes (what the source's
-/// vCPUs ran).
-pub(crate) fn workload_config(state: &GuestState) -> WorkloadConfig {
-    WorkloadConfig {
-        bytes_per_vcpu: state.bytes_per_vcpu,
-        write_percent: state.write_percent,
-        pattern: if state.pattern == 1 {
-            Pattern::Random
-        } else {
-            Pattern::Sequential
-        },
-        page_size: PAGE_SIZE as u64,
-    }
 }
 
 /// Lets the resumed guest run until `run_after` has passed since

@@ -31,7 +31,7 @@
 //! Every other line gets `error: ...` and changes nothing.
 //! `s2mmu migrate-ctl` is the client ([`request`]).
 
-use super::super::error::MigrateError;
+use crate::stream_error::MigrateError;
 use super::control_guard::{check_dir, check_peer, read_line_within};
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

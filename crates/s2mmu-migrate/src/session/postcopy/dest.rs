@@ -3,11 +3,14 @@
 //! page-fetch hook), its answer and the background stream are written
 //! into guest memory by whichever copy lands first.
 
-use super::super::dest::{check_end, run_resumed, start_workload, DestConfig, DestOutcome};
-use super::super::error::MigrateError;
-use super::super::net::BoxConn;
-use super::super::source::source_digests;
-use super::super::wire::{record_name, tag, GuestState, Record, WireReader, WireWriter};
+use super::super::dest::config::{DestConfig, DestOutcome};
+use super::super::dest::{check_end, run_resumed, start_workload};
+use crate::stream_error::MigrateError;
+use crate::transport::BoxConn;
+use super::super::digests::source_digests;
+use crate::sim::state::{encode_vcpus, GuestState};
+use crate::sim::SimVm;
+use crate::wire::{record_name, tag, Record, WireReader, WireWriter};
 use super::control::{self, Phase, RecoveryMode};
 use super::fetch::{bit, Fetcher, REFERENCE_PINGS};
 use super::{encode_missing, median_p99, Final, PostcopyFigures};
@@ -124,13 +127,13 @@ pub fn resume<R: Read + Write + Send, F: VmFormat>(
         .map_err(|e| MigrateError::Setup(format!("destination logging off: {e}")))?;
     let resumed_write_rate = run_resumed(&wl, state, r.cfg.run_after, resumed_at);
     let vcpus = wl.vcpu_states();
-    let digests = source_digests(vm);
+    let digests = source_digests(&SimVm::new(vm.clone()));
     let mut figures = figures_of(&fetcher, resumed_at, reference);
     figures.missing_pages = missing_pages;
     figures.recoveries = u64::from(links.recoveries);
     let fin = Final {
         figures: figures.clone(),
-        vcpus: vcpus.clone(),
+        state: encode_vcpus(&vcpus),
         digests: digests.clone(),
     };
     let counts = match &mut links.recovered {
@@ -338,7 +341,7 @@ fn phase<M: Read + Write + Send>(
         f.broken.store(true, Ordering::SeqCst);
         f.wake();
         for s in sockets {
-            super::super::net::shutdown(s);
+            crate::transport::shutdown(s);
         }
     };
     std::thread::scope(|sc| {

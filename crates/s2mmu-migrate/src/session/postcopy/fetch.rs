@@ -4,10 +4,10 @@
 //! a REQUEST goes out; whichever copy of a page arrives first (an answer
 //! or the background stream's) is claimed, checked and kept.
 
-use super::super::error::MigrateError;
-use super::super::hash::{page_hash, ZERO_PAGE};
-use super::super::net::BoxConn;
-use super::super::wire::{tag, Entry, WireReader, WireWriter, PAGE_SIZE};
+use crate::stream_error::MigrateError;
+use crate::hash::{page_hash, ZERO_PAGE};
+use crate::transport::BoxConn;
+use crate::wire::{tag, Entry, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{GuestMemory, PageFetch, SlotInfo, Vm, VmFormat};
 use std::io::Read;

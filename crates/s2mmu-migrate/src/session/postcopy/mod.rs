@@ -34,16 +34,20 @@
 //! operator on its control socket ([`control`]) to `recover` or `cancel`.
 
 pub mod control;
+// geteuid and SO_PEERCRED for the control socket's owner checks.
+#[allow(unsafe_code)]
 mod control_guard;
+#[cfg(feature = "sim")]
 pub mod dest;
+// Writes an answered page straight into guest memory.
+#[cfg(feature = "sim")]
+#[allow(unsafe_code)]
 pub mod fetch;
-pub mod report;
 pub mod source;
 
-use super::error::MigrateError;
-use super::wire::{Dec, Enc, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{VcpuState, Vm, VmFormat};
+use crate::stream_error::MigrateError;
+use crate::wire::{Dec, Enc, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
+use crate::vm::{GuestRam, SessionVm};
 
 /// When the source switches to post-copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,12 +114,17 @@ pub struct PostcopyOutcome {
     pub recoveries: u32,
 }
 
-/// The FINAL record: figures, the destination's vCPU states after its run
-/// and the per-slot digests of its memory then.
+/// Bytes of FINAL's guest state at most.
+pub const MAX_FINAL_STATE: u32 = 1 << 20;
+
+/// The FINAL record: figures, the destination guest's state after its
+/// run (its vCPUs' places, as the guest encodes them: the source's
+/// [`crate::session::guest::SourceGuest::verify_final`] reads them) and
+/// the per-slot digests of its memory then.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Final {
     pub figures: PostcopyFigures,
-    pub vcpus: Vec<VcpuState>,
+    pub state: Vec<u8>,
     pub digests: Vec<(u16, u64)>,
 }
 
@@ -143,10 +152,7 @@ impl Final {
         ] {
             e.u64(v);
         }
-        e.u32(self.vcpus.len() as u32);
-        for v in &self.vcpus {
-            e.vcpu(v);
-        }
+        e.u32(self.state.len() as u32).bytes(&self.state);
         e.u32(self.digests.len() as u32);
         for (id, d) in &self.digests {
             e.u16(*id).u64(*d);
@@ -182,13 +188,12 @@ impl Final {
             recoveries: v[14],
         };
         let n = d.u32()?;
-        if n > MAX_VCPUS {
-            return Err(d.malformed(format!("{n} vCPUs (at most {MAX_VCPUS})")));
+        if n > MAX_FINAL_STATE {
+            return Err(d.malformed(format!(
+                "{n} bytes of guest state (at most {MAX_FINAL_STATE})"
+            )));
         }
-        let mut vcpus = Vec::new();
-        for _ in 0..n {
-            vcpus.push(d.vcpu()?);
-        }
+        let state = d.bytes(n as usize)?.to_vec();
         let n = d.u32()?;
         if n > MAX_SLOTS {
             return Err(d.malformed(format!("{n} slot digests (at most {MAX_SLOTS})")));
@@ -200,7 +205,7 @@ impl Final {
         d.finish()?;
         Ok(Final {
             figures,
-            vcpus,
+            state,
             digests,
         })
     }
@@ -209,8 +214,8 @@ impl Final {
 /// The bitmap over all of guest memory (bit i: page i from the start of
 /// guest memory) of the per-slot bitmaps `pending` (bit i: page i of the
 /// slot), as POSTCOPY carries it.
-pub fn memory_bitmap<F: VmFormat>(vm: &Vm<TreeMemslots, F>, pending: &[Vec<u64>]) -> Vec<u64> {
-    let pages = vm.memory().size() / PAGE_SIZE as u64;
+pub fn memory_bitmap<V: SessionVm + ?Sized>(vm: &V, pending: &[Vec<u64>]) -> Vec<u64> {
+    let pages = vm.ram().size() / PAGE_SIZE as u64;
     let mut out = vec![0u64; pages.div_ceil(64) as usize];
     for (s, bm) in vm.slots().iter().zip(pending) {
         let first = s.mem_offset / PAGE_SIZE as u64;
@@ -275,8 +280,8 @@ pub fn decode_missing(body: &[u8], at_byte: u64, pages: u64) -> Result<Vec<u64>,
 pub fn median_p99(v: &[u64]) -> (u64, u64) {
     let f: Vec<f64> = v.iter().map(|&x| x as f64).collect();
     (
-        crate::stats::median_u64(v).unwrap_or(0),
-        crate::stats::percentile(&f, 99.0).map_or(0, |p| p.round() as u64),
+        super::stats::median_u64(v).unwrap_or(0),
+        super::stats::percentile(&f, 99.0).map_or(0, |p| p.round() as u64),
     )
 }
 
@@ -292,12 +297,7 @@ mod tests {
                 fault_p99_ns: 9,
                 ..PostcopyFigures::default()
             },
-            vcpus: vec![VcpuState {
-                pass: 2,
-                next_page: 3,
-                rng: 4,
-                writes: 5,
-            }],
+            state: vec![2, 3, 4, 5],
             digests: vec![(0, 1), (1, 2)],
         };
         assert_eq!(Final::decode(&f.encode(), 0).unwrap(), f);

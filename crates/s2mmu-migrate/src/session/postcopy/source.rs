@@ -4,40 +4,34 @@
 //! the background, and checks the destination's memory against its own
 //! plus the destination guest's writes.
 
-use super::super::bandwidth::TokenBucket;
-use super::super::dest::workload_config;
-use super::super::error::MigrateError;
-use super::super::hash::{digest_of, page_hash};
-use super::super::net::BoxConn;
-use super::super::source::{copy_page, read_reply, unexpected_reply, Connect};
-use super::super::wire::{
-    record_name, tag, Batch, Dec, GuestState, Record, WireReader, WireWriter, PAGE_SIZE,
+use crate::bandwidth::TokenBucket;
+use crate::stream_error::MigrateError;
+use crate::transport::BoxConn;
+use super::super::replies::{read_reply, unexpected_reply, Connect};
+use super::super::source::copy_page;
+use crate::vm::SessionVm;
+use crate::wire::{
+    record_name, tag, Batch, Dec, Record, WireReader, WireWriter, PAGE_SIZE,
     SESSION_LEN,
 };
 use super::control::{self, Phase, Recovery, RecoveryMode};
 use super::{decode_missing, encode_missing, Final};
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{replay_writes, Vm, VmFormat};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-/// Accesses of one vCPU the verification replays at most.
-const MAX_REPLAY_ACCESSES: u64 = 1 << 28;
 
 /// Recoveries the source attempts before it gives post-copy up.
 pub const MAX_RECOVERIES: u32 = 3;
 
 /// What the switch needs (the main connection, which carries the
 /// background pages and the replies, is passed alongside).
-pub struct Switch<'a, F: VmFormat> {
-    pub vm: &'a Arc<Vm<TreeMemslots, F>>,
+pub struct Switch<'a, V: SessionVm> {
+    pub vm: &'a Arc<V>,
     /// The request connection (read) and the answer connection (written).
     pub req: WireWriter<BoxConn>,
     pub answers: WireWriter<BoxConn>,
-    /// The paused guest's state.
-    pub state: &'a GuestState,
+    /// The paused guest's state (the STATE record's body).
+    pub state: &'a [u8],
     /// The pages still dirty (bit i: page i of guest memory).
     pub missing: Vec<u64>,
     /// The link limit (background pages only).
@@ -67,11 +61,11 @@ pub struct Done {
 /// # Errors
 /// The stream's or the destination's error; the destination has not
 /// resumed the guest (the source may).
-pub fn switch<F: VmFormat>(
-    sw: &Switch<'_, F>,
+pub fn switch<V: SessionVm>(
+    sw: &Switch<'_, V>,
     main: &mut WireWriter<BoxConn>,
 ) -> Result<Instant, MigrateError> {
-    main.control(tag::STATE, &sw.state.encode())?;
+    main.control(tag::STATE, sw.state)?;
     main.control(tag::POSTCOPY, &encode_missing(&sw.missing))?;
     main.flush()?;
     match read_reply(main, 0)? {
@@ -91,8 +85,8 @@ pub fn switch<F: VmFormat>(
 ///
 /// # Errors
 /// [`MigrateError::PostcopyBroken`]: the guest's memory is split.
-pub fn run<F: VmFormat>(
-    mut sw: Switch<'_, F>,
+pub fn run<V: SessionVm>(
+    mut sw: Switch<'_, V>,
     main: &mut WireWriter<BoxConn>,
     resumed_at: Instant,
     connect: &mut Connect<'_>,
@@ -101,7 +95,7 @@ pub fn run<F: VmFormat>(
 ) -> Result<Done, MigrateError> {
     let (vm, state, bucket) = (sw.vm, sw.state, sw.bucket);
     let first_missing = sw.missing.clone();
-    let pages = vm.memory().size() / PAGE_SIZE as u64;
+    let pages = vm.ram().size() / PAGE_SIZE as u64;
     let mut recovered: Option<WireWriter<BoxConn>> = None;
     let mut recoveries = 0;
     let count = |bm: &[u64]| bm.iter().map(|w| u64::from(w.count_ones())).sum::<u64>();
@@ -221,8 +215,8 @@ fn reconnect(
 ///
 /// # Errors
 /// The stream's error (the caller says the memory is split).
-pub fn finish<F: VmFormat>(
-    sw: Switch<'_, F>,
+pub fn finish<V: SessionVm>(
+    sw: Switch<'_, V>,
     main: &mut WireWriter<BoxConn>,
     resumed_at: Instant,
 ) -> Result<Done, MigrateError> {
@@ -248,10 +242,10 @@ pub fn finish<F: VmFormat>(
             // The request server would wait for DONE until its deadline,
             // the destination for the stream until its own.
             if let Some(s) = &req_sock {
-                super::super::net::shutdown(s);
+                crate::transport::shutdown(s);
             }
             if let Some(s) = main.get_mut().tcp() {
-                super::super::net::shutdown(s);
+                crate::transport::shutdown(s);
             }
         }
         let served = server
@@ -274,7 +268,7 @@ pub fn finish<F: VmFormat>(
 }
 
 /// The guest-physical address of page `index` of guest memory.
-fn gpa_of<F: VmFormat>(vm: &Vm<TreeMemslots, F>, index: u64) -> Option<(u64, u64)> {
+fn gpa_of<V: SessionVm>(vm: &V, index: u64) -> Option<(u64, u64)> {
     let off = index * PAGE_SIZE as u64;
     vm.slots()
         .iter()
@@ -289,8 +283,8 @@ fn claim(sent: &[AtomicU64], i: u64) -> bool {
 
 /// Every missing page no request has taken yet, on the main connection,
 /// then END. Returns pages, bytes and when END went out.
-fn background<F: VmFormat>(
-    vm: &Vm<TreeMemslots, F>,
+fn background<V: SessionVm>(
+    vm: &V,
     main: &mut WireWriter<BoxConn>,
     missing: &[u64],
     sent: &[AtomicU64],
@@ -298,7 +292,7 @@ fn background<F: VmFormat>(
 ) -> Result<(u64, u64, Instant), MigrateError> {
     let (p0, b0) = (main.pages, main.pos);
     let mut batch = Batch::new();
-    let memory = vm.memory();
+    let memory = &**vm.ram();
     for (w, &word) in missing.iter().enumerate() {
         let mut m = word;
         while m != 0 {
@@ -328,8 +322,8 @@ fn background<F: VmFormat>(
 /// Answers REQUESTs on the answer connection (first, whatever the
 /// background stream is doing), forwards heartbeats, ends at DONE.
 /// Returns the pages answered and their bytes.
-fn serve_requests<F: VmFormat>(
-    vm: &Vm<TreeMemslots, F>,
+fn serve_requests<V: SessionVm>(
+    vm: &V,
     req: &mut WireReader<BoxConn>,
     answers: &mut WireWriter<BoxConn>,
     sent: &[AtomicU64],
@@ -351,7 +345,7 @@ fn serve_requests<F: VmFormat>(
                     _ => return Err(MigrateError::PageOutOfRange { gpa, at_byte }),
                 };
                 claim(sent, off / PAGE_SIZE as u64);
-                batch.push_known(gpa, |p| copy_page(vm.memory(), off, p));
+                batch.push_known(gpa, |p| copy_page(&**vm.ram(), off, p));
                 answers.batch(&mut batch)?;
                 answers.flush()?;
             }
@@ -377,88 +371,4 @@ fn serve_requests<F: VmFormat>(
             }
         }
     }
-}
-
-/// Checks FINAL: the destination's memory must be this (frozen) memory
-/// plus exactly the writes its guest made from `state` to FINAL's vCPU
-/// states, slot by slot. Returns the digests that agreed.
-///
-/// # Errors
-/// [`MigrateError::MemoryMismatch`].
-pub fn verify<F: VmFormat>(
-    vm: &Vm<TreeMemslots, F>,
-    state: &GuestState,
-    fin: &Final,
-) -> Result<Vec<(u16, u64)>, MigrateError> {
-    let mismatch = |slot, detail| MigrateError::MemoryMismatch { slot, detail };
-    if fin.vcpus.len() != state.vcpus.len() {
-        return Err(mismatch(
-            0,
-            format!(
-                "FINAL carries {} vCPU states, the guest has {}",
-                fin.vcpus.len(),
-                state.vcpus.len()
-            ),
-        ));
-    }
-    let cfg = workload_config(state);
-    // The destination guest's writes: the last value of every word, by
-    // page.
-    let mut overlay: HashMap<u64, HashMap<u64, u64>> = HashMap::new();
-    let base = vm.config().gpa_base;
-    for (v, (from, to)) in state.vcpus.iter().zip(&fin.vcpus).enumerate() {
-        replay_writes(
-            &cfg,
-            v,
-            base + v as u64 * cfg.bytes_per_vcpu,
-            *from,
-            *to,
-            MAX_REPLAY_ACCESSES,
-            |gpa, value| {
-                let page = gpa & !(PAGE_SIZE as u64 - 1);
-                overlay.entry(page).or_default().insert(gpa - page, value);
-            },
-        )
-        .map_err(|why| mismatch(0, format!("the destination's vCPU states: {why}")))?;
-    }
-    let mut buf = vec![0u8; PAGE_SIZE];
-    let mut digests = Vec::new();
-    for s in vm.slots() {
-        let n = s.size / PAGE_SIZE as u64;
-        let hashes: Vec<u64> = (0..n)
-            .map(|i| {
-                let gpa = s.gpa + i * PAGE_SIZE as u64;
-                vm.memory()
-                    .read_into(s.mem_offset + i * PAGE_SIZE as u64, &mut buf);
-                if let Some(words) = overlay.get(&gpa) {
-                    for (&off, &v) in words {
-                        let o = off as usize;
-                        if o + 8 <= PAGE_SIZE {
-                            buf[o..o + 8].copy_from_slice(&v.to_le_bytes());
-                        }
-                    }
-                }
-                page_hash(&buf, gpa)
-            })
-            .collect();
-        let want = digest_of(&hashes);
-        match fin.digests.iter().find(|(id, _)| *id == s.id) {
-            Some((_, got)) if *got == want => digests.push((s.id, want)),
-            Some((_, got)) => {
-                return Err(mismatch(
-                    s.id,
-                    format!(
-                        "source memory at the stop plus the destination guest's writes has digest {want:#018x}, the destination {got:#018x}"
-                    ),
-                ))
-            }
-            None => {
-                return Err(mismatch(
-                    s.id,
-                    "the destination reported no digest for it".into(),
-                ))
-            }
-        }
-    }
-    Ok(digests)
 }

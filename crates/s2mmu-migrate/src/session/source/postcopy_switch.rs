@@ -1,14 +1,16 @@
 //! The source's switch from pre-copy to post-copy: it pauses the guest,
 //! sends the state and the still-dirty pages, and once the destination
 //! runs it, streams the rest, answers requests, recovers broken
-//! connections and verifies ([`crate::migrate::postcopy::source`]).
+//! connections and verifies ([`crate::session::postcopy::source`]).
 
-use super::super::net::BoxConn;
+use crate::transport::BoxConn;
 use super::super::postcopy::{self, PostcopyOutcome};
-use super::super::wire::{WireWriter, SESSION_LEN};
+use crate::wire::{WireWriter, SESSION_LEN};
 use super::precopy_end::PrecopyEnd;
-use super::{abort_and_reason, counters, phase, Connect, MigrateError, SourceOutcome};
-use s2mmu_vm::VmFormat;
+use super::super::guest::SourceGuest;
+use super::super::replies::{abort_and_reason, Connect};
+use super::figures::{counters, phase};
+use super::{MigrateError, SourceOutcome};
 use std::time::{Duration, Instant};
 
 /// Pauses the guest and migrates the rest by post-copy.
@@ -19,17 +21,23 @@ use std::time::{Duration, Instant};
 /// [`MigrateError::MemoryMismatch`]. `pc_conns` are post-copy's request
 /// and answer connections; a recovery opens new ones with `connect`,
 /// joining `session`.
-pub(super) fn run<F: VmFormat>(
-    x: PrecopyEnd<'_, '_, F>,
+pub(super) fn run<G: SourceGuest>(
+    x: PrecopyEnd<'_, '_, G>,
     pc_conns: Vec<WireWriter<BoxConn>>,
     connect: &mut Connect<'_>,
     session: [u8; SESSION_LEN],
 ) -> Result<SourceOutcome, MigrateError> {
     let at = x.clock();
     let pause_at = Instant::now();
-    let at_pause = counters(x.ctl);
-    x.wl.pause();
-    let state = x.guest_state();
+    let at_pause = counters(x.guest);
+    x.guest.pause();
+    let state = match x.guest_state() {
+        Ok(s) => s,
+        Err(e) => {
+            x.guest.resume();
+            return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
+        }
+    };
     let mut pc = pc_conns.into_iter();
     let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
         return Err(MigrateError::Setup("post-copy's connections".into()));
@@ -41,13 +49,13 @@ pub(super) fn run<F: VmFormat>(
         x.s.final_harvest()
             .and_then(|()| x.s.chans.iter_mut().skip(1).try_for_each(|c| c.wire.end()));
     if let Err(e) = ended {
-        x.wl.resume();
+        x.guest.resume();
         return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
     }
     let switched = {
         let sw = postcopy::source::Switch {
-            vm: x.vm,
-            missing: postcopy::memory_bitmap(x.vm, &x.s.pending),
+            vm: x.guest.vm(),
+            missing: postcopy::memory_bitmap(&**x.guest.vm(), &x.s.pending),
             req,
             answers,
             state: &state,
@@ -59,7 +67,7 @@ pub(super) fn run<F: VmFormat>(
         Ok(x) => x,
         Err(e) => {
             // The destination did not resume: the guest goes on here.
-            x.wl.resume();
+            x.guest.resume();
             return Err(e);
         }
     };
@@ -75,7 +83,7 @@ pub(super) fn run<F: VmFormat>(
         (&session, x.cfg.channels),
         &x.cfg.recovery,
     )?;
-    let slot_digests = postcopy::source::verify(x.vm, &state, &done.fin)?;
+    let slot_digests = x.guest.verify_final(&state, &done.fin)?;
     let samples = x.timeline.finish();
     let pause_s = at(pause_at);
     let (p0, _, z0) = x.s.counts();
@@ -115,7 +123,7 @@ pub(super) fn run<F: VmFormat>(
 
 /// The progress line of the switch: the round, the downtime and the pages
 /// the destination resumed without.
-fn say_resumed<F: VmFormat>(x: &PrecopyEnd<'_, '_, F>, downtime: Duration, missing: &[u64]) {
+fn say_resumed<G: SourceGuest>(x: &PrecopyEnd<'_, '_, G>, downtime: Duration, missing: &[u64]) {
     if x.cfg.progress.is_on() {
         x.cfg.progress.line(&format!(
             "{}post-copy: vCPUs paused after round {}; the destination resumed after {:.1} ms of downtime with {} pages missing",

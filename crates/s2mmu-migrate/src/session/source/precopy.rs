@@ -3,21 +3,24 @@
 //! whether what is left fits the downtime budget, needs convergence help,
 //! or calls for the switch to post-copy.
 
-use super::super::error::MigrateError;
-use super::super::extras::ExtrasRun;
+use crate::stream_error::MigrateError;
 use super::super::postcopy::Postcopy;
 use super::super::timeline::Timeline;
-use super::super::wire::{tag, Enc, PAGE_RECORD_BYTES, PAGE_SIZE};
-use super::{writes, Converge, RoundStat, Sender, SourceConfig, MIB};
-use s2mmu_vm::{Control, VmFormat};
-use std::sync::atomic::Ordering;
+use crate::wire::{tag, Enc, PAGE_RECORD_BYTES, PAGE_SIZE};
+use super::super::guest::{GuestShape, RoundHook};
+use super::figures::MIB;
+use super::{Converge, RoundStat, Sender, SourceConfig};
+use crate::vm::{GuestRun, SessionVm};
 use std::time::{Duration, Instant};
 
 /// The loop's state across rounds, with what it reads from the run.
 pub(super) struct Precopy<'a> {
     pub cfg: &'a SourceConfig,
-    pub ctl: &'a Control,
+    pub guest: &'a dyn GuestRun,
     pub timeline: &'a Timeline,
+    /// The guest's vCPUs and bytes of memory.
+    pub vcpus: u64,
+    pub mem_size: u64,
     /// The link figure from the probe, bytes per second.
     pub link: f64,
     /// The configured pace (pages per second per vCPU; 0 unpaced).
@@ -51,23 +54,26 @@ impl<'a> Precopy<'a> {
     /// A loop starting now, dirty logging just enabled at `log_start`.
     pub fn new(
         cfg: &'a SourceConfig,
-        ctl: &'a Control,
+        guest: &'a dyn GuestRun,
         timeline: &'a Timeline,
+        shape: &GuestShape,
         link: f64,
         pace: u64,
         log_start: Instant,
     ) -> Self {
         Precopy {
             cfg,
-            ctl,
+            guest,
             timeline,
+            vcpus: u64::from(shape.vcpus),
+            mem_size: shape.mem_size,
             link,
             pace,
             rounds: Vec::new(),
             send_time: Duration::ZERO,
             send_bytes: 0,
             last_harvest: log_start,
-            last_writes: writes(ctl),
+            last_writes: guest.counters().writes,
             high_rounds: 0,
             throttle_pct: 0,
             unthrottled_ns_per_page: 0.0,
@@ -83,13 +89,13 @@ impl<'a> Precopy<'a> {
     /// # Errors
     /// Sending or harvesting failed, or [`MigrateError::NotConverged`]
     /// at the round limit.
-    pub fn run<F: VmFormat>(
+    pub fn run<V: SessionVm, H: RoundHook<V>>(
         &mut self,
-        s: &mut Sender<'_, F>,
-        extras: &mut ExtrasRun<F>,
+        s: &mut Sender<'_, V>,
+        hook: &mut H,
     ) -> Result<(), MigrateError> {
         loop {
-            let end = self.one_round(s, extras)?;
+            let end = self.one_round(s, hook)?;
             if self.decide(&end)? {
                 return Ok(());
             }
@@ -98,10 +104,10 @@ impl<'a> Precopy<'a> {
     }
 
     /// Sends one round, harvests, records and reports its figures.
-    fn one_round<F: VmFormat>(
+    fn one_round<V: SessionVm, H: RoundHook<V>>(
         &mut self,
-        s: &mut Sender<'_, F>,
-        extras: &mut ExtrasRun<F>,
+        s: &mut Sender<'_, V>,
+        hook: &mut H,
     ) -> Result<RoundEnd, MigrateError> {
         let (cfg, round) = (self.cfg, self.round);
         let page = PAGE_SIZE as u64;
@@ -109,7 +115,7 @@ impl<'a> Precopy<'a> {
         let (p0, b0, z0) = s.counts();
         let mut e = Enc::default();
         e.u32(round).u64(if round == 0 {
-            cfg.mem_size / page
+            self.mem_size / page
         } else {
             s.dirty_count()
         });
@@ -126,11 +132,11 @@ impl<'a> Precopy<'a> {
         self.send_bytes += bytes;
         // Harvest what the guest dirtied meanwhile.
         let dirty = s.harvest()?;
-        extras.round(s.vm, &s.pending)?;
+        hook.round(s.vm, &s.pending)?;
         let now = Instant::now();
         let dt = (now - self.last_harvest).as_secs_f64().max(1e-9);
         self.last_harvest = now;
-        let w = writes(self.ctl);
+        let w = self.guest.counters().writes;
         let guest_pages_per_s = w.saturating_sub(self.last_writes) as f64 / dt;
         self.last_writes = w;
         let dirty_rate = dirty as f64 * page as f64 / dt;
@@ -149,7 +155,7 @@ impl<'a> Precopy<'a> {
             bandwidth: bytes as f64 / (t1 - t0).as_secs_f64().max(1e-9),
             page_rate: pages as f64 * page as f64 / (t1 - t0).as_secs_f64().max(1e-9),
             throttle_pct: self.throttle_pct,
-            pace: self.ctl.pace_pages_per_sec.load(Ordering::Relaxed),
+            pace: self.guest.pace(),
             final_round: false,
         };
         let end = RoundEnd {
@@ -187,7 +193,7 @@ impl<'a> Precopy<'a> {
             end.guest_pages_per_s,
             end.est.as_secs_f64() * 1e3,
             match (self.throttle_pct, cfg.converge) {
-                (0, Converge::DirtyLimit) if stat.pace != self.pace => format!("; dirty limit {:.1} MiB/s", (stat.pace * page * cfg.vcpus as u64) as f64 / MIB),
+                (0, Converge::DirtyLimit) if stat.pace != self.pace => format!("; dirty limit {:.1} MiB/s", (stat.pace * page * self.vcpus) as f64 / MIB),
                 (0, _) => String::new(),
                 (p, _) => format!("; throttle {p}%"),
             }
@@ -239,13 +245,12 @@ impl<'a> Precopy<'a> {
     /// Throttles the vCPUs or lowers their dirty limit, as configured.
     fn help_converge(&mut self, end: &RoundEnd) {
         let cfg = self.cfg;
-        let ctl = self.ctl;
         let page = PAGE_SIZE as u64;
         match cfg.converge {
             Converge::Auto if self.high_rounds >= 2 => {
                 if self.throttle_pct == 0 {
                     self.unthrottled_ns_per_page =
-                        1e9 * cfg.vcpus as f64 / end.guest_pages_per_s.max(1.0);
+                        1e9 * self.vcpus as f64 / end.guest_pages_per_s.max(1.0);
                     self.throttle_pct = 20;
                 } else {
                     self.throttle_pct = (self.throttle_pct + 10).min(99);
@@ -255,18 +260,17 @@ impl<'a> Precopy<'a> {
                 // the time a page took unthrottled.
                 let p = f64::from(self.throttle_pct) / 100.0;
                 let ns = self.unthrottled_ns_per_page * p / (1.0 - p);
-                ctl.throttle_ns.store(ns as u64, Ordering::Relaxed);
+                self.guest.set_throttle_ns(ns as u64);
             }
             Converge::DirtyLimit => {
-                let cur = ctl.pace_pages_per_sec.load(Ordering::Relaxed);
-                let quarter = (end.bandwidth / 4.0 / page as f64 / cfg.vcpus as f64) as u64;
+                let cur = self.guest.pace();
+                let quarter = (end.bandwidth / 4.0 / page as f64 / self.vcpus as f64) as u64;
                 let limit = if cur == 0 || cur > quarter {
                     quarter
                 } else {
                     cur / 2
                 };
-                ctl.pace_pages_per_sec
-                    .store(limit.max(1), Ordering::Relaxed);
+                self.guest.set_pace(limit.max(1));
             }
             _ => {}
         }

@@ -2,22 +2,15 @@
 //! the stop-and-copy (`stop_copy`) and the switch to post-copy
 //! (`postcopy_switch`).
 
+use super::super::guest::SourceGuest;
 use super::super::timeline::Timeline;
-use super::super::wire::GuestState;
 use super::{RoundStat, Sender, SourceConfig};
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Control, Pattern, Vm, VmFormat, Workload, WorkloadConfig};
-use std::sync::Arc;
 use std::time::Instant;
 
-/// The running guest, the channels and the figures so far, when pre-copy
-/// stopped its rounds.
-pub(super) struct PrecopyEnd<'a, 'v, F: VmFormat> {
-    pub vm: &'a Arc<Vm<TreeMemslots, F>>,
-    pub wl: &'a Workload<TreeMemslots, F>,
-    pub wl_cfg: WorkloadConfig,
-    pub ctl: &'a Control,
-    pub s: &'a mut Sender<'v, F>,
+/// Where pre-copy left the source.
+pub(super) struct PrecopyEnd<'a, 'v, G: SourceGuest> {
+    pub guest: &'a G,
+    pub s: &'a mut Sender<'v, G::Vm>,
     /// The vCPUs' pace (pages per second per vCPU; 0 unpaced) after the
     /// convergence help.
     pub final_pace: u64,
@@ -40,21 +33,16 @@ pub(super) struct PrecopyEnd<'a, 'v, F: VmFormat> {
     pub cfg: &'a SourceConfig,
 }
 
-impl<F: VmFormat> PrecopyEnd<'_, '_, F> {
-    /// STATE's body for the paused vCPUs: where each stopped and the
-    /// workload they run.
-    pub fn guest_state(&self) -> GuestState {
-        GuestState {
-            bytes_per_vcpu: self.wl_cfg.bytes_per_vcpu,
-            write_percent: self.wl_cfg.write_percent,
-            pattern: u8::from(self.wl_cfg.pattern == Pattern::Random),
-            pace_pages_per_sec: self.final_pace,
-            vcpus: self.wl.vcpu_states(),
-        }
+impl<G: SourceGuest> PrecopyEnd<'_, '_, G> {
+    /// The STATE record's body (the vCPUs paused).
+    ///
+    /// # Errors
+    /// The guest's.
+    pub fn guest_state(&self) -> Result<Vec<u8>, crate::stream_error::MigrateError> {
+        self.guest.state(self.final_pace)
     }
 
-    /// The timeline's clock: seconds on it at an instant (a copy, usable
-    /// after the timeline and the rounds are moved out).
+    /// Timeline seconds of an instant.
     pub fn clock(&self) -> impl Fn(Instant) -> f64 {
         let (start, start_s) = (self.log_start, self.log_start_s);
         move |t| start_s + (t - start).as_secs_f64()

@@ -2,15 +2,14 @@
 //! channels (paced by the bandwidth limit), the link probe, and the dirty
 //! set harvested from the bitmap or the rings.
 
-use super::super::bandwidth::TokenBucket;
-use super::super::error::MigrateError;
-use super::super::hash::is_zero;
-use super::super::net::BoxConn;
-use super::super::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
-use super::{read_reply, unexpected_reply, Harvest, SourceConfig};
-use s2mmu::dirty::DirtyGfn;
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{GuestMemory, Vm, VmFormat};
+use crate::bandwidth::TokenBucket;
+use crate::stream_error::MigrateError;
+use crate::hash::is_zero;
+use crate::transport::BoxConn;
+use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
+use super::super::replies::{read_reply, unexpected_reply};
+use super::{Harvest, SourceConfig};
+use crate::vm::{GuestRam, RingEntry, SessionVm};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,9 +41,9 @@ impl Chan {
     }
 
     /// Sends the pages of `job` that channel `c` of `n` owns.
-    fn send_job<F: VmFormat>(
+    fn send_job<V: SessionVm>(
         &mut self,
-        vm: &Vm<TreeMemslots, F>,
+        vm: &V,
         bucket: &Mutex<TokenBucket>,
         c: u16,
         n: u16,
@@ -52,7 +51,7 @@ impl Chan {
     ) -> Result<(), MigrateError> {
         let s = vm.slots()[job.slot];
         let first_index = s.mem_offset / PAGE_SIZE as u64;
-        let memory = vm.memory();
+        let ram = &**vm.ram();
         for (wi, &word) in job.words.iter().enumerate() {
             let mut m = word;
             while m != 0 {
@@ -64,7 +63,7 @@ impl Chan {
                 }
                 let off = s.mem_offset + i * PAGE_SIZE as u64;
                 self.batch
-                    .push_known(s.gpa + i * PAGE_SIZE as u64, |p| copy_page(memory, off, p));
+                    .push_known(s.gpa + i * PAGE_SIZE as u64, |p| copy_page(ram, off, p));
                 if self.batch.is_full() {
                     self.flush_batch(bucket)?;
                 }
@@ -76,17 +75,22 @@ impl Chan {
 
 /// Copies the guest page at `off` into `dst` word by word (atomically per
 /// word: the guest may be writing it), and says whether it was all zeros.
-pub(crate) fn copy_page(memory: &GuestMemory, off: u64, dst: &mut [u8]) -> bool {
-    if off + PAGE_SIZE as u64 > memory.size() || dst.len() != PAGE_SIZE {
-        memory.read_into(off, dst);
+pub(crate) fn copy_page<R: GuestRam + ?Sized>(ram: &R, off: u64, dst: &mut [u8]) -> bool {
+    if off.checked_add(PAGE_SIZE as u64).is_none_or(|end| end > ram.size())
+        || dst.len() != PAGE_SIZE
+        || off % 8 != 0
+    {
+        ram.read_into(off, dst);
         return is_zero(dst);
     }
-    // SAFETY: the page lies inside the live mapping (checked above) and is
-    // 8-byte aligned (guest memory is page-aligned); like GuestMemory's own
-    // accessors, every access to it is atomic.
+    // SAFETY: the page lies inside the mapping (checked above), which
+    // GuestRam's contract keeps alive while `ram` lives and makes
+    // page-aligned, so with `off` a multiple of 8 every word is aligned;
+    // the contract also makes every other access to it atomic per word,
+    // as these loads are.
     let words = unsafe {
         std::slice::from_raw_parts(
-            (memory.host_addr() + off) as *const AtomicU64,
+            (ram.host_addr() + off) as *const AtomicU64,
             PAGE_SIZE / 8,
         )
     };
@@ -120,8 +124,8 @@ fn all_pages(n: u64) -> Vec<u64> {
 
 /// The sending half: pages out of guest memory onto the channels, with
 /// the pending dirty set per slot.
-pub(super) struct Sender<'a, F: VmFormat> {
-    pub(super) vm: &'a Arc<Vm<TreeMemslots, F>>,
+pub(super) struct Sender<'a, V: SessionVm> {
+    pub(super) vm: &'a Arc<V>,
     pub(super) chans: Vec<Chan>,
     pub(super) bucket: Mutex<TokenBucket>,
     /// Pages to send, one bitmap per slot (bit i = page i of the slot).
@@ -130,15 +134,16 @@ pub(super) struct Sender<'a, F: VmFormat> {
     pub(super) vcpus: usize,
     /// Pages per `clear_dirty_log` call (a multiple of 64).
     pub(super) chunk_pages: u64,
-    pub(super) gfns: Vec<DirtyGfn>,
+    pub(super) gfns: Vec<RingEntry>,
 }
 
-impl<'a, F: VmFormat> Sender<'a, F> {
+impl<'a, V: SessionVm> Sender<'a, V> {
     /// A sender over `chans` for `vm`, with nothing pending yet.
     pub(super) fn new(
-        vm: &'a Arc<Vm<TreeMemslots, F>>,
+        vm: &'a Arc<V>,
         chans: Vec<Chan>,
         cfg: &SourceConfig,
+        vcpus: usize,
     ) -> Self {
         let page = PAGE_SIZE as u64;
         Sender {
@@ -151,7 +156,7 @@ impl<'a, F: VmFormat> Sender<'a, F> {
                 .map(|s| vec![0u64; (s.size / page).div_ceil(64) as usize])
                 .collect(),
             ring: cfg.harvest == Harvest::Ring,
-            vcpus: cfg.vcpus,
+            vcpus,
             chunk_pages: (cfg.clear_chunk / page / 64 * 64).max(64),
             gfns: Vec::new(),
         }
@@ -372,7 +377,6 @@ impl<'a, F: VmFormat> Sender<'a, F> {
     /// cleared (and its pages write-protected) just before its pages are
     /// handed to the channels, so a write after the clear is logged again.
     pub(super) fn send_dirty(&mut self) -> Result<(), MigrateError> {
-        let mmu = self.vm.mmu().clone();
         let step = if self.ring { 256 } else { self.chunk_pages };
         let mut at = (0usize, 0u64);
         self.run(|s| {
@@ -388,10 +392,9 @@ impl<'a, F: VmFormat> Sender<'a, F> {
                         continue;
                     }
                     if !s.ring {
-                        mmu.clear_dirty_log(info.id, first, n, &s.pending[slot][w0..w1])
-                            .map_err(|e| {
-                                MigrateError::Setup(format!("clearing the dirty log: {e}"))
-                            })?;
+                        s.vm
+                            .clear_dirty_log(info.id, first, n, &s.pending[slot][w0..w1])
+                            .map_err(|e| MigrateError::Setup(e.what))?;
                     }
                     let words: Vec<u64> = s.pending[slot][w0..w1]
                         .iter_mut()
@@ -411,10 +414,10 @@ impl<'a, F: VmFormat> Sender<'a, F> {
         if self.ring {
             self.reap()?;
         } else {
-            let mmu = self.vm.mmu().clone();
             for (slot, bm) in self.vm.slots().iter().zip(self.pending.iter_mut()) {
-                mmu.get_dirty_log(slot.id, bm)
-                    .map_err(|e| MigrateError::Setup(format!("getting the dirty log: {e}")))?;
+                self.vm
+                    .get_dirty_log(slot.id, bm)
+                    .map_err(|e| MigrateError::Setup(e.what))?;
             }
         }
         Ok(self.dirty_count())
@@ -424,10 +427,10 @@ impl<'a, F: VmFormat> Sender<'a, F> {
     /// re-protected; the guest will not run here again).
     pub(super) fn final_harvest(&mut self) -> Result<(), MigrateError> {
         if self.ring {
-            let mmu = self.vm.mmu().clone();
             self.gfns.clear();
-            mmu.harvest_rings(&mut self.gfns)
-                .map_err(|e| MigrateError::Setup(format!("harvesting the dirty rings: {e}")))?;
+            self.vm
+                .harvest_rings(&mut self.gfns)
+                .map_err(|e| MigrateError::Setup(e.what))?;
             self.mark_gfns();
             Ok(())
         } else {
@@ -436,8 +439,7 @@ impl<'a, F: VmFormat> Sender<'a, F> {
     }
 
     fn reap_if_full(&mut self) -> Result<(), MigrateError> {
-        let mmu = self.vm.mmu();
-        if (0..self.vcpus).any(|v| mmu.ring_soft_full(v)) {
+        if (0..self.vcpus).any(|v| self.vm.ring_soft_full(v)) {
             self.reap()?;
         }
         Ok(())
@@ -446,10 +448,10 @@ impl<'a, F: VmFormat> Sender<'a, F> {
     /// Harvests every ring into the pending set, then resets them (which
     /// re-protects the pages: they are read only after this).
     fn reap(&mut self) -> Result<(), MigrateError> {
-        let mmu = self.vm.mmu().clone();
         self.gfns.clear();
-        mmu.harvest_rings(&mut self.gfns)
-            .and_then(|_| mmu.reset_rings())
+        self.vm
+            .harvest_rings(&mut self.gfns)
+            .and_then(|()| self.vm.reset_rings())
             .map_err(|e| MigrateError::Setup(format!("reaping the dirty rings: {e}")))?;
         self.mark_gfns();
         Ok(())

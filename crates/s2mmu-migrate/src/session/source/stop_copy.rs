@@ -2,15 +2,14 @@
 //! the vCPU state, waits for the destination to resume it, verifies the
 //! destination's memory, and assembles the outcome.
 
-use super::super::error::MigrateError;
-use super::super::extras::ExtrasRun;
-use super::super::wire::{tag, Enc, Record, PAGE_SIZE};
+use crate::stream_error::MigrateError;
+use super::super::guest::{RoundHook, SourceGuest};
+use crate::wire::{tag, Enc, Record, PAGE_SIZE};
 use super::precopy_end::PrecopyEnd;
 use super::verify::{check_digests, parse_digests, verify_full};
-use super::{
-    abort_and_reason, counters, phase, read_reply, unexpected_reply, RoundStat, SourceOutcome, MIB,
-};
-use s2mmu_vm::VmFormat;
+use super::super::replies::{abort_and_reason, read_reply, unexpected_reply};
+use super::figures::{counters, phase, MIB};
+use super::{RoundStat, SourceOutcome};
 use std::time::Instant;
 
 /// Pauses the guest, sends the rest, and verifies the destination.
@@ -20,19 +19,19 @@ use std::time::Instant;
 /// it gave up), the destination did not resume it (it resumes here), or
 /// [`MigrateError::MemoryMismatch`]. `extras` are pre-copy's check and
 /// snapshots, `throttle_pct` the throttle of its last round.
-pub(super) fn run<F: VmFormat>(
-    mut x: PrecopyEnd<'_, '_, F>,
-    mut extras: ExtrasRun<F>,
+pub(super) fn run<G: SourceGuest>(
+    mut x: PrecopyEnd<'_, '_, G>,
+    mut hook: G::Hook,
     throttle_pct: u32,
 ) -> Result<SourceOutcome, MigrateError> {
     let at = x.clock();
     let pause_at = Instant::now();
-    let at_pause = counters(x.ctl);
-    x.wl.pause();
-    if let Err(e) = send_last(&mut x, &mut extras, throttle_pct) {
+    let at_pause = counters(x.guest);
+    x.guest.pause();
+    if let Err(e) = send_last(&mut x, &mut hook, throttle_pct) {
         // Not sent in full: the guest goes on here, and the destination,
         // still waiting for the main connection's END, is told to stop.
-        x.wl.resume();
+        x.guest.resume();
         return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
     }
     let digests = match read_reply(&mut x.s.chans[0].wire, 0) {
@@ -49,7 +48,7 @@ pub(super) fn run<F: VmFormat>(
         Ok(d) => d,
         Err(e) => {
             // Not resumed there: the guest goes on here.
-            x.wl.resume();
+            x.guest.resume();
             return Err(e);
         }
     };
@@ -71,14 +70,14 @@ pub(super) fn run<F: VmFormat>(
     // pass first (the destination waits for it under its I/O deadline),
     // then the digests.
     if cfg.verify_full {
-        verify_full(x.vm, x.s)?;
+        verify_full(x.s)?;
     }
-    let slot_digests = check_digests(x.vm, &dest_digests)?;
+    let slot_digests = check_digests(&**x.guest.vm(), &dest_digests)?;
     let rounds = x.rounds;
     let page_records: u64 = rounds.iter().map(|r| r.pages).sum();
     let zero_pages: u64 = rounds.iter().map(|r| r.zero_pages).sum();
     let bytes: u64 = rounds.iter().map(|r| r.bytes).sum();
-    let extras = extras.finish(x.vm);
+    let extras = hook.finish(x.guest.vm());
     Ok(SourceOutcome {
         rounds,
         total: resumed_at - x.log_start,
@@ -106,9 +105,9 @@ pub(super) fn run<F: VmFormat>(
 
 /// With the vCPUs paused: the last harvest, the last dirty pages, the
 /// vCPU state, the end of every channel; records the final round.
-fn send_last<F: VmFormat>(
-    x: &mut PrecopyEnd<'_, '_, F>,
-    extras: &mut ExtrasRun<F>,
+fn send_last<G: SourceGuest>(
+    x: &mut PrecopyEnd<'_, '_, G>,
+    hook: &mut G::Hook,
     throttle_pct: u32,
 ) -> Result<(), MigrateError> {
     let page = PAGE_SIZE as u64;
@@ -116,17 +115,17 @@ fn send_last<F: VmFormat>(
     let t0 = Instant::now();
     let (p0, b0, z0) = s.counts();
     s.final_harvest()?;
-    extras.last_round(x.vm, &s.pending)?;
+    hook.last_round(x.guest.vm(), &s.pending)?;
     let mut e = Enc::default();
     e.u32(x.round + 1).u64(s.dirty_count());
     s.chans[0].wire.control(tag::ROUND, &e.0)?;
     s.send_dirty()?;
-    let state = x.guest_state();
+    let state = x.guest_state()?;
     let s = &mut *x.s;
     for c in s.chans.iter_mut().skip(1) {
         c.wire.end()?;
     }
-    s.chans[0].wire.control(tag::STATE, &state.encode())?;
+    s.chans[0].wire.control(tag::STATE, &state)?;
     s.chans[0].wire.end()?;
     let t1 = Instant::now();
     let (p1, b1, z1) = s.counts();

@@ -1,13 +1,13 @@
 //! Verification of the destination's memory against the source's frozen
 //! memory: the optional byte-for-byte pass, then per-slot digests.
 
-use super::super::bandwidth::TokenBucket;
-use super::super::error::MigrateError;
-use super::super::hash::{digest_of, page_hash};
-use super::super::wire::{tag, Dec, Record, PAGE_SIZE};
-use super::{read_reply, unexpected_reply, Sender};
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Vm, VmFormat};
+use crate::bandwidth::TokenBucket;
+use crate::stream_error::MigrateError;
+use crate::wire::{tag, Dec, Record};
+use super::super::digests::source_digests;
+use super::super::replies::{read_reply, unexpected_reply};
+use super::Sender;
+use crate::vm::SessionVm;
 
 pub(super) fn parse_digests(body: &[u8], at_byte: u64) -> Result<Vec<(u16, u64)>, MigrateError> {
     let mut d = Dec::new(body, "RESUMED", at_byte);
@@ -20,37 +20,14 @@ pub(super) fn parse_digests(body: &[u8], at_byte: u64) -> Result<Vec<(u16, u64)>
     Ok(v)
 }
 
-/// Per-slot digests of the source's memory as it is now: XXH3 of every
-/// page (seeded with its address), then of those hashes in page order, as
-/// the destination computes them.
-pub fn source_digests<F: VmFormat>(vm: &Vm<TreeMemslots, F>) -> Vec<(u16, u64)> {
-    let mut buf = vec![0u8; PAGE_SIZE];
-    vm.slots()
-        .iter()
-        .map(|s| {
-            let n = s.size / PAGE_SIZE as u64;
-            let hashes: Vec<u64> = (0..n)
-                .map(|i| {
-                    let off = s.mem_offset + i * PAGE_SIZE as u64;
-                    vm.memory().read_into(off, &mut buf);
-                    page_hash(&buf, s.gpa + i * PAGE_SIZE as u64)
-                })
-                .collect();
-            (s.id, digest_of(&hashes))
-        })
-        .collect()
-}
-
 /// The byte-for-byte pass: all memory again, unpaced, on the main
 /// connection; the destination compares and answers how many pages
 /// differ.
 ///
 /// # Errors
 /// Sending or the reply failed, or [`MigrateError::MemoryMismatch`].
-pub(super) fn verify_full<F: VmFormat>(
-    vm: &Vm<TreeMemslots, F>,
-    s: &mut Sender<'_, F>,
-) -> Result<(), MigrateError> {
+pub(super) fn verify_full<V: SessionVm>(s: &mut Sender<'_, V>) -> Result<(), MigrateError> {
+    let vm = s.vm.clone();
     s.chans[0].wire.control(tag::VERIFY, &[])?;
     *s.bucket.lock().unwrap_or_else(|p| p.into_inner()) = TokenBucket::new(0);
     s.send_all_main()?;
@@ -84,8 +61,8 @@ pub(super) fn verify_full<F: VmFormat>(
 /// # Errors
 /// [`MigrateError::MemoryMismatch`] for the first slot that differs or
 /// that the destination did not report.
-pub(super) fn check_digests<F: VmFormat>(
-    vm: &Vm<TreeMemslots, F>,
+pub(super) fn check_digests<V: SessionVm>(
+    vm: &V,
     dest_digests: &[(u16, u64)],
 ) -> Result<Vec<(u16, u64)>, MigrateError> {
     let slot_digests = source_digests(vm);
