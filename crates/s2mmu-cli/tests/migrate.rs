@@ -9,7 +9,7 @@ use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::migrate::dest::{receive, receive_from, DestOutcome};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
-use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
+use s2mmu_cli::migrate::net::{self, BoxConn, NetConfig};
 use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig};
 use s2mmu_cli::migrate::wire::{tag, Record, WireReader, PAGE_SIZE};
 use s2mmu_vm::Pattern;
@@ -131,8 +131,6 @@ impl<R: Write> Write for Tee<R> {
         self.inner.flush()
     }
 }
-
-impl<R: Read + Write + Send> Conn for Tee<R> {}
 
 /// A real migration whose stream is recorded on the way in.
 fn recorded_stream() -> Vec<u8> {

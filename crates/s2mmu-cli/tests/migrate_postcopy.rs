@@ -11,12 +11,12 @@ use migrate_common::{dest_cfg, plain};
 use s2mmu_cli::migrate::dest::{serve, DestOutcome};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
-use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
+use s2mmu_cli::migrate::net::{self, BoxConn, Connection, NetConfig, ShutdownHandle};
 use s2mmu_cli::migrate::postcopy::Postcopy;
 use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
 use s2mmu_cli::migrate::wire::{tag, PAGE_SIZE};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::time::Duration;
 
 /// [`migrate_common::small`] with post-copy on, dirtying at full speed.
@@ -149,8 +149,8 @@ impl Write for Tamper {
                 }
                 Harm::Cut(k) if self.pos + data.len() as u64 > at + k => {
                     self.done = true;
-                    if let Some(s) = self.inner.tcp() {
-                        net::shutdown(s);
+                    if let Ok(s) = self.inner.shutdown_handle() {
+                        s.shutdown();
                     }
                     return Err(std::io::Error::other("cut"));
                 }
@@ -166,9 +166,18 @@ impl Write for Tamper {
     }
 }
 
-impl Conn for Tamper {
-    fn tcp(&self) -> Option<&TcpStream> {
-        self.inner.tcp()
+impl Connection for Tamper {
+    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.inner.set_io_timeout(timeout)
+    }
+    fn io_timeout(&self) -> Option<Duration> {
+        self.inner.io_timeout()
+    }
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+        self.inner.shutdown_handle()
+    }
+    fn peer(&self) -> String {
+        self.inner.peer()
     }
 }
 

@@ -174,7 +174,8 @@ fn source_to(
 ) -> Result<SourceOutcome, MigrateError> {
     migrate_source(cfg, &mut |_| {
         let to = cfg.recovery.control.as_ref().and_then(|c| c.redirect());
-        let s = net::connect_tcp(to.as_deref().unwrap_or(addr), net)?;
+        // `unix:PATH` is a Unix socket (a same-host upgrade).
+        let s = net::connect(to.as_deref().unwrap_or(addr), net)?;
         net::client(s, net)
     })
 }
@@ -241,12 +242,10 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
     cfg.recovery = p.recovery()?;
     let control = start_control(p, "destination")?;
     cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
-    let listener = TcpListener::bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
+    let listener = net::bind(addr).map_err(|e| e.to_string())?;
     eprintln!(
         "destination listening on {} ({}); accepts a guest on --format {} with at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
-        listener
-            .local_addr()
-            .map_or(addr.to_string(), |a| a.to_string()),
+        listener.local(),
         net.security.describe(),
         cfg.format.name(),
         human_bytes(cfg.limits.max_mem),
@@ -259,7 +258,7 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         // Connections that fail before they authenticate never come back
         // from `serve` (it logs them and goes on): every error here is an
         // authenticated source's attempt.
-        match serve(&listener, &cfg, &net) {
+        match serve(&*listener, &cfg, &net) {
             Ok(d) => break d,
             Err(e) => {
                 failures += 1;

@@ -11,19 +11,21 @@
 //! and the source then checks the destination's memory against its own
 //! ([`source`]).
 
-pub mod bandwidth;
 pub mod checks;
 pub mod dest;
-pub mod error;
 pub mod extras;
-pub mod hash;
+pub mod guest_state;
 pub mod linux;
-pub mod net;
 pub mod plot;
 pub mod postcopy;
 pub mod source;
 pub mod timeline;
 pub mod wire;
+
+// The stream's parts live in the migration library.
+pub use s2mmu_migrate::stream_error as error;
+pub use s2mmu_migrate::transport as net;
+pub use s2mmu_migrate::{bandwidth, hash};
 
 mod drivers;
 mod params;

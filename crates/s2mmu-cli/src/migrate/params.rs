@@ -147,10 +147,10 @@ pub struct Params {
     /// (the same path with the extension png).
     #[arg(long, default_value = "s2mmu-migrate.svg")]
     pub plot: String,
-    /// Run only a destination, listening on ADDR (host:port).
+    /// Run only a destination, listening on ADDR (host:port, or unix:PATH for a Unix socket on this host).
     #[arg(long, value_name = "ADDR", conflicts_with = "to")]
     pub listen: Option<String>,
-    /// Run only a source, migrating to the destination at ADDR.
+    /// Run only a source, migrating to the destination at ADDR (host:port, or unix:PATH).
     #[arg(long, value_name = "ADDR")]
     pub to: Option<String>,
     /// Connections the pages are spread over (QEMU's multifd): N, or a list (1,2,4) to run once per count and print a table. Default: half the CPUs, 1 to 8. On --listen: the most it accepts (default 64).
@@ -168,7 +168,7 @@ pub struct Params {
     /// TLS: the CA that signed the peer's certificate (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_ca: Option<PathBuf>,
-    /// TLS: the name the destination's certificate must carry (default: the host of --to; "localhost" in one process).
+    /// TLS: the name the destination's certificate must carry (default: the host of --to; "localhost" in one process or with --to unix:PATH).
     #[arg(long, value_name = "NAME")]
     pub tls_name: Option<String>,
     /// Pre-shared key file (at least 16 bytes): TLS with ephemeral certificates, then HMAC-SHA256 challenge-response bound to the TLS session.
@@ -478,6 +478,10 @@ impl Params {
 
 /// The host part of `host:port` (`[v6]:port` too).
 pub(super) fn host_of(addr: &str) -> String {
+    // A Unix socket is on this host.
+    if addr.starts_with("unix:") {
+        return "localhost".into();
+    }
     let h = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
     h.trim_start_matches('[').trim_end_matches(']').to_string()
 }

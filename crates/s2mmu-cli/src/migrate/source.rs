@@ -11,7 +11,7 @@
 //! `verify`.
 
 use super::error::MigrateError;
-use super::net::{BoxConn, Conn};
+use super::net::{BoxConn, Connection};
 use super::postcopy::Postcopy;
 use super::timeline::{intervals, Sample, Timeline};
 use super::wire::{
@@ -309,11 +309,7 @@ pub(crate) fn read_reply(
     w: &mut WireWriter<BoxConn>,
     prepare_bytes: u64,
 ) -> Result<Record, MigrateError> {
-    let grace = w
-        .get_mut()
-        .tcp()
-        .and_then(|t| t.read_timeout().ok().flatten())
-        .unwrap_or(DEFAULT_GRACE);
+    let grace = w.get_mut().io_timeout().unwrap_or(DEFAULT_GRACE);
     let limit = grace + Duration::from_secs_f64(prepare_bytes as f64 / MIN_PREPARE_RATE as f64);
     let t0 = Instant::now();
     let mut rd = WireReader::replies(w.get_mut()).with_grace(grace);

@@ -1,6 +1,10 @@
-//! Connections of a migration: TCP with a deadline on every read and write
-//! and TCP keepalive, optionally inside TLS (rustls), optionally with a
-//! pre-shared key.
+//! Connections of a migration: a [`Connection`] (read and write with a
+//! deadline on each, a [`ShutdownHandle`] that ends it from any thread, a
+//! description of the peer) and a [`Listener`] (accept within a deadline,
+//! shut down from any thread). Two transports implement them: TCP
+//! ([`tcp`]: keepalive, `TCP_NODELAY`, a user timeout) and Unix sockets
+//! ([`unix`]: same-host upgrades). TLS and the pre-shared key are layered
+//! over any connection.
 //!
 //! Three ways to secure a connection:
 //! - [`Security::Tls`]: mutual TLS 1.3 with certificates from files (or an
@@ -20,224 +24,238 @@
 //! - [`Security::Plain`]: bare TCP, for a trusted network only (said
 //!   loudly by the command).
 
-use super::error::MigrateError;
+use crate::stream_error::MigrateError;
 use ring::hmac;
-use rustls::{ClientConfig, ClientConnection, ServerConfig, ServerConnection, StreamOwned};
+use rustls::{ClientConfig, ServerConfig, StreamOwned};
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod admit;
 mod psk;
+mod sockbuf;
+pub mod tcp;
 mod tls;
+pub mod unix;
+
+#[cfg(test)]
+mod tests;
 
 pub use admit::{Admission, Admitted, Opener, Refused, MAX_OPENING, MAX_PREAUTH};
 pub use psk::{psk, psk_from_file};
 use psk::{psk_client, psk_server};
+use sockbuf::plain;
+pub use sockbuf::{SockBuf, WritePace, MIN_WRITE_RATE, WRITE_WINDOW};
+pub use tcp::{configure, connect_tcp};
 pub use tls::{ephemeral_tls, make_pki, tls_from_files, Pki};
 use tls::{tls_client, tls_server};
+pub use unix::{connect_unix, UnixListen};
 
-/// A connection carrying a migration stream.
-pub trait Conn: Read + Write + Send {
-    /// The TCP socket underneath, to shut it down from another thread.
-    fn tcp(&self) -> Option<&TcpStream> {
-        None
+/// A connection carrying a migration stream: a byte stream whose reads
+/// and writes each have a deadline, which another thread can shut down,
+/// and whose peer can be named in messages.
+pub trait Connection: Read + Write + Send {
+    /// Bounds each read and each write to `timeout` (None: no bound).
+    ///
+    /// # Errors
+    /// The transport's error when it cannot be set.
+    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()>;
+
+    /// The bound of each read (None: none, or not known).
+    fn io_timeout(&self) -> Option<Duration>;
+
+    /// Sets the connection up for a migration: the deadlines, and the
+    /// transport's own liveness settings (TCP: keepalive, `TCP_NODELAY`,
+    /// a user timeout).
+    ///
+    /// # Errors
+    /// The transport's error when a setting fails.
+    fn configure(&self, io_timeout: Duration) -> std::io::Result<()> {
+        self.set_io_timeout(Some(io_timeout))
     }
+
+    /// A handle that shuts this connection down from any thread (a thread
+    /// blocked reading or writing it returns at once).
+    ///
+    /// # Errors
+    /// The transport's error when the handle cannot be made (no file
+    /// descriptor left to duplicate the socket).
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle>;
+
+    /// The peer, in words (an address, a socket path).
+    fn peer(&self) -> String;
 }
 
 /// A boxed connection.
-pub type BoxConn = Box<dyn Conn>;
+pub type BoxConn = Box<dyn Connection>;
 
-impl Conn for BoxConn {
-    fn tcp(&self) -> Option<&TcpStream> {
-        (**self).tcp()
+/// Forwards every method of [`Connection`] through a pointer.
+macro_rules! forward_connection {
+    ($($t:tt)*) => {
+        $($t)* {
+            fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+                (**self).set_io_timeout(timeout)
+            }
+            fn io_timeout(&self) -> Option<Duration> {
+                (**self).io_timeout()
+            }
+            fn configure(&self, io_timeout: Duration) -> std::io::Result<()> {
+                (**self).configure(io_timeout)
+            }
+            fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+                (**self).shutdown_handle()
+            }
+            fn peer(&self) -> String {
+                (**self).peer()
+            }
+        }
+    };
+}
+forward_connection!(impl<C: Connection + ?Sized> Connection for Box<C>);
+forward_connection!(impl<C: Connection + ?Sized> Connection for &mut C);
+
+/// Ends a connection or a listener from any thread: what a thread blocked
+/// on it waits for returns at once with an error or the end of the
+/// stream. Cloning shares the one connection.
+#[derive(Clone)]
+pub struct ShutdownHandle(Option<Arc<dyn Fn() + Send + Sync>>);
+
+impl ShutdownHandle {
+    /// A handle that runs `shut` (idempotent: it may run more than once).
+    pub fn new(shut: impl Fn() + Send + Sync + 'static) -> Self {
+        ShutdownHandle(Some(Arc::new(shut)))
     }
-}
 
-impl Conn for TcpStream {
-    fn tcp(&self) -> Option<&TcpStream> {
-        Some(self)
+    /// A handle with nothing to shut down (a recorded stream).
+    pub fn none() -> Self {
+        ShutdownHandle(None)
     }
-}
 
-/// A socket read in large chunks: rustls asks for 4 KiB at a time, which
-/// would be a system call per 4 KiB of a bulk stream. Writes go straight
-/// through. While a handshake runs, every read and write is bounded by
-/// the handshake's overall deadline (not only each by the I/O timeout),
-/// so a peer that drips its handshake a byte at a time is cut off. After
-/// the handshake, writes keep a minimum rate ([`WritePace`]): a peer that
-/// reads a byte now and then, each within the I/O timeout, cannot hold the
-/// sender for ever.
-pub struct SockBuf {
-    sock: TcpStream,
-    buf: Box<[u8]>,
-    start: usize,
-    end: usize,
-    deadline: Option<Instant>,
-    pace: WritePace,
-}
-
-/// The slowest a peer may take what this side writes, in bytes per second,
-/// as the reader's [`MIN_RATE`](super::wire::MIN_RATE) for what it
-/// receives: a real peer takes hundreds of MiB/s.
-pub const MIN_WRITE_RATE: u64 = 256 << 10;
-
-/// Bytes after which the writes' time account starts again, so bytes that
-/// went out fast early give no credit for a later drip: within each window
-/// the time spent blocked in writes may not exceed the grace (the I/O
-/// timeout) plus the window's bytes at [`MIN_WRITE_RATE`].
-pub const WRITE_WINDOW: u64 = 4 << 20;
-
-/// The time this side spent blocked writing, against the bytes written.
-#[derive(Clone, Copy, Debug)]
-pub struct WritePace {
-    grace: Duration,
-    waited: Duration,
-    bytes: u64,
-}
-
-impl WritePace {
-    /// An account with `grace` (the I/O timeout).
-    pub fn new(grace: Duration) -> Self {
-        WritePace {
-            grace,
-            waited: Duration::ZERO,
-            bytes: 0,
+    /// Shuts the connection down (both directions).
+    pub fn shutdown(&self) {
+        if let Some(f) = &self.0 {
+            f();
         }
     }
+}
 
-    /// Counts one write of `n` bytes that blocked for `took`.
+impl std::fmt::Debug for ShutdownHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ShutdownHandle"
+        } else {
+            "ShutdownHandle(none)"
+        })
+    }
+}
+
+/// Where connections come in: accepts within a deadline, and can be shut
+/// down from another thread.
+pub trait Listener: Send + Sync {
+    /// The next connection and its peer's description; None once
+    /// `deadline` passed (a deadline already past: only a connection
+    /// already waiting). A shut-down listener returns an error.
     ///
     /// # Errors
-    /// `TimedOut` once the window's time exceeds its allowance.
-    pub fn record(&mut self, n: usize, took: Duration) -> std::io::Result<()> {
-        self.waited += took;
-        self.bytes += n as u64;
-        let allowed =
-            self.grace + Duration::from_secs_f64(self.bytes as f64 / MIN_WRITE_RATE as f64);
-        if self.waited > allowed {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "the peer took {} bytes in {:?}, slower than {} KiB/s",
-                    self.bytes,
-                    self.waited,
-                    MIN_WRITE_RATE >> 10
-                ),
-            ));
-        }
-        if self.bytes >= WRITE_WINDOW {
-            *self = WritePace::new(self.grace);
-        }
-        Ok(())
-    }
+    /// The transport's error when accepting fails; [`transient`] says
+    /// which errors concern one connection only (the caller may go on).
+    fn accept_until(&self, deadline: Option<Instant>)
+        -> std::io::Result<Option<(BoxConn, String)>>;
+
+    /// A handle that shuts the listening socket down: every later accept
+    /// fails.
+    ///
+    /// # Errors
+    /// The transport's error when the handle cannot be made.
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle>;
+
+    /// Where it listens, in words.
+    fn local(&self) -> String;
 }
 
-impl SockBuf {
-    fn new(sock: TcpStream, deadline: Option<Instant>) -> Self {
-        SockBuf {
-            sock,
-            buf: vec![0u8; 256 << 10].into_boxed_slice(),
-            start: 0,
-            end: 0,
-            deadline,
-            pace: WritePace::new(DEFAULT_WRITE_GRACE),
-        }
-    }
+/// Accept errors that concern one connection or a passing shortage (the
+/// connection was reset before it was accepted, no file descriptor left
+/// for a moment): the listener goes on.
+pub fn transient(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionReset, Interrupted};
+    matches!(e.kind(), ConnectionAborted | ConnectionReset | Interrupted)
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EPROTO)
+        )
+}
 
-    /// Before a read or write: the time left until the deadline becomes
-    /// the socket's timeout; none left is `TimedOut`.
-    fn arm(&self) -> std::io::Result<()> {
-        let Some(d) = self.deadline else {
-            return Ok(());
+/// How long a listener sleeps between looks at a socket with nothing
+/// waiting (the listeners poll without blocking, so a deadline and a
+/// shutdown are both seen within it).
+const ACCEPT_POLL: Duration = Duration::from_millis(1);
+
+/// Accepts with `try_accept` (on a non-blocking socket) until something
+/// comes, it fails, or `deadline` passes.
+fn accept_polling<T>(
+    deadline: Option<Instant>,
+    mut try_accept: impl FnMut() -> std::io::Result<T>,
+) -> std::io::Result<Option<T>> {
+    loop {
+        match try_accept() {
+            Ok(t) => return Ok(Some(t)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        let now = Instant::now();
+        let wait = match deadline {
+            Some(d) if d <= now => return Ok(None),
+            Some(d) => (d - now).min(ACCEPT_POLL),
+            None => ACCEPT_POLL,
         };
-        let left = d.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the handshake's overall deadline passed",
-            ));
-        }
-        self.sock.set_read_timeout(Some(left))?;
-        self.sock.set_write_timeout(Some(left))
-    }
-
-    /// Ends the handshake's deadline: the I/O timeout bounds each read and
-    /// write again.
-    fn end_handshake(&mut self, io_timeout: Duration) -> Result<(), MigrateError> {
-        self.deadline = None;
-        self.pace = WritePace::new(io_timeout);
-        let io = |e: std::io::Error| MigrateError::io("configuring the connection", &e);
-        self.sock.set_read_timeout(Some(io_timeout)).map_err(io)?;
-        self.sock.set_write_timeout(Some(io_timeout)).map_err(io)
+        std::thread::sleep(wait);
     }
 }
 
-impl Read for SockBuf {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        if self.start == self.end {
-            self.arm()?;
-            if out.len() >= self.buf.len() {
-                return self.sock.read(out);
-            }
-            let n = self.sock.read(&mut self.buf)?;
-            self.start = 0;
-            self.end = n;
-        }
-        let n = out.len().min(self.end - self.start);
-        out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
-        self.start += n;
-        Ok(n)
+/// Connects to `addr`: `unix:PATH` is a Unix socket, anything else a TCP
+/// address (`host:port`); within the I/O timeout, configured.
+///
+/// # Errors
+/// [`MigrateError::Io`], [`MigrateError::Timeout`], [`MigrateError::Setup`]
+/// for an address that names nothing.
+pub fn connect(addr: &str, net: &NetConfig) -> Result<BoxConn, MigrateError> {
+    match addr.strip_prefix("unix:") {
+        Some(path) => Ok(Box::new(connect_unix(std::path::Path::new(path), net)?)),
+        None => Ok(Box::new(connect_tcp(addr, net)?)),
     }
 }
 
-impl Write for SockBuf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.arm()?;
-        let t = Instant::now();
-        let n = self.sock.write(b)?;
-        self.pace.record(n, t.elapsed())?;
-        Ok(n)
-    }
-    fn write_vectored(&mut self, b: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
-        self.arm()?;
-        let t = Instant::now();
-        let n = self.sock.write_vectored(b)?;
-        self.pace.record(n, t.elapsed())?;
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.sock.flush()
+/// Listens at `addr`: `unix:PATH` is a Unix socket, anything else a TCP
+/// address.
+///
+/// # Errors
+/// [`MigrateError::Io`] naming the address.
+pub fn bind(addr: &str) -> Result<Box<dyn Listener>, MigrateError> {
+    let what = format!("listening on {addr}");
+    let io = |e: std::io::Error| MigrateError::io(what.clone(), &e);
+    match addr.strip_prefix("unix:") {
+        Some(path) => Ok(Box::new(unix::UnixListen::bind(std::path::Path::new(
+            path,
+        ))?)),
+        None => Ok(Box::new(std::net::TcpListener::bind(addr).map_err(io)?)),
     }
 }
 
-/// The grace of a connection's writes before its handshake ended (the
-/// handshake's own deadline bounds them then).
-const DEFAULT_WRITE_GRACE: Duration = Duration::from_secs(5);
-
-impl Conn for SockBuf {
-    fn tcp(&self) -> Option<&TcpStream> {
-        Some(&self.sock)
+impl<C: Send> Connection for StreamOwned<C, SockBuf>
+where
+    StreamOwned<C, SockBuf>: Read + Write,
+{
+    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.sock.set_io_timeout(timeout)
     }
-}
-
-/// A bare TCP connection with the writes' minimum rate.
-fn plain(s: TcpStream, io_timeout: Duration) -> Result<BoxConn, MigrateError> {
-    let mut b = SockBuf::new(s, None);
-    b.end_handshake(io_timeout)?;
-    Ok(Box::new(b))
-}
-
-impl Conn for StreamOwned<ClientConnection, SockBuf> {
-    fn tcp(&self) -> Option<&TcpStream> {
-        Some(&self.sock.sock)
+    fn io_timeout(&self) -> Option<Duration> {
+        self.sock.io_timeout()
     }
-}
-
-impl Conn for StreamOwned<ServerConnection, SockBuf> {
-    fn tcp(&self) -> Option<&TcpStream> {
-        Some(&self.sock.sock)
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+        self.sock.shutdown_handle()
+    }
+    fn peer(&self) -> String {
+        self.sock.peer()
     }
 }
 
@@ -265,7 +283,20 @@ impl<R, W: Write> Write for Duplex<R, W> {
     }
 }
 
-impl<R: Read + Send, W: Write + Send> Conn for Duplex<R, W> {}
+impl<R: Read + Send, W: Write + Send> Connection for Duplex<R, W> {
+    fn set_io_timeout(&self, _timeout: Option<Duration>) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn io_timeout(&self) -> Option<Duration> {
+        None
+    }
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+        Ok(ShutdownHandle::none())
+    }
+    fn peer(&self) -> String {
+        "a recorded stream".into()
+    }
+}
 
 /// How connections are secured.
 #[derive(Clone)]
@@ -323,53 +354,6 @@ fn setup(what: &str, e: impl std::fmt::Display) -> MigrateError {
     MigrateError::Setup(format!("{what}: {e}"))
 }
 
-/// Sets the deadlines, keepalive and TCP_NODELAY of a connection.
-///
-/// # Errors
-/// [`MigrateError::Io`].
-pub fn configure(s: &TcpStream, io_timeout: Duration) -> Result<(), MigrateError> {
-    let io = |e: std::io::Error| MigrateError::io("configuring the connection", &e);
-    s.set_nodelay(true).map_err(io)?;
-    s.set_read_timeout(Some(io_timeout)).map_err(io)?;
-    s.set_write_timeout(Some(io_timeout)).map_err(io)?;
-    let sock = socket2::SockRef::from(s);
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(io_timeout.max(Duration::from_secs(1)))
-        .with_interval(Duration::from_secs(1))
-        .with_retries(3);
-    sock.set_tcp_keepalive(&ka).map_err(io)?;
-    // Unacknowledged data older than this ends the connection: a peer
-    // that vanished mid-write is noticed as surely as a silent one.
-    sock.set_tcp_user_timeout(Some(io_timeout)).map_err(io)?;
-    Ok(())
-}
-
-/// Connects to `addr` within the I/O timeout.
-///
-/// # Errors
-/// [`MigrateError::Io`], [`MigrateError::Timeout`].
-pub fn connect_tcp(addr: &str, net: &NetConfig) -> Result<TcpStream, MigrateError> {
-    let what = format!("connecting to {addr}");
-    let addrs: Vec<_> = addr
-        .to_socket_addrs()
-        .map_err(|e| MigrateError::io(what.clone(), &e))?
-        .collect();
-    let mut last = None;
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, net.io_timeout) {
-            Ok(s) => {
-                configure(&s, net.io_timeout)?;
-                return Ok(s);
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(match last {
-        Some(e) => MigrateError::io(what, &e),
-        None => MigrateError::Setup(format!("{what}: no address")),
-    })
-}
-
 /// The source's side of a new connection: TLS and the key exchange as
 /// configured, all of it within one I/O timeout (an overall deadline, so
 /// a destination that drips its handshake is cut off).
@@ -377,7 +361,8 @@ pub fn connect_tcp(addr: &str, net: &NetConfig) -> Result<TcpStream, MigrateErro
 /// # Errors
 /// [`MigrateError::Auth`] when the destination fails authentication,
 /// [`MigrateError::Io`], [`MigrateError::Timeout`].
-pub fn client(s: TcpStream, net: &NetConfig) -> Result<BoxConn, MigrateError> {
+pub fn client<C: Connection + 'static>(s: C, net: &NetConfig) -> Result<BoxConn, MigrateError> {
+    let s: BoxConn = Box::new(s);
     let deadline = Some(Instant::now() + net.io_timeout);
     match &net.security {
         Security::Plain => plain(s, net.io_timeout),
@@ -406,8 +391,10 @@ pub fn client(s: TcpStream, net: &NetConfig) -> Result<BoxConn, MigrateError> {
 /// # Errors
 /// [`MigrateError::Auth`] when the source fails authentication (nothing
 /// of the stream was read), [`MigrateError::Io`], [`MigrateError::Timeout`].
-pub fn server(s: TcpStream, net: &NetConfig) -> Result<BoxConn, MigrateError> {
-    configure(&s, net.io_timeout)?;
+pub fn server<C: Connection + 'static>(s: C, net: &NetConfig) -> Result<BoxConn, MigrateError> {
+    s.configure(net.io_timeout)
+        .map_err(|e| MigrateError::io("configuring the connection", &e))?;
+    let s: BoxConn = Box::new(s);
     let deadline = Some(Instant::now() + net.io_timeout);
     match &net.security {
         Security::Plain => plain(s, net.io_timeout),
@@ -422,83 +409,5 @@ pub fn server(s: TcpStream, net: &NetConfig) -> Result<BoxConn, MigrateError> {
             c.sock.end_handshake(net.io_timeout)?;
             Ok(Box::new(c))
         }
-    }
-}
-
-/// Shuts a connection's socket down (to end a thread blocked on it).
-pub fn shutdown(s: &TcpStream) {
-    let _ = s.shutdown(Shutdown::Both);
-}
-
-#[cfg(test)]
-mod pace_tests {
-    use super::*;
-    use std::net::TcpListener;
-    use std::thread;
-
-    /// A connected pair; with `small`, small socket buffers, so the
-    /// writer blocks on the reader at once.
-    fn pair(small: bool) -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (r, _) = l.accept().unwrap();
-        if small {
-            socket2::SockRef::from(&w)
-                .set_send_buffer_size(8 << 10)
-                .unwrap();
-            socket2::SockRef::from(&r)
-                .set_recv_buffer_size(8 << 10)
-                .unwrap();
-        }
-        (w, r)
-    }
-
-    /// Writes 8 MiB to a reader that takes `chunk` bytes every 50 ms (all
-    /// it can at once from 1 MiB on), with a 5 s I/O timeout and a 200 ms
-    /// grace for the writes' rate.
-    fn write_to_reader(chunk: usize) -> std::io::Result<()> {
-        let (w, mut r) = pair(chunk < 1 << 20);
-        let reader = thread::spawn(move || {
-            let mut buf = vec![0u8; chunk];
-            let t = Instant::now();
-            while t.elapsed() < Duration::from_secs(30) {
-                match r.read(&mut buf) {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                }
-                if chunk < 1 << 20 {
-                    thread::sleep(Duration::from_millis(50));
-                }
-            }
-        });
-        let mut s = SockBuf::new(w, None);
-        s.end_handshake(Duration::from_secs(5)).unwrap();
-        s.pace = WritePace::new(Duration::from_millis(200));
-        let r = s.write_all(&vec![7u8; 8 << 20]);
-        drop(s);
-        reader.join().unwrap();
-        r
-    }
-
-    #[test]
-    fn a_reader_below_the_minimum_rate_is_cut_off() {
-        // 1 KiB every 50 ms is 20 KiB/s: every write makes progress within
-        // the 5 s I/O timeout, so only the rate ends it.
-        let e = write_to_reader(1 << 10).expect_err("a dripping reader is cut off");
-        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
-        assert!(e.to_string().contains("slower than"), "{e}");
-    }
-
-    #[test]
-    fn a_reader_at_full_speed_takes_everything() {
-        write_to_reader(4 << 20).expect("a reader taking everything is served");
-    }
-
-    #[test]
-    fn the_window_gives_no_credit_for_earlier_fast_bytes() {
-        let mut p = WritePace::new(Duration::from_secs(1));
-        p.record(WRITE_WINDOW as usize, Duration::ZERO).unwrap();
-        // A new window: 2 s for one byte is past its 1 s grace.
-        assert!(p.record(1, Duration::from_secs(2)).is_err());
     }
 }

@@ -5,7 +5,7 @@
 //! complete, valid stream.
 
 use super::error::MigrateError;
-use super::net::{self, BoxConn, Conn, Duplex, NetConfig};
+use super::net::{self, BoxConn, Connection, Duplex, Listener, NetConfig};
 use super::postcopy;
 use super::wire::{
     tag, Header, Opening, WireReader, WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS,
@@ -18,7 +18,7 @@ use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -182,7 +182,7 @@ pub struct DestOutcome {
 /// [`MigrateError::Timeout`] for a stall), or [`MigrateError::Timeout`]
 /// when none came; otherwise as [`receive_from`].
 pub fn serve(
-    listener: &TcpListener,
+    listener: &dyn Listener,
     cfg: &DestConfig,
     net: &NetConfig,
 ) -> Result<DestOutcome, MigrateError> {
@@ -207,13 +207,9 @@ pub fn serve(
             // accepted on a new listener at ADDR.
             match cfg.recovery.control.as_ref().and_then(|c| c.redirect()) {
                 Some(addr) => {
-                    let what = format!("listening on {addr} for the recovery");
-                    let l = TcpListener::bind(&addr).map_err(|e| MigrateError::io(&what, &e))?;
-                    eprintln!(
-                        "destination: accepting the recovery on {}",
-                        l.local_addr().map_or(addr.clone(), |a| a.to_string())
-                    );
-                    join_channels(&l, net, wait, session, wanted, &mut refused)
+                    let l = net::bind(&addr)?;
+                    eprintln!("destination: accepting the recovery on {}", l.local());
+                    join_channels(&*l, net, wait, session, wanted, &mut refused)
                 }
                 None => join_channels(listener, net, wait, session, wanted, &mut refused),
             }
@@ -224,10 +220,10 @@ pub fn serve(
 /// The first connection that authenticates and opens a migration
 /// (HEADER); every other is refused and logged.
 fn admit_source(
-    listener: &TcpListener,
+    listener: &dyn Listener,
     cfg: &DestConfig,
     net: &NetConfig,
-) -> Result<(std::net::SocketAddr, WireReader<BoxConn>, Header), MigrateError> {
+) -> Result<(String, WireReader<BoxConn>, Header), MigrateError> {
     let deadline = cfg.accept_wait.map(|w| Instant::now() + w);
     let mut admission = net::Admission::new(net, opener(net.io_timeout));
     let mut no = Refusals::default();
@@ -309,7 +305,7 @@ pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, Migra
 
 /// Receives on `main`; `opened`: its HEADER and the bytes of its opening
 /// when they were read already (by the admission).
-fn receive_core<C: Conn>(
+fn receive_core<C: Connection>(
     mut main: C,
     opened: Option<(Header, u64)>,
     cfg: &DestConfig,
@@ -326,7 +322,7 @@ fn receive_core<C: Conn>(
     result
 }
 
-fn receive_inner<C: Conn>(
+fn receive_inner<C: Connection>(
     main: &mut C,
     opened: Option<(Header, u64)>,
     cfg: &DestConfig,
@@ -340,7 +336,7 @@ fn receive_inner<C: Conn>(
     // Nothing is allocated before the stream is known to fit.
     cfg.limits.check(&header)?;
     Backing::parse(&header.backing).map_err(MigrateError::Setup)?;
-    if header.format.arg() != cfg.format {
+    if FormatArg::from(header.format) != cfg.format {
         return Err(MigrateError::FormatMismatch {
             stream: header.format.name(),
             destination: cfg.format.name(),
@@ -353,7 +349,7 @@ fn receive_inner<C: Conn>(
 }
 
 /// Builds the guest `header` describes on format `F` and receives it.
-fn receive_guest<C: Conn, F: VmFormat>(
+fn receive_guest<C: Connection, F: VmFormat>(
     mut rd: WireReader<&mut C>,
     header: &Header,
     cfg: &DestConfig,
@@ -400,7 +396,7 @@ fn receive_guest<C: Conn, F: VmFormat>(
                 "post-copy's connections did not join".into(),
             ));
         };
-        let main_socket = rd.get_mut().tcp().and_then(|s| s.try_clone().ok());
+        let main_socket = rd.get_mut().shutdown_handle().ok();
         return postcopy::dest::resume(postcopy::dest::Resume {
             vm: &vm,
             main: &mut rd,

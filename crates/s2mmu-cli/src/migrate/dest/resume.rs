@@ -6,7 +6,7 @@ use super::receive::Shared;
 use super::{DestConfig, DestOutcome};
 use crate::migrate::error::MigrateError;
 use crate::migrate::hash::digest_of;
-use crate::migrate::net::Conn;
+use crate::migrate::net::Connection;
 use crate::migrate::wire::{tag, Enc, GuestState, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{Pattern, Vm, VmFormat, Workload, WorkloadConfig};
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 /// digests to the source (RESUMED), the byte comparison with verify-full,
 /// then the guest runs for `run_after`. The counts are the main channel's
 /// only (the caller adds the others').
-pub(super) fn resume_after_end<C: Conn, F: VmFormat>(
+pub(super) fn resume_after_end<C: Connection, F: VmFormat>(
     rd: &mut WireReader<&mut C>,
     vm: &Arc<Vm<TreeMemslots, F>>,
     sh: &Shared<'_, F>,
@@ -72,7 +72,7 @@ pub(super) fn resume_after_end<C: Conn, F: VmFormat>(
 }
 
 /// verify-full's byte comparison, and VERIFIED with its result.
-fn verify_pass<C: Conn, F: VmFormat>(
+fn verify_pass<C: Connection, F: VmFormat>(
     rd: &mut WireReader<&mut C>,
     vm: &Arc<Vm<TreeMemslots, F>>,
     snapshot: &[std::sync::atomic::AtomicU64],

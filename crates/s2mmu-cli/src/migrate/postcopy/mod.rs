@@ -41,6 +41,7 @@ pub mod report;
 pub mod source;
 
 use super::error::MigrateError;
+use super::guest_state::{decode_vcpu, encode_vcpu};
 use super::wire::{Dec, Enc, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{VcpuState, Vm, VmFormat};
@@ -145,7 +146,7 @@ impl Final {
         }
         e.u32(self.vcpus.len() as u32);
         for v in &self.vcpus {
-            e.vcpu(v);
+            encode_vcpu(&mut e, v);
         }
         e.u32(self.digests.len() as u32);
         for (id, d) in &self.digests {
@@ -187,7 +188,7 @@ impl Final {
         }
         let mut vcpus = Vec::new();
         for _ in 0..n {
-            vcpus.push(d.vcpu()?);
+            vcpus.push(decode_vcpu(&mut d)?);
         }
         let n = d.u32()?;
         if n > MAX_SLOTS {

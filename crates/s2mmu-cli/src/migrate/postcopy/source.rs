@@ -8,7 +8,7 @@ use super::super::bandwidth::TokenBucket;
 use super::super::dest::workload_config;
 use super::super::error::MigrateError;
 use super::super::hash::{digest_of, page_hash};
-use super::super::net::BoxConn;
+use super::super::net::{BoxConn, Connection};
 use super::super::source::{copy_page, read_reply, unexpected_reply, Connect};
 use super::super::wire::{
     record_name, tag, Batch, Dec, GuestState, Record, WireReader, WireWriter, PAGE_SIZE,
@@ -229,7 +229,7 @@ pub fn finish<F: VmFormat>(
     let vm = sw.vm;
     let sent: Vec<AtomicU64> = sw.missing.iter().map(|_| AtomicU64::new(0)).collect();
     let mut req_conn = sw.req;
-    let req_sock = req_conn.get_mut().tcp().and_then(|s| s.try_clone().ok());
+    let req_sock = req_conn.get_mut().shutdown_handle().ok();
     let mut req = WireReader::replies(req_conn.into_inner());
     let mut answers = sw.answers;
     let r = std::thread::scope(|sc| {
@@ -248,10 +248,10 @@ pub fn finish<F: VmFormat>(
             // The request server would wait for DONE until its deadline,
             // the destination for the stream until its own.
             if let Some(s) = &req_sock {
-                super::super::net::shutdown(s);
+                s.shutdown();
             }
-            if let Some(s) = main.get_mut().tcp() {
-                super::super::net::shutdown(s);
+            if let Ok(s) = main.get_mut().shutdown_handle() {
+                s.shutdown();
             }
         }
         let served = server
