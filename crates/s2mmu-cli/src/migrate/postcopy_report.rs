@@ -1,7 +1,7 @@
 //! Post-copy's lines in `s2mmu migrate`'s text and JSON reports.
 
-use super::super::source::SourceOutcome;
-use super::{PostcopyFigures, PostcopyOutcome};
+use s2mmu_migrate::session::postcopy::{PostcopyFigures, PostcopyOutcome};
+use s2mmu_migrate::session::source::SourceOutcome;
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -5,8 +5,9 @@ use super::drivers::{harvest_name, policy_label, rate_text};
 use super::params::{ConvergeArg, Params};
 use super::postcopy;
 use super::source::SourceOutcome;
-use crate::report::{human_bytes, Report};
+use crate::report::{human_bytes, verdict, Report};
 use s2mmu::mmu::MmuPolicy;
+use s2mmu_migrate::session::extras::ExtrasOutcome;
 use serde_json::json;
 use std::time::Duration;
 

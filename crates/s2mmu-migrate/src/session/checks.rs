@@ -14,8 +14,8 @@
 //! it changed and unlogged within two rounds.
 
 pub use super::extras::CheckSummary;
-use crate::stream_error::MigrateError;
 use crate::session::lost_write::LostWriteCheck;
+use crate::stream_error::MigrateError;
 use s2mmu::memslot::MemslotStore;
 use s2mmu_vm::{Vm, VmFormat};
 

@@ -3,7 +3,7 @@
 //! stop-and-copy, post-copy) share instead of importing each other.
 
 use crate::stream_error::MigrateError;
-use crate::transport::BoxConn;
+use crate::transport::{BoxConn, Connection};
 use crate::wire::{record_name, tag, Record, WireReader, WireWriter, DEFAULT_GRACE};
 use std::time::{Duration, Instant};
 
@@ -39,15 +39,8 @@ pub const MIN_PREPARE_RATE: u64 = 32 << 20;
 /// but all of them together at most the I/O timeout plus `prepare_bytes`
 /// at [`MIN_PREPARE_RATE`] (a destination answering PROGRESS for ever
 /// does not hold the source for ever).
-pub fn read_reply(
-    w: &mut WireWriter<BoxConn>,
-    prepare_bytes: u64,
-) -> Result<Record, MigrateError> {
-    let grace = w
-        .get_mut()
-        .tcp()
-        .and_then(|t| t.read_timeout().ok().flatten())
-        .unwrap_or(DEFAULT_GRACE);
+pub fn read_reply(w: &mut WireWriter<BoxConn>, prepare_bytes: u64) -> Result<Record, MigrateError> {
+    let grace = w.get_mut().io_timeout().unwrap_or(DEFAULT_GRACE);
     let limit = grace + Duration::from_secs_f64(prepare_bytes as f64 / MIN_PREPARE_RATE as f64);
     let t0 = Instant::now();
     let mut rd = WireReader::replies(w.get_mut()).with_grace(grace);

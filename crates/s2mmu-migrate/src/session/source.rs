@@ -10,20 +10,19 @@
 //! verification, the outcome), `postcopy_switch`, [`outcome`] and
 //! `verify`.
 
-use super::guest::{RoundHook, SourceGuest};
+use super::guest::SourceGuest;
 use super::postcopy::Postcopy;
 use super::replies::{abort_and_reason, read_reply, unexpected_reply, Connect};
 use super::timeline::Timeline;
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
-use crate::vm::{GuestRun, SessionVm};
+use crate::vm::SessionVm;
 use crate::wire::{tag, Dec, Header, Record, WireWriter, SESSION_LEN};
-use std::sync::Arc;
 use std::time::Instant;
 
 pub mod config;
-pub mod outcome;
 mod figures;
+pub mod outcome;
 mod postcopy_switch;
 mod precopy;
 mod precopy_end;
@@ -38,9 +37,8 @@ use figures::{counters, MIB};
 pub use outcome::{Phase, RoundStat, SourceOutcome};
 use precopy::Precopy;
 use precopy_end::PrecopyEnd;
-pub use sender::copy_page;
+pub(crate) use sender::copy_page;
 use sender::{Chan, Sender};
-pub use verify::source_digests;
 
 /// Runs the source side for `guest`, already running: `connect` opens
 /// each channel's connection once the guest is warm.

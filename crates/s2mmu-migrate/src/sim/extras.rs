@@ -29,8 +29,8 @@ pub struct ExtrasRun<F: VmFormat> {
 /// # Errors
 /// [`MigrateError::Setup`], [`MigrateError::Snapshot`].
 pub fn begin<F: VmFormat>(
-x: &SourceExtras,
-vm: &Arc<Vm<TreeMemslots, F>>,
+    x: &SourceExtras,
+    vm: &Arc<Vm<TreeMemslots, F>>,
 ) -> Result<ExtrasRun<F>, MigrateError> {
     let check = x.check.then(|| RunningLostCheck::new(vm)).transpose()?;
     vm.mmu().inject_lost_marks(x.inject_lost_marks);

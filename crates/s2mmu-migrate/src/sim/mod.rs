@@ -172,7 +172,10 @@ fn counters_of(control: &Control) -> GuestCounters {
     let live = &control.live;
     GuestCounters {
         writes: live.iter().map(|l| l.writes.load(Ordering::Relaxed)).sum(),
-        guest_ns: live.iter().map(|l| l.guest_ns.load(Ordering::Relaxed)).sum(),
+        guest_ns: live
+            .iter()
+            .map(|l| l.guest_ns.load(Ordering::Relaxed))
+            .sum(),
     }
 }
 

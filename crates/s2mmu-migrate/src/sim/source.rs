@@ -17,9 +17,7 @@ use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
-use s2mmu_vm::{
-    replay_writes, Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig,
-};
+use s2mmu_vm::{replay_writes, Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -140,8 +138,9 @@ pub fn migrate_source(
     crate::session::source::validate_shape(&guest.shape())?;
     crate::session::source::validate(cfg)?;
     match guest.format {
-        WireFormat::Arm64 => SimSource::<Arm64Stage2>::start(guest, cfg)
-            .and_then(|g| run_source(&g, cfg, connect)),
+        WireFormat::Arm64 => {
+            SimSource::<Arm64Stage2>::start(guest, cfg).and_then(|g| run_source(&g, cfg, connect))
+        }
         WireFormat::Ept => {
             SimSource::<EptFormat>::start(guest, cfg).and_then(|g| run_source(&g, cfg, connect))
         }
@@ -276,8 +275,8 @@ pub fn verify<F: VmFormat>(
     fin: &Final,
 ) -> Result<Vec<(u16, u64)>, MigrateError> {
     let mismatch = |slot, detail| MigrateError::MemoryMismatch { slot, detail };
-    let fin_vcpus = decode_vcpus(&fin.state)
-        .map_err(|e| mismatch(0, format!("FINAL's vCPU states: {e}")))?;
+    let fin_vcpus =
+        decode_vcpus(&fin.state).map_err(|e| mismatch(0, format!("FINAL's vCPU states: {e}")))?;
     if fin_vcpus.len() != state.vcpus.len() {
         return Err(mismatch(
             0,

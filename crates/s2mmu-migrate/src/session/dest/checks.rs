@@ -3,12 +3,10 @@
 //! byte comparison of verify-full.
 
 use super::receive::{check_end, page_offset, Shared};
+use crate::hash::page_hash;
 use crate::sim::state::GuestState;
 use crate::stream_error::MigrateError;
-use crate::hash::page_hash;
-use crate::wire::{
-    record_name, tag, Dec, Header, Record, WireReader, PAGE_SIZE,
-};
+use crate::wire::{record_name, tag, Header, Record, WireReader, PAGE_SIZE};
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{Vm, VmFormat};
 use std::io::Read;
@@ -121,7 +119,6 @@ pub(super) fn check_complete<F: VmFormat>(
     }
     Ok(())
 }
-
 
 /// The verification pass: VERIFY, all of the source's memory as PAGES
 /// records on the main channel, END; each page is compared byte for byte

@@ -3,10 +3,9 @@
 
 use super::config::DestConfig;
 use crate::stream_error::MigrateError;
-use crate::transport::{Admission, BoxConn, Conn, NetConfig, Opener, Refused};
+use crate::transport::{Admission, BoxConn, Connection, Listener, NetConfig, Opener, Refused};
 use crate::wire::{tag, Header, Opening, WireReader, WireWriter, SESSION_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
-use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,12 +48,7 @@ impl Refusals {
     }
 
     /// Notes a connection refused by the admission.
-    pub(super) fn note_refused(
-        &mut self,
-        peer: SocketAddr,
-        r: Refused,
-        refused: &mut dyn FnMut(&str),
-    ) {
+    pub(super) fn note_refused(&mut self, peer: String, r: Refused, refused: &mut dyn FnMut(&str)) {
         let why = if r.authenticated {
             format!("{peer} authenticated, then: {}", r.error)
         } else {
@@ -71,7 +65,7 @@ impl Refusals {
 /// Which of `wanted` an opened connection fills (not filled yet, of
 /// `session`), or why it is refused.
 fn place(
-    peer: SocketAddr,
+    peer: String,
     opened: Opened,
     session: &[u8; SESSION_LEN],
     wanted: &[u16],
@@ -113,7 +107,7 @@ fn place(
 /// were refused (it names the last), [`MigrateError::Timeout`] when it
 /// passed with none at all, [`MigrateError::Io`] when accepting failed.
 pub(super) fn join_channels(
-    listener: &TcpListener,
+    listener: &dyn Listener,
     net: &NetConfig,
     wait: Duration,
     session: &[u8; SESSION_LEN],
@@ -154,7 +148,7 @@ pub(super) fn join_channels(
 /// further channels to join it; returns the session, the data channels
 /// beyond the main one, and post-copy's request and answer connections.
 #[allow(clippy::type_complexity)]
-pub(super) fn accept_and_join<C: Conn>(
+pub(super) fn accept_and_join<C: Connection>(
     rd: &mut WireReader<&mut C>,
     header: &Header,
     cfg: &DestConfig,

@@ -4,22 +4,19 @@
 //! verifies every page and the whole, and resumes the guest only from a
 //! complete, valid stream.
 
-use crate::stream_error::MigrateError;
-use crate::transport::{self, BoxConn, Conn, Duplex, NetConfig};
 use super::postcopy;
-use crate::wire::{
-    tag, Header, Opening, WireReader, WireWriter, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS,
-    PAGE_SIZE,
-};
+use crate::stream_error::MigrateError;
+use crate::transport::{self, BoxConn, Connection, Duplex, Listener, NetConfig};
 use crate::wire::WireFormat;
+use crate::wire::{tag, Header, Opening, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,11 +28,11 @@ mod join;
 mod receive;
 mod resume;
 
-pub(crate) use receive::check_end;
 use checks::{check_complete, check_state, snapshot_for};
 pub use config::{DestConfig, DestOutcome, Limits};
 pub(crate) use join::Join;
 use join::{accept_and_join, join_channels, opener, Refusals};
+pub(crate) use receive::check_end;
 use receive::{populate, receive_channels, RawMem, Shared};
 use resume::resume_after_end;
 pub(crate) use resume::{run_resumed, start_workload};
@@ -53,7 +50,7 @@ pub(crate) use resume::{run_resumed, start_workload};
 /// [`MigrateError::Timeout`] for a stall), or [`MigrateError::Timeout`]
 /// when none came; otherwise as [`receive_from`].
 pub fn serve(
-    listener: &TcpListener,
+    listener: &dyn Listener,
     cfg: &DestConfig,
     net: &NetConfig,
 ) -> Result<DestOutcome, MigrateError> {
@@ -78,13 +75,9 @@ pub fn serve(
             // accepted on a new listener at ADDR.
             match cfg.recovery.control.as_ref().and_then(|c| c.redirect()) {
                 Some(addr) => {
-                    let what = format!("listening on {addr} for the recovery");
-                    let l = TcpListener::bind(&addr).map_err(|e| MigrateError::io(&what, &e))?;
-                    eprintln!(
-                        "destination: accepting the recovery on {}",
-                        l.local_addr().map_or(addr.clone(), |a| a.to_string())
-                    );
-                    join_channels(&l, net, wait, session, wanted, &mut refused)
+                    let l = transport::bind(&addr)?;
+                    eprintln!("destination: accepting the recovery on {}", l.local());
+                    join_channels(&*l, net, wait, session, wanted, &mut refused)
                 }
                 None => join_channels(listener, net, wait, session, wanted, &mut refused),
             }
@@ -95,12 +88,12 @@ pub fn serve(
 /// The first connection that authenticates and opens a migration
 /// (HEADER); every other is refused and logged.
 fn admit_source(
-    listener: &TcpListener,
+    listener: &dyn Listener,
     cfg: &DestConfig,
     net: &NetConfig,
-) -> Result<(std::net::SocketAddr, WireReader<BoxConn>, Header), MigrateError> {
+) -> Result<(String, WireReader<BoxConn>, Header), MigrateError> {
     let deadline = cfg.accept_wait.map(|w| Instant::now() + w);
-    let mut admission = net::Admission::new(net, opener(net.io_timeout));
+    let mut admission = transport::Admission::new(net, opener(net.io_timeout));
     let mut no = Refusals::default();
     let quiet = &mut |_: &str| {};
     loop {
@@ -168,7 +161,7 @@ pub fn receive_from<R: Read + Send, W: Write + Send>(
 /// # Errors
 /// As [`receive_from`].
 pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, MigrateError> {
-    net::configure(&stream, cfg.io_timeout)?;
+    transport::configure(&stream, cfg.io_timeout)?;
     receive_from(
         stream
             .try_clone()
@@ -180,7 +173,7 @@ pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, Migra
 
 /// Receives on `main`; `opened`: its HEADER and the bytes of its opening
 /// when they were read already (by the admission).
-fn receive_core<C: Conn>(
+fn receive_core<C: Connection>(
     mut main: C,
     opened: Option<(Header, u64)>,
     cfg: &DestConfig,
@@ -197,7 +190,7 @@ fn receive_core<C: Conn>(
     result
 }
 
-fn receive_inner<C: Conn>(
+fn receive_inner<C: Connection>(
     main: &mut C,
     opened: Option<(Header, u64)>,
     cfg: &DestConfig,
@@ -224,7 +217,7 @@ fn receive_inner<C: Conn>(
 }
 
 /// Builds the guest `header` describes on format `F` and receives it.
-fn receive_guest<C: Conn, F: VmFormat>(
+fn receive_guest<C: Connection, F: VmFormat>(
     mut rd: WireReader<&mut C>,
     header: &Header,
     cfg: &DestConfig,
@@ -271,7 +264,7 @@ fn receive_guest<C: Conn, F: VmFormat>(
                 "post-copy's connections did not join".into(),
             ));
         };
-        let main_socket = rd.get_mut().tcp().and_then(|s| s.try_clone().ok());
+        let main_socket = rd.get_mut().shutdown_handle().ok();
         return postcopy::dest::resume(postcopy::dest::Resume {
             vm: &vm,
             main: &mut rd,

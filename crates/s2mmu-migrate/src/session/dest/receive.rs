@@ -2,19 +2,18 @@
 //! into guest memory (each checked against its channel, its address and
 //! its hash), probes, and the population of memory before the stream.
 
+use crate::hash::{page_hash, ZERO_PAGE};
+use crate::session::postcopy;
 use crate::sim::state::GuestState;
 use crate::stream_error::MigrateError;
-use crate::hash::{page_hash, ZERO_PAGE};
-use crate::transport::{self, BoxConn, Conn};
-use crate::session::postcopy;
+use crate::transport::{BoxConn, Connection, ShutdownHandle};
 use crate::wire::{
-    channel_of, record_name, tag, tag_name, Enc, Header, Record, WireReader,
-    WireWriter, MAX_BATCH, PAGE_SIZE,
+    channel_of, record_name, tag, tag_name, Dec, Enc, Header, Record, WireReader, WireWriter,
+    MAX_BATCH, PAGE_SIZE,
 };
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{Vm, VmFormat};
 use std::io::{IoSliceMut, Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -223,15 +222,15 @@ pub(super) struct Received {
 
 /// Receives every channel at once, the further ones on their own threads,
 /// until each one's END; the first error ends the others' connections.
-pub(super) fn receive_channels<C: Conn, F: VmFormat>(
+pub(super) fn receive_channels<C: Connection, F: VmFormat>(
     rd: &mut WireReader<&mut C>,
     extras: &mut [WireReader<BoxConn>],
     sh: &Shared<'_, F>,
     header: &Header,
 ) -> Result<Received, MigrateError> {
-    let sockets: Vec<TcpStream> = extras
+    let sockets: Vec<ShutdownHandle> = extras
         .iter_mut()
-        .filter_map(|r| r.get_mut().tcp().and_then(|s| s.try_clone().ok()))
+        .filter_map(|r| r.get_mut().shutdown_handle().ok())
         .collect();
     std::thread::scope(|sc| {
         let (ptx, prx) = std::sync::mpsc::channel();
@@ -245,8 +244,8 @@ pub(super) fn receive_channels<C: Conn, F: VmFormat>(
                     if res.is_err() {
                         // The source's sender on this channel fails at
                         // once instead of at its write deadline.
-                        if let Some(s) = r.get_mut().tcp() {
-                            net::shutdown(s);
+                        if let Ok(s) = r.get_mut().shutdown_handle() {
+                            s.shutdown();
                         }
                     }
                     res
@@ -259,7 +258,7 @@ pub(super) fn receive_channels<C: Conn, F: VmFormat>(
             // End the other channels' threads now rather than at their
             // timeouts.
             for s in &sockets {
-                net::shutdown(s);
+                s.shutdown();
             }
         }
         let mut r = main_result;
@@ -286,7 +285,7 @@ pub(super) fn receive_channels<C: Conn, F: VmFormat>(
 
 /// The main channel: its probe (answered with PROBED once every channel's
 /// is in), then pages and control records until END or POSTCOPY.
-pub(super) fn main_channel<C: Conn, F: VmFormat>(
+pub(super) fn main_channel<C: Connection, F: VmFormat>(
     rd: &mut WireReader<&mut C>,
     sh: &Shared<'_, F>,
     header: &Header,

@@ -2,12 +2,12 @@
 //! workload from the transferred state, and its run.
 
 use super::checks::compare_with_snapshot;
-use super::receive::Shared;
 use super::config::{DestConfig, DestOutcome};
-use crate::stream_error::MigrateError;
+use super::receive::Shared;
 use crate::hash::digest_of;
-use crate::transport::Conn;
 use crate::sim::state::{workload_config, GuestState};
+use crate::stream_error::MigrateError;
+use crate::transport::Connection;
 use crate::wire::{tag, Enc, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{Vm, VmFormat, Workload};
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 /// digests to the source (RESUMED), the byte comparison with verify-full,
 /// then the guest runs for `run_after`. The counts are the main channel's
 /// only (the caller adds the others').
-pub(super) fn resume_after_end<C: Conn, F: VmFormat>(
+pub(super) fn resume_after_end<C: Connection, F: VmFormat>(
     rd: &mut WireReader<&mut C>,
     vm: &Arc<Vm<TreeMemslots, F>>,
     sh: &Shared<'_, F>,
@@ -73,7 +73,7 @@ pub(super) fn resume_after_end<C: Conn, F: VmFormat>(
 }
 
 /// verify-full's byte comparison, and VERIFIED with its result.
-fn verify_pass<C: Conn, F: VmFormat>(
+fn verify_pass<C: Connection, F: VmFormat>(
     rd: &mut WireReader<&mut C>,
     vm: &Arc<Vm<TreeMemslots, F>>,
     snapshot: &[std::sync::atomic::AtomicU64],

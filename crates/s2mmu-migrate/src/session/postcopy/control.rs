@@ -31,8 +31,8 @@
 //! Every other line gets `error: ...` and changes nothing.
 //! `s2mmu migrate-ctl` is the client ([`request`]).
 
-use crate::stream_error::MigrateError;
 use super::control_guard::{check_dir, check_peer, read_line_within};
+use crate::stream_error::MigrateError;
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};

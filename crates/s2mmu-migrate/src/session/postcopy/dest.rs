@@ -5,19 +5,19 @@
 
 use super::super::dest::config::{DestConfig, DestOutcome};
 use super::super::dest::{check_end, run_resumed, start_workload};
-use crate::stream_error::MigrateError;
-use crate::transport::BoxConn;
 use super::super::digests::source_digests;
-use crate::sim::state::{encode_vcpus, GuestState};
-use crate::sim::SimVm;
-use crate::wire::{record_name, tag, Record, WireReader, WireWriter};
 use super::control::{self, Phase, RecoveryMode};
 use super::fetch::{bit, Fetcher, REFERENCE_PINGS};
 use super::{encode_missing, median_p99, Final, PostcopyFigures};
+use crate::sim::state::{encode_vcpus, GuestState};
+use crate::sim::SimVm;
+use crate::stream_error::MigrateError;
+use crate::transport::BoxConn;
+use crate::transport::{Connection, ShutdownHandle};
+use crate::wire::{record_name, tag, Record, WireReader, WireWriter};
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{Vm, VmFormat, Workload};
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,9 +34,10 @@ pub type Recover<'a> =
 pub struct Resume<'a, R: Read + Write, F: VmFormat> {
     /// The VM (no vCPU created yet).
     pub vm: &'a Arc<Vm<TreeMemslots, F>>,
-    /// The main connection, right after POSTCOPY, and its socket.
+    /// The main connection, right after POSTCOPY, and its shutdown
+    /// handle.
     pub main: &'a mut WireReader<R>,
-    pub main_socket: Option<TcpStream>,
+    pub main_socket: Option<ShutdownHandle>,
     /// The request and answer connections.
     pub req: WireReader<BoxConn>,
     pub answers: WireReader<BoxConn>,
@@ -55,12 +56,15 @@ pub struct Resume<'a, R: Read + Write, F: VmFormat> {
     pub recover: &'a mut Recover<'a>,
 }
 
-/// Clones of the sockets under `conns`, to shut them down from another
-/// thread.
-fn sockets_of(main: Option<&TcpStream>, conns: [&mut WireReader<BoxConn>; 2]) -> Vec<TcpStream> {
-    let mut v: Vec<TcpStream> = main.and_then(|s| s.try_clone().ok()).into_iter().collect();
+/// The shutdown handles of `main` and `conns`, to shut them down from
+/// another thread.
+fn sockets_of(
+    main: Option<&ShutdownHandle>,
+    conns: [&mut WireReader<BoxConn>; 2],
+) -> Vec<ShutdownHandle> {
+    let mut v: Vec<ShutdownHandle> = main.cloned().into_iter().collect();
     for c in conns {
-        if let Some(s) = c.get_mut().tcp().and_then(|s| s.try_clone().ok()) {
+        if let Ok(s) = c.get_mut().shutdown_handle() {
             v.push(s);
         }
     }
@@ -162,8 +166,9 @@ pub fn resume<R: Read + Write + Send, F: VmFormat>(
 struct Links {
     /// The answer connection.
     answers: WireReader<BoxConn>,
-    /// Clones of the live sockets, to cut them all when one breaks.
-    sockets: Vec<TcpStream>,
+    /// Shutdown handles of the live connections, to cut them all when one
+    /// breaks.
+    sockets: Vec<ShutdownHandle>,
     /// The main connection of the last recovery (the first one until then).
     recovered: Option<WireReader<BoxConn>>,
     /// Recoveries so far.
@@ -249,7 +254,7 @@ fn receive_missing<M: Read + Write + Send, F: VmFormat>(
             return Err(give_up(f, wl, "the recovery's connections".into()));
         };
         let mut an = an;
-        let main_sock = m.get_mut().tcp().and_then(|s| s.try_clone().ok());
+        let main_sock = m.get_mut().shutdown_handle().ok();
         links.sockets = sockets_of(main_sock.as_ref(), [&mut rq, &mut an]);
         let still = f.after_break(rq);
         let told = {
@@ -334,14 +339,14 @@ fn phase<M: Read + Write + Send>(
     main: &mut WireReader<M>,
     answers: &mut WireReader<BoxConn>,
     f: &Fetcher,
-    sockets: &[TcpStream],
+    sockets: &[ShutdownHandle],
 ) -> Result<(u64, u64), MigrateError> {
     f.broken.store(false, Ordering::SeqCst);
     let cut = || {
         f.broken.store(true, Ordering::SeqCst);
         f.wake();
         for s in sockets {
-            crate::transport::shutdown(s);
+            s.shutdown();
         }
     };
     std::thread::scope(|sc| {

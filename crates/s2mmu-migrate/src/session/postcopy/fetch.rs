@@ -4,8 +4,8 @@
 //! a REQUEST goes out; whichever copy of a page arrives first (an answer
 //! or the background stream's) is claimed, checked and kept.
 
-use crate::stream_error::MigrateError;
 use crate::hash::{page_hash, ZERO_PAGE};
+use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
 use crate::wire::{tag, Entry, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu::memslot::TreeMemslots;

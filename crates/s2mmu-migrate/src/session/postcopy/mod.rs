@@ -46,8 +46,8 @@ pub mod fetch;
 pub mod source;
 
 use crate::stream_error::MigrateError;
-use crate::wire::{Dec, Enc, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
 use crate::vm::{GuestRam, SessionVm};
+use crate::wire::{Dec, Enc, MAX_SLOTS, PAGE_SIZE};
 
 /// When the source switches to post-copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,18 +4,17 @@
 //! the background, and checks the destination's memory against its own
 //! plus the destination guest's writes.
 
-use crate::bandwidth::TokenBucket;
-use crate::stream_error::MigrateError;
-use crate::transport::BoxConn;
 use super::super::replies::{read_reply, unexpected_reply, Connect};
 use super::super::source::copy_page;
-use crate::vm::SessionVm;
-use crate::wire::{
-    record_name, tag, Batch, Dec, Record, WireReader, WireWriter, PAGE_SIZE,
-    SESSION_LEN,
-};
 use super::control::{self, Phase, Recovery, RecoveryMode};
 use super::{decode_missing, encode_missing, Final};
+use crate::bandwidth::TokenBucket;
+use crate::stream_error::MigrateError;
+use crate::transport::{BoxConn, Connection};
+use crate::vm::{GuestRam, SessionVm};
+use crate::wire::{
+    record_name, tag, Batch, Dec, Record, WireReader, WireWriter, PAGE_SIZE, SESSION_LEN,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -223,13 +222,13 @@ pub fn finish<V: SessionVm>(
     let vm = sw.vm;
     let sent: Vec<AtomicU64> = sw.missing.iter().map(|_| AtomicU64::new(0)).collect();
     let mut req_conn = sw.req;
-    let req_sock = req_conn.get_mut().tcp().and_then(|s| s.try_clone().ok());
+    let req_sock = req_conn.get_mut().shutdown_handle().ok();
     let mut req = WireReader::replies(req_conn.into_inner());
     let mut answers = sw.answers;
     let r = std::thread::scope(|sc| {
         let sent = &sent;
-        let server = sc.spawn(move || serve_requests(vm, &mut req, &mut answers, sent));
-        let bg = background(vm, main, &sw.missing, sent, sw.bucket);
+        let server = sc.spawn(move || serve_requests(&**vm, &mut req, &mut answers, sent));
+        let bg = background(&**vm, main, &sw.missing, sent, sw.bucket);
         let fin = bg.and_then(|(pages, bytes, end)| match read_reply(main, 0)? {
             Record::Control {
                 tag: tag::FINAL,
@@ -242,10 +241,10 @@ pub fn finish<V: SessionVm>(
             // The request server would wait for DONE until its deadline,
             // the destination for the stream until its own.
             if let Some(s) = &req_sock {
-                crate::transport::shutdown(s);
+                s.shutdown();
             }
-            if let Some(s) = main.get_mut().tcp() {
-                crate::transport::shutdown(s);
+            if let Ok(s) = main.get_mut().shutdown_handle() {
+                s.shutdown();
             }
         }
         let served = server

@@ -1,12 +1,12 @@
 //! The source's migration settings (policy and presentation; the guest
 //! itself is the caller's) and their checks.
 
-use crate::stream_error::MigrateError;
-use super::super::postcopy::Postcopy;
-use crate::wire::{MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
-use super::super::progress::Progress;
 use super::super::guest::GuestShape;
 pub use super::super::policy::{Converge, Harvest};
+use super::super::postcopy::Postcopy;
+use super::super::progress::Progress;
+use crate::stream_error::MigrateError;
+use crate::wire::{MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
 use std::time::Duration;
 
 /// How the source migrates: policy, presentation, the work beside it.

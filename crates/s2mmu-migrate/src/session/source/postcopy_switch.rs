@@ -3,14 +3,14 @@
 //! runs it, streams the rest, answers requests, recovers broken
 //! connections and verifies ([`crate::session::postcopy::source`]).
 
-use crate::transport::BoxConn;
-use super::super::postcopy::{self, PostcopyOutcome};
-use crate::wire::{WireWriter, SESSION_LEN};
-use super::precopy_end::PrecopyEnd;
 use super::super::guest::SourceGuest;
+use super::super::postcopy::{self, PostcopyOutcome};
 use super::super::replies::{abort_and_reason, Connect};
 use super::figures::{counters, phase};
+use super::precopy_end::PrecopyEnd;
 use super::{MigrateError, SourceOutcome};
+use crate::transport::BoxConn;
+use crate::wire::{WireWriter, SESSION_LEN};
 use std::time::{Duration, Instant};
 
 /// Pauses the guest and migrates the rest by post-copy.

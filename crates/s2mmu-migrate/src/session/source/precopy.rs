@@ -3,14 +3,14 @@
 //! whether what is left fits the downtime budget, needs convergence help,
 //! or calls for the switch to post-copy.
 
-use crate::stream_error::MigrateError;
+use super::super::guest::{GuestShape, RoundHook};
 use super::super::postcopy::Postcopy;
 use super::super::timeline::Timeline;
-use crate::wire::{tag, Enc, PAGE_RECORD_BYTES, PAGE_SIZE};
-use super::super::guest::{GuestShape, RoundHook};
 use super::figures::MIB;
 use super::{Converge, RoundStat, Sender, SourceConfig};
+use crate::stream_error::MigrateError;
 use crate::vm::{GuestRun, SessionVm};
+use crate::wire::{tag, Enc, PAGE_RECORD_BYTES, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
 /// The loop's state across rounds, with what it reads from the run.
@@ -109,7 +109,7 @@ impl<'a> Precopy<'a> {
         s: &mut Sender<'_, V>,
         hook: &mut H,
     ) -> Result<RoundEnd, MigrateError> {
-        let (cfg, round) = (self.cfg, self.round);
+        let round = self.round;
         let page = PAGE_SIZE as u64;
         let t0 = Instant::now();
         let (p0, b0, z0) = s.counts();

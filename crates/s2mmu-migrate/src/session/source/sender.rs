@@ -2,14 +2,14 @@
 //! channels (paced by the bandwidth limit), the link probe, and the dirty
 //! set harvested from the bitmap or the rings.
 
-use crate::bandwidth::TokenBucket;
-use crate::stream_error::MigrateError;
-use crate::hash::is_zero;
-use crate::transport::BoxConn;
-use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
 use super::super::replies::{read_reply, unexpected_reply};
 use super::{Harvest, SourceConfig};
+use crate::bandwidth::TokenBucket;
+use crate::hash::is_zero;
+use crate::stream_error::MigrateError;
+use crate::transport::BoxConn;
 use crate::vm::{GuestRam, RingEntry, SessionVm};
+use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -76,7 +76,9 @@ impl Chan {
 /// Copies the guest page at `off` into `dst` word by word (atomically per
 /// word: the guest may be writing it), and says whether it was all zeros.
 pub(crate) fn copy_page<R: GuestRam + ?Sized>(ram: &R, off: u64, dst: &mut [u8]) -> bool {
-    if off.checked_add(PAGE_SIZE as u64).is_none_or(|end| end > ram.size())
+    if off
+        .checked_add(PAGE_SIZE as u64)
+        .is_none_or(|end| end > ram.size())
         || dst.len() != PAGE_SIZE
         || off % 8 != 0
     {
@@ -89,10 +91,7 @@ pub(crate) fn copy_page<R: GuestRam + ?Sized>(ram: &R, off: u64, dst: &mut [u8])
     // the contract also makes every other access to it atomic per word,
     // as these loads are.
     let words = unsafe {
-        std::slice::from_raw_parts(
-            (ram.host_addr() + off) as *const AtomicU64,
-            PAGE_SIZE / 8,
-        )
+        std::slice::from_raw_parts((ram.host_addr() + off) as *const AtomicU64, PAGE_SIZE / 8)
     };
     let mut acc = 0u64;
     for (w, d) in words.iter().zip(dst.chunks_exact_mut(8)) {
@@ -139,12 +138,7 @@ pub(super) struct Sender<'a, V: SessionVm> {
 
 impl<'a, V: SessionVm> Sender<'a, V> {
     /// A sender over `chans` for `vm`, with nothing pending yet.
-    pub(super) fn new(
-        vm: &'a Arc<V>,
-        chans: Vec<Chan>,
-        cfg: &SourceConfig,
-        vcpus: usize,
-    ) -> Self {
+    pub(super) fn new(vm: &'a Arc<V>, chans: Vec<Chan>, cfg: &SourceConfig, vcpus: usize) -> Self {
         let page = PAGE_SIZE as u64;
         Sender {
             vm,
@@ -241,7 +235,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
         let n = self.chans.len() as u16;
         if n == 1 {
             while let Some(job) = next(self)? {
-                self.chans[0].send_job(self.vm, &self.bucket, 0, 1, &job)?;
+                self.chans[0].send_job(&**self.vm, &self.bucket, 0, 1, &job)?;
                 if self.ring {
                     self.reap_if_full()?;
                 }
@@ -261,7 +255,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                 let (vm, bucket) = (&vm, &bucket);
                 handles.push(sc.spawn(move || {
                     for job in rx {
-                        chan.send_job(vm, bucket, c as u16, n, &job)?;
+                        chan.send_job(&**vm, bucket, c as u16, n, &job)?;
                     }
                     chan.flush_batch(bucket)?;
                     chan.wire.flush()
@@ -357,7 +351,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                     first,
                     words: all_pages(n),
                 };
-                self.chans[0].send_job(&vm, &self.bucket, 0, 1, &job)?;
+                self.chans[0].send_job(&*vm, &self.bucket, 0, 1, &job)?;
                 first += n;
             }
         }
@@ -392,8 +386,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                         continue;
                     }
                     if !s.ring {
-                        s.vm
-                            .clear_dirty_log(info.id, first, n, &s.pending[slot][w0..w1])
+                        s.vm.clear_dirty_log(info.id, first, n, &s.pending[slot][w0..w1])
                             .map_err(|e| MigrateError::Setup(e.what))?;
                     }
                     let words: Vec<u64> = s.pending[slot][w0..w1]

@@ -2,14 +2,14 @@
 //! the vCPU state, waits for the destination to resume it, verifies the
 //! destination's memory, and assembles the outcome.
 
-use crate::stream_error::MigrateError;
 use super::super::guest::{RoundHook, SourceGuest};
-use crate::wire::{tag, Enc, Record, PAGE_SIZE};
-use super::precopy_end::PrecopyEnd;
-use super::verify::{check_digests, parse_digests, verify_full};
 use super::super::replies::{abort_and_reason, read_reply, unexpected_reply};
 use super::figures::{counters, phase, MIB};
+use super::precopy_end::PrecopyEnd;
+use super::verify::{check_digests, parse_digests, verify_full};
 use super::{RoundStat, SourceOutcome};
+use crate::stream_error::MigrateError;
+use crate::wire::{tag, Enc, Record, PAGE_SIZE};
 use std::time::Instant;
 
 /// Pauses the guest, sends the rest, and verifies the destination.

@@ -1,13 +1,13 @@
 //! Verification of the destination's memory against the source's frozen
 //! memory: the optional byte-for-byte pass, then per-slot digests.
 
-use crate::bandwidth::TokenBucket;
-use crate::stream_error::MigrateError;
-use crate::wire::{tag, Dec, Record};
 use super::super::digests::source_digests;
 use super::super::replies::{read_reply, unexpected_reply};
 use super::Sender;
+use crate::bandwidth::TokenBucket;
+use crate::stream_error::MigrateError;
 use crate::vm::SessionVm;
+use crate::wire::{tag, Dec, Record};
 
 pub(super) fn parse_digests(body: &[u8], at_byte: u64) -> Result<Vec<(u16, u64)>, MigrateError> {
     let mut d = Dec::new(body, "RESUMED", at_byte);

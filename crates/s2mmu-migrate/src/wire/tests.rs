@@ -1,6 +1,4 @@
 use super::*;
-use crate::vm_format::WireFormat;
-use s2mmu_vm::VcpuState;
 
 fn header() -> Header {
     Header {
@@ -185,32 +183,6 @@ fn headers_out_of_bounds_are_malformed() {
             "{h:?}"
         );
     }
-}
-
-#[test]
-fn state_round_trips_and_rejects_nonsense() {
-    let s = GuestState {
-        bytes_per_vcpu: 1 << 20,
-        write_percent: 100,
-        pattern: 0,
-        pace_pages_per_sec: 8192,
-        vcpus: vec![VcpuState {
-            pass: 3,
-            next_page: 7,
-            rng: 99,
-            writes: 1000,
-        }],
-    };
-    assert_eq!(GuestState::decode(&s.encode(), 0).unwrap(), s);
-    let mut b = s.encode();
-    b.pop();
-    assert!(matches!(
-        GuestState::decode(&b, 0),
-        Err(MigrateError::Malformed {
-            record: "STATE",
-            ..
-        })
-    ));
 }
 
 #[test]

@@ -1,12 +1,10 @@
 //! The control bodies that describe a guest: HEADER (what the destination
-//! builds), the opening of a connection, and STATE (the vCPUs and the
-//! workload).
+//! builds) and the opening of a connection.
 
 use super::{
-    Dec, Enc, MigrateError, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE, SESSION_LEN,
+    Dec, Enc, MigrateError, WireFormat, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE,
+    SESSION_LEN,
 };
-use crate::vm_format::WireFormat;
-use s2mmu_vm::VcpuState;
 
 /// What the destination needs to build the same guest.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,20 +45,6 @@ pub enum Opening {
     },
 }
 
-/// The guest's vCPU state and the workload they run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GuestState {
-    /// Bytes each vCPU's region has.
-    pub bytes_per_vcpu: u64,
-    /// Percent of accesses that write.
-    pub write_percent: u32,
-    /// 0 sequential, 1 random.
-    pub pattern: u8,
-    /// Pages per second per vCPU (0 unpaced).
-    pub pace_pages_per_sec: u64,
-    /// One per vCPU.
-    pub vcpus: Vec<VcpuState>,
-}
 impl Header {
     /// The HEADER record's body.
     pub fn encode(&self) -> Vec<u8> {
@@ -141,50 +125,6 @@ impl Header {
             verify_full: flags & 1 != 0,
             postcopy: flags & 2 != 0,
             format,
-        })
-    }
-}
-
-impl GuestState {
-    /// The STATE record's body.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc::default();
-        e.u64(self.bytes_per_vcpu)
-            .u32(self.write_percent)
-            .u8(self.pattern)
-            .u64(self.pace_pages_per_sec)
-            .u32(self.vcpus.len() as u32);
-        for v in &self.vcpus {
-            e.vcpu(v);
-        }
-        e.0
-    }
-
-    /// Parses a STATE record's body.
-    ///
-    /// # Errors
-    /// [`MigrateError::Malformed`].
-    pub fn decode(body: &[u8], at_byte: u64) -> Result<Self, MigrateError> {
-        let mut d = Dec::new(body, "STATE", at_byte);
-        let bytes_per_vcpu = d.u64()?;
-        let write_percent = d.u32()?;
-        let pattern = d.u8()?;
-        let pace_pages_per_sec = d.u64()?;
-        let n = d.u32()?;
-        if n == 0 || n > MAX_VCPUS {
-            return Err(d.malformed(format!("{n} vCPUs")));
-        }
-        let mut vcpus = Vec::new();
-        for _ in 0..n {
-            vcpus.push(d.vcpu()?);
-        }
-        d.finish()?;
-        Ok(GuestState {
-            bytes_per_vcpu,
-            write_percent,
-            pattern,
-            pace_pages_per_sec,
-            vcpus,
         })
     }
 }

@@ -16,7 +16,7 @@
 //!                       another one refuses the stream)
 //!          0x09 JOIN    session[16] channel:u16
 //!          0x02 ROUND   round:u32 pages:u64
-//!          0x03 STATE   the vCPUs' state and the workload (GuestState)
+//!          0x03 STATE   the guest's state (the VM's own encoding)
 //!          0x04 VERIFY  (empty) after RESUMED, with verify-full: all of the
 //!                       source's memory follows on the main channel, then END
 //!          0x05 END     page_records:u64 bytes_before_end:u64 (per channel)
@@ -63,8 +63,8 @@
 //! carries the counts the receiver must have seen: a stream cut anywhere,
 //! even at a record boundary, is detected.
 
-use super::error::MigrateError;
-use super::hash::{checksum, is_zero, page_hash};
+use crate::hash::{checksum, is_zero, page_hash};
+use crate::stream_error::MigrateError;
 
 /// First bytes of every connection.
 pub const MAGIC: [u8; 8] = *b"S2MMIGR\0";
@@ -171,12 +171,14 @@ fn max_body(t: u8) -> Option<usize> {
 }
 
 mod codec;
+mod format;
 mod header;
 mod reader;
 mod writer;
 
 pub use codec::{Dec, Enc};
-pub use header::{GuestState, Header, Opening};
+pub use format::WireFormat;
+pub use header::{Header, Opening};
 pub use reader::{record_name, Entry, Record, WireReader, DEFAULT_GRACE, MIN_RATE};
 pub use writer::{Batch, WireWriter};
 

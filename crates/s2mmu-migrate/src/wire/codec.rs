@@ -1,7 +1,6 @@
 //! The little-endian encoder and the bounded decoder of record bodies.
 
 use super::MigrateError;
-use s2mmu_vm::VcpuState;
 
 /// Little-endian encoder.
 #[derive(Default)]
@@ -27,10 +26,6 @@ impl Enc {
     pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
         self.0.extend_from_slice(b);
         self
-    }
-    /// One vCPU's state, as STATE and post-copy's FINAL carry it.
-    pub fn vcpu(&mut self, v: &VcpuState) -> &mut Self {
-        self.u64(v.pass).u64(v.next_page).u64(v.rng).u64(v.writes)
     }
 }
 
@@ -87,15 +82,6 @@ impl<'a> Dec<'a> {
     }
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], MigrateError> {
         self.take(n)
-    }
-    /// One vCPU's state ([`Enc::vcpu`]).
-    pub fn vcpu(&mut self) -> Result<VcpuState, MigrateError> {
-        Ok(VcpuState {
-            pass: self.u64()?,
-            next_page: self.u64()?,
-            rng: self.u64()?,
-            writes: self.u64()?,
-        })
     }
     pub fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.body)

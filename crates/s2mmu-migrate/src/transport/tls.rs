@@ -2,8 +2,8 @@
 //! in-process migration, the handshakes, and the verifier that accepts any
 //! certificate (the pre-shared key's TLS, where the key proves identity).
 
-use super::{setup, Security, SockBuf};
-use crate::migrate::error::MigrateError;
+use super::{setup, BoxConn, Security, SockBuf};
+use crate::stream_error::MigrateError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
@@ -13,7 +13,6 @@ use rustls::{
     ClientConfig, ClientConnection, DigitallySignedStruct, RootCertStore, ServerConfig,
     ServerConnection, SignatureScheme, StreamOwned,
 };
-use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,7 +41,7 @@ fn handshake_error(e: std::io::Error) -> MigrateError {
 }
 
 pub(super) fn tls_client(
-    s: TcpStream,
+    s: BoxConn,
     cfg: &Arc<ClientConfig>,
     name: &str,
     deadline: Option<Instant>,
@@ -58,7 +57,7 @@ pub(super) fn tls_client(
 }
 
 pub(super) fn tls_server(
-    s: TcpStream,
+    s: BoxConn,
     cfg: &Arc<ServerConfig>,
     deadline: Option<Instant>,
 ) -> Result<StreamOwned<ServerConnection, SockBuf>, MigrateError> {

@@ -213,10 +213,7 @@ impl fmt::Display for MigrateError {
             PostcopyBroken { why, missing_pages } => write!(
                 f,
                 "POST-COPY BROKE: {why}. The guest's memory is SPLIT between the two hosts: the destination ran it with {} that only the source holds. Both sides are paused; neither may resume it alone",
-                match missing_pages {
-                    Some(n) => format!("{n} pages missing"),
-                    None => "pages missing".to_string(),
-                }
+                missing_text(*missing_pages)
             ),
             StreamDamaged { what, why } => write!(
                 f,
@@ -229,6 +226,14 @@ impl fmt::Display for MigrateError {
             ),
             Snapshot(s) => write!(f, "snapshots: {s}"),
         }
+    }
+}
+
+/// Post-copy's missing pages in words.
+fn missing_text(missing_pages: Option<u64>) -> String {
+    match missing_pages {
+        Some(n) => format!("{n} pages missing"),
+        None => "pages missing".to_string(),
     }
 }
 

@@ -18,10 +18,9 @@
 //! first budget when its opening record (magic, version, HEADER or JOIN)
 //! has been read and checked.
 
-use super::{server, BoxConn, NetConfig, Security};
-use crate::migrate::error::MigrateError;
+use super::{server, transient, BoxConn, Listener, NetConfig, Security, ShutdownHandle};
+use crate::stream_error::MigrateError;
 use std::collections::VecDeque;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,14 +45,15 @@ pub struct Refused {
 }
 
 /// A connection that authenticated and opened, or why it was refused.
-pub type Admitted<T> = (SocketAddr, Result<T, Refused>);
+/// The peer is named as the listener describes it.
+pub type Admitted<T> = (String, Result<T, Refused>);
 
 #[derive(Default)]
 struct Pool {
     next_id: u64,
-    /// Not authenticated yet, oldest first (a clone of each socket, to
-    /// shut it down on eviction).
-    preauth: VecDeque<(u64, TcpStream)>,
+    /// Not authenticated yet, oldest first (each one's shutdown handle,
+    /// to end it on eviction).
+    preauth: VecDeque<(u64, ShutdownHandle)>,
     /// Authenticated, reading their opening.
     opening: usize,
     /// Evicted so far.
@@ -117,17 +117,19 @@ impl<T: Send + 'static> Admission<T> {
     /// [`MigrateError::Io`] when the listener fails.
     pub fn next(
         &mut self,
-        listener: &TcpListener,
+        listener: &dyn Listener,
         deadline: Option<Instant>,
     ) -> Result<Option<Admitted<T>>, MigrateError> {
         let io = |e: &std::io::Error| MigrateError::io("accepting connections", e);
-        listener.set_nonblocking(true).map_err(|e| io(&e))?;
-        let r = loop {
-            let accepted = match listener.accept() {
-                Ok((s, peer)) => {
-                    if let Err(error) = self.admit(s, peer) {
+        loop {
+            // Only a connection already waiting: results are looked at
+            // between accepts.
+            let accepted = match listener.accept_until(Some(Instant::now())) {
+                Ok(None) => false,
+                Ok(Some((s, peer))) => {
+                    if let Err(error) = self.admit(s, peer.clone()) {
                         let authenticated = false;
-                        break Ok(Some((
+                        return Ok(Some((
                             peer,
                             Err(Refused {
                                 authenticated,
@@ -137,43 +139,40 @@ impl<T: Send + 'static> Admission<T> {
                     }
                     true
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || transient(&e) => false,
-                Err(e) => break Err(io(&e)),
+                Err(e) if transient(&e) => false,
+                Err(e) => return Err(io(&e)),
             };
             // Results first, even while a flood keeps the listener busy.
             if let Ok(a) = self.rx.try_recv() {
-                break Ok(Some(a));
+                return Ok(Some(a));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                break Ok(None);
+                return Ok(None);
             }
             if !accepted {
                 if let Ok(a) = self.rx.recv_timeout(Duration::from_millis(1)) {
-                    break Ok(Some(a));
+                    return Ok(Some(a));
                 }
             }
-        };
-        let _ = listener.set_nonblocking(false);
-        r
+        }
     }
 
     /// Starts the thread of an accepted connection, evicting the oldest
     /// stranger when the pre-authentication budget is full.
-    fn admit(&mut self, s: TcpStream, peer: SocketAddr) -> Result<(), MigrateError> {
+    fn admit(&mut self, s: BoxConn, peer: String) -> Result<(), MigrateError> {
         let io = |e: std::io::Error| MigrateError::io(format!("admitting {peer}"), &e);
-        s.set_nonblocking(false).map_err(io)?;
-        let clone = s.try_clone().map_err(io)?;
+        let handle = s.shutdown_handle().map_err(io)?;
         let id = {
             let mut p = Pool::lock(&self.pool);
             if p.preauth.len() >= MAX_PREAUTH {
                 if let Some((_, oldest)) = p.preauth.pop_front() {
-                    let _ = oldest.shutdown(Shutdown::Both);
+                    oldest.shutdown();
                     p.evicted += 1;
                 }
             }
             let id = p.next_id;
             p.next_id += 1;
-            p.preauth.push_back((id, clone));
+            p.preauth.push_back((id, handle));
             id
         };
         let (tx, net, open, pool) = (
@@ -182,11 +181,12 @@ impl<T: Send + 'static> Admission<T> {
             self.open.clone(),
             self.pool.clone(),
         );
+        let who = peer.clone();
         let t = std::thread::Builder::new()
             .name("admit".into())
             .spawn(move || {
                 let r = authenticate_and_open(s, id, &net, &*open, &pool);
-                drop(tx.send((peer, r)));
+                drop(tx.send((who, r)));
             });
         t.map(|_| ()).map_err(|e| {
             Pool::lock(&self.pool).preauth.retain(|(i, _)| *i != id);
@@ -195,22 +195,10 @@ impl<T: Send + 'static> Admission<T> {
     }
 }
 
-/// Accept errors that concern one connection or a passing shortage (the
-/// connection was reset before it was accepted, no file descriptor left
-/// for a moment): the listener goes on.
-fn transient(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::{ConnectionAborted, ConnectionReset, Interrupted};
-    matches!(e.kind(), ConnectionAborted | ConnectionReset | Interrupted)
-        || matches!(
-            e.raw_os_error(),
-            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EPROTO)
-        )
-}
-
 /// A connection's thread: the handshake, then the opening; the budgets
 /// kept as the module says.
 fn authenticate_and_open<T>(
-    s: TcpStream,
+    s: BoxConn,
     id: u64,
     net: &NetConfig,
     open: &Opener<T>,

@@ -322,53 +322,7 @@ impl<R: Read> WireReader<R> {
         let mut t = [0u8; 1];
         self.fill(&mut t, "the next record's tag: the stream ended before END")?;
         match t[0] {
-            tag::PAGES => {
-                let mut c = [0u8; 2];
-                self.fill(&mut c, "a PAGES record")?;
-                let count = usize::from(u16::from_le_bytes(c));
-                if count == 0 || count > MAX_BATCH {
-                    return Err(MigrateError::Malformed {
-                        record: "PAGES",
-                        at_byte,
-                        why: format!("{count} pages (1 to {MAX_BATCH})"),
-                    });
-                }
-                let mut raw = std::mem::take(&mut self.raw);
-                let r = self.fill(&mut raw[..16 * count + 8], "a PAGES record");
-                self.raw = raw;
-                r?;
-                let (entries, check) = self.raw[..16 * count + 8].split_at(16 * count);
-                let mut h = xxhash_rust::xxh3::Xxh3::with_seed(u64::from(tag::PAGES));
-                h.update(&c);
-                h.update(entries);
-                if h.digest().to_le_bytes() != check {
-                    return Err(MigrateError::RecordChecksum {
-                        record: "PAGES",
-                        at_byte,
-                    });
-                }
-                self.entries.clear();
-                for e in entries.chunks_exact(16) {
-                    let word = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
-                    let hash = u64::from_le_bytes(e[8..].try_into().expect("8 bytes"));
-                    let zero = word & 1 != 0;
-                    if word & (PAGE_SIZE as u64 - 2) != 0 || (zero && hash != 0) {
-                        return Err(MigrateError::Malformed {
-                            record: "PAGES",
-                            at_byte,
-                            why: format!("entry {word:#x}/{hash:#x} is not a page address"),
-                        });
-                    }
-                    self.zero_pages += u64::from(zero);
-                    self.entries.push(Entry {
-                        gpa: word & !1,
-                        zero,
-                        hash,
-                    });
-                }
-                self.pages += count as u64;
-                Ok(Record::Pages { count, at_byte })
-            }
+            tag::PAGES => self.pages_record(at_byte),
             tag::PROBE => {
                 let len = self.u64("a PROBE record")?;
                 let check = self.u64("a PROBE record")?;
@@ -380,40 +334,92 @@ impl<R: Read> WireReader<R> {
                 }
                 Ok(Record::Probe { len, at_byte })
             }
-            other => {
-                let Some(max) = max_body(other) else {
-                    return Err(MigrateError::UnknownRecord {
-                        tag: other,
-                        at_byte,
-                    });
-                };
-                let name = tag_name(other);
-                let mut l = [0u8; 4];
-                self.fill(&mut l, name)?;
-                let len = u32::from_le_bytes(l) as usize;
-                if len > max {
-                    return Err(MigrateError::Malformed {
-                        record: name,
-                        at_byte,
-                        why: format!("length {len}, a {name} record has at most {max} bytes"),
-                    });
-                }
-                let mut body = vec![0u8; len];
-                self.fill(&mut body, name)?;
-                let check = self.u64(name)?;
-                if check != checksum(&body, u64::from(other)) {
-                    return Err(MigrateError::RecordChecksum {
-                        record: name,
-                        at_byte,
-                    });
-                }
-                Ok(Record::Control {
-                    tag: other,
-                    body,
-                    at_byte,
-                })
-            }
+            other => self.control_record(other, at_byte),
         }
+    }
+
+    /// The rest of a PAGES record: its count, entries and their checksum.
+    fn pages_record(&mut self, at_byte: u64) -> Result<Record, MigrateError> {
+        let mut c = [0u8; 2];
+        self.fill(&mut c, "a PAGES record")?;
+        let count = usize::from(u16::from_le_bytes(c));
+        if count == 0 || count > MAX_BATCH {
+            return Err(MigrateError::Malformed {
+                record: "PAGES",
+                at_byte,
+                why: format!("{count} pages (1 to {MAX_BATCH})"),
+            });
+        }
+        let mut raw = std::mem::take(&mut self.raw);
+        let r = self.fill(&mut raw[..16 * count + 8], "a PAGES record");
+        self.raw = raw;
+        r?;
+        let (entries, check) = self.raw[..16 * count + 8].split_at(16 * count);
+        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(u64::from(tag::PAGES));
+        h.update(&c);
+        h.update(entries);
+        if h.digest().to_le_bytes() != check {
+            return Err(MigrateError::RecordChecksum {
+                record: "PAGES",
+                at_byte,
+            });
+        }
+        self.entries.clear();
+        for e in entries.chunks_exact(16) {
+            let word = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
+            let hash = u64::from_le_bytes(e[8..].try_into().expect("8 bytes"));
+            let zero = word & 1 != 0;
+            if word & (PAGE_SIZE as u64 - 2) != 0 || (zero && hash != 0) {
+                return Err(MigrateError::Malformed {
+                    record: "PAGES",
+                    at_byte,
+                    why: format!("entry {word:#x}/{hash:#x} is not a page address"),
+                });
+            }
+            self.zero_pages += u64::from(zero);
+            self.entries.push(Entry {
+                gpa: word & !1,
+                zero,
+                hash,
+            });
+        }
+        self.pages += count as u64;
+        Ok(Record::Pages { count, at_byte })
+    }
+
+    /// The rest of a control record with tag `other`.
+    fn control_record(&mut self, other: u8, at_byte: u64) -> Result<Record, MigrateError> {
+        let Some(max) = max_body(other) else {
+            return Err(MigrateError::UnknownRecord {
+                tag: other,
+                at_byte,
+            });
+        };
+        let name = tag_name(other);
+        let mut l = [0u8; 4];
+        self.fill(&mut l, name)?;
+        let len = u32::from_le_bytes(l) as usize;
+        if len > max {
+            return Err(MigrateError::Malformed {
+                record: name,
+                at_byte,
+                why: format!("length {len}, a {name} record has at most {max} bytes"),
+            });
+        }
+        let mut body = vec![0u8; len];
+        self.fill(&mut body, name)?;
+        let check = self.u64(name)?;
+        if check != checksum(&body, u64::from(other)) {
+            return Err(MigrateError::RecordChecksum {
+                record: name,
+                at_byte,
+            });
+        }
+        Ok(Record::Control {
+            tag: other,
+            body,
+            at_byte,
+        })
     }
 
     /// The underlying reader.

@@ -3,7 +3,7 @@
 
 use super::tls::{provider, AnyCert};
 use super::{setup, Security, SockBuf};
-use crate::migrate::error::MigrateError;
+use crate::stream_error::MigrateError;
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use rustls::pki_types::PrivateKeyDer;
