@@ -117,43 +117,9 @@ pub fn run<V: SessionVm>(
             }
             Err(e) => e,
         };
-        let broken = |why: String| MigrateError::PostcopyBroken {
-            why: format!("the source: {why}"),
-            missing_pages: None,
-        };
-        let mendable = matches!(
-            e,
-            MigrateError::Io { .. } | MigrateError::Timeout { .. } | MigrateError::Truncated { .. }
-        );
-        if !mendable {
-            if let Some(c) = &rec.control {
-                c.set(Phase::Failed, None);
-            }
-            return Err(broken(e.to_string()));
-        }
-        let mut again = || reconnect(connect, session, channels, pages);
-        let (m, req, answers, still) = if rec.mode == RecoveryMode::Auto
-            && recoveries < MAX_RECOVERIES
-        {
-            eprintln!(
-                    "source: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts; it stays paused here; resuming over new connections (recovery {} of at most {MAX_RECOVERIES})",
-                    recoveries + 1
-                );
-            match again() {
-                Ok(x) => x,
-                Err(e2) => control::await_operator(
-                    rec,
-                    "source",
-                    format!("{e}; the recovery failed: {e2}"),
-                    last_count,
-                    |_| again(),
-                )
-                .map_err(broken)?,
-            }
-        } else {
-            control::await_operator(rec, "source", e.to_string(), last_count, |_| again())
-                .map_err(broken)?
-        };
+        let (m, req, answers, still) = recover(e, rec, (recoveries, last_count), &mut || {
+            reconnect(connect, session, channels, pages)
+        })?;
         recoveries += 1;
         // Only pages that were missing: the destination has the rest.
         let missing: Vec<u64> = still
@@ -174,6 +140,56 @@ pub fn run<V: SessionVm>(
             bucket,
         };
     }
+}
+
+/// After `e` broke post-copy: new connections, at once (with `--recovery
+/// auto`, the `recoveries`-th of at most [`MAX_RECOVERIES`]) or when the
+/// operator says so; `last_count`: the pages missing before the break.
+///
+/// # Errors
+/// [`MigrateError::PostcopyBroken`] when `e` cannot be mended or the
+/// operator gave up.
+fn recover(
+    e: MigrateError,
+    rec: &Recovery,
+    (recoveries, last_count): (u32, u64),
+    again: &mut dyn FnMut() -> Result<Reconnected, MigrateError>,
+) -> Result<Reconnected, MigrateError> {
+    let broken = |why: String| MigrateError::PostcopyBroken {
+        why: format!("the source: {why}"),
+        missing_pages: None,
+    };
+    let mendable = matches!(
+        e,
+        MigrateError::Io { .. } | MigrateError::Timeout { .. } | MigrateError::Truncated { .. }
+    );
+    if !mendable {
+        if let Some(c) = &rec.control {
+            c.set(Phase::Failed, None);
+        }
+        return Err(broken(e.to_string()));
+    }
+    let r = if rec.mode == RecoveryMode::Auto && recoveries < MAX_RECOVERIES {
+        eprintln!(
+                "source: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts; it stays paused here; resuming over new connections (recovery {} of at most {MAX_RECOVERIES})",
+                recoveries + 1
+            );
+        match again() {
+            Ok(x) => x,
+            Err(e2) => control::await_operator(
+                rec,
+                "source",
+                format!("{e}; the recovery failed: {e2}"),
+                last_count,
+                |_| again(),
+            )
+            .map_err(broken)?,
+        }
+    } else {
+        control::await_operator(rec, "source", e.to_string(), last_count, |_| again())
+            .map_err(broken)?
+    };
+    Ok(r)
 }
 
 /// A recovery's main, request and answer connections and the pages the

@@ -27,7 +27,6 @@ pub(super) fn run<G: SourceGuest>(
     connect: &mut Connect<'_>,
     session: [u8; SESSION_LEN],
 ) -> Result<SourceOutcome, MigrateError> {
-    let at = x.clock();
     let pause_at = Instant::now();
     let at_pause = counters(x.guest);
     x.guest.pause();
@@ -84,14 +83,33 @@ pub(super) fn run<G: SourceGuest>(
         &x.cfg.recovery,
     )?;
     let slot_digests = x.guest.verify_final(&state, &done.fin)?;
+    Ok(outcome(
+        x,
+        done,
+        slot_digests,
+        (pause_at, at_pause, resumed_at),
+    ))
+}
+
+/// The source's outcome of a post-copy run that ended with `done` and
+/// checked `slot_digests`; `times`: the pause, the counters then, and the
+/// destination's resume.
+fn outcome<G: SourceGuest>(
+    x: PrecopyEnd<'_, '_, G>,
+    done: postcopy::source::Done,
+    slot_digests: Vec<(u16, u64)>,
+    times: (Instant, (Instant, u64, u64), Instant),
+) -> SourceOutcome {
+    let (pause_at, at_pause, resumed_at) = times;
+    let at = x.clock();
     let samples = x.timeline.finish();
     let pause_s = at(pause_at);
     let (p0, _, z0) = x.s.counts();
-    Ok(SourceOutcome {
+    SourceOutcome {
         // --check and --snapshot-every are refused with post-copy.
         extras: Default::default(),
         total: done.background_end - x.log_start,
-        downtime,
+        downtime: resumed_at - pause_at,
         page_records: p0 + done.answered_pages,
         zero_pages: z0,
         bytes: x.rounds.iter().map(|r| r.bytes).sum::<u64>() + done.bytes,
@@ -118,7 +136,7 @@ pub(super) fn run<G: SourceGuest>(
             background_end_s: at(done.background_end),
             recoveries: done.recoveries,
         }),
-    })
+    }
 }
 
 /// The progress line of the switch: the round, the downtime and the pages

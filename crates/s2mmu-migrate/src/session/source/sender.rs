@@ -11,6 +11,7 @@ use crate::transport::BoxConn;
 use crate::vm::{GuestRam, RingEntry, SessionVm};
 use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -261,37 +262,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                     chan.wire.flush()
                 }));
             }
-            let mut fed = Ok(());
-            'jobs: loop {
-                let job = match next(self) {
-                    Ok(Some(j)) => Arc::new(j),
-                    Ok(None) => break,
-                    Err(e) => {
-                        fed = Err(e);
-                        break;
-                    }
-                };
-                for tx in &txs {
-                    let mut j = job.clone();
-                    loop {
-                        match tx.try_send(j) {
-                            Ok(()) => break,
-                            Err(std::sync::mpsc::TrySendError::Full(back)) => {
-                                j = back;
-                                if self.ring {
-                                    if let Err(e) = self.reap_if_full() {
-                                        fed = Err(e);
-                                        break 'jobs;
-                                    }
-                                }
-                                std::thread::sleep(Duration::from_micros(50));
-                            }
-                            // The worker failed: its error is reported below.
-                            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => break 'jobs,
-                        }
-                    }
-                }
-            }
+            let mut fed = self.feed(&txs, &mut next);
             drop(txs);
             while self.ring && handles.iter().any(|h| !h.is_finished()) {
                 if let Err(e) = self.reap_if_full() {
@@ -312,6 +283,38 @@ impl<'a, V: SessionVm> Sender<'a, V> {
         self.chans = chans;
         self.bucket = bucket;
         result
+    }
+
+    /// Hands every job `next` makes to each channel's thread (`txs`),
+    /// reaping the rings while a queue is full. Stops at the first error,
+    /// or when a thread has failed (its error is reported by the caller).
+    fn feed(
+        &mut self,
+        txs: &[SyncSender<Arc<Job>>],
+        next: &mut impl FnMut(&mut Self) -> Result<Option<Job>, MigrateError>,
+    ) -> Result<(), MigrateError> {
+        while let Some(job) = next(self)? {
+            let job = Arc::new(job);
+            for tx in txs {
+                let mut j = job.clone();
+                loop {
+                    match tx.try_send(j) {
+                        Ok(()) => break,
+                        Err(TrySendError::Full(back)) => {
+                            j = back;
+                            if self.ring {
+                                self.reap_if_full()?;
+                            }
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                        // The worker failed: its error is reported by the
+                        // caller.
+                        Err(TrySendError::Disconnected(_)) => return Ok(()),
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Round 0: every page.

@@ -34,15 +34,7 @@ pub(super) fn run<G: SourceGuest>(
         x.guest.resume();
         return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
     }
-    let digests = match read_reply(&mut x.s.chans[0].wire, 0) {
-        Ok(Record::Control {
-            tag: tag::RESUMED,
-            body,
-            at_byte,
-        }) => parse_digests(&body, at_byte),
-        Ok(other) => Err(unexpected_reply(other, "RESUMED")),
-        Err(e) => Err(e),
-    };
+    let digests = read_resumed(&mut x);
     let resumed_at = Instant::now();
     let dest_digests = match digests {
         Ok(d) => d,
@@ -74,11 +66,11 @@ pub(super) fn run<G: SourceGuest>(
     }
     let slot_digests = check_digests(&**x.guest.vm(), &dest_digests)?;
     let rounds = x.rounds;
-    let page_records: u64 = rounds.iter().map(|r| r.pages).sum();
-    let zero_pages: u64 = rounds.iter().map(|r| r.zero_pages).sum();
-    let bytes: u64 = rounds.iter().map(|r| r.bytes).sum();
-    let extras = hook.finish(x.guest.vm());
+    let sum = |f: fn(&RoundStat) -> u64| rounds.iter().map(f).sum::<u64>();
+    let (page_records, zero_pages, bytes) =
+        (sum(|r| r.pages), sum(|r| r.zero_pages), sum(|r| r.bytes));
     Ok(SourceOutcome {
+        extras: hook.finish(x.guest.vm()),
         rounds,
         total: resumed_at - x.log_start,
         downtime,
@@ -95,12 +87,29 @@ pub(super) fn run<G: SourceGuest>(
         before,
         during,
         slot_digests,
-        extras,
         verified_full: cfg.verify_full,
         max_throttle_pct: x.max_throttle,
         final_pace: x.final_pace,
         postcopy: None,
     })
+}
+
+/// The destination's RESUMED and the per-slot digests it carries.
+///
+/// # Errors
+/// The stream's, or another reply (REJECTED: the destination's reason).
+fn read_resumed<G: SourceGuest>(
+    x: &mut PrecopyEnd<'_, '_, G>,
+) -> Result<Vec<(u16, u64)>, MigrateError> {
+    match read_reply(&mut x.s.chans[0].wire, 0) {
+        Ok(Record::Control {
+            tag: tag::RESUMED,
+            body,
+            at_byte,
+        }) => parse_digests(&body, at_byte),
+        Ok(other) => Err(unexpected_reply(other, "RESUMED")),
+        Err(e) => Err(e),
+    }
 }
 
 /// With the vCPUs paused: the last harvest, the last dirty pages, the
