@@ -120,15 +120,11 @@ pub(super) fn check_complete<F: VmFormat>(
     Ok(())
 }
 
-/// The verification pass: VERIFY, all of the source's memory as PAGES
-/// records on the main channel, END; each page is compared byte for byte
-/// with the memory the guest resumed from. Returns the number of differing
-/// pages and the first one's address.
-pub(super) fn compare_with_snapshot<R: Read, F: VmFormat>(
-    rd: &mut WireReader<R>,
-    vm: &Vm<TreeMemslots, F>,
-    snapshot: &[AtomicU64],
-) -> Result<(u64, u64), MigrateError> {
+/// Reads the VERIFY that opens the verification pass.
+///
+/// # Errors
+/// ABORT (the source's reason), anything else malformed.
+fn expect_verify<R: Read>(rd: &mut WireReader<R>) -> Result<(), MigrateError> {
     match rd.next_record()? {
         Record::Control {
             tag: tag::VERIFY, ..
@@ -149,6 +145,19 @@ pub(super) fn compare_with_snapshot<R: Read, F: VmFormat>(
             })
         }
     }
+    Ok(())
+}
+
+/// The verification pass: VERIFY, all of the source's memory as PAGES
+/// records on the main channel, END; each page is compared byte for byte
+/// with the memory the guest resumed from. Returns the number of differing
+/// pages and the first one's address.
+pub(super) fn compare_with_snapshot<R: Read, F: VmFormat>(
+    rd: &mut WireReader<R>,
+    vm: &Vm<TreeMemslots, F>,
+    snapshot: &[AtomicU64],
+) -> Result<(u64, u64), MigrateError> {
+    expect_verify(rd)?;
     let page_count = snapshot.len() as u64 * 8 / PAGE_SIZE as u64;
     let mut seen = vec![false; page_count as usize];
     let (mut bad, mut first) = (0u64, 0u64);

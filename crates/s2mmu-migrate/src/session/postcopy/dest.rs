@@ -215,35 +215,7 @@ fn receive_missing<M: Read + Write + Send, F: VmFormat>(
         // Paused until the recovery (a vCPU waiting for a page pauses once
         // its page is there).
         wl.request_pause();
-        let wanted = [0, channels, channels + 1];
-        let wait = cfg.io_timeout * 4;
-        let left = f.left.load(Ordering::SeqCst);
-        let mut accept = |_: Option<&str>| match recover(&wanted, wait) {
-            Ok(c) if c.len() == 3 => Ok(c),
-            Ok(_) => Err(MigrateError::Setup("the recovery's connections".into())),
-            Err(e) => Err(e),
-        };
-        let conns = if cfg.recovery.mode == RecoveryMode::Auto && links.recoveries < MAX_RECOVERIES
-        {
-            eprintln!(
-                "destination: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts, {left} pages are still on the source; the guest is paused here; waiting up to {wait:?} for the source to resume over new connections"
-            );
-            accept(None).or_else(|e2| {
-                control::await_operator(
-                    &cfg.recovery,
-                    "destination",
-                    format!("{e}; no recovery: {e2}"),
-                    left,
-                    &mut accept,
-                )
-            })
-        } else {
-            let why = match cfg.recovery.mode {
-                RecoveryMode::Auto => format!("{e} ({} recoveries already)", links.recoveries),
-                RecoveryMode::Manual => e.to_string(),
-            };
-            control::await_operator(&cfg.recovery, "destination", why, left, &mut accept)
-        };
+        let conns = await_recovery(&e, (cfg, channels), links.recoveries, f, recover);
         let mut conns = match conns {
             Ok(c) => c.into_iter(),
             Err(why) => return Err(give_up(f, wl, format!("the destination: {why}"))),
@@ -270,6 +242,49 @@ fn receive_missing<M: Read + Write + Send, F: VmFormat>(
         links.answers = an;
         links.recovered = Some(m);
         wl.resume();
+    }
+}
+
+/// After `e` broke post-copy: the source's new main, request and answer
+/// connections, at once (`--recovery auto`, the `recoveries`-th of at most
+/// [`MAX_RECOVERIES`]) or when the operator says so.
+///
+/// # Errors
+/// Why no recovery came (the operator gave up, or none was possible).
+fn await_recovery(
+    e: &MigrateError,
+    (cfg, channels): (&DestConfig, u16),
+    recoveries: u32,
+    f: &Fetcher,
+    recover: &mut Recover<'_>,
+) -> Result<Vec<WireReader<BoxConn>>, String> {
+    let wanted = [0, channels, channels + 1];
+    let wait = cfg.io_timeout * 4;
+    let left = f.left.load(Ordering::SeqCst);
+    let mut accept = |_: Option<&str>| match recover(&wanted, wait) {
+        Ok(c) if c.len() == 3 => Ok(c),
+        Ok(_) => Err(MigrateError::Setup("the recovery's connections".into())),
+        Err(e) => Err(e),
+    };
+    if cfg.recovery.mode == RecoveryMode::Auto && recoveries < MAX_RECOVERIES {
+        eprintln!(
+            "destination: POST-COPY BROKE ({e}): the guest's memory is split between the two hosts, {left} pages are still on the source; the guest is paused here; waiting up to {wait:?} for the source to resume over new connections"
+        );
+        accept(None).or_else(|e2| {
+            control::await_operator(
+                &cfg.recovery,
+                "destination",
+                format!("{e}; no recovery: {e2}"),
+                left,
+                &mut accept,
+            )
+        })
+    } else {
+        let why = match cfg.recovery.mode {
+            RecoveryMode::Auto => format!("{e} ({} recoveries already)", recoveries),
+            RecoveryMode::Manual => e.to_string(),
+        };
+        control::await_operator(&cfg.recovery, "destination", why, left, &mut accept)
     }
 }
 

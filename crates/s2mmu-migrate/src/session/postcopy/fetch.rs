@@ -214,25 +214,7 @@ impl Fetcher {
         let mut scratch = [0u8; PAGE_SIZE];
         let mut wake = answers;
         for e in entries {
-            let i = match self.index(e.gpa) {
-                Some(i) if e.gpa.is_multiple_of(PAGE_SIZE as u64) => i,
-                _ => {
-                    return Err(MigrateError::PageOutOfRange {
-                        gpa: e.gpa,
-                        at_byte,
-                    })
-                }
-            };
-            if !self.is_missing(i) {
-                return Err(MigrateError::Malformed {
-                    record: "PAGES",
-                    at_byte,
-                    why: format!(
-                        "the page at gpa {:#x} was not missing when post-copy began",
-                        e.gpa
-                    ),
-                });
-            }
+            let i = self.missing_index(&e, at_byte)?;
             let mine = !set(&self.claimed, i);
             let data: &mut [u8] = if mine {
                 // SAFETY: page `i` lies inside guest memory (`index`),
@@ -265,21 +247,7 @@ impl Fetcher {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if answers {
-                // Before `present`: a waiter that sees the page sees how.
-                set(&self.by_answer, i);
-            }
-            set(&self.present, i);
-            if answers {
-                self.answered_pages.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.background_pages.fetch_add(1, Ordering::Relaxed);
-            }
-            wake |= bit(&self.requested, i);
-            if self.left.fetch_sub(1, Ordering::SeqCst) == 1 {
-                *self.last_landed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-                wake = true;
-            }
+            wake |= self.landed(i, answers);
         }
         if answers {
             self.answers.fetch_add(1, Ordering::SeqCst);
@@ -288,6 +256,55 @@ impl Fetcher {
             self.wake();
         }
         Ok(())
+    }
+
+    /// The index of the page `e` carries, which must be one missing when
+    /// post-copy began.
+    ///
+    /// # Errors
+    /// [`MigrateError::PageOutOfRange`], [`MigrateError::Malformed`].
+    fn missing_index(&self, e: &Entry, at_byte: u64) -> Result<u64, MigrateError> {
+        let i = match self.index(e.gpa) {
+            Some(i) if e.gpa.is_multiple_of(PAGE_SIZE as u64) => i,
+            _ => {
+                return Err(MigrateError::PageOutOfRange {
+                    gpa: e.gpa,
+                    at_byte,
+                })
+            }
+        };
+        if !self.is_missing(i) {
+            return Err(MigrateError::Malformed {
+                record: "PAGES",
+                at_byte,
+                why: format!(
+                    "the page at gpa {:#x} was not missing when post-copy began",
+                    e.gpa
+                ),
+            });
+        }
+        Ok(i)
+    }
+
+    /// Page `i` has landed (`answers`: as an answer): counts it, marks it
+    /// present. Returns whether a waiter is to be woken.
+    fn landed(&self, i: u64, answers: bool) -> bool {
+        if answers {
+            // Before `present`: a waiter that sees the page sees how.
+            set(&self.by_answer, i);
+        }
+        set(&self.present, i);
+        if answers {
+            self.answered_pages.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.background_pages.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut wake = bit(&self.requested, i);
+        if self.left.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *self.last_landed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            wake = true;
+        }
+        wake
     }
 
     /// After a break, with no receiving thread running: the new request
