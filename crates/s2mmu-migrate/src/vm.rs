@@ -148,7 +148,7 @@ pub struct RingEntry {
 /// # Safety
 /// From [`GuestRam::host_addr`] on, [`GuestRam::size`] bytes are mapped
 /// readable and writable for as long as the value lives, and the address
-/// is 4096-byte aligned. Every other access the VM makes to them is
+/// is 8-byte aligned. Every other access the VM makes to them is
 /// atomic per 8-byte word (the session reads and writes them per word
 /// while vCPUs may run), so racing with the session is not UB.
 pub unsafe trait GuestRam: Send + Sync {

@@ -6,7 +6,7 @@
 //! engine's dirty log until what is left fits the downtime budget, then
 //! pauses the guest, sends the rest and the vCPU state, and checks the
 //! destination's memory against its own; or it switches to post-copy
-//! ([`postcopy`]). The destination ([`dest`]) checks the stream against
+//! ([`postcopy`]). The destination (`dest`, still the simulated guest's: feature `sim`) checks the stream against
 //! its own limits before it allocates anything, receives the pages
 //! straight into guest memory, and resumes the guest only from a
 //! complete, valid stream. The stream's format is [`crate::wire`]; its

@@ -8,7 +8,7 @@
 //! destination resumes at once: those pages are simply not mapped in its
 //! stage-2 table (it logs dirty pages while post-copy runs, which keeps
 //! every mapping one page wide), and a vCPU's translation fault on one
-//! goes to [`fetch::Fetcher`], the VM's [`s2mmu_vm::PageFetch`] hook: that
+//! goes to `fetch::Fetcher`, the VM's [`crate::vm::PageFetch`] hook: that
 //! vCPU alone waits while a REQUEST goes to the source over a connection
 //! kept for requests, and the page comes back over a second connection
 //! kept for the answers, so it never queues behind the background stream.
@@ -22,7 +22,7 @@
 //! on, pauses it and sends FINAL: its figures, its vCPUs' states and the
 //! per-slot digests of its memory. The source recomputes the writes its
 //! guest's workload made between the state it stopped in and those states
-//! ([`s2mmu_vm::replay_writes`]), applies them to its own frozen memory,
+//! (the simulated guest: `s2mmu_vm::replay_writes`), applies them to its own frozen memory,
 //! and requires the same digests: destination memory is the source's at
 //! the stop plus exactly the destination guest's writes.
 //!

@@ -87,8 +87,8 @@ pub(crate) fn copy_page<R: GuestRam + ?Sized>(ram: &R, off: u64, dst: &mut [u8])
         return is_zero(dst);
     }
     // SAFETY: the page lies inside the mapping (checked above), which
-    // GuestRam's contract keeps alive while `ram` lives and makes
-    // page-aligned, so with `off` a multiple of 8 every word is aligned;
+    // GuestRam's contract keeps alive while `ram` lives and makes 8-byte
+    // aligned, so with `off` a multiple of 8 every word is aligned;
     // the contract also makes every other access to it atomic per word,
     // as these loads are.
     let words = unsafe {
