@@ -110,6 +110,8 @@ pub(super) fn run<F: VmFormat>(
             background_end_s: at(done.background_end),
             recoveries: done.recoveries,
         }),
+        send_stages: x.s.stages(),
+        plain_link: None,
     })
 }
 
