@@ -21,6 +21,7 @@ pub mod postcopy;
 pub mod source;
 pub mod timeline;
 pub mod wire;
+pub mod wire_bench;
 
 // The stream's parts live in the migration library.
 pub use s2mmu_migrate::stream_error as error;
