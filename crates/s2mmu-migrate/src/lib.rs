@@ -12,12 +12,14 @@
 //! - the network stream's parts: [`wire`] (the versioned, checksummed
 //!   format), [`transport`] (connections and listeners: TCP, Unix
 //!   sockets, TLS and a pre-shared key over either), [`hash`] (its
-//!   checksums), [`bandwidth`] (the sender's rate limit) and
-//!   [`stream_error`] (why a stream failed).
+//!   checksums), [`bandwidth`] (the sender's rate limit),
+//!   [`stages`] (where the stream's time goes) and [`stream_error`] (why
+//!   a stream failed).
 //!
-//! Import graph (a DAG): `state`, `vm`, `bandwidth` and `stream_error`
-//! import nothing of this crate; `hash` imports `vm`; `wire` imports
-//! `hash` and `stream_error`; `transport` imports `stream_error`; `error`
+//! Import graph (a DAG): `state`, `vm`, `bandwidth`, `stages` and
+//! `stream_error` import nothing of this crate; `hash` imports `vm`; `wire` imports
+//! `hash`, `stages` and `stream_error`; `transport` imports `stages` and
+//! `stream_error`; `error`
 //! imports `state` and `vm`; `driver` and `snapshot` import `error`,
 //! `state` and `vm`. No clap, plotting, progress bars or KVM here.
 
@@ -30,6 +32,7 @@ pub mod session;
 #[allow(unsafe_code)] // GuestMemory's impl of the unsafe trait GuestRam
 pub mod sim;
 pub mod snapshot;
+pub mod stages;
 pub mod state;
 pub mod stream_error;
 pub mod transport;

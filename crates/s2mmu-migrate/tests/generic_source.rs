@@ -120,7 +120,9 @@ impl Guest {
                 size: MEM,
                 mem_offset: 0,
             }],
-            dirty: (0..(MEM / PAGE).div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            dirty: (0..(MEM / PAGE).div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             logging: AtomicBool::new(false),
             lose_writes,
             gets: AtomicU64::new(0),
@@ -131,7 +133,12 @@ impl Guest {
             writes: Arc::new(AtomicU64::new(0)),
             stop: Arc::new(AtomicBool::new(false)),
         };
-        let (vm, paused, writes, stop) = (g.vm.clone(), g.paused.clone(), g.writes.clone(), g.stop.clone());
+        let (vm, paused, writes, stop) = (
+            g.vm.clone(),
+            g.paused.clone(),
+            g.writes.clone(),
+            g.stop.clone(),
+        );
         std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {

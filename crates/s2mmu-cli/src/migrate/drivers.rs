@@ -27,6 +27,9 @@ pub fn main(p: Params) -> Result<(), String> {
     if let Some(addr) = &p.listen {
         return listen(&p, addr);
     }
+    if let Some(n) = p.wire_bench {
+        return super::wire_bench::run(&p, n);
+    }
     let policies: Vec<(bool, &str)> = if p.compare_policies {
         vec![(false, "fast_path"), (true, "baseline")]
     } else {

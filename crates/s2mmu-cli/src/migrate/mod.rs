@@ -15,6 +15,7 @@ pub mod linux;
 pub mod plot;
 pub mod postcopy_report;
 pub mod wire;
+pub mod wire_bench;
 
 // The migration (session, stream, transport, the simulated guest's
 // parts) lives in the library; this crate holds its flags, reports and

@@ -187,6 +187,9 @@ pub struct Params {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Measure against the wire, N runs per cell (1 to 50): plain TCP then the migration, back to back, with and without TLS, for each --channels count (default 1,2,4); medians and ratios.
+    #[arg(long, value_name = "N", conflicts_with_all = ["listen", "to", "compare_policies", "no_tls", "tls_cert", "psk"])]
+    pub wire_bench: Option<u32>,
     /// The lost-write check of every round: pages hashed after each harvest; a changed page no log reported fails the migration before the resume.
     #[arg(long)]
     pub check: bool,

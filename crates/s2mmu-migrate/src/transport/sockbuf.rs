@@ -128,10 +128,15 @@ impl Read for SockBuf {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
         if self.start == self.end {
             self.arm()?;
+            let t = Instant::now();
             if out.len() >= self.buf.len() {
-                return self.sock.read(out);
+                let r = self.sock.read(out);
+                crate::stages::count_socket(false, t);
+                return r;
             }
-            let n = self.sock.read(&mut self.buf)?;
+            let r = self.sock.read(&mut self.buf);
+            crate::stages::count_socket(false, t);
+            let n = r?;
             self.start = 0;
             self.end = n;
         }
@@ -146,14 +151,18 @@ impl Write for SockBuf {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
         self.arm()?;
         let t = Instant::now();
-        let n = self.sock.write(b)?;
+        let r = self.sock.write(b);
+        crate::stages::count_socket(true, t);
+        let n = r?;
         self.pace.record(n, t.elapsed())?;
         Ok(n)
     }
     fn write_vectored(&mut self, b: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
         self.arm()?;
         let t = Instant::now();
-        let n = self.sock.write_vectored(b)?;
+        let r = self.sock.write_vectored(b);
+        crate::stages::count_socket(true, t);
+        let n = r?;
         self.pace.record(n, t.elapsed())?;
         Ok(n)
     }

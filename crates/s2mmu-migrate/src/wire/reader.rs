@@ -5,6 +5,7 @@ use super::{
     checksum, max_body, tag, tag_name, Dec, Header, MigrateError, Opening, MAGIC, MAX_BATCH,
     PAGE_SIZE, SESSION_LEN, VERSION,
 };
+use crate::stages::{RecvStages, StageClock};
 use std::io::Read;
 use std::time::{Duration, Instant};
 
@@ -108,6 +109,8 @@ pub struct WireReader<R: Read> {
     raw: Vec<u8>,
     scratch: Vec<u8>,
     pace: Pace,
+    /// Time spent reading page data (the checks are the caller's to add).
+    pub stages: RecvStages,
 }
 
 impl<R: Read> WireReader<R> {
@@ -122,6 +125,7 @@ impl<R: Read> WireReader<R> {
             raw: vec![0u8; 16 * MAX_BATCH + 8],
             scratch: Vec::new(),
             pace: Pace::new(DEFAULT_GRACE),
+            stages: RecvStages::default(),
         }
     }
 
@@ -256,7 +260,15 @@ impl<R: Read> WireReader<R> {
     /// # Errors
     /// [`MigrateError::Truncated`], [`MigrateError::Io`],
     /// [`MigrateError::Timeout`].
-    pub fn read_pages(
+    pub fn read_pages(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<(), MigrateError> {
+        let clock = StageClock::start();
+        let r = self.read_pages_untimed(bufs);
+        self.stages.read_ns += clock.wall_ns();
+        self.stages.socket_ns += clock.socket_ns().1;
+        r
+    }
+
+    fn read_pages_untimed(
         &mut self,
         mut bufs: &mut [std::io::IoSliceMut<'_>],
     ) -> Result<(), MigrateError> {

@@ -4,7 +4,9 @@ use super::{
     checksum, is_zero, page_hash, tag, Enc, Header, MigrateError, MAGIC, MAX_BATCH, PAGE_SIZE,
     SESSION_LEN, VERSION,
 };
+use crate::stages::{SendStages, StageClock};
 use std::io::Write;
+use std::time::Instant;
 
 /// those that are not all zeros, ready to go out in two writes.
 pub struct Batch {
@@ -73,16 +75,34 @@ impl Batch {
         let at = self.data_pages * PAGE_SIZE;
         let page = &mut self.data[at..at + PAGE_SIZE];
         let zero = fill(page);
-        let (word, hash) = if zero {
-            (gpa | 1, 0)
+        // The hash is filled in when the batch is written (all pages in
+        // one pass, timed as a stage of its own).
+        let word = if zero {
+            gpa | 1
         } else {
             self.data_pages += 1;
-            (gpa, page_hash(page, gpa))
+            gpa
         };
         self.head.extend_from_slice(&word.to_le_bytes());
-        self.head.extend_from_slice(&hash.to_le_bytes());
+        self.head.extend_from_slice(&0u64.to_le_bytes());
         self.count += 1;
         Some(zero)
+    }
+
+    /// Writes every data page's hash into its entry.
+    fn hash_pages(&mut self) {
+        let mut j = 0;
+        for k in 0..self.count {
+            let at = 3 + 16 * k;
+            let word = u64::from_le_bytes(self.head[at..at + 8].try_into().expect("8 bytes"));
+            if word & 1 != 0 {
+                continue;
+            }
+            let page = &self.data[j * PAGE_SIZE..(j + 1) * PAGE_SIZE];
+            let hash = page_hash(page, word);
+            self.head[at + 8..at + 16].copy_from_slice(&hash.to_le_bytes());
+            j += 1;
+        }
     }
 
     fn clear(&mut self) {
@@ -101,6 +121,9 @@ pub struct WireWriter<W: Write> {
     pub pages: u64,
     /// Of those, zero pages (sent without their bytes).
     pub zero_pages: u64,
+    /// Time spent hashing and writing PAGES records (the reading of
+    /// guest memory is the caller's to add).
+    pub stages: SendStages,
 }
 
 impl<W: Write> WireWriter<W> {
@@ -111,6 +134,7 @@ impl<W: Write> WireWriter<W> {
             pos: 0,
             pages: 0,
             zero_pages: 0,
+            stages: SendStages::default(),
         }
     }
 
@@ -160,14 +184,21 @@ impl<W: Write> WireWriter<W> {
         if b.is_empty() {
             return Ok(());
         }
+        let t = Instant::now();
+        b.hash_pages();
         let count = b.count as u16;
         b.head[1..3].copy_from_slice(&count.to_le_bytes());
         let check = checksum(&b.head[1..], u64::from(tag::PAGES));
         b.head.extend_from_slice(&check.to_le_bytes());
+        self.stages.hash_ns += t.elapsed().as_nanos() as u64;
+        let clock = StageClock::start();
         let r = self.put(&b.head).and_then(|_| {
             let data = &b.data[..b.data_pages * PAGE_SIZE];
             self.put(data)
         });
+        self.stages.write_ns += clock.wall_ns();
+        self.stages.socket_ns += clock.socket_ns().0;
+        self.stages.pages += b.count as u64;
         self.pages += b.count as u64;
         self.zero_pages += (b.count - b.data_pages) as u64;
         b.clear();

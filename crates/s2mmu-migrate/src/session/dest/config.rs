@@ -140,4 +140,6 @@ pub struct DestOutcome {
     pub resumed_passes: Vec<u64>,
     /// Post-copy's figures (None: pre-copy only).
     pub postcopy: Option<crate::session::postcopy::PostcopyFigures>,
+    /// Where the receiving time went up to END, over all channels.
+    pub recv_stages: crate::stages::RecvStages,
 }

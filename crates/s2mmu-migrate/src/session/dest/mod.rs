@@ -248,6 +248,10 @@ fn receive_guest<C: Connection, F: VmFormat>(
     let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
         (a + x.pages, b + x.pos, z + x.zero_pages)
     });
+    let mut recv_stages = rd.stages;
+    for x in &extras {
+        recv_stages.add(&x.stages);
+    }
     // Never resume from incomplete memory (post-copy: every page but the
     // missing ones, which come after the resume).
     check_complete(&sh, got.postcopy_missing.as_deref(), &vm)?;
@@ -279,6 +283,10 @@ fn receive_guest<C: Connection, F: VmFormat>(
             probe_bytes: got.probe_bytes,
             prefault,
             recover: &mut |wanted, wait| join(&session, wanted, wait),
+        })
+        .map(|mut o| {
+            o.recv_stages = recv_stages;
+            o
         });
     }
     let mut outcome = resume_after_end(&mut rd, &vm, &sh, &state, cfg)?;
@@ -288,6 +296,7 @@ fn receive_guest<C: Connection, F: VmFormat>(
     outcome.channels = header.channels;
     outcome.probe_bytes = got.probe_bytes;
     outcome.prefault = prefault;
+    outcome.recv_stages = recv_stages;
     Ok(outcome)
 }
 

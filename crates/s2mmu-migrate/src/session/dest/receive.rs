@@ -5,6 +5,7 @@
 use crate::hash::{page_hash, ZERO_PAGE};
 use crate::session::postcopy;
 use crate::sim::state::GuestState;
+use crate::stages::StageClock;
 use crate::stream_error::MigrateError;
 use crate::transport::{BoxConn, Connection, ShutdownHandle};
 use crate::wire::{
@@ -67,6 +68,20 @@ impl<F: VmFormat> Shared<'_, F> {
     /// guest memory (one vectored read for all its pages), checking each
     /// page.
     pub(super) fn take_pages<R: Read>(
+        &self,
+        rd: &mut WireReader<R>,
+        channel: u16,
+        at_byte: u64,
+    ) -> Result<(), MigrateError> {
+        let (t, read_before) = (Instant::now(), rd.stages.read_ns);
+        let r = self.take_pages_untimed(rd, channel, at_byte);
+        let read = rd.stages.read_ns - read_before;
+        rd.stages.check_ns += (t.elapsed().as_nanos() as u64).saturating_sub(read);
+        rd.stages.pages += rd.entries().len() as u64;
+        r
+    }
+
+    fn take_pages_untimed<R: Read>(
         &self,
         rd: &mut WireReader<R>,
         channel: u16,
@@ -240,7 +255,9 @@ pub(super) fn receive_channels<C: Connection, F: VmFormat>(
             .map(|(k, r)| {
                 let ptx = ptx.clone();
                 sc.spawn(move || {
+                    let cpu = StageClock::start_with_cpu();
                     let res = channel_loop(r, sh, header, k as u16 + 1, &ptx);
+                    r.stages.cpu_ns += cpu.cpu_ns();
                     if res.is_err() {
                         // The source's sender on this channel fails at
                         // once instead of at its write deadline.
@@ -253,7 +270,9 @@ pub(super) fn receive_channels<C: Connection, F: VmFormat>(
             })
             .collect();
         drop(ptx);
+        let cpu = StageClock::start_with_cpu();
         let main_result = main_channel(rd, sh, header, &prx);
+        rd.stages.cpu_ns += cpu.cpu_ns();
         if main_result.is_err() {
             // End the other channels' threads now rather than at their
             // timeouts.

@@ -69,6 +69,7 @@ pub(super) fn resume_after_end<C: Connection, F: VmFormat>(
         resumed_write_rate,
         resumed_passes,
         postcopy: None,
+        recv_stages: Default::default(),
     })
 }
 

@@ -158,6 +158,7 @@ pub fn resume<R: Read + Write + Send, F: VmFormat>(
         resumed_write_rate,
         resumed_passes: vcpus.iter().map(|s| s.pass).collect(),
         postcopy: Some(figures),
+        recv_stages: Default::default(),
     })
 }
 

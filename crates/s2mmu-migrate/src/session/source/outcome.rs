@@ -89,6 +89,11 @@ pub struct SourceOutcome {
     pub final_pace: u64,
     /// Post-copy, when the migration switched to it.
     pub postcopy: Option<PostcopyOutcome>,
+    /// Where the sending time went, over every round and channel.
+    pub send_stages: crate::stages::SendStages,
+    /// Plain TCP between the same endpoints just before the migration
+    /// (what iperf3 measures; None where it was not measured).
+    pub plain_link: Option<crate::transport::PlainLink>,
 }
 
 impl SourceOutcome {

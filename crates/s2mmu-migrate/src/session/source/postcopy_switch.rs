@@ -136,6 +136,8 @@ fn outcome<G: SourceGuest>(
             background_end_s: at(done.background_end),
             recoveries: done.recoveries,
         }),
+        send_stages: x.s.stages(),
+        plain_link: None,
     }
 }
 

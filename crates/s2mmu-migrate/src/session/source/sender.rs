@@ -6,6 +6,7 @@ use super::super::replies::{read_reply, unexpected_reply};
 use super::{Harvest, SourceConfig};
 use crate::bandwidth::TokenBucket;
 use crate::hash::is_zero;
+use crate::stages::{SendStages, StageClock};
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
 use crate::vm::{GuestRam, RingEntry, SessionVm};
@@ -19,6 +20,9 @@ use std::time::{Duration, Instant};
 pub(super) struct Chan {
     pub(super) wire: WireWriter<BoxConn>,
     batch: Batch,
+    /// Time in `flush_batch` during the current job (to tell reading
+    /// guest memory from the rest).
+    flushing_ns: u64,
 }
 
 impl Chan {
@@ -26,6 +30,7 @@ impl Chan {
         Chan {
             wire,
             batch: Batch::new(),
+            flushing_ns: 0,
         }
     }
 
@@ -34,11 +39,32 @@ impl Chan {
         if self.batch.is_empty() {
             return Ok(());
         }
+        let t = Instant::now();
         bucket
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take(self.batch.wire_bytes());
-        self.wire.batch(&mut self.batch)
+        let r = self.wire.batch(&mut self.batch);
+        self.flushing_ns += t.elapsed().as_nanos() as u64;
+        r
+    }
+
+    /// [`Chan::send_job`], its reading of guest memory timed: the job's
+    /// time less its flushes'.
+    fn send_job_timed<V: SessionVm>(
+        &mut self,
+        vm: &V,
+        bucket: &Mutex<TokenBucket>,
+        c: u16,
+        n: u16,
+        job: &Job,
+    ) -> Result<(), MigrateError> {
+        let t = Instant::now();
+        self.flushing_ns = 0;
+        let r = self.send_job(vm, bucket, c, n, job);
+        let took = t.elapsed().as_nanos() as u64;
+        self.wire.stages.read_ns += took.saturating_sub(self.flushing_ns);
+        r
     }
 
     /// Sends the pages of `job` that channel `c` of `n` owns.
@@ -157,6 +183,15 @@ impl<'a, V: SessionVm> Sender<'a, V> {
         }
     }
 
+    /// The stages' times so far, summed over the channels.
+    pub(crate) fn stages(&self) -> SendStages {
+        let mut s = SendStages::default();
+        for c in &self.chans {
+            s.add(&c.wire.stages);
+        }
+        s
+    }
+
     /// Pages, bytes and zero pages sent so far on all channels.
     pub(super) fn counts(&self) -> (u64, u64, u64) {
         self.chans.iter().fold((0, 0, 0), |(p, b, z), c| {
@@ -225,6 +260,21 @@ impl<'a, V: SessionVm> Sender<'a, V> {
         Ok((total, t0.elapsed()))
     }
 
+    /// [`Sender::run`] over one channel, on this thread.
+    fn run_one(
+        &mut self,
+        next: &mut impl FnMut(&mut Self) -> Result<Option<Job>, MigrateError>,
+    ) -> Result<(), MigrateError> {
+        while let Some(job) = next(self)? {
+            self.chans[0].send_job_timed(&**self.vm, &self.bucket, 0, 1, &job)?;
+            if self.ring {
+                self.reap_if_full()?;
+            }
+        }
+        self.chans[0].flush_batch(&self.bucket)?;
+        self.chans[0].wire.flush()
+    }
+
     /// Sends `jobs` over the channels (each page on the channel owning its
     /// stripe), then flushes every channel. `next` makes the next job
     /// (and may clear its dirty bits first); with rings, they are reaped
@@ -235,14 +285,10 @@ impl<'a, V: SessionVm> Sender<'a, V> {
     ) -> Result<(), MigrateError> {
         let n = self.chans.len() as u16;
         if n == 1 {
-            while let Some(job) = next(self)? {
-                self.chans[0].send_job(&**self.vm, &self.bucket, 0, 1, &job)?;
-                if self.ring {
-                    self.reap_if_full()?;
-                }
-            }
-            self.chans[0].flush_batch(&self.bucket)?;
-            return self.chans[0].wire.flush();
+            let cpu = StageClock::start_with_cpu();
+            let r = self.run_one(&mut next);
+            self.chans[0].wire.stages.cpu_ns += cpu.cpu_ns();
+            return r;
         }
         let mut chans = std::mem::take(&mut self.chans);
         let vm = self.vm.clone();
@@ -255,11 +301,16 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                 txs.push(tx);
                 let (vm, bucket) = (&vm, &bucket);
                 handles.push(sc.spawn(move || {
-                    for job in rx {
-                        chan.send_job(&**vm, bucket, c as u16, n, &job)?;
-                    }
-                    chan.flush_batch(bucket)?;
-                    chan.wire.flush()
+                    let cpu = StageClock::start_with_cpu();
+                    let r = (|| {
+                        for job in rx {
+                            chan.send_job_timed(&**vm, bucket, c as u16, n, &job)?;
+                        }
+                        chan.flush_batch(bucket)?;
+                        chan.wire.flush()
+                    })();
+                    chan.wire.stages.cpu_ns += cpu.cpu_ns();
+                    r
                 }));
             }
             let mut fed = self.feed(&txs, &mut next);

@@ -91,6 +91,8 @@ pub(super) fn run<G: SourceGuest>(
         max_throttle_pct: x.max_throttle,
         final_pace: x.final_pace,
         postcopy: None,
+        send_stages: x.s.stages(),
+        plain_link: None,
     })
 }
 
