@@ -19,6 +19,10 @@ use crate::report::{human_bytes, Report};
 use s2mmu::mmu::{FaultPath, MmuPolicy};
 use s2mmu_migrate::session::{Progress as SessionProgress, ProgressEvent};
 
+/// One run: its name, the source's and the destination's outcomes, the
+/// policy it ran with.
+type Run = (String, SourceOutcome, Option<DestOutcome>, MmuPolicy);
+
 /// `s2mmu migrate`.
 ///
 /// # Errors
@@ -50,7 +54,7 @@ pub fn main(p: Params) -> Result<(), String> {
     }
     let net = p.net_config()?;
     let control = start_control(&p, "source")?;
-    let mut runs: Vec<(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)> = Vec::new();
+    let mut runs: Vec<Run> = Vec::new();
     for (baseline, name) in &policies {
         for &channels in &channel_list {
             let mut cfg = p.source_config(*baseline)?;
@@ -96,33 +100,42 @@ pub fn main(p: Params) -> Result<(), String> {
         }
     }
     if !p.plot.is_empty() {
-        let plot_runs: Vec<plot::PlotRun<'_>> = runs
-            .iter()
-            .map(|(_, s, _, pol)| plot::PlotRun {
-                label: policy_label(pol),
-                outcome: s,
-            })
-            .collect();
-        let title = format!(
-            "s2mmu migrate: {} guest ({}), {} vCPUs dirtying {}, {} harvest",
-            human_bytes(p.mem),
-            p.format.name(),
-            p.vcpus,
-            rate_text(p.dirty_rate),
-            harvest_name(p.harvest)
-        );
-        // Both drawn before either is written: a figure that cannot be
-        // drawn leaves no file.
-        let svg = plot::svg(&title, &plot_runs)?;
-        let png = plot::png(&title, &plot_runs)?;
-        let png_path = std::path::Path::new(&p.plot).with_extension("png");
-        std::fs::write(&p.plot, svg).map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
-        std::fs::write(&png_path, png)
-            .map_err(|e| format!("writing the plot {}: {e}", png_path.display()))?;
+        write_plot(&p, &runs)?;
     }
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
     report.failure().map_or(Ok(()), |why| Err(why.to_string()))
+}
+
+/// `--plot FILE`: the figure of `runs` as SVG there and PNG beside it.
+///
+/// # Errors
+/// The figure cannot be drawn or a file written.
+fn write_plot(p: &Params, runs: &[Run]) -> Result<(), String> {
+    let plot_runs: Vec<plot::PlotRun<'_>> = runs
+        .iter()
+        .map(|(_, s, _, pol)| plot::PlotRun {
+            label: policy_label(pol),
+            outcome: s,
+        })
+        .collect();
+    let title = format!(
+        "s2mmu migrate: {} guest ({}), {} vCPUs dirtying {}, {} harvest",
+        human_bytes(p.mem),
+        p.format.name(),
+        p.vcpus,
+        rate_text(p.dirty_rate),
+        harvest_name(p.harvest)
+    );
+    // Both drawn before either is written: a figure that cannot be
+    // drawn leaves no file.
+    let svg = plot::svg(&title, &plot_runs)?;
+    let png = plot::png(&title, &plot_runs)?;
+    let png_path = std::path::Path::new(&p.plot).with_extension("png");
+    std::fs::write(&p.plot, svg).map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
+    std::fs::write(&png_path, png)
+        .map_err(|e| format!("writing the plot {}: {e}", png_path.display()))?;
+    Ok(())
 }
 
 /// Runs a source in this process, migrating to `addr` (after a post-copy

@@ -216,23 +216,17 @@ fn receive_inner<C: Connection>(
     }
 }
 
-/// Builds the guest `header` describes on format `F` and receives it.
-fn receive_guest<C: Connection, F: VmFormat>(
-    mut rd: WireReader<&mut C>,
+/// What the receiving threads share, for `header`'s guest in `vm`.
+///
+/// # Errors
+/// verify-full's snapshot cannot be had.
+fn shared_for<'a, F: VmFormat>(
+    vm: &'a Vm<TreeMemslots, F>,
     header: &Header,
-    cfg: &DestConfig,
-    join: &mut Join<'_>,
-) -> Result<DestOutcome, MigrateError> {
+) -> Result<Shared<'a, F>, MigrateError> {
     let page_count = header.mem_size / PAGE_SIZE as u64;
-    let vm = Arc::new(build_vm::<F>(header, cfg.policy)?);
-    let prefault = if cfg.prefault {
-        populate(&vm, &mut rd)?
-    } else {
-        Duration::ZERO
-    };
-    let (session, mut extras, pc_conns) = accept_and_join(&mut rd, header, cfg, join)?;
-    let sh = Shared {
-        vm: &vm,
+    Ok(Shared {
+        vm,
         raw: RawMem {
             base: vm.memory().host_addr() as *mut u8,
             size: vm.memory().size(),
@@ -243,7 +237,24 @@ fn receive_guest<C: Connection, F: VmFormat>(
             .collect(),
         hashes: (0..page_count).map(|_| AtomicU64::new(0)).collect(),
         snapshot: snapshot_for(header)?,
+    })
+}
+
+/// Builds the guest `header` describes on format `F` and receives it.
+fn receive_guest<C: Connection, F: VmFormat>(
+    mut rd: WireReader<&mut C>,
+    header: &Header,
+    cfg: &DestConfig,
+    join: &mut Join<'_>,
+) -> Result<DestOutcome, MigrateError> {
+    let vm = Arc::new(build_vm::<F>(header, cfg.policy)?);
+    let prefault = if cfg.prefault {
+        populate(&vm, &mut rd)?
+    } else {
+        Duration::ZERO
     };
+    let (session, mut extras, pc_conns) = accept_and_join(&mut rd, header, cfg, join)?;
+    let sh = shared_for(&vm, header)?;
     let got = receive_channels(&mut rd, &mut extras, &sh, header)?;
     let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
         (a + x.pages, b + x.pos, z + x.zero_pages)
