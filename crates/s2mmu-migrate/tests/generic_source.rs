@@ -38,7 +38,10 @@ unsafe impl GuestRam for Words {
         self.0.as_ptr() as u64
     }
     fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
-        if offset % 8 != 0 || out.len() % 8 != 0 || offset + out.len() as u64 > self.size() {
+        if !offset.is_multiple_of(8)
+            || !out.len().is_multiple_of(8)
+            || offset + out.len() as u64 > self.size()
+        {
             return false;
         }
         for (k, c) in out.chunks_exact_mut(8).enumerate() {
@@ -230,7 +233,11 @@ impl SourceGuest for Guest {
     }
 }
 
-fn migrate(lose_writes: bool) -> Result<(Vec<(u16, u64)>, Vec<(u16, u64)>), MigrateError> {
+/// Per-slot digests: (slot id, digest).
+type Digests = Vec<(u16, u64)>;
+
+/// The source's and the destination's digests at the switch.
+fn migrate(lose_writes: bool) -> Result<(Digests, Digests), MigrateError> {
     let guest = Guest::start(lose_writes);
     let net = NetConfig::plain(Duration::from_secs(10));
     let listener = transport::bind("127.0.0.1:0")?;

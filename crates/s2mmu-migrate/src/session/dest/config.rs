@@ -82,11 +82,11 @@ pub struct DestConfig {
     /// The stage-2 format its guest runs on: a stream from a source on
     /// another one is refused ([`MigrateError::FormatMismatch`]).
     pub format: WireFormat,
-    /// How long [`serve`] waits for a source that authenticates (None:
+    /// How long [`super::serve`] waits for a source that authenticates (None:
     /// for ever). Connections that fail before they authenticate never
     /// end the wait.
     pub accept_wait: Option<Duration>,
-    /// Set: [`serve`] stops waiting for a source (the in-process
+    /// Set: [`super::serve`] stops waiting for a source (the in-process
     /// migration's source failed before it connected).
     pub stop: Arc<AtomicBool>,
 }

@@ -39,7 +39,7 @@ pub(crate) use resume::{run_resumed, start_workload};
 
 /// Accepts one source on `listener`, authenticates it as `net` says,
 /// joins its further channels and receives the migration. Connections
-/// are authenticated concurrently ([`net::Admission`]); one that fails
+/// are authenticated concurrently ([`transport::Admission`]); one that fails
 /// before it authenticates (a scan, a probe, a reset, a stall, a wrong
 /// key or certificate) is logged and the wait goes on: only an
 /// authenticated source's failure ends it.

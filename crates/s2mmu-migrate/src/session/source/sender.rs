@@ -107,7 +107,7 @@ pub(crate) fn copy_page<R: GuestRam + ?Sized>(ram: &R, off: u64, dst: &mut [u8])
         .checked_add(PAGE_SIZE as u64)
         .is_none_or(|end| end > ram.size())
         || dst.len() != PAGE_SIZE
-        || off % 8 != 0
+        || !off.is_multiple_of(8)
     {
         ram.read_into(off, dst);
         return is_zero(dst);
