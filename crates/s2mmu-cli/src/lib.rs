@@ -3,7 +3,7 @@
 
 pub mod dirty_mode;
 pub mod limits;
-pub mod lost_write;
+pub use s2mmu_migrate::session::lost_write;
 pub mod migrate;
 pub mod plot;
 pub mod progress;

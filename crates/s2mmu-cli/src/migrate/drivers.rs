@@ -1,66 +1,27 @@
 //! The two ways to run a migration: both sides in this process
 //! ([`migrate_in_process`], what [`main`] runs by default), or one side per
-//! process (`--to` runs a source here, `--listen` a destination).
+//! process (`--to` runs a source here, `--listen` a destination). The
+//! migration itself is the library's (`s2mmu_migrate::session`, the
+//! simulated guest's parts in `s2mmu_migrate::sim`); this chooses, shows
+//! and reports.
 
-use super::dest::{serve, DestConfig, DestOutcome};
+use super::dest::{serve, DestOutcome};
 use super::error::MigrateError;
+use super::migrate_in_process;
 use super::net::NetConfig;
 use super::params::Params;
 use super::postcopy::control::{Control, ControlSocket};
 use super::report_text::{dest_json, digests_text, params_json, report, MIB};
-use super::source::{migrate_source, SourceConfig, SourceOutcome};
+use super::source::{migrate_source, SimRun, SourceOutcome};
 use super::{net, plot};
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
 use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy};
-use std::net::TcpListener;
-use std::sync::Arc;
+use s2mmu_migrate::session::{Progress as SessionProgress, ProgressEvent};
 
-/// Runs a whole migration in this process: a destination thread serving
-/// a loopback port and the source connecting to it, both secured as `net`
-/// says.
-///
-/// # Errors
-/// The source's error when it failed (the destination's then follows from
-/// it), otherwise the destination's.
-pub fn migrate_in_process(
-    cfg: &SourceConfig,
-    dest: &DestConfig,
-    net: &NetConfig,
-) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
-    let (dcfg, dnet) = (dest.clone(), net.clone());
-    let stop = dcfg.stop.clone();
-    let dest_thread = std::thread::Builder::new()
-        .name("migrate-dest".into())
-        .spawn(move || serve(&listener, &dcfg, &dnet))
-        .map_err(|e| MigrateError::io("starting the destination thread", &e))?;
-    let a = addr.to_string();
-    let src = migrate_source(cfg, &mut |_| {
-        let s = net::connect_tcp(&a, net)?;
-        net::client(s, net)
-    });
-    if src.is_err() {
-        // A destination still waiting for the source's first connection
-        // (the source failed before connecting): stop it. (A connection
-        // would not: one that fails before authenticating never ends the
-        // wait.)
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-    let dst = dest_thread.join().unwrap_or_else(|_| {
-        Err(MigrateError::Setup(
-            "the destination thread panicked".into(),
-        ))
-    });
-    match (src, dst) {
-        (Ok(s), Ok(d)) => Ok((s, d)),
-        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-    }
-}
+/// One run: its name, the source's and the destination's outcomes, the
+/// policy it ran with.
+type Run = (String, SourceOutcome, Option<DestOutcome>, MmuPolicy);
 
 /// `s2mmu migrate`.
 ///
@@ -69,6 +30,9 @@ pub fn migrate_in_process(
 pub fn main(p: Params) -> Result<(), String> {
     if let Some(addr) = &p.listen {
         return listen(&p, addr);
+    }
+    if let Some(n) = p.wire_bench {
+        return super::wire_bench::run(&p, n);
     }
     let policies: Vec<(bool, &str)> = if p.compare_policies {
         vec![(false, "fast_path"), (true, "baseline")]
@@ -90,30 +54,30 @@ pub fn main(p: Params) -> Result<(), String> {
     }
     let net = p.net_config()?;
     let control = start_control(&p, "source")?;
-    let mut runs: Vec<(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)> = Vec::new();
+    let mut runs: Vec<Run> = Vec::new();
     for (baseline, name) in &policies {
         for &channels in &channel_list {
             let mut cfg = p.source_config(*baseline)?;
-            cfg.channels = channels;
+            cfg.session.channels = channels;
             if p.compare_policies {
-                cfg.label = format!("[{}] ", policy_label(&cfg.policy));
+                cfg.session.label = format!("[{}] ", policy_label(&cfg.guest.policy));
             } else if channel_list.len() > 1 {
-                cfg.label = format!("[{channels} channel(s)] ");
+                cfg.session.label = format!("[{channels} channel(s)] ");
             }
-            let policy = cfg.policy;
+            let policy = cfg.guest.policy;
             // Progress goes to stderr in every mode (--json's stdout is
             // unchanged), so no migration is silent until its end: a start
             // line, then the link and a line or a bar step per round.
             let bar = Progress::new(
-                &format!("{}migrate", cfg.label),
-                u64::from(cfg.max_rounds).saturating_add(2),
+                &format!("{}migrate", cfg.session.label),
+                u64::from(cfg.session.max_rounds).saturating_add(2),
                 !p.quiet,
             );
             if bar.is_on() {
                 bar.line(&start_line(&cfg, p.to.as_deref(), &net));
             }
-            cfg.progress = Arc::new(bar);
-            cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
+            cfg.session.progress = progress_to(bar);
+            cfg.session.recovery.control = control.as_ref().map(|c| c.0.clone());
             let (s, d) = match &p.to {
                 Some(addr) => (
                     source_to(&cfg, addr, &net).map_err(|e| e.to_string())?,
@@ -136,45 +100,56 @@ pub fn main(p: Params) -> Result<(), String> {
         }
     }
     if !p.plot.is_empty() {
-        let plot_runs: Vec<plot::PlotRun<'_>> = runs
-            .iter()
-            .map(|(_, s, _, pol)| plot::PlotRun {
-                label: policy_label(pol),
-                outcome: s,
-            })
-            .collect();
-        let title = format!(
-            "s2mmu migrate: {} guest ({}), {} vCPUs dirtying {}, {} harvest",
-            human_bytes(p.mem),
-            p.format.name(),
-            p.vcpus,
-            rate_text(p.dirty_rate),
-            harvest_name(p.harvest)
-        );
-        // Both drawn before either is written: a figure that cannot be
-        // drawn leaves no file.
-        let svg = plot::svg(&title, &plot_runs)?;
-        let png = plot::png(&title, &plot_runs)?;
-        let png_path = std::path::Path::new(&p.plot).with_extension("png");
-        std::fs::write(&p.plot, svg).map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
-        std::fs::write(&png_path, png)
-            .map_err(|e| format!("writing the plot {}: {e}", png_path.display()))?;
+        write_plot(&p, &runs)?;
     }
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
     report.failure().map_or(Ok(()), |why| Err(why.to_string()))
 }
 
+/// `--plot FILE`: the figure of `runs` as SVG there and PNG beside it.
+///
+/// # Errors
+/// The figure cannot be drawn or a file written.
+fn write_plot(p: &Params, runs: &[Run]) -> Result<(), String> {
+    let plot_runs: Vec<plot::PlotRun<'_>> = runs
+        .iter()
+        .map(|(_, s, _, pol)| plot::PlotRun {
+            label: policy_label(pol),
+            outcome: s,
+        })
+        .collect();
+    let title = format!(
+        "s2mmu migrate: {} guest ({}), {} vCPUs dirtying {}, {} harvest",
+        human_bytes(p.mem),
+        p.format.name(),
+        p.vcpus,
+        rate_text(p.dirty_rate),
+        harvest_name(p.harvest)
+    );
+    // Both drawn before either is written: a figure that cannot be
+    // drawn leaves no file.
+    let svg = plot::svg(&title, &plot_runs)?;
+    let png = plot::png(&title, &plot_runs)?;
+    let png_path = std::path::Path::new(&p.plot).with_extension("png");
+    std::fs::write(&p.plot, svg).map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
+    std::fs::write(&png_path, png)
+        .map_err(|e| format!("writing the plot {}: {e}", png_path.display()))?;
+    Ok(())
+}
+
 /// Runs a source in this process, migrating to `addr` (after a post-copy
 /// `recover ADDR`, to the operator's address).
-fn source_to(
-    cfg: &SourceConfig,
-    addr: &str,
-    net: &NetConfig,
-) -> Result<SourceOutcome, MigrateError> {
+fn source_to(cfg: &SimRun, addr: &str, net: &NetConfig) -> Result<SourceOutcome, MigrateError> {
     migrate_source(cfg, &mut |_| {
-        let to = cfg.recovery.control.as_ref().and_then(|c| c.redirect());
-        let s = net::connect_tcp(to.as_deref().unwrap_or(addr), net)?;
+        let to = cfg
+            .session
+            .recovery
+            .control
+            .as_ref()
+            .and_then(|c| c.redirect());
+        // `unix:PATH` is a Unix socket (a same-host upgrade).
+        let s = net::connect(to.as_deref().unwrap_or(addr), net)?;
         net::client(s, net)
     })
 }
@@ -191,22 +166,35 @@ fn start_control(p: &Params, side: &'static str) -> Result<Option<ControlSocket>
 }
 
 /// What a run migrates, where to and how: its first progress line.
-fn start_line(cfg: &SourceConfig, to: Option<&str>, net: &NetConfig) -> String {
+fn start_line(cfg: &SimRun, to: Option<&str>, net: &NetConfig) -> String {
+    let g = &cfg.guest;
     format!(
         "{}migrating a {} guest ({} stage 2, {}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
-        cfg.label,
-        human_bytes(cfg.mem_size),
-        cfg.format.name(),
-        cfg.backing.name(),
-        cfg.vcpus,
-        rate_text(cfg.dirty_rate),
+        cfg.session.label,
+        human_bytes(g.mem_size),
+        g.format.name(),
+        g.backing.name(),
+        g.vcpus,
+        rate_text(g.dirty_rate),
         match to {
             Some(a) => format!("to {a}"),
             None => "over loopback TCP in this process".into(),
         },
-        cfg.channels,
+        cfg.session.channels,
         net.security.describe()
     )
+}
+
+/// The session's progress callback drawing on `bar`: its lines as lines
+/// (or the bar's message), one step per round.
+fn progress_to(bar: Progress) -> SessionProgress {
+    if !bar.is_on() {
+        return SessionProgress::off();
+    }
+    SessionProgress::to(move |e| match e {
+        ProgressEvent::Line(l) => bar.line(l),
+        ProgressEvent::Step => bar.step(),
+    })
 }
 
 pub(super) fn rate_text(r: u64) -> String {
@@ -243,12 +231,10 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
     cfg.recovery = p.recovery()?;
     let control = start_control(p, "destination")?;
     cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
-    let listener = TcpListener::bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
+    let listener = net::bind(addr).map_err(|e| e.to_string())?;
     eprintln!(
         "destination listening on {} ({}); accepts a guest on --format {} with at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
-        listener
-            .local_addr()
-            .map_or(addr.to_string(), |a| a.to_string()),
+        listener.local(),
         net.security.describe(),
         cfg.format.name(),
         human_bytes(cfg.limits.max_mem),
@@ -261,7 +247,7 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         // Connections that fail before they authenticate never come back
         // from `serve` (it logs them and goes on): every error here is an
         // authenticated source's attempt.
-        match serve(&listener, &cfg, &net) {
+        match serve(&*listener, &cfg, &net) {
             Ok(d) => break d,
             Err(e) => {
                 failures += 1;

@@ -5,8 +5,10 @@ use super::drivers::{harvest_name, policy_label, rate_text};
 use super::params::{ConvergeArg, Params};
 use super::postcopy;
 use super::source::SourceOutcome;
-use crate::report::{human_bytes, Report};
+use crate::report::{human_bytes, verdict, Report};
 use s2mmu::mmu::MmuPolicy;
+use s2mmu_migrate::session::extras::ExtrasOutcome;
+use s2mmu_migrate::stages::{RecvStages, SendStages};
 use serde_json::json;
 use std::time::Duration;
 
@@ -66,6 +68,63 @@ pub(super) fn dest_json(d: &DestOutcome) -> serde_json::Value {
         "slot_digests": d.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
         "byte_compare_mismatched_pages": d.verify_mismatches,
         "postcopy": d.postcopy.as_ref().map(postcopy::report::figures_json),
+        "stages": recv_stages_json(&d.recv_stages),
+    })
+}
+
+/// Nanoseconds per page, 0 without pages.
+fn per_page(ns: u64, pages: u64) -> f64 {
+    ns as f64 / pages.max(1) as f64
+}
+
+/// The destination's stages as JSON: totals and per page.
+fn recv_stages_json(r: &RecvStages) -> serde_json::Value {
+    json!({
+        "pages": r.pages,
+        "read_ns": r.read_ns,
+        "socket_ns": r.socket_ns,
+        "decrypt_and_copy_ns": r.decrypt_copy_ns(),
+        "check_ns": r.check_ns,
+        "cpu_ns": r.cpu_ns,
+        "ns_per_page": {
+            "socket": per_page(r.socket_ns, r.pages),
+            "decrypt_and_copy": per_page(r.decrypt_copy_ns(), r.pages),
+            "checks": per_page(r.check_ns, r.pages),
+            "cpu": per_page(r.cpu_ns, r.pages),
+        },
+    })
+}
+
+/// The source's stages as JSON: totals and per page.
+fn send_stages_json(s: &SendStages) -> serde_json::Value {
+    json!({
+        "pages": s.pages,
+        "read_and_zero_check_ns": s.read_ns,
+        "hash_ns": s.hash_ns,
+        "write_ns": s.write_ns,
+        "encrypt_ns": s.encrypt_ns(),
+        "socket_ns": s.socket_ns,
+        "cpu_ns": s.cpu_ns,
+        "ns_per_page": {
+            "read_and_zero_check": per_page(s.read_ns, s.pages),
+            "hash": per_page(s.hash_ns, s.pages),
+            "encrypt": per_page(s.encrypt_ns(), s.pages),
+            "socket": per_page(s.socket_ns, s.pages),
+            "cpu": per_page(s.cpu_ns, s.pages),
+        },
+    })
+}
+
+/// Round 0, the stack's own link and plain TCP, each as a percentage of
+/// plain TCP (None where plain TCP was not measured).
+fn plain_json(s: &SourceOutcome) -> serde_json::Value {
+    let plain = s.plain_link.map(|l| l.bytes_per_s());
+    let pct = |x: f64| plain.map(|p| 100.0 * x / p.max(1.0));
+    json!({
+        "plain_tcp_bytes_per_s": plain,
+        "plain_tcp_bytes": s.plain_link.map(|l| l.bytes),
+        "round0_pct_of_plain_tcp": s.rounds.first().and_then(|r| pct(r.bandwidth)),
+        "link_pct_of_plain_tcp": pct(s.link),
     })
 }
 
@@ -99,6 +158,8 @@ fn source_json(s: &SourceOutcome) -> serde_json::Value {
         "verified_full": s.verified_full,
         "slot_digests": s.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
         "postcopy": s.postcopy.as_ref().map(|pc| postcopy::report::json(pc, s)),
+        "plain_tcp": plain_json(s),
+        "stages": send_stages_json(&s.send_stages),
     })
 }
 
@@ -115,7 +176,7 @@ pub(super) fn report(
         }
         r.result("migrate", name, row);
         text.push_str(&summary(p, s, d.as_ref(), pol));
-        s.extras.add_to(&mut r, &mut text);
+        extras_report(&s.extras, &mut r, &mut text);
     }
     if p.compare_policies && runs.len() == 2 {
         let (a, b) = (&runs[0].1, &runs[1].1);
@@ -161,18 +222,20 @@ pub(super) fn report(
     }
     if p.channel_list().len() > 1 && runs.len() > 1 {
         text.push_str(&format!(
-            "\nRound 0 by channel count (measured on this machine, {} CPUs, this run)\n  {:>8} {:>12} {:>14} {:>10} {:>10} {:>8}\n",
+            "\nRound 0 by channel count (measured on this machine, {} CPUs, this run; % of plain TCP over the same loopback)\n  {:>8} {:>15} {:>16} {:>14} {:>10} {:>10} {:>8}\n",
             std::thread::available_parallelism().map_or(1, |n| n.get()),
-            "channels", "link MiB/s", "round 0 MiB/s", "% of link", "downtime", "memory"
+            "channels", "plain TCP MiB/s", "stack link MiB/s", "round 0 MiB/s", "% of plain", "downtime", "memory"
         ));
         for (_, s, _, _) in runs {
             let r0 = s.rounds.first().map_or(0.0, |r| r.bandwidth);
+            let plain = s.plain_link.map_or(0.0, |l| l.bytes_per_s());
             text.push_str(&format!(
-                "  {:>8} {:>12.0} {:>14.0} {:>9.0}% {:>8.1}ms {:>8}\n",
+                "  {:>8} {:>15.0} {:>16.0} {:>14.0} {:>9.0}% {:>8.1}ms {:>8}\n",
                 s.channels,
+                plain / MIB,
                 s.link / MIB,
                 r0 / MIB,
-                100.0 * r0 / s.link.max(1.0),
+                100.0 * r0 / plain.max(1.0),
                 s.downtime.as_secs_f64() * 1e3,
                 "equal"
             ));
@@ -259,12 +322,51 @@ pub(super) fn summary(
     ));
     if let Some(r0) = s.rounds.first() {
         t.push_str(&format!(
-            "  round 0              {:.1} MiB/s = {:.0}% of the link\n",
+            "  round 0              {:.1} MiB/s = {:.0}% of the stack's own link\n",
             r0.bandwidth / MIB,
             100.0 * r0.bandwidth / s.link.max(1.0)
         ));
     }
+    t.push_str(&plain_and_stages(s, d));
     t.push_str(&guest_and_checks(p, s, d));
+    t
+}
+
+/// The summary's lines on plain TCP (the honest link) and on where the
+/// time went, stage by stage, on each side.
+fn plain_and_stages(s: &SourceOutcome, d: Option<&DestOutcome>) -> String {
+    let mut t = String::new();
+    match (s.plain_link, s.rounds.first()) {
+        (Some(l), Some(r0)) => t.push_str(&format!(
+            "  plain TCP            {:.1} MiB/s over {} connection(s), same endpoints, nothing else in the path (what iperf3 measures): round 0 = {:.0}% of it, the stack's own link = {:.0}%\n",
+            l.bytes_per_s() / MIB,
+            l.channels,
+            100.0 * r0.bandwidth / l.bytes_per_s().max(1.0),
+            100.0 * s.link / l.bytes_per_s().max(1.0)
+        )),
+        _ => t.push_str("  plain TCP            not measured (in-process runs only)\n"),
+    }
+    let x = &s.send_stages;
+    t.push_str(&format!(
+        "  source, ns per page  read+zero check {:.0}, hash {:.0}, encrypt {:.0}, socket {:.0}; CPU {:.0} ({} pages, all rounds)\n",
+        per_page(x.read_ns, x.pages),
+        per_page(x.hash_ns, x.pages),
+        per_page(x.encrypt_ns(), x.pages),
+        per_page(x.socket_ns, x.pages),
+        per_page(x.cpu_ns, x.pages),
+        x.pages
+    ));
+    if let Some(d) = d {
+        let r = &d.recv_stages;
+        t.push_str(&format!(
+            "  destination, ns/page socket {:.0}, decrypt+copy into guest memory {:.0}, checks {:.0}; CPU {:.0} ({} pages up to END)\n",
+            per_page(r.socket_ns, r.pages),
+            per_page(r.decrypt_copy_ns(), r.pages),
+            per_page(r.check_ns, r.pages),
+            per_page(r.cpu_ns, r.pages),
+            r.pages
+        ));
+    }
     t
 }
 
@@ -333,4 +435,55 @@ fn guest_and_checks(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>) -> S
         ));
     }
     t
+}
+
+/// Adds its rows and lines to a migration's report; snapshots that
+/// failed or restore to other memory fail the run.
+fn extras_report(e: &ExtrasOutcome, r: &mut Report, text: &mut String) {
+    if let Some(c) = &e.check {
+        r.result(
+            "lost-write check",
+            "migrate",
+            json!({ "rounds": c.rounds, "pages_changed": c.changed, "pages_lost": c.lost }),
+        );
+        text.push_str(&format!(
+            "Lost-write check: {} rounds, {} page changes, {} not in any log [{}]\n",
+            c.rounds,
+            c.changed,
+            c.lost,
+            verdict(c.lost == 0)
+        ));
+    }
+    match &e.snapshots {
+        Some(Ok(s)) => {
+            r.result(
+                "snapshots",
+                "migrate",
+                json!({ "snapshots": s.taken, "pages": s.pages, "bytes": s.bytes,
+                        "restore_ns": s.restore_time.as_nanos() as u64,
+                        "pages_differing": s.differing_pages }),
+            );
+            text.push_str(&format!(
+                "Snapshots beside the migration (a dirty view of their own): {} files, {} pages, {:.1} MiB; \
+                 the chain restored in {:.1} ms, {} pages differ from the source at the stop point [{}]\n",
+                s.taken,
+                s.pages,
+                s.bytes as f64 / (1u64 << 20) as f64,
+                s.restore_time.as_secs_f64() * 1e3,
+                s.differing_pages,
+                verdict(s.differing_pages == 0)
+            ));
+            if s.differing_pages > 0 {
+                r.fail(format!(
+                    "the snapshots restore to memory that differs from the source's in {} pages",
+                    s.differing_pages
+                ));
+            }
+        }
+        Some(Err(e)) => {
+            text.push_str(&format!("Snapshots: FAILED: {e}\n"));
+            r.fail(format!("snapshots: {e}"));
+        }
+        None => {}
+    }
 }

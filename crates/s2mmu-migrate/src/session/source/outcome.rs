@@ -1,0 +1,109 @@
+//! What a source run measured: its rounds, the guest's phases, the
+//! totals.
+
+use super::super::postcopy::PostcopyOutcome;
+use super::super::timeline::Sample;
+use std::time::Duration;
+
+/// One pre-copy round (round 0 sends all memory; the last is the
+/// stop-and-copy with the vCPUs paused).
+#[derive(Clone, Debug, Default)]
+pub struct RoundStat {
+    /// Round number.
+    pub round: u32,
+    /// Pages sent in it (zero pages included).
+    pub pages: u64,
+    /// Of those, zero pages (sent as a flag, without their bytes).
+    pub zero_pages: u64,
+    /// Stream bytes sent in it.
+    pub bytes: u64,
+    /// Seconds since the timeline started, at its start and end.
+    pub start_s: f64,
+    pub end_s: f64,
+    /// Pages found dirty when it ended (what the next round sends).
+    pub dirty_after: u64,
+    /// Guest dirty rate during it, bytes per second.
+    pub dirty_rate: f64,
+    /// Bandwidth of its sending, stream bytes per second.
+    pub bandwidth: f64,
+    /// Guest memory it moved, bytes per second (zero pages count in full).
+    pub page_rate: f64,
+    /// Throttle in percent while it ran.
+    pub throttle_pct: u32,
+    /// Each vCPU's pace (pages per second, 0: unpaced) while it ran.
+    pub pace: u64,
+    /// Whether the vCPUs were paused (the stop-and-copy).
+    pub final_round: bool,
+}
+
+/// The guest's speed in one phase.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Phase {
+    /// Guest writes per second of wall time.
+    pub write_rate: f64,
+    /// Nanoseconds of guest execution per write (faults included): the
+    /// median over the phase's timeline intervals.
+    pub ns_per_write: f64,
+}
+
+/// What the source did.
+#[derive(Clone, Debug, Default)]
+pub struct SourceOutcome {
+    /// Every round.
+    pub rounds: Vec<RoundStat>,
+    /// From logging on to the destination's resume.
+    pub total: Duration,
+    /// From the pause to the destination's resume (as the source saw it).
+    pub downtime: Duration,
+    /// Page records sent (the verification pass not included).
+    pub page_records: u64,
+    /// Of those, zero pages.
+    pub zero_pages: u64,
+    /// The link: stream bytes per second of the probe (the same bytes as
+    /// round 0 over the same connections, no guest, no checksum).
+    pub link: f64,
+    /// Bytes the probe sent.
+    pub link_bytes: u64,
+    /// Channels used.
+    pub channels: u16,
+    /// Stream bytes sent (the verification pass not included).
+    pub bytes: u64,
+    /// Timeline samples.
+    pub samples: Vec<Sample>,
+    /// Timeline seconds at logging on, pause and resume.
+    pub log_start_s: f64,
+    pub pause_s: f64,
+    pub resumed_s: f64,
+    /// The guest before logging and while logging.
+    pub before: Phase,
+    pub during: Phase,
+    /// Per-slot digests both sides agreed on.
+    pub slot_digests: Vec<(u16, u64)>,
+    /// What the lost-write check and the snapshots found.
+    pub extras: super::super::extras::ExtrasOutcome,
+    /// Whether all memory was byte-compared too.
+    pub verified_full: bool,
+    /// Highest throttle used, percent.
+    pub max_throttle_pct: u32,
+    /// Per-vCPU pace at the end (dirty-limit lowers it).
+    pub final_pace: u64,
+    /// Post-copy, when the migration switched to it.
+    pub postcopy: Option<PostcopyOutcome>,
+    /// Where the sending time went, over every round and channel.
+    pub send_stages: crate::stages::SendStages,
+    /// Plain TCP between the same endpoints just before the migration
+    /// (what iperf3 measures; None where it was not measured).
+    pub plain_link: Option<crate::transport::PlainLink>,
+}
+
+impl SourceOutcome {
+    /// How much slower the guest executed per write while logging, in
+    /// percent of its speed before.
+    pub fn slowdown_pct(&self) -> f64 {
+        if self.before.ns_per_write > 0.0 {
+            (self.during.ns_per_write / self.before.ns_per_write - 1.0) * 100.0
+        } else {
+            0.0
+        }
+    }
+}

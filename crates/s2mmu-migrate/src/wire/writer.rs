@@ -1,0 +1,288 @@
+//! The sending side: PAGES batches, control records, probes and END.
+
+use super::{
+    checksum, is_zero, page_hash, tag, Enc, Header, MigrateError, MAGIC, MAX_BATCH, PAGE_SIZE,
+    SESSION_LEN, VERSION,
+};
+use crate::stages::{SendStages, StageClock};
+use std::io::Write;
+use std::time::Instant;
+
+/// those that are not all zeros, ready to go out in two writes.
+pub struct Batch {
+    /// tag, count, entries (the check is appended when written).
+    head: Vec<u8>,
+    data: Box<[u8]>,
+    count: usize,
+    data_pages: usize,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Batch {
+    /// An empty batch (room for [`MAX_BATCH`] pages).
+    pub fn new() -> Self {
+        let mut head = Vec::with_capacity(3 + 16 * MAX_BATCH + 8);
+        head.extend_from_slice(&[tag::PAGES, 0, 0]);
+        Batch {
+            head,
+            data: vec![0u8; MAX_BATCH * PAGE_SIZE].into_boxed_slice(),
+            count: 0,
+            data_pages: 0,
+        }
+    }
+
+    /// Pages in it.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether it holds no page.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Bytes the batch takes on the wire.
+    pub fn wire_bytes(&self) -> u64 {
+        (self.head.len() + 8 + self.data_pages * PAGE_SIZE) as u64
+    }
+
+    /// Whether another page does not fit.
+    pub fn is_full(&self) -> bool {
+        self.count >= MAX_BATCH
+    }
+
+    /// Adds the page at `gpa`, whose bytes `fill` writes into the batch;
+    /// returns whether it was a zero page (sent as a flag, without its
+    /// bytes). A full batch takes nothing and returns `None`.
+    pub fn push(&mut self, gpa: u64, fill: impl FnOnce(&mut [u8])) -> Option<bool> {
+        self.push_known(gpa, |p| {
+            fill(p);
+            is_zero(p)
+        })
+    }
+
+    /// As [`Batch::push`], with `fill` saying whether the page it wrote
+    /// is all zeros (a copy that looked at every word anyway).
+    pub fn push_known(&mut self, gpa: u64, fill: impl FnOnce(&mut [u8]) -> bool) -> Option<bool> {
+        if self.is_full() {
+            return None;
+        }
+        let at = self.data_pages * PAGE_SIZE;
+        let page = &mut self.data[at..at + PAGE_SIZE];
+        let zero = fill(page);
+        // The hash is filled in when the batch is written (all pages in
+        // one pass, timed as a stage of its own).
+        let word = if zero {
+            gpa | 1
+        } else {
+            self.data_pages += 1;
+            gpa
+        };
+        self.head.extend_from_slice(&word.to_le_bytes());
+        self.head.extend_from_slice(&0u64.to_le_bytes());
+        self.count += 1;
+        Some(zero)
+    }
+
+    /// Writes every data page's hash into its entry.
+    fn hash_pages(&mut self) {
+        let mut j = 0;
+        for k in 0..self.count {
+            let at = 3 + 16 * k;
+            let word = u64::from_le_bytes(self.head[at..at + 8].try_into().expect("8 bytes"));
+            if word & 1 != 0 {
+                continue;
+            }
+            let page = &self.data[j * PAGE_SIZE..(j + 1) * PAGE_SIZE];
+            let hash = page_hash(page, word);
+            self.head[at + 8..at + 16].copy_from_slice(&hash.to_le_bytes());
+            j += 1;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.head.truncate(3);
+        self.count = 0;
+        self.data_pages = 0;
+    }
+}
+
+/// Writes a stream, counting its bytes.
+pub struct WireWriter<W: Write> {
+    w: W,
+    /// Bytes written so far.
+    pub pos: u64,
+    /// Page records written so far (zero pages included).
+    pub pages: u64,
+    /// Of those, zero pages (sent without their bytes).
+    pub zero_pages: u64,
+    /// Time spent hashing and writing PAGES records (the reading of
+    /// guest memory is the caller's to add).
+    pub stages: SendStages,
+}
+
+impl<W: Write> WireWriter<W> {
+    /// A writer of replies (no opening).
+    pub fn replies(w: W) -> Self {
+        WireWriter {
+            w,
+            pos: 0,
+            pages: 0,
+            zero_pages: 0,
+            stages: SendStages::default(),
+        }
+    }
+
+    /// Starts the main connection's stream: the opening and HEADER.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn new(w: W, header: &Header) -> Result<Self, MigrateError> {
+        let mut s = Self::replies(w);
+        let mut e = Enc::default();
+        e.bytes(&MAGIC).u16(VERSION);
+        s.put(&e.0)?;
+        s.control(tag::HEADER, &header.encode())?;
+        Ok(s)
+    }
+
+    /// Starts a further channel's stream: the opening and JOIN.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn join(w: W, session: &[u8; SESSION_LEN], channel: u16) -> Result<Self, MigrateError> {
+        let mut s = Self::replies(w);
+        let mut e = Enc::default();
+        e.bytes(&MAGIC).u16(VERSION);
+        s.put(&e.0)?;
+        let mut b = Enc::default();
+        b.bytes(session).u16(channel);
+        s.control(tag::JOIN, &b.0)?;
+        s.flush()?;
+        Ok(s)
+    }
+
+    fn put(&mut self, b: &[u8]) -> Result<(), MigrateError> {
+        self.w
+            .write_all(b)
+            .map_err(|e| MigrateError::io("sending the migration stream", &e))?;
+        self.pos += b.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the batch as one PAGES record (nothing when it is empty) and
+    /// empties it.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn batch(&mut self, b: &mut Batch) -> Result<(), MigrateError> {
+        if b.is_empty() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        b.hash_pages();
+        let count = b.count as u16;
+        b.head[1..3].copy_from_slice(&count.to_le_bytes());
+        let check = checksum(&b.head[1..], u64::from(tag::PAGES));
+        b.head.extend_from_slice(&check.to_le_bytes());
+        self.stages.hash_ns += t.elapsed().as_nanos() as u64;
+        let clock = StageClock::start();
+        let r = self.put(&b.head).and_then(|_| {
+            let data = &b.data[..b.data_pages * PAGE_SIZE];
+            self.put(data)
+        });
+        self.stages.write_ns += clock.wall_ns();
+        self.stages.socket_ns += clock.socket_ns().0;
+        self.stages.pages += b.count as u64;
+        self.pages += b.count as u64;
+        self.zero_pages += (b.count - b.data_pages) as u64;
+        b.clear();
+        r
+    }
+
+    /// Writes one page as a PAGES record of its own; returns its hash.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn page(&mut self, gpa: u64, data: &[u8; PAGE_SIZE]) -> Result<u64, MigrateError> {
+        let mut b = Batch::new();
+        b.push(gpa, |p| p.copy_from_slice(data));
+        self.batch(&mut b)?;
+        Ok(page_hash(data, gpa))
+    }
+
+    /// Writes a control record.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn control(&mut self, t: u8, body: &[u8]) -> Result<(), MigrateError> {
+        let mut e = Enc::default();
+        e.u8(t)
+            .u32(body.len() as u32)
+            .bytes(body)
+            .u64(checksum(body, u64::from(t)));
+        self.put(&e.0)
+    }
+
+    /// Writes a PROBE of `len` bytes of `filler` (repeated), calling
+    /// `pace` with the size of each write before it, and flushes.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn probe(
+        &mut self,
+        len: u64,
+        filler: &[u8],
+        pace: &mut dyn FnMut(u64),
+    ) -> Result<(), MigrateError> {
+        let mut e = Enc::default();
+        e.u8(tag::PROBE)
+            .u64(len)
+            .u64(checksum(&len.to_le_bytes(), u64::from(tag::PROBE)));
+        self.put(&e.0)?;
+        let mut left = len;
+        while left > 0 && !filler.is_empty() {
+            let n = left.min(filler.len() as u64) as usize;
+            pace(n as u64);
+            self.put(&filler[..n])?;
+            left -= n as u64;
+        }
+        self.flush()
+    }
+
+    /// Writes END (the counts the receiver checks) and flushes.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn end(&mut self) -> Result<(), MigrateError> {
+        let mut e = Enc::default();
+        e.u64(self.pages).u64(self.pos);
+        self.control(tag::END, &e.0)?;
+        self.flush()
+    }
+
+    /// Flushes buffered bytes to the socket.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn flush(&mut self) -> Result<(), MigrateError> {
+        self.w
+            .flush()
+            .map_err(|e| MigrateError::io("sending the migration stream", &e))
+    }
+
+    /// The underlying writer.
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.w
+    }
+
+    /// The underlying writer, by value.
+    pub fn into_inner(self) -> W {
+        self.w
+    }
+}
