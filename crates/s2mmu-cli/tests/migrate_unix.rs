@@ -130,7 +130,7 @@ fn two_processes_migrate_over_a_unix_socket_with_a_key() {
         "--psk",
     ];
     let addr = format!("unix:{}", path.display());
-    let mut dest = Command::new(env!("CARGO_BIN_EXE_s2mmu"))
+    let dest = Command::new(env!("CARGO_BIN_EXE_s2mmu"))
         .args(["migrate", "--listen", &addr])
         .args(small)
         .arg(&key)
