@@ -28,11 +28,10 @@ type Run = (String, SourceOutcome, Option<DestOutcome>, MmuPolicy);
 /// # Errors
 /// Why the migration failed (the process then exits nonzero).
 pub fn main(p: Params) -> Result<(), String> {
-    if let Some(addr) = &p.listen {
-        return listen(&p, addr);
-    }
-    if let Some(n) = p.wire_bench {
-        return super::wire_bench::run(&p, n);
+    match (&p.listen, p.wire_bench) {
+        (Some(addr), _) => return listen(&p, addr),
+        (None, Some(n)) => return super::wire_bench::run(&p, n),
+        (None, None) => {}
     }
     let policies: Vec<(bool, &str)> = if p.compare_policies {
         vec![(false, "fast_path"), (true, "baseline")]
