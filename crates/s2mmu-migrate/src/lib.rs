@@ -13,6 +13,10 @@
 //! `error` imports `state` and `vm`; `driver` and `snapshot` import the
 //! three. No clap, plotting, progress bars or KVM here.
 
+// No unsafe code in the migration library (the workspace's lints are
+// inherited through `[lints] workspace = true`; this one is added here).
+#![forbid(unsafe_code)]
+
 pub mod driver;
 pub mod error;
 pub mod snapshot;
