@@ -120,7 +120,7 @@ fn bad_sizes_and_missing_hugetlb_pages_are_typed_errors() {
         let e = GuestMemory::new(size, backing).unwrap_err();
         assert_eq!(e, MemoryError::BadSize { size, multiple }, "{backing}");
     }
-    let huge = u64::MAX & !0xfff;
+    let huge = !0xfffu64;
     assert_eq!(
         GuestMemory::new(huge, Backing::Anonymous).unwrap_err(),
         MemoryError::TooLarge { size: huge }

@@ -318,9 +318,10 @@ fn stress<S: MemslotStore + 'static>(
     stress_on::<S, Arm64Stage2>(policy, backing, vcpus, pattern);
 }
 
-/// The stress run's length and vCPU count: `S2MMU_STRESS_SECS` (default
-/// 1) and `S2MMU_STRESS_VCPUS` (more vCPUs on a machine with the cores for
-/// them: a power of two up to 64, so each gets whole pages of the 32 MiB).
+/// The stress run's length and vCPU count from the environment:
+/// `S2MMU_STRESS_SECS` (default 1) and `S2MMU_STRESS_VCPUS`, more vCPUs on
+/// a machine with the cores for them (a power of two up to 64, so each gets
+/// whole pages of the 32 MiB).
 fn stress_env(vcpus: usize) -> (f64, usize) {
     let secs: f64 = std::env::var("S2MMU_STRESS_SECS")
         .ok()
