@@ -170,10 +170,7 @@ impl From<s2mmu_memory::MemoryError> for Error {
                 how_to_reserve: e.to_string(),
             },
             M::Mmap { errno } => Error::Ioctl { op: "mmap", errno },
-            M::Madvise { errno } => Error::Ioctl {
-                op: "madvise(MADV_HUGEPAGE)",
-                errno,
-            },
+            M::Madvise { advice, errno } => Error::Ioctl { op: advice, errno },
             M::OutOfRange { .. } => Error::invalid("offset", e.to_string()),
             _ => Error::invalid("bytes", e.to_string()),
         }

@@ -32,9 +32,11 @@ pub enum MemoryError {
         /// errno.
         errno: i32,
     },
-    /// `madvise(MADV_HUGEPAGE)` failed (a kernel without transparent huge
-    /// pages).
+    /// `madvise` failed: `MADV_HUGEPAGE` on a kernel without transparent
+    /// huge pages, or `MADV_DONTNEED` on a range the backing cannot drop.
     Madvise {
+        /// The advice, as named in madvise(2).
+        advice: &'static str,
         /// errno.
         errno: i32,
     },
@@ -91,12 +93,8 @@ impl fmt::Display for MemoryError {
             MemoryError::Mmap { errno } => {
                 write!(f, "mmap of guest memory failed: {}", os(errno))
             }
-            MemoryError::Madvise { errno } => {
-                write!(
-                    f,
-                    "madvise(MADV_HUGEPAGE) on guest memory failed: {}",
-                    os(errno)
-                )
+            MemoryError::Madvise { advice, errno } => {
+                write!(f, "madvise({advice}) on guest memory failed: {}", os(errno))
             }
             MemoryError::OutOfRange { offset, len, size } => write!(
                 f,

@@ -117,6 +117,43 @@ impl GuestMemory {
         self.ptr.as_ptr()
     }
 
+    /// Gives the host pages of `[offset, offset + len)` back
+    /// (`MADV_DONTNEED`), as a host discard or a balloon does: they read
+    /// as zero afterwards and are faulted in again on the next access.
+    ///
+    /// # Errors
+    /// [`MemoryError::OutOfRange`] when the range is not inside guest
+    /// memory or its start is not 4 KiB-aligned (nothing is dropped then);
+    /// [`MemoryError::Madvise`] when the kernel refuses (a hugetlb range not
+    /// aligned to its pages).
+    pub fn discard(&self, offset: u64, len: u64) -> Result<(), MemoryError> {
+        let inside = offset.checked_add(len).is_some_and(|end| end <= self.size);
+        if !inside || !offset.is_multiple_of(4096) {
+            return Err(MemoryError::OutOfRange {
+                offset,
+                len,
+                size: self.size,
+            });
+        }
+        // SAFETY: the range lies inside this private anonymous mapping,
+        // which stays mapped; its pages only turn to zero, which accesses
+        // (all atomic, see `access`) may observe as another writer's store.
+        let rc = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().add(offset as usize).cast(),
+                len as usize,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if rc != 0 {
+            return Err(MemoryError::Madvise {
+                advice: "MADV_DONTNEED",
+                errno: errno(),
+            });
+        }
+        Ok(())
+    }
+
     /// Bytes of this mapping backed by transparent huge pages, from
     /// /proc/self/smaps (None where it cannot be read).
     pub fn thp_bytes(&self) -> Option<u64> {
@@ -166,7 +203,10 @@ fn map_thp(len: usize) -> Result<NonNull<u8>, MemoryError> {
         let errno = errno();
         // SAFETY: as above; nothing else refers to it.
         unsafe { libc::munmap(aligned.cast(), len) };
-        return Err(MemoryError::Madvise { errno });
+        return Err(MemoryError::Madvise {
+            advice: "MADV_HUGEPAGE",
+            errno,
+        });
     }
     NonNull::new(aligned).ok_or(MemoryError::Mmap {
         errno: libc::ENOMEM,

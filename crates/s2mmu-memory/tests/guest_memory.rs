@@ -99,6 +99,34 @@ fn concurrent_partial_writes_to_one_word_lose_nothing() {
 }
 
 #[test]
+fn discarded_pages_read_as_zero_and_the_rest_stay() {
+    let m = GuestMemory::new(MIB, Backing::Anonymous).unwrap();
+    for page in 0..4 {
+        assert!(m.write_u64(page * 4096 + 8, page + 1));
+    }
+    m.discard(4096, 2 * 4096).unwrap();
+    let words: Vec<_> = (0..4).map(|p| m.read_u64(p * 4096 + 8)).collect();
+    assert_eq!(words, [Some(1), Some(0), Some(0), Some(4)]);
+    assert!(
+        m.write_u64(4096 + 8, 7),
+        "a discarded page takes writes again"
+    );
+    assert_eq!(m.read_u64(4096 + 8), Some(7));
+    for (offset, len) in [(MIB - 4096, 8192), (100, 4096), (u64::MAX - 4095, 8192)] {
+        let e = m.discard(offset, len).unwrap_err();
+        assert_eq!(
+            e,
+            MemoryError::OutOfRange {
+                offset,
+                len,
+                size: MIB
+            }
+        );
+    }
+    assert_eq!(m.read_u64(8), Some(1), "a refused discard dropped nothing");
+}
+
+#[test]
 fn thp_memory_is_2m_aligned() {
     let m = GuestMemory::new(4 * MIB + 4096, Backing::AnonymousThp).unwrap();
     assert_eq!(m.host_addr() % (2 * MIB), 0);
