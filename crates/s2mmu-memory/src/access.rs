@@ -4,13 +4,17 @@
 use crate::{GuestMemory, MemoryError};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+// The word accessors are `#[inline]`: callers in other crates (a guest's
+// accesses in memslot-perf, a migration's page copies) call them per word.
 impl GuestMemory {
     /// Whether `[offset, offset + len)` lies inside guest memory.
+    #[inline]
     fn contains(&self, offset: u64, len: u64) -> bool {
         offset.checked_add(len).is_some_and(|end| end <= self.size)
     }
 
     /// The word at byte `offset` (8-byte aligned, inside the memory).
+    #[inline]
     fn word(&self, offset: u64) -> Option<&AtomicU64> {
         if !offset.is_multiple_of(8) || !self.contains(offset, 8) {
             return None;
@@ -22,12 +26,14 @@ impl GuestMemory {
     }
 
     /// Reads the 8-byte word at `offset` (None if misaligned or outside).
+    #[inline]
     pub fn read_u64(&self, offset: u64) -> Option<u64> {
         self.word(offset).map(|w| w.load(Ordering::Relaxed))
     }
 
     /// Writes the 8-byte word at `offset`; returns false if misaligned or
     /// outside.
+    #[inline]
     pub fn write_u64(&self, offset: u64, value: u64) -> bool {
         self.word(offset)
             .map(|w| w.store(value, Ordering::Relaxed))
