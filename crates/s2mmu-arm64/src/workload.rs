@@ -419,33 +419,7 @@ fn coordinate(
             let unwritten = (0..npages).find(|&i| !written_in(vm, i, pass));
             mmu.dirty_pages(DATA_SLOT, unwritten)?;
         }
-        let (get_time, clear_time) = match mmu.policy().dirty.ring_entries() {
-            None => {
-                let t = Instant::now();
-                mmu.get_dirty_log(DATA_SLOT, &mut bitmap)?;
-                let g = t.elapsed();
-                let t = Instant::now();
-                if mmu.policy().dirty.manual_protect() {
-                    mmu.clear_dirty_log(DATA_SLOT, 0, npages, &bitmap)?;
-                }
-                (g, t.elapsed())
-            }
-            Some(_) => {
-                let t = Instant::now();
-                ring.clear();
-                mmu.harvest_rings(&mut ring)?;
-                bitmap.iter_mut().for_each(|w| *w = 0);
-                for g in &ring {
-                    if g.slot == u32::from(DATA_SLOT) && g.offset < npages {
-                        bitmap[(g.offset / 64) as usize] |= 1 << (g.offset % 64);
-                    }
-                }
-                let h = t.elapsed();
-                let t = Instant::now();
-                mmu.reset_rings()?;
-                (h, t.elapsed())
-            }
-        };
+        let (get_time, clear_time) = harvest(vm, npages, &mut bitmap, &mut ring)?;
         if cfg.drop_invalidations_after == Some(it) {
             vm.sink().drop_host_sequences(0);
         }
@@ -466,6 +440,58 @@ fn coordinate(
         }
         report.passes.push(p);
     }
+    passes_after_logging(vm, cfg, ctl, npages, report)
+}
+
+/// One pass's harvest into `bitmap` (GET and, with manual protect, CLEAR;
+/// or the rings read and reset): the times of the collection and of the
+/// re-protection.
+fn harvest(
+    vm: &Arm64Vm,
+    npages: u64,
+    bitmap: &mut [u64],
+    ring: &mut Vec<DirtyGfn>,
+) -> Result<(Duration, Duration)> {
+    let mmu = vm.mmu();
+    Ok(match mmu.policy().dirty.ring_entries() {
+        None => {
+            let t = Instant::now();
+            mmu.get_dirty_log(DATA_SLOT, bitmap)?;
+            let g = t.elapsed();
+            let t = Instant::now();
+            if mmu.policy().dirty.manual_protect() {
+                mmu.clear_dirty_log(DATA_SLOT, 0, npages, bitmap)?;
+            }
+            (g, t.elapsed())
+        }
+        Some(_) => {
+            let t = Instant::now();
+            ring.clear();
+            mmu.harvest_rings(ring)?;
+            bitmap.iter_mut().for_each(|w| *w = 0);
+            for g in ring.iter() {
+                if g.slot == u32::from(DATA_SLOT) && g.offset < npages {
+                    bitmap[(g.offset / 64) as usize] |= 1 << (g.offset % 64);
+                }
+            }
+            let h = t.elapsed();
+            let t = Instant::now();
+            mmu.reset_rings()?;
+            (h, t.elapsed())
+        }
+    })
+}
+
+/// Logging off (timed) at the start of the passes after logging, if any,
+/// which then run; the pages they wrote and whether huge pages came back.
+fn passes_after_logging(
+    vm: &Arm64Vm,
+    cfg: &DirtyConfig,
+    ctl: &Control,
+    npages: u64,
+    report: &mut DirtyReport,
+) -> Result<()> {
+    let mmu = vm.mmu();
     if cfg.passes_after_logging == 0 {
         let t = Instant::now();
         mmu.disable_dirty_logging(DATA_SLOT)?;
@@ -484,7 +510,7 @@ fn coordinate(
         ctl.wait_all(pass)?;
     }
     report.collapsed = mmu.vm_stats().collapsed;
-    let none = vec![0u64; bitmap.len()];
+    let none = vec![0u64; npages.div_ceil(64) as usize];
     let (written, _, _) = compare(vm, npages, last, &none);
     report.after_logging = Some((written, npages));
     Ok(())

@@ -182,9 +182,9 @@ fn harvest_due(
     Ok(())
 }
 
-/// Runs the guest for `p.ticks` ticks with one view per period.
-fn run_views(p: &Params, periods: &[u32]) -> Result<Outcome, String> {
-    let e = |e: s2mmu::Error| e.to_string();
+/// The VM of `p` (one slot) with its vCPUs started: the harvests run
+/// against it.
+fn start_guest(p: &Params) -> Result<(Arc<Vm<TreeMemslots>>, Workload<TreeMemslots>), String> {
     let policy = MmuPolicy {
         dirty: if p.hardware {
             DirtyMode::HW
@@ -217,6 +217,13 @@ fn run_views(p: &Params, periods: &[u32]) -> Result<Outcome, String> {
             page_size: PAGE,
         },
     )?;
+    Ok((vm, w))
+}
+
+/// Runs the guest for `p.ticks` ticks with one view per period.
+fn run_views(p: &Params, periods: &[u32]) -> Result<Outcome, String> {
+    let e = |e: s2mmu::Error| e.to_string();
+    let (vm, w) = start_guest(p)?;
     w.run_pass(|| {})?;
     vm.enable_dirty_logging().map_err(|e| e.to_string())?;
     let slot = vm.slots()[0];
@@ -365,38 +372,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
     let (fm, f1) = (per_page_cycle(&many, p), per_page_cycle(&one, p));
     let mut text = header(p);
     for (case, o) in [("views", &many), ("alone", &one)] {
-        for (c, st) in &o.consumers {
-            let name = format!("{case}/p{}", c.period);
-            text += &format!(
-                "{name:<10} {:>6} {:>8} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6}\n",
-                c.period,
-                c.harvests,
-                c.reported,
-                st.protected,
-                st.already_protected,
-                st.flushes,
-                c.over_reported,
-                c.lost
-            );
-            r.result(
-                &name,
-                case,
-                json!({ "period_ticks": c.period, "harvests": c.harvests,
-                        "pages_reported": c.reported, "pages_protected": st.protected,
-                        "pages_already_protected": st.already_protected,
-                        "flushes": st.flushes, "pages_over_reported": c.over_reported,
-                        "pages_opened_dirty": st.opened_dirty, "pages_lost": c.lost }),
-            );
-            if c.lost > 0 {
-                r.fail(format!("{name} lost {} pages", c.lost));
-            }
-        }
-        r.result(
-            case,
-            case,
-            json!({ "guest_write_faults": o.faults, "guest_writes": o.writes,
-                    "faults_per_page_per_cycle": per_page_cycle(o, p) }),
-        );
+        report_run(&mut r, &mut text, case, o, p);
     }
     r.compare(
         "faults per page per cycle",
@@ -443,6 +419,43 @@ pub fn run(p: &Params) -> Result<Report, String> {
     );
     r.set_text(text);
     Ok(r)
+}
+
+/// One run's rows (`case`: with the other views, or alone): a table line
+/// and a result per consumer, failing on lost pages, and the run's faults.
+fn report_run(r: &mut Report, text: &mut String, case: &str, o: &Outcome, p: &Params) {
+    for (c, st) in &o.consumers {
+        let name = format!("{case}/p{}", c.period);
+        *text += &format!(
+            "{name:<10} {:>6} {:>8} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6}\n",
+            c.period,
+            c.harvests,
+            c.reported,
+            st.protected,
+            st.already_protected,
+            st.flushes,
+            c.over_reported,
+            c.lost
+        );
+        r.result(
+            &name,
+            case,
+            json!({ "period_ticks": c.period, "harvests": c.harvests,
+                    "pages_reported": c.reported, "pages_protected": st.protected,
+                    "pages_already_protected": st.already_protected,
+                    "flushes": st.flushes, "pages_over_reported": c.over_reported,
+                    "pages_opened_dirty": st.opened_dirty, "pages_lost": c.lost }),
+        );
+        if c.lost > 0 {
+            r.fail(format!("{name} lost {} pages", c.lost));
+        }
+    }
+    r.result(
+        case,
+        case,
+        json!({ "guest_write_faults": o.faults, "guest_writes": o.writes,
+                "faults_per_page_per_cycle": per_page_cycle(o, p) }),
+    );
 }
 
 /// The title line (size, vCPUs, ticks, tracking, how views clear) and the

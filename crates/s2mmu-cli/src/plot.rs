@@ -371,7 +371,10 @@ impl BarChart {
         png_of(|root| self.draw(root))
     }
 
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+    /// The top of the y axis: the largest value with room above for the
+    /// value labels; refuses a chart whose groups do not have one finite
+    /// value per category.
+    fn y_top(&self) -> Result<f64, String> {
         let n = self.categories.len();
         if n == 0 || self.groups.iter().any(|(_, v)| v.len() != n) {
             return Err(format!(
@@ -386,7 +389,12 @@ impl BarChart {
                 .chain([0.0]),
         )
         .ok_or_else(|| format!("plot '{}': no value to plot", self.title))?;
-        let y1 = y1 * 1.15;
+        Ok(y1 * 1.15)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        let y1 = self.y_top()?;
+        let n = self.categories.len();
         root.fill(&WHITE).map_err(err)?;
         let categories = self.categories.clone();
         let mut chart = ChartBuilder::on(root)

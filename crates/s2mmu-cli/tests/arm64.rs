@@ -77,6 +77,23 @@ fn dirty_log_perf_arm64_check_is_exact() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_check_lines(&text);
+    assert!(text.contains("Abort round trip: "), "{text}");
+    assert!(text.contains("Iteration 2 dirty memory time: "), "{text}");
+    assert!(text.contains("emulator's"), "{text}");
+
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let out = s2mmu(&json_args);
+    assert!(out.status.success(), "{:?}", out.status);
+    let j: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_check_rows(&j);
+}
+
+/// One `arm64 check` line per pass, exact (nothing missing or extra), over
+/// the random pattern: some of the 1024 pages written, some not, so a page
+/// logged but not written could show as extra.
+fn assert_check_lines(text: &str) {
     let checks: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("arm64 check: logged"))
@@ -84,8 +101,6 @@ fn dirty_log_perf_arm64_check_is_exact() {
     assert_eq!(checks.len(), 2, "one check line per pass: {text}");
     for l in &checks {
         assert!(l.ends_with("missing 0, extra 0"), "{l}");
-        // The random pattern: some of the 1024 pages written, some not, so
-        // a page logged but not written could show as extra.
         let num = |key: &str| -> u64 {
             let at = l.find(key).unwrap() + key.len();
             l[at..]
@@ -99,15 +114,11 @@ fn dirty_log_perf_arm64_check_is_exact() {
         assert_eq!(w + u, 1024, "{l}");
         assert!(w > 0 && u > 0, "written and unwritten pages: {l}");
     }
-    assert!(text.contains("Abort round trip: "), "{text}");
-    assert!(text.contains("Iteration 2 dirty memory time: "), "{text}");
-    assert!(text.contains("emulator's"), "{text}");
+}
 
-    let mut json_args = args.to_vec();
-    json_args.push("--json");
-    let out = s2mmu(&json_args);
-    assert!(out.status.success(), "{:?}", out.status);
-    let j: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+/// The same in `--json`: exact check rows with unwritten pages, a phase row
+/// and the abort round trip row.
+fn assert_check_rows(j: &Value) {
     assert_eq!(j["benchmark"], "dirty-log-perf");
     assert_eq!(j["params"]["arm64"], true);
     let rows = j["results"].as_array().expect("results");

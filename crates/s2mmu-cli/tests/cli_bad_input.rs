@@ -156,100 +156,71 @@ fn dirty_log_perf_slots_and_ring_name_the_flags() {
     );
 }
 
+/// `migrate --no-tls` with one bad flag: the flags, and words the refusal
+/// must name.
+const MIGRATE_NO_TLS_REFUSALS: &[(&[&str], &[&str])] = &[
+    (&["--mem", "0"], &["--mem", "64GiB"]),
+    (&["--mem", "1P"], &["--mem", "64GiB"]),
+    (&["-v", "0"], &["-v", "256"]),
+    (&["-x", "0"], &["-x", "512"]),
+    (&["--harvest", "ring:0"], &["--harvest ring:0"]),
+    (&["--harvest", "dbm"], &["--harvest", "\"dbm\"", "hw-blocks"]),
+    (&["--io-timeout", "0s"], &["--io-timeout"]),
+    (&["--channels", "0"], &["--channels", "1 to 64"]),
+    (&["--attempts", "0"], &["--attempts", "1..=1000"]),
+    (&["--warmup", "100000000s"], &["--warmup"]),
+    (
+        &["--clear-chunk", "0"],
+        &["--clear-chunk", "at least 256KiB"],
+    ),
+    (
+        &["--clear-chunk", "128G"],
+        &["--clear-chunk", "at most 64GiB"],
+    ),
+    (
+        &["--harvest", "ring:1048576"],
+        &["--harvest ring:1048576", "65536"],
+    ),
+    (
+        &["--harvest", "ring:100"],
+        &["--harvest ring:100", "power of two"],
+    ),
+    (&["--max-rounds", "1001"], &["--max-rounds", "1000"]),
+    (&["--bandwidth", "2T"], &["--bandwidth", "at most 1TiB"]),
+    (&["--dirty-rate", "2T"], &["--dirty-rate", "at most 1TiB"]),
+    (
+        &["--max-downtime", "100000000s"],
+        &["--max-downtime", "86400s"],
+    ),
+    (&["-s", "bogus"], &["bogus", "backing"]),
+    (&["--format", "x86"], &["--format", "x86", "arm64", "ept"]),
+    (&["--format", ""], &["--format"]),
+    (&["--recover-wait", "0s"], &["--recover-wait", "86400s"]),
+    (
+        &["--recover-wait", "100000s"],
+        &["--recover-wait", "86400s"],
+    ),
+    (&["--recovery", "bogus"], &["--recovery", "bogus"]),
+    (
+        &["--recovery", "manual"],
+        &["--recovery manual", "--control"],
+    ),
+    (&["--control", "c.sock"], &["--control", "--to or --listen"]),
+];
+
 #[test]
 fn migrate_bad_input() {
-    refused(&["migrate", "--no-tls", "--mem", "0"], &["--mem", "64GiB"]);
-    refused(&["migrate", "--no-tls", "--mem", "1P"], &["--mem", "64GiB"]);
-    refused(&["migrate", "--no-tls", "-v", "0"], &["-v", "256"]);
-    refused(&["migrate", "--no-tls", "-x", "0"], &["-x", "512"]);
-    refused(
-        &["migrate", "--no-tls", "--harvest", "ring:0"],
-        &["--harvest ring:0"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--harvest", "dbm"],
-        &["--harvest", "\"dbm\"", "hw-blocks"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--io-timeout", "0s"],
-        &["--io-timeout"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--channels", "0"],
-        &["--channels", "1 to 64"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--attempts", "0"],
-        &["--attempts", "1..=1000"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--warmup", "100000000s"],
-        &["--warmup"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--clear-chunk", "0"],
-        &["--clear-chunk", "at least 256KiB"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--clear-chunk", "128G"],
-        &["--clear-chunk", "at most 64GiB"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--harvest", "ring:1048576"],
-        &["--harvest ring:1048576", "65536"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--harvest", "ring:100"],
-        &["--harvest ring:100", "power of two"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--max-rounds", "1001"],
-        &["--max-rounds", "1000"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--bandwidth", "2T"],
-        &["--bandwidth", "at most 1TiB"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--dirty-rate", "2T"],
-        &["--dirty-rate", "at most 1TiB"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--max-downtime", "100000000s"],
-        &["--max-downtime", "86400s"],
-    );
-    refused(
-        &["migrate", "--no-tls", "-s", "bogus"],
-        &["bogus", "backing"],
-    );
+    for (flags, words) in MIGRATE_NO_TLS_REFUSALS {
+        let args: Vec<&str> = ["migrate", "--no-tls"]
+            .iter()
+            .chain(flags.iter())
+            .copied()
+            .collect();
+        refused(&args, words);
+    }
     refused(
         &["migrate", "--listen", "x", "--to", "y"],
         &["--listen", "--to"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--format", "x86"],
-        &["--format", "x86", "arm64", "ept"],
-    );
-    refused(&["migrate", "--no-tls", "--format", ""], &["--format"]);
-    refused(
-        &["migrate", "--no-tls", "--recover-wait", "0s"],
-        &["--recover-wait", "86400s"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--recover-wait", "100000s"],
-        &["--recover-wait", "86400s"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--recovery", "bogus"],
-        &["--recovery", "bogus"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--recovery", "manual"],
-        &["--recovery manual", "--control"],
-    );
-    refused(
-        &["migrate", "--no-tls", "--control", "c.sock"],
-        &["--control", "--to or --listen"],
     );
     let not_a_socket = cli_common::scratch().join("control-not-a-socket");
     std::fs::write(&not_a_socket, b"x").unwrap();

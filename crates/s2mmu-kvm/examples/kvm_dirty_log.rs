@@ -17,7 +17,7 @@ fn main() {
     let iterations: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
     let vcpus: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
     let backing_name = args.next().unwrap_or_else(|| "anonymous".into());
-    let backing = match Backing::from_selftest_name(&backing_name) {
+    let backing = match Backing::parse(&backing_name) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");

@@ -157,3 +157,22 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// Guest memory's refusals in this crate's terms: a bad size or range is a bad argument, a
+/// missing reservation an environment error (tests skip on it), a failed system call an
+/// `Ioctl` naming it.
+impl From<s2mmu_memory::MemoryError> for Error {
+    fn from(e: s2mmu_memory::MemoryError) -> Self {
+        use s2mmu_memory::MemoryError as M;
+        match e {
+            M::HugetlbNotReserved { page_size, .. } => Error::HugetlbNotReserved {
+                size: page_size,
+                how_to_reserve: e.to_string(),
+            },
+            M::Mmap { errno } => Error::Ioctl { op: "mmap", errno },
+            M::Madvise { advice, errno } => Error::Ioctl { op: advice, errno },
+            M::OutOfRange { .. } => Error::invalid("offset", e.to_string()),
+            _ => Error::invalid("bytes", e.to_string()),
+        }
+    }
+}

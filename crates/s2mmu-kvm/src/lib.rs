@@ -18,7 +18,8 @@
 //! - [`kvm_unusable_reason`]: `None` where guests run; else a one-line reason to skip.
 //!
 //! Building blocks: [`vm::MemstressVm`] (VM, slots, vCPUs in user long mode),
-//! [`memory::GuestMemory`] (anonymous / THP / hugetlb backings), [`asm`] (x86-64 encoder),
+//! [`memory::GuestMemory`] (anonymous / THP / hugetlb backings, the `s2mmu-memory` crate the
+//! simulated VM shares), [`asm`] (x86-64 encoder),
 //! [`guest_code`] (the memstress guest program), [`page_tables`], [`cpu_mode`] (GDT and
 //! sregs), [`sys`] (`KVM_CLEAR_DIRTY_LOG`, manual protect, binary stats) and
 //! [`dirty_ring`].
@@ -32,7 +33,8 @@ pub mod error;
 pub mod guest_code;
 pub mod host;
 pub mod kvm_handle;
-pub mod memory;
+/// Guest memory: the `s2mmu-memory` crate, which the simulated VM shares.
+pub use s2mmu_memory as memory;
 pub mod memslot_perf;
 pub mod page_tables;
 pub mod sys;
@@ -43,5 +45,5 @@ pub use dirty_log_perf::{DirtyLogParams, DirtyLogReport, IterationReport, PassCo
 pub use error::Error;
 pub use host::HostInfo;
 pub use kvm_handle::{kvm_unusable_reason, open_kvm};
-pub use memory::{Backing, GuestMemory};
+pub use memory::{Backing, GuestMemory, MemoryError};
 pub use memslot_perf::{kvm_memslot_ops, KvmMemslotTimes};

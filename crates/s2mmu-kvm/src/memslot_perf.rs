@@ -125,32 +125,8 @@ pub fn kvm_memslot_ops_with(
     let setup = t.elapsed();
 
     let last = region(nslots - 1);
-    let moved = kvm_userspace_memory_region {
-        guest_phys_addr: MEM_GPA + total_bytes,
-        ..last
-    };
-    let mut moves = Vec::with_capacity(repetitions as usize);
-    for rep in 0..repetitions {
-        let target = if rep % 2 == 0 { moved } else { last };
-        let t = Instant::now();
-        set_region(&vm, target)?;
-        moves.push(t.elapsed());
-    }
-    if repetitions % 2 == 1 {
-        set_region(&vm, last)?;
-    }
-
-    let deleted = kvm_userspace_memory_region {
-        memory_size: 0,
-        ..last
-    };
-    let mut deletes = Vec::with_capacity(repetitions as usize);
-    for _ in 0..repetitions {
-        let t = Instant::now();
-        set_region(&vm, deleted)?;
-        deletes.push(t.elapsed());
-        set_region(&vm, last)?;
-    }
+    let mut moves = time_moves(&vm, last, MEM_GPA + total_bytes, repetitions)?;
+    let mut deletes = time_deletes(&vm, last, repetitions)?;
     drop(vm);
     drop(memory);
     Ok(KvmMemslotTimes {
@@ -164,6 +140,51 @@ pub fn kvm_memslot_ops_with(
         delete_median: median(&mut deletes),
         repetitions,
     })
+}
+
+/// Moves the `last` slot to `moved_gpa` and back, `repetitions` moves in all, timing
+/// each; the slot ends where it started.
+fn time_moves(
+    vm: &VmFd,
+    last: kvm_userspace_memory_region,
+    moved_gpa: u64,
+    repetitions: u32,
+) -> Result<Vec<Duration>, Error> {
+    let moved = kvm_userspace_memory_region {
+        guest_phys_addr: moved_gpa,
+        ..last
+    };
+    let mut moves = Vec::with_capacity(repetitions as usize);
+    for rep in 0..repetitions {
+        let target = if rep % 2 == 0 { moved } else { last };
+        let t = Instant::now();
+        set_region(vm, target)?;
+        moves.push(t.elapsed());
+    }
+    if repetitions % 2 == 1 {
+        set_region(vm, last)?;
+    }
+    Ok(moves)
+}
+
+/// Deletes the `last` slot and puts it back, `repetitions` times, timing each delete.
+fn time_deletes(
+    vm: &VmFd,
+    last: kvm_userspace_memory_region,
+    repetitions: u32,
+) -> Result<Vec<Duration>, Error> {
+    let deleted = kvm_userspace_memory_region {
+        memory_size: 0,
+        ..last
+    };
+    let mut deletes = Vec::with_capacity(repetitions as usize);
+    for _ in 0..repetitions {
+        let t = Instant::now();
+        set_region(vm, deleted)?;
+        deletes.push(t.elapsed());
+        set_region(vm, last)?;
+    }
+    Ok(deletes)
 }
 
 fn set_region(vm: &VmFd, region: kvm_userspace_memory_region) -> Result<(), Error> {

@@ -22,7 +22,7 @@ use crate::kvm_handle::open_kvm;
 use crate::memory::{Backing, GuestMemory};
 use crate::page_tables::GuestPageTables;
 use kvm_bindings::{
-    kvm_userspace_memory_region, KVM_EXIT_DIRTY_RING_FULL, KVM_MAX_CPUID_ENTRIES,
+    kvm_userspace_memory_region, CpuId, KVM_EXIT_DIRTY_RING_FULL, KVM_MAX_CPUID_ENTRIES,
     KVM_MEM_LOG_DIRTY_PAGES,
 };
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
@@ -120,7 +120,7 @@ impl MemstressShape {
             ));
         }
         let slot_bytes = total / u64::from(self.slots);
-        if !slot_bytes.is_multiple_of(self.backing.alignment()) {
+        if !slot_bytes.is_multiple_of(self.backing.page_size()) {
             return Err(Error::invalid(
                 "slots",
                 format!(
@@ -140,6 +140,44 @@ impl MemstressShape {
         }
         Ok(())
     }
+}
+
+/// Refuses a shape with more vCPUs or slots than this KVM offers (slot 0 is the system's).
+fn check_kvm_limits(kvm: &Kvm, shape: &MemstressShape) -> Result<(), Error> {
+    let max_vcpus = kvm.get_max_vcpus();
+    if shape.vcpus as usize > max_vcpus {
+        return Err(Error::invalid(
+            "vcpus",
+            format!("{} exceeds KVM_CAP_MAX_VCPUS {max_vcpus}", shape.vcpus),
+        ));
+    }
+    let max_slots = kvm.get_nr_memslots() as u64;
+    if u64::from(shape.slots) + 1 > max_slots {
+        return Err(Error::TooManySlots {
+            requested: u64::from(shape.slots),
+            max: max_slots,
+        });
+    }
+    Ok(())
+}
+
+/// The system slot's memory: GDT, the guest program, its control block and the guest
+/// page tables, loaded.
+fn system_memory(tables: &GuestPageTables) -> Result<GuestMemory, Error> {
+    let system_len = (PAGE_TABLES_GPA + tables.size_bytes()).next_multiple_of(2 << 20);
+    if system_len > MMIO_DOORBELL_GPA {
+        return Err(Error::invalid(
+            "bytes_per_vcpu",
+            "guest page tables do not fit",
+        ));
+    }
+    let system = GuestMemory::new(system_len, Backing::Anonymous)?;
+    system.write_bytes(GDT_GPA, &cpu_mode::gdt_bytes())?;
+    system.write_bytes(CODE_GPA, &guest_code::memstress_program())?;
+    let all_writes = guest_code::THRESHOLD_ALL_WRITES.to_le_bytes();
+    system.write_bytes(CONTROL_GPA, &all_writes)?;
+    system.write_bytes(PAGE_TABLES_GPA, &tables.bytes())?;
+    Ok(system)
 }
 
 /// The memstress VM: owns the VM fd, its memory and (until handed out) its vCPUs.
@@ -162,39 +200,13 @@ impl MemstressVm {
     /// Any [`Error`]: invalid shape, KVM unusable, hugetlb pages missing, ioctl failures.
     pub fn create(kvm: &Kvm, shape: MemstressShape) -> Result<Self, Error> {
         shape.validate()?;
-        let max_vcpus = kvm.get_max_vcpus();
-        if shape.vcpus as usize > max_vcpus {
-            return Err(Error::invalid(
-                "vcpus",
-                format!("{} exceeds KVM_CAP_MAX_VCPUS {max_vcpus}", shape.vcpus),
-            ));
-        }
-        let max_slots = kvm.get_nr_memslots() as u64;
-        if u64::from(shape.slots) + 1 > max_slots {
-            return Err(Error::TooManySlots {
-                requested: u64::from(shape.slots),
-                max: max_slots,
-            });
-        }
+        check_kvm_limits(kvm, &shape)?;
         let total = shape.bytes_per_vcpu * u64::from(shape.vcpus);
-
         let mut tables = GuestPageTables::new(PAGE_TABLES_GPA)?;
         tables.map(0, 0, PAGE_TABLES_GPA)?;
         tables.map(MMIO_DOORBELL_GPA, MMIO_DOORBELL_GPA, GUEST_PAGE_SIZE)?;
         tables.map(TEST_GPA, TEST_GPA, total)?;
-        let system_len = (PAGE_TABLES_GPA + tables.size_bytes()).next_multiple_of(2 << 20);
-        if system_len > MMIO_DOORBELL_GPA {
-            return Err(Error::invalid(
-                "bytes_per_vcpu",
-                "guest page tables do not fit",
-            ));
-        }
-
-        let system = GuestMemory::new(system_len, Backing::Anonymous)?;
-        system.write_bytes(GDT_GPA, &cpu_mode::gdt_bytes())?;
-        system.write_bytes(CODE_GPA, &guest_code::memstress_program())?;
-        system.write_u64(CONTROL_GPA, guest_code::THRESHOLD_ALL_WRITES)?;
-        system.write_bytes(PAGE_TABLES_GPA, &tables.bytes())?;
+        let system = system_memory(&tables)?;
         let test = GuestMemory::new(total, shape.backing)?;
 
         let vm = kvm
@@ -222,7 +234,7 @@ impl MemstressVm {
             slot: SYSTEM_SLOT,
             flags: 0,
             guest_phys_addr: 0,
-            memory_size: this.system.len(),
+            memory_size: this.system.size(),
             userspace_addr: this.system.host_addr(),
         };
         // SAFETY: the region is `this.system`, which `this` owns and drops after the VM fd.
@@ -240,39 +252,47 @@ impl MemstressVm {
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(|e| Error::from_errno("KVM_GET_SUPPORTED_CPUID", e))?;
         for index in 0..shape.vcpus {
-            let vcpu = this
-                .vm
-                .create_vcpu(u64::from(index))
-                .map_err(|e| Error::from_errno("KVM_CREATE_VCPU", e))?;
-            // KVM refuses EFER.LME unless the guest's CPUID reports long mode.
-            vcpu.set_cpuid2(&cpuid)
-                .map_err(|e| Error::from_errno("KVM_SET_CPUID2", e))?;
-            let mut sregs = vcpu
-                .get_sregs()
-                .map_err(|e| Error::from_errno("KVM_GET_SREGS", e))?;
-            cpu_mode::set_user_long_mode(&mut sregs, GDT_GPA, tables.root_gpa());
-            vcpu.set_sregs(&sregs)
-                .map_err(|e| Error::from_errno("KVM_SET_SREGS", e))?;
-            let mut regs = vcpu
-                .get_regs()
-                .map_err(|e| Error::from_errno("KVM_GET_REGS", e))?;
-            regs.rip = CODE_GPA;
-            regs.rsp = STACK_TOP_GPA;
-            regs.rflags = 2;
-            regs.rdi = TEST_GPA + u64::from(index) * shape.bytes_per_vcpu;
-            regs.rsi = shape.pages_per_vcpu();
-            regs.r8 = MMIO_DOORBELL_GPA;
-            regs.r9 = CONTROL_GPA;
-            regs.r10 = guest_code::initial_random_state(index);
-            regs.rax = guest_code::MEMSTRESS_VALUE;
-            vcpu.set_regs(&regs)
-                .map_err(|e| Error::from_errno("KVM_SET_REGS", e))?;
+            let vcpu = this.create_vcpu(&cpuid, index, tables.root_gpa())?;
             if let Some(entries) = shape.dirty_ring_entries {
                 this.rings.push(DirtyRing::map(&vcpu, entries)?);
             }
             this.vcpus.push(vcpu);
         }
         Ok(this)
+    }
+
+    /// Creates vCPU `index` in user long mode at the memstress program, with its share of
+    /// the test memory, the doorbell and the control block in its registers.
+    fn create_vcpu(&self, cpuid: &CpuId, index: u32, root_gpa: u64) -> Result<VcpuFd, Error> {
+        let shape = &self.shape;
+        let vcpu = self
+            .vm
+            .create_vcpu(u64::from(index))
+            .map_err(|e| Error::from_errno("KVM_CREATE_VCPU", e))?;
+        // KVM refuses EFER.LME unless the guest's CPUID reports long mode.
+        vcpu.set_cpuid2(cpuid)
+            .map_err(|e| Error::from_errno("KVM_SET_CPUID2", e))?;
+        let mut sregs = vcpu
+            .get_sregs()
+            .map_err(|e| Error::from_errno("KVM_GET_SREGS", e))?;
+        cpu_mode::set_user_long_mode(&mut sregs, GDT_GPA, root_gpa);
+        vcpu.set_sregs(&sregs)
+            .map_err(|e| Error::from_errno("KVM_SET_SREGS", e))?;
+        let mut regs = vcpu
+            .get_regs()
+            .map_err(|e| Error::from_errno("KVM_GET_REGS", e))?;
+        regs.rip = CODE_GPA;
+        regs.rsp = STACK_TOP_GPA;
+        regs.rflags = 2;
+        regs.rdi = TEST_GPA + u64::from(index) * shape.bytes_per_vcpu;
+        regs.rsi = shape.pages_per_vcpu();
+        regs.r8 = MMIO_DOORBELL_GPA;
+        regs.r9 = CONTROL_GPA;
+        regs.r10 = guest_code::initial_random_state(index);
+        regs.rax = guest_code::MEMSTRESS_VALUE;
+        vcpu.set_regs(&regs)
+            .map_err(|e| Error::from_errno("KVM_SET_REGS", e))?;
+        Ok(vcpu)
     }
 
     /// Opens KVM and runs one 64 KiB pass on one vCPU: succeeds only where this machine can
@@ -296,7 +316,7 @@ impl MemstressVm {
         let mut exits = PassExits::default();
         run_pass(&mut vcpus[0], 0, &mut exits, &mut || Ok(()))?;
         // The guest wrote every page: check one word really landed in the test memory.
-        if vm.test.read_u64(0)? != guest_code::MEMSTRESS_VALUE {
+        if vm.test.read_u64(0) != Some(guest_code::MEMSTRESS_VALUE) {
             return Err(Error::GuestFailed {
                 vcpu: 0,
                 exit_reason: "pass finished but the test memory was not written".into(),
@@ -342,7 +362,9 @@ impl MemstressVm {
     /// # Errors
     /// Never in practice (the control block is inside the system slot).
     pub fn set_write_threshold(&self, threshold: u64) -> Result<(), Error> {
-        self.system.write_u64(CONTROL_GPA, threshold)
+        Ok(self
+            .system
+            .write_bytes(CONTROL_GPA, &threshold.to_le_bytes())?)
     }
 
     /// Re-registers test slot `index` with `flags` (a FLAGS_ONLY update when only

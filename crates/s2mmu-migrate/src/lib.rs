@@ -23,6 +23,11 @@
 //! imports `state` and `vm`; `driver` and `snapshot` import `error`,
 //! `state` and `vm`. No clap, plotting, progress bars or KVM here.
 
+// Unsafe code only where a module allows it (below: the unsafe trait
+// GuestRam and its impl for the simulated VM's memory); the workspace's
+// lints are inherited through `[lints] workspace = true`.
+#![deny(unsafe_code)]
+
 pub mod bandwidth;
 pub mod driver;
 pub mod error;

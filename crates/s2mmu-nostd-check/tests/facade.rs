@@ -105,19 +105,7 @@ fn maps_faults_logs_and_harvests_without_std() {
     let heap_before = ALLOC.next.load(Ordering::Relaxed);
     let locks_before = RawTicketLock::taken_total();
     let ticks_before = TickClock::readings();
-    let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
-    let slots = <TreeMemslots<CheckPlatform> as MemslotStore>::with_config(MemslotConfig {
-        max_user_slots: 8,
-        ..MemslotConfig::default()
-    });
-    let m: NoStdMmu = Mmu::for_platform(
-        fmt,
-        ArenaMmOps::new(&ARENA),
-        Arc::new(NoTlb),
-        slots,
-        MmuPolicy::default(),
-    )
-    .unwrap();
+    let m = new_mmu();
     let base_pages = ARENA.used_pages();
     assert!(base_pages >= 1, "the root came from the arena");
 
@@ -137,20 +125,7 @@ fn maps_faults_logs_and_harvests_without_std() {
         "tables came from the arena"
     );
 
-    // Logging on: the eager split breaks the block into pages, all
-    // write-protected.
-    let logged = UserMemoryRegion::new(
-        0,
-        SlotFlags::LOG_DIRTY_PAGES,
-        Gpa::new(GPA),
-        4 << 20,
-        Hva::new(HVA),
-    );
-    m.set_memory_region(&logged, 2 << 20).unwrap();
-    let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
-    assert_eq!(leaves.len(), 512, "split when logging started");
-    assert!(leaves.iter().all(|l| l.size == 4096));
-    assert!(!m.reader().translate(GPA).unwrap().prot.contains(Prot::W));
+    start_logging(&m);
 
     // Writes to pages 5 and 700 (the second, unmapped, 2 MiB): a fast-path
     // relaxation and a new page mapping, both logged.
@@ -163,6 +138,57 @@ fn maps_faults_logs_and_harvests_without_std() {
         Ok(FaultOutcome::Slow)
     );
     assert_eq!(m.reader().translate(GPA + 700 * 4096).unwrap().size, 4096);
+    assert_harvests(&m);
+
+    // Deleting the slot unmaps it and gives its tables back (deferred
+    // until no lockless reader walks).
+    let gone = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 0, Hva::new(HVA));
+    m.set_memory_region(&gone, 2 << 20).unwrap();
+    assert!(m.reader().translate(GPA + 5 * 4096).is_none());
+    drop(v);
+    drop(m);
+
+    assert_embedding_used(heap_before, locks_before, ticks_before);
+}
+
+/// The engine on this crate's arena, locks and clock, with no TLB to
+/// invalidate and one 8-slot memslot set.
+fn new_mmu() -> NoStdMmu {
+    let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
+    let slots = <TreeMemslots<CheckPlatform> as MemslotStore>::with_config(MemslotConfig {
+        max_user_slots: 8,
+        ..MemslotConfig::default()
+    });
+    Mmu::for_platform(
+        fmt,
+        ArenaMmOps::new(&ARENA),
+        Arc::new(NoTlb),
+        slots,
+        MmuPolicy::default(),
+    )
+    .unwrap()
+}
+
+/// Logging on: the eager split breaks the block into pages, all
+/// write-protected.
+fn start_logging(m: &NoStdMmu) {
+    let logged = UserMemoryRegion::new(
+        0,
+        SlotFlags::LOG_DIRTY_PAGES,
+        Gpa::new(GPA),
+        4 << 20,
+        Hva::new(HVA),
+    );
+    m.set_memory_region(&logged, 2 << 20).unwrap();
+    let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
+    assert_eq!(leaves.len(), 512, "split when logging started");
+    assert!(leaves.iter().all(|l| l.size == 4096));
+    assert!(!m.reader().translate(GPA).unwrap().prot.contains(Prot::W));
+}
+
+/// GET reports the two pages written (5 and 700), CLEAR protects them
+/// again, and a call naming no slot is refused.
+fn assert_harvests(m: &NoStdMmu) {
     let mut bm = vec![0u64; 16];
     assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 2);
     assert_eq!(bm[0], 1 << 5);
@@ -176,20 +202,15 @@ fn maps_faults_logs_and_harvests_without_std() {
         .contains(Prot::W));
     assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 0);
 
-    // A refused call names what was wrong.
     assert_eq!(
         m.get_dirty_log(1, &mut bm),
         Err(Error::NoSuchSlot { slot: 1 })
     );
+}
 
-    // Deleting the slot unmaps it and gives its tables back (deferred
-    // until no lockless reader walks).
-    let gone = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 0, Hva::new(HVA));
-    m.set_memory_region(&gone, 2 << 20).unwrap();
-    assert!(m.reader().translate(GPA + 5 * 4096).is_none());
-    drop(v);
-    drop(m);
-
+/// The engine allocated from this test's allocator, took its locks and
+/// read its clock.
+fn assert_embedding_used(heap_before: usize, locks_before: u32, ticks_before: u64) {
     assert!(
         ALLOC.next.load(Ordering::Relaxed) > heap_before,
         "the engine allocated from this test's allocator"

@@ -1,13 +1,15 @@
 //! A simulated VM on the s2mmu engine.
 //!
-//! Guest memory is real host memory ([`memory`]); each vCPU ([`vcpu`]) is
+//! Guest memory is real host memory ([`memory`], the `s2mmu-memory` crate,
+//! shared with the real-KVM harness); each vCPU ([`vcpu`]) is
 //! a thread that accesses it through a per-vCPU software TLB ([`tlb`]); a
 //! TLB miss walks the stage-2 table without locks, and a missing or
 //! write-protected entry is a fault handled by the engine, as a hardware
 //! exit would be. TLB invalidations from the engine reach every vCPU's TLB
 //! before the engine goes on.
 
-pub mod memory;
+/// Guest memory: the `s2mmu-memory` crate, which the KVM harness shares.
+pub use s2mmu_memory as memory;
 pub mod replay;
 mod sync;
 pub mod tlb;

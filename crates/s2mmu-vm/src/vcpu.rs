@@ -7,10 +7,17 @@ use crate::vm::{VmFormat, VmMmu};
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::{FaultKind, FaultOutcome, FaultStats, PmlLog, PmlWriteError, VcpuMmu};
-use s2mmu::{Gpa, HostMmOps, Prot, TableReader};
+use s2mmu::{Gpa, HostMmOps, Prot, TableReader, Translation};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// What a walk of a TLB miss found: the entry (or none), or a PML log-full
+/// exit that flushed the log, after which the walk is made again.
+enum Walked {
+    Entry(Option<Translation>),
+    LogFlushed,
+}
 
 /// Why a guest access left the vCPU (what a `KVM_RUN` exit would report).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,34 +204,9 @@ impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
                 return Ok(h);
             }
             pin.get_or_insert_with(|| self.reader.read_guard());
-            let t = if write && self.hw_dirty {
-                // The hardware's own update: no fault for a writable-clean
-                // leaf (the fill below then caches it writable).
-                let t = match &self.pml {
-                    Some(log) => match log.hw_write(&self.reader, gpa) {
-                        Ok(t) => t,
-                        Err(PmlWriteError::Full) => {
-                            // The "log-full" VM exit: the exit handler
-                            // flushes the log, the write is retried.
-                            self.exit();
-                            self.vmmu.stats.pml_full_exits += 1;
-                            let r = self.mmu.flush_pml(&mut self.vmmu);
-                            self.enter();
-                            r.map_err(VcpuExit::Engine)?;
-                            continue;
-                        }
-                        Err(PmlWriteError::ForeignReader) => {
-                            unreachable!("a vCPU's log and reader are both its VM's")
-                        }
-                    },
-                    None => self.reader.hw_dirty_update(gpa),
-                };
-                if t.is_some_and(|t| t.prot.contains(Prot::W)) {
-                    self.hw_dirty_walks += 1;
-                }
-                t
-            } else {
-                self.reader.translate(gpa)
+            let t = match self.walk(gpa, write)? {
+                Walked::Entry(t) => t,
+                Walked::LogFlushed => continue,
             };
             let kind = match t {
                 Some(t) if write && !t.prot.contains(Prot::W) => {
@@ -237,45 +219,83 @@ impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
                 }
                 None => FaultKind::Translation,
             };
-            // A stage-2 fault: leave guest mode while the engine handles it,
-            // with what the walk found, as hardware reports it.
-            self.exit();
-            self.faults += 1;
-            if let (FaultKind::Translation, Some(f)) = (kind, &self.fetch) {
-                // Not mapped: the page may not be on this host yet. Only
-                // this vCPU waits for it (outside guest mode, so TLB
-                // invalidations do not wait for it either).
-                match f.fetch(self.vmmu.id(), gpa) {
-                    Ok(waited) => self.remote_faults += u64::from(waited),
-                    Err(_) => return Err(VcpuExit::PageUnavailable { gpa }),
+            self.stage2_fault(gpa, write, kind)?;
+        }
+    }
+
+    /// The table walk of a TLB miss, as the hardware makes it: with
+    /// hardware dirty state a write to a writable-clean leaf sets its dirty
+    /// state (or is logged by PML) instead of faulting.
+    #[inline]
+    fn walk(&mut self, gpa: u64, write: bool) -> Result<Walked, VcpuExit> {
+        if !(write && self.hw_dirty) {
+            return Ok(Walked::Entry(self.reader.translate(gpa)));
+        }
+        // The hardware's own update: no fault for a writable-clean leaf
+        // (the fill after it then caches it writable).
+        let t = match &self.pml {
+            Some(log) => match log.hw_write(&self.reader, gpa) {
+                Ok(t) => t,
+                Err(PmlWriteError::Full) => {
+                    // The "log-full" VM exit: the exit handler flushes the
+                    // log, the write is retried.
+                    self.exit();
+                    self.vmmu.stats.pml_full_exits += 1;
+                    let r = self.mmu.flush_pml(&mut self.vmmu);
+                    self.enter();
+                    r.map_err(VcpuExit::Engine)?;
+                    return Ok(Walked::LogFlushed);
                 }
-            }
-            let r = self
-                .mmu
-                .handle_stage2_fault(&mut self.vmmu, Gpa::new(gpa), write, kind);
-            if self.pml.is_some() {
-                // KVM flushes the log on every exit.
-                self.mmu
-                    .flush_pml(&mut self.vmmu)
-                    .map_err(VcpuExit::Engine)?;
-            }
-            if self.ring_full() {
-                return Err(VcpuExit::DirtyRingFull);
-            }
-            self.enter();
-            match r {
-                Ok(
-                    FaultOutcome::Fast
-                    | FaultOutcome::Slow
-                    | FaultOutcome::Spurious
-                    | FaultOutcome::Retry,
-                ) => {}
-                Err(s2mmu::Error::NoSlot { .. }) => return Err(VcpuExit::Mmio { gpa, write }),
-                Err(s2mmu::Error::WriteToReadOnly { .. }) => {
-                    return Err(VcpuExit::Mmio { gpa, write: true })
+                Err(PmlWriteError::ForeignReader) => {
+                    unreachable!("a vCPU's log and reader are both its VM's")
                 }
-                Err(e) => return Err(VcpuExit::Engine(e)),
+            },
+            None => self.reader.hw_dirty_update(gpa),
+        };
+        if t.is_some_and(|t| t.prot.contains(Prot::W)) {
+            self.hw_dirty_walks += 1;
+        }
+        Ok(Walked::Entry(t))
+    }
+
+    /// A stage-2 fault: leaves guest mode while the engine handles it, with
+    /// what the walk found, as hardware reports it; back in guest mode for
+    /// the access to be retried, or the exit the caller must handle.
+    fn stage2_fault(&mut self, gpa: u64, write: bool, kind: FaultKind) -> Result<(), VcpuExit> {
+        self.exit();
+        self.faults += 1;
+        if let (FaultKind::Translation, Some(f)) = (kind, &self.fetch) {
+            // Not mapped: the page may not be on this host yet. Only
+            // this vCPU waits for it (outside guest mode, so TLB
+            // invalidations do not wait for it either).
+            match f.fetch(self.vmmu.id(), gpa) {
+                Ok(waited) => self.remote_faults += u64::from(waited),
+                Err(_) => return Err(VcpuExit::PageUnavailable { gpa }),
             }
+        }
+        let r = self
+            .mmu
+            .handle_stage2_fault(&mut self.vmmu, Gpa::new(gpa), write, kind);
+        if self.pml.is_some() {
+            // KVM flushes the log on every exit.
+            self.mmu
+                .flush_pml(&mut self.vmmu)
+                .map_err(VcpuExit::Engine)?;
+        }
+        if self.ring_full() {
+            return Err(VcpuExit::DirtyRingFull);
+        }
+        self.enter();
+        match r {
+            Ok(
+                FaultOutcome::Fast
+                | FaultOutcome::Slow
+                | FaultOutcome::Spurious
+                | FaultOutcome::Retry,
+            ) => Ok(()),
+            Err(s2mmu::Error::NoSlot { .. }) => Err(VcpuExit::Mmio { gpa, write }),
+            Err(s2mmu::Error::WriteToReadOnly { .. }) => Err(VcpuExit::Mmio { gpa, write: true }),
+            Err(e) => Err(VcpuExit::Engine(e)),
         }
     }
 

@@ -3,7 +3,7 @@
 //! in lockstep with the host) and a random-access pattern, with a throttle
 //! for migration's convergence help.
 
-use crate::vcpu::{Vcpu, VcpuExit};
+use crate::vcpu::Vcpu;
 use crate::vm::{Vm, VmFormat};
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
@@ -18,8 +18,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod control;
+mod vcpu_loop;
 pub use control::Control;
-use control::{park, Pacer};
+use vcpu_loop::vcpu_thread;
 
 /// The access pattern of a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -333,183 +334,5 @@ impl Rng {
         x ^= x << 17;
         self.0 = x;
         x
-    }
-}
-
-fn vcpu_thread<S: MemslotStore, F: VmFormat>(
-    vcpu: &mut Vcpu<S, F>,
-    idx: usize,
-    base: u64,
-    cfg: WorkloadConfig,
-    c: &Control,
-    resume: Option<VcpuState>,
-) {
-    let pages = cfg.bytes_per_vcpu / cfg.page_size;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((idx as u64 + 1) * 0x1000_0001));
-    let mut pass = 0u64;
-    let mut total_writes = 0u64;
-    let mut first_page = 0u64;
-    if let Some(s) = resume {
-        pass = s.pass - 1;
-        first_page = s.next_page;
-        rng.0 = s.rng;
-        total_writes = s.writes;
-    }
-    let mut guest_ns = 0u64;
-    let mut owed_ns = 0u64;
-    let mut pacer = Pacer {
-        rate: 0,
-        since: Instant::now(),
-        pages: 0,
-    };
-    let save = |pass: u64, next_page: u64, rng: u64, writes: u64| {
-        c.states.lock().unwrap()[idx] = VcpuState {
-            pass,
-            next_page,
-            rng,
-            writes,
-        };
-    };
-    loop {
-        // Wait (outside guest mode) until the host asks for another pass.
-        let mut spins = 0u32;
-        loop {
-            if c.stop.load(Ordering::Acquire) {
-                vcpu.exit();
-                return;
-            }
-            if c.free_running.load(Ordering::Acquire) || c.target.load(Ordering::Acquire) > pass {
-                if park(vcpu, idx, c) {
-                    break;
-                }
-                continue;
-            }
-            vcpu.exit();
-            spins += 1;
-            if spins < 100 {
-                std::hint::spin_loop();
-            } else {
-                // The host unparks vCPUs when it asks for a pass.
-                std::thread::park_timeout(Duration::from_millis(1));
-            }
-        }
-        pass += 1;
-        let t0 = Instant::now();
-        let mut mark = t0;
-        let write_percent = c.write_percent.load(Ordering::Relaxed);
-        let random = c.random.load(Ordering::Relaxed);
-        let mut written = 0u64;
-        for i in std::mem::take(&mut first_page)..pages {
-            if c.paused.load(Ordering::Relaxed) {
-                guest_ns += mark.elapsed().as_nanos() as u64;
-                save(pass, i, rng.0, total_writes + written);
-                c.live[idx].publish(vcpu, total_writes + written, guest_ns);
-                if !park(vcpu, idx, c) {
-                    return;
-                }
-                mark = Instant::now();
-            }
-            let rng_at_access = rng.0;
-            let page = if random { rng.next() % pages } else { i };
-            let gpa = base + page * cfg.page_size;
-            let write = write_percent >= 100 || (rng.next() % 100) < write_percent;
-            loop {
-                let r = if write {
-                    vcpu.write_u64(gpa, stamp(idx, pass, page))
-                } else {
-                    vcpu.read_u64(gpa).map(|_| ())
-                };
-                match r {
-                    Ok(()) => break,
-                    Err(VcpuExit::DirtyRingFull) => {
-                        // KVM_EXIT_DIRTY_RING_FULL: stay out until reset,
-                        // not counted as running (a pause must not wait).
-                        let w = Instant::now();
-                        guest_ns += (w - mark).as_nanos() as u64;
-                        // The access is redone after the reset: a pause
-                        // meanwhile must resume it, not the next one.
-                        save(pass, i, rng_at_access, total_writes + written);
-                        c.running[idx].store(false, Ordering::SeqCst);
-                        c.wake_host();
-                        while vcpu.ring_full() && !c.stop.load(Ordering::Acquire) {
-                            std::thread::sleep(Duration::from_micros(20));
-                        }
-                        c.ring_full_wait_ns
-                            .fetch_add(w.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                        if !park(vcpu, idx, c) {
-                            return;
-                        }
-                        mark = Instant::now();
-                    }
-                    Err(e) => {
-                        c.errors.lock().unwrap().push(format!("vCPU {idx}: {e}"));
-                        vcpu.exit();
-                        c.running[idx].store(false, Ordering::SeqCst);
-                        c.done[idx].store(u64::MAX, Ordering::Release);
-                        c.wake_host();
-                        return;
-                    }
-                }
-            }
-            written += u64::from(write);
-            if vcpu.accesses.is_multiple_of(LIVE_EVERY) {
-                let now = Instant::now();
-                guest_ns += (now - mark).as_nanos() as u64;
-                mark = now;
-                c.live[idx].publish(vcpu, total_writes + written, guest_ns);
-            }
-            // Read per page: a migration raises it mid-pass.
-            let throttle = c.throttle_ns.load(Ordering::Relaxed);
-            if throttle > 0 {
-                // The throttle is owed per page and served in sleeps of at
-                // least a millisecond outside guest mode (as QEMU's
-                // auto-converge sleeps vCPUs), so a throttled vCPU leaves
-                // the CPU to the host and a pause need not wait for it.
-                owed_ns += throttle;
-                if owed_ns >= 1_000_000 {
-                    vcpu.exit();
-                    let now = Instant::now();
-                    guest_ns += (now - mark).as_nanos() as u64;
-                    save(pass, i + 1, rng.0, total_writes + written);
-                    c.running[idx].store(false, Ordering::SeqCst);
-                    let nap = Duration::from_nanos(std::mem::take(&mut owed_ns));
-                    std::thread::sleep(nap);
-                    // A throttled vCPU does not catch up with its pace.
-                    pacer.since += nap;
-                    if !park(vcpu, idx, c) {
-                        return;
-                    }
-                    mark = Instant::now();
-                }
-            }
-            if let Some(d) = pacer.delay(c.pace_pages_per_sec.load(Ordering::Relaxed)) {
-                // Ahead of the pace: sleep outside guest mode, where a
-                // pause need not wait for it. Sleeps shorter than the
-                // timer's slack are batched.
-                if d >= Duration::from_micros(200) {
-                    vcpu.exit();
-                    let now = Instant::now();
-                    guest_ns += (now - mark).as_nanos() as u64;
-                    save(pass, i + 1, rng.0, total_writes + written);
-                    c.running[idx].store(false, Ordering::SeqCst);
-                    std::thread::sleep(d);
-                    if !park(vcpu, idx, c) {
-                        return;
-                    }
-                    mark = Instant::now();
-                }
-            }
-        }
-        vcpu.exit();
-        guest_ns += mark.elapsed().as_nanos() as u64;
-        total_writes += written;
-        save(pass + 1, 0, rng.0, total_writes);
-        c.running[idx].store(false, Ordering::SeqCst);
-        c.live[idx].publish(vcpu, total_writes, guest_ns);
-        c.pages_written[idx].fetch_add(written, Ordering::Relaxed);
-        c.pass_times.lock().unwrap()[idx].push(t0.elapsed());
-        c.fault_stats.lock().unwrap()[idx] = vcpu.fault_stats();
-        c.done[idx].store(pass, Ordering::Release);
-        c.wake_host();
     }
 }

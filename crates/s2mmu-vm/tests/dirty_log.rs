@@ -4,7 +4,7 @@ use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy, Protect, PML_LOG_ENTRIES};
-use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
+use s2mmu_vm::{Backing, GuestMemory, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -320,18 +320,15 @@ fn stress<S: MemslotStore + 'static>(
     stress_on::<S, Arm64Stage2>(policy, backing, vcpus, pattern);
 }
 
-fn stress_on<S: MemslotStore + 'static, F: VmFormat>(
-    policy: MmuPolicy,
-    backing: Backing,
-    vcpus: usize,
-    pattern: Pattern,
-) {
+/// The stress run's length and vCPU count from the environment:
+/// `S2MMU_STRESS_SECS` (default 1) and `S2MMU_STRESS_VCPUS`, more vCPUs on
+/// a machine with the cores for them (a power of two up to 64, so each gets
+/// whole pages of the 32 MiB).
+fn stress_env(vcpus: usize) -> (f64, usize) {
     let secs: f64 = std::env::var("S2MMU_STRESS_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1.0);
-    // More vCPUs on a machine with the cores for them (a power of two up to
-    // 64, so each gets whole pages of the 32 MiB).
     let vcpus = match std::env::var("S2MMU_STRESS_VCPUS") {
         Ok(v) => v
             .parse::<usize>()
@@ -340,106 +337,65 @@ fn stress_on<S: MemslotStore + 'static, F: VmFormat>(
             .expect("S2MMU_STRESS_VCPUS must be a power of two from 1 to 64"),
         Err(_) => vcpus,
     };
-    let mem = 32 * MIB;
-    let vm = vm_on::<S, F>(mem, backing, 2, policy);
-    let w = workload(&vm, vcpus, pattern);
-    let memory = vm.memory().clone();
-    let words = (mem / 8) as usize;
-    let mut mirror = vec![0u64; words];
-    let copy_page = |mirror: &mut Vec<u64>, gpa: u64| {
+    (secs, vcpus)
+}
+
+/// The host's copy of guest memory, as a migration keeps it: a word per
+/// guest word, refreshed from the pages the dirty log reports.
+struct Mirror(Vec<u64>);
+
+impl Mirror {
+    fn copy_page<S: MemslotStore, F: VmFormat>(&mut self, vm: &Vm<S, F>, gpa: u64) {
         let (_, off) = vm.locate(gpa).expect("harvested gpa is in a slot");
         for i in 0..512u64 {
-            mirror[(off / 8 + i) as usize] = memory.read_u64(off + i * 8).unwrap();
+            self.0[(off / 8 + i) as usize] = vm.memory().read_u64(off + i * 8).unwrap();
         }
-    };
-    let full_copy = |mirror: &mut Vec<u64>| {
-        for (i, m) in mirror.iter_mut().enumerate() {
+    }
+
+    fn full_copy(&mut self, memory: &GuestMemory) {
+        for (i, m) in self.0.iter_mut().enumerate() {
             *m = memory.read_u64(i as u64 * 8).unwrap();
         }
-    };
-    w.run_pass(|| {}).unwrap();
-    vm.enable_dirty_logging().unwrap();
-    if policy.dirty.bitmaps() {
-        harvest(&vm); // start clean, then copy everything
     }
-    full_copy(&mut mirror);
-    w.run_free();
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let mut rounds = 0u64;
-    let mut harvested = 0usize;
-    let mut ring = Vec::new();
-    while Instant::now() < deadline {
-        rounds += 1;
-        if policy.dirty.ring_entries().is_some() {
-            // KVM's protocol: harvest, reset (re-protect), then copy.
-            ring.clear();
-            vm.mmu().harvest_rings(&mut ring).unwrap();
-            vm.mmu().reset_rings().unwrap();
-            for g in &ring {
-                let s = vm.slots()[g.slot as usize];
-                copy_page(&mut mirror, s.gpa + g.offset * 4096);
-            }
-            harvested += ring.len();
-        } else {
-            for gpa in harvest(&vm) {
-                copy_page(&mut mirror, gpa);
-                harvested += 1;
-            }
-            if rounds.is_multiple_of(7) {
-                // Stop tracking and start again: a fresh full copy.
-                vm.disable_dirty_logging().unwrap();
-                std::thread::sleep(Duration::from_millis(2));
-                vm.enable_dirty_logging().unwrap();
-                harvest(&vm);
-                full_copy(&mut mirror);
-            }
+
+    /// Words that differ from guest memory.
+    fn differences(&self, memory: &GuestMemory) -> usize {
+        let differs = |(i, m): (usize, &u64)| memory.read_u64(i as u64 * 8) != Some(*m);
+        self.0.iter().enumerate().filter(|&w| differs(w)).count()
+    }
+
+    /// One harvest copied: with rings KVM's protocol (harvest, reset so the
+    /// pages are protected again, then copy), else GET (and CLEAR). Returns
+    /// the pages copied.
+    fn harvest<S: MemslotStore, F: VmFormat>(
+        &mut self,
+        vm: &Vm<S, F>,
+        ring: &mut Vec<s2mmu::dirty::DirtyGfn>,
+    ) -> usize {
+        if vm.mmu().policy().dirty.ring_entries().is_none() {
+            let gpas = harvest(vm);
+            gpas.iter().for_each(|&gpa| self.copy_page(vm, gpa));
+            return gpas.len();
         }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    w.pause();
-    if policy.dirty.ring_entries().is_some() {
         ring.clear();
-        vm.mmu().harvest_rings(&mut ring).unwrap();
+        vm.mmu().harvest_rings(ring).unwrap();
         vm.mmu().reset_rings().unwrap();
-        for g in &ring {
+        for g in ring.iter() {
             let s = vm.slots()[g.slot as usize];
-            copy_page(&mut mirror, s.gpa + g.offset * 4096);
+            self.copy_page(vm, s.gpa + g.offset * 4096);
         }
-    } else {
-        for gpa in harvest(&vm) {
-            copy_page(&mut mirror, gpa);
-        }
+        ring.len()
     }
-    let passes = w.passes_done();
-    let written: u64 = w
-        .control()
-        .pages_written
-        .iter()
-        .map(|p| p.load(std::sync::atomic::Ordering::Relaxed))
-        .sum();
-    // Stop the (still paused) vCPUs before comparing: none may write again.
-    drop(w);
-    assert!(
-        written > 0 && harvested > 0,
-        "the test exercised something: {written} writes, {harvested} harvested"
-    );
-    let mut bad = 0;
-    for (i, m) in mirror.iter().enumerate() {
-        let v = memory.read_u64(i as u64 * 8).unwrap();
-        if *m != v {
-            bad += 1;
-        }
-    }
-    assert_eq!(
-        bad, 0,
-        "{bad} words differ: dirty writes were lost ({rounds} rounds, passes {passes:?})"
-    );
-    // Memory holds exactly what the vCPUs wrote: each page's first word
-    // is a stamp of the vCPU that owns it and of that page.
-    // A random pattern picks pages with replacement, so after few passes
-    // (a loaded machine) some pages may never have been written: they hold
-    // 0, which is no vCPU's stamp but also no lost write (the mirror
-    // comparison above covers those). Sequential passes write every page.
+}
+
+/// Memory holds exactly what the vCPUs wrote: each page's first word is a
+/// stamp of the vCPU that owns it and of that page. A random pattern picks
+/// pages with replacement, so after few passes (a loaded machine) some
+/// pages may never have been written: they hold 0, which is no vCPU's
+/// stamp but also no lost write (the mirror comparison covers those).
+/// Sequential passes write every page.
+fn check_stamps(memory: &GuestMemory, vcpus: usize, pattern: Pattern) {
+    let mem = memory.size();
     let per = mem / vcpus as u64;
     for page in 0..mem / 4096 {
         let v = memory.read_u64(page * 4096).unwrap();
@@ -456,6 +412,63 @@ fn stress_on<S: MemslotStore + 'static, F: VmFormat>(
             );
         }
     }
+}
+
+fn stress_on<S: MemslotStore + 'static, F: VmFormat>(
+    policy: MmuPolicy,
+    backing: Backing,
+    vcpus: usize,
+    pattern: Pattern,
+) {
+    let (secs, vcpus) = stress_env(vcpus);
+    let mem = 32 * MIB;
+    let vm = vm_on::<S, F>(mem, backing, 2, policy);
+    let w = workload(&vm, vcpus, pattern);
+    let memory = vm.memory().clone();
+    let mut mirror = Mirror(vec![0u64; (mem / 8) as usize]);
+    w.run_pass(|| {}).unwrap();
+    vm.enable_dirty_logging().unwrap();
+    if policy.dirty.bitmaps() {
+        harvest(&vm); // start clean, then copy everything
+    }
+    mirror.full_copy(&memory);
+    w.run_free();
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let (mut rounds, mut harvested, mut ring) = (0u64, 0usize, Vec::new());
+    while Instant::now() < deadline {
+        rounds += 1;
+        harvested += mirror.harvest(&vm, &mut ring);
+        if policy.dirty.ring_entries().is_none() && rounds.is_multiple_of(7) {
+            // Stop tracking and start again: a fresh full copy.
+            vm.disable_dirty_logging().unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+            vm.enable_dirty_logging().unwrap();
+            harvest(&vm);
+            mirror.full_copy(&memory);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    w.pause();
+    mirror.harvest(&vm, &mut ring);
+    let passes = w.passes_done();
+    let written: u64 = w
+        .control()
+        .pages_written
+        .iter()
+        .map(|p| p.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
+    // Stop the (still paused) vCPUs before comparing: none may write again.
+    drop(w);
+    assert!(
+        written > 0 && harvested > 0,
+        "the test exercised something: {written} writes, {harvested} harvested"
+    );
+    let bad = mirror.differences(&memory);
+    assert_eq!(
+        bad, 0,
+        "{bad} words differ: dirty writes were lost ({rounds} rounds, passes {passes:?})"
+    );
+    check_stamps(&memory, vcpus, pattern);
 }
 
 #[test]

@@ -45,7 +45,9 @@ fn harvest(vm: &Vm<TreeMemslots>, slot: &SlotInfo, c: &mut Consumer) -> u64 {
     n
 }
 
-fn run(dirty: DirtyMode) {
+/// An 8 MiB VM in one slot with `dirty` logging, and two vCPUs writing at
+/// random that have made their first pass.
+fn start(dirty: DirtyMode) -> (Arc<Vm<TreeMemslots>>, Workload<TreeMemslots>) {
     let policy = MmuPolicy {
         dirty,
         ..MmuPolicy::default()
@@ -72,6 +74,11 @@ fn run(dirty: DirtyMode) {
     )
     .unwrap();
     w.run_pass(|| {}).unwrap();
+    (vm, w)
+}
+
+fn run(dirty: DirtyMode) {
+    let (vm, w) = start(dirty);
     vm.enable_dirty_logging().unwrap();
     let slot = vm.slots()[0];
     let mmu = vm.mmu();

@@ -202,37 +202,68 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--lose-marks N`: dirty marks to drop on purpose (the run must then
+/// fail); no argument: none.
+fn lose_marks_flag() -> Result<Option<u64>, String> {
+    let args: Vec<String> = std::env::args().collect();
+    match &args[..] {
+        [_] => Ok(None),
+        [_, flag, n] if flag == "--lose-marks" => n
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|e| format!("{flag} {n}: {e}")),
+        [_, flag, ..] => Err(format!("unknown argument {flag} (only --lose-marks N)")),
+        [] => Ok(None),
+    }
+}
+
+/// The pages whose copy differs from the guest's RAM.
+fn stale_pages(ram: &GuestRam, copy: &[u64]) -> std::collections::BTreeSet<usize> {
+    ram.words()
+        .iter()
+        .zip(copy)
+        .enumerate()
+        .filter(|(_, (r, c))| r.load(Ordering::Relaxed) != **c)
+        .map(|(i, _)| i * 8 / PAGE)
+        .collect()
+}
+
+/// The engine over 4 KiB stage-2 pages in host memory, with the example's
+/// TLB, and `--lose-marks` applied.
+fn new_mmu(tlb: Arc<GuestTlb>) -> Result<Vm, String> {
+    let mmu = Mmu::new(
+        Arm64Stage2::new(Granule::K4, 40).map_err(|e| e.to_string())?,
+        HostMmOps::new(PAGE).map_err(|e| e.to_string())?,
+        tlb,
+        TreeMemslots::new(),
+        MmuPolicy::default(), // GET + CLEAR (manual protect), eager split
+    )
+    .map_err(|e| e.to_string())?;
+    if let Some(n) = lose_marks_flag()? {
+        mmu.inject_lost_marks(n);
+    }
+    Ok(mmu)
+}
+
+/// The one memslot: all of the guest's RAM at `GPA_BASE`.
+fn slot_region(ram: &GuestRam, flags: SlotFlags) -> UserMemoryRegion {
+    UserMemoryRegion::new(
+        0,
+        flags,
+        Gpa::new(GPA_BASE),
+        RAM as u64,
+        Hva::new(ram.hva()),
+    )
+}
+
 fn run() -> Result<(), String> {
     let ram = GuestRam::new(RAM);
     let tlb = Arc::new(GuestTlb {
         in_guest: (0..VCPUS).map(|_| AtomicU64::new(0)).collect(),
         flushes: AtomicU64::new(0),
     });
-    let mmu = Mmu::new(
-        Arm64Stage2::new(Granule::K4, 40).map_err(|e| e.to_string())?,
-        HostMmOps::new(PAGE).map_err(|e| e.to_string())?,
-        tlb.clone(),
-        TreeMemslots::new(),
-        MmuPolicy::default(), // GET + CLEAR (manual protect), eager split
-    )
-    .map_err(|e| e.to_string())?;
-    let args: Vec<String> = std::env::args().collect();
-    if let [_, flag, n] = &args[..] {
-        let n = n.parse::<u64>().map_err(|e| format!("{flag} {n}: {e}"))?;
-        if flag != "--lose-marks" {
-            return Err(format!("unknown argument {flag} (only --lose-marks N)"));
-        }
-        mmu.inject_lost_marks(n);
-    }
-    let region = |flags| {
-        UserMemoryRegion::new(
-            0,
-            flags,
-            Gpa::new(GPA_BASE),
-            RAM as u64,
-            Hva::new(ram.hva()),
-        )
-    };
+    let mmu = new_mmu(tlb.clone())?;
+    let region = |flags| slot_region(&ram, flags);
     // The host backs the slot with 2 MiB pages: faults map blocks.
     mmu.set_memory_region(&region(SlotFlags::NONE), 2 << 20)
         .map_err(|e| e.to_string())?;
@@ -277,14 +308,7 @@ fn run() -> Result<(), String> {
         .collect::<Result<_, _>>()
         .map_err(|e| format!("vCPU: {e}"))?;
     let (rounds, copied) = harvested.map_err(|e| format!("harvest: {e}"))?;
-    let stale = ram
-        .words()
-        .iter()
-        .zip(&copy)
-        .enumerate()
-        .filter(|(_, (r, c))| r.load(Ordering::Relaxed) != **c)
-        .map(|(i, _)| i * 8 / PAGE)
-        .collect::<std::collections::BTreeSet<_>>();
+    let stale = stale_pages(&ram, &copy);
     println!(
         "vcpu_loop: {VCPUS} vCPUs x {WRITES_PER_VCPU} writes over {} MiB in {:.2?}: \
          stage-2 faults per vCPU {faults:?}, {rounds} harvests, {copied} pages copied, \

@@ -199,6 +199,53 @@ const PICKS: [Pick; 9] = [
     Pick::Every { every: 0, shift: 0 },
 ];
 
+/// Cleans the picked pages of `[from, from + len)` a last-level table at a
+/// time (one range, or a bitmap of the picked pages) in one batch; returns
+/// the leaves changed.
+fn clean_whole_tables<F: PteFormat>(fx: &mut Fixture<F>, from: u64, len: u64, pick: Pick) -> u64 {
+    let pages = len / PAGE;
+    let tlb = fx.pt.tlb().clone();
+    let mut batch = TlbBatch::new(&*tlb, fx.pt.tlb_policy());
+    let n = match pick {
+        Pick::All => fx.pt.clean_hw_dirty_batched(from, len, &mut batch),
+        Pick::Every { shift, .. } => {
+            let mut masks = vec![0u64; (pages + shift).div_ceil(64) as usize];
+            for p in (0..pages).filter(|&p| pick.picks(p)) {
+                masks[((p + shift) / 64) as usize] |= 1 << ((p + shift) % 64);
+            }
+            // Bit `p + shift` is page `p`: the range starts `shift`
+            // pages lower (pages with no bit set), another alignment
+            // of the bitmap to the tables.
+            let below = shift * PAGE;
+            fx.pt
+                .clean_hw_dirty_masked(from - below, len + below, &masks, &mut batch)
+        }
+    }
+    .unwrap();
+    batch.finish();
+    n
+}
+
+/// Cleans the picked pages of `[from, from + len)` one leaf visit each, in
+/// one batch; returns the leaves changed and the pages picked.
+fn clean_page_by_page<F: PteFormat>(
+    fx: &mut Fixture<F>,
+    from: u64,
+    len: u64,
+    pick: Pick,
+) -> (u64, u64) {
+    let tlb = fx.pt.tlb().clone();
+    let mut batch = TlbBatch::new(&*tlb, fx.pt.tlb_policy());
+    let (mut changed, mut picked) = (0, 0);
+    for p in (0..len / PAGE).filter(|&p| pick.picks(p)) {
+        picked += 1;
+        let ipa = from + p * PAGE;
+        changed += fx.pt.clean_hw_dirty_batched(ipa, PAGE, &mut batch).unwrap();
+    }
+    batch.finish();
+    (changed, picked)
+}
+
 /// Cleaning whole last-level tables at once (one range, or a bitmap's
 /// pages) changes the same leaves to the same values, counts the same, and
 /// invalidates the same range as cleaning the same pages one by one (a leaf
@@ -217,38 +264,9 @@ fn clean_by_table_matches_clean_by_page<F: PteFormat + Clone>(fmt: F, pick: Pick
         (m.start, m.len - 2 * MIB),
         (m.start + m.len - 2 * MIB, 2 * MIB),
     ] {
-        let pages = len / PAGE;
-        let tlb = whole.pt.tlb().clone();
-        let mut batch = TlbBatch::new(&*tlb, whole.pt.tlb_policy());
-        n += match pick {
-            Pick::All => whole.pt.clean_hw_dirty_batched(from, len, &mut batch),
-            Pick::Every { shift, .. } => {
-                let mut masks = vec![0u64; (pages + shift).div_ceil(64) as usize];
-                for p in (0..pages).filter(|&p| pick.picks(p)) {
-                    masks[((p + shift) / 64) as usize] |= 1 << ((p + shift) % 64);
-                }
-                // Bit `p + shift` is page `p`: the range starts `shift`
-                // pages lower (pages with no bit set), another alignment
-                // of the bitmap to the tables.
-                let below = shift * PAGE;
-                whole
-                    .pt
-                    .clean_hw_dirty_masked(from - below, len + below, &masks, &mut batch)
-            }
-        }
-        .unwrap();
-        batch.finish();
-        let tlb = by_page.pt.tlb().clone();
-        let mut batch = TlbBatch::new(&*tlb, by_page.pt.tlb_policy());
-        for p in (0..pages).filter(|&p| pick.picks(p)) {
-            picked += 1;
-            let ipa = from + p * PAGE;
-            k += by_page
-                .pt
-                .clean_hw_dirty_batched(ipa, PAGE, &mut batch)
-                .unwrap();
-        }
-        batch.finish();
+        n += clean_whole_tables(&mut whole, from, len, pick);
+        let (changed, pages) = clean_page_by_page(&mut by_page, from, len, pick);
+        (k, picked) = (k + changed, picked + pages);
     }
     assert_eq!(n, k, "leaves changed, {pick:?}");
     if picked == m.len / PAGE {

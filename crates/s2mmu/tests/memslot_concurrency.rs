@@ -54,6 +54,71 @@ fn record_publications(
     states.push(next);
 }
 
+/// What a reader saw: the snapshot's generation, the gfn, the slot found.
+type Seen = (u64, u64, Option<Key>);
+
+/// A reader thread: random lookups, each in one snapshot both through a
+/// vCPU's slot cache and through the set, until `stop` (and at least one).
+fn spawn_reader<S: MemslotStore + 'static>(
+    store: &Arc<S>,
+    stop: &Arc<AtomicBool>,
+    seed: u64,
+) -> thread::JoinHandle<Vec<Seen>> {
+    let (store, stop) = (Arc::clone(store), Arc::clone(stop));
+    thread::spawn(move || {
+        let mut rng = Lcg(seed + 100);
+        let mut cache = VcpuSlotCache::new();
+        let mut seen = Vec::new();
+        let mut last_generation = 0;
+        while !stop.load(Ordering::Relaxed) || seen.is_empty() {
+            let snap = store.snapshot();
+            let generation = snap.generation();
+            assert!(generation >= last_generation, "generations go forward");
+            last_generation = generation;
+            for _ in 0..4 {
+                let gfn = rng.next(GFN_SPACE);
+                let by_vcpu = snap.gfn_to_slot_vcpu(&mut cache, Gfn::new(gfn)).map(key);
+                let by_set = snap.gfn_to_slot(Gfn::new(gfn)).map(key);
+                assert_eq!(by_vcpu, by_set, "one snapshot, one answer");
+                if seen.len() < 400_000 {
+                    seen.push((generation, gfn, by_vcpu));
+                }
+            }
+        }
+        seen
+    })
+}
+
+/// The writer's next request for slot `id` (`current`: its state now): a
+/// create, or a delete, a flags change or a move.
+fn random_region(rng: &mut Lcg, id: u16, current: Option<Key>) -> UserMemoryRegion {
+    let hva = 0x1000_0000 + u64::from(id) * 0x100_000;
+    match (current, rng.next(4)) {
+        (None, _) => UserMemoryRegion::new(
+            id,
+            SlotFlags::NONE,
+            Gpa::new(rng.next(GFN_SPACE) * PAGE),
+            (1 + rng.next(24)) * PAGE,
+            Hva::new(hva),
+        ),
+        (Some(_), 0) => UserMemoryRegion::delete(id),
+        (Some(k), 1) => UserMemoryRegion::new(
+            id,
+            SlotFlags::from_bits(k.3 ^ 1),
+            Gpa::new(k.1 * PAGE),
+            k.2 * PAGE,
+            Hva::new(hva),
+        ),
+        (Some(k), _) => UserMemoryRegion::new(
+            id,
+            SlotFlags::from_bits(k.3),
+            Gpa::new(rng.next(GFN_SPACE) * PAGE),
+            k.2 * PAGE,
+            Hva::new(hva),
+        ),
+    }
+}
+
 fn readers_see_only_published_states<S: MemslotStore + 'static>() {
     let store = Arc::new(S::with_config(MemslotConfig {
         max_user_slots: 32,
@@ -61,31 +126,7 @@ fn readers_see_only_published_states<S: MemslotStore + 'static>() {
     }));
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..3)
-        .map(|seed| {
-            let (store, stop) = (Arc::clone(&store), Arc::clone(&stop));
-            thread::spawn(move || {
-                let mut rng = Lcg(seed + 100);
-                let mut cache = VcpuSlotCache::new();
-                let mut seen = Vec::new();
-                let mut last_generation = 0;
-                while !stop.load(Ordering::Relaxed) || seen.is_empty() {
-                    let snap = store.snapshot();
-                    let generation = snap.generation();
-                    assert!(generation >= last_generation, "generations go forward");
-                    last_generation = generation;
-                    for _ in 0..4 {
-                        let gfn = rng.next(GFN_SPACE);
-                        let by_vcpu = snap.gfn_to_slot_vcpu(&mut cache, Gfn::new(gfn)).map(key);
-                        let by_set = snap.gfn_to_slot(Gfn::new(gfn)).map(key);
-                        assert_eq!(by_vcpu, by_set, "one snapshot, one answer");
-                        if seen.len() < 400_000 {
-                            seen.push((generation, gfn, by_vcpu));
-                        }
-                    }
-                }
-                seen
-            })
-        })
+        .map(|seed| spawn_reader(&store, &stop, seed))
         .collect();
 
     let mut states: Vec<BTreeMap<u16, Key>> = vec![BTreeMap::new()];
@@ -94,31 +135,7 @@ fn readers_see_only_published_states<S: MemslotStore + 'static>() {
     while ops < 1000 {
         let id = rng.next(16) as u16;
         let current = states.last().and_then(|s| s.get(&id)).copied();
-        let hva = 0x1000_0000 + u64::from(id) * 0x100_000;
-        let region = match (current, rng.next(4)) {
-            (None, _) => UserMemoryRegion::new(
-                id,
-                SlotFlags::NONE,
-                Gpa::new(rng.next(GFN_SPACE) * PAGE),
-                (1 + rng.next(24)) * PAGE,
-                Hva::new(hva),
-            ),
-            (Some(_), 0) => UserMemoryRegion::delete(id),
-            (Some(k), 1) => UserMemoryRegion::new(
-                id,
-                SlotFlags::from_bits(k.3 ^ 1),
-                Gpa::new(k.1 * PAGE),
-                k.2 * PAGE,
-                Hva::new(hva),
-            ),
-            (Some(k), _) => UserMemoryRegion::new(
-                id,
-                SlotFlags::from_bits(k.3),
-                Gpa::new(rng.next(GFN_SPACE) * PAGE),
-                k.2 * PAGE,
-                Hva::new(hva),
-            ),
-        };
+        let region = random_region(&mut rng, id, current);
         let before = store.snapshot().generation();
         if let Ok(change) = store.set_memory_region(&region, &NoStage2) {
             assert_eq!(before as usize, states.len() - 1);

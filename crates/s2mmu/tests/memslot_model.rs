@@ -25,7 +25,9 @@ impl Model {
         self.slots.iter().find(|s| s.id() == id)
     }
 
-    fn apply(&mut self, req: &UserMemoryRegion) -> Result<MemslotChange, MemslotError> {
+    /// KVM's checks of a request on its own: flags, id, alignment, address
+    /// space, wrap-around. Returns the slot id.
+    fn check_fields(req: &UserMemoryRegion) -> Result<u16, MemslotError> {
         if req.flags & !3 != 0 {
             return Err(MemslotError::InvalidFlags { flags: req.flags });
         }
@@ -55,6 +57,49 @@ impl Model {
                 len: req.memory_size,
             });
         }
+        Ok(id)
+    }
+
+    /// What changing slot `old` to `req` (`npages` from guest frame `base`)
+    /// is: a move or a flags-only change; anything else KVM refuses.
+    fn update_kind(
+        old: &Slot,
+        req: &UserMemoryRegion,
+        npages: u64,
+        base: u64,
+    ) -> Result<MemslotChange, MemslotError> {
+        if old.userspace_addr() != req.userspace_addr {
+            return Err(MemslotError::ImmutableChange {
+                what: "userspace_addr",
+            });
+        }
+        if old.npages() != npages {
+            return Err(MemslotError::ImmutableChange { what: "npages" });
+        }
+        if (old.flags().bits() ^ req.flags) & 2 != 0 {
+            return Err(MemslotError::ImmutableChange { what: "readonly" });
+        }
+        if old.base_gfn() != Gfn::new(base) {
+            Ok(MemslotChange::Move)
+        } else if old.flags().bits() != req.flags {
+            Ok(MemslotChange::FlagsOnly)
+        } else {
+            Err(MemslotError::NoChange { id: old.id() })
+        }
+    }
+
+    /// The lowest slot other than `id` that `[base, base + npages)` overlaps.
+    fn overlapping(&self, id: u16, base: u64, npages: u64) -> Option<&Slot> {
+        self.slots
+            .iter()
+            .filter(|s| {
+                s.id() != id && s.base_gfn() < Gfn::new(base + npages) && base < s.end_gfn().raw()
+            })
+            .min_by_key(|s| s.base_gfn())
+    }
+
+    fn apply(&mut self, req: &UserMemoryRegion) -> Result<MemslotChange, MemslotError> {
+        let id = Self::check_fields(req)?;
         let npages = req.memory_size / PAGE;
         let base = req.guest_phys_addr.raw() / PAGE;
         let old = self.by_id(id).cloned();
@@ -67,38 +112,10 @@ impl Model {
         }
         let change = match &old {
             None => MemslotChange::Create,
-            Some(o) => {
-                if o.userspace_addr() != req.userspace_addr {
-                    return Err(MemslotError::ImmutableChange {
-                        what: "userspace_addr",
-                    });
-                }
-                if o.npages() != npages {
-                    return Err(MemslotError::ImmutableChange { what: "npages" });
-                }
-                if (o.flags().bits() ^ req.flags) & 2 != 0 {
-                    return Err(MemslotError::ImmutableChange { what: "readonly" });
-                }
-                if o.base_gfn() != Gfn::new(base) {
-                    MemslotChange::Move
-                } else if o.flags().bits() != req.flags {
-                    MemslotChange::FlagsOnly
-                } else {
-                    return Err(MemslotError::NoChange { id });
-                }
-            }
+            Some(o) => Self::update_kind(o, req, npages, base)?,
         };
         if change != MemslotChange::FlagsOnly {
-            let other = self
-                .slots
-                .iter()
-                .filter(|s| {
-                    s.id() != id
-                        && s.base_gfn() < Gfn::new(base + npages)
-                        && base < s.end_gfn().raw()
-                })
-                .min_by_key(|s| s.base_gfn());
-            if let Some(other) = other {
+            if let Some(other) = self.overlapping(id, base, npages) {
                 return Err(MemslotError::Overlap {
                     slot: id,
                     other: other.id(),

@@ -30,12 +30,10 @@ fn region(id: u16, gfn: u64, npages: u64) -> UserMemoryRegion {
     )
 }
 
-fn rejects_what_kvm_rejects<S: MemslotStore>() {
-    let store = S::with_config(MemslotConfig::default());
-    assert_eq!(set(&store, region(0, 0, 16)), Ok(MemslotChange::Create));
-    let generation = store.snapshot().generation();
-
-    let cases: Vec<(UserMemoryRegion, MemslotError)> = vec![
+/// Requests malformed on their own (flags, id, alignment), each with KVM's
+/// refusal.
+fn malformed_requests() -> Vec<(UserMemoryRegion, MemslotError)> {
+    vec![
         (
             UserMemoryRegion {
                 flags: 1 << 2,
@@ -80,6 +78,13 @@ fn rejects_what_kvm_rejects<S: MemslotStore>() {
                 value: HVA + 8,
             },
         ),
+    ]
+}
+
+/// Requests whose ranges wrap around or exceed what KVM takes, or name an
+/// address space that does not exist, each with KVM's refusal.
+fn out_of_range_requests() -> Vec<(UserMemoryRegion, MemslotError)> {
+    vec![
         (
             UserMemoryRegion {
                 userspace_addr: Hva::new(u64::MAX - PAGE + 1),
@@ -116,6 +121,13 @@ fn rejects_what_kvm_rejects<S: MemslotStore>() {
                 max: KVM_MEM_MAX_NR_PAGES,
             },
         ),
+    ]
+}
+
+/// Requests that conflict with slot 0 (pages 0..16) or name no slot, each
+/// with KVM's refusal.
+fn conflicting_requests() -> Vec<(UserMemoryRegion, MemslotError)> {
+    vec![
         (
             UserMemoryRegion::delete(5),
             MemslotError::NoSuchSlot { id: 5 },
@@ -149,7 +161,16 @@ fn rejects_what_kvm_rejects<S: MemslotStore>() {
             MemslotError::ImmutableChange { what: "readonly" },
         ),
         (region(0, 0, 16), MemslotError::NoChange { id: 0 }),
-    ];
+    ]
+}
+
+fn rejects_what_kvm_rejects<S: MemslotStore>() {
+    let store = S::with_config(MemslotConfig::default());
+    assert_eq!(set(&store, region(0, 0, 16)), Ok(MemslotChange::Create));
+    let generation = store.snapshot().generation();
+    let mut cases = malformed_requests();
+    cases.extend(out_of_range_requests());
+    cases.extend(conflicting_requests());
     for (request, error) in cases {
         assert_eq!(
             set(&store, request),

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::fixture;
+use common::{fixture, Fixture};
 use s2mmu::format::arm64::Granule;
 use s2mmu::tlb::TlbCall;
 use s2mmu::{Error, MapOptions, Prot, PteFormat, SplitPolicy};
@@ -59,17 +59,11 @@ fn map_uses_the_largest_blocks_alignment_allows() {
     fx.assert_no_leak();
 }
 
-#[test]
-fn bad_input_is_refused_and_leaves_the_table_alone() {
-    let mut fx = fixture(Granule::K4, 40);
-    fx.cache.top_up(4).unwrap();
+/// Maps refused for their arguments or for what is mapped (a 2 MiB block at
+/// 1 GiB): each error got, with the one expected.
+fn refused_maps(fx: &mut Fixture) -> Vec<(Error, Error)> {
     let d = MapOptions::default();
-    fx.pt
-        .map(GIB, 2 * MIB, GIB, Prot::RW, &mut fx.cache, d)
-        .unwrap();
-    let before = fx.pt.leaves(0, 1 << 40).unwrap();
-    let cache_before = fx.cache.len();
-    let cases = [
+    vec![
         (
             fx.pt
                 .map(GIB + 1, 4096, 0, Prot::R, &mut fx.cache, d)
@@ -137,6 +131,12 @@ fn bad_input_is_refused_and_leaves_the_table_alone() {
                 bits: (Prot::RWX | Prot::DEVICE).bits(),
             },
         ),
+    ]
+}
+
+/// Unmap, relax and write-protect refused against the same table.
+fn refused_changes(fx: &mut Fixture) -> Vec<(Error, Error)> {
+    vec![
         (
             fx.pt.unmap(GIB, 4096).unwrap_err(),
             Error::SplitsBlock {
@@ -156,7 +156,21 @@ fn bad_input_is_refused_and_leaves_the_table_alone() {
                 align: 4096,
             },
         ),
-    ];
+    ]
+}
+
+#[test]
+fn bad_input_is_refused_and_leaves_the_table_alone() {
+    let mut fx = fixture(Granule::K4, 40);
+    fx.cache.top_up(4).unwrap();
+    let d = MapOptions::default();
+    fx.pt
+        .map(GIB, 2 * MIB, GIB, Prot::RW, &mut fx.cache, d)
+        .unwrap();
+    let before = fx.pt.leaves(0, 1 << 40).unwrap();
+    let cache_before = fx.cache.len();
+    let mut cases = refused_maps(&mut fx);
+    cases.extend(refused_changes(&mut fx));
     for (got, want) in cases {
         assert_eq!(got, want);
         assert!(!got.to_string().is_empty());

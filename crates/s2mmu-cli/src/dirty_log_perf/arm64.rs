@@ -38,30 +38,7 @@ pub(super) struct Plan {
 /// # Errors
 /// A message naming the flag and its limit.
 pub(super) fn plan(p: &Params, vcpus: &[usize], bytes: u64) -> Result<Plan, String> {
-    if p.policy == PolicyArg::Both {
-        return Err(
-            "--policy both: not available with the arm64 model (use --policy fast or baseline)"
-                .into(),
-        );
-    }
-    if p.memslots != "tree" {
-        return Err(format!(
-            "--memslots {}: the arm64 model runs the tree memslots only (--memslots tree)",
-            p.memslots
-        ));
-    }
-    if p.slots != 1 {
-        return Err(format!(
-            "-x {}: the arm64 model runs one data memslot (-x 1)",
-            p.slots
-        ));
-    }
-    if p.write_percent != 100 {
-        return Err(format!(
-            "-w {}: the arm64 guest writes every page it visits (-w 100)",
-            p.write_percent
-        ));
-    }
+    refuse_other_shapes(p)?;
     let host_page = match p.backing {
         Backing::Anonymous => PAGE,
         Backing::AnonymousThp => 2 << 20,
@@ -129,6 +106,36 @@ pub(super) fn plan(p: &Params, vcpus: &[usize], bytes: u64) -> Result<Plan, Stri
         random,
         runs,
     })
+}
+
+/// Refuses what the model does not run: both fault paths in one run, the
+/// array memslots, more than one data memslot, reads.
+fn refuse_other_shapes(p: &Params) -> Result<(), String> {
+    if p.policy == PolicyArg::Both {
+        return Err(
+            "--policy both: not available with the arm64 model (use --policy fast or baseline)"
+                .into(),
+        );
+    }
+    if p.memslots != "tree" {
+        return Err(format!(
+            "--memslots {}: the arm64 model runs the tree memslots only (--memslots tree)",
+            p.memslots
+        ));
+    }
+    if p.slots != 1 {
+        return Err(format!(
+            "-x {}: the arm64 model runs one data memslot (-x 1)",
+            p.slots
+        ));
+    }
+    if p.write_percent != 100 {
+        return Err(format!(
+            "-w {}: the arm64 guest writes every page it visits (-w 100)",
+            p.write_percent
+        ));
+    }
+    Ok(())
 }
 
 /// `--ring n` with the arm64 model: a power of two in 256..=65536 that

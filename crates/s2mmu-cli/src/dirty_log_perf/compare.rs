@@ -57,6 +57,37 @@ pub(super) fn run(
 /// A column of `--compare`: its run, or why it was skipped.
 type Column<T> = Result<T, String>;
 
+/// The comparison's title: the run's shape, the host, and what each column
+/// is or why it was skipped.
+fn compare_header(
+    p: &Params,
+    vcpus: usize,
+    bytes: u64,
+    e: &EngineRun,
+    k: &Column<s2mmu_kvm::DirtyLogReport>,
+    a: &Column<(s2mmu_arm64::workload::DirtyReport, EngineRun)>,
+) -> String {
+    let host = s2mmu_kvm::HostInfo::detect();
+    let mut s = format!(
+        "dirty_log_perf: s2mmu engine vs host KVM vs QEMU's arm64 model, {vcpus} vCPU(s) x {}, {}, {} slot(s), {} iterations{}\n",
+        human_bytes(bytes),
+        p.backing.name(),
+        p.slots,
+        p.iterations,
+        if p.no_manual_protect { ", no manual protect" } else { ", manual protect" }
+    );
+    s += &format!("host: {}\n", host.one_line());
+    s += &format!("engine: {}\n", e.label);
+    if let Err(why) = k {
+        s += &format!("KVM column skipped: {why}\n");
+    }
+    match a {
+        Ok(_) => s += &format!("arm64: the engine as the stage-2 MMU of qemu-system-aarch64 ({} CPUs: {vcpus} vCPU(s) + 1 service CPU); {}\n", vcpus + 1, crate::arm64::EMULATOR_NOTE.trim_start_matches("note: ")),
+        Err(why) => s += &format!("arm64 column skipped: {why}\n"),
+    }
+    s
+}
+
 /// The comparison's rows and text from the three columns.
 fn compare_text(
     p: &Params,
@@ -80,24 +111,7 @@ fn compare_text(
     if let Err(why) = k {
         report.result("column_skipped", "kvm", json!({"reason": why}));
     }
-    let host = s2mmu_kvm::HostInfo::detect();
-    let mut s = format!(
-        "dirty_log_perf: s2mmu engine vs host KVM vs QEMU's arm64 model, {vcpus} vCPU(s) x {}, {}, {} slot(s), {} iterations{}\n",
-        human_bytes(bytes),
-        p.backing.name(),
-        p.slots,
-        p.iterations,
-        if p.no_manual_protect { ", no manual protect" } else { ", manual protect" }
-    );
-    s += &format!("host: {}\n", host.one_line());
-    s += &format!("engine: {}\n", e.label);
-    if let Err(why) = k {
-        s += &format!("KVM column skipped: {why}\n");
-    }
-    match a {
-        Ok(_) => s += &format!("arm64: the engine as the stage-2 MMU of qemu-system-aarch64 ({} CPUs: {vcpus} vCPU(s) + 1 service CPU); {}\n", vcpus + 1, crate::arm64::EMULATOR_NOTE.trim_start_matches("note: ")),
-        Err(why) => s += &format!("arm64 column skipped: {why}\n"),
-    }
+    let mut s = compare_header(p, vcpus, bytes, e, k, a);
     s += &format!(
         "\n{:<34} {:>16} {:>16} {:>16} {:>10} {:>12}\n",
         "phase", "s2mmu engine", "KVM", "arm64 (QEMU)", "KVM/engine", "arm64/engine"

@@ -36,19 +36,7 @@ pub(super) fn eager_vs_fault(
         ));
     }
     let runs = p.runs.unwrap_or(5).max(1) as usize;
-    // Both policies in one process, alternating which goes first, so a slow
-    // stretch of this shared machine lands on both.
-    let (mut eager, mut lazy) = (Vec::new(), Vec::new());
-    for r in 0..runs {
-        for e in [r % 2 == 0, r % 2 == 1] {
-            let run = engine(spec(vcpus, FaultPath::ReadLockFastPath, e), &p.memslots)?;
-            if e {
-                eager.push(run);
-            } else {
-                lazy.push(run);
-            }
-        }
-    }
+    let (eager, lazy) = paired_runs(p, vcpus, runs, &spec)?;
     let first = |r: &EngineRun| {
         r.iterations
             .get(wp)
@@ -103,6 +91,29 @@ pub(super) fn eager_vs_fault(
         }
     }
     Ok(s)
+}
+
+/// `runs` runs with eager split and as many with split on fault, both in one
+/// process, alternating which goes first, so a slow stretch of this shared
+/// machine lands on both.
+fn paired_runs(
+    p: &Params,
+    vcpus: usize,
+    runs: usize,
+    spec: &impl Fn(usize, FaultPath, bool) -> RunSpec,
+) -> Result<(Vec<EngineRun>, Vec<EngineRun>), String> {
+    let (mut eager, mut lazy) = (Vec::new(), Vec::new());
+    for r in 0..runs {
+        for e in [r % 2 == 0, r % 2 == 1] {
+            let run = engine(spec(vcpus, FaultPath::ReadLockFastPath, e), &p.memslots)?;
+            if e {
+                eager.push(run);
+            } else {
+                lazy.push(run);
+            }
+        }
+    }
+    Ok((eager, lazy))
 }
 
 /// A metric's values over runs, in seconds.

@@ -12,8 +12,8 @@ pub(super) fn kvm_params(
     vcpus: usize,
     bytes: u64,
 ) -> Result<s2mmu_kvm::DirtyLogParams, String> {
-    let backing = s2mmu_kvm::Backing::from_selftest_name(p.backing.name())
-        .map_err(|e| format!("backing {}: {e}", p.backing.name()))?;
+    // One backing type (s2mmu-memory) for the simulated VM and KVM.
+    let backing = p.backing;
     Ok(s2mmu_kvm::DirtyLogParams {
         vcpus: u32::try_from(vcpus).map_err(|_| "too many vCPUs".to_string())?,
         bytes_per_vcpu: bytes,

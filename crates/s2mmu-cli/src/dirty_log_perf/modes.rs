@@ -195,25 +195,7 @@ pub(super) fn table(
     let samples = sample_modes(p, vcpus, runs, &modes, &spec)?;
     let mem = bytes * vcpus as u64;
     let gib = mem as f64 / f64::from(1u32 << 30);
-    let mut out = format!(
-        "Dirty tracking side by side: {vcpus} vCPU(s), {} each, format {}, {} iterations, {runs} run(s) of each mode in rotating order; medians over runs (a run's figure: its passes after the first)\n",
-        human_bytes(bytes),
-        p.format.name(),
-        p.iterations,
-    );
-    out += &format!(
-        "{:<9} {:>11} {:>9} {:>10} {:>12} {:>12} {:>12} {:>7} {:>12} {:>11}\n",
-        "mode",
-        "faults/pass",
-        "PML exits",
-        "pages/pass",
-        "split",
-        "logging off",
-        "dirty memory",
-        "vs off",
-        "harvest/GiB",
-        "harvest CPU"
-    );
+    let mut out = table_head(p, vcpus, bytes, runs);
     let mut hw_check = None;
     for (d, s) in modes.iter().zip(&samples) {
         let dirty = Summary::of(&s.dirty);
@@ -274,6 +256,30 @@ pub(super) fn table(
         );
     }
     Ok(out)
+}
+
+/// The table's title (the run's shape) and column heads.
+fn table_head(p: &Params, vcpus: usize, bytes: u64, runs: usize) -> String {
+    let mut out = format!(
+        "Dirty tracking side by side: {vcpus} vCPU(s), {} each, format {}, {} iterations, {runs} run(s) of each mode in rotating order; medians over runs (a run's figure: its passes after the first)\n",
+        human_bytes(bytes),
+        p.format.name(),
+        p.iterations,
+    );
+    out += &format!(
+        "{:<9} {:>11} {:>9} {:>10} {:>12} {:>12} {:>12} {:>7} {:>12} {:>11}\n",
+        "mode",
+        "faults/pass",
+        "PML exits",
+        "pages/pass",
+        "split",
+        "logging off",
+        "dirty memory",
+        "vs off",
+        "harvest/GiB",
+        "harvest CPU"
+    );
+    out
 }
 
 /// `runs` runs of every mode in rotating order, each with a pass with

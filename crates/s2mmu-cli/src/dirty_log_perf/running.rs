@@ -85,6 +85,14 @@ pub(super) fn label(policy: &MmuPolicy, memslots: &str) -> String {
     )
 }
 
+/// One empty dirty bitmap per memslot of `vm` (a bit per 4 KiB page).
+fn slot_bitmaps<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Vec<Vec<u64>> {
+    vm.slots()
+        .iter()
+        .map(|s| vec![0u64; (s.size / 4096).div_ceil(64) as usize])
+        .collect()
+}
+
 /// Runs the selftest flow on the engine.
 fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
     spec: RunSpec,
@@ -109,11 +117,7 @@ fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
     let ring = spec.policy.dirty.ring_entries().is_some();
     let mut prev = sum(&w.fault_stats());
     let mut prev_vcpu_time: Duration = w.pass_times().iter().flatten().sum();
-    let mut bitmaps: Vec<Vec<u64>> = vm
-        .slots()
-        .iter()
-        .map(|s| vec![0u64; (s.size / 4096).div_ceil(64) as usize])
-        .collect();
+    let mut bitmaps = slot_bitmaps(&vm);
     let mut reaped = Vec::new();
     let mut lost = spec
         .check

@@ -3,87 +3,11 @@
 
 use super::*;
 use s2mmu::{Gfn, Gpa, Hva};
+use s2mmu_vm::{Backing, GuestMemory};
 use std::hint::black_box;
-use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
-
-/// Anonymous host memory backing the guest.
-pub(super) struct GuestMemory {
-    pub(super) base: *mut u8,
-    pub(super) len: usize,
-}
-
-// SAFETY: the mapping is plain memory owned by this value; threads touch it only through
-// volatile accesses at addresses inside it, and it is unmapped only on drop, after the
-// scoped guest thread has been joined.
-unsafe impl Send for GuestMemory {}
-// SAFETY: as above; concurrent volatile accesses to plain memory are what the selftest's
-// guest and host do too.
-unsafe impl Sync for GuestMemory {}
-
-impl GuestMemory {
-    pub(super) fn new(len: u64) -> Result<Self, String> {
-        let len = usize::try_from(len).map_err(|_| "area too large".to_string())?;
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing;
-        // nothing else is affected.
-        let base = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(format!(
-                "mmap of {len} bytes failed: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        Ok(Self {
-            base: base.cast(),
-            len,
-        })
-    }
-
-    pub(super) fn addr(&self) -> u64 {
-        self.base as u64
-    }
-
-    /// `MADV_DONTNEED` on `[hva, hva + len)`, which must lie in this mapping.
-    pub(super) fn discard(&self, hva: u64, len: u64) {
-        debug_assert!(hva >= self.addr() && hva + len <= self.addr() + self.len as u64);
-        // SAFETY: the range lies inside this private anonymous mapping; discarding it only
-        // makes later reads see zeroes, which the tests expect.
-        unsafe { libc::madvise(hva as *mut libc::c_void, len as usize, libc::MADV_DONTNEED) };
-    }
-
-    /// Writes a u64 at host address `hva`, which must lie in this mapping.
-    pub(super) fn write(&self, hva: u64, value: u64) {
-        debug_assert!(hva >= self.addr() && hva + 8 <= self.addr() + self.len as u64);
-        // SAFETY: in bounds (every hva comes from a slot carved out of this mapping), 8-byte
-        // aligned (page base plus 0 or half a page), and the mapping outlives all users.
-        unsafe { ptr::write_volatile(hva as *mut u64, value) }
-    }
-
-    /// Reads a u64 at host address `hva`, which must lie in this mapping.
-    pub(super) fn read(&self, hva: u64) -> u64 {
-        debug_assert!(hva >= self.addr() && hva + 8 <= self.addr() + self.len as u64);
-        // SAFETY: as for `write`.
-        unsafe { ptr::read_volatile(hva as *const u64) }
-    }
-}
-
-impl Drop for GuestMemory {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`; no reference into it survives.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
 
 /// A simulated VM: memory, its slots, and the sync flags of the selftest.
 pub(super) struct Vm<S> {
@@ -120,7 +44,7 @@ impl<S: MemslotStore> Vm<S> {
     }
 
     pub(super) fn prepare(nslots: u32, bytes: u64) -> Result<(Self, Duration), String> {
-        let memory = GuestMemory::new(bytes)?;
+        let memory = GuestMemory::new(bytes, Backing::Anonymous).map_err(|e| e.to_string())?;
         let pages = bytes / PAGE_SIZE;
         let pages_per_slot = pages / u64::from(nslots);
         if pages_per_slot == 0 {
@@ -140,7 +64,7 @@ impl<S: MemslotStore> Vm<S> {
                 SlotFlags::NONE,
                 Gpa::new(MEM_GPA + offset),
                 npages * PAGE_SIZE,
-                Hva::new(memory.addr() + offset),
+                Hva::new(memory.host_addr() + offset),
             );
             store
                 .set_memory_region(&region, &NoStage2)
@@ -149,7 +73,7 @@ impl<S: MemslotStore> Vm<S> {
         let setup = start.elapsed();
         // Populate the memory untimed, as the selftest does after adding the slots.
         for page in 0..pages {
-            memory.write(memory.addr() + page * PAGE_SIZE, 0);
+            memory.write_u64(page * PAGE_SIZE, 0);
         }
         let vm = Self {
             store,
@@ -175,7 +99,7 @@ impl<S: MemslotStore> Vm<S> {
     /// Host address of the page `page` of the area (host side: the selftest's own
     /// `addr_gpa2hva`, not a KVM lookup).
     pub(super) fn page_hva(&self, page: u64) -> u64 {
-        self.memory.addr() + page * PAGE_SIZE
+        self.memory.host_addr() + page * PAGE_SIZE
     }
 
     /// One guest access through the engine's translation, as a fault would do it.
@@ -198,18 +122,26 @@ impl<S: MemslotStore> Vm<S> {
             self.mmio_exits.fetch_add(1, Ordering::Relaxed);
             return None;
         };
+        // An address outside the guest's memory (which a correct store never
+        // gives) fails the access instead of reaching other memory.
+        let at = hva
+            .wrapping_add(offset)
+            .wrapping_sub(self.memory.host_addr());
         match write {
-            Some(value) => {
-                self.memory.write(hva + offset, value);
-                Some(value)
-            }
-            None => Some(self.memory.read(hva + offset)),
+            Some(value) => self.memory.write_u64(at, value).then_some(value),
+            None => self.memory.read_u64(at),
         }
     }
 
     /// `madvise(MADV_DONTNEED)` plus what KVM's MMU notifier does for it.
-    pub(super) fn host_discard(&self, hva: u64, len: u64) {
-        self.memory.discard(hva, len);
+    ///
+    /// # Errors
+    /// The range is not in the guest's memory, or the kernel refused.
+    pub(super) fn host_discard(&self, hva: u64, len: u64) -> Result<(), String> {
+        let offset = hva.wrapping_sub(self.memory.host_addr());
+        self.memory
+            .discard(offset, len)
+            .map_err(|e| format!("discard: {e}"))?;
         let snapshot = self.store.snapshot();
         let mut hits = 0u64;
         snapshot.for_each_in_hva_range(Hva::new(hva), Hva::new(hva + len), |overlap| {
@@ -220,6 +152,7 @@ impl<S: MemslotStore> Vm<S> {
             hits += 1;
         });
         black_box(hits);
+        Ok(())
     }
 
     /// The selftest's `host_perform_sync`: raise the flag, wait for the guest to take it.

@@ -33,9 +33,9 @@ pub(super) fn scenario_map<S: MemslotStore>(
             }
         },
         |vm| {
-            vm.host_discard(vm.page_hva(half), (vm.pages - half) * PAGE_SIZE);
+            vm.host_discard(vm.page_hva(half), (vm.pages - half) * PAGE_SIZE)?;
             vm.host_sync();
-            vm.host_discard(vm.page_hva(0), half * PAGE_SIZE);
+            vm.host_discard(vm.page_hva(0), half * PAGE_SIZE)?;
             vm.host_sync();
             Ok(())
         },
@@ -71,7 +71,7 @@ pub(super) fn scenario_unmap_common<S: MemslotStore>(
                 let mut page = first;
                 while page < end {
                     let count = chunk.min(end - page);
-                    vm.host_discard(vm.page_hva(page), count * PAGE_SIZE);
+                    vm.host_discard(vm.page_hva(page), count * PAGE_SIZE)?;
                     page += count;
                 }
                 if first == 0 {
@@ -181,16 +181,16 @@ pub(super) fn scenario_rw<S: MemslotStore>(
         },
         |vm| {
             for page in 0..vm.pages {
-                vm.memory.write(vm.page_hva(page) + half_page, VAL_2);
+                vm.memory.write_u64(page * PAGE_SIZE + half_page, VAL_2);
             }
             vm.host_sync();
             let mut wrong = 0;
             for page in 0..vm.pages {
-                let hva = vm.page_hva(page);
-                if vm.memory.read(hva) != VAL_1 {
+                let at = page * PAGE_SIZE;
+                if vm.memory.read_u64(at) != Some(VAL_1) {
                     wrong += 1;
                 }
-                vm.memory.write(hva, 0);
+                vm.memory.write_u64(at, 0);
             }
             vm.host_sync();
             if wrong > 0 {

@@ -337,20 +337,7 @@ pub fn run_until_paused_with(
     let dir = std::env::temp_dir().join(format!("s2mmu-rec-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let auth: Vec<String> = match sec {
-        Sec::Psk => {
-            let key = dir.join("key");
-            std::fs::write(&key, PSK).unwrap();
-            vec!["--psk".into(), key.to_str().unwrap().into()]
-        }
-        Sec::Tls => {
-            let [c, k, a] = write_pki(&dir, "");
-            [("--tls-cert", c), ("--tls-key", k), ("--tls-ca", a)]
-                .into_iter()
-                .flat_map(|(f, p)| [f.to_string(), p.to_str().unwrap().to_string()])
-                .collect()
-        }
-    };
+    let auth = auth_args(&dir, sec);
     let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
     let (dsock, ssock) = (dir.join("dest.sock"), dir.join("src.sock"));
     let base = [
@@ -398,6 +385,32 @@ pub fn run_until_paused_with(
         slog,
         proxy,
     };
+    assert_both_paused(&mut p);
+    p
+}
+
+/// The flags that authenticate both ends with `sec`, its files written
+/// into `dir`.
+fn auth_args(dir: &Path, sec: Sec) -> Vec<String> {
+    match sec {
+        Sec::Psk => {
+            let key = dir.join("key");
+            std::fs::write(&key, PSK).unwrap();
+            vec!["--psk".into(), key.to_str().unwrap().into()]
+        }
+        Sec::Tls => {
+            let [c, k, a] = write_pki(dir, "");
+            [("--tls-cert", c), ("--tls-key", k), ("--tls-ca", a)]
+                .into_iter()
+                .flat_map(|(f, p)| [f.to_string(), p.to_str().unwrap().to_string()])
+                .collect()
+        }
+    }
+}
+
+/// Waits until both ends report `paused` after the proxy's cut, and checks
+/// they stay paused with the memory split between them.
+fn assert_both_paused(p: &mut Paused) {
     let d = wait_phase(&p.dsock, &mut p.dest, "paused", &p.dlog);
     let s = wait_phase(&p.ssock, &mut p.src, "paused", &p.slog);
     assert!(p.proxy.cut_done.load(Ordering::SeqCst));
@@ -415,7 +428,6 @@ pub fn run_until_paused_with(
     assert!(p.dest.try_wait().unwrap().is_none() && p.src.try_wait().unwrap().is_none());
     assert_eq!(status(&p.dsock)["phase"], "paused");
     assert_eq!(status(&p.dsock)["pages_missing"].as_u64(), Some(missing));
-    p
 }
 
 /// Recovers `p` (the source through the proxy again, or straight to the

@@ -110,6 +110,30 @@ fn check(ok: bool, what: &'static str) -> Result<(), Failure> {
     }
 }
 
+/// GET reports the two pages written (5 and 700) and CLEAR write-protects
+/// them again.
+fn check_harvest(m: &KernelMmu) -> Result<(), Failure> {
+    let mut log = vec![0u64; 16];
+    check(
+        m.get_dirty_log(0, &mut log)? == 2,
+        "GET reports the two pages",
+    )?;
+    check(
+        log[0] == 1 << 5 && log[700 / 64] == 1 << (700 % 64),
+        "the right two",
+    )?;
+    check(
+        m.clear_dirty_log(0, 0, 1024, &log)? == 2,
+        "CLEAR clears them",
+    )?;
+    let p5 = m
+        .reader()
+        .translate(GPA + 5 * 4096)
+        .ok_or(Failure::Wrong("page 5 mapped"))?;
+    check(!p5.prot.contains(Prot::W), "CLEAR write-protected page 5")?;
+    Ok(())
+}
+
 fn run() -> Result<(), Failure> {
     let locks_before = RawTicketLock::taken_total();
     let slots = <TreeMemslots<KernelPlatform> as MemslotStore>::with_config(MemslotConfig {
@@ -153,24 +177,7 @@ fn run() -> Result<(), Failure> {
     )?;
     m.handle_fault(&mut vcpu, Gpa::new(GPA + 5 * 4096), true)?;
     m.handle_fault(&mut vcpu, Gpa::new(GPA + 700 * 4096), true)?;
-    let mut log = vec![0u64; 16];
-    check(
-        m.get_dirty_log(0, &mut log)? == 2,
-        "GET reports the two pages",
-    )?;
-    check(
-        log[0] == 1 << 5 && log[700 / 64] == 1 << (700 % 64),
-        "the right two",
-    )?;
-    check(
-        m.clear_dirty_log(0, 0, 1024, &log)? == 2,
-        "CLEAR clears them",
-    )?;
-    let p5 = m
-        .reader()
-        .translate(GPA + 5 * 4096)
-        .ok_or(Failure::Wrong("page 5 mapped"))?;
-    check(!p5.prot.contains(Prot::W), "CLEAR write-protected page 5")?;
+    check_harvest(&m)?;
 
     // Deleting the slot unmaps it; dropping the MMU gives the tables back.
     m.set_memory_region(&slot(SlotFlags::NONE, 0), 2 << 20)?;

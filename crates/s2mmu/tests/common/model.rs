@@ -275,46 +275,11 @@ pub fn apply<F: PteFormat>(fx: &mut super::Fixture<F>, m: &mut Model<F>, op: &Op
             let (ipa, size) = clamp(p, pages);
             let pa = 0x40_0000_0000 + pa_page * page;
             let prot = if writable { Prot::RW } else { Prot::R };
-            let opts = MapOptions { force_pages: force };
-            let before = fx.cache.len();
-            let got = fx.pt.map(ipa, size, pa, prot, &mut fx.cache, opts);
-            match got {
-                Err(Error::CacheExhausted { needed, available }) => {
-                    assert_eq!(available, before);
-                    assert!(needed > available);
-                    assert_eq!(fx.cache.len(), before, "cache untouched on error");
-                }
-                got => {
-                    let want = m.map(ipa, size, pa, prot, force);
-                    assert_eq!(got.map(|_| ()), want, "map {ipa:#x}+{size:#x}");
-                }
-            }
-            assert!(
-                fx.tlb.is_empty(),
-                "mapping into empty entries needs no invalidation"
-            );
+            apply_map(fx, m, (ipa, size), pa, prot, force);
         }
         Op::Unmap { page: p, pages } => {
             let (ipa, size) = clamp(p, pages);
-            let got = fx.pt.unmap(ipa, size);
-            let want = m.unmap(ipa, size);
-            assert_eq!(
-                got.is_ok(),
-                want.is_ok(),
-                "unmap {ipa:#x}+{size:#x}: {got:?}"
-            );
-            if let (Err(g), Err(w)) = (&got, &want) {
-                assert_eq!(g, w);
-            }
-            if let Ok(removed) = want {
-                let calls = fx.tlb.take();
-                for (s, l) in removed {
-                    assert!(
-                        covered(&calls, s, l.size),
-                        "unmapped {s:#x} not invalidated"
-                    );
-                }
-            }
+            apply_unmap(fx, m, ipa, size);
         }
         Op::Wrprotect { page: p, pages } => {
             let (ipa, size) = clamp(p, pages);
@@ -341,22 +306,7 @@ pub fn apply<F: PteFormat>(fx: &mut super::Fixture<F>, m: &mut Model<F>, op: &Op
             policy,
         } => {
             let (ipa, size) = clamp(p, pages);
-            let need = fx.pt.split_capacity(size + 2 * (1 << 30).min(m.window));
-            fx.cache.top_up(need).unwrap();
-            let st = fx
-                .pt
-                .split(ipa, size, &mut fx.cache, policy_of(policy))
-                .unwrap();
-            assert!(st.complete);
-            let split = m.split(ipa, size);
-            assert_eq!(st.blocks_split, split.len() as u64, "blocks split");
-            let calls = fx.tlb.take();
-            for (s, l) in split {
-                assert!(
-                    covered(&calls, s, l.size),
-                    "split block {s:#x} not invalidated"
-                );
-            }
+            apply_split(fx, m, ipa, size, policy);
         }
         Op::TopUp { pages } => {
             if pages < 50 {
@@ -366,6 +316,86 @@ pub fn apply<F: PteFormat>(fx: &mut super::Fixture<F>, m: &mut Model<F>, op: &Op
         }
     }
     check(fx, m);
+}
+
+/// `Op::Map` of `(ipa, size)`: the same result as the model, or a cache
+/// too small that left the cache untouched; never an invalidation.
+fn apply_map<F: PteFormat>(
+    fx: &mut super::Fixture<F>,
+    m: &mut Model<F>,
+    (ipa, size): (u64, u64),
+    pa: u64,
+    prot: Prot,
+    force: bool,
+) {
+    let opts = MapOptions { force_pages: force };
+    let before = fx.cache.len();
+    let got = fx.pt.map(ipa, size, pa, prot, &mut fx.cache, opts);
+    match got {
+        Err(Error::CacheExhausted { needed, available }) => {
+            assert_eq!(available, before);
+            assert!(needed > available);
+            assert_eq!(fx.cache.len(), before, "cache untouched on error");
+        }
+        got => {
+            let want = m.map(ipa, size, pa, prot, force);
+            assert_eq!(got.map(|_| ()), want, "map {ipa:#x}+{size:#x}");
+        }
+    }
+    assert!(
+        fx.tlb.is_empty(),
+        "mapping into empty entries needs no invalidation"
+    );
+}
+
+/// `Op::Unmap`: the model's result, and every removed leaf invalidated.
+fn apply_unmap<F: PteFormat>(fx: &mut super::Fixture<F>, m: &mut Model<F>, ipa: u64, size: u64) {
+    let got = fx.pt.unmap(ipa, size);
+    let want = m.unmap(ipa, size);
+    assert_eq!(
+        got.is_ok(),
+        want.is_ok(),
+        "unmap {ipa:#x}+{size:#x}: {got:?}"
+    );
+    if let (Err(g), Err(w)) = (&got, &want) {
+        assert_eq!(g, w);
+    }
+    if let Ok(removed) = want {
+        let calls = fx.tlb.take();
+        for (s, l) in removed {
+            assert!(
+                covered(&calls, s, l.size),
+                "unmapped {s:#x} not invalidated"
+            );
+        }
+    }
+}
+
+/// `Op::Split` with the cache topped up: complete, the model's blocks
+/// split, each of them invalidated.
+fn apply_split<F: PteFormat>(
+    fx: &mut super::Fixture<F>,
+    m: &mut Model<F>,
+    ipa: u64,
+    size: u64,
+    policy: u8,
+) {
+    let need = fx.pt.split_capacity(size + 2 * (1 << 30).min(m.window));
+    fx.cache.top_up(need).unwrap();
+    let st = fx
+        .pt
+        .split(ipa, size, &mut fx.cache, policy_of(policy))
+        .unwrap();
+    assert!(st.complete);
+    let split = m.split(ipa, size);
+    assert_eq!(st.blocks_split, split.len() as u64, "blocks split");
+    let calls = fx.tlb.take();
+    for (s, l) in split {
+        assert!(
+            covered(&calls, s, l.size),
+            "split block {s:#x} not invalidated"
+        );
+    }
 }
 
 /// The table's leaves in the window equal the model's.
