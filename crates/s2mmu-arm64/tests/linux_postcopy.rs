@@ -11,12 +11,20 @@ mod common;
 
 use common::counter::{check_lives, config, wait_lines};
 use s2mmu_arm64::linux::migrate::LinuxVm;
-use s2mmu_arm64::linux::postcopy::{migrate_postcopy, PageHook};
+use s2mmu_arm64::linux::postcopy::{migrate_postcopy, PageHook, PostcopyPolicy};
 use s2mmu_arm64::linux::vm::StopReason;
 use s2mmu_migrate::{MigratableVm, Pausable};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// `n` pre-copy passes, then post-copy of whatever is dirty.
+fn passes(n: u32) -> PostcopyPolicy {
+    PostcopyPolicy {
+        precopy_passes: n,
+        switch_below_pages: 0,
+    }
+}
 
 #[test]
 #[cfg_attr(
@@ -35,7 +43,7 @@ fn linux_guest_goes_on_by_postcopy() {
     // Pure post-copy: nothing is copied before the pause, so every page
     // B's guest touches is a remote fault.
     let mut vm_b = LinuxVm::blank(&cfg).expect("B starts");
-    let r = migrate_postcopy(&mut vm_a, &mut vm_b, 0).expect("A -> B by post-copy");
+    let r = migrate_postcopy(&mut vm_a, &mut vm_b, &passes(0)).expect("A -> B by post-copy");
     eprintln!("A -> B, post-copy only: {r:?}");
     let a_text = vm_a.console().contents();
     let a_exits = vm_a.stub_exits();
@@ -62,7 +70,8 @@ fn linux_guest_goes_on_by_postcopy() {
     // Pre-copy passes first: only what the guest wrote since the last one
     // is missing.
     let mut vm_c = LinuxVm::blank(&cfg).expect("C starts");
-    let r = migrate_postcopy(&mut vm_b, &mut vm_c, 2).expect("B -> C by pre- then post-copy");
+    let r =
+        migrate_postcopy(&mut vm_b, &mut vm_c, &passes(2)).expect("B -> C by pre- then post-copy");
     eprintln!("B -> C, 2 pre-copy passes: {r:?}");
     let b_text = vm_b.console().contents();
     assert!(r.missing < vm_b.page_count(), "{r:?}");

@@ -226,11 +226,27 @@ impl PageHook for MissingPages {
     }
 }
 
+/// When a migration in one process switches to post-copy.
+#[derive(Clone, Copy, Debug)]
+pub struct PostcopyPolicy {
+    /// Pre-copy passes before the pause, round 0 the first
+    /// (0..=[`MAX_ROUNDS`]; 0: none, every page comes after the switch).
+    pub precopy_passes: u32,
+    /// Pre-copy has converged once a harvest finds at most this many
+    /// pages: they are then copied while the source is paused (a plain
+    /// stop-and-copy, nothing missing).
+    pub switch_below_pages: u64,
+}
+
 /// What a post-copy migration in one process did.
 #[derive(Clone, Debug)]
 pub struct PostcopyReport {
-    /// Pages copied before the source paused.
-    pub precopy_pages: u64,
+    /// Pages and time of each pre-copy pass, round 0 first.
+    pub rounds: Vec<(u64, Duration)>,
+    /// Whether pre-copy converged (nothing was left missing).
+    pub converged: bool,
+    /// Pages copied while the source was paused.
+    pub final_pages: u64,
     /// Pages missing on the destination when it resumed.
     pub missing: u64,
     /// From the start of the source's pause to the destination's first
@@ -267,50 +283,70 @@ fn copy(s: &LinuxVm, d: &mut LinuxVm, pages: &[u64]) -> std::result::Result<u64,
     Ok(pages.len() as u64)
 }
 
-/// Migrates `src` into `dst` (blank, of the same size) by post-copy:
-/// `precopy` passes of pre-copy first (0: none, every page comes after
-/// the switch), then the source pauses, its state goes over, and the
-/// destination resumes with the pages written since the last pass (or
-/// all) missing; each comes when a vCPU faults on it or by the background
-/// copy, which this waits for. `src` stays paused.
+/// Pre-copy passes of `policy`: returns their figures, the pages
+/// harvested but not copied yet, and whether pre-copy converged.
+fn precopy(
+    src: &mut LinuxVm,
+    dst: &mut LinuxVm,
+    policy: &PostcopyPolicy,
+) -> std::result::Result<(Vec<(u64, Duration)>, Vec<u64>, bool), MigrateError> {
+    let mut rounds = Vec::new();
+    let mut pending = Vec::new();
+    if policy.precopy_passes == 0 {
+        return Ok((rounds, pending, false));
+    }
+    src.start_dirty_log()
+        .map_err(src_err("starting dirty logging"))?;
+    let t = Instant::now();
+    let n = copy(src, dst, &(0..src.page_count()).collect::<Vec<_>>())?;
+    rounds.push((n, t.elapsed()));
+    for _ in 1..policy.precopy_passes {
+        let t = Instant::now();
+        pending.clear();
+        src.harvest_dirty(&mut pending)
+            .map_err(src_err("harvesting"))?;
+        if pending.len() as u64 <= policy.switch_below_pages {
+            return Ok((rounds, pending, true));
+        }
+        let n = copy(src, dst, &pending)?;
+        pending.clear();
+        rounds.push((n, t.elapsed()));
+    }
+    Ok((rounds, pending, false))
+}
+
+/// Migrates `src` into `dst` (blank, of the same size): the pre-copy
+/// passes of `policy`, then the source pauses and its state goes over.
+/// If pre-copy converged, the last dirty pages are copied during the
+/// pause; otherwise the destination resumes with them (or, without
+/// pre-copy, every page) missing, and each comes when a vCPU faults on it
+/// or by the background copy, which this waits for. `src` stays paused.
 ///
 /// # Errors
-/// Sizes that differ, `precopy` over [`s2mmu_migrate::driver::MAX_ROUNDS`],
-/// a VM's error at the step it failed (before the destination resumes,
-/// the source then runs on).
+/// Sizes that differ, passes over [`MAX_ROUNDS`], a VM's error at the
+/// step it failed (before the destination resumes, the source then runs
+/// on).
 pub fn migrate_postcopy(
     src: &mut LinuxVm,
     dst: &mut LinuxVm,
-    precopy: u32,
+    policy: &PostcopyPolicy,
 ) -> std::result::Result<PostcopyReport, MigrateError> {
-    let pages = src.page_count();
-    if pages != dst.page_count() {
+    if src.page_count() != dst.page_count() {
         return Err(MigrateError::SizeMismatch {
-            source: pages,
+            source: src.page_count(),
             destination: dst.page_count(),
         });
     }
-    if precopy > MAX_ROUNDS {
+    if policy.precopy_passes > MAX_ROUNDS {
         return Err(MigrateError::Policy(format!(
-            "{precopy} pre-copy passes, over {MAX_ROUNDS}"
+            "{} pre-copy passes, over {MAX_ROUNDS}",
+            policy.precopy_passes
         )));
     }
-    let mut precopy_pages = 0;
-    let mut dirty = Vec::new();
-    if precopy > 0 {
-        src.start_dirty_log()
-            .map_err(src_err("starting dirty logging"))?;
-        precopy_pages += copy(src, dst, &(0..pages).collect::<Vec<_>>())?;
-        for _ in 1..precopy {
-            dirty.clear();
-            src.harvest_dirty(&mut dirty)
-                .map_err(src_err("harvesting"))?;
-            precopy_pages += copy(src, dst, &dirty)?;
-        }
-    }
+    let (rounds, mut pending, converged) = precopy(src, dst, policy)?;
     let t0 = Instant::now();
     src.pause().map_err(src_err("pausing"))?;
-    let hook = match switch(src, dst, precopy, &mut dirty) {
+    let sw = match switch(src, dst, policy.precopy_passes > 0, converged, &mut pending) {
         Ok(h) => h,
         Err(e) => {
             let _ = src.stop_dirty_log();
@@ -318,51 +354,73 @@ pub fn migrate_postcopy(
             return Err(e);
         }
     };
-    let state_bytes = hook.1;
     dst.resume().map_err(dst_err("resuming"))?;
     let downtime = t0.elapsed();
     let t1 = Instant::now();
-    let h = hook.0.clone();
+    let h = sw.hook.clone();
     std::thread::scope(|s| s.spawn(move || h.copy_all()).join())
         .map_err(|_| MigrateError::Policy("the background copy panicked".into()))?;
     let complete = t1.elapsed();
     dst.set_page_fetch(None);
     let _ = src.stop_dirty_log();
-    let m = &hook.0;
+    let m = &sw.hook;
     Ok(PostcopyReport {
-        precopy_pages,
+        rounds,
+        converged,
+        final_pages: sw.final_pages,
         missing: m.total(),
         downtime,
         remote_faults: m.remote_faults.load(Ordering::Relaxed),
         by_fault: m.by_fault.load(Ordering::Relaxed),
         by_background: m.by_background.load(Ordering::Relaxed),
         complete,
-        state_bytes,
+        state_bytes: sw.state_bytes,
     })
 }
 
-/// With the source paused: the missing pages (the last harvest, or all),
-/// the state into the destination, the hook set on it.
+/// What the switch did.
+struct Switched {
+    hook: Arc<MissingPages>,
+    final_pages: u64,
+    state_bytes: usize,
+}
+
+/// With the source paused: the last harvest (with `pending`) copied now
+/// when pre-copy `converged`, else missing (all pages without pre-copy,
+/// `logged` false); the state into the destination; the hook set on it.
 fn switch(
     src: &mut LinuxVm,
     dst: &mut LinuxVm,
-    precopy: u32,
-    dirty: &mut Vec<u64>,
-) -> std::result::Result<(Arc<MissingPages>, usize), MigrateError> {
-    let missing: Vec<u64> = if precopy > 0 {
-        dirty.clear();
-        src.harvest_dirty(dirty)
+    logged: bool,
+    converged: bool,
+    pending: &mut Vec<u64>,
+) -> std::result::Result<Switched, MigrateError> {
+    let mut last: Vec<u64> = if logged {
+        src.harvest_dirty(pending)
             .map_err(src_err("the last harvest"))?;
-        std::mem::take(dirty)
+        std::mem::take(pending)
     } else {
         (0..src.page_count()).collect()
+    };
+    last.sort_unstable();
+    last.dedup();
+    let final_pages = if converged {
+        let n = copy(src, dst, &last)?;
+        last.clear();
+        n
+    } else {
+        0
     };
     let state = src.save_state().map_err(src_err("saving the state"))?;
     dst.restore_state(&state)
         .map_err(dst_err("restoring the state"))?;
-    let m = MissingPages::new(src.ram().clone(), dst.ram().clone(), &missing)
+    let m = MissingPages::new(src.ram().clone(), dst.ram().clone(), &last)
         .map_err(|e| MigrateError::Policy(e.to_string()))?;
-    let m = Arc::new(m);
-    dst.set_page_fetch(Some(m.clone()));
-    Ok((m, state.len()))
+    let hook = Arc::new(m);
+    dst.set_page_fetch(Some(hook.clone()));
+    Ok(Switched {
+        hook,
+        final_pages,
+        state_bytes: state.len(),
+    })
 }

@@ -213,6 +213,9 @@ pub struct Params {
     /// With --guest linux: migrations to run and summarise (1 to 20).
     #[arg(long, default_value_t = 1)]
     pub runs: u32,
+    /// With --guest linux: the guest program, counter (one small step a second, near idle) or dirtier (writes 64 MiB as fast as it can for 30 s, re-checking every page it wrote).
+    #[arg(long, default_value = "counter", value_parser = ["counter", "dirtier"])]
+    pub linux_run: String,
 }
 
 /// The most `--bandwidth` and `--dirty-rate` take: 1 TiB/s.
