@@ -225,6 +225,63 @@ fn round0_rate(r: &Run) -> f64 {
     }
 }
 
+/// The options the Linux guest takes (`--guest auto` picks it only when
+/// no other is given).
+const LINUX_OPTIONS: &[&str] = &[
+    "--mem",
+    "--vcpus",
+    "-v",
+    "--runs",
+    "--json",
+    "-q",
+    "--quiet",
+    "--postcopy",
+    "--linux-run",
+    "--guest",
+];
+
+/// The first option in `args` (migrate's, after the subcommand) that the
+/// Linux guest does not take.
+fn other_option(args: impl Iterator<Item = String>) -> Option<String> {
+    args.filter(|a| a.starts_with('-'))
+        .map(|a| a.split('=').next().unwrap_or_default().to_string())
+        .find(|a| !LINUX_OPTIONS.contains(&a.as_str()))
+}
+
+/// Whether `migrate` runs the Linux guest: `--guest linux`, or `--guest
+/// auto` (the default) with only options it takes and its prerequisites
+/// (QEMU, the EL2 image, the kernel and initramfs) there. When only the
+/// prerequisites are missing, says so and how to get them.
+pub fn chosen(p: &Params, args: impl Iterator<Item = String>) -> bool {
+    match p.guest.as_str() {
+        "linux" => return true,
+        "sim" => return false,
+        _ => {}
+    }
+    if other_option(args).is_some() {
+        return false;
+    }
+    let why = match s2mmu_arm64::available() {
+        Err(e) => format!(
+            "{e} (apt-get install qemu-system-arm binutils-aarch64-linux-gnu, then rebuild)"
+        ),
+        Ok(()) => match assets::ensure(&AssetOptions::from_env()) {
+            Err(e) => e.to_string(),
+            Ok(_) => {
+                if !p.quiet {
+                    eprintln!(
+                        "migrate: the Linux guest (Debian arm64 on two QEMU machines in this \
+                         process); --guest sim for the simulated VM"
+                    );
+                }
+                return true;
+            }
+        },
+    };
+    eprintln!("migrate: the simulated guest, because the Linux guest cannot run here: {why}");
+    false
+}
+
 /// `s2mmu migrate --guest linux`.
 ///
 /// # Errors
@@ -299,6 +356,42 @@ fn report(p: &Params, runs: &[Run]) {
         );
         println!(
             "note: QEMU timings are an emulator's (TCG), on this machine: read them as ratios"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::other_option;
+
+    fn args(a: &[&str]) -> impl Iterator<Item = String> {
+        a.iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn auto_takes_linux_only_with_its_options() {
+        assert_eq!(other_option(args(&[])), None);
+        assert_eq!(
+            other_option(args(&[
+                "--mem",
+                "1G",
+                "-v",
+                "2",
+                "--json",
+                "--postcopy=auto"
+            ])),
+            None
+        );
+        assert_eq!(
+            other_option(args(&["--mem=1G", "--no-tls"])).as_deref(),
+            Some("--no-tls")
+        );
+        assert_eq!(
+            other_option(args(&["--dirty-rate", "0"])).as_deref(),
+            Some("--dirty-rate")
         );
     }
 }
