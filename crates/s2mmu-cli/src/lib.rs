@@ -2,7 +2,7 @@
 //! The subcommands that are only benchmarks live in the binary.
 
 pub mod limits;
-pub mod lost_write;
+pub use s2mmu_migrate::session::lost_write;
 pub mod migrate;
 pub mod plot;
 pub mod progress;

@@ -6,10 +6,11 @@
 //! ([`FormatArg::with`]); the migration stream carries a format as a
 //! [`WireFormat`] code, which the command line's spelling cannot change.
 //! Adding a format: its `VmFormat` impl in s2mmu-vm, a variant here in
-//! [`FormatArg`] and [`WireFormat`] (a new code), and its arm in `with`.
+//! [`FormatArg`] and in s2mmu-migrate's [`WireFormat`] (a new code), and its arm in `with`.
 
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
+pub use s2mmu_migrate::wire::WireFormat;
 use s2mmu_vm::VmFormat;
 
 /// The stage-2 format of the simulated VM.
@@ -55,45 +56,12 @@ impl FormatArg {
     }
 }
 
-/// A stage-2 format as the migration stream's HEADER carries it: a code
-/// fixed on the wire, separate from the command line's enum.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WireFormat {
-    /// Code 0: arm64 stage 2.
-    Arm64,
-    /// Code 1: x86 EPT.
-    Ept,
-}
-
-impl WireFormat {
-    /// The code on the wire.
-    pub const fn code(self) -> u8 {
-        match self {
-            WireFormat::Arm64 => 0,
-            WireFormat::Ept => 1,
-        }
-    }
-
-    /// The format of a code (`None`: one this build does not know).
-    pub const fn of_code(code: u8) -> Option<WireFormat> {
-        match code {
-            0 => Some(WireFormat::Arm64),
-            1 => Some(WireFormat::Ept),
-            _ => None,
-        }
-    }
-
-    /// The command line's value for it.
-    pub const fn arg(self) -> FormatArg {
-        match self {
+impl From<WireFormat> for FormatArg {
+    fn from(w: WireFormat) -> FormatArg {
+        match w {
             WireFormat::Arm64 => FormatArg::Arm64,
             WireFormat::Ept => FormatArg::Ept,
         }
-    }
-
-    /// Its name (as `--format` spells it).
-    pub fn name(self) -> &'static str {
-        self.arg().name()
     }
 }
 
@@ -115,7 +83,7 @@ mod tests {
         for f in [FormatArg::Arm64, FormatArg::Ept] {
             let w = WireFormat::from(f);
             assert_eq!(WireFormat::of_code(w.code()), Some(w));
-            assert_eq!(w.arg(), f);
+            assert_eq!(FormatArg::from(w), f);
             assert_eq!(w.name(), f.name());
         }
         assert_eq!(FormatArg::Arm64.name(), "arm64");

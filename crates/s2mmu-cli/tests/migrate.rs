@@ -9,8 +9,8 @@ use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::migrate::dest::{receive, receive_from, DestOutcome};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
-use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
-use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig};
+use s2mmu_cli::migrate::net::{self, BoxConn, NetConfig};
+use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SimRun};
 use s2mmu_cli::migrate::wire::{tag, Record, WireReader, PAGE_SIZE};
 use s2mmu_vm::Pattern;
 use std::io::{Read, Write};
@@ -28,43 +28,41 @@ fn once(stream: TcpStream) -> impl FnMut(u16) -> Result<BoxConn, MigrateError> {
     }
 }
 
-fn check_equal(cfg: &SourceConfig) {
+fn check_equal(cfg: &SimRun) {
     check_equal_over(cfg, &plain());
 }
 
-fn check_equal_over(cfg: &SourceConfig, net: &NetConfig) {
+fn check_equal_over(cfg: &SimRun, net: &NetConfig) {
     let (s, d) = migrate_in_process(cfg, &dest_cfg(), net).expect("migration succeeds");
-    assert_eq!(s.channels, cfg.channels);
-    assert_eq!(d.channels, cfg.channels);
-    assert_eq!(d.probe_bytes, cfg.mem_size);
-    assert_eq!(s.slot_digests.len(), cfg.slots as usize);
+    assert_eq!(s.channels, cfg.session.channels);
+    assert_eq!(d.channels, cfg.session.channels);
+    assert_eq!(d.probe_bytes, cfg.guest.mem_size);
+    assert_eq!(s.slot_digests.len(), cfg.guest.slots as usize);
     assert_eq!(s.slot_digests, d.slot_digests, "per-slot digests agree");
     assert!(d.resumed_at.is_some());
-    assert_eq!(d.verify_mismatches, cfg.verify_full.then_some(0));
+    assert_eq!(d.verify_mismatches, cfg.session.verify_full.then_some(0));
     assert!(s.rounds.len() >= 2, "a full round and the stop-and-copy");
     assert!(s.rounds.last().unwrap().final_round);
-    assert_eq!(s.rounds[0].pages, cfg.mem_size / PAGE_SIZE as u64);
+    assert_eq!(s.rounds[0].pages, cfg.guest.mem_size / PAGE_SIZE as u64);
     // The destination's guest went on from where the source's stopped.
     assert!(d.resumed_passes.iter().all(|&p| p >= 1));
 }
 
 #[test]
 fn bitmap_migration_leaves_equal_memory() {
-    check_equal(&SourceConfig {
-        verify_full: true,
-        ..small(32 << 20)
-    });
+    check_equal(&small(32 << 20).with(|_, s| {
+        s.verify_full = true;
+    }));
 }
 
 #[test]
 fn ring_migration_leaves_equal_memory() {
     // Small rings fill during the first round: the sender reaps them.
-    check_equal(&SourceConfig {
-        harvest: Harvest::Ring,
-        verify_full: true,
-        pattern: Pattern::Random,
-        ..small(16 << 20)
-    });
+    check_equal(&small(16 << 20).with(|g, s| {
+        s.harvest = Harvest::Ring;
+        s.verify_full = true;
+        g.pattern = Pattern::Random;
+    }));
 }
 
 #[test]
@@ -76,37 +74,34 @@ fn three_channels_over_tls_leave_equal_memory() {
         security: net::ephemeral_tls().unwrap(),
     };
     check_equal_over(
-        &SourceConfig {
-            channels: 3,
-            verify_full: true,
-            ..small(16 << 20)
-        },
+        &small(16 << 20).with(|_, s| {
+            s.channels = 3;
+            s.verify_full = true;
+        }),
         &net,
     );
 }
 
 #[test]
 fn ring_harvest_over_two_channels_leaves_equal_memory() {
-    check_equal(&SourceConfig {
-        channels: 2,
-        harvest: Harvest::Ring,
-        pattern: Pattern::Random,
-        verify_full: true,
-        ..small(16 << 20)
-    });
+    check_equal(&small(16 << 20).with(|g, s| {
+        s.channels = 2;
+        s.harvest = Harvest::Ring;
+        g.pattern = Pattern::Random;
+        s.verify_full = true;
+    }));
 }
 
 #[test]
 fn baseline_policy_with_throttle_migrates() {
     // A guest dirtying twice as fast as the link drains: auto-converge must
     // throttle it enough to finish.
-    check_equal(&SourceConfig {
-        policy: MmuPolicy::baseline(),
-        dirty_rate: 64 << 20,
-        bandwidth: 32 << 20,
-        max_downtime: Duration::from_millis(50),
-        ..small(8 << 20)
-    });
+    check_equal(&small(8 << 20).with(|g, s| {
+        g.policy = MmuPolicy::baseline();
+        g.dirty_rate = 64 << 20;
+        s.bandwidth = 32 << 20;
+        s.max_downtime = Duration::from_millis(50);
+    }));
 }
 
 /// Reads through, keeping a copy of every byte.
@@ -131,8 +126,6 @@ impl<R: Write> Write for Tee<R> {
         self.inner.flush()
     }
 }
-
-impl<R: Read + Write + Send> Conn for Tee<R> {}
 
 /// A real migration whose stream is recorded on the way in.
 fn recorded_stream() -> Vec<u8> {
@@ -296,14 +289,13 @@ fn damaged_streams_are_rejected_and_never_resumed() {
 fn a_migration_that_cannot_converge_fails_cleanly() {
     // The guest dirties all of its memory every round and the link is too
     // slow to send it within the budget; no convergence help.
-    let cfg = SourceConfig {
-        dirty_rate: 0,
-        bandwidth: 16 << 20,
-        converge: Converge::None,
-        max_rounds: 2,
-        max_downtime: Duration::from_millis(50),
-        ..small(8 << 20)
-    };
+    let cfg = small(8 << 20).with(|g, s| {
+        g.dirty_rate = 0;
+        s.bandwidth = 16 << 20;
+        s.converge = Converge::None;
+        s.max_rounds = 2;
+        s.max_downtime = Duration::from_millis(50);
+    });
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let t = std::thread::spawn(move || {
@@ -410,12 +402,11 @@ fn wrong_memory_on_the_destination_fails_verification() {
         let _ = tampering_proxy(from, to, (1 << 32) + (8 << 20) - PAGE_SIZE as u64);
     });
     let stream = TcpStream::connect(proxy_addr).unwrap();
-    let cfg = SourceConfig {
+    let cfg = small(8 << 20).with(|g, _| {
         // A guest writing a page per second per vCPU: the tampered page is
         // sent once, so the wrong byte stays on the destination.
-        dirty_rate: 2 * PAGE_SIZE as u64,
-        ..small(8 << 20)
-    };
+        g.dirty_rate = 2 * PAGE_SIZE as u64;
+    });
     let r = migrate_source(&cfg, &mut once(stream));
     match &r {
         Err(MigrateError::MemoryMismatch { slot: 1, .. }) => {}

@@ -9,31 +9,30 @@ use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::extras::SourceExtras;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::NetConfig;
-use s2mmu_cli::migrate::source::{Harvest, SourceConfig};
+use s2mmu_cli::migrate::source::{Harvest, SimRun};
 use s2mmu_vm::{Backing, Pattern};
 use std::time::Duration;
 
 /// A small guest whose pre-copy takes several rounds (a slow link, a
 /// tight downtime budget), rewriting its pages in order.
-fn cfg(extras: SourceExtras) -> SourceConfig {
-    SourceConfig {
-        mem_size: 16 << 20,
-        backing: Backing::Anonymous,
-        slots: 2,
-        clear_chunk: 1 << 20,
-        dirty_rate: 16 << 20,
-        bandwidth: 64 << 20,
-        max_downtime: Duration::from_millis(20),
-        pattern: Pattern::Sequential,
-        warmup: Duration::from_millis(50),
-        sample_every: Duration::from_millis(20),
-        progress: std::sync::Arc::new(s2mmu_cli::progress::Progress::off()),
-        extras,
-        ..SourceConfig::default()
-    }
+fn cfg(extras: SourceExtras) -> SimRun {
+    SimRun::default().with(|g, s| {
+        g.mem_size = 16 << 20;
+        g.backing = Backing::Anonymous;
+        g.slots = 2;
+        s.clear_chunk = 1 << 20;
+        g.dirty_rate = 16 << 20;
+        s.bandwidth = 64 << 20;
+        s.max_downtime = Duration::from_millis(20);
+        g.pattern = Pattern::Sequential;
+        s.warmup = Duration::from_millis(50);
+        s.sample_every = Duration::from_millis(20);
+        s.progress = s2mmu_migrate::session::Progress::off();
+        s.extras = extras;
+    })
 }
 
-fn run(c: &SourceConfig) -> Result<s2mmu_cli::migrate::source::SourceOutcome, MigrateError> {
+fn run(c: &SimRun) -> Result<s2mmu_cli::migrate::source::SourceOutcome, MigrateError> {
     let dest = DestConfig {
         prefault: false,
         ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
@@ -91,14 +90,14 @@ fn snapshots_beside_a_migration_restore_to_the_source_memory() {
 
 #[test]
 fn options_that_cannot_work_are_refused_before_the_guest_starts() {
-    let ring = SourceConfig {
-        harvest: Harvest::Ring,
-        ring_entries: 256,
-        ..cfg(SourceExtras {
-            check: true,
-            ..SourceExtras::default()
-        })
-    };
+    let ring = cfg(SourceExtras {
+        check: true,
+        ..SourceExtras::default()
+    })
+    .with(|g, s| {
+        s.harvest = Harvest::Ring;
+        g.ring_entries = 256;
+    });
     assert!(matches!(run(&ring), Err(MigrateError::Setup(_))));
     let no_dir = cfg(SourceExtras {
         snapshot_every: Some(Duration::from_millis(20)),

@@ -11,44 +11,42 @@ use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::extras::SourceExtras;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::postcopy::Postcopy;
-use s2mmu_cli::migrate::source::{Harvest, SourceConfig};
+use s2mmu_cli::migrate::source::{Harvest, SimRun};
 use s2mmu_cli::migrate::wire::{tag, Header, Record, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu_cli::vm_format::FormatArg;
 use std::time::Duration;
 
 /// A small EPT guest dirtying at full speed.
-fn ept(mem: u64) -> SourceConfig {
-    SourceConfig {
-        dirty_rate: 0,
-        format: FormatArg::Ept,
-        ..small(mem)
-    }
+fn ept(mem: u64) -> SimRun {
+    small(mem).with(|g, _| {
+        g.dirty_rate = 0;
+        g.format = FormatArg::Ept.into();
+    })
 }
 
 fn dest_on(format: FormatArg) -> DestConfig {
     DestConfig {
-        format,
+        format: format.into(),
         ..dest_cfg()
     }
 }
 
 #[test]
 fn precopy_on_ept_verifies_byte_for_byte_with_no_lost_write() {
-    let cfg = SourceConfig {
-        verify_full: true,
-        extras: SourceExtras {
+    let cfg = ept(16 << 20).with(|_, s| {
+        s.verify_full = true;
+        s.extras = SourceExtras {
             check: true,
             ..SourceExtras::default()
-        },
-        ..ept(16 << 20)
-    };
+        };
+    });
     let (s, d) = migrate_in_process(&cfg, &dest_on(FormatArg::Ept), &plain())
         .expect("an EPT migration succeeds");
     assert!(s.postcopy.is_none());
-    assert_eq!(s.slot_digests.len(), cfg.slots as usize);
+    assert_eq!(s.slot_digests.len(), cfg.guest.slots as usize);
     assert_eq!(s.slot_digests, d.slot_digests, "per-slot digests agree");
     assert_eq!(d.verify_mismatches, Some(0), "every page equal");
-    assert_eq!(s.rounds[0].pages, cfg.mem_size / PAGE_SIZE as u64);
+    assert_eq!(s.rounds[0].pages, cfg.guest.mem_size / PAGE_SIZE as u64);
     assert!(s.rounds.last().unwrap().final_round);
     let c = s.extras.check.expect("checked");
     assert_eq!(c.lost, 0);
@@ -58,11 +56,10 @@ fn precopy_on_ept_verifies_byte_for_byte_with_no_lost_write() {
 
 #[test]
 fn precopy_on_ept_with_dirty_rings_over_two_channels() {
-    let cfg = SourceConfig {
-        harvest: Harvest::Ring,
-        channels: 2,
-        ..ept(16 << 20)
-    };
+    let cfg = ept(16 << 20).with(|_, s| {
+        s.harvest = Harvest::Ring;
+        s.channels = 2;
+    });
     let (s, d) = migrate_in_process(&cfg, &dest_on(FormatArg::Ept), &plain())
         .expect("an EPT migration with dirty rings succeeds");
     assert_eq!(s.slot_digests, d.slot_digests);
@@ -74,14 +71,13 @@ fn precopy_on_ept_with_dirty_rings_over_two_channels() {
 fn snapshots_beside_an_ept_migration_restore_to_the_source_memory() {
     let dir = std::env::temp_dir().join(format!("s2mmu-migrate-ept-snap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = SourceConfig {
-        extras: SourceExtras {
+    let cfg = ept(8 << 20).with(|_, s| {
+        s.extras = SourceExtras {
             snapshot_every: Some(Duration::from_millis(20)),
             snapshot_dir: Some(dir.clone()),
             ..SourceExtras::default()
-        },
-        ..ept(8 << 20)
-    };
+        };
+    });
     let (s, d) = migrate_in_process(&cfg, &dest_on(FormatArg::Ept), &plain())
         .expect("an EPT migration with snapshots succeeds");
     assert_eq!(s.slot_digests, d.slot_digests);
@@ -93,10 +89,9 @@ fn snapshots_beside_an_ept_migration_restore_to_the_source_memory() {
 
 #[test]
 fn postcopy_on_ept_fetches_every_missing_page_and_verifies() {
-    let cfg = SourceConfig {
-        postcopy: Postcopy::On,
-        ..ept(16 << 20)
-    };
+    let cfg = ept(16 << 20).with(|_, s| {
+        s.postcopy = Postcopy::On;
+    });
     let (s, d) = migrate_in_process(&cfg, &dest_on(FormatArg::Ept), &plain())
         .expect("an EPT post-copy succeeds");
     let pc = s.postcopy.as_ref().expect("switched to post-copy");
@@ -113,10 +108,9 @@ fn a_source_on_another_format_is_refused_and_keeps_its_guest() {
         (FormatArg::Ept, FormatArg::Arm64),
         (FormatArg::Arm64, FormatArg::Ept),
     ] {
-        let cfg = SourceConfig {
-            format: src,
-            ..ept(4 << 20)
-        };
+        let cfg = ept(4 << 20).with(|g, _| {
+            g.format = src.into();
+        });
         match migrate_in_process(&cfg, &dest_on(dst), &plain()) {
             Err(MigrateError::Rejected { reason }) => {
                 let want = MigrateError::FormatMismatch {

@@ -9,33 +9,31 @@ use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::migrate::dest::{receive_from, serve, DestConfig, DestOutcome, Limits};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::net::{self, NetConfig, Security};
-use s2mmu_cli::migrate::source::{migrate_source, SourceConfig, SourceOutcome};
+use s2mmu_cli::migrate::source::{migrate_source, SimRun, SourceOutcome};
 use s2mmu_cli::migrate::wire::{
     tag, Batch, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
 };
-use s2mmu_cli::progress::Progress;
 use s2mmu_cli::vm_format::FormatArg;
+use s2mmu_migrate::session::Progress;
 use s2mmu_vm::{Backing, VcpuState};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_millis(400);
 
-fn small(mem: u64) -> SourceConfig {
-    SourceConfig {
-        mem_size: mem,
-        backing: Backing::Anonymous,
-        slots: 1,
-        clear_chunk: 1 << 20,
-        warmup: Duration::from_millis(20),
-        sample_every: Duration::from_millis(20),
-        progress: Arc::new(Progress::off()),
-        ..SourceConfig::default()
-    }
+fn small(mem: u64) -> SimRun {
+    SimRun::default().with(|g, s| {
+        g.mem_size = mem;
+        g.backing = Backing::Anonymous;
+        g.slots = 1;
+        s.clear_chunk = 1 << 20;
+        s.warmup = Duration::from_millis(20);
+        s.sample_every = Duration::from_millis(20);
+        s.progress = Progress::off();
+    })
 }
 
 /// A destination that gives up waiting for an authenticated source after
@@ -65,11 +63,7 @@ fn start_dest(
     (addr, std::thread::spawn(move || serve(&l, &cfg, &net)))
 }
 
-fn run_source(
-    cfg: &SourceConfig,
-    addr: &str,
-    net: &NetConfig,
-) -> Result<SourceOutcome, MigrateError> {
+fn run_source(cfg: &SimRun, addr: &str, net: &NetConfig) -> Result<SourceOutcome, MigrateError> {
     migrate_source(cfg, &mut |_| {
         let s = net::connect_tcp(addr, net)?;
         net::client(s, net)
@@ -182,24 +176,21 @@ fn a_stream_asking_for_more_than_the_destination_allows_is_rejected() {
     for (cfg, what) in [
         (small(16 << 20), "bytes of guest memory"),
         (
-            SourceConfig {
-                vcpus: 3,
-                ..small(8 << 20)
-            },
+            small(8 << 20).with(|g, _| {
+                g.vcpus = 3;
+            }),
             "vCPUs",
         ),
         (
-            SourceConfig {
-                slots: 4,
-                ..small(8 << 20)
-            },
+            small(8 << 20).with(|g, _| {
+                g.slots = 4;
+            }),
             "memslots",
         ),
         (
-            SourceConfig {
-                channels: 3,
-                ..small(8 << 20)
-            },
+            small(8 << 20).with(|_, s| {
+                s.channels = 3;
+            }),
             "channels",
         ),
     ] {
@@ -549,10 +540,9 @@ fn a_damaged_page_on_a_further_channel_is_named_and_the_guest_stays_on_the_sourc
         io_timeout: long,
         security: Security::Plain,
     };
-    let cfg = SourceConfig {
-        channels: 2,
-        ..small(16 << 20)
-    };
+    let cfg = small(16 << 20).with(|_, s| {
+        s.channels = 2;
+    });
     let r = migrate_source(&cfg, &mut |c| {
         let a = if c == 1 { &proxy_addr } else { &dest_addr };
         let s = net::connect_tcp(a, &net)?;

@@ -11,24 +11,23 @@ use migrate_common::{dest_cfg, plain};
 use s2mmu_cli::migrate::dest::{serve, DestOutcome};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
-use s2mmu_cli::migrate::net::{self, BoxConn, Conn, NetConfig};
+use s2mmu_cli::migrate::net::{self, BoxConn, Connection, NetConfig, ShutdownHandle};
 use s2mmu_cli::migrate::postcopy::Postcopy;
-use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SourceConfig, SourceOutcome};
+use s2mmu_cli::migrate::source::{migrate_source, Converge, Harvest, SimRun, SourceOutcome};
 use s2mmu_cli::migrate::wire::{tag, PAGE_SIZE};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::time::Duration;
 
 /// [`migrate_common::small`] with post-copy on, dirtying at full speed.
-fn small(mem: u64) -> SourceConfig {
-    SourceConfig {
-        dirty_rate: 0,
-        postcopy: Postcopy::On,
-        ..migrate_common::small(mem)
-    }
+fn small(mem: u64) -> SimRun {
+    migrate_common::small(mem).with(|g, s| {
+        g.dirty_rate = 0;
+        s.postcopy = Postcopy::On;
+    })
 }
 
-fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SourceConfig) {
+fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SimRun) {
     let pc = s
         .postcopy
         .as_ref()
@@ -43,12 +42,12 @@ fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SourceConfig) {
         f.missing_pages > 0,
         "a guest dirtying at full speed leaves pages to fetch"
     );
-    assert!(f.missing_pages <= cfg.mem_size / PAGE_SIZE as u64);
+    assert!(f.missing_pages <= cfg.guest.mem_size / PAGE_SIZE as u64);
     // Every missing page landed exactly once, from one of the two streams.
     assert_eq!(f.background_pages + f.answered_pages, f.missing_pages);
     assert!(f.requests >= 1 && f.remote_faults >= f.requests.min(1));
     assert!(f.reference_samples >= 1);
-    assert_eq!(s.slot_digests.len(), cfg.slots as usize);
+    assert_eq!(s.slot_digests.len(), cfg.guest.slots as usize);
     assert_eq!(s.slot_digests, d.slot_digests, "memory verified");
     assert!(d.resumed_passes.iter().all(|&p| p >= 1));
 }
@@ -64,11 +63,10 @@ fn a_guest_dirtying_as_fast_as_it_can_migrates_with_postcopy() {
 
 #[test]
 fn postcopy_with_dirty_rings_and_two_channels_over_tls() {
-    let cfg = SourceConfig {
-        harvest: Harvest::Ring,
-        channels: 2,
-        ..small(32 << 20)
-    };
+    let cfg = small(32 << 20).with(|_, s| {
+        s.harvest = Harvest::Ring;
+        s.channels = 2;
+    });
     let net = NetConfig {
         security: net::ephemeral_tls().unwrap(),
         ..plain()
@@ -79,14 +77,13 @@ fn postcopy_with_dirty_rings_and_two_channels_over_tls() {
 
 #[test]
 fn postcopy_auto_switches_when_precopy_does_not_converge() {
-    let cfg = SourceConfig {
-        postcopy: Postcopy::Auto,
-        bandwidth: 64 << 20,
-        converge: Converge::None,
-        max_rounds: 6,
-        max_downtime: Duration::from_millis(5),
-        ..small(16 << 20)
-    };
+    let cfg = small(16 << 20).with(|_, s| {
+        s.postcopy = Postcopy::Auto;
+        s.bandwidth = 64 << 20;
+        s.converge = Converge::None;
+        s.max_rounds = 6;
+        s.max_downtime = Duration::from_millis(5);
+    });
     let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &plain()).expect("post-copy succeeds");
     check_postcopy(&s, &d, &cfg);
     let after = s.postcopy.as_ref().unwrap().after_round;
@@ -149,8 +146,8 @@ impl Write for Tamper {
                 }
                 Harm::Cut(k) if self.pos + data.len() as u64 > at + k => {
                     self.done = true;
-                    if let Some(s) = self.inner.tcp() {
-                        net::shutdown(s);
+                    if let Ok(s) = self.inner.shutdown_handle() {
+                        s.shutdown();
                     }
                     return Err(std::io::Error::other("cut"));
                 }
@@ -166,9 +163,18 @@ impl Write for Tamper {
     }
 }
 
-impl Conn for Tamper {
-    fn tcp(&self) -> Option<&TcpStream> {
-        self.inner.tcp()
+impl Connection for Tamper {
+    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.inner.set_io_timeout(timeout)
+    }
+    fn io_timeout(&self) -> Option<Duration> {
+        self.inner.io_timeout()
+    }
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+        self.inner.shutdown_handle()
+    }
+    fn peer(&self) -> String {
+        self.inner.peer()
     }
 }
 
@@ -176,7 +182,7 @@ impl Conn for Tamper {
 /// (only the first one opened for that channel unless `every`); returns
 /// both sides' results.
 fn tampered(
-    cfg: &SourceConfig,
+    cfg: &SimRun,
     victim: u16,
     arm_on_postcopy: bool,
     harm: Harm,
@@ -227,7 +233,13 @@ fn a_damaged_answer_is_refused_and_both_sides_say_memory_is_split() {
     let cfg = small(16 << 20);
     // The answer connection carries only post-copy pages: byte 200 after
     // its opening and JOIN (41 bytes) lies in the first answer's page data.
-    let (s, d) = tampered(&cfg, cfg.channels + 1, false, Harm::Flip(41 + 200), true);
+    let (s, d) = tampered(
+        &cfg,
+        cfg.session.channels + 1,
+        false,
+        Harm::Flip(41 + 200),
+        true,
+    );
     let msg = assert_split(&d, "destination");
     assert!(msg.contains("checksum mismatch"), "{msg}");
     assert_split(&s, "source");
@@ -288,11 +300,14 @@ fn cut_and_recover(harvest: Harvest) {
         .collect();
     cuts.push((3, false, 41 + 5));
     for (victim, arm_on_postcopy, at) in cuts {
-        let cfg = SourceConfig {
-            harvest,
-            ..small(16 << 20)
+        let cfg = small(16 << 20).with(|_, s| {
+            s.harvest = harvest;
+        });
+        let victim = if victim == 0 {
+            0
+        } else {
+            cfg.session.channels + 1
         };
-        let victim = if victim == 0 { 0 } else { cfg.channels + 1 };
         let (s, d) = tampered(&cfg, victim, arm_on_postcopy, Harm::Cut(at), false);
         let (s, d) = match (s, d) {
             (Ok(s), Ok(d)) => (s, d),
@@ -320,7 +335,13 @@ fn a_connection_that_keeps_breaking_ends_in_split_memory() {
     let cfg = small(16 << 20);
     // Every answer connection is cut at its first answer: the recoveries
     // run out.
-    let (s, d) = tampered(&cfg, cfg.channels + 1, false, Harm::Cut(41 + 5), true);
+    let (s, d) = tampered(
+        &cfg,
+        cfg.session.channels + 1,
+        false,
+        Harm::Cut(41 + 5),
+        true,
+    );
     let msg = assert_split(&d, "destination");
     assert!(msg.contains("recoveries already"), "{msg}");
     assert_split(&s, "source");
@@ -330,17 +351,23 @@ fn a_connection_that_keeps_breaking_ends_in_split_memory() {
 /// source's memory plus exactly the writes of the states it reports.
 #[test]
 fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
-    use s2mmu_cli::migrate::postcopy::{source::verify, Final};
+    use s2mmu_cli::migrate::postcopy::Final;
     use s2mmu_cli::migrate::source::source_digests;
     use s2mmu_cli::migrate::wire::GuestState;
+    use s2mmu_migrate::sim::source::verify;
+    use s2mmu_migrate::sim::state::encode_vcpus;
+    use s2mmu_migrate::sim::SimVm;
     use s2mmu_vm::{stamp, VcpuState, Vm, VmConfig};
+    use std::sync::Arc;
 
-    let vm: Vm = Vm::new(VmConfig {
-        mem_size: 1 << 20,
-        slots: 2,
-        ..VmConfig::default()
-    })
-    .unwrap();
+    let vm: SimVm<s2mmu::format::arm64::Arm64Stage2> = SimVm::new(Arc::new(
+        Vm::new(VmConfig {
+            mem_size: 1 << 20,
+            slots: 2,
+            ..VmConfig::default()
+        })
+        .unwrap(),
+    ));
     let from = VcpuState {
         pass: 3,
         next_page: 10,
@@ -361,18 +388,19 @@ fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
         writes: 102,
         ..from
     };
-    let dest_mem: Vm = Vm::new(vm.config().clone()).unwrap();
+    let dest_mem: SimVm<s2mmu::format::arm64::Arm64Stage2> =
+        SimVm::new(Arc::new(Vm::new(vm.vm().config().clone()).unwrap()));
     for p in [10u64, 11] {
-        dest_mem.memory().write_u64(p * 4096, stamp(0, 3, p));
+        dest_mem.vm().memory().write_u64(p * 4096, stamp(0, 3, p));
     }
     let good = Final {
-        vcpus: vec![to, from],
+        state: encode_vcpus(&[to, from]),
         digests: source_digests(&dest_mem),
         ..Final::default()
     };
     assert_eq!(verify(&vm, &state, &good).unwrap(), good.digests);
     // A write the replay does not explain (a late copy overwrote one, say).
-    dest_mem.memory().write_u64(11 * 4096, 0);
+    dest_mem.vm().memory().write_u64(11 * 4096, 0);
     let wrong = Final {
         digests: source_digests(&dest_mem),
         ..good.clone()
@@ -383,13 +411,13 @@ fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
     }
     // States the guest cannot have reached.
     let backwards = Final {
-        vcpus: vec![
+        state: encode_vcpus(&[
             VcpuState {
                 next_page: 5,
                 ..from
             },
             from,
-        ],
+        ]),
         ..good.clone()
     };
     assert!(matches!(
@@ -397,7 +425,7 @@ fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
         Err(MigrateError::MemoryMismatch { .. })
     ));
     let too_few = Final {
-        vcpus: vec![to],
+        state: encode_vcpus(&[to]),
         ..good
     };
     assert!(matches!(

@@ -43,10 +43,7 @@ fn authenticate(addr: &str, net: &NetConfig) -> Result<BoxConn, MigrateError> {
 /// Waits until the destination closes `conn` (end of stream or a reset;
 /// not our own read deadline), at most [`CLOSED_WITHIN`].
 fn closed_by_destination(mut conn: BoxConn) {
-    conn.tcp()
-        .unwrap()
-        .set_read_timeout(Some(CLOSED_WITHIN))
-        .unwrap();
+    conn.set_io_timeout(Some(CLOSED_WITHIN)).unwrap();
     let mut b = [0u8; 64];
     match conn.read(&mut b) {
         Ok(0) => {}

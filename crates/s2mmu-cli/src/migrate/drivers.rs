@@ -1,66 +1,23 @@
 //! The two ways to run a migration: both sides in this process
 //! ([`migrate_in_process`], what [`main`] runs by default), or one side per
-//! process (`--to` runs a source here, `--listen` a destination).
+//! process (`--to` runs a source here, `--listen` a destination). The
+//! migration itself is the library's (`s2mmu_migrate::session`, the
+//! simulated guest's parts in `s2mmu_migrate::sim`); this chooses, shows
+//! and reports.
 
-use super::dest::{serve, DestConfig, DestOutcome};
+use super::dest::{serve, DestOutcome};
 use super::error::MigrateError;
+use super::migrate_in_process;
 use super::net::NetConfig;
 use super::params::{HarvestArg, Params};
 use super::postcopy::control::{Control, ControlSocket};
 use super::report_text::{dest_json, digests_text, params_json, report, MIB};
-use super::source::{migrate_source, SourceConfig, SourceOutcome};
+use super::source::{migrate_source, SimRun, SourceOutcome};
 use super::{net, plot};
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
 use s2mmu::mmu::{FaultPath, MmuPolicy};
-use std::net::TcpListener;
-use std::sync::Arc;
-
-/// Runs a whole migration in this process: a destination thread serving
-/// a loopback port and the source connecting to it, both secured as `net`
-/// says.
-///
-/// # Errors
-/// The source's error when it failed (the destination's then follows from
-/// it), otherwise the destination's.
-pub fn migrate_in_process(
-    cfg: &SourceConfig,
-    dest: &DestConfig,
-    net: &NetConfig,
-) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| MigrateError::io("listening on a loopback port", &e))?;
-    let (dcfg, dnet) = (dest.clone(), net.clone());
-    let stop = dcfg.stop.clone();
-    let dest_thread = std::thread::Builder::new()
-        .name("migrate-dest".into())
-        .spawn(move || serve(&listener, &dcfg, &dnet))
-        .map_err(|e| MigrateError::io("starting the destination thread", &e))?;
-    let a = addr.to_string();
-    let src = migrate_source(cfg, &mut |_| {
-        let s = net::connect_tcp(&a, net)?;
-        net::client(s, net)
-    });
-    if src.is_err() {
-        // A destination still waiting for the source's first connection
-        // (the source failed before connecting): stop it. (A connection
-        // would not: one that fails before authenticating never ends the
-        // wait.)
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-    let dst = dest_thread.join().unwrap_or_else(|_| {
-        Err(MigrateError::Setup(
-            "the destination thread panicked".into(),
-        ))
-    });
-    match (src, dst) {
-        (Ok(s), Ok(d)) => Ok((s, d)),
-        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-    }
-}
+use s2mmu_migrate::session::{Progress as SessionProgress, ProgressEvent};
 
 /// `s2mmu migrate`.
 ///
@@ -94,26 +51,26 @@ pub fn main(p: Params) -> Result<(), String> {
     for (baseline, name) in &policies {
         for &channels in &channel_list {
             let mut cfg = p.source_config(*baseline)?;
-            cfg.channels = channels;
+            cfg.session.channels = channels;
             if p.compare_policies {
-                cfg.label = format!("[{}] ", policy_label(&cfg.policy));
+                cfg.session.label = format!("[{}] ", policy_label(&cfg.guest.policy));
             } else if channel_list.len() > 1 {
-                cfg.label = format!("[{channels} channel(s)] ");
+                cfg.session.label = format!("[{channels} channel(s)] ");
             }
-            let policy = cfg.policy;
+            let policy = cfg.guest.policy;
             // Progress goes to stderr in every mode (--json's stdout is
             // unchanged), so no migration is silent until its end: a start
             // line, then the link and a line or a bar step per round.
             let bar = Progress::new(
-                &format!("{}migrate", cfg.label),
-                u64::from(cfg.max_rounds).saturating_add(2),
+                &format!("{}migrate", cfg.session.label),
+                u64::from(cfg.session.max_rounds).saturating_add(2),
                 !p.quiet,
             );
             if bar.is_on() {
                 bar.line(&start_line(&cfg, p.to.as_deref(), &net));
             }
-            cfg.progress = Arc::new(bar);
-            cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
+            cfg.session.progress = progress_to(bar);
+            cfg.session.recovery.control = control.as_ref().map(|c| c.0.clone());
             let (s, d) = match &p.to {
                 Some(addr) => (
                     source_to(&cfg, addr, &net).map_err(|e| e.to_string())?,
@@ -167,14 +124,16 @@ pub fn main(p: Params) -> Result<(), String> {
 
 /// Runs a source in this process, migrating to `addr` (after a post-copy
 /// `recover ADDR`, to the operator's address).
-fn source_to(
-    cfg: &SourceConfig,
-    addr: &str,
-    net: &NetConfig,
-) -> Result<SourceOutcome, MigrateError> {
+fn source_to(cfg: &SimRun, addr: &str, net: &NetConfig) -> Result<SourceOutcome, MigrateError> {
     migrate_source(cfg, &mut |_| {
-        let to = cfg.recovery.control.as_ref().and_then(|c| c.redirect());
-        let s = net::connect_tcp(to.as_deref().unwrap_or(addr), net)?;
+        let to = cfg
+            .session
+            .recovery
+            .control
+            .as_ref()
+            .and_then(|c| c.redirect());
+        // `unix:PATH` is a Unix socket (a same-host upgrade).
+        let s = net::connect(to.as_deref().unwrap_or(addr), net)?;
         net::client(s, net)
     })
 }
@@ -191,22 +150,35 @@ fn start_control(p: &Params, side: &'static str) -> Result<Option<ControlSocket>
 }
 
 /// What a run migrates, where to and how: its first progress line.
-fn start_line(cfg: &SourceConfig, to: Option<&str>, net: &NetConfig) -> String {
+fn start_line(cfg: &SimRun, to: Option<&str>, net: &NetConfig) -> String {
+    let g = &cfg.guest;
     format!(
         "{}migrating a {} guest ({} stage 2, {}, {} vCPUs dirtying {}) {} over {} channel(s), {}",
-        cfg.label,
-        human_bytes(cfg.mem_size),
-        cfg.format.name(),
-        cfg.backing.name(),
-        cfg.vcpus,
-        rate_text(cfg.dirty_rate),
+        cfg.session.label,
+        human_bytes(g.mem_size),
+        g.format.name(),
+        g.backing.name(),
+        g.vcpus,
+        rate_text(g.dirty_rate),
         match to {
             Some(a) => format!("to {a}"),
             None => "over loopback TCP in this process".into(),
         },
-        cfg.channels,
+        cfg.session.channels,
         net.security.describe()
     )
+}
+
+/// The session's progress callback drawing on `bar`: its lines as lines
+/// (or the bar's message), one step per round.
+fn progress_to(bar: Progress) -> SessionProgress {
+    if !bar.is_on() {
+        return SessionProgress::off();
+    }
+    SessionProgress::to(move |e| match e {
+        ProgressEvent::Line(l) => bar.line(l),
+        ProgressEvent::Step => bar.step(),
+    })
 }
 
 pub(super) fn rate_text(r: u64) -> String {
@@ -241,12 +213,10 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
     cfg.recovery = p.recovery()?;
     let control = start_control(p, "destination")?;
     cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
-    let listener = TcpListener::bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
+    let listener = net::bind(addr).map_err(|e| e.to_string())?;
     eprintln!(
         "destination listening on {} ({}); accepts a guest on --format {} with at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
-        listener
-            .local_addr()
-            .map_or(addr.to_string(), |a| a.to_string()),
+        listener.local(),
         net.security.describe(),
         cfg.format.name(),
         human_bytes(cfg.limits.max_mem),
@@ -259,7 +229,7 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         // Connections that fail before they authenticate never come back
         // from `serve` (it logs them and goes on): every error here is an
         // authenticated source's attempt.
-        match serve(&listener, &cfg, &net) {
+        match serve(&*listener, &cfg, &net) {
             Ok(d) => break d,
             Err(e) => {
                 failures += 1;

@@ -11,26 +11,39 @@
 //! and the source then checks the destination's memory against its own
 //! ([`source`]).
 
-pub mod bandwidth;
-pub mod checks;
-pub mod dest;
-pub mod error;
-pub mod extras;
-pub mod hash;
 pub mod linux;
-pub mod net;
 pub mod plot;
-pub mod postcopy;
-pub mod source;
-pub mod timeline;
+pub mod postcopy_report;
 pub mod wire;
+
+// The migration (session, stream, transport, the simulated guest's
+// parts) lives in the library; this crate holds its flags, reports and
+// plots.
+pub use s2mmu_migrate::session::{checks, dest, extras, timeline};
+pub use s2mmu_migrate::stream_error as error;
+pub use s2mmu_migrate::transport as net;
+pub use s2mmu_migrate::{bandwidth, hash};
+
+/// Post-copy (the library's), with its report (this crate's).
+pub mod postcopy {
+    pub use super::postcopy_report as report;
+    pub use s2mmu_migrate::session::postcopy::*;
+}
+
+/// The source (the library's session) and the simulated guest it runs.
+pub mod source {
+    pub use s2mmu_migrate::session::digests::source_digests;
+    pub use s2mmu_migrate::session::source::*;
+    pub use s2mmu_migrate::sim::source::{migrate_source, SimGuestConfig, SimRun};
+}
 
 mod drivers;
 mod params;
 mod report_text;
 
-pub use drivers::{main, migrate_in_process, policy_label};
+pub use drivers::{main, policy_label};
 pub use params::{
     default_channels, parse_channels, parse_duration, ChannelCounts, ConvergeArg, HarvestArg,
     Params, PatternArg, PostcopyArg, RecoveryArg, SplitArg, MAX_RATE, MAX_ROUNDS, MIN_CLEAR_CHUNK,
 };
+pub use s2mmu_migrate::sim::in_process::migrate_in_process;

@@ -6,16 +6,14 @@ use super::dest::{DestConfig, Limits};
 use super::net::{NetConfig, Security};
 use super::postcopy::control::{Recovery, RecoveryMode};
 use super::postcopy::Postcopy;
-use super::source::{Converge, Harvest, SourceConfig};
+use super::source::{Converge, Harvest, SimGuestConfig, SimRun, SourceConfig};
 use super::{extras, net, wire};
 use crate::limits;
-use crate::progress::Progress;
 use crate::report::{human_bytes, parse_size};
 use crate::vm_format::FormatArg;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_vm::{Backing, Pattern};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Access pattern option.
@@ -147,10 +145,10 @@ pub struct Params {
     /// (the same path with the extension png).
     #[arg(long, default_value = "s2mmu-migrate.svg")]
     pub plot: String,
-    /// Run only a destination, listening on ADDR (host:port).
+    /// Run only a destination, listening on ADDR (host:port, or unix:PATH for a Unix socket on this host).
     #[arg(long, value_name = "ADDR", conflicts_with = "to")]
     pub listen: Option<String>,
-    /// Run only a source, migrating to the destination at ADDR.
+    /// Run only a source, migrating to the destination at ADDR (host:port, or unix:PATH).
     #[arg(long, value_name = "ADDR")]
     pub to: Option<String>,
     /// Connections the pages are spread over (QEMU's multifd): N, or a list (1,2,4) to run once per count and print a table. Default: half the CPUs, 1 to 8. On --listen: the most it accepts (default 64).
@@ -168,7 +166,7 @@ pub struct Params {
     /// TLS: the CA that signed the peer's certificate (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_ca: Option<PathBuf>,
-    /// TLS: the name the destination's certificate must carry (default: the host of --to; "localhost" in one process).
+    /// TLS: the name the destination's certificate must carry (default: the host of --to; "localhost" in one process or with --to unix:PATH).
     #[arg(long, value_name = "NAME")]
     pub tls_name: Option<String>,
     /// Pre-shared key file (at least 16 bytes): TLS with ephemeral certificates, then HMAC-SHA256 challenge-response bound to the TLS session.
@@ -294,11 +292,12 @@ impl Params {
         p
     }
 
-    /// The source's configuration.
+    /// The source's guest and session settings (its progress off: the
+    /// caller shows it).
     ///
     /// # Errors
     /// A message naming the bad option.
-    pub fn source_config(&self, baseline: bool) -> Result<SourceConfig, String> {
+    pub fn source_config(&self, baseline: bool) -> Result<SimRun, String> {
         let backing = Backing::parse(&self.backing)?;
         if self.vcpus == 0 || self.vcpus > 256 {
             return Err(format!("-v {}: use 1 to 256 vCPUs", self.vcpus));
@@ -325,23 +324,26 @@ impl Params {
                 self.ring_entries
             ));
         }
-        Ok(SourceConfig {
+        let guest = SimGuestConfig {
             mem_size: self.mem,
             vcpus: self.vcpus,
             backing,
             slots: self.slots,
             policy: self.policy(baseline),
-            harvest: match self.harvest {
-                HarvestArg::Bitmap => Harvest::Bitmap,
-                HarvestArg::Ring => Harvest::Ring,
-            },
             ring_entries: self.ring_entries,
-            clear_chunk: self.clear_chunk,
             dirty_rate: self.dirty_rate,
             pattern: match self.pattern {
                 PatternArg::Sequential => Pattern::Sequential,
                 PatternArg::Random => Pattern::Random,
             },
+            format: self.format.into(),
+        };
+        let session = SourceConfig {
+            harvest: match self.harvest {
+                HarvestArg::Bitmap => Harvest::Bitmap,
+                HarvestArg::Ring => Harvest::Ring,
+            },
+            clear_chunk: self.clear_chunk,
             max_downtime: self.max_downtime,
             max_rounds: self.max_rounds,
             bandwidth: self.bandwidth,
@@ -353,11 +355,7 @@ impl Params {
             verify_full: self.verify_full,
             warmup: self.warmup,
             sample_every: Duration::from_millis(50),
-            progress: Arc::new(if self.quiet {
-                Progress::off()
-            } else {
-                Progress::lines_only()
-            }),
+            progress: s2mmu_migrate::session::Progress::off(),
             label: String::new(),
             channels: self.channel_list()[0],
             postcopy: match self.postcopy {
@@ -371,9 +369,9 @@ impl Params {
                 snapshot_every: self.snapshot_every,
                 snapshot_dir: self.snapshot_dir.clone(),
             },
-            format: self.format,
             recovery: self.recovery()?,
-        })
+        };
+        Ok(SimRun { guest, session })
     }
 
     /// The post-copy recovery policy (without its control socket, which
@@ -433,7 +431,7 @@ impl Params {
             progress: self.listen.is_some() && !self.quiet,
             prefault: !self.no_prefault,
             recovery: self.recovery().unwrap_or_default(),
-            format: self.format,
+            format: self.format.into(),
             accept_wait: None,
             stop: Default::default(),
         }
@@ -481,6 +479,10 @@ impl Params {
 
 /// The host part of `host:port` (`[v6]:port` too).
 pub(super) fn host_of(addr: &str) -> String {
+    // A Unix socket is on this host.
+    if addr.starts_with("unix:") {
+        return "localhost".into();
+    }
     let h = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
     h.trim_start_matches('[').trim_end_matches(']').to_string()
 }

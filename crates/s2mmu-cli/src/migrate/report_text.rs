@@ -5,8 +5,9 @@ use super::drivers::{harvest_name, policy_label, rate_text};
 use super::params::{ConvergeArg, Params};
 use super::postcopy;
 use super::source::SourceOutcome;
-use crate::report::{human_bytes, Report};
+use crate::report::{human_bytes, verdict, Report};
 use s2mmu::mmu::MmuPolicy;
+use s2mmu_migrate::session::extras::ExtrasOutcome;
 use serde_json::json;
 use std::time::Duration;
 
@@ -115,7 +116,7 @@ pub(super) fn report(
         }
         r.result("migrate", name, row);
         text.push_str(&summary(p, s, d.as_ref(), pol));
-        s.extras.add_to(&mut r, &mut text);
+        extras_report(&s.extras, &mut r, &mut text);
     }
     if p.compare_policies && runs.len() == 2 {
         let (a, b) = (&runs[0].1, &runs[1].1);
@@ -333,4 +334,55 @@ fn guest_and_checks(p: &Params, s: &SourceOutcome, d: Option<&DestOutcome>) -> S
         ));
     }
     t
+}
+
+/// Adds its rows and lines to a migration's report; snapshots that
+/// failed or restore to other memory fail the run.
+fn extras_report(e: &ExtrasOutcome, r: &mut Report, text: &mut String) {
+    if let Some(c) = &e.check {
+        r.result(
+            "lost-write check",
+            "migrate",
+            json!({ "rounds": c.rounds, "pages_changed": c.changed, "pages_lost": c.lost }),
+        );
+        text.push_str(&format!(
+            "Lost-write check: {} rounds, {} page changes, {} not in any log [{}]\n",
+            c.rounds,
+            c.changed,
+            c.lost,
+            verdict(c.lost == 0)
+        ));
+    }
+    match &e.snapshots {
+        Some(Ok(s)) => {
+            r.result(
+                "snapshots",
+                "migrate",
+                json!({ "snapshots": s.taken, "pages": s.pages, "bytes": s.bytes,
+                        "restore_ns": s.restore_time.as_nanos() as u64,
+                        "pages_differing": s.differing_pages }),
+            );
+            text.push_str(&format!(
+                "Snapshots beside the migration (a dirty view of their own): {} files, {} pages, {:.1} MiB; \
+                 the chain restored in {:.1} ms, {} pages differ from the source at the stop point [{}]\n",
+                s.taken,
+                s.pages,
+                s.bytes as f64 / (1u64 << 20) as f64,
+                s.restore_time.as_secs_f64() * 1e3,
+                s.differing_pages,
+                verdict(s.differing_pages == 0)
+            ));
+            if s.differing_pages > 0 {
+                r.fail(format!(
+                    "the snapshots restore to memory that differs from the source's in {} pages",
+                    s.differing_pages
+                ));
+            }
+        }
+        Some(Err(e)) => {
+            text.push_str(&format!("Snapshots: FAILED: {e}\n"));
+            r.fail(format!("snapshots: {e}"));
+        }
+        None => {}
+    }
 }

@@ -1,6 +1,6 @@
-//! `s2mmu snapshot`: incremental snapshots of a running guest from a
-//! dirty view of its own ([`taker`]), to checked files ([`format`](mod@format)), and
-//! their restore ([`restore`]).
+//! `s2mmu snapshot`: its flags and its report. The snapshots (a dirty
+//! view of their own, checked files, their restore) are
+//! `s2mmu_migrate::session::snapshot`, the run `s2mmu_migrate::sim::snapshot_run`.
 //!
 //! The command runs the simulated guest as `migrate` does (vCPU threads
 //! writing their regions at a paced rate), writes the base and then an
@@ -11,22 +11,17 @@
 //! `migrate --snapshot-every` takes the same snapshots while a migration
 //! runs on its own view.
 
-pub mod format;
-pub mod restore;
-pub mod taker;
+pub use s2mmu_migrate::session::snapshot::{format, restore, taker};
 
 use crate::migrate::parse_duration;
 use crate::report::{human, human_bytes, parse_size, verdict, Report, Summary};
 use format::SnapshotError;
-use s2mmu::memslot::TreeMemslots;
-use s2mmu::mmu::MmuPolicy;
-use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
+use s2mmu_migrate::session::{Progress as SessionProgress, ProgressEvent};
+use s2mmu_migrate::sim::snapshot_run::{self, SnapshotRunConfig};
 use serde_json::json;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use taker::{SnapshotLoop, Snapshotter};
 
 /// Options of `s2mmu snapshot`.
 #[derive(clap::Args, Clone, Debug)]
@@ -120,66 +115,39 @@ fn verify(dir: &std::path::Path) -> Result<Report, SnapshotError> {
     Ok(rep)
 }
 
-/// Runs the guest, takes the snapshots, restores them, compares.
+/// Runs the guest, takes the snapshots, restores them, compares
+/// ([`s2mmu_migrate::sim::snapshot_run`]), and reports.
 ///
 /// # Errors
 /// A message naming the flag, the file or the step that failed.
 pub fn run(p: &Params) -> Result<Report, String> {
     check(p)?;
-    let s = |e: SnapshotError| e.to_string();
-    let vm = Arc::new(
-        Vm::<TreeMemslots>::new(VmConfig {
-            mem_size: p.mem,
-            backing: Backing::Anonymous,
-            slots: 1,
-            policy: MmuPolicy::default(),
-            ..VmConfig::default()
-        })
-        .map_err(|e| e.to_string())?,
-    );
-    let page = format::PAGE;
-    let wl = Workload::start(
-        vm.clone(),
-        p.vcpus,
-        WorkloadConfig {
-            bytes_per_vcpu: p.mem / p.vcpus as u64,
-            write_percent: 100,
-            pattern: Pattern::Sequential,
-            page_size: page,
-        },
-    )?;
-    wl.run_pass(|| {})?;
-    let pace = match p.dirty_rate {
-        0 => 0,
-        r => (r / page / p.vcpus as u64).max(1),
-    };
-    wl.control()
-        .pace_pages_per_sec
-        .store(pace, Ordering::Relaxed);
-    vm.enable_dirty_logging().map_err(|e| e.to_string())?;
     // The run is --duration long and silent until its report: say what
     // runs on stderr first (a bar on a terminal).
-    let bar = crate::progress::Progress::new("snapshot", 2, !p.quiet);
-    bar.message("base and incrementals");
-    let taker = Snapshotter::open(vm.clone(), &p.dir).map_err(s)?;
-    wl.run_free();
-    let snaps = SnapshotLoop::start(taker, p.every).map_err(s)?;
-    std::thread::sleep(p.duration);
-    wl.pause();
-    let mut taker = snaps.finish().map_err(s)?;
-    taker.take().map_err(s)?;
-    bar.step();
-    bar.message("restoring the chain");
-    let t = Instant::now();
-    let restored = restore::restore(&p.dir, p.mem).map_err(s)?;
-    let restore_time = t.elapsed();
-    let (differ, first) = restore::differing_pages(&restored, &vm);
-    bar.step();
+    let bar = Arc::new(crate::progress::Progress::new("snapshot", 2, !p.quiet));
+    let shown = bar.clone();
+    let progress = SessionProgress::to(move |e| match e {
+        ProgressEvent::Line(l) => shown.message(l),
+        ProgressEvent::Step => shown.step(),
+    });
+    let cfg = SnapshotRunConfig {
+        mem: p.mem,
+        vcpus: p.vcpus,
+        dirty_rate: p.dirty_rate,
+        every: p.every,
+        duration: p.duration,
+        dir: p.dir.clone(),
+    };
+    let r = snapshot_run::run(&cfg, &progress)?;
+    drop(progress);
     drop(bar);
-    let taken = std::mem::take(&mut taker.taken);
-    drop(taker);
-    wl.stop();
-    Ok(report(p, &taken, restore_time, differ, first))
+    Ok(report(
+        p,
+        &r.taken,
+        r.restore_time,
+        r.differing,
+        r.first_differing,
+    ))
 }
 
 fn report(

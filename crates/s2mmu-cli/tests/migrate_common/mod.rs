@@ -6,10 +6,9 @@
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::migrate::dest::DestConfig;
 use s2mmu_cli::migrate::net::NetConfig;
-use s2mmu_cli::migrate::source::SourceConfig;
-use s2mmu_cli::progress::Progress;
+use s2mmu_cli::migrate::source::SimRun;
+use s2mmu_migrate::session::Progress;
 use s2mmu_vm::Backing;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// No TLS, a 10 s I/O deadline.
@@ -19,18 +18,17 @@ pub fn plain() -> NetConfig {
 
 /// A guest of `mem` bytes in two anonymous slots, short warm-up, no
 /// progress output.
-pub fn small(mem: u64) -> SourceConfig {
-    SourceConfig {
-        mem_size: mem,
-        backing: Backing::Anonymous,
-        slots: 2,
-        ring_entries: 256,
-        clear_chunk: 1 << 20,
-        warmup: Duration::from_millis(50),
-        sample_every: Duration::from_millis(20),
-        progress: Arc::new(Progress::off()),
-        ..SourceConfig::default()
-    }
+pub fn small(mem: u64) -> SimRun {
+    SimRun::default().with(|g, s| {
+        g.mem_size = mem;
+        g.backing = Backing::Anonymous;
+        g.slots = 2;
+        g.ring_entries = 256;
+        s.clear_chunk = 1 << 20;
+        s.warmup = Duration::from_millis(50);
+        s.sample_every = Duration::from_millis(20);
+        s.progress = Progress::off();
+    })
 }
 
 /// A destination that lets the stream back the memory (no prefault)

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Issue 24's rule for the migration crate: its modules' import graph is a
+DAG. Each .rs file is a node; an edge A -> B is a path in A (a `use`, or a
+path written in code) that names module B or an item B defines. A path
+through a re-export (`pub use`, or a plain `use` the child sees) is
+followed to the module that defines the item, so a module root that only
+declares and re-exports its children is no edge back from them. A child
+that uses an item its parent defines, while the parent uses the child,
+is a cycle: shared helpers belong in a module of their own.
+
+Prints every cycle found (one per strongly connected component) and exits
+1 when there is any. Usage: .ci/import_dag.py [SRC_DIR]
+(default crates/s2mmu-migrate/src); .ci/import_dag.py --selftest shows the
+check fails on a cycle and passes without one."""
+import os
+import re
+import sys
+import tempfile
+
+ITEM_RE = re.compile(
+    r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:unsafe\s+)?(?:const\s+)?(?:async\s+)?"
+    r"(?:fn|struct|enum|trait|type|const|static|union|macro_rules!)\s+(\w+)"
+)
+MOD_RE = re.compile(r"^\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;")
+# (Not the stem of a use group, `super::dest::{a, b}`: its leaves count.)
+PATH_RE = re.compile(r"(?<![\w:])((?:crate|super|self)(?:::\w+)+)(?!\w|::)")
+# A path that starts with a name (a child module, or a module the file
+# imported: `sender::copy_page`, `postcopy::source::run`).
+NAME_PATH_RE = re.compile(r"(?<![\w:])([a-z_]\w*(?:::\w+)+)(?!\w|::)")
+
+
+def modules(root):
+    """Module path (tuple) -> file, for every .rs under root."""
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".rs"):
+                continue
+            p = os.path.join(d, f)
+            rel = os.path.relpath(p, root)[:-3].split(os.sep)
+            if rel[-1] in ("lib", "main", "mod"):
+                rel = rel[:-1]
+            out[tuple(rel)] = p
+    return out
+
+
+def strip_code(text):
+    """The text without comments, string literals and `#[cfg(test)]`
+    modules (a test module's `use super::*` is no dependency)."""
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    m = re.search(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{", text)
+    if m:
+        text = text[: m.start()]
+    return text
+
+
+def split_top(s):
+    """Splits s at commas outside braces."""
+    parts, depth, cur = [], 0, ""
+    for ch in s:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return parts
+
+
+def use_leaves(tree, prefix=()):
+    """(full path, local name) for each leaf of a use tree."""
+    tree = tree.strip()
+    m = re.match(r"^(.*?)::\s*\{(.*)\}$", tree, flags=re.S)
+    if m:
+        base = tuple(x for x in m.group(1).split("::") if x)
+        out = []
+        for part in split_top(m.group(2)):
+            out += use_leaves(part, prefix + base)
+        return out
+    if tree.startswith("{") and tree.endswith("}"):
+        out = []
+        for part in split_top(tree[1:-1]):
+            out += use_leaves(part, prefix)
+        return out
+    name = None
+    if " as " in tree:
+        tree, name = [x.strip() for x in tree.split(" as ")]
+    segs = prefix + tuple(x.strip() for x in tree.split("::") if x.strip())
+    if segs and segs[-1] == "self":
+        segs = segs[:-1]
+    if not segs:
+        return []
+    return [(segs, name or segs[-1])]
+
+
+class Crate:
+    def __init__(self, root):
+        self.files = modules(root)
+        self.text = {m: strip_code(open(p, encoding="utf-8").read()) for m, p in self.files.items()}
+        self.items = {
+            m: {x.group(1) for x in (ITEM_RE.match(l) for l in t.split("\n")) if x}
+            for m, t in self.text.items()
+        }
+        self.uses = {}
+        for m, t in self.text.items():
+            leaves = {}
+            for u in re.finditer(r"(?:^|\n)\s*(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", t):
+                for segs, name in use_leaves(u.group(1)):
+                    leaves[name] = self.absolute(m, segs)
+            self.uses[m] = leaves
+
+    def absolute(self, m, segs):
+        """segs written in module m as an absolute path, or None for an
+        external crate or std."""
+        segs = list(segs)
+        if not segs:
+            return None
+        if segs[0] == "crate":
+            base, segs = [], segs[1:]
+        elif segs[0] in ("super", "self"):
+            base = list(m)
+            while segs and segs[0] in ("super", "self"):
+                if segs[0] == "super":
+                    base = base[:-1]
+                segs = segs[1:]
+        else:
+            # A name the module imported, or a child module.
+            if tuple(m) + (segs[0],) in self.files:
+                base = list(m)
+            else:
+                return None
+        return tuple(base + segs)
+
+    def resolve(self, path, seen=None):
+        """The module that defines what `path` (absolute) names."""
+        seen = seen or set()
+        if path is None or path in seen:
+            return None
+        seen.add(path)
+        for k in range(len(path), -1, -1):
+            mod = path[:k]
+            if mod in self.files:
+                rest = path[k:]
+                if not rest:
+                    return mod
+                name = rest[0]
+                if name in self.items.get(mod, ()):
+                    return mod
+                target = self.uses.get(mod, {}).get(name)
+                if target is not None:
+                    found = self.resolve(target + tuple(rest[1:]), seen)
+                    return mod if found is None else found
+                return mod
+        return None
+
+    def edges(self):
+        out = {m: set() for m in self.files}
+        for m, t in self.text.items():
+            paths = [self.absolute(m, p.split("::")) for p in PATH_RE.findall(t)]
+            paths += list(self.uses[m].values())
+            for p in NAME_PATH_RE.findall(t):
+                segs = p.split("::")
+                if segs[0] in ("crate", "super", "self"):
+                    continue
+                if m + (segs[0],) in self.files:
+                    paths.append(m + tuple(segs))
+                elif segs[0] in self.uses[m] and self.uses[m][segs[0]] is not None:
+                    paths.append(self.uses[m][segs[0]] + tuple(segs[1:]))
+            for p in paths:
+                d = self.resolve(p)
+                if d is not None and d != m:
+                    out[m].add(d)
+        return out
+
+
+def cycles(edges):
+    """Strongly connected components with more than one node (Tarjan)."""
+    index, low, stack, on, comps, n = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return comps
+
+
+def check(root):
+    c = Crate(root)
+    e = c.edges()
+    comps = cycles(e)
+    name = lambda m: "::".join(("crate",) + m)
+    for comp in comps:
+        print(f"import cycle in {root}: " + ", ".join(name(m) for m in comp))
+        for m in comp:
+            inner = sorted(name(d) for d in e[m] if d in comp)
+            print(f"  {name(m)} -> {', '.join(inner)}")
+    n_edges = sum(len(v) for v in e.values())
+    print(f"{root}: {len(e)} modules, {n_edges} import edges, {len(comps)} cycle(s)")
+    return 1 if comps else 0
+
+
+def selftest():
+    with tempfile.TemporaryDirectory() as d:
+        os.makedirs(os.path.join(d, "a"))
+        files = {
+            "lib.rs": "pub mod a;\npub mod b;\n",
+            "a/mod.rs": "mod inner;\npub use inner::Thing;\npub fn helper() {}\n",
+            "a/inner.rs": "pub struct Thing;\n",
+            "b.rs": "use crate::a::Thing;\npub fn f(_: Thing) {}\n",
+        }
+        for f, t in files.items():
+            open(os.path.join(d, f), "w").write(t)
+        assert check(d) == 0, "a DAG (with a re-export) was reported as a cycle"
+        # The child now uses its parent's helper while the parent uses it.
+        open(os.path.join(d, "a/inner.rs"), "w").write(
+            "pub struct Thing;\npub fn g() { super::helper() }\n")
+        assert check(d) == 1, "a parent/child cycle was not found"
+        open(os.path.join(d, "a/inner.rs"), "w").write("pub struct Thing;\n")
+        open(os.path.join(d, "b.rs"), "w").write(
+            "pub fn f() { crate::a::helper() }\npub fn h() {}\n")
+        open(os.path.join(d, "a/mod.rs"), "w").write(
+            "mod inner;\npub use inner::Thing;\npub fn helper() { crate::b::h() }\n")
+        assert check(d) == 1, "a cycle between sibling modules was not found"
+    print("selftest: a DAG passes, a parent/child cycle and a sibling cycle fail")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--selftest":
+        sys.exit(selftest())
+    sys.exit(check(sys.argv[1] if len(sys.argv) > 1 else "crates/s2mmu-migrate/src"))

@@ -1,0 +1,143 @@
+//! What the destination accepts and how it runs, and what it did: the
+//! settings and the outcome its parts (and post-copy's destination)
+//! share.
+
+use crate::stream_error::MigrateError;
+use crate::wire::{Header, WireFormat, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS};
+use s2mmu::mmu::MmuPolicy;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the destination accepts: a stream that asks for more is rejected
+/// before anything is allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of guest memory.
+    pub max_mem: u64,
+    /// vCPUs.
+    pub max_vcpus: u32,
+    /// Memslots.
+    pub max_slots: u32,
+    /// Channels (connections) of one migration.
+    pub max_channels: u16,
+}
+
+impl Limits {
+    /// Only this build's own bounds.
+    pub fn of_build() -> Self {
+        Limits {
+            max_mem: MAX_MEM,
+            max_vcpus: MAX_VCPUS,
+            max_slots: MAX_SLOTS,
+            max_channels: MAX_CHANNELS,
+        }
+    }
+
+    /// Checks a header against these limits.
+    ///
+    /// # Errors
+    /// [`MigrateError::OverLimit`].
+    pub fn check(&self, h: &Header) -> Result<(), MigrateError> {
+        let over = |what, asked: u64, allowed: u64| {
+            if asked > allowed {
+                Err(MigrateError::OverLimit {
+                    what,
+                    asked,
+                    allowed,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        over("bytes of guest memory", h.mem_size, self.max_mem)?;
+        over("vCPUs", u64::from(h.vcpus), u64::from(self.max_vcpus))?;
+        over("memslots", u64::from(h.slots), u64::from(self.max_slots))?;
+        over(
+            "channels",
+            u64::from(h.channels),
+            u64::from(self.max_channels),
+        )
+    }
+}
+
+/// How the destination runs.
+#[derive(Clone, Debug)]
+pub struct DestConfig {
+    /// The destination MMU's policies.
+    pub policy: MmuPolicy,
+    /// How long to run the resumed guest before stopping (it proves the
+    /// guest runs; the source has stopped it by then).
+    pub run_after: Duration,
+    /// What it accepts.
+    pub limits: Limits,
+    /// How long it waits for the source's further channels.
+    pub io_timeout: Duration,
+    /// Log connections on stderr.
+    pub progress: bool,
+    /// Back all of guest memory with RAM before the stream starts.
+    pub prefault: bool,
+    /// What post-copy does when a connection breaks.
+    pub recovery: crate::session::postcopy::control::Recovery,
+    /// The stage-2 format its guest runs on: a stream from a source on
+    /// another one is refused ([`MigrateError::FormatMismatch`]).
+    pub format: WireFormat,
+    /// How long [`serve`] waits for a source that authenticates (None:
+    /// for ever). Connections that fail before they authenticate never
+    /// end the wait.
+    pub accept_wait: Option<Duration>,
+    /// Set: [`serve`] stops waiting for a source (the in-process
+    /// migration's source failed before it connected).
+    pub stop: Arc<AtomicBool>,
+}
+
+impl DestConfig {
+    /// A destination with `policy` that accepts what this build can take.
+    pub fn new(policy: MmuPolicy, run_after: Duration) -> Self {
+        DestConfig {
+            policy,
+            run_after,
+            limits: Limits::of_build(),
+            io_timeout: Duration::from_secs(5),
+            progress: false,
+            prefault: true,
+            recovery: crate::session::postcopy::control::Recovery::default(),
+            format: WireFormat::Arm64,
+            accept_wait: None,
+            stop: Arc::default(),
+        }
+    }
+}
+
+/// What the destination did.
+#[derive(Clone, Debug, Default)]
+pub struct DestOutcome {
+    /// Page records received up to END on all channels (pages sent more
+    /// than once count each time; the verification pass not included).
+    pub page_records: u64,
+    /// Of those, zero pages.
+    pub zero_pages: u64,
+    /// Stream bytes received up to END on all channels.
+    pub bytes: u64,
+    /// Channels the stream came over.
+    pub channels: u16,
+    /// Bytes of the link probe.
+    pub probe_bytes: u64,
+    /// How long backing guest memory with RAM took (before the stream).
+    pub prefault: Duration,
+    /// When the guest resumed.
+    pub resumed_at: Option<Instant>,
+    /// Per-slot digests of the memory the guest resumed from.
+    pub slot_digests: Vec<(u16, u64)>,
+    /// With verify-full: pages that differ byte for byte from the source's.
+    pub verify_mismatches: Option<u64>,
+    /// With verify-full: why the byte comparison broke after the guest had
+    /// resumed (the guest then ran on here, unverified; never dropped).
+    pub verify_error: Option<String>,
+    /// Guest writes per second after the resume.
+    pub resumed_write_rate: f64,
+    /// Passes each vCPU had reached when the destination stopped it.
+    pub resumed_passes: Vec<u64>,
+    /// Post-copy's figures (None: pre-copy only).
+    pub postcopy: Option<crate::session::postcopy::PostcopyFigures>,
+}

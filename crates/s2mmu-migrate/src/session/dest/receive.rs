@@ -1,0 +1,427 @@
+//! Receiving the stream: every channel on its own thread, pages straight
+//! into guest memory (each checked against its channel, its address and
+//! its hash), probes, and the population of memory before the stream.
+
+use crate::hash::{page_hash, ZERO_PAGE};
+use crate::session::postcopy;
+use crate::sim::state::GuestState;
+use crate::stream_error::MigrateError;
+use crate::transport::{BoxConn, Connection, ShutdownHandle};
+use crate::wire::{
+    channel_of, record_name, tag, tag_name, Dec, Enc, Header, Record, WireReader, WireWriter,
+    MAX_BATCH, PAGE_SIZE,
+};
+use s2mmu::memslot::TreeMemslots;
+use s2mmu_vm::{Vm, VmFormat};
+use std::io::{IoSliceMut, Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The destination's guest memory, written directly (no vCPU runs before
+/// the resume, and every page belongs to exactly one channel's thread).
+pub(super) struct RawMem {
+    pub(super) base: *mut u8,
+    pub(super) size: u64,
+}
+
+// SAFETY: a plain pointer into a mapping the VM keeps alive for as long as
+// the receiving threads run (they are scoped inside `receive_channels`, whose caller
+// holds the VM); which thread may touch which page is the stripe rule,
+// checked before every write.
+unsafe impl Send for RawMem {}
+
+// SAFETY: as above.
+unsafe impl Sync for RawMem {}
+
+impl RawMem {
+    /// The page at `off`.
+    ///
+    /// # Safety
+    /// `off` is a page-aligned offset inside guest memory, no vCPU runs,
+    /// and only the calling thread accesses this page while the slice
+    /// lives (the page belongs to its channel).
+    #[allow(clippy::mut_from_ref)]
+    pub(super) unsafe fn page(&self, off: u64) -> &mut [u8] {
+        debug_assert!(off + PAGE_SIZE as u64 <= self.size);
+        // SAFETY: in bounds of the live mapping (the caller's contract),
+        // and exclusively this thread's.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(off as usize), PAGE_SIZE) }
+    }
+}
+
+/// What the receiving threads share.
+pub(super) struct Shared<'a, F: VmFormat> {
+    pub(super) vm: &'a Vm<TreeMemslots, F>,
+    pub(super) raw: RawMem,
+    pub(super) channels: u16,
+    /// One bit per page: received at least once.
+    pub(super) received: Vec<AtomicU64>,
+    /// Each page's hash.
+    pub(super) hashes: Vec<AtomicU64>,
+    /// With verify-full: the memory the guest resumes from.
+    pub(super) snapshot: Option<Vec<AtomicU64>>,
+}
+
+impl<F: VmFormat> Shared<'_, F> {
+    /// Takes the data of the PAGES record just read on `channel` into
+    /// guest memory (one vectored read for all its pages), checking each
+    /// page.
+    pub(super) fn take_pages<R: Read>(
+        &self,
+        rd: &mut WireReader<R>,
+        channel: u16,
+        at_byte: u64,
+    ) -> Result<(), MigrateError> {
+        // Every entry is checked before any byte lands: in guest memory,
+        // on its own channel, and not twice in the record (each page
+        // becomes its own slice).
+        let mut offs = [0u64; MAX_BATCH];
+        let n = rd.entries().len();
+        for (k, e) in rd.entries().iter().enumerate() {
+            let off = page_offset(self.vm, e.gpa, at_byte)?;
+            let owner = channel_of(off / PAGE_SIZE as u64, self.channels);
+            if owner != channel {
+                return Err(MigrateError::Malformed {
+                    record: "PAGES",
+                    at_byte,
+                    why: format!(
+                        "the page at gpa {:#x} came on channel {channel}; it belongs to channel {owner}",
+                        e.gpa
+                    ),
+                });
+            }
+            offs[k] = off;
+        }
+        let mut sorted = offs;
+        sorted[..n].sort_unstable();
+        if let Some(w) = sorted[..n].windows(2).find(|w| w[0] == w[1]) {
+            return Err(MigrateError::Malformed {
+                record: "PAGES",
+                at_byte,
+                why: format!("the page at offset {:#x} twice in one record", w[0]),
+            });
+        }
+        let mut bufs: Vec<IoSliceMut<'_>> = Vec::with_capacity(n);
+        for (k, e) in rd.entries().iter().enumerate() {
+            if !e.zero {
+                // SAFETY: `offs[k]` is a page of guest memory (page_offset),
+                // the guest does not run before the resume, the page
+                // belongs to `channel`, which only this thread reads, and
+                // no other slice of this record covers it (no duplicates).
+                bufs.push(IoSliceMut::new(unsafe { self.raw.page(offs[k]) }));
+            }
+        }
+        rd.read_pages(&mut bufs)?;
+        drop(bufs);
+        for (k, &off) in offs[..n].iter().enumerate() {
+            let e = rd.entries()[k];
+            let i = off / PAGE_SIZE as u64;
+            let bit = 1u64 << (i % 64);
+            let seen = self.received[(i / 64) as usize].load(Ordering::Relaxed) & bit != 0;
+            // SAFETY: as above; the slices given to the read are gone.
+            let page = unsafe { self.raw.page(off) };
+            let hash = if e.zero {
+                if seen {
+                    page.fill(0);
+                }
+                page_hash(&ZERO_PAGE, e.gpa)
+            } else {
+                if page_hash(page, e.gpa) != e.hash {
+                    return Err(MigrateError::PageChecksum {
+                        gpa: e.gpa,
+                        at_byte,
+                    });
+                }
+                e.hash
+            };
+            if let Some(snap) = &self.snapshot {
+                let w0 = (off / 8) as usize;
+                for (j, w) in page.chunks_exact(8).enumerate() {
+                    let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+                    snap[w0 + j].store(v, Ordering::Relaxed);
+                }
+            }
+            self.received[(i / 64) as usize].fetch_or(bit, Ordering::Relaxed);
+            self.hashes[i as usize].store(hash, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// Reads a PROBE and drops its bytes; returns its length.
+pub(super) fn take_probe<R: Read>(rd: &mut WireReader<R>, h: &Header) -> Result<u64, MigrateError> {
+    match rd.next_record()? {
+        Record::Probe { len, at_byte } => {
+            if len > h.mem_size {
+                return Err(MigrateError::Malformed {
+                    record: "PROBE",
+                    at_byte,
+                    why: format!(
+                        "{len} bytes, more than the guest's {} bytes of memory",
+                        h.mem_size
+                    ),
+                });
+            }
+            rd.discard(len)?;
+            Ok(len)
+        }
+        other => Err(MigrateError::Malformed {
+            record: "PROBE",
+            at_byte: rd.pos,
+            why: format!("expected the link probe, got {}", record_name(&other)),
+        }),
+    }
+}
+
+/// A further channel: its probe, then pages until its END.
+pub(super) fn channel_loop<F: VmFormat>(
+    rd: &mut WireReader<BoxConn>,
+    sh: &Shared<'_, F>,
+    h: &Header,
+    channel: u16,
+    probed: &std::sync::mpsc::Sender<Result<u64, MigrateError>>,
+) -> Result<(), MigrateError> {
+    let p = take_probe(rd, h);
+    let failed = p.is_err();
+    let _ = probed.send(p.clone());
+    if failed {
+        return p.map(|_| ());
+    }
+    loop {
+        let at_byte = rd.pos;
+        match rd.next_record()? {
+            Record::Pages { .. } => sh.take_pages(rd, channel, at_byte)?,
+            Record::Control {
+                tag: tag::END,
+                body,
+                at_byte,
+            } => return check_end(&body, at_byte, rd.pages),
+            other => {
+                return Err(MigrateError::Malformed {
+                    record: "channel",
+                    at_byte,
+                    why: format!(
+                        "channel {channel} carries pages and END only, got {}",
+                        record_name(&other)
+                    ),
+                })
+            }
+        }
+    }
+}
+
+/// What the main channel delivered up to its END (or POSTCOPY).
+pub(super) struct Received {
+    /// Bytes of all channels' link probes.
+    pub(super) probe_bytes: u64,
+    /// The vCPUs' STATE, if the stream carried one.
+    pub(super) state: Option<GuestState>,
+    /// Post-copy: the pages still missing (a bitmap).
+    pub(super) postcopy_missing: Option<Vec<u64>>,
+}
+
+/// Receives every channel at once, the further ones on their own threads,
+/// until each one's END; the first error ends the others' connections.
+pub(super) fn receive_channels<C: Connection, F: VmFormat>(
+    rd: &mut WireReader<&mut C>,
+    extras: &mut [WireReader<BoxConn>],
+    sh: &Shared<'_, F>,
+    header: &Header,
+) -> Result<Received, MigrateError> {
+    let sockets: Vec<ShutdownHandle> = extras
+        .iter_mut()
+        .filter_map(|r| r.get_mut().shutdown_handle().ok())
+        .collect();
+    std::thread::scope(|sc| {
+        let (ptx, prx) = std::sync::mpsc::channel();
+        let handles: Vec<_> = extras
+            .iter_mut()
+            .enumerate()
+            .map(|(k, r)| {
+                let ptx = ptx.clone();
+                sc.spawn(move || {
+                    let res = channel_loop(r, sh, header, k as u16 + 1, &ptx);
+                    if res.is_err() {
+                        // The source's sender on this channel fails at
+                        // once instead of at its write deadline.
+                        if let Ok(s) = r.get_mut().shutdown_handle() {
+                            s.shutdown();
+                        }
+                    }
+                    res
+                })
+            })
+            .collect();
+        drop(ptx);
+        let main_result = main_channel(rd, sh, header, &prx);
+        if main_result.is_err() {
+            // End the other channels' threads now rather than at their
+            // timeouts.
+            for s in &sockets {
+                s.shutdown();
+            }
+        }
+        let mut r = main_result;
+        for h in handles {
+            let c = h
+                .join()
+                .unwrap_or_else(|_| Err(MigrateError::Setup("a receiving thread panicked".into())));
+            // The first error wins, except that a channel's own error
+            // (a bad page, say) explains the ABORT the source then sent,
+            // and the main channel's explains the cut channels.
+            match (&r, c) {
+                (Ok(_), Err(e)) => r = Err(e),
+                (Err(MigrateError::Aborted { .. }), Err(e))
+                    if !matches!(e, MigrateError::Io { .. } | MigrateError::Truncated { .. }) =>
+                {
+                    r = Err(e)
+                }
+                _ => {}
+            }
+        }
+        r
+    })
+}
+
+/// The main channel: its probe (answered with PROBED once every channel's
+/// is in), then pages and control records until END or POSTCOPY.
+pub(super) fn main_channel<C: Connection, F: VmFormat>(
+    rd: &mut WireReader<&mut C>,
+    sh: &Shared<'_, F>,
+    header: &Header,
+    probes: &std::sync::mpsc::Receiver<Result<u64, MigrateError>>,
+) -> Result<Received, MigrateError> {
+    let page_count = header.mem_size / PAGE_SIZE as u64;
+    let mut probe = take_probe(rd, header)?;
+    for _ in 1..header.channels {
+        probe += probes
+            .recv()
+            .map_err(|_| MigrateError::Setup("a channel's thread ended early".into()))??;
+    }
+    let mut w = WireWriter::replies(rd.get_mut());
+    let mut e = Enc::default();
+    e.u64(probe);
+    w.control(tag::PROBED, &e.0)?;
+    w.flush()?;
+    let mut state = None;
+    let mut postcopy_missing = None;
+    loop {
+        let at_byte = rd.pos;
+        match rd.next_record()? {
+            Record::Pages { .. } => sh.take_pages(rd, 0, at_byte)?,
+            Record::Control {
+                tag: t,
+                body,
+                at_byte,
+            } => match t {
+                tag::ROUND => {}
+                tag::STATE => state = Some(GuestState::decode(&body, at_byte)?),
+                tag::POSTCOPY if header.postcopy && state.is_some() => {
+                    postcopy_missing = Some(postcopy::decode_missing(&body, at_byte, page_count)?);
+                    break;
+                }
+                tag::END => {
+                    check_end(&body, at_byte, rd.pages)?;
+                    break;
+                }
+                tag::ABORT => return Err(MigrateError::aborted(&body)),
+                other => {
+                    return Err(MigrateError::Malformed {
+                        record: tag_name(other),
+                        at_byte,
+                        why: "not expected before the stream's END".into(),
+                    })
+                }
+            },
+            Record::Probe { at_byte, .. } => {
+                return Err(MigrateError::Malformed {
+                    record: "PROBE",
+                    at_byte,
+                    why: "a second link probe".into(),
+                })
+            }
+        }
+    }
+    Ok(Received {
+        probe_bytes: probe,
+        state,
+        postcopy_missing,
+    })
+}
+
+/// Backs all of guest memory with RAM before the stream starts, as QEMU's
+/// `-mem-prealloc` and Cloud Hypervisor's `prefault` do: the kernel's
+/// page zeroing (and, in a VM, the host's first touch) then does not run
+/// inside round 0. 64 MiB at a time with `MADV_POPULATE_WRITE` (touching
+/// each page where the kernel lacks it), telling the source every half
+/// second that the destination is alive.
+pub(super) fn populate<R: Read + Write, F: VmFormat>(
+    vm: &Vm<TreeMemslots, F>,
+    rd: &mut WireReader<R>,
+) -> Result<Duration, MigrateError> {
+    let t0 = Instant::now();
+    let mem = vm.memory();
+    let (base, size) = (mem.host_addr() as usize, mem.size());
+    let chunk = 64u64 << 20;
+    let mut told = t0;
+    let mut off = 0u64;
+    while off < size {
+        let len = chunk.min(size - off);
+        // SAFETY: the range lies inside the VM's own live mapping; the
+        // advice only faults its pages in (their contents stay zero).
+        let r = unsafe {
+            libc::madvise(
+                (base + off as usize) as *mut libc::c_void,
+                len as usize,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if r != 0 {
+            // Older kernels: touch each page (fresh memory is zero, so is
+            // what is written).
+            let mut p = off;
+            while p < off + len {
+                mem.write_u64(p, 0);
+                p += PAGE_SIZE as u64;
+            }
+        }
+        off += len;
+        if told.elapsed() >= Duration::from_millis(500) {
+            told = Instant::now();
+            let mut w = WireWriter::replies(rd.get_mut());
+            w.control(tag::PROGRESS, &[])?;
+            w.flush()?;
+        }
+    }
+    Ok(t0.elapsed())
+}
+
+pub(super) fn page_offset<F: VmFormat>(
+    vm: &Vm<TreeMemslots, F>,
+    gpa: u64,
+    at_byte: u64,
+) -> Result<u64, MigrateError> {
+    match vm.locate(gpa) {
+        Some((_, off))
+            if gpa.is_multiple_of(PAGE_SIZE as u64)
+                && off + PAGE_SIZE as u64 <= vm.memory().size() =>
+        {
+            Ok(off)
+        }
+        _ => Err(MigrateError::PageOutOfRange { gpa, at_byte }),
+    }
+}
+
+/// END's counts must be what arrived: a stream that lost records is not
+/// complete even when every page happened to arrive.
+pub(crate) fn check_end(body: &[u8], at_byte: u64, pages_seen: u64) -> Result<(), MigrateError> {
+    let mut d = Dec::new(body, "END", at_byte);
+    let (pages, bytes) = (d.u64()?, d.u64()?);
+    d.finish()?;
+    if pages != pages_seen || bytes != at_byte {
+        return Err(d.malformed(format!(
+            "the source sent {pages} pages in {bytes} bytes, {pages_seen} pages in {at_byte} bytes arrived"
+        )));
+    }
+    Ok(())
+}

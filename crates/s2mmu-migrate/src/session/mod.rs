@@ -1,0 +1,40 @@
+//! The network session: pre-copy over one or more channels, the
+//! stop-and-copy, post-copy with recovery, the verification of the
+//! destination's memory, and snapshots beside a run.
+//!
+//! The source ([`source`]) sends the guest's memory in rounds over the
+//! engine's dirty log until what is left fits the downtime budget, then
+//! pauses the guest, sends the rest and the vCPU state, and checks the
+//! destination's memory against its own; or it switches to post-copy
+//! ([`postcopy`]). The destination ([`dest`]) checks the stream against
+//! its own limits before it allocates anything, receives the pages
+//! straight into guest memory, and resumes the guest only from a
+//! complete, valid stream. The stream's format is [`crate::wire`]; its
+//! connections [`crate::transport`]. What a caller sees while it runs is
+//! a [`progress::Progress`] callback.
+
+// Generic over the VM interface (crate::vm).
+pub mod digests;
+pub mod extras;
+pub mod guest;
+pub mod policy;
+pub mod postcopy;
+pub mod progress;
+pub mod replies;
+pub mod source;
+pub mod stats;
+pub mod timeline;
+
+// Still bound to the simulated VM (s2mmu-vm): the destination builds and
+// resumes the simulated guest; the lost-write check and snapshots read
+// its engine's dirty views directly.
+#[cfg(feature = "sim")]
+pub mod checks;
+#[cfg(feature = "sim")]
+pub mod dest;
+#[cfg(feature = "sim")]
+pub mod lost_write;
+#[cfg(feature = "sim")]
+pub mod snapshot;
+
+pub use progress::{Progress, ProgressEvent};

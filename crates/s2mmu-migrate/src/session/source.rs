@@ -1,0 +1,219 @@
+//! The source: runs the guest, logs its dirty pages and sends its memory in
+//! pre-copy rounds until what is left fits the downtime budget, then pauses
+//! it, sends the rest and the vCPU state, and waits for the destination to
+//! resume it. Afterwards it checks the destination's memory against its own
+//! (frozen) memory.
+//!
+//! Its parts: [`config`] (settings and checks), `sender` (pages onto the
+//! channels), `precopy` (the round loop), `precopy_end` (where it left the
+//! source, which both endings take), `stop_copy` (the stop, the
+//! verification, the outcome), `postcopy_switch`, [`outcome`] and
+//! `verify`.
+
+use super::guest::SourceGuest;
+use super::postcopy::Postcopy;
+use super::replies::{abort_and_reason, read_reply, unexpected_reply, Connect};
+use super::timeline::Timeline;
+use crate::stream_error::MigrateError;
+use crate::transport::BoxConn;
+use crate::vm::SessionVm;
+use crate::wire::{tag, Dec, Header, Record, WireWriter, SESSION_LEN};
+use std::time::Instant;
+
+pub mod config;
+mod figures;
+pub mod outcome;
+mod postcopy_switch;
+mod precopy;
+mod precopy_end;
+// Reads guest RAM word by word straight through its mapping (GuestRam).
+#[allow(unsafe_code)]
+mod sender;
+mod stop_copy;
+mod verify;
+
+pub use config::{validate, validate_shape, Converge, Harvest, SourceConfig};
+use figures::{counters, MIB};
+pub use outcome::{Phase, RoundStat, SourceOutcome};
+use precopy::Precopy;
+use precopy_end::PrecopyEnd;
+pub(crate) use sender::copy_page;
+use sender::{Chan, Sender};
+
+/// Runs the source side for `guest`, already running: `connect` opens
+/// each channel's connection once the guest is warm.
+///
+/// # Errors
+/// [`MigrateError::Setup`], [`MigrateError::Io`], [`MigrateError::Timeout`],
+/// [`MigrateError::Auth`], [`MigrateError::NotConverged`] (the destination
+/// was told to abort and the source guest kept running),
+/// [`MigrateError::Rejected`], [`MigrateError::MemoryMismatch`].
+pub fn run_source<G: SourceGuest>(
+    guest: &G,
+    cfg: &SourceConfig,
+    connect: &mut Connect<'_>,
+) -> Result<SourceOutcome, MigrateError> {
+    config::validate(cfg)?;
+    let shape = guest.shape();
+    config::validate_shape(&shape)?;
+    if cfg.postcopy != Postcopy::Off && !guest.supports_postcopy() {
+        return Err(MigrateError::Setup(
+            "post-copy: this guest cannot check a post-copy destination's memory".into(),
+        ));
+    }
+    let vm = guest.vm();
+    let timeline = Timeline::start(guest.counter_source(), cfg.sample_every);
+    let pace = guest.pace();
+    let warm = counters(guest);
+    std::thread::sleep(cfg.warmup);
+    let warm_end = counters(guest);
+    let warm_end_s = timeline.at(warm_end.0);
+
+    // Connect, be accepted, join the further channels, measure the link.
+    let (session, chans, pc_conns) = connect_channels(cfg, guest, connect)?;
+    let mut s = Sender::new(vm, chans, cfg, shape.vcpus as usize);
+    let (link_bytes, link) = probe_link(&mut s, cfg, shape.mem_size)?;
+
+    // Pre-copy.
+    let log_start = Instant::now();
+    let log_start_s = timeline.at(log_start);
+    let at_log = counters(guest);
+    vm.enable_dirty_logging()
+        .map_err(|e| MigrateError::Setup(format!("enabling dirty logging: {e}")))?;
+    let mut hook = match guest.begin_hook() {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = vm.disable_dirty_logging();
+            return Err(abort_and_reason(e, &mut s.chans[0].wire));
+        }
+    };
+    let mut pre = Precopy::new(cfg, guest, &timeline, &shape, link, pace, log_start);
+    let result = pre.run(&mut s, &mut hook);
+    let Precopy {
+        rounds,
+        round,
+        throttle_pct,
+        max_throttle,
+        switch,
+        ..
+    } = pre;
+    let final_pace = guest.pace();
+    if let Err(e) = result {
+        return Err(abort(e, &mut s, guest));
+    }
+    let end = PrecopyEnd {
+        guest,
+        s: &mut s,
+        final_pace,
+        round,
+        max_throttle,
+        rounds,
+        timeline,
+        log_start,
+        log_start_s,
+        warm,
+        warm_end,
+        warm_end_s,
+        at_log,
+        link,
+        link_bytes,
+        cfg,
+    };
+    if switch {
+        return postcopy_switch::run(end, pc_conns, connect, session);
+    }
+    stop_copy::run(end, hook, throttle_pct)
+}
+
+/// The link figure before the migration (no guest, no checksum): bytes
+/// sent and bytes per second.
+///
+/// # Errors
+/// Sending or the destination's reply failed.
+fn probe_link<V: SessionVm>(
+    s: &mut Sender<'_, V>,
+    cfg: &SourceConfig,
+    mem_size: u64,
+) -> Result<(u64, f64), MigrateError> {
+    let (link_bytes, link_time) = s.probe(mem_size)?;
+    let link = link_bytes as f64 / link_time.as_secs_f64().max(1e-9);
+    if cfg.progress.is_on() {
+        cfg.progress.line(&format!(
+            "{}link: {:.1} MiB in {:.1} ms at {:.1} MiB/s over {} channel(s) (no guest, no checksum)",
+            cfg.label,
+            link_bytes as f64 / MIB,
+            link_time.as_secs_f64() * 1e3,
+            link / MIB,
+            cfg.channels
+        ));
+    }
+    Ok((link_bytes, link))
+}
+
+/// Pre-copy failed: the guest stays on the source. Tells the destination,
+/// which must not resume it, lifts the throttle, stops dirty logging, and
+/// returns the error to report (the destination's reason when it gave up).
+fn abort<G: SourceGuest>(e: MigrateError, s: &mut Sender<'_, G::Vm>, guest: &G) -> MigrateError {
+    guest.set_throttle_ns(0);
+    let _ = guest.vm().disable_dirty_logging();
+    abort_and_reason(e, &mut s.chans[0].wire)
+}
+
+/// The main connection (header sent, ACCEPT read), the further data
+/// channels joined to its session, and post-copy's request and answer
+/// connections after them when post-copy is on.
+type Connected = ([u8; SESSION_LEN], Vec<Chan>, Vec<WireWriter<BoxConn>>);
+
+/// Opens and joins every connection the run needs.
+///
+/// # Errors
+/// Connecting or the handshake failed, or the destination did not accept.
+fn connect_channels<G: SourceGuest>(
+    cfg: &SourceConfig,
+    guest: &G,
+    connect: &mut Connect<'_>,
+) -> Result<Connected, MigrateError> {
+    let shape = guest.shape();
+    let header = Header {
+        mem_size: shape.mem_size,
+        slots: shape.slots,
+        gpa_base: guest.vm().gpa_base(),
+        vcpus: shape.vcpus,
+        channels: cfg.channels,
+        backing: shape.backing,
+        verify_full: cfg.verify_full,
+        postcopy: cfg.postcopy != Postcopy::Off,
+        format: shape.format,
+    };
+    let main = connect(0)?;
+    let mut main = WireWriter::new(main, &header)?;
+    main.flush()?;
+    let session = match read_reply(&mut main, shape.mem_size)? {
+        Record::Control {
+            tag: tag::ACCEPT,
+            body,
+            at_byte,
+        } => {
+            let mut d = Dec::new(&body, "ACCEPT", at_byte);
+            let mut s = [0u8; SESSION_LEN];
+            s.copy_from_slice(d.bytes(SESSION_LEN)?);
+            d.finish()?;
+            s
+        }
+        other => return Err(unexpected_reply(other, "ACCEPT")),
+    };
+    let mut chans = vec![Chan::new(main)];
+    for c in 1..cfg.channels {
+        let conn = connect(c)?;
+        chans.push(Chan::new(WireWriter::join(conn, &session, c)?));
+    }
+    // Post-copy's request and answer connections, after the data channels.
+    let mut pc_conns = Vec::new();
+    if cfg.postcopy != Postcopy::Off {
+        for c in [cfg.channels, cfg.channels + 1] {
+            let conn = connect(c)?;
+            pc_conns.push(WireWriter::join(conn, &session, c)?);
+        }
+    }
+    Ok((session, chans, pc_conns))
+}

@@ -1,0 +1,471 @@
+//! The source's sending half: pages out of guest memory onto the
+//! channels (paced by the bandwidth limit), the link probe, and the dirty
+//! set harvested from the bitmap or the rings.
+
+use super::super::replies::{read_reply, unexpected_reply};
+use super::{Harvest, SourceConfig};
+use crate::bandwidth::TokenBucket;
+use crate::hash::is_zero;
+use crate::stream_error::MigrateError;
+use crate::transport::BoxConn;
+use crate::vm::{GuestRam, RingEntry, SessionVm};
+use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One channel of the stream with the batch being filled for it.
+pub(super) struct Chan {
+    pub(super) wire: WireWriter<BoxConn>,
+    batch: Batch,
+}
+
+impl Chan {
+    pub(super) fn new(wire: WireWriter<BoxConn>) -> Self {
+        Chan {
+            wire,
+            batch: Batch::new(),
+        }
+    }
+
+    /// Sends the batch (paced by the bandwidth limit).
+    fn flush_batch(&mut self, bucket: &Mutex<TokenBucket>) -> Result<(), MigrateError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        bucket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(self.batch.wire_bytes());
+        self.wire.batch(&mut self.batch)
+    }
+
+    /// Sends the pages of `job` that channel `c` of `n` owns.
+    fn send_job<V: SessionVm>(
+        &mut self,
+        vm: &V,
+        bucket: &Mutex<TokenBucket>,
+        c: u16,
+        n: u16,
+        job: &Job,
+    ) -> Result<(), MigrateError> {
+        let s = vm.slots()[job.slot];
+        let first_index = s.mem_offset / PAGE_SIZE as u64;
+        let ram = &**vm.ram();
+        for (wi, &word) in job.words.iter().enumerate() {
+            let mut m = word;
+            while m != 0 {
+                let b = u64::from(m.trailing_zeros());
+                m &= m - 1;
+                let i = job.first + wi as u64 * 64 + b;
+                if n > 1 && channel_of(first_index + i, n) != c {
+                    continue;
+                }
+                let off = s.mem_offset + i * PAGE_SIZE as u64;
+                self.batch
+                    .push_known(s.gpa + i * PAGE_SIZE as u64, |p| copy_page(ram, off, p));
+                if self.batch.is_full() {
+                    self.flush_batch(bucket)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies the guest page at `off` into `dst` word by word (atomically per
+/// word: the guest may be writing it), and says whether it was all zeros.
+pub(crate) fn copy_page<R: GuestRam + ?Sized>(ram: &R, off: u64, dst: &mut [u8]) -> bool {
+    if off
+        .checked_add(PAGE_SIZE as u64)
+        .is_none_or(|end| end > ram.size())
+        || dst.len() != PAGE_SIZE
+        || off % 8 != 0
+    {
+        ram.read_into(off, dst);
+        return is_zero(dst);
+    }
+    // SAFETY: the page lies inside the mapping (checked above), which
+    // GuestRam's contract keeps alive while `ram` lives and makes
+    // page-aligned, so with `off` a multiple of 8 every word is aligned;
+    // the contract also makes every other access to it atomic per word,
+    // as these loads are.
+    let words = unsafe {
+        std::slice::from_raw_parts((ram.host_addr() + off) as *const AtomicU64, PAGE_SIZE / 8)
+    };
+    let mut acc = 0u64;
+    for (w, d) in words.iter().zip(dst.chunks_exact_mut(8)) {
+        let v = w.load(Ordering::Relaxed);
+        acc |= v;
+        d.copy_from_slice(&v.to_le_bytes());
+    }
+    acc == 0
+}
+
+/// Pages of one slot to send: bit b of `words[w]` is page
+/// `first + 64 w + b` of the slot.
+struct Job {
+    slot: usize,
+    first: u64,
+    words: Vec<u64>,
+}
+
+/// A bitmap with the first `n` bits set.
+fn all_pages(n: u64) -> Vec<u64> {
+    let mut words = vec![u64::MAX; n.div_ceil(64) as usize];
+    if !n.is_multiple_of(64) {
+        if let Some(w) = words.last_mut() {
+            *w = (1u64 << (n % 64)) - 1;
+        }
+    }
+    words
+}
+
+/// The sending half: pages out of guest memory onto the channels, with
+/// the pending dirty set per slot.
+pub(super) struct Sender<'a, V: SessionVm> {
+    pub(super) vm: &'a Arc<V>,
+    pub(super) chans: Vec<Chan>,
+    pub(super) bucket: Mutex<TokenBucket>,
+    /// Pages to send, one bitmap per slot (bit i = page i of the slot).
+    pub(super) pending: Vec<Vec<u64>>,
+    pub(super) ring: bool,
+    pub(super) vcpus: usize,
+    /// Pages per `clear_dirty_log` call (a multiple of 64).
+    pub(super) chunk_pages: u64,
+    pub(super) gfns: Vec<RingEntry>,
+}
+
+impl<'a, V: SessionVm> Sender<'a, V> {
+    /// A sender over `chans` for `vm`, with nothing pending yet.
+    pub(super) fn new(vm: &'a Arc<V>, chans: Vec<Chan>, cfg: &SourceConfig, vcpus: usize) -> Self {
+        let page = PAGE_SIZE as u64;
+        Sender {
+            vm,
+            chans,
+            bucket: Mutex::new(TokenBucket::new(cfg.bandwidth)),
+            pending: vm
+                .slots()
+                .iter()
+                .map(|s| vec![0u64; (s.size / page).div_ceil(64) as usize])
+                .collect(),
+            ring: cfg.harvest == Harvest::Ring,
+            vcpus,
+            chunk_pages: (cfg.clear_chunk / page / 64 * 64).max(64),
+            gfns: Vec::new(),
+        }
+    }
+
+    /// Pages, bytes and zero pages sent so far on all channels.
+    pub(super) fn counts(&self) -> (u64, u64, u64) {
+        self.chans.iter().fold((0, 0, 0), |(p, b, z), c| {
+            (p + c.wire.pages, b + c.wire.pos, z + c.wire.zero_pages)
+        })
+    }
+
+    /// The link figure: `total` bytes of filler over all channels at once
+    /// (paced like pages), until the destination says it has them all.
+    pub(super) fn probe(&mut self, total: u64) -> Result<(u64, Duration), MigrateError> {
+        let n = self.chans.len() as u64;
+        let filler: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 1) as u8).collect();
+        let bucket = &self.bucket;
+        let t0 = Instant::now();
+        let per = total / n;
+        let results: Vec<Result<(), MigrateError>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = self
+                .chans
+                .iter_mut()
+                .enumerate()
+                .map(|(i, c)| {
+                    let len = if i == 0 { total - per * (n - 1) } else { per };
+                    let filler = &filler;
+                    let f = move || {
+                        c.wire.probe(len, filler, &mut |b| {
+                            bucket.lock().unwrap_or_else(|p| p.into_inner()).take(b)
+                        })
+                    };
+                    if i == 0 || n == 1 {
+                        Err(f)
+                    } else {
+                        Ok(sc.spawn(f))
+                    }
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h.join().unwrap_or_else(|_| {
+                        Err(MigrateError::Setup("a probe thread panicked".into()))
+                    }),
+                    Err(mut f) => f(),
+                })
+                .collect()
+        });
+        for r in results {
+            r?;
+        }
+        match read_reply(&mut self.chans[0].wire, 0)? {
+            Record::Control {
+                tag: tag::PROBED,
+                body,
+                at_byte,
+            } => {
+                let mut d = Dec::new(&body, "PROBED", at_byte);
+                let got = d.u64()?;
+                d.finish()?;
+                if got != total {
+                    return Err(d.malformed(format!(
+                        "the destination received {got} probe bytes of {total}"
+                    )));
+                }
+            }
+            other => return Err(unexpected_reply(other, "PROBED")),
+        }
+        Ok((total, t0.elapsed()))
+    }
+
+    /// Sends `jobs` over the channels (each page on the channel owning its
+    /// stripe), then flushes every channel. `next` makes the next job
+    /// (and may clear its dirty bits first); with rings, they are reaped
+    /// between jobs.
+    fn run(
+        &mut self,
+        mut next: impl FnMut(&mut Self) -> Result<Option<Job>, MigrateError>,
+    ) -> Result<(), MigrateError> {
+        let n = self.chans.len() as u16;
+        if n == 1 {
+            while let Some(job) = next(self)? {
+                self.chans[0].send_job(&**self.vm, &self.bucket, 0, 1, &job)?;
+                if self.ring {
+                    self.reap_if_full()?;
+                }
+            }
+            self.chans[0].flush_batch(&self.bucket)?;
+            return self.chans[0].wire.flush();
+        }
+        let mut chans = std::mem::take(&mut self.chans);
+        let vm = self.vm.clone();
+        let bucket = std::mem::replace(&mut self.bucket, Mutex::new(TokenBucket::new(0)));
+        let result = std::thread::scope(|sc| {
+            let mut txs = Vec::new();
+            let mut handles = Vec::new();
+            for (c, chan) in chans.iter_mut().enumerate() {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<Job>>(2);
+                txs.push(tx);
+                let (vm, bucket) = (&vm, &bucket);
+                handles.push(sc.spawn(move || {
+                    for job in rx {
+                        chan.send_job(&**vm, bucket, c as u16, n, &job)?;
+                    }
+                    chan.flush_batch(bucket)?;
+                    chan.wire.flush()
+                }));
+            }
+            let mut fed = self.feed(&txs, &mut next);
+            drop(txs);
+            while self.ring && handles.iter().any(|h| !h.is_finished()) {
+                if let Err(e) = self.reap_if_full() {
+                    fed = fed.and(Err(e));
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let mut r = fed;
+            for h in handles {
+                let w = h.join().unwrap_or_else(|_| {
+                    Err(MigrateError::Setup("a sending thread panicked".into()))
+                });
+                r = r.and(w);
+            }
+            r
+        });
+        self.chans = chans;
+        self.bucket = bucket;
+        result
+    }
+
+    /// Hands every job `next` makes to each channel's thread (`txs`),
+    /// reaping the rings while a queue is full. Stops at the first error,
+    /// or when a thread has failed (its error is reported by the caller).
+    fn feed(
+        &mut self,
+        txs: &[SyncSender<Arc<Job>>],
+        next: &mut impl FnMut(&mut Self) -> Result<Option<Job>, MigrateError>,
+    ) -> Result<(), MigrateError> {
+        while let Some(job) = next(self)? {
+            let job = Arc::new(job);
+            for tx in txs {
+                let mut j = job.clone();
+                loop {
+                    match tx.try_send(j) {
+                        Ok(()) => break,
+                        Err(TrySendError::Full(back)) => {
+                            j = back;
+                            if self.ring {
+                                self.reap_if_full()?;
+                            }
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                        // The worker failed: its error is reported by the
+                        // caller.
+                        Err(TrySendError::Disconnected(_)) => return Ok(()),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Round 0: every page.
+    pub(super) fn send_all(&mut self) -> Result<(), MigrateError> {
+        let step = if self.ring { 256 } else { self.chunk_pages };
+        let mut at = (0usize, 0u64);
+        self.run(|s| {
+            let slots = s.vm.slots();
+            while at.0 < slots.len() {
+                let npages = slots[at.0].size / PAGE_SIZE as u64;
+                if at.1 < npages {
+                    let n = step.min(npages - at.1);
+                    let job = Job {
+                        slot: at.0,
+                        first: at.1,
+                        words: all_pages(n),
+                    };
+                    at.1 += n;
+                    return Ok(Some(job));
+                }
+                at = (at.0 + 1, 0);
+            }
+            Ok(None)
+        })
+    }
+
+    /// The verification pass: every page on the main channel.
+    pub(super) fn send_all_main(&mut self) -> Result<(), MigrateError> {
+        let vm = self.vm.clone();
+        for (slot, info) in vm.slots().iter().enumerate() {
+            let npages = info.size / PAGE_SIZE as u64;
+            let mut first = 0;
+            while first < npages {
+                let n = (64 * 64u64).min(npages - first);
+                let job = Job {
+                    slot,
+                    first,
+                    words: all_pages(n),
+                };
+                self.chans[0].send_job(&*vm, &self.bucket, 0, 1, &job)?;
+                first += n;
+            }
+        }
+        self.chans[0].flush_batch(&self.bucket)?;
+        self.chans[0].wire.flush()
+    }
+
+    pub(super) fn dirty_count(&self) -> u64 {
+        self.pending
+            .iter()
+            .flatten()
+            .map(|w| u64::from(w.count_ones()))
+            .sum()
+    }
+
+    /// Sends the pending pages. With bitmaps each chunk's dirty bits are
+    /// cleared (and its pages write-protected) just before its pages are
+    /// handed to the channels, so a write after the clear is logged again.
+    pub(super) fn send_dirty(&mut self) -> Result<(), MigrateError> {
+        let step = if self.ring { 256 } else { self.chunk_pages };
+        let mut at = (0usize, 0u64);
+        self.run(|s| {
+            while at.0 < s.pending.len() {
+                let info = s.vm.slots()[at.0];
+                let npages = info.size / PAGE_SIZE as u64;
+                while at.1 < npages {
+                    let (slot, first) = at;
+                    let n = step.min(npages - first);
+                    at.1 += n;
+                    let (w0, w1) = ((first / 64) as usize, (first + n).div_ceil(64) as usize);
+                    if s.pending[slot][w0..w1].iter().all(|&w| w == 0) {
+                        continue;
+                    }
+                    if !s.ring {
+                        s.vm.clear_dirty_log(info.id, first, n, &s.pending[slot][w0..w1])
+                            .map_err(|e| MigrateError::Setup(e.what))?;
+                    }
+                    let words: Vec<u64> = s.pending[slot][w0..w1]
+                        .iter_mut()
+                        .map(std::mem::take)
+                        .collect();
+                    return Ok(Some(Job { slot, first, words }));
+                }
+                at = (at.0 + 1, 0);
+            }
+            Ok(None)
+        })
+    }
+
+    /// End of a round: what the guest dirtied since the pages were last
+    /// protected. Returns the number of pending pages.
+    pub(super) fn harvest(&mut self) -> Result<u64, MigrateError> {
+        if self.ring {
+            self.reap()?;
+        } else {
+            for (slot, bm) in self.vm.slots().iter().zip(self.pending.iter_mut()) {
+                self.vm
+                    .get_dirty_log(slot.id, bm)
+                    .map_err(|e| MigrateError::Setup(e.what))?;
+            }
+        }
+        Ok(self.dirty_count())
+    }
+
+    /// With the vCPUs paused: everything still dirty (nothing is
+    /// re-protected; the guest will not run here again).
+    pub(super) fn final_harvest(&mut self) -> Result<(), MigrateError> {
+        if self.ring {
+            self.gfns.clear();
+            self.vm
+                .harvest_rings(&mut self.gfns)
+                .map_err(|e| MigrateError::Setup(e.what))?;
+            self.mark_gfns();
+            Ok(())
+        } else {
+            self.harvest().map(|_| ())
+        }
+    }
+
+    fn reap_if_full(&mut self) -> Result<(), MigrateError> {
+        if (0..self.vcpus).any(|v| self.vm.ring_soft_full(v)) {
+            self.reap()?;
+        }
+        Ok(())
+    }
+
+    /// Harvests every ring into the pending set, then resets them (which
+    /// re-protects the pages: they are read only after this).
+    fn reap(&mut self) -> Result<(), MigrateError> {
+        self.gfns.clear();
+        self.vm
+            .harvest_rings(&mut self.gfns)
+            .and_then(|()| self.vm.reset_rings())
+            .map_err(|e| MigrateError::Setup(format!("reaping the dirty rings: {e}")))?;
+        self.mark_gfns();
+        Ok(())
+    }
+
+    fn mark_gfns(&mut self) {
+        for g in &self.gfns {
+            let Some(slot) = self
+                .vm
+                .slots()
+                .iter()
+                .position(|s| u32::from(s.id) == g.slot)
+            else {
+                continue;
+            };
+            if let Some(w) = self.pending[slot].get_mut((g.offset / 64) as usize) {
+                *w |= 1 << (g.offset % 64);
+            }
+        }
+    }
+}

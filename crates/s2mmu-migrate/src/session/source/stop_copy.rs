@@ -1,0 +1,168 @@
+//! The stop-and-copy: pauses the guest, sends the last dirty pages and
+//! the vCPU state, waits for the destination to resume it, verifies the
+//! destination's memory, and assembles the outcome.
+
+use super::super::guest::{RoundHook, SourceGuest};
+use super::super::replies::{abort_and_reason, read_reply, unexpected_reply};
+use super::figures::{counters, phase, MIB};
+use super::precopy_end::PrecopyEnd;
+use super::verify::{check_digests, parse_digests, verify_full};
+use super::{RoundStat, SourceOutcome};
+use crate::stream_error::MigrateError;
+use crate::wire::{tag, Enc, Record, PAGE_SIZE};
+use std::time::Instant;
+
+/// Pauses the guest, sends the rest, and verifies the destination.
+///
+/// # Errors
+/// Sending failed (the guest resumes here; the destination's reason when
+/// it gave up), the destination did not resume it (it resumes here), or
+/// [`MigrateError::MemoryMismatch`]. `extras` are pre-copy's check and
+/// snapshots, `throttle_pct` the throttle of its last round.
+pub(super) fn run<G: SourceGuest>(
+    mut x: PrecopyEnd<'_, '_, G>,
+    mut hook: G::Hook,
+    throttle_pct: u32,
+) -> Result<SourceOutcome, MigrateError> {
+    let at = x.clock();
+    let pause_at = Instant::now();
+    let at_pause = counters(x.guest);
+    x.guest.pause();
+    if let Err(e) = send_last(&mut x, &mut hook, throttle_pct) {
+        // Not sent in full: the guest goes on here, and the destination,
+        // still waiting for the main connection's END, is told to stop.
+        x.guest.resume();
+        return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
+    }
+    let digests = read_resumed(&mut x);
+    let resumed_at = Instant::now();
+    let dest_digests = match digests {
+        Ok(d) => d,
+        Err(e) => {
+            // Not resumed there: the guest goes on here.
+            x.guest.resume();
+            return Err(e);
+        }
+    };
+    let downtime = resumed_at - pause_at;
+    let cfg = x.cfg;
+    if cfg.progress.is_on() {
+        cfg.progress.line(&format!(
+            "{}resumed on the destination after {:.1} ms of downtime",
+            cfg.label,
+            downtime.as_secs_f64() * 1e3
+        ));
+    }
+    let samples = x.timeline.finish();
+    let pause_s = at(pause_at);
+    let before = phase(x.warm, x.warm_end, &samples, 0.0, x.warm_end_s);
+    let during = phase(x.at_log, at_pause, &samples, x.log_start_s, pause_s);
+
+    // Verification against the frozen source memory: the byte-for-byte
+    // pass first (the destination waits for it under its I/O deadline),
+    // then the digests.
+    if cfg.verify_full {
+        verify_full(x.s)?;
+    }
+    let slot_digests = check_digests(&**x.guest.vm(), &dest_digests)?;
+    let rounds = x.rounds;
+    let sum = |f: fn(&RoundStat) -> u64| rounds.iter().map(f).sum::<u64>();
+    let (page_records, zero_pages, bytes) =
+        (sum(|r| r.pages), sum(|r| r.zero_pages), sum(|r| r.bytes));
+    Ok(SourceOutcome {
+        extras: hook.finish(x.guest.vm()),
+        rounds,
+        total: resumed_at - x.log_start,
+        downtime,
+        page_records,
+        zero_pages,
+        bytes,
+        link: x.link,
+        link_bytes: x.link_bytes,
+        channels: cfg.channels,
+        log_start_s: x.log_start_s,
+        pause_s,
+        resumed_s: at(resumed_at),
+        samples,
+        before,
+        during,
+        slot_digests,
+        verified_full: cfg.verify_full,
+        max_throttle_pct: x.max_throttle,
+        final_pace: x.final_pace,
+        postcopy: None,
+    })
+}
+
+/// The destination's RESUMED and the per-slot digests it carries.
+///
+/// # Errors
+/// The stream's, or another reply (REJECTED: the destination's reason).
+fn read_resumed<G: SourceGuest>(
+    x: &mut PrecopyEnd<'_, '_, G>,
+) -> Result<Vec<(u16, u64)>, MigrateError> {
+    match read_reply(&mut x.s.chans[0].wire, 0) {
+        Ok(Record::Control {
+            tag: tag::RESUMED,
+            body,
+            at_byte,
+        }) => parse_digests(&body, at_byte),
+        Ok(other) => Err(unexpected_reply(other, "RESUMED")),
+        Err(e) => Err(e),
+    }
+}
+
+/// With the vCPUs paused: the last harvest, the last dirty pages, the
+/// vCPU state, the end of every channel; records the final round.
+fn send_last<G: SourceGuest>(
+    x: &mut PrecopyEnd<'_, '_, G>,
+    hook: &mut G::Hook,
+    throttle_pct: u32,
+) -> Result<(), MigrateError> {
+    let page = PAGE_SIZE as u64;
+    let s = &mut *x.s;
+    let t0 = Instant::now();
+    let (p0, b0, z0) = s.counts();
+    s.final_harvest()?;
+    hook.last_round(x.guest.vm(), &s.pending)?;
+    let mut e = Enc::default();
+    e.u32(x.round + 1).u64(s.dirty_count());
+    s.chans[0].wire.control(tag::ROUND, &e.0)?;
+    s.send_dirty()?;
+    let state = x.guest_state()?;
+    let s = &mut *x.s;
+    for c in s.chans.iter_mut().skip(1) {
+        c.wire.end()?;
+    }
+    s.chans[0].wire.control(tag::STATE, &state)?;
+    s.chans[0].wire.end()?;
+    let t1 = Instant::now();
+    let (p1, b1, z1) = s.counts();
+    x.rounds.push(RoundStat {
+        round: x.round + 1,
+        pages: p1 - p0,
+        zero_pages: z1 - z0,
+        bytes: b1 - b0,
+        start_s: x.timeline.at(t0),
+        end_s: x.timeline.at(t1),
+        bandwidth: (b1 - b0) as f64 / (t1 - t0).as_secs_f64().max(1e-9),
+        page_rate: (p1 - p0) as f64 * page as f64 / (t1 - t0).as_secs_f64().max(1e-9),
+        throttle_pct,
+        pace: x.final_pace,
+        final_round: true,
+        ..RoundStat::default()
+    });
+    let cfg = x.cfg;
+    if cfg.progress.is_on() {
+        let r = x.rounds.last().expect("pushed");
+        cfg.progress.line(&format!(
+            "{}round {:>2}: vCPUs paused; sent the last {} pages ({:.1} MiB) and the vCPU state in {:.1} ms",
+            cfg.label,
+            r.round,
+            r.pages,
+            r.bytes as f64 / MIB,
+            (t1 - t0).as_secs_f64() * 1e3
+        ));
+    }
+    Ok(())
+}

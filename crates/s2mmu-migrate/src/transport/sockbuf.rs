@@ -1,0 +1,262 @@
+//! The buffered socket under every connection: large reads, the
+//! handshake's overall deadline and the writes' minimum rate, over any
+//! [`Connection`].
+
+use super::{BoxConn, Connection, ShutdownHandle};
+use crate::stream_error::MigrateError;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+/// A socket read in large chunks: rustls asks for 4 KiB at a time, which
+/// would be a system call per 4 KiB of a bulk stream. Writes go straight
+/// through. While a handshake runs, every read and write is bounded by
+/// the handshake's overall deadline (not only each by the I/O timeout),
+/// so a peer that drips its handshake a byte at a time is cut off. After
+/// the handshake, writes keep a minimum rate ([`WritePace`]): a peer that
+/// reads a byte now and then, each within the I/O timeout, cannot hold the
+/// sender for ever.
+pub struct SockBuf {
+    pub(super) sock: BoxConn,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    deadline: Option<Instant>,
+    pace: WritePace,
+}
+
+/// The slowest a peer may take what this side writes, in bytes per second,
+/// as the reader's [`MIN_RATE`](crate::wire::MIN_RATE) for what it
+/// receives: a real peer takes hundreds of MiB/s.
+pub const MIN_WRITE_RATE: u64 = 256 << 10;
+
+/// Bytes after which the writes' time account starts again, so bytes that
+/// went out fast early give no credit for a later drip: within each window
+/// the time spent blocked in writes may not exceed the grace (the I/O
+/// timeout) plus the window's bytes at [`MIN_WRITE_RATE`].
+pub const WRITE_WINDOW: u64 = 4 << 20;
+
+/// The time this side spent blocked writing, against the bytes written.
+#[derive(Clone, Copy, Debug)]
+pub struct WritePace {
+    grace: Duration,
+    waited: Duration,
+    bytes: u64,
+}
+
+impl WritePace {
+    /// An account with `grace` (the I/O timeout).
+    pub fn new(grace: Duration) -> Self {
+        WritePace {
+            grace,
+            waited: Duration::ZERO,
+            bytes: 0,
+        }
+    }
+
+    /// Counts one write of `n` bytes that blocked for `took`.
+    ///
+    /// # Errors
+    /// `TimedOut` once the window's time exceeds its allowance.
+    pub fn record(&mut self, n: usize, took: Duration) -> std::io::Result<()> {
+        self.waited += took;
+        self.bytes += n as u64;
+        let allowed =
+            self.grace + Duration::from_secs_f64(self.bytes as f64 / MIN_WRITE_RATE as f64);
+        if self.waited > allowed {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the peer took {} bytes in {:?}, slower than {} KiB/s",
+                    self.bytes,
+                    self.waited,
+                    MIN_WRITE_RATE >> 10
+                ),
+            ));
+        }
+        if self.bytes >= WRITE_WINDOW {
+            *self = WritePace::new(self.grace);
+        }
+        Ok(())
+    }
+}
+
+impl SockBuf {
+    /// `sock` buffered; with `deadline`, every read and write until
+    /// [`SockBuf::end_handshake`] is bounded by it.
+    pub fn new(sock: BoxConn, deadline: Option<Instant>) -> Self {
+        SockBuf {
+            sock,
+            buf: vec![0u8; 256 << 10].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            deadline,
+            pace: WritePace::new(DEFAULT_WRITE_GRACE),
+        }
+    }
+
+    /// Before a read or write: the time left until the deadline becomes
+    /// the socket's timeout; none left is `TimedOut`.
+    fn arm(&self) -> std::io::Result<()> {
+        let Some(d) = self.deadline else {
+            return Ok(());
+        };
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the handshake's overall deadline passed",
+            ));
+        }
+        self.sock.set_io_timeout(Some(left))
+    }
+
+    /// Ends the handshake's deadline: the I/O timeout bounds each read and
+    /// write again.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`] when the timeout cannot be set.
+    pub fn end_handshake(&mut self, io_timeout: Duration) -> Result<(), MigrateError> {
+        self.deadline = None;
+        self.pace = WritePace::new(io_timeout);
+        self.sock
+            .set_io_timeout(Some(io_timeout))
+            .map_err(|e| MigrateError::io("configuring the connection", &e))
+    }
+}
+
+impl Read for SockBuf {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.start == self.end {
+            self.arm()?;
+            if out.len() >= self.buf.len() {
+                return self.sock.read(out);
+            }
+            let n = self.sock.read(&mut self.buf)?;
+            self.start = 0;
+            self.end = n;
+        }
+        let n = out.len().min(self.end - self.start);
+        out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        Ok(n)
+    }
+}
+
+impl Write for SockBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.arm()?;
+        let t = Instant::now();
+        let n = self.sock.write(b)?;
+        self.pace.record(n, t.elapsed())?;
+        Ok(n)
+    }
+    fn write_vectored(&mut self, b: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        self.arm()?;
+        let t = Instant::now();
+        let n = self.sock.write_vectored(b)?;
+        self.pace.record(n, t.elapsed())?;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.sock.flush()
+    }
+}
+
+/// The grace of a connection's writes before its handshake ended (the
+/// handshake's own deadline bounds them then).
+const DEFAULT_WRITE_GRACE: Duration = Duration::from_secs(5);
+
+impl Connection for SockBuf {
+    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.sock.set_io_timeout(timeout)
+    }
+    fn io_timeout(&self) -> Option<Duration> {
+        self.sock.io_timeout()
+    }
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+        self.sock.shutdown_handle()
+    }
+    fn peer(&self) -> String {
+        self.sock.peer()
+    }
+}
+
+/// A bare connection with the writes' minimum rate.
+pub(super) fn plain(s: BoxConn, io_timeout: Duration) -> Result<BoxConn, MigrateError> {
+    let mut b = SockBuf::new(s, None);
+    b.end_handshake(io_timeout)?;
+    Ok(Box::new(b))
+}
+
+#[cfg(test)]
+mod pace_tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+    use std::thread;
+
+    /// A connected pair; with `small`, small socket buffers, so the
+    /// writer blocks on the reader at once.
+    fn pair(small: bool) -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (r, _) = l.accept().unwrap();
+        if small {
+            socket2::SockRef::from(&w)
+                .set_send_buffer_size(8 << 10)
+                .unwrap();
+            socket2::SockRef::from(&r)
+                .set_recv_buffer_size(8 << 10)
+                .unwrap();
+        }
+        (w, r)
+    }
+
+    /// Writes 8 MiB to a reader that takes `chunk` bytes every 50 ms (all
+    /// it can at once from 1 MiB on), with a 5 s I/O timeout and a 200 ms
+    /// grace for the writes' rate.
+    fn write_to_reader(chunk: usize) -> std::io::Result<()> {
+        let (w, mut r) = pair(chunk < 1 << 20);
+        let reader = thread::spawn(move || {
+            let mut buf = vec![0u8; chunk];
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(30) {
+                match r.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                if chunk < 1 << 20 {
+                    thread::sleep(Duration::from_millis(50));
+                }
+            }
+        });
+        let mut s = SockBuf::new(Box::new(w), None);
+        s.end_handshake(Duration::from_secs(5)).unwrap();
+        s.pace = WritePace::new(Duration::from_millis(200));
+        let r = s.write_all(&vec![7u8; 8 << 20]);
+        drop(s);
+        reader.join().unwrap();
+        r
+    }
+
+    #[test]
+    fn a_reader_below_the_minimum_rate_is_cut_off() {
+        // 1 KiB every 50 ms is 20 KiB/s: every write makes progress within
+        // the 5 s I/O timeout, so only the rate ends it.
+        let e = write_to_reader(1 << 10).expect_err("a dripping reader is cut off");
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("slower than"), "{e}");
+    }
+
+    #[test]
+    fn a_reader_at_full_speed_takes_everything() {
+        write_to_reader(4 << 20).expect("a reader taking everything is served");
+    }
+
+    #[test]
+    fn the_window_gives_no_credit_for_earlier_fast_bytes() {
+        let mut p = WritePace::new(Duration::from_secs(1));
+        p.record(WRITE_WINDOW as usize, Duration::ZERO).unwrap();
+        // A new window: 2 s for one byte is past its 1 s grace.
+        assert!(p.record(1, Duration::from_secs(2)).is_err());
+    }
+}

@@ -1,0 +1,466 @@
+//! The receiving side: the opening, PAGES entries and data, control
+//! records and probes, every length checked before it is read.
+
+use super::{
+    checksum, max_body, tag, tag_name, Dec, Header, MigrateError, Opening, MAGIC, MAX_BATCH,
+    PAGE_SIZE, SESSION_LEN, VERSION,
+};
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+/// The slowest a peer may send a record once its first byte came: below
+/// it the record's deadline passes. A real peer sends hundreds of MiB/s;
+/// one that drips bytes to hold the other side is cut off.
+pub const MIN_RATE: u64 = 256 << 10;
+
+/// The grace of a reader not told its peer's I/O timeout.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+/// A record's overall deadline: once its first byte came, the time spent
+/// waiting for the rest may not exceed `grace` plus the bytes received at
+/// [`MIN_RATE`] (a minimum rate, not a deadline per read). The wait for a
+/// record's first byte is the socket's own I/O timeout (an idle peer).
+#[derive(Clone, Copy, Debug)]
+struct Pace {
+    grace: Duration,
+    waited: Duration,
+    bytes: u64,
+    started: bool,
+}
+
+impl Pace {
+    fn new(grace: Duration) -> Self {
+        Pace {
+            grace,
+            waited: Duration::ZERO,
+            bytes: 0,
+            started: false,
+        }
+    }
+
+    /// One read of the record, timed.
+    fn read<R: Read>(
+        &mut self,
+        r: &mut R,
+        f: impl FnOnce(&mut R) -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        let t = Instant::now();
+        let n = f(r)?;
+        if self.started {
+            self.waited += t.elapsed();
+        }
+        self.started |= n > 0;
+        self.bytes += n as u64;
+        let allowed = self.grace + Duration::from_secs_f64(self.bytes as f64 / MIN_RATE as f64);
+        if self.waited > allowed {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the peer sent {} bytes of a record in {:?}, slower than {} KiB/s",
+                    self.bytes,
+                    self.waited,
+                    MIN_RATE >> 10
+                ),
+            ));
+        }
+        Ok(n)
+    }
+}
+
+/// One page of a PAGES record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Its guest-physical address (page-aligned).
+    pub gpa: u64,
+    /// A zero page: no data follows for it.
+    pub zero: bool,
+    /// The checksum its data must have (0 for a zero page).
+    pub hash: u64,
+}
+
+/// One record read from a stream.
+#[derive(Debug, PartialEq)]
+pub enum Record {
+    /// A PAGES record whose entries were verified; they are in
+    /// [`WireReader::entries`], and the data of each that is not a zero
+    /// page must be read, in order, with [`WireReader::read_page`].
+    Pages { count: usize, at_byte: u64 },
+    /// A control record whose checksum was verified.
+    Control {
+        tag: u8,
+        body: Vec<u8>,
+        at_byte: u64,
+    },
+    /// A PROBE of `len` bytes: read them with [`WireReader::discard`].
+    Probe { len: u64, at_byte: u64 },
+}
+
+/// Reads a stream, verifying every checksum and locating every error.
+pub struct WireReader<R: Read> {
+    r: R,
+    /// Bytes read so far.
+    pub pos: u64,
+    /// Page records read so far (zero pages included).
+    pub pages: u64,
+    /// Of those, zero pages.
+    pub zero_pages: u64,
+    entries: Vec<Entry>,
+    raw: Vec<u8>,
+    scratch: Vec<u8>,
+    pace: Pace,
+}
+
+impl<R: Read> WireReader<R> {
+    /// A reader of replies (no opening).
+    pub fn replies(r: R) -> Self {
+        WireReader {
+            r,
+            pos: 0,
+            pages: 0,
+            zero_pages: 0,
+            entries: Vec::with_capacity(MAX_BATCH),
+            raw: vec![0u8; 16 * MAX_BATCH + 8],
+            scratch: Vec::new(),
+            pace: Pace::new(DEFAULT_GRACE),
+        }
+    }
+
+    /// A reader that goes on where another stopped: `pos` bytes of the
+    /// stream were read already (the opening, by the admission).
+    pub fn continued(r: R, pos: u64) -> Self {
+        let mut s = Self::replies(r);
+        s.pos = pos;
+        s
+    }
+
+    /// The underlying reader, once nothing more is read through this one
+    /// (it buffers nothing: every byte it read was consumed).
+    pub fn into_inner(self) -> R {
+        self.r
+    }
+
+    /// The grace of each record's deadline (see [`MIN_RATE`]): the peer's
+    /// I/O timeout.
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.pace = Pace::new(grace);
+        self
+    }
+
+    /// Reads and checks a connection's opening.
+    ///
+    /// # Errors
+    /// [`MigrateError::BadMagic`], [`MigrateError::Version`],
+    /// [`MigrateError::Truncated`], [`MigrateError::RecordChecksum`],
+    /// [`MigrateError::Malformed`].
+    pub fn open(r: R) -> Result<(Self, Opening), MigrateError> {
+        Self::replies(r).read_opening()
+    }
+
+    /// Reads and checks a connection's opening, the whole of it within
+    /// one record's deadline.
+    ///
+    /// # Errors
+    /// As [`WireReader::open`].
+    pub fn read_opening(self) -> Result<(Self, Opening), MigrateError> {
+        let mut s = self;
+        s.pace = Pace::new(s.pace.grace);
+        let mut magic = [0u8; 8];
+        s.fill(&mut magic, "the opening")?;
+        if magic != MAGIC {
+            return Err(MigrateError::BadMagic { found: magic });
+        }
+        let mut b = [0u8; 2];
+        s.fill(&mut b, "the opening")?;
+        let version = u16::from_le_bytes(b);
+        if version != VERSION {
+            return Err(MigrateError::Version {
+                found: version,
+                supported: VERSION,
+            });
+        }
+        match s.record()? {
+            Record::Control {
+                tag: tag::HEADER,
+                body,
+                at_byte,
+            } => {
+                let h = Header::decode(&body, at_byte)?;
+                Ok((s, Opening::Main(h)))
+            }
+            Record::Control {
+                tag: tag::JOIN,
+                body,
+                at_byte,
+            } => {
+                let mut d = Dec::new(&body, "JOIN", at_byte);
+                let mut session = [0u8; SESSION_LEN];
+                session.copy_from_slice(d.bytes(SESSION_LEN)?);
+                let channel = d.u16()?;
+                d.finish()?;
+                Ok((s, Opening::Join { session, channel }))
+            }
+            other => Err(MigrateError::Malformed {
+                record: "opening",
+                at_byte: 10,
+                why: format!("expected HEADER or JOIN, got {}", record_name(&other)),
+            }),
+        }
+    }
+
+    /// Reads the main connection's opening.
+    ///
+    /// # Errors
+    /// As [`WireReader::open`]; a JOIN is [`MigrateError::Malformed`].
+    pub fn new(r: R) -> Result<(Self, Header), MigrateError> {
+        match Self::open(r)? {
+            (s, Opening::Main(h)) => Ok((s, h)),
+            (_, Opening::Join { .. }) => Err(MigrateError::Malformed {
+                record: "JOIN",
+                at_byte: 10,
+                why: "a channel joined before any migration started".into(),
+            }),
+        }
+    }
+
+    /// Fills `buf`; a stream that ends first is [`MigrateError::Truncated`]
+    /// at the exact byte.
+    fn fill(&mut self, buf: &mut [u8], inside: &'static str) -> Result<(), MigrateError> {
+        fill_from(&mut self.r, &mut self.pace, &mut self.pos, buf, inside)
+    }
+
+    fn u64(&mut self, inside: &'static str) -> Result<u64, MigrateError> {
+        let mut b = [0u8; 8];
+        self.fill(&mut b, inside)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// The entries of the last PAGES record.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// Reads the next page's data of the last PAGES record into `dst`
+    /// (one page); the caller checks its hash.
+    ///
+    /// # Errors
+    /// [`MigrateError::Truncated`], [`MigrateError::Io`],
+    /// [`MigrateError::Timeout`].
+    pub fn read_page(&mut self, dst: &mut [u8]) -> Result<(), MigrateError> {
+        self.fill(dst, "a PAGES record's data")
+    }
+
+    /// Reads the data of several pages at once into `bufs` (one page
+    /// each), with as few system calls as the connection allows; the
+    /// caller checks their hashes.
+    ///
+    /// # Errors
+    /// [`MigrateError::Truncated`], [`MigrateError::Io`],
+    /// [`MigrateError::Timeout`].
+    pub fn read_pages(
+        &mut self,
+        mut bufs: &mut [std::io::IoSliceMut<'_>],
+    ) -> Result<(), MigrateError> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut got = 0usize;
+        while got < total {
+            match self.pace.read(&mut self.r, |r| r.read_vectored(bufs)) {
+                Ok(0) => {
+                    return Err(MigrateError::Truncated {
+                        at_byte: self.pos,
+                        inside: "a PAGES record's data",
+                    })
+                }
+                Ok(n) => {
+                    got += n;
+                    self.pos += n as u64;
+                    std::io::IoSliceMut::advance_slices(&mut bufs, n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(MigrateError::io("receiving the migration stream", &e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and drops `n` bytes (a PROBE's filler).
+    ///
+    /// # Errors
+    /// [`MigrateError::Truncated`], [`MigrateError::Io`],
+    /// [`MigrateError::Timeout`].
+    pub fn discard(&mut self, mut n: u64) -> Result<(), MigrateError> {
+        if self.scratch.is_empty() {
+            self.scratch = vec![0u8; 1 << 20];
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut r = Ok(());
+        while n > 0 {
+            let k = n.min(scratch.len() as u64) as usize;
+            if let Err(e) = self.fill(&mut scratch[..k], "a PROBE") {
+                r = Err(e);
+                break;
+            }
+            n -= k as u64;
+        }
+        self.scratch = scratch;
+        r
+    }
+
+    /// Reads the next record.
+    ///
+    /// # Errors
+    /// [`MigrateError::Truncated`] (the stream ended, even between
+    /// records: every stream ends with END), [`MigrateError::RecordChecksum`],
+    /// [`MigrateError::UnknownRecord`], [`MigrateError::Malformed`].
+    pub fn next_record(&mut self) -> Result<Record, MigrateError> {
+        self.pace = Pace::new(self.pace.grace);
+        self.record()
+    }
+
+    /// Reads a record, on the current record's deadline.
+    fn record(&mut self) -> Result<Record, MigrateError> {
+        let at_byte = self.pos;
+        let mut t = [0u8; 1];
+        self.fill(&mut t, "the next record's tag: the stream ended before END")?;
+        match t[0] {
+            tag::PAGES => self.pages_record(at_byte),
+            tag::PROBE => {
+                let len = self.u64("a PROBE record")?;
+                let check = self.u64("a PROBE record")?;
+                if check != checksum(&len.to_le_bytes(), u64::from(tag::PROBE)) {
+                    return Err(MigrateError::RecordChecksum {
+                        record: "PROBE",
+                        at_byte,
+                    });
+                }
+                Ok(Record::Probe { len, at_byte })
+            }
+            other => self.control_record(other, at_byte),
+        }
+    }
+
+    /// The rest of a PAGES record: its count, entries and their checksum.
+    fn pages_record(&mut self, at_byte: u64) -> Result<Record, MigrateError> {
+        let mut c = [0u8; 2];
+        self.fill(&mut c, "a PAGES record")?;
+        let count = usize::from(u16::from_le_bytes(c));
+        if count == 0 || count > MAX_BATCH {
+            return Err(MigrateError::Malformed {
+                record: "PAGES",
+                at_byte,
+                why: format!("{count} pages (1 to {MAX_BATCH})"),
+            });
+        }
+        let mut raw = std::mem::take(&mut self.raw);
+        let r = self.fill(&mut raw[..16 * count + 8], "a PAGES record");
+        self.raw = raw;
+        r?;
+        let (entries, check) = self.raw[..16 * count + 8].split_at(16 * count);
+        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(u64::from(tag::PAGES));
+        h.update(&c);
+        h.update(entries);
+        if h.digest().to_le_bytes() != check {
+            return Err(MigrateError::RecordChecksum {
+                record: "PAGES",
+                at_byte,
+            });
+        }
+        self.entries.clear();
+        for e in entries.chunks_exact(16) {
+            let word = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
+            let hash = u64::from_le_bytes(e[8..].try_into().expect("8 bytes"));
+            let zero = word & 1 != 0;
+            if word & (PAGE_SIZE as u64 - 2) != 0 || (zero && hash != 0) {
+                return Err(MigrateError::Malformed {
+                    record: "PAGES",
+                    at_byte,
+                    why: format!("entry {word:#x}/{hash:#x} is not a page address"),
+                });
+            }
+            self.zero_pages += u64::from(zero);
+            self.entries.push(Entry {
+                gpa: word & !1,
+                zero,
+                hash,
+            });
+        }
+        self.pages += count as u64;
+        Ok(Record::Pages { count, at_byte })
+    }
+
+    /// The rest of a control record with tag `other`.
+    fn control_record(&mut self, other: u8, at_byte: u64) -> Result<Record, MigrateError> {
+        let Some(max) = max_body(other) else {
+            return Err(MigrateError::UnknownRecord {
+                tag: other,
+                at_byte,
+            });
+        };
+        let name = tag_name(other);
+        let mut l = [0u8; 4];
+        self.fill(&mut l, name)?;
+        let len = u32::from_le_bytes(l) as usize;
+        if len > max {
+            return Err(MigrateError::Malformed {
+                record: name,
+                at_byte,
+                why: format!("length {len}, a {name} record has at most {max} bytes"),
+            });
+        }
+        let mut body = vec![0u8; len];
+        self.fill(&mut body, name)?;
+        let check = self.u64(name)?;
+        if check != checksum(&body, u64::from(other)) {
+            return Err(MigrateError::RecordChecksum {
+                record: name,
+                at_byte,
+            });
+        }
+        Ok(Record::Control {
+            tag: other,
+            body,
+            at_byte,
+        })
+    }
+
+    /// The underlying reader.
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.r
+    }
+}
+
+/// A record's name, for error messages.
+pub fn record_name(r: &Record) -> String {
+    match r {
+        Record::Pages { count, .. } => format!("PAGES ({count} pages)"),
+        Record::Control { tag, .. } => tag_name(*tag).to_string(),
+        Record::Probe { .. } => "PROBE".into(),
+    }
+}
+
+fn fill_from<R: Read>(
+    r: &mut R,
+    pace: &mut Pace,
+    pos: &mut u64,
+    buf: &mut [u8],
+    inside: &'static str,
+) -> Result<(), MigrateError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match pace.read(r, |r| r.read(&mut buf[got..])) {
+            Ok(0) => {
+                return Err(MigrateError::Truncated {
+                    at_byte: *pos + got as u64,
+                    inside,
+                })
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                *pos += got as u64;
+                return Err(MigrateError::io("receiving the migration stream", &e));
+            }
+        }
+    }
+    *pos += got as u64;
+    Ok(())
+}
