@@ -125,7 +125,7 @@ fn linux_guest_migrates_and_goes_on() {
 /// A source whose harvests are all emptied: the pages the guest wrote
 /// after round 0 copied them are never copied again (fault injection for
 /// the digest check; the counter writes its buffer every step, and round
-/// 0 takes several steps).
+/// 0 is followed by a wait of three steps).
 struct LoseHarvests<'a>(&'a mut LinuxVm, u32);
 
 impl Pausable for LoseHarvests<'_> {
@@ -145,6 +145,11 @@ impl MigratableVm for LoseHarvests<'_> {
         self.0.start_dirty_log()
     }
     fn harvest_dirty(&mut self, out: &mut Vec<u64>) -> Result<(), VmError> {
+        if self.1 == 0 {
+            // The counter steps (rewriting its buffer) at least once after
+            // round 0 copied it, however fast round 0 was.
+            std::thread::sleep(std::time::Duration::from_millis(3 * common::counter::MS));
+        }
         let n = out.len();
         self.0.harvest_dirty(out)?;
         self.1 += (out.len() - n) as u32;

@@ -11,7 +11,7 @@ mod common;
 
 use common::counter::{check_lives, config, wait_lines};
 use s2mmu_arm64::linux::migrate::LinuxVm;
-use s2mmu_arm64::linux::postcopy::{migrate_postcopy, PageHook, PostcopyPolicy};
+use s2mmu_arm64::linux::postcopy::{migrate_postcopy, PageFetch, PostcopyPolicy};
 use s2mmu_arm64::linux::vm::StopReason;
 use s2mmu_migrate::{MigratableVm, Pausable};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,7 +93,7 @@ fn linux_guest_goes_on_by_postcopy() {
 /// A post-copy source that is gone: every request fails.
 struct Gone(AtomicU64);
 
-impl PageHook for Gone {
+impl PageFetch for Gone {
     fn fetch(&self, _vcpu: usize, gpa: u64) -> Result<bool, String> {
         self.0.fetch_add(1, Ordering::Relaxed);
         Err(format!("no source for {gpa:#x}"))

@@ -7,7 +7,6 @@
 use crate::machine::SharedRam;
 use crate::{Arm64Error, Result};
 use std::sync::Arc;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Bytes of a guest page.
 pub const PAGE: usize = 4096;
@@ -19,26 +18,11 @@ const CHUNK_PAGES: usize = 16;
 /// Most threads a digest uses.
 const MAX_THREADS: usize = 16;
 
-/// The hash of one page: XXH3-64 of its bytes seeded with its
-/// guest-physical address (as the migration stream's page records), so a
-/// page at the wrong place hashes differently.
-pub fn page_hash(data: &[u8], gpa: u64) -> u64 {
-    xxh3_64_with_seed(data, gpa)
-}
-
-/// The digest of a memory from its page hashes in page order: XXH3-64 of
-/// their little-endian bytes (as the migration stream's slot digests).
-pub fn digest_of(hashes: &[u64]) -> u64 {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for c in hashes.chunks(512) {
-        let mut b = [0u8; 512 * 8];
-        for (i, v) in c.iter().enumerate() {
-            b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
-        }
-        h.update(&b[..c.len() * 8]);
-    }
-    h.digest()
-}
+/// The hash of one page and the digest of a memory from its page
+/// hashes: the migration stream's (XXH3-64 seeded with the page's
+/// guest-physical address; XXH3-64 of the hashes' little-endian bytes), so
+/// a Linux VM's digest is the one the network session computes.
+pub use s2mmu_migrate::hash::{digest_of, page_hash};
 
 /// A Linux VM's guest RAM: `size` bytes of the machine's shared RAM from
 /// physical address `base`, which the guest sees at `gpa`.
@@ -194,5 +178,25 @@ impl LinuxRam {
         hashes.resize(self.pages() as usize, 0);
         self.page_hashes(0, &mut hashes);
         Ok(digest_of(&hashes))
+    }
+}
+
+// SAFETY: the mapping is page-aligned (checked in `new`), `size` bytes
+// long, and lives as long as `self.ram`; the guest's accesses through
+// QEMU are its CPUs' loads and stores (naturally aligned accesses of at
+// most 8 bytes, single-copy atomic on the host), and this crate's own are
+// atomic words or byte copies.
+unsafe impl s2mmu_migrate::vm::GuestRam for LinuxRam {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn host_addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
+        LinuxRam::read_into(self, offset, out)
+    }
+    fn write_from(&self, offset: u64, data: &[u8]) -> bool {
+        LinuxRam::write_from(self, offset, data)
     }
 }

@@ -5,7 +5,7 @@
 
 use super::memory::{digest_of, page_hash, LinuxRam, PAGE};
 use super::migrate::LinuxVm;
-use super::postcopy::PageHook;
+use super::postcopy::PageFetch;
 use super::vm;
 use crate::{Arm64Error, Result};
 use s2mmu_migrate::VmError;
@@ -103,7 +103,7 @@ impl LinuxVm {
     /// Sets (or with `None` removes) post-copy's hook: every vCPU's
     /// translation fault in guest RAM calls it before the engine maps the
     /// page. Set it on a destination before [`s2mmu_migrate::Pausable::resume`].
-    pub fn set_page_fetch(&mut self, hook: Option<Arc<dyn PageHook>>) {
+    pub fn set_page_fetch(&mut self, hook: Option<Arc<dyn PageFetch>>) {
         self.hook = hook;
         if let Ok(r) = self.running() {
             r.sh.page_fetch.set(self.hook_range());
@@ -111,7 +111,7 @@ impl LinuxVm {
     }
 
     /// The hook with the range it covers (all guest RAM).
-    pub(super) fn hook_range(&self) -> Option<(Arc<dyn PageHook>, u64, u64)> {
+    pub(super) fn hook_range(&self) -> Option<(Arc<dyn PageFetch>, u64, u64)> {
         self.hook
             .clone()
             .map(|h| (h, self.ram.gpa(), self.ram.size()))

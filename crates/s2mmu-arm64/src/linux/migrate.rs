@@ -19,7 +19,7 @@ use super::gic::{Gic, GICR_STRIDE};
 use super::memory::LinuxRam;
 use super::mig_mem;
 use super::mig_vcpu::{self, Ctl};
-use super::postcopy::PageHook;
+use super::postcopy::PageFetch;
 use super::psci::PowerState;
 use super::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
 use super::vcpu_state::{VcpuState, CMD_STATE};
@@ -73,7 +73,7 @@ pub struct LinuxVm {
     /// The size of the pages the engine maps guest RAM with.
     granule: u64,
     /// Post-copy's hook, given to the vCPU threads.
-    pub(super) hook: Option<Arc<dyn PageHook>>,
+    pub(super) hook: Option<Arc<dyn PageFetch>>,
 }
 
 fn vmerr(e: impl std::fmt::Display) -> VmError {

@@ -2,7 +2,7 @@
 //! have not arrived are not mapped at stage 2 (a destination maps 4 KiB
 //! pages, so mapping one page never maps a missing neighbour); the
 //! engine's stage-2 translation fault on such a page is its request. The
-//! faulting vCPU's host thread calls the [`PageHook`] before the engine
+//! faulting vCPU's host thread calls the [`PageFetch`] before the engine
 //! maps the page and waits there while the other vCPUs run on.
 //!
 //! [`MissingPages`] is that hook for a migration in one process: a
@@ -22,28 +22,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-/// Where a destination vCPU's translation fault in guest RAM goes first.
-pub trait PageHook: Send + Sync {
-    /// Returns once the page at `gpa` is in guest memory (at once when it
-    /// is there, else after asking for it and waiting). `vcpu` is the
-    /// faulting vCPU. Returns whether it had to wait (a remote fault).
-    ///
-    /// # Errors
-    /// A reason when the page cannot be had (the source is gone).
-    fn fetch(&self, vcpu: usize, gpa: u64) -> std::result::Result<bool, String>;
-}
+/// Where a destination vCPU's translation fault in guest RAM goes first:
+/// the migration library's post-copy hook.
+pub use s2mmu_migrate::vm::PageFetch;
 
 /// The hook of a running VM and the guest-physical range it covers.
 #[derive(Default)]
-pub(crate) struct HookSlot(RwLock<Option<(Arc<dyn PageHook>, u64, u64)>>);
+pub(crate) struct HookSlot(RwLock<Option<(Arc<dyn PageFetch>, u64, u64)>>);
 
 impl HookSlot {
     /// Sets (or with `None` removes) the hook for `[gpa, gpa + size)`.
-    pub(crate) fn set(&self, hook: Option<(Arc<dyn PageHook>, u64, u64)>) {
+    pub(crate) fn set(&self, hook: Option<(Arc<dyn PageFetch>, u64, u64)>) {
         *self.0.write().unwrap_or_else(|p| p.into_inner()) = hook;
     }
 
-    fn get(&self) -> Option<(Arc<dyn PageHook>, u64, u64)> {
+    fn get(&self) -> Option<(Arc<dyn PageFetch>, u64, u64)> {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -82,7 +75,7 @@ fn bit(v: &[AtomicU64], i: u64) -> bool {
 }
 
 /// The missing pages of a destination in the same process as its paused
-/// source, and their copy: the [`PageHook`] of a post-copy destination.
+/// source, and their copy: the [`PageFetch`] of a post-copy destination.
 pub struct MissingPages {
     src: LinuxRam,
     dst: LinuxRam,
@@ -199,7 +192,7 @@ impl MissingPages {
     }
 }
 
-impl PageHook for MissingPages {
+impl PageFetch for MissingPages {
     fn fetch(&self, _vcpu: usize, gpa: u64) -> std::result::Result<bool, String> {
         let p = gpa.wrapping_sub(self.dst.gpa()) / PAGE as u64;
         if !self.is_missing(p) {
