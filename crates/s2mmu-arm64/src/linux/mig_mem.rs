@@ -111,7 +111,7 @@ impl LinuxVm {
     }
 
     /// The hook with the range it covers (all guest RAM).
-    pub(super) fn hook_range(&self) -> Option<(Arc<dyn PageFetch>, u64, u64)> {
+    pub(super) fn hook_range(&self) -> Option<super::postcopy::RangeHook> {
         self.hook
             .clone()
             .map(|h| (h, self.ram.gpa(), self.ram.size()))

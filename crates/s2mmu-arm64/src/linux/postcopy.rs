@@ -26,17 +26,20 @@ use std::time::{Duration, Instant};
 /// the migration library's post-copy hook.
 pub use s2mmu_migrate::vm::PageFetch;
 
-/// The hook of a running VM and the guest-physical range it covers.
+/// A hook and the guest-physical range it covers (base, bytes).
+pub(crate) type RangeHook = (Arc<dyn PageFetch>, u64, u64);
+
+/// The hook of a running VM.
 #[derive(Default)]
-pub(crate) struct HookSlot(RwLock<Option<(Arc<dyn PageFetch>, u64, u64)>>);
+pub(crate) struct HookSlot(RwLock<Option<RangeHook>>);
 
 impl HookSlot {
     /// Sets (or with `None` removes) the hook for `[gpa, gpa + size)`.
-    pub(crate) fn set(&self, hook: Option<(Arc<dyn PageFetch>, u64, u64)>) {
+    pub(crate) fn set(&self, hook: Option<RangeHook>) {
         *self.0.write().unwrap_or_else(|p| p.into_inner()) = hook;
     }
 
-    fn get(&self) -> Option<(Arc<dyn PageFetch>, u64, u64)> {
+    fn get(&self) -> Option<RangeHook> {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -276,13 +279,17 @@ fn copy(s: &LinuxVm, d: &mut LinuxVm, pages: &[u64]) -> std::result::Result<u64,
     Ok(pages.len() as u64)
 }
 
+/// The passes' figures, the pages harvested but not copied yet, and
+/// whether pre-copy converged.
+type Precopied = (Vec<(u64, Duration)>, Vec<u64>, bool);
+
 /// Pre-copy passes of `policy`: returns their figures, the pages
 /// harvested but not copied yet, and whether pre-copy converged.
 fn precopy(
     src: &mut LinuxVm,
     dst: &mut LinuxVm,
     policy: &PostcopyPolicy,
-) -> std::result::Result<(Vec<(u64, Duration)>, Vec<u64>, bool), MigrateError> {
+) -> std::result::Result<Precopied, MigrateError> {
     let mut rounds = Vec::new();
     let mut pending = Vec::new();
     if policy.precopy_passes == 0 {
