@@ -66,7 +66,9 @@ fn main() -> ExitCode {
         Cmd::DirtyViews(p) => dirty_views::main(p),
         Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
-        Cmd::Migrate(p) if p.guest == "linux" => migrate::linux::main(&p),
+        Cmd::Migrate(p) if migrate::linux::chosen(&p, std::env::args().skip(2)) => {
+            migrate::linux::main(&p)
+        }
         Cmd::Migrate(p) => migrate::main(*p),
         Cmd::MigrateCtl(p) => migrate_ctl::main(p),
         Cmd::Snapshot(p) => snapshot::main(p),

@@ -1,9 +1,12 @@
 //! In-process pre-copy migration between two [`MigratableVm`]s: round 0
 //! copies every page while the source runs, later rounds copy what the
 //! dirty harvest names, then the source is paused, the last dirty pages
-//! and the state are copied, the memories' digests compared, and the
-//! destination resumed. The source never runs again after a successful
-//! switch; after a failure before the destination resumes, it runs on.
+//! and the state are copied, the destination's digest taken, and the
+//! destination resumed; the source's digest of its frozen memory is
+//! compared after that, outside the downtime (as the network session
+//! does). The source never runs again after a successful switch; after a
+//! failure before the destination resumes, or a digest that differs (the
+//! destination is then paused again), it runs on.
 
 use crate::error::MigrateError;
 use crate::vm::{MigratableVm, PAGE_SIZE};
@@ -55,7 +58,9 @@ pub struct MigrationReport {
     pub downtime: Duration,
     /// Of the downtime: pausing the source.
     pub pause_time: Duration,
-    /// Of the downtime: comparing the digests.
+    /// Of the downtime: the destination's digest.
+    pub dest_digest_time: Duration,
+    /// After the downtime: the source's digest and the comparison.
     pub digest_time: Duration,
 }
 
@@ -88,9 +93,11 @@ fn copy_pages<S: MigratableVm, D: MigratableVm>(
 /// # Errors
 /// [`MigrateError::Policy`] and [`MigrateError::SizeMismatch`] before
 /// anything starts; a VM's error at the step it failed; the destination's
-/// refusal of the state; [`MigrateError::DigestMismatch`]. On any error
-/// after the source's pause and before the destination resumed, the
-/// source is resumed (if that fails too, the first error is returned).
+/// refusal of the state; [`MigrateError::DigestMismatch`] (the
+/// destination, which had resumed, is paused again). On any error after
+/// the source's pause and before the destination resumed, and on a
+/// digest mismatch, the source is resumed (if that fails too, the first
+/// error is returned).
 pub fn migrate<S: MigratableVm, D: MigratableVm>(
     s: &mut S,
     d: &mut D,
@@ -133,33 +140,49 @@ pub fn migrate<S: MigratableVm, D: MigratableVm>(
     let t0 = Instant::now();
     s.pause().map_err(src("pausing"))?;
     let pause_time = t0.elapsed();
-    match switch(s, d, &mut dirty) {
-        Ok((final_pages, state_bytes, digest, digest_time)) => {
-            d.resume().map_err(dst("resuming"))?;
-            let downtime = t0.elapsed();
-            // Logging served the migration only; the source stays paused.
-            let _ = s.stop_dirty_log();
-            Ok(MigrationReport {
-                rounds,
-                final_pages,
-                state_bytes,
-                digest,
-                downtime,
-                pause_time,
-                digest_time,
-            })
-        }
+    let (final_pages, state_bytes, digest, dest_digest_time) = match switch(s, d, &mut dirty) {
+        Ok(r) => r,
         Err(e) => {
             let _ = s.stop_dirty_log();
             let _ = s.resume();
-            Err(e)
+            return Err(e);
         }
+    };
+    d.resume().map_err(dst("resuming"))?;
+    let downtime = t0.elapsed();
+    // Logging served the migration only; the source stays paused.
+    let _ = s.stop_dirty_log();
+    let t = Instant::now();
+    let verified = s.memory_digest().map_err(src("digest")).and_then(|a| {
+        (a == digest)
+            .then_some(())
+            .ok_or(MigrateError::DigestMismatch {
+                source: a,
+                destination: digest,
+            })
+    });
+    if let Err(e) = verified {
+        // The destination runs on memory that is not the source's: the
+        // guest goes back to the source.
+        let _ = d.pause();
+        let _ = s.resume();
+        return Err(e);
     }
+    Ok(MigrationReport {
+        rounds,
+        final_pages,
+        state_bytes,
+        digest,
+        downtime,
+        pause_time,
+        dest_digest_time,
+        digest_time: t.elapsed(),
+    })
 }
 
 /// Stop-and-copy with the source paused: the last dirty pages, the state,
-/// the digests. Returns pages copied, state bytes, the digest and the time
-/// the digests took.
+/// the destination's digest. Returns pages copied, state bytes, the
+/// digest and the time it took.
 fn switch<S: MigratableVm, D: MigratableVm>(
     s: &mut S,
     d: &mut D,
@@ -172,13 +195,6 @@ fn switch<S: MigratableVm, D: MigratableVm>(
     d.restore_state(&state)
         .map_err(dst("restoring the state"))?;
     let t = Instant::now();
-    let a = s.memory_digest().map_err(src("digest"))?;
     let b = d.memory_digest().map_err(dst("digest"))?;
-    if a != b {
-        return Err(MigrateError::DigestMismatch {
-            source: a,
-            destination: b,
-        });
-    }
-    Ok((pages, state.len(), a, t.elapsed()))
+    Ok((pages, state.len(), b, t.elapsed()))
 }

@@ -16,7 +16,10 @@ use super::boot;
 use super::bus::MmioBus;
 use super::fdt::FdtConfig;
 use super::gic::{Gic, GICR_STRIDE};
+use super::memory::LinuxRam;
+use super::mig_mem;
 use super::mig_vcpu::{self, Ctl};
+use super::postcopy::PageFetch;
 use super::psci::PowerState;
 use super::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
 use super::vcpu_state::{VcpuState, CMD_STATE};
@@ -27,7 +30,7 @@ use crate::machine::{Machine, MachineConfig};
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
 use s2mmu_migrate::{MigratableVm, Pausable, VmError, PAGE_SIZE};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,8 +40,8 @@ use vm_superio::serial::SerialState;
 const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The running parts: shared with the vCPU threads.
-struct Running {
-    sh: Arc<Shared>,
+pub(super) struct Running {
+    pub(super) sh: Arc<Shared>,
     uart: Arc<Uart>,
     ctl: Arc<Ctl>,
     threads: Vec<JoinHandle<Result<()>>>,
@@ -56,12 +59,21 @@ pub struct LinuxVm {
     /// The engine's VM while no vCPU thread holds it.
     idle: Option<Arm64Vm>,
     run: Option<Running>,
-    paused: bool,
+    pub(super) paused: bool,
     bitmap: Vec<u64>,
     /// The guest's virtual count at the last pause.
     paused_vct: u64,
     /// Whether this QEMU has run guest code (see [`LinuxVm::renew`]).
-    ran: bool,
+    pub(super) ran: bool,
+    /// Guest RAM as one mapping (the current machine's).
+    pub(super) ram: LinuxRam,
+    /// While this QEMU has not run: the hash of each page as it is (read
+    /// from the fresh RAM, then of each page written).
+    pub(super) written: Option<Vec<u64>>,
+    /// The size of the pages the engine maps guest RAM with.
+    granule: u64,
+    /// Post-copy's hook, given to the vCPU threads.
+    pub(super) hook: Option<Arc<dyn PageFetch>>,
 }
 
 fn vmerr(e: impl std::fmt::Display) -> VmError {
@@ -70,19 +82,29 @@ fn vmerr(e: impl std::fmt::Display) -> VmError {
 
 impl LinuxVm {
     /// A VM of `cfg.vcpus` vCPUs and `cfg.mem` bytes on a new QEMU that
-    /// has not run (a migration's or a snapshot's destination).
+    /// has not run (a migration's or a snapshot's destination). Its RAM is
+    /// mapped in 4 KiB pages, so that a post-copy destination maps no page
+    /// that has not arrived ([`LinuxVm::set_page_fetch`]).
     ///
     /// # Errors
     /// As [`vm::run`] before the guest starts.
     pub fn blank(cfg: &LinuxConfig) -> Result<LinuxVm> {
+        LinuxVm::blank_with(cfg, PAGE_SIZE as u64)
+    }
+
+    /// A blank VM whose RAM the engine maps with `granule`-byte pages
+    /// where it can (4 KiB or 2 MiB).
+    fn blank_with(cfg: &LinuxConfig, granule: u64) -> Result<LinuxVm> {
         vm::check(cfg)?;
         let machine = Arc::new(Machine::start(&MachineConfig {
             cpus: cfg.vcpus + 1,
             data_bytes: cfg.mem,
         })?);
         let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
-        avm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, cfg.mem, 2 << 20)?;
+        avm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, cfg.mem, granule)?;
         let f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
+        let ram = LinuxRam::new(machine.ram().clone(), layout::DATA, cfg.mem, vm::RAM_IPA)?;
+        let written = Some(mig_mem::fresh_hashes(&ram)?);
         Ok(LinuxVm {
             machine,
             vcpus: cfg.vcpus,
@@ -102,6 +124,10 @@ impl LinuxVm {
             bitmap: vec![0; (cfg.mem / 4096).div_ceil(64) as usize],
             paused_vct: 0,
             ran: false,
+            ram,
+            written,
+            granule,
+            hook: None,
         })
     }
 
@@ -111,7 +137,7 @@ impl LinuxVm {
     /// # Errors
     /// As [`vm::run`].
     pub fn boot(cfg: &LinuxConfig) -> Result<LinuxVm> {
-        let mut me = LinuxVm::blank(cfg)?;
+        let mut me = LinuxVm::blank_with(cfg, 2 << 20)?;
         let bootargs = format!(
             "console=ttyS0 earlycon=uart8250,mmio,{:#x} {}",
             me.layout.uart, cfg.cmdline
@@ -139,6 +165,7 @@ impl LinuxVm {
         me.start_threads(gic, None, power, 0, vec![None; cfg.vcpus], false)?;
         me.paused = false;
         me.ran = true;
+        me.written = None;
         Ok(me)
     }
 
@@ -223,7 +250,9 @@ impl LinuxVm {
             reason: Mutex::new(None),
             deadline: Instant::now() + self.timeout,
             log: Mutex::new(Vec::new()),
+            page_fetch: Default::default(),
         });
+        sh.page_fetch.set(self.hook_range());
         let _ = me.set(Arc::downgrade(&sh));
         let ctl = Arc::new(Ctl::new(self.vcpus, paused));
         ctl.lock().restore = restore;
@@ -279,7 +308,7 @@ impl LinuxVm {
     ///
     /// # Errors
     /// As [`LinuxVm::blank`].
-    fn renew(&mut self) -> Result<()> {
+    pub(super) fn renew(&mut self) -> Result<()> {
         self.take_down()?;
         self.idle = None;
         let machine = Arc::new(Machine::start(&MachineConfig {
@@ -287,7 +316,15 @@ impl LinuxVm {
             data_bytes: self.mem,
         })?);
         let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
-        avm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, self.mem, 2 << 20)?;
+        avm.add_slot(
+            vm::RAM_SLOT,
+            vm::RAM_IPA,
+            layout::DATA,
+            self.mem,
+            self.granule,
+        )?;
+        self.ram = LinuxRam::new(machine.ram().clone(), layout::DATA, self.mem, vm::RAM_IPA)?;
+        self.written = Some(mig_mem::fresh_hashes(&self.ram)?);
         self.machine = machine;
         self.idle = Some(avm);
         self.ran = false;
@@ -302,7 +339,7 @@ impl LinuxVm {
         self.take_down()
     }
 
-    fn running(&self) -> std::result::Result<&Running, VmError> {
+    pub(super) fn running(&self) -> std::result::Result<&Running, VmError> {
         self.run
             .as_ref()
             .ok_or_else(|| VmError::new("the VM has no state yet (never booted or restored)"))
@@ -314,16 +351,6 @@ impl LinuxVm {
             (None, Some(v)) => v.mmu(),
             (None, None) => unreachable!("the engine's VM is either idle or running"),
         }
-    }
-
-    fn page_pa(&self, page: u64) -> std::result::Result<u64, VmError> {
-        if page >= self.mem / PAGE_SIZE as u64 {
-            return Err(VmError::new(format!(
-                "page {page} outside the guest's {} pages",
-                self.mem / PAGE_SIZE as u64
-            )));
-        }
-        Ok(layout::DATA + page * PAGE_SIZE as u64)
     }
 }
 
@@ -382,6 +409,7 @@ impl Pausable for LinuxVm {
         };
         self.paused = false;
         self.ran = true;
+        self.written = None;
         // Returns at the first guest instruction: the stub marks its ERET.
         if let Some(v) = first {
             let t = Instant::now();
@@ -430,22 +458,7 @@ impl MigratableVm for LinuxVm {
     }
 
     fn read_page(&self, page: u64, buf: &mut [u8; PAGE_SIZE]) -> std::result::Result<(), VmError> {
-        let pa = self.page_pa(page)?;
-        let p = self
-            .machine
-            .ram()
-            .ptr(pa, PAGE_SIZE as u64)
-            .ok_or_else(|| VmError::new(format!("page {page} outside the machine's RAM")))?;
-        // SAFETY: `p` points at PAGE_SIZE bytes of the shared RAM (checked
-        // by `ptr`), 8-byte aligned (DATA and pages are), mapped for the
-        // machine's lifetime, which `self` holds; QEMU and this process
-        // access it with single-copy-atomic loads and stores only, as
-        // AtomicU64 does.
-        let words = unsafe { std::slice::from_raw_parts(p.cast::<AtomicU64>(), PAGE_SIZE / 8) };
-        for (c, w) in buf.chunks_exact_mut(8).zip(words) {
-            c.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-        }
-        Ok(())
+        self.read_pages(page, buf)
     }
 
     fn write_page(
@@ -453,14 +466,11 @@ impl MigratableVm for LinuxVm {
         page: u64,
         data: &[u8; PAGE_SIZE],
     ) -> std::result::Result<(), VmError> {
-        if !self.paused {
-            return Err(VmError::new("pages are written into a paused VM only"));
-        }
-        let pa = self.page_pa(page)?;
-        if self.ran {
-            self.renew().map_err(vmerr)?;
-        }
-        self.machine.ram().write_bytes(pa, data).map_err(vmerr)
+        self.write_pages(page, data)
+    }
+
+    fn memory_digest(&self) -> std::result::Result<u64, VmError> {
+        self.digest()
     }
 
     fn save_state(&mut self) -> std::result::Result<Vec<u8>, VmError> {

@@ -18,7 +18,9 @@
 //! - [`vm`]: the Linux VM ([`vm::run`]), its vCPU threads in `vcpu`.
 //! - [`migrate`]: the same VM paused, saved, restored and migrated
 //!   (`s2mmu_migrate::MigratableVm`); [`vcpu_state`] and [`vm_state`]
-//!   are its state in the migration encoding.
+//!   are its state in the migration encoding; [`memory`] its RAM as one
+//!   mapping (bulk copies, the parallel digest); [`postcopy`] the
+//!   stage-2 fault on a page that has not arrived as its request.
 
 pub mod assets;
 pub mod baseline;
@@ -31,8 +33,11 @@ pub mod dirty;
 pub mod fdt;
 pub mod gic;
 pub mod loader;
+pub mod memory;
+mod mig_mem;
 mod mig_vcpu;
 pub mod migrate;
+pub mod postcopy;
 pub mod psci;
 pub mod uart;
 mod vcpu;

@@ -141,6 +141,8 @@ pub(crate) struct Shared {
     pub(crate) reason: Mutex<Option<StopReason>>,
     pub(crate) deadline: Instant,
     pub(crate) log: Mutex<Vec<String>>,
+    /// Post-copy's hook: called on a translation fault in RAM first.
+    pub(crate) page_fetch: super::postcopy::HookSlot,
 }
 
 /// Lines of the host's log kept (the rest are counted).
@@ -475,6 +477,7 @@ fn shared(
             reason: Mutex::new(None),
             deadline: Instant::now() + cfg.timeout,
             log: Mutex::new(Vec::new()),
+            page_fetch: Default::default(),
         }
     })
 }

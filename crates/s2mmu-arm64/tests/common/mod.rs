@@ -1,6 +1,8 @@
 //! Shared helpers of the arm64 checks.
 #![allow(dead_code)]
 
+pub mod counter;
+
 use s2mmu_arm64::linux::assets::{ensure, AssetOptions, LinuxAssets};
 use s2mmu_arm64::machine::{Machine, MachineConfig};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -2,28 +2,42 @@
 //! QEMU machine under the engine's stage 2, migrated in this process to a
 //! second QEMU machine through the `s2mmu-migrate` library (pre-copy over
 //! the engine's dirty log, stop-and-copy, the vCPU and device state, the
-//! memories' digests compared, resume), `--runs` times. The guest runs
-//! `counter` at one small step a second (near idle); the destination must
-//! print the counter's next line.
+//! memories' digests compared, resume) or with `--postcopy` by the
+//! arm64 crate's post-copy (the destination's stage-2 fault on a missing
+//! page is its request), `--runs` times. The guest runs `counter` (one
+//! small step a second: the destination must print the next step) or
+//! `dirtier` (`--linux-run dirtier`: writes as fast as it can and
+//! re-checks every page: the destination must print its `ok`).
 
+use super::params::PostcopyArg;
 use super::Params;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
 use s2mmu_arm64::linux::migrate::LinuxVm;
+use s2mmu_arm64::linux::postcopy::{migrate_postcopy, PostcopyPolicy};
 use s2mmu_arm64::linux::vm::LinuxConfig;
-use s2mmu_migrate::driver::{self, MigrationReport, Policy};
+use s2mmu_migrate::driver::{self, Policy};
 use std::time::{Duration, Instant};
 
 /// Most `--runs`.
 pub const MAX_RUNS: u32 = 20;
 
+/// The dirtier's arguments: 64 MiB of anonymous memory and 8 of tmpfs,
+/// written as fast as it can (rate 0) for 30 s.
+const DIRTIER_ARGS: &str = "mem=64,file=8,rate=0,secs=30";
+
 fn config(p: &Params, a: &assets::LinuxAssets) -> LinuxConfig {
+    let run = if p.linux_run == "dirtier" {
+        format!("s2mmu.run=dirtier s2mmu.args={DIRTIER_ARGS}")
+    } else {
+        "s2mmu.run=counter s2mmu.args=kib=4,ms=1000".to_string()
+    };
     LinuxConfig {
         vcpus: p.vcpus,
         mem: p.mem,
         kernel: a.image.clone(),
         initrd: a.initramfs.clone(),
-        cmdline: "quiet s2mmu.run=counter s2mmu.args=kib=4,ms=1000".into(),
+        cmdline: format!("quiet {run}"),
         echo: false,
         timeout: Duration::from_secs(3600),
         dirty: HarvestConfig {
@@ -47,47 +61,145 @@ fn steps(text: &str) -> Vec<u64> {
         .collect()
 }
 
-/// The counter's last whole step number on a console.
-fn last_step(text: &str) -> Option<u64> {
-    steps(text).last().copied()
-}
-
-fn wait_step(vm: &LinuxVm, min: u64, what: &str) -> Result<u64, String> {
+/// Waits until `vm`'s console shows what `done` finds (its value), failing
+/// on a FAIL line of a guest program, the guest stopping, or 900 s.
+fn wait_for<T>(vm: &LinuxVm, what: &str, done: impl Fn(&str) -> Option<T>) -> Result<T, String> {
     let t = Instant::now();
     loop {
-        if let Some(n) = last_step(&vm.console().contents()).filter(|&n| n >= min) {
-            return Ok(n);
+        let text = vm.console().contents();
+        if let Some(l) = text.lines().find(|l| l.contains(": FAIL")) {
+            return Err(format!("{what}: the guest program failed its check: {l}"));
+        }
+        if let Some(v) = done(&text) {
+            return Ok(v);
         }
         if let Some(r) = vm.stopped() {
             return Err(format!("{what}: the guest stopped ({r:?})"));
         }
         if t.elapsed() > Duration::from_secs(900) {
-            return Err(format!("{what}: no counter step {min} after 900 s"));
+            return Err(format!("{what}: not seen after 900 s"));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
+/// One run's figures.
+struct Run {
+    downtime: Duration,
+    round_pages: Vec<u64>,
+    round_ms: Vec<f64>,
+    final_pages: u64,
+    state_bytes: usize,
+    extra: serde_json::Value,
+    line: String,
+}
+
+/// Moves A's guest to B as `p` says.
+fn switch(p: &Params, a: &mut LinuxVm, b: &mut LinuxVm) -> Result<Run, String> {
+    let pc = Policy::default();
+    let policy = match p.postcopy {
+        None => {
+            let r = driver::migrate(a, b, &pc).map_err(|e| e.to_string())?;
+            return Ok(Run {
+                downtime: r.downtime,
+                round_pages: r.rounds.iter().map(|x| x.pages).collect(),
+                round_ms: r.rounds.iter().map(|x| ms(x.time)).collect(),
+                final_pages: r.final_pages,
+                state_bytes: r.state_bytes,
+                extra: serde_json::json!({"pause_ms": ms(r.pause_time),
+                    "dest_digest_ms": ms(r.dest_digest_time),
+                    "source_digest_ms": ms(r.digest_time)}),
+                line: format!(
+                    "pause {:.1} ms, B's digest {:.1} ms; A's digest compared after the resume \
+                     in {:.1} ms",
+                    ms(r.pause_time),
+                    ms(r.dest_digest_time),
+                    ms(r.digest_time)
+                ),
+            });
+        }
+        Some(PostcopyArg::On) => PostcopyPolicy {
+            precopy_passes: 1,
+            switch_below_pages: 0,
+        },
+        Some(PostcopyArg::Auto) => PostcopyPolicy {
+            precopy_passes: 1 + pc.max_rounds,
+            switch_below_pages: pc.switch_below_pages,
+        },
+    };
+    let r = migrate_postcopy(a, b, &policy).map_err(|e| e.to_string())?;
+    Ok(Run {
+        downtime: r.downtime,
+        round_pages: r.rounds.iter().map(|x| x.0).collect(),
+        round_ms: r.rounds.iter().map(|x| ms(x.1)).collect(),
+        final_pages: r.final_pages,
+        state_bytes: r.state_bytes,
+        extra: serde_json::json!({"converged": r.converged, "missing": r.missing,
+            "remote_faults": r.remote_faults, "by_fault": r.by_fault,
+            "by_background": r.by_background, "postcopy_ms": ms(r.complete)}),
+        line: format!(
+            "pre-copy {}; {} pages missing at the resume, {} remote faults, {} pages by fault \
+             and {} by the background copy in {:.1} ms",
+            if r.converged {
+                "converged"
+            } else {
+                "did not converge"
+            },
+            r.missing,
+            r.remote_faults,
+            r.by_fault,
+            r.by_background,
+            ms(r.complete)
+        ),
+    })
+}
+
 /// One migration: boot, run, migrate, check the destination goes on.
-fn one(cfg: &LinuxConfig) -> Result<(MigrationReport, u64), String> {
+fn one(p: &Params, cfg: &LinuxConfig) -> Result<Run, String> {
+    let dirtier = p.linux_run == "dirtier";
     let mut a = LinuxVm::boot(cfg).map_err(|e| format!("machine A: {e}"))?;
-    let n = wait_step(&a, 2, "machine A")?;
-    let mut b = LinuxVm::blank(cfg).map_err(|e| format!("machine B: {e}"))?;
-    let r = driver::migrate(&mut a, &mut b, &Policy::default()).map_err(|e| e.to_string())?;
-    let a_text = a.console().contents();
-    let at_switch = last_step(&a_text).unwrap_or(n);
-    wait_step(&b, at_switch + 1, "machine B")?;
-    // A line the switch cut in two is whole only in A's text and B's
-    // joined: every step once, in order, across the switch.
-    let all = steps(&format!("{a_text}{}", b.console().contents()));
-    if all.windows(2).any(|w| w[1] != w[0] + 1) {
-        return Err(format!(
-            "the guest's counter steps across the switch: {all:?}"
-        ));
+    if dirtier {
+        wait_for(&a, "machine A", |t| {
+            t.contains("s2mmu-dirtier: start").then_some(())
+        })?;
+        std::thread::sleep(Duration::from_secs(2));
+    } else {
+        wait_for(&a, "machine A", |t| {
+            steps(t).last().filter(|&&n| n >= 2).copied()
+        })?;
     }
-    let next = at_switch + 1;
+    let mut b = LinuxVm::blank(cfg).map_err(|e| format!("machine B: {e}"))?;
+    let mut run = switch(p, &mut a, &mut b)?;
+    let a_text = a.console().contents();
+    if dirtier {
+        let ok = wait_for(&b, "machine B", |t| {
+            // Whole lines only: the console may be read mid-line.
+            t[..t.rfind('\n').map_or(0, |i| i + 1)]
+                .lines()
+                .find(|l| l.contains("s2mmu-dirtier: ok"))
+                .map(str::to_string)
+        })?;
+        run.line += &format!("; B: {}", ok.trim());
+    } else {
+        let at_switch = steps(&a_text).last().copied().unwrap_or(0);
+        wait_for(&b, "machine B", |t| {
+            steps(t).last().filter(|&&n| n > at_switch).copied()
+        })?;
+        // A line the switch cut in two is whole only in A's text and B's
+        // joined: every step once, in order, across the switch.
+        let all = steps(&format!("{a_text}{}", b.console().contents()));
+        if all.windows(2).any(|w| w[1] != w[0] + 1) {
+            return Err(format!(
+                "the guest's counter steps across the switch: {all:?}"
+            ));
+        }
+        run.line += &format!("; B went on at counter step {}", at_switch + 1);
+    }
+    if a.console().contents() != a_text {
+        return Err("A's guest printed after the switch".into());
+    }
     b.shut_down().map_err(|e| format!("machine B: {e}"))?;
-    Ok((r, next))
+    Ok(run)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -103,6 +215,71 @@ fn summary(mut v: Vec<f64>) -> (f64, f64, f64) {
         (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
     };
     (mid, v[0], v[v.len() - 1])
+}
+
+/// Round 0's pages per second.
+fn round0_rate(r: &Run) -> f64 {
+    match (r.round_pages.first(), r.round_ms.first()) {
+        (Some(&n), Some(&t)) if t > 0.0 => n as f64 / (t / 1e3),
+        _ => 0.0,
+    }
+}
+
+/// The options the Linux guest takes (`--guest auto` picks it only when
+/// no other is given).
+const LINUX_OPTIONS: &[&str] = &[
+    "--mem",
+    "--vcpus",
+    "-v",
+    "--runs",
+    "--json",
+    "-q",
+    "--quiet",
+    "--postcopy",
+    "--linux-run",
+    "--guest",
+];
+
+/// The first option in `args` (migrate's, after the subcommand) that the
+/// Linux guest does not take.
+fn other_option(args: impl Iterator<Item = String>) -> Option<String> {
+    args.filter(|a| a.starts_with('-'))
+        .map(|a| a.split('=').next().unwrap_or_default().to_string())
+        .find(|a| !LINUX_OPTIONS.contains(&a.as_str()))
+}
+
+/// Whether `migrate` runs the Linux guest: `--guest linux`, or `--guest
+/// auto` (the default) with only options it takes and its prerequisites
+/// (QEMU, the EL2 image, the kernel and initramfs) there. When only the
+/// prerequisites are missing, says so and how to get them.
+pub fn chosen(p: &Params, args: impl Iterator<Item = String>) -> bool {
+    match p.guest.as_str() {
+        "linux" => return true,
+        "sim" => return false,
+        _ => {}
+    }
+    if other_option(args).is_some() {
+        return false;
+    }
+    let why = match s2mmu_arm64::available() {
+        Err(e) => format!(
+            "{e} (apt-get install qemu-system-arm binutils-aarch64-linux-gnu, then rebuild)"
+        ),
+        Ok(()) => match assets::ensure(&AssetOptions::from_env()) {
+            Err(e) => e.to_string(),
+            Ok(_) => {
+                if !p.quiet {
+                    eprintln!(
+                        "migrate: the Linux guest (Debian arm64 on two QEMU machines in this \
+                         process); --guest sim for the simulated VM"
+                    );
+                }
+                return true;
+            }
+        },
+    };
+    eprintln!("migrate: the simulated guest, because the Linux guest cannot run here: {why}");
+    false
 }
 
 /// `s2mmu migrate --guest linux`.
@@ -122,58 +299,99 @@ pub fn main(p: &Params) -> Result<(), String> {
     let cfg = config(p, &a);
     let mut runs = Vec::new();
     for i in 0..p.runs {
-        let (r, next) = one(&cfg)?;
+        let r = one(p, &cfg)?;
         if !p.quiet {
             eprintln!(
-                "run {}: downtime {:.1} ms (pause {:.1} ms, digest check {:.1} ms), {} rounds, \
-                 {} pages at the switch, {} state bytes; B went on at counter step {next}",
+                "run {}: downtime {:.1} ms, round 0 {:.0} pages/s, {} rounds, {} pages at the \
+                 switch, {} state bytes; {}",
                 i + 1,
                 ms(r.downtime),
-                ms(r.pause_time),
-                ms(r.digest_time),
-                r.rounds.len(),
+                round0_rate(&r),
+                r.round_pages.len(),
                 r.final_pages,
-                r.state_bytes
+                r.state_bytes,
+                r.line
             );
         }
         runs.push(r);
     }
+    report(p, &runs);
+    Ok(())
+}
+
+fn report(p: &Params, runs: &[Run]) {
     let down = summary(runs.iter().map(|r| ms(r.downtime)).collect());
-    let bare = summary(
-        runs.iter()
-            .map(|r| ms(r.downtime - r.digest_time))
-            .collect(),
-    );
+    let rate = summary(runs.iter().map(round0_rate).collect());
+    let mode = match p.postcopy {
+        None => "pre-copy",
+        Some(PostcopyArg::On) => "post-copy after round 0",
+        Some(PostcopyArg::Auto) => "pre-copy, post-copy if it does not converge",
+    };
     if p.json {
         let v = serde_json::json!({
-            "guest": "linux", "vcpus": p.vcpus, "mem": p.mem, "runs": p.runs,
+            "guest": "linux", "program": p.linux_run, "mode": mode, "vcpus": p.vcpus,
+            "mem": p.mem, "runs": p.runs,
             "downtime_ms": {"median": down.0, "min": down.1, "max": down.2},
-            "downtime_without_digest_ms": {"median": bare.0, "min": bare.1, "max": bare.2},
+            "round0_pages_per_s": {"median": rate.0, "min": rate.1, "max": rate.2},
             "per_run": runs.iter().map(|r| serde_json::json!({
-                "downtime_ms": ms(r.downtime), "pause_ms": ms(r.pause_time),
-                "digest_ms": ms(r.digest_time), "rounds": r.rounds.len(),
-                "round_pages": r.rounds.iter().map(|x| x.pages).collect::<Vec<_>>(),
+                "downtime_ms": ms(r.downtime), "rounds": r.round_pages.len(),
+                "round_pages": r.round_pages, "round_ms": r.round_ms,
                 "final_pages": r.final_pages, "state_bytes": r.state_bytes,
+                "details": r.extra,
             })).collect::<Vec<_>>(),
         });
         println!("{v}");
     } else {
         println!(
-            "Linux guest, {} vCPU(s), {} MiB, {} run(s): downtime median {:.1} ms \
-             (min {:.1}, max {:.1}); without the digest check {:.1} ms (min {:.1}, max {:.1})",
+            "Linux guest ({}, {mode}), {} vCPU(s), {} MiB, {} run(s): downtime median {:.1} ms \
+             (min {:.1}, max {:.1}); round 0 median {:.0} pages/s",
+            p.linux_run,
             p.vcpus,
             p.mem >> 20,
             p.runs,
             down.0,
             down.1,
             down.2,
-            bare.0,
-            bare.1,
-            bare.2
+            rate.0
         );
         println!(
             "note: QEMU timings are an emulator's (TCG), on this machine: read them as ratios"
         );
     }
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::other_option;
+
+    fn args(a: &[&str]) -> impl Iterator<Item = String> {
+        a.iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn auto_takes_linux_only_with_its_options() {
+        assert_eq!(other_option(args(&[])), None);
+        assert_eq!(
+            other_option(args(&[
+                "--mem",
+                "1G",
+                "-v",
+                "2",
+                "--json",
+                "--postcopy=auto"
+            ])),
+            None
+        );
+        assert_eq!(
+            other_option(args(&["--mem=1G", "--no-tls"])).as_deref(),
+            Some("--no-tls")
+        );
+        assert_eq!(
+            other_option(args(&["--dirty-rate", "0"])).as_deref(),
+            Some("--dirty-rate")
+        );
+    }
 }

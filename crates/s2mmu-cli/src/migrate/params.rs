@@ -196,12 +196,15 @@ pub struct Params {
     /// The stage-2 format of the guest's tables: arm64 (4 KiB granule) or x86 EPT (4-level); with --listen, a source on another format is refused.
     #[arg(long, value_enum, default_value = "arm64")]
     pub format: FormatArg,
-    /// The guest: sim (the simulated VM and its workload) or linux (Debian's arm64 Linux on QEMU's model, two machines in this process; --mem 128M..4G, --vcpus 1..4, --runs, --json, -q apply).
-    #[arg(long, default_value = "sim", value_parser = ["sim", "linux"])]
+    /// The guest: sim (the simulated VM and its workload), linux (Debian's arm64 Linux on QEMU's model, two machines in this process; --mem 128M..4G, --vcpus 1..4, --runs, --json, -q, --postcopy, --linux-run apply), or auto: linux when no other option is given and QEMU, the EL2 image and the kernel are there (it says why not otherwise), else sim.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "sim", "linux"])]
     pub guest: String,
     /// With --guest linux: migrations to run and summarise (1 to 20).
     #[arg(long, default_value_t = 1)]
     pub runs: u32,
+    /// With --guest linux: the guest program, counter (one small step a second, near idle) or dirtier (writes 64 MiB as fast as it can for 30 s, re-checking every page it wrote).
+    #[arg(long, default_value = "counter", value_parser = ["counter", "dirtier"])]
+    pub linux_run: String,
 }
 
 /// The most `--bandwidth` and `--dirty-rate` take: 1 TiB/s.
