@@ -8,9 +8,10 @@
 #![allow(unsafe_code)]
 
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_migrate::session::dest::{serve, DestConfig};
+use s2mmu_migrate::session::dest::DestConfig;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::source::{run_source, SourceConfig};
+use s2mmu_migrate::sim::dest::serve;
 use s2mmu_migrate::sim::state::GuestState;
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self, NetConfig};

@@ -20,7 +20,12 @@ pub mod wire_bench;
 // The migration (session, stream, transport, the simulated guest's
 // parts) lives in the library; this crate holds its flags, reports and
 // plots.
-pub use s2mmu_migrate::session::{checks, dest, extras, timeline};
+pub use s2mmu_migrate::session::{checks, extras, timeline};
+/// The destination: the session's, received into the simulated guest.
+pub mod dest {
+    pub use s2mmu_migrate::session::dest::*;
+    pub use s2mmu_migrate::sim::dest::{receive, receive_from, serve};
+}
 pub use s2mmu_migrate::stream_error as error;
 pub use s2mmu_migrate::transport as net;
 pub use s2mmu_migrate::{bandwidth, hash};

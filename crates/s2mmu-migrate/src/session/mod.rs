@@ -25,13 +25,11 @@ pub mod source;
 pub mod stats;
 pub mod timeline;
 
-// Still bound to the simulated VM (s2mmu-vm): the destination builds and
-// resumes the simulated guest; the lost-write check and snapshots read
-// its engine's dirty views directly.
+pub mod dest;
+// Still bound to the simulated VM (s2mmu-vm): the lost-write check and
+// snapshots read its engine's dirty views directly.
 #[cfg(feature = "sim")]
 pub mod checks;
-#[cfg(feature = "sim")]
-pub mod dest;
 #[cfg(feature = "sim")]
 pub mod lost_write;
 #[cfg(feature = "sim")]

@@ -2,8 +2,9 @@
 //! thread serving a loopback port and the source connecting to it, both
 //! secured as the network settings say.
 
+use super::dest::serve;
 use super::source::{migrate_source, SimRun};
-use crate::session::dest::{serve, DestConfig, DestOutcome};
+use crate::session::dest::{DestConfig, DestOutcome};
 use crate::session::source::SourceOutcome;
 use crate::stream_error::MigrateError;
 use crate::transport::{self, NetConfig, PlainLink};

@@ -8,6 +8,7 @@
 //! snapshots beside pre-copy). The session's logic is in
 //! [`crate::session`].
 
+pub mod dest;
 pub mod extras;
 pub mod in_process;
 pub mod snapshot_run;

@@ -1,63 +1,14 @@
 //! What the destination checks before it resumes and after: complete
-//! memory, the vCPU state against the header, each channel's END, and the
+//! memory, each channel's END, and the
 //! byte comparison of verify-full.
 
 use super::receive::{check_end, page_offset, Shared};
 use crate::hash::page_hash;
-use crate::sim::state::GuestState;
 use crate::stream_error::MigrateError;
+use crate::vm::SessionVm;
 use crate::wire::{record_name, tag, Header, Record, WireReader, PAGE_SIZE};
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Vm, VmFormat};
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Checks the vCPU state against the header before any vCPU starts.
-pub(super) fn check_state(s: &GuestState, h: &Header) -> Result<(), MigrateError> {
-    let bad = |why: String| Err(MigrateError::BadState { why });
-    let n = s.vcpus.len() as u64;
-    if n != u64::from(h.vcpus) {
-        return bad(format!(
-            "{n} vCPUs in STATE, the header announced {}",
-            h.vcpus
-        ));
-    }
-    if s.write_percent > 100 || s.pattern > 1 {
-        return bad(format!(
-            "write percent {} (at most 100), pattern {} (0 or 1)",
-            s.write_percent, s.pattern
-        ));
-    }
-    let page = PAGE_SIZE as u64;
-    if s.bytes_per_vcpu < page || !s.bytes_per_vcpu.is_multiple_of(page) {
-        return bad(format!(
-            "vCPU regions of {} bytes (whole pages)",
-            s.bytes_per_vcpu
-        ));
-    }
-    match s.bytes_per_vcpu.checked_mul(n) {
-        Some(need) if need <= h.mem_size => {}
-        _ => {
-            return bad(format!(
-                "{n} vCPU regions of {} bytes do not fit {} bytes of guest memory",
-                s.bytes_per_vcpu, h.mem_size
-            ))
-        }
-    }
-    let pages = s.bytes_per_vcpu / page;
-    if let Some((i, v)) = s
-        .vcpus
-        .iter()
-        .enumerate()
-        .find(|(_, v)| v.pass == 0 || v.next_page > pages)
-    {
-        return bad(format!(
-            "vCPU {i} at pass {}, page {} of a {pages}-page region",
-            v.pass, v.next_page
-        ));
-    }
-    Ok(())
-}
 
 /// With verify-full: room for a copy of guest memory, allocated only if
 /// the host has it.
@@ -80,10 +31,10 @@ pub(super) fn snapshot_for(header: &Header) -> Result<Option<Vec<AtomicU64>>, Mi
 /// Refuses to resume from incomplete memory: every page must have
 /// arrived, or (post-copy) be among the missing ones that come after the
 /// resume.
-pub(super) fn check_complete<F: VmFormat>(
-    sh: &Shared<'_, F>,
+pub(super) fn check_complete<V: SessionVm>(
+    sh: &Shared<'_, V>,
     postcopy_missing: Option<&[u64]>,
-    vm: &Vm<TreeMemslots, F>,
+    vm: &V,
 ) -> Result<(), MigrateError> {
     let page_count = sh.hashes.len() as u64;
     let received: Vec<u64> = sh
@@ -152,9 +103,9 @@ fn expect_verify<R: Read>(rd: &mut WireReader<R>) -> Result<(), MigrateError> {
 /// records on the main channel, END; each page is compared byte for byte
 /// with the memory the guest resumed from. Returns the number of differing
 /// pages and the first one's address.
-pub(super) fn compare_with_snapshot<R: Read, F: VmFormat>(
+pub(super) fn compare_with_snapshot<R: Read, V: SessionVm>(
     rd: &mut WireReader<R>,
-    vm: &Vm<TreeMemslots, F>,
+    vm: &V,
     snapshot: &[AtomicU64],
 ) -> Result<(u64, u64), MigrateError> {
     expect_verify(rd)?;
@@ -220,7 +171,7 @@ pub(super) fn compare_with_snapshot<R: Read, F: VmFormat>(
     Ok((bad, first))
 }
 
-pub(super) fn gpa_of<F: VmFormat>(vm: &Vm<TreeMemslots, F>, offset: u64) -> u64 {
+pub(super) fn gpa_of<V: SessionVm>(vm: &V, offset: u64) -> u64 {
     vm.slots()
         .iter()
         .find(|s| offset >= s.mem_offset && offset - s.mem_offset < s.size)

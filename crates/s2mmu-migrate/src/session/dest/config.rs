@@ -3,8 +3,7 @@
 //! share.
 
 use crate::stream_error::MigrateError;
-use crate::wire::{Header, WireFormat, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS};
-use s2mmu::mmu::MmuPolicy;
+use crate::wire::{Header, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,8 +63,12 @@ impl Limits {
 /// How the destination runs.
 #[derive(Clone, Debug)]
 pub struct DestConfig {
-    /// The destination MMU's policies.
-    pub policy: MmuPolicy,
+    /// The simulated destination's MMU policies (read only by
+    /// `crate::sim::dest`'s entry points, which build the simulated
+    /// guest's factory from them; a generic destination's factory carries
+    /// its own).
+    #[cfg(feature = "sim")]
+    pub policy: s2mmu::mmu::MmuPolicy,
     /// How long to run the resumed guest before stopping (it proves the
     /// guest runs; the source has stopped it by then).
     pub run_after: Duration,
@@ -79,32 +82,49 @@ pub struct DestConfig {
     pub prefault: bool,
     /// What post-copy does when a connection breaks.
     pub recovery: crate::session::postcopy::control::Recovery,
-    /// The stage-2 format its guest runs on: a stream from a source on
-    /// another one is refused ([`MigrateError::FormatMismatch`]).
-    pub format: WireFormat,
-    /// How long [`super::serve`] waits for a source that authenticates (None:
+    /// The stage-2 format the simulated guest runs on (as `policy`): a
+    /// stream from a source on another one is refused
+    /// ([`MigrateError::FormatMismatch`]).
+    #[cfg(feature = "sim")]
+    pub format: crate::wire::WireFormat,
+    /// How long [`super::serve_with`] waits for a source that authenticates (None:
     /// for ever). Connections that fail before they authenticate never
     /// end the wait.
     pub accept_wait: Option<Duration>,
-    /// Set: [`super::serve`] stops waiting for a source (the in-process
+    /// Set: [`super::serve_with`] stops waiting for a source (the in-process
     /// migration's source failed before it connected).
     pub stop: Arc<AtomicBool>,
 }
 
 impl DestConfig {
-    /// A destination with `policy` that accepts what this build can take.
-    pub fn new(policy: MmuPolicy, run_after: Duration) -> Self {
+    /// A destination that runs the resumed guest for `run_after` and
+    /// accepts what this build can take.
+    pub fn with_run_after(run_after: Duration) -> Self {
         DestConfig {
-            policy,
+            #[cfg(feature = "sim")]
+            policy: s2mmu::mmu::MmuPolicy::default(),
             run_after,
             limits: Limits::of_build(),
             io_timeout: Duration::from_secs(5),
             progress: false,
             prefault: true,
             recovery: crate::session::postcopy::control::Recovery::default(),
-            format: WireFormat::Arm64,
+            #[cfg(feature = "sim")]
+            format: crate::wire::WireFormat::Arm64,
             accept_wait: None,
             stop: Arc::default(),
+        }
+    }
+}
+
+#[cfg(feature = "sim")]
+impl DestConfig {
+    /// A simulated destination with `policy` that accepts what this build
+    /// can take.
+    pub fn new(policy: s2mmu::mmu::MmuPolicy, run_after: Duration) -> Self {
+        DestConfig {
+            policy,
+            ..DestConfig::with_run_after(run_after)
         }
     }
 }

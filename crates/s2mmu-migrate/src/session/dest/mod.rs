@@ -7,37 +7,34 @@
 use super::postcopy;
 use crate::stream_error::MigrateError;
 use crate::transport::{self, BoxConn, Connection, Duplex, Listener, NetConfig};
-use crate::wire::WireFormat;
+use crate::vm::{GuestRam, SessionVm};
 use crate::wire::{tag, Header, Opening, WireReader, WireWriter, PAGE_SIZE};
-use s2mmu::format::arm64::Arm64Stage2;
-use s2mmu::format::ept::EptFormat;
-use s2mmu::memslot::TreeMemslots;
-use s2mmu::mmu::{DirtyMode, MmuPolicy};
-use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod checks;
 pub mod config;
+pub mod guest;
 mod join;
 // Writes received pages straight into guest memory.
 #[allow(unsafe_code)]
 mod receive;
 mod resume;
 
-use checks::{check_complete, check_state, snapshot_for};
+use checks::{check_complete, snapshot_for};
 pub use config::{DestConfig, DestOutcome, Limits};
+pub use guest::{DestFactory, DestGuest, ResumedGuest};
 pub(crate) use join::Join;
 use join::{accept_and_join, join_channels, opener, Refusals};
 pub(crate) use receive::check_end;
 use receive::{populate, receive_channels, RawMem, Shared};
 use resume::resume_after_end;
-pub(crate) use resume::{run_resumed, start_workload};
+pub(crate) use resume::run_resumed;
 
-/// Accepts one source on `listener`, authenticates it as `net` says,
+/// Accepts one source on `listener` into the guest `factory` builds,
+/// authenticates it as `net` says,
 /// joins its further channels and receives the migration. Connections
 /// are authenticated concurrently ([`transport::Admission`]); one that fails
 /// before it authenticates (a scan, a probe, a reset, a stall, a wrong
@@ -48,9 +45,10 @@ pub(crate) use resume::{run_resumed, start_workload};
 /// After `cfg.accept_wait` with no source: the last refused connection's
 /// error ([`MigrateError::Auth`] for a failed authentication,
 /// [`MigrateError::Timeout`] for a stall), or [`MigrateError::Timeout`]
-/// when none came; otherwise as [`receive_from`].
-pub fn serve(
+/// when none came; otherwise as [`receive_from_with`].
+pub fn serve_with<D: DestFactory>(
     listener: &dyn Listener,
+    factory: &D,
     cfg: &DestConfig,
     net: &NetConfig,
 ) -> Result<DestOutcome, MigrateError> {
@@ -69,6 +67,7 @@ pub fn serve(
     receive_core(
         main,
         Some((header, pos)),
+        factory,
         cfg,
         &mut |session, wanted, wait| {
             // After the operator's `recover ADDR`: a post-copy recovery is
@@ -124,7 +123,8 @@ fn admit_source(
     }
 }
 
-/// Receives one migration from `input`, replying on `reply`: one channel,
+/// Receives one migration from `input` into the guest `factory` builds,
+/// replying on `reply`: one channel,
 /// no authentication (a recorded stream, a fuzzer's, a test's).
 ///
 /// # Errors
@@ -133,9 +133,10 @@ fn admit_source(
 /// [`MigrateError::BadState`], [`MigrateError::Incomplete`],
 /// [`MigrateError::Aborted`]. On an error the guest is not resumed and the
 /// source is told why when the connection still works.
-pub fn receive_from<R: Read + Send, W: Write + Send>(
+pub fn receive_from_with<R: Read + Send, W: Write + Send, D: DestFactory>(
     input: R,
     reply: W,
+    factory: &D,
     cfg: &DestConfig,
 ) -> Result<DestOutcome, MigrateError> {
     receive_core(
@@ -144,6 +145,7 @@ pub fn receive_from<R: Read + Send, W: Write + Send>(
             output: reply,
         },
         None,
+        factory,
         cfg,
         &mut |_, wanted, _| {
             Err(MigrateError::OverLimit {
@@ -156,30 +158,36 @@ pub fn receive_from<R: Read + Send, W: Write + Send>(
 }
 
 /// Receives one migration on an accepted, authenticated TCP connection
-/// (one channel only).
+/// (one channel only) into the guest `factory` builds.
 ///
 /// # Errors
-/// As [`receive_from`].
-pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, MigrateError> {
+/// As [`receive_from_with`].
+pub fn receive_with<D: DestFactory>(
+    stream: TcpStream,
+    factory: &D,
+    cfg: &DestConfig,
+) -> Result<DestOutcome, MigrateError> {
     transport::configure(&stream, cfg.io_timeout)?;
-    receive_from(
+    receive_from_with(
         stream
             .try_clone()
             .map_err(|e| MigrateError::io("the connection", &e))?,
         stream,
+        factory,
         cfg,
     )
 }
 
 /// Receives on `main`; `opened`: its HEADER and the bytes of its opening
 /// when they were read already (by the admission).
-fn receive_core<C: Connection>(
+fn receive_core<C: Connection, D: DestFactory>(
     mut main: C,
     opened: Option<(Header, u64)>,
+    factory: &D,
     cfg: &DestConfig,
     join: &mut Join<'_>,
 ) -> Result<DestOutcome, MigrateError> {
-    let result = receive_inner(&mut main, opened, cfg, join);
+    let result = receive_inner(&mut main, opened, factory, cfg, join);
     if let Err(e) = &result {
         if !matches!(e, MigrateError::Aborted { .. }) {
             let mut r = WireWriter::replies(&mut main);
@@ -190,9 +198,10 @@ fn receive_core<C: Connection>(
     result
 }
 
-fn receive_inner<C: Connection>(
+fn receive_inner<C: Connection, D: DestFactory>(
     main: &mut C,
     opened: Option<(Header, u64)>,
+    factory: &D,
     cfg: &DestConfig,
     join: &mut Join<'_>,
 ) -> Result<DestOutcome, MigrateError> {
@@ -203,33 +212,29 @@ fn receive_inner<C: Connection>(
     let rd = rd.with_grace(cfg.io_timeout);
     // Nothing is allocated before the stream is known to fit.
     cfg.limits.check(&header)?;
-    Backing::parse(&header.backing).map_err(MigrateError::Setup)?;
-    if header.format != cfg.format {
-        return Err(MigrateError::FormatMismatch {
-            stream: header.format.name(),
-            destination: cfg.format.name(),
-        });
-    }
-    match cfg.format {
-        WireFormat::Arm64 => receive_guest::<C, Arm64Stage2>(rd, &header, cfg, join),
-        WireFormat::Ept => receive_guest::<C, EptFormat>(rd, &header, cfg, join),
-    }
+    let guest = factory.build(&header)?;
+    receive_guest(rd, &guest, &header, cfg, join)
 }
 
 /// What the receiving threads share, for `header`'s guest in `vm`.
 ///
 /// # Errors
-/// verify-full's snapshot cannot be had.
-fn shared_for<'a, F: VmFormat>(
-    vm: &'a Vm<TreeMemslots, F>,
-    header: &Header,
-) -> Result<Shared<'a, F>, MigrateError> {
+/// verify-full's snapshot cannot be had, or the guest's RAM is smaller
+/// than the stream's memory.
+fn shared_for<'a, V: SessionVm>(vm: &'a V, header: &Header) -> Result<Shared<'a, V>, MigrateError> {
     let page_count = header.mem_size / PAGE_SIZE as u64;
+    if vm.ram().size() < header.mem_size {
+        return Err(MigrateError::Setup(format!(
+            "the destination guest has {} bytes of RAM, the stream {}",
+            vm.ram().size(),
+            header.mem_size
+        )));
+    }
     Ok(Shared {
         vm,
         raw: RawMem {
-            base: vm.memory().host_addr() as *mut u8,
-            size: vm.memory().size(),
+            base: vm.ram().host_addr() as *mut u8,
+            size: vm.ram().size(),
         },
         channels: header.channels,
         received: (0..page_count.div_ceil(64))
@@ -240,21 +245,22 @@ fn shared_for<'a, F: VmFormat>(
     })
 }
 
-/// Builds the guest `header` describes on format `F` and receives it.
-fn receive_guest<C: Connection, F: VmFormat>(
+/// Receives `header`'s stream into `guest` and resumes it.
+fn receive_guest<C: Connection, G: DestGuest>(
     mut rd: WireReader<&mut C>,
+    guest: &G,
     header: &Header,
     cfg: &DestConfig,
     join: &mut Join<'_>,
 ) -> Result<DestOutcome, MigrateError> {
-    let vm = Arc::new(build_vm::<F>(header, cfg.policy)?);
+    let vm: &G::Vm = guest.vm();
     let prefault = if cfg.prefault {
-        populate(&vm, &mut rd)?
+        populate(vm, &mut rd)?
     } else {
         Duration::ZERO
     };
     let (session, mut extras, pc_conns) = accept_and_join(&mut rd, header, cfg, join)?;
-    let sh = shared_for(&vm, header)?;
+    let sh = shared_for(vm, header)?;
     let got = receive_channels(&mut rd, &mut extras, &sh, header)?;
     let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
         (a + x.pages, b + x.pos, z + x.zero_pages)
@@ -265,13 +271,13 @@ fn receive_guest<C: Connection, F: VmFormat>(
     }
     // Never resume from incomplete memory (post-copy: every page but the
     // missing ones, which come after the resume).
-    check_complete(&sh, got.postcopy_missing.as_deref(), &vm)?;
-    let state = got.state.ok_or(MigrateError::Malformed {
+    check_complete(&sh, got.postcopy_missing.as_deref(), vm)?;
+    let (body, at_byte) = got.state.ok_or(MigrateError::Malformed {
         record: "END",
         at_byte: rd.pos,
         why: "the stream carried no vCPU STATE".into(),
     })?;
-    check_state(&state, header)?;
+    let state = guest.decode_state(&body, header, at_byte)?;
     if let Some(missing) = got.postcopy_missing {
         let mut pc = pc_conns.into_iter();
         let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
@@ -281,7 +287,7 @@ fn receive_guest<C: Connection, F: VmFormat>(
         };
         let main_socket = rd.get_mut().shutdown_handle().ok();
         return postcopy::dest::resume(postcopy::dest::Resume {
-            vm: &vm,
+            guest,
             main: &mut rd,
             main_socket,
             req,
@@ -300,7 +306,7 @@ fn receive_guest<C: Connection, F: VmFormat>(
             o
         });
     }
-    let mut outcome = resume_after_end(&mut rd, &vm, &sh, &state, cfg)?;
+    let mut outcome = resume_after_end(&mut rd, guest, &sh, &state, cfg)?;
     outcome.page_records += extra_counts.0;
     outcome.bytes += extra_counts.1;
     outcome.zero_pages += extra_counts.2;
@@ -309,29 +315,4 @@ fn receive_guest<C: Connection, F: VmFormat>(
     outcome.prefault = prefault;
     outcome.recv_stages = recv_stages;
     Ok(outcome)
-}
-
-/// The destination's VM: the source's geometry with the destination's
-/// own MMU policy.
-///
-/// # Errors
-/// [`MigrateError::Setup`].
-pub fn build_vm<F: VmFormat>(
-    h: &Header,
-    policy: MmuPolicy,
-) -> Result<Vm<TreeMemslots, F>, MigrateError> {
-    let backing = Backing::parse(&h.backing).map_err(MigrateError::Setup)?;
-    Vm::new(VmConfig {
-        mem_size: h.mem_size,
-        backing,
-        slots: h.slots,
-        gpa_base: h.gpa_base,
-        // The destination does not log dirty pages.
-        policy: MmuPolicy {
-            dirty: DirtyMode::WP,
-            ..policy
-        },
-        ..VmConfig::default()
-    })
-    .map_err(|e| MigrateError::Setup(format!("destination guest: {e}")))
 }

@@ -4,16 +4,14 @@
 
 use crate::hash::{page_hash, ZERO_PAGE};
 use crate::session::postcopy;
-use crate::sim::state::GuestState;
 use crate::stages::StageClock;
 use crate::stream_error::MigrateError;
 use crate::transport::{BoxConn, Connection, ShutdownHandle};
+use crate::vm::{GuestRam, SessionVm};
 use crate::wire::{
     channel_of, record_name, tag, tag_name, Dec, Enc, Header, Record, WireReader, WireWriter,
     MAX_BATCH, PAGE_SIZE,
 };
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Vm, VmFormat};
 use std::io::{IoSliceMut, Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -51,8 +49,8 @@ impl RawMem {
 }
 
 /// What the receiving threads share.
-pub(super) struct Shared<'a, F: VmFormat> {
-    pub(super) vm: &'a Vm<TreeMemslots, F>,
+pub(super) struct Shared<'a, V: SessionVm> {
+    pub(super) vm: &'a V,
     pub(super) raw: RawMem,
     pub(super) channels: u16,
     /// One bit per page: received at least once.
@@ -63,7 +61,7 @@ pub(super) struct Shared<'a, F: VmFormat> {
     pub(super) snapshot: Option<Vec<AtomicU64>>,
 }
 
-impl<F: VmFormat> Shared<'_, F> {
+impl<V: SessionVm> Shared<'_, V> {
     /// Takes the data of the PAGES record just read on `channel` into
     /// guest memory (one vectored read for all its pages), checking each
     /// page.
@@ -189,9 +187,9 @@ pub(super) fn take_probe<R: Read>(rd: &mut WireReader<R>, h: &Header) -> Result<
 }
 
 /// A further channel: its probe, then pages until its END.
-pub(super) fn channel_loop<F: VmFormat>(
+pub(super) fn channel_loop<V: SessionVm>(
     rd: &mut WireReader<BoxConn>,
-    sh: &Shared<'_, F>,
+    sh: &Shared<'_, V>,
     h: &Header,
     channel: u16,
     probed: &std::sync::mpsc::Sender<Result<u64, MigrateError>>,
@@ -229,18 +227,19 @@ pub(super) fn channel_loop<F: VmFormat>(
 pub(super) struct Received {
     /// Bytes of all channels' link probes.
     pub(super) probe_bytes: u64,
-    /// The vCPUs' STATE, if the stream carried one.
-    pub(super) state: Option<GuestState>,
+    /// The STATE record's body and where it was, if the stream carried
+    /// one (the guest decodes it).
+    pub(super) state: Option<(Vec<u8>, u64)>,
     /// Post-copy: the pages still missing (a bitmap).
     pub(super) postcopy_missing: Option<Vec<u64>>,
 }
 
 /// Receives every channel at once, the further ones on their own threads,
 /// until each one's END; the first error ends the others' connections.
-pub(super) fn receive_channels<C: Connection, F: VmFormat>(
+pub(super) fn receive_channels<C: Connection, V: SessionVm>(
     rd: &mut WireReader<&mut C>,
     extras: &mut [WireReader<BoxConn>],
-    sh: &Shared<'_, F>,
+    sh: &Shared<'_, V>,
     header: &Header,
 ) -> Result<Received, MigrateError> {
     let sockets: Vec<ShutdownHandle> = extras
@@ -304,9 +303,9 @@ pub(super) fn receive_channels<C: Connection, F: VmFormat>(
 
 /// The main channel: its probe (answered with PROBED once every channel's
 /// is in), then pages and control records until END or POSTCOPY.
-pub(super) fn main_channel<C: Connection, F: VmFormat>(
+pub(super) fn main_channel<C: Connection, V: SessionVm>(
     rd: &mut WireReader<&mut C>,
-    sh: &Shared<'_, F>,
+    sh: &Shared<'_, V>,
     header: &Header,
     probes: &std::sync::mpsc::Receiver<Result<u64, MigrateError>>,
 ) -> Result<Received, MigrateError> {
@@ -334,7 +333,7 @@ pub(super) fn main_channel<C: Connection, F: VmFormat>(
                 at_byte,
             } => match t {
                 tag::ROUND => {}
-                tag::STATE => state = Some(GuestState::decode(&body, at_byte)?),
+                tag::STATE => state = Some((body, at_byte)),
                 tag::POSTCOPY if header.postcopy && state.is_some() => {
                     postcopy_missing = Some(postcopy::decode_missing(&body, at_byte, page_count)?);
                     break;
@@ -374,12 +373,12 @@ pub(super) fn main_channel<C: Connection, F: VmFormat>(
 /// inside round 0. 64 MiB at a time with `MADV_POPULATE_WRITE` (touching
 /// each page where the kernel lacks it), telling the source every half
 /// second that the destination is alive.
-pub(super) fn populate<R: Read + Write, F: VmFormat>(
-    vm: &Vm<TreeMemslots, F>,
+pub(super) fn populate<R: Read + Write, V: SessionVm>(
+    vm: &V,
     rd: &mut WireReader<R>,
 ) -> Result<Duration, MigrateError> {
     let t0 = Instant::now();
-    let mem = vm.memory();
+    let mem = vm.ram();
     let (base, size) = (mem.host_addr() as usize, mem.size());
     let chunk = 64u64 << 20;
     let mut told = t0;
@@ -400,7 +399,7 @@ pub(super) fn populate<R: Read + Write, F: VmFormat>(
             // what is written).
             let mut p = off;
             while p < off + len {
-                mem.write_u64(p, 0);
+                mem.write_from(p, &[0u8; 8]);
                 p += PAGE_SIZE as u64;
             }
         }
@@ -415,15 +414,15 @@ pub(super) fn populate<R: Read + Write, F: VmFormat>(
     Ok(t0.elapsed())
 }
 
-pub(super) fn page_offset<F: VmFormat>(
-    vm: &Vm<TreeMemslots, F>,
+pub(super) fn page_offset<V: SessionVm>(
+    vm: &V,
     gpa: u64,
     at_byte: u64,
 ) -> Result<u64, MigrateError> {
     match vm.locate(gpa) {
         Some((_, off))
             if gpa.is_multiple_of(PAGE_SIZE as u64)
-                && off + PAGE_SIZE as u64 <= vm.memory().size() =>
+                && off + PAGE_SIZE as u64 <= vm.ram().size() =>
         {
             Ok(off)
         }

@@ -3,32 +3,32 @@
 
 use super::checks::compare_with_snapshot;
 use super::config::{DestConfig, DestOutcome};
+use super::guest::{DestGuest, ResumedGuest};
 use super::receive::Shared;
 use crate::hash::digest_of;
-use crate::sim::state::{workload_config, GuestState};
 use crate::stream_error::MigrateError;
 use crate::transport::Connection;
+use crate::vm::{GuestRun, SessionVm};
 use crate::wire::{tag, Enc, WireReader, WireWriter, PAGE_SIZE};
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Vm, VmFormat, Workload};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Resumes the guest here after a complete pre-copy stream: per-slot
 /// digests to the source (RESUMED), the byte comparison with verify-full,
 /// then the guest runs for `run_after`. The counts are the main channel's
 /// only (the caller adds the others').
-pub(super) fn resume_after_end<C: Connection, F: VmFormat>(
+pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
     rd: &mut WireReader<&mut C>,
-    vm: &Arc<Vm<TreeMemslots, F>>,
-    sh: &Shared<'_, F>,
-    state: &GuestState,
+    guest: &G,
+    sh: &Shared<'_, G::Vm>,
+    state: &G::State,
     cfg: &DestConfig,
 ) -> Result<DestOutcome, MigrateError> {
-    let slot_digests = slot_digests(vm, sh);
-    let wl = start_workload(vm, state)?;
+    let vm = guest.vm();
+    let slot_digests = slot_digests(&**vm, sh);
+    let wl = guest.start(state)?;
     let resumed_at = Instant::now();
+    let writes0 = wl.counters().writes;
     let mut e = Enc::default();
     e.u32(slot_digests.len() as u32);
     for (id, d) in &slot_digests {
@@ -44,7 +44,7 @@ pub(super) fn resume_after_end<C: Connection, F: VmFormat>(
     if let Some(snapshot) = &sh.snapshot {
         // The guest runs here already: a comparison that breaks (a cut,
         // a damaged record) is reported, and the guest runs on.
-        match verify_pass(rd, vm, snapshot) {
+        match verify_pass(rd, &**vm, snapshot) {
             Ok(bad) => verify_mismatches = Some(bad),
             Err(e) => {
                 eprintln!("destination: the guest RESUMED here; the byte comparison after it broke: {e}; the guest runs on, unverified");
@@ -52,8 +52,8 @@ pub(super) fn resume_after_end<C: Connection, F: VmFormat>(
             }
         }
     }
-    let resumed_write_rate = run_resumed(&wl, state, cfg.run_after, resumed_at);
-    let resumed_passes = wl.vcpu_states().iter().map(|s| s.pass).collect();
+    let resumed_write_rate = run_resumed(&wl, writes0, cfg.run_after, resumed_at);
+    let resumed_passes = wl.passes();
     drop(wl);
     Ok(DestOutcome {
         page_records,
@@ -74,9 +74,9 @@ pub(super) fn resume_after_end<C: Connection, F: VmFormat>(
 }
 
 /// verify-full's byte comparison, and VERIFIED with its result.
-fn verify_pass<C: Connection, F: VmFormat>(
+fn verify_pass<C: Connection, V: SessionVm>(
     rd: &mut WireReader<&mut C>,
-    vm: &Arc<Vm<TreeMemslots, F>>,
+    vm: &V,
     snapshot: &[std::sync::atomic::AtomicU64],
 ) -> Result<u64, MigrateError> {
     let (bad, first) = compare_with_snapshot(rd, vm, snapshot)?;
@@ -89,10 +89,7 @@ fn verify_pass<C: Connection, F: VmFormat>(
 }
 
 /// Each slot's digest of the memory the guest resumes from.
-pub(super) fn slot_digests<F: VmFormat>(
-    vm: &Vm<TreeMemslots, F>,
-    sh: &Shared<'_, F>,
-) -> Vec<(u16, u64)> {
+pub(super) fn slot_digests<V: SessionVm>(vm: &V, sh: &Shared<'_, V>) -> Vec<(u16, u64)> {
     let hashes: Vec<u64> = sh
         .hashes
         .iter()
@@ -108,40 +105,19 @@ pub(super) fn slot_digests<F: VmFormat>(
         .collect()
 }
 
-/// Resume: the vCPUs continue from the transferred state, paced as on the
-/// source.
-pub(crate) fn start_workload<F: VmFormat>(
-    vm: &Arc<Vm<TreeMemslots, F>>,
-    state: &GuestState,
-) -> Result<Workload<TreeMemslots, F>, MigrateError> {
-    let wl = Workload::start_at(vm.clone(), workload_config(state), &state.vcpus)
-        .map_err(|why| MigrateError::BadState { why })?;
-    wl.control()
-        .pace_pages_per_sec
-        .store(state.pace_pages_per_sec, Ordering::Relaxed);
-    wl.run_free();
-    Ok(wl)
-}
-
 /// Lets the resumed guest run until `run_after` has passed since
 /// `resumed_at`, then pauses it. Returns its writes per second since the
-/// resume (counted from the transferred state's totals).
-pub(crate) fn run_resumed<F: VmFormat>(
-    wl: &Workload<TreeMemslots, F>,
-    state: &GuestState,
+/// resume (`writes0`: its write count when it started).
+pub(crate) fn run_resumed<R: ResumedGuest>(
+    wl: &R,
+    writes0: u64,
     run_after: Duration,
     resumed_at: Instant,
 ) -> f64 {
-    let writes0: u64 = state.vcpus.iter().map(|v| v.writes).sum();
     if let Some(rest) = run_after.checked_sub(resumed_at.elapsed()) {
         std::thread::sleep(rest);
     }
-    let writes1: u64 = wl
-        .control()
-        .live
-        .iter()
-        .map(|l| l.writes.load(Ordering::Relaxed))
-        .sum();
+    let writes1 = wl.counters().writes;
     let secs = resumed_at.elapsed().as_secs_f64();
     wl.pause();
     writes1.saturating_sub(writes0) as f64 / secs.max(1e-9)

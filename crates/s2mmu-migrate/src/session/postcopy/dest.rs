@@ -4,19 +4,16 @@
 //! into guest memory by whichever copy lands first.
 
 use super::super::dest::config::{DestConfig, DestOutcome};
-use super::super::dest::{check_end, run_resumed, start_workload};
+use super::super::dest::{check_end, run_resumed, DestGuest, ResumedGuest};
 use super::super::digests::source_digests;
 use super::control::{self, Phase, RecoveryMode};
 use super::fetch::{bit, Fetcher, REFERENCE_PINGS};
 use super::{encode_missing, median_p99, Final, PostcopyFigures};
-use crate::sim::state::{encode_vcpus, GuestState};
-use crate::sim::SimVm;
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
 use crate::transport::{Connection, ShutdownHandle};
+use crate::vm::{GuestRam, GuestRun, SessionVm};
 use crate::wire::{record_name, tag, Record, WireReader, WireWriter};
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Vm, VmFormat, Workload};
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -31,9 +28,9 @@ pub type Recover<'a> =
     dyn FnMut(&[u16], Duration) -> Result<Vec<WireReader<BoxConn>>, MigrateError> + 'a;
 
 /// What the destination's post-copy needs from the pre-copy phase.
-pub struct Resume<'a, R: Read + Write, F: VmFormat> {
-    /// The VM (no vCPU created yet).
-    pub vm: &'a Arc<Vm<TreeMemslots, F>>,
+pub struct Resume<'a, R: Read + Write, G: DestGuest> {
+    /// The guest (no vCPU runs yet).
+    pub guest: &'a G,
     /// The main connection, right after POSTCOPY, and its shutdown
     /// handle.
     pub main: &'a mut WireReader<R>,
@@ -42,7 +39,7 @@ pub struct Resume<'a, R: Read + Write, F: VmFormat> {
     pub req: WireReader<BoxConn>,
     pub answers: WireReader<BoxConn>,
     /// The vCPU state the source stopped in.
-    pub state: &'a GuestState,
+    pub state: &'a G::State,
     /// POSTCOPY's bitmap.
     pub missing: Vec<u64>,
     pub cfg: &'a DestConfig,
@@ -88,23 +85,24 @@ fn recoverable(e: &MigrateError) -> bool {
 /// [`MigrateError::PostcopyBroken`] naming the stream's error (a damaged
 /// or truncated post-copy stream, a connection that broke and was not
 /// recovered).
-pub fn resume<R: Read + Write + Send, F: VmFormat>(
-    r: Resume<'_, R, F>,
+pub fn resume<R: Read + Write + Send, G: DestGuest>(
+    r: Resume<'_, R, G>,
 ) -> Result<DestOutcome, MigrateError> {
-    let vm = r.vm;
+    let vm = r.guest.vm();
     let missing_pages: u64 = r.missing.iter().map(|w| u64::from(w.count_ones())).sum();
     let mut req = r.req;
     let mut answers = r.answers;
     let sockets = sockets_of(r.main_socket.as_ref(), [&mut req, &mut answers]);
-    let fetcher = Arc::new(Fetcher::new(vm, r.missing, req, r.cfg.io_timeout));
+    let fetcher = Arc::new(Fetcher::new(&**vm, r.missing, req, r.cfg.io_timeout));
     // Page-wide mappings only while pages are missing: a block must not
     // map a page that has not landed.
     vm.enable_dirty_logging()
         .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
-    vm.set_page_fetch(Some(fetcher.clone()));
-    let state = r.state;
-    let wl = start_workload(vm, state)?;
+    vm.set_page_fetch(Some(fetcher.clone()))
+        .map_err(|e| MigrateError::Setup(format!("destination page fetch: {e}")))?;
+    let wl = r.guest.start(r.state)?;
     let resumed_at = Instant::now();
+    let writes0 = wl.counters().writes;
     let first = r.main;
     {
         let mut w = WireWriter::replies(first.get_mut());
@@ -125,19 +123,19 @@ pub fn resume<R: Read + Write + Send, F: VmFormat>(
         (r.cfg, r.channels),
         r.recover,
     )?;
-    vm.set_page_fetch(None);
+    vm.set_page_fetch(None)
+        .map_err(|e| MigrateError::Setup(format!("destination page fetch off: {e}")))?;
     // Every page is here: huge mappings may come back.
     vm.disable_dirty_logging()
         .map_err(|e| MigrateError::Setup(format!("destination logging off: {e}")))?;
-    let resumed_write_rate = run_resumed(&wl, state, r.cfg.run_after, resumed_at);
-    let vcpus = wl.vcpu_states();
-    let digests = source_digests(&SimVm::new(vm.clone()));
+    let resumed_write_rate = run_resumed(&wl, writes0, r.cfg.run_after, resumed_at);
+    let digests = source_digests(&**vm);
     let mut figures = figures_of(&fetcher, resumed_at, reference);
     figures.missing_pages = missing_pages;
     figures.recoveries = u64::from(links.recoveries);
     let fin = Final {
         figures: figures.clone(),
-        state: encode_vcpus(&vcpus),
+        state: wl.final_state(),
         digests: digests.clone(),
     };
     let counts = match &mut links.recovered {
@@ -156,7 +154,7 @@ pub fn resume<R: Read + Write + Send, F: VmFormat>(
         verify_mismatches: None,
         verify_error: None,
         resumed_write_rate,
-        resumed_passes: vcpus.iter().map(|s| s.pass).collect(),
+        resumed_passes: wl.passes(),
         postcopy: Some(figures),
         recv_stages: Default::default(),
     })
@@ -181,11 +179,11 @@ struct Links {
 /// [`MAX_RECOVERIES`] times), then (or at once with `manual`) when the
 /// operator says `recover` on the control socket ([`super::control`]).
 /// Returns the reference round trip (nanoseconds, samples).
-fn receive_missing<M: Read + Write + Send, F: VmFormat>(
+fn receive_missing<M: Read + Write + Send, G: GuestRam, W: GuestRun>(
     first: &mut WireReader<M>,
     links: &mut Links,
-    f: &Fetcher,
-    wl: &Workload<TreeMemslots, F>,
+    f: &Fetcher<G>,
+    wl: &W,
     (cfg, channels): (&DestConfig, u16),
     recover: &mut Recover<'_>,
 ) -> Result<(u64, u64), MigrateError> {
@@ -252,11 +250,11 @@ fn receive_missing<M: Read + Write + Send, F: VmFormat>(
 ///
 /// # Errors
 /// Why no recovery came (the operator gave up, or none was possible).
-fn await_recovery(
+fn await_recovery<G: GuestRam>(
     e: &MigrateError,
     (cfg, channels): (&DestConfig, u16),
     recoveries: u32,
-    f: &Fetcher,
+    f: &Fetcher<G>,
     recover: &mut Recover<'_>,
 ) -> Result<Vec<WireReader<BoxConn>>, String> {
     let wanted = [0, channels, channels + 1];
@@ -291,7 +289,7 @@ fn await_recovery(
 
 /// Post-copy given up: the fetcher fails its waiting vCPUs, the guest is
 /// paused, and the error says how many pages never came.
-fn give_up<F: VmFormat>(f: &Fetcher, wl: &Workload<TreeMemslots, F>, why: String) -> MigrateError {
+fn give_up<G: GuestRam, W: GuestRun>(f: &Fetcher<G>, wl: &W, why: String) -> MigrateError {
     f.fail(&why);
     wl.pause();
     MigrateError::PostcopyBroken {
@@ -302,7 +300,11 @@ fn give_up<F: VmFormat>(f: &Fetcher, wl: &Workload<TreeMemslots, F>, why: String
 
 /// The fetcher's figures after the last page landed (the caller fills in
 /// the missing pages and the recoveries).
-fn figures_of(fetcher: &Fetcher, resumed_at: Instant, reference: (u64, u64)) -> PostcopyFigures {
+fn figures_of<G: GuestRam>(
+    fetcher: &Fetcher<G>,
+    resumed_at: Instant,
+    reference: (u64, u64),
+) -> PostcopyFigures {
     let lat = std::mem::take(&mut *fetcher.latencies.lock().unwrap_or_else(|p| p.into_inner()));
     let (fault_median_ns, fault_p99_ns) = median_p99(&lat);
     let alat = std::mem::take(
@@ -351,10 +353,10 @@ fn send_final<M: Read + Write>(
 /// One stretch of post-copy over one set of connections: the answers on
 /// their own thread, the background stream here. Either side's break
 /// ends both (their sockets are shut down). Returns the reference.
-fn phase<M: Read + Write + Send>(
+fn phase<M: Read + Write + Send, G: GuestRam>(
     main: &mut WireReader<M>,
     answers: &mut WireReader<BoxConn>,
-    f: &Fetcher,
+    f: &Fetcher<G>,
     sockets: &[ShutdownHandle],
 ) -> Result<(u64, u64), MigrateError> {
     f.broken.store(false, Ordering::SeqCst);
@@ -394,7 +396,10 @@ fn phase<M: Read + Write + Send>(
 }
 
 /// The answer connection: requested pages until END.
-fn answer_loop(rd: &mut WireReader<BoxConn>, f: &Fetcher) -> Result<(), MigrateError> {
+fn answer_loop<G: GuestRam>(
+    rd: &mut WireReader<BoxConn>,
+    f: &Fetcher<G>,
+) -> Result<(), MigrateError> {
     loop {
         let at_byte = rd.pos;
         match rd.next_record()? {
@@ -424,9 +429,9 @@ fn answer_loop(rd: &mut WireReader<BoxConn>, f: &Fetcher) -> Result<(), MigrateE
 /// The background stream on the main connection until its END, then the
 /// wait for the last page, the reference pings and DONE. Returns the
 /// reference's median and its sample count.
-fn receive_rest<R: Read + Write>(
+fn receive_rest<R: Read + Write, G: GuestRam>(
     main: &mut WireReader<R>,
-    f: &Fetcher,
+    f: &Fetcher<G>,
 ) -> Result<(u64, u64), MigrateError> {
     let beat = f.io_timeout / 4;
     let mut last_beat = Instant::now();

@@ -7,9 +7,8 @@
 use crate::hash::{page_hash, ZERO_PAGE};
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
+use crate::vm::{GuestRam, PageFetch, RamSlot, SessionVm};
 use crate::wire::{tag, Entry, WireReader, WireWriter, PAGE_SIZE};
-use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{GuestMemory, PageFetch, SlotInfo, Vm, VmFormat};
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -22,9 +21,9 @@ pub(super) const REFERENCE_PINGS: u64 = 64;
 
 /// The missing pages of a post-copy destination and the way to ask for
 /// them: the [`PageFetch`] hook of its VM.
-pub struct Fetcher {
-    pub(super) slots: Vec<SlotInfo>,
-    pub(super) memory: Arc<GuestMemory>,
+pub struct Fetcher<M: GuestRam> {
+    pub(super) slots: Vec<RamSlot>,
+    pub(super) memory: Arc<M>,
     pub(super) pages: u64,
     /// Missing when the guest resumed (never changes).
     pub(super) missing: Vec<u64>,
@@ -70,14 +69,14 @@ pub(super) fn set(v: &[AtomicU64], i: u64) -> bool {
     v[(i / 64) as usize].fetch_or(b, Ordering::SeqCst) & b != 0
 }
 
-impl Fetcher {
-    pub(super) fn new<F: VmFormat>(
-        vm: &Vm<TreeMemslots, F>,
+impl<M: GuestRam> Fetcher<M> {
+    pub(super) fn new<V: SessionVm<Ram = M>>(
+        vm: &V,
         missing: Vec<u64>,
         req: WireReader<BoxConn>,
         io_timeout: Duration,
     ) -> Self {
-        let pages = vm.memory().size() / PAGE_SIZE as u64;
+        let pages = vm.ram().size() / PAGE_SIZE as u64;
         let words = || (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
         let present: Vec<AtomicU64> = words();
         let mut left = 0;
@@ -94,7 +93,7 @@ impl Fetcher {
         }
         Fetcher {
             slots: vm.slots().to_vec(),
-            memory: vm.memory().clone(),
+            memory: vm.ram().clone(),
             pages,
             missing,
             present,
@@ -363,7 +362,7 @@ impl Fetcher {
     }
 }
 
-impl PageFetch for Fetcher {
+impl<M: GuestRam> PageFetch for Fetcher<M> {
     fn fetch(&self, _vcpu: usize, gpa: u64) -> Result<bool, String> {
         let Some(i) = self.index(gpa) else {
             // Not guest memory: the engine reports it (MMIO).

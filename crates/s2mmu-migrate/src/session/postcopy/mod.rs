@@ -37,10 +37,8 @@ pub mod control;
 // geteuid and SO_PEERCRED for the control socket's owner checks.
 #[allow(unsafe_code)]
 mod control_guard;
-#[cfg(feature = "sim")]
 pub mod dest;
 // Writes an answered page straight into guest memory.
-#[cfg(feature = "sim")]
 #[allow(unsafe_code)]
 pub mod fetch;
 pub mod source;
