@@ -164,7 +164,10 @@ const MIGRATE_NO_TLS_REFUSALS: &[(&[&str], &[&str])] = &[
     (&["-v", "0"], &["-v", "256"]),
     (&["-x", "0"], &["-x", "512"]),
     (&["--harvest", "ring:0"], &["--harvest ring:0"]),
-    (&["--harvest", "dbm"], &["--harvest", "\"dbm\"", "hw-blocks"]),
+    (
+        &["--harvest", "dbm"],
+        &["--harvest", "\"dbm\"", "hw-blocks"],
+    ),
     (&["--io-timeout", "0s"], &["--io-timeout"]),
     (&["--channels", "0"], &["--channels", "1 to 64"]),
     (&["--attempts", "0"], &["--attempts", "1..=1000"]),

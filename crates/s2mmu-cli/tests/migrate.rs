@@ -11,7 +11,7 @@ use s2mmu_cli::migrate::dest::{receive, receive_from, DestOutcome};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::{self, BoxConn, NetConfig};
-use s2mmu_cli::migrate::source::{migrate_source, Converge, session_harvest, SimRun};
+use s2mmu_cli::migrate::source::{migrate_source, session_harvest, Converge, SimRun};
 use s2mmu_cli::migrate::wire::{tag, Record, WireReader, PAGE_SIZE};
 use s2mmu_vm::Pattern;
 use std::io::{Read, Write};

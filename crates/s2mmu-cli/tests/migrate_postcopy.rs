@@ -14,7 +14,9 @@ use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::{self, BoxConn, Connection, NetConfig, ShutdownHandle};
 use s2mmu_cli::migrate::postcopy::Postcopy;
-use s2mmu_cli::migrate::source::{migrate_source, Converge, session_harvest, SimRun, SourceOutcome};
+use s2mmu_cli::migrate::source::{
+    migrate_source, session_harvest, Converge, SimRun, SourceOutcome,
+};
 use s2mmu_cli::migrate::wire::{tag, PAGE_SIZE};
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -350,6 +352,19 @@ fn a_connection_that_keeps_breaking_ends_in_split_memory() {
     assert_split(&s, "source");
 }
 
+/// A 1 MiB simulated VM in two slots, for post-copy's check.
+fn small_sim_vm() -> s2mmu_migrate::sim::SimVm<s2mmu::format::arm64::Arm64Stage2> {
+    use s2mmu_vm::{Vm, VmConfig};
+    s2mmu_migrate::sim::SimVm::new(std::sync::Arc::new(
+        Vm::new(VmConfig {
+            mem_size: 1 << 20,
+            slots: 2,
+            ..VmConfig::default()
+        })
+        .unwrap(),
+    ))
+}
+
 /// Post-copy's check on its own: the destination's FINAL must be the
 /// source's memory plus exactly the writes of the states it reports.
 #[test]
@@ -359,18 +374,9 @@ fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
     use s2mmu_cli::migrate::wire::GuestState;
     use s2mmu_migrate::sim::source::verify;
     use s2mmu_migrate::sim::state::encode_vcpus;
-    use s2mmu_migrate::sim::SimVm;
-    use s2mmu_vm::{stamp, VcpuState, Vm, VmConfig};
-    use std::sync::Arc;
+    use s2mmu_vm::{stamp, VcpuState};
 
-    let vm: SimVm<s2mmu::format::arm64::Arm64Stage2> = SimVm::new(Arc::new(
-        Vm::new(VmConfig {
-            mem_size: 1 << 20,
-            slots: 2,
-            ..VmConfig::default()
-        })
-        .unwrap(),
-    ));
+    let vm = small_sim_vm();
     let from = VcpuState {
         pass: 3,
         next_page: 10,
@@ -391,8 +397,7 @@ fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
         writes: 102,
         ..from
     };
-    let dest_mem: SimVm<s2mmu::format::arm64::Arm64Stage2> =
-        SimVm::new(Arc::new(Vm::new(vm.vm().config().clone()).unwrap()));
+    let dest_mem = small_sim_vm();
     for p in [10u64, 11] {
         dest_mem.vm().memory().write_u64(p * 4096, stamp(0, 3, p));
     }

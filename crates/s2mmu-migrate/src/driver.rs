@@ -116,27 +116,8 @@ pub fn migrate<S: MigratableVm, D: MigratableVm>(
         });
     }
     s.start_dirty_log().map_err(src("starting dirty logging"))?;
-    let mut rounds = Vec::new();
-    let t = Instant::now();
-    let n = copy_pages(s, d, 0..s.page_count())?;
-    rounds.push(Round {
-        pages: n,
-        time: t.elapsed(),
-    });
     let mut dirty = Vec::new();
-    for _ in 0..policy.max_rounds {
-        let t = Instant::now();
-        dirty.clear();
-        s.harvest_dirty(&mut dirty).map_err(src("harvesting"))?;
-        let n = copy_pages(s, d, dirty.iter().copied())?;
-        rounds.push(Round {
-            pages: n,
-            time: t.elapsed(),
-        });
-        if n <= policy.switch_below_pages {
-            break;
-        }
-    }
+    let rounds = precopy_rounds(s, d, policy, &mut dirty)?;
     let t0 = Instant::now();
     s.pause().map_err(src("pausing"))?;
     let pause_time = t0.elapsed();
@@ -178,6 +159,37 @@ pub fn migrate<S: MigratableVm, D: MigratableVm>(
         dest_digest_time,
         digest_time: t.elapsed(),
     })
+}
+
+/// Round 0 (every page) and the pre-copy rounds after it, until one
+/// copies at most `policy.switch_below_pages` or the rounds run out.
+fn precopy_rounds<S: MigratableVm, D: MigratableVm>(
+    s: &mut S,
+    d: &mut D,
+    policy: &Policy,
+    dirty: &mut Vec<u64>,
+) -> Result<Vec<Round>, MigrateError> {
+    let mut rounds = Vec::new();
+    let t = Instant::now();
+    let n = copy_pages(s, d, 0..s.page_count())?;
+    rounds.push(Round {
+        pages: n,
+        time: t.elapsed(),
+    });
+    for _ in 0..policy.max_rounds {
+        let t = Instant::now();
+        dirty.clear();
+        s.harvest_dirty(dirty).map_err(src("harvesting"))?;
+        let n = copy_pages(s, d, dirty.iter().copied())?;
+        rounds.push(Round {
+            pages: n,
+            time: t.elapsed(),
+        });
+        if n <= policy.switch_below_pages {
+            break;
+        }
+    }
+    Ok(rounds)
 }
 
 /// Stop-and-copy with the source paused: the last dirty pages, the state,

@@ -5,7 +5,7 @@
 //! simulated guest's parts in `s2mmu_migrate::sim`); this chooses, shows
 //! and reports.
 
-use super::dest::{serve, DestOutcome};
+use super::dest::{serve, DestConfig, DestOutcome};
 use super::error::MigrateError;
 use super::migrate_in_process;
 use super::net::NetConfig;
@@ -223,6 +223,38 @@ pub fn policy_label(p: &MmuPolicy) -> &'static str {
     }
 }
 
+/// Serves sources until one migration succeeds, or `--attempts` of them
+/// failed.
+fn serve_attempts(
+    p: &Params,
+    listener: &dyn net::Listener,
+    cfg: &DestConfig,
+    net: &NetConfig,
+) -> Result<DestOutcome, String> {
+    let mut failures = 0;
+    loop {
+        // Connections that fail before they authenticate never come back
+        // from `serve` (it logs them and goes on): every error here is an
+        // authenticated source's attempt.
+        match serve(listener, cfg, net) {
+            Ok(d) => return Ok(d),
+            Err(e) => {
+                failures += 1;
+                if failures >= p.attempts {
+                    return Err(format!(
+                        "the migration failed ({failures} of --attempts {}): {e}",
+                        p.attempts
+                    ));
+                }
+                eprintln!(
+                    "the migration failed ({failures} of --attempts {}): {e}; the guest was not resumed, serving the next source",
+                    p.attempts
+                );
+            }
+        }
+    }
+}
+
 fn listen(p: &Params, addr: &str) -> Result<(), String> {
     p.source_config(p.baseline)?;
     let net = p.net_config()?;
@@ -241,28 +273,7 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         cfg.limits.max_slots,
         cfg.limits.max_channels
     );
-    let mut failures = 0;
-    let d = loop {
-        // Connections that fail before they authenticate never come back
-        // from `serve` (it logs them and goes on): every error here is an
-        // authenticated source's attempt.
-        match serve(&*listener, &cfg, &net) {
-            Ok(d) => break d,
-            Err(e) => {
-                failures += 1;
-                if failures >= p.attempts {
-                    return Err(format!(
-                        "the migration failed ({failures} of --attempts {}): {e}",
-                        p.attempts
-                    ));
-                }
-                eprintln!(
-                    "the migration failed ({failures} of --attempts {}): {e}; the guest was not resumed, serving the next source",
-                    p.attempts
-                );
-            }
-        }
-    };
+    let d = serve_attempts(p, &*listener, &cfg, &net)?;
     let mut r = Report::new("migrate", params_json(p));
     r.result(
         "destination",

@@ -163,6 +163,32 @@ fn source_json(s: &SourceOutcome) -> serde_json::Value {
     })
 }
 
+/// Round 0 per channel count against plain TCP over the same loopback.
+fn channel_table(
+    runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)],
+    text: &mut String,
+) {
+    text.push_str(&format!(
+        "\nRound 0 by channel count (measured on this machine, {} CPUs, this run; % of plain TCP over the same loopback)\n  {:>8} {:>15} {:>16} {:>14} {:>10} {:>10} {:>8}\n",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "channels", "plain TCP MiB/s", "stack link MiB/s", "round 0 MiB/s", "% of plain", "downtime", "memory"
+    ));
+    for (_, s, _, _) in runs {
+        let r0 = s.rounds.first().map_or(0.0, |r| r.bandwidth);
+        let plain = s.plain_link.map_or(0.0, |l| l.bytes_per_s());
+        text.push_str(&format!(
+            "  {:>8} {:>15.0} {:>16.0} {:>14.0} {:>9.0}% {:>8.1}ms {:>8}\n",
+            s.channels,
+            plain / MIB,
+            s.link / MIB,
+            r0 / MIB,
+            100.0 * r0 / plain.max(1.0),
+            s.downtime.as_secs_f64() * 1e3,
+            "equal"
+        ));
+    }
+}
+
 pub(super) fn report(
     p: &Params,
     runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)],
@@ -221,25 +247,7 @@ pub(super) fn report(
         ));
     }
     if p.channel_list().len() > 1 && runs.len() > 1 {
-        text.push_str(&format!(
-            "\nRound 0 by channel count (measured on this machine, {} CPUs, this run; % of plain TCP over the same loopback)\n  {:>8} {:>15} {:>16} {:>14} {:>10} {:>10} {:>8}\n",
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-            "channels", "plain TCP MiB/s", "stack link MiB/s", "round 0 MiB/s", "% of plain", "downtime", "memory"
-        ));
-        for (_, s, _, _) in runs {
-            let r0 = s.rounds.first().map_or(0.0, |r| r.bandwidth);
-            let plain = s.plain_link.map_or(0.0, |l| l.bytes_per_s());
-            text.push_str(&format!(
-                "  {:>8} {:>15.0} {:>16.0} {:>14.0} {:>9.0}% {:>8.1}ms {:>8}\n",
-                s.channels,
-                plain / MIB,
-                s.link / MIB,
-                r0 / MIB,
-                100.0 * r0 / plain.max(1.0),
-                s.downtime.as_secs_f64() * 1e3,
-                "equal"
-            ));
-        }
+        channel_table(runs, &mut text);
     }
     if !p.plot.is_empty() {
         text.push_str(&format!(
