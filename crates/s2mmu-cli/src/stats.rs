@@ -11,51 +11,9 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 use std::time::Duration;
 
-/// `values` sorted ascending, NaNs dropped (a NaN has no rank).
-pub fn sorted(values: &[f64]) -> Vec<f64> {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
-    v.sort_by(f64::total_cmp);
-    v
-}
-
-/// The median of `values` (NaNs ignored): the middle value, or the mean of
-/// the two middle values for an even count; `None` when there is none.
-pub fn median(values: &[f64]) -> Option<f64> {
-    percentile(values, 50.0)
-}
-
-/// The `p`-th percentile (0 to 100) of `values`, NaNs ignored, interpolated
-/// linearly between the two closest ranks (so `p = 50` is [`median`], 0 the
-/// minimum and 100 the maximum). `None` when `values` holds no number or
-/// `p` is outside 0..=100.
-pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
-    if !(0.0..=100.0).contains(&p) {
-        return None;
-    }
-    let v = sorted(values);
-    let last = v.len().checked_sub(1)?;
-    let rank = p / 100.0 * last as f64;
-    let lo = rank.floor() as usize;
-    let hi = rank.ceil() as usize;
-    let frac = rank - lo as f64;
-    Some(v[lo] + (v[hi] - v[lo]) * frac)
-}
-
-/// The median of whole counts, rounded to the nearest count.
-pub fn median_u64(values: &[u64]) -> Option<u64> {
-    let mut v = values.to_vec();
-    v.sort_unstable();
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        // The mean of the middle two without overflow, rounded half up.
-        _ => {
-            let (a, b) = (v[n / 2 - 1], v[n / 2]);
-            Some(a + (b - a).div_ceil(2))
-        }
-    }
-}
+// Sorting, median and percentiles are the migration library's, so a
+// figure means the same in a migration's report and in a benchmark's row.
+pub use s2mmu_migrate::session::stats::{median, median_u64, percentile, sorted};
 
 /// The smallest of `values` (NaNs ignored).
 pub fn min(values: &[f64]) -> Option<f64> {

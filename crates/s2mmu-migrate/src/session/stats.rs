@@ -1,10 +1,10 @@
-//! The few statistics the session's figures use, defined as the CLI's
-//! `stats` defines them (the median of an even count is the mean of the
-//! two middle values; percentiles interpolate between ranks), so that a
-//! figure means the same in the session and in the benchmarks' tables.
+//! The statistics the session's figures use, and the benchmarks' tables
+//! too (the CLI's `stats` re-exports these): the median of an even count
+//! is the mean of the two middle values; percentiles interpolate between
+//! ranks. One definition, so a figure means the same everywhere.
 
 /// `values` sorted ascending, NaNs dropped (a NaN has no rank).
-fn sorted(values: &[f64]) -> Vec<f64> {
+pub fn sorted(values: &[f64]) -> Vec<f64> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
     v.sort_by(f64::total_cmp);
     v
