@@ -762,3 +762,37 @@ guest_probe:
 2:      mov     x0, #2
         hvc     #0
         b       2b
+
+// A guest with its own stage 1 on (tlbi operand checks, src/walk_cache.rs).
+// x0 = TTBR0_EL1 (the IPA of its stage-1 root table), x1 = VA to read,
+// x2 = TCR_EL1, x3 = MAIR_EL1, x4 = SCTLR_EL1 with M set. Reads the VA and
+// reports with HVC (x0 = 2, x1 = the value) again and again: the host
+// changes stage 2 between two reads. The host runs it with HCR_EL2.DC
+// clear (DC makes stage 1 behave as off). An exception at EL1 (a stage-1
+// fault) is reported with HVC x0 = 5, x1 = ESR_EL1, x2 = FAR_EL1.
+        .global guest_s1_probe
+guest_s1_probe:
+        adr     x5, guest_el1_vectors
+        msr     vbar_el1, x5
+        msr     mair_el1, x3
+        msr     tcr_el1, x2
+        msr     ttbr0_el1, x0
+        isb
+        msr     sctlr_el1, x4
+        isb
+        mov     x6, x1
+1:      ldr     x1, [x6]
+        mov     x0, #2
+        hvc     #0
+        b       1b
+
+        .balign 2048
+guest_el1_vectors:
+        .rept   16
+        mov     x0, #5
+        mrs     x1, esr_el1
+        mrs     x2, far_el1
+        hvc     #0
+        b       .
+        .balign 128
+        .endr

@@ -40,6 +40,7 @@ pub mod ram;
 pub mod stage2;
 pub mod tlbi;
 pub mod vm;
+pub mod walk_cache;
 pub mod workload;
 
 use std::fmt;
@@ -107,13 +108,16 @@ pub fn image() -> Result<&'static [u8]> {
 /// Guest code entry points in the image.
 #[cfg(s2mmu_arm64_image)]
 pub(crate) mod entry {
-    pub use super::symbols::{GUEST_MEMSTRESS as MEMSTRESS, GUEST_PROBE as PROBE};
+    pub use super::symbols::{
+        GUEST_MEMSTRESS as MEMSTRESS, GUEST_PROBE as PROBE, GUEST_S1_PROBE as S1_PROBE,
+    };
 }
 /// Guest code entry points in the image (none without one).
 #[cfg(not(s2mmu_arm64_image))]
 pub(crate) mod entry {
     pub const MEMSTRESS: u64 = 0;
     pub const PROBE: u64 = 0;
+    pub const S1_PROBE: u64 = 0;
 }
 
 /// The guest probe's entry point (one load or store, then HVC with what it

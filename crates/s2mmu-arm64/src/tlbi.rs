@@ -98,6 +98,8 @@ pub struct HypSink {
     service: Mutex<()>,
     drop_next: AtomicU64,
     answer_broadcasts: AtomicBool,
+    skew_ipa: AtomicU64,
+    drop_stage1: AtomicBool,
     fault_sequences: AtomicU64,
     fault_service_sequences: AtomicU64,
     host_sequences: AtomicU64,
@@ -118,6 +120,8 @@ impl HypSink {
             service: Mutex::new(()),
             drop_next: AtomicU64::new(0),
             answer_broadcasts: AtomicBool::new(false),
+            skew_ipa: AtomicU64::new(0),
+            drop_stage1: AtomicBool::new(false),
             fault_sequences: AtomicU64::new(0),
             fault_service_sequences: AtomicU64::new(0),
             host_sequences: AtomicU64::new(0),
@@ -150,6 +154,45 @@ impl HypSink {
     /// what sees it. Never use outside such a test.
     pub fn answer_fault_broadcasts(&self, on: bool) {
         self.answer_broadcasts.store(on, Ordering::Release);
+    }
+
+    /// Fault injection for the checks that judge a TLBI's operand
+    /// ([`crate::walk_cache`]): from now on every by-IPA operand
+    /// (`TLBI IPAS2E1IS`, `IPAS2E1`, the base of `RIPAS2E1IS`) has `by`
+    /// added to its address field (4 KiB units in an `IPAS2E1*` operand,
+    /// granules in a range's base: one page either way with 4K pages), so
+    /// it names another page than the one the engine asked for (0: as
+    /// asked). Never use outside such a test.
+    pub fn skew_ipa_operands(&self, by: u64) {
+        self.skew_ipa.store(by, Ordering::Release);
+    }
+
+    /// Fault injection for the same checks: with `on`, the stage-1
+    /// invalidation that ends each sequence (`TLBI VMALLE1IS` or
+    /// `VMALLE1`) is left out, so combined stage-1+2 entries survive a
+    /// stage-2 change. Never use outside such a test.
+    pub fn drop_stage1_flushes(&self, on: bool) {
+        self.drop_stage1.store(on, Ordering::Release);
+    }
+
+    /// `insn` as the injected faults change it; `None`: left out.
+    fn injected(&self, insn: Insn) -> Option<Insn> {
+        match insn {
+            Insn::Tlbi {
+                op: TlbiOp::Vmalle1is | TlbiOp::Vmalle1,
+                ..
+            } if self.drop_stage1.load(Ordering::Acquire) => None,
+            Insn::Tlbi {
+                op: op @ (TlbiOp::Ipas2e1is | TlbiOp::Ipas2e1 | TlbiOp::Ripas2e1is),
+                operand,
+            } => Some(Insn::Tlbi {
+                op,
+                // The address field is the operand's low bits (IPA >> 12,
+                // or the range's BADDR in granules).
+                operand: operand.wrapping_add(self.skew_ipa.load(Ordering::Acquire)),
+            }),
+            other => Some(other),
+        }
     }
 
     /// The counters so far.
@@ -243,6 +286,9 @@ impl HypSink {
 
 impl TlbiSink for HypSink {
     fn emit(&self, insn: Insn) {
+        let Some(insn) = self.injected(insn) else {
+            return;
+        };
         if matches!(insn, Insn::Tlbi { .. }) {
             self.tlbis.fetch_add(1, Ordering::Relaxed);
         }

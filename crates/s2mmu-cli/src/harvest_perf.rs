@@ -313,10 +313,7 @@ pub fn run(p: &Params, bar: &Progress) -> Result<Report, String> {
          CLEAR vs a walk per run: {:.2}x time\n\
          Word scan vs per-leaf walk: {:.1}x faster\n\
          [target: harvest under {} for {} (20 ms per 64 GiB, half the DBM RFC's ~40 ms): {}]\n",
-        match p.format {
-            FormatArg::Arm64 => "arm64 DBM",
-            FormatArg::Ept => "x86 EPT dirty flags",
-        },
+        p.format.hardware_dirty(),
         human_bytes(p.size),
         p.dirty_every,
         s.found,

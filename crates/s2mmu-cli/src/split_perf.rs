@@ -23,8 +23,9 @@ use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
 use crate::stats::Summary;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::format::ept::EptFormat;
 use s2mmu::{HostMmOps, PageTable, PteFormat, SplitPolicy};
+use s2mmu_cli::vm_format::WithFormat;
+use s2mmu_vm::VmFormat;
 use serde_json::json;
 use std::time::Duration;
 
@@ -204,20 +205,39 @@ fn check<F: PteFormat>(p: &Params, fmt: F) -> Result<F, String> {
 /// # Errors
 /// A message naming what failed (bad size, allocation failure).
 pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
-    match p.format {
-        FormatArg::Arm64 => {
-            let fmt = Arm64Stage2::new(p.granule, 48).map_err(|e| e.to_string())?;
+    match (p.format, p.granule) {
+        (format, Granule::K4) => format.with(SplitOn { p, progress }),
+        // The other granules are arm64's.
+        (FormatArg::Arm64, granule) => {
+            let fmt = Arm64Stage2::new(granule, 48).map_err(|e| e.to_string())?;
             run_on(p, fmt, progress)
         }
-        FormatArg::Ept if p.granule != Granule::K4 => Err(format!(
-            "--format ept has 4 KiB pages only: not with --granule {:?}",
-            p.granule
+        (format, granule) => Err(format!(
+            "--format {} has 4 KiB pages only: not with --granule {granule:?}",
+            format.name()
         )),
-        FormatArg::Ept => run_on(p, EptFormat::new(4).map_err(|e| e.to_string())?, progress),
     }
 }
 
-fn run_on<F: PteFormat + Copy>(p: &Params, fmt: F, progress: bool) -> Result<Report, String> {
+/// [`run_on`] the format type [`FormatArg::with`] gives, 4 KiB pages and
+/// 48 address bits.
+struct SplitOn<'a> {
+    p: &'a Params,
+    progress: bool,
+}
+
+impl WithFormat for SplitOn<'_> {
+    type Output = Result<Report, String>;
+    fn call<F: VmFormat>(self) -> Result<Report, String> {
+        run_on(
+            self.p,
+            F::for_vm(48).map_err(|e| e.to_string())?,
+            self.progress,
+        )
+    }
+}
+
+fn run_on<F: PteFormat>(p: &Params, fmt: F, progress: bool) -> Result<Report, String> {
     let fmt = check(p, fmt)?;
     let mm = HostMmOps::new(fmt.page_size() as usize).map_err(|e| e.to_string())?;
     let mut report = Report::new(
@@ -238,7 +258,7 @@ fn run_on<F: PteFormat + Copy>(p: &Params, fmt: F, progress: bool) -> Result<Rep
     let mut rows = Vec::new();
     for case in &all {
         bar.message(&case.name);
-        let samples = measure::case(fmt, &mm, p, case, &bar)?;
+        let samples = measure::case(fmt.clone(), &mm, p, case, &bar)?;
         rows.extend(report::case_rows(&mut report, case, &samples));
     }
     // Floor: write the last-level tables a level-2-backed split creates.

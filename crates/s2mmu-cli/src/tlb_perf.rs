@@ -317,7 +317,7 @@ mod tests {
         // 1 GiB slot, limit 2^16 pages (256 MiB): 4 split calls or 1 VMID
         // flush per clear; 256 MiB chunks: 4 clears. The same on both
         // formats: the invalidation policy is the engine's, not the table's.
-        for format in [FormatArg::Arm64, FormatArg::Ept] {
+        for &format in FormatArg::all() {
             let p = Params {
                 format,
                 ..params("1G", "256M")

@@ -3,10 +3,14 @@
 //! generic over [`s2mmu_vm::VmFormat`].
 //!
 //! This is the one place a format's name becomes a type
-//! ([`FormatArg::with`]); the migration stream carries a format as a
-//! [`WireFormat`] code, which the command line's spelling cannot change.
-//! Adding a format: its `VmFormat` impl in s2mmu-vm, a variant here in
-//! [`FormatArg`] and [`WireFormat`] (a new code), and its arm in `with`.
+//! ([`FormatArg::with`]) or the words a report uses for it
+//! ([`FormatArg::title`], [`FormatArg::hardware_dirty`]); the rest of the
+//! command iterates [`FormatArg::all`] and dispatches through `with`. The
+//! migration stream carries a format as a [`WireFormat`] code, which the
+//! command line's spelling cannot change. Adding a format: its `VmFormat`
+//! impl in s2mmu-vm, and here a variant in [`FormatArg`] and
+//! [`WireFormat`] (a new code) with its arms in `with`, `words` and the
+//! conversions.
 
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
@@ -52,6 +56,29 @@ impl FormatArg {
     /// The name the option takes (the type's [`VmFormat::NAME`]).
     pub fn name(self) -> &'static str {
         self.with(Name)
+    }
+
+    /// Every format, in the order `--format` lists them.
+    pub fn all() -> &'static [FormatArg] {
+        <FormatArg as clap::ValueEnum>::value_variants()
+    }
+
+    /// What reports call the format's tables ("arm64 stage 2").
+    pub fn title(self) -> &'static str {
+        self.words().0
+    }
+
+    /// What reports call the format's hardware dirty state ("arm64 DBM").
+    pub fn hardware_dirty(self) -> &'static str {
+        self.words().1
+    }
+
+    /// The words of [`FormatArg::title`] and [`FormatArg::hardware_dirty`].
+    fn words(self) -> (&'static str, &'static str) {
+        match self {
+            FormatArg::Arm64 => ("arm64 stage 2", "arm64 DBM"),
+            FormatArg::Ept => ("x86 EPT", "x86 EPT dirty flags"),
+        }
     }
 }
 
@@ -112,7 +139,8 @@ mod tests {
 
     #[test]
     fn names_and_codes_round_trip() {
-        for f in [FormatArg::Arm64, FormatArg::Ept] {
+        assert_eq!(FormatArg::all(), [FormatArg::Arm64, FormatArg::Ept]);
+        for &f in FormatArg::all() {
             let w = WireFormat::from(f);
             assert_eq!(WireFormat::of_code(w.code()), Some(w));
             assert_eq!(w.arg(), f);
@@ -121,5 +149,7 @@ mod tests {
         assert_eq!(FormatArg::Arm64.name(), "arm64");
         assert_eq!(FormatArg::Ept.name(), "ept");
         assert_eq!(WireFormat::of_code(2), None);
+        assert_eq!(FormatArg::Ept.title(), "x86 EPT");
+        assert_eq!(FormatArg::Arm64.hardware_dirty(), "arm64 DBM");
     }
 }

@@ -45,6 +45,14 @@ fn skip_reason() -> Option<String> {
 
 #[test]
 fn dirty_log_perf_arm64_check_is_exact() {
+    // The binary these runs start is built with the break-before-make
+    // monitor (the dev-dependency's feature): a violation fails the run.
+    const {
+        assert!(
+            s2mmu::bbm::ENABLED,
+            "the s2mmu binary's tests build the monitor in"
+        )
+    };
     let _one = serial();
     if let Some(why) = skip_reason() {
         eprintln!("skipped: {why}");
@@ -297,10 +305,20 @@ fn tlb_perf_arm64_counts_round_trips_per_policy() {
             "{e}"
         );
     }
+    // The check QEMU can fail on a wrong TLBI operand (tests/walk_cache.rs
+    // in s2mmu-arm64 shows it failing with the operand one page off).
+    let operand = &setup["operand_check"];
+    assert_eq!(operand["walk_fault"], true, "{setup}");
+    assert_eq!(operand["table_ipa"], 4u64 << 30, "{setup}");
+    assert!(operand["tlbis"].as_u64() >= Some(2), "{setup}");
     let out = s2mmu(&args);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     assert!(text.contains("[target 1 instead of 8: PASS]"), "{text}");
+    assert!(
+        text.contains("operand check (CPU 0, the guest's stage 1 on)"),
+        "{text}"
+    );
     assert!(text.contains("Chunked/WholeVmid 8 of 8"), "{text}");
     assert!(text.contains("emulator's"), "{text}");
 }

@@ -95,10 +95,11 @@ pub(super) fn check_params(p: &Params) -> Result<(), String> {
             "--dirty with several modes runs its side-by-side table on the simulated VM, for one vCPU count: not with --arm64, --kvm, --compare, --check, --policy both or a -v list".into(),
         );
     }
-    if p.format == FormatArg::Ept && (p.arm64 || p.kvm || p.compare) {
-        return Err(
-            "--format ept runs on the simulated VM: --arm64 is QEMU's arm64 model, and --kvm/--compare use the host's own stage-2 format".into(),
-        );
+    if p.format != FormatArg::Arm64 && (p.arm64 || p.kvm || p.compare) {
+        return Err(format!(
+            "--format {} runs on the simulated VM: --arm64 is QEMU's arm64 model, and --kvm/--compare use the host's own stage-2 format",
+            p.format.name()
+        ));
     }
     Ok(())
 }

@@ -1,8 +1,6 @@
 //! Running the selftest flow on the engine's simulated VM: the settings
 //! derived from the flags, the VM and workload, and the timed phases.
 
-use s2mmu::format::arm64::Arm64Stage2;
-use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
 use s2mmu::SplitPolicy;
@@ -11,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{lost, modes, EngineIteration, EngineRun, FormatArg, Params, RecoverArg};
+use s2mmu_cli::vm_format::WithFormat;
 
 /// Engine-run settings derived from the options.
 #[derive(Clone, Copy, Debug)]
@@ -280,10 +279,23 @@ fn diff(a: &FaultStats, b: &FaultStats) -> FaultStats {
 
 /// Runs the flow on the memslot store and stage-2 format the flags name.
 pub(super) fn engine(spec: RunSpec, memslots: &str) -> Result<EngineRun, String> {
-    match (memslots, spec.format) {
-        ("array", FormatArg::Arm64) => run_engine::<ArrayMemslots, Arm64Stage2>(spec, memslots),
-        ("array", FormatArg::Ept) => run_engine::<ArrayMemslots, EptFormat>(spec, memslots),
-        (_, FormatArg::Arm64) => run_engine::<TreeMemslots, Arm64Stage2>(spec, memslots),
-        (_, FormatArg::Ept) => run_engine::<TreeMemslots, EptFormat>(spec, memslots),
+    let format = spec.format;
+    format.with(EngineOn { spec, memslots })
+}
+
+/// [`run_engine`] on the memslot store `memslots` names, for the format
+/// type [`FormatArg::with`] gives.
+struct EngineOn<'a> {
+    spec: RunSpec,
+    memslots: &'a str,
+}
+
+impl WithFormat for EngineOn<'_> {
+    type Output = Result<EngineRun, String>;
+    fn call<F: VmFormat>(self) -> Result<EngineRun, String> {
+        match self.memslots {
+            "array" => run_engine::<ArrayMemslots, F>(self.spec, self.memslots),
+            _ => run_engine::<TreeMemslots, F>(self.spec, self.memslots),
+        }
     }
 }

@@ -73,7 +73,7 @@ pub(super) fn all(quick: bool, no_kvm: bool) -> Result<Vec<Experiment>, String> 
         seed_003(quick)?,
         seed_004(quick)?,
     ];
-    for format in [FormatArg::Arm64, FormatArg::Ept] {
+    for &format in FormatArg::all() {
         v.push(dirty_modes(quick, format)?);
     }
     if !no_kvm {
@@ -221,15 +221,13 @@ fn dirty_modes(q: bool, format: FormatArg) -> Result<Experiment, String> {
         d.runs.unwrap_or(1)
     );
     Ok(Experiment {
-        id: match format {
-            FormatArg::Arm64 => "dirty-modes-arm64",
-            FormatArg::Ept => "dirty-modes-ept",
-        },
+        // The list is made once per run: its names live as long as it.
+        id: String::leak(format!("dirty-modes-{}", format.name())),
         seed: None,
-        heading: match format {
-            FormatArg::Arm64 => "Dirty-tracking modes, arm64 stage 2 (issue 16)",
-            FormatArg::Ept => "Dirty-tracking modes, x86 EPT (issue 16)",
-        },
+        heading: String::leak(format!(
+            "Dirty-tracking modes, {} (issue 16)",
+            format.title()
+        )),
         title: TITLE_MODES,
         published: PUBLISHED_MODES,
         command,

@@ -86,14 +86,15 @@ fn split_chunked<F: PteFormat>(
     Ok((t0.elapsed(), total))
 }
 
-pub(super) fn build<F: PteFormat + Copy>(
+pub(super) fn build<F: PteFormat>(
     fmt: F,
     mm: &HostMmOps,
     base: u64,
     size: u64,
     backing: Backing,
 ) -> Result<Table<F>, String> {
-    let mut pt = PageTable::new(fmt, mm.clone(), Arc::new(NoTlb)).map_err(|e| e.to_string())?;
+    let mut pt =
+        PageTable::new(fmt.clone(), mm.clone(), Arc::new(NoTlb)).map_err(|e| e.to_string())?;
     let mut cache = PageCache::new(mm.clone());
     cache
         .top_up(pt.split_capacity(size) + 4)
@@ -121,7 +122,7 @@ pub(super) fn build<F: PteFormat + Copy>(
 /// One case: `p.runs` rounds of every policy, the order rotated each round
 /// so no policy always runs first; the samples per policy in `POLICIES`
 /// order.
-pub(super) fn case<F: PteFormat + Copy>(
+pub(super) fn case<F: PteFormat>(
     fmt: F,
     mm: &HostMmOps,
     p: &Params,
@@ -133,7 +134,7 @@ pub(super) fn case<F: PteFormat + Copy>(
     // The already-split table does not change under a split, so build
     // it once (a CLEAR write-protects it: fresh tables there).
     let mut shared = if case.backing == Backing::Pages && case.mode != Mode::Clear {
-        Some(build(fmt, mm, base, p.size, case.backing)?)
+        Some(build(fmt.clone(), mm, base, p.size, case.backing)?)
     } else {
         None
     };
@@ -145,7 +146,7 @@ pub(super) fn case<F: PteFormat + Copy>(
             let pt = match shared.as_mut() {
                 Some(pt) => pt,
                 None => {
-                    fresh = build(fmt, mm, base, p.size, case.backing)?;
+                    fresh = build(fmt.clone(), mm, base, p.size, case.backing)?;
                     &mut fresh
                 }
             };

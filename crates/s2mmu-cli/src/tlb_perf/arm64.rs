@@ -22,6 +22,7 @@ use s2mmu::tlb::LargeRangePolicy;
 use s2mmu_arm64::effect::{protect_effect, spread, ProtectEffect};
 use s2mmu_arm64::layout;
 use s2mmu_arm64::vm::{Arm64Mmu, Arm64Vm, VmConfig};
+use s2mmu_arm64::walk_cache::{change_stage1_table, AfterMove, Stage2Change, WalkCacheReport};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -245,7 +246,7 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
         ..MmuPolicy::default()
     };
     let vm = Arm64Vm::new(
-        machine,
+        machine.clone(),
         &VmConfig {
             policy,
             table_bytes: a64::TABLE_BYTES,
@@ -281,12 +282,45 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
     let effect = bench.effect()?;
     drop(bench);
     drop(vm);
+    let operand = operand_check(&machine)?;
     let facts = Facts {
         slot,
         boot_time,
         effect,
+        operand,
     };
     report(p, &rows, &facts)
+}
+
+/// Where the operand check's guest maps itself (a gigabyte of its own).
+const OPERAND_GPA: u64 = 4 << 30;
+
+/// The check QEMU can fail on a wrong TLBI operand
+/// ([`s2mmu_arm64::walk_cache`]), on a fresh VM of the same machine once
+/// the benchmark's is gone: a guest with its own stage 1 on reads a page,
+/// the host moves the page that holds the guest's stage-1 root table, and
+/// the guest's next access must take a stage-2 abort on its stage-1 walk
+/// at that page's IPA. The timed cycles above run with no guest and the
+/// effect check with the guest's stage 1 off, where QEMU cannot tell an
+/// invalidation of the wrong IPA from the right one.
+///
+/// # Errors
+/// The model's or the engine's errors, or an access that went through a
+/// stale translation.
+fn operand_check(
+    machine: &std::sync::Arc<s2mmu_arm64::machine::Machine>,
+) -> Result<WalkCacheReport, String> {
+    let e = |e: s2mmu_arm64::Arm64Error| e.to_string();
+    let vm = Arm64Vm::new(machine.clone(), &VmConfig::default()).map_err(e)?;
+    let spare = Stage2Change::MoveTablePage(layout::DATA + (64 << 10));
+    let r = change_stage1_table(&vm, BIG_SLOT, OPERAND_GPA, layout::DATA, spare, 0).map_err(e)?;
+    if r.after != (AfterMove::WalkFault { ipa: OPERAND_GPA }) {
+        return Err(format!(
+            "operand check: after the guest's stage-1 table page at IPA {OPERAND_GPA:#x} moved, its next access did {:x?}, not a stage-2 abort on its walk at that IPA: the invalidation missed the page",
+            r.after
+        ));
+    }
+    Ok(r)
 }
 
 /// What the report says besides the rows.
@@ -296,6 +330,9 @@ struct Facts {
     /// The effect check of each mode and policy (every page protected,
     /// or the run failed).
     effect: Vec<(Mode, LargeRangePolicy, ProtectEffect)>,
+    /// The operand check (a walk fault at the table's IPA, or the run
+    /// failed).
+    operand: WalkCacheReport,
 }
 
 fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
@@ -310,6 +347,12 @@ fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
                 "mode": format!("{m:?}").to_lowercase(), "policy": format!("{pol:?}"),
                 "pages": e.pages, "protected": e.protected, "stale": e.stale.len(),
             })).collect::<Vec<_>>(),
+            "operand_check": {
+                "table_ipa": f.operand.table_ipa,
+                "walk_fault": matches!(f.operand.after, AfterMove::WalkFault { .. }),
+                "sequences": f.operand.sequences,
+                "tlbis": f.operand.tlbis,
+            },
         }),
     );
     let model = ModelRows {
@@ -411,6 +454,10 @@ fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
     s += &format!(
         "effect check (CPU 0, idle at EL2 between probes): pages written through a cached writable translation, then GET + CLEAR, then written again; second writes that took a permission fault: {}\n",
         checked.join(", ")
+    );
+    s += &format!(
+        "operand check (CPU 0, the guest's stage 1 on): its stage-1 table page at IPA {:#x} moved ({} sequence(s), {} TLBIs), its next access took a stage-2 abort on its walk at that IPA (a TLBI naming another IPA leaves QEMU's walk cache and the access goes through)\n",
+        f.operand.table_ipa, f.operand.sequences, f.operand.tlbis
     );
     s
 }

@@ -351,6 +351,16 @@ unsafe impl PteFormat for Arm64Stage2 {
     }
 }
 
+/// Every configuration the format accepts (each granule, 32 to 52 IPA
+/// bits), for the conformance suite (`format/conformance.rs`).
+#[cfg(all(test, feature = "std"))]
+pub(super) fn conformance_configs() -> alloc::vec::Vec<Arm64Stage2> {
+    [Granule::K4, Granule::K16, Granule::K64]
+        .into_iter()
+        .flat_map(|g| (32..=52).filter_map(move |bits| Arm64Stage2::new(g, bits).ok()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

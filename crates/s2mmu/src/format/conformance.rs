@@ -3,18 +3,18 @@
 //! and 5 levels), the way `dirty/conformance.rs` checks every tracker: the
 //! trait's `# Safety` obligations, which the walker's raw-pointer indexing
 //! rests on, as proptest properties over addresses, levels, permissions and
-//! arbitrary descriptor values. A new format is added to [`formats`] and
-//! runs them all.
+//! arbitrary descriptor values. A new format lists its configurations in
+//! its own file (`conformance_configs`) and its name in `format/mod.rs`'s
+//! `formats!`, and runs them all.
 
 use super::arm64::{Arm64Stage2, Granule};
-use super::ept::EptFormat;
 use super::{Prot, PteFormat};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use proptest::prelude::*;
 
 /// One format under test, as the generic checks see it.
-trait Check {
+pub(super) trait Check {
     fn geometry(&self);
     fn entries(&self, pa_seed: u64, level_seed: u32, prot_bits: u32, offset_seed: u64, any: u64);
 }
@@ -30,18 +30,7 @@ impl<F: PteFormat + core::fmt::Debug> Check for F {
 
 /// Every format the engine ships, in every configuration it accepts.
 fn formats() -> Vec<Box<dyn Check>> {
-    let mut v: Vec<Box<dyn Check>> = Vec::new();
-    for g in [Granule::K4, Granule::K16, Granule::K64] {
-        for bits in 32..=52 {
-            if let Ok(f) = Arm64Stage2::new(g, bits) {
-                v.push(Box::new(f));
-            }
-        }
-    }
-    for levels in [4, 5] {
-        v.push(Box::new(EptFormat::new(levels).unwrap()));
-    }
-    v
+    super::conformance_formats()
 }
 
 /// The geometry obligations, and that every address of the IPA space

@@ -259,6 +259,16 @@ unsafe impl PteFormat for EptFormat {
     }
 }
 
+/// Every configuration the format accepts (4 and 5 levels), for the
+/// conformance suite (`format/conformance.rs`).
+#[cfg(all(test, feature = "std"))]
+pub(super) fn conformance_configs() -> alloc::vec::Vec<EptFormat> {
+    [4, 5]
+        .into_iter()
+        .map(|levels| EptFormat::new(levels).expect("EPT has 4 and 5 levels"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

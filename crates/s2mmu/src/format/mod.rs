@@ -5,10 +5,33 @@
 //! is a table, how to build a leaf. [`arm64`] is the VMSAv8-64 stage-2
 //! format, [`ept`] the x86 EPT format.
 
-pub mod arm64;
 #[cfg(all(test, feature = "std"))]
 mod conformance;
-pub mod ept;
+
+/// The formats the engine ships, one name each: declares its module and
+/// gives the conformance suite the configurations it lists
+/// (`conformance_configs`, in its file). Adding a format is its file and
+/// its name here.
+macro_rules! formats {
+    ($($module:ident),* $(,)?) => {
+        $(pub mod $module;)*
+
+        /// Every configuration of every format, for the conformance suite.
+        #[cfg(all(test, feature = "std"))]
+        fn conformance_formats() -> alloc::vec::Vec<alloc::boxed::Box<dyn conformance::Check>> {
+            let mut v: alloc::vec::Vec<alloc::boxed::Box<dyn conformance::Check>> =
+                alloc::vec::Vec::new();
+            $(
+                for f in $module::conformance_configs() {
+                    v.push(alloc::boxed::Box::new(f));
+                }
+            )*
+            v
+        }
+    };
+}
+
+formats!(arm64, ept);
 
 use core::fmt;
 
