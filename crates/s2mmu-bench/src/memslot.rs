@@ -1,4 +1,4 @@
-//! `s2mmu memslot-perf`: the scenarios of KVM's `memslot_perf_test`, run on the engine's
+//! The engine of `s2mmu memslot-perf`: the scenarios of KVM's `memslot_perf_test`, run on the engine's
 //! two memslot policies side by side (array = "Before", tree = "After", as in the scalable
 //! memslots cover letter).
 //!
@@ -16,23 +16,21 @@
 use std::time::Duration;
 
 mod guest;
-mod report;
 mod scenarios;
 
 use guest::*;
-use report::*;
 use scenarios::*;
 
-use crate::progress::Progress;
 use crate::stats::paired_ratio;
+use crate::Progress;
 use s2mmu::memslot::{
     ArrayMemslots, MemslotStore, NoStage2, SlotFlags, SlotLookup, Stage2Invalidate, TreeMemslots,
     UserMemoryRegion, VcpuSlotCache,
 };
-use serde_json::{json, Value};
 
 const PAGE_SHIFT: u32 = 12;
-const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
+/// The guest page size.
+pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
 /// `MEM_GPA` of the selftest: where the test area starts in guest-physical space.
 const MEM_GPA: u64 = 256 << 20;
 /// `MEM_TEST_MOVE_SIZE`: the window the guest writes in the move tests.
@@ -131,7 +129,7 @@ const MAX_SLOT_COUNTS: usize = 16;
 ///
 /// # Errors
 /// `-s`/`--slots`, `-r`/`--runs` or `-l`/`--seconds` out of range.
-fn check(params: &MemslotPerfParams) -> Result<(), String> {
+pub fn check(params: &MemslotPerfParams) -> Result<(), String> {
     let max = s2mmu::memslot::KVM_USER_MEM_SLOTS;
     if params.slots.is_empty() || params.slots.len() > MAX_SLOT_COUNTS {
         return Err(format!(
@@ -162,7 +160,10 @@ fn check(params: &MemslotPerfParams) -> Result<(), String> {
 /// A message when the parameters make no sense (no slot counts, zero runs) or when the
 /// guest memory cannot be mapped or a guest saw wrong data.
 /// `bar` advances after each scenario run.
-pub fn run_with(params: &MemslotPerfParams, bar: &Progress) -> Result<MemslotPerfReport, String> {
+pub fn run_with(
+    params: &MemslotPerfParams,
+    bar: &dyn Progress,
+) -> Result<MemslotPerfReport, String> {
     check(params)?;
     let mut results = Vec::new();
     for &nslots in &params.slots {
@@ -177,7 +178,7 @@ pub fn run_with(params: &MemslotPerfParams, bar: &Progress) -> Result<MemslotPer
 
 /// The selftest's scenarios: name, test area, and whether its setup counts towards the
 /// `slot_setup` row (the tests on the full area do).
-const SCENARIO_TABLE: [(&str, bool); 6] = [
+pub const SCENARIO_TABLE: [(&str, bool); 6] = [
     ("map", false),
     ("unmap", false),
     ("unmap_chunked", false),
@@ -240,7 +241,7 @@ fn one_run<S: MemslotStore>(
 fn run_both(
     params: &MemslotPerfParams,
     nslots: u32,
-    bar: &Progress,
+    bar: &dyn Progress,
 ) -> Result<Vec<CaseResult>, String> {
     const POLICIES: [&str; 2] = [
         <ArrayMemslots as MemslotStore>::POLICY,
@@ -337,114 +338,48 @@ impl CaseResult {
     }
 }
 
-/// Options of `memslot-perf`.
-#[derive(Clone, Debug, clap::Args)]
-// "-1" is a value (refused naming its flag), not an unknown flag.
-#[command(allow_negative_numbers = true)]
-pub struct Args {
-    /// Slot counts, one table each (the selftest's `-s`): each 1 to 32764, at most 16 counts.
-    #[arg(
-        short = 's',
-        long,
-        value_delimiter = ',',
-        default_values_t = [10u32, 30, 50, 100, 509, 32764],
-        value_parser = clap::value_parser!(u32).range(1..=i64::from(s2mmu::memslot::KVM_USER_MEM_SLOTS))
-    )]
-    pub slots: Vec<u32>,
-    /// Seconds per scenario run (the selftest's `-l`), more than 0 and at most 60.
-    #[arg(short = 'l', long, default_value_t = 0.5, value_parser = parse_seconds)]
-    pub seconds: f64,
-    /// Runs per scenario (the selftest's `-r`), 1 to 100; tables show the median.
-    #[arg(short = 'r', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub runs: u32,
-    /// Single slot moves and deletes timed per slot count, 1 to 100000.
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub single_ops: u32,
-    /// Random gfn lookups timed per slot count, 1000 to 10000000.
-    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1000..=10_000_000))]
-    pub lookups: u32,
-    /// Add a column with the same slot setup, move and delete done on the host's real KVM
-    /// (`KVM_SET_USER_MEMORY_REGION`); skipped with a message where `/dev/kvm` is unusable.
-    #[arg(long)]
-    pub kvm: bool,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    pub json: bool,
-    /// No progress on stderr.
-    #[arg(long, short)]
-    pub quiet: bool,
-}
-
-/// `-l`: a number of seconds, more than 0 and at most 60.
-fn parse_seconds(s: &str) -> Result<f64, String> {
-    let x: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
-    if x.is_nan() || x <= 0.0 || x > 60.0 {
-        return Err("more than 0 and at most 60 seconds".into());
-    }
-    Ok(x)
-}
-
-impl Args {
-    fn params(&self) -> MemslotPerfParams {
-        MemslotPerfParams {
-            slots: self.slots.clone(),
-            run_seconds: self.seconds,
-            runs: self.runs,
-            single_ops: self.single_ops,
-            lookups: self.lookups,
-            ..MemslotPerfParams::default()
-        }
-    }
-}
-
-/// Runs `memslot-perf` and prints its report.
+/// The real-KVM rows: setup, one move and one delete at each slot count, on the same area
+/// as the engine's `Slot setup` row.
 ///
 /// # Errors
-/// As [`run_report`].
-pub fn main(args: Args) -> Result<(), String> {
-    let report = run_report(&args)?;
-    crate::report::emit(&report, args.json);
-    Ok(())
-}
-
-/// Runs every scenario at every slot count on both policies (and on real KVM with
-/// `--kvm`), and builds the report with its target lines.
-///
-/// # Errors
-/// Bad options, guest memory that cannot be mapped, or wrong data seen by a guest.
-/// Real KVM being unusable is not an error: the column is left out with a note.
-pub fn run_report(args: &Args) -> Result<crate::report::Report, String> {
-    let params = args.params();
-    check(&params)?;
-    // Each scenario runs `runs` times on each policy, at each slot count.
-    let steps = (params.slots.len() * SCENARIO_TABLE.len() * 2) as u64 * u64::from(params.runs);
-    let bar = Progress::new("memslot-perf", steps, !args.quiet);
-    let mut report = run_with(&params, &bar)?;
-    drop(bar);
-    let mut notes = Vec::new();
-    if args.kvm {
-        match kvm_rows(&params) {
-            Ok(rows) => report.kvm = Some(rows),
-            Err(e) => notes.push(format!("KVM column left out: {e}")),
+/// Why `/dev/kvm` is unusable, or which slot count KVM refused.
+pub fn kvm_rows(params: &MemslotPerfParams) -> Result<Vec<CaseResult>, String> {
+    if let Some(why) = s2mmu_kvm::kvm_unusable_reason() {
+        return Err(why);
+    }
+    let mut rows = Vec::new();
+    for &nslots in &params.slots {
+        // The VM's slot 0 is the selftest's default slot, so KVM takes one test slot fewer
+        // than KVM_CAP_NR_MEMSLOTS; the row says how many it used.
+        let t = match s2mmu_kvm::memslot_perf::kvm_memslot_ops(nslots, params.mem_bytes) {
+            Err(s2mmu_kvm::Error::TooManySlots { max, .. }) if max > 1 => {
+                s2mmu_kvm::memslot_perf::kvm_memslot_ops((max - 1) as u32, params.mem_bytes)
+            }
+            other => other,
         }
+        .map_err(|e| format!("{nslots} slots: {e}"))?;
+        let one = |case: &'static str, d: Duration, runs: u32| CaseResult {
+            case,
+            slots: nslots,
+            slots_used: t.nslots,
+            policy: "kvm".into(),
+            median_ns: d.as_nanos() as f64,
+            min_ns: f64::NAN,
+            max_ns: f64::NAN,
+            runs,
+            samples_ns: if runs == 1 {
+                vec![d.as_nanos() as f64]
+            } else {
+                Vec::new()
+            },
+            iterations: 0,
+            paired_ratio: None,
+        };
+        rows.push(one("slot_setup", t.setup, 1));
+        rows.push(one("move_slot", t.move_median, t.repetitions));
+        rows.push(one("delete_slot", t.delete_median, t.repetitions));
     }
-    let mut text = tables(&report);
-    let mut out = crate::report::Report::new("memslot-perf", params_json(&params, args.kvm));
-    fill(&mut out, &report);
-    text.push('\n');
-    for line in targets(&report) {
-        text.push_str(&line);
-        text.push('\n');
-    }
-    for n in notes {
-        text.push_str(&n);
-        text.push('\n');
-    }
-    out.set_text(text);
-    Ok(out)
+    Ok(rows)
 }
 
 #[cfg(test)]
@@ -461,7 +396,10 @@ mod tests {
                 runs: 1,
                 ..MemslotPerfParams::default()
             };
-            assert!(run_with(&params, &Progress::off()).is_err(), "-l {seconds}");
+            assert!(
+                run_with(&params, &crate::NoProgress).is_err(),
+                "-l {seconds}"
+            );
         }
     }
 }

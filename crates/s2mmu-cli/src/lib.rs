@@ -2,11 +2,11 @@
 //! The subcommands that are only benchmarks live in the binary.
 
 pub mod limits;
-pub mod lost_write;
+pub use s2mmu_bench::lost_write;
 pub mod migrate;
 pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod snapshot;
-pub mod stats;
+pub use s2mmu_bench::stats;
 pub mod vm_format;

@@ -1,0 +1,120 @@
+//! `s2mmu memslot-perf`: its flags, and the report of what
+//! [`s2mmu_bench::memslot`] measured (the scenarios of KVM's
+//! `memslot_perf_test` on the engine's two memslot policies).
+
+mod report;
+
+use report::*;
+
+use crate::progress::Progress;
+use s2mmu_bench::memslot::{check, kvm_rows, run_with, MemslotPerfParams, SCENARIO_TABLE};
+
+/// Options of `memslot-perf`.
+#[derive(Clone, Debug, clap::Args)]
+// "-1" is a value (refused naming its flag), not an unknown flag.
+#[command(allow_negative_numbers = true)]
+pub struct Args {
+    /// Slot counts, one table each (the selftest's `-s`): each 1 to 32764, at most 16 counts.
+    #[arg(
+        short = 's',
+        long,
+        value_delimiter = ',',
+        default_values_t = [10u32, 30, 50, 100, 509, 32764],
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(s2mmu::memslot::KVM_USER_MEM_SLOTS))
+    )]
+    pub slots: Vec<u32>,
+    /// Seconds per scenario run (the selftest's `-l`), more than 0 and at most 60.
+    #[arg(short = 'l', long, default_value_t = 0.5, value_parser = parse_seconds)]
+    pub seconds: f64,
+    /// Runs per scenario (the selftest's `-r`), 1 to 100; tables show the median.
+    #[arg(short = 'r', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: u32,
+    /// Single slot moves and deletes timed per slot count, 1 to 100000.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub single_ops: u32,
+    /// Random gfn lookups timed per slot count, 1000 to 10000000.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1000..=10_000_000))]
+    pub lookups: u32,
+    /// Add a column with the same slot setup, move and delete done on the host's real KVM
+    /// (`KVM_SET_USER_MEMORY_REGION`); skipped with a message where `/dev/kvm` is unusable.
+    #[arg(long)]
+    pub kvm: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// `-l`: a number of seconds, more than 0 and at most 60.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    let x: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    if x.is_nan() || x <= 0.0 || x > 60.0 {
+        return Err("more than 0 and at most 60 seconds".into());
+    }
+    Ok(x)
+}
+
+impl Args {
+    fn params(&self) -> MemslotPerfParams {
+        MemslotPerfParams {
+            slots: self.slots.clone(),
+            run_seconds: self.seconds,
+            runs: self.runs,
+            single_ops: self.single_ops,
+            lookups: self.lookups,
+            ..MemslotPerfParams::default()
+        }
+    }
+}
+
+/// Runs `memslot-perf` and prints its report.
+///
+/// # Errors
+/// As [`run_report`].
+pub fn main(args: Args) -> Result<(), String> {
+    let report = run_report(&args)?;
+    crate::report::emit(&report, args.json);
+    Ok(())
+}
+
+/// Runs every scenario at every slot count on both policies (and on real KVM with
+/// `--kvm`), and builds the report with its target lines.
+///
+/// # Errors
+/// Bad options, guest memory that cannot be mapped, or wrong data seen by a guest.
+/// Real KVM being unusable is not an error: the column is left out with a note.
+pub fn run_report(args: &Args) -> Result<crate::report::Report, String> {
+    let params = args.params();
+    check(&params)?;
+    // Each scenario runs `runs` times on each policy, at each slot count.
+    let steps = (params.slots.len() * SCENARIO_TABLE.len() * 2) as u64 * u64::from(params.runs);
+    let bar = Progress::new("memslot-perf", steps, !args.quiet);
+    let mut report = run_with(&params, &bar)?;
+    drop(bar);
+    let mut notes = Vec::new();
+    if args.kvm {
+        match kvm_rows(&params) {
+            Ok(rows) => report.kvm = Some(rows),
+            Err(e) => notes.push(format!("KVM column left out: {e}")),
+        }
+    }
+    let mut text = tables(&report);
+    let mut out = crate::report::Report::new("memslot-perf", params_json(&params, args.kvm));
+    fill(&mut out, &report);
+    text.push('\n');
+    for line in targets(&report) {
+        text.push_str(&line);
+        text.push('\n');
+    }
+    for n in notes {
+        text.push_str(&n);
+        text.push('\n');
+    }
+    out.set_text(text);
+    Ok(out)
+}
