@@ -5,11 +5,13 @@
 
 pub mod arm64;
 pub mod dirty_log;
+pub mod harvest;
 pub mod lost_write;
 pub mod memslot;
 pub mod split;
 pub mod stats;
 pub mod tlb;
+pub mod views;
 
 /// Where an engine reports how far it got (the command draws a progress
 /// bar); every method does nothing unless implemented.
