@@ -171,7 +171,7 @@ fn measure<F: VmFormat>(
     Ok(s)
 }
 
-/// Both tables of the slot ([`setup`]), then [`measure`].
+/// Both tables of the slot (`setup`), then `measure`: the harvests.
 ///
 /// # Errors
 /// A message naming the step that failed (the table, a scan that missed
