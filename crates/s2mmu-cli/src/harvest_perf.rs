@@ -1,31 +1,16 @@
-//! `s2mmu harvest-perf`: the harvest of hardware dirty state (arm64 DBM,
-//! `DirtyMode::Hardware`) on a large slot mapped with 4 KiB pages, the
-//! case Keqian Zhu's arm64 DBM RFC measured (about 40 ms per 64 GiB): the
-//! GET scans every leaf of the slot into the bitmap. Two scans run in the
-//! same process on the same table: the word scan the engine's GET uses
-//! (`scan_hw_dirty_into`, 64 last-level entries per bitmap word) and a
-//! visit per leaf (`scan_hw_dirty`), so the table-walk cost is shown
-//! beside the engine's. The CLEAR is timed on two tables of the same slot,
-//! alternately: the engine's (a scattered bitmap cleaned a last-level table
-//! at a time, `Mmu::with_sparse_clear_runs`) and one that cleans with a
-//! walk per run of dirty pages, the CLEAR before that pass existed.
-//!
-//! The slot's host memory is never touched (the table only records host
-//! addresses), and the hardware's dirtying is done by the CPU's walk
-//! (`TableReader::hw_dirty_update`) before each timed harvest.
+//! `s2mmu harvest-perf`: its flags and the report of what
+//! [`s2mmu_bench::harvest`] measured (the harvest of hardware dirty state
+//! on a large slot: the engine's word scan against a per-leaf walk, and its
+//! CLEAR against a walk per run of dirty pages).
 
 use crate::dirty_log_perf::FormatArg;
 use crate::progress::Progress;
 use crate::report::{human, human_bytes, verdict, Report};
 use crate::stats::Samples;
-use s2mmu::dirty::DirtyBitmap;
-use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
-use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy};
-use s2mmu::{Gpa, HostMmOps, Hva, NoTlb};
+use s2mmu_bench::harvest::{setup_and_measure, Config, Measured};
 use s2mmu_vm::VmFormat;
 use serde_json::json;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Options of `harvest-perf`.
 #[derive(Clone, Debug, clap::Args)]
@@ -61,9 +46,6 @@ pub struct Params {
     pub quiet: bool,
 }
 
-const GPA: u64 = 1 << 32;
-/// Host addresses the table records and nothing touches.
-const HVA: u64 = 0x1000_0000_0000;
 const MAX_SIZE: u64 = 256 << 30;
 /// The RFC's figure scaled to half: the target per 64 GiB.
 const TARGET_PER_64G: Duration = Duration::from_millis(20);
@@ -93,6 +75,18 @@ fn check(p: &Params) -> Result<(), String> {
     Ok(())
 }
 
+impl Params {
+    /// The engine's settings.
+    fn config(&self) -> Config {
+        Config {
+            size: self.size,
+            dirty_every: self.dirty_every,
+            runs: self.runs,
+            sparse_clear_runs: self.sparse_clear_runs,
+        }
+    }
+}
+
 /// Runs `harvest-perf` from the command line.
 ///
 /// # Errors
@@ -106,157 +100,17 @@ pub fn main(p: Params) -> Result<(), String> {
     Ok(())
 }
 
-type HwMmu<F> = Mmu<F, HostMmOps, TreeMemslots>;
-
-/// The slot mapped, logged with hardware dirty state (every leaf
-/// writable-clean), its CLEAR taking the masked walk above `sparse_runs`
-/// runs per table.
-fn setup<F: VmFormat>(p: &Params, sparse_runs: u32) -> Result<(HwMmu<F>, Duration), String> {
-    let e = |e: s2mmu::Error| e.to_string();
-    let policy = MmuPolicy {
-        dirty: DirtyMode::HW,
-        ..MmuPolicy::default()
-    };
-    let mmu = Mmu::new(
-        F::for_vm(40).map_err(e)?,
-        HostMmOps::new(4096).map_err(e)?,
-        Arc::new(NoTlb),
-        TreeMemslots::new(),
-        policy,
-    )
-    .map_err(e)?
-    .with_sparse_clear_runs(sparse_runs);
-    let slot = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), p.size, Hva::new(HVA));
-    mmu.set_memory_region(&slot, 4096).map_err(e)?;
-    let t = Instant::now();
-    mmu.populate(0, 0, p.size / 4096).map_err(e)?;
-    mmu.enable_dirty_logging(0).map_err(e)?;
-    Ok((mmu, t.elapsed()))
-}
-
-/// Dirties one page in `every` as the hardware would (not timed).
-fn dirty<F: VmFormat>(mmu: &HwMmu<F>, size: u64, every: u64) -> u64 {
-    let reader = mmu.reader();
-    let mut n = 0;
-    for page in (0..size / 4096).step_by(every as usize) {
-        if reader.hw_dirty_update(GPA + page * 4096).is_some() {
-            n += 1;
-        }
-    }
-    n
-}
-
-struct Measured {
-    word: Vec<Duration>,
-    leaf: Vec<Duration>,
-    clear: Vec<Duration>,
-    /// CLEAR with a walk per run of dirty pages (no masked pass).
-    clear_runs: Vec<Duration>,
-    found: u64,
-}
-
-/// One harvest of `mmu`: dirties, times the per-leaf scan (into
-/// `s.leaf`, if `leaf`) and the engine's GET (into `s.word`, if `leaf`),
-/// checks both found every dirtied page, and returns the CLEAR's time.
-fn harvest<F: VmFormat>(
-    p: &Params,
-    mmu: &HwMmu<F>,
-    bitmap: &mut [u64],
-    s: &mut Measured,
-    leaf: bool,
-) -> Result<Duration, String> {
-    let e = |e: s2mmu::Error| e.to_string();
-    let npages = p.size / 4096;
-    let dirtied = dirty(mmu, p.size, p.dirty_every);
-    // The per-leaf walk over the same leaves, into a bitmap of its own.
-    let own = DirtyBitmap::new(npages, false);
-    let t = Instant::now();
-    let n = mmu.with_table(|pt| {
-        pt.scan_hw_dirty(GPA, p.size, |ipa, len| {
-            for pg in 0..len / 4096 {
-                own.mark((ipa - GPA) / 4096 + pg);
-            }
-        })
-    });
-    let leaf_time = t.elapsed();
-    let n = n.map_err(e)?;
-    // The engine's GET (manual protect: the scan and a copy).
-    let t = Instant::now();
-    let got = mmu.get_dirty_log(0, bitmap).map_err(e)?;
-    let word_time = t.elapsed();
-    if got != dirtied || n != dirtied {
-        return Err(format!(
-            "the scans found {got} (word) and {n} (per leaf) dirty pages, {dirtied} were dirtied"
-        ));
-    }
-    if leaf {
-        s.leaf.push(leaf_time);
-        s.word.push(word_time);
-    }
-    s.found = got;
-    let t = Instant::now();
-    mmu.clear_dirty_log(0, 0, npages, bitmap).map_err(e)?;
-    Ok(t.elapsed())
-}
-
-/// `p.runs` harvests of `mmu` (the engine's CLEAR) and of `runs_only` (a
-/// walk per run), alternately, the first of each pair swapped every run so
-/// that neither always follows the other.
-fn measure<F: VmFormat>(
-    p: &Params,
-    mmu: &HwMmu<F>,
-    runs_only: &HwMmu<F>,
-    bar: &Progress,
-) -> Result<Measured, String> {
-    let mut bitmap = vec![0u64; (p.size / 4096).div_ceil(64) as usize];
-    let mut s = Measured {
-        word: Vec::new(),
-        leaf: Vec::new(),
-        clear: Vec::new(),
-        clear_runs: Vec::new(),
-        found: 0,
-    };
-    for i in 0..p.runs {
-        bar.step();
-        for engine in [i % 2 == 0, i % 2 == 1] {
-            if engine {
-                let t = harvest(p, mmu, &mut bitmap, &mut s, true)?;
-                s.clear.push(t);
-            } else {
-                let t = harvest(p, runs_only, &mut bitmap, &mut s, false)?;
-                s.clear_runs.push(t);
-            }
-        }
-    }
-    Ok(s)
-}
-
 /// The setup and measurement, on the format `--format` names.
 struct Measure<'a> {
-    p: &'a Params,
+    p: Config,
     bar: &'a Progress,
 }
 
 impl s2mmu_cli::vm_format::WithFormat for Measure<'_> {
     type Output = Result<(Measured, Duration), String>;
     fn call<F: VmFormat>(self) -> Self::Output {
-        setup_and_measure::<F>(self.p, self.bar)
+        setup_and_measure::<F>(&self.p, self.bar)
     }
-}
-
-/// Both tables of the slot ([`setup`]), then [`measure`].
-fn setup_and_measure<F: VmFormat>(
-    p: &Params,
-    bar: &Progress,
-) -> Result<(Measured, Duration), String> {
-    let runs = p
-        .sparse_clear_runs
-        .map_or(s2mmu::mmu::SPARSE_CLEAR_RUNS, |r| r as u32);
-    let (mmu, t) = setup::<F>(p, runs)?;
-    let (runs_only, _) = setup::<F>(p, u32::MAX)?;
-    bar.step();
-    bar.message("harvests");
-    Ok((measure(p, &mmu, &runs_only, bar)?, t))
 }
 
 /// Runs the benchmark and builds its report.
@@ -266,7 +120,7 @@ fn setup_and_measure<F: VmFormat>(
 pub fn run(p: &Params, bar: &Progress) -> Result<Report, String> {
     check(p)?;
     bar.message(&format!("mapping {}", human_bytes(p.size)));
-    let (s, setup_time) = p.format.with(Measure { p, bar })?;
+    let (s, setup_time) = p.format.with(Measure { p: p.config(), bar })?;
     let (word, leaf, clear, clear_runs) = (
         Samples::of(&s.word).summary(),
         Samples::of(&s.leaf).summary(),

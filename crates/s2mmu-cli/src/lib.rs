@@ -9,5 +9,5 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod snapshot;
-pub mod stats;
+pub use s2mmu_bench::stats;
 pub mod vm_format;

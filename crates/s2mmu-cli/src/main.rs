@@ -3,7 +3,7 @@
 //! Each subcommand lives in its own module with its options (`Args`/`Params`)
 //! and a `main` that runs it and prints its report.
 
-mod arm64;
+use s2mmu_bench::arm64;
 mod dirty_log_perf;
 mod dirty_views;
 mod harvest_perf;

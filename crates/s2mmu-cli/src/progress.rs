@@ -115,6 +115,16 @@ impl Progress {
     }
 }
 
+/// The bar the benchmark engines advance.
+impl s2mmu_bench::Progress for Progress {
+    fn step(&self) {
+        Progress::step(self);
+    }
+    fn message(&self, msg: &str) {
+        Progress::message(self, msg);
+    }
+}
+
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Progress")

@@ -3,7 +3,7 @@
 //! [`crate::stats`], re-exported here for the commands that import them
 //! from this module).
 
-pub use crate::stats::{paired_ratio, paired_ratios, Samples, Summary};
+pub use s2mmu_bench::stats::{paired_ratio, paired_ratios, Samples, Summary};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -205,15 +205,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size '{s}' is too large"))
 }
 
-/// A byte count as the largest exact unit (`1GiB`, `2MiB`, `4096B`).
-pub fn human_bytes(b: u64) -> String {
-    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", b >> shift);
-        }
-    }
-    format!("{b}B")
-}
+pub use s2mmu_bench::human_bytes;
 
 /// "PASS"/"MISS" for a target line.
 pub fn verdict(ok: bool) -> &'static str {

@@ -23,13 +23,12 @@ use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
 use crate::stats::Summary;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::{HostMmOps, PageTable, PteFormat, SplitPolicy};
+use s2mmu::{HostMmOps, PteFormat, SplitPolicy};
+use s2mmu_bench::split::{cases, measure, Backing, Case, Mode, Sample, POLICIES};
 use s2mmu_cli::vm_format::WithFormat;
 use s2mmu_vm::VmFormat;
 use serde_json::json;
-use std::time::Duration;
 
-mod measure;
 mod report;
 
 /// Options of `split-perf`.
@@ -73,98 +72,6 @@ pub fn main(p: Params) -> Result<(), String> {
     let r = run(&p, !p.quiet)?;
     crate::report::emit(&r, p.json);
     Ok(())
-}
-
-type Table<F> = PageTable<F, HostMmOps>;
-
-/// How the slot is mapped before the split.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Backing {
-    Pages,
-    Level2Blocks,
-    Level1Blocks,
-}
-
-const POLICIES: [SplitPolicy; 3] = [
-    SplitPolicy::FullWalk,
-    SplitPolicy::SkipReturns,
-    SplitPolicy::NoLastLevelTables,
-];
-
-/// What is timed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// One split of the whole slot, cache filled beforehand.
-    Split,
-    /// The split chunk by chunk with the cache top-ups timed too, as the
-    /// seed's measurement of `kvm_mmu_split_huge_pages` does.
-    SplitTopup,
-    /// The engine's CLEAR: split and write-protect per 64-page word.
-    Clear,
-}
-
-struct Case {
-    name: String,
-    backing: Backing,
-    mode: Mode,
-}
-
-fn cases<F: PteFormat>(fmt: &F) -> Vec<Case> {
-    let page = human_bytes(fmt.page_size())
-        .to_lowercase()
-        .replace("kib", "k");
-    let mut v = vec![Case {
-        name: format!("already_{page}"),
-        backing: Backing::Pages,
-        mode: Mode::Split,
-    }];
-    let mut blocks = Vec::new();
-    if fmt.leaf_allowed(2) {
-        let name = format!(
-            "blocks_{}",
-            human_bytes(fmt.granule(2)).to_lowercase().replace("ib", "")
-        );
-        blocks.push((name, Backing::Level2Blocks));
-    }
-    if fmt.leaf_allowed(1) {
-        let name = format!(
-            "block_{}",
-            human_bytes(fmt.granule(1)).to_lowercase().replace("ib", "")
-        );
-        blocks.push((name, Backing::Level1Blocks));
-    }
-    for mode in [Mode::Split, Mode::SplitTopup] {
-        for (name, backing) in &blocks {
-            v.push(Case {
-                name: if mode == Mode::SplitTopup {
-                    format!("{name}_topup")
-                } else {
-                    name.clone()
-                },
-                backing: *backing,
-                mode,
-            });
-        }
-    }
-    let clears: Vec<Case> = std::iter::once((format!("already_{page}"), Backing::Pages))
-        .chain(blocks)
-        .map(|(name, backing)| Case {
-            name: format!("clear_{name}"),
-            backing,
-            mode: Mode::Clear,
-        })
-        .collect();
-    v.extend(clears);
-    v
-}
-
-/// One measured split.
-#[derive(Clone, Copy, Default)]
-struct Sample {
-    time: Duration,
-    entries: u64,
-    tables: u64,
-    blocks: u64,
 }
 
 /// The largest `--size`: the slot sits at 1 TiB in a 48-bit IPA space.
@@ -258,7 +165,7 @@ fn run_on<F: PteFormat>(p: &Params, fmt: F, progress: bool) -> Result<Report, St
     let mut rows = Vec::new();
     for case in &all {
         bar.message(&case.name);
-        let samples = measure::case(fmt.clone(), &mm, p, case, &bar)?;
+        let samples = measure::case(fmt.clone(), &mm, p.size, p.runs, case, &bar)?;
         rows.extend(report::case_rows(&mut report, case, &samples));
     }
     // Floor: write the last-level tables a level-2-backed split creates.

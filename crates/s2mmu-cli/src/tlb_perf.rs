@@ -24,7 +24,7 @@ use s2mmu::tlb::LargeRangePolicy;
 use s2mmu::TlbPolicy;
 
 mod arm64;
-mod guest;
+use s2mmu_bench::tlb::guest;
 mod report;
 mod vm;
 

@@ -85,20 +85,6 @@ pub(super) fn check_params(p: &Params) -> Result<(), String> {
     Ok(())
 }
 
-/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
-pub(super) fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the call writes only it.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 /// The samples of one mode over the runs.
 #[derive(Default)]
 struct ModeSamples {

@@ -2,7 +2,8 @@
 //! real-KVM rows (the reporting part).
 
 use super::*;
-use std::time::Duration;
+use s2mmu_bench::memslot::{CaseResult, MemslotPerfReport, PAGE_SIZE};
+use serde_json::{json, Value};
 
 /// Table rows in the cover letter's order, with their printed names.
 pub(super) const TABLE_ROWS: [(&str, &str); 12] = [
@@ -111,47 +112,6 @@ pub fn tables(report: &MemslotPerfReport) -> String {
         }
     }
     out
-}
-
-/// The real-KVM rows: setup, one move and one delete at each slot count, on the same area
-/// as the engine's `Slot setup` row.
-pub(super) fn kvm_rows(params: &MemslotPerfParams) -> Result<Vec<CaseResult>, String> {
-    if let Some(why) = s2mmu_kvm::kvm_unusable_reason() {
-        return Err(why);
-    }
-    let mut rows = Vec::new();
-    for &nslots in &params.slots {
-        // The VM's slot 0 is the selftest's default slot, so KVM takes one test slot fewer
-        // than KVM_CAP_NR_MEMSLOTS; the row says how many it used.
-        let t = match s2mmu_kvm::memslot_perf::kvm_memslot_ops(nslots, params.mem_bytes) {
-            Err(s2mmu_kvm::Error::TooManySlots { max, .. }) if max > 1 => {
-                s2mmu_kvm::memslot_perf::kvm_memslot_ops((max - 1) as u32, params.mem_bytes)
-            }
-            other => other,
-        }
-        .map_err(|e| format!("{nslots} slots: {e}"))?;
-        let one = |case: &'static str, d: Duration, runs: u32| CaseResult {
-            case,
-            slots: nslots,
-            slots_used: t.nslots,
-            policy: "kvm".into(),
-            median_ns: d.as_nanos() as f64,
-            min_ns: f64::NAN,
-            max_ns: f64::NAN,
-            runs,
-            samples_ns: if runs == 1 {
-                vec![d.as_nanos() as f64]
-            } else {
-                Vec::new()
-            },
-            iterations: 0,
-            paired_ratio: None,
-        };
-        rows.push(one("slot_setup", t.setup, 1));
-        rows.push(one("move_slot", t.move_median, t.repetitions));
-        rows.push(one("delete_slot", t.delete_median, t.repetitions));
-    }
-    Ok(rows)
 }
 
 /// The targets, each a line with what was measured and PASS or MISS.

@@ -2,7 +2,7 @@
 //! starts), starting a machine, and the note that its timings are an
 //! emulator's.
 
-use crate::report::human_bytes;
+use crate::human_bytes;
 use s2mmu_arm64::layout;
 use s2mmu_arm64::machine::{Machine, MachineConfig, MAX_DATA_BYTES};
 use std::sync::Arc;

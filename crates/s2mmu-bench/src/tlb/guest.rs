@@ -3,7 +3,7 @@
 //! never-touched host range behind the big slot.
 
 use super::PAGE;
-use crate::report::human_bytes;
+use crate::human_bytes;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{Vcpu, VmFormat};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,7 +14,7 @@ const BURST: u64 = 1024;
 
 /// Host address space reserved without memory behind it: the big slot's
 /// host addresses, which nothing ever touches.
-pub(super) struct Reservation {
+pub struct Reservation {
     pub addr: usize,
     len: usize,
 }
@@ -60,20 +60,20 @@ impl Drop for Reservation {
 /// What one vCPU thread publishes.
 #[derive(Default)]
 #[repr(align(128))]
-pub(super) struct Live {
+pub struct Live {
     pub accesses: AtomicU64,
     pub misses: AtomicU64,
     pub removed: AtomicU64,
 }
 
 #[derive(Clone, Copy, Default)]
-pub(super) struct LiveSum {
+pub struct LiveSum {
     pub accesses: u64,
     pub misses: u64,
     pub removed: u64,
 }
 
-pub(super) fn sum_live(live: &[Live]) -> LiveSum {
+pub fn sum_live(live: &[Live]) -> LiveSum {
     let mut s = LiveSum::default();
     for l in live {
         s.accesses += l.accesses.load(Ordering::Relaxed);
@@ -85,7 +85,7 @@ pub(super) fn sum_live(live: &[Live]) -> LiveSum {
 
 /// A vCPU writing random words of its region until `stop`, staying in
 /// guest mode (so every invalidation waits for it).
-pub(super) fn vcpu_loop<F: VmFormat>(
+pub fn vcpu_loop<F: VmFormat>(
     mut v: Vcpu<TreeMemslots, F>,
     idx: usize,
     base: u64,

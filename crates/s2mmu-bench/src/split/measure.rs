@@ -2,16 +2,16 @@
 //! backing, the timed splits (whole, chunked with top-ups, CLEAR-like), one
 //! case's runs over every policy, and the plain-store floor.
 
-use super::{Backing, Case, Mode, Params, Sample, Table, POLICIES};
-use crate::progress::Progress;
+use super::{Backing, Case, Mode, Sample, Table, POLICIES};
 use crate::stats::Samples;
+use crate::Progress;
 use s2mmu::{HostMmOps, MapOptions, NoTlb, PageCache, PageTable, Prot, PteFormat, SplitPolicy};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Where the slot sits in the IPA space.
-pub(super) const BASE: u64 = 1 << 40;
+pub const BASE: u64 = 1 << 40;
 
 /// The engine's `Mmu::clear_dirty_log` on the table for an all-ones bitmap
 /// with initially-set bitmaps: per 64-page word, split the word's range and
@@ -86,7 +86,7 @@ fn split_chunked<F: PteFormat>(
     Ok((t0.elapsed(), total))
 }
 
-pub(super) fn build<F: PteFormat>(
+pub fn build<F: PteFormat>(
     fmt: F,
     mm: &HostMmOps,
     base: u64,
@@ -119,38 +119,39 @@ pub(super) fn build<F: PteFormat>(
     Ok(pt)
 }
 
-/// One case: `p.runs` rounds of every policy, the order rotated each round
+/// One case: `runs` rounds of every policy, the order rotated each round
 /// so no policy always runs first; the samples per policy in `POLICIES`
 /// order.
-pub(super) fn case<F: PteFormat>(
+pub fn case<F: PteFormat>(
     fmt: F,
     mm: &HostMmOps,
-    p: &Params,
+    size: u64,
+    runs: usize,
     case: &Case,
-    bar: &Progress,
+    bar: &dyn Progress,
 ) -> Result<Vec<Vec<Sample>>, String> {
     let base = BASE;
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); POLICIES.len()];
     // The already-split table does not change under a split, so build
     // it once (a CLEAR write-protects it: fresh tables there).
     let mut shared = if case.backing == Backing::Pages && case.mode != Mode::Clear {
-        Some(build(fmt.clone(), mm, base, p.size, case.backing)?)
+        Some(build(fmt.clone(), mm, base, size, case.backing)?)
     } else {
         None
     };
     let mut cache = PageCache::new(mm.clone());
-    for run in 0..p.runs {
+    for run in 0..runs {
         for k in 0..POLICIES.len() {
             let pi = (k + run) % POLICIES.len();
             let mut fresh;
             let pt = match shared.as_mut() {
                 Some(pt) => pt,
                 None => {
-                    fresh = build(fmt.clone(), mm, base, p.size, case.backing)?;
+                    fresh = build(fmt.clone(), mm, base, size, case.backing)?;
                     &mut fresh
                 }
             };
-            samples[pi].push(one(pt, &mut cache, p.size, case.mode, POLICIES[pi])?);
+            samples[pi].push(one(pt, &mut cache, size, case.mode, POLICIES[pi])?);
         }
         bar.step();
     }
@@ -199,7 +200,7 @@ fn one<F: PteFormat>(
 /// Times writing the last-level tables that splitting `size` bytes of
 /// level-2 blocks creates (one page per block, every entry a plain store of
 /// a leaf), into pages already faulted in, as the split's cache pages are.
-pub(super) fn store_floor<F: PteFormat>(
+pub fn store_floor<F: PteFormat>(
     fmt: &F,
     mm: &HostMmOps,
     size: u64,

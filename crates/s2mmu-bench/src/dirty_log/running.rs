@@ -1,65 +1,38 @@
-//! Running the selftest flow on the engine's simulated VM: the settings
-//! derived from the flags, the VM and workload, and the timed phases.
+//! Running the selftest flow on the engine's simulated VM: the run's
+//! settings, the VM and workload, and the timed phases.
 
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
-use s2mmu::mmu::{
-    DirtyMode, FaultPath, FaultStats, HugePageRecovery, HwDirtyBlocks, MmuPolicy, Protect,
-};
-use s2mmu::SplitPolicy;
+use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, HwDirtyBlocks, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{lost, modes, EngineIteration, EngineRun, FormatArg, Params, RecoverArg};
-use s2mmu_cli::vm_format::WithFormat;
+use super::{EngineIteration, EngineRun};
+use crate::lost_write as lost;
 
-/// Engine-run settings derived from the options.
+/// An engine run's settings; `Fmt` names the stage-2 format the caller
+/// dispatches on (the engine runs on the format type [`run`] is given).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct RunSpec {
-    pub(super) vcpus: usize,
-    pub(super) bytes: u64,
-    pub(super) iterations: u32,
-    pub(super) backing: Backing,
-    pub(super) slots: u32,
-    pub(super) write_percent: u32,
-    pub(super) random: bool,
-    pub(super) policy: MmuPolicy,
-    pub(super) after_pass: bool,
-    pub(super) check: bool,
-    pub(super) inject_lost_marks: u64,
-    pub(super) format: FormatArg,
+pub struct RunSpec<Fmt> {
+    pub vcpus: usize,
+    pub bytes: u64,
+    pub iterations: u32,
+    pub backing: Backing,
+    pub slots: u32,
+    pub write_percent: u32,
+    pub random: bool,
+    pub policy: MmuPolicy,
+    pub after_pass: bool,
+    pub check: bool,
+    pub inject_lost_marks: u64,
+    /// The stage-2 format the caller names.
+    pub format: Fmt,
     /// Time passes with logging off before logging starts (their median).
-    pub(super) off_pass: bool,
-}
-
-/// The engine's policy for the flags, a fault path and eager split or not.
-pub(super) fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
-    MmuPolicy {
-        fault_path,
-        eager_split_chunk: eager.then_some(1 << 30),
-        split_walk: SplitPolicy::SkipReturns,
-        // As the selftest: with manual protect it also asks for
-        // INITIALLY_SET (KVM offers it on x86 and arm64), so enabling
-        // logging protects nothing and iteration 1 takes no faults.
-        dirty: match p.ring() {
-            Some(entries) => DirtyMode::Ring { entries },
-            None if p.no_manual_protect => p.dirty_modes()[0].with_protect(Protect::OnGet),
-            None => p.dirty_modes()[0].with_protect(Protect::Manual {
-                initially_set: true,
-            }),
-        },
-        huge_page_recovery: match p.recover {
-            RecoverArg::Off => HugePageRecovery::Off,
-            RecoverArg::Zap => HugePageRecovery::Unmap,
-            RecoverArg::InPlace => HugePageRecovery::Collapse,
-        },
-        reader_slots: p.read_lock.reader_slots(),
-        ..MmuPolicy::default()
-    }
+    pub off_pass: bool,
 }
 
 /// The run's label: fault path, split policy, memslots and dirty tracking.
-pub(super) fn label(policy: &MmuPolicy, memslots: &str) -> String {
+pub fn label(policy: &MmuPolicy, memslots: &str) -> String {
     format!(
         "{}, {}, memslots {memslots}{}",
         match (policy.fault_path, policy.reader_slots) {
@@ -95,7 +68,7 @@ fn slot_bitmaps<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Vec<Vec<u64>> {
 
 /// Runs the selftest flow on the engine.
 fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
-    spec: RunSpec,
+    spec: RunSpec<impl Copy>,
     memslots: &str,
 ) -> Result<EngineRun, String> {
     let mem = spec.bytes * spec.vcpus as u64;
@@ -138,7 +111,7 @@ fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
             }
         };
         it.dirty_memory = w.run_pass(&mut reap)?;
-        let cpu0 = modes::thread_cpu_time();
+        let cpu0 = thread_cpu_time();
         harvest(
             &vm,
             ring,
@@ -147,7 +120,7 @@ fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
             &mut reaped,
             &mut it,
         )?;
-        it.harvest_cpu = modes::thread_cpu_time().saturating_sub(cpu0);
+        it.harvest_cpu = thread_cpu_time().saturating_sub(cpu0);
         if let Some(check) = lost.as_mut() {
             it.lost_writes = Some(check.round(&vm, &bitmaps)?);
         }
@@ -181,7 +154,7 @@ type Populated<S, F> = (Workload<S, F>, Duration, Option<Duration>);
 /// (their median).
 fn populate<S: MemslotStore + 'static, F: VmFormat>(
     vm: &Arc<Vm<S, F>>,
-    spec: &RunSpec,
+    spec: &RunSpec<impl Copy>,
 ) -> Result<Populated<S, F>, String> {
     let t0 = Instant::now();
     let w = Workload::start(
@@ -220,7 +193,7 @@ fn populate<S: MemslotStore + 'static, F: VmFormat>(
 
 /// The simulated VM of `spec.vcpus * spec.bytes` bytes at `gpa_base`.
 fn new_vm<S: MemslotStore + 'static, F: VmFormat>(
-    spec: &RunSpec,
+    spec: &RunSpec<impl Copy>,
     gpa_base: u64,
 ) -> Result<Vm<S, F>, String> {
     Vm::<S, F>::new(VmConfig {
@@ -283,25 +256,32 @@ fn diff(a: &FaultStats, b: &FaultStats) -> FaultStats {
     a.since(b)
 }
 
-/// Runs the flow on the memslot store and stage-2 format the flags name.
-pub(super) fn engine(spec: RunSpec, memslots: &str) -> Result<EngineRun, String> {
-    let format = spec.format;
-    format.with(EngineOn { spec, memslots })
-}
-
-/// [`run_engine`] on the memslot store `memslots` names, for the format
-/// type [`FormatArg::with`] gives.
-struct EngineOn<'a> {
-    spec: RunSpec,
-    memslots: &'a str,
-}
-
-impl WithFormat for EngineOn<'_> {
-    type Output = Result<EngineRun, String>;
-    fn call<F: VmFormat>(self) -> Result<EngineRun, String> {
-        match self.memslots {
-            "array" => run_engine::<ArrayMemslots, F>(self.spec, self.memslots),
-            _ => run_engine::<TreeMemslots, F>(self.spec, self.memslots),
-        }
+/// Runs the selftest flow on the simulated VM with stage-2 format `F` and
+/// the memslot store `memslots` names (`array`, else the tree).
+///
+/// # Errors
+/// A message naming what failed: the VM or its memory, logging, a harvest,
+/// or a lost write that `spec.check` found.
+pub fn run<F: VmFormat, Fmt: Copy>(
+    spec: RunSpec<Fmt>,
+    memslots: &str,
+) -> Result<EngineRun, String> {
+    match memslots {
+        "array" => run_engine::<ArrayMemslots, F>(spec, memslots),
+        _ => run_engine::<TreeMemslots, F>(spec, memslots),
     }
+}
+
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call writes only it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }

@@ -4,7 +4,7 @@
 use s2mmu::mmu::FaultStats;
 use std::time::Duration;
 
-use super::lost;
+use crate::lost_write as lost;
 
 /// One dirty iteration of the engine run.
 #[derive(Clone, Debug, Default)]
@@ -180,7 +180,7 @@ impl EngineRun {
 }
 
 /// The phase name with its first letter in upper case.
-pub(super) fn capitalise(s: &str) -> String {
+pub fn capitalise(s: &str) -> String {
     let mut c = s.chars();
     c.next()
         .map(|f| f.to_uppercase().collect::<String>() + c.as_str())
@@ -188,13 +188,13 @@ pub(super) fn capitalise(s: &str) -> String {
 }
 
 /// Seconds with nine decimals, as the selftests print them.
-pub(super) fn secs(d: Duration) -> String {
+pub fn secs(d: Duration) -> String {
     format!("{}.{:09}s", d.as_secs(), d.subsec_nanos())
 }
 
 /// The median dirty memory time of a run's iterations (after the first
 /// when there are several).
-pub(super) fn median_dirty(r: &EngineRun) -> Duration {
+pub fn median_dirty(r: &EngineRun) -> Duration {
     // Iteration 1 after enabling logging includes first-touch effects of
     // protection; the steady state is the later iterations when there are any.
     let its: Vec<Duration> = r
@@ -203,5 +203,5 @@ pub(super) fn median_dirty(r: &EngineRun) -> Duration {
         .skip(usize::from(r.iterations.len() > 1))
         .map(|i| i.dirty_memory)
         .collect();
-    crate::report::Summary::of(&its).median
+    crate::stats::Summary::of(&its).median
 }

@@ -1,0 +1,8 @@
+//! The engine of `s2mmu dirty-log-perf`: KVM's `dirty_log_perf_test` flow
+//! on the simulated VM ([`run`]), and the figures it returns ([`EngineRun`]).
+
+mod engine_run;
+mod running;
+
+pub use engine_run::{capitalise, median_dirty, secs, EngineIteration, EngineRun};
+pub use running::{label, run, RunSpec};
