@@ -1,6 +1,8 @@
 //! The engine of `s2mmu dirty-log-perf`: KVM's `dirty_log_perf_test` flow
-//! on the simulated VM ([`run`]), and the figures it returns ([`EngineRun`]).
+//! on the simulated VM ([`run`]), and the figures it returns ([`EngineRun`]);
+//! the same flow on QEMU's arm64 model ([`arm64`]).
 
+pub mod arm64;
 mod engine_run;
 mod running;
 

@@ -22,6 +22,15 @@ pub trait Progress {
     fn message(&self, _msg: &str) {}
 }
 
+/// Makes the progress bar of one phase of a run from what runs and its
+/// number of steps (the command draws them; [`no_bars`] shows nothing).
+pub type Bars<'a> = &'a dyn Fn(&str, u64) -> Box<dyn Progress>;
+
+/// A [`Bars`] that shows nothing.
+pub fn no_bars(_what: &str, _steps: u64) -> Box<dyn Progress> {
+    Box::new(NoProgress)
+}
+
 /// No progress shown.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoProgress;

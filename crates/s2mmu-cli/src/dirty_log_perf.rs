@@ -7,11 +7,13 @@
 //! vCPUs dirty their memory in lockstep and the host gets (and with manual
 //! protect clears) the log; finally logging is disabled.
 //!
-//! The parts, one file each: the flags ([`params`]), the engine run
-//! (`running`) and its figures (`engine_run`), single-run rows and lines
+//! The parts, one file each: the flags ([`params`]), the engine's
+//! settings and its `--format` dispatch (here; the run and its figures are
+//! `s2mmu_bench::dirty_log`), single-run rows and lines
 //! (`reporting`), real KVM (`kvm`), `--policy both` (`policy_table`), `-e`
 //! (`eager`), `--compare` (`compare`), the side-by-side `--dirty` table
-//! (`modes`), `--arm64` (`arm64`) and the flag bounds (`bounds`).
+//! (`modes`), `--arm64` (`arm64_report`; its run is the bench crate's) and
+//! the flag bounds (`bounds`).
 
 use crate::report::Report;
 use s2mmu::mmu::{DirtyMode, FaultPath, HugePageRecovery, MmuPolicy, Protect};
@@ -20,7 +22,7 @@ use s2mmu_cli::vm_format::WithFormat;
 use s2mmu_vm::{Backing, VmFormat};
 use serde_json::json;
 
-mod arm64;
+mod arm64_report;
 mod bounds;
 mod compare;
 mod eager;
@@ -35,7 +37,7 @@ pub use params::{Params, PolicyArg, ReadLockArg, RecoverArg};
 pub use s2mmu_bench::dirty_log::{EngineIteration, EngineRun};
 
 use reporting::{count_rows, lost_rows, phase_rows, single_target};
-use s2mmu_bench::dirty_log::{capitalise, label, median_dirty, secs};
+use s2mmu_bench::dirty_log::{capitalise, median_dirty, secs};
 
 /// Runs `dirty-log-perf` from the command line.
 ///
@@ -107,7 +109,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
     if p.dirty_modes().len() > 1 {
         text += &modes::table(p, vcpus_list[0], bytes, spec, &mut report)?;
     } else if p.arm64 {
-        text += &arm64::run(p, &vcpus_list, bytes, &mut report)?;
+        text += &arm64_report::run(p, &vcpus_list, bytes, &mut report)?;
     } else if p.kvm && !p.compare {
         text += &kvm::run(p, &vcpus_list, bytes, &mut report)?;
     } else if p.compare {

@@ -18,15 +18,14 @@
 //! slot's entries alone) and the TLB misses they take to refill.
 
 use crate::dirty_log_perf::FormatArg;
-use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu::TlbPolicy;
+use s2mmu_bench::tlb::{Config, Mode, PAGE, POLICIES};
 
-mod arm64;
-use s2mmu_bench::tlb::guest;
+mod arm64_report;
 mod report;
-mod vm;
+mod vm_report;
 
 /// Options of `tlb-perf`.
 #[derive(Clone, Debug, clap::Args)]
@@ -105,48 +104,21 @@ pub fn main(p: Params) -> Result<(), String> {
     Ok(())
 }
 
-const PAGE: u64 = 4096;
-const POLICIES: [LargeRangePolicy; 2] = [LargeRangePolicy::SplitCalls, LargeRangePolicy::WholeVmid];
-
-/// The two clear modes, each measured for both policies: one untimed
-/// warm-up cycle per policy, then `runs` rounds alternating which policy
-/// goes first. Returns, per mode, its case name and the samples of each
-/// policy (in `POLICIES` order).
-#[allow(clippy::type_complexity)]
-fn alternate<S>(
-    runs: usize,
-    chunk: u64,
-    progress: bool,
-    mut cycle: impl FnMut(Mode, LargeRangePolicy) -> Result<S, String>,
-) -> Result<Vec<(Mode, String, Vec<Vec<S>>)>, String> {
-    let modes = [
-        (Mode::Whole, "whole_slot".to_string()),
-        (
-            Mode::Chunked,
-            format!("chunk_{}", human_bytes(chunk).to_lowercase()),
-        ),
-    ];
-    // Both modes' cycles (the warm-up cycles too), for the progress bar.
-    let steps = (runs.saturating_add(1) * POLICIES.len() * modes.len()) as u64;
-    let bar = Progress::new("tlb-perf", steps, progress);
-    let mut out = Vec::new();
-    for (mode, case) in modes {
-        bar.message(&case);
-        let mut samples: Vec<Vec<S>> = (0..POLICIES.len()).map(|_| Vec::new()).collect();
-        for pol in POLICIES {
-            cycle(mode, pol)?;
-            bar.step();
+impl Params {
+    /// The engine's settings.
+    fn config(&self) -> Config {
+        Config {
+            size: self.size,
+            chunk: self.chunk,
+            runs: self.runs,
+            vcpus: self.vcpus,
+            vcpu_mem: self.vcpu_mem,
+            dirty_every: self.dirty_every,
+            limit_pages: self.limit_pages,
+            idle_us: self.idle_us,
+            settle_us: self.settle_us,
         }
-        for run in 0..runs {
-            for k in 0..POLICIES.len() {
-                let pi = (k + run) % POLICIES.len();
-                samples[pi].push(cycle(mode, POLICIES[pi])?);
-                bar.step();
-            }
-        }
-        out.push((mode, case, samples));
     }
-    Ok(out)
 }
 
 fn policy_name(p: LargeRangePolicy) -> &'static str {
@@ -154,13 +126,6 @@ fn policy_name(p: LargeRangePolicy) -> &'static str {
         LargeRangePolicy::SplitCalls => "split_calls",
         LargeRangePolicy::WholeVmid => "whole_vmid",
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-/// The two clear modes: the whole slot in one call, or `--chunk` pieces.
-enum Mode {
-    Whole,
-    Chunked,
 }
 
 fn check(p: &Params) -> Result<(), String> {
@@ -226,7 +191,7 @@ fn check(p: &Params) -> Result<(), String> {
 /// A message naming what failed (bad options, address space, engine).
 pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
     if p.arm64 {
-        arm64::run(p, progress)
+        arm64_report::run(p, progress)
     } else {
         p.format.with(OnVm { p, progress })
     }
@@ -241,7 +206,7 @@ struct OnVm<'a> {
 impl s2mmu_cli::vm_format::WithFormat for OnVm<'_> {
     type Output = Result<Report, String>;
     fn call<F: s2mmu_vm::VmFormat>(self) -> Self::Output {
-        vm::run::<F>(self.p, self.progress)
+        vm_report::run::<F>(self.p, self.progress)
     }
 }
 

@@ -8,27 +8,22 @@
 //! Counted per cycle: service calls (round trips to EL2), TLBI
 //! instructions, the time spent waiting for them and its share of the
 //! clear. QEMU's timings are an emulator's: the counts are the result, the
-//! times are read as ratios.
+//! times are read as ratios. The check that QEMU can fail on a wrong TLBI
+//! operand runs after the cycles.
 
-use super::report::{
-    build_kind, fill, map_and_log, median_of, open, table, Common, CycleTimes, ModelRows, SlotFacts,
-};
-use super::{alternate, check, Mode, Params, PAGE, POLICIES};
+use super::cycle::{map_and_log, CycleTimes, SlotFacts};
+use super::{alternate, Config, Mode, ModeSamples, PAGE, POLICIES};
 use crate::arm64 as a64;
-use crate::progress::Progress;
-use crate::report::{human, human_bytes, Report};
+use crate::{human_bytes, Bars};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu_arm64::effect::{protect_effect, spread, ProtectEffect};
 use s2mmu_arm64::layout;
 use s2mmu_arm64::vm::{Arm64Mmu, Arm64Vm, VmConfig};
 use s2mmu_arm64::walk_cache::{change_stage1_table, AfterMove, Stage2Change, WalkCacheReport};
-use serde_json::json;
 use std::time::{Duration, Instant};
 
 const BIG_SLOT: u16 = 1;
-/// Most round trips to EL2 one cycle may make.
-const MAX_CALLS: u64 = 1 << 16;
 /// Where the slot sits in the IPA space.
 const BIG_GPA: u64 = 1 << 32;
 /// Pages the effect check writes, harvests and writes again.
@@ -36,66 +31,21 @@ const EFFECT_PAGES: u64 = 8;
 
 /// One measured harvest cycle: what every model measures, and the TLBIs
 /// the EL2 service CPU executed.
-#[derive(Clone, Copy, Default)]
-struct Sample {
-    times: CycleTimes,
-    tlbis: u64,
-    sequences: u64,
-}
-
-/// Medians of one mode and policy: the common figures and the model's TLBIs.
-struct Row {
-    common: Common,
-    tlbis: u64,
-    sequences: u64,
-    tlbi_samples: Vec<u64>,
-}
-
-/// Checks what only the arm64 mode limits, before QEMU starts.
-///
-/// # Errors
-/// A message naming the flag and its limit.
-pub(super) fn check_arm64(p: &Params) -> Result<(), String> {
-    check(p)?;
-    if p.size > a64::MAX_BYTES {
-        return Err(format!(
-            "--size {}: the arm64 model holds at most {} of guest data",
-            human_bytes(p.size),
-            human_bytes(a64::MAX_BYTES)
-        ));
-    }
-    // The slot stays untouched; its 4K tables (1/512 of it) are real memory
-    // in the table arena.
-    let tables = p.size / 512 + (16 << 20);
-    if tables > a64::TABLE_BYTES {
-        return Err(format!(
-            "--size {}: its tables do not fit the arm64 model's table arena of {}",
-            human_bytes(p.size),
-            human_bytes(a64::TABLE_BYTES)
-        ));
-    }
-    a64::check_touched("--size (its page tables)", tables)?;
-    // Every call is a round trip to EL2 (tens of microseconds under QEMU):
-    // bound the calls one cycle of split calls makes.
-    let npages = p.size / PAGE;
-    let calls = npages
-        .div_ceil(p.chunk / PAGE)
-        .saturating_mul(npages.div_ceil(p.limit_pages));
-    if calls > MAX_CALLS {
-        return Err(format!(
-            "--limit-pages {} with --chunk {}: {calls} round trips to EL2 per cycle; at most {MAX_CALLS} on the arm64 model (raise --limit-pages or --chunk)",
-            p.limit_pages,
-            human_bytes(p.chunk)
-        ));
-    }
-    Ok(())
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sample {
+    /// What every model measures.
+    pub times: CycleTimes,
+    /// TLBI instructions the service CPU executed.
+    pub tlbis: u64,
+    /// Maintenance sequences host threads sent.
+    pub sequences: u64,
 }
 
 struct Bench<'a> {
     vm: &'a Arm64Vm,
     npages: u64,
     chunk_pages: u64,
-    p: &'a Params,
+    p: &'a Config,
     bitmap: Vec<u64>,
 }
 
@@ -221,17 +171,16 @@ impl Bench<'_> {
     }
 }
 
-/// Runs `tlb-perf --arm64` and returns its report.
+/// Runs `tlb-perf --arm64` on a fresh QEMU with 2 CPUs: the harvest
+/// cycles, then the effect check and the operand check. The command
+/// checks the settings against the model's limits first.
 ///
 /// # Errors
-/// Bad options (before QEMU starts), the model's or the engine's errors.
-pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
-    check_arm64(p)?;
-    if let Some(why) = a64::unavailable() {
-        return Err(format!("--arm64: {why}"));
-    }
+/// The model's or the engine's errors, or a check that found a stale
+/// translation.
+pub fn run(p: &Config, bars: Bars) -> Result<Arm64Run, String> {
     let npages = p.size / PAGE;
-    let bar = Progress::new("tlb-perf --arm64", 1, progress);
+    let bar = bars("tlb-perf --arm64", 1);
     bar.message(&format!(
         "starting QEMU ({} of sparse guest RAM)",
         human_bytes(p.size)
@@ -264,30 +213,18 @@ pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
         p,
         bitmap: vec![0u64; npages.div_ceil(64) as usize],
     };
-    let mut rows = Vec::new();
-    for (mode, case, samples) in alternate(p.runs, p.chunk, progress, |m, pol| bench.cycle(m, pol))?
-    {
-        for (pi, pol) in POLICIES.iter().enumerate() {
-            let s = &samples[pi];
-            rows.push(Row {
-                common: Common::of(&case, mode, *pol, s.iter().map(|x| &x.times)),
-                tlbis: median_of(s, |x| x.tlbis),
-                sequences: median_of(s, |x| x.sequences),
-                tlbi_samples: s.iter().map(|x| x.tlbis).collect(),
-            });
-        }
-    }
+    let modes = alternate(p.runs, p.chunk, bars, |m, pol| bench.cycle(m, pol))?;
     let effect = bench.effect()?;
     drop(bench);
     drop(vm);
     let operand = operand_check(&machine)?;
-    let facts = Facts {
+    Ok(Arm64Run {
         slot,
         boot_time,
+        modes,
         effect,
         operand,
-    };
-    report(p, &rows, &facts)
+    })
 }
 
 /// Where the operand check's guest maps itself (a gigabyte of its own).
@@ -321,141 +258,19 @@ fn operand_check(
     Ok(r)
 }
 
-/// What the report says besides the rows.
-struct Facts {
-    slot: SlotFacts,
-    boot_time: Duration,
+/// What a run on the arm64 model measured and checked.
+#[derive(Debug)]
+pub struct Arm64Run {
+    /// The slot's setup.
+    pub slot: SlotFacts,
+    /// QEMU's start.
+    pub boot_time: Duration,
+    /// Every cycle's sample, per mode and policy.
+    pub modes: Vec<ModeSamples<Sample>>,
     /// The effect check of each mode and policy (every page protected,
     /// or the run failed).
-    effect: Vec<(Mode, LargeRangePolicy, ProtectEffect)>,
+    pub effect: Vec<(Mode, LargeRangePolicy, ProtectEffect)>,
     /// The operand check (a walk fault at the table's IPA, or the run
     /// failed).
-    operand: WalkCacheReport,
-}
-
-fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
-    let mut report = open(
-        p,
-        json!({ "arm64": true, "qemu_cpus": 2 }),
-        "arm64",
-        &f.slot,
-        json!({
-            "boot_ns": f.boot_time.as_nanos() as u64,
-            "effect_check": f.effect.iter().map(|(m, pol, e)| json!({
-                "mode": format!("{m:?}").to_lowercase(), "policy": format!("{pol:?}"),
-                "pages": e.pages, "protected": e.protected, "stale": e.stale.len(),
-            })).collect::<Vec<_>>(),
-            "operand_check": {
-                "table_ipa": f.operand.table_ipa,
-                "walk_fault": matches!(f.operand.after, AfterMove::WalkFault { .. }),
-                "sequences": f.operand.sequences,
-                "tlbis": f.operand.tlbis,
-            },
-        }),
-    );
-    let model = ModelRows {
-        rows: rows
-            .iter()
-            .map(|r| {
-                let extra = json!({
-                    "model": "arm64",
-                    "service_calls": r.common.calls,
-                    "tlbi_instructions": r.tlbis,
-                    "tlbi_samples": r.tlbi_samples,
-                    "host_sequences": r.sequences,
-                });
-                (&r.common, extra)
-            })
-            .collect(),
-        call_noun: "round trip(s) to EL2",
-        judge_chunked_calls: true,
-    };
-    let judged = fill(&mut report, p, f.slot.npages, &model)?;
-    let mut lines = Vec::new();
-    for (mode, mut mode_lines) in [Mode::Whole, Mode::Chunked].into_iter().zip(judged) {
-        // The TLBI line goes between the call count and the share.
-        let tlbi = tlbi_line(rows, mode, &mut report);
-        mode_lines.splice(1..1, tlbi);
-        lines.extend(mode_lines);
-    }
-    report.set_text(text(p, rows, f, &lines));
-    Ok(report)
-}
-
-/// The TLBI counts and the wait for EL2 in `mode`, and their comparison
-/// (none when a policy's row is missing).
-fn tlbi_line(rows: &[Row], mode: Mode, report: &mut Report) -> Option<String> {
-    let find = |pol: LargeRangePolicy| {
-        rows.iter()
-            .find(|r| r.common.mode == mode && r.common.policy == pol)
-    };
-    let (b, o) = (
-        find(LargeRangePolicy::SplitCalls)?,
-        find(LargeRangePolicy::WholeVmid)?,
-    );
-    let case = b.common.case.as_str();
-    report.compare(case, "tlbi_instructions", b.tlbis as f64, o.tlbis as f64);
-    let per_call =
-        |r: &Row| r.common.inv.median() / u32::try_from(r.common.calls.max(1)).unwrap_or(u32::MAX);
-    let (bi, oi) = (b.common.inv.median(), o.common.inv.median());
-    Some(format!(
-        "{case:<12} TLBI instructions {} -> {}; time waiting for EL2 {} -> {} ({:.1}x less); per round trip {} with split_calls, {} with whole_vmid",
-        b.tlbis,
-        o.tlbis,
-        human(bi),
-        human(oi),
-        bi.as_secs_f64() / oi.as_secs_f64().max(1e-12),
-        human(per_call(b)),
-        human(per_call(o)),
-    ))
-}
-
-/// The human-readable report.
-fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
-    let mut s = format!(
-        "tlb-perf --arm64: {} slot of {} 4K pages on QEMU's arm64 model (2 CPUs: one idle at EL2, one serving the host's TLB maintenance at EL2, so every TLB call is a round trip to EL2); {} of stage-2 tables in the shared RAM, QEMU up in {}, mapped in {}, logging enabled in {}; range limit {} pages ({}); {} dirtied per cycle; {} runs ({} build)\n{}\n",
-        human_bytes(p.size),
-        f.slot.npages,
-        human_bytes(f.slot.table_pages as u64 * PAGE),
-        human(f.boot_time),
-        human(f.slot.populate_time),
-        human(f.slot.enable_time),
-        p.limit_pages,
-        human_bytes(p.limit_pages.saturating_mul(PAGE)),
-        if p.dirty_every <= 1 {
-            "every page".to_string()
-        } else {
-            format!("1 page in {}", p.dirty_every)
-        },
-        p.runs,
-        build_kind(),
-        a64::EMULATOR_NOTE
-    );
-    let cells: Vec<(&Common, String)> = rows
-        .iter()
-        .map(|r| (&r.common, format!(" {:>7}", r.tlbis)))
-        .collect();
-    s += &table(&cells, &format!(" {:>7}", "TLBIs"));
-    s += &format!(
-        "(medians of {} cycles per mode and policy, alternating; calls = round trips to the EL2 service CPU per cycle, TLBIs = TLBI instructions it executed, invalidate = the clearing thread's wait for them, the service CPU's wake-up from its idle wait included)\n",
-        p.runs
-    );
-    for l in lines {
-        s += l;
-        s.push('\n');
-    }
-    let checked: Vec<String> = f
-        .effect
-        .iter()
-        .map(|(m, pol, e)| format!("{m:?}/{pol:?} {} of {}", e.protected, e.pages))
-        .collect();
-    s += &format!(
-        "effect check (CPU 0, idle at EL2 between probes): pages written through a cached writable translation, then GET + CLEAR, then written again; second writes that took a permission fault: {}\n",
-        checked.join(", ")
-    );
-    s += &format!(
-        "operand check (CPU 0, the guest's stage 1 on): its stage-1 table page at IPA {:#x} moved ({} sequence(s), {} TLBIs), its next access took a stage-2 abort on its walk at that IPA (a TLBI naming another IPA leaves QEMU's walk cache and the access goes through)\n",
-        f.operand.table_ipa, f.operand.sequences, f.operand.tlbis
-    );
-    s
+    pub operand: WalkCacheReport,
 }

@@ -1,22 +1,17 @@
 //! `tlb-perf` on the simulated VM: the big slot over reserved host address
 //! space, vCPU threads writing a small slot of real memory meanwhile (so
-//! every invalidation must reach them), the harvest cycles, and the text
-//! report of what it costs the vCPUs (entries removed, TLB refills).
+//! every invalidation must reach them), and the harvest cycles with what
+//! they cost the vCPUs (entries removed, TLB refills).
 
+use super::cycle::{map_and_log, CycleTimes, SlotFacts};
 use super::guest::{sum_live, vcpu_loop, Live, Reservation};
-use super::report::{
-    build_kind, fill, map_and_log, median_f_of, median_of, open, table, Common, CycleTimes,
-    ModelRows, SlotFacts,
-};
-use super::{alternate, check, Mode, Params, PAGE, POLICIES};
-use crate::progress::Progress;
-use crate::report::{human, human_bytes, Report};
+use super::{alternate, Config, Mode, ModeSamples, PAGE};
+use crate::{human_bytes, Bars, Progress};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu::{Gpa, Hva};
 use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat};
-use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -25,12 +20,16 @@ const BIG_SLOT: u16 = 1;
 
 /// One measured harvest cycle: what every model measures, and what the
 /// vCPUs paid.
-#[derive(Clone, Copy, Default)]
-struct Sample {
-    times: CycleTimes,
-    vmid_flushes: u64,
-    removed: u64,
-    refill_misses: f64,
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sample {
+    /// What every model measures.
+    pub times: CycleTimes,
+    /// Whole-VMID flushes the clear made.
+    pub vmid_flushes: u64,
+    /// vCPU TLB entries the clear's invalidations removed.
+    pub removed: u64,
+    /// TLB misses the vCPUs took beyond their rate with no flush.
+    pub refill_misses: f64,
 }
 
 struct Bench<'a, F: VmFormat> {
@@ -38,7 +37,7 @@ struct Bench<'a, F: VmFormat> {
     live: &'a [Live],
     npages: u64,
     chunk_pages: u64,
-    p: &'a Params,
+    p: &'a Config,
     /// Misses per second the vCPUs take with no flush at all.
     base_miss_rate: f64,
     bitmap: Vec<u64>,
@@ -100,14 +99,6 @@ impl<F: VmFormat> Bench<'_, F> {
     }
 }
 
-/// Medians of one mode and policy: the common figures and what the vCPUs paid.
-struct Row {
-    common: Common,
-    vmid_flushes: u64,
-    removed: u64,
-    refill_misses: f64,
-}
-
 /// The VM with the big slot mapped and logged, and what setting it up took.
 struct Setup<F: VmFormat> {
     /// Declared before `reservation`, so dropped first: its table holds
@@ -117,19 +108,9 @@ struct Setup<F: VmFormat> {
     slot: SlotFacts,
 }
 
-/// Options with `--vcpus 0` resolved to the machine's CPUs.
-fn resolve(p: &Params) -> Params {
-    let mut resolved = p.clone();
-    if resolved.vcpus == 0 {
-        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-        resolved.vcpus = cpus.saturating_sub(1).clamp(1, 8);
-    }
-    resolved
-}
-
 /// Builds the VM: the vCPUs' small slot of real memory and the big slot,
 /// mapped with 4K pages and dirty-logged.
-fn setup<F: VmFormat>(p: &Params, progress: &Progress) -> Result<Setup<F>, String> {
+fn setup<F: VmFormat>(p: &Config, progress: &dyn Progress) -> Result<Setup<F>, String> {
     let e = |e: s2mmu::Error| e.to_string();
     let too_big = || {
         format!(
@@ -184,7 +165,7 @@ fn setup<F: VmFormat>(p: &Params, progress: &Progress) -> Result<Setup<F>, Strin
 }
 
 /// Starts the vCPU threads, measures while they run, stops them.
-fn with_vcpus<F: VmFormat>(p: &Params, st: &Setup<F>, progress: bool) -> Result<Measured, String> {
+fn with_vcpus<F: VmFormat>(p: &Config, st: &Setup<F>, bars: Bars) -> Result<Measured, String> {
     let live: Vec<Live> = (0..p.vcpus).map(|_| Live::default()).collect();
     let stop = AtomicBool::new(false);
     let vcpu_pages = p.vcpu_mem / PAGE;
@@ -200,7 +181,7 @@ fn with_vcpus<F: VmFormat>(p: &Params, st: &Setup<F>, progress: bool) -> Result<
             let base = SMALL_GPA + i as u64 * p.vcpu_mem;
             handles.push(s.spawn(move || vcpu_loop(v, i, base, vcpu_pages, idle, l, stop_ref)));
         }
-        let r = measure(p, &st.vm, &live, st.slot.npages, progress);
+        let r = measure(p, &st.vm, &live, st.slot.npages, bars);
         stop.store(true, Ordering::Relaxed);
         let mut errs = Vec::new();
         for h in handles {
@@ -218,17 +199,30 @@ fn with_vcpus<F: VmFormat>(p: &Params, st: &Setup<F>, progress: bool) -> Result<
     })
 }
 
-/// Runs `tlb-perf` on the simulated VM and returns its report.
+/// What a run on the simulated VM measured.
+#[derive(Debug)]
+pub struct VmRun {
+    /// The big slot's setup.
+    pub slot: SlotFacts,
+    /// The cost of one TLB refill (a table walk), in ns.
+    pub walk_ns: f64,
+    /// Misses per second the vCPUs take with no flush at all.
+    pub base_miss_rate: f64,
+    /// Every cycle's sample, per mode and policy.
+    pub modes: Vec<ModeSamples<Sample>>,
+}
+
+/// Runs `tlb-perf` on the simulated VM with stage-2 format `F`: the VM
+/// with its big slot mapped and logged, then the harvest cycles with
+/// `p.vcpus` vCPU threads writing meanwhile.
 ///
 /// # Errors
-/// A message naming the flag or the step that failed.
-pub(super) fn run<F: VmFormat>(p: &Params, progress: bool) -> Result<Report, String> {
-    check(p)?;
-    let p = &resolve(p);
-    let bar = Progress::new("tlb-perf", 1, progress);
-    let st = setup::<F>(p, &bar)?;
+/// A message naming the setting or the step that failed.
+pub fn run<F: VmFormat>(p: &Config, bars: Bars) -> Result<VmRun, String> {
+    let bar = bars("tlb-perf", 1);
+    let st = setup::<F>(p, &*bar)?;
     drop(bar);
-    let (rows, walk_ns, base_miss_rate) = with_vcpus(p, &st, progress)?;
+    let (modes, walk_ns, base_miss_rate) = with_vcpus(p, &st, bars)?;
     let Setup {
         vm,
         reservation,
@@ -236,174 +230,24 @@ pub(super) fn run<F: VmFormat>(p: &Params, progress: bool) -> Result<Report, Str
     } = st;
     drop(vm);
     drop(reservation);
-    let facts = Facts {
+    Ok(VmRun {
         slot,
         walk_ns,
         base_miss_rate,
-    };
-    report(p, &rows, &facts)
+        modes,
+    })
 }
 
-/// What the report says besides the rows.
-struct Facts {
-    slot: SlotFacts,
-    /// The cost of one TLB refill (a table walk).
-    walk_ns: f64,
-    /// Misses per second the vCPUs take with no flush at all.
-    base_miss_rate: f64,
-}
-
-fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
-    let mut report = open(
-        p,
-        json!({
-            "vcpus": p.vcpus,
-            "vcpu_mem_bytes": p.vcpu_mem,
-            "format": p.format.name(),
-            "settle_us": p.settle_us,
-            "idle_us": p.idle_us,
-        }),
-        "populate",
-        &f.slot,
-        json!({
-            "walk_ns": f.walk_ns,
-            "baseline_misses_per_s": f.base_miss_rate,
-        }),
-    );
-    let model = ModelRows {
-        rows: rows
-            .iter()
-            .map(|r| {
-                let extra = json!({
-                    "tlb_vmid_flushes": r.vmid_flushes,
-                    "tlb_entries_removed": r.removed,
-                    "refill_misses": r.refill_misses,
-                    "refill_walk_ns": r.refill_misses * f.walk_ns,
-                });
-                (&r.common, extra)
-            })
-            .collect(),
-        call_noun: "call(s)",
-        judge_chunked_calls: false,
-    };
-    let judged = fill(&mut report, p, f.slot.npages, &model)?;
-    let mut lines = Vec::new();
-    for (mode, mut mode_lines) in [Mode::Whole, Mode::Chunked].into_iter().zip(judged) {
-        mode_lines.extend(tradeoff_lines(p, rows, mode, f)?);
-        lines.extend(mode_lines);
-    }
-    report.set_text(text(p, rows, f, &lines));
-    Ok(report)
-}
-
-/// What the whole-VMID flush costs the vCPUs in `mode`, against what it
-/// saves the clearing thread.
-fn tradeoff_lines(p: &Params, rows: &[Row], mode: Mode, f: &Facts) -> Result<Vec<String>, String> {
-    let find = |pol: LargeRangePolicy| {
-        rows.iter()
-            .find(|r| r.common.mode == mode && r.common.policy == pol)
-            .ok_or_else(|| "missing result row".to_string())
-    };
-    let b = find(LargeRangePolicy::SplitCalls)?;
-    let o = find(LargeRangePolicy::WholeVmid)?;
-    let clears = match mode {
-        Mode::Whole => 1,
-        Mode::Chunked => f.slot.npages.div_ceil(p.chunk / PAGE),
-    };
-    let per_clear = |x: f64| x / clears as f64;
-    let walk_ns = f.walk_ns;
-    let saved = b.common.inv.median().saturating_sub(o.common.inv.median());
-    let refill =
-        Duration::from_nanos(((o.refill_misses - b.refill_misses).max(0.0) * walk_ns) as u64);
-    Ok(vec![
-        format!(
-            "{:<12} trade-off per clear: whole_vmid removes {:.0} vCPU TLB entries, {:.0} refill misses (~{} of table walks); split_calls removes {:.0}, {:.0} misses",
-            b.common.case,
-            per_clear(o.removed as f64),
-            per_clear(o.refill_misses),
-            human(Duration::from_nanos(
-                (per_clear(o.refill_misses) * walk_ns) as u64
-            )),
-            per_clear(b.removed as f64),
-            per_clear(b.refill_misses),
-        ),
-        format!(
-            "{:<12} per cycle: whole_vmid saves {} of invalidation on the clearing thread and costs the vCPUs ~{} of extra TLB refills",
-            b.common.case,
-            human(saved),
-            human(refill),
-        ),
-    ])
-}
-
-/// The human-readable report.
-fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
-    let mut s = format!(
-        "tlb-perf: {} slot of {} pages ({} of stage-2 tables, mapped in {}, logging enabled in {}), range limit {} pages ({}), {} vCPUs writing {} each, 1 page in {} dirtied per cycle, {} runs ({} build)\n",
-        human_bytes(p.size),
-        f.slot.npages,
-        human_bytes(f.slot.table_pages as u64 * PAGE),
-        human(f.slot.populate_time),
-        human(f.slot.enable_time),
-        p.limit_pages,
-        human_bytes(p.limit_pages.saturating_mul(PAGE)),
-        p.vcpus,
-        human_bytes(p.vcpu_mem),
-        p.dirty_every,
-        p.runs,
-        build_kind()
-    );
-    let cells: Vec<(&Common, String)> = rows
-        .iter()
-        .map(|r| {
-            let extra = format!(
-                " {:>9} {:>9.0} {:>10}",
-                r.removed,
-                r.refill_misses,
-                human(Duration::from_nanos((r.refill_misses * f.walk_ns) as u64)),
-            );
-            (&r.common, extra)
-        })
-        .collect();
-    s += &table(
-        &cells,
-        &format!(" {:>9} {:>9} {:>10}", "removed", "misses", "refill"),
-    );
-    s += &format!(
-        "(medians of {} cycles; calls, removed vCPU TLB entries and refill misses per cycle; refill = misses x {:.0} ns per table walk; vCPUs miss {:.0}/s with no flush)\n",
-        p.runs, f.walk_ns, f.base_miss_rate
-    );
-    for l in lines {
-        s += l;
-        s.push('\n');
-    }
-    // A call that waits for a vCPU the host preempted in guest mode pays a
-    // scheduler time slice, not the cost of reaching it: say so.
-    let slowest = rows
-        .iter()
-        .filter(|r| r.common.calls > 0)
-        .map(|r| r.common.inv.median() / u32::try_from(r.common.calls).unwrap_or(u32::MAX))
-        .max()
-        .unwrap_or_default();
-    if slowest > Duration::from_micros(100) {
-        s += &format!(
-            "note: an invalidation call took {} on average in one case: vCPU threads were preempted in guest mode (more runnable threads than free cores), so calls waited for the scheduler; use fewer --vcpus or --idle-us 50\n",
-            human(slowest)
-        );
-    }
-    s
-}
-
-type Measured = (Vec<Row>, f64, f64);
+type Measured = (Vec<ModeSamples<Sample>>, f64, f64);
 
 /// Waits for the vCPUs to run, measures the cost of a TLB refill, then the
 /// harvest cycles of both modes and policies.
 fn measure<F: VmFormat>(
-    p: &Params,
+    p: &Config,
     vm: &Vm<TreeMemslots, F>,
     live: &[Live],
     npages: u64,
-    progress: bool,
+    bars: Bars,
 ) -> Result<Measured, String> {
     // Let the vCPUs fault their regions in and fill their TLBs.
     let want = p.vcpu_mem / PAGE * 8;
@@ -443,18 +287,6 @@ fn measure<F: VmFormat>(
         base_miss_rate,
         bitmap: vec![0u64; npages.div_ceil(64) as usize],
     };
-    let mut rows = Vec::new();
-    for (mode, case, samples) in alternate(p.runs, p.chunk, progress, |m, pol| bench.cycle(m, pol))?
-    {
-        for (pi, pol) in POLICIES.iter().enumerate() {
-            let s = &samples[pi];
-            rows.push(Row {
-                common: Common::of(&case, mode, *pol, s.iter().map(|x| &x.times)),
-                vmid_flushes: median_of(s, |x| x.vmid_flushes),
-                removed: median_of(s, |x| x.removed),
-                refill_misses: median_f_of(s, |x| x.refill_misses),
-            });
-        }
-    }
-    Ok((rows, walk_ns, base_miss_rate))
+    let modes = alternate(p.runs, p.chunk, bars, |m, pol| bench.cycle(m, pol))?;
+    Ok((modes, walk_ns, base_miss_rate))
 }

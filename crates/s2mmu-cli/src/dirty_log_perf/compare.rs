@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use s2mmu::mmu::FaultPath;
 
-use super::{arm64, engine, kvm::kvm_params, phase_rows, secs, EngineRun, Params, RunSpec};
+use super::{arm64_report, engine, kvm::kvm_params, phase_rows, secs, EngineRun, Params, RunSpec};
 
 /// Runs the three columns that can run here (the engine always) for `v`
 /// vCPUs and returns the comparison's text.
@@ -24,7 +24,7 @@ pub(super) fn run(
         runs: None,
         ..p.clone()
     };
-    let arm64_plan = arm64::plan(&one_run, &[v], bytes).and_then(|mut plan| {
+    let arm64_plan = arm64_report::plan(&one_run, &[v], bytes).and_then(|mut plan| {
         if let Some(why) = crate::arm64::unavailable() {
             return Err(why);
         }
@@ -45,8 +45,8 @@ pub(super) fn run(
     };
     let a = match arm64_plan {
         Ok(plan) => {
-            let r = arm64::run_one(p, &plan, v, bytes)?;
-            let run = arm64::as_engine_run(&r, &plan, v, bytes);
+            let r = arm64_report::run_one(&plan, v, bytes)?;
+            let run = arm64_report::as_engine_run(&r, &plan, v, bytes);
             Ok((r, run))
         }
         Err(why) => Err(why),
@@ -105,7 +105,7 @@ fn compare_text(
     phase_rows(report, &ep, "engine");
     phase_rows(report, &kp, "kvm");
     match a {
-        Ok(run) => arm64::rows(report, vcpus, std::slice::from_ref(run), ring),
+        Ok(run) => arm64_report::rows(report, vcpus, std::slice::from_ref(run), ring),
         Err(why) => report.result("column_skipped", "arm64", json!({"reason": why})),
     }
     if let Err(why) = k {
@@ -227,7 +227,7 @@ fn fault_lines(
             f.fast,
             f.slow
         );
-        for l in arm64::round_trip_lines(r) {
+        for l in arm64_report::round_trip_lines(r) {
             s += &l;
             s.push('\n');
         }

@@ -1,0 +1,220 @@
+//! `tlb-perf` on the simulated VM, the report: the engine's cycles
+//! ([`s2mmu_bench::tlb::vm`]) reduced to medians, and what the whole-VMID
+//! flush costs the vCPUs (entries removed, TLB refills) against what it
+//! saves the clearing thread.
+
+use super::report::{
+    build_kind, fill, median_f_of, median_of, open, table, Common, ModelRows, SlotFacts,
+};
+use super::{check, Mode, Params, PAGE, POLICIES};
+use crate::progress::Progress;
+use crate::report::{human, human_bytes, Report};
+use s2mmu::tlb::LargeRangePolicy;
+use s2mmu_bench::tlb::vm::VmRun;
+use s2mmu_vm::VmFormat;
+use serde_json::json;
+use std::time::Duration;
+
+/// Medians of one mode and policy: the common figures and what the vCPUs paid.
+struct Row {
+    common: Common,
+    vmid_flushes: u64,
+    removed: u64,
+    refill_misses: f64,
+}
+
+/// Options with `--vcpus 0` resolved to the machine's CPUs.
+fn resolve(p: &Params) -> Params {
+    let mut resolved = p.clone();
+    if resolved.vcpus == 0 {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        resolved.vcpus = cpus.saturating_sub(1).clamp(1, 8);
+    }
+    resolved
+}
+
+/// Runs `tlb-perf` on the simulated VM and returns its report.
+///
+/// # Errors
+/// A message naming the flag or the step that failed.
+pub(super) fn run<F: VmFormat>(p: &Params, progress: bool) -> Result<Report, String> {
+    check(p)?;
+    let p = &resolve(p);
+    let bars = |what: &str, steps: u64| -> Box<dyn s2mmu_bench::Progress> {
+        Box::new(Progress::new(what, steps, progress))
+    };
+    let r = s2mmu_bench::tlb::vm::run::<F>(&p.config(), &bars)?;
+    let facts = Facts {
+        slot: r.slot,
+        walk_ns: r.walk_ns,
+        base_miss_rate: r.base_miss_rate,
+    };
+    report(p, &rows(&r), &facts)
+}
+
+/// The medians of each mode and policy.
+fn rows(r: &VmRun) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (mode, case, samples) in &r.modes {
+        for (pi, pol) in POLICIES.iter().enumerate() {
+            let s = &samples[pi];
+            rows.push(Row {
+                common: Common::of(case, *mode, *pol, s.iter().map(|x| &x.times)),
+                vmid_flushes: median_of(s, |x| x.vmid_flushes),
+                removed: median_of(s, |x| x.removed),
+                refill_misses: median_f_of(s, |x| x.refill_misses),
+            });
+        }
+    }
+    rows
+}
+
+/// What the report says besides the rows.
+struct Facts {
+    slot: SlotFacts,
+    /// The cost of one TLB refill (a table walk).
+    walk_ns: f64,
+    /// Misses per second the vCPUs take with no flush at all.
+    base_miss_rate: f64,
+}
+
+fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
+    let mut report = open(
+        p,
+        json!({
+            "vcpus": p.vcpus,
+            "vcpu_mem_bytes": p.vcpu_mem,
+            "format": p.format.name(),
+            "settle_us": p.settle_us,
+            "idle_us": p.idle_us,
+        }),
+        "populate",
+        &f.slot,
+        json!({
+            "walk_ns": f.walk_ns,
+            "baseline_misses_per_s": f.base_miss_rate,
+        }),
+    );
+    let model = ModelRows {
+        rows: rows
+            .iter()
+            .map(|r| {
+                let extra = json!({
+                    "tlb_vmid_flushes": r.vmid_flushes,
+                    "tlb_entries_removed": r.removed,
+                    "refill_misses": r.refill_misses,
+                    "refill_walk_ns": r.refill_misses * f.walk_ns,
+                });
+                (&r.common, extra)
+            })
+            .collect(),
+        call_noun: "call(s)",
+        judge_chunked_calls: false,
+    };
+    let judged = fill(&mut report, p, f.slot.npages, &model)?;
+    let mut lines = Vec::new();
+    for (mode, mut mode_lines) in [Mode::Whole, Mode::Chunked].into_iter().zip(judged) {
+        mode_lines.extend(tradeoff_lines(p, rows, mode, f)?);
+        lines.extend(mode_lines);
+    }
+    report.set_text(text(p, rows, f, &lines));
+    Ok(report)
+}
+
+/// What the whole-VMID flush costs the vCPUs in `mode`, against what it
+/// saves the clearing thread.
+fn tradeoff_lines(p: &Params, rows: &[Row], mode: Mode, f: &Facts) -> Result<Vec<String>, String> {
+    let find = |pol: LargeRangePolicy| {
+        rows.iter()
+            .find(|r| r.common.mode == mode && r.common.policy == pol)
+            .ok_or_else(|| "missing result row".to_string())
+    };
+    let b = find(LargeRangePolicy::SplitCalls)?;
+    let o = find(LargeRangePolicy::WholeVmid)?;
+    let clears = match mode {
+        Mode::Whole => 1,
+        Mode::Chunked => f.slot.npages.div_ceil(p.chunk / PAGE),
+    };
+    let per_clear = |x: f64| x / clears as f64;
+    let walk_ns = f.walk_ns;
+    let saved = b.common.inv.median().saturating_sub(o.common.inv.median());
+    let refill =
+        Duration::from_nanos(((o.refill_misses - b.refill_misses).max(0.0) * walk_ns) as u64);
+    Ok(vec![
+        format!(
+            "{:<12} trade-off per clear: whole_vmid removes {:.0} vCPU TLB entries, {:.0} refill misses (~{} of table walks); split_calls removes {:.0}, {:.0} misses",
+            b.common.case,
+            per_clear(o.removed as f64),
+            per_clear(o.refill_misses),
+            human(Duration::from_nanos(
+                (per_clear(o.refill_misses) * walk_ns) as u64
+            )),
+            per_clear(b.removed as f64),
+            per_clear(b.refill_misses),
+        ),
+        format!(
+            "{:<12} per cycle: whole_vmid saves {} of invalidation on the clearing thread and costs the vCPUs ~{} of extra TLB refills",
+            b.common.case,
+            human(saved),
+            human(refill),
+        ),
+    ])
+}
+
+/// The human-readable report.
+fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
+    let mut s = format!(
+        "tlb-perf: {} slot of {} pages ({} of stage-2 tables, mapped in {}, logging enabled in {}), range limit {} pages ({}), {} vCPUs writing {} each, 1 page in {} dirtied per cycle, {} runs ({} build)\n",
+        human_bytes(p.size),
+        f.slot.npages,
+        human_bytes(f.slot.table_pages as u64 * PAGE),
+        human(f.slot.populate_time),
+        human(f.slot.enable_time),
+        p.limit_pages,
+        human_bytes(p.limit_pages.saturating_mul(PAGE)),
+        p.vcpus,
+        human_bytes(p.vcpu_mem),
+        p.dirty_every,
+        p.runs,
+        build_kind()
+    );
+    let cells: Vec<(&Common, String)> = rows
+        .iter()
+        .map(|r| {
+            let extra = format!(
+                " {:>9} {:>9.0} {:>10}",
+                r.removed,
+                r.refill_misses,
+                human(Duration::from_nanos((r.refill_misses * f.walk_ns) as u64)),
+            );
+            (&r.common, extra)
+        })
+        .collect();
+    s += &table(
+        &cells,
+        &format!(" {:>9} {:>9} {:>10}", "removed", "misses", "refill"),
+    );
+    s += &format!(
+        "(medians of {} cycles; calls, removed vCPU TLB entries and refill misses per cycle; refill = misses x {:.0} ns per table walk; vCPUs miss {:.0}/s with no flush)\n",
+        p.runs, f.walk_ns, f.base_miss_rate
+    );
+    for l in lines {
+        s += l;
+        s.push('\n');
+    }
+    // A call that waits for a vCPU the host preempted in guest mode pays a
+    // scheduler time slice, not the cost of reaching it: say so.
+    let slowest = rows
+        .iter()
+        .filter(|r| r.common.calls > 0)
+        .map(|r| r.common.inv.median() / u32::try_from(r.common.calls).unwrap_or(u32::MAX))
+        .max()
+        .unwrap_or_default();
+    if slowest > Duration::from_micros(100) {
+        s += &format!(
+            "note: an invalidation call took {} on average in one case: vCPU threads were preempted in guest mode (more runnable threads than free cores), so calls waited for the scheduler; use fewer --vcpus or --idle-us 50\n",
+            human(slowest)
+        );
+    }
+    s
+}
