@@ -1,10 +1,12 @@
 //! The engine of `s2mmu dirty-log-perf`: KVM's `dirty_log_perf_test` flow
 //! on the simulated VM ([`run`]), and the figures it returns ([`EngineRun`]);
-//! the same flow on QEMU's arm64 model ([`arm64`]).
+//! the same flow on QEMU's arm64 model ([`arm64`]); the rotating orders
+//! the comparisons run it in ([`schedule`]).
 
 pub mod arm64;
 mod engine_run;
 mod running;
+pub mod schedule;
 
 pub use engine_run::{capitalise, median_dirty, secs, EngineIteration, EngineRun};
 pub use running::{label, run, RunSpec};

@@ -34,7 +34,7 @@ mod reporting;
 
 pub use modes::FormatArg;
 pub use params::{Params, PolicyArg, ReadLockArg, RecoverArg};
-pub use s2mmu_bench::dirty_log::{EngineIteration, EngineRun};
+pub use s2mmu_bench::dirty_log::EngineRun;
 
 use reporting::{count_rows, lost_rows, phase_rows, single_target};
 use s2mmu_bench::dirty_log::{capitalise, median_dirty, secs};

@@ -7,6 +7,7 @@ use serde_json::json;
 use std::time::Duration;
 
 use super::{engine, policy_for, EngineRun, Params, RunSpec};
+use s2mmu_bench::dirty_log::schedule::rotated;
 
 /// One figure of an engine run.
 type RunMetric<'a> = dyn Fn(&EngineRun) -> Duration + 'a;
@@ -102,18 +103,10 @@ fn paired_runs(
     runs: usize,
     spec: &impl Fn(usize, FaultPath, bool) -> RunSpec,
 ) -> Result<(Vec<EngineRun>, Vec<EngineRun>), String> {
-    let (mut eager, mut lazy) = (Vec::new(), Vec::new());
-    for r in 0..runs {
-        for e in [r % 2 == 0, r % 2 == 1] {
-            let run = engine(spec(vcpus, FaultPath::ReadLockFastPath, e), &p.memslots)?;
-            if e {
-                eager.push(run);
-            } else {
-                lazy.push(run);
-            }
-        }
-    }
-    Ok((eager, lazy))
+    let specs = [true, false].map(|e| spec(vcpus, FaultPath::ReadLockFastPath, e));
+    let mut got = rotated(runs, &specs, |s| engine(s, &p.memslots))?.into_iter();
+    let eager = got.next().unwrap_or_default();
+    Ok((eager, got.next().unwrap_or_default()))
 }
 
 /// A metric's values over runs, in seconds.

@@ -3,9 +3,10 @@
 //! logging off, in alternating order; and `--format`, the stage-2 format
 //! the simulated VM's vCPUs walk.
 
-use super::{engine, median_dirty, EngineRun, Params, PolicyArg, RunSpec};
+use super::{engine, Params, PolicyArg, RunSpec};
 use crate::report::{human, human_bytes, verdict, Report, Summary};
 use s2mmu::mmu::{DirtyMode, FaultPath, HwDirtyBlocks};
+use s2mmu_bench::dirty_log::schedule::{middle_f64, middle_u64, ModeSamples};
 use serde_json::json;
 use std::time::Duration;
 
@@ -23,15 +24,6 @@ impl Params {
     pub fn ring(&self) -> Option<u32> {
         self.ring
             .or_else(|| self.dirty.0.iter().find_map(|d| d.ring_entries()))
-    }
-}
-
-/// `mode` protecting as `like` does (a run's policy sets the protection
-/// from `-g`; the mode list only names modes).
-pub(super) fn protected_as(mode: DirtyMode, like: DirtyMode) -> DirtyMode {
-    match like.protect() {
-        Some(p) => mode.with_protect(p),
-        None => mode,
     }
 }
 
@@ -85,82 +77,6 @@ pub(super) fn check_params(p: &Params) -> Result<(), String> {
     Ok(())
 }
 
-/// The samples of one mode over the runs.
-#[derive(Default)]
-struct ModeSamples {
-    /// Per run: the median logged pass (the passes after the first when
-    /// there are several: the first meets what enabling logging left).
-    dirty: Vec<Duration>,
-    /// Per run: the pass with logging off before logging started.
-    off: Vec<Duration>,
-    /// Per run: median GET + CLEAR time of those passes.
-    harvest: Vec<Duration>,
-    /// Per run: median CPU time of the harvesting thread in them.
-    harvest_cpu: Vec<Duration>,
-    /// Per run: median faults (translation + permission) per pass.
-    faults: Vec<u64>,
-    /// Per run: median log-full exits per pass.
-    pml_full: Vec<u64>,
-    /// Per run: median pages reported dirty per pass.
-    pages: Vec<u64>,
-    /// Per run: enabling logging (the eager split, where the mode splits).
-    enable: Vec<Duration>,
-    /// Per run: time splitting (eager, on CLEAR, and on fault).
-    split: Vec<Duration>,
-}
-
-fn median_u64(v: &[u64]) -> u64 {
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    s.get(s.len() / 2).copied().unwrap_or(0)
-}
-
-fn median_f64(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s.get(s.len() / 2).copied().unwrap_or(0.0)
-}
-
-impl ModeSamples {
-    fn add(&mut self, r: &EngineRun) {
-        let steady: Vec<_> = r
-            .iterations
-            .iter()
-            .skip(usize::from(r.iterations.len() > 1))
-            .collect();
-        self.dirty.push(median_dirty(r));
-        self.enable.push(r.enable);
-        let on_fault: u64 = r.iterations.iter().map(|i| i.faults.split_ns).sum();
-        self.split
-            .push(Duration::from_nanos(r.vm_stats.split_ns + on_fault));
-        self.off.push(r.off_pass.unwrap_or_default());
-        let harvest: Vec<Duration> = steady
-            .iter()
-            .map(|i| i.get + i.clear.unwrap_or_default())
-            .collect();
-        self.harvest.push(Summary::of(&harvest).median);
-        let cpu: Vec<Duration> = steady.iter().map(|i| i.harvest_cpu).collect();
-        self.harvest_cpu.push(Summary::of(&cpu).median);
-        let per = |f: &dyn Fn(&super::EngineIteration) -> u64| {
-            median_u64(&steady.iter().map(|i| f(i)).collect::<Vec<_>>())
-        };
-        self.faults
-            .push(per(&|i| i.faults.permission + i.faults.translation));
-        self.pml_full.push(per(&|i| i.faults.pml_full_exits));
-        self.pages.push(per(&|i| i.pages_dirty));
-    }
-
-    /// Per run, logged pass over that run's pass with logging off.
-    fn slowdowns(&self) -> Vec<f64> {
-        self.dirty
-            .iter()
-            .zip(&self.off)
-            .filter(|(_, o)| !o.is_zero())
-            .map(|(d, o)| d.as_secs_f64() / o.as_secs_f64())
-            .collect()
-    }
-}
-
 fn ns(v: &[Duration]) -> Vec<u64> {
     v.iter().map(|d| d.as_nanos() as u64).collect()
 }
@@ -188,15 +104,15 @@ pub(super) fn table(
         let off = Summary::of(&s.off);
         let harvest = Summary::of(&s.harvest);
         let cpu = Summary::of(&s.harvest_cpu);
-        let slow = median_f64(&s.slowdowns());
+        let slow = middle_f64(&s.slowdowns());
         let per_gib = Duration::from_secs_f64(harvest.median.as_secs_f64() / gib);
-        let faults = median_u64(&s.faults);
+        let faults = middle_u64(&s.faults);
         out += &format!(
             "{:<9} {:>11} {:>9} {:>10} {:>12} {:>12} {:>12} {:>6.2}x {:>12} {:>11}\n",
             d.name(),
             faults,
-            median_u64(&s.pml_full),
-            median_u64(&s.pages),
+            middle_u64(&s.pml_full),
+            middle_u64(&s.pages),
             human(Summary::of(&s.split).median),
             human(off.median),
             human(dirty.median),
@@ -282,16 +198,6 @@ fn sample_modes(
     } else {
         FaultPath::ReadLockFastPath
     };
-    let mut samples: Vec<ModeSamples> = modes.iter().map(|_| ModeSamples::default()).collect();
-    for run in 0..runs {
-        for k in 0..modes.len() {
-            let m = (run + k) % modes.len();
-            let mut s = spec(vcpus, fault_path, p.eager_split);
-            s.policy.dirty = protected_as(modes[m], s.policy.dirty);
-            s.off_pass = true;
-            let r = engine(s, &p.memslots)?;
-            samples[m].add(&r);
-        }
-    }
-    Ok(samples)
+    let base = spec(vcpus, fault_path, p.eager_split);
+    s2mmu_bench::dirty_log::schedule::sample_modes(base, modes, runs, |s| engine(s, &p.memslots))
 }

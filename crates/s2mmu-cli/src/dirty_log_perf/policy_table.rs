@@ -7,7 +7,8 @@ use s2mmu_vm::Backing;
 use serde_json::json;
 use std::time::Duration;
 
-use super::{engine, median_dirty, Params, ReadLockArg, RunSpec};
+use super::{engine, median_dirty, EngineRun, Params, ReadLockArg, RunSpec};
+use s2mmu_bench::dirty_log::schedule::rotated;
 
 /// The three policies in alternating runs per vCPU count; returns the table.
 pub(super) fn both_table(
@@ -126,19 +127,18 @@ fn run_policies(
     spec: &impl Fn(usize, FaultPath, bool) -> RunSpec,
     policies: &[Policy; 3],
 ) -> Result<[Vec<(Duration, FaultStats)>; 3], String> {
-    // Per policy, per run: the dirty memory time and the fault counters.
-    let mut got: [Vec<(Duration, FaultStats)>; 3] = Default::default();
-    for r in 0..runs {
-        for k in 0..3 {
-            let i = (k + r) % 3;
-            let (_, fp, slots) = policies[i];
-            let mut sp = spec(v, fp, p.eager_split);
-            sp.policy.reader_slots = slots;
-            let run = engine(sp, &p.memslots)?;
-            got[i].push((median_dirty(&run), run.fault_totals()));
-        }
-    }
-    Ok(got)
+    let specs = policies.map(|(_, fp, slots)| {
+        let mut sp = spec(v, fp, p.eager_split);
+        sp.policy.reader_slots = slots;
+        sp
+    });
+    let got = rotated(runs, &specs, |s| engine(s, &p.memslots))?;
+    let figures = |runs: &[EngineRun]| -> Vec<(Duration, FaultStats)> {
+        runs.iter()
+            .map(|r| (median_dirty(r), r.fault_totals()))
+            .collect()
+    };
+    Ok([figures(&got[0]), figures(&got[1]), figures(&got[2])])
 }
 
 /// A policy's medians over its runs: the dirty memory time, the lock
