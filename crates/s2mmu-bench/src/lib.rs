@@ -6,6 +6,7 @@
 pub mod arm64;
 pub mod dirty_log;
 pub mod harvest;
+pub mod host;
 pub use s2mmu_migrate::session::lost_write;
 pub mod memslot;
 pub mod split;

@@ -18,7 +18,7 @@
 //! slot's entries alone) and the TLB misses they take to refill.
 
 use crate::dirty_log_perf::FormatArg;
-use crate::report::{human_bytes, Report};
+use crate::report::Report;
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu::TlbPolicy;
 use s2mmu_bench::tlb::{Config, Mode, PAGE, POLICIES};
@@ -129,60 +129,7 @@ fn policy_name(p: LargeRangePolicy) -> &'static str {
 }
 
 fn check(p: &Params) -> Result<(), String> {
-    if p.size == 0 || !p.size.is_multiple_of(1 << 30) {
-        return Err("--size must be a non-zero multiple of 1G".into());
-    }
-    if p.chunk == 0 || !p.chunk.is_multiple_of(64 * PAGE) || p.chunk > p.size {
-        return Err(format!(
-            "--chunk must be a non-zero multiple of {} (64 pages: one bitmap word) and at most --size",
-            human_bytes(64 * PAGE)
-        ));
-    }
-    if p.runs == 0 {
-        return Err("--runs must be at least 1".into());
-    }
-    if p.vcpus > 64 {
-        return Err("--vcpus must be at most 64".into());
-    }
-    if p.vcpu_mem < PAGE || !p.vcpu_mem.is_multiple_of(PAGE) {
-        return Err("--vcpu-mem must be a non-zero multiple of 4K".into());
-    }
-    if p.limit_pages == 0 {
-        return Err("--limit-pages must be at least 1".into());
-    }
-    // The report shows the limit in bytes; a limit of more pages than the
-    // 64-bit address space holds means nothing.
-    if p.limit_pages.checked_mul(PAGE).is_none() {
-        return Err(format!(
-            "--limit-pages must be at most {} (the 64-bit address space in pages)",
-            u64::MAX / PAGE
-        ));
-    }
-    if p.dirty_every == 0 {
-        return Err("--dirty-every must be at least 1".into());
-    }
-    if p.runs == 0 || p.runs > 1000 {
-        return Err(format!("--runs {}: must be 1..=1000", p.runs));
-    }
-    // Real memory: the vCPUs' regions, and the big slot's 4K tables (1/512).
-    let regions = p
-        .vcpu_mem
-        .checked_mul(p.vcpus.max(1) as u64)
-        .ok_or_else(|| {
-            format!(
-                "--vcpu-mem {} x --vcpus {}: more than 64 bits",
-                human_bytes(p.vcpu_mem),
-                p.vcpus
-            )
-        })?;
-    let what = format!(
-        "--vcpu-mem {} x --vcpus {} and --size {}",
-        human_bytes(p.vcpu_mem),
-        p.vcpus,
-        human_bytes(p.size)
-    );
-    crate::limits::check_memory(&what, regions.saturating_add(p.size / 512))?;
-    Ok(())
+    s2mmu_bench::tlb::check(&p.config())
 }
 
 /// Runs the benchmark and returns its report.

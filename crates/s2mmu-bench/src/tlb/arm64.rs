@@ -24,6 +24,8 @@ use s2mmu_arm64::walk_cache::{change_stage1_table, AfterMove, Stage2Change, Walk
 use std::time::{Duration, Instant};
 
 const BIG_SLOT: u16 = 1;
+/// Most round trips to EL2 one cycle may make.
+const MAX_CALLS: u64 = 1 << 16;
 /// Where the slot sits in the IPA space.
 const BIG_GPA: u64 = 1 << 32;
 /// Pages the effect check writes, harvests and writes again.
@@ -39,6 +41,47 @@ pub struct Sample {
     pub tlbis: u64,
     /// Maintenance sequences host threads sent.
     pub sequences: u64,
+}
+
+/// Checks the settings ([`super::check`]) and what only the arm64 model
+/// limits, before QEMU starts.
+///
+/// # Errors
+/// A message naming the flag (the setting of the same name) and its limit.
+pub fn check(p: &Config) -> Result<(), String> {
+    super::check(p)?;
+    if p.size > a64::MAX_BYTES {
+        return Err(format!(
+            "--size {}: the arm64 model holds at most {} of guest data",
+            human_bytes(p.size),
+            human_bytes(a64::MAX_BYTES)
+        ));
+    }
+    // The slot stays untouched; its 4K tables (1/512 of it) are real memory
+    // in the table arena.
+    let tables = p.size / 512 + (16 << 20);
+    if tables > a64::TABLE_BYTES {
+        return Err(format!(
+            "--size {}: its tables do not fit the arm64 model's table arena of {}",
+            human_bytes(p.size),
+            human_bytes(a64::TABLE_BYTES)
+        ));
+    }
+    a64::check_touched("--size (its page tables)", tables)?;
+    // Every call is a round trip to EL2 (tens of microseconds under QEMU):
+    // bound the calls one cycle of split calls makes.
+    let npages = p.size / PAGE;
+    let calls = npages
+        .div_ceil(p.chunk / PAGE)
+        .saturating_mul(npages.div_ceil(p.limit_pages));
+    if calls > MAX_CALLS {
+        return Err(format!(
+            "--limit-pages {} with --chunk {}: {calls} round trips to EL2 per cycle; at most {MAX_CALLS} on the arm64 model (raise --limit-pages or --chunk)",
+            p.limit_pages,
+            human_bytes(p.chunk)
+        ));
+    }
+    Ok(())
 }
 
 struct Bench<'a> {
@@ -172,13 +215,13 @@ impl Bench<'_> {
 }
 
 /// Runs `tlb-perf --arm64` on a fresh QEMU with 2 CPUs: the harvest
-/// cycles, then the effect check and the operand check. The command
-/// checks the settings against the model's limits first.
+/// cycles, then the effect check and the operand check.
 ///
 /// # Errors
-/// The model's or the engine's errors, or a check that found a stale
-/// translation.
+/// Settings [`check`] refuses (before QEMU starts), the model's or the
+/// engine's errors, or a check that found a stale translation.
 pub fn run(p: &Config, bars: Bars) -> Result<Arm64Run, String> {
+    check(p)?;
     let npages = p.size / PAGE;
     let bar = bars("tlb-perf --arm64", 1);
     bar.message(&format!(

@@ -217,8 +217,16 @@ pub struct VmRun {
 /// `p.vcpus` vCPU threads writing meanwhile.
 ///
 /// # Errors
-/// A message naming the setting or the step that failed.
+/// Settings [`super::check`] refuses, `vcpus` 0, or a message naming the
+/// step that failed.
 pub fn run<F: VmFormat>(p: &Config, bars: Bars) -> Result<VmRun, String> {
+    super::check(p)?;
+    if p.vcpus == 0 {
+        return Err(
+            "--vcpus 0: a run needs at least one vCPU (the command resolves 0 to the CPUs but one)"
+                .into(),
+        );
+    }
     let bar = bars("tlb-perf", 1);
     let st = setup::<F>(p, &*bar)?;
     drop(bar);

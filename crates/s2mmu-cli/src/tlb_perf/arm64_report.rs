@@ -15,9 +15,6 @@ use s2mmu_bench::tlb::arm64::Arm64Run;
 use serde_json::json;
 use std::time::Duration;
 
-/// Most round trips to EL2 one cycle may make.
-const MAX_CALLS: u64 = 1 << 16;
-
 /// Medians of one mode and policy: the common figures and the model's TLBIs.
 struct Row {
     common: Common,
@@ -32,38 +29,7 @@ struct Row {
 /// A message naming the flag and its limit.
 pub(super) fn check_arm64(p: &Params) -> Result<(), String> {
     check(p)?;
-    if p.size > a64::MAX_BYTES {
-        return Err(format!(
-            "--size {}: the arm64 model holds at most {} of guest data",
-            human_bytes(p.size),
-            human_bytes(a64::MAX_BYTES)
-        ));
-    }
-    // The slot stays untouched; its 4K tables (1/512 of it) are real memory
-    // in the table arena.
-    let tables = p.size / 512 + (16 << 20);
-    if tables > a64::TABLE_BYTES {
-        return Err(format!(
-            "--size {}: its tables do not fit the arm64 model's table arena of {}",
-            human_bytes(p.size),
-            human_bytes(a64::TABLE_BYTES)
-        ));
-    }
-    a64::check_touched("--size (its page tables)", tables)?;
-    // Every call is a round trip to EL2 (tens of microseconds under QEMU):
-    // bound the calls one cycle of split calls makes.
-    let npages = p.size / PAGE;
-    let calls = npages
-        .div_ceil(p.chunk / PAGE)
-        .saturating_mul(npages.div_ceil(p.limit_pages));
-    if calls > MAX_CALLS {
-        return Err(format!(
-            "--limit-pages {} with --chunk {}: {calls} round trips to EL2 per cycle; at most {MAX_CALLS} on the arm64 model (raise --limit-pages or --chunk)",
-            p.limit_pages,
-            human_bytes(p.chunk)
-        ));
-    }
-    Ok(())
+    s2mmu_bench::tlb::arm64::check(&p.config())
 }
 
 /// Runs `tlb-perf --arm64` and returns its report.
