@@ -4,9 +4,11 @@
 //! the comparisons run it in ([`schedule`]).
 
 pub mod arm64;
+mod bounds;
 mod engine_run;
 mod running;
 pub mod schedule;
 
+pub use bounds::{check, GPA_BASE, IPA_BITS, MAX_ITERATIONS, MAX_SLOTS, MAX_VCPUS};
 pub use engine_run::{capitalise, median_dirty, secs, EngineIteration, EngineRun};
 pub use running::{label, run, RunSpec};

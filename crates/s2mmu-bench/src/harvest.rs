@@ -14,7 +14,7 @@
 //! addresses), and the hardware's dirtying is done by the CPU's walk
 //! (`TableReader::hw_dirty_update`) before each timed harvest.
 
-use crate::Progress;
+use crate::{human_bytes, Progress};
 use s2mmu::dirty::DirtyBitmap;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy};
@@ -39,6 +39,40 @@ pub struct Config {
     /// The engine's CLEAR takes the masked walk above this many runs of
     /// dirty pages per last-level table (the engine's default if `None`).
     pub sparse_clear_runs: Option<usize>,
+}
+
+/// The largest slot a run maps.
+pub const MAX_SIZE: u64 = 256 << 30;
+
+/// Checks the settings before anything is mapped: the slot's size (a
+/// multiple of 2 MiB, at most [`MAX_SIZE`]), the runs, the dirtied share,
+/// and the memory its tables and bitmaps take against the host's.
+///
+/// # Errors
+/// A message naming the flag (the setting of the same name) and its limit.
+pub fn check(p: &Config) -> Result<(), String> {
+    if p.size == 0 || !p.size.is_multiple_of(2 << 20) || p.size > MAX_SIZE {
+        return Err(format!(
+            "--size {}: must be a non-zero multiple of 2M, at most {}",
+            p.size,
+            human_bytes(MAX_SIZE)
+        ));
+    }
+    if !(1..=100).contains(&p.runs) {
+        return Err(format!("--runs {}: must be 1..=100", p.runs));
+    }
+    if p.dirty_every == 0 || p.dirty_every > p.size / 4096 {
+        return Err(format!(
+            "--dirty-every {}: must be 1..={} (the slot's pages)",
+            p.dirty_every,
+            p.size / 4096
+        ));
+    }
+    // Two tables of 4K pages (1/512 of the slot each) and two bitmaps of a
+    // bit per page.
+    let need = 2 * (p.size / 512) + 2 * (p.size / 4096 / 8);
+    crate::host::check_memory(&format!("--size {}", human_bytes(p.size)), need)?;
+    Ok(())
 }
 
 type HwMmu<F> = Mmu<F, HostMmOps, TreeMemslots>;
@@ -179,6 +213,7 @@ pub fn setup_and_measure<F: VmFormat>(
     p: &Config,
     bar: &dyn Progress,
 ) -> Result<(Measured, Duration), String> {
+    check(p)?;
     let runs = p
         .sparse_clear_runs
         .map_or(s2mmu::mmu::SPARSE_CLEAR_RUNS, |r| r as u32);
@@ -187,4 +222,47 @@ pub fn setup_and_measure<F: VmFormat>(
     bar.step();
     bar.message("harvests");
     Ok((measure(p, &mmu, &runs_only, bar)?, t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use s2mmu::format::arm64::Arm64Stage2;
+
+    #[test]
+    fn bad_settings_are_refused_before_anything_is_mapped() {
+        let ok = Config {
+            size: 2 << 20,
+            dirty_every: 1,
+            runs: 1,
+            sparse_clear_runs: None,
+        };
+        let refused = |c: Config, says: &str| {
+            let e = setup_and_measure::<Arm64Stage2>(&c, &crate::NoProgress)
+                .err()
+                .expect("refused");
+            assert!(e.contains(says), "{e:?} should name {says}");
+        };
+        refused(Config { size: 0, ..ok }, "--size");
+        refused(
+            Config {
+                size: MAX_SIZE + (2 << 20),
+                ..ok
+            },
+            "--size",
+        );
+        refused(Config { runs: 0, ..ok }, "--runs");
+        refused(
+            Config {
+                dirty_every: 513,
+                ..ok
+            },
+            "--dirty-every",
+        );
+        let (m, _) = setup_and_measure::<Arm64Stage2>(&ok, &crate::NoProgress).unwrap();
+        assert_eq!(
+            m.found, 512,
+            "every page of the 2 MiB slot dirtied and found"
+        );
+    }
 }

@@ -1,6 +1,8 @@
 //! The host's memory: what a run may use before it allocates (a run
 //! asks for no more than `MemAvailable`, so it is refused by name instead
-//! of swapping or being killed).
+//! of swapping or being killed), and the simulated guest's shape.
+
+use crate::human_bytes;
 
 /// The memory the host can give without swapping (`MemAvailable` in
 /// /proc/meminfo), if it says.
@@ -36,4 +38,28 @@ pub fn approx_bytes(b: u64) -> String {
         }
     }
     format!("{b} B")
+}
+
+/// The most guest memory `dirty-views` and `snapshot` simulate.
+pub const MAX_GUEST_MEM: u64 = 16 << 30;
+
+/// The simulated guest of `dirty-views` and `snapshot`: 1 to 64 vCPUs, and
+/// memory a non-zero multiple of 2 MiB per vCPU, at most
+/// [`MAX_GUEST_MEM`].
+///
+/// # Errors
+/// A message naming `--vcpus` or `--mem` and its bounds.
+pub fn check_guest(vcpus: usize, mem: u64) -> Result<(), String> {
+    if !(1..=64).contains(&vcpus) {
+        return Err(format!("--vcpus {vcpus}: must be 1..=64"));
+    }
+    let unit = (2 << 20) * vcpus as u64;
+    if mem == 0 || !mem.is_multiple_of(unit) || mem > MAX_GUEST_MEM {
+        return Err(format!(
+            "--mem {mem}: must be a non-zero multiple of {} (2M per vCPU), at most {}",
+            human_bytes(unit),
+            human_bytes(MAX_GUEST_MEM)
+        ));
+    }
+    Ok(())
 }

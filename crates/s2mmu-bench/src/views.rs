@@ -15,6 +15,7 @@
 //! had not changed is an over-report (allowed, counted).
 
 use crate::Progress;
+use s2mmu::dirty::MAX_DIRTY_VIEWS_PER_SLOT;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, DirtyView, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern, SlotInfo, Vm, VmConfig, Workload, WorkloadConfig};
@@ -186,8 +187,48 @@ fn start_guest(p: &Config) -> Result<(Arc<Vm<TreeMemslots>>, Workload<TreeMemslo
     Ok((vm, w))
 }
 
+/// Checks the settings before the guest starts: its shape
+/// ([`crate::host::check_guest`]), the views (1 to
+/// `MAX_DIRTY_VIEWS_PER_SLOT`, each period 1 to 1000 ticks), the ticks and
+/// the tick length.
+///
+/// # Errors
+/// A message naming the flag (the setting of the same name) and its limit.
+pub fn check(p: &Config) -> Result<(), String> {
+    crate::host::check_guest(p.vcpus, p.mem)?;
+    check_periods(&p.view_periods)?;
+    if !(1..=100_000).contains(&p.ticks) {
+        return Err(format!("--ticks {}: must be 1..=100000", p.ticks));
+    }
+    if p.tick_ms > 10_000 {
+        return Err(format!("--tick-ms {}: must be 0..=10000", p.tick_ms));
+    }
+    Ok(())
+}
+
+/// The views' harvest periods: 1 to `MAX_DIRTY_VIEWS_PER_SLOT` views, each
+/// period 1 to 1000 ticks.
+fn check_periods(periods: &[u32]) -> Result<(), String> {
+    let n = periods.len();
+    if n == 0 || n > MAX_DIRTY_VIEWS_PER_SLOT {
+        return Err(format!(
+            "--view-periods: {n} views, must be 1..={MAX_DIRTY_VIEWS_PER_SLOT}"
+        ));
+    }
+    if let Some(bad) = periods.iter().find(|&&x| !(1..=1000).contains(&x)) {
+        return Err(format!("--view-periods: {bad} ticks, must be 1..=1000"));
+    }
+    Ok(())
+}
+
 /// Runs the guest for `p.ticks` ticks with one view per period.
+///
+/// # Errors
+/// Settings or periods [`check`] refuses, or a message naming the step
+/// that failed.
 pub fn run_views(p: &Config, periods: &[u32]) -> Result<Outcome, String> {
+    check(p)?;
+    check_periods(periods)?;
     let e = |e: s2mmu::Error| e.to_string();
     let (vm, w) = start_guest(p)?;
     w.run_pass(|| {})?;
@@ -344,5 +385,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn bad_settings_and_periods_are_refused_before_the_guest_starts() {
+        let p = params(&[1, 3], false);
+        let e = run_views(&p, &[]).err().expect("refused");
+        assert!(e.contains("--view-periods: 0 views"), "{e}");
+        let e = run_views(&p, &[0]).err().expect("refused");
+        assert!(e.contains("--view-periods: 0 ticks"), "{e}");
+        let bad = Config {
+            vcpus: 0,
+            ..p.clone()
+        };
+        assert!(run_both(&bad, &crate::NoProgress)
+            .err()
+            .expect("refused")
+            .contains("--vcpus"));
+        let bad = Config { ticks: 0, ..p };
+        assert!(run_both(&bad, &crate::NoProgress)
+            .err()
+            .expect("refused")
+            .contains("--ticks"));
     }
 }

@@ -3,7 +3,6 @@
 //! their own harvest periods, against the fastest alone).
 
 use crate::report::{human_bytes, verdict, Report};
-use s2mmu::dirty::MAX_DIRTY_VIEWS_PER_SLOT;
 use s2mmu_bench::views::{per_page_cycle, run_both, Config, Outcome};
 use serde_json::json;
 
@@ -48,23 +47,7 @@ pub struct Params {
 }
 
 fn check(p: &Params) -> Result<(), String> {
-    crate::limits::check_guest(p.vcpus, p.mem)?;
-    let n = p.view_periods.len();
-    if n == 0 || n > MAX_DIRTY_VIEWS_PER_SLOT {
-        return Err(format!(
-            "--view-periods: {n} views, must be 1..={MAX_DIRTY_VIEWS_PER_SLOT}"
-        ));
-    }
-    if let Some(bad) = p.view_periods.iter().find(|&&x| !(1..=1000).contains(&x)) {
-        return Err(format!("--view-periods: {bad} ticks, must be 1..=1000"));
-    }
-    if !(1..=100_000).contains(&p.ticks) {
-        return Err(format!("--ticks {}: must be 1..=100000", p.ticks));
-    }
-    if p.tick_ms > 10_000 {
-        return Err(format!("--tick-ms {}: must be 0..=10000", p.tick_ms));
-    }
-    Ok(())
+    s2mmu_bench::views::check(&p.config())
 }
 
 impl Params {

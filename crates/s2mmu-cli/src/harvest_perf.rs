@@ -46,33 +46,11 @@ pub struct Params {
     pub quiet: bool,
 }
 
-const MAX_SIZE: u64 = 256 << 30;
 /// The RFC's figure scaled to half: the target per 64 GiB.
 const TARGET_PER_64G: Duration = Duration::from_millis(20);
 
 fn check(p: &Params) -> Result<(), String> {
-    if p.size == 0 || !p.size.is_multiple_of(2 << 20) || p.size > MAX_SIZE {
-        return Err(format!(
-            "--size {}: must be a non-zero multiple of 2M, at most {}",
-            p.size,
-            human_bytes(MAX_SIZE)
-        ));
-    }
-    if !(1..=100).contains(&p.runs) {
-        return Err(format!("--runs {}: must be 1..=100", p.runs));
-    }
-    if p.dirty_every == 0 || p.dirty_every > p.size / 4096 {
-        return Err(format!(
-            "--dirty-every {}: must be 1..={} (the slot's pages)",
-            p.dirty_every,
-            p.size / 4096
-        ));
-    }
-    // Two tables of 4K pages (1/512 of the slot each) and two bitmaps of a
-    // bit per page.
-    let need = 2 * (p.size / 512) + 2 * (p.size / 4096 / 8);
-    crate::limits::check_memory(&format!("--size {}", human_bytes(p.size)), need)?;
-    Ok(())
+    s2mmu_bench::harvest::check(&p.config())
 }
 
 impl Params {

@@ -34,31 +34,9 @@ pub fn u64_in(range: RangeInclusive<u64>) -> clap::builder::RangedU64ValueParser
 }
 
 // The host's memory (the engines check it too, so they live with them).
-pub use s2mmu_bench::host::{approx_bytes, available_memory, check_memory};
-
-/// The most guest memory `dirty-views` and `snapshot` simulate.
-pub const MAX_GUEST_MEM: u64 = 16 << 30;
-
-/// The simulated guest of `dirty-views` and `snapshot`: 1 to 64 vCPUs, and
-/// memory a non-zero multiple of 2 MiB per vCPU, at most
-/// [`MAX_GUEST_MEM`].
-///
-/// # Errors
-/// A message naming `--vcpus` or `--mem` and its bounds.
-pub fn check_guest(vcpus: usize, mem: u64) -> Result<(), String> {
-    if !(1..=64).contains(&vcpus) {
-        return Err(format!("--vcpus {vcpus}: must be 1..=64"));
-    }
-    let unit = (2 << 20) * vcpus as u64;
-    if mem == 0 || !mem.is_multiple_of(unit) || mem > MAX_GUEST_MEM {
-        return Err(format!(
-            "--mem {mem}: must be a non-zero multiple of {} (2M per vCPU), at most {}",
-            human_bytes(unit),
-            human_bytes(MAX_GUEST_MEM)
-        ));
-    }
-    Ok(())
-}
+pub use s2mmu_bench::host::{
+    approx_bytes, available_memory, check_guest, check_memory, MAX_GUEST_MEM,
+};
 
 #[cfg(test)]
 mod tests {

@@ -72,7 +72,7 @@ fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
     memslots: &str,
 ) -> Result<EngineRun, String> {
     let mem = spec.bytes * spec.vcpus as u64;
-    let gpa_base = 1u64 << 32;
+    let gpa_base = super::GPA_BASE;
     let vm = Arc::new(new_vm::<S, F>(&spec, gpa_base)?);
     let mut run = EngineRun {
         label: label(&spec.policy, memslots),
@@ -260,12 +260,14 @@ fn diff(a: &FaultStats, b: &FaultStats) -> FaultStats {
 /// the memslot store `memslots` names (`array`, else the tree).
 ///
 /// # Errors
-/// A message naming what failed: the VM or its memory, logging, a harvest,
+/// Settings [`super::check`] refuses (before anything is allocated), or a
+/// message naming what failed: the VM or its memory, logging, a harvest,
 /// or a lost write that `spec.check` found.
 pub fn run<F: VmFormat, Fmt: Copy>(
     spec: RunSpec<Fmt>,
     memslots: &str,
 ) -> Result<EngineRun, String> {
+    super::check(&spec)?;
     match memslots {
         "array" => run_engine::<ArrayMemslots, F>(spec, memslots),
         _ => run_engine::<TreeMemslots, F>(spec, memslots),

@@ -7,18 +7,10 @@ use super::Params;
 use crate::limits::{approx_bytes, check_memory};
 use crate::report::human_bytes;
 
-/// The most vCPUs a run takes: arm64 KVM's `KVM_MAX_VCPUS`.
-pub const MAX_VCPUS: usize = 512;
-/// The most dirty iterations a run takes (each is a pass over every vCPU's memory).
-pub const MAX_ITERATIONS: u32 = 100_000;
-/// The most memslots (KVM's `KVM_USER_MEM_SLOTS` on arm64 and x86).
-pub const MAX_SLOTS: u32 = 32_764;
+use s2mmu_bench::dirty_log::{GPA_BASE, IPA_BITS};
+pub use s2mmu_bench::dirty_log::{MAX_ITERATIONS, MAX_SLOTS, MAX_VCPUS};
 /// The most runs of each policy in a comparison.
 pub const MAX_RUNS: u32 = 1_000;
-/// Where the engine's guest memory starts (the simulated VM's default).
-const GPA_BASE: u64 = 1 << 32;
-/// The engine's guest IPA space: 40 bits, the simulated VM's default.
-const IPA_BITS: u32 = 40;
 /// The smallest guest page the benchmark dirties.
 const PAGE: u64 = 4096;
 
