@@ -60,7 +60,9 @@ pub fn check_touched(flag: &str, bytes: u64) -> Result<(), String> {
 /// # Errors
 /// The model's error, as text.
 pub fn start(cpus: usize, data_bytes: u64) -> Result<Arc<Machine>, String> {
-    let data_bytes = data_bytes.next_multiple_of(2 << 20);
+    let data_bytes = data_bytes
+        .checked_next_multiple_of(2 << 20)
+        .ok_or_else(|| format!("{data_bytes} bytes of guest data: more than 64 bits"))?;
     Machine::start(&MachineConfig { cpus, data_bytes })
         .map(Arc::new)
         .map_err(|e| e.to_string())

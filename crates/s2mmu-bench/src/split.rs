@@ -7,6 +7,47 @@ use crate::human_bytes;
 use s2mmu::{HostMmOps, PageTable, PteFormat, SplitPolicy};
 use std::time::Duration;
 
+/// The largest slot: the 48-bit IPA space above where the cases map it.
+pub const MAX_SIZE: u64 = (1 << 48) - measure::BASE;
+
+/// Checks a run's slot size and runs against the format `fmt` (the size a
+/// non-zero multiple of its largest block, at most [`MAX_SIZE`]) and the
+/// host's memory, before anything is allocated.
+///
+/// # Errors
+/// A message naming the flag (the setting of the same name) and its limit.
+pub fn check<F: PteFormat>(fmt: &F, size: u64, runs: usize) -> Result<(), String> {
+    let top_block = if fmt.leaf_allowed(1) {
+        fmt.granule(1)
+    } else {
+        fmt.granule(2)
+    };
+    if size == 0 || !size.is_multiple_of(top_block) {
+        return Err(format!(
+            "--size {}: must be a non-zero multiple of {} (the largest block of this granule)",
+            human_bytes(size),
+            human_bytes(top_block)
+        ));
+    }
+    if size > MAX_SIZE {
+        return Err(format!(
+            "--size {}: at most {} (the 48-bit IPA space above the slot's base)",
+            human_bytes(size),
+            human_bytes(MAX_SIZE)
+        ));
+    }
+    if runs == 0 {
+        return Err("--runs must be at least 1".into());
+    }
+    // Split to pages, the slot takes one last-level table entry (8 bytes)
+    // per page. At the peak a table split to pages, a cache holding as many
+    // pages again and the floor's tables are live: allow four times.
+    let entries = size / fmt.page_size();
+    let need = entries.saturating_mul(8).saturating_mul(4);
+    crate::host::check_memory(&format!("--size {}", human_bytes(size)), need)?;
+    Ok(())
+}
+
 /// The page table a case builds and splits.
 pub type Table<F> = PageTable<F, HostMmOps>;
 
@@ -112,4 +153,30 @@ pub struct Sample {
     pub tables: u64,
     /// Blocks split.
     pub blocks: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use s2mmu::format::arm64::{Arm64Stage2, Granule};
+
+    #[test]
+    fn a_case_refuses_bad_sizes_and_runs_before_it_allocates() {
+        let fmt = Arm64Stage2::new(Granule::K4, 48).unwrap();
+        let mm = HostMmOps::new(4096).unwrap();
+        let case = &cases(&fmt)[0];
+        let refused = |size: u64, runs: usize, says: &str| {
+            let e = measure::case(fmt, &mm, size, runs, case, &crate::NoProgress)
+                .err()
+                .unwrap_or_default();
+            assert!(e.contains(says), "{e:?} should name {says}");
+            let e = measure::store_floor(&fmt, &mm, size, runs).expect_err("refused");
+            assert!(e.contains(says), "{e:?} should name {says}");
+        };
+        refused(0, 1, "--size");
+        refused((1 << 30) + 4096, 1, "non-zero multiple");
+        refused(MAX_SIZE + (1 << 30), 1, "at most");
+        refused(1 << 30, 0, "--runs");
+        assert!(check(&fmt, 1 << 30, 1).is_ok());
+    }
 }

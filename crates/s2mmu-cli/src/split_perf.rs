@@ -20,7 +20,7 @@
 use crate::dirty_log_perf::FormatArg;
 use crate::limits;
 use crate::progress::Progress;
-use crate::report::{human_bytes, Report};
+use crate::report::Report;
 use crate::stats::Summary;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::{HostMmOps, PteFormat, SplitPolicy};
@@ -75,7 +75,7 @@ pub fn main(p: Params) -> Result<(), String> {
 }
 
 /// The largest `--size`: the slot sits at 1 TiB in a 48-bit IPA space.
-const MAX_SIZE: u64 = (1 << 48) - measure::BASE;
+use s2mmu_bench::split::MAX_SIZE;
 
 /// The format for `--granule`, once `--size` and `--runs` are checked
 /// against it and against the host's memory, before anything is allocated.
@@ -83,27 +83,7 @@ const MAX_SIZE: u64 = (1 << 48) - measure::BASE;
 /// # Errors
 /// A message naming the flag and its limit.
 fn check<F: PteFormat>(p: &Params, fmt: F) -> Result<F, String> {
-    let top_block = if fmt.leaf_allowed(1) {
-        fmt.granule(1)
-    } else {
-        fmt.granule(2)
-    };
-    if p.size == 0 || !p.size.is_multiple_of(top_block) {
-        return Err(format!(
-            "--size {}: must be a non-zero multiple of {} (the largest block of this granule)",
-            human_bytes(p.size),
-            human_bytes(top_block)
-        ));
-    }
-    if p.runs == 0 {
-        return Err("--runs must be at least 1".into());
-    }
-    // Split to pages, the slot takes one last-level table entry (8 bytes)
-    // per page. At the peak a table split to pages, a cache holding as many
-    // pages again and the floor's tables are live: allow four times.
-    let entries = p.size / fmt.page_size();
-    let need = entries.saturating_mul(8).saturating_mul(4);
-    limits::check_memory(&format!("--size {}", human_bytes(p.size)), need)?;
+    s2mmu_bench::split::check(&fmt, p.size, p.runs)?;
     Ok(fmt)
 }
 

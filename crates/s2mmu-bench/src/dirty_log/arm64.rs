@@ -30,11 +30,37 @@ pub struct Plan {
     pub check: bool,
 }
 
+/// The run's shape against the model's limits, before QEMU starts:
+/// 1 to [`a64::MAX_VCPUS`] vCPUs, each a non-zero multiple of the host
+/// page, all together at most [`a64::MAX_BYTES`].
+fn check_shape(plan: &Plan, vcpus: usize, bytes: u64) -> Result<(), String> {
+    if vcpus == 0 || vcpus > a64::MAX_VCPUS {
+        return Err(format!(
+            "-v {vcpus}: the arm64 model runs 1..={} vCPUs",
+            a64::MAX_VCPUS
+        ));
+    }
+    if plan.host_page == 0 || bytes == 0 || !bytes.is_multiple_of(plan.host_page) {
+        return Err(format!(
+            "-b {bytes}: must be a non-zero multiple of the host page ({} bytes)",
+            plan.host_page
+        ));
+    }
+    match bytes.checked_mul(vcpus as u64) {
+        Some(total) if total <= a64::MAX_BYTES => Ok(()),
+        _ => Err(format!(
+            "-v {vcpus} x -b {bytes}: the arm64 model holds at most {} bytes of guest data",
+            a64::MAX_BYTES
+        )),
+    }
+}
+
 /// One run on a fresh QEMU: `vcpus` vCPUs of `bytes` each.
 ///
 /// # Errors
 /// The model's errors (QEMU, the stub, the engine) as text.
 pub fn run_one(plan: &Plan, vcpus: usize, bytes: u64) -> Result<DirtyReport, String> {
+    check_shape(plan, vcpus, bytes)?;
     let machine = a64::start(vcpus + 1, bytes * vcpus as u64)?;
     let vm = Arm64Vm::new(
         machine,
@@ -100,4 +126,30 @@ pub fn round_trip(r: &DirtyReport) -> (f64, f64, f64, u64) {
         r.engine_us() * 1e3,
         aborts,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_refuses_a_shape_the_model_cannot_hold_before_qemu_starts() {
+        let plan = Plan {
+            host_page: PAGE,
+            policy: MmuPolicy::default(),
+            random: false,
+            runs: 1,
+            iterations: 1,
+            check: false,
+        };
+        let refused = |vcpus: usize, bytes: u64, says: &str| {
+            let e = run_one(&plan, vcpus, bytes).expect_err("refused");
+            assert!(e.contains(says), "{e:?} should name {says}");
+        };
+        refused(0, 1 << 20, "-v 0");
+        refused(a64::MAX_VCPUS + 1, 1 << 20, "-v");
+        refused(1, 100, "-b 100");
+        refused(2, u64::MAX - 4095, "holds at most");
+        assert!(check_shape(&plan, 1, 1 << 20).is_ok());
+    }
 }

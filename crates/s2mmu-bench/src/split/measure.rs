@@ -130,6 +130,7 @@ pub fn case<F: PteFormat>(
     case: &Case,
     bar: &dyn Progress,
 ) -> Result<Vec<Vec<Sample>>, String> {
+    super::check(&fmt, size, runs)?;
     let base = BASE;
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); POLICIES.len()];
     // The already-split table does not change under a split, so build
@@ -207,6 +208,7 @@ pub fn store_floor<F: PteFormat>(
     runs: usize,
 ) -> Result<Samples, String> {
     use s2mmu::MmOps;
+    super::check(fmt, size, runs)?;
     let tables = (size / fmt.granule(2)) as usize;
     let pages: Vec<u64> = (0..tables)
         .map(|_| {
