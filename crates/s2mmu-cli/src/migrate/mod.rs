@@ -15,6 +15,7 @@ pub mod linux;
 pub mod plot;
 pub mod postcopy_report;
 pub mod wire;
+pub mod iperf;
 pub mod wire_bench;
 
 // The migration (session, stream, transport, the simulated guest's
