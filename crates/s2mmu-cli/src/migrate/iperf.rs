@@ -58,19 +58,29 @@ fn client(port: &str, streams: u16, bytes: u64, deadline: Instant) -> Result<f64
     let first = Instant::now();
     loop {
         let mut c = Command::new("iperf3")
-            .args(["-c", "127.0.0.1", "-p", port, "-J", "--connect-timeout", "2000"])
+            .args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                port,
+                "-J",
+                "--connect-timeout",
+                "2000",
+            ])
             .args(["-P", &streams.to_string(), "-n", &bytes.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("starting the iperf3 client: {e}"))?;
         let out = bounded_output(&mut c, deadline)?;
-        let v: Value = serde_json::from_str(&out)
-            .map_err(|e| format!("iperf3's JSON report: {e}"))?;
+        let v: Value =
+            serde_json::from_str(&out).map_err(|e| format!("iperf3's JSON report: {e}"))?;
         if let Some(bps) = v["end"]["sum_received"]["bits_per_second"].as_f64() {
             return Ok(bps / 8.0);
         }
-        let why = v["error"].as_str().unwrap_or("no received rate in its report");
+        let why = v["error"]
+            .as_str()
+            .unwrap_or("no received rate in its report");
         if !why.contains("connect") || first.elapsed() > START_WAIT {
             return Err(format!("iperf3: {why}"));
         }
@@ -120,6 +130,10 @@ mod tests {
                 assert!(r > 0.0);
             }
             None => {
+                assert!(
+                    std::env::var_os("S2MMU_REQUIRE_IPERF3").is_none(),
+                    "S2MMU_REQUIRE_IPERF3 is set but iperf3 cannot be run"
+                );
                 let e = loopback(1, 1 << 20, Duration::from_secs(10)).unwrap_err();
                 assert!(e.contains("iperf3"), "{e}");
             }

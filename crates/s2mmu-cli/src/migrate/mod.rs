@@ -11,11 +11,11 @@
 //! and the source then checks the destination's memory against its own
 //! ([`source`]).
 
+pub mod iperf;
 pub mod linux;
 pub mod plot;
 pub mod postcopy_report;
 pub mod wire;
-pub mod iperf;
 pub mod wire_bench;
 
 // The migration (session, stream, transport, the simulated guest's

@@ -96,7 +96,11 @@ pub fn run(p: &Params, runs: u32) -> Result<(), String> {
     let mut report = Report::new("migrate_wire", params);
     for c in &cells {
         report.result(
-            &format!("{}_channels_{}", if c.tls { "tls" } else { "plain" }, c.channels),
+            &format!(
+                "{}_channels_{}",
+                if c.tls { "tls" } else { "plain" },
+                c.channels
+            ),
             if c.tls { "tls" } else { "plain" },
             cell_json(c),
         );
