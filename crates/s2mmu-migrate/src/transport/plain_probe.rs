@@ -75,6 +75,20 @@ impl PlainSink {
     /// # Errors
     /// [`MigrateError::Io`] when the port cannot be bound.
     pub fn start(bind: &str, io_timeout: Duration) -> Result<Self, MigrateError> {
+        Self::start_bounded(bind, io_timeout, MAX_PLAIN_PROBE)
+    }
+
+    /// [`PlainSink::start`] taking at most `max_len` bytes a phase on a
+    /// connection (a destination's limit on guest memory): a longer phase
+    /// ends its connection before anything of it is read.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`] when the port cannot be bound.
+    pub fn start_bounded(
+        bind: &str,
+        io_timeout: Duration,
+        max_len: u64,
+    ) -> Result<Self, MigrateError> {
         let what = format!("the plain-TCP probe's sink on {bind}");
         let l = TcpListener::bind(bind).map_err(|e| MigrateError::io(what.clone(), &e))?;
         let addr = l
@@ -84,9 +98,10 @@ impl PlainSink {
             .map_err(|e| MigrateError::io(what, &e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
+        let max_len = max_len.min(MAX_PLAIN_PROBE);
         let thread = std::thread::Builder::new()
             .name("plain-sink".into())
-            .spawn(move || accept_loop(&l, &st, io_timeout))
+            .spawn(move || accept_loop(&l, &st, io_timeout, max_len))
             .map_err(|e| MigrateError::io("starting the plain-TCP sink", &e))?;
         Ok(PlainSink {
             addr,
@@ -101,6 +116,13 @@ impl PlainSink {
     }
 }
 
+/// Where the destination at `dest` keeps its plain-TCP sink for a
+/// two-process run: the same address, the next port (None at port 65535).
+pub fn sink_addr_for(dest: SocketAddr) -> Option<SocketAddr> {
+    let port = dest.port().checked_add(1)?;
+    Some(SocketAddr::new(dest.ip(), port))
+}
+
 impl Drop for PlainSink {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
@@ -110,7 +132,7 @@ impl Drop for PlainSink {
     }
 }
 
-fn accept_loop(l: &TcpListener, stop: &AtomicBool, io_timeout: Duration) {
+fn accept_loop(l: &TcpListener, stop: &AtomicBool, io_timeout: Duration, max_len: u64) {
     let open = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::SeqCst) {
         match l.accept() {
@@ -123,7 +145,7 @@ fn accept_loop(l: &TcpListener, stop: &AtomicBool, io_timeout: Duration) {
                 let spawned = std::thread::Builder::new()
                     .name("plain-sink-conn".into())
                     .spawn(move || {
-                        drop(sink_one(s, io_timeout));
+                        drop(sink_one(s, io_timeout, max_len));
                         o.fetch_sub(1, Ordering::SeqCst);
                     });
                 if spawned.is_err() {
@@ -138,7 +160,7 @@ fn accept_loop(l: &TcpListener, stop: &AtomicBool, io_timeout: Duration) {
 /// Serves one connection's phases: each a length and its bytes, answered
 /// with their count; the connection ends after [`PHASES`] or when the
 /// prober closes it.
-fn sink_one(mut s: TcpStream, io_timeout: Duration) -> std::io::Result<()> {
+fn sink_one(mut s: TcpStream, io_timeout: Duration, max_len: u64) -> std::io::Result<()> {
     s.set_nonblocking(false)?;
     configure(&s, io_timeout).map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut buf = vec![0u8; CHUNK];
@@ -149,7 +171,7 @@ fn sink_one(mut s: TcpStream, io_timeout: Duration) -> std::io::Result<()> {
             r => r?,
         }
         let len = u64::from_le_bytes(len);
-        if len > MAX_PLAIN_PROBE {
+        if len > max_len {
             return Err(std::io::Error::other("probe length over the bound"));
         }
         let mut got = 0u64;
@@ -377,6 +399,22 @@ mod tests {
         assert!(plain_tcp_link(addr, 0, 4096, t).is_err());
         assert!(plain_tcp_link(addr, 65, 1 << 20, t).is_err());
         assert!(plain_tcp_link(addr, 1, MAX_PLAIN_PROBE + 1, t).is_err());
+    }
+
+    #[test]
+    fn a_bounded_sink_refuses_a_longer_phase_and_the_sink_port_is_the_next() {
+        let sink =
+            PlainSink::start_bounded("127.0.0.1:0", Duration::from_secs(10), 1 << 20).unwrap();
+        let t = Duration::from_secs(10);
+        assert_eq!(
+            plain_tcp_link(sink.addr(), 1, 1 << 20, t).unwrap().bytes,
+            1 << 20
+        );
+        let r = plain_tcp_link(sink.addr(), 1, (1 << 20) + 1, t);
+        assert!(matches!(r, Err(MigrateError::Io { .. })), "{r:?}");
+        let a: SocketAddr = "10.1.2.3:4000".parse().unwrap();
+        assert_eq!(sink_addr_for(a), Some("10.1.2.3:4001".parse().unwrap()));
+        assert_eq!(sink_addr_for("[::1]:65535".parse().unwrap()), None);
     }
 
     #[test]
