@@ -1,7 +1,7 @@
-//! iperf3 as the wire's figure for `migrate --wire-bench` (issue 28):
-//! one server (`-s -1`, one client then it exits) on a free loopback
-//! port, one client (`-c`, `-P` connections, `-n` bytes, `-J`), the
-//! received rate from its JSON. Each process is bounded: a deadline on the
+//! iperf3 as the wire's figure for `migrate --wire-bench` (issue 28): per
+//! connection one server (`-s -1`, one client then it exits) on a free
+//! loopback port and one client (`-c`, `-n` bytes, `-J`), all at once; the
+//! received bytes and seconds from their JSON. Each process is bounded: a deadline on the
 //! whole run (then it is killed), its output read up to a bound.
 
 use serde_json::Value;
@@ -27,34 +27,74 @@ pub fn version() -> Option<String> {
 }
 
 /// Bytes per second iperf3 received over `streams` connections on
-/// loopback, `bytes` in all; the whole run within `limit`.
+/// loopback, `bytes` in all; the whole run within `limit`. Each connection
+/// is its own server and client pair, all at once (iperf3 before 3.16 runs
+/// every `-P` stream on one thread, so one process could not use more than
+/// one core, where the probe and the migration use a thread a connection):
+/// the figure is the bytes received by all over the longest one's time.
 ///
 /// # Errors
 /// iperf3 could not be started, failed, overran `limit`, or printed no
-/// received rate.
+/// received figures.
 pub fn loopback(streams: u16, bytes: u64, limit: Duration) -> Result<f64, String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("a free port for iperf3: {e}"))?
-        .port()
-        .to_string();
     let deadline = Instant::now() + limit;
-    let mut server = Command::new("iperf3")
-        .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting the iperf3 server: {e}"))?;
-    let r = client(&port, streams, bytes, deadline);
-    // The server exits after its one client; one that did not (the client
-    // never reached it) is ended here.
-    let _ = bounded_output(&mut server, Instant::now() + Duration::from_secs(2));
-    r
+    let n = u64::from(streams.max(1));
+    let mut servers = Vec::new();
+    let mut ports = Vec::new();
+    for _ in 0..n {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("a free port for iperf3: {e}"))?
+            .port()
+            .to_string();
+        let server = Command::new("iperf3")
+            .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting an iperf3 server: {e}"));
+        match server {
+            Ok(s) => servers.push(s),
+            Err(e) => {
+                end_servers(servers);
+                return Err(e);
+            }
+        }
+        ports.push(port);
+    }
+    let results: Vec<Result<(f64, f64), String>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = ports
+            .iter()
+            .map(|port| sc.spawn(move || client(port, (bytes / n).max(1), deadline)))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("an iperf3 client thread panicked".into()))
+            })
+            .collect()
+    });
+    end_servers(servers);
+    let (mut got, mut secs) = (0.0, 0.0f64);
+    for r in results {
+        let (b, s) = r?;
+        got += b;
+        secs = secs.max(s);
+    }
+    Ok(got / secs.max(1e-9))
 }
 
-/// Runs the client until it reaches the server (within [`START_WAIT`])
-/// and returns its received rate.
-fn client(port: &str, streams: u16, bytes: u64, deadline: Instant) -> Result<f64, String> {
+/// Servers exit after their one client; one that did not (its client
+/// never reached it) is ended here.
+fn end_servers(servers: Vec<Child>) {
+    for mut s in servers {
+        let _ = bounded_output(&mut s, Instant::now() + Duration::from_secs(2));
+    }
+}
+
+/// Runs one client until it reaches its server (within [`START_WAIT`])
+/// and returns the bytes its server received and in how many seconds.
+fn client(port: &str, bytes: u64, deadline: Instant) -> Result<(f64, f64), String> {
     let first = Instant::now();
     loop {
         let mut c = Command::new("iperf3")
@@ -67,7 +107,7 @@ fn client(port: &str, streams: u16, bytes: u64, deadline: Instant) -> Result<f64
                 "--connect-timeout",
                 "2000",
             ])
-            .args(["-P", &streams.to_string(), "-n", &bytes.to_string()])
+            .args(["-n", &bytes.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -75,12 +115,13 @@ fn client(port: &str, streams: u16, bytes: u64, deadline: Instant) -> Result<f64
         let out = bounded_output(&mut c, deadline)?;
         let v: Value =
             serde_json::from_str(&out).map_err(|e| format!("iperf3's JSON report: {e}"))?;
-        if let Some(bps) = v["end"]["sum_received"]["bits_per_second"].as_f64() {
-            return Ok(bps / 8.0);
+        let sum = &v["end"]["sum_received"];
+        if let (Some(b), Some(s)) = (sum["bytes"].as_f64(), sum["seconds"].as_f64()) {
+            return Ok((b, s));
         }
         let why = v["error"]
             .as_str()
-            .unwrap_or("no received rate in its report");
+            .unwrap_or("no received figures in its report");
         if !why.contains("connect") || first.elapsed() > START_WAIT {
             return Err(format!("iperf3: {why}"));
         }

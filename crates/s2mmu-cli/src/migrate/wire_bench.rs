@@ -186,7 +186,7 @@ fn cell_json(c: &Cell) -> serde_json::Value {
 fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
     let mut t = format!(
         "migrate against the wire, {runs} run(s) per cell, cells interleaved, medians; iperf3: {}\n  plain TCP = the migration's own probe of its endpoints just before it (no TLS, no framing, no checksum)\n  {:>4} {:>8} {:>12} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
-        iperf3.map_or("not found on PATH (the plain probe only)".into(), |v| format!("{v}, -P channels, -n guest memory")),
+        iperf3.map_or("not found on PATH (the plain probe only)".into(), |v| format!("{v}, a process pair per connection, -n guest memory")),
         "TLS", "channels", "iperf3 MiB/s", "plain MiB/s", "stack MiB/s", "round 0", "% plain", "% iperf3", "downtime", "src ns/pg", "dst ns/pg"
     );
     let opt = |v: Option<f64>, k: f64| v.map_or("-".to_string(), |x| format!("{:.0}", x / k));
