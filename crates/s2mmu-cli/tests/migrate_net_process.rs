@@ -242,3 +242,77 @@ fn a_destination_on_ept_refuses_an_arm64_source_by_name_then_takes_an_ept_one() 
     assert!(st.success(), "{log}");
     assert!(log.contains("stage-2 format mismatch"), "{log}");
 }
+
+/// `--to` measures plain TCP to the destination's sink (its next port)
+/// before the migration: the figure is in the source's report, with the
+/// run's bytes and connection count.
+#[test]
+fn a_two_process_run_measures_plain_tcp_to_the_destinations_sink() {
+    let (mut dest, addr, mut derr) = spawn_listener(&SMALL);
+    let out = Command::new(bin())
+        .args([
+            "migrate",
+            "--to",
+            &addr,
+            "--plot",
+            "",
+            "--json",
+            "--channels",
+            "2",
+        ])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let st = wait_exit(&mut dest, Duration::from_secs(60));
+    let mut log = String::new();
+    let _ = derr.read_to_string(&mut log);
+    assert!(st.success(), "{log}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pt = &v["results"][0]["plain_tcp"];
+    assert_eq!(pt["plain_tcp_bytes"].as_u64(), Some(16 << 20), "{v}");
+    assert!(pt["plain_tcp_bytes_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(pt["round0_pct_of_plain_tcp"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(err.contains("to the destination's sink"), "{err}");
+}
+
+/// Over a Unix socket there is no plain-TCP sink: both sides say so, the
+/// migration runs all the same, and the figure is null, not made up.
+#[test]
+fn over_a_unix_socket_plain_tcp_is_not_measured_and_the_migration_runs() {
+    let dir = std::env::temp_dir().join(format!("s2mmu-plain-unix-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let addr = format!("unix:{}", dir.join("m.sock").display());
+    let mut dest = Command::new(bin())
+        .args(["migrate", "--listen", &addr, "--plot", ""])
+        .args(SMALL)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut derr = std::io::BufReader::new(dest.stderr.take().unwrap());
+    let mut head = String::new();
+    while !head.contains("destination listening on") {
+        let mut line = String::new();
+        use std::io::BufRead;
+        assert!(derr.read_line(&mut line).unwrap() > 0, "{head}");
+        head.push_str(&line);
+    }
+    assert!(head.contains("no plain-TCP sink beside"), "{head}");
+    let out = Command::new(bin())
+        .args(["migrate", "--to", &addr, "--plot", "", "--json"])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("not measured"), "{err}");
+    assert!(wait_exit(&mut dest, Duration::from_secs(60)).success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pt = &v["results"][0]["plain_tcp"];
+    assert!(pt["plain_tcp_bytes_per_s"].is_null(), "{v}");
+    assert!(pt["round0_pct_of_plain_tcp"].is_null(), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

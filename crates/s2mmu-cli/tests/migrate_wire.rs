@@ -64,3 +64,97 @@ fn plain_tcp_and_the_stages_are_measured_with_tls_over_two_channels() {
         true,
     );
 }
+
+/// `--wire-bench`: every cell measured, iperf3's figures wherever iperf3
+/// runs (and required where CI installed it), none made up where not.
+#[test]
+fn the_wire_bench_measures_every_cell_against_plain_tcp_and_iperf3() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_s2mmu"))
+        .args([
+            "migrate",
+            "--guest",
+            "sim",
+            "--wire-bench",
+            "2",
+            "--channels",
+            "1,2",
+        ])
+        .args(["--mem", "16M", "-s", "anonymous", "--warmup", "20ms"])
+        .args(["--run-after", "20ms", "--plot", "", "--json", "-q"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let iperf3 = v["params"]["iperf3"].as_str().map(str::to_string);
+    if std::env::var_os("S2MMU_REQUIRE_IPERF3").is_some() {
+        assert!(iperf3.is_some(), "iperf3 is required here but was not run");
+    }
+    let rows = v["results"].as_array().unwrap();
+    let cases: Vec<&str> = rows.iter().map(|r| r["case"].as_str().unwrap()).collect();
+    assert_eq!(
+        cases,
+        [
+            "tls_channels_1",
+            "plain_channels_1",
+            "tls_channels_2",
+            "plain_channels_2"
+        ]
+    );
+    for r in rows {
+        let each = |k: &str| -> Vec<f64> {
+            r[k]["each_run"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{k} in {r}"))
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        };
+        for k in [
+            "plain_tcp_bytes_per_s",
+            "round0_bytes_per_s",
+            "round0_pct_of_plain_tcp",
+        ] {
+            let v = each(k);
+            assert_eq!(v.len(), 2, "{k}: one figure per run");
+            assert!(v.iter().all(|&x| x > 0.0), "{k}: {v:?}");
+        }
+        let pct = each("round0_pct_of_plain_tcp");
+        let (r0, plain) = (each("round0_bytes_per_s"), each("plain_tcp_bytes_per_s"));
+        for i in 0..2 {
+            assert!((pct[i] - 100.0 * r0[i] / plain[i]).abs() < 1e-6 * pct[i]);
+        }
+        match iperf3 {
+            Some(_) => assert!(each("iperf3_bytes_per_s").iter().all(|&x| x > 0.0)),
+            None => assert!(r["iperf3_bytes_per_s"].is_null()),
+        }
+    }
+}
+
+#[test]
+fn the_wire_bench_refuses_a_run_count_out_of_bounds() {
+    for n in ["0", "51"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_s2mmu"))
+            .args([
+                "migrate",
+                "--guest",
+                "sim",
+                "--wire-bench",
+                n,
+                "--plot",
+                "",
+                "-q",
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--wire-bench") && err.contains("1 to 50"),
+            "{err}"
+        );
+    }
+}

@@ -78,10 +78,12 @@ pub fn main(p: Params) -> Result<(), String> {
             cfg.session.progress = progress_to(bar);
             cfg.session.recovery.control = control.as_ref().map(|c| c.0.clone());
             let (s, d) = match &p.to {
-                Some(addr) => (
-                    source_to(&cfg, addr, &net).map_err(|e| e.to_string())?,
-                    None,
-                ),
+                Some(addr) => {
+                    let plain = plain_to(&cfg, addr, &net);
+                    let mut s = source_to(&cfg, addr, &net).map_err(|e| e.to_string())?;
+                    s.plain_link = plain;
+                    (s, None)
+                }
                 None => {
                     let mut dcfg = p.dest_config(*baseline);
                     dcfg.progress = false;
@@ -151,6 +153,48 @@ fn source_to(cfg: &SimRun, addr: &str, net: &NetConfig) -> Result<SourceOutcome,
         let s = net::connect(to.as_deref().unwrap_or(addr), net)?;
         net::client(s, net)
     })
+}
+
+/// A `--to` run's honest link figure, before the migration: plain TCP to
+/// the destination's sink (its address, the next port: [`net::sink_addr_for`])
+/// with the run's connection count and guest memory's bytes. None, said on
+/// stderr, where it cannot be measured (a Unix socket, no sink there).
+fn plain_to(cfg: &SimRun, addr: &str, net: &NetConfig) -> Option<net::PlainLink> {
+    use std::net::ToSocketAddrs;
+    let sink = addr
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .and_then(net::sink_addr_for);
+    let r = match sink {
+        Some(sink) => net::plain_tcp_link(
+            sink,
+            cfg.session.channels,
+            cfg.guest.mem_size,
+            net.io_timeout,
+        )
+        .map_err(|e| format!("plain TCP to the destination's sink {sink}: {e}")),
+        None => Err(format!("plain TCP: {addr} has no TCP port to probe beside")),
+    };
+    let p = &cfg.session.progress;
+    match r {
+        Ok(l) => {
+            if p.is_on() {
+                p.line(&format!(
+                    "{}plain TCP: {:.1} MiB at {:.1} MiB/s over {} connection(s) to the destination's sink (no TLS, no framing, no checksum: what iperf3 measures)",
+                    cfg.session.label,
+                    l.bytes as f64 / MIB,
+                    l.bytes_per_s() / MIB,
+                    l.channels
+                ));
+            }
+            Some(l)
+        }
+        Err(e) => {
+            eprintln!("{}{e}: not measured", cfg.session.label);
+            None
+        }
+    }
 }
 
 /// `--control`'s socket, served until the returned guard is dropped.
@@ -255,6 +299,33 @@ fn serve_attempts(
     }
 }
 
+/// The destination's plain-TCP sink at `local`'s next port (None, said on
+/// stderr, for a Unix socket or a port that cannot be bound).
+fn plain_sink_beside(local: &str, cfg: &DestConfig, net: &NetConfig) -> Option<net::PlainSink> {
+    let at = local
+        .parse::<std::net::SocketAddr>()
+        .ok()
+        .and_then(net::sink_addr_for);
+    let Some(at) = at else {
+        eprintln!(
+            "no plain-TCP sink beside {local}: the source's plain-TCP figure is not measured"
+        );
+        return None;
+    };
+    match net::PlainSink::start_bounded(&at.to_string(), net.io_timeout, cfg.limits.max_mem) {
+        Ok(s) => {
+            eprintln!("plain-TCP sink for the source's link figure on {at} (bytes dropped, at most {} a connection)", human_bytes(cfg.limits.max_mem));
+            Some(s)
+        }
+        Err(e) => {
+            eprintln!(
+                "no plain-TCP sink on {at} ({e}): the source's plain-TCP figure is not measured"
+            );
+            None
+        }
+    }
+}
+
 fn listen(p: &Params, addr: &str) -> Result<(), String> {
     p.source_config(p.baseline)?;
     let net = p.net_config()?;
@@ -263,6 +334,11 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
     let control = start_control(p, "destination")?;
     cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
     let listener = net::bind(addr).map_err(|e| e.to_string())?;
+    // The plain-TCP sink beside it (the next port) for the source's honest
+    // link figure, up to as many bytes a connection as guest memory may
+    // have; up before the source is told where to connect, kept until the
+    // migration is over.
+    let _sink = plain_sink_beside(&listener.local(), &cfg, &net);
     eprintln!(
         "destination listening on {} ({}); accepts a guest on --format {} with at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
         listener.local(),

@@ -11,6 +11,7 @@
 //! and the source then checks the destination's memory against its own
 //! ([`source`]).
 
+pub mod iperf;
 pub mod linux;
 pub mod plot;
 pub mod postcopy_report;

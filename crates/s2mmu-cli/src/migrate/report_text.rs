@@ -352,7 +352,7 @@ fn plain_and_stages(s: &SourceOutcome, d: Option<&DestOutcome>) -> String {
             100.0 * r0.bandwidth / l.bytes_per_s().max(1.0),
             100.0 * s.link / l.bytes_per_s().max(1.0)
         )),
-        _ => t.push_str("  plain TCP            not measured (in-process runs only)\n"),
+        _ => t.push_str("  plain TCP            not measured (no plain-TCP sink answered: a Unix socket, or none beside the destination; see stderr)\n"),
     }
     let x = &s.send_stages;
     t.push_str(&format!(

@@ -1,25 +1,32 @@
 //! `s2mmu migrate --wire-bench N`: the migration measured against the
-//! wire (issue 28). For each channel count (`--channels`, default 1, 2
-//! and 4), with TLS (the default) and without, N times: plain TCP between
-//! the same loopback endpoints (no TLS, no framing, no checksum: what
-//! iperf3 measures), then at once the migration; the medians of both, of
-//! round 0's share of plain TCP and of the downtime, and each run's
-//! figures in `--json`.
+//! wire (issue 28). N rounds; in each, for every channel count
+//! (`--channels`, default 1, 2 and 4), with TLS (the default) and without,
+//! back to back: iperf3 over loopback with as many connections and bytes
+//! (where iperf3 is installed; otherwise the table says so), then the
+//! migration, which first measures plain TCP between its own endpoints
+//! (no TLS, no framing, no checksum: what iperf3 measures) and the stack's
+//! own link. Rounds interleave the cells, so the machine's other load
+//! falls on all of them alike. Medians of every figure, round 0 as a share
+//! of plain TCP and of iperf3, TLS against no TLS per channel count, and
+//! each run's figures in `--json`.
 
+use super::iperf;
 use super::migrate_in_process;
 use super::net::{ephemeral_tls, NetConfig, Security};
 use super::params::Params;
 use super::report_text::MIB;
 use crate::report::Report;
 use serde_json::json;
+use std::time::Duration;
 
 /// The most runs per cell.
 pub const MAX_WIRE_RUNS: u32 = 50;
 
-/// One run's figures: plain TCP, the stack's link, round 0 (bytes per
-/// second), downtime (ms), and the CPU ns per page on each side.
+/// One run's figures: iperf3 and plain TCP, the stack's link, round 0
+/// (bytes per second), downtime (ms), and the CPU ns per page on each side.
 #[derive(Clone, Copy)]
 struct Run {
+    iperf3: Option<f64>,
     plain: f64,
     link: f64,
     round0: f64,
@@ -28,10 +35,37 @@ struct Run {
     recv_cpu_ns: f64,
 }
 
+/// A cell: TLS or not, a channel count, its runs.
+struct Cell {
+    tls: bool,
+    channels: u16,
+    runs: Vec<Run>,
+}
+
+impl Cell {
+    fn med(&self, f: impl Fn(&Run) -> f64) -> f64 {
+        median(self.runs.iter().map(f).collect())
+    }
+    /// The median of each run's iperf3 figure (None without iperf3).
+    fn iperf3(&self) -> Option<f64> {
+        let v: Option<Vec<f64>> = self.runs.iter().map(|r| r.iperf3).collect();
+        v.map(median)
+    }
+    fn pct_plain(&self) -> Vec<f64> {
+        let pct = |r: &Run| 100.0 * r.round0 / r.plain.max(1.0);
+        self.runs.iter().map(pct).collect()
+    }
+    fn pct_iperf3(&self) -> Option<Vec<f64>> {
+        let pct = |r: &Run| r.iperf3.map(|i| 100.0 * r.round0 / i.max(1.0));
+        self.runs.iter().map(pct).collect()
+    }
+}
+
 /// Runs the benchmark and prints its table (or JSON).
 ///
 /// # Errors
-/// A bad option, or a migration that failed (named with its cell).
+/// A bad option, or a migration or iperf3 run that failed (named with its
+/// cell).
 pub fn run(p: &Params, runs: u32) -> Result<(), String> {
     if runs == 0 || runs > MAX_WIRE_RUNS {
         return Err(format!("--wire-bench {runs}: 1 to {MAX_WIRE_RUNS} runs"));
@@ -40,97 +74,154 @@ pub fn run(p: &Params, runs: u32) -> Result<(), String> {
         Some(_) => p.channel_list(),
         None => vec![1, 2, 4],
     };
-    let mut report = Report::new("migrate_wire", super::report_text::params_json(p));
-    let mut text = format!(
-        "migrate against the wire: plain TCP (same loopback endpoints, same connection count, nothing else in the path) then the migration, back to back, {runs} run(s) per cell, medians\n  {:>4} {:>8} {:>15} {:>16} {:>14} {:>11} {:>12} {:>16} {:>16}\n",
-        "TLS", "channels", "plain TCP MiB/s", "stack link MiB/s", "round 0 MiB/s", "% of plain", "downtime ms", "src CPU ns/page", "dst CPU ns/page"
-    );
-    for tls in [true, false] {
-        for &ch in &channels {
-            let cell = measure_cell(p, tls, ch, runs)?;
-            let med = |f: fn(&Run) -> f64| median(cell.iter().map(f).collect());
-            let pct: Vec<f64> = cell
-                .iter()
-                .map(|r| 100.0 * r.round0 / r.plain.max(1.0))
-                .collect();
-            text.push_str(&format!(
-                "  {:>4} {:>8} {:>15.0} {:>16.0} {:>14.0} {:>10.0}% {:>12.1} {:>16.0} {:>16.0}\n",
-                if tls { "yes" } else { "no" },
-                ch,
-                med(|r| r.plain) / MIB,
-                med(|r| r.link) / MIB,
-                med(|r| r.round0) / MIB,
-                median(pct.clone()),
-                med(|r| r.downtime_ms),
-                med(|r| r.send_cpu_ns),
-                med(|r| r.recv_cpu_ns),
-            ));
-            let name = format!("{}_channels_{ch}", if tls { "tls" } else { "plain" });
-            report.result(
-                &name,
-                if tls { "tls" } else { "plain" },
-                json!({
-                    "channels": ch,
-                    "tls": tls,
-                    "runs": runs,
-                    "plain_tcp_bytes_per_s": figures(cell.iter().map(|r| r.plain).collect()),
-                    "stack_link_bytes_per_s": figures(cell.iter().map(|r| r.link).collect()),
-                    "round0_bytes_per_s": figures(cell.iter().map(|r| r.round0).collect()),
-                    "round0_pct_of_plain_tcp": figures(pct),
-                    "downtime_ms": figures(cell.iter().map(|r| r.downtime_ms).collect()),
-                    "source_cpu_ns_per_page": figures(cell.iter().map(|r| r.send_cpu_ns).collect()),
-                    "destination_cpu_ns_per_page": figures(cell.iter().map(|r| r.recv_cpu_ns).collect()),
-                }),
-            );
+    let iperf3 = iperf::version();
+    let mut cells: Vec<Cell> = channels
+        .iter()
+        .flat_map(|&ch| {
+            [true, false].map(|tls| Cell {
+                tls,
+                channels: ch,
+                runs: Vec::new(),
+            })
+        })
+        .collect();
+    for i in 0..runs {
+        for c in &mut cells {
+            let r = measure(p, c.tls, c.channels, i, iperf3.is_some())?;
+            c.runs.push(r);
         }
     }
-    report.set_text(text);
+    let mut params = super::report_text::params_json(p);
+    params["iperf3"] = json!(iperf3);
+    let mut report = Report::new("migrate_wire", params);
+    for c in &cells {
+        report.result(
+            &format!(
+                "{}_channels_{}",
+                if c.tls { "tls" } else { "plain" },
+                c.channels
+            ),
+            if c.tls { "tls" } else { "plain" },
+            cell_json(c),
+        );
+    }
+    report.set_text(text(&cells, runs, iperf3.as_deref()));
     crate::report::emit(&report, p.json);
     Ok(())
 }
 
-/// `runs` migrations of one cell, each after its plain-TCP probe.
-fn measure_cell(p: &Params, tls: bool, ch: u16, runs: u32) -> Result<Vec<Run>, String> {
-    let mut out = Vec::new();
-    for i in 0..runs {
-        let net = NetConfig {
-            io_timeout: p.io_timeout,
-            security: if tls {
-                ephemeral_tls().map_err(|e| e.to_string())?
-            } else {
-                Security::Plain
-            },
-        };
-        let mut cfg = p.source_config(false)?;
-        cfg.session.channels = ch;
-        let mut dcfg = p.dest_config(false);
-        dcfg.progress = false;
-        let what = format!("TLS {tls}, {ch} channel(s), run {}", i + 1);
-        let (s, d) = migrate_in_process(&cfg, &dcfg, &net).map_err(|e| format!("{what}: {e}"))?;
-        let plain = s
-            .plain_link
-            .ok_or_else(|| format!("{what}: plain TCP was not measured"))?;
-        let per = |ns: u64, pages: u64| ns as f64 / pages.max(1) as f64;
-        out.push(Run {
-            plain: plain.bytes_per_s(),
-            link: s.link,
-            round0: s.rounds.first().map_or(0.0, |r| r.bandwidth),
-            downtime_ms: s.downtime.as_secs_f64() * 1e3,
-            send_cpu_ns: per(s.send_stages.cpu_ns, s.send_stages.pages),
-            recv_cpu_ns: per(d.recv_stages.cpu_ns, d.recv_stages.pages),
-        });
-        if !p.quiet {
-            let r = out[out.len() - 1];
-            eprintln!(
-                "{what}: plain TCP {:.0} MiB/s, round 0 {:.0} MiB/s = {:.0}%, downtime {:.1} ms",
-                r.plain / MIB,
-                r.round0 / MIB,
-                100.0 * r.round0 / r.plain.max(1.0),
-                r.downtime_ms
-            );
+/// One run of one cell: iperf3 (when there), then the migration with its
+/// plain-TCP probe.
+fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<Run, String> {
+    let what = format!("TLS {tls}, {ch} channel(s), run {}", i + 1);
+    let iperf3 = if with_iperf3 {
+        // Bytes at 1 MiB/s, at least a minute: an iperf3 that hangs is
+        // stopped, not waited for.
+        let limit = Duration::from_secs(60 + p.mem / (1 << 20));
+        Some(iperf::loopback(ch, p.mem, limit).map_err(|e| format!("{what}: {e}"))?)
+    } else {
+        None
+    };
+    let net = NetConfig {
+        io_timeout: p.io_timeout,
+        security: if tls {
+            ephemeral_tls().map_err(|e| e.to_string())?
+        } else {
+            Security::Plain
+        },
+    };
+    let mut cfg = p.source_config(false)?;
+    cfg.session.channels = ch;
+    let mut dcfg = p.dest_config(false);
+    dcfg.progress = false;
+    let (s, d) = migrate_in_process(&cfg, &dcfg, &net).map_err(|e| format!("{what}: {e}"))?;
+    let plain = s
+        .plain_link
+        .ok_or_else(|| format!("{what}: plain TCP was not measured"))?;
+    let per = |ns: u64, pages: u64| ns as f64 / pages.max(1) as f64;
+    let r = Run {
+        iperf3,
+        plain: plain.bytes_per_s(),
+        link: s.link,
+        round0: s.rounds.first().map_or(0.0, |r| r.bandwidth),
+        downtime_ms: s.downtime.as_secs_f64() * 1e3,
+        send_cpu_ns: per(s.send_stages.cpu_ns, s.send_stages.pages),
+        recv_cpu_ns: per(d.recv_stages.cpu_ns, d.recv_stages.pages),
+    };
+    if !p.quiet {
+        eprintln!(
+            "{what}: iperf3 {}, plain TCP {:.0} MiB/s, round 0 {:.0} MiB/s = {:.0}% of plain, downtime {:.1} ms",
+            r.iperf3
+                .map_or("not run".into(), |v| format!("{:.0} MiB/s", v / MIB)),
+            r.plain / MIB,
+            r.round0 / MIB,
+            100.0 * r.round0 / r.plain.max(1.0),
+            r.downtime_ms
+        );
+    }
+    Ok(r)
+}
+
+fn cell_json(c: &Cell) -> serde_json::Value {
+    let each = |f: fn(&Run) -> f64| figures(c.runs.iter().map(f).collect());
+    json!({
+        "channels": c.channels,
+        "tls": c.tls,
+        "runs": c.runs.len(),
+        "iperf3_bytes_per_s": c.runs.iter().map(|r| r.iperf3).collect::<Option<Vec<_>>>().map(figures),
+        "plain_tcp_bytes_per_s": each(|r| r.plain),
+        "stack_link_bytes_per_s": each(|r| r.link),
+        "round0_bytes_per_s": each(|r| r.round0),
+        "round0_pct_of_plain_tcp": figures(c.pct_plain()),
+        "round0_pct_of_iperf3": c.pct_iperf3().map(figures),
+        "plain_tcp_pct_of_iperf3": c.runs.iter().map(|r| r.iperf3.map(|i| 100.0 * r.plain / i.max(1.0))).collect::<Option<Vec<_>>>().map(figures),
+        "downtime_ms": each(|r| r.downtime_ms),
+        "source_cpu_ns_per_page": each(|r| r.send_cpu_ns),
+        "destination_cpu_ns_per_page": each(|r| r.recv_cpu_ns),
+    })
+}
+
+/// The table of medians, then round 0 with and without TLS per channel
+/// count.
+fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
+    let mut t = format!(
+        "migrate against the wire, {runs} run(s) per cell, cells interleaved, medians; iperf3: {}\n  plain TCP = the migration's own probe of its endpoints just before it (no TLS, no framing, no checksum)\n  {:>4} {:>8} {:>12} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
+        iperf3.map_or("not found on PATH (the plain probe only)".into(), |v| format!("{v}, a process pair per connection, -n guest memory")),
+        "TLS", "channels", "iperf3 MiB/s", "plain MiB/s", "stack MiB/s", "round 0", "% plain", "% iperf3", "downtime", "src ns/pg", "dst ns/pg"
+    );
+    let opt = |v: Option<f64>, k: f64| v.map_or("-".to_string(), |x| format!("{:.0}", x / k));
+    for c in cells {
+        t.push_str(&format!(
+            "  {:>4} {:>8} {:>12} {:>10.0} {:>11.0} {:>10.0} {:>8.0}% {:>8}% {:>7.1}ms {:>10.0} {:>10.0}\n",
+            if c.tls { "yes" } else { "no" },
+            c.channels,
+            opt(c.iperf3(), MIB),
+            c.med(|r| r.plain) / MIB,
+            c.med(|r| r.link) / MIB,
+            c.med(|r| r.round0) / MIB,
+            median(c.pct_plain()),
+            opt(c.pct_iperf3().map(median), 1.0),
+            c.med(|r| r.downtime_ms),
+            c.med(|r| r.send_cpu_ns),
+            c.med(|r| r.recv_cpu_ns),
+        ));
+    }
+    t.push_str("\nround 0 as % of plain TCP (of iperf3), medians; issue 28's targets: TLS 60 %, no TLS 85 %\n");
+    for pair in cells.chunks(2) {
+        if let [tls, plain] = pair {
+            let pi = |c: &Cell| opt(c.pct_iperf3().map(median), 1.0);
+            t.push_str(&format!(
+                "  {} channel(s): TLS {:.0}% ({}%), no TLS {:.0}% ({}%); TLS round 0 = {:.0}% of no-TLS round 0\n",
+                tls.channels,
+                median(tls.pct_plain()),
+                pi(tls),
+                median(plain.pct_plain()),
+                pi(plain),
+                100.0 * tls.med(|r| r.round0) / plain.med(|r| r.round0).max(1.0)
+            ));
         }
     }
-    Ok(out)
+    t
 }
 
 /// Each run's value and their median.
@@ -138,11 +229,7 @@ fn figures(v: Vec<f64>) -> serde_json::Value {
     json!({ "median": median(v.clone()), "each_run": v })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
+/// The median (0 for no runs, which no cell has).
+fn median(v: Vec<f64>) -> f64 {
+    crate::stats::median(&v).unwrap_or(0.0)
 }

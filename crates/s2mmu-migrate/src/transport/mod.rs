@@ -43,7 +43,7 @@ pub mod unix;
 mod tests;
 
 pub use admit::{Admission, Admitted, Opener, Refused, MAX_OPENING, MAX_PREAUTH};
-pub use plain_probe::{plain_tcp_link, PlainLink, PlainSink};
+pub use plain_probe::{plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
 pub use psk::{psk, psk_from_file};
 use psk::{psk_client, psk_server};
 use sockbuf::plain;
