@@ -27,8 +27,12 @@ fuzz_target!(|data: &[u8]| {
         backing: ["anonymous", "anonymous_thp", "bogus"][usize::from(next() % 3)].into(),
         verify_full: next() & 1 == 1,
         postcopy: false,
-        // The destination runs arm64: an EPT stream is refused by name.
-        format: [WireFormat::Arm64, WireFormat::Ept][usize::from(next() % 2)],
+        // The destination runs arm64: a stream of another format is
+        // refused by name.
+        format: WireFormat::all()
+            .cycle()
+            .nth(usize::from(next()))
+            .expect("the engine ships formats"),
     };
     let mut stream = Vec::new();
     let Ok(mut w) = WireWriter::new(&mut stream, &header) else {
