@@ -18,6 +18,7 @@ fuzz_target!(|data: &[u8]| {
     let mut next = || bytes.next().unwrap_or(0);
     // A tiny guest: 0 to 4 pages of 4 KiB, one or two slots.
     let pages = u64::from(next() % 5);
+    let formats: Vec<WireFormat> = WireFormat::all().collect();
     let header = Header {
         mem_size: pages * PAGE_SIZE as u64,
         slots: u32::from(next() % 3),
@@ -29,10 +30,7 @@ fuzz_target!(|data: &[u8]| {
         postcopy: false,
         // The destination runs arm64: a stream of another format is
         // refused by name.
-        format: WireFormat::all()
-            .cycle()
-            .nth(usize::from(next()))
-            .expect("the engine ships formats"),
+        format: formats[usize::from(next()) % formats.len()],
     };
     let mut stream = Vec::new();
     let Ok(mut w) = WireWriter::new(&mut stream, &header) else {
