@@ -12,7 +12,7 @@ mod recover_common;
 use recover_common::{bin, spawn_listener, wait_exit};
 use s2mmu_cli::migrate::hash::checksum;
 use s2mmu_cli::migrate::wire::{tag, Header, WireReader, WireWriter};
-use s2mmu_cli::vm_format::WireFormat;
+use s2mmu_cli::vm_format::FormatArg;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
@@ -132,7 +132,7 @@ fn header() -> Header {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: WireFormat::Arm64,
+        format: FormatArg::Arm64.into(),
     }
 }
 

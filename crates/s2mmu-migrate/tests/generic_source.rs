@@ -202,7 +202,7 @@ impl SourceGuest for Guest {
             slots: 1,
             vcpus: 1,
             backing: "anonymous".into(),
-            format: WireFormat::Arm64,
+            format: WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>(),
         }
     }
     fn counter_source(&self) -> Arc<dyn Fn() -> GuestCounters + Send + Sync> {

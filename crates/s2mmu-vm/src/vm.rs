@@ -4,58 +4,23 @@
 use crate::memory::{Backing, GuestMemory, MemoryError};
 use crate::tlb::TlbShootdown;
 use crate::vcpu::{PageFetch, Vcpu};
-use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::format::ept::EptFormat;
+use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{Mmu, MmuPolicy};
-use s2mmu::{Gpa, HostMmOps, Hva, PteFormat};
+use s2mmu::{Gpa, HostMmOps, Hva};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
 /// The engine types a simulated VM uses.
 pub type VmMmu<S, F = Arm64Stage2> = Mmu<F, HostMmOps, S>;
 
-/// A descriptor format a simulated VM runs on: its vCPUs walk stage-2
-/// tables of this format with 4 KiB pages, as that architecture's hardware
-/// does (arm64's walker and DBM, or x86's EPT walker with A/D flags and
-/// PML).
-pub trait VmFormat: PteFormat + Send + Sync + 'static {
-    /// Its name on the command line (`--format`).
-    const NAME: &'static str;
-
-    /// The format for a VM of `ipa_bits` guest-physical address bits.
-    ///
-    /// # Errors
-    /// [`s2mmu::Error::InvalidConfig`] (or the format's own error) for an
-    /// address size the format cannot translate.
-    fn for_vm(ipa_bits: u32) -> Result<Self, s2mmu::Error>
-    where
-        Self: Sized;
-}
-
-impl VmFormat for Arm64Stage2 {
-    const NAME: &'static str = "arm64";
-
-    fn for_vm(ipa_bits: u32) -> Result<Self, s2mmu::Error> {
-        Arm64Stage2::new(Granule::K4, ipa_bits)
-    }
-}
-
-impl VmFormat for EptFormat {
-    const NAME: &'static str = "ept";
-
-    /// 4-level EPT up to 48 bits, 5-level up to 57 (Intel SDM 29.3.2).
-    fn for_vm(ipa_bits: u32) -> Result<Self, s2mmu::Error> {
-        match ipa_bits {
-            0..=48 => EptFormat::new(4),
-            49..=57 => EptFormat::new(5),
-            _ => Err(s2mmu::Error::InvalidConfig {
-                what: "EPT guest-physical address bits (at most 57)",
-                value: u64::from(ipa_bits),
-            }),
-        }
-    }
-}
+/// A descriptor format a simulated VM runs on: one the engine ships
+/// ([`s2mmu::format::KnownFormat`]), its vCPUs walking its tables with
+/// 4 KiB pages as that architecture's hardware does (arm64's walker and
+/// DBM, or x86's EPT walker with A/D flags and PML). The name is the
+/// engine's trait's: this crate adds nothing per format, so a new format
+/// needs no change here.
+pub use s2mmu::format::KnownFormat as VmFormat;
 
 /// How to build a [`Vm`].
 #[derive(Clone, Debug)]

@@ -12,8 +12,7 @@ use crate::session::dest::{
 use crate::stream_error::MigrateError;
 use crate::transport::{Listener, NetConfig};
 use crate::wire::{Header, WireFormat, PAGE_SIZE};
-use s2mmu::format::arm64::Arm64Stage2;
-use s2mmu::format::ept::EptFormat;
+use s2mmu::format::WithFormat;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
 use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat, Workload};
@@ -113,10 +112,16 @@ pub fn serve(
     cfg: &DestConfig,
     net: &NetConfig,
 ) -> Result<DestOutcome, MigrateError> {
-    match cfg.format {
-        WireFormat::Arm64 => serve_with(listener, &sim_dest::<Arm64Stage2>(cfg), cfg, net),
-        WireFormat::Ept => serve_with(listener, &sim_dest::<EptFormat>(cfg), cfg, net),
+    /// [`serve_with`] on the format's type.
+    struct Serve<'a>(&'a dyn Listener, &'a DestConfig, &'a NetConfig);
+    impl WithFormat for Serve<'_> {
+        type Output = Result<DestOutcome, MigrateError>;
+        fn call<F: VmFormat>(self) -> Self::Output {
+            let Serve(listener, cfg, net) = self;
+            serve_with(listener, &sim_dest::<F>(cfg), cfg, net)
+        }
     }
+    cfg.format.with(Serve(listener, cfg, net))
 }
 
 /// [`receive_from_with`] into the simulated guest `cfg` describes.
@@ -128,10 +133,16 @@ pub fn receive_from<R: Read + Send, W: Write + Send>(
     reply: W,
     cfg: &DestConfig,
 ) -> Result<DestOutcome, MigrateError> {
-    match cfg.format {
-        WireFormat::Arm64 => receive_from_with(input, reply, &sim_dest::<Arm64Stage2>(cfg), cfg),
-        WireFormat::Ept => receive_from_with(input, reply, &sim_dest::<EptFormat>(cfg), cfg),
+    /// [`receive_from_with`] on the format's type.
+    struct ReceiveFrom<'a, R, W>(R, W, &'a DestConfig);
+    impl<R: Read + Send, W: Write + Send> WithFormat for ReceiveFrom<'_, R, W> {
+        type Output = Result<DestOutcome, MigrateError>;
+        fn call<F: VmFormat>(self) -> Self::Output {
+            let ReceiveFrom(input, reply, cfg) = self;
+            receive_from_with(input, reply, &sim_dest::<F>(cfg), cfg)
+        }
     }
+    cfg.format.with(ReceiveFrom(input, reply, cfg))
 }
 
 /// [`receive_with`] into the simulated guest `cfg` describes.
@@ -139,10 +150,16 @@ pub fn receive_from<R: Read + Send, W: Write + Send>(
 /// # Errors
 /// As [`receive_from_with`].
 pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, MigrateError> {
-    match cfg.format {
-        WireFormat::Arm64 => receive_with(stream, &sim_dest::<Arm64Stage2>(cfg), cfg),
-        WireFormat::Ept => receive_with(stream, &sim_dest::<EptFormat>(cfg), cfg),
+    /// [`receive_with`] on the format's type.
+    struct Receive<'a>(TcpStream, &'a DestConfig);
+    impl WithFormat for Receive<'_> {
+        type Output = Result<DestOutcome, MigrateError>;
+        fn call<F: VmFormat>(self) -> Self::Output {
+            let Receive(stream, cfg) = self;
+            receive_with(stream, &sim_dest::<F>(cfg), cfg)
+        }
     }
+    cfg.format.with(Receive(stream, cfg))
 }
 
 fn sim_dest<F: VmFormat>(cfg: &DestConfig) -> SimDest<F> {

@@ -14,7 +14,7 @@ use crate::stream_error::MigrateError;
 use crate::vm::{GuestCounters, GuestRun, SessionVm};
 use crate::wire::{WireFormat, PAGE_SIZE};
 use s2mmu::format::arm64::Arm64Stage2;
-use s2mmu::format::ept::EptFormat;
+use s2mmu::format::WithFormat;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, MmuPolicy, Protect};
 use s2mmu_vm::{replay_writes, Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
@@ -60,7 +60,7 @@ impl Default for SimGuestConfig {
             dirty: DirtyMode::WP,
             dirty_rate: 64 << 20,
             pattern: Pattern::Sequential,
-            format: WireFormat::Arm64,
+            format: WireFormat::of::<Arm64Stage2>(),
         }
     }
 }
@@ -141,14 +141,16 @@ pub fn migrate_source(
     let (guest, cfg) = (&run.guest, &run.session);
     crate::session::source::validate_shape(&guest.shape())?;
     crate::session::source::validate(cfg)?;
-    match guest.format {
-        WireFormat::Arm64 => {
-            SimSource::<Arm64Stage2>::start(guest, cfg).and_then(|g| run_source(&g, cfg, connect))
-        }
-        WireFormat::Ept => {
-            SimSource::<EptFormat>::start(guest, cfg).and_then(|g| run_source(&g, cfg, connect))
+    /// The source on the format's type.
+    struct Source<'a, 'c>(&'a SimGuestConfig, &'a SourceConfig, &'a mut Connect<'c>);
+    impl WithFormat for Source<'_, '_> {
+        type Output = Result<SourceOutcome, MigrateError>;
+        fn call<F: VmFormat>(self) -> Self::Output {
+            let Source(guest, cfg, connect) = self;
+            SimSource::<F>::start(guest, cfg).and_then(|g| run_source(&g, cfg, connect))
         }
     }
+    guest.format.with(Source(guest, cfg, connect))
 }
 
 impl<F: VmFormat> SimSource<F> {

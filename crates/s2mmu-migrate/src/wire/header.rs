@@ -93,7 +93,8 @@ impl Header {
         }
         let code = d.u8()?;
         let format = WireFormat::of_code(code).ok_or_else(|| {
-            d.malformed(format!("unknown stage-2 format {code} (0: arm64, 1: ept)"))
+            let known = WireFormat::known_codes();
+            d.malformed(format!("unknown stage-2 format {code} ({known})"))
         })?;
         d.finish()?;
         if mem_size == 0 || !mem_size.is_multiple_of(PAGE_SIZE as u64) || mem_size > MAX_MEM {

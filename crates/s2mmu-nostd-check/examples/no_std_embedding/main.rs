@@ -1,10 +1,12 @@
 //! The engine embedded as a `no_std` hypervisor embeds it: table pages from
-//! a static arena (`arena.rs`), its own `lock_api` lock (`ticket.rs`), its
-//! own clock, and the engine's lock-protected snapshot cells, bundled as a
-//! `s2mmu::sync::Platform` (below). Those three pieces use only `core`,
-//! `alloc` and `lock_api`: copy them into a kernel as they are. (They are
-//! `crates/s2mmu-nostd-check`'s, whose test drives the same facade under a
-//! global allocator of its own.)
+//! a static arena, its own `lock_api` lock, its own clock, and the engine's
+//! lock-protected snapshot cells, bundled as a `s2mmu::sync::Platform`
+//! (below). The arena and the lock are this crate's library
+//! (`crates/s2mmu-nostd-check/src/{arena,ticket}.rs`, whose test drives
+//! the same facade under a global allocator of its own); they use only
+//! `core`, `alloc` and `lock_api`: copy them into a kernel as they are
+//! (the arena's allocation budget is the test's fault injection, unused
+//! here).
 //!
 //! This `main` is an ordinary host program so that the example runs: it
 //! drives the facade through that platform (a stage-2 fault that maps a
@@ -19,21 +21,15 @@
 //! (with `std` on it runs the same, and says so; `S2MMU_REQUIRE_NOSTD=1`
 //! makes that a failure, as CI sets it).
 
-extern crate alloc;
-
-mod arena;
-mod ticket;
-
-use arena::{Arena, ArenaMmOps};
 use core::sync::atomic::{AtomicU64, Ordering};
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{FaultOutcome, Mmu, MmuPolicy};
 use s2mmu::sync::{Clock, LockedArcCell, LockedArcOptionCell, Platform, RawSpinRwLock};
 use s2mmu::{Gpa, Hva, NoTlb, Prot};
+use s2mmu_nostd_check::{Arena, ArenaMmOps, RawTicketLock};
 use std::process::ExitCode;
 use std::sync::Arc;
-use ticket::RawTicketLock;
 
 /// The embedding's platform: ticket-lock mutexes, the engine's spin
 /// reader-writer lock, [`TickClock`], cells locked by ticket locks.

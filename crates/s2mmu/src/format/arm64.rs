@@ -18,7 +18,7 @@
 //! | 58:55 | software bits |
 //! | 63:60 | invalid-entry type (1 = locked for break-before-make) |
 
-use super::{Prot, PteFormat};
+use super::{KnownFormat, Prot, PteFormat};
 use crate::{Error, Result};
 
 /// Valid bit.
@@ -348,6 +348,18 @@ unsafe impl PteFormat for Arm64Stage2 {
         } else {
             pte & !TYPE
         }
+    }
+}
+
+impl KnownFormat for Arm64Stage2 {
+    const NAME: &'static str = "arm64";
+    const TITLE: &'static str = "arm64 stage 2";
+    const HARDWARE_DIRTY_NAME: &'static str = "arm64 DBM";
+    const WIRE_CODE: u8 = 0;
+
+    /// The 4 KiB granule, levels and root pages as KVM chooses them.
+    fn for_vm(ipa_bits: u32) -> Result<Self> {
+        Arm64Stage2::new(Granule::K4, ipa_bits)
     }
 }
 

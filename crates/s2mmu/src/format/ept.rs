@@ -23,7 +23,7 @@
 //! (the EPTP's A/D enable, bit 6, makes the CPU set it otherwise); the
 //! dirty flag (bit 9) is the hardware's.
 
-use super::{Prot, PteFormat};
+use super::{KnownFormat, Prot, PteFormat};
 use crate::{Error, Result};
 
 /// Read access (bit 0).
@@ -255,6 +255,25 @@ unsafe impl PteFormat for EptFormat {
             pte & !PAGE_SIZE
         } else {
             pte | PAGE_SIZE
+        }
+    }
+}
+
+impl KnownFormat for EptFormat {
+    const NAME: &'static str = "ept";
+    const TITLE: &'static str = "x86 EPT";
+    const HARDWARE_DIRTY_NAME: &'static str = "x86 EPT dirty flags";
+    const WIRE_CODE: u8 = 1;
+
+    /// 4-level EPT up to 48 bits, 5-level up to 57 (Intel SDM 29.3.2).
+    fn for_vm(ipa_bits: u32) -> Result<Self> {
+        match ipa_bits {
+            0..=48 => EptFormat::new(4),
+            49..=57 => EptFormat::new(5),
+            _ => Err(Error::InvalidConfig {
+                what: "EPT guest-physical address bits (at most 57)",
+                value: u64::from(ipa_bits),
+            }),
         }
     }
 }

@@ -8,13 +8,61 @@
 #[cfg(all(test, feature = "std"))]
 mod conformance;
 
-/// The formats the engine ships, one name each: declares its module and
-/// gives the conformance suite the configurations it lists
-/// (`conformance_configs`, in its file). Adding a format is its file and
-/// its name here.
+mod known;
+pub use known::{FormatId, KnownFormat, WithFormat};
+
+/// The formats the engine ships, each as its module and type: declares the
+/// module, makes [`FormatId`] and its dispatch [`FormatId::with`] over the
+/// list, checks that codes and names are distinct, and gives the
+/// conformance suite the configurations each format lists
+/// (`conformance_configs`, in its file). Adding a format is its file (its
+/// `PteFormat` and [`KnownFormat`] impls) and its entry here.
 macro_rules! formats {
-    ($($module:ident),* $(,)?) => {
-        $(pub mod $module;)*
+    ($($module:ident :: $ty:ident),+ $(,)?) => {
+        $(pub mod $module;)+
+
+        /// The listed formats as values, and the sealed supertrait of
+        /// [`KnownFormat`] that only they implement.
+        mod listed {
+            /// One variant per listed format, named by its module.
+            #[allow(non_camel_case_types)]
+            #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+            pub enum Which {
+                $(
+                    #[doc = concat!("`", stringify!($module), "::", stringify!($ty), "`.")]
+                    $module,
+                )+
+            }
+
+            /// Implemented by the list alone (its module is private).
+            pub trait Listed {
+                /// The format's variant.
+                const WHICH: Which;
+            }
+
+            $(
+                impl Listed for super::$module::$ty {
+                    const WHICH: Which = Which::$module;
+                }
+            )+
+        }
+
+        impl FormatId {
+            /// Every format the engine ships, in the list's order.
+            pub const ALL: &'static [FormatId] = &[$(FormatId(listed::Which::$module)),+];
+
+            /// Runs `code` with the format type this id stands for.
+            pub fn with<W: WithFormat>(self, code: W) -> W::Output {
+                match self.0 {
+                    $(listed::Which::$module => code.call::<$module::$ty>(),)+
+                }
+            }
+        }
+
+        const _: () = known::assert_distinct(
+            &[$(<$module::$ty as KnownFormat>::WIRE_CODE),+],
+            &[$(<$module::$ty as KnownFormat>::NAME),+],
+        );
 
         /// Every configuration of every format, for the conformance suite.
         #[cfg(all(test, feature = "std"))]
@@ -25,13 +73,13 @@ macro_rules! formats {
                 for f in $module::conformance_configs() {
                     v.push(alloc::boxed::Box::new(f));
                 }
-            )*
+            )+
             v
         }
     };
 }
 
-formats!(arm64, ept);
+formats!(arm64::Arm64Stage2, ept::EptFormat);
 
 use core::fmt;
 

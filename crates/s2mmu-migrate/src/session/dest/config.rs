@@ -110,7 +110,7 @@ impl DestConfig {
             prefault: true,
             recovery: crate::session::postcopy::control::Recovery::default(),
             #[cfg(feature = "sim")]
-            format: crate::wire::WireFormat::Arm64,
+            format: crate::wire::WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>(),
             accept_wait: None,
             stop: Arc::default(),
         }
