@@ -33,7 +33,7 @@ pub fn begin<F: VmFormat>(
     vm: &Arc<Vm<TreeMemslots, F>>,
 ) -> Result<ExtrasRun<F>, MigrateError> {
     let check = x.check.then(|| RunningLostCheck::new(vm)).transpose()?;
-    vm.mmu().inject_lost_marks(x.inject_lost_marks);
+    inject_lost_marks(vm, x.inject_lost_marks)?;
     let snaps = match (&x.snapshot_dir, x.snapshot_every) {
         (Some(dir), Some(every)) => {
             let s = |e: crate::session::snapshot::format::SnapshotError| {
@@ -114,4 +114,24 @@ impl<F: VmFormat> RoundHook<SimVm<F>> for ExtrasRun<F> {
             snapshots,
         }
     }
+}
+
+/// The harness's lost-mark injection (the engine's `test-hooks`, turned
+/// on by this crate's feature of the same name).
+#[cfg(feature = "test-hooks")]
+fn inject_lost_marks<F: VmFormat>(vm: &Vm<TreeMemslots, F>, n: u64) -> Result<(), MigrateError> {
+    vm.mmu().inject_lost_marks(n);
+    Ok(())
+}
+
+/// Without the engine's test hooks nothing can lose a mark: asking for it
+/// is refused by name rather than ignored.
+#[cfg(not(feature = "test-hooks"))]
+fn inject_lost_marks<F: VmFormat>(_vm: &Vm<TreeMemslots, F>, n: u64) -> Result<(), MigrateError> {
+    if n == 0 {
+        return Ok(());
+    }
+    Err(MigrateError::Setup(format!(
+        "inject_lost_marks = {n} needs feature `test-hooks` of s2mmu-migrate"
+    )))
 }
