@@ -1,8 +1,9 @@
 //! The pre-shared key: each side proves it knows the key with an HMAC over
 //! both sides' nonces and the TLS session's exporter value.
 
+use super::config::{setup, Security};
+use super::sockbuf::SockBuf;
 use super::tls::{provider, AnyCert};
-use super::{setup, Security, SockBuf};
 use crate::stream_error::MigrateError;
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};

@@ -2,7 +2,7 @@
 //! handshake's overall deadline and the writes' minimum rate, over any
 //! [`Connection`].
 
-use super::{BoxConn, Connection, ShutdownHandle};
+use super::conn::{BoxConn, Connection, ShutdownHandle};
 use crate::stream_error::MigrateError;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};

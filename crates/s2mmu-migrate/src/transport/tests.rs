@@ -7,6 +7,7 @@ use super::*;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::thread;
+use std::time::{Duration, Instant};
 
 /// A connected TCP pair over loopback.
 fn tcp_pair() -> (TcpStream, TcpStream) {

@@ -2,7 +2,9 @@
 //! in-process migration, the handshakes, and the verifier that accepts any
 //! certificate (the pre-shared key's TLS, where the key proves identity).
 
-use super::{setup, BoxConn, Security, SockBuf};
+use super::config::{setup, Security};
+use super::conn::BoxConn;
+use super::sockbuf::SockBuf;
 use crate::stream_error::MigrateError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
