@@ -31,12 +31,15 @@ mod config;
 mod conn;
 pub mod plain_probe;
 mod psk;
+mod records;
 mod secure;
 mod sockbuf;
 pub mod tcp;
 mod tls;
 pub mod unix;
 
+#[cfg(test)]
+mod records_tests;
 #[cfg(test)]
 mod tests;
 

@@ -5,11 +5,13 @@
 use super::config::{NetConfig, Security, TLS_SEND_BUFFER};
 use super::conn::{BoxConn, Connection, ShutdownHandle};
 use super::psk::{psk_client, psk_server};
+use super::records::{server_can_take_over, take_over};
 use super::sockbuf::{plain, SockBuf};
 use super::tls::{tls_client, tls_server};
 use crate::stream_error::MigrateError;
-use rustls::StreamOwned;
+use rustls::{ConnectionCommon, StreamOwned};
 use std::io::{Read, Write};
+use std::ops::DerefMut;
 use std::time::{Duration, Instant};
 
 impl<C: Send> Connection for StreamOwned<C, SockBuf>
@@ -47,17 +49,13 @@ pub fn client<C: Connection + 'static>(s: C, net: &NetConfig) -> Result<BoxConn,
             server_name,
             ..
         } => {
-            let mut c = tls_client(s, client, server_name, deadline)?;
-            c.sock.end_handshake(net.io_timeout)?;
-            c.conn.set_buffer_limit(Some(TLS_SEND_BUFFER));
-            Ok(Box::new(c))
+            let c = tls_client(s, client, server_name, deadline)?;
+            established(c, client.enable_secret_extraction, net)
         }
         Security::Psk { client, key, .. } => {
             let mut c = tls_client(s, client, "s2mmu-psk", deadline)?;
             psk_client(&mut c, key)?;
-            c.sock.end_handshake(net.io_timeout)?;
-            c.conn.set_buffer_limit(Some(TLS_SEND_BUFFER));
-            Ok(Box::new(c))
+            established(c, client.enable_secret_extraction, net)
         }
     }
 }
@@ -77,17 +75,36 @@ pub fn server<C: Connection + 'static>(s: C, net: &NetConfig) -> Result<BoxConn,
     match &net.security {
         Security::Plain => plain(s, net.io_timeout),
         Security::Tls { server, .. } => {
-            let mut c = tls_server(s, server, deadline)?;
-            c.sock.end_handshake(net.io_timeout)?;
-            c.conn.set_buffer_limit(Some(TLS_SEND_BUFFER));
-            Ok(Box::new(c))
+            let c = tls_server(s, server, deadline)?;
+            established(c, server_can_take_over(server), net)
         }
         Security::Psk { server, key, .. } => {
             let mut c = tls_server(s, server, deadline)?;
             psk_server(&mut c, key)?;
-            c.sock.end_handshake(net.io_timeout)?;
-            c.conn.set_buffer_limit(Some(TLS_SEND_BUFFER));
-            Ok(Box::new(c))
+            established(c, server_can_take_over(server), net)
         }
     }
+}
+
+/// The connection after a handshake (and the key's exchange): the
+/// session's records sealed and opened by [`RecordConn`](super::records::RecordConn)
+/// when `take` (the configuration lets rustls give its secrets up), else
+/// rustls's own stream with a 1 MiB send buffer.
+fn established<C, D>(
+    mut c: StreamOwned<C, SockBuf>,
+    take: bool,
+    net: &NetConfig,
+) -> Result<BoxConn, MigrateError>
+where
+    C: Into<rustls::Connection> + DerefMut<Target = ConnectionCommon<D>> + Send + 'static,
+    StreamOwned<C, SockBuf>: Read + Write,
+{
+    c.sock.end_handshake(net.io_timeout)?;
+    if take {
+        let r = take_over(c.conn, c.sock)
+            .map_err(|e| MigrateError::io("moving the TLS session to its record layer", &e))?;
+        return Ok(Box::new(r));
+    }
+    c.conn.set_buffer_limit(Some(TLS_SEND_BUFFER));
+    Ok(Box::new(c))
 }
