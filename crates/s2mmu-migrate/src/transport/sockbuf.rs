@@ -221,6 +221,46 @@ impl Read for SockBuf {
         self.start += n;
         Ok(n)
     }
+
+    /// Several buffers at once (the destination's pages): what is buffered
+    /// first; with nothing buffered and at least [`DIRECT_READ`] asked
+    /// for, one `readv` straight into them (no copy through the buffer).
+    fn read_vectored(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> std::io::Result<usize> {
+        if self.start < self.end && !self.framed {
+            return Ok(self.copy_buffered(bufs));
+        }
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if self.framed || total < DIRECT_READ {
+            let first = bufs.iter_mut().find(|b| !b.is_empty());
+            return first.map_or(Ok(0), |b| self.read(b));
+        }
+        self.arm()?;
+        let t = Instant::now();
+        let r = self.sock.read_vectored(bufs);
+        crate::stages::count_socket(false, t);
+        r
+    }
+}
+
+/// Bytes a vectored read must ask for to go straight to the socket with
+/// nothing buffered (smaller ones fill the buffer: fewer system calls).
+const DIRECT_READ: usize = 64 << 10;
+
+impl SockBuf {
+    /// Copies what is buffered into `bufs` in order; the bytes copied.
+    fn copy_buffered(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> usize {
+        let mut n = 0;
+        for b in bufs.iter_mut() {
+            let k = b.len().min(self.end - self.start);
+            b[..k].copy_from_slice(&self.buf[self.start..self.start + k]);
+            self.start += k;
+            n += k;
+            if self.start == self.end {
+                break;
+            }
+        }
+        n
+    }
 }
 
 impl Write for SockBuf {
