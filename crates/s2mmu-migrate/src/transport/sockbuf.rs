@@ -223,7 +223,7 @@ impl Read for SockBuf {
     }
 
     /// Several buffers at once (the destination's pages): what is buffered
-    /// first; with nothing buffered and at least [`DIRECT_READ`] asked
+    /// first; with nothing buffered and at least `DIRECT_READ` (64 KiB) asked
     /// for, one `readv` straight into them (no copy through the buffer).
     fn read_vectored(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> std::io::Result<usize> {
         if self.start < self.end && !self.framed {
