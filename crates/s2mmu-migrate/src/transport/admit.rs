@@ -18,7 +18,9 @@
 //! first budget when its opening record (magic, version, HEADER or JOIN)
 //! has been read and checked.
 
-use super::{server, transient, BoxConn, Listener, NetConfig, Security, ShutdownHandle};
+use super::config::{NetConfig, Security};
+use super::conn::{transient, BoxConn, Listener, ShutdownHandle};
+use super::secure::server;
 use crate::stream_error::MigrateError;
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc, Mutex};

@@ -1,8 +1,10 @@
 //! The pre-shared key: each side proves it knows the key with an HMAC over
 //! both sides' nonces and the TLS session's exporter value.
 
+use super::config::{setup, Security};
+use super::records::allow_take_over;
+use super::sockbuf::SockBuf;
 use super::tls::{provider, AnyCert};
-use super::{setup, Security, SockBuf};
 use crate::stream_error::MigrateError;
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
@@ -152,18 +154,19 @@ pub fn psk(key: &[u8]) -> Result<Security, MigrateError> {
     let chain = vec![ck.cert.der().clone()];
     let pkey = PrivateKeyDer::try_from(ck.key_pair.serialize_der())
         .map_err(|e| setup("ephemeral key", e))?;
-    let server = ServerConfig::builder_with_provider(provider())
+    let mut server = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| setup("TLS", e))?
         .with_no_client_auth()
         .with_single_cert(chain, pkey)
         .map_err(|e| setup("TLS certificate and key", e))?;
-    let client = ClientConfig::builder_with_provider(provider())
+    let mut client = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| setup("TLS", e))?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AnyCert(provider())))
         .with_no_client_auth();
+    allow_take_over(&mut server, &mut client);
     Ok(Security::Psk {
         server: Arc::new(server),
         client: Arc::new(client),

@@ -2,7 +2,7 @@
 //! handshake's overall deadline and the writes' minimum rate, over any
 //! [`Connection`].
 
-use super::{BoxConn, Connection, ShutdownHandle};
+use super::conn::{BoxConn, Connection, ShutdownHandle};
 use crate::stream_error::MigrateError;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -22,6 +22,12 @@ pub struct SockBuf {
     end: usize,
     deadline: Option<Instant>,
     pace: WritePace,
+    /// While a TLS handshake runs: each read ends at a TLS record's end,
+    /// so rustls never holds bytes past the last record it processed and
+    /// the stream can move to [`RecordConn`](super::records::RecordConn).
+    framed: bool,
+    /// Bytes of the current TLS record not yet handed out (framed only).
+    record_left: usize,
 }
 
 /// The slowest a peer may take what this side writes, in bytes per second,
@@ -91,7 +97,73 @@ impl SockBuf {
             end: 0,
             deadline,
             pace: WritePace::new(DEFAULT_WRITE_GRACE),
+            framed: false,
+            record_left: 0,
         }
+    }
+
+    /// `sock` buffered as by [`SockBuf::new`], each read ending at a TLS
+    /// record's end until [`SockBuf::end_handshake`].
+    pub(super) fn framed(sock: BoxConn, deadline: Option<Instant>) -> Self {
+        let mut s = SockBuf::new(sock, deadline);
+        s.framed = true;
+        s
+    }
+
+    /// Moves what is buffered to the front and reads once more after it;
+    /// the bytes read (0: the end of the stream).
+    fn fill_more(&mut self) -> std::io::Result<usize> {
+        self.buf.copy_within(self.start..self.end, 0);
+        self.end -= self.start;
+        self.start = 0;
+        self.arm()?;
+        let t = Instant::now();
+        let r = self.sock.read(&mut self.buf[self.end..]);
+        crate::stages::count_socket(false, t);
+        let n = r?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// A read that stops at the end of the current TLS record (its
+    /// 5-byte header gives the length).
+    fn read_framed(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.record_left == 0 {
+            while self.end - self.start < 5 {
+                if self.fill_more()? == 0 {
+                    break;
+                }
+            }
+            let h = &self.buf[self.start..self.end];
+            self.record_left = match h.len() >= 5 {
+                true => 5 + usize::from(u16::from_be_bytes([h[3], h[4]])),
+                false => h.len(),
+            };
+        }
+        if self.start == self.end && self.fill_more()? == 0 {
+            return Ok(0);
+        }
+        let n = out.len().min(self.end - self.start).min(self.record_left);
+        out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        self.record_left -= n;
+        Ok(n)
+    }
+
+    /// Reads into `out`: what is buffered first, else straight from the
+    /// socket (no copy through the buffer).
+    pub(super) fn read_direct(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.start < self.end {
+            let n = out.len().min(self.end - self.start);
+            out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+            self.start += n;
+            return Ok(n);
+        }
+        self.arm()?;
+        let t = Instant::now();
+        let r = self.sock.read(out);
+        crate::stages::count_socket(false, t);
+        r
     }
 
     /// Before a read or write: the time left until the deadline becomes
@@ -117,6 +189,7 @@ impl SockBuf {
     /// [`MigrateError::Io`] when the timeout cannot be set.
     pub fn end_handshake(&mut self, io_timeout: Duration) -> Result<(), MigrateError> {
         self.deadline = None;
+        self.framed = false;
         self.pace = WritePace::new(io_timeout);
         self.sock
             .set_io_timeout(Some(io_timeout))
@@ -126,6 +199,9 @@ impl SockBuf {
 
 impl Read for SockBuf {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.framed {
+            return self.read_framed(out);
+        }
         if self.start == self.end {
             self.arm()?;
             let t = Instant::now();
@@ -144,6 +220,46 @@ impl Read for SockBuf {
         out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
         self.start += n;
         Ok(n)
+    }
+
+    /// Several buffers at once (the destination's pages): what is buffered
+    /// first; with nothing buffered and at least `DIRECT_READ` (64 KiB) asked
+    /// for, one `readv` straight into them (no copy through the buffer).
+    fn read_vectored(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> std::io::Result<usize> {
+        if self.start < self.end && !self.framed {
+            return Ok(self.copy_buffered(bufs));
+        }
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if self.framed || total < DIRECT_READ {
+            let first = bufs.iter_mut().find(|b| !b.is_empty());
+            return first.map_or(Ok(0), |b| self.read(b));
+        }
+        self.arm()?;
+        let t = Instant::now();
+        let r = self.sock.read_vectored(bufs);
+        crate::stages::count_socket(false, t);
+        r
+    }
+}
+
+/// Bytes a vectored read must ask for to go straight to the socket with
+/// nothing buffered (smaller ones fill the buffer: fewer system calls).
+const DIRECT_READ: usize = 64 << 10;
+
+impl SockBuf {
+    /// Copies what is buffered into `bufs` in order; the bytes copied.
+    fn copy_buffered(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> usize {
+        let mut n = 0;
+        for b in bufs.iter_mut() {
+            let k = b.len().min(self.end - self.start);
+            b[..k].copy_from_slice(&self.buf[self.start..self.start + k]);
+            self.start += k;
+            n += k;
+            if self.start == self.end {
+                break;
+            }
+        }
+        n
     }
 }
 

@@ -2,7 +2,8 @@
 //! keepalive and a user timeout, so a peer that vanished is noticed as
 //! surely as a silent one.
 
-use super::{accept_polling, BoxConn, Connection, Listener, NetConfig, ShutdownHandle};
+use super::config::NetConfig;
+use super::conn::{accept_polling, BoxConn, Connection, Listener, ShutdownHandle};
 use crate::stream_error::MigrateError;
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};

@@ -4,9 +4,11 @@
 //! socket as over TCP, and the I/O timeout bounds a read on both.
 
 use super::*;
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::thread;
+use std::time::{Duration, Instant};
 
 /// A connected TCP pair over loopback.
 fn tcp_pair() -> (TcpStream, TcpStream) {
@@ -182,4 +184,31 @@ fn a_wrong_key_over_a_unix_socket_fails_authentication() {
         Err(MigrateError::Auth { .. })
     ));
     assert!(c.is_err());
+}
+
+#[test]
+fn vectored_reads_of_a_plain_connection_deliver_the_stream_in_order() {
+    // Small reads fill the buffer, large vectored ones take what it holds
+    // and then go straight to the socket: the bytes still come in order.
+    let (mut w, r) = tcp_pair();
+    let data: Vec<u8> = (0..(1usize << 20) + 4196)
+        .map(|i| (i as u8) ^ (i >> 11) as u8)
+        .collect();
+    let sent = data.clone();
+    let t = thread::spawn(move || w.write_all(&sent).unwrap());
+    let mut r = sockbuf::plain(Box::new(r), Duration::from_secs(20)).unwrap();
+    let mut got = vec![0u8; data.len()];
+    r.read_exact(&mut got[..100]).unwrap();
+    let mut at = 100;
+    while at < got.len() {
+        let mut pages: Vec<std::io::IoSliceMut<'_>> = got[at..]
+            .chunks_mut(4096)
+            .map(std::io::IoSliceMut::new)
+            .collect();
+        let n = r.read_vectored(&mut pages).unwrap();
+        assert!(n > 0, "the stream ended at {at}");
+        at += n;
+    }
+    t.join().unwrap();
+    assert!(got == data, "the bytes differ");
 }

@@ -2,7 +2,10 @@
 //! in-process migration, the handshakes, and the verifier that accepts any
 //! certificate (the pre-shared key's TLS, where the key proves identity).
 
-use super::{setup, BoxConn, Security, SockBuf};
+use super::config::{setup, Security};
+use super::conn::BoxConn;
+use super::records::allow_take_over;
+use super::sockbuf::SockBuf;
 use crate::stream_error::MigrateError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -46,7 +49,7 @@ pub(super) fn tls_client(
     name: &str,
     deadline: Option<Instant>,
 ) -> Result<StreamOwned<ClientConnection, SockBuf>, MigrateError> {
-    let mut s = SockBuf::new(s, deadline);
+    let mut s = SockBuf::framed(s, deadline);
     let name = ServerName::try_from(name.to_string())
         .map_err(|e| setup(&format!("TLS server name '{name}'"), e))?;
     let mut c = ClientConnection::new(cfg.clone(), name).map_err(|e| setup("TLS client", e))?;
@@ -61,7 +64,7 @@ pub(super) fn tls_server(
     cfg: &Arc<ServerConfig>,
     deadline: Option<Instant>,
 ) -> Result<StreamOwned<ServerConnection, SockBuf>, MigrateError> {
-    let mut s = SockBuf::new(s, deadline);
+    let mut s = SockBuf::framed(s, deadline);
     let mut c = ServerConnection::new(cfg.clone()).map_err(|e| setup("TLS server", e))?;
     while c.is_handshaking() {
         c.complete_io(&mut s).map_err(handshake_error)?;
@@ -120,18 +123,19 @@ fn mutual_tls(
     let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
         .build()
         .map_err(|e| setup("TLS client verifier", e))?;
-    let server = ServerConfig::builder_with_provider(provider())
+    let mut server = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| setup("TLS", e))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain.clone(), key.clone_key())
         .map_err(|e| setup("TLS certificate and key", e))?;
-    let client = ClientConfig::builder_with_provider(provider())
+    let mut client = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| setup("TLS", e))?
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)
         .map_err(|e| setup("TLS certificate and key", e))?;
+    allow_take_over(&mut server, &mut client);
     Ok(Security::Tls {
         server: Arc::new(server),
         client: Arc::new(client),

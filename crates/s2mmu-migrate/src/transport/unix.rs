@@ -4,7 +4,8 @@
 //! of every read and write, the handshake's deadline, the write rate and
 //! the TLS and key layers apply as over TCP.
 
-use super::{accept_polling, BoxConn, Connection, Listener, NetConfig, ShutdownHandle};
+use super::config::NetConfig;
+use super::conn::{accept_polling, BoxConn, Connection, Listener, ShutdownHandle};
 use crate::stream_error::MigrateError;
 use std::net::Shutdown;
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -1,6 +1,6 @@
 //! The little-endian encoder and the bounded decoder of record bodies.
 
-use super::MigrateError;
+use crate::stream_error::MigrateError;
 
 /// Little-endian encoder.
 #[derive(Default)]

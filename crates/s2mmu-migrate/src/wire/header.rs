@@ -1,10 +1,10 @@
 //! The control bodies that describe a guest: HEADER (what the destination
 //! builds) and the opening of a connection.
 
-use super::{
-    Dec, Enc, MigrateError, WireFormat, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE,
-    SESSION_LEN,
-};
+use super::codec::{Dec, Enc};
+use super::format::WireFormat;
+use super::limits::{MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE, SESSION_LEN};
+use crate::stream_error::MigrateError;
 
 /// What the destination needs to build the same guest.
 #[derive(Clone, Debug, PartialEq, Eq)]

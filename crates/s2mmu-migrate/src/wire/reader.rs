@@ -1,11 +1,12 @@
 //! The receiving side: the opening, PAGES entries and data, control
 //! records and probes, every length checked before it is read.
 
-use super::{
-    checksum, max_body, tag, tag_name, Dec, Header, MigrateError, Opening, MAGIC, MAX_BATCH,
-    PAGE_SIZE, SESSION_LEN, VERSION,
-};
+use super::codec::Dec;
+use super::header::{Header, Opening};
+use super::limits::{max_body, tag, tag_name, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN, VERSION};
+use crate::hash::checksum;
 use crate::stages::{RecvStages, StageClock};
+use crate::stream_error::MigrateError;
 use std::io::Read;
 use std::time::{Duration, Instant};
 

@@ -1,10 +1,11 @@
 //! The sending side: PAGES batches, control records, probes and END.
 
-use super::{
-    checksum, is_zero, page_hash, tag, Enc, Header, MigrateError, MAGIC, MAX_BATCH, PAGE_SIZE,
-    SESSION_LEN, VERSION,
-};
+use super::codec::Enc;
+use super::header::Header;
+use super::limits::{tag, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN, VERSION};
+use crate::hash::{checksum, is_zero, page_hash};
 use crate::stages::{SendStages, StageClock};
+use crate::stream_error::MigrateError;
 use std::io::Write;
 use std::time::Instant;
 

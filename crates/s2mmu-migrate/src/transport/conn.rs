@@ -1,0 +1,208 @@
+//! What every transport implements: a [`Connection`] with a deadline on
+//! each read and write, a [`ShutdownHandle`], a [`Listener`], and the
+//! helpers the listeners share. A leaf: the rest of `transport` builds on
+//! it, and it imports nothing of theirs.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A connection carrying a migration stream: a byte stream whose reads
+/// and writes each have a deadline, which another thread can shut down,
+/// and whose peer can be named in messages.
+pub trait Connection: Read + Write + Send {
+    /// Bounds each read and each write to `timeout` (None: no bound).
+    ///
+    /// # Errors
+    /// The transport's error when it cannot be set.
+    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()>;
+
+    /// The bound of each read (None: none, or not known).
+    fn io_timeout(&self) -> Option<Duration>;
+
+    /// Sets the connection up for a migration: the deadlines, and the
+    /// transport's own liveness settings (TCP: keepalive, `TCP_NODELAY`,
+    /// a user timeout).
+    ///
+    /// # Errors
+    /// The transport's error when a setting fails.
+    fn configure(&self, io_timeout: Duration) -> std::io::Result<()> {
+        self.set_io_timeout(Some(io_timeout))
+    }
+
+    /// A handle that shuts this connection down from any thread (a thread
+    /// blocked reading or writing it returns at once).
+    ///
+    /// # Errors
+    /// The transport's error when the handle cannot be made (no file
+    /// descriptor left to duplicate the socket).
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle>;
+
+    /// The peer, in words (an address, a socket path).
+    fn peer(&self) -> String;
+}
+
+/// A boxed connection.
+pub type BoxConn = Box<dyn Connection>;
+
+/// Forwards every method of [`Connection`] through a pointer.
+macro_rules! forward_connection {
+    ($($t:tt)*) => {
+        $($t)* {
+            fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+                (**self).set_io_timeout(timeout)
+            }
+            fn io_timeout(&self) -> Option<Duration> {
+                (**self).io_timeout()
+            }
+            fn configure(&self, io_timeout: Duration) -> std::io::Result<()> {
+                (**self).configure(io_timeout)
+            }
+            fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+                (**self).shutdown_handle()
+            }
+            fn peer(&self) -> String {
+                (**self).peer()
+            }
+        }
+    };
+}
+forward_connection!(impl<C: Connection + ?Sized> Connection for Box<C>);
+forward_connection!(impl<C: Connection + ?Sized> Connection for &mut C);
+
+/// Ends a connection or a listener from any thread: what a thread blocked
+/// on it waits for returns at once with an error or the end of the
+/// stream. Cloning shares the one connection.
+#[derive(Clone)]
+pub struct ShutdownHandle(Option<Arc<dyn Fn() + Send + Sync>>);
+
+impl ShutdownHandle {
+    /// A handle that runs `shut` (idempotent: it may run more than once).
+    pub fn new(shut: impl Fn() + Send + Sync + 'static) -> Self {
+        ShutdownHandle(Some(Arc::new(shut)))
+    }
+
+    /// A handle with nothing to shut down (a recorded stream).
+    pub fn none() -> Self {
+        ShutdownHandle(None)
+    }
+
+    /// Shuts the connection down (both directions).
+    pub fn shutdown(&self) {
+        if let Some(f) = &self.0 {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for ShutdownHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ShutdownHandle"
+        } else {
+            "ShutdownHandle(none)"
+        })
+    }
+}
+
+/// Where connections come in: accepts within a deadline, and can be shut
+/// down from another thread.
+pub trait Listener: Send + Sync {
+    /// The next connection and its peer's description; None once
+    /// `deadline` passed (a deadline already past: only a connection
+    /// already waiting). A shut-down listener returns an error.
+    ///
+    /// # Errors
+    /// The transport's error when accepting fails; [`transient`] says
+    /// which errors concern one connection only (the caller may go on).
+    fn accept_until(&self, deadline: Option<Instant>)
+        -> std::io::Result<Option<(BoxConn, String)>>;
+
+    /// A handle that shuts the listening socket down: every later accept
+    /// fails.
+    ///
+    /// # Errors
+    /// The transport's error when the handle cannot be made.
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle>;
+
+    /// Where it listens, in words.
+    fn local(&self) -> String;
+}
+
+/// Accept errors that concern one connection or a passing shortage (the
+/// connection was reset before it was accepted, no file descriptor left
+/// for a moment): the listener goes on.
+pub fn transient(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionReset, Interrupted};
+    matches!(e.kind(), ConnectionAborted | ConnectionReset | Interrupted)
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EPROTO)
+        )
+}
+
+/// How long a listener sleeps between looks at a socket with nothing
+/// waiting (the listeners poll without blocking, so a deadline and a
+/// shutdown are both seen within it).
+const ACCEPT_POLL: Duration = Duration::from_millis(1);
+
+/// Accepts with `try_accept` (on a non-blocking socket) until something
+/// comes, it fails, or `deadline` passes.
+pub(super) fn accept_polling<T>(
+    deadline: Option<Instant>,
+    mut try_accept: impl FnMut() -> std::io::Result<T>,
+) -> std::io::Result<Option<T>> {
+    loop {
+        match try_accept() {
+            Ok(t) => return Ok(Some(t)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        let now = Instant::now();
+        let wait = match deadline {
+            Some(d) if d <= now => return Ok(None),
+            Some(d) => (d - now).min(ACCEPT_POLL),
+            None => ACCEPT_POLL,
+        };
+        std::thread::sleep(wait);
+    }
+}
+
+/// A reader and a writer as one connection (a recorded stream in, the
+/// replies out).
+pub struct Duplex<R, W> {
+    /// Where the stream comes from.
+    pub input: R,
+    /// Where the replies go.
+    pub output: W,
+}
+
+impl<R: Read, W> Read for Duplex<R, W> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.input.read(buf)
+    }
+}
+
+impl<R, W: Write> Write for Duplex<R, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.output.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.output.flush()
+    }
+}
+
+impl<R: Read + Send, W: Write + Send> Connection for Duplex<R, W> {
+    fn set_io_timeout(&self, _timeout: Option<Duration>) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn io_timeout(&self) -> Option<Duration> {
+        None
+    }
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+        Ok(ShutdownHandle::none())
+    }
+    fn peer(&self) -> String {
+        "a recorded stream".into()
+    }
+}

@@ -1,0 +1,385 @@
+//! TLS 1.3 application data after the handshake, sealed and opened in
+//! place with the session's traffic keys (RFC 8446 section 5).
+//!
+//! rustls's buffered connection copies every received byte three times in
+//! user space (its socket read into the deframer, the decrypted record into
+//! a fresh `Vec`, that into the caller's buffer) and allocates per record.
+//! Here the socket is read straight into one large buffer, each record is
+//! decrypted where it lies, and the plaintext is copied once, into the
+//! caller's buffer (guest memory on the destination). Sending seals
+//! records in place in one buffer and writes a whole call's records with
+//! one system call. The handshake, the certificates and the pre-shared key
+//! stay rustls's; only the record layer of the established session is
+//! done here, with ring's AEAD (the same code rustls uses).
+
+use super::conn::{Connection, ShutdownHandle};
+use super::sockbuf::SockBuf;
+use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use rustls::{ConnectionTrafficSecrets, ExtractedSecrets};
+use std::io::{Error, ErrorKind, Read, Write};
+use std::time::Duration;
+
+/// Outer content type of every TLS 1.3 record after the handshake.
+const APPLICATION_DATA: u8 = 0x17;
+/// Inner content types.
+const ALERT: u8 = 0x15;
+const HANDSHAKE: u8 = 0x16;
+/// Bytes of a record header.
+const HEADER: usize = 5;
+/// Largest plaintext of a record (2^14).
+const MAX_PLAIN: usize = 1 << 14;
+/// Largest ciphertext of a record (RFC 8446: 2^14 + 256).
+const MAX_CIPHER: usize = MAX_PLAIN + 256;
+/// AEAD tag bytes (AES-GCM and ChaCha20-Poly1305 alike).
+const TAG: usize = 16;
+/// Records per key at most: AES-GCM's confidentiality limit is 2^24.5
+/// records (RFC 8446 section 5.5); this layer does no key update, so a
+/// connection stops there (2^24 records of 16 KiB: 256 GiB, four times
+/// the largest guest).
+const MAX_RECORDS: u64 = 1 << 24;
+/// Bytes of the receive buffer: the socket is read in chunks this large.
+const RECV_BUF: usize = 512 << 10;
+/// Plaintext sealed per write call at most (64 records, one system call).
+const SEND_CHUNK: usize = 64 * MAX_PLAIN;
+
+/// One direction's key, nonce base and sequence number.
+struct Direction {
+    key: LessSafeKey,
+    iv: [u8; aead::NONCE_LEN],
+    seq: u64,
+}
+
+impl Direction {
+    fn new((seq, secrets): (u64, ConnectionTrafficSecrets)) -> std::io::Result<Self> {
+        let (alg, key, iv) = match secrets {
+            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&aead::AES_128_GCM, key, iv),
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&aead::AES_256_GCM, key, iv),
+            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => {
+                (&aead::CHACHA20_POLY1305, key, iv)
+            }
+            _ => return Err(Error::other("TLS cipher suite without a record layer here")),
+        };
+        let key = UnboundKey::new(alg, key.as_ref())
+            .map_err(|_| Error::other("TLS traffic key of the wrong length"))?;
+        let iv: [u8; aead::NONCE_LEN] = iv
+            .as_ref()
+            .try_into()
+            .map_err(|_| Error::other("TLS traffic IV of the wrong length"))?;
+        Ok(Direction {
+            key: LessSafeKey::new(key),
+            iv,
+            seq,
+        })
+    }
+
+    /// The next record's nonce (the IV XOR the sequence number), counting
+    /// the record.
+    fn next_nonce(&mut self) -> std::io::Result<Nonce> {
+        if self.seq >= MAX_RECORDS {
+            return Err(Error::other(
+                "TLS record limit of one key reached (no key update here)",
+            ));
+        }
+        let mut n = self.iv;
+        for (b, s) in n[4..].iter_mut().zip(self.seq.to_be_bytes()) {
+            *b ^= s;
+        }
+        self.seq += 1;
+        Ok(Nonce::assume_unique_for_key(n))
+    }
+}
+
+/// An established TLS 1.3 session over a [`SockBuf`], its records sealed
+/// and opened here.
+pub struct RecordConn {
+    sock: SockBuf,
+    tx: Direction,
+    rx: Direction,
+    /// Received bytes: `[plain.0, plain.1)` is the opened record's
+    /// plaintext not yet read, `[raw, end)` what follows, not yet opened.
+    rbuf: Box<[u8]>,
+    plain: (usize, usize),
+    raw: usize,
+    end: usize,
+    /// Plaintext rustls had decrypted before the switch, read first.
+    pending: Vec<u8>,
+    pending_at: usize,
+    /// Sealed records on their way out.
+    wbuf: Vec<u8>,
+    /// The peer sent close_notify: reads return the end of the stream.
+    closed: bool,
+    /// A write failed part-way: the stream is cut, every later write fails.
+    broken: bool,
+}
+
+fn bad(what: &str) -> Error {
+    Error::new(ErrorKind::InvalidData, format!("TLS record: {what}"))
+}
+
+impl RecordConn {
+    /// The session of `secrets` over `sock`, with `pending` (plaintext
+    /// already decrypted by rustls) to be read first.
+    ///
+    /// # Errors
+    /// `Other` for a cipher suite or key this layer does not handle.
+    pub(super) fn new(
+        sock: SockBuf,
+        secrets: ExtractedSecrets,
+        pending: Vec<u8>,
+    ) -> std::io::Result<Self> {
+        Ok(RecordConn {
+            sock,
+            tx: Direction::new(secrets.tx)?,
+            rx: Direction::new(secrets.rx)?,
+            rbuf: vec![0u8; RECV_BUF].into_boxed_slice(),
+            plain: (0, 0),
+            raw: 0,
+            end: 0,
+            pending,
+            pending_at: 0,
+            wbuf: Vec::with_capacity(SEND_CHUNK + (SEND_CHUNK / MAX_PLAIN) * (HEADER + 1 + TAG)),
+            closed: false,
+            broken: false,
+        })
+    }
+
+    /// Opens the record at `raw` if it is here whole; whether one was.
+    fn open_buffered(&mut self) -> std::io::Result<bool> {
+        let avail = self.end - self.raw;
+        if avail < HEADER {
+            return Ok(false);
+        }
+        let h: [u8; HEADER] = self.rbuf[self.raw..self.raw + HEADER]
+            .try_into()
+            .map_err(|_| bad("short header"))?;
+        let len = usize::from(u16::from_be_bytes([h[3], h[4]]));
+        if h[0] != APPLICATION_DATA || h[1] != 3 || h[2] != 3 {
+            return Err(bad("not an application-data record of TLS 1.2/1.3 framing"));
+        }
+        if !(TAG + 1..=MAX_CIPHER).contains(&len) {
+            return Err(bad("length out of bounds"));
+        }
+        if avail < HEADER + len {
+            return Ok(false);
+        }
+        let body = self.raw + HEADER;
+        self.raw = body + len;
+        let nonce = self.rx.next_nonce()?;
+        let opened = self
+            .rx
+            .key
+            .open_in_place(nonce, Aad::from(h), &mut self.rbuf[body..body + len])
+            .map_err(|_| bad("decryption failed (tampered or out of order)"))?;
+        // The inner type is the last non-zero byte (zeros are padding).
+        let Some(at) = opened.iter().rposition(|&b| b != 0) else {
+            return Err(bad("no content type"));
+        };
+        match opened[at] {
+            APPLICATION_DATA => self.plain = (body, body + at),
+            ALERT if opened[..at] == [1, 0] => self.closed = true,
+            ALERT => return Err(bad("alert from the peer")),
+            HANDSHAKE => return Err(bad("post-handshake message (not used by this stream)")),
+            _ => return Err(bad("unknown content type")),
+        }
+        Ok(true)
+    }
+
+    /// Reads more of the stream from the socket; false at its end.
+    fn read_more(&mut self) -> std::io::Result<bool> {
+        if self.raw == self.end {
+            (self.raw, self.end) = (0, 0);
+        } else if self.rbuf.len() - self.end < HEADER + MAX_CIPHER {
+            self.rbuf.copy_within(self.raw..self.end, 0);
+            self.end -= self.raw;
+            self.raw = 0;
+        }
+        let n = self.sock.read_direct(&mut self.rbuf[self.end..])?;
+        self.end += n;
+        Ok(n > 0)
+    }
+
+    /// Makes plaintext available (opening records, reading the socket
+    /// only when `block`); false when there is none (the stream ended, or
+    /// none without blocking).
+    fn ready(&mut self, block: bool) -> std::io::Result<bool> {
+        while self.plain.0 == self.plain.1 {
+            if self.closed {
+                return Ok(false);
+            }
+            if self.open_buffered()? {
+                continue;
+            }
+            if !block {
+                return Ok(false);
+            }
+            if !self.read_more()? {
+                if self.end > self.raw {
+                    return Err(Error::new(ErrorKind::UnexpectedEof, "TLS record cut"));
+                }
+                return Err(Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "peer closed connection without sending TLS close_notify",
+                ));
+            }
+        }
+        Ok(true)
+    }
+
+    /// Copies the opened plaintext into `out`; the bytes copied.
+    fn take(&mut self, out: &mut [u8]) -> usize {
+        let n = out.len().min(self.plain.1 - self.plain.0);
+        out[..n].copy_from_slice(&self.rbuf[self.plain.0..self.plain.0 + n]);
+        self.plain.0 += n;
+        n
+    }
+
+    /// Seals `data` (at most [`SEND_CHUNK`]) into records in `wbuf`.
+    fn seal(&mut self, data: &[u8]) -> std::io::Result<()> {
+        for chunk in data.chunks(MAX_PLAIN) {
+            let len = chunk.len() + 1 + TAG;
+            let start = self.wbuf.len();
+            let h = [APPLICATION_DATA, 3, 3, (len >> 8) as u8, len as u8];
+            self.wbuf.extend_from_slice(&h);
+            self.wbuf.extend_from_slice(chunk);
+            self.wbuf.push(APPLICATION_DATA);
+            let nonce = self.tx.next_nonce()?;
+            let tag = self
+                .tx
+                .key
+                .seal_in_place_separate_tag(nonce, Aad::from(h), &mut self.wbuf[start + HEADER..])
+                .map_err(|_| Error::other("TLS record sealing failed"))?;
+            self.wbuf.extend_from_slice(tag.as_ref());
+        }
+        Ok(())
+    }
+}
+
+impl Read for RecordConn {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pending_at < self.pending.len() {
+            let n = out.len().min(self.pending.len() - self.pending_at);
+            out[..n].copy_from_slice(&self.pending[self.pending_at..self.pending_at + n]);
+            self.pending_at += n;
+            return Ok(n);
+        }
+        if out.is_empty() || !self.ready(true)? {
+            return Ok(0);
+        }
+        Ok(self.take(out))
+    }
+
+    /// Fills as many of `bufs` as the records already here allow, blocking
+    /// only while nothing was copied.
+    fn read_vectored(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> std::io::Result<usize> {
+        if self.pending_at < self.pending.len() {
+            let first = bufs.iter_mut().find(|b| !b.is_empty());
+            return first.map_or(Ok(0), |b| self.read(b));
+        }
+        let mut got = 0;
+        for b in bufs.iter_mut() {
+            let mut at = 0;
+            while at < b.len() {
+                if !self.ready(got == 0)? {
+                    return Ok(got);
+                }
+                let n = self.take(&mut b[at..]);
+                at += n;
+                got += n;
+            }
+        }
+        Ok(got)
+    }
+}
+
+impl Write for RecordConn {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.broken {
+            return Err(Error::new(ErrorKind::BrokenPipe, "an earlier write failed"));
+        }
+        let data = &data[..data.len().min(SEND_CHUNK)];
+        self.wbuf.clear();
+        self.seal(data)?;
+        let r = self.sock.write_all(&self.wbuf);
+        if r.is_err() {
+            self.broken = true;
+        }
+        r.map(|_| data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.sock.flush()
+    }
+}
+
+impl Connection for RecordConn {
+    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.sock.set_io_timeout(timeout)
+    }
+    fn io_timeout(&self) -> Option<Duration> {
+        self.sock.io_timeout()
+    }
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+        self.sock.shutdown_handle()
+    }
+    fn peer(&self) -> String {
+        self.sock.peer()
+    }
+}
+
+/// Plaintext rustls may hold at the switch at most (its own received
+/// buffer's default bound is 16 KiB).
+const MAX_PENDING: usize = 64 << 10;
+
+/// Whether the sessions of these configurations can move to
+/// [`RecordConn`]: secrets may be extracted, and (server) no session
+/// tickets follow the handshake.
+pub(super) fn server_can_take_over(cfg: &rustls::ServerConfig) -> bool {
+    cfg.enable_secret_extraction && cfg.send_tls13_tickets == 0
+}
+
+/// Lets the TLS sessions of `server` and `client` move to [`RecordConn`]
+/// after their handshakes.
+pub(super) fn allow_take_over(
+    server: &mut rustls::ServerConfig,
+    client: &mut rustls::ClientConfig,
+) {
+    server.enable_secret_extraction = true;
+    server.send_tls13_tickets = 0;
+    client.enable_secret_extraction = true;
+}
+
+/// The established session `conn` over `sock` as a [`RecordConn`]: what
+/// rustls still has to send goes out, what it decrypted and not handed out
+/// is kept to be read first. `sock` was framed during the handshake, so
+/// rustls holds no part of a later record.
+///
+/// # Errors
+/// `Other` when rustls keeps its secrets or the session is not TLS 1.3,
+/// the socket's error when sending rustls's last records fails.
+pub(super) fn take_over(
+    conn: impl Into<rustls::Connection>,
+    mut sock: SockBuf,
+) -> std::io::Result<RecordConn> {
+    let mut conn: rustls::Connection = conn.into();
+    if conn.protocol_version() != Some(rustls::ProtocolVersion::TLSv1_3) {
+        return Err(Error::other("not a TLS 1.3 session"));
+    }
+    while conn.wants_write() {
+        conn.write_tls(&mut sock)?;
+    }
+    let mut pending = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match conn.reader().read(&mut chunk) {
+            Ok(0) => return Err(bad("the peer closed the session at once")),
+            Ok(n) if pending.len() + n > MAX_PENDING => return Err(bad("too much buffered")),
+            Ok(n) => pending.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    let secrets = conn
+        .dangerous_extract_secrets()
+        .map_err(|e| Error::other(format!("TLS secrets: {e}")))?;
+    RecordConn::new(sock, secrets, pending)
+}
