@@ -207,7 +207,7 @@ fn goes_on(p: &Params, a: &LinuxVm, b: &mut LinuxVm, mut run: Run) -> Result<Run
     let dirtier = p.linux_run == "dirtier";
     let a_text = a.console().contents();
     if dirtier {
-        let ok = wait_for(&b, "machine B", |t| {
+        let ok = wait_for(b, "machine B", |t| {
             // Whole lines only: the console may be read mid-line.
             t[..t.rfind('\n').map_or(0, |i| i + 1)]
                 .lines()
@@ -217,7 +217,7 @@ fn goes_on(p: &Params, a: &LinuxVm, b: &mut LinuxVm, mut run: Run) -> Result<Run
         run.line += &format!("; B: {}", ok.trim());
     } else {
         let at_switch = steps(&a_text).last().copied().unwrap_or(0);
-        wait_for(&b, "machine B", |t| {
+        wait_for(b, "machine B", |t| {
             steps(t).last().filter(|&&n| n > at_switch).copied()
         })?;
         // A line the switch cut in two is whole only in A's text and B's
