@@ -345,6 +345,17 @@ impl LinuxVm {
             .ok_or_else(|| VmError::new("the VM has no state yet (never booted or restored)"))
     }
 
+    /// vCPUs.
+    pub fn vcpu_count(&self) -> usize {
+        self.vcpus
+    }
+
+    /// The engine's MMU of this machine (the same until a guest comes
+    /// back to it and it starts a new QEMU, see `renew`).
+    pub(super) fn engine_mmu(&self) -> &Arc<crate::vm::Arm64Mmu> {
+        self.mmu()
+    }
+
     fn mmu(&self) -> &Arc<crate::vm::Arm64Mmu> {
         match (&self.run, &self.idle) {
             (Some(r), _) => r.sh.vm.mmu(),

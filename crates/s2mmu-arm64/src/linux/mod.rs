@@ -21,6 +21,9 @@
 //!   are its state in the migration encoding; [`memory`] its RAM as one
 //!   mapping (bulk copies, the parallel digest); [`postcopy`] the
 //!   stage-2 fault on a page that has not arrived as its request.
+//! - [`session_source`] and [`session_dest`]: the same VM behind the
+//!   migration library's session (`s2mmu_migrate::session`), source and
+//!   destination, over any connection (TLS by default in the CLI).
 
 pub mod assets;
 pub mod baseline;
@@ -39,6 +42,8 @@ mod mig_vcpu;
 pub mod migrate;
 pub mod postcopy;
 pub mod psci;
+pub mod session_dest;
+pub mod session_source;
 pub mod uart;
 mod vcpu;
 pub mod vcpu_state;

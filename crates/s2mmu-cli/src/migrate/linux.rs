@@ -1,22 +1,29 @@
 //! `s2mmu migrate --guest linux`: Debian's arm64 Linux, booted on one
 //! QEMU machine under the engine's stage 2, migrated in this process to a
-//! second QEMU machine through the `s2mmu-migrate` library (pre-copy over
-//! the engine's dirty log, stop-and-copy, the vCPU and device state, the
-//! memories' digests compared, resume) or with `--postcopy` by the
-//! arm64 crate's post-copy (the destination's stage-2 fault on a missing
-//! page is its request), `--runs` times. The guest runs `counter` (one
+//! second QEMU machine through the migration library's session (pre-copy
+//! over the engine's dirty log, stop-and-copy, the vCPU and device state,
+//! the memories' digests compared, resume; loopback TLS unless
+//! `--no-tls`; two processes with `--listen`/`--to`, see [`super::linux_net`])
+//! or with `--postcopy` by the arm64 crate's post-copy (the destination's
+//! stage-2 fault on a missing page is its request), `--runs` times. The guest runs `counter` (one
 //! small step a second: the destination must print the next step) or
 //! `dirtier` (`--linux-run dirtier`: writes as fast as it can and
 //! re-checks every page: the destination must print its `ok`).
 
+use super::linux_net;
+use super::net::NetConfig;
 use super::params::PostcopyArg;
 use super::Params;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::postcopy::{migrate_postcopy, PostcopyPolicy};
+use s2mmu_arm64::linux::session_source::LinuxSource;
 use s2mmu_arm64::linux::vm::LinuxConfig;
-use s2mmu_migrate::driver::{self, Policy};
+use s2mmu_migrate::driver::Policy;
+use s2mmu_migrate::session::guest::SourceGuest;
+use s2mmu_migrate::session::source::SourceOutcome;
+use s2mmu_migrate::MigratableVm;
 use std::time::{Duration, Instant};
 
 /// Most `--runs`.
@@ -63,7 +70,11 @@ fn steps(text: &str) -> Vec<u64> {
 
 /// Waits until `vm`'s console shows what `done` finds (its value), failing
 /// on a FAIL line of a guest program, the guest stopping, or 900 s.
-fn wait_for<T>(vm: &LinuxVm, what: &str, done: impl Fn(&str) -> Option<T>) -> Result<T, String> {
+pub(super) fn wait_for<T>(
+    vm: &LinuxVm,
+    what: &str,
+    done: impl Fn(&str) -> Option<T>,
+) -> Result<T, String> {
     let t = Instant::now();
     loop {
         let text = vm.console().contents();
@@ -94,31 +105,33 @@ struct Run {
     line: String,
 }
 
-/// Moves A's guest to B as `p` says.
-fn switch(p: &Params, a: &mut LinuxVm, b: &mut LinuxVm) -> Result<Run, String> {
+/// A run's figures from the session's outcome; `state_bytes`: the STATE
+/// body's size.
+fn session_run(s: &SourceOutcome, state_bytes: usize, net: &NetConfig) -> Run {
+    let (pre, fin): (Vec<_>, Vec<_>) = s.rounds.iter().partition(|r| !r.final_round);
+    Run {
+        downtime: s.downtime,
+        round_pages: pre.iter().map(|r| r.pages).collect(),
+        round_ms: pre.iter().map(|r| (r.end_s - r.start_s) * 1e3).collect(),
+        final_pages: fin.iter().map(|r| r.pages).sum(),
+        state_bytes,
+        extra: serde_json::json!({"security": net.security.describe(),
+            "channels": s.channels, "link_bytes_per_s": s.link,
+            "page_records": s.page_records, "zero_pages": s.zero_pages}),
+        line: format!(
+            "through the session, {} over {} channel(s); the destination's digests equal the \
+             source's",
+            net.security.describe(),
+            s.channels
+        ),
+    }
+}
+
+/// Moves A's guest to B by post-copy as `p` says.
+fn switch_postcopy(p: &Params, a: &mut LinuxVm, b: &mut LinuxVm) -> Result<Run, String> {
     let pc = Policy::default();
     let policy = match p.postcopy {
-        None => {
-            let r = driver::migrate(a, b, &pc).map_err(|e| e.to_string())?;
-            return Ok(Run {
-                downtime: r.downtime,
-                round_pages: r.rounds.iter().map(|x| x.pages).collect(),
-                round_ms: r.rounds.iter().map(|x| ms(x.time)).collect(),
-                final_pages: r.final_pages,
-                state_bytes: r.state_bytes,
-                extra: serde_json::json!({"pause_ms": ms(r.pause_time),
-                    "dest_digest_ms": ms(r.dest_digest_time),
-                    "source_digest_ms": ms(r.digest_time)}),
-                line: format!(
-                    "pause {:.1} ms, B's digest {:.1} ms; A's digest compared after the resume \
-                     in {:.1} ms",
-                    ms(r.pause_time),
-                    ms(r.dest_digest_time),
-                    ms(r.digest_time)
-                ),
-            });
-        }
-        Some(PostcopyArg::On) => PostcopyPolicy {
+        Some(PostcopyArg::On) | None => PostcopyPolicy {
             precopy_passes: 1,
             switch_below_pages: 0,
         },
@@ -154,11 +167,10 @@ fn switch(p: &Params, a: &mut LinuxVm, b: &mut LinuxVm) -> Result<Run, String> {
     })
 }
 
-/// One migration: boot, run, migrate, check the destination goes on.
-fn one(p: &Params, cfg: &LinuxConfig) -> Result<Run, String> {
-    let dirtier = p.linux_run == "dirtier";
-    let mut a = LinuxVm::boot(cfg).map_err(|e| format!("machine A: {e}"))?;
-    if dirtier {
+/// Boots machine A and waits until its guest program runs.
+fn boot_a(p: &Params, cfg: &LinuxConfig) -> Result<LinuxVm, String> {
+    let a = LinuxVm::boot(cfg).map_err(|e| format!("machine A: {e}"))?;
+    if p.linux_run == "dirtier" {
         wait_for(&a, "machine A", |t| {
             t.contains("s2mmu-dirtier: start").then_some(())
         })?;
@@ -168,11 +180,34 @@ fn one(p: &Params, cfg: &LinuxConfig) -> Result<Run, String> {
             steps(t).last().filter(|&&n| n >= 2).copied()
         })?;
     }
-    let mut b = LinuxVm::blank(cfg).map_err(|e| format!("machine B: {e}"))?;
-    let mut run = switch(p, &mut a, &mut b)?;
+    Ok(a)
+}
+
+/// One migration: boot, run, migrate, check the destination goes on.
+fn one(p: &Params, cfg: &LinuxConfig, net: &NetConfig) -> Result<Run, String> {
+    let mut a = boot_a(p, cfg)?;
+    if p.postcopy.is_some() {
+        let mut b = LinuxVm::blank(cfg).map_err(|e| format!("machine B: {e}"))?;
+        let run = switch_postcopy(p, &mut a, &mut b)?;
+        return goes_on(p, &a, &mut b, run);
+    }
+    let src = LinuxSource::new(a);
+    let (s, _d, b) = linux_net::in_process(p, &src, cfg, net)?;
+    let mut a = src.vm().lock();
+    let state_bytes = a.save_state().map_or(0, |v| v.len());
+    let run = session_run(&s, state_bytes, net);
+    let mut b = b.lock();
+    // The session ran B's guest for --run-after, then paused it.
+    s2mmu_migrate::Pausable::resume(&mut *b).map_err(|e| format!("machine B: {e}"))?;
+    goes_on(p, &a, &mut b, run)
+}
+
+/// Checks that B's guest goes on from where A's stopped, and A's not.
+fn goes_on(p: &Params, a: &LinuxVm, b: &mut LinuxVm, mut run: Run) -> Result<Run, String> {
+    let dirtier = p.linux_run == "dirtier";
     let a_text = a.console().contents();
     if dirtier {
-        let ok = wait_for(&b, "machine B", |t| {
+        let ok = wait_for(b, "machine B", |t| {
             // Whole lines only: the console may be read mid-line.
             t[..t.rfind('\n').map_or(0, |i| i + 1)]
                 .lines()
@@ -182,7 +217,7 @@ fn one(p: &Params, cfg: &LinuxConfig) -> Result<Run, String> {
         run.line += &format!("; B: {}", ok.trim());
     } else {
         let at_switch = steps(&a_text).last().copied().unwrap_or(0);
-        wait_for(&b, "machine B", |t| {
+        wait_for(b, "machine B", |t| {
             steps(t).last().filter(|&&n| n > at_switch).copied()
         })?;
         // A line the switch cut in two is whole only in A's text and B's
@@ -290,16 +325,36 @@ pub fn main(p: &Params) -> Result<(), String> {
     if !(1..=MAX_RUNS).contains(&p.runs) {
         return Err(format!("--runs {}: 1 to {MAX_RUNS}", p.runs));
     }
-    if p.listen.is_some() || p.to.is_some() {
-        return Err("--guest linux migrates in one process: no --listen or --to".into());
+    if p.postcopy.is_some() && (p.listen.is_some() || p.to.is_some()) {
+        return Err(
+            "--postcopy with --guest linux runs in one process: no --listen or --to".into(),
+        );
     }
+    if p.runs != 1 && (p.listen.is_some() || p.to.is_some()) {
+        return Err(format!(
+            "--runs {} with --listen or --to: two processes run one migration",
+            p.runs
+        ));
+    }
+    // Every flag the session takes is checked before anything starts.
+    linux_net::session_config(p)?;
+    let net = p.net_config()?;
     s2mmu_arm64::available().map_err(|e| format!("--guest linux needs the arm64 model: {e}"))?;
     let a = assets::ensure(&AssetOptions::from_env())
         .map_err(|e| format!("--guest linux needs Debian's arm64 kernel: {e}"))?;
     let cfg = config(p, &a);
+    if let Some(addr) = &p.listen {
+        return linux_net::listen(p, &cfg, addr);
+    }
     let mut runs = Vec::new();
     for i in 0..p.runs {
-        let r = one(p, &cfg)?;
+        let r = match &p.to {
+            Some(addr) => {
+                let (s, state_bytes) = linux_net::source_to(p, addr, boot_a(p, &cfg)?)?;
+                session_run(&s, state_bytes, &net)
+            }
+            None => one(p, &cfg, &net)?,
+        };
         if !p.quiet {
             eprintln!(
                 "run {}: downtime {:.1} ms, round 0 {:.0} pages/s, {} rounds, {} pages at the \

@@ -13,6 +13,7 @@
 
 pub mod iperf;
 pub mod linux;
+pub mod linux_net;
 pub mod plot;
 pub mod postcopy_report;
 pub mod wire;

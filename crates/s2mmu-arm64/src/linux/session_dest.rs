@@ -1,0 +1,193 @@
+//! A Linux guest as the migration library's destination: [`LinuxDest`]
+//! starts a blank QEMU machine of the geometry the HEADER describes, the
+//! STATE body (the Linux state of `vm_state`) is decoded and checked
+//! against it before any vCPU starts, and the resumed guest runs from it
+//! with CNTVOFF set so that its virtual time goes on without a jump
+//! (`LinuxVm::restore_state`).
+
+use super::changes::HostChange;
+use super::dirty::{HarvestConfig, LinuxDirty};
+use super::migrate::LinuxVm;
+use super::session_source::{LinuxSessionVm, LINUX_BACKING};
+use super::vm::{self, LinuxConfig};
+use super::vm_state::LinuxState;
+use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::vm::{GuestCounters, GuestRun};
+use s2mmu_migrate::wire::{Header, WireFormat};
+use s2mmu_migrate::{MigratableVm, Pausable};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Builds the destination's Linux guest: a new QEMU machine per
+/// migration, kept (see [`LinuxDest::built`]) after the session ends.
+pub struct LinuxDest {
+    /// Whether the guest's console also goes to stdout.
+    pub echo: bool,
+    /// How long the destination's guest may run in all.
+    pub timeout: Duration,
+    built: Mutex<Option<Arc<LinuxSessionVm>>>,
+}
+
+impl LinuxDest {
+    /// A factory whose guests echo their console when `echo` and may run
+    /// `timeout` in all.
+    pub fn new(echo: bool, timeout: Duration) -> LinuxDest {
+        LinuxDest {
+            echo,
+            timeout,
+            built: Mutex::new(None),
+        }
+    }
+
+    /// The last guest built (it outlives the session: its console, its
+    /// run after the session's `run_after`).
+    pub fn built(&self) -> Option<Arc<LinuxSessionVm>> {
+        self.built.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+fn refuse(why: String) -> MigrateError {
+    MigrateError::Setup(format!("Linux destination: {why}"))
+}
+
+impl DestFactory for LinuxDest {
+    type Guest = LinuxDestGuest;
+
+    fn build(&self, h: &Header) -> Result<LinuxDestGuest, MigrateError> {
+        if h.format != WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>() {
+            return Err(MigrateError::FormatMismatch {
+                stream: h.format.name(),
+                destination: WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>().name(),
+            });
+        }
+        if h.backing != LINUX_BACKING || h.slots != 1 || h.gpa_base != vm::RAM_IPA {
+            return Err(refuse(format!(
+                "the stream's guest ({} backing, {} slots at {:#x}) is not a Linux guest \
+                 ({LINUX_BACKING} backing, 1 slot at {:#x})",
+                h.backing,
+                h.slots,
+                h.gpa_base,
+                vm::RAM_IPA
+            )));
+        }
+        let cfg = LinuxConfig {
+            vcpus: usize::try_from(h.vcpus).unwrap_or(usize::MAX),
+            mem: h.mem_size,
+            // A destination loads no kernel: everything comes in the stream.
+            kernel: PathBuf::new(),
+            initrd: PathBuf::new(),
+            cmdline: String::new(),
+            echo: self.echo,
+            timeout: self.timeout,
+            dirty: HarvestConfig {
+                mode: LinuxDirty::Off,
+                period: Duration::from_millis(100),
+                drop_invalidations_from: None,
+                discard_log: None,
+                change: HostChange::default(),
+            },
+        };
+        let vm = LinuxVm::blank(&cfg).map_err(|e| refuse(e.to_string()))?;
+        let vm = Arc::new(LinuxSessionVm::new(vm));
+        *self.built.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.clone());
+        Ok(LinuxDestGuest { vm })
+    }
+}
+
+/// The destination's Linux guest: no vCPU runs until [`DestGuest::start`].
+pub struct LinuxDestGuest {
+    vm: Arc<LinuxSessionVm>,
+}
+
+/// A STATE body that decoded and fits the guest.
+pub struct CheckedState(Vec<u8>);
+
+impl DestGuest for LinuxDestGuest {
+    type Vm = LinuxSessionVm;
+    type State = CheckedState;
+    type Running = LinuxRunning;
+
+    fn vm(&self) -> &Arc<LinuxSessionVm> {
+        &self.vm
+    }
+
+    fn decode_state(
+        &self,
+        body: &[u8],
+        header: &Header,
+        at_byte: u64,
+    ) -> Result<CheckedState, MigrateError> {
+        let vcpus = usize::try_from(header.vcpus).unwrap_or(usize::MAX);
+        LinuxState::decode(body, vcpus, header.mem_size).map_err(|e| MigrateError::Malformed {
+            record: "STATE",
+            at_byte,
+            why: format!("the Linux guest's state: {e}"),
+        })?;
+        let mut copy = Vec::new();
+        copy.try_reserve_exact(body.len())
+            .map_err(|e| refuse(format!("STATE of {} bytes: {e}", body.len())))?;
+        copy.extend_from_slice(body);
+        Ok(CheckedState(copy))
+    }
+
+    fn start(&self, state: &CheckedState) -> Result<LinuxRunning, MigrateError> {
+        {
+            let mut vm = self.vm.lock();
+            vm.restore_state(&state.0)
+                .map_err(|e| MigrateError::BadState { why: e.to_string() })?;
+            vm.resume()
+                .map_err(|e| MigrateError::BadState { why: e.to_string() })?;
+        }
+        Ok(LinuxRunning {
+            vm: self.vm.clone(),
+        })
+    }
+}
+
+/// The resumed Linux guest.
+pub struct LinuxRunning {
+    vm: Arc<LinuxSessionVm>,
+}
+
+impl LinuxRunning {
+    /// The VM.
+    pub fn vm(&self) -> &Arc<LinuxSessionVm> {
+        &self.vm
+    }
+}
+
+impl GuestRun for LinuxRunning {
+    fn pause(&self) {
+        self.vm.pause_vcpus();
+    }
+
+    fn resume(&self) {
+        self.vm.resume_vcpus();
+    }
+
+    fn counters(&self) -> GuestCounters {
+        GuestCounters::default()
+    }
+
+    fn set_throttle_ns(&self, _: u64) {}
+
+    fn pace(&self) -> u64 {
+        0
+    }
+
+    fn set_pace(&self, _: u64) {}
+}
+
+impl ResumedGuest for LinuxRunning {
+    fn final_state(&self) -> Vec<u8> {
+        // The guest is paused: its whole state (empty if it cannot be
+        // read; the source's check of FINAL then refuses it by name).
+        self.vm.lock().save_state().unwrap_or_default()
+    }
+
+    fn passes(&self) -> Vec<u64> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,226 @@
+//! The migratable Linux VM ([`LinuxVm`]) behind the migration library's
+//! session interface: [`SessionVm`] (its RAM as one mapping, the engine's
+//! dirty log of its one RAM slot), [`GuestRun`] (pause and resume) and
+//! [`SourceGuest`] (the header's shape, the STATE body: the versioned,
+//! checksummed Linux state of `vm_state`). The destination side is
+//! `session_dest`.
+
+use super::memory::LinuxRam;
+use super::migrate::LinuxVm;
+use super::vm;
+use crate::vm::Arm64Mmu;
+use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
+use s2mmu_migrate::wire::WireFormat;
+use s2mmu_migrate::{MigratableVm, Pausable};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The backing name a Linux guest's header carries: its RAM is the file
+/// QEMU uses as its memory, shared with this process. A destination of
+/// another kind refuses it by name.
+pub const LINUX_BACKING: &str = "qemu-shared";
+
+/// A [`LinuxVm`] as the session sees it. Pause, resume and state go
+/// through the VM (behind a lock); the dirty log goes straight to the
+/// engine's MMU and the pages straight through the RAM mapping, so the
+/// sending threads never wait for the lock.
+pub struct LinuxSessionVm {
+    vm: Mutex<LinuxVm>,
+    ram: Arc<LinuxRam>,
+    mmu: Arc<Arm64Mmu>,
+    slots: [RamSlot; 1],
+    vcpus: usize,
+}
+
+fn vmerr(e: impl std::fmt::Display) -> VmError {
+    VmError::new(e.to_string())
+}
+
+impl LinuxSessionVm {
+    /// `vm` (booted, or blank for a destination) behind the interface.
+    pub fn new(vm: LinuxVm) -> LinuxSessionVm {
+        let ram = Arc::new(vm.ram().clone());
+        let mmu = vm.engine_mmu().clone();
+        let slots = [RamSlot {
+            id: vm::RAM_SLOT,
+            gpa: ram.gpa(),
+            size: ram.size(),
+            mem_offset: 0,
+        }];
+        let vcpus = vm.vcpu_count();
+        LinuxSessionVm {
+            vm: Mutex::new(vm),
+            ram,
+            mmu,
+            slots,
+            vcpus,
+        }
+    }
+
+    /// The VM (its console, its exits, its shut-down).
+    pub fn lock(&self) -> MutexGuard<'_, LinuxVm> {
+        self.vm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// vCPUs.
+    pub fn vcpus(&self) -> usize {
+        self.vcpus
+    }
+
+    /// Stops every vCPU (a failure is reported and the vCPUs that did
+    /// stop stay so).
+    pub(super) fn pause_vcpus(&self) {
+        if let Err(e) = self.lock().pause() {
+            eprintln!("linux guest: pause: {e}");
+        }
+    }
+
+    /// Runs the vCPUs again.
+    pub(super) fn resume_vcpus(&self) {
+        if let Err(e) = self.lock().resume() {
+            eprintln!("linux guest: resume: {e}");
+        }
+    }
+
+    fn slot_ok(&self, slot: u16) -> Result<(), VmError> {
+        if slot == vm::RAM_SLOT {
+            Ok(())
+        } else {
+            Err(VmError::new(format!(
+                "slot {slot}: a Linux guest has one RAM slot, {}",
+                vm::RAM_SLOT
+            )))
+        }
+    }
+}
+
+impl SessionVm for LinuxSessionVm {
+    type Ram = LinuxRam;
+
+    fn ram(&self) -> &Arc<LinuxRam> {
+        &self.ram
+    }
+
+    fn slots(&self) -> &[RamSlot] {
+        &self.slots
+    }
+
+    fn enable_dirty_logging(&self) -> Result<(), VmError> {
+        if self.mmu.enable_dirty_logging(vm::RAM_SLOT).is_ok() {
+            return Ok(());
+        }
+        // A migration that failed may have left the log on (the guest
+        // then ran on, logged): start it afresh, since round 0 sends all
+        // memory whatever the log holds.
+        self.mmu
+            .disable_dirty_logging(vm::RAM_SLOT)
+            .and_then(|_| self.mmu.enable_dirty_logging(vm::RAM_SLOT))
+            .map(|_| ())
+            .map_err(vmerr)
+    }
+
+    fn disable_dirty_logging(&self) -> Result<(), VmError> {
+        self.mmu.disable_dirty_logging(vm::RAM_SLOT).map_err(vmerr)
+    }
+
+    fn get_dirty_log(&self, slot: u16, bitmap: &mut [u64]) -> Result<(), VmError> {
+        self.slot_ok(slot)?;
+        // The engine's log here is KVM's without manual protect: GET takes
+        // the bits and write-protects their pages again in one step.
+        let mut taken = Vec::new();
+        taken
+            .try_reserve_exact(bitmap.len())
+            .map_err(|e| VmError::new(format!("dirty bitmap: {e}")))?;
+        taken.resize(bitmap.len(), 0u64);
+        self.mmu
+            .get_dirty_log(vm::RAM_SLOT, &mut taken)
+            .map_err(vmerr)?;
+        for (w, t) in bitmap.iter_mut().zip(&taken) {
+            *w |= *t;
+        }
+        Ok(())
+    }
+
+    fn clear_dirty_log(&self, slot: u16, _: u64, _: u64, _: &[u64]) -> Result<(), VmError> {
+        // GET re-armed the pages it reported already: nothing to do.
+        self.slot_ok(slot)
+    }
+}
+
+/// A running Linux guest as the session's source: [`run_source`] over it
+/// migrates it.
+///
+/// [`run_source`]: s2mmu_migrate::session::source::run_source
+pub struct LinuxSource {
+    vm: Arc<LinuxSessionVm>,
+}
+
+impl LinuxSource {
+    /// The source of a migration of `vm`, which runs.
+    pub fn new(vm: LinuxVm) -> LinuxSource {
+        LinuxSource {
+            vm: Arc::new(LinuxSessionVm::new(vm)),
+        }
+    }
+}
+
+impl GuestRun for LinuxSource {
+    fn pause(&self) {
+        self.vm.pause_vcpus();
+    }
+
+    fn resume(&self) {
+        self.vm.resume_vcpus();
+    }
+
+    fn counters(&self) -> GuestCounters {
+        // The guest's own writes are not counted (the dirty log is the
+        // only measure of them).
+        GuestCounters::default()
+    }
+
+    // A Linux guest has no pace or throttle the host can set: convergence
+    // relies on the downtime limit and rounds only.
+    fn set_throttle_ns(&self, _: u64) {}
+
+    fn pace(&self) -> u64 {
+        0
+    }
+
+    fn set_pace(&self, _: u64) {}
+}
+
+impl SourceGuest for LinuxSource {
+    type Vm = LinuxSessionVm;
+    type Hook = NoHook;
+
+    fn vm(&self) -> &Arc<LinuxSessionVm> {
+        &self.vm
+    }
+
+    fn shape(&self) -> GuestShape {
+        GuestShape {
+            mem_size: self.vm.ram.size(),
+            slots: 1,
+            vcpus: u32::try_from(self.vm.vcpus).unwrap_or(u32::MAX),
+            backing: LINUX_BACKING.into(),
+            format: WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>(),
+        }
+    }
+
+    fn counter_source(&self) -> Arc<dyn Fn() -> GuestCounters + Send + Sync> {
+        Arc::new(GuestCounters::default)
+    }
+
+    fn state(&self, _pace: u64) -> Result<Vec<u8>, MigrateError> {
+        self.vm
+            .lock()
+            .save_state()
+            .map_err(|e| MigrateError::Setup(format!("the Linux guest's state: {e}")))
+    }
+
+    fn begin_hook(&self) -> Result<NoHook, MigrateError> {
+        Ok(NoHook)
+    }
+}
