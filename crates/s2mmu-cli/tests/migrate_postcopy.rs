@@ -30,7 +30,16 @@ fn small(mem: u64) -> SimRun {
     })
 }
 
-fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SimRun) {
+/// The checks every post-copy run passes, and `f.requests >= 1` unless
+/// `requests_may_be_zero` (a run cut and recovered: after the recovery the
+/// background stream can land the last missing page before any vCPU
+/// touches one, so the guest asking for a page is timing, not behaviour).
+fn check_postcopy_run(
+    s: &SourceOutcome,
+    d: &DestOutcome,
+    cfg: &SimRun,
+    requests_may_be_zero: bool,
+) {
     let pc = s
         .postcopy
         .as_ref()
@@ -48,11 +57,16 @@ fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SimRun) {
     assert!(f.missing_pages <= cfg.guest.mem_size / PAGE_SIZE as u64);
     // Every missing page landed exactly once, from one of the two streams.
     assert_eq!(f.background_pages + f.answered_pages, f.missing_pages);
-    assert!(f.requests >= 1 && f.remote_faults >= f.requests.min(1));
+    assert!(requests_may_be_zero || f.requests >= 1);
+    assert!(f.remote_faults >= f.requests.min(1));
     assert!(f.reference_samples >= 1);
     assert_eq!(s.slot_digests.len(), cfg.guest.slots as usize);
     assert_eq!(s.slot_digests, d.slot_digests, "memory verified");
     assert!(d.resumed_passes.iter().all(|&p| p >= 1));
+}
+
+fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SimRun) {
+    check_postcopy_run(s, d, cfg, false);
 }
 
 #[test]
@@ -318,7 +332,7 @@ fn cut_and_recover(harvest: DirtyMode) {
             (Ok(s), Ok(d)) => (s, d),
             other => panic!("cut of channel {victim} at {at}: not recovered: {other:?}"),
         };
-        check_postcopy(&s, &d, &cfg);
+        check_postcopy_run(&s, &d, &cfg, true);
         let pc = s.postcopy.as_ref().unwrap();
         assert_eq!(pc.recoveries, 1, "cut of channel {victim} at {at}");
         assert_eq!(pc.figures.recoveries, 1);
