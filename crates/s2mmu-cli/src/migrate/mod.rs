@@ -11,7 +11,6 @@
 //! and the source then checks the destination's memory against its own
 //! ([`source`]).
 
-pub mod iperf;
 pub mod linux;
 pub mod linux_net;
 pub mod plot;

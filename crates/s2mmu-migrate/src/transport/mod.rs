@@ -4,7 +4,8 @@
 //! shut down from any thread). Two transports implement them: TCP
 //! ([`tcp`]: keepalive, `TCP_NODELAY`, a user timeout) and Unix sockets
 //! ([`unix`]: same-host upgrades). TLS and the pre-shared key are layered
-//! over any connection.
+//! over any connection. [`plain_probe`] and [`iperf`] measure the wire
+//! beside them (plain TCP; iperf3).
 //!
 //! Three ways to secure a connection:
 //! - [`Security::Tls`]: mutual TLS 1.3 with certificates from files (or an
@@ -29,6 +30,7 @@ use crate::stream_error::MigrateError;
 mod admit;
 mod config;
 mod conn;
+pub mod iperf;
 pub mod plain_probe;
 mod psk;
 mod records;
