@@ -48,7 +48,7 @@ mod tests;
 pub use admit::{Admission, Admitted, Opener, Refused, MAX_OPENING, MAX_PREAUTH};
 pub use config::{NetConfig, Security, TLS_SEND_BUFFER};
 pub use conn::{transient, BoxConn, Connection, Duplex, Listener, ShutdownHandle};
-pub use plain_probe::{plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
+pub use plain_probe::{plain_link_beside, plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
 pub use psk::{psk, psk_from_file};
 pub use secure::{client, server};
 pub use sockbuf::{SockBuf, WritePace, MIN_WRITE_RATE, WRITE_WINDOW};
