@@ -23,7 +23,9 @@
 //!   stage-2 fault on a page that has not arrived as its request.
 //! - [`session_source`] and [`session_dest`]: the same VM behind the
 //!   migration library's session (`s2mmu_migrate::session`), source and
-//!   destination, over any connection (TLS by default in the CLI).
+//!   destination, over any connection (TLS by default in the CLI);
+//!   [`session_run`] a whole run of `s2mmu migrate --guest linux` with
+//!   them: boot, migrate, check that the guest went on.
 
 pub mod assets;
 pub mod baseline;
@@ -43,6 +45,7 @@ pub mod migrate;
 pub mod postcopy;
 pub mod psci;
 pub mod session_dest;
+pub mod session_run;
 pub mod session_source;
 pub mod uart;
 mod vcpu;

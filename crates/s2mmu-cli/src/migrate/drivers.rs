@@ -5,14 +5,13 @@
 //! simulated guest's parts in `s2mmu_migrate::sim`); this chooses, shows
 //! and reports.
 
-use super::dest::{serve, DestConfig, DestOutcome};
-use super::error::MigrateError;
+use super::dest::{serve_attempts, DestConfig, DestOutcome};
 use super::migrate_in_process;
 use super::net::NetConfig;
 use super::params::Params;
 use super::postcopy::control::{Control, ControlSocket};
 use super::report_text::{dest_json, digests_text, params_json, report, MIB};
-use super::source::{migrate_source, SimRun, SourceOutcome};
+use super::source::{migrate_source_to, SimRun, SourceOutcome};
 use super::{net, plot};
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
@@ -80,7 +79,7 @@ pub fn main(p: Params) -> Result<(), String> {
             let (s, d) = match &p.to {
                 Some(addr) => {
                     let plain = plain_to(&cfg, addr, &net);
-                    let mut s = source_to(&cfg, addr, &net).map_err(|e| e.to_string())?;
+                    let mut s = migrate_source_to(&cfg, addr, &net).map_err(|e| e.to_string())?;
                     s.plain_link = plain;
                     (s, None)
                 }
@@ -139,43 +138,13 @@ fn write_plot(p: &Params, runs: &[Run]) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs a source in this process, migrating to `addr` (after a post-copy
-/// `recover ADDR`, to the operator's address).
-fn source_to(cfg: &SimRun, addr: &str, net: &NetConfig) -> Result<SourceOutcome, MigrateError> {
-    migrate_source(cfg, &mut |_| {
-        let to = cfg
-            .session
-            .recovery
-            .control
-            .as_ref()
-            .and_then(|c| c.redirect());
-        // `unix:PATH` is a Unix socket (a same-host upgrade).
-        let s = net::connect(to.as_deref().unwrap_or(addr), net)?;
-        net::client(s, net)
-    })
-}
-
 /// A `--to` run's honest link figure, before the migration: plain TCP to
 /// the destination's sink (its address, the next port: [`net::sink_addr_for`])
 /// with the run's connection count and guest memory's bytes. None, said on
 /// stderr, where it cannot be measured (a Unix socket, no sink there).
 fn plain_to(cfg: &SimRun, addr: &str, net: &NetConfig) -> Option<net::PlainLink> {
-    use std::net::ToSocketAddrs;
-    let sink = addr
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .and_then(net::sink_addr_for);
-    let r = match sink {
-        Some(sink) => net::plain_tcp_link(
-            sink,
-            cfg.session.channels,
-            cfg.guest.mem_size,
-            net.io_timeout,
-        )
-        .map_err(|e| format!("plain TCP to the destination's sink {sink}: {e}")),
-        None => Err(format!("plain TCP: {addr} has no TCP port to probe beside")),
-    };
+    let (channels, mem) = (cfg.session.channels, cfg.guest.mem_size);
+    let r = net::plain_link_beside(addr, channels, mem, net.io_timeout);
     let p = &cfg.session.progress;
     match r {
         Ok(l) => {
@@ -267,38 +236,6 @@ pub fn policy_label(p: &MmuPolicy) -> &'static str {
     }
 }
 
-/// Serves sources until one migration succeeds, or `--attempts` of them
-/// failed.
-fn serve_attempts(
-    p: &Params,
-    listener: &dyn net::Listener,
-    cfg: &DestConfig,
-    net: &NetConfig,
-) -> Result<DestOutcome, String> {
-    let mut failures = 0;
-    loop {
-        // Connections that fail before they authenticate never come back
-        // from `serve` (it logs them and goes on): every error here is an
-        // authenticated source's attempt.
-        match serve(listener, cfg, net) {
-            Ok(d) => return Ok(d),
-            Err(e) => {
-                failures += 1;
-                if failures >= p.attempts {
-                    return Err(format!(
-                        "the migration failed ({failures} of --attempts {}): {e}",
-                        p.attempts
-                    ));
-                }
-                eprintln!(
-                    "the migration failed ({failures} of --attempts {}): {e}; the guest was not resumed, serving the next source",
-                    p.attempts
-                );
-            }
-        }
-    }
-}
-
 /// The destination's plain-TCP sink at `local`'s next port (None, said on
 /// stderr, for a Unix socket or a port that cannot be bound).
 fn plain_sink_beside(local: &str, cfg: &DestConfig, net: &NetConfig) -> Option<net::PlainSink> {
@@ -349,7 +286,13 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         cfg.limits.max_slots,
         cfg.limits.max_channels
     );
-    let d = serve_attempts(p, &*listener, &cfg, &net)?;
+    let d = serve_attempts(&*listener, &cfg, &net, p.attempts, &mut |n, e| {
+        eprintln!(
+            "the migration failed ({n} of --attempts {}): {e}; the guest was not resumed, serving the next source",
+            p.attempts
+        )
+    })
+    .map_err(|(n, e)| format!("the migration failed ({n} of --attempts {}): {e}", p.attempts))?;
     let mut r = Report::new("migrate", params_json(p));
     r.result(
         "destination",
@@ -385,13 +328,5 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
         }
     ));
     crate::report::emit(&r, p.json);
-    match (d.verify_mismatches, &d.verify_error) {
-        (Some(n), _) if n > 0 => Err(format!(
-            "VERIFICATION FAILED: {n} pages differ from the source's"
-        )),
-        (_, Some(e)) => Err(format!(
-            "VERIFICATION INCOMPLETE: the guest resumed here and ran, but the byte comparison broke: {e}"
-        )),
-        _ => Ok(()),
-    }
+    d.verified()
 }

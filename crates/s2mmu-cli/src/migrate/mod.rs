@@ -11,7 +11,6 @@
 //! and the source then checks the destination's memory against its own
 //! ([`source`]).
 
-pub mod iperf;
 pub mod linux;
 pub mod linux_net;
 pub mod plot;
@@ -26,7 +25,7 @@ pub use s2mmu_migrate::session::{checks, extras, timeline};
 /// The destination: the session's, received into the simulated guest.
 pub mod dest {
     pub use s2mmu_migrate::session::dest::*;
-    pub use s2mmu_migrate::sim::dest::{receive, receive_from, serve};
+    pub use s2mmu_migrate::sim::dest::{receive, receive_from, serve, serve_attempts};
 }
 pub use s2mmu_migrate::stream_error as error;
 pub use s2mmu_migrate::transport as net;
@@ -42,7 +41,9 @@ pub mod postcopy {
 pub mod source {
     pub use s2mmu_migrate::session::digests::source_digests;
     pub use s2mmu_migrate::session::source::*;
-    pub use s2mmu_migrate::sim::source::{migrate_source, session_harvest, SimGuestConfig, SimRun};
+    pub use s2mmu_migrate::sim::source::{
+        migrate_source, migrate_source_to, session_harvest, SimGuestConfig, SimRun,
+    };
 }
 
 mod drivers;

@@ -10,9 +10,8 @@
 //! of plain TCP and of iperf3, TLS against no TLS per channel count, and
 //! each run's figures in `--json`.
 
-use super::iperf;
 use super::migrate_in_process;
-use super::net::{ephemeral_tls, NetConfig, Security};
+use super::net::{ephemeral_tls, iperf, NetConfig, Security};
 use super::params::Params;
 use super::report_text::MIB;
 use crate::report::Report;

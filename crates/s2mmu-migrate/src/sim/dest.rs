@@ -252,3 +252,33 @@ pub(crate) fn start_workload<F: VmFormat>(
     wl.run_free();
     Ok(wl)
 }
+
+/// Serves sources on `listener` until one migration succeeds, or
+/// `attempts` of them failed; `failed` hears of each failure but the last
+/// (failures so far, why). Connections that fail before they
+/// authenticate never come back from [`serve`] (it logs them and goes
+/// on): every failure here is an authenticated source's attempt.
+///
+/// # Errors
+/// The last failure, with the count of failures (`attempts`).
+pub fn serve_attempts(
+    listener: &dyn Listener,
+    cfg: &DestConfig,
+    net: &NetConfig,
+    attempts: u32,
+    failed: &mut dyn FnMut(u32, &MigrateError),
+) -> Result<DestOutcome, (u32, MigrateError)> {
+    let mut failures = 0;
+    loop {
+        match serve(listener, cfg, net) {
+            Ok(d) => return Ok(d),
+            Err(e) => {
+                failures += 1;
+                if failures >= attempts {
+                    return Err((failures, e));
+                }
+                failed(failures, &e);
+            }
+        }
+    }
+}

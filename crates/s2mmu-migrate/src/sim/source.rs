@@ -363,3 +363,22 @@ pub fn verify<F: VmFormat>(
     }
     Ok(digests)
 }
+
+/// [`migrate_source`] to `addr` (`unix:PATH`: a Unix socket, a same-host
+/// upgrade) secured as `net` says; after a post-copy `recover ADDR` on the
+/// control socket, to the operator's address.
+///
+/// # Errors
+/// As [`migrate_source`], and connecting or securing a connection.
+pub fn migrate_source_to(
+    run: &SimRun,
+    addr: &str,
+    net: &crate::transport::NetConfig,
+) -> Result<SourceOutcome, MigrateError> {
+    use crate::transport::{client, connect};
+    migrate_source(run, &mut |_| {
+        let control = run.session.recovery.control.as_ref();
+        let to = control.and_then(|c| c.redirect());
+        client(connect(to.as_deref().unwrap_or(addr), net)?, net)
+    })
+}

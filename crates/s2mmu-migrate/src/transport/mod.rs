@@ -4,7 +4,8 @@
 //! shut down from any thread). Two transports implement them: TCP
 //! ([`tcp`]: keepalive, `TCP_NODELAY`, a user timeout) and Unix sockets
 //! ([`unix`]: same-host upgrades). TLS and the pre-shared key are layered
-//! over any connection.
+//! over any connection. [`plain_probe`] and [`iperf`] measure the wire
+//! beside them (plain TCP; iperf3).
 //!
 //! Three ways to secure a connection:
 //! - [`Security::Tls`]: mutual TLS 1.3 with certificates from files (or an
@@ -29,6 +30,7 @@ use crate::stream_error::MigrateError;
 mod admit;
 mod config;
 mod conn;
+pub mod iperf;
 pub mod plain_probe;
 mod psk;
 mod records;
@@ -46,7 +48,7 @@ mod tests;
 pub use admit::{Admission, Admitted, Opener, Refused, MAX_OPENING, MAX_PREAUTH};
 pub use config::{NetConfig, Security, TLS_SEND_BUFFER};
 pub use conn::{transient, BoxConn, Connection, Duplex, Listener, ShutdownHandle};
-pub use plain_probe::{plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
+pub use plain_probe::{plain_link_beside, plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
 pub use psk::{psk, psk_from_file};
 pub use secure::{client, server};
 pub use sockbuf::{SockBuf, WritePace, MIN_WRITE_RATE, WRITE_WINDOW};

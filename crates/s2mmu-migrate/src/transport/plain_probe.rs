@@ -188,6 +188,27 @@ fn sink_one(mut s: TcpStream, io_timeout: Duration, max_len: u64) -> std::io::Re
     Ok(())
 }
 
+/// [`plain_tcp_link`] to the sink beside the destination `addr` (its
+/// next port: [`sink_addr_for`]).
+///
+/// # Errors
+/// `addr` has no TCP port to probe beside (a Unix socket), or the probe
+/// failed ([`plain_tcp_link`]'s errors); the message names the sink.
+pub fn plain_link_beside(
+    addr: &str,
+    channels: u16,
+    total: u64,
+    io_timeout: Duration,
+) -> Result<PlainLink, String> {
+    use std::net::ToSocketAddrs;
+    let sink = addr.to_socket_addrs().ok().and_then(|mut a| a.next());
+    match sink.and_then(sink_addr_for) {
+        Some(sink) => plain_tcp_link(sink, channels, total, io_timeout)
+            .map_err(|e| format!("plain TCP to the destination's sink {sink}: {e}")),
+        None => Err(format!("plain TCP: {addr} has no TCP port to probe beside")),
+    }
+}
+
 /// Sends `total` bytes over `channels` plain TCP connections to `addr` at
 /// once and waits for every count back; before the clock starts, each
 /// connection sends [`WARMUP_BYTES`] (at most its own share) and has them

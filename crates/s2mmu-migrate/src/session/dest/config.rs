@@ -163,3 +163,46 @@ pub struct DestOutcome {
     /// Where the receiving time went up to END, over all channels.
     pub recv_stages: crate::stages::RecvStages,
 }
+
+impl DestOutcome {
+    /// Whether the source's byte comparison (with verify-full) found this
+    /// memory equal to its own; `Ok` when none ran.
+    ///
+    /// # Errors
+    /// Pages that differ, or a comparison that broke after the resume, in
+    /// words.
+    pub fn verified(&self) -> Result<(), String> {
+        match (self.verify_mismatches, &self.verify_error) {
+            (Some(n), _) if n > 0 => Err(format!(
+                "VERIFICATION FAILED: {n} pages differ from the source's"
+            )),
+            (_, Some(e)) => Err(format!(
+                "VERIFICATION INCOMPLETE: the guest resumed here and ran, but the byte comparison broke: {e}"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DestOutcome;
+
+    #[test]
+    fn verified_names_differing_pages_and_a_broken_comparison() {
+        let mut d = DestOutcome::default();
+        assert_eq!(d.verified(), Ok(()));
+        d.verify_mismatches = Some(0);
+        assert_eq!(d.verified(), Ok(()));
+        d.verify_mismatches = Some(3);
+        let e = d.verified().unwrap_err();
+        assert!(e.contains("VERIFICATION FAILED: 3 pages differ"), "{e}");
+        d.verify_mismatches = Some(0);
+        d.verify_error = Some("reset by peer".into());
+        let e = d.verified().unwrap_err();
+        assert!(
+            e.contains("INCOMPLETE") && e.contains("reset by peer"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,506 @@
+//! A whole migration of the Linux guest, as `s2mmu migrate --guest linux`
+//! runs it: machine A booted with a guest program, its guest moved to
+//! machine B (pre-copy through the migration library's session, in one
+//! process over loopback or to another process; or by [`postcopy`]), and
+//! the proof that the guest went on: B's console continues A's counter
+//! step by step (or B's dirtier prints its `ok`), and A's guest never
+//! prints again.
+//!
+//! The settings are plain values ([`RunSettings`]); the caller (the CLI)
+//! parses flags into them and prints the figures it gets back
+//! ([`LinuxRun`], [`Listened`]).
+//!
+//! [`postcopy`]: super::postcopy
+
+use super::assets::LinuxAssets;
+use super::dirty::{HarvestConfig, LinuxDirty};
+use super::migrate::LinuxVm;
+use super::postcopy::{migrate_postcopy, PostcopyPolicy, PostcopyReport};
+use super::session_dest::LinuxDest;
+use super::session_source::{LinuxSessionVm, LinuxSource};
+use super::vm::LinuxConfig;
+use s2mmu_migrate::driver::Policy;
+use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
+use s2mmu_migrate::session::guest::SourceGuest;
+use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
+use s2mmu_migrate::transport::{self as net, NetConfig};
+use s2mmu_migrate::{MigratableVm, Pausable};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The dirtier's arguments: 64 MiB of anonymous memory and 8 of tmpfs,
+/// written as fast as it can (rate 0) for 30 s.
+const DIRTIER_ARGS: &str = "mem=64,file=8,rate=0,secs=30";
+
+/// How long [`wait_for`] waits for a console line.
+const WAIT_LIMIT: Duration = Duration::from_secs(900);
+
+/// The guest program the guest runs (its `s2mmu.run=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestProgram {
+    /// `counter`: one small step a second, each step's number and a
+    /// running hash printed; the destination must print the next step.
+    Counter,
+    /// `dirtier`: writes as fast as it can and re-checks every page; the
+    /// destination must print its `ok`.
+    Dirtier,
+}
+
+/// How the guest is moved in one process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostcopyMode {
+    /// Post-copy after one pre-copy pass.
+    On,
+    /// Pre-copy as [`Policy::default`] says, post-copy if it does not
+    /// converge.
+    Auto,
+}
+
+/// What a run needs: the guest, and the session's settings as the flags
+/// give them (the simulated guest's; [`session_config`] and
+/// [`dest_config`] adapt them to the Linux VM).
+#[derive(Clone)]
+pub struct RunSettings {
+    /// vCPUs of the guest.
+    pub vcpus: usize,
+    /// Guest RAM in bytes.
+    pub mem: u64,
+    /// The program the guest runs.
+    pub program: GuestProgram,
+    /// `None`: pre-copy through the session; otherwise post-copy (one
+    /// process only).
+    pub postcopy: Option<PostcopyMode>,
+    /// The source's session settings.
+    pub session: SourceConfig,
+    /// The destination's settings.
+    pub dest: DestConfig,
+    /// How connections are secured.
+    pub net: NetConfig,
+    /// Sources a listening destination serves before it gives up.
+    pub attempts: u32,
+}
+
+/// What one run measured, beyond the common figures.
+#[derive(Clone, Debug)]
+pub enum RunDetails {
+    /// Through the session (pre-copy).
+    Session {
+        /// Channels used.
+        channels: u16,
+        /// The link's stream bytes per second (the session's probe).
+        link: f64,
+        /// Page records sent.
+        page_records: u64,
+        /// Of those, zero pages.
+        zero_pages: u64,
+    },
+    /// By post-copy.
+    Postcopy(PostcopyReport),
+}
+
+/// How the destination's guest showed it went on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WentOn {
+    /// The counter went on at this step (A's last plus one), every step
+    /// once and in order across the switch.
+    CounterStep(u64),
+    /// The dirtier's `ok` line on B's console.
+    DirtierOk(String),
+}
+
+/// One run's figures.
+#[derive(Clone, Debug)]
+pub struct LinuxRun {
+    /// From the pause on A to the resume on B.
+    pub downtime: Duration,
+    /// Pages of each pre-copy round.
+    pub round_pages: Vec<u64>,
+    /// Milliseconds of each pre-copy round.
+    pub round_ms: Vec<f64>,
+    /// Pages sent while the guest was paused.
+    pub final_pages: u64,
+    /// Bytes of the guest's vCPU and device state.
+    pub state_bytes: usize,
+    /// Figures of the way it was moved.
+    pub details: RunDetails,
+    /// How B's guest went on; `None` when B is another process's.
+    pub went_on: Option<WentOn>,
+}
+
+/// What a listening destination received and saw.
+#[derive(Clone, Debug)]
+pub struct Listened {
+    /// The session's outcome on this side.
+    pub outcome: DestOutcome,
+    /// The first counter step the destination's guest began.
+    pub first_step: u64,
+    /// Steps begun after it, in order.
+    pub more_steps: usize,
+}
+
+/// What a listening destination reports while it serves.
+#[derive(Debug)]
+pub enum ListenEvent<'a> {
+    /// Bound, serving from now on.
+    Listening {
+        /// The address bound.
+        addr: &'a str,
+        /// The settings it serves with.
+        dest: &'a DestConfig,
+    },
+    /// An attempt failed (`failures` so far); the next source is served.
+    AttemptFailed {
+        /// Failed attempts so far.
+        failures: u32,
+        /// Why this one failed.
+        error: String,
+    },
+}
+
+/// The machine's settings for `s`: the guest program on the kernel
+/// command line, dirty logging off until the session turns it on.
+pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
+    let run = match s.program {
+        GuestProgram::Dirtier => format!("s2mmu.run=dirtier s2mmu.args={DIRTIER_ARGS}"),
+        GuestProgram::Counter => "s2mmu.run=counter s2mmu.args=kib=4,ms=1000".to_string(),
+    };
+    LinuxConfig {
+        vcpus: s.vcpus,
+        mem: s.mem,
+        kernel: a.image.clone(),
+        initrd: a.initramfs.clone(),
+        cmdline: format!("quiet {run}"),
+        echo: false,
+        timeout: Duration::from_secs(3600),
+        dirty: HarvestConfig {
+            mode: LinuxDirty::Off,
+            period: Duration::from_millis(100),
+            drop_invalidations_from: None,
+            discard_log: None,
+            change: Default::default(),
+        },
+    }
+}
+
+/// The session's settings of `s` with the harvest the Linux VM's dirty log
+/// needs (GET and CLEAR of bitmaps).
+pub fn session_config(s: &RunSettings) -> SourceConfig {
+    let mut cfg = s.session.clone();
+    cfg.harvest = Harvest::Bitmap;
+    cfg
+}
+
+/// The destination's settings of `s`: no prefault, as the Linux
+/// destination's RAM is QEMU's file, mapped already.
+pub fn dest_config(s: &RunSettings) -> DestConfig {
+    let mut d = s.dest.clone();
+    d.prefault = false;
+    d
+}
+
+fn dest_factory(cfg: &LinuxConfig) -> Arc<LinuxDest> {
+    Arc::new(LinuxDest::new(cfg.echo, cfg.timeout))
+}
+
+/// The counter's step numbers on a console (lines printed up to their
+/// hash at least, so that each number is whole).
+pub fn steps(text: &str) -> Vec<u64> {
+    text.lines()
+        .filter_map(|l| {
+            let (n, _) = l.split("s2mmu-counter: n=").nth(1)?.split_once(" hash=")?;
+            n.parse().ok()
+        })
+        .collect()
+}
+
+/// The counter steps whose lines began on a console: `n` of every
+/// `s2mmu-counter: n=<n> ` (the number whole: a space follows it).
+pub fn begun_steps(text: &str) -> Vec<u64> {
+    text.split("s2mmu-counter: n=")
+        .skip(1)
+        .filter_map(|r| r.split_once(' ')?.0.parse().ok())
+        .collect()
+}
+
+/// Waits until `vm`'s console shows what `done` finds (its value).
+///
+/// # Errors
+/// A FAIL line of a guest program, the guest stopping, or 900 s, each
+/// named with `what`.
+pub fn wait_for<T>(
+    vm: &LinuxVm,
+    what: &str,
+    done: impl Fn(&str) -> Option<T>,
+) -> Result<T, String> {
+    let t = Instant::now();
+    loop {
+        let text = vm.console().contents();
+        if let Some(l) = text.lines().find(|l| l.contains(": FAIL")) {
+            return Err(format!("{what}: the guest program failed its check: {l}"));
+        }
+        if let Some(v) = done(&text) {
+            return Ok(v);
+        }
+        if let Some(r) = vm.stopped() {
+            return Err(format!("{what}: the guest stopped ({r:?})"));
+        }
+        if t.elapsed() > WAIT_LIMIT {
+            return Err(format!("{what}: not seen after 900 s"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A run's figures from the session's outcome; `state_bytes`: the STATE
+/// body's size.
+fn session_run(s: &SourceOutcome, state_bytes: usize) -> LinuxRun {
+    let (pre, fin): (Vec<_>, Vec<_>) = s.rounds.iter().partition(|r| !r.final_round);
+    LinuxRun {
+        downtime: s.downtime,
+        round_pages: pre.iter().map(|r| r.pages).collect(),
+        round_ms: pre.iter().map(|r| (r.end_s - r.start_s) * 1e3).collect(),
+        final_pages: fin.iter().map(|r| r.pages).sum(),
+        state_bytes,
+        details: RunDetails::Session {
+            channels: s.channels,
+            link: s.link,
+            page_records: s.page_records,
+            zero_pages: s.zero_pages,
+        },
+        went_on: None,
+    }
+}
+
+/// Moves A's guest to B by post-copy as `mode` says.
+fn switch_postcopy(
+    mode: PostcopyMode,
+    a: &mut LinuxVm,
+    b: &mut LinuxVm,
+) -> Result<LinuxRun, String> {
+    let pc = Policy::default();
+    let policy = match mode {
+        PostcopyMode::On => PostcopyPolicy {
+            precopy_passes: 1,
+            switch_below_pages: 0,
+        },
+        PostcopyMode::Auto => PostcopyPolicy {
+            precopy_passes: 1 + pc.max_rounds,
+            switch_below_pages: pc.switch_below_pages,
+        },
+    };
+    let r = migrate_postcopy(a, b, &policy).map_err(|e| e.to_string())?;
+    Ok(LinuxRun {
+        downtime: r.downtime,
+        round_pages: r.rounds.iter().map(|x| x.0).collect(),
+        round_ms: r.rounds.iter().map(|x| x.1.as_secs_f64() * 1e3).collect(),
+        final_pages: r.final_pages,
+        state_bytes: r.state_bytes,
+        details: RunDetails::Postcopy(r),
+        went_on: None,
+    })
+}
+
+/// Boots machine A and waits until its guest program runs.
+///
+/// # Errors
+/// The machine not booting, the program failing or not starting.
+pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, String> {
+    let a = LinuxVm::boot(cfg).map_err(|e| format!("machine A: {e}"))?;
+    if s.program == GuestProgram::Dirtier {
+        wait_for(&a, "machine A", |t| {
+            t.contains("s2mmu-dirtier: start").then_some(())
+        })?;
+        std::thread::sleep(Duration::from_secs(2));
+    } else {
+        wait_for(&a, "machine A", |t| {
+            steps(t).last().filter(|&&n| n >= 2).copied()
+        })?;
+    }
+    Ok(a)
+}
+
+/// One migration in this process: boot A, run its program, move its guest
+/// to B (through the session over loopback, or by post-copy), check that
+/// B's guest goes on and A's not, shut B down.
+///
+/// # Errors
+/// A machine failing, a failed migration, the guest not going on, as text.
+pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, String> {
+    let mut a = boot_source(s, cfg)?;
+    if let Some(mode) = s.postcopy {
+        let mut b = LinuxVm::blank(cfg).map_err(|e| format!("machine B: {e}"))?;
+        let run = switch_postcopy(mode, &mut a, &mut b)?;
+        return goes_on(s, &a, &mut b, run);
+    }
+    let src = LinuxSource::new(a);
+    let (o, _d, b) = in_process(s, &src, cfg)?;
+    let mut a = src.vm().lock();
+    let state_bytes = a.save_state().map_or(0, |v| v.len());
+    let run = session_run(&o, state_bytes);
+    let mut b = b.lock();
+    // The session ran B's guest for --run-after, then paused it.
+    Pausable::resume(&mut *b).map_err(|e| format!("machine B: {e}"))?;
+    goes_on(s, &a, &mut b, run)
+}
+
+/// Checks that B's guest goes on from where A's stopped, and A's not.
+fn goes_on(
+    s: &RunSettings,
+    a: &LinuxVm,
+    b: &mut LinuxVm,
+    mut run: LinuxRun,
+) -> Result<LinuxRun, String> {
+    let a_text = a.console().contents();
+    if s.program == GuestProgram::Dirtier {
+        let ok = wait_for(b, "machine B", |t| {
+            // Whole lines only: the console may be read mid-line.
+            t[..t.rfind('\n').map_or(0, |i| i + 1)]
+                .lines()
+                .find(|l| l.contains("s2mmu-dirtier: ok"))
+                .map(str::to_string)
+        })?;
+        run.went_on = Some(WentOn::DirtierOk(ok.trim().to_string()));
+    } else {
+        let at_switch = steps(&a_text).last().copied().unwrap_or(0);
+        wait_for(b, "machine B", |t| {
+            steps(t).last().filter(|&&n| n > at_switch).copied()
+        })?;
+        // A line the switch cut in two is whole only in A's text and B's
+        // joined: every step once, in order, across the switch.
+        let all = steps(&format!("{a_text}{}", b.console().contents()));
+        if all.windows(2).any(|w| w[1] != w[0] + 1) {
+            return Err(format!(
+                "the guest's counter steps across the switch: {all:?}"
+            ));
+        }
+        run.went_on = Some(WentOn::CounterStep(at_switch + 1));
+    }
+    if a.console().contents() != a_text {
+        return Err("A's guest printed after the switch".into());
+    }
+    b.shut_down().map_err(|e| format!("machine B: {e}"))?;
+    Ok(run)
+}
+
+/// One migration of `src` in this process: B built by the session from the
+/// HEADER, both ends over loopback secured as `s.net` says.
+fn in_process(
+    s: &RunSettings,
+    src: &LinuxSource,
+    cfg: &LinuxConfig,
+) -> Result<(SourceOutcome, DestOutcome, Arc<LinuxSessionVm>), String> {
+    let scfg = session_config(s);
+    let net = &s.net;
+    let listener = net::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = listener.local();
+    let dcfg = dest_config(s);
+    let factory = dest_factory(cfg);
+    let (d2, n2, f2) = (dcfg.clone(), net.clone(), factory.clone());
+    let served = std::thread::Builder::new()
+        .name("linux-destination".into())
+        .spawn(move || serve_with(&*listener, &*f2, &d2, &n2))
+        .map_err(|e| format!("the destination's thread: {e}"))?;
+    let o = run_source(src, &scfg, &mut |_| {
+        net::client(net::connect(&addr, net)?, net)
+    });
+    if o.is_err() {
+        dcfg.stop.store(true, Ordering::SeqCst);
+    }
+    let d = served
+        .join()
+        .map_err(|_| "the destination's thread panicked".to_string())?;
+    let o = o.map_err(|e| format!("source: {e}"))?;
+    let d = d.map_err(|e| format!("destination: {e}"))?;
+    let b = factory.built().ok_or("the destination built no guest")?;
+    Ok((o, d, b))
+}
+
+/// `--to ADDR`: migrates the guest `a` (booted here) to `addr`, calls
+/// `sent` with the outcome and the last counter step A's guest began,
+/// then checks A's guest stays paused (it must never run again).
+///
+/// # Errors
+/// A failed migration, A's guest printing after the switch.
+pub fn source_to(
+    s: &RunSettings,
+    addr: &str,
+    a: LinuxVm,
+    sent: &mut dyn FnMut(&SourceOutcome, u64),
+) -> Result<LinuxRun, String> {
+    let scfg = session_config(s);
+    let net = &s.net;
+    let src = LinuxSource::new(a);
+    let o = run_source(&src, &scfg, &mut |_| {
+        net::client(net::connect(addr, net)?, net)
+    })
+    .map_err(|e| format!("source: {e}"))?;
+    let mut a = src.vm().lock();
+    let text = a.console().contents();
+    sent(&o, begun_steps(&text).last().copied().unwrap_or(0));
+    std::thread::sleep(Duration::from_millis(500));
+    if a.console().contents() != text {
+        return Err("the source's guest printed after the switch".into());
+    }
+    let state_bytes = a.save_state().map_or(0, |v| v.len());
+    drop(a);
+    Ok(session_run(&o, state_bytes))
+}
+
+/// `--listen ADDR`: serves one migration into a QEMU machine this process
+/// starts from the HEADER (up to `s.attempts` sources), runs the guest on
+/// and checks its counter goes on step by step; `on` hears of the bind
+/// and of each failed attempt.
+///
+/// # Errors
+/// Binding, every attempt failing, the guest not going on.
+pub fn listen(
+    s: &RunSettings,
+    cfg: &LinuxConfig,
+    addr: &str,
+    on: &mut dyn FnMut(ListenEvent<'_>),
+) -> Result<Listened, String> {
+    let dcfg = dest_config(s);
+    let listener = net::bind(addr).map_err(|e| e.to_string())?;
+    on(ListenEvent::Listening {
+        addr: &listener.local(),
+        dest: &dcfg,
+    });
+    let factory = dest_factory(cfg);
+    let mut failures = 0;
+    let outcome = loop {
+        match serve_with(&*listener, &*factory, &dcfg, &s.net) {
+            Ok(d) => break d,
+            Err(e) => {
+                failures += 1;
+                if failures >= s.attempts {
+                    return Err(format!(
+                        "the migration failed ({failures} of --attempts {}): {e}",
+                        s.attempts
+                    ));
+                }
+                let error = e.to_string();
+                on(ListenEvent::AttemptFailed { failures, error });
+            }
+        }
+    };
+    let b = factory.built().ok_or("the destination built no guest")?;
+    let mut vm = b.lock();
+    vm.resume()
+        .map_err(|e| format!("the destination's guest: {e}"))?;
+    let first_step = wait_for(&vm, "the destination", |t| {
+        let s = begun_steps(t);
+        (s.len() >= 2).then(|| s[0])
+    })?;
+    let steps = begun_steps(&vm.console().contents());
+    if steps.windows(2).any(|w| w[1] != w[0] + 1) {
+        return Err(format!("the destination's counter skips: {steps:?}"));
+    }
+    vm.shut_down()
+        .map_err(|e| format!("the destination's guest: {e}"))?;
+    Ok(Listened {
+        outcome,
+        first_step,
+        more_steps: steps.len() - 1,
+    })
+}
