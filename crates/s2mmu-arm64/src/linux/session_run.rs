@@ -396,6 +396,8 @@ fn in_process(
     let addr = listener.local();
     let dcfg = dest_config(s);
     let factory = dest_factory(cfg);
+    // B's QEMU starts now, not on the HEADER inside the source's deadline.
+    factory.prestart(cfg.vcpus, cfg.mem)?;
     let (d2, n2, f2) = (dcfg.clone(), net.clone(), factory.clone());
     let served = std::thread::Builder::new()
         .name("linux-destination".into())
@@ -462,11 +464,14 @@ pub fn listen(
 ) -> Result<Listened, String> {
     let dcfg = dest_config(s);
     let listener = net::bind(addr).map_err(|e| e.to_string())?;
+    // The blank machine of this side's --vcpus/--mem starts before the
+    // source is told where to go (a HEADER of another shape starts its own).
+    let factory = dest_factory(cfg);
+    factory.prestart(cfg.vcpus, cfg.mem)?;
     on(ListenEvent::Listening {
         addr: &listener.local(),
         dest: &dcfg,
     });
-    let factory = dest_factory(cfg);
     let mut failures = 0;
     let outcome = loop {
         match serve_with(&*listener, &*factory, &dcfg, &s.net) {
