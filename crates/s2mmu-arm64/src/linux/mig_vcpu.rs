@@ -211,6 +211,11 @@ fn run_one(
         };
         match next {
             Next::Resume(elr, insns) => {
+                // A write fault's throttle or pace, before the answer; a
+                // pause or a stop cuts it short.
+                sh.limit.serve(id, &|| {
+                    ctl.pause_flag.load(Ordering::Acquire) || sh.stopping()
+                });
                 let mut lrs = [0u64; NR_LRS];
                 for (i, lr) in lrs.iter_mut().enumerate() {
                     *lr = mbox.read(mb::LR0 + 8 * i as u64);

@@ -14,6 +14,7 @@
 use super::assets::LinuxAssets;
 use super::boot;
 use super::bus::MmioBus;
+use super::dirty_limit::DirtyLimit;
 use super::fdt::FdtConfig;
 use super::gic::{Gic, GICR_STRIDE};
 use super::memory::LinuxRam;
@@ -74,6 +75,8 @@ pub struct LinuxVm {
     granule: u64,
     /// Post-copy's hook, given to the vCPU threads.
     pub(super) hook: Option<Arc<dyn PageFetch>>,
+    /// Throttle and pace, given to the vCPU threads of every QEMU.
+    limit: Arc<DirtyLimit>,
 }
 
 fn vmerr(e: impl std::fmt::Display) -> VmError {
@@ -128,6 +131,7 @@ impl LinuxVm {
             written,
             granule,
             hook: None,
+            limit: Arc::new(DirtyLimit::new(cfg.vcpus)),
         })
     }
 
@@ -167,6 +171,12 @@ impl LinuxVm {
         me.ran = true;
         me.written = None;
         Ok(me)
+    }
+
+    /// The throttle and pace of the guest's vCPUs (auto-converge and the
+    /// dirty limit: see [`DirtyLimit`]), and what they did.
+    pub fn dirty_limit(&self) -> &Arc<DirtyLimit> {
+        &self.limit
     }
 
     /// What the console printed (the last 4 MiB).
@@ -251,6 +261,7 @@ impl LinuxVm {
             deadline: Instant::now() + self.timeout,
             log: Mutex::new(Vec::new()),
             page_fetch: Default::default(),
+            limit: self.limit.clone(),
         });
         sh.page_fetch.set(self.hook_range());
         let _ = me.set(Arc::downgrade(&sh));

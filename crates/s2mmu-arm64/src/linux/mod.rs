@@ -35,6 +35,7 @@ pub mod changes;
 pub mod cpio;
 pub mod debs;
 pub mod dirty;
+pub mod dirty_limit;
 pub mod fdt;
 pub mod gic;
 pub mod loader;

@@ -5,6 +5,7 @@
 //! checksummed Linux state of `vm_state`). The destination side is
 //! `session_dest`.
 
+use super::dirty_limit::{DirtyLimit, DirtyLimitCounters};
 use super::memory::LinuxRam;
 use super::migrate::LinuxVm;
 use super::vm;
@@ -31,6 +32,7 @@ pub struct LinuxSessionVm {
     mmu: Arc<Arm64Mmu>,
     slots: [RamSlot; 1],
     vcpus: usize,
+    limit: Arc<DirtyLimit>,
 }
 
 fn vmerr(e: impl std::fmt::Display) -> VmError {
@@ -49,12 +51,14 @@ impl LinuxSessionVm {
             mem_offset: 0,
         }];
         let vcpus = vm.vcpu_count();
+        let limit = vm.dirty_limit().clone();
         LinuxSessionVm {
             vm: Mutex::new(vm),
             ram,
             mmu,
             slots,
             vcpus,
+            limit,
         }
     }
 
@@ -66,6 +70,11 @@ impl LinuxSessionVm {
     /// vCPUs.
     pub fn vcpus(&self) -> usize {
         self.vcpus
+    }
+
+    /// The throttle and pace of the guest's vCPUs and what they did.
+    pub fn dirty_limit(&self) -> &Arc<DirtyLimit> {
+        &self.limit
     }
 
     /// Stops every vCPU (a failure is reported and the vCPUs that did
@@ -126,8 +135,9 @@ impl SessionVm for LinuxSessionVm {
 
     fn get_dirty_log(&self, slot: u16, bitmap: &mut [u64]) -> Result<(), VmError> {
         self.slot_ok(slot)?;
-        // The engine's log here is KVM's without manual protect: GET takes
-        // the bits and write-protects their pages again in one step.
+        // Without manual protect GET takes the bits and write-protects
+        // their pages again in one step; with it (the engine's default
+        // policy) GET only copies and CLEAR re-arms (clear_dirty_log).
         let mut taken = Vec::new();
         taken
             .try_reserve_exact(bitmap.len())
@@ -142,9 +152,25 @@ impl SessionVm for LinuxSessionVm {
         Ok(())
     }
 
-    fn clear_dirty_log(&self, slot: u16, _: u64, _: u64, _: &[u64]) -> Result<(), VmError> {
-        // GET re-armed the pages it reported already: nothing to do.
-        self.slot_ok(slot)
+    fn clear_dirty_log(
+        &self,
+        slot: u16,
+        first_page: u64,
+        num_pages: u64,
+        bitmap: &[u64],
+    ) -> Result<(), VmError> {
+        self.slot_ok(slot)?;
+        if !self.mmu.policy().dirty.manual_protect() {
+            // GET re-armed the pages it reported already.
+            return Ok(());
+        }
+        // Manual protect: the bits stay set and the pages writable until
+        // cleared here (before the session reads them), so that a page
+        // the guest writes again is logged again.
+        self.mmu
+            .clear_dirty_log(vm::RAM_SLOT, first_page, num_pages, bitmap)
+            .map(|_| ())
+            .map_err(vmerr)
     }
 }
 
@@ -175,20 +201,39 @@ impl GuestRun for LinuxSource {
     }
 
     fn counters(&self) -> GuestCounters {
-        // The guest's own writes are not counted (the dirty log is the
-        // only measure of them).
-        GuestCounters::default()
+        guest_counters(&self.vm.limit)
     }
 
-    // A Linux guest has no pace or throttle the host can set: convergence
-    // relies on the downtime limit and rounds only.
-    fn set_throttle_ns(&self, _: u64) {}
+    // Both are served at the guest's stage-2 write faults (dirty_limit).
+    fn set_throttle_ns(&self, ns: u64) {
+        self.vm.limit.set_throttle_ns(ns);
+    }
 
     fn pace(&self) -> u64 {
-        0
+        self.vm.limit.pace()
     }
 
-    fn set_pace(&self, _: u64) {}
+    fn set_pace(&self, pages_per_sec: u64) {
+        self.vm.limit.set_pace(pages_per_sec);
+    }
+}
+
+/// The guest's writes as the host sees them: its stage-2 write faults,
+/// one per page dirtied while dirty logging is on (what the session's
+/// auto-converge sizes its throttle by). Guest time is not known.
+fn guest_counters(limit: &DirtyLimit) -> GuestCounters {
+    GuestCounters {
+        writes: limit.counters().write_faults,
+        guest_ns: 0,
+    }
+}
+
+impl LinuxSource {
+    /// What the throttle and the pace did so far (write faults, ns slept,
+    /// faults paced).
+    pub fn limit_counters(&self) -> DirtyLimitCounters {
+        self.vm.limit.counters()
+    }
 }
 
 impl SourceGuest for LinuxSource {
@@ -210,7 +255,8 @@ impl SourceGuest for LinuxSource {
     }
 
     fn counter_source(&self) -> Arc<dyn Fn() -> GuestCounters + Send + Sync> {
-        Arc::new(GuestCounters::default)
+        let limit = self.vm.limit.clone();
+        Arc::new(move || guest_counters(&limit))
     }
 
     fn state(&self, _pace: u64) -> Result<Vec<u8>, MigrateError> {

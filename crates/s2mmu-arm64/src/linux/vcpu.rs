@@ -270,6 +270,9 @@ fn abort(
     match r {
         Ok(insns) => {
             sh.count(id, ExitKind::Stage2Fault);
+            if super::dirty_limit::dirties(e) {
+                sh.limit.on_write_fault(id);
+            }
             st.engine_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             Ok(Next::Resume(e.elr, insns))

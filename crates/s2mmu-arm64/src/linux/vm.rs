@@ -143,6 +143,8 @@ pub(crate) struct Shared {
     pub(crate) log: Mutex<Vec<String>>,
     /// Post-copy's hook: called on a translation fault in RAM first.
     pub(crate) page_fetch: super::postcopy::HookSlot,
+    /// Throttle and pace, served at the guest's write faults.
+    pub(crate) limit: Arc<super::dirty_limit::DirtyLimit>,
 }
 
 /// Lines of the host's log kept (the rest are counted).
@@ -478,6 +480,7 @@ fn shared(
             deadline: Instant::now() + cfg.timeout,
             log: Mutex::new(Vec::new()),
             page_fetch: Default::default(),
+            limit: Arc::new(super::dirty_limit::DirtyLimit::new(cfg.vcpus)),
         }
     })
 }

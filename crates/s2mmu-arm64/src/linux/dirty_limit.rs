@@ -1,0 +1,283 @@
+//! The host's brakes on a Linux guest that dirties memory faster than a
+//! migration sends it: auto-converge's throttle (a delay owed per page the
+//! guest writes, as the simulated guest's) and the dirty limit (each
+//! vCPU's pace in pages per second, as KVM's dirty-limit).
+//!
+//! Both act where the host sees the guest's writes: its stage-2 write
+//! faults. While dirty logging is on, each page the guest writes after a
+//! harvest faults once (the harvest write-protected it), so a vCPU's write
+//! faults are the pages it dirties. [`DirtyLimit::on_write_fault`] counts
+//! one and works out the delay it owes; the vCPU's thread serves that
+//! delay ([`DirtyLimit::serve`]) before it answers the fault, outside
+//! guest mode, in short slices, so a pause or a stop never waits for a
+//! whole delay. A vCPU that does not write is never slowed.
+
+use crate::machine::Exit;
+use crate::vm::fault_kind;
+use s2mmu::mmu::FaultKind;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Throttle owed is slept once it reaches this (shorter sleeps overshoot
+/// by more than they last; the sum owed is what counts).
+const THROTTLE_BATCH_NS: u64 = 1_000_000;
+/// A vCPU ahead of its pace by less than this is not put to sleep yet
+/// (its lead is kept and served at a later fault).
+const PACE_SLACK_NS: u64 = 200_000;
+/// The longest single sleep between checks for a pause or a stop.
+const SLICE: Duration = Duration::from_millis(2);
+
+/// What the brakes did so far, summed over the vCPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirtyLimitCounters {
+    /// Stage-2 faults answered that dirty a page (see [`dirties`]): each
+    /// page the guest dirtied while dirty logging was on, plus first
+    /// writes to pages not mapped yet.
+    pub write_faults: u64,
+    /// Nanoseconds the vCPUs slept for the throttle.
+    pub throttled_ns: u64,
+    /// Write faults that found their vCPU ahead of its pace (each one's
+    /// answer waited, or its lead was kept for a later wait).
+    pub paced_faults: u64,
+    /// Nanoseconds the vCPUs slept for their pace.
+    pub paced_ns: u64,
+}
+
+/// One vCPU's state (touched by its own thread only; atomics so the
+/// whole is `Sync`).
+#[derive(Default)]
+struct VcpuLimit {
+    /// Throttle owed and not slept yet.
+    owed_ns: AtomicU64,
+    /// When the vCPU may fault next at its pace (ns since the epoch): a
+    /// virtual clock advanced one interval per write fault.
+    next_ns: AtomicU64,
+    /// The lead over the pace found at the last fault, to sleep.
+    lead_ns: AtomicU64,
+}
+
+/// Throttle and pace of one VM's vCPUs, and their counters.
+pub struct DirtyLimit {
+    epoch: Instant,
+    throttle_ns: AtomicU64,
+    pace: AtomicU64,
+    vcpus: Vec<VcpuLimit>,
+    write_faults: AtomicU64,
+    throttled_ns: AtomicU64,
+    paced_faults: AtomicU64,
+    paced_ns: AtomicU64,
+}
+
+impl DirtyLimit {
+    /// No throttle and no pace, for `vcpus` vCPUs.
+    pub fn new(vcpus: usize) -> DirtyLimit {
+        DirtyLimit {
+            epoch: Instant::now(),
+            throttle_ns: AtomicU64::new(0),
+            pace: AtomicU64::new(0),
+            vcpus: (0..vcpus).map(|_| VcpuLimit::default()).collect(),
+            write_faults: AtomicU64::new(0),
+            throttled_ns: AtomicU64::new(0),
+            paced_faults: AtomicU64::new(0),
+            paced_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Auto-converge: each write fault owes `ns` of sleep (0: none).
+    pub fn set_throttle_ns(&self, ns: u64) {
+        self.throttle_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// The throttle per write fault, in nanoseconds.
+    pub fn throttle_ns(&self) -> u64 {
+        self.throttle_ns.load(Ordering::Relaxed)
+    }
+
+    /// Dirty limit: at most `pages_per_sec` write faults a second per vCPU
+    /// (0: unpaced).
+    pub fn set_pace(&self, pages_per_sec: u64) {
+        self.pace.store(pages_per_sec, Ordering::Relaxed);
+    }
+
+    /// Each vCPU's pace in pages per second (0: unpaced).
+    pub fn pace(&self) -> u64 {
+        self.pace.load(Ordering::Relaxed)
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> DirtyLimitCounters {
+        DirtyLimitCounters {
+            write_faults: self.write_faults.load(Ordering::Relaxed),
+            throttled_ns: self.throttled_ns.load(Ordering::Relaxed),
+            paced_faults: self.paced_faults.load(Ordering::Relaxed),
+            paced_ns: self.paced_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// vCPU `id` dirtied a page (its write fault was answered by the
+    /// engine): counts it and adds what it owes. An `id` out of range is
+    /// counted only.
+    pub(crate) fn on_write_fault(&self, id: usize) {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.on_write_fault_at(id, now);
+    }
+
+    /// [`DirtyLimit::on_write_fault`] at `now` (ns since the epoch).
+    fn on_write_fault_at(&self, id: usize, now: u64) {
+        self.write_faults.fetch_add(1, Ordering::Relaxed);
+        let Some(v) = self.vcpus.get(id) else {
+            return;
+        };
+        let throttle = self.throttle_ns();
+        if throttle > 0 {
+            let owed = v.owed_ns.load(Ordering::Relaxed).saturating_add(throttle);
+            v.owed_ns.store(owed, Ordering::Relaxed);
+        }
+        let pace = self.pace();
+        if pace == 0 {
+            return;
+        }
+        // A virtual clock that runs one interval per fault: a vCPU whose
+        // clock is ahead of now has dirtied faster than its pace, by that
+        // lead. One that fell behind (idle, paused, throttled) restarts
+        // from now: it does not catch up in a burst.
+        let interval = 1_000_000_000 / pace;
+        let next = v.next_ns.load(Ordering::Relaxed).max(now);
+        v.next_ns
+            .store(next.saturating_add(interval), Ordering::Relaxed);
+        let lead = next - now;
+        v.lead_ns.store(lead, Ordering::Relaxed);
+        if lead > 0 {
+            self.paced_faults.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Serves what vCPU `id` owes before its fault is answered: the
+    /// throttle once a millisecond or more is owed, its lead over its pace
+    /// once that is 200 µs or more. Sleeps in slices of 2 ms and returns
+    /// early once `interrupted` says so (a pause, a stop); a throttle not
+    /// slept stays owed, a lead not slept is still in the pace's clock.
+    pub(crate) fn serve(&self, id: usize, interrupted: &dyn Fn() -> bool) {
+        let Some(v) = self.vcpus.get(id) else {
+            return;
+        };
+        if self.throttle_ns() == 0 {
+            v.owed_ns.store(0, Ordering::Relaxed);
+        }
+        let owed = v.owed_ns.load(Ordering::Relaxed);
+        if owed >= THROTTLE_BATCH_NS {
+            let slept = nap(owed, interrupted);
+            v.owed_ns.store(owed - slept, Ordering::Relaxed);
+            self.throttled_ns.fetch_add(slept, Ordering::Relaxed);
+        }
+        let lead = v.lead_ns.swap(0, Ordering::Relaxed);
+        if lead >= PACE_SLACK_NS && self.pace() > 0 {
+            let slept = nap(lead, interrupted);
+            self.paced_ns.fetch_add(slept, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether the abort `e`, answered by the engine, dirtied a page while
+/// dirty logging is on: a write (the access's WnR, or the guest's stage-1
+/// walker updating a descriptor, as [`crate::vm::Arm64Vm::fault`]
+/// decides), or any permission fault: the engine's answer to one makes
+/// the page writable and logs it, whatever the access was.
+pub(crate) fn dirties(e: &Exit) -> bool {
+    e.write() || matches!(fault_kind(e.dfsc()), Some(FaultKind::Permission { .. }))
+}
+
+/// Sleeps `ns` in slices until done or `interrupted`; returns the
+/// nanoseconds slept (at most `ns`).
+fn nap(ns: u64, interrupted: &dyn Fn() -> bool) -> u64 {
+    let start = Instant::now();
+    let want = Duration::from_nanos(ns);
+    let mut slept = Duration::ZERO;
+    while slept < want && !interrupted() {
+        thread::sleep((want - slept).min(SLICE));
+        slept = start.elapsed();
+    }
+    u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX).min(ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_write_faults_and_owes_nothing_unbraked() {
+        let l = DirtyLimit::new(2);
+        for _ in 0..10 {
+            l.on_write_fault(0);
+            l.serve(0, &|| false);
+        }
+        l.on_write_fault(7); // no such vCPU: counted only
+        l.serve(7, &|| false);
+        let c = l.counters();
+        assert_eq!(c.write_faults, 11);
+        assert_eq!((c.throttled_ns, c.paced_faults, c.paced_ns), (0, 0, 0));
+    }
+
+    #[test]
+    fn throttle_is_owed_per_fault_and_slept_in_batches() {
+        let l = DirtyLimit::new(1);
+        l.set_throttle_ns(400_000);
+        l.on_write_fault(0);
+        l.on_write_fault(0);
+        l.serve(0, &|| false);
+        // 0.8 ms owed: below the batch, nothing slept yet.
+        assert_eq!(l.counters().throttled_ns, 0);
+        l.on_write_fault(0);
+        l.serve(0, &|| false);
+        assert_eq!(l.counters().throttled_ns, 1_200_000);
+        // Throttle off: what is owed is forgiven.
+        l.on_write_fault(0);
+        l.set_throttle_ns(0);
+        l.serve(0, &|| false);
+        assert_eq!(l.counters().throttled_ns, 1_200_000);
+    }
+
+    #[test]
+    fn a_vcpu_faster_than_its_pace_is_held_back() {
+        let l = DirtyLimit::new(1);
+        // 1 ms a page.
+        l.set_pace(1000);
+        // 20 faults at the same instant: each one's lead is a millisecond
+        // more than the last one's.
+        for i in 0..20u64 {
+            l.on_write_fault_at(0, 5_000_000);
+            assert_eq!(l.vcpus[0].lead_ns.load(Ordering::Relaxed), i * 1_000_000);
+        }
+        let c = l.counters();
+        assert_eq!((c.write_faults, c.paced_faults), (20, 19));
+        // The last lead (19 ms) is slept whole.
+        l.serve(0, &|| false);
+        assert_eq!(l.counters().paced_ns, 19_000_000);
+        // A vCPU that fell behind its clock restarts from now, no burst
+        // and no lead.
+        l.on_write_fault_at(0, 1_000_000_000);
+        assert_eq!(l.vcpus[0].lead_ns.load(Ordering::Relaxed), 0);
+        assert_eq!(l.counters().paced_faults, 19);
+        // A lead under the slack (100 µs at 10,000 a second) is kept on
+        // the clock, not slept.
+        l.set_pace(10_000);
+        l.on_write_fault_at(0, 2_000_000_000);
+        l.on_write_fault_at(0, 2_000_000_000);
+        assert_eq!(l.counters().paced_faults, 20);
+        l.serve(0, &|| false);
+        assert_eq!(l.counters().paced_ns, 19_000_000);
+        assert_eq!(l.vcpus[0].next_ns.load(Ordering::Relaxed), 2_000_200_000);
+    }
+
+    #[test]
+    fn an_interrupted_sleep_returns_early() {
+        let l = DirtyLimit::new(1);
+        l.set_throttle_ns(10_000_000_000); // 10 s a fault
+        l.on_write_fault(0);
+        l.serve(0, &|| true);
+        // Nothing slept, all still owed.
+        assert_eq!(l.counters().throttled_ns, 0);
+        assert_eq!(l.vcpus[0].owed_ns.load(Ordering::Relaxed), 10_000_000_000);
+    }
+}
