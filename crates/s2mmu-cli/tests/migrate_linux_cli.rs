@@ -34,6 +34,9 @@ fn bad_options_are_refused_by_name() {
         "--runs 2 with --listen or --to",
     );
     refused(&["--channels", "0"], "--channels");
+    // The guest programs are named, fill among them.
+    refused(&["--linux-run", "nope"], "nope");
+    refused(&["--linux-run", "nope"], "counter, dirtier, fill");
 }
 
 #[test]

@@ -22,6 +22,7 @@ pub const INIT_SCRIPT: &str = include_str!("../../guest/init.sh");
 pub const PROGRAMS: &[(&str, &str)] = &[
     ("dirtier", include_str!("../../guest/dirtier.c")),
     ("counter", include_str!("../../guest/counter.c")),
+    ("fill", include_str!("../../guest/fill.c")),
 ];
 /// The cross compiler the guest programs need.
 pub const CROSS_CC: &str = "aarch64-linux-gnu-gcc";

@@ -14,6 +14,7 @@
 
 use super::assets::LinuxAssets;
 use super::dirty::{HarvestConfig, LinuxDirty};
+use super::dirty_limit::DirtyLimitCounters;
 use super::migrate::LinuxVm;
 use super::postcopy::{migrate_postcopy, PostcopyPolicy, PostcopyReport};
 use super::session_dest::LinuxDest;
@@ -45,6 +46,11 @@ pub enum GuestProgram {
     /// `dirtier`: writes as fast as it can and re-checks every page; the
     /// destination must print its `ok`.
     Dirtier,
+    /// `fill`: fills 90 % of the guest's available memory with data pages
+    /// (none zero, none alike), then steps as `counter` does (in its
+    /// format), re-checking a 64th of its pages a step: round 0 sends
+    /// data, not zero pages; the destination must print the next step.
+    Fill,
 }
 
 /// How the guest is moved in one process.
@@ -94,6 +100,11 @@ pub enum RunDetails {
         page_records: u64,
         /// Of those, zero pages.
         zero_pages: u64,
+        /// The session's whole outcome (rounds, throttle and pace, the
+        /// sender's stage costs).
+        outcome: Box<SourceOutcome>,
+        /// What the guest's throttle and pace did.
+        limit: DirtyLimitCounters,
     },
     /// By post-copy.
     Postcopy(PostcopyReport),
@@ -164,6 +175,7 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
     let run = match s.program {
         GuestProgram::Dirtier => format!("s2mmu.run=dirtier s2mmu.args={DIRTIER_ARGS}"),
         GuestProgram::Counter => "s2mmu.run=counter s2mmu.args=kib=4,ms=1000".to_string(),
+        GuestProgram::Fill => "s2mmu.run=fill s2mmu.args=pct=90,ms=1000".to_string(),
     };
     LinuxConfig {
         vcpus: s.vcpus,
@@ -254,7 +266,7 @@ pub fn wait_for<T>(
 
 /// A run's figures from the session's outcome; `state_bytes`: the STATE
 /// body's size.
-fn session_run(s: &SourceOutcome, state_bytes: usize) -> LinuxRun {
+fn session_run(s: &SourceOutcome, state_bytes: usize, limit: DirtyLimitCounters) -> LinuxRun {
     let (pre, fin): (Vec<_>, Vec<_>) = s.rounds.iter().partition(|r| !r.final_round);
     LinuxRun {
         downtime: s.downtime,
@@ -267,6 +279,8 @@ fn session_run(s: &SourceOutcome, state_bytes: usize) -> LinuxRun {
             link: s.link,
             page_records: s.page_records,
             zero_pages: s.zero_pages,
+            outcome: Box::new(s.clone()),
+            limit,
         },
         went_on: None,
     }
@@ -337,7 +351,7 @@ pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, Stri
     let (o, _d, b) = in_process(s, &src, cfg)?;
     let mut a = src.vm().lock();
     let state_bytes = a.save_state().map_or(0, |v| v.len());
-    let run = session_run(&o, state_bytes);
+    let run = session_run(&o, state_bytes, src.limit_counters());
     let mut b = b.lock();
     // The session ran B's guest for --run-after, then paused it.
     Pausable::resume(&mut *b).map_err(|e| format!("machine B: {e}"))?;
@@ -446,7 +460,7 @@ pub fn source_to(
     }
     let state_bytes = a.save_state().map_or(0, |v| v.len());
     drop(a);
-    Ok(session_run(&o, state_bytes))
+    Ok(session_run(&o, state_bytes, src.limit_counters()))
 }
 
 /// `--listen ADDR`: serves one migration into a QEMU machine this process

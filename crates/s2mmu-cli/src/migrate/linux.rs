@@ -14,11 +14,14 @@
 
 use super::linux_net;
 use super::params::PostcopyArg;
+use super::report_text;
 use super::Params;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
+use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::session_run::{
     self, GuestProgram, LinuxRun, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
+use s2mmu_migrate::session::source::SourceOutcome;
 use std::time::Duration;
 
 /// Most `--runs`.
@@ -33,10 +36,10 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
     Ok(RunSettings {
         vcpus: p.vcpus,
         mem: p.mem,
-        program: if p.linux_run == "dirtier" {
-            GuestProgram::Dirtier
-        } else {
-            GuestProgram::Counter
+        program: match p.linux_run.as_str() {
+            "dirtier" => GuestProgram::Dirtier,
+            "fill" => GuestProgram::Fill,
+            _ => GuestProgram::Counter,
         },
         postcopy: p.postcopy.map(|a| match a {
             PostcopyArg::On => PostcopyMode::On,
@@ -58,14 +61,23 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
                 link,
                 page_records,
                 zero_pages,
+                outcome,
+                limit,
             } => (
-                serde_json::json!({"security": s.net.security.describe(),
-                "channels": channels, "link_bytes_per_s": link,
-                "page_records": page_records, "zero_pages": zero_pages}),
+                {
+                    let mut v = serde_json::json!({"security": s.net.security.describe(),
+                    "channels": channels, "link_bytes_per_s": link,
+                    "page_records": page_records, "zero_pages": zero_pages});
+                    v.as_object_mut()
+                        .expect("an object")
+                        .extend(session_json(outcome, limit));
+                    v
+                },
                 format!(
                 "through the session, {} over {channels} channel(s); the destination's digests \
-                 equal the source's",
-                s.net.security.describe()
+                 equal the source's{}",
+                s.net.security.describe(),
+                braked(outcome, limit)
             ),
             ),
             RunDetails::Postcopy(r) => {
@@ -92,6 +104,51 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
         None => {}
     }
     (extra, line)
+}
+
+/// Round 0's pages, zero pages and data pages per second, the sender's
+/// stage costs, and what the guest's throttle and pace did (the figures
+/// the simulated guest's report gives).
+fn session_json(
+    o: &SourceOutcome,
+    l: &DirtyLimitCounters,
+) -> serde_json::Map<String, serde_json::Value> {
+    let r0 = o.rounds.first();
+    let secs = r0.map_or(0.0, |r| r.end_s - r.start_s);
+    let data = r0.map_or(0, |r| r.pages - r.zero_pages);
+    let v = serde_json::json!({
+        "round0_pages": r0.map(|r| r.pages),
+        "round0_zero_pages": r0.map(|r| r.zero_pages),
+        "round0_data_pages_per_s": (secs > 0.0).then(|| data as f64 / secs),
+        "round0_bytes_per_s": r0.map(|r| r.bandwidth),
+        "stages": report_text::send_stages_json(&o.send_stages),
+        "max_throttle_pct": o.max_throttle_pct,
+        "final_pace_pages_per_s_per_vcpu": o.final_pace,
+        "guest_write_faults": l.write_faults,
+        "throttled_ns": l.throttled_ns,
+        "paced_faults": l.paced_faults,
+        "paced_ns": l.paced_ns,
+    });
+    match v {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// The throttle's and the pace's part in a run, if they acted.
+fn braked(o: &SourceOutcome, l: &DirtyLimitCounters) -> String {
+    if l.throttled_ns == 0 && l.paced_faults == 0 {
+        return String::new();
+    }
+    format!(
+        "; throttle up to {}% ({:.1} ms slept), pace {} pages/s per vCPU at the end ({} \
+         faults paced, {:.1} ms slept)",
+        o.max_throttle_pct,
+        l.throttled_ns as f64 / 1e6,
+        o.final_pace,
+        l.paced_faults,
+        l.paced_ns as f64 / 1e6
+    )
 }
 
 fn ms(d: Duration) -> f64 {

@@ -202,8 +202,8 @@ pub struct Params {
     /// With --guest linux: migrations to run and summarise (1 to 20).
     #[arg(long, default_value_t = 1)]
     pub runs: u32,
-    /// With --guest linux: the guest program, counter (one small step a second, near idle) or dirtier (writes 64 MiB as fast as it can for 30 s, re-checking every page it wrote).
-    #[arg(long, default_value = "counter", value_parser = ["counter", "dirtier"])]
+    /// With --guest linux: the guest program, counter (one small step a second, near idle), dirtier (writes 64 MiB as fast as it can for 30 s, re-checking every page it wrote) or fill (fills 90 % of the guest's available memory with data pages, none zero, then steps as counter does, re-checking them: round 0 sends data pages).
+    #[arg(long, default_value = "counter", value_parser = ["counter", "dirtier", "fill"])]
     pub linux_run: String,
 }
 

@@ -96,7 +96,7 @@ fn recv_stages_json(r: &RecvStages) -> serde_json::Value {
 }
 
 /// The source's stages as JSON: totals and per page.
-fn send_stages_json(s: &SendStages) -> serde_json::Value {
+pub(crate) fn send_stages_json(s: &SendStages) -> serde_json::Value {
     json!({
         "pages": s.pages,
         "read_and_zero_check_ns": s.read_ns,
