@@ -6,9 +6,9 @@
 //! Both act where the host sees the guest's writes: its stage-2 write
 //! faults. While dirty logging is on, each page the guest writes after a
 //! harvest faults once (the harvest write-protected it), so a vCPU's write
-//! faults are the pages it dirties. [`DirtyLimit::on_write_fault`] counts
+//! faults are the pages it dirties. `DirtyLimit::on_write_fault` counts
 //! one and works out the delay it owes; the vCPU's thread serves that
-//! delay ([`DirtyLimit::serve`]) before it answers the fault, outside
+//! delay (`DirtyLimit::serve`) before it answers the fault, outside
 //! guest mode, in short slices, so a pause or a stop never waits for a
 //! whole delay. A vCPU that does not write is never slowed.
 
@@ -31,9 +31,9 @@ const SLICE: Duration = Duration::from_millis(2);
 /// What the brakes did so far, summed over the vCPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DirtyLimitCounters {
-    /// Stage-2 faults answered that dirty a page (see [`dirties`]): each
-    /// page the guest dirtied while dirty logging was on, plus first
-    /// writes to pages not mapped yet.
+    /// Stage-2 faults answered that dirty a page (a write, or any
+    /// permission fault): each page the guest dirtied while dirty logging
+    /// was on, plus first writes to pages not mapped yet.
     pub write_faults: u64,
     /// Nanoseconds the vCPUs slept for the throttle.
     pub throttled_ns: u64,
