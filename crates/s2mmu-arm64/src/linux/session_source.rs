@@ -107,15 +107,10 @@ impl SessionVm for LinuxSessionVm {
     }
 
     fn enable_dirty_logging(&self) -> Result<(), VmError> {
-        if self.mmu.enable_dirty_logging(vm::RAM_SLOT).is_ok() {
-            return Ok(());
-        }
-        // A migration that failed may have left the log on (the guest
-        // then ran on, logged): start it afresh, since round 0 sends all
-        // memory whatever the log holds.
+        // The session stops the log whenever a migration ends, failed or
+        // not: a log already on here is an error of its own.
         self.mmu
-            .disable_dirty_logging(vm::RAM_SLOT)
-            .and_then(|_| self.mmu.enable_dirty_logging(vm::RAM_SLOT))
+            .enable_dirty_logging(vm::RAM_SLOT)
             .map(|_| ())
             .map_err(vmerr)
     }
