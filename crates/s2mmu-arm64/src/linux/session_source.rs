@@ -158,6 +158,13 @@ impl LinuxSource {
             vm: Arc::new(LinuxSessionVm::new(vm)),
         }
     }
+
+    /// The source of a migration (or snapshot) of a guest the session
+    /// holds already: one that came in by a migration
+    /// (`LinuxDest::built`), to migrate it on.
+    pub fn from_session_vm(vm: Arc<LinuxSessionVm>) -> LinuxSource {
+        LinuxSource { vm }
+    }
 }
 
 impl GuestRun for LinuxSource {
