@@ -89,7 +89,7 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
     };
     let to = dest.built().expect("the destination's machine");
     // The session let it run for its run_after, then paused it: run on.
-    s2mmu_migrate::Pausable::resume(&mut *to.lock()).expect("it runs on");
+    to.lock().resume_vcpus().expect("it runs on");
     wait_lines(&to.lock(), 0, 5, what);
     let vm = src.vm().lock();
     assert_eq!(
@@ -190,6 +190,9 @@ fn damaged(dir: &Path, name: &str, change: impl FnOnce(&Path, &Path)) -> PathBuf
     bad
 }
 
+/// A damaged snapshot and the check its refusal must pass.
+type Refusal = (PathBuf, fn(&SnapshotError) -> bool);
+
 /// Damaged and foreign snapshots are refused, naming what is wrong, with
 /// no machine built for a damaged file and no vCPU run for a state the
 /// guest refuses.
@@ -200,7 +203,7 @@ fn refusals(dir: &Path, cfg: &s2mmu_arm64::linux::vm::LinuxConfig) {
         b[i] ^= 0x10;
         std::fs::write(path, &b).unwrap();
     };
-    let cases: Vec<(PathBuf, fn(&SnapshotError) -> bool)> = vec![
+    let cases: Vec<Refusal> = vec![
         (damaged(dir, "flipped", |m, _| flip(m, |n| n / 3)), |e| {
             matches!(e, SnapshotError::Checksum { .. })
         }),

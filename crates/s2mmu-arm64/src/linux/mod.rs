@@ -16,8 +16,8 @@
 //! - [`gic`]: the GICv3 distributor and redistributors, list registers.
 //! - [`psci`]: PSCI 1.1 over HVC.
 //! - [`vm`]: the Linux VM ([`vm::run`]), its vCPU threads in `vcpu`.
-//! - [`migrate`]: the same VM paused, saved, restored and migrated
-//!   (`s2mmu_migrate::MigratableVm`); [`vcpu_state`] and [`vm_state`]
+//! - [`migrate`]: the same VM paused, saved and restored (the older
+//!   `s2mmu_migrate::MigratableVm` for [`postcopy`] only); [`vcpu_state`] and [`vm_state`]
 //!   are its state in the migration encoding; [`memory`] its RAM as one
 //!   mapping (bulk copies, the parallel digest); [`postcopy`] the
 //!   stage-2 fault on a page that has not arrived as its request.

@@ -13,7 +13,6 @@ use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
 use s2mmu_migrate::wire::WireFormat;
-use s2mmu_migrate::{MigratableVm, Pausable};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The backing name a Linux guest's header carries: its RAM is the file
@@ -71,14 +70,14 @@ impl LinuxSessionVm {
     /// Stops every vCPU (a failure is reported and the vCPUs that did
     /// stop stay so).
     pub(super) fn pause_vcpus(&self) {
-        if let Err(e) = self.lock().pause() {
+        if let Err(e) = self.lock().pause_vcpus() {
             eprintln!("linux guest: pause: {e}");
         }
     }
 
     /// Runs the vCPUs again.
     pub(super) fn resume_vcpus(&self) {
-        if let Err(e) = self.lock().resume() {
+        if let Err(e) = self.lock().resume_vcpus() {
             eprintln!("linux guest: resume: {e}");
         }
     }
@@ -218,7 +217,7 @@ impl SourceGuest for LinuxSource {
     fn state(&self, _pace: u64) -> Result<Vec<u8>, MigrateError> {
         self.vm
             .lock()
-            .save_state()
+            .guest_state()
             .map_err(|e| MigrateError::Setup(format!("the Linux guest's state: {e}")))
     }
 

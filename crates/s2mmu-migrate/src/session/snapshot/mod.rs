@@ -1,5 +1,5 @@
 //! Snapshots: incremental ones of a running simulated guest from a dirty
-//! view of its own ([`taker`], feature `sim`), whole ones of any guest
+//! view of its own (`taker`, feature `sim`), whole ones of any guest
 //! over the session's VM traits ([`guest`]), to checked files
 //! ([`format`](mod@format)), and their restore ([`restore`]).
 
