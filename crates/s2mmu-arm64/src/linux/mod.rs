@@ -21,6 +21,8 @@
 //!   are its state in the migration encoding; [`memory`] its RAM as one
 //!   mapping (bulk copies, the parallel digest); [`postcopy`] the
 //!   stage-2 fault on a page that has not arrived as its request.
+//! - [`run`]: `s2mmu linux`'s runs from plain settings (the guest's
+//!   configuration, the baseline, the verdict, the dirtier's rate per mode).
 //! - [`session_source`] and [`session_dest`]: the same VM behind the
 //!   migration library's session (`s2mmu_migrate::session`), source and
 //!   destination, over any connection (TLS by default in the CLI);
@@ -44,6 +46,7 @@ mod mig_vcpu;
 pub mod migrate;
 pub mod postcopy;
 pub mod psci;
+pub mod run;
 pub mod session_dest;
 pub mod session_run;
 pub mod session_source;
