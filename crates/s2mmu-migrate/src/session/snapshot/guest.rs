@@ -18,7 +18,7 @@
 
 use super::format::{io, open_regular, Header, SlotGeom, SnapshotError, SnapshotWriter, PAGE};
 use super::restore::{file_name, restore, snapshot_files, Restored};
-use crate::session::dest::{DestFactory, DestGuest};
+use crate::session::dest::{DestFactory, DestGuest, Limits};
 use crate::session::digests::source_digests;
 use crate::session::guest::{GuestShape, SourceGuest};
 use crate::vm::{GuestRam, SessionVm};
@@ -337,6 +337,10 @@ pub fn restore_guest<F: DestFactory>(
         postcopy: false,
         format: saved.shape.format,
     };
+    // What a migration's destination checks before it builds anything.
+    Limits::of_build()
+        .check(&header)
+        .map_err(|e| refuse(format!("the snapshot's guest: {e}")))?;
     let guest = factory
         .build(&header)
         .map_err(|e| refuse(format!("building the guest: {e}")))?;
@@ -451,6 +455,48 @@ mod tests {
             read_back("huge", &huge),
             Err(SnapshotError::Malformed { .. })
         ));
+    }
+
+    /// A snapshot whose state asks for more vCPUs than this build takes is
+    /// refused by the limits before the guest is built.
+    #[cfg(feature = "sim")]
+    #[test]
+    fn a_guest_over_the_limits_is_refused_before_it_is_built() {
+        use s2mmu::format::arm64::Arm64Stage2;
+        let dir = std::env::temp_dir().join(format!("s2mmu-gst-{}-lim", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let slots = vec![SlotGeom {
+            id: 0,
+            gpa: 1 << 30,
+            size: PAGE,
+        }];
+        let h = Header {
+            base: true,
+            seq: 0,
+            parent: None,
+            slots,
+            pages: 1,
+        };
+        let mut w = SnapshotWriter::create(&dir.join(file_name(0)), h).unwrap();
+        w.page(0, 0, &[7u8; PAGE as usize]).unwrap();
+        w.finish().unwrap();
+        let mut s = saved();
+        s.shape.mem_size = PAGE;
+        s.shape.vcpus = u32::MAX;
+        write_state(&state_path(&dir), &s).unwrap();
+        let f = crate::sim::dest::SimDest::<Arm64Stage2>::new(
+            s2mmu::mmu::MmuPolicy::default(),
+            WireFormat::of::<Arm64Stage2>(),
+        );
+        match restore_guest(&f, &dir, 1 << 30) {
+            Err(SnapshotError::Guest { why, .. }) => {
+                assert!(why.contains("accepts at most"), "{why}")
+            }
+            Err(e) => panic!("refused otherwise: {e}"),
+            Ok(_) => panic!("restored a guest of {} vCPUs", u32::MAX),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
