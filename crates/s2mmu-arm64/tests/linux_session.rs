@@ -159,7 +159,7 @@ fn linux_guest_migrates_through_the_session_over_tls() {
     let b = dest.built().expect("B was built");
     // The session let B run for its run_after, then paused it: run it on.
     let mut bvm = b.lock();
-    s2mmu_migrate::Pausable::resume(&mut *bvm).expect("B runs on");
+    bvm.resume_vcpus().expect("B runs on");
     let b1 = wait_lines(&bvm, 0, 5, "B");
     check_lives(&[&a_text, &b1]);
     let a = src.vm().lock();

@@ -8,9 +8,10 @@ use crate::arm64::EMULATOR_NOTE;
 use crate::report::human_bytes;
 use crate::stats::median;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
-use s2mmu_arm64::linux::baseline::{self, BaselineConfig};
-use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
-use s2mmu_arm64::linux::vm::{self, LinuxConfig, LinuxReport, StopReason, EXIT_NAMES};
+use s2mmu_arm64::linux::baseline;
+use s2mmu_arm64::linux::dirty::LinuxDirty;
+use s2mmu_arm64::linux::run::{check_word, dirtier_rate, verdict, RunSpec};
+use s2mmu_arm64::linux::vm::{self, LinuxConfig, LinuxReport, EXIT_NAMES};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -70,15 +71,6 @@ pub struct Params {
     pub json: bool,
 }
 
-fn check_word(flag: &str, s: &str) -> Result<(), String> {
-    if s.len() > 256 || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "{flag} {s:?}: at most 256 characters, no spaces or control characters"
-        ));
-    }
-    Ok(())
-}
-
 fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
     if !(vm::MIN_MEM..=vm::MAX_MEM).contains(&p.mem) || !p.mem.is_multiple_of(2 << 20) {
         return Err(format!(
@@ -113,27 +105,24 @@ fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
         )
     })?;
     crate::arm64::check_touched("--mem", p.mem)?;
-    let mut cmdline = format!("{} s2mmu.run={}", p.cmdline, p.run);
-    if !p.args.is_empty() {
-        cmdline.push_str(&format!(" s2mmu.args={}", p.args));
-    }
-    let cfg = LinuxConfig {
+    Ok((spec(p).config(&a), a))
+}
+
+/// The run's settings from the flags.
+fn spec(p: &Params) -> RunSpec {
+    RunSpec {
         vcpus: p.vcpus,
         mem: p.mem,
-        kernel: p.kernel.clone().unwrap_or_else(|| a.image.clone()),
-        initrd: p.initrd.clone().unwrap_or_else(|| a.initramfs.clone()),
-        cmdline,
+        kernel: p.kernel.clone(),
+        initrd: p.initrd.clone(),
+        cmdline: p.cmdline.clone(),
+        run: p.run.clone(),
+        args: p.args.clone(),
         echo: p.console == "-" && !p.json,
         timeout: Duration::from_secs(p.timeout as u64),
-        dirty: HarvestConfig {
-            mode: p.dirty,
-            period: Duration::from_millis(p.harvest_ms as u64),
-            drop_invalidations_from: None,
-            discard_log: None,
-            change: Default::default(),
-        },
-    };
-    Ok((cfg, a))
+        dirty: p.dirty,
+        harvest: Duration::from_millis(p.harvest_ms as u64),
+    }
 }
 
 /// Runs `linux`.
@@ -163,7 +152,7 @@ pub fn main(p: Params) -> Result<(), String> {
             std::fs::write(&p.console, &r.console).map_err(|e| format!("{}: {e}", p.console))?;
         }
         let base = if p.baseline {
-            Some(baseline_once(&p, &a)?)
+            Some(spec(&p).baseline(&a)?)
         } else {
             None
         };
@@ -175,37 +164,12 @@ pub fn main(p: Params) -> Result<(), String> {
             println!("run {run}:");
             print_text(&p, &r, base.as_ref());
         }
-        verdict(&p, &r)?;
+        verdict(p.vcpus, &r)?;
     }
     if p.runs > 1 {
         summary(&p, &ours, &theirs);
     }
     Ok(())
-}
-
-/// The write rate the dirtier printed on its `ok` line (`pages_per_s=R`).
-pub(crate) fn dirtier_rate(console: &str) -> Option<f64> {
-    console
-        .lines()
-        .filter(|l| l.contains("s2mmu-dirtier: ok"))
-        .find_map(|l| l.split("pages_per_s=").nth(1))
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|r| r.parse::<f64>().ok())
-}
-
-fn baseline_once(p: &Params, a: &assets::LinuxAssets) -> Result<baseline::BaselineReport, String> {
-    baseline::run_baseline(
-        a,
-        &BaselineConfig {
-            cpus: p.vcpus as u32,
-            mem_mib: p.mem >> 20,
-            run: p.run.clone(),
-            args: p.args.clone(),
-            extra_append: String::new(),
-            timeout: Duration::from_secs(p.timeout as u64),
-        },
-    )
-    .map_err(|e| format!("baseline: {e}"))
 }
 
 /// Medians over the runs (the JSON summary is the last line).
@@ -228,30 +192,6 @@ fn summary(p: &Params, ours: &[f64], theirs: &[f64]) {
             ratio.map_or("n/a".into(), |r| format!("{r:.2}x"))
         );
     }
-}
-
-pub(crate) fn verdict(p: &Params, r: &LinuxReport) -> Result<(), String> {
-    if r.reason != StopReason::PowerOff {
-        return Err(format!("the guest did not power off: {:?}", r.reason));
-    }
-    if r.cpus_online != Some(p.vcpus as u32) {
-        return Err(format!(
-            "/init counted {:?} CPUs online, expected {}",
-            r.cpus_online, p.vcpus
-        ));
-    }
-    if let Some(d) = &r.dirty {
-        if d.lost > 0 {
-            return Err(format!(
-                "{} pages changed in no dirty log (first: {:x?})",
-                d.lost, d.lost_examples
-            ));
-        }
-    }
-    if r.console.contains("s2mmu-dirtier: FAIL") {
-        return Err("the guest's dirtier reported a failure".into());
-    }
-    Ok(())
 }
 
 fn ms(ns: u64) -> f64 {

@@ -1,11 +1,16 @@
 //! Live migration and snapshots as a library, over a VM interface.
 //!
-//! A VMM implements [`vm::MigratableVm`] (pause and resume, guest pages,
-//! the engine's dirty harvest, vCPU and device state as bytes) and gets:
-//! - [`driver::migrate`]: pre-copy rounds over the dirty harvest, then
-//!   stop-and-copy, state transfer and resume on the destination, with
-//!   the memories' digests compared at the switch;
-//! - [`snapshot::save`] and [`snapshot::restore`]: the same to a file;
+//! A VMM implements the session's VM traits for its VM ([`vm::SessionVm`]:
+//! guest RAM as one mapping and the engine's dirty log; [`vm::GuestRun`]:
+//! stop and go; [`session::guest::SourceGuest`] and
+//! [`session::dest::DestFactory`]: the stream's header and the guest's
+//! STATE) and gets:
+//! - [`session`]: pre-copy over one or more channels, the stop-and-copy,
+//!   post-copy with recovery, and the destination's memory verified
+//!   against the source's;
+//! - [`session::snapshot`]: snapshots of a paused guest and their checked
+//!   restore into a fresh one (and incremental snapshots of a running
+//!   simulated guest);
 //! - [`state::State`]: a versioned, checksummed, bounded encoding for the
 //!   VM's state, whose refusals name what was wrong.
 //!
@@ -16,12 +21,16 @@
 //!   [`stages`] (where the stream's time goes) and [`stream_error`] (why
 //!   a stream failed).
 //!
-//! Import graph (a DAG): `state`, `vm`, `bandwidth`, `stages` and
-//! `stream_error` import nothing of this crate; `hash` imports `vm`; `wire` imports
-//! `hash`, `stages` and `stream_error`; `transport` imports `stages` and
-//! `stream_error`; `error`
-//! imports `state` and `vm`; `driver` and `snapshot` import `error`,
-//! `state` and `vm`. No clap, plotting, progress bars or KVM here.
+//! The older in-process interface, [`vm::MigratableVm`] and
+//! [`vm::Pausable`] with [`error::MigrateError`] and [`driver::Policy`],
+//! remains only for the Linux post-copy path that has not moved onto the
+//! session yet; its driver and file snapshots are retired.
+//!
+//! Import graph (a DAG): `state`, `vm`, `bandwidth`, `stages`, `driver`
+//! and `stream_error` import nothing of this crate; `hash` imports `vm`;
+//! `wire` imports `hash`, `stages` and `stream_error`; `transport` imports
+//! `stages` and `stream_error`; `error` imports `state` and `vm`. No clap,
+//! plotting, progress bars or KVM here.
 
 // Unsafe code only where a module allows it (below: the unsafe trait
 // GuestRam and its impl for the simulated VM's memory); the workspace's
@@ -36,7 +45,6 @@ pub mod session;
 #[cfg(feature = "sim")]
 #[allow(unsafe_code)] // GuestMemory's impl of the unsafe trait GuestRam
 pub mod sim;
-pub mod snapshot;
 pub mod stages;
 pub mod state;
 pub mod stream_error;

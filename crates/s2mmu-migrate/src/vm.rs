@@ -1,8 +1,10 @@
-//! The VM interface migration and snapshots run over, in the spirit of
-//! cloud-hypervisor's `Pausable`, `Snapshottable` and `Migratable`: a VMM
-//! that implements [`MigratableVm`] for its VM gets pre-copy migration
-//! ([`crate::driver`]) and snapshots ([`crate::snapshot`]) without the
-//! library knowing its vCPUs, devices or memory layout.
+//! The VM interface the session runs over: [`SessionVm`] (guest RAM as
+//! one mapping, [`GuestRam`], and the engine's dirty log), [`GuestRun`]
+//! (stop and go, throttle, pace, counters), and post-copy's
+//! [`PageFetch`]. The older in-process interface, [`MigratableVm`] and
+//! [`Pausable`], is kept only for the Linux post-copy path that has not
+//! moved onto the session yet (its driver and file snapshots are
+//! retired); it goes with that path.
 
 use std::fmt;
 

@@ -2,15 +2,17 @@
 //! array of words with a dirty log of its own and a writer thread as its
 //! guest, migrated to the (simulated) destination over loopback TCP. The
 //! memories must agree by digest; a write the log does not report must
-//! make the migration fail by name (so the check can fail).
+//! make the migration fail by name (so the check can fail). A migration
+//! that fails before the switch (its STATE unreadable here, or refused
+//! there) must leave the guest running here with dirty logging off.
 
 // The test's guest RAM implements the unsafe trait GuestRam.
 #![allow(unsafe_code)]
 
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_migrate::session::dest::DestConfig;
+use s2mmu_migrate::session::dest::{DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
-use s2mmu_migrate::session::source::{run_source, SourceConfig};
+use s2mmu_migrate::session::source::{run_source, SourceConfig, SourceOutcome};
 use s2mmu_migrate::sim::dest::serve;
 use s2mmu_migrate::sim::state::GuestState;
 use s2mmu_migrate::stream_error::MigrateError;
@@ -111,6 +113,18 @@ struct Guest {
     paused: Arc<Mutex<bool>>,
     writes: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    fault: StateFault,
+}
+
+/// A fault in the guest's STATE, to fail a migration before the switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StateFault {
+    /// None: the state the destination resumes.
+    None,
+    /// Reading it fails here (the source's own error).
+    Unreadable,
+    /// Bytes the destination cannot decode (its refusal).
+    Garbage,
 }
 
 impl Guest {
@@ -136,6 +150,7 @@ impl Guest {
             paused: Arc::new(Mutex::new(false)),
             writes: Arc::new(AtomicU64::new(0)),
             stop: Arc::new(AtomicBool::new(false)),
+            fault: StateFault::None,
         };
         let (vm, paused, writes, stop) = (
             g.vm.clone(),
@@ -213,6 +228,13 @@ impl SourceGuest for Guest {
         })
     }
     fn state(&self, _pace: u64) -> Result<Vec<u8>, MigrateError> {
+        match self.fault {
+            StateFault::None => {}
+            StateFault::Unreadable => {
+                return Err(MigrateError::Setup("vCPU 0's state cannot be read".into()))
+            }
+            StateFault::Garbage => return Ok(vec![0xa5; 64]),
+        }
         // What the simulated destination resumes: one vCPU at the start
         // of its region (it runs on there for the test's 50 ms).
         Ok(GuestState {
@@ -237,11 +259,15 @@ impl SourceGuest for Guest {
 /// Per-slot digests: (slot id, digest).
 type Digests = Vec<(u16, u64)>;
 
-/// The source's and the destination's digests at the switch.
-fn migrate(lose_writes: bool) -> Result<(Digests, Digests), MigrateError> {
-    let guest = Guest::start(lose_writes);
+type Ends = (
+    Result<SourceOutcome, MigrateError>,
+    Result<DestOutcome, MigrateError>,
+);
+
+/// Migrates `guest` to a simulated destination over loopback TCP.
+fn run_pair(guest: &Guest) -> Ends {
     let net = NetConfig::plain(Duration::from_secs(10));
-    let listener = transport::bind("127.0.0.1:0")?;
+    let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
     let addr = listener.local();
     let dest_cfg = DestConfig {
         prefault: false,
@@ -255,17 +281,27 @@ fn migrate(lose_writes: bool) -> Result<(Digests, Digests), MigrateError> {
         max_downtime: Duration::from_millis(300),
         ..SourceConfig::default()
     };
-    let src = run_source(&guest, &cfg, &mut |_| {
+    let src = run_source(guest, &cfg, &mut |_| {
         transport::client(transport::connect(&addr, &net)?, &net)
     });
     if src.is_err() {
         dest_cfg.stop.store(true, Ordering::SeqCst);
     }
-    let dst = dest.join().expect("the destination thread");
+    (src, dest.join().expect("the destination thread"))
+}
+
+/// The source's and the destination's digests at the switch.
+fn migrate(lose_writes: bool) -> Result<(Digests, Digests), MigrateError> {
+    let guest = Guest::start(lose_writes);
+    let (src, dst) = run_pair(&guest);
     let s = src?;
     let d = dst?;
     assert!(s.rounds.len() >= 2, "round 0 and the stop-and-copy");
     assert!(d.resumed_at.is_some());
+    assert!(
+        !guest.vm.logging.load(Ordering::SeqCst),
+        "logging ended with the migration"
+    );
     Ok((s.slot_digests, d.slot_digests))
 }
 
@@ -281,5 +317,30 @@ fn a_write_its_dirty_log_loses_fails_the_migration_by_name() {
     match migrate(true) {
         Err(MigrateError::MemoryMismatch { slot: 0, .. }) => {}
         other => panic!("expected the digests to differ, got {other:?}"),
+    }
+}
+
+/// A migration that fails after pre-copy, with the vCPUs paused for the
+/// stop-and-copy (the STATE unreadable here, or refused by the
+/// destination), leaves the guest running here, unlogged.
+#[test]
+fn a_migration_failed_before_the_switch_stops_dirty_logging() {
+    for fault in [StateFault::Unreadable, StateFault::Garbage] {
+        let mut guest = Guest::start(false);
+        guest.fault = fault;
+        let (src, dst) = run_pair(&guest);
+        let e = src.expect_err("the migration fails");
+        eprintln!("{fault:?}: source {e}; destination {dst:?}");
+        assert!(dst.is_err(), "{fault:?}: the destination did not resume");
+        assert!(
+            !guest.vm.logging.load(Ordering::SeqCst),
+            "{fault:?}: dirty logging left on after the failed migration ({e})"
+        );
+        let w0 = guest.writes.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            guest.writes.load(Ordering::Relaxed) > w0,
+            "{fault:?}: the guest runs on here"
+        );
     }
 }

@@ -102,7 +102,7 @@ impl LinuxVm {
 
     /// Sets (or with `None` removes) post-copy's hook: every vCPU's
     /// translation fault in guest RAM calls it before the engine maps the
-    /// page. Set it on a destination before [`s2mmu_migrate::Pausable::resume`].
+    /// page. Set it on a destination before [`super::migrate::LinuxVm::resume_vcpus`].
     pub fn set_page_fetch(&mut self, hook: Option<Arc<dyn PageFetch>>) {
         self.hook = hook;
         if let Ok(r) = self.running() {

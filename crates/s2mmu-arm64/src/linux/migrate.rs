@@ -1,7 +1,11 @@
 //! A Linux VM that can be paused, saved, restored and migrated: the same
 //! guest as [`super::vm::run`] (kernel, device tree, vGIC, UART, PSCI,
-//! every RAM page through the engine's fault path), driven step by step
-//! and implementing [`s2mmu_migrate::MigratableVm`].
+//! every RAM page through the engine's fault path), driven step by step:
+//! [`LinuxVm::pause_vcpus`], [`LinuxVm::guest_state`],
+//! [`LinuxVm::load_guest_state`], [`LinuxVm::resume_vcpus`]. The
+//! migration library's session reaches it through `session_source` and
+//! `session_dest`; the older `s2mmu_migrate::MigratableVm` impl remains
+//! for `postcopy` only.
 //!
 //! A pause kicks every running vCPU; at its next exit the host answers
 //! as usual but with ACT_SAVE, and the stub stores the vCPU's registers
@@ -382,8 +386,14 @@ impl Drop for LinuxVm {
     }
 }
 
-impl Pausable for LinuxVm {
-    fn pause(&mut self) -> std::result::Result<(), VmError> {
+impl LinuxVm {
+    /// Stops every vCPU at an instruction boundary (their registers
+    /// saved); memory and state are then stable.
+    ///
+    /// # Errors
+    /// The VM never ran, a vCPU did not stop in time, or the guest
+    /// stopped with an error.
+    pub fn pause_vcpus(&mut self) -> std::result::Result<(), VmError> {
         let r = self.running()?;
         if self.paused {
             return Ok(());
@@ -409,7 +419,13 @@ impl Pausable for LinuxVm {
         Ok(())
     }
 
-    fn resume(&mut self) -> std::result::Result<(), VmError> {
+    /// Runs the vCPUs again (after a pause, or for the first time after
+    /// [`LinuxVm::load_guest_state`]); returns once the first one executes
+    /// guest code.
+    ///
+    /// # Errors
+    /// The VM has no state, a vCPU did not start, or QEMU died.
+    pub fn resume_vcpus(&mut self) -> std::result::Result<(), VmError> {
         let r = self.running()?;
         if !self.paused {
             return Ok(());
@@ -447,6 +463,8 @@ impl Pausable for LinuxVm {
     }
 }
 
+// The in-process interface, kept only for `postcopy` and `session_run`'s
+// post-copy path (s2mmu_migrate::driver is retired): delete with them.
 impl MigratableVm for LinuxVm {
     fn page_count(&self) -> u64 {
         self.mem / PAGE_SIZE as u64
@@ -496,6 +514,31 @@ impl MigratableVm for LinuxVm {
     }
 
     fn save_state(&mut self) -> std::result::Result<Vec<u8>, VmError> {
+        self.guest_state()
+    }
+
+    fn restore_state(&mut self, bytes: &[u8]) -> std::result::Result<(), VmError> {
+        self.load_guest_state(bytes)
+    }
+}
+
+impl Pausable for LinuxVm {
+    fn pause(&mut self) -> std::result::Result<(), VmError> {
+        self.pause_vcpus()
+    }
+
+    fn resume(&mut self) -> std::result::Result<(), VmError> {
+        self.resume_vcpus()
+    }
+}
+
+impl LinuxVm {
+    /// The vCPU and device state of the paused VM: the versioned,
+    /// checksummed Linux state of `vm_state` (a migration's STATE body).
+    ///
+    /// # Errors
+    /// The VM is not paused, or the state does not encode.
+    pub fn guest_state(&mut self) -> std::result::Result<Vec<u8>, VmError> {
         let r = self.running()?;
         if !self.paused {
             return Err(VmError::new("the VM must be paused to save its state"));
@@ -521,7 +564,15 @@ impl MigratableVm for LinuxVm {
         st.encode().map_err(vmerr)
     }
 
-    fn restore_state(&mut self, bytes: &[u8]) -> std::result::Result<(), VmError> {
+    /// Loads a state [`LinuxVm::guest_state`] made into this paused VM,
+    /// which has not run guest code; it runs from it on
+    /// [`LinuxVm::resume_vcpus`]. Damaged or foreign state is refused
+    /// (naming what is wrong) with the VM unchanged.
+    ///
+    /// # Errors
+    /// The state's decoding error, a VM that is not paused or has run, or
+    /// its vCPU threads not starting.
+    pub fn load_guest_state(&mut self, bytes: &[u8]) -> std::result::Result<(), VmError> {
         if !self.paused {
             return Err(VmError::new("state is restored into a paused VM only"));
         }

@@ -16,11 +16,13 @@
 //! - [`gic`]: the GICv3 distributor and redistributors, list registers.
 //! - [`psci`]: PSCI 1.1 over HVC.
 //! - [`vm`]: the Linux VM ([`vm::run`]), its vCPU threads in `vcpu`.
-//! - [`migrate`]: the same VM paused, saved, restored and migrated
-//!   (`s2mmu_migrate::MigratableVm`); [`vcpu_state`] and [`vm_state`]
+//! - [`migrate`]: the same VM paused, saved and restored (the older
+//!   `s2mmu_migrate::MigratableVm` for [`postcopy`] only); [`vcpu_state`] and [`vm_state`]
 //!   are its state in the migration encoding; [`memory`] its RAM as one
 //!   mapping (bulk copies, the parallel digest); [`postcopy`] the
 //!   stage-2 fault on a page that has not arrived as its request.
+//! - [`run`]: `s2mmu linux`'s runs from plain settings (the guest's
+//!   configuration, the baseline, the verdict, the dirtier's rate per mode).
 //! - [`session_source`] and [`session_dest`]: the same VM behind the
 //!   migration library's session (`s2mmu_migrate::session`), source and
 //!   destination, over any connection (TLS by default in the CLI);
@@ -45,6 +47,7 @@ mod mig_vcpu;
 pub mod migrate;
 pub mod postcopy;
 pub mod psci;
+pub mod run;
 pub mod session_dest;
 pub mod session_run;
 pub mod session_source;

@@ -3,7 +3,7 @@
 //! STATE body (the Linux state of `vm_state`) is decoded and checked
 //! against it before any vCPU starts, and the resumed guest runs from it
 //! with CNTVOFF set so that its virtual time goes on without a jump
-//! (`LinuxVm::restore_state`).
+//! (`LinuxVm::load_guest_state`).
 
 use super::changes::HostChange;
 use super::dirty::{HarvestConfig, LinuxDirty};
@@ -15,7 +15,6 @@ use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun};
 use s2mmu_migrate::wire::{Header, WireFormat};
-use s2mmu_migrate::{MigratableVm, Pausable};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -163,9 +162,9 @@ impl DestGuest for LinuxDestGuest {
     fn start(&self, state: &CheckedState) -> Result<LinuxRunning, MigrateError> {
         {
             let mut vm = self.vm.lock();
-            vm.restore_state(&state.0)
+            vm.load_guest_state(&state.0)
                 .map_err(|e| MigrateError::BadState { why: e.to_string() })?;
-            vm.resume()
+            vm.resume_vcpus()
                 .map_err(|e| MigrateError::BadState { why: e.to_string() })?;
         }
         Ok(LinuxRunning {
@@ -212,7 +211,7 @@ impl ResumedGuest for LinuxRunning {
     fn final_state(&self) -> Vec<u8> {
         // The guest is paused: its whole state (empty if it cannot be
         // read; the source's check of FINAL then refuses it by name).
-        self.vm.lock().save_state().unwrap_or_default()
+        self.vm.lock().guest_state().unwrap_or_default()
     }
 
     fn passes(&self) -> Vec<u64> {

@@ -14,7 +14,6 @@ use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
 use s2mmu_migrate::wire::WireFormat;
-use s2mmu_migrate::{MigratableVm, Pausable};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The backing name a Linux guest's header carries: its RAM is the file
@@ -80,14 +79,14 @@ impl LinuxSessionVm {
     /// Stops every vCPU (a failure is reported and the vCPUs that did
     /// stop stay so).
     pub(super) fn pause_vcpus(&self) {
-        if let Err(e) = self.lock().pause() {
+        if let Err(e) = self.lock().pause_vcpus() {
             eprintln!("linux guest: pause: {e}");
         }
     }
 
     /// Runs the vCPUs again.
     pub(super) fn resume_vcpus(&self) {
-        if let Err(e) = self.lock().resume() {
+        if let Err(e) = self.lock().resume_vcpus() {
             eprintln!("linux guest: resume: {e}");
         }
     }
@@ -116,15 +115,10 @@ impl SessionVm for LinuxSessionVm {
     }
 
     fn enable_dirty_logging(&self) -> Result<(), VmError> {
-        if self.mmu.enable_dirty_logging(vm::RAM_SLOT).is_ok() {
-            return Ok(());
-        }
-        // A migration that failed may have left the log on (the guest
-        // then ran on, logged): start it afresh, since round 0 sends all
-        // memory whatever the log holds.
+        // The session stops the log whenever a migration ends, failed or
+        // not: a log already on here is an error of its own.
         self.mmu
-            .disable_dirty_logging(vm::RAM_SLOT)
-            .and_then(|_| self.mmu.enable_dirty_logging(vm::RAM_SLOT))
+            .enable_dirty_logging(vm::RAM_SLOT)
             .map(|_| ())
             .map_err(vmerr)
     }
@@ -188,6 +182,13 @@ impl LinuxSource {
         LinuxSource {
             vm: Arc::new(LinuxSessionVm::new(vm)),
         }
+    }
+
+    /// The source of a migration (or snapshot) of a guest the session
+    /// holds already: one that came in by a migration
+    /// (`LinuxDest::built`), to migrate it on.
+    pub fn from_session_vm(vm: Arc<LinuxSessionVm>) -> LinuxSource {
+        LinuxSource { vm }
     }
 }
 
@@ -262,7 +263,7 @@ impl SourceGuest for LinuxSource {
     fn state(&self, _pace: u64) -> Result<Vec<u8>, MigrateError> {
         self.vm
             .lock()
-            .save_state()
+            .guest_state()
             .map_err(|e| MigrateError::Setup(format!("the Linux guest's state: {e}")))
     }
 

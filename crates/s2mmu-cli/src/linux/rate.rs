@@ -3,67 +3,27 @@
 //! arguments, back to back, `--runs` times each; the ratio of each mode's
 //! median to the median without logging.
 
-use super::{dirtier_rate, verdict, Params};
+use super::Params;
 use crate::stats::median;
-use s2mmu_arm64::linux::dirty::LinuxDirty;
-use s2mmu_arm64::linux::vm::{self, LinuxConfig};
+use s2mmu_arm64::linux::run::{self, ModeRates};
+use s2mmu_arm64::linux::vm::LinuxConfig;
 use serde_json::json;
 
-const MODES: [(LinuxDirty, &str); 5] = [
-    (LinuxDirty::Off, "off"),
-    (LinuxDirty::Wp, "wp"),
-    (LinuxDirty::Manual, "manual"),
-    (LinuxDirty::Ring, "ring"),
-    (LinuxDirty::Hw, "hw"),
-];
-
-/// One mode's runs.
-struct ModeRates {
-    name: &'static str,
-    pages_per_s: Vec<f64>,
-    harvests: Vec<u64>,
-    lost: u64,
-}
-
 /// Runs the dirtier without logging and under each mode, `p.runs` times
-/// each (the modes interleaved, so that the load drifts over all alike).
+/// each (the library's `run::rate_per_mode`), printing each run's line.
 ///
 /// # Errors
 /// A run that fails, does not power off, loses a page, or whose dirtier
 /// prints no rate.
-pub(super) fn rate_per_mode(p: &Params, mut cfg: LinuxConfig) -> Result<(), String> {
-    let mut rows: Vec<ModeRates> = MODES
-        .iter()
-        .map(|&(_, name)| ModeRates {
-            name,
-            pages_per_s: Vec::new(),
-            harvests: Vec::new(),
-            lost: 0,
-        })
-        .collect();
-    for run in 1..=p.runs {
-        for (row, &(mode, name)) in rows.iter_mut().zip(MODES.iter()) {
-            cfg.dirty.mode = mode;
-            let r = vm::run(&cfg).map_err(|e| format!("{name}: {e}"))?;
-            let mp = Params {
-                dirty: mode,
-                ..p.clone()
-            };
-            verdict(&mp, &r).map_err(|e| format!("{name}: {e}"))?;
-            let rate = dirtier_rate(&r.console)
-                .ok_or_else(|| format!("{name}: the dirtier printed no ok line with its rate"))?;
-            let d = r.dirty.unwrap_or_default();
-            if !p.json {
-                println!(
-                    "run {run} {name}: {rate:.0} pages/s, {} harvests, {} lost",
-                    d.harvests, d.lost
-                );
-            }
-            row.pages_per_s.push(rate);
-            row.harvests.push(d.harvests);
-            row.lost += d.lost;
+pub(super) fn rate_per_mode(p: &Params, cfg: LinuxConfig) -> Result<(), String> {
+    let rows = run::rate_per_mode(cfg, p.runs, &mut |run, name, rate, d| {
+        if !p.json {
+            println!(
+                "run {run} {name}: {rate:.0} pages/s, {} harvests, {} lost",
+                d.harvests, d.lost
+            );
         }
-    }
+    })?;
     report(p, &rows);
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The network session: pre-copy over one or more channels, the
 //! stop-and-copy, post-copy with recovery, the verification of the
-//! destination's memory, and snapshots beside a run.
+//! destination's memory, and snapshots (beside a run, and of a paused guest).
 //!
 //! The source ([`source`]) sends the guest's memory in rounds over the
 //! engine's dirty log until what is left fits the downtime budget, then
@@ -26,13 +26,12 @@ pub mod stats;
 pub mod timeline;
 
 pub mod dest;
-// Still bound to the simulated VM (s2mmu-vm): the lost-write check and
-// snapshots read its engine's dirty views directly.
+// Still bound to the simulated VM (s2mmu-vm): the lost-write check
+// reads its engine's dirty views directly.
 #[cfg(feature = "sim")]
 pub mod checks;
 #[cfg(feature = "sim")]
 pub mod lost_write;
-#[cfg(feature = "sim")]
 pub mod snapshot;
 
 pub use progress::{Progress, ProgressEvent};

@@ -10,7 +10,7 @@
 //! verification, the outcome), `postcopy_switch`, [`outcome`] and
 //! `verify`.
 
-use super::guest::SourceGuest;
+use super::guest::{GuestShape, SourceGuest};
 use super::postcopy::Postcopy;
 use super::replies::{abort_and_reason, read_reply, unexpected_reply, Connect};
 use super::timeline::Timeline;
@@ -53,14 +53,7 @@ pub fn run_source<G: SourceGuest>(
     cfg: &SourceConfig,
     connect: &mut Connect<'_>,
 ) -> Result<SourceOutcome, MigrateError> {
-    config::validate(cfg)?;
-    let shape = guest.shape();
-    config::validate_shape(&shape)?;
-    if cfg.postcopy != Postcopy::Off && !guest.supports_postcopy() {
-        return Err(MigrateError::Setup(
-            "post-copy: this guest cannot check a post-copy destination's memory".into(),
-        ));
-    }
+    let shape = check_run(guest, cfg)?;
     let vm = guest.vm();
     let timeline = Timeline::start(guest.counter_source(), cfg.sample_every);
     let pace = guest.pace();
@@ -80,49 +73,87 @@ pub fn run_source<G: SourceGuest>(
     let at_log = counters(guest);
     vm.enable_dirty_logging()
         .map_err(|e| MigrateError::Setup(format!("enabling dirty logging: {e}")))?;
-    let mut hook = match guest.begin_hook() {
-        Ok(h) => h,
-        Err(e) => {
-            let _ = vm.disable_dirty_logging();
-            return Err(abort_and_reason(e, &mut s.chans[0].wire));
+    // Whatever ends the run from here (done, refused, an I/O error, a
+    // timeout), the log and the convergence help are the migration's:
+    // they stop with it, so that a guest left here runs on as before.
+    let ended = 'run: {
+        let mut hook = match guest.begin_hook() {
+            Ok(h) => h,
+            Err(e) => break 'run Err(abort_and_reason(e, &mut s.chans[0].wire)),
+        };
+        let mut pre = Precopy::new(cfg, guest, &timeline, &shape, link, pace, log_start);
+        let result = pre.run(&mut s, &mut hook);
+        let Precopy {
+            rounds,
+            round,
+            throttle_pct,
+            max_throttle,
+            switch,
+            ..
+        } = pre;
+        let final_pace = guest.pace();
+        if let Err(e) = result {
+            // The guest stays here: unthrottled while the destination's
+            // reason is awaited.
+            guest.set_throttle_ns(0);
+            break 'run Err(abort_and_reason(e, &mut s.chans[0].wire));
+        }
+        let end = PrecopyEnd {
+            guest,
+            s: &mut s,
+            final_pace,
+            round,
+            max_throttle,
+            rounds,
+            timeline,
+            log_start,
+            log_start_s,
+            warm,
+            warm_end,
+            warm_end_s,
+            at_log,
+            link,
+            link_bytes,
+            cfg,
+        };
+        if switch {
+            postcopy_switch::run(end, pc_conns, connect, session)
+        } else {
+            stop_copy::run(end, hook, throttle_pct)
         }
     };
-    let mut pre = Precopy::new(cfg, guest, &timeline, &shape, link, pace, log_start);
-    let result = pre.run(&mut s, &mut hook);
-    let Precopy {
-        rounds,
-        round,
-        throttle_pct,
-        max_throttle,
-        switch,
-        ..
-    } = pre;
-    let final_pace = guest.pace();
-    if let Err(e) = result {
-        return Err(abort(e, &mut s, guest));
+    stand_down(guest, pace);
+    ended
+}
+
+/// Checks the settings and the guest's shape before anything starts.
+///
+/// # Errors
+/// [`MigrateError::Setup`] naming what is wrong.
+fn check_run<G: SourceGuest>(guest: &G, cfg: &SourceConfig) -> Result<GuestShape, MigrateError> {
+    config::validate(cfg)?;
+    let shape = guest.shape();
+    config::validate_shape(&shape)?;
+    if cfg.postcopy != Postcopy::Off && !guest.supports_postcopy() {
+        return Err(MigrateError::Setup(
+            "post-copy: this guest cannot check a post-copy destination's memory".into(),
+        ));
     }
-    let end = PrecopyEnd {
-        guest,
-        s: &mut s,
-        final_pace,
-        round,
-        max_throttle,
-        rounds,
-        timeline,
-        log_start,
-        log_start_s,
-        warm,
-        warm_end,
-        warm_end_s,
-        at_log,
-        link,
-        link_bytes,
-        cfg,
-    };
-    if switch {
-        return postcopy_switch::run(end, pc_conns, connect, session);
+    Ok(shape)
+}
+
+/// The migration ended (the guest went on at the destination, or stays
+/// here): lifts the throttle, gives the vCPUs their pace from before the
+/// run, and stops dirty logging, so that a guest that stays here runs as
+/// before and a later migration can start logging afresh.
+fn stand_down<G: SourceGuest>(guest: &G, pace: u64) {
+    guest.set_throttle_ns(0);
+    if guest.pace() != pace {
+        guest.set_pace(pace);
     }
-    stop_copy::run(end, hook, throttle_pct)
+    if let Err(e) = guest.vm().disable_dirty_logging() {
+        eprintln!("source: stopping dirty logging after the migration: {e}");
+    }
 }
 
 /// The link figure before the migration (no guest, no checksum): bytes
@@ -148,15 +179,6 @@ fn probe_link<V: SessionVm>(
         ));
     }
     Ok((link_bytes, link))
-}
-
-/// Pre-copy failed: the guest stays on the source. Tells the destination,
-/// which must not resume it, lifts the throttle, stops dirty logging, and
-/// returns the error to report (the destination's reason when it gave up).
-fn abort<G: SourceGuest>(e: MigrateError, s: &mut Sender<'_, G::Vm>, guest: &G) -> MigrateError {
-    guest.set_throttle_ns(0);
-    let _ = guest.vm().disable_dirty_logging();
-    abort_and_reason(e, &mut s.chans[0].wire)
 }
 
 /// The main connection (header sent, ACCEPT read), the further data

@@ -68,6 +68,9 @@ pub enum SnapshotError {
     TooMany { limit: u64 },
     /// The engine refused a dirty-view call.
     Engine(String),
+    /// The guest refuses what the snapshot holds, or the snapshot does not
+    /// fit the guest built for it (`path`: the state file).
+    Guest { path: PathBuf, why: String },
     /// Restoring the guest the file describes needs more memory than this
     /// host has available (checked, and allocated fallibly, before any).
     NoMemory {
@@ -112,6 +115,7 @@ impl fmt::Display for SnapshotError {
                 write!(f, "more than {limit} snapshots in one run")
             }
             SnapshotError::Engine(e) => write!(f, "dirty view: {e}"),
+            SnapshotError::Guest { path, why } => write!(f, "{}: {why}", path.display()),
             SnapshotError::NoMemory {
                 path,
                 bytes,
@@ -402,7 +406,7 @@ fn read_header(
 /// device or a socket named like a snapshot is refused without blocking
 /// (it is opened non-blocking, and checked on the open descriptor, so it
 /// cannot be swapped in between).
-fn open_regular(path: &Path) -> Result<File, SnapshotError> {
+pub(crate) fn open_regular(path: &Path) -> Result<File, SnapshotError> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)

@@ -4,7 +4,9 @@
 //! one guest geometry).
 
 use super::format::{io, read_into, SlotGeom, SnapshotError};
+#[cfg(feature = "sim")]
 use s2mmu::memslot::MemslotStore;
+#[cfg(feature = "sim")]
 use s2mmu_vm::{Vm, VmFormat};
 use std::path::{Path, PathBuf};
 
@@ -108,6 +110,7 @@ pub fn restore(dir: &Path, max_mem: u64) -> Result<Restored, SnapshotError> {
 
 /// Pages of `r` that differ from `vm`'s memory now, and the guest address
 /// of the first; a slot of one missing from the other counts all its pages.
+#[cfg(feature = "sim")]
 pub fn differing_pages<S: MemslotStore, F: VmFormat>(
     r: &Restored,
     vm: &Vm<S, F>,
