@@ -8,12 +8,13 @@
 use super::changes::HostChange;
 use super::dirty::{HarvestConfig, LinuxDirty};
 use super::migrate::LinuxVm;
+use super::session_postcopy::{untouched_digest, LinuxFinal};
 use super::session_source::{LinuxSessionVm, LINUX_BACKING};
 use super::vm::{self, LinuxConfig};
 use super::vm_state::LinuxState;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::vm::{GuestCounters, GuestRun};
+use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
 use s2mmu_migrate::wire::{Header, WireFormat};
 use s2mmu_migrate::{MigratableVm, Pausable};
 use std::path::PathBuf;
@@ -210,9 +211,23 @@ impl GuestRun for LinuxRunning {
 
 impl ResumedGuest for LinuxRunning {
     fn final_state(&self) -> Vec<u8> {
-        // The guest is paused: its whole state (empty if it cannot be
-        // read; the source's check of FINAL then refuses it by name).
-        self.vm.lock().save_state().unwrap_or_default()
+        // The guest is paused: its whole state, the pages it wrote since
+        // the resume and the digest of the others (empty if any cannot be
+        // had; the source's check of FINAL then refuses it by name).
+        let state = self.vm.lock().save_state();
+        let written = self.vm.take_written();
+        let (Ok(state), Ok(written)) = (state, written) else {
+            return Vec::new();
+        };
+        match untouched_digest(self.vm.ram(), &written) {
+            Ok(untouched) => LinuxFinal {
+                state,
+                written,
+                untouched,
+            }
+            .encode(),
+            Err(_) => Vec::new(),
+        }
     }
 
     fn passes(&self) -> Vec<u64> {

@@ -1,27 +1,25 @@
 //! A whole migration of the Linux guest, as `s2mmu migrate --guest linux`
 //! runs it: machine A booted with a guest program, its guest moved to
-//! machine B (pre-copy through the migration library's session, in one
-//! process over loopback or to another process; or by [`postcopy`]), and
-//! the proof that the guest went on: B's console continues A's counter
-//! step by step (or B's dirtier prints its `ok`), and A's guest never
-//! prints again.
+//! machine B through the migration library's session (pre-copy, or
+//! post-copy after round 0 or when pre-copy does not converge: B's
+//! stage-2 fault on a page that has not arrived is its request), in one
+//! process over loopback or to another process, and the proof that the
+//! guest went on: B's console continues A's counter step by step (or B's
+//! dirtier prints its `ok`), and A's guest never prints again.
 //!
 //! The settings are plain values ([`RunSettings`]); the caller (the CLI)
 //! parses flags into them and prints the figures it gets back
 //! ([`LinuxRun`], [`Listened`]).
-//!
-//! [`postcopy`]: super::postcopy
 
 use super::assets::LinuxAssets;
 use super::dirty::{HarvestConfig, LinuxDirty};
 use super::migrate::LinuxVm;
-use super::postcopy::{migrate_postcopy, PostcopyPolicy, PostcopyReport};
 use super::session_dest::LinuxDest;
 use super::session_source::{LinuxSessionVm, LinuxSource};
 use super::vm::LinuxConfig;
-use s2mmu_migrate::driver::Policy;
 use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::SourceGuest;
+use s2mmu_migrate::session::postcopy::{Postcopy, PostcopyOutcome};
 use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
 use s2mmu_migrate::transport::{self as net, NetConfig};
 use s2mmu_migrate::{MigratableVm, Pausable};
@@ -47,12 +45,12 @@ pub enum GuestProgram {
     Dirtier,
 }
 
-/// How the guest is moved in one process.
+/// When the session switches to post-copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PostcopyMode {
-    /// Post-copy after one pre-copy pass.
+    /// Post-copy after round 0 (one pre-copy pass).
     On,
-    /// Pre-copy as [`Policy::default`] says, post-copy if it does not
+    /// Pre-copy as the session's policy says, post-copy if it does not
     /// converge.
     Auto,
 }
@@ -68,8 +66,8 @@ pub struct RunSettings {
     pub mem: u64,
     /// The program the guest runs.
     pub program: GuestProgram,
-    /// `None`: pre-copy through the session; otherwise post-copy (one
-    /// process only).
+    /// `None`: pre-copy only; otherwise when the session switches to
+    /// post-copy (it overrides `session.postcopy`).
     pub postcopy: Option<PostcopyMode>,
     /// The source's session settings.
     pub session: SourceConfig,
@@ -95,8 +93,9 @@ pub enum RunDetails {
         /// Of those, zero pages.
         zero_pages: u64,
     },
-    /// By post-copy.
-    Postcopy(PostcopyReport),
+    /// Through the session, ending in post-copy: the session's figures
+    /// of it (the destination's FINAL among them).
+    Postcopy(PostcopyOutcome),
 }
 
 /// How the destination's guest showed it went on.
@@ -184,10 +183,15 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
 }
 
 /// The session's settings of `s` with the harvest the Linux VM's dirty log
-/// needs (GET and CLEAR of bitmaps).
+/// needs (GET and CLEAR of bitmaps) and `s.postcopy`'s switch.
 pub fn session_config(s: &RunSettings) -> SourceConfig {
     let mut cfg = s.session.clone();
     cfg.harvest = Harvest::Bitmap;
+    cfg.postcopy = match s.postcopy {
+        None => Postcopy::Off,
+        Some(PostcopyMode::On) => Postcopy::On,
+        Some(PostcopyMode::Auto) => Postcopy::Auto,
+    };
     cfg
 }
 
@@ -262,43 +266,17 @@ fn session_run(s: &SourceOutcome, state_bytes: usize) -> LinuxRun {
         round_ms: pre.iter().map(|r| (r.end_s - r.start_s) * 1e3).collect(),
         final_pages: fin.iter().map(|r| r.pages).sum(),
         state_bytes,
-        details: RunDetails::Session {
-            channels: s.channels,
-            link: s.link,
-            page_records: s.page_records,
-            zero_pages: s.zero_pages,
+        details: match &s.postcopy {
+            Some(pc) => RunDetails::Postcopy(pc.clone()),
+            None => RunDetails::Session {
+                channels: s.channels,
+                link: s.link,
+                page_records: s.page_records,
+                zero_pages: s.zero_pages,
+            },
         },
         went_on: None,
     }
-}
-
-/// Moves A's guest to B by post-copy as `mode` says.
-fn switch_postcopy(
-    mode: PostcopyMode,
-    a: &mut LinuxVm,
-    b: &mut LinuxVm,
-) -> Result<LinuxRun, String> {
-    let pc = Policy::default();
-    let policy = match mode {
-        PostcopyMode::On => PostcopyPolicy {
-            precopy_passes: 1,
-            switch_below_pages: 0,
-        },
-        PostcopyMode::Auto => PostcopyPolicy {
-            precopy_passes: 1 + pc.max_rounds,
-            switch_below_pages: pc.switch_below_pages,
-        },
-    };
-    let r = migrate_postcopy(a, b, &policy).map_err(|e| e.to_string())?;
-    Ok(LinuxRun {
-        downtime: r.downtime,
-        round_pages: r.rounds.iter().map(|x| x.0).collect(),
-        round_ms: r.rounds.iter().map(|x| x.1.as_secs_f64() * 1e3).collect(),
-        final_pages: r.final_pages,
-        state_bytes: r.state_bytes,
-        details: RunDetails::Postcopy(r),
-        went_on: None,
-    })
 }
 
 /// Boots machine A and waits until its guest program runs.
@@ -321,18 +299,14 @@ pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, String
 }
 
 /// One migration in this process: boot A, run its program, move its guest
-/// to B (through the session over loopback, or by post-copy), check that
-/// B's guest goes on and A's not, shut B down.
+/// to B through the session over loopback (pre-copy, or post-copy as
+/// `s.postcopy` says), check that B's guest goes on and A's not, shut B
+/// down.
 ///
 /// # Errors
 /// A machine failing, a failed migration, the guest not going on, as text.
 pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, String> {
-    let mut a = boot_source(s, cfg)?;
-    if let Some(mode) = s.postcopy {
-        let mut b = LinuxVm::blank(cfg).map_err(|e| format!("machine B: {e}"))?;
-        let run = switch_postcopy(mode, &mut a, &mut b)?;
-        return goes_on(s, &a, &mut b, run);
-    }
+    let a = boot_source(s, cfg)?;
     let src = LinuxSource::new(a);
     let (o, _d, b) = in_process(s, &src, cfg)?;
     let mut a = src.vm().lock();

@@ -142,7 +142,7 @@ pub(crate) struct Shared {
     pub(crate) deadline: Instant,
     pub(crate) log: Mutex<Vec<String>>,
     /// Post-copy's hook: called on a translation fault in RAM first.
-    pub(crate) page_fetch: super::postcopy::HookSlot,
+    pub(crate) page_fetch: super::page_fetch::HookSlot,
 }
 
 /// Lines of the host's log kept (the rest are counted).

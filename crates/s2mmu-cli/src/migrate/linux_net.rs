@@ -49,6 +49,19 @@ pub fn listen(s: &RunSettings, cfg: &LinuxConfig, addr: &str) -> Result<(), Stri
         .iter()
         .map(|(id, v)| format!("slot {id}: {v:#018x}"))
         .collect();
+    if let Some(f) = &l.outcome.postcopy {
+        println!(
+            "destination: post-copy: {} pages missing at the resume, {} requests (stage-2 \
+             faults), {} pages answered and {} streamed, the last {:.1} ms after the resume, \
+             {} recoveries",
+            f.missing_pages,
+            f.requests,
+            f.answered_pages,
+            f.background_pages,
+            f.time_to_last_page_ns as f64 / 1e6,
+            f.recoveries
+        );
+    }
     println!(
         "destination: received {} page records over {} channel(s), resumed the Linux guest \
          (memory digests {}); counter step {} was the first the destination's guest began, \
