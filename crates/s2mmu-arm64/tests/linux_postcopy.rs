@@ -20,7 +20,9 @@
 mod common;
 
 use common::counter::{config, counter_lines, wait_lines};
-use s2mmu_arm64::linux::session_run::steps;
+use s2mmu_arm64::linux::session_run::{
+    self, steps, GuestProgram, PostcopyMode, RunDetails, RunSettings, WentOn,
+};
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::page_fetch::PageFetch;
 use s2mmu_arm64::linux::session_dest::LinuxDest;
@@ -286,4 +288,60 @@ fn missing_page_that_cannot_come_stops_the_destination() {
     vm_a.resume().expect("A resumes");
     let n = common::counter::counter_lines(&a1).len();
     wait_lines(&vm_a, 0, n + 2, "A after B failed");
+}
+
+/// The guest writing as fast as it can (the `dirtier`: 64 MiB of
+/// anonymous memory and 8 of tmpfs, every page re-checked) with
+/// `--postcopy auto` as `s2mmu migrate --guest linux` runs it in one
+/// process. A downtime budget of 1 ms keeps pre-copy from converging, so
+/// the session switches to post-copy after its third round at the
+/// latest; the migration must complete, the source's check of FINAL
+/// pass, and the dirtier on B print its `ok` (every page it re-checked
+/// held what it wrote, across the switch).
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn dirtier_with_postcopy_auto_completes() {
+    let _one = common::serial();
+    let Some(a) = common::linux_assets() else {
+        return;
+    };
+    let s = RunSettings {
+        vcpus: 2,
+        mem: 256 << 20,
+        program: GuestProgram::Dirtier,
+        postcopy: Some(PostcopyMode::Auto),
+        session: SourceConfig {
+            max_downtime: Duration::from_millis(1),
+            max_rounds: 3,
+            ..SourceConfig::default()
+        },
+        dest: DestConfig::with_run_after(Duration::from_millis(300)),
+        net: NetConfig {
+            io_timeout: Duration::from_secs(120),
+            security: transport::ephemeral_tls().expect("an ephemeral identity"),
+        },
+        attempts: 1,
+    };
+    let cfg = session_run::linux_config(&s, &a);
+    let r = session_run::migrate_once(&s, &cfg).expect("the migration and the dirtier's check");
+    eprintln!("dirtier, --postcopy auto: {r:?}");
+    let RunDetails::Postcopy(pc) = &r.details else {
+        panic!("pre-copy converged within 1 ms of downtime: {r:?}");
+    };
+    assert!(
+        (1..=3).contains(&pc.after_round),
+        "auto switched after pre-copy rounds: {pc:?}"
+    );
+    assert_eq!(
+        pc.figures.background_pages + pc.figures.answered_pages,
+        pc.figures.missing_pages,
+        "each missing page landed once"
+    );
+    match &r.went_on {
+        Some(WentOn::DirtierOk(ok)) => assert!(ok.contains("s2mmu-dirtier: ok"), "{ok}"),
+        other => panic!("B's dirtier: {other:?}"),
+    }
 }

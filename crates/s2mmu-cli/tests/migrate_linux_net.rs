@@ -132,7 +132,11 @@ fn two_processes(src_args: &[&str]) -> TwoRuns {
     assert!(src.status.success(), "{all}");
     assert!(d.status.success(), "{all}");
     assert!(src_err.contains("mutual TLS"), "{all}");
-    TwoRuns { src_err, d_out, all }
+    TwoRuns {
+        src_err,
+        d_out,
+        all,
+    }
 }
 
 /// The source's guest had counted, and the destination's began at the

@@ -132,9 +132,10 @@ pub struct LinuxRun {
 pub struct Listened {
     /// The session's outcome on this side.
     pub outcome: DestOutcome,
-    /// The first counter step the destination's guest began.
-    pub first_step: u64,
-    /// Steps begun after it, in order.
+    /// How the destination's guest went on: the first counter step it
+    /// began, or the dirtier's `ok`.
+    pub went_on: WentOn,
+    /// Counter steps begun after the first, in order (0 for the dirtier).
     pub more_steps: usize,
 }
 
@@ -318,6 +319,19 @@ pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, Stri
     goes_on(s, &a, &mut b, run)
 }
 
+/// Waits for the dirtier's `ok` line on `vm`'s console (`what` names the
+/// machine in errors).
+fn dirtier_ok(vm: &LinuxVm, what: &str) -> Result<WentOn, String> {
+    let ok = wait_for(vm, what, |t| {
+        // Whole lines only: the console may be read mid-line.
+        t[..t.rfind('\n').map_or(0, |i| i + 1)]
+            .lines()
+            .find(|l| l.contains("s2mmu-dirtier: ok"))
+            .map(str::to_string)
+    })?;
+    Ok(WentOn::DirtierOk(ok.trim().to_string()))
+}
+
 /// Checks that B's guest goes on from where A's stopped, and A's not.
 fn goes_on(
     s: &RunSettings,
@@ -327,14 +341,7 @@ fn goes_on(
 ) -> Result<LinuxRun, String> {
     let a_text = a.console().contents();
     if s.program == GuestProgram::Dirtier {
-        let ok = wait_for(b, "machine B", |t| {
-            // Whole lines only: the console may be read mid-line.
-            t[..t.rfind('\n').map_or(0, |i| i + 1)]
-                .lines()
-                .find(|l| l.contains("s2mmu-dirtier: ok"))
-                .map(str::to_string)
-        })?;
-        run.went_on = Some(WentOn::DirtierOk(ok.trim().to_string()));
+        run.went_on = Some(dirtier_ok(b, "machine B")?);
     } else {
         let at_switch = steps(&a_text).last().copied().unwrap_or(0);
         wait_for(b, "machine B", |t| {
@@ -425,8 +432,8 @@ pub fn source_to(
 
 /// `--listen ADDR`: serves one migration into a QEMU machine this process
 /// starts from the HEADER (up to `s.attempts` sources), runs the guest on
-/// and checks its counter goes on step by step; `on` hears of the bind
-/// and of each failed attempt.
+/// and checks its counter goes on step by step (or, with the dirtier,
+/// waits for its `ok`); `on` hears of the bind and of each failed attempt.
 ///
 /// # Errors
 /// Binding, every attempt failing, the guest not going on.
@@ -467,19 +474,24 @@ pub fn listen(
     let mut vm = b.lock();
     vm.resume()
         .map_err(|e| format!("the destination's guest: {e}"))?;
-    let first_step = wait_for(&vm, "the destination", |t| {
-        let s = begun_steps(t);
-        (s.len() >= 2).then(|| s[0])
-    })?;
-    let steps = begun_steps(&vm.console().contents());
-    if steps.windows(2).any(|w| w[1] != w[0] + 1) {
-        return Err(format!("the destination's counter skips: {steps:?}"));
-    }
+    let (went_on, more_steps) = if s.program == GuestProgram::Dirtier {
+        (dirtier_ok(&vm, "the destination")?, 0)
+    } else {
+        let first_step = wait_for(&vm, "the destination", |t| {
+            let s = begun_steps(t);
+            (s.len() >= 2).then(|| s[0])
+        })?;
+        let steps = begun_steps(&vm.console().contents());
+        if steps.windows(2).any(|w| w[1] != w[0] + 1) {
+            return Err(format!("the destination's counter skips: {steps:?}"));
+        }
+        (WentOn::CounterStep(first_step), steps.len() - 1)
+    };
     vm.shut_down()
         .map_err(|e| format!("the destination's guest: {e}"))?;
     Ok(Listened {
         outcome,
-        first_step,
-        more_steps: steps.len() - 1,
+        went_on,
+        more_steps,
     })
 }

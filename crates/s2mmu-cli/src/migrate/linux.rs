@@ -52,48 +52,47 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
 
 /// A run's `details` in the JSON report and its summary line.
 fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
-    let (extra, mut line) =
-        match &r.details {
-            RunDetails::Session {
-                channels,
-                link,
-                page_records,
-                zero_pages,
-            } => (
-                serde_json::json!({"security": s.net.security.describe(),
+    let (extra, mut line) = match &r.details {
+        RunDetails::Session {
+            channels,
+            link,
+            page_records,
+            zero_pages,
+        } => (
+            serde_json::json!({"security": s.net.security.describe(),
                 "channels": channels, "link_bytes_per_s": link,
                 "page_records": page_records, "zero_pages": zero_pages}),
-                format!(
+            format!(
                 "through the session, {} over {channels} channel(s); the destination's digests \
                  equal the source's",
                 s.net.security.describe()
             ),
-            ),
-            RunDetails::Postcopy(pc) => {
-                let f = &pc.figures;
-                (
-                    serde_json::json!({"security": s.net.security.describe(),
+        ),
+        RunDetails::Postcopy(pc) => {
+            let f = &pc.figures;
+            (
+                serde_json::json!({"security": s.net.security.describe(),
                 "after_round": pc.after_round, "missing": f.missing_pages,
                 "requests": f.requests, "remote_faults": f.remote_faults,
                 "answered_pages": f.answered_pages, "background_pages": f.background_pages,
                 "dropped_duplicates": f.dropped_duplicates, "recoveries": pc.recoveries,
                 "postcopy_ms": f.time_to_last_page_ns as f64 / 1e6}),
-                    format!(
-                        "through the session, {}; post-copy after round {}: {} pages missing at \
+                format!(
+                    "through the session, {}; post-copy after round {}: {} pages missing at \
                          the resume, {} requests (stage-2 faults), {} pages answered and {} \
                          streamed in {:.1} ms; the pages B's guest did not write equal the \
                          source's",
-                        s.net.security.describe(),
-                        pc.after_round,
-                        f.missing_pages,
-                        f.requests,
-                        f.answered_pages,
-                        f.background_pages,
-                        f.time_to_last_page_ns as f64 / 1e6
-                    ),
-                )
-            }
-        };
+                    s.net.security.describe(),
+                    pc.after_round,
+                    f.missing_pages,
+                    f.requests,
+                    f.answered_pages,
+                    f.background_pages,
+                    f.time_to_last_page_ns as f64 / 1e6
+                ),
+            )
+        }
+    };
     match &r.went_on {
         Some(WentOn::DirtierOk(ok)) => line += &format!("; B: {ok}"),
         Some(WentOn::CounterStep(n)) => line += &format!("; B went on at counter step {n}"),

@@ -5,7 +5,9 @@
 //! prints what each side saw.
 
 use s2mmu_arm64::linux::migrate::LinuxVm;
-use s2mmu_arm64::linux::session_run::{self, LinuxRun, ListenEvent, RunSettings};
+use s2mmu_arm64::linux::session_run::{
+    self, GuestProgram, LinuxRun, ListenEvent, RunSettings, WentOn,
+};
 use s2mmu_arm64::linux::vm::LinuxConfig;
 
 /// `--to ADDR`: migrates the guest `a` (booted here) to `addr`.
@@ -14,9 +16,14 @@ use s2mmu_arm64::linux::vm::LinuxConfig;
 /// A failed migration, the source's guest printing after the switch.
 pub fn source_to(s: &RunSettings, addr: &str, a: LinuxVm) -> Result<LinuxRun, String> {
     session_run::source_to(s, addr, a, &mut |o, last| {
+        let guest = match s.program {
+            GuestProgram::Counter => {
+                format!("; counter step {last} was the last the source's guest began")
+            }
+            GuestProgram::Dirtier => String::new(),
+        };
         eprintln!(
-            "source: migrated to {addr} ({}); downtime {:.1} ms; counter step {last} was the \
-             last the source's guest began",
+            "source: migrated to {addr} ({}); downtime {:.1} ms{guest}",
             s.net.security.describe(),
             o.downtime.as_secs_f64() * 1e3
         )
@@ -62,15 +69,20 @@ pub fn listen(s: &RunSettings, cfg: &LinuxConfig, addr: &str) -> Result<(), Stri
             f.recoveries
         );
     }
+    let went_on = match &l.went_on {
+        WentOn::CounterStep(n) => format!(
+            "counter step {n} was the first the destination's guest began, then {} more in \
+             order",
+            l.more_steps
+        ),
+        WentOn::DirtierOk(ok) => format!("the destination's guest printed \"{ok}\""),
+    };
     println!(
         "destination: received {} page records over {} channel(s), resumed the Linux guest \
-         (memory digests {}); counter step {} was the first the destination's guest began, \
-         then {} more in order",
+         (memory digests {}); {went_on}",
         l.outcome.page_records,
         l.outcome.channels,
         digests.join(", "),
-        l.first_step,
-        l.more_steps
     );
     Ok(())
 }
