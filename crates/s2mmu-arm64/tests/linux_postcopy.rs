@@ -20,13 +20,13 @@
 mod common;
 
 use common::counter::{config, counter_lines, wait_lines};
-use s2mmu_arm64::linux::session_run::{
-    self, steps, GuestProgram, PostcopyMode, RunDetails, RunSettings, WentOn,
-};
+use s2mmu_arm64::linux::memory::LinuxRam;
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::page_fetch::PageFetch;
 use s2mmu_arm64::linux::session_dest::LinuxDest;
-use s2mmu_arm64::linux::memory::LinuxRam;
+use s2mmu_arm64::linux::session_run::{
+    self, steps, GuestProgram, PostcopyMode, RunDetails, RunSettings, WentOn,
+};
 use s2mmu_arm64::linux::session_source::{LinuxSessionVm, LinuxSource};
 use s2mmu_arm64::linux::vm::{StopReason, RAM_SLOT};
 use s2mmu_migrate::session::dest::{serve_with, DestConfig};
@@ -64,7 +64,11 @@ impl SessionVm for EveryPageDirty {
         let pages = self.0.ram().size() / 4096;
         for (i, w) in bitmap.iter_mut().enumerate() {
             let left = pages.saturating_sub(i as u64 * 64);
-            *w = if left >= 64 { u64::MAX } else { (1 << left) - 1 };
+            *w = if left >= 64 {
+                u64::MAX
+            } else {
+                (1 << left) - 1
+            };
         }
         Ok(())
     }
@@ -182,7 +186,10 @@ fn linux_guest_goes_on_by_postcopy_through_the_session() {
     }
     let d = served.join().expect("the destination thread");
     let (s, d) = (s.expect("the source's side"), d.expect("B's side"));
-    let pc = s.postcopy.clone().expect("the source switched to post-copy");
+    let pc = s
+        .postcopy
+        .clone()
+        .expect("the source switched to post-copy");
     let f = &pc.figures;
     eprintln!(
         "A -> B by post-copy after round {}: downtime {:?}, {f:?}",
@@ -223,7 +230,10 @@ fn linux_guest_goes_on_by_postcopy_through_the_session() {
     // joined: every step once, in order, across the switch.
     let all = steps(&format!("{a_text}{b1}"));
     let last_a = steps(&a_text).last().copied().expect("A counted");
-    assert!(all.iter().any(|&n| n > last_a + 3), "B did not go on: {all:?}");
+    assert!(
+        all.iter().any(|&n| n > last_a + 3),
+        "B did not go on: {all:?}"
+    );
     assert!(
         all.windows(2).all(|w| w[1] == w[0] + 1) && all[0] == 1,
         "the counter's steps across the switch: {all:?}"

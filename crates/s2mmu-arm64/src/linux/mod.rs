@@ -25,7 +25,8 @@
 //!   migration library's session (`s2mmu_migrate::session`), source and
 //!   destination, over any connection (TLS by default in the CLI);
 //!   [`session_run`] a whole run of `s2mmu migrate --guest linux` with
-//!   them: boot, migrate, check that the guest went on;
+//!   them: boot, migrate, check that the guest went on ([`run_error`]
+//!   why it failed);
 //!   [`session_postcopy`] what a post-copy destination reports in FINAL
 //!   and the source's check of it.
 
@@ -46,6 +47,7 @@ mod mig_vcpu;
 pub mod migrate;
 pub mod page_fetch;
 pub mod psci;
+pub mod run_error;
 pub mod session_dest;
 pub mod session_postcopy;
 pub mod session_run;

@@ -14,6 +14,7 @@
 use super::assets::LinuxAssets;
 use super::dirty::{HarvestConfig, LinuxDirty};
 use super::migrate::LinuxVm;
+pub use super::run_error::LinuxRunError;
 use super::session_dest::LinuxDest;
 use super::session_source::{LinuxSessionVm, LinuxSource};
 use super::vm::LinuxConfig;
@@ -21,6 +22,7 @@ use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::session::postcopy::{Postcopy, PostcopyOutcome};
 use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
+use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self as net, NetConfig};
 use s2mmu_migrate::{MigratableVm, Pausable};
 use std::sync::atomic::Ordering;
@@ -204,6 +206,19 @@ pub fn dest_config(s: &RunSettings) -> DestConfig {
     d
 }
 
+/// [`LinuxRunError::Machine`] of `machine` with `error`.
+fn machine(machine: &'static str, error: impl std::fmt::Display) -> LinuxRunError {
+    LinuxRunError::Machine {
+        machine,
+        error: error.to_string(),
+    }
+}
+
+/// [`LinuxRunError::Session`] of `side` with `error`.
+fn session(side: &'static str, error: MigrateError) -> LinuxRunError {
+    LinuxRunError::Session { side, error }
+}
+
 fn dest_factory(cfg: &LinuxConfig) -> Arc<LinuxDest> {
     Arc::new(LinuxDest::new(cfg.echo, cfg.timeout))
 }
@@ -231,27 +246,37 @@ pub fn begun_steps(text: &str) -> Vec<u64> {
 /// Waits until `vm`'s console shows what `done` finds (its value).
 ///
 /// # Errors
-/// A FAIL line of a guest program, the guest stopping, or 900 s, each
-/// named with `what`.
+/// [`LinuxRunError::GuestCheck`] for a FAIL line of a guest program,
+/// [`LinuxRunError::GuestStopped`], [`LinuxRunError::Timeout`] after
+/// 900 s, each naming the machine `what`.
 pub fn wait_for<T>(
     vm: &LinuxVm,
-    what: &str,
+    what: &'static str,
     done: impl Fn(&str) -> Option<T>,
-) -> Result<T, String> {
+) -> Result<T, LinuxRunError> {
     let t = Instant::now();
     loop {
         let text = vm.console().contents();
         if let Some(l) = text.lines().find(|l| l.contains(": FAIL")) {
-            return Err(format!("{what}: the guest program failed its check: {l}"));
+            return Err(LinuxRunError::GuestCheck {
+                machine: what,
+                line: l.to_string(),
+            });
         }
         if let Some(v) = done(&text) {
             return Ok(v);
         }
         if let Some(r) = vm.stopped() {
-            return Err(format!("{what}: the guest stopped ({r:?})"));
+            return Err(LinuxRunError::GuestStopped {
+                machine: what,
+                reason: format!("{r:?}"),
+            });
         }
         if t.elapsed() > WAIT_LIMIT {
-            return Err(format!("{what}: not seen after 900 s"));
+            return Err(LinuxRunError::Timeout {
+                machine: what,
+                limit: WAIT_LIMIT,
+            });
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -283,9 +308,10 @@ fn session_run(s: &SourceOutcome, state_bytes: usize) -> LinuxRun {
 /// Boots machine A and waits until its guest program runs.
 ///
 /// # Errors
-/// The machine not booting, the program failing or not starting.
-pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, String> {
-    let a = LinuxVm::boot(cfg).map_err(|e| format!("machine A: {e}"))?;
+/// [`LinuxRunError::Machine`] when the machine does not boot; as
+/// [`wait_for`] when the program fails or does not start.
+pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, LinuxRunError> {
+    let a = LinuxVm::boot(cfg).map_err(|e| machine("machine A", e))?;
     if s.program == GuestProgram::Dirtier {
         wait_for(&a, "machine A", |t| {
             t.contains("s2mmu-dirtier: start").then_some(())
@@ -305,8 +331,11 @@ pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, String
 /// down.
 ///
 /// # Errors
-/// A machine failing, a failed migration, the guest not going on, as text.
-pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, String> {
+/// [`LinuxRunError::Machine`] for a machine failing,
+/// [`LinuxRunError::Session`] for a failed migration (either side's
+/// error), [`LinuxRunError::WentWrong`] and [`wait_for`]'s errors for a
+/// guest that did not go on.
+pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, LinuxRunError> {
     let a = boot_source(s, cfg)?;
     let src = LinuxSource::new(a);
     let (o, _d, b) = in_process(s, &src, cfg)?;
@@ -315,13 +344,13 @@ pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, Stri
     let run = session_run(&o, state_bytes);
     let mut b = b.lock();
     // The session ran B's guest for --run-after, then paused it.
-    Pausable::resume(&mut *b).map_err(|e| format!("machine B: {e}"))?;
+    Pausable::resume(&mut *b).map_err(|e| machine("machine B", e))?;
     goes_on(s, &a, &mut b, run)
 }
 
 /// Waits for the dirtier's `ok` line on `vm`'s console (`what` names the
 /// machine in errors).
-fn dirtier_ok(vm: &LinuxVm, what: &str) -> Result<WentOn, String> {
+fn dirtier_ok(vm: &LinuxVm, what: &'static str) -> Result<WentOn, LinuxRunError> {
     let ok = wait_for(vm, what, |t| {
         // Whole lines only: the console may be read mid-line.
         t[..t.rfind('\n').map_or(0, |i| i + 1)]
@@ -338,7 +367,7 @@ fn goes_on(
     a: &LinuxVm,
     b: &mut LinuxVm,
     mut run: LinuxRun,
-) -> Result<LinuxRun, String> {
+) -> Result<LinuxRun, LinuxRunError> {
     let a_text = a.console().contents();
     if s.program == GuestProgram::Dirtier {
         run.went_on = Some(dirtier_ok(b, "machine B")?);
@@ -351,16 +380,18 @@ fn goes_on(
         // joined: every step once, in order, across the switch.
         let all = steps(&format!("{a_text}{}", b.console().contents()));
         if all.windows(2).any(|w| w[1] != w[0] + 1) {
-            return Err(format!(
+            return Err(LinuxRunError::WentWrong(format!(
                 "the guest's counter steps across the switch: {all:?}"
-            ));
+            )));
         }
         run.went_on = Some(WentOn::CounterStep(at_switch + 1));
     }
     if a.console().contents() != a_text {
-        return Err("A's guest printed after the switch".into());
+        return Err(LinuxRunError::WentWrong(
+            "A's guest printed after the switch".into(),
+        ));
     }
-    b.shut_down().map_err(|e| format!("machine B: {e}"))?;
+    b.shut_down().map_err(|e| machine("machine B", e))?;
     Ok(run)
 }
 
@@ -370,20 +401,25 @@ fn in_process(
     s: &RunSettings,
     src: &LinuxSource,
     cfg: &LinuxConfig,
-) -> Result<(SourceOutcome, DestOutcome, Arc<LinuxSessionVm>), String> {
+) -> Result<(SourceOutcome, DestOutcome, Arc<LinuxSessionVm>), LinuxRunError> {
     let scfg = session_config(s);
     let net = &s.net;
-    let listener = net::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let listener = net::bind("127.0.0.1:0").map_err(|error| LinuxRunError::Bind {
+        addr: "127.0.0.1:0".into(),
+        error,
+    })?;
     let addr = listener.local();
     let dcfg = dest_config(s);
     let factory = dest_factory(cfg);
     // B's QEMU starts now, not on the HEADER inside the source's deadline.
-    factory.prestart(cfg.vcpus, cfg.mem)?;
+    factory
+        .prestart(cfg.vcpus, cfg.mem)
+        .map_err(|e| machine("machine B", e))?;
     let (d2, n2, f2) = (dcfg.clone(), net.clone(), factory.clone());
     let served = std::thread::Builder::new()
         .name("linux-destination".into())
         .spawn(move || serve_with(&*listener, &*f2, &d2, &n2))
-        .map_err(|e| format!("the destination's thread: {e}"))?;
+        .map_err(|e| LinuxRunError::Thread(e.to_string()))?;
     let o = run_source(src, &scfg, &mut |_| {
         net::client(net::connect(&addr, net)?, net)
     });
@@ -392,10 +428,10 @@ fn in_process(
     }
     let d = served
         .join()
-        .map_err(|_| "the destination's thread panicked".to_string())?;
-    let o = o.map_err(|e| format!("source: {e}"))?;
-    let d = d.map_err(|e| format!("destination: {e}"))?;
-    let b = factory.built().ok_or("the destination built no guest")?;
+        .map_err(|_| LinuxRunError::Thread("it panicked".into()))?;
+    let o = o.map_err(|error| session("source", error))?;
+    let d = d.map_err(|error| session("destination", error))?;
+    let b = factory.built().ok_or(LinuxRunError::NoGuest)?;
     Ok((o, d, b))
 }
 
@@ -404,26 +440,30 @@ fn in_process(
 /// then checks A's guest stays paused (it must never run again).
 ///
 /// # Errors
-/// A failed migration, A's guest printing after the switch.
+/// [`LinuxRunError::Session`] for a failed migration (connecting
+/// included), [`LinuxRunError::WentWrong`] when A's guest printed after
+/// the switch.
 pub fn source_to(
     s: &RunSettings,
     addr: &str,
     a: LinuxVm,
     sent: &mut dyn FnMut(&SourceOutcome, u64),
-) -> Result<LinuxRun, String> {
+) -> Result<LinuxRun, LinuxRunError> {
     let scfg = session_config(s);
     let net = &s.net;
     let src = LinuxSource::new(a);
     let o = run_source(&src, &scfg, &mut |_| {
         net::client(net::connect(addr, net)?, net)
     })
-    .map_err(|e| format!("source: {e}"))?;
+    .map_err(|error| session("source", error))?;
     let mut a = src.vm().lock();
     let text = a.console().contents();
     sent(&o, begun_steps(&text).last().copied().unwrap_or(0));
     std::thread::sleep(Duration::from_millis(500));
     if a.console().contents() != text {
-        return Err("the source's guest printed after the switch".into());
+        return Err(LinuxRunError::WentWrong(
+            "the source's guest printed after the switch".into(),
+        ));
     }
     let state_bytes = a.save_state().map_or(0, |v| v.len());
     drop(a);
@@ -436,19 +476,27 @@ pub fn source_to(
 /// waits for its `ok`); `on` hears of the bind and of each failed attempt.
 ///
 /// # Errors
-/// Binding, every attempt failing, the guest not going on.
+/// [`LinuxRunError::Bind`], [`LinuxRunError::Machine`] (the blank machine
+/// or the resumed guest), [`LinuxRunError::Attempts`] when every attempt
+/// failed, [`LinuxRunError::WentWrong`] and [`wait_for`]'s errors when
+/// the guest does not go on.
 pub fn listen(
     s: &RunSettings,
     cfg: &LinuxConfig,
     addr: &str,
     on: &mut dyn FnMut(ListenEvent<'_>),
-) -> Result<Listened, String> {
+) -> Result<Listened, LinuxRunError> {
     let dcfg = dest_config(s);
-    let listener = net::bind(addr).map_err(|e| e.to_string())?;
+    let listener = net::bind(addr).map_err(|error| LinuxRunError::Bind {
+        addr: addr.into(),
+        error,
+    })?;
     // The blank machine of this side's --vcpus/--mem starts before the
     // source is told where to go (a HEADER of another shape starts its own).
     let factory = dest_factory(cfg);
-    factory.prestart(cfg.vcpus, cfg.mem)?;
+    factory
+        .prestart(cfg.vcpus, cfg.mem)
+        .map_err(|e| machine("the destination", e))?;
     on(ListenEvent::Listening {
         addr: &listener.local(),
         dest: &dcfg,
@@ -460,20 +508,21 @@ pub fn listen(
             Err(e) => {
                 failures += 1;
                 if failures >= s.attempts {
-                    return Err(format!(
-                        "the migration failed ({failures} of --attempts {}): {e}",
-                        s.attempts
-                    ));
+                    return Err(LinuxRunError::Attempts {
+                        failures,
+                        attempts: s.attempts,
+                        last: e,
+                    });
                 }
                 let error = e.to_string();
                 on(ListenEvent::AttemptFailed { failures, error });
             }
         }
     };
-    let b = factory.built().ok_or("the destination built no guest")?;
+    let b = factory.built().ok_or(LinuxRunError::NoGuest)?;
     let mut vm = b.lock();
     vm.resume()
-        .map_err(|e| format!("the destination's guest: {e}"))?;
+        .map_err(|e| machine("the destination's guest", e))?;
     let (went_on, more_steps) = if s.program == GuestProgram::Dirtier {
         (dirtier_ok(&vm, "the destination")?, 0)
     } else {
@@ -483,12 +532,14 @@ pub fn listen(
         })?;
         let steps = begun_steps(&vm.console().contents());
         if steps.windows(2).any(|w| w[1] != w[0] + 1) {
-            return Err(format!("the destination's counter skips: {steps:?}"));
+            return Err(LinuxRunError::WentWrong(format!(
+                "the destination's counter skips: {steps:?}"
+            )));
         }
         (WentOn::CounterStep(first_step), steps.len() - 1)
     };
     vm.shut_down()
-        .map_err(|e| format!("the destination's guest: {e}"))?;
+        .map_err(|e| machine("the destination's guest", e))?;
     Ok(Listened {
         outcome,
         went_on,

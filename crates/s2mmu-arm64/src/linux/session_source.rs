@@ -80,7 +80,9 @@ impl LinuxSessionVm {
             .map_err(|e| VmError::new(format!("written-pages bitmap: {e}")))?;
         bm.resize(self.ram.pages().div_ceil(64) as usize, 0u64);
         self.get_dirty_log(vm::RAM_SLOT, &mut bm)?;
-        self.mmu.disable_dirty_logging(vm::RAM_SLOT).map_err(vmerr)?;
+        self.mmu
+            .disable_dirty_logging(vm::RAM_SLOT)
+            .map_err(vmerr)?;
         Ok(bm)
     }
 

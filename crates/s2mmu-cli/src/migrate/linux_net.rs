@@ -28,6 +28,7 @@ pub fn source_to(s: &RunSettings, addr: &str, a: LinuxVm) -> Result<LinuxRun, St
             o.downtime.as_secs_f64() * 1e3
         )
     })
+    .map_err(String::from)
 }
 
 /// `--listen ADDR`: serves one migration (up to `--attempts` sources) and
