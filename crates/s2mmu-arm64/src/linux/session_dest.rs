@@ -61,10 +61,32 @@ impl LinuxDest {
     ///
     /// # Errors
     /// The machine does not start (QEMU, the EL2 image, the shared RAM).
+    ///
+    /// A machine of that shape started already and not used yet is kept
+    /// (nothing starts): a listening destination calls this again after
+    /// each failed attempt, which may have failed before its HEADER.
     pub fn prestart(&self, vcpus: usize, mem: u64) -> Result<(), String> {
+        if self.prestarted(vcpus, mem) {
+            return Ok(());
+        }
         let vm = LinuxVm::blank(&self.blank_config(vcpus, mem)).map_err(|e| e.to_string())?;
         *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = Some((vcpus, mem, vm));
         Ok(())
+    }
+
+    /// Whether a blank machine of `vcpus` vCPUs and `mem` bytes waits for
+    /// the next stream.
+    pub fn prestarted(&self, vcpus: usize, mem: u64) -> bool {
+        matches!(
+            &*self.ready.lock().unwrap_or_else(|p| p.into_inner()),
+            Some((v, m, _)) if *v == vcpus && *m == mem
+        )
+    }
+
+    /// Drops the last guest built (a failed attempt's, never resumed):
+    /// its QEMU machine ends and its guest RAM is freed.
+    pub fn discard_built(&self) {
+        self.built.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     /// A blank machine's settings: no kernel, everything comes in the stream.

@@ -516,6 +516,13 @@ pub fn listen(
                 }
                 let error = e.to_string();
                 on(ListenEvent::AttemptFailed { failures, error });
+                // The next attempt's machine starts now, not on its HEADER
+                // inside the source's deadline for ACCEPT; the failed
+                // attempt's machine (never resumed) goes first.
+                factory.discard_built();
+                factory
+                    .prestart(cfg.vcpus, cfg.mem)
+                    .map_err(|e| machine("the destination", e))?;
             }
         }
     };
