@@ -214,6 +214,14 @@ impl GuestRun for LinuxRunning {
         self.vm.pause_vcpus();
     }
 
+    /// Post-copy's break: the guest is left running. A vCPU waiting in
+    /// the page-fetch hook for a page the broken connection did not bring
+    /// cannot park, so a pause would wait (60 s, then fail with some vCPUs
+    /// parked and none resumed after the recovery); every other vCPU runs
+    /// on pages that are here, and any missing page it touches makes it
+    /// wait too until the recovery brings it (or post-copy is given up).
+    fn request_pause(&self) {}
+
     fn resume(&self) {
         self.vm.resume_vcpus();
     }
