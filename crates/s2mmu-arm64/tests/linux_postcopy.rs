@@ -1,93 +1,253 @@
-//! Post-copy of a running Linux guest between QEMU machines in one
-//! process: the destination resumes before (some or all of) its RAM has
-//! arrived; a vCPU's stage-2 translation fault on a missing page is that
-//! page's request, served before the engine maps it, while the background
-//! copy brings the rest. The guest program `counter` must go on from its
-//! next step with every hash right, and the source's guest must not run
-//! again. A destination whose pages cannot be had stops with an error
-//! naming the page instead of running on zeros.
+//! Post-copy of a running Linux guest through the migration LIBRARY's
+//! session (`run_source` on machine A, `serve_with` building machine B
+//! from the HEADER) over loopback mutual TLS: A pauses after round 0, B
+//! resumes with pages missing, and a vCPU's stage-2 translation fault on
+//! one is that page's REQUEST (the session's `Fetcher` is B's page-fetch
+//! hook) while the source streams the rest. On this machine A's guest
+//! dirties few pages during round 0 (its vCPUs share two cores with the
+//! sending threads) and the background stream brings those in a few
+//! milliseconds, before B's guest touches them: so A's VM here reports
+//! every page dirty at the switch ([`EveryPageDirty`]), making it pure
+//! post-copy, as the arm64 crate's own post-copy test did before. The
+//! guest program `counter` must go on on B from its next step (every
+//! step once, in order, its own check of its buffer passing); A must
+//! never print or run again; at least one page came by request; and the
+//! source's check of FINAL (the pages B's guest did not write hash to
+//! the same digest as A's frozen memory) passes.
+//! A destination whose pages cannot be had stops with an error naming the
+//! page instead of running on zeros.
 
 mod common;
 
-use common::counter::{check_lives, config, wait_lines};
+use common::counter::{config, counter_lines, wait_lines};
+use s2mmu_arm64::linux::memory::LinuxRam;
 use s2mmu_arm64::linux::migrate::LinuxVm;
-use s2mmu_arm64::linux::postcopy::{migrate_postcopy, PageFetch, PostcopyPolicy};
-use s2mmu_arm64::linux::vm::StopReason;
+use s2mmu_arm64::linux::page_fetch::PageFetch;
+use s2mmu_arm64::linux::session_dest::LinuxDest;
+use s2mmu_arm64::linux::session_run::{
+    self, steps, GuestProgram, PostcopyMode, RunDetails, RunSettings, WentOn,
+};
+use s2mmu_arm64::linux::session_source::{LinuxSessionVm, LinuxSource};
+use s2mmu_arm64::linux::vm::{StopReason, RAM_SLOT};
+use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
+use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
+use s2mmu_migrate::session::postcopy::{Final, Postcopy};
+use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::transport::{self, NetConfig};
+use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
 use s2mmu_migrate::{MigratableVm, Pausable};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// `n` pre-copy passes, then post-copy of whatever is dirty.
-fn passes(n: u32) -> PostcopyPolicy {
-    PostcopyPolicy {
-        precopy_passes: n,
-        switch_below_pages: 0,
+/// A's VM with every page reported dirty at each harvest: the session
+/// then switches with all of memory missing on B (pure post-copy).
+struct EveryPageDirty(Arc<LinuxSessionVm>);
+
+impl SessionVm for EveryPageDirty {
+    type Ram = LinuxRam;
+    fn ram(&self) -> &Arc<LinuxRam> {
+        self.0.ram()
+    }
+    fn slots(&self) -> &[RamSlot] {
+        self.0.slots()
+    }
+    fn enable_dirty_logging(&self) -> Result<(), VmError> {
+        self.0.enable_dirty_logging()
+    }
+    fn disable_dirty_logging(&self) -> Result<(), VmError> {
+        self.0.disable_dirty_logging()
+    }
+    fn get_dirty_log(&self, slot: u16, bitmap: &mut [u64]) -> Result<(), VmError> {
+        self.0.get_dirty_log(slot, bitmap)?;
+        let pages = self.0.ram().size() / 4096;
+        for (i, w) in bitmap.iter_mut().enumerate() {
+            let left = pages.saturating_sub(i as u64 * 64);
+            *w = if left >= 64 {
+                u64::MAX
+            } else {
+                (1 << left) - 1
+            };
+        }
+        Ok(())
+    }
+    fn clear_dirty_log(&self, slot: u16, first: u64, n: u64, mask: &[u64]) -> Result<(), VmError> {
+        self.0.clear_dirty_log(slot, first, n, mask)
     }
 }
+
+/// The Linux source over [`EveryPageDirty`]; everything else is
+/// [`LinuxSource`]'s.
+struct PurePostcopy {
+    src: LinuxSource,
+    vm: Arc<EveryPageDirty>,
+}
+
+impl PurePostcopy {
+    fn new(src: LinuxSource) -> PurePostcopy {
+        let vm = Arc::new(EveryPageDirty(src.vm().clone()));
+        PurePostcopy { src, vm }
+    }
+}
+
+impl GuestRun for PurePostcopy {
+    fn pause(&self) {
+        self.src.pause()
+    }
+    fn resume(&self) {
+        self.src.resume()
+    }
+    fn counters(&self) -> GuestCounters {
+        self.src.counters()
+    }
+    fn set_throttle_ns(&self, ns: u64) {
+        self.src.set_throttle_ns(ns)
+    }
+    fn pace(&self) -> u64 {
+        self.src.pace()
+    }
+    fn set_pace(&self, p: u64) {
+        self.src.set_pace(p)
+    }
+}
+
+impl SourceGuest for PurePostcopy {
+    type Vm = EveryPageDirty;
+    type Hook = NoHook;
+    fn vm(&self) -> &Arc<EveryPageDirty> {
+        &self.vm
+    }
+    fn shape(&self) -> GuestShape {
+        self.src.shape()
+    }
+    fn counter_source(&self) -> Arc<dyn Fn() -> GuestCounters + Send + Sync> {
+        self.src.counter_source()
+    }
+    fn state(&self, pace: u64) -> Result<Vec<u8>, MigrateError> {
+        self.src.state(pace)
+    }
+    fn begin_hook(&self) -> Result<NoHook, MigrateError> {
+        Ok(NoHook)
+    }
+    fn supports_postcopy(&self) -> bool {
+        self.src.supports_postcopy()
+    }
+    fn verify_final(&self, state: &[u8], fin: &Final) -> Result<Vec<(u16, u64)>, MigrateError> {
+        self.src.verify_final(state, fin)
+    }
+}
+
+/// Migrates `src` into a guest `dest` builds, post-copy after round 0,
+/// both ends in this process over loopback mutual TLS.
+fn migrate_by_postcopy(src: &PurePostcopy, dest: &Arc<LinuxDest>) -> (SourceOutcome, DestOutcome) {
+    let net = NetConfig {
+        io_timeout: Duration::from_secs(120),
+        security: transport::ephemeral_tls().expect("an ephemeral identity"),
+    };
+    let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
+    let addr = listener.local();
+    let dcfg = DestConfig {
+        prefault: false,
+        ..DestConfig::with_run_after(Duration::from_millis(300))
+    };
+    let (d2, n2, f2) = (dcfg.clone(), net.clone(), dest.clone());
+    let served = std::thread::spawn(move || serve_with(&*listener, &*f2, &d2, &n2));
+    let scfg = SourceConfig {
+        harvest: Harvest::Bitmap,
+        postcopy: Postcopy::On,
+        ..SourceConfig::default()
+    };
+    let s = run_source(src, &scfg, &mut |_| {
+        transport::client(transport::connect(&addr, &net)?, &net)
+    });
+    if s.is_err() {
+        dcfg.stop.store(true, Ordering::SeqCst);
+    }
+    let d = served.join().expect("the destination thread");
+    (s.expect("the source's side"), d.expect("B's side"))
+}
+
+/// The counter's buffer here (KiB).
+const BUFFER_KIB: u64 = 1024;
 
 #[test]
 #[cfg_attr(
     not(s2mmu_arm64_runnable),
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
-fn linux_guest_goes_on_by_postcopy() {
+fn linux_guest_goes_on_by_postcopy_through_the_session() {
     let _one = common::serial();
     let Some(a) = common::linux_assets() else {
         return;
     };
-    let cfg = config(&a, 2);
-    let mut vm_a = LinuxVm::boot(&cfg).expect("A boots");
+    let mut cfg = config(&a, 2);
+    // A 1 MiB buffer rewritten flat out (a step every millisecond at
+    // most): B's first steps read pages that came by post-copy.
+    cfg.cmdline = format!("quiet s2mmu.run=counter s2mmu.args=kib={BUFFER_KIB},ms=1");
+    let vm_a = LinuxVm::boot(&cfg).expect("A boots");
     wait_lines(&vm_a, 0, 3, "A");
+    let src = PurePostcopy::new(LinuxSource::new(vm_a));
+    let dest = Arc::new(LinuxDest::new(cfg.echo, cfg.timeout));
+    dest.prestart(cfg.vcpus, cfg.mem).expect("B's QEMU starts");
 
-    // Pure post-copy: nothing is copied before the pause, so every page
-    // B's guest touches is a remote fault.
-    let mut vm_b = LinuxVm::blank(&cfg).expect("B starts");
-    let r = migrate_postcopy(&mut vm_a, &mut vm_b, &passes(0)).expect("A -> B by post-copy");
-    eprintln!("A -> B, post-copy only: {r:?}");
-    let a_text = vm_a.console().contents();
-    let a_exits = vm_a.stub_exits();
-    assert_eq!(r.missing, vm_a.page_count(), "every page was missing");
+    let (s, d) = migrate_by_postcopy(&src, &dest);
+    let pc = s
+        .postcopy
+        .clone()
+        .expect("the source switched to post-copy");
+    let f = &pc.figures;
+    eprintln!(
+        "A -> B by post-copy after round {}: downtime {:?}, {f:?}",
+        pc.after_round, s.downtime
+    );
+    assert_eq!(pc.after_round, 0);
+    assert_eq!(d.postcopy.as_ref(), Some(f), "FINAL carried B's figures");
+    assert_eq!(f.missing_pages, cfg.mem / 4096, "every page was missing");
     assert_eq!(
-        r.by_fault + r.by_background,
-        r.missing,
-        "each page landed once"
+        f.background_pages + f.answered_pages,
+        f.missing_pages,
+        "each missing page landed once"
     );
     assert!(
-        r.by_fault > 0,
-        "B's guest faulted on no missing page: {r:?}"
+        f.requests > 0 && f.remote_faults > 0,
+        "no page came by request (a stage-2 fault): {f:?}"
     );
-    let b1 = wait_lines(&vm_b, 0, 5, "B");
-    check_lives(&[&a_text, &b1]);
-    assert_eq!(
-        vm_a.console().contents(),
-        a_text,
-        "A's guest printed after the switch"
-    );
-    assert_eq!(vm_a.stub_exits(), a_exits, "A's guest ran after the switch");
-    drop(vm_a);
+    // The source's check of FINAL agreed on the RAM slot's pages that B's
+    // guest did not write.
+    assert_eq!(s.slot_digests.len(), 1);
+    assert_eq!(s.slot_digests[0].0, RAM_SLOT);
 
-    // Pre-copy passes first: only what the guest wrote since the last one
-    // is missing.
-    let mut vm_c = LinuxVm::blank(&cfg).expect("C starts");
-    let r =
-        migrate_postcopy(&mut vm_b, &mut vm_c, &passes(2)).expect("B -> C by pre- then post-copy");
-    eprintln!("B -> C, 2 pre-copy passes: {r:?}");
-    let b_text = vm_b.console().contents();
-    assert!(r.missing < vm_b.page_count(), "{r:?}");
-    assert_eq!(
-        r.by_fault + r.by_background,
-        r.missing,
-        "each page landed once"
+    let (a_text, a_exits) = {
+        let a = src.src.vm().lock();
+        (a.console().contents(), a.stub_exits())
+    };
+    let b = dest.built().expect("B was built");
+    // The session ran B for its run_after, then paused it: run it on.
+    let mut bvm = b.lock();
+    bvm.resume().expect("B runs on");
+    let n = counter_lines(&bvm.console().contents()).len();
+    let b1 = wait_lines(&bvm, 0, n + 5, "B");
+    // The counter checks its buffer holds the previous step's values
+    // before each step (a FAIL line otherwise): B's first steps read the
+    // pages that came by post-copy.
+    assert!(!b1.contains("FAIL"), "B's counter failed its check:\n{b1}");
+    // A line the switch cut in two is whole only in A's text and B's
+    // joined: every step once, in order, across the switch.
+    let all = steps(&format!("{a_text}{b1}"));
+    let last_a = steps(&a_text).last().copied().expect("A counted");
+    assert!(
+        all.iter().any(|&n| n > last_a + 3),
+        "B did not go on: {all:?}"
     );
-    let c1 = wait_lines(&vm_c, 0, 5, "C");
-    check_lives(&[&a_text, &b_text, &c1]);
-    assert_eq!(
-        vm_b.console().contents(),
-        b_text,
-        "B's guest printed after the switch"
+    assert!(
+        all.windows(2).all(|w| w[1] == w[0] + 1) && all[0] == 1,
+        "the counter's steps across the switch: {all:?}"
     );
-    vm_c.shut_down().expect("C's threads end cleanly");
+    let a = src.src.vm().lock();
+    assert_eq!(a.console().contents(), a_text, "A printed after the switch");
+    assert_eq!(a.stub_exits(), a_exits, "A's guest ran after the switch");
+    bvm.shut_down().expect("B's threads end cleanly");
 }
 
 /// A post-copy source that is gone: every request fails.
@@ -144,4 +304,60 @@ fn missing_page_that_cannot_come_stops_the_destination() {
     vm_a.resume().expect("A resumes");
     let n = common::counter::counter_lines(&a1).len();
     wait_lines(&vm_a, 0, n + 2, "A after B failed");
+}
+
+/// The guest writing as fast as it can (the `dirtier`: 64 MiB of
+/// anonymous memory and 8 of tmpfs, every page re-checked) with
+/// `--postcopy auto` as `s2mmu migrate --guest linux` runs it in one
+/// process. A downtime budget of 1 ms keeps pre-copy from converging, so
+/// the session switches to post-copy after its third round at the
+/// latest; the migration must complete, the source's check of FINAL
+/// pass, and the dirtier on B print its `ok` (every page it re-checked
+/// held what it wrote, across the switch).
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn dirtier_with_postcopy_auto_completes() {
+    let _one = common::serial();
+    let Some(a) = common::linux_assets() else {
+        return;
+    };
+    let s = RunSettings {
+        vcpus: 2,
+        mem: 256 << 20,
+        program: GuestProgram::Dirtier,
+        postcopy: Some(PostcopyMode::Auto),
+        session: SourceConfig {
+            max_downtime: Duration::from_millis(1),
+            max_rounds: 3,
+            ..SourceConfig::default()
+        },
+        dest: DestConfig::with_run_after(Duration::from_millis(300)),
+        net: NetConfig {
+            io_timeout: Duration::from_secs(120),
+            security: transport::ephemeral_tls().expect("an ephemeral identity"),
+        },
+        attempts: 1,
+    };
+    let cfg = session_run::linux_config(&s, &a);
+    let r = session_run::migrate_once(&s, &cfg).expect("the migration and the dirtier's check");
+    eprintln!("dirtier, --postcopy auto: {r:?}");
+    let RunDetails::Postcopy(pc) = &r.details else {
+        panic!("pre-copy converged within 1 ms of downtime: {r:?}");
+    };
+    assert!(
+        (1..=3).contains(&pc.after_round),
+        "auto switched after pre-copy rounds: {pc:?}"
+    );
+    assert_eq!(
+        pc.figures.background_pages + pc.figures.answered_pages,
+        pc.figures.missing_pages,
+        "each missing page landed once"
+    );
+    match &r.went_on {
+        Some(WentOn::DirtierOk(ok)) => assert!(ok.contains("s2mmu-dirtier: ok"), "{ok}"),
+        other => panic!("B's dirtier: {other:?}"),
+    }
 }

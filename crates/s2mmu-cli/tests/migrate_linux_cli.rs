@@ -22,14 +22,6 @@ fn bad_options_are_refused_by_name() {
     refused(&["--runs", "0"], "--runs 0");
     refused(&["--runs", "21"], "--runs 21");
     refused(
-        &["--listen", "127.0.0.1:1", "--postcopy"],
-        "no --listen or --to",
-    );
-    refused(
-        &["--to", "127.0.0.1:1", "--postcopy"],
-        "no --listen or --to",
-    );
-    refused(
         &["--to", "127.0.0.1:1", "--runs", "2"],
         "--runs 2 with --listen or --to",
     );

@@ -4,7 +4,8 @@
 //! and migrates it through the migration library's session. The
 //! destination's guest must begin exactly the step after the last one the
 //! source's guest began, and go on in order; the source's guest must not
-//! print after the switch. Skips (saying why) where QEMU, the EL2 image
+//! print after the switch. The same with `--postcopy`: the destination
+//! resumes with pages missing and fetches them. Skips (saying why) where QEMU, the EL2 image
 //! or the kernel are missing; fails there under `S2MMU_REQUIRE_ARM64`.
 
 use s2mmu_cli::migrate::net;
@@ -58,14 +59,27 @@ fn number_after(text: &str, before: &str) -> Option<u64> {
         .ok()
 }
 
-#[test]
+/// One Linux guest at a time here: each run starts two QEMU machines.
+static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// What the two processes printed.
+struct TwoRuns {
+    src_err: String,
+    d_out: String,
+    /// Everything, for failure messages.
+    all: String,
+}
+
+/// Runs `--listen` and `--to` with mutual TLS from files, `src_args` added
+/// to the source's; both must succeed.
 #[allow(clippy::zombie_processes)]
-fn linux_guest_migrates_between_two_processes_over_tls() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("s2mmu-linux-net-{}", std::process::id()));
+fn two_processes(src_args: &[&str]) -> TwoRuns {
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::temp_dir().join(format!(
+        "s2mmu-linux-net-{}-{}",
+        std::process::id(),
+        src_args.len()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let tls = write_pki(&dir);
     let common = ["migrate", "--guest", "linux", "--mem", "256M", "-v", "1"];
@@ -101,6 +115,7 @@ fn linux_guest_migrates_between_two_processes_over_tls() {
         .args(common)
         .args(["--to", &addr, "--tls-name", "localhost"])
         .args(&tls)
+        .args(src_args)
         .output()
         .expect("the source runs");
     let d = dest.wait_with_output().expect("the destination ends");
@@ -117,12 +132,60 @@ fn linux_guest_migrates_between_two_processes_over_tls() {
     assert!(src.status.success(), "{all}");
     assert!(d.status.success(), "{all}");
     assert!(src_err.contains("mutual TLS"), "{all}");
-    let last = number_after(&src_err, "counter step ").expect("the source's last step");
-    let first = number_after(&d_out, "counter step ").expect("the destination's first step");
+    TwoRuns {
+        src_err,
+        d_out,
+        all,
+    }
+}
+
+/// The source's guest had counted, and the destination's began at the
+/// next step.
+fn goes_on(r: &TwoRuns) {
+    let all = &r.all;
+    let last = number_after(&r.src_err, "counter step ").expect("the source's last step");
+    let first = number_after(&r.d_out, "counter step ").expect("the destination's first step");
     assert!(last >= 2, "the source's guest had counted: {all}");
     assert_eq!(
         first,
         last + 1,
         "the destination goes on at the next step: {all}"
     );
+}
+
+#[test]
+fn linux_guest_migrates_between_two_processes_over_tls() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let r = two_processes(&[]);
+    assert!(!r.d_out.contains("post-copy"), "{}", r.all);
+    goes_on(&r);
+}
+
+/// `--postcopy` on the source: it pauses after round 0 and the
+/// destination resumes with the pages dirtied since missing, each fetched
+/// on a stage-2 fault or streamed; the destination says so, the source's
+/// check of FINAL passes (it succeeds), and the counter goes on.
+#[test]
+fn linux_guest_moves_by_postcopy_between_two_processes() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let r = two_processes(&["--postcopy"]);
+    let all = &r.all;
+    assert!(
+        r.src_err.contains("post-copy after round 0"),
+        "the source switched to post-copy: {all}"
+    );
+    let missing = number_after(&r.d_out, "destination: post-copy: ")
+        .expect("the destination's post-copy line");
+    assert!(missing > 0, "pages were missing at the resume: {all}");
+    assert!(
+        r.src_err.contains("did not write equal the source's"),
+        "the source checked FINAL: {all}"
+    );
+    goes_on(&r);
 }

@@ -5,7 +5,7 @@
 
 use super::memory::{digest_of, page_hash, LinuxRam, PAGE};
 use super::migrate::LinuxVm;
-use super::postcopy::PageFetch;
+use super::page_fetch::PageFetch;
 use super::vm;
 use crate::{Arm64Error, Result};
 use s2mmu_migrate::VmError;
@@ -111,7 +111,7 @@ impl LinuxVm {
     }
 
     /// The hook with the range it covers (all guest RAM).
-    pub(super) fn hook_range(&self) -> Option<super::postcopy::RangeHook> {
+    pub(super) fn hook_range(&self) -> Option<super::page_fetch::RangeHook> {
         self.hook
             .clone()
             .map(|h| (h, self.ram.gpa(), self.ram.size()))

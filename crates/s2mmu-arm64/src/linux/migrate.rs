@@ -24,7 +24,7 @@ use super::gic::{Gic, GICR_STRIDE};
 use super::memory::LinuxRam;
 use super::mig_mem;
 use super::mig_vcpu::{self, Ctl};
-use super::postcopy::PageFetch;
+use super::page_fetch::PageFetch;
 use super::psci::PowerState;
 use super::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
 use super::vcpu_state::{VcpuState, CMD_STATE};

@@ -19,7 +19,7 @@
 //! - [`migrate`]: the same VM paused, saved and restored (the older
 //!   `s2mmu_migrate::MigratableVm` for [`postcopy`] only); [`vcpu_state`] and [`vm_state`]
 //!   are its state in the migration encoding; [`memory`] its RAM as one
-//!   mapping (bulk copies, the parallel digest); [`postcopy`] the
+//!   mapping (bulk copies, the parallel digest); [`page_fetch`] the
 //!   stage-2 fault on a page that has not arrived as its request.
 //! - [`run`]: `s2mmu linux`'s runs from plain settings (the guest's
 //!   configuration, the baseline, the verdict, the dirtier's rate per mode).
@@ -27,7 +27,10 @@
 //!   migration library's session (`s2mmu_migrate::session`), source and
 //!   destination, over any connection (TLS by default in the CLI);
 //!   [`session_run`] a whole run of `s2mmu migrate --guest linux` with
-//!   them: boot, migrate, check that the guest went on.
+//!   them: boot, migrate, check that the guest went on ([`run_error`]
+//!   why it failed);
+//!   [`session_postcopy`] what a post-copy destination reports in FINAL
+//!   and the source's check of it.
 
 pub mod assets;
 pub mod baseline;
@@ -45,10 +48,12 @@ pub mod memory;
 mod mig_mem;
 mod mig_vcpu;
 pub mod migrate;
-pub mod postcopy;
+pub mod page_fetch;
 pub mod psci;
 pub mod run;
+pub mod run_error;
 pub mod session_dest;
+pub mod session_postcopy;
 pub mod session_run;
 pub mod session_source;
 pub mod uart;

@@ -8,12 +8,13 @@
 use super::changes::HostChange;
 use super::dirty::{HarvestConfig, LinuxDirty};
 use super::migrate::LinuxVm;
+use super::session_postcopy::{untouched_digest, LinuxFinal};
 use super::session_source::{LinuxSessionVm, LINUX_BACKING};
 use super::vm::{self, LinuxConfig};
 use super::vm_state::LinuxState;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::vm::{GuestCounters, GuestRun};
+use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
 use s2mmu_migrate::wire::{Header, WireFormat};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -59,10 +60,32 @@ impl LinuxDest {
     ///
     /// # Errors
     /// The machine does not start (QEMU, the EL2 image, the shared RAM).
+    ///
+    /// A machine of that shape started already and not used yet is kept
+    /// (nothing starts): a listening destination calls this again after
+    /// each failed attempt, which may have failed before its HEADER.
     pub fn prestart(&self, vcpus: usize, mem: u64) -> Result<(), String> {
+        if self.prestarted(vcpus, mem) {
+            return Ok(());
+        }
         let vm = LinuxVm::blank(&self.blank_config(vcpus, mem)).map_err(|e| e.to_string())?;
         *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = Some((vcpus, mem, vm));
         Ok(())
+    }
+
+    /// Whether a blank machine of `vcpus` vCPUs and `mem` bytes waits for
+    /// the next stream.
+    pub fn prestarted(&self, vcpus: usize, mem: u64) -> bool {
+        matches!(
+            &*self.ready.lock().unwrap_or_else(|p| p.into_inner()),
+            Some((v, m, _)) if *v == vcpus && *m == mem
+        )
+    }
+
+    /// Drops the last guest built (a failed attempt's, never resumed):
+    /// its QEMU machine ends and its guest RAM is freed.
+    pub fn discard_built(&self) {
+        self.built.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     /// A blank machine's settings: no kernel, everything comes in the stream.
@@ -190,6 +213,14 @@ impl GuestRun for LinuxRunning {
         self.vm.pause_vcpus();
     }
 
+    /// Post-copy's break: the guest is left running. A vCPU waiting in
+    /// the page-fetch hook for a page the broken connection did not bring
+    /// cannot park, so a pause would wait (60 s, then fail with some vCPUs
+    /// parked and none resumed after the recovery); every other vCPU runs
+    /// on pages that are here, and any missing page it touches makes it
+    /// wait too until the recovery brings it (or post-copy is given up).
+    fn request_pause(&self) {}
+
     fn resume(&self) {
         self.vm.resume_vcpus();
     }
@@ -209,9 +240,23 @@ impl GuestRun for LinuxRunning {
 
 impl ResumedGuest for LinuxRunning {
     fn final_state(&self) -> Vec<u8> {
-        // The guest is paused: its whole state (empty if it cannot be
-        // read; the source's check of FINAL then refuses it by name).
-        self.vm.lock().guest_state().unwrap_or_default()
+        // The guest is paused: its whole state, the pages it wrote since
+        // the resume and the digest of the others (empty if any cannot be
+        // had; the source's check of FINAL then refuses it by name).
+        let state = self.vm.lock().guest_state();
+        let written = self.vm.take_written();
+        let (Ok(state), Ok(written)) = (state, written) else {
+            return Vec::new();
+        };
+        match untouched_digest(self.vm.ram(), &written) {
+            Ok(untouched) => LinuxFinal {
+                state,
+                written,
+                untouched,
+            }
+            .encode(),
+            Err(_) => Vec::new(),
+        }
     }
 
     fn passes(&self) -> Vec<u64> {

@@ -1,29 +1,29 @@
 //! A whole migration of the Linux guest, as `s2mmu migrate --guest linux`
 //! runs it: machine A booted with a guest program, its guest moved to
-//! machine B (pre-copy through the migration library's session, in one
-//! process over loopback or to another process; or by [`postcopy`]), and
-//! the proof that the guest went on: B's console continues A's counter
-//! step by step (or B's dirtier prints its `ok`), and A's guest never
-//! prints again.
+//! machine B through the migration library's session (pre-copy, or
+//! post-copy after round 0 or when pre-copy does not converge: B's
+//! stage-2 fault on a page that has not arrived is its request), in one
+//! process over loopback or to another process, and the proof that the
+//! guest went on: B's console continues A's counter step by step (or B's
+//! dirtier prints its `ok`), and A's guest never prints again.
 //!
 //! The settings are plain values ([`RunSettings`]); the caller (the CLI)
 //! parses flags into them and prints the figures it gets back
 //! ([`LinuxRun`], [`Listened`]).
-//!
-//! [`postcopy`]: super::postcopy
 
 use super::assets::LinuxAssets;
 use super::dirty::{HarvestConfig, LinuxDirty};
 use super::dirty_limit::DirtyLimitCounters;
 use super::migrate::LinuxVm;
-use super::postcopy::{migrate_postcopy, PostcopyPolicy, PostcopyReport};
+pub use super::run_error::LinuxRunError;
 use super::session_dest::LinuxDest;
 use super::session_source::{LinuxSessionVm, LinuxSource};
 use super::vm::LinuxConfig;
-use s2mmu_migrate::driver::Policy;
 use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::SourceGuest;
+use s2mmu_migrate::session::postcopy::{Postcopy, PostcopyOutcome};
 use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
+use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self as net, NetConfig};
 use s2mmu_migrate::{MigratableVm, Pausable};
 use std::sync::atomic::Ordering;
@@ -53,12 +53,12 @@ pub enum GuestProgram {
     Fill,
 }
 
-/// How the guest is moved in one process.
+/// When the session switches to post-copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PostcopyMode {
-    /// Post-copy after one pre-copy pass.
+    /// Post-copy after round 0 (one pre-copy pass).
     On,
-    /// Pre-copy as [`Policy::default`] says, post-copy if it does not
+    /// Pre-copy as the session's policy says, post-copy if it does not
     /// converge.
     Auto,
 }
@@ -74,8 +74,8 @@ pub struct RunSettings {
     pub mem: u64,
     /// The program the guest runs.
     pub program: GuestProgram,
-    /// `None`: pre-copy through the session; otherwise post-copy (one
-    /// process only).
+    /// `None`: pre-copy only; otherwise when the session switches to
+    /// post-copy (it overrides `session.postcopy`).
     pub postcopy: Option<PostcopyMode>,
     /// The source's session settings.
     pub session: SourceConfig,
@@ -106,8 +106,9 @@ pub enum RunDetails {
         /// What the guest's throttle and pace did.
         limit: DirtyLimitCounters,
     },
-    /// By post-copy.
-    Postcopy(PostcopyReport),
+    /// Through the session, ending in post-copy: the session's figures
+    /// of it (the destination's FINAL among them).
+    Postcopy(PostcopyOutcome),
 }
 
 /// How the destination's guest showed it went on.
@@ -144,9 +145,10 @@ pub struct LinuxRun {
 pub struct Listened {
     /// The session's outcome on this side.
     pub outcome: DestOutcome,
-    /// The first counter step the destination's guest began.
-    pub first_step: u64,
-    /// Steps begun after it, in order.
+    /// How the destination's guest went on: the first counter step it
+    /// began, or the dirtier's `ok`.
+    pub went_on: WentOn,
+    /// Counter steps begun after the first, in order (0 for the dirtier).
     pub more_steps: usize,
 }
 
@@ -196,10 +198,15 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
 }
 
 /// The session's settings of `s` with the harvest the Linux VM's dirty log
-/// needs (GET and CLEAR of bitmaps).
+/// needs (GET and CLEAR of bitmaps) and `s.postcopy`'s switch.
 pub fn session_config(s: &RunSettings) -> SourceConfig {
     let mut cfg = s.session.clone();
     cfg.harvest = Harvest::Bitmap;
+    cfg.postcopy = match s.postcopy {
+        None => Postcopy::Off,
+        Some(PostcopyMode::On) => Postcopy::On,
+        Some(PostcopyMode::Auto) => Postcopy::Auto,
+    };
     cfg
 }
 
@@ -209,6 +216,19 @@ pub fn dest_config(s: &RunSettings) -> DestConfig {
     let mut d = s.dest.clone();
     d.prefault = false;
     d
+}
+
+/// [`LinuxRunError::Machine`] of `machine` with `error`.
+fn machine(machine: &'static str, error: impl std::fmt::Display) -> LinuxRunError {
+    LinuxRunError::Machine {
+        machine,
+        error: error.to_string(),
+    }
+}
+
+/// [`LinuxRunError::Session`] of `side` with `error`.
+fn session(side: &'static str, error: MigrateError) -> LinuxRunError {
+    LinuxRunError::Session { side, error }
 }
 
 fn dest_factory(cfg: &LinuxConfig) -> Arc<LinuxDest> {
@@ -238,27 +258,37 @@ pub fn begun_steps(text: &str) -> Vec<u64> {
 /// Waits until `vm`'s console shows what `done` finds (its value).
 ///
 /// # Errors
-/// A FAIL line of a guest program, the guest stopping, or 900 s, each
-/// named with `what`.
+/// [`LinuxRunError::GuestCheck`] for a FAIL line of a guest program,
+/// [`LinuxRunError::GuestStopped`], [`LinuxRunError::Timeout`] after
+/// 900 s, each naming the machine `what`.
 pub fn wait_for<T>(
     vm: &LinuxVm,
-    what: &str,
+    what: &'static str,
     done: impl Fn(&str) -> Option<T>,
-) -> Result<T, String> {
+) -> Result<T, LinuxRunError> {
     let t = Instant::now();
     loop {
         let text = vm.console().contents();
         if let Some(l) = text.lines().find(|l| l.contains(": FAIL")) {
-            return Err(format!("{what}: the guest program failed its check: {l}"));
+            return Err(LinuxRunError::GuestCheck {
+                machine: what,
+                line: l.to_string(),
+            });
         }
         if let Some(v) = done(&text) {
             return Ok(v);
         }
         if let Some(r) = vm.stopped() {
-            return Err(format!("{what}: the guest stopped ({r:?})"));
+            return Err(LinuxRunError::GuestStopped {
+                machine: what,
+                reason: format!("{r:?}"),
+            });
         }
         if t.elapsed() > WAIT_LIMIT {
-            return Err(format!("{what}: not seen after 900 s"));
+            return Err(LinuxRunError::Timeout {
+                machine: what,
+                limit: WAIT_LIMIT,
+            });
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -274,53 +304,28 @@ fn session_run(s: &SourceOutcome, state_bytes: usize, limit: DirtyLimitCounters)
         round_ms: pre.iter().map(|r| (r.end_s - r.start_s) * 1e3).collect(),
         final_pages: fin.iter().map(|r| r.pages).sum(),
         state_bytes,
-        details: RunDetails::Session {
-            channels: s.channels,
-            link: s.link,
-            page_records: s.page_records,
-            zero_pages: s.zero_pages,
-            outcome: Box::new(s.clone()),
-            limit,
+        details: match &s.postcopy {
+            Some(pc) => RunDetails::Postcopy(pc.clone()),
+            None => RunDetails::Session {
+                channels: s.channels,
+                link: s.link,
+                page_records: s.page_records,
+                zero_pages: s.zero_pages,
+                outcome: Box::new(s.clone()),
+                limit,
+            },
         },
         went_on: None,
     }
 }
 
-/// Moves A's guest to B by post-copy as `mode` says.
-fn switch_postcopy(
-    mode: PostcopyMode,
-    a: &mut LinuxVm,
-    b: &mut LinuxVm,
-) -> Result<LinuxRun, String> {
-    let pc = Policy::default();
-    let policy = match mode {
-        PostcopyMode::On => PostcopyPolicy {
-            precopy_passes: 1,
-            switch_below_pages: 0,
-        },
-        PostcopyMode::Auto => PostcopyPolicy {
-            precopy_passes: 1 + pc.max_rounds,
-            switch_below_pages: pc.switch_below_pages,
-        },
-    };
-    let r = migrate_postcopy(a, b, &policy).map_err(|e| e.to_string())?;
-    Ok(LinuxRun {
-        downtime: r.downtime,
-        round_pages: r.rounds.iter().map(|x| x.0).collect(),
-        round_ms: r.rounds.iter().map(|x| x.1.as_secs_f64() * 1e3).collect(),
-        final_pages: r.final_pages,
-        state_bytes: r.state_bytes,
-        details: RunDetails::Postcopy(r),
-        went_on: None,
-    })
-}
-
 /// Boots machine A and waits until its guest program runs.
 ///
 /// # Errors
-/// The machine not booting, the program failing or not starting.
-pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, String> {
-    let a = LinuxVm::boot(cfg).map_err(|e| format!("machine A: {e}"))?;
+/// [`LinuxRunError::Machine`] when the machine does not boot; as
+/// [`wait_for`] when the program fails or does not start.
+pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, LinuxRunError> {
+    let a = LinuxVm::boot(cfg).map_err(|e| machine("machine A", e))?;
     if s.program == GuestProgram::Dirtier {
         wait_for(&a, "machine A", |t| {
             t.contains("s2mmu-dirtier: start").then_some(())
@@ -335,18 +340,17 @@ pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, String
 }
 
 /// One migration in this process: boot A, run its program, move its guest
-/// to B (through the session over loopback, or by post-copy), check that
-/// B's guest goes on and A's not, shut B down.
+/// to B through the session over loopback (pre-copy, or post-copy as
+/// `s.postcopy` says), check that B's guest goes on and A's not, shut B
+/// down.
 ///
 /// # Errors
-/// A machine failing, a failed migration, the guest not going on, as text.
-pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, String> {
-    let mut a = boot_source(s, cfg)?;
-    if let Some(mode) = s.postcopy {
-        let mut b = LinuxVm::blank(cfg).map_err(|e| format!("machine B: {e}"))?;
-        let run = switch_postcopy(mode, &mut a, &mut b)?;
-        return goes_on(s, &a, &mut b, run);
-    }
+/// [`LinuxRunError::Machine`] for a machine failing,
+/// [`LinuxRunError::Session`] for a failed migration (either side's
+/// error), [`LinuxRunError::WentWrong`] and [`wait_for`]'s errors for a
+/// guest that did not go on.
+pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, LinuxRunError> {
+    let a = boot_source(s, cfg)?;
     let src = LinuxSource::new(a);
     let (o, _d, b) = in_process(s, &src, cfg)?;
     let mut a = src.vm().lock();
@@ -354,8 +358,21 @@ pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, Stri
     let run = session_run(&o, state_bytes, src.limit_counters());
     let mut b = b.lock();
     // The session ran B's guest for --run-after, then paused it.
-    Pausable::resume(&mut *b).map_err(|e| format!("machine B: {e}"))?;
+    Pausable::resume(&mut *b).map_err(|e| machine("machine B", e))?;
     goes_on(s, &a, &mut b, run)
+}
+
+/// Waits for the dirtier's `ok` line on `vm`'s console (`what` names the
+/// machine in errors).
+fn dirtier_ok(vm: &LinuxVm, what: &'static str) -> Result<WentOn, LinuxRunError> {
+    let ok = wait_for(vm, what, |t| {
+        // Whole lines only: the console may be read mid-line.
+        t[..t.rfind('\n').map_or(0, |i| i + 1)]
+            .lines()
+            .find(|l| l.contains("s2mmu-dirtier: ok"))
+            .map(str::to_string)
+    })?;
+    Ok(WentOn::DirtierOk(ok.trim().to_string()))
 }
 
 /// Checks that B's guest goes on from where A's stopped, and A's not.
@@ -364,17 +381,10 @@ fn goes_on(
     a: &LinuxVm,
     b: &mut LinuxVm,
     mut run: LinuxRun,
-) -> Result<LinuxRun, String> {
+) -> Result<LinuxRun, LinuxRunError> {
     let a_text = a.console().contents();
     if s.program == GuestProgram::Dirtier {
-        let ok = wait_for(b, "machine B", |t| {
-            // Whole lines only: the console may be read mid-line.
-            t[..t.rfind('\n').map_or(0, |i| i + 1)]
-                .lines()
-                .find(|l| l.contains("s2mmu-dirtier: ok"))
-                .map(str::to_string)
-        })?;
-        run.went_on = Some(WentOn::DirtierOk(ok.trim().to_string()));
+        run.went_on = Some(dirtier_ok(b, "machine B")?);
     } else {
         let at_switch = steps(&a_text).last().copied().unwrap_or(0);
         wait_for(b, "machine B", |t| {
@@ -384,16 +394,18 @@ fn goes_on(
         // joined: every step once, in order, across the switch.
         let all = steps(&format!("{a_text}{}", b.console().contents()));
         if all.windows(2).any(|w| w[1] != w[0] + 1) {
-            return Err(format!(
+            return Err(LinuxRunError::WentWrong(format!(
                 "the guest's counter steps across the switch: {all:?}"
-            ));
+            )));
         }
         run.went_on = Some(WentOn::CounterStep(at_switch + 1));
     }
     if a.console().contents() != a_text {
-        return Err("A's guest printed after the switch".into());
+        return Err(LinuxRunError::WentWrong(
+            "A's guest printed after the switch".into(),
+        ));
     }
-    b.shut_down().map_err(|e| format!("machine B: {e}"))?;
+    b.shut_down().map_err(|e| machine("machine B", e))?;
     Ok(run)
 }
 
@@ -403,20 +415,25 @@ fn in_process(
     s: &RunSettings,
     src: &LinuxSource,
     cfg: &LinuxConfig,
-) -> Result<(SourceOutcome, DestOutcome, Arc<LinuxSessionVm>), String> {
+) -> Result<(SourceOutcome, DestOutcome, Arc<LinuxSessionVm>), LinuxRunError> {
     let scfg = session_config(s);
     let net = &s.net;
-    let listener = net::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let listener = net::bind("127.0.0.1:0").map_err(|error| LinuxRunError::Bind {
+        addr: "127.0.0.1:0".into(),
+        error,
+    })?;
     let addr = listener.local();
     let dcfg = dest_config(s);
     let factory = dest_factory(cfg);
     // B's QEMU starts now, not on the HEADER inside the source's deadline.
-    factory.prestart(cfg.vcpus, cfg.mem)?;
+    factory
+        .prestart(cfg.vcpus, cfg.mem)
+        .map_err(|e| machine("machine B", e))?;
     let (d2, n2, f2) = (dcfg.clone(), net.clone(), factory.clone());
     let served = std::thread::Builder::new()
         .name("linux-destination".into())
         .spawn(move || serve_with(&*listener, &*f2, &d2, &n2))
-        .map_err(|e| format!("the destination's thread: {e}"))?;
+        .map_err(|e| LinuxRunError::Thread(e.to_string()))?;
     let o = run_source(src, &scfg, &mut |_| {
         net::client(net::connect(&addr, net)?, net)
     });
@@ -425,10 +442,10 @@ fn in_process(
     }
     let d = served
         .join()
-        .map_err(|_| "the destination's thread panicked".to_string())?;
-    let o = o.map_err(|e| format!("source: {e}"))?;
-    let d = d.map_err(|e| format!("destination: {e}"))?;
-    let b = factory.built().ok_or("the destination built no guest")?;
+        .map_err(|_| LinuxRunError::Thread("it panicked".into()))?;
+    let o = o.map_err(|error| session("source", error))?;
+    let d = d.map_err(|error| session("destination", error))?;
+    let b = factory.built().ok_or(LinuxRunError::NoGuest)?;
     Ok((o, d, b))
 }
 
@@ -437,26 +454,30 @@ fn in_process(
 /// then checks A's guest stays paused (it must never run again).
 ///
 /// # Errors
-/// A failed migration, A's guest printing after the switch.
+/// [`LinuxRunError::Session`] for a failed migration (connecting
+/// included), [`LinuxRunError::WentWrong`] when A's guest printed after
+/// the switch.
 pub fn source_to(
     s: &RunSettings,
     addr: &str,
     a: LinuxVm,
     sent: &mut dyn FnMut(&SourceOutcome, u64),
-) -> Result<LinuxRun, String> {
+) -> Result<LinuxRun, LinuxRunError> {
     let scfg = session_config(s);
     let net = &s.net;
     let src = LinuxSource::new(a);
     let o = run_source(&src, &scfg, &mut |_| {
         net::client(net::connect(addr, net)?, net)
     })
-    .map_err(|e| format!("source: {e}"))?;
+    .map_err(|error| session("source", error))?;
     let mut a = src.vm().lock();
     let text = a.console().contents();
     sent(&o, begun_steps(&text).last().copied().unwrap_or(0));
     std::thread::sleep(Duration::from_millis(500));
     if a.console().contents() != text {
-        return Err("the source's guest printed after the switch".into());
+        return Err(LinuxRunError::WentWrong(
+            "the source's guest printed after the switch".into(),
+        ));
     }
     let state_bytes = a.save_state().map_or(0, |v| v.len());
     drop(a);
@@ -465,23 +486,31 @@ pub fn source_to(
 
 /// `--listen ADDR`: serves one migration into a QEMU machine this process
 /// starts from the HEADER (up to `s.attempts` sources), runs the guest on
-/// and checks its counter goes on step by step; `on` hears of the bind
-/// and of each failed attempt.
+/// and checks its counter goes on step by step (or, with the dirtier,
+/// waits for its `ok`); `on` hears of the bind and of each failed attempt.
 ///
 /// # Errors
-/// Binding, every attempt failing, the guest not going on.
+/// [`LinuxRunError::Bind`], [`LinuxRunError::Machine`] (the blank machine
+/// or the resumed guest), [`LinuxRunError::Attempts`] when every attempt
+/// failed, [`LinuxRunError::WentWrong`] and [`wait_for`]'s errors when
+/// the guest does not go on.
 pub fn listen(
     s: &RunSettings,
     cfg: &LinuxConfig,
     addr: &str,
     on: &mut dyn FnMut(ListenEvent<'_>),
-) -> Result<Listened, String> {
+) -> Result<Listened, LinuxRunError> {
     let dcfg = dest_config(s);
-    let listener = net::bind(addr).map_err(|e| e.to_string())?;
+    let listener = net::bind(addr).map_err(|error| LinuxRunError::Bind {
+        addr: addr.into(),
+        error,
+    })?;
     // The blank machine of this side's --vcpus/--mem starts before the
     // source is told where to go (a HEADER of another shape starts its own).
     let factory = dest_factory(cfg);
-    factory.prestart(cfg.vcpus, cfg.mem)?;
+    factory
+        .prestart(cfg.vcpus, cfg.mem)
+        .map_err(|e| machine("the destination", e))?;
     on(ListenEvent::Listening {
         addr: &listener.local(),
         dest: &dcfg,
@@ -493,33 +522,48 @@ pub fn listen(
             Err(e) => {
                 failures += 1;
                 if failures >= s.attempts {
-                    return Err(format!(
-                        "the migration failed ({failures} of --attempts {}): {e}",
-                        s.attempts
-                    ));
+                    return Err(LinuxRunError::Attempts {
+                        failures,
+                        attempts: s.attempts,
+                        last: e,
+                    });
                 }
                 let error = e.to_string();
                 on(ListenEvent::AttemptFailed { failures, error });
+                // The next attempt's machine starts now, not on its HEADER
+                // inside the source's deadline for ACCEPT; the failed
+                // attempt's machine (never resumed) goes first.
+                factory.discard_built();
+                factory
+                    .prestart(cfg.vcpus, cfg.mem)
+                    .map_err(|e| machine("the destination", e))?;
             }
         }
     };
-    let b = factory.built().ok_or("the destination built no guest")?;
+    let b = factory.built().ok_or(LinuxRunError::NoGuest)?;
     let mut vm = b.lock();
     vm.resume()
-        .map_err(|e| format!("the destination's guest: {e}"))?;
-    let first_step = wait_for(&vm, "the destination", |t| {
-        let s = begun_steps(t);
-        (s.len() >= 2).then(|| s[0])
-    })?;
-    let steps = begun_steps(&vm.console().contents());
-    if steps.windows(2).any(|w| w[1] != w[0] + 1) {
-        return Err(format!("the destination's counter skips: {steps:?}"));
-    }
+        .map_err(|e| machine("the destination's guest", e))?;
+    let (went_on, more_steps) = if s.program == GuestProgram::Dirtier {
+        (dirtier_ok(&vm, "the destination")?, 0)
+    } else {
+        let first_step = wait_for(&vm, "the destination", |t| {
+            let s = begun_steps(t);
+            (s.len() >= 2).then(|| s[0])
+        })?;
+        let steps = begun_steps(&vm.console().contents());
+        if steps.windows(2).any(|w| w[1] != w[0] + 1) {
+            return Err(LinuxRunError::WentWrong(format!(
+                "the destination's counter skips: {steps:?}"
+            )));
+        }
+        (WentOn::CounterStep(first_step), steps.len() - 1)
+    };
     vm.shut_down()
-        .map_err(|e| format!("the destination's guest: {e}"))?;
+        .map_err(|e| machine("the destination's guest", e))?;
     Ok(Listened {
         outcome,
-        first_step,
-        more_steps: steps.len() - 1,
+        went_on,
+        more_steps,
     })
 }

@@ -11,9 +11,11 @@ use super::migrate::LinuxVm;
 use super::vm;
 use crate::vm::Arm64Mmu;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
+use s2mmu_migrate::session::postcopy::Final;
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
+use s2mmu_migrate::vm::{GuestCounters, GuestRun, PageFetch, RamSlot, SessionVm, VmError};
 use s2mmu_migrate::wire::WireFormat;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The backing name a Linux guest's header carries: its RAM is the file
@@ -32,6 +34,10 @@ pub struct LinuxSessionVm {
     slots: [RamSlot; 1],
     vcpus: usize,
     limit: Arc<DirtyLimit>,
+    /// A post-copy destination: its dirty log stays on from the resume
+    /// until FINAL, which reports the pages its guest wrote
+    /// ([`LinuxSessionVm::take_written`]).
+    tracking: AtomicBool,
 }
 
 fn vmerr(e: impl std::fmt::Display) -> VmError {
@@ -58,7 +64,29 @@ impl LinuxSessionVm {
             slots,
             vcpus,
             limit,
+            tracking: AtomicBool::new(false),
         }
+    }
+
+    /// A post-copy destination's written pages since its resume (bit `i`:
+    /// page `i`), taken from the dirty log, which is then turned off. The
+    /// guest must be paused.
+    ///
+    /// # Errors
+    /// Not a post-copy destination, or the engine's log failed.
+    pub(super) fn take_written(&self) -> Result<Vec<u64>, VmError> {
+        if !self.tracking.swap(false, Ordering::SeqCst) {
+            return Err(VmError::new("no post-copy ran into this guest"));
+        }
+        let mut bm = Vec::new();
+        bm.try_reserve_exact(self.ram.pages().div_ceil(64) as usize)
+            .map_err(|e| VmError::new(format!("written-pages bitmap: {e}")))?;
+        bm.resize(self.ram.pages().div_ceil(64) as usize, 0u64);
+        self.get_dirty_log(vm::RAM_SLOT, &mut bm)?;
+        self.mmu
+            .disable_dirty_logging(vm::RAM_SLOT)
+            .map_err(vmerr)?;
+        Ok(bm)
     }
 
     /// The VM (its console, its exits, its shut-down).
@@ -124,6 +152,11 @@ impl SessionVm for LinuxSessionVm {
     }
 
     fn disable_dirty_logging(&self) -> Result<(), VmError> {
+        if self.tracking.load(Ordering::SeqCst) {
+            // A post-copy destination once every page is here: the log
+            // goes on until FINAL takes the guest's writes from it.
+            return Ok(());
+        }
         self.mmu.disable_dirty_logging(vm::RAM_SLOT).map_err(vmerr)
     }
 
@@ -165,6 +198,16 @@ impl SessionVm for LinuxSessionVm {
             .clear_dirty_log(vm::RAM_SLOT, first_page, num_pages, bitmap)
             .map(|_| ())
             .map_err(vmerr)
+    }
+
+    fn set_page_fetch(&self, fetch: Option<Arc<dyn PageFetch>>) -> Result<(), VmError> {
+        if fetch.is_some() {
+            // Set before the resume, with the log just turned on: from
+            // here every page the guest writes is in the log.
+            self.tracking.store(true, Ordering::SeqCst);
+        }
+        self.lock().set_page_fetch(fetch);
+        Ok(())
     }
 }
 
@@ -269,5 +312,15 @@ impl SourceGuest for LinuxSource {
 
     fn begin_hook(&self) -> Result<NoHook, MigrateError> {
         Ok(NoHook)
+    }
+
+    fn supports_postcopy(&self) -> bool {
+        true
+    }
+
+    fn verify_final(&self, _state: &[u8], fin: &Final) -> Result<Vec<(u16, u64)>, MigrateError> {
+        // The guest stays paused after the switch: its memory is the
+        // frozen memory the check needs.
+        super::session_postcopy::verify_final(&self.vm.ram, self.vm.vcpus, fin)
     }
 }

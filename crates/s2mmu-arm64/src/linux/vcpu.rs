@@ -263,7 +263,7 @@ fn abort(
         std::thread::sleep(Duration::from_micros(100));
         return Ok(Next::Resume(e.elr, Vec::new()));
     }
-    super::postcopy::before_fault(sh, id, e)?;
+    super::page_fetch::before_fault(sh, id, e)?;
     let t0 = Instant::now();
     let r = sh.vm.fault(vcpu, e)?;
     let st = &sh.stats[id];

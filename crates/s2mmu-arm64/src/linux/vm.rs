@@ -142,7 +142,7 @@ pub(crate) struct Shared {
     pub(crate) deadline: Instant,
     pub(crate) log: Mutex<Vec<String>>,
     /// Post-copy's hook: called on a translation fault in RAM first.
-    pub(crate) page_fetch: super::postcopy::HookSlot,
+    pub(crate) page_fetch: super::page_fetch::HookSlot,
     /// Throttle and pace, served at the guest's write faults.
     pub(crate) limit: Arc<super::dirty_limit::DirtyLimit>,
 }

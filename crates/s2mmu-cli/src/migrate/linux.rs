@@ -4,8 +4,9 @@
 //! over the engine's dirty log, stop-and-copy, the vCPU and device state,
 //! the memories' digests compared, resume; loopback TLS unless
 //! `--no-tls`; two processes with `--listen`/`--to`, see [`super::linux_net`])
-//! or with `--postcopy` by the arm64 crate's post-copy (the destination's
-//! stage-2 fault on a missing page is its request), `--runs` times. The guest runs `counter` (one
+//! with `--postcopy on|auto` ending in the session's post-copy (the
+//! destination's stage-2 fault on a missing page is its request),
+//! `--runs` times. The guest runs `counter` (one
 //! small step a second: the destination must print the next step) or
 //! `dirtier` (`--linux-run dirtier`: writes as fast as it can and
 //! re-checks every page: the destination must print its `ok`). The run
@@ -79,25 +80,32 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
                 s.net.security.describe(),
                 braked(outcome, limit)
             ),
-            ),
-            RunDetails::Postcopy(r) => {
-                (
-                    serde_json::json!({"converged": r.converged, "missing": r.missing,
-                "remote_faults": r.remote_faults, "by_fault": r.by_fault,
-                "by_background": r.by_background, "postcopy_ms": ms(r.complete)}),
-                    format!(
-                "pre-copy {}; {} pages missing at the resume, {} remote faults, {} pages by \
-                 fault and {} by the background copy in {:.1} ms",
-                if r.converged { "converged" } else { "did not converge" },
-                r.missing,
-                r.remote_faults,
-                r.by_fault,
-                r.by_background,
-                ms(r.complete)
-            ),
-                )
-            }
-        };
+        ),
+        RunDetails::Postcopy(pc) => {
+            let f = &pc.figures;
+            (
+                serde_json::json!({"security": s.net.security.describe(),
+                "after_round": pc.after_round, "missing": f.missing_pages,
+                "requests": f.requests, "remote_faults": f.remote_faults,
+                "answered_pages": f.answered_pages, "background_pages": f.background_pages,
+                "dropped_duplicates": f.dropped_duplicates, "recoveries": pc.recoveries,
+                "postcopy_ms": f.time_to_last_page_ns as f64 / 1e6}),
+                format!(
+                    "through the session, {}; post-copy after round {}: {} pages missing at \
+                         the resume, {} requests (stage-2 faults), {} pages answered and {} \
+                         streamed in {:.1} ms; the pages B's guest did not write equal the \
+                         source's",
+                    s.net.security.describe(),
+                    pc.after_round,
+                    f.missing_pages,
+                    f.requests,
+                    f.answered_pages,
+                    f.background_pages,
+                    f.time_to_last_page_ns as f64 / 1e6
+                ),
+            )
+        }
+    };
     match &r.went_on {
         Some(WentOn::DirtierOk(ok)) => line += &format!("; B: {ok}"),
         Some(WentOn::CounterStep(n)) => line += &format!("; B went on at counter step {n}"),
@@ -238,11 +246,6 @@ pub fn chosen(p: &Params, args: impl Iterator<Item = String>) -> bool {
 pub fn main(p: &Params) -> Result<(), String> {
     if !(1..=MAX_RUNS).contains(&p.runs) {
         return Err(format!("--runs {}: 1 to {MAX_RUNS}", p.runs));
-    }
-    if p.postcopy.is_some() && (p.listen.is_some() || p.to.is_some()) {
-        return Err(
-            "--postcopy with --guest linux runs in one process: no --listen or --to".into(),
-        );
     }
     if p.runs != 1 && (p.listen.is_some() || p.to.is_some()) {
         return Err(format!(

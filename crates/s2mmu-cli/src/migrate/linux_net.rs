@@ -5,7 +5,9 @@
 //! prints what each side saw.
 
 use s2mmu_arm64::linux::migrate::LinuxVm;
-use s2mmu_arm64::linux::session_run::{self, LinuxRun, ListenEvent, RunSettings};
+use s2mmu_arm64::linux::session_run::{
+    self, GuestProgram, LinuxRun, ListenEvent, RunSettings, WentOn,
+};
 use s2mmu_arm64::linux::vm::LinuxConfig;
 
 /// `--to ADDR`: migrates the guest `a` (booted here) to `addr`.
@@ -14,13 +16,19 @@ use s2mmu_arm64::linux::vm::LinuxConfig;
 /// A failed migration, the source's guest printing after the switch.
 pub fn source_to(s: &RunSettings, addr: &str, a: LinuxVm) -> Result<LinuxRun, String> {
     session_run::source_to(s, addr, a, &mut |o, last| {
+        let guest = match s.program {
+            GuestProgram::Counter | GuestProgram::Fill => {
+                format!("; counter step {last} was the last the source's guest began")
+            }
+            GuestProgram::Dirtier => String::new(),
+        };
         eprintln!(
-            "source: migrated to {addr} ({}); downtime {:.1} ms; counter step {last} was the \
-             last the source's guest began",
+            "source: migrated to {addr} ({}); downtime {:.1} ms{guest}",
             s.net.security.describe(),
             o.downtime.as_secs_f64() * 1e3
         )
     })
+    .map_err(String::from)
 }
 
 /// `--listen ADDR`: serves one migration (up to `--attempts` sources) and
@@ -49,15 +57,33 @@ pub fn listen(s: &RunSettings, cfg: &LinuxConfig, addr: &str) -> Result<(), Stri
         .iter()
         .map(|(id, v)| format!("slot {id}: {v:#018x}"))
         .collect();
+    if let Some(f) = &l.outcome.postcopy {
+        println!(
+            "destination: post-copy: {} pages missing at the resume, {} requests (stage-2 \
+             faults), {} pages answered and {} streamed, the last {:.1} ms after the resume, \
+             {} recoveries",
+            f.missing_pages,
+            f.requests,
+            f.answered_pages,
+            f.background_pages,
+            f.time_to_last_page_ns as f64 / 1e6,
+            f.recoveries
+        );
+    }
+    let went_on = match &l.went_on {
+        WentOn::CounterStep(n) => format!(
+            "counter step {n} was the first the destination's guest began, then {} more in \
+             order",
+            l.more_steps
+        ),
+        WentOn::DirtierOk(ok) => format!("the destination's guest printed \"{ok}\""),
+    };
     println!(
         "destination: received {} page records over {} channel(s), resumed the Linux guest \
-         (memory digests {}); counter step {} was the first the destination's guest began, \
-         then {} more in order",
+         (memory digests {}); {went_on}",
         l.outcome.page_records,
         l.outcome.channels,
         digests.join(", "),
-        l.first_step,
-        l.more_steps
     );
     Ok(())
 }
