@@ -16,7 +16,6 @@ use s2mmu_arm64::linux::session_source::LinuxSource;
 use s2mmu_arm64::linux::vm::RAM_SLOT;
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::vm::{GuestRun, SessionVm};
-use s2mmu_migrate::Pausable;
 use std::time::{Duration, Instant};
 
 const VCPUS: u64 = 2;
@@ -120,11 +119,14 @@ fn pace_and_throttle_slow_a_linux_guests_dirtying() {
     // vCPUs asleep in it without waiting for the rest.
     src.set_throttle_ns(120_000_000_000);
     std::thread::sleep(Duration::from_millis(500));
-    Pausable::pause(&mut *src.vm().lock()).expect("the pause cuts the throttle's sleep short");
+    src.vm()
+        .lock()
+        .pause_vcpus()
+        .expect("the pause cuts the throttle's sleep short");
     src.set_throttle_ns(0);
     let slept = src.limit_counters().throttled_ns - c2.throttled_ns;
     assert!(slept < 60_000_000_000, "slept {slept} ns");
-    Pausable::resume(&mut *src.vm().lock()).expect("resume");
+    src.vm().lock().resume_vcpus().expect("resume");
 
     // Unbraked again: the guest dirties as before, and its check passes.
     let (again, _) = window(&src, words);

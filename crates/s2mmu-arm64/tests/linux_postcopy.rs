@@ -36,7 +36,6 @@ use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOu
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self, NetConfig};
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
-use s2mmu_migrate::{MigratableVm, Pausable};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -225,7 +224,7 @@ fn linux_guest_goes_on_by_postcopy_through_the_session() {
     let b = dest.built().expect("B was built");
     // The session ran B for its run_after, then paused it: run it on.
     let mut bvm = b.lock();
-    bvm.resume().expect("B runs on");
+    bvm.resume_vcpus().expect("B runs on");
     let n = counter_lines(&bvm.console().contents()).len();
     let b1 = wait_lines(&bvm, 0, n + 5, "B");
     // The counter checks its buffer holds the previous step's values
@@ -273,13 +272,13 @@ fn missing_page_that_cannot_come_stops_the_destination() {
     let cfg = config(&a, 1);
     let mut vm_a = LinuxVm::boot(&cfg).expect("A boots");
     let a1 = wait_lines(&vm_a, 0, 2, "A");
-    vm_a.pause().expect("A pauses");
-    let state = vm_a.save_state().expect("A's state");
+    vm_a.pause_vcpus().expect("A pauses");
+    let state = vm_a.guest_state().expect("A's state");
     let mut vm_b = LinuxVm::blank(&cfg).expect("B starts");
-    vm_b.restore_state(&state).expect("B takes A's state");
+    vm_b.load_guest_state(&state).expect("B takes A's state");
     let gone = Arc::new(Gone(AtomicU64::new(0)));
     vm_b.set_page_fetch(Some(gone.clone()));
-    vm_b.resume().expect("B starts its vCPU");
+    vm_b.resume_vcpus().expect("B starts its vCPU");
     let t = Instant::now();
     let why = loop {
         if let Some(r) = vm_b.stopped() {
@@ -301,7 +300,7 @@ fn missing_page_that_cannot_come_stops_the_destination() {
     assert!(gone.0.load(Ordering::Relaxed) > 0);
     drop(vm_b);
     // The source goes on.
-    vm_a.resume().expect("A resumes");
+    vm_a.resume_vcpus().expect("A resumes");
     let n = common::counter::counter_lines(&a1).len();
     wait_lines(&vm_a, 0, n + 2, "A after B failed");
 }

@@ -21,15 +21,10 @@
 //!   [`stages`] (where the stream's time goes) and [`stream_error`] (why
 //!   a stream failed).
 //!
-//! The older in-process interface, [`vm::MigratableVm`] and
-//! [`vm::Pausable`] with [`error::MigrateError`] and [`driver::Policy`],
-//! remains only for the Linux post-copy path that has not moved onto the
-//! session yet; its driver and file snapshots are retired.
-//!
-//! Import graph (a DAG): `state`, `vm`, `bandwidth`, `stages`, `driver`
-//! and `stream_error` import nothing of this crate; `hash` imports `vm`;
+//! Import graph (a DAG): `state`, `vm`, `bandwidth`, `stages` and
+//! `stream_error` import nothing of this crate; `hash` imports `vm`;
 //! `wire` imports `hash`, `stages` and `stream_error`; `transport` imports
-//! `stages` and `stream_error`; `error` imports `state` and `vm`. No clap,
+//! `stages` and `stream_error`. No clap,
 //! plotting, progress bars or KVM here.
 
 // Unsafe code only where a module allows it (below: the unsafe trait
@@ -38,8 +33,6 @@
 #![deny(unsafe_code)]
 
 pub mod bandwidth;
-pub mod driver;
-pub mod error;
 pub mod hash;
 pub mod session;
 #[cfg(feature = "sim")]
@@ -53,5 +46,4 @@ pub mod transport;
 pub mod vm;
 pub mod wire;
 
-pub use error::MigrateError;
-pub use vm::{MigratableVm, Pausable, VmError, PAGE_SIZE};
+pub use vm::{VmError, PAGE_SIZE};

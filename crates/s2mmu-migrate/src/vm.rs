@@ -1,10 +1,7 @@
 //! The VM interface the session runs over: [`SessionVm`] (guest RAM as
 //! one mapping, [`GuestRam`], and the engine's dirty log), [`GuestRun`]
 //! (stop and go, throttle, pace, counters), and post-copy's
-//! [`PageFetch`]. The older in-process interface, [`MigratableVm`] and
-//! [`Pausable`], is kept only for the Linux post-copy path that has not
-//! moved onto the session yet (its driver and file snapshots are
-//! retired); it goes with that path.
+//! [`PageFetch`].
 
 use std::fmt;
 
@@ -32,94 +29,6 @@ impl fmt::Display for VmError {
 }
 
 impl std::error::Error for VmError {}
-
-/// A VM whose vCPUs can be stopped and started again.
-pub trait Pausable {
-    /// Stops every vCPU at an instruction boundary; devices stop raising
-    /// interrupts into it. Memory and state are then stable.
-    ///
-    /// # Errors
-    /// The VM's own (a vCPU that does not stop).
-    fn pause(&mut self) -> Result<(), VmError>;
-
-    /// Runs the vCPUs again (after [`Pausable::pause`], or for the first
-    /// time after [`MigratableVm::restore_state`]). Returns once the first
-    /// vCPU executes guest code again.
-    ///
-    /// # Errors
-    /// The VM's own.
-    fn resume(&mut self) -> Result<(), VmError>;
-}
-
-/// A VM that can be migrated or snapshotted: its memory as pages with a
-/// dirty log, its vCPU and device state as bytes.
-pub trait MigratableVm: Pausable {
-    /// Guest pages of [`PAGE_SIZE`] bytes, numbered from 0.
-    fn page_count(&self) -> u64;
-
-    /// Starts dirty logging on all guest memory (every later write is in a
-    /// later [`MigratableVm::harvest_dirty`]).
-    ///
-    /// # Errors
-    /// The engine's.
-    fn start_dirty_log(&mut self) -> Result<(), VmError>;
-
-    /// Appends the pages written since the last harvest (or since
-    /// logging started) to `out`, and re-arms the log for them.
-    ///
-    /// # Errors
-    /// The engine's.
-    fn harvest_dirty(&mut self, out: &mut Vec<u64>) -> Result<(), VmError>;
-
-    /// Stops dirty logging.
-    ///
-    /// # Errors
-    /// The engine's.
-    fn stop_dirty_log(&mut self) -> Result<(), VmError>;
-
-    /// Copies page `page` into `buf`.
-    ///
-    /// # Errors
-    /// A page number out of range.
-    fn read_page(&self, page: u64, buf: &mut [u8; PAGE_SIZE]) -> Result<(), VmError>;
-
-    /// Writes page `page` (a paused or not yet started VM).
-    ///
-    /// # Errors
-    /// A page number out of range.
-    fn write_page(&mut self, page: u64, data: &[u8; PAGE_SIZE]) -> Result<(), VmError>;
-
-    /// The vCPU and device state of a paused VM, encoded with
-    /// [`crate::state::State`].
-    ///
-    /// # Errors
-    /// The VM is not paused, or a vCPU's state cannot be read.
-    fn save_state(&mut self) -> Result<Vec<u8>, VmError>;
-
-    /// Loads a state [`MigratableVm::save_state`] made into a VM that has
-    /// not run; it runs from it on [`Pausable::resume`]. Damaged or
-    /// foreign state is refused (naming what is wrong) with the VM
-    /// unchanged.
-    ///
-    /// # Errors
-    /// The decoding's [`crate::state::StateError`] as text, or the VM's.
-    fn restore_state(&mut self, state: &[u8]) -> Result<(), VmError>;
-
-    /// A digest of all guest memory (the same content gives the same
-    /// digest on every VM).
-    ///
-    /// # Errors
-    /// The VM's.
-    fn memory_digest(&self) -> Result<u64, VmError> {
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        let mut buf = [0u8; PAGE_SIZE];
-        for p in 0..self.page_count() {
-            self.read_page(p, &mut buf)?;
-            h.update(&buf);
-        }
-        Ok(h.digest())
-    }
-}
 
 /// One memslot of guest RAM as the network session moves it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

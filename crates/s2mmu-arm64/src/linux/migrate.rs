@@ -34,7 +34,7 @@ use crate::layout;
 use crate::machine::{Machine, MachineConfig};
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
-use s2mmu_migrate::{MigratableVm, Pausable, VmError, PAGE_SIZE};
+use s2mmu_migrate::{VmError, PAGE_SIZE};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
@@ -65,7 +65,6 @@ pub struct LinuxVm {
     idle: Option<Arm64Vm>,
     run: Option<Running>,
     pub(super) paused: bool,
-    bitmap: Vec<u64>,
     /// The guest's virtual count at the last pause.
     paused_vct: u64,
     /// Whether this QEMU has run guest code (see [`LinuxVm::renew`]).
@@ -128,7 +127,6 @@ impl LinuxVm {
             idle: Some(avm),
             run: None,
             paused: true,
-            bitmap: vec![0; (cfg.mem / 4096).div_ceil(64) as usize],
             paused_vct: 0,
             ran: false,
             ram,
@@ -460,75 +458,6 @@ impl LinuxVm {
             }
         }
         Ok(())
-    }
-}
-
-// The in-process interface, kept only for `postcopy` and `session_run`'s
-// post-copy path (s2mmu_migrate::driver is retired): delete with them.
-impl MigratableVm for LinuxVm {
-    fn page_count(&self) -> u64 {
-        self.mem / PAGE_SIZE as u64
-    }
-
-    fn start_dirty_log(&mut self) -> std::result::Result<(), VmError> {
-        self.mmu().enable_dirty_logging(vm::RAM_SLOT).map_err(vmerr)
-    }
-
-    fn harvest_dirty(&mut self, out: &mut Vec<u64>) -> std::result::Result<(), VmError> {
-        let mut bm = std::mem::take(&mut self.bitmap);
-        let r = self
-            .mmu()
-            .get_dirty_log(vm::RAM_SLOT, &mut bm)
-            .map_err(vmerr);
-        for (i, w) in bm.iter().enumerate() {
-            let mut w = *w;
-            while w != 0 {
-                out.push(i as u64 * 64 + u64::from(w.trailing_zeros()));
-                w &= w - 1;
-            }
-        }
-        self.bitmap = bm;
-        r.map(|_| ())
-    }
-
-    fn stop_dirty_log(&mut self) -> std::result::Result<(), VmError> {
-        self.mmu()
-            .disable_dirty_logging(vm::RAM_SLOT)
-            .map_err(vmerr)
-    }
-
-    fn read_page(&self, page: u64, buf: &mut [u8; PAGE_SIZE]) -> std::result::Result<(), VmError> {
-        self.read_pages(page, buf)
-    }
-
-    fn write_page(
-        &mut self,
-        page: u64,
-        data: &[u8; PAGE_SIZE],
-    ) -> std::result::Result<(), VmError> {
-        self.write_pages(page, data)
-    }
-
-    fn memory_digest(&self) -> std::result::Result<u64, VmError> {
-        self.digest()
-    }
-
-    fn save_state(&mut self) -> std::result::Result<Vec<u8>, VmError> {
-        self.guest_state()
-    }
-
-    fn restore_state(&mut self, bytes: &[u8]) -> std::result::Result<(), VmError> {
-        self.load_guest_state(bytes)
-    }
-}
-
-impl Pausable for LinuxVm {
-    fn pause(&mut self) -> std::result::Result<(), VmError> {
-        self.pause_vcpus()
-    }
-
-    fn resume(&mut self) -> std::result::Result<(), VmError> {
-        self.resume_vcpus()
     }
 }
 

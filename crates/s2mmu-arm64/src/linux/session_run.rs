@@ -25,7 +25,6 @@ use s2mmu_migrate::session::postcopy::{Postcopy, PostcopyOutcome};
 use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self as net, NetConfig};
-use s2mmu_migrate::{MigratableVm, Pausable};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -354,11 +353,11 @@ pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, Linu
     let src = LinuxSource::new(a);
     let (o, _d, b) = in_process(s, &src, cfg)?;
     let mut a = src.vm().lock();
-    let state_bytes = a.save_state().map_or(0, |v| v.len());
+    let state_bytes = a.guest_state().map_or(0, |v| v.len());
     let run = session_run(&o, state_bytes, src.limit_counters());
     let mut b = b.lock();
     // The session ran B's guest for --run-after, then paused it.
-    Pausable::resume(&mut *b).map_err(|e| machine("machine B", e))?;
+    b.resume_vcpus().map_err(|e| machine("machine B", e))?;
     goes_on(s, &a, &mut b, run)
 }
 
@@ -479,7 +478,7 @@ pub fn source_to(
             "the source's guest printed after the switch".into(),
         ));
     }
-    let state_bytes = a.save_state().map_or(0, |v| v.len());
+    let state_bytes = a.guest_state().map_or(0, |v| v.len());
     drop(a);
     Ok(session_run(&o, state_bytes, src.limit_counters()))
 }
@@ -542,7 +541,7 @@ pub fn listen(
     };
     let b = factory.built().ok_or(LinuxRunError::NoGuest)?;
     let mut vm = b.lock();
-    vm.resume()
+    vm.resume_vcpus()
         .map_err(|e| machine("the destination's guest", e))?;
     let (went_on, more_steps) = if s.program == GuestProgram::Dirtier {
         (dirtier_ok(&vm, "the destination")?, 0)
