@@ -54,7 +54,10 @@ fn words_and_pages_cover_exactly_the_memory_the_word_accessors_reach() {
     }
     assert!(m.write_u64(MIB - 16, 42));
     assert_eq!(words[words.len() - 2].load(Ordering::Relaxed), 42);
-    assert_eq!(pages[pages.len() - 1][PAGE_WORDS - 2].load(Ordering::Relaxed), 42);
+    assert_eq!(
+        pages[pages.len() - 1][PAGE_WORDS - 2].load(Ordering::Relaxed),
+        42
+    );
     assert!(words.get(words.len()).is_none() && pages.get(pages.len()).is_none());
 }
 

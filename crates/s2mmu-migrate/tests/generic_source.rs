@@ -83,7 +83,7 @@ struct Guest {
 
 impl Guest {
     fn start(lose_writes: bool) -> Guest {
-                let vm = Arc::new(PlainVm {
+        let vm = Arc::new(PlainVm {
             ram: Arc::new(Words::filled(MEM, |i| i)),
             slots: vec![RamSlot {
                 id: 0,

@@ -6,8 +6,8 @@
 #![allow(unsafe_code, dead_code)]
 
 use s2mmu_migrate::session::dest::DestConfig;
-use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::session::replies::Connect;
+use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self, Listener, NetConfig};
 use s2mmu_migrate::vm::GuestRam;
 use std::sync::atomic::{AtomicU64, Ordering};
