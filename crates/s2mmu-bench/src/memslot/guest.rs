@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// The word in the middle of a page, which RW's second half reads and writes.
+pub(super) const HALF_PAGE_WORD: usize = (PAGE_SIZE / 2 / 8) as usize;
+
 /// A simulated VM: memory, its slots, and the sync flags of the selftest.
 pub(super) struct Vm<S> {
     pub(super) store: S,
@@ -102,14 +105,14 @@ impl<S: MemslotStore> Vm<S> {
         self.memory.host_addr() + page * PAGE_SIZE
     }
 
-    /// One guest access through the engine's translation, as a fault would do it.
-    /// The snapshot is held only while translating, as KVM holds SRCU in the fault handler
-    /// but not while the guest then runs on the mapping.
-    pub(super) fn guest_access(
+    /// One guest access through the engine's translation, as a fault would do it,
+    /// to word `WORD` of the page (a constant: an index past the page does not
+    /// compile). The snapshot is held only while translating, as KVM holds SRCU in
+    /// the fault handler but not while the guest then runs on the mapping.
+    pub(super) fn guest_access<const WORD: usize>(
         &self,
         cache: &mut VcpuSlotCache,
         gfn: u64,
-        offset: u64,
         write: Option<u64>,
     ) -> Option<u64> {
         let snapshot = self.store.snapshot();
@@ -122,14 +125,25 @@ impl<S: MemslotStore> Vm<S> {
             self.mmio_exits.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        // An address outside the guest's memory (which a correct store never
-        // gives) fails the access instead of reaching other memory.
-        let at = hva
-            .wrapping_add(offset)
-            .wrapping_sub(self.memory.host_addr());
+        // The store keeps slots page-aligned, so `hva` starts a page of the guest's
+        // memory. One that does not, or lies outside it (which a correct store never
+        // gives), fails the access instead of reaching other memory: one test and
+        // the page slice's one bounds check, no check of the word.
+        let at = hva.wrapping_sub(self.memory.host_addr());
+        if !at.is_multiple_of(PAGE_SIZE) {
+            return None;
+        }
+        let page = self
+            .memory
+            .pages()
+            .get(usize::try_from(at / PAGE_SIZE).ok()?)?;
+        let word = &page[WORD];
         match write {
-            Some(value) => self.memory.write_u64(at, value).then_some(value),
-            None => self.memory.read_u64(at),
+            Some(value) => {
+                word.store(value, Ordering::Relaxed);
+                Some(value)
+            }
+            None => Some(word.load(Ordering::Relaxed)),
         }
     }
 
