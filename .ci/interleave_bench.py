@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Runs each benchmark command with two binaries alternately (A B B A ...),
 N runs each, and reports per result row the median over runs of each
-binary and the ratio B/A; then the geometric mean of the ratios per command.
-Usage: interleave.py A B N OUT.json"""
+binary and the ratio B/A (a row with no time: each of its counts); then the
+geometric mean of the ratios per command. Timings only: nothing is asserted.
+Used for issue 25's before/after table in README (two release binaries of
+s2mmu, same sitting).
+Usage: .ci/interleave_bench.py A B N OUT.json"""
 import json, subprocess, sys, statistics, math
 A, B, N, OUT = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 CMDS = [
