@@ -2,7 +2,7 @@
 //! settings, the VM and workload, and the timed phases.
 
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
-use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, HwDirtyBlocks, MmuPolicy};
+use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,14 +69,8 @@ pub fn label(policy: &MmuPolicy, memslots: &str) -> String {
             "split on fault"
         },
         match policy.dirty {
-            DirtyMode::Ring { .. } => ", dirty ring",
-            DirtyMode::Hardware {
-                blocks: HwDirtyBlocks::LogWholeBlocks,
-                ..
-            } => ", hardware dirty state, blocks logged whole",
-            DirtyMode::Hardware { .. } => ", hardware dirty state",
-            DirtyMode::Pml { .. } => ", hardware dirty state with PML",
-            DirtyMode::Bitmap { .. } => "",
+            DirtyMode::Bitmap { .. } => String::new(),
+            mode => format!(", {}", mode.title()),
         },
     )
 }
