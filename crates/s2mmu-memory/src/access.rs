@@ -4,6 +4,9 @@
 use crate::{GuestMemory, MemoryError};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// 8-byte words in a 4 KiB page.
+pub const PAGE_WORDS: usize = 512;
+
 // The word accessors are `#[inline]`: callers in other crates (a guest's
 // accesses in memslot-perf, a migration's page copies) call them per word.
 impl GuestMemory {
@@ -13,16 +16,57 @@ impl GuestMemory {
         offset.checked_add(len).is_some_and(|end| end <= self.size)
     }
 
+    /// The whole of guest memory as atomic words, word `i` at byte `8 * i`.
+    ///
+    /// The bounds are established once here (the mapping is 4 KiB-aligned,
+    /// its size a multiple of 4 KiB and at most `isize::MAX`), so a loop
+    /// over the slice, or an index checked by the slice, reaches only
+    /// guest memory without a range check per access of its own.
+    #[inline]
+    pub fn words(&self) -> &[AtomicU64] {
+        // SAFETY: `ptr` is the start of a live mapping of `size` bytes
+        // (a multiple of 4 KiB, checked by `new` against `isize::MAX`),
+        // page-aligned and so aligned for `AtomicU64`, zero-filled or
+        // written, so initialised; it stays mapped as long as `&self`.
+        // Guest memory is only ever accessed atomically (this type's
+        // methods, and the `unsafe` users of `as_ptr`, KVM included, whose
+        // stores are single instructions), so shared `AtomicU64`s over it
+        // race with nothing non-atomic. A discard (`MADV_DONTNEED`) zeroes
+        // pages, which readers observe as another writer's stores.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.ptr.as_ptr().cast::<AtomicU64>(),
+                (self.size / 8) as usize,
+            )
+        }
+    }
+
+    /// Guest memory as 4 KiB pages of [`PAGE_WORDS`] atomic words: page
+    /// `p` at byte `4096 * p`. As [`GuestMemory::words`], bounds checked
+    /// once; a word index below [`PAGE_WORDS`] needs no check at all.
+    #[inline]
+    pub fn pages(&self) -> &[[AtomicU64; PAGE_WORDS]] {
+        let words = self.words();
+        // SAFETY: the words are a whole number of 4 KiB pages (the size is
+        // a multiple of 4 KiB for every backing), so `len / PAGE_WORDS`
+        // arrays cover exactly the same memory; `[AtomicU64; N]` has the
+        // layout of N consecutive `AtomicU64`s, with the same alignment.
+        unsafe {
+            std::slice::from_raw_parts(
+                words.as_ptr().cast::<[AtomicU64; PAGE_WORDS]>(),
+                words.len() / PAGE_WORDS,
+            )
+        }
+    }
+
     /// The word at byte `offset` (8-byte aligned, inside the memory).
     #[inline]
     fn word(&self, offset: u64) -> Option<&AtomicU64> {
-        if !offset.is_multiple_of(8) || !self.contains(offset, 8) {
+        if !offset.is_multiple_of(8) {
             return None;
         }
-        // SAFETY: aligned and in bounds of the mapping, which lives as long
-        // as `&self`; guest memory is only ever accessed through atomics
-        // (this type's methods, and the `unsafe` users of `as_ptr`).
-        Some(unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset as usize).cast()) })
+        let index = usize::try_from(offset / 8).ok()?;
+        self.words().get(index)
     }
 
     /// Reads the 8-byte word at `offset` (None if misaligned or outside).
@@ -51,9 +95,11 @@ impl GuestMemory {
         {
             return false;
         }
-        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
-            let v = self.read_u64(offset + 8 * i as u64).unwrap_or(0);
-            chunk.copy_from_slice(&v.to_le_bytes());
+        // In bounds (checked above): one slice, no check per word.
+        let first = (offset / 8) as usize;
+        let words = &self.words()[first..first + out.len() / 8];
+        for (word, chunk) in words.iter().zip(out.chunks_exact_mut(8)) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
         }
         true
     }
@@ -68,9 +114,11 @@ impl GuestMemory {
         {
             return false;
         }
-        for (i, chunk) in data.chunks_exact(8).enumerate() {
+        let first = (offset / 8) as usize;
+        let words = &self.words()[first..first + data.len() / 8];
+        for (word, chunk) in words.iter().zip(data.chunks_exact(8)) {
             let v = u64::from_le_bytes(chunk.try_into().expect("chunks of 8 bytes"));
-            self.write_u64(offset + 8 * i as u64, v);
+            word.store(v, Ordering::Relaxed);
         }
         true
     }

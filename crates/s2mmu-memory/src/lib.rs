@@ -26,6 +26,7 @@ mod backing;
 mod error;
 mod mapping;
 
+pub use access::PAGE_WORDS;
 pub use backing::Backing;
 pub use error::MemoryError;
 pub use mapping::GuestMemory;

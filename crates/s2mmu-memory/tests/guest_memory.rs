@@ -2,7 +2,8 @@
 //! typed error when it cannot be, accessed only inside its bounds, and
 //! written concurrently without losing bytes.
 
-use s2mmu_memory::{Backing, GuestMemory, MemoryError};
+use s2mmu_memory::{Backing, GuestMemory, MemoryError, PAGE_WORDS};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
@@ -33,6 +34,31 @@ fn anonymous_memory_reads_back_and_refuses_what_is_outside() {
     assert!(!m.write_from(4, &buf), "misaligned");
     assert!(!m.write_from(0, &buf[..12]), "length not a multiple of 8");
     assert_eq!(m.read_u64(0), Some(0), "a refused write wrote nothing");
+}
+
+#[test]
+fn words_and_pages_cover_exactly_the_memory_the_word_accessors_reach() {
+    let m = GuestMemory::new(MIB, Backing::Anonymous).unwrap();
+    let (words, pages) = (m.words(), m.pages());
+    assert_eq!(words.len() as u64, MIB / 8);
+    assert_eq!(pages.len() as u64, MIB / 4096);
+    assert_eq!(words.as_ptr() as u64, m.host_addr());
+    assert_eq!(pages.as_ptr() as u64, m.host_addr());
+    // The last word of each page through the slices, read back by offset,
+    // and the other way round: the same memory, the same layout.
+    for (p, page) in pages.iter().enumerate() {
+        page[PAGE_WORDS - 1].store(p as u64 + 1, Ordering::Relaxed);
+    }
+    for p in 0..MIB / 4096 {
+        assert_eq!(m.read_u64(p * 4096 + 4088), Some(p + 1), "page {p}");
+    }
+    assert!(m.write_u64(MIB - 16, 42));
+    assert_eq!(words[words.len() - 2].load(Ordering::Relaxed), 42);
+    assert_eq!(
+        pages[pages.len() - 1][PAGE_WORDS - 2].load(Ordering::Relaxed),
+        42
+    );
+    assert!(words.get(words.len()).is_none() && pages.get(pages.len()).is_none());
 }
 
 #[test]

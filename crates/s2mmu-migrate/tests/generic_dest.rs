@@ -6,9 +6,9 @@
 //! test VM's own RAM), and a factory that maps guest memory at the wrong
 //! address must make the migration fail by name (so the check can fail).
 
-// The test's guest RAM implements the unsafe trait GuestRam.
-#![allow(unsafe_code)]
+mod common;
 
+use common::{over_loopback, Digests, Words};
 use s2mmu_migrate::session::dest::{
     serve_with, DestConfig, DestFactory, DestGuest, DestOutcome, ResumedGuest,
 };
@@ -17,7 +17,6 @@ use s2mmu_migrate::session::source::SourceOutcome;
 use s2mmu_migrate::sim::source::{migrate_source, SimGuestConfig, SimRun};
 use s2mmu_migrate::sim::state::{encode_vcpus, GuestState};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::transport::{self, NetConfig};
 use s2mmu_migrate::vm::{GuestCounters, GuestRam, GuestRun, RamSlot, SessionVm, VmError};
 use s2mmu_migrate::wire::{Header, PAGE_SIZE};
 use s2mmu_vm::{Backing, VcpuState};
@@ -26,50 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const MEM: u64 = 8 << 20;
-
-/// Per-slot digests: (slot id, digest).
-type Digests = Vec<(u16, u64)>;
-
-/// Guest RAM as a boxed array of words.
-struct Words(Box<[AtomicU64]>);
-
-impl Words {
-    fn range_ok(&self, offset: u64, len: usize) -> bool {
-        offset.is_multiple_of(8) && len.is_multiple_of(8) && offset + len as u64 <= self.size()
-    }
-}
-
-// SAFETY: the words are one allocation of `size()` bytes at `host_addr()`,
-// 8-byte aligned, alive as long as the value, and only ever accessed
-// atomically per word (here and by the writer thread).
-unsafe impl GuestRam for Words {
-    fn size(&self) -> u64 {
-        self.0.len() as u64 * 8
-    }
-    fn host_addr(&self) -> u64 {
-        self.0.as_ptr() as u64
-    }
-    fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
-        if !self.range_ok(offset, out.len()) {
-            return false;
-        }
-        for (k, c) in out.chunks_exact_mut(8).enumerate() {
-            let w = self.0[(offset / 8) as usize + k].load(Ordering::Relaxed);
-            c.copy_from_slice(&w.to_le_bytes());
-        }
-        true
-    }
-    fn write_from(&self, offset: u64, data: &[u8]) -> bool {
-        if !self.range_ok(offset, data.len()) {
-            return false;
-        }
-        for (k, c) in data.chunks_exact(8).enumerate() {
-            let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-            self.0[(offset / 8) as usize + k].store(w, Ordering::Relaxed);
-        }
-        true
-    }
-}
 
 /// The destination VM: its RAM and one slot; it logs nothing.
 struct PlainVm {
@@ -118,7 +73,6 @@ impl DestFactory for PlainFactory {
         if h.slots != 1 || !h.mem_size.is_multiple_of(PAGE_SIZE as u64) {
             return Err(MigrateError::Setup("one slot of whole pages only".into()));
         }
-        let words = (0..h.mem_size / 8).map(|_| AtomicU64::new(0)).collect();
         let slot = RamSlot {
             id: 0,
             gpa: h.gpa_base + self.gpa_shift,
@@ -127,7 +81,7 @@ impl DestFactory for PlainFactory {
         };
         Ok(PlainGuest {
             vm: Arc::new(PlainVm {
-                ram: Arc::new(Words(words)),
+                ram: Arc::new(Words::filled(h.mem_size, |_| 0)),
                 slots: vec![slot],
             }),
             started_from: self.started_from.clone(),
@@ -226,12 +180,7 @@ impl ResumedGuest for Writer {
 
 /// Migrates a small simulated guest into the factory's guest.
 fn migrate(factory: PlainFactory) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
-    let net = NetConfig::plain(Duration::from_secs(10));
-    let listener = transport::bind("127.0.0.1:0")?;
-    let addr = listener.local();
     let dest_cfg = DestConfig::with_run_after(Duration::from_millis(50));
-    let (dcfg, dnet) = (dest_cfg.clone(), net.clone());
-    let dest = std::thread::spawn(move || serve_with(&*listener, &factory, &dcfg, &dnet));
     let run = SimRun::default().with(|g, s| {
         *g = SimGuestConfig {
             mem_size: MEM,
@@ -243,13 +192,11 @@ fn migrate(factory: PlainFactory) -> Result<(SourceOutcome, DestOutcome), Migrat
         s.warmup = Duration::from_millis(50);
         s.max_downtime = Duration::from_millis(300);
     });
-    let src = migrate_source(&run, &mut |_| {
-        transport::client(transport::connect(&addr, &net)?, &net)
-    });
-    if src.is_err() {
-        dest_cfg.stop.store(true, Ordering::SeqCst);
-    }
-    let dst = dest.join().expect("the destination thread");
+    let (dst, src) = over_loopback(
+        &dest_cfg,
+        move |l, cfg, net| serve_with(l, &factory, cfg, net),
+        |connect| migrate_source(&run, connect),
+    );
     // The destination's error first: it names what broke.
     let d = dst?;
     Ok((src?, d))

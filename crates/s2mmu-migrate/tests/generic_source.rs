@@ -6,9 +6,9 @@
 //! that fails before the switch (its STATE unreadable here, or refused
 //! there) must leave the guest running here with dirty logging off.
 
-// The test's guest RAM implements the unsafe trait GuestRam.
-#![allow(unsafe_code)]
+mod common;
 
+use common::{over_loopback, Digests, Words};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::dest::{DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
@@ -16,8 +16,7 @@ use s2mmu_migrate::session::source::{run_source, SourceConfig, SourceOutcome};
 use s2mmu_migrate::sim::dest::serve;
 use s2mmu_migrate::sim::state::GuestState;
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::transport::{self, NetConfig};
-use s2mmu_migrate::vm::{GuestCounters, GuestRam, GuestRun, RamSlot, SessionVm, VmError};
+use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
 use s2mmu_migrate::wire::WireFormat;
 use s2mmu_vm::VcpuState;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,37 +25,6 @@ use std::time::Duration;
 
 const MEM: u64 = 4 << 20;
 const PAGE: u64 = 4096;
-
-/// Guest RAM as a boxed array of words.
-struct Words(Box<[AtomicU64]>);
-
-// SAFETY: the words are one allocation of `size()` bytes at `host_addr()`,
-// 8-byte aligned, alive as long as the value, and only ever accessed
-// atomically per word (here and by the writer thread).
-unsafe impl GuestRam for Words {
-    fn size(&self) -> u64 {
-        self.0.len() as u64 * 8
-    }
-    fn host_addr(&self) -> u64 {
-        self.0.as_ptr() as u64
-    }
-    fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
-        if !offset.is_multiple_of(8)
-            || !out.len().is_multiple_of(8)
-            || offset + out.len() as u64 > self.size()
-        {
-            return false;
-        }
-        for (k, c) in out.chunks_exact_mut(8).enumerate() {
-            let w = self.0[(offset / 8) as usize + k].load(Ordering::Relaxed);
-            c.copy_from_slice(&w.to_le_bytes());
-        }
-        true
-    }
-    fn write_from(&self, _offset: u64, _data: &[u8]) -> bool {
-        false
-    }
-}
 
 /// The VM: its RAM, one slot, a dirty bitmap the writer sets and GET
 /// takes. Each GET also writes a page itself, as a write racing with the
@@ -129,9 +97,8 @@ enum StateFault {
 
 impl Guest {
     fn start(lose_writes: bool) -> Guest {
-        let words = (0..MEM / 8).map(AtomicU64::new).collect();
         let vm = Arc::new(PlainVm {
-            ram: Arc::new(Words(words)),
+            ram: Arc::new(Words::filled(MEM, |i| i)),
             slots: vec![RamSlot {
                 id: 0,
                 gpa: 1 << 32,
@@ -256,9 +223,6 @@ impl SourceGuest for Guest {
     }
 }
 
-/// Per-slot digests: (slot id, digest).
-type Digests = Vec<(u16, u64)>;
-
 type Ends = (
     Result<SourceOutcome, MigrateError>,
     Result<DestOutcome, MigrateError>,
@@ -266,28 +230,20 @@ type Ends = (
 
 /// Migrates `guest` to a simulated destination over loopback TCP.
 fn run_pair(guest: &Guest) -> Ends {
-    let net = NetConfig::plain(Duration::from_secs(10));
-    let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
-    let addr = listener.local();
     let dest_cfg = DestConfig {
         prefault: false,
         ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
     };
-    let (dcfg, dnet) = (dest_cfg.clone(), net.clone());
-    let dest = std::thread::spawn(move || serve(&*listener, &dcfg, &dnet));
     let cfg = SourceConfig {
         warmup: Duration::from_millis(50),
         clear_chunk: 1 << 20,
         max_downtime: Duration::from_millis(300),
         ..SourceConfig::default()
     };
-    let src = run_source(guest, &cfg, &mut |_| {
-        transport::client(transport::connect(&addr, &net)?, &net)
+    let (dst, src) = over_loopback(&dest_cfg, serve, |connect| {
+        run_source(guest, &cfg, connect)
     });
-    if src.is_err() {
-        dest_cfg.stop.store(true, Ordering::SeqCst);
-    }
-    (src, dest.join().expect("the destination thread"))
+    (src, dst)
 }
 
 /// The source's and the destination's digests at the switch.

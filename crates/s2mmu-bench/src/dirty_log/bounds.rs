@@ -83,25 +83,9 @@ pub fn check<Fmt>(spec: &RunSpec<Fmt>) -> Result<(), String> {
 mod tests {
     use super::*;
     use s2mmu::format::arm64::Arm64Stage2;
-    use s2mmu::mmu::MmuPolicy;
-    use s2mmu_vm::Backing;
 
     fn spec() -> RunSpec<()> {
-        RunSpec {
-            vcpus: 1,
-            bytes: 1 << 20,
-            iterations: 1,
-            backing: Backing::Anonymous,
-            slots: 1,
-            write_percent: 100,
-            random: false,
-            policy: MmuPolicy::default(),
-            after_pass: false,
-            check: false,
-            inject_lost_marks: 0,
-            format: (),
-            off_pass: false,
-        }
+        RunSpec::for_tests(1, 1 << 20)
     }
 
     #[test]

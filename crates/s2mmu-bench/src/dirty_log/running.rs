@@ -2,7 +2,7 @@
 //! settings, the VM and workload, and the timed phases.
 
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
-use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, HwDirtyBlocks, MmuPolicy};
+use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +31,29 @@ pub struct RunSpec<Fmt> {
     pub off_pass: bool,
 }
 
+#[cfg(test)]
+impl RunSpec<()> {
+    /// The tests' run: `vcpus` vCPUs over `bytes` of 4 KiB pages in one
+    /// slot, one sequential all-write iteration, default policy, no checks.
+    pub(crate) fn for_tests(vcpus: usize, bytes: u64) -> Self {
+        RunSpec {
+            vcpus,
+            bytes,
+            iterations: 1,
+            backing: Backing::Anonymous,
+            slots: 1,
+            write_percent: 100,
+            random: false,
+            policy: MmuPolicy::default(),
+            after_pass: false,
+            check: false,
+            inject_lost_marks: 0,
+            format: (),
+            off_pass: false,
+        }
+    }
+}
+
 /// The run's label: fault path, split policy, memslots and dirty tracking.
 pub fn label(policy: &MmuPolicy, memslots: &str) -> String {
     format!(
@@ -46,14 +69,8 @@ pub fn label(policy: &MmuPolicy, memslots: &str) -> String {
             "split on fault"
         },
         match policy.dirty {
-            DirtyMode::Ring { .. } => ", dirty ring",
-            DirtyMode::Hardware {
-                blocks: HwDirtyBlocks::LogWholeBlocks,
-                ..
-            } => ", hardware dirty state, blocks logged whole",
-            DirtyMode::Hardware { .. } => ", hardware dirty state",
-            DirtyMode::Pml { .. } => ", hardware dirty state with PML",
-            DirtyMode::Bitmap { .. } => "",
+            DirtyMode::Bitmap { .. } => String::new(),
+            mode => format!(", {}", mode.title()),
         },
     )
 }

@@ -158,25 +158,9 @@ impl ModeSamples {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use s2mmu::mmu::MmuPolicy;
-    use s2mmu_vm::Backing;
 
     fn spec(id: usize) -> RunSpec<()> {
-        RunSpec {
-            vcpus: id,
-            bytes: 4096,
-            iterations: 1,
-            backing: Backing::Anonymous,
-            slots: 1,
-            write_percent: 100,
-            random: false,
-            policy: MmuPolicy::default(),
-            after_pass: false,
-            check: false,
-            inject_lost_marks: 0,
-            format: (),
-            off_pass: false,
-        }
+        RunSpec::for_tests(id, 4096)
     }
 
     #[test]

@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// The word in the middle of a page, which RW's second half reads and writes.
+pub(super) const HALF_PAGE_WORD: usize = (PAGE_SIZE / 2 / 8) as usize;
+
 /// A simulated VM: memory, its slots, and the sync flags of the selftest.
 pub(super) struct Vm<S> {
     pub(super) store: S,
@@ -102,14 +105,14 @@ impl<S: MemslotStore> Vm<S> {
         self.memory.host_addr() + page * PAGE_SIZE
     }
 
-    /// One guest access through the engine's translation, as a fault would do it.
-    /// The snapshot is held only while translating, as KVM holds SRCU in the fault handler
-    /// but not while the guest then runs on the mapping.
-    pub(super) fn guest_access(
+    /// One guest access through the engine's translation, as a fault would do it,
+    /// to word `WORD` of the page (a constant: an index past the page does not
+    /// compile). The snapshot is held only while translating, as KVM holds SRCU in
+    /// the fault handler but not while the guest then runs on the mapping.
+    pub(super) fn guest_access<const WORD: usize>(
         &self,
         cache: &mut VcpuSlotCache,
         gfn: u64,
-        offset: u64,
         write: Option<u64>,
     ) -> Option<u64> {
         let snapshot = self.store.snapshot();
@@ -122,14 +125,25 @@ impl<S: MemslotStore> Vm<S> {
             self.mmio_exits.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        // An address outside the guest's memory (which a correct store never
-        // gives) fails the access instead of reaching other memory.
-        let at = hva
-            .wrapping_add(offset)
-            .wrapping_sub(self.memory.host_addr());
+        // The store keeps slots page-aligned, so `hva` starts a page of the guest's
+        // memory. One that does not, or lies outside it (which a correct store never
+        // gives), fails the access instead of reaching other memory: one test and
+        // the page slice's one bounds check, no check of the word.
+        let at = hva.wrapping_sub(self.memory.host_addr());
+        if !at.is_multiple_of(PAGE_SIZE) {
+            return None;
+        }
+        let page = self
+            .memory
+            .pages()
+            .get(usize::try_from(at / PAGE_SIZE).ok()?)?;
+        let word = &page[WORD];
         match write {
-            Some(value) => self.memory.write_u64(at, value).then_some(value),
-            None => self.memory.read_u64(at),
+            Some(value) => {
+                word.store(value, Ordering::Relaxed);
+                Some(value)
+            }
+            None => Some(word.load(Ordering::Relaxed)),
         }
     }
 
@@ -218,5 +232,37 @@ pub(super) fn backoff(spins: &mut u32) {
         std::hint::spin_loop();
     } else {
         thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use s2mmu::memslot::TreeMemslots;
+
+    #[test]
+    fn a_guest_access_reaches_the_word_its_gfn_maps_and_nothing_outside() {
+        let (vm, _) = Vm::<TreeMemslots>::prepare(2, 64 * PAGE_SIZE).unwrap();
+        let mut cache = VcpuSlotCache::new();
+        let gfn = vm.base_gfn();
+        // Page 0 of each slot, word 0 and the middle word, written by the
+        // guest and read by offset on the host: the same bytes.
+        for page in [0, 32, 63] {
+            let value = 0x1000 + page;
+            let got = vm.guest_access::<0>(&mut cache, gfn + page, Some(value));
+            assert_eq!(got, Some(value));
+            assert_eq!(vm.memory.read_u64(page * PAGE_SIZE), Some(value));
+            vm.guest_access::<HALF_PAGE_WORD>(&mut cache, gfn + page, Some(!value));
+            assert_eq!(
+                vm.memory.read_u64(page * PAGE_SIZE + PAGE_SIZE / 2),
+                Some(!value)
+            );
+            let read = vm.guest_access::<HALF_PAGE_WORD>(&mut cache, gfn + page, None);
+            assert_eq!(read, Some(!value));
+        }
+        // A gfn no slot maps is an MMIO exit, not an access.
+        assert_eq!(vm.guest_access::<0>(&mut cache, gfn + 64, Some(1)), None);
+        assert_eq!(vm.guest_access::<0>(&mut cache, gfn - 1, None), None);
+        assert_eq!(vm.mmio_exits.load(Ordering::Relaxed), 2);
     }
 }

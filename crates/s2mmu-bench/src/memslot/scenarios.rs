@@ -19,13 +19,13 @@ pub(super) fn scenario_map<S: MemslotStore>(
             let mut cache = VcpuSlotCache::new();
             loop {
                 for page in 0..half {
-                    vm.guest_access(&mut cache, vm.base_gfn() + page, 0, Some(VAL_1));
+                    vm.guest_access::<0>(&mut cache, vm.base_gfn() + page, Some(VAL_1));
                 }
                 if !vm.guest_sync() {
                     return;
                 }
                 for page in half..vm.pages {
-                    vm.guest_access(&mut cache, vm.base_gfn() + page, 0, Some(VAL_1));
+                    vm.guest_access::<0>(&mut cache, vm.base_gfn() + page, Some(VAL_1));
                 }
                 if !vm.guest_sync() {
                     return;
@@ -55,11 +55,11 @@ pub(super) fn scenario_unmap_common<S: MemslotStore>(
         |vm| {
             let mut cache = VcpuSlotCache::new();
             loop {
-                vm.guest_access(&mut cache, vm.base_gfn(), 0, Some(VAL_1));
+                vm.guest_access::<0>(&mut cache, vm.base_gfn(), Some(VAL_1));
                 if !vm.guest_sync() {
                     return;
                 }
-                vm.guest_access(&mut cache, vm.base_gfn() + half, 0, Some(VAL_1));
+                vm.guest_access::<0>(&mut cache, vm.base_gfn() + half, Some(VAL_1));
                 if !vm.guest_sync() {
                     return;
                 }
@@ -119,7 +119,7 @@ pub(super) fn scenario_move<S: MemslotStore>(
             let mut cache = VcpuSlotCache::new();
             while !vm.exit.load(Ordering::Acquire) {
                 for gfn in window_start..window_start + window {
-                    vm.guest_access(&mut cache, gfn, 0, Some(VAL_1));
+                    vm.guest_access::<0>(&mut cache, gfn, Some(VAL_1));
                 }
             }
         },
@@ -154,7 +154,6 @@ pub(super) fn scenario_rw<S: MemslotStore>(
     vm: &Vm<S>,
     seconds: Duration,
 ) -> Result<(u64, Duration), String> {
-    let half_page = PAGE_SIZE / 2;
     let guest_errors = AtomicU64::new(0);
     let result = vm.run_loop(
         seconds,
@@ -162,17 +161,17 @@ pub(super) fn scenario_rw<S: MemslotStore>(
             let mut cache = VcpuSlotCache::new();
             loop {
                 for page in 0..vm.pages {
-                    vm.guest_access(&mut cache, vm.base_gfn() + page, 0, Some(VAL_1));
+                    vm.guest_access::<0>(&mut cache, vm.base_gfn() + page, Some(VAL_1));
                 }
                 if !vm.guest_sync() {
                     return;
                 }
                 for page in 0..vm.pages {
                     let gfn = vm.base_gfn() + page;
-                    if vm.guest_access(&mut cache, gfn, half_page, None) != Some(VAL_2) {
+                    if vm.guest_access::<HALF_PAGE_WORD>(&mut cache, gfn, None) != Some(VAL_2) {
                         guest_errors.fetch_add(1, Ordering::Relaxed);
                     }
-                    vm.guest_access(&mut cache, gfn, half_page, Some(0));
+                    vm.guest_access::<HALF_PAGE_WORD>(&mut cache, gfn, Some(0));
                 }
                 if !vm.guest_sync() {
                     return;
@@ -180,17 +179,19 @@ pub(super) fn scenario_rw<S: MemslotStore>(
             }
         },
         |vm| {
-            for page in 0..vm.pages {
-                vm.memory.write_u64(page * PAGE_SIZE + half_page, VAL_2);
+            // Every page of the area, as 4 KiB pages of words whose bounds
+            // the memory checked once: no range check per access.
+            let pages = vm.memory.pages();
+            for page in pages {
+                page[HALF_PAGE_WORD].store(VAL_2, Ordering::Relaxed);
             }
             vm.host_sync();
             let mut wrong = 0;
-            for page in 0..vm.pages {
-                let at = page * PAGE_SIZE;
-                if vm.memory.read_u64(at) != Some(VAL_1) {
+            for page in pages {
+                if page[0].load(Ordering::Relaxed) != VAL_1 {
                     wrong += 1;
                 }
-                vm.memory.write_u64(at, 0);
+                page[0].store(0, Ordering::Relaxed);
             }
             vm.host_sync();
             if wrong > 0 {

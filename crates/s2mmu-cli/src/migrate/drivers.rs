@@ -218,11 +218,12 @@ pub(super) fn rate_text(r: u64) -> String {
 }
 
 pub(super) fn harvest_name(h: DirtyMode) -> &'static str {
+    // The engine's words, shorter for the hardware modes; a mode added
+    // later is named by the engine with no change here.
     match h {
-        DirtyMode::Bitmap { .. } => "bitmap",
-        DirtyMode::Ring { .. } => "dirty ring",
         DirtyMode::Hardware { .. } => "hardware dirty state",
         DirtyMode::Pml { .. } => "PML",
+        mode => mode.title(),
     }
 }
 

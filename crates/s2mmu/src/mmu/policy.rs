@@ -206,6 +206,23 @@ impl DirtyMode {
         }
     }
 
+    /// The mode in words, for reports (`bitmap`, `dirty ring`, `hardware
+    /// dirty state`, `hardware dirty state, blocks logged whole`, `hardware
+    /// dirty state with PML`): a report names a mode through this, not a
+    /// `match` of its own, so a new mode needs no change there.
+    pub const fn title(self) -> &'static str {
+        match self {
+            DirtyMode::Bitmap { .. } => "bitmap",
+            DirtyMode::Ring { .. } => "dirty ring",
+            DirtyMode::Hardware {
+                blocks: HwDirtyBlocks::LogWholeBlocks,
+                ..
+            } => "hardware dirty state, blocks logged whole",
+            DirtyMode::Hardware { .. } => "hardware dirty state",
+            DirtyMode::Pml { .. } => "hardware dirty state with PML",
+        }
+    }
+
     /// The same mode protecting as `protect` says; a ring mode, which has
     /// no protection choice (its reset protects), is returned as it is.
     #[must_use]
@@ -399,6 +416,27 @@ impl MmuPolicy {
             split_walk: SplitPolicy::FullWalk,
             tlb_large_range: LargeRangePolicy::SplitCalls,
             ..MmuPolicy::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DirtyMode;
+
+    #[test]
+    fn every_named_mode_has_its_own_title() {
+        let titles: alloc::vec::Vec<&str> = DirtyMode::NAMES
+            .iter()
+            .map(|n| {
+                n.parse::<DirtyMode>()
+                    .expect("a listed name parses")
+                    .title()
+            })
+            .collect();
+        for (i, t) in titles.iter().enumerate() {
+            assert!(!t.is_empty(), "{}", DirtyMode::NAMES[i]);
+            assert!(!titles[..i].contains(t), "{t} twice");
         }
     }
 }

@@ -1,0 +1,92 @@
+//! What the generic source and destination tests share: guest RAM as a
+//! plain array of words (a VM that is not the simulated one) and the run
+//! of one migration over loopback TCP.
+
+// Guest RAM implements the unsafe trait GuestRam.
+#![allow(unsafe_code, dead_code)]
+
+use s2mmu_migrate::session::dest::DestConfig;
+use s2mmu_migrate::session::replies::Connect;
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::transport::{self, Listener, NetConfig};
+use s2mmu_migrate::vm::GuestRam;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Per-slot digests: (slot id, digest).
+pub type Digests = Vec<(u16, u64)>;
+
+/// Guest RAM as a boxed array of words.
+pub struct Words(pub Box<[AtomicU64]>);
+
+impl Words {
+    /// `bytes` of RAM (a multiple of 8), word `i` holding `fill(i)`.
+    pub fn filled(bytes: u64, fill: impl Fn(u64) -> u64) -> Words {
+        Words((0..bytes / 8).map(|i| AtomicU64::new(fill(i))).collect())
+    }
+
+    fn range_ok(&self, offset: u64, len: usize) -> bool {
+        offset.is_multiple_of(8)
+            && len.is_multiple_of(8)
+            && offset
+                .checked_add(len as u64)
+                .is_some_and(|end| end <= self.size())
+    }
+}
+
+// SAFETY: the words are one allocation of `size()` bytes at `host_addr()`,
+// 8-byte aligned, alive as long as the value, and only ever accessed
+// atomically per word (here and by the tests' writer threads).
+unsafe impl GuestRam for Words {
+    fn size(&self) -> u64 {
+        self.0.len() as u64 * 8
+    }
+    fn host_addr(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
+        if !self.range_ok(offset, out.len()) {
+            return false;
+        }
+        for (k, c) in out.chunks_exact_mut(8).enumerate() {
+            let w = self.0[(offset / 8) as usize + k].load(Ordering::Relaxed);
+            c.copy_from_slice(&w.to_le_bytes());
+        }
+        true
+    }
+    fn write_from(&self, offset: u64, data: &[u8]) -> bool {
+        if !self.range_ok(offset, data.len()) {
+            return false;
+        }
+        for (k, c) in data.chunks_exact(8).enumerate() {
+            let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            self.0[(offset / 8) as usize + k].store(w, Ordering::Relaxed);
+        }
+        true
+    }
+}
+
+/// One migration over loopback TCP (plain, 10 s deadlines): `dest` serves
+/// the listener on a thread of its own, `source` connects through the
+/// connector it is given. A failed source stops the destination (through
+/// `dest_cfg.stop`) so that the join returns. Both outcomes come back,
+/// the destination's first (it names what broke).
+pub fn over_loopback<D: Send + 'static, S>(
+    dest_cfg: &DestConfig,
+    dest: impl FnOnce(&dyn Listener, &DestConfig, &NetConfig) -> Result<D, MigrateError>
+        + Send
+        + 'static,
+    source: impl FnOnce(&mut Connect<'_>) -> Result<S, MigrateError>,
+) -> (Result<D, MigrateError>, Result<S, MigrateError>) {
+    let net = NetConfig::plain(Duration::from_secs(10));
+    let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
+    let addr = listener.local();
+    let (dcfg, dnet) = (dest_cfg.clone(), net.clone());
+    let server = std::thread::spawn(move || dest(&*listener, &dcfg, &dnet));
+    let src = source(&mut |_| transport::client(transport::connect(&addr, &net)?, &net));
+    if src.is_err() {
+        dest_cfg.stop.store(true, Ordering::SeqCst);
+    }
+    let dst = server.join().expect("the destination thread");
+    (dst, src)
+}
