@@ -285,20 +285,42 @@ fn seal_raw(seq: u64, inner: &[u8], len: Option<usize>) -> Vec<u8> {
 #[test]
 fn records_at_the_size_limit_open_and_larger_ones_are_refused() {
     let full = pattern(MAX_PLAIN, 5);
-    let (got, e) = opened(seal_raw(0, &[&full[..], &[0x17]].concat(), None), 0, 1 << 16);
+    let (got, e) = opened(
+        seal_raw(0, &[&full[..], &[0x17]].concat(), None),
+        0,
+        1 << 16,
+    );
     assert!(got == full, "2^14 bytes of data: one whole record");
     assert!(e.to_string().contains("close_notify"), "{e}");
     // One data byte more: 2^14 + 2 bytes of inner plaintext.
     let over = pattern(MAX_PLAIN + 1, 5);
-    let (got, e) = opened(seal_raw(0, &[&over[..], &[0x17]].concat(), None), 0, 1 << 16);
-    assert!(got.is_empty() && e.to_string().contains("record_overflow"), "{e}");
+    let (got, e) = opened(
+        seal_raw(0, &[&over[..], &[0x17]].concat(), None),
+        0,
+        1 << 16,
+    );
+    assert!(
+        got.is_empty() && e.to_string().contains("record_overflow"),
+        "{e}"
+    );
     // Padding counts: 100 bytes of data, its type and zeros to 2^14 + 2.
-    let padded = [&pattern(100, 1)[..], &[0x17], &vec![0u8; MAX_PLAIN + 1 - 100]].concat();
+    let padded = [
+        &pattern(100, 1)[..],
+        &[0x17],
+        &vec![0u8; MAX_PLAIN + 1 - 100],
+    ]
+    .concat();
     let (got, e) = opened(seal_raw(0, &padded, None), 0, 1 << 16);
-    assert!(got.is_empty() && e.to_string().contains("record_overflow"), "{e}");
+    assert!(
+        got.is_empty() && e.to_string().contains("record_overflow"),
+        "{e}"
+    );
     // The header's length past 2^14 + 256 is refused before any decryption.
     let (got, e) = opened(seal_raw(0, &[1, 0x17], Some(MAX_CIPHER + 1)), 0, 1 << 16);
-    assert!(got.is_empty() && e.to_string().contains("length out of bounds"), "{e}");
+    assert!(
+        got.is_empty() && e.to_string().contains("length out of bounds"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -318,7 +340,10 @@ fn records_out_of_sequence_are_refused() {
         assert!(e.to_string().contains("decryption failed"), "{name}: {e}");
     }
     let (got, e) = opened(stream, 1, 512);
-    assert!(got.is_empty() && e.to_string().contains("decryption failed"), "{e}");
+    assert!(
+        got.is_empty() && e.to_string().contains("decryption failed"),
+        "{e}"
+    );
 }
 
 #[test]
