@@ -100,7 +100,7 @@ pub fn run(p: &Params, runs: u32) -> Result<(), String> {
             &format!(
                 "{}_channels_{}",
                 if c.tls { "tls" } else { "plain" },
-                c.channels
+                channels_name(c.channels)
             ),
             if c.tls { "tls" } else { "plain" },
             cell_json(c),
