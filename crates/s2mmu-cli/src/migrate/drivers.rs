@@ -7,7 +7,7 @@
 
 use super::dest::{serve_attempts, DestConfig, DestOutcome};
 use super::migrate_in_process;
-use super::net::{NetConfig, Security};
+use super::net::NetConfig;
 use super::params::{channels_name, set_channels, Params};
 use super::postcopy::control::{Control, ControlSocket};
 use super::report_text::{dest_json, digests_text, params_json, report, MIB};
@@ -56,8 +56,7 @@ pub fn main(p: Params) -> Result<(), String> {
     for (baseline, name) in &policies {
         for &channels in &channel_list {
             let mut cfg = p.source_config(*baseline)?;
-            let tls = !matches!(net.security, Security::Plain);
-            set_channels(&mut cfg.session, channels, tls);
+            set_channels(&mut cfg.session, channels, p.uses_tls());
             if p.compare_policies {
                 cfg.session.label = format!("[{}] ", policy_label(&cfg.guest.policy));
             } else if channel_list.len() > 1 {

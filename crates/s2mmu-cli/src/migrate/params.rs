@@ -397,13 +397,16 @@ impl Params {
             recovery: self.recovery()?,
         };
         let mut session = session;
-        // TLS unless the run is plain TCP (as net_config decides, without
-        // reading its files or making keys).
-        let tls = self.tls_cert.is_some()
-            || self.psk.is_some()
-            || !(self.no_tls || self.listen.is_some() || self.to.is_some());
-        set_channels(&mut session, self.channel_list()[0], tls);
+        set_channels(&mut session, self.channel_list()[0], self.uses_tls());
         Ok(SimRun { guest, session })
+    }
+
+    /// Whether the run's connections use TLS (certificates or a key), as
+    /// [`Params::net_config`] decides, without reading files or making keys.
+    pub fn uses_tls(&self) -> bool {
+        self.tls_cert.is_some()
+            || self.psk.is_some()
+            || !(self.no_tls || self.listen.is_some() || self.to.is_some())
     }
 
     /// The post-copy recovery policy (without its control socket, which

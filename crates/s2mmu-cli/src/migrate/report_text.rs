@@ -173,6 +173,17 @@ fn source_json(s: &SourceOutcome) -> serde_json::Value {
     })
 }
 
+/// `--channels auto`'s line of the summary (nothing without it).
+fn choice_text(s: &SourceOutcome) -> String {
+    s.channel_choice.as_ref().map_or(String::new(), |c| {
+        format!(
+            "  channels auto        {} chosen by a probe of round 0's pipeline on this host: {}\n",
+            c.chosen,
+            choice_probes(c).join(", ")
+        )
+    })
+}
+
 /// `--channels auto`'s probes in words.
 fn choice_probes(c: &ChannelChoice) -> Vec<String> {
     c.probes
@@ -359,13 +370,7 @@ pub(super) fn summary(
             100.0 * r0.bandwidth / s.link.max(1.0)
         ));
     }
-    if let Some(c) = &s.channel_choice {
-        t.push_str(&format!(
-            "  channels auto        {} chosen by a probe of round 0's pipeline on this host: {}\n",
-            c.chosen,
-            choice_probes(c).join(", ")
-        ));
-    }
+    t.push_str(&choice_text(s));
     t.push_str(&plain_and_stages(s, d));
     t.push_str(&guest_and_checks(p, s, d));
     t
