@@ -216,7 +216,7 @@ pub const MIN_CLEAR_CHUNK: u64 = 64 * wire::PAGE_SIZE as u64;
 /// The most `--max-rounds` takes.
 pub const MAX_ROUNDS: u32 = 1000;
 
-/// The channel counts of `--channels` ([`AUTO_CHANNELS`] stands for
+/// The channel counts of `--channels` (`AUTO_CHANNELS`, 0, stands for
 /// `auto`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChannelCounts(pub Vec<u16>);
