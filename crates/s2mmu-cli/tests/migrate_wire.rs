@@ -158,3 +158,111 @@ fn the_wire_bench_refuses_a_run_count_out_of_bounds() {
         );
     }
 }
+
+/// `--channels auto`: each candidate count is probed with real pages (at
+/// most its byte bound), the fastest wins unless a smaller count is within
+/// the margin, and the migration runs with the count chosen (HEADER and
+/// destination agree).
+#[test]
+fn channels_auto_probes_every_count_and_migrates_with_the_one_chosen() {
+    use s2mmu_cli::migrate::source::{AutoChannels, AUTO_MARGIN_PCT};
+    for (tls, net) in [(false, plain()), (true, tls())] {
+        let auto = AutoChannels {
+            tls,
+            per_count: Duration::from_millis(200),
+            max_bytes: 4 << 20,
+            ..AutoChannels::default()
+        };
+        let cfg = small(16 << 20).with(|_, s| s.auto_channels = Some(auto.clone()));
+        let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &net).expect("migration succeeds");
+        let c = s.channel_choice.expect("auto reports its choice");
+        let counts: Vec<u16> = c.probes.iter().map(|p| p.channels).collect();
+        assert_eq!(counts, [1, 2, 4], "every candidate probed, in order");
+        for p in &c.probes {
+            assert!(p.pages > 0 && p.pages <= 1024, "{p:?}: 1 to 4 MiB of pages");
+            assert!(p.elapsed > Duration::ZERO);
+        }
+        let mut best = &c.probes[0];
+        for p in &c.probes[1..] {
+            if p.pages_per_s() > best.pages_per_s() * (1.0 + f64::from(AUTO_MARGIN_PCT) / 100.0) {
+                best = p;
+            }
+        }
+        assert_eq!(c.chosen, best.channels, "the rule over {:?}", c.probes);
+        assert_eq!(s.channels, c.chosen, "the migration ran with the choice");
+        assert_eq!(d.channels, c.chosen, "and the destination saw as many");
+    }
+}
+
+#[test]
+fn channels_auto_refuses_settings_out_of_bounds() {
+    use s2mmu_cli::migrate::source::AutoChannels;
+    let bad = [
+        AutoChannels {
+            candidates: vec![],
+            ..AutoChannels::default()
+        },
+        AutoChannels {
+            candidates: vec![1, 0],
+            ..AutoChannels::default()
+        },
+        AutoChannels {
+            candidates: vec![2, 2],
+            ..AutoChannels::default()
+        },
+        AutoChannels {
+            candidates: vec![1, 65],
+            ..AutoChannels::default()
+        },
+        AutoChannels {
+            per_count: Duration::from_secs(11),
+            ..AutoChannels::default()
+        },
+        AutoChannels {
+            max_bytes: 1 << 40,
+            ..AutoChannels::default()
+        },
+    ];
+    for a in bad {
+        let cfg = small(16 << 20).with(|_, s| s.auto_channels = Some(a.clone()));
+        let e = migrate_in_process(&cfg, &dest_cfg(), &plain()).expect_err(&format!("{a:?}"));
+        assert!(e.to_string().contains("--channels auto"), "{a:?}: {e}");
+    }
+    assert!(AutoChannels::default().validate().is_ok());
+}
+
+/// `--channels auto` through the command: the JSON names the count chosen
+/// and each probe.
+#[test]
+fn the_command_reports_the_count_auto_chose() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_s2mmu"))
+        .args(["migrate", "--guest", "sim", "--channels", "auto"])
+        .args(["--mem", "16M", "-s", "anonymous", "--warmup", "20ms"])
+        .args(["--run-after", "20ms", "--plot", "", "--json", "-q"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &v["results"][0];
+    let chosen = r["channel_choice"]["chosen"]
+        .as_u64()
+        .expect("the choice in --json");
+    assert!([1, 2, 4].contains(&chosen), "{r}");
+    assert_eq!(r["channels"].as_u64(), Some(chosen));
+    let probes = r["channel_choice"]["probes"].as_array().unwrap();
+    assert_eq!(probes.len(), 3);
+    assert!(probes
+        .iter()
+        .all(|p| p["bytes_per_s"].as_f64().unwrap() > 0.0));
+}
+
+fn tls() -> NetConfig {
+    NetConfig {
+        io_timeout: Duration::from_secs(10),
+        security: net::ephemeral_tls().unwrap(),
+    }
+}

@@ -240,9 +240,7 @@ fn run_pair(guest: &Guest) -> Ends {
         max_downtime: Duration::from_millis(300),
         ..SourceConfig::default()
     };
-    let (dst, src) = over_loopback(&dest_cfg, serve, |connect| {
-        run_source(guest, &cfg, connect)
-    });
+    let (dst, src) = over_loopback(&dest_cfg, serve, |connect| run_source(guest, &cfg, connect));
     (src, dst)
 }
 

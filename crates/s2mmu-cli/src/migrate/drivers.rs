@@ -8,7 +8,7 @@
 use super::dest::{serve_attempts, DestConfig, DestOutcome};
 use super::migrate_in_process;
 use super::net::NetConfig;
-use super::params::Params;
+use super::params::{channels_name, set_channels, Params};
 use super::postcopy::control::{Control, ControlSocket};
 use super::report_text::{dest_json, digests_text, params_json, report, MIB};
 use super::source::{migrate_source_to, SimRun, SourceOutcome};
@@ -56,11 +56,11 @@ pub fn main(p: Params) -> Result<(), String> {
     for (baseline, name) in &policies {
         for &channels in &channel_list {
             let mut cfg = p.source_config(*baseline)?;
-            cfg.session.channels = channels;
+            set_channels(&mut cfg.session, channels, p.uses_tls());
             if p.compare_policies {
                 cfg.session.label = format!("[{}] ", policy_label(&cfg.guest.policy));
             } else if channel_list.len() > 1 {
-                cfg.session.label = format!("[{channels} channel(s)] ");
+                cfg.session.label = format!("[{} channel(s)] ", channels_name(channels));
             }
             let policy = cfg.guest.policy;
             // Progress goes to stderr in every mode (--json's stdout is
@@ -92,7 +92,7 @@ pub fn main(p: Params) -> Result<(), String> {
                 }
             };
             let name = if channel_list.len() > 1 {
-                format!("{name}_channels_{channels}")
+                format!("{name}_channels_{}", channels_name(channels))
             } else {
                 name.to_string()
             };
@@ -192,7 +192,10 @@ fn start_line(cfg: &SimRun, to: Option<&str>, net: &NetConfig) -> String {
             Some(a) => format!("to {a}"),
             None => "over loopback TCP in this process".into(),
         },
-        cfg.session.channels,
+        match cfg.session.auto_channels {
+            Some(_) => "auto".to_string(),
+            None => cfg.session.channels.to_string(),
+        },
         net.security.describe()
     )
 }

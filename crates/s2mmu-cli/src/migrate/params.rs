@@ -6,7 +6,9 @@ use super::dest::{DestConfig, Limits};
 use super::net::{NetConfig, Security};
 use super::postcopy::control::{Recovery, RecoveryMode};
 use super::postcopy::Postcopy;
-use super::source::{session_harvest, Converge, SimGuestConfig, SimRun, SourceConfig};
+use super::source::{
+    session_harvest, AutoChannels, Converge, SimGuestConfig, SimRun, SourceConfig,
+};
 use super::{extras, net, wire};
 use crate::limits;
 use crate::report::{human_bytes, parse_size};
@@ -139,7 +141,7 @@ pub struct Params {
     /// Run only a source, migrating to the destination at ADDR (host:port, or unix:PATH).
     #[arg(long, value_name = "ADDR")]
     pub to: Option<String>,
-    /// Connections the pages are spread over (QEMU's multifd): N, or a list (1,2,4) to run once per count and print a table. Default: half the CPUs, 1 to 8. On --listen: the most it accepts (default 64).
+    /// Connections the pages are spread over (QEMU's multifd): N, auto (chosen by a short probe of round 0's own pipeline over 1, 2 and 4 on this host), or a list (1,2,4 or auto,1,2) to run once per count and print a table. Default: half the CPUs, 1 to 8. On --listen: the most it accepts (default 64).
     #[arg(long, value_name = "N[,N...]", value_parser = parse_channels)]
     pub channels: Option<ChannelCounts>,
     /// Deadline of every socket read and write (and the TCP keepalive idle time; 100ms to a day): a peer silent this long ends the migration.
@@ -214,18 +216,25 @@ pub const MIN_CLEAR_CHUNK: u64 = 64 * wire::PAGE_SIZE as u64;
 /// The most `--max-rounds` takes.
 pub const MAX_ROUNDS: u32 = 1000;
 
-/// The channel counts of `--channels`.
+/// The channel counts of `--channels` (`AUTO_CHANNELS`, 0, stands for
+/// `auto`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChannelCounts(pub Vec<u16>);
 
-/// Parses `4` or `1,2,4` (1 to 64 each, at most 16 counts).
+/// `auto` in [`ChannelCounts`]: the count chosen by measurement
+/// (`s2mmu_migrate::session::source::AutoChannels`).
+pub const AUTO_CHANNELS: u16 = 0;
+
+/// Parses `4`, `1,2,4` or `auto` (also in a list: `auto,1,2`) (1 to 64
+/// each, at most 16 counts).
 pub fn parse_channels(s: &str) -> Result<ChannelCounts, String> {
     let v: Vec<u16> = s
         .split(',')
         .map(|p| match p.trim().parse::<u16>() {
             Ok(n) if (1..=wire::MAX_CHANNELS).contains(&n) => Ok(n),
+            _ if p.trim() == "auto" => Ok(AUTO_CHANNELS),
             _ => Err(format!(
-                "invalid channel count '{p}': use 1 to {}",
+                "invalid channel count '{p}': use 1 to {}, or auto",
                 wire::MAX_CHANNELS
             )),
         })
@@ -234,6 +243,32 @@ pub fn parse_channels(s: &str) -> Result<ChannelCounts, String> {
         return Err(format!("'{s}': give 1 to 16 channel counts"));
     }
     Ok(ChannelCounts(v))
+}
+
+/// Sets `session`'s channels to `channels` (a count, or
+/// [`AUTO_CHANNELS`]: chosen by measurement among 1, 2 and 4, its probe
+/// over TLS when `tls`; the plain-TCP link figure then uses 4
+/// connections, the most it may choose).
+pub fn set_channels(session: &mut SourceConfig, channels: u16, tls: bool) {
+    if channels == AUTO_CHANNELS {
+        let auto = AutoChannels {
+            tls,
+            ..AutoChannels::default()
+        };
+        session.channels = auto.candidates.iter().copied().max().unwrap_or(1);
+        session.auto_channels = Some(auto);
+    } else {
+        session.channels = channels;
+        session.auto_channels = None;
+    }
+}
+
+/// A channel count in words (`auto` for [`AUTO_CHANNELS`]).
+pub fn channels_name(channels: u16) -> String {
+    match channels {
+        AUTO_CHANNELS => "auto".into(),
+        n => n.to_string(),
+    }
 }
 
 /// The default channel count: half the CPUs (the guest's vCPUs and the
@@ -346,7 +381,8 @@ impl Params {
             sample_every: Duration::from_millis(50),
             progress: s2mmu_migrate::session::Progress::off(),
             label: String::new(),
-            channels: self.channel_list()[0],
+            channels: 1,
+            auto_channels: None,
             postcopy: match self.postcopy {
                 None => Postcopy::Off,
                 Some(PostcopyArg::On) => Postcopy::On,
@@ -360,7 +396,17 @@ impl Params {
             },
             recovery: self.recovery()?,
         };
+        let mut session = session;
+        set_channels(&mut session, self.channel_list()[0], self.uses_tls());
         Ok(SimRun { guest, session })
+    }
+
+    /// Whether the run's connections use TLS (certificates or a key), as
+    /// [`Params::net_config`] decides, without reading files or making keys.
+    pub fn uses_tls(&self) -> bool {
+        self.tls_cert.is_some()
+            || self.psk.is_some()
+            || !(self.no_tls || self.listen.is_some() || self.to.is_some())
     }
 
     /// The post-copy recovery policy (without its control socket, which
@@ -413,7 +459,10 @@ impl Params {
                 max_channels: self
                     .channels
                     .as_ref()
-                    .and_then(|c| c.0.iter().max().copied())
+                    .and_then(|c| {
+                        let auto = c.0.contains(&AUTO_CHANNELS).then_some(4);
+                        c.0.iter().copied().chain(auto).max()
+                    })
                     .unwrap_or(wire::MAX_CHANNELS),
             },
             io_timeout: self.io_timeout,

@@ -4,7 +4,8 @@ use super::dest::DestOutcome;
 use super::drivers::{harvest_name, policy_label, rate_text};
 use super::params::{ConvergeArg, Params};
 use super::postcopy;
-use super::source::SourceOutcome;
+use super::source::{ChannelChoice, SourceOutcome};
+use super::wire::PAGE_SIZE as PAGE;
 use crate::report::{human_bytes, verdict, Report};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::extras::ExtrasOutcome;
@@ -160,7 +161,41 @@ fn source_json(s: &SourceOutcome) -> serde_json::Value {
         "postcopy": s.postcopy.as_ref().map(|pc| postcopy::report::json(pc, s)),
         "plain_tcp": plain_json(s),
         "stages": send_stages_json(&s.send_stages),
+        "channel_choice": s.channel_choice.as_ref().map(|c| json!({
+            "chosen": c.chosen,
+            "probes": c.probes.iter().map(|p| json!({
+                "channels": p.channels,
+                "pages": p.pages,
+                "elapsed_ns": p.elapsed.as_nanos() as u64,
+                "bytes_per_s": p.pages_per_s() * PAGE as f64,
+            })).collect::<Vec<_>>(),
+        })),
     })
+}
+
+/// `--channels auto`'s line of the summary (nothing without it).
+fn choice_text(s: &SourceOutcome) -> String {
+    s.channel_choice.as_ref().map_or(String::new(), |c| {
+        format!(
+            "  channels auto        {} chosen by a probe of round 0's pipeline on this host: {}\n",
+            c.chosen,
+            choice_probes(c).join(", ")
+        )
+    })
+}
+
+/// `--channels auto`'s probes in words.
+fn choice_probes(c: &ChannelChoice) -> Vec<String> {
+    c.probes
+        .iter()
+        .map(|p| {
+            format!(
+                "{} channel(s) {:.0} MiB/s",
+                p.channels,
+                p.pages_per_s() * PAGE as f64 / MIB
+            )
+        })
+        .collect()
 }
 
 /// Round 0 per channel count against plain TCP over the same loopback.
@@ -335,6 +370,7 @@ pub(super) fn summary(
             100.0 * r0.bandwidth / s.link.max(1.0)
         ));
     }
+    t.push_str(&choice_text(s));
     t.push_str(&plain_and_stages(s, d));
     t.push_str(&guest_and_checks(p, s, d));
     t

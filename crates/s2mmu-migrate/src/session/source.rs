@@ -17,9 +17,10 @@ use super::timeline::Timeline;
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
 use crate::vm::SessionVm;
-use crate::wire::{tag, Dec, Header, Record, WireWriter, SESSION_LEN};
+use crate::wire::{tag, Dec, Header, Record, WireWriter, PAGE_SIZE, SESSION_LEN};
 use std::time::Instant;
 
+mod channel_choice;
 pub mod config;
 mod figures;
 pub mod outcome;
@@ -32,6 +33,9 @@ mod sender;
 mod stop_copy;
 mod verify;
 
+pub use channel_choice::{
+    AutoChannels, ChannelChoice, ChannelProbe, AUTO_MARGIN_PCT, MAX_AUTO_CANDIDATES,
+};
 pub use config::{validate, validate_shape, Converge, Harvest, SourceConfig};
 use figures::{counters, MIB};
 pub use outcome::{Phase, RoundStat, SourceOutcome};
@@ -49,6 +53,50 @@ use sender::{Chan, Sender};
 /// was told to abort and the source guest kept running),
 /// [`MigrateError::Rejected`], [`MigrateError::MemoryMismatch`].
 pub fn run_source<G: SourceGuest>(
+    guest: &G,
+    cfg: &SourceConfig,
+    connect: &mut Connect<'_>,
+) -> Result<SourceOutcome, MigrateError> {
+    let Some(auto) = &cfg.auto_channels else {
+        return run_source_with(guest, cfg, connect);
+    };
+    check_run(guest, cfg)?;
+    // The guest runs during the probe; the warm-up (the reference of its
+    // speed) follows it, so the probe's load is not in the reference.
+    let vcpus = guest.shape().vcpus as usize;
+    let choice = channel_choice::choose(guest.vm(), cfg, auto, vcpus)?;
+    if cfg.progress.is_on() {
+        let probes: Vec<String> = choice
+            .probes
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}: {:.0} MiB/s",
+                    p.channels,
+                    p.pages_per_s() * PAGE_SIZE as f64 / MIB
+                )
+            })
+            .collect();
+        cfg.progress.line(&format!(
+            "{}channels auto: {} (round 0's pipeline on this host, {})",
+            cfg.label,
+            choice.chosen,
+            probes.join(", ")
+        ));
+    }
+    let chosen = SourceConfig {
+        channels: choice.chosen,
+        auto_channels: None,
+        ..cfg.clone()
+    };
+    run_source_with(guest, &chosen, connect).map(|o| SourceOutcome {
+        channel_choice: Some(choice),
+        ..o
+    })
+}
+
+/// [`run_source`] with the channel count settled.
+fn run_source_with<G: SourceGuest>(
     guest: &G,
     cfg: &SourceConfig,
     connect: &mut Connect<'_>,

@@ -50,6 +50,9 @@ pub use config::{NetConfig, Security, TLS_SEND_BUFFER};
 pub use conn::{transient, BoxConn, Connection, Duplex, Listener, ShutdownHandle};
 pub use plain_probe::{plain_link_beside, plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
 pub use psk::{psk, psk_from_file};
+#[cfg(feature = "fuzzing")]
+pub use records::fixed_key_session;
+pub use records::{MAX_CIPHER, MAX_PLAIN, MAX_RECORDS};
 pub use secure::{client, server};
 pub use sockbuf::{SockBuf, WritePace, MIN_WRITE_RATE, WRITE_WINDOW};
 pub use tcp::{configure, connect_tcp};

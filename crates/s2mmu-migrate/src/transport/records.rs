@@ -12,6 +12,8 @@
 //! stay rustls's; only the record layer of the established session is
 //! done here, with ring's AEAD (the same code rustls uses).
 
+#[cfg(any(test, feature = "fuzzing"))]
+use super::conn::BoxConn;
 use super::conn::{Connection, ShutdownHandle};
 use super::sockbuf::SockBuf;
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
@@ -27,16 +29,16 @@ const HANDSHAKE: u8 = 0x16;
 /// Bytes of a record header.
 const HEADER: usize = 5;
 /// Largest plaintext of a record (2^14).
-const MAX_PLAIN: usize = 1 << 14;
+pub const MAX_PLAIN: usize = 1 << 14;
 /// Largest ciphertext of a record (RFC 8446: 2^14 + 256).
-const MAX_CIPHER: usize = MAX_PLAIN + 256;
+pub const MAX_CIPHER: usize = MAX_PLAIN + 256;
 /// AEAD tag bytes (AES-GCM and ChaCha20-Poly1305 alike).
 const TAG: usize = 16;
 /// Records per key at most: AES-GCM's confidentiality limit is 2^24.5
 /// records (RFC 8446 section 5.5); this layer does no key update, so a
 /// connection stops there (2^24 records of 16 KiB: 256 GiB, four times
 /// the largest guest).
-const MAX_RECORDS: u64 = 1 << 24;
+pub const MAX_RECORDS: u64 = 1 << 24;
 /// Bytes of the receive buffer: the socket is read in chunks this large.
 const RECV_BUF: usize = 512 << 10;
 /// Plaintext sealed per write call at most (64 records, one system call).
@@ -170,6 +172,12 @@ impl RecordConn {
             .key
             .open_in_place(nonce, Aad::from(h), &mut self.rbuf[body..body + len])
             .map_err(|_| bad("decryption failed (tampered or out of order)"))?;
+        // RFC 8446 section 5.4: padding does not lift the record size
+        // limit, the whole inner plaintext is at most 2^14 + 1 bytes (the
+        // outer bound of 2^14 + 256 leaves room for any AEAD's expansion).
+        if opened.len() > MAX_PLAIN + 1 {
+            return Err(bad("record_overflow: inner plaintext over 2^14 + 1 bytes"));
+        }
         // The inner type is the last non-zero byte (zeros are padding).
         let Some(at) = opened.iter().rposition(|&b| b != 0) else {
             return Err(bad("no content type"));
@@ -324,6 +332,42 @@ impl Connection for RecordConn {
     fn peer(&self) -> String {
         self.sock.peer()
     }
+}
+
+/// A session over `sock` whose two directions share `key` and `iv` (so
+/// what one such session seals another opens), AES-256-GCM or, with
+/// `chacha`, ChaCha20-Poly1305, its records numbered from `first_seq` in
+/// both directions. For tests and the record opener's fuzz target only
+/// (feature `fuzzing`): a fixed key is no secret.
+///
+/// # Errors
+/// None in practice (the key and IV have their suites' lengths).
+#[cfg(any(test, feature = "fuzzing"))]
+pub fn fixed_key_session(
+    sock: BoxConn,
+    key: [u8; 32],
+    iv: [u8; 12],
+    chacha: bool,
+    first_seq: u64,
+) -> std::io::Result<BoxConn> {
+    let secrets = || match chacha {
+        true => ConnectionTrafficSecrets::Chacha20Poly1305 {
+            key: key.into(),
+            iv: iv.into(),
+        },
+        false => ConnectionTrafficSecrets::Aes256Gcm {
+            key: key.into(),
+            iv: iv.into(),
+        },
+    };
+    let secrets = ExtractedSecrets {
+        tx: (first_seq, secrets()),
+        rx: (first_seq, secrets()),
+    };
+    let mut sock = SockBuf::new(sock, None);
+    sock.end_handshake(Duration::from_secs(5))
+        .map_err(|e| Error::other(e.to_string()))?;
+    Ok(Box::new(RecordConn::new(sock, secrets, Vec::new())?))
 }
 
 /// Plaintext rustls may hold at the switch at most (its own received

@@ -1,11 +1,13 @@
 //! The record layer against rustls itself over real sockets: what one
 //! side seals the other opens (in both directions, with either side still
 //! rustls's own stream), bulk data arrives byte for byte through `read`
-//! and `read_vectored`, and a flipped bit in flight is refused.
+//! and `read_vectored`, and a flipped bit in flight is refused; with a
+//! fixed key: the size limit of a record (padding included), the sequence
+//! of nonces and the record limit of one key.
 
 use super::config::Security;
-use super::conn::BoxConn;
-use super::records::take_over;
+use super::conn::{BoxConn, Duplex};
+use super::records::{fixed_key_session, take_over, MAX_CIPHER, MAX_PLAIN, MAX_RECORDS};
 use super::sockbuf::SockBuf;
 use super::tls::{ephemeral_tls, tls_client, tls_server};
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
@@ -198,4 +200,161 @@ fn data_right_behind_the_handshake_is_not_lost_at_the_switch() {
     );
     assert!(got[first.len()..] == rest[..], "the data after the switch");
     drop(cl.join().unwrap());
+}
+
+const KEY: [u8; 32] = [0x42; 32];
+const IV: [u8; 12] = [0x24; 12];
+
+/// A writer into a buffer the test keeps.
+#[derive(Clone, Default)]
+struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Write for Shared {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The records the fixed-key session seals for `writes` (one write call
+/// each), numbered from `first_seq`; the first write's error, if any.
+fn sealed(writes: &[&[u8]], first_seq: u64) -> (Vec<u8>, Option<std::io::Error>) {
+    let out = Shared::default();
+    let sock = Duplex {
+        input: std::io::empty(),
+        output: out.clone(),
+    };
+    let mut w = fixed_key_session(Box::new(sock), KEY, IV, false, first_seq).unwrap();
+    let err = writes.iter().find_map(|d| w.write_all(d).err());
+    let bytes = out.0.lock().unwrap().clone();
+    (bytes, err)
+}
+
+/// What the fixed-key session opens of `stream` (read `chunk` bytes at a
+/// time) from `first_seq`, and the error that ended it.
+fn opened(stream: Vec<u8>, first_seq: u64, chunk: usize) -> (Vec<u8>, std::io::Error) {
+    let sock = Duplex {
+        input: std::io::Cursor::new(stream),
+        output: std::io::sink(),
+    };
+    let mut r = fixed_key_session(Box::new(sock), KEY, IV, false, first_seq).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; chunk];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => panic!("the stream ended without an error (no close_notify was sent)"),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => return (got, e),
+        }
+    }
+}
+
+/// The stream's records, each with its header.
+fn split(stream: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 5 <= stream.len() {
+        let len = usize::from(u16::from_be_bytes([stream[at + 3], stream[at + 4]]));
+        out.push(stream[at..at + 5 + len].to_vec());
+        at += 5 + len;
+    }
+    out
+}
+
+/// One record sealed by hand with the fixed key: `inner` is the whole
+/// inner plaintext (data, content type, padding); `len` overrides the
+/// header's length field.
+fn seal_raw(seq: u64, inner: &[u8], len: Option<usize>) -> Vec<u8> {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &KEY).unwrap());
+    let mut nonce = IV;
+    for (b, s) in nonce[4..].iter_mut().zip(seq.to_be_bytes()) {
+        *b ^= s;
+    }
+    let len = len.unwrap_or(inner.len() + 16);
+    let h = [0x17, 3, 3, (len >> 8) as u8, len as u8];
+    let mut body = inner.to_vec();
+    key.seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::from(h), &mut body)
+        .unwrap();
+    [&h[..], &body].concat()
+}
+
+#[test]
+fn records_at_the_size_limit_open_and_larger_ones_are_refused() {
+    let full = pattern(MAX_PLAIN, 5);
+    let (got, e) = opened(
+        seal_raw(0, &[&full[..], &[0x17]].concat(), None),
+        0,
+        1 << 16,
+    );
+    assert!(got == full, "2^14 bytes of data: one whole record");
+    assert!(e.to_string().contains("close_notify"), "{e}");
+    // One data byte more: 2^14 + 2 bytes of inner plaintext.
+    let over = pattern(MAX_PLAIN + 1, 5);
+    let (got, e) = opened(
+        seal_raw(0, &[&over[..], &[0x17]].concat(), None),
+        0,
+        1 << 16,
+    );
+    assert!(
+        got.is_empty() && e.to_string().contains("record_overflow"),
+        "{e}"
+    );
+    // Padding counts: 100 bytes of data, its type and zeros to 2^14 + 2.
+    let padded = [
+        &pattern(100, 1)[..],
+        &[0x17],
+        &vec![0u8; MAX_PLAIN + 1 - 100],
+    ]
+    .concat();
+    let (got, e) = opened(seal_raw(0, &padded, None), 0, 1 << 16);
+    assert!(
+        got.is_empty() && e.to_string().contains("record_overflow"),
+        "{e}"
+    );
+    // The header's length past 2^14 + 256 is refused before any decryption.
+    let (got, e) = opened(seal_raw(0, &[1, 0x17], Some(MAX_CIPHER + 1)), 0, 1 << 16);
+    assert!(
+        got.is_empty() && e.to_string().contains("length out of bounds"),
+        "{e}"
+    );
+}
+
+#[test]
+fn records_out_of_sequence_are_refused() {
+    let (a, b, c) = (pattern(1000, 1), pattern(2000, 2), pattern(3000, 3));
+    let (stream, err) = sealed(&[&a, &b, &c], 0);
+    assert!(err.is_none());
+    let recs = split(&stream);
+    assert_eq!(recs.len(), 3);
+    let (got, e) = opened(stream.clone(), 0, 512);
+    assert!(got == [&a[..], &b, &c].concat(), "in order: all of it");
+    assert!(e.to_string().contains("close_notify"), "{e}");
+    for (name, order) in [("swapped", [0, 2, 1]), ("replayed", [0, 0, 1])] {
+        let s: Vec<u8> = order.iter().flat_map(|&i| recs[i].clone()).collect();
+        let (got, e) = opened(s, 0, 512);
+        assert!(got == a, "{name}: only the first record's data");
+        assert!(e.to_string().contains("decryption failed"), "{name}: {e}");
+    }
+    let (got, e) = opened(stream, 1, 512);
+    assert!(
+        got.is_empty() && e.to_string().contains("decryption failed"),
+        "{e}"
+    );
+}
+
+#[test]
+fn one_key_seals_and_opens_at_most_2_pow_24_records() {
+    let (stream, err) = sealed(&[b"last", b"one too many"], MAX_RECORDS - 1);
+    let err = err.expect("the record past the limit is not sealed");
+    assert!(err.to_string().contains("record limit"), "{err}");
+    assert_eq!(split(&stream).len(), 1);
+    // A peer that seals on past the limit is refused at record 2^24.
+    let past = seal_raw(MAX_RECORDS, b"past\x17", None);
+    let (got, e) = opened([stream, past].concat(), MAX_RECORDS - 1, 64);
+    assert!(got == b"last", "the records below the limit are read");
+    assert!(e.to_string().contains("record limit"), "{e}");
 }

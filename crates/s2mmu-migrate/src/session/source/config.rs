@@ -40,6 +40,9 @@ pub struct SourceConfig {
     pub label: String,
     /// Connections the pages are spread over.
     pub channels: u16,
+    /// Choose `channels` by measurement instead (`--channels auto`): the
+    /// count whose probe of round 0's pipeline was fastest.
+    pub auto_channels: Option<super::channel_choice::AutoChannels>,
     /// When to switch to post-copy.
     pub postcopy: Postcopy,
     /// The lost-write check and snapshots beside the migration.
@@ -63,6 +66,7 @@ impl Default for SourceConfig {
             progress: Progress::off(),
             label: String::new(),
             channels: 1,
+            auto_channels: None,
             postcopy: Postcopy::Off,
             extras: super::super::extras::SourceExtras::default(),
             recovery: super::super::postcopy::control::Recovery::default(),
@@ -113,6 +117,9 @@ pub fn validate(cfg: &SourceConfig) -> Result<(), MigrateError> {
             "{} channels: use 1 to {MAX_CHANNELS}",
             cfg.channels
         )));
+    }
+    if let Some(a) = &cfg.auto_channels {
+        a.validate()?;
     }
     cfg.extras.validate(cfg.harvest)
 }

@@ -138,6 +138,7 @@ fn outcome<G: SourceGuest>(
         }),
         send_stages: x.s.stages(),
         plain_link: None,
+        channel_choice: None,
     }
 }
 

@@ -392,6 +392,35 @@ impl<'a, V: SessionVm> Sender<'a, V> {
         })
     }
 
+    /// `--channels auto`'s probe: the first pages of memory as round 0
+    /// sends them, until `max_pages` are sent or `deadline` passed (checked
+    /// between jobs of 256 pages).
+    pub(super) fn send_first(
+        &mut self,
+        max_pages: u64,
+        deadline: Instant,
+    ) -> Result<(), MigrateError> {
+        let mut at = (0usize, 0u64, 0u64);
+        self.run(|s| {
+            let slots = s.vm.slots();
+            while at.0 < slots.len() && at.2 < max_pages && Instant::now() < deadline {
+                let npages = slots[at.0].size / PAGE_SIZE as u64;
+                if at.1 < npages {
+                    let n = 256u64.min(npages - at.1).min(max_pages - at.2);
+                    let job = Job {
+                        slot: at.0,
+                        first: at.1,
+                        words: all_pages(n),
+                    };
+                    (at.1, at.2) = (at.1 + n, at.2 + n);
+                    return Ok(Some(job));
+                }
+                at = (at.0 + 1, 0, at.2);
+            }
+            Ok(None)
+        })
+    }
+
     /// The verification pass: every page on the main channel.
     pub(super) fn send_all_main(&mut self) -> Result<(), MigrateError> {
         let vm = self.vm.clone();

@@ -93,6 +93,7 @@ pub(super) fn run<G: SourceGuest>(
         postcopy: None,
         send_stages: x.s.stages(),
         plain_link: None,
+        channel_choice: None,
     })
 }
 

@@ -1,0 +1,284 @@
+//! `--channels auto`: the channel count chosen by measuring, on this
+//! host, the real sender pipeline over each candidate count.
+//!
+//! A probe of the transfer alone ranks the counts wrongly: round 0 also
+//! reads guest memory, checks for zero pages and hashes on the same
+//! cores, so a count that moves filler fastest need not move pages
+//! fastest. Each count's probe here is round 0's own code (the sender's
+//! threads reading the running guest's memory, batching, hashing, sealing)
+//! into as many loopback connections secured as the run is (ephemeral TLS
+//! when the run uses TLS or a key), whose receiving threads open the
+//! records and check every page's hash as the destination does (into a
+//! scratch buffer, not guest memory). Each probe is bounded in time and
+//! bytes ([`AutoChannels`]); the fastest count wins, and a larger count
+//! must beat a smaller one by [`AUTO_MARGIN_PCT`] to be chosen.
+//!
+//! What it measures is this host's CPU, not a remote link: between two
+//! hosts the destination's cores are not the source's, so the choice is
+//! the source's pipeline's best count.
+
+use super::config::SourceConfig;
+use super::sender::{Chan, Sender};
+use crate::hash::page_hash;
+use crate::stream_error::MigrateError;
+use crate::transport::{self, NetConfig, Security};
+use crate::vm::SessionVm;
+use crate::wire::{record_name, tag, Record, WireReader, WireWriter, MAX_BATCH, PAGE_SIZE};
+use std::io::IoSliceMut;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A larger count is chosen over a smaller one only when its probe moved
+/// this many percent more pages a second (fewer threads and connections
+/// for the same speed leave the cores to the guest).
+pub const AUTO_MARGIN_PCT: u32 = 5;
+
+/// The most candidate counts `--channels auto` tries.
+pub const MAX_AUTO_CANDIDATES: usize = 8;
+
+/// How `--channels auto` chooses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AutoChannels {
+    /// The counts to try (1 to [`crate::wire::MAX_CHANNELS`] each, at most
+    /// [`MAX_AUTO_CANDIDATES`], no repeats).
+    pub candidates: Vec<u16>,
+    /// The run's connections use TLS (certificates or a key): the probe
+    /// seals and opens records too.
+    pub tls: bool,
+    /// Each count's probe ends after this long (10 ms to 10 s)...
+    pub per_count: Duration,
+    /// ...or this many bytes of guest memory (4 KiB to 4 GiB, and at most
+    /// the guest's memory), whichever comes first.
+    pub max_bytes: u64,
+}
+
+impl Default for AutoChannels {
+    /// 1, 2 and 4 channels, 150 ms or 256 MiB each.
+    fn default() -> Self {
+        AutoChannels {
+            candidates: vec![1, 2, 4],
+            tls: true,
+            per_count: Duration::from_millis(150),
+            max_bytes: 256 << 20,
+        }
+    }
+}
+
+impl AutoChannels {
+    /// Checks the settings before anything is started.
+    ///
+    /// # Errors
+    /// [`MigrateError::Setup`] naming the setting out of range.
+    pub fn validate(&self) -> Result<(), MigrateError> {
+        let bad = |what: String| Err(MigrateError::Setup(format!("--channels auto: {what}")));
+        let c = &self.candidates;
+        if c.is_empty() || c.len() > MAX_AUTO_CANDIDATES {
+            return bad(format!(
+                "{} candidate counts: use 1 to {MAX_AUTO_CANDIDATES}",
+                c.len()
+            ));
+        }
+        if let Some(n) = c.iter().find(|&&n| n == 0 || n > crate::wire::MAX_CHANNELS) {
+            return bad(format!(
+                "{n} channels: use 1 to {}",
+                crate::wire::MAX_CHANNELS
+            ));
+        }
+        if (1..c.len()).any(|i| c[..i].contains(&c[i])) {
+            return bad("a candidate count given twice".into());
+        }
+        if !(Duration::from_millis(10)..=Duration::from_secs(10)).contains(&self.per_count) {
+            return bad(format!("{:?} a count: use 10 ms to 10 s", self.per_count));
+        }
+        if !(PAGE_SIZE as u64..=4 << 30).contains(&self.max_bytes) {
+            return bad(format!(
+                "{} bytes a count: use 4 KiB to 4 GiB",
+                self.max_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One count's probe.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChannelProbe {
+    /// Channels (connections, sending threads, receiving threads).
+    pub channels: u16,
+    /// Pages sent and checked on the receiving side.
+    pub pages: u64,
+    /// From the first page read to the last one checked.
+    pub elapsed: Duration,
+}
+
+impl ChannelProbe {
+    /// Pages a second.
+    pub fn pages_per_s(&self) -> f64 {
+        self.pages as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// What `--channels auto` measured and chose.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChannelChoice {
+    /// The count the migration ran with.
+    pub chosen: u16,
+    /// Every candidate's probe, in the order tried.
+    pub probes: Vec<ChannelProbe>,
+}
+
+/// Probes every candidate count and chooses one.
+///
+/// # Errors
+/// [`MigrateError::Setup`] for bad settings, or a probe's own error
+/// (loopback connections, the handshake, a page's hash).
+pub(super) fn choose<V: SessionVm>(
+    vm: &Arc<V>,
+    cfg: &SourceConfig,
+    auto: &AutoChannels,
+    vcpus: usize,
+) -> Result<ChannelChoice, MigrateError> {
+    auto.validate()?;
+    let net = NetConfig {
+        io_timeout: Duration::from_secs(5),
+        security: match auto.tls {
+            true => transport::ephemeral_tls()?,
+            false => Security::Plain,
+        },
+    };
+    let mem: u64 = vm.slots().iter().map(|s| s.size).sum();
+    let max_pages = (auto.max_bytes.min(mem) / PAGE_SIZE as u64).max(1);
+    let mut probes = Vec::with_capacity(auto.candidates.len());
+    for &n in &auto.candidates {
+        probes.push(probe_count(
+            vm,
+            cfg,
+            &net,
+            n,
+            vcpus,
+            max_pages,
+            auto.per_count,
+        )?);
+    }
+    let mut order: Vec<&ChannelProbe> = probes.iter().collect();
+    order.sort_by_key(|p| p.channels);
+    let mut best = order[0];
+    for p in &order[1..] {
+        if p.pages_per_s() > best.pages_per_s() * (1.0 + f64::from(AUTO_MARGIN_PCT) / 100.0) {
+            best = p;
+        }
+    }
+    Ok(ChannelChoice {
+        chosen: best.channels,
+        probes,
+    })
+}
+
+/// Round 0's first pages over `n` loopback connections, each received and
+/// checked on a thread of its own.
+fn probe_count<V: SessionVm>(
+    vm: &Arc<V>,
+    cfg: &SourceConfig,
+    net: &NetConfig,
+    n: u16,
+    vcpus: usize,
+    max_pages: u64,
+    per_count: Duration,
+) -> Result<ChannelProbe, MigrateError> {
+    let io = |what: &str| {
+        let what = format!("--channels auto: {what}");
+        move |e: std::io::Error| MigrateError::io(what, &e)
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("a loopback port"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(io("a loopback port"))?
+        .to_string();
+    std::thread::scope(|sc| {
+        let mut receivers = Vec::with_capacity(usize::from(n));
+        let mut chans = Vec::with_capacity(usize::from(n));
+        for _ in 0..n {
+            // The connection waits in the backlog: accepted at once, then
+            // both handshakes run at the same time, each within the I/O
+            // timeout (a failed side ends the other's).
+            let c = transport::connect_tcp(&addr, net)?;
+            let (s, _) = listener.accept().map_err(io("accepting"))?;
+            receivers.push(sc.spawn(move || receive(s, net)));
+            let c = transport::client(c, net)?;
+            chans.push(Chan::new(WireWriter::replies(c)));
+        }
+        let mut sender = Sender::new(vm, chans, cfg, vcpus);
+        sender.ring = false;
+        let t = Instant::now();
+        let mut sent = sender.send_first(max_pages, t + per_count);
+        for c in &mut sender.chans {
+            sent = sent.and_then(|()| c.wire.end());
+        }
+        let pages = sender.counts().0;
+        // A failed sender drops its connections: every receiver then ends.
+        drop(sender);
+        let mut got = 0u64;
+        for r in receivers {
+            let r = r.join().unwrap_or_else(|_| {
+                Err(MigrateError::Setup(
+                    "a probe's receiving thread panicked".into(),
+                ))
+            });
+            got += sent.as_ref().map_err(Clone::clone).and(r)?;
+        }
+        sent?;
+        if got != pages {
+            return Err(MigrateError::Setup(format!(
+                "--channels auto: {got} pages received of {pages} sent over {n} channel(s)"
+            )));
+        }
+        Ok(ChannelProbe {
+            channels: n,
+            pages,
+            elapsed: t.elapsed(),
+        })
+    })
+}
+
+/// The destination's side of one probe connection: records opened and
+/// every page's hash checked (into a scratch batch), until END; the pages.
+fn receive(s: std::net::TcpStream, net: &NetConfig) -> Result<u64, MigrateError> {
+    let conn = transport::server(s, net)?;
+    let mut rd = WireReader::replies(conn);
+    let mut scratch = vec![0u8; MAX_BATCH * PAGE_SIZE];
+    loop {
+        let at_byte = rd.pos;
+        match rd.next_record()? {
+            Record::Pages { .. } => {
+                let data = rd.entries().iter().filter(|e| !e.zero).count();
+                let mut bufs: Vec<IoSliceMut<'_>> = scratch
+                    .chunks_exact_mut(PAGE_SIZE)
+                    .take(data)
+                    .map(IoSliceMut::new)
+                    .collect();
+                rd.read_pages(&mut bufs)?;
+                drop(bufs);
+                let pages = scratch.chunks_exact(PAGE_SIZE);
+                for (e, page) in rd.entries().iter().filter(|e| !e.zero).zip(pages) {
+                    if page_hash(page, e.gpa) != e.hash {
+                        return Err(MigrateError::PageChecksum {
+                            gpa: e.gpa,
+                            at_byte,
+                        });
+                    }
+                }
+            }
+            Record::Control { tag: tag::END, .. } => return Ok(rd.pages),
+            other => {
+                return Err(MigrateError::Malformed {
+                    record: "probe",
+                    at_byte,
+                    why: format!(
+                        "--channels auto's probe carries pages and END, got {}",
+                        record_name(&other)
+                    ),
+                })
+            }
+        }
+    }
+}
