@@ -20,6 +20,7 @@ use crate::vm::SessionVm;
 use crate::wire::{tag, Dec, Header, Record, WireWriter, PAGE_SIZE, SESSION_LEN};
 use std::time::Instant;
 
+mod auto_channels;
 mod channel_choice;
 pub mod config;
 mod figures;
@@ -33,9 +34,8 @@ mod sender;
 mod stop_copy;
 mod verify;
 
-pub use channel_choice::{
-    AutoChannels, ChannelChoice, ChannelProbe, AUTO_MARGIN_PCT, MAX_AUTO_CANDIDATES,
-};
+pub use auto_channels::{AutoChannels, MAX_AUTO_CANDIDATES};
+pub use channel_choice::{ChannelChoice, ChannelProbe, AUTO_MARGIN_PCT};
 pub use config::{validate, validate_shape, Converge, Harvest, SourceConfig};
 use figures::{counters, MIB};
 pub use outcome::{Phase, RoundStat, SourceOutcome};

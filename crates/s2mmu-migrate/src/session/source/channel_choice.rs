@@ -17,6 +17,7 @@
 //! hosts the destination's cores are not the source's, so the choice is
 //! the source's pipeline's best count.
 
+use super::auto_channels::AutoChannels;
 use super::config::SourceConfig;
 use super::sender::{Chan, Sender};
 use crate::hash::page_hash;
@@ -32,73 +33,6 @@ use std::time::{Duration, Instant};
 /// this many percent more pages a second (fewer threads and connections
 /// for the same speed leave the cores to the guest).
 pub const AUTO_MARGIN_PCT: u32 = 5;
-
-/// The most candidate counts `--channels auto` tries.
-pub const MAX_AUTO_CANDIDATES: usize = 8;
-
-/// How `--channels auto` chooses.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AutoChannels {
-    /// The counts to try (1 to [`crate::wire::MAX_CHANNELS`] each, at most
-    /// [`MAX_AUTO_CANDIDATES`], no repeats).
-    pub candidates: Vec<u16>,
-    /// The run's connections use TLS (certificates or a key): the probe
-    /// seals and opens records too.
-    pub tls: bool,
-    /// Each count's probe ends after this long (10 ms to 10 s)...
-    pub per_count: Duration,
-    /// ...or this many bytes of guest memory (4 KiB to 4 GiB, and at most
-    /// the guest's memory), whichever comes first.
-    pub max_bytes: u64,
-}
-
-impl Default for AutoChannels {
-    /// 1, 2 and 4 channels, 150 ms or 256 MiB each.
-    fn default() -> Self {
-        AutoChannels {
-            candidates: vec![1, 2, 4],
-            tls: true,
-            per_count: Duration::from_millis(150),
-            max_bytes: 256 << 20,
-        }
-    }
-}
-
-impl AutoChannels {
-    /// Checks the settings before anything is started.
-    ///
-    /// # Errors
-    /// [`MigrateError::Setup`] naming the setting out of range.
-    pub fn validate(&self) -> Result<(), MigrateError> {
-        let bad = |what: String| Err(MigrateError::Setup(format!("--channels auto: {what}")));
-        let c = &self.candidates;
-        if c.is_empty() || c.len() > MAX_AUTO_CANDIDATES {
-            return bad(format!(
-                "{} candidate counts: use 1 to {MAX_AUTO_CANDIDATES}",
-                c.len()
-            ));
-        }
-        if let Some(n) = c.iter().find(|&&n| n == 0 || n > crate::wire::MAX_CHANNELS) {
-            return bad(format!(
-                "{n} channels: use 1 to {}",
-                crate::wire::MAX_CHANNELS
-            ));
-        }
-        if (1..c.len()).any(|i| c[..i].contains(&c[i])) {
-            return bad("a candidate count given twice".into());
-        }
-        if !(Duration::from_millis(10)..=Duration::from_secs(10)).contains(&self.per_count) {
-            return bad(format!("{:?} a count: use 10 ms to 10 s", self.per_count));
-        }
-        if !(PAGE_SIZE as u64..=4 << 30).contains(&self.max_bytes) {
-            return bad(format!(
-                "{} bytes a count: use 4 KiB to 4 GiB",
-                self.max_bytes
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// One count's probe.
 #[derive(Clone, Debug, Default, PartialEq)]

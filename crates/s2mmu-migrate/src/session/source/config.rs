@@ -42,7 +42,7 @@ pub struct SourceConfig {
     pub channels: u16,
     /// Choose `channels` by measurement instead (`--channels auto`): the
     /// count whose probe of round 0's pipeline was fastest.
-    pub auto_channels: Option<super::channel_choice::AutoChannels>,
+    pub auto_channels: Option<super::auto_channels::AutoChannels>,
     /// When to switch to post-copy.
     pub postcopy: Postcopy,
     /// The lost-write check and snapshots beside the migration.
