@@ -4,8 +4,7 @@
 //! [`LinuxVm::pause_vcpus`], [`LinuxVm::guest_state`],
 //! [`LinuxVm::load_guest_state`], [`LinuxVm::resume_vcpus`]. The
 //! migration library's session reaches it through `session_source` and
-//! `session_dest`; the older `s2mmu_migrate::MigratableVm` impl remains
-//! for `postcopy` only.
+//! `session_dest`.
 //!
 //! A pause kicks every running vCPU; at its next exit the host answers
 //! as usual but with ACT_SAVE, and the stub stores the vCPU's registers

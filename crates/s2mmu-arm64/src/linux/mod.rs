@@ -16,8 +16,8 @@
 //! - [`gic`]: the GICv3 distributor and redistributors, list registers.
 //! - [`psci`]: PSCI 1.1 over HVC.
 //! - [`vm`]: the Linux VM ([`vm::run`]), its vCPU threads in `vcpu`.
-//! - [`migrate`]: the same VM paused, saved and restored (the older
-//!   `s2mmu_migrate::MigratableVm` for [`postcopy`] only); [`vcpu_state`] and [`vm_state`]
+//! - [`migrate`]: the same VM paused, saved and restored (its own
+//!   `pause_vcpus`, `guest_state`, ...); [`vcpu_state`] and [`vm_state`]
 //!   are its state in the migration encoding; [`memory`] its RAM as one
 //!   mapping (bulk copies, the parallel digest); [`page_fetch`] the
 //!   stage-2 fault on a page that has not arrived as its request.
