@@ -20,20 +20,19 @@ use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::session_dest::LinuxDest;
 use s2mmu_arm64::linux::session_source::{LinuxSessionVm, LinuxSource};
 use s2mmu_arm64::linux::vm_state::LINUX_KIND;
-use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
+use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::session::snapshot::format::SnapshotError;
 use s2mmu_migrate::session::snapshot::guest::{
     read_state, restore_guest, save_paused, state_path, write_state,
 };
 use s2mmu_migrate::session::snapshot::restore::file_name;
-use s2mmu_migrate::session::source::{run_source, SourceConfig, SourceOutcome};
+use s2mmu_migrate::session::source::{SourceConfig, SourceOutcome};
 use s2mmu_migrate::state::State;
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::transport::{self, NetConfig};
+use s2mmu_migrate::transport::NetConfig;
 use s2mmu_migrate::vm::GuestRun;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,21 +48,8 @@ type Outcomes = (
 /// ends in this process over loopback TCP.
 fn migrate(src: &LinuxSource, dest: &Arc<LinuxDest>) -> Outcomes {
     let net = NetConfig::plain(Duration::from_secs(120));
-    let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
-    let addr = listener.local();
-    let dest_cfg = DestConfig {
-        prefault: false,
-        ..DestConfig::with_run_after(Duration::from_millis(300))
-    };
-    let (dcfg, dnet, f) = (dest_cfg.clone(), net.clone(), dest.clone());
-    let served = std::thread::spawn(move || serve_with(&*listener, &*f, &dcfg, &dnet));
-    let s = run_source(src, &SourceConfig::default(), &mut |_| {
-        transport::client(transport::connect(&addr, &net)?, &net)
-    });
-    if s.is_err() {
-        dest_cfg.stop.store(true, Ordering::SeqCst);
-    }
-    (s, served.join().expect("the destination thread"))
+    let ends = common::migrate_here(src, dest, &SourceConfig::default(), &net);
+    (ends.source, ends.dest)
 }
 
 /// Migrates `src` into a machine `dest` builds, checks the digests at the

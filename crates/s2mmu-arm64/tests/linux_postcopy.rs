@@ -29,10 +29,10 @@ use s2mmu_arm64::linux::session_run::{
 };
 use s2mmu_arm64::linux::session_source::{LinuxSessionVm, LinuxSource};
 use s2mmu_arm64::linux::vm::{StopReason, RAM_SLOT};
-use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
+use s2mmu_migrate::session::dest::{DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::postcopy::{Final, Postcopy};
-use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
+use s2mmu_migrate::session::source::{Harvest, SourceConfig, SourceOutcome};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self, NetConfig};
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
@@ -144,27 +144,16 @@ fn migrate_by_postcopy(src: &PurePostcopy, dest: &Arc<LinuxDest>) -> (SourceOutc
         io_timeout: Duration::from_secs(120),
         security: transport::ephemeral_tls().expect("an ephemeral identity"),
     };
-    let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
-    let addr = listener.local();
-    let dcfg = DestConfig {
-        prefault: false,
-        ..DestConfig::with_run_after(Duration::from_millis(300))
-    };
-    let (d2, n2, f2) = (dcfg.clone(), net.clone(), dest.clone());
-    let served = std::thread::spawn(move || serve_with(&*listener, &*f2, &d2, &n2));
     let scfg = SourceConfig {
         harvest: Harvest::Bitmap,
         postcopy: Postcopy::On,
         ..SourceConfig::default()
     };
-    let s = run_source(src, &scfg, &mut |_| {
-        transport::client(transport::connect(&addr, &net)?, &net)
-    });
-    if s.is_err() {
-        dcfg.stop.store(true, Ordering::SeqCst);
-    }
-    let d = served.join().expect("the destination thread");
-    (s.expect("the source's side"), d.expect("B's side"))
+    let ends = common::migrate_here(src, dest, &scfg, &net);
+    (
+        ends.source.expect("the source's side"),
+        ends.dest.expect("B's side"),
+    )
 }
 
 /// The counter's buffer here (KiB).

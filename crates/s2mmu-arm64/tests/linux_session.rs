@@ -13,13 +13,12 @@ use common::counter::{check_lives, config, counter_lines, wait_lines};
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::session_dest::LinuxDest;
 use s2mmu_arm64::linux::session_source::{LinuxSessionVm, LinuxSource};
-use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
+use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
-use s2mmu_migrate::session::source::{run_source, SourceConfig, SourceOutcome};
+use s2mmu_migrate::session::source::{SourceConfig, SourceOutcome};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self, NetConfig};
 use s2mmu_migrate::vm::{GuestCounters, GuestRun};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,22 +38,8 @@ type Outcomes = (
 /// One migration of `guest` into a Linux destination built by `dest`,
 /// both ends in this process over loopback TLS.
 fn migrate<G: SourceGuest>(guest: &G, dest: &Arc<LinuxDest>) -> Outcomes {
-    let net = tls();
-    let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
-    let addr = listener.local();
-    let dest_cfg = DestConfig {
-        prefault: false,
-        ..DestConfig::with_run_after(Duration::from_millis(300))
-    };
-    let (dcfg, dnet, f) = (dest_cfg.clone(), net.clone(), dest.clone());
-    let served = std::thread::spawn(move || serve_with(&*listener, &*f, &dcfg, &dnet));
-    let src = run_source(guest, &SourceConfig::default(), &mut |_| {
-        transport::client(transport::connect(&addr, &net)?, &net)
-    });
-    if src.is_err() {
-        dest_cfg.stop.store(true, Ordering::SeqCst);
-    }
-    (src, served.join().expect("the destination thread"))
+    let ends = common::migrate_here(guest, dest, &SourceConfig::default(), &tls());
+    (ends.source, ends.dest)
 }
 
 /// A's guest, with one byte of its STATE body changed on the way (the

@@ -19,13 +19,13 @@ pub use super::run_error::LinuxRunError;
 use super::session_dest::LinuxDest;
 use super::session_source::{LinuxSessionVm, LinuxSource};
 use super::vm::LinuxConfig;
+use s2mmu_migrate::session::both_ends::run_both_ends;
 use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::session::postcopy::{Postcopy, PostcopyOutcome};
 use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self as net, NetConfig};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -421,29 +421,16 @@ fn in_process(
         addr: "127.0.0.1:0".into(),
         error,
     })?;
-    let addr = listener.local();
     let dcfg = dest_config(s);
     let factory = dest_factory(cfg);
     // B's QEMU starts now, not on the HEADER inside the source's deadline.
     factory
         .prestart(cfg.vcpus, cfg.mem)
         .map_err(|e| machine("machine B", e))?;
-    let (d2, n2, f2) = (dcfg.clone(), net.clone(), factory.clone());
-    let served = std::thread::Builder::new()
-        .name("linux-destination".into())
-        .spawn(move || serve_with(&*listener, &*f2, &d2, &n2))
+    let ends = run_both_ends(listener, factory.clone(), src, &scfg, &dcfg, net)
         .map_err(|e| LinuxRunError::Thread(e.to_string()))?;
-    let o = run_source(src, &scfg, &mut |_| {
-        net::client(net::connect(&addr, net)?, net)
-    });
-    if o.is_err() {
-        dcfg.stop.store(true, Ordering::SeqCst);
-    }
-    let d = served
-        .join()
-        .map_err(|_| LinuxRunError::Thread("it panicked".into()))?;
-    let o = o.map_err(|error| session("source", error))?;
-    let d = d.map_err(|error| session("destination", error))?;
+    let o = ends.source.map_err(|error| session("source", error))?;
+    let d = ends.dest.map_err(|error| session("destination", error))?;
     let b = factory.built().ok_or(LinuxRunError::NoGuest)?;
     Ok((o, d, b))
 }

@@ -69,3 +69,30 @@ pub fn linux_assets() -> Option<LinuxAssets> {
         }
     }
 }
+
+/// One migration of `guest` into a machine `dest` builds, both ends in
+/// this process over loopback secured as `net` says (the library's
+/// `run_both_ends`); the destination's guest runs 300 ms after the
+/// switch, and its memory is not prefaulted.
+pub fn migrate_here<G: s2mmu_migrate::session::guest::SourceGuest>(
+    guest: &G,
+    dest: &Arc<s2mmu_arm64::linux::session_dest::LinuxDest>,
+    source: &s2mmu_migrate::session::source::SourceConfig,
+    net: &s2mmu_migrate::transport::NetConfig,
+) -> s2mmu_migrate::session::both_ends::BothEnds {
+    use s2mmu_migrate::session::dest::DestConfig;
+    let dest_cfg = DestConfig {
+        prefault: false,
+        ..DestConfig::with_run_after(std::time::Duration::from_millis(300))
+    };
+    let listener = s2mmu_migrate::transport::bind("127.0.0.1:0").expect("a loopback listener");
+    s2mmu_migrate::session::both_ends::run_both_ends(
+        listener,
+        dest.clone(),
+        guest,
+        source,
+        &dest_cfg,
+        net,
+    )
+    .expect("the destination thread starts")
+}

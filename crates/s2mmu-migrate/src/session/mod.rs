@@ -14,6 +14,7 @@
 //! a [`progress::Progress`] callback.
 
 // Generic over the VM interface (crate::vm).
+pub mod both_ends;
 pub mod digests;
 pub mod extras;
 pub mod guest;
