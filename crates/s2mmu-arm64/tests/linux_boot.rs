@@ -4,7 +4,7 @@
 
 mod common;
 
-use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
+use s2mmu_arm64::linux::dirty::HarvestConfig;
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
 use std::time::Duration;
 
@@ -21,13 +21,7 @@ fn boot(vcpus: usize) {
         cmdline: std::env::var("S2MMU_LINUX_CMDLINE").unwrap_or_else(|_| "quiet".into()),
         echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
         timeout: Duration::from_secs(240),
-        dirty: HarvestConfig {
-            mode: LinuxDirty::Off,
-            period: Duration::from_millis(100),
-            drop_invalidations_from: None,
-            discard_log: None,
-            change: Default::default(),
-        },
+        dirty: HarvestConfig::default(),
     })
     .expect("the Linux VM runs");
     eprintln!(

@@ -98,6 +98,21 @@ pub struct HarvestConfig {
     pub change: HostChange,
 }
 
+impl Default for HarvestConfig {
+    /// No logging (the guest's pages are mapped writable and never
+    /// harvested), a harvest each 100 ms once a mode is set, no fault
+    /// injected, no change under the guest.
+    fn default() -> Self {
+        HarvestConfig {
+            mode: LinuxDirty::Off,
+            period: Duration::from_millis(100),
+            drop_invalidations_from: None,
+            discard_log: None,
+            change: HostChange::default(),
+        }
+    }
+}
+
 /// What the harvester saw.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HarvestReport {

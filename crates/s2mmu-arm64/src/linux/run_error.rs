@@ -113,7 +113,7 @@ impl From<LinuxRunError> for String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::dirty::{HarvestConfig, LinuxDirty};
+    use super::super::dirty::HarvestConfig;
     use super::super::session_run::{self, GuestProgram, ListenEvent, RunSettings};
     use super::super::vm::LinuxConfig;
     use super::LinuxRunError;
@@ -144,13 +144,7 @@ mod tests {
             cmdline: String::new(),
             echo: false,
             timeout: Duration::from_secs(1),
-            dirty: HarvestConfig {
-                mode: LinuxDirty::Off,
-                period: Duration::from_millis(100),
-                drop_invalidations_from: None,
-                discard_log: None,
-                change: Default::default(),
-            },
+            dirty: HarvestConfig::default(),
         };
         let mut events = 0;
         let e = session_run::listen(&s, &cfg, "256.0.0.1:1", &mut |_: ListenEvent<'_>| {

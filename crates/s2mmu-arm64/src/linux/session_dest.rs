@@ -5,8 +5,7 @@
 //! with CNTVOFF set so that its virtual time goes on without a jump
 //! (`LinuxVm::load_guest_state`).
 
-use super::changes::HostChange;
-use super::dirty::{HarvestConfig, LinuxDirty};
+use super::dirty::HarvestConfig;
 use super::migrate::LinuxVm;
 use super::session_postcopy::{untouched_digest, LinuxFinal};
 use super::session_source::{LinuxSessionVm, LINUX_BACKING};
@@ -98,13 +97,7 @@ impl LinuxDest {
             cmdline: String::new(),
             echo: self.echo,
             timeout: self.timeout,
-            dirty: HarvestConfig {
-                mode: LinuxDirty::Off,
-                period: Duration::from_millis(100),
-                drop_invalidations_from: None,
-                discard_log: None,
-                change: HostChange::default(),
-            },
+            dirty: HarvestConfig::default(),
         }
     }
 }

@@ -12,7 +12,7 @@
 //! ([`LinuxRun`], [`Listened`]).
 
 use super::assets::LinuxAssets;
-use super::dirty::{HarvestConfig, LinuxDirty};
+use super::dirty::HarvestConfig;
 use super::dirty_limit::DirtyLimitCounters;
 use super::migrate::LinuxVm;
 pub use super::run_error::LinuxRunError;
@@ -186,13 +186,7 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
         cmdline: format!("quiet {run}"),
         echo: false,
         timeout: Duration::from_secs(3600),
-        dirty: HarvestConfig {
-            mode: LinuxDirty::Off,
-            period: Duration::from_millis(100),
-            drop_invalidations_from: None,
-            discard_log: None,
-            change: Default::default(),
-        },
+        dirty: HarvestConfig::default(),
     }
 }
 

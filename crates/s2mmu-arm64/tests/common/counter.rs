@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use s2mmu_arm64::linux::assets;
-use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
+use s2mmu_arm64::linux::dirty::HarvestConfig;
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::vm::LinuxConfig;
 use std::time::{Duration, Instant};
@@ -22,13 +22,7 @@ pub fn config(a: &assets::LinuxAssets, vcpus: usize) -> LinuxConfig {
         cmdline: format!("quiet s2mmu.run=counter s2mmu.args=kib={KIB},ms={MS}"),
         echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
         timeout: Duration::from_secs(900),
-        dirty: HarvestConfig {
-            mode: LinuxDirty::Off,
-            period: Duration::from_millis(100),
-            drop_invalidations_from: None,
-            discard_log: None,
-            change: Default::default(),
-        },
+        dirty: HarvestConfig::default(),
     }
 }
 
