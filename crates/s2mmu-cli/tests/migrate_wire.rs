@@ -4,8 +4,10 @@
 //! counted every page on both sides with time in each stage. Behaviour
 //! only: no timing is compared.
 
+mod cli_common;
 mod migrate_common;
 
+use cli_common::json_of;
 use migrate_common::{dest_cfg, plain, small};
 use s2mmu_cli::migrate::migrate_in_process;
 use s2mmu_cli::migrate::net::{self, NetConfig};
@@ -69,26 +71,27 @@ fn plain_tcp_and_the_stages_are_measured_with_tls_over_two_channels() {
 /// runs (and required where CI installed it), none made up where not.
 #[test]
 fn the_wire_bench_measures_every_cell_against_plain_tcp_and_iperf3() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_s2mmu"))
-        .args([
-            "migrate",
-            "--guest",
-            "sim",
-            "--wire-bench",
-            "2",
-            "--channels",
-            "1,2",
-        ])
-        .args(["--mem", "16M", "-s", "anonymous", "--warmup", "20ms"])
-        .args(["--run-after", "20ms", "--plot", "", "--json", "-q"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(&[
+        "migrate",
+        "--guest",
+        "sim",
+        "--wire-bench",
+        "2",
+        "--channels",
+        "1,2",
+        "--mem",
+        "16M",
+        "-s",
+        "anonymous",
+        "--warmup",
+        "20ms",
+        "--run-after",
+        "20ms",
+        "--plot",
+        "",
+        "--json",
+        "-q",
+    ]);
     let iperf3 = v["params"]["iperf3"].as_str().map(str::to_string);
     if std::env::var_os("S2MMU_REQUIRE_IPERF3").is_some() {
         assert!(iperf3.is_some(), "iperf3 is required here but was not run");
@@ -235,18 +238,25 @@ fn channels_auto_refuses_settings_out_of_bounds() {
 /// and each probe.
 #[test]
 fn the_command_reports_the_count_auto_chose() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_s2mmu"))
-        .args(["migrate", "--guest", "sim", "--channels", "auto"])
-        .args(["--mem", "16M", "-s", "anonymous", "--warmup", "20ms"])
-        .args(["--run-after", "20ms", "--plot", "", "--json", "-q"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(&[
+        "migrate",
+        "--guest",
+        "sim",
+        "--channels",
+        "auto",
+        "--mem",
+        "16M",
+        "-s",
+        "anonymous",
+        "--warmup",
+        "20ms",
+        "--run-after",
+        "20ms",
+        "--plot",
+        "",
+        "--json",
+        "-q",
+    ]);
     let r = &v["results"][0];
     let chosen = r["channel_choice"]["chosen"]
         .as_u64()
