@@ -91,16 +91,9 @@ pub struct RunSettings {
 pub enum RunDetails {
     /// Through the session (pre-copy).
     Session {
-        /// Channels used.
-        channels: u16,
-        /// The link's stream bytes per second (the session's probe).
-        link: f64,
-        /// Page records sent.
-        page_records: u64,
-        /// Of those, zero pages.
-        zero_pages: u64,
-        /// The session's whole outcome (rounds, throttle and pace, the
-        /// sender's stage costs).
+        /// The session's whole outcome (channels, the link's figure, page
+        /// records and zero pages, rounds, throttle and pace, the sender's
+        /// stage costs).
         outcome: Box<SourceOutcome>,
         /// What the guest's throttle and pace did.
         limit: DirtyLimitCounters,
@@ -300,10 +293,6 @@ fn session_run(s: &SourceOutcome, state_bytes: usize, limit: DirtyLimitCounters)
         details: match &s.postcopy {
             Some(pc) => RunDetails::Postcopy(pc.clone()),
             None => RunDetails::Session {
-                channels: s.channels,
-                link: s.link,
-                page_records: s.page_records,
-                zero_pages: s.zero_pages,
                 outcome: Box::new(s.clone()),
                 limit,
             },

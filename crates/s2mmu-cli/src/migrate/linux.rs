@@ -56,27 +56,21 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
 /// A run's `details` in the JSON report and its summary line.
 fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
     let (extra, mut line) = match &r.details {
-        RunDetails::Session {
-            channels,
-            link,
-            page_records,
-            zero_pages,
-            outcome,
-            limit,
-        } => (
+        RunDetails::Session { outcome, limit } => (
             {
                 let mut v = serde_json::json!({"security": s.net.security.describe(),
-                    "channels": channels, "link_bytes_per_s": link,
-                    "page_records": page_records, "zero_pages": zero_pages});
+                    "channels": outcome.channels, "link_bytes_per_s": outcome.link,
+                    "page_records": outcome.page_records, "zero_pages": outcome.zero_pages});
                 v.as_object_mut()
                     .expect("an object")
                     .extend(session_json(outcome, limit));
                 v
             },
             format!(
-                "through the session, {} over {channels} channel(s); the destination's digests \
+                "through the session, {} over {} channel(s); the destination's digests \
                  equal the source's{}",
                 s.net.security.describe(),
+                outcome.channels,
                 braked(outcome, limit)
             ),
         ),
