@@ -7,7 +7,7 @@
 //! dirties few pages during round 0 (its vCPUs share two cores with the
 //! sending threads) and the background stream brings those in a few
 //! milliseconds, before B's guest touches them: so A's VM here reports
-//! every page dirty at the switch ([`EveryPageDirty`]), making it pure
+//! every page dirty at the switch (`common::pure_postcopy`), making it pure
 //! post-copy, as the arm64 crate's own post-copy test did before. The
 //! guest program `counter` must go on on B from its next step (every
 //! step once, in order, its own check of its buffer passing); A must
@@ -20,122 +20,23 @@
 mod common;
 
 use common::counter::{config, counter_lines, wait_lines};
-use s2mmu_arm64::linux::memory::LinuxRam;
+use common::pure_postcopy::PurePostcopy;
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::page_fetch::PageFetch;
 use s2mmu_arm64::linux::session_dest::LinuxDest;
 use s2mmu_arm64::linux::session_run::{
     self, steps, GuestProgram, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
-use s2mmu_arm64::linux::session_source::{LinuxSessionVm, LinuxSource};
+use s2mmu_arm64::linux::session_source::LinuxSource;
 use s2mmu_arm64::linux::vm::{StopReason, RAM_SLOT};
 use s2mmu_migrate::session::dest::{DestConfig, DestOutcome};
-use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
-use s2mmu_migrate::session::postcopy::{Final, Postcopy};
+use s2mmu_migrate::session::guest::SourceGuest;
+use s2mmu_migrate::session::postcopy::Postcopy;
 use s2mmu_migrate::session::source::{Harvest, SourceConfig, SourceOutcome};
-use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self, NetConfig};
-use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A's VM with every page reported dirty at each harvest: the session
-/// then switches with all of memory missing on B (pure post-copy).
-struct EveryPageDirty(Arc<LinuxSessionVm>);
-
-impl SessionVm for EveryPageDirty {
-    type Ram = LinuxRam;
-    fn ram(&self) -> &Arc<LinuxRam> {
-        self.0.ram()
-    }
-    fn slots(&self) -> &[RamSlot] {
-        self.0.slots()
-    }
-    fn enable_dirty_logging(&self) -> Result<(), VmError> {
-        self.0.enable_dirty_logging()
-    }
-    fn disable_dirty_logging(&self) -> Result<(), VmError> {
-        self.0.disable_dirty_logging()
-    }
-    fn get_dirty_log(&self, slot: u16, bitmap: &mut [u64]) -> Result<(), VmError> {
-        self.0.get_dirty_log(slot, bitmap)?;
-        let pages = self.0.ram().size() / 4096;
-        for (i, w) in bitmap.iter_mut().enumerate() {
-            let left = pages.saturating_sub(i as u64 * 64);
-            *w = if left >= 64 {
-                u64::MAX
-            } else {
-                (1 << left) - 1
-            };
-        }
-        Ok(())
-    }
-    fn clear_dirty_log(&self, slot: u16, first: u64, n: u64, mask: &[u64]) -> Result<(), VmError> {
-        self.0.clear_dirty_log(slot, first, n, mask)
-    }
-}
-
-/// The Linux source over [`EveryPageDirty`]; everything else is
-/// [`LinuxSource`]'s.
-struct PurePostcopy {
-    src: LinuxSource,
-    vm: Arc<EveryPageDirty>,
-}
-
-impl PurePostcopy {
-    fn new(src: LinuxSource) -> PurePostcopy {
-        let vm = Arc::new(EveryPageDirty(src.vm().clone()));
-        PurePostcopy { src, vm }
-    }
-}
-
-impl GuestRun for PurePostcopy {
-    fn pause(&self) {
-        self.src.pause()
-    }
-    fn resume(&self) {
-        self.src.resume()
-    }
-    fn counters(&self) -> GuestCounters {
-        self.src.counters()
-    }
-    fn set_throttle_ns(&self, ns: u64) {
-        self.src.set_throttle_ns(ns)
-    }
-    fn pace(&self) -> u64 {
-        self.src.pace()
-    }
-    fn set_pace(&self, p: u64) {
-        self.src.set_pace(p)
-    }
-}
-
-impl SourceGuest for PurePostcopy {
-    type Vm = EveryPageDirty;
-    type Hook = NoHook;
-    fn vm(&self) -> &Arc<EveryPageDirty> {
-        &self.vm
-    }
-    fn shape(&self) -> GuestShape {
-        self.src.shape()
-    }
-    fn counter_source(&self) -> Arc<dyn Fn() -> GuestCounters + Send + Sync> {
-        self.src.counter_source()
-    }
-    fn state(&self, pace: u64) -> Result<Vec<u8>, MigrateError> {
-        self.src.state(pace)
-    }
-    fn begin_hook(&self) -> Result<NoHook, MigrateError> {
-        Ok(NoHook)
-    }
-    fn supports_postcopy(&self) -> bool {
-        self.src.supports_postcopy()
-    }
-    fn verify_final(&self, state: &[u8], fin: &Final) -> Result<Vec<(u16, u64)>, MigrateError> {
-        self.src.verify_final(state, fin)
-    }
-}
 
 /// Migrates `src` into a guest `dest` builds, post-copy after round 0,
 /// both ends in this process over loopback mutual TLS.

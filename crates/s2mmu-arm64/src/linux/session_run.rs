@@ -435,10 +435,8 @@ pub fn source_to(
     let scfg = session_config(s);
     let net = &s.net;
     let src = LinuxSource::new(a);
-    let o = run_source(&src, &scfg, &mut |_| {
-        net::client(net::connect(addr, net)?, net)
-    })
-    .map_err(|error| session("source", error))?;
+    let o = run_source(&src, &scfg, &mut |_| connect_source(addr, &scfg, net))
+        .map_err(|error| session("source", error))?;
     let mut a = src.vm().lock();
     let text = a.console().contents();
     sent(&o, begun_steps(&text).last().copied().unwrap_or(0));
@@ -451,6 +449,23 @@ pub fn source_to(
     let state_bytes = a.guest_state().map_or(0, |v| v.len());
     drop(a);
     Ok(session_run(&o, state_bytes, src.limit_counters()))
+}
+
+/// One of the source's connections to the destination at `addr`, or,
+/// after the operator's `recover ADDR` on the source's control socket
+/// (`cfg.recovery.control`), at that ADDR: a post-copy recovery's
+/// connections go where the operator says.
+///
+/// # Errors
+/// As [`net::connect`] and [`net::client`]: the address cannot be
+/// reached or the peer not authenticated.
+pub fn connect_source(
+    addr: &str,
+    cfg: &SourceConfig,
+    net: &NetConfig,
+) -> Result<net::BoxConn, MigrateError> {
+    let to = cfg.recovery.control.as_ref().and_then(|c| c.redirect());
+    net::client(net::connect(to.as_deref().unwrap_or(addr), net)?, net)
 }
 
 /// `--listen ADDR`: serves one migration into a QEMU machine this process

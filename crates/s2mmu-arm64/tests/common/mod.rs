@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 pub mod counter;
+pub mod cut_proxy;
+pub mod pure_postcopy;
 
 use s2mmu_arm64::linux::assets::{ensure, AssetOptions, LinuxAssets};
 use s2mmu_arm64::machine::{Machine, MachineConfig};
