@@ -100,6 +100,10 @@ pub enum MigrateError {
     LostWrites { pages: u64, first_gpa: u64 },
     /// `--snapshot-every`: a snapshot could not be taken or restored.
     Snapshot(String),
+    /// The source's own guest stopped (powered off, reset, failed) before
+    /// the switch: there is no running guest to move, and the destination
+    /// was not resumed.
+    SourceGuestStopped { why: String },
 }
 
 impl MigrateError {
@@ -225,6 +229,10 @@ impl fmt::Display for MigrateError {
                 "lost-write check: {pages} pages changed that the dirty log did not report, the first at gpa {first_gpa:#x}; the destination was not resumed"
             ),
             Snapshot(s) => write!(f, "snapshots: {s}"),
+            SourceGuestStopped { why } => write!(
+                f,
+                "the source's own guest stopped during the migration ({why}): there is no running guest to move; the destination was not resumed"
+            ),
         }
     }
 }

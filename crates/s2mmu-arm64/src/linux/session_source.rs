@@ -303,9 +303,26 @@ impl SourceGuest for LinuxSource {
         Arc::new(move || guest_counters(&limit))
     }
 
+    /// # Errors
+    /// [`MigrateError::SourceGuestStopped`] when the guest powered off,
+    /// reset or failed since it booted (its vCPUs are off: a destination
+    /// could only refuse that state); [`MigrateError::Setup`] when the
+    /// state cannot be read.
     fn state(&self, _pace: u64) -> Result<Vec<u8>, MigrateError> {
-        self.vm
-            .lock()
+        let mut guest = self.vm.lock();
+        if let Some(r) = guest.stopped() {
+            return Err(MigrateError::SourceGuestStopped {
+                why: match r {
+                    vm::StopReason::PowerOff => {
+                        "the Linux guest powered off (PSCI SYSTEM_OFF)".into()
+                    }
+                    vm::StopReason::Reset => "the Linux guest reset (PSCI SYSTEM_RESET)".into(),
+                    vm::StopReason::Timeout => "the Linux guest's run time limit passed".into(),
+                    vm::StopReason::Error(e) => format!("the Linux guest failed: {e}"),
+                },
+            });
+        }
+        guest
             .guest_state()
             .map_err(|e| MigrateError::Setup(format!("the Linux guest's state: {e}")))
     }

@@ -167,7 +167,10 @@ fn plain_to(cfg: &SimRun, addr: &str, net: &NetConfig) -> Option<net::PlainLink>
 }
 
 /// `--control`'s socket, served until the returned guard is dropped.
-fn start_control(p: &Params, side: &'static str) -> Result<Option<ControlSocket>, String> {
+pub(super) fn start_control(
+    p: &Params,
+    side: &'static str,
+) -> Result<Option<ControlSocket>, String> {
     p.recovery()?;
     match &p.control {
         Some(path) => Ok(Some(ControlSocket(

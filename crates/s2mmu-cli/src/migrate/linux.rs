@@ -82,19 +82,29 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
                 "requests": f.requests, "remote_faults": f.remote_faults,
                 "answered_pages": f.answered_pages, "background_pages": f.background_pages,
                 "dropped_duplicates": f.dropped_duplicates, "recoveries": pc.recoveries,
-                "postcopy_ms": f.time_to_last_page_ns as f64 / 1e6}),
+                "postcopy_ms": f.time_to_last_page_ns as f64 / 1e6,
+                "fault_wait_ms": {"median": f.fault_median_ns as f64 / 1e6,
+                    "p99": f.fault_p99_ns as f64 / 1e6},
+                "answered_fault_wait_ms": {"faults": f.answered_faults,
+                    "median": f.answered_median_ns as f64 / 1e6,
+                    "p99": f.answered_p99_ns as f64 / 1e6},
+                "request_reference_ms": f.reference_ns as f64 / 1e6}),
                 format!(
                     "through the session, {}; post-copy after round {}: {} pages missing at \
-                         the resume, {} requests (stage-2 faults), {} pages answered and {} \
-                         streamed in {:.1} ms; the pages B's guest did not write equal the \
+                         the resume, {} requests (stage-2 faults; a faulting vCPU waited {:.2} \
+                         ms median, {:.2} ms p99), {} pages answered and {} streamed in {:.1} \
+                         ms; {} recoveries; the pages B's guest did not write equal the \
                          source's",
                     s.net.security.describe(),
                     pc.after_round,
                     f.missing_pages,
                     f.requests,
+                    f.fault_median_ns as f64 / 1e6,
+                    f.fault_p99_ns as f64 / 1e6,
                     f.answered_pages,
                     f.background_pages,
-                    f.time_to_last_page_ns as f64 / 1e6
+                    f.time_to_last_page_ns as f64 / 1e6,
+                    pc.recoveries
                 ),
             )
         }
@@ -247,11 +257,22 @@ pub fn main(p: &Params) -> Result<(), String> {
         ));
     }
     // Every flag the session takes is checked before anything starts.
-    let s = settings(p)?;
+    let mut s = settings(p)?;
     s2mmu_arm64::available().map_err(|e| format!("--guest linux needs the arm64 model: {e}"))?;
     let a = assets::ensure(&AssetOptions::from_env())
         .map_err(|e| format!("--guest linux needs Debian's arm64 kernel: {e}"))?;
     let cfg = session_run::linux_config(&s, &a);
+    // `--control PATH` (with --listen or --to): this side's socket for the
+    // operator's `s2mmu migrate-ctl` (status, recover [ADDR], cancel), as
+    // the simulated guest's; served until this returns.
+    let side = if p.listen.is_some() {
+        "destination"
+    } else {
+        "source"
+    };
+    let control = super::drivers::start_control(p, side)?;
+    s.session.recovery.control = control.as_ref().map(|c| c.0.clone());
+    s.dest.recovery.control = s.session.recovery.control.clone();
     if let Some(addr) = &p.listen {
         return linux_net::listen(&s, &cfg, addr);
     }

@@ -1,0 +1,61 @@
+//! A source whose guest powers off in the middle of its migration: the
+//! guest program `counter` stops after a few seconds and the guest's
+//! /init then powers the machine off (`poweroff -f`, PSCI SYSTEM_OFF)
+//! while round 0 still runs (the link is held to 2 MiB/s, so round 0 of
+//! a 128 MiB guest outlasts the counter). The migration must fail with
+//! the source's own error naming its guest's power-off
+//! (`MigrateError::SourceGuestStopped` on the source's side), not with
+//! the destination's refusal of a dead guest's state ("no vCPU was
+//! running", which is what it reported before).
+
+mod common;
+
+use s2mmu_arm64::linux::session_run::{self, GuestProgram, LinuxRunError, RunSettings};
+use s2mmu_migrate::session::dest::DestConfig;
+use s2mmu_migrate::session::source::SourceConfig;
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::transport::{self, NetConfig};
+use std::time::Duration;
+
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn a_source_guest_that_powers_off_mid_migration_is_named_as_the_cause() {
+    let _one = common::serial();
+    let Some(a) = common::linux_assets() else {
+        return;
+    };
+    let s = RunSettings {
+        vcpus: 1,
+        mem: 128 << 20,
+        program: GuestProgram::Counter,
+        postcopy: None,
+        session: SourceConfig {
+            bandwidth: 2 << 20,
+            ..SourceConfig::default()
+        },
+        dest: DestConfig::with_run_after(Duration::from_millis(300)),
+        net: NetConfig {
+            io_timeout: Duration::from_secs(120),
+            security: transport::ephemeral_tls().expect("an ephemeral identity"),
+        },
+        attempts: 1,
+    };
+    let mut cfg = session_run::linux_config(&s, &a);
+    // Counting for 5 s, then /init powers the guest off.
+    cfg.cmdline = "quiet s2mmu.run=counter s2mmu.args=kib=4,ms=1000,secs=5".into();
+    let r = session_run::migrate_once(&s, &cfg);
+    match r {
+        Err(LinuxRunError::Session {
+            side: "source",
+            error: MigrateError::SourceGuestStopped { why },
+        }) => {
+            eprintln!("the source said: {why}");
+            assert!(why.contains("powered off"), "{why}");
+        }
+        Err(e) => panic!("the source did not name its guest's power-off: {e}"),
+        Ok(r) => panic!("migrated a guest that powered off: {r:?}"),
+    }
+}
