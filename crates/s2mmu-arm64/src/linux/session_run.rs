@@ -57,6 +57,9 @@ pub enum GuestProgram {
 pub enum PostcopyMode {
     /// Post-copy after round 0 (one pre-copy pass).
     On,
+    /// Post-copy from the start: no page sent before the switch, every
+    /// page missing on the destination.
+    Start,
     /// Pre-copy as the session's policy says, post-copy if it does not
     /// converge.
     Auto,
@@ -191,6 +194,7 @@ pub fn session_config(s: &RunSettings) -> SourceConfig {
     cfg.postcopy = match s.postcopy {
         None => Postcopy::Off,
         Some(PostcopyMode::On) => Postcopy::On,
+        Some(PostcopyMode::Start) => Postcopy::Start,
         Some(PostcopyMode::Auto) => Postcopy::Auto,
     };
     cfg

@@ -44,6 +44,7 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
         },
         postcopy: p.postcopy.map(|a| match a {
             PostcopyArg::On => PostcopyMode::On,
+            PostcopyArg::Start => PostcopyMode::Start,
             PostcopyArg::Auto => PostcopyMode::Auto,
         }),
         session: p.source_config(p.baseline)?.session,
@@ -90,13 +91,17 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
                     "p99": f.answered_p99_ns as f64 / 1e6},
                 "request_reference_ms": f.reference_ns as f64 / 1e6}),
                 format!(
-                    "through the session, {}; post-copy after round {}: {} pages missing at \
+                    "through the session, {}; post-copy {}: {} pages missing at \
                          the resume, {} requests (stage-2 faults; a faulting vCPU waited {:.2} \
                          ms median, {:.2} ms p99), {} pages answered and {} streamed in {:.1} \
                          ms; {} recoveries; the pages B's guest did not write equal the \
                          source's",
                     s.net.security.describe(),
-                    pc.after_round,
+                    if s.postcopy == Some(PostcopyMode::Start) {
+                        "from the start".to_string()
+                    } else {
+                        format!("after round {}", pc.after_round)
+                    },
                     f.missing_pages,
                     f.requests,
                     f.fault_median_ns as f64 / 1e6,
@@ -307,6 +312,7 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
     let mode = match p.postcopy {
         None => "pre-copy",
         Some(PostcopyArg::On) => "post-copy after round 0",
+        Some(PostcopyArg::Start) => "post-copy from the start",
         Some(PostcopyArg::Auto) => "pre-copy, post-copy if it does not converge",
     };
     if p.json {

@@ -52,6 +52,8 @@ pub enum ConvergeArg {
 pub enum PostcopyArg {
     /// Switch right after round 0.
     On,
+    /// Switch at the start, before any page is sent: every page is missing on the destination, each comes by request (its fault) or with the background stream.
+    Start,
     /// Switch when pre-copy is not converging (instead of throttling).
     Auto,
 }
@@ -113,7 +115,7 @@ pub struct Params {
     /// Also compare all of memory byte for byte after the resume.
     #[arg(long, conflicts_with = "postcopy")]
     pub verify_full: bool,
-    /// Post-copy: resume on the destination after round 0 (`--postcopy`) or once pre-copy does not converge (`--postcopy auto`); pages not there yet are fetched when the guest faults on them.
+    /// Post-copy: resume on the destination after round 0 (`--postcopy`), at the start before any page is sent (`--postcopy start`) or once pre-copy does not converge (`--postcopy auto`); pages not there yet are fetched when the guest faults on them.
     #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on", value_name = "WHEN")]
     pub postcopy: Option<PostcopyArg>,
     /// When a post-copy connection breaks: `auto` reconnects at once (at most 3 times), then waits for an operator if --control is given; `manual` (needs --control) keeps both sides paused, memory split, until `s2mmu migrate-ctl recover` or `cancel`.
@@ -386,6 +388,7 @@ impl Params {
             postcopy: match self.postcopy {
                 None => Postcopy::Off,
                 Some(PostcopyArg::On) => Postcopy::On,
+                Some(PostcopyArg::Start) => Postcopy::Start,
                 Some(PostcopyArg::Auto) => Postcopy::Auto,
             },
             extras: extras::SourceExtras {

@@ -54,6 +54,11 @@ pub enum Postcopy {
     Off,
     /// Right after round 0.
     On,
+    /// At the start, before any page is sent (no pre-copy round): every
+    /// page is missing when the destination resumes, and each comes by
+    /// request (the destination's fault on it) or with the background
+    /// stream, as QEMU's post-copy started before its first pass ends.
+    Start,
     /// When pre-copy does not converge (two rounds that dirtied more than
     /// half of what they sent, or the round limit), as QEMU's post-copy
     /// after a pre-copy phase.

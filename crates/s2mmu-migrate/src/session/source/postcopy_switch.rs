@@ -10,6 +10,7 @@ use super::figures::{counters, phase};
 use super::precopy_end::PrecopyEnd;
 use super::{MigrateError, SourceOutcome};
 use crate::transport::BoxConn;
+use crate::vm::SessionVm;
 use crate::wire::{WireWriter, SESSION_LEN};
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,14 @@ pub(super) fn run<G: SourceGuest>(
     if let Err(e) = ended {
         x.guest.resume();
         return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
+    }
+    if x.cfg.postcopy == postcopy::Postcopy::Start {
+        // No page was sent: every page is missing, whatever the dirty log
+        // (which only saw what was written since logging began) says.
+        every_page_pending(
+            &x.s.vm.slots().iter().map(|i| i.size).collect::<Vec<_>>(),
+            &mut x.s.pending,
+        );
     }
     let switched = {
         let sw = postcopy::source::Switch {
@@ -153,5 +162,21 @@ fn say_resumed<G: SourceGuest>(x: &PrecopyEnd<'_, '_, G>, downtime: Duration, mi
             downtime.as_secs_f64() * 1e3,
             missing.iter().map(|w| u64::from(w.count_ones())).sum::<u64>()
         ));
+    }
+}
+
+/// Marks every page of each slot (`sizes`, bytes) pending in `pending`
+/// (one bitmap per slot).
+fn every_page_pending(sizes: &[u64], pending: &mut [Vec<u64>]) {
+    for (bm, size) in pending.iter_mut().zip(sizes) {
+        let pages = size / crate::wire::PAGE_SIZE as u64;
+        for (i, w) in bm.iter_mut().enumerate() {
+            let left = pages.saturating_sub(i as u64 * 64);
+            *w = if left >= 64 {
+                u64::MAX
+            } else {
+                (1u64 << left) - 1
+            };
+        }
     }
 }

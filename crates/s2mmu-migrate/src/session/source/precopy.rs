@@ -114,13 +114,19 @@ impl<'a> Precopy<'a> {
         let t0 = Instant::now();
         let (p0, b0, z0) = s.counts();
         let mut e = Enc::default();
-        e.u32(round).u64(if round == 0 {
+        let start = round == 0 && self.cfg.postcopy == Postcopy::Start;
+        e.u32(round).u64(if start {
+            0
+        } else if round == 0 {
             self.mem_size / page
         } else {
             s.dirty_count()
         });
         s.chans[0].wire.control(tag::ROUND, &e.0)?;
-        if round == 0 {
+        if start {
+            // Post-copy from the start: nothing is sent before the switch
+            // (which makes every page missing).
+        } else if round == 0 {
             s.send_all()?;
         } else {
             s.send_dirty()?;
@@ -206,7 +212,7 @@ impl<'a> Precopy<'a> {
     fn decide(&mut self, end: &RoundEnd) -> Result<bool, MigrateError> {
         let cfg = self.cfg;
         let round = self.round;
-        if cfg.postcopy == Postcopy::On
+        if matches!(cfg.postcopy, Postcopy::On | Postcopy::Start)
             || (cfg.postcopy == Postcopy::Auto && round >= cfg.max_rounds)
         {
             self.switch = true;

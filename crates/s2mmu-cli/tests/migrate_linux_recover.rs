@@ -1,0 +1,191 @@
+//! Post-copy recovery by hand of `s2mmu migrate --guest linux` between two
+//! processes: the source (`--to`, `--postcopy start`: every page missing
+//! on the destination at the resume) reaches the destination (`--listen`)
+//! through a proxy in this test that shuts every connection down 8 MiB
+//! into the post-copy stream, and then refuses
+//! new connections. Both sides (`--recovery manual --control PATH`) must
+//! pause with the destination still lacking pages; `s2mmu migrate-ctl
+//! recover` on the destination and `recover --to ADDR` (its own address,
+//! around the proxy) on the source resume them, and the migration
+//! completes: one recovery on each side, the source's check of FINAL
+//! passing and the destination's counter going on in order. Pre-shared
+//! key. Behaviour only: no timing is asserted. Skips (saying why) where
+//! QEMU, the EL2 image or the kernel are missing; fails there under
+//! `S2MMU_REQUIRE_ARM64`.
+
+mod recover_common;
+
+use recover_common::{bin, collect, ctl, proxy, wait_exit, PSK};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Why the Linux guest cannot run here, if it cannot.
+fn skip_reason() -> Option<String> {
+    let why = match s2mmu_arm64::available() {
+        Err(e) => e.to_string(),
+        Ok(()) => {
+            let opts = s2mmu_arm64::linux::assets::AssetOptions::from_env();
+            s2mmu_arm64::linux::assets::ensure(&opts).err()?.to_string()
+        }
+    };
+    assert!(
+        std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
+        "S2MMU_REQUIRE_ARM64 is set but the Linux guest cannot run: {why}"
+    );
+    Some(why)
+}
+
+/// Bytes through the proxy before the cut: before the switch the source
+/// sends its link probe (as many bytes as guest memory, 256 MiB) and a few
+/// KiB of records, but no page; the background stream of the 256 MiB
+/// counter guest is some 50 MiB. 8 MiB into it.
+const CUT_AFTER: u64 = (256 + 8) << 20;
+
+/// Polls `sock`'s status until `phase` (fails if `c` exits first).
+fn wait_phase(sock: &Path, c: &mut Child, phase: &str, log: &Mutex<String>) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            panic!(
+                "{} exited ({s}) before {phase}:\n{}",
+                sock.display(),
+                log.lock().unwrap()
+            );
+        }
+        let o = ctl(sock, &["status"]);
+        if o.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            if v["phase"] == phase {
+                return v;
+            }
+            assert!(v["phase"] != "done" && v["phase"] != "failed", "{v}");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "{}: never {phase}\n{}",
+            sock.display(),
+            log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[allow(clippy::zombie_processes)]
+fn a_cut_linux_postcopy_pauses_both_processes_until_the_operator_recovers_it() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("s2mmu-linux-recover-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("key");
+    std::fs::write(&key, PSK).unwrap();
+    let (dsock, ssock) = (dir.join("dest.sock"), dir.join("src.sock"));
+    let common = |sock: &Path| -> Vec<String> {
+        [
+            "migrate",
+            "--guest",
+            "linux",
+            "--mem",
+            "256M",
+            "-v",
+            "1",
+            "--psk",
+            key.to_str().unwrap(),
+            "--recovery",
+            "manual",
+            "--recover-wait",
+            "600s",
+            "--control",
+            sock.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mut dest = Command::new(bin())
+        .args(common(&dsock))
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the destination starts");
+    let mut err = BufReader::new(dest.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "the destination exited early"
+        );
+        if let Some(rest) = line.split("destination listening on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    let (dlog, slog) = (
+        Arc::new(Mutex::new(String::new())),
+        Arc::new(Mutex::new(String::new())),
+    );
+    let dl = dlog.clone();
+    std::thread::spawn(move || collect(err, &dl, None));
+    // Counting from the source's first byte; new connections after the
+    // cut are refused: only `recover --to ADDR` gets through.
+    let p = proxy(addr.clone(), CUT_AFTER, true);
+    p.armed.store(true, Ordering::SeqCst);
+    let mut src = Command::new(bin())
+        .args(common(&ssock))
+        .args(["--to", &p.addr, "--postcopy", "start"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the source starts");
+    let serr = BufReader::new(src.stderr.take().unwrap());
+    let sl = slog.clone();
+    std::thread::spawn(move || collect(serr, &sl, None));
+
+    let ds = wait_phase(&dsock, &mut dest, "paused", &dlog);
+    let ss = wait_phase(&ssock, &mut src, "paused", &slog);
+    assert!(
+        p.cut_done.load(Ordering::SeqCst),
+        "paused without the cut: {ds} {ss}"
+    );
+    assert!(
+        ds["pages_missing"].as_u64().unwrap() > 0,
+        "the destination lacked no page at the cut: {ds}"
+    );
+    let o = ctl(&dsock, &["recover"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = ctl(&ssock, &["recover", "--to", &addr]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let s_status = wait_exit(&mut src, Duration::from_secs(600));
+    let d = dest.wait_with_output().expect("the destination ends");
+    let (s_log, d_log) = (slog.lock().unwrap().clone(), dlog.lock().unwrap().clone());
+    let d_out = String::from_utf8_lossy(&d.stdout).to_string();
+    let all =
+        format!("source:\n{s_log}\ndestination stdout:\n{d_out}\ndestination stderr:\n{d_log}");
+    assert!(s_status.success(), "{all}");
+    assert!(d.status.success(), "{all}");
+    assert!(s_log.contains("post-copy from the start"), "{all}");
+    assert!(
+        s_log.contains("; 1 recoveries;"),
+        "the source's recoveries: {all}"
+    );
+    assert!(
+        d_out.contains("1 recoveries"),
+        "the destination's recoveries: {all}"
+    );
+    assert!(
+        s_log.contains("did not write equal the source's"),
+        "the source checked FINAL: {all}"
+    );
+    assert!(
+        d_out.contains("was the first the destination's guest began, then"),
+        "the destination's counter went on: {all}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
