@@ -254,3 +254,57 @@ fn dirtier_with_postcopy_auto_completes() {
         other => panic!("B's dirtier: {other:?}"),
     }
 }
+
+/// `--postcopy start` as `s2mmu migrate --guest linux --linux-run fill
+/// --postcopy start` runs it in one process: the session switches before
+/// any page is sent, so every page is missing when B resumes (no
+/// `EveryPageDirty` here: the plain Linux source), the guest's faults on
+/// pages the background stream has not brought yet are requests, and
+/// `fill`'s counter goes on on B with its re-checks of its data pages
+/// passing. (With `--postcopy on`, after round 0, the dirtier's run had
+/// 290 pages missing and no request: the background stream brought them
+/// first.)
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn fill_with_postcopy_start_has_every_page_missing_and_fetches_by_request() {
+    let _one = common::serial();
+    let Some(a) = common::linux_assets() else {
+        return;
+    };
+    let s = RunSettings {
+        vcpus: 2,
+        mem: 256 << 20,
+        program: GuestProgram::Fill,
+        postcopy: Some(PostcopyMode::Start),
+        session: SourceConfig::default(),
+        dest: DestConfig::with_run_after(Duration::from_millis(300)),
+        net: NetConfig {
+            io_timeout: Duration::from_secs(120),
+            security: transport::ephemeral_tls().expect("an ephemeral identity"),
+        },
+        attempts: 1,
+    };
+    let cfg = session_run::linux_config(&s, &a);
+    let r = session_run::migrate_once(&s, &cfg).expect("the migration and fill's checks");
+    eprintln!("fill, --postcopy start: {r:?}");
+    assert_eq!(r.round_pages, vec![0], "no page was sent before the switch");
+    let RunDetails::Postcopy(pc) = &r.details else {
+        panic!("no post-copy: {r:?}");
+    };
+    let f = &pc.figures;
+    assert_eq!(f.missing_pages, s.mem / 4096, "every page was missing");
+    assert_eq!(
+        f.background_pages + f.answered_pages,
+        f.missing_pages,
+        "each missing page landed once"
+    );
+    assert!(f.requests > 0 && f.answered_pages > 0, "no request: {f:?}");
+    assert!(
+        matches!(r.went_on, Some(WentOn::CounterStep(n)) if n > 1),
+        "B's counter: {:?}",
+        r.went_on
+    );
+}
