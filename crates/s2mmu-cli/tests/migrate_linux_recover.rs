@@ -74,41 +74,44 @@ fn wait_phase(sock: &Path, c: &mut Child, phase: &str, log: &Mutex<String>) -> s
     }
 }
 
-#[test]
+/// The flags both sides share: the Linux guest of 256 MiB and 1 vCPU,
+/// the pre-shared key in `key`, manual recovery on the control socket
+/// `sock`.
+fn side_args(key: &Path, sock: &Path) -> Vec<String> {
+    [
+        "migrate",
+        "--guest",
+        "linux",
+        "--mem",
+        "256M",
+        "-v",
+        "1",
+        "--psk",
+        key.to_str().unwrap(),
+        "--recovery",
+        "manual",
+        "--recover-wait",
+        "600s",
+        "--control",
+        sock.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// A process's stderr, collected on a thread of its own.
+fn collected(err: impl BufRead + Send + 'static) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    let l = log.clone();
+    std::thread::spawn(move || collect(err, &l, None));
+    log
+}
+
+/// The destination (`--listen`), its address and its stderr.
 #[allow(clippy::zombie_processes)]
-fn a_cut_linux_postcopy_pauses_both_processes_until_the_operator_recovers_it() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("s2mmu-linux-recover-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let key = dir.join("key");
-    std::fs::write(&key, PSK).unwrap();
-    let (dsock, ssock) = (dir.join("dest.sock"), dir.join("src.sock"));
-    let common = |sock: &Path| -> Vec<String> {
-        [
-            "migrate",
-            "--guest",
-            "linux",
-            "--mem",
-            "256M",
-            "-v",
-            "1",
-            "--psk",
-            key.to_str().unwrap(),
-            "--recovery",
-            "manual",
-            "--recover-wait",
-            "600s",
-            "--control",
-            sock.to_str().unwrap(),
-        ]
-        .map(String::from)
-        .to_vec()
-    };
+fn start_dest(key: &Path, sock: &Path) -> (Child, String, Arc<Mutex<String>>) {
     let mut dest = Command::new(bin())
-        .args(common(&dsock))
+        .args(side_args(key, sock))
         .args(["--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -126,42 +129,26 @@ fn a_cut_linux_postcopy_pauses_both_processes_until_the_operator_recovers_it() {
             break rest.split_whitespace().next().unwrap().to_string();
         }
     };
-    let (dlog, slog) = (
-        Arc::new(Mutex::new(String::new())),
-        Arc::new(Mutex::new(String::new())),
-    );
-    let dl = dlog.clone();
-    std::thread::spawn(move || collect(err, &dl, None));
-    // Counting from the source's first byte; new connections after the
-    // cut are refused: only `recover --to ADDR` gets through.
-    let p = proxy(addr.clone(), CUT_AFTER, true);
-    p.armed.store(true, Ordering::SeqCst);
+    (dest, addr, collected(err))
+}
+
+/// The source (`--to to --postcopy start`) and its stderr.
+#[allow(clippy::zombie_processes)]
+fn start_source(key: &Path, sock: &Path, to: &str) -> (Child, Arc<Mutex<String>>) {
     let mut src = Command::new(bin())
-        .args(common(&ssock))
-        .args(["--to", &p.addr, "--postcopy", "start"])
+        .args(side_args(key, sock))
+        .args(["--to", to, "--postcopy", "start"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("the source starts");
-    let serr = BufReader::new(src.stderr.take().unwrap());
-    let sl = slog.clone();
-    std::thread::spawn(move || collect(serr, &sl, None));
+    let err = BufReader::new(src.stderr.take().unwrap());
+    (src, collected(err))
+}
 
-    let ds = wait_phase(&dsock, &mut dest, "paused", &dlog);
-    let ss = wait_phase(&ssock, &mut src, "paused", &slog);
-    assert!(
-        p.cut_done.load(Ordering::SeqCst),
-        "paused without the cut: {ds} {ss}"
-    );
-    assert!(
-        ds["pages_missing"].as_u64().unwrap() > 0,
-        "the destination lacked no page at the cut: {ds}"
-    );
-    let o = ctl(&dsock, &["recover"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = ctl(&ssock, &["recover", "--to", &addr]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-
+/// Both processes ended well after one recovery each, the source's check
+/// of FINAL passing and the destination's counter going on.
+fn completed(mut src: Child, dest: Child, slog: &Mutex<String>, dlog: &Mutex<String>) {
     let s_status = wait_exit(&mut src, Duration::from_secs(600));
     let d = dest.wait_with_output().expect("the destination ends");
     let (s_log, d_log) = (slog.lock().unwrap().clone(), dlog.lock().unwrap().clone());
@@ -187,5 +174,40 @@ fn a_cut_linux_postcopy_pauses_both_processes_until_the_operator_recovers_it() {
         d_out.contains("was the first the destination's guest began, then"),
         "the destination's counter went on: {all}"
     );
+}
+
+#[test]
+fn a_cut_linux_postcopy_pauses_both_processes_until_the_operator_recovers_it() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("s2mmu-linux-recover-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("key");
+    std::fs::write(&key, PSK).unwrap();
+    let (dsock, ssock) = (dir.join("dest.sock"), dir.join("src.sock"));
+    let (mut dest, addr, dlog) = start_dest(&key, &dsock);
+    // Counting from the source's first byte; new connections after the
+    // cut are refused: only `recover --to ADDR` gets through.
+    let p = proxy(addr.clone(), CUT_AFTER, true);
+    p.armed.store(true, Ordering::SeqCst);
+    let (mut src, slog) = start_source(&key, &ssock, &p.addr);
+
+    let ds = wait_phase(&dsock, &mut dest, "paused", &dlog);
+    let ss = wait_phase(&ssock, &mut src, "paused", &slog);
+    assert!(
+        p.cut_done.load(Ordering::SeqCst),
+        "paused without the cut: {ds} {ss}"
+    );
+    assert!(
+        ds["pages_missing"].as_u64().unwrap() > 0,
+        "the destination lacked no page at the cut: {ds}"
+    );
+    let o = ctl(&dsock, &["recover"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = ctl(&ssock, &["recover", "--to", &addr]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    completed(src, dest, &slog, &dlog);
     std::fs::remove_dir_all(&dir).unwrap();
 }

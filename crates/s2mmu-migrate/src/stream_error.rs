@@ -229,12 +229,18 @@ impl fmt::Display for MigrateError {
                 "lost-write check: {pages} pages changed that the dirty log did not report, the first at gpa {first_gpa:#x}; the destination was not resumed"
             ),
             Snapshot(s) => write!(f, "snapshots: {s}"),
-            SourceGuestStopped { why } => write!(
-                f,
-                "the source's own guest stopped during the migration ({why}): there is no running guest to move; the destination was not resumed"
-            ),
+            SourceGuestStopped { why } => fmt_source_guest_stopped(why, f),
         }
     }
+}
+
+/// [`MigrateError::SourceGuestStopped`]'s message (apart, to keep
+/// `Display::fmt` short).
+fn fmt_source_guest_stopped(why: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    write!(
+        f,
+        "the source's own guest stopped during the migration ({why}): there is no running guest to move; the destination was not resumed"
+    )
 }
 
 /// Post-copy's missing pages in words.
