@@ -7,15 +7,16 @@
 
 mod common;
 
+use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::changes::{HostChange, FB_IPA, FB_SIZE};
-use s2mmu_arm64::linux::dirty::{HarvestConfig, HarvestReport, LinuxDirty};
+use s2mmu_arm64::linux::dirty::{self, HarvestConfig, HarvestReport};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
 use std::time::Duration;
 
 /// Runs the dirtier for 10 s on anonymous memory and tmpfs under `change`
 /// and returns the harvester's report once the guest's check passed and
 /// nothing was lost.
-fn run(mode: LinuxDirty, change: HostChange) -> Option<HarvestReport> {
+fn run(mode: Option<DirtyMode>, change: HostChange) -> Option<HarvestReport> {
     let d = run_args(mode, change, "mem=48,file=8,secs=10", "ok")?;
     assert!(d.changed > 1000, "the guest changed {} pages", d.changed);
     Some(d)
@@ -23,7 +24,12 @@ fn run(mode: LinuxDirty, change: HostChange) -> Option<HarvestReport> {
 
 /// Runs the dirtier with `args` under `change`; its line
 /// `s2mmu-dirtier: {ok}` must show and no page may be lost.
-fn run_args(mode: LinuxDirty, change: HostChange, args: &str, ok: &str) -> Option<HarvestReport> {
+fn run_args(
+    mode: Option<DirtyMode>,
+    change: HostChange,
+    args: &str,
+    ok: &str,
+) -> Option<HarvestReport> {
     let _one = common::serial();
     let a = common::linux_assets()?;
     let r = vm::run(&LinuxConfig {
@@ -66,7 +72,7 @@ fn run_args(mode: LinuxDirty, change: HostChange, args: &str, ok: &str) -> Optio
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn linux_pages_remapped_under_the_dirtier() {
-    for mode in [LinuxDirty::Wp, LinuxDirty::Hw] {
+    for mode in [Some(dirty::WP), Some(dirty::HW)] {
         let Some(d) = run(mode, HostChange::Remap { pages: 32 }) else {
             return;
         };
@@ -83,7 +89,7 @@ fn linux_pages_remapped_under_the_dirtier() {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn linux_blocks_collapsed_in_place_when_logging_stops() {
-    let Some(d) = run(LinuxDirty::Wp, HostChange::Collapse { at: 5, after: 5 }) else {
+    let Some(d) = run(Some(dirty::WP), HostChange::Collapse { at: 5, after: 5 }) else {
         return;
     };
     assert_eq!(d.pauses, 1);
@@ -105,7 +111,7 @@ fn linux_blocks_collapsed_in_place_when_logging_stops() {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn linux_framebuffer_slot_moved_while_logged() {
-    for mode in [LinuxDirty::Wp, LinuxDirty::Ring] {
+    for mode in [Some(dirty::WP), Some(dirty::RING)] {
         let args = format!("fb={FB_IPA:#x}:{FB_SIZE:#x},secs=8");
         let Some(d) = run_args(mode, HostChange::MoveSlot { at: 20 }, &args, "ok fb") else {
             return;
@@ -120,9 +126,9 @@ fn linux_framebuffer_slot_moved_while_logged() {
 #[test]
 fn changes_the_mode_cannot_hold_are_refused() {
     for (mode, change) in [
-        (LinuxDirty::Hw, HostChange::MoveSlot { at: 1 }),
-        (LinuxDirty::Off, HostChange::MoveSlot { at: 1 }),
-        (LinuxDirty::Off, HostChange::Remap { pages: 1 }),
+        (Some(dirty::HW), HostChange::MoveSlot { at: 1 }),
+        (None, HostChange::MoveSlot { at: 1 }),
+        (None, HostChange::Remap { pages: 1 }),
     ] {
         let e = vm::run(&LinuxConfig {
             vcpus: 1,

@@ -5,11 +5,12 @@
 
 mod common;
 
-use s2mmu_arm64::linux::dirty::{HarvestConfig, LinuxDirty};
+use s2mmu::mmu::DirtyMode;
+use s2mmu_arm64::linux::dirty::{self, HarvestConfig};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, LinuxReport, StopReason};
 use std::time::Duration;
 
-fn run(mode: LinuxDirty, args: &str, discard: Option<u64>) -> Option<LinuxReport> {
+fn run(mode: Option<DirtyMode>, args: &str, discard: Option<u64>) -> Option<LinuxReport> {
     let _one = common::serial();
     let a = common::linux_assets()?;
     let r = vm::run(&LinuxConfig {
@@ -37,7 +38,7 @@ fn run(mode: LinuxDirty, args: &str, discard: Option<u64>) -> Option<LinuxReport
     Some(r)
 }
 
-fn no_page_lost(mode: LinuxDirty) {
+fn no_page_lost(mode: Option<DirtyMode>) {
     let Some(r) = run(mode, "mem=48,file=8,secs=20", None) else {
         return;
     };
@@ -58,7 +59,7 @@ fn no_page_lost(mode: LinuxDirty) {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn linux_write_protect_logging_loses_no_page() {
-    no_page_lost(LinuxDirty::Wp);
+    no_page_lost(Some(dirty::WP));
 }
 
 #[test]
@@ -67,7 +68,7 @@ fn linux_write_protect_logging_loses_no_page() {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn linux_manual_protect_logging_loses_no_page() {
-    no_page_lost(LinuxDirty::Manual);
+    no_page_lost(Some(dirty::MANUAL));
 }
 
 #[test]
@@ -76,7 +77,7 @@ fn linux_manual_protect_logging_loses_no_page() {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn linux_ring_logging_loses_no_page() {
-    no_page_lost(LinuxDirty::Ring);
+    no_page_lost(Some(dirty::RING));
 }
 
 #[test]
@@ -85,7 +86,7 @@ fn linux_ring_logging_loses_no_page() {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn linux_hardware_dirty_logging_loses_no_page() {
-    no_page_lost(LinuxDirty::Hw);
+    no_page_lost(Some(dirty::HW));
 }
 
 /// The check can fail: one harvest's log discarded (as a harvest that lost
@@ -96,7 +97,7 @@ fn linux_hardware_dirty_logging_loses_no_page() {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn a_discarded_harvest_shows_as_lost_pages() {
-    let Some(r) = run(LinuxDirty::Wp, "mem=48,file=8,secs=8", Some(20)) else {
+    let Some(r) = run(Some(dirty::WP), "mem=48,file=8,secs=8", Some(20)) else {
         return;
     };
     let d = r.dirty.expect("the harvester ran");
@@ -136,7 +137,7 @@ fn dropped_harvest_invalidations_show_as_lost_pages() {
             echo: false,
             timeout: Duration::from_secs(60),
             dirty: HarvestConfig {
-                mode: LinuxDirty::Wp,
+                mode: Some(dirty::WP),
                 period: Duration::from_millis(100),
                 drop_invalidations_from: Some(5),
                 discard_log: None,

@@ -9,9 +9,9 @@ use crate::report::human_bytes;
 use crate::stats::median;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::baseline;
-use s2mmu_arm64::linux::dirty::LinuxDirty;
 use s2mmu_arm64::linux::run::{check_word, dirtier_rate, verdict, RunSpec};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, LinuxReport, EXIT_NAMES};
+use s2mmu_cli::dirty_mode::{linux_dirty_name, parse_linux_dirty};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -45,9 +45,11 @@ pub struct Params {
     /// Its arguments, comma-separated (dirtier: mem=MiB,file=MiB,rate=N,secs=N).
     #[arg(long, default_value = "")]
     pub args: String,
-    /// Dirty logging from /init on: off, wp, manual, ring, hw.
-    #[arg(long, default_value = "off", value_parser = LinuxDirty::parse)]
-    pub dirty: LinuxDirty,
+    /// Dirty logging from /init on: off, wp, manual, ring, ring:N, hw.
+    // The full path keeps clap from making the flag optional: "off" is
+    // the value `None`.
+    #[arg(long, default_value = "off", value_parser = parse_linux_dirty)]
+    pub dirty: std::option::Option<s2mmu::mmu::DirtyMode>,
     /// Milliseconds between harvests (10..=10000).
     #[arg(long, default_value_t = 100, value_parser = crate::limits::count_in(10..=10_000))]
     pub harvest_ms: usize,
@@ -89,10 +91,10 @@ fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
     if let Some(why) = crate::arm64::unavailable() {
         return Err(why);
     }
-    if p.dirty == LinuxDirty::Off && !p.rate_per_mode && p.harvest_ms != 100 {
+    if p.dirty.is_none() && !p.rate_per_mode && p.harvest_ms != 100 {
         return Err("--harvest-ms needs --dirty or --rate-per-mode".into());
     }
-    if p.rate_per_mode && (p.run != "dirtier" || p.dirty != LinuxDirty::Off || p.baseline) {
+    if p.rate_per_mode && (p.run != "dirtier" || p.dirty.is_some() || p.baseline) {
         return Err(
             "--rate-per-mode needs --run dirtier, and no --dirty or --baseline (it runs each mode)"
                 .into(),
@@ -230,7 +232,7 @@ fn to_json(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) ->
         },
         "dirtier_pages_per_s": dirtier_rate(&r.console),
         "dirty": r.dirty.as_ref().map(|d| json!({
-            "mode": format!("{:?}", p.dirty),
+            "mode": linux_dirty_name(p.dirty),
             "harvest_ms": p.harvest_ms,
             "harvests": d.harvests,
             "logged_pages": d.logged,
@@ -277,8 +279,8 @@ fn print_text(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>)
     );
     if let Some(d) = &r.dirty {
         println!(
-            "dirty ({:?}, every {} ms): {} harvests, {} pages logged, {} changed, {} lost; harvest {:.1} ms, hashing {:.1} ms",
-            p.dirty,
+            "dirty ({}, every {} ms): {} harvests, {} pages logged, {} changed, {} lost; harvest {:.1} ms, hashing {:.1} ms",
+            linux_dirty_name(p.dirty),
             p.harvest_ms,
             d.harvests,
             d.logged,

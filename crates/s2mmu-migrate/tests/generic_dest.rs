@@ -9,12 +9,11 @@
 mod common;
 
 use common::{over_loopback, Digests, Words};
-use s2mmu_migrate::session::dest::{
-    serve_with, DestConfig, DestFactory, DestGuest, DestOutcome, ResumedGuest,
-};
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu_migrate::session::dest::{DestConfig, DestFactory, DestGuest, DestOutcome, ResumedGuest};
 use s2mmu_migrate::session::digests::source_digests;
 use s2mmu_migrate::session::source::SourceOutcome;
-use s2mmu_migrate::sim::source::{migrate_source, SimGuestConfig, SimRun};
+use s2mmu_migrate::sim::source::{SimGuestConfig, SimRun, SimSource};
 use s2mmu_migrate::sim::state::{encode_vcpus, GuestState};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRam, GuestRun, RamSlot, SessionVm, VmError};
@@ -192,11 +191,8 @@ fn migrate(factory: PlainFactory) -> Result<(SourceOutcome, DestOutcome), Migrat
         s.warmup = Duration::from_millis(50);
         s.max_downtime = Duration::from_millis(300);
     });
-    let (dst, src) = over_loopback(
-        &dest_cfg,
-        move |l, cfg, net| serve_with(l, &factory, cfg, net),
-        |connect| migrate_source(&run, connect),
-    );
+    let guest = SimSource::<Arm64Stage2>::start(&run.guest, &run.session)?;
+    let (dst, src) = over_loopback(&dest_cfg, factory, &guest, &run.session);
     // The destination's error first: it names what broke.
     let d = dst?;
     Ok((src?, d))

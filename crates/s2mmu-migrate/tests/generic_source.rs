@@ -9,11 +9,12 @@
 mod common;
 
 use common::{over_loopback, Digests, Words};
+use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::dest::{DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
-use s2mmu_migrate::session::source::{run_source, SourceConfig, SourceOutcome};
-use s2mmu_migrate::sim::dest::serve;
+use s2mmu_migrate::session::source::{SourceConfig, SourceOutcome};
+use s2mmu_migrate::sim::dest::SimDest;
 use s2mmu_migrate::sim::state::GuestState;
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
@@ -240,7 +241,8 @@ fn run_pair(guest: &Guest) -> Ends {
         max_downtime: Duration::from_millis(300),
         ..SourceConfig::default()
     };
-    let (dst, src) = over_loopback(&dest_cfg, serve, |connect| run_source(guest, &cfg, connect));
+    let factory = SimDest::<Arm64Stage2>::new(dest_cfg.policy, dest_cfg.format);
+    let (dst, src) = over_loopback(&dest_cfg, factory, guest, &cfg);
     (src, dst)
 }
 

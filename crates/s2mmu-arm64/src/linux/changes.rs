@@ -5,13 +5,13 @@
 //! and a logged memslot outside RAM (a framebuffer the guest maps through
 //! `/dev/mem`) moved to other host memory at the same guest address.
 
-use super::dirty::LinuxDirty;
 use super::fdt::FdtConfig;
 use super::vm::{Shared, RAM_SLOT};
 use crate::layout;
 use crate::vm::Arm64Vm;
 use crate::Result;
 use s2mmu::memslot::{SlotFlags, UserMemoryRegion};
+use s2mmu::mmu::DirtyMode;
 use s2mmu::{Gpa, Hva};
 use std::sync::atomic::Ordering;
 
@@ -92,14 +92,15 @@ impl HostChange {
     ///
     /// # Errors
     /// A message naming the change and the mode.
-    pub fn check(self, mode: LinuxDirty) -> std::result::Result<(), String> {
+    pub fn check(self, mode: Option<DirtyMode>) -> std::result::Result<(), String> {
         let bad = match self {
             HostChange::None => false,
-            HostChange::MoveSlot { .. } => matches!(mode, LinuxDirty::Hw | LinuxDirty::Off),
-            _ => mode == LinuxDirty::Off,
+            HostChange::MoveSlot { .. } => mode.is_none_or(DirtyMode::hardware),
+            _ => mode.is_none(),
         };
         if bad {
-            return Err(format!("host change {self:?} under dirty mode {mode:?}"));
+            let mode = mode.map_or("off", DirtyMode::name);
+            return Err(format!("host change {self:?} under dirty mode {mode}"));
         }
         Ok(())
     }

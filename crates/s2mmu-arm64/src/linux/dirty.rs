@@ -14,78 +14,52 @@ use s2mmu::mmu::{DirtyMode, HugePageRecovery, HwDirtyBlocks, MmuPolicy, Protect}
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// How the host harvests a Linux guest's dirty pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinuxDirty {
-    /// No logging.
-    Off,
-    /// Write protection, GET re-protects (`KVM_GET_DIRTY_LOG`).
-    Wp,
-    /// Write protection, GET then CLEAR (manual protect).
-    Manual,
-    /// Write protection into per-vCPU dirty rings.
-    Ring,
-    /// Hardware dirty state (FEAT_HAFDBS: VTCR_EL2.HA/HD, DBM leaves).
-    Hw,
-}
+/// The ring size of a Linux guest's dirty rings, [`RING`]'s: a harvest
+/// each 100 ms of a guest writing tens of MiB a second fills the engine's
+/// default of 4096 entries per vCPU between harvests.
+pub const RING_ENTRIES: u32 = 16384;
 
-impl LinuxDirty {
-    /// Parses `off|wp|manual|ring|hw`.
-    ///
-    /// # Errors
-    /// A message naming the accepted words.
-    pub fn parse(s: &str) -> std::result::Result<LinuxDirty, String> {
-        Ok(match s {
-            "off" => LinuxDirty::Off,
-            "wp" => LinuxDirty::Wp,
-            "manual" => LinuxDirty::Manual,
-            "ring" => LinuxDirty::Ring,
-            "hw" => LinuxDirty::Hw,
-            _ => {
-                return Err(format!(
-                    "dirty mode {s:?}: one of off, wp, manual, ring, hw"
-                ))
-            }
-        })
-    }
+/// Write protection, GET re-protects (`KVM_GET_DIRTY_LOG` alone): `--dirty wp`.
+pub const WP: DirtyMode = DirtyMode::Bitmap {
+    protect: Protect::OnGet,
+};
+/// Write protection, GET then CLEAR (manual protect, the engine's
+/// [`DirtyMode::WP`]): `--dirty manual`.
+pub const MANUAL: DirtyMode = DirtyMode::WP;
+/// Write protection into per-vCPU dirty rings of [`RING_ENTRIES`]: `--dirty ring`.
+pub const RING: DirtyMode = DirtyMode::Ring {
+    entries: RING_ENTRIES,
+};
+/// Hardware dirty state (FEAT_HAFDBS: VTCR_EL2.HA/HD, DBM leaves), GET
+/// cleans, huge mappings split first: `--dirty hw`.
+pub const HW: DirtyMode = DirtyMode::Hardware {
+    protect: Protect::OnGet,
+    blocks: HwDirtyBlocks::SplitFirst,
+};
 
-    /// The engine's policy for this mode (eager split on, the default
-    /// chunk).
-    pub fn policy(self) -> MmuPolicy {
-        self.policy_with(HostChange::None)
+/// The engine's policy for a Linux guest harvested under `mode` (`None`:
+/// no logging) with `change` made between harvests: eager split on, the
+/// default chunk; a collapse needs [`HugePageRecovery::Collapse`].
+pub fn policy_for(mode: Option<DirtyMode>, change: HostChange) -> MmuPolicy {
+    let mut p = MmuPolicy {
+        // With no logging the mode is never used; GET re-protecting keeps
+        // the policy what it was when "off" had a type of its own.
+        dirty: mode.unwrap_or(WP),
+        ..MmuPolicy::default()
+    };
+    if let HostChange::Collapse { .. } = change {
+        p.huge_page_recovery = HugePageRecovery::Collapse;
     }
-
-    /// The engine's policy for this mode under `change` (a collapse needs
-    /// [`HugePageRecovery::Collapse`]).
-    pub fn policy_with(self, change: HostChange) -> MmuPolicy {
-        // The engine's default is manual protect (GET only copies).
-        let dirty = match self {
-            LinuxDirty::Off | LinuxDirty::Wp => DirtyMode::Bitmap {
-                protect: Protect::OnGet,
-            },
-            LinuxDirty::Manual => DirtyMode::WP,
-            LinuxDirty::Ring => DirtyMode::Ring { entries: 16384 },
-            LinuxDirty::Hw => DirtyMode::Hardware {
-                protect: Protect::OnGet,
-                blocks: HwDirtyBlocks::SplitFirst,
-            },
-        };
-        let mut p = MmuPolicy {
-            dirty,
-            ..MmuPolicy::default()
-        };
-        if let HostChange::Collapse { .. } = change {
-            p.huge_page_recovery = HugePageRecovery::Collapse;
-        }
-        p
-    }
+    p
 }
 
 /// How the harvester runs.
 #[derive(Clone, Copy, Debug)]
 pub struct HarvestConfig {
-    /// The mode.
-    pub mode: LinuxDirty,
+    /// The engine's dirty mode the harvester collects, `None` for no
+    /// logging. Rings are harvested and reset; every other mode by GET,
+    /// and CLEAR after it where the mode has manual protect.
+    pub mode: Option<DirtyMode>,
     /// Time between harvests.
     pub period: Duration,
     /// Fault injection: drop the invalidations host threads issue from
@@ -104,12 +78,19 @@ impl Default for HarvestConfig {
     /// injected, no change under the guest.
     fn default() -> Self {
         HarvestConfig {
-            mode: LinuxDirty::Off,
+            mode: None,
             period: Duration::from_millis(100),
             drop_invalidations_from: None,
             discard_log: None,
             change: HostChange::default(),
         }
+    }
+}
+
+impl HarvestConfig {
+    /// The engine's policy for this harvest ([`policy_for`]).
+    pub fn policy(&self) -> MmuPolicy {
+        policy_for(self.mode, self.change)
     }
 }
 
@@ -175,13 +156,13 @@ fn hash_pages(words: &[AtomicU64], loc: &[u64], out: &mut [u64]) {
 /// pages; each slot's first bit a multiple of 64).
 fn harvest(
     sh: &Shared,
-    mode: LinuxDirty,
+    mode: DirtyMode,
     slots: &[(u16, u64, u64)],
     bitmap: &mut [u64],
     ring: &mut Vec<DirtyGfn>,
 ) -> Result<()> {
     let mmu = sh.vm.mmu();
-    if mode == LinuxDirty::Ring {
+    if mode.ring_entries().is_some() {
         ring.clear();
         mmu.harvest_rings(ring)?;
         bitmap.fill(0);
@@ -199,15 +180,9 @@ fn harvest(
     }
     for &(slot, first, n) in slots {
         let words = &mut bitmap[(first / 64) as usize..(first + n).div_ceil(64) as usize];
-        match mode {
-            LinuxDirty::Off | LinuxDirty::Ring => words.fill(0),
-            LinuxDirty::Wp | LinuxDirty::Hw => {
-                mmu.get_dirty_log(slot, words)?;
-            }
-            LinuxDirty::Manual => {
-                mmu.get_dirty_log(slot, words)?;
-                mmu.clear_dirty_log(slot, 0, n, words)?;
-            }
+        mmu.get_dirty_log(slot, words)?;
+        if mode.manual_protect() {
+            mmu.clear_dirty_log(slot, 0, n, words)?;
         }
     }
     Ok(())
@@ -232,7 +207,7 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
     let mut bitmap = vec![0u64; npages.div_ceil(64) as usize];
     let mut ring = Vec::new();
     let mut carry: Vec<u64> = Vec::new();
-    if cfg.mode != LinuxDirty::Off {
+    if cfg.mode.is_some() {
         for &(slot, _, _) in &slots {
             sh.vm.mmu().enable_dirty_logging(slot)?;
         }
@@ -254,7 +229,10 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
         }
         changer.before_harvest(sh, rep.harvests);
         let t = Instant::now();
-        harvest(sh, cfg.mode, &slots, &mut bitmap, &mut ring)?;
+        match cfg.mode {
+            Some(mode) => harvest(sh, mode, &slots, &mut bitmap, &mut ring)?,
+            None => bitmap.fill(0),
+        }
         rep.harvest_ns += t.elapsed().as_nanos() as u64;
         changer.move_framebuffer(sh, ram_pages)?;
         if cfg.discard_log == Some(rep.harvests) {

@@ -7,8 +7,9 @@
 
 use super::assets::LinuxAssets;
 use super::baseline::{self, BaselineConfig, BaselineReport};
-use super::dirty::{HarvestConfig, HarvestReport, LinuxDirty};
+use super::dirty::{self, HarvestConfig, HarvestReport};
 use super::vm::{self, LinuxConfig, LinuxReport, StopReason};
+use s2mmu::mmu::DirtyMode;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -34,8 +35,8 @@ pub struct RunSpec {
     pub echo: bool,
     /// How long the guest may run.
     pub timeout: Duration,
-    /// Dirty logging from /init on.
-    pub dirty: LinuxDirty,
+    /// Dirty logging from /init on, in the engine's mode (`None`: none).
+    pub dirty: Option<DirtyMode>,
     /// Time between harvests.
     pub harvest: Duration,
 }
@@ -144,12 +145,12 @@ pub fn dirtier_rate(console: &str) -> Option<f64> {
 }
 
 /// The dirty modes [`rate_per_mode`] runs, no logging first.
-pub const RATE_MODES: [(LinuxDirty, &str); 5] = [
-    (LinuxDirty::Off, "off"),
-    (LinuxDirty::Wp, "wp"),
-    (LinuxDirty::Manual, "manual"),
-    (LinuxDirty::Ring, "ring"),
-    (LinuxDirty::Hw, "hw"),
+pub const RATE_MODES: [(Option<DirtyMode>, &str); 5] = [
+    (None, "off"),
+    (Some(dirty::WP), "wp"),
+    (Some(dirty::MANUAL), "manual"),
+    (Some(dirty::RING), "ring"),
+    (Some(dirty::HW), "hw"),
 ];
 
 /// One mode's runs of the dirtier.

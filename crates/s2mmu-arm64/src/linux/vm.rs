@@ -5,7 +5,7 @@
 use super::assets::LinuxAssets;
 use super::boot;
 use super::bus::MmioBus;
-use super::dirty::{self, HarvestConfig, HarvestReport, LinuxDirty};
+use super::dirty::{self, HarvestConfig, HarvestReport};
 use super::fdt::FdtConfig;
 use super::gic::{Gic, GICR_STRIDE};
 use super::loader::{BootLayout, GuestRam};
@@ -355,7 +355,10 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
     let console = ConsoleBuffer::new(4 << 20);
     let sh = shared(cfg, vm, dl, &boot, &console);
     let init_at = watch_init(&console, t0);
-    let harvester = (cfg.dirty.mode != LinuxDirty::Off)
+    let harvester = cfg
+        .dirty
+        .mode
+        .is_some()
         .then(|| spawn_harvester(sh.clone(), console.clone(), cfg.dirty, cfg.mem));
     let mut threads = Vec::new();
     let mut first_err = None;
@@ -402,7 +405,7 @@ fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
     let vm = Arm64Vm::new_bare(
         machine.clone(),
         &VmConfig {
-            policy: cfg.dirty.mode.policy_with(cfg.dirty.change),
+            policy: cfg.dirty.policy(),
             ..VmConfig::default()
         },
     )?;

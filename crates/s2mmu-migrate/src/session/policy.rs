@@ -2,7 +2,14 @@
 //! them against the harvest): a leaf, so that the source's settings and
 //! the work beside it need not import each other.
 
-/// How dirty pages are collected.
+/// How the session collects dirty pages: not a list of dirty modes but
+/// the collection method a mode implies (`sim::source::session_harvest`
+/// derives it from the engine's [`s2mmu::mmu::DirtyMode`]: rings are
+/// reaped, every other mode, write protection, hardware dirty state and
+/// PML alike, is read by GET and CLEAR of bitmaps). The Linux guest's
+/// session, whose log is write protection with manual protect, sets
+/// `Bitmap`. A new dirty mode adds a variant here only if it is collected
+/// in a new way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Harvest {
     /// `KVM_GET_DIRTY_LOG` per round, `KVM_CLEAR_DIRTY_LOG` per chunk just

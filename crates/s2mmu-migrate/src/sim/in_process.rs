@@ -2,12 +2,17 @@
 //! thread serving a loopback port and the source connecting to it, both
 //! secured as the network settings say.
 
-use super::dest::serve;
-use super::source::{migrate_source, SimRun};
+use super::dest::SimDest;
+use super::source::{validate_run, SimRun, SimSource};
+use crate::session::both_ends::{run_both_ends, BothEnds};
 use crate::session::dest::{DestConfig, DestOutcome};
+use crate::session::guest::SourceGuest;
 use crate::session::source::SourceOutcome;
 use crate::stream_error::MigrateError;
-use crate::transport::{self, NetConfig, PlainLink};
+use crate::transport::{self, Listener, NetConfig, PlainLink};
+use s2mmu::format::WithFormat;
+use s2mmu_vm::VmFormat;
+use std::sync::Arc;
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -36,7 +41,9 @@ fn plain_link(run: &SimRun, net: &NetConfig) -> Result<PlainLink, MigrateError> 
 }
 
 /// Runs `run` from a source in this thread to a destination thread
-/// configured by `dest`, over loopback TCP secured as `net` says.
+/// configured by `dest`, over loopback TCP secured as `net` says: both
+/// ends through [`run_both_ends`], after plain TCP's figure between the
+/// same endpoints.
 ///
 /// # Errors
 /// The source's error when it failed (the destination's then follows from
@@ -46,40 +53,44 @@ pub fn migrate_in_process(
     dest: &DestConfig,
     net: &NetConfig,
 ) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
+    validate_run(run)?;
     let listener = transport::bind("127.0.0.1:0")?;
-    let addr = listener.local();
-    let (dcfg, dnet) = (dest.clone(), net.clone());
-    let stop = dcfg.stop.clone();
-    let dest_thread = std::thread::Builder::new()
-        .name("migrate-dest".into())
-        .spawn(move || serve(&*listener, &dcfg, &dnet))
-        .map_err(|e| MigrateError::io("starting the destination thread", &e))?;
     // The honest link figure first: plain TCP between the same endpoints
     // (loopback, the same socket settings and connection count), nothing
     // else in the path, back to back with the migration.
     let plain = plain_link(run, net);
-    let src = migrate_source(run, &mut |_| {
-        let s = transport::connect(&addr, net)?;
-        transport::client(s, net)
-    })
-    .map(|mut s| {
-        s.plain_link = plain.ok();
-        s
-    });
-    if src.is_err() {
-        // A destination still waiting for the source's first connection
-        // (the source failed before connecting): stop it. (A connection
-        // would not: one that fails before authenticating never ends the
-        // wait.)
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    /// The simulated source on its format's type.
+    struct Source<'a>(Box<dyn Listener>, &'a SimRun, &'a DestConfig, &'a NetConfig);
+    impl WithFormat for Source<'_> {
+        type Output = Result<BothEnds, MigrateError>;
+        fn call<F: VmFormat>(self) -> Self::Output {
+            let Source(listener, run, dest, net) = self;
+            let guest = SimSource::<F>::start(&run.guest, &run.session)?;
+            dest.format.with(Dest(listener, &guest, run, dest, net))
+        }
     }
-    let dst = dest_thread.join().unwrap_or_else(|_| {
-        Err(MigrateError::Setup(
-            "the destination thread panicked".into(),
-        ))
-    });
-    match (src, dst) {
-        (Ok(s), Ok(d)) => Ok((s, d)),
+    /// The simulated destination on its format's type.
+    struct Dest<'a, G>(
+        Box<dyn Listener>,
+        &'a G,
+        &'a SimRun,
+        &'a DestConfig,
+        &'a NetConfig,
+    );
+    impl<G: SourceGuest> WithFormat for Dest<'_, G> {
+        type Output = Result<BothEnds, MigrateError>;
+        fn call<F: VmFormat>(self) -> Self::Output {
+            let Dest(listener, guest, run, dest, net) = self;
+            let factory = Arc::new(SimDest::<F>::new(dest.policy, dest.format));
+            run_both_ends(listener, factory, guest, &run.session, dest, net)
+        }
+    }
+    let both = run.guest.format.with(Source(listener, run, dest, net))?;
+    match (both.source, both.dest) {
+        (Ok(mut s), Ok(d)) => {
+            s.plain_link = plain.ok();
+            Ok((s, d))
+        }
         (Err(e), _) | (Ok(_), Err(e)) => Err(e),
     }
 }

@@ -19,7 +19,7 @@ use crate::vm::{
     GuestCounters, GuestRam, GuestRun, PageFetch, RamSlot, RingEntry, SessionVm, VmError,
 };
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Control, GuestMemory, Vm, VmFormat, Workload};
+use s2mmu_vm::{Control, GuestMemory, SlotInfo, Vm, VmFormat, Workload};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -51,19 +51,22 @@ pub struct SimVm<F: VmFormat> {
     slots: Vec<RamSlot>,
 }
 
+impl From<&SlotInfo> for RamSlot {
+    /// The simulated VM's slot as the session moves it.
+    fn from(s: &SlotInfo) -> Self {
+        RamSlot {
+            id: s.id,
+            gpa: s.gpa,
+            size: s.size,
+            mem_offset: s.mem_offset,
+        }
+    }
+}
+
 impl<F: VmFormat> SimVm<F> {
     /// The session's view of `vm`.
     pub fn new(vm: Arc<Vm<TreeMemslots, F>>) -> Self {
-        let slots = vm
-            .slots()
-            .iter()
-            .map(|s| RamSlot {
-                id: s.id,
-                gpa: s.gpa,
-                size: s.size,
-                mem_offset: s.mem_offset,
-            })
-            .collect();
+        let slots = vm.slots().iter().map(RamSlot::from).collect();
         SimVm { vm, slots }
     }
 

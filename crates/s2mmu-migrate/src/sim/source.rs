@@ -138,9 +138,8 @@ pub fn migrate_source(
     run: &SimRun,
     connect: &mut Connect<'_>,
 ) -> Result<SourceOutcome, MigrateError> {
+    validate_run(run)?;
     let (guest, cfg) = (&run.guest, &run.session);
-    crate::session::source::validate_shape(&guest.shape())?;
-    crate::session::source::validate(cfg)?;
     /// The source on the format's type.
     struct Source<'a, 'c>(&'a SimGuestConfig, &'a SourceConfig, &'a mut Connect<'c>);
     impl WithFormat for Source<'_, '_> {
@@ -151,6 +150,15 @@ pub fn migrate_source(
         }
     }
     guest.format.with(Source(guest, cfg, connect))
+}
+
+/// Checks `run`'s guest and session settings before anything starts.
+///
+/// # Errors
+/// [`MigrateError::Setup`] naming what is out of bounds.
+pub(crate) fn validate_run(run: &SimRun) -> Result<(), MigrateError> {
+    crate::session::source::validate_shape(&run.guest.shape())?;
+    crate::session::source::validate(&run.session)
 }
 
 impl<F: VmFormat> SimSource<F> {

@@ -5,12 +5,15 @@
 // Guest RAM implements the unsafe trait GuestRam.
 #![allow(unsafe_code, dead_code)]
 
-use s2mmu_migrate::session::dest::DestConfig;
-use s2mmu_migrate::session::replies::Connect;
+use s2mmu_migrate::session::both_ends::run_both_ends;
+use s2mmu_migrate::session::dest::{DestConfig, DestFactory, DestOutcome};
+use s2mmu_migrate::session::guest::SourceGuest;
+use s2mmu_migrate::session::source::{SourceConfig, SourceOutcome};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::transport::{self, Listener, NetConfig};
+use s2mmu_migrate::transport::{self, NetConfig};
 use s2mmu_migrate::vm::GuestRam;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Per-slot digests: (slot id, digest).
@@ -66,27 +69,29 @@ unsafe impl GuestRam for Words {
     }
 }
 
-/// One migration over loopback TCP (plain, 10 s deadlines): `dest` serves
-/// the listener on a thread of its own, `source` connects through the
-/// connector it is given. A failed source stops the destination (through
-/// `dest_cfg.stop`) so that the join returns. Both outcomes come back,
-/// the destination's first (it names what broke).
-pub fn over_loopback<D: Send + 'static, S>(
+/// One migration over loopback TCP (plain, 10 s deadlines) through
+/// `run_both_ends`: `guest` (running) into the guest `factory` builds,
+/// served on a thread of its own. Both outcomes come back, the
+/// destination's first (it names what broke).
+pub fn over_loopback<G: SourceGuest, D: DestFactory + Send + 'static>(
     dest_cfg: &DestConfig,
-    dest: impl FnOnce(&dyn Listener, &DestConfig, &NetConfig) -> Result<D, MigrateError>
-        + Send
-        + 'static,
-    source: impl FnOnce(&mut Connect<'_>) -> Result<S, MigrateError>,
-) -> (Result<D, MigrateError>, Result<S, MigrateError>) {
+    factory: D,
+    guest: &G,
+    source_cfg: &SourceConfig,
+) -> (
+    Result<DestOutcome, MigrateError>,
+    Result<SourceOutcome, MigrateError>,
+) {
     let net = NetConfig::plain(Duration::from_secs(10));
     let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
-    let addr = listener.local();
-    let (dcfg, dnet) = (dest_cfg.clone(), net.clone());
-    let server = std::thread::spawn(move || dest(&*listener, &dcfg, &dnet));
-    let src = source(&mut |_| transport::client(transport::connect(&addr, &net)?, &net));
-    if src.is_err() {
-        dest_cfg.stop.store(true, Ordering::SeqCst);
-    }
-    let dst = server.join().expect("the destination thread");
-    (dst, src)
+    let both = run_both_ends(
+        listener,
+        Arc::new(factory),
+        guest,
+        source_cfg,
+        dest_cfg,
+        &net,
+    )
+    .expect("the destination thread starts");
+    (both.dest, both.source)
 }

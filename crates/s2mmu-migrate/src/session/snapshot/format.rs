@@ -149,6 +149,18 @@ pub struct SlotGeom {
     pub size: u64,
 }
 
+impl From<&crate::vm::RamSlot> for SlotGeom {
+    /// A guest's slot in a snapshot's slot table (its place in the
+    /// guest's memory is the restorer's business).
+    fn from(s: &crate::vm::RamSlot) -> Self {
+        SlotGeom {
+            id: s.id,
+            gpa: s.gpa,
+            size: s.size,
+        }
+    }
+}
+
 /// What a snapshot file's header says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {

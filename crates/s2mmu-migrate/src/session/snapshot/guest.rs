@@ -103,15 +103,7 @@ pub fn save_paused<G: SourceGuest>(guest: &G, dir: &Path) -> Result<SavedGuest, 
 /// Writes every page of `vm` as a base snapshot at `path`; returns its
 /// pages and bytes.
 fn write_memory<V: SessionVm>(vm: &V, path: &Path) -> Result<(u64, u64), SnapshotError> {
-    let slots: Vec<SlotGeom> = vm
-        .slots()
-        .iter()
-        .map(|s| SlotGeom {
-            id: s.id,
-            gpa: s.gpa,
-            size: s.size,
-        })
-        .collect();
+    let slots: Vec<SlotGeom> = vm.slots().iter().map(SlotGeom::from).collect();
     let pages = slots.iter().map(|s| s.size / PAGE).sum();
     let header = Header {
         base: true,

@@ -10,6 +10,7 @@
 
 use super::format::{io, Header, SlotGeom, SnapshotError, SnapshotWriter, PAGE};
 use super::restore::{file_name, snapshot_files, MAX_SNAPSHOTS};
+use crate::vm::RamSlot;
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::DirtyView;
@@ -62,11 +63,7 @@ impl<S: MemslotStore, F: VmFormat> Snapshotter<S, F> {
         let geoms = vm
             .slots()
             .iter()
-            .map(|s| SlotGeom {
-                id: s.id,
-                gpa: s.gpa,
-                size: s.size,
-            })
+            .map(|s| SlotGeom::from(&RamSlot::from(s)))
             .collect();
         let mut s = Snapshotter {
             vm: vm.clone(),
