@@ -100,13 +100,16 @@
         .equ    VTIMER_INTID,   27
         .equ    PPI_ENABLE,     (1 << KICK_SGI) | (1 << MAINT_INTID) | (1 << TIMER_HYP_INTID) | (1 << VTIMER_INTID)
         .equ    SPIN_BEFORE_IDLE, 2048
-        // A CPU with no command doubles its idle wait after each one that
-        // brought none, from 20 us up to 20 us << IDLE_BACKOFF_SHIFT
-        // (640 us): at a fixed 20 us every idle CPU (the service CPU, a
-        // destination's CPUs before the resume) woke QEMU's timer thread
-        // and its own thread tens of thousands of times a second, about a
-        // core in all, taken from the migration's threads. A command now
-        // waits up to 640 us longer to be picked up after a long idle.
+        // A CPU with no command waits IDLE_SHORT_WAITS times 20 us (a
+        // harvest's commands come closer together than that), then doubles
+        // its wait after each one that brought none, up to 20 us <<
+        // IDLE_BACKOFF_SHIFT (640 us): at a fixed 20 us every idle CPU (the
+        // service CPU, a destination's CPUs before the resume) woke QEMU's
+        // timer thread and its own thread tens of thousands of times a
+        // second, about a core in all, taken from the migration's threads.
+        // A command now waits up to 640 us longer to be picked up after a
+        // long idle.
+        .equ    IDLE_SHORT_WAITS, 64
         .equ    IDLE_BACKOFF_SHIFT, 5
 
         .section .text.hyp, "ax"
@@ -217,7 +220,8 @@ cmd_loop:
         mov     sp, x1
         add     x26, x28, #MB_CMD_SEQ
         mov     x25, #SPIN_BEFORE_IDLE
-        ldr     x24, [x28, #MB_IDLE_TICKS]      // the first idle wait: 20 us
+        ldr     x24, [x28, #MB_IDLE_TICKS]      // the short idle wait: 20 us
+        mov     x23, #IDLE_SHORT_WAITS
 1:      ldar    x27, [x26]
         ldr     x2, [x28, #MB_DONE_SEQ]
         cmp     x27, x2
@@ -226,6 +230,10 @@ cmd_loop:
         b.hi    1b
         mov     x9, x24
         bl      idle_wait_ticks
+        mov     x25, #1
+        subs    x23, x23, #1
+        b.hi    1b                              // still the short waits
+        mov     x23, #1
         ldr     x9, [x28, #MB_IDLE_TICKS]
         lsl     x9, x9, #IDLE_BACKOFF_SHIFT
         lsl     x24, x24, #1

@@ -144,11 +144,7 @@ pub(crate) fn wait_exit(
                 sh.vm.machine().check_alive()?;
                 sh.check_deadline();
             }
-            // 20 µs naps for the first ~2 ms without an exit, then 200 µs:
-            // an idle guest (WFI between timer ticks a few ms apart) kept
-            // this thread waking every 20 µs for good, several percent of
-            // a core taken from the migration's threads.
-            let nap = if spins < 512 + 100 { 20 } else { 200 };
+            let nap = if spins < 20_000 { 20 } else { 200 };
             std::thread::sleep(Duration::from_micros(nap));
         }
     }
