@@ -100,6 +100,17 @@
         .equ    VTIMER_INTID,   27
         .equ    PPI_ENABLE,     (1 << KICK_SGI) | (1 << MAINT_INTID) | (1 << TIMER_HYP_INTID) | (1 << VTIMER_INTID)
         .equ    SPIN_BEFORE_IDLE, 2048
+        // A CPU with no command waits IDLE_SHORT_WAITS times 20 us (a
+        // harvest's commands come closer together than that), then doubles
+        // its wait after each one that brought none, up to 20 us <<
+        // IDLE_BACKOFF_SHIFT (640 us): at a fixed 20 us every idle CPU (the
+        // service CPU, a destination's CPUs before the resume) woke QEMU's
+        // timer thread and its own thread tens of thousands of times a
+        // second, about a core in all, taken from the migration's threads.
+        // A command now waits up to 640 us longer to be picked up after a
+        // long idle.
+        .equ    IDLE_SHORT_WAITS, 64
+        .equ    IDLE_BACKOFF_SHIFT, 5
 
         .section .text.hyp, "ax"
         .include "asm/state.S"          // migration: vCPU state save/restore
@@ -209,13 +220,25 @@ cmd_loop:
         mov     sp, x1
         add     x26, x28, #MB_CMD_SEQ
         mov     x25, #SPIN_BEFORE_IDLE
+        ldr     x24, [x28, #MB_IDLE_TICKS]      // the short idle wait: 20 us
+        mov     x23, #IDLE_SHORT_WAITS
 1:      ldar    x27, [x26]
         ldr     x2, [x28, #MB_DONE_SEQ]
         cmp     x27, x2
         b.ne    2f
         subs    x25, x25, #1
         b.hi    1b
-        bl      idle_wait
+        mov     x9, x24
+        bl      idle_wait_ticks
+        mov     x25, #1
+        subs    x23, x23, #1
+        b.hi    1b                              // still the short waits
+        mov     x23, #1
+        ldr     x9, [x28, #MB_IDLE_TICKS]
+        lsl     x9, x9, #IDLE_BACKOFF_SHIFT
+        lsl     x24, x24, #1
+        cmp     x24, x9
+        csel    x24, x24, x9, lo                // double it, up to the cap
         mov     x25, #1
         b       1b
 2:      ldr     x3, [x28, #MB_CMD]
@@ -360,9 +383,10 @@ do_at:
 
 // Sleeps until the EL2 physical timer fires, about 20 us from now, so a
 // CPU that waits for the host gives its host thread back to QEMU's other
-// CPUs. Clobbers x9, x10.
+// CPUs (idle_wait_ticks: x9 ticks from now). Clobbers x9, x10.
 idle_wait:
         ldr     x9, [x28, #MB_IDLE_TICKS]
+idle_wait_ticks:
         msr     cnthp_tval_el2, x9
         mov     x10, #1
         msr     cnthp_ctl_el2, x10              // enable, not masked

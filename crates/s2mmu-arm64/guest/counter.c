@@ -22,6 +22,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "counter_loop.h"
+
 static uint64_t num(const char *k, const char *s)
 {
 	char *end;
@@ -32,13 +34,6 @@ static uint64_t num(const char *k, const char *s)
 		exit(2);
 	}
 	return v;
-}
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 /* The buffer's word i after step n. */
@@ -77,7 +72,7 @@ int main(int argc, char **argv)
 		printf("s2mmu-counter: FAIL malloc of %" PRIu64 " KiB\n", kib);
 		return 1;
 	}
-	uint64_t hash = 0xcbf29ce484222325ULL, n;
+	uint64_t hash = COUNTER_HASH0, n;
 	double start = now(), next = start;
 	for (n = 1; secs == 0 || now() - start < secs; n++) {
 		uint64_t sum = 0;
@@ -90,17 +85,9 @@ int main(int argc, char **argv)
 			buf[i] = word(n, i);
 			sum += buf[i];
 		}
-		hash = (hash ^ sum ^ n) * 0x100000001b3ULL;
-		printf("s2mmu-counter: n=%" PRIu64 " hash=%016" PRIx64 "\n", n, hash);
-		next += ms / 1000.0;
-		double wait = next - now();
-		if (wait > 0) {
-			struct timespec ts = { (time_t)wait, (long)((wait - (time_t)wait) * 1e9) };
-			nanosleep(&ts, NULL);
-		} else {
-			next = now();
-		}
+		hash = counter_step(hash, sum, n);
+		counter_wait(&next, ms);
 	}
-	printf("s2mmu-counter: ok n=%" PRIu64 " hash=%016" PRIx64 "\n", n - 1, hash);
+	counter_ok(n - 1, hash);
 	return 0;
 }

@@ -31,6 +31,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "counter_loop.h"
+
 #define PAGE 4096UL
 #define WORDS (PAGE / 8)
 
@@ -44,13 +46,6 @@ static uint64_t num(const char *k, const char *s, uint64_t lo, uint64_t hi)
 		exit(2);
 	}
 	return v;
-}
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 /* Page p's first word: a different, odd (so never zero) value per page. */
@@ -143,28 +138,20 @@ int main(int argc, char **argv)
 	}
 	printf("s2mmu-fill: filled pages=%" PRIu64 " mib=%" PRIu64 " secs=%.1f\n", pages,
 	       pages * PAGE >> 20, now() - t0);
-	uint64_t per = (pages + slices - 1) / slices, hash = 0xcbf29ce484222325ULL, n, at = 0;
+	uint64_t per = (pages + slices - 1) / slices, hash = COUNTER_HASH0, n, at = 0;
 	uint64_t sweeps = 0;
 	double start = now(), next = start;
 	for (n = 1; secs == 0 || now() - start < secs; n++) {
 		uint64_t cnt = pages - at < per ? pages - at : per;
 		uint64_t sum = check(buf, at, cnt, n);
 		at += cnt;
-		hash = (hash ^ sum ^ n) * 0x100000001b3ULL;
-		printf("s2mmu-counter: n=%" PRIu64 " hash=%016" PRIx64 "\n", n, hash);
+		hash = counter_step(hash, sum, n);
 		if (at == pages) {
 			at = 0;
 			printf("s2mmu-fill: sweep=%" PRIu64 " ok\n", ++sweeps);
 		}
-		next += ms / 1000.0;
-		double wait = next - now();
-		if (wait > 0) {
-			struct timespec ts = { (time_t)wait, (long)((wait - (time_t)wait) * 1e9) };
-			nanosleep(&ts, NULL);
-		} else {
-			next = now();
-		}
+		counter_wait(&next, ms);
 	}
-	printf("s2mmu-counter: ok n=%" PRIu64 " hash=%016" PRIx64 "\n", n - 1, hash);
+	counter_ok(n - 1, hash);
 	return 0;
 }

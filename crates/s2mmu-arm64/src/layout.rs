@@ -36,6 +36,15 @@ pub const MBOX0: u64 = 0x4020_1000;
 pub const MBOX_SIZE: u64 = 0x2000;
 /// Most CPUs (the stub numbers CPUs by MPIDR Aff0 within one cluster).
 pub const MAX_CPUS: usize = 8;
+/// A CPU waiting for a command makes [`IDLE_SHORT_WAITS`] waits of
+/// [`mb::IDLE_TICKS`] (20 µs), then doubles its wait after each one that
+/// brought none, up to `IDLE_TICKS << IDLE_BACKOFF_SHIFT` (640 µs): a fixed
+/// 20 µs kept every idle CPU waking QEMU tens of thousands of times a
+/// second.
+pub const IDLE_BACKOFF_SHIFT: u32 = 5;
+/// The shortest idle waits a CPU makes before it backs off (a harvest's
+/// commands come closer together than 64 times 20 µs).
+pub const IDLE_SHORT_WAITS: u64 = 64;
 /// Scratch space for AT lists.
 pub const SCRATCH: u64 = 0x4030_0000;
 /// The table arena.
@@ -84,6 +93,12 @@ pub mod mb {
     /// Unknown instructions the stub was asked to execute (or 0xdead after
     /// an exception at EL2).
     pub const BAD_INSN: u64 = 0x110;
+    /// Counter ticks of the shortest idle wait (20 µs), set by the stub at
+    /// start.
+    pub const IDLE_TICKS: u64 = 0x120;
+    /// Idle waits this CPU has made (timer wake-ups while it waited for a
+    /// command or for the host's answer).
+    pub const IDLE_WAITS: u64 = 0x128;
     /// The value of the faulting access's register (ESR ISS.SRT): what an
     /// MMIO write stores.
     pub const MMIO_DATA: u64 = 0x130;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use s2mmu_arm64::layout::CMD_PING;
+use s2mmu_arm64::layout::{mb, CMD_PING, IDLE_BACKOFF_SHIFT, IDLE_SHORT_WAITS};
 use s2mmu_arm64::machine::{Machine, MachineConfig, MAX_DATA_BYTES};
 use s2mmu_arm64::Arm64Error;
 
@@ -26,6 +26,45 @@ fn boots_and_answers_pings() {
         m.mailbox(1).command(CMD_PING, &[]).unwrap();
     }
     eprintln!("1000 mailbox round trips: {:?}", t.elapsed());
+}
+
+/// A CPU with no command makes `IDLE_SHORT_WAITS` waits of 20 µs, then
+/// backs off to 20 µs << `IDLE_BACKOFF_SHIFT` (640 µs): over an idle window
+/// it wakes at most the short waits and the ramp's plus one per longest wait (a wait cannot end before its
+/// timer, so load only lowers the count; a fixed 20 µs wait made up to 32
+/// times as many), and a command after the idle is served.
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn idle_cpus_back_off_their_timer_waits() {
+    let _one = common::serial();
+    let Some(m) = common::machine(2, 64 << 20) else {
+        return;
+    };
+    for cpu in 0..2 {
+        let mbox = m.mailbox(cpu);
+        let freq = mbox.command(CMD_PING, &[]).unwrap();
+        let tick = mbox.read(mb::IDLE_TICKS);
+        assert_eq!(tick, freq / 50_000, "CPU {cpu}: the shortest wait is 20 µs");
+        let longest = tick << IDLE_BACKOFF_SHIFT;
+        let t = std::time::Instant::now();
+        let before = mbox.read(mb::IDLE_WAITS);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let waits = mbox.read(mb::IDLE_WAITS) - before;
+        let elapsed = (t.elapsed().as_nanos() * u128::from(freq) / 1_000_000_000) as u64;
+        // The short waits, the ramp (40 to 320 µs), one wait per longest,
+        // and the waits in flight at either end of the window.
+        let bound = IDLE_SHORT_WAITS + u64::from(IDLE_BACKOFF_SHIFT) + elapsed / longest + 2;
+        eprintln!("CPU {cpu}: {waits} idle waits in {elapsed} ticks (at most {bound})");
+        assert!(waits > 0, "CPU {cpu}: an idle CPU waits on its timer");
+        assert!(
+            waits <= bound,
+            "CPU {cpu}: {waits} idle waits in {elapsed} ticks, more than {bound}"
+        );
+        assert_eq!(mbox.command(CMD_PING, &[]).unwrap(), freq, "CPU {cpu}");
+    }
 }
 
 #[test]

@@ -24,6 +24,9 @@ pub const PROGRAMS: &[(&str, &str)] = &[
     ("counter", include_str!("../../guest/counter.c")),
     ("fill", include_str!("../../guest/fill.c")),
 ];
+/// The header `counter.c` and `fill.c` include (`#include "counter_loop.h"`):
+/// written next to their sources before they compile.
+const COUNTER_LOOP_H: (&str, &str) = ("counter_loop.h", include_str!("../../guest/counter_loop.h"));
 /// The cross compiler the guest programs need.
 pub const CROSS_CC: &str = "aarch64-linux-gnu-gcc";
 const CC_FIX: &str = "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross";
@@ -201,9 +204,18 @@ pub fn ensure(opts: &AssetOptions) -> Result<LinuxAssets, AssetError> {
 /// [`AssetError::Missing`] without the cross compiler, [`AssetError::Tool`]
 /// when a program does not compile.
 pub fn build_programs(cache: &Path) -> Result<Vec<(String, PathBuf)>, AssetError> {
-    let srcs: Vec<&[u8]> = PROGRAMS.iter().map(|(_, s)| s.as_bytes()).collect();
+    let mut srcs: Vec<&[u8]> = PROGRAMS.iter().map(|(_, s)| s.as_bytes()).collect();
+    srcs.push(COUNTER_LOOP_H.1.as_bytes());
     let dir = cache.join(format!("guest-{:016x}", content_hash(&srcs)));
     fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+    let header = dir.join(COUNTER_LOOP_H.0);
+    if !header.exists() {
+        // Renamed into place, so a compiler in another process never
+        // includes a half-written header.
+        let tmp = scratch(&header);
+        fs::write(&tmp, COUNTER_LOOP_H.1).map_err(io_err(&tmp))?;
+        fs::rename(&tmp, &header).map_err(io_err(&header))?;
+    }
     let mut out = Vec::new();
     for (name, src) in PROGRAMS {
         let bin = dir.join(name);
@@ -249,6 +261,7 @@ pub fn initramfs(cache: &Path, busybox: &Path) -> Result<PathBuf, AssetError> {
     let bb = fs::read(busybox).map_err(io_err(busybox))?;
     let mut parts: Vec<&[u8]> = vec![INIT_SCRIPT.as_bytes(), &bb];
     parts.extend(PROGRAMS.iter().map(|(_, s)| s.as_bytes()));
+    parts.push(COUNTER_LOOP_H.1.as_bytes());
     let path = cache.join(format!("initramfs-{:016x}.cpio.gz", content_hash(&parts)));
     if path.exists() {
         return Ok(path);
