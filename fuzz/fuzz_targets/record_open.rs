@@ -11,25 +11,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use s2mmu_migrate::transport::{fixed_key_session, Duplex, MAX_CIPHER, MAX_PLAIN, MAX_RECORDS};
+use s2mmu_migrate::transport::{
+    fixed_key_session, Duplex, SharedSink, MAX_CIPHER, MAX_PLAIN, MAX_RECORDS,
+};
 use std::io::{IoSliceMut, Read, Write};
-use std::sync::{Arc, Mutex};
 
 const KEY: [u8; 32] = [7; 32];
 const IV: [u8; 12] = [9; 12];
-
-#[derive(Clone, Default)]
-struct Shared(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Shared {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// Record boundaries of a well-formed stream: (start, end) of each.
 fn records(s: &[u8]) -> Vec<(usize, usize)> {
@@ -53,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
     };
     // The writes: up to 6, each up to ~40 KiB (several records each).
     let mut plain = Vec::new();
-    let out = Shared::default();
+    let out = SharedSink::default();
     let sock = Duplex { input: std::io::empty(), output: out.clone() };
     let mut w = fixed_key_session(Box::new(sock), KEY, IV, chacha, first_seq).unwrap();
     let mut sealed_all = true;
@@ -73,7 +61,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     drop(w);
-    let mut stream = out.0.lock().unwrap().clone();
+    let mut stream = out.bytes();
     // The damage: up to 4 operations.
     let mut damaged = false;
     for _ in 0..next() % 5 {

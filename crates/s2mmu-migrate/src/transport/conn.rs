@@ -206,3 +206,32 @@ impl<R: Read + Send, W: Write + Send> Connection for Duplex<R, W> {
         "a recorded stream".into()
     }
 }
+
+/// A writer into a buffer shared by its clones: one clone goes into a
+/// [`Duplex`] as its output, the other reads back what was written. For
+/// tests and the fuzz targets only (feature `fuzzing`).
+#[cfg(any(test, feature = "fuzzing"))]
+#[derive(Clone, Default)]
+pub struct SharedSink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl SharedSink {
+    /// A copy of every byte written so far, in order.
+    pub fn bytes(&self) -> Vec<u8> {
+        // A writer that panicked holding the lock left whole writes behind.
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl Write for SharedSink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let mut buf = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        buf.try_reserve(b.len()).map_err(std::io::Error::other)?;
+        buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

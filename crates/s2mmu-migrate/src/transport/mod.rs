@@ -47,6 +47,8 @@ mod tests;
 
 pub use admit::{Admission, Admitted, Opener, Refused, MAX_OPENING, MAX_PREAUTH};
 pub use config::{NetConfig, Security, TLS_SEND_BUFFER};
+#[cfg(feature = "fuzzing")]
+pub use conn::SharedSink;
 pub use conn::{transient, BoxConn, Connection, Duplex, Listener, ShutdownHandle};
 pub use plain_probe::{plain_link_beside, plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
 pub use psk::{psk, psk_from_file};

@@ -6,7 +6,7 @@
 //! of nonces and the record limit of one key.
 
 use super::config::Security;
-use super::conn::{BoxConn, Duplex};
+use super::conn::{BoxConn, Duplex, SharedSink};
 use super::records::{fixed_key_session, take_over, MAX_CIPHER, MAX_PLAIN, MAX_RECORDS};
 use super::sockbuf::SockBuf;
 use super::tls::{ephemeral_tls, tls_client, tls_server};
@@ -205,31 +205,17 @@ fn data_right_behind_the_handshake_is_not_lost_at_the_switch() {
 const KEY: [u8; 32] = [0x42; 32];
 const IV: [u8; 12] = [0x24; 12];
 
-/// A writer into a buffer the test keeps.
-#[derive(Clone, Default)]
-struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl Write for Shared {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The records the fixed-key session seals for `writes` (one write call
 /// each), numbered from `first_seq`; the first write's error, if any.
 fn sealed(writes: &[&[u8]], first_seq: u64) -> (Vec<u8>, Option<std::io::Error>) {
-    let out = Shared::default();
+    let out = SharedSink::default();
     let sock = Duplex {
         input: std::io::empty(),
         output: out.clone(),
     };
     let mut w = fixed_key_session(Box::new(sock), KEY, IV, false, first_seq).unwrap();
     let err = writes.iter().find_map(|d| w.write_all(d).err());
-    let bytes = out.0.lock().unwrap().clone();
+    let bytes = out.bytes();
     (bytes, err)
 }
 

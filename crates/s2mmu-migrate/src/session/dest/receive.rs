@@ -124,14 +124,44 @@ impl<V: SessionVm> Shared<'_, V> {
                 bufs.push(IoSliceMut::new(unsafe { self.raw.page(offs[k]) }));
             }
         }
-        rd.read_pages(&mut bufs)?;
+        let r = rd.read_pages(&mut bufs);
         drop(bufs);
-        for (k, &off) in offs[..n].iter().enumerate() {
+        if let Err(e) = r.and_then(|()| self.check_pages(rd, &offs[..n], at_byte)) {
+            self.forget(&offs[..n]);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// After a failed read or check: the pages at `offs` may hold bytes
+    /// that were never checked (a short read, a bad page and those after
+    /// it: the data lands in guest memory before its hash is checked), so
+    /// none of them counts as received any more. Every page still
+    /// marked received then holds the bytes its stored hash was checked
+    /// against, whatever reads those marks after the failure.
+    fn forget(&self, offs: &[u64]) {
+        for &off in offs {
+            let i = off / PAGE_SIZE as u64;
+            self.received[(i / 64) as usize].fetch_and(!(1u64 << (i % 64)), Ordering::Relaxed);
+        }
+    }
+
+    /// Checks the pages at `offs` (the entries of the record just read,
+    /// their data in guest memory) and records them as received.
+    fn check_pages<R: Read>(
+        &self,
+        rd: &WireReader<R>,
+        offs: &[u64],
+        at_byte: u64,
+    ) -> Result<(), MigrateError> {
+        for (k, &off) in offs.iter().enumerate() {
             let e = rd.entries()[k];
             let i = off / PAGE_SIZE as u64;
             let bit = 1u64 << (i % 64);
             let seen = self.received[(i / 64) as usize].load(Ordering::Relaxed) & bit != 0;
-            // SAFETY: as above; the slices given to the read are gone.
+            // SAFETY: `off` is a page of guest memory that only this
+            // thread touches (take_pages_untimed's checks); the slices
+            // given to the read are gone.
             let page = unsafe { self.raw.page(off) };
             let hash = if e.zero {
                 if seen {
@@ -442,4 +472,66 @@ pub(crate) fn check_end(body: &[u8], at_byte: u64, pages_seen: u64) -> Result<()
         )));
     }
     Ok(())
+}
+
+#[cfg(all(test, feature = "sim"))]
+mod tests {
+    use super::super::shared_for;
+    use crate::sim::SimVm;
+    use crate::stream_error::MigrateError;
+    use crate::wire::{Header, Record, WireFormat, WireReader, WireWriter, PAGE_SIZE};
+    use s2mmu::format::arm64::Arm64Stage2;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    /// A page received once, then again with its data damaged in flight:
+    /// the second copy's bytes landed in guest memory before its hash was
+    /// checked, so the page no longer counts as received (its stored hash
+    /// is the first copy's, which those bytes no longer match).
+    #[test]
+    fn a_page_that_fails_its_check_is_no_longer_received() {
+        let header = Header {
+            mem_size: 1 << 20,
+            slots: 1,
+            gpa_base: 0,
+            vcpus: 1,
+            channels: 1,
+            backing: "anonymous".into(),
+            verify_full: false,
+            postcopy: false,
+            format: WireFormat::of::<Arm64Stage2>(),
+        };
+        let vm = crate::sim::dest::build_vm::<Arm64Stage2>(&header, Default::default()).unwrap();
+        let vm = SimVm::new(Arc::new(vm));
+        let sh = shared_for(&vm, &header).unwrap();
+        let gpa = 3 * PAGE_SIZE as u64;
+        let mut w = WireWriter::replies(Vec::new());
+        w.page(gpa, &[5u8; PAGE_SIZE]).unwrap();
+        let first = w.pos as usize;
+        w.page(gpa, &[6u8; PAGE_SIZE]).unwrap();
+        let mut stream = w.into_inner();
+        *stream.last_mut().unwrap() ^= 1;
+        let mut rd = WireReader::replies(std::io::Cursor::new(stream));
+        let received = |sh: &super::Shared<'_, SimVm<Arm64Stage2>>| {
+            sh.received[0].load(Ordering::Relaxed) & (1 << 3) != 0
+        };
+        assert!(matches!(
+            rd.next_record().unwrap(),
+            Record::Pages { count: 1, .. }
+        ));
+        sh.take_pages(&mut rd, 0, 0).unwrap();
+        assert!(received(&sh), "the good copy is received");
+        assert!(matches!(
+            rd.next_record().unwrap(),
+            Record::Pages { count: 1, .. }
+        ));
+        match sh.take_pages(&mut rd, 0, first as u64) {
+            Err(MigrateError::PageChecksum { gpa: g, .. }) => assert_eq!(g, gpa),
+            other => panic!("the damaged copy was not refused: {other:?}"),
+        }
+        assert!(
+            !received(&sh),
+            "a page whose bytes failed their check is received"
+        );
+    }
 }
