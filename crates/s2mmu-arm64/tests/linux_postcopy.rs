@@ -19,17 +19,17 @@
 
 mod common;
 
-use common::counter::{config, counter_lines, wait_lines};
-use common::pure_postcopy::PurePostcopy;
+use common::counter::{config, wait_lines};
+use common::pure_postcopy::{check_b_goes_on, PurePostcopy};
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::page_fetch::PageFetch;
 use s2mmu_arm64::linux::session_dest::LinuxDest;
 use s2mmu_arm64::linux::session_run::{
-    self, steps, GuestProgram, PostcopyMode, RunDetails, RunSettings, WentOn,
+    self, GuestProgram, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
 use s2mmu_arm64::linux::session_source::LinuxSource;
 use s2mmu_arm64::linux::vm::{StopReason, RAM_SLOT};
-use s2mmu_migrate::session::dest::{DestConfig, DestOutcome};
+use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::session::postcopy::Postcopy;
 use s2mmu_migrate::session::source::{Harvest, SourceConfig, SourceOutcome};
@@ -107,36 +107,8 @@ fn linux_guest_goes_on_by_postcopy_through_the_session() {
     assert_eq!(s.slot_digests.len(), 1);
     assert_eq!(s.slot_digests[0].0, RAM_SLOT);
 
-    let (a_text, a_exits) = {
-        let a = src.src.vm().lock();
-        (a.console().contents(), a.stub_exits())
-    };
     let b = dest.built().expect("B was built");
-    // The session ran B for its run_after, then paused it: run it on.
-    let mut bvm = b.lock();
-    bvm.resume_vcpus().expect("B runs on");
-    let n = counter_lines(&bvm.console().contents()).len();
-    let b1 = wait_lines(&bvm, 0, n + 5, "B");
-    // The counter checks its buffer holds the previous step's values
-    // before each step (a FAIL line otherwise): B's first steps read the
-    // pages that came by post-copy.
-    assert!(!b1.contains("FAIL"), "B's counter failed its check:\n{b1}");
-    // A line the switch cut in two is whole only in A's text and B's
-    // joined: every step once, in order, across the switch.
-    let all = steps(&format!("{a_text}{b1}"));
-    let last_a = steps(&a_text).last().copied().expect("A counted");
-    assert!(
-        all.iter().any(|&n| n > last_a + 3),
-        "B did not go on: {all:?}"
-    );
-    assert!(
-        all.windows(2).all(|w| w[1] == w[0] + 1) && all[0] == 1,
-        "the counter's steps across the switch: {all:?}"
-    );
-    let a = src.src.vm().lock();
-    assert_eq!(a.console().contents(), a_text, "A printed after the switch");
-    assert_eq!(a.stub_exits(), a_exits, "A's guest ran after the switch");
-    bvm.shut_down().expect("B's threads end cleanly");
+    check_b_goes_on(src.src.vm(), &b);
 }
 
 /// A post-copy source that is gone: every request fails.
@@ -218,21 +190,13 @@ fn dirtier_with_postcopy_auto_completes() {
         return;
     };
     let s = RunSettings {
-        vcpus: 2,
-        mem: 256 << 20,
-        program: GuestProgram::Dirtier,
         postcopy: Some(PostcopyMode::Auto),
         session: SourceConfig {
             max_downtime: Duration::from_micros(1),
             max_rounds: 1,
             ..SourceConfig::default()
         },
-        dest: DestConfig::with_run_after(Duration::from_millis(300)),
-        net: NetConfig {
-            io_timeout: Duration::from_secs(120),
-            security: transport::ephemeral_tls().expect("an ephemeral identity"),
-        },
-        attempts: 1,
+        ..common::run_settings(2, 256 << 20, GuestProgram::Dirtier)
     };
     let cfg = session_run::linux_config(&s, &a);
     let r = session_run::migrate_once(&s, &cfg).expect("the migration and the dirtier's check");
@@ -275,17 +239,8 @@ fn fill_with_postcopy_start_has_every_page_missing_and_fetches_by_request() {
         return;
     };
     let s = RunSettings {
-        vcpus: 2,
-        mem: 256 << 20,
-        program: GuestProgram::Fill,
         postcopy: Some(PostcopyMode::Start),
-        session: SourceConfig::default(),
-        dest: DestConfig::with_run_after(Duration::from_millis(300)),
-        net: NetConfig {
-            io_timeout: Duration::from_secs(120),
-            security: transport::ephemeral_tls().expect("an ephemeral identity"),
-        },
-        attempts: 1,
+        ..common::run_settings(2, 256 << 20, GuestProgram::Fill)
     };
     let cfg = session_run::linux_config(&s, &a);
     let r = session_run::migrate_once(&s, &cfg).expect("the migration and fill's checks");

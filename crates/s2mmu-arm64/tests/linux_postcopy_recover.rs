@@ -15,12 +15,12 @@
 
 mod common;
 
-use common::counter::{config, counter_lines, wait_lines};
+use common::counter::{config, wait_lines};
 use common::cut_proxy::{self, CutProxy};
-use common::pure_postcopy::PurePostcopy;
+use common::pure_postcopy::{check_b_goes_on, PurePostcopy};
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::session_dest::LinuxDest;
-use s2mmu_arm64::linux::session_run::{connect_source, steps};
+use s2mmu_arm64::linux::session_run::connect_source;
 use s2mmu_arm64::linux::session_source::LinuxSource;
 use s2mmu_arm64::linux::vm::LinuxConfig;
 use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
@@ -122,30 +122,8 @@ fn completed_after_one_recovery(ends: Ends, src: &PurePostcopy, dest: &LinuxDest
     // RAM slot's pages that B's guest did not write.
     assert_eq!(s.slot_digests.len(), 1);
 
-    let (a_text, a_exits) = {
-        let a = src.src.vm().lock();
-        (a.console().contents(), a.stub_exits())
-    };
     let b = dest.built().expect("B was built");
-    let mut bvm = b.lock();
-    bvm.resume_vcpus().expect("B runs on");
-    let n = counter_lines(&bvm.console().contents()).len();
-    let b1 = wait_lines(&bvm, 0, n + 5, "B");
-    assert!(!b1.contains("FAIL"), "B's counter failed its check:\n{b1}");
-    let all = steps(&format!("{a_text}{b1}"));
-    let last_a = steps(&a_text).last().copied().expect("A counted");
-    assert!(
-        all.iter().any(|&n| n > last_a + 3),
-        "B did not go on: {all:?}"
-    );
-    assert!(
-        all.windows(2).all(|w| w[1] == w[0] + 1) && all[0] == 1,
-        "the counter's steps across the switch: {all:?}"
-    );
-    let a = src.src.vm().lock();
-    assert_eq!(a.console().contents(), a_text, "A printed after the switch");
-    assert_eq!(a.stub_exits(), a_exits, "A's guest ran after the switch");
-    bvm.shut_down().expect("B's threads end cleanly");
+    check_b_goes_on(src.src.vm(), &b);
 }
 
 fn counter_config(a: &s2mmu_arm64::linux::assets::LinuxAssets) -> LinuxConfig {

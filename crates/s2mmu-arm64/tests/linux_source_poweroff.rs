@@ -11,11 +11,8 @@
 mod common;
 
 use s2mmu_arm64::linux::session_run::{self, GuestProgram, LinuxRunError, RunSettings};
-use s2mmu_migrate::session::dest::DestConfig;
 use s2mmu_migrate::session::source::SourceConfig;
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::transport::{self, NetConfig};
-use std::time::Duration;
 
 #[test]
 #[cfg_attr(
@@ -28,20 +25,11 @@ fn a_source_guest_that_powers_off_mid_migration_is_named_as_the_cause() {
         return;
     };
     let s = RunSettings {
-        vcpus: 1,
-        mem: 128 << 20,
-        program: GuestProgram::Counter,
-        postcopy: None,
         session: SourceConfig {
             bandwidth: 2 << 20,
             ..SourceConfig::default()
         },
-        dest: DestConfig::with_run_after(Duration::from_millis(300)),
-        net: NetConfig {
-            io_timeout: Duration::from_secs(120),
-            security: transport::ephemeral_tls().expect("an ephemeral identity"),
-        },
-        attempts: 1,
+        ..common::run_settings(1, 128 << 20, GuestProgram::Counter)
     };
     let mut cfg = session_run::linux_config(&s, &a);
     // Counting for 5 s, then /init powers the guest off.

@@ -98,3 +98,30 @@ pub fn migrate_here<G: s2mmu_migrate::session::guest::SourceGuest>(
     )
     .expect("the destination thread starts")
 }
+
+/// A Linux run's settings as the one-process session tests use them:
+/// `program` on `vcpus` vCPUs and `mem` bytes of RAM, pre-copy with the
+/// session's defaults, B run for 300 ms before its pause, ephemeral TLS
+/// with a 120 s deadline, one attempt. Tests change what they test with
+/// `RunSettings { .., ..run_settings(..) }`.
+pub fn run_settings(
+    vcpus: usize,
+    mem: u64,
+    program: s2mmu_arm64::linux::session_run::GuestProgram,
+) -> s2mmu_arm64::linux::session_run::RunSettings {
+    use s2mmu_migrate::transport::{self, NetConfig};
+    use std::time::Duration;
+    s2mmu_arm64::linux::session_run::RunSettings {
+        vcpus,
+        mem,
+        program,
+        postcopy: None,
+        session: s2mmu_migrate::session::source::SourceConfig::default(),
+        dest: s2mmu_migrate::session::dest::DestConfig::with_run_after(Duration::from_millis(300)),
+        net: NetConfig {
+            io_timeout: Duration::from_secs(120),
+            security: transport::ephemeral_tls().expect("an ephemeral identity"),
+        },
+        attempts: 1,
+    }
+}

@@ -129,3 +129,41 @@ impl SourceGuest for PurePostcopy {
         self.src.verify_final(state, fin)
     }
 }
+
+/// After a post-copy switch: runs B's guest on and checks that the guest
+/// went on where A stopped, and that A's guest never ran again.
+///
+/// The counter checks its buffer holds the previous step's values before
+/// each step (a FAIL line otherwise), so B's first steps read the pages
+/// that came by post-copy. A line the switch cut in two is whole only in
+/// A's text and B's joined: every step once, in order, across the switch,
+/// and more than 3 past A's last. A's console and stub exits stay as they
+/// were at the switch.
+pub fn check_b_goes_on(a: &LinuxSessionVm, b: &LinuxSessionVm) {
+    use super::counter::{counter_lines, wait_lines};
+    use s2mmu_arm64::linux::session_run::steps;
+    let (a_text, a_exits) = {
+        let a = a.lock();
+        (a.console().contents(), a.stub_exits())
+    };
+    // The session ran B for its run_after, then paused it: run it on.
+    let mut bvm = b.lock();
+    bvm.resume_vcpus().expect("B runs on");
+    let n = counter_lines(&bvm.console().contents()).len();
+    let b1 = wait_lines(&bvm, 0, n + 5, "B");
+    assert!(!b1.contains("FAIL"), "B's counter failed its check:\n{b1}");
+    let all = steps(&format!("{a_text}{b1}"));
+    let last_a = steps(&a_text).last().copied().expect("A counted");
+    assert!(
+        all.iter().any(|&n| n > last_a + 3),
+        "B did not go on: {all:?}"
+    );
+    assert!(
+        all.windows(2).all(|w| w[1] == w[0] + 1) && all[0] == 1,
+        "the counter's steps across the switch: {all:?}"
+    );
+    let a = a.lock();
+    assert_eq!(a.console().contents(), a_text, "A printed after the switch");
+    assert_eq!(a.stub_exits(), a_exits, "A's guest ran after the switch");
+    bvm.shut_down().expect("B's threads end cleanly");
+}
