@@ -145,6 +145,10 @@ pub struct Listened {
     pub went_on: WentOn,
     /// Counter steps begun after the first, in order (0 for the dirtier).
     pub more_steps: usize,
+    /// The first line of the destination's console, `'\r'` dropped: the
+    /// end of a line the switch cut, when it cut one (see
+    /// [`unfinished_line`]).
+    pub first_line: String,
 }
 
 /// What a listening destination reports while it serves.
@@ -243,6 +247,14 @@ pub fn begun_steps(text: &str) -> Vec<u64> {
         .skip(1)
         .filter_map(|r| r.split_once(' ')?.0.parse().ok())
         .collect()
+}
+
+/// The end of a console's `text` after its last newline, `'\r'` dropped:
+/// the start of a line the switch cut, whose end is the first line of the
+/// other side's console. A counter step whose line was cut before its
+/// number ended is whole on neither side, only in the two joined.
+pub fn unfinished_line(text: &str) -> String {
+    text.rsplit('\n').next().unwrap_or("").replace('\r', "")
 }
 
 /// Waits until `vm`'s console shows what `done` finds (its value).
@@ -423,8 +435,8 @@ fn in_process(
 }
 
 /// `--to ADDR`: migrates the guest `a` (booted here) to `addr`, calls
-/// `sent` with the outcome and the last counter step A's guest began,
-/// then checks A's guest stays paused (it must never run again).
+/// `sent` with the outcome, the last counter step A's guest began and
+/// its console's [`unfinished_line`], then checks A's guest stays paused (it must never run again).
 ///
 /// # Errors
 /// [`LinuxRunError::Session`] for a failed migration (connecting
@@ -434,7 +446,7 @@ pub fn source_to(
     s: &RunSettings,
     addr: &str,
     a: LinuxVm,
-    sent: &mut dyn FnMut(&SourceOutcome, u64),
+    sent: &mut dyn FnMut(&SourceOutcome, u64, &str),
 ) -> Result<LinuxRun, LinuxRunError> {
     let scfg = session_config(s);
     let net = &s.net;
@@ -443,7 +455,8 @@ pub fn source_to(
         .map_err(|error| session("source", error))?;
     let mut a = src.vm().lock();
     let text = a.console().contents();
-    sent(&o, begun_steps(&text).last().copied().unwrap_or(0));
+    let last = begun_steps(&text).last().copied().unwrap_or(0);
+    sent(&o, last, &unfinished_line(&text));
     std::thread::sleep(Duration::from_millis(500));
     if a.console().contents() != text {
         return Err(LinuxRunError::WentWrong(
@@ -532,6 +545,13 @@ pub fn listen(
     let mut vm = b.lock();
     vm.resume_vcpus()
         .map_err(|e| machine("the destination's guest", e))?;
+    let first_line = vm
+        .console()
+        .contents()
+        .split('\n')
+        .next()
+        .unwrap_or("")
+        .replace('\r', "");
     let (went_on, more_steps) = if s.program == GuestProgram::Dirtier {
         (dirtier_ok(&vm, "the destination")?, 0)
     } else {
@@ -553,5 +573,6 @@ pub fn listen(
         outcome,
         went_on,
         more_steps,
+        first_line,
     })
 }

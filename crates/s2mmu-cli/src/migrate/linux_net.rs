@@ -15,11 +15,12 @@ use s2mmu_arm64::linux::vm::LinuxConfig;
 /// # Errors
 /// A failed migration, the source's guest printing after the switch.
 pub fn source_to(s: &RunSettings, addr: &str, a: LinuxVm) -> Result<LinuxRun, String> {
-    session_run::source_to(s, addr, a, &mut |o, last| {
+    session_run::source_to(s, addr, a, &mut |o, last, cut| {
         let guest = match s.program {
-            GuestProgram::Counter | GuestProgram::Fill => {
-                format!("; counter step {last} was the last the source's guest began")
-            }
+            GuestProgram::Counter | GuestProgram::Fill => format!(
+                "; counter step {last} was the last the source's guest began; its console \
+                 ended with {cut:?} unfinished"
+            ),
             GuestProgram::Dirtier => String::new(),
         };
         eprintln!(
@@ -73,8 +74,8 @@ pub fn listen(s: &RunSettings, cfg: &LinuxConfig, addr: &str) -> Result<(), Stri
     let went_on = match &l.went_on {
         WentOn::CounterStep(n) => format!(
             "counter step {n} was the first the destination's guest began, then {} more in \
-             order",
-            l.more_steps
+             order; its console began with the line {:?}",
+            l.more_steps, l.first_line
         ),
         WentOn::DirtierOk(ok) => format!("the destination's guest printed \"{ok}\""),
     };
