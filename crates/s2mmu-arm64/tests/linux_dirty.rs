@@ -1,7 +1,8 @@
 //! Dirty logging under a running Linux: while the guest's dirtier writes
 //! anonymous memory and tmpfs files on every vCPU (20 s), the host harvests every
-//! 50 ms (at least 100 harvests) and checks every guest page's content against the logs. A
-//! changed page in no log is a lost page; the dirtier checks its own data.
+//! 50 ms (at least one harvest a second of the dirtier's run) and checks every guest
+//! page's content against the logs. A changed page in no log is a lost page; the
+//! dirtier checks its own data.
 
 mod common;
 
@@ -48,7 +49,12 @@ fn no_page_lost(mode: Option<DirtyMode>) {
         "the guest's own check; console:\n{}",
         r.console
     );
-    assert!(d.harvests >= 100, "{} harvests", d.harvests);
+    // A floor of windows compared against the logs, not of the machine's
+    // speed: each harvest also hashes all 256 MiB (about 0.1 s a harvest
+    // here when quiet: 133 to 233 harvests a run), and the old floor of 100
+    // failed under load. One a second of the dirtier's 20 s still fails a
+    // harvester that stalls behind the vCPUs.
+    assert!(d.harvests >= 20, "{} harvests", d.harvests);
     assert!(d.changed > 1000, "the guest changed {} pages", d.changed);
     assert_eq!(d.lost, 0, "lost pages: {:x?}", d.lost_examples);
 }

@@ -14,11 +14,11 @@ use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, ChildStderr, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-const SMALL: [&str; 10] = [
+const SMALL: [&str; 8] = [
     "--mem",
     "16M",
     "--warmup",
@@ -27,9 +27,18 @@ const SMALL: [&str; 10] = [
     "20ms",
     "-s",
     "anonymous",
-    "--io-timeout",
-    "1s",
 ];
+
+/// The destination's --io-timeout: the deadline that cuts silent and
+/// dripping strangers (short, so that the tests see it act), and its reads
+/// of the real source's stream (at 1 s, one timed out at load 40).
+const DEST_IO: Duration = Duration::from_secs(5);
+
+/// The real source's --io-timeout: long, as the machine's speed and not
+/// the behaviour under test decides how fast a loaded destination answers
+/// (at 1 s, a source connecting during the flood timed out once in 6 runs
+/// at load 20).
+const SOURCE_IO: &str = "30s";
 
 /// How long a process may take before the test calls it hung.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -71,7 +80,8 @@ fn rest_of(mut r: impl Read) -> String {
 /// A destination with `auth` and `extra`; its address and stderr.
 fn destination(auth: &[String], extra: &[&str]) -> (Child, String, BufReader<ChildStderr>) {
     let a: Vec<&str> = auth.iter().map(String::as_str).collect();
-    spawn_listener(&[&SMALL[..], &a[..], extra].concat())
+    let io = format!("{}s", DEST_IO.as_secs());
+    spawn_listener(&[&SMALL[..], &["--io-timeout", &io], &a[..], extra].concat())
 }
 
 /// Runs the real source to `addr`; its stderr when it failed.
@@ -79,6 +89,7 @@ fn real_source(addr: &str, auth: &[String], extra: &[&str]) -> Result<(), String
     let mut c = Command::new(bin())
         .args(["migrate", "--to", addr, "--plot", ""])
         .args(SMALL)
+        .args(["--io-timeout", SOURCE_IO])
         .args(auth)
         .args(extra)
         .stdout(Stdio::null())
@@ -125,7 +136,7 @@ fn a_scan_a_reset_and_a_silent_stranger_are_not_attempts() {
         let mut g = TcpStream::connect(&addr).unwrap();
         g.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
         let silent = TcpStream::connect(&addr).unwrap();
-        std::thread::sleep(Duration::from_millis(1500));
+        std::thread::sleep(DEST_IO + Duration::from_millis(500));
         drop((g, silent));
         real_source(&addr, &auth, &[]).unwrap_or_else(|e| panic!("{mode}: {e}"));
         let log = served(dest, derr);
@@ -135,9 +146,10 @@ fn a_scan_a_reset_and_a_silent_stranger_are_not_attempts() {
     }
 }
 
-/// Opens connections to `addr` until `stop`, each sending one byte every
-/// `every` (nothing at all when `every` is None); returns how many the
-/// destination closed.
+/// Opens `n` connections to `addr` and holds them until `stop`, each
+/// sending one byte every `every` (nothing at all when `every` is None);
+/// returns how many the destination closed. One that drips stops early
+/// once the destination closed all `n`.
 fn strangers(
     addr: &str,
     n: usize,
@@ -149,7 +161,7 @@ fn strangers(
         let mut conns: Vec<Option<TcpStream>> =
             (0..n).map(|_| TcpStream::connect(&addr).ok()).collect();
         let mut closed = 0;
-        while !stop.load(Ordering::SeqCst) {
+        while !stop.load(Ordering::SeqCst) && !(every.is_some() && closed == n) {
             std::thread::sleep(every.unwrap_or(Duration::from_millis(50)));
             if every.is_none() {
                 continue;
@@ -195,8 +207,14 @@ fn a_flood_of_a_thousand_idle_connections_and_dripped_handshakes_do_not_stop_the
     let idle = strangers(&addr, 1000, None, stop.clone());
     std::thread::sleep(Duration::from_millis(500));
     let r = real_source(&addr, &auth, &[]);
-    // The dripped handshakes are cut at their overall deadline (1 s).
-    std::thread::sleep(Duration::from_millis(2500));
+    // The dripped handshakes are cut at their overall deadline (DEST_IO): the
+    // drips end once all 20 are closed, or at LIMIT when the destination
+    // keeps some open (a fixed 2.5 s here is the machine's speed, not the
+    // deadline's).
+    let t0 = std::time::Instant::now();
+    while !drips.is_finished() && t0.elapsed() < LIMIT {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     stop.store(true, Ordering::SeqCst);
     let (closed, _) = (drips.join().unwrap(), idle.join().unwrap());
     r.unwrap();
@@ -211,21 +229,29 @@ fn strangers_held_open_do_not_take_the_capacity_the_sources_channels_need() {
     let auth = auth("psk", &d);
     let (dest, addr, derr) = destination(&auth, &["--channels", "4"]);
     let stop = Arc::new(AtomicBool::new(false));
+    let connected = Arc::new(AtomicUsize::new(0));
     // A new idle stranger every 5 ms all through the migration, each held
     // open: while the source's channels join, far more than the 16
     // authenticating connections of the old cap are strangers.
     let trickle = {
-        let (addr, stop) = (addr.clone(), stop.clone());
+        let (addr, stop, connected) = (addr.clone(), stop.clone(), connected.clone());
         std::thread::spawn(move || {
             let mut held = Vec::new();
             while !stop.load(Ordering::SeqCst) && held.len() < 2000 {
                 held.extend(TcpStream::connect(&addr).ok());
+                connected.store(held.len(), Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(5));
             }
             held.len()
         })
     };
-    std::thread::sleep(Duration::from_millis(200));
+    // The source starts once 41 strangers are held (a fixed 200 ms held
+    // fewer on a loaded machine, where a 5 ms sleep takes longer).
+    let t0 = std::time::Instant::now();
+    while connected.load(Ordering::SeqCst) <= 40 && !trickle.is_finished() {
+        assert!(t0.elapsed() < LIMIT, "strangers could not connect");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let r = real_source(&addr, &auth, &["--channels", "4"]);
     stop.store(true, Ordering::SeqCst);
     let n = trickle.join().unwrap();

@@ -67,9 +67,12 @@ fn snapshotted(dir: &Path) -> (Arc<Vm<TreeMemslots>>, Workload<TreeMemslots>, u6
     let taker = Snapshotter::open(vm.clone(), dir).unwrap();
     w.run_free();
     let lp = SnapshotLoop::start(taker, Duration::from_millis(10)).unwrap();
-    // The base is file 0; a fixed sleep here found no incremental taken
-    // on a loaded machine (n = 2: the base and the paused one only).
-    wait_until("the loop's incrementals", || dir.join(file_name(2)).exists());
+    // The base is file 0. A fixed 150 ms here needed the loop's thread to
+    // run within it; a loaded machine need not schedule it (n = 2: the
+    // base and the paused one only).
+    wait_until("the loop's incrementals", || {
+        dir.join(file_name(2)).exists()
+    });
     w.pause();
     let mut taker = lp.finish().unwrap();
     taker.take().unwrap();
@@ -106,8 +109,8 @@ fn the_restored_chain_equals_the_guest_at_the_stop_point() {
     assert_eq!(r.snapshots, n);
     assert_eq!(differing_pages(&r, &vm), (0, None));
     // The guest moves on: the chain no longer matches it.
-    // Until each vCPU has made writes (a fixed 30 ms found none on a
-    // loaded machine).
+    // Until each vCPU has made writes (a fixed 30 ms needed the vCPU
+    // threads to run within it).
     let before: Vec<u64> = live_writes(&w);
     w.resume();
     wait_until("writes after the resume", || {
