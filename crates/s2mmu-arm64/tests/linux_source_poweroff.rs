@@ -1,8 +1,9 @@
 //! A source whose guest powers off in the middle of its migration: the
 //! guest program `counter` stops after a few seconds and the guest's
 //! /init then powers the machine off (`poweroff -f`, PSCI SYSTEM_OFF)
-//! while round 0 still runs (the link is held to 2 MiB/s, so round 0 of
-//! a 128 MiB guest outlasts the counter). The migration must fail with
+//! while round 0 still runs (the link is held to 8 MiB/s, so round 0 of
+//! a 128 MiB guest, 16 s, outlasts the counter's last 3 s: at 2 MiB/s the
+//! test took 64 s more to say the same). The migration must fail with
 //! the source's own error naming its guest's power-off
 //! (`MigrateError::SourceGuestStopped` on the source's side), not with
 //! the destination's refusal of a dead guest's state ("no vCPU was
@@ -26,7 +27,7 @@ fn a_source_guest_that_powers_off_mid_migration_is_named_as_the_cause() {
     };
     let s = RunSettings {
         session: SourceConfig {
-            bandwidth: 2 << 20,
+            bandwidth: 8 << 20,
             ..SourceConfig::default()
         },
         ..common::run_settings(1, 128 << 20, GuestProgram::Counter)
