@@ -96,14 +96,16 @@ fn linux_hardware_dirty_logging_loses_no_page() {
 }
 
 /// The check can fail: one harvest's log discarded (as a harvest that lost
-/// its result), and the pages only that log named show as lost.
+/// its result), and the pages only that log named show as lost. The 4th
+/// harvest's (the 21st before: under load a harvest takes about a second,
+/// and the 8 s dirtier ended with fewer than 21).
 #[test]
 #[cfg_attr(
     not(s2mmu_arm64_runnable),
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn a_discarded_harvest_shows_as_lost_pages() {
-    let Some(r) = run(Some(dirty::WP), "mem=48,file=8,secs=8", Some(20)) else {
+    let Some(r) = run(Some(dirty::WP), "mem=48,file=8,secs=8", Some(3)) else {
         return;
     };
     let d = r.dirty.expect("the harvester ran");
