@@ -292,11 +292,16 @@ fn a_migration_failed_before_the_switch_stops_dirty_logging() {
             !guest.vm.logging.load(Ordering::SeqCst),
             "{fault:?}: dirty logging left on after the failed migration ({e})"
         );
+        // Until the guest writes again (a fixed 50 ms needed its thread
+        // scheduled within it); a guest left paused fails after 60 s.
         let w0 = guest.writes.load(Ordering::Relaxed);
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(
-            guest.writes.load(Ordering::Relaxed) > w0,
-            "{fault:?}: the guest runs on here"
-        );
+        let t0 = std::time::Instant::now();
+        while guest.writes.load(Ordering::Relaxed) <= w0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{fault:?}: the guest runs on here"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
