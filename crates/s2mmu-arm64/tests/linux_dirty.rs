@@ -21,7 +21,10 @@ fn run(mode: Option<DirtyMode>, args: &str, discard: Option<u64>) -> Option<Linu
         initrd: a.initramfs,
         cmdline: format!("quiet s2mmu.run=dirtier s2mmu.args={args}"),
         echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
-        timeout: Duration::from_secs(240),
+        // A bound for a hung guest, not a speed: under stress-ng --cpu 8
+        // on this 2-core machine the boot alone took 111 s and a run
+        // passed 240 s.
+        timeout: Duration::from_secs(600),
         dirty: HarvestConfig {
             mode,
             period: Duration::from_millis(50),
