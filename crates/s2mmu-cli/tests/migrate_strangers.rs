@@ -161,7 +161,8 @@ fn strangers(
         let mut conns: Vec<Option<TcpStream>> =
             (0..n).map(|_| TcpStream::connect(&addr).ok()).collect();
         let mut closed = 0;
-        while !stop.load(Ordering::SeqCst) && !(every.is_some() && closed == n) {
+        let all_closed = |closed: usize| every.is_some() && closed == n;
+        while !stop.load(Ordering::SeqCst) && !all_closed(closed) {
             std::thread::sleep(every.unwrap_or(Duration::from_millis(50)));
             if every.is_none() {
                 continue;
