@@ -293,10 +293,8 @@ impl HypSink {
         self.service_calls.fetch_add(1, Ordering::Relaxed);
         self.service_ns
             .fetch_add(total.as_nanos() as u64, Ordering::Relaxed);
-        self.service_work_ns.fetch_add(
-            work.map_or(0, |w| w.as_nanos() as u64),
-            Ordering::Relaxed,
-        );
+        self.service_work_ns
+            .fetch_add(work.map_or(0, |w| w.as_nanos() as u64), Ordering::Relaxed);
     }
 }
 

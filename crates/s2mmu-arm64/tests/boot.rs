@@ -93,14 +93,26 @@ fn commands_are_stamped_at_pickup_and_end() {
         std::thread::sleep(std::time::Duration::from_millis(gap_ms));
         mbox.set_cmd_insns(&insns);
         let t = std::time::Instant::now();
-        assert_eq!(mbox.command(CMD_TLBI, &[insns.len() as u64, 0, 0]).unwrap(), 0);
+        assert_eq!(
+            mbox.command(CMD_TLBI, &[insns.len() as u64, 0, 0]).unwrap(),
+            0
+        );
         let total = t.elapsed();
         let (picked, done) = (mbox.read(mb::T_PICKUP), mbox.read(mb::T_DONE));
-        assert!(picked > last_done, "gap {gap_ms} ms: picked up at {picked}, the last command ended at {last_done}");
-        assert!(done > picked, "gap {gap_ms} ms: ended at {done}, picked up at {picked}");
+        assert!(
+            picked > last_done,
+            "gap {gap_ms} ms: picked up at {picked}, the last command ended at {last_done}"
+        );
+        assert!(
+            done > picked,
+            "gap {gap_ms} ms: ended at {done}, picked up at {picked}"
+        );
         let work = mbox.last_command_time().expect("stamped");
         eprintln!("gap {gap_ms} ms: the stub's work {work:?} of the host's {total:?}");
-        assert!(work <= total, "gap {gap_ms} ms: work {work:?} longer than the round trip {total:?}");
+        assert!(
+            work <= total,
+            "gap {gap_ms} ms: work {work:?} longer than the round trip {total:?}"
+        );
         last_done = done;
     }
 }

@@ -327,7 +327,11 @@ fn check_samples_and_stub_time(rows: &[Value]) {
         let total = r["tlb_time_ns"].as_u64().expect("tlb_time_ns");
         let work = r["tlb_work_ns"].as_u64().expect("tlb_work_ns");
         let pickup = r["tlb_pickup_ns"].as_u64().expect("tlb_pickup_ns");
-        assert!(work > 0, "the stub's own time on {} calls: {r}", r["tlb_calls"]);
+        assert!(
+            work > 0,
+            "the stub's own time on {} calls: {r}",
+            r["tlb_calls"]
+        );
         assert!(work <= total && pickup <= total, "{r}");
     }
 }

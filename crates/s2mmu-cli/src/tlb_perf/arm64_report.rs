@@ -71,9 +71,7 @@ fn rows(r: &Arm64Run) -> Vec<Row> {
                 sequences: median_of(s, |x| x.sequences),
                 tlbi_samples: s.iter().map(|x| x.tlbis).collect(),
                 work_ns: median_of(s, |x| x.work.as_nanos() as u64),
-                pickup_ns: median_of(s, |x| {
-                    x.times.inv.saturating_sub(x.work).as_nanos() as u64
-                }),
+                pickup_ns: median_of(s, |x| x.times.inv.saturating_sub(x.work).as_nanos() as u64),
             });
         }
     }
