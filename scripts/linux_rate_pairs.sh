@@ -2,9 +2,9 @@
 # Issue 24's pages-per-second comparison: N interleaved pairs of the
 # simulated guest and the Linux `fill` guest (round 0 of data pages), both
 # migrated over the same link (loopback, mutual TLS 1.3, 1 channel, 1 GiB,
-# 1 vCPU; the simulated guest told --channels 1, the Linux guest's session
-# uses one), then a table of both pages/s, their ratio and the Linux round 0
-# against plain TCP between the same endpoints (the probe the simulated
+# 1 vCPU; both told --channels 1: the default is one per CPU, and the
+# Linux guest takes --channels too), then a table of both pages/s, their
+# ratio and the Linux round 0 against plain TCP between the same endpoints (the probe the simulated
 # guest's run makes just before its migration).
 #
 #   scripts/linux_rate_pairs.sh [N]          (default 5 pairs)
@@ -27,9 +27,9 @@ bin=${S2MMU_BIN:-target/release/s2mmu}
 [ -x "$bin" ] || { echo "no $bin: cargo build --release -p s2mmu-cli" >&2; exit 2; }
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-common=(--mem 1G -v 1 --io-timeout 60s --json -q)
+common=(--mem 1G -v 1 --channels 1 --io-timeout 60s --json -q)
 for i in $(seq 1 "$pairs"); do
-  "$bin" migrate --guest sim --channels 1 "${common[@]}" --plot "" > "$dir/sim$i.json"
+  "$bin" migrate --guest sim "${common[@]}" --plot "" > "$dir/sim$i.json"
   "$bin" migrate --guest linux --linux-run fill "${common[@]}" > "$dir/linux$i.json"
   echo "pair $i of $pairs done" >&2
 done
@@ -41,6 +41,8 @@ rows = []
 for i in range(1, n + 1):
     s = json.load(open(f"{d}/sim{i}.json"))["results"][0]
     l = json.load(open(f"{d}/linux{i}.json"))["per_run"][0]["details"]
+    if l["channels"] != 1:
+        sys.exit(f"pair {i}: the Linux session used {l['channels']} channels, not 1")
     sim = s["round0_bytes_per_s"] / RECORD
     plain = s["plain_tcp"]["plain_tcp_bytes_per_s"]
     rows.append((sim, l["round0_bytes_per_s"], l["round0_data_pages_per_s"], plain))

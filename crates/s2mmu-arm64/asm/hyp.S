@@ -64,6 +64,9 @@
         .equ    MB_ICH_MISR,    0x180
         .equ    MB_ICH_VMCR,    0x188
         .equ    MB_SPSR,        0x190
+        .equ    MB_T_PICKUP,    0x198
+        .equ    MB_T_DONE,      0x1a0
+        .equ    MB_CNTFRQ,      0x1a8
         .equ    MB_REPLY_INSNS, 0x400
         .equ    MB_CMD_INSNS,   0x1000
 
@@ -178,6 +181,7 @@ _start:
         msr     icc_igrpen1_el1, x2
         // Ticks in 20 us, for idle waits.
         mrs     x1, cntfrq_el0
+        str     x1, [x28, #MB_CNTFRQ]
         mov     x2, #50000
         udiv    x1, x1, x2
         str     x1, [x28, #MB_IDLE_TICKS]
@@ -241,7 +245,13 @@ cmd_loop:
         csel    x24, x24, x9, lo                // double it, up to the cap
         mov     x25, #1
         b       1b
-2:      ldr     x3, [x28, #MB_CMD]
+        // Picked up: stamp the physical counter (no offset, whatever a
+        // Linux vCPU set CNTVOFF to), so the host can tell the command's
+        // own time from the wait before the pickup.
+2:      isb
+        mrs     x4, cntpct_el0
+        str     x4, [x28, #MB_T_PICKUP]
+        ldr     x3, [x28, #MB_CMD]
         cmp     x3, #CMD_RUN
         b.eq    do_run
         cmp     x3, #CMD_TLBI
@@ -265,6 +275,9 @@ cmd_done:
         // x0: the command's status.
         mrs     x28, tpidr_el2
         str     x0, [x28, #MB_RET]
+        isb
+        mrs     x1, cntpct_el0
+        str     x1, [x28, #MB_T_DONE]
         ldr     x27, [x28, #MB_CMD_SEQ]
         add     x1, x28, #MB_DONE_SEQ
         stlr    x27, [x1]

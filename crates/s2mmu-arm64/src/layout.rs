@@ -121,6 +121,15 @@ pub mod mb {
     pub const ICH_VMCR: u64 = 0x188;
     /// SPSR_EL2 at the exit.
     pub const SPSR: u64 = 0x190;
+    /// CNTPCT_EL0 when the stub picked the current command up (after
+    /// its idle wait, if it was in one).
+    pub const T_PICKUP: u64 = 0x198;
+    /// CNTPCT_EL0 when the stub finished it, just before `DONE_SEQ`:
+    /// `T_DONE - T_PICKUP` is the command's own time at EL2, without the
+    /// wait for the pickup.
+    pub const T_DONE: u64 = 0x1a0;
+    /// CNTFRQ_EL0, set by the stub at start (counter ticks per second).
+    pub const CNTFRQ: u64 = 0x1a8;
     /// Where the stub's stack starts (its top): the guest's x0..x30 lie in
     /// the frame just below it during an exit.
     pub const STACK_TOP: u64 = 0x108;

@@ -414,6 +414,21 @@ impl Mailbox<'_> {
         Ok(self.w(mb::RET).load(Ordering::Acquire))
     }
 
+    /// The last finished command's own time at EL2, from the stub's
+    /// counter stamps at its pickup and at its end ([`mb::T_PICKUP`],
+    /// [`mb::T_DONE`]): what a round trip took less the wait for the stub
+    /// to notice the command and for the host to notice the answer. `None`
+    /// before the stub has stamped anything or if the stamps run backwards.
+    pub fn last_command_time(&self) -> Option<Duration> {
+        let hz = self.read(mb::CNTFRQ);
+        let (t0, t1) = (self.read(mb::T_PICKUP), self.read(mb::T_DONE));
+        if hz == 0 || t0 == 0 || t1 < t0 {
+            return None;
+        }
+        let ns = u128::from(t1 - t0) * 1_000_000_000 / u128::from(hz);
+        Some(Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX)))
+    }
+
     /// Writes a TLBI command's instruction list.
     pub fn set_cmd_insns(&self, insns: &[(u64, u64)]) {
         assert!(insns.len() <= mb::CMD_CAP);

@@ -85,6 +85,13 @@ pub struct TlbiCounters {
     pub service_calls: u64,
     /// Wall time host threads waited for the service CPU, in ns.
     pub service_ns: u64,
+    /// Of `service_ns`, the service CPU's own time on the calls (from its
+    /// counter stamps at pickup and at the end, [`Mailbox::last_command_time`]);
+    /// the rest is the wait for an idle stub to pick a call up and for the
+    /// host to see the answer.
+    ///
+    /// [`Mailbox::last_command_time`]: crate::machine::Mailbox::last_command_time
+    pub service_work_ns: u64,
     /// Host sequences dropped on purpose ([`HypSink::drop_host_sequences`]).
     pub dropped: u64,
 }
@@ -106,6 +113,7 @@ pub struct HypSink {
     tlbis: AtomicU64,
     service_calls: AtomicU64,
     service_ns: AtomicU64,
+    service_work_ns: AtomicU64,
     dropped: AtomicU64,
 }
 
@@ -128,6 +136,7 @@ impl HypSink {
             tlbis: AtomicU64::new(0),
             service_calls: AtomicU64::new(0),
             service_ns: AtomicU64::new(0),
+            service_work_ns: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
         }
     }
@@ -204,6 +213,7 @@ impl HypSink {
             tlbis: self.tlbis.load(Ordering::Relaxed),
             service_calls: self.service_calls.load(Ordering::Relaxed),
             service_ns: self.service_ns.load(Ordering::Relaxed),
+            service_work_ns: self.service_work_ns.load(Ordering::Relaxed),
             dropped: self.dropped.load(Ordering::Relaxed),
         }
     }
@@ -278,9 +288,13 @@ impl HypSink {
         if let Err(e) = mbox.command(layout::CMD_TLBI, &args) {
             panic!("service CPU did not execute TLB maintenance: {e}");
         }
+        let total = t0.elapsed();
+        let work = mbox.last_command_time();
         self.service_calls.fetch_add(1, Ordering::Relaxed);
         self.service_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            .fetch_add(total.as_nanos() as u64, Ordering::Relaxed);
+        self.service_work_ns
+            .fetch_add(work.map_or(0, |w| w.as_nanos() as u64), Ordering::Relaxed);
     }
 }
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use s2mmu_arm64::layout::{mb, CMD_PING, IDLE_BACKOFF_SHIFT, IDLE_SHORT_WAITS};
+use s2mmu_arm64::layout::{mb, CMD_PING, CMD_TLBI, IDLE_BACKOFF_SHIFT, IDLE_SHORT_WAITS};
 use s2mmu_arm64::machine::{Machine, MachineConfig, MAX_DATA_BYTES};
 use s2mmu_arm64::Arm64Error;
 
@@ -64,6 +64,56 @@ fn idle_cpus_back_off_their_timer_waits() {
             "CPU {cpu}: {waits} idle waits in {elapsed} ticks, more than {bound}"
         );
         assert_eq!(mbox.command(CMD_PING, &[]).unwrap(), freq, "CPU {cpu}");
+    }
+}
+
+/// The stub stamps its counter when it picks a command up and when it
+/// finishes it: after an idle gap (the CPU backed off to its longest wait)
+/// a TLBI command's own time is there, no longer than the host's wait
+/// around it, and the next command's pickup comes after this one's end.
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn commands_are_stamped_at_pickup_and_end() {
+    let _one = common::serial();
+    let Some(m) = common::machine(2, 64 << 20) else {
+        return;
+    };
+    let mbox = m.mailbox(1);
+    let freq = mbox.command(CMD_PING, &[]).unwrap();
+    assert_eq!(mbox.read(mb::CNTFRQ), freq, "the stub publishes CNTFRQ_EL0");
+    // DSB ISHST, 64 x TLBI VMALLS12E1IS, DSB ISH.
+    let mut insns = vec![(1, 0)];
+    insns.extend(std::iter::repeat_n((0x15, 0), 64));
+    insns.push((2, 0));
+    let mut last_done = mbox.read(mb::T_DONE);
+    for gap_ms in [0, 50] {
+        std::thread::sleep(std::time::Duration::from_millis(gap_ms));
+        mbox.set_cmd_insns(&insns);
+        let t = std::time::Instant::now();
+        assert_eq!(
+            mbox.command(CMD_TLBI, &[insns.len() as u64, 0, 0]).unwrap(),
+            0
+        );
+        let total = t.elapsed();
+        let (picked, done) = (mbox.read(mb::T_PICKUP), mbox.read(mb::T_DONE));
+        assert!(
+            picked > last_done,
+            "gap {gap_ms} ms: picked up at {picked}, the last command ended at {last_done}"
+        );
+        assert!(
+            done > picked,
+            "gap {gap_ms} ms: ended at {done}, picked up at {picked}"
+        );
+        let work = mbox.last_command_time().expect("stamped");
+        eprintln!("gap {gap_ms} ms: the stub's work {work:?} of the host's {total:?}");
+        assert!(
+            work <= total,
+            "gap {gap_ms} ms: work {work:?} longer than the round trip {total:?}"
+        );
+        last_done = done;
     }
 }
 

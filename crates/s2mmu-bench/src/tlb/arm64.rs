@@ -41,6 +41,11 @@ pub struct Sample {
     pub tlbis: u64,
     /// Maintenance sequences host threads sent.
     pub sequences: u64,
+    /// Of `times.inv`, the service CPU's own time on the calls (its
+    /// counter stamps at each call's pickup and end); the rest is the wait
+    /// for the stub to pick the calls up (it may be in an idle wait of up
+    /// to 640 µs) and for the host to see the answers.
+    pub work: Duration,
 }
 
 /// Checks the settings ([`super::check`]) and what only the arm64 model
@@ -210,6 +215,7 @@ impl Bench<'_> {
             },
             tlbis: c1.tlbis - c0.tlbis,
             sequences: c1.host_sequences - c0.host_sequences,
+            work: Duration::from_nanos(c1.service_work_ns - c0.service_work_ns),
         })
     }
 }

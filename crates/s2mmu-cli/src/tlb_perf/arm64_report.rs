@@ -21,6 +21,10 @@ struct Row {
     tlbis: u64,
     sequences: u64,
     tlbi_samples: Vec<u64>,
+    /// Medians of the service CPU's own time and of the rest of the wait
+    /// (pickup and answer), in ns.
+    work_ns: u64,
+    pickup_ns: u64,
 }
 
 /// Checks what only the arm64 mode limits, before QEMU starts.
@@ -66,6 +70,8 @@ fn rows(r: &Arm64Run) -> Vec<Row> {
                 tlbis: median_of(s, |x| x.tlbis),
                 sequences: median_of(s, |x| x.sequences),
                 tlbi_samples: s.iter().map(|x| x.tlbis).collect(),
+                work_ns: median_of(s, |x| x.work.as_nanos() as u64),
+                pickup_ns: median_of(s, |x| x.times.inv.saturating_sub(x.work).as_nanos() as u64),
             });
         }
     }
@@ -114,6 +120,8 @@ fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
                     "tlbi_instructions": r.tlbis,
                     "tlbi_samples": r.tlbi_samples,
                     "host_sequences": r.sequences,
+                    "tlb_work_ns": r.work_ns,
+                    "tlb_pickup_ns": r.pickup_ns,
                 });
                 (&r.common, extra)
             })
@@ -150,12 +158,16 @@ fn tlbi_line(rows: &[Row], mode: Mode, report: &mut Report) -> Option<String> {
         |r: &Row| r.common.inv.median() / u32::try_from(r.common.calls.max(1)).unwrap_or(u32::MAX);
     let (bi, oi) = (b.common.inv.median(), o.common.inv.median());
     Some(format!(
-        "{case:<12} TLBI instructions {} -> {}; time waiting for EL2 {} -> {} ({:.1}x less); per round trip {} with split_calls, {} with whole_vmid",
+        "{case:<12} TLBI instructions {} -> {}; time waiting for EL2 {} -> {} ({:.1}x less; of it the stub's own work {} -> {}, its pickup and answer {} -> {}); per round trip {} with split_calls, {} with whole_vmid",
         b.tlbis,
         o.tlbis,
         human(bi),
         human(oi),
         bi.as_secs_f64() / oi.as_secs_f64().max(1e-12),
+        human(Duration::from_nanos(b.work_ns)),
+        human(Duration::from_nanos(o.work_ns)),
+        human(Duration::from_nanos(b.pickup_ns)),
+        human(Duration::from_nanos(o.pickup_ns)),
         human(per_call(b)),
         human(per_call(o)),
     ))
@@ -188,7 +200,7 @@ fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
         .collect();
     s += &table(&cells, &format!(" {:>7}", "TLBIs"));
     s += &format!(
-        "(medians of {} cycles per mode and policy, alternating; calls = round trips to the EL2 service CPU per cycle, TLBIs = TLBI instructions it executed, invalidate = the clearing thread's wait for them, the service CPU's wake-up from its idle wait included)\n",
+        "(medians of {} cycles per mode and policy, alternating; calls = round trips to the EL2 service CPU per cycle, TLBIs = TLBI instructions it executed, invalidate = the clearing thread's wait for them, the service CPU's pickup from its idle wait included; the stub's own work and the pickup are split below, from its counter stamps)\n",
         p.runs
     );
     for l in lines {
