@@ -17,7 +17,15 @@ use std::time::Duration;
 /// `s2mmu migrate --json` on a 16 MiB anonymous simulated guest with
 /// short warm-up and run-after, no plot, quiet, and `extra`.
 fn small_sim_json(extra: &[&str]) -> serde_json::Value {
-    let mut args = vec!["migrate", "--guest", "sim", "--mem", "16M", "-s", "anonymous"];
+    let mut args = vec![
+        "migrate",
+        "--guest",
+        "sim",
+        "--mem",
+        "16M",
+        "-s",
+        "anonymous",
+    ];
     args.extend_from_slice(extra);
     args.extend(["--warmup", "20ms", "--run-after", "20ms"]);
     args.extend(["--plot", "", "--json", "-q"]);

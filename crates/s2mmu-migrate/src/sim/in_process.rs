@@ -60,7 +60,12 @@ pub fn migrate_in_process(
     // else in the path, back to back with the migration.
     let plain = plain_link(run, net);
     /// The simulated source on its format's type.
-    struct Source<'a>(Box<dyn Listener>, &'a SimRun, &'a SimDestConfig, &'a NetConfig);
+    struct Source<'a>(
+        Box<dyn Listener>,
+        &'a SimRun,
+        &'a SimDestConfig,
+        &'a NetConfig,
+    );
     impl WithFormat for Source<'_> {
         type Output = Result<BothEnds, MigrateError>;
         fn call<F: VmFormat>(self) -> Self::Output {
