@@ -5,7 +5,7 @@
 
 use s2mmu::mmu::DirtyMode;
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::DestConfig;
+use s2mmu_cli::migrate::dest::SimDestConfig;
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::extras::SourceExtras;
 use s2mmu_cli::migrate::migrate_in_process;
@@ -34,10 +34,8 @@ fn cfg(extras: SourceExtras) -> SimRun {
 }
 
 fn run(c: &SimRun) -> Result<s2mmu_cli::migrate::source::SourceOutcome, MigrateError> {
-    let dest = DestConfig {
-        prefault: false,
-        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
-    };
+    let mut dest = SimDestConfig::new(MmuPolicy::default(), Duration::from_millis(50));
+    dest.dest.prefault = false;
     migrate_in_process(c, &dest, &NetConfig::plain(Duration::from_secs(10))).map(|(s, _)| s)
 }
 

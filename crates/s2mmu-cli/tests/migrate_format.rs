@@ -7,7 +7,7 @@ mod migrate_common;
 
 use migrate_common::{dest_cfg, plain, small};
 use s2mmu::mmu::DirtyMode;
-use s2mmu_cli::migrate::dest::{receive_from, DestConfig};
+use s2mmu_cli::migrate::dest::{receive_from, SimDestConfig};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::extras::SourceExtras;
 use s2mmu_cli::migrate::migrate_in_process;
@@ -25,8 +25,8 @@ fn ept(mem: u64) -> SimRun {
     })
 }
 
-fn dest_on(format: FormatArg) -> DestConfig {
-    DestConfig {
+fn dest_on(format: FormatArg) -> SimDestConfig {
+    SimDestConfig {
         format: format.into(),
         ..dest_cfg()
     }

@@ -15,13 +15,13 @@
 
 mod recover_common;
 
-use recover_common::{bin, collect, ctl, proxy, wait_exit, PSK};
+use recover_common::{bin, collect, ctl, proxy, wait_exit, wait_phase_within, PSK};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Why the Linux guest cannot run here, if it cannot.
 fn skip_reason() -> Option<String> {
@@ -44,35 +44,6 @@ fn skip_reason() -> Option<String> {
 /// KiB of records, but no page; the background stream of the 256 MiB
 /// counter guest is some 50 MiB. 8 MiB into it.
 const CUT_AFTER: u64 = (256 + 8) << 20;
-
-/// Polls `sock`'s status until `phase` (fails if `c` exits first).
-fn wait_phase(sock: &Path, c: &mut Child, phase: &str, log: &Mutex<String>) -> serde_json::Value {
-    let t0 = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            panic!(
-                "{} exited ({s}) before {phase}:\n{}",
-                sock.display(),
-                log.lock().unwrap()
-            );
-        }
-        let o = ctl(sock, &["status"]);
-        if o.status.success() {
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-            if v["phase"] == phase {
-                return v;
-            }
-            assert!(v["phase"] != "done" && v["phase"] != "failed", "{v}");
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(600),
-            "{}: never {phase}\n{}",
-            sock.display(),
-            log.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// The flags both sides share: the Linux guest of 256 MiB and 1 vCPU,
 /// the pre-shared key in `key`, manual recovery on the control socket
@@ -194,8 +165,10 @@ fn a_cut_linux_postcopy_pauses_both_processes_until_the_operator_recovers_it() {
     p.armed.store(true, Ordering::SeqCst);
     let (mut src, slog) = start_source(&key, &ssock, &p.addr);
 
-    let ds = wait_phase(&dsock, &mut dest, "paused", &dlog);
-    let ss = wait_phase(&ssock, &mut src, "paused", &slog);
+    // The guest boots and streams under TCG first: minutes, polled gently.
+    let (limit, every) = (Duration::from_secs(600), Duration::from_millis(100));
+    let ds = wait_phase_within(&dsock, &mut dest, "paused", &dlog, (limit, every));
+    let ss = wait_phase_within(&ssock, &mut src, "paused", &slog, (limit, every));
     assert!(
         p.cut_done.load(Ordering::SeqCst),
         "paused without the cut: {ds} {ss}"

@@ -6,7 +6,7 @@
 //! `migrate_net_process.rs`.
 
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::{receive_from, serve, DestConfig, DestOutcome, Limits};
+use s2mmu_cli::migrate::dest::{receive_from, serve, DestOutcome, Limits, SimDestConfig};
 use s2mmu_cli::migrate::error::MigrateError;
 use s2mmu_cli::migrate::net::{self, NetConfig, Security};
 use s2mmu_cli::migrate::source::{migrate_source, SimRun, SourceOutcome};
@@ -38,13 +38,12 @@ fn small(mem: u64) -> SimRun {
 
 /// A destination that gives up waiting for an authenticated source after
 /// 3 s (then `serve` returns the last refused connection's error).
-fn dest_cfg() -> DestConfig {
-    DestConfig {
-        prefault: false,
-        io_timeout: TIMEOUT,
-        accept_wait: Some(Duration::from_secs(3)),
-        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(20))
-    }
+fn dest_cfg() -> SimDestConfig {
+    let mut c = SimDestConfig::new(MmuPolicy::default(), Duration::from_millis(20));
+    c.dest.prefault = false;
+    c.dest.io_timeout = TIMEOUT;
+    c.dest.accept_wait = Some(Duration::from_secs(3));
+    c
 }
 
 fn netcfg(security: Security) -> NetConfig {
@@ -55,7 +54,7 @@ fn netcfg(security: Security) -> NetConfig {
 }
 
 fn start_dest(
-    cfg: DestConfig,
+    cfg: SimDestConfig,
     net: NetConfig,
 ) -> (String, JoinHandle<Result<DestOutcome, MigrateError>>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -157,11 +156,10 @@ fn plain_tcp_to_a_tls_destination_is_refused() {
 
 // ---- the destination's limits -------------------------------------------
 
-fn limited(l: Limits) -> DestConfig {
-    DestConfig {
-        limits: l,
-        ..dest_cfg()
-    }
+fn limited(l: Limits) -> SimDestConfig {
+    let mut c = dest_cfg();
+    c.dest.limits = l;
+    c
 }
 
 const LIMITS: Limits = Limits {
@@ -499,11 +497,10 @@ fn a_damaged_page_on_a_further_channel_is_named_and_the_guest_stays_on_the_sourc
     // loaded machine must not turn the source's wait for REJECTED into a
     // timeout.
     let long = Duration::from_secs(10);
+    let mut dcfg = dest_cfg();
+    dcfg.dest.io_timeout = long;
     let (dest_addr, d) = start_dest(
-        DestConfig {
-            io_timeout: long,
-            ..dest_cfg()
-        },
+        dcfg,
         NetConfig {
             io_timeout: long,
             security: Security::Plain,

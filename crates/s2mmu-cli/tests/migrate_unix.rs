@@ -90,7 +90,7 @@ fn a_wrong_key_over_a_unix_socket_is_refused_before_any_page() {
         security: net::psk(b"another key, the source's").unwrap(),
     };
     let mut dest = dest_cfg();
-    dest.accept_wait = Some(Duration::from_secs(3));
+    dest.dest.accept_wait = Some(Duration::from_secs(3));
     let d = std::thread::spawn(move || serve(&listener, &dest, &dnet));
     let addr = format!("unix:{}", path.display());
     let s = migrate_source(&small(8 << 20), &mut |_| {

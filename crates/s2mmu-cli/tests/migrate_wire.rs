@@ -14,6 +14,24 @@ use s2mmu_cli::migrate::net::{self, NetConfig};
 use s2mmu_cli::migrate::source::SimRun;
 use std::time::Duration;
 
+/// `s2mmu migrate --json` on a 16 MiB anonymous simulated guest with
+/// short warm-up and run-after, no plot, quiet, and `extra`.
+fn small_sim_json(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "migrate",
+        "--guest",
+        "sim",
+        "--mem",
+        "16M",
+        "-s",
+        "anonymous",
+    ];
+    args.extend_from_slice(extra);
+    args.extend(["--warmup", "20ms", "--run-after", "20ms"]);
+    args.extend(["--plot", "", "--json", "-q"]);
+    json_of(&args)
+}
+
 fn check(cfg: &SimRun, net: &NetConfig, tls: bool) {
     let (s, d) = migrate_in_process(cfg, &dest_cfg(), net).expect("migration succeeds");
     let l = s
@@ -71,27 +89,7 @@ fn plain_tcp_and_the_stages_are_measured_with_tls_over_two_channels() {
 /// runs (and required where CI installed it), none made up where not.
 #[test]
 fn the_wire_bench_measures_every_cell_against_plain_tcp_and_iperf3() {
-    let v = json_of(&[
-        "migrate",
-        "--guest",
-        "sim",
-        "--wire-bench",
-        "2",
-        "--channels",
-        "1,2",
-        "--mem",
-        "16M",
-        "-s",
-        "anonymous",
-        "--warmup",
-        "20ms",
-        "--run-after",
-        "20ms",
-        "--plot",
-        "",
-        "--json",
-        "-q",
-    ]);
+    let v = small_sim_json(&["--wire-bench", "2", "--channels", "1,2"]);
     let iperf3 = v["params"]["iperf3"].as_str().map(str::to_string);
     if std::env::var_os("S2MMU_REQUIRE_IPERF3").is_some() {
         assert!(iperf3.is_some(), "iperf3 is required here but was not run");
@@ -238,25 +236,7 @@ fn channels_auto_refuses_settings_out_of_bounds() {
 /// and each probe.
 #[test]
 fn the_command_reports_the_count_auto_chose() {
-    let v = json_of(&[
-        "migrate",
-        "--guest",
-        "sim",
-        "--channels",
-        "auto",
-        "--mem",
-        "16M",
-        "-s",
-        "anonymous",
-        "--warmup",
-        "20ms",
-        "--run-after",
-        "20ms",
-        "--plot",
-        "",
-        "--json",
-        "-q",
-    ]);
+    let v = small_sim_json(&["--channels", "auto"]);
     let r = &v["results"][0];
     let chosen = r["channel_choice"]["chosen"]
         .as_u64()

@@ -11,10 +11,10 @@ mod common;
 use common::{over_loopback, Digests, Words};
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_migrate::session::dest::{DestConfig, DestOutcome};
+use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::source::{SourceConfig, SourceOutcome};
-use s2mmu_migrate::sim::dest::SimDest;
+use s2mmu_migrate::sim::dest::SimDestConfig;
 use s2mmu_migrate::sim::state::GuestState;
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
@@ -231,18 +231,16 @@ type Ends = (
 
 /// Migrates `guest` to a simulated destination over loopback TCP.
 fn run_pair(guest: &Guest) -> Ends {
-    let dest_cfg = DestConfig {
-        prefault: false,
-        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
-    };
+    let mut dest_cfg = SimDestConfig::new(MmuPolicy::default(), Duration::from_millis(50));
+    dest_cfg.dest.prefault = false;
     let cfg = SourceConfig {
         warmup: Duration::from_millis(50),
         clear_chunk: 1 << 20,
         max_downtime: Duration::from_millis(300),
         ..SourceConfig::default()
     };
-    let factory = SimDest::<Arm64Stage2>::new(dest_cfg.policy, dest_cfg.format);
-    let (dst, src) = over_loopback(&dest_cfg, factory, guest, &cfg);
+    let factory = dest_cfg.factory::<Arm64Stage2>();
+    let (dst, src) = over_loopback(&dest_cfg.dest, factory, guest, &cfg);
     (src, dst)
 }
 

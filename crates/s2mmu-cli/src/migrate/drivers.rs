@@ -11,7 +11,7 @@ use super::net::NetConfig;
 use super::params::{channels_name, set_channels, Params};
 use super::postcopy::control::{Control, ControlSocket};
 use super::report_text::{dest_json, digests_text, params_json, report, MIB};
-use super::source::{migrate_source_to, SimRun, SourceOutcome};
+use super::source::{migrate_source_to, plain_link_to, SimRun, SourceOutcome};
 use super::{net, plot};
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
@@ -76,21 +76,7 @@ pub fn main(p: Params) -> Result<(), String> {
             }
             cfg.session.progress = progress_to(bar);
             cfg.session.recovery.control = control.as_ref().map(|c| c.0.clone());
-            let (s, d) = match &p.to {
-                Some(addr) => {
-                    let plain = plain_to(&cfg, addr, &net);
-                    let mut s = migrate_source_to(&cfg, addr, &net).map_err(|e| e.to_string())?;
-                    s.plain_link = plain;
-                    (s, None)
-                }
-                None => {
-                    let mut dcfg = p.dest_config(*baseline);
-                    dcfg.progress = false;
-                    let (s, d) =
-                        migrate_in_process(&cfg, &dcfg, &net).map_err(|e| e.to_string())?;
-                    (s, Some(d))
-                }
-            };
+            let (s, d) = run_one(&p, &cfg, *baseline, &net)?;
             let name = if channel_list.len() > 1 {
                 format!("{name}_channels_{}", channels_name(channels))
             } else {
@@ -105,6 +91,35 @@ pub fn main(p: Params) -> Result<(), String> {
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
     report.failure().map_or(Ok(()), |why| Err(why.to_string()))
+}
+
+/// One migration of `cfg`: to `--to`'s address (after plain TCP's figure
+/// to its sink), or to a destination in this process.
+///
+/// # Errors
+/// The migration failed.
+fn run_one(
+    p: &Params,
+    cfg: &SimRun,
+    baseline: bool,
+    net: &NetConfig,
+) -> Result<(SourceOutcome, Option<DestOutcome>), String> {
+    match &p.to {
+        Some(addr) => {
+            let plain = plain_link_to(cfg, addr, net)
+                .map_err(|e| eprintln!("{}{e}: not measured", cfg.session.label))
+                .ok();
+            let mut s = migrate_source_to(cfg, addr, net).map_err(|e| e.to_string())?;
+            s.plain_link = plain;
+            Ok((s, None))
+        }
+        None => {
+            let mut dcfg = p.sim_dest_config(baseline);
+            dcfg.dest.progress = false;
+            let (s, d) = migrate_in_process(cfg, &dcfg, net).map_err(|e| e.to_string())?;
+            Ok((s, Some(d)))
+        }
+    }
 }
 
 /// `--plot FILE`: the figure of `runs` as SVG there and PNG beside it.
@@ -136,34 +151,6 @@ fn write_plot(p: &Params, runs: &[Run]) -> Result<(), String> {
     std::fs::write(&png_path, png)
         .map_err(|e| format!("writing the plot {}: {e}", png_path.display()))?;
     Ok(())
-}
-
-/// A `--to` run's honest link figure, before the migration: plain TCP to
-/// the destination's sink (its address, the next port: [`net::sink_addr_for`])
-/// with the run's connection count and guest memory's bytes. None, said on
-/// stderr, where it cannot be measured (a Unix socket, no sink there).
-fn plain_to(cfg: &SimRun, addr: &str, net: &NetConfig) -> Option<net::PlainLink> {
-    let (channels, mem) = (cfg.session.channels, cfg.guest.mem_size);
-    let r = net::plain_link_beside(addr, channels, mem, net.io_timeout);
-    let p = &cfg.session.progress;
-    match r {
-        Ok(l) => {
-            if p.is_on() {
-                p.line(&format!(
-                    "{}plain TCP: {:.1} MiB at {:.1} MiB/s over {} connection(s) to the destination's sink (no TLS, no framing, no checksum: what iperf3 measures)",
-                    cfg.session.label,
-                    l.bytes as f64 / MIB,
-                    l.bytes_per_s() / MIB,
-                    l.channels
-                ));
-            }
-            Some(l)
-        }
-        Err(e) => {
-            eprintln!("{}{e}: not measured", cfg.session.label);
-            None
-        }
-    }
 }
 
 /// `--control`'s socket, served until the returned guard is dropped.
@@ -243,28 +230,16 @@ pub fn policy_label(p: &MmuPolicy) -> &'static str {
     }
 }
 
-/// The destination's plain-TCP sink at `local`'s next port (None, said on
+/// The destination's plain-TCP sink beside `local` (None, said on
 /// stderr, for a Unix socket or a port that cannot be bound).
 fn plain_sink_beside(local: &str, cfg: &DestConfig, net: &NetConfig) -> Option<net::PlainSink> {
-    let at = local
-        .parse::<std::net::SocketAddr>()
-        .ok()
-        .and_then(net::sink_addr_for);
-    let Some(at) = at else {
-        eprintln!(
-            "no plain-TCP sink beside {local}: the source's plain-TCP figure is not measured"
-        );
-        return None;
-    };
-    match net::PlainSink::start_bounded(&at.to_string(), net.io_timeout, cfg.limits.max_mem) {
-        Ok(s) => {
+    match s2mmu_migrate::sim::dest::plain_sink_beside(local, cfg.limits.max_mem, net) {
+        Ok((at, s)) => {
             eprintln!("plain-TCP sink for the source's link figure on {at} (bytes dropped, at most {} a connection)", human_bytes(cfg.limits.max_mem));
             Some(s)
         }
         Err(e) => {
-            eprintln!(
-                "no plain-TCP sink on {at} ({e}): the source's plain-TCP figure is not measured"
-            );
+            eprintln!("{e}: the source's plain-TCP figure is not measured");
             None
         }
     }
@@ -273,25 +248,25 @@ fn plain_sink_beside(local: &str, cfg: &DestConfig, net: &NetConfig) -> Option<n
 fn listen(p: &Params, addr: &str) -> Result<(), String> {
     p.source_config(p.baseline)?;
     let net = p.net_config()?;
-    let mut cfg = p.dest_config(p.baseline);
-    cfg.recovery = p.recovery()?;
+    let mut cfg = p.sim_dest_config(p.baseline);
+    cfg.dest.recovery = p.recovery()?;
     let control = start_control(p, "destination")?;
-    cfg.recovery.control = control.as_ref().map(|c| c.0.clone());
+    cfg.dest.recovery.control = control.as_ref().map(|c| c.0.clone());
     let listener = net::bind(addr).map_err(|e| e.to_string())?;
     // The plain-TCP sink beside it (the next port) for the source's honest
     // link figure, up to as many bytes a connection as guest memory may
     // have; up before the source is told where to connect, kept until the
     // migration is over.
-    let _sink = plain_sink_beside(&listener.local(), &cfg, &net);
+    let _sink = plain_sink_beside(&listener.local(), &cfg.dest, &net);
     eprintln!(
         "destination listening on {} ({}); accepts a guest on --format {} with at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
         listener.local(),
         net.security.describe(),
         cfg.format.name(),
-        human_bytes(cfg.limits.max_mem),
-        cfg.limits.max_vcpus,
-        cfg.limits.max_slots,
-        cfg.limits.max_channels
+        human_bytes(cfg.dest.limits.max_mem),
+        cfg.dest.limits.max_vcpus,
+        cfg.dest.limits.max_slots,
+        cfg.dest.limits.max_channels
     );
     let d = serve_attempts(&*listener, &cfg, &net, p.attempts, &mut |n, e| {
         eprintln!(

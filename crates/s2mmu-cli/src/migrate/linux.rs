@@ -15,7 +15,6 @@
 
 use super::linux_net;
 use super::params::PostcopyArg;
-use super::report_text;
 use super::Params;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
@@ -49,7 +48,7 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
         }),
         session: p.source_config(p.baseline)?.session,
         net: p.net_config()?,
-        dest: p.dest_config(p.baseline),
+        dest: p.dest_config(),
         attempts: p.attempts,
     })
 }
@@ -137,7 +136,7 @@ fn session_json(
         "round0_zero_pages": r0.map(|r| r.zero_pages),
         "round0_data_pages_per_s": (secs > 0.0).then(|| data as f64 / secs),
         "round0_bytes_per_s": r0.map(|r| r.bandwidth),
-        "stages": report_text::send_stages_json(&o.send_stages),
+        "stages": s2mmu_migrate::session::outcome_json::send_stages_json(&o.send_stages),
         "max_throttle_pct": o.max_throttle_pct,
         "final_pace_pages_per_s_per_vcpu": o.final_pace,
         "guest_write_faults": l.write_faults,

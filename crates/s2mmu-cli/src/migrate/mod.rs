@@ -25,7 +25,9 @@ pub use s2mmu_migrate::session::{checks, extras, timeline};
 /// The destination: the session's, received into the simulated guest.
 pub mod dest {
     pub use s2mmu_migrate::session::dest::*;
-    pub use s2mmu_migrate::sim::dest::{receive, receive_from, serve, serve_attempts};
+    pub use s2mmu_migrate::sim::dest::{
+        receive, receive_from, serve, serve_attempts, SimDestConfig,
+    };
 }
 pub use s2mmu_migrate::stream_error as error;
 pub use s2mmu_migrate::transport as net;
@@ -42,7 +44,7 @@ pub mod source {
     pub use s2mmu_migrate::session::digests::source_digests;
     pub use s2mmu_migrate::session::source::*;
     pub use s2mmu_migrate::sim::source::{
-        migrate_source, migrate_source_to, session_harvest, SimGuestConfig, SimRun,
+        migrate_source, migrate_source_to, plain_link_to, session_harvest, SimGuestConfig, SimRun,
     };
 }
 

@@ -2,7 +2,7 @@
 //! its limits, their parsers, and the source, destination and network
 //! settings built from them.
 
-use super::dest::{DestConfig, Limits};
+use super::dest::{DestConfig, Limits, SimDestConfig};
 use super::net::{NetConfig, Security};
 use super::postcopy::control::{Recovery, RecoveryMode};
 use super::postcopy::Postcopy;
@@ -458,11 +458,20 @@ impl Params {
             .map_or_else(|| vec![default_channels()], |c| c.0)
     }
 
+    /// The simulated destination's configuration: its guest's policy and
+    /// format beside [`Params::dest_config`].
+    pub fn sim_dest_config(&self, baseline: bool) -> SimDestConfig {
+        SimDestConfig {
+            policy: self.policy(baseline),
+            format: self.format.into(),
+            dest: self.dest_config(),
+        }
+    }
+
     /// The destination's configuration: what it accepts is what these
     /// options say (--mem, -v, -x, and --channels when given).
-    pub fn dest_config(&self, baseline: bool) -> DestConfig {
+    pub fn dest_config(&self) -> DestConfig {
         DestConfig {
-            policy: self.policy(baseline),
             run_after: self.run_after,
             limits: Limits {
                 max_mem: self.mem,
@@ -481,7 +490,6 @@ impl Params {
             progress: self.listen.is_some() && !self.quiet,
             prefault: !self.no_prefault,
             recovery: self.recovery().unwrap_or_default(),
-            format: self.format.into(),
             accept_wait: None,
             stop: Default::default(),
         }

@@ -1,43 +1,9 @@
-//! Post-copy's lines in `s2mmu migrate`'s text and JSON reports.
+//! Post-copy's lines in `s2mmu migrate`'s text report (its JSON is
+//! `s2mmu_migrate::session::outcome_json`'s).
 
-use s2mmu_migrate::session::postcopy::{PostcopyFigures, PostcopyOutcome};
+use s2mmu_migrate::session::postcopy::PostcopyOutcome;
 use s2mmu_migrate::session::source::SourceOutcome;
-use serde_json::{json, Value};
 use std::time::Duration;
-
-/// The destination's figures as JSON.
-pub fn figures_json(f: &PostcopyFigures) -> Value {
-    json!({
-        "missing_pages_at_resume": f.missing_pages,
-        "remote_faults": f.remote_faults,
-        "requests": f.requests,
-        "remote_fault_median_ns": f.fault_median_ns,
-        "remote_fault_p99_ns": f.fault_p99_ns,
-        "answered_faults": f.answered_faults,
-        "answered_fault_median_ns": f.answered_median_ns,
-        "answered_fault_p99_ns": f.answered_p99_ns,
-        "time_to_last_page_ns": f.time_to_last_page_ns,
-        "reference_request_median_ns": f.reference_ns,
-        "reference_requests": f.reference_samples,
-        "background_pages_landed": f.background_pages,
-        "answered_pages_landed": f.answered_pages,
-        "dropped_duplicates": f.dropped_duplicates,
-        "recoveries": f.recoveries,
-    })
-}
-
-/// Post-copy as the source saw it, with the destination's figures.
-pub fn json(pc: &PostcopyOutcome, s: &SourceOutcome) -> Value {
-    json!({
-        "after_round": pc.after_round,
-        "downtime_ns": s.downtime.as_nanos() as u64,
-        "background_pages_sent": pc.background_pages,
-        "answered_pages_sent": pc.answered_pages,
-        "bytes": pc.bytes,
-        "background_end_s": pc.background_end_s,
-        "destination": figures_json(&pc.figures),
-    })
-}
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6

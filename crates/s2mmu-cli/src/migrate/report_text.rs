@@ -9,7 +9,8 @@ use super::wire::PAGE_SIZE as PAGE;
 use crate::report::{human_bytes, verdict, Report};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::extras::ExtrasOutcome;
-use s2mmu_migrate::stages::{RecvStages, SendStages};
+pub(super) use s2mmu_migrate::session::outcome_json::dest_json;
+use s2mmu_migrate::session::outcome_json::{per_page, source_json};
 use serde_json::json;
 use std::time::Duration;
 
@@ -53,123 +54,6 @@ pub(super) fn params_json(p: &Params) -> serde_json::Value {
         "no_prefault": p.no_prefault,
         "postcopy": p.postcopy.map(|w| format!("{w:?}").to_lowercase()),
         "format": p.format.name(),
-    })
-}
-
-pub(super) fn dest_json(d: &DestOutcome) -> serde_json::Value {
-    json!({
-        "pages": d.page_records,
-        "zero_pages": d.zero_pages,
-        "bytes": d.bytes,
-        "channels": d.channels,
-        "probe_bytes": d.probe_bytes,
-        "prefault_ns": d.prefault.as_nanos() as u64,
-        "resumed": d.resumed_at.is_some(),
-        "resumed_write_rate_pages_per_s": d.resumed_write_rate,
-        "slot_digests": d.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
-        "byte_compare_mismatched_pages": d.verify_mismatches,
-        "postcopy": d.postcopy.as_ref().map(postcopy::report::figures_json),
-        "stages": recv_stages_json(&d.recv_stages),
-    })
-}
-
-/// Nanoseconds per page, 0 without pages.
-fn per_page(ns: u64, pages: u64) -> f64 {
-    ns as f64 / pages.max(1) as f64
-}
-
-/// The destination's stages as JSON: totals and per page.
-fn recv_stages_json(r: &RecvStages) -> serde_json::Value {
-    json!({
-        "pages": r.pages,
-        "read_ns": r.read_ns,
-        "socket_ns": r.socket_ns,
-        "decrypt_and_copy_ns": r.decrypt_copy_ns(),
-        "check_ns": r.check_ns,
-        "cpu_ns": r.cpu_ns,
-        "ns_per_page": {
-            "socket": per_page(r.socket_ns, r.pages),
-            "decrypt_and_copy": per_page(r.decrypt_copy_ns(), r.pages),
-            "checks": per_page(r.check_ns, r.pages),
-            "cpu": per_page(r.cpu_ns, r.pages),
-        },
-    })
-}
-
-/// The source's stages as JSON: totals and per page.
-pub(crate) fn send_stages_json(s: &SendStages) -> serde_json::Value {
-    json!({
-        "pages": s.pages,
-        "read_and_zero_check_ns": s.read_ns,
-        "hash_ns": s.hash_ns,
-        "write_ns": s.write_ns,
-        "encrypt_ns": s.encrypt_ns(),
-        "socket_ns": s.socket_ns,
-        "cpu_ns": s.cpu_ns,
-        "ns_per_page": {
-            "read_and_zero_check": per_page(s.read_ns, s.pages),
-            "hash": per_page(s.hash_ns, s.pages),
-            "encrypt": per_page(s.encrypt_ns(), s.pages),
-            "socket": per_page(s.socket_ns, s.pages),
-            "cpu": per_page(s.cpu_ns, s.pages),
-        },
-    })
-}
-
-/// Round 0, the stack's own link and plain TCP, each as a percentage of
-/// plain TCP (None where plain TCP was not measured).
-fn plain_json(s: &SourceOutcome) -> serde_json::Value {
-    let plain = s.plain_link.map(|l| l.bytes_per_s());
-    let pct = |x: f64| plain.map(|p| 100.0 * x / p.max(1.0));
-    json!({
-        "plain_tcp_bytes_per_s": plain,
-        "plain_tcp_bytes": s.plain_link.map(|l| l.bytes),
-        "round0_pct_of_plain_tcp": s.rounds.first().and_then(|r| pct(r.bandwidth)),
-        "link_pct_of_plain_tcp": pct(s.link),
-    })
-}
-
-fn source_json(s: &SourceOutcome) -> serde_json::Value {
-    json!({
-        "converged": s.postcopy.is_none(),
-        "switched_to_postcopy": s.postcopy.is_some(),
-        "rounds": s.rounds.len(),
-        "total_ns": s.total.as_nanos() as u64,
-        "downtime_ns": s.downtime.as_nanos() as u64,
-        "pages": s.page_records,
-        "zero_pages": s.zero_pages,
-        "bytes": s.bytes,
-        "channels": s.channels,
-        "link_bytes": s.link_bytes,
-        "link_bytes_per_s": s.link,
-        "round0_bytes_per_s": s.rounds.first().map(|r| r.bandwidth),
-        "round0_pct_of_link": s.rounds.first().map(|r| 100.0 * r.bandwidth / s.link.max(1.0)),
-        "pct_of_link_per_round": s.rounds.iter().map(|r| 100.0 * r.bandwidth / s.link.max(1.0)).collect::<Vec<_>>(),
-        "pages_per_round": s.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(),
-        "dirty_rate_bytes_per_s_per_round": s.rounds.iter().filter(|r| !r.final_round).map(|r| r.dirty_rate).collect::<Vec<_>>(),
-        "bandwidth_bytes_per_s_per_round": s.rounds.iter().map(|r| r.bandwidth).collect::<Vec<_>>(),
-        "guest_write_rate_before_pages_per_s": s.before.write_rate,
-        "guest_write_rate_logging_pages_per_s": s.during.write_rate,
-        "guest_ns_per_write_before": s.before.ns_per_write,
-        "guest_ns_per_write_logging": s.during.ns_per_write,
-        "guest_slowdown_pct": s.slowdown_pct(),
-        "max_throttle_pct": s.max_throttle_pct,
-        "final_pace_pages_per_s_per_vcpu": s.final_pace,
-        "memory_equal": true,
-        "verified_full": s.verified_full,
-        "slot_digests": s.slot_digests.iter().map(|(i, h)| json!({"slot": i, "digest": format!("{h:#018x}")})).collect::<Vec<_>>(),
-        "postcopy": s.postcopy.as_ref().map(|pc| postcopy::report::json(pc, s)),
-        "plain_tcp": plain_json(s),
-        "stages": send_stages_json(&s.send_stages),
-        "channel_choice": s.channel_choice.as_ref().map(|c| json!({
-            "chosen": c.chosen,
-            "probes": c.probes.iter().map(|p| json!({
-                "channels": p.channels,
-                "pages": p.pages,
-                "elapsed_ns": p.elapsed.as_nanos() as u64,
-                "bytes_per_s": p.pages_per_s() * PAGE as f64,
-            })).collect::<Vec<_>>(),
-        })),
     })
 }
 

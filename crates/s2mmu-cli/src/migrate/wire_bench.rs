@@ -135,8 +135,8 @@ fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<
     };
     let mut cfg = p.source_config(false)?;
     set_channels(&mut cfg.session, ch, tls);
-    let mut dcfg = p.dest_config(false);
-    dcfg.progress = false;
+    let mut dcfg = p.sim_dest_config(false);
+    dcfg.dest.progress = false;
     let (s, d) = migrate_in_process(&cfg, &dcfg, &net).map_err(|e| format!("{what}: {e}"))?;
     let plain = s
         .plain_link

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::DestConfig;
+use s2mmu_cli::migrate::dest::SimDestConfig;
 use s2mmu_cli::migrate::net::NetConfig;
 use s2mmu_cli::migrate::source::SimRun;
 use s2mmu_migrate::session::Progress;
@@ -32,9 +32,8 @@ pub fn small(mem: u64) -> SimRun {
 
 /// A destination that lets the stream back the memory (no prefault)
 /// and runs the guest on for 50 ms.
-pub fn dest_cfg() -> DestConfig {
-    DestConfig {
-        prefault: false,
-        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(50))
-    }
+pub fn dest_cfg() -> SimDestConfig {
+    let mut c = SimDestConfig::new(MmuPolicy::default(), Duration::from_millis(50));
+    c.dest.prefault = false;
+    c
 }

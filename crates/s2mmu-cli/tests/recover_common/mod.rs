@@ -192,12 +192,28 @@ pub fn status(sock: &Path) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
-/// Polls `status` until `phase` (at most 30 s; fails if `c` exits).
+/// Polls `status` until `phase` (at most 30 s, every 20 ms; fails if `c`
+/// exits).
 pub fn wait_phase(
     sock: &Path,
     c: &mut Child,
     phase: &str,
     log: &Mutex<String>,
+) -> serde_json::Value {
+    let wait = (Duration::from_secs(30), Duration::from_millis(20));
+    wait_phase_within(sock, c, phase, log, wait)
+}
+
+/// Polls `status` every `wait.1` until `phase`, for at most `wait.0`;
+/// fails if `c` exits first or the migration ends (done or failed) in
+/// another phase. A status request that fails while `c` runs (its socket
+/// not up yet) is asked again.
+pub fn wait_phase_within(
+    sock: &Path,
+    c: &mut Child,
+    phase: &str,
+    log: &Mutex<String>,
+    (limit, every): (Duration, Duration),
 ) -> serde_json::Value {
     let t0 = Instant::now();
     loop {
@@ -209,28 +225,22 @@ pub fn wait_phase(
             );
         }
         let o = ctl(sock, &["status"]);
-        if !o.status.success() {
-            // It may have exited between the check above and the request.
-            if let Some(s) = c.try_wait().unwrap() {
-                panic!(
-                    "{} exited ({s}) before {phase}:\n{}",
-                    sock.display(),
-                    log.lock().unwrap()
-                );
+        let mut last = String::from_utf8_lossy(&o.stderr).into_owned();
+        if o.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            if v["phase"] == phase {
+                return v;
             }
-            panic!("{}", String::from_utf8_lossy(&o.stderr));
-        }
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        if v["phase"] == phase {
-            return v;
+            assert!(v["phase"] != "done" && v["phase"] != "failed", "{v}");
+            last = v.to_string();
         }
         assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "{}: never {phase}, last {v}\n{}",
+            t0.elapsed() < limit,
+            "{}: never {phase}, last {last}\n{}",
             sock.display(),
             log.lock().unwrap()
         );
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(every);
     }
 }
 

@@ -18,6 +18,7 @@ pub mod both_ends;
 pub mod digests;
 pub mod extras;
 pub mod guest;
+pub mod outcome_json;
 pub mod policy;
 pub mod postcopy;
 pub mod progress;

@@ -1,7 +1,7 @@
 //! The simulated VM as a migration's destination: the factory that builds
 //! it from a HEADER ([`SimDest`]), its STATE ([`GuestState`]) checked
 //! before any vCPU starts, its resumed workload, and the entry points
-//! that pick the simulated guest's format from [`DestConfig`].
+//! that pick the simulated guest's format from [`SimDestConfig`].
 
 use super::state::{encode_vcpus, workload_config, GuestState};
 use super::SimVm;
@@ -21,6 +21,7 @@ use std::marker::PhantomData;
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Builds the simulated destination guest on stage-2 format `F` with the
 /// destination's own MMU policy.
@@ -40,6 +41,37 @@ impl<F: VmFormat> SimDest<F> {
             format,
             _format: PhantomData,
         }
+    }
+}
+
+/// How a simulated destination runs: the guest's own description (its
+/// MMU policy and stage-2 format) beside the session's [`DestConfig`].
+#[derive(Clone, Debug)]
+pub struct SimDestConfig {
+    /// The destination MMU's policies.
+    pub policy: MmuPolicy,
+    /// The stage-2 format the guest runs on: a stream from a source on
+    /// another one is refused ([`MigrateError::FormatMismatch`]).
+    pub format: WireFormat,
+    /// The session's settings.
+    pub dest: DestConfig,
+}
+
+impl SimDestConfig {
+    /// A simulated destination on the arm64 format with `policy` that
+    /// runs the resumed guest for `run_after` and accepts what this build
+    /// can take.
+    pub fn new(policy: MmuPolicy, run_after: Duration) -> Self {
+        SimDestConfig {
+            policy,
+            format: WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>(),
+            dest: DestConfig::with_run_after(run_after),
+        }
+    }
+
+    /// The factory that builds this guest on `F`.
+    pub fn factory<F: VmFormat>(&self) -> SimDest<F> {
+        SimDest::new(self.policy, self.format)
     }
 }
 
@@ -103,22 +135,22 @@ impl<F: VmFormat> ResumedGuest for Workload<TreeMemslots, F> {
 }
 
 /// [`serve_with`] into the simulated guest `cfg.format` and `cfg.policy`
-/// describe.
+/// describe, as `cfg.dest` says.
 ///
 /// # Errors
 /// As [`serve_with`].
 pub fn serve(
     listener: &dyn Listener,
-    cfg: &DestConfig,
+    cfg: &SimDestConfig,
     net: &NetConfig,
 ) -> Result<DestOutcome, MigrateError> {
     /// [`serve_with`] on the format's type.
-    struct Serve<'a>(&'a dyn Listener, &'a DestConfig, &'a NetConfig);
+    struct Serve<'a>(&'a dyn Listener, &'a SimDestConfig, &'a NetConfig);
     impl WithFormat for Serve<'_> {
         type Output = Result<DestOutcome, MigrateError>;
         fn call<F: VmFormat>(self) -> Self::Output {
             let Serve(listener, cfg, net) = self;
-            serve_with(listener, &sim_dest::<F>(cfg), cfg, net)
+            serve_with(listener, &cfg.factory::<F>(), &cfg.dest, net)
         }
     }
     cfg.format.with(Serve(listener, cfg, net))
@@ -131,15 +163,15 @@ pub fn serve(
 pub fn receive_from<R: Read + Send, W: Write + Send>(
     input: R,
     reply: W,
-    cfg: &DestConfig,
+    cfg: &SimDestConfig,
 ) -> Result<DestOutcome, MigrateError> {
     /// [`receive_from_with`] on the format's type.
-    struct ReceiveFrom<'a, R, W>(R, W, &'a DestConfig);
+    struct ReceiveFrom<'a, R, W>(R, W, &'a SimDestConfig);
     impl<R: Read + Send, W: Write + Send> WithFormat for ReceiveFrom<'_, R, W> {
         type Output = Result<DestOutcome, MigrateError>;
         fn call<F: VmFormat>(self) -> Self::Output {
             let ReceiveFrom(input, reply, cfg) = self;
-            receive_from_with(input, reply, &sim_dest::<F>(cfg), cfg)
+            receive_from_with(input, reply, &cfg.factory::<F>(), &cfg.dest)
         }
     }
     cfg.format.with(ReceiveFrom(input, reply, cfg))
@@ -149,21 +181,17 @@ pub fn receive_from<R: Read + Send, W: Write + Send>(
 ///
 /// # Errors
 /// As [`receive_from_with`].
-pub fn receive(stream: TcpStream, cfg: &DestConfig) -> Result<DestOutcome, MigrateError> {
+pub fn receive(stream: TcpStream, cfg: &SimDestConfig) -> Result<DestOutcome, MigrateError> {
     /// [`receive_with`] on the format's type.
-    struct Receive<'a>(TcpStream, &'a DestConfig);
+    struct Receive<'a>(TcpStream, &'a SimDestConfig);
     impl WithFormat for Receive<'_> {
         type Output = Result<DestOutcome, MigrateError>;
         fn call<F: VmFormat>(self) -> Self::Output {
             let Receive(stream, cfg) = self;
-            receive_with(stream, &sim_dest::<F>(cfg), cfg)
+            receive_with(stream, &cfg.factory::<F>(), &cfg.dest)
         }
     }
     cfg.format.with(Receive(stream, cfg))
-}
-
-fn sim_dest<F: VmFormat>(cfg: &DestConfig) -> SimDest<F> {
-    SimDest::new(cfg.policy, cfg.format)
 }
 
 /// The destination's VM: the source's geometry with the destination's
@@ -263,7 +291,7 @@ pub(crate) fn start_workload<F: VmFormat>(
 /// The last failure, with the count of failures (`attempts`).
 pub fn serve_attempts(
     listener: &dyn Listener,
-    cfg: &DestConfig,
+    cfg: &SimDestConfig,
     net: &NetConfig,
     attempts: u32,
     failed: &mut dyn FnMut(u32, &MigrateError),
@@ -281,4 +309,27 @@ pub fn serve_attempts(
             }
         }
     }
+}
+
+/// The plain-TCP sink beside a destination listening on `local` (its
+/// next port: [`crate::transport::sink_addr_for`]) for the source's honest
+/// link figure, taking at most `max_len` bytes a connection; with the
+/// address it listens on.
+///
+/// # Errors
+/// `local` is no TCP address (a Unix socket), or the port cannot be
+/// bound, in words.
+pub fn plain_sink_beside(
+    local: &str,
+    max_len: u64,
+    net: &NetConfig,
+) -> Result<(std::net::SocketAddr, crate::transport::PlainSink), String> {
+    let at = local
+        .parse::<std::net::SocketAddr>()
+        .ok()
+        .and_then(crate::transport::sink_addr_for)
+        .ok_or_else(|| format!("no plain-TCP sink beside {local}"))?;
+    crate::transport::PlainSink::start_bounded(&at.to_string(), net.io_timeout, max_len)
+        .map(|s| (at, s))
+        .map_err(|e| format!("no plain-TCP sink on {at} ({e})"))
 }

@@ -2,10 +2,10 @@
 //! thread serving a loopback port and the source connecting to it, both
 //! secured as the network settings say.
 
-use super::dest::SimDest;
+use super::dest::SimDestConfig;
 use super::source::{validate_run, SimRun, SimSource};
 use crate::session::both_ends::{run_both_ends, BothEnds};
-use crate::session::dest::{DestConfig, DestOutcome};
+use crate::session::dest::DestOutcome;
 use crate::session::guest::SourceGuest;
 use crate::session::source::SourceOutcome;
 use crate::stream_error::MigrateError;
@@ -50,7 +50,7 @@ fn plain_link(run: &SimRun, net: &NetConfig) -> Result<PlainLink, MigrateError> 
 /// it), otherwise the destination's.
 pub fn migrate_in_process(
     run: &SimRun,
-    dest: &DestConfig,
+    dest: &SimDestConfig,
     net: &NetConfig,
 ) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
     validate_run(run)?;
@@ -60,7 +60,12 @@ pub fn migrate_in_process(
     // else in the path, back to back with the migration.
     let plain = plain_link(run, net);
     /// The simulated source on its format's type.
-    struct Source<'a>(Box<dyn Listener>, &'a SimRun, &'a DestConfig, &'a NetConfig);
+    struct Source<'a>(
+        Box<dyn Listener>,
+        &'a SimRun,
+        &'a SimDestConfig,
+        &'a NetConfig,
+    );
     impl WithFormat for Source<'_> {
         type Output = Result<BothEnds, MigrateError>;
         fn call<F: VmFormat>(self) -> Self::Output {
@@ -74,15 +79,15 @@ pub fn migrate_in_process(
         Box<dyn Listener>,
         &'a G,
         &'a SimRun,
-        &'a DestConfig,
+        &'a SimDestConfig,
         &'a NetConfig,
     );
     impl<G: SourceGuest> WithFormat for Dest<'_, G> {
         type Output = Result<BothEnds, MigrateError>;
         fn call<F: VmFormat>(self) -> Self::Output {
             let Dest(listener, guest, run, dest, net) = self;
-            let factory = Arc::new(SimDest::<F>::new(dest.policy, dest.format));
-            run_both_ends(listener, factory, guest, &run.session, dest, net)
+            let factory = Arc::new(dest.factory::<F>());
+            run_both_ends(listener, factory, guest, &run.session, &dest.dest, net)
         }
     }
     let both = run.guest.format.with(Source(listener, run, dest, net))?;

@@ -60,15 +60,11 @@ impl Limits {
     }
 }
 
-/// How the destination runs.
+/// How the destination runs, whatever guest it resumes (the guest's own
+/// description, such as the simulated guest's MMU policy and format, is
+/// its factory's: see `crate::sim::dest::SimDestConfig`).
 #[derive(Clone, Debug)]
 pub struct DestConfig {
-    /// The simulated destination's MMU policies (read only by
-    /// `crate::sim::dest`'s entry points, which build the simulated
-    /// guest's factory from them; a generic destination's factory carries
-    /// its own).
-    #[cfg(feature = "sim")]
-    pub policy: s2mmu::mmu::MmuPolicy,
     /// How long to run the resumed guest before stopping (it proves the
     /// guest runs; the source has stopped it by then).
     pub run_after: Duration,
@@ -82,11 +78,6 @@ pub struct DestConfig {
     pub prefault: bool,
     /// What post-copy does when a connection breaks.
     pub recovery: crate::session::postcopy::control::Recovery,
-    /// The stage-2 format the simulated guest runs on (as `policy`): a
-    /// stream from a source on another one is refused
-    /// ([`MigrateError::FormatMismatch`]).
-    #[cfg(feature = "sim")]
-    pub format: crate::wire::WireFormat,
     /// How long [`super::serve_with`] waits for a source that authenticates (None:
     /// for ever). Connections that fail before they authenticate never
     /// end the wait.
@@ -101,30 +92,14 @@ impl DestConfig {
     /// accepts what this build can take.
     pub fn with_run_after(run_after: Duration) -> Self {
         DestConfig {
-            #[cfg(feature = "sim")]
-            policy: s2mmu::mmu::MmuPolicy::default(),
             run_after,
             limits: Limits::of_build(),
             io_timeout: Duration::from_secs(5),
             progress: false,
             prefault: true,
             recovery: crate::session::postcopy::control::Recovery::default(),
-            #[cfg(feature = "sim")]
-            format: crate::wire::WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>(),
             accept_wait: None,
             stop: Arc::default(),
-        }
-    }
-}
-
-#[cfg(feature = "sim")]
-impl DestConfig {
-    /// A simulated destination with `policy` that accepts what this build
-    /// can take.
-    pub fn new(policy: s2mmu::mmu::MmuPolicy, run_after: Duration) -> Self {
-        DestConfig {
-            policy,
-            ..DestConfig::with_run_after(run_after)
         }
     }
 }
