@@ -10,7 +10,7 @@ use crate::stages::{SendStages, StageClock};
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
 use crate::vm::{GuestRam, RingEntry, SessionVm};
-use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
+use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE, SEND_BATCH_PAGES};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -29,7 +29,7 @@ impl Chan {
     pub(super) fn new(wire: WireWriter<BoxConn>) -> Self {
         Chan {
             wire,
-            batch: Batch::new(),
+            batch: Batch::with_capacity(SEND_BATCH_PAGES),
             flushing_ns: 0,
         }
     }
@@ -348,6 +348,16 @@ impl<'a, V: SessionVm> Sender<'a, V> {
             let job = Arc::new(job);
             for tx in txs {
                 let mut j = job.clone();
+                // Without rings there is nothing to do while a queue is
+                // full: block instead of waking every 50 us.
+                if !self.ring {
+                    if tx.send(j).is_err() {
+                        // The worker failed: its error is reported by the
+                        // caller.
+                        return Ok(());
+                    }
+                    continue;
+                }
                 loop {
                     match tx.try_send(j) {
                         Ok(()) => break,
