@@ -78,7 +78,7 @@ pub use limits::{
     PAGE_RECORD_BYTES, PAGE_SIZE, SESSION_LEN, STRIPE_PAGES, VERSION,
 };
 pub use reader::{record_name, Entry, Record, WireReader, DEFAULT_GRACE, MIN_RATE};
-pub use writer::{Batch, WireWriter, SEND_BATCH_PAGES};
+pub use writer::{Batch, WireWriter};
 
 #[cfg(test)]
 use crate::stream_error::MigrateError;

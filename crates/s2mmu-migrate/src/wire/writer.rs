@@ -9,27 +9,14 @@ use crate::stream_error::MigrateError;
 use std::io::{IoSlice, Write};
 use std::time::Instant;
 
-/// Pages in each PAGES record of the bulk stream (round 0, the dirty
-/// rounds, stop-and-copy): 32 pages, 128 KiB of data, iperf3's write
-/// size. A batch is copied out of guest memory, then hashed, then written
-/// to the socket: at 256 pages (1 MiB) it no longer fits a core's 512 KiB
-/// L2 on the development machine, so the hash and the socket's copy read
-/// it back from L3 (issue 28: the plain-TCP probe read 30-40 % less with
-/// 1 MiB writes than with 128 KiB ones for the same reason). The receiver
-/// gains the same way: it hashes a record's pages right after reading
-/// them into guest memory.
-pub const SEND_BATCH_PAGES: usize = 32;
-
 /// A PAGES record being filled: each page's entry, and the bytes of
-/// those that are not all zeros, ready to go out in two writes.
+/// those that are not all zeros, ready to go out in one vectored write.
 pub struct Batch {
     /// tag, count, entries (the check is appended when written).
     head: Vec<u8>,
     data: Box<[u8]>,
     count: usize,
     data_pages: usize,
-    /// Pages it holds before it is full (1 to [`MAX_BATCH`]).
-    cap: usize,
 }
 
 impl Default for Batch {
@@ -41,30 +28,14 @@ impl Default for Batch {
 impl Batch {
     /// An empty batch (room for [`MAX_BATCH`] pages).
     pub fn new() -> Self {
-        Self::with_capacity(MAX_BATCH)
-    }
-
-    /// An empty batch that is full at `pages` pages (clamped to 1 to
-    /// [`MAX_BATCH`], the most a PAGES record may carry). The bulk
-    /// sender's batches are smaller than a record may be
-    /// ([`SEND_BATCH_PAGES`]) so that what the copy out of guest memory
-    /// wrote is still in the core's cache when it is hashed and written.
-    pub fn with_capacity(pages: usize) -> Self {
-        let cap = pages.clamp(1, MAX_BATCH);
-        let mut head = Vec::with_capacity(3 + 16 * cap + 8);
+        let mut head = Vec::with_capacity(3 + 16 * MAX_BATCH + 8);
         head.extend_from_slice(&[tag::PAGES, 0, 0]);
         Batch {
             head,
-            data: vec![0u8; cap * PAGE_SIZE].into_boxed_slice(),
+            data: vec![0u8; MAX_BATCH * PAGE_SIZE].into_boxed_slice(),
             count: 0,
             data_pages: 0,
-            cap,
         }
-    }
-
-    /// Pages it holds before it is full.
-    pub fn capacity(&self) -> usize {
-        self.cap
     }
 
     /// Pages in it.
@@ -84,7 +55,7 @@ impl Batch {
 
     /// Whether another page does not fit.
     pub fn is_full(&self) -> bool {
-        self.count >= self.cap
+        self.count >= MAX_BATCH
     }
 
     /// Adds the page at `gpa`, whose bytes `fill` writes into the batch;

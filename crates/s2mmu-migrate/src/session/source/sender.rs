@@ -10,7 +10,7 @@ use crate::stages::{SendStages, StageClock};
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
 use crate::vm::{GuestRam, RingEntry, SessionVm};
-use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE, SEND_BATCH_PAGES};
+use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -29,7 +29,7 @@ impl Chan {
     pub(super) fn new(wire: WireWriter<BoxConn>) -> Self {
         Chan {
             wire,
-            batch: Batch::with_capacity(SEND_BATCH_PAGES),
+            batch: Batch::new(),
             flushing_ns: 0,
         }
     }
