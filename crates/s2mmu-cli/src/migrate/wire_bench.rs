@@ -32,6 +32,9 @@ struct Run {
     downtime_ms: f64,
     send_cpu_ns: f64,
     recv_cpu_ns: f64,
+    /// Cores both ends' stream threads kept busy in round 0: their CPU a
+    /// page times round 0's pages a second (2 = this machine's all).
+    cores: f64,
     /// The channels the migration ran with (`auto`'s choice).
     chosen: u16,
 }
@@ -151,6 +154,10 @@ fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<
         send_cpu_ns: per(s.send_stages.cpu_ns, s.send_stages.pages),
         recv_cpu_ns: per(d.recv_stages.cpu_ns, d.recv_stages.pages),
         chosen: s.channels,
+        cores: (per(s.send_stages.cpu_ns, s.send_stages.pages)
+            + per(d.recv_stages.cpu_ns, d.recv_stages.pages))
+            * s.rounds.first().map_or(0.0, |r| r.bandwidth)
+            / 4096e9,
     };
     if !p.quiet {
         eprintln!(
@@ -183,6 +190,7 @@ fn cell_json(c: &Cell) -> serde_json::Value {
         "downtime_ms": each(|r| r.downtime_ms),
         "source_cpu_ns_per_page": each(|r| r.send_cpu_ns),
         "destination_cpu_ns_per_page": each(|r| r.recv_cpu_ns),
+        "stream_cores_busy_round0": each(|r| r.cores),
     })
 }
 
@@ -190,14 +198,14 @@ fn cell_json(c: &Cell) -> serde_json::Value {
 /// count.
 fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
     let mut t = format!(
-        "migrate against the wire, {runs} run(s) per cell, cells interleaved, medians; iperf3: {}\n  plain TCP = the migration's own probe of its endpoints just before it (no TLS, no framing, no checksum)\n  {:>4} {:>8} {:>12} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
+        "migrate against the wire, {runs} run(s) per cell, cells interleaved, medians; iperf3: {}\n  plain TCP = the migration's own probe of its endpoints just before it, over as many connections as channels (no TLS, no framing, no checksum)\n  cores = both ends' stream threads' CPU a page x round 0's pages a second (CPU-bound where it nears the machine's cores)\n  {:>4} {:>8} {:>12} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>5}\n",
         iperf3.map_or("not found on PATH (the plain probe only)".into(), |v| format!("{v}, a process pair per connection, -n guest memory")),
-        "TLS", "channels", "iperf3 MiB/s", "plain MiB/s", "stack MiB/s", "round 0", "% plain", "% iperf3", "downtime", "src ns/pg", "dst ns/pg"
+        "TLS", "channels", "iperf3 MiB/s", "plain MiB/s", "stack MiB/s", "round 0", "% plain", "% iperf3", "downtime", "src ns/pg", "dst ns/pg", "cores"
     );
     let opt = |v: Option<f64>, k: f64| v.map_or("-".to_string(), |x| format!("{:.0}", x / k));
     for c in cells {
         t.push_str(&format!(
-            "  {:>4} {:>8} {:>12} {:>10.0} {:>11.0} {:>10.0} {:>8.0}% {:>8}% {:>7.1}ms {:>10.0} {:>10.0}\n",
+            "  {:>4} {:>8} {:>12} {:>10.0} {:>11.0} {:>10.0} {:>8.0}% {:>8}% {:>7.1}ms {:>10.0} {:>10.0} {:>5.2}\n",
             if c.tls { "yes" } else { "no" },
             channels_name(c.channels),
             opt(c.iperf3(), MIB),
@@ -209,6 +217,7 @@ fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
             c.med(|r| r.downtime_ms),
             c.med(|r| r.send_cpu_ns),
             c.med(|r| r.recv_cpu_ns),
+            c.med(|r| r.cores),
         ));
     }
     for c in cells.iter().filter(|c| c.channels == AUTO_CHANNELS) {

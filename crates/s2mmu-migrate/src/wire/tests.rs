@@ -196,3 +196,79 @@ fn stripes_spread_over_channels() {
     assert_eq!(channel_of(STRIPE_PAGES, 4), 1);
     assert_eq!(channel_of(4 * STRIPE_PAGES, 4), 0);
 }
+
+/// A writer that takes at most `max` bytes a call (vectored or not), or
+/// nothing at all with `max` 0.
+struct Drip {
+    out: Vec<u8>,
+    max: usize,
+    calls: usize,
+}
+
+impl std::io::Write for Drip {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.write_vectored(&[std::io::IoSlice::new(b)])
+    }
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        self.calls += 1;
+        let mut n = 0;
+        for b in bufs {
+            let take = b.len().min(self.max - n);
+            self.out.extend_from_slice(&b[..take]);
+            n += take;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_batch_goes_out_whole_in_one_record_through_short_vectored_writes() {
+    let mut b = Batch::new();
+    assert_eq!(b.push(1 << 32, |p| p.fill(1)), Some(false));
+    assert_eq!(b.push((1 << 32) + 4096, |p| p.fill(0)), Some(true));
+    assert_eq!(b.push((1 << 32) + 8192, |p| p.fill(2)), Some(false));
+    // 40 bytes a call: the head (59 bytes) and the data are each cut,
+    // and the second call takes the head's end and the data's start.
+    let drip = Drip {
+        out: Vec::new(),
+        max: 40,
+        calls: 0,
+    };
+    let mut w = WireWriter::replies(drip);
+    w.batch(&mut b).unwrap();
+    assert!(b.is_empty());
+    let written = w.pos;
+    let drip = w.into_inner();
+    assert_eq!(written, drip.out.len() as u64);
+    assert_eq!(drip.calls, drip.out.len().div_ceil(40));
+    let mut stream = Vec::new();
+    {
+        let mut opening = WireWriter::new(&mut stream, &header()).unwrap();
+        opening.flush().unwrap();
+    }
+    stream.extend_from_slice(&drip.out);
+    let (mut r, _) = WireReader::new(&stream[..]).unwrap();
+    assert!(matches!(
+        r.next_record().unwrap(),
+        Record::Pages { count: 3, .. }
+    ));
+    let zeros: Vec<bool> = r.entries().iter().map(|e| e.zero).collect();
+    assert_eq!(zeros, [false, true, false]);
+    let mut got = [0u8; PAGE_SIZE];
+    r.read_page(&mut got).unwrap();
+    assert_eq!(got, [1u8; PAGE_SIZE]);
+    r.read_page(&mut got).unwrap();
+    assert_eq!(got, [2u8; PAGE_SIZE]);
+    // A connection that takes nothing is an error, not a loop.
+    let mut w = WireWriter::replies(Drip {
+        out: Vec::new(),
+        max: 0,
+        calls: 0,
+    });
+    let mut b = Batch::new();
+    b.push(1 << 32, |p| p.fill(1));
+    assert!(matches!(w.batch(&mut b), Err(MigrateError::Io { .. })));
+}

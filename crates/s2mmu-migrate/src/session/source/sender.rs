@@ -348,6 +348,16 @@ impl<'a, V: SessionVm> Sender<'a, V> {
             let job = Arc::new(job);
             for tx in txs {
                 let mut j = job.clone();
+                // Without rings there is nothing to do while a queue is
+                // full: block instead of waking every 50 us.
+                if !self.ring {
+                    if tx.send(j).is_err() {
+                        // The worker failed: its error is reported by the
+                        // caller.
+                        return Ok(());
+                    }
+                    continue;
+                }
                 loop {
                     match tx.try_send(j) {
                         Ok(()) => break,
