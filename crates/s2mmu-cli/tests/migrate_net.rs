@@ -22,7 +22,13 @@ use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// The I/O deadline of the tests about deadlines (short, so that they end
+/// soon).
 const TIMEOUT: Duration = Duration::from_millis(400);
+/// The I/O deadline everywhere else: a bound on a hung peer, never reached
+/// by a working one however loaded the machine (at load 30 a TLS handshake
+/// took more than 400 ms, and a refusal test saw `Timeout`, not `Auth`).
+const SLOW: Duration = Duration::from_secs(20);
 
 fn small(mem: u64) -> SimRun {
     SimRun::default().with(|g, s| {
@@ -37,16 +43,32 @@ fn small(mem: u64) -> SimRun {
 }
 
 /// A destination that gives up waiting for an authenticated source after
-/// 3 s (then `serve` returns the last refused connection's error).
+/// 3 s (then `serve` returns the last refused connection's error), with
+/// the I/O deadline `SLOW`.
 fn dest_cfg() -> SimDestConfig {
     let mut c = SimDestConfig::new(MmuPolicy::default(), Duration::from_millis(20));
     c.dest.prefault = false;
-    c.dest.io_timeout = TIMEOUT;
+    c.dest.io_timeout = SLOW;
     c.dest.accept_wait = Some(Duration::from_secs(3));
     c
 }
 
+/// [`dest_cfg`] with the short deadline `TIMEOUT`, for the tests of it.
+fn impatient_dest() -> SimDestConfig {
+    let mut c = dest_cfg();
+    c.dest.io_timeout = TIMEOUT;
+    c
+}
+
 fn netcfg(security: Security) -> NetConfig {
+    NetConfig {
+        io_timeout: SLOW,
+        security,
+    }
+}
+
+/// [`netcfg`] with the short deadline `TIMEOUT`, for the tests of it.
+fn impatient_net(security: Security) -> NetConfig {
     NetConfig {
         io_timeout: TIMEOUT,
         security,
@@ -332,7 +354,7 @@ fn vcpu_state_that_does_not_fit_guest_memory_is_rejected_before_any_vcpu_starts(
 #[test]
 fn a_silent_source_times_out_on_the_destination() {
     for sec in [Security::Plain, net::ephemeral_tls().unwrap()] {
-        let (addr, d) = start_dest(dest_cfg(), netcfg(sec));
+        let (addr, d) = start_dest(impatient_dest(), impatient_net(sec));
         // Connects, then says nothing.
         let _quiet = TcpStream::connect(&addr).unwrap();
         match d.join().unwrap() {
@@ -364,7 +386,7 @@ fn header(mem: u64) -> Header {
 #[test]
 fn a_source_that_stalls_or_vanishes_mid_stream_ends_the_destination() {
     // Stalls inside the probe.
-    let (addr, d) = start_dest(dest_cfg(), netcfg(Security::Plain));
+    let (addr, d) = start_dest(impatient_dest(), impatient_net(Security::Plain));
     let mut s = TcpStream::connect(&addr).unwrap();
     s.write_all(&opening(&header(1 << 20))).unwrap();
     let mut w = WireWriter::replies(Vec::new());
@@ -384,7 +406,7 @@ fn a_source_that_stalls_or_vanishes_mid_stream_ends_the_destination() {
     drop(s);
 
     // Vanishes after the header.
-    let (addr, d) = start_dest(dest_cfg(), netcfg(Security::Plain));
+    let (addr, d) = start_dest(impatient_dest(), impatient_net(Security::Plain));
     let mut s = TcpStream::connect(&addr).unwrap();
     s.write_all(&opening(&header(1 << 20))).unwrap();
     drop(s);
@@ -404,7 +426,7 @@ fn a_destination_that_stops_answering_or_reading_ends_the_source() {
         std::thread::sleep(TIMEOUT * 5);
         drop(s);
     });
-    match run_source(&small(8 << 20), &addr, &netcfg(Security::Plain)) {
+    match run_source(&small(8 << 20), &addr, &impatient_net(Security::Plain)) {
         Err(MigrateError::Timeout { .. }) => {}
         other => panic!("expected a timeout, got {other:?}"),
     }
@@ -421,7 +443,7 @@ fn a_destination_that_stops_answering_or_reading_ends_the_source() {
         w.flush().unwrap();
         std::thread::sleep(TIMEOUT * 8);
     });
-    match run_source(&small(64 << 20), &addr, &netcfg(Security::Plain)) {
+    match run_source(&small(64 << 20), &addr, &impatient_net(Security::Plain)) {
         Err(MigrateError::Timeout { .. }) => {}
         other => panic!("expected a timeout, got {other:?}"),
     }

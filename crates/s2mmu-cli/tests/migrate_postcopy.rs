@@ -69,9 +69,14 @@ fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SimRun) {
     check_postcopy_run(s, d, cfg, false);
 }
 
+/// Paced at 16 MiB/s, round 0 and the background stream each take about
+/// 2 s: the guest's vCPUs dirty pages during round 0 and touch a missing
+/// page before the stream brings it even on a loaded machine (unpaced,
+/// a machine at load 30 ran the whole stream before a vCPU thread got a
+/// core: 0 requests).
 #[test]
 fn a_guest_dirtying_as_fast_as_it_can_migrates_with_postcopy() {
-    let cfg = small(32 << 20);
+    let cfg = small(32 << 20).with(|_, s| s.bandwidth = 16 << 20);
     let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &plain()).expect("post-copy succeeds");
     check_postcopy(&s, &d, &cfg);
     assert_eq!(s.postcopy.as_ref().unwrap().after_round, 0);
@@ -84,6 +89,7 @@ fn postcopy_with_dirty_rings_and_two_channels_over_tls() {
         g.dirty = DirtyMode::Ring { entries: 256 };
         s.harvest = session_harvest(g.dirty);
         s.channels = 2;
+        s.bandwidth = 16 << 20; // as above: a request must come first
     });
     let net = NetConfig {
         security: net::ephemeral_tls().unwrap(),

@@ -545,6 +545,20 @@ pub fn listen(
     let mut vm = b.lock();
     vm.resume_vcpus()
         .map_err(|e| machine("the destination's guest", e))?;
+    let listened = dest_goes_on(s, &vm, outcome)?;
+    vm.shut_down()
+        .map_err(|e| machine("the destination's guest", e))?;
+    Ok(listened)
+}
+
+/// How the resumed destination's guest went on: the dirtier's `ok`, or
+/// two counter steps in order (the first, and how many after it), with
+/// its console's first line.
+fn dest_goes_on(
+    s: &RunSettings,
+    vm: &LinuxVm,
+    outcome: DestOutcome,
+) -> Result<Listened, LinuxRunError> {
     let first_line = vm
         .console()
         .contents()
@@ -553,9 +567,9 @@ pub fn listen(
         .unwrap_or("")
         .replace('\r', "");
     let (went_on, more_steps) = if s.program == GuestProgram::Dirtier {
-        (dirtier_ok(&vm, "the destination")?, 0)
+        (dirtier_ok(vm, "the destination")?, 0)
     } else {
-        let first_step = wait_for(&vm, "the destination", |t| {
+        let first_step = wait_for(vm, "the destination", |t| {
             let s = begun_steps(t);
             (s.len() >= 2).then(|| s[0])
         })?;
@@ -567,8 +581,6 @@ pub fn listen(
         }
         (WentOn::CounterStep(first_step), steps.len() - 1)
     };
-    vm.shut_down()
-        .map_err(|e| machine("the destination's guest", e))?;
     Ok(Listened {
         outcome,
         went_on,
