@@ -7,6 +7,8 @@
  *
  * Arguments (key=value, all optional):
  *   mem=MiB      anonymous memory in all (default 64)
+ *   pages=N      instead: N anonymous pages in all (a few pages rewritten in a
+ *                tight loop stay in the CPU's TLB between the host's harvests)
  *   file=MiB     tmpfs file data in all (default 8)
  *   rate=N       pages per second in all, 0 = as fast as it can (default 0)
  *   secs=N       how long to run (default 10)
@@ -192,6 +194,7 @@ static void parse(int argc, char **argv)
 		}
 		*v++ = 0;
 		if (!strcmp(argv[i], "mem")) cfg.mem_pages = num(v) * 256;
+		else if (!strcmp(argv[i], "pages")) cfg.mem_pages = num(v);
 		else if (!strcmp(argv[i], "file")) cfg.file_pages = num(v) * 256;
 		else if (!strcmp(argv[i], "rate")) cfg.rate = num(v);
 		else if (!strcmp(argv[i], "secs")) cfg.secs = num(v);
