@@ -92,15 +92,6 @@ fn snapshotted(dir: &Path) -> (Arc<Vm<TreeMemslots>>, Workload<TreeMemslots>, u6
     (vm, w, n)
 }
 
-/// Each vCPU's writes so far (the workload's live counters).
-fn live_writes(w: &Workload<TreeMemslots>) -> Vec<u64> {
-    let c = w.control();
-    c.live
-        .iter()
-        .map(|l| l.writes.load(std::sync::atomic::Ordering::Relaxed))
-        .collect()
-}
-
 #[test]
 fn the_restored_chain_equals_the_guest_at_the_stop_point() {
     let dir = scratch("equal");
@@ -111,10 +102,14 @@ fn the_restored_chain_equals_the_guest_at_the_stop_point() {
     // The guest moves on: the chain no longer matches it.
     // Until each vCPU has made writes (a fixed 30 ms needed the vCPU
     // threads to run within it).
-    let before: Vec<u64> = live_writes(&w);
+    let before: Vec<u64> = w.control().live_writes();
     w.resume();
     wait_until("writes after the resume", || {
-        live_writes(&w).iter().zip(&before).all(|(a, b)| a > b)
+        w.control()
+            .live_writes()
+            .iter()
+            .zip(&before)
+            .all(|(a, b)| a > b)
     });
     w.pause();
     assert!(differing_pages(&r, &vm).0 > 0, "the comparison can fail");

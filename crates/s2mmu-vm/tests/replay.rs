@@ -9,6 +9,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+use common::wait_for_writes;
+
 const PAGE: u64 = 4096;
 const MEM: u64 = 4 << 20;
 
@@ -25,29 +28,6 @@ fn words(vm: &Vm) -> Vec<u64> {
     (0..MEM / 8)
         .map(|w| vm.memory().read_u64(w * 8).unwrap())
         .collect()
-}
-
-/// Each vCPU's guest writes so far (the workload's live counters, updated
-/// every 64 accesses).
-fn live_writes<S: s2mmu::memslot::MemslotStore + 'static>(w: &Workload<S>) -> Vec<u64> {
-    let c = w.control();
-    c.live
-        .iter()
-        .map(|l| l.writes.load(Ordering::Relaxed))
-        .collect()
-}
-
-/// Waits until every vCPU wrote past `before`: a loaded machine need not
-/// schedule the vCPU threads within a fixed sleep. Fails after 60 s.
-fn wait_for_writes<S: s2mmu::memslot::MemslotStore + 'static>(w: &Workload<S>, before: &[u64]) {
-    let t0 = std::time::Instant::now();
-    while !live_writes(w).iter().zip(before).all(|(now, b)| now > b) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no vCPU writes in 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 /// Runs, pauses (state A, memory copied), runs on for `more`, pauses
@@ -72,7 +52,7 @@ fn replay_matches(pattern: Pattern, write_percent: u32, pace: u64, more: Duratio
     w.pause();
     let a = w.vcpu_states();
     let mut copy = words(&vm);
-    let at_a = live_writes(&w);
+    let at_a = w.control().live_writes();
     w.resume();
     std::thread::sleep(more);
     wait_for_writes(&w, &at_a);

@@ -4,7 +4,9 @@
 use s2mmu_vm::{stamp, Pattern, VcpuState, Vm, VmConfig, Workload, WorkloadConfig};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+
+mod common;
+use common::wait_for_writes;
 
 const PAGE: u64 = 4096;
 
@@ -27,29 +29,6 @@ fn cfg() -> WorkloadConfig {
     }
 }
 
-/// Each vCPU's guest writes so far (the workload's live counters, updated
-/// every 64 accesses).
-fn live_writes<S: s2mmu::memslot::MemslotStore + 'static>(w: &Workload<S>) -> Vec<u64> {
-    let c = w.control();
-    c.live
-        .iter()
-        .map(|l| l.writes.load(Ordering::Relaxed))
-        .collect()
-}
-
-/// Waits until every vCPU wrote past `before`: a loaded machine need not
-/// schedule the vCPU threads within a fixed sleep. Fails after 60 s.
-fn wait_for_writes<S: s2mmu::memslot::MemslotStore + 'static>(w: &Workload<S>, before: &[u64]) {
-    let t0 = std::time::Instant::now();
-    while !live_writes(w).iter().zip(before).all(|(now, b)| now > b) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no vCPU writes in 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 #[test]
 fn states_resume_the_workload_where_it_stopped() {
     let src = vm();
@@ -59,7 +38,7 @@ fn states_resume_the_workload_where_it_stopped() {
     w.control()
         .pace_pages_per_sec
         .store(2000, Ordering::Relaxed);
-    let before = live_writes(&w);
+    let before = w.control().live_writes();
     w.run_free();
     wait_for_writes(&w, &before);
     w.pause();
@@ -80,7 +59,7 @@ fn states_resume_the_workload_where_it_stopped() {
     r.control()
         .pace_pages_per_sec
         .store(2000, Ordering::Relaxed);
-    let before = live_writes(&r);
+    let before = r.control().live_writes();
     r.run_free();
     wait_for_writes(&r, &before);
     r.pause();

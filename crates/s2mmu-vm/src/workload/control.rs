@@ -89,6 +89,17 @@ impl Control {
             t.unpark();
         }
     }
+
+    /// Each vCPU's guest writes so far, from its [`live`](Self::live)
+    /// counters (updated every [`LIVE_EVERY`](super::LIVE_EVERY) accesses
+    /// and at the end of each pass): whether a vCPU ran since an earlier
+    /// reading.
+    pub fn live_writes(&self) -> Vec<u64> {
+        self.live
+            .iter()
+            .map(|l| l.writes.load(Ordering::Relaxed))
+            .collect()
+    }
 }
 
 /// The host's pause and free-running switches.
