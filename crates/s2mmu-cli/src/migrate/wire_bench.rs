@@ -14,7 +14,9 @@ use super::migrate_in_process;
 use super::net::{ephemeral_tls, iperf, NetConfig, Security};
 use super::params::{channels_name, set_channels, Params, AUTO_CHANNELS};
 use super::report_text::MIB;
+use super::wire::PAGE_SIZE;
 use crate::report::Report;
+use s2mmu_migrate::session::outcome_json::per_page;
 use serde_json::json;
 use std::time::Duration;
 
@@ -32,11 +34,16 @@ struct Run {
     downtime_ms: f64,
     send_cpu_ns: f64,
     recv_cpu_ns: f64,
-    /// Cores both ends' stream threads kept busy in round 0: their CPU a
-    /// page times round 0's pages a second (2 = this machine's all).
-    cores: f64,
     /// The channels the migration ran with (`auto`'s choice).
     chosen: u16,
+}
+
+impl Run {
+    /// Cores both ends' stream threads kept busy in round 0: their CPU a
+    /// page times round 0's pages a second (2 = this machine's all).
+    fn cores(&self) -> f64 {
+        (self.send_cpu_ns + self.recv_cpu_ns) * self.round0 / PAGE_SIZE as f64 / 1e9
+    }
 }
 
 /// A cell: TLS or not, a channel count, its runs.
@@ -144,20 +151,15 @@ fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<
     let plain = s
         .plain_link
         .ok_or_else(|| format!("{what}: plain TCP was not measured"))?;
-    let per = |ns: u64, pages: u64| ns as f64 / pages.max(1) as f64;
     let r = Run {
         iperf3,
         plain: plain.bytes_per_s(),
         link: s.link,
         round0: s.rounds.first().map_or(0.0, |r| r.bandwidth),
         downtime_ms: s.downtime.as_secs_f64() * 1e3,
-        send_cpu_ns: per(s.send_stages.cpu_ns, s.send_stages.pages),
-        recv_cpu_ns: per(d.recv_stages.cpu_ns, d.recv_stages.pages),
+        send_cpu_ns: per_page(s.send_stages.cpu_ns, s.send_stages.pages),
+        recv_cpu_ns: per_page(d.recv_stages.cpu_ns, d.recv_stages.pages),
         chosen: s.channels,
-        cores: (per(s.send_stages.cpu_ns, s.send_stages.pages)
-            + per(d.recv_stages.cpu_ns, d.recv_stages.pages))
-            * s.rounds.first().map_or(0.0, |r| r.bandwidth)
-            / 4096e9,
     };
     if !p.quiet {
         eprintln!(
@@ -190,7 +192,7 @@ fn cell_json(c: &Cell) -> serde_json::Value {
         "downtime_ms": each(|r| r.downtime_ms),
         "source_cpu_ns_per_page": each(|r| r.send_cpu_ns),
         "destination_cpu_ns_per_page": each(|r| r.recv_cpu_ns),
-        "stream_cores_busy_round0": each(|r| r.cores),
+        "stream_cores_busy_round0": each(Run::cores),
     })
 }
 
@@ -217,7 +219,7 @@ fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
             c.med(|r| r.downtime_ms),
             c.med(|r| r.send_cpu_ns),
             c.med(|r| r.recv_cpu_ns),
-            c.med(|r| r.cores),
+            c.med(Run::cores),
         ));
     }
     for c in cells.iter().filter(|c| c.channels == AUTO_CHANNELS) {
