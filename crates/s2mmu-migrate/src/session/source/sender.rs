@@ -363,9 +363,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                         Ok(()) => break,
                         Err(TrySendError::Full(back)) => {
                             j = back;
-                            if self.ring {
-                                self.reap_if_full()?;
-                            }
+                            self.reap_if_full()?;
                             std::thread::sleep(Duration::from_micros(50));
                         }
                         // The worker failed: its error is reported by the
