@@ -8,7 +8,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::{receive_from, DestConfig};
+use s2mmu_cli::migrate::dest::{receive_from, SimDestConfig};
 use s2mmu_cli::migrate::wire::{tag, Header, WireWriter, PAGE_SIZE};
 use s2mmu_cli::vm_format::WireFormat;
 use std::time::Duration;
@@ -83,10 +83,8 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => {}
     }
-    let cfg = DestConfig {
-        prefault: false,
-        ..DestConfig::new(MmuPolicy::default(), Duration::from_millis(1))
-    };
+    let mut cfg = SimDestConfig::new(MmuPolicy::default(), Duration::from_millis(1));
+    cfg.dest.prefault = false;
     let mut reply = Vec::new();
     if let Ok(out) = receive_from(stream.as_slice(), &mut reply, &cfg) {
         assert!(
