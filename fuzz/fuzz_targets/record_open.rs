@@ -42,7 +42,10 @@ fuzz_target!(|data: &[u8]| {
     // The writes: up to 6, each up to ~40 KiB (several records each).
     let mut plain = Vec::new();
     let out = SharedSink::default();
-    let sock = Duplex { input: std::io::empty(), output: out.clone() };
+    let sock = Duplex {
+        input: std::io::empty(),
+        output: out.clone(),
+    };
     let mut w = fixed_key_session(Box::new(sock), KEY, IV, chacha, first_seq).unwrap();
     let mut sealed_all = true;
     for _ in 0..next() % 7 {
@@ -75,7 +78,17 @@ fuzz_target!(|data: &[u8]| {
             }
             1 => {
                 if let Some((s, _)) = pick(next()) {
-                    let lens = [0, 1, 16, 17, MAX_PLAIN + 17, MAX_PLAIN + 18, MAX_CIPHER, MAX_CIPHER + 1, 0xffff];
+                    let lens = [
+                        0,
+                        1,
+                        16,
+                        17,
+                        MAX_PLAIN + 17,
+                        MAX_PLAIN + 18,
+                        MAX_CIPHER,
+                        MAX_CIPHER + 1,
+                        0xffff,
+                    ];
                     let len = lens[usize::from(next()) % lens.len()];
                     let old = [stream[s + 3], stream[s + 4]];
                     stream[s + 3..s + 5].copy_from_slice(&(len as u16).to_be_bytes());
@@ -122,7 +135,10 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     // Open it, in reads of the fuzzer's sizes (plain and vectored).
-    let sock = Duplex { input: std::io::Cursor::new(stream), output: std::io::sink() };
+    let sock = Duplex {
+        input: std::io::Cursor::new(stream),
+        output: std::io::sink(),
+    };
     let mut r = fixed_key_session(Box::new(sock), KEY, IV, chacha, first_seq).unwrap();
     let mut got = Vec::new();
     let mut buf = vec![0u8; 48 << 10];
@@ -144,7 +160,10 @@ fuzz_target!(|data: &[u8]| {
             Err(e) => break Some(e),
         }
     };
-    assert!(got[..] == plain[..got.len()], "opened bytes that were not sent");
+    assert!(
+        got[..] == plain[..got.len()],
+        "opened bytes that were not sent"
+    );
     if !damaged && sealed_all {
         assert!(got == plain, "an undamaged stream is read whole");
         let e = end.expect("no close_notify was sent: the end is an error");
