@@ -29,7 +29,7 @@ fn cfg(extras: SourceExtras) -> SimRun {
         s.warmup = Duration::from_millis(50);
         s.sample_every = Duration::from_millis(20);
         s.progress = s2mmu_migrate::session::Progress::off();
-        s.extras = extras;
+        g.extras = extras;
     })
 }
 
