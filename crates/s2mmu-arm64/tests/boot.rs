@@ -51,8 +51,18 @@ fn idle_cpus_back_off_their_timer_waits() {
         let longest = tick << IDLE_BACKOFF_SHIFT;
         let t = std::time::Instant::now();
         let before = mbox.read(mb::IDLE_WAITS);
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        let waits = mbox.read(mb::IDLE_WAITS) - before;
+        // 300 ms, and on until a wait ended: a loaded machine need not run
+        // QEMU's CPU thread within a fixed time (60 s: a hang). The bound
+        // below is over the window's own length.
+        let mut waits = 0;
+        while t.elapsed() < std::time::Duration::from_millis(300) || waits == 0 {
+            assert!(
+                t.elapsed().as_secs() < 60,
+                "CPU {cpu}: no idle wait in 60 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            waits = mbox.read(mb::IDLE_WAITS) - before;
+        }
         let elapsed = (t.elapsed().as_nanos() * u128::from(freq) / 1_000_000_000) as u64;
         // The short waits, the ramp (40 to 320 µs), one wait per longest,
         // and the waits in flight at either end of the window.

@@ -20,7 +20,7 @@ fn boot(vcpus: usize) {
         initrd: a.initramfs,
         cmdline: std::env::var("S2MMU_LINUX_CMDLINE").unwrap_or_else(|_| "quiet".into()),
         echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
-        timeout: Duration::from_secs(240),
+        timeout: Duration::from_secs(600),
         dirty: HarvestConfig::default(),
     })
     .expect("the Linux VM runs");

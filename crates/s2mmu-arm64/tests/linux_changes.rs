@@ -39,13 +39,14 @@ fn run_args(
         initrd: a.initramfs,
         cmdline: format!("quiet s2mmu.run=dirtier s2mmu.args={args}"),
         echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
-        timeout: Duration::from_secs(240),
+        timeout: Duration::from_secs(600),
         dirty: HarvestConfig {
             mode,
             period: Duration::from_millis(100),
             drop_invalidations_from: None,
             discard_log: None,
             change,
+            cut_after: None,
         },
     })
     .expect("the Linux VM runs");
@@ -144,6 +145,7 @@ fn changes_the_mode_cannot_hold_are_refused() {
                 drop_invalidations_from: None,
                 discard_log: None,
                 change,
+                cut_after: None,
             },
         })
         .expect_err("refused");

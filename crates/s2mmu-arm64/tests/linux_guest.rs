@@ -286,7 +286,7 @@ fn boot(cpus: u32, run: &str, args: &str, extra: &str) -> Option<String> {
         run: run.into(),
         args: args.into(),
         extra_append: extra.into(),
-        timeout: Duration::from_secs(240),
+        timeout: Duration::from_secs(600),
     };
     let r = run_baseline(&a, &cfg).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(

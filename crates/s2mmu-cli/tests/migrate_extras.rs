@@ -29,7 +29,7 @@ fn cfg(extras: SourceExtras) -> SimRun {
         s.warmup = Duration::from_millis(50);
         s.sample_every = Duration::from_millis(20);
         s.progress = s2mmu_migrate::session::Progress::off();
-        s.extras = extras;
+        g.extras = extras;
     })
 }
 
@@ -103,4 +103,15 @@ fn options_that_cannot_work_are_refused_before_the_guest_starts() {
         ..SourceExtras::default()
     });
     assert!(matches!(run(&no_dir), Err(MigrateError::Setup(_))));
+    // The simulated run's own check now (the session's settings no longer
+    // carry the extras).
+    let postcopy = cfg(SourceExtras {
+        check: true,
+        ..SourceExtras::default()
+    })
+    .with(|_, s| s.postcopy = s2mmu_cli::migrate::postcopy::Postcopy::On);
+    assert!(
+        matches!(run(&postcopy), Err(MigrateError::Setup(m)) if m.contains("post-copy with --check")),
+        "post-copy with the check"
+    );
 }

@@ -34,9 +34,9 @@ fn dest_on(format: FormatArg) -> SimDestConfig {
 
 #[test]
 fn precopy_on_ept_verifies_byte_for_byte_with_no_lost_write() {
-    let cfg = ept(16 << 20).with(|_, s| {
+    let cfg = ept(16 << 20).with(|g, s| {
         s.verify_full = true;
-        s.extras = SourceExtras {
+        g.extras = SourceExtras {
             check: true,
             ..SourceExtras::default()
         };
@@ -73,8 +73,8 @@ fn precopy_on_ept_with_dirty_rings_over_two_channels() {
 fn snapshots_beside_an_ept_migration_restore_to_the_source_memory() {
     let dir = std::env::temp_dir().join(format!("s2mmu-migrate-ept-snap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = ept(8 << 20).with(|_, s| {
-        s.extras = SourceExtras {
+    let cfg = ept(8 << 20).with(|g, _| {
+        g.extras = SourceExtras {
             snapshot_every: Some(Duration::from_millis(20)),
             snapshot_dir: Some(dir.clone()),
             ..SourceExtras::default()

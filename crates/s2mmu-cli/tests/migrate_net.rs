@@ -418,15 +418,24 @@ fn a_source_that_stalls_or_vanishes_mid_stream_ends_the_destination() {
 
 #[test]
 fn a_destination_that_stops_answering_or_reading_ends_the_source() {
+    // Each fake destination holds its connection until the source ended
+    // (not for a fixed time, which a loaded machine could outlast and turn
+    // the timeout into a reset; 60 s: a hang).
+    let hold = |done: &std::sync::mpsc::Receiver<()>| {
+        let _ = done.recv_timeout(Duration::from_secs(60));
+    };
     // Accepts, never answers.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
+    let (ended, done) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
         let (s, _) = l.accept().unwrap();
-        std::thread::sleep(TIMEOUT * 5);
+        hold(&done);
         drop(s);
     });
-    match run_source(&small(8 << 20), &addr, &impatient_net(Security::Plain)) {
+    let r = run_source(&small(8 << 20), &addr, &impatient_net(Security::Plain));
+    ended.send(()).unwrap();
+    match r {
         Err(MigrateError::Timeout { .. }) => {}
         other => panic!("expected a timeout, got {other:?}"),
     }
@@ -435,15 +444,18 @@ fn a_destination_that_stops_answering_or_reading_ends_the_source() {
     // Accepts the stream, then stops reading it (the socket buffers fill).
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
+    let (ended, done) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
         let (mut rd, _) = WireReader::new(&mut s).unwrap();
         let mut w = WireWriter::replies(rd.get_mut());
         w.control(tag::ACCEPT, &[0u8; 16]).unwrap();
         w.flush().unwrap();
-        std::thread::sleep(TIMEOUT * 8);
+        hold(&done);
     });
-    match run_source(&small(64 << 20), &addr, &impatient_net(Security::Plain)) {
+    let r = run_source(&small(64 << 20), &addr, &impatient_net(Security::Plain));
+    ended.send(()).unwrap();
+    match r {
         Err(MigrateError::Timeout { .. }) => {}
         other => panic!("expected a timeout, got {other:?}"),
     }

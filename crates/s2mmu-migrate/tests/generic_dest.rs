@@ -179,7 +179,9 @@ impl ResumedGuest for Writer {
 
 /// Migrates a small simulated guest into the factory's guest.
 fn migrate(factory: PlainFactory) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
-    let dest_cfg = DestConfig::with_run_after(Duration::from_millis(50));
+    // 500 ms of the resumed guest (50 before): its writer thread, waking
+    // every 200 µs, must run within it for "the resumed guest ran".
+    let dest_cfg = DestConfig::with_run_after(Duration::from_millis(500));
     let run = SimRun::default().with(|g, s| {
         *g = SimGuestConfig {
             mem_size: MEM,

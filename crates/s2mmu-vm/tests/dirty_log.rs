@@ -435,7 +435,11 @@ fn stress_on<S: MemslotStore + 'static, F: VmFormat>(
     w.run_free();
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let (mut rounds, mut harvested, mut ring) = (0u64, 0usize, Vec::new());
-    while Instant::now() < deadline {
+    // The run's length, and on until a harvest found a page: a loaded
+    // machine need not schedule the vCPU threads within it (60 s: a hang).
+    let hung = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline || harvested == 0 {
+        assert!(Instant::now() < hung, "nothing harvested in 60 s");
         rounds += 1;
         harvested += mirror.harvest(&vm, &mut ring);
         if policy.dirty.ring_entries().is_none() && rounds.is_multiple_of(7) {

@@ -95,10 +95,18 @@ fn run(dirty: DirtyMode) {
     assert!(vm
         .memory()
         .read_into(slot.mem_offset, &mut consumers[2].copy));
+    let at_start: u64 = w.control().live_writes().iter().sum();
     w.run_free();
     let t0 = Instant::now();
     let mut tick = 0u32;
-    while t0.elapsed() < Duration::from_millis(400) {
+    // 400 ms of harvests, and on until a vCPU wrote: a loaded machine need
+    // not schedule the vCPU threads within a fixed time (60 s: a hang).
+    let wrote = || w.control().live_writes().iter().sum::<u64>() > at_start;
+    while t0.elapsed() < Duration::from_millis(400) || !wrote() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no vCPU wrote in 60 s"
+        );
         for c in consumers
             .iter_mut()
             .filter(|c| tick.is_multiple_of(c.period))

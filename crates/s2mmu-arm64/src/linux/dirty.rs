@@ -70,6 +70,11 @@ pub struct HarvestConfig {
     pub discard_log: Option<u64>,
     /// What the host changes under the guest between harvests.
     pub change: HostChange,
+    /// Stop the guest ([`super::vm::StopReason::Timeout`]) this long after
+    /// logging started, `None` for no such cut: a fault-injection run whose
+    /// guest may stall ends without waiting for the whole run's limit, which
+    /// counts from before the boot (over a minute on a loaded machine).
+    pub cut_after: Option<Duration>,
 }
 
 impl Default for HarvestConfig {
@@ -83,6 +88,7 @@ impl Default for HarvestConfig {
             drop_invalidations_from: None,
             discard_log: None,
             change: HostChange::default(),
+            cut_after: None,
         }
     }
 }
@@ -215,8 +221,13 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
     // The hashes the first window starts from: taken after logging is on,
     // so every later write is either logged or a loss.
     hash_pages(words, &changer.loc, &mut prev);
+    let logging_since = Instant::now();
     while !sh.stopping() {
         std::thread::sleep(cfg.period);
+        if cfg.cut_after.is_some_and(|c| logging_since.elapsed() > c) {
+            sh.stop(super::vm::StopReason::Timeout);
+            break;
+        }
         if changer.paused() {
             if changer.tick_paused(sh)? {
                 // Logging is on again: a fresh start, as at the beginning.

@@ -79,6 +79,7 @@ impl RunSpec {
                 drop_invalidations_from: None,
                 discard_log: None,
                 change: Default::default(),
+                cut_after: None,
             },
         }
     }

@@ -375,6 +375,12 @@ impl Params {
                 PatternArg::Random => Pattern::Random,
             },
             format: self.format.into(),
+            extras: extras::SourceExtras {
+                check: self.check,
+                inject_lost_marks: self.inject_lost_marks,
+                snapshot_every: self.snapshot_every,
+                snapshot_dir: self.snapshot_dir.clone(),
+            },
         };
         let session = SourceConfig {
             harvest: session_harvest(self.harvest),
@@ -399,12 +405,6 @@ impl Params {
                 Some(PostcopyArg::On) => Postcopy::On,
                 Some(PostcopyArg::Start) => Postcopy::Start,
                 Some(PostcopyArg::Auto) => Postcopy::Auto,
-            },
-            extras: extras::SourceExtras {
-                check: self.check,
-                inject_lost_marks: self.inject_lost_marks,
-                snapshot_every: self.snapshot_every,
-                snapshot_dir: self.snapshot_dir.clone(),
             },
             recovery: self.recovery()?,
         };

@@ -7,7 +7,7 @@ use super::SimVm;
 use crate::hash::{digest_of, page_hash};
 use crate::session::extras::SourceExtras;
 use crate::session::guest::{GuestShape, SourceGuest};
-use crate::session::postcopy::Final;
+use crate::session::postcopy::{Final, Postcopy};
 use crate::session::replies::Connect;
 use crate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
 use crate::stream_error::MigrateError;
@@ -47,6 +47,9 @@ pub struct SimGuestConfig {
     pub pattern: Pattern,
     /// The stage-2 format of the guest's tables (arm64 or x86 EPT).
     pub format: WireFormat,
+    /// The lost-write check and snapshots this guest runs beside its
+    /// migration (its [`crate::session::guest::RoundHook`]).
+    pub extras: SourceExtras,
 }
 
 impl Default for SimGuestConfig {
@@ -61,6 +64,7 @@ impl Default for SimGuestConfig {
             dirty_rate: 64 << 20,
             pattern: Pattern::Sequential,
             format: WireFormat::of::<Arm64Stage2>(),
+            extras: SourceExtras::default(),
         }
     }
 }
@@ -158,7 +162,14 @@ pub fn migrate_source(
 /// [`MigrateError::Setup`] naming what is out of bounds.
 pub(crate) fn validate_run(run: &SimRun) -> Result<(), MigrateError> {
     crate::session::source::validate_shape(&run.guest.shape())?;
-    crate::session::source::validate(&run.session)
+    crate::session::source::validate(&run.session)?;
+    let x = &run.guest.extras;
+    if run.session.postcopy != Postcopy::Off && (x.check || x.snapshot_every.is_some()) {
+        return Err(MigrateError::Setup(
+            "post-copy with --check or --snapshot-every: both check and snapshot the source's memory round by round to the stop, and after a post-copy switch the memory is split between the hosts (not supported together)".into(),
+        ));
+    }
+    x.validate(run.session.harvest)
 }
 
 impl<F: VmFormat> SimSource<F> {
@@ -209,7 +220,7 @@ impl<F: VmFormat> SimSource<F> {
             wl,
             wl_cfg,
             shape: g.shape(),
-            extras: cfg.extras.clone(),
+            extras: g.extras.clone(),
         })
     }
 }

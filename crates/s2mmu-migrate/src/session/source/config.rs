@@ -45,8 +45,6 @@ pub struct SourceConfig {
     pub auto_channels: Option<super::auto_channels::AutoChannels>,
     /// When to switch to post-copy.
     pub postcopy: Postcopy,
-    /// The lost-write check and snapshots beside the migration.
-    pub extras: super::super::extras::SourceExtras,
     /// What post-copy does when a connection breaks.
     pub recovery: super::super::postcopy::control::Recovery,
 }
@@ -68,7 +66,6 @@ impl Default for SourceConfig {
             channels: 1,
             auto_channels: None,
             postcopy: Postcopy::Off,
-            extras: super::super::extras::SourceExtras::default(),
             recovery: super::super::postcopy::control::Recovery::default(),
         }
     }
@@ -107,11 +104,6 @@ pub fn validate(cfg: &SourceConfig) -> Result<(), MigrateError> {
             "post-copy and verify-full: the byte comparison needs the memory the guest resumed from; post-copy checks the destination against this memory plus its guest's writes".into(),
         ));
     }
-    if cfg.postcopy != Postcopy::Off && (cfg.extras.check || cfg.extras.snapshot_every.is_some()) {
-        return Err(MigrateError::Setup(
-            "post-copy with --check or --snapshot-every: both check and snapshot the source's memory round by round to the stop, and after a post-copy switch the memory is split between the hosts (not supported together)".into(),
-        ));
-    }
     if cfg.channels == 0 || cfg.channels > MAX_CHANNELS {
         return Err(MigrateError::Setup(format!(
             "{} channels: use 1 to {MAX_CHANNELS}",
@@ -121,5 +113,5 @@ pub fn validate(cfg: &SourceConfig) -> Result<(), MigrateError> {
     if let Some(a) = &cfg.auto_channels {
         a.validate()?;
     }
-    cfg.extras.validate(cfg.harvest)
+    Ok(())
 }
