@@ -130,6 +130,8 @@ fn linux_guest_with_two_vcpus_migrates() {
     };
     let cfg = config(&a, 2);
     let vm_a = LinuxVm::boot(&cfg).expect("A boots");
+    // A booted machine's CPUs serve its harvests and pauses: not parked.
+    assert!(!vm_a.cpus_parked(), "a booted machine's CPUs are parked");
     wait_lines(&vm_a, 0, 3, "A");
     let src = LinuxSource::new(vm_a);
     let dest = Arc::new(LinuxDest::new(cfg.echo, cfg.timeout));

@@ -102,7 +102,16 @@ impl LinuxVm {
     /// # Errors
     /// As [`vm::run`] before the guest starts.
     pub fn blank(cfg: &LinuxConfig) -> Result<LinuxVm> {
-        LinuxVm::blank_with(cfg, PAGE_SIZE as u64)
+        let vm = LinuxVm::blank_with(cfg, PAGE_SIZE as u64)?;
+        // Nothing runs here until a state is loaded: the CPUs park (their
+        // timer waits cost QEMU's threads CPU that a migration's stream
+        // into this machine needs) until `unpark_cpus`. Not in
+        // `blank_with`: `boot` starts from it and its CPUs serve the
+        // running guest's harvests and pauses.
+        for cpu in 0..vm.machine.cpus() {
+            vm.machine.mailbox(cpu).park(BLANK_PARK)?;
+        }
+        Ok(vm)
     }
 
     /// A blank VM whose RAM the engine maps with `granule`-byte pages
@@ -118,12 +127,6 @@ impl LinuxVm {
         let f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
         let ram = LinuxRam::new(machine.ram().clone(), layout::DATA, cfg.mem, vm::RAM_IPA)?;
         let written = Some(mig_mem::fresh_hashes(&ram)?);
-        // Nothing runs here until a state is loaded: the CPUs park (their
-        // timer waits cost QEMU's threads CPU that a migration's stream
-        // into this machine needs) until `unpark_cpus`.
-        for cpu in 0..machine.cpus() {
-            machine.mailbox(cpu).park(BLANK_PARK)?;
-        }
         Ok(LinuxVm {
             machine,
             vcpus: cfg.vcpus,
