@@ -67,6 +67,7 @@
         .equ    MB_T_PICKUP,    0x198
         .equ    MB_T_DONE,      0x1a0
         .equ    MB_CNTFRQ,      0x1a8
+        .equ    MB_PARK_TICKS,  0x1b0
         .equ    MB_REPLY_INSNS, 0x400
         .equ    MB_CMD_INSNS,   0x1000
 
@@ -240,6 +241,13 @@ cmd_loop:
         mov     x23, #1
         ldr     x9, [x28, #MB_IDLE_TICKS]
         lsl     x9, x9, #IDLE_BACKOFF_SHIFT
+        // Parked: the host set MB_PARK_TICKS above the cap (a blank
+        // destination's CPUs, with nothing to do until the resume), so the
+        // waits grow to it; read after every wait, so a cleared value
+        // brings the cap back after the wait in progress.
+        ldr     x10, [x28, #MB_PARK_TICKS]
+        cmp     x10, x9
+        csel    x9, x10, x9, hi
         lsl     x24, x24, #1
         cmp     x24, x9
         csel    x24, x24, x9, lo                // double it, up to the cap

@@ -130,6 +130,11 @@ pub mod mb {
     pub const T_DONE: u64 = 0x1a0;
     /// CNTFRQ_EL0, set by the stub at start (counter ticks per second).
     pub const CNTFRQ: u64 = 0x1a8;
+    /// The host's park: when above the idle cap (20 µs <<
+    /// [`super::IDLE_BACKOFF_SHIFT`]), a CPU waiting for a command backs
+    /// off to waits of this many counter ticks instead; 0 (the stub's
+    /// start) is not parked. Set through [`crate::machine::Mailbox::park`].
+    pub const PARK_TICKS: u64 = 0x1b0;
     /// Where the stub's stack starts (its top): the guest's x0..x30 lie in
     /// the frame just below it during an exit.
     pub const STACK_TOP: u64 = 0x108;

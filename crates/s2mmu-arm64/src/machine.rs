@@ -33,6 +33,10 @@ pub struct Machine {
 /// is only mapped (tlb-perf) costs its tables, not its size.
 pub const MAX_DATA_BYTES: u64 = 128 << 30;
 
+/// Longest idle wait [`Mailbox::park`] accepts: a parked CPU picks a
+/// command up this late at worst.
+pub const MAX_PARK: Duration = Duration::from_millis(100);
+
 /// Longest a command or a boot may take before the machine is declared stuck.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -427,6 +431,39 @@ impl Mailbox<'_> {
         }
         let ns = u128::from(t1 - t0) * 1_000_000_000 / u128::from(hz);
         Some(Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX)))
+    }
+
+    /// Parks this CPU while it waits for a command: after its short waits
+    /// it backs off to waits of `wait` (at most [`MAX_PARK`]) instead of
+    /// 640 µs, so QEMU's threads wake far less often for a CPU with
+    /// nothing to do; a command posted meanwhile waits up to `wait` to be
+    /// picked up. A `wait` at or below the usual cap leaves the CPU as it
+    /// was; [`Mailbox::unpark`] undoes it.
+    ///
+    /// # Errors
+    /// [`Arm64Error::Config`] for a `wait` above [`MAX_PARK`];
+    /// [`Arm64Error::Boot`] if the stub has not reported its counter
+    /// frequency yet (it does so before the machine counts as started).
+    pub fn park(&self, wait: Duration) -> Result<()> {
+        if wait > MAX_PARK {
+            return Err(Arm64Error::Config(format!(
+                "park wait {wait:?} above {MAX_PARK:?}"
+            )));
+        }
+        let hz = self.read(mb::CNTFRQ);
+        if hz == 0 {
+            return Err(Arm64Error::Boot("the stub has not set CNTFRQ".into()));
+        }
+        // At most 1 s times a u64 frequency over 10^9: fits.
+        let ticks = wait.as_nanos() * u128::from(hz) / 1_000_000_000;
+        self.write(mb::PARK_TICKS, u64::try_from(ticks).unwrap_or(u64::MAX));
+        Ok(())
+    }
+
+    /// Ends [`Mailbox::park`]: the CPU's waits return to the usual cap
+    /// once the wait in progress (up to the park's) has ended.
+    pub fn unpark(&self) {
+        self.write(mb::PARK_TICKS, 0);
     }
 
     /// Writes a TLBI command's instruction list.

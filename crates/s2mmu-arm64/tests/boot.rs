@@ -4,7 +4,7 @@
 mod common;
 
 use s2mmu_arm64::layout::{mb, CMD_PING, CMD_TLBI, IDLE_BACKOFF_SHIFT, IDLE_SHORT_WAITS};
-use s2mmu_arm64::machine::{Machine, MachineConfig, MAX_DATA_BYTES};
+use s2mmu_arm64::machine::{Machine, MachineConfig, MAX_DATA_BYTES, MAX_PARK};
 use s2mmu_arm64::Arm64Error;
 
 #[test]
@@ -26,6 +26,55 @@ fn boots_and_answers_pings() {
         m.mailbox(1).command(CMD_PING, &[]).unwrap();
     }
     eprintln!("1000 mailbox round trips: {:?}", t.elapsed());
+}
+
+/// A parked CPU (a blank destination's, `Mailbox::park`) backs off
+/// past the usual 640 µs to the park's wait: over an idle window it wakes
+/// at most the short waits, the ramp to the park and one per park wait
+/// (the stub without the park read makes about 470 in 300 ms, far above
+/// the bound of about 140), and it still picks a command up. A park above
+/// `MAX_PARK` is refused and changes nothing.
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn a_parked_cpu_waits_longer_and_still_answers() {
+    let _one = common::serial();
+    let Some(m) = common::machine(2, 64 << 20) else {
+        return;
+    };
+    let mbox = m.mailbox(1);
+    let freq = mbox.command(CMD_PING, &[]).unwrap();
+    let e = mbox.park(MAX_PARK * 2).expect_err("a park above MAX_PARK");
+    assert!(matches!(e, Arm64Error::Config(_)), "{e:?}");
+    assert_eq!(mbox.read(mb::PARK_TICKS), 0, "a refused park changed it");
+    let park = std::time::Duration::from_millis(5);
+    mbox.park(park).unwrap();
+    let park_ticks = mbox.read(mb::PARK_TICKS);
+    assert_eq!(park_ticks, freq / 200, "5 ms in counter ticks");
+    // A command restarts the CPU's back-off: it ramps up to the park.
+    mbox.command(CMD_PING, &[]).unwrap();
+    let t = std::time::Instant::now();
+    let before = mbox.read(mb::IDLE_WAITS);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let waits = mbox.read(mb::IDLE_WAITS) - before;
+    let elapsed = (t.elapsed().as_nanos() * u128::from(freq) / 1_000_000_000) as u64;
+    let ramp = u64::from((park_ticks / mbox.read(mb::IDLE_TICKS)).ilog2()) + 1;
+    let bound = IDLE_SHORT_WAITS + ramp + elapsed / park_ticks + 2;
+    eprintln!("parked CPU: {waits} idle waits in {elapsed} ticks (at most {bound})");
+    assert!(
+        waits <= bound,
+        "{waits} waits in {elapsed} ticks: more than {bound}"
+    );
+    assert_eq!(mbox.command(CMD_PING, &[]).unwrap(), freq, "it answers");
+    mbox.unpark();
+    assert_eq!(mbox.read(mb::PARK_TICKS), 0);
+    assert_eq!(
+        m.mailbox(0).read(mb::PARK_TICKS),
+        0,
+        "CPU 0 was never parked"
+    );
 }
 
 /// A CPU with no command makes `IDLE_SHORT_WAITS` waits of 20 µs, then

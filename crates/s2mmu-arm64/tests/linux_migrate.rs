@@ -74,6 +74,10 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
         (vm.console().contents(), vm.stub_exits())
     };
     let to = dest.built().expect("the destination's machine");
+    assert!(
+        !to.lock().cpus_parked(),
+        "{what}: the destination's CPUs are still parked after the resume"
+    );
     // The session let it run for its run_after, then paused it: run on.
     to.lock().resume_vcpus().expect("it runs on");
     wait_lines(&to.lock(), 0, 5, what);
@@ -85,6 +89,31 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
     );
     assert_eq!(vm.stub_exits(), exits, "{what}: the source ran after");
     (to, text)
+}
+
+/// A blank machine (a destination's before its stream) parks every CPU
+/// until it is told a state comes.
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn a_blank_machine_parks_until_unparked() {
+    let _one = common::serial();
+    let cfg = s2mmu_arm64::linux::vm::LinuxConfig {
+        vcpus: 1,
+        mem: s2mmu_arm64::linux::vm::MIN_MEM,
+        kernel: PathBuf::new(),
+        initrd: PathBuf::new(),
+        cmdline: String::new(),
+        echo: false,
+        timeout: Duration::from_secs(60),
+        dirty: Default::default(),
+    };
+    let vm = LinuxVm::blank(&cfg).expect("a blank machine");
+    assert!(vm.cpus_parked(), "a blank machine's CPUs are parked");
+    vm.unpark_cpus();
+    assert!(!vm.cpus_parked());
 }
 
 /// Two vCPUs (one runs the counter, one idles in WFI): both stop at the
@@ -101,6 +130,8 @@ fn linux_guest_with_two_vcpus_migrates() {
     };
     let cfg = config(&a, 2);
     let vm_a = LinuxVm::boot(&cfg).expect("A boots");
+    // A booted machine's CPUs serve its harvests and pauses: not parked.
+    assert!(!vm_a.cpus_parked(), "a booted machine's CPUs are parked");
     wait_lines(&vm_a, 0, 3, "A");
     let src = LinuxSource::new(vm_a);
     let dest = Arc::new(LinuxDest::new(cfg.echo, cfg.timeout));

@@ -168,6 +168,9 @@ impl DestGuest for LinuxDestGuest {
             at_byte,
             why: format!("the Linux guest's state: {e}"),
         })?;
+        // The resume comes next: the blank machine's CPUs leave their park
+        // now, while the digests are made.
+        self.vm.lock().unpark_cpus();
         let mut copy = Vec::new();
         copy.try_reserve_exact(body.len())
             .map_err(|e| refuse(format!("STATE of {} bytes: {e}", body.len())))?;
