@@ -4,7 +4,7 @@
 mod common;
 
 use s2mmu_arm64::layout::{mb, CMD_PING, CMD_TLBI, IDLE_BACKOFF_SHIFT, IDLE_SHORT_WAITS};
-use s2mmu_arm64::machine::{Machine, MachineConfig, MAX_DATA_BYTES, MAX_PARK};
+use s2mmu_arm64::machine::{Machine, MachineConfig, Mailbox, MAX_DATA_BYTES, MAX_PARK};
 use s2mmu_arm64::Arm64Error;
 
 #[test]
@@ -26,6 +26,23 @@ fn boots_and_answers_pings() {
         m.mailbox(1).command(CMD_PING, &[]).unwrap();
     }
     eprintln!("1000 mailbox round trips: {:?}", t.elapsed());
+}
+
+/// The idle waits `mbox`'s CPU makes over a window of 300 ms, and on until
+/// a wait ended (a loaded machine need not run QEMU's CPU thread within a
+/// fixed time; 60 s: a hang), with the window's own length in counter
+/// ticks at `freq`, which the callers' bounds are over.
+fn idle_window(mbox: &Mailbox<'_>, freq: u64, who: &str) -> (u64, u64) {
+    let t = std::time::Instant::now();
+    let before = mbox.read(mb::IDLE_WAITS);
+    let mut waits = 0;
+    while t.elapsed() < std::time::Duration::from_millis(300) || waits == 0 {
+        assert!(t.elapsed().as_secs() < 60, "{who}: no idle wait in 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        waits = mbox.read(mb::IDLE_WAITS) - before;
+    }
+    let elapsed = (t.elapsed().as_nanos() * u128::from(freq) / 1_000_000_000) as u64;
+    (waits, elapsed)
 }
 
 /// A parked CPU (a blank destination's, `Mailbox::park`) backs off
@@ -55,11 +72,7 @@ fn a_parked_cpu_waits_longer_and_still_answers() {
     assert_eq!(park_ticks, freq / 200, "5 ms in counter ticks");
     // A command restarts the CPU's back-off: it ramps up to the park.
     mbox.command(CMD_PING, &[]).unwrap();
-    let t = std::time::Instant::now();
-    let before = mbox.read(mb::IDLE_WAITS);
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let waits = mbox.read(mb::IDLE_WAITS) - before;
-    let elapsed = (t.elapsed().as_nanos() * u128::from(freq) / 1_000_000_000) as u64;
+    let (waits, elapsed) = idle_window(&mbox, freq, "parked CPU");
     let ramp = u64::from((park_ticks / mbox.read(mb::IDLE_TICKS)).ilog2()) + 1;
     let bound = IDLE_SHORT_WAITS + ramp + elapsed / park_ticks + 2;
     eprintln!("parked CPU: {waits} idle waits in {elapsed} ticks (at most {bound})");
@@ -98,21 +111,7 @@ fn idle_cpus_back_off_their_timer_waits() {
         let tick = mbox.read(mb::IDLE_TICKS);
         assert_eq!(tick, freq / 50_000, "CPU {cpu}: the shortest wait is 20 µs");
         let longest = tick << IDLE_BACKOFF_SHIFT;
-        let t = std::time::Instant::now();
-        let before = mbox.read(mb::IDLE_WAITS);
-        // 300 ms, and on until a wait ended: a loaded machine need not run
-        // QEMU's CPU thread within a fixed time (60 s: a hang). The bound
-        // below is over the window's own length.
-        let mut waits = 0;
-        while t.elapsed() < std::time::Duration::from_millis(300) || waits == 0 {
-            assert!(
-                t.elapsed().as_secs() < 60,
-                "CPU {cpu}: no idle wait in 60 s"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            waits = mbox.read(mb::IDLE_WAITS) - before;
-        }
-        let elapsed = (t.elapsed().as_nanos() * u128::from(freq) / 1_000_000_000) as u64;
+        let (waits, elapsed) = idle_window(&mbox, freq, &format!("CPU {cpu}"));
         // The short waits, the ramp (40 to 320 µs), one wait per longest,
         // and the waits in flight at either end of the window.
         let bound = IDLE_SHORT_WAITS + u64::from(IDLE_BACKOFF_SHIFT) + elapsed / longest + 2;

@@ -9,14 +9,11 @@ use s2mmu::format::arm64::Arm64Stage2;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A page received once, then again with its data damaged in flight:
-/// the second copy's bytes landed in guest memory before its hash was
-/// checked, so the page no longer counts as received (its stored hash
-/// is the first copy's, which those bytes no longer match).
-#[test]
-fn a_page_that_fails_its_check_is_no_longer_received() {
+/// A simulated destination of one slot of `mem_size` bytes at 0 on the
+/// arm64 format, and the HEADER it was built from.
+fn one_slot_vm(mem_size: u64) -> (Header, SimVm<Arm64Stage2>) {
     let header = Header {
-        mem_size: 1 << 20,
+        mem_size,
         slots: 1,
         gpa_base: 0,
         vcpus: 1,
@@ -27,7 +24,16 @@ fn a_page_that_fails_its_check_is_no_longer_received() {
         format: WireFormat::of::<Arm64Stage2>(),
     };
     let vm = crate::sim::dest::build_vm::<Arm64Stage2>(&header, Default::default()).unwrap();
-    let vm = SimVm::new(Arc::new(vm));
+    (header, SimVm::new(Arc::new(vm)))
+}
+
+/// A page received once, then again with its data damaged in flight:
+/// the second copy's bytes landed in guest memory before its hash was
+/// checked, so the page no longer counts as received (its stored hash
+/// is the first copy's, which those bytes no longer match).
+#[test]
+fn a_page_that_fails_its_check_is_no_longer_received() {
+    let (header, vm) = one_slot_vm(1 << 20);
     let sh = shared_for(&vm, &header).unwrap();
     let gpa = 3 * PAGE_SIZE as u64;
     let mut w = WireWriter::replies(Vec::new());
@@ -88,19 +94,7 @@ fn full_record_stream(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> (Vec<u8>, 
 /// Receives [`full_record_stream`]'s two records: the second's error, and
 /// how many of its 256 pages count as received after it.
 fn receive_damaged(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> (MigrateError, u32) {
-    let header = Header {
-        mem_size: 2 << 20,
-        slots: 1,
-        gpa_base: 0,
-        vcpus: 1,
-        channels: 1,
-        backing: "anonymous".into(),
-        verify_full: false,
-        postcopy: false,
-        format: WireFormat::of::<Arm64Stage2>(),
-    };
-    let vm = crate::sim::dest::build_vm::<Arm64Stage2>(&header, Default::default()).unwrap();
-    let vm = SimVm::new(Arc::new(vm));
+    let (header, vm) = one_slot_vm(2 << 20);
     let sh = shared_for(&vm, &header).unwrap();
     let (stream, second) = full_record_stream(damage);
     let mut rd = WireReader::replies(std::io::Cursor::new(stream));
