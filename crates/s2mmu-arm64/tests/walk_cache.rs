@@ -89,7 +89,7 @@ fn a_sequence_without_its_stage1_flush_leaves_the_combined_entry() {
 
 /// Not a check of the engine: what QEMU 7.2 makes of maintenance issued
 /// under another VMID than the guest's (run by hand with `--ignored`; the
-/// README quotes it). QEMU's TLB entries carry no VMID, so the service
+/// docs/arm64-check.md quotes it). QEMU's TLB entries carry no VMID, so the service
 /// CPU's TLBIs under VMID 2 still drop the entries of the guest running
 /// under VMID 1: a wrong VMID is one more thing QEMU cannot judge.
 #[test]
@@ -133,7 +133,7 @@ fn an_unmapped_range_left_uninvalidated_stays_walkable() {
 }
 
 /// Not a check of the engine: what QEMU 7.2 makes of a range TLBI one page
-/// off (run by hand with `--ignored`; the README quotes it). Unmapping the
+/// off (run by hand with `--ignored`; docs/arm64-check.md quotes it). Unmapping the
 /// slot ends with a range TLBI over the freed tables (1 GiB here); every
 /// by-IPA operand one page off leaves the table page outside every
 /// operand, yet the walk faults: QEMU's range flush drops more than its
