@@ -272,3 +272,137 @@ fn a_batch_goes_out_whole_in_one_record_through_short_vectored_writes() {
     b.push(1 << 32, |p| p.fill(1));
     assert!(matches!(w.batch(&mut b), Err(MigrateError::Io { .. })));
 }
+
+/// A connection that serves at most `max` bytes a call (across the
+/// buffers of a vectored read) and notes how many bytes each vectored
+/// read asked for.
+struct Feed {
+    data: Vec<u8>,
+    at: usize,
+    max: usize,
+    asked: Vec<usize>,
+}
+
+impl std::io::Read for Feed {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.max).min(self.data.len() - self.at);
+        buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+
+    fn read_vectored(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> std::io::Result<usize> {
+        self.asked.push(bufs.iter().map(|b| b.len()).sum());
+        let mut got = 0;
+        for b in bufs.iter_mut() {
+            let want = b.len().min(self.max - got);
+            let n = want.min(self.data.len() - self.at);
+            b[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            got += n;
+            if n < b.len() {
+                break;
+            }
+        }
+        Ok(got)
+    }
+}
+
+/// One full PAGES record of 256 data pages (page i holds byte i % 250 + 1) at
+/// gpa 0 onwards, and where each page's data starts in the stream.
+fn full_record() -> (Vec<u8>, Vec<usize>) {
+    let mut w = WireWriter::replies(Vec::new());
+    let mut b = Batch::new();
+    for i in 0..MAX_BATCH {
+        b.push(i as u64 * PAGE_SIZE as u64, |p| p.fill((i % 250) as u8 + 1));
+    }
+    w.batch(&mut b).unwrap();
+    let head = 3 + 16 * MAX_BATCH + 8;
+    let at = (0..MAX_BATCH).map(|i| head + i * PAGE_SIZE).collect();
+    (w.into_inner(), at)
+}
+
+fn feed(data: Vec<u8>) -> WireReader<Feed> {
+    WireReader::replies(Feed {
+        data,
+        at: 0,
+        // Not a whole number of pages: reads end inside pages.
+        max: 5000,
+        asked: Vec::new(),
+    })
+}
+
+/// A checked read asks the connection for the whole record's data at
+/// once, delivers every byte in order across reads that end inside pages,
+/// and counts the hashing as checks, not as the read.
+#[test]
+fn a_checked_read_takes_a_record_through_partial_reads() {
+    let (stream, _) = full_record();
+    let mut r = feed(stream);
+    assert!(matches!(
+        r.next_record().unwrap(),
+        Record::Pages { count: 256, .. }
+    ));
+    let mut pages = vec![[0u8; PAGE_SIZE]; MAX_BATCH];
+    let mut bufs: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
+    r.read_checked_pages(&mut bufs, 0).unwrap();
+    for (i, p) in pages.iter().enumerate() {
+        assert!(p.iter().all(|&b| b == (i % 250) as u8 + 1), "page {i}");
+    }
+    let asked = &r.get_mut().asked;
+    assert_eq!(
+        asked[0],
+        MAX_BATCH * PAGE_SIZE,
+        "the first read asks for it all"
+    );
+    assert_eq!(asked.len(), (MAX_BATCH * PAGE_SIZE).div_ceil(5000));
+    assert!(
+        r.stages.check_ns > 0,
+        "the hashing is not counted as checks"
+    );
+}
+
+/// A damaged page is refused as soon as it is in, before the rest of its
+/// record arrives: a stream cut after page 41 of a record whose page 40 is
+/// damaged is a checksum error at page 40, not a truncated record.
+#[test]
+fn a_damaged_page_is_refused_before_its_record_ends() {
+    let (mut stream, at) = full_record();
+    stream[at[40] + 17] ^= 0x10;
+    stream.truncate(at[42]);
+    let mut r = feed(stream);
+    assert!(matches!(r.next_record().unwrap(), Record::Pages { .. }));
+    let mut pages = vec![[0u8; PAGE_SIZE]; MAX_BATCH];
+    let mut bufs: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
+    match r.read_checked_pages(&mut bufs, 7) {
+        Err(MigrateError::PageChecksum { gpa, at_byte: 7 }) => {
+            assert_eq!(gpa, 40 * PAGE_SIZE as u64)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Buffers that are not one page for each data page of the record are
+/// refused before anything is read.
+#[test]
+fn a_checked_read_needs_a_page_for_each_data_page() {
+    let (stream, _) = full_record();
+    let mut r = feed(stream);
+    assert!(matches!(r.next_record().unwrap(), Record::Pages { .. }));
+    let pos = r.pos;
+    let mut pages = vec![[0u8; PAGE_SIZE]; MAX_BATCH - 1];
+    let mut bufs: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
+    assert!(matches!(
+        r.read_checked_pages(&mut bufs, 0),
+        Err(MigrateError::Setup(_))
+    ));
+    let mut short = [0u8; 100];
+    let mut pages = vec![[0u8; PAGE_SIZE]; MAX_BATCH - 1];
+    let mut bufs: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
+    bufs.push(&mut short);
+    assert!(matches!(
+        r.read_checked_pages(&mut bufs, 0),
+        Err(MigrateError::Setup(_))
+    ));
+    assert_eq!(r.pos, pos, "bytes were read");
+}

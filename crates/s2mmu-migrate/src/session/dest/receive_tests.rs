@@ -149,3 +149,21 @@ fn a_record_cut_in_its_data_leaves_no_page_received() {
     assert!(matches!(e, MigrateError::Truncated { .. }), "{e:?}");
     assert_eq!(received, 0);
 }
+
+/// Each page is checked as it arrives: a record whose third data page is
+/// damaged and whose stream is cut at its hundredth is refused for the
+/// damaged page (not as truncated: the rest never came), and none of its
+/// pages counts as received.
+#[test]
+fn a_damaged_page_is_refused_before_the_rest_of_its_record() {
+    let (e, received) = receive_damaged(|s, at| {
+        s[at[3] + 9] ^= 1;
+        s.truncate(at[100]);
+    });
+    let gpa = (0..256u64).filter(|i| i % 7 != 0).nth(3).unwrap() * PAGE_SIZE as u64;
+    match e {
+        MigrateError::PageChecksum { gpa: g, .. } => assert_eq!(g, gpa),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(received, 0);
+}

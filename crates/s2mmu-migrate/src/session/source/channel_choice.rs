@@ -20,12 +20,10 @@
 use super::auto_channels::AutoChannels;
 use super::config::SourceConfig;
 use super::sender::{Chan, Sender};
-use crate::hash::page_hash;
 use crate::stream_error::MigrateError;
 use crate::transport::{self, NetConfig, Security};
 use crate::vm::SessionVm;
 use crate::wire::{record_name, tag, Record, WireReader, WireWriter, MAX_BATCH, PAGE_SIZE};
-use std::io::IoSliceMut;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -184,23 +182,11 @@ fn receive(s: std::net::TcpStream, net: &NetConfig) -> Result<u64, MigrateError>
         let at_byte = rd.pos;
         match rd.next_record()? {
             Record::Pages { .. } => {
+                // Read and checked as the destination does.
                 let data = rd.entries().iter().filter(|e| !e.zero).count();
-                let mut bufs: Vec<IoSliceMut<'_>> = scratch
-                    .chunks_exact_mut(PAGE_SIZE)
-                    .take(data)
-                    .map(IoSliceMut::new)
-                    .collect();
-                rd.read_pages(&mut bufs)?;
-                drop(bufs);
-                let pages = scratch.chunks_exact(PAGE_SIZE);
-                for (e, page) in rd.entries().iter().filter(|e| !e.zero).zip(pages) {
-                    if page_hash(page, e.gpa) != e.hash {
-                        return Err(MigrateError::PageChecksum {
-                            gpa: e.gpa,
-                            at_byte,
-                        });
-                    }
-                }
+                let mut pages: Vec<&mut [u8]> =
+                    scratch.chunks_exact_mut(PAGE_SIZE).take(data).collect();
+                rd.read_checked_pages(&mut pages, at_byte)?;
             }
             Record::Control { tag: tag::END, .. } => return Ok(rd.pages),
             other => {

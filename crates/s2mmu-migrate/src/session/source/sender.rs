@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 pub(super) struct Chan {
     pub(super) wire: WireWriter<BoxConn>,
     batch: Batch,
-    /// Time in `flush_batch` and in hashing ahead during the current job
-    /// (to tell reading guest memory from the rest).
+    /// Time in `flush_batch` during the current job (to tell reading
+    /// guest memory from the rest).
     flushing_ns: u64,
 }
 
@@ -91,22 +91,18 @@ impl Chan {
                 let off = s.mem_offset + i * PAGE_SIZE as u64;
                 self.batch
                     .push_known(s.gpa + i * PAGE_SIZE as u64, |p| copy_page(ram, off, p));
+                // The batch's pages are hashed when it is written, all at
+                // once: hashing every 8 pages as they were copied (while in
+                // L1) was slower in a microbenchmark and no faster in whole
+                // migrations (docs/incoming/wire6.md).
                 if self.batch.is_full() {
                     self.flush_batch(bucket)?;
-                } else if self.batch.unhashed() >= HASH_AHEAD {
-                    self.flushing_ns += self.wire.hash_ahead(&mut self.batch);
                 }
             }
         }
         Ok(())
     }
 }
-
-/// Pages copied into a batch between two passes of hashing: 32 KiB, a
-/// core's L1 data cache, so each page is hashed from there rather than
-/// from the whole 1 MiB batch (larger than a core's 512 KiB L2) when it is
-/// written.
-const HASH_AHEAD: usize = 8;
 
 /// Copies the guest page at `off` into `dst` word by word (atomically per
 /// word: the guest may be writing it), and says whether it was all zeros.
