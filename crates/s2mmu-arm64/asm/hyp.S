@@ -68,6 +68,9 @@
         .equ    MB_T_DONE,      0x1a0
         .equ    MB_CNTFRQ,      0x1a8
         .equ    MB_PARK_TICKS,  0x1b0
+        .equ    MB_HOST_WAITING, 0x1b8
+        .equ    MB_BELL_BYTE,   0x1c0
+        .equ    MB_BELLS,       0x1c8
         .equ    MB_REPLY_INSNS, 0x400
         .equ    MB_CMD_INSNS,   0x1000
 
@@ -115,6 +118,13 @@
         // long idle.
         .equ    IDLE_SHORT_WAITS, 64
         .equ    IDLE_BACKOFF_SHIFT, 5
+        // A guest's exit waits for the host's answer the same way, with a
+        // shorter ramp and cap (an exit's answer is usually a few us
+        // away, and the cap is added to an answer's latency at worst):
+        // EXIT_SHORT_WAITS of 20 us, then up to 20 us << EXIT_BACKOFF_SHIFT
+        // (320 us). Mirrored in src/layout.rs.
+        .equ    EXIT_SHORT_WAITS, 4
+        .equ    EXIT_BACKOFF_SHIFT, 4
 
         .section .text.hyp, "ax"
         .include "asm/state.S"          // migration: vCPU state save/restore
@@ -138,6 +148,8 @@ _start:
         msr     tpidr_el2, x28
         str     x1, [x28, #MB_STACK_TOP]
         str     x19, [x28, #MB_ID]
+        add     x2, x19, #1
+        str     x2, [x28, #MB_BELL_BYTE]        // the doorbell's byte
         adr     x1, vectors
         msr     vbar_el2, x1
         // CPTR_EL2: RES1 bits only, so FP/SIMD is not trapped (QEMU runs
@@ -536,15 +548,47 @@ post_exit:
         add     x6, x6, #1
         add     x7, x28, #MB_EXIT_SEQ
         stlr    x6, [x7]
+        // The host thread sleeps (MB_HOST_WAITING): ring its doorbell, one
+        // byte to QEMU's semihosting console (SYS_WRITEC), which this
+        // CPU's QEMU thread writes to a pipe the host reads. The DMB
+        // orders the exit's store before the flag's load (the host stores
+        // the flag, fences, then reads EXIT_SEQ): one side sees the other.
+        dmb     ish
+        ldr     x8, [x28, #MB_HOST_WAITING]
+        cbz     x8, 6f
+        ldr     x8, [x28, #MB_BELLS]
+        add     x8, x8, #1
+        str     x8, [x28, #MB_BELLS]
+        add     x1, x28, #MB_BELL_BYTE
+        mov     x0, #3                          // SYS_WRITEC
+        hlt     #0xf000
+6:
+        // Wait for the answer: spin, then EXIT_SHORT_WAITS waits of 20 us,
+        // then double the wait after each one that brought none, up to
+        // 20 us << EXIT_BACKOFF_SHIFT. Each wait is a QEMU timer, which
+        // QEMU's main loop arms and fires; a host thread that answers late
+        // (it naps while its guest is idle, or a loaded host runs it late)
+        // cost one main-loop wake-up per 20 us at a fixed wait.
         add     x7, x28, #MB_REPLY_SEQ
         mov     x5, #SPIN_BEFORE_IDLE
+        ldr     x11, [x28, #MB_IDLE_TICKS]
+        mov     x12, #EXIT_SHORT_WAITS
 2:      ldar    x8, [x7]
         cmp     x8, x6
         b.eq    3f
         subs    x5, x5, #1
         b.hi    2b
-        bl      idle_wait
+        mov     x9, x11
+        bl      idle_wait_ticks
         mov     x5, #1
+        subs    x12, x12, #1
+        b.hi    2b                              // still the short waits
+        mov     x12, #1
+        ldr     x9, [x28, #MB_IDLE_TICKS]
+        lsl     x9, x9, #EXIT_BACKOFF_SHIFT
+        lsl     x11, x11, #1
+        cmp     x11, x9
+        csel    x11, x11, x9, lo                // double it, up to the cap
         b       2b
 3:      add     x0, x28, #MB_REPLY_INSNS
         ldr     x1, [x28, #MB_REPLY_NINSN]

@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod arena;
+mod doorbell;
 pub mod effect;
 pub mod layout;
 pub mod linux;
