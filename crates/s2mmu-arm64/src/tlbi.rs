@@ -258,6 +258,33 @@ impl HypSink {
         }
     }
 
+    /// Parks the service CPU ([`crate::machine::Mailbox::park`]): its
+    /// waits for a command back off to `wait` instead of 640 µs, so QEMU
+    /// wakes far less often while nothing needs it; a command then waits
+    /// up to `wait` to be picked up. [`HypSink::wake_service`] ends it.
+    ///
+    /// # Errors
+    /// As [`crate::machine::Mailbox::park`].
+    pub fn park_service(&self, wait: std::time::Duration) -> crate::Result<()> {
+        self.machine.mailbox(self.service_cpu).park(wait)
+    }
+
+    /// Ends [`HypSink::park_service`] and has the service CPU answer a
+    /// ping, so that the next command finds it in its short waits, not in
+    /// the park's wait: the wait in progress is the caller's, not that
+    /// command's (a pause's kick counts in a migration's downtime).
+    ///
+    /// # Panics
+    /// If the service CPU stops answering (as for maintenance).
+    pub fn wake_service(&self) {
+        let _one = self.service.lock().unwrap();
+        let mbox = self.machine.mailbox(self.service_cpu);
+        mbox.unpark();
+        if let Err(e) = mbox.command(layout::CMD_PING, &[]) {
+            panic!("service CPU did not answer a ping: {e}");
+        }
+    }
+
     fn run_on_service(&self, insns: &[(u64, u64)], droppable: bool) {
         if droppable
             && self
