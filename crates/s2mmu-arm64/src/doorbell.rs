@@ -58,10 +58,9 @@ impl Bells {
             return false;
         };
         let g = b.rung.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut g, _) = b
-            .cv
-            .wait_timeout_while(g, timeout, |rung| !*rung)
-            .unwrap_or_else(|p| p.into_inner());
+        let (mut g, _) =
+            b.cv.wait_timeout_while(g, timeout, |rung| !*rung)
+                .unwrap_or_else(|p| p.into_inner());
         std::mem::take(&mut *g)
     }
 
@@ -115,7 +114,10 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         let mut text = Vec::new();
         bells.split(&[3], &mut text);
-        assert!(sleeper.join().unwrap(), "woken by the ring, not the timeout");
+        assert!(
+            sleeper.join().unwrap(),
+            "woken by the ring, not the timeout"
+        );
         assert!(text.is_empty());
     }
 }
