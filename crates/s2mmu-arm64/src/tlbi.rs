@@ -17,11 +17,12 @@
 
 use crate::layout::{self, mb};
 use crate::machine::Machine;
+use crate::Result;
 use s2mmu::tlb::arm64::{Arm64Tlbi, Barrier, Insn, TlbiOp, TlbiSink};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The stub's code for an instruction (mirrored in `asm/hyp.S`).
 pub fn encode(insn: Insn) -> (u64, u64) {
@@ -265,7 +266,7 @@ impl HypSink {
     ///
     /// # Errors
     /// As [`crate::machine::Mailbox::park`].
-    pub fn park_service(&self, wait: std::time::Duration) -> crate::Result<()> {
+    pub fn park_service(&self, wait: Duration) -> Result<()> {
         self.machine.mailbox(self.service_cpu).park(wait)
     }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 /// runs and nothing needs it ([`LinuxSessionVm::park_service_while_logging`]):
 /// 200 QEMU timer wake-ups a second instead of 1,560 at the 640 µs cap,
 /// the most frequent wake-up of the source's QEMU in round 0.
-pub const LOGGING_PARK: Duration = Duration::from_millis(5);
+pub(crate) const LOGGING_PARK: Duration = Duration::from_millis(5);
 
 /// The backing name a Linux guest's header carries: its RAM is the file
 /// QEMU uses as its memory, shared with this process. A destination of
@@ -116,12 +116,12 @@ impl LinuxSessionVm {
 
     /// A migration source's service CPU parks for [`LOGGING_PARK`] from
     /// the start of its log (round 0) until the first harvest, a pause or
-    /// the log's end ([`LinuxSessionVm::wake_service`]), when the guest
+    /// the log's end (`wake_service`), when the guest
     /// has one vCPU and the engine splits eagerly: then nothing but the
     /// harvest's invalidations and a pause's kick needs that CPU (with
     /// more vCPUs it carries their IPIs, with splits on fault their
     /// invalidations). Whether it parked.
-    pub fn park_service_while_logging(&self) -> bool {
+    pub(crate) fn park_service_while_logging(&self) -> bool {
         if self.vcpus != 1 || self.mmu.policy().eager_split_chunk.is_none() {
             return false;
         }
