@@ -521,6 +521,13 @@ post_exit:
         mrs     x4, cntv_ctl_el0
         mrs     x5, cntv_cval_el0
         stp     x4, x5, [x28, #MB_CNTV_CTL]
+        // Mask the guest's virtual timer at its source while this exit
+        // waits (restored from MB_CNTV_CTL at the answer): a timer that
+        // fires meanwhile would keep its interrupt pending, and with it
+        // pending every WFI of the wait below returns at once, a busy
+        // loop on this CPU's QEMU thread for as long as the answer takes.
+        orr     x4, x4, #2                      // IMASK
+        msr     cntv_ctl_el0, x4
         mrs     x4, ich_misr_el2
         mrs     x5, ich_vmcr_el2
         stp     x4, x5, [x28, #MB_ICH_MISR]
@@ -590,7 +597,10 @@ post_exit:
         cmp     x11, x9
         csel    x11, x11, x9, lo                // double it, up to the cap
         b       2b
-3:      add     x0, x28, #MB_REPLY_INSNS
+3:      ldr     x0, [x28, #MB_CNTV_CTL]         // the guest's timer as it was
+        msr     cntv_ctl_el0, x0
+        isb
+        add     x0, x28, #MB_REPLY_INSNS
         ldr     x1, [x28, #MB_REPLY_NINSN]
         bl      exec_insns
         ldr     x2, [x28, #MB_ACTION]
@@ -851,6 +861,20 @@ guest_probe:
 2:      mov     x0, #2
         hvc     #0
         b       2b
+
+// Arms the virtual timer to fire at once (CVAL 0, enabled, not masked;
+// the guest runs with interrupts masked, so it never takes it), then
+// reports with HVC (x0 = 2) again and again: the host answers while the
+// timer's line would be up.
+        .global guest_timer_probe
+guest_timer_probe:
+        msr     cntv_cval_el0, xzr
+        mov     x1, #1
+        msr     cntv_ctl_el0, x1
+        isb
+1:      mov     x0, #2
+        hvc     #0
+        b       1b
 
 // A guest with its own stage 1 on (tlbi operand checks, src/walk_cache.rs).
 // x0 = TTBR0_EL1 (the IPA of its stage-1 root table), x1 = VA to read,
