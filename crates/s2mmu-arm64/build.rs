@@ -114,7 +114,12 @@ fn assemble(out: &Path) -> Result<String, String> {
         "/// The assembled EL2 image (an ELF QEMU loads with -kernel).\npub const IMAGE: &[u8] = include_bytes!({:?});\n",
         elf.display().to_string()
     ));
-    for name in ["guest_memstress", "guest_probe", "guest_s1_probe"] {
+    for name in [
+        "guest_memstress",
+        "guest_probe",
+        "guest_s1_probe",
+        "guest_timer_probe",
+    ] {
         let addr = nm
             .lines()
             .filter_map(|l| {

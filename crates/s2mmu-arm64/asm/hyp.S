@@ -68,6 +68,9 @@
         .equ    MB_T_DONE,      0x1a0
         .equ    MB_CNTFRQ,      0x1a8
         .equ    MB_PARK_TICKS,  0x1b0
+        .equ    MB_HOST_WAITING, 0x1b8
+        .equ    MB_BELL_BYTE,   0x1c0
+        .equ    MB_BELLS,       0x1c8
         .equ    MB_REPLY_INSNS, 0x400
         .equ    MB_CMD_INSNS,   0x1000
 
@@ -115,6 +118,13 @@
         // long idle.
         .equ    IDLE_SHORT_WAITS, 64
         .equ    IDLE_BACKOFF_SHIFT, 5
+        // A guest's exit waits for the host's answer the same way, with a
+        // shorter ramp and cap (an exit's answer is usually a few us
+        // away, and the cap is added to an answer's latency at worst):
+        // EXIT_SHORT_WAITS of 20 us, then up to 20 us << EXIT_BACKOFF_SHIFT
+        // (320 us). Mirrored in src/layout.rs.
+        .equ    EXIT_SHORT_WAITS, 4
+        .equ    EXIT_BACKOFF_SHIFT, 4
 
         .section .text.hyp, "ax"
         .include "asm/state.S"          // migration: vCPU state save/restore
@@ -138,6 +148,8 @@ _start:
         msr     tpidr_el2, x28
         str     x1, [x28, #MB_STACK_TOP]
         str     x19, [x28, #MB_ID]
+        add     x2, x19, #1
+        str     x2, [x28, #MB_BELL_BYTE]        // the doorbell's byte
         adr     x1, vectors
         msr     vbar_el2, x1
         // CPTR_EL2: RES1 bits only, so FP/SIMD is not trapped (QEMU runs
@@ -509,6 +521,13 @@ post_exit:
         mrs     x4, cntv_ctl_el0
         mrs     x5, cntv_cval_el0
         stp     x4, x5, [x28, #MB_CNTV_CTL]
+        // Mask the guest's virtual timer at its source while this exit
+        // waits (restored from MB_CNTV_CTL at the answer): a timer that
+        // fires meanwhile would keep its interrupt pending, and with it
+        // pending every WFI of the wait below returns at once, a busy
+        // loop on this CPU's QEMU thread for as long as the answer takes.
+        orr     x4, x4, #2                      // IMASK
+        msr     cntv_ctl_el0, x4
         mrs     x4, ich_misr_el2
         mrs     x5, ich_vmcr_el2
         stp     x4, x5, [x28, #MB_ICH_MISR]
@@ -536,17 +555,52 @@ post_exit:
         add     x6, x6, #1
         add     x7, x28, #MB_EXIT_SEQ
         stlr    x6, [x7]
+        // The host thread sleeps (MB_HOST_WAITING): ring its doorbell, one
+        // byte to QEMU's semihosting console (SYS_WRITEC), which this
+        // CPU's QEMU thread writes to a pipe the host reads. The DMB
+        // orders the exit's store before the flag's load (the host stores
+        // the flag, fences, then reads EXIT_SEQ): one side sees the other.
+        dmb     ish
+        ldr     x8, [x28, #MB_HOST_WAITING]
+        cbz     x8, 6f
+        ldr     x8, [x28, #MB_BELLS]
+        add     x8, x8, #1
+        str     x8, [x28, #MB_BELLS]
+        add     x1, x28, #MB_BELL_BYTE
+        mov     x0, #3                          // SYS_WRITEC
+        hlt     #0xf000
+6:
+        // Wait for the answer: spin, then EXIT_SHORT_WAITS waits of 20 us,
+        // then double the wait after each one that brought none, up to
+        // 20 us << EXIT_BACKOFF_SHIFT. Each wait is a QEMU timer, which
+        // QEMU's main loop arms and fires; a host thread that answers late
+        // (it naps while its guest is idle, or a loaded host runs it late)
+        // cost one main-loop wake-up per 20 us at a fixed wait.
         add     x7, x28, #MB_REPLY_SEQ
         mov     x5, #SPIN_BEFORE_IDLE
+        ldr     x11, [x28, #MB_IDLE_TICKS]
+        mov     x12, #EXIT_SHORT_WAITS
 2:      ldar    x8, [x7]
         cmp     x8, x6
         b.eq    3f
         subs    x5, x5, #1
         b.hi    2b
-        bl      idle_wait
+        mov     x9, x11
+        bl      idle_wait_ticks
         mov     x5, #1
+        subs    x12, x12, #1
+        b.hi    2b                              // still the short waits
+        mov     x12, #1
+        ldr     x9, [x28, #MB_IDLE_TICKS]
+        lsl     x9, x9, #EXIT_BACKOFF_SHIFT
+        lsl     x11, x11, #1
+        cmp     x11, x9
+        csel    x11, x11, x9, lo                // double it, up to the cap
         b       2b
-3:      add     x0, x28, #MB_REPLY_INSNS
+3:      ldr     x0, [x28, #MB_CNTV_CTL]         // the guest's timer as it was
+        msr     cntv_ctl_el0, x0
+        isb
+        add     x0, x28, #MB_REPLY_INSNS
         ldr     x1, [x28, #MB_REPLY_NINSN]
         bl      exec_insns
         ldr     x2, [x28, #MB_ACTION]
@@ -807,6 +861,20 @@ guest_probe:
 2:      mov     x0, #2
         hvc     #0
         b       2b
+
+// Arms the virtual timer to fire at once (CVAL 0, enabled, not masked;
+// the guest runs with interrupts masked, so it never takes it), then
+// reports with HVC (x0 = 2) again and again: the host answers while the
+// timer's line would be up.
+        .global guest_timer_probe
+guest_timer_probe:
+        msr     cntv_cval_el0, xzr
+        mov     x1, #1
+        msr     cntv_ctl_el0, x1
+        isb
+1:      mov     x0, #2
+        hvc     #0
+        b       1b
 
 // A guest with its own stage 1 on (tlbi operand checks, src/walk_cache.rs).
 // x0 = TTBR0_EL1 (the IPA of its stage-1 root table), x1 = VA to read,

@@ -45,6 +45,16 @@ pub const IDLE_BACKOFF_SHIFT: u32 = 5;
 /// The shortest idle waits a CPU makes before it backs off (a harvest's
 /// commands come closer together than 64 times 20 µs).
 pub const IDLE_SHORT_WAITS: u64 = 64;
+/// A guest's exit waits for the host's answer as an idle CPU waits for a
+/// command, with a shorter ramp and cap (an answer is usually a few µs
+/// away, and the cap adds to a late answer's latency at worst):
+/// [`EXIT_SHORT_WAITS`] waits of 20 µs, then doubling up to
+/// `IDLE_TICKS << EXIT_BACKOFF_SHIFT` (320 µs). At a fixed 20 µs an answer
+/// that came late (a host thread that napped, a loaded host) cost a QEMU
+/// main-loop wake-up per 20 µs.
+pub const EXIT_BACKOFF_SHIFT: u32 = 4;
+/// The 20 µs waits for an answer before the stub backs off.
+pub const EXIT_SHORT_WAITS: u64 = 4;
 /// Scratch space for AT lists.
 pub const SCRATCH: u64 = 0x4030_0000;
 /// The table arena.
@@ -135,6 +145,14 @@ pub mod mb {
     /// off to waits of this many counter ticks instead; 0 (the stub's
     /// start) is not parked. Set through [`crate::machine::Mailbox::park`].
     pub const PARK_TICKS: u64 = 0x1b0;
+    /// Non-zero while the host thread serving this CPU's exits sleeps
+    /// ([`crate::machine::Mailbox::sleep_until_exit`]): the stub rings its
+    /// doorbell after posting an exit.
+    pub const HOST_WAITING: u64 = 0x1b8;
+    /// The byte the stub writes to ring (its CPU index plus one).
+    pub const BELL_BYTE: u64 = 0x1c0;
+    /// Doorbells the stub has rung.
+    pub const BELLS: u64 = 0x1c8;
     /// Where the stub's stack starts (its top): the guest's x0..x30 lie in
     /// the frame just below it during an exit.
     pub const STACK_TOP: u64 = 0x108;

@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod arena;
+mod doorbell;
 pub mod effect;
 pub mod layout;
 pub mod linux;
@@ -110,6 +111,7 @@ pub fn image() -> Result<&'static [u8]> {
 pub(crate) mod entry {
     pub use super::symbols::{
         GUEST_MEMSTRESS as MEMSTRESS, GUEST_PROBE as PROBE, GUEST_S1_PROBE as S1_PROBE,
+        GUEST_TIMER_PROBE as TIMER_PROBE,
     };
 }
 /// Guest code entry points in the image (none without one).
@@ -118,6 +120,7 @@ pub(crate) mod entry {
     pub const MEMSTRESS: u64 = 0;
     pub const PROBE: u64 = 0;
     pub const S1_PROBE: u64 = 0;
+    pub const TIMER_PROBE: u64 = 0;
 }
 
 /// The guest probe's entry point (one load or store, then HVC with what it
@@ -125,6 +128,13 @@ pub(crate) mod entry {
 /// IPA, x2 = value.
 pub fn probe_entry() -> u64 {
     entry::PROBE
+}
+
+/// The timer probe's entry point: it arms the virtual timer to fire at
+/// once (interrupts masked, so the guest never takes it), then makes HVC
+/// after HVC with x0 = 2, for [`vm::Arm64Vm::run`].
+pub fn timer_probe_entry() -> u64 {
+    entry::TIMER_PROBE
 }
 
 /// Whether the arm64 model can run here, or why not (for tests that skip).

@@ -1,13 +1,14 @@
 //! One `qemu-system-aarch64` process running the EL2 stub, its RAM shared
 //! with this process, and the mailboxes through which the two talk.
 
+use crate::doorbell::Bells;
 use crate::layout::{self, mb};
 pub use crate::ram::SharedRam;
 use crate::{image, Arm64Error, Result};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,7 @@ pub struct Machine {
     ram: Arc<SharedRam>,
     child: Mutex<Child>,
     console: Arc<Mutex<String>>,
+    bells: Arc<Bells>,
     cpus: usize,
 }
 
@@ -94,8 +96,8 @@ fn spawn_qemu(
 }
 
 /// Collects QEMU's stdout and stderr (the stub's semihosting console) on
-/// threads, up to 64 KiB.
-fn collect_console(child: &mut Child) -> Arc<Mutex<String>> {
+/// threads, up to 64 KiB, ringing the doorbells the stub writes there.
+fn collect_console(child: &mut Child, bells: &Arc<Bells>) -> Arc<Mutex<String>> {
     let console = Arc::new(Mutex::new(String::new()));
     for pipe in [
         child
@@ -111,16 +113,20 @@ fn collect_console(child: &mut Child) -> Arc<Mutex<String>> {
     .flatten()
     {
         let console = console.clone();
+        let bells = bells.clone();
         std::thread::spawn(move || {
             let mut pipe = pipe;
             let mut buf = [0u8; 4096];
+            let mut text = Vec::with_capacity(buf.len());
             while let Ok(n) = pipe.read(&mut buf) {
                 if n == 0 {
                     break;
                 }
+                text.clear();
+                bells.split(&buf[..n], &mut text);
                 let mut c = console.lock().unwrap();
-                if c.len() < 1 << 16 {
-                    c.push_str(&String::from_utf8_lossy(&buf[..n]));
+                if c.len() < 1 << 16 && !text.is_empty() {
+                    c.push_str(&String::from_utf8_lossy(&text));
                 }
             }
         });
@@ -162,11 +168,13 @@ impl Machine {
         std::fs::write(&elf, image)
             .map_err(|e| Arm64Error::Io(format!("{}: {e}", elf.display())))?;
         let mut child = spawn_qemu(&qemu, cfg.cpus, ram_len, &ram, &elf)?;
-        let console = collect_console(&mut child);
+        let bells = Arc::new(Bells::new());
+        let console = collect_console(&mut child, &bells);
         let m = Machine {
             ram,
             child: Mutex::new(child),
             console,
+            bells,
             cpus: cfg.cpus,
         };
         let booted = m.boot();
@@ -280,6 +288,7 @@ impl Machine {
         assert!(cpu < self.cpus, "no CPU {cpu}");
         Mailbox {
             m: self,
+            cpu,
             base: layout::MBOX0 + cpu as u64 * layout::MBOX_SIZE,
         }
     }
@@ -342,6 +351,7 @@ impl Exit {
 /// One CPU's mailbox.
 pub struct Mailbox<'a> {
     m: &'a Machine,
+    cpu: usize,
     base: u64,
 }
 
@@ -493,6 +503,30 @@ impl Mailbox<'_> {
             ],
             rt: self.w(mb::MMIO_DATA).load(Ordering::Relaxed),
         })
+    }
+
+    /// Sleeps until the stub posts the exit after `last` or `timeout`
+    /// passes; that exit, if there is one by then. The stub rings this
+    /// CPU's doorbell for an exit it posts while the host sleeps (see
+    /// `doorbell.rs`), so the sleep costs no polling; a sleep the stub does
+    /// not end (no exit, or a command finishing) ends at `timeout`.
+    pub fn sleep_until_exit(&self, last: u64, timeout: Duration) -> Option<Exit> {
+        self.write(mb::HOST_WAITING, 1);
+        // The flag's store before the exit's load; the stub has a DMB
+        // between its exit's store and the flag's load.
+        fence(Ordering::SeqCst);
+        let mut e = self.poll_exit(last);
+        if e.is_none() {
+            self.m.bells.wait(self.cpu, timeout);
+            e = self.poll_exit(last);
+        }
+        self.write(mb::HOST_WAITING, 0);
+        e
+    }
+
+    /// Doorbell rings the host has received from this CPU's stub.
+    pub fn doorbells(&self) -> u64 {
+        self.m.bells.count(self.cpu)
     }
 
     /// Waits for the exit after `last`, or for command `run_seq` to finish.

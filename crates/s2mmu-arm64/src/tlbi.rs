@@ -17,11 +17,12 @@
 
 use crate::layout::{self, mb};
 use crate::machine::Machine;
+use crate::Result;
 use s2mmu::tlb::arm64::{Arm64Tlbi, Barrier, Insn, TlbiOp, TlbiSink};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The stub's code for an instruction (mirrored in `asm/hyp.S`).
 pub fn encode(insn: Insn) -> (u64, u64) {
@@ -255,6 +256,33 @@ impl HypSink {
         let mbox = self.machine.mailbox(self.service_cpu);
         if let Err(e) = mbox.command(layout::CMD_KICK, &[sgi]) {
             panic!("service CPU did not send a kick: {e}");
+        }
+    }
+
+    /// Parks the service CPU ([`crate::machine::Mailbox::park`]): its
+    /// waits for a command back off to `wait` instead of 640 µs, so QEMU
+    /// wakes far less often while nothing needs it; a command then waits
+    /// up to `wait` to be picked up. [`HypSink::wake_service`] ends it.
+    ///
+    /// # Errors
+    /// As [`crate::machine::Mailbox::park`].
+    pub fn park_service(&self, wait: Duration) -> Result<()> {
+        self.machine.mailbox(self.service_cpu).park(wait)
+    }
+
+    /// Ends [`HypSink::park_service`] and has the service CPU answer a
+    /// ping, so that the next command finds it in its short waits, not in
+    /// the park's wait: the wait in progress is the caller's, not that
+    /// command's (a pause's kick counts in a migration's downtime).
+    ///
+    /// # Panics
+    /// If the service CPU stops answering (as for maintenance).
+    pub fn wake_service(&self) {
+        let _one = self.service.lock().unwrap();
+        let mbox = self.machine.mailbox(self.service_cpu);
+        mbox.unpark();
+        if let Err(e) = mbox.command(layout::CMD_PING, &[]) {
+            panic!("service CPU did not answer a ping: {e}");
         }
     }
 

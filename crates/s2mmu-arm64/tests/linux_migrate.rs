@@ -31,7 +31,7 @@ use s2mmu_migrate::session::source::{SourceConfig, SourceOutcome};
 use s2mmu_migrate::state::State;
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::NetConfig;
-use s2mmu_migrate::vm::GuestRun;
+use s2mmu_migrate::vm::{GuestRun, SessionVm};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,6 +114,44 @@ fn a_blank_machine_parks_until_unparked() {
     assert!(vm.cpus_parked(), "a blank machine's CPUs are parked");
     vm.unpark_cpus();
     assert!(!vm.cpus_parked());
+}
+
+/// A one-vCPU source's service CPU parks while round 0 runs (from the
+/// session's hook after the log starts) and is awake again, with nothing
+/// left of the park, at the first harvest, a pause and the log's end; a
+/// two-vCPU source's never parks (it carries their IPIs).
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn a_one_vcpu_source_parks_its_service_cpu_while_logging() {
+    let _one = common::serial();
+    let Some(a) = common::linux_assets() else {
+        return;
+    };
+    for vcpus in [1, 2] {
+        let cfg = config(&a, vcpus);
+        let vm = LinuxVm::boot(&cfg).expect("A boots");
+        let src = LinuxSource::new(vm);
+        let v = src.vm();
+        let parked = || v.lock().cpus_parked();
+        let mut bitmap = vec![0u64; (cfg.mem / 4096).div_ceil(64) as usize];
+        let slot = s2mmu_arm64::linux::vm::RAM_SLOT;
+        v.enable_dirty_logging().unwrap();
+        src.begin_hook().unwrap();
+        assert_eq!(parked(), vcpus == 1, "{vcpus} vCPUs: parked in round 0");
+        v.get_dirty_log(slot, &mut bitmap).unwrap();
+        assert!(!parked(), "{vcpus} vCPUs: parked after the first harvest");
+        src.begin_hook().unwrap();
+        src.pause();
+        assert!(!parked(), "{vcpus} vCPUs: parked after a pause");
+        src.resume();
+        src.begin_hook().unwrap();
+        v.disable_dirty_logging().unwrap();
+        assert!(!parked(), "{vcpus} vCPUs: parked after the log ended");
+        v.lock().shut_down().expect("the threads end cleanly");
+    }
 }
 
 /// Two vCPUs (one runs the counter, one idles in WFI): both stop at the

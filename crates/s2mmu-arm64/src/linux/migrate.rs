@@ -385,6 +385,15 @@ impl LinuxVm {
         self.mmu()
     }
 
+    /// The engine's TLBI sink (its service CPU).
+    pub(super) fn engine_sink(&self) -> &Arc<crate::tlbi::HypSink> {
+        match (&self.run, &self.idle) {
+            (Some(r), _) => r.sh.vm.sink(),
+            (None, Some(v)) => v.sink(),
+            (None, None) => unreachable!("the engine's VM is either idle or running"),
+        }
+    }
+
     fn mmu(&self) -> &Arc<crate::vm::Arm64Mmu> {
         match (&self.run, &self.idle) {
             (Some(r), _) => r.sh.vm.mmu(),

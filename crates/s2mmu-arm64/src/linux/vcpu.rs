@@ -120,6 +120,14 @@ fn run_vcpu(
 /// Waits for the next exit (`None` once the RUN command has finished),
 /// without a deadline of its own: a guest may idle for long. QEMU's death
 /// or the VM's stop ends the wait.
+///
+/// It spins and yields briefly (a guest's faults after a harvest come in
+/// bursts), then sleeps until the stub rings the CPU's doorbell
+/// ([`Mailbox::sleep_until_exit`]). It used to poll in naps of 20 to
+/// 200 µs: a near-idle guest's thread woke thousands of times a second,
+/// and the stub, waiting for an answer that came only after a nap, woke
+/// QEMU's main loop on a 20 µs timer the while, all of it taken from the
+/// migration's threads on 2 cores.
 pub(crate) fn wait_exit(
     sh: &Shared,
     mbox: &Mailbox<'_>,
@@ -135,41 +143,28 @@ pub(crate) fn wait_exit(
             return Ok(None);
         }
         spins = spins.saturating_add(1);
-        if spins < 256 {
+        if spins < EXIT_SPINS {
             std::hint::spin_loop();
-        } else if spins < 512 {
+        } else if spins < EXIT_SPINS + EXIT_YIELDS {
             std::thread::yield_now();
         } else {
-            if spins.is_multiple_of(256) {
-                sh.vm.machine().check_alive()?;
-                sh.check_deadline();
+            sh.vm.machine().check_alive()?;
+            sh.check_deadline();
+            if let Some(e) = mbox.sleep_until_exit(last, EXIT_SLEEP) {
+                return Ok(Some(e));
             }
-            std::thread::sleep(Duration::from_micros(exit_nap_us(spins - 512)));
         }
     }
 }
 
-/// Naps of [`SHORT_EXIT_NAP_US`] while an exit is likely near (a guest's
-/// faults after a harvest come in bursts), then twice as long after each
-/// [`NAPS_PER_STEP`] naps without one, up to 8 times that; after about
-/// 20,000 naps (an idle guest) 200 µs. At a fixed 20 µs the thread of a
-/// near-idle guest (its timer tick every few ms) woke some 40,000 times a
-/// second: 0.6 s of CPU in a 3.5 s round 0, beside the sender and receiver
-/// on 2 cores.
-fn exit_nap_us(naps: u32) -> u64 {
-    match naps {
-        n if n >= 20_000 => 200,
-        n if n < SHORT_EXIT_NAPS => SHORT_EXIT_NAP_US,
-        n => SHORT_EXIT_NAP_US << ((n - SHORT_EXIT_NAPS) / NAPS_PER_STEP + 1).min(3),
-    }
-}
-
-/// The shortest nap while a vCPU's thread waits for an exit.
-const SHORT_EXIT_NAP_US: u64 = 20;
-/// Naps of [`SHORT_EXIT_NAP_US`] before the thread backs off.
-const SHORT_EXIT_NAPS: u32 = 64;
-/// Naps at each longer step.
-const NAPS_PER_STEP: u32 = 16;
+/// Spins before the thread yields while it waits for an exit.
+const EXIT_SPINS: u32 = 256;
+/// Yields before it sleeps.
+const EXIT_YIELDS: u32 = 16;
+/// The longest sleep: how often a thread whose guest is idle looks at
+/// QEMU's life, the VM's deadline and a finished command (a stop kicks
+/// the vCPU, whose exit rings the doorbell).
+const EXIT_SLEEP: Duration = Duration::from_millis(10);
 
 pub(crate) fn handle(
     sh: &Shared,
@@ -396,24 +391,4 @@ fn device_access(sh: &Shared, id: usize, ipa: u64, size: u64, write: Option<u64>
         return 0;
     }
     u64::from_le_bytes(buf)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// 64 short naps, then 40, 80 and 160 µs, never shorter than the nap
-    /// before, and 200 µs for a guest idle for good.
-    #[test]
-    fn exit_naps_back_off_in_steps() {
-        assert_eq!(exit_nap_us(0), 20);
-        assert_eq!(exit_nap_us(SHORT_EXIT_NAPS - 1), 20);
-        assert_eq!(exit_nap_us(SHORT_EXIT_NAPS), 40);
-        assert_eq!(exit_nap_us(SHORT_EXIT_NAPS + NAPS_PER_STEP), 80);
-        assert_eq!(exit_nap_us(SHORT_EXIT_NAPS + 2 * NAPS_PER_STEP), 160);
-        assert_eq!(exit_nap_us(19_999), 160);
-        assert_eq!(exit_nap_us(20_000), 200);
-        assert_eq!(exit_nap_us(u32::MAX), 200);
-        assert!((1..25_000).all(|n| exit_nap_us(n) >= exit_nap_us(n - 1)));
-    }
 }
