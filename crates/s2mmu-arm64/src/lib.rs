@@ -109,11 +109,11 @@ pub fn image() -> Result<&'static [u8]> {
 /// Guest code entry points in the image.
 #[cfg(s2mmu_arm64_image)]
 pub(crate) mod entry {
+    pub use super::symbols::GUEST_SEMIHOST_PROBE as SEMIHOST_PROBE;
     pub use super::symbols::{
         GUEST_MEMSTRESS as MEMSTRESS, GUEST_PROBE as PROBE, GUEST_S1_PROBE as S1_PROBE,
         GUEST_TIMER_PROBE as TIMER_PROBE,
     };
-    pub use super::symbols::GUEST_SEMIHOST_PROBE as SEMIHOST_PROBE;
 }
 /// Guest code entry points in the image (none without one).
 #[cfg(not(s2mmu_arm64_image))]

@@ -87,7 +87,8 @@ fn a_guest_semihosting_call_does_not_reach_the_host() {
     let report = probe(&vm, SYS_WRITE0, MARKER);
     let host_file = std::env::temp_dir().join(&tag);
     let path = host_file.to_str().unwrap().to_string();
-    ram.write_bytes(PATH, format!("{path}\0").as_bytes()).unwrap();
+    ram.write_bytes(PATH, format!("{path}\0").as_bytes())
+        .unwrap();
     ram.write(BLOCK, PATH);
     ram.write(BLOCK + 8, MODE_W);
     ram.write(BLOCK + 16, path.len() as u64);
