@@ -107,3 +107,37 @@ fn a_guest_semihosting_call_does_not_reach_the_host() {
     assert_undef("SYS_WRITE0", report);
     assert_undef("SYS_OPEN", open_report);
 }
+
+/// The stub's own way out still works without semihosting: an exception
+/// at EL2 (an AT list at an address beyond the physical address space, a
+/// load that faults with the MMU off) sends `hyp_panic`'s message through
+/// the UART to QEMU's output, where the host reads it, and sets the
+/// mailbox's error word. With the message still written by semihosting
+/// (now off) nothing would arrive.
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn the_stubs_panic_message_comes_out_of_the_uart() {
+    let _one = common::serial();
+    let Some(m) = common::machine(2, 2 << 20) else {
+        return;
+    };
+    let mbox = m.mailbox(0);
+    assert_eq!(mbox.bad_insns(), 0);
+    // AT: VTCR, VTTBR, HCR, IPA list, count 1, output list, read.
+    let beyond = 1u64 << 60;
+    mbox.post(layout::CMD_AT, &[0, 0, 0, beyond, 1, layout::SCRATCH, 0]);
+    let t = std::time::Instant::now();
+    let message = "s2mmu-hyp: exception taken at EL2";
+    while !m.console().contains(message) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no panic message on the console: {:?}",
+            m.console()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(mbox.bad_insns(), 0xdead, "the stub's error word");
+}
