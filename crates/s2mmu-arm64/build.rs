@@ -119,6 +119,7 @@ fn assemble(out: &Path) -> Result<String, String> {
         "guest_probe",
         "guest_s1_probe",
         "guest_timer_probe",
+        "guest_semihost_probe",
     ] {
         let addr = nm
             .lines()

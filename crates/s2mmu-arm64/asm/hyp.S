@@ -107,6 +107,15 @@
         .equ    VTIMER_INTID,   27
         .equ    PPI_ENABLE,     (1 << KICK_SGI) | (1 << MAINT_INTID) | (1 << TIMER_HYP_INTID) | (1 << VTIMER_INTID)
         .equ    SPIN_BEFORE_IDLE, 2048
+        // QEMU virt's PL011 UART0: the stub's only way out to the host
+        // (the doorbell's byte, the panic message), written at EL2 with
+        // the MMU off. No stage-2 table maps it: a guest cannot reach it.
+        // QEMU starts without -semihosting, so a guest's HLT #0xf000 is
+        // an UNDEF, not a host file or console call.
+        .equ    UART0,          0x09000000
+        .equ    UART_FR,        0x18            // flags: TXFF is bit 5
+        .equ    UART_CR,        0x30
+        .equ    UART_CR_ON,     0x101           // UARTEN | TXE
         // A CPU with no command waits IDLE_SHORT_WAITS times 20 us (a
         // harvest's commands come closer together than that), then doubles
         // its wait after each one that brought none, up to 20 us <<
@@ -204,6 +213,9 @@ _start:
         // Boot CPU: say we are alive, wait for the host to say how many
         // CPUs to start, start the others through PSCI (SMC conduit with
         // virtualization=on and no EL3).
+        ldr     x1, =UART0
+        mov     w2, #UART_CR_ON
+        str     w2, [x1, #UART_CR]
         ldr     x21, =CTL
         ldr     x2, =0x733232756d6d6d73
         str     x2, [x21]
@@ -556,8 +568,8 @@ post_exit:
         add     x7, x28, #MB_EXIT_SEQ
         stlr    x6, [x7]
         // The host thread sleeps (MB_HOST_WAITING): ring its doorbell, one
-        // byte to QEMU's semihosting console (SYS_WRITEC), which this
-        // CPU's QEMU thread writes to a pipe the host reads. The DMB
+        // byte to the UART, which this CPU's QEMU thread writes to a pipe
+        // the host reads (x4, Rt's number, is live). The DMB
         // orders the exit's store before the flag's load (the host stores
         // the flag, fences, then reads EXIT_SEQ): one side sees the other.
         dmb     ish
@@ -566,9 +578,11 @@ post_exit:
         ldr     x8, [x28, #MB_BELLS]
         add     x8, x8, #1
         str     x8, [x28, #MB_BELLS]
-        add     x1, x28, #MB_BELL_BYTE
-        mov     x0, #3                          // SYS_WRITEC
-        hlt     #0xf000
+        ldr     x1, =UART0
+7:      ldr     w0, [x1, #UART_FR]
+        tbnz    w0, #5, 7b                      // TX FIFO full
+        ldr     x0, [x28, #MB_BELL_BYTE]
+        str     w0, [x1]                        // UARTDR
 6:
         // Wait for the answer: spin, then EXIT_SHORT_WAITS waits of 20 us,
         // then double the wait after each one that brought none, up to
@@ -707,7 +721,7 @@ mmio_done:
         b       4b
 
 // Anything taken from EL2 itself is a bug of this program: report it on
-// the console (semihosting) and stop.
+// the console (the UART) and stop.
 hyp_panic:
         mrs     x28, tpidr_el2
         mrs     x1, esr_el2
@@ -716,9 +730,14 @@ hyp_panic:
         str     x1, [x28, #MB_ELR]
         mov     x1, #0xdead
         str     x1, [x28, #MB_BAD_INSN]
-        adr     x1, panic_msg
-        mov     x0, #4
-        hlt     #0xf000
+        adr     x2, panic_msg
+        ldr     x1, =UART0
+2:      ldrb    w3, [x2], #1
+        cbz     w3, 1f
+3:      ldr     w0, [x1, #UART_FR]
+        tbnz    w0, #5, 3b                      // TX FIFO full
+        str     w3, [x1]                        // UARTDR
+        b       2b
 1:      b       1b
 
 panic_msg:
@@ -896,6 +915,23 @@ guest_s1_probe:
         mov     x6, x1
 1:      ldr     x1, [x6]
         mov     x0, #2
+        hvc     #0
+        b       1b
+
+// Semihosting from EL1, which must not reach the host: x0 = the
+// operation (4 SYS_WRITE0, 1 SYS_OPEN, ...), x1 = its parameter (an IPA,
+// read once first so the engine maps its page). If the HLT came back as a
+// call it reports HVC x0 = 2, x1 = the call's result; its UNDEF is
+// reported by the vectors below (HVC x0 = 5, x1 = ESR_EL1).
+        .global guest_semihost_probe
+guest_semihost_probe:
+        adr     x5, guest_el1_vectors
+        msr     vbar_el1, x5
+        ldr     x5, [x1]
+        isb
+        hlt     #0xf000
+        mov     x1, x0
+1:      mov     x0, #2
         hvc     #0
         b       1b
 

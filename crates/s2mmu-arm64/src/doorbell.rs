@@ -4,10 +4,10 @@
 //! The host sets [`mb::HOST_WAITING`] before it sleeps, then reads the
 //! exit sequence again; the stub, after it has posted an exit, reads the
 //! flag and, if it is set, writes one byte (its CPU index plus one) to
-//! QEMU's semihosting console (`SYS_WRITEC`). Each side has a full barrier
+//! QEMU virt's PL011 UART (`UARTDR`). Each side has a full barrier
 //! between its store and its load (the host a `SeqCst` fence, the stub a
 //! `DMB ISH`), so at least one of them sees the other: the host finds the
-//! exit, or the stub rings. QEMU writes the byte to its stderr from that
+//! exit, or the stub rings. QEMU writes the byte to its stdout from that
 //! CPU's own thread, without its main loop; [`Bells::split`] takes it out
 //! of the console text and wakes the sleeper. A sleeper also wakes after
 //! its timeout, so a lost byte costs latency, never a hang.

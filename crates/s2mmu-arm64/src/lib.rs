@@ -109,6 +109,7 @@ pub fn image() -> Result<&'static [u8]> {
 /// Guest code entry points in the image.
 #[cfg(s2mmu_arm64_image)]
 pub(crate) mod entry {
+    pub use super::symbols::GUEST_SEMIHOST_PROBE as SEMIHOST_PROBE;
     pub use super::symbols::{
         GUEST_MEMSTRESS as MEMSTRESS, GUEST_PROBE as PROBE, GUEST_S1_PROBE as S1_PROBE,
         GUEST_TIMER_PROBE as TIMER_PROBE,
@@ -121,6 +122,7 @@ pub(crate) mod entry {
     pub const PROBE: u64 = 0;
     pub const S1_PROBE: u64 = 0;
     pub const TIMER_PROBE: u64 = 0;
+    pub const SEMIHOST_PROBE: u64 = 0;
 }
 
 /// The guest probe's entry point (one load or store, then HVC with what it
@@ -135,6 +137,15 @@ pub fn probe_entry() -> u64 {
 /// after HVC with x0 = 2, for [`vm::Arm64Vm::run`].
 pub fn timer_probe_entry() -> u64 {
     entry::TIMER_PROBE
+}
+
+/// The semihosting probe's entry point: it makes the semihosting call
+/// `HLT #0xf000` at EL1 with x0 = the operation and x1 = its parameter (an
+/// IPA), then reports with HVC x0 = 2, x1 = the call's result; an
+/// exception at EL1 (the HLT's UNDEF) with HVC x0 = 5, x1 = ESR_EL1. For
+/// [`vm::Arm64Vm::run`].
+pub fn semihost_probe_entry() -> u64 {
+    entry::SEMIHOST_PROBE
 }
 
 /// Whether the arm64 model can run here, or why not (for tests that skip).

@@ -84,8 +84,13 @@ fn spawn_qemu(
             ),
         ])
         .args(["-machine", "memory-backend=mem"])
-        .args(["-display", "none", "-serial", "none", "-monitor", "none"])
-        .args(["-semihosting", "-nodefaults"])
+        // No -semihosting: with it QEMU serves HLT #0xf000 from EL1 as
+        // well as EL2 (translate-a64.c: semihosting_enabled(el == 0)), so
+        // a guest kernel could open, write and remove host files. The
+        // stub writes to the PL011 (UART0) instead, whose output comes
+        // out on QEMU's stdout.
+        .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
+        .arg("-nodefaults")
         .arg("-kernel")
         .arg(elf)
         .stdin(Stdio::null())
@@ -95,7 +100,7 @@ fn spawn_qemu(
         .map_err(|e| Arm64Error::Unavailable(format!("{}: {e}", qemu.display())))
 }
 
-/// Collects QEMU's stdout and stderr (the stub's semihosting console) on
+/// Collects QEMU's stdout (the stub's UART console) and stderr on
 /// threads, up to 64 KiB, ringing the doorbells the stub writes there.
 fn collect_console(child: &mut Child, bells: &Arc<Bells>) -> Arc<Mutex<String>> {
     let console = Arc::new(Mutex::new(String::new()));
