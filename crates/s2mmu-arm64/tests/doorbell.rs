@@ -118,6 +118,19 @@ fn wait_bound(m: &Machine, ticks: u64) -> u64 {
     EXIT_SHORT_WAITS + u64::from(EXIT_BACKOFF_SHIFT) + ticks / longest + 2
 }
 
+/// Runs [`late_answer`] on the guest at `entry` and asserts the stub
+/// waited, but no more often than [`wait_bound`] allows.
+fn assert_few_waits(m: &std::sync::Arc<Machine>, entry: u64, what: &str) {
+    let (waits, ticks) = late_answer(m, entry);
+    let bound = wait_bound(m, ticks);
+    eprintln!("{waits} waits in {ticks} ticks {what} (at most {bound})");
+    assert!(waits > 0, "the stub waited on its timer");
+    assert!(
+        waits <= bound,
+        "{waits} waits in {ticks} ticks: more than {bound}"
+    );
+}
+
 /// An exit the host answers 100 ms late: the stub makes its short waits,
 /// the ramp and then one wait per longest, so few; at a fixed 20 µs it
 /// made one per 20 µs plus QEMU's overhead (a wait never ends before its
@@ -132,14 +145,7 @@ fn a_late_answer_makes_the_stub_back_off() {
     let Some(m) = common::machine(2, 2 << 20) else {
         return;
     };
-    let (waits, ticks) = late_answer(&m, s2mmu_arm64::probe_entry());
-    let bound = wait_bound(&m, ticks);
-    eprintln!("{waits} waits in {ticks} ticks for one late answer (at most {bound})");
-    assert!(waits > 0, "the stub waited on its timer");
-    assert!(
-        waits <= bound,
-        "{waits} waits in {ticks} ticks: more than {bound}"
-    );
+    assert_few_waits(&m, s2mmu_arm64::probe_entry(), "for one late answer");
 }
 
 /// The same late answer to a guest whose virtual timer has fired: the
@@ -156,12 +162,9 @@ fn a_fired_guest_timer_does_not_make_the_wait_spin() {
     let Some(m) = common::machine(2, 2 << 20) else {
         return;
     };
-    let (waits, ticks) = late_answer(&m, s2mmu_arm64::timer_probe_entry());
-    let bound = wait_bound(&m, ticks);
-    eprintln!("{waits} waits in {ticks} ticks with the guest's timer fired (at most {bound})");
-    assert!(waits > 0, "the stub waited on its timer");
-    assert!(
-        waits <= bound,
-        "{waits} waits in {ticks} ticks: more than {bound}"
+    assert_few_waits(
+        &m,
+        s2mmu_arm64::timer_probe_entry(),
+        "with the guest's timer fired",
     );
 }

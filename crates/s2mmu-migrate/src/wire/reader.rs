@@ -261,7 +261,7 @@ impl<R: Read> WireReader<R> {
     /// # Errors
     /// [`MigrateError::Truncated`], [`MigrateError::Io`],
     /// [`MigrateError::Timeout`].
-    pub fn read_pages(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<(), MigrateError> {
+    pub fn read_pages(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<(), MigrateError> {
         let clock = StageClock::start();
         let r = self.read_pages_untimed(bufs);
         self.stages.read_ns += clock.wall_ns();
@@ -269,13 +269,26 @@ impl<R: Read> WireReader<R> {
         r
     }
 
-    fn read_pages_untimed(
-        &mut self,
-        mut bufs: &mut [std::io::IoSliceMut<'_>],
-    ) -> Result<(), MigrateError> {
+    fn read_pages_untimed(&mut self, mut bufs: &mut [IoSliceMut<'_>]) -> Result<(), MigrateError> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut got = 0usize;
         while got < total {
+            let n = self.read_page_data(bufs)?;
+            got += n;
+            IoSliceMut::advance_slices(&mut bufs, n);
+        }
+        Ok(())
+    }
+
+    /// One vectored read of a PAGES record's data into `bufs` (retried
+    /// when interrupted, paced like every read of a record): the bytes it
+    /// brought, at least one, counted in the stream's position.
+    ///
+    /// # Errors
+    /// [`MigrateError::Truncated`] at the stream's end,
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    fn read_page_data(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, MigrateError> {
+        loop {
             match self.pace.read(&mut self.r, |r| r.read_vectored(bufs)) {
                 Ok(0) => {
                     return Err(MigrateError::Truncated {
@@ -284,15 +297,13 @@ impl<R: Read> WireReader<R> {
                     })
                 }
                 Ok(n) => {
-                    got += n;
                     self.pos += n as u64;
-                    std::io::IoSliceMut::advance_slices(&mut bufs, n);
+                    return Ok(n);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(MigrateError::io("receiving the migration stream", &e)),
             }
         }
-        Ok(())
     }
 
     /// Reads the data of the last PAGES record into `pages` (one page
@@ -339,7 +350,8 @@ impl<R: Read> WireReader<R> {
         at_byte: u64,
         check_ns: &mut u64,
     ) -> Result<(), MigrateError> {
-        let mut want = self.entries.iter().filter(|e| !e.zero);
+        // The next entry to look at for a data page's hash.
+        let mut want = 0usize;
         // Pages wholly read (and checked), and bytes read of the next one.
         let (mut done, mut part) = (0usize, 0usize);
         while done < pages.len() {
@@ -347,23 +359,17 @@ impl<R: Read> WireReader<R> {
             let (first, rest) = pages[done..].split_at_mut(1);
             iov.push(IoSliceMut::new(&mut first[0][part..]));
             iov.extend(rest.iter_mut().map(|p| IoSliceMut::new(p)));
-            let got = match self.pace.read(&mut self.r, |r| r.read_vectored(&mut iov)) {
-                Ok(0) => {
-                    return Err(MigrateError::Truncated {
-                        at_byte: self.pos,
-                        inside: "a PAGES record's data",
-                    })
-                }
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(MigrateError::io("receiving the migration stream", &e)),
-            };
+            let got = self.read_page_data(&mut iov)?;
             drop(iov);
-            self.pos += got as u64;
             let complete = done + (part + got) / PAGE_SIZE;
             part = (part + got) % PAGE_SIZE;
             let t = Instant::now();
-            for (page, e) in pages[done..complete].iter().zip(want.by_ref()) {
+            for page in pages[done..complete].iter() {
+                while self.entries[want].zero {
+                    want += 1;
+                }
+                let e = self.entries[want];
+                want += 1;
                 if page_hash(page, e.gpa) != e.hash {
                     return Err(MigrateError::PageChecksum {
                         gpa: e.gpa,
