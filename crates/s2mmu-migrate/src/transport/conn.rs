@@ -87,20 +87,25 @@ pub const SEAL_SPAN: usize = SEAL_BEFORE + SEAL_PLAIN + SEAL_AFTER;
 
 /// Where the stream's byte `at` lies in a buffer for
 /// [`Connection::write_sealed`].
+/// (Saturating: no buffer is that large.)
 pub const fn sealed_offset(at: usize) -> usize {
-    (at / SEAL_PLAIN) * SEAL_SPAN + SEAL_BEFORE + at % SEAL_PLAIN
+    (at / SEAL_PLAIN)
+        .saturating_mul(SEAL_SPAN)
+        .saturating_add(SEAL_BEFORE + at % SEAL_PLAIN)
 }
 
 /// Bytes of such a buffer that `plain` bytes of the stream take, their
-/// records' reserved room included.
+/// records' reserved room included (saturating).
 pub const fn sealed_len(plain: usize) -> usize {
     let rest = plain % SEAL_PLAIN;
-    (plain / SEAL_PLAIN) * SEAL_SPAN
-        + if rest > 0 {
-            SEAL_BEFORE + rest + SEAL_AFTER
-        } else {
-            0
-        }
+    let last = if rest > 0 {
+        SEAL_BEFORE + rest + SEAL_AFTER
+    } else {
+        0
+    };
+    (plain / SEAL_PLAIN)
+        .saturating_mul(SEAL_SPAN)
+        .saturating_add(last)
 }
 
 /// `frames` cut to [`sealed_len`]`(plain)`, or `InvalidInput` when it is
