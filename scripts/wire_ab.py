@@ -6,12 +6,15 @@ keeps each sitting's JSON under OUTDIR, and prints per binary and policy
 (TLS, no TLS): the median over sittings of each sitting's median round 0
 as % of plain TCP, the pooled median round 0 (all runs), the median CPU
 a page on the source and the destination, the median downtime, and the
-load average at each sitting's start.
+load average at each sitting's start; then, per policy, p-values of B
+against A (a permutation test of the difference of medians, over the
+runs) for the source's and destination's CPU a page and round 0's rate.
 
 Usage: scripts/wire_ab.py BIN_A BIN_B N OUTDIR [--summary-only]
 (--summary-only reads OUTDIR's JSON again without running anything)."""
 import json
 import os
+import random
 import statistics as st
 import subprocess
 import sys
@@ -54,6 +57,22 @@ def summary(outdir):
               f"| {st.median(e['rate']) / 1e9:.3f} | {st.median(e['src']):.0f} "
               f"| {st.median(e['dst']):.0f} | {st.median(e['down']):.1f} "
               f"| {min(e['load']):.1f}-{max(e['load']):.1f} |")
+    for pol in ("TLS", "no TLS"):
+        a, b = rows.get(("a", pol)), rows.get(("b", pol))
+        if a and b:
+            ps = ", ".join(f"{k} p={perm_p(a[k], b[k]):.3f}" for k in ("src", "dst", "rate"))
+            print(f"{pol}: B against A over {len(a['src'])}/{len(b['src'])} runs: {ps}")
+
+
+def perm_p(a, b, n=20000):
+    """Two-sided permutation p of the difference of the medians."""
+    obs = abs(st.median(a) - st.median(b))
+    both, hits = a + b, 0
+    rng = random.Random(1)
+    for _ in range(n):
+        rng.shuffle(both)
+        hits += abs(st.median(both[:len(a)]) - st.median(both[len(a):])) >= obs
+    return hits / n
 
 
 def main():
