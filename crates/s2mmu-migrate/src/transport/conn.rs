@@ -40,6 +40,90 @@ pub trait Connection: Read + Write + Send {
 
     /// The peer, in words (an address, a socket path).
     fn peer(&self) -> String;
+
+    /// Whether [`Connection::write_sealed`] seals records in place (a
+    /// TLS record layer): a bulk writer that lays its bytes out as
+    /// [`sealed_offset`] says then saves a copy of every byte.
+    fn seals_in_place(&self) -> bool {
+        false
+    }
+
+    /// Writes `head`, then the first `plain` bytes of the stream laid
+    /// out in `frames` as [`sealed_offset`] says (room left for each
+    /// record's header before and its content type and tag after). A
+    /// connection that [seals in place](Connection::seals_in_place)
+    /// encrypts `frames` where they lie (the plaintext is gone after the
+    /// call); any other writes the plaintext as it is.
+    ///
+    /// # Errors
+    /// `InvalidInput` when `frames` is shorter than [`sealed_len`]`(plain)`;
+    /// the connection's error when writing fails.
+    fn write_sealed(
+        &mut self,
+        head: &[u8],
+        frames: &mut [u8],
+        plain: usize,
+    ) -> std::io::Result<()> {
+        let frames = frames_checked(frames, plain)?;
+        self.write_all(head)?;
+        for (r, rec) in frames.chunks(SEAL_SPAN).enumerate() {
+            let n = (plain - r * SEAL_PLAIN).min(SEAL_PLAIN);
+            self.write_all(&rec[SEAL_BEFORE..SEAL_BEFORE + n])?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes reserved before each record's plaintext in a buffer for
+/// [`Connection::write_sealed`]: a TLS record header.
+pub const SEAL_BEFORE: usize = 5;
+/// Bytes reserved after each record's plaintext: TLS 1.3's inner content
+/// type and the AEAD tag.
+pub const SEAL_AFTER: usize = 1 + 16;
+/// Plaintext bytes of each record but the last (TLS's largest, 2^14).
+pub const SEAL_PLAIN: usize = 1 << 14;
+/// Bytes one whole record takes in such a buffer.
+pub const SEAL_SPAN: usize = SEAL_BEFORE + SEAL_PLAIN + SEAL_AFTER;
+
+/// Where the stream's byte `at` lies in a buffer for
+/// [`Connection::write_sealed`].
+/// (Saturating: no buffer is that large.)
+pub const fn sealed_offset(at: usize) -> usize {
+    (at / SEAL_PLAIN)
+        .saturating_mul(SEAL_SPAN)
+        .saturating_add(SEAL_BEFORE + at % SEAL_PLAIN)
+}
+
+/// Bytes of such a buffer that `plain` bytes of the stream take, their
+/// records' reserved room included (saturating).
+pub const fn sealed_len(plain: usize) -> usize {
+    let rest = plain % SEAL_PLAIN;
+    let last = if rest > 0 {
+        SEAL_BEFORE + rest + SEAL_AFTER
+    } else {
+        0
+    };
+    (plain / SEAL_PLAIN)
+        .saturating_mul(SEAL_SPAN)
+        .saturating_add(last)
+}
+
+/// `frames` cut to [`sealed_len`]`(plain)`, or `InvalidInput` when it is
+/// shorter.
+pub(super) fn frames_checked(frames: &mut [u8], plain: usize) -> std::io::Result<&mut [u8]> {
+    let have = frames.len();
+    // sealed_len(plain) >= plain: checked first, the sum cannot overflow.
+    let len = if plain <= have {
+        sealed_len(plain)
+    } else {
+        usize::MAX
+    };
+    frames.get_mut(..len).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{have} bytes of frames for {plain} bytes of records"),
+        )
+    })
 }
 
 /// A boxed connection.
@@ -63,6 +147,17 @@ macro_rules! forward_connection {
             }
             fn peer(&self) -> String {
                 (**self).peer()
+            }
+            fn seals_in_place(&self) -> bool {
+                (**self).seals_in_place()
+            }
+            fn write_sealed(
+                &mut self,
+                head: &[u8],
+                frames: &mut [u8],
+                plain: usize,
+            ) -> std::io::Result<()> {
+                (**self).write_sealed(head, frames, plain)
             }
         }
     };

@@ -47,12 +47,13 @@ mod tests;
 
 pub use admit::{Admission, Admitted, Opener, Refused, MAX_OPENING, MAX_PREAUTH};
 pub use config::{NetConfig, Security, TLS_SEND_BUFFER};
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 pub use conn::SharedSink;
+pub use conn::{sealed_len, sealed_offset, SEAL_AFTER, SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN};
 pub use conn::{transient, BoxConn, Connection, Duplex, Listener, ShutdownHandle};
 pub use plain_probe::{plain_link_beside, plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
 pub use psk::{psk, psk_from_file};
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 pub use records::fixed_key_session;
 pub use records::{MAX_CIPHER, MAX_PLAIN, MAX_RECORDS};
 pub use secure::{client, server};

@@ -14,7 +14,9 @@
 
 #[cfg(any(test, feature = "fuzzing"))]
 use super::conn::BoxConn;
-use super::conn::{Connection, ShutdownHandle};
+use super::conn::{
+    frames_checked, Connection, ShutdownHandle, SEAL_AFTER, SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN,
+};
 use super::sockbuf::SockBuf;
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use rustls::{ConnectionTrafficSecrets, ExtractedSecrets};
@@ -43,6 +45,9 @@ pub const MAX_RECORDS: u64 = 1 << 24;
 const RECV_BUF: usize = 512 << 10;
 /// Plaintext sealed per write call at most (64 records, one system call).
 const SEND_CHUNK: usize = 64 * MAX_PLAIN;
+
+// The layout `Connection::write_sealed`'s callers build is this layer's.
+const _: () = assert!(SEAL_BEFORE == HEADER && SEAL_AFTER == 1 + TAG && SEAL_PLAIN == MAX_PLAIN);
 
 /// One direction's key, nonce base and sequence number.
 struct Direction {
@@ -243,20 +248,74 @@ impl RecordConn {
 
     /// Seals `data` (at most [`SEND_CHUNK`]) into records in `wbuf`.
     fn seal(&mut self, data: &[u8]) -> std::io::Result<()> {
+        let mut wbuf = std::mem::take(&mut self.wbuf);
+        let r = self.seal_into(&mut wbuf, data);
+        self.wbuf = wbuf;
+        r
+    }
+
+    /// Seals `data` into records appended to `out`.
+    fn seal_into(&mut self, out: &mut Vec<u8>, data: &[u8]) -> std::io::Result<()> {
         for chunk in data.chunks(MAX_PLAIN) {
             let len = chunk.len() + 1 + TAG;
-            let start = self.wbuf.len();
+            let start = out.len();
             let h = [APPLICATION_DATA, 3, 3, (len >> 8) as u8, len as u8];
-            self.wbuf.extend_from_slice(&h);
-            self.wbuf.extend_from_slice(chunk);
-            self.wbuf.push(APPLICATION_DATA);
+            out.extend_from_slice(&h);
+            out.extend_from_slice(chunk);
+            out.push(APPLICATION_DATA);
             let nonce = self.tx.next_nonce()?;
             let tag = self
                 .tx
                 .key
-                .seal_in_place_separate_tag(nonce, Aad::from(h), &mut self.wbuf[start + HEADER..])
+                .seal_in_place_separate_tag(nonce, Aad::from(h), &mut out[start + HEADER..])
                 .map_err(|_| Error::other("TLS record sealing failed"))?;
-            self.wbuf.extend_from_slice(tag.as_ref());
+            out.extend_from_slice(tag.as_ref());
+        }
+        Ok(())
+    }
+}
+
+impl RecordConn {
+    /// Seals the records laid out in `frames` (cut to their length) in
+    /// place: each record's header before its plaintext, its content type
+    /// and tag after.
+    fn seal_frames(&mut self, frames: &mut [u8], plain: usize) -> std::io::Result<()> {
+        for (r, rec) in frames.chunks_mut(SEAL_SPAN).enumerate() {
+            let n = (plain - r * SEAL_PLAIN).min(SEAL_PLAIN);
+            let len = n + 1 + TAG;
+            let h = [APPLICATION_DATA, 3, 3, (len >> 8) as u8, len as u8];
+            rec[..HEADER].copy_from_slice(&h);
+            rec[HEADER + n] = APPLICATION_DATA;
+            let nonce = self.tx.next_nonce()?;
+            let tag = self
+                .tx
+                .key
+                .seal_in_place_separate_tag(nonce, Aad::from(h), &mut rec[HEADER..HEADER + n + 1])
+                .map_err(|_| Error::other("TLS record sealing failed"))?;
+            rec[HEADER + n + 1..HEADER + n + 1 + TAG].copy_from_slice(tag.as_ref());
+        }
+        Ok(())
+    }
+
+    /// Writes all of `a` then all of `b`, in vectored writes.
+    fn write_two(&mut self, a: &[u8], b: &[u8]) -> std::io::Result<()> {
+        let total = a.len() + b.len();
+        let mut done = 0;
+        while done < total {
+            let bufs = if done < a.len() {
+                [std::io::IoSlice::new(&a[done..]), std::io::IoSlice::new(b)]
+            } else {
+                [
+                    std::io::IoSlice::new(&b[done - a.len()..]),
+                    std::io::IoSlice::new(&[]),
+                ]
+            };
+            match self.sock.write_vectored(&bufs) {
+                Ok(0) => return Err(Error::from(ErrorKind::WriteZero)),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -331,6 +390,34 @@ impl Connection for RecordConn {
     }
     fn peer(&self) -> String {
         self.sock.peer()
+    }
+    fn seals_in_place(&self) -> bool {
+        true
+    }
+    /// Seals `head` into the send buffer and `frames` where they lie, and
+    /// writes both, in one system call when the socket takes them.
+    fn write_sealed(
+        &mut self,
+        head: &[u8],
+        frames: &mut [u8],
+        plain: usize,
+    ) -> std::io::Result<()> {
+        if self.broken {
+            return Err(Error::new(ErrorKind::BrokenPipe, "an earlier write failed"));
+        }
+        let frames = frames_checked(frames, plain)?;
+        let mut wbuf = std::mem::take(&mut self.wbuf);
+        wbuf.clear();
+        let r = self
+            .seal_into(&mut wbuf, head)
+            .and_then(|()| self.seal_frames(frames, plain))
+            .and_then(|()| self.write_two(&wbuf, frames));
+        self.wbuf = wbuf;
+        // Records may have been counted and not sent: the stream is cut.
+        if r.is_err() {
+            self.broken = true;
+        }
+        r
     }
 }
 

@@ -3,10 +3,11 @@
 //! rustls's own stream), bulk data arrives byte for byte through `read`
 //! and `read_vectored`, and a flipped bit in flight is refused; with a
 //! fixed key: the size limit of a record (padding included), the sequence
-//! of nonces and the record limit of one key.
+//! of nonces and the record limit of one key; records sealed in place
+//! are the records a copy would have sealed, and refused when damaged.
 
 use super::config::Security;
-use super::conn::{BoxConn, Duplex, SharedSink};
+use super::conn::{sealed_len, sealed_offset, BoxConn, Connection, Duplex, SharedSink};
 use super::records::{fixed_key_session, take_over, MAX_CIPHER, MAX_PLAIN, MAX_RECORDS};
 use super::sockbuf::SockBuf;
 use super::tls::{ephemeral_tls, tls_client, tls_server};
@@ -343,4 +344,77 @@ fn one_key_seals_and_opens_at_most_2_pow_24_records() {
     let (got, e) = opened([stream, past].concat(), MAX_RECORDS - 1, 64);
     assert!(got == b"last", "the records below the limit are read");
     assert!(e.to_string().contains("record limit"), "{e}");
+}
+
+/// `plain` laid out as `Connection::write_sealed` wants it, the room
+/// around each record filled with junk the sealing must overwrite.
+fn framed(plain: &[u8]) -> Vec<u8> {
+    let mut frames = vec![0xa5u8; sealed_len(plain.len())];
+    for (i, &b) in plain.iter().enumerate() {
+        frames[sealed_offset(i)] = b;
+    }
+    frames
+}
+
+#[test]
+fn records_sealed_in_place_are_those_a_copy_seals_and_open_to_the_same_bytes() {
+    let head = pattern(4107, 9);
+    // Whole records, and a last one of a page and a half.
+    for len in [MAX_PLAIN, 3 * MAX_PLAIN, 2 * MAX_PLAIN + 6144, 100] {
+        let plain = pattern(len, 4);
+        let (copied, err) = sealed(&[&head, &plain], 3);
+        assert!(err.is_none());
+        let out = SharedSink::default();
+        let sock = Duplex {
+            input: std::io::empty(),
+            output: out.clone(),
+        };
+        let mut w = fixed_key_session(Box::new(sock), KEY, IV, false, 3).unwrap();
+        assert!(w.seals_in_place());
+        let mut frames = framed(&plain);
+        frames.extend_from_slice(&[0xa5; 100]);
+        w.write_sealed(&head, &mut frames, len).unwrap();
+        let stream = out.bytes();
+        assert!(
+            stream == copied,
+            "{len} bytes: not the copying path's records"
+        );
+        let (got, e) = opened(stream, 3, 5000);
+        assert!(got == [&head[..], &plain].concat(), "{len} bytes");
+        assert!(e.to_string().contains("close_notify"), "{e}");
+    }
+}
+
+#[test]
+fn a_record_sealed_in_place_and_damaged_is_refused() {
+    let head = pattern(4107, 9);
+    let plain = pattern(4 * MAX_PLAIN, 4);
+    let out = SharedSink::default();
+    let sock = Duplex {
+        input: std::io::empty(),
+        output: out.clone(),
+    };
+    let mut w = fixed_key_session(Box::new(sock), KEY, IV, false, 0).unwrap();
+    w.write_sealed(&head, &mut framed(&plain), plain.len())
+        .unwrap();
+    let good = out.bytes();
+    // The third of the in-place records: its header, ciphertext, tag.
+    let third = split(&good)[..3].iter().map(Vec::len).sum::<usize>();
+    for at in [third + 2, third + 5 + 7000, third + 5 + MAX_PLAIN + 10] {
+        let mut bad = good.clone();
+        bad[at] ^= 0x01;
+        let (got, e) = opened(bad, 0, 5000);
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{at}: {e}");
+        assert!(
+            got.len() <= head.len() + 2 * MAX_PLAIN,
+            "{at}: past the damage"
+        );
+    }
+    // Frames shorter than the records need: refused, nothing written.
+    let before = out.bytes().len();
+    let e = w
+        .write_sealed(&head, &mut framed(&plain)[..100], plain.len())
+        .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    assert_eq!(out.bytes().len(), before);
 }

@@ -406,3 +406,46 @@ fn a_checked_read_needs_a_page_for_each_data_page() {
     ));
     assert_eq!(r.pos, pos, "bytes were read");
 }
+
+/// The bytes of one PAGES record of `n` pages (every third a zero page)
+/// from a batch laid out for sealing or not, written by `batch` or
+/// `sealed_batch` through a fixed-key TLS session.
+fn pages_stream(n: usize, sealed: bool, in_place: bool) -> Vec<u8> {
+    use crate::transport::{fixed_key_session, Duplex, SharedSink};
+    let out = SharedSink::default();
+    let sock = Duplex {
+        input: std::io::empty(),
+        output: out.clone(),
+    };
+    let conn = fixed_key_session(Box::new(sock), [7; 32], [9; 12], false, 0).unwrap();
+    let mut w = WireWriter::replies(conn);
+    let mut b = if sealed {
+        Batch::sealed()
+    } else {
+        Batch::new()
+    };
+    for i in 0..n {
+        let byte = if i % 3 == 1 { 0 } else { (i % 250) as u8 + 1 };
+        b.push(i as u64 * PAGE_SIZE as u64, |p| p.fill(byte));
+    }
+    assert_eq!(b.is_sealed(), sealed);
+    match in_place {
+        true => w.sealed_batch(&mut b).unwrap(),
+        false => w.batch(&mut b).unwrap(),
+    }
+    assert!(b.is_empty());
+    let data = (n - (n + 1) / 3) as u64;
+    assert_eq!(w.pos, 3 + 16 * n as u64 + 8 + data * PAGE_SIZE as u64);
+    out.bytes()
+}
+
+#[test]
+fn a_batch_sealed_in_place_sends_the_records_a_copied_batch_sends() {
+    // Less than one record of data, a partial last record, all 256 pages.
+    for n in [1, 2, 7, 13, MAX_BATCH] {
+        let copied = pages_stream(n, false, false);
+        assert!(pages_stream(n, true, true) == copied, "{n} pages in place");
+        // A sealed layout written without sealing: its plaintext as it is.
+        assert!(pages_stream(n, true, false) == copied, "{n} pages laid out");
+    }
+}

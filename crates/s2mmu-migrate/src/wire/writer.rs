@@ -6,11 +6,15 @@ use super::limits::{tag, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN, VERSION};
 use crate::hash::{checksum, is_zero, page_hash};
 use crate::stages::{SendStages, StageClock};
 use crate::stream_error::MigrateError;
+use crate::transport::{sealed_len, sealed_offset, Connection, SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN};
 use std::io::{IoSlice, Write};
 use std::time::Instant;
 
 /// A PAGES record being filled: each page's entry, and the bytes of
 /// those that are not all zeros, ready to go out in one vectored write.
+/// A [sealed](Batch::sealed) batch lays its pages out with room for the
+/// TLS records around them, so a record layer seals them where they lie
+/// ([`Connection::write_sealed`]) instead of copying them first.
 pub struct Batch {
     /// tag, count, entries (the check is appended when written).
     head: Vec<u8>,
@@ -21,6 +25,8 @@ pub struct Batch {
     /// them `hashed_data` carry data).
     hashed: usize,
     hashed_data: usize,
+    /// Pages laid out as [`sealed_offset`] says.
+    sealed: bool,
 }
 
 impl Default for Batch {
@@ -41,6 +47,31 @@ impl Batch {
             data_pages: 0,
             hashed: 0,
             hashed_data: 0,
+            sealed: false,
+        }
+    }
+
+    /// An empty batch whose pages lie where [`Connection::write_sealed`]
+    /// wants the records' plaintext, for a connection that
+    /// [seals in place](Connection::seals_in_place).
+    pub fn sealed() -> Self {
+        Batch {
+            data: vec![0u8; sealed_len(MAX_BATCH * PAGE_SIZE)].into_boxed_slice(),
+            sealed: true,
+            ..Self::new()
+        }
+    }
+
+    /// Whether the pages are laid out for sealing in place.
+    pub fn is_sealed(&self) -> bool {
+        self.sealed
+    }
+
+    /// Where data page `j` lies in `data`.
+    fn page_at(&self, j: usize) -> usize {
+        match self.sealed {
+            true => sealed_offset(j * PAGE_SIZE),
+            false => j * PAGE_SIZE,
         }
     }
 
@@ -85,7 +116,7 @@ impl Batch {
         if self.is_full() {
             return None;
         }
-        let at = self.data_pages * PAGE_SIZE;
+        let at = self.page_at(self.data_pages);
         let page = &mut self.data[at..at + PAGE_SIZE];
         let zero = fill(page);
         // The hash is filled in when the batch is written (all pages in
@@ -112,7 +143,8 @@ impl Batch {
             if word & 1 != 0 {
                 continue;
             }
-            let page = &self.data[j * PAGE_SIZE..(j + 1) * PAGE_SIZE];
+            let p = self.page_at(j);
+            let page = &self.data[p..p + PAGE_SIZE];
             let hash = page_hash(page, word);
             self.head[at + 8..at + 16].copy_from_slice(&hash.to_le_bytes());
             j += 1;
@@ -243,6 +275,28 @@ impl<W: Write> WireWriter<W> {
         if b.is_empty() {
             return Ok(());
         }
+        self.finish_head(b);
+        let clock = StageClock::start();
+        let plain = b.data_pages * PAGE_SIZE;
+        let r = if b.sealed {
+            // Not a sealing connection: each record's plaintext as it is.
+            self.put(&b.head).and_then(|()| {
+                (0..plain.div_ceil(SEAL_PLAIN)).try_for_each(|r| {
+                    let at = r * SEAL_SPAN + SEAL_BEFORE;
+                    let n = (plain - r * SEAL_PLAIN).min(SEAL_PLAIN);
+                    self.put(&b.data[at..at + n])
+                })
+            })
+        } else {
+            self.put_pair(&b.head, &b.data[..plain])
+        };
+        self.account(b, &clock);
+        r
+    }
+
+    /// Hashes the batch's pages and completes its head (count, check),
+    /// timed as the hash stage.
+    fn finish_head(&mut self, b: &mut Batch) {
         let t = Instant::now();
         b.hash_pages();
         let count = b.count as u16;
@@ -250,15 +304,16 @@ impl<W: Write> WireWriter<W> {
         let check = checksum(&b.head[1..], u64::from(tag::PAGES));
         b.head.extend_from_slice(&check.to_le_bytes());
         self.stages.hash_ns += t.elapsed().as_nanos() as u64;
-        let clock = StageClock::start();
-        let r = self.put_pair(&b.head, &b.data[..b.data_pages * PAGE_SIZE]);
+    }
+
+    /// Counts the written batch's pages and time, and empties it.
+    fn account(&mut self, b: &mut Batch, clock: &StageClock) {
         self.stages.write_ns += clock.wall_ns();
         self.stages.socket_ns += clock.socket_ns().0;
         self.stages.pages += b.count as u64;
         self.pages += b.count as u64;
         self.zero_pages += (b.count - b.data_pages) as u64;
         b.clear();
-        r
     }
 
     /// Writes one page as a PAGES record of its own; returns its hash.
@@ -340,5 +395,32 @@ impl<W: Write> WireWriter<W> {
     /// The underlying writer, by value.
     pub fn into_inner(self) -> W {
         self.w
+    }
+}
+
+impl<W: Connection> WireWriter<W> {
+    /// As [`WireWriter::batch`]; a [sealed](Batch::sealed) batch's pages
+    /// are sealed where they lie by a connection that
+    /// [seals in place](Connection::seals_in_place) (no copy), its head
+    /// and records written together.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn sealed_batch(&mut self, b: &mut Batch) -> Result<(), MigrateError> {
+        if b.is_empty() || !b.sealed || !self.w.seals_in_place() {
+            return self.batch(b);
+        }
+        self.finish_head(b);
+        let clock = StageClock::start();
+        let plain = b.data_pages * PAGE_SIZE;
+        let r = self
+            .w
+            .write_sealed(&b.head, &mut b.data, plain)
+            .map_err(|e| MigrateError::io("sending the migration stream", &e));
+        if r.is_ok() {
+            self.pos += (b.head.len() + plain) as u64;
+        }
+        self.account(b, &clock);
+        r
     }
 }

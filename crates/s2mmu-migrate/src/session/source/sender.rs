@@ -8,7 +8,7 @@ use crate::bandwidth::TokenBucket;
 use crate::hash::is_zero;
 use crate::stages::{SendStages, StageClock};
 use crate::stream_error::MigrateError;
-use crate::transport::BoxConn;
+use crate::transport::{BoxConn, Connection};
 use crate::vm::{GuestRam, RingEntry, SessionVm};
 use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,10 +26,16 @@ pub(super) struct Chan {
 }
 
 impl Chan {
-    pub(super) fn new(wire: WireWriter<BoxConn>) -> Self {
+    pub(super) fn new(mut wire: WireWriter<BoxConn>) -> Self {
+        // Over a TLS record layer the pages are copied once, into the
+        // batch where the records will be sealed, not again into it.
+        let batch = match wire.get_mut().seals_in_place() {
+            true => Batch::sealed(),
+            false => Batch::new(),
+        };
         Chan {
             wire,
-            batch: Batch::new(),
+            batch,
             flushing_ns: 0,
         }
     }
@@ -44,7 +50,7 @@ impl Chan {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take(self.batch.wire_bytes());
-        let r = self.wire.batch(&mut self.batch);
+        let r = self.wire.sealed_batch(&mut self.batch);
         self.flushing_ns += t.elapsed().as_nanos() as u64;
         r
     }
