@@ -64,7 +64,10 @@ pub fn gic_save(g: &Gic, out: &mut Vec<u8>) {
     d.route
         .iter()
         .for_each(|r| out.extend_from_slice(&r.to_le_bytes()));
+    drop(d);
     for (r, p) in g.redist.iter().zip(&g.pending) {
+        // The pending set first, as the GIC's lock order says.
+        let p = *p.lock().unwrap_or_else(|p| p.into_inner());
         let r = r.lock().unwrap_or_else(|p| p.into_inner());
         out.push(u8::from(r.sleep));
         out.extend_from_slice(&r.enabled.to_le_bytes());
@@ -73,7 +76,6 @@ pub fn gic_save(g: &Gic, out: &mut Vec<u8>) {
         r.cfg
             .iter()
             .for_each(|c| out.extend_from_slice(&c.to_le_bytes()));
-        let p = *p.lock().unwrap_or_else(|p| p.into_inner());
         out.extend_from_slice(&p.to_le_bytes());
     }
 }
