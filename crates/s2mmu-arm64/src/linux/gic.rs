@@ -102,7 +102,7 @@ fn bit_reg_read(bits: u128, first: u32) -> u64 {
 }
 
 impl Gic {
-    /// A GIC for `vcpus` vCPUs (1..=8).
+    /// A GIC for `vcpus` vCPUs (1..=8; with 0, nothing can be raised).
     pub fn new(vcpus: usize) -> Gic {
         Gic {
             vcpus,
@@ -126,7 +126,8 @@ impl Gic {
 
     /// Makes `intid` pending for `vcpu` (SGIs and PPIs), or for the vCPU
     /// its route names (SPIs); returns that vCPU, which the caller kicks
-    /// if it runs on another thread.
+    /// if it runs on another thread. `None` for an INTID beyond the
+    /// distributor's, or a GIC of no vCPUs.
     pub fn raise(&self, vcpu: usize, intid: u32) -> Option<usize> {
         if intid >= NR_IRQS {
             return None;
@@ -142,7 +143,8 @@ impl Gic {
                 (route & 0xff) as usize
             }
         };
-        let target = target.min(self.vcpus - 1);
+        // A route to a vCPU that does not exist goes to the last one.
+        let target = target.min(self.vcpus.checked_sub(1)?);
         *self.pending[target].lock().unwrap() |= 1u128 << intid;
         Some(target)
     }
@@ -475,6 +477,14 @@ mod tests {
         }
         writer.join().unwrap();
         merger.join().unwrap();
+    }
+
+    #[test]
+    fn raising_in_a_gic_of_no_vcpus_is_refused_not_a_panic() {
+        let g = Gic::new(0);
+        assert_eq!(g.raise(0, 40), None);
+        assert_eq!(g.raise(3, 5), None);
+        assert_eq!(Gic::new(2).raise(0, NR_IRQS), None);
     }
 
     #[test]
