@@ -75,6 +75,11 @@ pub struct Gic {
     pub(crate) dist: Mutex<Dist>,
     pub(crate) redist: Vec<Mutex<Redist>>,
     /// INTIDs pending for each vCPU and not yet in a list register.
+    ///
+    /// Lock order: a vCPU's pending set before `dist` or a redistributor
+    /// ([`Gic::sync_lrs`] holds it while it reads enables and priorities);
+    /// nothing takes a pending set while it holds `dist` or a
+    /// redistributor.
     pub(crate) pending: Vec<Mutex<u128>>,
 }
 
@@ -97,7 +102,7 @@ fn bit_reg_read(bits: u128, first: u32) -> u64 {
 }
 
 impl Gic {
-    /// A GIC for `vcpus` vCPUs (1..=8).
+    /// A GIC for `vcpus` vCPUs (1..=8; with 0, nothing can be raised).
     pub fn new(vcpus: usize) -> Gic {
         Gic {
             vcpus,
@@ -121,7 +126,8 @@ impl Gic {
 
     /// Makes `intid` pending for `vcpu` (SGIs and PPIs), or for the vCPU
     /// its route names (SPIs); returns that vCPU, which the caller kicks
-    /// if it runs on another thread.
+    /// if it runs on another thread. `None` for an INTID beyond the
+    /// distributor's, or a GIC of no vCPUs.
     pub fn raise(&self, vcpu: usize, intid: u32) -> Option<usize> {
         if intid >= NR_IRQS {
             return None;
@@ -137,7 +143,8 @@ impl Gic {
                 (route & 0xff) as usize
             }
         };
-        let target = target.min(self.vcpus - 1);
+        // A route to a vCPU that does not exist goes to the last one.
+        let target = target.min(self.vcpus.checked_sub(1)?);
         *self.pending[target].lock().unwrap() |= 1u128 << intid;
         Some(target)
     }
@@ -256,8 +263,23 @@ impl Gic {
             return 0;
         }
         let off = a.offset % GICR_STRIDE;
-        let mut r = self.redist[vcpu].lock().unwrap();
         let w = a.write.unwrap_or(0);
+        // The pending set is locked on its own: sync_lrs holds it while it
+        // takes this redistributor's lock, so holding that lock here while
+        // taking the pending set's (another vCPU's thread can write this
+        // frame) would deadlock the two threads.
+        match (off, a.write) {
+            (0x1_0200, Some(_)) => {
+                *self.pending[vcpu].lock().unwrap() |= u128::from(w as u32);
+                return 0;
+            }
+            (0x1_0280, Some(_)) => {
+                *self.pending[vcpu].lock().unwrap() &= !u128::from(w as u32);
+                return 0;
+            }
+            _ => {}
+        }
+        let mut r = self.redist[vcpu].lock().unwrap();
         match (off, a.write) {
             (0x0008, None) => {
                 // TYPER: affinity = vCPU index in Aff0, processor number,
@@ -274,12 +296,6 @@ impl Gic {
             (0x1_0100, None) | (0x1_0180, None) => return u64::from(r.enabled),
             (0x1_0100, Some(_)) => r.enabled |= w as u32,
             (0x1_0180, Some(_)) => r.enabled &= !(w as u32),
-            (0x1_0200, Some(_)) => {
-                *self.pending[vcpu].lock().unwrap() |= u128::from(w as u32);
-            }
-            (0x1_0280, Some(_)) => {
-                *self.pending[vcpu].lock().unwrap() &= !u128::from(w as u32);
-            }
             (0x1_0400..=0x1_041f, _) => {
                 return bytes_access(&mut r.prio, (off - 0x1_0400) as usize, a.size, a.write)
             }
@@ -425,6 +441,50 @@ mod tests {
         lrs[2] = 0;
         assert_eq!(g.sync_lrs(0, &mut lrs), ICH_HCR_EN);
         assert_eq!(lrs[2] & 0xffff_ffff, 3);
+    }
+
+    /// A vCPU writing another vCPU's GICR_ISPENDR0 while that vCPU's
+    /// thread merges its pending interrupts into its list registers: the
+    /// two paths took the redistributor's and the pending set's locks in
+    /// opposite orders, and a guest could deadlock both host threads.
+    #[test]
+    fn pending_writes_to_another_redistributor_do_not_deadlock_its_vcpu() {
+        let g = std::sync::Arc::new(Gic::new(2));
+        let ispendr0 = GICR_STRIDE + 0x1_0200;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer = {
+            let (g, tx) = (g.clone(), tx.clone());
+            std::thread::spawn(move || {
+                for i in 0..200_000u64 {
+                    g.redist_access(GicAccess {
+                        offset: ispendr0 + (i & 1) * 0x80,
+                        size: 4,
+                        write: Some(0xffff_ffff),
+                    });
+                }
+                let _ = tx.send(());
+            })
+        };
+        let merger = std::thread::spawn(move || {
+            for _ in 0..200_000 {
+                g.sync_lrs(1, &mut [0; NR_LRS]);
+            }
+            let _ = tx.send(());
+        });
+        for _ in 0..2 {
+            rx.recv_timeout(std::time::Duration::from_secs(30))
+                .expect("the vCPU threads deadlocked on the GIC's locks");
+        }
+        writer.join().unwrap();
+        merger.join().unwrap();
+    }
+
+    #[test]
+    fn raising_in_a_gic_of_no_vcpus_is_refused_not_a_panic() {
+        let g = Gic::new(0);
+        assert_eq!(g.raise(0, 40), None);
+        assert_eq!(g.raise(3, 5), None);
+        assert_eq!(Gic::new(2).raise(0, NR_IRQS), None);
     }
 
     #[test]

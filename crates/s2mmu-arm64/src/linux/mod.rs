@@ -10,7 +10,9 @@
 //! - [`fdt`]: the device tree (rust-vmm `vm-fdt`).
 //! - [`loader`]: the arm64 boot protocol's placement; [`boot`] loads the
 //!   asset files and the device tree in one call.
-//! - [`bus`]: guest-physical MMIO ranges and their device models.
+//! - [`bus`]: guest-physical MMIO ranges and their device models;
+//!   [`mmio`] a data abort's syndrome decoded and dispatched to the vGIC
+//!   or the bus.
 //! - [`uart`]: a 16550 (rust-vmm `vm-superio`).
 //! - [`baseline`]: the same kernel booted by QEMU itself, for comparison.
 //! - [`gic`]: the GICv3 distributor and redistributors, list registers.
@@ -48,6 +50,7 @@ pub mod memory;
 mod mig_mem;
 mod mig_vcpu;
 pub mod migrate;
+pub mod mmio;
 pub mod page_fetch;
 pub mod psci;
 pub mod run;

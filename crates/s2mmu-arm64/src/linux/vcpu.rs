@@ -5,7 +5,8 @@
 //! with the vGIC, physical interrupts with list registers — until the vCPU
 //! is turned off or the VM stops.
 
-use super::gic::{GicAccess, GICD_SIZE, GICR_STRIDE, VTIMER_INTID};
+use super::gic::VTIMER_INTID;
+use super::mmio::{self, Devices, MmioDecode, Served};
 use super::psci::{self, PowerState, PsciCall};
 use super::vm::{ExitKind, Shared, StopReason};
 use crate::arena::ArenaMmOps;
@@ -191,13 +192,13 @@ pub(crate) fn handle(
         _ if ec == EC_SYSREG => {
             sh.count(id, ExitKind::Sysreg);
             sysreg(sh, id, mbox, e);
-            Ok(Next::Resume(e.elr + 4, Vec::new()))
+            Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()))
         }
-        _ if ec == EC_WFX => Ok(Next::Resume(e.elr + 4, Vec::new())),
+        _ if ec == EC_WFX => Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new())),
         _ if ec == EC_SMC => {
             // SMC is not this VM's conduit (the device tree says HVC).
             mbox.set_gpr(0, psci::RET_NOT_SUPPORTED as u64);
-            Ok(Next::Resume(e.elr + 4, Vec::new()))
+            Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()))
         }
         _ => Err(Arm64Error::Guest(format!(
             "vCPU {id}: unhandled exception class {ec:#x} (ESR_EL2 {:#x}) at {:#x}",
@@ -314,81 +315,47 @@ fn abort(
 /// logged read-as-zero/write-ignored.
 fn mmio(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
     let ipa = e.ipa();
-    if e.esr >> 26 == 0x20 || e.esr & (1 << 7) != 0 {
-        return Err(Arm64Error::Guest(format!(
-            "vCPU {id}: instruction fetch or table walk at IPA {ipa:#x} outside RAM (ELR {:#x})",
-            e.elr
-        )));
-    }
-    let Some(size) = e.access_size() else {
-        sh.log(format!(
-            "vCPU {id}: MMIO access at IPA {ipa:#x} without a syndrome (ELR {:#x}): skipped",
-            e.elr
-        ));
-        return Ok(Next::Resume(e.elr + 4, Vec::new()));
-    };
-    let srt = (e.esr >> 16) & 0x1f;
-    let mask = if size == 8 {
-        u64::MAX
-    } else {
-        (1 << (size * 8)) - 1
-    };
-    let write = e.write().then(|| mbox.gpr(srt) & mask);
-    let v = device_access(sh, id, ipa, size, write) & mask;
-    if write.is_none() {
-        let sse = e.esr & (1 << 21) != 0;
-        let sf = e.esr & (1 << 15) != 0;
-        let mut v = v;
-        if sse && v & (1 << (size * 8 - 1)) != 0 {
-            v |= !mask;
+    let op = match mmio::decode(e.esr, ipa, |n| mbox.gpr(n)) {
+        MmioDecode::Access(op) => op,
+        MmioDecode::FetchOrWalk => {
+            return Err(Arm64Error::Guest(format!(
+                "vCPU {id}: instruction fetch or table walk at IPA {ipa:#x} outside RAM \
+                 (ELR {:#x})",
+                e.elr
+            )))
         }
-        if !sf {
-            v &= 0xffff_ffff;
+        MmioDecode::NoSyndrome => {
+            sh.log(format!(
+                "vCPU {id}: MMIO access at IPA {ipa:#x} without a syndrome (ELR {:#x}): skipped",
+                e.elr
+            ));
+            return Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()));
         }
-        mbox.set_gpr(srt, v);
-    }
-    Ok(Next::Resume(e.elr + 4, Vec::new()))
-}
-
-fn device_access(sh: &Shared, id: usize, ipa: u64, size: u64, write: Option<u64>) -> u64 {
-    let (gicd, gicr) = (sh.layout.gicd, sh.layout.gicr);
-    if ipa >= gicd && ipa + size <= gicd + GICD_SIZE {
-        let offset = ipa - gicd;
-        let v = sh.gic.dist_access(GicAccess {
-            offset,
-            size,
-            write,
-        });
-        sh.kick_pending();
-        return v;
-    }
-    let rsize = GICR_STRIDE * sh.gic.vcpus() as u64;
-    if ipa >= gicr && ipa + size <= gicr + rsize {
-        let offset = ipa - gicr;
-        let v = sh.gic.redist_access(GicAccess {
-            offset,
-            size,
-            write,
-        });
-        sh.kick_pending();
-        return v;
-    }
-    let mut buf = [0u8; 8];
-    let n = size as usize;
-    let r = match write {
-        Some(w) => {
-            buf[..n].copy_from_slice(&w.to_le_bytes()[..n]);
-            sh.bus.write(ipa, &buf[..n])
-        }
-        None => sh.bus.read(ipa, &mut buf[..n]),
     };
-    if let Err(u) = r {
-        sh.log(format!(
-            "vCPU {id}: {} of {size} bytes at IPA {ipa:#x} claimed by no device ({u:?}): \
-             read as zero, write ignored",
-            if write.is_some() { "write" } else { "read" }
-        ));
-        return 0;
+    let devices = Devices {
+        gic: &sh.gic,
+        bus: &sh.bus,
+        gicd: sh.layout.gicd,
+        gicr: sh.layout.gicr,
+    };
+    let v = match devices.access(ipa, op.size, op.write) {
+        Ok((v, Served::Gic)) => {
+            sh.kick_pending();
+            v
+        }
+        Ok((v, Served::Bus)) => v,
+        Err(u) => {
+            sh.log(format!(
+                "vCPU {id}: {} of {} bytes at IPA {ipa:#x} claimed by no device ({u:?}): \
+                 read as zero, write ignored",
+                if op.write.is_some() { "write" } else { "read" },
+                op.size
+            ));
+            0
+        }
+    };
+    if op.write.is_none() {
+        mbox.set_gpr(op.srt, mmio::load_value(e.esr, op.size, v));
     }
-    u64::from_le_bytes(buf)
+    Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()))
 }

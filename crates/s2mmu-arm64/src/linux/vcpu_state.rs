@@ -1,6 +1,7 @@
 //! One Linux vCPU's architectural state as the stub's STATE command and
 //! ACT_SAVE answer move it (asm/state.S), and its bytes in a migration.
 
+use super::gic::{ICH_HCR_EN, ICH_HCR_UIE, NR_IRQS, NR_LRS};
 use crate::layout::mb;
 use crate::machine::Mailbox;
 use s2mmu_migrate::state::{Fields, StateError};
@@ -191,6 +192,107 @@ impl VcpuState {
                 what: format!("PSTATE {:#x} is not AArch64 EL0 or EL1", s.pstate),
             });
         }
+        s.check_ich()
+            .map_err(|what| StateError::BadSection { tag, what })?;
         Ok(s)
+    }
+
+    /// The EL2 interrupt registers the stub loads as they are: list
+    /// registers and ICH_HCR_EL2 are written only by EL2 (the host's
+    /// [`super::gic::Gic::sync_lrs`] and the hardware), so a state that
+    /// holds what neither writes did not come from a running vCPU. A
+    /// list register with HW set would have the guest's EOI deactivate a
+    /// physical interrupt of the machine the stub runs on; control bits
+    /// beyond En and UIE (TALL0/1, TC, TDIR, TSEI, VGrp*IE, ...) would
+    /// trap or signal what the host never asked for.
+    fn check_ich(&self) -> Result<(), String> {
+        let hcr = self.sys[SYS_ICH_HCR];
+        if hcr & !ICH_HCR_SAVED != 0 {
+            return Err(format!(
+                "ICH_HCR_EL2 {hcr:#x} has bits beyond En, UIE and EOIcount"
+            ));
+        }
+        for (i, &lr) in self.sys[SYS_ICH_LR0..SYS_ICH_LR0 + NR_LRS]
+            .iter()
+            .enumerate()
+        {
+            if lr >> 62 == 0 {
+                continue;
+            }
+            if lr & LR_HW != 0 || lr & 0xffff_ffff >= u64::from(NR_IRQS) {
+                return Err(format!(
+                    "ICH_LR{i}_EL2 {lr:#x}: a hardware interrupt or an INTID >= {NR_IRQS}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Index of ICH_LR0_EL2 in [`VcpuState::sys`].
+const SYS_ICH_LR0: usize = 41;
+/// Index of ICH_HCR_EL2 in [`VcpuState::sys`].
+const SYS_ICH_HCR: usize = 45;
+/// ICH_LR<n>_EL2.HW.
+const LR_HW: u64 = 1 << 61;
+/// The ICH_HCR_EL2 bits a saved vCPU may hold: En and UIE (the host
+/// sets them) and EOIcount (the hardware counts the guest's EOIs).
+const ICH_HCR_SAVED: u64 = ICH_HCR_EN | ICH_HCR_UIE | 0x1f << 27;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> VcpuState {
+        let mut s = VcpuState {
+            x: [0; 31],
+            pc: 0x4020_0000,
+            pstate: 5,
+            sys: [0; SYSREG_NAMES.len()],
+            cntvct: 1,
+            cntpct: 2,
+            q: [0; 32],
+        };
+        s.sys[SYS_ICH_HCR] = ICH_HCR_EN | 3 << 27;
+        s.sys[SYS_ICH_LR0 + 1] = 1 << 62 | 1 << 60 | 0xa0 << 48 | 33;
+        s
+    }
+
+    fn decoded(s: &VcpuState) -> Result<VcpuState, StateError> {
+        let mut b = Vec::new();
+        s.encode(&mut b);
+        assert_eq!(b.len(), VCPU_STATE_LEN);
+        let mut f = Fields::new(&b, "vCPU");
+        VcpuState::decode(&mut f, 0x100)
+    }
+
+    #[test]
+    fn names_match_the_indices() {
+        assert_eq!(SYSREG_NAMES[SYS_ICH_LR0], "ICH_LR0_EL2");
+        assert_eq!(SYSREG_NAMES[SYS_ICH_HCR], "ICH_HCR_EL2");
+        assert_eq!(SYSREG_NAMES[SYS_CNTV_CTL], "CNTV_CTL_EL0");
+    }
+
+    #[test]
+    fn el2_interrupt_registers_no_running_vcpu_holds_are_refused() {
+        let good = state();
+        assert_eq!(decoded(&good).unwrap(), good);
+        let mut hw = good.clone();
+        hw.sys[SYS_ICH_LR0 + 2] = 1 << 62 | LR_HW | 27 << 32 | 27;
+        let mut big = good.clone();
+        big.sys[SYS_ICH_LR0 + 3] = 1 << 62 | 1023;
+        let mut tall = good.clone();
+        tall.sys[SYS_ICH_HCR] |= 1 << 12; // TALL1
+        for bad in [hw, big, tall] {
+            let e = decoded(&bad).unwrap_err();
+            assert!(
+                matches!(e, StateError::BadSection { tag: 0x100, .. }),
+                "{e}"
+            );
+        }
+        // An invalid list register's other bits are not looked at.
+        let mut idle = good.clone();
+        idle.sys[SYS_ICH_LR0] = LR_HW | 5000;
+        assert!(decoded(&idle).is_ok());
     }
 }
