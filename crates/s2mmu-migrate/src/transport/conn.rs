@@ -66,11 +66,7 @@ pub trait Connection: Read + Write + Send {
     ) -> std::io::Result<()> {
         let frames = frames_checked(frames, plain)?;
         self.write_all(head)?;
-        for (r, rec) in frames.chunks(SEAL_SPAN).enumerate() {
-            let n = (plain - r * SEAL_PLAIN).min(SEAL_PLAIN);
-            self.write_all(&rec[SEAL_BEFORE..SEAL_BEFORE + n])?;
-        }
-        Ok(())
+        record_plaintexts(frames, plain).try_for_each(|p| self.write_all(p))
     }
 }
 
@@ -106,6 +102,23 @@ pub const fn sealed_len(plain: usize) -> usize {
     (plain / SEAL_PLAIN)
         .saturating_mul(SEAL_SPAN)
         .saturating_add(last)
+}
+
+/// Plaintext bytes that record `r` of a buffer for
+/// [`Connection::write_sealed`] carries of the stream's first `plain`
+/// (`SEAL_PLAIN` each, the last one the rest); `r` must be below
+/// `plain.div_ceil(SEAL_PLAIN)`.
+pub(crate) fn record_plain(plain: usize, r: usize) -> usize {
+    (plain - r * SEAL_PLAIN).min(SEAL_PLAIN)
+}
+
+/// Each record's plaintext, in order, of `frames` laid out for
+/// [`Connection::write_sealed`] and cut to [`sealed_len`]`(plain)`.
+pub(crate) fn record_plaintexts(frames: &[u8], plain: usize) -> impl Iterator<Item = &[u8]> {
+    frames
+        .chunks(SEAL_SPAN)
+        .enumerate()
+        .map(move |(r, rec)| &rec[SEAL_BEFORE..SEAL_BEFORE + record_plain(plain, r)])
 }
 
 /// `frames` cut to [`sealed_len`]`(plain)`, or `InvalidInput` when it is

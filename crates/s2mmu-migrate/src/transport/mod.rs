@@ -47,6 +47,7 @@ mod tests;
 
 pub use admit::{Admission, Admitted, Opener, Refused, MAX_OPENING, MAX_PREAUTH};
 pub use config::{NetConfig, Security, TLS_SEND_BUFFER};
+pub(crate) use conn::record_plaintexts;
 #[cfg(any(test, feature = "fuzzing"))]
 pub use conn::SharedSink;
 pub use conn::{sealed_len, sealed_offset, SEAL_AFTER, SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN};

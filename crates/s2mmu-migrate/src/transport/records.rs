@@ -15,7 +15,8 @@
 #[cfg(any(test, feature = "fuzzing"))]
 use super::conn::BoxConn;
 use super::conn::{
-    frames_checked, Connection, ShutdownHandle, SEAL_AFTER, SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN,
+    frames_checked, record_plain, Connection, ShutdownHandle, SEAL_AFTER, SEAL_BEFORE, SEAL_PLAIN,
+    SEAL_SPAN,
 };
 use super::sockbuf::SockBuf;
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
@@ -281,7 +282,7 @@ impl RecordConn {
     /// and tag after.
     fn seal_frames(&mut self, frames: &mut [u8], plain: usize) -> std::io::Result<()> {
         for (r, rec) in frames.chunks_mut(SEAL_SPAN).enumerate() {
-            let n = (plain - r * SEAL_PLAIN).min(SEAL_PLAIN);
+            let n = record_plain(plain, r);
             let len = n + 1 + TAG;
             let h = [APPLICATION_DATA, 3, 3, (len >> 8) as u8, len as u8];
             rec[..HEADER].copy_from_slice(&h);

@@ -6,7 +6,7 @@ use super::limits::{tag, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN, VERSION};
 use crate::hash::{checksum, is_zero, page_hash};
 use crate::stages::{SendStages, StageClock};
 use crate::stream_error::MigrateError;
-use crate::transport::{sealed_len, sealed_offset, Connection, SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN};
+use crate::transport::{record_plaintexts, sealed_len, sealed_offset, Connection};
 use std::io::{IoSlice, Write};
 use std::time::Instant;
 
@@ -281,11 +281,7 @@ impl<W: Write> WireWriter<W> {
         let r = if b.sealed {
             // Not a sealing connection: each record's plaintext as it is.
             self.put(&b.head).and_then(|()| {
-                (0..plain.div_ceil(SEAL_PLAIN)).try_for_each(|r| {
-                    let at = r * SEAL_SPAN + SEAL_BEFORE;
-                    let n = (plain - r * SEAL_PLAIN).min(SEAL_PLAIN);
-                    self.put(&b.data[at..at + n])
-                })
+                record_plaintexts(&b.data[..sealed_len(plain)], plain).try_for_each(|p| self.put(p))
             })
         } else {
             self.put_pair(&b.head, &b.data[..plain])
