@@ -26,7 +26,10 @@ pub const GICR_STRIDE: u64 = 0x2_0000;
 pub const NR_LRS: usize = 4;
 
 const LR_STATE_PENDING: u64 = 1 << 62;
-const LR_STATE_MASK: u64 = 3 << 62;
+/// ICH_LR<n>_EL2.State: zero for a list register that holds nothing.
+pub(super) const LR_STATE_MASK: u64 = 3 << 62;
+/// ICH_LR<n>_EL2.HW: the virtual interrupt is tied to a physical one.
+pub(super) const LR_HW: u64 = 1 << 61;
 const LR_GROUP1: u64 = 1 << 60;
 /// ICH_HCR_EL2.En: the virtual CPU interface on.
 pub const ICH_HCR_EN: u64 = 1;

@@ -1,7 +1,7 @@
 //! One Linux vCPU's architectural state as the stub's STATE command and
 //! ACT_SAVE answer move it (asm/state.S), and its bytes in a migration.
 
-use super::gic::{ICH_HCR_EN, ICH_HCR_UIE, NR_IRQS, NR_LRS};
+use super::gic::{ICH_HCR_EN, ICH_HCR_UIE, LR_HW, LR_STATE_MASK, NR_IRQS, NR_LRS};
 use crate::layout::mb;
 use crate::machine::Mailbox;
 use s2mmu_migrate::state::{Fields, StateError};
@@ -216,7 +216,7 @@ impl VcpuState {
             .iter()
             .enumerate()
         {
-            if lr >> 62 == 0 {
+            if lr & LR_STATE_MASK == 0 {
                 continue;
             }
             if lr & LR_HW != 0 || lr & 0xffff_ffff >= u64::from(NR_IRQS) {
@@ -233,8 +233,6 @@ impl VcpuState {
 const SYS_ICH_LR0: usize = 41;
 /// Index of ICH_HCR_EL2 in [`VcpuState::sys`].
 const SYS_ICH_HCR: usize = 45;
-/// ICH_LR<n>_EL2.HW.
-const LR_HW: u64 = 1 << 61;
 /// The ICH_HCR_EL2 bits a saved vCPU may hold: En and UIE (the host
 /// sets them) and EOIcount (the hardware counts the guest's EOIs).
 const ICH_HCR_SAVED: u64 = ICH_HCR_EN | ICH_HCR_UIE | 0x1f << 27;
