@@ -311,23 +311,34 @@ impl Gic {
     }
 
     /// The vCPUs an ICC_SGI1R_EL1 value targets, and its INTID.
+    ///
+    /// vCPU n has MPIDR Aff0 = n and Aff1 = Aff2 = Aff3 = 0, so a target
+    /// list names vCPU `RS * 16 + bit` (RS, the range selector, is bits
+    /// 47:44) and only when the value's Aff1, Aff2 and Aff3 are all 0; a
+    /// list for another cluster targets nothing, as on hardware with no
+    /// CPU there.
     pub fn sgi_targets(&self, from: usize, v: u64) -> (u32, Vec<usize>) {
         let intid = ((v >> 24) & 0xf) as u32;
         let targets = if v & (1 << 40) != 0 {
             // IRM: every vCPU but the sender.
             (0..self.vcpus).filter(|&c| c != from).collect()
+        } else if v & SGI1R_HIGH_AFF != 0 {
+            Vec::new()
         } else {
-            let aff1 = ((v >> 16) & 0xff) as usize;
+            let range = ((v >> 44) & 0xf) as usize * 16;
             let list = v & 0xffff;
             (0..16)
                 .filter(|b| list & (1 << b) != 0)
-                .map(|b| aff1 * 16 + b)
+                .map(|b| range + b)
                 .filter(|&c| c < self.vcpus)
                 .collect()
         };
         (intid, targets)
     }
 }
+
+/// ICC_SGI1R_EL1's Aff1 (23:16), Aff2 (39:32) and Aff3 (55:48) fields.
+const SGI1R_HIGH_AFF: u64 = 0xff << 16 | 0xff << 32 | 0xff << 48;
 
 /// How a write changes a bit register.
 #[derive(Clone, Copy)]
@@ -495,5 +506,18 @@ mod tests {
         let g = Gic::new(4);
         assert_eq!(g.sgi_targets(0, 5 << 24 | 0b1010), (5, vec![1, 3]));
         assert_eq!(g.sgi_targets(2, 1 << 40 | 1 << 24), (1, vec![0, 1, 3]));
+    }
+
+    #[test]
+    fn sgi1r_outside_cluster_0_range_0_targets_no_vcpu() {
+        let g = Gic::new(4);
+        // Aff1 = 1 names CPUs 1.x, of which there are none: not vCPUs 16+.
+        assert_eq!(g.sgi_targets(0, 1 << 16 | 3 << 24 | 0b1), (3, vec![]));
+        assert_eq!(g.sgi_targets(0, 1 << 32 | 0b1), (0, vec![]));
+        assert_eq!(g.sgi_targets(0, 1 << 48 | 0b1), (0, vec![]));
+        // Range selector 1 names Aff0 16..31: none exist here.
+        assert_eq!(g.sgi_targets(0, 1 << 44 | 0b1111), (0, vec![]));
+        let big = Gic::new(20);
+        assert_eq!(big.sgi_targets(0, 1 << 44 | 0b1001), (0, vec![16, 19]));
     }
 }
