@@ -39,6 +39,7 @@ pub mod baseline;
 pub mod boot;
 pub mod bus;
 pub mod changes;
+mod console_echo;
 pub mod cpio;
 pub mod debs;
 pub mod dirty;

@@ -3,7 +3,8 @@
 //! and `reg-io-width = 1`.
 //!
 //! Output goes to stdout, a file, a bounded memory buffer the tests read,
-//! or a buffer and one of the others. Input comes from stdin on a thread
+//! or a buffer and one of the others. Stdout is written on a thread of its
+//! own, terminal controls shown as text ([`super::console_echo`]). Input comes from stdin on a thread
 //! ([`Uart::spawn_stdin_reader`]) or from the host ([`Uart::enqueue`]).
 //! The interrupt is a callback the vGIC supplies; [`Uart::irq_pending`]
 //! gives the line's level (IIR bit 0 clear) for a level-sensitive SPI.
@@ -20,6 +21,7 @@ use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 
 use super::bus::MmioDevice;
+use super::console_echo::{stdout_echo, ECHO_DRAIN};
 
 /// The UART's register window in bytes (eight byte-wide registers).
 pub const UART_REGS: u64 = 8;
@@ -142,7 +144,10 @@ pub enum UartOutput {
 impl Write for UartOutput {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         match self {
-            UartOutput::Stdout => io::stdout().write(data),
+            UartOutput::Stdout => {
+                echo(data);
+                Ok(data.len())
+            }
             UartOutput::File(f) => f.write(data),
             UartOutput::Buffer(b) => {
                 b.push(data);
@@ -150,19 +155,35 @@ impl Write for UartOutput {
             }
             UartOutput::BufferAndStdout(b) => {
                 b.push(data);
-                io::stdout().write_all(data)?;
+                echo(data);
                 Ok(data.len())
             }
             UartOutput::Discard => Ok(data.len()),
         }
     }
 
+    /// Never waits for stdout: the echo thread flushes what it writes.
     fn flush(&mut self) -> io::Result<()> {
         match self {
-            UartOutput::Stdout | UartOutput::BufferAndStdout(_) => io::stdout().flush(),
             UartOutput::File(f) => f.flush(),
-            UartOutput::Buffer(_) | UartOutput::Discard => Ok(()),
+            _ => Ok(()),
         }
+    }
+}
+
+impl UartOutput {
+    fn echoes(&self) -> bool {
+        matches!(self, UartOutput::Stdout | UartOutput::BufferAndStdout(_))
+    }
+}
+
+/// Hands guest bytes to the process's stdout echo, which writes them on
+/// its own thread with control characters made visible
+/// ([`super::console_echo`]): a stalled stdout cannot stall a vCPU, and
+/// the guest cannot drive the operator's terminal.
+fn echo(data: &[u8]) {
+    if let Some(e) = stdout_echo() {
+        e.push(data);
     }
 }
 
@@ -273,6 +294,19 @@ impl Uart {
                     }
                 }
             })
+    }
+}
+
+impl Drop for Uart {
+    /// Lets the echo write out what this UART queued (up to
+    /// [`ECHO_DRAIN`]), so a guest's last lines reach stdout before the
+    /// process that ran it ends.
+    fn drop(&mut self) {
+        if self.lock().writer().echoes() {
+            if let Some(e) = stdout_echo() {
+                e.drain(ECHO_DRAIN);
+            }
+        }
     }
 }
 
