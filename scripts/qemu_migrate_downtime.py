@@ -10,7 +10,10 @@ by QEMU's own pre-copy between two QEMU processes over TCP on this host.
 Each run: a destination QEMU waiting with `-incoming`, a source QEMU booted
 until the counter's first line, then QMP `migrate`; `query-migrate`'s
 `downtime` (QEMU's own figure: from the source's stop to the migration's
-completion on the source, ms) and `total-time`, and a check that the
+completion on the source, ms), `total-time`, and `stop_to_resume_ms`: from
+the source's STOP event to the destination's RESUME event (QMP timestamps,
+one host clock), the span `s2mmu migrate` reports as downtime (pause on the
+source to the destination's first guest instruction), and a check that the
 destination's console goes on counting from where the source stopped.
 
 Usage: scripts/qemu_migrate_downtime.py [--mem-mib 1024] [--runs 5] [--json]
@@ -54,8 +57,21 @@ class Qmp:
                     raise
                 time.sleep(0.05)
         self.f = self.s.makefile("rwb")
+        self.events = []
         json.loads(self.f.readline())  # greeting
         self.cmd("qmp_capabilities")
+
+    def event_time(self, name, deadline):
+        """The host time (s) of the first event `name`, waiting for it."""
+        while True:
+            for e in self.events:
+                if e["event"] == name:
+                    t = e["timestamp"]
+                    return t["seconds"] + t["microseconds"] / 1e6
+            if time.time() > deadline:
+                raise RuntimeError(f"no {name} event")
+            self.cmd("query-status")  # reads events that came meanwhile
+            time.sleep(0.01)
 
     def cmd(self, name, **args):
         msg = {"execute": name}
@@ -66,6 +82,7 @@ class Qmp:
         while True:
             r = json.loads(self.f.readline())
             if "event" in r:
+                self.events.append(r)
                 continue
             if "error" in r:
                 raise RuntimeError(f"{name}: {r['error']}")
@@ -134,8 +151,11 @@ def one_run(image, initrd, mem_mib, tmp, i):
                 raise RuntimeError("the destination's console never counted")
             time.sleep(0.1)
         status = dq.cmd("query-status")["status"]
+        stop = sq.event_time("STOP", deadline)
+        resume = dq.event_time("RESUME", deadline)
         return {
             "downtime_ms": st["downtime"],
+            "stop_to_resume_ms": round((resume - stop) * 1e3, 3),
             "total_ms": st["total-time"],
             "setup_ms": st.get("setup-time"),
             "ram_transferred_bytes": st["ram"]["transferred"],
@@ -166,20 +186,26 @@ def main():
             runs.append(one_run(image, initrd, a.mem_mib, tmp, i))
             if not a.json:
                 r = runs[-1]
-                print(f"run {i + 1}: downtime {r['downtime_ms']} ms, total {r['total_ms']} ms, "
+                print(f"run {i + 1}: downtime {r['downtime_ms']} ms (stop to resume "
+                      f"{r['stop_to_resume_ms']} ms), total {r['total_ms']} ms, "
                       f"{r['ram_transferred_bytes'] / 2**20:.0f} MiB sent, destination {r['dest_status']}, "
                       f"counter {r['source_last']} -> {r['dest_first']}")
     down = [r["downtime_ms"] for r in runs]
+    span = [r["stop_to_resume_ms"] for r in runs]
     out = {"qemu": subprocess.run(["qemu-system-aarch64", "--version"], capture_output=True,
                                   text=True).stdout.splitlines()[0],
            "mem_mib": a.mem_mib, "runs": runs, "downtime_ms_median": statistics.median(down),
            "downtime_ms_min": min(down), "downtime_ms_max": max(down),
+           "stop_to_resume_ms_median": statistics.median(span),
+           "stop_to_resume_ms_min": min(span), "stop_to_resume_ms_max": max(span),
            "all_continued": all(r["continued"] for r in runs)}
     if a.json:
         print(json.dumps(out, indent=1))
     else:
         print(f"QEMU's own migration, {a.mem_mib} MiB, {a.runs} runs: downtime median "
-              f"{out['downtime_ms_median']} ms ({out['downtime_ms_min']}-{out['downtime_ms_max']}); "
+              f"{out['downtime_ms_median']} ms ({out['downtime_ms_min']}-{out['downtime_ms_max']}), "
+              f"stop to resume median {out['stop_to_resume_ms_median']} ms "
+              f"({out['stop_to_resume_ms_min']}-{out['stop_to_resume_ms_max']}); "
               f"every destination went on counting: {out['all_continued']}")
 
 
