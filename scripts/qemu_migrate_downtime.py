@@ -4,7 +4,7 @@
 The independent reference for that command's downtime: the same Debian
 arm64 kernel and the project's initramfs (`s2mmu.run=counter`, the default
 `--linux-run`), the same RAM, booted by QEMU alone (TCG, `-M virt,gic-version=3
--cpu max`, EL1, no stage 2, as `s2mmu linux --baseline` boots it), migrated
+-cpu max`, 2 vCPUs by default as `s2mmu migrate --guest linux`, EL1, no stage 2, as `s2mmu linux --baseline` boots it), migrated
 by QEMU's own pre-copy between two QEMU processes over TCP on this host.
 
 Each run: a destination QEMU waiting with `-incoming`, a source QEMU booted
@@ -89,9 +89,9 @@ class Qmp:
             return r["return"]
 
 
-def qemu(image, initrd, mem_mib, qmp, serial, incoming=None):
+def qemu(image, initrd, mem_mib, vcpus, qmp, serial, incoming=None):
     args = ["qemu-system-aarch64", "-M", "virt,gic-version=3", "-cpu", "max,pauth-impdef=on",
-            "-smp", "1", "-m", f"{mem_mib}M", "-display", "none", "-no-reboot",
+            "-smp", str(vcpus), "-m", f"{mem_mib}M", "-display", "none", "-no-reboot",
             "-kernel", image, "-initrd", initrd,
             "-append", "console=ttyAMA0 quiet s2mmu.run=counter",
             "-serial", f"file:{serial}", "-qmp", f"unix:{qmp},server=on,wait=off",
@@ -116,11 +116,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def one_run(image, initrd, mem_mib, tmp, i):
+def one_run(image, initrd, mem_mib, vcpus, tmp, i):
     port = free_port()
     paths = {k: os.path.join(tmp, f"{k}{i}") for k in ("sq", "dq", "sc", "dc")}
-    dst = qemu(image, initrd, mem_mib, paths["dq"], paths["dc"], f"tcp:127.0.0.1:{port}")
-    src = qemu(image, initrd, mem_mib, paths["sq"], paths["sc"])
+    dst = qemu(image, initrd, mem_mib, vcpus, paths["dq"], paths["dc"], f"tcp:127.0.0.1:{port}")
+    src = qemu(image, initrd, mem_mib, vcpus, paths["sq"], paths["sc"])
     try:
         deadline = time.time() + 120
         sq = Qmp(paths["sq"], deadline)
@@ -175,15 +175,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mem-mib", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--vcpus", type=int, default=2,
+                    help="guest CPUs (s2mmu migrate --guest linux's default is 2)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    if not 128 <= a.mem_mib <= 4096 or not 1 <= a.runs <= 20:
-        sys.exit("--mem-mib 128..4096, --runs 1..20")
+    if not 128 <= a.mem_mib <= 4096 or not 1 <= a.runs <= 20 or not 1 <= a.vcpus <= 8:
+        sys.exit("--mem-mib 128..4096, --runs 1..20, --vcpus 1..8")
     image, initrd = assets()
     runs = []
     with tempfile.TemporaryDirectory(prefix="qemu-mig-") as tmp:
         for i in range(a.runs):
-            runs.append(one_run(image, initrd, a.mem_mib, tmp, i))
+            runs.append(one_run(image, initrd, a.mem_mib, a.vcpus, tmp, i))
             if not a.json:
                 r = runs[-1]
                 print(f"run {i + 1}: downtime {r['downtime_ms']} ms (stop to resume "
@@ -194,7 +196,7 @@ def main():
     span = [r["stop_to_resume_ms"] for r in runs]
     out = {"qemu": subprocess.run(["qemu-system-aarch64", "--version"], capture_output=True,
                                   text=True).stdout.splitlines()[0],
-           "mem_mib": a.mem_mib, "runs": runs, "downtime_ms_median": statistics.median(down),
+           "mem_mib": a.mem_mib, "vcpus": a.vcpus, "runs": runs, "downtime_ms_median": statistics.median(down),
            "downtime_ms_min": min(down), "downtime_ms_max": max(down),
            "stop_to_resume_ms_median": statistics.median(span),
            "stop_to_resume_ms_min": min(span), "stop_to_resume_ms_max": max(span),
@@ -202,7 +204,7 @@ def main():
     if a.json:
         print(json.dumps(out, indent=1))
     else:
-        print(f"QEMU's own migration, {a.mem_mib} MiB, {a.runs} runs: downtime median "
+        print(f"QEMU's own migration, {a.vcpus} vCPUs, {a.mem_mib} MiB, {a.runs} runs: downtime median "
               f"{out['downtime_ms_median']} ms ({out['downtime_ms_min']}-{out['downtime_ms_max']}), "
               f"stop to resume median {out['stop_to_resume_ms_median']} ms "
               f"({out['stop_to_resume_ms_min']}-{out['stop_to_resume_ms_max']}); "
