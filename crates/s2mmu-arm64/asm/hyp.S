@@ -137,6 +137,7 @@
 
         .section .text.hyp, "ax"
         .include "asm/state.S"          // migration: vCPU state save/restore
+        .include "asm/inject.S"         // exceptions injected into the guest
         .global _start
 _start:
         // Every CPU enters here: the boot CPU from the loader, the others
@@ -626,6 +627,8 @@ post_exit:
         b.eq    linux_resume
         cmp     x2, #ACT_SAVE
         b.eq    linux_save
+        cmp     x2, #ACT_INJECT
+        b.eq    linux_inject
         cmp     x2, #ACT_RESUME_X0
         b.ne    4f
         ldp     x3, x4, [x28, #MB_REPLY_X0]
