@@ -904,7 +904,8 @@ guest_timer_probe:
 // reports with HVC (x0 = 2, x1 = the value) again and again: the host
 // changes stage 2 between two reads. The host runs it with HCR_EL2.DC
 // clear (DC makes stage 1 behave as off). An exception at EL1 (a stage-1
-// fault) is reported with HVC x0 = 5, x1 = ESR_EL1, x2 = FAR_EL1.
+// fault) is reported with HVC x0 = 5, x1 = ESR_EL1, x2 = FAR_EL1, x3 =
+// ELR_EL1, x4 = SPSR_EL1, x5 = the vector's address, x6 = DAIF.
         .global guest_s1_probe
 guest_s1_probe:
         adr     x5, guest_el1_vectors
@@ -944,6 +945,10 @@ guest_el1_vectors:
         mov     x0, #5
         mrs     x1, esr_el1
         mrs     x2, far_el1
+        mrs     x3, elr_el1                     // and, for tests/inject.rs,
+        mrs     x4, spsr_el1                    // where it came from, which
+        adr     x5, .                           // vector, and the handler's
+        mrs     x6, daif                        // interrupt masks
         hvc     #0
         b       .
         .balign 128
