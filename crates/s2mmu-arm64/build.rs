@@ -19,6 +19,7 @@ const NM: &str = "aarch64-linux-gnu-nm";
 fn main() {
     println!("cargo:rerun-if-changed=asm/hyp.S");
     println!("cargo:rerun-if-changed=asm/state.S");
+    println!("cargo:rerun-if-changed=asm/inject.S");
     println!("cargo:rerun-if-changed=asm/hyp.ld");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=S2MMU_ARM64_NO_IMAGE");

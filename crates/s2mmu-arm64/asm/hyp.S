@@ -137,6 +137,7 @@
 
         .section .text.hyp, "ax"
         .include "asm/state.S"          // migration: vCPU state save/restore
+        .include "asm/inject.S"         // exceptions injected into the guest
         .global _start
 _start:
         // Every CPU enters here: the boot CPU from the loader, the others
@@ -626,6 +627,8 @@ post_exit:
         b.eq    linux_resume
         cmp     x2, #ACT_SAVE
         b.eq    linux_save
+        cmp     x2, #ACT_INJECT
+        b.eq    linux_inject
         cmp     x2, #ACT_RESUME_X0
         b.ne    4f
         ldp     x3, x4, [x28, #MB_REPLY_X0]
@@ -901,7 +904,8 @@ guest_timer_probe:
 // reports with HVC (x0 = 2, x1 = the value) again and again: the host
 // changes stage 2 between two reads. The host runs it with HCR_EL2.DC
 // clear (DC makes stage 1 behave as off). An exception at EL1 (a stage-1
-// fault) is reported with HVC x0 = 5, x1 = ESR_EL1, x2 = FAR_EL1.
+// fault) is reported with HVC x0 = 5, x1 = ESR_EL1, x2 = FAR_EL1, x3 =
+// ELR_EL1, x4 = SPSR_EL1, x5 = the vector's address, x6 = DAIF.
         .global guest_s1_probe
 guest_s1_probe:
         adr     x5, guest_el1_vectors
@@ -941,6 +945,10 @@ guest_el1_vectors:
         mov     x0, #5
         mrs     x1, esr_el1
         mrs     x2, far_el1
+        mrs     x3, elr_el1                     // and, for tests/inject.rs,
+        mrs     x4, spsr_el1                    // where it came from, which
+        adr     x5, .                           // vector, and the handler's
+        mrs     x6, daif                        // interrupt masks
         hvc     #0
         b       .
         .balign 128

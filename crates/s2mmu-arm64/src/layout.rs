@@ -153,6 +153,10 @@ pub mod mb {
     pub const BELL_BYTE: u64 = 0x1c0;
     /// Doorbells the stub has rung.
     pub const BELLS: u64 = 0x1c8;
+    /// The new PSTATE for [`super::ACT_INJECT`], less the bits the stub
+    /// adds from SCTLR_EL1 (the last word before the reply's instructions,
+    /// away from the fields other work adds after [`BELLS`]).
+    pub const INJ_PSTATE: u64 = 0x3f8;
     /// Where the stub's stack starts (its top): the guest's x0..x30 lie in
     /// the frame just below it during an exit.
     pub const STACK_TOP: u64 = 0x108;
@@ -203,6 +207,13 @@ pub const ACT_MMIO: u64 = 3;
 /// Answer: load the list registers, ICH_HCR_EL2 and ELR_EL2 from the
 /// mailbox and the general registers from the frame, then resume.
 pub const ACT_LINUX: u64 = 4;
+/// Answer: as [`ACT_LINUX`], but deliver a synchronous exception to the
+/// guest's EL1 first: ESR_EL1 and FAR_EL1 from the reply's x0 and x1,
+/// ELR_EL1 and SPSR_EL1 from the guest's ELR_EL2 and SPSR_EL2, then
+/// ELR_EL2 = VBAR_EL1 + [`mb::NEW_ELR`] (the vector's offset) and
+/// SPSR_EL2 = [`mb::INJ_PSTATE`] with PAN (SCTLR_EL1.SPAN clear) and SSBS
+/// (SCTLR_EL1.DSSBS set) added. See `linux::inject`.
+pub const ACT_INJECT: u64 = 5;
 
 /// Guest HVC x0: a pass is done, give me the next (memstress).
 pub const HVC_PASS: u64 = 1;

@@ -219,6 +219,7 @@ fn to_json(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) ->
         "boot_to_init_s": r.init_s,
         "total_s": r.total_s,
         "stage2_faults": r.exits[0],
+        "injected": r.injected,
         "exits": exits,
         "exits_per_s": per_s,
         "host_ms": {

@@ -3,7 +3,7 @@
 //! vCPU at its next exit with its whole state saved by the stub
 //! (ACT_SAVE), and a start from a saved state (the STATE command).
 
-use super::gic::{ICH_HCR_EN, NR_LRS};
+use super::gic::ICH_HCR_EN;
 use super::psci::PowerState;
 use super::vcpu::{self, Next, CURRENT};
 use super::vcpu_state::{VcpuState, ACT_SAVE, CMD_STATE};
@@ -216,15 +216,7 @@ fn run_one(
                 sh.limit.serve(id, &|| {
                     ctl.pause_flag.load(Ordering::Acquire) || sh.stopping()
                 });
-                let mut lrs = [0u64; NR_LRS];
-                for (i, lr) in lrs.iter_mut().enumerate() {
-                    *lr = mbox.read(mb::LR0 + 8 * i as u64);
-                }
-                let hcr = sh.gic.sync_lrs(id, &mut lrs);
-                for (i, lr) in lrs.iter().enumerate() {
-                    mbox.write(mb::LR0 + 8 * i as u64, *lr);
-                }
-                mbox.write(mb::ICH_HCR, hcr);
+                vcpu::sync_lrs(sh, id, &mbox);
                 mbox.write(mb::NEW_ELR, elr);
                 if ctl.pause_flag.load(Ordering::Acquire) {
                     mbox.reply(&e, ACT_SAVE, [0, 0], &insns);
@@ -235,6 +227,9 @@ fn run_one(
                 }
                 mbox.reply(&e, layout::ACT_LINUX, [0, 0], &insns);
             }
+            // A pause is taken at the next exit (the exception's handler
+            // runs first).
+            Next::Inject(inj) => vcpu::reply_inject(sh, id, &mbox, &e, &inj),
             Next::Off => {
                 mbox.reply(&e, layout::ACT_STOP, [0, 0], &[]);
                 sh.vm

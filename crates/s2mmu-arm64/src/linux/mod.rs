@@ -46,6 +46,7 @@ pub mod dirty;
 pub mod dirty_limit;
 pub mod fdt;
 pub mod gic;
+pub mod inject;
 pub mod loader;
 pub mod memory;
 mod mig_mem;

@@ -6,13 +6,14 @@
 //! is turned off or the VM stops.
 
 use super::gic::VTIMER_INTID;
+use super::inject::Injection;
 use super::mmio::{self, Devices, MmioDecode, Served};
 use super::psci::{self, PowerState, PsciCall};
 use super::vm::{ExitKind, Shared, StopReason};
 use crate::arena::ArenaMmOps;
 use crate::layout::{self, mb};
 use crate::machine::{Exit, Mailbox};
-use crate::{Arm64Error, Result};
+use crate::Result;
 use s2mmu::mmu::VcpuMmu;
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -27,6 +28,9 @@ thread_local! {
 pub(crate) enum Next {
     /// Resume at this ELR after this maintenance.
     Resume(u64, Vec<(u64, u64)>),
+    /// Deliver this exception to the guest's EL1 (instead of stopping
+    /// the VM), then resume at its vector.
+    Inject(Injection),
     /// Stop this vCPU (CPU_OFF, or the VM stops).
     Off,
 }
@@ -92,21 +96,14 @@ fn run_vcpu(
         };
         match next {
             Next::Resume(elr, insns) => {
-                let mut lrs = [0u64; super::gic::NR_LRS];
-                for (i, lr) in lrs.iter_mut().enumerate() {
-                    *lr = mbox.read(mb::LR0 + 8 * i as u64);
-                }
-                let hcr = sh.gic.sync_lrs(id, &mut lrs);
-                for (i, lr) in lrs.iter().enumerate() {
-                    mbox.write(mb::LR0 + 8 * i as u64, *lr);
-                }
-                mbox.write(mb::ICH_HCR, hcr);
+                sync_lrs(sh, id, &mbox);
                 mbox.write(mb::NEW_ELR, elr);
                 sh.stats[id]
                     .host_ns
                     .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 mbox.reply(&e, layout::ACT_LINUX, [0, 0], &insns);
             }
+            Next::Inject(inj) => reply_inject(sh, id, &mbox, &e, &inj),
             Next::Off => {
                 mbox.reply(&e, layout::ACT_STOP, [0, 0], &[]);
                 sh.vm
@@ -116,6 +113,39 @@ fn run_vcpu(
             }
         }
     }
+}
+
+/// The list registers and ICH_HCR_EL2 the stub loads at the answer.
+pub(crate) fn sync_lrs(sh: &Shared, id: usize, mbox: &Mailbox<'_>) {
+    let mut lrs = [0u64; super::gic::NR_LRS];
+    for (i, lr) in lrs.iter_mut().enumerate() {
+        *lr = mbox.read(mb::LR0 + 8 * i as u64);
+    }
+    let hcr = sh.gic.sync_lrs(id, &mut lrs);
+    for (i, lr) in lrs.iter().enumerate() {
+        mbox.write(mb::LR0 + 8 * i as u64, *lr);
+    }
+    mbox.write(mb::ICH_HCR, hcr);
+}
+
+/// Answers exit `e` with [`layout::ACT_INJECT`]: the stub delivers `inj`
+/// to the guest's EL1 and resumes it at the vector.
+pub(crate) fn reply_inject(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit, inj: &Injection) {
+    sync_lrs(sh, id, mbox);
+    mbox.write(mb::NEW_ELR, inj.vector);
+    mbox.write(mb::INJ_PSTATE, inj.pstate);
+    mbox.reply(e, layout::ACT_INJECT, [inj.esr, inj.far], &[]);
+}
+
+/// Answers an exit the host cannot serve with an exception for the
+/// guest's kernel, as KVM: logs it (capped) and counts it.
+fn inject(sh: &Shared, id: usize, e: &Exit, inj: Injection, what: &str) -> Next {
+    sh.stats[id].injected.fetch_add(1, Ordering::Relaxed);
+    sh.log(format!(
+        "vCPU {id}: {what} (ESR_EL2 {:#x}, FAR {:#x}, ELR {:#x}): injected ESR_EL1 {:#x}",
+        e.esr, e.far, e.elr, inj.esr
+    ));
+    Next::Inject(inj)
 }
 
 /// Waits for the next exit (`None` once the RUN command has finished),
@@ -200,10 +230,11 @@ pub(crate) fn handle(
             mbox.set_gpr(0, psci::RET_NOT_SUPPORTED as u64);
             Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()))
         }
-        _ => Err(Arm64Error::Guest(format!(
-            "vCPU {id}: unhandled exception class {ec:#x} (ESR_EL2 {:#x}) at {:#x}",
-            e.esr, e.elr
-        ))),
+        _ => {
+            let u = Injection::undef(e.esr, mbox.read(mb::SPSR));
+            let what = format!("unhandled exception class {ec:#x}: UNDEF");
+            Ok(inject(sh, id, e, u, &what))
+        }
     }
 }
 
@@ -280,6 +311,13 @@ fn abort(
         std::thread::sleep(Duration::from_micros(100));
         return Ok(Next::Resume(e.elr, Vec::new()));
     }
+    if crate::vm::fault_kind(e.dfsc()).is_none() {
+        // Neither a translation nor a permission fault (an address size,
+        // access flag or external abort): nothing for the engine to map.
+        let a = Injection::abort(e.esr, e.far, mbox.read(mb::SPSR));
+        let what = format!("stage-2 abort at IPA {:#x}: external abort", e.ipa());
+        return Ok(inject(sh, id, e, a, &what));
+    }
     super::page_fetch::before_fault(sh, id, e)?;
     let t0 = Instant::now();
     let r = sh.vm.fault(vcpu, e)?;
@@ -318,11 +356,9 @@ fn mmio(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
     let op = match mmio::decode(e.esr, ipa, |n| mbox.gpr(n)) {
         MmioDecode::Access(op) => op,
         MmioDecode::FetchOrWalk => {
-            return Err(Arm64Error::Guest(format!(
-                "vCPU {id}: instruction fetch or table walk at IPA {ipa:#x} outside RAM \
-                 (ELR {:#x})",
-                e.elr
-            )))
+            let a = Injection::abort(e.esr, e.far, mbox.read(mb::SPSR));
+            let what = format!("instruction fetch or table walk at IPA {ipa:#x} outside RAM");
+            return Ok(inject(sh, id, e, a, &what));
         }
         MmioDecode::NoSyndrome => {
             sh.log(format!(

@@ -118,6 +118,7 @@ pub(crate) struct VcpuCounters {
     pub(crate) engine_ns: AtomicU64,
     pub(crate) device_ns: AtomicU64,
     pub(crate) host_ns: AtomicU64,
+    pub(crate) injected: AtomicU64,
 }
 
 pub(crate) struct Power {
@@ -298,6 +299,9 @@ pub struct LinuxReport {
     pub device_ns: u64,
     /// See `engine_ns`.
     pub host_ns: u64,
+    /// Exceptions injected into the guest instead of stopping the VM
+    /// (`linux::inject`), all vCPUs.
+    pub injected: u64,
     /// Exits the stub answered and counter ticks it spent on them at EL2.
     pub stub_exits: u64,
     /// See `stub_exits`, in ns.
@@ -541,7 +545,7 @@ pub(crate) fn report(
             .and_then(|r| r.trim().parse::<u32>().ok())
     });
     let mut exits = [0u64; 5];
-    let (mut engine_ns, mut device_ns, mut host_ns) = (0, 0, 0);
+    let (mut engine_ns, mut device_ns, mut host_ns, mut injected) = (0, 0, 0, 0);
     let (mut stub_exits, mut stub_ticks) = (0, 0);
     for (id, s) in sh.stats.iter().enumerate() {
         for (k, e) in exits.iter_mut().enumerate() {
@@ -550,6 +554,7 @@ pub(crate) fn report(
         engine_ns += s.engine_ns.load(Ordering::Relaxed);
         device_ns += s.device_ns.load(Ordering::Relaxed);
         host_ns += s.host_ns.load(Ordering::Relaxed);
+        injected += s.injected.load(Ordering::Relaxed);
         let (n, t) = sh.vm.machine().mailbox(id).exit_stats();
         stub_exits += n;
         stub_ticks += t;
@@ -576,6 +581,7 @@ pub(crate) fn report(
         engine_ns,
         device_ns,
         host_ns,
+        injected,
         stub_exits,
         stub_ns: (stub_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
         console: text,
