@@ -43,10 +43,7 @@ const TAG: usize = 16;
 /// the largest guest).
 pub const MAX_RECORDS: u64 = 1 << 24;
 /// Bytes of the receive buffer: the socket is read in chunks this large.
-/// 256 KiB rather than 512: the buffer, the 1 MiB of guest pages a PAGES
-/// record fills and the socket's own buffers then fit a 2 MiB L2 together
-/// (docs/incoming/tls8.md: 64, 128, 256 and 512 KiB measured).
-const RECV_BUF: usize = 256 << 10;
+const RECV_BUF: usize = 512 << 10;
 /// Plaintext sealed per write call at most (64 records, one system call).
 const SEND_CHUNK: usize = 64 * MAX_PLAIN;
 
