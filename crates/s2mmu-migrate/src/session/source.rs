@@ -25,11 +25,13 @@ mod channel_choice;
 pub mod config;
 mod figures;
 pub mod outcome;
+// Reads guest RAM word by word straight through its mapping (GuestRam)
+// and prefetches it.
+#[allow(unsafe_code)]
+mod page_copy;
 mod postcopy_switch;
 mod precopy;
 mod precopy_end;
-// Reads guest RAM word by word straight through its mapping (GuestRam).
-#[allow(unsafe_code)]
 mod sender;
 mod stop_copy;
 mod verify;
@@ -39,9 +41,9 @@ pub use channel_choice::{ChannelChoice, ChannelProbe, AUTO_MARGIN_PCT};
 pub use config::{validate, validate_shape, Converge, Harvest, SourceConfig};
 use figures::{counters, MIB};
 pub use outcome::{Phase, RoundStat, SourceOutcome};
+pub(crate) use page_copy::copy_page;
 use precopy::Precopy;
 use precopy_end::PrecopyEnd;
-pub(crate) use sender::copy_page;
 use sender::{Chan, Sender};
 
 /// Runs the source side for `guest`, already running: `connect` opens
