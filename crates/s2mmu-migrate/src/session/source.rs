@@ -25,10 +25,6 @@ mod channel_choice;
 pub mod config;
 mod figures;
 pub mod outcome;
-// Reads guest RAM word by word straight through its mapping (GuestRam)
-// and prefetches it.
-#[allow(unsafe_code)]
-mod page_copy;
 mod postcopy_switch;
 mod precopy;
 mod precopy_end;
@@ -41,7 +37,6 @@ pub use channel_choice::{ChannelChoice, ChannelProbe, AUTO_MARGIN_PCT};
 pub use config::{validate, validate_shape, Converge, Harvest, SourceConfig};
 use figures::{counters, MIB};
 pub use outcome::{Phase, RoundStat, SourceOutcome};
-pub(crate) use page_copy::copy_page;
 use precopy::Precopy;
 use precopy_end::PrecopyEnd;
 use sender::{Chan, Sender};

@@ -2,8 +2,8 @@
 //! channels (paced by the bandwidth limit), the link probe, and the dirty
 //! set harvested from the bitmap or the rings.
 
+use super::super::page_copy::copy_page;
 use super::super::replies::{read_reply, unexpected_reply};
-use super::page_copy::copy_page;
 use super::{Harvest, SourceConfig};
 use crate::bandwidth::TokenBucket;
 use crate::stages::{SendStages, StageClock};
