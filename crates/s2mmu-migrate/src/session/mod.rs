@@ -14,11 +14,15 @@
 //! a [`progress::Progress`] callback.
 
 // Generic over the VM interface (crate::vm).
+// Reads guest RAM word by word straight through its mapping (GuestRam)
+// and prefetches it.
 pub mod both_ends;
 pub mod digests;
 pub mod extras;
 pub mod guest;
 pub mod outcome_json;
+#[allow(unsafe_code)]
+mod page_copy;
 pub mod policy;
 pub mod postcopy;
 pub mod progress;

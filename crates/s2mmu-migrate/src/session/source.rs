@@ -28,8 +28,6 @@ pub mod outcome;
 mod postcopy_switch;
 mod precopy;
 mod precopy_end;
-// Reads guest RAM word by word straight through its mapping (GuestRam).
-#[allow(unsafe_code)]
 mod sender;
 mod stop_copy;
 mod verify;
@@ -41,7 +39,6 @@ use figures::{counters, MIB};
 pub use outcome::{Phase, RoundStat, SourceOutcome};
 use precopy::Precopy;
 use precopy_end::PrecopyEnd;
-pub(crate) use sender::copy_page;
 use sender::{Chan, Sender};
 
 /// Runs the source side for `guest`, already running: `connect` opens

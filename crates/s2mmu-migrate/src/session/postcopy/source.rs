@@ -4,8 +4,8 @@
 //! the background, and checks the destination's memory against its own
 //! plus the destination guest's writes.
 
+use super::super::page_copy::copy_page;
 use super::super::replies::{read_reply, unexpected_reply, Connect};
-use super::super::source::copy_page;
 use super::control::{self, Phase, Recovery, RecoveryMode};
 use super::{decode_missing, encode_missing, Final};
 use crate::bandwidth::TokenBucket;

@@ -2,16 +2,15 @@
 //! channels (paced by the bandwidth limit), the link probe, and the dirty
 //! set harvested from the bitmap or the rings.
 
+use super::super::page_copy::copy_page;
 use super::super::replies::{read_reply, unexpected_reply};
 use super::{Harvest, SourceConfig};
 use crate::bandwidth::TokenBucket;
-use crate::hash::is_zero;
 use crate::stages::{SendStages, StageClock};
 use crate::stream_error::MigrateError;
 use crate::transport::{BoxConn, Connection};
-use crate::vm::{GuestRam, RingEntry, SessionVm};
+use crate::vm::{RingEntry, SessionVm};
 use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -108,35 +107,6 @@ impl Chan {
         }
         Ok(())
     }
-}
-
-/// Copies the guest page at `off` into `dst` word by word (atomically per
-/// word: the guest may be writing it), and says whether it was all zeros.
-pub(crate) fn copy_page<R: GuestRam + ?Sized>(ram: &R, off: u64, dst: &mut [u8]) -> bool {
-    if off
-        .checked_add(PAGE_SIZE as u64)
-        .is_none_or(|end| end > ram.size())
-        || dst.len() != PAGE_SIZE
-        || !off.is_multiple_of(8)
-    {
-        ram.read_into(off, dst);
-        return is_zero(dst);
-    }
-    // SAFETY: the page lies inside the mapping (checked above), which
-    // GuestRam's contract keeps alive while `ram` lives and makes 8-byte
-    // aligned, so with `off` a multiple of 8 every word is aligned;
-    // the contract also makes every other access to it atomic per word,
-    // as these loads are.
-    let words = unsafe {
-        std::slice::from_raw_parts((ram.host_addr() + off) as *const AtomicU64, PAGE_SIZE / 8)
-    };
-    let mut acc = 0u64;
-    for (w, d) in words.iter().zip(dst.chunks_exact_mut(8)) {
-        let v = w.load(Ordering::Relaxed);
-        acc |= v;
-        d.copy_from_slice(&v.to_le_bytes());
-    }
-    acc == 0
 }
 
 /// Pages of one slot to send: bit b of `words[w]` is page
