@@ -3,9 +3,10 @@
 
 The independent reference for that command's downtime: the same Debian
 arm64 kernel and the project's initramfs (`s2mmu.run=counter`, the default
-`--linux-run`), the same RAM, booted by QEMU alone (TCG, `-M virt,gic-version=3
--cpu max`, 2 vCPUs by default as `s2mmu migrate --guest linux`, EL1, no stage 2, as `s2mmu linux --baseline` boots it), migrated
-by QEMU's own pre-copy between two QEMU processes over TCP on this host.
+`--linux-run`), the same RAM and, by default, the same 2 vCPUs, booted by
+QEMU alone as `s2mmu linux --baseline` boots it (TCG, `-M virt,gic-version=3
+-cpu max`, EL1, no stage 2), migrated by QEMU's own pre-copy between two QEMU
+processes over TCP on this host.
 
 Each run: a destination QEMU waiting with `-incoming`, a source QEMU booted
 until the counter's first line, then QMP `migrate`; `query-migrate`'s
@@ -16,7 +17,7 @@ one host clock), the span `s2mmu migrate` reports as downtime (pause on the
 source to the destination's first guest instruction), and a check that the
 destination's console goes on counting from where the source stopped.
 
-Usage: scripts/qemu_migrate_downtime.py [--mem-mib 1024] [--runs 5] [--json]
+Usage: scripts/qemu_migrate_downtime.py [--mem-mib 1024] [--runs 5] [--vcpus 2] [--json]
 The kernel and initramfs come from the asset cache (`scripts/linux-assets.sh`).
 """
 

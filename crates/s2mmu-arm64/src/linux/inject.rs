@@ -151,8 +151,9 @@ mod tests {
         assert_eq!(sync_vector(EL1H), 0x200);
         assert_eq!(sync_vector(MODE_EL1T), 0x000);
         assert_eq!(sync_vector(EL0), 0x400);
-        assert_eq!(sync_vector(MODE_32), 0x600); // AArch32 EL0 (usr)
-                                                 // Other PSTATE bits do not move the vector.
+        // AArch32 EL0 (usr).
+        assert_eq!(sync_vector(MODE_32), 0x600);
+        // Other PSTATE bits do not move the vector.
         assert_eq!(sync_vector(EL0 | 0xf << 28 | PSTATE_DAIF), 0x400);
         assert_eq!(sync_vector(EL1H | PSTATE_DAIF), 0x200);
     }

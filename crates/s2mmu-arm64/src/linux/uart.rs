@@ -4,8 +4,8 @@
 //!
 //! Output goes to stdout, a file, a bounded memory buffer the tests read,
 //! or a buffer and one of the others. Stdout is written on a thread of its
-//! own, terminal controls shown as text (`linux/console_echo.rs`). Input comes from stdin on a thread
-//! ([`Uart::spawn_stdin_reader`]) or from the host ([`Uart::enqueue`]).
+//! own, terminal controls shown as text (`linux/console_echo.rs`). Input
+//! comes from stdin on a thread ([`Uart::spawn_stdin_reader`]) or from the host ([`Uart::enqueue`]).
 //! The interrupt is a callback the vGIC supplies; [`Uart::irq_pending`]
 //! gives the line's level (IIR bit 0 clear) for a level-sensitive SPI.
 //! [`Uart::state`] and [`Uart::from_state`] carry the registers and the
