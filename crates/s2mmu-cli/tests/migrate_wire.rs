@@ -85,8 +85,9 @@ fn plain_tcp_and_the_stages_are_measured_with_tls_over_two_channels() {
     );
 }
 
-/// `--wire-bench`: every cell measured, iperf3's figures wherever iperf3
-/// runs (and required where CI installed it), none made up where not.
+/// `--wire-bench`: every cell measured, the memory floor in each run,
+/// iperf3's figures wherever iperf3 runs (and required where CI installed
+/// it), none made up where not.
 #[test]
 fn the_wire_bench_measures_every_cell_against_plain_tcp_and_iperf3() {
     let v = small_sim_json(&["--wire-bench", "2", "--channels", "1,2"]);
@@ -118,6 +119,10 @@ fn the_wire_bench_measures_every_cell_against_plain_tcp_and_iperf3() {
             "plain_tcp_bytes_per_s",
             "round0_bytes_per_s",
             "round0_pct_of_plain_tcp",
+            "memory_floor_bytes_per_s",
+            "memory_floor_source_cpu_ns_per_page",
+            "memory_floor_destination_cpu_ns_per_page",
+            "round0_pct_of_memory_floor",
         ] {
             let v = each(k);
             assert_eq!(v.len(), 2, "{k}: one figure per run");
@@ -125,8 +130,13 @@ fn the_wire_bench_measures_every_cell_against_plain_tcp_and_iperf3() {
         }
         let pct = each("round0_pct_of_plain_tcp");
         let (r0, plain) = (each("round0_bytes_per_s"), each("plain_tcp_bytes_per_s"));
+        let (of_floor, floor) = (
+            each("round0_pct_of_memory_floor"),
+            each("memory_floor_bytes_per_s"),
+        );
         for i in 0..2 {
             assert!((pct[i] - 100.0 * r0[i] / plain[i]).abs() < 1e-6 * pct[i]);
+            assert!((of_floor[i] - 100.0 * r0[i] / floor[i]).abs() < 1e-6 * of_floor[i]);
         }
         match iperf3 {
             Some(_) => assert!(each("iperf3_bytes_per_s").iter().all(|&x| x > 0.0)),

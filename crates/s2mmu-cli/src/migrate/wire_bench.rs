@@ -5,7 +5,11 @@
 //! (where iperf3 is installed; otherwise the table says so), then the
 //! migration, which first measures plain TCP between its own endpoints
 //! (no TLS, no framing, no checksum: what iperf3 measures) and the stack's
-//! own link. Rounds interleave the cells, so the machine's other load
+//! own link. Each run also moves the guest's size from one memory region
+//! into another over as many loopback connections with the kernel's copies
+//! alone (and, for TLS, ring's AES-128-GCM records alone): the memory
+//! floor, what round 0 could reach at best
+//! (`s2mmu_migrate::transport::memory_floor`). Rounds interleave the cells, so the machine's other load
 //! falls on all of them alike. Medians of every figure, round 0 as a share
 //! of plain TCP and of iperf3, TLS against no TLS per channel count, and
 //! each run's figures in `--json`.
@@ -17,6 +21,7 @@ use super::report_text::MIB;
 use super::wire::PAGE_SIZE;
 use crate::report::Report;
 use s2mmu_migrate::session::outcome_json::per_page;
+use s2mmu_migrate::transport::{memory_floor, FloorCipher};
 use serde_json::json;
 use std::time::Duration;
 
@@ -29,6 +34,10 @@ pub const MAX_WIRE_RUNS: u32 = 50;
 struct Run {
     iperf3: Option<f64>,
     plain: f64,
+    /// The memory floor: bytes a second, and its CPU a page on each side.
+    floor: f64,
+    floor_send_ns: f64,
+    floor_recv_ns: f64,
     link: f64,
     round0: f64,
     downtime_ms: f64,
@@ -65,6 +74,18 @@ impl Cell {
     fn pct_plain(&self) -> Vec<f64> {
         let pct = |r: &Run| 100.0 * r.round0 / r.plain.max(1.0);
         self.runs.iter().map(pct).collect()
+    }
+    fn pct_floor(&self) -> Vec<f64> {
+        self.runs
+            .iter()
+            .map(|r| 100.0 * r.round0 / r.floor.max(1.0))
+            .collect()
+    }
+    fn floor_pct_plain(&self) -> Vec<f64> {
+        self.runs
+            .iter()
+            .map(|r| 100.0 * r.floor / r.plain.max(1.0))
+            .collect()
     }
     fn pct_iperf3(&self) -> Option<Vec<f64>> {
         let pct = |r: &Run| r.iperf3.map(|i| 100.0 * r.round0 / i.max(1.0));
@@ -121,8 +142,8 @@ pub fn run(p: &Params, runs: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// One run of one cell: iperf3 (when there), then the migration with its
-/// plain-TCP probe.
+/// One run of one cell: iperf3 (when there), the memory floor, then the
+/// migration with its plain-TCP probe.
 fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<Run, String> {
     let what = format!("TLS {tls}, {} channel(s), run {}", channels_name(ch), i + 1);
     let iperf3 = if with_iperf3 {
@@ -135,6 +156,16 @@ fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<
     } else {
         None
     };
+    let conns = if ch == AUTO_CHANNELS { 4 } else { ch };
+    // The floor moves whole 16 KiB records over each connection.
+    let unit = 16 * 1024 * u64::from(conns);
+    let cipher = if tls {
+        FloorCipher::Aes128Gcm
+    } else {
+        FloorCipher::None
+    };
+    let floor = memory_floor(conns, (p.mem / unit).max(1) * unit, cipher, p.io_timeout)
+        .map_err(|e| format!("{what}: memory floor: {e}"))?;
     let net = NetConfig {
         io_timeout: p.io_timeout,
         security: if tls {
@@ -154,6 +185,9 @@ fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<
     let r = Run {
         iperf3,
         plain: plain.bytes_per_s(),
+        floor: floor.bytes_per_s(),
+        floor_send_ns: floor.send_ns_per_page(),
+        floor_recv_ns: floor.recv_ns_per_page(),
         link: s.link,
         round0: s.rounds.first().map_or(0.0, |r| r.bandwidth),
         downtime_ms: s.downtime.as_secs_f64() * 1e3,
@@ -163,12 +197,14 @@ fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<
     };
     if !p.quiet {
         eprintln!(
-            "{what}: iperf3 {}, plain TCP {:.0} MiB/s, round 0 {:.0} MiB/s = {:.0}% of plain, downtime {:.1} ms",
+            "{what}: iperf3 {}, plain TCP {:.0} MiB/s, memory floor {:.0} MiB/s, round 0 {:.0} MiB/s = {:.0}% of plain, {:.0}% of the floor, downtime {:.1} ms",
             r.iperf3
                 .map_or("not run".into(), |v| format!("{:.0} MiB/s", v / MIB)),
             r.plain / MIB,
+            r.floor / MIB,
             r.round0 / MIB,
             100.0 * r.round0 / r.plain.max(1.0),
+            100.0 * r.round0 / r.floor.max(1.0),
             r.downtime_ms
         );
     }
@@ -184,6 +220,11 @@ fn cell_json(c: &Cell) -> serde_json::Value {
         "runs": c.runs.len(),
         "iperf3_bytes_per_s": c.runs.iter().map(|r| r.iperf3).collect::<Option<Vec<_>>>().map(figures),
         "plain_tcp_bytes_per_s": each(|r| r.plain),
+        "memory_floor_bytes_per_s": each(|r| r.floor),
+        "memory_floor_pct_of_plain_tcp": figures(c.floor_pct_plain()),
+        "memory_floor_source_cpu_ns_per_page": each(|r| r.floor_send_ns),
+        "memory_floor_destination_cpu_ns_per_page": each(|r| r.floor_recv_ns),
+        "round0_pct_of_memory_floor": figures(c.pct_floor()),
         "stack_link_bytes_per_s": each(|r| r.link),
         "round0_bytes_per_s": each(|r| r.round0),
         "round0_pct_of_plain_tcp": figures(c.pct_plain()),
@@ -200,21 +241,23 @@ fn cell_json(c: &Cell) -> serde_json::Value {
 /// count.
 fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
     let mut t = format!(
-        "migrate against the wire, {runs} run(s) per cell, cells interleaved, medians; iperf3: {}\n  plain TCP = the migration's own probe of its endpoints just before it, over as many connections as channels (no TLS, no framing, no checksum)\n  cores = both ends' stream threads' CPU a page x round 0's pages a second (CPU-bound where it nears the machine's cores)\n  {:>4} {:>8} {:>12} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>5}\n",
+        "migrate against the wire, {runs} run(s) per cell, cells interleaved, medians; iperf3: {}\n  plain TCP = the migration's own probe of its endpoints just before it, over as many connections as channels (no TLS, no framing, no checksum)\n  floor = the memory floor: the guest's size moved from one memory region into another, prefaulted, over as many loopback connections, by the kernel's copies alone (TLS rows: and ring's AES-128-GCM in 16 KiB records); round 0 can at best reach it\n  cores = both ends' stream threads' CPU a page x round 0's pages a second (CPU-bound where it nears the machine's cores)\n  {:>4} {:>8} {:>12} {:>10} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>5}\n",
         iperf3.map_or("not found on PATH (the plain probe only)".into(), |v| format!("{v}, a process pair per connection, -n guest memory")),
-        "TLS", "channels", "iperf3 MiB/s", "plain MiB/s", "stack MiB/s", "round 0", "% plain", "% iperf3", "downtime", "src ns/pg", "dst ns/pg", "cores"
+        "TLS", "channels", "iperf3 MiB/s", "plain MiB/s", "floor MiB/s", "stack MiB/s", "round 0", "% plain", "% floor", "% iperf3", "downtime", "src ns/pg", "dst ns/pg", "cores"
     );
     let opt = |v: Option<f64>, k: f64| v.map_or("-".to_string(), |x| format!("{:.0}", x / k));
     for c in cells {
         t.push_str(&format!(
-            "  {:>4} {:>8} {:>12} {:>10.0} {:>11.0} {:>10.0} {:>8.0}% {:>8}% {:>7.1}ms {:>10.0} {:>10.0} {:>5.2}\n",
+            "  {:>4} {:>8} {:>12} {:>10.0} {:>10.0} {:>11.0} {:>10.0} {:>8.0}% {:>8.0}% {:>8}% {:>7.1}ms {:>10.0} {:>10.0} {:>5.2}\n",
             if c.tls { "yes" } else { "no" },
             channels_name(c.channels),
             opt(c.iperf3(), MIB),
             c.med(|r| r.plain) / MIB,
+            c.med(|r| r.floor) / MIB,
             c.med(|r| r.link) / MIB,
             c.med(|r| r.round0) / MIB,
             median(c.pct_plain()),
+            median(c.pct_floor()),
             opt(c.pct_iperf3().map(median), 1.0),
             c.med(|r| r.downtime_ms),
             c.med(|r| r.send_cpu_ns),
@@ -228,6 +271,19 @@ fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
             "  auto ({}) chose, run by run: {} (plain TCP and iperf3 over 4 connections, the most it may choose)\n",
             if c.tls { "TLS" } else { "no TLS" },
             chosen.join(", ")
+        ));
+    }
+    t.push_str("\nthe memory floor as % of plain TCP, and its CPU a page (source / destination), medians\n");
+    for c in cells {
+        t.push_str(&format!(
+            "  {} channel(s), {}: floor {:.0}% of plain TCP, {:.0} / {:.0} ns a page (round 0: {:.0} / {:.0})\n",
+            channels_name(c.channels),
+            if c.tls { "TLS (AES-128-GCM floor)" } else { "no TLS" },
+            median(c.floor_pct_plain()),
+            c.med(|r| r.floor_send_ns),
+            c.med(|r| r.floor_recv_ns),
+            c.med(|r| r.send_cpu_ns),
+            c.med(|r| r.recv_cpu_ns),
         ));
     }
     t.push_str("\nround 0 as % of plain TCP (of iperf3), medians; issue 28's targets: TLS 60 %, no TLS 85 %\n");

@@ -31,6 +31,8 @@ mod admit;
 mod config;
 mod conn;
 pub mod iperf;
+#[allow(unsafe_code)] // madvise(MADV_HUGEPAGE) on the regions
+pub mod memory_floor;
 pub mod plain_probe;
 mod psk;
 mod records;
@@ -52,6 +54,7 @@ pub(crate) use conn::record_plaintexts;
 pub use conn::SharedSink;
 pub use conn::{sealed_len, sealed_offset, SEAL_AFTER, SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN};
 pub use conn::{transient, BoxConn, Connection, Duplex, Listener, ShutdownHandle};
+pub use memory_floor::{memory_floor, FloorCipher, FloorLink, MAX_FLOOR_BYTES};
 pub use plain_probe::{plain_link_beside, plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
 pub use psk::{psk, psk_from_file};
 #[cfg(any(test, feature = "fuzzing"))]
