@@ -133,8 +133,9 @@ impl Region {
 /// connection, and checks that the destination region equals the source.
 ///
 /// # Errors
-/// [`MigrateError::Setup`] for a size or count out of bounds or a region
-/// that cannot be allocated, [`MigrateError::Io`] / [`MigrateError::Timeout`]
+/// [`MigrateError::Setup`] for a size or count out of bounds, two regions
+/// larger than the machine's available memory, or a region that cannot be
+/// allocated, [`MigrateError::Io`] / [`MigrateError::Timeout`]
 /// from the sockets (every read and write has `io_timeout`), and
 /// [`MigrateError::Malformed`] when the destination region differs.
 pub fn memory_floor(
@@ -153,6 +154,13 @@ pub fn memory_floor(
         return Err(MigrateError::Setup(format!(
             "memory floor of {bytes} bytes over {channels} connections (a multiple of {share_unit}, at most {MAX_FLOOR_BYTES})"
         )));
+    }
+    if let Some(avail) = mem_available() {
+        if bytes.saturating_mul(2) > avail {
+            return Err(MigrateError::Setup(format!(
+                "memory floor of {bytes} bytes needs two regions of that size; the machine has {avail} bytes available"
+            )));
+        }
     }
     let len = bytes as usize;
     let mut src = Region::new(len)?;
@@ -175,6 +183,16 @@ pub fn memory_floor(
         send_cpu_ns: t.1,
         recv_cpu_ns: t.2,
     })
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes (None where unreadable):
+/// the two regions are refused before they are allocated where they would
+/// not fit, rather than left to the out-of-memory killer.
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Data no page of which is zero or repeats its neighbour.
@@ -428,6 +446,17 @@ mod tests {
                 assert_eq!((f.bytes, f.channels, f.cipher), (bytes, ch, cipher));
                 assert!(f.bytes_per_s() > 0.0);
             }
+        }
+    }
+
+    #[test]
+    fn two_regions_larger_than_the_available_memory_are_refused() {
+        let avail = mem_available().expect("/proc/meminfo");
+        let unit = RECORD_PLAIN as u64;
+        let bytes = (avail / 2 / unit + 1) * unit;
+        if bytes <= MAX_FLOOR_BYTES {
+            let e = memory_floor(1, bytes, FloorCipher::None, T).unwrap_err();
+            assert!(e.to_string().contains("available"), "{e}");
         }
     }
 
