@@ -63,6 +63,37 @@ fn check(cfg: &SimRun, net: &NetConfig, tls: bool) {
     if tls {
         assert!(x.encrypt_ns() > 0, "TLS costs time beyond the socket");
     }
+    let p = s.downtime_parts;
+    assert_eq!(p.total(), s.downtime, "the downtime's parts add up: {p:?}");
+    assert!(
+        p.last_pages > Duration::ZERO
+            && p.state_send > Duration::ZERO
+            && p.until_resumed > Duration::ZERO,
+        "{p:?}"
+    );
+}
+
+/// The JSON report carries the downtime's parts, adding up to it.
+#[test]
+fn the_report_breaks_the_downtime_down() {
+    let v = small_sim_json(&[]);
+    let r = &v["results"][0];
+    let parts = r["downtime_parts_ns"]
+        .as_object()
+        .expect("downtime_parts_ns");
+    let names: Vec<&str> = parts.keys().map(String::as_str).collect();
+    for k in [
+        "pause",
+        "harvest",
+        "last_pages",
+        "state_save",
+        "state_send",
+        "until_resumed",
+    ] {
+        assert!(names.contains(&k), "{k} in {names:?}");
+    }
+    let sum: u64 = parts.values().map(|x| x.as_u64().unwrap()).sum();
+    assert_eq!(Some(sum), r["downtime_ns"].as_u64(), "{r}");
 }
 
 #[test]

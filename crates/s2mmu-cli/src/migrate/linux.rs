@@ -21,7 +21,7 @@ use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::session_run::{
     self, GuestProgram, LinuxRun, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
-use s2mmu_migrate::session::source::SourceOutcome;
+use s2mmu_migrate::session::source::{DowntimeParts, SourceOutcome};
 use std::time::Duration;
 
 /// Most `--runs`.
@@ -68,10 +68,11 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
             },
             format!(
                 "through the session, {} over {} channel(s); the destination's digests \
-                 equal the source's{}",
+                 equal the source's{}; downtime: {}",
                 s.net.security.describe(),
                 outcome.channels,
-                braked(outcome, limit)
+                braked(outcome, limit),
+                parts_text(&outcome.downtime_parts)
             ),
         ),
         RunDetails::Postcopy(pc) => {
@@ -136,6 +137,7 @@ fn session_json(
         "round0_zero_pages": r0.map(|r| r.zero_pages),
         "round0_data_pages_per_s": (secs > 0.0).then(|| data as f64 / secs),
         "round0_bytes_per_s": r0.map(|r| r.bandwidth),
+        "downtime_parts_ns": s2mmu_migrate::session::outcome_json::downtime_parts_json(&o.downtime_parts),
         "stages": s2mmu_migrate::session::outcome_json::send_stages_json(&o.send_stages),
         "max_throttle_pct": o.max_throttle_pct,
         "final_pace_pages_per_s_per_vcpu": o.final_pace,
@@ -163,6 +165,20 @@ fn braked(o: &SourceOutcome, l: &DirtyLimitCounters) -> String {
         o.final_pace,
         l.paced_faults,
         l.paced_ns as f64 / 1e6
+    )
+}
+
+/// The downtime's parts in milliseconds, in order.
+fn parts_text(p: &DowntimeParts) -> String {
+    format!(
+        "pause {:.1}, harvest {:.1}, last pages {:.1}, state saved {:.1}, sent {:.1}, until \
+         resumed {:.1} ms",
+        ms(p.pause),
+        ms(p.harvest),
+        ms(p.last_pages),
+        ms(p.state_save),
+        ms(p.state_send),
+        ms(p.until_resumed)
     )
 }
 

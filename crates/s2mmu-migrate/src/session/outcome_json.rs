@@ -6,7 +6,7 @@
 
 use super::dest::DestOutcome;
 use super::postcopy::{PostcopyFigures, PostcopyOutcome};
-use super::source::SourceOutcome;
+use super::source::{DowntimeParts, SourceOutcome};
 use crate::stages::{RecvStages, SendStages};
 use crate::wire::PAGE_SIZE;
 use serde_json::{json, Value};
@@ -82,6 +82,19 @@ pub fn postcopy_figures_json(f: &PostcopyFigures) -> Value {
     })
 }
 
+/// Where the downtime went, each part in nanoseconds.
+pub fn downtime_parts_json(p: &DowntimeParts) -> Value {
+    let ns = |d: std::time::Duration| d.as_nanos() as u64;
+    json!({
+        "pause": ns(p.pause),
+        "harvest": ns(p.harvest),
+        "last_pages": ns(p.last_pages),
+        "state_save": ns(p.state_save),
+        "state_send": ns(p.state_send),
+        "until_resumed": ns(p.until_resumed),
+    })
+}
+
 /// Post-copy as the source saw it, with the destination's figures.
 pub fn postcopy_json(pc: &PostcopyOutcome, s: &SourceOutcome) -> Value {
     json!({
@@ -151,6 +164,7 @@ pub fn source_json(s: &SourceOutcome) -> Value {
         "rounds": s.rounds.len(),
         "total_ns": s.total.as_nanos() as u64,
         "downtime_ns": s.downtime.as_nanos() as u64,
+        "downtime_parts_ns": downtime_parts_json(&s.downtime_parts),
         "pages": s.page_records,
         "zero_pages": s.zero_pages,
         "bytes": s.bytes,

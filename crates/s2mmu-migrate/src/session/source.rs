@@ -36,7 +36,7 @@ pub use auto_channels::{AutoChannels, MAX_AUTO_CANDIDATES};
 pub use channel_choice::{ChannelChoice, ChannelProbe, AUTO_MARGIN_PCT};
 pub use config::{validate, validate_shape, Converge, Harvest, SourceConfig};
 use figures::{counters, MIB};
-pub use outcome::{Phase, RoundStat, SourceOutcome};
+pub use outcome::{DowntimeParts, Phase, RoundStat, SourceOutcome};
 use precopy::Precopy;
 use precopy_end::PrecopyEnd;
 use sender::{Chan, Sender};

@@ -46,6 +46,40 @@ pub struct Phase {
     pub ns_per_write: f64,
 }
 
+/// Where a pre-copy migration's downtime went, as the source's clock saw
+/// it, the guest paused throughout. The parts follow each other without a
+/// gap, so they add up to [`SourceOutcome::downtime`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DowntimeParts {
+    /// Stopping the guest ([`crate::vm::SessionVm`]'s pause, until every
+    /// vCPU has stopped).
+    pub pause: Duration,
+    /// The last harvest of the dirty log.
+    pub harvest: Duration,
+    /// The last dirty pages on the wire.
+    pub last_pages: Duration,
+    /// Saving the vCPU and device state.
+    pub state_save: Duration,
+    /// The state and the end of every channel on the wire.
+    pub state_send: Duration,
+    /// From the last byte sent to the destination's RESUMED: the
+    /// destination receiving the rest, checking and loading the state, and
+    /// starting the guest (its digests come with RESUMED).
+    pub until_resumed: Duration,
+}
+
+impl DowntimeParts {
+    /// The parts' sum.
+    pub fn total(&self) -> Duration {
+        self.pause
+            + self.harvest
+            + self.last_pages
+            + self.state_save
+            + self.state_send
+            + self.until_resumed
+    }
+}
+
 /// What the source did.
 #[derive(Clone, Debug, Default)]
 pub struct SourceOutcome {
@@ -55,6 +89,9 @@ pub struct SourceOutcome {
     pub total: Duration,
     /// From the pause to the destination's resume (as the source saw it).
     pub downtime: Duration,
+    /// Where the downtime went (pre-copy; all zero after a switch to
+    /// post-copy, whose downtime is not broken down).
+    pub downtime_parts: DowntimeParts,
     /// Page records sent (the verification pass not included).
     pub page_records: u64,
     /// Of those, zero pages.

@@ -119,6 +119,7 @@ fn outcome<G: SourceGuest>(
         extras: Default::default(),
         total: done.background_end - x.log_start,
         downtime: resumed_at - pause_at,
+        downtime_parts: Default::default(),
         page_records: p0 + done.answered_pages,
         zero_pages: z0,
         bytes: x.rounds.iter().map(|r| r.bytes).sum::<u64>() + done.bytes,

@@ -7,7 +7,7 @@ use super::super::replies::{abort_and_reason, read_reply, unexpected_reply};
 use super::figures::{counters, phase, MIB};
 use super::precopy_end::PrecopyEnd;
 use super::verify::{check_digests, parse_digests, verify_full};
-use super::{RoundStat, SourceOutcome};
+use super::{DowntimeParts, RoundStat, SourceOutcome};
 use crate::stream_error::MigrateError;
 use crate::wire::{tag, Enc, Record, PAGE_SIZE};
 use std::time::Instant;
@@ -28,14 +28,26 @@ pub(super) fn run<G: SourceGuest>(
     let pause_at = Instant::now();
     let at_pause = counters(x.guest);
     x.guest.pause();
-    if let Err(e) = send_last(&mut x, &mut hook, throttle_pct) {
-        // Not sent in full: the guest goes on here, and the destination,
-        // still waiting for the main connection's END, is told to stop.
-        x.guest.resume();
-        return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
-    }
+    let paused_at = Instant::now();
+    let sent = match send_last(&mut x, &mut hook, throttle_pct) {
+        Ok(sent) => sent,
+        Err(e) => {
+            // Not sent in full: the guest goes on here, and the destination,
+            // still waiting for the main connection's END, is told to stop.
+            x.guest.resume();
+            return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
+        }
+    };
     let digests = read_resumed(&mut x);
     let resumed_at = Instant::now();
+    let downtime_parts = DowntimeParts {
+        pause: paused_at - pause_at,
+        harvest: sent[0] - paused_at,
+        last_pages: sent[1] - sent[0],
+        state_save: sent[2] - sent[1],
+        state_send: sent[3] - sent[2],
+        until_resumed: resumed_at - sent[3],
+    };
     let dest_digests = match digests {
         Ok(d) => d,
         Err(e) => {
@@ -74,6 +86,7 @@ pub(super) fn run<G: SourceGuest>(
         rounds,
         total: resumed_at - x.log_start,
         downtime,
+        downtime_parts,
         page_records,
         zero_pages,
         bytes,
@@ -116,23 +129,27 @@ fn read_resumed<G: SourceGuest>(
 }
 
 /// With the vCPUs paused: the last harvest, the last dirty pages, the
-/// vCPU state, the end of every channel; records the final round.
+/// vCPU state, the end of every channel; records the final round. Returns
+/// when each of the four steps ended.
 fn send_last<G: SourceGuest>(
     x: &mut PrecopyEnd<'_, '_, G>,
     hook: &mut G::Hook,
     throttle_pct: u32,
-) -> Result<(), MigrateError> {
+) -> Result<[Instant; 4], MigrateError> {
     let page = PAGE_SIZE as u64;
     let s = &mut *x.s;
     let t0 = Instant::now();
     let (p0, b0, z0) = s.counts();
     s.final_harvest()?;
     hook.last_round(x.guest.vm(), &s.pending)?;
+    let harvested = Instant::now();
     let mut e = Enc::default();
     e.u32(x.round + 1).u64(s.dirty_count());
     s.chans[0].wire.control(tag::ROUND, &e.0)?;
     s.send_dirty()?;
+    let pages_sent = Instant::now();
     let state = x.guest_state()?;
+    let saved = Instant::now();
     let s = &mut *x.s;
     for c in s.chans.iter_mut().skip(1) {
         c.wire.end()?;
@@ -167,5 +184,5 @@ fn send_last<G: SourceGuest>(
             (t1 - t0).as_secs_f64() * 1e3
         ));
     }
-    Ok(())
+    Ok([harvested, pages_sent, saved, t1])
 }
