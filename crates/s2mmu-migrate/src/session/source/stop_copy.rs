@@ -40,14 +40,6 @@ pub(super) fn run<G: SourceGuest>(
     };
     let digests = read_resumed(&mut x);
     let resumed_at = Instant::now();
-    let downtime_parts = DowntimeParts {
-        pause: paused_at - pause_at,
-        harvest: sent[0] - paused_at,
-        last_pages: sent[1] - sent[0],
-        state_save: sent[2] - sent[1],
-        state_send: sent[3] - sent[2],
-        until_resumed: resumed_at - sent[3],
-    };
     let dest_digests = match digests {
         Ok(d) => d,
         Err(e) => {
@@ -58,13 +50,7 @@ pub(super) fn run<G: SourceGuest>(
     };
     let downtime = resumed_at - pause_at;
     let cfg = x.cfg;
-    if cfg.progress.is_on() {
-        cfg.progress.line(&format!(
-            "{}resumed on the destination after {:.1} ms of downtime",
-            cfg.label,
-            downtime.as_secs_f64() * 1e3
-        ));
-    }
+    say_resumed(cfg, downtime);
     let samples = x.timeline.finish();
     let pause_s = at(pause_at);
     let before = phase(x.warm, x.warm_end, &samples, 0.0, x.warm_end_s);
@@ -86,7 +72,7 @@ pub(super) fn run<G: SourceGuest>(
         rounds,
         total: resumed_at - x.log_start,
         downtime,
-        downtime_parts,
+        downtime_parts: parts(pause_at, paused_at, sent, resumed_at),
         page_records,
         zero_pages,
         bytes,
@@ -108,6 +94,36 @@ pub(super) fn run<G: SourceGuest>(
         plain_link: None,
         channel_choice: None,
     })
+}
+
+/// The progress line of the destination's resume.
+fn say_resumed(cfg: &super::SourceConfig, downtime: std::time::Duration) {
+    if cfg.progress.is_on() {
+        cfg.progress.line(&format!(
+            "{}resumed on the destination after {:.1} ms of downtime",
+            cfg.label,
+            downtime.as_secs_f64() * 1e3
+        ));
+    }
+}
+
+/// The downtime's parts from the instants that end each: the pause asked,
+/// the guest stopped, `sent` (harvested, last pages sent, state saved,
+/// state and ends sent: [`send_last`]'s), RESUMED read.
+fn parts(
+    pause_at: Instant,
+    paused_at: Instant,
+    sent: [Instant; 4],
+    resumed: Instant,
+) -> DowntimeParts {
+    DowntimeParts {
+        pause: paused_at - pause_at,
+        harvest: sent[0] - paused_at,
+        last_pages: sent[1] - sent[0],
+        state_save: sent[2] - sent[1],
+        state_send: sent[3] - sent[2],
+        until_resumed: resumed - sent[3],
+    }
 }
 
 /// The destination's RESUMED and the per-slot digests it carries.
