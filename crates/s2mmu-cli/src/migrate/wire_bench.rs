@@ -5,11 +5,12 @@
 //! (where iperf3 is installed; otherwise the table says so), then the
 //! migration, which first measures plain TCP between its own endpoints
 //! (no TLS, no framing, no checksum: what iperf3 measures) and the stack's
-//! own link. Each run also moves the guest's size from one memory region
-//! into another over as many loopback connections with the kernel's copies
-//! alone (and, for TLS, ring's AES-128-GCM records alone): the memory
-//! floor, what round 0 could reach at best
-//! (`s2mmu_migrate::transport::memory_floor`). Rounds interleave the cells, so the machine's other load
+//! own link. Each run also moves the guest's size (at most [`FLOOR_CAP`])
+//! from one memory region into another over as many loopback connections
+//! with the kernel's copies alone (and, for TLS, ring's AES-128-GCM records
+//! alone): the memory floor, what round 0 could reach at best
+//! (`s2mmu_migrate::transport::memory_floor`). Rounds interleave the
+//! cells, so the machine's other load
 //! falls on all of them alike. Medians of every figure, round 0 as a share
 //! of plain TCP and of iperf3, TLS against no TLS per channel count, and
 //! each run's figures in `--json`.
@@ -24,6 +25,12 @@ use s2mmu_migrate::session::outcome_json::per_page;
 use s2mmu_migrate::transport::{memory_floor, FloorCipher};
 use serde_json::json;
 use std::time::Duration;
+
+/// The most bytes the memory floor moves: it holds two regions of its
+/// size, and 2 GiB is far beyond any cache, so a larger guest's floor
+/// reads the same while a machine with room for the guest but not for two
+/// more of it can still run the bench.
+pub const FLOOR_CAP: u64 = 2 << 30;
 
 /// The most runs per cell.
 pub const MAX_WIRE_RUNS: u32 = 50;
@@ -164,8 +171,14 @@ fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<
     } else {
         FloorCipher::None
     };
-    let floor = memory_floor(conns, (p.mem / unit).max(1) * unit, cipher, p.io_timeout)
-        .map_err(|e| format!("{what}: memory floor: {e}"))?;
+    let floor_bytes = p.mem.min(FLOOR_CAP);
+    let floor = memory_floor(
+        conns,
+        (floor_bytes / unit).max(1) * unit,
+        cipher,
+        p.io_timeout,
+    )
+    .map_err(|e| format!("{what}: memory floor: {e}"))?;
     let net = NetConfig {
         io_timeout: p.io_timeout,
         security: if tls {
@@ -241,7 +254,7 @@ fn cell_json(c: &Cell) -> serde_json::Value {
 /// count.
 fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
     let mut t = format!(
-        "migrate against the wire, {runs} run(s) per cell, cells interleaved, medians; iperf3: {}\n  plain TCP = the migration's own probe of its endpoints just before it, over as many connections as channels (no TLS, no framing, no checksum)\n  floor = the memory floor: the guest's size moved from one memory region into another, prefaulted, over as many loopback connections, by the kernel's copies alone (TLS rows: and ring's AES-128-GCM in 16 KiB records); round 0 can at best reach it\n  cores = both ends' stream threads' CPU a page x round 0's pages a second (CPU-bound where it nears the machine's cores)\n  {:>4} {:>8} {:>12} {:>10} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>5}\n",
+        "migrate against the wire, {runs} run(s) per cell, cells interleaved, medians; iperf3: {}\n  plain TCP = the migration's own probe of its endpoints just before it, over as many connections as channels (no TLS, no framing, no checksum)\n  floor = the memory floor: the guest's size (at most 2 GiB) moved from one memory region into another, prefaulted, over as many loopback connections, by the kernel's copies alone (TLS rows: and ring's AES-128-GCM in 16 KiB records); round 0 can at best reach it\n  cores = both ends' stream threads' CPU a page x round 0's pages a second (CPU-bound where it nears the machine's cores)\n  {:>4} {:>8} {:>12} {:>10} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>5}\n",
         iperf3.map_or("not found on PATH (the plain probe only)".into(), |v| format!("{v}, a process pair per connection, -n guest memory")),
         "TLS", "channels", "iperf3 MiB/s", "plain MiB/s", "floor MiB/s", "stack MiB/s", "round 0", "% plain", "% floor", "% iperf3", "downtime", "src ns/pg", "dst ns/pg", "cores"
     );
