@@ -34,6 +34,7 @@
 
 pub mod bandwidth;
 pub mod hash;
+mod host;
 pub mod session;
 #[cfg(feature = "sim")]
 #[allow(unsafe_code)] // GuestMemory's impl of the unsafe trait GuestRam

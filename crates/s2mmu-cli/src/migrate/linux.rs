@@ -15,13 +15,14 @@
 
 use super::linux_net;
 use super::params::PostcopyArg;
+use super::report_text::parts_text;
 use super::Params;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::session_run::{
     self, GuestProgram, LinuxRun, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
-use s2mmu_migrate::session::source::{DowntimeParts, SourceOutcome};
+use s2mmu_migrate::session::source::SourceOutcome;
 use std::time::Duration;
 
 /// Most `--runs`.
@@ -165,20 +166,6 @@ fn braked(o: &SourceOutcome, l: &DirtyLimitCounters) -> String {
         o.final_pace,
         l.paced_faults,
         l.paced_ns as f64 / 1e6
-    )
-}
-
-/// The downtime's parts in milliseconds, in order.
-fn parts_text(p: &DowntimeParts) -> String {
-    format!(
-        "pause {:.1}, harvest {:.1}, last pages {:.1}, state saved {:.1}, sent {:.1}, until \
-         resumed {:.1} ms",
-        ms(p.pause),
-        ms(p.harvest),
-        ms(p.last_pages),
-        ms(p.state_save),
-        ms(p.state_send),
-        ms(p.until_resumed)
     )
 }
 

@@ -210,7 +210,8 @@ pub(super) fn summary(
         p.max_downtime.as_millis(),
         if s.downtime <= p.max_downtime { "within budget" } else { "OVER BUDGET" }
     ));
-        t.push_str(&parts_line(&s.downtime_parts));
+        let parts = parts_text(&s.downtime_parts);
+        t.push_str(&format!("  downtime's parts     {parts}\n"));
     }
     let per_round: Vec<String> = s
         .rounds
@@ -417,11 +418,12 @@ fn extras_report(e: &ExtrasOutcome, r: &mut Report, text: &mut String) {
     }
 }
 
-/// The downtime's parts, in order, as a report line.
-fn parts_line(d: &s2mmu_migrate::session::source::DowntimeParts) -> String {
+/// The downtime's parts in milliseconds, in order (the simulated and the
+/// Linux guest's reports).
+pub(super) fn parts_text(d: &s2mmu_migrate::session::source::DowntimeParts) -> String {
     let ms = |x: std::time::Duration| x.as_secs_f64() * 1e3;
     format!(
-        "  downtime's parts     pause {:.1}, harvest {:.1}, last pages {:.1}, state saved {:.1}, sent {:.1}, until resumed {:.1} ms\n",
+        "pause {:.1}, harvest {:.1}, last pages {:.1}, state saved {:.1}, sent {:.1}, until resumed {:.1} ms",
         ms(d.pause), ms(d.harvest), ms(d.last_pages), ms(d.state_save), ms(d.state_send), ms(d.until_resumed)
     )
 }

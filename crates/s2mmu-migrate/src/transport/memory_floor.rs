@@ -22,6 +22,7 @@
 //! with what was sent after the clock stops.
 
 use super::tcp::configure;
+use crate::host::available_memory;
 use crate::stages::thread_cpu_ns;
 use crate::stream_error::MigrateError;
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
@@ -155,7 +156,9 @@ pub fn memory_floor(
             "memory floor of {bytes} bytes over {channels} connections (a multiple of {share_unit}, at most {MAX_FLOOR_BYTES})"
         )));
     }
-    if let Some(avail) = mem_available() {
+    // Refused before allocating where the two regions would not fit,
+    // rather than left to the out-of-memory killer.
+    if let Some(avail) = available_memory() {
         if bytes.saturating_mul(2) > avail {
             return Err(MigrateError::Setup(format!(
                 "memory floor of {bytes} bytes needs two regions of that size; the machine has {avail} bytes available"
@@ -183,16 +186,6 @@ pub fn memory_floor(
         send_cpu_ns: t.1,
         recv_cpu_ns: t.2,
     })
-}
-
-/// `MemAvailable` of `/proc/meminfo` in bytes (None where unreadable):
-/// the two regions are refused before they are allocated where they would
-/// not fit, rather than left to the out-of-memory killer.
-fn mem_available() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 /// Data no page of which is zero or repeats its neighbour.
@@ -451,7 +444,7 @@ mod tests {
 
     #[test]
     fn two_regions_larger_than_the_available_memory_are_refused() {
-        let avail = mem_available().expect("/proc/meminfo");
+        let avail = available_memory().expect("/proc/meminfo");
         let unit = RECORD_PLAIN as u64;
         let bytes = (avail / 2 / unit + 1) * unit;
         if bytes <= MAX_FLOOR_BYTES {

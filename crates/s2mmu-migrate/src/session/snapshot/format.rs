@@ -16,6 +16,7 @@
 //! against the slot table, and the trailer; pages go into a caller's
 //! memory image, which it must drop on any error.
 
+use crate::host::available_memory;
 use std::fmt;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -443,14 +444,6 @@ pub(crate) fn open_regular(path: &Path) -> Result<File, SnapshotError> {
         });
     }
     Ok(file)
-}
-
-/// Bytes of memory this host has available (`MemAvailable`), if known.
-fn available_memory() -> Option<u64> {
-    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 /// One zeroed buffer per slot, after checking their total against the
