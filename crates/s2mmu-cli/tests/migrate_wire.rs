@@ -71,6 +71,18 @@ fn check(cfg: &SimRun, net: &NetConfig, tls: bool) {
             && p.until_resumed > Duration::ZERO,
         "{p:?}"
     );
+    // The destination's part, on its clock (the same process's): from
+    // STATE's arrival, after the source began to send it, to RESUMED
+    // written, before the source read it.
+    let q = d.resume_parts;
+    assert!(
+        q.digests > Duration::ZERO && q.start > Duration::ZERO && q.reply > Duration::ZERO,
+        "{q:?}"
+    );
+    assert!(
+        q.total() <= p.state_send + p.until_resumed,
+        "the destination's part {q:?} lies inside the source's view of it {p:?}"
+    );
 }
 
 /// The JSON report carries the downtime's parts, adding up to it.
@@ -94,6 +106,15 @@ fn the_report_breaks_the_downtime_down() {
     }
     let sum: u64 = parts.values().map(|x| x.as_u64().unwrap()).sum();
     assert_eq!(Some(sum), r["downtime_ns"].as_u64(), "{r}");
+    let dest = r["destination"]["resume_parts_ns"]
+        .as_object()
+        .expect("the destination's resume_parts_ns");
+    let names: Vec<&str> = dest.keys().map(String::as_str).collect();
+    for k in ["drain", "decode", "digests", "start", "reply"] {
+        assert!(names.contains(&k), "{k} in {names:?}");
+    }
+    let dest_sum: u64 = dest.values().map(|x| x.as_u64().unwrap()).sum();
+    assert!(dest_sum > 0 && dest_sum <= sum, "{dest:?} within {parts:?}");
 }
 
 #[test]

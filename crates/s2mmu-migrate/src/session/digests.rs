@@ -1,7 +1,7 @@
 //! The per-slot digests both sides compare at the switch: the same
 //! function on the source's frozen memory and on the destination's.
 
-use crate::hash::{digest_of, page_hash};
+use crate::hash::{digest_of_iter, page_hash};
 use crate::vm::{GuestRam, SessionVm};
 use crate::wire::PAGE_SIZE;
 
@@ -14,14 +14,12 @@ pub fn source_digests<V: SessionVm + ?Sized>(vm: &V) -> Vec<(u16, u64)> {
         .iter()
         .map(|s| {
             let n = s.size / PAGE_SIZE as u64;
-            let hashes: Vec<u64> = (0..n)
-                .map(|i| {
-                    let off = s.mem_offset + i * PAGE_SIZE as u64;
-                    vm.ram().read_into(off, &mut buf);
-                    page_hash(&buf, s.gpa + i * PAGE_SIZE as u64)
-                })
-                .collect();
-            (s.id, digest_of(&hashes))
+            let hashes = (0..n).map(|i| {
+                let off = s.mem_offset + i * PAGE_SIZE as u64;
+                vm.ram().read_into(off, &mut buf);
+                page_hash(&buf, s.gpa + i * PAGE_SIZE as u64)
+            });
+            (s.id, digest_of_iter(hashes))
         })
         .collect()
 }

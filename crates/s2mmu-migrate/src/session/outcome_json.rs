@@ -4,7 +4,7 @@
 //! simulated guest's report and the Linux guest's both take the stages
 //! and post-copy from here).
 
-use super::dest::DestOutcome;
+use super::dest::{DestOutcome, ResumeParts};
 use super::postcopy::{PostcopyFigures, PostcopyOutcome};
 use super::source::{DowntimeParts, SourceOutcome};
 use crate::stages::{RecvStages, SendStages};
@@ -123,6 +123,20 @@ pub fn dest_json(d: &DestOutcome) -> Value {
         "byte_compare_mismatched_pages": d.verify_mismatches,
         "postcopy": d.postcopy.as_ref().map(postcopy_figures_json),
         "stages": recv_stages_json(&d.recv_stages),
+        "resume_parts_ns": resume_parts_json(&d.resume_parts),
+    })
+}
+
+/// Where the destination's part of the downtime went, each part in
+/// nanoseconds.
+pub fn resume_parts_json(p: &ResumeParts) -> Value {
+    let ns = |d: std::time::Duration| d.as_nanos() as u64;
+    json!({
+        "drain": ns(p.drain),
+        "decode": ns(p.decode),
+        "digests": ns(p.digests),
+        "start": ns(p.start),
+        "reply": ns(p.reply),
     })
 }
 

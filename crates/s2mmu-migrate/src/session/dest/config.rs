@@ -104,6 +104,33 @@ impl DestConfig {
     }
 }
 
+/// The destination's part of a pre-copy downtime, on its own clock: from
+/// the STATE record's arrival (the source sends it right after the last
+/// pages) to RESUMED sent. The parts follow each other and add up to
+/// [`ResumeParts::total`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResumeParts {
+    /// From STATE to every channel's END, and the check that every page
+    /// arrived.
+    pub drain: Duration,
+    /// The guest checking the state (`DestGuest::decode_state`).
+    pub decode: Duration,
+    /// The per-slot digests of the memory the guest resumes from.
+    pub digests: Duration,
+    /// Loading the state and starting the guest (`DestGuest::start`,
+    /// which returns at its first instruction).
+    pub start: Duration,
+    /// RESUMED written and flushed.
+    pub reply: Duration,
+}
+
+impl ResumeParts {
+    /// The parts' sum.
+    pub fn total(&self) -> Duration {
+        self.drain + self.decode + self.digests + self.start + self.reply
+    }
+}
+
 /// What the destination did.
 #[derive(Clone, Debug, Default)]
 pub struct DestOutcome {
@@ -137,6 +164,9 @@ pub struct DestOutcome {
     pub postcopy: Option<crate::session::postcopy::PostcopyFigures>,
     /// Where the receiving time went up to END, over all channels.
     pub recv_stages: crate::stages::RecvStages,
+    /// Where the destination's part of the downtime went (pre-copy; all
+    /// zero after a switch to post-copy).
+    pub resume_parts: ResumeParts,
 }
 
 impl DestOutcome {

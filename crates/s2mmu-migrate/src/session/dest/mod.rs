@@ -24,7 +24,7 @@ mod receive;
 mod resume;
 
 use checks::{check_complete, snapshot_for};
-pub use config::{DestConfig, DestOutcome, Limits};
+pub use config::{DestConfig, DestOutcome, Limits, ResumeParts};
 pub use guest::{DestFactory, DestGuest, ResumedGuest};
 pub(crate) use join::Join;
 use join::{accept_and_join, join_channels, opener, Refusals};
@@ -272,12 +272,18 @@ fn receive_guest<C: Connection, G: DestGuest>(
     // Never resume from incomplete memory (post-copy: every page but the
     // missing ones, which come after the resume).
     check_complete(&sh, got.postcopy_missing.as_deref(), vm)?;
+    let drained = Instant::now();
     let (body, at_byte) = got.state.ok_or(MigrateError::Malformed {
         record: "END",
         at_byte: rd.pos,
         why: "the stream carried no vCPU STATE".into(),
     })?;
     let state = guest.decode_state(&body, header, at_byte)?;
+    let clock = resume::Clock {
+        state_at: got.state_at.unwrap_or(drained),
+        drained,
+        decoded: Instant::now(),
+    };
     if let Some(missing) = got.postcopy_missing {
         let mut pc = pc_conns.into_iter();
         let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
@@ -306,7 +312,7 @@ fn receive_guest<C: Connection, G: DestGuest>(
             o
         });
     }
-    let mut outcome = resume_after_end(&mut rd, guest, &sh, &state, cfg)?;
+    let mut outcome = resume_after_end(&mut rd, guest, &sh, &state, cfg, clock)?;
     outcome.page_records += extra_counts.0;
     outcome.bytes += extra_counts.1;
     outcome.zero_pages += extra_counts.2;

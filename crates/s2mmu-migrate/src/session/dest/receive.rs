@@ -254,6 +254,9 @@ pub(super) struct Received {
     /// The STATE record's body and where it was, if the stream carried
     /// one (the guest decodes it).
     pub(super) state: Option<(Vec<u8>, u64)>,
+    /// When the STATE record came in (the start of the destination's
+    /// part of the downtime, see [`super::config::ResumeParts`]).
+    pub(super) state_at: Option<Instant>,
     /// Post-copy: the pages still missing (a bitmap).
     pub(super) postcopy_missing: Option<Vec<u64>>,
 }
@@ -346,6 +349,7 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
     w.control(tag::PROBED, &e.0)?;
     w.flush()?;
     let mut state = None;
+    let mut state_at = None;
     let mut postcopy_missing = None;
     loop {
         let at_byte = rd.pos;
@@ -357,7 +361,10 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
                 at_byte,
             } => match t {
                 tag::ROUND => {}
-                tag::STATE => state = Some((body, at_byte)),
+                tag::STATE => {
+                    state = Some((body, at_byte));
+                    state_at = Some(Instant::now());
+                }
                 tag::POSTCOPY if header.postcopy && state.is_some() => {
                     postcopy_missing = Some(postcopy::decode_missing(&body, at_byte, page_count)?);
                     break;
@@ -387,6 +394,7 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
     Ok(Received {
         probe_bytes: probe,
         state,
+        state_at,
         postcopy_missing,
     })
 }

@@ -2,16 +2,27 @@
 //! workload from the transferred state, and its run.
 
 use super::checks::compare_with_snapshot;
-use super::config::{DestConfig, DestOutcome};
+use super::config::{DestConfig, DestOutcome, ResumeParts};
 use super::guest::{DestGuest, ResumedGuest};
 use super::receive::Shared;
-use crate::hash::digest_of;
+use crate::hash::digest_of_iter;
 use crate::stream_error::MigrateError;
 use crate::transport::Connection;
 use crate::vm::{GuestRun, SessionVm};
 use crate::wire::{tag, Enc, WireReader, WireWriter, PAGE_SIZE};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+/// The destination's clock up to the state's check (see [`ResumeParts`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Clock {
+    /// The STATE record came in.
+    pub(super) state_at: Instant,
+    /// Every channel ended and every page was found here.
+    pub(super) drained: Instant,
+    /// The guest checked the state.
+    pub(super) decoded: Instant,
+}
 
 /// Resumes the guest here after a complete pre-copy stream: per-slot
 /// digests to the source (RESUMED), the byte comparison with verify-full,
@@ -23,9 +34,11 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
     sh: &Shared<'_, G::Vm>,
     state: &G::State,
     cfg: &DestConfig,
+    clock: Clock,
 ) -> Result<DestOutcome, MigrateError> {
     let vm = guest.vm();
     let slot_digests = slot_digests(&**vm, sh);
+    let digested = Instant::now();
     let wl = guest.start(state)?;
     let resumed_at = Instant::now();
     let writes0 = wl.counters().writes;
@@ -39,6 +52,13 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
         w.control(tag::RESUMED, &e.0)?;
         w.flush()?;
     }
+    let resume_parts = ResumeParts {
+        drain: clock.drained.saturating_duration_since(clock.state_at),
+        decode: clock.decoded.saturating_duration_since(clock.drained),
+        digests: digested.saturating_duration_since(clock.decoded),
+        start: resumed_at.saturating_duration_since(digested),
+        reply: resumed_at.elapsed(),
+    };
     let (page_records, bytes, zero_pages) = (rd.pages, rd.pos, rd.zero_pages);
     let (mut verify_mismatches, mut verify_error) = (None, None);
     if let Some(snapshot) = &sh.snapshot {
@@ -70,6 +90,7 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
         resumed_passes,
         postcopy: None,
         recv_stages: Default::default(),
+        resume_parts,
     })
 }
 
@@ -90,17 +111,15 @@ fn verify_pass<C: Connection, V: SessionVm>(
 
 /// Each slot's digest of the memory the guest resumes from.
 pub(super) fn slot_digests<V: SessionVm>(vm: &V, sh: &Shared<'_, V>) -> Vec<(u16, u64)> {
-    let hashes: Vec<u64> = sh
-        .hashes
-        .iter()
-        .map(|h| h.load(Ordering::Relaxed))
-        .collect();
     vm.slots()
         .iter()
         .map(|s| {
             let first = (s.mem_offset / PAGE_SIZE as u64) as usize;
             let n = (s.size / PAGE_SIZE as u64) as usize;
-            (s.id, digest_of(&hashes[first..first + n]))
+            let hashes = sh.hashes[first..first + n]
+                .iter()
+                .map(|h| h.load(Ordering::Relaxed));
+            (s.id, digest_of_iter(hashes))
         })
         .collect()
 }

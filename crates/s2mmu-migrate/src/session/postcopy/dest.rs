@@ -157,6 +157,7 @@ pub fn resume<R: Read + Write + Send, G: DestGuest>(
         resumed_passes: wl.passes(),
         postcopy: Some(figures),
         recv_stages: Default::default(),
+        resume_parts: Default::default(),
     })
 }
 
