@@ -71,6 +71,8 @@
         .equ    MB_HOST_WAITING, 0x1b8
         .equ    MB_BELL_BYTE,   0x1c0
         .equ    MB_BELLS,       0x1c8
+        .equ    MB_BELLS_IN,    0x1d0
+        .equ    MB_KICKS_TAKEN, 0x1d8
         .equ    MB_REPLY_INSNS, 0x400
         .equ    MB_CMD_INSNS,   0x1000
 
@@ -80,6 +82,7 @@
         .equ    CMD_AT,         4
         .equ    CMD_LINUX,      5
         .equ    CMD_KICK,       6
+        .equ    CMD_BELL_IN,    7
 
         .equ    EXIT_ABORT,     1
         .equ    EXIT_HVC,       2
@@ -113,9 +116,17 @@
         // QEMU starts without -semihosting, so a guest's HLT #0xf000 is
         // an UNDEF, not a host file or console call.
         .equ    UART0,          0x09000000
-        .equ    UART_FR,        0x18            // flags: TXFF is bit 5
+        .equ    UART_FR,        0x18            // flags: RXFE bit 4, TXFF bit 5
+        .equ    UART_IMSC,      0x38            // interrupt mask set/clear
+        .equ    UART_RXIM,      0x10            // the receive interrupt
+        // The PL011's interrupt on virt: SPI 1. The host's bell into the
+        // stub (machine.rs `ring_in`) is a byte on QEMU's stdin, which
+        // the UART receives; routed to one CPU (CMD_BELL_IN), its
+        // interrupt ends that CPU's idle WFI at once.
+        .equ    UART_INTID,     33
         .equ    UART_CR,        0x30
         .equ    UART_CR_ON,     0x101           // UARTEN | TXE
+        .equ    UART_CR_ON_RX,  0x301           // UARTEN | TXE | RXE
         // A CPU with no command waits IDLE_SHORT_WAITS times 20 us (a
         // harvest's commands come closer together than that), then doubles
         // its wait after each one that brought none, up to 20 us <<
@@ -260,7 +271,25 @@ cmd_loop:
         b.hi    1b
         mov     x9, x24
         bl      idle_wait_ticks
-        mov     x25, #1
+        // A kick that reached this CPU outside its guest (a pause's, sent
+        // while the vCPU was in an exit it then left for this loop; a
+        // restore's, to end a park) has nothing left to stop: taken here,
+        // so that its pending SGI does not end every WFI of this loop at
+        // once (a busy loop of this CPU's QEMU thread until the next
+        // guest entry, for ever on a paused source). Equal priorities: the
+        // lowest INTID is the highest pending, so the acknowledge returns
+        // the kick; anything else it might return is level-triggered and
+        // pends again after the EOI.
+        mrs     x9, icc_hppir1_el1
+        cmp     x9, #KICK_SGI
+        b.ne    3f
+        mrs     x9, icc_iar1_el1
+        msr     icc_eoir1_el1, x9
+        isb
+        ldr     x9, [x28, #MB_KICKS_TAKEN]
+        add     x9, x9, #1
+        str     x9, [x28, #MB_KICKS_TAKEN]
+3:      mov     x25, #1
         subs    x23, x23, #1
         b.hi    1b                              // still the short waits
         mov     x23, #1
@@ -299,6 +328,8 @@ cmd_loop:
         b.eq    do_kick
         cmp     x3, #CMD_STATE
         b.eq    do_state
+        cmp     x3, #CMD_BELL_IN
+        b.eq    do_bell_in
         mov     x0, #-1
         b       cmd_done
 cmd_ping:
@@ -388,6 +419,33 @@ do_kick:
         mov     x0, #0
         b       cmd_done
 
+// BELL_IN: routes the UART's receive interrupt (the host's bell, a byte
+// on QEMU's stdin) to this CPU and enables it, so that the host can end
+// this CPU's idle wait (a parked service CPU's 5 ms) at once. The
+// interrupt stays masked in PSTATE at EL2: it only ends the WFI, and
+// idle_wait_ticks drains the bytes (those that came before too: the line
+// rises once the mask is set). GICD_IROUTER<n> takes this CPU's
+// affinity (Aff2.Aff1.Aff0, routing mode 0: this PE only).
+do_bell_in:
+        ldr     x1, =UART0
+        mrs     x2, mpidr_el1
+        ldr     x3, =0xffffff
+        and     x2, x2, x3
+        ldr     x4, =GICD
+        add     x5, x4, #0x6000
+        str     x2, [x5, #8 * UART_INTID]       // GICD_IROUTER33
+        ldr     w6, [x4, #0x84]                 // GICD_IGROUPR1: group 1
+        orr     w6, w6, #(1 << (UART_INTID - 32))
+        str     w6, [x4, #0x84]
+        mov     w6, #(1 << (UART_INTID - 32))
+        str     w6, [x4, #0x104]                // GICD_ISENABLER1
+        mov     w2, #UART_RXIM
+        str     w2, [x1, #UART_IMSC]
+        mov     w2, #UART_CR_ON_RX
+        str     w2, [x1, #UART_CR]
+        mov     x0, #0
+        b       cmd_done
+
 // TLBI: arg0 = number of instructions at MB_CMD_INSNS, args 1..2 = VTCR,
 // VTTBR (the VMID the maintenance applies to).
 do_tlbi:
@@ -443,7 +501,21 @@ idle_wait_ticks:
         ldr     x9, [x28, #MB_IDLE_WAITS]
         add     x9, x9, #1
         str     x9, [x28, #MB_IDLE_WAITS]
-        ret
+        // The host's bell (only the CPU BELL_IN routed it to sees it):
+        // take its bytes, so that the UART's interrupt drops and the next
+        // WFI sleeps again.
+        mrs     x9, icc_hppir1_el1
+        cmp     x9, #UART_INTID
+        b.ne    3f
+        ldr     x9, =UART0
+2:      ldr     w10, [x9, #UART_FR]
+        tbnz    w10, #4, 3f                     // RXFE: empty
+        ldr     w10, [x9]                       // UARTDR
+        ldr     x10, [x28, #MB_BELLS_IN]
+        add     x10, x10, #1
+        str     x10, [x28, #MB_BELLS_IN]
+        b       2b
+3:      ret
 
 // Executes x1 maintenance instructions from the list at x0: pairs of
 // (op, operand) u64s. Clobbers x0..x3.

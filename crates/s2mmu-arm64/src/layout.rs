@@ -153,6 +153,11 @@ pub mod mb {
     pub const BELL_BYTE: u64 = 0x1c0;
     /// Doorbells the stub has rung.
     pub const BELLS: u64 = 0x1c8;
+    /// Bell bytes from the host the stub has taken from its UART
+    /// ([`crate::machine::Machine::ring_in`]).
+    pub const BELLS_IN: u64 = 0x1d0;
+    /// Kicks the stub took in its command loop, outside any guest.
+    pub const KICKS_TAKEN: u64 = 0x1d8;
     /// The new PSTATE for [`super::ACT_INJECT`], less the bits the stub
     /// adds from SCTLR_EL1 (the last word before the reply's instructions,
     /// away from the fields other work adds after [`BELLS`]).
@@ -182,6 +187,9 @@ pub const CMD_AT: u64 = 4;
 pub const CMD_LINUX: u64 = 5;
 /// Command: send the SGI in arg0 (an ICC_SGI1R_EL1 value) from EL2.
 pub const CMD_KICK: u64 = 6;
+/// Command: route the host's bell (the UART's receive interrupt) to this
+/// CPU.
+pub const CMD_BELL_IN: u64 = 7;
 /// Bytes of the stub's exception frame (x0..x30 at 8-byte steps).
 pub const FRAME: u64 = 256;
 

@@ -37,6 +37,7 @@ pub mod linux;
 pub mod machine;
 mod passes;
 pub mod probe;
+mod qemu_process;
 pub mod ram;
 pub mod stage2;
 pub mod tlbi;

@@ -3,11 +3,10 @@
 
 use crate::doorbell::Bells;
 use crate::layout::{self, mb};
+use crate::qemu_process::{collect_console, qemu_binary, spawn_qemu, BellIn};
 pub use crate::ram::SharedRam;
 use crate::{image, Arm64Error, Result};
-use std::io::Read;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,6 +27,10 @@ pub struct Machine {
     console: Arc<Mutex<String>>,
     bells: Arc<Bells>,
     cpus: usize,
+    /// The host's bell into the stub ([`Machine::ring_in`]).
+    bell_in: BellIn,
+    /// The CPU [`Mailbox::route_bell_in`] routed the bell to.
+    bell_cpu: Mutex<Option<usize>>,
 }
 
 /// Most guest data a machine may have. The RAM file is sparse (tmpfs), so
@@ -41,103 +44,6 @@ pub const MAX_PARK: Duration = Duration::from_millis(100);
 
 /// Longest a command or a boot may take before the machine is declared stuck.
 pub const DEADLINE: Duration = Duration::from_secs(60);
-
-/// Finds `qemu-system-aarch64`.
-fn qemu_binary() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("S2MMU_QEMU") {
-        return Ok(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|d| d.join("qemu-system-aarch64"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            Arm64Error::Unavailable(
-                "qemu-system-aarch64 not found (Debian: apt-get install qemu-system-arm)".into(),
-            )
-        })
-}
-
-/// Starts QEMU on the shared RAM file with the stub's image.
-fn spawn_qemu(
-    qemu: &std::path::Path,
-    cpus: usize,
-    ram_len: u64,
-    ram: &SharedRam,
-    elf: &std::path::Path,
-) -> Result<Child> {
-    let mem_mb = ram_len >> 20;
-    Command::new(qemu)
-        .args(["-M", "virt,virtualization=on,gic-version=3"])
-        // pauth-impdef: a cheap pointer-authentication cipher (TCG's
-        // QARMA costs a Linux guest most of its boot time); no SVE or
-        // SME, so a guest's vector state is only FP/SIMD.
-        .args(["-cpu", "max,pauth-impdef=on,sve=off,sme=off"])
-        .args(["-accel", "tcg,thread=multi"])
-        .args(["-smp", &cpus.to_string()])
-        .args(["-m", &format!("{mem_mb}M")])
-        .args([
-            "-object",
-            &format!(
-                "memory-backend-file,id=mem,size={mem_mb}M,mem-path={},share=on",
-                ram.path().display()
-            ),
-        ])
-        .args(["-machine", "memory-backend=mem"])
-        // No -semihosting: with it QEMU serves HLT #0xf000 from EL1 as
-        // well as EL2 (translate-a64.c: semihosting_enabled(el == 0)), so
-        // a guest kernel could open, write and remove host files. The
-        // stub writes to the PL011 (UART0) instead, whose output comes
-        // out on QEMU's stdout.
-        .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
-        .arg("-nodefaults")
-        .arg("-kernel")
-        .arg(elf)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| Arm64Error::Unavailable(format!("{}: {e}", qemu.display())))
-}
-
-/// Collects QEMU's stdout (the stub's UART console) and stderr on
-/// threads, up to 64 KiB, ringing the doorbells the stub writes there.
-fn collect_console(child: &mut Child, bells: &Arc<Bells>) -> Arc<Mutex<String>> {
-    let console = Arc::new(Mutex::new(String::new()));
-    for pipe in [
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        let console = console.clone();
-        let bells = bells.clone();
-        std::thread::spawn(move || {
-            let mut pipe = pipe;
-            let mut buf = [0u8; 4096];
-            let mut text = Vec::with_capacity(buf.len());
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                text.clear();
-                bells.split(&buf[..n], &mut text);
-                let mut c = console.lock().unwrap();
-                if c.len() < 1 << 16 && !text.is_empty() {
-                    c.push_str(&String::from_utf8_lossy(&text));
-                }
-            }
-        });
-    }
-    console
-}
 
 impl Machine {
     /// Starts QEMU and waits until every CPU sits in the stub's command loop.
@@ -175,12 +81,15 @@ impl Machine {
         let mut child = spawn_qemu(&qemu, cfg.cpus, ram_len, &ram, &elf)?;
         let bells = Arc::new(Bells::new());
         let console = collect_console(&mut child, &bells);
+        let bell_in = BellIn::new(child.stdin.take());
         let m = Machine {
             ram,
             child: Mutex::new(child),
             console,
             bells,
             cpus: cfg.cpus,
+            bell_in,
+            bell_cpu: Mutex::new(None),
         };
         let booted = m.boot();
         // QEMU has read the image once the boot CPU runs (or has failed),
@@ -283,6 +192,26 @@ impl Machine {
     /// CPUs, service CPU included.
     pub fn cpus(&self) -> usize {
         self.cpus
+    }
+
+    /// Rings the bell into the stub: one byte on QEMU's stdin, which the
+    /// stub's UART receives; its interrupt ends the idle wait of the CPU
+    /// [`Mailbox::route_bell_in`] chose at once, however long the wait
+    /// (a parked CPU's), and the CPU looks for a command. Post the command
+    /// first. Returns whether a byte went out: none while 64 are still
+    /// untaken (no CPU has the bell, or the stub has not woken yet), nor
+    /// after QEMU has gone; the CPU then finds the command at the end of
+    /// its wait, as without a bell.
+    pub fn ring_in(&self) -> bool {
+        let Some(cpu) = *self.bell_cpu.lock().unwrap() else {
+            return false;
+        };
+        self.bell_in.ring(self.mailbox(cpu).read(mb::BELLS_IN))
+    }
+
+    /// Bell bytes [`Machine::ring_in`] has written.
+    pub fn bells_rung_in(&self) -> u64 {
+        self.bell_in.rung()
     }
 
     /// CPU `cpu`'s mailbox.
@@ -473,6 +402,40 @@ impl Mailbox<'_> {
         let ticks = wait.as_nanos() * u128::from(hz) / 1_000_000_000;
         self.write(mb::PARK_TICKS, u64::try_from(ticks).unwrap_or(u64::MAX));
         Ok(())
+    }
+
+    /// Makes this CPU the one [`Machine::ring_in`] wakes (the UART's
+    /// receive interrupt is routed to it); the CPU routed before no longer
+    /// is.
+    ///
+    /// # Errors
+    /// As [`Mailbox::command`].
+    pub fn route_bell_in(&self) -> Result<()> {
+        let mut g = self.m.bell_cpu.lock().unwrap();
+        self.command(layout::CMD_BELL_IN, &[])?;
+        *g = Some(self.cpu);
+        Ok(())
+    }
+
+    /// Bell bytes this CPU's stub has taken from its UART.
+    pub fn bells_in(&self) -> u64 {
+        self.read(mb::BELLS_IN)
+    }
+
+    /// Runs a command on this CPU, ringing the bell after posting it (see
+    /// [`Machine::ring_in`]): a parked CPU the bell is routed to picks it
+    /// up at once instead of at the end of its wait.
+    ///
+    /// # Errors
+    /// As [`Mailbox::command`].
+    pub fn command_ringing(&self, cmd: u64, args: &[u64]) -> Result<u64> {
+        let seq = self.post(cmd, args);
+        if *self.m.bell_cpu.lock().unwrap() == Some(self.cpu) {
+            self.m.ring_in();
+        }
+        self.m
+            .wait("a command", Instant::now(), || self.done(seq))?;
+        Ok(self.w(mb::RET).load(Ordering::Acquire))
     }
 
     /// Ends [`Mailbox::park`]: the CPU's waits return to the usual cap

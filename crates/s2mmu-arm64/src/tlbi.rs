@@ -244,25 +244,47 @@ impl HypSink {
 
     /// Makes CPU `cpu` (a vCPU running guest code, or about to) exit to the
     /// host: the service CPU sends it the stub's kick SGI at EL2, which it
-    /// takes as an IRQ from the guest. A CPU at EL2 takes it once it next
-    /// enters its guest, so a kick is never lost.
+    /// takes as an IRQ from the guest. A CPU in an exit at EL2 takes it
+    /// once it re-enters its guest, so a kick is never lost; a CPU in its
+    /// command loop, between two lives of a guest, wakes and drops it
+    /// there (`mb::KICKS_TAKEN`): nothing runs to be stopped, and a
+    /// parked one (a restore's) looks for its command at once.
     ///
     /// # Panics
     /// If the service CPU stops answering (as for maintenance).
     pub fn kick(&self, cpu: usize) {
+        self.kick_all(&[cpu]);
+    }
+
+    /// [`HypSink::kick`]s every CPU of `cpus` with one SGI per 16 CPUs
+    /// (the SGI's target list), so one service command for a machine's
+    /// vCPUs.
+    ///
+    /// # Panics
+    /// If the service CPU stops answering (as for maintenance).
+    pub fn kick_all(&self, cpus: &[usize]) {
         // ICC_SGI1R_EL1: INTID 15, Aff1 = cpu / 16, target list bit Aff0.
-        let sgi = 15u64 << 24 | ((cpu as u64 / 16) << 16) | 1 << (cpu % 16);
+        let mut lists = std::collections::BTreeMap::<u64, u64>::new();
+        for &cpu in cpus {
+            *lists.entry(cpu as u64 / 16).or_default() |= 1 << (cpu % 16);
+        }
         let _one = self.service.lock().unwrap();
         let mbox = self.machine.mailbox(self.service_cpu);
-        if let Err(e) = mbox.command(layout::CMD_KICK, &[sgi]) {
-            panic!("service CPU did not send a kick: {e}");
+        for (aff1, list) in lists {
+            let sgi = 15u64 << 24 | aff1 << 16 | list;
+            if let Err(e) = mbox.command_ringing(layout::CMD_KICK, &[sgi]) {
+                panic!("service CPU did not send a kick: {e}");
+            }
         }
     }
 
     /// Parks the service CPU ([`crate::machine::Mailbox::park`]): its
     /// waits for a command back off to `wait` instead of 640 µs, so QEMU
-    /// wakes far less often while nothing needs it; a command then waits
-    /// up to `wait` to be picked up. [`HypSink::wake_service`] ends it.
+    /// wakes far less often while nothing needs it. The sink's own
+    /// commands (maintenance, kicks, the wake's ping) ring the host's bell
+    /// ([`crate::machine::Machine::ring_in`]) while it is parked, so they
+    /// do not wait for the wait in progress. [`HypSink::wake_service`]
+    /// ends it.
     ///
     /// # Errors
     /// As [`crate::machine::Mailbox::park`].
@@ -271,9 +293,9 @@ impl HypSink {
     }
 
     /// Ends [`HypSink::park_service`] and has the service CPU answer a
-    /// ping, so that the next command finds it in its short waits, not in
-    /// the park's wait: the wait in progress is the caller's, not that
-    /// command's (a pause's kick counts in a migration's downtime).
+    /// ping, rung out of the park's wait by the host's bell, so that the
+    /// next command (a pause's kick, inside a migration's downtime) finds
+    /// it in its short waits.
     ///
     /// # Panics
     /// If the service CPU stops answering (as for maintenance).
@@ -281,7 +303,7 @@ impl HypSink {
         let _one = self.service.lock().unwrap();
         let mbox = self.machine.mailbox(self.service_cpu);
         mbox.unpark();
-        if let Err(e) = mbox.command(layout::CMD_PING, &[]) {
+        if let Err(e) = mbox.command_ringing(layout::CMD_PING, &[]) {
             panic!("service CPU did not answer a ping: {e}");
         }
     }
@@ -313,7 +335,13 @@ impl HypSink {
         // A stuck service CPU cannot be recovered from: the engine's
         // invalidation API has no error path, and going on would lose the
         // guarantee every dirty log rests on.
-        if let Err(e) = mbox.command(layout::CMD_TLBI, &args) {
+        // A parked service CPU (a source's while it logs) is rung awake.
+        let r = if mbox.read(mb::PARK_TICKS) != 0 {
+            mbox.command_ringing(layout::CMD_TLBI, &args)
+        } else {
+            mbox.command(layout::CMD_TLBI, &args)
+        };
+        if let Err(e) = r {
             panic!("service CPU did not execute TLB maintenance: {e}");
         }
         let total = t0.elapsed();

@@ -204,6 +204,10 @@ impl Arm64Vm {
         let shift = fmt.page_shift();
         let ram = machine.ram().clone();
         let arena = ArenaMmOps::new(ram.clone(), layout::TABLES, cfg.table_bytes, 1 << shift)?;
+        // The service CPU wakes at the host's bell: a parked one (a
+        // migration's destination before its state, a source while it
+        // logs) then answers at once (`HypSink::wake_service`).
+        machine.mailbox(machine.cpus() - 1).route_bell_in()?;
         let sink = Arc::new(HypSink::new(machine.clone(), machine.cpus() - 1));
         let features = Arm64TlbiFeatures {
             range: true,

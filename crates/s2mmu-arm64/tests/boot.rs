@@ -4,6 +4,7 @@
 mod common;
 
 use s2mmu_arm64::layout::{mb, CMD_PING, CMD_TLBI, IDLE_BACKOFF_SHIFT, IDLE_SHORT_WAITS};
+use s2mmu_arm64::linux::vcpu_state::CMD_STATE;
 use s2mmu_arm64::machine::{Machine, MachineConfig, Mailbox, MAX_DATA_BYTES, MAX_PARK};
 use s2mmu_arm64::Arm64Error;
 
@@ -88,6 +89,118 @@ fn a_parked_cpu_waits_longer_and_still_answers() {
         0,
         "CPU 0 was never parked"
     );
+}
+
+/// The host's bell ends a parked CPU's wait at once: with the CPU parked
+/// for `MAX_PARK` (100 ms) and the bell routed to it, each of 5 commands,
+/// posted and rung just as a whole 100 ms wait has begun, is picked up
+/// (the stub's pickup stamp) within a quarter of the park of the counter
+/// read just before it on the other CPU; without the bell each waits out
+/// that wait (about 100 ms: the check fails every time). The stub took
+/// exactly the bytes rung; a CPU the bell is not routed to takes none.
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn the_bell_ends_a_parked_wait() {
+    let _one = common::serial();
+    let Some(m) = common::machine(2, 64 << 20) else {
+        return;
+    };
+    let (other, parked) = (m.mailbox(0), m.mailbox(1));
+    assert!(!m.ring_in(), "no CPU has the bell yet: nothing is written");
+    parked.route_bell_in().unwrap();
+    let freq = parked.command(CMD_PING, &[]).unwrap();
+    parked.park(MAX_PARK).unwrap();
+    let park_ticks = parked.read(mb::PARK_TICKS);
+    for i in 0..5 {
+        wait_for_a_long_wait(&parked);
+        let before = other.command(CMD_STATE, &[0, 0, 0, 0]).unwrap();
+        assert_eq!(parked.command_ringing(CMD_PING, &[]).unwrap(), freq);
+        let waited = parked.read(mb::T_PICKUP).saturating_sub(before);
+        eprintln!(
+            "command {i}: picked up {waited} ticks after the counter read (park {park_ticks})"
+        );
+        assert!(
+            waited < park_ticks / 4,
+            "command {i} waited {waited} ticks of a {park_ticks}-tick park"
+        );
+    }
+    assert_eq!(m.bells_rung_in(), 5);
+    assert_eq!(parked.bells_in(), 5, "the stub took each byte once");
+    assert_eq!(other.bells_in(), 0, "CPU 0 has no bell");
+}
+
+/// A kick to a CPU in its command loop, outside any guest, ends its parked
+/// wait (a restore's command is then picked up at once) and is taken there:
+/// its SGI no longer stays pending, which made every later WFI of the
+/// loop return at once (hundreds of thousands of idle waits a second, a
+/// spinning QEMU thread, where an idle CPU makes a few thousand at most).
+#[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+)]
+fn a_kick_outside_the_guest_ends_a_parked_wait_and_is_taken() {
+    let _one = common::serial();
+    let Some(m) = common::machine(2, 64 << 20) else {
+        return;
+    };
+    let sink = s2mmu_arm64::tlbi::HypSink::new(m.clone(), 1);
+    let (parked, service) = (m.mailbox(0), m.mailbox(1));
+    let freq = parked.command(CMD_PING, &[]).unwrap();
+    parked.park(MAX_PARK).unwrap();
+    let park_ticks = parked.read(mb::PARK_TICKS);
+    wait_for_a_long_wait(&parked);
+    let before = service.command(CMD_STATE, &[0, 0, 0, 0]).unwrap();
+    let seq = parked.post(CMD_PING, &[]);
+    sink.kick(0);
+    let t0 = std::time::Instant::now();
+    while !parked.done(seq) {
+        assert!(t0.elapsed().as_secs() < 10, "the PING was never picked up");
+        std::thread::yield_now();
+    }
+    assert_eq!(parked.read(mb::RET), freq);
+    let waited = parked.read(mb::T_PICKUP).saturating_sub(before);
+    eprintln!("picked up {waited} ticks after the counter read (park {park_ticks})");
+    assert!(
+        waited < park_ticks / 4,
+        "the kicked CPU waited {waited} ticks of a {park_ticks}-tick park"
+    );
+    assert_eq!(
+        parked.read(mb::KICKS_TAKEN),
+        1,
+        "the kick was taken in the loop"
+    );
+    parked.unpark();
+    let w0 = parked.read(mb::IDLE_WAITS);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let waits = parked.read(mb::IDLE_WAITS) - w0;
+    eprintln!("{waits} idle waits in 200 ms after the kick");
+    assert!(
+        waits < 2_000,
+        "{waits} idle waits in 200 ms: the kick is still pending"
+    );
+}
+
+/// Returns just after `mbox`'s CPU, parked for `MAX_PARK`, has begun a
+/// whole park-long wait: one idle wait ended at least 80 ms after the one
+/// before (past the back-off's ramp, which doubles from 20 µs).
+fn wait_for_a_long_wait(mbox: &Mailbox<'_>) {
+    let t0 = std::time::Instant::now();
+    let (mut waits, mut at) = (mbox.read(mb::IDLE_WAITS), t0);
+    loop {
+        assert!(t0.elapsed().as_secs() < 10, "no long idle wait in 10 s");
+        std::thread::sleep(std::time::Duration::from_micros(100));
+        let now = mbox.read(mb::IDLE_WAITS);
+        if now != waits {
+            if at.elapsed().as_millis() >= 80 {
+                return;
+            }
+            (waits, at) = (now, std::time::Instant::now());
+        }
+    }
 }
 
 /// A CPU with no command makes `IDLE_SHORT_WAITS` waits of 20 µs, then

@@ -78,6 +78,20 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
         !to.lock().cpus_parked(),
         "{what}: the destination's CPUs are still parked after the resume"
     );
+    // The destination's part of the downtime lies inside it, and the
+    // restore's clock inside that part's start.
+    let (q, rc) = (d.resume_parts, to.lock().restore_clock());
+    assert!(
+        q.start > Duration::ZERO && q.total() <= s.downtime,
+        "{what}: {q:?} in {:?}",
+        s.downtime
+    );
+    assert!(
+        rc.counter > Duration::ZERO
+            && rc.first_instruction > Duration::ZERO
+            && rc.counter + rc.threads + rc.first_instruction <= q.start,
+        "{what}: {rc:?} in {q:?}"
+    );
     // The session let it run for its run_after, then paused it: run on.
     to.lock().resume_vcpus().expect("it runs on");
     wait_lines(&to.lock(), 0, 5, what);

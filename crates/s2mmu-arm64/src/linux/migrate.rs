@@ -27,12 +27,15 @@ use super::page_fetch::PageFetch;
 use super::psci::PowerState;
 use super::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
 use super::vcpu_state::{VcpuState, CMD_STATE};
+
+mod restore;
 use super::vm::{self, DeviceLayout, LinuxConfig, Power, Shared, SlotRam, StopReason};
 use super::vm_state::{LinuxState, VcpuPart};
-use crate::layout::{self, mb};
+use crate::layout;
 use crate::machine::{Machine, MachineConfig};
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
+pub use restore::RestoreClock;
 use s2mmu_migrate::{VmError, PAGE_SIZE};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -46,9 +49,9 @@ const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
 /// How long a blank VM's idle CPUs wait at a time once backed off
 /// ([`crate::machine::Mailbox::park`]) until its state comes: 200 timer
 /// wake-ups a second per CPU instead of 1,560 at the usual 640 µs cap.
-/// The first command after [`LinuxVm::unpark_cpus`] waits up to this
-/// long to be picked up (a migration's destination un-parks on STATE, so
-/// this much can land in the downtime).
+/// [`LinuxVm::unpark_cpus`] ends the wait in progress at once (a kick
+/// for the vCPUs' CPUs, the host's bell for the service CPU), so none of
+/// it lands in a migration's downtime.
 pub const BLANK_PARK: Duration = Duration::from_millis(5);
 
 /// The running parts: shared with the vCPU threads.
@@ -87,6 +90,8 @@ pub struct LinuxVm {
     pub(super) hook: Option<Arc<dyn PageFetch>>,
     /// Throttle and pace, given to the vCPU threads of every QEMU.
     limit: Arc<DirtyLimit>,
+    /// The last restore's clock.
+    restore_clock: RestoreClock,
 }
 
 fn vmerr(e: impl std::fmt::Display) -> VmError {
@@ -150,6 +155,7 @@ impl LinuxVm {
             granule,
             hook: None,
             limit: Arc::new(DirtyLimit::new(cfg.vcpus)),
+            restore_clock: RestoreClock::default(),
         })
     }
 
@@ -225,9 +231,10 @@ impl LinuxVm {
     /// The physical counter of this machine now (the service CPU reads
     /// it).
     fn counter(&self) -> Result<u64> {
+        // Rung: a blank machine's service CPU may be parked.
         self.machine
             .mailbox(self.vcpus)
-            .command(CMD_STATE, &[0, 0, 0, 0])
+            .command_ringing(CMD_STATE, &[0, 0, 0, 0])
     }
 
     /// Builds the shared VM state around the engine's VM and starts the
@@ -453,6 +460,10 @@ impl LinuxVm {
         if !self.paused {
             return Ok(());
         }
+        let t0 = Instant::now();
+        // The first resume after a load ends a restore; later ones are
+        // not timed.
+        let restoring = !self.ran;
         let mbox: Vec<_> = (0..self.vcpus).map(|v| self.machine.mailbox(v)).collect();
         let first = {
             let mut g = r.ctl.lock();
@@ -473,14 +484,16 @@ impl LinuxVm {
         self.written = None;
         // Returns at the first guest instruction: the stub marks its ERET.
         if let Some(v) = first {
-            let t = Instant::now();
             while VcpuState::entered_at(&mbox[v]) == 0 {
-                if t.elapsed() > PAUSE_DEADLINE {
+                if t0.elapsed() > PAUSE_DEADLINE {
                     return Err(VmError::new(format!("vCPU {v} did not start")));
                 }
                 self.machine.check_alive().map_err(vmerr)?;
                 std::thread::sleep(Duration::from_micros(50));
             }
+        }
+        if restoring {
+            self.restore_clock.first_instruction = t0.elapsed();
         }
         Ok(())
     }
@@ -518,22 +531,6 @@ impl LinuxVm {
         st.encode().map_err(vmerr)
     }
 
-    /// Ends a blank VM's park ([`BLANK_PARK`]): each CPU is back to the
-    /// usual idle waits after the wait in progress, so call it as early as
-    /// the state is known to come (a migration's destination does on the
-    /// STATE record; [`LinuxVm::load_guest_state`] does too).
-    pub fn unpark_cpus(&self) {
-        for cpu in 0..self.machine.cpus() {
-            self.machine.mailbox(cpu).unpark();
-        }
-    }
-
-    /// Whether any CPU of this VM's machine is parked (a blank VM before
-    /// [`LinuxVm::unpark_cpus`]).
-    pub fn cpus_parked(&self) -> bool {
-        (0..self.machine.cpus()).any(|cpu| self.machine.mailbox(cpu).read(mb::PARK_TICKS) != 0)
-    }
-
     /// Loads a state [`LinuxVm::guest_state`] made into this paused VM,
     /// which has not run guest code; it runs from it on
     /// [`LinuxVm::resume_vcpus`]. Damaged or foreign state is refused
@@ -556,7 +553,9 @@ impl LinuxVm {
         }
         self.unpark_cpus();
         self.take_down().map_err(vmerr)?;
+        let t0 = Instant::now();
         let now = self.counter().map_err(vmerr)?;
+        let t1 = Instant::now();
         let cntvoff = now.wrapping_sub(st.vct);
         let power = Power {
             state: st.cpus.iter().map(|c| c.power).collect(),
@@ -566,6 +565,11 @@ impl LinuxVm {
         self.start_threads(st.gic, Some(st.uart), power, cntvoff, restore, true)
             .map_err(vmerr)?;
         self.paused_vct = st.vct;
+        self.restore_clock = RestoreClock {
+            counter: t1 - t0,
+            threads: t1.elapsed(),
+            first_instruction: Duration::ZERO,
+        };
         Ok(())
     }
 }

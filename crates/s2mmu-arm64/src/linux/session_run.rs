@@ -14,7 +14,7 @@
 use super::assets::LinuxAssets;
 use super::dirty::HarvestConfig;
 use super::dirty_limit::DirtyLimitCounters;
-use super::migrate::LinuxVm;
+use super::migrate::{LinuxVm, RestoreClock};
 pub use super::run_error::LinuxRunError;
 use super::session_dest::LinuxDest;
 use super::session_source::{LinuxSessionVm, LinuxSource};
@@ -100,6 +100,9 @@ pub enum RunDetails {
         outcome: Box<SourceOutcome>,
         /// What the guest's throttle and pace did.
         limit: DirtyLimitCounters,
+        /// The destination's outcome and its machine's restore clock,
+        /// when it ran in this process.
+        dest: Option<Box<(DestOutcome, RestoreClock)>>,
     },
     /// Through the session, ending in post-copy: the session's figures
     /// of it (the destination's FINAL among them).
@@ -298,7 +301,12 @@ pub fn wait_for<T>(
 
 /// A run's figures from the session's outcome; `state_bytes`: the STATE
 /// body's size.
-fn session_run(s: &SourceOutcome, state_bytes: usize, limit: DirtyLimitCounters) -> LinuxRun {
+fn session_run(
+    s: &SourceOutcome,
+    state_bytes: usize,
+    limit: DirtyLimitCounters,
+    dest: Option<(DestOutcome, RestoreClock)>,
+) -> LinuxRun {
     let (pre, fin): (Vec<_>, Vec<_>) = s.rounds.iter().partition(|r| !r.final_round);
     LinuxRun {
         downtime: s.downtime,
@@ -311,6 +319,7 @@ fn session_run(s: &SourceOutcome, state_bytes: usize, limit: DirtyLimitCounters)
             None => RunDetails::Session {
                 outcome: Box::new(s.clone()),
                 limit,
+                dest: dest.map(Box::new),
             },
         },
         went_on: None,
@@ -350,11 +359,12 @@ pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, LinuxR
 pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, LinuxRunError> {
     let a = boot_source(s, cfg)?;
     let src = LinuxSource::new(a);
-    let (o, _d, b) = in_process(s, &src, cfg)?;
+    let (o, d, b) = in_process(s, &src, cfg)?;
     let mut a = src.vm().lock();
     let state_bytes = a.guest_state().map_or(0, |v| v.len());
-    let run = session_run(&o, state_bytes, src.limit_counters());
     let mut b = b.lock();
+    let dest = Some((d, b.restore_clock()));
+    let run = session_run(&o, state_bytes, src.limit_counters(), dest);
     // The session ran B's guest for --run-after, then paused it.
     b.resume_vcpus().map_err(|e| machine("machine B", e))?;
     goes_on(s, &a, &mut b, run)
@@ -465,7 +475,7 @@ pub fn source_to(
     }
     let state_bytes = a.guest_state().map_or(0, |v| v.len());
     drop(a);
-    Ok(session_run(&o, state_bytes, src.limit_counters()))
+    Ok(session_run(&o, state_bytes, src.limit_counters(), None))
 }
 
 /// One of the source's connections to the destination at `addr`, or,

@@ -15,13 +15,15 @@
 
 use super::linux_net;
 use super::params::PostcopyArg;
-use super::report_text::parts_text;
+use super::report_text::{parts_text, resume_parts_text};
 use super::Params;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
+use s2mmu_arm64::linux::migrate::RestoreClock;
 use s2mmu_arm64::linux::session_run::{
     self, GuestProgram, LinuxRun, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
+use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::source::SourceOutcome;
 use std::time::Duration;
 
@@ -57,23 +59,31 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
 /// A run's `details` in the JSON report and its summary line.
 fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
     let (extra, mut line) = match &r.details {
-        RunDetails::Session { outcome, limit } => (
+        RunDetails::Session {
+            outcome,
+            limit,
+            dest,
+        } => (
             {
                 let mut v = serde_json::json!({"security": s.net.security.describe(),
                     "channels": outcome.channels, "link_bytes_per_s": outcome.link,
                     "page_records": outcome.page_records, "zero_pages": outcome.zero_pages});
-                v.as_object_mut()
-                    .expect("an object")
-                    .extend(session_json(outcome, limit));
+                let m = v.as_object_mut().expect("an object");
+                m.extend(session_json(outcome, limit));
+                if let Some(d) = dest {
+                    m.insert("destination".into(), dest_json(&d.0, &d.1));
+                }
                 v
             },
             format!(
                 "through the session, {} over {} channel(s); the destination's digests \
-                 equal the source's{}; downtime: {}",
+                 equal the source's{}; downtime: {}{}",
                 s.net.security.describe(),
                 outcome.channels,
                 braked(outcome, limit),
-                parts_text(&outcome.downtime_parts)
+                parts_text(&outcome.downtime_parts),
+                dest.as_ref()
+                    .map_or(String::new(), |d| dest_text(&d.0, &d.1))
             ),
         ),
         RunDetails::Postcopy(pc) => {
@@ -151,6 +161,35 @@ fn session_json(
         serde_json::Value::Object(m) => m,
         _ => serde_json::Map::new(),
     }
+}
+
+/// The destination's part of the downtime and its restore's, in words.
+fn dest_text(d: &DestOutcome, r: &RestoreClock) -> String {
+    format!(
+        "; the destination's part {}; its start: counter {:.1}, threads {:.1}, first \
+         instruction {:.1} ms",
+        resume_parts_text(&d.resume_parts),
+        ms(r.counter),
+        ms(r.threads),
+        ms(r.first_instruction)
+    )
+}
+
+/// The destination's outcome (what it received, its stages, its part of
+/// the downtime) and its machine's restore clock.
+fn dest_json(d: &DestOutcome, r: &RestoreClock) -> serde_json::Value {
+    let mut v = s2mmu_migrate::session::outcome_json::dest_json(d);
+    if let Some(m) = v.as_object_mut() {
+        m.insert(
+            "restore_ns".into(),
+            serde_json::json!({
+                "counter": r.counter.as_nanos() as u64,
+                "threads": r.threads.as_nanos() as u64,
+                "first_instruction": r.first_instruction.as_nanos() as u64,
+            }),
+        );
+    }
+    v
 }
 
 /// The throttle's and the pace's part in a run, if they acted.

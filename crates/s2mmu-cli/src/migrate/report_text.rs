@@ -210,8 +210,7 @@ pub(super) fn summary(
         p.max_downtime.as_millis(),
         if s.downtime <= p.max_downtime { "within budget" } else { "OVER BUDGET" }
     ));
-        let parts = parts_text(&s.downtime_parts);
-        t.push_str(&format!("  downtime's parts     {parts}\n"));
+        t.push_str(&downtime_lines(s, d));
     }
     let per_round: Vec<String> = s
         .rounds
@@ -425,5 +424,29 @@ pub(super) fn parts_text(d: &s2mmu_migrate::session::source::DowntimeParts) -> S
     format!(
         "pause {:.1}, harvest {:.1}, last pages {:.1}, state saved {:.1}, sent {:.1}, until resumed {:.1} ms",
         ms(d.pause), ms(d.harvest), ms(d.last_pages), ms(d.state_save), ms(d.state_send), ms(d.until_resumed)
+    )
+}
+
+/// The downtime's parts and the destination's part, a line each.
+fn downtime_lines(s: &SourceOutcome, d: Option<&DestOutcome>) -> String {
+    let mut t = format!("  downtime's parts     {}\n", parts_text(&s.downtime_parts));
+    if let Some(d) = d {
+        let parts = resume_parts_text(&d.resume_parts);
+        t.push_str(&format!("  destination's part   {parts}\n"));
+    }
+    t
+}
+
+/// The destination's part of the downtime in milliseconds, on its own
+/// clock (the simulated and the Linux guest's reports).
+pub(super) fn resume_parts_text(d: &s2mmu_migrate::session::dest::ResumeParts) -> String {
+    let ms = |x: std::time::Duration| x.as_secs_f64() * 1e3;
+    format!(
+        "from STATE: drain {:.1}, decode {:.1}, digests {:.1}, start {:.1}, reply {:.1} ms",
+        ms(d.drain),
+        ms(d.decode),
+        ms(d.digests),
+        ms(d.start),
+        ms(d.reply)
     )
 }

@@ -1,0 +1,56 @@
+//! A restore on a blank machine: its parked CPUs woken as the state
+//! comes, and where the restore's time went.
+
+use super::LinuxVm;
+use crate::layout::mb;
+use std::time::Duration;
+
+/// Where a restore's time went on this machine, from
+/// [`LinuxVm::load_guest_state`] to the first guest instruction after
+/// [`LinuxVm::resume_vcpus`] (the destination's `start` part of the
+/// downtime, broken down).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreClock {
+    /// Reading this machine's counter through its service CPU (for
+    /// CNTVOFF): the wait for the CPU to pick the command up included.
+    pub counter: Duration,
+    /// Starting the vCPU threads around the loaded state.
+    pub threads: Duration,
+    /// From the resume's start to the first vCPU's first instruction.
+    pub first_instruction: Duration,
+}
+
+impl LinuxVm {
+    /// Ends a blank VM's park ([`BLANK_PARK`](super::BLANK_PARK)) at
+    /// once: every CPU is back to the usual idle waits, the vCPUs' CPUs
+    /// woken by a kick (the service CPU, rung by the host's bell, sends
+    /// it), so that the resume's commands are picked up without waiting
+    /// out a park's wait.
+    /// Call it as early as the state is known to come (a migration's
+    /// destination does on the STATE record;
+    /// [`LinuxVm::load_guest_state`] does too; the second call finds
+    /// nothing parked and kicks nothing).
+    pub fn unpark_cpus(&self) {
+        let parked: Vec<usize> = (0..self.vcpus)
+            .filter(|&cpu| self.machine.mailbox(cpu).read(mb::PARK_TICKS) != 0)
+            .collect();
+        for cpu in 0..self.machine.cpus() {
+            self.machine.mailbox(cpu).unpark();
+        }
+        if !parked.is_empty() {
+            self.engine_sink().kick_all(&parked);
+        }
+    }
+
+    /// Where the last restore's time went ([`RestoreClock`]; all zero
+    /// before the first).
+    pub fn restore_clock(&self) -> RestoreClock {
+        self.restore_clock
+    }
+
+    /// Whether any CPU of this VM's machine is parked (a blank VM before
+    /// [`LinuxVm::unpark_cpus`]).
+    pub fn cpus_parked(&self) -> bool {
+        (0..self.machine.cpus()).any(|cpu| self.machine.mailbox(cpu).read(mb::PARK_TICKS) != 0)
+    }
+}
