@@ -110,6 +110,7 @@ pub(crate) fn spawn_qemu(
         .arg("-nodefaults")
         .arg("-kernel")
         .arg(elf)
+        // The UART's input: the host's bell into the stub (BellIn).
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -263,6 +263,17 @@ impl HypSink {
     /// # Panics
     /// If the service CPU stops answering (as for maintenance).
     pub fn kick_all(&self, cpus: &[usize]) {
+        if let Err(e) = self.try_kick_all(cpus) {
+            panic!("service CPU did not send a kick: {e}");
+        }
+    }
+
+    /// [`HypSink::kick_all`], failing instead of panicking.
+    ///
+    /// # Errors
+    /// As [`crate::machine::Mailbox::command`] (QEMU gone, the service
+    /// CPU not answering).
+    pub fn try_kick_all(&self, cpus: &[usize]) -> Result<()> {
         // ICC_SGI1R_EL1: INTID 15, Aff1 = cpu / 16, target list bit Aff0.
         let mut lists = std::collections::BTreeMap::<u64, u64>::new();
         for &cpu in cpus {
@@ -272,10 +283,9 @@ impl HypSink {
         let mbox = self.machine.mailbox(self.service_cpu);
         for (aff1, list) in lists {
             let sgi = 15u64 << 24 | aff1 << 16 | list;
-            if let Err(e) = mbox.command_ringing(layout::CMD_KICK, &[sgi]) {
-                panic!("service CPU did not send a kick: {e}");
-            }
+            mbox.command_ringing(layout::CMD_KICK, &[sgi])?;
         }
+        Ok(())
     }
 
     /// Parks the service CPU ([`crate::machine::Mailbox::park`]): its

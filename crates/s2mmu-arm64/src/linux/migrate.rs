@@ -27,21 +27,21 @@ use super::page_fetch::PageFetch;
 use super::psci::PowerState;
 use super::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
 use super::vcpu_state::{VcpuState, CMD_STATE};
-
-mod restore;
 use super::vm::{self, DeviceLayout, LinuxConfig, Power, Shared, SlotRam, StopReason};
 use super::vm_state::{LinuxState, VcpuPart};
 use crate::layout;
 use crate::machine::{Machine, MachineConfig};
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
-pub use restore::RestoreClock;
 use s2mmu_migrate::{VmError, PAGE_SIZE};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vm_superio::serial::SerialState;
+
+mod restore;
+pub use restore::RestoreClock;
 
 /// How long a pause may take (a loaded 2-core host runs QEMU slowly).
 const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
