@@ -357,6 +357,11 @@ impl Mailbox<'_> {
     /// [`Arm64Error::Boot`] if QEMU exits or the command misses the deadline.
     pub fn command(&self, cmd: u64, args: &[u64]) -> Result<u64> {
         let seq = self.post(cmd, args);
+        self.wait_done(seq)
+    }
+
+    /// Waits for posted command `seq` to finish; its status.
+    fn wait_done(&self, seq: u64) -> Result<u64> {
         self.m
             .wait("a command", Instant::now(), || self.done(seq))?;
         Ok(self.w(mb::RET).load(Ordering::Acquire))
@@ -433,9 +438,13 @@ impl Mailbox<'_> {
         if *self.m.bell_cpu.lock().unwrap() == Some(self.cpu) {
             self.m.ring_in();
         }
-        self.m
-            .wait("a command", Instant::now(), || self.done(seq))?;
-        Ok(self.w(mb::RET).load(Ordering::Acquire))
+        self.wait_done(seq)
+    }
+
+    /// Whether this CPU is parked ([`Mailbox::park`], not yet
+    /// [`Mailbox::unpark`]ed).
+    pub fn parked(&self) -> bool {
+        self.read(mb::PARK_TICKS) != 0
     }
 
     /// Ends [`Mailbox::park`]: the CPU's waits return to the usual cap

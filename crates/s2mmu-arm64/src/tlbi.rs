@@ -253,22 +253,14 @@ impl HypSink {
     /// # Panics
     /// If the service CPU stops answering (as for maintenance).
     pub fn kick(&self, cpu: usize) {
-        self.kick_all(&[cpu]);
-    }
-
-    /// [`HypSink::kick`]s every CPU of `cpus` with one SGI per 16 CPUs
-    /// (the SGI's target list), so one service command for a machine's
-    /// vCPUs.
-    ///
-    /// # Panics
-    /// If the service CPU stops answering (as for maintenance).
-    pub fn kick_all(&self, cpus: &[usize]) {
-        if let Err(e) = self.try_kick_all(cpus) {
+        if let Err(e) = self.try_kick_all(&[cpu]) {
             panic!("service CPU did not send a kick: {e}");
         }
     }
 
-    /// [`HypSink::kick_all`], failing instead of panicking.
+    /// [`HypSink::kick`]s every CPU of `cpus` with one SGI per 16 CPUs
+    /// (the SGI's target list), so one service command for a machine's
+    /// vCPUs; fails instead of panicking.
     ///
     /// # Errors
     /// As [`crate::machine::Mailbox::command`] (QEMU gone, the service
@@ -346,7 +338,7 @@ impl HypSink {
         // invalidation API has no error path, and going on would lose the
         // guarantee every dirty log rests on.
         // A parked service CPU (a source's while it logs) is rung awake.
-        let r = if mbox.read(mb::PARK_TICKS) != 0 {
+        let r = if mbox.parked() {
             mbox.command_ringing(layout::CMD_TLBI, &args)
         } else {
             mbox.command(layout::CMD_TLBI, &args)

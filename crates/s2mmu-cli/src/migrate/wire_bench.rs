@@ -253,8 +253,9 @@ fn cell_json(c: &Cell) -> serde_json::Value {
 /// The table of medians, then round 0 with and without TLS per channel
 /// count.
 fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
+    let floor_gib = FLOOR_CAP >> 30;
     let mut t = format!(
-        "migrate against the wire, {runs} run(s) per cell, cells interleaved, medians; iperf3: {}\n  plain TCP = the migration's own probe of its endpoints just before it, over as many connections as channels (no TLS, no framing, no checksum)\n  floor = the memory floor: the guest's size (at most 2 GiB) moved from one memory region into another, prefaulted, over as many loopback connections, by the kernel's copies alone (TLS rows: and ring's AES-128-GCM in 16 KiB records); round 0 can at best reach it\n  cores = both ends' stream threads' CPU a page x round 0's pages a second (CPU-bound where it nears the machine's cores)\n  {:>4} {:>8} {:>12} {:>10} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>5}\n",
+        "migrate against the wire, {runs} run(s) per cell, cells interleaved, medians; iperf3: {}\n  plain TCP = the migration's own probe of its endpoints just before it, over as many connections as channels (no TLS, no framing, no checksum)\n  floor = the memory floor: the guest's size (at most {floor_gib} GiB) moved from one memory region into another, prefaulted, over as many loopback connections, by the kernel's copies alone (TLS rows: and ring's AES-128-GCM in 16 KiB records); round 0 can at best reach it\n  cores = both ends' stream threads' CPU a page x round 0's pages a second (CPU-bound where it nears the machine's cores)\n  {:>4} {:>8} {:>12} {:>10} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>5}\n",
         iperf3.map_or("not found on PATH (the plain probe only)".into(), |v| format!("{v}, a process pair per connection, -n guest memory")),
         "TLS", "channels", "iperf3 MiB/s", "plain MiB/s", "floor MiB/s", "stack MiB/s", "round 0", "% plain", "% floor", "% iperf3", "downtime", "src ns/pg", "dst ns/pg", "cores"
     );

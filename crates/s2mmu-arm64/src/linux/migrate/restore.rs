@@ -2,7 +2,6 @@
 //! comes, and where the restore's time went.
 
 use super::LinuxVm;
-use crate::layout::mb;
 use std::time::Duration;
 
 /// Where a restore's time went on this machine, from
@@ -32,7 +31,7 @@ impl LinuxVm {
     /// nothing parked and kicks nothing).
     pub fn unpark_cpus(&self) {
         let parked: Vec<usize> = (0..self.vcpus)
-            .filter(|&cpu| self.machine.mailbox(cpu).read(mb::PARK_TICKS) != 0)
+            .filter(|&cpu| self.machine.mailbox(cpu).parked())
             .collect();
         for cpu in 0..self.machine.cpus() {
             self.machine.mailbox(cpu).unpark();
@@ -53,6 +52,6 @@ impl LinuxVm {
     /// Whether any CPU of this VM's machine is parked (a blank VM before
     /// [`LinuxVm::unpark_cpus`]).
     pub fn cpus_parked(&self) -> bool {
-        (0..self.machine.cpus()).any(|cpu| self.machine.mailbox(cpu).read(mb::PARK_TICKS) != 0)
+        (0..self.machine.cpus()).any(|cpu| self.machine.mailbox(cpu).parked())
     }
 }
