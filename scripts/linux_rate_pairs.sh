@@ -10,12 +10,16 @@
 #   scripts/linux_rate_pairs.sh [N]          (default 5 pairs)
 #   S2MMU_BIN=path/to/s2mmu scripts/linux_rate_pairs.sh 5
 #   SIM_ARGS="-s anonymous" scripts/linux_rate_pairs.sh 5
+#   LINUX_ARGS="--linux-ram shm" scripts/linux_rate_pairs.sh 5
 #
-# SIM_ARGS: more options for the simulated guest's runs only. Its memory
-# is anonymous THP by default (2 MiB host pages) while QEMU's guest RAM is
-# a shared file in /dev/shm (4 KiB pages where shmem THP is off: see
-# /sys/kernel/mm/transparent_hugepage/shmem_enabled); `-s anonymous` gives
-# the simulated guest 4 KiB pages too. The table's last columns say what
+# SIM_ARGS: more options for the simulated guest's runs only; LINUX_ARGS:
+# for the Linux guest's runs only. The simulated guest's memory is
+# anonymous THP by default (2 MiB host pages); QEMU's guest RAM is a shared
+# file on a private huge tmpfs (2 MiB pages) where the process may mount
+# one (root), else in /dev/shm (4 KiB pages where shmem THP is off: see
+# /sys/kernel/mm/transparent_hugepage/shmem_enabled). `-s anonymous` gives
+# the simulated guest 4 KiB pages, `--linux-ram shm` the Linux guest
+# /dev/shm's; the header says which the runs had. The table's last columns say what
 # else differs: the share of zero pages in round 0 (the Linux `fill` guest
 # leaves free memory zero; the simulated guest has none) and the Linux
 # rate counted over every page, zero pages included (an upper bound: a
@@ -42,18 +46,22 @@ common=(--mem 1G -v 1 --channels 1 --io-timeout 60s --json -q)
 for i in $(seq 1 "$pairs"); do
   # shellcheck disable=SC2086 # SIM_ARGS is split into options on purpose
   "$bin" migrate --guest sim "${common[@]}" --plot "" ${SIM_ARGS:-} > "$dir/sim$i.json"
-  "$bin" migrate --guest linux --linux-run fill "${common[@]}" > "$dir/linux$i.json"
+  # shellcheck disable=SC2086 # LINUX_ARGS is split into options on purpose
+  "$bin" migrate --guest linux --linux-run fill "${common[@]}" ${LINUX_ARGS:-} > "$dir/linux$i.json"
   echo "pair $i of $pairs done" >&2
 done
 python3 - "$dir" "$pairs" "${SIM_ARGS:-}" <<'EOF'
 import json, statistics, sys
 d, n, sim_args = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rams = set()
 RECORD = 4112  # bytes a data-page record takes on the stream
 rows = []
 for i in range(1, n + 1):
     sj = json.load(open(f"{d}/sim{i}.json"))
     s, sp = sj["results"][0], sj["params"]
-    l = json.load(open(f"{d}/linux{i}.json"))["per_run"][0]["details"]
+    lrun = json.load(open(f"{d}/linux{i}.json"))["per_run"][0]
+    l = lrun["details"]
+    rams.add(f"A's {lrun['ram_a']}, B's {lrun['ram_b']}")
     if l["channels"] != 1 or s["channels"] != 1:
         sys.exit(f"pair {i}: {l['channels']} (Linux) and {s['channels']} (sim) channels, not 1")
     if sp["mem_bytes"] != l["round0_pages"] * 4096 or sp["no_tls"] or sp["psk"]:
@@ -67,7 +75,7 @@ for i in range(1, n + 1):
     szero = s["zero_pages"] / s["pages"]
     rows.append((sim, l["round0_bytes_per_s"], ldata, plain, szero, lzero, ldata / (1 - lzero)))
 print(f"sim guest: {sp['backing']} memory{', extra options ' + sim_args if sim_args else ''}; "
-      f"Linux guest: QEMU's shared file")
+      f"Linux guest's RAM: {'; '.join(sorted(rams))}")
 print(f"{'pair':>4} {'sim pages/s':>12} {'linux data pages/s':>19} {'ratio':>6} "
       f"{'plain TCP MiB/s':>16} {'linux round0 MiB/s':>19} {'% of plain':>10} "
       f"{'sim zero':>8} {'linux zero':>10} {'linux all pages/s':>18} {'ratio':>6}")

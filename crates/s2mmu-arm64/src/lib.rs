@@ -39,6 +39,7 @@ mod passes;
 pub mod probe;
 mod qemu_process;
 pub mod ram;
+mod ram_file;
 pub mod stage2;
 pub mod tlbi;
 pub mod vm;

@@ -4,7 +4,7 @@
 use crate::doorbell::Bells;
 use crate::layout::{self, mb};
 use crate::qemu_process::{collect_console, qemu_binary, spawn_qemu, BellIn};
-pub use crate::ram::SharedRam;
+pub use crate::ram::{RamBacking, RamPages, SharedRam};
 use crate::{image, Arm64Error, Result};
 use std::process::Child;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -18,6 +18,18 @@ pub struct MachineConfig {
     pub cpus: usize,
     /// Bytes of guest data after [`layout::DATA`].
     pub data_bytes: u64,
+    /// Which host pages back the RAM.
+    pub ram_pages: RamPages,
+}
+
+/// A fresh path in /dev/shm for the stub's image, which QEMU loads.
+fn elf_path() -> std::path::PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    std::path::PathBuf::from(format!(
+        "/dev/shm/s2mmu-arm64-{}-{}.elf",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
 }
 
 /// A running QEMU with the EL2 stub on every CPU.
@@ -74,8 +86,8 @@ impl Machine {
         let image = image()?;
         let qemu = qemu_binary()?;
         let ram_len = layout::DATA - layout::RAM_BASE + cfg.data_bytes;
-        let ram = Arc::new(SharedRam::create(ram_len)?);
-        let elf = ram.path().with_extension("elf");
+        let ram = Arc::new(SharedRam::create(ram_len, cfg.ram_pages)?);
+        let elf = elf_path();
         std::fs::write(&elf, image)
             .map_err(|e| Arm64Error::Io(format!("{}: {e}", elf.display())))?;
         let mut child = spawn_qemu(&qemu, cfg.cpus, ram_len, &ram, &elf)?;
@@ -92,15 +104,19 @@ impl Machine {
             bell_cpu: Mutex::new(None),
         };
         let booted = m.boot();
-        // QEMU has read the image once the boot CPU runs (or has failed),
-        // and both it and this process have the RAM file mapped: unlinked
-        // now, the RAM lives as long as the mappings and nothing is left in
-        // /dev/shm however the process ends (a drop of the last handle on
-        // the RAM may never run: tables free it through deferred frees).
+        // QEMU has read the image once the boot CPU runs (or has failed).
+        // The RAM file has no path (ram_file.rs): it lives as long as the
+        // mappings, and nothing is left in /dev/shm however the process
+        // ends (a drop of the last handle on the RAM may never run: tables
+        // free it through deferred frees).
         let _ = std::fs::remove_file(&elf);
-        let _ = std::fs::remove_file(m.ram.path());
         booted?;
         Ok(m)
+    }
+
+    /// Which host pages back the RAM.
+    pub fn ram_backing(&self) -> &RamBacking {
+        self.ram.backing()
     }
 
     fn boot(&self) -> Result<()> {

@@ -6,6 +6,7 @@ use crate::doorbell::Bells;
 use crate::ram::SharedRam;
 use crate::{Arm64Error, Result};
 use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -84,8 +85,22 @@ pub(crate) fn spawn_qemu(
     elf: &std::path::Path,
 ) -> Result<Child> {
     let mem_mb = ram_len >> 20;
-    Command::new(qemu)
-        .args(["-M", "virt,virtualization=on,gic-version=3"])
+    let ram_fd = ram.raw_fd();
+    let mut cmd = Command::new(qemu);
+    // SAFETY: runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: fcntl is one. It lets QEMU
+    // inherit the RAM's descriptor (close-on-exec in this process, so no
+    // other child gets it), which `mem-path` names.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(ram_fd, libc::F_SETFD, 0) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    cmd.args(["-M", "virt,virtualization=on,gic-version=3"])
         // pauth-impdef: a cheap pointer-authentication cipher (TCG's
         // QARMA costs a Linux guest most of its boot time); no SVE or
         // SME, so a guest's vector state is only FP/SIMD.
@@ -96,8 +111,10 @@ pub(crate) fn spawn_qemu(
         .args([
             "-object",
             &format!(
-                "memory-backend-file,id=mem,size={mem_mb}M,mem-path={},share=on",
-                ram.path().display()
+                // align: QEMU maps the file 2 MiB-aligned, so its own
+                // faults can take a private huge tmpfs's 2 MiB pages too.
+                "memory-backend-file,id=mem,size={mem_mb}M,mem-path={},share=on,align=2M",
+                ram.qemu_path()
             ),
         ])
         .args(["-machine", "memory-backend=mem"])

@@ -2,8 +2,10 @@
 //! into this process.
 
 use crate::layout;
+use crate::ram_file::RamFile;
+pub use crate::ram_file::{RamBacking, RamPages};
 use crate::{Arm64Error, Result};
-use std::path::{Path, PathBuf};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The machine's RAM, mapped into this process from the file QEMU uses as
@@ -11,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct SharedRam {
     ptr: *mut u8,
     len: u64,
-    path: PathBuf,
+    file: RamFile,
 }
 
 // SAFETY: the mapping is plain shared memory; every access through this
@@ -22,23 +24,8 @@ unsafe impl Send for SharedRam {}
 unsafe impl Sync for SharedRam {}
 
 impl SharedRam {
-    pub(crate) fn create(len: u64) -> Result<SharedRam> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let path = PathBuf::from(format!(
-            "/dev/shm/s2mmu-arm64-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| Arm64Error::Io(format!("{}: {e}", path.display())))?;
-        f.set_len(len)
-            .map_err(|e| Arm64Error::Io(format!("{}: {e}", path.display())))?;
-        use std::os::fd::AsRawFd;
+    pub(crate) fn create(len: u64, pages: RamPages) -> Result<SharedRam> {
+        let file = RamFile::create(len, pages)?;
         // Host addresses congruent to physical ones modulo 1 GiB, so the
         // engine's block mappings (which need guest, host and physical
         // addresses aligned alike) are possible: reserve, then place the
@@ -56,7 +43,6 @@ impl SharedRam {
             )
         };
         if res == libc::MAP_FAILED {
-            let _ = std::fs::remove_file(&path);
             return Err(Arm64Error::Io(format!(
                 "reserving {len} bytes: {}",
                 std::io::Error::last_os_error()
@@ -79,14 +65,13 @@ impl SharedRam {
                 len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_FIXED,
-                f.as_raw_fd(),
+                file.fd.as_raw_fd(),
                 0,
             )
         };
         if ptr == libc::MAP_FAILED {
             // SAFETY: the rest of our reservation.
             unsafe { libc::munmap(aligned as *mut libc::c_void, len as usize) };
-            let _ = std::fs::remove_file(&path);
             return Err(Arm64Error::Io(format!(
                 "mmap of {} bytes: {}",
                 len,
@@ -96,13 +81,23 @@ impl SharedRam {
         Ok(SharedRam {
             ptr: ptr.cast(),
             len,
-            path,
+            file,
         })
     }
 
-    /// The file behind the RAM.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Which host pages back the RAM.
+    pub fn backing(&self) -> &RamBacking {
+        &self.file.backing
+    }
+
+    /// The path QEMU opens the RAM by (the open file, inherited).
+    pub(crate) fn qemu_path(&self) -> String {
+        self.file.qemu_path()
+    }
+
+    /// The open file behind the RAM, which a QEMU child must inherit.
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.file.fd.as_raw_fd()
     }
 
     /// Bytes of RAM.
@@ -184,6 +179,5 @@ impl Drop for SharedRam {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `create`, unmapped once.
         unsafe { libc::munmap(self.ptr.cast(), self.len as usize) };
-        let _ = std::fs::remove_file(&self.path);
     }
 }

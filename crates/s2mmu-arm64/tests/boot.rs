@@ -300,6 +300,7 @@ fn bad_configurations_are_refused_before_qemu_starts() {
         match Machine::start(&MachineConfig {
             cpus,
             data_bytes: data,
+            ram_pages: Default::default(),
         }) {
             Err(Arm64Error::Config(msg)) => eprintln!("refused: {msg}"),
             other => panic!("{cpus} CPUs, {data} bytes: {:?}", other.err()),

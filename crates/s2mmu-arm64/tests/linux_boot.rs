@@ -22,6 +22,7 @@ fn boot(vcpus: usize) {
         echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
         timeout: Duration::from_secs(600),
         dirty: HarvestConfig::default(),
+        ram_pages: Default::default(),
     })
     .expect("the Linux VM runs");
     eprintln!(

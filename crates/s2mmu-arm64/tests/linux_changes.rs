@@ -48,6 +48,7 @@ fn run_args(
             change,
             cut_after: None,
         },
+        ram_pages: Default::default(),
     })
     .expect("the Linux VM runs");
     let d = r.dirty.clone().expect("the harvester ran");
@@ -147,6 +148,7 @@ fn changes_the_mode_cannot_hold_are_refused() {
                 change,
                 cut_after: None,
             },
+            ram_pages: Default::default(),
         })
         .expect_err("refused");
         assert!(

@@ -33,6 +33,7 @@ fn run(mode: Option<DirtyMode>, args: &str, discard: Option<u64>) -> Option<Linu
             change: Default::default(),
             cut_after: None,
         },
+        ram_pages: Default::default(),
     })
     .expect("the Linux VM runs");
     eprintln!(
@@ -168,6 +169,7 @@ fn dropped_harvest_invalidations_show_as_lost_pages() {
                 change: Default::default(),
                 cut_after: Some(Duration::from_secs(60)),
             },
+            ram_pages: Default::default(),
         })
         .expect("the Linux VM runs");
         let d = r.dirty.expect("the harvester ran");

@@ -1,5 +1,5 @@
-//! A machine leaves no guest-RAM file in /dev/shm: the file is unlinked
-//! as soon as QEMU and this process have it mapped, so neither a drop that
+//! A machine leaves no guest-RAM file in /dev/shm: the file has no path
+//! once it is open (QEMU opens it by this process's descriptor), so neither a drop that
 //! never runs (the last machines' tables hold the RAM through deferred
 //! frees that never run at exit) nor a killed process leaves it behind.
 

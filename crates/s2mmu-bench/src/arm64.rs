@@ -4,7 +4,7 @@
 
 use crate::human_bytes;
 use s2mmu_arm64::layout;
-use s2mmu_arm64::machine::{Machine, MachineConfig, MAX_DATA_BYTES};
+use s2mmu_arm64::machine::{Machine, MachineConfig, RamPages, MAX_DATA_BYTES};
 use std::sync::Arc;
 
 /// Printed with every `--arm64` result.
@@ -63,9 +63,15 @@ pub fn start(cpus: usize, data_bytes: u64) -> Result<Arc<Machine>, String> {
     let data_bytes = data_bytes
         .checked_next_multiple_of(2 << 20)
         .ok_or_else(|| format!("{data_bytes} bytes of guest data: more than 64 bits"))?;
-    Machine::start(&MachineConfig { cpus, data_bytes })
-        .map(Arc::new)
-        .map_err(|e| e.to_string())
+    // 4 KiB pages: the benchmarks map large sparse slots and touch a
+    // few pages of them; 2 MiB pages would take 512 times the memory.
+    Machine::start(&MachineConfig {
+        cpus,
+        data_bytes,
+        ram_pages: RamPages::Shm,
+    })
+    .map(Arc::new)
+    .map_err(|e| e.to_string())
 }
 
 /// The table arena of a VM: all the space the layout gives it (the RAM

@@ -30,7 +30,7 @@ use super::vcpu_state::{VcpuState, CMD_STATE};
 use super::vm::{self, DeviceLayout, LinuxConfig, Power, Shared, SlotRam, StopReason};
 use super::vm_state::{LinuxState, VcpuPart};
 use crate::layout;
-use crate::machine::{Machine, MachineConfig};
+use crate::machine::{Machine, MachineConfig, RamBacking, RamPages};
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
 use s2mmu_migrate::{VmError, PAGE_SIZE};
@@ -86,6 +86,8 @@ pub struct LinuxVm {
     pub(super) written: Option<Vec<u64>>,
     /// The size of the pages the engine maps guest RAM with.
     granule: u64,
+    /// Which host pages back the RAM of every QEMU this VM starts.
+    ram_pages: RamPages,
     /// Post-copy's hook, given to the vCPU threads.
     pub(super) hook: Option<Arc<dyn PageFetch>>,
     /// Throttle and pace, given to the vCPU threads of every QEMU.
@@ -126,6 +128,7 @@ impl LinuxVm {
         let machine = Arc::new(Machine::start(&MachineConfig {
             cpus: cfg.vcpus + 1,
             data_bytes: cfg.mem,
+            ram_pages: cfg.ram_pages,
         })?);
         let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
         avm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, cfg.mem, granule)?;
@@ -153,6 +156,7 @@ impl LinuxVm {
             ram,
             written,
             granule,
+            ram_pages: cfg.ram_pages,
             hook: None,
             limit: Arc::new(DirtyLimit::new(cfg.vcpus)),
             restore_clock: RestoreClock::default(),
@@ -206,6 +210,11 @@ impl LinuxVm {
     /// What the console printed (the last 4 MiB).
     pub fn console(&self) -> &ConsoleBuffer {
         &self.console
+    }
+
+    /// Which host pages back the current machine's RAM.
+    pub fn ram_backing(&self) -> &RamBacking {
+        self.machine.ram_backing()
     }
 
     /// Exits the stub answered on every vCPU so far (grows while the
@@ -350,6 +359,7 @@ impl LinuxVm {
         let machine = Arc::new(Machine::start(&MachineConfig {
             cpus: self.vcpus + 1,
             data_bytes: self.mem,
+            ram_pages: self.ram_pages,
         })?);
         let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
         avm.add_slot(

@@ -81,6 +81,7 @@ impl RunSpec {
                 change: Default::default(),
                 cut_after: None,
             },
+            ram_pages: Default::default(),
         }
     }
 

@@ -135,6 +135,7 @@ mod tests {
             dest: DestConfig::with_run_after(Duration::ZERO),
             net: NetConfig::plain(Duration::from_secs(1)),
             attempts: 1,
+            ram_pages: Default::default(),
         };
         let cfg = LinuxConfig {
             vcpus: 1,
@@ -145,6 +146,7 @@ mod tests {
             echo: false,
             timeout: Duration::from_secs(1),
             dirty: HarvestConfig::default(),
+            ram_pages: Default::default(),
         };
         let mut events = 0;
         let e = session_run::listen(&s, &cfg, "256.0.0.1:1", &mut |_: ListenEvent<'_>| {

@@ -11,6 +11,7 @@ use super::session_postcopy::{untouched_digest, LinuxFinal};
 use super::session_source::{LinuxSessionVm, LINUX_BACKING};
 use super::vm::{self, LinuxConfig};
 use super::vm_state::LinuxState;
+use crate::machine::RamPages;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
@@ -26,6 +27,9 @@ pub struct LinuxDest {
     pub echo: bool,
     /// How long the destination's guest may run in all.
     pub timeout: Duration,
+    /// Which host pages back each machine's RAM ([`RamPages::Auto`] from
+    /// [`LinuxDest::new`]).
+    pub ram_pages: RamPages,
     built: Mutex<Option<Arc<LinuxSessionVm>>>,
     /// A blank machine started before the stream ([`LinuxDest::prestart`]):
     /// its vCPU count, RAM size and the machine.
@@ -39,6 +43,7 @@ impl LinuxDest {
         LinuxDest {
             echo,
             timeout,
+            ram_pages: RamPages::Auto,
             built: Mutex::new(None),
             ready: Mutex::new(None),
         }
@@ -98,6 +103,7 @@ impl LinuxDest {
             echo: self.echo,
             timeout: self.timeout,
             dirty: HarvestConfig::default(),
+            ram_pages: self.ram_pages,
         }
     }
 }

@@ -19,6 +19,7 @@ pub use super::run_error::LinuxRunError;
 use super::session_dest::LinuxDest;
 use super::session_source::{LinuxSessionVm, LinuxSource};
 use super::vm::LinuxConfig;
+use crate::machine::{RamBacking, RamPages};
 use s2mmu_migrate::session::both_ends::run_both_ends;
 use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::SourceGuest;
@@ -87,6 +88,8 @@ pub struct RunSettings {
     pub net: NetConfig,
     /// Sources a listening destination serves before it gives up.
     pub attempts: u32,
+    /// Which host pages back both machines' RAM.
+    pub ram_pages: RamPages,
 }
 
 /// What one run measured, beyond the common figures.
@@ -136,6 +139,10 @@ pub struct LinuxRun {
     pub details: RunDetails,
     /// How B's guest went on; `None` when B is another process's.
     pub went_on: Option<WentOn>,
+    /// Which host pages backed A's RAM.
+    pub ram_a: RamBacking,
+    /// Which host pages backed B's RAM; `None` when B is another process's.
+    pub ram_b: Option<RamBacking>,
 }
 
 /// What a listening destination received and saw.
@@ -190,6 +197,7 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
         echo: false,
         timeout: Duration::from_secs(3600),
         dirty: HarvestConfig::default(),
+        ram_pages: s.ram_pages,
     }
 }
 
@@ -229,7 +237,9 @@ fn session(side: &'static str, error: MigrateError) -> LinuxRunError {
 }
 
 fn dest_factory(cfg: &LinuxConfig) -> Arc<LinuxDest> {
-    Arc::new(LinuxDest::new(cfg.echo, cfg.timeout))
+    let mut dest = LinuxDest::new(cfg.echo, cfg.timeout);
+    dest.ram_pages = cfg.ram_pages;
+    Arc::new(dest)
 }
 
 /// The counter's step numbers on a console (lines printed up to their
@@ -302,6 +312,7 @@ pub fn wait_for<T>(
 /// A run's figures from the session's outcome; `state_bytes`: the STATE
 /// body's size.
 fn session_run(
+    ram: (RamBacking, Option<RamBacking>),
     s: &SourceOutcome,
     state_bytes: usize,
     limit: DirtyLimitCounters,
@@ -323,6 +334,8 @@ fn session_run(
             },
         },
         went_on: None,
+        ram_a: ram.0,
+        ram_b: ram.1,
     }
 }
 
@@ -364,7 +377,8 @@ pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, Linu
     let state_bytes = a.guest_state().map_or(0, |v| v.len());
     let mut b = b.lock();
     let dest = Some((d, b.restore_clock()));
-    let run = session_run(&o, state_bytes, src.limit_counters(), dest);
+    let ram = (a.ram_backing().clone(), Some(b.ram_backing().clone()));
+    let run = session_run(ram, &o, state_bytes, src.limit_counters(), dest);
     // The session ran B's guest for --run-after, then paused it.
     b.resume_vcpus().map_err(|e| machine("machine B", e))?;
     goes_on(s, &a, &mut b, run)
@@ -474,8 +488,15 @@ pub fn source_to(
         ));
     }
     let state_bytes = a.guest_state().map_or(0, |v| v.len());
+    let ram = (a.ram_backing().clone(), None);
     drop(a);
-    Ok(session_run(&o, state_bytes, src.limit_counters(), None))
+    Ok(session_run(
+        ram,
+        &o,
+        state_bytes,
+        src.limit_counters(),
+        None,
+    ))
 }
 
 /// One of the source's connections to the destination at `addr`, or,

@@ -13,7 +13,7 @@ use super::psci::{self, PowerState};
 use super::uart::{ConsoleBuffer, Uart, UartOutput, UART_REGS};
 use super::vcpu::{self, CURRENT};
 use crate::layout;
-use crate::machine::{Machine, MachineConfig, SharedRam};
+use crate::machine::{Machine, MachineConfig, RamPages, SharedRam};
 use crate::stage2;
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
@@ -73,6 +73,8 @@ pub struct LinuxConfig {
     pub timeout: Duration,
     /// Dirty logging once `/init` runs, checked against page hashes.
     pub dirty: HarvestConfig,
+    /// Which host pages back the machine's RAM.
+    pub ram_pages: RamPages,
 }
 
 /// The guest-physical places of the emulated devices.
@@ -405,6 +407,7 @@ fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
     let machine = Arc::new(Machine::start(&MachineConfig {
         cpus: cfg.vcpus + 1,
         data_bytes: cfg.mem + cfg.dirty.change.spare_bytes(),
+        ram_pages: cfg.ram_pages,
     })?);
     let vm = Arm64Vm::new_bare(
         machine.clone(),

@@ -23,6 +23,7 @@ pub fn config(a: &assets::LinuxAssets, vcpus: usize) -> LinuxConfig {
         echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
         timeout: Duration::from_secs(900),
         dirty: HarvestConfig::default(),
+        ram_pages: Default::default(),
     }
 }
 

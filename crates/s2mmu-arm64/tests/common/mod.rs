@@ -35,7 +35,12 @@ pub fn machine(cpus: usize, data_bytes: u64) -> Option<Arc<Machine>> {
         return None;
     }
     Some(Arc::new(
-        Machine::start(&MachineConfig { cpus, data_bytes }).expect("QEMU starts"),
+        Machine::start(&MachineConfig {
+            cpus,
+            data_bytes,
+            ram_pages: Default::default(),
+        })
+        .expect("QEMU starts"),
     ))
 }
 
@@ -123,5 +128,6 @@ pub fn run_settings(
             security: transport::ephemeral_tls().expect("an ephemeral identity"),
         },
         attempts: 1,
+        ram_pages: Default::default(),
     }
 }

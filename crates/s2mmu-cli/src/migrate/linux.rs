@@ -23,6 +23,7 @@ use s2mmu_arm64::linux::migrate::RestoreClock;
 use s2mmu_arm64::linux::session_run::{
     self, GuestProgram, LinuxRun, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
+use s2mmu_arm64::machine::RamPages;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::source::SourceOutcome;
 use std::time::Duration;
@@ -53,6 +54,7 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
         net: p.net_config()?,
         dest: p.dest_config(),
         attempts: p.attempts,
+        ram_pages: RamPages::parse(&p.linux_ram)?,
     })
 }
 
@@ -359,6 +361,7 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
     if p.json {
         let v = serde_json::json!({
             "guest": "linux", "program": p.linux_run, "mode": mode, "vcpus": p.vcpus,
+            "ram_pages": p.linux_ram,
             "mem": p.mem, "runs": p.runs,
             "downtime_ms": {"median": down.0, "min": down.1, "max": down.2},
             "round0_pages_per_s": {"median": rate.0, "min": rate.1, "max": rate.2},
@@ -366,6 +369,7 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
                 "downtime_ms": ms(r.downtime), "rounds": r.round_pages.len(),
                 "round_pages": r.round_pages, "round_ms": r.round_ms,
                 "final_pages": r.final_pages, "state_bytes": r.state_bytes,
+                "ram_a": r.ram_a.describe(), "ram_b": r.ram_b.as_ref().map(|b| b.describe()),
                 "details": described(s, r).0,
             })).collect::<Vec<_>>(),
         });
@@ -383,6 +387,12 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
             down.2,
             rate.0
         );
+        if let Some(r) = runs.first() {
+            println!("QEMU's RAM: A's {}", r.ram_a.describe());
+            if let Some(b) = &r.ram_b {
+                println!("QEMU's RAM: B's {}", b.describe());
+            }
+        }
         println!(
             "note: QEMU timings are an emulator's (TCG), on this machine: read them as ratios"
         );

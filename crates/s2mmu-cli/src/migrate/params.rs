@@ -209,6 +209,9 @@ pub struct Params {
     /// With --guest linux: the guest program, counter (one small step a second, near idle), dirtier (writes 64 MiB as fast as it can for 30 s, re-checking every page it wrote) or fill (fills 90 % of the guest's available memory with data pages, none zero, then steps as counter does, re-checking them: round 0 sends data pages).
     #[arg(long, default_value = "counter", value_parser = ["counter", "dirtier", "fill"])]
     pub linux_run: String,
+    /// With --guest linux: the host pages under both QEMU machines' RAM, auto (2 MiB pages of a private huge tmpfs where this process may mount one, as root may; else /dev/shm) or shm (/dev/shm: 4 KiB pages under the kernel's default shmem policy).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "shm"])]
+    pub linux_ram: String,
 }
 
 /// The most `--bandwidth` and `--dirty-rate` take: 1 TiB/s.
