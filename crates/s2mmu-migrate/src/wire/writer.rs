@@ -90,11 +90,6 @@ impl Batch {
         (self.head.len() + 8 + self.data_pages * PAGE_SIZE) as u64
     }
 
-    /// Pages added since their hashes were last filled in.
-    pub fn unhashed(&self) -> usize {
-        self.count - self.hashed
-    }
-
     /// Whether another page does not fit.
     pub fn is_full(&self) -> bool {
         self.count >= MAX_BATCH
@@ -249,21 +244,6 @@ impl<W: Write> WireWriter<W> {
         }
         self.pos += total as u64;
         Ok(())
-    }
-
-    /// Fills in the hashes of the pages added to `b` since its last hash,
-    /// timed as the hash stage; returns the nanoseconds it took. Called
-    /// every few pages, it hashes them while they are still in the cache
-    /// the copy into the batch left them in, instead of all at once when
-    /// the batch is written, from a 1 MiB buffer larger than a core's L2.
-    /// (The session's sender no longer calls it: with the AVX2 hash,
-    /// hashing at write time measured no slower.)
-    pub fn hash_ahead(&mut self, b: &mut Batch) -> u64 {
-        let t = Instant::now();
-        b.hash_pages();
-        let ns = t.elapsed().as_nanos() as u64;
-        self.stages.hash_ns += ns;
-        ns
     }
 
     /// Writes the batch as one PAGES record (nothing when it is empty) and
