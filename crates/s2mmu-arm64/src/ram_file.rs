@@ -317,9 +317,19 @@ mod tests {
             let ram = SharedRam::create(8 << 20, pages).expect("a RAM file");
             let base = ram.hva(layout::RAM_BASE).unwrap();
             ram.write(layout::RAM_BASE + (6 << 20), 0x5eed);
-            assert!(smaps_kib(base, "Rss") < 8 << 10, "{pages:?}: not all mapped yet");
-            assert!(ram.populate_for_writes(layout::RAM_BASE, 8 << 20), "{pages:?}");
-            assert_eq!(smaps_kib(base, "Rss"), 8 << 10, "{pages:?}: every page mapped");
+            assert!(
+                smaps_kib(base, "Rss") < 8 << 10,
+                "{pages:?}: not all mapped yet"
+            );
+            assert!(
+                ram.populate_for_writes(layout::RAM_BASE, 8 << 20),
+                "{pages:?}"
+            );
+            assert_eq!(
+                smaps_kib(base, "Rss"),
+                8 << 10,
+                "{pages:?}: every page mapped"
+            );
             assert_eq!(ram.read(layout::RAM_BASE + (6 << 20)), 0x5eed, "{pages:?}");
             assert_eq!(ram.read(layout::RAM_BASE), 0, "{pages:?}");
             // Outside RAM: refused, nothing done.

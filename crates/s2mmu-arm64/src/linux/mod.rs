@@ -40,6 +40,7 @@ pub mod boot;
 pub mod bus;
 pub mod changes;
 mod console_echo;
+mod console_watch;
 pub mod cpio;
 pub mod debs;
 pub mod dirty;
