@@ -245,6 +245,7 @@ const LINUX_OPTIONS: &[&str] = &[
     "--quiet",
     "--postcopy",
     "--linux-run",
+    "--linux-ram",
     "--guest",
 ];
 
@@ -420,7 +421,9 @@ mod tests {
                 "-v",
                 "2",
                 "--json",
-                "--postcopy=auto"
+                "--postcopy=auto",
+                "--linux-ram",
+                "shm"
             ])),
             None
         );

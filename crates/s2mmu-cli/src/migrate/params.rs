@@ -200,7 +200,7 @@ pub struct Params {
     /// The stage-2 format of the guest's tables: arm64 (4 KiB granule) or x86 EPT (4-level); with --listen, a source on another format is refused.
     #[arg(long, value_enum, default_value = "arm64")]
     pub format: FormatArg,
-    /// The guest: sim (the simulated VM and its workload), linux (Debian's arm64 Linux on QEMU's model, two machines in this process; --mem 128M..4G, --vcpus 1..4, --runs, --json, -q, --postcopy, --linux-run apply), or auto: linux when no other option is given and QEMU, the EL2 image and the kernel are there (it says why not otherwise), else sim.
+    /// The guest: sim (the simulated VM and its workload), linux (Debian's arm64 Linux on QEMU's model, two machines in this process; --mem 128M..4G, --vcpus 1..4, --runs, --json, -q, --postcopy, --linux-run, --linux-ram apply), or auto: linux when no other option is given and QEMU, the EL2 image and the kernel are there (it says why not otherwise), else sim.
     #[arg(long, default_value = "auto", value_parser = ["auto", "sim", "linux"])]
     pub guest: String,
     /// With --guest linux: migrations to run and summarise (1 to 20).
