@@ -22,16 +22,6 @@ pub struct MachineConfig {
     pub ram_pages: RamPages,
 }
 
-/// A fresh path in /dev/shm for the stub's image, which QEMU loads.
-fn elf_path() -> std::path::PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    std::path::PathBuf::from(format!(
-        "/dev/shm/s2mmu-arm64-{}-{}.elf",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
-}
-
 /// A running QEMU with the EL2 stub on every CPU.
 pub struct Machine {
     ram: Arc<SharedRam>,
@@ -87,7 +77,8 @@ impl Machine {
         let qemu = qemu_binary()?;
         let ram_len = layout::DATA - layout::RAM_BASE + cfg.data_bytes;
         let ram = Arc::new(SharedRam::create(ram_len, cfg.ram_pages)?);
-        let elf = elf_path();
+        // The stub's image, which QEMU loads.
+        let elf = std::path::PathBuf::from(crate::ram_file::shm_path(".elf"));
         std::fs::write(&elf, image)
             .map_err(|e| Arm64Error::Io(format!("{}: {e}", elf.display())))?;
         let mut child = spawn_qemu(&qemu, cfg.cpus, ram_len, &ram, &elf)?;

@@ -112,20 +112,27 @@ impl RamFile {
     }
 
     /// The path QEMU opens the file by: this process's descriptor, which
-    /// the QEMU child inherits under the same number (`keep_in_child`).
+    /// the QEMU child inherits under the same number (`spawn_qemu`'s
+    /// `pre_exec`).
     pub(crate) fn qemu_path(&self) -> String {
         format!("/proc/self/fd/{}", self.fd.as_raw_fd())
     }
 }
 
-/// An unlinked file of `len` bytes in `/dev/shm`.
-fn shm_file(len: u64) -> Result<OwnedFd> {
+/// A name in `/dev/shm` no other file of this process has, `ext`
+/// appended.
+pub(crate) fn shm_path(ext: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let path = format!(
-        "/dev/shm/s2mmu-arm64-{}-{}",
+    format!(
+        "/dev/shm/s2mmu-arm64-{}-{}{ext}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
-    );
+    )
+}
+
+/// An unlinked file of `len` bytes in `/dev/shm`.
+fn shm_file(len: u64) -> Result<OwnedFd> {
+    let path = shm_path("");
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

@@ -127,6 +127,9 @@ fn a_blank_machine_parks_until_unparked() {
     };
     let vm = LinuxVm::blank(&cfg).expect("a blank machine");
     assert!(vm.cpus_parked(), "a blank machine's CPUs are parked");
+    // What a blank machine does to its RAM before a stream: the kernel
+    // takes the advice over the guest's whole RAM.
+    assert!(vm.ram().populate_for_writes());
     vm.unpark_cpus();
     assert!(!vm.cpus_parked());
 }

@@ -95,6 +95,14 @@ impl LinuxRam {
         &self.ram
     }
 
+    /// Maps this guest RAM here as if written, without changing a byte
+    /// ([`SharedRam::populate_for_writes`]); whether the kernel did it.
+    pub fn populate_for_writes(&self) -> bool {
+        self.ram
+            .pa(self.ptr as u64)
+            .is_some_and(|pa| self.ram.populate_for_writes(pa, self.size))
+    }
+
     fn inside(&self, offset: u64, len: usize) -> bool {
         offset
             .checked_add(len as u64)

@@ -134,7 +134,7 @@ impl LinuxVm {
         avm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, cfg.mem, granule)?;
         let f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
         let ram = LinuxRam::new(machine.ram().clone(), layout::DATA, cfg.mem, vm::RAM_IPA)?;
-        let written = Some(mig_mem::fresh_hashes(&machine, &ram)?);
+        let written = Some(mig_mem::fresh_hashes(&ram)?);
         Ok(LinuxVm {
             machine,
             vcpus: cfg.vcpus,
@@ -370,7 +370,7 @@ impl LinuxVm {
             self.granule,
         )?;
         self.ram = LinuxRam::new(machine.ram().clone(), layout::DATA, self.mem, vm::RAM_IPA)?;
-        self.written = Some(mig_mem::fresh_hashes(&machine, &self.ram)?);
+        self.written = Some(mig_mem::fresh_hashes(&self.ram)?);
         self.machine = machine;
         self.idle = Some(avm);
         self.ran = false;
