@@ -78,11 +78,13 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
         !to.lock().cpus_parked(),
         "{what}: the destination's CPUs are still parked after the resume"
     );
-    // The destination's part of the downtime lies inside it, and the
-    // restore's clock inside that part's start.
+    // The destination's part of the downtime up to RESUMED's write lies
+    // inside it (the reply's end is read after the write, when the
+    // source may have read it already), and the restore's clock inside
+    // that part's start.
     let (q, rc) = (d.resume_parts, to.lock().restore_clock());
     assert!(
-        q.start > Duration::ZERO && q.total() <= s.downtime,
+        q.start > Duration::ZERO && q.total() - q.reply <= s.downtime,
         "{what}: {q:?} in {:?}",
         s.downtime
     );

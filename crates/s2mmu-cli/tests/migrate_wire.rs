@@ -72,15 +72,19 @@ fn check(cfg: &SimRun, net: &NetConfig, tls: bool) {
         "{p:?}"
     );
     // The destination's part, on its clock (the same process's): from
-    // STATE's arrival, after the source began to send it, to RESUMED
-    // written, before the source read it.
+    // STATE's arrival, after the source began to send it, to the moment
+    // before RESUMED is written, before the source can read it. The
+    // reply's own end is read after the write, so the source may read
+    // RESUMED first and a descheduled destination thread can read its
+    // clock late (CI saw a 1.7 ms reply against 0.9 ms until_resumed):
+    // only the parts before it are bounded.
     let q = d.resume_parts;
     assert!(
         q.digests > Duration::ZERO && q.start > Duration::ZERO && q.reply > Duration::ZERO,
         "{q:?}"
     );
     assert!(
-        q.total() <= p.state_send + p.until_resumed,
+        q.total() - q.reply <= p.state_send + p.until_resumed,
         "the destination's part {q:?} lies inside the source's view of it {p:?}"
     );
 }
@@ -113,8 +117,14 @@ fn the_report_breaks_the_downtime_down() {
     for k in ["drain", "decode", "digests", "start", "reply"] {
         assert!(names.contains(&k), "{k} in {names:?}");
     }
+    // The reply ends after RESUMED is written, when the source may
+    // have read it already: bound the parts before it.
     let dest_sum: u64 = dest.values().map(|x| x.as_u64().unwrap()).sum();
-    assert!(dest_sum > 0 && dest_sum <= sum, "{dest:?} within {parts:?}");
+    let before_reply = dest_sum - dest["reply"].as_u64().unwrap();
+    assert!(
+        dest_sum > 0 && before_reply <= sum,
+        "{dest:?} within {parts:?}"
+    );
 }
 
 #[test]

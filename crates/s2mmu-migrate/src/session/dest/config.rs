@@ -120,7 +120,9 @@ pub struct ResumeParts {
     /// Loading the state and starting the guest (`DestGuest::start`,
     /// which returns at its first instruction).
     pub start: Duration,
-    /// RESUMED written and flushed.
+    /// RESUMED written and flushed. Its end is read after the write, so
+    /// the source may have read RESUMED before it: of the parts, only
+    /// this one can outlast the source's view of the downtime.
     pub reply: Duration,
 }
 
