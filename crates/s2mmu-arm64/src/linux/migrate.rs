@@ -444,9 +444,18 @@ impl LinuxVm {
         }
         let sh = r.sh.clone();
         r.ctl
-            .wait_parked(Instant::now() + PAUSE_DEADLINE, |v| {
-                if sh.power(v) == PowerState::On {
-                    sh.vm.sink().kick(v);
+            .wait_parked(Instant::now() + PAUSE_DEADLINE, |running| {
+                let on: Vec<usize> = running
+                    .iter()
+                    .copied()
+                    .filter(|&v| sh.power(v) == PowerState::On)
+                    .collect();
+                // A kick that fails (QEMU gone) ends with the vCPU
+                // threads, which stop with that error and park.
+                if !on.is_empty() {
+                    if let Err(e) = sh.vm.sink().try_kick_all(&on) {
+                        eprintln!("linux guest: pause: kick {on:?}: {e}");
+                    }
                 }
             })
             .map_err(VmError::new)?;
