@@ -80,7 +80,7 @@ fn check(cfg: &SimRun, net: &NetConfig, tls: bool) {
     // only the parts before it are bounded.
     let q = d.resume_parts;
     assert!(
-        q.digests > Duration::ZERO && q.start > Duration::ZERO && q.reply > Duration::ZERO,
+        q.start > Duration::ZERO && q.reply > Duration::ZERO,
         "{q:?}"
     );
     assert!(

@@ -134,8 +134,8 @@ pub fn resume_parts_json(p: &ResumeParts) -> Value {
     json!({
         "drain": ns(p.drain),
         "decode": ns(p.decode),
-        "digests": ns(p.digests),
         "start": ns(p.start),
+        "digests": ns(p.digests),
         "reply": ns(p.reply),
     })
 }

@@ -115,11 +115,15 @@ pub struct ResumeParts {
     pub drain: Duration,
     /// The guest checking the state (`DestGuest::decode_state`).
     pub decode: Duration,
-    /// The per-slot digests of the memory the guest resumes from.
-    pub digests: Duration,
     /// Loading the state and starting the guest (`DestGuest::start`,
-    /// which returns at its first instruction).
+    /// which returns at its first instruction). The per-slot digests of
+    /// the memory the guest resumes from are made on another thread
+    /// meanwhile.
     pub start: Duration,
+    /// From the first instruction until the digests were done: what they
+    /// took beyond the start (zero, or near it, where the start took
+    /// longer).
+    pub digests: Duration,
     /// RESUMED written and flushed. Its end is read after the write, so
     /// the source may have read RESUMED before it: of the parts, only
     /// this one can outlast the source's view of the downtime.
@@ -129,7 +133,7 @@ pub struct ResumeParts {
 impl ResumeParts {
     /// The parts' sum.
     pub fn total(&self) -> Duration {
-        self.drain + self.decode + self.digests + self.start + self.reply
+        self.drain + self.decode + self.start + self.digests + self.reply
     }
 }
 

@@ -25,7 +25,7 @@ pub(super) struct Clock {
 }
 
 /// Resumes the guest here after a complete pre-copy stream: per-slot
-/// digests to the source (RESUMED), the byte comparison with verify-full,
+/// digests (made while the guest starts) to the source (RESUMED), the byte comparison with verify-full,
 /// then the guest runs for `run_after`. The counts are the main channel's
 /// only (the caller adds the others').
 pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
@@ -37,10 +37,19 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
     clock: Clock,
 ) -> Result<DestOutcome, MigrateError> {
     let vm = guest.vm();
-    let slot_digests = slot_digests(&**vm, sh);
-    let digested = Instant::now();
-    let wl = guest.start(state)?;
-    let resumed_at = Instant::now();
+    // The digests are of the hashes of what arrived, which nothing
+    // changes any more (the drain found every page): they are made on a
+    // thread of their own while the guest starts (mostly a wait for its
+    // first instruction), and only RESUMED waits for both.
+    let (started, slot_digests, digested) = std::thread::scope(|s| {
+        let digester = s.spawn(|| slot_digests(&**vm, sh));
+        let started = guest.start(state).map(|wl| (wl, Instant::now()));
+        let digests = digester
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (started, digests, Instant::now())
+    });
+    let (wl, resumed_at) = started?;
     let writes0 = wl.counters().writes;
     let mut e = Enc::default();
     e.u32(slot_digests.len() as u32);
@@ -55,9 +64,9 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
     let resume_parts = ResumeParts {
         drain: clock.drained.saturating_duration_since(clock.state_at),
         decode: clock.decoded.saturating_duration_since(clock.drained),
-        digests: digested.saturating_duration_since(clock.decoded),
-        start: resumed_at.saturating_duration_since(digested),
-        reply: resumed_at.elapsed(),
+        start: resumed_at.saturating_duration_since(clock.decoded),
+        digests: digested.saturating_duration_since(resumed_at),
+        reply: digested.elapsed(),
     };
     let (page_records, bytes, zero_pages) = (rd.pages, rd.pos, rd.zero_pages);
     let (mut verify_mismatches, mut verify_error) = (None, None);
