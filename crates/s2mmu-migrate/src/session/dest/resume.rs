@@ -41,12 +41,17 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
     // changes any more (the drain found every page): they are made on a
     // thread of their own while the guest starts (mostly a wait for its
     // first instruction), and only RESUMED waits for both.
+    // Where no thread can be made, they are made after the start here.
     let (started, slot_digests, digested) = std::thread::scope(|s| {
-        let digester = s.spawn(|| slot_digests(&**vm, sh));
+        let digester = std::thread::Builder::new()
+            .name("digests".into())
+            .spawn_scoped(s, || slot_digests(&**vm, sh))
+            .ok();
         let started = guest.start(state).map(|wl| (wl, Instant::now()));
-        let digests = digester
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let digests = match digester {
+            Some(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            None => slot_digests(&**vm, sh),
+        };
         (started, digests, Instant::now())
     });
     let (wl, resumed_at) = started?;
