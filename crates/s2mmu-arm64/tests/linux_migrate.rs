@@ -84,7 +84,7 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
     // that part's start.
     let (q, rc) = (d.resume_parts, to.lock().restore_clock());
     assert!(
-        q.start > Duration::ZERO && q.total() - q.reply <= s.downtime,
+        q.start > Duration::ZERO && q.until_reply() <= s.downtime,
         "{what}: {q:?} in {:?}",
         s.downtime
     );

@@ -84,7 +84,7 @@ fn check(cfg: &SimRun, net: &NetConfig, tls: bool) {
         "{q:?}"
     );
     assert!(
-        q.total() - q.reply <= p.state_send + p.until_resumed,
+        q.until_reply() <= p.state_send + p.until_resumed,
         "the destination's part {q:?} lies inside the source's view of it {p:?}"
     );
 }

@@ -133,7 +133,15 @@ pub struct ResumeParts {
 impl ResumeParts {
     /// The parts' sum.
     pub fn total(&self) -> Duration {
-        self.drain + self.decode + self.start + self.digests + self.reply
+        self.until_reply() + self.reply
+    }
+
+    /// The parts before RESUMED is written (all but the reply): they end
+    /// before the source can read RESUMED, so, unlike
+    /// [`ResumeParts::total`], this lies inside the source's view of the
+    /// downtime.
+    pub fn until_reply(&self) -> Duration {
+        self.drain + self.decode + self.start + self.digests
     }
 }
 

@@ -25,9 +25,9 @@ pub(super) struct Clock {
 }
 
 /// Resumes the guest here after a complete pre-copy stream: per-slot
-/// digests (made while the guest starts) to the source (RESUMED), the byte comparison with verify-full,
-/// then the guest runs for `run_after`. The counts are the main channel's
-/// only (the caller adds the others').
+/// digests (made while the guest starts) to the source (RESUMED), the
+/// byte comparison with verify-full, then the guest runs for `run_after`.
+/// The counts are the main channel's only (the caller adds the others').
 pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
     rd: &mut WireReader<&mut C>,
     guest: &G,
@@ -40,8 +40,8 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
     // The digests are of the hashes of what arrived, which nothing
     // changes any more (the drain found every page): they are made on a
     // thread of their own while the guest starts (mostly a wait for its
-    // first instruction), and only RESUMED waits for both.
-    // Where no thread can be made, they are made after the start here.
+    // first instruction), and only RESUMED waits for both. Where no
+    // thread can be made, they are made here after the start.
     let (started, slot_digests, digested) = std::thread::scope(|s| {
         let digester = std::thread::Builder::new()
             .name("digests".into())
