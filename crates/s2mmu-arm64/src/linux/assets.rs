@@ -1,4 +1,5 @@
-//! The Linux guest's files: Debian bookworm's arm64 kernel `Image` and an
+//! The Linux guest's files: Debian's arm64 kernel `Image` (whatever
+//! `linux-image-arm64` depends on: 12's 6.1, 13's 6.12) and an
 //! initramfs this crate builds (busybox-static, `/init`, the guest
 //! programs of `guest/`), kept in a cache directory.
 //!
@@ -294,7 +295,7 @@ pub fn initramfs(cache: &Path, busybox: &Path) -> Result<PathBuf, AssetError> {
 
 /// The command that prepares a fresh machine (used in messages).
 pub fn setup_hint() -> String {
-    format!("{CC_FIX} && {ARCH_FIX} && scripts/linux-assets.sh")
+    format!("scripts/setup.sh, as root or through sudo (by hand: {CC_FIX} && {ARCH_FIX})")
 }
 
 #[cfg(test)]

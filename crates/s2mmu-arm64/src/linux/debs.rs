@@ -21,10 +21,12 @@ pub struct DebSpec {
     abi_end: Option<&'static str>,
 }
 
-/// `linux-image-6.1.0-NN-arm64_<version>_arm64.deb`.
+/// `linux-image-<release>-arm64_<version>_arm64.deb`, whatever release
+/// `linux-image-arm64` depends on: Debian 12's `6.1.0-NN`, Debian 13's
+/// `6.12.NN+deb13`.
 pub const KERNEL: DebSpec = DebSpec {
-    what: "linux-image-6.1.0-*-arm64:arm64",
-    prefix: "linux-image-6.1.0-",
+    what: "linux-image-*-arm64:arm64",
+    prefix: "linux-image-",
     abi_end: Some("-arm64_"),
 };
 /// `busybox-static_<version>_arm64.deb`.
@@ -35,15 +37,41 @@ pub const BUSYBOX: DebSpec = DebSpec {
 };
 const SUFFIX: &str = "_arm64.deb";
 
-/// (ABI number, Debian version) of a cache file name, if it is `spec`'s.
-fn parse(spec: &DebSpec, name: &str) -> Option<(u64, String)> {
+/// Whether `release` names a kernel ABI of the plain flavour (`6.1.0-56`,
+/// `6.12.41+deb13`; not `6.1.0-56-rt` or `6.1.0-56-cloud`): it starts
+/// with a digit, and each part after a `-` is a number.
+fn is_release(release: &str) -> bool {
+    let mut parts = release.split('-');
+    let first = parts.next().unwrap_or_default();
+    first.starts_with(|c: char| c.is_ascii_digit())
+        && first
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '~'))
+        && parts.all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A kernel release's numbers in order (`6.12.41+deb13` -> 6, 12, 41, 13),
+/// which order releases of one series and across series.
+fn release_key(release: &str) -> Vec<u64> {
+    release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
+/// (release's numbers, Debian version) of a cache file name, if it is
+/// `spec`'s.
+fn parse(spec: &DebSpec, name: &str) -> Option<(Vec<u64>, String)> {
     let rest = name.strip_prefix(spec.prefix)?.strip_suffix(SUFFIX)?;
     let (abi, version) = match spec.abi_end {
         Some(end) => {
-            let (abi, v) = rest.split_once(end)?;
-            (abi.parse().ok()?, v)
+            let (release, v) = rest.split_once(end)?;
+            if !is_release(release) {
+                return None;
+            }
+            (release_key(release), v)
         }
-        None => (0, rest),
+        None => (Vec::new(), rest),
     };
     // apt-get download writes the epoch's colon as %3a.
     Some((abi, version.replace("%3a", ":")))
@@ -66,12 +94,12 @@ fn compare_versions(a: &str, b: &str) -> Ordering {
     }
 }
 
-/// The newest `spec` package in `dir` (highest ABI number, then version).
+/// The newest `spec` package in `dir` (highest release, then version).
 ///
 /// # Errors
 /// [`AssetError::Io`] when `dir` cannot be listed.
 pub fn newest(dir: &Path, spec: DebSpec) -> Result<Option<PathBuf>, AssetError> {
-    let mut best: Option<(u64, String, PathBuf)> = None;
+    let mut best: Option<(Vec<u64>, String, PathBuf)> = None;
     for e in fs::read_dir(dir).map_err(io_err(dir))? {
         let e = e.map_err(io_err(dir))?;
         let name = e.file_name().to_string_lossy().into_owned();
@@ -105,8 +133,22 @@ fn ensure_arm64_arch() -> Result<(), AssetError> {
     Ok(())
 }
 
+/// The kernel package `apt-cache depends linux-image-arm64:arm64` names
+/// in `out` (`linux-image-6.1.0-NN-arm64`, `linux-image-6.12.NN+deb13-arm64`).
+fn kernel_dependency(out: &str) -> Option<String> {
+    out.lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .map(|d| d.split(':').next().unwrap_or(d).trim())
+        .find(|d| {
+            d.strip_prefix("linux-image-")
+                .and_then(|r| r.strip_suffix("-arm64"))
+                .is_some_and(is_release)
+        })
+        .map(str::to_string)
+}
+
 /// The concrete package behind `spec`: the kernel meta package's
-/// dependency (`linux-image-6.1.0-NN-arm64`), or busybox-static.
+/// dependency, or busybox-static.
 fn package_name(spec: DebSpec) -> Result<String, AssetError> {
     if spec.abi_end.is_none() {
         return Ok("busybox-static".into());
@@ -118,7 +160,7 @@ fn package_name(spec: DebSpec) -> Result<String, AssetError> {
         )
     };
     let out = match depends() {
-        Ok(o) if o.contains("linux-image-6.1.0-") => o,
+        Ok(o) if kernel_dependency(&o).is_some() => o,
         _ => {
             run(
                 Command::new("apt-get").args(["update", "-qq"]),
@@ -127,16 +169,11 @@ fn package_name(spec: DebSpec) -> Result<String, AssetError> {
             depends()?
         }
     };
-    out.lines()
-        .filter_map(|l| l.trim().strip_prefix("Depends: "))
-        .map(|d| d.split(':').next().unwrap_or(d).trim())
-        .find(|d| d.starts_with("linux-image-6.1.0-") && d.ends_with("-arm64"))
-        .map(str::to_string)
-        .ok_or_else(|| {
-            AssetError::Package(format!(
-                "apt-cache depends linux-image-arm64:arm64 names no 6.1 kernel: {out}"
-            ))
-        })
+    kernel_dependency(&out).ok_or_else(|| {
+        AssetError::Package(format!(
+            "apt-cache depends linux-image-arm64:arm64 names no arm64 kernel: {out}"
+        ))
+    })
 }
 
 /// Downloads `spec`'s newest package into the cache with `apt-get
@@ -150,7 +187,7 @@ pub fn download(opts: &AssetOptions, spec: DebSpec) -> Result<PathBuf, AssetErro
     if !opts.allow_download {
         return Err(AssetError::Missing {
             what: format!("the {} package (.deb) in {}", spec.what, dir.display()),
-            fix: "scripts/linux-assets.sh (or S2MMU_LINUX_FETCH=1 as root: dpkg --add-architecture arm64 \
+            fix: "scripts/setup.sh (or S2MMU_LINUX_FETCH=1 as root: dpkg --add-architecture arm64 \
                   && apt-get update && apt-get download ...)"
                 .into(),
         });
@@ -279,8 +316,22 @@ mod tests {
     fn parses_cache_names_and_picks_the_newest() {
         assert_eq!(
             parse(&KERNEL, "linux-image-6.1.0-56-arm64_6.1.192-2_arm64.deb"),
-            Some((56, "6.1.192-2".into()))
+            Some((vec![6, 1, 0, 56], "6.1.192-2".into()))
         );
+        assert_eq!(
+            parse(
+                &KERNEL,
+                "linux-image-6.12.41+deb13-arm64_6.12.41-1_arm64.deb"
+            ),
+            Some((vec![6, 12, 41, 13], "6.12.41-1".into()))
+        );
+        for not_a_kernel in [
+            "linux-image-arm64_6.1.192-2_arm64.deb",
+            "linux-image-6.12.41+deb13-arm64-dbg_6.12.41-1_arm64.deb",
+            "linux-image-6.12.41+deb13-rt-arm64_6.12.41-1_arm64.deb",
+        ] {
+            assert_eq!(parse(&KERNEL, not_a_kernel), None, "{not_a_kernel}");
+        }
         assert_eq!(
             parse(
                 &KERNEL,
@@ -294,12 +345,13 @@ mod tests {
         );
         assert_eq!(
             parse(&BUSYBOX, "busybox-static_1%3a1.35.0-4+deb12u1+b1_arm64.deb"),
-            Some((0, "1:1.35.0-4+deb12u1+b1".into()))
+            Some((vec![], "1:1.35.0-4+deb12u1+b1".into()))
         );
         let dir = std::env::temp_dir().join(format!("s2mmu-debs-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         for n in [
             "linux-image-6.1.0-9-arm64_6.1.27-1_arm64.deb",
+            "linux-image-6.1.0-56-rt-arm64_6.1.192-3_arm64.deb",
             "linux-image-6.1.0-56-arm64_6.1.192-2_arm64.deb",
             "linux-image-6.1.0-56-arm64_6.1.192-1_arm64.deb",
             "linux-image-6.1.0-100-arm64-unsigned_6.1.300-1_arm64.deb",
@@ -320,7 +372,35 @@ mod tests {
             BUSYBOX,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("scripts/linux-assets.sh"), "{e}");
+        assert!(e.to_string().contains("scripts/setup.sh"), "{e}");
+        fs::write(
+            dir.join("linux-image-6.12.41+deb13-arm64_6.12.41-1_arm64.deb"),
+            b"",
+        )
+        .unwrap();
+        let got = newest(&dir, KERNEL).unwrap().unwrap();
+        assert_eq!(
+            got.file_name().unwrap(),
+            "linux-image-6.12.41+deb13-arm64_6.12.41-1_arm64.deb",
+            "a 6.12 release is newer than any 6.1 one"
+        );
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn finds_the_kernel_of_debian_12_and_13_in_apt_cache_depends() {
+        let bookworm = "linux-image-arm64:arm64\n  Depends: linux-image-6.1.0-57-arm64:arm64\n";
+        assert_eq!(
+            kernel_dependency(bookworm).as_deref(),
+            Some("linux-image-6.1.0-57-arm64")
+        );
+        let trixie = "linux-image-arm64:arm64\n  Depends: linux-image-6.12.41+deb13-arm64\n";
+        assert_eq!(
+            kernel_dependency(trixie).as_deref(),
+            Some("linux-image-6.12.41+deb13-arm64")
+        );
+        let rt_only = "linux-image-rt-arm64\n  Depends: linux-image-6.12.41+deb13-rt-arm64\n";
+        assert_eq!(kernel_dependency(rt_only), None);
+        assert_eq!(kernel_dependency(""), None);
     }
 }
