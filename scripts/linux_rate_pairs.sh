@@ -26,7 +26,7 @@
 # zero page is read and checked but its 4 KiB are not sent).
 #
 # Needs the release binary (cargo build --release -p s2mmu-cli), QEMU's
-# arm64 model and the Linux assets (scripts/linux-assets.sh). The figures
+# arm64 model and the Linux assets (scripts/setup.sh). The figures
 # are the machine's: run it on a quiet one, and say how many pairs.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -18,7 +18,7 @@ source to the destination's first guest instruction), and a check that the
 destination's console goes on counting from where the source stopped.
 
 Usage: scripts/qemu_migrate_downtime.py [--mem-mib 1024] [--runs 5] [--vcpus 2] [--json]
-The kernel and initramfs come from the asset cache (`scripts/linux-assets.sh`).
+The kernel and initramfs come from the asset cache (`scripts/setup.sh`).
 """
 
 import argparse
@@ -41,7 +41,7 @@ def assets():
     image = sorted(glob.glob(os.path.join(CACHE, "kernel-*", "Image")))
     initrd = sorted(glob.glob(os.path.join(CACHE, "initramfs-*.cpio.gz")), key=os.path.getmtime)
     if not image or not initrd:
-        sys.exit(f"no kernel or initramfs under {CACHE}: run scripts/linux-assets.sh")
+        sys.exit(f"no kernel or initramfs under {CACHE}: run scripts/setup.sh")
     return image[-1], initrd[-1]
 
 

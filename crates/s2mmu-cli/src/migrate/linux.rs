@@ -271,9 +271,7 @@ pub fn chosen(p: &Params, args: impl Iterator<Item = String>) -> bool {
         return false;
     }
     let why = match s2mmu_arm64::available() {
-        Err(e) => format!(
-            "{e} (apt-get install qemu-system-arm binutils-aarch64-linux-gnu, then rebuild)"
-        ),
+        Err(e) => e,
         Ok(()) => match assets::ensure(&AssetOptions::from_env()) {
             Err(e) => e.to_string(),
             Ok(_) => {
@@ -287,7 +285,11 @@ pub fn chosen(p: &Params, args: impl Iterator<Item = String>) -> bool {
             }
         },
     };
-    eprintln!("migrate: the simulated guest, because the Linux guest cannot run here: {why}");
+    eprintln!(
+        "migrate: the simulated guest, because the Linux guest cannot run here: {why}\n\
+         migrate: for the Linux guest run {} and this command again",
+        assets::setup_hint()
+    );
     false
 }
 
