@@ -40,8 +40,26 @@ fn main() {
         (Ok(_), Ok(())) => Ok(()),
         (Err(why), _) | (_, Err(why)) => Err(why.clone()),
     };
+    println!("cargo::rustc-check-cfg=cfg(s2mmu_linux_runnable)");
+    if runnable.is_ok() {
+        match linux_guest() {
+            // Dependents' build scripts read these (`links`): the CLI's
+            // tests are gated as this crate's are.
+            Ok(()) => {
+                println!("cargo:rustc-cfg=s2mmu_linux_runnable");
+                println!("cargo:linux=1");
+            }
+            Err(why) if std::env::var_os("S2MMU_REQUIRE_ARM64").is_some() => {
+                panic!("S2MMU_REQUIRE_ARM64 is set but the Linux guest cannot run: {why}")
+            }
+            Err(why) => println!("cargo:warning=s2mmu-arm64: Linux guest checks ignored: {why}"),
+        }
+    }
     match runnable {
-        Ok(()) => println!("cargo:rustc-cfg=s2mmu_arm64_runnable"),
+        Ok(()) => {
+            println!("cargo:rustc-cfg=s2mmu_arm64_runnable");
+            println!("cargo:arm64=1");
+        }
         Err(why) => {
             if std::env::var_os("S2MMU_REQUIRE_ARM64").is_some() {
                 panic!("S2MMU_REQUIRE_ARM64 is set but the arm64 checks cannot run: {why}");
@@ -81,6 +99,67 @@ fn qemu() -> Result<(), String> {
         Ok(())
     } else {
         Err("qemu-system-aarch64 not found (Debian: apt-get install qemu-system-arm)".into())
+    }
+}
+
+/// Whether the Linux guest's checks can run: the cross compiler and the
+/// arm64 C library for the guest programs, `dtc` (the device-tree
+/// check), and Debian's kernel and
+/// busybox packages in the asset cache (`scripts/setup.sh` provides all
+/// of them; `src/linux/assets.rs` looks in the same cache). Where they
+/// are, the packages found are watched (removing one drops the cfg);
+/// where they are not, the cache directory is made and watched, so that
+/// the next build after `scripts/setup.sh` sees them.
+fn linux_guest() -> Result<(), String> {
+    println!("cargo:rerun-if-env-changed=S2MMU_LINUX_CACHE");
+    println!("cargo:rerun-if-env-changed=HOME");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let fix = "run scripts/setup.sh";
+    if !std::env::split_paths(&path).any(|d| d.join("aarch64-linux-gnu-gcc").is_file()) {
+        return Err(format!("aarch64-linux-gnu-gcc not found ({fix})"));
+    }
+    if !std::env::split_paths(&path).any(|d| d.join("dtc").is_file()) {
+        return Err(format!("dtc not found ({fix})"));
+    }
+    if !Path::new("/usr/aarch64-linux-gnu/include/stdio.h").exists() {
+        return Err(format!("the arm64 C library is missing ({fix})"));
+    }
+    let cache = match std::env::var_os("S2MMU_LINUX_CACHE").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+            .join(".cache/s2mmu/linux"),
+    };
+    let names: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let find = |ok: &dyn Fn(&str) -> bool| {
+        names
+            .iter()
+            .find(|p| p.file_name().is_some_and(|n| ok(&n.to_string_lossy())))
+    };
+    let kernel = find(&|n| {
+        n.strip_prefix("linux-image-")
+            .and_then(|r| r.split_once("-arm64_"))
+            .is_some_and(|(rel, v)| {
+                rel.starts_with(|c: char| c.is_ascii_digit()) && v.ends_with("_arm64.deb")
+            })
+    });
+    let busybox = find(&|n| n.starts_with("busybox-static_") && n.ends_with("_arm64.deb"));
+    match (kernel, busybox) {
+        (Some(k), Some(b)) => {
+            println!("cargo:rerun-if-changed={}", k.display());
+            println!("cargo:rerun-if-changed={}", b.display());
+            Ok(())
+        }
+        _ => {
+            if std::fs::create_dir_all(&cache).is_ok() {
+                println!("cargo:rerun-if-changed={}", cache.display());
+            }
+            Err(format!(
+                "no kernel and busybox-static arm64 packages in {} ({fix})",
+                cache.display()
+            ))
+        }
     }
 }
 

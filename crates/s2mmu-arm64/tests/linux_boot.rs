@@ -41,8 +41,8 @@ fn boot(vcpus: usize) {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_boots_to_init_on_one_vcpu_and_powers_off() {
     boot(1);
@@ -50,8 +50,8 @@ fn linux_boots_to_init_on_one_vcpu_and_powers_off() {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_boots_to_init_on_two_vcpus_and_powers_off() {
     boot(2);

@@ -70,8 +70,8 @@ fn run_args(
 /// mark would show as a lost page.
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_pages_remapped_under_the_dirtier() {
     for mode in [Some(dirty::WP), Some(dirty::HW)] {
@@ -87,8 +87,8 @@ fn linux_pages_remapped_under_the_dirtier() {
 /// starts again (split again) and the check goes on.
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_blocks_collapsed_in_place_when_logging_stops() {
     let Some(d) = run(Some(dirty::WP), HostChange::Collapse { at: 5, after: 5 }) else {
@@ -109,8 +109,8 @@ fn linux_blocks_collapsed_in_place_when_logging_stops() {
 /// stop the vCPUs, which this host side does not do yet.)
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_framebuffer_slot_moved_while_logged() {
     for mode in [Some(dirty::WP), Some(dirty::RING)] {

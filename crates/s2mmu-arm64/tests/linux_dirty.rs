@@ -66,8 +66,8 @@ fn no_page_lost(mode: Option<DirtyMode>) {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_write_protect_logging_loses_no_page() {
     no_page_lost(Some(dirty::WP));
@@ -75,8 +75,8 @@ fn linux_write_protect_logging_loses_no_page() {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_manual_protect_logging_loses_no_page() {
     no_page_lost(Some(dirty::MANUAL));
@@ -84,8 +84,8 @@ fn linux_manual_protect_logging_loses_no_page() {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_ring_logging_loses_no_page() {
     no_page_lost(Some(dirty::RING));
@@ -93,8 +93,8 @@ fn linux_ring_logging_loses_no_page() {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_hardware_dirty_logging_loses_no_page() {
     no_page_lost(Some(dirty::HW));
@@ -106,8 +106,8 @@ fn linux_hardware_dirty_logging_loses_no_page() {
 /// and the 8 s dirtier ended with fewer than 21).
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn a_discarded_harvest_shows_as_lost_pages() {
     let Some(r) = run(Some(dirty::WP), "mem=48,file=8,secs=8", Some(3)) else {
@@ -136,8 +136,8 @@ fn a_discarded_harvest_shows_as_lost_pages() {
 /// stress-ng), so that limit is now only a bound for a hung boot.
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn dropped_harvest_invalidations_show_as_lost_pages() {
     let _one = common::serial();

@@ -126,8 +126,8 @@ fn no_fail(vm: &LinuxVm) {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn pace_and_throttle_slow_a_linux_guests_dirtying() {
     let _one = common::serial();

@@ -4,8 +4,10 @@
 //! stage 2 of ours), which proves the initramfs and programs work before
 //! they run under the engine.
 //!
-//! Without QEMU, dtc or the assets these tests skip with the reason; with
-//! `S2MMU_REQUIRE_ARM64` set (CI) a missing one is a failure.
+//! Where the build found no QEMU, dtc or kernel packages these tests are
+//! reported as ignored, with the reason (`build.rs`'s
+//! `s2mmu_linux_runnable`); with `S2MMU_REQUIRE_ARM64` set (CI) the build
+//! fails instead.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -17,29 +19,21 @@ use s2mmu_arm64::linux::boot::{load_linux, BootError};
 use s2mmu_arm64::linux::fdt::{self, FdtConfig, FdtError};
 use s2mmu_arm64::linux::loader::{self, SliceRam};
 
-fn skip(why: &str) {
+/// Fails the test, with the reason, when `tool` is missing: the tests
+/// that need it are ignored by their cfg where the build did not find it.
+fn require(tool: &str) {
     assert!(
-        std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
-        "S2MMU_REQUIRE_ARM64 is set but the check cannot run: {why}"
+        Command::new(tool).arg("--version").output().is_ok(),
+        "the build found {tool} but it cannot run now (scripts/setup.sh installs it)"
     );
-    eprintln!("skipped: {why}");
 }
 
-fn have(tool: &str) -> bool {
-    Command::new(tool).arg("--version").output().is_ok()
-}
-
+/// The kernel and initramfs (always `Some`; a missing one fails the test,
+/// which is ignored by its cfg where the build found no kernel package).
 fn assets() -> Option<LinuxAssets> {
-    if !have("qemu-system-aarch64") {
-        skip("qemu-system-aarch64 is not installed (apt-get install qemu-system-arm)");
-        return None;
-    }
+    require("qemu-system-aarch64");
     match assets::ensure(&AssetOptions::from_env()) {
         Ok(a) => Some(a),
-        Err(e @ assets::AssetError::Missing { .. }) => {
-            skip(&e.to_string());
-            None
-        }
         Err(e) => panic!("the Linux assets could not be built: {e}"),
     }
 }
@@ -96,14 +90,12 @@ fn config() -> FdtConfig {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn the_device_tree_reads_back_with_dtc_and_has_what_qemu_gives_linux() {
-    if !have("dtc") || !have("qemu-system-aarch64") {
-        skip("dtc or qemu-system-aarch64 missing (apt-get install device-tree-compiler qemu-system-arm)");
-        return;
-    }
+    require("dtc");
+    require("qemu-system-aarch64");
     let ours = decompile(&fdt::build(&config()).unwrap());
     let n = |p: &str| {
         ours.get(p)
@@ -322,8 +314,8 @@ fn field(line: &str, key: &str) -> u64 {
 /// PSCI SYSTEM_OFF ends QEMU.
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn the_initramfs_boots_on_qemu_and_the_programs_pass() {
     let Some(console) = boot(2, "dirtier+counter", "mem=32,file=4,secs=4+secs=2", "") else {
@@ -363,8 +355,8 @@ fn the_initramfs_boots_on_qemu_and_the_programs_pass() {
 /// not RAM (`mem=448M` of 512), mapped through `/dev/mem`.
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn the_dirtier_reports_a_lost_write_and_checks_a_dev_mem_region() {
     let args = "mem=8,file=0,secs=30,corrupt=1+fb=0x5c000000:0x100000,secs=2";
@@ -392,15 +384,12 @@ fn the_dirtier_reports_a_lost_write_and_checks_a_dev_mem_region() {
 /// initrd's final range (read back by dtc).
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn the_real_kernel_and_initramfs_load_with_their_device_tree() {
     let Some(a) = assets() else { return };
-    if !have("dtc") {
-        skip("dtc is not installed (apt-get install device-tree-compiler)");
-        return;
-    }
+    require("dtc");
     let base = 0x4000_0000;
     let mut mem = vec![0u8; 256 << 20];
     let cfg = FdtConfig::virt(256 << 20, 2, "console=ttyS0 quiet");

@@ -111,8 +111,8 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
 /// until it is told a state comes.
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn a_blank_machine_parks_until_unparked() {
     let _one = common::serial();
@@ -142,8 +142,8 @@ fn a_blank_machine_parks_until_unparked() {
 /// two-vCPU source's never parks (it carries their IPIs).
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn a_one_vcpu_source_parks_its_service_cpu_while_logging() {
     let _one = common::serial();
@@ -178,8 +178,8 @@ fn a_one_vcpu_source_parks_its_service_cpu_while_logging() {
 /// pause with their state, and B runs both.
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_guest_with_two_vcpus_migrates() {
     let _one = common::serial();
@@ -205,8 +205,8 @@ fn linux_guest_with_two_vcpus_migrates() {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_guest_goes_there_and_back_and_restores_from_a_snapshot() {
     let _one = common::serial();

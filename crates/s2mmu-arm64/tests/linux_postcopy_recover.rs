@@ -134,8 +134,8 @@ fn counter_config(a: &s2mmu_arm64::linux::assets::LinuxAssets) -> LinuxConfig {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn a_cut_postcopy_connection_is_recovered_automatically_and_the_guest_goes_on() {
     let _one = common::serial();
@@ -189,8 +189,8 @@ fn until_paused(path: &Path) -> String {
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn a_cut_postcopy_waits_for_the_operator_whose_recover_addr_resumes_it() {
     let _one = common::serial();

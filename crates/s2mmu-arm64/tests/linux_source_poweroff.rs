@@ -17,8 +17,8 @@ use s2mmu_migrate::stream_error::MigrateError;
 
 #[test]
 #[cfg_attr(
-    not(s2mmu_arm64_runnable),
-    ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn a_source_guest_that_powers_off_mid_migration_is_named_as_the_cause() {
     let _one = common::serial();

@@ -1,5 +1,5 @@
 //! The `--arm64` modes through the `s2mmu` binary: a small checked
-//! dirty-log run on QEMU's arm64 model (skipped, with the reason, where the
+//! dirty-log run on QEMU's arm64 model (ignored, with the reason, where the
 //! model cannot run), and options the model cannot take refused before
 //! QEMU starts. No timing is asserted.
 
@@ -43,7 +43,19 @@ fn skip_reason() -> Option<String> {
     s2mmu_arm64::available().err()
 }
 
+/// Fails the test, with the reason, when the model cannot run (the tests
+/// are ignored by their cfg where the build found it cannot).
+fn require_arm64() {
+    if let Some(why) = skip_reason() {
+        panic!("the build found the arm64 model but it cannot run now: {why}");
+    }
+}
+
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (scripts/setup.sh)"
+)]
 fn dirty_log_perf_arm64_check_is_exact() {
     // The binary these runs start is built with the break-before-make
     // monitor (the dev-dependency's feature): a violation fails the run.
@@ -54,10 +66,7 @@ fn dirty_log_perf_arm64_check_is_exact() {
         )
     };
     let _one = serial();
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    require_arm64();
     let args = [
         "dirty-log-perf",
         "--arm64",
@@ -242,12 +251,13 @@ fn compare_has_an_arm64_column_or_says_why_not() {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_arm64_runnable),
+    ignore = "needs qemu-system-aarch64 and the EL2 image (scripts/setup.sh)"
+)]
 fn tlb_perf_arm64_counts_round_trips_per_policy() {
     let _one = serial();
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    require_arm64();
     // 2 GiB slot, range limit 2^16 pages (256 MiB): 8 split calls or one
     // whole-VMID flush per clear; 512 MiB chunks: 4 clears.
     let args = [

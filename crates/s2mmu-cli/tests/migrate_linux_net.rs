@@ -18,20 +18,20 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_s2mmu")
 }
 
-/// Why the Linux guest cannot run here, if it cannot.
-fn skip_reason() -> Option<String> {
+/// Fails the test, with the reason, when the Linux guest cannot run (the
+/// tests are ignored by their cfg where the build found it cannot).
+fn require_linux() {
     let why = match s2mmu_arm64::available() {
         Err(e) => e.to_string(),
         Ok(()) => {
             let opts = s2mmu_arm64::linux::assets::AssetOptions::from_env();
-            s2mmu_arm64::linux::assets::ensure(&opts).err()?.to_string()
+            match s2mmu_arm64::linux::assets::ensure(&opts) {
+                Ok(_) => return,
+                Err(e) => e.to_string(),
+            }
         }
     };
-    assert!(
-        std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
-        "S2MMU_REQUIRE_ARM64 is set but the Linux guest cannot run: {why}"
-    );
-    Some(why)
+    panic!("the build found the Linux guest but it cannot run now: {why}");
 }
 
 /// A CA and a certificate for localhost it signed, as files in `dir`.
@@ -172,11 +172,12 @@ fn goes_on(r: &TwoRuns) {
 }
 
 #[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
 fn linux_guest_migrates_between_two_processes_over_tls() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    require_linux();
     let r = two_processes(&[]);
     assert!(!r.d_out.contains("post-copy"), "{}", r.all);
     goes_on(&r);
@@ -194,11 +195,12 @@ fn linux_guest_migrates_between_two_processes_over_tls() {
 /// Post-copy after a pre-copy round, with the dirtier, a guest that always
 /// writes, is s2mmu-arm64's `linux_postcopy.rs`.
 #[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
 fn linux_guest_moves_by_postcopy_between_two_processes() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    require_linux();
     let r = two_processes(&["--postcopy", "start"]);
     let all = &r.all;
     assert!(

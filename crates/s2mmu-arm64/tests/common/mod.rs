@@ -17,22 +17,16 @@ pub fn serial() -> MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A machine with `cpus` CPUs (the last serves maintenance), or `None`
-/// after printing why the check is skipped. Each test that needs one is
-/// also `#[cfg_attr(not(s2mmu_arm64_runnable), ignore = ...)]`, so that
-/// where the build found no EL2 image or no QEMU the test runner counts
-/// and shows it as ignored, with the reason, instead of as passed
-/// (`build.rs` sets the cfg); this `None` is left for a machine that loses
-/// QEMU after the build.
+/// A machine with `cpus` CPUs (the last serves maintenance). Each test
+/// that needs one is `#[cfg_attr(not(s2mmu_arm64_runnable), ignore =
+/// ...)]`: where the build found no EL2 image or no QEMU the test runner
+/// reports it as ignored, with the reason (`build.rs` sets the cfg). Where
+/// the build found them, a model that cannot run now (QEMU removed since)
+/// fails the test with the reason. Always `Some`: the `Option` keeps the
+/// callers' `let Some(m) = .. else` shape.
 pub fn machine(cpus: usize, data_bytes: u64) -> Option<Arc<Machine>> {
     if let Err(why) = s2mmu_arm64::available() {
-        // CI installs QEMU and binutils: there a missing one is a failure.
-        assert!(
-            std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
-            "S2MMU_REQUIRE_ARM64 is set but the arm64 model cannot run: {why}"
-        );
-        eprintln!("skipped: {why}");
-        return None;
+        panic!("the build found the arm64 model but it cannot run now: {why}");
     }
     Some(Arc::new(
         Machine::start(&MachineConfig {
@@ -44,36 +38,26 @@ pub fn machine(cpus: usize, data_bytes: u64) -> Option<Arc<Machine>> {
     ))
 }
 
-/// Whether the arm64 model cannot run here (after printing why the check
-/// is skipped; a failure when `S2MMU_REQUIRE_ARM64` is set).
+/// Fails the test, with the reason, when the arm64 model cannot run (the
+/// test is ignored by its cfg where the build found no model). Always
+/// `false`.
 pub fn machine_unavailable() -> bool {
-    let Err(why) = s2mmu_arm64::available() else {
-        return false;
-    };
-    assert!(
-        std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
-        "S2MMU_REQUIRE_ARM64 is set but the arm64 model cannot run: {why}"
-    );
-    eprintln!("skipped: {why}");
-    true
+    if let Err(why) = s2mmu_arm64::available() {
+        panic!("the build found the arm64 model but it cannot run now: {why}");
+    }
+    false
 }
 
-/// The Linux guest's kernel and initramfs, or `None` after saying why the
-/// check is skipped (a failure instead under `S2MMU_REQUIRE_ARM64`).
+/// The Linux guest's kernel and initramfs. Each test that needs them is
+/// `#[cfg_attr(not(s2mmu_linux_runnable), ignore = ...)]`: where the build
+/// found no cross compiler or no kernel packages (`scripts/setup.sh`) the
+/// runner reports it as ignored; where it found them, a failure here fails
+/// the test with the reason. Always `Some`.
 pub fn linux_assets() -> Option<LinuxAssets> {
-    if machine_unavailable() {
-        return None;
-    }
+    machine_unavailable();
     match ensure(&AssetOptions::from_env()) {
         Ok(a) => Some(a),
-        Err(e) => {
-            assert!(
-                std::env::var_os("S2MMU_REQUIRE_ARM64").is_none(),
-                "S2MMU_REQUIRE_ARM64 is set but the Linux assets are missing: {e}"
-            );
-            eprintln!("skipped: {e}");
-            None
-        }
+        Err(e) => panic!("the Linux guest's kernel and initramfs: {e}"),
     }
 }
 
