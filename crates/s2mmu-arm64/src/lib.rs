@@ -26,7 +26,7 @@
 //!
 //! Without QEMU or the aarch64 assembler the crate still builds;
 //! [`machine::Machine::start`] then returns [`Arm64Error::Unavailable`],
-//! and the tests skip with that reason.
+//! and the test runner reports the tests as ignored with that reason.
 #![warn(missing_docs)]
 
 pub mod arena;

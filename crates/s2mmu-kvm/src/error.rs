@@ -159,7 +159,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 /// Guest memory's refusals in this crate's terms: a bad size or range is a bad argument, a
-/// missing reservation an environment error (tests skip on it), a failed system call an
+/// missing reservation an environment error (what the host lacks), a failed system call an
 /// `Ioctl` naming it.
 impl From<s2mmu_memory::MemoryError> for Error {
     fn from(e: s2mmu_memory::MemoryError) -> Self {
