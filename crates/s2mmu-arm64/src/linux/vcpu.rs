@@ -84,7 +84,7 @@ fn run_vcpu(
     let run = mbox.post(layout::CMD_LINUX, &args);
     sh.set_power(id, PowerState::On);
     loop {
-        let Some(e) = wait_exit(sh, &mbox, last, run)? else {
+        let Some(e) = wait_exit(sh, id, &mbox, last, run)? else {
             return Ok(());
         };
         last = e.seq;
@@ -117,6 +117,9 @@ fn run_vcpu(
 
 /// The list registers and ICH_HCR_EL2 the stub loads at the answer.
 pub(crate) fn sync_lrs(sh: &Shared, id: usize, mbox: &Mailbox<'_>) {
+    // In the guest before the pending interrupts are read: one raised
+    // after the read finds the vCPU there and kicks it.
+    sh.watch.enter(id);
     let mut lrs = [0u64; super::gic::NR_LRS];
     for (i, lr) in lrs.iter_mut().enumerate() {
         *lr = mbox.read(mb::LR0 + 8 * i as u64);
@@ -148,9 +151,11 @@ fn inject(sh: &Shared, id: usize, e: &Exit, inj: Injection, what: &str) -> Next 
     Next::Inject(inj)
 }
 
-/// Waits for the next exit (`None` once the RUN command has finished),
-/// without a deadline of its own: a guest may idle for long. QEMU's death
-/// or the VM's stop ends the wait.
+/// Waits for vCPU `id`'s next exit (`None` once the RUN command has
+/// finished), without a deadline of its own: a guest may idle for long.
+/// QEMU's death or the VM's stop ends the wait: after a stop the vCPU is
+/// kicked again while its exit does not come, and given up (`None`) after
+/// [`super::watch::STOP_GRACE`].
 ///
 /// It spins and yields briefly (a guest's faults after a harvest come in
 /// bursts), then sleeps until the stub rings the CPU's doorbell
@@ -161,13 +166,16 @@ fn inject(sh: &Shared, id: usize, e: &Exit, inj: Injection, what: &str) -> Next 
 /// migration's threads on 2 cores.
 pub(crate) fn wait_exit(
     sh: &Shared,
+    id: usize,
     mbox: &Mailbox<'_>,
     last: u64,
     run: u64,
 ) -> Result<Option<Exit>> {
     let mut spins = 0u32;
+    let mut kicked = None;
     loop {
         if let Some(e) = mbox.poll_exit(last) {
+            sh.watch.exited(id);
             return Ok(Some(e));
         }
         if mbox.done(run) {
@@ -181,7 +189,11 @@ pub(crate) fn wait_exit(
         } else {
             sh.vm.machine().check_alive()?;
             sh.check_deadline();
+            if sh.stopping() && !sh.wait_after_stop(id, &mut kicked) {
+                return Ok(None);
+            }
             if let Some(e) = mbox.sleep_until_exit(last, EXIT_SLEEP) {
+                sh.watch.exited(id);
                 return Ok(Some(e));
             }
         }
@@ -251,7 +263,10 @@ fn hvc(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
             Some(t) => sh.power(t).code(),
             None => psci::RET_INVALID_PARAMS as u64,
         },
-        PsciCall::CpuOff => return Ok(Next::Off),
+        PsciCall::CpuOff => {
+            sh.cpu_off(id);
+            return Ok(Next::Off);
+        }
         PsciCall::SystemOff => {
             sh.stop(StopReason::PowerOff);
             return Ok(Next::Off);
