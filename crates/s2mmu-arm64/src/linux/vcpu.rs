@@ -376,11 +376,13 @@ fn mmio(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
             return Ok(inject(sh, id, e, a, &what));
         }
         MmioDecode::NoSyndrome => {
-            sh.log(format!(
-                "vCPU {id}: MMIO access at IPA {ipa:#x} without a syndrome (ELR {:#x}): skipped",
-                e.elr
-            ));
-            return Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()));
+            // As KVM (with QEMU's answer to KVM_EXIT_ARM_NISV): a load or
+            // store pair, a writeback form, an exclusive, a cache
+            // maintenance by VA to a device is refused whole, with a
+            // synchronous external abort, never half done.
+            let a = Injection::abort(e.esr, e.far, mbox.read(mb::SPSR));
+            let what = format!("MMIO access at IPA {ipa:#x} without a syndrome");
+            return Ok(inject(sh, id, e, a, &what));
         }
     };
     let devices = Devices {
