@@ -307,10 +307,14 @@ fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) {
         ));
         return;
     }
+    // Pending for every target, then one kick for those in their guest
+    // with none on the way; the others load it at their next entry.
     let (intid, targets) = sh.gic.sgi_targets(id, mbox.gpr(rt));
-    for t in targets {
-        sh.raise(t, intid);
-    }
+    let raised: Vec<usize> = targets
+        .into_iter()
+        .filter_map(|t| sh.gic.raise(t, intid))
+        .collect();
+    sh.kick_claimed(raised);
 }
 
 fn abort(
