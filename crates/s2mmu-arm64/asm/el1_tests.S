@@ -8,6 +8,7 @@
 // position independent; the kernel runs at RAM + 0 with its MMU off.
 
         .equ UART, 0x09000000
+        .equ GICD, 0x08000000
         .equ GICR, 0x080a0000
         .equ GICR_STRIDE, 0x20000
         .equ NOWHERE, 0x0a000000        // no device, no RAM
@@ -309,7 +310,8 @@ mmu_on:
 
 // SGIs: vCPU 0 turns the others on (each waits in WFI with its SGIs
 // enabled), then sends IPI_SGIS SGIs 1 to every vCPU (itself included)
-// and prints the counter ticks they took and the counter's frequency.
+// and prints the counter ticks they took, the counter's frequency and
+// how many of them vCPU 0 took itself.
 ipi:
         bl      irq_on
         adr     x1, second_irq
@@ -342,6 +344,11 @@ ipi:
         mov     x0, #' '
         bl      putc
         mrs     x0, cntfrq_el0
+        bl      puthex
+        mov     x0, #' '
+        bl      putc
+        adr     x1, sgis_seen           // the ones vCPU 0 took
+        ldr     x0, [x1]
         bl      puthex
         bl      newline
         b       system_off
@@ -409,14 +416,24 @@ second_spin:
         bl      secondary
         b       spin
 
-// Enables SGIs 0-15 at this CPU's redistributor and IRQs at the virtual
-// CPU interface and in PSTATE.
+// Enables group 1 at the distributor, wakes this CPU's redistributor,
+// makes SGIs 0-15 group 1 and enables them there, and IRQs at the (virtual)
+// CPU interface and in PSTATE: what a GICv3 needs, ours or QEMU's.
 irq_on:
-        ldr     x0, =GICR + 0x10100
+        ldr     x0, =GICD
+        mov     w1, #0x13               // EnableGrp0, EnableGrp1, ARE
+        str     w1, [x0]
+        ldr     x0, =GICR
         mov     x1, #GICR_STRIDE
         madd    x0, x19, x1, x0
+        str     wzr, [x0, #0x14]        // GICR_WAKER: awake
+1:      ldr     w1, [x0, #0x14]
+        tbnz    w1, #2, 1b              // ChildrenAsleep
+        add     x0, x0, #0x10000        // the SGI frame
+        mov     w1, #-1
+        str     w1, [x0, #0x80]         // IGROUPR0: group 1
         mov     w1, #0xffff
-        str     w1, [x0]
+        str     w1, [x0, #0x100]        // ISENABLER0
         mov     x1, #0xff
         msr     icc_pmr_el1, x1
         mov     x1, #1

@@ -43,7 +43,12 @@ fn cpu_on_names_a_cpu_only_through_the_affinity_fields() {
 
 #[test]
 fn cpu_on_32_looks_at_the_low_halves_only() {
-    let r = call(CPU_ON_32, 0xffff_ffff_0000_0001, 0x1_4020_0000, 0x1_0000_0007);
+    let r = call(
+        CPU_ON_32,
+        0xffff_ffff_0000_0001,
+        0x1_4020_0000,
+        0x1_0000_0007,
+    );
     assert_eq!(
         r,
         PsciCall::CpuOn {

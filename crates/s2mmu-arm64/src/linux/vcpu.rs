@@ -233,8 +233,8 @@ pub(crate) fn handle(
         }
         _ if ec == EC_SYSREG => {
             sh.count(id, ExitKind::Sysreg);
-            sysreg(sh, id, mbox, e);
-            Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()))
+            let kicks = sysreg(sh, id, mbox, e);
+            Ok(Next::Resume(mmio::next_insn(e.elr), kicks))
         }
         _ if ec == EC_WFX => Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new())),
         _ if ec == EC_SMC => {
@@ -283,7 +283,8 @@ fn hvc(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
 
 /// A trapped system register access (EC 0x18): the SGI registers, which
 /// EL1 writes trap while HCR_EL2.IMO is set. Anything else reads as zero.
-fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) {
+/// Returns the answer's maintenance: the kicks an SGI needs.
+fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Vec<(u64, u64)> {
     let iss = e.esr & 0x1ff_ffff;
     let read = iss & 1 != 0;
     let rt = (iss >> 5) & 0x1f;
@@ -294,7 +295,7 @@ fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) {
     let op0 = (iss >> 20) & 3;
     if read {
         mbox.set_gpr(rt, 0);
-        return;
+        return Vec::new();
     }
     // ICC_SGI1R_EL1 (3,0,12,11,5); ICC_ASGI1R_EL1 (3,1,12,11,6) is group
     // 1 for the other security state, the same with one security state.
@@ -305,16 +306,17 @@ fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) {
              at {:#x} ignored",
             e.elr
         ));
-        return;
+        return Vec::new();
     }
-    // Pending for every target, then one kick for those in their guest
-    // with none on the way; the others load it at their next entry.
+    // Pending for every target, then a kick, sent by this vCPU's CPU as
+    // it resumes, for those in their guest with none on the way; the
+    // others load it at their next entry.
     let (intid, targets) = sh.gic.sgi_targets(id, mbox.gpr(rt));
     let raised: Vec<usize> = targets
         .into_iter()
         .filter_map(|t| sh.gic.raise(t, intid))
         .collect();
-    sh.kick_claimed(raised);
+    sh.kick_insns(raised)
 }
 
 fn abort(

@@ -35,6 +35,11 @@ pub(crate) const STOP_GRACE: Duration = Duration::from_secs(2);
 /// How often a vCPU thread kicks its own vCPU again while it waits for
 /// its exit after a stop.
 pub(crate) const STOP_REKICK: Duration = Duration::from_millis(100);
+/// The stub's code for "write this to ICC_SGI1R_EL1" in an answer's
+/// maintenance list (`asm/hyp.S`, `exec_insns`).
+pub(crate) const INSN_KICK: u64 = 0x20;
+/// The SGI that kicks a CPU to EL2 (`KICK_SGI` in `asm/hyp.S`).
+const KICK_SGI: u64 = 15;
 /// How often the watchdog looks whether its VM is gone.
 const WATCH_TICK: Duration = Duration::from_millis(500);
 
@@ -122,6 +127,24 @@ impl Shared {
         if let Err(e) = self.vm.sink().try_kick_all(&list) {
             self.log(format!("kicking vCPUs {list:?} failed: {e}"));
         }
+    }
+
+    /// The maintenance that kicks every vCPU in `targets` that runs its
+    /// guest with no kick on the way, for the answer to the exit of the
+    /// vCPU that raised their interrupt: its own CPU sends the kick at EL2
+    /// as it returns to its guest ([`INSN_KICK`]), no round trip to the
+    /// service CPU, as KVM's sender sends its IPI from its own CPU.
+    pub(crate) fn kick_insns(&self, targets: impl IntoIterator<Item = usize>) -> Vec<(u64, u64)> {
+        let mut lists = std::collections::BTreeMap::<u64, u64>::new();
+        for t in targets {
+            if self.watch.claim_kick(t) {
+                *lists.entry(t as u64 / 16).or_default() |= 1 << (t % 16);
+            }
+        }
+        lists
+            .into_iter()
+            .map(|(aff1, list)| (INSN_KICK, KICK_SGI << 24 | aff1 << 16 | list))
+            .collect()
     }
 
     /// While vCPU `id`'s thread waits for an exit: after a stop, kicks
