@@ -296,9 +296,11 @@ impl LinuxVm {
             log: Mutex::new(Vec::new()),
             page_fetch: Default::default(),
             limit: self.limit.clone(),
+            watch: super::watch::Watch::new(self.vcpus),
         });
         sh.page_fetch.set(self.hook_range());
         let _ = me.set(Arc::downgrade(&sh));
+        super::watch::spawn(&sh).map_err(Arm64Error::Io)?;
         let ctl = Arc::new(Ctl::new(self.vcpus, paused));
         ctl.lock().restore = restore;
         let threads = (0..self.vcpus)
@@ -338,6 +340,7 @@ impl LinuxVm {
             }
         }
         drop(r.uart);
+        r.sh.watch.join();
         let sh = Arc::try_unwrap(r.sh)
             .map_err(|_| Arm64Error::Guest("the VM is still shared after its threads".into()))?;
         self.idle = Some(sh.vm);

@@ -67,3 +67,4 @@ mod vcpu;
 pub mod vcpu_state;
 pub mod vm;
 pub mod vm_state;
+mod watch;

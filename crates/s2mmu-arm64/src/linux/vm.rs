@@ -11,7 +11,7 @@ use super::gic::{Gic, GICR_STRIDE};
 use super::loader::{BootLayout, GuestRam};
 use super::psci::{self, PowerState};
 use super::uart::{ConsoleBuffer, Uart, UartOutput, UART_REGS};
-use super::vcpu::{self, CURRENT};
+use super::vcpu;
 use crate::layout;
 use crate::machine::{Machine, MachineConfig, RamPages, SharedRam};
 use crate::stage2;
@@ -97,6 +97,8 @@ pub enum StopReason {
     PowerOff,
     /// PSCI SYSTEM_RESET (the host does not reboot: it stops).
     Reset,
+    /// PSCI CPU_OFF on the last vCPU that was on: no CPU is left to run.
+    CpusOff,
     /// The run's time limit passed.
     Timeout,
     /// A vCPU met an error (its text).
@@ -148,6 +150,8 @@ pub(crate) struct Shared {
     pub(crate) page_fetch: super::page_fetch::HookSlot,
     /// Throttle and pace, served at the guest's write faults.
     pub(crate) limit: Arc<super::dirty_limit::DirtyLimit>,
+    /// The vCPUs' modes, the stop's time and the deadline's thread.
+    pub(crate) watch: Arc<super::watch::Watch>,
 }
 
 /// Lines of the host's log kept (the rest are counted).
@@ -170,18 +174,15 @@ impl Shared {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Stops the VM: every vCPU leaves its guest at its next exit (a kick
-    /// makes one), and threads waiting for CPU_ON give up.
+    /// Stops the VM: every vCPU in its guest is kicked (its caller's
+    /// included) and leaves it at that exit, and threads waiting for
+    /// CPU_ON give up.
     pub(crate) fn stop(&self, why: StopReason) {
         self.reason.lock().unwrap().get_or_insert(why);
-        self.stopping.store(true, Ordering::Release);
+        self.stopping.store(true, Ordering::SeqCst);
         self.power_cv.notify_all();
-        let me = CURRENT.with(|c| c.get());
-        for v in 0..self.gic.vcpus() {
-            if Some(v) != me && self.power(v) == PowerState::On {
-                self.vm.sink().kick(v);
-            }
-        }
+        self.watch.stopped();
+        self.kick_claimed(0..self.gic.vcpus());
     }
 
     pub(crate) fn check_deadline(&self) {
@@ -190,19 +191,10 @@ impl Shared {
         }
     }
 
-    /// Makes `intid` pending for `vcpu` and kicks it if another thread
-    /// serves it.
+    /// Makes `intid` pending for `vcpu` and kicks it if it runs its guest
+    /// with no kick on the way.
     pub(crate) fn raise(&self, vcpu: usize, intid: u32) {
-        if let Some(t) = self.gic.raise(vcpu, intid) {
-            self.kick_if_other(t);
-        }
-    }
-
-    fn kick_if_other(&self, t: usize) {
-        let me = CURRENT.with(|c| c.get());
-        if Some(t) != me && self.power(t) == PowerState::On {
-            self.vm.sink().kick(t);
-        }
+        self.kick_claimed(self.gic.raise(vcpu, intid));
     }
 
     /// After a GIC register write: kicks the other vCPUs that now have an
@@ -210,7 +202,7 @@ impl Shared {
     pub(crate) fn kick_pending(&self) {
         for v in 0..self.gic.vcpus() {
             if self.gic.has_pending(v) {
-                self.kick_if_other(v);
+                self.kick_claimed([v]);
             }
         }
     }
@@ -221,6 +213,7 @@ impl Shared {
 
     pub(crate) fn set_power(&self, v: usize, s: PowerState) {
         self.power.lock().unwrap().state[v] = s;
+        self.watch.powered(v, s == PowerState::On);
     }
 
     /// PSCI CPU_ON: returns its status code.
@@ -294,6 +287,8 @@ pub struct LinuxReport {
     /// Exits by kind, all vCPUs: stage-2 faults, MMIO, HVC, system
     /// register traps, interrupts.
     pub exits: [u64; 5],
+    /// The same per vCPU, in vCPU order.
+    pub vcpu_exits: Vec<[u64; 5]>,
     /// Host ns in the engine's fault path, in device models, and answering
     /// exits (both included).
     pub engine_ns: u64,
@@ -361,6 +356,7 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
     let console = ConsoleBuffer::new(4 << 20);
     let sh = shared(cfg, vm, dl, &boot, &console);
     let init_at = watch_init(&console, t0);
+    super::watch::spawn(&sh).map_err(Arm64Error::Io)?;
     let harvester = cfg
         .dirty
         .mode
@@ -387,6 +383,7 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
             first_err.get_or_insert(e);
         }
     }
+    sh.watch.join();
     let total_s = t0.elapsed().as_secs_f64();
     let dirty = match harvester.map(|h| h.join().expect("harvester panicked")) {
         Some(Ok(r)) => Some(r),
@@ -491,6 +488,7 @@ fn shared(
             log: Mutex::new(Vec::new()),
             page_fetch: Default::default(),
             limit: Arc::new(super::dirty_limit::DirtyLimit::new(cfg.vcpus)),
+            watch: super::watch::Watch::new(cfg.vcpus),
         }
     })
 }
@@ -581,6 +579,11 @@ pub(crate) fn report(
         total_s,
         cpus_online,
         exits,
+        vcpu_exits: sh
+            .stats
+            .iter()
+            .map(|s| std::array::from_fn(|k| s.exits[k].load(Ordering::Relaxed)))
+            .collect(),
         engine_ns,
         device_ns,
         host_ns,
