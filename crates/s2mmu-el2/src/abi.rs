@@ -169,9 +169,38 @@ pub enum HypError {
 }
 
 impl HypError {
+    /// Every error, in code order.
+    pub const ALL: [HypError; 20] = [
+        HypError::UnknownOp,
+        HypError::BadArgument,
+        HypError::BadSize,
+        HypError::Misaligned,
+        HypError::Overflow,
+        HypError::SlotOutOfRange,
+        HypError::SlotOverlap,
+        HypError::BackingOverlap,
+        HypError::CarveOut,
+        HypError::NotRam,
+        HypError::OutsideShared,
+        HypError::TooSmall,
+        HypError::NoVm,
+        HypError::VmExists,
+        HypError::WrongMode,
+        HypError::NoSuchSlot,
+        HypError::BackingChanged,
+        HypError::NotLogging,
+        HypError::OutOfMemory,
+        HypError::Engine,
+    ];
+
     /// The `status` value: the negated code.
     pub const fn status(self) -> i32 {
         -(self as i32)
+    }
+
+    /// The error a `status` value names (`None` for 0 or an unknown code).
+    pub fn from_status(status: i32) -> Option<HypError> {
+        Self::ALL.into_iter().find(|e| e.status() == status)
     }
 }
 

@@ -226,3 +226,12 @@ fn an_abort_on_the_carve_out_is_refused_and_nothing_is_mapped() {
     assert_eq!(after.aborts_refused, before.aborts_refused + 2);
     assert_eq!(after.aborts_handled, before.aborts_handled);
 }
+
+#[test]
+fn status_codes_name_their_errors() {
+    for e in s2mmu_el2::HypError::ALL {
+        assert_eq!(s2mmu_el2::HypError::from_status(e.status()), Some(e));
+    }
+    assert_eq!(s2mmu_el2::HypError::from_status(0), None);
+    assert_eq!(s2mmu_el2::HypError::from_status(-99), None);
+}
