@@ -11,7 +11,10 @@
 //! 4. Isolation: the guest reads an address in the carve-out (refused,
 //!    not mapped, the load skipped) and a slot backed by the carve-out is
 //!    refused.
-//! 5. Rings: a new VM in ring mode, the guest writes every 7th page,
+//! 5. Hardware dirty state: a new VM in `hw` mode (VTCR_EL2.HA/HD), every
+//!    page touched, logging on, every 11th page written: no fault, the
+//!    CPU sets the dirty state (DBM) and GET's scan reports the pages.
+//! 6. Rings: a new VM in ring mode, the guest writes every 7th page,
 //!    RING_HARVEST checks the entries, RING_RESET re-protects.
 
 use alloc::sync::Arc;
@@ -52,8 +55,8 @@ struct Driver {
     pending: Option<u64>,
     samples: Vec<u64>,
     refusals: Vec<(Refusal, u64)>,
-    /// Permission faults counted up to the last harvest.
-    permission_mark: u64,
+    /// Faults (translation and permission) counted up to the last harvest or mark.
+    fault_mark: u64,
     failures: u32,
 }
 
@@ -87,10 +90,6 @@ pub fn start(hyp: Hyp, tlb: Arc<El2Tlb<Cpu>>) -> u64 {
             a += 64;
         }
         asm!("dsb ish", "ic iallu", "dsb ish", "isb", options(nostack));
-        // VTCR_EL2: T0SZ 24 (40-bit IPA), SL0 1 (start at level 1), WB,
-        // inner shareable, 4K, PS 40 bits, RES1 bit 31 (the engine's
-        // Arm64Stage2 for 40 bits: level 1, two concatenated root pages).
-        asm!("msr vtcr_el2, {}", in(reg) 0x8002_3558u64, options(nostack));
         // SCTLR_EL1: the guest's stage 1 off, RES1 bits.
         asm!("msr sctlr_el1, {}", in(reg) 0x30d0_0800u64, options(nostack));
         // HCR_EL2: VM (stage 2 on), RW (EL1 is AArch64).
@@ -105,7 +104,7 @@ pub fn start(hyp: Hyp, tlb: Arc<El2Tlb<Cpu>>) -> u64 {
         pending: None,
         samples: Vec::new(),
         refusals: Vec::new(),
-        permission_mark: 0,
+        fault_mark: 0,
         failures: 0,
     };
     d.new_vm(LogMode::Manual, 0, 2 << 20);
@@ -189,6 +188,14 @@ impl Driver {
     /// of `page` bytes), stage 2 pointed at its root.
     fn new_vm(&mut self, mode: LogMode, entries: u64, page: u64) {
         let root = self.must(Op::VmInit, &[mode as u64, entries, 1])[0];
+        // VTCR_EL2: T0SZ 24 (40-bit IPA), SL0 1 (start at level 1), WB,
+        // inner shareable, 4K, PS 40 bits, RES1 bit 31 (the engine's
+        // Arm64Stage2 for 40 bits: level 1, two concatenated root pages);
+        // HA and HD (bits 21, 22) for hardware dirty state.
+        let hw = if mode == LogMode::Hw { 3 << 21 } else { 0 };
+        // SAFETY: stage 2's configuration for the tables the engine makes;
+        // no guest instruction runs until the ERET.
+        unsafe { asm!("msr vtcr_el2, {}", "isb", in(reg) 0x8002_3558u64 | hw, options(nostack)) };
         self.must(
             Op::MemslotSet,
             &[0, 0, CODE_IPA, 64 << 10, CODE_BACKING, 4096],
@@ -230,6 +237,7 @@ impl Driver {
                     PAGES, c.translation
                 ));
                 self.must(Op::LogSet, &[1, 1, LogMode::Manual as u64]);
+                self.mark_faults();
                 self.measure = true;
                 self.write_pass(frame, 3, 2);
             }
@@ -249,6 +257,17 @@ impl Driver {
             }
             5 => {
                 self.check_isolation();
+                self.must(Op::VmDestroy, &[]);
+                self.new_vm(LogMode::Hw, 0, 4096);
+                self.write_pass(frame, 1, 5);
+            }
+            6 => {
+                self.must(Op::LogSet, &[1, 1, LogMode::Hw as u64]);
+                self.mark_faults();
+                self.write_pass(frame, 11, 6);
+            }
+            7 => {
+                self.check_bitmap("hw");
                 self.must(Op::VmDestroy, &[]);
                 self.new_vm(LogMode::Ring, RING_ENTRIES, 4096);
                 self.must(Op::LogSet, &[1, 1, LogMode::Ring as u64]);

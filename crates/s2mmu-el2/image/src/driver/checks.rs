@@ -34,6 +34,12 @@ impl Driver {
         }
     }
 
+    /// Starts counting the faults of the next pass from now.
+    pub(super) fn mark_faults(&mut self) {
+        let c = self.hyp.counters();
+        self.fault_mark = c.permission + c.translation;
+    }
+
     /// GET into the shared bitmap, compared with the pages written.
     pub(super) fn check_bitmap(&mut self, name: &str) {
         let bm = SHARED.base + OFF_BITMAP;
@@ -41,8 +47,9 @@ impl Driver {
         let got: Vec<bool> = (0..PAGES)
             .map(|p| shared_word(OFF_BITMAP + p / 64 * 8) >> (p % 64) & 1 != 0)
             .collect();
-        let permission = self.hyp.counters().permission;
-        let faults = permission - core::mem::replace(&mut self.permission_mark, permission);
+        let c = self.hyp.counters();
+        let all = c.permission + c.translation;
+        let faults = all - core::mem::replace(&mut self.fault_mark, all);
         self.compare(name, &got, faults);
     }
 
