@@ -3,13 +3,22 @@
 //! by volatile word accesses, and a buffer the host hands in is copied
 //! before it is used, so the host changing it meanwhile changes nothing.
 
-use alloc::vec;
 use alloc::vec::Vec;
 use s2mmu::dirty::DirtyGfn;
 
 use crate::abi::{Counters, HypError, LogMode, RingEntry};
 use crate::check::{self, PAGE};
 use crate::hyp::{Hyp, FLAG_LOG};
+
+/// `n` copies of `v`, or [`HypError::OutOfMemory`] where EL2's heap cannot
+/// hold them (a size from the host must not abort EL2).
+fn try_vec<T: Clone>(n: usize, v: T) -> Result<Vec<T>, HypError> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n)
+        .map_err(|_| HypError::OutOfMemory)?;
+    out.resize(n, v);
+    Ok(out)
+}
 
 impl Hyp {
     /// Writes `words` at byte offset `off` of the shared area.
@@ -25,12 +34,14 @@ impl Hyp {
     }
 
     /// Copies `n` words from byte offset `off` of the shared area.
-    fn get_words(&self, off: usize, n: usize) -> Vec<u64> {
+    fn get_words(&self, off: usize, n: usize) -> Result<Vec<u64>, HypError> {
         let base = self.layout.shared_va;
-        (0..n)
+        let mut out = try_vec(n, 0u64)?;
+        for (k, w) in out.iter_mut().enumerate() {
             // SAFETY: as in `put_words`.
-            .map(|k| unsafe { core::ptr::read_volatile(base.add(off + 8 * k) as *const u64) })
-            .collect()
+            *w = unsafe { core::ptr::read_volatile(base.add(off + 8 * k) as *const u64) };
+        }
+        Ok(out)
     }
 
     /// `GET_DIRTY`: slot, bitmap PA, bitmap bytes (at least one bit per
@@ -46,7 +57,7 @@ impl Hyp {
         }
         let need = check::bitmap_bytes(rec.size / PAGE);
         let off = self.layout.check_shared(args[1], args[2], need)?;
-        let mut bm = vec![0u64; (need / 8) as usize];
+        let mut bm = try_vec((need / 8) as usize, 0u64)?;
         let n = vm
             .mmu
             .get_dirty_log(id, &mut bm)
@@ -78,7 +89,7 @@ impl Hyp {
         }
         let need = check::bitmap_bytes(num);
         let off = self.layout.check_shared(pa, bytes, need)?;
-        let bm = self.get_words(off, (need / 8) as usize);
+        let bm = self.get_words(off, (need / 8) as usize)?;
         vm.mmu
             .clear_dirty_log(id, first, num, &bm)
             .map_err(|_| HypError::Engine)

@@ -85,7 +85,12 @@ fn the_engine_answers_stage2_aborts_at_el2_in_qemu() {
     assert!(out.contains("el2: done ok"), "{out}");
     // 4 MiB on 2 MiB blocks: the two data blocks and the code page.
     assert_eq!(field(&out, "el2: first_touch", "translation_faults"), "3");
-    let passes = [("wp_a", "342"), ("wp_b", "205"), ("hw", "94"), ("ring", "147")];
+    let passes = [
+        ("wp_a", "342"),
+        ("wp_b", "205"),
+        ("hw", "94"),
+        ("ring", "147"),
+    ];
     for (pass, written) in passes {
         let p = format!("el2: harvest {pass}");
         assert_eq!(field(&out, &p, "written"), written, "{pass}");
