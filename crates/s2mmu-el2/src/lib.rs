@@ -51,4 +51,4 @@ pub use check::{Layout, Region};
 pub use hyp::{El2Mmu, Hyp, SlotRecord, MAX_SLOTS};
 pub use platform::{El2Platform, GenericTimer};
 pub use pool::{PagePool, PoolMmOps};
-pub use tlb::{El2Tlb, TlbFeatures};
+pub use tlb::{El2Tlb, TlbFeatures, TlbiCounts};

@@ -70,11 +70,26 @@ pub struct TlbFeatures {
     pub ttl: bool,
 }
 
+/// TLBI instructions issued so far, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlbiCounts {
+    /// `IPAS2LE1IS` and `IPAS2LE1`: a leaf, last level only.
+    pub last_level: u64,
+    /// `IPAS2E1IS` and `IPAS2E1`: every level.
+    pub all_levels: u64,
+    /// `RIPAS2E1IS`: ranges.
+    pub range: u64,
+    /// `VMALLS12E1IS`: the whole VMID.
+    pub vmid: u64,
+}
+
 /// The EL2 backend ([module documentation](self)) for 4 KiB pages.
 pub struct El2Tlb<E: Exec> {
     exec: E,
     features: TlbFeatures,
     sequences: AtomicU64,
+    /// `TlbiCounts`' fields, in order.
+    counts: [AtomicU64; 4],
 }
 
 /// The page shift of the stage 2 this backend serves (4 KiB granule).
@@ -88,6 +103,7 @@ impl<E: Exec> El2Tlb<E> {
             exec,
             features,
             sequences: AtomicU64::new(0),
+            counts: [const { AtomicU64::new(0) }; 4],
         }
     }
 
@@ -106,10 +122,36 @@ impl<E: Exec> El2Tlb<E> {
         self.sequences.load(Ordering::Relaxed)
     }
 
+    /// The TLBIs issued so far, by kind.
+    pub fn counts(&self) -> TlbiCounts {
+        let c = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        TlbiCounts {
+            last_level: c(0),
+            all_levels: c(1),
+            range: c(2),
+            vmid: c(3),
+        }
+    }
+
+    /// Counts `step` and executes it.
+    fn emit(&self, step: Step) {
+        let kind = match step {
+            Step::Ipas2le1is(_) | Step::Ipas2le1(_) => Some(0),
+            Step::Ipas2e1is(_) | Step::Ipas2e1(_) => Some(1),
+            Step::Ripas2e1is(_) => Some(2),
+            Step::Vmalls12e1is => Some(3),
+            _ => None,
+        };
+        if let Some(k) = kind {
+            self.counts[k].fetch_add(1, Ordering::Relaxed);
+        }
+        self.exec.exec(step);
+    }
+
     fn run(&self, steps: &[Step]) {
         self.sequences.fetch_add(1, Ordering::Relaxed);
         for s in steps {
-            self.exec.exec(*s);
+            self.emit(*s);
         }
     }
 
@@ -128,7 +170,7 @@ impl<E: Exec> El2Tlb<E> {
             let mut scale: i32 = 3;
             while chunk > 0 {
                 if chunk == 1 || scale < 0 {
-                    self.exec.exec(Step::Ipas2e1is(self.operand(start, None)));
+                    self.emit(Step::Ipas2e1is(self.operand(start, None)));
                     start += 1 << PAGE_SHIFT;
                     chunk -= 1;
                     continue;
@@ -136,7 +178,7 @@ impl<E: Exec> El2Tlb<E> {
                 let s = scale as u32;
                 if let Some(num) = range_num(chunk, s) {
                     let op = range_operand(start, num, s, PAGE_SHIFT, false);
-                    self.exec.exec(Step::Ripas2e1is(op));
+                    self.emit(Step::Ripas2e1is(op));
                     let n = range_pages(num, s);
                     start += n << PAGE_SHIFT;
                     chunk -= n;
@@ -194,10 +236,10 @@ impl<E: Exec> TlbInvalidate for El2Tlb<E> {
             .saturating_sub(start)
             .div_ceil(1 << PAGE_SHIFT);
         self.sequences.fetch_add(1, Ordering::Relaxed);
-        self.exec.exec(Step::DsbIshst);
+        self.emit(Step::DsbIshst);
         self.range_steps(start, pages);
         for s in [Step::DsbIsh, Step::Vmalle1is, Step::DsbIsh, Step::Isb] {
-            self.exec.exec(s);
+            self.emit(s);
         }
     }
 

@@ -113,4 +113,15 @@ fn the_engine_answers_stage2_aborts_at_el2_in_qemu() {
     assert_eq!(field(&out, "el2: ring", "entries"), "147");
     assert_eq!(field(&out, "el2: ring", "reset"), "147");
     assert_eq!(field(&out, "el2: counters", "to_host"), "0");
+    // The TLBIs ran on the CPU at EL2 (an undefined one would have trapped
+    // there and failed the run): leaves by IPA, ranges where the CPU has
+    // FEAT_TLBIRANGE (QEMU's max CPU has), whole VMIDs.
+    let count = |k: &str| field(&out, "el2: tlbi", k).parse::<u64>().unwrap();
+    assert!(
+        count("last_level") >= 547,
+        "a relaxation per write-protection fault"
+    );
+    assert_eq!(field(&out, "el2: tlb", "range"), "1");
+    assert!(count("range") > 0);
+    assert!(count("vmid") > 0);
 }

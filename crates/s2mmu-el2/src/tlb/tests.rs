@@ -38,6 +38,7 @@ fn a_leaf_is_invalidated_at_the_last_level_with_its_level_hint() {
     );
     t.flush_ipa(0x8000_5000, None);
     assert_eq!(take(&t)[1], Step::Ipas2e1is(0x8000_5000 >> 12));
+    assert_eq!((t.counts().last_level, t.counts().all_levels), (1, 1));
     let no_ttl = tlb(true, false);
     no_ttl.flush_ipa(0x8000_5000, Some(2));
     assert_eq!(take(&no_ttl)[1], Step::Ipas2le1is(0x8000_5000 >> 12));
@@ -82,6 +83,10 @@ fn ranges_use_range_tlbis_only_with_feat_tlbirange() {
         [Step::DsbIshst, Step::Vmalls12e1is, Step::DsbIsh, Step::Isb]
     );
     assert_eq!(old.sequences(), 1);
+    assert_eq!(old.counts().vmid, 1);
+    let c = t.counts();
+    assert!(c.range > 0 && c.all_levels > 0, "{c:?}");
+    assert_eq!((c.last_level, c.vmid), (0, 0));
 }
 
 #[test]

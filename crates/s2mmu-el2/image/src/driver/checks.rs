@@ -129,6 +129,11 @@ impl Driver {
             c.table_pages,
             self.tlb.sequences()
         ));
+        let t = self.tlb.counts();
+        println(format_args!(
+            "el2: tlbi last_level={} all_levels={} range={} vmid={}",
+            t.last_level, t.all_levels, t.range, t.vmid
+        ));
         if foreign != 0 || reset != n {
             self.failures += 1;
         }
