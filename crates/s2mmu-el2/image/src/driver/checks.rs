@@ -60,12 +60,14 @@ impl Driver {
         s.sort_unstable();
         let hz = GenericTimer::frequency().unwrap_or(0);
         let median = s.get(s.len() / 2).copied().unwrap_or(0);
+        let mean = s.iter().sum::<u64>() / (s.len() as u64).max(1);
         println(format_args!(
-            "el2: wp_fault_cost samples={} median_ticks={median} min_ticks={} max_ticks={} counter_hz={hz} median_ns={}",
+            "el2: wp_fault_cost samples={} median_ticks={median} mean_ticks={mean} min_ticks={} max_ticks={} counter_hz={hz} median_ns={} mean_ns={}",
             s.len(),
             s.first().copied().unwrap_or(0),
             s.last().copied().unwrap_or(0),
-            GenericTimer::ticks_to_ns(median, hz)
+            GenericTimer::ticks_to_ns(median, hz),
+            GenericTimer::ticks_to_ns(mean, hz)
         ));
     }
 
