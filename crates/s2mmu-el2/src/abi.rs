@@ -9,7 +9,7 @@
 //! | op | args | ret\[0\] |
 //! |---|---|---|
 //! | `VM_INIT` 1 | mode ([`LogMode`]), ring entries (ring only, else 0) | root table PA |
-//! | `VM_DESTROY` 2 | - | - |
+//! | `VM_DESTROY` 2 (every vCPU stopped) | - | - |
 //! | `MEMSLOT_SET` 3 | slot, flags (bit 0 log, bit 1 read-only), IPA, size (0 deletes), backing PA, backing page size | - |
 //! | `LOG_SET` 4 | slot, on (0/1), mode (must be the VM's) | - |
 //! | `GET_DIRTY` 5 | slot, bitmap PA, bitmap bytes | pages dirty |

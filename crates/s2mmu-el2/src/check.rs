@@ -183,7 +183,10 @@ mod tests {
             top.overlaps(u64::MAX - 10, 100),
             "a wrapping range reaches the top"
         );
-        assert!(!r.overlaps(u64::MAX - 10, 100), "and does not wrap to the bottom");
+        assert!(
+            !r.overlaps(u64::MAX - 10, 100),
+            "and does not wrap to the bottom"
+        );
         assert!(r.contains(0x1000, 0x2000));
         assert!(!r.contains(0x1000, 0x2001));
         assert!(!r.contains(u64::MAX, 2));

@@ -166,7 +166,7 @@ impl Hyp {
         let one = |v: u64| [v, 0, 0, 0];
         match op {
             Op::VmInit => self.vm_init(args).map(one),
-            Op::VmDestroy => self.vm.take().map(|_| [0; 4]).ok_or(HypError::NoVm),
+            Op::VmDestroy => self.vm_destroy().map(|()| [0; 4]),
             Op::MemslotSet => self.memslot_set(args).map(|()| [0; 4]),
             Op::LogSet => self.log_set(args).map(|()| [0; 4]),
             Op::GetDirty => self.get_dirty(args).map(one),
@@ -246,6 +246,15 @@ impl Hyp {
             slots: [None; MAX_SLOTS],
         });
         Ok(root)
+    }
+
+    /// `VM_DESTROY`: the VM's tables go back to the pool, then the VMID's
+    /// TLB entries are flushed before any page can be reused. The host
+    /// stops every vCPU of the VM first.
+    fn vm_destroy(&mut self) -> Result<(), HypError> {
+        self.vm.take().ok_or(HypError::NoVm)?;
+        self.tlb.flush_vmid();
+        Ok(())
     }
 
     /// `MEMSLOT_SET` ([`crate::abi`]): every check before the engine sees

@@ -6,10 +6,11 @@
 
 use std::sync::Arc;
 
-use s2mmu::NoTlb;
+use s2mmu::TlbInvalidate;
 use s2mmu_el2::abi::{Command, HypError, LogMode, Op};
 use s2mmu_el2::abort::{EC_DABT_LOW, EC_IABT_LOW};
 use s2mmu_el2::{Hyp, Layout, PagePool, Region, Stage2Abort};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const CARVE: Region = Region::new(0x4000_0000, 32 << 20);
 pub const RAM: Region = Region::new(0x4000_0000, 1 << 30);
@@ -26,9 +27,30 @@ fn leak_pages(bytes: usize) -> *mut u8 {
     p.wrapping_add(p.align_offset(4096))
 }
 
+/// Counts the invalidations EL2 asks for (a host has no TLB to flush).
+#[derive(Default)]
+pub struct CountingTlb {
+    pub ipa: AtomicU64,
+    pub range: AtomicU64,
+    pub vmid: AtomicU64,
+}
+
+impl TlbInvalidate for CountingTlb {
+    fn flush_ipa(&self, _ipa: u64, _level: Option<u32>) {
+        self.ipa.fetch_add(1, Ordering::Relaxed);
+    }
+    fn flush_range(&self, _ipa: u64, _size: u64) {
+        self.range.fetch_add(1, Ordering::Relaxed);
+    }
+    fn flush_vmid(&self) {
+        self.vmid.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 pub struct Host {
     pub hyp: Hyp,
     pub shared: *mut u8,
+    pub tlb: Arc<CountingTlb>,
 }
 
 impl Host {
@@ -40,6 +62,7 @@ impl Host {
             shared: Region::new(SHARED_PA, SHARED_BYTES as u64),
             shared_va: shared,
         };
+        let tlb = Arc::new(CountingTlb::default());
         // SAFETY: both buffers are leaked, page aligned, this test's alone.
         let hyp = unsafe {
             let pool = PagePool::new(
@@ -47,9 +70,9 @@ impl Host {
                 leak_pages(POOL_PAGES * 4096),
                 POOL_PAGES,
             );
-            Hyp::new(layout, pool, Arc::new(NoTlb)).unwrap()
+            Hyp::new(layout, pool, tlb.clone()).unwrap()
         };
-        Host { hyp, shared }
+        Host { hyp, shared, tlb }
     }
 
     /// A host with a VM in `mode` (ring: 256 entries) and slot 0.
