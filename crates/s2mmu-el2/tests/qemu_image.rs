@@ -104,7 +104,9 @@ fn the_engine_answers_stage2_aborts_at_el2_in_qemu() {
     assert_eq!(field(&out, "el2: wp_fault_cost", "samples"), "547");
     // DBM: the CPU set the dirty state, no abort reached EL2.
     assert_eq!(field(&out, "el2: harvest hw", "faults"), "0");
-    assert_eq!(field(&out, "el2: isolation", "carve_out_access"), "refused");
+    assert_eq!(field(&out, "el2: isolation", "carve_out_read"), "refused");
+    assert_eq!(field(&out, "el2: isolation", "carve_out_write"), "refused");
+    assert_eq!(field(&out, "el2: counters", "refused"), "2");
     assert_eq!(field(&out, "el2: isolation", "mapped"), "0");
     assert_eq!(
         field(&out, "el2: isolation", "carve_out_slot"),

@@ -139,7 +139,7 @@ el2_vectors:
 
 // The guest (EL1, its stage 1 off): asks EL2 for work with HVC #0 and
 // does it. x0 = 1: store x3 to x2 locations from x1, x4 bytes apart;
-// x0 = 2: load from x1 (a stage-2 refusal skips the load).
+// x0 = 2: load from x1, then store to it (a stage-2 refusal skips each).
         .section .rodata.guest, "a"
         .balign 8
         .global guest_start, guest_end
@@ -157,6 +157,7 @@ guest_start:
 3:      cmp     x0, #2
         b.ne    1b
         ldr     x7, [x1]
+        str     x3, [x1]
         b       1b
 guest_end:
 

@@ -8,9 +8,9 @@
 //! 3. GET checks the bitmap against the pages written (0 lost, no
 //!    extra); CLEAR protects them; the guest writes every 5th page; GET
 //!    checks again.
-//! 4. Isolation: the guest reads an address in the carve-out (refused,
-//!    not mapped, the load skipped) and a slot backed by the carve-out is
-//!    refused.
+//! 4. Isolation: the guest reads and writes an address in the carve-out
+//!    (both refused, not mapped, the accesses skipped) and a slot backed by
+//!    the carve-out is refused.
 //! 5. Hardware dirty state: a new VM in `hw` mode (VTCR_EL2.HA/HD), every
 //!    page touched, logging on, every 11th page written: no fault, the
 //!    CPU sets the dirty state (DBM) and GET's scan reports the pages.
@@ -54,7 +54,8 @@ struct Driver {
     /// The entry counter of the write-protection fault whose ERET is next.
     pending: Option<u64>,
     samples: Vec<u64>,
-    refusals: Vec<(Refusal, u64)>,
+    /// Refused aborts: why, the IPA, whether a write.
+    refusals: Vec<(Refusal, u64, bool)>,
     /// Faults (translation and permission) counted up to the last harvest or mark.
     fault_mark: u64,
     failures: u32,
@@ -147,7 +148,7 @@ impl Driver {
                 }
             }
             AbortOutcome::Refused(r) => {
-                self.refusals.push((r, a.ipa()));
+                self.refusals.push((r, a.ipa(), a.is_write()));
                 // The guest goes on past the refused access.
                 let elr = sysreg!("elr_el2") + 4;
                 // SAFETY: the next instruction of the guest's code.

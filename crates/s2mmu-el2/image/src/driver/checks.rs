@@ -74,10 +74,12 @@ impl Driver {
     /// The guest's load from the carve-out was refused and nothing maps
     /// it; a slot backed by the carve-out is refused.
     pub(super) fn check_isolation(&mut self) {
-        let refused = self
-            .refusals
-            .iter()
-            .any(|&(r, ipa)| r == Refusal::CarveOut && ipa == CARVE_PROBE);
+        let refused = |write: bool| {
+            self.refusals
+                .iter()
+                .any(|&(r, ipa, w)| r == Refusal::CarveOut && ipa == CARVE_PROBE && w == write)
+        };
+        let (read, write) = (refused(false), refused(true));
         let mapped = self
             .hyp
             .mmu()
@@ -87,13 +89,15 @@ impl Driver {
             Op::MemslotSet,
             &[2, 0, 0x2000_0000, 0x1000, CARVE_OUT.base + 0x10_0000, 4096],
         );
+        let word = |refused: bool| if refused { "refused" } else { "ALLOWED" };
         println(format_args!(
-            "el2: isolation carve_out_access={} mapped={} carve_out_slot={:?}",
-            if refused { "refused" } else { "ALLOWED" },
+            "el2: isolation carve_out_read={} carve_out_write={} mapped={} carve_out_slot={:?}",
+            word(read),
+            word(write),
             u8::from(mapped),
             slot.err()
         ));
-        if !refused || mapped || slot != Err(HypError::CarveOut) {
+        if !read || !write || mapped || slot != Err(HypError::CarveOut) {
             self.failures += 1;
         }
     }
