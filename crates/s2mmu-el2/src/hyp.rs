@@ -3,15 +3,16 @@
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
+use s2mmu::memslot::{MemslotConfig, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{DirtyMode, FaultOutcome, HugePageRecovery, Mmu, MmuPolicy, Protect, VcpuMmu};
-use s2mmu::{Error, Gpa, Hva, TlbInvalidate};
+use s2mmu::{Error, Gpa, TlbInvalidate};
 
 use crate::abi::{Command, Counters, HypError, LogMode, Op};
 use crate::abort::{AbortOutcome, Refusal, Stage2Abort};
-use crate::check::{self, Layout, Region, IPA_BITS};
-use crate::platform::El2Platform;
+use crate::check::{Layout, IPA_BITS};
+use crate::platform::{El2Platform, RawMutex, RawRwLock};
 use crate::pool::{PagePool, PoolMmOps};
+use core::sync::atomic::{AtomicU64, Ordering};
 
 /// Memslots a VM may have (ids `0..MAX_SLOTS`).
 pub const MAX_SLOTS: usize = 32;
@@ -42,30 +43,55 @@ pub struct SlotRecord {
     pub page_size: u64,
 }
 
+/// EL2's slot records: the slot-changing and dirty-log commands hold
+/// their lock from their checks to their record update (KVM's
+/// `slots_lock`), so no two of them interleave.
+pub(crate) type Slots = [Option<SlotRecord>; MAX_SLOTS];
+
 pub(crate) struct Vm {
     pub(crate) mmu: El2Mmu,
-    pub(crate) vcpus: Vec<VcpuMmu<PoolMmOps>>,
+    /// Each vCPU's engine state, taken by its CPU's abort handler.
+    pub(crate) vcpus: Vec<lock_api::Mutex<RawMutex, VcpuMmu<PoolMmOps>>>,
     pub(crate) mode: LogMode,
     pub(crate) ring_entries: u64,
-    pub(crate) slots: [Option<SlotRecord>; MAX_SLOTS],
+    pub(crate) slots: lock_api::Mutex<RawMutex, Slots>,
+}
+
+/// Counters kept by EL2 itself (the engine keeps the rest).
+#[derive(Default)]
+struct HypCounters {
+    handled: AtomicU64,
+    refused: AtomicU64,
+    to_host: AtomicU64,
+    commands_ok: AtomicU64,
+    commands_refused: AtomicU64,
 }
 
 /// EL2's state: the machine's layout, the carve-out's table pool, the TLB
 /// backend, the VM (once created) and the counters.
+///
+/// Every method takes `&self`: each CPU answers its own vCPU's aborts
+/// concurrently (the VM's lock shared, the vCPU's own lock), while
+/// commands serialise on the slot records and only `VM_INIT` and
+/// `VM_DESTROY` take the VM's lock exclusively.
 pub struct Hyp {
     pub(crate) layout: Layout,
     pool: Arc<PagePool>,
     tlb: Arc<dyn TlbInvalidate>,
-    pub(crate) vm: Option<Vm>,
-    pub(crate) counters: Counters,
+    pub(crate) vm: lock_api::RwLock<RawRwLock, Option<Vm>>,
+    counters: HypCounters,
 }
 
-// SAFETY: the only non-Send field is the shared area's address in
-// `layout`, which `Hyp::new`'s caller vouches for; everything it points to
-// is reached through volatile accesses by whoever holds the `Hyp`.
+// SAFETY: the only field that is neither Send nor Sync is the shared
+// area's address in `layout`, which `Hyp::new`'s caller vouches for;
+// everything it points to is reached only through volatile word accesses
+// (the host may change it at any time anyway), and the rest is behind
+// locks or atomics.
 unsafe impl Send for Hyp {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Hyp {}
 
-fn engine_error(e: Error) -> HypError {
+pub(crate) fn engine_error(e: Error) -> HypError {
     match e {
         Error::OutOfMemory | Error::CacheExhausted { .. } => HypError::OutOfMemory,
         Error::NoSuchSlot { .. } => HypError::NoSuchSlot,
@@ -100,8 +126,8 @@ impl Hyp {
             layout,
             pool,
             tlb,
-            vm: None,
-            counters: Counters::default(),
+            vm: lock_api::RwLock::new(None),
+            counters: HypCounters::default(),
         })
     }
 
@@ -112,25 +138,34 @@ impl Hyp {
 
     /// EL2's record of slot `id`, if it exists.
     pub fn slot(&self, id: usize) -> Option<SlotRecord> {
-        self.vm
-            .as_ref()
-            .and_then(|v| v.slots.get(id).copied().flatten())
+        let vm = self.vm.read();
+        vm.as_ref()
+            .and_then(|v| v.slots.lock().get(id).copied().flatten())
     }
 
-    /// The VM's engine, if a VM exists.
-    pub fn mmu(&self) -> Option<&El2Mmu> {
-        self.vm.as_ref().map(|v| &v.mmu)
+    /// Runs `f` on the VM's engine, if a VM exists (inspection, tests).
+    pub fn with_mmu<R>(&self, f: impl FnOnce(&El2Mmu) -> R) -> Option<R> {
+        self.vm.read().as_ref().map(|v| f(&v.mmu))
     }
 
     /// The counters now.
     pub fn counters(&self) -> Counters {
-        let mut c = self.counters;
-        c.table_pages = self.pool.used_pages() as u64;
-        if let Some(vm) = &self.vm {
+        let n = &self.counters;
+        let mut c = Counters {
+            aborts_handled: n.handled.load(Ordering::Relaxed),
+            aborts_refused: n.refused.load(Ordering::Relaxed),
+            aborts_to_host: n.to_host.load(Ordering::Relaxed),
+            commands_ok: n.commands_ok.load(Ordering::Relaxed),
+            commands_refused: n.commands_refused.load(Ordering::Relaxed),
+            table_pages: self.pool.used_pages() as u64,
+            ..Counters::default()
+        };
+        if let Some(vm) = self.vm.read().as_ref() {
             for v in &vm.vcpus {
-                c.translation += v.stats.translation;
-                c.permission += v.stats.permission;
-                c.dirtied += v.stats.dirtied;
+                let st = v.lock().stats;
+                c.translation += st.translation;
+                c.permission += st.permission;
+                c.dirtied += st.dirtied;
             }
             c.collapsed = vm.mmu.vm_stats().collapsed;
         }
@@ -139,7 +174,7 @@ impl Hyp {
 
     /// Answers a command block: checks, acts, and writes `status` and
     /// `ret` (zeroed on error, the state unchanged).
-    pub fn dispatch(&mut self, cmd: &mut Command) {
+    pub fn dispatch(&self, cmd: &mut Command) {
         let r = match Op::from_code(cmd.op) {
             Some(op) => self.call(op, &cmd.args),
             None => Err(HypError::UnknownOp),
@@ -148,12 +183,14 @@ impl Hyp {
             Ok(ret) => {
                 cmd.status = 0;
                 cmd.ret = ret;
-                self.counters.commands_ok += 1;
+                self.counters.commands_ok.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 cmd.status = e.status();
                 cmd.ret = [0; 4];
-                self.counters.commands_refused += 1;
+                self.counters
+                    .commands_refused
+                    .fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -162,43 +199,34 @@ impl Hyp {
     ///
     /// # Errors
     /// The first check the arguments fail, or the engine's refusal.
-    pub fn call(&mut self, op: Op, args: &[u64; 6]) -> Result<[u64; 4], HypError> {
+    pub fn call(&self, op: Op, args: &[u64; 6]) -> Result<[u64; 4], HypError> {
         let one = |v: u64| [v, 0, 0, 0];
         match op {
-            Op::VmInit => self.vm_init(args).map(one),
-            Op::VmDestroy => self.vm_destroy().map(|()| [0; 4]),
-            Op::MemslotSet => self.memslot_set(args).map(|()| [0; 4]),
-            Op::LogSet => self.log_set(args).map(|()| [0; 4]),
-            Op::GetDirty => self.get_dirty(args).map(one),
-            Op::ClearDirty => self.clear_dirty(args).map(one),
-            Op::RingHarvest => self.ring_harvest(args).map(one),
-            Op::RingReset => self.ring_reset().map(one),
-            Op::UnmapRange => self.unmap_range(args).map(one),
-            Op::Collapse => self.collapse(args).map(one),
-            Op::Counters => self.write_counters(args).map(|()| [0; 4]),
+            Op::VmInit => return self.vm_init(args).map(one),
+            Op::VmDestroy => return self.vm_destroy().map(|()| [0; 4]),
+            Op::Counters => return self.write_counters(args).map(|()| [0; 4]),
+            _ => {}
         }
-    }
-
-    pub(crate) fn vm(&self) -> Result<&Vm, HypError> {
-        self.vm.as_ref().ok_or(HypError::NoVm)
-    }
-
-    /// The VM and slot `args[0]`'s record: [`HypError::NoVm`],
-    /// [`HypError::SlotOutOfRange`], [`HypError::NoSuchSlot`].
-    pub(crate) fn slot_arg(&self, id: u64) -> Result<(&Vm, u16, SlotRecord), HypError> {
-        let vm = self.vm()?;
-        let i = usize::try_from(id)
-            .ok()
-            .filter(|&i| i < MAX_SLOTS)
-            .ok_or(HypError::SlotOutOfRange)?;
-        let rec = vm.slots[i].ok_or(HypError::NoSuchSlot)?;
-        Ok((vm, i as u16, rec))
+        let guard = self.vm.read();
+        let vm = guard.as_ref().ok_or(HypError::NoVm)?;
+        match op {
+            Op::MemslotSet => self.memslot_set(vm, args).map(|()| [0; 4]),
+            Op::LogSet => self.log_set(vm, args).map(|()| [0; 4]),
+            Op::GetDirty => self.get_dirty(vm, args).map(one),
+            Op::ClearDirty => self.clear_dirty(vm, args).map(one),
+            Op::RingHarvest => self.ring_harvest(vm, args).map(one),
+            Op::RingReset => self.ring_reset(vm).map(one),
+            Op::UnmapRange => self.unmap_range(vm, args).map(one),
+            Op::Collapse => self.collapse(vm, args).map(one),
+            Op::VmInit | Op::VmDestroy | Op::Counters => Err(HypError::UnknownOp),
+        }
     }
 
     /// `VM_INIT`: mode, ring entries (ring only: a power of two,
     /// 256..=65536; else 0), vCPUs (1..=[`MAX_VCPUS`]).
-    fn vm_init(&mut self, args: &[u64; 6]) -> Result<u64, HypError> {
-        if self.vm.is_some() {
+    fn vm_init(&self, args: &[u64; 6]) -> Result<u64, HypError> {
+        let mut slot = self.vm.write();
+        if slot.is_some() {
             return Err(HypError::VmExists);
         }
         let mode = LogMode::from_code(args[0]).ok_or(HypError::BadArgument)?;
@@ -234,16 +262,16 @@ impl Hyp {
         let mmu =
             Mmu::for_platform(fmt, mm, self.tlb.clone(), slots, policy).map_err(engine_error)?;
         let vcpus = (0..args[2])
-            .map(|_| mmu.new_vcpu())
+            .map(|_| mmu.new_vcpu().map(lock_api::Mutex::new))
             .collect::<Result<Vec<_>, _>>()
             .map_err(engine_error)?;
         let root = mmu.with_table(|pt| pt.root_pa());
-        self.vm = Some(Vm {
+        *slot = Some(Vm {
             mmu,
             vcpus,
             mode,
             ring_entries: entries,
-            slots: [None; MAX_SLOTS],
+            slots: lock_api::Mutex::new([None; MAX_SLOTS]),
         });
         Ok(root)
     }
@@ -251,148 +279,11 @@ impl Hyp {
     /// `VM_DESTROY`: the VM's tables go back to the pool, then the VMID's
     /// TLB entries are flushed before any page can be reused. The host
     /// stops every vCPU of the VM first.
-    fn vm_destroy(&mut self) -> Result<(), HypError> {
-        self.vm.take().ok_or(HypError::NoVm)?;
+    fn vm_destroy(&self) -> Result<(), HypError> {
+        let mut slot = self.vm.write();
+        slot.take().ok_or(HypError::NoVm)?;
         self.tlb.flush_vmid();
         Ok(())
-    }
-
-    /// `MEMSLOT_SET` ([`crate::abi`]): every check before the engine sees
-    /// the request; see `docs/el2.md` for their order.
-    fn memslot_set(&mut self, args: &[u64; 6]) -> Result<(), HypError> {
-        let [id, flags, ipa, size, backing, page_size] = *args;
-        let vm = self.vm()?;
-        let i = usize::try_from(id)
-            .ok()
-            .filter(|&i| i < MAX_SLOTS)
-            .ok_or(HypError::SlotOutOfRange)?;
-        if flags & !(FLAG_LOG | FLAG_READONLY) != 0 {
-            return Err(HypError::BadArgument);
-        }
-        let old = vm.slots[i];
-        let region = if size == 0 {
-            let o = old.ok_or(HypError::NoSuchSlot)?;
-            UserMemoryRegion::new(
-                i as u16,
-                SlotFlags::NONE,
-                Gpa::new(o.ipa),
-                0,
-                Hva::new(o.backing),
-            )
-        } else {
-            self.check_new_slot(i, old, args)?;
-            let f = SlotFlags::from_bits(flags as u32);
-            UserMemoryRegion::new(i as u16, f, Gpa::new(ipa), size, Hva::new(backing))
-        };
-        let ps = if size == 0 { check::PAGE } else { page_size };
-        vm.mmu
-            .set_memory_region(&region, ps)
-            .map_err(engine_error)?;
-        let rec = (size != 0).then_some(SlotRecord {
-            ipa,
-            size,
-            backing,
-            flags,
-            page_size,
-        });
-        if let Some(vm) = self.vm.as_mut() {
-            vm.slots[i] = rec;
-        }
-        Ok(())
-    }
-
-    /// The checks of a slot being created, moved or given new flags.
-    fn check_new_slot(
-        &self,
-        i: usize,
-        old: Option<SlotRecord>,
-        args: &[u64; 6],
-    ) -> Result<(), HypError> {
-        let [_, _, ipa, size, backing, page_size] = *args;
-        if ![check::PAGE, 2 << 20, 1 << 30].contains(&page_size) {
-            return Err(HypError::BadArgument);
-        }
-        check::guest_range(ipa, size)?;
-        self.layout.check_backing(backing, size)?;
-        if let Some(o) = old {
-            if (o.backing, o.size) != (backing, size) {
-                return Err(HypError::BackingChanged);
-            }
-        }
-        let others = self.vm()?.slots.iter().enumerate();
-        for (_, s) in others.filter(|(j, _)| *j != i) {
-            let Some(s) = s else { continue };
-            if Region::new(s.ipa, s.size).overlaps(ipa, size) {
-                return Err(HypError::SlotOverlap);
-            }
-            if Region::new(s.backing, s.size).overlaps(backing, size) {
-                return Err(HypError::BackingOverlap);
-            }
-        }
-        Ok(())
-    }
-
-    /// `LOG_SET`: slot, on (0/1), mode (the VM's, when turning on).
-    fn log_set(&mut self, args: &[u64; 6]) -> Result<(), HypError> {
-        let (vm, id, rec) = self.slot_arg(args[0])?;
-        let on = match args[1] {
-            0 => false,
-            1 => true,
-            _ => return Err(HypError::BadArgument),
-        };
-        if on && LogMode::from_code(args[2]) != Some(vm.mode) {
-            return Err(HypError::WrongMode);
-        }
-        if on {
-            vm.mmu.enable_dirty_logging(id)
-        } else {
-            vm.mmu.disable_dirty_logging(id)
-        }
-        .map_err(engine_error)?;
-        self.set_log_flag(id, rec, on);
-        Ok(())
-    }
-
-    pub(crate) fn set_log_flag(&mut self, id: u16, rec: SlotRecord, on: bool) {
-        let flags = if on {
-            rec.flags | FLAG_LOG
-        } else {
-            rec.flags & !FLAG_LOG
-        };
-        if let Some(vm) = self.vm.as_mut() {
-            vm.slots[usize::from(id)] = Some(SlotRecord { flags, ..rec });
-        }
-    }
-
-    /// `UNMAP_RANGE`: the MMU notifier over backing memory.
-    fn unmap_range(&mut self, args: &[u64; 6]) -> Result<u64, HypError> {
-        let vm = self.vm()?;
-        let [base, size, ..] = *args;
-        check::pages(base, size)?;
-        if self.layout.carve_out.overlaps(base, size) {
-            return Err(HypError::CarveOut);
-        }
-        let m = &vm.mmu;
-        let n = m
-            .invalidate_hva_range_start(Hva::new(base), size)
-            .map_err(engine_error)?;
-        m.invalidate_hva_range_end(Hva::new(base), size)
-            .map_err(engine_error)?;
-        Ok(n)
-    }
-
-    /// `COLLAPSE`: logging off on a logging slot, its pages collapsed back
-    /// into blocks in place (the VM's huge-page recovery).
-    fn collapse(&mut self, args: &[u64; 6]) -> Result<u64, HypError> {
-        let (vm, id, rec) = self.slot_arg(args[0])?;
-        if rec.flags & FLAG_LOG == 0 {
-            return Err(HypError::NotLogging);
-        }
-        let before = vm.mmu.vm_stats().collapsed;
-        vm.mmu.disable_dirty_logging(id).map_err(engine_error)?;
-        let n = vm.mmu.vm_stats().collapsed - before;
-        self.set_log_flag(id, rec, false);
-        Ok(n)
     }
 
     /// Answers vCPU `vcpu`'s stage-2 abort with the engine: a first touch
@@ -400,33 +291,36 @@ impl Hyp {
     /// logging marks the page dirty; an IPA no slot covers is refused
     /// (never mapped), and so is one in the carve-out, which no slot can
     /// cover.
-    pub fn handle_abort(&mut self, vcpu: usize, abort: &Stage2Abort) -> AbortOutcome {
+    pub fn handle_abort(&self, vcpu: usize, abort: &Stage2Abort) -> AbortOutcome {
         let out = self.abort_outcome(vcpu, abort);
-        let c = &mut self.counters;
-        match out {
-            AbortOutcome::Handled { .. } => c.aborts_handled += 1,
-            AbortOutcome::Refused(_) => c.aborts_refused += 1,
-            AbortOutcome::ToHost => c.aborts_to_host += 1,
-        }
+        let c = &self.counters;
+        let n = match out {
+            AbortOutcome::Handled { .. } => &c.handled,
+            AbortOutcome::Refused(_) => &c.refused,
+            AbortOutcome::ToHost => &c.to_host,
+        };
+        n.fetch_add(1, Ordering::Relaxed);
         out
     }
 
-    fn abort_outcome(&mut self, vcpu: usize, abort: &Stage2Abort) -> AbortOutcome {
+    fn abort_outcome(&self, vcpu: usize, abort: &Stage2Abort) -> AbortOutcome {
         let Some(kind) = abort.kind() else {
             return AbortOutcome::Refused(Refusal::NotStage2);
         };
         let ipa = abort.ipa();
         let carve = self.layout.carve_out.overlaps(ipa, 1);
-        let Some(vm) = self.vm.as_mut() else {
+        let guard = self.vm.read();
+        let Some(vm) = guard.as_ref() else {
             return AbortOutcome::ToHost;
         };
-        let Some(v) = vm.vcpus.get_mut(vcpu) else {
+        let Some(v) = vm.vcpus.get(vcpu) else {
             return AbortOutcome::ToHost;
         };
         let permission = matches!(kind, s2mmu::mmu::FaultKind::Permission { .. });
+        let mut v = v.lock();
         match vm
             .mmu
-            .handle_stage2_fault(v, Gpa::new(ipa), abort.is_write(), kind)
+            .handle_stage2_fault(&mut v, Gpa::new(ipa), abort.is_write(), kind)
         {
             Ok(FaultOutcome::Fast | FaultOutcome::Slow | FaultOutcome::Spurious)
             | Ok(FaultOutcome::Retry) => AbortOutcome::Handled { permission },

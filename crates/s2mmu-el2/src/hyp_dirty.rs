@@ -8,7 +8,8 @@ use s2mmu::dirty::DirtyGfn;
 
 use crate::abi::{Counters, HypError, LogMode, RingEntry};
 use crate::check::{self, PAGE};
-use crate::hyp::{Hyp, FLAG_LOG};
+use crate::hyp::{Hyp, Vm, FLAG_LOG};
+use crate::hyp_slots::slot_arg;
 
 /// `n` copies of `v`, or [`HypError::OutOfMemory`] where EL2's heap cannot
 /// hold them (a size from the host must not abort EL2).
@@ -47,8 +48,9 @@ impl Hyp {
     /// `GET_DIRTY`: slot, bitmap PA, bitmap bytes (at least one bit per
     /// page of the slot, in whole words). Refused for rings
     /// ([`HypError::WrongMode`]) and slots that do not log.
-    pub(crate) fn get_dirty(&mut self, args: &[u64; 6]) -> Result<u64, HypError> {
-        let (vm, id, rec) = self.slot_arg(args[0])?;
+    pub(crate) fn get_dirty(&self, vm: &Vm, args: &[u64; 6]) -> Result<u64, HypError> {
+        let slots = vm.slots.lock();
+        let (id, rec) = slot_arg(&slots, args[0])?;
         if vm.mode == LogMode::Ring {
             return Err(HypError::WrongMode);
         }
@@ -68,8 +70,9 @@ impl Hyp {
 
     /// `CLEAR_DIRTY`: slot, first page (a multiple of 64), pages, bitmap
     /// PA, bitmap bytes. Only with manual protect (`manual`, `hw`).
-    pub(crate) fn clear_dirty(&mut self, args: &[u64; 6]) -> Result<u64, HypError> {
-        let (vm, id, rec) = self.slot_arg(args[0])?;
+    pub(crate) fn clear_dirty(&self, vm: &Vm, args: &[u64; 6]) -> Result<u64, HypError> {
+        let slots = vm.slots.lock();
+        let (id, rec) = slot_arg(&slots, args[0])?;
         if !matches!(vm.mode, LogMode::Manual | LogMode::Hw) {
             return Err(HypError::WrongMode);
         }
@@ -98,8 +101,7 @@ impl Hyp {
     /// `RING_HARVEST`: output PA and bytes, room for every entry the rings
     /// can hold (vCPUs x entries, 16 bytes each), so nothing harvested is
     /// dropped.
-    pub(crate) fn ring_harvest(&mut self, args: &[u64; 6]) -> Result<u64, HypError> {
-        let vm = self.vm()?;
+    pub(crate) fn ring_harvest(&self, vm: &Vm, args: &[u64; 6]) -> Result<u64, HypError> {
         if vm.mode != LogMode::Ring {
             return Err(HypError::WrongMode);
         }
@@ -120,8 +122,7 @@ impl Hyp {
     }
 
     /// `RING_RESET`.
-    pub(crate) fn ring_reset(&mut self) -> Result<u64, HypError> {
-        let vm = self.vm()?;
+    pub(crate) fn ring_reset(&self, vm: &Vm) -> Result<u64, HypError> {
         if vm.mode != LogMode::Ring {
             return Err(HypError::WrongMode);
         }
@@ -129,7 +130,7 @@ impl Hyp {
     }
 
     /// `COUNTERS`: output PA and bytes ([`Counters`]).
-    pub(crate) fn write_counters(&mut self, args: &[u64; 6]) -> Result<(), HypError> {
+    pub(crate) fn write_counters(&self, args: &[u64; 6]) -> Result<(), HypError> {
         let need = core::mem::size_of::<Counters>() as u64;
         let off = self.layout.check_shared(args[0], args[1], need)?;
         let c = self.counters();

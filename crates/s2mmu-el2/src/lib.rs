@@ -41,6 +41,7 @@ pub mod check;
 pub mod heap;
 mod hyp;
 mod hyp_dirty;
+mod hyp_slots;
 pub mod platform;
 pub mod pool;
 pub mod tlb;

@@ -11,7 +11,7 @@ const SHARED_END: u64 = SHARED_PA + SHARED_BYTES as u64;
 
 #[test]
 fn an_unknown_opcode_is_refused() {
-    let mut h = Host::with_slot(LogMode::Manual);
+    let h = Host::with_slot(LogMode::Manual);
     for code in [0u32, 12, 0xffff_ffff] {
         let before = h.state();
         let mut c = Command {
@@ -207,19 +207,14 @@ fn unmap_checks_its_range() {
 
 #[test]
 fn an_abort_on_the_carve_out_is_refused_and_nothing_is_mapped() {
-    let mut h = Host::with_slot(LogMode::Manual);
+    let h = Host::with_slot(LogMode::Manual);
     let before = h.hyp.counters();
     let out = h
         .hyp
         .handle_abort(0, &dabt(CARVE.base + 0x5000, false, false));
     assert_eq!(out, AbortOutcome::Refused(s2mmu_el2::Refusal::CarveOut));
-    assert!(h
-        .hyp
-        .mmu()
-        .unwrap()
-        .reader()
-        .translate(CARVE.base + 0x5000)
-        .is_none());
+    let reader = h.hyp.with_mmu(|m| m.reader()).unwrap();
+    assert!(reader.translate(CARVE.base + 0x5000).is_none());
     let out = h.hyp.handle_abort(0, &dabt(0x100_0000, true, false));
     assert_eq!(out, AbortOutcome::Refused(s2mmu_el2::Refusal::NoSlot));
     let after = h.hyp.counters();

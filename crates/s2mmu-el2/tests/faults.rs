@@ -21,7 +21,12 @@ fn first_touch_maps_from_the_backing_and_wp_faults_mark_dirty() {
     let mut h = Host::with_slot(LogMode::Manual);
     let out = h.hyp.handle_abort(0, &iabt(IPA + 0x10));
     assert_eq!(out, AbortOutcome::Handled { permission: false });
-    let t = h.hyp.mmu().unwrap().reader().translate(IPA + 0x10).unwrap();
+    let t = h
+        .hyp
+        .with_mmu(|m| m.reader())
+        .unwrap()
+        .translate(IPA + 0x10)
+        .unwrap();
     assert_eq!(
         (t.pa, t.size),
         (BACKING + 0x10, 2 << 20),
@@ -29,11 +34,16 @@ fn first_touch_maps_from_the_backing_and_wp_faults_mark_dirty() {
     );
 
     h.ok(Op::LogSet, &[0, 1, LogMode::Manual as u64]);
-    let m = h.hyp.mmu().unwrap();
-    assert!(!m.reader().translate(IPA).unwrap().prot.contains(Prot::W));
+    let m = h.hyp.with_mmu(|m| m.reader()).unwrap();
+    assert!(!m.translate(IPA).unwrap().prot.contains(Prot::W));
     for p in pages_written() {
         let ipa = IPA + p * 4096;
-        let mapped = h.hyp.mmu().unwrap().reader().translate(ipa).is_some();
+        let mapped = h
+            .hyp
+            .with_mmu(|m| m.reader())
+            .unwrap()
+            .translate(ipa)
+            .is_some();
         let out = h.hyp.handle_abort(0, &dabt(ipa, true, mapped));
         assert_eq!(out, AbortOutcome::Handled { permission: mapped });
     }
@@ -49,15 +59,9 @@ fn first_touch_maps_from_the_backing_and_wp_faults_mark_dirty() {
     // CLEAR the first 64 pages from a bitmap the host writes.
     h.set_shared_word(4096, want[0]);
     assert_eq!(h.ok(Op::ClearDirty, &[0, 0, 64, SHARED_PA + 4096, 8])[0], 3);
-    let m = h.hyp.mmu().unwrap();
-    assert!(!m
-        .reader()
-        .translate(IPA + 5 * 4096)
-        .unwrap()
-        .prot
-        .contains(Prot::W));
+    let m = h.hyp.with_mmu(|m| m.reader()).unwrap();
+    assert!(!m.translate(IPA + 5 * 4096).unwrap().prot.contains(Prot::W));
     assert!(m
-        .reader()
         .translate(IPA + 700 * 4096)
         .unwrap()
         .prot
@@ -80,15 +84,22 @@ fn collapse_brings_the_blocks_back_and_unmap_drops_them() {
     let mut h = Host::with_slot(LogMode::Manual);
     h.hyp.handle_abort(0, &dabt(IPA, true, false));
     h.ok(Op::LogSet, &[0, 1, LogMode::Manual as u64]);
-    let m = h.hyp.mmu().unwrap();
-    assert_eq!(m.reader().translate(IPA).unwrap().size, 4096, "split");
+    let size = |h: &Host| {
+        h.hyp
+            .with_mmu(|m| m.reader().translate(IPA).map(|t| t.size))
+    };
+    assert_eq!(size(&h), Some(Some(4096)), "split");
     assert_eq!(h.ok(Op::Collapse, &[0])[0], 1, "the one split block");
-    let m = h.hyp.mmu().unwrap();
-    assert_eq!(m.reader().translate(IPA).unwrap().size, 2 << 20);
+    assert_eq!(size(&h), Some(Some(2 << 20)));
     assert_eq!(h.hyp.slot(0).unwrap().flags & 1, 0, "not logging any more");
 
     assert_eq!(h.ok(Op::UnmapRange, &[BACKING + 0x3000, 0x1000])[0], 1);
-    assert!(h.hyp.mmu().unwrap().reader().translate(IPA).is_none());
+    assert!(h
+        .hyp
+        .with_mmu(|m| m.reader())
+        .unwrap()
+        .translate(IPA)
+        .is_none());
     assert_eq!(h.ok(Op::MemslotSet, &[0, 0, 0, 0, 0, 0]), [0; 4], "deleted");
     assert_eq!(h.hyp.slot(0), None);
     h.ok(Op::VmDestroy, &[]);
@@ -115,11 +126,6 @@ fn ring_mode_harvests_into_shared_memory_and_resets() {
     let want: Vec<(u64, u64)> = pages_written().into_iter().map(|p| (0, p)).collect();
     assert_eq!(got, want);
     assert_eq!(h.ok(Op::RingReset, &[])[0], 6);
-    let m = h.hyp.mmu().unwrap();
-    assert!(!m
-        .reader()
-        .translate(IPA + 5 * 4096)
-        .unwrap()
-        .prot
-        .contains(Prot::W));
+    let m = h.hyp.with_mmu(|m| m.reader()).unwrap();
+    assert!(!m.translate(IPA + 5 * 4096).unwrap().prot.contains(Prot::W));
 }

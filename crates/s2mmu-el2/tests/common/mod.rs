@@ -103,7 +103,7 @@ impl Host {
         let slots: Vec<_> = (0..s2mmu_el2::MAX_SLOTS)
             .map(|i| self.hyp.slot(i))
             .collect();
-        let maps: Vec<_> = self.hyp.mmu().map_or(Vec::new(), |m| {
+        let maps: Option<Vec<_>> = self.hyp.with_mmu(|m| {
             (0..8u64)
                 .map(|p| {
                     m.reader()

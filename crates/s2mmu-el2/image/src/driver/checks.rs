@@ -82,8 +82,8 @@ impl Driver {
         let (read, write) = (refused(false), refused(true));
         let mapped = self
             .hyp
-            .mmu()
-            .and_then(|m| m.reader().translate(CARVE_PROBE))
+            .with_mmu(|m| m.reader().translate(CARVE_PROBE))
+            .flatten()
             .is_some();
         let slot = self.cmd(
             Op::MemslotSet,
