@@ -5,14 +5,8 @@
 // One level-1 table (4 KiB granule, 39-bit VA, identity): 0-1 GiB Device
 // (the UART, the GIC), 1-2 GiB Normal write-back inner-shareable (RAM).
 
-        .section .text.boot, "ax"
-        .global _start
-_start:
-        mrs     x0, CurrentEL
-        cmp     x0, #(2 << 2)
-        b.ne    .                       // not at EL2: nothing to do
-        ldr     x0, =__stack_top
-        mov     sp, x0
+        // EL2's own translation and traps, the same on every CPU.
+        .macro  el2_setup
         // MAIR_EL2: attr0 Device-nGnRnE, attr1 Normal WB RW-allocate.
         mov     x0, #0xff00
         msr     mair_el2, x0
@@ -35,6 +29,18 @@ _start:
         adr     x0, el2_vectors
         msr     vbar_el2, x0
         isb
+        .endm
+
+        .section .text.boot, "ax"
+        .global _start
+_start:
+        mrs     x0, CurrentEL
+        cmp     x0, #(2 << 2)
+        b.ne    .                       // not at EL2: nothing to do
+        ldr     x0, =__stack_top
+        mov     sp, x0
+        msr     tpidr_el2, xzr          // CPU 0
+        el2_setup
         ldr     x0, =__bss_start
         ldr     x1, =__bss_end
 1:      cmp     x0, x1
@@ -42,6 +48,20 @@ _start:
         str     xzr, [x0], #8
         b       1b
 2:      bl      el2_main
+        b       .
+
+// A secondary CPU from PSCI CPU_ON, at EL2 with x0 = its index: a stack
+// of 64 KiB below CPU 0's per index, the same EL2 set-up.
+        .global el2_secondary_entry
+el2_secondary_entry:
+        mov     x19, x0
+        ldr     x1, =__stack_top
+        sub     x1, x1, x19, lsl #16
+        mov     sp, x1
+        msr     tpidr_el2, x19
+        el2_setup
+        mov     x0, x19
+        bl      el2_secondary_main
         b       .
 
 // el2_enter_guest(entry, stack_top): EL1h with interrupts masked at
@@ -98,11 +118,15 @@ lower_sync:
         ldp     x26, x27, [sp, #208]
         ldp     x28, x29, [sp, #224]
         ldr     x30, [sp, #240]
-        // The counter just before the ERET, for the fault-cost samples.
+        // The counter just before the ERET, for the fault-cost samples:
+        // EL2_EXIT_TICKS[this CPU] (TPIDR_EL2 holds its index).
+        adrp    x1, EL2_EXIT_TICKS
+        add     x1, x1, :lo12:EL2_EXIT_TICKS
+        mrs     x0, tpidr_el2
+        add     x1, x1, x0, lsl #3
         isb
         mrs     x0, cntvct_el0
-        adrp    x1, EL2_EXIT_TICKS
-        str     x0, [x1, :lo12:EL2_EXIT_TICKS]
+        str     x0, [x1]
         ldp     x0, x1, [sp, #0]
         add     sp, sp, #256
         eret

@@ -1,7 +1,8 @@
 //! A bare-metal EL2 program for QEMU's `virt` machine
-//! (`-M virt,virtualization=on -cpu max -semihosting`): the s2mmu engine,
-//! built for `aarch64-unknown-none`, owns a small guest's stage 2 and
-//! answers its aborts here, at EL2.
+//! (`-M virt,virtualization=on -cpu max -smp 2 -semihosting`): the s2mmu
+//! engine, built for `aarch64-unknown-none`, owns a small guest's stage 2
+//! and answers its aborts here, at EL2, on both CPUs at once (one vCPU
+//! each; CPU 1 is started with PSCI `CPU_ON`).
 //!
 //! Memory (RAM from 0x4000_0000): EL2's carve-out 0x4000_0000-0x4200_0000
 //! (this image at 0x4008_0000, its heap at 0x4100_0000, its stage-2 table
@@ -43,9 +44,9 @@ const POOL_PAGES: usize = 2048;
 const RAM: Region = Region::new(0x4000_0000, 256 << 20);
 const SHARED: Region = Region::new(0x4300_0000, 256 << 10);
 
-/// The counter just before the last ERET to the guest (`boot.S`).
+/// Per CPU, the counter just before its last ERET to the guest (`boot.S`).
 #[no_mangle]
-static EL2_EXIT_TICKS: AtomicU64 = AtomicU64::new(0);
+static EL2_EXIT_TICKS: [AtomicU64; driver::CPUS] = [const { AtomicU64::new(0) }; driver::CPUS];
 
 /// The registers a trap saved (`boot.S`'s frame).
 #[repr(C)]
@@ -58,7 +59,33 @@ pub struct Frame {
 
 extern "C" {
     fn el2_enter_guest(entry: u64, stack_top: u64) -> !;
+    fn el2_secondary_entry();
     static __stack_top: u8;
+}
+
+/// CPU `cpu`'s stack top (`boot.S`: 64 KiB each, CPU 0's highest).
+fn stack_top(cpu: usize) -> u64 {
+    (&raw const __stack_top as u64) - ((cpu as u64) << 16)
+}
+
+/// PSCI `CPU_ON` through the SMC conduit (QEMU's firmware with
+/// virtualization on): CPU `cpu` (MPIDR Aff0) starts at EL2 at
+/// `el2_secondary_entry` with x0 = `cpu`.
+fn cpu_on(cpu: usize) -> i64 {
+    let r: i64;
+    // SAFETY: a firmware call that starts a powered-off CPU at the entry
+    // given; it touches no memory of ours.
+    unsafe {
+        asm!(
+            "smc #0",
+            inout("x0") 0xc400_0003u64 as i64 => r,
+            in("x1") cpu as u64,
+            in("x2") el2_secondary_entry as *const () as u64,
+            in("x3") cpu as u64,
+            options(nostack)
+        )
+    };
+    r
 }
 
 /// Reads a system register.
@@ -72,16 +99,6 @@ macro_rules! sysreg {
     }};
 }
 pub(crate) use sysreg;
-
-/// Writes a system register, then `ISB`.
-///
-/// # Safety
-/// The value must be right for the register at this point (EL2's own
-/// configuration, or the guest's stage 2).
-pub(crate) unsafe fn set_sysreg_vttbr(v: u64) {
-    // SAFETY: the caller's contract.
-    unsafe { asm!("msr vttbr_el2, {}", "isb", in(reg) v, options(nostack)) };
-}
 
 #[no_mangle]
 extern "C" fn el2_main() -> ! {
@@ -114,15 +131,35 @@ extern "C" fn el2_main() -> ! {
         s2mmu_el2::GenericTimer::frequency().unwrap_or(0)
     ));
     let entry = driver::start(hyp, tlb);
+    for cpu in 1..driver::CPUS {
+        let r = cpu_on(cpu);
+        if r != 0 {
+            driver::fail(format_args!("PSCI CPU_ON of CPU {cpu}: {r}"));
+        }
+    }
+    driver::enter_stage2(0);
     // SAFETY: `entry` is the guest's code, mapped by its slot on first
     // fetch; the stack top is boot.S's, which no Rust frame needs now.
-    unsafe { el2_enter_guest(entry, &raw const __stack_top as u64) }
+    unsafe { el2_enter_guest(entry, stack_top(0)) }
+}
+
+/// A secondary CPU, its EL2 set up by `boot.S`: enters the guest as the
+/// VM's vCPU `cpu`.
+#[no_mangle]
+extern "C" fn el2_secondary_main(cpu: usize) -> ! {
+    if cpu >= driver::CPUS {
+        driver::fail(format_args!("CPU {cpu} started"));
+    }
+    let entry = driver::enter_stage2(cpu);
+    // SAFETY: as for CPU 0; this CPU's own stack.
+    unsafe { el2_enter_guest(entry, stack_top(cpu)) }
 }
 
 /// A trap from the guest (`boot.S`).
 #[no_mangle]
 extern "C" fn el2_trap(frame: &mut Frame) {
-    driver::trap(frame, EL2_EXIT_TICKS.load(Ordering::Relaxed));
+    let cpu = (sysreg!("tpidr_el2") as usize).min(driver::CPUS - 1);
+    driver::trap(cpu, frame, EL2_EXIT_TICKS[cpu].load(Ordering::Relaxed));
 }
 
 /// A trap EL2 does not expect (from EL2 itself, an interrupt).

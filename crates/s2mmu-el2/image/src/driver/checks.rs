@@ -5,7 +5,10 @@ use alloc::vec::Vec;
 use s2mmu_el2::abi::{HypError, Op};
 use s2mmu_el2::{GenericTimer, Refusal};
 
-use super::{Driver, CARVE_PROBE, DATA_BACKING, OFF_BITMAP, OFF_RING, PAGES};
+use super::{
+    hyp, Driver, CARVE_PROBE, CPUS, DATA_BACKING, OFF_BITMAP, OFF_RING, PAGES, PER_CPU,
+    RING_ENTRIES,
+};
 use crate::semihosting::{exit, println};
 use crate::{CARVE_OUT, SHARED};
 
@@ -36,7 +39,7 @@ impl Driver {
 
     /// Starts counting the faults of the next pass from now.
     pub(super) fn mark_faults(&mut self) {
-        let c = self.hyp.counters();
+        let c = hyp().counters();
         self.fault_mark = c.permission + c.translation;
     }
 
@@ -47,7 +50,7 @@ impl Driver {
         let got: Vec<bool> = (0..PAGES)
             .map(|p| shared_word(OFF_BITMAP + p / 64 * 8) >> (p % 64) & 1 != 0)
             .collect();
-        let c = self.hyp.counters();
+        let c = hyp().counters();
         let all = c.permission + c.translation;
         let faults = all - core::mem::replace(&mut self.fault_mark, all);
         self.compare(name, &got, faults);
@@ -56,7 +59,10 @@ impl Driver {
     /// The write-protection fault cost: counter ticks from the vector's
     /// entry to just before the ERET, median over the faults timed.
     pub(super) fn report_fault_cost(&mut self) {
-        let mut s = core::mem::take(&mut self.samples);
+        let mut s: Vec<u64> = PER_CPU
+            .iter()
+            .flat_map(|c| core::mem::take(&mut *c.samples.lock()))
+            .collect();
         s.sort_unstable();
         let hz = GenericTimer::frequency().unwrap_or(0);
         let median = s.get(s.len() / 2).copied().unwrap_or(0);
@@ -80,8 +86,7 @@ impl Driver {
                 .any(|&(r, ipa, w)| r == Refusal::CarveOut && ipa == CARVE_PROBE && w == write)
         };
         let (read, write) = (refused(false), refused(true));
-        let mapped = self
-            .hyp
+        let mapped = hyp()
             .with_mmu(|m| m.reader().translate(CARVE_PROBE))
             .flatten()
             .is_some();
@@ -105,8 +110,9 @@ impl Driver {
     /// RING_HARVEST compared with the ring pass, RING_RESET, the summary,
     /// and QEMU's exit.
     pub(super) fn finish(&mut self) -> ! {
-        let faults = self.hyp.counters().translation;
-        let n = self.must(Op::RingHarvest, &[SHARED.base + OFF_RING, 1024 * 16])[0];
+        let faults = hyp().counters().translation;
+        let bytes = CPUS as u64 * RING_ENTRIES * 16;
+        let n = self.must(Op::RingHarvest, &[SHARED.base + OFF_RING, bytes])[0];
         let mut got = vec![false; PAGES as usize];
         let mut foreign = 0;
         for i in 0..n {
@@ -135,6 +141,19 @@ impl Driver {
             c.table_pages,
             self.tlb.sequences()
         ));
+        let per_cpu: Vec<u64> = PER_CPU
+            .iter()
+            .map(|c| c.aborts.load(core::sync::atomic::Ordering::Relaxed))
+            .collect();
+        let list = per_cpu
+            .iter()
+            .map(|n| alloc::format!("{n}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        println(format_args!("el2: cpus={CPUS} aborts_per_cpu={list}"));
+        if per_cpu.contains(&0) {
+            self.failures += 1;
+        }
         let t = self.tlb.counts();
         println(format_args!(
             "el2: tlbi last_level={} all_levels={} range={} vmid={}",
