@@ -1,0 +1,333 @@
+//! EL2's state for one VM and the dispatcher of the host's commands.
+
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use s2mmu::format::arm64::{Arm64Stage2, Granule};
+use s2mmu::memslot::{MemslotConfig, MemslotStore, TreeMemslots};
+use s2mmu::mmu::{DirtyMode, FaultOutcome, HugePageRecovery, Mmu, MmuPolicy, Protect, VcpuMmu};
+use s2mmu::{Error, Gpa, TlbInvalidate};
+
+use crate::abi::{Command, Counters, HypError, LogMode, Op};
+use crate::abort::{AbortOutcome, Refusal, Stage2Abort};
+use crate::check::{Layout, IPA_BITS};
+use crate::platform::{El2Platform, RawMutex, RawRwLock};
+use crate::pool::{PagePool, PoolMmOps};
+use core::sync::atomic::{AtomicU64, Ordering};
+
+/// Memslots a VM may have (ids `0..MAX_SLOTS`).
+pub const MAX_SLOTS: usize = 32;
+/// vCPUs a VM may have.
+pub const MAX_VCPUS: u64 = 8;
+/// Bit 0 of `MEMSLOT_SET`'s flags: log dirty pages.
+pub const FLAG_LOG: u64 = 1;
+/// Bit 1 of `MEMSLOT_SET`'s flags: read-only.
+pub const FLAG_READONLY: u64 = 2;
+
+/// The engine as EL2 runs it: arm64 stage 2 with 4 KiB pages, tables from
+/// the carve-out's [`PagePool`], memslots in the tree store, the EL2
+/// platform.
+pub type El2Mmu = Mmu<Arm64Stage2, PoolMmOps, TreeMemslots<El2Platform>, El2Platform>;
+
+/// EL2's record of a slot, kept beside the engine's for the checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotRecord {
+    /// Guest-physical base.
+    pub ipa: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Physical base of the backing.
+    pub backing: u64,
+    /// `MEMSLOT_SET` flags.
+    pub flags: u64,
+    /// The largest mapping the backing allows.
+    pub page_size: u64,
+}
+
+/// EL2's slot records: the slot-changing and dirty-log commands hold
+/// their lock from their checks to their record update (KVM's
+/// `slots_lock`), so no two of them interleave.
+pub(crate) type Slots = [Option<SlotRecord>; MAX_SLOTS];
+
+pub(crate) struct Vm {
+    pub(crate) mmu: El2Mmu,
+    /// Each vCPU's engine state, taken by its CPU's abort handler.
+    pub(crate) vcpus: Vec<lock_api::Mutex<RawMutex, VcpuMmu<PoolMmOps>>>,
+    pub(crate) mode: LogMode,
+    pub(crate) ring_entries: u64,
+    pub(crate) slots: lock_api::Mutex<RawMutex, Slots>,
+}
+
+/// Counters kept by EL2 itself (the engine keeps the rest).
+#[derive(Default)]
+struct HypCounters {
+    handled: AtomicU64,
+    refused: AtomicU64,
+    to_host: AtomicU64,
+    commands_ok: AtomicU64,
+    commands_refused: AtomicU64,
+}
+
+/// EL2's state: the machine's layout, the carve-out's table pool, the TLB
+/// backend, the VM (once created) and the counters.
+///
+/// Every method takes `&self`: each CPU answers its own vCPU's aborts
+/// concurrently (the VM's lock shared, the vCPU's own lock), while
+/// commands serialise on the slot records and only `VM_INIT` and
+/// `VM_DESTROY` take the VM's lock exclusively.
+pub struct Hyp {
+    pub(crate) layout: Layout,
+    pool: Arc<PagePool>,
+    tlb: Arc<dyn TlbInvalidate>,
+    pub(crate) vm: lock_api::RwLock<RawRwLock, Option<Vm>>,
+    counters: HypCounters,
+}
+
+// SAFETY: the only field that is neither Send nor Sync is the shared
+// area's address in `layout`, which `Hyp::new`'s caller vouches for;
+// everything it points to is reached only through volatile word accesses
+// (the host may change it at any time anyway), and the rest is behind
+// locks or atomics.
+unsafe impl Send for Hyp {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Hyp {}
+
+pub(crate) fn engine_error(e: Error) -> HypError {
+    match e {
+        Error::OutOfMemory | Error::CacheExhausted { .. } => HypError::OutOfMemory,
+        Error::NoSuchSlot { .. } => HypError::NoSuchSlot,
+        _ => HypError::Engine,
+    }
+}
+
+impl Hyp {
+    /// EL2's state over `layout`, stage-2 tables from `pool`, invalidations
+    /// to `tlb`.
+    ///
+    /// # Safety
+    /// `layout.shared_va` reaches `layout.shared.size` bytes of memory that
+    /// stay mapped for as long as this value lives (the host may write them
+    /// at any time: EL2 only reads and writes them by volatile accesses);
+    /// `pool`'s pages lie inside `layout.carve_out`.
+    ///
+    /// # Errors
+    /// The layout's own check ([`Layout::validate`]), or
+    /// [`HypError::CarveOut`] if the pool is not inside the carve-out.
+    pub unsafe fn new(
+        layout: Layout,
+        pool: Arc<PagePool>,
+        tlb: Arc<dyn TlbInvalidate>,
+    ) -> Result<Self, HypError> {
+        layout.validate()?;
+        let (base, size) = pool.range();
+        if !layout.carve_out.contains(base, size) {
+            return Err(HypError::CarveOut);
+        }
+        Ok(Hyp {
+            layout,
+            pool,
+            tlb,
+            vm: lock_api::RwLock::new(None),
+            counters: HypCounters::default(),
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// EL2's record of slot `id`, if it exists.
+    pub fn slot(&self, id: usize) -> Option<SlotRecord> {
+        let vm = self.vm.read();
+        vm.as_ref()
+            .and_then(|v| v.slots.lock().get(id).copied().flatten())
+    }
+
+    /// Runs `f` on the VM's engine, if a VM exists (inspection, tests).
+    pub fn with_mmu<R>(&self, f: impl FnOnce(&El2Mmu) -> R) -> Option<R> {
+        self.vm.read().as_ref().map(|v| f(&v.mmu))
+    }
+
+    /// The counters now.
+    pub fn counters(&self) -> Counters {
+        let n = &self.counters;
+        let mut c = Counters {
+            aborts_handled: n.handled.load(Ordering::Relaxed),
+            aborts_refused: n.refused.load(Ordering::Relaxed),
+            aborts_to_host: n.to_host.load(Ordering::Relaxed),
+            commands_ok: n.commands_ok.load(Ordering::Relaxed),
+            commands_refused: n.commands_refused.load(Ordering::Relaxed),
+            table_pages: self.pool.used_pages() as u64,
+            ..Counters::default()
+        };
+        if let Some(vm) = self.vm.read().as_ref() {
+            for v in &vm.vcpus {
+                let st = v.lock().stats;
+                c.translation += st.translation;
+                c.permission += st.permission;
+                c.dirtied += st.dirtied;
+            }
+            c.collapsed = vm.mmu.vm_stats().collapsed;
+        }
+        c
+    }
+
+    /// Answers a command block: checks, acts, and writes `status` and
+    /// `ret` (zeroed on error, the state unchanged).
+    pub fn dispatch(&self, cmd: &mut Command) {
+        let r = match Op::from_code(cmd.op) {
+            Some(op) => self.call(op, &cmd.args),
+            None => Err(HypError::UnknownOp),
+        };
+        match r {
+            Ok(ret) => {
+                cmd.status = 0;
+                cmd.ret = ret;
+                self.counters.commands_ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                cmd.status = e.status();
+                cmd.ret = [0; 4];
+                self.counters
+                    .commands_refused
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Runs `op` with `args` (the dispatcher without the block).
+    ///
+    /// # Errors
+    /// The first check the arguments fail, or the engine's refusal.
+    pub fn call(&self, op: Op, args: &[u64; 6]) -> Result<[u64; 4], HypError> {
+        let one = |v: u64| [v, 0, 0, 0];
+        match op {
+            Op::VmInit => return self.vm_init(args).map(one),
+            Op::VmDestroy => return self.vm_destroy().map(|()| [0; 4]),
+            Op::Counters => return self.write_counters(args).map(|()| [0; 4]),
+            _ => {}
+        }
+        let guard = self.vm.read();
+        let vm = guard.as_ref().ok_or(HypError::NoVm)?;
+        match op {
+            Op::MemslotSet => self.memslot_set(vm, args).map(|()| [0; 4]),
+            Op::LogSet => self.log_set(vm, args).map(|()| [0; 4]),
+            Op::GetDirty => self.get_dirty(vm, args).map(one),
+            Op::ClearDirty => self.clear_dirty(vm, args).map(one),
+            Op::RingHarvest => self.ring_harvest(vm, args).map(one),
+            Op::RingReset => self.ring_reset(vm).map(one),
+            Op::UnmapRange => self.unmap_range(vm, args).map(one),
+            Op::Collapse => self.collapse(vm, args).map(one),
+            Op::VmInit | Op::VmDestroy | Op::Counters => Err(HypError::UnknownOp),
+        }
+    }
+
+    /// `VM_INIT`: mode, ring entries (ring only: a power of two,
+    /// 256..=65536; else 0), vCPUs (1..=[`MAX_VCPUS`]).
+    fn vm_init(&self, args: &[u64; 6]) -> Result<u64, HypError> {
+        let mut slot = self.vm.write();
+        if slot.is_some() {
+            return Err(HypError::VmExists);
+        }
+        let mode = LogMode::from_code(args[0]).ok_or(HypError::BadArgument)?;
+        let entries = args[1];
+        let entries_ok = match mode {
+            LogMode::Ring => entries.is_power_of_two() && (256..=65536).contains(&entries),
+            _ => entries == 0,
+        };
+        if !entries_ok || !(1..=MAX_VCPUS).contains(&args[2]) || args[3..] != [0; 3] {
+            return Err(HypError::BadArgument);
+        }
+        let dirty = match mode {
+            LogMode::Wp => DirtyMode::Bitmap {
+                protect: Protect::OnGet,
+            },
+            LogMode::Manual => DirtyMode::WP,
+            LogMode::Ring => DirtyMode::Ring {
+                entries: entries as u32,
+            },
+            LogMode::Hw => DirtyMode::HW,
+        };
+        let policy = MmuPolicy {
+            dirty,
+            huge_page_recovery: HugePageRecovery::Collapse,
+            ..MmuPolicy::default()
+        };
+        let fmt = Arm64Stage2::new(Granule::K4, IPA_BITS).map_err(engine_error)?;
+        let slots = <TreeMemslots<El2Platform> as MemslotStore>::with_config(MemslotConfig {
+            max_user_slots: MAX_SLOTS as u16,
+            ..MemslotConfig::default()
+        });
+        let mm = PoolMmOps::new(self.pool.clone());
+        let mmu =
+            Mmu::for_platform(fmt, mm, self.tlb.clone(), slots, policy).map_err(engine_error)?;
+        let vcpus = (0..args[2])
+            .map(|_| mmu.new_vcpu().map(lock_api::Mutex::new))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(engine_error)?;
+        let root = mmu.with_table(|pt| pt.root_pa());
+        *slot = Some(Vm {
+            mmu,
+            vcpus,
+            mode,
+            ring_entries: entries,
+            slots: lock_api::Mutex::new([None; MAX_SLOTS]),
+        });
+        Ok(root)
+    }
+
+    /// `VM_DESTROY`: the VM's tables go back to the pool, then the VMID's
+    /// TLB entries are flushed before any page can be reused. The host
+    /// stops every vCPU of the VM first.
+    fn vm_destroy(&self) -> Result<(), HypError> {
+        let mut slot = self.vm.write();
+        slot.take().ok_or(HypError::NoVm)?;
+        self.tlb.flush_vmid();
+        Ok(())
+    }
+
+    /// Answers vCPU `vcpu`'s stage-2 abort with the engine: a first touch
+    /// maps from the slot's backing, a write-protection fault under
+    /// logging marks the page dirty; an IPA no slot covers is refused
+    /// (never mapped), and so is one in the carve-out, which no slot can
+    /// cover.
+    pub fn handle_abort(&self, vcpu: usize, abort: &Stage2Abort) -> AbortOutcome {
+        let out = self.abort_outcome(vcpu, abort);
+        let c = &self.counters;
+        let n = match out {
+            AbortOutcome::Handled { .. } => &c.handled,
+            AbortOutcome::Refused(_) => &c.refused,
+            AbortOutcome::ToHost => &c.to_host,
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        out
+    }
+
+    fn abort_outcome(&self, vcpu: usize, abort: &Stage2Abort) -> AbortOutcome {
+        let Some(kind) = abort.kind() else {
+            return AbortOutcome::Refused(Refusal::NotStage2);
+        };
+        let ipa = abort.ipa();
+        let carve = self.layout.carve_out.overlaps(ipa, 1);
+        let guard = self.vm.read();
+        let Some(vm) = guard.as_ref() else {
+            return AbortOutcome::ToHost;
+        };
+        let Some(v) = vm.vcpus.get(vcpu) else {
+            return AbortOutcome::ToHost;
+        };
+        let permission = matches!(kind, s2mmu::mmu::FaultKind::Permission { .. });
+        let mut v = v.lock();
+        match vm
+            .mmu
+            .handle_stage2_fault(&mut v, Gpa::new(ipa), abort.is_write(), kind)
+        {
+            Ok(FaultOutcome::Fast | FaultOutcome::Slow | FaultOutcome::Spurious)
+            | Ok(FaultOutcome::Retry) => AbortOutcome::Handled { permission },
+            Err(Error::NoSlot { .. }) if carve => AbortOutcome::Refused(Refusal::CarveOut),
+            Err(Error::NoSlot { .. }) => AbortOutcome::Refused(Refusal::NoSlot),
+            Err(Error::WriteToReadOnly { .. }) => AbortOutcome::Refused(Refusal::ReadOnly),
+            Err(_) => AbortOutcome::ToHost,
+        }
+    }
+}
