@@ -45,6 +45,7 @@ mod hyp_slots;
 pub mod platform;
 pub mod pool;
 pub mod tlb;
+pub mod trace;
 
 pub use abi::{Command, Counters, HypError, LogMode, Op, RingEntry};
 pub use abort::{AbortOutcome, Refusal, Stage2Abort};

@@ -20,6 +20,11 @@
 //!    CPU sets the dirty state (DBM) and GET's scan reports the pages.
 //! 6. Rings: a new VM in ring mode, the guest writes every 7th page,
 //!    RING_HARVEST checks the entries, RING_RESET re-protects.
+//! 7. Break-before-make fault injection (`inject.rs`): a VM on blocks,
+//!    logging on, then its invalidations withheld while the guest's writes
+//!    split the blocks, CLEAR protects and COLLAPSE merges them back; the
+//!    trace of every store and invalidation goes to the host's file
+//!    `el2-bbm.trace`, whose replay must flag this VM and no other.
 
 use alloc::boxed::Box;
 use alloc::sync::Arc;
@@ -29,6 +34,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use s2mmu::TlbInvalidate;
 use s2mmu_el2::abi::{Command, Counters, HypError, LogMode, Op};
 use s2mmu_el2::tlb::cpu::Cpu;
+use s2mmu_el2::trace::TracedTlb;
 use s2mmu_el2::{AbortOutcome, El2Tlb, Hyp, Refusal, Stage2Abort};
 use spin::mutex::SpinMutex;
 
@@ -59,8 +65,11 @@ struct Stage2Regs {
     generation: u64,
 }
 
+/// EL2's TLB backend, each invalidation recorded for the host's replay.
+pub type Tlb = TracedTlb<El2Tlb<Cpu>>;
+
 struct Driver {
-    tlb: Arc<El2Tlb<Cpu>>,
+    tlb: Arc<Tlb>,
     step: u32,
     /// CPUs at the HVC that ends the current step's pass.
     arrived: usize,
@@ -124,7 +133,7 @@ extern "C" {
 
 /// Sets up EL2 for the guest (the guest's code in place, its VM and
 /// slots); every CPU then calls [`enter_stage2`].
-pub fn start(hyp: Hyp, tlb: Arc<El2Tlb<Cpu>>) -> u64 {
+pub fn start(hyp: Hyp, tlb: Arc<Tlb>) -> u64 {
     // SAFETY: the guest's code lies between the two symbols of boot.S;
     // its backing is RAM outside the carve-out that nothing else uses.
     unsafe {
@@ -304,6 +313,9 @@ impl Driver {
     /// the guest ([`enter_stage2`]).
     fn new_vm(&mut self, mode: LogMode, entries: u64, page: u64) {
         let root = self.must(Op::VmInit, &[mode as u64, entries, CPUS as u64])[0];
+        if let Some(table) = hyp().with_mmu(|m| m.bbm_id()) {
+            self.tlb.set_table(table);
+        }
         self.must(
             Op::MemslotSet,
             &[0, 0, CODE_IPA, 64 << 10, CODE_BACKING, 4096],
@@ -402,7 +414,12 @@ impl Driver {
                 self.must(Op::LogSet, &[1, 1, LogMode::Ring as u64]);
                 self.write_pass(7, 4);
             }
-            _ => self.finish(),
+            8 => {
+                self.check_ring();
+                self.inject_start();
+            }
+            9 => self.inject_withhold(),
+            _ => self.inject_end(),
         }
     }
 }
@@ -412,3 +429,4 @@ fn code_error(status: i32) -> HypError {
 }
 
 mod checks;
+mod inject;
