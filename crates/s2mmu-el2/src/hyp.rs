@@ -290,14 +290,15 @@ impl Hyp {
     /// maps from the slot's backing, a write-protection fault under
     /// logging marks the page dirty; an IPA no slot covers is refused
     /// (never mapped), and so is one in the carve-out, which no slot can
-    /// cover.
+    /// cover; a vCPU whose dirty ring is soft-full exits to the host
+    /// ([`AbortOutcome::RingFull`]), its abort not handled.
     pub fn handle_abort(&self, vcpu: usize, abort: &Stage2Abort) -> AbortOutcome {
         let out = self.abort_outcome(vcpu, abort);
         let c = &self.counters;
         let n = match out {
             AbortOutcome::Handled { .. } => &c.handled,
             AbortOutcome::Refused(_) => &c.refused,
-            AbortOutcome::ToHost => &c.to_host,
+            AbortOutcome::RingFull | AbortOutcome::ToHost => &c.to_host,
         };
         n.fetch_add(1, Ordering::Relaxed);
         out
@@ -327,6 +328,7 @@ impl Hyp {
             Err(Error::NoSlot { .. }) if carve => AbortOutcome::Refused(Refusal::CarveOut),
             Err(Error::NoSlot { .. }) => AbortOutcome::Refused(Refusal::NoSlot),
             Err(Error::WriteToReadOnly { .. }) => AbortOutcome::Refused(Refusal::ReadOnly),
+            Err(Error::RingFull { .. }) => AbortOutcome::RingFull,
             Err(_) => AbortOutcome::ToHost,
         }
     }

@@ -129,3 +129,38 @@ fn ring_mode_harvests_into_shared_memory_and_resets() {
     let m = h.hyp.with_mmu(|m| m.reader()).unwrap();
     assert!(!m.translate(IPA + 5 * 4096).unwrap().prot.contains(Prot::W));
 }
+
+#[test]
+fn a_soft_full_ring_exits_to_the_host_which_harvests_resets_and_resumes_it() {
+    let mut h = Host::with_slot(LogMode::Ring);
+    h.ok(Op::LogSet, &[0, 1, LogMode::Ring as u64]);
+    let mut harvested = Vec::new();
+    let mut exits = 0;
+    // 600 pages written into a 256-entry ring: the host must empty it.
+    for p in 0..600u64 {
+        let abort = dabt(IPA + p * 4096, true, false);
+        let mut out = h.hyp.handle_abort(0, &abort);
+        if out == AbortOutcome::RingFull {
+            exits += 1;
+            let before = h.hyp.counters();
+            let n = h.ok(Op::RingHarvest, &[SHARED_PA, 4096])[0];
+            assert!(n > 0 && n <= 256, "{n} entries");
+            harvested.extend((0..n).map(|i| h.shared_word(i as usize * 16 + 8)));
+            assert_eq!(h.ok(Op::RingReset, &[])[0], n);
+            // The refused abort changed nothing: the page is still clean.
+            assert_eq!(before.dirtied, h.hyp.counters().dirtied);
+            out = h.hyp.handle_abort(0, &abort);
+        }
+        assert_eq!(out, AbortOutcome::Handled { permission: false }, "page {p}");
+    }
+    let n = h.ok(Op::RingHarvest, &[SHARED_PA, 4096])[0];
+    harvested.extend((0..n).map(|i| h.shared_word(i as usize * 16 + 8)));
+    harvested.sort_unstable();
+    assert!(exits >= 2, "{exits} exits");
+    assert_eq!(
+        harvested,
+        (0..600).collect::<Vec<u64>>(),
+        "lost or extra pages"
+    );
+    assert_eq!(h.hyp.counters().aborts_to_host, exits);
+}

@@ -18,8 +18,11 @@
 //! 5. Hardware dirty state: a new VM in `hw` mode (VTCR_EL2.HA/HD), every
 //!    page touched, logging on, every 11th page written: no fault, the
 //!    CPU sets the dirty state (DBM) and GET's scan reports the pages.
-//! 6. Rings: a new VM in ring mode, the guest writes every 7th page,
-//!    RING_HARVEST checks the entries, RING_RESET re-protects.
+//! 6. Rings: a new VM in ring mode with rings of 256 entries, the guest
+//!    writes every page: each time a vCPU's ring is soft-full its abort
+//!    exits to the host (here the driver on that CPU), which harvests and
+//!    resets the rings, and the vCPU resumes and retries the access;
+//!    the harvests together must hold every page written.
 //! 7. Break-before-make fault injection (`inject.rs`): a VM on blocks,
 //!    logging on, then its invalidations withheld while the guest's writes
 //!    split the blocks, CLEAR protects and COLLAPSE merges them back; the
@@ -48,7 +51,9 @@ const DATA_IPA: u64 = 0x8000_0000;
 const DATA_BACKING: u64 = 0x4400_0000;
 /// Pages of the data slot.
 const PAGES: u64 = 1024;
-const RING_ENTRIES: u64 = 1024;
+/// Entries of each vCPU's ring: fewer than the ring pass writes, so it
+/// fills and exits to the host.
+const RING_ENTRIES: u64 = 256;
 /// Offsets in the shared area: the command block, bitmaps, ring entries,
 /// counters.
 const OFF_BITMAP: u64 = 0x1000;
@@ -82,6 +87,10 @@ struct Driver {
     refusals: Vec<(Refusal, u64, bool)>,
     /// Faults (translation and permission) counted up to the last harvest or mark.
     fault_mark: u64,
+    /// Pages of the data slot harvested from the rings so far.
+    ring_seen: Vec<bool>,
+    /// Ring-full exits the host answered.
+    ring_exits: u64,
     failures: u32,
 }
 
@@ -163,6 +172,8 @@ pub fn start(hyp: Hyp, tlb: Arc<Tlb>) -> u64 {
         },
         refusals: Vec::new(),
         fault_mark: 0,
+        ring_seen: alloc::vec![false; PAGES as usize],
+        ring_exits: 0,
         failures: 0,
     };
     d.new_vm(LogMode::Manual, 0, 2 << 20);
@@ -250,6 +261,12 @@ fn abort(cpu: usize, frame: &Frame, esr: u64) {
             // SAFETY: the next instruction of the guest's code.
             unsafe { asm!("msr elr_el2, {}", in(reg) elr, options(nostack)) };
         }
+        // The host's side: harvest and reset; the guest retries the access
+        // (ELR_EL2 unchanged).
+        AbortOutcome::RingFull => match DRIVER.lock().as_mut() {
+            Some(d) => d.ring_full_exit(),
+            None => fail(format_args!("a ring-full exit before the driver started")),
+        },
         AbortOutcome::ToHost => fail(format_args!("abort at {:#x} needs a host", a.ipa())),
     }
 }
@@ -412,7 +429,7 @@ impl Driver {
                 self.must(Op::VmDestroy, &[]);
                 self.new_vm(LogMode::Ring, RING_ENTRIES, 4096);
                 self.must(Op::LogSet, &[1, 1, LogMode::Ring as u64]);
-                self.write_pass(7, 4);
+                self.write_pass(1, 4);
             }
             8 => {
                 self.check_ring();
