@@ -92,6 +92,14 @@ pub enum AbortOutcome {
     /// (`RING_HARVEST`, `RING_RESET`) and resumes it; the access is then
     /// retried and goes on (KVM's `KVM_EXIT_DIRTY_RING_FULL`).
     RingFull,
+    /// Post-copy: the page at `ipa` (of a post-copy slot) has not been
+    /// received; nothing is mapped. The host fills its backing and sends
+    /// `PAGE_READY`, which maps it; the vCPU resumes and its access goes
+    /// on.
+    PageMissing {
+        /// The page's guest-physical address.
+        ipa: u64,
+    },
     /// Needs the host: an engine error, or no VM or vCPU for the abort.
     ToHost,
 }

@@ -141,15 +141,7 @@ fn the_engine_answers_stage2_aborts_at_el2_in_qemu() {
         field(&out, "el2: isolation", "carve_out_slot"),
         "Some(CarveOut)"
     );
-    // Rings of 256 entries for 512 pages per vCPU: each filled at least
-    // once, exited to the host (the image's driver), which harvested and
-    // reset them; every page arrived (the harvest line above: 0 lost).
-    assert_eq!(field(&out, "el2: ring", "entries"), "256");
-    let exits: u64 = field(&out, "el2: ring", "exits").parse().unwrap();
-    assert!(exits >= 2, "{exits} ring-full exits");
-    assert_eq!(field(&out, "el2: ring", "foreign"), "0");
-    // Only the ring-full exits went to the host.
-    assert_eq!(field(&out, "el2: counters", "to_host"), exits.to_string());
+    check_exits(&out);
     // The TLBIs ran on the CPU at EL2 (an undefined one would have trapped
     // there and failed the run): leaves by IPA, ranges where the CPU has
     // FEAT_TLBIRANGE (QEMU's max CPU has), whole VMIDs.
@@ -162,6 +154,28 @@ fn the_engine_answers_stage2_aborts_at_el2_in_qemu() {
     assert!(count("range") > 0);
     assert!(count("vmid") > 0);
     check_bbm_trace(&trace_file, &out);
+}
+
+/// The exits to the host: ring-full and post-copy's missing pages.
+fn check_exits(out: &str) {
+    // Rings of 256 entries for 512 pages per vCPU: each filled at least
+    // once, exited to the host (the image's driver), which harvested and
+    // reset them; every page arrived (the harvest line above: 0 lost).
+    assert_eq!(field(out, "el2: ring", "entries"), "256");
+    let exits: u64 = field(out, "el2: ring", "exits").parse().unwrap();
+    assert!(exits >= 2, "{exits} ring-full exits");
+    assert_eq!(field(out, "el2: ring", "foreign"), "0");
+    // Post-copy: each of the 1024 pages reached the guest through its own
+    // exit to the host and PAGE_READY, holding the host's contents under
+    // the guest's write.
+    assert_eq!(field(out, "el2: postcopy", "exits"), "1024");
+    assert_eq!(field(out, "el2: postcopy", "arrived_once"), "1024");
+    assert_eq!(field(out, "el2: postcopy", "contents_ok"), "1024");
+    // Only the ring-full and missing-page exits went to the host.
+    assert_eq!(
+        field(out, "el2: counters", "to_host"),
+        (exits + 1024).to_string()
+    );
 }
 
 /// Replays the image's trace into this process's checker: no violation

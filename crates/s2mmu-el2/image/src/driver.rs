@@ -23,7 +23,12 @@
 //!    exits to the host (here the driver on that CPU), which harvests and
 //!    resets the rings, and the vCPU resumes and retries the access;
 //!    the harvests together must hold every page written.
-//! 7. Break-before-make fault injection (`inject.rs`): a VM on blocks,
+//! 7. Post-copy (`postcopy.rs`): a new VM whose data slot is post-copy,
+//!    its backing poisoned; the guest writes every page: each first touch
+//!    exits to the host, which fills the page and sends `PAGE_READY`, and
+//!    the write completes; every page is checked (the host's contents, the
+//!    guest's word).
+//! 8. Break-before-make fault injection (`inject.rs`): a VM on blocks,
 //!    logging on, then its invalidations withheld while the guest's writes
 //!    split the blocks, CLEAR protects and COLLAPSE merges them back; the
 //!    trace of every store and invalidation goes to the host's file
@@ -91,6 +96,8 @@ struct Driver {
     ring_seen: Vec<bool>,
     /// Ring-full exits the host answered.
     ring_exits: u64,
+    /// Post-copy: how often each page of the data slot was sent.
+    sent: Vec<u32>,
     failures: u32,
 }
 
@@ -174,6 +181,7 @@ pub fn start(hyp: Hyp, tlb: Arc<Tlb>) -> u64 {
         fault_mark: 0,
         ring_seen: alloc::vec![false; PAGES as usize],
         ring_exits: 0,
+        sent: Vec::new(),
         failures: 0,
     };
     d.new_vm(LogMode::Manual, 0, 2 << 20);
@@ -267,6 +275,12 @@ fn abort(cpu: usize, frame: &Frame, esr: u64) {
             Some(d) => d.ring_full_exit(),
             None => fail(format_args!("a ring-full exit before the driver started")),
         },
+        // Post-copy: the host fills the page and has EL2 map it; the
+        // guest retries the access.
+        AbortOutcome::PageMissing { ipa } => match DRIVER.lock().as_mut() {
+            Some(d) => d.postcopy_fill(ipa),
+            None => fail(format_args!("a missing page before the driver started")),
+        },
         AbortOutcome::ToHost => fail(format_args!("abort at {:#x} needs a host", a.ipa())),
     }
 }
@@ -329,6 +343,11 @@ impl Driver {
     /// of `page` bytes); every CPU loads its stage 2 before it next enters
     /// the guest ([`enter_stage2`]).
     fn new_vm(&mut self, mode: LogMode, entries: u64, page: u64) {
+        self.new_vm_flags(mode, entries, page, 0);
+    }
+
+    /// [`Driver::new_vm`] with the data slot's `MEMSLOT_SET` flags.
+    fn new_vm_flags(&mut self, mode: LogMode, entries: u64, page: u64, flags: u64) {
         let root = self.must(Op::VmInit, &[mode as u64, entries, CPUS as u64])[0];
         if let Some(table) = hyp().with_mmu(|m| m.bbm_id()) {
             self.tlb.set_table(table);
@@ -339,7 +358,7 @@ impl Driver {
         );
         self.must(
             Op::MemslotSet,
-            &[1, 0, DATA_IPA, PAGES * 4096, DATA_BACKING, page],
+            &[1, flags, DATA_IPA, PAGES * 4096, DATA_BACKING, page],
         );
         // VTCR_EL2: T0SZ 24 (40-bit IPA), SL0 1 (start at level 1), WB,
         // inner shareable, 4K, PS 40 bits, RES1 bit 31 (the engine's
@@ -433,9 +452,13 @@ impl Driver {
             }
             8 => {
                 self.check_ring();
+                self.postcopy_start();
+            }
+            9 => {
+                self.postcopy_check();
                 self.inject_start();
             }
-            9 => self.inject_withhold(),
+            10 => self.inject_withhold(),
             _ => self.inject_end(),
         }
     }
@@ -447,3 +470,4 @@ fn code_error(status: i32) -> HypError {
 
 mod checks;
 mod inject;
+mod postcopy;
