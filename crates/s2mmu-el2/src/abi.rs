@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `VM_INIT` 1 | mode ([`LogMode`]), ring entries (ring only, else 0) | root table PA |
 //! | `VM_DESTROY` 2 (every vCPU stopped) | - | - |
-//! | `MEMSLOT_SET` 3 | slot, flags (bit 0 log, bit 1 read-only), IPA, size (0 deletes), backing PA, backing page size | - |
+//! | `MEMSLOT_SET` 3 | slot, flags (bit 0 log, bit 1 read-only, bit 2 post-copy: 4 KiB backing pages only, set at creation), IPA, size (0 deletes), backing PA, backing page size | - |
 //! | `LOG_SET` 4 | slot, on (0/1), mode (must be the VM's) | - |
 //! | `GET_DIRTY` 5 | slot, bitmap PA, bitmap bytes | pages dirty |
 //! | `CLEAR_DIRTY` 6 | slot, first page, pages, bitmap PA, bitmap bytes | pages protected |
@@ -19,6 +19,7 @@
 //! | `UNMAP_RANGE` 9 | backing PA, size | leaves unmapped |
 //! | `COLLAPSE` 10 | slot | blocks collapsed |
 //! | `COUNTERS` 11 | output PA, output bytes ([`Counters`]) | - |
+//! | `PAGE_READY` 12 | slot (post-copy), page offset in the slot | pages mapped (1) |
 //!
 //! Every PA argument that EL2 writes to or reads from must lie inside the
 //! shared area; backing PAs must lie in guest RAM and outside the carve-out.
@@ -77,12 +78,14 @@ pub enum Op {
     Collapse = 10,
     /// Copies EL2's counters into shared memory.
     Counters = 11,
+    /// Post-copy: the host filled a page of a post-copy slot; EL2 maps it.
+    PageReady = 12,
 }
 
 impl Op {
     /// The operation with code `code`, if any.
     pub fn from_code(code: u32) -> Option<Op> {
-        const ALL: [Op; 11] = [
+        const ALL: [Op; 12] = [
             Op::VmInit,
             Op::VmDestroy,
             Op::MemslotSet,
@@ -94,6 +97,7 @@ impl Op {
             Op::UnmapRange,
             Op::Collapse,
             Op::Counters,
+            Op::PageReady,
         ];
         ALL.into_iter().find(|o| *o as u32 == code)
     }

@@ -87,7 +87,20 @@ pub enum AbortOutcome {
     /// Not mapped: EL2 refused the access (the caller decides what the
     /// guest sees; the image skips the access and reports it).
     Refused(Refusal),
-    /// Needs the host: a full dirty ring, or an engine error.
+    /// The vCPU's dirty ring is soft-full: nothing changed, and the vCPU
+    /// exits to the host, which harvests and resets the rings
+    /// (`RING_HARVEST`, `RING_RESET`) and resumes it; the access is then
+    /// retried and goes on (KVM's `KVM_EXIT_DIRTY_RING_FULL`).
+    RingFull,
+    /// Post-copy: the page at `ipa` (of a post-copy slot) has not been
+    /// received; nothing is mapped. The host fills its backing and sends
+    /// `PAGE_READY`, which maps it; the vCPU resumes and its access goes
+    /// on.
+    PageMissing {
+        /// The page's guest-physical address.
+        ipa: u64,
+    },
+    /// Needs the host: an engine error, or no VM or vCPU for the abort.
     ToHost,
 }
 

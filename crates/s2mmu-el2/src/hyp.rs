@@ -22,6 +22,9 @@ pub const MAX_VCPUS: u64 = 8;
 pub const FLAG_LOG: u64 = 1;
 /// Bit 1 of `MEMSLOT_SET`'s flags: read-only.
 pub const FLAG_READONLY: u64 = 2;
+/// Bit 2 of `MEMSLOT_SET`'s flags: post-copy, no page mapped until the
+/// host says it arrived (`PAGE_READY`).
+pub const FLAG_POSTCOPY: u64 = 4;
 
 /// The engine as EL2 runs it: arm64 stage 2 with 4 KiB pages, tables from
 /// the carve-out's [`PagePool`], memslots in the tree store, the EL2
@@ -55,6 +58,8 @@ pub(crate) struct Vm {
     pub(crate) mode: LogMode,
     pub(crate) ring_entries: u64,
     pub(crate) slots: lock_api::Mutex<RawMutex, Slots>,
+    /// Post-copy slots' received pages, a bit each (`hyp_postcopy.rs`).
+    pub(crate) received: lock_api::Mutex<RawMutex, [Option<Vec<u64>>; MAX_SLOTS]>,
 }
 
 /// Counters kept by EL2 itself (the engine keeps the rest).
@@ -218,6 +223,7 @@ impl Hyp {
             Op::RingReset => self.ring_reset(vm).map(one),
             Op::UnmapRange => self.unmap_range(vm, args).map(one),
             Op::Collapse => self.collapse(vm, args).map(one),
+            Op::PageReady => self.page_ready(vm, args).map(one),
             Op::VmInit | Op::VmDestroy | Op::Counters => Err(HypError::UnknownOp),
         }
     }
@@ -272,6 +278,7 @@ impl Hyp {
             mode,
             ring_entries: entries,
             slots: lock_api::Mutex::new([None; MAX_SLOTS]),
+            received: lock_api::Mutex::new(core::array::from_fn(|_| None)),
         });
         Ok(root)
     }
@@ -290,14 +297,17 @@ impl Hyp {
     /// maps from the slot's backing, a write-protection fault under
     /// logging marks the page dirty; an IPA no slot covers is refused
     /// (never mapped), and so is one in the carve-out, which no slot can
-    /// cover.
+    /// cover; a vCPU whose dirty ring is soft-full exits to the host
+    /// ([`AbortOutcome::RingFull`]), its abort not handled.
     pub fn handle_abort(&self, vcpu: usize, abort: &Stage2Abort) -> AbortOutcome {
         let out = self.abort_outcome(vcpu, abort);
         let c = &self.counters;
         let n = match out {
             AbortOutcome::Handled { .. } => &c.handled,
             AbortOutcome::Refused(_) => &c.refused,
-            AbortOutcome::ToHost => &c.to_host,
+            AbortOutcome::RingFull | AbortOutcome::PageMissing { .. } | AbortOutcome::ToHost => {
+                &c.to_host
+            }
         };
         n.fetch_add(1, Ordering::Relaxed);
         out
@@ -317,6 +327,11 @@ impl Hyp {
             return AbortOutcome::ToHost;
         };
         let permission = matches!(kind, s2mmu::mmu::FaultKind::Permission { .. });
+        if !permission && vm.page_missing(ipa) {
+            return AbortOutcome::PageMissing {
+                ipa: ipa & !(crate::check::PAGE - 1),
+            };
+        }
         let mut v = v.lock();
         match vm
             .mmu
@@ -327,6 +342,7 @@ impl Hyp {
             Err(Error::NoSlot { .. }) if carve => AbortOutcome::Refused(Refusal::CarveOut),
             Err(Error::NoSlot { .. }) => AbortOutcome::Refused(Refusal::NoSlot),
             Err(Error::WriteToReadOnly { .. }) => AbortOutcome::Refused(Refusal::ReadOnly),
+            Err(Error::RingFull { .. }) => AbortOutcome::RingFull,
             Err(_) => AbortOutcome::ToHost,
         }
     }

@@ -6,7 +6,10 @@ use s2mmu::{Gpa, Hva};
 
 use crate::abi::{HypError, LogMode};
 use crate::check::{self, Region};
-use crate::hyp::{engine_error, Hyp, SlotRecord, Slots, Vm, FLAG_LOG, FLAG_READONLY, MAX_SLOTS};
+use crate::hyp::{
+    engine_error, Hyp, SlotRecord, Slots, Vm, FLAG_LOG, FLAG_POSTCOPY, FLAG_READONLY, MAX_SLOTS,
+};
+use crate::hyp_postcopy::check_postcopy;
 
 /// Slot `id`'s index and record: [`HypError::SlotOutOfRange`],
 /// [`HypError::NoSuchSlot`].
@@ -39,10 +42,11 @@ impl Hyp {
             .ok()
             .filter(|&i| i < MAX_SLOTS)
             .ok_or(HypError::SlotOutOfRange)?;
-        if flags & !(FLAG_LOG | FLAG_READONLY) != 0 {
+        if flags & !(FLAG_LOG | FLAG_READONLY | FLAG_POSTCOPY) != 0 {
             return Err(HypError::BadArgument);
         }
         let old = slots[i];
+        let mut bitmap = None;
         let region = if size == 0 {
             let o = old.ok_or(HypError::NoSuchSlot)?;
             UserMemoryRegion::new(
@@ -54,13 +58,21 @@ impl Hyp {
             )
         } else {
             self.check_new_slot(&slots, i, args)?;
-            let f = SlotFlags::from_bits(flags as u32);
+            bitmap = check_postcopy(&slots, i, flags, size, page_size)?;
+            let f = SlotFlags::from_bits((flags & !FLAG_POSTCOPY) as u32);
             UserMemoryRegion::new(i as u16, f, Gpa::new(ipa), size, Hva::new(backing))
         };
         let ps = if size == 0 { check::PAGE } else { page_size };
         vm.mmu
             .set_memory_region(&region, ps)
             .map_err(engine_error)?;
+        let mut received = vm.received.lock();
+        if size == 0 {
+            received[i] = None;
+        } else if bitmap.is_some() {
+            received[i] = bitmap;
+        }
+        drop(received);
         slots[i] = (size != 0).then_some(SlotRecord {
             ipa,
             size,

@@ -41,15 +41,17 @@ pub mod check;
 pub mod heap;
 mod hyp;
 mod hyp_dirty;
+mod hyp_postcopy;
 mod hyp_slots;
 pub mod platform;
 pub mod pool;
 pub mod tlb;
+pub mod trace;
 
 pub use abi::{Command, Counters, HypError, LogMode, Op, RingEntry};
 pub use abort::{AbortOutcome, Refusal, Stage2Abort};
 pub use check::{Layout, Region};
-pub use hyp::{El2Mmu, Hyp, SlotRecord, MAX_SLOTS};
+pub use hyp::{El2Mmu, Hyp, SlotRecord, FLAG_LOG, FLAG_POSTCOPY, FLAG_READONLY, MAX_SLOTS};
 pub use platform::{El2Platform, GenericTimer};
 pub use pool::{PagePool, PoolMmOps};
 pub use tlb::{El2Tlb, TlbFeatures, TlbiCounts};

@@ -5,14 +5,14 @@ mod common;
 
 use common::*;
 use s2mmu_el2::abi::{HypError::*, LogMode, Op};
-use s2mmu_el2::{AbortOutcome, Command};
+use s2mmu_el2::{AbortOutcome, Command, FLAG_POSTCOPY};
 
 const SHARED_END: u64 = SHARED_PA + SHARED_BYTES as u64;
 
 #[test]
 fn an_unknown_opcode_is_refused() {
     let h = Host::with_slot(LogMode::Manual);
-    for code in [0u32, 12, 0xffff_ffff] {
+    for code in [0u32, 13, 0xffff_ffff] {
         let before = h.state();
         let mut c = Command {
             op: code,
@@ -33,6 +33,32 @@ fn commands_before_a_vm_are_refused() {
     h.refused(Op::RingReset, &[], NoVm);
     h.refused(Op::UnmapRange, &[0x4400_0000, 4096], NoVm);
     h.refused(Op::VmDestroy, &[], NoVm);
+    h.refused(Op::PageReady, &[0, 0], NoVm);
+}
+
+#[test]
+fn post_copy_slots_and_page_ready_check_their_arguments() {
+    let mut h = Host::with_slot(LogMode::Manual);
+    let pc = |page: u64| [1, FLAG_POSTCOPY, 0x1000_0000, 16 << 12, 0x4800_0000, page];
+    // Post-copy maps 4 KiB pages only, and only from the slot's creation.
+    h.refused(Op::MemslotSet, &pc(2 << 20), BadArgument);
+    let mut s0 = S0;
+    s0[1] = FLAG_POSTCOPY;
+    h.refused(Op::MemslotSet, &s0, BadArgument);
+    h.ok(Op::MemslotSet, &pc(4096));
+    h.refused(
+        Op::MemslotSet,
+        &[1, 0, 0x1000_0000, 16 << 12, 0x4800_0000, 4096],
+        BadArgument,
+    );
+    h.refused(Op::PageReady, &[32, 0], SlotOutOfRange);
+    h.refused(Op::PageReady, &[5, 0], NoSuchSlot);
+    h.refused(Op::PageReady, &[0, 0], BadArgument);
+    h.refused(Op::PageReady, &[1, 16], Overflow);
+    h.refused(Op::PageReady, &[1, u64::MAX], Overflow);
+    h.refused(Op::PageReady, &[1, 3, 1], BadArgument);
+    assert_eq!(h.ok(Op::PageReady, &[1, 3])[0], 1);
+    h.refused(Op::PageReady, &[1, 3], BadArgument);
 }
 
 #[test]
@@ -65,7 +91,7 @@ fn memslot_sizes_alignment_and_overflow() {
     );
     h.refused(
         Op::MemslotSet,
-        &[1, 4, 0x1000, 4096, 0x4800_0000, 4096],
+        &[1, 8, 0x1000, 4096, 0x4800_0000, 4096],
         BadArgument,
     );
     h.refused(

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use s2mmu::Prot;
 use s2mmu_el2::abi::{LogMode, Op};
-use s2mmu_el2::AbortOutcome;
+use s2mmu_el2::{AbortOutcome, FLAG_POSTCOPY};
 
 const IPA: u64 = 0x8000_0000;
 const BACKING: u64 = 0x4400_0000;
@@ -128,4 +128,76 @@ fn ring_mode_harvests_into_shared_memory_and_resets() {
     assert_eq!(h.ok(Op::RingReset, &[])[0], 6);
     let m = h.hyp.with_mmu(|m| m.reader()).unwrap();
     assert!(!m.translate(IPA + 5 * 4096).unwrap().prot.contains(Prot::W));
+}
+
+#[test]
+fn a_soft_full_ring_exits_to_the_host_which_harvests_resets_and_resumes_it() {
+    let mut h = Host::with_slot(LogMode::Ring);
+    h.ok(Op::LogSet, &[0, 1, LogMode::Ring as u64]);
+    let mut harvested = Vec::new();
+    let mut exits = 0;
+    // 600 pages written into a 256-entry ring: the host must empty it.
+    for p in 0..600u64 {
+        let abort = dabt(IPA + p * 4096, true, false);
+        let mut out = h.hyp.handle_abort(0, &abort);
+        if out == AbortOutcome::RingFull {
+            exits += 1;
+            let before = h.hyp.counters();
+            let n = h.ok(Op::RingHarvest, &[SHARED_PA, 4096])[0];
+            assert!(n > 0 && n <= 256, "{n} entries");
+            harvested.extend((0..n).map(|i| h.shared_word(i as usize * 16 + 8)));
+            assert_eq!(h.ok(Op::RingReset, &[])[0], n);
+            // The refused abort changed nothing: the page is still clean.
+            assert_eq!(before.dirtied, h.hyp.counters().dirtied);
+            out = h.hyp.handle_abort(0, &abort);
+        }
+        assert_eq!(out, AbortOutcome::Handled { permission: false }, "page {p}");
+    }
+    let n = h.ok(Op::RingHarvest, &[SHARED_PA, 4096])[0];
+    harvested.extend((0..n).map(|i| h.shared_word(i as usize * 16 + 8)));
+    harvested.sort_unstable();
+    assert!(exits >= 2, "{exits} exits");
+    assert_eq!(
+        harvested,
+        (0..600).collect::<Vec<u64>>(),
+        "lost or extra pages"
+    );
+    assert_eq!(h.hyp.counters().aborts_to_host, exits);
+}
+
+#[test]
+fn a_post_copy_page_is_mapped_only_after_the_host_says_it_arrived() {
+    let mut h = Host::with_slot(LogMode::Manual);
+    let ipa = 0x1000_0000;
+    h.ok(
+        Op::MemslotSet,
+        &[1, FLAG_POSTCOPY, ipa, 16 << 12, 0x4800_0000, 4096],
+    );
+    let m = h.hyp.with_mmu(|m| m.reader()).unwrap();
+    for p in [0u64, 7, 15] {
+        let a = ipa + p * 4096 + 0x18;
+        let out = h.hyp.handle_abort(0, &dabt(a, p % 2 == 1, false));
+        assert_eq!(out, AbortOutcome::PageMissing { ipa: a & !0xfff });
+        assert!(
+            m.translate(a).is_none(),
+            "page {p} mapped before it arrived"
+        );
+        assert_eq!(h.ok(Op::PageReady, &[1, p])[0], 1);
+        let t = m.translate(a).expect("mapped by PAGE_READY");
+        assert_eq!(t.pa, 0x4800_0000 + p * 4096 + 0x18);
+    }
+    // A page not received yet still exits; the ordinary slot is unaffected.
+    let out = h.hyp.handle_abort(0, &dabt(ipa + 4096, false, false));
+    assert_eq!(out, AbortOutcome::PageMissing { ipa: ipa + 4096 });
+    let out = h.hyp.handle_abort(0, &dabt(IPA, true, false));
+    assert_eq!(out, AbortOutcome::Handled { permission: false });
+    assert_eq!(h.hyp.counters().aborts_to_host, 4);
+    // Deleting and re-creating the slot forgets what arrived.
+    h.ok(Op::MemslotSet, &[1, 0, 0, 0, 0, 0]);
+    h.ok(
+        Op::MemslotSet,
+        &[1, FLAG_POSTCOPY, ipa, 16 << 12, 0x4800_0000, 4096],
+    );
+    let out = h.hyp.handle_abort(0, &dabt(ipa, false, false));
+    assert_eq!(out, AbortOutcome::PageMissing { ipa });
 }

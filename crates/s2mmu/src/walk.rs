@@ -107,7 +107,7 @@ pub struct VisitCtx<'a, F: PteFormat, M: MmOps> {
     entry: &'a AtomicU64,
     count: Option<&'a AtomicU32>,
     /// The table's id for the break-before-make monitor.
-    #[cfg(feature = "bbm-trace")]
+    #[cfg(any(feature = "bbm-trace", feature = "bbm-export"))]
     table: usize,
 }
 
@@ -118,7 +118,15 @@ impl<F: PteFormat, M: MmOps> VisitCtx<'_, F, M> {
     pub(crate) fn trace_store(&self, start: u64, level: u32, old: u64, new: u64) {
         #[cfg(feature = "bbm-trace")]
         crate::bbm::store(self.table, self.fmt, start, level, old, new);
-        #[cfg(not(feature = "bbm-trace"))]
+        #[cfg(feature = "bbm-export")]
+        crate::bbm::export::emit(&crate::bbm::Event::Store {
+            table: self.table,
+            start,
+            level,
+            old,
+            new,
+        });
+        #[cfg(not(any(feature = "bbm-trace", feature = "bbm-export")))]
         let _ = (start, level, old, new);
     }
 
@@ -305,7 +313,7 @@ struct Walker<'a, F: PteFormat, M: MmOps, V: Visitor<F, M>> {
     addr: u64,
     visitor: &'a mut V,
     stats: WalkStats,
-    #[cfg(feature = "bbm-trace")]
+    #[cfg(any(feature = "bbm-trace", feature = "bbm-export"))]
     table: usize,
 }
 
@@ -425,7 +433,7 @@ impl<'a, F: PteFormat, M: MmOps, V: Visitor<F, M>> Walker<'a, F, M, V> {
             flags: self.flags,
             entry,
             count,
-            #[cfg(feature = "bbm-trace")]
+            #[cfg(any(feature = "bbm-trace", feature = "bbm-export"))]
             table: self.table,
         }
     }
@@ -483,7 +491,7 @@ pub(crate) unsafe fn walk<F: PteFormat, M: MmOps, V: Visitor<F, M>>(
         addr: start,
         visitor,
         stats: WalkStats::default(),
-        #[cfg(feature = "bbm-trace")]
+        #[cfg(any(feature = "bbm-trace", feature = "bbm-export"))]
         table: mm.phys_to_virt(root) as usize,
     };
     let span = fmt.root_page_span();

@@ -18,8 +18,21 @@
 //! 5. Hardware dirty state: a new VM in `hw` mode (VTCR_EL2.HA/HD), every
 //!    page touched, logging on, every 11th page written: no fault, the
 //!    CPU sets the dirty state (DBM) and GET's scan reports the pages.
-//! 6. Rings: a new VM in ring mode, the guest writes every 7th page,
-//!    RING_HARVEST checks the entries, RING_RESET re-protects.
+//! 6. Rings: a new VM in ring mode with rings of 256 entries, the guest
+//!    writes every page: each time a vCPU's ring is soft-full its abort
+//!    exits to the host (here the driver on that CPU), which harvests and
+//!    resets the rings, and the vCPU resumes and retries the access;
+//!    the harvests together must hold every page written.
+//! 7. Post-copy (`postcopy.rs`): a new VM whose data slot is post-copy,
+//!    its backing poisoned; the guest writes every page: each first touch
+//!    exits to the host, which fills the page and sends `PAGE_READY`, and
+//!    the write completes; every page is checked (the host's contents, the
+//!    guest's word).
+//! 8. Break-before-make fault injection (`inject.rs`): a VM on blocks,
+//!    logging on, then its invalidations withheld while the guest's writes
+//!    split the blocks, CLEAR protects and COLLAPSE merges them back; the
+//!    trace of every store and invalidation goes to the host's file
+//!    `el2-bbm.trace`, whose replay must flag this VM and no other.
 
 use alloc::boxed::Box;
 use alloc::sync::Arc;
@@ -29,6 +42,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use s2mmu::TlbInvalidate;
 use s2mmu_el2::abi::{Command, Counters, HypError, LogMode, Op};
 use s2mmu_el2::tlb::cpu::Cpu;
+use s2mmu_el2::trace::TracedTlb;
 use s2mmu_el2::{AbortOutcome, El2Tlb, Hyp, Refusal, Stage2Abort};
 use spin::mutex::SpinMutex;
 
@@ -42,7 +56,9 @@ const DATA_IPA: u64 = 0x8000_0000;
 const DATA_BACKING: u64 = 0x4400_0000;
 /// Pages of the data slot.
 const PAGES: u64 = 1024;
-const RING_ENTRIES: u64 = 1024;
+/// Entries of each vCPU's ring: fewer than the ring pass writes, so it
+/// fills and exits to the host.
+const RING_ENTRIES: u64 = 256;
 /// Offsets in the shared area: the command block, bitmaps, ring entries,
 /// counters.
 const OFF_BITMAP: u64 = 0x1000;
@@ -59,8 +75,11 @@ struct Stage2Regs {
     generation: u64,
 }
 
+/// EL2's TLB backend, each invalidation recorded for the host's replay.
+pub type Tlb = TracedTlb<El2Tlb<Cpu>>;
+
 struct Driver {
-    tlb: Arc<El2Tlb<Cpu>>,
+    tlb: Arc<Tlb>,
     step: u32,
     /// CPUs at the HVC that ends the current step's pass.
     arrived: usize,
@@ -73,6 +92,12 @@ struct Driver {
     refusals: Vec<(Refusal, u64, bool)>,
     /// Faults (translation and permission) counted up to the last harvest or mark.
     fault_mark: u64,
+    /// Pages of the data slot harvested from the rings so far.
+    ring_seen: Vec<bool>,
+    /// Ring-full exits the host answered.
+    ring_exits: u64,
+    /// Post-copy: how often each page of the data slot was sent.
+    sent: Vec<u32>,
     failures: u32,
 }
 
@@ -124,7 +149,7 @@ extern "C" {
 
 /// Sets up EL2 for the guest (the guest's code in place, its VM and
 /// slots); every CPU then calls [`enter_stage2`].
-pub fn start(hyp: Hyp, tlb: Arc<El2Tlb<Cpu>>) -> u64 {
+pub fn start(hyp: Hyp, tlb: Arc<Tlb>) -> u64 {
     // SAFETY: the guest's code lies between the two symbols of boot.S;
     // its backing is RAM outside the carve-out that nothing else uses.
     unsafe {
@@ -154,6 +179,9 @@ pub fn start(hyp: Hyp, tlb: Arc<El2Tlb<Cpu>>) -> u64 {
         },
         refusals: Vec::new(),
         fault_mark: 0,
+        ring_seen: alloc::vec![false; PAGES as usize],
+        ring_exits: 0,
+        sent: Vec::new(),
         failures: 0,
     };
     d.new_vm(LogMode::Manual, 0, 2 << 20);
@@ -241,6 +269,18 @@ fn abort(cpu: usize, frame: &Frame, esr: u64) {
             // SAFETY: the next instruction of the guest's code.
             unsafe { asm!("msr elr_el2, {}", in(reg) elr, options(nostack)) };
         }
+        // The host's side: harvest and reset; the guest retries the access
+        // (ELR_EL2 unchanged).
+        AbortOutcome::RingFull => match DRIVER.lock().as_mut() {
+            Some(d) => d.ring_full_exit(),
+            None => fail(format_args!("a ring-full exit before the driver started")),
+        },
+        // Post-copy: the host fills the page and has EL2 map it; the
+        // guest retries the access.
+        AbortOutcome::PageMissing { ipa } => match DRIVER.lock().as_mut() {
+            Some(d) => d.postcopy_fill(ipa),
+            None => fail(format_args!("a missing page before the driver started")),
+        },
         AbortOutcome::ToHost => fail(format_args!("abort at {:#x} needs a host", a.ipa())),
     }
 }
@@ -303,14 +343,22 @@ impl Driver {
     /// of `page` bytes); every CPU loads its stage 2 before it next enters
     /// the guest ([`enter_stage2`]).
     fn new_vm(&mut self, mode: LogMode, entries: u64, page: u64) {
+        self.new_vm_flags(mode, entries, page, 0);
+    }
+
+    /// [`Driver::new_vm`] with the data slot's `MEMSLOT_SET` flags.
+    fn new_vm_flags(&mut self, mode: LogMode, entries: u64, page: u64, flags: u64) {
         let root = self.must(Op::VmInit, &[mode as u64, entries, CPUS as u64])[0];
+        if let Some(table) = hyp().with_mmu(|m| m.bbm_id()) {
+            self.tlb.set_table(table);
+        }
         self.must(
             Op::MemslotSet,
             &[0, 0, CODE_IPA, 64 << 10, CODE_BACKING, 4096],
         );
         self.must(
             Op::MemslotSet,
-            &[1, 0, DATA_IPA, PAGES * 4096, DATA_BACKING, page],
+            &[1, flags, DATA_IPA, PAGES * 4096, DATA_BACKING, page],
         );
         // VTCR_EL2: T0SZ 24 (40-bit IPA), SL0 1 (start at level 1), WB,
         // inner shareable, 4K, PS 40 bits, RES1 bit 31 (the engine's
@@ -400,9 +448,18 @@ impl Driver {
                 self.must(Op::VmDestroy, &[]);
                 self.new_vm(LogMode::Ring, RING_ENTRIES, 4096);
                 self.must(Op::LogSet, &[1, 1, LogMode::Ring as u64]);
-                self.write_pass(7, 4);
+                self.write_pass(1, 4);
             }
-            _ => self.finish(),
+            8 => {
+                self.check_ring();
+                self.postcopy_start();
+            }
+            9 => {
+                self.postcopy_check();
+                self.inject_start();
+            }
+            10 => self.inject_withhold(),
+            _ => self.inject_end(),
         }
     }
 }
@@ -412,3 +469,5 @@ fn code_error(status: i32) -> HypError {
 }
 
 mod checks;
+mod inject;
+mod postcopy;

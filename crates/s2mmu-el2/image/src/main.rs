@@ -27,6 +27,7 @@ use core::arch::{asm, global_asm};
 use core::sync::atomic::{AtomicU64, Ordering};
 use s2mmu_el2::heap::{self, El2Heap};
 use s2mmu_el2::tlb::cpu::{self, Cpu};
+use s2mmu_el2::trace::{self, TracedTlb};
 use s2mmu_el2::{El2Tlb, Hyp, Layout, PagePool, Region};
 
 global_asm!(include_str!("boot.S"));
@@ -43,6 +44,8 @@ const POOL_PAGES: usize = 2048;
 /// The guest's RAM (what a slot may be backed by): the rest of `-m 256M`.
 const RAM: Region = Region::new(0x4000_0000, 256 << 20);
 const SHARED: Region = Region::new(0x4300_0000, 256 << 10);
+/// Records of the break-before-make trace ring (in the heap).
+const TRACE_RECORDS: usize = 32768;
 
 /// Per CPU, the counter just before its last ERET to the guest (`boot.S`).
 #[no_mangle]
@@ -111,7 +114,11 @@ extern "C" fn el2_main() -> ! {
     let pool = unsafe { PagePool::new(POOL_BASE, POOL_BASE as *mut u8, POOL_PAGES) };
     // SAFETY: we run at EL2; VTTBR_EL2 holds the VM's VMID before the
     // guest runs or any invalidation is issued for it.
-    let tlb = Arc::new(El2Tlb::new(unsafe { Cpu::new() }, features));
+    let tlb = Arc::new(TracedTlb::new(El2Tlb::new(unsafe { Cpu::new() }, features)));
+    let ring = alloc::vec![0u64; TRACE_RECORDS * trace::WORDS].leak();
+    // SAFETY: the ring is leaked, so it lives for the rest of the program,
+    // and only the trace writes it.
+    unsafe { trace::install(ring.as_mut_ptr(), TRACE_RECORDS) };
     let layout = Layout {
         carve_out: CARVE_OUT,
         ram: RAM,

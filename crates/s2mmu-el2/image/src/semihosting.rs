@@ -4,7 +4,12 @@ use alloc::string::String;
 use core::arch::asm;
 use core::fmt::Write;
 
+const SYS_OPEN: u64 = 0x01;
+const SYS_CLOSE: u64 = 0x02;
 const SYS_WRITE0: u64 = 0x04;
+const SYS_WRITE: u64 = 0x05;
+/// `SYS_OPEN`'s mode "wb".
+const MODE_WB: u64 = 5;
 const SYS_EXIT_EXTENDED: u64 = 0x20;
 const ADP_STOPPED_APPLICATION_EXIT: u64 = 0x20026;
 
@@ -22,6 +27,23 @@ pub fn println(args: core::fmt::Arguments) {
     let _ = s.write_fmt(args);
     s.push_str("\n\0");
     call(SYS_WRITE0, s.as_ptr() as u64);
+}
+
+/// Writes `bytes` to the host's file `name` (relative to QEMU's working
+/// directory), replacing it; whether every byte was written.
+pub fn write_file(name: &str, bytes: &[u8]) -> bool {
+    let mut path = String::from(name);
+    path.push('\0');
+    let open = [path.as_ptr() as u64, MODE_WB, name.len() as u64];
+    let handle = call(SYS_OPEN, open.as_ptr() as u64);
+    if handle as i64 == -1 {
+        return false;
+    }
+    let write = [handle, bytes.as_ptr() as u64, bytes.len() as u64];
+    // SYS_WRITE answers the bytes it did not write.
+    let left = call(SYS_WRITE, write.as_ptr() as u64);
+    let closed = call(SYS_CLOSE, [handle].as_ptr() as u64);
+    left == 0 && closed == 0
 }
 
 /// Ends QEMU with exit code `code`.

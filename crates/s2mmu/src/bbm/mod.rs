@@ -31,6 +31,13 @@
 //! exit with status 101 at its end, after printing each one: a test binary
 //! in which any test broke a rule fails as a whole.
 //!
+//! With the `bbm-export` feature (no `std` needed), every trace point is
+//! also handed as an [`Event`] to a sink the embedder installs
+//! (`export::set_sink`): a `no_std` build (the engine at EL2) records
+//! them where a host can read them, and the host's checker replays them
+//! (`export::replay`, with `bbm-trace`). Invalidations are the
+//! embedder's to record, as its backend completes them.
+//!
 //! The monitor keys entries by (table, entry start, level), not by where
 //! the entry lives: a stale translation is held by address, so a break of
 //! an entry whose table page is freed and later replaced still has to be
@@ -38,6 +45,7 @@
 
 #[cfg(feature = "bbm-trace")]
 mod checker;
+pub mod export;
 #[cfg(all(test, feature = "bbm-trace"))]
 mod tests;
 
@@ -179,7 +187,11 @@ pub(crate) fn store<F: PteFormat>(
 pub(crate) fn free_tables(table: usize, pages: &[u64]) {
     #[cfg(feature = "bbm-trace")]
     checker::free_tables(table, pages);
-    #[cfg(not(feature = "bbm-trace"))]
+    #[cfg(feature = "bbm-export")]
+    for &pa in pages {
+        export::emit(&Event::FreeTable { table, pa });
+    }
+    #[cfg(not(any(feature = "bbm-trace", feature = "bbm-export")))]
     let _ = (table, pages);
 }
 
@@ -196,7 +208,9 @@ pub(crate) fn report_clean(table: usize) {
 pub(crate) fn teardown(table: usize, gone: bool) {
     #[cfg(feature = "bbm-trace")]
     checker::teardown(table, gone);
-    #[cfg(not(feature = "bbm-trace"))]
+    #[cfg(feature = "bbm-export")]
+    export::emit(&Event::Teardown { table, gone });
+    #[cfg(not(any(feature = "bbm-trace", feature = "bbm-export")))]
     let _ = (table, gone);
 }
 
@@ -268,3 +282,4 @@ pub fn defer_invalidations<R>(f: impl FnOnce() -> R) -> (R, Deferred) {
 
 #[cfg(feature = "bbm-trace")]
 pub use checker::{expect_violations, take_table_violations, take_violations, violations};
+pub use export::{Event, Flush};

@@ -395,6 +395,10 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub(crate) fn bbm_report_clean(&self) {
         #[cfg(feature = "bbm-trace")]
         crate::bbm::report_clean(self.bbm_id());
+        #[cfg(feature = "bbm-export")]
+        crate::bbm::export::emit(&crate::bbm::Event::ReportClean {
+            table: self.bbm_id(),
+        });
     }
 
     /// Counters of VM-wide operations (logging changes, clears, memslot

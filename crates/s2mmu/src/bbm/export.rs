@@ -1,0 +1,117 @@
+//! The monitor's events as data: handed to an embedder's sink in a
+//! `no_std` build (`bbm-export`), and replayed into the checker on a host
+//! (`bbm-trace`), so the rules are checked for an engine that runs where
+//! no checker can (at EL2).
+
+/// The kind of invalidation an [`Event::Invalidate`] completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Flush {
+    /// The translation of one address (`TLBI IPAS2E1IS`).
+    Ipa(u64),
+    /// Every translation of `[start, start + size)` (`TLBI RIPAS2E1IS`).
+    Range(u64, u64),
+    /// The whole VMID (`TLBI VMALLS12E1IS`).
+    All,
+}
+
+/// One trace point's event. `table` is the table's id
+/// ([`crate::PageTable::bbm_id`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// The entry at `level` whose range starts at `start` went from `old`
+    /// to `new`.
+    Store {
+        /// The table.
+        table: usize,
+        /// First address of the entry's range.
+        start: u64,
+        /// Level of the entry.
+        level: u32,
+        /// The descriptor before.
+        old: u64,
+        /// The descriptor after.
+        new: u64,
+    },
+    /// An invalidation completed (barriers included). Recorded by the
+    /// embedder's backend, never by the engine.
+    Invalidate {
+        /// The table whose VMID it covered.
+        table: usize,
+        /// What it covered.
+        flush: Flush,
+    },
+    /// The table page at physical address `pa` is about to be freed.
+    FreeTable {
+        /// The table.
+        table: usize,
+        /// The page.
+        pa: u64,
+    },
+    /// GET or CLEAR is about to report pages clean.
+    ReportClean {
+        /// The table.
+        table: usize,
+    },
+    /// The table is being torn down (`gone` false) or is gone (`gone`).
+    Teardown {
+        /// The table.
+        table: usize,
+        /// Whether it is gone.
+        gone: bool,
+    },
+}
+
+#[cfg(feature = "bbm-export")]
+static SINK: core::sync::atomic::AtomicPtr<()> =
+    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+
+/// Installs `sink`: from now on every trace point of this build calls it
+/// (on the CPU that runs the operation, inside the operation: it must not
+/// call the engine). One sink for the whole program.
+#[cfg(feature = "bbm-export")]
+pub fn set_sink(sink: fn(&Event)) {
+    SINK.store(sink as *mut (), core::sync::atomic::Ordering::Release);
+}
+
+/// Hands `e` to the sink, if one is installed.
+#[cfg(feature = "bbm-export")]
+#[inline(always)]
+pub(crate) fn emit(e: &Event) {
+    let p = SINK.load(core::sync::atomic::Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: the only non-null value ever stored is a `fn(&Event)`
+        // (`set_sink`), and function pointers and data pointers have the
+        // same size and representation on every target the engine builds
+        // for.
+        let f: fn(&Event) = unsafe { core::mem::transmute::<*mut (), fn(&Event)>(p) };
+        f(e);
+    }
+}
+
+/// Feeds `e` to this process's checker as if the engine had run it here;
+/// `fmt` decodes the stored descriptors. Events must come in the order
+/// they happened.
+#[cfg(feature = "bbm-trace")]
+pub fn replay<F: crate::format::PteFormat>(fmt: &F, e: &Event) {
+    use super::{checker, Scope};
+    match *e {
+        Event::Store {
+            table,
+            start,
+            level,
+            old,
+            new,
+        } => checker::store(table, fmt, start, level, old, new),
+        Event::Invalidate { table, flush } => {
+            let s = match flush {
+                Flush::Ipa(a) => Scope::Ipa(a),
+                Flush::Range(a, n) => Scope::Range(a, n),
+                Flush::All => Scope::All,
+            };
+            checker::invalidated(table, s);
+        }
+        Event::FreeTable { table, pa } => checker::free_tables(table, &[pa]),
+        Event::ReportClean { table } => checker::report_clean(table),
+        Event::Teardown { table, gone } => checker::teardown(table, gone),
+    }
+}
