@@ -1,0 +1,15 @@
+//! The Linux VM: its lifecycle, vCPU threads, RAM, dirty logging and the
+//! stage-2 changes the host makes under it; `load/` puts a guest in its RAM.
+
+pub mod changes;
+pub mod dirty;
+pub mod dirty_limit;
+pub mod inject;
+pub mod load;
+pub mod memory;
+pub(crate) mod mig_mem;
+pub(crate) mod mig_vcpu;
+pub mod migrate;
+pub mod page_fetch;
+pub(crate) mod vcpu;
+pub mod vm;
