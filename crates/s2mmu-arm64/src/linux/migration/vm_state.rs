@@ -3,7 +3,8 @@
 //! registers and FIFO (vm-superio's `SerialState`), each vCPU's PSCI
 //! power state and saved registers, and the guest's virtual time.
 
-use crate::linux::gic::{Gic, NR_IRQS};
+use crate::linux::devices::DeviceState;
+use crate::linux::gic::Gic;
 use crate::linux::psci::PowerState;
 use crate::linux::vcpu_state::{VcpuState, VCPU_STATE_LEN};
 use s2mmu_migrate::state::{Fields, State, StateError};
@@ -21,8 +22,6 @@ pub const TAG_GIC: u32 = 3;
 pub const TAG_UART: u32 = 4;
 /// vCPU n's power state and registers: `TAG_VCPU + n`.
 pub const TAG_VCPU: u32 = 0x100;
-/// The receive FIFO's size in the 16550.
-const UART_FIFO: usize = 64;
 
 /// A vCPU's part of the state.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +42,7 @@ pub struct LinuxState {
     pub mem: u64,
     /// The guest's virtual count at the pause (the latest any vCPU saw).
     pub vct: u64,
-    /// The GIC's bytes (see [`gic_save`]).
+    /// The GIC (its bytes: [`gic_save`]).
     pub gic: Gic,
     /// The UART.
     pub uart: SerialState,
@@ -51,44 +50,16 @@ pub struct LinuxState {
     pub cpus: Vec<VcpuPart>,
 }
 
-/// Appends the GIC's registers.
+/// Appends the GIC's registers (the GIC's own [`DeviceState::save`]).
 pub fn gic_save(g: &Gic, out: &mut Vec<u8>) {
-    let d = g.dist.lock().unwrap_or_else(|p| p.into_inner());
-    out.extend_from_slice(&d.ctlr.to_le_bytes());
-    out.extend_from_slice(&d.enabled.to_le_bytes());
-    out.extend_from_slice(&d.group.to_le_bytes());
-    out.extend_from_slice(&d.prio);
-    d.cfg
-        .iter()
-        .for_each(|c| out.extend_from_slice(&c.to_le_bytes()));
-    d.route
-        .iter()
-        .for_each(|r| out.extend_from_slice(&r.to_le_bytes()));
-    drop(d);
-    for (r, p) in g.redist.iter().zip(&g.pending) {
-        // The pending set first, as the GIC's lock order says.
-        let p = *p.lock().unwrap_or_else(|p| p.into_inner());
-        let r = r.lock().unwrap_or_else(|p| p.into_inner());
-        out.push(u8::from(r.sleep));
-        out.extend_from_slice(&r.enabled.to_le_bytes());
-        out.extend_from_slice(&r.group.to_le_bytes());
-        out.extend_from_slice(&r.prio);
-        r.cfg
-            .iter()
-            .for_each(|c| out.extend_from_slice(&c.to_le_bytes()));
-        out.extend_from_slice(&p.to_le_bytes());
-    }
+    g.save(out);
 }
 
 /// A copy of `g` (through its bytes).
 pub fn gic_copy(g: &Gic) -> Gic {
     let mut b = Vec::new();
-    gic_save(g, &mut b);
+    g.save(&mut b);
     gic_load(&b, g.vcpus()).expect("a GIC's own bytes load")
-}
-
-fn u128f(f: &mut Fields<'_>, what: &str) -> Result<u128, StateError> {
-    Ok(u128::from_le_bytes(f.array(what)?))
 }
 
 /// A GIC for `vcpus` vCPUs with the registers [`gic_save`] wrote.
@@ -96,91 +67,7 @@ fn u128f(f: &mut Fields<'_>, what: &str) -> Result<u128, StateError> {
 /// # Errors
 /// Truncated or left-over bytes, a pending INTID beyond the GIC's.
 pub fn gic_load(bytes: &[u8], vcpus: usize) -> Result<Gic, StateError> {
-    let mut f = Fields::new(bytes, "GIC");
-    let g = Gic::new(vcpus);
-    {
-        let mut d = g.dist.lock().unwrap_or_else(|p| p.into_inner());
-        d.ctlr = f.u32("GICD_CTLR")?;
-        // A guest sets EnableGrp0/1 only (dist_access keeps bits 1:0).
-        if d.ctlr & !3 != 0 {
-            return Err(StateError::BadSection {
-                tag: TAG_GIC,
-                what: format!("GICD_CTLR {:#x} has bits beyond EnableGrp0/1", d.ctlr),
-            });
-        }
-        d.enabled = u128f(&mut f, "GICD_ISENABLER")?;
-        d.group = u128f(&mut f, "GICD_IGROUPR")?;
-        d.prio
-            .copy_from_slice(f.bytes(NR_IRQS as usize, "GICD_IPRIORITYR")?);
-        for c in d.cfg.iter_mut() {
-            *c = f.u32("GICD_ICFGR")?;
-        }
-        for r in d.route.iter_mut() {
-            *r = f.u64("GICD_IROUTER")?;
-        }
-    }
-    for (v, (r, p)) in g.redist.iter().zip(&g.pending).enumerate() {
-        let mut r = r.lock().unwrap_or_else(|p| p.into_inner());
-        r.sleep = f.array::<1>("GICR_WAKER")?[0] != 0;
-        r.enabled = f.u32("GICR_ISENABLER0")?;
-        r.group = f.u32("GICR_IGROUPR0")?;
-        r.prio.copy_from_slice(f.bytes(32, "GICR_IPRIORITYR")?);
-        for c in r.cfg.iter_mut() {
-            *c = f.u32("GICR_ICFGR")?;
-        }
-        let pend = u128f(&mut f, "pending INTIDs")?;
-        if NR_IRQS < 128 && pend >> NR_IRQS != 0 {
-            return Err(StateError::BadSection {
-                tag: TAG_GIC,
-                what: format!("vCPU {v} has INTIDs >= {NR_IRQS} pending ({pend:#x})"),
-            });
-        }
-        *p.lock().unwrap_or_else(|p| p.into_inner()) = pend;
-    }
-    f.finish(TAG_GIC)?;
-    Ok(g)
-}
-
-fn uart_save(s: &SerialState, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[
-        s.baud_divisor_low,
-        s.baud_divisor_high,
-        s.interrupt_enable,
-        s.interrupt_identification,
-        s.line_control,
-        s.line_status,
-        s.modem_control,
-        s.modem_status,
-        s.scratch,
-    ]);
-    out.extend_from_slice(&(s.in_buffer.len() as u32).to_le_bytes());
-    out.extend_from_slice(&s.in_buffer);
-}
-
-fn uart_load(bytes: &[u8]) -> Result<SerialState, StateError> {
-    let mut f = Fields::new(bytes, "UART");
-    let r: [u8; 9] = f.array("the 16550's registers")?;
-    let n = f.u32("the receive FIFO's length")? as usize;
-    if n > UART_FIFO {
-        return Err(StateError::BadSection {
-            tag: TAG_UART,
-            what: format!("receive FIFO of {n} bytes, the device holds {UART_FIFO}"),
-        });
-    }
-    let in_buffer = f.bytes(n, "the receive FIFO")?.to_vec();
-    f.finish(TAG_UART)?;
-    Ok(SerialState {
-        baud_divisor_low: r[0],
-        baud_divisor_high: r[1],
-        interrupt_enable: r[2],
-        interrupt_identification: r[3],
-        line_control: r[4],
-        line_status: r[5],
-        modem_control: r[6],
-        modem_status: r[7],
-        scratch: r[8],
-        in_buffer,
-    })
+    Gic::load(bytes, vcpus, TAG_GIC)
 }
 
 fn vcpu_save(c: &VcpuPart, out: &mut Vec<u8>) {
@@ -241,7 +128,7 @@ impl LinuxState {
         gic_save(&self.gic, &mut g);
         st.push(TAG_GIC, g)?;
         let mut u = Vec::new();
-        uart_save(&self.uart, &mut u);
+        self.uart.save(&mut u);
         st.push(TAG_UART, u)?;
         for (i, cpu) in self.cpus.iter().enumerate() {
             let mut b = Vec::with_capacity(40 + VCPU_STATE_LEN);
@@ -296,7 +183,7 @@ impl LinuxState {
             mem,
             vct,
             gic: gic_load(st.section(TAG_GIC)?, vcpus)?,
-            uart: uart_load(st.section(TAG_UART)?)?,
+            uart: SerialState::load(st.section(TAG_UART)?, (), TAG_UART)?,
             cpus,
         })
     }
