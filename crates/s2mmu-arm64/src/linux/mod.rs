@@ -61,6 +61,6 @@ pub use migration::{
 };
 pub use runs::{baseline, run};
 
-use devices::console_echo;
+use devices::{console_echo, timer};
 use machine::{mig_mem, mig_vcpu, vcpu};
 use migration::console_watch;

@@ -16,8 +16,7 @@ use std::sync::Mutex;
 pub const NR_SPIS: u32 = 64;
 /// All INTIDs the distributor knows (SGIs, PPIs, SPIs).
 pub const NR_IRQS: u32 = 32 + NR_SPIS;
-/// The virtual timer's PPI (INTID 27 on the `virt` machine).
-pub const VTIMER_INTID: u32 = 27;
+pub use crate::linux::devices::timer::VTIMER_INTID;
 /// Bytes of the distributor's frame.
 pub const GICD_SIZE: u64 = 0x1_0000;
 /// Bytes of one redistributor (RD and SGI frames).

@@ -1,5 +1,5 @@
 //! What a Linux guest's exits reach on the host: the MMIO bus and its
-//! dispatch, the GICv3, PSCI over HVC and the console UART. A device with
+//! dispatch, the GICv3, PSCI over HVC, the timer and the console UART. A device with
 //! state that a migration carries saves and loads it itself
 //! ([`DeviceState`]: `gic_state`, `uart_state`).
 
@@ -11,6 +11,7 @@ pub mod gic;
 mod gic_state;
 pub mod mmio;
 pub mod psci;
+pub(crate) mod timer;
 pub mod uart;
 mod uart_state;
 

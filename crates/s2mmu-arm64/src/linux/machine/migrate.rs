@@ -26,6 +26,7 @@ use crate::linux::mig_mem;
 use crate::linux::mig_vcpu::{self, Ctl};
 use crate::linux::page_fetch::PageFetch;
 use crate::linux::psci::PowerState;
+use crate::linux::timer;
 use crate::linux::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
 use crate::linux::vcpu_state::{VcpuState, CMD_STATE};
 use crate::linux::vm::{self, DeviceLayout, LinuxConfig, Power, Shared, SlotRam, StopReason};
@@ -462,8 +463,8 @@ impl LinuxVm {
         if let Some(StopReason::Error(e)) = self.stopped() {
             return Err(VmError::new(format!("the guest stopped: {e}")));
         }
-        let vct = r.ctl.lock().saved.iter().flatten().map(|s| s.cntvct).max();
-        self.paused_vct = vct.unwrap_or(0);
+        let vct = timer::paused_count(r.ctl.lock().saved.iter().flatten().map(|s| s.cntvct));
+        self.paused_vct = vct;
         self.paused = true;
         Ok(())
     }
@@ -575,7 +576,7 @@ impl LinuxVm {
         let t0 = Instant::now();
         let now = self.counter().map_err(vmerr)?;
         let t1 = Instant::now();
-        let cntvoff = now.wrapping_sub(st.vct);
+        let cntvoff = timer::offset_for(now, st.vct);
         let power = Power {
             state: st.cpus.iter().map(|c| c.power).collect(),
             start: st.cpus.iter().map(|c| c.start).collect(),

@@ -7,10 +7,10 @@
 
 use crate::arena::ArenaMmOps;
 use crate::layout::{self, mb};
-use crate::linux::gic::VTIMER_INTID;
 use crate::linux::inject::Injection;
 use crate::linux::mmio::{self, Devices, MmioDecode, Served};
 use crate::linux::psci::{self, PowerState, PsciCall};
+use crate::linux::timer;
 use crate::linux::vm::{ExitKind, Shared, StopReason};
 use crate::machine::{Exit, Mailbox};
 use crate::Result;
@@ -79,7 +79,7 @@ fn run_vcpu(
         0,
         crate::linux::gic::ICH_HCR_EN,
         sh.cntvoff,
-        crate::linux::vm::CNTHCTL_LINUX,
+        timer::CNTHCTL_LINUX,
     ];
     let run = mbox.post(layout::CMD_LINUX, &args);
     sh.set_power(id, PowerState::On);
@@ -210,8 +210,8 @@ pub(crate) fn handle(
         layout::EXIT_IRQ => {
             sh.count(id, ExitKind::Irq);
             let intid = mbox.read(mb::INTID) as u32;
-            if intid == VTIMER_INTID {
-                sh.gic.raise(id, VTIMER_INTID);
+            if let Some(ppi) = timer::virtual_ppi(intid) {
+                sh.gic.raise(id, ppi);
             }
             Ok(Next::Resume(e.elr, Vec::new()))
         }

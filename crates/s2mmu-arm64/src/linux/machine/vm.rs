@@ -39,9 +39,7 @@ pub const HCR_LINUX: u64 = stage2::HCR_VM
     | stage2::HCR_RW
     | 1 << 40
     | 1 << 41;
-/// CNTHCTL_EL2 of a Linux guest: EL1 may read the physical counter and
-/// use the physical timer (EL1PCTEN, EL1PCEN).
-pub const CNTHCTL_LINUX: u64 = 3;
+pub use crate::linux::devices::timer::CNTHCTL_LINUX;
 /// Where guest RAM starts in the guest's IPA space (the device tree says).
 pub const RAM_IPA: u64 = 0x4000_0000;
 /// The memslot of guest RAM.
