@@ -15,12 +15,14 @@ use std::process::Command;
 const AS: &str = "aarch64-linux-gnu-as";
 const LD: &str = "aarch64-linux-gnu-ld";
 const NM: &str = "aarch64-linux-gnu-nm";
+const OBJCOPY: &str = "aarch64-linux-gnu-objcopy";
 
 fn main() {
     println!("cargo:rerun-if-changed=asm/hyp.S");
     println!("cargo:rerun-if-changed=asm/state.S");
     println!("cargo:rerun-if-changed=asm/inject.S");
     println!("cargo:rerun-if-changed=asm/hyp.ld");
+    println!("cargo:rerun-if-changed=asm/el1_tests.S");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=S2MMU_ARM64_NO_IMAGE");
     println!("cargo:rerun-if-env-changed=PATH");
@@ -53,6 +55,7 @@ fn main() {
             }
         }
     }
+    el1_tests(&out, built.is_ok());
     match built {
         Ok(symbols) => {
             println!("cargo:rustc-cfg=s2mmu_arm64_image");
@@ -96,6 +99,27 @@ fn run(cmd: &mut Command) -> Result<Vec<u8>, String> {
         ));
     }
     Ok(o.stdout)
+}
+
+/// The EL1 test guests (`asm/el1_tests.S`) as a flat arm64 `Image` in
+/// `OUT_DIR/el1_tests.bin`, which the tests include; an empty file where
+/// the tools are missing (those tests are then ignored).
+fn el1_tests(out: &Path, tools: bool) {
+    let bin = out.join("el1_tests.bin");
+    let obj = out.join("el1_tests.o");
+    let built = tools
+        && run(Command::new(AS).arg("asm/el1_tests.S").arg("-o").arg(&obj)).is_ok()
+        && run(Command::new(OBJCOPY)
+            .args(["-O", "binary"])
+            .arg(&obj)
+            .arg(&bin))
+        .is_ok();
+    if !built {
+        if std::env::var_os("S2MMU_REQUIRE_ARM64").is_some() && tools {
+            panic!("S2MMU_REQUIRE_ARM64 is set but asm/el1_tests.S did not assemble");
+        }
+        std::fs::write(&bin, []).expect("write el1_tests.bin");
+    }
 }
 
 fn assemble(out: &Path) -> Result<String, String> {

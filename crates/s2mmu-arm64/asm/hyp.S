@@ -563,8 +563,13 @@ exec_insns:
         tlbi    vmalle1
         b       8f
 15:     cmp     x2, #0x15
-        b.ne    16f
+        b.ne    17f
         tlbi    vmalls12e1is
+        b       8f
+17:     cmp     x2, #0x20                       // a kick: SGI x3 at EL2
+        b.ne    16f
+        msr     icc_sgi1r_el1, x3
+        isb
         b       8f
 16:     // Unknown: count it; the host checks the counter.
         mrs     x2, tpidr_el2

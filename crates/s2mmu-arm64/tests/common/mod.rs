@@ -3,6 +3,7 @@
 
 pub mod counter;
 pub mod cut_proxy;
+pub mod el1;
 pub mod pure_postcopy;
 
 use s2mmu_arm64::linux::assets::{ensure, AssetOptions, LinuxAssets};

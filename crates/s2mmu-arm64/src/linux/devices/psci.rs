@@ -9,8 +9,12 @@ pub const CPU_SUSPEND: u32 = 0xc400_0001;
 pub const CPU_OFF: u32 = 0x8400_0002;
 /// CPU_ON (64-bit).
 pub const CPU_ON: u32 = 0xc400_0003;
+/// CPU_ON (32-bit: the arguments' upper halves are not looked at).
+pub const CPU_ON_32: u32 = 0x8400_0003;
 /// AFFINITY_INFO (64-bit).
 pub const AFFINITY_INFO: u32 = 0xc400_0004;
+/// AFFINITY_INFO (32-bit).
+pub const AFFINITY_INFO_32: u32 = 0x8400_0004;
 /// MIGRATE_INFO_TYPE.
 pub const MIGRATE_INFO_TYPE: u32 = 0x8400_0006;
 /// SYSTEM_OFF.
@@ -85,26 +89,35 @@ pub enum PsciCall {
 }
 
 /// Decodes a guest HVC with `x0..x3`. Unknown calls answer NOT_SUPPORTED,
-/// as SMCCC asks.
+/// as SMCCC asks. A 32-bit call's arguments are their low halves (SMC32:
+/// the upper halves are not the caller's to set). A target affinity is
+/// an MPIDR (Aff3 in 39:32, Aff2..Aff0 in 23:0): any other bit set makes
+/// it INVALID_PARAMETERS, as an affinity no CPU has ([`vcpu_of`], checked
+/// by the VM); so is a lowest affinity level other than 0 (PSCI 1.0 on).
+/// PSCI_FEATURES' function ID is 32 bits: one with its upper half set is
+/// no function (NOT_SUPPORTED).
 pub fn decode(x: [u64; 4]) -> PsciCall {
     let id = x[0] as u32;
     let ans = |v: i64| PsciCall::Answer(v as u64);
     if x[0] >> 32 != 0 {
         return ans(RET_NOT_SUPPORTED);
     }
+    let narrow = |v: u64| if id & SMC64 == 0 { v & 0xffff_ffff } else { v };
+    let (x1, x2, x3) = (narrow(x[1]), narrow(x[2]), narrow(x[3]));
     match id {
         VERSION => PsciCall::Answer(VERSION_1_1),
-        CPU_ON => PsciCall::CpuOn {
-            target: x[1],
-            entry: x[2],
-            context: x[3],
+        CPU_ON | CPU_ON_32 => PsciCall::CpuOn {
+            target: x1,
+            entry: x2,
+            context: x3,
         },
-        AFFINITY_INFO if x[2] != 0 => ans(RET_INVALID_PARAMS),
-        AFFINITY_INFO => PsciCall::AffinityInfo { target: x[1] },
+        AFFINITY_INFO | AFFINITY_INFO_32 if x2 != 0 => ans(RET_INVALID_PARAMS),
+        AFFINITY_INFO | AFFINITY_INFO_32 => PsciCall::AffinityInfo { target: x1 },
         CPU_OFF => PsciCall::CpuOff,
         SYSTEM_OFF => PsciCall::SystemOff,
         SYSTEM_RESET => PsciCall::SystemReset,
         MIGRATE_INFO_TYPE => PsciCall::Answer(TOS_NOT_PRESENT_MP),
+        FEATURES if x[1] >> 32 != 0 => ans(RET_NOT_SUPPORTED),
         FEATURES => ans(features(x[1] as u32)),
         _ => ans(RET_NOT_SUPPORTED),
     }
@@ -112,51 +125,23 @@ pub fn decode(x: [u64; 4]) -> PsciCall {
 
 fn features(id: u32) -> i64 {
     match id {
-        VERSION | CPU_OFF | CPU_ON | AFFINITY_INFO | MIGRATE_INFO_TYPE | SYSTEM_OFF
-        | SYSTEM_RESET | FEATURES => RET_SUCCESS,
+        VERSION | CPU_OFF | CPU_ON | CPU_ON_32 | AFFINITY_INFO | AFFINITY_INFO_32
+        | MIGRATE_INFO_TYPE | SYSTEM_OFF | SYSTEM_RESET | FEATURES => RET_SUCCESS,
         _ => RET_NOT_SUPPORTED,
     }
 }
 
-/// The vCPU an MPIDR names (Aff0 within cluster 0), if it exists.
+/// SMCCC's bit of a 64-bit call.
+const SMC64: u32 = 1 << 30;
+
+/// The vCPU an MPIDR names, if it exists: vCPU n has Aff0 = n and every
+/// other affinity 0, and any bit outside the affinity fields (31:24,
+/// 63:40) names no CPU.
 pub fn vcpu_of(mpidr: u64, vcpus: usize) -> Option<usize> {
     let aff0 = (mpidr & 0xff) as usize;
-    (mpidr & 0xff_00ff_ff00 == 0 && aff0 < vcpus).then_some(aff0)
+    (mpidr & !0xff == 0 && aff0 < vcpus).then_some(aff0)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn calls_decode_as_psci_1_1_says() {
-        assert_eq!(
-            decode([VERSION as u64, 0, 0, 0]),
-            PsciCall::Answer(0x1_0001)
-        );
-        assert_eq!(
-            decode([CPU_ON as u64, 1, 0x4020_0000, 7]),
-            PsciCall::CpuOn {
-                target: 1,
-                entry: 0x4020_0000,
-                context: 7
-            }
-        );
-        assert_eq!(
-            decode([FEATURES as u64, CPU_ON as u64, 0, 0]),
-            PsciCall::Answer(0)
-        );
-        assert_eq!(
-            decode([FEATURES as u64, CPU_SUSPEND as u64, 0, 0]),
-            PsciCall::Answer(u64::MAX)
-        );
-        assert_eq!(decode([0x8000_0000, 0, 0, 0]), PsciCall::Answer(u64::MAX));
-        assert_eq!(
-            decode([MIGRATE_INFO_TYPE as u64, 0, 0, 0]),
-            PsciCall::Answer(2)
-        );
-        assert_eq!(vcpu_of(0x8000_0001, 2), Some(1));
-        assert_eq!(vcpu_of(2, 2), None);
-        assert_eq!(vcpu_of(0x100, 2), None);
-    }
-}
+#[path = "psci_tests.rs"]
+mod tests;

@@ -222,7 +222,7 @@ fn run_one(
     };
     sh.set_power(id, PowerState::On);
     loop {
-        let Some(e) = vcpu::wait_exit(sh, &mbox, last, run)? else {
+        let Some(e) = vcpu::wait_exit(sh, id, &mbox, last, run)? else {
             return Ok(None);
         };
         last = e.seq;

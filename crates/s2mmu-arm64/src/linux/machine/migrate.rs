@@ -297,9 +297,11 @@ impl LinuxVm {
             log: Mutex::new(Vec::new()),
             page_fetch: Default::default(),
             limit: self.limit.clone(),
+            watch: crate::linux::watch::Watch::new(self.vcpus),
         });
         sh.page_fetch.set(self.hook_range());
         let _ = me.set(Arc::downgrade(&sh));
+        crate::linux::watch::spawn(&sh).map_err(Arm64Error::Io)?;
         let ctl = Arc::new(Ctl::new(self.vcpus, paused));
         ctl.lock().restore = restore;
         let threads = (0..self.vcpus)
@@ -339,6 +341,7 @@ impl LinuxVm {
             }
         }
         drop(r.uart);
+        r.sh.watch.join();
         let sh = Arc::try_unwrap(r.sh)
             .map_err(|_| Arm64Error::Guest("the VM is still shared after its threads".into()))?;
         self.idle = Some(sh.vm);

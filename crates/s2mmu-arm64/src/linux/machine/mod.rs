@@ -13,3 +13,4 @@ pub mod migrate;
 pub mod page_fetch;
 pub(crate) mod vcpu;
 pub mod vm;
+pub(crate) mod watch;

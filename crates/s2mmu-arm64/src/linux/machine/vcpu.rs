@@ -84,7 +84,7 @@ fn run_vcpu(
     let run = mbox.post(layout::CMD_LINUX, &args);
     sh.set_power(id, PowerState::On);
     loop {
-        let Some(e) = wait_exit(sh, &mbox, last, run)? else {
+        let Some(e) = wait_exit(sh, id, &mbox, last, run)? else {
             return Ok(());
         };
         last = e.seq;
@@ -117,6 +117,9 @@ fn run_vcpu(
 
 /// The list registers and ICH_HCR_EL2 the stub loads at the answer.
 pub(crate) fn sync_lrs(sh: &Shared, id: usize, mbox: &Mailbox<'_>) {
+    // In the guest before the pending interrupts are read: one raised
+    // after the read finds the vCPU there and kicks it.
+    sh.watch.enter(id);
     let mut lrs = [0u64; crate::linux::gic::NR_LRS];
     for (i, lr) in lrs.iter_mut().enumerate() {
         *lr = mbox.read(mb::LR0 + 8 * i as u64);
@@ -148,9 +151,11 @@ fn inject(sh: &Shared, id: usize, e: &Exit, inj: Injection, what: &str) -> Next 
     Next::Inject(inj)
 }
 
-/// Waits for the next exit (`None` once the RUN command has finished),
-/// without a deadline of its own: a guest may idle for long. QEMU's death
-/// or the VM's stop ends the wait.
+/// Waits for vCPU `id`'s next exit (`None` once the RUN command has
+/// finished), without a deadline of its own: a guest may idle for long.
+/// QEMU's death or the VM's stop ends the wait: after a stop the vCPU is
+/// kicked again while its exit does not come, and given up (`None`) after
+/// [`crate::linux::watch::STOP_GRACE`].
 ///
 /// It spins and yields briefly (a guest's faults after a harvest come in
 /// bursts), then sleeps until the stub rings the CPU's doorbell
@@ -161,13 +166,16 @@ fn inject(sh: &Shared, id: usize, e: &Exit, inj: Injection, what: &str) -> Next 
 /// migration's threads on 2 cores.
 pub(crate) fn wait_exit(
     sh: &Shared,
+    id: usize,
     mbox: &Mailbox<'_>,
     last: u64,
     run: u64,
 ) -> Result<Option<Exit>> {
     let mut spins = 0u32;
+    let mut kicked = None;
     loop {
         if let Some(e) = mbox.poll_exit(last) {
+            sh.watch.exited(id);
             return Ok(Some(e));
         }
         if mbox.done(run) {
@@ -181,7 +189,11 @@ pub(crate) fn wait_exit(
         } else {
             sh.vm.machine().check_alive()?;
             sh.check_deadline();
+            if sh.stopping() && !sh.wait_after_stop(id, &mut kicked) {
+                return Ok(None);
+            }
             if let Some(e) = mbox.sleep_until_exit(last, EXIT_SLEEP) {
+                sh.watch.exited(id);
                 return Ok(Some(e));
             }
         }
@@ -221,8 +233,8 @@ pub(crate) fn handle(
         }
         _ if ec == EC_SYSREG => {
             sh.count(id, ExitKind::Sysreg);
-            sysreg(sh, id, mbox, e);
-            Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()))
+            let kicks = sysreg(sh, id, mbox, e);
+            Ok(Next::Resume(mmio::next_insn(e.elr), kicks))
         }
         _ if ec == EC_WFX => Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new())),
         _ if ec == EC_SMC => {
@@ -251,7 +263,10 @@ fn hvc(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
             Some(t) => sh.power(t).code(),
             None => psci::RET_INVALID_PARAMS as u64,
         },
-        PsciCall::CpuOff => return Ok(Next::Off),
+        PsciCall::CpuOff => {
+            sh.cpu_off(id);
+            return Ok(Next::Off);
+        }
         PsciCall::SystemOff => {
             sh.stop(StopReason::PowerOff);
             return Ok(Next::Off);
@@ -268,7 +283,8 @@ fn hvc(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
 
 /// A trapped system register access (EC 0x18): the SGI registers, which
 /// EL1 writes trap while HCR_EL2.IMO is set. Anything else reads as zero.
-fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) {
+/// Returns the answer's maintenance: the kicks an SGI needs.
+fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Vec<(u64, u64)> {
     let iss = e.esr & 0x1ff_ffff;
     let read = iss & 1 != 0;
     let rt = (iss >> 5) & 0x1f;
@@ -279,7 +295,7 @@ fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) {
     let op0 = (iss >> 20) & 3;
     if read {
         mbox.set_gpr(rt, 0);
-        return;
+        return Vec::new();
     }
     // ICC_SGI1R_EL1 (3,0,12,11,5); ICC_ASGI1R_EL1 (3,1,12,11,6) is group
     // 1 for the other security state, the same with one security state.
@@ -290,12 +306,17 @@ fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) {
              at {:#x} ignored",
             e.elr
         ));
-        return;
+        return Vec::new();
     }
+    // Pending for every target, then a kick, sent by this vCPU's CPU as
+    // it resumes, for those in their guest with none on the way; the
+    // others load it at their next entry.
     let (intid, targets) = sh.gic.sgi_targets(id, mbox.gpr(rt));
-    for t in targets {
-        sh.raise(t, intid);
-    }
+    let raised: Vec<usize> = targets
+        .into_iter()
+        .filter_map(|t| sh.gic.raise(t, intid))
+        .collect();
+    sh.kick_insns(raised)
 }
 
 fn abort(
@@ -361,11 +382,13 @@ fn mmio(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
             return Ok(inject(sh, id, e, a, &what));
         }
         MmioDecode::NoSyndrome => {
-            sh.log(format!(
-                "vCPU {id}: MMIO access at IPA {ipa:#x} without a syndrome (ELR {:#x}): skipped",
-                e.elr
-            ));
-            return Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()));
+            // As KVM (with QEMU's answer to KVM_EXIT_ARM_NISV): a load or
+            // store pair, a writeback form, an exclusive, a cache
+            // maintenance by VA to a device is refused whole, with a
+            // synchronous external abort, never half done.
+            let a = Injection::abort(e.esr, e.far, mbox.read(mb::SPSR));
+            let what = format!("MMIO access at IPA {ipa:#x} without a syndrome");
+            return Ok(inject(sh, id, e, a, &what));
         }
     };
     let devices = Devices {

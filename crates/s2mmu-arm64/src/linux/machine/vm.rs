@@ -12,7 +12,7 @@ use crate::linux::gic::{Gic, GICR_STRIDE};
 use crate::linux::loader::{BootLayout, GuestRam};
 use crate::linux::psci::{self, PowerState};
 use crate::linux::uart::{ConsoleBuffer, Uart, UartOutput, UART_REGS};
-use crate::linux::vcpu::{self, CURRENT};
+use crate::linux::vcpu;
 use crate::machine::{Machine, MachineConfig, RamPages, SharedRam};
 use crate::stage2;
 use crate::vm::{Arm64Vm, VmConfig};
@@ -95,6 +95,8 @@ pub enum StopReason {
     PowerOff,
     /// PSCI SYSTEM_RESET (the host does not reboot: it stops).
     Reset,
+    /// PSCI CPU_OFF on the last vCPU that was on: no CPU is left to run.
+    CpusOff,
     /// The run's time limit passed.
     Timeout,
     /// A vCPU met an error (its text).
@@ -146,6 +148,8 @@ pub(crate) struct Shared {
     pub(crate) page_fetch: crate::linux::page_fetch::HookSlot,
     /// Throttle and pace, served at the guest's write faults.
     pub(crate) limit: Arc<crate::linux::dirty_limit::DirtyLimit>,
+    /// The vCPUs' modes, the stop's time and the deadline's thread.
+    pub(crate) watch: Arc<crate::linux::watch::Watch>,
 }
 
 /// Lines of the host's log kept (the rest are counted).
@@ -168,18 +172,15 @@ impl Shared {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Stops the VM: every vCPU leaves its guest at its next exit (a kick
-    /// makes one), and threads waiting for CPU_ON give up.
+    /// Stops the VM: every vCPU in its guest is kicked (its caller's
+    /// included) and leaves it at that exit, and threads waiting for
+    /// CPU_ON give up.
     pub(crate) fn stop(&self, why: StopReason) {
         self.reason.lock().unwrap().get_or_insert(why);
-        self.stopping.store(true, Ordering::Release);
+        self.stopping.store(true, Ordering::SeqCst);
         self.power_cv.notify_all();
-        let me = CURRENT.with(|c| c.get());
-        for v in 0..self.gic.vcpus() {
-            if Some(v) != me && self.power(v) == PowerState::On {
-                self.vm.sink().kick(v);
-            }
-        }
+        self.watch.stopped();
+        self.kick_claimed(0..self.gic.vcpus());
     }
 
     pub(crate) fn check_deadline(&self) {
@@ -196,11 +197,10 @@ impl Shared {
         }
     }
 
+    /// Kicks `t` if it runs its guest with no kick on the way (the
+    /// caller's own vCPU is in the host, answering an exit).
     fn kick_if_other(&self, t: usize) {
-        let me = CURRENT.with(|c| c.get());
-        if Some(t) != me && self.power(t) == PowerState::On {
-            self.vm.sink().kick(t);
-        }
+        self.kick_claimed([t]);
     }
 
     /// After a GIC register write: kicks the other vCPUs that now have an
@@ -219,6 +219,10 @@ impl Shared {
 
     pub(crate) fn set_power(&self, v: usize, s: PowerState) {
         self.power.lock().unwrap().state[v] = s;
+        match s {
+            PowerState::On => self.watch.enter(v),
+            _ => self.watch.exited(v),
+        }
     }
 
     /// PSCI CPU_ON: returns its status code.
@@ -292,6 +296,8 @@ pub struct LinuxReport {
     /// Exits by kind, all vCPUs: stage-2 faults, MMIO, HVC, system
     /// register traps, interrupts.
     pub exits: [u64; 5],
+    /// The same per vCPU, in vCPU order.
+    pub vcpu_exits: Vec<[u64; 5]>,
     /// Host ns in the engine's fault path, in device models, and answering
     /// exits (both included).
     pub engine_ns: u64,
@@ -359,6 +365,7 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
     let console = ConsoleBuffer::new(4 << 20);
     let sh = shared(cfg, vm, dl, &boot, &console);
     let init_at = watch_init(&console, t0);
+    crate::linux::watch::spawn(&sh).map_err(Arm64Error::Io)?;
     let harvester = cfg
         .dirty
         .mode
@@ -385,6 +392,7 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
             first_err.get_or_insert(e);
         }
     }
+    sh.watch.join();
     let total_s = t0.elapsed().as_secs_f64();
     let dirty = match harvester.map(|h| h.join().expect("harvester panicked")) {
         Some(Ok(r)) => Some(r),
@@ -489,6 +497,7 @@ fn shared(
             log: Mutex::new(Vec::new()),
             page_fetch: Default::default(),
             limit: Arc::new(crate::linux::dirty_limit::DirtyLimit::new(cfg.vcpus)),
+            watch: crate::linux::watch::Watch::new(cfg.vcpus),
         }
     })
 }
@@ -579,6 +588,11 @@ pub(crate) fn report(
         total_s,
         cpus_online,
         exits,
+        vcpu_exits: sh
+            .stats
+            .iter()
+            .map(|s| std::array::from_fn(|k| s.exits[k].load(Ordering::Relaxed)))
+            .collect(),
         engine_ns,
         device_ns,
         host_ns,

@@ -356,6 +356,9 @@ impl SourceGuest for LinuxSource {
                         "the Linux guest powered off (PSCI SYSTEM_OFF)".into()
                     }
                     vm::StopReason::Reset => "the Linux guest reset (PSCI SYSTEM_RESET)".into(),
+                    vm::StopReason::CpusOff => {
+                        "the Linux guest turned its last CPU off (PSCI CPU_OFF)".into()
+                    }
                     vm::StopReason::Timeout => "the Linux guest's run time limit passed".into(),
                     vm::StopReason::Error(e) => format!("the Linux guest failed: {e}"),
                 },

@@ -1,0 +1,231 @@
+//! What ends a Linux VM's run whatever its guest does, and who needs a
+//! kick.
+//!
+//! - The deadline is watched by a thread of its own ([`spawn`]) that
+//!   waits on nothing the guest controls: a guest asleep in WFI with its
+//!   interrupts masked, one that turned every CPU off, one looping on
+//!   exits, one that never booted all reach the stop at the same instant.
+//! - Each vCPU's mode, as KVM's `vcpu->mode`: in its guest, in its guest
+//!   with a kick on the way, or in the host. An interrupt or a stop kicks
+//!   only a vCPU that runs its guest and has no kick on the way
+//!   ([`Watch::claim_kick`]); a vCPU in the host loads its list registers
+//!   before it resumes and needs none.
+//! - A stop's time, which a vCPU thread waiting for an exit that does not
+//!   come reads to kick its own vCPU again, then to give up
+//!   ([`STOP_GRACE`]).
+
+use crate::linux::vm::{Shared, StopReason};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The vCPU runs host code (an exit being answered, or no run at all).
+const OUTSIDE: u8 = 0;
+/// The vCPU runs its guest (or is about to): an interrupt for it needs a
+/// kick.
+const IN_GUEST: u8 = 1;
+/// The vCPU runs its guest and a kick is on the way.
+const EXITING: u8 = 2;
+
+/// How long a vCPU thread waits for its vCPU to leave the guest after a
+/// stop (kicking it again meanwhile) before it gives the vCPU up: QEMU
+/// is killed with the machine.
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How often a vCPU thread kicks its own vCPU again while it waits for
+/// its exit after a stop.
+pub(crate) const STOP_REKICK: Duration = Duration::from_millis(100);
+/// The stub's code for "write this to ICC_SGI1R_EL1" in an answer's
+/// maintenance list (`asm/hyp.S`, `exec_insns`).
+pub(crate) const INSN_KICK: u64 = 0x20;
+/// The SGI that kicks a CPU to EL2 (`KICK_SGI` in `asm/hyp.S`).
+const KICK_SGI: u64 = 15;
+/// How often the watchdog looks whether its VM is gone.
+const WATCH_TICK: Duration = Duration::from_millis(500);
+
+/// The vCPUs' modes, the stop's time and the watchdog.
+pub(crate) struct Watch {
+    modes: Vec<AtomicU8>,
+    stopped_at: OnceLock<Instant>,
+    m: Mutex<()>,
+    cv: Condvar,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Watch {
+    /// A watch over `vcpus` vCPUs, each in the host.
+    pub(crate) fn new(vcpus: usize) -> Arc<Watch> {
+        Arc::new(Watch {
+            modes: (0..vcpus).map(|_| AtomicU8::new(OUTSIDE)).collect(),
+            stopped_at: OnceLock::new(),
+            m: Mutex::new(()),
+            cv: Condvar::new(),
+            thread: Mutex::new(None),
+        })
+    }
+
+    /// vCPU `id` is about to run its guest. Sequentially consistent with
+    /// [`Watch::claim_kick`]: either the pending interrupts its thread
+    /// reads next include one raised meanwhile, or the raise sees the
+    /// vCPU in its guest and kicks it.
+    pub(crate) fn enter(&self, id: usize) {
+        if let Some(m) = self.modes.get(id) {
+            m.store(IN_GUEST, Ordering::SeqCst);
+        }
+    }
+
+    /// vCPU `id` left its guest (an exit is being answered, or the run
+    /// ended).
+    pub(crate) fn exited(&self, id: usize) {
+        if let Some(m) = self.modes.get(id) {
+            m.store(OUTSIDE, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether vCPU `id` needs a kick now: it runs its guest and no kick
+    /// is on the way. A `true` marks the kick as on the way; the caller
+    /// sends it.
+    pub(crate) fn claim_kick(&self, id: usize) -> bool {
+        self.modes.get(id).is_some_and(|m| {
+            m.compare_exchange(IN_GUEST, EXITING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        })
+    }
+
+    /// Notes the stop (its first time counts) and wakes the watchdog.
+    pub(crate) fn stopped(&self) {
+        self.stopped_at.get_or_init(Instant::now);
+        let _g = self.m.lock().unwrap_or_else(|p| p.into_inner());
+        self.cv.notify_all();
+    }
+
+    /// How long ago the VM was stopped, if it was.
+    pub(crate) fn stopped_for(&self) -> Option<Duration> {
+        self.stopped_at.get().map(Instant::elapsed)
+    }
+
+    /// Waits for the watchdog's thread, once the VM is stopped.
+    pub(crate) fn join(&self) {
+        let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Shared {
+    /// Kicks every vCPU in `targets` that runs its guest with no kick on
+    /// the way, with one command to the service CPU for all of them.
+    pub(crate) fn kick_claimed(&self, targets: impl IntoIterator<Item = usize>) {
+        let list: Vec<usize> = targets
+            .into_iter()
+            .filter(|&t| self.watch.claim_kick(t))
+            .collect();
+        if list.is_empty() {
+            return;
+        }
+        if let Err(e) = self.vm.sink().try_kick_all(&list) {
+            self.log(format!("kicking vCPUs {list:?} failed: {e}"));
+        }
+    }
+
+    /// The maintenance that kicks every vCPU in `targets` that runs its
+    /// guest with no kick on the way, for the answer to the exit of the
+    /// vCPU that raised their interrupt: its own CPU sends the kick at EL2
+    /// as it returns to its guest ([`INSN_KICK`]), no round trip to the
+    /// service CPU, as KVM's sender sends its IPI from its own CPU.
+    pub(crate) fn kick_insns(&self, targets: impl IntoIterator<Item = usize>) -> Vec<(u64, u64)> {
+        let mut lists = std::collections::BTreeMap::<u64, u64>::new();
+        for t in targets {
+            if self.watch.claim_kick(t) {
+                *lists.entry(t as u64 / 16).or_default() |= 1 << (t % 16);
+            }
+        }
+        lists
+            .into_iter()
+            .map(|(aff1, list)| (INSN_KICK, KICK_SGI << 24 | aff1 << 16 | list))
+            .collect()
+    }
+
+    /// While vCPU `id`'s thread waits for an exit: after a stop, kicks
+    /// the vCPU again every [`STOP_REKICK`] (a stop that came as its
+    /// thread resumed it found it in the host); `false` once
+    /// [`STOP_GRACE`] has passed without the exit.
+    pub(crate) fn wait_after_stop(&self, id: usize, kicked: &mut Option<Instant>) -> bool {
+        let Some(since) = self.watch.stopped_for() else {
+            return true;
+        };
+        if since > STOP_GRACE {
+            self.log(format!(
+                "vCPU {id} did not leave its guest within {STOP_GRACE:?} of the stop: given up"
+            ));
+            return false;
+        }
+        if kicked.is_none_or(|k| k.elapsed() >= STOP_REKICK) {
+            if let Err(e) = self.vm.sink().try_kick_all(&[id]) {
+                self.log(format!("kicking vCPU {id} after the stop failed: {e}"));
+            }
+            *kicked = Some(Instant::now());
+        }
+        true
+    }
+
+    /// PSCI CPU_OFF from vCPU `id`: its power state is off, and the VM
+    /// stops ([`StopReason::CpusOff`]) if no vCPU is left on or about to
+    /// start, as KVM reports the VM stopped when its last CPU is off.
+    pub(crate) fn cpu_off(&self, id: usize) {
+        let all_off = {
+            let mut p = self.power.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(s) = p.state.get_mut(id) {
+                *s = crate::linux::psci::PowerState::Off;
+            }
+            p.state
+                .iter()
+                .all(|s| *s == crate::linux::psci::PowerState::Off)
+        };
+        if all_off {
+            self.stop(StopReason::CpusOff);
+        }
+    }
+}
+
+/// Starts the watchdog of `sh`: at its deadline it stops the VM
+/// ([`StopReason::Timeout`]); it ends at any stop, or when the VM is
+/// gone. It holds the VM only for the stop itself.
+///
+/// # Errors
+/// The thread could not be made (the text says why).
+pub(crate) fn spawn(sh: &Arc<Shared>) -> Result<(), String> {
+    let weak: Weak<Shared> = Arc::downgrade(sh);
+    let watch = sh.watch.clone();
+    let deadline = sh.deadline;
+    let t = std::thread::Builder::new()
+        .name("linux-deadline".into())
+        .spawn(move || watchdog(&weak, &watch, deadline))
+        .map_err(|e| format!("the deadline's thread: {e}"))?;
+    *sh.watch.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+    Ok(())
+}
+
+fn watchdog(weak: &Weak<Shared>, watch: &Watch, deadline: Instant) {
+    let mut g = watch.m.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if watch.stopped_at.get().is_some() || weak.strong_count() == 0 {
+            return;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            drop(g);
+            if let Some(sh) = weak.upgrade() {
+                sh.stop(StopReason::Timeout);
+            }
+            return;
+        }
+        let nap = (deadline - now).min(WATCH_TICK);
+        g = watch
+            .cv
+            .wait_timeout(g, nap)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
