@@ -1,5 +1,7 @@
 //! PSCI 1.1 over HVC, as Linux's `arch/arm64/kvm/psci.c` serves it: the
-//! guest's power state calls, decoded into what the VM must do.
+//! guest's power state calls, decoded into what the VM must do
+//! ([`decode`]) and served against the VM's power states (`serve`, over
+//! the VM's `PowerControl`).
 
 /// PSCI_VERSION.
 pub const VERSION: u32 = 0x8400_0000;
@@ -140,6 +142,58 @@ const SMC64: u32 = 1 << 30;
 pub fn vcpu_of(mpidr: u64, vcpus: usize) -> Option<usize> {
     let aff0 = (mpidr & 0xff) as usize;
     (mpidr & !0xff == 0 && aff0 < vcpus).then_some(aff0)
+}
+
+/// The VM's side of PSCI: its vCPUs' power states and the machine's.
+pub(crate) trait PowerControl {
+    /// How many vCPUs the VM has.
+    fn vcpus(&self) -> usize;
+    /// CPU_ON for the vCPU `target` names: its status code (SUCCESS,
+    /// ALREADY_ON, ON_PENDING, INVALID_PARAMETERS).
+    fn cpu_on(&self, target: u64, entry: u64, context: u64) -> i64;
+    /// vCPU `v`'s power state.
+    fn power(&self, v: usize) -> PowerState;
+    /// CPU_OFF from vCPU `id`.
+    fn cpu_off(&self, id: usize);
+    /// SYSTEM_OFF, or SYSTEM_RESET when `reset`.
+    fn system_off(&self, reset: bool);
+}
+
+/// What a served call leaves for the vCPU that made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Served {
+    /// Resume it with x0 = this.
+    Resume(u64),
+    /// Its CPU is off (CPU_OFF), or the machine is (SYSTEM_OFF/RESET).
+    Off,
+}
+
+/// Serves vCPU `id`'s HVC with `x0..x3` against `vm`.
+pub(crate) fn serve(x: [u64; 4], id: usize, vm: &impl PowerControl) -> Served {
+    match decode(x) {
+        PsciCall::Answer(v) => Served::Resume(v),
+        PsciCall::CpuOn {
+            target,
+            entry,
+            context,
+        } => Served::Resume(vm.cpu_on(target, entry, context) as u64),
+        PsciCall::AffinityInfo { target } => Served::Resume(match vcpu_of(target, vm.vcpus()) {
+            Some(t) => vm.power(t).code(),
+            None => RET_INVALID_PARAMS as u64,
+        }),
+        PsciCall::CpuOff => {
+            vm.cpu_off(id);
+            Served::Off
+        }
+        PsciCall::SystemOff => {
+            vm.system_off(false);
+            Served::Off
+        }
+        PsciCall::SystemReset => {
+            vm.system_off(true);
+            Served::Off
+        }
+    }
 }
 
 #[cfg(test)]

@@ -121,3 +121,57 @@ fn unknown_calls_and_a_function_id_with_its_upper_half_set_are_not_supported() {
     assert_eq!(call(0x8000_0000, 0, 0, 0), UNSUPPORTED);
     assert_eq!(decode([1 << 32 | VERSION as u64, 0, 0, 0]), UNSUPPORTED);
 }
+
+/// A VM of `n` vCPUs that records what PSCI asked of it.
+struct Recorder {
+    n: usize,
+    on: std::cell::RefCell<Vec<(u64, u64, u64)>>,
+    off: std::cell::RefCell<Vec<usize>>,
+    system: std::cell::Cell<Option<bool>>,
+}
+
+impl PowerControl for Recorder {
+    fn vcpus(&self) -> usize {
+        self.n
+    }
+    fn cpu_on(&self, target: u64, entry: u64, context: u64) -> i64 {
+        self.on.borrow_mut().push((target, entry, context));
+        RET_ALREADY_ON
+    }
+    fn power(&self, v: usize) -> PowerState {
+        [PowerState::On, PowerState::OnPending][v % 2]
+    }
+    fn cpu_off(&self, id: usize) {
+        self.off.borrow_mut().push(id);
+    }
+    fn system_off(&self, reset: bool) {
+        self.system.set(Some(reset));
+    }
+}
+
+#[test]
+fn serve_asks_the_vm_and_answers_with_what_it_says() {
+    let vm = Recorder {
+        n: 2,
+        on: Default::default(),
+        off: Default::default(),
+        system: Default::default(),
+    };
+    let on = serve([CPU_ON as u64, 1, 0x8000, 7], 0, &vm);
+    assert_eq!(on, Served::Resume(RET_ALREADY_ON as u64));
+    assert_eq!(*vm.on.borrow(), [(1, 0x8000, 7)]);
+    let info = |t| serve([AFFINITY_INFO as u64, t, 0, 0], 0, &vm);
+    assert_eq!(info(1), Served::Resume(PowerState::OnPending.code()));
+    assert_eq!(info(2), Served::Resume(RET_INVALID_PARAMS as u64));
+    assert_eq!(
+        serve([VERSION as u64, 0, 0, 0], 0, &vm),
+        Served::Resume(VERSION_1_1)
+    );
+    assert_eq!(serve([CPU_OFF as u64, 0, 0, 0], 1, &vm), Served::Off);
+    assert_eq!(*vm.off.borrow(), [1]);
+    assert_eq!(vm.system.get(), None);
+    assert_eq!(serve([SYSTEM_RESET as u64, 0, 0, 0], 0, &vm), Served::Off);
+    assert_eq!(vm.system.get(), Some(true));
+    assert_eq!(serve([SYSTEM_OFF as u64, 0, 0, 0], 0, &vm), Served::Off);
+    assert_eq!(vm.system.get(), Some(false));
+}

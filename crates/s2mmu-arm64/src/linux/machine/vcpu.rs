@@ -9,7 +9,7 @@ use crate::arena::ArenaMmOps;
 use crate::layout::{self, mb};
 use crate::linux::inject::Injection;
 use crate::linux::mmio::{self, Devices, MmioDecode, Served};
-use crate::linux::psci::{self, PowerState, PsciCall};
+use crate::linux::psci::{self, PowerState};
 use crate::linux::timer;
 use crate::linux::vm::{ExitKind, Shared, StopReason};
 use crate::machine::{Exit, Mailbox};
@@ -252,33 +252,13 @@ pub(crate) fn handle(
 
 fn hvc(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
     let x = [mbox.gpr(0), mbox.gpr(1), mbox.gpr(2), mbox.gpr(3)];
-    let ret = match psci::decode(x) {
-        PsciCall::Answer(v) => v,
-        PsciCall::CpuOn {
-            target,
-            entry,
-            context,
-        } => sh.cpu_on(target, entry, context) as u64,
-        PsciCall::AffinityInfo { target } => match psci::vcpu_of(target, sh.gic.vcpus()) {
-            Some(t) => sh.power(t).code(),
-            None => psci::RET_INVALID_PARAMS as u64,
-        },
-        PsciCall::CpuOff => {
-            sh.cpu_off(id);
-            return Ok(Next::Off);
+    match psci::serve(x, id, sh) {
+        psci::Served::Resume(x0) => {
+            mbox.set_gpr(0, x0);
+            Ok(Next::Resume(e.elr, Vec::new()))
         }
-        PsciCall::SystemOff => {
-            sh.stop(StopReason::PowerOff);
-            return Ok(Next::Off);
-        }
-        PsciCall::SystemReset => {
-            sh.stop(StopReason::Reset);
-            return Ok(Next::Off);
-        }
-    };
-    mbox.set_gpr(0, ret);
-    let _ = id;
-    Ok(Next::Resume(e.elr, Vec::new()))
+        psci::Served::Off => Ok(Next::Off),
+    }
 }
 
 /// A trapped system register access (EC 0x18): the SGI registers, which

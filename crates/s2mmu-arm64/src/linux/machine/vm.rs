@@ -152,6 +152,33 @@ pub(crate) struct Shared {
     pub(crate) watch: Arc<crate::linux::watch::Watch>,
 }
 
+/// PSCI served against the VM's power states (see [`psci::serve`]).
+impl psci::PowerControl for Shared {
+    fn vcpus(&self) -> usize {
+        self.gic.vcpus()
+    }
+
+    fn cpu_on(&self, target: u64, entry: u64, context: u64) -> i64 {
+        Shared::cpu_on(self, target, entry, context)
+    }
+
+    fn power(&self, v: usize) -> PowerState {
+        Shared::power(self, v)
+    }
+
+    fn cpu_off(&self, id: usize) {
+        Shared::cpu_off(self, id);
+    }
+
+    fn system_off(&self, reset: bool) {
+        self.stop(if reset {
+            StopReason::Reset
+        } else {
+            StopReason::PowerOff
+        });
+    }
+}
+
 /// Lines of the host's log kept (the rest are counted).
 const LOG_CAP: usize = 256;
 
