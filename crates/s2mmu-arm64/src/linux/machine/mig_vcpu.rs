@@ -3,16 +3,15 @@
 //! vCPU at its next exit with its whole state saved by the stub
 //! (ACT_SAVE), and a start from a saved state (the STATE command).
 
-use crate::arena::ArenaMmOps;
 use crate::layout::{self, mb};
 use crate::linux::gic::ICH_HCR_EN;
+use crate::linux::placement::{EngineVcpu, Placement};
 use crate::linux::psci::PowerState;
 use crate::linux::timer::CNTHCTL_LINUX;
 use crate::linux::vcpu::{self, Next, CURRENT};
 use crate::linux::vcpu_state::{VcpuState, ACT_SAVE, CMD_STATE};
 use crate::linux::vm::{Shared, StopReason, HCR_LINUX};
 use crate::Result;
-use s2mmu::mmu::VcpuMmu;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -129,7 +128,7 @@ enum Start {
 /// The engine's errors, an exit the host cannot answer, QEMU exiting.
 pub(crate) fn vcpu_main(sh: &Shared, ctl: &Ctl, id: usize) -> Result<()> {
     CURRENT.with(|c| c.set(Some(id)));
-    let mut vcpu = sh.vm.mmu().new_vcpu()?;
+    let mut vcpu = sh.vm.new_vcpu()?;
     while let Some(start) = next_start(sh, ctl, id) {
         match run_one(sh, ctl, id, &mut vcpu, start) {
             Ok(Some(state)) => {
@@ -191,12 +190,12 @@ fn run_one(
     sh: &Shared,
     ctl: &Ctl,
     id: usize,
-    vcpu: &mut VcpuMmu<ArenaMmOps>,
+    vcpu: &mut EngineVcpu,
     start: Start,
 ) -> Result<Option<VcpuState>> {
     let mbox = sh.vm.machine().mailbox(id);
     let mut last = mbox.read(mb::EXIT_SEQ);
-    let (vtcr, vttbr) = sh.vm.stage2_regs();
+    let (vtcr, vttbr) = Placement::stage2_regs(&sh.vm);
     let run = match start {
         Start::Boot(entry, x0) => {
             let args = [

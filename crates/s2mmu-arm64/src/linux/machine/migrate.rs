@@ -25,6 +25,7 @@ use crate::linux::memory::LinuxRam;
 use crate::linux::mig_mem;
 use crate::linux::mig_vcpu::{self, Ctl};
 use crate::linux::page_fetch::PageFetch;
+use crate::linux::placement::Placement;
 use crate::linux::psci::PowerState;
 use crate::linux::timer;
 use crate::linux::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
@@ -457,7 +458,7 @@ impl LinuxVm {
                 // A kick that fails (QEMU gone) ends with the vCPU
                 // threads, which stop with that error and park.
                 if !on.is_empty() {
-                    if let Err(e) = sh.vm.sink().try_kick_all(&on) {
+                    if let Err(e) = Placement::kick_all(&sh.vm, &on) {
                         eprintln!("linux guest: pause: kick {on:?}: {e}");
                     }
                 }

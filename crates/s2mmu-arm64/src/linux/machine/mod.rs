@@ -1,5 +1,6 @@
 //! The Linux VM: its lifecycle, vCPU threads, RAM, dirty logging and the
-//! stage-2 changes the host makes under it; `load/` puts a guest in its RAM.
+//! stage-2 changes the host makes under it; `load/` puts a guest in its RAM;
+//! `placement` is the seam between the machine and where the engine runs.
 
 pub mod changes;
 pub mod dirty;
@@ -11,6 +12,7 @@ pub(crate) mod mig_mem;
 pub(crate) mod mig_vcpu;
 pub mod migrate;
 pub mod page_fetch;
+pub(crate) mod placement;
 pub(crate) mod vcpu;
 pub mod vm;
 pub(crate) mod watch;

@@ -5,16 +5,15 @@
 //! with the vGIC, physical interrupts with list registers — until the vCPU
 //! is turned off or the VM stops.
 
-use crate::arena::ArenaMmOps;
 use crate::layout::{self, mb};
 use crate::linux::inject::Injection;
 use crate::linux::mmio::{self, Devices, MmioDecode, Served};
+use crate::linux::placement::{EngineVcpu, Placement};
 use crate::linux::psci::{self, PowerState};
 use crate::linux::timer;
 use crate::linux::vm::{ExitKind, Shared, StopReason};
 use crate::machine::{Exit, Mailbox};
 use crate::Result;
-use s2mmu::mmu::VcpuMmu;
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -46,7 +45,7 @@ const EC_SYSREG: u64 = 0x18;
 /// The engine's errors, an exit the host cannot answer, QEMU exiting.
 pub(crate) fn vcpu_thread(sh: &Shared, id: usize) -> Result<()> {
     CURRENT.with(|c| c.set(Some(id)));
-    let mut vcpu = sh.vm.mmu().new_vcpu()?;
+    let mut vcpu = sh.vm.new_vcpu()?;
     while let Some((entry, x0)) = sh.wait_power_on(id) {
         let r = run_vcpu(sh, id, &mut vcpu, entry, x0);
         sh.set_power(id, PowerState::Off);
@@ -58,16 +57,10 @@ pub(crate) fn vcpu_thread(sh: &Shared, id: usize) -> Result<()> {
     Ok(())
 }
 
-fn run_vcpu(
-    sh: &Shared,
-    id: usize,
-    vcpu: &mut VcpuMmu<ArenaMmOps>,
-    entry: u64,
-    x0: u64,
-) -> Result<()> {
+fn run_vcpu(sh: &Shared, id: usize, vcpu: &mut EngineVcpu, entry: u64, x0: u64) -> Result<()> {
     let mbox = sh.vm.machine().mailbox(id);
     let mut last = mbox.read(mb::EXIT_SEQ);
-    let (vtcr, vttbr) = sh.vm.stage2_regs();
+    let (vtcr, vttbr) = Placement::stage2_regs(&sh.vm);
     let args = [
         vtcr,
         vttbr,
@@ -212,7 +205,7 @@ const EXIT_SLEEP: Duration = Duration::from_millis(10);
 pub(crate) fn handle(
     sh: &Shared,
     id: usize,
-    vcpu: &mut VcpuMmu<ArenaMmOps>,
+    vcpu: &mut EngineVcpu,
     mbox: &Mailbox<'_>,
     e: &Exit,
 ) -> Result<Next> {
@@ -302,7 +295,7 @@ fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Vec<(u64, u64
 fn abort(
     sh: &Shared,
     id: usize,
-    vcpu: &mut VcpuMmu<ArenaMmOps>,
+    vcpu: &mut EngineVcpu,
     mbox: &Mailbox<'_>,
     e: &Exit,
 ) -> Result<Next> {
@@ -321,7 +314,7 @@ fn abort(
     }
     crate::linux::page_fetch::before_fault(sh, id, e)?;
     let t0 = Instant::now();
-    let r = sh.vm.fault(vcpu, e)?;
+    let r = sh.vm.stage2_abort(vcpu, e)?;
     let st = &sh.stats[id];
     match r {
         Ok(insns) => {

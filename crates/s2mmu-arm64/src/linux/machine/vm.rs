@@ -130,7 +130,8 @@ pub(crate) struct Power {
 
 /// What the vCPU threads share.
 pub(crate) struct Shared {
-    pub(crate) vm: Arm64Vm,
+    /// The engine, in its placement.
+    pub(crate) vm: crate::linux::placement::Host,
     pub(crate) gic: Gic,
     pub(crate) bus: MmioBus,
     pub(crate) layout: DeviceLayout,

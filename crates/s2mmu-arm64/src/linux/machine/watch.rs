@@ -14,6 +14,7 @@
 //!   come reads to kick its own vCPU again, then to give up
 //!   ([`STOP_GRACE`]).
 
+use crate::linux::placement::Placement;
 use crate::linux::vm::{Shared, StopReason};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -124,7 +125,7 @@ impl Shared {
         if list.is_empty() {
             return;
         }
-        if let Err(e) = self.vm.sink().try_kick_all(&list) {
+        if let Err(e) = Placement::kick_all(&self.vm, &list) {
             self.log(format!("kicking vCPUs {list:?} failed: {e}"));
         }
     }
@@ -162,7 +163,7 @@ impl Shared {
             return false;
         }
         if kicked.is_none_or(|k| k.elapsed() >= STOP_REKICK) {
-            if let Err(e) = self.vm.sink().try_kick_all(&[id]) {
+            if let Err(e) = Placement::kick_all(&self.vm, &[id]) {
                 self.log(format!("kicking vCPU {id} after the stop failed: {e}"));
             }
             *kicked = Some(Instant::now());
