@@ -33,19 +33,23 @@ fn main() {
     let f = el1::files(Scenario::Ipi);
     let mut first = None;
     for &n in &cpus {
-        let (mut ours, mut qemu) = (Vec::new(), Vec::new());
+        let (mut ours, mut qemu, mut wakes) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
             let r = vm::run(&el1::config(&f, n, Duration::from_secs(300)))
                 .unwrap_or_else(|e| fail(&format!("the VM: {e}")));
             ours.push(rate(&r.console, n));
+            // The other vCPUs' interrupt exits: the kicks that woke them.
+            wakes.push(r.vcpu_exits.iter().skip(1).map(|e| e[4]).sum::<u64>() as f64);
             qemu.push(rate(&qemu_alone(&f.kernel, n), n));
         }
         let (m, q) = (median(&mut ours), median(&mut qemu));
         let base = *first.get_or_insert(m);
         println!(
             "{{\"vcpus\":{n},\"runs\":{runs},\"sgis_per_s_median\":{m:.0},\
-             \"of_1_vcpu\":{:.2},\"qemu_alone_median\":{q:.0},\"runs_per_s\":{ours:.0?}}}",
-            m / base
+             \"of_1_vcpu\":{:.2},\"qemu_alone_median\":{q:.0},\"runs_per_s\":{ours:.0?},\
+             \"kicked_exits_median\":{:.0}}}",
+            m / base,
+            median(&mut wakes)
         );
     }
 }

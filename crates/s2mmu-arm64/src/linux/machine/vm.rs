@@ -217,18 +217,10 @@ impl Shared {
         }
     }
 
-    /// Makes `intid` pending for `vcpu` and kicks it if another thread
-    /// serves it.
+    /// Makes `intid` pending for `vcpu` and kicks it if it runs its guest
+    /// with no kick on the way.
     pub(crate) fn raise(&self, vcpu: usize, intid: u32) {
-        if let Some(t) = self.gic.raise(vcpu, intid) {
-            self.kick_if_other(t);
-        }
-    }
-
-    /// Kicks `t` if it runs its guest with no kick on the way (the
-    /// caller's own vCPU is in the host, answering an exit).
-    fn kick_if_other(&self, t: usize) {
-        self.kick_claimed([t]);
+        self.kick_claimed(self.gic.raise(vcpu, intid));
     }
 
     /// After a GIC register write: kicks the other vCPUs that now have an
@@ -236,7 +228,7 @@ impl Shared {
     pub(crate) fn kick_pending(&self) {
         for v in 0..self.gic.vcpus() {
             if self.gic.has_pending(v) {
-                self.kick_if_other(v);
+                self.kick_claimed([v]);
             }
         }
     }
@@ -247,10 +239,7 @@ impl Shared {
 
     pub(crate) fn set_power(&self, v: usize, s: PowerState) {
         self.power.lock().unwrap().state[v] = s;
-        match s {
-            PowerState::On => self.watch.enter(v),
-            _ => self.watch.exited(v),
-        }
+        self.watch.powered(v, s == PowerState::On);
     }
 
     /// PSCI CPU_ON: returns its status code.

@@ -75,6 +75,15 @@ impl Watch {
         }
     }
 
+    /// vCPU `id` was turned on (it is about to run its guest) or off.
+    pub(crate) fn powered(&self, id: usize, on: bool) {
+        if on {
+            self.enter(id);
+        } else {
+            self.exited(id);
+        }
+    }
+
     /// vCPU `id` left its guest (an exit is being answered, or the run
     /// ended).
     pub(crate) fn exited(&self, id: usize) {
