@@ -13,6 +13,7 @@ pub(crate) mod mig_vcpu;
 pub mod migrate;
 pub mod page_fetch;
 pub(crate) mod placement;
+mod power;
 pub(crate) mod vcpu;
 pub mod vm;
 pub(crate) mod watch;
