@@ -7,7 +7,6 @@
 //! while the other vCPUs run on.
 
 use crate::linux::memory::PAGE;
-use crate::linux::vm::Shared;
 use crate::machine::Exit;
 use crate::vm::fault_kind;
 use crate::{Arm64Error, Result};
@@ -34,30 +33,30 @@ impl HookSlot {
     fn get(&self) -> Option<RangeHook> {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
-}
 
-/// Before the engine handles a stage-2 abort: a translation fault in the
-/// hooked range waits for its page.
-///
-/// # Errors
-/// [`Arm64Error::Guest`] naming the page when the hook cannot have it.
-pub(crate) fn before_fault(sh: &Shared, id: usize, e: &Exit) -> Result<()> {
-    let Some((hook, base, size)) = sh.page_fetch.get() else {
-        return Ok(());
-    };
-    let ipa = e.ipa();
-    if ipa < base
-        || ipa - base >= size
-        || !matches!(fault_kind(e.dfsc()), Some(FaultKind::Translation))
-    {
-        return Ok(());
+    /// Before the engine handles a stage-2 abort: a translation fault in the
+    /// hooked range waits for its page.
+    ///
+    /// # Errors
+    /// [`Arm64Error::Guest`] naming the page when the hook cannot have it.
+    pub(crate) fn before_fault(&self, id: usize, e: &Exit) -> Result<()> {
+        let Some((hook, base, size)) = self.get() else {
+            return Ok(());
+        };
+        let ipa = e.ipa();
+        if ipa < base
+            || ipa - base >= size
+            || !matches!(fault_kind(e.dfsc()), Some(FaultKind::Translation))
+        {
+            return Ok(());
+        }
+        hook.fetch(id, ipa & !(PAGE as u64 - 1))
+            .map(|_| ())
+            .map_err(|why| {
+                Arm64Error::Guest(format!(
+                    "vCPU {id}: the page at IPA {ipa:#x} is not on this host and could not be \
+                     fetched: {why}"
+                ))
+            })
     }
-    hook.fetch(id, ipa & !(PAGE as u64 - 1))
-        .map(|_| ())
-        .map_err(|why| {
-            Arm64Error::Guest(format!(
-                "vCPU {id}: the page at IPA {ipa:#x} is not on this host and could not be \
-                 fetched: {why}"
-            ))
-        })
 }

@@ -312,7 +312,7 @@ fn abort(
         let what = format!("stage-2 abort at IPA {:#x}: external abort", e.ipa());
         return Ok(inject(sh, id, e, a, &what));
     }
-    crate::linux::page_fetch::before_fault(sh, id, e)?;
+    sh.page_fetch.before_fault(id, e)?;
     let t0 = Instant::now();
     let r = sh.vm.stage2_abort(vcpu, e)?;
     let st = &sh.stats[id];
