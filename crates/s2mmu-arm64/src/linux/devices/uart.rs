@@ -4,7 +4,7 @@
 //!
 //! Output goes to stdout, a file, a bounded memory buffer the tests read,
 //! or a buffer and one of the others. Stdout is written on a thread of its
-//! own, terminal controls shown as text (`linux/console_echo.rs`). Input
+//! own, terminal controls shown as text (`linux/devices/console_echo.rs`). Input
 //! comes from stdin on a thread ([`Uart::spawn_stdin_reader`]) or from the host ([`Uart::enqueue`]).
 //! The interrupt is a callback the vGIC supplies; [`Uart::irq_pending`]
 //! gives the line's level (IIR bit 0 clear) for a level-sensitive SPI.
@@ -179,7 +179,7 @@ impl UartOutput {
 
 /// Hands guest bytes to the process's stdout echo, which writes them on
 /// its own thread with control characters made visible
-/// (`linux/console_echo.rs`): a stalled stdout cannot stall a vCPU, and
+/// (`linux/devices/console_echo.rs`): a stalled stdout cannot stall a vCPU, and
 /// the guest cannot drive the operator's terminal.
 fn echo(data: &[u8]) {
     if let Some(e) = stdout_echo() {
