@@ -62,5 +62,5 @@ pub use migration::{
 pub use runs::{baseline, run};
 
 use devices::{console_echo, timer};
-use machine::{mig_mem, mig_vcpu, placement, vcpu, watch};
+use machine::{mig_vcpu, placement, shared, vcpu, watch};
 use migration::console_watch;

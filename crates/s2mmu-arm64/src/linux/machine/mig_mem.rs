@@ -7,30 +7,9 @@ use crate::linux::memory::{digest_of, page_hash, LinuxRam, PAGE};
 use crate::linux::migrate::LinuxVm;
 use crate::linux::page_fetch::PageFetch;
 use crate::linux::vm;
-use crate::{Arm64Error, Result};
+
 use s2mmu_migrate::VmError;
 use std::sync::Arc;
-
-/// The hashes of every page of a fresh machine's guest RAM `ram` as it
-/// is now, its page tables here first filled in as if written: a
-/// migration's stream writes every page of it next, and the first write
-/// to a page mapped by a read costs a 4 KiB shmem page 0.3-0.8 us more
-/// (see [`LinuxRam::populate_for_writes`]); the read here then faults
-/// nothing in.
-///
-/// # Errors
-/// [`Arm64Error::Io`] when the hashes' memory cannot be had.
-pub(in crate::linux) fn fresh_hashes(ram: &LinuxRam) -> Result<Vec<u64>> {
-    // Without MADV_POPULATE_WRITE (Linux before 5.14) the read below
-    // faults the pages in, and the stream pays the first writes.
-    let _ = ram.populate_for_writes();
-    let mut h = Vec::new();
-    h.try_reserve_exact(ram.pages() as usize)
-        .map_err(|e| Arm64Error::Io(format!("page hashes: {e}")))?;
-    h.resize(ram.pages() as usize, 0);
-    ram.page_hashes(0, &mut h);
-    Ok(h)
-}
 
 fn range_err(first: u64, bytes: usize, pages: u64) -> VmError {
     VmError::new(format!(

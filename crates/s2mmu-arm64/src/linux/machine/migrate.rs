@@ -22,7 +22,6 @@ use crate::linux::dirty_limit::DirtyLimit;
 use crate::linux::fdt::FdtConfig;
 use crate::linux::gic::{Gic, GICR_STRIDE};
 use crate::linux::memory::LinuxRam;
-use crate::linux::mig_mem;
 use crate::linux::mig_vcpu::{self, Ctl};
 use crate::linux::page_fetch::PageFetch;
 use crate::linux::placement::Placement;
@@ -42,8 +41,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vm_superio::serial::SerialState;
 
+mod clock;
 mod restore;
-pub use restore::RestoreClock;
+pub use clock::RestoreClock;
 
 /// How long a pause may take (a loaded 2-core host runs QEMU slowly).
 const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
@@ -136,7 +136,7 @@ impl LinuxVm {
         avm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, cfg.mem, granule)?;
         let f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
         let ram = LinuxRam::new(machine.ram().clone(), layout::DATA, cfg.mem, vm::RAM_IPA)?;
-        let written = Some(mig_mem::fresh_hashes(&ram)?);
+        let written = Some(ram.fresh_hashes()?);
         Ok(LinuxVm {
             machine,
             vcpus: cfg.vcpus,
@@ -302,7 +302,7 @@ impl LinuxVm {
         });
         sh.page_fetch.set(self.hook_range());
         let _ = me.set(Arc::downgrade(&sh));
-        crate::linux::watch::spawn(&sh).map_err(Arm64Error::Io)?;
+        crate::linux::shared::spawn_watchdog(&sh).map_err(Arm64Error::Io)?;
         let ctl = Arc::new(Ctl::new(self.vcpus, paused));
         ctl.lock().restore = restore;
         let threads = (0..self.vcpus)
@@ -375,7 +375,7 @@ impl LinuxVm {
             self.granule,
         )?;
         self.ram = LinuxRam::new(machine.ram().clone(), layout::DATA, self.mem, vm::RAM_IPA)?;
-        self.written = Some(mig_mem::fresh_hashes(&self.ram)?);
+        self.written = Some(self.ram.fresh_hashes()?);
         self.machine = machine;
         self.idle = Some(avm);
         self.ran = false;

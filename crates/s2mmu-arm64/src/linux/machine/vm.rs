@@ -14,36 +14,16 @@ use crate::linux::psci::PowerState;
 use crate::linux::uart::{ConsoleBuffer, Uart, UartOutput, UART_REGS};
 use crate::linux::vcpu;
 use crate::machine::{Machine, MachineConfig, RamPages, SharedRam};
-use crate::stage2;
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// HCR_EL2 of a Linux guest: stage 2 (VM), interrupts and SErrors to EL2
-/// (IMO, FMO, AMO: the guest sees the virtual CPU interface), broadcast
-/// TLB maintenance and barriers inner shareable (FB, BSU = IS), SMC traps
-/// (TSC), EL1 in AArch64 (RW), pointer authentication not trapped (APK,
-/// API). WFI and WFE run in the guest: each vCPU owns its QEMU CPU, whose
-/// WFI ends on a virtual interrupt or a physical one for EL2 (a kick).
-pub const HCR_LINUX: u64 = stage2::HCR_VM
-    | stage2::HCR_SWIO
-    | 1 << 3
-    | 1 << 4
-    | 1 << 5
-    | 1 << 9
-    | 1 << 10
-    | stage2::HCR_TSC
-    | stage2::HCR_RW
-    | 1 << 40
-    | 1 << 41;
 pub use crate::linux::devices::timer::CNTHCTL_LINUX;
-/// Where guest RAM starts in the guest's IPA space (the device tree says).
-pub const RAM_IPA: u64 = 0x4000_0000;
-/// The memslot of guest RAM.
-pub const RAM_SLOT: u16 = 1;
+pub use crate::linux::shared::{DeviceLayout, StopReason, HCR_LINUX, RAM_IPA, RAM_SLOT};
+pub(crate) use crate::linux::shared::{ExitKind, Power, Shared, VcpuCounters};
 /// Most vCPUs.
 pub const MAX_VCPUS: usize = 4;
 /// Least guest RAM.
@@ -73,138 +53,6 @@ pub struct LinuxConfig {
     pub dirty: HarvestConfig,
     /// Which host pages back the machine's RAM.
     pub ram_pages: RamPages,
-}
-
-/// The guest-physical places of the emulated devices.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceLayout {
-    /// The distributor's base.
-    pub gicd: u64,
-    /// The first redistributor's base.
-    pub gicr: u64,
-    /// The 16550's base.
-    pub uart: u64,
-    /// The 16550's SPI number (INTID - 32).
-    pub uart_spi: u32,
-}
-
-/// Why the guest stopped.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// PSCI SYSTEM_OFF.
-    PowerOff,
-    /// PSCI SYSTEM_RESET (the host does not reboot: it stops).
-    Reset,
-    /// PSCI CPU_OFF on the last vCPU that was on: no CPU is left to run.
-    CpusOff,
-    /// The run's time limit passed.
-    Timeout,
-    /// A vCPU met an error (its text).
-    Error(String),
-}
-
-/// Exit kinds counted per vCPU.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum ExitKind {
-    Stage2Fault,
-    Mmio,
-    Hvc,
-    Sysreg,
-    Irq,
-}
-
-/// Per-vCPU counters.
-#[derive(Default)]
-pub(crate) struct VcpuCounters {
-    pub(crate) exits: [AtomicU64; 5],
-    pub(crate) engine_ns: AtomicU64,
-    pub(crate) device_ns: AtomicU64,
-    pub(crate) host_ns: AtomicU64,
-    pub(crate) injected: AtomicU64,
-}
-
-pub(crate) struct Power {
-    pub(crate) state: Vec<PowerState>,
-    pub(crate) start: Vec<Option<(u64, u64)>>,
-}
-
-/// What the vCPU threads share.
-pub(crate) struct Shared {
-    /// The engine, in its placement.
-    pub(crate) vm: crate::linux::placement::Host,
-    pub(crate) gic: Gic,
-    pub(crate) bus: MmioBus,
-    pub(crate) layout: DeviceLayout,
-    pub(crate) stats: Vec<VcpuCounters>,
-    pub(crate) cntvoff: u64,
-    pub(crate) power: Mutex<Power>,
-    pub(crate) power_cv: Condvar,
-    pub(crate) stopping: AtomicBool,
-    /// The framebuffer's memslot is moving: faults on it wait.
-    pub(crate) fb_moving: AtomicBool,
-    pub(crate) reason: Mutex<Option<StopReason>>,
-    pub(crate) deadline: Instant,
-    pub(crate) log: Mutex<Vec<String>>,
-    /// Post-copy's hook: called on a translation fault in RAM first.
-    pub(crate) page_fetch: crate::linux::page_fetch::HookSlot,
-    /// Throttle and pace, served at the guest's write faults.
-    pub(crate) limit: Arc<crate::linux::dirty_limit::DirtyLimit>,
-    /// The vCPUs' modes, the stop's time and the deadline's thread.
-    pub(crate) watch: Arc<crate::linux::watch::Watch>,
-}
-
-/// Lines of the host's log kept (the rest are counted).
-const LOG_CAP: usize = 256;
-
-impl Shared {
-    pub(crate) fn count(&self, id: usize, k: ExitKind) {
-        self.stats[id].exits[k as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn log(&self, line: String) {
-        let mut l = self.log.lock().unwrap();
-        if l.len() < LOG_CAP {
-            eprintln!("s2mmu linux: {line}");
-            l.push(line);
-        }
-    }
-
-    pub(crate) fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::Acquire)
-    }
-
-    /// Stops the VM: every vCPU in its guest is kicked (its caller's
-    /// included) and leaves it at that exit, and threads waiting for
-    /// CPU_ON give up.
-    pub(crate) fn stop(&self, why: StopReason) {
-        self.reason.lock().unwrap().get_or_insert(why);
-        self.stopping.store(true, Ordering::SeqCst);
-        self.power_cv.notify_all();
-        self.watch.stopped();
-        self.kick_claimed(0..self.gic.vcpus());
-    }
-
-    pub(crate) fn check_deadline(&self) {
-        if !self.stopping() && Instant::now() > self.deadline {
-            self.stop(StopReason::Timeout);
-        }
-    }
-
-    /// Makes `intid` pending for `vcpu` and kicks it if it runs its guest
-    /// with no kick on the way.
-    pub(crate) fn raise(&self, vcpu: usize, intid: u32) {
-        self.kick_claimed(self.gic.raise(vcpu, intid));
-    }
-
-    /// After a GIC register write: kicks the other vCPUs that now have an
-    /// enabled interrupt pending.
-    pub(crate) fn kick_pending(&self) {
-        for v in 0..self.gic.vcpus() {
-            if self.gic.has_pending(v) {
-                self.kick_claimed([v]);
-            }
-        }
-    }
 }
 
 /// Guest RAM as the loader writes it: the shared RAM behind the memslot.
@@ -309,7 +157,7 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
     let console = ConsoleBuffer::new(4 << 20);
     let sh = shared(cfg, vm, dl, &boot, &console);
     let init_at = watch_init(&console, t0);
-    crate::linux::watch::spawn(&sh).map_err(Arm64Error::Io)?;
+    crate::linux::shared::spawn_watchdog(&sh).map_err(Arm64Error::Io)?;
     let harvester = cfg
         .dirty
         .mode

@@ -14,8 +14,6 @@
 //!   come reads to kick its own vCPU again, then to give up
 //!   ([`STOP_GRACE`]).
 
-use crate::linux::placement::Placement;
-use crate::linux::vm::{Shared, StopReason};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
@@ -40,7 +38,7 @@ pub(crate) const STOP_REKICK: Duration = Duration::from_millis(100);
 /// maintenance list (`asm/hyp.S`, `exec_insns`).
 pub(crate) const INSN_KICK: u64 = 0x20;
 /// The SGI that kicks a CPU to EL2 (`KICK_SGI` in `asm/hyp.S`).
-const KICK_SGI: u64 = 15;
+pub(crate) const KICK_SGI: u64 = 15;
 /// How often the watchdog looks whether its VM is gone.
 const WATCH_TICK: Duration = Duration::from_millis(500);
 
@@ -123,101 +121,29 @@ impl Watch {
     }
 }
 
-impl Shared {
-    /// Kicks every vCPU in `targets` that runs its guest with no kick on
-    /// the way, with one command to the service CPU for all of them.
-    pub(crate) fn kick_claimed(&self, targets: impl IntoIterator<Item = usize>) {
-        let list: Vec<usize> = targets
-            .into_iter()
-            .filter(|&t| self.watch.claim_kick(t))
-            .collect();
-        if list.is_empty() {
-            return;
-        }
-        if let Err(e) = Placement::kick_all(&self.vm, &list) {
-            self.log(format!("kicking vCPUs {list:?} failed: {e}"));
-        }
-    }
-
-    /// The maintenance that kicks every vCPU in `targets` that runs its
-    /// guest with no kick on the way, for the answer to the exit of the
-    /// vCPU that raised their interrupt: its own CPU sends the kick at EL2
-    /// as it returns to its guest ([`INSN_KICK`]), no round trip to the
-    /// service CPU, as KVM's sender sends its IPI from its own CPU.
-    pub(crate) fn kick_insns(&self, targets: impl IntoIterator<Item = usize>) -> Vec<(u64, u64)> {
-        let mut lists = std::collections::BTreeMap::<u64, u64>::new();
-        for t in targets {
-            if self.watch.claim_kick(t) {
-                *lists.entry(t as u64 / 16).or_default() |= 1 << (t % 16);
-            }
-        }
-        lists
-            .into_iter()
-            .map(|(aff1, list)| (INSN_KICK, KICK_SGI << 24 | aff1 << 16 | list))
-            .collect()
-    }
-
-    /// While vCPU `id`'s thread waits for an exit: after a stop, kicks
-    /// the vCPU again every [`STOP_REKICK`] (a stop that came as its
-    /// thread resumed it found it in the host); `false` once
-    /// [`STOP_GRACE`] has passed without the exit.
-    pub(crate) fn wait_after_stop(&self, id: usize, kicked: &mut Option<Instant>) -> bool {
-        let Some(since) = self.watch.stopped_for() else {
-            return true;
-        };
-        if since > STOP_GRACE {
-            self.log(format!(
-                "vCPU {id} did not leave its guest within {STOP_GRACE:?} of the stop: given up"
-            ));
-            return false;
-        }
-        if kicked.is_none_or(|k| k.elapsed() >= STOP_REKICK) {
-            if let Err(e) = Placement::kick_all(&self.vm, &[id]) {
-                self.log(format!("kicking vCPU {id} after the stop failed: {e}"));
-            }
-            *kicked = Some(Instant::now());
-        }
-        true
-    }
-
-    /// PSCI CPU_OFF from vCPU `id`: its power state is off, and the VM
-    /// stops ([`StopReason::CpusOff`]) if no vCPU is left on or about to
-    /// start, as KVM reports the VM stopped when its last CPU is off.
-    pub(crate) fn cpu_off(&self, id: usize) {
-        let all_off = {
-            let mut p = self.power.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(s) = p.state.get_mut(id) {
-                *s = crate::linux::psci::PowerState::Off;
-            }
-            p.state
-                .iter()
-                .all(|s| *s == crate::linux::psci::PowerState::Off)
-        };
-        if all_off {
-            self.stop(StopReason::CpusOff);
-        }
-    }
-}
-
-/// Starts the watchdog of `sh`: at its deadline it stops the VM
-/// ([`StopReason::Timeout`]); it ends at any stop, or when the VM is
-/// gone. It holds the VM only for the stop itself.
+/// Starts the watchdog of `vm`: at `deadline` it calls `on_deadline`
+/// with the VM; it ends at any stop, or when the VM is gone. It holds the
+/// VM only for that call.
 ///
 /// # Errors
 /// The thread could not be made (the text says why).
-pub(crate) fn spawn(sh: &Arc<Shared>) -> Result<(), String> {
-    let weak: Weak<Shared> = Arc::downgrade(sh);
-    let watch = sh.watch.clone();
-    let deadline = sh.deadline;
+pub(crate) fn spawn<T: Send + Sync + 'static>(
+    vm: &Arc<T>,
+    watch: &Arc<Watch>,
+    deadline: Instant,
+    on_deadline: fn(&T),
+) -> Result<(), String> {
+    let weak: Weak<T> = Arc::downgrade(vm);
+    let w = watch.clone();
     let t = std::thread::Builder::new()
         .name("linux-deadline".into())
-        .spawn(move || watchdog(&weak, &watch, deadline))
+        .spawn(move || watchdog(&weak, &w, deadline, on_deadline))
         .map_err(|e| format!("the deadline's thread: {e}"))?;
-    *sh.watch.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+    *watch.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
     Ok(())
 }
 
-fn watchdog(weak: &Weak<Shared>, watch: &Watch, deadline: Instant) {
+fn watchdog<T>(weak: &Weak<T>, watch: &Watch, deadline: Instant, on_deadline: fn(&T)) {
     let mut g = watch.m.lock().unwrap_or_else(|p| p.into_inner());
     loop {
         if watch.stopped_at.get().is_some() || weak.strong_count() == 0 {
@@ -226,8 +152,8 @@ fn watchdog(weak: &Weak<Shared>, watch: &Watch, deadline: Instant) {
         let now = Instant::now();
         if now >= deadline {
             drop(g);
-            if let Some(sh) = weak.upgrade() {
-                sh.stop(StopReason::Timeout);
+            if let Some(vm) = weak.upgrade() {
+                on_deadline(&vm);
             }
             return;
         }

@@ -1,23 +1,7 @@
 //! A restore on a blank machine: its parked CPUs woken as the state
-//! comes, and where the restore's time went.
+//! comes, and where the restore's time went ([`RestoreClock`]).
 
-use super::LinuxVm;
-use std::time::Duration;
-
-/// Where a restore's time went on this machine, from
-/// [`LinuxVm::load_guest_state`] to the first guest instruction after
-/// [`LinuxVm::resume_vcpus`] (the destination's `start` part of the
-/// downtime, broken down).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RestoreClock {
-    /// Reading this machine's counter through its service CPU (for
-    /// CNTVOFF): the wait for the CPU to pick the command up included.
-    pub counter: Duration,
-    /// Starting the vCPU threads around the loaded state.
-    pub threads: Duration,
-    /// From the resume's start to the first vCPU's first instruction.
-    pub first_instruction: Duration,
-}
+use super::{LinuxVm, RestoreClock};
 
 impl LinuxVm {
     /// Ends a blank VM's park ([`BLANK_PARK`](super::BLANK_PARK)) at
