@@ -3,16 +3,18 @@
 //! - `devices/`: what the guest's MMIO and HVC exits reach on the host
 //!   ([`bus`], [`mmio`], [`gic`], [`psci`], [`uart`]);
 //! - `machine/`: the VM itself ([`vm`], [`migrate`]'s [`migrate::LinuxVm`],
-//!   the vCPU threads, its RAM in [`memory`], [`dirty`] logging, the
-//!   [`changes`] the host makes, the brakes of [`dirty_limit`], [`inject`]ed
-//!   exceptions, post-copy's [`page_fetch`]) and, in `machine/load/`, what
-//!   puts a guest in its RAM ([`boot`], [`loader`], [`fdt`]);
+//!   the vCPU threads, what they share, the engine's placement, its RAM in
+//!   [`memory`], [`inject`]ed exceptions, post-copy's [`page_fetch`]); in
+//!   `machine/load/`, what puts a guest in its RAM ([`boot`], [`loader`],
+//!   [`fdt`]); in `machine/logging/`, [`dirty`] logging and the
+//!   [`changes`] the host makes; the brakes of [`dirty_limit`]; in
+//!   `machine/state/`, its state in the migration encoding
+//!   ([`vcpu_state`], [`vm_state`]);
 //! - [`assets`]: the kernel, the initramfs ([`cpio`]) and the Debian
 //!   packages ([`debs`]);
 //! - `runs/`: `s2mmu linux`'s runs ([`run`]) and QEMU's own boot of the
 //!   same guest ([`baseline`]);
-//! - `migration/`: the VM behind the migration library's session and its
-//!   state in the migration encoding.
+//! - `migration/`: the VM behind the migration library's session.
 //!
 //! Each module keeps its path under `linux::` whichever room holds it.
 //!
@@ -55,10 +57,10 @@ mod runs;
 pub use assets::{cpio, debs};
 pub use devices::{bus, gic, mmio, psci, uart};
 pub use machine::load::{boot, fdt, loader};
-pub use machine::{changes, dirty, dirty_limit, inject, memory, migrate, page_fetch, vm};
-pub use migration::{
-    run_error, session_dest, session_postcopy, session_run, session_source, vcpu_state, vm_state,
-};
+pub use machine::logging::{changes, dirty};
+pub use machine::state::{vcpu_state, vm_state};
+pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
+pub use migration::{run_error, session_dest, session_postcopy, session_run, session_source};
 pub use runs::{baseline, run};
 
 use devices::{console_echo, timer};
