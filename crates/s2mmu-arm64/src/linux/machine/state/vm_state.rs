@@ -50,7 +50,7 @@ pub struct LinuxState {
     pub cpus: Vec<VcpuPart>,
 }
 
-/// Appends the GIC's registers (the GIC's own [`DeviceState::save`]).
+/// Appends the GIC's registers (the GIC saves its own state).
 pub fn gic_save(g: &Gic, out: &mut Vec<u8>) {
     g.save(out);
 }
