@@ -224,9 +224,13 @@ psci_cases:
 // Accesses with no syndrome to a device: each one's exception is printed
 // by the vector ("el1: sync esr far"), then "el1: after <name> x0 x3".
 // The stage-1 tables make the device range Normal memory, so that DC ZVA
-// reaches stage 2 instead of faulting at stage 1.
+// reaches stage 2 instead of faulting at stage 1; FP/SIMD is enabled for
+// the vector forms.
 nisv:
         bl      mmu_on
+        mov     x1, #(3 << 20)          // CPACR_EL1.FPEN: FP/SIMD on
+        msr     cpacr_el1, x1
+        isb
         adr     x20, nisv_forms
 1:      ldr     w1, [x20]
         cbz     w1, 2f
@@ -283,6 +287,14 @@ nisv_forms:
         .long   1
         .ascii  "dczva\0\0\0"
         dc      zva, x0
+        ret
+        .long   1
+        .ascii  "ld1\0\0\0\0\0"
+        ld1     {v0.4s}, [x0]
+        ret
+        .long   1
+        .ascii  "st1post\0"
+        st1     {v0.4s}, [x0], #16
         ret
         .long   0
 

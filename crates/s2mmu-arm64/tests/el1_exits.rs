@@ -60,7 +60,9 @@ fn accesses_without_a_syndrome_are_refused_whole_with_an_external_abort() {
     let r = el1::run(Scenario::NoSyndrome, 1, LONG);
     assert_eq!(r.reason, StopReason::PowerOff, "console:\n{}", r.console);
     // Each form: its name, the exception the vector saw, then x0 and x3.
-    let forms = ["strpost", "ldrpre", "stp", "ldp", "ldxr", "dczva"];
+    let forms = [
+        "strpost", "ldrpre", "stp", "ldp", "ldxr", "dczva", "ld1", "st1post",
+    ];
     let text: Vec<&str> = r
         .console
         .lines()

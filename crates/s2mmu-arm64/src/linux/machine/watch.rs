@@ -165,3 +165,38 @@ fn watchdog<T>(weak: &Weak<T>, watch: &Watch, deadline: Instant, on_deadline: fn
             .0;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vcpu_is_kicked_once_while_in_its_guest_and_never_in_the_host() {
+        let w = Watch::new(2);
+        assert!(!w.claim_kick(0), "a vCPU in the host needs no kick");
+        w.enter(0);
+        assert!(w.claim_kick(0), "a vCPU in its guest needs one");
+        assert!(!w.claim_kick(0), "a second while the first is on the way");
+        assert!(!w.claim_kick(1), "another vCPU is not touched");
+        w.exited(0);
+        assert!(!w.claim_kick(0));
+        w.powered(1, true);
+        assert!(w.claim_kick(1));
+        w.powered(1, false);
+        w.enter(1);
+        w.exited(1);
+        assert!(!w.claim_kick(1));
+        assert!(!w.claim_kick(7), "no such vCPU");
+    }
+
+    #[test]
+    fn the_first_stop_is_the_one_timed() {
+        let w = Watch::new(1);
+        assert_eq!(w.stopped_for(), None);
+        w.stopped();
+        let first = w.stopped_for().expect("stopped");
+        std::thread::sleep(Duration::from_millis(5));
+        w.stopped();
+        assert!(w.stopped_for().expect("stopped") >= first);
+    }
+}
