@@ -8,7 +8,8 @@ use s2mmu::mmu::MmuPolicy;
 use s2mmu_vm::Backing;
 
 /// An engine run's settings; `Fmt` names the stage-2 format the caller
-/// dispatches on (the engine runs on the format type [`run`] is given).
+/// dispatches on (the engine runs on the format type
+/// [`run`](super::run) is given).
 #[derive(Clone, Copy, Debug)]
 pub struct RunSpec<Fmt> {
     pub vcpus: usize,
