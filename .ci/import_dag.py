@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 24's rule for the migration crate: its modules' import graph is a
-DAG. Each .rs file is a node; an edge A -> B is a path in A (a `use`, or a
+"""A crate's modules' import graph is a DAG. Each .rs file is a node; an edge A -> B is a path in A (a `use`, or a
 path written in code) that names module B or an item B defines. A path
 through a re-export (`pub use`, or a plain `use` the child sees) is
 followed to the module that defines the item, so a module root that only
@@ -8,11 +7,17 @@ declares and re-exports its children is no edge back from them. A child
 that uses an item its parent defines, while the parent uses the child,
 is a cycle: shared helpers belong in a module of their own.
 
+The same holds one level up: among the children of a module, a folder (a
+module with modules of its own) that imports from a sibling which imports
+from it back is a circle even when no two files form one (`a::x` uses
+`b::y` while `b::z` uses `a::w`).
+
 Prints every cycle found (one per strongly connected component) and exits
 1 when there is any. Usage: .ci/import_dag.py [SRC_DIR]
 (default crates/s2mmu-migrate/src); `--only a,b::c` reports only the cycles
-through modules under those paths; .ci/import_dag.py --selftest shows the
-check fails on a cycle and passes without one."""
+through modules under those paths; `--files-only` leaves the folder-level
+circles out; .ci/import_dag.py --selftest shows the check fails on a cycle
+(file- or folder-level) and passes without one."""
 import os
 import re
 import sys
@@ -51,6 +56,8 @@ def strip_code(text):
     text = re.sub(r"//[^\n]*", "", text)
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    # `pub(in crate::a)` says who may see an item, not what it uses.
+    text = re.sub(r"pub\(in [^)]*\)", "pub(crate)", text)
     m = re.search(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{", text)
     if m:
         text = text[: m.start()]
@@ -154,6 +161,9 @@ class Crate:
                 name = rest[0]
                 if name in self.items.get(mod, ()):
                     return mod
+                if name in self.uses.get(mod, {}) and self.uses[mod][name] is None:
+                    # A re-export of another crate's item: no edge here.
+                    return None
                 target = self.uses.get(mod, {}).get(name)
                 if target is not None:
                     found = self.resolve(target + tuple(rest[1:]), seen)
@@ -175,6 +185,11 @@ class Crate:
                 elif segs[0] in self.uses[m] and self.uses[m][segs[0]] is not None:
                     paths.append(self.uses[m][segs[0]] + tuple(segs[1:]))
             for p in paths:
+                # A path that names a module below this one (a room's
+                # module re-exported at its parent's path) is structure, as
+                # `mod` is.
+                if p in self.files and len(p) > len(m) and p[: len(m)] == m:
+                    continue
                 d = self.resolve(p)
                 if d is not None and d != m:
                     out[m].add(d)
@@ -214,22 +229,60 @@ def cycles(edges):
     return comps
 
 
-def check(root, only=None):
+def folder_cycles(files, edges):
+    """Circles between the children of one module, where at least one is a
+    folder (a module with modules of its own): child X reaches child Y when
+    a module inside X imports one inside Y. A file-level DAG can hide such
+    a circle (`a::x -> b::y`, `b::z -> a::w`); a module folder that needs
+    its sibling while the sibling needs it is no layer."""
+    folders = {m[:k] for m in files for k in range(1, len(m))}
+    out = []
+    for parent in sorted({m[:-1] for m in files if m}):
+        kids = {m[: len(parent) + 1] for m in files if len(m) > len(parent) and m[: len(parent)] == parent}
+        if not kids & folders:
+            continue
+        up = {k: set() for k in kids}
+        for a, ds in edges.items():
+            ka = a[: len(parent) + 1]
+            if ka not in kids or len(a) <= len(parent):
+                continue
+            for d in ds:
+                kd = d[: len(parent) + 1]
+                if kd in kids and kd != ka and len(d) > len(parent):
+                    up[ka].add(kd)
+        for comp in cycles(up):
+            if any(k in folders for k in comp):
+                out.append((comp, up))
+    return out
+
+
+def check(root, only=None, files_only=False):
     c = Crate(root)
     e = c.edges()
     comps = cycles(e)
+    folder = [] if files_only else folder_cycles(c.files, e)
     if only:
         # Only the cycles that touch a module under one of the prefixes.
         comps = [k for k in comps if any(m[: len(p)] == p for m in k for p in only)]
     name = lambda m: "::".join(("crate",) + m)
+    if only:
+        folder = [(k, up) for k, up in folder if any(m[: len(p)] == p for m in k for p in only)]
     for comp in comps:
         print(f"import cycle in {root}: " + ", ".join(name(m) for m in comp))
         for m in comp:
             inner = sorted(name(d) for d in e[m] if d in comp)
             print(f"  {name(m)} -> {', '.join(inner)}")
+    for comp, up in folder:
+        print(f"folder import cycle in {root}: " + ", ".join(name(m) for m in comp))
+        for m in comp:
+            inner = sorted(name(d) for d in up[m] if d in comp)
+            print(f"  {name(m)} -> {', '.join(inner)}")
     n_edges = sum(len(v) for v in e.values())
-    print(f"{root}: {len(e)} modules, {n_edges} import edges, {len(comps)} cycle(s)")
-    return 1 if comps else 0
+    print(
+        f"{root}: {len(e)} modules, {n_edges} import edges, {len(comps)} cycle(s), "
+        f"{len(folder)} folder cycle(s)"
+    )
+    return 1 if comps or folder else 0
 
 
 def selftest():
@@ -254,7 +307,29 @@ def selftest():
         open(os.path.join(d, "a/mod.rs"), "w").write(
             "mod inner;\npub use inner::Thing;\npub fn helper() { crate::b::h() }\n")
         assert check(d) == 1, "a cycle between sibling modules was not found"
-    print("selftest: a DAG passes, a parent/child cycle and a sibling cycle fail")
+    with tempfile.TemporaryDirectory() as d:
+        # Two folders, each with two files: x's first file uses y's first,
+        # y's second uses x's second. No file-level cycle; a folder one.
+        for f in ("x", "y"):
+            os.makedirs(os.path.join(d, f))
+        files = {
+            "lib.rs": "pub mod x;\npub mod y;\n",
+            "x/mod.rs": "pub mod one;\npub mod two;\n",
+            "y/mod.rs": "pub mod one;\npub mod two;\n",
+            "x/one.rs": "pub fn f() { crate::y::one::g() }\n",
+            "x/two.rs": "pub fn h() {}\n",
+            "y/one.rs": "pub fn g() {}\n",
+            "y/two.rs": "pub fn k() {}\n",
+        }
+        for f, t in files.items():
+            open(os.path.join(d, f), "w").write(t)
+        assert check(d) == 0, "one folder using its sibling was reported as a cycle"
+        open(os.path.join(d, "y/two.rs"), "w").write("pub fn k() { crate::x::two::h() }\n")
+        assert check(d) == 1, "a cycle between sibling folders was not found"
+    print(
+        "selftest: a DAG passes; a parent/child cycle, a sibling cycle and a "
+        "sibling-folder cycle fail"
+    )
     return 0
 
 
@@ -263,8 +338,11 @@ if __name__ == "__main__":
         sys.exit(selftest())
     args = sys.argv[1:]
     only = None
+    files_only = "--files-only" in args
+    if files_only:
+        args.remove("--files-only")
     if "--only" in args:
         i = args.index("--only")
         only = [tuple(p.split("::")) for p in args[i + 1].split(",")]
         del args[i : i + 2]
-    sys.exit(check(args[0] if args else "crates/s2mmu-migrate/src", only))
+    sys.exit(check(args[0] if args else "crates/s2mmu-migrate/src", only, files_only))

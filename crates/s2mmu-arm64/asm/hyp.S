@@ -13,7 +13,7 @@
 //     architecture's walker finds with what the engine's `translate` says.
 //
 // Every CPU runs the same command loop on its own mailbox. The layout of
-// the control block and of a mailbox is mirrored in src/layout.rs.
+// the control block and of a mailbox is mirrored in src/hyp/layout.rs.
 
         .arch   armv8.4-a
 
@@ -142,7 +142,7 @@
         // shorter ramp and cap (an exit's answer is usually a few us
         // away, and the cap is added to an answer's latency at worst):
         // EXIT_SHORT_WAITS of 20 us, then up to 20 us << EXIT_BACKOFF_SHIFT
-        // (320 us). Mirrored in src/layout.rs.
+        // (320 us). Mirrored in src/hyp/layout.rs.
         .equ    EXIT_SHORT_WAITS, 4
         .equ    EXIT_BACKOFF_SHIFT, 4
 

@@ -1,6 +1,6 @@
 // Exception injection into a Linux guest (included from hyp.S): the host
 // answered an exit with ACT_INJECT instead of stopping the VM, as KVM
-// injects an abort or an UNDEF (src/linux/inject.rs computes the values).
+// injects an abort or an UNDEF (src/linux/machine/inject.rs computes the values).
 //
 // Mailbox: MB_REPLY_X0 = ESR_EL1, MB_REPLY_X0 + 8 = FAR_EL1, MB_NEW_ELR =
 // the vector's offset from VBAR_EL1, MB_INJ_PSTATE = the new PSTATE less

@@ -3,7 +3,7 @@
 // command-instruction page (MB_CMD_INSNS): host-queued TLB maintenance
 // goes to the service CPU's mailbox, never to a vCPU's.
 //
-// Area layout (mirrored in src/linux/vcpu_state.rs):
+// Area layout (mirrored in src/linux/machine/state/vcpu_state.rs):
 //   0x000  x0..x30            0x0f8  ELR_EL2 (PC)     0x100  SPSR_EL2
 //   0x108  the registers of SYSREGS below, 8 bytes each, in order
 //   0x280  CNTVCT at save     0x288  CNTPCT at save / restore's eret

@@ -29,22 +29,17 @@
 //! and the test runner reports the tests as ignored with that reason.
 #![warn(missing_docs)]
 
-pub mod arena;
-mod doorbell;
 pub mod effect;
-pub mod layout;
+mod hyp;
 pub mod linux;
-pub mod machine;
 mod passes;
 pub mod probe;
-mod qemu_process;
-pub mod ram;
-mod ram_file;
-pub mod stage2;
-pub mod tlbi;
 pub mod vm;
 pub mod walk_cache;
 pub mod workload;
+
+pub use hyp::{arena, layout, machine, ram, stage2, tlbi};
+use hyp::{doorbell, qemu_process, ram_file};
 
 use std::fmt;
 

@@ -1,5 +1,5 @@
 //! The brakes a migration puts on a Linux guest that dirties memory
-//! faster than it is sent (`linux/dirty_limit.rs`), on a real guest: the
+//! faster than it is sent (`linux/machine/dirty_limit.rs`), on a real guest: the
 //! `dirtier` writing as fast as it can under dirty logging, harvested
 //! through the session's `SessionVm`. With a pace (the dirty limit) or a
 //! throttle (auto-converge) set, the pages dirtied in a window stay within

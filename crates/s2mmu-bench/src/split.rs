@@ -8,7 +8,10 @@ use s2mmu::{HostMmOps, PageTable, PteFormat, SplitPolicy};
 use std::time::Duration;
 
 /// The largest slot: the 48-bit IPA space above where the cases map it.
-pub const MAX_SIZE: u64 = (1 << 48) - measure::BASE;
+pub const MAX_SIZE: u64 = (1 << 48) - BASE;
+
+/// Where the slot sits in the IPA space.
+pub const BASE: u64 = 1 << 40;
 
 /// Checks a run's slot size and runs against the format `fmt` (the size a
 /// non-zero multiple of its largest block, at most [`MAX_SIZE`]) and the

@@ -1,8 +1,22 @@
-//! What a Linux guest needs from the host side, apart from the vCPUs and
-//! the interrupt controller: its files (Debian's arm64 kernel, an
-//! initramfs with busybox and the guest programs of `guest/`), its device
-//! tree, the kernel's placement in guest RAM, the MMIO bus that stage-2
-//! data aborts outside RAM are routed to, and the console UART.
+//! A Linux guest on the arm64 model, in rooms:
+//!
+//! - `devices/`: what the guest's MMIO and HVC exits reach on the host
+//!   ([`bus`], [`mmio`], [`gic`], [`psci`], [`uart`]);
+//! - `machine/`: the VM itself ([`vm`], [`migrate`]'s [`migrate::LinuxVm`],
+//!   the vCPU threads, what they share, the engine's placement, its RAM in
+//!   [`memory`], [`inject`]ed exceptions, post-copy's [`page_fetch`]); in
+//!   `machine/load/`, what puts a guest in its RAM ([`boot`], [`loader`],
+//!   [`fdt`]); in `machine/logging/`, [`dirty`] logging and the
+//!   [`changes`] the host makes; the brakes of [`dirty_limit`]; in
+//!   `machine/state/`, its state in the migration encoding
+//!   ([`vcpu_state`], [`vm_state`]);
+//! - [`assets`]: the kernel, the initramfs ([`cpio`]) and the Debian
+//!   packages ([`debs`]);
+//! - `runs/`: `s2mmu linux`'s runs ([`run`]) and QEMU's own boot of the
+//!   same guest ([`baseline`]);
+//! - `migration/`: the VM behind the migration library's session.
+//!
+//! Each module keeps its path under `linux::` whichever room holds it.
 //!
 //! - [`assets`]: the kernel `Image` and initramfs, fetched with apt and
 //!   built in a cache directory ([`debs`] unpacks the packages, [`cpio`]
@@ -35,36 +49,20 @@
 //!   and the source's check of it.
 
 pub mod assets;
-pub mod baseline;
-pub mod boot;
-pub mod bus;
-pub mod changes;
-mod console_echo;
-mod console_watch;
-pub mod cpio;
-pub mod debs;
-pub mod dirty;
-pub mod dirty_limit;
-pub mod fdt;
-pub mod gic;
-pub mod inject;
-pub mod loader;
-pub mod memory;
-mod mig_mem;
-mod mig_vcpu;
-pub mod migrate;
-pub mod mmio;
-pub mod page_fetch;
-pub mod psci;
-pub mod run;
-pub mod run_error;
-pub mod session_dest;
-pub mod session_postcopy;
-pub mod session_run;
-pub mod session_source;
-pub mod uart;
-mod vcpu;
-pub mod vcpu_state;
-pub mod vm;
-pub mod vm_state;
-mod watch;
+mod devices;
+mod machine;
+mod migration;
+mod runs;
+
+pub use assets::{cpio, debs};
+pub use devices::{bus, gic, mmio, psci, uart};
+pub use machine::load::{boot, fdt, loader};
+pub use machine::logging::{changes, dirty};
+pub use machine::state::{vcpu_state, vm_state};
+pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
+pub use migration::{run_error, session_dest, session_postcopy, session_run, session_source};
+pub use runs::{baseline, run};
+
+use devices::{console_echo, timer};
+use machine::{mig_vcpu, placement, shared, vcpu, watch};
+use migration::console_watch;

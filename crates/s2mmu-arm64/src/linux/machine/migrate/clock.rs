@@ -1,0 +1,19 @@
+//! Where a restore's time went.
+
+use std::time::Duration;
+
+/// Where a restore's time went on this machine, from
+/// [`LinuxVm::load_guest_state`](super::LinuxVm::load_guest_state) to the
+/// first guest instruction after
+/// [`LinuxVm::resume_vcpus`](super::LinuxVm::resume_vcpus) (the
+/// destination's `start` part of the downtime, broken down).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreClock {
+    /// Reading this machine's counter through its service CPU (for
+    /// CNTVOFF): the wait for the CPU to pick the command up included.
+    pub counter: Duration,
+    /// Starting the vCPU threads around the loaded state.
+    pub threads: Duration,
+    /// From the resume's start to the first vCPU's first instruction.
+    pub first_instruction: Duration,
+}

@@ -1,0 +1,22 @@
+//! The Linux VM: its lifecycle, vCPU threads, RAM, dirty logging and the
+//! stage-2 changes the host makes under it; `load/` puts a guest in its RAM;
+//! `logging/` holds dirty logging and the host's changes under a running
+//! guest, `state/` the VM's state in the migration encoding; `placement`
+//! is the seam between the machine and where the engine runs.
+
+pub mod dirty_limit;
+pub mod inject;
+pub mod load;
+pub mod logging;
+pub mod memory;
+mod mig_mem;
+pub(crate) mod mig_vcpu;
+pub mod migrate;
+pub mod page_fetch;
+pub(crate) mod placement;
+mod power;
+pub(crate) mod shared;
+pub mod state;
+pub(crate) mod vcpu;
+pub mod vm;
+pub(crate) mod watch;

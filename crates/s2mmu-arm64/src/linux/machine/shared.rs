@@ -1,0 +1,258 @@
+//! What a Linux VM's vCPU threads share: the engine in its placement, the
+//! devices, each vCPU's counters and power state, the stop and its
+//! reason, the host's log, post-copy's hook and the dirty limit; and the
+//! guest's fixed places (HCR_EL2, where RAM sits). The modules that act on
+//! a running VM (the vCPU loop, the harvester, the host's changes) import
+//! this one; it imports none of them.
+
+use crate::linux::bus::MmioBus;
+use crate::linux::dirty_limit::DirtyLimit;
+use crate::linux::gic::Gic;
+use crate::linux::page_fetch::HookSlot;
+use crate::linux::placement::{Host, Placement};
+use crate::linux::psci::PowerState;
+use crate::linux::watch::{self, Watch, INSN_KICK, KICK_SGI, STOP_GRACE, STOP_REKICK};
+use crate::stage2;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+/// HCR_EL2 of a Linux guest: stage 2 (VM), interrupts and SErrors to EL2
+/// (IMO, FMO, AMO: the guest sees the virtual CPU interface), broadcast
+/// TLB maintenance and barriers inner shareable (FB, BSU = IS), SMC traps
+/// (TSC), EL1 in AArch64 (RW), pointer authentication not trapped (APK,
+/// API). WFI and WFE run in the guest: each vCPU owns its QEMU CPU, whose
+/// WFI ends on a virtual interrupt or a physical one for EL2 (a kick).
+pub const HCR_LINUX: u64 = stage2::HCR_VM
+    | stage2::HCR_SWIO
+    | 1 << 3
+    | 1 << 4
+    | 1 << 5
+    | 1 << 9
+    | 1 << 10
+    | stage2::HCR_TSC
+    | stage2::HCR_RW
+    | 1 << 40
+    | 1 << 41;
+/// Where guest RAM starts in the guest's IPA space (the device tree says).
+pub const RAM_IPA: u64 = 0x4000_0000;
+/// The memslot of guest RAM.
+pub const RAM_SLOT: u16 = 1;
+/// The guest-physical places of the emulated devices.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceLayout {
+    /// The distributor's base.
+    pub gicd: u64,
+    /// The first redistributor's base.
+    pub gicr: u64,
+    /// The 16550's base.
+    pub uart: u64,
+    /// The 16550's SPI number (INTID - 32).
+    pub uart_spi: u32,
+}
+
+/// Why the guest stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// PSCI SYSTEM_OFF.
+    PowerOff,
+    /// PSCI SYSTEM_RESET (the host does not reboot: it stops).
+    Reset,
+    /// PSCI CPU_OFF on the last vCPU that was on: no CPU is left to run.
+    CpusOff,
+    /// The run's time limit passed.
+    Timeout,
+    /// A vCPU met an error (its text).
+    Error(String),
+}
+
+/// Exit kinds counted per vCPU.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ExitKind {
+    Stage2Fault,
+    Mmio,
+    Hvc,
+    Sysreg,
+    Irq,
+}
+
+/// Per-vCPU counters.
+#[derive(Default)]
+pub(crate) struct VcpuCounters {
+    pub(crate) exits: [AtomicU64; 5],
+    pub(crate) engine_ns: AtomicU64,
+    pub(crate) device_ns: AtomicU64,
+    pub(crate) host_ns: AtomicU64,
+    pub(crate) injected: AtomicU64,
+}
+
+pub(crate) struct Power {
+    pub(crate) state: Vec<PowerState>,
+    pub(crate) start: Vec<Option<(u64, u64)>>,
+}
+
+/// What the vCPU threads share.
+pub(crate) struct Shared {
+    /// The engine, in its placement.
+    pub(crate) vm: Host,
+    pub(crate) gic: Gic,
+    pub(crate) bus: MmioBus,
+    pub(crate) layout: DeviceLayout,
+    pub(crate) stats: Vec<VcpuCounters>,
+    pub(crate) cntvoff: u64,
+    pub(crate) power: Mutex<Power>,
+    pub(crate) power_cv: Condvar,
+    pub(crate) stopping: AtomicBool,
+    /// The framebuffer's memslot is moving: faults on it wait.
+    pub(crate) fb_moving: AtomicBool,
+    pub(crate) reason: Mutex<Option<StopReason>>,
+    pub(crate) deadline: Instant,
+    pub(crate) log: Mutex<Vec<String>>,
+    /// Post-copy's hook: called on a translation fault in RAM first.
+    pub(crate) page_fetch: HookSlot,
+    /// Throttle and pace, served at the guest's write faults.
+    pub(crate) limit: Arc<DirtyLimit>,
+    /// The vCPUs' modes, the stop's time and the deadline's thread.
+    pub(crate) watch: Arc<Watch>,
+}
+
+/// Lines of the host's log kept (the rest are counted).
+const LOG_CAP: usize = 256;
+
+impl Shared {
+    pub(crate) fn count(&self, id: usize, k: ExitKind) {
+        self.stats[id].exits[k as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn log(&self, line: String) {
+        let mut l = self.log.lock().unwrap();
+        if l.len() < LOG_CAP {
+            eprintln!("s2mmu linux: {line}");
+            l.push(line);
+        }
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Stops the VM: every vCPU in its guest is kicked (its caller's
+    /// included) and leaves it at that exit, and threads waiting for
+    /// CPU_ON give up.
+    pub(crate) fn stop(&self, why: StopReason) {
+        self.reason.lock().unwrap().get_or_insert(why);
+        self.stopping.store(true, Ordering::SeqCst);
+        self.power_cv.notify_all();
+        self.watch.stopped();
+        self.kick_claimed(0..self.gic.vcpus());
+    }
+
+    pub(crate) fn check_deadline(&self) {
+        if !self.stopping() && Instant::now() > self.deadline {
+            self.stop(StopReason::Timeout);
+        }
+    }
+
+    /// Makes `intid` pending for `vcpu` and kicks it if it runs its guest
+    /// with no kick on the way.
+    pub(crate) fn raise(&self, vcpu: usize, intid: u32) {
+        self.kick_claimed(self.gic.raise(vcpu, intid));
+    }
+
+    /// After a GIC register write: kicks the other vCPUs that now have an
+    /// enabled interrupt pending.
+    pub(crate) fn kick_pending(&self) {
+        for v in 0..self.gic.vcpus() {
+            if self.gic.has_pending(v) {
+                self.kick_claimed([v]);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Kicks every vCPU in `targets` that runs its guest with no kick on
+    /// the way, with one command to the service CPU for all of them.
+    pub(crate) fn kick_claimed(&self, targets: impl IntoIterator<Item = usize>) {
+        let list: Vec<usize> = targets
+            .into_iter()
+            .filter(|&t| self.watch.claim_kick(t))
+            .collect();
+        if list.is_empty() {
+            return;
+        }
+        if let Err(e) = Placement::kick_all(&self.vm, &list) {
+            self.log(format!("kicking vCPUs {list:?} failed: {e}"));
+        }
+    }
+
+    /// The maintenance that kicks every vCPU in `targets` that runs its
+    /// guest with no kick on the way, for the answer to the exit of the
+    /// vCPU that raised their interrupt: its own CPU sends the kick at EL2
+    /// as it returns to its guest ([`INSN_KICK`]), no round trip to the
+    /// service CPU, as KVM's sender sends its IPI from its own CPU.
+    pub(crate) fn kick_insns(&self, targets: impl IntoIterator<Item = usize>) -> Vec<(u64, u64)> {
+        let mut lists = std::collections::BTreeMap::<u64, u64>::new();
+        for t in targets {
+            if self.watch.claim_kick(t) {
+                *lists.entry(t as u64 / 16).or_default() |= 1 << (t % 16);
+            }
+        }
+        lists
+            .into_iter()
+            .map(|(aff1, list)| (INSN_KICK, KICK_SGI << 24 | aff1 << 16 | list))
+            .collect()
+    }
+
+    /// While vCPU `id`'s thread waits for an exit: after a stop, kicks
+    /// the vCPU again every [`STOP_REKICK`] (a stop that came as its
+    /// thread resumed it found it in the host); `false` once
+    /// [`STOP_GRACE`] has passed without the exit.
+    pub(crate) fn wait_after_stop(&self, id: usize, kicked: &mut Option<Instant>) -> bool {
+        let Some(since) = self.watch.stopped_for() else {
+            return true;
+        };
+        if since > STOP_GRACE {
+            self.log(format!(
+                "vCPU {id} did not leave its guest within {STOP_GRACE:?} of the stop: given up"
+            ));
+            return false;
+        }
+        if kicked.is_none_or(|k| k.elapsed() >= STOP_REKICK) {
+            if let Err(e) = Placement::kick_all(&self.vm, &[id]) {
+                self.log(format!("kicking vCPU {id} after the stop failed: {e}"));
+            }
+            *kicked = Some(Instant::now());
+        }
+        true
+    }
+
+    /// PSCI CPU_OFF from vCPU `id`: its power state is off, and the VM
+    /// stops ([`StopReason::CpusOff`]) if no vCPU is left on or about to
+    /// start, as KVM reports the VM stopped when its last CPU is off.
+    pub(crate) fn cpu_off(&self, id: usize) {
+        let all_off = {
+            let mut p = self.power.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(s) = p.state.get_mut(id) {
+                *s = crate::linux::psci::PowerState::Off;
+            }
+            p.state
+                .iter()
+                .all(|s| *s == crate::linux::psci::PowerState::Off)
+        };
+        if all_off {
+            self.stop(StopReason::CpusOff);
+        }
+    }
+}
+
+/// Starts `sh`'s watchdog: at its deadline it stops the VM
+/// ([`StopReason::Timeout`]).
+///
+/// # Errors
+/// The thread could not be made (the text says why).
+pub(crate) fn spawn_watchdog(sh: &Arc<Shared>) -> Result<(), String> {
+    watch::spawn(sh, &sh.watch, sh.deadline, |sh: &Shared| {
+        sh.stop(StopReason::Timeout)
+    })
+}

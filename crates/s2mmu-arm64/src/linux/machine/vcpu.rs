@@ -1,0 +1,393 @@
+//! One Linux vCPU's host thread: it waits for the vCPU to be powered on
+//! (PSCI CPU_ON, or the boot vCPU at start), starts it on its QEMU CPU and
+//! answers every exit the stub posts — stage-2 aborts with the engine's
+//! fault path or a device model, HVCs with PSCI, the SGI register trap
+//! with the vGIC, physical interrupts with list registers — until the vCPU
+//! is turned off or the VM stops.
+
+use crate::layout::{self, mb};
+use crate::linux::inject::Injection;
+use crate::linux::mmio::{self, Devices, MmioDecode, Served};
+use crate::linux::placement::{EngineVcpu, Placement};
+use crate::linux::psci::{self, PowerState};
+use crate::linux::timer;
+use crate::linux::vm::{ExitKind, Shared, StopReason};
+use crate::machine::{Exit, Mailbox};
+use crate::Result;
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+thread_local! {
+    /// The vCPU this thread serves (interrupts raised for it need no kick).
+    pub(crate) static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// What an exit's handling asks for.
+pub(crate) enum Next {
+    /// Resume at this ELR after this maintenance.
+    Resume(u64, Vec<(u64, u64)>),
+    /// Deliver this exception to the guest's EL1 (instead of stopping
+    /// the VM), then resume at its vector.
+    Inject(Injection),
+    /// Stop this vCPU (CPU_OFF, or the VM stops).
+    Off,
+}
+
+/// ESR_EL2 exception classes the loop handles.
+const EC_WFX: u64 = 0x01;
+const EC_SMC: u64 = 0x17;
+const EC_SYSREG: u64 = 0x18;
+
+/// Runs vCPU `id` until the VM stops.
+///
+/// # Errors
+/// The engine's errors, an exit the host cannot answer, QEMU exiting.
+pub(crate) fn vcpu_thread(sh: &Shared, id: usize) -> Result<()> {
+    CURRENT.with(|c| c.set(Some(id)));
+    let mut vcpu = sh.vm.new_vcpu()?;
+    while let Some((entry, x0)) = sh.wait_power_on(id) {
+        let r = run_vcpu(sh, id, &mut vcpu, entry, x0);
+        sh.set_power(id, PowerState::Off);
+        if let Err(e) = r {
+            sh.stop(StopReason::Error(e.to_string()));
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn run_vcpu(sh: &Shared, id: usize, vcpu: &mut EngineVcpu, entry: u64, x0: u64) -> Result<()> {
+    let mbox = sh.vm.machine().mailbox(id);
+    let mut last = mbox.read(mb::EXIT_SEQ);
+    let (vtcr, vttbr) = Placement::stage2_regs(&sh.vm);
+    let args = [
+        vtcr,
+        vttbr,
+        crate::linux::vm::HCR_LINUX,
+        entry,
+        x0,
+        0,
+        0,
+        0,
+        crate::linux::gic::ICH_HCR_EN,
+        sh.cntvoff,
+        timer::CNTHCTL_LINUX,
+    ];
+    let run = mbox.post(layout::CMD_LINUX, &args);
+    sh.set_power(id, PowerState::On);
+    loop {
+        let Some(e) = wait_exit(sh, id, &mbox, last, run)? else {
+            return Ok(());
+        };
+        last = e.seq;
+        let t0 = Instant::now();
+        let next = if sh.stopping() {
+            Next::Off
+        } else {
+            handle(sh, id, vcpu, &mbox, &e)?
+        };
+        match next {
+            Next::Resume(elr, insns) => {
+                sync_lrs(sh, id, &mbox);
+                mbox.write(mb::NEW_ELR, elr);
+                sh.stats[id]
+                    .host_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                mbox.reply(&e, layout::ACT_LINUX, [0, 0], &insns);
+            }
+            Next::Inject(inj) => reply_inject(sh, id, &mbox, &e, &inj),
+            Next::Off => {
+                mbox.reply(&e, layout::ACT_STOP, [0, 0], &[]);
+                sh.vm
+                    .machine()
+                    .wait("a stopped vCPU", Instant::now(), || mbox.done(run))?;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The list registers and ICH_HCR_EL2 the stub loads at the answer.
+pub(crate) fn sync_lrs(sh: &Shared, id: usize, mbox: &Mailbox<'_>) {
+    // In the guest before the pending interrupts are read: one raised
+    // after the read finds the vCPU there and kicks it.
+    sh.watch.enter(id);
+    let mut lrs = [0u64; crate::linux::gic::NR_LRS];
+    for (i, lr) in lrs.iter_mut().enumerate() {
+        *lr = mbox.read(mb::LR0 + 8 * i as u64);
+    }
+    let hcr = sh.gic.sync_lrs(id, &mut lrs);
+    for (i, lr) in lrs.iter().enumerate() {
+        mbox.write(mb::LR0 + 8 * i as u64, *lr);
+    }
+    mbox.write(mb::ICH_HCR, hcr);
+}
+
+/// Answers exit `e` with [`layout::ACT_INJECT`]: the stub delivers `inj`
+/// to the guest's EL1 and resumes it at the vector.
+pub(crate) fn reply_inject(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit, inj: &Injection) {
+    sync_lrs(sh, id, mbox);
+    mbox.write(mb::NEW_ELR, inj.vector);
+    mbox.write(mb::INJ_PSTATE, inj.pstate);
+    mbox.reply(e, layout::ACT_INJECT, [inj.esr, inj.far], &[]);
+}
+
+/// Answers an exit the host cannot serve with an exception for the
+/// guest's kernel, as KVM: logs it (capped) and counts it.
+fn inject(sh: &Shared, id: usize, e: &Exit, inj: Injection, what: &str) -> Next {
+    sh.stats[id].injected.fetch_add(1, Ordering::Relaxed);
+    sh.log(format!(
+        "vCPU {id}: {what} (ESR_EL2 {:#x}, FAR {:#x}, ELR {:#x}): injected ESR_EL1 {:#x}",
+        e.esr, e.far, e.elr, inj.esr
+    ));
+    Next::Inject(inj)
+}
+
+/// Waits for vCPU `id`'s next exit (`None` once the RUN command has
+/// finished), without a deadline of its own: a guest may idle for long.
+/// QEMU's death or the VM's stop ends the wait: after a stop the vCPU is
+/// kicked again while its exit does not come, and given up (`None`) after
+/// [`crate::linux::watch::STOP_GRACE`].
+///
+/// It spins and yields briefly (a guest's faults after a harvest come in
+/// bursts), then sleeps until the stub rings the CPU's doorbell
+/// ([`Mailbox::sleep_until_exit`]). It used to poll in naps of 20 to
+/// 200 µs: a near-idle guest's thread woke thousands of times a second,
+/// and the stub, waiting for an answer that came only after a nap, woke
+/// QEMU's main loop on a 20 µs timer the while, all of it taken from the
+/// migration's threads on 2 cores.
+pub(crate) fn wait_exit(
+    sh: &Shared,
+    id: usize,
+    mbox: &Mailbox<'_>,
+    last: u64,
+    run: u64,
+) -> Result<Option<Exit>> {
+    let mut spins = 0u32;
+    let mut kicked = None;
+    loop {
+        if let Some(e) = mbox.poll_exit(last) {
+            sh.watch.exited(id);
+            return Ok(Some(e));
+        }
+        if mbox.done(run) {
+            return Ok(None);
+        }
+        spins = spins.saturating_add(1);
+        if spins < EXIT_SPINS {
+            std::hint::spin_loop();
+        } else if spins < EXIT_SPINS + EXIT_YIELDS {
+            std::thread::yield_now();
+        } else {
+            sh.vm.machine().check_alive()?;
+            sh.check_deadline();
+            if sh.stopping() && !sh.wait_after_stop(id, &mut kicked) {
+                return Ok(None);
+            }
+            if let Some(e) = mbox.sleep_until_exit(last, EXIT_SLEEP) {
+                sh.watch.exited(id);
+                return Ok(Some(e));
+            }
+        }
+    }
+}
+
+/// Spins before the thread yields while it waits for an exit.
+const EXIT_SPINS: u32 = 256;
+/// Yields before it sleeps.
+const EXIT_YIELDS: u32 = 16;
+/// The longest sleep: how often a thread whose guest is idle looks at
+/// QEMU's life, the VM's deadline and a finished command (a stop kicks
+/// the vCPU, whose exit rings the doorbell).
+const EXIT_SLEEP: Duration = Duration::from_millis(10);
+
+pub(crate) fn handle(
+    sh: &Shared,
+    id: usize,
+    vcpu: &mut EngineVcpu,
+    mbox: &Mailbox<'_>,
+    e: &Exit,
+) -> Result<Next> {
+    let ec = e.esr >> 26;
+    match e.kind {
+        layout::EXIT_ABORT => abort(sh, id, vcpu, mbox, e),
+        layout::EXIT_IRQ => {
+            sh.count(id, ExitKind::Irq);
+            let intid = mbox.read(mb::INTID) as u32;
+            if let Some(ppi) = timer::virtual_ppi(intid) {
+                sh.gic.raise(id, ppi);
+            }
+            Ok(Next::Resume(e.elr, Vec::new()))
+        }
+        layout::EXIT_HVC => {
+            sh.count(id, ExitKind::Hvc);
+            hvc(sh, id, mbox, e)
+        }
+        _ if ec == EC_SYSREG => {
+            sh.count(id, ExitKind::Sysreg);
+            let kicks = sysreg(sh, id, mbox, e);
+            Ok(Next::Resume(mmio::next_insn(e.elr), kicks))
+        }
+        _ if ec == EC_WFX => Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new())),
+        _ if ec == EC_SMC => {
+            // SMC is not this VM's conduit (the device tree says HVC).
+            mbox.set_gpr(0, psci::RET_NOT_SUPPORTED as u64);
+            Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()))
+        }
+        _ => {
+            let u = Injection::undef(e.esr, mbox.read(mb::SPSR));
+            let what = format!("unhandled exception class {ec:#x}: UNDEF");
+            Ok(inject(sh, id, e, u, &what))
+        }
+    }
+}
+
+fn hvc(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
+    let x = [mbox.gpr(0), mbox.gpr(1), mbox.gpr(2), mbox.gpr(3)];
+    match psci::serve(x, id, sh) {
+        psci::Served::Resume(x0) => {
+            mbox.set_gpr(0, x0);
+            Ok(Next::Resume(e.elr, Vec::new()))
+        }
+        psci::Served::Off => Ok(Next::Off),
+    }
+}
+
+/// A trapped system register access (EC 0x18): the SGI registers, which
+/// EL1 writes trap while HCR_EL2.IMO is set. Anything else reads as zero.
+/// Returns the answer's maintenance: the kicks an SGI needs.
+fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Vec<(u64, u64)> {
+    let iss = e.esr & 0x1ff_ffff;
+    let read = iss & 1 != 0;
+    let rt = (iss >> 5) & 0x1f;
+    let crm = (iss >> 1) & 0xf;
+    let crn = (iss >> 10) & 0xf;
+    let op1 = (iss >> 14) & 7;
+    let op2 = (iss >> 17) & 7;
+    let op0 = (iss >> 20) & 3;
+    if read {
+        mbox.set_gpr(rt, 0);
+        return Vec::new();
+    }
+    // ICC_SGI1R_EL1 (3,0,12,11,5); ICC_ASGI1R_EL1 (3,1,12,11,6) is group
+    // 1 for the other security state, the same with one security state.
+    let sgi = op0 == 3 && crn == 12 && crm == 11 && matches!((op1, op2), (0, 5) | (1, 6));
+    if !sgi {
+        sh.log(format!(
+            "vCPU {id}: write to trapped system register ({op0},{op1},{crn},{crm},{op2}) \
+             at {:#x} ignored",
+            e.elr
+        ));
+        return Vec::new();
+    }
+    // Pending for every target, then a kick, sent by this vCPU's CPU as
+    // it resumes, for those in their guest with none on the way; the
+    // others load it at their next entry.
+    let (intid, targets) = sh.gic.sgi_targets(id, mbox.gpr(rt));
+    let raised: Vec<usize> = targets
+        .into_iter()
+        .filter_map(|t| sh.gic.raise(t, intid))
+        .collect();
+    sh.kick_insns(raised)
+}
+
+fn abort(
+    sh: &Shared,
+    id: usize,
+    vcpu: &mut EngineVcpu,
+    mbox: &Mailbox<'_>,
+    e: &Exit,
+) -> Result<Next> {
+    if sh.fb_moving.load(Ordering::Acquire) && crate::linux::changes::in_fb(e.ipa()) {
+        // The framebuffer's slot is being moved: as KVM with an invalid
+        // slot, the guest retries the access once the move is done.
+        std::thread::sleep(Duration::from_micros(100));
+        return Ok(Next::Resume(e.elr, Vec::new()));
+    }
+    if crate::vm::fault_kind(e.dfsc()).is_none() {
+        // Neither a translation nor a permission fault (an address size,
+        // access flag or external abort): nothing for the engine to map.
+        let a = Injection::abort(e.esr, e.far, mbox.read(mb::SPSR));
+        let what = format!("stage-2 abort at IPA {:#x}: external abort", e.ipa());
+        return Ok(inject(sh, id, e, a, &what));
+    }
+    sh.page_fetch.before_fault(id, e)?;
+    let t0 = Instant::now();
+    let r = sh.vm.stage2_abort(vcpu, e)?;
+    let st = &sh.stats[id];
+    match r {
+        Ok(insns) => {
+            sh.count(id, ExitKind::Stage2Fault);
+            if crate::linux::dirty_limit::dirties(e) {
+                sh.limit.on_write_fault(id);
+            }
+            st.engine_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            Ok(Next::Resume(e.elr, insns))
+        }
+        Err(s2mmu::Error::RingFull { .. }) => {
+            // As KVM's exit to user space: wait for the harvester to reset
+            // the rings, then let the guest fault again.
+            std::thread::sleep(Duration::from_micros(200));
+            Ok(Next::Resume(e.elr, Vec::new()))
+        }
+        Err(s2mmu::Error::NoSlot { .. }) => {
+            sh.count(id, ExitKind::Mmio);
+            let next = mmio(sh, id, mbox, e);
+            st.device_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            next
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// An access to an IPA no memslot covers: the GIC's frames, the bus, or a
+/// logged read-as-zero/write-ignored.
+fn mmio(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
+    let ipa = e.ipa();
+    let op = match mmio::decode(e.esr, ipa, |n| mbox.gpr(n)) {
+        MmioDecode::Access(op) => op,
+        MmioDecode::FetchOrWalk => {
+            let a = Injection::abort(e.esr, e.far, mbox.read(mb::SPSR));
+            let what = format!("instruction fetch or table walk at IPA {ipa:#x} outside RAM");
+            return Ok(inject(sh, id, e, a, &what));
+        }
+        MmioDecode::NoSyndrome => {
+            // As KVM (with QEMU's answer to KVM_EXIT_ARM_NISV): a load or
+            // store pair, a writeback form, an exclusive, a cache
+            // maintenance by VA to a device is refused whole, with a
+            // synchronous external abort, never half done.
+            let a = Injection::abort(e.esr, e.far, mbox.read(mb::SPSR));
+            let what = format!("MMIO access at IPA {ipa:#x} without a syndrome");
+            return Ok(inject(sh, id, e, a, &what));
+        }
+    };
+    let devices = Devices {
+        gic: &sh.gic,
+        bus: &sh.bus,
+        gicd: sh.layout.gicd,
+        gicr: sh.layout.gicr,
+    };
+    let v = match devices.access(ipa, op.size, op.write) {
+        Ok((v, Served::Gic)) => {
+            sh.kick_pending();
+            v
+        }
+        Ok((v, Served::Bus)) => v,
+        Err(u) => {
+            sh.log(format!(
+                "vCPU {id}: {} of {} bytes at IPA {ipa:#x} claimed by no device ({u:?}): \
+                 read as zero, write ignored",
+                if op.write.is_some() { "write" } else { "read" },
+                op.size
+            ));
+            0
+        }
+    };
+    if op.write.is_none() {
+        mbox.set_gpr(op.srt, mmio::load_value(e.esr, op.size, v));
+    }
+    Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()))
+}

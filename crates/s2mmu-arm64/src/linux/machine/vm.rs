@@ -1,0 +1,399 @@
+//! A Linux VM on the arm64 model: Debian's kernel at EL1 under the EL2
+//! stub, every byte of its RAM mapped by the engine's fault path, its
+//! interrupt controller, UART and PSCI on the host.
+
+use crate::layout;
+use crate::linux::assets::LinuxAssets;
+use crate::linux::boot;
+use crate::linux::bus::MmioBus;
+use crate::linux::dirty::{self, HarvestConfig, HarvestReport};
+use crate::linux::fdt::FdtConfig;
+use crate::linux::gic::{Gic, GICR_STRIDE};
+use crate::linux::loader::{BootLayout, GuestRam};
+use crate::linux::psci::PowerState;
+use crate::linux::uart::{ConsoleBuffer, Uart, UartOutput, UART_REGS};
+use crate::linux::vcpu;
+use crate::machine::{Machine, MachineConfig, RamPages, SharedRam};
+use crate::vm::{Arm64Vm, VmConfig};
+use crate::{Arm64Error, Result};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+pub use crate::linux::devices::timer::CNTHCTL_LINUX;
+pub use crate::linux::shared::{DeviceLayout, StopReason, HCR_LINUX, RAM_IPA, RAM_SLOT};
+pub(crate) use crate::linux::shared::{ExitKind, Power, Shared, VcpuCounters};
+/// Most vCPUs.
+pub const MAX_VCPUS: usize = 4;
+/// Least guest RAM.
+pub const MIN_MEM: u64 = 128 << 20;
+/// Most guest RAM.
+pub const MAX_MEM: u64 = 4 << 30;
+/// The console line `/init` prints once every CPU it counts is online.
+pub const INIT_LINE: &str = "s2mmu-init: cpus online ";
+
+/// How to run a Linux guest.
+pub struct LinuxConfig {
+    /// vCPUs, 1..=[`MAX_VCPUS`].
+    pub vcpus: usize,
+    /// Guest RAM bytes, [`MIN_MEM`]..=[`MAX_MEM`], a multiple of 2 MiB.
+    pub mem: u64,
+    /// The uncompressed arm64 `Image`.
+    pub kernel: PathBuf,
+    /// The initramfs.
+    pub initrd: PathBuf,
+    /// Kernel command line after the console settings.
+    pub cmdline: String,
+    /// Where the console goes besides the buffer the report reads.
+    pub echo: bool,
+    /// Longest the guest may run before the host stops it.
+    pub timeout: Duration,
+    /// Dirty logging once `/init` runs, checked against page hashes.
+    pub dirty: HarvestConfig,
+    /// Which host pages back the machine's RAM.
+    pub ram_pages: RamPages,
+}
+
+/// Guest RAM as the loader writes it: the shared RAM behind the memslot.
+pub(crate) struct SlotRam<'a> {
+    pub(crate) ram: &'a SharedRam,
+    pub(crate) size: u64,
+}
+
+impl GuestRam for SlotRam<'_> {
+    fn range(&self) -> (u64, u64) {
+        (RAM_IPA, self.size)
+    }
+    fn write(&mut self, gpa: u64, data: &[u8]) {
+        // The loader writes only inside `range`, which the RAM holds.
+        let pa = layout::DATA + (gpa - RAM_IPA);
+        self.ram
+            .write_bytes(pa, data)
+            .expect("guest RAM lies inside the machine's data region");
+    }
+}
+
+/// What a run measured.
+#[derive(Clone, Debug)]
+pub struct LinuxReport {
+    /// Why it stopped.
+    pub reason: StopReason,
+    /// Seconds from QEMU's start to the init line (`None`: never seen).
+    pub init_s: Option<f64>,
+    /// Seconds from QEMU's start to the stop.
+    pub total_s: f64,
+    /// CPUs online as `/init` counted them.
+    pub cpus_online: Option<u32>,
+    /// Exits by kind, all vCPUs: stage-2 faults, MMIO, HVC, system
+    /// register traps, interrupts.
+    pub exits: [u64; 5],
+    /// The same per vCPU, in vCPU order.
+    pub vcpu_exits: Vec<[u64; 5]>,
+    /// Host ns in the engine's fault path, in device models, and answering
+    /// exits (both included).
+    pub engine_ns: u64,
+    /// See `engine_ns`.
+    pub device_ns: u64,
+    /// See `engine_ns`.
+    pub host_ns: u64,
+    /// Exceptions injected into the guest instead of stopping the VM
+    /// (`linux::inject`), all vCPUs.
+    pub injected: u64,
+    /// Exits the stub answered and counter ticks it spent on them at EL2.
+    pub stub_exits: u64,
+    /// See `stub_exits`, in ns.
+    pub stub_ns: u64,
+    /// What the console printed (the last 4 MiB).
+    pub console: String,
+    /// The host's log lines (unclaimed accesses and the like).
+    pub log: Vec<String>,
+    /// The dirty-log harvests and their check (`None` without logging).
+    pub dirty: Option<HarvestReport>,
+    /// The engine's TLB maintenance: in fault answers, on the service CPU.
+    pub tlbi: crate::tlbi::TlbiCounters,
+}
+
+/// Exit kind names in [`LinuxReport::exits`] order.
+pub const EXIT_NAMES: [&str; 5] = ["stage2_fault", "mmio", "hvc", "sysreg", "irq"];
+
+pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
+    if !(1..=MAX_VCPUS).contains(&cfg.vcpus) {
+        return Err(Arm64Error::Config(format!(
+            "vCPUs {} outside 1..={MAX_VCPUS}",
+            cfg.vcpus
+        )));
+    }
+    if !(MIN_MEM..=MAX_MEM).contains(&cfg.mem) || !cfg.mem.is_multiple_of(2 << 20) {
+        return Err(Arm64Error::Config(format!(
+            "guest RAM of {} bytes: must be a multiple of 2 MiB in {}M..={}G",
+            cfg.mem,
+            MIN_MEM >> 20,
+            MAX_MEM >> 30
+        )));
+    }
+    cfg.dirty
+        .change
+        .check(cfg.dirty.mode)
+        .map_err(Arm64Error::Config)?;
+    Ok(())
+}
+
+/// Boots the guest and runs it until it powers off, resets, fails or runs
+/// out of time.
+///
+/// # Errors
+/// [`Arm64Error::Config`] for a bad configuration (before QEMU starts);
+/// [`Arm64Error::Io`] for unreadable kernel or initrd files; the machine's
+/// and the engine's errors. A guest that stops for a reason other than
+/// SYSTEM_OFF is a report with that reason, not an error.
+pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
+    check(cfg)?;
+    for p in [&cfg.kernel, &cfg.initrd] {
+        std::fs::metadata(p).map_err(|e| Arm64Error::Io(format!("{}: {e}", p.display())))?;
+    }
+    let t0 = Instant::now();
+    let (vm, dl, boot) = prepare(cfg)?;
+    let console = ConsoleBuffer::new(4 << 20);
+    let sh = shared(cfg, vm, dl, &boot, &console);
+    let init_at = watch_init(&console, t0);
+    crate::linux::shared::spawn_watchdog(&sh).map_err(Arm64Error::Io)?;
+    let harvester = cfg
+        .dirty
+        .mode
+        .is_some()
+        .then(|| spawn_harvester(sh.clone(), console.clone(), cfg.dirty, cfg.mem));
+    let mut threads = Vec::new();
+    let mut first_err = None;
+    for id in 0..cfg.vcpus {
+        let s = sh.clone();
+        match std::thread::Builder::new()
+            .name(format!("linux-vcpu{id}"))
+            .spawn(move || vcpu::vcpu_thread(&s, id))
+        {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                sh.stop(StopReason::Error(format!("vCPU thread: {e}")));
+                first_err = Some(Arm64Error::Io(format!("vCPU thread: {e}")));
+                break;
+            }
+        }
+    }
+    for t in threads {
+        if let Err(e) = t.join().expect("vCPU thread panicked") {
+            first_err.get_or_insert(e);
+        }
+    }
+    sh.watch.join();
+    let total_s = t0.elapsed().as_secs_f64();
+    let dirty = match harvester.map(|h| h.join().expect("harvester panicked")) {
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => return Err(e),
+        None => None,
+    };
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let mut r = report(&sh, &console, &init_at, total_s);
+    r.dirty = dirty;
+    Ok(r)
+}
+
+/// Starts the machine, makes the VM with its RAM slot, and loads the
+/// kernel, initramfs and device tree.
+fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
+    let machine = Arc::new(Machine::start(&MachineConfig {
+        cpus: cfg.vcpus + 1,
+        data_bytes: cfg.mem + cfg.dirty.change.spare_bytes(),
+        ram_pages: cfg.ram_pages,
+    })?);
+    let vm = Arm64Vm::new_bare(
+        machine.clone(),
+        &VmConfig {
+            policy: cfg.dirty.policy(),
+            ..VmConfig::default()
+        },
+    )?;
+    vm.add_slot(RAM_SLOT, RAM_IPA, layout::DATA, cfg.mem, 2 << 20)?;
+    let fdt_base = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
+    let dl = DeviceLayout {
+        gicd: fdt_base.gicd.0,
+        gicr: fdt_base.gicr.0,
+        uart: fdt_base.uart.0,
+        uart_spi: fdt_base.uart.2,
+    };
+    let bootargs = format!(
+        "console=ttyS0 earlycon=uart8250,mmio,{:#x} {}",
+        dl.uart, cfg.cmdline
+    );
+    let mut ram = SlotRam {
+        ram: machine.ram(),
+        size: cfg.mem,
+    };
+    let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
+    f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
+    crate::linux::changes::add_framebuffer(&vm, cfg.dirty.change, cfg.mem, &mut f)?;
+    let files = LinuxAssets {
+        image: cfg.kernel.clone(),
+        initramfs: cfg.initrd.clone(),
+        kernel_version: String::new(),
+    };
+    let boot = boot::load_linux(&mut ram, &files, &f)
+        .map_err(|e| Arm64Error::Config(format!("loading the kernel: {e}")))?;
+    Ok((vm, dl, boot))
+}
+
+/// What the vCPU threads share: the UART on the bus, its interrupt raised
+/// in the GIC, vCPU 0 about to start at the kernel's entry.
+fn shared(
+    cfg: &LinuxConfig,
+    vm: Arm64Vm,
+    dl: DeviceLayout,
+    boot: &BootLayout,
+    console: &ConsoleBuffer,
+) -> Arc<Shared> {
+    Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
+        let w = weak.clone();
+        let intid = 32 + dl.uart_spi;
+        let irq: crate::linux::uart::IrqCallback = Arc::new(move || {
+            if let Some(sh) = w.upgrade() {
+                sh.raise(0, intid);
+            }
+        });
+        let out = if cfg.echo {
+            UartOutput::BufferAndStdout(console.clone())
+        } else {
+            UartOutput::Buffer(console.clone())
+        };
+        let uart = Arc::new(Uart::new(irq, out));
+        let mut bus = MmioBus::new();
+        bus.insert("uart", dl.uart, UART_REGS, uart)
+            .expect("the first device on an empty bus");
+        let mut start = vec![None; cfg.vcpus];
+        start[0] = Some((boot.entry, boot.dtb));
+        let mut state = vec![PowerState::Off; cfg.vcpus];
+        state[0] = PowerState::OnPending;
+        Shared {
+            vm,
+            gic: Gic::new(cfg.vcpus),
+            bus,
+            layout: dl,
+            stats: (0..cfg.vcpus).map(|_| VcpuCounters::default()).collect(),
+            cntvoff: 0,
+            power: Mutex::new(Power { state, start }),
+            power_cv: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            fb_moving: AtomicBool::new(false),
+            reason: Mutex::new(None),
+            deadline: Instant::now() + cfg.timeout,
+            log: Mutex::new(Vec::new()),
+            page_fetch: Default::default(),
+            limit: Arc::new(crate::linux::dirty_limit::DirtyLimit::new(cfg.vcpus)),
+            watch: crate::linux::watch::Watch::new(cfg.vcpus),
+        }
+    })
+}
+
+/// The harvester's thread: logging starts under the running system (its
+/// RAM mapped in blocks, so the eager split runs), after the boot is
+/// timed, once `/init` prints its line.
+fn spawn_harvester(
+    sh: Arc<Shared>,
+    console: ConsoleBuffer,
+    hc: HarvestConfig,
+    mem: u64,
+) -> std::thread::JoinHandle<Result<HarvestReport>> {
+    std::thread::spawn(move || {
+        while console
+            .wait_until(Duration::from_millis(100), |s| s.contains(INIT_LINE))
+            .is_none()
+        {
+            if sh.stopping() {
+                return Ok(HarvestReport::default());
+            }
+        }
+        let r = dirty::run_harvester(&sh, &hc, mem);
+        if let Err(e) = &r {
+            sh.stop(StopReason::Error(format!("harvester: {e}")));
+        }
+        r
+    })
+}
+
+/// A thread that notes when the init line appears on the console.
+pub(crate) fn watch_init(console: &ConsoleBuffer, t0: Instant) -> Arc<Mutex<Option<f64>>> {
+    let at = Arc::new(Mutex::new(None));
+    let (c, a) = (console.clone(), at.clone());
+    std::thread::spawn(move || {
+        if c.wait_until(Duration::from_secs(3600), |s| s.contains(INIT_LINE))
+            .is_some()
+        {
+            *a.lock().unwrap() = Some(t0.elapsed().as_secs_f64());
+        }
+    });
+    at
+}
+
+pub(crate) fn report(
+    sh: &Shared,
+    console: &ConsoleBuffer,
+    init_at: &Mutex<Option<f64>>,
+    total_s: f64,
+) -> LinuxReport {
+    let text = console.contents();
+    let cpus_online = text.lines().find_map(|l| {
+        l.split(INIT_LINE)
+            .nth(1)
+            .and_then(|r| r.trim().parse::<u32>().ok())
+    });
+    let mut exits = [0u64; 5];
+    let (mut engine_ns, mut device_ns, mut host_ns, mut injected) = (0, 0, 0, 0);
+    let (mut stub_exits, mut stub_ticks) = (0, 0);
+    for (id, s) in sh.stats.iter().enumerate() {
+        for (k, e) in exits.iter_mut().enumerate() {
+            *e += s.exits[k].load(Ordering::Relaxed);
+        }
+        engine_ns += s.engine_ns.load(Ordering::Relaxed);
+        device_ns += s.device_ns.load(Ordering::Relaxed);
+        host_ns += s.host_ns.load(Ordering::Relaxed);
+        injected += s.injected.load(Ordering::Relaxed);
+        let (n, t) = sh.vm.machine().mailbox(id).exit_stats();
+        stub_exits += n;
+        stub_ticks += t;
+    }
+    // The counter runs at CNTFRQ (QEMU: 62.5 MHz).
+    let freq = sh
+        .vm
+        .machine()
+        .mailbox(sh.gic.vcpus())
+        .command(layout::CMD_PING, &[])
+        .unwrap_or(62_500_000)
+        .max(1);
+    LinuxReport {
+        reason: sh
+            .reason
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or(StopReason::PowerOff),
+        init_s: *init_at.lock().unwrap(),
+        total_s,
+        cpus_online,
+        exits,
+        vcpu_exits: sh
+            .stats
+            .iter()
+            .map(|s| std::array::from_fn(|k| s.exits[k].load(Ordering::Relaxed)))
+            .collect(),
+        engine_ns,
+        device_ns,
+        host_ns,
+        injected,
+        stub_exits,
+        stub_ns: (stub_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
+        console: text,
+        log: sh.log.lock().unwrap().clone(),
+        dirty: None,
+        tlbi: sh.vm.sink().counters(),
+    }
+}

@@ -1,0 +1,8 @@
+//! The Linux VM behind the migration library's session.
+
+pub(crate) mod console_watch;
+pub mod run_error;
+pub mod session_dest;
+pub mod session_postcopy;
+pub mod session_run;
+pub mod session_source;

@@ -1,0 +1,4 @@
+//! `s2mmu linux`'s runs and QEMU's own boot of the same guest.
+
+pub mod baseline;
+pub mod run;
