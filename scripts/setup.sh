@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares a Debian or Ubuntu machine for everything s2mmu runs: the Linux
+# Prepares a Debian machine (12 or 13) for everything s2mmu runs: the Linux
 # guest (`s2mmu migrate`, `s2mmu linux`), the tests and the benchmarks.
 #
 #   scripts/setup.sh            as root, or as a user with sudo (it asks)
@@ -35,7 +35,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 command -v apt-get >/dev/null 2>&1 || {
-  echo "setup: needs apt-get (Debian or Ubuntu); install the tools listed in $0 by hand" >&2
+  echo "setup: needs apt-get (Debian 12 or 13; on Ubuntu the arm64 packages live elsewhere); install the tools listed in $0 by hand" >&2
   exit 1
 }
 export DEBIAN_FRONTEND=noninteractive

@@ -109,7 +109,7 @@ fn qemu() -> Result<(), String> {
 /// arm64 C library for the guest programs, `dtc` (the device-tree
 /// check), and Debian's kernel and
 /// busybox packages in the asset cache (`scripts/setup.sh` provides all
-/// of them; `src/linux/assets.rs` looks in the same cache). Where they
+/// of them; `src/linux/assets/mod.rs` looks in the same cache). Where they
 /// are, the packages found are watched (removing one drops the cfg);
 /// where they are not, the cache directory is made and watched, so that
 /// the next build after `scripts/setup.sh` sees them.

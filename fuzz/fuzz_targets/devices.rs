@@ -65,7 +65,7 @@ fn one_op(c: &[u8], gic: &Gic, devs: &Devices<'_>, uart: &Uart) {
                         }
                     }
                 }
-                MmioDecode::FetchOrWalk | MmioDecode::NoSyndrome => {}
+                MmioDecode::FetchOrWalk | MmioDecode::CacheMaintenance | MmioDecode::NoSyndrome => {}
             }
             let _ = mmio::next_insn(value);
         }

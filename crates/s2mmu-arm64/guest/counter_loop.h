@@ -6,7 +6,7 @@
  * (the tests parse this line and recompute H); counter_wait sleeps until
  * the next interval; counter_ok prints the last line of a run that ended.
  * The host writes this file next to each program's source before it
- * compiles them (crates/s2mmu-arm64/src/linux/assets.rs).
+ * compiles them (crates/s2mmu-arm64/src/linux/assets/mod.rs).
  */
 #ifndef S2MMU_COUNTER_LOOP_H
 #define S2MMU_COUNTER_LOOP_H

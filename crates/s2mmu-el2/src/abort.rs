@@ -32,15 +32,26 @@ impl Stage2Abort {
         matches!(self.ec(), EC_DABT_LOW | EC_IABT_LOW)
     }
 
-    /// The faulting IPA.
+    /// The faulting IPA, from `HPFAR_EL2`. The architecture leaves HPFAR
+    /// UNKNOWN on a permission fault that is not on a stage-1 walk (and
+    /// some CPUs' errata on others); QEMU fills it in always. On such
+    /// hardware the address must come from translating `FAR_EL2` with
+    /// `AT S1E1R` as KVM's `__translate_far_to_hpfar` does, which this
+    /// entry does not do yet.
     pub fn ipa(&self) -> u64 {
         (((self.hpfar >> 4) & ((1 << 40) - 1)) << 12) | (self.far & 0xfff)
     }
 
-    /// Whether the access was a write: `WnR` of a data abort that is not a
-    /// cache maintenance operation (`CM`); an instruction fetch or a stage-1
-    /// walk's read is not.
+    /// Whether the access was a write. On a stage-1 table walk (`S1PTW`)
+    /// only a permission fault is (the walker's hardware update of an
+    /// access flag or dirty state in a write-protected table page), as
+    /// KVM's `kvm_is_write_fault` says; otherwise `WnR` of a data abort
+    /// that is not a cache maintenance operation (`CM`); an instruction
+    /// fetch is not.
     pub fn is_write(&self) -> bool {
+        if self.esr & (1 << 7) != 0 {
+            return matches!(self.kind(), Some(FaultKind::Permission { .. }));
+        }
         self.ec() == EC_DABT_LOW && self.esr & (1 << 6) != 0 && self.esr & (1 << 8) == 0
     }
 

@@ -108,15 +108,18 @@ impl Hyp {
         let cap = vm.vcpus.len() as u64 * vm.ring_entries;
         let need = cap * core::mem::size_of::<RingEntry>() as u64;
         let off = self.layout.check_shared(args[0], args[1], need)?;
-        let mut out: Vec<DirtyGfn> = Vec::with_capacity(cap as usize);
+        let mut out: Vec<DirtyGfn> = Vec::new();
+        out.try_reserve_exact(cap as usize)
+            .map_err(|_| HypError::OutOfMemory)?;
         let n = vm
             .mmu
             .harvest_rings(&mut out)
             .map_err(|_| HypError::Engine)?;
-        let words: Vec<u64> = out
-            .iter()
-            .flat_map(|g| [u64::from(g.slot), g.offset])
-            .collect();
+        let mut words: Vec<u64> = Vec::new();
+        words
+            .try_reserve_exact(out.len() * 2)
+            .map_err(|_| HypError::OutOfMemory)?;
+        words.extend(out.iter().flat_map(|g| [u64::from(g.slot), g.offset]));
         self.put_words(off, &words);
         Ok(n as u64)
     }

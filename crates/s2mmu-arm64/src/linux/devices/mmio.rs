@@ -44,10 +44,17 @@ pub enum MmioDecode {
     /// An instruction fetch or a stage-1 table walk outside RAM: nothing
     /// a device answers.
     FetchOrWalk,
+    /// A cache maintenance instruction by VA (ISS.CM set) to an address no
+    /// memslot covers: nothing is cached there, so the instruction is
+    /// skipped, as KVM does.
+    CacheMaintenance,
     /// No valid syndrome (ISS.ISV clear: a pair, a writeback, SIMD): the
     /// host cannot emulate it.
     NoSyndrome,
 }
+
+/// ISS.CM: the abort came from a cache maintenance instruction.
+const ISS_CM: u64 = 1 << 8;
 
 /// The bits of a `size`-byte access.
 fn mask(size: u64) -> u64 {
@@ -63,6 +70,9 @@ fn mask(size: u64) -> u64 {
 pub fn decode(esr: u64, ipa: u64, gpr: impl Fn(u64) -> u64) -> MmioDecode {
     if esr >> 26 == EC_IABT_LOW || esr & ISS_S1PTW != 0 {
         return MmioDecode::FetchOrWalk;
+    }
+    if esr & ISS_CM != 0 {
+        return MmioDecode::CacheMaintenance;
     }
     if esr & (1 << 24) == 0 {
         return MmioDecode::NoSyndrome;
@@ -186,6 +196,12 @@ mod tests {
             })
         );
         assert_eq!(decode(0x24 << 26, 0, |_| 0), MmioDecode::NoSyndrome);
+        // DC CIVAC to a device: CM and WnR set, no ISV; DC ZVA has no CM.
+        assert_eq!(
+            decode(0x24 << 26 | 1 << 8 | 1 << 6, 0, |_| 0),
+            MmioDecode::CacheMaintenance
+        );
+        assert_eq!(decode(0x24 << 26 | 1 << 6, 0, |_| 0), MmioDecode::NoSyndrome);
         assert_eq!(decode(0x20 << 26, 0, |_| 0), MmioDecode::FetchOrWalk);
         assert_eq!(
             decode(0x24 << 26 | 1 << 7, 0, |_| 0),

@@ -354,11 +354,14 @@ fn mmio(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
             let what = format!("instruction fetch or table walk at IPA {ipa:#x} outside RAM");
             return Ok(inject(sh, id, e, a, &what));
         }
+        MmioDecode::CacheMaintenance => {
+            return Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()));
+        }
         MmioDecode::NoSyndrome => {
             // As KVM (with QEMU's answer to KVM_EXIT_ARM_NISV): a load or
-            // store pair, a writeback form, an exclusive, a cache
-            // maintenance by VA to a device is refused whole, with a
-            // synchronous external abort, never half done.
+            // store pair, a writeback form, an exclusive or DC ZVA to a
+            // device is refused whole, with a synchronous external abort,
+            // never half done.
             let a = Injection::abort(e.esr, e.far, mbox.read(mb::SPSR));
             let what = format!("MMIO access at IPA {ipa:#x} without a syndrome");
             return Ok(inject(sh, id, e, a, &what));
