@@ -47,6 +47,12 @@ pub struct SourceConfig {
     pub postcopy: Postcopy,
     /// What post-copy does when a connection breaks.
     pub recovery: super::super::postcopy::control::Recovery,
+    /// Measure the link before the migration by sending as many bytes as
+    /// guest memory over the run's channels (the figure `--wire-bench`
+    /// compares round 0 with). Off, the source sends an empty probe and
+    /// the migration carries the guest's pages and nothing of that size
+    /// besides.
+    pub link_probe: bool,
 }
 
 impl Default for SourceConfig {
@@ -67,6 +73,7 @@ impl Default for SourceConfig {
             auto_channels: None,
             postcopy: Postcopy::Off,
             recovery: super::super::postcopy::control::Recovery::default(),
+            link_probe: false,
         }
     }
 }
