@@ -1,7 +1,7 @@
 //! The Unix-socket transport (same-host upgrades): real migrations of a
 //! small guest over a Unix socket, plain, with mutual TLS and with a
 //! pre-shared key layered over it, and one over four channels. Behaviour
-//! only: the memories are equal by digest, the probe and every page
+//! only: the memories are equal by digest, the (empty) probe and every page
 //! arrived, the peer is named by its socket.
 
 mod migrate_common;

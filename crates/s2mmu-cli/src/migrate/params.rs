@@ -215,6 +215,9 @@ pub struct Params {
     /// With --guest linux: the host pages under both QEMU machines' RAM, auto (2 MiB pages of a private huge tmpfs where this process may mount one, as root may; else /dev/shm) or shm (/dev/shm: 4 KiB pages under the kernel's default shmem policy).
     #[arg(long, default_value = "auto", value_parser = ["auto", "shm"])]
     pub linux_ram: String,
+    /// With --guest linux: the user's kernel, initramfs and command line, and where the consoles go.
+    #[command(flatten)]
+    pub linux_guest: super::linux_guest::LinuxGuestArgs,
 }
 
 /// The most `--bandwidth` and `--dirty-rate` take: 1 TiB/s.
@@ -411,6 +414,7 @@ impl Params {
             link_probe: self.link_probe
                 || self.wire_bench.is_some()
                 || self.channel_list().len() > 1,
+            image: None,
         };
         let mut session = session;
         set_channels(&mut session, self.channel_list()[0], self.uses_tls());
@@ -506,6 +510,7 @@ impl Params {
             recovery: self.recovery().unwrap_or_default(),
             accept_wait: None,
             stop: Default::default(),
+            image: None,
         }
     }
 

@@ -256,6 +256,7 @@ fn connect_channels<G: SourceGuest>(
         verify_full: cfg.verify_full,
         postcopy: cfg.postcopy != Postcopy::Off,
         format: shape.format,
+        image: cfg.image,
     };
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;

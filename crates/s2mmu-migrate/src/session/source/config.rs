@@ -53,6 +53,9 @@ pub struct SourceConfig {
     /// the migration carries the guest's pages and nothing of that size
     /// besides.
     pub link_probe: bool,
+    /// The guest image's identity the HEADER carries
+    /// ([`crate::wire::Header::image`]), when the guest has one.
+    pub image: Option<[u8; crate::wire::IMAGE_ID_LEN]>,
 }
 
 impl Default for SourceConfig {
@@ -74,6 +77,7 @@ impl Default for SourceConfig {
             postcopy: Postcopy::Off,
             recovery: super::super::postcopy::control::Recovery::default(),
             link_probe: false,
+            image: None,
         }
     }
 }
