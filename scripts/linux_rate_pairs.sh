@@ -45,7 +45,7 @@ trap 'rm -rf "$dir"' EXIT
 common=(--mem 1G -v 1 --channels 1 --io-timeout 60s --json -q)
 for i in $(seq 1 "$pairs"); do
   # shellcheck disable=SC2086 # SIM_ARGS is split into options on purpose
-  "$bin" migrate --guest sim "${common[@]}" --plot "" ${SIM_ARGS:-} > "$dir/sim$i.json"
+  "$bin" migrate --guest sim "${common[@]}" --link-probe --plot "" ${SIM_ARGS:-} > "$dir/sim$i.json"
   # shellcheck disable=SC2086 # LINUX_ARGS is split into options on purpose
   "$bin" migrate --guest linux --linux-run fill "${common[@]}" ${LINUX_ARGS:-} > "$dir/linux$i.json"
   echo "pair $i of $pairs done" >&2

@@ -37,7 +37,8 @@ fn check_equal_over(cfg: &SimRun, net: &NetConfig) {
     let (s, d) = migrate_in_process(cfg, &dest_cfg(), net).expect("migration succeeds");
     assert_eq!(s.channels, cfg.session.channels);
     assert_eq!(d.channels, cfg.session.channels);
-    assert_eq!(d.probe_bytes, cfg.guest.mem_size);
+    assert_eq!(d.probe_bytes, 0, "no link probe unless asked for");
+    assert_eq!(s.link_bytes, 0);
     assert_eq!(s.slot_digests.len(), cfg.guest.slots as usize);
     assert_eq!(s.slot_digests, d.slot_digests, "per-slot digests agree");
     assert!(d.resumed_at.is_some());

@@ -140,6 +140,7 @@ fn opening_on(format: FormatArg) -> Vec<u8> {
         verify_full: false,
         postcopy: false,
         format: format.into(),
+        image: None,
     };
     WireWriter::new(Vec::new(), &h).unwrap().into_inner()
 }

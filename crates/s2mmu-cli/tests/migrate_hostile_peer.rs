@@ -133,6 +133,7 @@ fn header() -> Header {
         verify_full: false,
         postcopy: false,
         format: FormatArg::Arm64.into(),
+        image: None,
     }
 }
 

@@ -241,6 +241,7 @@ fn stream_with_state(vcpus_in_header: u32, state: &GuestState) -> Vec<u8> {
         verify_full: false,
         postcopy: false,
         format: FormatArg::Arm64.into(),
+        image: None,
     };
     let mut w = WireWriter::new(Vec::new(), &h).unwrap();
     w.probe(0, &[1], &mut |_| {}).unwrap();
@@ -380,6 +381,7 @@ fn header(mem: u64) -> Header {
         verify_full: false,
         postcopy: false,
         format: FormatArg::Arm64.into(),
+        image: None,
     }
 }
 
@@ -540,8 +542,7 @@ fn a_damaged_page_on_a_further_channel_is_named_and_the_guest_stays_on_the_sourc
             security: Security::Plain,
         },
     );
-    // Channel 1 goes through a proxy that flips one byte well past its
-    // probe, inside its pages.
+    // Channel 1's proxy flips a byte past its opening, inside its pages.
     let proxy = TcpListener::bind("127.0.0.1:0").unwrap();
     let proxy_addr = proxy.local_addr().unwrap().to_string();
     let to = dest_addr.clone();
@@ -550,7 +551,7 @@ fn a_damaged_page_on_a_further_channel_is_named_and_the_guest_stays_on_the_sourc
         let mut out = TcpStream::connect(&to).unwrap();
         let (mut back_from, mut back_to) = (out.try_clone().unwrap(), from.try_clone().unwrap());
         std::thread::spawn(move || std::io::copy(&mut back_from, &mut back_to));
-        let flip_at = (8u64 << 20) + (1 << 20) + 12345;
+        let flip_at = 8192u64 + 12345;
         let mut at = 0u64;
         let mut buf = vec![0u8; 64 << 10];
         loop {

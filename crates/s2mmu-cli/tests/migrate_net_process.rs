@@ -256,8 +256,8 @@ fn a_destination_on_ept_refuses_an_arm64_source_by_name_then_takes_an_ept_one() 
     assert!(log.contains("stage-2 format mismatch"), "{log}");
 }
 
-/// `--to` measures plain TCP to the destination's sink (its next port)
-/// before the migration: the figure is in the source's report, with the
+/// `--to --link-probe` measures plain TCP to the destination's sink (its
+/// next port) before the migration: the figure is in the source's report, with the
 /// run's bytes and connection count.
 #[test]
 fn a_two_process_run_measures_plain_tcp_to_the_destinations_sink() {
@@ -272,6 +272,7 @@ fn a_two_process_run_measures_plain_tcp_to_the_destinations_sink() {
             "--json",
             "--channels",
             "2",
+            "--link-probe",
         ])
         .args(SMALL)
         .output()
@@ -316,6 +317,7 @@ fn over_a_unix_socket_plain_tcp_is_not_measured_and_the_migration_runs() {
     assert!(head.contains("no plain-TCP sink beside"), "{head}");
     let out = Command::new(bin())
         .args(["migrate", "--to", &addr, "--plot", "", "--json"])
+        .arg("--link-probe")
         .args(SMALL)
         .output()
         .unwrap();

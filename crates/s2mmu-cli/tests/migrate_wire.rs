@@ -33,7 +33,12 @@ fn small_sim_json(extra: &[&str]) -> serde_json::Value {
 }
 
 fn check(cfg: &SimRun, net: &NetConfig, tls: bool) {
+    // Plain TCP and the stack's link are measured only when asked for.
+    let mut cfg = cfg.clone();
+    cfg.session.link_probe = true;
+    let cfg = &cfg;
     let (s, d) = migrate_in_process(cfg, &dest_cfg(), net).expect("migration succeeds");
+    assert_eq!(d.probe_bytes, cfg.guest.mem_size, "the stack's link probe");
     let l = s
         .plain_link
         .expect("plain TCP measured before the migration");
@@ -269,7 +274,7 @@ fn channels_auto_probes_every_count_and_migrates_with_the_one_chosen() {
 
 #[test]
 fn channels_auto_refuses_settings_out_of_bounds() {
-    use s2mmu_cli::migrate::source::AutoChannels;
+    use s2mmu_cli::migrate::source::{AutoChannels, MAX_AUTO_PROBE_BYTES};
     let bad = [
         AutoChannels {
             candidates: vec![],
@@ -293,6 +298,11 @@ fn channels_auto_refuses_settings_out_of_bounds() {
         },
         AutoChannels {
             max_bytes: 1 << 40,
+            ..AutoChannels::default()
+        },
+        // The probe is bounded to a few MiB, never a guest-sized transfer.
+        AutoChannels {
+            max_bytes: MAX_AUTO_PROBE_BYTES + 1,
             ..AutoChannels::default()
         },
     ];

@@ -36,6 +36,16 @@ pub enum MigrateError {
         /// The destination's own.
         destination: &'static str,
     },
+    /// The stream's guest has a shape this destination cannot build (its
+    /// image is not the one the destination was told to expect, say).
+    ShapeMismatch {
+        /// What differs.
+        what: &'static str,
+        /// The stream's (the source's) value.
+        stream: String,
+        /// The destination's.
+        destination: String,
+    },
     /// A page's checksum does not match its data.
     PageChecksum { gpa: u64, at_byte: u64 },
     /// A record's checksum does not match its contents.
@@ -177,6 +187,7 @@ impl fmt::Display for MigrateError {
             BadMagic { .. }
             | Version { .. }
             | FormatMismatch { .. }
+            | ShapeMismatch { .. }
             | PageChecksum { .. }
             | RecordChecksum { .. }
             | UnknownRecord { .. }
@@ -271,6 +282,14 @@ fn fmt_stream_damage(e: &MigrateError, f: &mut fmt::Formatter<'_>) -> fmt::Resul
             } => write!(
                 f,
                 "stage-2 format mismatch: the stream's guest runs on --format {stream}, this destination on --format {destination}"
+            ),
+            ShapeMismatch {
+                what,
+                stream,
+                destination,
+            } => write!(
+                f,
+                "guest shape mismatch: the stream's {what} is {stream}, this destination builds {destination}"
             ),
             PageChecksum { gpa, at_byte } => {
                 write!(f, "checksum mismatch for the page at gpa {gpa:#x} (stream byte {at_byte})")

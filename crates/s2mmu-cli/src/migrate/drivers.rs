@@ -93,8 +93,9 @@ pub fn main(p: Params) -> Result<(), String> {
     report.failure().map_or(Ok(()), |why| Err(why.to_string()))
 }
 
-/// One migration of `cfg`: to `--to`'s address (after plain TCP's figure
-/// to its sink), or to a destination in this process.
+/// One migration of `cfg`: to `--to`'s address (with `--link-probe`,
+/// after plain TCP's figure to its sink), or to a destination in this
+/// process.
 ///
 /// # Errors
 /// The migration failed.
@@ -106,9 +107,12 @@ fn run_one(
 ) -> Result<(SourceOutcome, Option<DestOutcome>), String> {
     match &p.to {
         Some(addr) => {
-            let plain = plain_link_to(cfg, addr, net)
-                .map_err(|e| eprintln!("{}{e}: not measured", cfg.session.label))
-                .ok();
+            let plain = cfg.session.link_probe.then(|| {
+                plain_link_to(cfg, addr, net)
+                    .map_err(|e| eprintln!("{}{e}: not measured", cfg.session.label))
+                    .ok()
+            });
+            let plain = plain.flatten();
             let mut s = migrate_source_to(cfg, addr, net).map_err(|e| e.to_string())?;
             s.plain_link = plain;
             Ok((s, None))

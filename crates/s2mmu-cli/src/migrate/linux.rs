@@ -68,7 +68,7 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
         } => (
             {
                 let mut v = serde_json::json!({"security": s.net.security.describe(),
-                    "channels": outcome.channels, "link_bytes_per_s": outcome.link,
+                    "channels": outcome.channels, "link_bytes_per_s": (outcome.link_bytes > 0).then_some(outcome.link),
                     "page_records": outcome.page_records, "zero_pages": outcome.zero_pages});
                 let m = v.as_object_mut().expect("an object");
                 m.extend(session_json(outcome, limit));
@@ -130,6 +130,7 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
     match &r.went_on {
         Some(WentOn::DirtierOk(ok)) => line += &format!("; B: {ok}"),
         Some(WentOn::CounterStep(n)) => line += &format!("; B went on at counter step {n}"),
+        Some(WentOn::Printed(l)) => line += &format!("; B's guest printed {l:?}"),
         None => {}
     }
     (extra, line)
@@ -247,6 +248,10 @@ const LINUX_OPTIONS: &[&str] = &[
     "--linux-run",
     "--linux-ram",
     "--guest",
+    "--kernel",
+    "--initrd",
+    "--cmdline",
+    "--console-dir",
 ];
 
 /// The first option in `args` (migrate's, after the subcommand) that the
@@ -309,10 +314,12 @@ pub fn main(p: &Params) -> Result<(), String> {
     }
     // Every flag the session takes is checked before anything starts.
     let mut s = settings(p)?;
+    p.linux_guest.settle(&mut s)?;
     s2mmu_arm64::available().map_err(|e| format!("--guest linux needs the arm64 model: {e}"))?;
     let a = assets::ensure(&AssetOptions::from_env())
         .map_err(|e| format!("--guest linux needs Debian's arm64 kernel: {e}"))?;
-    let cfg = session_run::linux_config(&s, &a);
+    let mut cfg = session_run::linux_config(&s, &a);
+    p.linux_guest.apply(&mut s, &mut cfg)?;
     // `--control PATH` (with --listen or --to): this side's socket for the
     // operator's `s2mmu migrate-ctl` (status, recover [ADDR], cancel), as
     // the simulated guest's; served until this returns.
@@ -325,7 +332,7 @@ pub fn main(p: &Params) -> Result<(), String> {
     s.session.recovery.control = control.as_ref().map(|c| c.0.clone());
     s.dest.recovery.control = s.session.recovery.control.clone();
     if let Some(addr) = &p.listen {
-        return linux_net::listen(&s, &cfg, addr);
+        return linux_net::listen(&s, &cfg, addr, &p.linux_guest);
     }
     let mut runs = Vec::new();
     for i in 0..p.runs {
@@ -346,6 +353,8 @@ pub fn main(p: &Params) -> Result<(), String> {
                 described(&s, &r).1
             );
         }
+        p.linux_guest
+            .show(Some(&r.consoles.0), r.consoles.1.as_deref())?;
         runs.push(r);
     }
     report(p, &s, &runs);

@@ -21,7 +21,7 @@ pub fn source_to(s: &RunSettings, addr: &str, a: LinuxVm) -> Result<LinuxRun, St
                 "; counter step {last} was the last the source's guest began; its console \
                  ended with {cut:?} unfinished"
             ),
-            GuestProgram::Dirtier => String::new(),
+            GuestProgram::Dirtier | GuestProgram::User => String::new(),
         };
         eprintln!(
             "source: migrated to {addr} ({}); downtime {:.1} ms{guest}",
@@ -37,7 +37,12 @@ pub fn source_to(s: &RunSettings, addr: &str, a: LinuxVm) -> Result<LinuxRun, St
 ///
 /// # Errors
 /// Binding, every attempt failing, the guest not going on.
-pub fn listen(s: &RunSettings, cfg: &LinuxConfig, addr: &str) -> Result<(), String> {
+pub fn listen(
+    s: &RunSettings,
+    cfg: &LinuxConfig,
+    addr: &str,
+    guest: &super::linux_guest::LinuxGuestArgs,
+) -> Result<(), String> {
     let l = session_run::listen(s, cfg, addr, &mut |ev| match ev {
         ListenEvent::Listening { addr, dest } => eprintln!(
             "destination listening on {addr} ({}); accepts a Linux guest with at most {} MiB \
@@ -77,7 +82,9 @@ pub fn listen(s: &RunSettings, cfg: &LinuxConfig, addr: &str) -> Result<(), Stri
              order; its console began with the line {:?}",
             l.more_steps, l.first_line
         ),
-        WentOn::DirtierOk(ok) => format!("the destination's guest printed \"{ok}\""),
+        WentOn::DirtierOk(ok) | WentOn::Printed(ok) => {
+            format!("the destination's guest printed \"{ok}\"")
+        }
     };
     println!(
         "destination: received {} page records over {} channel(s), resumed the Linux guest \
@@ -86,5 +93,5 @@ pub fn listen(s: &RunSettings, cfg: &LinuxConfig, addr: &str) -> Result<(), Stri
         l.outcome.channels,
         digests.join(", "),
     );
-    Ok(())
+    guest.show(None, Some(&l.console))
 }

@@ -12,6 +12,7 @@
 //! ([`source`]).
 
 pub mod linux;
+pub mod linux_guest;
 pub mod linux_net;
 pub mod plot;
 pub mod postcopy_report;

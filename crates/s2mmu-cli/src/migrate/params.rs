@@ -182,6 +182,9 @@ pub struct Params {
     /// Measure against the wire, N runs per cell (1 to 50): plain TCP then the migration, back to back, with and without TLS, for each --channels count (default 1,2,4); medians and ratios.
     #[arg(long, value_name = "N", conflicts_with_all = ["listen", "to", "compare_policies", "no_tls", "tls_cert", "psk"])]
     pub wire_bench: Option<u32>,
+    /// Measure the link before the migration: plain TCP, then the stack's own link, each sending as many bytes as guest memory (on with --wire-bench and a --channels list; off by default, so a migration sends the guest's pages and nothing of that size besides).
+    #[arg(long)]
+    pub link_probe: bool,
     /// The lost-write check of every round: pages hashed after each harvest; a changed page no log reported fails the migration before the resume.
     #[arg(long)]
     pub check: bool,
@@ -212,6 +215,9 @@ pub struct Params {
     /// With --guest linux: the host pages under both QEMU machines' RAM, auto (2 MiB pages of a private huge tmpfs where this process may mount one, as root may; else /dev/shm) or shm (/dev/shm: 4 KiB pages under the kernel's default shmem policy).
     #[arg(long, default_value = "auto", value_parser = ["auto", "shm"])]
     pub linux_ram: String,
+    /// With --guest linux: the user's kernel, initramfs and command line, and where the consoles go.
+    #[command(flatten)]
+    pub linux_guest: super::linux_guest::LinuxGuestArgs,
 }
 
 /// The most `--bandwidth` and `--dirty-rate` take: 1 TiB/s.
@@ -403,17 +409,26 @@ impl Params {
             label: String::new(),
             channels: 1,
             auto_channels: None,
-            postcopy: match self.postcopy {
-                None => Postcopy::Off,
-                Some(PostcopyArg::On) => Postcopy::On,
-                Some(PostcopyArg::Start) => Postcopy::Start,
-                Some(PostcopyArg::Auto) => Postcopy::Auto,
-            },
+            postcopy: self.postcopy_when(),
             recovery: self.recovery()?,
+            link_probe: self.link_probe
+                || self.wire_bench.is_some()
+                || self.channel_list().len() > 1,
+            image: None,
         };
         let mut session = session;
         set_channels(&mut session, self.channel_list()[0], self.uses_tls());
         Ok(SimRun { guest, session })
+    }
+
+    /// When the session switches to post-copy (`--postcopy`).
+    fn postcopy_when(&self) -> Postcopy {
+        match self.postcopy {
+            None => Postcopy::Off,
+            Some(PostcopyArg::On) => Postcopy::On,
+            Some(PostcopyArg::Start) => Postcopy::Start,
+            Some(PostcopyArg::Auto) => Postcopy::Auto,
+        }
     }
 
     /// Whether the run's connections use TLS (certificates or a key), as
@@ -495,6 +510,7 @@ impl Params {
             recovery: self.recovery().unwrap_or_default(),
             accept_wait: None,
             stop: Default::default(),
+            image: None,
         }
     }
 

@@ -230,24 +230,38 @@ pub(super) fn summary(
         s.zero_pages,
         s.bytes as f64 / MIB
     ));
+    t.push_str(&link_text(s));
+    t.push_str(&choice_text(s));
+    t.push_str(&plain_and_stages(s, d));
+    t.push_str(&guest_and_checks(p, s, d));
+    t
+}
+
+/// The summary's lines on the stack's own link (measured only with
+/// `--link-probe`) and round 0 against it.
+fn link_text(s: &SourceOutcome) -> String {
+    let of_link = |bw: f64| match s.link_bytes {
+        0 => String::new(),
+        _ => format!(" ({:.0}%)", 100.0 * bw / s.link.max(1.0)),
+    };
     let rates: Vec<String> = s
         .rounds
         .iter()
-        .map(|r| {
-            format!(
-                "{:.0} MiB/s ({:.0}%)",
-                r.bandwidth / MIB,
-                100.0 * r.bandwidth / s.link.max(1.0)
-            )
-        })
+        .map(|r| format!("{:.0} MiB/s{}", r.bandwidth / MIB, of_link(r.bandwidth)))
         .collect();
-    t.push_str(&format!(
+    if s.link_bytes == 0 {
+        return format!(
+            "  link                 not measured (--link-probe sends as many bytes as guest memory before the migration to measure it)\n  throughput per round {}\n",
+            rates.join(", ")
+        );
+    }
+    let mut t = format!(
         "  link                 {:.1} MiB/s: {:.1} MiB over the same {} connection(s) with no guest and no checksum, just before the migration\n  throughput per round {} (% of link)\n",
         s.link / MIB,
         s.link_bytes as f64 / MIB,
         s.channels,
         rates.join(", ")
-    ));
+    );
     if let Some(r0) = s.rounds.first() {
         t.push_str(&format!(
             "  round 0              {:.1} MiB/s = {:.0}% of the stack's own link\n",
@@ -255,9 +269,6 @@ pub(super) fn summary(
             100.0 * r0.bandwidth / s.link.max(1.0)
         ));
     }
-    t.push_str(&choice_text(s));
-    t.push_str(&plain_and_stages(s, d));
-    t.push_str(&guest_and_checks(p, s, d));
     t
 }
 
@@ -273,6 +284,7 @@ fn plain_and_stages(s: &SourceOutcome, d: Option<&DestOutcome>) -> String {
             100.0 * r0.bandwidth / l.bytes_per_s().max(1.0),
             100.0 * s.link / l.bytes_per_s().max(1.0)
         )),
+        _ if s.link_bytes == 0 => t.push_str("  plain TCP            not measured (--link-probe measures it)\n"),
         _ => t.push_str("  plain TCP            not measured (no plain-TCP sink answered: a Unix socket, or none beside the destination; see stderr)\n"),
     }
     let x = &s.send_stages;

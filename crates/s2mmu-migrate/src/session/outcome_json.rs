@@ -149,7 +149,7 @@ fn plain_json(s: &SourceOutcome) -> Value {
         "plain_tcp_bytes_per_s": plain,
         "plain_tcp_bytes": s.plain_link.map(|l| l.bytes),
         "round0_pct_of_plain_tcp": s.rounds.first().and_then(|r| pct(r.bandwidth)),
-        "link_pct_of_plain_tcp": pct(s.link),
+        "link_pct_of_plain_tcp": (s.link_bytes > 0).then(|| pct(s.link)).flatten(),
     })
 }
 
@@ -171,7 +171,9 @@ fn choice_json(s: &SourceOutcome) -> Value {
 /// The source's whole outcome: rounds, link, guest, checks, post-copy,
 /// plain TCP, stages, the channel choice.
 pub fn source_json(s: &SourceOutcome) -> Value {
-    let of_link = |bw: f64| 100.0 * bw / s.link.max(1.0);
+    // Without the link probe there is no link figure to compare with.
+    let measured = s.link_bytes > 0;
+    let of_link = |bw: f64| measured.then(|| 100.0 * bw / s.link.max(1.0));
     json!({
         "converged": s.postcopy.is_none(),
         "switched_to_postcopy": s.postcopy.is_some(),
@@ -184,10 +186,10 @@ pub fn source_json(s: &SourceOutcome) -> Value {
         "bytes": s.bytes,
         "channels": s.channels,
         "link_bytes": s.link_bytes,
-        "link_bytes_per_s": s.link,
+        "link_bytes_per_s": measured.then_some(s.link),
         "round0_bytes_per_s": s.rounds.first().map(|r| r.bandwidth),
-        "round0_pct_of_link": s.rounds.first().map(|r| of_link(r.bandwidth)),
-        "pct_of_link_per_round": s.rounds.iter().map(|r| of_link(r.bandwidth)).collect::<Vec<_>>(),
+        "round0_pct_of_link": s.rounds.first().and_then(|r| of_link(r.bandwidth)),
+        "pct_of_link_per_round": measured.then(|| s.rounds.iter().filter_map(|r| of_link(r.bandwidth)).collect::<Vec<_>>()),
         "pages_per_round": s.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(),
         "dirty_rate_bytes_per_s_per_round": s.rounds.iter().filter(|r| !r.final_round).map(|r| r.dirty_rate).collect::<Vec<_>>(),
         "bandwidth_bytes_per_s_per_round": s.rounds.iter().map(|r| r.bandwidth).collect::<Vec<_>>(),

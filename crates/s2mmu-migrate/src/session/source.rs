@@ -32,7 +32,7 @@ mod sender;
 mod stop_copy;
 mod verify;
 
-pub use auto_channels::{AutoChannels, MAX_AUTO_CANDIDATES};
+pub use auto_channels::{AutoChannels, MAX_AUTO_CANDIDATES, MAX_AUTO_PROBE_BYTES};
 pub use channel_choice::{ChannelChoice, ChannelProbe, AUTO_MARGIN_PCT};
 pub use config::{validate, validate_shape, Converge, Harvest, SourceConfig};
 use figures::{counters, MIB};
@@ -202,7 +202,8 @@ fn stand_down<G: SourceGuest>(guest: &G, pace: u64) {
 }
 
 /// The link figure before the migration (no guest, no checksum): bytes
-/// sent and bytes per second.
+/// sent and bytes per second. Without [`SourceConfig::link_probe`] the
+/// probe is empty (the destination still answers it) and both are 0.
 ///
 /// # Errors
 /// Sending or the destination's reply failed.
@@ -211,6 +212,10 @@ fn probe_link<V: SessionVm>(
     cfg: &SourceConfig,
     mem_size: u64,
 ) -> Result<(u64, f64), MigrateError> {
+    if !cfg.link_probe {
+        s.probe(0)?;
+        return Ok((0, 0.0));
+    }
     let (link_bytes, link_time) = s.probe(mem_size)?;
     let link = link_bytes as f64 / link_time.as_secs_f64().max(1e-9);
     if cfg.progress.is_on() {
@@ -251,6 +256,7 @@ fn connect_channels<G: SourceGuest>(
         verify_full: cfg.verify_full,
         postcopy: cfg.postcopy != Postcopy::Off,
         format: shape.format,
+        image: cfg.image,
     };
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;

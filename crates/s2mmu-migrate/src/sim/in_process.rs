@@ -42,8 +42,8 @@ fn plain_link(run: &SimRun, net: &NetConfig) -> Result<PlainLink, MigrateError> 
 
 /// Runs `run` from a source in this thread to a destination thread
 /// configured by `dest`, over loopback TCP secured as `net` says: both
-/// ends through [`run_both_ends`], after plain TCP's figure between the
-/// same endpoints.
+/// ends through [`run_both_ends`]; with the session's `link_probe`,
+/// after plain TCP's figure between the same endpoints.
 ///
 /// # Errors
 /// The source's error when it failed (the destination's then follows from
@@ -55,10 +55,10 @@ pub fn migrate_in_process(
 ) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
     validate_run(run)?;
     let listener = transport::bind("127.0.0.1:0")?;
-    // The honest link figure first: plain TCP between the same endpoints
-    // (loopback, the same socket settings and connection count), nothing
-    // else in the path, back to back with the migration.
-    let plain = plain_link(run, net);
+    // The honest link figure first, when asked for: plain TCP between the
+    // same endpoints (loopback, the same socket settings and connection
+    // count), nothing else in the path, back to back with the migration.
+    let plain = run.session.link_probe.then(|| plain_link(run, net));
     /// The simulated source on its format's type.
     struct Source<'a>(
         Box<dyn Listener>,
@@ -93,7 +93,7 @@ pub fn migrate_in_process(
     let both = run.guest.format.with(Source(listener, run, dest, net))?;
     match (both.source, both.dest) {
         (Ok(mut s), Ok(d)) => {
-            s.plain_link = plain.ok();
+            s.plain_link = plain.and_then(Result::ok);
             Ok((s, d))
         }
         (Err(e), _) | (Ok(_), Err(e)) => Err(e),

@@ -30,7 +30,14 @@ pub struct Header {
     /// The stage-2 format of the source's tables: the destination builds
     /// its guest on the same one, or refuses the stream.
     pub format: WireFormat,
+    /// The guest image's identity (a digest of its kernel and initramfs,
+    /// say), when the guest has one: a destination told to expect one
+    /// refuses any other.
+    pub image: Option<[u8; IMAGE_ID_LEN]>,
 }
+
+/// Bytes of [`Header::image`].
+pub const IMAGE_ID_LEN: usize = 32;
 
 /// How a connection opens: the main one with the guest's header, a
 /// further channel by joining the session the main one was given.
@@ -58,8 +65,13 @@ impl Header {
             .u16(self.channels)
             .u8(name.len().min(255) as u8)
             .bytes(&name[..name.len().min(255)])
-            .u8(u8::from(self.verify_full) | (u8::from(self.postcopy) << 1))
+            .u8(u8::from(self.verify_full)
+                | (u8::from(self.postcopy) << 1)
+                | (u8::from(self.image.is_some()) << 2))
             .u8(self.format.code());
+        if let Some(id) = &self.image {
+            e.bytes(id);
+        }
         e.0
     }
 
@@ -88,7 +100,7 @@ impl Header {
             return Err(d.malformed(format!("backing name {:?} is not printable ASCII", backing)));
         }
         let flags = d.u8()?;
-        if flags > 3 {
+        if flags > 7 {
             return Err(d.malformed(format!("unknown flags {flags:#04x}")));
         }
         let code = d.u8()?;
@@ -96,6 +108,14 @@ impl Header {
             let known = WireFormat::known_codes();
             d.malformed(format!("unknown stage-2 format {code} ({known})"))
         })?;
+        let image = match flags & 4 {
+            0 => None,
+            _ => {
+                let mut id = [0u8; IMAGE_ID_LEN];
+                id.copy_from_slice(d.bytes(IMAGE_ID_LEN)?);
+                Some(id)
+            }
+        };
         d.finish()?;
         if mem_size == 0 || !mem_size.is_multiple_of(PAGE_SIZE as u64) || mem_size > MAX_MEM {
             return Err(d.malformed(format!(
@@ -126,6 +146,7 @@ impl Header {
             verify_full: flags & 1 != 0,
             postcopy: flags & 2 != 0,
             format,
+            image,
         })
     }
 }

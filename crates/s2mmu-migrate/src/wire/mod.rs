@@ -72,7 +72,7 @@ mod writer;
 
 pub use codec::{Dec, Enc};
 pub use format::WireFormat;
-pub use header::{Header, Opening};
+pub use header::{Header, Opening, IMAGE_ID_LEN};
 pub use limits::{
     channel_of, tag, tag_name, MAGIC, MAX_BATCH, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS,
     PAGE_RECORD_BYTES, PAGE_SIZE, SESSION_LEN, STRIPE_PAGES, VERSION,

@@ -12,6 +12,7 @@ fn header() -> Header {
         verify_full: true,
         postcopy: false,
         format: WireFormat::of::<Arm64Stage2>(),
+        image: None,
     }
 }
 

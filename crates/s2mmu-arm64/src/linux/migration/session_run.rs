@@ -50,6 +50,10 @@ pub enum GuestProgram {
     /// format), re-checking a 64th of its pages a step: round 0 sends
     /// data, not zero pages; the destination must print the next step.
     Fill,
+    /// The user's own (their kernel command line and initramfs): the
+    /// source migrates once it printed a line that is not a kernel
+    /// message, and the destination's guest must print one of its own.
+    User,
 }
 
 /// When the session switches to post-copy.
@@ -119,6 +123,8 @@ pub enum WentOn {
     CounterStep(u64),
     /// The dirtier's `ok` line on B's console.
     DirtierOk(String),
+    /// The user's guest printed this first whole line on B's console.
+    Printed(String),
 }
 
 /// One run's figures.
@@ -142,6 +148,8 @@ pub struct LinuxRun {
     pub ram_a: RamBacking,
     /// Which host pages backed B's RAM; `None` when B is another process's.
     pub ram_b: Option<RamBacking>,
+    /// A's console, and B's when B ran in this process.
+    pub consoles: (String, Option<String>),
 }
 
 /// What a listening destination received and saw.
@@ -158,6 +166,8 @@ pub struct Listened {
     /// end of a line the switch cut, when it cut one (see
     /// [`unfinished_line`]).
     pub first_line: String,
+    /// The destination's console once its guest went on.
+    pub console: String,
 }
 
 /// What a listening destination reports while it serves.
@@ -186,6 +196,7 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
         GuestProgram::Dirtier => format!("s2mmu.run=dirtier s2mmu.args={DIRTIER_ARGS}"),
         GuestProgram::Counter => "s2mmu.run=counter s2mmu.args=kib=4,ms=1000".to_string(),
         GuestProgram::Fill => "s2mmu.run=fill s2mmu.args=pct=90,ms=1000".to_string(),
+        GuestProgram::User => String::new(),
     };
     LinuxConfig {
         vcpus: s.vcpus,
@@ -268,6 +279,7 @@ fn session_run(
         went_on: None,
         ram_a: ram.0,
         ram_b: ram.1,
+        consoles: (String::new(), None),
     }
 }
 
@@ -283,6 +295,8 @@ pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, LinuxR
             t.contains("s2mmu-dirtier: start").then_some(())
         })?;
         std::thread::sleep(Duration::from_secs(2));
+    } else if s.program == GuestProgram::User {
+        wait_for(&a, "machine A", |t| printed(t).map(|_| ()))?;
     } else {
         wait_for(&a, "machine A", |t| {
             steps(t).last().filter(|&&n| n >= 2).copied()
@@ -329,6 +343,17 @@ fn dirtier_ok(vm: &LinuxVm, what: &'static str) -> Result<WentOn, LinuxRunError>
     Ok(WentOn::DirtierOk(ok.trim().to_string()))
 }
 
+/// The first whole line of the guest's programs in a console's `text`:
+/// not empty, not a kernel message (`[ seconds] ...`).
+fn printed(text: &str) -> Option<String> {
+    let kernel = |l: &str| l.starts_with('[') && l[1..].trim_start().starts_with(char::is_numeric);
+    text[..text.rfind('\n').map_or(0, |i| i + 1)]
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !kernel(l))
+        .map(str::to_string)
+}
+
 /// Checks that B's guest goes on from where A's stopped, and A's not.
 fn goes_on(
     s: &RunSettings,
@@ -339,6 +364,8 @@ fn goes_on(
     let a_text = a.console().contents();
     if s.program == GuestProgram::Dirtier {
         run.went_on = Some(dirtier_ok(b, "machine B")?);
+    } else if s.program == GuestProgram::User {
+        run.went_on = Some(WentOn::Printed(wait_for(b, "machine B", printed)?));
     } else {
         let at_switch = steps(&a_text).last().copied().unwrap_or(0);
         wait_for(b, "machine B", |t| {
@@ -359,6 +386,7 @@ fn goes_on(
             "A's guest printed after the switch".into(),
         ));
     }
+    run.consoles = (a_text, Some(b.console().contents()));
     b.shut_down().map_err(|e| machine("machine B", e))?;
     Ok(run)
 }
@@ -422,13 +450,9 @@ pub fn source_to(
     let state_bytes = a.guest_state().map_or(0, |v| v.len());
     let ram = (a.ram_backing().clone(), None);
     drop(a);
-    Ok(session_run(
-        ram,
-        &o,
-        state_bytes,
-        src.limit_counters(),
-        None,
-    ))
+    let mut run = session_run(ram, &o, state_bytes, src.limit_counters(), None);
+    run.consoles.0 = text;
+    Ok(run)
 }
 
 /// One of the source's connections to the destination at `addr`, or,
@@ -531,6 +555,9 @@ fn dest_goes_on(
         .replace('\r', "");
     let (went_on, more_steps) = if s.program == GuestProgram::Dirtier {
         (dirtier_ok(vm, "the destination")?, 0)
+    } else if s.program == GuestProgram::User {
+        let line = wait_for(vm, "the destination", printed)?;
+        (WentOn::Printed(line), 0)
     } else {
         let first_step = wait_for(vm, "the destination", |t| {
             let s = begun_steps(t);
@@ -549,5 +576,6 @@ fn dest_goes_on(
         went_on,
         more_steps,
         first_line,
+        console: vm.console().contents(),
     })
 }

@@ -33,6 +33,32 @@ impl Limits {
         }
     }
 
+    /// Checks a header's image against the one `image` expects.
+    ///
+    /// # Errors
+    /// [`MigrateError::ShapeMismatch`] naming both.
+    pub fn check_image(
+        image: Option<&[u8; crate::wire::IMAGE_ID_LEN]>,
+        h: &Header,
+    ) -> Result<(), MigrateError> {
+        let short = |id: &[u8; crate::wire::IMAGE_ID_LEN]| {
+            id[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        match (image, &h.image) {
+            (Some(ours), theirs) if theirs.as_ref() != Some(ours) => {
+                Err(MigrateError::ShapeMismatch {
+                    what: "guest image (kernel and initramfs)",
+                    stream: theirs.as_ref().map_or("not named".into(), short),
+                    destination: short(ours),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Checks a header against these limits.
     ///
     /// # Errors
@@ -85,6 +111,10 @@ pub struct DestConfig {
     /// Set: [`super::serve_with`] stops waiting for a source (the in-process
     /// migration's source failed before it connected).
     pub stop: Arc<AtomicBool>,
+    /// The guest image this destination builds (see
+    /// [`crate::wire::Header::image`]): a stream naming another image, or
+    /// none, is refused ([`MigrateError::ShapeMismatch`]). None: any.
+    pub image: Option<[u8; crate::wire::IMAGE_ID_LEN]>,
 }
 
 impl DestConfig {
@@ -100,6 +130,7 @@ impl DestConfig {
             recovery: crate::session::postcopy::control::Recovery::default(),
             accept_wait: None,
             stop: Arc::default(),
+            image: None,
         }
     }
 }

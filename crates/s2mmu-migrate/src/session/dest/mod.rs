@@ -212,6 +212,7 @@ fn receive_inner<C: Connection, D: DestFactory>(
     let rd = rd.with_grace(cfg.io_timeout);
     // Nothing is allocated before the stream is known to fit.
     cfg.limits.check(&header)?;
+    config::Limits::check_image(cfg.image.as_ref(), &header)?;
     let guest = factory.build(&header)?;
     receive_guest(rd, &guest, &header, cfg, join)
 }

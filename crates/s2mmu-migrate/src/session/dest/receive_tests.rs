@@ -22,6 +22,7 @@ fn one_slot_vm(mem_size: u64) -> (Header, SimVm<Arm64Stage2>) {
         verify_full: false,
         postcopy: false,
         format: WireFormat::of::<Arm64Stage2>(),
+        image: None,
     };
     let vm = crate::sim::dest::build_vm::<Arm64Stage2>(&header, Default::default()).unwrap();
     (header, SimVm::new(Arc::new(vm)))

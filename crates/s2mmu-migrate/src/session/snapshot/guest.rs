@@ -328,6 +328,7 @@ pub fn restore_guest<F: DestFactory>(
         verify_full: false,
         postcopy: false,
         format: saved.shape.format,
+        image: None,
     };
     // What a migration's destination checks before it builds anything.
     Limits::of_build()

@@ -9,6 +9,10 @@ use std::time::Duration;
 /// The most candidate counts `--channels auto` tries.
 pub const MAX_AUTO_CANDIDATES: usize = 8;
 
+/// The most bytes of guest memory one count's probe sends: a few MiB, so
+/// that choosing the count never costs a guest-sized transfer.
+pub const MAX_AUTO_PROBE_BYTES: u64 = 16 << 20;
+
 /// How `--channels auto` chooses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AutoChannels {
@@ -20,19 +24,20 @@ pub struct AutoChannels {
     pub tls: bool,
     /// Each count's probe ends after this long (10 ms to 10 s)...
     pub per_count: Duration,
-    /// ...or this many bytes of guest memory (4 KiB to 4 GiB, and at most
-    /// the guest's memory), whichever comes first.
+    /// ...or this many bytes of guest memory (4 KiB to
+    /// [`MAX_AUTO_PROBE_BYTES`], and at most the guest's memory), whichever
+    /// comes first.
     pub max_bytes: u64,
 }
 
 impl Default for AutoChannels {
-    /// 1, 2 and 4 channels, 150 ms or 256 MiB each.
+    /// 1, 2 and 4 channels, 150 ms or 8 MiB each.
     fn default() -> Self {
         AutoChannels {
             candidates: vec![1, 2, 4],
             tls: true,
             per_count: Duration::from_millis(150),
-            max_bytes: 256 << 20,
+            max_bytes: 8 << 20,
         }
     }
 }
@@ -63,10 +68,11 @@ impl AutoChannels {
         if !(Duration::from_millis(10)..=Duration::from_secs(10)).contains(&self.per_count) {
             return bad(format!("{:?} a count: use 10 ms to 10 s", self.per_count));
         }
-        if !(PAGE_SIZE as u64..=4 << 30).contains(&self.max_bytes) {
+        if !(PAGE_SIZE as u64..=MAX_AUTO_PROBE_BYTES).contains(&self.max_bytes) {
             return bad(format!(
-                "{} bytes a count: use 4 KiB to 4 GiB",
-                self.max_bytes
+                "{} bytes a count: use 4 KiB to {} MiB",
+                self.max_bytes,
+                MAX_AUTO_PROBE_BYTES >> 20
             ));
         }
         Ok(())

@@ -47,6 +47,15 @@ pub struct SourceConfig {
     pub postcopy: Postcopy,
     /// What post-copy does when a connection breaks.
     pub recovery: super::super::postcopy::control::Recovery,
+    /// Measure the link before the migration by sending as many bytes as
+    /// guest memory over the run's channels (the figure `--wire-bench`
+    /// compares round 0 with). Off, the source sends an empty probe and
+    /// the migration carries the guest's pages and nothing of that size
+    /// besides.
+    pub link_probe: bool,
+    /// The guest image's identity the HEADER carries
+    /// ([`crate::wire::Header::image`]), when the guest has one.
+    pub image: Option<[u8; crate::wire::IMAGE_ID_LEN]>,
 }
 
 impl Default for SourceConfig {
@@ -67,6 +76,8 @@ impl Default for SourceConfig {
             auto_channels: None,
             postcopy: Postcopy::Off,
             recovery: super::super::postcopy::control::Recovery::default(),
+            link_probe: false,
+            image: None,
         }
     }
 }

@@ -97,9 +97,10 @@ pub struct SourceOutcome {
     /// Of those, zero pages.
     pub zero_pages: u64,
     /// The link: stream bytes per second of the probe (the same bytes as
-    /// round 0 over the same connections, no guest, no checksum).
+    /// round 0 over the same connections, no guest, no checksum); 0 when
+    /// not measured (no [`super::SourceConfig::link_probe`]).
     pub link: f64,
-    /// Bytes the probe sent.
+    /// Bytes the probe sent (0 without [`super::SourceConfig::link_probe`]).
     pub link_bytes: u64,
     /// Channels used.
     pub channels: u16,
