@@ -201,7 +201,10 @@ mod tests {
             decode(0x24 << 26 | 1 << 8 | 1 << 6, 0, |_| 0),
             MmioDecode::CacheMaintenance
         );
-        assert_eq!(decode(0x24 << 26 | 1 << 6, 0, |_| 0), MmioDecode::NoSyndrome);
+        assert_eq!(
+            decode(0x24 << 26 | 1 << 6, 0, |_| 0),
+            MmioDecode::NoSyndrome
+        );
         assert_eq!(decode(0x20 << 26, 0, |_| 0), MmioDecode::FetchOrWalk);
         assert_eq!(
             decode(0x24 << 26 | 1 << 7, 0, |_| 0),
