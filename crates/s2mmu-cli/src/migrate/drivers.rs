@@ -5,18 +5,21 @@
 //! simulated guest's parts in `s2mmu_migrate::sim`); this chooses, shows
 //! and reports.
 
-use super::dest::{serve_attempts, DestConfig, DestOutcome};
-use super::migrate_in_process;
-use super::net::NetConfig;
 use super::params::{channels_name, set_channels, Params};
-use super::postcopy::control::{Control, ControlSocket};
+use super::plot;
 use super::report_text::{dest_json, digests_text, params_json, report, MIB};
-use super::source::{migrate_source_to, plain_link_to, SimRun, SourceOutcome};
-use super::{net, plot};
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
 use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy};
+use s2mmu_migrate::session::dest::{DestConfig, DestOutcome};
+use s2mmu_migrate::session::postcopy::control::{Control, ControlSocket};
+use s2mmu_migrate::session::source::SourceOutcome;
 use s2mmu_migrate::session::{Progress as SessionProgress, ProgressEvent};
+use s2mmu_migrate::sim::dest::serve_attempts;
+use s2mmu_migrate::sim::in_process::migrate_in_process;
+use s2mmu_migrate::sim::source::{migrate_source_to, plain_link_to, SimRun};
+use s2mmu_migrate::transport as net;
+use s2mmu_migrate::transport::NetConfig;
 
 /// One run: its name, the source's and the destination's outcomes, the
 /// policy it ran with.
