@@ -236,7 +236,7 @@ fn a_destination_on_ept_refuses_an_arm64_source_by_name_then_takes_an_ept_one() 
     assert!(!out.status.success(), "{err}");
     assert!(
         err.contains(
-            "stage-2 format mismatch: the stream's guest runs on --format arm64, this destination on --format ept"
+            "stage-2 format mismatch: the stream's guest runs on format arm64, this destination on format ept"
         ),
         "{err}"
     );

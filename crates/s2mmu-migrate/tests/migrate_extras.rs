@@ -111,7 +111,7 @@ fn options_that_cannot_work_are_refused_before_the_guest_starts() {
     })
     .with(|_, s| s.postcopy = s2mmu_migrate::session::postcopy::Postcopy::On);
     assert!(
-        matches!(run(&postcopy), Err(MigrateError::Setup(m)) if m.contains("post-copy with --check")),
+        matches!(run(&postcopy), Err(MigrateError::Setup(m)) if m.contains("post-copy with the lost-write check")),
         "post-copy with the check"
     );
 }

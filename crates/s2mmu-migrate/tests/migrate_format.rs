@@ -28,13 +28,13 @@ const ARM64: WireFormat = WireFormat::of::<Arm64Stage2>();
 fn ept(mem: u64) -> SimRun {
     small(mem).with(|g, _| {
         g.dirty_rate = 0;
-        g.format = EPT.into();
+        g.format = EPT;
     })
 }
 
 fn dest_on(format: WireFormat) -> SimDestConfig {
     SimDestConfig {
-        format: format.into(),
+        format,
         ..dest_cfg()
     }
 }
@@ -115,7 +115,7 @@ fn postcopy_on_ept_fetches_every_missing_page_and_verifies() {
 fn a_source_on_another_format_is_refused_and_keeps_its_guest() {
     for (src, dst) in [(EPT, ARM64), (ARM64, EPT)] {
         let cfg = ept(4 << 20).with(|g, _| {
-            g.format = src.into();
+            g.format = src;
         });
         match migrate_in_process(&cfg, &dest_on(dst), &plain()) {
             Err(MigrateError::Rejected { reason }) => {
@@ -143,7 +143,7 @@ fn opening_on(format: WireFormat) -> Vec<u8> {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: format.into(),
+        format,
         image: None,
     };
     WireWriter::new(Vec::new(), &h).unwrap().into_inner()

@@ -176,7 +176,7 @@ struct Links {
 }
 
 /// Receives the missing pages until DONE; after a break it can mend,
-/// accepts the source again: at once (`--recovery auto`, at most
+/// accepts the source again: at once (`RecoveryMode::Auto`, at most
 /// [`MAX_RECOVERIES`] times), then (or at once with `manual`) when the
 /// operator says `recover` on the control socket ([`super::control`]).
 /// Returns the reference round trip (nanoseconds, samples).
@@ -246,7 +246,7 @@ fn receive_missing<M: Read + Write + Send, G: GuestRam, W: GuestRun>(
 }
 
 /// After `e` broke post-copy: the source's new main, request and answer
-/// connections, at once (`--recovery auto`, the `recoveries`-th of at most
+/// connections, at once (`RecoveryMode::Auto`, the `recoveries`-th of at most
 /// [`MAX_RECOVERIES`]) or when the operator says so.
 ///
 /// # Errors

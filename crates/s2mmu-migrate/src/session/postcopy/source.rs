@@ -78,7 +78,7 @@ pub fn switch<V: SessionVm>(
 
 /// After the resume: [`finish`], and when a connection breaks, resumes
 /// over new ones (`connect`, joining `session`): at once, at most
-/// [`MAX_RECOVERIES`] times with `--recovery auto`, then (or at once with
+/// [`MAX_RECOVERIES`] times with `RecoveryMode::Auto`, then (or at once with
 /// `manual`) when the operator says so on the control socket
 /// ([`super::control`]). The guest stays paused here throughout.
 ///
@@ -142,7 +142,7 @@ pub fn run<V: SessionVm>(
     }
 }
 
-/// After `e` broke post-copy: new connections, at once (with `--recovery
+/// After `e` broke post-copy: new connections, at once (with `RecoveryMode::Auto`
 /// auto`, the `recoveries`-th of at most [`MAX_RECOVERIES`]) or when the
 /// operator says so; `last_count`: the pages missing before the break.
 ///
