@@ -1,13 +1,13 @@
 //! What a migration run reports: the JSON rows and the summary text.
 
 use super::drivers::{harvest_name, policy_label, rate_text};
+pub(super) use super::outcome_json::dest_json;
+use super::outcome_json::{per_page, source_json};
 use super::params::{ConvergeArg, Params};
 use crate::report::{human_bytes, verdict, Report};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::extras::ExtrasOutcome;
-pub(super) use s2mmu_migrate::session::outcome_json::dest_json;
-use s2mmu_migrate::session::outcome_json::{per_page, source_json};
 use s2mmu_migrate::session::source::{ChannelChoice, SourceOutcome};
 use s2mmu_migrate::wire::PAGE_SIZE as PAGE;
 use serde_json::json;

@@ -15,10 +15,10 @@
 //! of plain TCP and of iperf3, TLS against no TLS per channel count, and
 //! each run's figures in `--json`.
 
+use super::outcome_json::per_page;
 use super::params::{channels_name, set_channels, Params, AUTO_CHANNELS};
 use super::report_text::MIB;
 use crate::report::Report;
-use s2mmu_migrate::session::outcome_json::per_page;
 use s2mmu_migrate::sim::in_process::migrate_in_process;
 use s2mmu_migrate::transport::{ephemeral_tls, iperf, NetConfig, Security};
 use s2mmu_migrate::transport::{memory_floor, FloorCipher};
