@@ -15,7 +15,6 @@ use s2mmu_migrate::sim::source::{migrate_source, SimRun};
 use s2mmu_migrate::sim::state::GuestState;
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self as net, NetConfig, Security};
-use s2mmu_migrate::wire::WireFormat;
 use s2mmu_migrate::wire::{tag, Batch, Header, Record, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu_vm::{Backing, VcpuState};
 use std::io::{Read, Write};
@@ -242,7 +241,7 @@ fn stream_with_state(vcpus_in_header: u32, state: &GuestState) -> Vec<u8> {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: WireFormat::of::<Arm64Stage2>(),
+        format: s2mmu_migrate::wire::WireFormat::of::<Arm64Stage2>(),
         image: None,
     };
     let mut w = WireWriter::new(Vec::new(), &h).unwrap();
@@ -382,7 +381,7 @@ fn header(mem: u64) -> Header {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: WireFormat::of::<Arm64Stage2>(),
+        format: s2mmu_migrate::wire::WireFormat::of::<Arm64Stage2>(),
         image: None,
     }
 }
