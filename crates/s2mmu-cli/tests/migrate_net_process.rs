@@ -124,6 +124,7 @@ fn a_plain_source_refused_at_its_opening_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("refuses a plain-TCP source"), "{err}");
+    assert!(!err.contains("corrupt stream"), "{err}");
     assert!(!err.contains("truncated stream"), "{err}");
     let out = Command::new(bin())
         .args(["migrate", "--to", &addr, "--plot", ""])
