@@ -109,6 +109,9 @@ fn run_one(
     net: &NetConfig,
 ) -> Result<(SourceOutcome, Option<DestOutcome>), String> {
     match &p.to {
+        // A `--listen` destination listens on the one port it was given;
+        // `--link-probe` measures plain TCP only where a sink listens on
+        // the next port, and says "not measured" otherwise.
         Some(addr) => {
             let plain = cfg.session.link_probe.then(|| {
                 plain_link_to(cfg, addr, net)
@@ -237,21 +240,6 @@ pub fn policy_label(p: &MmuPolicy) -> &'static str {
     }
 }
 
-/// The destination's plain-TCP sink beside `local` (None, said on
-/// stderr, for a Unix socket or a port that cannot be bound).
-fn plain_sink_beside(local: &str, cfg: &DestConfig, net: &NetConfig) -> Option<net::PlainSink> {
-    match s2mmu_migrate::sim::dest::plain_sink_beside(local, cfg.limits.max_mem, net) {
-        Ok((at, s)) => {
-            eprintln!("plain-TCP sink for the source's link figure on {at} (bytes dropped, at most {} a connection)", human_bytes(cfg.limits.max_mem));
-            Some(s)
-        }
-        Err(e) => {
-            eprintln!("{e}: the source's plain-TCP figure is not measured");
-            None
-        }
-    }
-}
-
 fn listen(p: &Params, addr: &str) -> Result<(), String> {
     p.source_config(p.baseline)?;
     let net = p.net_config()?;
@@ -260,11 +248,6 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
     let control = start_control(p, "destination")?;
     cfg.dest.recovery.control = control.as_ref().map(|c| c.0.clone());
     let listener = net::bind(addr).map_err(|e| e.to_string())?;
-    // The plain-TCP sink beside it (the next port) for the source's honest
-    // link figure, up to as many bytes a connection as guest memory may
-    // have; up before the source is told where to connect, kept until the
-    // migration is over.
-    let _sink = plain_sink_beside(&listener.local(), &cfg.dest, &net);
     eprintln!(
         "destination listening on {} ({}); accepts a guest on --format {} with at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
         listener.local(),

@@ -68,7 +68,7 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
         } => (
             {
                 let mut v = serde_json::json!({"security": s.net.security.describe(),
-                    "channels": outcome.channels, "link_bytes_per_s": outcome.link,
+                    "channels": outcome.channels, "link_bytes_per_s": (outcome.link_bytes > 0).then_some(outcome.link),
                     "page_records": outcome.page_records, "zero_pages": outcome.zero_pages});
                 let m = v.as_object_mut().expect("an object");
                 m.extend(session_json(outcome, limit));

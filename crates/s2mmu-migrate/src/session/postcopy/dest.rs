@@ -8,6 +8,7 @@ use super::super::dest::{check_end, run_resumed, DestGuest, ResumedGuest};
 use super::super::digests::source_digests;
 use super::control::{self, Phase, RecoveryMode};
 use super::fetch::{bit, Fetcher, REFERENCE_PINGS};
+use super::keepalive::Keepalives;
 use super::{encode_missing, median_p99, Final, PostcopyFigures};
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
@@ -401,13 +402,14 @@ fn answer_loop<G: GuestRam>(
     rd: &mut WireReader<BoxConn>,
     f: &Fetcher<G>,
 ) -> Result<(), MigrateError> {
+    let mut keepalives = Keepalives::answer(Instant::now());
     loop {
         let at_byte = rd.pos;
         match rd.next_record()? {
             Record::Pages { .. } => f.take(rd, at_byte, true)?,
             Record::Control {
                 tag: tag::PROGRESS, ..
-            } => {}
+            } => keepalives.take(Instant::now())?,
             Record::Control {
                 tag: tag::END,
                 body,

@@ -37,10 +37,15 @@ pub mod control;
 // geteuid and SO_PEERCRED for the control socket's owner checks.
 #[allow(unsafe_code)]
 mod control_guard;
+// A thread's own setresuid, to connect as a second user.
+#[cfg(test)]
+#[allow(unsafe_code)]
+mod control_guard_tests;
 pub mod dest;
 // Writes an answered page straight into guest memory.
 #[allow(unsafe_code)]
 pub mod fetch;
+pub mod keepalive;
 pub mod source;
 
 use crate::stream_error::MigrateError;

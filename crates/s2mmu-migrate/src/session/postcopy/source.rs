@@ -7,6 +7,7 @@
 use super::super::page_copy::copy_page;
 use super::super::replies::{read_reply, unexpected_reply, Connect};
 use super::control::{self, Phase, Recovery, RecoveryMode};
+use super::keepalive::Keepalives;
 use super::{decode_missing, encode_missing, Final};
 use crate::bandwidth::TokenBucket;
 use crate::stream_error::MigrateError;
@@ -345,6 +346,7 @@ fn serve_requests<V: SessionVm>(
 ) -> Result<(u64, u64), MigrateError> {
     let (p0, b0) = (answers.pages, answers.pos);
     let mut batch = Batch::new();
+    let mut keepalives = Keepalives::request(Instant::now());
     loop {
         match req.next_record()? {
             Record::Control {
@@ -367,6 +369,7 @@ fn serve_requests<V: SessionVm>(
             Record::Control {
                 tag: tag::PROGRESS, ..
             } => {
+                keepalives.take(Instant::now())?;
                 answers.control(tag::PROGRESS, &[])?;
                 answers.flush()?;
             }
