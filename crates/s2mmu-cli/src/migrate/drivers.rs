@@ -11,7 +11,7 @@ use super::report_text::{dest_json, digests_text, params_json, report, MIB};
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
 use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy};
-use s2mmu_migrate::session::dest::{DestConfig, DestOutcome};
+use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::postcopy::control::{Control, ControlSocket};
 use s2mmu_migrate::session::source::SourceOutcome;
 use s2mmu_migrate::session::{Progress as SessionProgress, ProgressEvent};
