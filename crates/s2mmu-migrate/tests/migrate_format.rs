@@ -163,8 +163,8 @@ fn a_stream_on_another_format_is_refused_before_any_guest_exists() {
         );
         let text = e.to_string();
         assert!(
-            text.contains(&format!("--format {}", src.name()))
-                && text.contains(&format!("--format {}", dst.name())),
+            text.contains(&format!("runs on format {}", src.name()))
+                && text.contains(&format!("destination on format {}", dst.name())),
             "{text}"
         );
         // The source is told why, and nothing else (no ACCEPT, no PROGRESS
