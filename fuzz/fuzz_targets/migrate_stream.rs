@@ -8,9 +8,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::{receive_from, SimDestConfig};
-use s2mmu_cli::migrate::wire::{tag, Header, WireWriter, PAGE_SIZE};
-use s2mmu_cli::vm_format::WireFormat;
+use s2mmu_migrate::sim::dest::{receive_from, SimDestConfig};
+use s2mmu_migrate::wire::{tag, Header, WireWriter, PAGE_SIZE};
+use s2mmu_migrate::wire::WireFormat;
 use std::time::Duration;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,9 +1,9 @@
 //! `s2mmu migrate-ctl`: the operator's side of post-copy recovery. It
 //! sends one command to the control socket of a running
 //! `s2mmu migrate --control PATH` and prints the answer
-//! ([`s2mmu_cli::migrate::postcopy::control`]).
+//! ([`s2mmu_migrate::session::postcopy::control`]).
 
-use s2mmu_cli::migrate::postcopy::control::{request, MAX_ADDR};
+use s2mmu_migrate::session::postcopy::control::{request, MAX_ADDR};
 use std::path::{Path, PathBuf};
 
 /// Options of `s2mmu migrate-ctl`.

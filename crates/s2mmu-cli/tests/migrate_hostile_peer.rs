@@ -10,9 +10,9 @@
 mod recover_common;
 
 use recover_common::{bin, spawn_listener, wait_exit};
-use s2mmu_cli::migrate::hash::checksum;
-use s2mmu_cli::migrate::wire::{tag, Header, WireReader, WireWriter};
 use s2mmu_cli::vm_format::FormatArg;
+use s2mmu_migrate::hash::checksum;
+use s2mmu_migrate::wire::{tag, Header, WireReader, WireWriter};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};

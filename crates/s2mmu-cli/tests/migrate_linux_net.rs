@@ -9,7 +9,7 @@
 //! or the kernel are missing; fails there under `S2MMU_REQUIRE_ARM64`.
 
 use s2mmu_arm64::linux::session_run;
-use s2mmu_cli::migrate::net;
+use s2mmu_migrate::transport as net;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

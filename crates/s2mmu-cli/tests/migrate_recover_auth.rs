@@ -11,9 +11,9 @@
 mod recover_common;
 
 use recover_common::*;
-use s2mmu_cli::migrate::error::MigrateError;
-use s2mmu_cli::migrate::net::BoxConn;
-use s2mmu_cli::migrate::wire::{WireWriter, SESSION_LEN};
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::transport::BoxConn;
+use s2mmu_migrate::wire::{WireWriter, SESSION_LEN};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

@@ -4,14 +4,15 @@
 //! only: the memories are equal by digest, the (empty) probe and every page
 //! arrived, the peer is named by its socket.
 
+#[path = "../../s2mmu-migrate/tests/migrate_common/mod.rs"]
 mod migrate_common;
 
 use migrate_common::{dest_cfg, plain, small};
-use s2mmu_cli::migrate::dest::serve;
-use s2mmu_cli::migrate::error::MigrateError;
-use s2mmu_cli::migrate::net::{self, Listener, NetConfig, UnixListen};
-use s2mmu_cli::migrate::source::{migrate_source, SimRun};
-use s2mmu_cli::migrate::wire::PAGE_SIZE;
+use s2mmu_migrate::sim::dest::serve;
+use s2mmu_migrate::sim::source::{migrate_source, SimRun};
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::transport::{self as net, Listener, NetConfig, UnixListen};
+use s2mmu_migrate::wire::PAGE_SIZE;
 use std::time::Duration;
 
 /// A fresh socket path in the test's temporary directory.

@@ -5,13 +5,14 @@
 //! only: no timing is compared.
 
 mod cli_common;
+#[path = "../../s2mmu-migrate/tests/migrate_common/mod.rs"]
 mod migrate_common;
 
 use cli_common::json_of;
 use migrate_common::{dest_cfg, plain, small};
-use s2mmu_cli::migrate::migrate_in_process;
-use s2mmu_cli::migrate::net::{self, NetConfig};
-use s2mmu_cli::migrate::source::SimRun;
+use s2mmu_migrate::sim::in_process::migrate_in_process;
+use s2mmu_migrate::sim::source::SimRun;
+use s2mmu_migrate::transport::{self as net, NetConfig};
 use std::time::Duration;
 
 /// `s2mmu migrate --json` on a 16 MiB anonymous simulated guest with
@@ -243,7 +244,7 @@ fn the_wire_bench_refuses_a_run_count_out_of_bounds() {
 /// destination agree).
 #[test]
 fn channels_auto_probes_every_count_and_migrates_with_the_one_chosen() {
-    use s2mmu_cli::migrate::source::{AutoChannels, AUTO_MARGIN_PCT};
+    use s2mmu_migrate::session::source::{AutoChannels, AUTO_MARGIN_PCT};
     for (tls, net) in [(false, plain()), (true, tls())] {
         let auto = AutoChannels {
             tls,
@@ -274,7 +275,7 @@ fn channels_auto_probes_every_count_and_migrates_with_the_one_chosen() {
 
 #[test]
 fn channels_auto_refuses_settings_out_of_bounds() {
-    use s2mmu_cli::migrate::source::{AutoChannels, MAX_AUTO_PROBE_BYTES};
+    use s2mmu_migrate::session::source::{AutoChannels, MAX_AUTO_PROBE_BYTES};
     let bad = [
         AutoChannels {
             candidates: vec![],
@@ -309,7 +310,7 @@ fn channels_auto_refuses_settings_out_of_bounds() {
     for a in bad {
         let cfg = small(16 << 20).with(|_, s| s.auto_channels = Some(a.clone()));
         let e = migrate_in_process(&cfg, &dest_cfg(), &plain()).expect_err(&format!("{a:?}"));
-        assert!(e.to_string().contains("--channels auto"), "{a:?}: {e}");
+        assert!(e.to_string().contains("auto_channels"), "{a:?}: {e}");
     }
     assert!(AutoChannels::default().validate().is_ok());
 }

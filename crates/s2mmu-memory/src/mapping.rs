@@ -45,6 +45,10 @@ fn errno() -> i32 {
 /// A fresh private anonymous read-write mapping of `len` bytes with `extra`
 /// flags, at an address of the kernel's choosing.
 fn mmap_anonymous(len: usize, extra: i32) -> Result<NonNull<u8>, i32> {
+    // Miri's mmap takes no other flag; MAP_NORESERVE (the only one passed
+    // for memory it can map) changes the kernel's accounting, not what the
+    // mapping holds.
+    let extra = if cfg!(miri) { 0 } else { extra };
     // SAFETY: a new anonymous mapping at an address the kernel picks
     // touches no existing memory; the result is checked below.
     let p = unsafe {

@@ -7,6 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
+/// The memory of the tests that walk it through the slices: smaller under
+/// Miri, which retags the whole slice on each access.
+const MEM: u64 = if cfg!(miri) { 64 << 10 } else { MIB };
 
 #[test]
 fn anonymous_memory_reads_back_and_refuses_what_is_outside() {
@@ -38,10 +41,10 @@ fn anonymous_memory_reads_back_and_refuses_what_is_outside() {
 
 #[test]
 fn words_and_pages_cover_exactly_the_memory_the_word_accessors_reach() {
-    let m = GuestMemory::new(MIB, Backing::Anonymous).unwrap();
+    let m = GuestMemory::new(MEM, Backing::Anonymous).unwrap();
     let (words, pages) = (m.words(), m.pages());
-    assert_eq!(words.len() as u64, MIB / 8);
-    assert_eq!(pages.len() as u64, MIB / 4096);
+    assert_eq!(words.len() as u64, MEM / 8);
+    assert_eq!(pages.len() as u64, MEM / 4096);
     assert_eq!(words.as_ptr() as u64, m.host_addr());
     assert_eq!(pages.as_ptr() as u64, m.host_addr());
     // The last word of each page through the slices, read back by offset,
@@ -49,10 +52,10 @@ fn words_and_pages_cover_exactly_the_memory_the_word_accessors_reach() {
     for (p, page) in pages.iter().enumerate() {
         page[PAGE_WORDS - 1].store(p as u64 + 1, Ordering::Relaxed);
     }
-    for p in 0..MIB / 4096 {
+    for p in 0..MEM / 4096 {
         assert_eq!(m.read_u64(p * 4096 + 4088), Some(p + 1), "page {p}");
     }
-    assert!(m.write_u64(MIB - 16, 42));
+    assert!(m.write_u64(MEM - 16, 42));
     assert_eq!(words[words.len() - 2].load(Ordering::Relaxed), 42);
     assert_eq!(
         pages[pages.len() - 1][PAGE_WORDS - 2].load(Ordering::Relaxed),
@@ -63,7 +66,7 @@ fn words_and_pages_cover_exactly_the_memory_the_word_accessors_reach() {
 
 #[test]
 fn write_bytes_takes_any_alignment_and_keeps_the_neighbours() {
-    let m = GuestMemory::new(MIB, Backing::Anonymous).unwrap();
+    let m = GuestMemory::new(MEM, Backing::Anonymous).unwrap();
     assert!(m.write_u64(0, u64::MAX) && m.write_u64(8, u64::MAX) && m.write_u64(16, u64::MAX));
     m.write_bytes(3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14])
         .unwrap();
@@ -72,21 +75,21 @@ fn write_bytes_takes_any_alignment_and_keeps_the_neighbours() {
     let mut want = [0xffu8; 24];
     want[3..17].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
     assert_eq!(got, want);
-    m.write_bytes(MIB - 1, &[0x5a]).unwrap();
-    assert_eq!(m.read_u64(MIB - 8), Some(0x5a << 56));
-    m.write_bytes(MIB, &[]).unwrap();
-    for (offset, len) in [(MIB - 1, 2), (MIB, 1), (u64::MAX, 1)] {
+    m.write_bytes(MEM - 1, &[0x5a]).unwrap();
+    assert_eq!(m.read_u64(MEM - 8), Some(0x5a << 56));
+    m.write_bytes(MEM, &[]).unwrap();
+    for (offset, len) in [(MEM - 1, 2), (MEM, 1), (u64::MAX, 1)] {
         let e = m.write_bytes(offset, &vec![7; len]).unwrap_err();
         let want = MemoryError::OutOfRange {
             offset,
             len: len as u64,
-            size: MIB,
+            size: MEM,
         };
         assert_eq!(e, want);
         assert!(e.to_string().contains("overrun"), "{e}");
     }
     assert_eq!(
-        m.read_u64(MIB - 8),
+        m.read_u64(MEM - 8),
         Some(0x5a << 56),
         "a refused write wrote nothing"
     );
@@ -97,7 +100,12 @@ fn write_bytes_takes_any_alignment_and_keeps_the_neighbours() {
 /// one atomic step would put the other half's old bytes back).
 #[test]
 fn concurrent_partial_writes_to_one_word_lose_nothing() {
-    let m = Arc::new(GuestMemory::new(MIB, Backing::Anonymous).unwrap());
+    // Miri checks each access for data races: fewer rounds, the same steps.
+    // Each access borrows the whole memory as a slice, which Miri retags
+    // byte by byte: a smaller memory there too.
+    const N: u32 = if cfg!(miri) { 200 } else { 1_000_000 };
+    const SIZE: u64 = if cfg!(miri) { 16 << 10 } else { MIB };
+    let m = Arc::new(GuestMemory::new(SIZE, Backing::Anonymous).unwrap());
     let start = Arc::new(std::sync::Barrier::new(2));
     let writers: Vec<_> = (0..2u64)
         .map(|half| {
@@ -105,7 +113,7 @@ fn concurrent_partial_writes_to_one_word_lose_nothing() {
             std::thread::spawn(move || {
                 start.wait();
                 let mut lost = 0;
-                for i in 1..=1_000_000u32 {
+                for i in 1..=N {
                     m.write_bytes(64 + 4 * half, &i.to_le_bytes()).unwrap();
                     let word = m.read_u64(64).unwrap();
                     if (word >> (32 * half)) as u32 != i {
@@ -121,10 +129,11 @@ fn concurrent_partial_writes_to_one_word_lose_nothing() {
         lost, 0,
         "writes to one half undone by the other half's writer"
     );
-    assert_eq!(m.read_u64(64), Some(1_000_000 | 1_000_000 << 32));
+    assert_eq!(m.read_u64(64), Some(u64::from(N) | u64::from(N) << 32));
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "madvise(MADV_DONTNEED) is not supported by Miri")]
 fn discarded_pages_read_as_zero_and_the_rest_stay() {
     let m = GuestMemory::new(MIB, Backing::Anonymous).unwrap();
     for page in 0..4 {
@@ -153,6 +162,10 @@ fn discarded_pages_read_as_zero_and_the_rest_stay() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "munmap of part of a mapping and madvise are not supported by Miri"
+)]
 fn thp_memory_is_2m_aligned() {
     let m = GuestMemory::new(4 * MIB + 4096, Backing::AnonymousThp).unwrap();
     assert_eq!(m.host_addr() % (2 * MIB), 0);
@@ -162,6 +175,7 @@ fn thp_memory_is_2m_aligned() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "MAP_HUGETLB is not supported by Miri")]
 fn bad_sizes_and_missing_hugetlb_pages_are_typed_errors() {
     let cases = [
         (0, Backing::Anonymous, 4096),

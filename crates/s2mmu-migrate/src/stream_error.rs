@@ -29,7 +29,7 @@ pub enum MigrateError {
     /// The stream's format version is not the one this build reads.
     Version { found: u16, supported: u16 },
     /// The stream's guest runs on another stage-2 format than the one the
-    /// destination was started with (`--format`).
+    /// destination was started with (its configured format).
     FormatMismatch {
         /// The format the stream's HEADER names (the source's).
         stream: &'static str,
@@ -105,10 +105,10 @@ pub enum MigrateError {
     StreamDamaged { what: String, why: String },
     /// Options or the VM could not be set up.
     Setup(String),
-    /// `--check`: pages whose content changed that no dirty log reported
+    /// `SourceExtras::check`: pages whose content changed that no dirty log reported
     /// (the destination is not resumed; the source guest keeps running).
     LostWrites { pages: u64, first_gpa: u64 },
-    /// `--snapshot-every`: a snapshot could not be taken or restored.
+    /// `SourceExtras::snapshot_every`: a snapshot could not be taken or restored.
     Snapshot(String),
     /// The source's own guest stopped (powered off, reset, failed) before
     /// the switch: there is no running guest to move, and the destination
@@ -169,7 +169,7 @@ impl fmt::Display for MigrateError {
             Io { what, error } => write!(f, "{what}: {error}"),
             Timeout { what } => write!(
                 f,
-                "{what}: timed out: the peer sent or accepted nothing for longer than --io-timeout; it is stopped, stalled or gone"
+                "{what}: timed out: the peer sent or accepted nothing for longer than the I/O deadline (`NetConfig::io_timeout`); it is stopped, stalled or gone"
             ),
             OverLimit {
                 what,
@@ -281,7 +281,7 @@ fn fmt_stream_damage(e: &MigrateError, f: &mut fmt::Formatter<'_>) -> fmt::Resul
                 destination,
             } => write!(
                 f,
-                "stage-2 format mismatch: the stream's guest runs on --format {stream}, this destination on --format {destination}"
+                "stage-2 format mismatch: the stream's guest runs on format {stream}, this destination on format {destination}"
             ),
             ShapeMismatch {
                 what,

@@ -43,6 +43,7 @@ pub mod ops;
 mod pgtable;
 pub mod sync;
 pub mod table;
+mod table_view;
 pub mod tlb;
 #[cfg(feature = "vm-memory")]
 pub mod vmm_bitmap;
@@ -64,6 +65,7 @@ pub use pgtable::{Leaf, PageTable, TableReader, Translation};
 #[cfg(feature = "std")]
 pub use table::HostMmOps;
 pub use table::MmOps;
+pub use table_view::TableView;
 pub use tlb::{NoTlb, TlbBatch, TlbInvalidate, TlbPolicy};
 
 /// The README's examples, compiled and run as doctests so they stay true.

@@ -101,6 +101,34 @@ fn populate_maps_pages_without_invalidating() {
         .is_err());
 }
 
+/// Every policy field a setter checks, `Mmu::new` checks the same way: a
+/// zero TLB range limit, which `set_tlb_large_range` refuses, is refused at
+/// creation with the same error instead of being run as a one-page limit.
+#[test]
+fn creation_refuses_a_zero_tlb_limit_as_the_setter_does() {
+    let make = |limit| {
+        let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
+        let mm = HostMmOps::new(4096).unwrap();
+        let store = TreeMemslots::with_config(MemslotConfig::default());
+        let policy = MmuPolicy {
+            tlb_limit_pages: limit,
+            ..MmuPolicy::default()
+        };
+        Mmu::new(fmt, mm, Arc::new(s2mmu::NoTlb), store, policy)
+    };
+    let made = make(0).map(|_: TestMmu| ());
+    let set = mmu(Arc::new(s2mmu::NoTlb)).set_tlb_large_range(LargeRangePolicy::SplitCalls, 0);
+    let want = s2mmu::Error::InvalidConfig {
+        what: "TLB range limit in pages",
+        value: 0,
+    };
+    assert_eq!(made, Err(want));
+    assert_eq!(set, Err(want));
+    let one: TestMmu = make(1).unwrap();
+    assert_eq!(one.policy().tlb_limit_pages, 1);
+    assert_eq!(one.tlb_policy().limit_pages, 1);
+}
+
 #[test]
 fn enabling_logging_and_clearing_invalidate_what_they_protect() {
     for policy in [LargeRangePolicy::SplitCalls, LargeRangePolicy::WholeVmid] {

@@ -5,18 +5,21 @@
 //! simulated guest's parts in `s2mmu_migrate::sim`); this chooses, shows
 //! and reports.
 
-use super::dest::{serve_attempts, DestConfig, DestOutcome};
-use super::migrate_in_process;
-use super::net::NetConfig;
 use super::params::{channels_name, set_channels, Params};
-use super::postcopy::control::{Control, ControlSocket};
+use super::plot;
 use super::report_text::{dest_json, digests_text, params_json, report, MIB};
-use super::source::{migrate_source_to, plain_link_to, SimRun, SourceOutcome};
-use super::{net, plot};
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
 use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy};
+use s2mmu_migrate::session::dest::DestOutcome;
+use s2mmu_migrate::session::postcopy::control::{Control, ControlSocket};
+use s2mmu_migrate::session::source::SourceOutcome;
 use s2mmu_migrate::session::{Progress as SessionProgress, ProgressEvent};
+use s2mmu_migrate::sim::dest::serve_attempts;
+use s2mmu_migrate::sim::in_process::migrate_in_process;
+use s2mmu_migrate::sim::source::{migrate_source_to, plain_link_to, SimRun};
+use s2mmu_migrate::transport as net;
+use s2mmu_migrate::transport::NetConfig;
 
 /// One run: its name, the source's and the destination's outcomes, the
 /// policy it ran with.
@@ -106,6 +109,9 @@ fn run_one(
     net: &NetConfig,
 ) -> Result<(SourceOutcome, Option<DestOutcome>), String> {
     match &p.to {
+        // A `--listen` destination listens on the one port it was given;
+        // `--link-probe` measures plain TCP only where a sink listens on
+        // the next port, and says "not measured" otherwise.
         Some(addr) => {
             let plain = cfg.session.link_probe.then(|| {
                 plain_link_to(cfg, addr, net)
@@ -234,21 +240,6 @@ pub fn policy_label(p: &MmuPolicy) -> &'static str {
     }
 }
 
-/// The destination's plain-TCP sink beside `local` (None, said on
-/// stderr, for a Unix socket or a port that cannot be bound).
-fn plain_sink_beside(local: &str, cfg: &DestConfig, net: &NetConfig) -> Option<net::PlainSink> {
-    match s2mmu_migrate::sim::dest::plain_sink_beside(local, cfg.limits.max_mem, net) {
-        Ok((at, s)) => {
-            eprintln!("plain-TCP sink for the source's link figure on {at} (bytes dropped, at most {} a connection)", human_bytes(cfg.limits.max_mem));
-            Some(s)
-        }
-        Err(e) => {
-            eprintln!("{e}: the source's plain-TCP figure is not measured");
-            None
-        }
-    }
-}
-
 fn listen(p: &Params, addr: &str) -> Result<(), String> {
     p.source_config(p.baseline)?;
     let net = p.net_config()?;
@@ -257,11 +248,6 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
     let control = start_control(p, "destination")?;
     cfg.dest.recovery.control = control.as_ref().map(|c| c.0.clone());
     let listener = net::bind(addr).map_err(|e| e.to_string())?;
-    // The plain-TCP sink beside it (the next port) for the source's honest
-    // link figure, up to as many bytes a connection as guest memory may
-    // have; up before the source is told where to connect, kept until the
-    // migration is over.
-    let _sink = plain_sink_beside(&listener.local(), &cfg.dest, &net);
     eprintln!(
         "destination listening on {} ({}); accepts a guest on --format {} with at most {} of memory, {} vCPUs, {} slot(s), {} channel(s)",
         listener.local(),

@@ -151,8 +151,8 @@ fn session_json(
         "round0_zero_pages": r0.map(|r| r.zero_pages),
         "round0_data_pages_per_s": (secs > 0.0).then(|| data as f64 / secs),
         "round0_bytes_per_s": r0.map(|r| r.bandwidth),
-        "downtime_parts_ns": s2mmu_migrate::session::outcome_json::downtime_parts_json(&o.downtime_parts),
-        "stages": s2mmu_migrate::session::outcome_json::send_stages_json(&o.send_stages),
+        "downtime_parts_ns": super::outcome_json::downtime_parts_json(&o.downtime_parts),
+        "stages": super::outcome_json::send_stages_json(&o.send_stages),
         "max_throttle_pct": o.max_throttle_pct,
         "final_pace_pages_per_s_per_vcpu": o.final_pace,
         "guest_write_faults": l.write_faults,
@@ -181,7 +181,7 @@ fn dest_text(d: &DestOutcome, r: &RestoreClock) -> String {
 /// The destination's outcome (what it received, its stages, its part of
 /// the downtime) and its machine's restore clock.
 fn dest_json(d: &DestOutcome, r: &RestoreClock) -> serde_json::Value {
-    let mut v = s2mmu_migrate::session::outcome_json::dest_json(d);
+    let mut v = super::outcome_json::dest_json(d);
     if let Some(m) = v.as_object_mut() {
         m.insert(
             "restore_ns".into(),

@@ -2,18 +2,20 @@
 //! its limits, their parsers, and the source, destination and network
 //! settings built from them.
 
-use super::dest::{DestConfig, Limits, SimDestConfig};
-use super::net::{NetConfig, Security};
-use super::postcopy::control::{Recovery, RecoveryMode};
-use super::postcopy::Postcopy;
-use super::source::{
-    session_harvest, AutoChannels, Converge, SimGuestConfig, SimRun, SourceConfig,
-};
-use super::{extras, net, wire};
 use crate::limits;
 use crate::report::{human_bytes, parse_size};
 use crate::vm_format::FormatArg;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
+use s2mmu_migrate::session::dest::{DestConfig, Limits};
+use s2mmu_migrate::session::extras;
+use s2mmu_migrate::session::postcopy::control::{Recovery, RecoveryMode};
+use s2mmu_migrate::session::postcopy::Postcopy;
+use s2mmu_migrate::session::source::{AutoChannels, Converge, SourceConfig};
+use s2mmu_migrate::sim::dest::SimDestConfig;
+use s2mmu_migrate::sim::source::{session_harvest, SimGuestConfig, SimRun};
+use s2mmu_migrate::transport as net;
+use s2mmu_migrate::transport::{NetConfig, Security};
+use s2mmu_migrate::wire;
 use s2mmu_vm::{Backing, Pattern};
 use std::path::PathBuf;
 use std::time::Duration;

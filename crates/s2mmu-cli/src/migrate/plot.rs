@@ -6,9 +6,9 @@
 //! migration's phase on the destination from the resume to the last
 //! page); then the pages sent in every round.
 
-use super::source::SourceOutcome;
-use super::timeline::intervals;
 use crate::plot::{stacked_png, stacked_svg, BarChart, Chart, LineChart, Phase, Series};
+use s2mmu_migrate::session::source::SourceOutcome;
+use s2mmu_migrate::session::timeline::intervals;
 
 /// One migration to draw.
 pub struct PlotRun<'a> {
@@ -162,9 +162,9 @@ fn rounds_chart(runs: &[PlotRun<'_>]) -> Option<BarChart> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::migrate::postcopy::{PostcopyFigures, PostcopyOutcome};
-    use crate::migrate::source::RoundStat;
-    use crate::migrate::timeline::Sample;
+    use s2mmu_migrate::session::postcopy::{PostcopyFigures, PostcopyOutcome};
+    use s2mmu_migrate::session::source::RoundStat;
+    use s2mmu_migrate::session::timeline::Sample;
 
     fn outcome() -> SourceOutcome {
         SourceOutcome {

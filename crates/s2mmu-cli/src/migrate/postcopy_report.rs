@@ -1,5 +1,5 @@
 //! Post-copy's lines in `s2mmu migrate`'s text report (its JSON is
-//! `s2mmu_migrate::session::outcome_json`'s).
+//! `super::outcome_json`'s).
 
 use s2mmu_migrate::session::postcopy::PostcopyOutcome;
 use s2mmu_migrate::session::source::SourceOutcome;

@@ -1,16 +1,15 @@
 //! What a migration run reports: the JSON rows and the summary text.
 
-use super::dest::DestOutcome;
 use super::drivers::{harvest_name, policy_label, rate_text};
+pub(super) use super::outcome_json::dest_json;
+use super::outcome_json::{per_page, source_json};
 use super::params::{ConvergeArg, Params};
-use super::postcopy;
-use super::source::{ChannelChoice, SourceOutcome};
-use super::wire::PAGE_SIZE as PAGE;
 use crate::report::{human_bytes, verdict, Report};
 use s2mmu::mmu::MmuPolicy;
+use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::extras::ExtrasOutcome;
-pub(super) use s2mmu_migrate::session::outcome_json::dest_json;
-use s2mmu_migrate::session::outcome_json::{per_page, source_json};
+use s2mmu_migrate::session::source::{ChannelChoice, SourceOutcome};
+use s2mmu_migrate::wire::PAGE_SIZE as PAGE;
 use serde_json::json;
 use std::time::Duration;
 
@@ -201,7 +200,7 @@ pub(super) fn summary(
         policy_label(pol)
     );
     if let Some(pc) = &s.postcopy {
-        t.push_str(&postcopy::report::text(pc, s, p.max_downtime));
+        t.push_str(&super::postcopy_report::text(pc, s, p.max_downtime));
     } else {
         t.push_str(&format!(
         "  converged after {precopy} pre-copy round(s) + stop-and-copy\n  total time           {:.3} s (logging on to resumed on the destination)\n  downtime             {:.1} ms (budget {} ms): {}\n",

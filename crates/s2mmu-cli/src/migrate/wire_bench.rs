@@ -15,14 +15,14 @@
 //! of plain TCP and of iperf3, TLS against no TLS per channel count, and
 //! each run's figures in `--json`.
 
-use super::migrate_in_process;
-use super::net::{ephemeral_tls, iperf, NetConfig, Security};
+use super::outcome_json::per_page;
 use super::params::{channels_name, set_channels, Params, AUTO_CHANNELS};
 use super::report_text::MIB;
-use super::wire::PAGE_SIZE;
 use crate::report::Report;
-use s2mmu_migrate::session::outcome_json::per_page;
+use s2mmu_migrate::sim::in_process::migrate_in_process;
+use s2mmu_migrate::transport::{ephemeral_tls, iperf, NetConfig, Security};
 use s2mmu_migrate::transport::{memory_floor, FloorCipher};
+use s2mmu_migrate::wire::PAGE_SIZE;
 use serde_json::json;
 use std::time::Duration;
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use s2mmu_cli::migrate::net::{self, NetConfig};
+pub use s2mmu_migrate::transport::{self as net, NetConfig};
 
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_s2mmu")

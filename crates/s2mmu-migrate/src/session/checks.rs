@@ -1,4 +1,4 @@
-//! `migrate --check`: the lost-write check of a migration, whose guest
+//! `SourceExtras::check`: the lost-write check of a migration, whose guest
 //! runs while the source harvests.
 //!
 //! Every page is hashed after each harvest ([`crate::session::lost_write`]). With

@@ -1,6 +1,6 @@
 //! What the source runs beside the migration, each optional:
-//! `--check`, the lost-write check of every round (`checks`, with feature `sim`), and
-//! `--snapshot-every`, incremental snapshots of the running guest taken
+//! `check`, the lost-write check of every round (`checks`, with feature `sim`), and
+//! `snapshot_every`, incremental snapshots of the running guest taken
 //! from a dirty view of their own (`snapshot`, with feature `sim`) while the migration
 //! harvests through the slot's own log, one consumer beside the view.
 //!
@@ -34,9 +34,9 @@ pub struct SourceExtras {
 /// What they found.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ExtrasOutcome {
-    /// The lost-write check's findings (`--check`).
+    /// The lost-write check's findings (`check`).
     pub check: Option<CheckSummary>,
-    /// The snapshots, or why they failed (`--snapshot-every`).
+    /// The snapshots, or why they failed (`snapshot_every`).
     pub snapshots: Option<Result<SnapshotSummary, String>>,
 }
 
@@ -65,18 +65,18 @@ impl SourceExtras {
         let bitmap = harvest == Harvest::Bitmap;
         if (self.check || self.snapshot_every.is_some()) && !bitmap {
             return Err(MigrateError::Setup(
-                "--check and --snapshot-every need --harvest bitmap".into(),
+                "check and snapshot_every need the bitmap harvest (Harvest::Bitmap)".into(),
             ));
         }
         if self.snapshot_every.is_some() != self.snapshot_dir.is_some() {
             return Err(MigrateError::Setup(
-                "--snapshot-every and --snapshot-dir go together".into(),
+                "snapshot_every and snapshot_dir go together".into(),
             ));
         }
         if let Some(e) = self.snapshot_every {
             if e < Duration::from_millis(1) || e > Duration::from_secs(3600) {
                 return Err(MigrateError::Setup(format!(
-                    "--snapshot-every {e:?}: must be 1ms..=1h"
+                    "snapshot_every {e:?}: must be 1ms..=1h"
                 )));
             }
         }

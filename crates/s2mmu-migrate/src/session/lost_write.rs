@@ -1,4 +1,4 @@
-//! The lost-write check of `dirty-log-perf --check` and `migrate --check`
+//! The lost-write check of a dirty-log run and of a migration
 //! on the engine: before the first logged pass and after each harvest,
 //! every page of the test memory is hashed; a page whose content changed
 //! since the last harvest but that the dirty log did not report is a lost

@@ -20,7 +20,6 @@ pub mod both_ends;
 pub mod digests;
 pub mod extras;
 pub mod guest;
-pub mod outcome_json;
 #[allow(unsafe_code)]
 mod page_copy;
 pub mod policy;

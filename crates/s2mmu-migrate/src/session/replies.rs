@@ -64,6 +64,36 @@ pub fn read_reply(w: &mut WireWriter<BoxConn>, prepare_bytes: u64) -> Result<Rec
     }
 }
 
+/// The destination's reply to the opening, as [`read_reply`]; a connection
+/// it closed before the first byte of any reply, or answered in TLS, is
+/// named for what it is, a refusal of the opening, not a truncated or
+/// corrupt stream.
+pub fn read_opening_reply(
+    w: &mut WireWriter<BoxConn>,
+    prepare_bytes: u64,
+) -> Result<Record, MigrateError> {
+    read_reply(w, prepare_bytes).map_err(|e| match e {
+        MigrateError::Truncated { at_byte: 0, .. } => MigrateError::Rejected {
+            reason: "it closed the connection at the opening without a reply (a destination \
+                     that expects TLS or a pre-shared key refuses a plain-TCP source, and any \
+                     destination a bad opening; its log names which)"
+                .into(),
+        },
+        // A TLS record's type (0x15 an alert, 0x16 a handshake) where the
+        // first reply's tag should be: the destination speaks TLS.
+        MigrateError::UnknownRecord {
+            tag: tag @ (0x15 | 0x16),
+            at_byte: 0,
+        } => MigrateError::Rejected {
+            reason: format!(
+                "it answered the opening with a TLS record (type {tag:#04x}): it expects TLS or \
+                 a pre-shared key and refuses a plain-TCP source"
+            ),
+        },
+        e => e,
+    })
+}
+
 /// A reply that is not the one expected: REJECTED is the destination's
 /// reason, anything else malformed.
 pub fn unexpected_reply(r: Record, expected: &str) -> MigrateError {

@@ -12,7 +12,7 @@
 
 use super::guest::{GuestShape, SourceGuest};
 use super::postcopy::Postcopy;
-use super::replies::{abort_and_reason, read_reply, unexpected_reply, Connect};
+use super::replies::{abort_and_reason, read_opening_reply, unexpected_reply, Connect};
 use super::timeline::Timeline;
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
@@ -261,7 +261,7 @@ fn connect_channels<G: SourceGuest>(
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;
     main.flush()?;
-    let session = match read_reply(&mut main, shape.mem_size)? {
+    let session = match read_opening_reply(&mut main, shape.mem_size)? {
         Record::Control {
             tag: tag::ACCEPT,
             body,

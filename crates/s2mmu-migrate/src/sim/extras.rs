@@ -1,5 +1,5 @@
-//! The simulated source's work beside pre-copy (`--check`, the
-//! lost-write check of every round, and `--snapshot-every`, incremental
+//! The simulated source's work beside pre-copy (`SourceExtras::check`, the
+//! lost-write check of every round, and `SourceExtras::snapshot_every`, incremental
 //! snapshots from a dirty view of their own) as the session's
 //! [`RoundHook`].
 

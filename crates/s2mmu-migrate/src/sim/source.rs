@@ -166,7 +166,7 @@ pub(crate) fn validate_run(run: &SimRun) -> Result<(), MigrateError> {
     let x = &run.guest.extras;
     if run.session.postcopy != Postcopy::Off && (x.check || x.snapshot_every.is_some()) {
         return Err(MigrateError::Setup(
-            "post-copy with --check or --snapshot-every: both check and snapshot the source's memory round by round to the stop, and after a post-copy switch the memory is split between the hosts (not supported together)".into(),
+            "post-copy with the lost-write check or snapshots (`SourceExtras::check`, `snapshot_every`): both check and snapshot the source's memory round by round to the stop, and after a post-copy switch the memory is split between the hosts (not supported together)".into(),
         ));
     }
     x.validate(run.session.harvest)
@@ -402,7 +402,7 @@ pub fn migrate_source_to(
     })
 }
 
-/// A `--to` run's honest link figure, before the migration: plain TCP to
+/// A two-process source's honest link figure, before the migration: plain TCP to
 /// the destination's sink at `addr`'s next port
 /// ([`crate::transport::sink_addr_for`]) with the run's connection count
 /// and guest memory's bytes, said on the run's progress.

@@ -5,11 +5,14 @@
 //! and its opening on a thread of its own, within overall deadlines, so
 //! no peer waits for another's. Two budgets:
 //! - [`MAX_PREAUTH`] connections that have not authenticated yet. One more
-//!   evicts the oldest of them (its socket is shut down): a flood of idle
-//!   or slow strangers only ever pushes out strangers older than the
-//!   newest, and a real peer, which authenticates within milliseconds of
-//!   connecting, is out of this budget long before a flood can reach it.
-//!   Nothing a stranger does here is an attempt of the migration.
+//!   evicts the oldest of them that has sent nothing yet (its socket is
+//!   shut down); where all have sent something, the oldest of those that
+//!   have been at it for longer than [`PREAUTH_PROTECTED`]; where none has,
+//!   the newcomer is refused. A real peer sends its opening (its TLS hello)
+//!   as soon as it connects and authenticates within milliseconds: a flood
+//!   of idle strangers cannot evict it at all, and strangers that send a
+//!   byte and stall cannot evict it while its handshake runs. Nothing a
+//!   stranger does here is an attempt of the migration.
 //! - [`MAX_OPENING`] authenticated connections reading their opening
 //!   record. Only peers holding the credentials reach it; one more is
 //!   refused at once.
@@ -19,10 +22,12 @@
 //! has been read and checked.
 
 use super::config::{NetConfig, Security};
-use super::conn::{transient, BoxConn, Listener, ShutdownHandle};
+use super::conn::{transient, BoxConn, Connection, Listener, ShutdownHandle};
 use super::secure::server;
 use crate::stream_error::MigrateError;
 use std::collections::VecDeque;
+use std::io::{IoSliceMut, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +36,10 @@ pub const MAX_PREAUTH: usize = 64;
 /// Authenticated connections reading their opening at once; one more is
 /// refused.
 pub const MAX_OPENING: usize = 16;
+/// How long a connection in its handshake that has sent something is kept
+/// from eviction: a real peer's handshake (a few round trips) ends well
+/// within it.
+pub const PREAUTH_PROTECTED: Duration = Duration::from_secs(1);
 
 /// What a connection's thread does after the handshake: reads and checks
 /// its opening.
@@ -53,23 +62,58 @@ pub type Admitted<T> = (String, Result<T, Refused>);
 #[derive(Default)]
 struct Pool {
     next_id: u64,
-    /// Not authenticated yet, oldest first (each one's shutdown handle,
-    /// to end it on eviction).
-    preauth: VecDeque<(u64, ShutdownHandle)>,
+    /// Not authenticated yet, oldest first.
+    preauth: VecDeque<Preauth>,
     /// Authenticated, reading their opening.
     opening: usize,
     /// Evicted so far.
     evicted: u64,
 }
 
+/// A connection in its handshake.
+struct Preauth {
+    id: u64,
+    /// To end it on eviction.
+    handle: ShutdownHandle,
+    /// Set by its first read that returned bytes.
+    heard: Arc<AtomicBool>,
+    since: Instant,
+}
+
 impl Pool {
+    /// Makes room for one more connection in the handshake budget (see
+    /// the module's documentation); false when the newcomer must be
+    /// refused instead.
+    fn make_room(&mut self, now: Instant) -> bool {
+        if self.preauth.len() < MAX_PREAUTH {
+            return true;
+        }
+        let silent = self
+            .preauth
+            .iter()
+            .position(|c| !c.heard.load(Ordering::Acquire));
+        let stale = || {
+            self.preauth
+                .iter()
+                .position(|c| now.saturating_duration_since(c.since) > PREAUTH_PROTECTED)
+        };
+        match silent.or_else(stale).and_then(|i| self.preauth.remove(i)) {
+            Some(c) => {
+                c.handle.shutdown();
+                self.evicted += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
     fn lock(p: &Mutex<Pool>) -> std::sync::MutexGuard<'_, Pool> {
         p.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Leaves the pre-authentication budget for the opening one.
     fn authenticated(&mut self, id: u64) -> Result<(), MigrateError> {
-        self.preauth.retain(|(i, _)| *i != id);
+        self.preauth.retain(|c| c.id != id);
         if self.opening >= MAX_OPENING {
             return Err(MigrateError::Setup(format!(
                 "{MAX_OPENING} authenticated connections are reading their opening already"
@@ -103,6 +147,16 @@ impl<T: Send + 'static> Admission<T> {
             tx,
             rx,
         }
+    }
+
+    /// Connections in their handshake that have sent something.
+    #[cfg(test)]
+    pub(super) fn heard(&self) -> usize {
+        let p = Pool::lock(&self.pool);
+        p.preauth
+            .iter()
+            .filter(|c| c.heard.load(Ordering::Acquire))
+            .count()
     }
 
     /// Strangers evicted so far to make room for newer connections.
@@ -164,17 +218,29 @@ impl<T: Send + 'static> Admission<T> {
     fn admit(&mut self, s: BoxConn, peer: String) -> Result<(), MigrateError> {
         let io = |e: std::io::Error| MigrateError::io(format!("admitting {peer}"), &e);
         let handle = s.shutdown_handle().map_err(io)?;
+        let heard = Arc::new(AtomicBool::new(false));
+        let s = Heard {
+            conn: s,
+            heard: heard.clone(),
+        };
         let id = {
             let mut p = Pool::lock(&self.pool);
-            if p.preauth.len() >= MAX_PREAUTH {
-                if let Some((_, oldest)) = p.preauth.pop_front() {
-                    oldest.shutdown();
-                    p.evicted += 1;
-                }
+            let now = Instant::now();
+            if !p.make_room(now) {
+                handle.shutdown();
+                return Err(MigrateError::Setup(format!(
+                    "{MAX_PREAUTH} connections are in their handshake, each sending and none \
+                     for longer than {PREAUTH_PROTECTED:?}: {peer} refused"
+                )));
             }
             let id = p.next_id;
             p.next_id += 1;
-            p.preauth.push_back((id, handle));
+            p.preauth.push_back(Preauth {
+                id,
+                handle,
+                heard,
+                since: now,
+            });
             id
         };
         let (tx, net, open, pool) = (
@@ -191,7 +257,7 @@ impl<T: Send + 'static> Admission<T> {
                 drop(tx.send((who, r)));
             });
         t.map(|_| ()).map_err(|e| {
-            Pool::lock(&self.pool).preauth.retain(|(i, _)| *i != id);
+            Pool::lock(&self.pool).preauth.retain(|c| c.id != id);
             MigrateError::Setup(format!("{peer}: no thread to authenticate it: {e}"))
         })
     }
@@ -200,7 +266,7 @@ impl<T: Send + 'static> Admission<T> {
 /// A connection's thread: the handshake, then the opening; the budgets
 /// kept as the module says.
 fn authenticate_and_open<T>(
-    s: BoxConn,
+    s: Heard,
     id: u64,
     net: &NetConfig,
     open: &Opener<T>,
@@ -229,6 +295,84 @@ fn authenticate_and_open<T>(
             error,
         })
     });
-    Pool::lock(pool).preauth.retain(|(i, _)| *i != id);
+    Pool::lock(pool).preauth.retain(|c| c.id != id);
     r
+}
+
+/// An accepted connection that notes its first read that returned bytes
+/// (the pool's "heard from"); otherwise the connection itself.
+struct Heard {
+    conn: BoxConn,
+    heard: Arc<AtomicBool>,
+}
+
+impl Heard {
+    fn note(&self, n: usize) {
+        if n > 0 && !self.heard.load(Ordering::Relaxed) {
+            self.heard.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl Read for Heard {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.conn.read(buf)?;
+        self.note(n);
+        Ok(n)
+    }
+
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> std::io::Result<usize> {
+        let n = self.conn.read_vectored(bufs)?;
+        self.note(n);
+        Ok(n)
+    }
+}
+
+impl Write for Heard {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.conn.write(buf)
+    }
+
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        self.conn.write_vectored(bufs)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.conn.flush()
+    }
+}
+
+impl Connection for Heard {
+    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.conn.set_io_timeout(timeout)
+    }
+
+    fn io_timeout(&self) -> Option<Duration> {
+        self.conn.io_timeout()
+    }
+
+    fn configure(&self, io_timeout: Duration) -> std::io::Result<()> {
+        self.conn.configure(io_timeout)
+    }
+
+    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+        self.conn.shutdown_handle()
+    }
+
+    fn peer(&self) -> String {
+        self.conn.peer()
+    }
+
+    fn seals_in_place(&self) -> bool {
+        self.conn.seals_in_place()
+    }
+
+    fn write_sealed(
+        &mut self,
+        head: &[u8],
+        frames: &mut [u8],
+        plain: usize,
+    ) -> std::io::Result<()> {
+        self.conn.write_sealed(head, frames, plain)
+    }
 }

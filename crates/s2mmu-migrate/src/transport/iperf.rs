@@ -1,4 +1,4 @@
-//! iperf3 as the wire's figure for `migrate --wire-bench` (issue 28): per
+//! iperf3 as the wire's figure for a wire benchmark: per
 //! connection one server (`-s -1`, one client then it exits) on a free
 //! loopback port and one client (`-c`, `-n` bytes, `-J`), all at once; the
 //! received bytes and seconds from their JSON. Each process is bounded: a deadline on the

@@ -28,6 +28,8 @@
 use crate::stream_error::MigrateError;
 
 mod admit;
+#[cfg(test)]
+mod admit_tests;
 mod config;
 mod conn;
 pub mod iperf;
@@ -47,7 +49,9 @@ mod records_tests;
 #[cfg(test)]
 mod tests;
 
-pub use admit::{Admission, Admitted, Opener, Refused, MAX_OPENING, MAX_PREAUTH};
+pub use admit::{
+    Admission, Admitted, Opener, Refused, MAX_OPENING, MAX_PREAUTH, PREAUTH_PROTECTED,
+};
 pub use config::{NetConfig, Security, TLS_SEND_BUFFER};
 pub(crate) use conn::record_plaintexts;
 #[cfg(any(test, feature = "fuzzing"))]

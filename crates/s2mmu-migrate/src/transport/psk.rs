@@ -120,23 +120,23 @@ pub(super) fn psk_server(
 /// # Errors
 /// [`MigrateError::Setup`].
 pub fn psk_from_file(file: &Path) -> Result<Security, MigrateError> {
-    let meta =
-        std::fs::metadata(file).map_err(|e| setup(&format!("--psk {}", file.display()), e))?;
+    let meta = std::fs::metadata(file)
+        .map_err(|e| setup(&format!("pre-shared key file {}", file.display()), e))?;
     if meta.len() > 4096 {
         return Err(MigrateError::Setup(format!(
-            "--psk {}: {} bytes, a key file has at most 4096",
+            "pre-shared key file {}: {} bytes, a key file has at most 4096",
             file.display(),
             meta.len()
         )));
     }
-    let mut key =
-        std::fs::read(file).map_err(|e| setup(&format!("--psk {}", file.display()), e))?;
+    let mut key = std::fs::read(file)
+        .map_err(|e| setup(&format!("pre-shared key file {}", file.display()), e))?;
     while key.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         key.pop();
     }
     if key.len() < 16 {
         return Err(MigrateError::Setup(format!(
-            "--psk {}: {} bytes, use a key of at least 16 (e.g. head -c 32 /dev/urandom | base64)",
+            "pre-shared key file {}: {} bytes, use a key of at least 16 (e.g. head -c 32 /dev/urandom | base64)",
             file.display(),
             key.len()
         )));

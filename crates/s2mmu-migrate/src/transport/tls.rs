@@ -84,29 +84,29 @@ pub fn tls_from_files(
     server_name: &str,
 ) -> Result<Security, MigrateError> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| setup(&format!("--tls-cert {}", cert.display()), e))?
+        .map_err(|e| setup(&format!("certificate chain {}", cert.display()), e))?
         .collect::<Result<_, _>>()
-        .map_err(|e| setup(&format!("--tls-cert {}", cert.display()), e))?;
+        .map_err(|e| setup(&format!("certificate chain {}", cert.display()), e))?;
     if chain.is_empty() {
         return Err(MigrateError::Setup(format!(
-            "--tls-cert {}: no certificate in it",
+            "certificate chain {}: no certificate in it",
             cert.display()
         )));
     }
     let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| setup(&format!("--tls-key {}", key.display()), e))?;
+        .map_err(|e| setup(&format!("private key {}", key.display()), e))?;
     let mut roots = RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(ca)
-        .map_err(|e| setup(&format!("--tls-ca {}", ca.display()), e))?
+        .map_err(|e| setup(&format!("CA file {}", ca.display()), e))?
     {
-        let c = c.map_err(|e| setup(&format!("--tls-ca {}", ca.display()), e))?;
+        let c = c.map_err(|e| setup(&format!("CA file {}", ca.display()), e))?;
         roots
             .add(c)
-            .map_err(|e| setup(&format!("--tls-ca {}", ca.display()), e))?;
+            .map_err(|e| setup(&format!("CA file {}", ca.display()), e))?;
     }
     if roots.is_empty() {
         return Err(MigrateError::Setup(format!(
-            "--tls-ca {}: no certificate in it",
+            "CA file {}: no certificate in it",
             ca.display()
         )));
     }

@@ -419,7 +419,10 @@ mod tests {
     #[test]
     fn readers_never_see_a_writer_inside() {
         const READERS: usize = 3;
-        const WRITES: u64 = 2_000;
+        // Miri checks every access for data races: fewer rounds, the same
+        // steps.
+        const WRITES: u64 = if cfg!(miri) { 40 } else { 2_000 };
+        const PAUSE: u32 = if cfg!(miri) { 10 } else { 200 };
         let l = Arc::new(MmuLock::new(AtomicU64::new(0), READERS));
         let stop = Arc::new(AtomicBool::new(false));
         let readers: Vec<_> = (0..READERS)
@@ -443,7 +446,7 @@ mod tests {
             std::hint::spin_loop();
             g.fetch_add(1, Ordering::Relaxed);
             drop(g);
-            for _ in 0..200 {
+            for _ in 0..PAUSE {
                 std::hint::spin_loop();
             }
         }

@@ -44,6 +44,7 @@ use crate::ops::{MapOptions, SplitPolicy};
 use crate::pgtable::{PageTable, TableReader};
 use crate::sync::{ArcOptionCell, DefaultPlatform, Mutex, Platform, RwLock, Stopwatch};
 use crate::table::MmOps;
+use crate::table_view::TableView;
 use crate::tlb::{LargeRangePolicy, TlbBatch, TlbInvalidate, TlbPolicy};
 use crate::{Error, Gfn, Gpa, Hva, Pa, Result};
 use alloc::boxed::Box;
@@ -229,6 +230,14 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
                 });
             }
         }
+        // As `set_tlb_large_range` refuses it: a zero limit would be taken
+        // as one page by the invalidation layer, a policy nobody asked for.
+        if policy.tlb_limit_pages == 0 {
+            return Err(Error::InvalidConfig {
+                what: "TLB range limit in pages",
+                value: 0,
+            });
+        }
         if policy.reader_slots > MAX_VCPUS {
             return Err(Error::InvalidConfig {
                 what: "reader slots (at most MAX_VCPUS)",
@@ -378,9 +387,12 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         self.stage2.reader.clone()
     }
 
-    /// Runs `f` on the table under the read lock (inspection, tests).
-    pub fn with_table<R>(&self, f: impl FnOnce(&PageTable<F, M>) -> R) -> R {
-        self.stage2.with_table(f)
+    /// Runs `f` on a read-only view of the table under the read lock
+    /// (inspection, tests). The view has no method that writes: entries
+    /// change only through the engine, which keeps dirty logging, the
+    /// memslots and the TLB in step with them.
+    pub fn with_table<R>(&self, f: impl FnOnce(TableView<'_, F, M>) -> R) -> R {
+        self.stage2.with_table(|pt| f(TableView::new(pt)))
     }
 
     /// The stage-2 table's id in the break-before-make monitor

@@ -131,8 +131,7 @@ fn hardware_dirty_state_is_scanned_and_cleaned() {
     assert!(leaves.iter().all(|l| l.pte & (DBM | S2AP_W) == DBM));
     // The hardware's update of pages 3 and 300.
     for p in [3u64, 300] {
-        m.with_table(|pt| pt.relax_perms(GPA + p * 4096, Prot::RW))
-            .unwrap();
+        m.reader().hw_dirty_update(GPA + p * 4096).unwrap();
     }
     let mut bm = vec![0u64; 8];
     assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), 2);
@@ -144,8 +143,7 @@ fn hardware_dirty_state_is_scanned_and_cleaned() {
     assert_eq!(v.stats.permission, 0);
     // A hardware-dirtied leaf the host invalidates keeps its write in
     // the bitmap (found on QEMU: remapped pages lost their writes).
-    m.with_table(|pt| pt.relax_perms(GPA + 7 * 4096, Prot::RW))
-        .unwrap();
+    m.reader().hw_dirty_update(GPA + 7 * 4096).unwrap();
     m.invalidate_hva_range_start(Hva::new(HVA + 7 * 4096), 4096)
         .unwrap();
     m.invalidate_hva_range_end(Hva::new(HVA + 7 * 4096), 4096)

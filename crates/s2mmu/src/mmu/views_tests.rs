@@ -255,8 +255,7 @@ fn hardware_dirty_state_feeds_every_view() {
     harvest_view(&m, b);
     // The hardware's update of pages 4 and 100.
     for p in [4u64, 100] {
-        m.with_table(|pt| pt.relax_perms(GPA + p * 4096, Prot::RW))
-            .unwrap();
+        m.reader().hw_dirty_update(GPA + p * 4096).unwrap();
     }
     assert_eq!(harvest_view(&m, a), vec![4, 100]);
     assert_eq!(harvest_view(&m, b), vec![4, 100]);

@@ -20,7 +20,7 @@ pub(super) fn snapshot_for(header: &Header) -> Result<Option<Vec<AtomicU64>>, Mi
     let mut v: Vec<AtomicU64> = Vec::new();
     v.try_reserve_exact(n).map_err(|_| {
         MigrateError::Setup(format!(
-            "no memory for a {}-byte copy of the guest (--verify-full)",
+            "no memory for a {}-byte copy of the guest (verify_full)",
             header.mem_size
         ))
     })?;

@@ -49,13 +49,15 @@ impl Refusals {
 
     /// Notes a connection refused by the admission.
     pub(super) fn note_refused(&mut self, peer: String, r: Refused, refused: &mut dyn FnMut(&str)) {
-        let why = if r.authenticated {
-            format!("{peer} authenticated, then: {}", r.error)
-        } else {
-            format!(
+        let why = match &r.error {
+            _ if r.authenticated => format!("{peer} authenticated, then: {}", r.error),
+            MigrateError::Auth { .. } => format!(
                 "a connection from {peer} failed authentication: {}",
                 r.error
-            )
+            ),
+            // Anything else (with plain TCP, which has no authentication,
+            // a bad opening) is named by its own error.
+            e => format!("a connection from {peer} was refused: {e}"),
         };
         self.note(why, refused);
         self.last_error = Some(r.error);

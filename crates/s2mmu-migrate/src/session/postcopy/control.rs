@@ -1,9 +1,9 @@
 //! Operator-driven post-copy recovery (QEMU's `migrate-recover` and
 //! `migrate -r`): when a post-copy connection breaks and no automatic
-//! reconnect is left (`--recovery manual`, or `auto` after its
+//! reconnect is left (`RecoveryMode::Manual`, or `Auto` after its
 //! [`super::source::MAX_RECOVERIES`] tries), each process keeps its guest
-//! paused with its memory intact and waits, at most `--recover-wait`, for
-//! an operator on its control socket (`--control PATH`).
+//! paused with its memory intact and waits, at most `Recovery::wait`, for
+//! an operator on its control socket (`Recovery::control`).
 //!
 //! The control socket is a Unix socket (mode 0600, created fresh) that
 //! speaks one line per connection, each way (at most [`MAX_LINE`] bytes,
@@ -16,9 +16,9 @@
 //!   destination lacked when it last said, at the switch or at the last
 //!   recovery), `recoveries`, `last_error`.
 //! - `recover [ADDR]`, only while `paused`: the source connects again, to
-//!   ADDR if given (default: `--to`); the destination accepts the source's
+//!   ADDR if given (default: the address it migrated to); the destination accepts the source's
 //!   new connections on a new listener at ADDR if given (default: its
-//!   `--listen` socket). ADDR then stays the side's address for later
+//!   listening socket). ADDR then stays the side's address for later
 //!   recoveries. A connection refused while the destination waits
 //!   (authentication, another session's id, garbage or a stall after
 //!   authenticating) shows in `last_error` at once, and the wait goes on;
@@ -51,7 +51,7 @@ pub const MAX_ADDR: usize = 255;
 pub const CONTROL_IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Clients served at once; one more is closed at once.
 pub const MAX_CLIENTS: usize = 16;
-/// The most `--recover-wait` takes: a day.
+/// The most [`Recovery::wait`] takes: a day.
 pub const MAX_RECOVER_WAIT: Duration = Duration::from_secs(86_400);
 
 /// What a side does when a post-copy connection breaks.
@@ -151,7 +151,7 @@ impl Control {
     /// process serves it already, or it cannot be created.
     pub fn start(path: &Path, side: &'static str) -> Result<Arc<Self>, MigrateError> {
         let setup =
-            |why: String| MigrateError::Setup(format!("--control {}: {why}", path.display()));
+            |why: String| MigrateError::Setup(format!("control socket {}: {why}", path.display()));
         check_dir(path).map_err(setup)?;
         if let Ok(m) = std::fs::symlink_metadata(path) {
             if !m.file_type().is_socket() {
@@ -404,7 +404,7 @@ pub fn request(path: &Path, line: &str) -> Result<String, String> {
     check_dir(path).map_err(at)?;
     let mut c = UnixStream::connect(path).map_err(|e| {
         at(if e.kind() == std::io::ErrorKind::NotFound {
-            "no such socket (is the migration running with --control?)".into()
+            "no such socket (is the migration running with a control socket?)".into()
         } else {
             e.to_string()
         })
@@ -434,27 +434,27 @@ pub fn await_operator<T>(
 ) -> Result<T, String> {
     let Some(ctl) = &rec.control else {
         return Err(format!(
-            "{first}; no --control socket to wait for an operator on"
+            "{first}; no control socket to wait for an operator on"
         ));
     };
     let mut why = first.clone();
     loop {
         eprintln!(
-            "{side}: POST-COPY PAUSED ({why}): the guest's memory is split between the two hosts ({pages} pages missing on the destination as far as this side knows); the guest stays paused here; waiting up to {:?} for `s2mmu migrate-ctl --control {} recover` or `cancel`",
+            "{side}: POST-COPY PAUSED ({why}): the guest's memory is split between the two hosts ({pages} pages missing on the destination as far as this side knows); the guest stays paused here; waiting up to {:?} for `recover` or `cancel` on the control socket {}",
             rec.wait,
             ctl.path.display()
         );
         match ctl.await_command(&why, pages, rec.wait) {
             None => {
                 return Err(format!(
-                    "{why}; no operator command within --recover-wait {:?}",
+                    "{why}; no operator command within the recovery wait {:?}",
                     rec.wait
                 ))
             }
             Some(Command::Cancel) => {
                 ctl.set(Phase::Failed, None);
                 return Err(format!(
-                    "{why}; cancelled by the operator (this {side} process ends; the other side stays paused until its own cancel or --recover-wait)"
+                    "{why}; cancelled by the operator (this {side} process ends; the other side stays paused until its own cancel or the end of its recovery wait)"
                 ));
             }
             Some(Command::Recover(addr)) => match attempt(addr.as_deref()) {

@@ -8,6 +8,7 @@ use super::super::dest::{check_end, run_resumed, DestGuest, ResumedGuest};
 use super::super::digests::source_digests;
 use super::control::{self, Phase, RecoveryMode};
 use super::fetch::{bit, Fetcher, REFERENCE_PINGS};
+use super::keepalive::Keepalives;
 use super::{encode_missing, median_p99, Final, PostcopyFigures};
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
@@ -176,7 +177,7 @@ struct Links {
 }
 
 /// Receives the missing pages until DONE; after a break it can mend,
-/// accepts the source again: at once (`--recovery auto`, at most
+/// accepts the source again: at once (`RecoveryMode::Auto`, at most
 /// [`MAX_RECOVERIES`] times), then (or at once with `manual`) when the
 /// operator says `recover` on the control socket ([`super::control`]).
 /// Returns the reference round trip (nanoseconds, samples).
@@ -246,7 +247,7 @@ fn receive_missing<M: Read + Write + Send, G: GuestRam, W: GuestRun>(
 }
 
 /// After `e` broke post-copy: the source's new main, request and answer
-/// connections, at once (`--recovery auto`, the `recoveries`-th of at most
+/// connections, at once (`RecoveryMode::Auto`, the `recoveries`-th of at most
 /// [`MAX_RECOVERIES`]) or when the operator says so.
 ///
 /// # Errors
@@ -401,13 +402,14 @@ fn answer_loop<G: GuestRam>(
     rd: &mut WireReader<BoxConn>,
     f: &Fetcher<G>,
 ) -> Result<(), MigrateError> {
+    let mut keepalives = Keepalives::answer(Instant::now());
     loop {
         let at_byte = rd.pos;
         match rd.next_record()? {
             Record::Pages { .. } => f.take(rd, at_byte, true)?,
             Record::Control {
                 tag: tag::PROGRESS, ..
-            } => {}
+            } => keepalives.take(Instant::now())?,
             Record::Control {
                 tag: tag::END,
                 body,

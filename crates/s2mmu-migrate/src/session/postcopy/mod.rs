@@ -2,8 +2,8 @@
 //! its memory has arrived, and the engine's stage-2 fault path is the page
 //! request.
 //!
-//! After round 0 (`--postcopy`), or once pre-copy is seen not to converge
-//! (`--postcopy auto`), the source pauses its guest and sends the vCPU
+//! After round 0 (`Postcopy::On`), or once pre-copy is seen not to converge
+//! (`Postcopy::Auto`), the source pauses its guest and sends the vCPU
 //! STATE and POSTCOPY, the bitmap of the pages still dirty. The
 //! destination resumes at once: those pages are simply not mapped in its
 //! stage-2 table (it logs dirty pages while post-copy runs, which keeps
@@ -27,20 +27,25 @@
 //! the stop plus exactly the destination guest's writes.
 //!
 //! Recovery: a connection that breaks during post-copy leaves the memory
-//! split. Both sides say so and keep their guest paused; with `--recovery
+//! split. Both sides say so and keep their guest paused; with `RecoveryMode::Auto`
 //! auto` they reconnect at once (at most [`source::MAX_RECOVERIES`] times),
 //! the destination answering with MISSING, the pages it still lacks; with
-//! `--recovery manual` (or once `auto` gave up) each waits for an
+//! `RecoveryMode::Manual` (or once `auto` gave up) each waits for an
 //! operator on its control socket ([`control`]) to `recover` or `cancel`.
 
 pub mod control;
 // geteuid and SO_PEERCRED for the control socket's owner checks.
 #[allow(unsafe_code)]
 mod control_guard;
+// A thread's own setresuid, to connect as a second user.
+#[cfg(test)]
+#[allow(unsafe_code)]
+mod control_guard_tests;
 pub mod dest;
 // Writes an answered page straight into guest memory.
 #[allow(unsafe_code)]
 pub mod fetch;
+pub mod keepalive;
 pub mod source;
 
 use crate::stream_error::MigrateError;

@@ -7,6 +7,7 @@
 use super::super::page_copy::copy_page;
 use super::super::replies::{read_reply, unexpected_reply, Connect};
 use super::control::{self, Phase, Recovery, RecoveryMode};
+use super::keepalive::Keepalives;
 use super::{decode_missing, encode_missing, Final};
 use crate::bandwidth::TokenBucket;
 use crate::stream_error::MigrateError;
@@ -78,7 +79,7 @@ pub fn switch<V: SessionVm>(
 
 /// After the resume: [`finish`], and when a connection breaks, resumes
 /// over new ones (`connect`, joining `session`): at once, at most
-/// [`MAX_RECOVERIES`] times with `--recovery auto`, then (or at once with
+/// [`MAX_RECOVERIES`] times with `RecoveryMode::Auto`, then (or at once with
 /// `manual`) when the operator says so on the control socket
 /// ([`super::control`]). The guest stays paused here throughout.
 ///
@@ -142,7 +143,7 @@ pub fn run<V: SessionVm>(
     }
 }
 
-/// After `e` broke post-copy: new connections, at once (with `--recovery
+/// After `e` broke post-copy: new connections, at once (with `RecoveryMode::Auto`
 /// auto`, the `recoveries`-th of at most [`MAX_RECOVERIES`]) or when the
 /// operator says so; `last_count`: the pages missing before the break.
 ///
@@ -345,6 +346,7 @@ fn serve_requests<V: SessionVm>(
 ) -> Result<(u64, u64), MigrateError> {
     let (p0, b0) = (answers.pages, answers.pos);
     let mut batch = Batch::new();
+    let mut keepalives = Keepalives::request(Instant::now());
     loop {
         match req.next_record()? {
             Record::Control {
@@ -367,6 +369,7 @@ fn serve_requests<V: SessionVm>(
             Record::Control {
                 tag: tag::PROGRESS, ..
             } => {
+                keepalives.take(Instant::now())?;
                 answers.control(tag::PROGRESS, &[])?;
                 answers.flush()?;
             }

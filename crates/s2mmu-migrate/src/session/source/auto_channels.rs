@@ -1,4 +1,4 @@
-//! `--channels auto`'s settings ([`AutoChannels`]), apart from the probe
+//! The settings of choosing the channel count by measurement ([`AutoChannels`]), apart from the probe
 //! (`channel_choice`) so that the source's configuration can hold them
 //! without importing the sender the probe drives.
 
@@ -6,14 +6,14 @@ use crate::stream_error::MigrateError;
 use crate::wire::PAGE_SIZE;
 use std::time::Duration;
 
-/// The most candidate counts `--channels auto` tries.
+/// The most candidate counts [`AutoChannels`] tries.
 pub const MAX_AUTO_CANDIDATES: usize = 8;
 
 /// The most bytes of guest memory one count's probe sends: a few MiB, so
 /// that choosing the count never costs a guest-sized transfer.
 pub const MAX_AUTO_PROBE_BYTES: u64 = 16 << 20;
 
-/// How `--channels auto` chooses.
+/// How the channel count is chosen by measurement.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AutoChannels {
     /// The counts to try (1 to [`crate::wire::MAX_CHANNELS`] each, at most
@@ -48,7 +48,7 @@ impl AutoChannels {
     /// # Errors
     /// [`MigrateError::Setup`] naming the setting out of range.
     pub fn validate(&self) -> Result<(), MigrateError> {
-        let bad = |what: String| Err(MigrateError::Setup(format!("--channels auto: {what}")));
+        let bad = |what: String| Err(MigrateError::Setup(format!("auto_channels: {what}")));
         let c = &self.candidates;
         if c.is_empty() || c.len() > MAX_AUTO_CANDIDATES {
             return bad(format!(

@@ -1,4 +1,4 @@
-//! `--channels auto`: the channel count chosen by measuring, on this
+//! `SourceConfig::auto_channels`: the channel count chosen by measuring, on this
 //! host, the real sender pipeline over each candidate count.
 //!
 //! A probe of the transfer alone ranks the counts wrongly: round 0 also
@@ -50,7 +50,7 @@ impl ChannelProbe {
     }
 }
 
-/// What `--channels auto` measured and chose.
+/// What the channel-count probe measured and chose.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChannelChoice {
     /// The count the migration ran with.
@@ -118,7 +118,7 @@ fn probe_count<V: SessionVm>(
     per_count: Duration,
 ) -> Result<ChannelProbe, MigrateError> {
     let io = |what: &str| {
-        let what = format!("--channels auto: {what}");
+        let what = format!("auto_channels: {what}");
         move |e: std::io::Error| MigrateError::io(what, &e)
     };
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("a loopback port"))?;
@@ -161,7 +161,7 @@ fn probe_count<V: SessionVm>(
         sent?;
         if got != pages {
             return Err(MigrateError::Setup(format!(
-                "--channels auto: {got} pages received of {pages} sent over {n} channel(s)"
+                "auto_channels: {got} pages received of {pages} sent over {n} channel(s)"
             )));
         }
         Ok(ChannelProbe {
@@ -194,7 +194,7 @@ fn receive(s: std::net::TcpStream, net: &NetConfig) -> Result<u64, MigrateError>
                     record: "probe",
                     at_byte,
                     why: format!(
-                        "--channels auto's probe carries pages and END, got {}",
+                        "auto_channels' probe carries pages and END, got {}",
                         record_name(&other)
                     ),
                 })

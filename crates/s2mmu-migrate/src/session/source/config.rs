@@ -40,7 +40,7 @@ pub struct SourceConfig {
     pub label: String,
     /// Connections the pages are spread over.
     pub channels: u16,
-    /// Choose `channels` by measurement instead (`--channels auto`): the
+    /// Choose `channels` by measurement instead (the channel count chosen by measurement): the
     /// count whose probe of round 0's pipeline was fastest.
     pub auto_channels: Option<super::auto_channels::AutoChannels>,
     /// When to switch to post-copy.
@@ -48,7 +48,7 @@ pub struct SourceConfig {
     /// What post-copy does when a connection breaks.
     pub recovery: super::super::postcopy::control::Recovery,
     /// Measure the link before the migration by sending as many bytes as
-    /// guest memory over the run's channels (the figure `--wire-bench`
+    /// guest memory over the run's channels (the figure a wire benchmark
     /// compares round 0 with). Off, the source sends an empty probe and
     /// the migration carries the guest's pages and nothing of that size
     /// besides.

@@ -132,7 +132,7 @@ pub struct SourceOutcome {
     /// Plain TCP between the same endpoints just before the migration
     /// (what iperf3 measures; None where it was not measured).
     pub plain_link: Option<crate::transport::PlainLink>,
-    /// With `--channels auto`: each candidate count's probe and the count
+    /// With `SourceConfig::auto_channels`: each candidate count's probe and the count
     /// chosen (which [`SourceOutcome::channels`] also says).
     pub channel_choice: Option<super::channel_choice::ChannelChoice>,
 }

@@ -115,7 +115,7 @@ fn outcome<G: SourceGuest>(
     let pause_s = at(pause_at);
     let (p0, _, z0) = x.s.counts();
     SourceOutcome {
-        // --check and --snapshot-every are refused with post-copy.
+        // The lost-write check and snapshots are refused with post-copy.
         extras: Default::default(),
         total: done.background_end - x.log_start,
         downtime: resumed_at - pause_at,

@@ -380,7 +380,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
         })
     }
 
-    /// `--channels auto`'s probe: the first pages of memory as round 0
+    /// `SourceConfig::auto_channels`'s probe: the first pages of memory as round 0
     /// sends them, until `max_pages` are sent or `deadline` passed (checked
     /// between jobs of 256 pages, after the first).
     pub(super) fn send_first(

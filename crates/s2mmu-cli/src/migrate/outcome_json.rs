@@ -1,14 +1,14 @@
 //! A migration's outcomes as JSON: the source's, the destination's,
 //! post-copy's figures and where the time went per stage, with the keys
-//! `s2mmu migrate --json` reports. One place for every front end (the
-//! simulated guest's report and the Linux guest's both take the stages
-//! and post-copy from here).
+//! `s2mmu migrate --json` reports. One place for every report of the
+//! command (the simulated guest's report and the Linux guest's both take
+//! the stages and post-copy from here).
 
-use super::dest::{DestOutcome, ResumeParts};
-use super::postcopy::{PostcopyFigures, PostcopyOutcome};
-use super::source::{DowntimeParts, SourceOutcome};
-use crate::stages::{RecvStages, SendStages};
-use crate::wire::PAGE_SIZE;
+use s2mmu_migrate::session::dest::{DestOutcome, ResumeParts};
+use s2mmu_migrate::session::postcopy::{PostcopyFigures, PostcopyOutcome};
+use s2mmu_migrate::session::source::{DowntimeParts, SourceOutcome};
+use s2mmu_migrate::stages::{RecvStages, SendStages};
+use s2mmu_migrate::wire::PAGE_SIZE;
 use serde_json::{json, Value};
 
 /// Nanoseconds per page, 0 without pages.

@@ -7,12 +7,14 @@ mod migrate_common;
 use migrate_common::{dest_cfg, plain, small};
 use s2mmu::mmu::DirtyMode;
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::{receive, receive_from, DestOutcome};
-use s2mmu_cli::migrate::error::MigrateError;
-use s2mmu_cli::migrate::migrate_in_process;
-use s2mmu_cli::migrate::net::{self, BoxConn, NetConfig};
-use s2mmu_cli::migrate::source::{migrate_source, session_harvest, Converge, SimRun};
-use s2mmu_cli::migrate::wire::{tag, Record, WireReader, PAGE_SIZE};
+use s2mmu_migrate::session::dest::DestOutcome;
+use s2mmu_migrate::session::source::Converge;
+use s2mmu_migrate::sim::dest::{receive, receive_from};
+use s2mmu_migrate::sim::in_process::migrate_in_process;
+use s2mmu_migrate::sim::source::{migrate_source, session_harvest, SimRun};
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::transport::{self as net, BoxConn, NetConfig};
+use s2mmu_migrate::wire::{tag, Record, WireReader, PAGE_SIZE};
 use s2mmu_vm::Pattern;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -74,7 +76,7 @@ fn every_engine_dirty_mode_migrates_with_equal_memory() {
     // hardware dirty state and PML harvest by GET + CLEAR, the vCPUs'
     // walkers dirtying the leaves (no write fault).
     for name in DirtyMode::NAMES {
-        let harvest = s2mmu_cli::dirty_mode::parse_dirty_mode(name).unwrap();
+        let harvest = name.parse::<DirtyMode>().unwrap();
         let harvest = match harvest {
             DirtyMode::Ring { .. } => DirtyMode::Ring { entries: 256 },
             other => other,
@@ -350,7 +352,7 @@ fn read_n(r: &mut impl Read, n: usize) -> std::io::Result<Vec<u8>> {
 /// data, *its* checksum and its record's: a stream that is valid but
 /// carries the wrong memory, as a dirty-tracking bug would produce.
 fn tampering_proxy(mut from: TcpStream, mut to: TcpStream, victim: u64) -> std::io::Result<()> {
-    use s2mmu_cli::migrate::hash::{checksum, page_hash};
+    use s2mmu_migrate::hash::{checksum, page_hash};
     let (mut back_from, mut back_to) = (to.try_clone()?, from.try_clone()?);
     std::thread::spawn(move || std::io::copy(&mut back_from, &mut back_to));
     // The opening and HEADER.

@@ -6,28 +6,35 @@
 mod migrate_common;
 
 use migrate_common::{dest_cfg, plain, small};
+use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::ept::EptFormat;
 use s2mmu::mmu::DirtyMode;
-use s2mmu_cli::migrate::dest::{receive_from, SimDestConfig};
-use s2mmu_cli::migrate::error::MigrateError;
-use s2mmu_cli::migrate::extras::SourceExtras;
-use s2mmu_cli::migrate::migrate_in_process;
-use s2mmu_cli::migrate::postcopy::Postcopy;
-use s2mmu_cli::migrate::source::{session_harvest, SimRun};
-use s2mmu_cli::migrate::wire::{tag, Header, Record, WireReader, WireWriter, PAGE_SIZE};
-use s2mmu_cli::vm_format::FormatArg;
+use s2mmu_migrate::session::extras::SourceExtras;
+use s2mmu_migrate::session::postcopy::Postcopy;
+use s2mmu_migrate::sim::dest::{receive_from, SimDestConfig};
+use s2mmu_migrate::sim::in_process::migrate_in_process;
+use s2mmu_migrate::sim::source::{session_harvest, SimRun};
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::wire::WireFormat;
+use s2mmu_migrate::wire::{tag, Header, Record, WireReader, WireWriter, PAGE_SIZE};
 use std::time::Duration;
+
+/// x86 EPT.
+const EPT: WireFormat = WireFormat::of::<EptFormat>();
+/// arm64 stage 2.
+const ARM64: WireFormat = WireFormat::of::<Arm64Stage2>();
 
 /// A small EPT guest dirtying at full speed.
 fn ept(mem: u64) -> SimRun {
     small(mem).with(|g, _| {
         g.dirty_rate = 0;
-        g.format = FormatArg::Ept.into();
+        g.format = EPT;
     })
 }
 
-fn dest_on(format: FormatArg) -> SimDestConfig {
+fn dest_on(format: WireFormat) -> SimDestConfig {
     SimDestConfig {
-        format: format.into(),
+        format,
         ..dest_cfg()
     }
 }
@@ -41,8 +48,8 @@ fn precopy_on_ept_verifies_byte_for_byte_with_no_lost_write() {
             ..SourceExtras::default()
         };
     });
-    let (s, d) = migrate_in_process(&cfg, &dest_on(FormatArg::Ept), &plain())
-        .expect("an EPT migration succeeds");
+    let (s, d) =
+        migrate_in_process(&cfg, &dest_on(EPT), &plain()).expect("an EPT migration succeeds");
     assert!(s.postcopy.is_none());
     assert_eq!(s.slot_digests.len(), cfg.guest.slots as usize);
     assert_eq!(s.slot_digests, d.slot_digests, "per-slot digests agree");
@@ -62,7 +69,7 @@ fn precopy_on_ept_with_dirty_rings_over_two_channels() {
         s.harvest = session_harvest(g.dirty);
         s.channels = 2;
     });
-    let (s, d) = migrate_in_process(&cfg, &dest_on(FormatArg::Ept), &plain())
+    let (s, d) = migrate_in_process(&cfg, &dest_on(EPT), &plain())
         .expect("an EPT migration with dirty rings succeeds");
     assert_eq!(s.slot_digests, d.slot_digests);
     assert_eq!(d.channels, 2);
@@ -80,7 +87,7 @@ fn snapshots_beside_an_ept_migration_restore_to_the_source_memory() {
             ..SourceExtras::default()
         };
     });
-    let (s, d) = migrate_in_process(&cfg, &dest_on(FormatArg::Ept), &plain())
+    let (s, d) = migrate_in_process(&cfg, &dest_on(EPT), &plain())
         .expect("an EPT migration with snapshots succeeds");
     assert_eq!(s.slot_digests, d.slot_digests);
     let snaps = s.extras.snapshots.expect("taken").expect("no error");
@@ -94,8 +101,8 @@ fn postcopy_on_ept_fetches_every_missing_page_and_verifies() {
     let cfg = ept(16 << 20).with(|_, s| {
         s.postcopy = Postcopy::On;
     });
-    let (s, d) = migrate_in_process(&cfg, &dest_on(FormatArg::Ept), &plain())
-        .expect("an EPT post-copy succeeds");
+    let (s, d) =
+        migrate_in_process(&cfg, &dest_on(EPT), &plain()).expect("an EPT post-copy succeeds");
     let pc = s.postcopy.as_ref().expect("switched to post-copy");
     let f = &pc.figures;
     assert_eq!(d.postcopy.as_ref(), Some(f), "both sides agree");
@@ -106,12 +113,9 @@ fn postcopy_on_ept_fetches_every_missing_page_and_verifies() {
 
 #[test]
 fn a_source_on_another_format_is_refused_and_keeps_its_guest() {
-    for (src, dst) in [
-        (FormatArg::Ept, FormatArg::Arm64),
-        (FormatArg::Arm64, FormatArg::Ept),
-    ] {
+    for (src, dst) in [(EPT, ARM64), (ARM64, EPT)] {
         let cfg = ept(4 << 20).with(|g, _| {
-            g.format = src.into();
+            g.format = src;
         });
         match migrate_in_process(&cfg, &dest_on(dst), &plain()) {
             Err(MigrateError::Rejected { reason }) => {
@@ -129,7 +133,7 @@ fn a_source_on_another_format_is_refused_and_keeps_its_guest() {
 
 /// The opening of a stream from a source on `format` (a 16-page guest):
 /// all a destination reads before it must refuse another format.
-fn opening_on(format: FormatArg) -> Vec<u8> {
+fn opening_on(format: WireFormat) -> Vec<u8> {
     let h = Header {
         mem_size: 16 * PAGE_SIZE as u64,
         slots: 1,
@@ -139,7 +143,7 @@ fn opening_on(format: FormatArg) -> Vec<u8> {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: format.into(),
+        format,
         image: None,
     };
     WireWriter::new(Vec::new(), &h).unwrap().into_inner()
@@ -147,10 +151,7 @@ fn opening_on(format: FormatArg) -> Vec<u8> {
 
 #[test]
 fn a_stream_on_another_format_is_refused_before_any_guest_exists() {
-    for (src, dst) in [
-        (FormatArg::Ept, FormatArg::Arm64),
-        (FormatArg::Arm64, FormatArg::Ept),
-    ] {
+    for (src, dst) in [(EPT, ARM64), (ARM64, EPT)] {
         let mut reply = Vec::new();
         let e = receive_from(&opening_on(src)[..], &mut reply, &dest_on(dst)).unwrap_err();
         assert_eq!(
@@ -162,8 +163,8 @@ fn a_stream_on_another_format_is_refused_before_any_guest_exists() {
         );
         let text = e.to_string();
         assert!(
-            text.contains(&format!("--format {}", src.name()))
-                && text.contains(&format!("--format {}", dst.name())),
+            text.contains(&format!("runs on format {}", src.name()))
+                && text.contains(&format!("destination on format {}", dst.name())),
             "{text}"
         );
         // The source is told why, and nothing else (no ACCEPT, no PROGRESS

@@ -9,15 +9,15 @@ mod migrate_common;
 
 use migrate_common::{dest_cfg, plain};
 use s2mmu::mmu::DirtyMode;
-use s2mmu_cli::migrate::dest::{serve, DestOutcome};
-use s2mmu_cli::migrate::error::MigrateError;
-use s2mmu_cli::migrate::migrate_in_process;
-use s2mmu_cli::migrate::net::{self, BoxConn, Connection, NetConfig, ShutdownHandle};
-use s2mmu_cli::migrate::postcopy::Postcopy;
-use s2mmu_cli::migrate::source::{
-    migrate_source, session_harvest, Converge, SimRun, SourceOutcome,
-};
-use s2mmu_cli::migrate::wire::{tag, PAGE_SIZE};
+use s2mmu_migrate::session::dest::DestOutcome;
+use s2mmu_migrate::session::postcopy::Postcopy;
+use s2mmu_migrate::session::source::{Converge, SourceOutcome};
+use s2mmu_migrate::sim::dest::serve;
+use s2mmu_migrate::sim::in_process::migrate_in_process;
+use s2mmu_migrate::sim::source::{migrate_source, session_harvest, SimRun};
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::transport::{self as net, BoxConn, Connection, NetConfig, ShutdownHandle};
+use s2mmu_migrate::wire::{tag, PAGE_SIZE};
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::Duration;
@@ -392,11 +392,11 @@ fn small_sim_vm() -> s2mmu_migrate::sim::SimVm<s2mmu::format::arm64::Arm64Stage2
 /// source's memory plus exactly the writes of the states it reports.
 #[test]
 fn the_postcopy_check_refuses_wrong_memory_and_unreachable_states() {
-    use s2mmu_cli::migrate::postcopy::Final;
-    use s2mmu_cli::migrate::source::source_digests;
-    use s2mmu_cli::migrate::wire::GuestState;
+    use s2mmu_migrate::session::digests::source_digests;
+    use s2mmu_migrate::session::postcopy::Final;
     use s2mmu_migrate::sim::source::verify;
     use s2mmu_migrate::sim::state::encode_vcpus;
+    use s2mmu_migrate::sim::state::GuestState;
     use s2mmu_vm::{stamp, VcpuState};
 
     let vm = small_sim_vm();

@@ -5,12 +5,12 @@
 
 use s2mmu::mmu::DirtyMode;
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::SimDestConfig;
-use s2mmu_cli::migrate::error::MigrateError;
-use s2mmu_cli::migrate::extras::SourceExtras;
-use s2mmu_cli::migrate::migrate_in_process;
-use s2mmu_cli::migrate::net::NetConfig;
-use s2mmu_cli::migrate::source::{session_harvest, SimRun};
+use s2mmu_migrate::session::extras::SourceExtras;
+use s2mmu_migrate::sim::dest::SimDestConfig;
+use s2mmu_migrate::sim::in_process::migrate_in_process;
+use s2mmu_migrate::sim::source::{session_harvest, SimRun};
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::transport::NetConfig;
 use s2mmu_vm::{Backing, Pattern};
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ fn cfg(extras: SourceExtras) -> SimRun {
     })
 }
 
-fn run(c: &SimRun) -> Result<s2mmu_cli::migrate::source::SourceOutcome, MigrateError> {
+fn run(c: &SimRun) -> Result<s2mmu_migrate::session::source::SourceOutcome, MigrateError> {
     let mut dest = SimDestConfig::new(MmuPolicy::default(), Duration::from_millis(50));
     dest.dest.prefault = false;
     migrate_in_process(c, &dest, &NetConfig::plain(Duration::from_secs(10))).map(|(s, _)| s)
@@ -109,9 +109,9 @@ fn options_that_cannot_work_are_refused_before_the_guest_starts() {
         check: true,
         ..SourceExtras::default()
     })
-    .with(|_, s| s.postcopy = s2mmu_cli::migrate::postcopy::Postcopy::On);
+    .with(|_, s| s.postcopy = s2mmu_migrate::session::postcopy::Postcopy::On);
     assert!(
-        matches!(run(&postcopy), Err(MigrateError::Setup(m)) if m.contains("post-copy with --check")),
+        matches!(run(&postcopy), Err(MigrateError::Setup(m)) if m.contains("post-copy with the lost-write check")),
         "post-copy with the check"
     );
 }

@@ -4,10 +4,10 @@
 #![allow(dead_code)]
 
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::SimDestConfig;
-use s2mmu_cli::migrate::net::NetConfig;
-use s2mmu_cli::migrate::source::SimRun;
 use s2mmu_migrate::session::Progress;
+use s2mmu_migrate::sim::dest::SimDestConfig;
+use s2mmu_migrate::sim::source::SimRun;
+use s2mmu_migrate::transport::NetConfig;
 use s2mmu_vm::Backing;
 use std::time::Duration;
 

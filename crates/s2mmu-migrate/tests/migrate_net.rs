@@ -5,16 +5,17 @@
 //! short so that the tests end soon). The same between two processes:
 //! `migrate_net_process.rs`.
 
+use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::mmu::MmuPolicy;
-use s2mmu_cli::migrate::dest::{receive_from, serve, DestOutcome, Limits, SimDestConfig};
-use s2mmu_cli::migrate::error::MigrateError;
-use s2mmu_cli::migrate::net::{self, NetConfig, Security};
-use s2mmu_cli::migrate::source::{migrate_source, SimRun, SourceOutcome};
-use s2mmu_cli::migrate::wire::{
-    tag, Batch, GuestState, Header, Record, WireReader, WireWriter, PAGE_SIZE,
-};
-use s2mmu_cli::vm_format::FormatArg;
+use s2mmu_migrate::session::dest::{DestOutcome, Limits};
+use s2mmu_migrate::session::source::SourceOutcome;
 use s2mmu_migrate::session::Progress;
+use s2mmu_migrate::sim::dest::{receive_from, serve, SimDestConfig};
+use s2mmu_migrate::sim::source::{migrate_source, SimRun};
+use s2mmu_migrate::sim::state::GuestState;
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::transport::{self as net, NetConfig, Security};
+use s2mmu_migrate::wire::{tag, Batch, Header, Record, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu_vm::{Backing, VcpuState};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -240,7 +241,7 @@ fn stream_with_state(vcpus_in_header: u32, state: &GuestState) -> Vec<u8> {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: FormatArg::Arm64.into(),
+        format: s2mmu_migrate::wire::WireFormat::of::<Arm64Stage2>(),
         image: None,
     };
     let mut w = WireWriter::new(Vec::new(), &h).unwrap();
@@ -380,7 +381,7 @@ fn header(mem: u64) -> Header {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: FormatArg::Arm64.into(),
+        format: s2mmu_migrate::wire::WireFormat::of::<Arm64Stage2>(),
         image: None,
     }
 }
@@ -396,8 +397,7 @@ fn a_source_that_stalls_or_vanishes_mid_stream_ends_the_destination() {
     let mut probe = w.into_inner();
     probe[1..9].copy_from_slice(&(1u64 << 20).to_le_bytes());
     // (the check of a 1 MiB probe)
-    let check =
-        s2mmu_cli::migrate::hash::checksum(&(1u64 << 20).to_le_bytes(), u64::from(tag::PROBE));
+    let check = s2mmu_migrate::hash::checksum(&(1u64 << 20).to_le_bytes(), u64::from(tag::PROBE));
     probe[9..17].copy_from_slice(&check.to_le_bytes());
     s.write_all(&probe).unwrap();
     s.write_all(&[7u8; 1000]).unwrap();
@@ -494,7 +494,7 @@ fn stream_of(records: &[Vec<(u64, Option<u8>)>]) -> Vec<u8> {
 
 #[test]
 fn a_zero_page_after_data_clears_the_page_and_duplicates_are_refused() {
-    use s2mmu_cli::migrate::hash::{digest_of, page_hash};
+    use s2mmu_migrate::hash::{digest_of, page_hash};
     // Every page with data, then page 3 again as a zero page: the
     // destination must hold zeros there, which its digest shows.
     let all: Vec<(u64, Option<u8>)> = (0..16).map(|p| (p, Some(0x11))).collect();

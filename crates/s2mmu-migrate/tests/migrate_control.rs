@@ -5,7 +5,7 @@
 //! user could write is refused by the migration and by `migrate-ctl`.
 //! Behaviour only: no timing is asserted.
 
-use s2mmu_cli::migrate::postcopy::control::{request, Control, CONTROL_IO_TIMEOUT};
+use s2mmu_migrate::session::postcopy::control::{request, Control, CONTROL_IO_TIMEOUT};
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
