@@ -1,58 +1,15 @@
-//! Running the selftest flow on the engine's simulated VM: the run's
-//! settings, the VM and workload, and the timed phases.
+//! Running the selftest flow on the engine's simulated VM ([`super::RunSpec`]):
+//! the VM and workload, and the timed phases.
 
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
-use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
+use s2mmu_vm::{Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::spec::RunSpec;
 use super::{EngineIteration, EngineRun};
 use crate::lost_write as lost;
-
-/// An engine run's settings; `Fmt` names the stage-2 format the caller
-/// dispatches on (the engine runs on the format type [`run`] is given).
-#[derive(Clone, Copy, Debug)]
-pub struct RunSpec<Fmt> {
-    pub vcpus: usize,
-    pub bytes: u64,
-    pub iterations: u32,
-    pub backing: Backing,
-    pub slots: u32,
-    pub write_percent: u32,
-    pub random: bool,
-    pub policy: MmuPolicy,
-    pub after_pass: bool,
-    pub check: bool,
-    pub inject_lost_marks: u64,
-    /// The stage-2 format the caller names.
-    pub format: Fmt,
-    /// Time passes with logging off before logging starts (their median).
-    pub off_pass: bool,
-}
-
-#[cfg(test)]
-impl RunSpec<()> {
-    /// The tests' run: `vcpus` vCPUs over `bytes` of 4 KiB pages in one
-    /// slot, one sequential all-write iteration, default policy, no checks.
-    pub(crate) fn for_tests(vcpus: usize, bytes: u64) -> Self {
-        RunSpec {
-            vcpus,
-            bytes,
-            iterations: 1,
-            backing: Backing::Anonymous,
-            slots: 1,
-            write_percent: 100,
-            random: false,
-            policy: MmuPolicy::default(),
-            after_pass: false,
-            check: false,
-            inject_lost_marks: 0,
-            format: (),
-            off_pass: false,
-        }
-    }
-}
 
 /// The run's label: fault path, split policy, memslots and dirty tracking.
 pub fn label(policy: &MmuPolicy, memslots: &str) -> String {
