@@ -10,8 +10,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Where the slot sits in the IPA space.
-pub const BASE: u64 = 1 << 40;
+pub use super::bounds::BASE;
 
 /// The engine's `Mmu::clear_dirty_log` on the table for an all-ones bitmap
 /// with initially-set bitmaps: per 64-page word, split the word's range and
