@@ -1,5 +1,5 @@
-//! Running the selftest flow on the engine's simulated VM: the run's
-//! settings, the VM and workload, and the timed phases.
+//! Running the selftest flow on the engine's simulated VM ([`super::RunSpec`]):
+//! the VM and workload, and the timed phases.
 
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
@@ -7,7 +7,8 @@ use s2mmu_vm::{Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{EngineIteration, EngineRun, RunSpec};
+use super::spec::RunSpec;
+use super::{EngineIteration, EngineRun};
 use crate::lost_write as lost;
 
 /// The run's label: fault path, split policy, memslots and dirty tracking.

@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::BASE;
+pub use super::bounds::BASE;
 
 /// The engine's `Mmu::clear_dirty_log` on the table for an all-ones bitmap
 /// with initially-set bitmaps: per 64-page word, split the word's range and

@@ -15,90 +15,17 @@
 //! of plain TCP and of iperf3, TLS against no TLS per channel count, and
 //! each run's figures in `--json`.
 
-use super::outcome_json::per_page;
 use super::params::{channels_name, set_channels, Params, AUTO_CHANNELS};
 use super::report_text::MIB;
 use crate::report::Report;
-use s2mmu_migrate::sim::in_process::migrate_in_process;
-use s2mmu_migrate::transport::{ephemeral_tls, iperf, NetConfig, Security};
-use s2mmu_migrate::transport::{memory_floor, FloorCipher};
-use s2mmu_migrate::wire::PAGE_SIZE;
+use s2mmu_bench::wire::{WireCase, WireCell as Cell, WireRun as Run};
+use s2mmu_migrate::transport::iperf;
 use serde_json::json;
-use std::time::Duration;
 
-/// The most bytes the memory floor moves: it holds two regions of its
-/// size, and 2 GiB is far beyond any cache, so a larger guest's floor
-/// reads the same while a machine with room for the guest but not for two
-/// more of it can still run the bench.
-pub const FLOOR_CAP: u64 = 2 << 30;
+pub use s2mmu_bench::wire::FLOOR_CAP;
 
 /// The most runs per cell.
 pub const MAX_WIRE_RUNS: u32 = 50;
-
-/// One run's figures: iperf3 and plain TCP, the stack's link, round 0
-/// (bytes per second), downtime (ms), and the CPU ns per page on each side.
-#[derive(Clone, Copy)]
-struct Run {
-    iperf3: Option<f64>,
-    plain: f64,
-    /// The memory floor: bytes a second, and its CPU a page on each side.
-    floor: f64,
-    floor_send_ns: f64,
-    floor_recv_ns: f64,
-    link: f64,
-    round0: f64,
-    downtime_ms: f64,
-    send_cpu_ns: f64,
-    recv_cpu_ns: f64,
-    /// The channels the migration ran with (`auto`'s choice).
-    chosen: u16,
-}
-
-impl Run {
-    /// Cores both ends' stream threads kept busy in round 0: their CPU a
-    /// page times round 0's pages a second (2 = this machine's all).
-    fn cores(&self) -> f64 {
-        (self.send_cpu_ns + self.recv_cpu_ns) * self.round0 / PAGE_SIZE as f64 / 1e9
-    }
-}
-
-/// A cell: TLS or not, a channel count, its runs.
-struct Cell {
-    tls: bool,
-    channels: u16,
-    runs: Vec<Run>,
-}
-
-impl Cell {
-    fn med(&self, f: impl Fn(&Run) -> f64) -> f64 {
-        median(self.runs.iter().map(f).collect())
-    }
-    /// The median of each run's iperf3 figure (None without iperf3).
-    fn iperf3(&self) -> Option<f64> {
-        let v: Option<Vec<f64>> = self.runs.iter().map(|r| r.iperf3).collect();
-        v.map(median)
-    }
-    fn pct_plain(&self) -> Vec<f64> {
-        let pct = |r: &Run| 100.0 * r.round0 / r.plain.max(1.0);
-        self.runs.iter().map(pct).collect()
-    }
-    fn pct_floor(&self) -> Vec<f64> {
-        self.runs
-            .iter()
-            .map(|r| 100.0 * r.round0 / r.floor.max(1.0))
-            .collect()
-    }
-    fn floor_pct_plain(&self) -> Vec<f64> {
-        self.runs
-            .iter()
-            .map(|r| 100.0 * r.floor / r.plain.max(1.0))
-            .collect()
-    }
-    fn pct_iperf3(&self) -> Option<Vec<f64>> {
-        let pct = |r: &Run| r.iperf3.map(|i| 100.0 * r.round0 / i.max(1.0));
-        self.runs.iter().map(pct).collect()
-    }
-}
 
 /// Runs the benchmark and prints its table (or JSON).
 ///
@@ -149,65 +76,26 @@ pub fn run(p: &Params, runs: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// One run of one cell: iperf3 (when there), the memory floor, then the
-/// migration with its plain-TCP probe.
+/// One run of one cell (the engine's [`s2mmu_bench::wire::measure`]), and
+/// its line on stderr.
 fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<Run, String> {
     let what = format!("TLS {tls}, {} channel(s), run {}", channels_name(ch), i + 1);
-    let iperf3 = if with_iperf3 {
-        // Bytes at 1 MiB/s, at least a minute: an iperf3 that hangs is
-        // stopped, not waited for.
-        let limit = Duration::from_secs(60 + p.mem / (1 << 20));
-        // `auto` may choose up to 4: the wire at its widest.
-        let conns = if ch == AUTO_CHANNELS { 4 } else { ch };
-        Some(iperf::loopback(conns, p.mem, limit).map_err(|e| format!("{what}: {e}"))?)
-    } else {
-        None
-    };
-    let conns = if ch == AUTO_CHANNELS { 4 } else { ch };
-    // The floor moves whole 16 KiB records over each connection.
-    let unit = 16 * 1024 * u64::from(conns);
-    let cipher = if tls {
-        FloorCipher::Aes128Gcm
-    } else {
-        FloorCipher::None
-    };
-    let floor_bytes = p.mem.min(FLOOR_CAP);
-    let floor = memory_floor(
-        conns,
-        (floor_bytes / unit).max(1) * unit,
-        cipher,
-        p.io_timeout,
-    )
-    .map_err(|e| format!("{what}: memory floor: {e}"))?;
-    let net = NetConfig {
+    let case = WireCase {
+        what: &what,
+        mem: p.mem,
         io_timeout: p.io_timeout,
-        security: if tls {
-            ephemeral_tls().map_err(|e| e.to_string())?
-        } else {
-            Security::Plain
-        },
+        tls,
+        // `auto` may choose up to 4: the wire at its widest.
+        conns: if ch == AUTO_CHANNELS { 4 } else { ch },
+        iperf3: with_iperf3,
     };
-    let mut cfg = p.source_config(false)?;
-    set_channels(&mut cfg.session, ch, tls);
-    let mut dcfg = p.sim_dest_config(false);
-    dcfg.dest.progress = false;
-    let (s, d) = migrate_in_process(&cfg, &dcfg, &net).map_err(|e| format!("{what}: {e}"))?;
-    let plain = s
-        .plain_link
-        .ok_or_else(|| format!("{what}: plain TCP was not measured"))?;
-    let r = Run {
-        iperf3,
-        plain: plain.bytes_per_s(),
-        floor: floor.bytes_per_s(),
-        floor_send_ns: floor.send_ns_per_page(),
-        floor_recv_ns: floor.recv_ns_per_page(),
-        link: s.link,
-        round0: s.rounds.first().map_or(0.0, |r| r.bandwidth),
-        downtime_ms: s.downtime.as_secs_f64() * 1e3,
-        send_cpu_ns: per_page(s.send_stages.cpu_ns, s.send_stages.pages),
-        recv_cpu_ns: per_page(d.recv_stages.cpu_ns, d.recv_stages.pages),
-        chosen: s.channels,
-    };
+    let r = s2mmu_bench::wire::measure(&case, || {
+        let mut cfg = p.source_config(false)?;
+        set_channels(&mut cfg.session, ch, tls);
+        let mut dcfg = p.sim_dest_config(false);
+        dcfg.dest.progress = false;
+        Ok((cfg, dcfg))
+    })?;
     if !p.quiet {
         eprintln!(
             "{what}: iperf3 {}, plain TCP {:.0} MiB/s, memory floor {:.0} MiB/s, round 0 {:.0} MiB/s = {:.0}% of plain, {:.0}% of the floor, downtime {:.1} ms",
