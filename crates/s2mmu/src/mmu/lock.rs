@@ -425,21 +425,31 @@ mod tests {
         const PAUSE: u32 = if cfg!(miri) { 10 } else { 200 };
         let l = Arc::new(MmuLock::new(AtomicU64::new(0), READERS));
         let stop = Arc::new(AtomicBool::new(false));
+        // The writer starts once every reader has read: on a loaded machine
+        // a reader thread may otherwise first run after the last write.
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let readers: Vec<_> = (0..READERS)
             .map(|i| {
-                let (l, stop) = (l.clone(), stop.clone());
+                let (l, stop, running) = (l.clone(), stop.clone(), running.clone());
                 std::thread::spawn(move || {
                     let slot = l.slot_for(i);
                     let mut reads = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let g = l.read(slot).guard;
                         assert_eq!(g.load(Ordering::Relaxed) % 2, 0, "a writer is inside");
+                        drop(g);
                         reads += 1;
+                        if reads == 1 {
+                            running.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     reads
                 })
             })
             .collect();
+        while running.load(Ordering::Relaxed) < READERS {
+            std::thread::yield_now();
+        }
         for _ in 0..WRITES {
             let g = l.write().guard;
             g.fetch_add(1, Ordering::Relaxed);
