@@ -235,7 +235,7 @@ fn migrate_bad_input() {
             "--control",
             not_a_socket.to_str().unwrap(),
         ],
-        &["--control", "not a socket"],
+        &["control socket", "control-not-a-socket", "not a socket"],
     );
 }
 
