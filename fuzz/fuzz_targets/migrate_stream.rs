@@ -31,6 +31,8 @@ fuzz_target!(|data: &[u8]| {
         // The destination runs arm64: a stream of another format is
         // refused by name.
         format: formats[usize::from(next()) % formats.len()],
+        // Some streams name a guest image the destination was not told of.
+        image: (next() & 1 == 1).then(|| [next(); 32]),
     };
     let mut stream = Vec::new();
     let Ok(mut w) = WireWriter::new(&mut stream, &header) else {
