@@ -51,12 +51,11 @@ pub fn files(s: Scenario) -> Files {
         IMAGE.len() > 72,
         "asm/el1_tests.S was not assembled (binutils-aarch64-linux-gnu)"
     );
-    let dir = std::env::temp_dir().join(format!(
-        "s2mmu-el1-{}-{:?}-{}",
-        std::process::id(),
-        s,
-        Instant::now().elapsed().as_nanos()
-    ));
+    // One directory per call: tests of one scenario may run at once.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir =
+        std::env::temp_dir().join(format!("s2mmu-el1-{}-{:?}-{call}", std::process::id(), s,));
     std::fs::create_dir_all(&dir).unwrap();
     let mut img = IMAGE.to_vec();
     img[64..72].copy_from_slice(&(s as u64).to_le_bytes());
