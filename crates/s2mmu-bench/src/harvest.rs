@@ -53,7 +53,7 @@ pub const MAX_SIZE: u64 = 256 << 30;
 pub fn check(p: &Config) -> Result<(), String> {
     if p.size == 0 || !p.size.is_multiple_of(2 << 20) || p.size > MAX_SIZE {
         return Err(format!(
-            "--size {}: must be a non-zero multiple of 2M, at most {}",
+            "--mem {}: must be a non-zero multiple of 2M, at most {}",
             p.size,
             human_bytes(MAX_SIZE)
         ));
@@ -71,7 +71,7 @@ pub fn check(p: &Config) -> Result<(), String> {
     // Two tables of 4K pages (1/512 of the slot each) and two bitmaps of a
     // bit per page.
     let need = 2 * (p.size / 512) + 2 * (p.size / 4096 / 8);
-    crate::host::check_memory(&format!("--size {}", human_bytes(p.size)), need)?;
+    crate::host::check_memory(&format!("--mem {}", human_bytes(p.size)), need)?;
     Ok(())
 }
 
@@ -243,13 +243,13 @@ mod tests {
                 .expect("refused");
             assert!(e.contains(says), "{e:?} should name {says}");
         };
-        refused(Config { size: 0, ..ok }, "--size");
+        refused(Config { size: 0, ..ok }, "--mem");
         refused(
             Config {
                 size: MAX_SIZE + (2 << 20),
                 ..ok
             },
-            "--size",
+            "--mem",
         );
         refused(Config { runs: 0, ..ok }, "--runs");
         refused(

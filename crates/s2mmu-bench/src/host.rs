@@ -15,7 +15,7 @@ pub fn available_memory() -> Option<u64> {
 
 /// Refuses a run that needs `need` bytes of memory when the host has less
 /// available; `what` names the flag and its value, as the user typed it
-/// (`--size 1T`).
+/// (`--mem 1T`).
 ///
 /// # Errors
 /// `"{what}: needs about N of memory; the host has M available"`.

@@ -81,7 +81,7 @@ mod tests {
             let e = measure::store_floor(&fmt, &mm, size, runs).expect_err("refused");
             assert!(e.contains(says), "{e:?} should name {says}");
         };
-        refused(0, 1, "--size");
+        refused(0, 1, "--mem");
         refused((1 << 30) + 4096, 1, "non-zero multiple");
         refused(MAX_SIZE + (1 << 30), 1, "at most");
         refused(1 << 30, 0, "--runs");

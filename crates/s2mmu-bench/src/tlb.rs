@@ -62,11 +62,11 @@ pub struct Config {
 /// A message naming the flag (the setting of the same name) and its limit.
 pub fn check(p: &Config) -> Result<(), String> {
     if p.size == 0 || !p.size.is_multiple_of(1 << 30) {
-        return Err("--size must be a non-zero multiple of 1G".into());
+        return Err("--mem must be a non-zero multiple of 1G".into());
     }
     if p.chunk == 0 || !p.chunk.is_multiple_of(64 * PAGE) || p.chunk > p.size {
         return Err(format!(
-            "--chunk must be a non-zero multiple of {} (64 pages: one bitmap word) and at most --size",
+            "--chunk must be a non-zero multiple of {} (64 pages: one bitmap word) and at most --mem",
             human_bytes(64 * PAGE)
         ));
     }
@@ -108,7 +108,7 @@ pub fn check(p: &Config) -> Result<(), String> {
             )
         })?;
     let what = format!(
-        "--vcpu-mem {} x --vcpus {} and --size {}",
+        "--vcpu-mem {} x --vcpus {} and --mem {}",
         human_bytes(p.vcpu_mem),
         p.vcpus,
         human_bytes(p.size)
@@ -196,7 +196,7 @@ mod tests {
                 size: 0,
                 ..config()
             },
-            "--size",
+            "--mem",
         );
         refused(
             Config {
@@ -275,7 +275,7 @@ mod tests {
             &crate::no_bars,
         )
         .unwrap_err();
-        assert!(e.contains("--size"), "{e}");
+        assert!(e.contains("--mem"), "{e}");
     }
 
     #[test]

@@ -5,8 +5,7 @@
 //! gains is offered here, by `dirty-log-perf` and `migrate` alike, without
 //! a change to this file.
 
-use s2mmu::mmu::{DirtyMode, HwDirtyBlocks, Protect};
-use s2mmu_arm64::linux::dirty as linux;
+use s2mmu::mmu::DirtyMode;
 
 /// A dirty mode's name that the command does not take: what was given and
 /// the names it takes.
@@ -34,14 +33,15 @@ impl std::fmt::Display for DirtyModeArgError {
 
 impl std::error::Error for DirtyModeArgError {}
 
-/// Parses one dirty mode: `wp` (or `bitmap`), `ring` (4096 entries per
-/// vCPU), `ring:N`, `hw`, `hw-blocks` or `pml`. Bitmap modes come with
+/// Parses one dirty mode: `wp` (or `manual`, or `bitmap`), `ring` (4096
+/// entries per vCPU), `ring:N`, `hw`, `hw-blocks` or `pml`. Bitmap modes come with
 /// manual protect and bitmaps that start clear; a command that has flags
 /// for those applies them with [`DirtyMode::with_protect`].
 ///
 /// # Errors
 /// [`DirtyModeArgError`] naming the value and every mode.
 pub fn parse_dirty_mode(s: &str) -> Result<DirtyMode, DirtyModeArgError> {
+    let s = if s == "manual" { "wp" } else { s };
     s.parse()
         .map_err(|e: s2mmu::mmu::ParseDirtyModeError| DirtyModeArgError {
             given: s.to_owned(),
@@ -50,53 +50,35 @@ pub fn parse_dirty_mode(s: &str) -> Result<DirtyMode, DirtyModeArgError> {
         })
 }
 
-/// The names `s2mmu linux --dirty` takes: no logging, then
-/// [`linux_dirty_name`] of each mode the Linux harvester runs.
-pub const LINUX_NAMES: [&str; 5] = ["off", "wp", "manual", "ring", "hw"];
+/// Every name `--dirty` takes where logging may be off: `off`, `manual`
+/// (the same mode as `wp`, named for its manual protect: GET copies, CLEAR
+/// protects) and the engine's [`DirtyMode::NAMES`].
+pub const NAMES: [&str; 7] = ["off", "wp", "manual", "ring[:N]", "hw", "hw-blocks", "pml"];
 
-/// `s2mmu linux --dirty`: `off` (no logging: `None`), `manual` (the
-/// engine's `wp`: GET then CLEAR), or the engine's `wp`, `ring`,
-/// `ring:N` or `hw` with GET re-protecting (`KVM_GET_DIRTY_LOG` alone),
-/// as the Linux harvester ran them before it took the engine's type;
-/// `ring` without a size has the harvester's [`linux::RING_ENTRIES`].
-/// `hw-blocks` and `pml` are refused: no Linux run checks them on QEMU's
-/// model (QEMU 7.2 has no FEAT_HDBSS).
+/// `--dirty` where logging may be off: `off` (`None`) or
+/// [`parse_dirty_mode`]'s names, with the engine's meanings. A command
+/// refuses by name the modes it cannot run.
 ///
 /// # Errors
-/// [`DirtyModeArgError`] naming the value and [`LINUX_NAMES`].
-pub fn parse_linux_dirty(s: &str) -> Result<Option<DirtyMode>, DirtyModeArgError> {
-    let refuse = |why: &str| DirtyModeArgError {
-        given: s.to_owned(),
-        accepted: LINUX_NAMES.to_vec(),
-        why: why.to_owned(),
-    };
-    let mode = match s {
-        "off" => return Ok(None),
-        "manual" => return Ok(Some(linux::MANUAL)),
-        "ring" => linux::RING,
+/// [`DirtyModeArgError`] naming the value and [`NAMES`].
+pub fn parse_dirty_or_off(s: &str) -> Result<Option<DirtyMode>, DirtyModeArgError> {
+    match s {
+        "off" => Ok(None),
         _ => parse_dirty_mode(s)
-            .map_err(|_| refuse("no such mode (ring:N takes a power of two, 256..=65536)"))?,
-    };
-    let logs_blocks = DirtyMode::Hardware {
-        protect: Protect::OnGet,
-        blocks: HwDirtyBlocks::LogWholeBlocks,
-    };
-    if mode.pml() || mode.with_protect(Protect::OnGet) == logs_blocks {
-        return Err(refuse("not a mode `linux` runs"));
+            .map(Some)
+            .map_err(|e| DirtyModeArgError {
+                accepted: NAMES.to_vec(),
+                ..e
+            }),
     }
-    Ok(Some(mode.with_protect(Protect::OnGet)))
 }
 
-/// The name [`parse_linux_dirty`] takes for `mode`: `off`, `manual` for a
-/// write-protection mode with manual protect, else the engine's name
-/// (`ring:N` for a ring of other than [`linux::RING_ENTRIES`]).
-pub fn linux_dirty_name(mode: Option<DirtyMode>) -> String {
+/// The name [`parse_dirty_or_off`] takes for `mode`: `off`, else the
+/// engine's name (`ring:N` for a ring).
+pub fn dirty_name(mode: Option<DirtyMode>) -> String {
     match mode {
         None => "off".into(),
-        Some(m) if m.name() == "wp" && m.manual_protect() => "manual".into(),
-        Some(DirtyMode::Ring { entries }) if entries != linux::RING_ENTRIES => {
-            format!("ring:{entries}")
-        }
+        Some(DirtyMode::Ring { entries }) => format!("ring:{entries}"),
         Some(m) => m.name().into(),
     }
 }
@@ -138,6 +120,7 @@ pub fn parse_dirty_modes(s: &str) -> Result<DirtyModes, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use s2mmu::mmu::{HwDirtyBlocks, Protect};
 
     #[test]
     fn every_engine_mode_parses_by_its_own_name() {
@@ -172,30 +155,15 @@ mod tests {
     }
 
     #[test]
-    fn linux_names_round_trip_and_bad_names_are_named() {
-        for name in LINUX_NAMES.into_iter().chain(["ring:1024"]) {
-            let mode = parse_linux_dirty(name).unwrap();
-            assert_eq!(linux_dirty_name(mode), name);
+    fn off_and_manual_and_engine_names_round_trip() {
+        assert_eq!(parse_dirty_or_off("off"), Ok(None));
+        assert_eq!(parse_dirty_or_off("manual"), Ok(Some(DirtyMode::WP)));
+        assert_eq!(parse_dirty_or_off("wp"), Ok(Some(DirtyMode::WP)));
+        for name in ["off", "wp", "ring:1024", "hw", "hw-blocks", "pml"] {
+            assert_eq!(dirty_name(parse_dirty_or_off(name).unwrap()), name);
         }
-        assert_eq!(parse_linux_dirty("off"), Ok(None));
-        assert_eq!(parse_linux_dirty("manual"), Ok(Some(DirtyMode::WP)));
-        assert_eq!(
-            parse_linux_dirty("wp"),
-            Ok(Some(DirtyMode::Bitmap {
-                protect: Protect::OnGet
-            }))
-        );
-        assert_eq!(parse_linux_dirty("ring"), Ok(Some(linux::RING)));
-        assert_eq!(parse_linux_dirty("hw"), Ok(Some(linux::HW)));
-        for bad in ["dbm", "pml", "hw-blocks", "ring:x"] {
-            let e = parse_linux_dirty(bad).unwrap_err();
-            assert_eq!(e.given, bad);
-            assert_eq!(e.accepted, LINUX_NAMES.to_vec());
-            let text = e.to_string();
-            assert!(
-                text.contains(&format!("{bad:?}")) && text.contains("manual"),
-                "{text}"
-            );
-        }
+        let e = parse_dirty_or_off("dbm").unwrap_err();
+        assert_eq!(e.accepted, NAMES.to_vec());
+        assert!(e.to_string().contains("\"dbm\"") && e.to_string().contains("manual"));
     }
 }

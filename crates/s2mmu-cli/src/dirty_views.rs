@@ -10,10 +10,10 @@ use serde_json::json;
 #[derive(Clone, Debug, clap::Args)]
 pub struct Params {
     /// Guest memory, one slot (a multiple of 2M times the vCPUs, at most 16G).
-    #[arg(long, default_value = "256M", value_parser = crate::report::parse_size)]
+    #[arg(short = 'm', long, default_value = "256M", value_parser = crate::report::parse_size)]
     pub mem: u64,
     /// vCPU threads, each writing its own share of the slot (1..=64).
-    #[arg(long, default_value_t = 2)]
+    #[arg(short = 'v', long, default_value_t = 2)]
     pub vcpus: usize,
     /// Harvest period of each view in ticks, one number per view
     /// (1..=1000 each, at most 8 views).
@@ -22,16 +22,22 @@ pub struct Params {
     /// Ticks to run (1..=100000).
     #[arg(long, default_value_t = 30)]
     pub ticks: u32,
-    /// A tick is this many milliseconds of free-running guest, at fixed times (1..=10000);
-    /// 0: one guest pass over every page.
-    #[arg(long, default_value_t = 0)]
-    pub tick_ms: u64,
+    /// A tick is this long a free-running guest, at fixed times (1ms..=10s, whole
+    /// milliseconds); 0s: one guest pass over every page.
+    #[arg(long, default_value = "0s", value_parser = s2mmu_cli::flags::parse_duration)]
+    pub tick: std::time::Duration,
+    /// Hidden alias of --tick in milliseconds.
+    #[arg(long, hide = true, conflicts_with = "tick")]
+    pub tick_ms: Option<u64>,
     /// Pages visited at random instead of in order.
     #[arg(long)]
     pub random: bool,
-    /// Track through hardware dirty state (no write faults) instead of
-    /// write protection.
-    #[arg(long)]
+    /// The engine's dirty mode: wp (write protection) or hw (hardware dirty
+    /// state, no write faults); the others are refused by name.
+    #[arg(long, default_value = "wp", value_parser = s2mmu_cli::dirty_mode::parse_dirty_mode)]
+    pub dirty: s2mmu::mmu::DirtyMode,
+    /// Hidden alias of --dirty hw.
+    #[arg(long, hide = true, conflicts_with = "dirty")]
     pub hardware: bool,
     /// Views due at the same tick clear one after the other
     /// (`clear_dirty_view` each) instead of in one call
@@ -47,6 +53,21 @@ pub struct Params {
 }
 
 fn check(p: &Params) -> Result<(), String> {
+    let hw = s2mmu::mmu::DirtyMode::HW;
+    if ![s2mmu::mmu::DirtyMode::WP, hw].contains(&p.dirty) {
+        return Err(format!(
+            "--dirty {}: dirty-views runs wp or hw",
+            p.dirty.name()
+        ));
+    }
+    if p.tick_ms.is_none()
+        && (!p.tick.subsec_nanos().is_multiple_of(1_000_000) || p.tick.as_millis() > 10_000)
+    {
+        return Err(format!(
+            "--tick {:?}: whole milliseconds, at most 10s",
+            p.tick
+        ));
+    }
     s2mmu_bench::views::check(&p.config())
 }
 
@@ -58,9 +79,9 @@ impl Params {
             vcpus: self.vcpus,
             view_periods: self.view_periods.clone(),
             ticks: self.ticks,
-            tick_ms: self.tick_ms,
+            tick_ms: self.tick_ms.unwrap_or(self.tick.as_millis() as u64),
             random: self.random,
-            hardware: self.hardware,
+            hardware: self.hardware || self.dirty == s2mmu::mmu::DirtyMode::HW,
             separate_clears: self.separate_clears,
         }
     }
@@ -90,12 +111,13 @@ pub fn run(p: &Params) -> Result<Report, String> {
     let (many, one) = run_both(&p.config(), &bar)?;
     drop(bar);
     let fastest = *p.view_periods.iter().min().unwrap_or(&1);
+    let c = p.config();
     let mut r = Report::new(
         "dirty-views",
         json!({ "mem": p.mem, "vcpus": p.vcpus, "view_periods": p.view_periods,
-                "ticks": p.ticks, "tick_ms": p.tick_ms, "random": p.random,
+                "ticks": p.ticks, "tick_ms": c.tick_ms, "random": p.random,
                 "separate_clears": p.separate_clears,
-                "hardware": p.hardware }),
+                "dirty": if c.hardware { "hw" } else { "wp" } }),
     );
     let (fm, f1) = (
         per_page_cycle(&many, &p.config()),
@@ -130,7 +152,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
     // In pass mode the guest does the same work in both runs, so the
     // fault counts compare exactly; free running, its speed varies from
     // run to run and only the protects the slower views added tell.
-    let ok = lost == 0 && share <= 0.01 && (p.tick_ms > 0 || many.faults == one.faults);
+    let ok = lost == 0 && share <= 0.01 && (p.config().tick_ms > 0 || many.faults == one.faults);
     text += &format!(
         "Guest write faults per page per cycle of the fastest view (period {fastest}): \
          {fm:.4} with {} views ({} faults in {} guest writes), {f1:.4} with it alone ({} faults in {} writes)\n\
@@ -198,12 +220,12 @@ fn header(p: &Params) -> String {
         human_bytes(p.mem),
         p.vcpus,
         p.ticks,
-        if p.tick_ms == 0 {
+        if p.config().tick_ms == 0 {
             "one guest pass".to_string()
         } else {
-            format!("{} ms", p.tick_ms)
+            format!("{} ms", p.config().tick_ms)
         },
-        if p.hardware {
+        if p.config().hardware {
             "hardware dirty state"
         } else {
             "write-protection"
@@ -235,8 +257,10 @@ mod tests {
             vcpus: 2,
             view_periods: periods.to_vec(),
             ticks: 6,
-            tick_ms: 0,
+            tick: std::time::Duration::ZERO,
+            tick_ms: None,
             random: false,
+            dirty: s2mmu::mmu::DirtyMode::WP,
             hardware: false,
             separate_clears: separate,
             json: false,

@@ -20,7 +20,7 @@ pub struct Params {
     /// Size of the slot, mapped with 4 KiB pages without touching memory
     /// (a multiple of 2M, at most 256G: its two tables take size/256 bytes, which must fit
     /// the host's available memory).
-    #[arg(long, default_value = "64G", value_parser = crate::report::parse_size)]
+    #[arg(short = 'm', long = "mem", alias = "size", default_value = "64G", value_parser = crate::report::parse_size)]
     pub size: u64,
     /// One page in this many is dirtied before each harvest (1: every page), at most the
     /// slot's pages.

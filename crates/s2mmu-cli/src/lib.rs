@@ -2,6 +2,7 @@
 //! The subcommands that are only benchmarks live in the binary.
 
 pub mod dirty_mode;
+pub mod flags;
 pub mod limits;
 pub use s2mmu_migrate::session::lost_write;
 pub mod migrate;

@@ -1,7 +1,7 @@
 //! Bounded flags: the value parsers and checks that refuse a number before
 //! anything is allocated or a thread starts, with a message that names the
 //! limit (clap puts the flag's name before it: `invalid value '1P' for
-//! '--size <SIZE>': at most 16TiB`).
+//! '--mem <SIZE>': at most 16TiB`).
 
 use crate::report::{human_bytes, parse_size};
 use std::ops::RangeInclusive;
@@ -58,9 +58,9 @@ mod tests {
             available_memory().is_some(),
             "/proc/meminfo has MemAvailable (Linux 3.14 or newer)"
         );
-        let e = check_memory("--size 1P", u64::MAX).unwrap_err();
-        assert!(e.starts_with("--size 1P: needs about"), "{e}");
-        assert!(check_memory("--size 4K", 4096).is_ok());
+        let e = check_memory("--mem 1P", u64::MAX).unwrap_err();
+        assert!(e.starts_with("--mem 1P: needs about"), "{e}");
+        assert!(check_memory("--mem 4K", 4096).is_ok());
         assert_eq!(approx_bytes(3 << 29), "1.5 GiB");
     }
 }

@@ -1,17 +1,20 @@
 //! `s2mmu linux`: Debian's arm64 Linux at EL1 under the project's EL2 stub
 //! on QEMU's model, every byte of guest RAM mapped by the engine's fault
 //! path; with `--dirty`, dirty logging from `/init` on, every harvest
-//! checked against a hash of every guest page; with `--baseline`, the same
+//! checked against a hash of every guest page; with `--vs-qemu`, the same
 //! kernel and initramfs booted by QEMU itself, back to back, for the ratio.
 
 use crate::arm64::EMULATOR_NOTE;
 use crate::report::human_bytes;
 use crate::stats::median;
+use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::baseline;
 use s2mmu_arm64::linux::run::{check_word, dirtier_rate, verdict, RunSpec};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, LinuxReport, EXIT_NAMES};
-use s2mmu_cli::dirty_mode::{linux_dirty_name, parse_linux_dirty};
+use s2mmu_cli::dirty_mode::{dirty_name, parse_dirty_or_off, DirtyModeArgError};
+use s2mmu_cli::flags::parse_duration;
+use s2mmu_cli::report::{emit, Report};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -45,21 +48,24 @@ pub struct Params {
     /// Its arguments, comma-separated (dirtier: mem=MiB,file=MiB,rate=N,secs=N).
     #[arg(long, default_value = "")]
     pub args: String,
-    /// Dirty logging from /init on: off, wp, manual, ring, ring:N, hw.
+    /// Dirty logging from /init on, the engine's modes: off, wp (or manual: GET then CLEAR), ring (16384 entries here), ring:N, hw.
     // The full path keeps clap from making the flag optional: "off" is
     // the value `None`.
     #[arg(long, default_value = "off", value_parser = parse_linux_dirty)]
-    pub dirty: std::option::Option<s2mmu::mmu::DirtyMode>,
-    /// Milliseconds between harvests (10..=10000).
-    #[arg(long, default_value_t = 100, value_parser = crate::limits::count_in(10..=10_000))]
-    pub harvest_ms: usize,
-    /// Stop the guest after this many seconds (1..=3600).
-    #[arg(long, default_value_t = 300, value_parser = crate::limits::count_in(1..=3600))]
-    pub timeout: usize,
+    pub dirty: std::option::Option<DirtyMode>,
+    /// Time between harvests (10ms..=10s).
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub harvest_every: Duration,
+    /// Hidden alias of --harvest-every in milliseconds.
+    #[arg(long, hide = true, conflicts_with = "harvest_every", value_parser = crate::limits::count_in(10..=10_000))]
+    pub harvest_ms: Option<usize>,
+    /// Stop the guest after this long (1s..=1h).
+    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    pub timeout: Duration,
     /// Also boot the same kernel and initramfs with QEMU alone (EL1, no stage 2) and report the ratio.
-    #[arg(long)]
-    pub baseline: bool,
-    /// Runs (1..=10); with --baseline each run boots both, back to back, and the medians are compared.
+    #[arg(long, alias = "baseline")]
+    pub vs_qemu: bool,
+    /// Runs (1..=10); with --vs-qemu each run boots both, back to back, and the medians are compared.
     #[arg(long, default_value_t = 1, value_parser = crate::limits::count_in(1..=10))]
     pub runs: usize,
     /// With --run dirtier: one run without dirty logging, then one per mode (wp, manual, ring, hw), and the dirtier's write rate in each against the run without.
@@ -71,6 +77,26 @@ pub struct Params {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// The guest's console is not echoed (it still goes to a --console file).
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+impl Params {
+    /// The time between harvests (`--harvest-every`, or its alias in ms).
+    pub fn harvest(&self) -> Duration {
+        self.harvest_ms
+            .map_or(self.harvest_every, |ms| Duration::from_millis(ms as u64))
+    }
+}
+
+/// `--dirty`: [`parse_dirty_or_off`], `ring` with the Linux harvester's
+/// [`s2mmu_arm64::linux::dirty::RING_ENTRIES`].
+fn parse_linux_dirty(s: &str) -> Result<Option<DirtyMode>, DirtyModeArgError> {
+    match s {
+        "ring" => Ok(Some(s2mmu_arm64::linux::dirty::RING)),
+        _ => parse_dirty_or_off(s),
+    }
 }
 
 fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
@@ -79,6 +105,16 @@ fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
             "--mem {}: a multiple of 2M from 128M to 4G",
             human_bytes(p.mem)
         ));
+    }
+    let ms = |lo, hi| Duration::from_millis(lo)..=Duration::from_millis(hi);
+    if !ms(10, 10_000).contains(&p.harvest()) || !ms(1000, 3_600_000).contains(&p.timeout) {
+        return Err("--harvest-every: 10ms to 10s; --timeout: 1s to 1h".into());
+    }
+    if let Some(m) = p.dirty.filter(|m| m.pml() || *m == DirtyMode::HW_BLOCKS) {
+        return Err(format!("--dirty {}: not a mode `linux` runs (QEMU's model has no FEAT_HDBSS; hw-blocks is unchecked here)", m.name()));
+    }
+    if p.dirty.is_none() && !p.rate_per_mode && p.harvest() != Duration::from_millis(100) {
+        return Err("--harvest-every needs --dirty or --rate-per-mode".into());
     }
     check_word("--run", &p.run)?;
     check_word("--args", &p.args)?;
@@ -91,12 +127,9 @@ fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
     if let Some(why) = crate::arm64::unavailable() {
         return Err(why);
     }
-    if p.dirty.is_none() && !p.rate_per_mode && p.harvest_ms != 100 {
-        return Err("--harvest-ms needs --dirty or --rate-per-mode".into());
-    }
-    if p.rate_per_mode && (p.run != "dirtier" || p.dirty.is_some() || p.baseline) {
+    if p.rate_per_mode && (p.run != "dirtier" || p.dirty.is_some() || p.vs_qemu) {
         return Err(
-            "--rate-per-mode needs --run dirtier, and no --dirty or --baseline (it runs each mode)"
+            "--rate-per-mode needs --run dirtier, and no --dirty or --vs-qemu (it runs each mode)"
                 .into(),
         );
     }
@@ -120,10 +153,10 @@ fn spec(p: &Params) -> RunSpec {
         cmdline: p.cmdline.clone(),
         run: p.run.clone(),
         args: p.args.clone(),
-        echo: p.console == "-" && !p.json,
-        timeout: Duration::from_secs(p.timeout as u64),
+        echo: p.console == "-" && !p.json && !p.quiet,
+        timeout: p.timeout,
         dirty: p.dirty,
-        harvest: Duration::from_millis(p.harvest_ms as u64),
+        harvest: p.harvest(),
     }
 }
 
@@ -147,47 +180,71 @@ pub fn main(p: Params) -> Result<(), String> {
     if p.rate_per_mode {
         return rate::rate_per_mode(&p, cfg);
     }
+    let mut rep = Report::new("linux", params_json(&p));
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for run in 1..=p.runs {
         let r = vm::run(&cfg).map_err(|e| e.to_string())?;
         if p.console != "-" {
             std::fs::write(&p.console, &r.console).map_err(|e| format!("{}: {e}", p.console))?;
         }
-        let base = if p.baseline {
+        let base = if p.vs_qemu {
             Some(spec(&p).baseline(&a)?)
         } else {
             None
         };
         ours.extend(r.init_s);
         theirs.extend(base.as_ref().map(|b| b.init_s));
-        if p.json {
-            println!("{}", to_json(&p, &r, base.as_ref()));
-        } else {
+        let case = format!("run {run}");
+        rep.result(&case, "s2mmu", to_json(&p, &r));
+        if let Some(b) = &base {
+            rep.result(
+                &case,
+                "qemu_alone",
+                json!({"boot_to_init_s": b.init_s,
+                "total_s": b.poweroff_s, "cpus_online": b.cpus_online}),
+            );
+            if let Some(s) = r.init_s {
+                rep.compare(&case, "boot_to_init_s", b.init_s, s);
+            }
+        }
+        if !p.json {
             println!("run {run}:");
             print_text(&p, &r, base.as_ref());
         }
-        verdict(p.vcpus, &r)?;
+        if let Err(e) = verdict(p.vcpus, &r) {
+            emit_json(&p, &rep);
+            return Err(e);
+        }
     }
-    if p.runs > 1 {
-        summary(&p, &ours, &theirs);
-    }
+    summary(&p, &mut rep, &ours, &theirs);
+    emit_json(&p, &rep);
     Ok(())
 }
 
-/// Medians over the runs (the JSON summary is the last line).
-fn summary(p: &Params, ours: &[f64], theirs: &[f64]) {
+fn emit_json(p: &Params, rep: &Report) {
+    if p.json {
+        emit(rep, true);
+    }
+}
+
+/// The flags as used, for the JSON envelope.
+fn params_json(p: &Params) -> serde_json::Value {
+    json!({"vcpus": p.vcpus, "mem_bytes": p.mem, "run": p.run, "args": p.args,
+        "dirty": dirty_name(p.dirty), "harvest_every_ms": p.harvest().as_secs_f64() * 1e3,
+        "timeout_s": p.timeout.as_secs_f64(), "vs_qemu": p.vs_qemu, "runs": p.runs,
+        "cmdline": p.cmdline, "note": EMULATOR_NOTE})
+}
+
+/// Medians over the runs: a comparison in the envelope, a line of text.
+fn summary(p: &Params, rep: &mut Report, ours: &[f64], theirs: &[f64]) {
     let (m, b) = (median(ours), median(theirs));
     let ratio = m.zip(b).map(|(m, b)| m / b);
-    if p.json {
+    if let (Some(m), Some(b)) = (m, b) {
+        rep.compare("median", "boot_to_init_s", b, m);
+    }
+    if p.runs > 1 && !p.json {
         println!(
-            "{}",
-            json!({"summary": {"runs": p.runs, "vcpus": p.vcpus, "boot_to_init_s": ours,
-                "baseline_boot_to_init_s": theirs, "median_s": m, "baseline_median_s": b,
-                "ratio_of_medians": ratio}})
-        );
-    } else {
-        println!(
-            "{} runs: boot to init median {} (runs {ours:.2?}); baseline median {} (runs {theirs:.2?}); ratio {}",
+            "{} runs: boot to init median {} (runs {ours:.2?}); QEMU alone median {} (runs {theirs:.2?}); ratio {}",
             p.runs,
             m.map_or("n/a".into(), |s| format!("{s:.2} s")),
             b.map_or("n/a".into(), |s| format!("{s:.2} s")),
@@ -200,7 +257,7 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-fn to_json(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) -> serde_json::Value {
+fn to_json(p: &Params, r: &LinuxReport) -> serde_json::Value {
     let per_s: serde_json::Map<String, serde_json::Value> = EXIT_NAMES
         .iter()
         .zip(r.exits)
@@ -212,8 +269,6 @@ fn to_json(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) ->
         .map(|(n, e)| (n.to_string(), json!(e)))
         .collect();
     json!({
-        "vcpus": p.vcpus,
-        "mem_bytes": p.mem,
         "stop": format!("{:?}", r.reason),
         "cpus_online": r.cpus_online,
         "boot_to_init_s": r.init_s,
@@ -233,8 +288,7 @@ fn to_json(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) ->
         },
         "dirtier_pages_per_s": dirtier_rate(&r.console),
         "dirty": r.dirty.as_ref().map(|d| json!({
-            "mode": linux_dirty_name(p.dirty),
-            "harvest_ms": p.harvest_ms,
+            "mode": dirty_name(p.dirty),
             "harvests": d.harvests,
             "logged_pages": d.logged,
             "changed_pages": d.changed,
@@ -242,13 +296,6 @@ fn to_json(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) ->
             "harvest_ms_total": ms(d.harvest_ns),
             "hash_ms_total": ms(d.hash_ns),
         })),
-        "baseline": b.map(|b| json!({
-            "boot_to_init_s": b.init_s,
-            "total_s": b.poweroff_s,
-            "cpus_online": b.cpus_online,
-            "ratio_boot_to_init": r.init_s.map(|s| s / b.init_s),
-        })),
-        "note": EMULATOR_NOTE,
     })
 }
 
@@ -280,9 +327,9 @@ fn print_text(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>)
     );
     if let Some(d) = &r.dirty {
         println!(
-            "dirty ({}, every {} ms): {} harvests, {} pages logged, {} changed, {} lost; harvest {:.1} ms, hashing {:.1} ms",
-            linux_dirty_name(p.dirty),
-            p.harvest_ms,
+            "dirty ({}, every {:?}): {} harvests, {} pages logged, {} changed, {} lost; harvest {:.1} ms, hashing {:.1} ms",
+            dirty_name(p.dirty),
+            p.harvest(),
             d.harvests,
             d.logged,
             d.changed,
@@ -296,7 +343,7 @@ fn print_text(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>)
     }
     if let Some(b) = b {
         println!(
-            "baseline (QEMU alone, EL1): init after {:.2} s; ratio {}",
+            "QEMU alone (EL1): init after {:.2} s; ratio {}",
             b.init_s,
             r.init_s
                 .map_or("n/a".into(), |s| format!("{:.2}x", s / b.init_s))

@@ -16,7 +16,7 @@ mod tlb_perf;
 
 use s2mmu_cli::{limits, migrate, plot, progress, report, snapshot, stats};
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -57,7 +57,12 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // The options given (not defaulted), for those refused by the guest.
+    let given = matches
+        .subcommand()
+        .map_or_else(Vec::new, |(_, m)| s2mmu_cli::flags::given(m));
     let result = match cli.cmd {
         Cmd::SplitPerf(p) => split_perf::main(p),
         Cmd::TlbPerf(p) => tlb_perf::main(p),
@@ -66,10 +71,11 @@ fn main() -> ExitCode {
         Cmd::DirtyViews(p) => dirty_views::main(p),
         Cmd::MemslotPerf(p) => memslot_perf::main(p),
         Cmd::Reproduce(p) => reproduce::main(p),
-        Cmd::Migrate(p) if migrate::linux::chosen(&p, std::env::args().skip(2)) => {
-            migrate::linux::main(&p)
-        }
-        Cmd::Migrate(p) => migrate::main(*p),
+        Cmd::Migrate(p) => match migrate::linux::chosen(&p, &given) {
+            Ok(true) => migrate::linux::main(&p),
+            Ok(false) => migrate::main(*p),
+            Err(e) => Err(e),
+        },
         Cmd::MigrateCtl(p) => migrate_ctl::main(p),
         Cmd::Snapshot(p) => snapshot::main(p),
         Cmd::Linux(p) => linux::main(*p),

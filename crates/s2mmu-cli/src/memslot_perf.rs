@@ -16,15 +16,15 @@ use s2mmu_bench::memslot::{check, kvm_rows, run_with, MemslotPerfParams, SCENARI
 pub struct Args {
     /// Slot counts, one table each (the selftest's `-s`): each 1 to 32764, at most 16 counts.
     #[arg(
-        short = 's',
         long,
+        short_alias = 's',
         value_delimiter = ',',
         default_values_t = [10u32, 30, 50, 100, 509, 32764],
         value_parser = clap::value_parser!(u32).range(1..=i64::from(s2mmu::memslot::KVM_USER_MEM_SLOTS))
     )]
     pub slots: Vec<u32>,
-    /// Seconds per scenario run (the selftest's `-l`), more than 0 and at most 60.
-    #[arg(short = 'l', long, default_value_t = 0.5, value_parser = parse_seconds)]
+    /// How long each scenario runs (the selftest's `-l`), e.g. 500ms: more than 0, at most 1m.
+    #[arg(long = "duration", short_alias = 'l', alias = "seconds", value_name = "DURATION", default_value = "500ms", value_parser = parse_seconds)]
     pub seconds: f64,
     /// Runs per scenario (the selftest's `-r`), 1 to 100; tables show the median.
     #[arg(short = 'r', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -47,14 +47,11 @@ pub struct Args {
     pub quiet: bool,
 }
 
-/// `-l`: a number of seconds, more than 0 and at most 60.
+/// `--duration`: a duration with its unit, more than 0 and at most 1m, in seconds.
 fn parse_seconds(s: &str) -> Result<f64, String> {
-    let x: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
-    if x.is_nan() || x <= 0.0 || x > 60.0 {
-        return Err("more than 0 and at most 60 seconds".into());
+    let x = s2mmu_cli::flags::parse_duration(s)?.as_secs_f64();
+    if x <= 0.0 || x > 60.0 {
+        return Err("more than 0 and at most 1m".into());
     }
     Ok(x)
 }

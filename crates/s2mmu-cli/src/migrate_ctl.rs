@@ -12,6 +12,12 @@ pub struct Params {
     /// The control socket of a running `s2mmu migrate --control PATH`.
     #[arg(long, value_name = "PATH")]
     control: PathBuf,
+    /// Print the answer in the JSON envelope (its `results` hold it).
+    #[arg(long, global = true)]
+    json: bool,
+    /// Print nothing: the exit status says whether the migration took the command.
+    #[arg(short = 'q', long, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     action: Action,
 }
@@ -51,7 +57,14 @@ pub fn main(p: Params) -> Result<(), String> {
     if answer.starts_with("error:") {
         return Err(format!("the migration refused {line:?}: {answer}"));
     }
-    println!("{answer}");
+    if p.json {
+        let mut r = crate::report::Report::new("migrate-ctl", serde_json::json!({"request": line}));
+        let v = serde_json::from_str(&answer).unwrap_or(serde_json::Value::String(answer));
+        r.result(&line, "answer", serde_json::json!({"answer": v}));
+        crate::report::emit(&r, true);
+    } else if !p.quiet {
+        println!("{answer}");
+    }
     Ok(())
 }
 

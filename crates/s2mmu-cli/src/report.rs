@@ -114,9 +114,14 @@ impl Report {
         c
     }
 
-    /// The report as one JSON object.
+    /// The report as one JSON object: the envelope every subcommand's
+    /// `--json` prints (`command`, `version`, `params`, `host`, `results`,
+    /// `comparisons`; `benchmark` repeats `command` for readers of the
+    /// older form).
     pub fn to_json(&self) -> Value {
         json!({
+            "command": self.benchmark,
+            "version": env!("CARGO_PKG_VERSION"),
             "benchmark": self.benchmark,
             "params": self.params,
             "host": host(),

@@ -17,8 +17,8 @@ mod plots;
 /// Options of `reproduce`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Params {
-    /// Where to write the Markdown report (plots go beside it, named after it).
-    #[arg(long, default_value = "s2mmu-reproduce.md")]
+    /// Where to write the Markdown report (plots go beside it, named after it; default: in the temporary directory).
+    #[arg(long, default_value_t = std::env::temp_dir().join("s2mmu-reproduce.md").display().to_string())]
     pub out: String,
     /// Smaller sizes, for a quick look (about a third of the time).
     #[arg(long)]

@@ -39,7 +39,7 @@ pub struct Params {
     /// Slot size (e.g. 1G, 512M): a multiple of the granule's largest block, at most 255T
     /// (the IPA space above the slot's base) and what the host's free memory can hold
     /// split to pages (about 1/128 of the size with 4K pages), checked before allocating.
-    #[arg(long, default_value = "1G", value_parser = limits::size_in(1..=MAX_SIZE))]
+    #[arg(short = 'm', long = "mem", alias = "size", default_value = "1G", value_parser = limits::size_in(1..=MAX_SIZE))]
     pub size: u64,
     /// Repetitions per backing and policy, 1 to 1000.
     #[arg(long, default_value_t = 7, value_parser = limits::count_in(1..=1000))]
@@ -74,10 +74,10 @@ pub fn main(p: Params) -> Result<(), String> {
     Ok(())
 }
 
-/// The largest `--size`: the slot sits at 1 TiB in a 48-bit IPA space.
+/// The largest `--mem`: the slot sits at 1 TiB in a 48-bit IPA space.
 use s2mmu_bench::split::MAX_SIZE;
 
-/// The format for `--granule`, once `--size` and `--runs` are checked
+/// The format for `--granule`, once `--mem` and `--runs` are checked
 /// against it and against the host's memory, before anything is allocated.
 ///
 /// # Errors
@@ -237,13 +237,13 @@ mod tests {
             ..params("512M", 1)
         };
         let e = run(&p, false).err().unwrap();
-        assert!(e.contains("--size"), "{e}");
+        assert!(e.contains("--mem"), "{e}");
     }
 
     #[test]
     fn a_size_that_is_no_whole_block_is_refused() {
         let e = run(&params("48M", 1), false).err().unwrap();
-        assert!(e.contains("--size"), "{e}");
+        assert!(e.contains("--mem"), "{e}");
         let e = run(&params("64M", 0), false).err().unwrap();
         assert!(e.contains("--runs"), "{e}");
     }
@@ -257,7 +257,7 @@ mod tests {
         match crate::limits::available_memory() {
             Some(have) if have < need => {
                 let e = check(&p, fmt).err().unwrap();
-                assert!(e.starts_with("--size 255TiB: needs about"), "{e}");
+                assert!(e.starts_with("--mem 255TiB: needs about"), "{e}");
             }
             // A host with the memory: the check lets it through.
             _ => assert!(check(&p, fmt).is_ok()),

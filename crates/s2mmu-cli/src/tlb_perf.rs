@@ -35,7 +35,7 @@ pub struct Params {
     /// Size of the dirty-logged slot (mapped without touching memory): a multiple of 1G
     /// that fits a 48-bit IPA space; its 4K tables (1/512 of it) must fit the host's
     /// available memory (with --arm64: at most the model's guest RAM and table arena).
-    #[arg(long, default_value = "64G", value_parser = crate::report::parse_size)]
+    #[arg(short = 'm', long = "mem", alias = "size", default_value = "64G", value_parser = crate::report::parse_size)]
     pub size: u64,
     /// Run on QEMU's arm64 model (s2mmu-arm64): every TLB call is a round trip to an EL2
     /// service CPU that executes the TLBI instructions; no vCPU workload runs. QEMU's
@@ -47,7 +47,7 @@ pub struct Params {
     #[arg(long, value_enum, default_value = "arm64", conflicts_with = "arm64")]
     pub format: FormatArg,
     /// Clear chunk (QEMU's x-clear-bitmap-shift; its default 18 is 1 GiB): a multiple of
-    /// 256K (one bitmap word of pages), at most --size.
+    /// 256K (one bitmap word of pages), at most --mem.
     #[arg(long, default_value = "1G", value_parser = crate::report::parse_size)]
     pub chunk: u64,
     /// Harvest cycles per mode and policy, 1 to 1000 (default 11; 5 with --arm64).
@@ -60,7 +60,7 @@ pub struct Params {
     pub runs: usize,
     /// vCPU threads running a random-write workload during the cycles, at most 64;
     /// 0: one per logical CPU but one (the clearing thread needs a core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(short = 'v', long, default_value_t = 0)]
     pub vcpus: usize,
     /// Real memory each vCPU writes (its own region of a small slot); all vCPUs' together
     /// must fit the host's available memory.
@@ -75,16 +75,15 @@ pub struct Params {
     #[arg(long, default_value_t = TlbPolicy::DEFAULT_LIMIT_PAGES)]
     pub limit_pages: u64,
     /// After every burst of 1024 guest writes a vCPU leaves guest mode and
-    /// idles this many microseconds (a guest waiting for an interrupt);
-    /// 0 keeps it in guest mode all the time; at most 1000000. Idling keeps vCPUs from being
+    /// idles this long (a guest waiting for an interrupt), e.g. 50us;
+    /// 0s keeps it in guest mode all the time; at most 1s. Idling keeps vCPUs from being
     /// preempted inside guest mode on a host with fewer free cores than
     /// threads, where every flush would wait out a scheduler time slice
     /// (a preempted KVM vCPU is outside guest mode and is not waited for).
-    #[arg(long, default_value_t = 0, value_parser = crate::limits::u64_in(0..=1_000_000))]
+    #[arg(long = "idle", alias = "idle-us", value_name = "DURATION", default_value = "0s", value_parser = micros_upto_1s)]
     pub idle_us: u64,
-    /// How long to watch the vCPUs after each clear for TLB refills, in
-    /// microseconds, at most 1000000.
-    #[arg(long, default_value_t = 2000, value_parser = crate::limits::u64_in(0..=1_000_000))]
+    /// How long to watch the vCPUs after each clear for TLB refills, at most 1s.
+    #[arg(long = "settle", alias = "settle-us", value_name = "DURATION", default_value = "2ms", value_parser = micros_upto_1s)]
     pub settle_us: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -92,6 +91,15 @@ pub struct Params {
     /// No progress on stderr.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// `--idle`, `--settle`: a duration with its unit, 0 to 1s, in microseconds.
+fn micros_upto_1s(s: &str) -> Result<u64, String> {
+    let d = s2mmu_cli::flags::parse_duration(s)?;
+    if d > std::time::Duration::from_secs(1) {
+        return Err(format!("'{s}': at most 1s"));
+    }
+    Ok(d.as_micros() as u64)
 }
 
 /// Runs `tlb-perf` from the command line.

@@ -263,7 +263,7 @@ fn tlb_perf_arm64_counts_round_trips_per_policy() {
     let args = [
         "tlb-perf",
         "--arm64",
-        "--size",
+        "--mem",
         "2G",
         "--chunk",
         "512M",
@@ -349,10 +349,10 @@ fn check_samples_and_stub_time(rows: &[Value]) {
 #[test]
 fn tlb_perf_arm64_options_are_checked_before_qemu_starts() {
     refused(
-        &["tlb-perf", "--arm64", "--size", "256G"],
-        &["--size 256GiB", "128GiB"],
+        &["tlb-perf", "--arm64", "--mem", "256G"],
+        &["--mem 256GiB", "128GiB"],
     );
-    refused(&["tlb-perf", "--arm64", "--size", "3M"], &["--size", "1G"]);
+    refused(&["tlb-perf", "--arm64", "--mem", "3M"], &["--mem", "1G"]);
     refused(&["tlb-perf", "--arm64", "--runs", "0"], &["--runs"]);
     refused(&["tlb-perf", "--arm64", "--vcpus", "2"], &["--vcpus"]);
     refused(
@@ -365,7 +365,7 @@ fn tlb_perf_arm64_options_are_checked_before_qemu_starts() {
 fn without_qemu_arm64_is_refused_with_the_reason() {
     for args in [
         &["dirty-log-perf", "--arm64", "-b", "4M"][..],
-        &["tlb-perf", "--arm64", "--size", "1G"][..],
+        &["tlb-perf", "--arm64", "--mem", "1G"][..],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_s2mmu"))
             .args(args)

@@ -33,19 +33,13 @@ fn refused(args: &[&str], wants: &[&str]) {
 
 #[test]
 fn split_perf_bad_input() {
+    refused(&["split-perf", "--mem", "1P"], &["--mem", "at most 255TiB"]);
+    refused(&["split-perf", "--mem", "0"], &["--mem", "at least"]);
+    refused(&["split-perf", "--mem", "12x"], &["--mem", "invalid size"]);
+    refused(&["split-perf", "--mem", "-1"], &["--mem"]);
     refused(
-        &["split-perf", "--size", "1P"],
-        &["--size", "at most 255TiB"],
-    );
-    refused(&["split-perf", "--size", "0"], &["--size", "at least"]);
-    refused(
-        &["split-perf", "--size", "12x"],
-        &["--size", "invalid size"],
-    );
-    refused(&["split-perf", "--size", "-1"], &["--size"]);
-    refused(
-        &["split-perf", "--size", "48M", "--granule", "16k"],
-        &["--size", "multiple of 32MiB"],
+        &["split-perf", "--mem", "48M", "--granule", "16k"],
+        &["--mem", "multiple of 32MiB"],
     );
     refused(&["split-perf", "--runs", "0"], &["--runs", "1..=1000"]);
     refused(&["split-perf", "--runs", "1001"], &["--runs", "1..=1000"]);
@@ -54,9 +48,9 @@ fn split_perf_bad_input() {
 
 #[test]
 fn tlb_perf_bad_input() {
-    refused(&["tlb-perf", "--size", "0"], &["--size"]);
-    refused(&["tlb-perf", "--size", "1G", "--chunk", "4K"], &["--chunk"]);
-    refused(&["tlb-perf", "--size", "1G", "--chunk", "2G"], &["--chunk"]);
+    refused(&["tlb-perf", "--mem", "0"], &["--mem"]);
+    refused(&["tlb-perf", "--mem", "1G", "--chunk", "4K"], &["--chunk"]);
+    refused(&["tlb-perf", "--mem", "1G", "--chunk", "2G"], &["--chunk"]);
     refused(&["tlb-perf", "--runs", "0"], &["--runs", "1..=1000"]);
     refused(&["tlb-perf", "--vcpus", "65"], &["--vcpus", "64"]);
     refused(&["tlb-perf", "--vcpu-mem", "1K"], &["--vcpu-mem"]);
@@ -71,22 +65,23 @@ fn tlb_perf_bad_input() {
     refused(&["tlb-perf", "--limit-pages", "0"], &["--limit-pages"]);
     refused(&["tlb-perf", "--dirty-every", "0"], &["--dirty-every"]);
     refused(
-        &["tlb-perf", "--settle-us", "1000001"],
-        &["--settle-us", "1000000"],
+        &["tlb-perf", "--settle", "1001ms"],
+        &["--settle", "at most 1s"],
     );
-    refused(&["tlb-perf", "--idle-us", "-1"], &["--idle-us"]);
+    refused(&["tlb-perf", "--idle=-1s"], &["--idle"]);
+    refused(&["tlb-perf", "--idle-us", "50"], &["--idle", "no unit"]);
     refused(&["tlb-perf", "--arm64", "--vcpus", "2"], &["--vcpus"]);
 }
 
 #[test]
 fn harvest_perf_bad_input() {
-    refused(&["harvest-perf", "--size", "3M"], &["--size", "2M"]);
-    refused(&["harvest-perf", "--size", "512G"], &["--size", "256GiB"]);
+    refused(&["harvest-perf", "--mem", "3M"], &["--mem", "2M"]);
+    refused(&["harvest-perf", "--mem", "512G"], &["--mem", "256GiB"]);
     refused(&["harvest-perf", "--runs", "0"], &["--runs", "1..=100"]);
     refused(&["harvest-perf", "--runs", "101"], &["--runs", "1..=100"]);
     refused(&["harvest-perf", "--dirty-every", "0"], &["--dirty-every"]);
     refused(
-        &["harvest-perf", "--size", "2M", "--dirty-every", "513"],
+        &["harvest-perf", "--mem", "2M", "--dirty-every", "513"],
         &["--dirty-every", "512"],
     );
     refused(
@@ -106,9 +101,10 @@ fn memslot_perf_bad_input() {
     refused(&["memslot-perf", "-s", "10,x"], &["--slots"]);
     let seventeen = vec!["1"; 17].join(",");
     refused(&["memslot-perf", "-s", &seventeen], &["--slots"]);
-    for l in ["0", "-1", "nan", "inf", "61"] {
-        refused(&["memslot-perf", "-l", l], &["--seconds", "60"]);
+    for l in ["0s", "nans", "infs", "61s"] {
+        refused(&["memslot-perf", "--duration", l], &["--duration"]);
     }
+    refused(&["memslot-perf", "-l", "0.5"], &["--duration", "no unit"]);
     refused(&["memslot-perf", "-r", "0"], &["--runs", "1..=100"]);
     refused(&["memslot-perf", "-r", "101"], &["--runs", "1..=100"]);
     refused(&["memslot-perf", "--single-ops", "0"], &["--single-ops"]);
@@ -132,7 +128,7 @@ fn dirty_log_perf_bad_input() {
     refused(&["dirty-log-perf", "-v", "x"], &["-v"]);
     refused(&["dirty-log-perf", "-i", "0"], &["-i", "at least 1"]);
     refused(&["dirty-log-perf", "-w", "101"], &["-w", "0..=100"]);
-    refused(&["dirty-log-perf", "-s", "bogus"], &["-s", "bogus"]);
+    refused(&["dirty-log-perf", "-s", "bogus"], &["--backing", "bogus"]);
 }
 
 #[test]
@@ -162,12 +158,9 @@ const MIGRATE_NO_TLS_REFUSALS: &[(&[&str], &[&str])] = &[
     (&["--mem", "0"], &["--mem", "64GiB"]),
     (&["--mem", "1P"], &["--mem", "64GiB"]),
     (&["-v", "0"], &["-v", "256"]),
-    (&["-x", "0"], &["-x", "512"]),
-    (&["--harvest", "ring:0"], &["--harvest ring:0"]),
-    (
-        &["--harvest", "dbm"],
-        &["--harvest", "\"dbm\"", "hw-blocks"],
-    ),
+    (&["-x", "0"], &["--slots", "512"]),
+    (&["--dirty", "ring:0"], &["--dirty ring:0"]),
+    (&["--dirty", "dbm"], &["--dirty", "\"dbm\"", "hw-blocks"]),
     (&["--io-timeout", "0s"], &["--io-timeout"]),
     (&["--channels", "0"], &["--channels", "1 to 64"]),
     (&["--attempts", "0"], &["--attempts", "1..=1000"]),
@@ -182,11 +175,11 @@ const MIGRATE_NO_TLS_REFUSALS: &[(&[&str], &[&str])] = &[
     ),
     (
         &["--harvest", "ring:1048576"],
-        &["--harvest ring:1048576", "65536"],
+        &["--dirty ring:1048576", "65536"],
     ),
     (
-        &["--harvest", "ring:100"],
-        &["--harvest ring:100", "power of two"],
+        &["--dirty", "ring:100"],
+        &["--dirty ring:100", "power of two"],
     ),
     (&["--max-rounds", "1001"], &["--max-rounds", "1000"]),
     (&["--bandwidth", "2T"], &["--bandwidth", "at most 1TiB"]),
@@ -317,10 +310,12 @@ fn linux_rate_per_mode_bad_input() {
     );
     refused(
         &["linux", "--run", "dirtier", "--rate-per-mode", "--baseline"],
-        &["--rate-per-mode", "--baseline"],
+        &["--rate-per-mode", "--vs-qemu"],
     );
     refused(
         &["linux", "--harvest-ms", "50"],
-        &["--harvest-ms", "--dirty"],
+        &["--harvest-every", "--dirty"],
     );
+    refused(&["linux", "--timeout", "30"], &["--timeout", "no unit"]);
+    refused(&["linux", "--dirty", "pml"], &["--dirty pml"]);
 }

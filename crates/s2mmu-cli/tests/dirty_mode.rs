@@ -42,7 +42,7 @@ fn hardware_dirty_state_refuses_rings_and_real_kvm() {
 fn harvest_perf_finds_every_dirtied_page_and_checks_its_flags() {
     let v = json_of(&[
         "harvest-perf",
-        "--size",
+        "--mem",
         "64M",
         "--runs",
         "2",
@@ -73,8 +73,8 @@ fn harvest_perf_finds_every_dirtied_page_and_checks_its_flags() {
         );
     }
     for bad in [
-        &["--size", "3M"][..],
-        &["--size", "512G"][..],
+        &["--mem", "3M"][..],
+        &["--mem", "512G"][..],
         &["--runs", "0"][..],
         &["--dirty-every", "0"][..],
     ] {
@@ -221,7 +221,7 @@ fn modes_and_formats_refuse_what_cannot_run() {
 fn harvest_perf_runs_on_ept() {
     let v = json_of(&[
         "harvest-perf",
-        "--size",
+        "--mem",
         "64M",
         "--runs",
         "1",

@@ -23,7 +23,15 @@ fn envelope_has_every_field() {
     assert_eq!(c.speedup, 2.0);
     assert_eq!(c.improvement_pct, 50.0);
     let j = r.to_json();
-    for k in ["benchmark", "params", "host", "results", "comparisons"] {
+    for k in [
+        "command",
+        "version",
+        "benchmark",
+        "params",
+        "host",
+        "results",
+        "comparisons",
+    ] {
         assert!(j.get(k).is_some(), "{k}");
     }
     assert_eq!(j["results"][0]["case"], "c");

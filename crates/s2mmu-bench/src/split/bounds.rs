@@ -25,14 +25,14 @@ pub fn check<F: PteFormat>(fmt: &F, size: u64, runs: usize) -> Result<(), String
     };
     if size == 0 || !size.is_multiple_of(top_block) {
         return Err(format!(
-            "--size {}: must be a non-zero multiple of {} (the largest block of this granule)",
+            "--mem {}: must be a non-zero multiple of {} (the largest block of this granule)",
             human_bytes(size),
             human_bytes(top_block)
         ));
     }
     if size > MAX_SIZE {
         return Err(format!(
-            "--size {}: at most {} (the 48-bit IPA space above the slot's base)",
+            "--mem {}: at most {} (the 48-bit IPA space above the slot's base)",
             human_bytes(size),
             human_bytes(MAX_SIZE)
         ));
@@ -45,6 +45,6 @@ pub fn check<F: PteFormat>(fmt: &F, size: u64, runs: usize) -> Result<(), String
     // pages again and the floor's tables are live: allow four times.
     let entries = size / fmt.page_size();
     let need = entries.saturating_mul(8).saturating_mul(4);
-    crate::host::check_memory(&format!("--size {}", human_bytes(size)), need)?;
+    crate::host::check_memory(&format!("--mem {}", human_bytes(size)), need)?;
     Ok(())
 }

@@ -57,7 +57,7 @@ pub fn check(p: &Config) -> Result<(), String> {
     super::check(p)?;
     if p.size > a64::MAX_BYTES {
         return Err(format!(
-            "--size {}: the arm64 model holds at most {} of guest data",
+            "--mem {}: the arm64 model holds at most {} of guest data",
             human_bytes(p.size),
             human_bytes(a64::MAX_BYTES)
         ));
@@ -67,12 +67,12 @@ pub fn check(p: &Config) -> Result<(), String> {
     let tables = p.size / 512 + (16 << 20);
     if tables > a64::TABLE_BYTES {
         return Err(format!(
-            "--size {}: its tables do not fit the arm64 model's table arena of {}",
+            "--mem {}: its tables do not fit the arm64 model's table arena of {}",
             human_bytes(p.size),
             human_bytes(a64::TABLE_BYTES)
         ));
     }
-    a64::check_touched("--size (its page tables)", tables)?;
+    a64::check_touched("--mem (its page tables)", tables)?;
     // Every call is a round trip to EL2 (tens of microseconds under QEMU):
     // bound the calls one cycle of split calls makes.
     let npages = p.size / PAGE;

@@ -114,7 +114,7 @@ fn setup<F: VmFormat>(p: &Config, progress: &dyn Progress) -> Result<Setup<F>, S
     let e = |e: s2mmu::Error| e.to_string();
     let too_big = || {
         format!(
-            "--vcpu-mem {} x --vcpus {} and --size {}: together more than a 48-bit IPA space",
+            "--vcpu-mem {} x --vcpus {} and --mem {}: together more than a 48-bit IPA space",
             human_bytes(p.vcpu_mem),
             p.vcpus,
             human_bytes(p.size)

@@ -105,7 +105,7 @@ pub(super) fn plan(p: &Params, vcpus: &[usize], bytes: u64) -> Result<Plan, Stri
 fn refuse_other_shapes(p: &Params) -> Result<(), String> {
     if p.policy == PolicyArg::Both {
         return Err(
-            "--policy both: not available with the arm64 model (use --policy fast or baseline)"
+            "--policy both: not available with the arm64 model (use --policy default or baseline)"
                 .into(),
         );
     }

@@ -17,7 +17,11 @@ impl Params {
     /// The dirty tracking modes asked for, `all` expanded, each once, in
     /// the order given.
     pub fn dirty_modes(&self) -> Vec<DirtyMode> {
-        self.dirty.0.clone()
+        match self.ring {
+            // `--ring N`, the hidden alias of `--dirty ring:N`.
+            Some(entries) if self.dirty.0 == [DirtyMode::WP] => vec![DirtyMode::Ring { entries }],
+            _ => self.dirty.0.clone(),
+        }
     }
 
     /// The ring size: `--ring N`, or a ring mode's in `--dirty`.

@@ -11,7 +11,8 @@ use super::FormatArg;
 /// Which fault-path policy to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PolicyArg {
-    /// Read-lock fast path (optimised).
+    /// MmuPolicy::default(): the read-lock fast path (optimised).
+    #[value(name = "default", alias = "fast")]
     Fast,
     /// Every fault under the write lock.
     Baseline,
@@ -53,35 +54,35 @@ impl ReadLockArg {
 #[derive(Clone, Debug, clap::Args)]
 pub struct Params {
     /// vCPUs: a number or a comma list (default 1; 1,2,4,8,16,32,64 with --policy both).
-    #[arg(short = 'v', value_delimiter = ',')]
+    #[arg(short = 'v', long = "vcpus", value_delimiter = ',')]
     pub vcpus: Vec<usize>,
     /// Memory dirtied per vCPU (default 1G; 64M with a vCPU list or --arm64).
-    #[arg(short = 'b', value_parser = parse_size)]
+    #[arg(long = "mem-per-vcpu", short_alias = 'b', value_parser = parse_size)]
     pub bytes_per_vcpu: Option<u64>,
     /// Dirty iterations.
-    #[arg(short = 'i', default_value_t = 2)]
+    #[arg(short = 'i', long = "iterations", default_value_t = 2)]
     pub iterations: u32,
     /// Backing: anonymous, anonymous_thp, anonymous_hugetlb_2mb, anonymous_hugetlb_1gb.
-    #[arg(short = 's', default_value = "anonymous", value_parser = Backing::parse)]
+    #[arg(long = "backing", short_alias = 's', default_value = "anonymous", value_parser = Backing::parse)]
     pub backing: Backing,
     /// Number of memslots the memory is divided into.
-    #[arg(short = 'x', default_value_t = 1)]
+    #[arg(long = "slots", short_alias = 'x', default_value_t = 1)]
     pub slots: u32,
     /// Do not use manual protect: GET clears and re-protects; no CLEAR phase.
-    #[arg(short = 'g')]
+    #[arg(short = 'g', long)]
     pub no_manual_protect: bool,
     /// Eager split when logging is enabled (compared with split on fault on
     /// huge-page backing). Note: the selftest's -e is "evil" mode instead.
-    #[arg(short = 'e')]
+    #[arg(short = 'e', long)]
     pub eager_split: bool,
     /// Percent of accesses that write.
-    #[arg(short = 'w', default_value_t = 100)]
+    #[arg(short = 'w', long, default_value_t = 100)]
     pub write_percent: u32,
     /// Random page order in the dirty iterations.
-    #[arg(short = 'a')]
+    #[arg(short = 'a', long)]
     pub random: bool,
     /// Fault-path policy.
-    #[arg(long, value_enum, default_value = "fast")]
+    #[arg(long, value_enum, default_value = "default")]
     pub policy: PolicyArg,
     /// How vCPUs take the MMU lock for reading on the fast path: their own reader
     /// slots (s2mmu's default) or the rwlock's shared reader count (KVM's mmu_lock).
@@ -90,8 +91,8 @@ pub struct Params {
     /// Memslot implementation of the engine: tree (5.17) or array (baseline).
     #[arg(long, default_value = "tree", value_parser = ["tree", "array"])]
     pub memslots: String,
-    /// Use per-vCPU dirty rings of this many entries instead of bitmaps.
-    #[arg(long)]
+    /// Hidden alias of --dirty ring:N.
+    #[arg(long, hide = true)]
     pub ring: Option<u32>,
     /// Dirty tracking, the engine's modes by name: write protection (wp),
     /// dirty rings (ring, ring:N; as --ring N), hardware dirty state (hw:

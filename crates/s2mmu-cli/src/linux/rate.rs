@@ -7,6 +7,7 @@ use super::Params;
 use crate::stats::median;
 use s2mmu_arm64::linux::run::{self, ModeRates};
 use s2mmu_arm64::linux::vm::LinuxConfig;
+use s2mmu_cli::report::{emit, Report};
 use serde_json::json;
 
 /// Runs the dirtier without logging and under each mode, `p.runs` times
@@ -32,20 +33,17 @@ fn report(p: &Params, rows: &[ModeRates]) {
     let base = median(&rows[0].pages_per_s);
     let ratio = |r: &ModeRates| median(&r.pages_per_s).zip(base).map(|(m, b)| m / b);
     if p.json {
-        let modes: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| {
-                json!({"mode": r.name, "runs": r.pages_per_s.len(),
-                    "pages_per_s": r.pages_per_s, "median_pages_per_s": median(&r.pages_per_s),
-                    "harvests": r.harvests, "lost_pages": r.lost,
-                    "ratio_to_off": ratio(r)})
-            })
-            .collect();
-        println!(
-            "{}",
-            json!({"rate_per_mode": {"vcpus": p.vcpus, "mem_bytes": p.mem, "args": p.args,
-                "harvest_ms": p.harvest_ms, "modes": modes}})
-        );
+        let mut rep = Report::new("linux", super::params_json(p));
+        for r in rows {
+            rep.result(
+                &format!("dirtier under {}", r.name),
+                "s2mmu",
+                json!({"runs": r.pages_per_s.len(), "pages_per_s": r.pages_per_s,
+                    "median_pages_per_s": median(&r.pages_per_s), "harvests": r.harvests,
+                    "lost_pages": r.lost, "ratio_to_off": ratio(r)}),
+            );
+        }
+        emit(&rep, true);
         return;
     }
     println!(

@@ -39,8 +39,12 @@ pub fn main(p: Params) -> Result<(), String> {
         vec![(false, "fast_path"), (true, "baseline")]
     } else {
         vec![(
-            p.baseline,
-            if p.baseline { "baseline" } else { "fast_path" },
+            p.uses_baseline(),
+            if p.uses_baseline() {
+                "baseline"
+            } else {
+                "fast_path"
+            },
         )]
     };
     let channel_list = p.channel_list();
@@ -88,8 +92,8 @@ pub fn main(p: Params) -> Result<(), String> {
             runs.push((name, s, d, policy));
         }
     }
-    if !p.plot.is_empty() {
-        write_plot(&p, &runs)?;
+    if let Some(file) = p.plot_file() {
+        write_plot(&p, file, &runs)?;
     }
     let report = report(&p, &runs);
     crate::report::emit(&report, p.json);
@@ -136,7 +140,7 @@ fn run_one(
 ///
 /// # Errors
 /// The figure cannot be drawn or a file written.
-fn write_plot(p: &Params, runs: &[Run]) -> Result<(), String> {
+fn write_plot(p: &Params, file: &str, runs: &[Run]) -> Result<(), String> {
     let plot_runs: Vec<plot::PlotRun<'_>> = runs
         .iter()
         .map(|(_, s, _, pol)| plot::PlotRun {
@@ -156,8 +160,8 @@ fn write_plot(p: &Params, runs: &[Run]) -> Result<(), String> {
     // drawn leaves no file.
     let svg = plot::svg(&title, &plot_runs)?;
     let png = plot::png(&title, &plot_runs)?;
-    let png_path = std::path::Path::new(&p.plot).with_extension("png");
-    std::fs::write(&p.plot, svg).map_err(|e| format!("writing the plot {}: {e}", p.plot))?;
+    let png_path = std::path::Path::new(file).with_extension("png");
+    std::fs::write(file, svg).map_err(|e| format!("writing the plot {file}: {e}"))?;
     std::fs::write(&png_path, png)
         .map_err(|e| format!("writing the plot {}: {e}", png_path.display()))?;
     Ok(())
@@ -241,9 +245,9 @@ pub fn policy_label(p: &MmuPolicy) -> &'static str {
 }
 
 fn listen(p: &Params, addr: &str) -> Result<(), String> {
-    p.source_config(p.baseline)?;
+    p.source_config(p.uses_baseline())?;
     let net = p.net_config()?;
-    let mut cfg = p.sim_dest_config(p.baseline);
+    let mut cfg = p.sim_dest_config(p.uses_baseline());
     cfg.dest.recovery = p.recovery()?;
     let control = start_control(p, "destination")?;
     cfg.dest.recovery.control = control.as_ref().map(|c| c.0.clone());
@@ -268,7 +272,7 @@ fn listen(p: &Params, addr: &str) -> Result<(), String> {
     let mut r = Report::new("migrate", params_json(p));
     r.result(
         "destination",
-        policy_label(&p.policy(p.baseline)),
+        policy_label(&p.policy(p.uses_baseline())),
         dest_json(&d),
     );
     r.set_text(format!(

@@ -17,6 +17,7 @@ use super::linux_net;
 use super::params::PostcopyArg;
 use super::report_text::{parts_text, resume_parts_text};
 use super::Params;
+use crate::flags::flag;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::migrate::RestoreClock;
@@ -50,7 +51,7 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
             PostcopyArg::Start => PostcopyMode::Start,
             PostcopyArg::Auto => PostcopyMode::Auto,
         }),
-        session: p.source_config(p.baseline)?.session,
+        session: p.source_config(p.uses_baseline())?.session,
         net: p.net_config()?,
         dest: p.dest_config(),
         attempts: p.attempts,
@@ -234,46 +235,83 @@ fn round0_rate(r: &LinuxRun) -> f64 {
     }
 }
 
-/// The options the Linux guest takes (`--guest auto` picks it only when
-/// no other is given).
-const LINUX_OPTIONS: &[&str] = &[
-    "--mem",
-    "--vcpus",
-    "-v",
-    "--runs",
-    "--json",
-    "-q",
-    "--quiet",
-    "--postcopy",
-    "--linux-run",
-    "--linux-ram",
-    "--guest",
-    "--kernel",
-    "--initrd",
-    "--cmdline",
-    "--console-dir",
+/// Options only the simulated guest takes (its workload, tables, checks
+/// and benchmarks): refused with `--guest linux`; with `--guest auto` they
+/// choose the simulated guest.
+pub const SIM_ONLY: &[&str] = &[
+    "backing",
+    "slots",
+    "dirty_rate",
+    "pattern",
+    "split",
+    "policy",
+    "baseline",
+    "compare_policies",
+    "format",
+    "check",
+    "inject_lost_marks",
+    "snapshot_every",
+    "snapshot_dir",
+    "wire_bench",
+    "plot",
 ];
 
-/// The first option in `args` (migrate's, after the subcommand) that the
-/// Linux guest does not take.
-fn other_option(args: impl Iterator<Item = String>) -> Option<String> {
-    args.filter(|a| a.starts_with('-'))
-        .map(|a| a.split('=').next().unwrap_or_default().to_string())
-        .find(|a| !LINUX_OPTIONS.contains(&a.as_str()))
+/// Options only the Linux guest takes: refused with `--guest sim`; with
+/// `--guest auto` they choose the Linux guest. Every other option (the
+/// transport, its security, the session's) applies to both and never
+/// changes the choice.
+pub const LINUX_ONLY: &[&str] = &[
+    "runs",
+    "linux_run",
+    "linux_ram",
+    "kernel",
+    "initrd",
+    "cmdline",
+    "console_dir",
+];
+
+/// The guest `--guest` and the options `given` (their ids) ask for:
+/// `Some(true)` the Linux guest, `Some(false)` the simulated one, `None`
+/// (`--guest auto` with neither kind of option) whichever can run.
+///
+/// # Errors
+/// An option the chosen guest does not take, by name.
+pub fn route(guest: &str, given: &[String]) -> Result<Option<bool>, String> {
+    let first = |set: &[&str]| {
+        given
+            .iter()
+            .find(|g| set.contains(&g.as_str()))
+            .map(|g| flag(g))
+    };
+    let (sim, linux) = (first(SIM_ONLY), first(LINUX_ONLY));
+    match (guest, sim, linux) {
+        ("linux", Some(f), _) => Err(format!(
+            "{f} is an option of the simulated guest, not of --guest linux"
+        )),
+        ("sim", _, Some(f)) => Err(format!(
+            "{f} is an option of the Linux guest, not of --guest sim"
+        )),
+        ("linux", None, _) => Ok(Some(true)),
+        ("sim", _, None) => Ok(Some(false)),
+        (_, Some(s), Some(l)) => Err(format!(
+            "{s} (the simulated guest's) and {l} (the Linux guest's) together: give --guest"
+        )),
+        (_, Some(_), None) => Ok(Some(false)),
+        (_, None, Some(_)) => Ok(Some(true)),
+        (_, None, None) => Ok(None),
+    }
 }
 
-/// Whether `migrate` runs the Linux guest: `--guest linux`, or `--guest
-/// auto` (the default) with only options it takes and its prerequisites
-/// (QEMU, the EL2 image, the kernel and initramfs) there. When only the
-/// prerequisites are missing, says so and how to get them.
-pub fn chosen(p: &Params, args: impl Iterator<Item = String>) -> bool {
-    match p.guest.as_str() {
-        "linux" => return true,
-        "sim" => return false,
-        _ => {}
-    }
-    if other_option(args).is_some() {
-        return false;
+/// Whether `migrate` runs the Linux guest ([`route`]): for `--guest auto`
+/// with no option of either guest, when its prerequisites (QEMU, the EL2
+/// image, the kernel and initramfs) are there; when they are not, says so
+/// and how to get them.
+///
+/// # Errors
+/// As [`route`].
+pub fn chosen(p: &Params, given: &[String]) -> Result<bool, String> {
+    if let Some(linux) = route(&p.guest, given)? {
+        return Ok(linux);
     }
     let why = match s2mmu_arm64::available() {
         Err(e) => e,
@@ -286,7 +324,7 @@ pub fn chosen(p: &Params, args: impl Iterator<Item = String>) -> bool {
                          process); --guest sim for the simulated VM"
                     );
                 }
-                return true;
+                return Ok(true);
             }
         },
     };
@@ -295,7 +333,7 @@ pub fn chosen(p: &Params, args: impl Iterator<Item = String>) -> bool {
          migrate: for the Linux guest run {} and this command again",
         assets::setup_hint()
     );
-    false
+    Ok(false)
 }
 
 /// `s2mmu migrate --guest linux`.
@@ -413,38 +451,37 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
 
 #[cfg(test)]
 mod tests {
-    use super::other_option;
+    use super::route;
 
-    fn args(a: &[&str]) -> impl Iterator<Item = String> {
-        a.iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>()
-            .into_iter()
+    fn ids(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
     }
 
     #[test]
-    fn auto_takes_linux_only_with_its_options() {
-        assert_eq!(other_option(args(&[])), None);
-        assert_eq!(
-            other_option(args(&[
-                "--mem",
-                "1G",
-                "-v",
-                "2",
-                "--json",
-                "--postcopy=auto",
-                "--linux-ram",
-                "shm"
-            ])),
-            None
-        );
-        assert_eq!(
-            other_option(args(&["--mem=1G", "--no-tls"])).as_deref(),
-            Some("--no-tls")
-        );
-        assert_eq!(
-            other_option(args(&["--dirty-rate", "0"])).as_deref(),
-            Some("--dirty-rate")
-        );
+    fn transport_and_security_options_never_change_the_guest() {
+        let net = [
+            "to", "listen", "psk", "channels", "no_tls", "tls_cert", "mem", "vcpus",
+        ];
+        assert_eq!(route("auto", &ids(&net)), Ok(None));
+        assert_eq!(route("auto", &ids(&["no_tls", "runs"])), Ok(Some(true)));
+        assert_eq!(route("auto", &ids(&["psk", "dirty_rate"])), Ok(Some(false)));
+        assert_eq!(route("linux", &ids(&net)), Ok(Some(true)));
+        assert_eq!(route("sim", &ids(&net)), Ok(Some(false)));
+    }
+
+    #[test]
+    fn options_of_the_other_guest_are_refused_by_name() {
+        for (id, f) in [
+            ("format", "--format"),
+            ("check", "--check"),
+            ("plot", "--plot"),
+        ] {
+            let e = route("linux", &ids(&["mem", id])).unwrap_err();
+            assert!(e.starts_with(f), "{e}");
+        }
+        let e = route("sim", &ids(&["linux_run"])).unwrap_err();
+        assert!(e.starts_with("--linux-run"), "{e}");
+        let e = route("auto", &ids(&["backing", "kernel"])).unwrap_err();
+        assert!(e.contains("--backing") && e.contains("--kernel"), "{e}");
     }
 }

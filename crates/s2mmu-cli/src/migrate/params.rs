@@ -73,16 +73,16 @@ pub enum RecoveryArg {
 #[derive(clap::Args, Clone, Debug)]
 pub struct Params {
     /// Guest memory (K/M/G suffixes; 4K to 64G).
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    #[arg(short = 'm', long, default_value = "1G", value_parser = parse_size)]
     pub mem: u64,
     /// vCPUs running the workload (1 to 256).
     #[arg(short = 'v', long, default_value_t = 2)]
     pub vcpus: usize,
     /// Backing of guest memory (selftests' names).
-    #[arg(short = 's', long, default_value = "anonymous_thp")]
+    #[arg(long, short_alias = 's', default_value = "anonymous_thp")]
     pub backing: String,
     /// Memslots (1 to 512).
-    #[arg(short = 'x', long, default_value_t = 1)]
+    #[arg(long, short_alias = 'x', default_value_t = 1)]
     pub slots: u32,
     /// Bytes per second the guest dirties, all vCPUs together (0: as fast as it can; at most 1T).
     #[arg(long, default_value = "64M", value_parser = limits::size_in(0..=MAX_RATE))]
@@ -91,13 +91,16 @@ pub struct Params {
     #[arg(long, value_enum, default_value = "sequential")]
     pub pattern: PatternArg,
     /// How dirty pages are tracked and collected, any of the engine's dirty modes: wp (or bitmap: write protection, GET per round, CLEAR per chunk before sending it), ring or ring:N (per-vCPU dirty rings of N entries, a power of two 256..=65536, default 4096), hw (hardware dirty state: arm64 DBM or EPT dirty flags), hw-blocks (hw with huge mappings logged whole), pml (hardware dirty state with x86 Page-Modification Logging, which the simulated arm64 vCPU also runs).
-    #[arg(long, default_value = "wp", value_parser = crate::dirty_mode::parse_dirty_mode)]
+    #[arg(long = "dirty", alias = "harvest", default_value = "wp", value_parser = crate::dirty_mode::parse_dirty_mode)]
     pub harvest: DirtyMode,
-    /// Bytes cleared per CLEAR_DIRTY_LOG call (with --harvest bitmap): 256K to 64G, rounded down to a multiple of 64 pages.
+    /// Bytes cleared per CLEAR_DIRTY_LOG call (with --dirty wp): 256K to 64G, rounded down to a multiple of 64 pages.
     #[arg(long, default_value = "64M", value_parser = limits::size_in(MIN_CLEAR_CHUNK..=wire::MAX_MEM))]
     pub clear_chunk: u64,
-    /// MMU policy: write-lock faults and split on fault (MmuPolicy::baseline) instead of the read-lock fast path and eager split.
-    #[arg(long)]
+    /// MMU policy: default (the read-lock fast path and eager split) or baseline (write-lock faults and split on fault).
+    #[arg(long, value_enum, default_value = "default")]
+    pub policy: crate::flags::PolicyArg,
+    /// Hidden alias of `--policy baseline`.
+    #[arg(long, hide = true, conflicts_with = "policy")]
     pub baseline: bool,
     /// When huge mappings are split (default: the policy's).
     #[arg(long, value_enum)]
@@ -135,10 +138,10 @@ pub struct Params {
     /// How long the destination runs the resumed guest (at most a day).
     #[arg(long, default_value = "300ms", value_parser = parse_duration)]
     pub run_after: Duration,
-    /// SVG plot file ("" for none); a PNG of the same figure is written beside it
-    /// (the same path with the extension png).
-    #[arg(long, default_value = "s2mmu-migrate.svg")]
-    pub plot: String,
+    /// Draw the run into this SVG file; a PNG of the same figure is written beside it
+    /// (the same path with the extension png). No plot without it.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<String>,
     /// Run only a destination, listening on ADDR (host:port, or unix:PATH for a Unix socket on this host).
     #[arg(long, value_name = "ADDR", conflicts_with = "to")]
     pub listen: Option<String>,
@@ -176,7 +179,7 @@ pub struct Params {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub attempts: u32,
     /// Migrate twice, with MmuPolicy::default() and MmuPolicy::baseline(), and compare the guest slowdowns.
-    #[arg(long, conflicts_with_all = ["listen", "to", "baseline"])]
+    #[arg(long, conflicts_with_all = ["listen", "to", "baseline", "policy"])]
     pub compare_policies: bool,
     /// Print the report as JSON.
     #[arg(long)]
@@ -300,31 +303,19 @@ pub fn default_channels() -> u16 {
     cpus.clamp(1, 8) as u16
 }
 
-/// Parses `300ms`, `1.5s`, `250us` or a plain number of milliseconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix("us") {
-        (n, 1e-6)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else {
-        (t.as_str(), 1e-3)
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("invalid duration '{s}': expected e.g. 300ms, 1.5s or 250us"))?;
-    if !v.is_finite() || v < 0.0 || v * scale > 86_400.0 {
-        return Err(format!(
-            "duration '{s}' is out of range: 0 to 86400s (a day)"
-        ));
-    }
-    Ok(Duration::from_secs_f64(v * scale))
-}
+pub use crate::flags::parse_duration;
 
 impl Params {
+    /// `--plot FILE` (`--plot ""`, the older way to ask for none, is none).
+    pub fn plot_file(&self) -> Option<&str> {
+        self.plot.as_deref().filter(|f| !f.is_empty())
+    }
+
+    /// Whether `--policy baseline` (or its alias `--baseline`) was given.
+    pub fn uses_baseline(&self) -> bool {
+        self.baseline || self.policy == crate::flags::PolicyArg::Baseline
+    }
+
     /// The MMU policy these options ask for.
     pub fn policy(&self, baseline: bool) -> MmuPolicy {
         let mut p = if baseline {
@@ -358,7 +349,7 @@ impl Params {
             ));
         }
         if self.slots == 0 || self.slots > 512 {
-            return Err(format!("-x {}: use 1 to 512 memslots", self.slots));
+            return Err(format!("--slots {}: use 1 to 512 memslots", self.slots));
         }
         if self.io_timeout < Duration::from_millis(100) {
             return Err(format!(
@@ -369,7 +360,7 @@ impl Params {
         if let Some(n) = self.harvest.ring_entries() {
             if !(256..=65536).contains(&n) || !n.is_power_of_two() {
                 return Err(format!(
-                    "--harvest ring:{n}: use a power of two, 256 to 65536 entries"
+                    "--dirty ring:{n}: use a power of two, 256 to 65536 entries"
                 ));
             }
         }
@@ -564,21 +555,4 @@ pub(super) fn host_of(addr: &str) -> String {
     }
     let h = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
     h.trim_start_matches('[').trim_end_matches(']').to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("300ms").unwrap(), Duration::from_millis(300));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
-        assert_eq!(parse_duration("20").unwrap(), Duration::from_millis(20));
-        assert!(parse_duration("fast")
-            .unwrap_err()
-            .contains("invalid duration"));
-        assert!(parse_duration("-1s").is_err());
-    }
 }

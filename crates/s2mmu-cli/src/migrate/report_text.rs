@@ -32,7 +32,7 @@ pub(super) fn params_json(p: &Params) -> serde_json::Value {
         "harvest": p.harvest.name(),
         "ring_entries": p.harvest.ring_entries(),
         "clear_chunk_bytes": p.clear_chunk,
-        "baseline": p.baseline,
+        "baseline": p.uses_baseline(),
         "split": p.split.map(|s| format!("{s:?}").to_lowercase()),
         "max_downtime_ns": p.max_downtime.as_nanos() as u64,
         "max_rounds": p.max_rounds,
@@ -167,13 +167,10 @@ pub(super) fn report(
     if p.channel_list().len() > 1 && runs.len() > 1 {
         channel_table(runs, &mut text);
     }
-    if !p.plot.is_empty() {
+    if let Some(file) = p.plot_file() {
         text.push_str(&format!(
-            "plot: {} and {}\n",
-            p.plot,
-            std::path::Path::new(&p.plot)
-                .with_extension("png")
-                .display()
+            "plot: {file} and {}\n",
+            std::path::Path::new(file).with_extension("png").display()
         ));
     }
     r.set_text(text);

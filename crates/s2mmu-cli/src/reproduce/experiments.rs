@@ -114,7 +114,7 @@ fn seed_001(q: bool, no_kvm: bool) -> Result<Experiment, String> {
     a.quiet = true;
     let slots: Vec<String> = a.slots.iter().map(u32::to_string).collect();
     let command = format!(
-        "s2mmu memslot-perf -s {} -r {} -l {} --lookups {}{}",
+        "s2mmu memslot-perf --slots {} -r {} --duration {}s --lookups {}{}",
         slots.join(","),
         a.runs,
         a.seconds,
@@ -146,7 +146,7 @@ fn seed_002(q: bool) -> Result<Experiment, String> {
     d.eager_split = true;
     let vcpus: Vec<String> = d.vcpus.iter().map(usize::to_string).collect();
     let command = format!(
-        "s2mmu dirty-log-perf --policy both -v {} -b {}M -s anonymous_thp -e",
+        "s2mmu dirty-log-perf --policy both -v {} --mem-per-vcpu {}M --backing anonymous_thp -e",
         vcpus.join(","),
         d.bytes_per_vcpu.unwrap_or(0) >> 20
     );
@@ -187,7 +187,7 @@ fn seed_004(q: bool) -> Result<Experiment, String> {
     d.vcpus = vec![2];
     d.bytes_per_vcpu = Some(if q { 256 << 20 } else { 512 << 20 });
     let command = format!(
-        "s2mmu dirty-log-perf -e -s anonymous_thp -v 2 -b {}M",
+        "s2mmu dirty-log-perf -e --backing anonymous_thp -v 2 --mem-per-vcpu {}M",
         d.bytes_per_vcpu.unwrap_or(0) >> 20
     );
     Ok(Experiment {
@@ -217,7 +217,7 @@ fn dirty_modes(q: bool, format: FormatArg) -> Result<Experiment, String> {
     d.iterations = 4;
     d.runs = Some(if q { 1 } else { 3 });
     let command = format!(
-        "s2mmu dirty-log-perf --dirty all --format {} -v 1 -b 256M -i 4 -r {}",
+        "s2mmu dirty-log-perf --dirty all --format {} -v 1 --mem-per-vcpu 256M -i 4 -r {}",
         format.name(),
         d.runs.unwrap_or(1)
     );
@@ -242,7 +242,7 @@ fn seed_kvm(q: bool) -> Result<Experiment, String> {
     d.compare = true;
     d.bytes_per_vcpu = Some(if q { 64 << 20 } else { 256 << 20 });
     let command = format!(
-        "s2mmu dirty-log-perf --compare -b {}M",
+        "s2mmu dirty-log-perf --compare --mem-per-vcpu {}M",
         d.bytes_per_vcpu.unwrap_or(0) >> 20
     );
     Ok(Experiment {

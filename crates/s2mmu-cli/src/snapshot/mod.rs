@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args, Clone, Debug)]
 pub struct Params {
     /// Guest memory (a multiple of 2M per vCPU, at most 16G).
-    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    #[arg(short = 'm', long, default_value = "256M", value_parser = parse_size)]
     pub mem: u64,
     /// vCPUs running the workload (1..=64).
     #[arg(short = 'v', long, default_value_t = 2)]
@@ -41,8 +41,8 @@ pub struct Params {
     /// How long the guest runs while snapshots are taken (at most 1h).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub duration: Duration,
-    /// Directory of the snapshot files (created; must hold no snapshot).
-    #[arg(long, default_value = "s2mmu-snapshots")]
+    /// Directory of the snapshot files (created; must hold no snapshot; default: a fresh one in the temporary directory).
+    #[arg(long, default_value_os_t = std::env::temp_dir().join(format!("s2mmu-snapshots-{}", std::process::id())))]
     pub dir: PathBuf,
     /// Only restore the chain in this directory and check every file.
     #[arg(long, value_name = "DIR", conflicts_with = "dir")]

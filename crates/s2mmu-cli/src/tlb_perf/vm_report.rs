@@ -212,7 +212,7 @@ fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
         .unwrap_or_default();
     if slowest > Duration::from_micros(100) {
         s += &format!(
-            "note: an invalidation call took {} on average in one case: vCPU threads were preempted in guest mode (more runnable threads than free cores), so calls waited for the scheduler; use fewer --vcpus or --idle-us 50\n",
+            "note: an invalidation call took {} on average in one case: vCPU threads were preempted in guest mode (more runnable threads than free cores), so calls waited for the scheduler; use fewer --vcpus or --idle 50us\n",
             human(slowest)
         );
     }
