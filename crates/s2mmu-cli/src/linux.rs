@@ -9,9 +9,9 @@ use crate::report::human_bytes;
 use crate::stats::median;
 use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
-use s2mmu_arm64::linux::baseline;
 use s2mmu_arm64::linux::run::{check_word, dirtier_rate, verdict, RunSpec};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, LinuxReport, EXIT_NAMES};
+use s2mmu_arm64::linux::{baseline, console_input};
 use s2mmu_cli::dirty_mode::{dirty_name, parse_dirty_or_off, DirtyModeArgError};
 use s2mmu_cli::flags::parse_duration;
 use s2mmu_cli::report::{emit, Report};
@@ -183,7 +183,7 @@ pub fn main(p: Params) -> Result<(), String> {
     let mut rep = Report::new("linux", params_json(&p));
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for run in 1..=p.runs {
-        let r = vm::run(&cfg).map_err(|e| e.to_string())?;
+        let r = run_once(&p, &cfg)?;
         if p.console != "-" {
             std::fs::write(&p.console, &r.console).map_err(|e| format!("{}: {e}", p.console))?;
         }
@@ -211,6 +211,9 @@ pub fn main(p: Params) -> Result<(), String> {
             println!("run {run}:");
             print_text(&p, &r, base.as_ref());
         }
+        if r.reason == vm::StopReason::Escape {
+            break;
+        }
         if let Err(e) = verdict(p.vcpus, &r) {
             emit_json(&p, &rep);
             return Err(e);
@@ -219,6 +222,26 @@ pub fn main(p: Params) -> Result<(), String> {
     summary(&p, &mut rep, &ours, &theirs);
     emit_json(&p, &rep);
     Ok(())
+}
+
+/// One boot. With the console on a terminal (or `--run shell`) what the
+/// user types goes to the guest, the terminal in raw mode until the guest
+/// stops; `Ctrl-A x` stops it.
+fn run_once(p: &Params, cfg: &LinuxConfig) -> Result<LinuxReport, String> {
+    let tty = console_input::stdin_is_terminal();
+    if p.console != "-" || p.json || !(tty || p.run == "shell") {
+        return vm::run(cfg).map_err(|e| e.to_string());
+    }
+    eprintln!("linux: the console is this terminal; Ctrl-A x stops the VM");
+    let raw = match tty {
+        true => {
+            Some(console_input::RawTerminal::enter().map_err(|e| format!("the terminal: {e}"))?)
+        }
+        false => None,
+    };
+    let r = vm::run_interactive(cfg).map_err(|e| e.to_string());
+    drop(raw);
+    r
 }
 
 fn emit_json(p: &Params, rep: &Report) {

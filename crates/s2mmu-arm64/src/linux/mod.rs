@@ -55,7 +55,7 @@ mod migration;
 mod runs;
 
 pub use assets::{cpio, debs};
-pub use devices::{bus, gic, mmio, psci, uart};
+pub use devices::{bus, console_input, gic, mmio, psci, uart};
 pub use machine::load::{boot, fdt, loader};
 pub use machine::logging::{changes, dirty};
 pub use machine::state::{vcpu_state, vm_state};

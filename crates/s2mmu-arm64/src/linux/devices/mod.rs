@@ -7,6 +7,7 @@ use s2mmu_migrate::state::StateError;
 
 pub mod bus;
 pub(crate) mod console_echo;
+pub mod console_input;
 pub mod gic;
 mod gic_state;
 pub mod mmio;

@@ -64,6 +64,9 @@ pub enum StopReason {
     Timeout,
     /// A vCPU met an error (its text).
     Error(String),
+    /// The operator typed the console's escape, `Ctrl-A x`
+    /// ([`crate::linux::vm::run_interactive`]).
+    Escape,
 }
 
 /// Exit kinds counted per vCPU.

@@ -148,6 +148,22 @@ pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
 /// and the engine's errors. A guest that stops for a reason other than
 /// SYSTEM_OFF is a report with that reason, not an error.
 pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
+    run_with(cfg, false)
+}
+
+/// As [`run`], with the operator's stdin forwarded to the guest's UART
+/// ([`crate::linux::console_input`]): `Ctrl-A x` stops the VM
+/// ([`StopReason::Escape`]). The caller puts a terminal into raw mode
+/// ([`crate::linux::console_input::RawTerminal`]) if it wants every key
+/// to reach the guest.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_interactive(cfg: &LinuxConfig) -> Result<LinuxReport> {
+    run_with(cfg, true)
+}
+
+fn run_with(cfg: &LinuxConfig, interactive: bool) -> Result<LinuxReport> {
     check(cfg)?;
     for p in [&cfg.kernel, &cfg.initrd] {
         std::fs::metadata(p).map_err(|e| Arm64Error::Io(format!("{}: {e}", p.display())))?;
@@ -155,7 +171,12 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
     let t0 = Instant::now();
     let (vm, dl, boot) = prepare(cfg)?;
     let console = ConsoleBuffer::new(4 << 20);
-    let sh = shared(cfg, vm, dl, &boot, &console);
+    let (sh, uart) = shared(cfg, vm, dl, &boot, &console);
+    let input = if interactive {
+        Some(spawn_input(sh.clone(), uart).map_err(Arm64Error::Io)?)
+    } else {
+        None
+    };
     let init_at = watch_init(&console, t0);
     crate::linux::shared::spawn_watchdog(&sh).map_err(Arm64Error::Io)?;
     let harvester = cfg
@@ -185,6 +206,9 @@ pub fn run(cfg: &LinuxConfig) -> Result<LinuxReport> {
         }
     }
     sh.watch.join();
+    if let Some(t) = input {
+        let _ = t.join();
+    }
     let total_s = t0.elapsed().as_secs_f64();
     let dirty = match harvester.map(|h| h.join().expect("harvester panicked")) {
         Some(Ok(r)) => Some(r),
@@ -251,8 +275,9 @@ fn shared(
     dl: DeviceLayout,
     boot: &BootLayout,
     console: &ConsoleBuffer,
-) -> Arc<Shared> {
-    Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
+) -> (Arc<Shared>, Arc<Uart>) {
+    let mut made = None;
+    let sh = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
         let w = weak.clone();
         let intid = 32 + dl.uart_spi;
         let irq: crate::linux::uart::IrqCallback = Arc::new(move || {
@@ -266,6 +291,7 @@ fn shared(
             UartOutput::Buffer(console.clone())
         };
         let uart = Arc::new(Uart::new(irq, out));
+        made = Some(uart.clone());
         let mut bus = MmioBus::new();
         bus.insert("uart", dl.uart, UART_REGS, uart)
             .expect("the first device on an empty bus");
@@ -291,7 +317,43 @@ fn shared(
             limit: Arc::new(crate::linux::dirty_limit::DirtyLimit::new(cfg.vcpus)),
             watch: crate::linux::watch::Watch::new(cfg.vcpus),
         }
-    })
+    });
+    (sh, made.expect("the UART is made with the VM"))
+}
+
+/// The console's input thread: stdin to the UART until the VM stops;
+/// `Ctrl-A x` stops it. End of input ends the thread, not the VM.
+fn spawn_input(
+    sh: Arc<Shared>,
+    uart: Arc<Uart>,
+) -> std::result::Result<std::thread::JoinHandle<()>, String> {
+    use crate::linux::console_input::{read_stdin, EscapeFilter};
+    std::thread::Builder::new()
+        .name("linux-console-in".into())
+        .spawn(move || {
+            let (mut filter, mut buf, mut out) = (EscapeFilter::default(), [0u8; 256], Vec::new());
+            while !sh.stopping() {
+                let n = match read_stdin(&mut buf, Duration::from_millis(100)) {
+                    Ok(None) => continue,
+                    Ok(Some(n)) if n > 0 => n,
+                    _ => return,
+                };
+                out.clear();
+                let stop = filter.feed(&buf[..n], &mut out);
+                let mut rest = &out[..];
+                while !rest.is_empty() && !sh.stopping() {
+                    let k = uart.enqueue(rest);
+                    rest = &rest[k..];
+                    if k == 0 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                if stop {
+                    sh.stop(StopReason::Escape);
+                }
+            }
+        })
+        .map_err(|e| format!("console input thread: {e}"))
 }
 
 /// The harvester's thread: logging starts under the running system (its

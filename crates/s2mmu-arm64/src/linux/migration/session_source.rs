@@ -361,6 +361,9 @@ impl SourceGuest for LinuxSource {
                     }
                     vm::StopReason::Timeout => "the Linux guest's run time limit passed".into(),
                     vm::StopReason::Error(e) => format!("the Linux guest failed: {e}"),
+                    vm::StopReason::Escape => {
+                        "the operator stopped the Linux guest (Ctrl-A x)".into()
+                    }
                 },
             });
         }
