@@ -253,7 +253,6 @@ pub const SIM_ONLY: &[&str] = &[
     "snapshot_every",
     "snapshot_dir",
     "wire_bench",
-    "plot",
 ];
 
 /// Options only the Linux guest takes: refused with `--guest sim`; with
@@ -396,7 +395,10 @@ pub fn main(p: &Params) -> Result<(), String> {
         runs.push(r);
     }
     report(p, &s, &runs);
-    Ok(())
+    match p.plot_file() {
+        Some(file) => super::linux_plot::write(file, &runs),
+        None => Ok(()),
+    }
 }
 
 fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
@@ -474,7 +476,7 @@ mod tests {
         for (id, f) in [
             ("format", "--format"),
             ("check", "--check"),
-            ("plot", "--plot"),
+            ("slots", "--slots"),
         ] {
             let e = route("linux", &ids(&["mem", id])).unwrap_err();
             assert!(e.starts_with(f), "{e}");

@@ -18,6 +18,7 @@
 pub mod linux;
 pub mod linux_guest;
 pub mod linux_net;
+pub mod linux_plot;
 pub mod outcome_json;
 pub mod plot;
 pub mod postcopy_report;

@@ -1,0 +1,94 @@
+//! `migrate --guest linux --plot FILE`: each run's pre-copy rounds (pages
+//! and milliseconds) and its downtime's parts, stacked in one figure
+//! through [`crate::plot`] (SVG, and PNG beside it).
+
+use crate::plot::{stacked_png, stacked_svg, BarChart, Chart};
+use s2mmu_arm64::linux::session_run::{LinuxRun, RunDetails};
+use std::path::Path;
+
+/// Writes the figure of `runs` to `file` (SVG) and beside it (PNG).
+///
+/// # Errors
+/// Nothing to draw, a drawing error, or a file that cannot be written.
+pub fn write(file: &str, runs: &[LinuxRun]) -> Result<(), String> {
+    let charts = charts(runs);
+    let (svg, png) = (stacked_svg(&charts)?, stacked_png(&charts)?);
+    let png_path = Path::new(file).with_extension("png");
+    std::fs::write(file, svg).map_err(|e| format!("--plot {file}: {e}"))?;
+    std::fs::write(&png_path, png).map_err(|e| format!("--plot {}: {e}", png_path.display()))
+}
+
+fn bars(title: &str, y: &str, categories: Vec<String>, groups: Vec<(String, Vec<f64>)>) -> Chart {
+    Chart::Bar(BarChart {
+        title: title.into(),
+        y_label: y.into(),
+        categories,
+        groups,
+    })
+}
+
+/// The rounds' pages and times, and the downtime's parts where the
+/// session measured them.
+fn charts(runs: &[LinuxRun]) -> Vec<Chart> {
+    let rounds = runs.iter().map(|r| r.round_pages.len()).max().unwrap_or(0);
+    let round_names: Vec<String> = (0..rounds).map(|i| i.to_string()).collect();
+    let per_run = |f: &dyn Fn(&LinuxRun) -> Vec<f64>| -> Vec<(String, Vec<f64>)> {
+        let name = |i: usize| format!("run {}", i + 1);
+        runs.iter()
+            .enumerate()
+            .map(|(i, r)| (name(i), f(r)))
+            .collect()
+    };
+    let mut charts = vec![
+        bars(
+            "pages sent per pre-copy round",
+            "pages",
+            round_names.clone(),
+            per_run(&|r| r.round_pages.iter().map(|&p| p as f64).collect()),
+        ),
+        bars(
+            "time of each pre-copy round",
+            "ms",
+            round_names,
+            per_run(&|r| r.round_ms.clone()),
+        ),
+    ];
+    let parts = [
+        "pause",
+        "harvest",
+        "last pages",
+        "state saved",
+        "state sent",
+        "until resumed",
+    ];
+    let downtime = per_run(&|r| match &r.details {
+        RunDetails::Session { outcome, .. } => {
+            let d = &outcome.downtime_parts;
+            [
+                d.pause,
+                d.harvest,
+                d.last_pages,
+                d.state_save,
+                d.state_send,
+                d.until_resumed,
+            ]
+            .iter()
+            .map(|t| t.as_secs_f64() * 1e3)
+            .collect()
+        }
+        RunDetails::Postcopy(_) => vec![0.0; 6],
+    });
+    if runs
+        .iter()
+        .any(|r| matches!(r.details, RunDetails::Session { .. }))
+    {
+        let names = parts.iter().map(|s| s.to_string()).collect();
+        charts.push(bars(
+            "the downtime's parts (source's clock)",
+            "ms",
+            names,
+            downtime,
+        ));
+    }
+    charts
+}
