@@ -9,6 +9,7 @@ pub mod harvest;
 pub mod host;
 pub use s2mmu_migrate::session::lost_write;
 pub mod memslot;
+pub mod report;
 pub mod split;
 pub mod stats;
 pub mod tlb;

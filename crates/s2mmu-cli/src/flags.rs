@@ -66,21 +66,3 @@ pub fn given(m: &clap::ArgMatches) -> Vec<String> {
 pub fn flag(id: &str) -> String {
     format!("--{}", id.replace('_', "-"))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_need_a_unit() {
-        assert_eq!(parse_duration("300ms"), Ok(Duration::from_millis(300)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert!(parse_duration("20").unwrap_err().contains("no unit"));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("25h").unwrap_err().contains("out of range"));
-    }
-}

@@ -19,6 +19,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod plot;
 mod rate;
 
 /// Options of `linux`.
@@ -77,6 +78,9 @@ pub struct Params {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Draw the exits per second and the dirty rate per harvest into this SVG file (PNG beside it; the last run's).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
     /// The guest's console is not echoed (it still goes to a --console file).
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -210,6 +214,9 @@ pub fn main(p: Params) -> Result<(), String> {
         if !p.json {
             println!("run {run}:");
             print_text(&p, &r, base.as_ref());
+        }
+        if let Some(f) = &p.plot {
+            plot::write(f, &r)?;
         }
         if r.reason == vm::StopReason::Escape {
             break;

@@ -57,6 +57,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    report::set_revision(option_env!("S2MMU_GIT_REV"));
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // The options given (not defaulted), for those refused by the guest.

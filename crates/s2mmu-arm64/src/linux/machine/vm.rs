@@ -112,7 +112,19 @@ pub struct LinuxReport {
     pub dirty: Option<HarvestReport>,
     /// The engine's TLB maintenance: in fault answers, on the service CPU.
     pub tlbi: crate::tlbi::TlbiCounters,
+    /// Every vCPU's exits together by kind ([`EXIT_NAMES`]), counted from
+    /// the start, every [`EXIT_SAMPLE`] (at most [`MAX_EXIT_SAMPLES`]), with
+    /// the seconds since the start.
+    pub exit_samples: Vec<ExitSample>,
 }
+
+/// Seconds since the start, and every vCPU's exits by kind until then.
+pub type ExitSample = (f64, [u64; 5]);
+
+/// How often [`LinuxReport::exit_samples`] counts the exits.
+pub const EXIT_SAMPLE: Duration = Duration::from_millis(100);
+/// The most samples [`LinuxReport::exit_samples`] keeps (an hour's).
+pub const MAX_EXIT_SAMPLES: usize = 36_000;
 
 /// Exit kind names in [`LinuxReport::exits`] order.
 pub const EXIT_NAMES: [&str; 5] = ["stage2_fault", "mmio", "hvc", "sysreg", "irq"];
@@ -178,6 +190,7 @@ fn run_with(cfg: &LinuxConfig, interactive: bool) -> Result<LinuxReport> {
         None
     };
     let init_at = watch_init(&console, t0);
+    let sampler = spawn_exit_sampler(sh.clone(), t0).map_err(Arm64Error::Io)?;
     crate::linux::shared::spawn_watchdog(&sh).map_err(Arm64Error::Io)?;
     let harvester = cfg
         .dirty
@@ -220,6 +233,7 @@ fn run_with(cfg: &LinuxConfig, interactive: bool) -> Result<LinuxReport> {
     }
     let mut r = report(&sh, &console, &init_at, total_s);
     r.dirty = dirty;
+    r.exit_samples = sampler.join().unwrap_or_default();
     Ok(r)
 }
 
@@ -457,5 +471,34 @@ pub(crate) fn report(
         log: sh.log.lock().unwrap().clone(),
         dirty: None,
         tlbi: sh.vm.sink().counters(),
+        exit_samples: Vec::new(),
     }
+}
+
+/// Every vCPU's exits by kind, now.
+fn exits_now(sh: &Shared) -> [u64; 5] {
+    std::array::from_fn(|k| {
+        sh.stats
+            .iter()
+            .map(|s| s.exits[k].load(Ordering::Relaxed))
+            .sum()
+    })
+}
+
+/// Counts the exits every [`EXIT_SAMPLE`] until the VM stops.
+fn spawn_exit_sampler(
+    sh: Arc<Shared>,
+    t0: Instant,
+) -> std::result::Result<std::thread::JoinHandle<Vec<ExitSample>>, String> {
+    std::thread::Builder::new()
+        .name("linux-exit-samples".into())
+        .spawn(move || {
+            let mut v = Vec::new();
+            while !sh.stopping() && v.len() < MAX_EXIT_SAMPLES {
+                std::thread::sleep(EXIT_SAMPLE);
+                v.push((t0.elapsed().as_secs_f64(), exits_now(&sh)));
+            }
+            v
+        })
+        .map_err(|e| format!("exit sampler thread: {e}"))
 }

@@ -128,6 +128,28 @@ pub struct HarvestReport {
     pub pauses: u64,
     /// Times the framebuffer's memslot moved ([`HostChange::MoveSlot`]).
     pub moves: u64,
+    /// Each harvest's end in microseconds since logging started, and the
+    /// pages it logged (the first [`MAX_HARVEST_POINTS`] harvests).
+    pub per_harvest: Vec<(u64, u64)>,
+}
+
+/// The most harvests [`HarvestReport::per_harvest`] keeps.
+pub const MAX_HARVEST_POINTS: usize = 100_000;
+
+impl HarvestReport {
+    /// Counts a harvest that logged `bitmap`'s pages.
+    fn record(&mut self, bitmap: &[u64], logging_since: Instant) {
+        let logged = bitmap
+            .iter()
+            .map(|w| u64::from(w.count_ones()))
+            .sum::<u64>();
+        self.harvests += 1;
+        self.logged += logged;
+        if self.per_harvest.len() < MAX_HARVEST_POINTS {
+            let at = logging_since.elapsed().as_micros() as u64;
+            self.per_harvest.push((at, logged));
+        }
+    }
 }
 
 /// The guest RAM as words shared with QEMU.
@@ -249,11 +271,7 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
         if cfg.discard_log == Some(rep.harvests) {
             bitmap.fill(0);
         }
-        rep.harvests += 1;
-        rep.logged += bitmap
-            .iter()
-            .map(|w| u64::from(w.count_ones()))
-            .sum::<u64>();
+        rep.record(&bitmap, logging_since);
         let t = Instant::now();
         check_window(
             &bitmap,
