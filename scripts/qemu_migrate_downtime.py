@@ -4,7 +4,7 @@
 The independent reference for that command's downtime: the same Debian
 arm64 kernel and the project's initramfs (`s2mmu.run=counter`, the default
 `--linux-run`), the same RAM and, by default, the same 2 vCPUs, booted by
-QEMU alone as `s2mmu linux --baseline` boots it (TCG, `-M virt,gic-version=3
+QEMU alone as `s2mmu linux --vs-qemu` boots it (TCG, `-M virt,gic-version=3
 -cpu max`, EL1, no stage 2), migrated by QEMU's own pre-copy between two QEMU
 processes over TCP on this host.
 
