@@ -69,7 +69,7 @@ pub struct Params {
     /// Runs (1..=10); with --vs-qemu each run boots both, back to back, and the medians are compared.
     #[arg(long, default_value_t = 1, value_parser = crate::limits::count_in(1..=10))]
     pub runs: usize,
-    /// With --run dirtier: one run without dirty logging, then one per mode (wp, manual, ring, hw), and the dirtier's write rate in each against the run without.
+    /// With --run dirtier: one run without dirty logging, then one per mode (wp-get, wp, ring, hw-get), and the dirtier's write rate in each against the run without.
     #[arg(long)]
     pub rate_per_mode: bool,
     /// Only make sure the kernel and initramfs are in the cache (downloads with S2MMU_LINUX_FETCH=1).

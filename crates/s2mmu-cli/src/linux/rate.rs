@@ -1,5 +1,5 @@
 //! `s2mmu linux --rate-per-mode`: the dirtier's write rate without dirty
-//! logging and under each mode (wp, manual, ring, hw), the same guest and
+//! logging and under each mode (wp-get, wp, ring, hw-get), the same guest and
 //! arguments, back to back, `--runs` times each; the ratio of each mode's
 //! median to the median without logging.
 

@@ -146,13 +146,16 @@ pub fn dirtier_rate(console: &str) -> Option<f64> {
         .and_then(|r| r.parse::<f64>().ok())
 }
 
-/// The dirty modes [`rate_per_mode`] runs, no logging first.
+/// The dirty modes [`rate_per_mode`] runs, no logging first, by the
+/// command's names: `wp` and `hw` the engine's (GET then CLEAR), `wp-get`
+/// and `hw-get` the same with GET re-protecting (`KVM_GET_DIRTY_LOG`
+/// alone).
 pub const RATE_MODES: [(Option<DirtyMode>, &str); 5] = [
     (None, "off"),
-    (Some(dirty::WP), "wp"),
-    (Some(dirty::MANUAL), "manual"),
+    (Some(dirty::WP), "wp-get"),
+    (Some(dirty::MANUAL), "wp"),
     (Some(dirty::RING), "ring"),
-    (Some(dirty::HW), "hw"),
+    (Some(dirty::HW), "hw-get"),
 ];
 
 /// One mode's runs of the dirtier.
