@@ -68,6 +68,9 @@ pub struct Params {
     /// Only make sure the kernel and initramfs are in the cache (downloads with S2MMU_LINUX_FETCH=1).
     #[arg(long)]
     pub fetch_only: bool,
+    /// Where the stage-2 engine runs: host (a host thread answers every stage-2 abort) or el2 (linked into the EL2 stub, RAM faults answered there).
+    #[arg(long, default_value = "host")]
+    pub engine: vm::Engine,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -124,6 +127,7 @@ fn spec(p: &Params) -> RunSpec {
         timeout: Duration::from_secs(p.timeout as u64),
         dirty: p.dirty,
         harvest: Duration::from_millis(p.harvest_ms as u64),
+        engine: p.engine,
     }
 }
 
@@ -218,7 +222,10 @@ fn to_json(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) ->
         "cpus_online": r.cpus_online,
         "boot_to_init_s": r.init_s,
         "total_s": r.total_s,
+        "engine": format!("{:?}", p.engine).to_lowercase(),
         "stage2_faults": r.exits[0],
+        "el2_faults": r.el2_faults,
+        "el2_fault_ms": ms(r.el2_fault_ns),
         "injected": r.injected,
         "exits": exits,
         "exits_per_s": per_s,
@@ -268,6 +275,13 @@ fn print_text(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>)
         .map(|(n, e)| format!("{n} {e} ({:.0}/s)", e as f64 / r.total_s.max(1e-9)))
         .collect();
     println!("exits: {}", exits.join(", "));
+    if p.engine == vm::Engine::El2 {
+        println!(
+            "engine at EL2: {} stage-2 faults answered there without an exit, {:.1} ms at EL2",
+            r.el2_faults,
+            ms(r.el2_fault_ns)
+        );
+    }
     println!(
         "host time: engine {:.1} ms, devices {:.1} ms, answering exits {:.1} ms; the stub's EL2 time over {} exits {:.1} ms; service CPU {} calls, {:.1} ms",
         ms(r.engine_ns),

@@ -1,0 +1,69 @@
+//! Debian's arm64 Linux with the engine at EL2 (`Engine::El2`): the stub
+//! links the engine, which answers every stage-2 abort on guest RAM on
+//! the faulting CPU; only MMIO and the like exit to the host. `/init`
+//! counts every vCPU online, and the guest powers off.
+
+mod common;
+
+use s2mmu_arm64::linux::dirty::HarvestConfig;
+use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig, LinuxReport, StopReason};
+use std::time::Duration;
+
+fn run(vcpus: usize, dirty: HarvestConfig, cmdline: &str) -> Option<LinuxReport> {
+    let a = common::linux_assets()?;
+    let r = vm::run(&LinuxConfig {
+        vcpus,
+        mem: 256 << 20,
+        kernel: a.image,
+        initrd: a.initramfs,
+        cmdline: cmdline.into(),
+        echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
+        timeout: Duration::from_secs(600),
+        dirty,
+        ram_pages: Default::default(),
+        engine: Engine::El2,
+    })
+    .expect("the Linux VM runs with the engine at EL2");
+    eprintln!(
+        "init after {:?} s, stopped after {:.1} s ({:?}); exits {:?}; EL2 faults {} ({} ns); log {:?}",
+        r.init_s, r.total_s, r.reason, r.exits, r.el2_faults, r.el2_fault_ns, r.log
+    );
+    assert_eq!(r.reason, StopReason::PowerOff, "console:\n{}", r.console);
+    assert_eq!(
+        r.cpus_online,
+        Some(vcpus as u32),
+        "init's CPU count; console:\n{}",
+        r.console
+    );
+    // Every RAM fault was answered at EL2: none reached the host.
+    assert!(r.el2_faults > 0, "RAM came through EL2's fault path");
+    assert_eq!(r.exits[0], 0, "stage-2 faults answered by the host");
+    assert!(
+        r.exits[1] > 0,
+        "the UART and the GIC still exit to the host"
+    );
+    Some(r)
+}
+
+fn boot(vcpus: usize) {
+    let _one = common::serial();
+    run(vcpus, HarvestConfig::default(), "quiet");
+}
+
+#[test]
+#[cfg_attr(
+    not(all(s2mmu_linux_runnable, s2mmu_el2_linux)),
+    ignore = "needs the Linux guest (scripts/setup.sh) and the aarch64-unknown-none target (rustup target add aarch64-unknown-none)"
+)]
+fn linux_boots_to_init_on_one_vcpu_with_the_engine_at_el2() {
+    boot(1);
+}
+
+#[test]
+#[cfg_attr(
+    not(all(s2mmu_linux_runnable, s2mmu_el2_linux)),
+    ignore = "needs the Linux guest (scripts/setup.sh) and the aarch64-unknown-none target (rustup target add aarch64-unknown-none)"
+)]
+fn linux_boots_to_init_on_two_vcpus_with_the_engine_at_el2() {
+    boot(2);
+}
