@@ -76,6 +76,8 @@
         .equ    MB_EL2_OUTCOME, 0x3c0
         .equ    MB_EL2_FAULTS,  0x3c8
         .equ    MB_EL2_TICKS,   0x3d0
+        .equ    MB_S2_EXITS,    0x3d8
+        .equ    MB_S2_TICKS,    0x3e0
         .equ    MB_REPLY_INSNS, 0x400
         .equ    MB_CMD_INSNS,   0x1000
 
@@ -744,6 +746,22 @@ post_exit:
         ldr     x4, [x28, #MB_STAT_EXITS]
         add     x4, x4, #1
         str     x4, [x28, #MB_STAT_EXITS]
+        // A stage-2 abort the engine answered (not an emulated MMIO
+        // access, not an injected exception): its round trip on its own,
+        // the fault cost the placements are compared by.
+        ldr     x4, [x28, #MB_EXIT_KIND]
+        cmp     x4, #EXIT_ABORT
+        b.ne    restore_guest
+        cmp     x2, #ACT_MMIO
+        b.eq    restore_guest
+        cmp     x2, #ACT_INJECT
+        b.eq    restore_guest
+        ldr     x4, [x28, #MB_S2_TICKS]
+        add     x4, x4, x3
+        str     x4, [x28, #MB_S2_TICKS]
+        ldr     x4, [x28, #MB_S2_EXITS]
+        add     x4, x4, #1
+        str     x4, [x28, #MB_S2_EXITS]
 restore_guest:
         ldp     x0, x1, [sp, #0]
         ldp     x2, x3, [sp, #16]

@@ -16,6 +16,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod compare;
 mod rate;
 
 /// Options of `linux`.
@@ -68,6 +69,9 @@ pub struct Params {
     /// Only make sure the kernel and initramfs are in the cache (downloads with S2MMU_LINUX_FETCH=1).
     #[arg(long)]
     pub fetch_only: bool,
+    /// Both placements back to back, --runs times (with QEMU booting the same kernel alone): boot to init, the dirtier under wp, manual and ring logging (its write rate, the stage-2 fault cost, faults per harvest), medians and ratios.
+    #[arg(long)]
+    pub engine_compare: bool,
     /// Where the stage-2 engine runs: host (a host thread answers every stage-2 abort) or el2 (linked into the EL2 stub, RAM faults answered there).
     #[arg(long, default_value = "host")]
     pub engine: vm::Engine,
@@ -94,8 +98,14 @@ fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
     if let Some(why) = crate::arm64::unavailable() {
         return Err(why);
     }
-    if p.dirty.is_none() && !p.rate_per_mode && p.harvest_ms != 100 {
+    if p.dirty.is_none() && !p.rate_per_mode && !p.engine_compare && p.harvest_ms != 100 {
         return Err("--harvest-ms needs --dirty or --rate-per-mode".into());
+    }
+    if p.engine_compare && (p.rate_per_mode || p.dirty.is_some() || p.baseline || p.run != "none") {
+        return Err(
+            "--engine-compare runs its own boots and dirtier runs: no --rate-per-mode, --dirty, --baseline or --run"
+                .into(),
+        );
     }
     if p.rate_per_mode && (p.run != "dirtier" || p.dirty.is_some() || p.baseline) {
         return Err(
@@ -150,6 +160,9 @@ pub fn main(p: Params) -> Result<(), String> {
     let (cfg, a) = config(&p)?;
     if p.rate_per_mode {
         return rate::rate_per_mode(&p, cfg);
+    }
+    if p.engine_compare {
+        return compare::engine_compare(&p, cfg, &a);
     }
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for run in 1..=p.runs {

@@ -11,11 +11,12 @@
 //! backed by guest data only, and the [`SHARED_BYTES`] after it hold the
 //! bitmaps and ring entries EL2 writes for the host.
 
-use crate::layout::{self, mb};
+use crate::layout::{self, mb, CMD_EL2};
 use crate::machine::{Exit, Machine};
 use crate::stage2;
 use crate::tlbi::HypSink;
 use crate::{Arm64Error, Result};
+use mb::{EL2_FAULTS, EL2_OUTCOME, EL2_TICKS};
 use s2mmu::dirty::DirtyGfn;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::mmu::DirtyMode;
@@ -25,17 +26,8 @@ use std::sync::Arc;
 
 /// Bytes of the area shared with EL2, after the memory slots may use.
 pub const SHARED_BYTES: u64 = 4 << 20;
-/// The stub's command that hands EL2's engine a command block.
-const CMD_EL2: u64 = 0x30;
 /// EL2's first command: its heap, pool and layout (`el2/src/lib.rs`).
 const OP_SETUP: u64 = 0x100;
-/// Mailbox word where the stub leaves what EL2 did with an abort it
-/// posted (`asm/el2_mmu.S`).
-const EL2_OUTCOME: u64 = 0x3c0;
-/// Aborts answered at EL2 on this CPU, and their counter ticks (from the
-/// vector's entry to the return to the guest).
-const EL2_FAULTS: u64 = 0x3c8;
-const EL2_TICKS: u64 = 0x3d0;
 /// `EL2_OUTCOME` values (`el2/src/lib.rs`).
 const ABORT_NO_SLOT: u64 = 1;
 const ABORT_RING_FULL: u64 = 2;

@@ -24,7 +24,7 @@ use crate::linux::gic::{Gic, GICR_STRIDE};
 use crate::linux::memory::LinuxRam;
 use crate::linux::mig_vcpu::{self, Ctl};
 use crate::linux::page_fetch::PageFetch;
-use crate::linux::placement::{Host, Placement};
+use crate::linux::placement::{Host, Placement, HOST_ONLY};
 use crate::linux::psci::PowerState;
 use crate::linux::timer;
 use crate::linux::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
@@ -127,11 +127,7 @@ impl LinuxVm {
     /// where it can (4 KiB or 2 MiB).
     fn blank_with(cfg: &LinuxConfig, granule: u64) -> Result<LinuxVm> {
         vm::check(cfg)?;
-        if cfg.engine != vm::Engine::Host {
-            return Err(Arm64Error::Config(
-                "migration is not supported with the engine at EL2 (--engine el2) yet".into(),
-            ));
-        }
+        vm::host_placement_only(cfg, "migration")?;
         let machine = Arc::new(Machine::start(&MachineConfig {
             cpus: cfg.vcpus + 1,
             data_bytes: cfg.mem,
@@ -350,10 +346,7 @@ impl LinuxVm {
         r.sh.watch.join();
         let sh = Arc::try_unwrap(r.sh)
             .map_err(|_| Arm64Error::Guest("the VM is still shared after its threads".into()))?;
-        self.idle = match sh.vm {
-            Host::Host(v) => Some(v),
-            Host::El2(_) => unreachable!("blank_with makes host placements only"),
-        };
+        self.idle = sh.vm.into_host();
         first.map_or(Ok(()), Err)
     }
 
@@ -426,10 +419,7 @@ impl LinuxVm {
 
     fn mmu(&self) -> &Arc<crate::vm::Arm64Mmu> {
         match (&self.run, &self.idle) {
-            (Some(r), _) => match &r.sh.vm {
-                Host::Host(v) => v.mmu(),
-                Host::El2(_) => unreachable!("blank_with makes host placements only"),
-            },
+            (Some(r), _) => r.sh.vm.host_vm().expect(HOST_ONLY).mmu(),
             (None, Some(v)) => v.mmu(),
             (None, None) => unreachable!("the engine's VM is either idle or running"),
         }

@@ -109,6 +109,12 @@ pub struct LinuxReport {
     pub stub_exits: u64,
     /// See `stub_exits`, in ns.
     pub stub_ns: u64,
+    /// Stage-2 abort exits the host's engine answered (the host
+    /// placement; MMIO and injected exceptions not counted), all vCPUs.
+    pub s2_round_trips: u64,
+    /// Their time from the vector's entry to the return to the guest, in
+    /// ns (the stub's counter).
+    pub s2_round_trip_ns: u64,
     /// Stage-2 aborts answered at EL2 without an exit (the EL2
     /// placement; 0 under the host one), all vCPUs.
     pub el2_faults: u64,
@@ -154,6 +160,19 @@ pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
         return Err(Arm64Error::Config(
             "host changes under a running guest are not supported with --engine el2 yet".into(),
         ));
+    }
+    Ok(())
+}
+
+/// Refuses the EL2 placement for `what`, which only the host one runs.
+///
+/// # Errors
+/// [`Arm64Error::Config`] naming `what`.
+pub(crate) fn host_placement_only(cfg: &LinuxConfig, what: &str) -> Result<()> {
+    if cfg.engine != Engine::Host {
+        return Err(Arm64Error::Config(format!(
+            "{what} is not supported with the engine at EL2 (--engine el2) yet"
+        )));
     }
     Ok(())
 }
@@ -371,6 +390,22 @@ pub(crate) fn watch_init(console: &ConsoleBuffer, t0: Instant) -> Arc<Mutex<Opti
     at
 }
 
+/// vCPU `id`'s stage-2 fault counts and ticks: the host's round trips,
+/// then those answered at EL2.
+fn fault_ticks(sh: &Shared, id: usize) -> [u64; 4] {
+    let m = sh.vm.machine().mailbox(id);
+    let (n, t) = match &sh.vm {
+        Host::El2(v) => v.el2_faults(id),
+        Host::Host(_) => (0, 0),
+    };
+    [
+        m.read(layout::mb::S2_EXITS),
+        m.read(layout::mb::S2_TICKS),
+        n,
+        t,
+    ]
+}
+
 pub(crate) fn report(
     sh: &Shared,
     console: &ConsoleBuffer,
@@ -387,6 +422,7 @@ pub(crate) fn report(
     let (mut engine_ns, mut device_ns, mut host_ns, mut injected) = (0, 0, 0, 0);
     let (mut stub_exits, mut stub_ticks) = (0, 0);
     let (mut el2_faults, mut el2_ticks) = (0, 0);
+    let (mut s2_trips, mut s2_ticks) = (0, 0);
     for (id, s) in sh.stats.iter().enumerate() {
         for (k, e) in exits.iter_mut().enumerate() {
             *e += s.exits[k].load(Ordering::Relaxed);
@@ -398,11 +434,11 @@ pub(crate) fn report(
         let (n, t) = sh.vm.machine().mailbox(id).exit_stats();
         stub_exits += n;
         stub_ticks += t;
-        if let Host::El2(v) = &sh.vm {
-            let (n, t) = v.el2_faults(id);
-            el2_faults += n;
-            el2_ticks += t;
-        }
+        let f = fault_ticks(sh, id);
+        s2_trips += f[0];
+        s2_ticks += f[1];
+        el2_faults += f[2];
+        el2_ticks += f[3];
     }
     // The counter runs at CNTFRQ (QEMU: 62.5 MHz).
     let freq = sh
@@ -434,6 +470,8 @@ pub(crate) fn report(
         injected,
         stub_exits,
         stub_ns: (stub_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
+        s2_round_trips: s2_trips,
+        s2_round_trip_ns: (s2_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
         el2_faults,
         el2_fault_ns: (el2_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
         el2_counters: match &sh.vm {
