@@ -3,8 +3,9 @@
 //! the faulting CPU; only MMIO and the like exit to the host. `/init`
 //! counts every vCPU online, and the guest powers off. Under dirty
 //! logging (the write-protection faults marked at EL2, the host harvesting
-//! through EL2's commands) every guest page's content is checked against
-//! the logs, as for the host placement (`linux_dirty.rs`).
+//! through EL2's commands; under `hw` the CPU's dirty state) every guest
+//! page's content is checked against the logs, as for the host placement
+//! (`linux_dirty.rs`).
 
 mod common;
 
@@ -72,6 +73,15 @@ fn linux_boots_to_init_on_two_vcpus_with_the_engine_at_el2() {
     boot(2);
 }
 
+#[test]
+#[cfg_attr(
+    not(all(s2mmu_linux_runnable, s2mmu_el2_linux)),
+    ignore = "needs the Linux guest (scripts/setup.sh) and the aarch64-unknown-none target (rustup target add aarch64-unknown-none)"
+)]
+fn linux_boots_to_init_on_four_vcpus_with_the_engine_at_el2() {
+    boot(4);
+}
+
 fn no_page_lost(mode: DirtyMode) {
     let _one = common::serial();
     let cfg = HarvestConfig {
@@ -95,12 +105,26 @@ fn no_page_lost(mode: DirtyMode) {
     assert!(d.harvests >= 20, "{} harvests", d.harvests);
     assert!(d.changed > 1000, "the guest changed {} pages", d.changed);
     assert_eq!(d.lost, 0, "lost pages: {:x?}", d.lost_examples);
-    // The dirty marks were made at EL2: its write-protection faults.
     let c = r
         .el2_counters
         .expect("EL2's counters")
         .expect("EL2 answers COUNTERS");
-    assert!(c.permission > 0 && c.dirtied > 0, "{c:?}");
+    if mode.hardware() {
+        // The CPU sets the dirty state (DBM): EL2's GET reads the leaves.
+        assert!(d.logged > 0, "{d:?}");
+    } else {
+        // The dirty marks were made at EL2: its write-protection faults.
+        assert!(c.permission > 0 && c.dirtied > 0, "{c:?}");
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(all(s2mmu_linux_runnable, s2mmu_el2_linux)),
+    ignore = "needs the Linux guest (scripts/setup.sh) and the aarch64-unknown-none target (rustup target add aarch64-unknown-none)"
+)]
+fn hardware_dirty_logging_at_el2_loses_no_page() {
+    no_page_lost(dirty::HW);
 }
 
 #[test]
