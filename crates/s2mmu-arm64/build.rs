@@ -34,6 +34,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=S2MMU_QEMU");
     println!("cargo:rerun-if-env-changed=S2MMU_REQUIRE_ARM64");
     println!("cargo::rustc-check-cfg=cfg(s2mmu_arm64_runnable)");
+    println!("cargo::rustc-check-cfg=cfg(s2mmu_el2_linux)");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let syms = out.join("symbols.rs");
     // S2MMU_ARM64_NO_IMAGE=1 builds as a machine without binutils would,

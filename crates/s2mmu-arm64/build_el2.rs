@@ -9,7 +9,6 @@ use std::process::Command;
 
 /// `IMAGE_EL2`'s definition for `symbols.rs`: the image, or why not.
 pub fn image_const(out: &Path) -> String {
-    println!("cargo::rustc-check-cfg=cfg(s2mmu_el2_linux)");
     match build(out) {
         Ok(elf) => {
             println!("cargo:rustc-cfg=s2mmu_el2_linux");
