@@ -12,6 +12,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "build_el2.rs"]
+mod el2;
+
 const AS: &str = "aarch64-linux-gnu-as";
 const LD: &str = "aarch64-linux-gnu-ld";
 const NM: &str = "aarch64-linux-gnu-nm";
@@ -23,12 +26,15 @@ fn main() {
     println!("cargo:rerun-if-changed=asm/inject.S");
     println!("cargo:rerun-if-changed=asm/hyp.ld");
     println!("cargo:rerun-if-changed=asm/el1_tests.S");
+    println!("cargo:rerun-if-changed=asm/el2_mmu.S");
+    println!("cargo:rerun-if-changed=asm/hyp_el2.ld");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=S2MMU_ARM64_NO_IMAGE");
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo:rerun-if-env-changed=S2MMU_QEMU");
     println!("cargo:rerun-if-env-changed=S2MMU_REQUIRE_ARM64");
     println!("cargo::rustc-check-cfg=cfg(s2mmu_arm64_runnable)");
+    println!("cargo::rustc-check-cfg=cfg(s2mmu_el2_linux)");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let syms = out.join("symbols.rs");
     // S2MMU_ARM64_NO_IMAGE=1 builds as a machine without binutils would,
@@ -75,8 +81,9 @@ fn main() {
     }
     el1_tests(&out, built.is_ok());
     match built {
-        Ok(symbols) => {
+        Ok(mut symbols) => {
             println!("cargo:rustc-cfg=s2mmu_arm64_image");
+            symbols.push_str(&el2::image_const(&out));
             std::fs::write(&syms, symbols).expect("write symbols.rs");
         }
         Err(why) => {

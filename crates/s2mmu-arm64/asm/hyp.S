@@ -21,7 +21,7 @@
         .equ    MBOX0,          0x40201000
         .equ    MBOX_SZ,        0x2000
         .equ    STACK0,         0x40240000
-        .equ    STACK_SZ,       0x4000
+        .equ    STACK_SZ,       0x8000
         .equ    CTL_GO,         0x08
         .equ    CTL_PSCI_ERR,   0x10
         .equ    CTL_ALIVE,      0x100
@@ -73,6 +73,11 @@
         .equ    MB_BELLS,       0x1c8
         .equ    MB_BELLS_IN,    0x1d0
         .equ    MB_KICKS_TAKEN, 0x1d8
+        .equ    MB_EL2_OUTCOME, 0x3c0
+        .equ    MB_EL2_FAULTS,  0x3c8
+        .equ    MB_EL2_TICKS,   0x3d0
+        .equ    MB_S2_EXITS,    0x3d8
+        .equ    MB_S2_TICKS,    0x3e0
         .equ    MB_REPLY_INSNS, 0x400
         .equ    MB_CMD_INSNS,   0x1000
 
@@ -83,6 +88,7 @@
         .equ    CMD_LINUX,      5
         .equ    CMD_KICK,       6
         .equ    CMD_BELL_IN,    7
+        .equ    CMD_EL2,        0x30
 
         .equ    EXIT_ABORT,     1
         .equ    EXIT_HVC,       2
@@ -149,11 +155,17 @@
         .section .text.hyp, "ax"
         .include "asm/state.S"          // migration: vCPU state save/restore
         .include "asm/inject.S"         // exceptions injected into the guest
+        .include "asm/el2_mmu.S"        // the engine at EL2 (EL2_ENGINE)
         .global _start
 _start:
         // Every CPU enters here: the boot CPU from the loader, the others
         // from PSCI CPU_ON. The CPU index comes from MPIDR (virt: Aff0 is
         // the index within a cluster of 8, Aff1 the cluster).
+.ifdef EL2_ENGINE
+        // The engine runs here (Rust, its atomics and spin locks): EL2's
+        // stage-1 MMU on before anything else, as asm/el2_mmu.S says.
+        el2_mmu_on
+.endif
         mrs     x0, mpidr_el1
         and     x1, x0, #0xff
         ubfx    x0, x0, #8, #8
@@ -228,6 +240,9 @@ _start:
         ldr     x1, =UART0
         mov     w2, #UART_CR_ON
         str     w2, [x1, #UART_CR]
+.ifdef EL2_ENGINE
+        el2_zero_bss
+.endif
         ldr     x21, =CTL
         ldr     x2, =0x733232756d6d6d73
         str     x2, [x21]
@@ -330,6 +345,10 @@ cmd_loop:
         b.eq    do_state
         cmp     x3, #CMD_BELL_IN
         b.eq    do_bell_in
+.ifdef EL2_ENGINE
+        cmp     x3, #CMD_EL2
+        b.eq    do_el2
+.endif
         mov     x0, #-1
         b       cmd_done
 cmd_ping:
@@ -590,14 +609,22 @@ lower_sync:
         lsr     x2, x1, #26
         mov     x3, #EXIT_ABORT
         cmp     x2, #0x24
-        b.eq    1f
+        b.eq    el2_abort
         cmp     x2, #0x20
-        b.eq    1f
+        b.eq    el2_abort
         mov     x3, #EXIT_HVC
         cmp     x2, #0x16
         b.eq    1f
         mov     x3, #EXIT_OTHER
 1:
+        b       post_exit
+// A stage-2 abort: with the engine at EL2 it answers first (asm/el2_mmu.S);
+// what it leaves to the host is posted as an exit.
+el2_abort:
+.ifdef EL2_ENGINE
+        el2_answer_abort
+.endif
+        mov     x3, #EXIT_ABORT
 // Posts exit kind x3 with syndrome x1, waits for the answer.
 post_exit:
         str     x3, [x28, #MB_EXIT_KIND]
@@ -719,6 +746,22 @@ post_exit:
         ldr     x4, [x28, #MB_STAT_EXITS]
         add     x4, x4, #1
         str     x4, [x28, #MB_STAT_EXITS]
+        // A stage-2 abort the engine answered (not an emulated MMIO
+        // access, not an injected exception): its round trip on its own,
+        // the fault cost the placements are compared by.
+        ldr     x4, [x28, #MB_EXIT_KIND]
+        cmp     x4, #EXIT_ABORT
+        b.ne    restore_guest
+        cmp     x2, #ACT_MMIO
+        b.eq    restore_guest
+        cmp     x2, #ACT_INJECT
+        b.eq    restore_guest
+        ldr     x4, [x28, #MB_S2_TICKS]
+        add     x4, x4, x3
+        str     x4, [x28, #MB_S2_TICKS]
+        ldr     x4, [x28, #MB_S2_EXITS]
+        add     x4, x4, #1
+        str     x4, [x28, #MB_S2_EXITS]
 restore_guest:
         ldp     x0, x1, [sp, #0]
         ldp     x2, x3, [sp, #16]
@@ -802,6 +845,7 @@ mmio_done:
 
 // Anything taken from EL2 itself is a bug of this program: report it on
 // the console (the UART) and stop.
+        .global hyp_panic
 hyp_panic:
         mrs     x28, tpidr_el2
         mrs     x1, esr_el2

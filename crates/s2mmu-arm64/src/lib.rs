@@ -103,6 +103,23 @@ pub fn image() -> Result<&'static [u8]> {
     }
 }
 
+/// The stub with the engine linked in, for the EL2 placement
+/// (`linux::vm::Engine::El2`).
+///
+/// # Errors
+/// [`Arm64Error::Unavailable`] when the build had no aarch64 assembler or
+/// no `aarch64-unknown-none` target.
+pub fn image_el2() -> Result<&'static [u8]> {
+    #[cfg(s2mmu_arm64_image)]
+    {
+        symbols::IMAGE_EL2.map_err(|why| Arm64Error::Unavailable(why.to_string()))
+    }
+    #[cfg(not(s2mmu_arm64_image))]
+    {
+        Err(Arm64Error::Unavailable(symbols::MISSING.to_string()))
+    }
+}
+
 /// Guest code entry points in the image.
 #[cfg(s2mmu_arm64_image)]
 pub(crate) mod entry {

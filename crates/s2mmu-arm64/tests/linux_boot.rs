@@ -23,6 +23,7 @@ fn boot(vcpus: usize) {
         timeout: Duration::from_secs(600),
         dirty: HarvestConfig::default(),
         ram_pages: Default::default(),
+        engine: Default::default(),
     })
     .expect("the Linux VM runs");
     eprintln!(

@@ -49,6 +49,7 @@ fn run_args(
             cut_after: None,
         },
         ram_pages: Default::default(),
+        engine: Default::default(),
     })
     .expect("the Linux VM runs");
     let d = r.dirty.clone().expect("the harvester ran");
@@ -149,6 +150,7 @@ fn changes_the_mode_cannot_hold_are_refused() {
                 cut_after: None,
             },
             ram_pages: Default::default(),
+            engine: Default::default(),
         })
         .expect_err("refused");
         assert!(

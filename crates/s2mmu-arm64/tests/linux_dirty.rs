@@ -34,6 +34,7 @@ fn run(mode: Option<DirtyMode>, args: &str, discard: Option<u64>) -> Option<Linu
             cut_after: None,
         },
         ram_pages: Default::default(),
+        engine: Default::default(),
     })
     .expect("the Linux VM runs");
     eprintln!(
@@ -170,6 +171,7 @@ fn dropped_harvest_invalidations_show_as_lost_pages() {
                 cut_after: Some(Duration::from_secs(60)),
             },
             ram_pages: Default::default(),
+            engine: Default::default(),
         })
         .expect("the Linux VM runs");
         let d = r.dirty.expect("the harvester ran");

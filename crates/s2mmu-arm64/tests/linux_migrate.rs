@@ -126,6 +126,7 @@ fn a_blank_machine_parks_until_unparked() {
         timeout: Duration::from_secs(60),
         dirty: Default::default(),
         ram_pages: Default::default(),
+        engine: Default::default(),
     };
     let vm = LinuxVm::blank(&cfg).expect("a blank machine");
     assert!(vm.cpus_parked(), "a blank machine's CPUs are parked");

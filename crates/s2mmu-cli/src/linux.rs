@@ -19,6 +19,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod compare;
 mod plot;
 mod rate;
 
@@ -75,6 +76,12 @@ pub struct Params {
     /// Only make sure the kernel and initramfs are in the cache (downloads with S2MMU_LINUX_FETCH=1).
     #[arg(long)]
     pub fetch_only: bool,
+    /// Both placements back to back, --runs times (with QEMU booting the same kernel alone): boot to init, the dirtier under wp, manual and ring logging (its write rate, the stage-2 fault cost, faults per harvest), medians and ratios.
+    #[arg(long)]
+    pub engine_compare: bool,
+    /// Where the stage-2 engine runs: host (a host thread answers every stage-2 abort) or el2 (linked into the EL2 stub, RAM faults answered there).
+    #[arg(long, default_value = "host")]
+    pub engine: vm::Engine,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -131,6 +138,12 @@ fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
     if let Some(why) = crate::arm64::unavailable() {
         return Err(why);
     }
+    if p.engine_compare && (p.rate_per_mode || p.dirty.is_some() || p.vs_qemu || p.run != "none") {
+        return Err(
+            "--engine-compare runs its own boots and dirtier runs: no --rate-per-mode, --dirty, --vs-qemu or --run"
+                .into(),
+        );
+    }
     if p.rate_per_mode && (p.run != "dirtier" || p.dirty.is_some() || p.vs_qemu) {
         return Err(
             "--rate-per-mode needs --run dirtier, and no --dirty or --vs-qemu (it runs each mode)"
@@ -161,6 +174,7 @@ fn spec(p: &Params) -> RunSpec {
         timeout: p.timeout,
         dirty: p.dirty,
         harvest: p.harvest(),
+        engine: p.engine,
     }
 }
 
@@ -183,6 +197,9 @@ pub fn main(p: Params) -> Result<(), String> {
     let (cfg, a) = config(&p)?;
     if p.rate_per_mode {
         return rate::rate_per_mode(&p, cfg);
+    }
+    if p.engine_compare {
+        return compare::engine_compare(&p, cfg, &a);
     }
     let mut rep = Report::new("linux", params_json(&p));
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
@@ -258,10 +275,11 @@ fn emit_json(p: &Params, rep: &Report) {
 }
 
 /// The flags as used, for the JSON envelope.
-fn params_json(p: &Params) -> serde_json::Value {
+pub(super) fn params_json(p: &Params) -> serde_json::Value {
     json!({"vcpus": p.vcpus, "mem_bytes": p.mem, "run": p.run, "args": p.args,
         "dirty": dirty_name(p.dirty), "harvest_every_ms": p.harvest().as_secs_f64() * 1e3,
         "timeout_s": p.timeout.as_secs_f64(), "vs_qemu": p.vs_qemu, "runs": p.runs,
+        "engine": format!("{:?}", p.engine).to_lowercase(), "engine_compare": p.engine_compare,
         "cmdline": p.cmdline, "note": EMULATOR_NOTE})
 }
 
@@ -303,7 +321,10 @@ fn to_json(p: &Params, r: &LinuxReport) -> serde_json::Value {
         "cpus_online": r.cpus_online,
         "boot_to_init_s": r.init_s,
         "total_s": r.total_s,
+        "engine": format!("{:?}", p.engine).to_lowercase(),
         "stage2_faults": r.exits[0],
+        "el2_faults": r.el2_faults,
+        "el2_fault_ms": ms(r.el2_fault_ns),
         "injected": r.injected,
         "exits": exits,
         "exits_per_s": per_s,
@@ -345,6 +366,13 @@ fn print_text(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>)
         .map(|(n, e)| format!("{n} {e} ({:.0}/s)", e as f64 / r.total_s.max(1e-9)))
         .collect();
     println!("exits: {}", exits.join(", "));
+    if p.engine == vm::Engine::El2 {
+        println!(
+            "engine at EL2: {} stage-2 faults answered there without an exit, {:.1} ms at EL2",
+            r.el2_faults,
+            ms(r.el2_fault_ns)
+        );
+    }
     println!(
         "host time: engine {:.1} ms, devices {:.1} ms, answering exits {:.1} ms; the stub's EL2 time over {} exits {:.1} ms; service CPU {} calls, {:.1} ms",
         ms(r.engine_ns),

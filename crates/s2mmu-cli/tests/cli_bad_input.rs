@@ -292,6 +292,19 @@ fn snapshot_bad_input() {
 }
 
 #[test]
+fn linux_engine_bad_input() {
+    refused(&["linux", "--engine", "nope"], &["nope", "host or el2"]);
+    refused(
+        &["linux", "--engine-compare", "--dirty", "wp"],
+        &["--engine-compare", "--dirty"],
+    );
+    refused(
+        &["linux", "--engine-compare", "--run", "dirtier"],
+        &["--engine-compare", "--run"],
+    );
+}
+
+#[test]
 fn linux_rate_per_mode_bad_input() {
     refused(
         &["linux", "--rate-per-mode"],

@@ -8,9 +8,13 @@
 //! 0x4010_0000  guest code, 64 KiB      mapped for the guest by the engine
 //! 0x4020_0000  control block
 //! 0x4020_1000  mailboxes, 8 KiB per CPU
-//! 0x4024_0000  EL2 stacks, 16 KiB per CPU
+//! 0x4024_0000  EL2 stacks, 32 KiB per CPU
 //! 0x4030_0000  scratch (AT lists)       up to TABLES
 //! 0x4100_0000  table arena              (the engine's MmOps)
+//!              EL2 placement instead: the engine's code and data
+//!              (asm/hyp_el2.ld), its heap at 0x4200_0000 (16 MiB) and
+//!              table pool at 0x4300_0000 (64 MiB); 0x4000_0000 to DATA
+//!              is EL2's carve-out
 //! 0x6000_0000  guest data               (memslots' host memory)
 //! ```
 
@@ -158,6 +162,19 @@ pub mod mb {
     pub const BELLS_IN: u64 = 0x1d0;
     /// Kicks the stub took in its command loop, outside any guest.
     pub const KICKS_TAKEN: u64 = 0x1d8;
+    /// What EL2's engine did with an abort the stub then posted (the EL2
+    /// placement, `asm/el2_mmu.S`): 1 no slot, 2 ring full, 3 page
+    /// missing, 4 anything else.
+    pub const EL2_OUTCOME: u64 = 0x3c0;
+    /// Stage-2 aborts answered at EL2 without an exit (EL2 placement).
+    pub const EL2_FAULTS: u64 = 0x3c8;
+    /// Their counter ticks, from the vector's entry to the `ERET`.
+    pub const EL2_TICKS: u64 = 0x3d0;
+    /// Stage-2 abort exits the host's engine answered (host placement:
+    /// not MMIO, not an injected exception).
+    pub const S2_EXITS: u64 = 0x3d8;
+    /// Their counter ticks, from the vector's entry to the `ERET`.
+    pub const S2_TICKS: u64 = 0x3e0;
     /// The new PSTATE for [`super::ACT_INJECT`], less the bits the stub
     /// adds from SCTLR_EL1 (the last word before the reply's instructions,
     /// away from the fields other work adds after [`BELLS`]).
@@ -187,6 +204,9 @@ pub const CMD_AT: u64 = 4;
 pub const CMD_LINUX: u64 = 5;
 /// Command: send the SGI in arg0 (an ICC_SGI1R_EL1 value) from EL2.
 pub const CMD_KICK: u64 = 6;
+/// Command: hand EL2's engine the `s2mmu_el2` command block in args
+/// 2..8 (args 0, 1: VTCR_EL2, VTTBR_EL2); the EL2 placement's stub only.
+pub const CMD_EL2: u64 = 0x30;
 /// Command: route the host's bell (the UART's receive interrupt) to this
 /// CPU.
 pub const CMD_BELL_IN: u64 = 7;

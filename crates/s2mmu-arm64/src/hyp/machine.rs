@@ -56,6 +56,15 @@ impl Machine {
     /// that is not a multiple of 2 MiB or above [`MAX_DATA_BYTES`];
     /// [`Arm64Error::Boot`] if QEMU exits or the stub does not come up.
     pub fn start(cfg: &MachineConfig) -> Result<Machine> {
+        Machine::start_with(cfg, image()?)
+    }
+
+    /// [`Machine::start`] with another build of the stub (the EL2
+    /// placement's, [`crate::image_el2`]).
+    ///
+    /// # Errors
+    /// As [`Machine::start`].
+    pub(crate) fn start_with(cfg: &MachineConfig, image: &[u8]) -> Result<Machine> {
         if !(2..=layout::MAX_CPUS).contains(&cfg.cpus) {
             return Err(Arm64Error::Config(format!(
                 "CPUs {} outside 2..={} (guest vCPUs plus one service CPU)",
@@ -73,7 +82,6 @@ impl Machine {
                 MAX_DATA_BYTES >> 30
             )));
         }
-        let image = image()?;
         let qemu = qemu_binary()?;
         let ram_len = layout::DATA - layout::RAM_BASE + cfg.data_bytes;
         let ram = Arc::new(SharedRam::create(ram_len, cfg.ram_pages)?);

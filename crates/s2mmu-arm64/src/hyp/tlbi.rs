@@ -310,6 +310,14 @@ impl HypSink {
         }
     }
 
+    /// Runs `f` with the service CPU's mailbox, no other command of the
+    /// sink's (maintenance, kicks) in between: the EL2 placement's
+    /// commands go there.
+    pub(crate) fn with_service<R>(&self, f: impl FnOnce(&crate::machine::Mailbox<'_>) -> R) -> R {
+        let _one = self.service.lock().unwrap();
+        f(&self.machine.mailbox(self.service_cpu))
+    }
+
     fn run_on_service(&self, insns: &[(u64, u64)], droppable: bool) {
         if droppable
             && self

@@ -64,5 +64,5 @@ pub use migration::{run_error, session_dest, session_postcopy, session_run, sess
 pub use runs::{baseline, run};
 
 use devices::{console_echo, timer};
-use machine::{mig_vcpu, placement, shared, vcpu, watch};
+use machine::{el2, mig_vcpu, placement, shared, vcpu, watch};
 use migration::console_watch;

@@ -24,6 +24,7 @@ pub fn config(a: &assets::LinuxAssets, vcpus: usize) -> LinuxConfig {
         timeout: Duration::from_secs(900),
         dirty: HarvestConfig::default(),
         ram_pages: Default::default(),
+        engine: Default::default(),
     }
 }
 

@@ -83,6 +83,7 @@ pub fn config(f: &Files, vcpus: usize, timeout: Duration) -> LinuxConfig {
         timeout,
         dirty: Default::default(),
         ram_pages: Default::default(),
+        engine: Default::default(),
     }
 }
 

@@ -128,7 +128,7 @@ enum Start {
 /// The engine's errors, an exit the host cannot answer, QEMU exiting.
 pub(crate) fn vcpu_main(sh: &Shared, ctl: &Ctl, id: usize) -> Result<()> {
     CURRENT.with(|c| c.set(Some(id)));
-    let mut vcpu = sh.vm.new_vcpu()?;
+    let mut vcpu = sh.vm.new_vcpu(id)?;
     while let Some(start) = next_start(sh, ctl, id) {
         match run_one(sh, ctl, id, &mut vcpu, start) {
             Ok(Some(state)) => {

@@ -24,7 +24,7 @@ use crate::linux::gic::{Gic, GICR_STRIDE};
 use crate::linux::memory::LinuxRam;
 use crate::linux::mig_vcpu::{self, Ctl};
 use crate::linux::page_fetch::PageFetch;
-use crate::linux::placement::Placement;
+use crate::linux::placement::{Host, Placement, HOST_ONLY};
 use crate::linux::psci::PowerState;
 use crate::linux::timer;
 use crate::linux::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
@@ -127,6 +127,7 @@ impl LinuxVm {
     /// where it can (4 KiB or 2 MiB).
     fn blank_with(cfg: &LinuxConfig, granule: u64) -> Result<LinuxVm> {
         vm::check(cfg)?;
+        vm::host_placement_only(cfg, "migration")?;
         let machine = Arc::new(Machine::start(&MachineConfig {
             cpus: cfg.vcpus + 1,
             data_bytes: cfg.mem,
@@ -283,7 +284,7 @@ impl LinuxVm {
         bus.insert("uart", self.layout.uart, UART_REGS, uart.clone())
             .expect("the first device on an empty bus");
         let sh = Arc::new(Shared {
-            vm: avm,
+            vm: Host::Host(avm),
             gic,
             bus,
             layout: self.layout,
@@ -345,7 +346,7 @@ impl LinuxVm {
         r.sh.watch.join();
         let sh = Arc::try_unwrap(r.sh)
             .map_err(|_| Arm64Error::Guest("the VM is still shared after its threads".into()))?;
-        self.idle = Some(sh.vm);
+        self.idle = sh.vm.into_host();
         first.map_or(Ok(()), Err)
     }
 
@@ -418,7 +419,7 @@ impl LinuxVm {
 
     fn mmu(&self) -> &Arc<crate::vm::Arm64Mmu> {
         match (&self.run, &self.idle) {
-            (Some(r), _) => r.sh.vm.mmu(),
+            (Some(r), _) => r.sh.vm.host_vm().expect(HOST_ONLY).mmu(),
             (None, Some(v)) => v.mmu(),
             (None, None) => unreachable!("the engine's VM is either idle or running"),
         }

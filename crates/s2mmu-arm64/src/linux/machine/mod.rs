@@ -5,6 +5,7 @@
 //! is the seam between the machine and where the engine runs.
 
 pub mod dirty_limit;
+pub(crate) mod el2;
 pub mod inject;
 pub mod load;
 pub mod logging;

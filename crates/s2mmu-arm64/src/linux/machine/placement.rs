@@ -8,32 +8,35 @@
 //!   fault path, and the answer carries the TLB maintenance the engine
 //!   asked for. A kick, or a TLBI with no exit to ride on, goes to the
 //!   service CPU.
-//! - An EL2 placement implements the same trait with the engine linked
-//!   into the EL2 image: RAM faults are answered at EL2 on the faulting
-//!   CPU, and only the aborts the engine leaves to the host (an IPA no
-//!   memslot covers, a page a post-copy destination has not received)
-//!   reach [`Placement::stage2_abort`]; the host drives the engine by
-//!   commands the stub checks.
+//! - The EL2 placement ([`El2Vm`]): the engine linked into the EL2 image.
+//!   RAM faults are answered at EL2 on the faulting CPU, and only the
+//!   aborts the engine leaves to the host (an IPA no memslot covers, a
+//!   full dirty ring) reach [`Placement::stage2_abort`]; the host drives
+//!   the engine by command blocks EL2 checks.
 //!
-//! The machine holds its placement as [`Host`]; code that answers exits
+//! The machine holds its placement as [`Host`], either of the two, chosen
+//! when the VM is made (`LinuxConfig::engine`); code that answers exits
 //! goes through this trait, not through the host placement's engine.
 
 use crate::arena::ArenaMmOps;
-use crate::machine::Exit;
-use crate::vm::Arm64Vm;
-use crate::Result;
+use crate::linux::el2::El2Vm;
+use crate::machine::{Exit, Machine};
+use crate::tlbi::HypSink;
+use crate::vm::{Arm64Mmu, Arm64Vm};
+use crate::{Arm64Error, Result};
 use s2mmu::mmu::VcpuMmu;
+use std::sync::Arc;
 
 /// The engine's placement, as a VM's vCPU threads use it.
 pub(crate) trait Placement: Send + Sync {
     /// What a vCPU's host thread keeps of the engine between exits.
     type Vcpu;
 
-    /// The engine's state for one more vCPU thread.
+    /// The engine's state for vCPU `id`'s thread.
     ///
     /// # Errors
     /// The engine's refusal.
-    fn new_vcpu(&self) -> Result<Self::Vcpu>;
+    fn new_vcpu(&self, id: usize) -> Result<Self::Vcpu>;
 
     /// VTCR_EL2 and VTTBR_EL2 that a vCPU runs its guest under.
     fn stage2_regs(&self) -> (u64, u64);
@@ -57,23 +60,140 @@ pub(crate) trait Placement: Send + Sync {
     fn kick_all(&self, vcpus: &[usize]) -> Result<()>;
 }
 
+/// Where a Linux VM's engine runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Engine {
+    /// In this process: every stage-2 abort exits to a host thread.
+    #[default]
+    Host,
+    /// At EL2, linked into the stub: aborts on RAM never leave EL2.
+    El2,
+}
+
+impl std::str::FromStr for Engine {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "host" => Ok(Engine::Host),
+            "el2" => Ok(Engine::El2),
+            _ => Err(format!("engine {s:?}: expected host or el2")),
+        }
+    }
+}
+
 /// The placement a Linux VM runs with.
-pub(crate) type Host = Arm64Vm;
+pub(crate) enum Host {
+    /// The engine in this process.
+    Host(Arm64Vm),
+    /// The engine at EL2.
+    El2(El2Vm),
+}
+
+/// Why a migration's VM has the host placement: `LinuxVm` makes no other.
+pub(crate) const HOST_ONLY: &str = "a migration's VM runs the host placement";
 
 /// What a vCPU thread keeps of the engine under [`Host`].
-pub(crate) type EngineVcpu = <Host as Placement>::Vcpu;
+pub(crate) enum EngineVcpu {
+    /// The host placement's vCPU state (boxed: the EL2 one is an id).
+    Host(Box<VcpuMmu<ArenaMmOps>>),
+    /// EL2 keeps the vCPU's state; the host knows its id.
+    El2(usize),
+}
 
-/// The host placement: the engine in this process, faults and TLBIs
-/// through the mailboxes and the service CPU.
-impl Placement for Arm64Vm {
-    type Vcpu = VcpuMmu<ArenaMmOps>;
+impl Host {
+    /// The machine.
+    pub(crate) fn machine(&self) -> &Arc<Machine> {
+        match self {
+            Host::Host(v) => v.machine(),
+            Host::El2(v) => v.machine(),
+        }
+    }
 
-    fn new_vcpu(&self) -> Result<Self::Vcpu> {
-        Ok(self.mmu().new_vcpu()?)
+    /// The service CPU's sink.
+    pub(crate) fn sink(&self) -> &Arc<HypSink> {
+        match self {
+            Host::Host(v) => v.sink(),
+            Host::El2(v) => v.sink(),
+        }
+    }
+
+    /// The host placement's VM, or an error naming `what` for the EL2 one.
+    ///
+    /// # Errors
+    /// [`Arm64Error::Config`] under the EL2 placement.
+    pub(crate) fn host(&self, what: &str) -> Result<&Arm64Vm> {
+        match self {
+            Host::Host(v) => Ok(v),
+            Host::El2(_) => Err(Arm64Error::Config(format!(
+                "{what} is not supported with the engine at EL2 (--engine el2)"
+            ))),
+        }
+    }
+
+    /// The host placement's VM, if this is it.
+    pub(crate) fn host_vm(&self) -> Option<&Arm64Vm> {
+        match self {
+            Host::Host(v) => Some(v),
+            Host::El2(_) => None,
+        }
+    }
+
+    /// The host placement's VM back, if this is it.
+    pub(crate) fn into_host(self) -> Option<Arm64Vm> {
+        match self {
+            Host::Host(v) => Some(v),
+            Host::El2(_) => None,
+        }
+    }
+
+    /// The host placement's engine; see [`Host::host`].
+    ///
+    /// # Errors
+    /// As [`Host::host`].
+    pub(crate) fn mmu(&self, what: &str) -> Result<&Arc<Arm64Mmu>> {
+        self.host(what).map(|v| v.mmu())
+    }
+
+    /// Creates a memslot with the engine, wherever it runs.
+    ///
+    /// # Errors
+    /// The engine's refusal.
+    pub(crate) fn add_slot(&self, id: u16, gpa: u64, pa: u64, size: u64, page: u64) -> Result<()> {
+        match self {
+            Host::Host(v) => v.add_slot(id, gpa, pa, size, page),
+            Host::El2(v) => v.add_slot(id, gpa, pa, size, page),
+        }
+    }
+}
+
+impl Host {
+    /// Turns dirty logging on for `slot`, wherever the engine runs.
+    ///
+    /// # Errors
+    /// The engine's refusal.
+    pub(crate) fn enable_dirty_logging(&self, slot: u16) -> Result<()> {
+        match self {
+            Host::Host(v) => Ok(v.mmu().enable_dirty_logging(slot)?),
+            Host::El2(v) => v.enable_dirty_logging(slot),
+        }
+    }
+}
+
+impl Placement for Host {
+    type Vcpu = EngineVcpu;
+
+    fn new_vcpu(&self, id: usize) -> Result<Self::Vcpu> {
+        match self {
+            Host::Host(v) => Ok(EngineVcpu::Host(Box::new(v.mmu().new_vcpu()?))),
+            Host::El2(_) => Ok(EngineVcpu::El2(id)),
+        }
     }
 
     fn stage2_regs(&self) -> (u64, u64) {
-        Arm64Vm::stage2_regs(self)
+        match self {
+            Host::Host(v) => v.stage2_regs(),
+            Host::El2(v) => v.stage2_regs(),
+        }
     }
 
     fn stage2_abort(
@@ -81,7 +201,13 @@ impl Placement for Arm64Vm {
         vcpu: &mut Self::Vcpu,
         e: &Exit,
     ) -> Result<s2mmu::Result<Vec<(u64, u64)>>> {
-        self.fault(vcpu, e)
+        match (self, vcpu) {
+            (Host::Host(v), EngineVcpu::Host(c)) => v.fault(c, e),
+            (Host::El2(v), EngineVcpu::El2(id)) => v.stage2_abort(*id, e),
+            _ => Err(Arm64Error::Config(
+                "a vCPU of one placement ran under the other".into(),
+            )),
+        }
     }
 
     fn kick_all(&self, vcpus: &[usize]) -> Result<()> {

@@ -45,7 +45,7 @@ const EC_SYSREG: u64 = 0x18;
 /// The engine's errors, an exit the host cannot answer, QEMU exiting.
 pub(crate) fn vcpu_thread(sh: &Shared, id: usize) -> Result<()> {
     CURRENT.with(|c| c.set(Some(id)));
-    let mut vcpu = sh.vm.new_vcpu()?;
+    let mut vcpu = sh.vm.new_vcpu(id)?;
     while let Some((entry, x0)) = sh.wait_power_on(id) {
         let r = run_vcpu(sh, id, &mut vcpu, entry, x0);
         sh.set_power(id, PowerState::Off);

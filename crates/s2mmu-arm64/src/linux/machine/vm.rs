@@ -22,6 +22,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use crate::linux::devices::timer::CNTHCTL_LINUX;
+use crate::linux::el2::{self as el2p, El2Vm};
+pub use crate::linux::placement::Engine;
+use crate::linux::placement::Host;
 pub use crate::linux::shared::{DeviceLayout, StopReason, HCR_LINUX, RAM_IPA, RAM_SLOT};
 pub(crate) use crate::linux::shared::{ExitKind, Power, Shared, VcpuCounters};
 /// Most vCPUs.
@@ -53,6 +56,8 @@ pub struct LinuxConfig {
     pub dirty: HarvestConfig,
     /// Which host pages back the machine's RAM.
     pub ram_pages: RamPages,
+    /// Where the stage-2 engine runs.
+    pub engine: Engine,
 }
 
 /// Guest RAM as the loader writes it: the shared RAM behind the memslot.
@@ -104,6 +109,21 @@ pub struct LinuxReport {
     pub stub_exits: u64,
     /// See `stub_exits`, in ns.
     pub stub_ns: u64,
+    /// Stage-2 abort exits the host's engine answered (the host
+    /// placement; MMIO and injected exceptions not counted), all vCPUs.
+    pub s2_round_trips: u64,
+    /// Their time from the vector's entry to the return to the guest, in
+    /// ns (the stub's counter).
+    pub s2_round_trip_ns: u64,
+    /// Stage-2 aborts answered at EL2 without an exit (the EL2
+    /// placement; 0 under the host one), all vCPUs.
+    pub el2_faults: u64,
+    /// Their time at EL2, from the vector's entry to the return to the
+    /// guest, in ns.
+    pub el2_fault_ns: u64,
+    /// EL2's own counters at the end (the EL2 placement), or why they
+    /// could not be read.
+    pub el2_counters: Option<std::result::Result<s2mmu_el2::Counters, String>>,
     /// What the console printed (the last 4 MiB).
     pub console: String,
     /// The host's log lines (unclaimed accesses and the like).
@@ -148,6 +168,24 @@ pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
         .change
         .check(cfg.dirty.mode)
         .map_err(Arm64Error::Config)?;
+    if cfg.engine == Engine::El2 && cfg.dirty.change != Default::default() {
+        return Err(Arm64Error::Config(
+            "host changes under a running guest are not supported with --engine el2 yet".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses the EL2 placement for `what`, which only the host one runs.
+///
+/// # Errors
+/// [`Arm64Error::Config`] naming `what`.
+pub(crate) fn host_placement_only(cfg: &LinuxConfig, what: &str) -> Result<()> {
+    if cfg.engine != Engine::Host {
+        return Err(Arm64Error::Config(format!(
+            "{what} is not supported with the engine at EL2 (--engine el2) yet"
+        )));
+    }
     Ok(())
 }
 
@@ -239,19 +277,35 @@ fn run_with(cfg: &LinuxConfig, interactive: bool) -> Result<LinuxReport> {
 
 /// Starts the machine, makes the VM with its RAM slot, and loads the
 /// kernel, initramfs and device tree.
-fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
-    let machine = Arc::new(Machine::start(&MachineConfig {
+fn prepare(cfg: &LinuxConfig) -> Result<(Host, DeviceLayout, BootLayout)> {
+    let ram_bytes = cfg.mem + cfg.dirty.change.spare_bytes();
+    let mc = MachineConfig {
         cpus: cfg.vcpus + 1,
-        data_bytes: cfg.mem + cfg.dirty.change.spare_bytes(),
+        data_bytes: ram_bytes,
         ram_pages: cfg.ram_pages,
-    })?);
-    let vm = Arm64Vm::new_bare(
-        machine.clone(),
-        &VmConfig {
-            policy: cfg.dirty.policy(),
-            ..VmConfig::default()
-        },
-    )?;
+    };
+    let (machine, vm) = match cfg.engine {
+        Engine::Host => {
+            let machine = Arc::new(Machine::start(&mc)?);
+            let vm = Arm64Vm::new_bare(
+                machine.clone(),
+                &VmConfig {
+                    policy: cfg.dirty.policy(),
+                    ..VmConfig::default()
+                },
+            )?;
+            (machine, Host::Host(vm))
+        }
+        Engine::El2 => {
+            let mc = MachineConfig {
+                data_bytes: ram_bytes + el2p::SHARED_BYTES,
+                ..mc
+            };
+            let machine = Arc::new(Machine::start_with(&mc, crate::image_el2()?)?);
+            let vm = El2Vm::new(machine.clone(), cfg.dirty.mode, cfg.vcpus, ram_bytes)?;
+            (machine, Host::El2(vm))
+        }
+    };
     vm.add_slot(RAM_SLOT, RAM_IPA, layout::DATA, cfg.mem, 2 << 20)?;
     let fdt_base = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
     let dl = DeviceLayout {
@@ -270,7 +324,9 @@ fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
     };
     let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
     f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
-    crate::linux::changes::add_framebuffer(&vm, cfg.dirty.change, cfg.mem, &mut f)?;
+    if let Host::Host(v) = &vm {
+        crate::linux::changes::add_framebuffer(v, cfg.dirty.change, cfg.mem, &mut f)?;
+    }
     let files = LinuxAssets {
         image: cfg.kernel.clone(),
         initramfs: cfg.initrd.clone(),
@@ -285,7 +341,7 @@ fn prepare(cfg: &LinuxConfig) -> Result<(Arm64Vm, DeviceLayout, BootLayout)> {
 /// in the GIC, vCPU 0 about to start at the kernel's entry.
 fn shared(
     cfg: &LinuxConfig,
-    vm: Arm64Vm,
+    vm: Host,
     dl: DeviceLayout,
     boot: &BootLayout,
     console: &ConsoleBuffer,
@@ -410,6 +466,22 @@ pub(crate) fn watch_init(console: &ConsoleBuffer, t0: Instant) -> Arc<Mutex<Opti
     at
 }
 
+/// vCPU `id`'s stage-2 fault counts and ticks: the host's round trips,
+/// then those answered at EL2.
+fn fault_ticks(sh: &Shared, id: usize) -> [u64; 4] {
+    let m = sh.vm.machine().mailbox(id);
+    let (n, t) = match &sh.vm {
+        Host::El2(v) => v.el2_faults(id),
+        Host::Host(_) => (0, 0),
+    };
+    [
+        m.read(layout::mb::S2_EXITS),
+        m.read(layout::mb::S2_TICKS),
+        n,
+        t,
+    ]
+}
+
 pub(crate) fn report(
     sh: &Shared,
     console: &ConsoleBuffer,
@@ -425,6 +497,8 @@ pub(crate) fn report(
     let mut exits = [0u64; 5];
     let (mut engine_ns, mut device_ns, mut host_ns, mut injected) = (0, 0, 0, 0);
     let (mut stub_exits, mut stub_ticks) = (0, 0);
+    let (mut el2_faults, mut el2_ticks) = (0, 0);
+    let (mut s2_trips, mut s2_ticks) = (0, 0);
     for (id, s) in sh.stats.iter().enumerate() {
         for (k, e) in exits.iter_mut().enumerate() {
             *e += s.exits[k].load(Ordering::Relaxed);
@@ -436,6 +510,11 @@ pub(crate) fn report(
         let (n, t) = sh.vm.machine().mailbox(id).exit_stats();
         stub_exits += n;
         stub_ticks += t;
+        let f = fault_ticks(sh, id);
+        s2_trips += f[0];
+        s2_ticks += f[1];
+        el2_faults += f[2];
+        el2_ticks += f[3];
     }
     // The counter runs at CNTFRQ (QEMU: 62.5 MHz).
     let freq = sh
@@ -467,6 +546,14 @@ pub(crate) fn report(
         injected,
         stub_exits,
         stub_ns: (stub_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
+        s2_round_trips: s2_trips,
+        s2_round_trip_ns: (s2_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
+        el2_faults,
+        el2_fault_ns: (el2_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
+        el2_counters: match &sh.vm {
+            Host::El2(v) => Some(v.counters().map_err(|e| e.to_string())),
+            Host::Host(_) => None,
+        },
         console: text,
         log: sh.log.lock().unwrap().clone(),
         dirty: None,

@@ -147,6 +147,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             dirty: HarvestConfig::default(),
             ram_pages: Default::default(),
+            engine: Default::default(),
         };
         let mut events = 0;
         let e = session_run::listen(&s, &cfg, "256.0.0.1:1", &mut |_: ListenEvent<'_>| {

@@ -104,6 +104,7 @@ impl LinuxDest {
             timeout: self.timeout,
             dirty: HarvestConfig::default(),
             ram_pages: self.ram_pages,
+            engine: Default::default(),
         }
     }
 }

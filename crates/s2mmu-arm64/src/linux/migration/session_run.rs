@@ -208,6 +208,7 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
         timeout: Duration::from_secs(3600),
         dirty: HarvestConfig::default(),
         ram_pages: s.ram_pages,
+        engine: Default::default(),
     }
 }
 

@@ -39,6 +39,8 @@ pub struct RunSpec {
     pub dirty: Option<DirtyMode>,
     /// Time between harvests.
     pub harvest: Duration,
+    /// Where the stage-2 engine runs.
+    pub engine: crate::linux::vm::Engine,
 }
 
 /// Refuses a word (a program name, its arguments) that would break the
@@ -82,6 +84,7 @@ impl RunSpec {
                 cut_after: None,
             },
             ram_pages: Default::default(),
+            engine: self.engine,
         }
     }
 

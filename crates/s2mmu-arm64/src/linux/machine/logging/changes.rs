@@ -190,7 +190,7 @@ impl Changer {
             return Ok(());
         }
         let ram = sh.vm.machine().ram();
-        let mmu = sh.vm.mmu();
+        let mmu = sh.vm.mmu("host changes under a running guest")?;
         let from = layout::DATA + self.loc[npages as usize] * 4096;
         let to = if from == layout::DATA + (npages << 12) {
             from + FB_SIZE
@@ -236,9 +236,20 @@ impl Changer {
             HostChange::None | HostChange::MoveSlot { .. } => Ok(()),
             HostChange::Remap { pages } => self.remap(sh, pages, bitmap),
             HostChange::Collapse { at, after } if harvests == at => {
-                let before = sh.vm.mmu().vm_stats().collapsed;
-                sh.vm.mmu().disable_dirty_logging(RAM_SLOT)?;
-                self.collapsed += sh.vm.mmu().vm_stats().collapsed - before;
+                let before = sh
+                    .vm
+                    .mmu("host changes under a running guest")?
+                    .vm_stats()
+                    .collapsed;
+                sh.vm
+                    .mmu("host changes under a running guest")?
+                    .disable_dirty_logging(RAM_SLOT)?;
+                self.collapsed += sh
+                    .vm
+                    .mmu("host changes under a running guest")?
+                    .vm_stats()
+                    .collapsed
+                    - before;
                 self.resume_at = Some(after);
                 self.pauses += 1;
                 Ok(())
@@ -255,7 +266,9 @@ impl Changer {
     pub(crate) fn tick_paused(&mut self, sh: &Shared) -> Result<bool> {
         match self.resume_at {
             Some(0) | None => {
-                sh.vm.mmu().enable_dirty_logging(RAM_SLOT)?;
+                sh.vm
+                    .mmu("host changes under a running guest")?
+                    .enable_dirty_logging(RAM_SLOT)?;
                 self.resume_at = None;
                 Ok(true)
             }
@@ -284,7 +297,9 @@ impl Changer {
                 .hva(layout::DATA + p * 4096)
                 .expect("guest RAM lies inside the machine's data region");
             let new_pa = layout::DATA + self.next_spare * 4096;
-            sh.vm.remap_host_page(hva, new_pa)?;
+            sh.vm
+                .host("host changes under a running guest")?
+                .remap_host_page(hva, new_pa)?;
             self.loc[p as usize] = self.next_spare;
             self.next_spare += 1;
             self.remapped += 1;

@@ -7,6 +7,7 @@
 
 use crate::layout;
 use crate::linux::changes::{Changer, HostChange};
+use crate::linux::placement::Host;
 use crate::linux::vm::{Shared, RAM_IPA};
 use crate::Result;
 use s2mmu::dirty::DirtyGfn;
@@ -189,7 +190,10 @@ fn harvest(
     bitmap: &mut [u64],
     ring: &mut Vec<DirtyGfn>,
 ) -> Result<()> {
-    let mmu = sh.vm.mmu();
+    if let Host::El2(v) = &sh.vm {
+        return v.harvest(mode, slots, bitmap, ring);
+    }
+    let mmu = sh.vm.mmu("dirty logging")?;
     if mode.ring_entries().is_some() {
         ring.clear();
         mmu.harvest_rings(ring)?;
@@ -237,7 +241,7 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
     let mut carry: Vec<u64> = Vec::new();
     if cfg.mode.is_some() {
         for &(slot, _, _) in &slots {
-            sh.vm.mmu().enable_dirty_logging(slot)?;
+            sh.vm.enable_dirty_logging(slot)?;
         }
     }
     // The hashes the first window starts from: taken after logging is on,

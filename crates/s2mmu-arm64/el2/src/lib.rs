@@ -1,0 +1,176 @@
+//! The s2mmu engine at EL2 for the Linux guest's stub (`asm/hyp.S` built
+//! with `EL2_ENGINE`): a static library the build script links into the
+//! stub's image (`asm/hyp_el2.ld`).
+//!
+//! The stub calls two functions, both with EL2's stage-1 MMU on (RAM
+//! Normal write-back, devices Device) and interrupts masked:
+//!
+//! - [`s2mmu_el2_abort`] from its exception vector, for every stage-2
+//!   abort a vCPU takes: the engine answers it here ([`Hyp::handle_abort`])
+//!   and the stub returns to the guest without the host, or says why the
+//!   host must see it;
+//! - [`s2mmu_el2_command`] from its command loop (the `EL2` command on
+//!   the service CPU): one [`s2mmu_el2::Command`] block the host wrote in
+//!   the mailbox's argument words, checked and run by
+//!   [`Hyp::dispatch`]; the first command sets EL2 up ([`OP_SETUP`]).
+//!
+//! Memory (mirrored in `src/hyp/layout.rs`): EL2's carve-out is all RAM
+//! below the guest data (`0x4000_0000..0x6000_0000`: the stub, the
+//! mailboxes, the stacks, this library at `0x4100_0000`, its heap and its
+//! stage-2 table pool); no memslot may be backed by any of it.
+#![no_std]
+#![warn(missing_docs)]
+
+extern crate alloc;
+
+use alloc::boxed::Box;
+use alloc::sync::Arc;
+use core::sync::atomic::{AtomicPtr, Ordering};
+use s2mmu_el2::heap::{self, El2Heap};
+use s2mmu_el2::tlb::cpu::{self, Cpu};
+use s2mmu_el2::{
+    AbortOutcome, Command, El2Tlb, Hyp, HypError, Layout, PagePool, Refusal, Region, Stage2Abort,
+};
+
+#[global_allocator]
+static HEAP: El2Heap = El2Heap::empty();
+
+/// EL2's carve-out: the stub, mailboxes, stacks, this library, its heap
+/// and its table pool.
+const CARVE_OUT: Region = Region::new(0x4000_0000, 0x2000_0000);
+/// The heap (the engine's memslots, bitmaps, rings).
+const HEAP_BASE: usize = 0x4200_0000;
+const HEAP_BYTES: usize = 16 << 20;
+/// The stage-2 table pool.
+const POOL_BASE: u64 = 0x4300_0000;
+const POOL_PAGES: usize = 16384;
+
+/// The set-up command: args RAM base and bytes (what slots may be backed
+/// by), shared area base and bytes (where the host's buffers lie).
+pub const OP_SETUP: u32 = 0x100;
+
+/// The mailbox's argument words (`layout::mb::ARG0`), as words.
+const ARG0_WORD: usize = 0x20 / 8;
+
+static HYP: AtomicPtr<Hyp> = AtomicPtr::new(core::ptr::null_mut());
+
+fn hyp() -> Option<&'static Hyp> {
+    let p = HYP.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer was leaked by `setup` and is never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// What [`s2mmu_el2_abort`] answers: the guest resumes.
+pub const ABORT_HANDLED: u64 = 0;
+/// No slot covers the IPA (MMIO): the host's devices.
+pub const ABORT_NO_SLOT: u64 = 1;
+/// The vCPU's dirty ring is soft-full.
+pub const ABORT_RING_FULL: u64 = 2;
+/// A post-copy page has not arrived.
+pub const ABORT_PAGE_MISSING: u64 = 3;
+/// Anything else (a write to a read-only slot, an engine error, no VM).
+pub const ABORT_OTHER: u64 = 4;
+
+/// A stage-2 abort vCPU `cpu` took: [`ABORT_HANDLED`] or why the host
+/// must see it.
+///
+/// # Safety
+/// Called by the stub at EL2 on the faulting CPU, with its MMU on and the
+/// abort's `ESR_EL2`, `FAR_EL2`, `HPFAR_EL2`.
+#[no_mangle]
+pub unsafe extern "C" fn s2mmu_el2_abort(cpu: u64, esr: u64, far: u64, hpfar: u64) -> u64 {
+    let Some(h) = hyp() else {
+        return ABORT_OTHER;
+    };
+    match h.handle_abort(cpu as usize, &Stage2Abort { esr, far, hpfar }) {
+        AbortOutcome::Handled { .. } => ABORT_HANDLED,
+        AbortOutcome::Refused(Refusal::NoSlot | Refusal::CarveOut) => ABORT_NO_SLOT,
+        AbortOutcome::RingFull => ABORT_RING_FULL,
+        AbortOutcome::PageMissing { .. } => ABORT_PAGE_MISSING,
+        _ => ABORT_OTHER,
+    }
+}
+
+/// Runs the command block in mailbox `mbox`'s argument words: word 2 the
+/// op code, words 3..9 its six arguments (words 0 and 1 are VTCR_EL2 and
+/// VTTBR_EL2, which the stub loaded). The results go to words 2..6; the
+/// status (0 or a negative [`HypError`] code) is returned.
+///
+/// # Safety
+/// `mbox` is this CPU's mailbox, mapped, the host not writing it until the
+/// command is done.
+#[no_mangle]
+pub unsafe extern "C" fn s2mmu_el2_command(mbox: *mut u64) -> i64 {
+    // SAFETY: the argument words lie inside the mailbox (the caller's
+    // contract); volatile, as the host wrote them.
+    let word = |i: usize| unsafe { mbox.add(ARG0_WORD + i).read_volatile() };
+    let mut cmd = Command {
+        op: word(2) as u32,
+        status: 0,
+        args: core::array::from_fn(|i| word(3 + i)),
+        ret: [0; 4],
+    };
+    if cmd.op == OP_SETUP {
+        cmd.status = match setup(&cmd.args) {
+            Ok(()) => 0,
+            Err(e) => e.status(),
+        };
+    } else if let Some(h) = hyp() {
+        h.dispatch(&mut cmd);
+    } else {
+        cmd.status = HypError::NoVm.status();
+    }
+    for (i, r) in cmd.ret.iter().enumerate() {
+        // SAFETY: as above.
+        unsafe { mbox.add(ARG0_WORD + 2 + i).write_volatile(*r) };
+    }
+    i64::from(cmd.status)
+}
+
+/// The first command: the heap, the pool, EL2's state over the layout the
+/// host names (checked by [`Hyp::new`]).
+fn setup(args: &[u64; 6]) -> Result<(), HypError> {
+    if hyp().is_some() {
+        return Err(HypError::VmExists);
+    }
+    if args[4..] != [0, 0] {
+        return Err(HypError::BadArgument);
+    }
+    let ram = Region::new(args[0], args[1]);
+    let shared = Region::new(args[2], args[3]);
+    if ram.overlaps(CARVE_OUT.base, CARVE_OUT.size) {
+        return Err(HypError::CarveOut);
+    }
+    // SAFETY: the heap lies in the carve-out, mapped Normal by the stub,
+    // and nothing else uses it; `hyp()` was null, so this runs once (the
+    // host sends commands to one CPU, one at a time).
+    unsafe { heap::init(&HEAP, HEAP_BASE as *mut u8, HEAP_BYTES) };
+    // SAFETY: the pool's pages are carve-out memory nothing else uses,
+    // identity-mapped by the stub.
+    let pool = unsafe { PagePool::new(POOL_BASE, POOL_BASE as *mut u8, POOL_PAGES) };
+    // SAFETY: we run at EL2; every invalidation runs on a CPU whose
+    // VTTBR_EL2 holds the VM's VMID (a vCPU's, or the service CPU's, which
+    // the stub loads for each command).
+    let tlb = Arc::new(El2Tlb::new(unsafe { Cpu::new() }, cpu::features()));
+    let layout = Layout {
+        carve_out: CARVE_OUT,
+        ram,
+        shared,
+        shared_va: shared.base as *mut u8,
+    };
+    // SAFETY: the shared area is RAM the stub maps identically (Normal)
+    // for as long as the machine runs; the pool is in the carve-out.
+    let h = unsafe { Hyp::new(layout, pool, tlb) }?;
+    HYP.store(Box::into_raw(Box::new(h)), Ordering::Release);
+    Ok(())
+}
+
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    extern "C" {
+        fn hyp_panic() -> !;
+    }
+    // SAFETY: the stub's panic path reports on the console and stops this
+    // CPU; it returns never.
+    unsafe { hyp_panic() }
+}

@@ -1,0 +1,286 @@
+//! The EL2 placement: the engine linked into the EL2 stub (`el2/`, the
+//! stub assembled with `EL2_ENGINE`). Each vCPU's stage-2 aborts on RAM
+//! are answered at EL2 on its own CPU, the guest resuming without an exit;
+//! only what the engine leaves to the host (an IPA no memslot covers:
+//! MMIO; a full dirty ring) is posted to the vCPU's mailbox as before. The
+//! host drives the engine with `s2mmu_el2` command blocks the service CPU
+//! hands it (the mailbox's `EL2` command), which EL2 checks.
+//!
+//! Memory: EL2's carve-out is everything below [`layout::DATA`] (the stub,
+//! mailboxes, stacks, the engine's code, heap and table pool); slots may be
+//! backed by guest data only, and the [`SHARED_BYTES`] after it hold the
+//! bitmaps and ring entries EL2 writes for the host.
+
+use crate::layout::{self, mb, CMD_EL2};
+use crate::machine::{Exit, Machine};
+use crate::stage2;
+use crate::tlbi::HypSink;
+use crate::{Arm64Error, Result};
+use mb::{EL2_FAULTS, EL2_OUTCOME, EL2_TICKS};
+use s2mmu::dirty::DirtyGfn;
+use s2mmu::format::arm64::{Arm64Stage2, Granule};
+use s2mmu::mmu::DirtyMode;
+use s2mmu::Gpa;
+use s2mmu_el2::{Counters, HypError, LogMode, Op, RingEntry};
+use std::sync::Arc;
+
+/// Bytes of the area shared with EL2, after the memory slots may use.
+pub const SHARED_BYTES: u64 = 4 << 20;
+/// EL2's first command: its heap, pool and layout (`el2/src/lib.rs`).
+const OP_SETUP: u64 = 0x100;
+/// `EL2_OUTCOME` values (`el2/src/lib.rs`).
+const ABORT_NO_SLOT: u64 = 1;
+const ABORT_RING_FULL: u64 = 2;
+
+/// The Linux VM's engine at EL2, as the host drives it.
+pub(crate) struct El2Vm {
+    machine: Arc<Machine>,
+    sink: Arc<HypSink>,
+    vtcr: u64,
+    vttbr: u64,
+    mode: LogMode,
+    ram_bytes: u64,
+}
+
+/// EL2's mode for the host's dirty mode (no logging: `wp`, never used).
+fn log_mode(mode: Option<DirtyMode>) -> Result<(LogMode, u64)> {
+    match mode {
+        None => Ok((LogMode::Wp, 0)),
+        Some(m) if m.hardware() => Ok((LogMode::Hw, 0)),
+        Some(m) => match m.ring_entries() {
+            Some(n) => Ok((LogMode::Ring, u64::from(n))),
+            None if m.manual_protect() => Ok((LogMode::Manual, 0)),
+            None => Ok((LogMode::Wp, 0)),
+        },
+    }
+}
+
+impl El2Vm {
+    /// Sets EL2's engine up on `machine` (started with the EL2 image) for
+    /// `vcpus` vCPUs, slots backed by the first `ram_bytes` of guest data.
+    ///
+    /// # Errors
+    /// EL2's refusal, the service CPU not answering.
+    pub(crate) fn new(
+        machine: Arc<Machine>,
+        mode: Option<DirtyMode>,
+        vcpus: usize,
+        ram_bytes: u64,
+    ) -> Result<El2Vm> {
+        let service = machine.cpus() - 1;
+        machine.mailbox(service).route_bell_in()?;
+        let sink = Arc::new(HypSink::new(machine.clone(), service));
+        let fmt = Arm64Stage2::new(Granule::K4, s2mmu_el2::check::IPA_BITS)?;
+        let (lm, entries) = log_mode(mode)?;
+        let mut vm = El2Vm {
+            machine,
+            sink,
+            vtcr: stage2::vtcr(&fmt, lm == LogMode::Hw),
+            vttbr: 0,
+            mode: lm,
+            ram_bytes,
+        };
+        let shared = layout::DATA + ram_bytes;
+        vm.call(OP_SETUP, &[layout::DATA, ram_bytes, shared, SHARED_BYTES])?;
+        let root = vm.call(Op::VmInit as u64, &[lm as u64, entries, vcpus as u64])?[0];
+        vm.vttbr = stage2::vttbr(root, stage2::VMID);
+        vm.sink.set_context(vm.vtcr, vm.vttbr);
+        Ok(vm)
+    }
+
+    /// One command block: its result words, or EL2's refusal.
+    fn call(&self, op: u64, args: &[u64]) -> Result<[u64; 4]> {
+        let mut a = [0u64; 9];
+        a[0] = self.vtcr;
+        a[1] = self.vttbr;
+        a[2] = op;
+        for (d, s) in a[3..].iter_mut().zip(args) {
+            *d = *s;
+        }
+        self.sink.with_service(|mbox| {
+            let st = if mbox.parked() {
+                mbox.command_ringing(CMD_EL2, &a)?
+            } else {
+                mbox.command(CMD_EL2, &a)?
+            } as i64;
+            if st != 0 {
+                let e = i32::try_from(st).ok().and_then(HypError::from_status);
+                return Err(Arm64Error::Config(format!(
+                    "EL2 refused command {op:#x} {args:x?}: {e:?} ({st})"
+                )));
+            }
+            Ok(std::array::from_fn(|i| {
+                mbox.read(mb::ARG0 + 8 * (2 + i as u64))
+            }))
+        })
+    }
+
+    /// The machine.
+    pub(crate) fn machine(&self) -> &Arc<Machine> {
+        &self.machine
+    }
+
+    /// The service CPU's sink (kicks; its counters stay zero: EL2 issues
+    /// the engine's invalidations itself).
+    pub(crate) fn sink(&self) -> &Arc<HypSink> {
+        &self.sink
+    }
+
+    /// VTCR_EL2 and VTTBR_EL2 of the VM.
+    pub(crate) fn stage2_regs(&self) -> (u64, u64) {
+        (self.vtcr, self.vttbr)
+    }
+
+    /// Creates memslot `id` (`MEMSLOT_SET`, no flags).
+    pub(crate) fn add_slot(&self, id: u16, gpa: u64, pa: u64, size: u64, page: u64) -> Result<()> {
+        let args = [u64::from(id), 0, gpa, size, pa, page];
+        self.call(Op::MemslotSet as u64, &args).map(|_| ())
+    }
+
+    /// Turns dirty logging on for `slot` in the VM's mode.
+    pub(crate) fn enable_dirty_logging(&self, slot: u16) -> Result<()> {
+        let args = [u64::from(slot), 1, self.mode as u64];
+        self.call(Op::LogSet as u64, &args).map(|_| ())
+    }
+
+    fn shared(&self) -> u64 {
+        layout::DATA + self.ram_bytes
+    }
+
+    fn bitmap_bytes(words: &[u64]) -> Result<u64> {
+        let bytes = (words.len() as u64) * 8;
+        if bytes > SHARED_BYTES {
+            return Err(Arm64Error::Config(format!(
+                "a dirty bitmap of {bytes} bytes does not fit the {SHARED_BYTES} bytes shared with EL2"
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// `GET_DIRTY` of `slot` into `words` (through the shared area).
+    pub(crate) fn get_dirty_log(&self, slot: u16, words: &mut [u64]) -> Result<()> {
+        let bytes = Self::bitmap_bytes(words)?;
+        self.call(
+            Op::GetDirty as u64,
+            &[u64::from(slot), self.shared(), bytes],
+        )?;
+        let ram = self.machine.ram();
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = ram.read(self.shared() + 8 * i as u64);
+        }
+        Ok(())
+    }
+
+    /// `CLEAR_DIRTY` of the pages `words` names in `slot`'s `n` pages.
+    pub(crate) fn clear_dirty_log(&self, slot: u16, n: u64, words: &[u64]) -> Result<()> {
+        let bytes = Self::bitmap_bytes(words)?;
+        let ram = self.machine.ram();
+        for (i, w) in words.iter().enumerate() {
+            ram.write(self.shared() + 8 * i as u64, *w);
+        }
+        let args = [u64::from(slot), 0, n, self.shared(), bytes];
+        self.call(Op::ClearDirty as u64, &args).map(|_| ())
+    }
+
+    /// `RING_HARVEST` into `out`.
+    pub(crate) fn harvest_rings(&self, out: &mut Vec<DirtyGfn>) -> Result<()> {
+        let size = std::mem::size_of::<RingEntry>() as u64;
+        let n = self.call(Op::RingHarvest as u64, &[self.shared(), SHARED_BYTES])?[0];
+        let ram = self.machine.ram();
+        for i in 0..n.min(SHARED_BYTES / size) {
+            let at = self.shared() + i * size;
+            out.push(DirtyGfn {
+                slot: ram.read(at) as u32,
+                offset: ram.read(at + 8),
+            });
+        }
+        Ok(())
+    }
+
+    /// One harvest into `bitmap`, as the host placement's harvester makes
+    /// it (`logging/dirty.rs`): each slot `(id, first bit, pages)`.
+    pub(crate) fn harvest(
+        &self,
+        mode: DirtyMode,
+        slots: &[(u16, u64, u64)],
+        bitmap: &mut [u64],
+        ring: &mut Vec<DirtyGfn>,
+    ) -> Result<()> {
+        if mode.ring_entries().is_some() {
+            ring.clear();
+            self.harvest_rings(ring)?;
+            bitmap.fill(0);
+            for g in ring.iter() {
+                let at = slots
+                    .iter()
+                    .find(|s| u32::from(s.0) == g.slot && g.offset < s.2);
+                if let Some(&(_, first, _)) = at {
+                    let b = first + g.offset;
+                    bitmap[(b / 64) as usize] |= 1 << (b % 64);
+                }
+            }
+            return self.reset_rings();
+        }
+        for &(slot, first, n) in slots {
+            let words = &mut bitmap[(first / 64) as usize..(first + n).div_ceil(64) as usize];
+            self.get_dirty_log(slot, words)?;
+            if mode.manual_protect() {
+                self.clear_dirty_log(slot, n, words)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `RING_RESET`.
+    pub(crate) fn reset_rings(&self) -> Result<()> {
+        self.call(Op::RingReset as u64, &[]).map(|_| ())
+    }
+
+    /// EL2's counters (`COUNTERS` through the shared area).
+    pub(crate) fn counters(&self) -> Result<Counters> {
+        let bytes = std::mem::size_of::<Counters>() as u64;
+        self.call(Op::Counters as u64, &[self.shared(), bytes])?;
+        let ram = self.machine.ram();
+        let w: Vec<u64> = (0..bytes / 8)
+            .map(|i| ram.read(self.shared() + 8 * i))
+            .collect();
+        Ok(Counters {
+            aborts_handled: w[0],
+            aborts_refused: w[1],
+            aborts_to_host: w[2],
+            translation: w[3],
+            permission: w[4],
+            dirtied: w[5],
+            collapsed: w[6],
+            commands_ok: w[7],
+            commands_refused: w[8],
+            table_pages: w[9],
+        })
+    }
+
+    /// Aborts CPU `cpu` answered at EL2, and their counter ticks.
+    pub(crate) fn el2_faults(&self, cpu: usize) -> (u64, u64) {
+        let m = self.machine.mailbox(cpu);
+        (m.read(EL2_FAULTS), m.read(EL2_TICKS))
+    }
+
+    /// An abort the stub posted for vCPU `id` after EL2 left it to the
+    /// host: an IPA no slot covers (the host's devices), a full ring.
+    pub(crate) fn stage2_abort(
+        &self,
+        id: usize,
+        e: &Exit,
+    ) -> Result<s2mmu::Result<Vec<(u64, u64)>>> {
+        match self.machine.mailbox(id).read(EL2_OUTCOME) {
+            ABORT_NO_SLOT => Ok(Err(s2mmu::Error::NoSlot {
+                gpa: Gpa::new(e.ipa()),
+            })),
+            ABORT_RING_FULL => Ok(Err(s2mmu::Error::RingFull { vcpu: id })),
+            o => Err(Arm64Error::Config(format!(
+                "EL2 left vCPU {id}'s abort at IPA {:#x} (ESR {:#x}) to the host ({o})",
+                e.ipa(),
+                e.esr
+            ))),
+        }
+    }
+}
