@@ -69,15 +69,7 @@ mod stats;
 mod strategy;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_bounds;
-#[cfg(test)]
-mod tests_slot_change;
-#[cfg(test)]
-mod tests_unchanged;
 mod views;
-#[cfg(test)]
-mod views_tests;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};

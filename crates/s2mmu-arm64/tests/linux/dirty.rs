@@ -4,7 +4,7 @@
 //! page's content against the logs. A changed page in no log is a lost page; the
 //! dirtier checks its own data.
 
-mod common;
+use crate::common;
 
 use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::dirty::{self, HarvestConfig};

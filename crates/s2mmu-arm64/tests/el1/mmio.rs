@@ -1,7 +1,7 @@
 //! An access to an IPA no memslot covers is answered by a device model:
 //! the stub skips the instruction and a read gets the model's value.
 
-mod common;
+use crate::common;
 
 use s2mmu_arm64::layout::HVC_PROBE;
 use s2mmu_arm64::vm::{Arm64Vm, HvcAnswer, MmioAccess, VmConfig};

@@ -1,7 +1,7 @@
 //! The machine comes up, every CPU answers, and bad configurations are
 //! refused before QEMU starts.
 
-mod common;
+use crate::common;
 
 use s2mmu_arm64::layout::{mb, CMD_PING, CMD_TLBI, IDLE_BACKOFF_SHIFT, IDLE_SHORT_WAITS};
 use s2mmu_arm64::linux::vcpu_state::CMD_STATE;

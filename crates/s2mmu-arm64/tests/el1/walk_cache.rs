@@ -7,7 +7,7 @@
 //! goes through; with the final `TLBI VMALLE1IS` left out, the combined
 //! entry survives and the access goes through too.
 
-mod common;
+use crate::common;
 
 use s2mmu_arm64::vm::{Arm64Vm, VmConfig};
 use s2mmu_arm64::walk_cache::{
@@ -93,7 +93,7 @@ fn a_sequence_without_its_stage1_flush_leaves_the_combined_entry() {
 /// CPU's TLBIs under VMID 2 still drop the entries of the guest running
 /// under VMID 1: a wrong VMID is one more thing QEMU cannot judge.
 #[test]
-#[ignore = "an observation of QEMU, run by hand: cargo test -p s2mmu-arm64 --test walk_cache -- --ignored"]
+#[ignore = "an observation of QEMU, run by hand: cargo test -p s2mmu-arm64 --test el1 walk_cache -- --ignored"]
 fn qemu_7_2_does_not_judge_the_vmid() {
     let _one = common::serial();
     let Some(m) = common::machine(2, 2 << 20) else {
@@ -140,7 +140,7 @@ fn an_unmapped_range_left_uninvalidated_stays_walkable() {
 /// range (a range longer than its small TLB drops that TLB whole), so a
 /// wrong range operand is not something QEMU can judge.
 #[test]
-#[ignore = "an observation of QEMU, run by hand: cargo test -p s2mmu-arm64 --test walk_cache -- --ignored"]
+#[ignore = "an observation of QEMU, run by hand: cargo test -p s2mmu-arm64 --test el1 walk_cache -- --ignored"]
 fn qemu_7_2_does_not_judge_range_operands() {
     let Some(r) = run(Inject::OperandOnePageOff, Stage2Change::UnmapSlot) else {
         return;

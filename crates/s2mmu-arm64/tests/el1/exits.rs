@@ -3,7 +3,7 @@
 //! access with no syndrome refused whole with an external abort, SGIs
 //! that reach only their targets.
 
-mod common;
+use crate::common;
 
 use common::el1::{self, hex, Scenario};
 use s2mmu_arm64::linux::vm::StopReason;

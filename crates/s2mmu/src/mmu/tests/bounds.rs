@@ -3,7 +3,7 @@
 //! the state as it was, never an abort, a panic, a hang or someone else's
 //! state changed.
 
-use super::*;
+use super::super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::format::ept::EptFormat;
 use crate::memslot::{MemslotConfig, MemslotError, TreeMemslots};

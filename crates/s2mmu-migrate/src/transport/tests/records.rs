@@ -6,11 +6,11 @@
 //! of nonces and the record limit of one key; records sealed in place
 //! are the records a copy would have sealed, and refused when damaged.
 
-use super::config::Security;
-use super::conn::{sealed_len, sealed_offset, BoxConn, Connection, Duplex, SharedSink};
-use super::records::{fixed_key_session, take_over, MAX_CIPHER, MAX_PLAIN, MAX_RECORDS};
-use super::sockbuf::SockBuf;
-use super::tls::{ephemeral_tls, tls_client, tls_server};
+use super::super::config::Security;
+use super::super::conn::{sealed_len, sealed_offset, BoxConn, Connection, Duplex, SharedSink};
+use super::super::records::{fixed_key_session, take_over, MAX_CIPHER, MAX_PLAIN, MAX_RECORDS};
+use super::super::sockbuf::SockBuf;
+use super::super::tls::{ephemeral_tls, tls_client, tls_server};
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use std::io::{IoSliceMut, Read, Write};
 use std::net::{TcpListener, TcpStream};

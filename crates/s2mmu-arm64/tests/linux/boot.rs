@@ -2,7 +2,7 @@
 //! RAM mapped by the engine's fault path: `/init` counts every vCPU
 //! online, and the guest powers off through PSCI SYSTEM_OFF.
 
-mod common;
+use crate::common;
 
 use s2mmu_arm64::linux::dirty::HarvestConfig;
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};

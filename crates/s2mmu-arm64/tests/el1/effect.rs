@@ -2,7 +2,7 @@
 //! harvest's maintenance dropped, the idle CPU's second write goes through
 //! its stale writable translation, and the check reports every page.
 
-mod common;
+use crate::common;
 
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_arm64::effect::{protect_effect, spread, ProtectEffect};

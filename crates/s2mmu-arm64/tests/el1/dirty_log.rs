@@ -1,7 +1,7 @@
 //! Dirty logging of a running guest on the arm64 model, every pass checked
 //! against the guest's own record: 0 missing, 0 extra.
 
-mod common;
+use crate::common;
 
 use s2mmu::mmu::{DirtyMode, HugePageRecovery, MmuPolicy, Protect};
 use s2mmu_arm64::vm::{Arm64Vm, VmConfig};

@@ -1,7 +1,7 @@
 //! Admission under a flood of strangers: a real peer whose handshake is
 //! under way when they arrive is not evicted by them.
 
-use super::*;
+use super::super::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};

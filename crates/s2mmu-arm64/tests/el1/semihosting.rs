@@ -6,7 +6,7 @@
 //! host files as QEMU's user. QEMU now starts without it: the HLT is an
 //! UNDEF the guest takes at EL1, and nothing reaches the host.
 
-mod common;
+use crate::common;
 
 use s2mmu_arm64::layout::{self, HVC_PROBE};
 use s2mmu_arm64::vm::{Arm64Vm, HvcAnswer, VmConfig};

@@ -7,7 +7,7 @@
 //! status and level intended; guest accesses (EL1 loads and stores) agree.
 //! A leaf mapped one page off on purpose is caught.
 
-mod common;
+use crate::common;
 
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::{MapOptions, PageCache, PageTable, Prot, PteFormat, TlbInvalidate};

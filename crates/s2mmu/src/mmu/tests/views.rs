@@ -1,7 +1,7 @@
 //! Unit tests of dirty views on the facade: several consumers of one
 //! slot, one write protection.
 
-use super::*;
+use super::super::*;
 use crate::dirty::MAX_DIRTY_VIEWS_PER_SLOT;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};

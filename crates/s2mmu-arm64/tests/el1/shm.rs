@@ -3,7 +3,7 @@
 //! never runs (the last machines' tables hold the RAM through deferred
 //! frees that never run at exit) nor a killed process leaves it behind.
 
-mod common;
+use crate::common;
 
 /// This process's guest-RAM files in /dev/shm.
 fn ram_files() -> Vec<String> {

@@ -4,7 +4,7 @@
 //! comes late it backs off its timer waits instead of waking QEMU's main
 //! loop every 20 µs.
 
-mod common;
+use crate::common;
 
 use s2mmu_arm64::layout::{self, mb, EXIT_BACKOFF_SHIFT, EXIT_SHORT_WAITS, HVC_PROBE};
 use s2mmu_arm64::machine::Machine;

@@ -3,7 +3,7 @@
 //! budget, a page already mapped), and the state checked against what it
 //! was before (slots, table contents through translate, bitmaps).
 
-use super::*;
+use super::super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};
 use crate::tlb::NoTlb;

@@ -15,7 +15,7 @@
 //! Its bounds are rates over the window's own measured length, which the
 //! brakes keep to however little the guest runs.
 
-mod common;
+use crate::common;
 
 use common::counter::config;
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;

@@ -6,7 +6,7 @@
 //! (KVM frees its bitmap), and turning logging off discards it, so only the
 //! move carries the earlier write.
 
-use super::*;
+use super::super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::format::ept::EptFormat;
 use crate::memslot::{MemslotConfig, TreeMemslots};

@@ -3,6 +3,9 @@
 //! and fails once shut down, TLS and the pre-shared key run over a Unix
 //! socket as over TCP, and the I/O timeout bounds a read on both.
 
+mod admit;
+mod records;
+
 use super::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

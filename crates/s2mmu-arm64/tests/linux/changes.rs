@@ -5,7 +5,7 @@
 //! place) and started again. The dirtier's own check must pass and no page
 //! may be lost.
 
-mod common;
+use crate::common;
 
 use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::changes::{HostChange, FB_IPA, FB_SIZE};

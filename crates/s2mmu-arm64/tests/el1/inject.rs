@@ -4,7 +4,7 @@
 //! HVC) takes the abort and the UNDEF that `linux::inject` computes, where
 //! the Linux host used to stop the VM.
 
-mod common;
+use crate::common;
 
 use s2mmu_arm64::layout::{self, mb};
 use s2mmu_arm64::linux::inject::{Injection, ESR_IL, PSTATE_DAIF};

@@ -4,7 +4,7 @@
 //! run fails if the host outlives its limit by more than
 //! [`common::el1::GRACE`].
 
-mod common;
+use crate::common;
 
 use common::el1::{self, Scenario};
 use s2mmu_arm64::linux::vm::StopReason;
