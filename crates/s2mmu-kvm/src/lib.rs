@@ -44,6 +44,7 @@ pub use dirty_log_check::{check_dirty_log, DirtyLogCheckReport};
 pub use dirty_log_perf::{DirtyLogParams, DirtyLogReport, IterationReport, PassCounts};
 pub use error::Error;
 pub use host::HostInfo;
-pub use kvm_handle::{kvm_unusable_reason, open_kvm};
+pub use kvm_handle::open_kvm;
 pub use memory::{Backing, GuestMemory, MemoryError};
 pub use memslot_perf::{kvm_memslot_ops, KvmMemslotTimes};
+pub use vm::kvm_unusable_reason;

@@ -2,7 +2,8 @@
 //! harvests each pass's dirty log (bitmaps or rings) while every vCPU is
 //! parked in userspace.
 
-use super::{DirtyLogParams, DirtyLogReport, IterationReport, Observer, PassCounts};
+use super::params::DirtyLogParams;
+use super::report::{DirtyLogReport, IterationReport, Observer, PassCounts};
 use crate::dirty_ring::{DirtyRing, RingResetter};
 use crate::error::Error;
 use crate::guest_code::{self, GUEST_PAGE_SIZE};
