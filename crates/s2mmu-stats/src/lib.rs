@@ -1,7 +1,12 @@
-//! The statistics the session's figures use, and the benchmarks' tables
-//! too (the CLI's `stats` re-exports these): the median of an even count
-//! is the mean of the two middle values; percentiles interpolate between
-//! ranks. One definition, so a figure means the same everywhere.
+//! The statistics every s2mmu report uses (the migration session's
+//! figures, the benchmarks' tables, the KVM and arm64 measurements): the
+//! median of an even count is the mean of the two middle values (rounded
+//! half up for whole counts); percentiles interpolate between ranks. One
+//! definition, so a figure means the same everywhere.
+
+#![warn(missing_docs)]
+
+use std::time::Duration;
 
 /// `values` sorted ascending, NaNs dropped (a NaN has no rank).
 pub fn sorted(values: &[f64]) -> Vec<f64> {
@@ -47,6 +52,16 @@ pub fn median_u64(values: &[u64]) -> Option<u64> {
     }
 }
 
+/// The median of durations, by [`median_u64`] over their nanoseconds
+/// (a duration past `u64::MAX` ns counts as that); `None` for none.
+pub fn median_duration(values: &[Duration]) -> Option<Duration> {
+    let ns: Vec<u64> = values
+        .iter()
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .collect();
+    median_u64(&ns).map(Duration::from_nanos)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,5 +75,11 @@ mod tests {
         assert_eq!(median_u64(&[]), None);
         assert_eq!(percentile(&[0.0, 10.0], 99.0), Some(9.9));
         assert_eq!(percentile(&[0.0], 101.0), None);
+        let ms = Duration::from_millis;
+        assert_eq!(
+            median_duration(&[ms(4), ms(1), ms(2), ms(3)]),
+            Some(Duration::from_micros(2500))
+        );
+        assert_eq!(median_duration(&[]), None);
     }
 }
