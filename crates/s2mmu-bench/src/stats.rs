@@ -1,6 +1,6 @@
 //! The statistics every benchmark shares: medians, percentiles, minimum and
 //! maximum, paired ratios, and [`Samples`], the raw measurements of one
-//! result row with the JSON shape DESIGN.md's rows use.
+//! result row with the JSON shape every benchmark's rows use.
 //!
 //! One place computes them so every table and JSON row means the same by
 //! "median" (the mean of the two middle values for an even count) and so no

@@ -2,7 +2,7 @@
 //! real kernel's figures next to the engine's.
 //!
 //! Guest code runs at CPL 3 in 64-bit mode: on machines whose KVM is `kvm_pvm` only
-//! user-mode guest code runs natively (see `shared/reference/real-kvm-here.md`); at CPL 3
+//! user-mode guest code runs natively; at CPL 3
 //! every first write to a write-protected page is one shadow-MMU fault, which is what the
 //! dirty-logging figures must measure. The reports carry KVM's own per-vCPU counters
 //! (`exits`, `pf_fixed`) per pass, so that can be checked on every run.

@@ -1,5 +1,5 @@
 //! `s2mmu migrate --wire-bench N`: the migration measured against the
-//! wire (issue 28). N rounds; in each, for every channel count
+//! wire. N rounds; in each, for every channel count
 //! (`--channels`, default 1, 2 and 4), with TLS (the default) and without,
 //! back to back: iperf3 over loopback with as many connections and bytes
 //! (where iperf3 is installed; otherwise the table says so), then the
