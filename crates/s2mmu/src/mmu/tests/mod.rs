@@ -1,5 +1,10 @@
 //! Unit tests of the facade.
 
+mod bounds;
+mod slot_change;
+mod unchanged;
+mod views;
+
 use super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};
