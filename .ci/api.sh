@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/api}
 status=0
-for crate in s2mmu s2mmu-memory s2mmu-vm s2mmu-kvm s2mmu-migrate s2mmu-arm64; do
+for crate in s2mmu-stats s2mmu s2mmu-memory s2mmu-vm s2mmu-kvm s2mmu-migrate s2mmu-arm64; do
   cargo +nightly rustdoc -q -p "$crate" --lib --all-features -- \
     -Z unstable-options --output-format json
   json="$CARGO_TARGET_DIR/doc/${crate//-/_}.json"

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The size rules (issues 18, 13 and 25): lists every .rs file under DIR (or
+"""The size rules: lists every .rs file under DIR (or
 the one file DIR names) over MAX_FILE lines and every function over MAX_FN
 lines (signature to closing brace, as rustfmt lays them out), and exits 1
 when there is any. .ci/run runs it over every crate at 600/80.
 Usage: .ci/cli_sizes.py [DIR|FILE] [MAX_FILE] [MAX_FN]
-(defaults: crates/s2mmu-cli/src 600 100, the CLI's rule of issue 18)"""
+(defaults: crates/s2mmu-cli/src 600 100, the CLI's own rule)"""
 import os
 import re
 import sys

@@ -58,7 +58,8 @@ def strip_code(text):
     text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
     # `pub(in crate::a)` says who may see an item, not what it uses.
     text = re.sub(r"pub\(in [^)]*\)", "pub(crate)", text)
-    m = re.search(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{", text)
+    # (`#[cfg(all(test, ...))]` is test-only as well; `any(test, ...)` is not.)
+    m = re.search(r"#\[cfg\((?:test|all\(test\b[^\]]*)\)\]\s*mod\s+\w+\s*\{", text)
     if m:
         text = text[: m.start()]
     return text
@@ -297,6 +298,11 @@ def selftest():
         for f, t in files.items():
             open(os.path.join(d, f), "w").write(t)
         assert check(d) == 0, "a DAG (with a re-export) was reported as a cycle"
+        # A test module (`cfg(test)` or `cfg(all(test, ...))`) is no dependency.
+        open(os.path.join(d, "a/inner.rs"), "w").write(
+            "pub struct Thing;\n#[cfg(all(test, feature = \"std\"))]\n"
+            "mod tests {\n    use super::super::helper;\n}\n")
+        assert check(d) == 0, "a test module's import was reported as a cycle"
         # The child now uses its parent's helper while the parent uses it.
         open(os.path.join(d, "a/inner.rs"), "w").write(
             "pub struct Thing;\npub fn g() { super::helper() }\n")

@@ -3,7 +3,7 @@
 N runs each, and reports per result row the median over runs of each
 binary and the ratio B/A (a row with no time: each of its counts); then the
 geometric mean of the ratios per command. Timings only: nothing is asserted.
-Used for issue 25's before/after table, now in docs/measurements/benchmarks.md (two release binaries of
+Its before/after tables are in docs/measurements/benchmarks.md (two release binaries of
 s2mmu, same sitting).
 Usage: .ci/interleave_bench.py A B N OUT.json"""
 import json, subprocess, sys, statistics, math

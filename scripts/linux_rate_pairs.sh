@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24's pages-per-second comparison: N interleaved pairs of the
+# The Linux migration's pages-per-second comparison: N interleaved pairs of the
 # simulated guest and the Linux `fill` guest (round 0 of data pages), both
 # migrated over the same link (loopback, mutual TLS 1.3, 1 channel, 1 GiB,
 # 1 vCPU; both told --channels 1: the default is one per CPU, and the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 24: where a Linux migration's round 0 spends CPU, per thread.
+"""Where a Linux migration's round 0 spends CPU, per thread.
 
 usage: scripts/linux_round0_cpu.py BIN OUTDIR [migrate args...]
   (default args: --bandwidth 100M, so that round 0 lasts about 9 s)

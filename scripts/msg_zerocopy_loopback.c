@@ -1,4 +1,4 @@
-// Issue 28's MSG_ZEROCOPY experiment: plain TCP over loopback, 1 GiB in
+// The MSG_ZEROCOPY experiment: plain TCP over loopback, 1 GiB in
 // 128 KiB send()s, with or without MSG_ZEROCOPY (SO_ZEROCOPY set,
 // completions reaped from the error queue; a buffer of the ring of 64 is
 // reused only after its completion). Prints MiB/s, the sender's and the

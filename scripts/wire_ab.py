@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 28's A/B of two binaries on the wire: alternates
+"""An A/B of two binaries on the wire: alternates
 `BIN migrate --guest sim --wire-bench 3 --channels 1 --plot "" --json`
 between binary A and binary B, N sittings each (A first, then B, N times),
 keeps each sitting's JSON under OUTDIR, and prints per binary and policy

@@ -1066,7 +1066,7 @@ guest_el1_vectors:
         mov     x0, #5
         mrs     x1, esr_el1
         mrs     x2, far_el1
-        mrs     x3, elr_el1                     // and, for tests/inject.rs,
+        mrs     x3, elr_el1                     // and, for tests/el1/inject.rs,
         mrs     x4, spsr_el1                    // where it came from, which
         adr     x5, .                           // vector, and the handler's
         mrs     x6, daif                        // interrupt masks

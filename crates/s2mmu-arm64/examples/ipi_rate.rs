@@ -17,6 +17,7 @@ mod el1;
 
 use el1::{hex, Scenario};
 use s2mmu_arm64::linux::vm;
+use s2mmu_stats::median;
 use std::process::Command;
 use std::time::Duration;
 
@@ -42,14 +43,14 @@ fn main() {
             wakes.push(r.vcpu_exits.iter().skip(1).map(|e| e[4]).sum::<u64>() as f64);
             qemu.push(rate(&qemu_alone(&f.kernel, n), n));
         }
-        let (m, q) = (median(&mut ours), median(&mut qemu));
+        let (m, q) = (median(&ours).unwrap_or(0.0), median(&qemu).unwrap_or(0.0));
         let base = *first.get_or_insert(m);
         println!(
             "{{\"vcpus\":{n},\"runs\":{runs},\"sgis_per_s_median\":{m:.0},\
              \"of_1_vcpu\":{:.2},\"qemu_alone_median\":{q:.0},\"runs_per_s\":{ours:.0?},\
              \"kicked_exits_median\":{:.0}}}",
             m / base,
-            median(&mut wakes)
+            median(&wakes).unwrap_or(0.0)
         );
     }
 }
@@ -80,11 +81,6 @@ fn qemu_alone(kernel: &std::path::Path, vcpus: usize) -> String {
         .output()
         .unwrap_or_else(|e| fail(&format!("{qemu}: {e}")));
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn fail(why: &str) -> ! {

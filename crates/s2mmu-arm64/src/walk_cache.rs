@@ -22,7 +22,7 @@
 //! each.
 //!
 //! What it still cannot judge (both shown by ignored tests in
-//! `tests/walk_cache.rs`, run by hand): the VMID, since QEMU 7.2 does not
+//! `tests/el1/walk_cache.rs`, run by hand): the VMID, since QEMU 7.2 does not
 //! tag its TLB entries with one (a change of VTTBR_EL2's VMID flushes that
 //! CPU's TLB instead) and its TLBIs act on the regime whatever VMID is
 //! loaded; and a range operand, since its range flush drops more than the

@@ -47,7 +47,7 @@ pub fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// A benchmark's whole report: the envelope of DESIGN.md.
+/// A benchmark's whole report: the envelope every benchmark's `--json` prints.
 pub struct Report {
     benchmark: &'static str,
     params: Value,

@@ -1,6 +1,6 @@
 //! The statistics every benchmark shares: medians, percentiles, minimum and
 //! maximum, paired ratios, and [`Samples`], the raw measurements of one
-//! result row with the JSON shape DESIGN.md's rows use.
+//! result row with the JSON shape every benchmark's rows use.
 //!
 //! One place computes them so every table and JSON row means the same by
 //! "median" (the mean of the two middle values for an even count) and so no
@@ -11,9 +11,9 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 use std::time::Duration;
 
-// Sorting, median and percentiles are the migration library's, so a
+// Sorting, median and percentiles are s2mmu-stats', so a
 // figure means the same in a migration's report and in a benchmark's row.
-pub use s2mmu_migrate::session::stats::{median, median_u64, percentile, sorted};
+pub use s2mmu_stats::{median, median_u64, percentile, sorted};
 
 /// The smallest of `values` (NaNs ignored).
 pub fn min(values: &[f64]) -> Option<f64> {

@@ -1,4 +1,4 @@
-//! The engine of `s2mmu tlb-perf` (seed 003): a large slot mapped with 4K
+//! The engine of `s2mmu tlb-perf` (the TLB range policy): a large slot mapped with 4K
 //! pages and dirty-logged, its harvest cycles (GET, then CLEAR whole or in
 //! chunks) under both large-range policies, on the simulated VM with vCPU
 //! threads running ([`vm`]) or on QEMU's arm64 model where every TLB call

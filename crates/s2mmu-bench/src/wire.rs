@@ -71,20 +71,20 @@ pub struct WireCell {
 }
 
 /// The median (0 for no runs, which no cell has).
-fn median(v: Vec<f64>) -> f64 {
+fn median_or_zero(v: Vec<f64>) -> f64 {
     crate::stats::median(&v).unwrap_or(0.0)
 }
 
 impl WireCell {
     /// The median of one figure over the runs.
     pub fn med(&self, f: impl Fn(&WireRun) -> f64) -> f64 {
-        median(self.runs.iter().map(f).collect())
+        median_or_zero(self.runs.iter().map(f).collect())
     }
     /// The median of each run's iperf3 figure (None without iperf3).
     #[must_use]
     pub fn iperf3(&self) -> Option<f64> {
         let v: Option<Vec<f64>> = self.runs.iter().map(|r| r.iperf3).collect();
-        v.map(median)
+        v.map(median_or_zero)
     }
     /// Each run's round 0 as a percentage of its plain TCP.
     #[must_use]

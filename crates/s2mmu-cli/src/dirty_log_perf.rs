@@ -1,5 +1,5 @@
 //! `s2mmu dirty-log-perf`: KVM's dirty_log_perf_test on the engine's
-//! simulated VM (seeds 002 and 004), on the host's real KVM (`--kvm`), or
+//! simulated VM (fault paths and eager split), on the host's real KVM (`--kvm`), or
 //! both side by side (`--compare`).
 //!
 //! Flow, as the selftest: vCPU threads populate their memory (one pass),

@@ -32,17 +32,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Seed 000: eager split of a slot with the skipping walker against a full walk.
+    /// Eager split of a slot with the skipping walker against a full walk.
     SplitPerf(split_perf::Params),
-    /// Seed 003: dirty-log clears of a large slot with split range TLB calls against one whole-VMID flush.
+    /// Dirty-log clears of a large slot with split range TLB calls against one whole-VMID flush.
     TlbPerf(tlb_perf::Params),
     /// Harvest of hardware dirty state (arm64 DBM) on a large slot: the GET's word scan against a per-leaf walk.
     HarvestPerf(harvest_perf::Params),
-    /// Seeds 002/004: KVM's dirty_log_perf_test on the engine, on real KVM (--kvm), or both (--compare).
+    /// KVM's dirty_log_perf_test on the engine, on real KVM (--kvm), or both (--compare).
     DirtyLogPerf(dirty_log_perf::Params),
     /// Several dirty consumers (views) of one slot at their own harvest periods, against one alone: faults, protects, lost pages.
     DirtyViews(dirty_views::Params),
-    /// Seed 001: memslot_perf_test scenarios on the tree memslots against the array baseline (and real KVM with --kvm).
+    /// memslot_perf_test scenarios on the tree memslots against the array baseline (and real KVM with --kvm).
     MemslotPerf(memslot_perf::Args),
     /// Runs every seed's experiment and writes a report next to the published figures.
     Reproduce(reproduce::Params),

@@ -296,7 +296,7 @@ fn tlb_perf_arm64_counts_round_trips_per_policy() {
     assert_eq!(get("whole_slot", "split_calls")["pages"], 1u64 << 19);
     check_samples_and_stub_time(rows);
     // The invalidations' effect on an idle CPU's TLB, per mode and policy
-    // (tests/effect.rs in s2mmu-arm64 shows it failing when dropped).
+    // (tests/el1/effect.rs in s2mmu-arm64 shows it failing when dropped).
     let setup = rows
         .iter()
         .find(|r| r["case"] == "setup")
@@ -310,7 +310,7 @@ fn tlb_perf_arm64_counts_round_trips_per_policy() {
             "{e}"
         );
     }
-    // The check QEMU can fail on a wrong TLBI operand (tests/walk_cache.rs
+    // The check QEMU can fail on a wrong TLBI operand (tests/el1/walk_cache.rs
     // in s2mmu-arm64 shows it failing with the operand one page off).
     let operand = &setup["operand_check"];
     assert_eq!(operand["walk_fault"], true, "{setup}");

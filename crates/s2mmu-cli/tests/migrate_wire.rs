@@ -1,4 +1,4 @@
-//! Issue 28's figures are measured, not made up: an in-process migration
+//! The wire benchmark's figures are measured, not made up: an in-process migration
 //! reports plain TCP between the same endpoints (as many bytes as the
 //! stack's own probe, over as many connections), and the stage clocks
 //! counted every page on both sides with time in each stage. Behaviour

@@ -256,7 +256,7 @@ fn gallery() {
     std::fs::create_dir_all(&dir).unwrap();
     gallery_migrate(&dir);
     let scaling = LineChart {
-        title: "Seed 002: dirty memory time per vCPU count".into(),
+        title: "Fault paths: dirty memory time per vCPU count".into(),
         x_label: "vCPUs".into(),
         y_label: "dirty memory time, median (ms)".into(),
         series: vec![
@@ -273,7 +273,7 @@ fn gallery() {
     };
     write_svg_and_png(&scaling, &dir.join("seed-002.svg")).unwrap();
     let eager = BarChart {
-        title: "Seed 004: eager split vs split on fault".into(),
+        title: "Eager split vs split on fault".into(),
         y_label: "median (ms)".into(),
         categories: ["first pass", "enabling dirty logging", "splitting"]
             .map(String::from)

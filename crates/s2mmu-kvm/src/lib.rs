@@ -2,7 +2,7 @@
 //! real kernel's figures next to the engine's.
 //!
 //! Guest code runs at CPL 3 in 64-bit mode: on machines whose KVM is `kvm_pvm` only
-//! user-mode guest code runs natively (see `shared/reference/real-kvm-here.md`); at CPL 3
+//! user-mode guest code runs natively; at CPL 3
 //! every first write to a write-protected page is one shadow-MMU fault, which is what the
 //! dirty-logging figures must measure. The reports carry KVM's own per-vCPU counters
 //! (`exits`, `pf_fixed`) per pass, so that can be checked on every run.
@@ -44,6 +44,7 @@ pub use dirty_log_check::{check_dirty_log, DirtyLogCheckReport};
 pub use dirty_log_perf::{DirtyLogParams, DirtyLogReport, IterationReport, PassCounts};
 pub use error::Error;
 pub use host::HostInfo;
-pub use kvm_handle::{kvm_unusable_reason, open_kvm};
+pub use kvm_handle::open_kvm;
 pub use memory::{Backing, GuestMemory, MemoryError};
 pub use memslot_perf::{kvm_memslot_ops, KvmMemslotTimes};
+pub use vm::kvm_unusable_reason;

@@ -6,6 +6,7 @@ use crate::kvm_handle::open_kvm;
 use crate::memory::{Backing, GuestMemory};
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
+use s2mmu_stats::median_duration;
 use std::time::{Duration, Instant};
 
 /// Where the test area starts (`MEM_GPA` of the selftest: 256 MiB).
@@ -125,8 +126,8 @@ pub fn kvm_memslot_ops_with(
     let setup = t.elapsed();
 
     let last = region(nslots - 1);
-    let mut moves = time_moves(&vm, last, MEM_GPA + total_bytes, repetitions)?;
-    let mut deletes = time_deletes(&vm, last, repetitions)?;
+    let moves = time_moves(&vm, last, MEM_GPA + total_bytes, repetitions)?;
+    let deletes = time_deletes(&vm, last, repetitions)?;
     drop(vm);
     drop(memory);
     Ok(KvmMemslotTimes {
@@ -136,8 +137,8 @@ pub fn kvm_memslot_ops_with(
         last_slot_pages,
         max_memslots,
         setup,
-        move_median: median(&mut moves),
-        delete_median: median(&mut deletes),
+        move_median: median_duration(&moves).unwrap_or_default(),
+        delete_median: median_duration(&deletes).unwrap_or_default(),
         repetitions,
     })
 }
@@ -192,11 +193,6 @@ fn set_region(vm: &VmFd, region: kvm_userspace_memory_region) -> Result<(), Erro
     // `kvm_memslot_ops_with`, which drops the VM before the mapping.
     unsafe { vm.set_user_memory_region(region) }
         .map_err(|e| Error::from_errno("KVM_SET_USER_MEMORY_REGION", e))
-}
-
-fn median(samples: &mut [Duration]) -> Duration {
-    samples.sort_unstable();
-    samples.get(samples.len() / 2).copied().unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -452,6 +452,15 @@ pub fn run_pass(
     }
 }
 
+/// `None` when this process can create a VM and run a CPL-3 guest on it; otherwise a
+/// one-line reason, for tests to print as `skipped: <reason>`.
+pub fn kvm_unusable_reason() -> Option<String> {
+    match MemstressVm::probe() {
+        Ok(()) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,4 @@
-//! What a 4 KiB page costs the stream's CPU, per step (issue 28): the
+//! What a 4 KiB page costs the stream's CPU, per step: the
 //! stream's checksum (XXH3-64) by the crate it uses now (`twox-hash`,
 //! AVX2 chosen at run time) and by the one it used before (`xxhash-rust`,
 //! SIMD chosen at compile time: SSE2 for the default x86-64 target),

@@ -1,4 +1,4 @@
-//! Where a stream's time goes, stage by stage (issue 28): on the sending
+//! Where a stream's time goes, stage by stage: on the sending
 //! side reading guest memory (with the zero-page check, one fused pass),
 //! hashing, the writes (encryption plus the socket) and the socket's own
 //! system calls; on the receiving side the reads (the socket, decryption

@@ -10,6 +10,7 @@
 
 /// Guest memory: the `s2mmu-memory` crate, which the KVM harness shares.
 pub use s2mmu_memory as memory;
+mod mmu;
 pub mod replay;
 mod sync;
 pub mod tlb;

@@ -2,8 +2,9 @@
 //! on a miss, and the engine's fault handler on a fault.
 
 use crate::memory::GuestMemory;
+use crate::mmu::VmMmu;
 use crate::tlb::SoftTlb;
-use crate::vm::{VmFormat, VmMmu};
+use crate::vm::VmFormat;
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::{FaultKind, FaultOutcome, FaultStats, PmlLog, PmlWriteError, VcpuMmu};

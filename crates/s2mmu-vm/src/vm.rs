@@ -11,8 +11,7 @@ use s2mmu::{Gpa, HostMmOps, Hva};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-/// The engine types a simulated VM uses.
-pub type VmMmu<S, F = Arm64Stage2> = Mmu<F, HostMmOps, S>;
+pub use crate::mmu::VmMmu;
 
 /// A descriptor format a simulated VM runs on: one the engine ships
 /// ([`s2mmu::format::KnownFormat`]), its vCPUs walking its tables with

@@ -175,7 +175,7 @@ impl Pick {
 }
 
 /// The densities and bitmap offsets every format is cleaned with: dense,
-/// every other page, one in 3 (the sparse CLEAR of issue 16), one run per
+/// every other page, one in 3 (a sparse CLEAR), one run per
 /// bitmap word, rarer than a table, none; bitmaps aligned to the tables and
 /// not.
 const PICKS: [Pick; 9] = [

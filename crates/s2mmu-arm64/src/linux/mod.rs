@@ -1,4 +1,4 @@
-//! A Linux guest on the arm64 model, in rooms:
+//! A Linux guest on the arm64 model, in folders by concern:
 //!
 //! - `devices/`: what the guest's MMIO and HVC exits reach on the host
 //!   ([`bus`], [`mmio`], [`gic`], [`psci`], [`uart`]);

@@ -20,9 +20,9 @@ pub struct CutProxy {
     pub cut_done: Arc<AtomicBool>,
 }
 
-/// Shared by the forwarding threads.
+/// What the forwarding threads share.
 #[derive(Clone)]
-struct Shared {
+struct ProxyState {
     armed: Arc<AtomicBool>,
     cut_done: Arc<AtomicBool>,
     counted: Arc<AtomicU64>,
@@ -34,7 +34,7 @@ struct Shared {
 pub fn start(to: String, cut_after: u64, refuse_after: bool) -> CutProxy {
     let l = TcpListener::bind("127.0.0.1:0").expect("the proxy's port");
     let addr = l.local_addr().unwrap().to_string();
-    let sh = Shared {
+    let sh = ProxyState {
         armed: Arc::default(),
         cut_done: Arc::default(),
         counted: Arc::default(),
@@ -71,7 +71,7 @@ pub fn start(to: String, cut_after: u64, refuse_after: bool) -> CutProxy {
     proxy
 }
 
-fn forward(mut from: TcpStream, mut into: TcpStream, cuttable: bool, sh: &Shared) {
+fn forward(mut from: TcpStream, mut into: TcpStream, cuttable: bool, sh: &ProxyState) {
     let mut buf = [0u8; 16384];
     loop {
         let n = match from.read(&mut buf) {

@@ -1,4 +1,4 @@
-//! `tlb-perf --arm64`: seed 003 where a TLB call is a real round trip to
+//! `tlb-perf --arm64`: the TLB range policy where a TLB call is a real round trip to
 //! EL2. The slot is mapped with 4K pages over the arm64 model's sparse
 //! guest RAM (untouched: only its tables take memory), logged, dirtied as
 //! guest writes would dirty it, then got and cleared, whole and in

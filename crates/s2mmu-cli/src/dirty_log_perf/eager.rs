@@ -1,4 +1,4 @@
-//! `-e` on huge-page backing (seed 004): eager split against split on
+//! `-e` on huge-page backing: eager split against split on
 //! fault, in paired runs.
 
 use crate::report::{human, human_bytes, paired_ratio, paired_ratios, verdict, Report, Summary};
@@ -57,7 +57,7 @@ pub(super) fn eager_vs_fault(
     };
     let enable = |r: &EngineRun| r.enable;
     let mut s = format!(
-        "dirty-log-perf -e: eager split against split on fault, {vcpus} vCPUs x {}, {} (seed 004); measured pass: iteration {} ({}); medians of {runs} runs of each, alternating\n",
+        "dirty-log-perf -e: eager split against split on fault, {vcpus} vCPUs x {}, {}; measured pass: iteration {} ({}); medians of {runs} runs of each, alternating\n",
         human_bytes(bytes),
         p.backing.name(),
         wp + 1,

@@ -16,7 +16,7 @@ pub enum PolicyArg {
     Fast,
     /// Every fault under the write lock.
     Baseline,
-    /// Both, as a table per vCPU count (seed 002).
+    /// Both, as a table per vCPU count.
     Both,
 }
 

@@ -1,4 +1,4 @@
-//! `--policy both` (seed 002): the read-lock fast path, the same on KVM's
+//! `--policy both`: the read-lock fast path, the same on KVM's
 //! shared rwlock, and write-lock faults, as a table per vCPU count.
 
 use crate::report::{self, human, human_bytes, paired_ratio, verdict, Report, Summary};

@@ -287,7 +287,7 @@ pub fn channels_name(channels: u16) -> String {
     }
 }
 
-/// The default channel count: one per CPU, 1 to 8 (issue 28, from the
+/// The default channel count: one per CPU, 1 to 8 (from the
 /// per-page CPU each side costs). One channel is one sending and one
 /// receiving thread that wait for each other in turn, so it keeps about
 /// one core busy whatever the count of cores; the pipeline's speed grows

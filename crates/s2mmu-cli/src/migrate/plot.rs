@@ -1,6 +1,6 @@
 //! The migration drawn through [`crate::plot`] (plotters, SVG): three
 //! charts stacked in one figure. The guest's write rate over time and its
-//! execution time per write (log scale; seed 002's per-interval
+//! execution time per write (log scale; dirty-log-perf's per-interval
 //! degradation while dirty logging is on), each over the shaded phases of
 //! every run (dirty logging, paused until resumed, and a post-copy
 //! migration's phase on the destination from the resume to the last

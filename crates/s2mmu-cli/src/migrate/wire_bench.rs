@@ -1,5 +1,5 @@
 //! `s2mmu migrate --wire-bench N`: the migration measured against the
-//! wire (issue 28). N rounds; in each, for every channel count
+//! wire. N rounds; in each, for every channel count
 //! (`--channels`, default 1, 2 and 4), with TLS (the default) and without,
 //! back to back: iperf3 over loopback with as many connections and bytes
 //! (where iperf3 is installed; otherwise the table says so), then the
@@ -158,9 +158,9 @@ fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
             c.med(|r| r.floor) / MIB,
             c.med(|r| r.link) / MIB,
             c.med(|r| r.round0) / MIB,
-            median(c.pct_plain()),
-            median(c.pct_floor()),
-            opt(c.pct_iperf3().map(median), 1.0),
+            median_or_zero(c.pct_plain()),
+            median_or_zero(c.pct_floor()),
+            opt(c.pct_iperf3().map(median_or_zero), 1.0),
             c.med(|r| r.downtime_ms),
             c.med(|r| r.send_cpu_ns),
             c.med(|r| r.recv_cpu_ns),
@@ -181,23 +181,25 @@ fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
             "  {} channel(s), {}: floor {:.0}% of plain TCP, {:.0} / {:.0} ns a page (round 0: {:.0} / {:.0})\n",
             channels_name(c.channels),
             if c.tls { "TLS (AES-128-GCM floor)" } else { "no TLS" },
-            median(c.floor_pct_plain()),
+            median_or_zero(c.floor_pct_plain()),
             c.med(|r| r.floor_send_ns),
             c.med(|r| r.floor_recv_ns),
             c.med(|r| r.send_cpu_ns),
             c.med(|r| r.recv_cpu_ns),
         ));
     }
-    t.push_str("\nround 0 as % of plain TCP (of iperf3), medians; issue 28's targets: TLS 60 %, no TLS 85 %\n");
+    t.push_str(
+        "\nround 0 as % of plain TCP (of iperf3), medians; targets: TLS 60 %, no TLS 85 %\n",
+    );
     for pair in cells.chunks(2) {
         if let [tls, plain] = pair {
-            let pi = |c: &Cell| opt(c.pct_iperf3().map(median), 1.0);
+            let pi = |c: &Cell| opt(c.pct_iperf3().map(median_or_zero), 1.0);
             t.push_str(&format!(
                 "  {} channel(s): TLS {:.0}% ({}%), no TLS {:.0}% ({}%); TLS round 0 = {:.0}% of no-TLS round 0\n",
                 channels_name(tls.channels),
-                median(tls.pct_plain()),
+                median_or_zero(tls.pct_plain()),
                 pi(tls),
-                median(plain.pct_plain()),
+                median_or_zero(plain.pct_plain()),
                 pi(plain),
                 100.0 * tls.med(|r| r.round0) / plain.med(|r| r.round0).max(1.0)
             ));
@@ -208,10 +210,10 @@ fn text(cells: &[Cell], runs: u32, iperf3: Option<&str>) -> String {
 
 /// Each run's value and their median.
 fn figures(v: Vec<f64>) -> serde_json::Value {
-    json!({ "median": median(v.clone()), "each_run": v })
+    json!({ "median": median_or_zero(v.clone()), "each_run": v })
 }
 
 /// The median (0 for no runs, which no cell has).
-fn median(v: Vec<f64>) -> f64 {
+fn median_or_zero(v: Vec<f64>) -> f64 {
     crate::stats::median(&v).unwrap_or(0.0)
 }

@@ -41,7 +41,7 @@ const TITLE_000: &str = "Optimize S2 page splitting: the RFC's skip returns (v1)
 const PUBLISHED_000: &str = "v1, skip returns (RFC 2026-05-15, FVP model, 1 GiB VM, whole-slot split): already 4K -97.33 % runtime; THP -19.82 %; 1x1G hugetlb -20.65 %. \
                     v2, the skip-level walker flag KVM_PGTABLE_WALK_SKIP_LEVEL3 that replaced them, as posted 2026-06-10 (AmpereOne, 64 GB slot): \
                     enabling logging -35.47 % / -11.94 % / -14.46 % (already 4K / THP / 64x1G hugetlb); CLEAR_DIRTY_LOG with manual protect -26.36 % / -12.05 % / -13.87 %. \
-                    Issue 17 quotes v2 on a 16 GB slot: enabling logging -44 % / -24.7 % / -24.8 %, CLEAR_DIRTY_LOG -39 % / -25.5 %, and the author finding that skipping children \
+                    A report of v2 on a 16 GB slot quotes: enabling logging -44 % / -24.7 % / -24.8 %, CLEAR_DIRTY_LOG -39 % / -25.5 %, and the author finding that skipping children \
                     'was marginally slower than just skipping levels' (the mail with these figures was not found here; the v2 posting of 2026-06-18 that was found carries no figures). \
                     All are against the full walk; the v1 and v2 figures come from different machines and slot sizes.";
 const TITLE_001: &str = "Scalable memslots: tree sets against the copied array (memslot-perf)";
@@ -203,10 +203,10 @@ fn seed_004(q: bool) -> Result<Experiment, String> {
 
 const TITLE_MODES: &str =
     "Write protection against hardware dirty state and PML (dirty-log-perf --dirty all)";
-const PUBLISHED_MODES: &str = "No published head-to-head on one workload (issue 16). Keqian Zhu's arm64 DBM RFC measured a harvest of about 40 ms per 64 GiB. \
+const PUBLISHED_MODES: &str = "No published head-to-head on one workload. Keqian Zhu's arm64 DBM RFC measured a harvest of about 40 ms per 64 GiB. \
                     Targets: 1 vCPU, 256 MiB, hardware dirty mode with 0 write faults per pass and dirty memory time within 1.5x of a pass with logging off.";
 
-/// Issue 16: the dirty tracking modes side by side on one format.
+/// The dirty tracking modes side by side on one format.
 fn dirty_modes(q: bool, format: FormatArg) -> Result<Experiment, String> {
     let mut d: crate::dirty_log_perf::Params = defaults()?;
     d.quiet = true;
@@ -225,10 +225,7 @@ fn dirty_modes(q: bool, format: FormatArg) -> Result<Experiment, String> {
         // The list is made once per run: its names live as long as it.
         id: String::leak(format!("dirty-modes-{}", format.name())),
         seed: None,
-        heading: String::leak(format!(
-            "Dirty-tracking modes, {} (issue 16)",
-            format.title()
-        )),
+        heading: String::leak(format!("Dirty-tracking modes, {}", format.title())),
         title: TITLE_MODES,
         published: PUBLISHED_MODES,
         command,

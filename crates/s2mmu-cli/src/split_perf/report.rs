@@ -169,7 +169,7 @@ fn compare_case(
     ]
 }
 
-/// Which version of seed 000 a policy is, for the table.
+/// Which version of the split walk a policy is, for the table.
 fn version(pol: SplitPolicy) -> &'static str {
     match pol {
         SplitPolicy::FullWalk => "--",

@@ -2,7 +2,8 @@
 //! harvests each pass's dirty log (bitmaps or rings) while every vCPU is
 //! parked in userspace.
 
-use super::{DirtyLogParams, DirtyLogReport, IterationReport, Observer, PassCounts};
+use super::params::DirtyLogParams;
+use super::report::{DirtyLogReport, IterationReport, Observer, PassCounts};
 use crate::dirty_ring::{DirtyRing, RingResetter};
 use crate::error::Error;
 use crate::guest_code::{self, GUEST_PAGE_SIZE};
@@ -24,8 +25,8 @@ pub fn run(params: &DirtyLogParams) -> Result<DirtyLogReport, Error> {
     run_observed(params, &mut |_, _| {})
 }
 
-/// What the main thread and the vCPU threads share.
-struct Shared {
+/// What the main thread and the vCPU threads share to run passes in lockstep.
+struct Lockstep {
     /// The pass the vCPUs may run; 0 = populate.
     iteration: AtomicU64,
     quit: AtomicBool,
@@ -51,7 +52,7 @@ pub fn run_observed(
     let mut vm = MemstressVm::create(&kvm, params.shape())?;
     let manual_caps = enable_manual_protect(&vm, params)?;
     let mut harvest = Harvest::new(&mut vm, manual_caps)?;
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(Lockstep {
         iteration: AtomicU64::new(0),
         quit: AtomicBool::new(false),
         failed: AtomicBool::new(false),
@@ -104,7 +105,7 @@ struct Phases {
 fn run_passes(
     params: &DirtyLogParams,
     vm: &MemstressVm,
-    shared: &Shared,
+    shared: &Lockstep,
     harvest: &mut Harvest,
     populate_start: Instant,
     observer: &mut Observer<'_>,
@@ -269,7 +270,7 @@ struct VcpuThreads(Vec<JoinHandle<PassLog>>);
 impl VcpuThreads {
     /// One thread per vCPU, each with its ring (if any). If a thread cannot be started, the
     /// ones already running are stopped and joined.
-    fn spawn(vcpus: Vec<VcpuFd>, shared: &Arc<Shared>, harvest: &Harvest) -> Result<Self, Error> {
+    fn spawn(vcpus: Vec<VcpuFd>, shared: &Arc<Lockstep>, harvest: &Harvest) -> Result<Self, Error> {
         let mut threads = VcpuThreads(Vec::new());
         for (index, vcpu) in vcpus.into_iter().enumerate() {
             let thread_shared = Arc::clone(shared);
@@ -298,7 +299,7 @@ impl VcpuThreads {
     }
 
     /// Tells the threads to quit, joins them: their logs and the first error one met.
-    fn stop(self, shared: &Shared) -> (Vec<PassLog>, Option<Error>) {
+    fn stop(self, shared: &Lockstep) -> (Vec<PassLog>, Option<Error>) {
         shared.quit.store(true, Ordering::Release);
         let logs = self
             .0
@@ -367,7 +368,7 @@ fn pages_written_per_pass(params: &DirtyLogParams, shape: MemstressShape) -> Vec
 }
 
 /// Spins until every vCPU has finished pass `pass` (or one failed).
-fn wait_for_pass(shared: &Shared, pass: u64) -> Result<(), Error> {
+fn wait_for_pass(shared: &Lockstep, pass: u64) -> Result<(), Error> {
     loop {
         if shared.failed.load(Ordering::Acquire) {
             return Err(Error::GuestFailed {
@@ -390,7 +391,7 @@ fn wait_for_pass(shared: &Shared, pass: u64) -> Result<(), Error> {
 fn vcpu_thread(
     mut vcpu: VcpuFd,
     index: u32,
-    shared: &Shared,
+    shared: &Lockstep,
     ring: Option<(Arc<Mutex<RingState>>, Arc<RingResetter>)>,
 ) -> PassLog {
     // When the ring fills mid-pass: move its entries aside for the next collection and

@@ -27,7 +27,6 @@ pub mod postcopy;
 pub mod progress;
 pub mod replies;
 pub mod source;
-pub mod stats;
 pub mod timeline;
 
 pub mod dest;

@@ -28,8 +28,6 @@
 use crate::stream_error::MigrateError;
 
 mod admit;
-#[cfg(test)]
-mod admit_tests;
 mod config;
 mod conn;
 pub mod iperf;
@@ -44,8 +42,6 @@ pub mod tcp;
 mod tls;
 pub mod unix;
 
-#[cfg(test)]
-mod records_tests;
 #[cfg(test)]
 mod tests;
 

@@ -14,7 +14,7 @@
 //! and every read and write has the I/O deadline.
 //!
 //! Why it reads what iperf3 reads (measured on the 2-core development
-//! machine, issue 28): with 1 MiB writes and reads it read 30-40 % below
+//! machine): with 1 MiB writes and reads it read 30-40 % below
 //! iperf3 (one copy of 1 MiB on each side does not stay in a 512 KiB L2;
 //! iperf3 writes and reads 128 KiB), and the first probe in a process read
 //! about half of the next one (fresh buffers and socket memory); 128 KiB

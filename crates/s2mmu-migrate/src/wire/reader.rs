@@ -314,7 +314,7 @@ impl<R: Read> WireReader<R> {
     /// the cache, rather than once the whole 1 MiB record is in. Reading
     /// 128 KiB at a time to keep every page in a core's L2 was measured
     /// and cost the plain-TCP destination more in system calls than it
-    /// saved (docs/incoming/wire6.md). The hashing is timed as
+    /// saved. The hashing is timed as
     /// [`RecvStages::check_ns`], the rest as the read.
     ///
     /// # Errors

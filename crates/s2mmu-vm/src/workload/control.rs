@@ -3,7 +3,7 @@
 //! switches, and the vCPU side of them: parking while paused and keeping
 //! to a pace (QEMU's dirty-limit).
 
-use super::{LiveCounters, VcpuState, Workload};
+use super::pass::{LiveCounters, VcpuState};
 use crate::vcpu::Vcpu;
 use crate::vm::VmFormat;
 use s2mmu::memslot::MemslotStore;
@@ -99,52 +99,6 @@ impl Control {
             .iter()
             .map(|l| l.writes.load(Ordering::Relaxed))
             .collect()
-    }
-}
-
-/// The host's pause and free-running switches.
-impl<S: MemslotStore + 'static, F: VmFormat> Workload<S, F> {
-    /// Lets vCPUs run passes back to back until [`Workload::pause`].
-    pub fn run_free(&self) {
-        self.control.free_running.store(true, Ordering::Release);
-        self.wake_vcpus();
-    }
-
-    /// Pauses every vCPU wherever it is (mid-pass included) and returns
-    /// once none executes guest accesses: the stop of a migration's
-    /// downtime. Free running resumes with [`Workload::resume`].
-    pub fn pause(&self) {
-        self.control.paused.store(true, Ordering::SeqCst);
-        while self
-            .control
-            .running
-            .iter()
-            .any(|r| r.load(Ordering::SeqCst))
-        {
-            if self.check_errors().is_err() {
-                return;
-            }
-            std::hint::spin_loop();
-        }
-    }
-
-    /// Asks every vCPU to pause at its next access without waiting for
-    /// them: one blocked in a fault (post-copy's page request) pauses
-    /// once its page is there. [`Workload::resume`] undoes it.
-    pub fn request_pause(&self) {
-        self.control.paused.store(true, Ordering::SeqCst);
-    }
-
-    /// Undoes [`Workload::pause`] and [`Workload::request_pause`].
-    pub fn resume(&self) {
-        self.control.paused.store(false, Ordering::SeqCst);
-        self.wake_vcpus();
-    }
-
-    /// Stops free running after the current passes (vCPUs then wait for
-    /// [`Workload::run_pass`]).
-    pub fn stop_free(&self) {
-        self.control.free_running.store(false, Ordering::Release);
     }
 }
 

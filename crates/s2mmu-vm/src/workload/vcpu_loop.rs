@@ -3,8 +3,8 @@
 //! steps out of guest mode where a pause, a full dirty ring, the throttle or
 //! the pace needs it, saving where it was so a pause can resume it.
 
-use super::control::{park, Pacer};
-use super::{stamp, Control, Rng, VcpuState, WorkloadConfig, LIVE_EVERY};
+use super::control::{park, Control, Pacer};
+use super::pass::{stamp, Rng, VcpuState, WorkloadConfig, LIVE_EVERY};
 use crate::vcpu::{Vcpu, VcpuExit};
 use crate::vm::VmFormat;
 use s2mmu::memslot::MemslotStore;

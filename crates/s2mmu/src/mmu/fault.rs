@@ -1,5 +1,5 @@
 //! The fault path: what the hardware reports about a stage-2 fault, the
-//! vCPU's state in the MMU, the read-lock fast path (seed 002) and the
+//! vCPU's state in the MMU, the read-lock fast path and the
 //! write-lock slow path, and the one place a fault marks a page dirty.
 
 use super::*;
@@ -191,7 +191,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         self.slow_fault(vcpu, gpa, write, &fs)
     }
 
-    /// The fast path (seed 002): relax a page (or a block of a slot that is
+    /// The fast path: relax a page (or a block of a slot that is
     /// not logged) under the read lock by compare-and-swap. The leaf must
     /// still be at the reported level: a huge mapping is never made
     /// writable while its slot is logged. `None`: go to the slow path.

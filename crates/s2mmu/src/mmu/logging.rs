@@ -1,5 +1,5 @@
 //! Memslot changes and dirty logging turned on and off: write protection
-//! of a slot, the eager split when logging starts (seed 004), huge pages
+//! of a slot, the eager split when logging starts, huge pages
 //! recovered when it stops.
 
 use super::*;

@@ -8,13 +8,13 @@
 //! one process:
 //! - fault path: permission relaxation under the read lock by
 //!   compare-and-swap ([`FaultPath::ReadLockFastPath`], arm64 since 5.17 /
-//!   seed 002) or every fault under the write lock (`FaultPath::WriteLock`, with the
+//!   the fast path) or every fault under the write lock (`FaultPath::WriteLock`, with the
 //!   `baselines` feature);
 //! - eager split when logging starts, in chunks that drop the lock between
-//!   them (seed 004), or split on fault;
-//! - the split walk ([`SplitPolicy`], seed 000);
-//! - large TLB ranges as one whole-VMID flush or split calls (seed 003);
-//! - memslots as the tree or the array (seed 001), through the store type.
+//!   them, or split on fault;
+//! - the split walk ([`SplitPolicy`]);
+//! - large TLB ranges as one whole-VMID flush or split calls;
+//! - memslots as the tree or the array, through the store type.
 //!
 //! Lock order: memslot updates and logging changes are serialised by an
 //! update mutex (KVM's `slots_lock`) and never hold the MMU lock while they
@@ -69,15 +69,7 @@ mod stats;
 mod strategy;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_bounds;
-#[cfg(test)]
-mod tests_slot_change;
-#[cfg(test)]
-mod tests_unchanged;
 mod views;
-#[cfg(test)]
-mod views_tests;
 
 pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};

@@ -7,7 +7,7 @@
 //! [`Mmu::dirty_pages`] does what a guest write's permission fault does to a
 //! logged page (make it writable, mark it dirty), page by page.
 //! `Mmu::set_tlb_large_range` (the `baselines` feature) switches the large-range TLB policy of a
-//! live MMU, so one process can measure both sides of seed 003.
+//! live MMU, so one process can measure both sides of the TLB range policy.
 
 use super::{FaultStats, Mmu};
 use crate::format::{Prot, PteFormat};

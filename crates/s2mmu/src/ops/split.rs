@@ -18,7 +18,7 @@ pub enum SplitPolicy {
     /// (the `baselines` feature only).
     #[cfg(feature = "baselines")]
     FullWalk,
-    /// Seed 000's RFC (2026-05-15, "v1" in split-perf): a last-level entry
+    /// The split walk's RFC (2026-05-15, "v1" in split-perf): a last-level entry
     /// returns "skip siblings" (its table holds pages only), and a block
     /// split all the way down returns "skip children".
     #[default]

@@ -7,6 +7,7 @@
 //! (PSCI SYSTEM_OFF). The benchmark compares the engine's boot with these
 //! on the same machine; this module only measures and reports.
 
+use s2mmu_stats::median;
 use std::fmt;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -290,12 +291,6 @@ pub struct BaselineSummary {
     pub median_poweroff_s: f64,
 }
 
-/// The median of `v` (the upper one of an even count); 0 when empty.
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 /// Boots `cfg` `runs` times (1..=20) and takes the medians. Every run must
 /// reach init with all vCPUs online and exit cleanly.
 ///
@@ -326,8 +321,8 @@ pub fn measure(
         out.push((r.init_s, r.poweroff_s));
     }
     Ok(BaselineSummary {
-        median_init_s: median(out.iter().map(|r| r.0).collect()),
-        median_poweroff_s: median(out.iter().map(|r| r.1).collect()),
+        median_init_s: median(&out.iter().map(|r| r.0).collect::<Vec<_>>()).unwrap_or(0.0),
+        median_poweroff_s: median(&out.iter().map(|r| r.1).collect::<Vec<_>>()).unwrap_or(0.0),
         runs: out,
     })
 }
@@ -335,13 +330,6 @@ pub fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 3.0);
-        assert_eq!(median(vec![]), 0.0);
-    }
 
     #[test]
     fn the_init_line_counts_only_when_complete() {

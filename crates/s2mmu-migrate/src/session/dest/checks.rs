@@ -2,7 +2,7 @@
 //! memory, each channel's END, and the
 //! byte comparison of verify-full.
 
-use super::receive::{check_end, page_offset, Shared};
+use super::receive::{check_end, page_offset, ReceiveState};
 use crate::hash::page_hash;
 use crate::stream_error::MigrateError;
 use crate::vm::SessionVm;
@@ -32,7 +32,7 @@ pub(super) fn snapshot_for(header: &Header) -> Result<Option<Vec<AtomicU64>>, Mi
 /// arrived, or (post-copy) be among the missing ones that come after the
 /// resume.
 pub(super) fn check_complete<V: SessionVm>(
-    sh: &Shared<'_, V>,
+    sh: &ReceiveState<'_, V>,
     postcopy_missing: Option<&[u64]>,
     vm: &V,
 ) -> Result<(), MigrateError> {

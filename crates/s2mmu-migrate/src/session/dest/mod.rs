@@ -29,7 +29,7 @@ pub use guest::{DestFactory, DestGuest, ResumedGuest};
 pub(crate) use join::Join;
 use join::{accept_and_join, join_channels, opener, Refusals};
 pub(crate) use receive::check_end;
-use receive::{populate, receive_channels, RawMem, Shared};
+use receive::{populate, receive_channels, RawMem, ReceiveState};
 use resume::resume_after_end;
 pub(crate) use resume::run_resumed;
 
@@ -222,7 +222,10 @@ fn receive_inner<C: Connection, D: DestFactory>(
 /// # Errors
 /// verify-full's snapshot cannot be had, or the guest's RAM is smaller
 /// than the stream's memory.
-fn shared_for<'a, V: SessionVm>(vm: &'a V, header: &Header) -> Result<Shared<'a, V>, MigrateError> {
+fn shared_for<'a, V: SessionVm>(
+    vm: &'a V,
+    header: &Header,
+) -> Result<ReceiveState<'a, V>, MigrateError> {
     let page_count = header.mem_size / PAGE_SIZE as u64;
     if vm.ram().size() < header.mem_size {
         return Err(MigrateError::Setup(format!(
@@ -231,7 +234,7 @@ fn shared_for<'a, V: SessionVm>(vm: &'a V, header: &Header) -> Result<Shared<'a,
             header.mem_size
         )));
     }
-    Ok(Shared {
+    Ok(ReceiveState {
         vm,
         raw: RawMem {
             base: vm.ram().host_addr() as *mut u8,

@@ -49,7 +49,7 @@ impl RawMem {
 }
 
 /// What the receiving threads share.
-pub(super) struct Shared<'a, V: SessionVm> {
+pub(super) struct ReceiveState<'a, V: SessionVm> {
     pub(super) vm: &'a V,
     pub(super) raw: RawMem,
     pub(super) channels: u16,
@@ -61,7 +61,7 @@ pub(super) struct Shared<'a, V: SessionVm> {
     pub(super) snapshot: Option<Vec<AtomicU64>>,
 }
 
-impl<V: SessionVm> Shared<'_, V> {
+impl<V: SessionVm> ReceiveState<'_, V> {
     /// Takes the data of the PAGES record just read on `channel` into
     /// guest memory (one vectored read for all its pages), checking each
     /// page.
@@ -213,7 +213,7 @@ pub(super) fn take_probe<R: Read>(rd: &mut WireReader<R>, h: &Header) -> Result<
 /// A further channel: its probe, then pages until its END.
 pub(super) fn channel_loop<V: SessionVm>(
     rd: &mut WireReader<BoxConn>,
-    sh: &Shared<'_, V>,
+    sh: &ReceiveState<'_, V>,
     h: &Header,
     channel: u16,
     probed: &std::sync::mpsc::Sender<Result<u64, MigrateError>>,
@@ -266,7 +266,7 @@ pub(super) struct Received {
 pub(super) fn receive_channels<C: Connection, V: SessionVm>(
     rd: &mut WireReader<&mut C>,
     extras: &mut [WireReader<BoxConn>],
-    sh: &Shared<'_, V>,
+    sh: &ReceiveState<'_, V>,
     header: &Header,
 ) -> Result<Received, MigrateError> {
     let sockets: Vec<ShutdownHandle> = extras
@@ -332,7 +332,7 @@ pub(super) fn receive_channels<C: Connection, V: SessionVm>(
 /// is in), then pages and control records until END or POSTCOPY.
 pub(super) fn main_channel<C: Connection, V: SessionVm>(
     rd: &mut WireReader<&mut C>,
-    sh: &Shared<'_, V>,
+    sh: &ReceiveState<'_, V>,
     header: &Header,
     probes: &std::sync::mpsc::Receiver<Result<u64, MigrateError>>,
 ) -> Result<Received, MigrateError> {

@@ -44,7 +44,7 @@ fn a_page_that_fails_its_check_is_no_longer_received() {
     let mut stream = w.into_inner();
     *stream.last_mut().unwrap() ^= 1;
     let mut rd = WireReader::replies(std::io::Cursor::new(stream));
-    let received = |sh: &super::Shared<'_, SimVm<Arm64Stage2>>| {
+    let received = |sh: &super::ReceiveState<'_, SimVm<Arm64Stage2>>| {
         sh.received[0].load(Ordering::Relaxed) & (1 << 3) != 0
     };
     assert!(matches!(

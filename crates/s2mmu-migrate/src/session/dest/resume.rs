@@ -4,7 +4,7 @@
 use super::checks::compare_with_snapshot;
 use super::config::{DestConfig, DestOutcome, ResumeParts};
 use super::guest::{DestGuest, ResumedGuest};
-use super::receive::Shared;
+use super::receive::ReceiveState;
 use crate::hash::digest_of_iter;
 use crate::stream_error::MigrateError;
 use crate::transport::Connection;
@@ -31,7 +31,7 @@ pub(super) struct Clock {
 pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
     rd: &mut WireReader<&mut C>,
     guest: &G,
-    sh: &Shared<'_, G::Vm>,
+    sh: &ReceiveState<'_, G::Vm>,
     state: &G::State,
     cfg: &DestConfig,
     clock: Clock,
@@ -124,7 +124,7 @@ fn verify_pass<C: Connection, V: SessionVm>(
 }
 
 /// Each slot's digest of the memory the guest resumes from.
-pub(super) fn slot_digests<V: SessionVm>(vm: &V, sh: &Shared<'_, V>) -> Vec<(u16, u64)> {
+pub(super) fn slot_digests<V: SessionVm>(vm: &V, sh: &ReceiveState<'_, V>) -> Vec<(u16, u64)> {
     vm.slots()
         .iter()
         .map(|s| {

@@ -283,13 +283,13 @@ pub fn decode_missing(body: &[u8], at_byte: u64, pages: u64) -> Result<Vec<u64>,
 }
 
 /// The median and the 99th percentile of `v`, 0 for none, by
-/// `crate::stats` (the median of an even count rounded half up, the
+/// `s2mmu_stats` (the median of an even count rounded half up, the
 /// percentile interpolated between ranks and rounded).
 pub fn median_p99(v: &[u64]) -> (u64, u64) {
     let f: Vec<f64> = v.iter().map(|&x| x as f64).collect();
     (
-        super::stats::median_u64(v).unwrap_or(0),
-        super::stats::percentile(&f, 99.0).map_or(0, |p| p.round() as u64),
+        s2mmu_stats::median_u64(v).unwrap_or(0),
+        s2mmu_stats::percentile(&f, 99.0).map_or(0, |p| p.round() as u64),
     )
 }
 

@@ -1,10 +1,10 @@
 //! The guest's figures over a run's phases: its counters at an instant
 //! and its speed between two of them, which the source's endings share.
 
-use super::super::stats::median;
 use super::super::timeline::{intervals, Sample};
 use super::outcome::Phase;
 use crate::vm::GuestRun;
+use s2mmu_stats::median;
 use std::time::Instant;
 
 /// Bytes in a MiB, for the progress lines.

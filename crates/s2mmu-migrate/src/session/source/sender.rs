@@ -99,7 +99,7 @@ impl Chan {
                 // The batch's pages are hashed when it is written, all at
                 // once: hashing every 8 pages as they were copied (while in
                 // L1) was slower in a microbenchmark and no faster in whole
-                // migrations (docs/incoming/wire6.md).
+                // migrations.
                 if self.batch.is_full() {
                     self.flush_batch(bucket)?;
                 }

@@ -4,7 +4,7 @@
 //!
 //! Done by hand rather than with rust-vmm's `linux-loader`: its arm64
 //! `Image` loader (`loader::pe::PE`) is compiled only when the *host* is
-//! aarch64 or riscv64 (`#[cfg(target_arch = ...)]` in its `loader/mod.rs`),
+//! aarch64 or riscv64 (`#[cfg(target_arch = ...)]` in its `loader` module),
 //! and this host is x86_64 running QEMU's model. What it does is small: read
 //! the 64-byte header (`text_offset`, `image_size`, `flags`, magic
 //! `ARM\x64`), put the image at a 2 MiB-aligned base plus `text_offset`

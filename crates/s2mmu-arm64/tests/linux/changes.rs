@@ -1,0 +1,161 @@
+//! The stage-2 changes a host makes under a running Linux while the
+//! guest's dirtier writes and checks its data on 2 vCPUs and the host
+//! harvests (write protection, every 100 ms) and hashes every page: pages
+//! moved by the MMU notifier, and logging stopped (blocks collapsed back in
+//! place) and started again. The dirtier's own check must pass and no page
+//! may be lost.
+
+use crate::common;
+
+use s2mmu::mmu::DirtyMode;
+use s2mmu_arm64::linux::changes::{HostChange, FB_IPA, FB_SIZE};
+use s2mmu_arm64::linux::dirty::{self, HarvestConfig, HarvestReport};
+use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
+use std::time::Duration;
+
+/// Runs the dirtier for 10 s on anonymous memory and tmpfs under `change`
+/// and returns the harvester's report once the guest's check passed and
+/// nothing was lost.
+fn run(mode: Option<DirtyMode>, change: HostChange) -> Option<HarvestReport> {
+    let d = run_args(mode, change, "mem=48,file=8,secs=10", "ok")?;
+    assert!(d.changed > 1000, "the guest changed {} pages", d.changed);
+    Some(d)
+}
+
+/// Runs the dirtier with `args` under `change`; its line
+/// `s2mmu-dirtier: {ok}` must show and no page may be lost.
+fn run_args(
+    mode: Option<DirtyMode>,
+    change: HostChange,
+    args: &str,
+    ok: &str,
+) -> Option<HarvestReport> {
+    let _one = common::serial();
+    let a = common::linux_assets()?;
+    let r = vm::run(&LinuxConfig {
+        vcpus: 2,
+        mem: 256 << 20,
+        kernel: a.image,
+        initrd: a.initramfs,
+        cmdline: format!("quiet s2mmu.run=dirtier s2mmu.args={args}"),
+        echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
+        timeout: Duration::from_secs(600),
+        dirty: HarvestConfig {
+            mode,
+            period: Duration::from_millis(100),
+            drop_invalidations_from: None,
+            discard_log: None,
+            change,
+            cut_after: None,
+        },
+        ram_pages: Default::default(),
+        engine: Default::default(),
+    })
+    .expect("the Linux VM runs");
+    let d = r.dirty.clone().expect("the harvester ran");
+    eprintln!("{mode:?} {change:?}: {:.1} s; dirty {d:?}", r.total_s);
+    assert_eq!(r.reason, StopReason::PowerOff, "console:\n{}", r.console);
+    assert!(
+        r.console.contains(&format!("s2mmu-dirtier: {ok}")),
+        "the guest's own check; console:\n{}",
+        r.console
+    );
+    assert!(d.changed > 0, "the guest changed no page");
+    assert_eq!(d.lost, 0, "lost pages: {:x?}", d.lost_examples);
+    Some(d)
+}
+
+/// The MMU notifier moves 32 of the pages each harvest logged (the
+/// dirtier's, mostly) to other host pages and poisons the old ones: a
+/// stale translation would make the dirtier read poison, a dropped dirty
+/// mark would show as a lost page.
+#[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
+fn linux_pages_remapped_under_the_dirtier() {
+    for mode in [Some(dirty::WP), Some(dirty::HW)] {
+        let Some(d) = run(mode, HostChange::Remap { pages: 32 }) else {
+            return;
+        };
+        assert!(d.remapped >= 100, "{} pages remapped", d.remapped);
+    }
+}
+
+/// Logging stops after the 5th harvest: the engine collapses the split
+/// blocks back in place (no fault to get them back); 5 periods later it
+/// starts again (split again) and the check goes on.
+#[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
+fn linux_blocks_collapsed_in_place_when_logging_stops() {
+    let Some(d) = run(Some(dirty::WP), HostChange::Collapse { at: 5, after: 5 }) else {
+        return;
+    };
+    assert_eq!(d.pauses, 1);
+    assert!(d.collapsed > 0, "no block collapsed: {d:?}");
+    assert!(d.harvests > 10, "{} harvests", d.harvests);
+}
+
+/// A logged memslot outside RAM moves: the dirtier writes and checks a
+/// framebuffer it maps through `/dev/mem` (a device-tree region at
+/// `FB_IPA`); at the 20th harvest the host deletes its slot, copies it to
+/// other host memory and adds it again at the same IPA, logging. The
+/// dirtier's check passes, and every changed page of it is in a log.
+/// (Write-protection modes: faults on the slot wait during the move; with
+/// hardware dirty state a write needs no fault, so the move would have to
+/// stop the vCPUs, which this host side does not do yet.)
+#[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
+fn linux_framebuffer_slot_moved_while_logged() {
+    for mode in [Some(dirty::WP), Some(dirty::RING)] {
+        let args = format!("fb={FB_IPA:#x}:{FB_SIZE:#x},secs=8");
+        let Some(d) = run_args(mode, HostChange::MoveSlot { at: 20 }, &args, "ok fb") else {
+            return;
+        };
+        assert_eq!(d.moves, 1, "{d:?}");
+    }
+}
+
+/// A framebuffer move under hardware dirty state (writes need no fault, so
+/// holding faults does not hold them) is refused before QEMU starts, as is
+/// any change without logging.
+#[test]
+fn changes_the_mode_cannot_hold_are_refused() {
+    for (mode, change) in [
+        (Some(dirty::HW), HostChange::MoveSlot { at: 1 }),
+        (None, HostChange::MoveSlot { at: 1 }),
+        (None, HostChange::Remap { pages: 1 }),
+    ] {
+        let e = vm::run(&LinuxConfig {
+            vcpus: 1,
+            mem: 256 << 20,
+            kernel: "/nonexistent/Image".into(),
+            initrd: "/nonexistent/initrd".into(),
+            cmdline: String::new(),
+            echo: false,
+            timeout: Duration::from_secs(1),
+            dirty: HarvestConfig {
+                mode,
+                period: Duration::from_millis(100),
+                drop_invalidations_from: None,
+                discard_log: None,
+                change,
+                cut_after: None,
+            },
+            ram_pages: Default::default(),
+            engine: Default::default(),
+        })
+        .expect_err("refused");
+        assert!(
+            matches!(&e, s2mmu_arm64::Arm64Error::Config(m) if m.contains("host change")),
+            "{e:?}"
+        );
+    }
+}
