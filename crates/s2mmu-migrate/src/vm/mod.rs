@@ -8,11 +8,8 @@ pub mod regions;
 mod regions_tests;
 mod words;
 
-pub use regions::{RamRegion, RamRegions, RegionError};
+pub use regions::{RamRegion, RamRegions, RamSlot, RegionError, PAGE_SIZE};
 use std::fmt;
-
-/// Bytes of one guest page as migration moves it.
-pub const PAGE_SIZE: usize = 4096;
 
 /// An error of the VM behind the interface, with its text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,19 +32,6 @@ impl fmt::Display for VmError {
 }
 
 impl std::error::Error for VmError {}
-
-/// One memslot of guest RAM as the network session moves it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RamSlot {
-    /// The slot's id in the dirty log.
-    pub id: u16,
-    /// Guest-physical base.
-    pub gpa: u64,
-    /// Bytes.
-    pub size: u64,
-    /// Offset of its memory in [`SessionVm::ram`].
-    pub mem_offset: u64,
-}
 
 /// A page a dirty ring named: its slot's id and its page index there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,14 +84,14 @@ pub unsafe trait GuestRam: Send + Sync {
     /// they are not all inside, or `offset` or the length is not a
     /// multiple of 8.
     fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
-        words::read(self, offset, out)
+        words::read(self.size(), |o| self.host_span(o), offset, out)
     }
 
     /// Copies `data` to `offset`, per 8-byte word; false (and nothing
     /// written) when it does not fit, or `offset` or the length is not a
     /// multiple of 8.
     fn write_from(&self, offset: u64, data: &[u8]) -> bool {
-        words::write(self, offset, data)
+        words::write(self.size(), |o| self.host_span(o), offset, data)
     }
 }
 

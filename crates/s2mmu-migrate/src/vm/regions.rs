@@ -8,8 +8,23 @@
 //! [`RamSlot::mem_offset`], so the dirty log's bit `i` of slot `k` is page
 //! `mem_offset / PAGE_SIZE + i` of guest RAM.
 
-use super::{RamSlot, PAGE_SIZE};
 use std::fmt;
+
+/// Bytes of one guest page as migration moves it.
+pub const PAGE_SIZE: usize = 4096;
+
+/// One memslot of guest RAM as the network session moves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RamSlot {
+    /// The slot's id in the dirty log.
+    pub id: u16,
+    /// Guest-physical base.
+    pub gpa: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Offset of its memory in guest RAM (`SessionVm::ram`).
+    pub mem_offset: u64,
+}
 
 /// The most regions guest RAM may have (one memslot each; the stream's
 /// own bound on memslots, `wire::MAX_SLOTS`, is the same).
