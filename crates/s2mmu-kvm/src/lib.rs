@@ -36,6 +36,7 @@ pub mod kvm_handle;
 /// Guest memory: the `s2mmu-memory` crate, which the simulated VM shares.
 pub use s2mmu_memory as memory;
 pub mod memslot_perf;
+pub mod migrate;
 pub mod page_tables;
 pub mod sys;
 pub mod vm;
