@@ -199,3 +199,58 @@ pub fn decode_vcpus(body: &[u8], vcpus: usize) -> Result<Vec<VcpuState>, StateEr
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(seed: u64) -> VcpuState {
+        let mut v = VcpuState::default();
+        (v.regs.rax, v.regs.rip, v.regs.rflags, v.regs.r15) = (seed, seed + 1, 2, !seed);
+        v.sregs.cs = kvm_segment {
+            base: 7,
+            limit: 0xffff_ffff,
+            selector: 0x23,
+            type_: 11,
+            present: 1,
+            dpl: 3,
+            l: 1,
+            s: 1,
+            ..Default::default()
+        };
+        v.sregs.gdt = kvm_dtable {
+            base: 0x1000,
+            limit: 0x2f,
+            padding: [0; 3],
+        };
+        (v.sregs.cr3, v.sregs.efer, v.sregs.interrupt_bitmap[3]) = (0x10000, 0x500, 1 << 63);
+        v
+    }
+
+    #[test]
+    fn every_field_round_trips() {
+        let vcpus = [sample(5), sample(9)];
+        let body = encode_vcpus(&vcpus).unwrap();
+        assert_eq!(decode_vcpus(&body, 2).unwrap(), vcpus);
+    }
+
+    #[test]
+    fn a_state_of_another_shape_is_refused_by_name() {
+        let body = encode_vcpus(&[sample(1), sample(2)]).unwrap();
+        // One vCPU more than this guest has, one fewer.
+        assert!(matches!(
+            decode_vcpus(&body, 1),
+            Err(StateError::TooLarge { .. })
+        ));
+        let e = decode_vcpus(&body, 3).unwrap_err();
+        assert_eq!(e, StateError::MissingSection { tag: VCPU_TAG + 2 });
+        // A section cut short names the field it lost.
+        let cut = VcpuState::decode(&sample(1).encode()[..100], VCPU_TAG).unwrap_err();
+        assert!(matches!(cut, StateError::Truncated { .. }), "{cut:?}");
+        // Damage anywhere fails the checksum before any field is read.
+        let mut bad = body.clone();
+        bad[40] ^= 1;
+        assert!(decode_vcpus(&bad, 2).is_err());
+        assert!(encode_vcpus(&vec![VcpuState::default(); MAX_STATE_VCPUS + 1]).is_err());
+    }
+}

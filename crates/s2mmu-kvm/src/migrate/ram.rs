@@ -126,3 +126,41 @@ unsafe impl GuestRam for KvmRam {
         self.regions.host_span(offset)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_are_mapped_and_numbered_in_guest_physical_order() {
+        let ram = KvmRam::new(&[(1 << 32, 2 << 20), (0, 1 << 20)], Backing::Anonymous).unwrap();
+        assert_eq!(ram.size(), 3 << 20);
+        let slots = ram.regions().slots();
+        assert_eq!(
+            (slots[0].gpa, slots[1].gpa, slots[1].mem_offset),
+            (0, 1 << 32, 1 << 20)
+        );
+        ram.write_gpa((1 << 32) + 8, &7u64.to_le_bytes()).unwrap();
+        let mut word = [0u8; 8];
+        assert!(ram.read_into((1 << 20) + 8, &mut word));
+        assert_eq!(u64::from_le_bytes(word), 7);
+        assert!(
+            ram.write_gpa((1 << 32) + (2 << 20) - 4, &[0u8; 8]).is_err(),
+            "leaves the region"
+        );
+        assert!(ram.write_gpa(1 << 30, &[0u8; 8]).is_err(), "in the hole");
+        assert_eq!(ram.page_hashes().len(), 768);
+    }
+
+    #[test]
+    fn a_bad_layout_is_refused_before_anything_is_mapped() {
+        let e = KvmRam::new(&[(0, 2 << 20), (1 << 20, 1 << 20)], Backing::Anonymous).unwrap_err();
+        assert!(e.to_string().contains("overlap in guest-physical"), "{e}");
+        let e = KvmRam::new(&[(0, 100)], Backing::Anonymous).unwrap_err();
+        assert!(e.to_string().contains("size"), "{e}");
+        // Far more than this host has: refused by the bound, not by mmap.
+        let e = KvmRam::new(&[(0, 1 << 40)], Backing::Anonymous).unwrap_err();
+        assert!(e.to_string().contains("at most"), "{e}");
+        assert!(KvmRam::new(&[], Backing::Anonymous).is_err());
+    }
+}
