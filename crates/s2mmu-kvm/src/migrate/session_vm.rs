@@ -28,6 +28,22 @@ pub enum KvmDirtyLog {
     },
 }
 
+/// A VM's vCPUs as created, before they run: only [`super::vcpus::KvmVcpus`]
+/// runs them, and it keeps the VM (and so the memory its memslots name)
+/// alive for as long as they exist.
+#[derive(Debug)]
+pub struct NewVcpus {
+    pub(super) fds: Vec<VcpuFd>,
+    pub(super) vm: Arc<KvmVm>,
+}
+
+impl NewVcpus {
+    /// The vCPUs, to set their registers (`KVM_SET_REGS`, ...) before they run.
+    pub fn fds(&self) -> &[VcpuFd] {
+        &self.fds
+    }
+}
+
 /// A KVM VM with its RAM in memslots `first_slot..`, one per region.
 #[derive(Debug)]
 pub struct KvmVm {
@@ -46,7 +62,9 @@ pub struct KvmVm {
 impl KvmVm {
     /// Creates a VM over `ram` (memslots `first_slot..`, in guest-physical
     /// order) with `vcpus` vCPUs and the dirty log `log`, and returns it
-    /// with the vCPUs (their CPUID set; registers are the caller's).
+    /// with the vCPUs (their CPUID set; registers are the caller's). The
+    /// vCPUs are not handed out bare: a vCPU that ran after the VM and its
+    /// memory were gone would write to host memory reused since.
     ///
     /// # Errors
     /// KVM's refusals, by ioctl; [`Error::CapabilityMissing`] where the
@@ -58,7 +76,7 @@ impl KvmVm {
         vcpus: u32,
         log: KvmDirtyLog,
         first_slot: u32,
-    ) -> Result<(KvmVm, Vec<VcpuFd>), Error> {
+    ) -> Result<(Arc<KvmVm>, NewVcpus), Error> {
         if vcpus == 0 || vcpus as usize > super::cpu_state::MAX_STATE_VCPUS {
             return Err(Error::invalid(
                 "vcpus",
@@ -105,7 +123,8 @@ impl KvmVm {
             }
             fds.push(fd);
         }
-        Ok((this, fds))
+        let vm = Arc::new(this);
+        Ok((vm.clone(), NewVcpus { fds, vm }))
     }
 
     /// The dirty log it keeps.

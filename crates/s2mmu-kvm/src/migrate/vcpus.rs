@@ -9,6 +9,7 @@
 //! else cannot use this runner.
 
 use super::cpu_state::VcpuState;
+use super::session_vm::{KvmVm, NewVcpus};
 use crate::Error;
 use kvm_bindings::KVM_EXIT_DIRTY_RING_FULL;
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -75,24 +76,26 @@ impl Shared {
 pub struct KvmVcpus {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// Dropped after the threads are joined: the memory the vCPUs write
+    /// outlives them.
+    _vm: Arc<KvmVm>,
 }
 
 impl KvmVcpus {
-    /// Loads `state` into `fds` (one each; none: the registers as set) and
-    /// starts a thread per vCPU, paused when `paused`. `ring_full` is the
-    /// VM's flags (`KvmVm::ring_full_flags`); `handler` takes the other
-    /// exits.
+    /// Loads `state` into the vCPUs (one each; none: the registers as
+    /// set) and starts a thread per vCPU, paused when `paused`; `handler`
+    /// takes the exits the runner does not.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a state per vCPU that does not
     /// match; `KVM_SET_REGS`/`KVM_SET_SREGS` refused.
     pub fn start(
-        fds: Vec<VcpuFd>,
+        vcpus: NewVcpus,
         state: Option<&[VcpuState]>,
-        ring_full: Arc<[AtomicBool]>,
         handler: Arc<ExitHandler>,
         paused: bool,
     ) -> Result<KvmVcpus, Error> {
+        let NewVcpus { fds, vm } = vcpus;
         if let Some(st) = state {
             if st.len() != fds.len() {
                 let why = format!("{} states for {} vCPUs", st.len(), fds.len());
@@ -114,7 +117,7 @@ impl KvmVcpus {
             cv: Condvar::new(),
             passes: fds.iter().map(|_| AtomicU64::new(0)).collect(),
             fds: fds.into_iter().map(Mutex::new).collect(),
-            ring_full,
+            ring_full: vm.ring_full_flags(),
             handler,
         });
         let threads = (0..shared.fds.len())
@@ -123,7 +126,11 @@ impl KvmVcpus {
                 std::thread::spawn(move || vcpu_loop(&sh, i))
             })
             .collect();
-        Ok(KvmVcpus { shared, threads })
+        Ok(KvmVcpus {
+            shared,
+            threads,
+            _vm: vm,
+        })
     }
 
     /// Each vCPU's progress: the units its exits counted.

@@ -12,14 +12,14 @@
 
 use super::cpu_state::{decode_vcpus, encode_vcpus, VcpuState};
 use super::ram::KvmRam;
-use super::session_vm::{KvmDirtyLog, KvmVm};
+use super::session_vm::{KvmDirtyLog, KvmVm, NewVcpus};
 use super::vcpus::{ExitHandler, KvmVcpus};
 use crate::asm::{Assembler, Cond, Reg};
 use crate::memory::Backing;
 use crate::page_tables::GuestPageTables;
 use crate::vm::{CODE_GPA, GDT_GPA, MMIO_DOORBELL_GPA, PAGE_TABLES_GPA, STACK_TOP_GPA};
 use crate::{cpu_mode, Error};
-use kvm_ioctls::{Kvm, VcpuExit, VcpuFd};
+use kvm_ioctls::{Kvm, VcpuExit};
 use s2mmu::format::ept::EptFormat;
 use s2mmu::format::FormatId;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
@@ -79,10 +79,9 @@ pub struct WriterGuest {
     vcpus: KvmVcpus,
 }
 
-fn fresh_vm(kvm: &Kvm, log: KvmDirtyLog) -> Result<(Arc<KvmVm>, Vec<VcpuFd>), Error> {
+fn fresh_vm(kvm: &Kvm, log: KvmDirtyLog) -> Result<(Arc<KvmVm>, NewVcpus), Error> {
     let ram = Arc::new(KvmRam::new(&layout(), Backing::Anonymous)?);
-    let (vm, fds) = KvmVm::create(kvm, ram, 1, log, FIRST_SLOT)?;
-    Ok((Arc::new(vm), fds))
+    KvmVm::create(kvm, ram, 1, log, FIRST_SLOT)
 }
 
 impl WriterGuest {
@@ -104,7 +103,7 @@ impl WriterGuest {
         ram.write_gpa(GDT_GPA, &cpu_mode::gdt_bytes())?;
         ram.write_gpa(CODE_GPA, &writer_program())?;
         ram.write_gpa(PAGE_TABLES_GPA, &tables.bytes())?;
-        let fd = &fds[0];
+        let fd = &fds.fds()[0];
         let mut sregs = fd
             .get_sregs()
             .map_err(|e| Error::from_errno("KVM_GET_SREGS", e))?;
@@ -115,7 +114,7 @@ impl WriterGuest {
         (regs.rip, regs.rsp, regs.rflags) = (CODE_GPA, STACK_TOP_GPA, 2);
         (regs.rdi, regs.rsi, regs.r8, regs.rax) = (DATA_GVA, DATA_PAGES, MMIO_DOORBELL_GPA, 0);
         let state = [VcpuState { regs, sregs }];
-        let vcpus = KvmVcpus::start(fds, Some(&state), vm.ring_full_flags(), exits(), false)?;
+        let vcpus = KvmVcpus::start(fds, Some(&state), exits(), false)?;
         Ok(WriterGuest { vm, vcpus })
     }
 
@@ -225,7 +224,7 @@ pub struct WriterDest {
 /// A blank guest waiting for the stream.
 pub struct BlankWriter {
     vm: Arc<KvmVm>,
-    fds: Mutex<Option<Vec<VcpuFd>>>,
+    fds: Mutex<Option<NewVcpus>>,
     started: Started,
 }
 
@@ -275,8 +274,7 @@ impl DestGuest for BlankWriter {
         let counter = state.first().map_or(0, |s| s.regs.rax);
         *self.started.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((self.vm.ram().page_hashes(), counter));
-        let flags = self.vm.ring_full_flags();
-        let vcpus = KvmVcpus::start(fds, Some(state), flags, exits(), false).map_err(state_err)?;
+        let vcpus = KvmVcpus::start(fds, Some(state), exits(), false).map_err(state_err)?;
         Ok(WriterGuest {
             vm: self.vm.clone(),
             vcpus,
