@@ -410,6 +410,9 @@ pub(super) fn populate<R: Read + Write, V: SessionVm>(
     let mut off = 0u64;
     while let Some((host, span)) = mem.host_span(off) {
         let len = chunk.min(span);
+        if len == 0 {
+            break; // outside GuestRam's contract: nothing more to populate
+        }
         // SAFETY: the range lies inside one of the VM's own live mappings
         // (`host_span`); the advice only faults its pages in (their
         // contents stay zero).
