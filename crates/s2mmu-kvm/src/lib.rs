@@ -16,6 +16,10 @@
 //! - [`memslot_perf::kvm_memslot_ops`]: memslot setup / move / delete times.
 //! - [`host::HostInfo`]: kernel, CPU and KVM module description for reports.
 //! - [`kvm_unusable_reason`]: `None` where guests run; else a one-line reason to skip.
+//! - [`migrate`]: the migration library (`s2mmu-migrate`) over a KVM guest: RAM in
+//!   regions, KVM's dirty bitmap with `KVM_CLEAR_DIRTY_LOG` or its dirty rings, vCPU
+//!   threads and their registers; `examples/kvm_migrate.rs` moves a guest between
+//!   processes with it.
 //!
 //! Building blocks: [`vm::MemstressVm`] (VM, slots, vCPUs in user long mode),
 //! [`memory::GuestMemory`] (anonymous / THP / hugetlb backings, the `s2mmu-memory` crate the
@@ -36,6 +40,7 @@ pub mod kvm_handle;
 /// Guest memory: the `s2mmu-memory` crate, which the simulated VM shares.
 pub use s2mmu_memory as memory;
 pub mod memslot_perf;
+pub mod migrate;
 pub mod page_tables;
 pub mod sys;
 pub mod vm;

@@ -28,37 +28,17 @@ const PAGE: u64 = 4096;
 /// Guest RAM: one allocation of 8-byte words, only ever accessed atomically.
 struct Ram(Box<[AtomicU64]>);
 
-impl Ram {
-    fn at(&self, offset: u64, len: usize) -> Option<&[AtomicU64]> {
-        let o = usize::try_from(offset).ok()?;
-        (o.is_multiple_of(8) && len.is_multiple_of(8)).then_some(())?;
-        self.0.get(o / 8..o.checked_add(len)? / 8)
-    }
-}
-
-// SAFETY: `host_addr()` is the start of one live allocation of `size()`
-// bytes, 8-byte aligned, owned by the value, and every access (here and by
-// the vCPU thread) is an atomic word access.
+// SAFETY: `host_span` names the rest of one live allocation of `size()`
+// bytes (a multiple of the page size), 8-byte aligned, owned by the value,
+// and every access (the library's and the vCPU thread's) is an atomic word
+// access. (A VMM with several mappings answers with `RamRegions`; the
+// library's word copies `read_into`/`write_from` are the trait's own.)
 unsafe impl GuestRam for Ram {
     fn size(&self) -> u64 {
         self.0.len() as u64 * 8
     }
-    fn host_addr(&self) -> u64 {
-        self.0.as_ptr() as u64
-    }
-    fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
-        let ws = self.at(offset, out.len()).unwrap_or_default();
-        for (w, c) in ws.iter().zip(out.chunks_exact_mut(8)) {
-            c.copy_from_slice(&w.load(SeqCst).to_le_bytes());
-        }
-        !ws.is_empty() || out.is_empty()
-    }
-    fn write_from(&self, offset: u64, data: &[u8]) -> bool {
-        let ws = self.at(offset, data.len()).unwrap_or_default();
-        for (w, c) in ws.iter().zip(data.chunks_exact(8)) {
-            w.store(u64::from_le_bytes(c.try_into().expect("8 bytes")), SeqCst);
-        }
-        !ws.is_empty() || data.is_empty()
+    fn host_span(&self, offset: u64) -> Option<(u64, u64)> {
+        (offset < self.size()).then(|| (self.0.as_ptr() as u64 + offset, self.size() - offset))
     }
 }
 

@@ -45,12 +45,12 @@ type Error = Box<dyn std::error::Error>;
 
 /// The guest's RAM as words (the guest thread and the VMM touch it at
 /// once), page aligned.
-struct GuestRam(Vec<AtomicU64>);
+struct Ram(Vec<AtomicU64>);
 
-impl GuestRam {
-    fn new() -> GuestRam {
+impl Ram {
+    fn new() -> Ram {
         // One page more than needed, so that a page-aligned start fits.
-        GuestRam((0..(RAM + PAGE) / 8).map(|_| AtomicU64::new(0)).collect())
+        Ram((0..(RAM + PAGE) / 8).map(|_| AtomicU64::new(0)).collect())
     }
     fn words(&self) -> &[AtomicU64] {
         let skip = (PAGE - (self.0.as_ptr() as usize % PAGE)) % PAGE / 8;
@@ -72,7 +72,7 @@ impl GuestRam {
 /// hold of `run` (the VMM pauses it by taking `run`) and a batch about
 /// every millisecond; a write to a page the stage-2 table does not let it
 /// write is a fault.
-fn guest(mmu: &Vm, ram: &GuestRam, run: &Mutex<()>, stop: &AtomicBool) -> Result<u64, Error> {
+fn guest(mmu: &Vm, ram: &Ram, run: &Mutex<()>, stop: &AtomicBool) -> Result<u64, Error> {
     let mut vcpu = mmu.new_vcpu()?;
     let reader = mmu.reader();
     let (mut x, mut n, mut faults) = (0x2545_f491_4f6c_dd1d_u64, 0u64, 0);
@@ -116,7 +116,7 @@ fn take(mmu: &Vm, view: DirtyView) -> Result<Vec<usize>, Error> {
 
 /// Writes `pages` of `ram` to `path`: per page its number (u64 LE) and
 /// its 4096 bytes.
-fn write_snapshot(path: &Path, ram: &GuestRam, pages: &[usize]) -> Result<(), Error> {
+fn write_snapshot(path: &Path, ram: &Ram, pages: &[usize]) -> Result<(), Error> {
     let mut f = BufWriter::new(std::fs::File::create(path)?);
     for &p in pages {
         f.write_all(&(p as u64).to_le_bytes())?;
@@ -129,7 +129,7 @@ fn write_snapshot(path: &Path, ram: &GuestRam, pages: &[usize]) -> Result<(), Er
 }
 
 /// Applies the snapshot file at `path` to `ram`.
-fn apply_snapshot(path: &Path, ram: &GuestRam) -> Result<(), Error> {
+fn apply_snapshot(path: &Path, ram: &Ram) -> Result<(), Error> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)?.read_to_end(&mut bytes)?;
     for rec in bytes.chunks(8 + PAGE) {
@@ -164,7 +164,7 @@ fn main() -> ExitCode {
 }
 
 fn run(dir: &Path) -> Result<(), Error> {
-    let ram = GuestRam::new();
+    let ram = Ram::new();
     let mmu: Vm = Mmu::new(
         Arm64Stage2::new(Granule::K4, 48)?,
         HostMmOps::new(PAGE)?,
@@ -218,7 +218,7 @@ fn run(dir: &Path) -> Result<(), Error> {
         RAM >> 20
     );
     // Restore onto fresh memory, checking each prefix against its hash.
-    let restored = GuestRam::new();
+    let restored = Ram::new();
     for (k, (path, _, hash)) in taken.iter().enumerate() {
         apply_snapshot(path, &restored)?;
         if restored.hash() != *hash {

@@ -47,23 +47,23 @@ const WRITES_PER_VCPU: u64 = 400_000;
 /// Guest RAM: host memory, 2 MiB aligned so the slot can be mapped with
 /// blocks before logging starts, read and written as words so that a vCPU
 /// and the harvest thread may touch it at once.
-struct GuestRam {
+struct Ram {
     ptr: *mut AtomicU64,
     layout: Layout,
 }
 
 // SAFETY: the memory is only ever accessed through `AtomicU64`s.
-unsafe impl Send for GuestRam {}
+unsafe impl Send for Ram {}
 // SAFETY: as above.
-unsafe impl Sync for GuestRam {}
+unsafe impl Sync for Ram {}
 
-impl GuestRam {
-    fn new(bytes: usize) -> GuestRam {
+impl Ram {
+    fn new(bytes: usize) -> Ram {
         let layout = Layout::from_size_align(bytes, 2 << 20).expect("layout");
         // SAFETY: the layout has a nonzero size.
         let ptr = unsafe { alloc_zeroed(layout) } as *mut AtomicU64;
         assert!(!ptr.is_null(), "out of memory for guest RAM");
-        GuestRam { ptr, layout }
+        Ram { ptr, layout }
     }
     fn words(&self) -> &[AtomicU64] {
         // SAFETY: `ptr` holds `layout.size()` zeroed bytes, 8-aligned, alive
@@ -75,7 +75,7 @@ impl GuestRam {
     }
 }
 
-impl Drop for GuestRam {
+impl Drop for Ram {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
         unsafe { dealloc(self.ptr as *mut u8, self.layout) }
@@ -128,7 +128,7 @@ type Vm = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
 fn run_vcpu(
     mmu: &Vm,
     tlb: &GuestTlb,
-    ram: &GuestRam,
+    ram: &Ram,
     id: usize,
     logging: &AtomicBool,
 ) -> Result<u64, s2mmu::Error> {
@@ -170,7 +170,7 @@ fn run_vcpu(
 }
 
 /// Copies the pages set in `log` from the guest's RAM into `copy`.
-fn copy_pages(ram: &GuestRam, copy: &mut [u64], log: &[u64]) -> u64 {
+fn copy_pages(ram: &Ram, copy: &mut [u64], log: &[u64]) -> u64 {
     let words = ram.words();
     let mut n = 0;
     for page in (0..NPAGES).filter(|p| log[p / 64] & (1 << (p % 64)) != 0) {
@@ -185,7 +185,7 @@ fn copy_pages(ram: &GuestRam, copy: &mut [u64], log: &[u64]) -> u64 {
 
 /// One harvest: GET, CLEAR (protects the pages, the TLB waits for the
 /// vCPUs), then the copy. Returns the pages copied.
-fn harvest(mmu: &Vm, ram: &GuestRam, copy: &mut [u64]) -> Result<u64, s2mmu::Error> {
+fn harvest(mmu: &Vm, ram: &Ram, copy: &mut [u64]) -> Result<u64, s2mmu::Error> {
     let mut log = vec![0u64; NPAGES / 64];
     mmu.get_dirty_log(0, &mut log)?;
     mmu.clear_dirty_log(0, 0, NPAGES as u64, &log)?;
@@ -218,7 +218,7 @@ fn lose_marks_flag() -> Result<Option<u64>, String> {
 }
 
 /// The pages whose copy differs from the guest's RAM.
-fn stale_pages(ram: &GuestRam, copy: &[u64]) -> std::collections::BTreeSet<usize> {
+fn stale_pages(ram: &Ram, copy: &[u64]) -> std::collections::BTreeSet<usize> {
     ram.words()
         .iter()
         .zip(copy)
@@ -246,7 +246,7 @@ fn new_mmu(tlb: Arc<GuestTlb>) -> Result<Vm, String> {
 }
 
 /// The one memslot: all of the guest's RAM at `GPA_BASE`.
-fn slot_region(ram: &GuestRam, flags: SlotFlags) -> UserMemoryRegion {
+fn slot_region(ram: &Ram, flags: SlotFlags) -> UserMemoryRegion {
     UserMemoryRegion::new(
         0,
         flags,
@@ -257,7 +257,7 @@ fn slot_region(ram: &GuestRam, flags: SlotFlags) -> UserMemoryRegion {
 }
 
 fn run() -> Result<(), String> {
-    let ram = GuestRam::new(RAM);
+    let ram = Ram::new(RAM);
     let tlb = Arc::new(GuestTlb {
         in_guest: (0..VCPUS).map(|_| AtomicU64::new(0)).collect(),
         flushes: AtomicU64::new(0),

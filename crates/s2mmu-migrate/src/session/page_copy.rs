@@ -10,32 +10,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Copies the guest page at `off` into `dst` word by word (atomically per
 /// word: the guest may be writing it), and says whether it was all zeros.
 pub(crate) fn copy_page<R: GuestRam + ?Sized>(ram: &R, off: u64, dst: &mut [u8]) -> bool {
-    if off
-        .checked_add(PAGE_SIZE as u64)
-        .is_none_or(|end| end > ram.size())
-        || dst.len() != PAGE_SIZE
-        || !off.is_multiple_of(8)
-    {
+    let host = ram.host_range(off, PAGE_SIZE as u64);
+    let Some(host) = host.filter(|h| h.is_multiple_of(8) && dst.len() == PAGE_SIZE) else {
         ram.read_into(off, dst);
         return is_zero(dst);
-    }
-    // SAFETY: the page lies inside the mapping (checked above), which
-    // GuestRam's contract keeps alive while `ram` lives and makes 8-byte
-    // aligned, so with `off` a multiple of 8 every word is aligned;
-    // the contract also makes every other access to it atomic per word,
-    // as these loads are.
-    let words = unsafe {
-        std::slice::from_raw_parts((ram.host_addr() + off) as *const AtomicU64, PAGE_SIZE / 8)
     };
+    // SAFETY: the page lies inside one mapping of guest RAM
+    // (`host_range`), which GuestRam's contract keeps alive while `ram`
+    // lives; `host` is 8-byte aligned (checked), so every word is; the
+    // contract also makes every other access to it atomic per word, as
+    // these loads are.
+    let words = unsafe { std::slice::from_raw_parts(host as *const AtomicU64, PAGE_SIZE / 8) };
     // The next page's lines are fetched while this one is copied: a round
     // reads pages in address order, and the CPU's stream prefetcher stops
     // at each 4 KiB boundary, so without this every page starts with
     // misses to memory. (Past the mapping's end nothing is fetched.)
-    let next = off + PAGE_SIZE as u64;
-    let ahead = next
+    let ahead = off
         .checked_add(PAGE_SIZE as u64)
-        .is_some_and(|end| end <= ram.size())
-        .then(|| ram.host_addr() + next);
+        .and_then(|next| ram.host_range(next, PAGE_SIZE as u64));
     let mut acc = 0u64;
     for (k, (ws, ds)) in words
         .chunks_exact(8)

@@ -23,8 +23,9 @@ use s2mmu_vm::{Control, GuestMemory, SlotInfo, Vm, VmFormat, Workload};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-// SAFETY: GuestMemory is one mapping of `size()` bytes at `host_addr()`,
-// page-aligned (mmap), alive as long as the value, and every access of
+// SAFETY: GuestMemory is one mapping of `size()` bytes (a multiple of the
+// page size) at `host_addr()`, page-aligned (mmap), alive as long as the
+// value, so `host_span` names the rest of it from any offset inside; and every access of
 // its own (and of the vCPUs, through the engine's translation) is atomic
 // per 8-byte word.
 unsafe impl GuestRam for GuestMemory {
@@ -32,8 +33,9 @@ unsafe impl GuestRam for GuestMemory {
         GuestMemory::size(self)
     }
 
-    fn host_addr(&self) -> u64 {
-        GuestMemory::host_addr(self)
+    fn host_span(&self, offset: u64) -> Option<(u64, u64)> {
+        let size = GuestMemory::size(self);
+        (offset < size).then(|| (GuestMemory::host_addr(self) + offset, size - offset))
     }
 
     fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {

@@ -450,3 +450,13 @@ fn a_batch_sealed_in_place_sends_the_records_a_copied_batch_sends() {
         assert!(pages_stream(n, true, false) == copied, "{n} pages laid out");
     }
 }
+
+/// Guest RAM's own bounds (`vm::regions`, which cannot import the wire)
+/// are the stream's: every RAM that `RamRegions` accepts fits a HEADER.
+#[test]
+fn guest_ram_bounds_are_the_streams() {
+    use crate::vm::regions;
+    assert_eq!(regions::MAX_RAM, MAX_MEM);
+    assert_eq!(regions::MAX_REGIONS as u64, u64::from(MAX_SLOTS));
+    assert_eq!(regions::PAGE_SIZE, PAGE_SIZE);
+}

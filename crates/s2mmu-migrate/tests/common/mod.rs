@@ -37,15 +37,16 @@ impl Words {
     }
 }
 
-// SAFETY: the words are one allocation of `size()` bytes at `host_addr()`,
-// 8-byte aligned, alive as long as the value, and only ever accessed
+// SAFETY: the words are one allocation of `size()` bytes (a multiple of
+// the page size in every test) at `host_span(0)`, 8-byte aligned, alive as long as the value, and only ever accessed
 // atomically per word (here and by the tests' writer threads).
 unsafe impl GuestRam for Words {
     fn size(&self) -> u64 {
         self.0.len() as u64 * 8
     }
-    fn host_addr(&self) -> u64 {
-        self.0.as_ptr() as u64
+    fn host_span(&self, offset: u64) -> Option<(u64, u64)> {
+        let size = self.size();
+        (offset < size).then(|| (self.0.as_ptr() as u64 + offset, size - offset))
     }
     fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
         if !self.range_ok(offset, out.len()) {

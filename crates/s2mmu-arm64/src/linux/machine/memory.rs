@@ -224,8 +224,8 @@ unsafe impl s2mmu_migrate::vm::GuestRam for LinuxRam {
     fn size(&self) -> u64 {
         self.size
     }
-    fn host_addr(&self) -> u64 {
-        self.ptr as u64
+    fn host_span(&self, offset: u64) -> Option<(u64, u64)> {
+        (offset < self.size).then(|| (self.ptr as u64 + offset, self.size - offset))
     }
     fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
         LinuxRam::read_into(self, offset, out)

@@ -9,7 +9,7 @@ use crate::linux::bus::MmioBus;
 use crate::linux::dirty::{self, HarvestConfig, HarvestReport};
 use crate::linux::fdt::FdtConfig;
 use crate::linux::gic::{Gic, GICR_STRIDE};
-use crate::linux::loader::{BootLayout, GuestRam};
+use crate::linux::loader::{BootLayout, LoadTarget};
 use crate::linux::psci::PowerState;
 use crate::linux::uart::{ConsoleBuffer, Uart, UartOutput, UART_REGS};
 use crate::linux::vcpu;
@@ -66,7 +66,7 @@ pub(crate) struct SlotRam<'a> {
     pub(crate) size: u64,
 }
 
-impl GuestRam for SlotRam<'_> {
+impl LoadTarget for SlotRam<'_> {
     fn range(&self) -> (u64, u64) {
         (RAM_IPA, self.size)
     }

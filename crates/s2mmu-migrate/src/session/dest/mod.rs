@@ -236,10 +236,7 @@ fn shared_for<'a, V: SessionVm>(
     }
     Ok(ReceiveState {
         vm,
-        raw: RawMem {
-            base: vm.ram().host_addr() as *mut u8,
-            size: vm.ram().size(),
-        },
+        raw: RawMem { ram: &**vm.ram() },
         channels: header.channels,
         received: (0..page_count.div_ceil(64))
             .map(|_| AtomicU64::new(0))

@@ -18,40 +18,34 @@ use std::time::{Duration, Instant};
 
 /// The destination's guest memory, written directly (no vCPU runs before
 /// the resume, and every page belongs to exactly one channel's thread).
-pub(super) struct RawMem {
-    pub(super) base: *mut u8,
-    pub(super) size: u64,
+pub(super) struct RawMem<'a, R: GuestRam> {
+    pub(super) ram: &'a R,
 }
 
-// SAFETY: a plain pointer into a mapping the VM keeps alive for as long as
-// the receiving threads run (they are scoped inside `receive_channels`, whose caller
-// holds the VM); which thread may touch which page is the stripe rule,
-// checked before every write.
-unsafe impl Send for RawMem {}
-
-// SAFETY: as above.
-unsafe impl Sync for RawMem {}
-
-impl RawMem {
+impl<R: GuestRam> RawMem<'_, R> {
     /// The page at `off`.
     ///
     /// # Safety
-    /// `off` is a page-aligned offset inside guest memory, no vCPU runs,
-    /// and only the calling thread accesses this page while the slice
-    /// lives (the page belongs to its channel).
+    /// `off` is a page-aligned offset inside guest memory (`page_offset`
+    /// checked it lies in one mapping), no vCPU runs, and only the calling
+    /// thread accesses this page while the slice lives (the page belongs
+    /// to its channel).
     #[allow(clippy::mut_from_ref)]
     pub(super) unsafe fn page(&self, off: u64) -> &mut [u8] {
-        debug_assert!(off + PAGE_SIZE as u64 <= self.size);
-        // SAFETY: in bounds of the live mapping (the caller's contract),
-        // and exclusively this thread's.
-        unsafe { std::slice::from_raw_parts_mut(self.base.add(off as usize), PAGE_SIZE) }
+        let host = self.ram.host_range(off, PAGE_SIZE as u64);
+        // The caller's contract: the page was found in guest memory.
+        let host = host.expect("a page page_offset found in guest memory");
+        // SAFETY: inside a live mapping of the RAM `self` borrows (the
+        // caller's contract and GuestRam's), and exclusively this
+        // thread's.
+        unsafe { std::slice::from_raw_parts_mut(host as *mut u8, PAGE_SIZE) }
     }
 }
 
 /// What the receiving threads share.
 pub(super) struct ReceiveState<'a, V: SessionVm> {
     pub(super) vm: &'a V,
-    pub(super) raw: RawMem,
+    pub(super) raw: RawMem<'a, V::Ram>,
     pub(super) channels: u16,
     /// One bit per page: received at least once.
     pub(super) received: Vec<AtomicU64>,
@@ -411,17 +405,20 @@ pub(super) fn populate<R: Read + Write, V: SessionVm>(
 ) -> Result<Duration, MigrateError> {
     let t0 = Instant::now();
     let mem = vm.ram();
-    let (base, size) = (mem.host_addr() as usize, mem.size());
     let chunk = 64u64 << 20;
     let mut told = t0;
     let mut off = 0u64;
-    while off < size {
-        let len = chunk.min(size - off);
-        // SAFETY: the range lies inside the VM's own live mapping; the
-        // advice only faults its pages in (their contents stay zero).
+    while let Some((host, span)) = mem.host_span(off) {
+        let len = chunk.min(span);
+        if len == 0 {
+            break; // outside GuestRam's contract: nothing more to populate
+        }
+        // SAFETY: the range lies inside one of the VM's own live mappings
+        // (`host_span`); the advice only faults its pages in (their
+        // contents stay zero).
         let r = unsafe {
             libc::madvise(
-                (base + off as usize) as *mut libc::c_void,
+                host as *mut libc::c_void,
                 len as usize,
                 libc::MADV_POPULATE_WRITE,
             )
@@ -454,7 +451,7 @@ pub(super) fn page_offset<V: SessionVm>(
     match vm.locate(gpa) {
         Some((_, off))
             if gpa.is_multiple_of(PAGE_SIZE as u64)
-                && off + PAGE_SIZE as u64 <= vm.ram().size() =>
+                && vm.ram().host_range(off, PAGE_SIZE as u64).is_some() =>
         {
             Ok(off)
         }

@@ -214,20 +214,16 @@ impl<M: GuestRam> Fetcher<M> {
         let mut wake = answers;
         for e in entries {
             let i = self.missing_index(&e, at_byte)?;
+            let host = self.page_host(i, e.gpa, at_byte)?;
             let mine = !set(&self.claimed, i);
             let data: &mut [u8] = if mine {
-                // SAFETY: page `i` lies inside guest memory (`index`),
-                // which `self.memory` keeps mapped; this thread claimed it
+                // SAFETY: page `i` lies inside one mapping of guest
+                // memory (`page_host`), which `self.memory` keeps mapped; this thread claimed it
                 // (the claim bit is set once), so no other thread writes
                 // it; and no vCPU reads or writes it: it is not present,
                 // so the fetch hook keeps it unmapped in stage 2 (dirty
                 // logging keeps every mapping one page wide).
-                unsafe {
-                    std::slice::from_raw_parts_mut(
-                        (self.memory.host_addr() + i * PAGE_SIZE as u64) as *mut u8,
-                        PAGE_SIZE,
-                    )
-                }
+                unsafe { std::slice::from_raw_parts_mut(host as *mut u8, PAGE_SIZE) }
             } else {
                 &mut scratch
             };
@@ -262,6 +258,16 @@ impl<M: GuestRam> Fetcher<M> {
     ///
     /// # Errors
     /// [`MigrateError::PageOutOfRange`], [`MigrateError::Malformed`].
+    /// The host address of page `i` of guest RAM (at `gpa`).
+    ///
+    /// # Errors
+    /// [`MigrateError::PageOutOfRange`] where guest RAM has no such page.
+    fn page_host(&self, i: u64, gpa: u64, at_byte: u64) -> Result<u64, MigrateError> {
+        self.memory
+            .host_range(i * PAGE_SIZE as u64, PAGE_SIZE as u64)
+            .ok_or(MigrateError::PageOutOfRange { gpa, at_byte })
+    }
+
     fn missing_index(&self, e: &Entry, at_byte: u64) -> Result<u64, MigrateError> {
         let i = match self.index(e.gpa) {
             Some(i) if e.gpa.is_multiple_of(PAGE_SIZE as u64) => i,

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use crate::linux::assets::LinuxAssets;
 use crate::linux::fdt::{self, FdtConfig};
-use crate::linux::loader::{self, BootLayout, GuestRam, LoadError};
+use crate::linux::loader::{self, BootLayout, LoadError, LoadTarget};
 
 /// Why the guest could not be loaded.
 #[derive(Debug)]
@@ -77,7 +77,7 @@ pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, BootError> {
 /// [`BootError::RamMismatch`], [`BootError::File`] (before anything is
 /// written), and [`loader::load`]'s errors.
 pub fn load_linux(
-    ram: &mut dyn GuestRam,
+    ram: &mut dyn LoadTarget,
     assets: &LinuxAssets,
     cfg: &FdtConfig,
 ) -> Result<BootLayout, BootError> {

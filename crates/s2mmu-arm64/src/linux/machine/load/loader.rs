@@ -11,7 +11,7 @@
 //! with `image_size` bytes free, the device tree 8-byte aligned in a 2 MiB
 //! region of its own (at most 2 MiB), the initrd below it.
 //!
-//! The RAM is reached through [`GuestRam`], so the shared RAM file of the
+//! The RAM is reached through [`LoadTarget`], so the shared RAM file of the
 //! arm64 model, or a plain slice in a test, both serve.
 
 use std::fmt;
@@ -25,12 +25,13 @@ pub const MAX_DTB: u64 = 2 << 20;
 const ALIGN_2M: u64 = 2 << 20;
 const PAGE: u64 = 4096;
 
-/// Guest RAM the loader writes into.
-pub trait GuestRam {
+/// Guest RAM as the loader writes into it (the migration library's
+/// `GuestRam` is another thing: RAM the session reads and writes).
+pub trait LoadTarget {
     /// The guest-physical (base, size) this RAM covers.
     fn range(&self) -> (u64, u64);
     /// Copies `data` to guest-physical `gpa`. The loader calls it only
-    /// with `[gpa, gpa + data.len())` inside [`GuestRam::range`].
+    /// with `[gpa, gpa + data.len())` inside [`LoadTarget::range`].
     fn write(&mut self, gpa: u64, data: &[u8]);
 }
 
@@ -43,7 +44,7 @@ pub struct SliceRam<'a> {
     pub mem: &'a mut [u8],
 }
 
-impl GuestRam for SliceRam<'_> {
+impl LoadTarget for SliceRam<'_> {
     fn range(&self) -> (u64, u64) {
         (self.base, self.mem.len() as u64)
     }
@@ -257,7 +258,7 @@ pub fn plan(
 /// [`LoadError::Fdt`] or [`LoadError::DtbTooLarge`] after the image and
 /// initrd are in place (the device tree is not written).
 pub fn load(
-    ram: &mut dyn GuestRam,
+    ram: &mut dyn LoadTarget,
     image: &[u8],
     initrd: Option<&[u8]>,
     make_dtb: impl FnOnce(&BootLayout) -> Result<Vec<u8>, FdtError>,

@@ -1,12 +1,15 @@
 //! The VM interface the session runs over: [`SessionVm`] (guest RAM as
-//! one mapping, [`GuestRam`], and the engine's dirty log), [`GuestRun`]
-//! (stop and go, throttle, pace, counters), and post-copy's
-//! [`PageFetch`].
+//! one or more mappings, [`GuestRam`] and [`RamRegions`], and the
+//! engine's dirty log), [`GuestRun`] (stop and go, throttle, pace,
+//! counters), and post-copy's [`PageFetch`].
 
+pub mod regions;
+#[cfg(test)]
+mod regions_tests;
+mod words;
+
+pub use regions::{RamRegion, RamRegions, RamSlot, RegionError, PAGE_SIZE};
 use std::fmt;
-
-/// Bytes of one guest page as migration moves it.
-pub const PAGE_SIZE: usize = 4096;
 
 /// An error of the VM behind the interface, with its text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,19 +33,6 @@ impl fmt::Display for VmError {
 
 impl std::error::Error for VmError {}
 
-/// One memslot of guest RAM as the network session moves it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RamSlot {
-    /// The slot's id in the dirty log.
-    pub id: u16,
-    /// Guest-physical base.
-    pub gpa: u64,
-    /// Bytes.
-    pub size: u64,
-    /// Offset of its memory in [`SessionVm::ram`].
-    pub mem_offset: u64,
-}
-
 /// A page a dirty ring named: its slot's id and its page index there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingEntry {
@@ -52,30 +42,57 @@ pub struct RingEntry {
     pub offset: u64,
 }
 
-/// Guest RAM as one host mapping that the session reads while the guest
-/// runs (the sender) and writes before it runs (the receiver) straight,
-/// without a copy through the VM.
+/// Guest RAM as the session reads it while the guest runs (the sender)
+/// and writes it before the guest runs (the receiver), straight through
+/// the host mappings, without a copy through the VM.
+///
+/// Guest RAM is one or more regions, each its own host mapping (below
+/// and above a PCI hole, hot-plugged memory); its offsets `0..size()` run
+/// over them back to back, in guest-physical order (see [`regions`]: a
+/// VMM describes its regions with [`RamRegions`], which checks them and
+/// answers [`GuestRam::host_span`] and [`SessionVm::slots`] so that the
+/// two agree).
 ///
 /// # Safety
-/// From [`GuestRam::host_addr`] on, [`GuestRam::size`] bytes are mapped
-/// readable and writable for as long as the value lives, and the address
-/// is 8-byte aligned. Every other access the VM makes to them is
-/// atomic per 8-byte word (the session reads and writes them per word
-/// while vCPUs may run), so racing with the session is not UB.
+/// For every offset `o` below [`GuestRam::size`], [`GuestRam::host_span`]
+/// returns `Some((h, n))` with `h` 8-byte aligned and `n > 0` bytes from
+/// `h` mapped readable and writable, holding RAM offsets `o..o + n`, for
+/// as long as the value lives; for a page-aligned `o`, `n` is a multiple
+/// of [`PAGE_SIZE`] (no page straddles two mappings). Past the end it returns `None`,
+/// and its answers never change. Every other access the VM makes to the
+/// mapped bytes is atomic per 8-byte word (the session reads and writes
+/// them per word while vCPUs may run), so racing with the session is not
+/// UB.
 pub unsafe trait GuestRam: Send + Sync {
-    /// Bytes of the mapping.
+    /// Bytes of guest RAM, all regions together.
     fn size(&self) -> u64;
 
-    /// Host address of byte 0.
-    fn host_addr(&self) -> u64;
+    /// The host address of RAM offset `offset` and the bytes mapped
+    /// contiguously from there (to the end of its region); `None` at or
+    /// past [`GuestRam::size`].
+    fn host_span(&self, offset: u64) -> Option<(u64, u64)>;
 
-    /// Copies `out.len()` bytes at `offset` into `out`; false (and `out`
-    /// untouched) when they are not all inside.
-    fn read_into(&self, offset: u64, out: &mut [u8]) -> bool;
+    /// The host address of RAM offset `offset` when `len` bytes from it
+    /// lie in one mapping.
+    fn host_range(&self, offset: u64, len: u64) -> Option<u64> {
+        let (host, n) = self.host_span(offset)?;
+        (len <= n).then_some(host)
+    }
 
-    /// Copies `data` to `offset`; false (and nothing written) when it
-    /// does not fit.
-    fn write_from(&self, offset: u64, data: &[u8]) -> bool;
+    /// Copies `out.len()` bytes at `offset` into `out`, per 8-byte word
+    /// (across regions where they meet); false (and `out` untouched) when
+    /// they are not all inside, or `offset` or the length is not a
+    /// multiple of 8.
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
+        words::read(self.size(), |o| self.host_span(o), offset, out)
+    }
+
+    /// Copies `data` to `offset`, per 8-byte word; false (and nothing
+    /// written) when it does not fit, or `offset` or the length is not a
+    /// multiple of 8.
+    fn write_from(&self, offset: u64, data: &[u8]) -> bool {
+        words::write(self.size(), |o| self.host_span(o), offset, data)
+    }
 }
 
 /// Post-copy's page request: what a destination vCPU calls on a fault on
