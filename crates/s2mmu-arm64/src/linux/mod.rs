@@ -61,7 +61,7 @@ pub use machine::logging::{changes, dirty};
 pub use machine::state::{vcpu_state, vm_state};
 pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
 pub use migration::{run_error, session_dest, session_postcopy, session_run, session_source};
-pub use runs::{baseline, run};
+pub use runs::{baseline, compare, run};
 
 use devices::{console_echo, timer};
 use machine::{el2, mig_vcpu, placement, shared, vcpu, watch};

@@ -37,6 +37,7 @@ pub const MAX_MEM: u64 = 4 << 30;
 pub const INIT_LINE: &str = "s2mmu-init: cpus online ";
 
 /// How to run a Linux guest.
+#[derive(Clone)]
 pub struct LinuxConfig {
     /// vCPUs, 1..=[`MAX_VCPUS`].
     pub vcpus: usize,
