@@ -11,8 +11,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Lines a console keeps at most (a 2 ms tick for half an hour).
 pub const MAX_LINES: usize = 1 << 20;
-/// Bytes of a line kept at most.
-pub const MAX_LINE: usize = 4096;
+/// Bytes of a line kept at most (a report of a run fits).
+pub const MAX_LINE: usize = 64 * 1024;
 
 /// One console line and when the host read it (seconds since the epoch).
 #[derive(Clone, Debug, PartialEq)]

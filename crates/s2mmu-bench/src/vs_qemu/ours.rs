@@ -45,8 +45,12 @@ fn common(spec: &Spec, cell: Cell) -> Vec<String> {
     v
 }
 
-/// Spawns `c`, its stdout stamped into `lines`; the child and its stderr.
-fn spawn(mut c: Command, lines: &Lines) -> Result<(Child, impl Read + Send + 'static), String> {
+/// A child, its stderr, and the thread reading its stdout to the end
+/// (its lines are all in once that thread is joined).
+type Spawned<E> = (Child, E, std::thread::JoinHandle<()>);
+
+/// Spawns `c`, its stdout stamped into `lines`.
+fn spawn(mut c: Command, lines: &Lines) -> Result<Spawned<impl Read + Send + 'static>, String> {
     let mut child = c
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -54,9 +58,9 @@ fn spawn(mut c: Command, lines: &Lines) -> Result<(Child, impl Read + Send + 'st
         .spawn()
         .map_err(|e| format!("s2mmu: {e}"))?;
     let out = child.stdout.take().ok_or("no stdout")?;
-    console::stamp(out, lines.clone()).map_err(|e| e.to_string())?;
+    let h = console::stamp(out, lines.clone()).map_err(|e| e.to_string())?;
     let err = child.stderr.take().ok_or("no stderr")?;
-    Ok((child, err))
+    Ok((child, err, h))
 }
 
 /// Waits for `c` to exit by `deadline` (killing it then); its stderr.
@@ -105,8 +109,9 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
         None => {
             let mut c = Command::new(&spec.s2mmu);
             c.args(&args).arg("--no-tls");
-            let (mut child, err) = spawn(c, &lines)?;
+            let (mut child, err, out) = spawn(c, &lines)?;
             wait(&mut child, err, deadline)?;
+            let _ = out.join();
             lines.clone()
         }
         Some(n) => two_processes(spec, n, &args, &lines, tmp, &mut procs, deadline)?,
@@ -116,10 +121,9 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
         .iter()
         .rev()
         .find_map(|l| {
-            l.line
-                .starts_with('{')
-                .then(|| serde_json::from_str::<Value>(&l.line).ok())
-                .flatten()
+            // The report may follow a console line the switch cut short.
+            let at = l.line.find("{\"downtime_ms\"")?;
+            serde_json::from_str::<Value>(&l.line[at..]).ok()
         })
         .ok_or("our side printed no JSON report")?;
     let r = &report["per_run"][0];
@@ -158,7 +162,8 @@ fn two_processes(
     let mut dc = n.command("d", &spec.s2mmu);
     dc.args(&with)
         .args(["--listen", &format!("{}:0", n.dest_ip)]);
-    let (dest, derr) = spawn(dc, lines)?;
+    let (dest, derr, dout) = spawn(dc, lines)?;
+    let at = procs.0.len();
     procs.0.push(dest);
     let mut derr = BufReader::new(derr);
     let mut line = String::new();
@@ -179,10 +184,11 @@ fn two_processes(
     let src_lines = Lines::default();
     let mut sc = n.command("s", &spec.s2mmu);
     sc.args(&with).args(["--to", &target]);
-    let (mut src, serr) = spawn(sc, &src_lines)?;
+    let (mut src, serr, sout) = spawn(sc, &src_lines)?;
     let r = wait(&mut src, serr, deadline);
-    let mut d = procs.0.pop().ok_or("no destination")?;
-    let dr = wait(&mut d, derr, deadline);
+    let _ = sout.join();
+    let dr = wait(&mut procs.0[at], derr, deadline);
+    let _ = dout.join();
     r?;
     dr?;
     let mut all = console::snapshot(lines);
