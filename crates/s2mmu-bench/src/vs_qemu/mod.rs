@@ -26,6 +26,10 @@ use std::path::PathBuf;
 pub const WARMUP_S: f64 = 2.0;
 /// The window before the migration the guest's own rate is taken over.
 pub const BEFORE_S: f64 = 1.5;
+/// The shortest window the rate during the migration is taken over: a
+/// paced guest writes in bursts of 64 pages, so a shorter window of a
+/// slow one measures its bursts, not its rate.
+pub const MIN_DURING_S: f64 = 1.0;
 
 /// A cell of the matrix: what the guest does, and how it is moved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -138,7 +142,7 @@ impl Measured {
         let end = t0 + self.total_ms / 1e3;
         self.gap_ms = console::largest_gap(&ticks, t0, end + 1.0).map(|g| g * 1e3);
         self.rate_before = console::rate(&ticks, t0 - BEFORE_S, t0);
-        self.rate_during = console::rate(&ticks, t0, end.max(t0 + 0.1));
+        self.rate_during = console::rate(&ticks, t0, end.max(t0 + MIN_DURING_S));
         self.pages_lost = console::pages_lost(lines);
     }
 }
