@@ -24,6 +24,8 @@ pub const SETTINGS: &str = "max-bandwidth 1 TiB/s (the 128 MiB/s default cap lif
 
 /// How long a run may take beyond the guest program's own time.
 const SLACK: Duration = Duration::from_secs(180);
+/// How long after its own end the guest program's last line may come.
+const END_SLACK_S: f64 = 30.0;
 
 fn qemu(spec: &Spec, cell: Cell, qmp: &Path, incoming: Option<&str>) -> Command {
     let mut c = Command::new("qemu-system-aarch64");
@@ -153,7 +155,11 @@ pub fn run(
     let stop = s.event_time("STOP", deadline)?;
     let resume = d.event_time("RESUME", deadline)?;
     let ended = ["s2mmu-dirtier: ok", "s2mmu-dirtier: FAIL"];
-    let end = wait_line(&dst_lines, &ended, deadline);
+    // The program ends `guest_secs` after it started, wherever it runs.
+    let left = started + spec.guest_secs as f64 + END_SLACK_S - console::now();
+    let by = Instant::now() + Duration::from_secs_f64(left.max(1.0));
+    let end = wait_line(&dst_lines, &ended, by.min(deadline))
+        .map_err(|e| format!("after the migration completed: {e}"));
     let mut m = Measured {
         downtime_ms: (resume - stop) * 1e3,
         total_ms: st["total-time"].as_f64().unwrap_or(0.0),
