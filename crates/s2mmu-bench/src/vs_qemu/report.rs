@@ -83,7 +83,8 @@ pub fn targets(c: &CellRuns) -> Vec<Value> {
         "no loss",
         Some(lost(&c.ours) == 0 && !unknown && c.ours.iter().all(|m| m.error.is_none())),
         format!(
-            "ours: {} pages lost over {} runs{}; QEMU: {} over {} runs",
+            "ours: {} pages lost over {} runs{}; QEMU: {} over {} runs, {} of them without \
+             the guest's verdict",
             lost(&c.ours),
             c.ours.len(),
             if unknown {
@@ -92,7 +93,8 @@ pub fn targets(c: &CellRuns) -> Vec<Value> {
                 ""
             },
             lost(&c.qemu),
-            c.qemu.len()
+            c.qemu.len(),
+            c.qemu.iter().filter(|m| m.pages_lost.is_none()).count()
         ),
     ));
     let r = "rate_during_over_before";
