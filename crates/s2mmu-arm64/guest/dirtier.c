@@ -14,6 +14,9 @@
  *   secs=N       how long to run (default 10)
  *   threads=N    writer threads (default: one per online CPU)
  *   thp=1        madvise(MADV_HUGEPAGE) the mapping
+ *   tick=MS      print the progress line every MS milliseconds (1..1000,
+ *                default 1000); its pages= is the work done so far, so a
+ *                host stamping each line sees the rate and every stall
  *   corrupt=1    flip a bit of one page after the first pass, as a lost
  *                write would (shows that the check fails)
  *   fb=ADDR:SIZE instead: map [ADDR, ADDR+SIZE) of /dev/mem (a region
@@ -41,7 +44,7 @@
 #define MAX_THREADS 64
 
 struct cfg {
-	uint64_t mem_pages, file_pages, rate, secs, threads, thp, corrupt;
+	uint64_t mem_pages, file_pages, rate, secs, threads, thp, corrupt, tick;
 	uint64_t fb_addr, fb_size;
 };
 
@@ -57,7 +60,7 @@ struct worker {
 	int failed;
 };
 
-static struct cfg cfg = { .mem_pages = 64 * 256, .file_pages = 8 * 256, .secs = 10 };
+static struct cfg cfg = { .mem_pages = 64 * 256, .file_pages = 8 * 256, .secs = 10, .tick = 1000 };
 static double t0, deadline;
 static atomic_int stop;
 
@@ -201,6 +204,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(argv[i], "threads")) cfg.threads = num(v);
 		else if (!strcmp(argv[i], "thp")) cfg.thp = num(v);
 		else if (!strcmp(argv[i], "corrupt")) cfg.corrupt = num(v);
+		else if (!strcmp(argv[i], "tick")) cfg.tick = num(v);
 		else if (!strcmp(argv[i], "fb")) {
 			char *c = strchr(v, ':');
 			if (!c) {
@@ -218,10 +222,11 @@ static void parse(int argc, char **argv)
 	if (cfg.threads == 0)
 		cfg.threads = sysconf(_SC_NPROCESSORS_ONLN);
 	if (cfg.threads < 1 || cfg.threads > MAX_THREADS || cfg.mem_pages < cfg.threads ||
-	    cfg.secs > 86400 || cfg.mem_pages > (1ULL << 24)) {
+	    cfg.secs > 86400 || cfg.mem_pages > (1ULL << 24) || cfg.tick < 1 || cfg.tick > 1000) {
 		printf("s2mmu-dirtier: FAIL threads=%" PRIu64 " (1..%d), mem=%" PRIu64
-		       " MiB (at least one page a thread, at most 64 GiB), secs=%" PRIu64 "\n",
-		       cfg.threads, MAX_THREADS, cfg.mem_pages / 256, cfg.secs);
+		       " MiB (at least one page a thread, at most 64 GiB), secs=%" PRIu64
+		       ", tick=%" PRIu64 " (1..1000)\n",
+		       cfg.threads, MAX_THREADS, cfg.mem_pages / 256, cfg.secs, cfg.tick);
 		exit(2);
 	}
 }
@@ -274,7 +279,8 @@ int main(int argc, char **argv)
 	}
 	int alive = 1;
 	while (alive) {
-		sleep(1);
+		struct timespec tick = { cfg.tick / 1000, (long)(cfg.tick % 1000) * 1000000 };
+		nanosleep(&tick, NULL);
 		uint64_t passes = UINT64_MAX, pages = 0;
 		alive = 0;
 		for (uint64_t t = 0; t < cfg.threads; t++) {
@@ -283,8 +289,8 @@ int main(int argc, char **argv)
 			pages += atomic_load(&ws[t].pages);
 		}
 		alive = now() < deadline + 1 && !atomic_load(&stop);
-		printf("s2mmu-dirtier: t=%.0fs passes=%" PRIu64 " pages=%" PRIu64 "\n", now() - t0, passes,
-		       pages);
+		printf("s2mmu-dirtier: t=%.*fs passes=%" PRIu64 " pages=%" PRIu64 "\n",
+		       cfg.tick < 1000 ? 3 : 0, now() - t0, passes, pages);
 	}
 	atomic_store(&stop, 1);
 	uint64_t passes = UINT64_MAX, pages = 0;

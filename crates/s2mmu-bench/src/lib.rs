@@ -14,6 +14,7 @@ pub mod split;
 pub mod stats;
 pub mod tlb;
 pub mod views;
+pub mod vs_qemu;
 pub mod wire;
 
 /// Where an engine reports how far it got (the command draws a progress

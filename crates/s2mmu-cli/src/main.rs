@@ -9,6 +9,7 @@ mod dirty_views;
 mod harvest_perf;
 mod linux;
 mod memslot_perf;
+mod migrate_bench;
 mod migrate_ctl;
 mod reproduce;
 mod split_perf;
@@ -50,6 +51,8 @@ enum Cmd {
     Snapshot(snapshot::Params),
     /// Pre-copy live migration of a running guest over TCP (in one process, or --listen/--to).
     Migrate(Box<migrate::Params>),
+    /// Benchmarks of the Linux guest's migration: --vs-qemu runs QEMU 7.2's own migration of the same guest, interleaved with ours.
+    MigrateBench(migrate_bench::Params),
     /// Talks to a running migration's --control socket: status, recover (post-copy recovery by hand), cancel.
     MigrateCtl(migrate_ctl::Params),
     /// Debian's arm64 Linux under the EL2 stub on QEMU, all guest RAM through the engine's fault path.
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
             Ok(false) => migrate::main(*p),
             Err(e) => Err(e),
         },
+        Cmd::MigrateBench(p) => migrate_bench::main(p),
         Cmd::MigrateCtl(p) => migrate_ctl::main(p),
         Cmd::Snapshot(p) => snapshot::main(p),
         Cmd::Linux(p) => linux::main(*p),

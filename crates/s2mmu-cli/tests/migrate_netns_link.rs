@@ -368,3 +368,80 @@ fn linux_postcopy_recovers_after_the_link_is_cut_and_restored() {
     recovers_after_a_cut(&l, &dir, &args, Duration::from_secs(300));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+#[cfg_attr(
+    not(all(s2mmu_netns, s2mmu_linux_runnable)),
+    ignore = "needs root and ip for network namespaces, and the Linux guest (scripts/setup.sh)"
+)]
+fn linux_postcopy_across_a_lossy_link() {
+    let l = link("f");
+    let (dir, key) = scratch("f");
+    // The guest resumes on the destination after round 0; the pages it
+    // faults on and the background stream cross the 1 % loss link.
+    let [s, d] = across(&l, &linux(&key, &["--postcopy"]));
+    assert!(text(&s).contains("post-copy"), "source: {}", text(&s));
+    // The destination's guest went on counting, step by step.
+    let dt = text(&d);
+    assert!(dt.contains("destination: post-copy:"), "destination: {dt}");
+    assert!(
+        dt.contains("the first the destination's guest began"),
+        "destination: {dt}"
+    );
+    assert!(dt.contains("more in order"), "destination: {dt}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A relay in `l`'s destination namespace in front of `to`, holding each
+/// direction's bytes for half of `rtt_ms` (the latency of a link where
+/// the kernel has no netem); it and where it listens.
+#[allow(clippy::zombie_processes)]
+fn relay(l: &Link, to: &str, rtt_ms: &str) -> (Child, String) {
+    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netns_delay_relay.py");
+    let mut r = Command::new("ip")
+        .args(["netns", "exec", &l.ns("d"), "python3"])
+        .arg(py)
+        .args(["--listen", &format!("{}:0", l.dest_ip), "--to", to])
+        .args(["--rtt-ms", rtt_ms])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(r.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let at = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|x| x.split(',').next());
+    let at = at.unwrap_or_else(|| panic!("the relay said {line:?}"));
+    (r, at.to_string())
+}
+
+#[test]
+#[cfg_attr(
+    not(s2mmu_netns),
+    ignore = "needs root and iproute2's ip for network namespaces, and python3"
+)]
+fn sim_precopy_across_a_lossy_link_with_the_relays_rtt() {
+    let l = link("g");
+    let (dir, key) = scratch("g");
+    let args = sim(&key, &[]);
+    let (d, addr, dlog) = listen(&l, &args);
+    let (mut r, via) = relay(&l, &addr, "1");
+    let (s, slog) = source(&l, &via, &args);
+    let [s, d] = ended(s, d, &slog, &dlog);
+    let _ = r.kill();
+    let _ = r.wait();
+    assert!(s.status.success(), "source: {}", text(&s));
+    assert!(d.status.success(), "destination: {}", text(&d));
+    // The destination saw the relay's connections, not the source's.
+    let dl = dlog.lock().unwrap().clone();
+    assert!(
+        dl.contains(&format!("source connected from {}", l.dest_ip)),
+        "{dl}"
+    );
+    let out = String::from_utf8_lossy(&s.stdout);
+    assert!(out.contains("per-slot digests equal"), "{}", text(&s));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -97,6 +97,7 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
                 "requests": f.requests, "remote_faults": f.remote_faults,
                 "answered_pages": f.answered_pages, "background_pages": f.background_pages,
                 "dropped_duplicates": f.dropped_duplicates, "recoveries": pc.recoveries,
+                "postcopy_bytes": pc.bytes,
                 "postcopy_ms": f.time_to_last_page_ns as f64 / 1e6,
                 "fault_wait_ms": {"median": f.fault_median_ns as f64 / 1e6,
                     "p99": f.fault_p99_ns as f64 / 1e6},
@@ -419,6 +420,8 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
             "round0_pages_per_s": {"median": rate.0, "min": rate.1, "max": rate.2},
             "per_run": runs.iter().map(|r| serde_json::json!({
                 "downtime_ms": ms(r.downtime), "rounds": r.round_pages.len(),
+                "total_ms": ms(r.total), "precopy_ms": ms(r.precopy),
+                "stream_bytes": r.stream_bytes,
                 "round_pages": r.round_pages, "round_ms": r.round_ms,
                 "final_pages": r.final_pages, "state_bytes": r.state_bytes,
                 "ram_a": r.ram_a.describe(), "ram_b": r.ram_b.as_ref().map(|b| b.describe()),

@@ -30,6 +30,36 @@ pub struct LinuxGuestArgs {
     /// With --guest linux: write the source machine's console to DIR/source.log and the destination's to DIR/dest.log (DIR created), and print the last lines of each.
     #[arg(long, value_name = "DIR")]
     pub console_dir: Option<PathBuf>,
+    /// With --guest linux: the arguments of --linux-run's program (key=value,key=value; at most 256 bytes of letters, digits, '=', ',', '.', ':') instead of its defaults, e.g. dirtier's mem=64,rate=16384,secs=20,tick=2.
+    #[arg(long, value_name = "ARGS")]
+    pub linux_args: Option<String>,
+    /// With --guest linux: echo each machine's console on stdout as its guest writes it (control characters shown as text), before the report.
+    #[arg(long)]
+    pub console_stdout: bool,
+}
+
+/// The most bytes of `--linux-args`.
+pub const MAX_LINUX_ARGS: usize = 256;
+
+/// `cmdline` with its `s2mmu.args=` word replaced by (or, without one,
+/// followed by) `s2mmu.args=ARGS`.
+///
+/// # Errors
+/// `args` too long, empty or with a character outside the allowed ones.
+pub fn with_program_args(cmdline: &str, args: &str) -> Result<String, String> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || "=,.:".contains(c);
+    if args.is_empty() || args.len() > MAX_LINUX_ARGS || !args.chars().all(ok) {
+        return Err(format!(
+            "--linux-args {args:?}: 1 to {MAX_LINUX_ARGS} bytes of letters, digits, '=', ',', '.', ':'"
+        ));
+    }
+    let mut words: Vec<String> = cmdline
+        .split_whitespace()
+        .filter(|w| !w.starts_with("s2mmu.args="))
+        .map(String::from)
+        .collect();
+    words.push(format!("s2mmu.args={args}"));
+    Ok(words.join(" "))
 }
 
 impl LinuxGuestArgs {
@@ -57,6 +87,15 @@ impl LinuxGuestArgs {
         if self.user_program() {
             s.program = GuestProgram::User;
         }
+        if let Some(a) = &self.linux_args {
+            if self.user_program() {
+                return Err(
+                    "--linux-args: for --linux-run's program, not with --initrd or --cmdline"
+                        .into(),
+                );
+            }
+            with_program_args("", a)?;
+        }
         Ok(())
     }
 
@@ -77,6 +116,10 @@ impl LinuxGuestArgs {
         if let Some(c) = &self.cmdline {
             cfg.cmdline = c.clone();
         }
+        if let Some(a) = &self.linux_args {
+            cfg.cmdline = with_program_args(&cfg.cmdline, a)?;
+        }
+        cfg.echo |= self.console_stdout;
         let id = image_id(&cfg.kernel, &cfg.initrd)?;
         s.session.image = Some(id);
         if self.kernel.is_some() || self.initrd.is_some() {
@@ -172,6 +215,23 @@ mod tests {
         let e = image_id(&dir.join("none"), &b).unwrap_err();
         assert!(e.contains("none"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn program_args_replace_the_defaults_and_refuse_odd_bytes() {
+        let c = "quiet s2mmu.run=dirtier s2mmu.args=mem=64,secs=30";
+        assert_eq!(
+            with_program_args(c, "mem=8,tick=2").unwrap(),
+            "quiet s2mmu.run=dirtier s2mmu.args=mem=8,tick=2"
+        );
+        assert_eq!(
+            with_program_args("quiet", "ms=5").unwrap(),
+            "quiet s2mmu.args=ms=5"
+        );
+        for bad in ["", "a b", "x;y", &"a".repeat(MAX_LINUX_ARGS + 1)] {
+            let e = with_program_args(c, bad).unwrap_err();
+            assert!(e.contains("--linux-args"), "{e}");
+        }
     }
 
     #[test]

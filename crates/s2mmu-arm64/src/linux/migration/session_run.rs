@@ -132,6 +132,14 @@ pub enum WentOn {
 pub struct LinuxRun {
     /// From the pause on A to the resume on B.
     pub downtime: Duration,
+    /// From logging on to the resume on B (a post-copy's pages after the
+    /// resume not included).
+    pub total: Duration,
+    /// From logging on to the pause on A.
+    pub precopy: Duration,
+    /// Stream bytes the source sent up to the resume (a post-copy's
+    /// pages after it are its outcome's `bytes`).
+    pub stream_bytes: u64,
     /// Pages of each pre-copy round.
     pub round_pages: Vec<u64>,
     /// Milliseconds of each pre-copy round.
@@ -265,6 +273,9 @@ fn session_run(
     let (pre, fin): (Vec<_>, Vec<_>) = s.rounds.iter().partition(|r| !r.final_round);
     LinuxRun {
         downtime: s.downtime,
+        total: s.total,
+        precopy: Duration::from_secs_f64((s.pause_s - s.log_start_s).max(0.0)),
+        stream_bytes: s.bytes,
         round_pages: pre.iter().map(|r| r.pages).collect(),
         round_ms: pre.iter().map(|r| (r.end_s - r.start_s) * 1e3).collect(),
         final_pages: fin.iter().map(|r| r.pages).sum(),

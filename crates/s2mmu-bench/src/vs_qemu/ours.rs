@@ -1,0 +1,198 @@
+//! Our side: `s2mmu migrate --guest linux` running the dirtier with the
+//! cell's arguments, its consoles echoed on stdout and stamped here. On
+//! loopback both machines run in one process over TCP (plain, as QEMU's);
+//! across namespaces a destination `--listen`s in one and a source goes
+//! `--to` it from the other, authenticated by a pre-shared key (TLS: the
+//! two-process form takes no plain TCP).
+
+use super::console::{self, Lines};
+use super::link::{Net, Procs};
+use super::{Cell, Measured, Spec, WARMUP_S};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a run may take beyond the guest program's own time.
+const SLACK: Duration = Duration::from_secs(180);
+/// Bytes of a process's stderr kept.
+const MAX_ERR: usize = 64 * 1024;
+
+/// The flags both sides take.
+fn common(spec: &Spec, cell: Cell) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "migrate",
+        "--guest",
+        "linux",
+        "--linux-run",
+        "dirtier",
+        "--console-stdout",
+        "--json",
+        "-q",
+        "--plot",
+        "",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(["--linux-args".into(), cell.program_args(spec.guest_secs)]);
+    v.extend(["--mem".into(), format!("{}M", spec.mem_mib)]);
+    v.extend(["-v".into(), spec.vcpus.to_string()]);
+    if cell.postcopy() {
+        v.push("--postcopy".into());
+    }
+    v
+}
+
+/// A child, its stderr, and the thread reading its stdout to the end
+/// (its lines are all in once that thread is joined).
+type Spawned<E> = (Child, E, std::thread::JoinHandle<()>);
+
+/// Spawns `c`, its stdout stamped into `lines`.
+fn spawn(mut c: Command, lines: &Lines) -> Result<Spawned<impl Read + Send + 'static>, String> {
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("s2mmu: {e}"))?;
+    let out = child.stdout.take().ok_or("no stdout")?;
+    let h = console::stamp(out, lines.clone()).map_err(|e| e.to_string())?;
+    let err = child.stderr.take().ok_or("no stderr")?;
+    Ok((child, err, h))
+}
+
+/// Waits for `c` to exit by `deadline` (killing it then); its stderr.
+fn wait(
+    c: &mut Child,
+    err: impl Read + Send + 'static,
+    deadline: Instant,
+) -> Result<String, String> {
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let mut err = err.take(MAX_ERR as u64);
+        let _ = err.read_to_string(&mut text);
+        // What is past the bound is read and dropped, so the child never
+        // blocks on a full pipe.
+        let _ = std::io::copy(&mut err.into_inner(), &mut std::io::sink());
+        text
+    });
+    loop {
+        if let Some(st) = c.try_wait().map_err(|e| e.to_string())? {
+            let text = reader.join().unwrap_or_default();
+            return if st.success() {
+                Ok(text)
+            } else {
+                Err(format!("s2mmu exited {st}: {}", text.trim()))
+            };
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            return Err("s2mmu did not end in time".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One run of our migration of `cell` over `net` (one process on
+/// loopback when `None`).
+///
+/// # Errors
+/// A process failed, the migration failed, or its report is missing.
+pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Measured, String> {
+    let deadline = Instant::now() + Duration::from_secs(spec.guest_secs) + SLACK;
+    let lines = Lines::default();
+    let mut procs = Procs::default();
+    let args = common(spec, cell);
+    let report_lines = match net {
+        None => {
+            let mut c = Command::new(&spec.s2mmu);
+            c.args(&args).arg("--no-tls");
+            let (mut child, err, out) = spawn(c, &lines)?;
+            wait(&mut child, err, deadline)?;
+            let _ = out.join();
+            lines.clone()
+        }
+        Some(n) => two_processes(spec, n, &args, &lines, tmp, &mut procs, deadline)?,
+    };
+    let all = console::snapshot(&lines);
+    let report = console::snapshot(&report_lines)
+        .iter()
+        .rev()
+        .find_map(|l| {
+            // The report may follow a console line the switch cut short.
+            let at = l.line.find("{\"downtime_ms\"")?;
+            serde_json::from_str::<Value>(&l.line[at..]).ok()
+        })
+        .ok_or("our side printed no JSON report")?;
+    let r = &report["per_run"][0];
+    let d = &r["details"];
+    let postcopy_ms = d["postcopy_ms"].as_f64().unwrap_or(0.0);
+    let mut m = Measured {
+        downtime_ms: r["downtime_ms"].as_f64().unwrap_or(0.0),
+        total_ms: r["total_ms"].as_f64().unwrap_or(0.0) + postcopy_ms,
+        wire_bytes: r["stream_bytes"].as_u64().unwrap_or(0)
+            + d["postcopy_bytes"].as_u64().unwrap_or(0),
+        ..Measured::default()
+    };
+    let started = console::first(&all, "s2mmu-dirtier: start").ok_or("no dirtier start line")?;
+    m.read_console(&all, started + WARMUP_S);
+    Ok(m)
+}
+
+/// A destination in `n`'s destination namespace and a source in its
+/// source namespace; both consoles into `lines`, the source's report
+/// lines returned.
+fn two_processes(
+    spec: &Spec,
+    n: &Net,
+    args: &[String],
+    lines: &Lines,
+    tmp: &Path,
+    procs: &mut Procs,
+    deadline: Instant,
+) -> Result<Lines, String> {
+    let key = tmp.join("psk");
+    std::fs::write(&key, "the benchmark's pre-shared key, both sides\n")
+        .map_err(|e| e.to_string())?;
+    let mut with = args.to_vec();
+    with.extend(["--psk".into(), key.display().to_string()]);
+    with.extend(["--io-timeout".into(), "10s".into()]);
+    let mut dc = n.command("d", &spec.s2mmu);
+    dc.args(&with)
+        .args(["--listen", &format!("{}:0", n.dest_ip)]);
+    let (dest, derr, dout) = spawn(dc, lines)?;
+    let at = procs.0.len();
+    procs.0.push(dest);
+    let mut derr = BufReader::new(derr);
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        if derr.read_line(&mut line).map_err(|e| e.to_string())? == 0 {
+            return Err("our destination ended before it listened".into());
+        }
+        if let Some(rest) = line.split("destination listening on ").nth(1) {
+            break rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+        }
+    };
+    let target = n.reach(&addr, procs)?;
+    let src_lines = Lines::default();
+    let mut sc = n.command("s", &spec.s2mmu);
+    sc.args(&with).args(["--to", &target]);
+    let (mut src, serr, sout) = spawn(sc, &src_lines)?;
+    let r = wait(&mut src, serr, deadline);
+    let _ = sout.join();
+    let dr = wait(&mut procs.0[at], derr, deadline);
+    let _ = dout.join();
+    r?;
+    dr?;
+    let mut all = console::snapshot(lines);
+    all.extend(console::snapshot(&src_lines));
+    *lines.lock().unwrap_or_else(|p| p.into_inner()) = all;
+    Ok(src_lines)
+}

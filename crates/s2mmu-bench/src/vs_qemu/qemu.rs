@@ -1,0 +1,195 @@
+//! QEMU 7.2's own migration of the guest: two `qemu-system-aarch64`
+//! processes (TCG, `-M virt,gic-version=3 -cpu max,pauth-impdef=on`, the
+//! kernel at EL1 with no hypervisor of ours), the destination waiting with
+//! `-incoming`, the source migrating by QMP with QEMU's bandwidth cap
+//! lifted (`max-bandwidth` 1 TiB/s), `auto-converge` on for pre-copy (ours
+//! throttles by default) and `postcopy-ram` on both sides for post-copy
+//! (`migrate-start-postcopy` right after `migrate`: QEMU switches after
+//! its first pass, as ours does after round 0).
+
+use super::console::{self, Lines};
+use super::link::{Net, Procs};
+use super::qmp::Qmp;
+use super::{Cell, Measured, Spec, WARMUP_S};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// QEMU's settings, as the report states them.
+pub const SETTINGS: &str = "max-bandwidth 1 TiB/s (the 128 MiB/s default cap lifted), \
+     downtime-limit 300 ms (its default; ours --max-downtime 300ms), auto-converge on for \
+     pre-copy, postcopy-ram on both sides and migrate-start-postcopy after migrate for \
+     post-copy; plain TCP";
+
+/// How long a run may take beyond the guest program's own time.
+const SLACK: Duration = Duration::from_secs(180);
+/// How long after its own end the guest program's last line may come.
+const END_SLACK_S: f64 = 30.0;
+
+fn qemu(spec: &Spec, cell: Cell, qmp: &Path, incoming: Option<&str>) -> Command {
+    let mut c = Command::new("qemu-system-aarch64");
+    c.args(["-M", "virt,gic-version=3", "-cpu", "max,pauth-impdef=on"])
+        .args(["-smp", &spec.vcpus.to_string()])
+        .args(["-m", &format!("{}M", spec.mem_mib)])
+        .args(["-display", "none", "-no-reboot", "-monitor", "none"])
+        .arg("-kernel")
+        .arg(&spec.kernel)
+        .arg("-initrd")
+        .arg(&spec.initrd)
+        .arg("-append")
+        .arg(format!(
+            "console=ttyAMA0 quiet s2mmu.run=dirtier s2mmu.args={}",
+            cell.program_args(spec.guest_secs)
+        ))
+        .args(["-serial", "stdio"])
+        .arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", qmp.display()));
+    if let Some(i) = incoming {
+        c.args(["-incoming", i]);
+    }
+    c
+}
+
+/// Starts `c` (in `net`'s namespace `side` when given), its stdout
+/// stamped into `lines`.
+fn start(
+    mut c: Command,
+    net: Option<(&Net, &str)>,
+    lines: &Lines,
+    procs: &mut Procs,
+) -> Result<(), String> {
+    if let Some((n, side)) = net {
+        let mut w = n.command(side, Path::new(c.get_program()));
+        w.args(c.get_args());
+        c = w;
+    }
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("qemu-system-aarch64: {e}"))?;
+    let out = child.stdout.take().ok_or("no stdout")?;
+    procs.0.push(child);
+    console::stamp(out, lines.clone()).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Waits for a line containing any of `what` among `lines`; its stamp.
+fn wait_line(lines: &Lines, what: &[&str], deadline: Instant) -> Result<f64, String> {
+    loop {
+        let now = console::snapshot(lines);
+        if let Some(t) = what.iter().find_map(|w| console::first(&now, w)) {
+            return Ok(t);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("QEMU's guest never printed {what:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A free TCP port on loopback.
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// One run of QEMU's own migration of `cell` over `net` (loopback when
+/// `None`).
+///
+/// # Errors
+/// A process or QMP failed, the migration failed or did not end.
+pub fn run(
+    spec: &Spec,
+    cell: Cell,
+    net: Option<&Net>,
+    tmp: &Path,
+    i: u32,
+) -> Result<Measured, String> {
+    let deadline = Instant::now() + Duration::from_secs(spec.guest_secs) + SLACK;
+    let (sq, dq) = (tmp.join(format!("q-s{i}")), tmp.join(format!("q-d{i}")));
+    let (src_lines, dst_lines) = (Lines::default(), Lines::default());
+    let mut procs = Procs::default();
+    let (host, port) = match net {
+        None => ("127.0.0.1".to_string(), free_port()?),
+        Some(n) => (n.dest_ip.clone(), 47_000 + (i % 1000) as u16),
+    };
+    let addr = format!("{host}:{port}");
+    let incoming = format!("tcp:{addr}");
+    let dc = qemu(spec, cell, &dq, Some(&incoming));
+    start(dc, net.map(|n| (n, "d")), &dst_lines, &mut procs)?;
+    let sc = qemu(spec, cell, &sq, None);
+    start(sc, net.map(|n| (n, "s")), &src_lines, &mut procs)?;
+    let mut s = Qmp::connect(&sq, deadline)?;
+    let mut d = Qmp::connect(&dq, deadline)?;
+    let target = match net {
+        None => addr,
+        Some(n) => n.reach(&addr, &mut procs)?,
+    };
+    let started = wait_line(&src_lines, &["s2mmu-dirtier: start"], deadline)?;
+    let caps = if cell.postcopy() {
+        json!([{"capability": "postcopy-ram", "state": true}])
+    } else {
+        json!([{"capability": "auto-converge", "state": true}])
+    };
+    s.cmd("migrate-set-capabilities", json!({ "capabilities": caps }))?;
+    if cell.postcopy() {
+        d.cmd("migrate-set-capabilities", json!({ "capabilities": caps }))?;
+    }
+    s.cmd(
+        "migrate-set-parameters",
+        json!({"max-bandwidth": 1u64 << 40}),
+    )?;
+    let wait = started + WARMUP_S - console::now();
+    if wait > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(wait));
+    }
+    let t0 = console::now();
+    s.cmd("migrate", json!({ "uri": format!("tcp:{target}") }))?;
+    if cell.postcopy() {
+        s.cmd("migrate-start-postcopy", json!({}))?;
+    }
+    let st = finished(&mut s, deadline)?;
+    let stop = s.event_time("STOP", deadline)?;
+    let resume = d.event_time("RESUME", deadline)?;
+    let ended = ["s2mmu-dirtier: ok", "s2mmu-dirtier: FAIL"];
+    // The program ends `guest_secs` after it started, wherever it runs.
+    let left = started + spec.guest_secs as f64 + END_SLACK_S - console::now();
+    let by = Instant::now() + Duration::from_secs_f64(left.max(1.0));
+    let end = wait_line(&dst_lines, &ended, by.min(deadline))
+        .map_err(|e| format!("after the migration completed: {e}"));
+    let mut m = Measured {
+        downtime_ms: (resume - stop) * 1e3,
+        total_ms: st["total-time"].as_f64().unwrap_or(0.0),
+        wire_bytes: st["ram"]["transferred"].as_u64().unwrap_or(0),
+        ..Measured::default()
+    };
+    let mut all = console::snapshot(&src_lines);
+    all.extend(console::snapshot(&dst_lines));
+    m.read_console(&all, t0);
+    end?;
+    Ok(m)
+}
+
+/// Polls `query-migrate` until it completes; its last answer.
+fn finished(s: &mut Qmp, deadline: Instant) -> Result<Value, String> {
+    loop {
+        let st = s.cmd("query-migrate", json!({}))?;
+        match st["status"].as_str() {
+            Some("completed") => return Ok(st),
+            Some("failed") | Some("cancelled") => {
+                return Err(format!(
+                    "QEMU's migration {}: {}",
+                    st["status"], st["error-desc"]
+                ))
+            }
+            _ => {}
+        }
+        if Instant::now() > deadline {
+            return Err(format!("QEMU's migration did not end: {}", st["status"]));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,104 @@
+//! `scripts/netns_delay_relay.py`, the latency of the shaped links where
+//! the kernel has no netem: a ping-pong through it takes at least the RTT
+//! it was given, and a stream through it arrives whole and in order.
+//! Needs python3 (the test fails, saying so, without it).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// An echo server on loopback: every byte it reads it writes back.
+fn echo() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let mut w = c.try_clone().unwrap();
+                let _ = std::io::copy(&mut c, &mut w);
+            });
+        }
+    });
+    addr
+}
+
+struct Relay(Child, String);
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The relay in front of `to` with `rtt_ms`, and where it listens.
+fn relay(to: &str, rtt_ms: &str) -> Relay {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netns_delay_relay.py");
+    let mut c = Command::new("python3")
+        .arg(script)
+        .args(["--listen", "127.0.0.1:0", "--to", to, "--rtt-ms", rtt_ms])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("the relay needs python3: {e}"));
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap_or_else(|| panic!("the relay said {line:?}"))
+        .to_string();
+    Relay(c, addr)
+}
+
+fn connect(addr: &str) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// The shortest of `n` one-byte round trips on `s`, each answer checked.
+fn min_round_trip(s: &mut TcpStream, n: u8) -> Duration {
+    let mut best = Duration::MAX;
+    for i in 0..n {
+        let t = Instant::now();
+        s.write_all(&[i]).unwrap();
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+        best = best.min(t.elapsed());
+        assert_eq!(b[0], i);
+    }
+    best
+}
+
+#[test]
+fn a_ping_pong_through_the_relay_takes_at_least_its_rtt() {
+    let e = echo();
+    let r = relay(&e, "20");
+    let mut s = connect(&r.1);
+    // Each direction is held 10 ms: no round trip can be shorter than 20.
+    let best = min_round_trip(&mut s, 10);
+    assert!(best >= Duration::from_millis(20), "{best:?}");
+}
+
+#[test]
+fn a_stream_through_the_relay_arrives_whole_and_in_order() {
+    let e = echo();
+    let r = relay(&e, "1");
+    let mut s = connect(&r.1);
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 7 + i / 251) as u8).collect();
+    let mut w = s.try_clone().unwrap();
+    let sent = data.clone();
+    let writer = std::thread::spawn(move || w.write_all(&sent).unwrap());
+    let mut got = vec![0u8; data.len()];
+    s.read_exact(&mut got).unwrap();
+    writer.join().unwrap();
+    assert!(got == data, "the relay changed or reordered bytes");
+}
