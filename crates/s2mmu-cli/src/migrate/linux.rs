@@ -268,6 +268,8 @@ pub const LINUX_ONLY: &[&str] = &[
     "initrd",
     "cmdline",
     "console_dir",
+    "linux_args",
+    "console_stdout",
 ];
 
 /// The guest `--guest` and the options `given` (their ids) ask for:
