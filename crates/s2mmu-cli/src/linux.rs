@@ -39,7 +39,7 @@ pub struct Params {
     /// Kernel command line words after the console settings.
     #[arg(long, default_value = "quiet")]
     pub cmdline: String,
-    /// The guest program /init runs (none, dirtier, counter, shell).
+    /// The guest program /init runs (none, dirtier, counter, shell, reboot: `reboot -f`, a PSCI SYSTEM_RESET).
     #[arg(long, default_value = "none")]
     pub run: String,
     /// Its arguments, comma-separated (dirtier: mem=MiB,file=MiB,rate=N,secs=N).
@@ -71,6 +71,22 @@ pub struct Params {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// What the guest's PSCI SYSTEM_RESET does: stop (the run ends, reported as a reset) or reboot (a cold boot of the same kernel on a fresh machine, up to --max-reboots times).
+    #[arg(long, default_value = "stop", value_parser = ["stop", "reboot"])]
+    pub on_reset: String,
+    /// With --on-reset reboot: reboots before a reset stops the run (1..=100).
+    #[arg(long, default_value_t = 10, value_parser = crate::limits::count_in(1..=100))]
+    pub max_reboots: usize,
+}
+
+/// The reset policy of the flags.
+fn on_reset(p: &Params) -> vm::OnReset {
+    match p.on_reset.as_str() {
+        "reboot" => vm::OnReset::Reboot {
+            max: p.max_reboots as u32,
+        },
+        _ => vm::OnReset::Stop,
+    }
 }
 
 fn config(p: &Params) -> Result<(LinuxConfig, assets::LinuxAssets), String> {
@@ -149,7 +165,7 @@ pub fn main(p: Params) -> Result<(), String> {
     }
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for run in 1..=p.runs {
-        let r = vm::run(&cfg).map_err(|e| e.to_string())?;
+        let r = vm::run_rebooting(&cfg, on_reset(&p)).map_err(|e| e.to_string())?;
         if p.console != "-" {
             std::fs::write(&p.console, &r.console).map_err(|e| format!("{}: {e}", p.console))?;
         }
@@ -215,6 +231,7 @@ fn to_json(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) ->
         "vcpus": p.vcpus,
         "mem_bytes": p.mem,
         "stop": format!("{:?}", r.reason),
+        "reboots": r.reboots,
         "cpus_online": r.cpus_online,
         "boot_to_init_s": r.init_s,
         "total_s": r.total_s,
@@ -254,13 +271,21 @@ fn to_json(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) ->
 
 fn print_text(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) {
     println!(
-        "linux: {} vCPUs, {} RAM: {} CPUs online at init after {}, stopped ({:?}) after {:.2} s",
+        "linux: {} vCPUs, {} RAM: {} CPUs online at init after {}, stopped ({:?}) after {:.2} s{}",
         p.vcpus,
         human_bytes(p.mem),
         r.cpus_online.map_or("no".into(), |n| n.to_string()),
         r.init_s.map_or("never".into(), |s| format!("{s:.2} s")),
         r.reason,
-        r.total_s
+        r.total_s,
+        if r.reboots > 0 {
+            format!(
+                " and {} reboots (the figures are the last boot's)",
+                r.reboots
+            )
+        } else {
+            String::new()
+        }
     );
     let exits: Vec<String> = EXIT_NAMES
         .iter()

@@ -86,7 +86,8 @@ pub enum PsciCall {
     CpuOff,
     /// Power the machine off.
     SystemOff,
-    /// Reset the machine (the host stops it and says so).
+    /// Reset the machine (the host stops it and says so, or boots it
+    /// again: `vm::run_rebooting`).
     SystemReset,
 }
 

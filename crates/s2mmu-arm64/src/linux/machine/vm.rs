@@ -22,6 +22,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use crate::linux::devices::timer::CNTHCTL_LINUX;
+pub use crate::linux::machine::reboot::{run_rebooting, OnReset, MAX_REBOOTS};
 pub use crate::linux::shared::{DeviceLayout, StopReason, HCR_LINUX, RAM_IPA, RAM_SLOT};
 pub(crate) use crate::linux::shared::{ExitKind, Power, Shared, VcpuCounters};
 /// Most vCPUs.
@@ -34,6 +35,7 @@ pub const MAX_MEM: u64 = 4 << 30;
 pub const INIT_LINE: &str = "s2mmu-init: cpus online ";
 
 /// How to run a Linux guest.
+#[derive(Clone)]
 pub struct LinuxConfig {
     /// vCPUs, 1..=[`MAX_VCPUS`].
     pub vcpus: usize,
@@ -112,6 +114,8 @@ pub struct LinuxReport {
     pub dirty: Option<HarvestReport>,
     /// The engine's TLB maintenance: in fault answers, on the service CPU.
     pub tlbi: crate::tlbi::TlbiCounters,
+    /// Boots after the first ([`run_rebooting`]; 0 from [`run`]).
+    pub reboots: u32,
 }
 
 /// Exit kind names in [`LinuxReport::exits`] order.
@@ -140,7 +144,7 @@ pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
 }
 
 /// Boots the guest and runs it until it powers off, resets, fails or runs
-/// out of time.
+/// out of time ([`run_rebooting`] boots it again on a reset).
 ///
 /// # Errors
 /// [`Arm64Error::Config`] for a bad configuration (before QEMU starts);
@@ -395,5 +399,6 @@ pub(crate) fn report(
         log: sh.log.lock().unwrap().clone(),
         dirty: None,
         tlbi: sh.vm.sink().counters(),
+        reboots: 0,
     }
 }
