@@ -16,6 +16,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod ipi;
 mod rate;
 
 /// Options of `linux`.
@@ -39,7 +40,7 @@ pub struct Params {
     /// Kernel command line words after the console settings.
     #[arg(long, default_value = "quiet")]
     pub cmdline: String,
-    /// The guest program /init runs (none, dirtier, counter, shell, reboot: `reboot -f`, a PSCI SYSTEM_RESET).
+    /// The guest program /init runs (none, dirtier, counter, shell, reboot: `reboot -f`, a PSCI SYSTEM_RESET; ipi: SGIs a second with 1, 2 and 4 vCPUs up to -v, an EL1 guest of the crate's own, against QEMU alone, --runs each).
     #[arg(long, default_value = "none")]
     pub run: String,
     /// Its arguments, comma-separated (dirtier: mem=MiB,file=MiB,rate=N,secs=N).
@@ -158,6 +159,9 @@ pub fn main(p: Params) -> Result<(), String> {
             a.initramfs.display()
         );
         return Ok(());
+    }
+    if p.run == "ipi" {
+        return ipi::main(&p);
     }
     let (cfg, a) = config(&p)?;
     if p.rate_per_mode {

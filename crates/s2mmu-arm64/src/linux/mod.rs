@@ -12,7 +12,7 @@
 //!   ([`vcpu_state`], [`vm_state`]);
 //! - [`assets`]: the kernel, the initramfs ([`cpio`]) and the Debian
 //!   packages ([`debs`]);
-//! - `runs/`: `s2mmu linux`'s runs ([`run`]) and QEMU's own boot of the
+//! - `runs/`: `s2mmu linux`'s runs ([`run`]), its SGI rate ([`ipi`]) and QEMU's own boot of the
 //!   same guest ([`baseline`]);
 //! - `migration/`: the VM behind the migration library's session.
 //!
@@ -61,7 +61,7 @@ pub use machine::logging::{changes, dirty};
 pub use machine::state::{vcpu_state, vm_state};
 pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
 pub use migration::{run_error, session_dest, session_postcopy, session_run, session_source};
-pub use runs::{baseline, run};
+pub use runs::{baseline, ipi, run};
 
 use devices::{console_echo, timer};
 use machine::{mig_vcpu, placement, shared, vcpu, watch};

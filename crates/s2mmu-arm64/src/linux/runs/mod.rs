@@ -1,4 +1,5 @@
 //! `s2mmu linux`'s runs and QEMU's own boot of the same guest.
 
 pub mod baseline;
+pub mod ipi;
 pub mod run;
