@@ -78,9 +78,7 @@ fn a_reboot_bound_out_of_range_is_refused_before_any_machine_starts() {
         ram_pages: Default::default(),
     };
     for max in [0, vm::MAX_REBOOTS + 1] {
-        let e = vm::run_rebooting(&cfg, OnReset::Reboot { max })
-            .err()
-            .expect("refused");
+        let e = vm::run_rebooting(&cfg, OnReset::Reboot { max }).expect_err("refused");
         assert!(e.to_string().contains(&format!("{max} reboots")), "{e}");
     }
 }
