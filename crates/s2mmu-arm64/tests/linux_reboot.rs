@@ -8,7 +8,8 @@
 mod common;
 
 use s2mmu_arm64::linux::dirty::HarvestConfig;
-use s2mmu_arm64::linux::vm::{self, LinuxConfig, OnReset, StopReason, INIT_LINE};
+use s2mmu_arm64::linux::reboot::{self, OnReset};
+use s2mmu_arm64::linux::vm::{LinuxConfig, StopReason, INIT_LINE};
 use std::time::Duration;
 
 fn reboot_config() -> Option<LinuxConfig> {
@@ -37,7 +38,7 @@ fn a_reset_reboots_the_guest_up_to_the_bound_then_stops() {
     let Some(cfg) = reboot_config() else {
         return;
     };
-    let r = vm::run_rebooting(&cfg, OnReset::Reboot { max: 2 }).expect("the Linux VM runs");
+    let r = reboot::run_rebooting(&cfg, OnReset::Reboot { max: 2 }).expect("the Linux VM runs");
     let c = &r.console;
     assert_eq!(r.reason, StopReason::Reset, "console:\n{c}");
     assert_eq!(r.reboots, 2, "console:\n{c}");
@@ -58,7 +59,7 @@ fn a_reset_stops_the_guest_without_a_reboot_policy() {
     let Some(cfg) = reboot_config() else {
         return;
     };
-    let r = vm::run_rebooting(&cfg, OnReset::Stop).expect("the Linux VM runs");
+    let r = reboot::run_rebooting(&cfg, OnReset::Stop).expect("the Linux VM runs");
     assert_eq!(r.reason, StopReason::Reset, "console:\n{}", r.console);
     assert_eq!(r.reboots, 0);
     assert_eq!(r.console.matches(INIT_LINE).count(), 1, "{}", r.console);
@@ -77,8 +78,8 @@ fn a_reboot_bound_out_of_range_is_refused_before_any_machine_starts() {
         dirty: HarvestConfig::default(),
         ram_pages: Default::default(),
     };
-    for max in [0, vm::MAX_REBOOTS + 1] {
-        let e = vm::run_rebooting(&cfg, OnReset::Reboot { max }).expect_err("refused");
+    for max in [0, reboot::MAX_REBOOTS + 1] {
+        let e = reboot::run_rebooting(&cfg, OnReset::Reboot { max }).expect_err("refused");
         assert!(e.to_string().contains(&format!("{max} reboots")), "{e}");
     }
 }

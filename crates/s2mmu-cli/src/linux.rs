@@ -9,6 +9,7 @@ use crate::report::human_bytes;
 use crate::stats::median;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::baseline;
+use s2mmu_arm64::linux::reboot;
 use s2mmu_arm64::linux::run::{check_word, dirtier_rate, verdict, RunSpec};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, LinuxReport, EXIT_NAMES};
 use s2mmu_cli::dirty_mode::{linux_dirty_name, parse_linux_dirty};
@@ -81,12 +82,12 @@ pub struct Params {
 }
 
 /// The reset policy of the flags.
-fn on_reset(p: &Params) -> vm::OnReset {
+fn on_reset(p: &Params) -> reboot::OnReset {
     match p.on_reset.as_str() {
-        "reboot" => vm::OnReset::Reboot {
+        "reboot" => reboot::OnReset::Reboot {
             max: p.max_reboots as u32,
         },
-        _ => vm::OnReset::Stop,
+        _ => reboot::OnReset::Stop,
     }
 }
 
@@ -169,7 +170,7 @@ pub fn main(p: Params) -> Result<(), String> {
     }
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for run in 1..=p.runs {
-        let r = vm::run_rebooting(&cfg, on_reset(&p)).map_err(|e| e.to_string())?;
+        let r = reboot::run_rebooting(&cfg, on_reset(&p)).map_err(|e| e.to_string())?;
         if p.console != "-" {
             std::fs::write(&p.console, &r.console).map_err(|e| format!("{}: {e}", p.console))?;
         }

@@ -59,7 +59,7 @@ pub use devices::{bus, gic, mmio, psci, uart};
 pub use machine::load::{boot, fdt, loader};
 pub use machine::logging::{changes, dirty};
 pub use machine::state::{vcpu_state, vm_state};
-pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
+pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, reboot, vm};
 pub use migration::{run_error, session_dest, session_postcopy, session_run, session_source};
 pub use runs::{baseline, ipi, run};
 

@@ -87,7 +87,7 @@ pub enum PsciCall {
     /// Power the machine off.
     SystemOff,
     /// Reset the machine (the host stops it and says so, or boots it
-    /// again: `vm::run_rebooting`).
+    /// again: `reboot::run_rebooting`).
     SystemReset,
 }
 

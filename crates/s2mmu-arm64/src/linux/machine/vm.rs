@@ -22,7 +22,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use crate::linux::devices::timer::CNTHCTL_LINUX;
-pub use crate::linux::machine::reboot::{run_rebooting, OnReset, MAX_REBOOTS};
 pub use crate::linux::shared::{DeviceLayout, StopReason, HCR_LINUX, RAM_IPA, RAM_SLOT};
 pub(crate) use crate::linux::shared::{ExitKind, Power, Shared, VcpuCounters};
 /// Most vCPUs.
@@ -114,7 +113,7 @@ pub struct LinuxReport {
     pub dirty: Option<HarvestReport>,
     /// The engine's TLB maintenance: in fault answers, on the service CPU.
     pub tlbi: crate::tlbi::TlbiCounters,
-    /// Boots after the first ([`run_rebooting`]; 0 from [`run`]).
+    /// Boots after the first (`reboot::run_rebooting`; 0 from [`run`]).
     pub reboots: u32,
 }
 
@@ -144,7 +143,7 @@ pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
 }
 
 /// Boots the guest and runs it until it powers off, resets, fails or runs
-/// out of time ([`run_rebooting`] boots it again on a reset).
+/// out of time (`reboot::run_rebooting` boots it again on a reset).
 ///
 /// # Errors
 /// [`Arm64Error::Config`] for a bad configuration (before QEMU starts);

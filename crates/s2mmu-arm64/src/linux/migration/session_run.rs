@@ -242,6 +242,11 @@ fn machine(machine: &'static str, error: impl std::fmt::Display) -> LinuxRunErro
     }
 }
 
+/// Whether the guest program prints the counter's steps.
+fn counts(s: &RunSettings) -> bool {
+    matches!(s.program, GuestProgram::Counter | GuestProgram::Fill)
+}
+
 /// [`LinuxRunError::Session`] of `side` with `error`.
 fn session(side: &'static str, error: MigrateError) -> LinuxRunError {
     LinuxRunError::Session { side, error }
@@ -322,7 +327,7 @@ pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, Linu
     let a = boot_source(s, cfg)?;
     let src = LinuxSource::new(a);
     let (o, d, b) =
-        in_process(s, &src, cfg).map_err(|e| source_resume::after_failure(s.program, &src, e))?;
+        in_process(s, &src, cfg).map_err(|e| source_resume::after_failure(counts(s), &src, e))?;
     let mut a = src.vm().lock();
     let state_bytes = a.guest_state().map_or(0, |v| v.len());
     let mut b = b.lock();
@@ -443,7 +448,7 @@ pub fn source_to(
     let net = &s.net;
     let src = LinuxSource::new(a);
     let o = run_source(&src, &scfg, &mut |_| connect_source(addr, &scfg, net))
-        .map_err(|error| source_resume::after_failure(s.program, &src, session("source", error)))?;
+        .map_err(|error| source_resume::after_failure(counts(s), &src, session("source", error)))?;
     let mut a = src.vm().lock();
     let text = a.console().contents();
     let last = begun_steps(&text).last().copied().unwrap_or(0);

@@ -8,16 +8,16 @@
 
 use crate::linux::console_watch::{begun_steps, steps, wait_for};
 use crate::linux::run_error::LinuxRunError;
-use crate::linux::session_run::GuestProgram;
 use crate::linux::session_source::LinuxSource;
 use s2mmu_migrate::session::guest::SourceGuest;
 
-/// `error` of a migration of `src`'s guest, after it: when the guest runs
+/// `error` of a migration of `src`'s guest (`counter`: its program prints
+/// the counter's steps, as `counter` and `fill` do), after it: when the guest runs
 /// on here, [`LinuxRunError::SourceResumed`] once it showed it went on, or
 /// [`LinuxRunError::SourceStuck`] when it did not; `error` itself when the
 /// session kept the guest paused (it must not run twice).
 pub(crate) fn after_failure(
-    program: GuestProgram,
+    counter: bool,
     src: &LinuxSource,
     error: LinuxRunError,
 ) -> LinuxRunError {
@@ -31,8 +31,8 @@ pub(crate) fn after_failure(
     // The session's resume (a no-op on a guest never paused).
     src.vm().resume_vcpus();
     let a = src.vm().lock();
-    let went_on = match program {
-        GuestProgram::Counter | GuestProgram::Fill => {
+    let went_on = match counter {
+        true => {
             let last = begun_steps(&text).last().copied().unwrap_or(0);
             wait_for(&a, "the source", |t| {
                 steps(t).last().filter(|&&n| n > last).copied()
@@ -40,7 +40,7 @@ pub(crate) fn after_failure(
             .and_then(|n| in_order(&a.console().contents()).map(|()| n))
             .map(|n| format!("its counter printed step {n}, every step once and in order"))
         }
-        GuestProgram::Dirtier | GuestProgram::User => {
+        false => {
             let whole = text.rfind('\n').map_or(0, |i| i + 1);
             wait_for(&a, "the source", |t| {
                 t.get(whole..)?
