@@ -48,7 +48,7 @@ linux_test!(one_process_machine_b_killed_in_round_0_leaves_a_running, {
     let (mut c, log) = migrate(&q, "256M", &["--no-tls", SLOW[0], SLOW[1]]);
     wait_round_0(&mut c, &log);
     q.kill(2);
-    source_resumed(&mut c, &log, "destination");
+    source_resumed(&mut c, &log, "Linux destination: its QEMU machine: ");
 });
 
 linux_test!(a_killed_destination_process_leaves_the_source_running, {
@@ -67,7 +67,7 @@ linux_test!(the_destinations_qemu_killed_leaves_the_source_running, {
     let (mut s, slog) = migrate(&qs, "256M", &["--to", &addr, SLOW[0], SLOW[1]]);
     wait_round_0(&mut s, &slog);
     qd.kill(1);
-    source_resumed(&mut s, &slog, "source: ");
+    source_resumed(&mut s, &slog, "Linux destination: its QEMU machine: ");
     let st = wait_exit(&mut d, &dlog, Duration::from_secs(120));
     assert!(!st.success(), "the destination succeeded:\n{}", dlog.text());
 });
