@@ -43,6 +43,11 @@ for prog in $(echo "$run" | tr + ' '); do
   i=$((i + 1))
   case $prog in
     none) ;;
+    reboot)
+      # PSCI SYSTEM_RESET: the host stops the VM or boots it again.
+      echo "s2mmu-init: reboot"
+      reboot -f
+      ;;
     shell)
       echo "s2mmu-init: shell (exit to power off)"
       setsid cttyhack sh

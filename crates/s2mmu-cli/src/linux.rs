@@ -9,6 +9,7 @@ use crate::report::human_bytes;
 use crate::stats::median;
 use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
+use s2mmu_arm64::linux::reboot;
 use s2mmu_arm64::linux::run::{check_word, dirtier_rate, verdict, RunSpec};
 use s2mmu_arm64::linux::vm::{self, LinuxConfig, LinuxReport, EXIT_NAMES};
 use s2mmu_arm64::linux::{baseline, console_input};
@@ -20,6 +21,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod compare;
+mod ipi;
 mod plot;
 mod rate;
 
@@ -44,7 +46,7 @@ pub struct Params {
     /// Kernel command line words after the console settings.
     #[arg(long, default_value = "quiet")]
     pub cmdline: String,
-    /// The guest program /init runs (none, dirtier, counter, shell).
+    /// The guest program /init runs (none, dirtier, counter, shell, reboot: `reboot -f`, a PSCI SYSTEM_RESET; ipi: SGIs a second with 1, 2 and 4 vCPUs up to -v, an EL1 guest of the crate's own, against QEMU alone, --runs each).
     #[arg(long, default_value = "none")]
     pub run: String,
     /// Its arguments, comma-separated (dirtier: mem=MiB,file=MiB,rate=N,secs=N).
@@ -91,6 +93,22 @@ pub struct Params {
     /// The guest's console is not echoed (it still goes to a --console file).
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// What the guest's PSCI SYSTEM_RESET does: stop (the run ends, reported as a reset) or reboot (a cold boot of the same kernel on a fresh machine, up to --max-reboots times).
+    #[arg(long, default_value = "stop", value_parser = ["stop", "reboot"])]
+    pub on_reset: String,
+    /// With --on-reset reboot: reboots before a reset stops the run (1..=100).
+    #[arg(long, default_value_t = 10, value_parser = crate::limits::count_in(1..=100))]
+    pub max_reboots: usize,
+}
+
+/// The reset policy of the flags.
+fn on_reset(p: &Params) -> reboot::OnReset {
+    match p.on_reset.as_str() {
+        "reboot" => reboot::OnReset::Reboot {
+            max: p.max_reboots as u32,
+        },
+        _ => reboot::OnReset::Stop,
+    }
 }
 
 impl Params {
@@ -194,6 +212,9 @@ pub fn main(p: Params) -> Result<(), String> {
         );
         return Ok(());
     }
+    if p.run == "ipi" {
+        return ipi::main(&p);
+    }
     let (cfg, a) = config(&p)?;
     if p.rate_per_mode {
         return rate::rate_per_mode(&p, cfg);
@@ -254,7 +275,7 @@ pub fn main(p: Params) -> Result<(), String> {
 fn run_once(p: &Params, cfg: &LinuxConfig) -> Result<LinuxReport, String> {
     let tty = console_input::stdin_is_terminal();
     if p.console != "-" || p.json || !(tty || p.run == "shell") {
-        return vm::run(cfg).map_err(|e| e.to_string());
+        return reboot::run_rebooting(cfg, on_reset(p)).map_err(|e| e.to_string());
     }
     eprintln!("linux: the console is this terminal; Ctrl-A x stops the VM");
     let raw = match tty {
@@ -318,6 +339,7 @@ fn to_json(p: &Params, r: &LinuxReport) -> serde_json::Value {
         .collect();
     json!({
         "stop": format!("{:?}", r.reason),
+        "reboots": r.reboots,
         "cpus_online": r.cpus_online,
         "boot_to_init_s": r.init_s,
         "total_s": r.total_s,
@@ -352,13 +374,21 @@ fn to_json(p: &Params, r: &LinuxReport) -> serde_json::Value {
 
 fn print_text(p: &Params, r: &LinuxReport, b: Option<&baseline::BaselineReport>) {
     println!(
-        "linux: {} vCPUs, {} RAM: {} CPUs online at init after {}, stopped ({:?}) after {:.2} s",
+        "linux: {} vCPUs, {} RAM: {} CPUs online at init after {}, stopped ({:?}) after {:.2} s{}",
         p.vcpus,
         human_bytes(p.mem),
         r.cpus_online.map_or("no".into(), |n| n.to_string()),
         r.init_s.map_or("never".into(), |s| format!("{s:.2} s")),
         r.reason,
-        r.total_s
+        r.total_s,
+        if r.reboots > 0 {
+            format!(
+                " and {} reboots (the figures are the last boot's)",
+                r.reboots
+            )
+        } else {
+            String::new()
+        }
     );
     let exits: Vec<String> = EXIT_NAMES
         .iter()

@@ -12,7 +12,7 @@
 //!   ([`vcpu_state`], [`vm_state`]);
 //! - [`assets`]: the kernel, the initramfs ([`cpio`]) and the Debian
 //!   packages ([`debs`]);
-//! - `runs/`: `s2mmu linux`'s runs ([`run`]) and QEMU's own boot of the
+//! - `runs/`: `s2mmu linux`'s runs ([`run`]), its SGI rate ([`ipi`]) and QEMU's own boot of the
 //!   same guest ([`baseline`]);
 //! - `migration/`: the VM behind the migration library's session.
 //!
@@ -59,9 +59,9 @@ pub use devices::{bus, console_input, gic, mmio, psci, uart};
 pub use machine::load::{boot, fdt, loader};
 pub use machine::logging::{changes, dirty};
 pub use machine::state::{vcpu_state, vm_state};
-pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
+pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, reboot, vm};
 pub use migration::{run_error, session_dest, session_postcopy, session_run, session_source};
-pub use runs::{baseline, compare, run};
+pub use runs::{baseline, compare, ipi, run};
 
 use devices::{console_echo, timer};
 use machine::{el2, mig_vcpu, placement, shared, vcpu, watch};

@@ -86,7 +86,8 @@ pub enum PsciCall {
     CpuOff,
     /// Power the machine off.
     SystemOff,
-    /// Reset the machine (the host stops it and says so).
+    /// Reset the machine (the host stops it and says so, or boots it
+    /// again: `reboot::run_rebooting`).
     SystemReset,
 }
 
@@ -97,13 +98,12 @@ pub enum PsciCall {
 /// it INVALID_PARAMETERS, as an affinity no CPU has ([`vcpu_of`], checked
 /// by the VM); so is a lowest affinity level other than 0 (PSCI 1.0 on).
 /// PSCI_FEATURES' function ID is 32 bits: one with its upper half set is
-/// no function (NOT_SUPPORTED).
+/// no function (NOT_SUPPORTED). The call's own function ID is W0, as
+/// SMCCC passes it: x0's upper half is ignored, as KVM does
+/// (`smccc_get_function` reads it as a `u32`).
 pub fn decode(x: [u64; 4]) -> PsciCall {
     let id = x[0] as u32;
     let ans = |v: i64| PsciCall::Answer(v as u64);
-    if x[0] >> 32 != 0 {
-        return ans(RET_NOT_SUPPORTED);
-    }
     let narrow = |v: u64| if id & SMC64 == 0 { v & 0xffff_ffff } else { v };
     let (x1, x2, x3) = (narrow(x[1]), narrow(x[2]), narrow(x[3]));
     match id {

@@ -116,10 +116,20 @@ fn features_checks_the_whole_function_id() {
 }
 
 #[test]
-fn unknown_calls_and_a_function_id_with_its_upper_half_set_are_not_supported() {
+fn unknown_calls_are_not_supported_and_x0s_upper_half_is_ignored() {
     assert_eq!(call(CPU_SUSPEND, 0, 0, 0), UNSUPPORTED);
     assert_eq!(call(0x8000_0000, 0, 0, 0), UNSUPPORTED);
-    assert_eq!(decode([1 << 32 | VERSION as u64, 0, 0, 0]), UNSUPPORTED);
+    // The function ID is W0: VERSION whatever x0's upper half holds.
+    for upper in [1u64 << 32, 0xffff_ffff << 32] {
+        assert_eq!(
+            decode([upper | VERSION as u64, 0, 0, 0]),
+            call(VERSION, 0, 0, 0)
+        );
+        assert_eq!(
+            decode([upper | SYSTEM_OFF as u64, 0, 0, 0]),
+            PsciCall::SystemOff
+        );
+    }
 }
 
 /// A VM of `n` vCPUs that records what PSCI asked of it.

@@ -66,7 +66,7 @@ pub(in crate::linux) struct Running {
 
 /// A migratable Linux VM on its own QEMU machine.
 pub struct LinuxVm {
-    machine: Arc<Machine>,
+    pub(in crate::linux) machine: Arc<Machine>,
     vcpus: usize,
     mem: u64,
     console: ConsoleBuffer,

@@ -56,7 +56,8 @@ pub struct DeviceLayout {
 pub enum StopReason {
     /// PSCI SYSTEM_OFF.
     PowerOff,
-    /// PSCI SYSTEM_RESET (the host does not reboot: it stops).
+    /// PSCI SYSTEM_RESET (the VM stops; `reboot::run_rebooting` may boot it
+    /// again).
     Reset,
     /// PSCI CPU_OFF on the last vCPU that was on: no CPU is left to run.
     CpusOff,

@@ -137,6 +137,8 @@ pub struct LinuxReport {
     /// the start, every [`EXIT_SAMPLE`] (at most [`MAX_EXIT_SAMPLES`]), with
     /// the seconds since the start.
     pub exit_samples: Vec<ExitSample>,
+    /// Boots after the first (`reboot::run_rebooting`; 0 from [`run`]).
+    pub reboots: u32,
 }
 
 /// Seconds since the start, and every vCPU's exits by kind until then.
@@ -191,7 +193,7 @@ pub(crate) fn host_placement_only(cfg: &LinuxConfig, what: &str) -> Result<()> {
 }
 
 /// Boots the guest and runs it until it powers off, resets, fails or runs
-/// out of time.
+/// out of time (`reboot::run_rebooting` boots it again on a reset).
 ///
 /// # Errors
 /// [`Arm64Error::Config`] for a bad configuration (before QEMU starts);
@@ -560,6 +562,7 @@ pub(crate) fn report(
         dirty: None,
         tlbi: sh.vm.sink().counters(),
         exit_samples: Vec::new(),
+        reboots: 0,
     }
 }
 

@@ -6,3 +6,4 @@ pub mod session_dest;
 pub mod session_postcopy;
 pub mod session_run;
 pub mod session_source;
+mod source_resume;

@@ -63,6 +63,22 @@ pub enum LinuxRunError {
     /// The migrated guest did not go on as it must: the counter skipped
     /// or went back, or the source's guest printed after the switch.
     WentWrong(String),
+    /// The migration failed (`error`) before the destination's guest
+    /// ran, and the source's guest, resumed (or never paused), went on.
+    SourceResumed {
+        /// What failed.
+        error: Box<LinuxRunError>,
+        /// How the source's guest showed it went on.
+        went_on: String,
+    },
+    /// The migration failed (`error`) and the source's guest, resumed,
+    /// did not go on (`why`).
+    SourceStuck {
+        /// What failed.
+        error: Box<LinuxRunError>,
+        /// Why the source's guest did not go on.
+        why: Box<LinuxRunError>,
+    },
     /// What was waited for did not show within the limit.
     Timeout {
         /// Which machine.
@@ -95,6 +111,14 @@ impl fmt::Display for LinuxRunError {
                 write!(f, "{machine}: the guest stopped ({reason})")
             }
             LinuxRunError::WentWrong(why) => f.write_str(why),
+            LinuxRunError::SourceResumed { error, went_on } => write!(
+                f,
+                "{error}; the migration failed and the source's guest was resumed: {went_on}"
+            ),
+            LinuxRunError::SourceStuck { error, why } => write!(
+                f,
+                "{error}; the migration failed and the source's guest, resumed, did not go on: {why}"
+            ),
             LinuxRunError::Timeout { machine, limit } => {
                 write!(f, "{machine}: not seen after {} s", limit.as_secs())
             }

@@ -188,6 +188,11 @@ impl DestGuest for LinuxDestGuest {
     fn start(&self, state: &CheckedState) -> Result<LinuxRunning, MigrateError> {
         {
             let mut vm = self.vm.lock();
+            // A machine whose QEMU is gone takes no state: that is what
+            // failed, not the state.
+            vm.machine
+                .check_alive()
+                .map_err(|e| refuse(format!("its QEMU machine: {e}")))?;
             vm.load_guest_state(&state.0)
                 .map_err(|e| MigrateError::BadState { why: e.to_string() })?;
             vm.resume_vcpus()

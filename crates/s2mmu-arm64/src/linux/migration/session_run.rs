@@ -15,6 +15,7 @@ use crate::linux::assets::LinuxAssets;
 use crate::linux::dirty::HarvestConfig;
 use crate::linux::dirty_limit::DirtyLimitCounters;
 use crate::linux::migrate::{LinuxVm, RestoreClock};
+use crate::linux::migration::source_resume;
 pub use crate::linux::run_error::LinuxRunError;
 use crate::linux::session_dest::LinuxDest;
 use crate::linux::session_source::{LinuxSessionVm, LinuxSource};
@@ -250,6 +251,11 @@ fn machine(machine: &'static str, error: impl std::fmt::Display) -> LinuxRunErro
     }
 }
 
+/// Whether the guest program prints the counter's steps.
+fn counts(s: &RunSettings) -> bool {
+    matches!(s.program, GuestProgram::Counter | GuestProgram::Fill)
+}
+
 /// [`LinuxRunError::Session`] of `side` with `error`.
 fn session(side: &'static str, error: MigrateError) -> LinuxRunError {
     LinuxRunError::Session { side, error }
@@ -323,14 +329,17 @@ pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, LinuxR
 /// down.
 ///
 /// # Errors
-/// [`LinuxRunError::Machine`] for a machine failing,
-/// [`LinuxRunError::Session`] for a failed migration (either side's
-/// error), [`LinuxRunError::WentWrong`] and [`wait_for`]'s errors for a
+/// [`LinuxRunError::Machine`] for machine A failing;
+/// [`LinuxRunError::SourceResumed`] (or [`LinuxRunError::SourceStuck`])
+/// for a migration that failed before B's guest ran (B's machine, or
+/// either side's session error, inside it): A's guest went on;
+/// [`LinuxRunError::WentWrong`] and [`wait_for`]'s errors for a
 /// guest that did not go on.
 pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, LinuxRunError> {
     let a = boot_source(s, cfg)?;
     let src = LinuxSource::new(a);
-    let (o, d, b) = in_process(s, &src, cfg)?;
+    let (o, d, b) =
+        in_process(s, &src, cfg).map_err(|e| source_resume::after_failure(counts(s), &src, e))?;
     let mut a = src.vm().lock();
     let state_bytes = a.guest_state().map_or(0, |v| v.len());
     let mut b = b.lock();
@@ -435,9 +444,12 @@ fn in_process(
 /// its console's [`unfinished_line`], then checks A's guest stays paused (it must never run again).
 ///
 /// # Errors
-/// [`LinuxRunError::Session`] for a failed migration (connecting
-/// included), [`LinuxRunError::WentWrong`] when A's guest printed after
-/// the switch.
+/// [`LinuxRunError::SourceResumed`] (or [`LinuxRunError::SourceStuck`])
+/// for a migration that failed (connecting included) while A's guest
+/// still runs here: the session's error inside it;
+/// [`LinuxRunError::Session`] for one that failed with A's guest kept
+/// paused (post-copy's split); [`LinuxRunError::WentWrong`] when A's
+/// guest printed after the switch.
 pub fn source_to(
     s: &RunSettings,
     addr: &str,
@@ -448,7 +460,7 @@ pub fn source_to(
     let net = &s.net;
     let src = LinuxSource::new(a);
     let o = run_source(&src, &scfg, &mut |_| connect_source(addr, &scfg, net))
-        .map_err(|error| session("source", error))?;
+        .map_err(|error| source_resume::after_failure(counts(s), &src, session("source", error)))?;
     let mut a = src.vm().lock();
     let text = a.console().contents();
     let last = begun_steps(&text).last().copied().unwrap_or(0);

@@ -2,4 +2,5 @@
 
 pub mod baseline;
 pub mod compare;
+pub mod ipi;
 pub mod run;

@@ -19,7 +19,7 @@ const HVA: u64 = 0x7000_0000_0000;
 fn mmu(policy: MmuPolicy) -> Result<TestMmu> {
     let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
     let mm = HostMmOps::new(4096).unwrap();
-    let store = TreeMemslots::with_config(MemslotConfig::default());
+    let store = TreeMemslots::with_config(super::tests::slot_config());
     Mmu::new(fmt, mm, Arc::new(NoTlb), store, policy)
 }
 
@@ -68,7 +68,7 @@ fn a_pml_log_refuses_the_reader_of_another_mmu() {
             EptFormat::new(4).unwrap(),
             HostMmOps::new(4096).unwrap(),
             Arc::new(NoTlb),
-            TreeMemslots::with_config(MemslotConfig::default()),
+            TreeMemslots::with_config(super::tests::slot_config()),
             policy,
         )
         .unwrap()
@@ -165,7 +165,7 @@ fn absurd_policies_are_refused() {
 fn a_bitmap_too_big_to_allocate_is_an_error() {
     let config = MemslotConfig {
         max_npages: u64::MAX,
-        ..MemslotConfig::default()
+        ..super::tests::slot_config()
     };
     let m = Mmu::new(
         EptFormat::new(5).unwrap(),

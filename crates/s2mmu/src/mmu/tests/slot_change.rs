@@ -9,7 +9,7 @@
 use super::super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::format::ept::EptFormat;
-use crate::memslot::{MemslotConfig, TreeMemslots};
+use crate::memslot::TreeMemslots;
 use crate::tlb::NoTlb;
 use crate::{Gpa, HostMmOps, Hva};
 use alloc::collections::BTreeSet;
@@ -144,7 +144,7 @@ fn harvest<F: PteFormat>(m: &Mmu<F, HostMmOps, TreeMemslots>) -> BTreeSet<u64> {
 /// Runs one case; returns what went wrong, if anything.
 fn case<F: PteFormat>(fmt: F, policy: MmuPolicy, change: Change) -> Option<String> {
     let mm = HostMmOps::new(4096).unwrap();
-    let store = TreeMemslots::with_config(MemslotConfig::default());
+    let store = TreeMemslots::with_config(super::tests::slot_config());
     let m = Mmu::new(fmt, mm, Arc::new(NoTlb), store, policy).unwrap();
     m.set_memory_region(&region(GPA, SIZE, false), 4096)
         .unwrap();

@@ -5,7 +5,7 @@
 
 use super::super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
-use crate::memslot::{MemslotConfig, TreeMemslots};
+use crate::memslot::TreeMemslots;
 use crate::tlb::NoTlb;
 use crate::{Gpa, HostMmOps, Hva};
 use core::sync::atomic::AtomicUsize;
@@ -79,7 +79,7 @@ fn mmu(policy: MmuPolicy) -> (BudgetMmu, Arc<AtomicUsize>) {
         budget: budget.clone(),
     };
     let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
-    let store = TreeMemslots::with_config(MemslotConfig::default());
+    let store = TreeMemslots::with_config(super::tests::slot_config());
     let m = Mmu::new(fmt, mm, Arc::new(NoTlb), store, policy).unwrap();
     (m, budget)
 }

@@ -4,7 +4,7 @@
 use super::super::*;
 use crate::dirty::MAX_DIRTY_VIEWS_PER_SLOT;
 use crate::format::arm64::{Arm64Stage2, Granule};
-use crate::memslot::{MemslotConfig, TreeMemslots};
+use crate::memslot::TreeMemslots;
 use crate::tlb::NoTlb;
 use crate::{Gpa, HostMmOps, Hva};
 
@@ -18,7 +18,7 @@ const PAGES: u64 = 256;
 fn logged(policy: MmuPolicy) -> TestMmu {
     let fmt = Arm64Stage2::new(Granule::K4, 40).unwrap();
     let mm = HostMmOps::new(4096).unwrap();
-    let store = TreeMemslots::with_config(MemslotConfig::default());
+    let store = TreeMemslots::with_config(super::tests::slot_config());
     let m = Mmu::new(fmt, mm, Arc::new(NoTlb), store, policy).unwrap();
     let r = UserMemoryRegion::new(
         0,
