@@ -24,8 +24,9 @@ fn reboot_run(args: &[&str]) -> (serde_json::Value, String) {
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(!o.status.success(), "the run ended in a reset: {out}{err}");
     assert!(err.contains("did not power off: Reset"), "{err}");
-    let line = out.lines().find(|l| l.starts_with('{')).expect("a report");
-    let envelope: serde_json::Value = serde_json::from_str(line).unwrap();
+    let start = out.find('{').expect("a report");
+    let envelope: serde_json::Value =
+        serde_json::from_str(&out[start..]).expect("one JSON envelope");
     (envelope["results"][0].clone(), err)
 }
 
