@@ -5,6 +5,7 @@
 
 pub mod arm64;
 pub mod dirty_log;
+pub mod dirty_mode;
 pub mod harvest;
 pub mod host;
 pub use s2mmu_migrate::session::lost_write;

@@ -1,7 +1,7 @@
 //! The library half of the `s2mmu` command: what integration tests reach.
 //! The subcommands that are only benchmarks live in the binary.
 
-pub mod dirty_mode;
+pub use s2mmu_bench::dirty_mode;
 pub mod flags;
 pub mod limits;
 pub use s2mmu_migrate::session::lost_write;

@@ -59,9 +59,9 @@ pub use devices::{bus, console_input, gic, mmio, psci, uart};
 pub use machine::load::{boot, fdt, loader};
 pub use machine::logging::{changes, dirty};
 pub use machine::state::{vcpu_state, vm_state};
-pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, reboot, vm};
+pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
 pub use migration::{run_error, session_dest, session_postcopy, session_run, session_source};
-pub use runs::{baseline, compare, ipi, run};
+pub use runs::{baseline, compare, ipi, reboot, run};
 
 use devices::{console_echo, timer};
 use machine::{el2, mig_vcpu, placement, shared, vcpu, watch};

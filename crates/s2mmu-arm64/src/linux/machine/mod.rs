@@ -16,7 +16,6 @@ pub mod migrate;
 pub mod page_fetch;
 pub(crate) mod placement;
 mod power;
-pub mod reboot;
 pub(crate) mod shared;
 pub mod state;
 pub(crate) mod vcpu;

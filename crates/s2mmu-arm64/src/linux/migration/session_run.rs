@@ -133,13 +133,11 @@ pub enum WentOn {
 pub struct LinuxRun {
     /// From the pause on A to the resume on B.
     pub downtime: Duration,
-    /// From logging on to the resume on B (a post-copy's pages after the
-    /// resume not included).
+    /// From logging on to the resume on B (not a post-copy's later pages).
     pub total: Duration,
     /// From logging on to the pause on A.
     pub precopy: Duration,
-    /// Stream bytes the source sent up to the resume (a post-copy's
-    /// pages after it are its outcome's `bytes`).
+    /// Stream bytes the source sent up to the resume on B.
     pub stream_bytes: u64,
     /// Pages of each pre-copy round.
     pub round_pages: Vec<u64>,
@@ -251,11 +249,6 @@ fn machine(machine: &'static str, error: impl std::fmt::Display) -> LinuxRunErro
     }
 }
 
-/// Whether the guest program prints the counter's steps.
-fn counts(s: &RunSettings) -> bool {
-    matches!(s.program, GuestProgram::Counter | GuestProgram::Fill)
-}
-
 /// [`LinuxRunError::Session`] of `side` with `error`.
 fn session(side: &'static str, error: MigrateError) -> LinuxRunError {
     LinuxRunError::Session { side, error }
@@ -338,8 +331,8 @@ pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, LinuxR
 pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, LinuxRunError> {
     let a = boot_source(s, cfg)?;
     let src = LinuxSource::new(a);
-    let (o, d, b) =
-        in_process(s, &src, cfg).map_err(|e| source_resume::after_failure(counts(s), &src, e))?;
+    let resumed = |e| source_resume::after_failure(s.program.counts(), &src, e);
+    let (o, d, b) = in_process(s, &src, cfg).map_err(resumed)?;
     let mut a = src.vm().lock();
     let state_bytes = a.guest_state().map_or(0, |v| v.len());
     let mut b = b.lock();
@@ -459,8 +452,10 @@ pub fn source_to(
     let scfg = session_config(s);
     let net = &s.net;
     let src = LinuxSource::new(a);
-    let o = run_source(&src, &scfg, &mut |_| connect_source(addr, &scfg, net))
-        .map_err(|error| source_resume::after_failure(counts(s), &src, session("source", error)))?;
+    let o =
+        run_source(&src, &scfg, &mut |_| connect_source(addr, &scfg, net)).map_err(|error| {
+            source_resume::after_failure(s.program.counts(), &src, session("source", error))
+        })?;
     let mut a = src.vm().lock();
     let text = a.console().contents();
     let last = begun_steps(&text).last().copied().unwrap_or(0);

@@ -3,4 +3,5 @@
 pub mod baseline;
 pub mod compare;
 pub mod ipi;
+pub mod reboot;
 pub mod run;
