@@ -10,17 +10,29 @@ use crate::linux::console_watch::{begun_steps, steps, wait_for};
 use crate::linux::run_error::LinuxRunError;
 use crate::linux::session_source::LinuxSource;
 use s2mmu_migrate::session::guest::SourceGuest;
+use s2mmu_migrate::stream_error::MigrateError;
 
 /// `error` of a migration of `src`'s guest (`counter`: its program prints
 /// the counter's steps, as `counter` and `fill` do), after it: when the guest runs
 /// on here, [`LinuxRunError::SourceResumed`] once it showed it went on, or
 /// [`LinuxRunError::SourceStuck`] when it did not; `error` itself when the
-/// session kept the guest paused (it must not run twice).
+/// session kept the guest paused (it must not run twice) or when the
+/// source's own guest stopped (powered off, reset: nothing to resume, and
+/// its stop is the failure's cause).
 pub(crate) fn after_failure(
     counter: bool,
     src: &LinuxSource,
     error: LinuxRunError,
 ) -> LinuxRunError {
+    if matches!(
+        error,
+        LinuxRunError::Session {
+            error: MigrateError::SourceGuestStopped { .. },
+            ..
+        }
+    ) {
+        return error;
+    }
     let text = {
         let a = src.vm().lock();
         if a.paused {
