@@ -10,6 +10,7 @@
 //! and bytes sent (ours: its JSON report; QEMU's: QMP `query-migrate` and
 //! its STOP and RESUME events).
 
+pub mod cell;
 pub mod console;
 pub mod link;
 pub mod ours;
@@ -17,150 +18,8 @@ pub mod qemu;
 pub mod qmp;
 pub mod report;
 
+pub use cell::{Cell, CellRuns, Measured, Spec, BEFORE_S, MIN_DURING_S, WARMUP_S};
 pub use link::{LinkSpec, Net, LINKS};
-use std::path::PathBuf;
-
-/// The migration starts this long after the guest program's first line
-/// (`s2mmu migrate --guest linux` waits so long after the dirtier starts;
-/// the QEMU side is started at the same point).
-pub const WARMUP_S: f64 = 2.0;
-/// The window before the migration the guest's own rate is taken over.
-pub const BEFORE_S: f64 = 1.5;
-/// The shortest window the rate during the migration is taken over: a
-/// paced guest writes in bursts of 64 pages, so a shorter window of a
-/// slow one measures its bursts, not its rate.
-pub const MIN_DURING_S: f64 = 1.0;
-
-/// A cell of the matrix: what the guest does, and how it is moved.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub enum Cell {
-    /// Near idle: 64 pages a second over 1 MiB.
-    Idle,
-    /// Writing 64 MiB/s over 64 MiB, pre-copy.
-    Write64,
-    /// Writing as fast as it can over 64 MiB, pre-copy.
-    WriteMax,
-    /// Writing 64 MiB/s, post-copy after the first pass on both sides.
-    Postcopy,
-}
-
-impl Cell {
-    /// Every cell, the matrix's default.
-    pub const ALL: [Cell; 4] = [Cell::Idle, Cell::Write64, Cell::WriteMax, Cell::Postcopy];
-
-    /// Its name in the report and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Cell::Idle => "idle",
-            Cell::Write64 => "write-64m",
-            Cell::WriteMax => "write-max",
-            Cell::Postcopy => "postcopy",
-        }
-    }
-
-    /// The cell named `s`.
-    pub fn parse(s: &str) -> Option<Cell> {
-        Cell::ALL.into_iter().find(|c| c.name() == s)
-    }
-
-    /// The dirtier's arguments for a run of `secs` seconds.
-    pub fn program_args(self, secs: u64) -> String {
-        let what = match self {
-            Cell::Idle => "pages=256,rate=64",
-            Cell::Write64 | Cell::Postcopy => "mem=64,rate=16384",
-            Cell::WriteMax => "mem=64,rate=0",
-        };
-        format!("{what},file=0,secs={secs},tick=2")
-    }
-
-    /// Whether both sides switch to post-copy.
-    pub fn postcopy(self) -> bool {
-        self == Cell::Postcopy
-    }
-}
-
-/// What the benchmark runs.
-#[derive(Clone, Debug)]
-pub struct Spec {
-    /// Cells, each over every link.
-    pub cells: Vec<Cell>,
-    /// Links.
-    pub links: Vec<LinkSpec>,
-    /// Runs of each side per cell and link.
-    pub runs: u32,
-    /// Guest RAM, MiB.
-    pub mem_mib: u64,
-    /// Guest vCPUs.
-    pub vcpus: u32,
-    /// How long the guest program runs (it must outlast the migration).
-    pub guest_secs: u64,
-    /// The `s2mmu` binary our side runs.
-    pub s2mmu: PathBuf,
-    /// The kernel `Image` and initramfs both sides boot.
-    pub kernel: PathBuf,
-    /// See `kernel`.
-    pub initrd: PathBuf,
-    /// `scripts/` (netns-link.sh, netns_delay_relay.py).
-    pub scripts: PathBuf,
-}
-
-/// One side's run.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct Measured {
-    /// Pause on the source to the guest running on the destination, ms.
-    pub downtime_ms: f64,
-    /// Start of the migration to its end (post-copy's last page), ms.
-    pub total_ms: f64,
-    /// Bytes the side's migration stream carried.
-    pub wire_bytes: u64,
-    /// The largest gap between the guest's console lines during the
-    /// migration (and the second after it), ms.
-    pub gap_ms: Option<f64>,
-    /// Pages the guest's own check found lost (`None`: it did not say).
-    pub pages_lost: Option<u64>,
-    /// The guest's pages per second before the migration.
-    pub rate_before: Option<f64>,
-    /// The guest's pages per second during it.
-    pub rate_during: Option<f64>,
-    /// Why the run failed, if it did (its figures are then zero).
-    pub error: Option<String>,
-}
-
-impl Measured {
-    /// A failed run.
-    pub fn failed(why: String) -> Measured {
-        Measured {
-            error: Some(why),
-            ..Measured::default()
-        }
-    }
-
-    /// The console figures of a run whose migration started at `t0` and
-    /// took `total_ms`, from its stamped lines.
-    pub fn read_console(&mut self, lines: &[console::Stamped], t0: f64) {
-        let ticks = console::ticks(lines);
-        let end = t0 + self.total_ms / 1e3;
-        self.gap_ms = console::largest_gap(&ticks, t0, end + 1.0).map(|g| g * 1e3);
-        self.rate_before = console::rate(&ticks, t0 - BEFORE_S, t0);
-        self.rate_during = console::rate(&ticks, t0, end.max(t0 + MIN_DURING_S));
-        self.pages_lost = console::pages_lost(lines);
-    }
-}
-
-/// Every run of one cell over one link.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct CellRuns {
-    /// The link's name.
-    pub link: &'static str,
-    /// How its RTT was made ("netem", "relay", "none").
-    pub latency: &'static str,
-    /// The cell.
-    pub cell: Cell,
-    /// Our runs.
-    pub ours: Vec<Measured>,
-    /// QEMU's runs.
-    pub qemu: Vec<Measured>,
-}
 
 /// Runs the matrix: per link, per cell, `runs` times ours then QEMU's.
 /// `say` hears a line per run.

@@ -5,9 +5,9 @@
 //! `--to` it from the other, authenticated by a pre-shared key (TLS: the
 //! two-process form takes no plain TCP).
 
+use super::cell::{Cell, Measured, Spec, WARMUP_S};
 use super::console::{self, Lines};
 use super::link::{Net, Procs};
-use super::{Cell, Measured, Spec, WARMUP_S};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;

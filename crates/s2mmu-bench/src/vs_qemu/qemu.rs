@@ -7,10 +7,10 @@
 //! (`migrate-start-postcopy` right after `migrate`: QEMU switches after
 //! its first pass, as ours does after round 0).
 
+use super::cell::{Cell, Measured, Spec, WARMUP_S};
 use super::console::{self, Lines};
 use super::link::{Net, Procs};
 use super::qmp::Qmp;
-use super::{Cell, Measured, Spec, WARMUP_S};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Command, Stdio};

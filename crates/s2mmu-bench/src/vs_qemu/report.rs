@@ -1,12 +1,12 @@
 //! The benchmark's summaries (medians over the runs, with their counts)
 //! and whether each target is met, with the numbers it was judged by.
 
-use super::{CellRuns, Measured};
+use super::cell::{Cell, CellRuns, Measured};
 use crate::stats::median;
 use serde_json::{json, Value};
 
 /// A run's line as it ends.
-pub fn run_line(link: &str, cell: super::Cell, side: &str, i: u32, m: &Measured) -> String {
+pub fn run_line(link: &str, cell: Cell, side: &str, i: u32, m: &Measured) -> String {
     match &m.error {
         Some(e) => format!("{link} {} {side} run {}: FAILED: {e}", cell.name(), i + 1),
         None => format!(
@@ -110,7 +110,7 @@ pub fn targets(c: &CellRuns) -> Vec<Value> {
         ),
         _ => verdict("guest work rate", None, "a side has no rate".into()),
     });
-    if c.link == "1gbit-1ms" && c.cell == super::Cell::Write64 {
+    if c.link == "1gbit-1ms" && c.cell == Cell::Write64 {
         let ok = c.ours.iter().filter(|m| m.error.is_none()).count();
         v.push(verdict(
             "convergence",

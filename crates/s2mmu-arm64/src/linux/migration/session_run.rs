@@ -1,15 +1,11 @@
 //! A whole migration of the Linux guest, as `s2mmu migrate --guest linux`
-//! runs it: machine A booted with a guest program, its guest moved to
-//! machine B through the migration library's session (pre-copy, or
-//! post-copy after round 0 or when pre-copy does not converge: B's
-//! stage-2 fault on a page that has not arrived is its request), in one
-//! process over loopback or to another process, and the proof that the
-//! guest went on: B's console continues A's counter step by step (or B's
-//! dirtier prints its `ok`), and A's guest never prints again.
-//!
-//! The settings are plain values ([`RunSettings`]); the caller (the CLI)
-//! parses flags into them and prints the figures it gets back
-//! ([`LinuxRun`], [`Listened`]).
+//! runs it: machine A booted with a guest program, its guest moved to B
+//! through the migration library's session (pre-copy, or post-copy: B's
+//! stage-2 fault on a page not yet there is its request), in one process
+//! or to another, and the proof the guest went on: B's console continues
+//! A's counter (or B's dirtier prints `ok`), and A's never prints again.
+//! The settings are plain values ([`RunSettings`]); the caller parses
+//! flags into them and prints what it gets back ([`LinuxRun`], [`Listened`]).
 
 use crate::linux::assets::LinuxAssets;
 use crate::linux::dirty::HarvestConfig;
@@ -47,14 +43,20 @@ pub enum GuestProgram {
     /// destination must print its `ok`.
     Dirtier,
     /// `fill`: fills 90 % of the guest's available memory with data pages
-    /// (none zero, none alike), then steps as `counter` does (in its
-    /// format), re-checking a 64th of its pages a step: round 0 sends
-    /// data, not zero pages; the destination must print the next step.
+    /// (none zero, none alike), then steps as `counter` does, re-checking a
+    /// 64th of its pages a step; the destination must print the next step.
     Fill,
     /// The user's own (their kernel command line and initramfs): the
     /// source migrates once it printed a line that is not a kernel
-    /// message, and the destination's guest must print one of its own.
+    /// message; the destination's guest must print one of its own.
     User,
+}
+
+impl GuestProgram {
+    /// Whether the program prints the counter's steps.
+    pub fn counts(self) -> bool {
+        matches!(self, GuestProgram::Counter | GuestProgram::Fill)
+    }
 }
 
 /// When the session switches to post-copy.
@@ -317,17 +319,15 @@ pub fn boot_source(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxVm, LinuxR
 }
 
 /// One migration in this process: boot A, run its program, move its guest
-/// to B through the session over loopback (pre-copy, or post-copy as
-/// `s.postcopy` says), check that B's guest goes on and A's not, shut B
-/// down.
+/// to B over loopback (pre- or post-copy as `s.postcopy` says), check that
+/// B's guest goes on and A's not, shut B down.
 ///
 /// # Errors
 /// [`LinuxRunError::Machine`] for machine A failing;
-/// [`LinuxRunError::SourceResumed`] (or [`LinuxRunError::SourceStuck`])
-/// for a migration that failed before B's guest ran (B's machine, or
-/// either side's session error, inside it): A's guest went on;
-/// [`LinuxRunError::WentWrong`] and [`wait_for`]'s errors for a
-/// guest that did not go on.
+/// [`LinuxRunError::SourceResumed`] (or `SourceStuck`) for a migration
+/// that failed before B's guest ran (its cause inside): A's guest went on;
+/// [`LinuxRunError::WentWrong`] and [`wait_for`]'s errors for a guest that
+/// did not go on.
 pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, LinuxRunError> {
     let a = boot_source(s, cfg)?;
     let src = LinuxSource::new(a);

@@ -83,12 +83,3 @@ fn in_order(text: &str) -> Result<(), LinuxRunError> {
     }
     Ok(())
 }
-
-impl crate::linux::session_run::GuestProgram {
-    /// Whether the program prints the counter's steps (a failed
-    /// migration's source is then watched until it prints a new one).
-    pub fn counts(self) -> bool {
-        use crate::linux::session_run::GuestProgram::{Counter, Fill};
-        matches!(self, Counter | Fill)
-    }
-}
