@@ -28,7 +28,8 @@
 //! plotting, progress bars or KVM here.
 
 // Unsafe code only where a module allows it (below: the unsafe trait
-// GuestRam and its impl for the simulated VM's memory); the workspace's
+// GuestRam and its impl for the simulated VM's memory, and the clock
+// call in `stages`); the workspace's
 // lints are inherited through `[lints] workspace = true`.
 #![deny(unsafe_code)]
 
@@ -39,6 +40,7 @@ pub mod session;
 #[cfg(feature = "sim")]
 #[allow(unsafe_code)] // GuestMemory's impl of the unsafe trait GuestRam
 pub mod sim;
+#[allow(unsafe_code)] // clock_gettime for a thread's CPU time
 pub mod stages;
 pub mod state;
 pub mod stream_error;

@@ -36,9 +36,22 @@ pub(crate) fn count_socket(write: bool, t0: Instant) {
 
 /// CPU time this thread has used, in nanoseconds (None where the kernel
 /// does not say).
+///
+/// Read with `CLOCK_THREAD_CPUTIME_ID`, which brings the running thread's
+/// figure up to date: `/proc/thread-self/schedstat` is only updated at the
+/// scheduler's ticks and switches, so a phase shorter than a tick could
+/// read as 0 there.
 pub fn thread_cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call writes only it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return None;
+    }
+    Some(u64::try_from(ts.tv_sec).ok()? * 1_000_000_000 + u64::try_from(ts.tv_nsec).ok()?)
 }
 
 /// The sending side's stages, summed over channels.
