@@ -18,6 +18,7 @@ use super::params::PostcopyArg;
 use super::report_text::{parts_text, resume_parts_text};
 use super::Params;
 use crate::flags::flag;
+use crate::report::{emit, Report};
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::migrate::RestoreClock;
@@ -372,7 +373,7 @@ pub fn main(p: &Params) -> Result<(), String> {
     s.session.recovery.control = control.as_ref().map(|c| c.0.clone());
     s.dest.recovery.control = s.session.recovery.control.clone();
     if let Some(addr) = &p.listen {
-        return linux_net::listen(&s, &cfg, addr, &p.linux_guest);
+        return linux_net::listen(&s, &cfg, addr, &p.linux_guest, p.json);
     }
     let mut runs = Vec::new();
     for i in 0..p.runs {
@@ -413,14 +414,16 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
         Some(PostcopyArg::Start) => "post-copy from the start",
         Some(PostcopyArg::Auto) => "pre-copy, post-copy if it does not converge",
     };
-    if p.json {
-        let v = serde_json::json!({
-            "guest": "linux", "program": p.linux_run, "mode": mode, "vcpus": p.vcpus,
-            "ram_pages": p.linux_ram,
-            "mem": p.mem, "runs": p.runs,
-            "downtime_ms": {"median": down.0, "min": down.1, "max": down.2},
-            "round0_pages_per_s": {"median": rate.0, "min": rate.1, "max": rate.2},
-            "per_run": runs.iter().map(|r| serde_json::json!({
+    let params = serde_json::json!({
+        "guest": "linux", "program": p.linux_run, "mode": mode, "vcpus": p.vcpus,
+        "ram_pages": p.linux_ram, "mem_bytes": p.mem, "runs": p.runs,
+    });
+    let mut rep = Report::new("migrate", params);
+    for (i, r) in runs.iter().enumerate() {
+        rep.result(
+            &format!("run {}", i + 1),
+            "s2mmu",
+            serde_json::json!({
                 "downtime_ms": ms(r.downtime), "rounds": r.round_pages.len(),
                 "total_ms": ms(r.total), "precopy_ms": ms(r.precopy),
                 "stream_bytes": r.stream_bytes,
@@ -428,30 +431,36 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
                 "final_pages": r.final_pages, "state_bytes": r.state_bytes,
                 "ram_a": r.ram_a.describe(), "ram_b": r.ram_b.as_ref().map(|b| b.describe()),
                 "details": described(s, r).0,
-            })).collect::<Vec<_>>(),
-        });
-        println!("{v}");
-    } else {
-        println!(
-            "Linux guest ({}, {mode}), {} vCPU(s), {} MiB, {} run(s): downtime median {:.1} ms \
-             (min {:.1}, max {:.1}); round 0 median {:.0} pages/s",
-            p.linux_run,
-            p.vcpus,
-            p.mem >> 20,
-            p.runs,
-            down.0,
-            down.1,
-            down.2,
-            rate.0
-        );
-        if let Some(r) = runs.first() {
-            println!("QEMU's RAM: A's {}", r.ram_a.describe());
-            if let Some(b) = &r.ram_b {
-                println!("QEMU's RAM: B's {}", b.describe());
-            }
-        }
-        println!(
-            "note: QEMU timings are an emulator's (TCG), on this machine: read them as ratios"
+            }),
         );
     }
+    rep.result(
+        "all runs",
+        "s2mmu",
+        serde_json::json!({
+            "downtime_ms": {"median": down.0, "min": down.1, "max": down.2},
+            "round0_pages_per_s": {"median": rate.0, "min": rate.1, "max": rate.2},
+        }),
+    );
+    let mut text = format!(
+        "Linux guest ({}, {mode}), {} vCPU(s), {} MiB, {} run(s): downtime median {:.1} ms \
+         (min {:.1}, max {:.1}); round 0 median {:.0} pages/s\n",
+        p.linux_run,
+        p.vcpus,
+        p.mem >> 20,
+        p.runs,
+        down.0,
+        down.1,
+        down.2,
+        rate.0
+    );
+    if let Some(r) = runs.first() {
+        text += &format!("QEMU's RAM: A's {}\n", r.ram_a.describe());
+        if let Some(b) = &r.ram_b {
+            text += &format!("QEMU's RAM: B's {}\n", b.describe());
+        }
+    }
+    text += "note: QEMU timings are an emulator's (TCG), on this machine: read them as ratios\n";
+    rep.set_text(text);
+    emit(&rep, p.json);
 }
