@@ -20,6 +20,7 @@ use super::Params;
 use crate::flags::flag;
 use crate::report::{emit, Report};
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
+use s2mmu_arm64::linux::console_gap::ConsoleGap;
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::migrate::RestoreClock;
 use s2mmu_arm64::linux::session_run::{
@@ -216,6 +217,18 @@ fn braked(o: &SourceOutcome, l: &DirtyLimitCounters) -> String {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// The largest gap between the guest programs' console lines, where it
+/// falls, and how many lines there were.
+fn gap_json(g: &ConsoleGap) -> serde_json::Value {
+    let largest = g.largest();
+    serde_json::json!({
+        "lines": g.lines.len(),
+        "largest_ms": largest.map(|(l, _)| l.gap_ms),
+        "largest_ends_at_s": largest.map(|(l, _)| l.at_s),
+        "largest_where": largest.map(|(_, at)| at.describe()),
+    })
 }
 
 /// Median, least and most.
@@ -430,7 +443,7 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
                 "round_pages": r.round_pages, "round_ms": r.round_ms,
                 "final_pages": r.final_pages, "state_bytes": r.state_bytes,
                 "ram_a": r.ram_a.describe(), "ram_b": r.ram_b.as_ref().map(|b| b.describe()),
-                "details": described(s, r).0,
+                "details": described(s, r).0, "console_gap": gap_json(&r.console_gap),
             }),
         );
     }
@@ -459,6 +472,13 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
         if let Some(b) = &r.ram_b {
             text += &format!("QEMU's RAM: B's {}\n", b.describe());
         }
+    }
+    let gaps: Vec<String> = (runs.iter().enumerate())
+        .filter_map(|(i, r)| r.console_gap.largest().map(|g| (i, g)))
+        .map(|(i, (l, at))| format!("run {} {:.1} ms {}", i + 1, l.gap_ms, at.describe()))
+        .collect();
+    if !gaps.is_empty() {
+        text += &format!("largest console gap (host clock): {}\n", gaps.join("; "));
     }
     text += "note: QEMU timings are an emulator's (TCG), on this machine: read them as ratios\n";
     rep.set_text(text);
