@@ -8,30 +8,17 @@
 //! destination resumes with every page missing and fetches them. Skips (saying why) where QEMU, the EL2 image
 //! or the kernel are missing; fails there under `S2MMU_REQUIRE_ARM64`.
 
+mod cli_common;
+
+use cli_common::{require_linux, spawn_listening};
 use s2mmu_arm64::linux::session_run;
 use s2mmu_migrate::transport as net;
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_s2mmu")
-}
-
-/// Fails the test, with the reason, when the Linux guest cannot run (the
-/// tests are ignored by their cfg where the build found it cannot).
-fn require_linux() {
-    let why = match s2mmu_arm64::available() {
-        Err(e) => e.to_string(),
-        Ok(()) => {
-            let opts = s2mmu_arm64::linux::assets::AssetOptions::from_env();
-            match s2mmu_arm64::linux::assets::ensure(&opts) {
-                Ok(_) => return,
-                Err(e) => e.to_string(),
-            }
-        }
-    };
-    panic!("the build found the Linux guest but it cannot run now: {why}");
 }
 
 /// A CA and a certificate for localhost it signed, as files in `dir`.
@@ -84,26 +71,13 @@ fn two_processes(src_args: &[&str]) -> TwoRuns {
     std::fs::create_dir_all(&dir).unwrap();
     let tls = write_pki(&dir);
     let common = ["migrate", "--guest", "linux", "--mem", "256M", "-v", "1"];
-    let mut dest = Command::new(bin())
-        .args(common)
-        .args(["--listen", "127.0.0.1:0"])
-        .args(&tls)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the destination starts");
-    let mut err = BufReader::new(dest.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "the destination exited early"
-        );
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
+    let (dest, addr, err) = spawn_listening(
+        Command::new(bin())
+            .args(common)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&tls)
+            .stdout(Stdio::piped()),
+    );
     let dest_err = std::thread::spawn(move || {
         let mut s = String::new();
         for l in err.lines().map_while(Result::ok) {

@@ -6,6 +6,7 @@
 //! cancels them. Every peer is on 127.0.0.1, secured by a pre-shared key.
 //! Behaviour only: no timing is asserted.
 
+mod cli_common;
 mod recover_common;
 
 use recover_common::*;

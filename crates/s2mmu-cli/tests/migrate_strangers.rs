@@ -7,6 +7,7 @@
 //! destination exits 0 after it. Every peer is on 127.0.0.1; each test
 //! bounds its own time. Behaviour only: no timing is asserted.
 
+mod cli_common;
 mod recover_common;
 
 use recover_common::{bin, spawn_listener, wait_exit, write_pki};

@@ -131,28 +131,13 @@ pub fn forward(mut from: TcpStream, mut into: TcpStream, cuttable: bool, at: u64
 /// Starts `s2mmu migrate --listen 127.0.0.1:0 ARGS` and returns it with
 /// the address it listens on and the rest of its stderr. The caller waits
 /// for it.
-#[allow(clippy::zombie_processes)]
 pub fn spawn_listener(args: &[&str]) -> (Child, String, BufReader<ChildStderr>) {
-    let mut c = Command::new(bin())
-        .args(["migrate", "--listen", "127.0.0.1:0", "--plot", ""])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(c.stderr.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "the destination exited early"
-        );
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            let addr = rest.split_whitespace().next().unwrap().to_string();
-            return (c, addr, err);
-        }
-    }
+    super::cli_common::spawn_listening(
+        Command::new(bin())
+            .args(["migrate", "--listen", "127.0.0.1:0", "--plot", ""])
+            .args(args)
+            .stdout(Stdio::null()),
+    )
 }
 
 /// Starts the destination ([`spawn_listener`]) with its stderr collected
