@@ -6,7 +6,7 @@
 mod cli_common;
 mod recover_common;
 
-use recover_common::{bin, spawn_listener, wait_exit};
+use recover_common::{bin, quick_and, spawn_listener, wait_exit};
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Output, Stdio};
@@ -21,18 +21,7 @@ fn rest_of(mut r: impl Read) -> String {
 /// A small, quick run. Its socket deadline (5 s, 1 s before) is what the
 /// stopped-destination test waits for; 1 s expired under load elsewhere
 /// (`migrate_strangers`: 4 of 12 loaded runs) where no peer had stopped.
-const SMALL: [&str; 10] = [
-    "--mem",
-    "16M",
-    "--warmup",
-    "20ms",
-    "--run-after",
-    "20ms",
-    "-s",
-    "anonymous",
-    "--io-timeout",
-    "5s",
-];
+const SMALL: [&str; 10] = quick_and("--io-timeout", "5s");
 
 /// `s2mmu migrate --to ADDR` with [`SMALL`] and `extra`, run to its end.
 fn source(addr: &str, extra: &[&str]) -> Output {
