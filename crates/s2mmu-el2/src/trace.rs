@@ -125,7 +125,10 @@ pub fn decode_all(bytes: &[u8], count: usize) -> Result<alloc::vec::Vec<Record>,
 static RING: AtomicPtr<u64> = AtomicPtr::new(core::ptr::null_mut());
 static CAPACITY: AtomicUsize = AtomicUsize::new(0);
 static NEXT: AtomicUsize = AtomicUsize::new(0);
+static WRITTEN: AtomicUsize = AtomicUsize::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Set in `NEXT` by [`stop`]: no record is claimed any more.
+const CLOSED: usize = 1 << (usize::BITS - 1);
 
 /// Starts recording into `records` records at `ring` and, with the
 /// `bbm-export` feature, installs the engine's sink.
@@ -135,8 +138,10 @@ static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// the program, aligned, and nothing else writes it.
 pub unsafe fn install(ring: *mut u64, records: usize) {
     CAPACITY.store(records, Ordering::Relaxed);
-    NEXT.store(0, Ordering::Relaxed);
+    WRITTEN.store(0, Ordering::Relaxed);
+    DROPPED.store(0, Ordering::Relaxed);
     RING.store(ring, Ordering::Release);
+    NEXT.store(0, Ordering::Release);
     #[cfg(feature = "bbm-export")]
     s2mmu::bbm::export::set_sink(|e| record(&Record::Event(*e)));
 }
@@ -149,6 +154,9 @@ pub fn record(r: &Record) {
         return;
     }
     let i = NEXT.fetch_add(1, Ordering::AcqRel);
+    if i & CLOSED != 0 {
+        return;
+    }
     if i >= CAPACITY.load(Ordering::Relaxed) {
         DROPPED.fetch_add(1, Ordering::Relaxed);
         return;
@@ -158,12 +166,24 @@ pub fn record(r: &Record) {
         // `install`'s caller vouched for; record `i` is this call's alone.
         unsafe { ring.add(i * WORDS + j).write_volatile(w) };
     }
+    WRITTEN.fetch_add(1, Ordering::Release);
 }
 
 /// Records written so far (at most the capacity).
 pub fn recorded() -> usize {
-    NEXT.load(Ordering::Acquire)
-        .min(CAPACITY.load(Ordering::Relaxed))
+    (NEXT.load(Ordering::Acquire) & !CLOSED).min(CAPACITY.load(Ordering::Relaxed))
+}
+
+/// Stops recording: no record is claimed from now on, and once every one
+/// claimed before is written, returns how many the ring holds (the ring
+/// is then the host's to read; [`install`] starts again).
+pub fn stop() -> usize {
+    let n =
+        (NEXT.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED).min(CAPACITY.load(Ordering::Relaxed));
+    while WRITTEN.load(Ordering::Acquire) < n {
+        core::hint::spin_loop();
+    }
+    n
 }
 
 /// The ring and the records written so far: the host's view of it
