@@ -180,6 +180,9 @@ pub fn recorded() -> usize {
 pub fn stop() -> usize {
     let n =
         (NEXT.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED).min(CAPACITY.load(Ordering::Relaxed));
+    // Later records return before claiming (no shared counter touched); one
+    // that loaded the ring before finds it closed.
+    RING.store(core::ptr::null_mut(), Ordering::Release);
     while WRITTEN.load(Ordering::Acquire) < n {
         core::hint::spin_loop();
     }
@@ -187,7 +190,7 @@ pub fn stop() -> usize {
 }
 
 /// The ring and the records written so far: the host's view of it
-/// (to read once no CPU records any more).
+/// (to read once no CPU records any more; null after [`stop`]).
 pub fn ring() -> (*const u64, usize) {
     (RING.load(Ordering::Acquire), recorded())
 }
