@@ -13,6 +13,8 @@
 //! drops further records and counts them ([`dropped`]): a replay of a
 //! ring that dropped any is incomplete.
 
+use crate::abi::HypError;
+use crate::check::Layout;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use s2mmu::bbm::{Event, Flush};
 use s2mmu::TlbInvalidate;
@@ -120,6 +122,47 @@ pub fn decode_all(bytes: &[u8], count: usize) -> Result<alloc::vec::Vec<Record>,
             decode(&w).ok_or(i)
         })
         .collect()
+}
+
+/// Checks a host's request to start (`[ring PA, records, 0, ..]`) or stop
+/// (all zero) a trace into `layout`'s shared area, in this order: extra
+/// arguments ([`HypError::BadArgument`]), no records
+/// ([`HypError::BadSize`]), a size that wraps ([`HypError::Overflow`]),
+/// then the buffer ([`Layout::check_shared`]). `None` asks to stop;
+/// otherwise the ring's offset in the shared area and its records.
+///
+/// # Errors
+/// As listed.
+pub fn check_ring(layout: &Layout, args: &[u64; 6]) -> Result<Option<(usize, usize)>, HypError> {
+    if args[2..] != [0; 4] {
+        return Err(HypError::BadArgument);
+    }
+    let [pa, records, ..] = *args;
+    if (pa, records) == (0, 0) {
+        return Ok(None);
+    }
+    if records == 0 {
+        return Err(HypError::BadSize);
+    }
+    let bytes = records
+        .checked_mul(WORDS as u64 * 8)
+        .ok_or(HypError::Overflow)?;
+    let n = usize::try_from(records).map_err(|_| HypError::Overflow)?;
+    Ok(Some((layout.check_shared(pa, bytes, bytes)?, n)))
+}
+
+/// Checks a host's request to withhold invalidations (`[1, 0, ..]`) or
+/// issue them again (all zero): [`HypError::BadArgument`] for anything
+/// else.
+///
+/// # Errors
+/// As listed.
+pub fn withhold_arg(args: &[u64; 6]) -> Result<bool, HypError> {
+    match args {
+        [1, 0, 0, 0, 0, 0] => Ok(true),
+        [0, 0, 0, 0, 0, 0] => Ok(false),
+        _ => Err(HypError::BadArgument),
+    }
 }
 
 static RING: AtomicPtr<u64> = AtomicPtr::new(core::ptr::null_mut());
@@ -284,6 +327,47 @@ impl<T: TlbInvalidate> TlbInvalidate for TracedTlb<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::Region;
+
+    #[test]
+    fn trace_requests_check_their_arguments() {
+        let l = Layout {
+            carve_out: Region::new(0x4000_0000, 0x100_0000),
+            ram: Region::new(0x4100_0000, 0x100_0000),
+            shared: Region::new(0x5000_0000, 0x10_0000),
+            shared_va: 0x1000 as *mut u8,
+            ram_va: 0x1000 as *mut u8,
+        };
+        let base = 0x5000_0000;
+        let rec = (WORDS * 8) as u64;
+        assert_eq!(check_ring(&l, &[0; 6]), Ok(None));
+        assert_eq!(check_ring(&l, &[base, 4, 0, 0, 0, 0]), Ok(Some((0, 4))));
+        assert_eq!(
+            check_ring(&l, &[base + 0x800, (0x10_0000 - 0x800) / rec, 0, 0, 0, 0]),
+            Ok(Some((0x800, (0x10_0000 - 0x800) as usize / rec as usize)))
+        );
+        for (args, e) in [
+            ([base, 4, 1, 0, 0, 0], HypError::BadArgument),
+            ([base, 4, 0, 0, 0, 7], HypError::BadArgument),
+            ([base, 0, 0, 0, 0, 0], HypError::BadSize),
+            ([base, u64::MAX / 8, 0, 0, 0, 0], HypError::Overflow),
+            ([base + 4, 4, 0, 0, 0, 0], HypError::Misaligned),
+            ([!7, 4, 0, 0, 0, 0], HypError::Overflow),
+            ([base - 8, 4, 0, 0, 0, 0], HypError::OutsideShared),
+            (
+                [base, 0x10_0000 / rec + 1, 0, 0, 0, 0],
+                HypError::OutsideShared,
+            ),
+            ([0x4000_0000, 4, 0, 0, 0, 0], HypError::OutsideShared),
+        ] {
+            assert_eq!(check_ring(&l, &args), Err(e), "{args:x?}");
+        }
+        assert_eq!(withhold_arg(&[1, 0, 0, 0, 0, 0]), Ok(true));
+        assert_eq!(withhold_arg(&[0; 6]), Ok(false));
+        for args in [[2, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 9]] {
+            assert_eq!(withhold_arg(&args), Err(HypError::BadArgument));
+        }
+    }
 
     #[test]
     fn every_record_decodes_to_itself_and_unknown_kinds_are_refused() {

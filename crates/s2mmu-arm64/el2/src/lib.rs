@@ -201,45 +201,32 @@ fn tlb() -> Option<&'static Tlb> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
-/// [`OP_TRACE`]: the ring checked against the shared area EL2 was given.
+/// [`OP_TRACE`]: the ring checked against the shared area EL2 was given
+/// ([`trace::check_ring`]).
 fn trace_command(args: &[u64; 6]) -> Result<[u64; 4], HypError> {
     let (h, t) = hyp().zip(tlb()).ok_or(HypError::NoVm)?;
-    if args[2..] != [0; 4] {
-        return Err(HypError::BadArgument);
-    }
-    let [pa, records, ..] = *args;
-    if (pa, records) == (0, 0) {
+    let Some((_, records)) = trace::check_ring(h.layout(), args)? else {
         let n = trace::stop();
         return Ok([n as u64, trace::dropped(), 0, 0]);
-    }
+    };
     let table = h.with_mmu(|m| m.bbm_id()).ok_or(HypError::NoVm)?;
-    let bytes = records
-        .checked_mul(trace::WORDS as u64 * 8)
-        .ok_or(HypError::Overflow)?;
-    if records == 0 {
-        return Err(HypError::BadSize);
-    }
-    h.layout().check_shared(pa, bytes, bytes)?;
     // Stopped first: no CPU writes the old ring while the new one starts.
     trace::stop();
     t.set_table(table);
     // SAFETY: the ring lies inside the shared area (checked above), which
     // the stub maps identically for as long as the machine runs; EL2
     // writes it only here, until the next start or stop.
-    unsafe { trace::install(pa as *mut u64, records as usize) };
+    unsafe { trace::install(args[0] as *mut u64, records) };
     Ok([0; 4])
 }
 
-/// [`OP_WITHHOLD`].
+/// [`OP_WITHHOLD`] ([`trace::withhold_arg`]).
 fn withhold(args: &[u64; 6]) -> Result<[u64; 4], HypError> {
     let t = tlb().ok_or(HypError::NoVm)?;
-    match args {
-        [1, 0, 0, 0, 0, 0] => t.withhold(true),
-        [0, 0, 0, 0, 0, 0] => {
-            t.withhold(false);
-            s2mmu::TlbInvalidate::flush_vmid(t);
-        }
-        _ => return Err(HypError::BadArgument),
+    let on = trace::withhold_arg(args)?;
+    t.withhold(on);
+    if !on {
+        s2mmu::TlbInvalidate::flush_vmid(t);
     }
     Ok([0; 4])
 }
