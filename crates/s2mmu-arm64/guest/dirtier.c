@@ -21,6 +21,10 @@
  *                write would (shows that the check fails)
  *   fb=ADDR:SIZE instead: map [ADDR, ADDR+SIZE) of /dev/mem (a region
  *                outside RAM) and write/check it the same way
+ *   paced=N      with fb: a fixed amount of work, N passes over every page
+ *                but the region's last, each once; pass k starts when the
+ *                host writes k to word 0 of the last page, and its end is
+ *                k written to word 1 (secs bounds the whole run)
  * Prints progress lines each second, then exactly one of
  *   s2mmu-dirtier: ok passes=N pages=M secs=S pages_per_s=R
  *   s2mmu-dirtier: FAIL ...
@@ -45,7 +49,7 @@
 
 struct cfg {
 	uint64_t mem_pages, file_pages, rate, secs, threads, thp, corrupt, tick;
-	uint64_t fb_addr, fb_size;
+	uint64_t fb_addr, fb_size, paced;
 };
 
 struct worker {
@@ -205,6 +209,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(argv[i], "thp")) cfg.thp = num(v);
 		else if (!strcmp(argv[i], "corrupt")) cfg.corrupt = num(v);
 		else if (!strcmp(argv[i], "tick")) cfg.tick = num(v);
+		else if (!strcmp(argv[i], "paced")) cfg.paced = num(v);
 		else if (!strcmp(argv[i], "fb")) {
 			char *c = strchr(v, ':');
 			if (!c) {
@@ -330,15 +335,31 @@ int fb_main(void)
 		       strerror(errno));
 		return 1;
 	}
-	uint64_t pages = cfg.fb_size / PAGE, gen, written = 0;
+	uint64_t pages = cfg.fb_size / PAGE - (cfg.paced ? 1 : 0), gen, written = 0;
+	volatile uint64_t *ctl = fb + pages * (PAGE / 8);
+	if (cfg.paced && pages == 0) {
+		printf("s2mmu-dirtier: FAIL paced needs two pages of fb\n");
+		return 2;
+	}
 	double start = now(), next = t0 + 1;
-	printf("s2mmu-dirtier: start fb=%#" PRIx64 ":%#" PRIx64 "\n", cfg.fb_addr, cfg.fb_size);
-	for (gen = 1; now() < deadline; gen++) {
+	printf("s2mmu-dirtier: start fb=%#" PRIx64 ":%#" PRIx64 " paced=%" PRIu64 "\n", cfg.fb_addr,
+	       cfg.fb_size, cfg.paced);
+	for (gen = 1; cfg.paced ? gen <= cfg.paced : now() < deadline; gen++) {
+		while (cfg.paced && ctl[0] < gen) {
+			if (now() >= deadline) {
+				printf("s2mmu-dirtier: FAIL paced: no start of pass %" PRIu64 " from the host\n",
+				       gen);
+				return 1;
+			}
+			usleep(1000);
+		}
 		for (uint64_t i = 0; i < pages; i++) {
 			if (step(fb + i * (PAGE / 8), 0, cfg.fb_addr / PAGE + i, gen, "fb") < 0)
 				return 1;
 			pace(cfg.rate, start, ++written);
 		}
+		if (cfg.paced)
+			ctl[1] = gen;
 		if (now() >= next) {
 			printf("s2mmu-dirtier: t=%.0fs passes=%" PRIu64 " pages=%" PRIu64 "\n", now() - t0,
 			       gen, written);

@@ -20,6 +20,8 @@
 //! | `COLLAPSE` 10 | slot | blocks collapsed |
 //! | `COUNTERS` 11 | output PA, output bytes ([`Counters`]) | - |
 //! | `PAGE_READY` 12 | slot (post-copy), page offset in the slot | pages mapped (1) |
+//! | `REMAP_PAGE` 13 | a page of a slot's backing (as `MEMSLOT_SET` named it), new PA | leaves unmapped, the PA the page was at |
+//! | `MEMSLOT_DELETE_LOGGED` 14 | slot (logging, bitmap modes), bitmap PA, bitmap bytes | pages dirty |
 //!
 //! Every PA argument that EL2 writes to or reads from must lie inside the
 //! shared area; backing PAs must lie in guest RAM and outside the carve-out.
@@ -80,12 +82,21 @@ pub enum Op {
     Counters = 11,
     /// Post-copy: the host filled a page of a post-copy slot; EL2 maps it.
     PageReady = 12,
+    /// Moves one page of a slot's backing to another page of RAM (the MMU
+    /// notifier around a host page migration): EL2 unmaps it, holds its
+    /// faults, copies it and from then on maps the new page.
+    RemapPage = 13,
+    /// Deletes a logging slot and copies its last dirty log into shared
+    /// memory, the slot's mappings gone and its faults held before the log
+    /// is read: no write between the host's last harvest and the delete
+    /// goes unlogged.
+    MemslotDeleteLogged = 14,
 }
 
 impl Op {
     /// The operation with code `code`, if any.
     pub fn from_code(code: u32) -> Option<Op> {
-        const ALL: [Op; 12] = [
+        const ALL: [Op; 14] = [
             Op::VmInit,
             Op::VmDestroy,
             Op::MemslotSet,
@@ -98,6 +109,8 @@ impl Op {
             Op::Collapse,
             Op::Counters,
             Op::PageReady,
+            Op::RemapPage,
+            Op::MemslotDeleteLogged,
         ];
         ALL.into_iter().find(|o| *o as u32 == code)
     }

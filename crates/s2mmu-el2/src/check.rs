@@ -65,6 +65,8 @@ pub struct Layout {
     pub shared: Region,
     /// Where EL2 reaches the shared area.
     pub shared_va: *mut u8,
+    /// Where EL2 reaches `ram` (it copies a page the host remaps).
+    pub ram_va: *mut u8,
 }
 
 impl Layout {

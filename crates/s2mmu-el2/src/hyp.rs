@@ -10,6 +10,7 @@ use s2mmu::{Error, Gpa, TlbInvalidate};
 use crate::abi::{Command, Counters, HypError, LogMode, Op};
 use crate::abort::{AbortOutcome, Refusal, Stage2Abort};
 use crate::check::{Layout, IPA_BITS};
+use crate::hyp_remap::El2Host;
 use crate::platform::{El2Platform, RawMutex, RawRwLock};
 use crate::pool::{PagePool, PoolMmOps};
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -60,6 +61,8 @@ pub(crate) struct Vm {
     pub(crate) slots: lock_api::Mutex<RawMutex, Slots>,
     /// Post-copy slots' received pages, a bit each (`hyp_postcopy.rs`).
     pub(crate) received: lock_api::Mutex<RawMutex, [Option<Vec<u64>>; MAX_SLOTS]>,
+    /// Where slots' backing pages are (`hyp_remap.rs`).
+    pub(crate) host: Arc<El2Host>,
 }
 
 /// Counters kept by EL2 itself (the engine keeps the rest).
@@ -87,8 +90,9 @@ pub struct Hyp {
     counters: HypCounters,
 }
 
-// SAFETY: the only field that is neither Send nor Sync is the shared
-// area's address in `layout`, which `Hyp::new`'s caller vouches for;
+// SAFETY: the only fields that are neither Send nor Sync are the shared
+// area's and RAM's addresses in `layout`, which `Hyp::new`'s caller
+// vouches for;
 // everything it points to is reached only through volatile word accesses
 // (the host may change it at any time anyway), and the rest is behind
 // locks or atomics.
@@ -112,6 +116,8 @@ impl Hyp {
     /// `layout.shared_va` reaches `layout.shared.size` bytes of memory that
     /// stay mapped for as long as this value lives (the host may write them
     /// at any time: EL2 only reads and writes them by volatile accesses);
+    /// `layout.ram_va` likewise reaches `layout.ram.size` bytes (guest
+    /// memory: EL2 copies whole pages in it only for `REMAP_PAGE`);
     /// `pool`'s pages lie inside `layout.carve_out`.
     ///
     /// # Errors
@@ -224,6 +230,8 @@ impl Hyp {
             Op::UnmapRange => self.unmap_range(vm, args).map(one),
             Op::Collapse => self.collapse(vm, args).map(one),
             Op::PageReady => self.page_ready(vm, args).map(one),
+            Op::RemapPage => self.remap_page(vm, args),
+            Op::MemslotDeleteLogged => self.memslot_delete_logged(vm, args).map(one),
             Op::VmInit | Op::VmDestroy | Op::Counters => Err(HypError::UnknownOp),
         }
     }
@@ -265,8 +273,10 @@ impl Hyp {
             ..MemslotConfig::default()
         });
         let mm = PoolMmOps::new(self.pool.clone());
-        let mmu =
-            Mmu::for_platform(fmt, mm, self.tlb.clone(), slots, policy).map_err(engine_error)?;
+        let host = Arc::new(El2Host::default());
+        let mmu = Mmu::for_platform(fmt, mm, self.tlb.clone(), slots, policy)
+            .map_err(engine_error)?
+            .with_host_memory(host.clone());
         let vcpus = (0..args[2])
             .map(|_| mmu.new_vcpu().map(lock_api::Mutex::new))
             .collect::<Result<Vec<_>, _>>()
@@ -279,6 +289,7 @@ impl Hyp {
             ring_entries: entries,
             slots: lock_api::Mutex::new([None; MAX_SLOTS]),
             received: lock_api::Mutex::new(core::array::from_fn(|_| None)),
+            host,
         });
         Ok(root)
     }

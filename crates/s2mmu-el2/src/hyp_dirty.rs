@@ -13,7 +13,7 @@ use crate::hyp_slots::slot_arg;
 
 /// `n` copies of `v`, or [`HypError::OutOfMemory`] where EL2's heap cannot
 /// hold them (a size from the host must not abort EL2).
-fn try_vec<T: Clone>(n: usize, v: T) -> Result<Vec<T>, HypError> {
+pub(crate) fn try_vec<T: Clone>(n: usize, v: T) -> Result<Vec<T>, HypError> {
     let mut out = Vec::new();
     out.try_reserve_exact(n)
         .map_err(|_| HypError::OutOfMemory)?;
@@ -23,7 +23,7 @@ fn try_vec<T: Clone>(n: usize, v: T) -> Result<Vec<T>, HypError> {
 
 impl Hyp {
     /// Writes `words` at byte offset `off` of the shared area.
-    fn put_words(&self, off: usize, words: &[u64]) {
+    pub(crate) fn put_words(&self, off: usize, words: &[u64]) {
         let base = self.layout.shared_va;
         for (k, w) in words.iter().enumerate() {
             // SAFETY: `check_shared` put `[off, off + 8 * words.len())`

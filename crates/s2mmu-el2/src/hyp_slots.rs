@@ -57,7 +57,7 @@ impl Hyp {
                 Hva::new(o.backing),
             )
         } else {
-            self.check_new_slot(&slots, i, args)?;
+            self.check_new_slot(vm, &slots, i, args)?;
             bitmap = check_postcopy(&slots, i, flags, size, page_size)?;
             let f = SlotFlags::from_bits((flags & !FLAG_POSTCOPY) as u32);
             UserMemoryRegion::new(i as u16, f, Gpa::new(ipa), size, Hva::new(backing))
@@ -68,6 +68,9 @@ impl Hyp {
             .map_err(engine_error)?;
         let mut received = vm.received.lock();
         if size == 0 {
+            if let Some(o) = old {
+                vm.host.forget(Region::new(o.backing, o.size));
+            }
             received[i] = None;
         } else if bitmap.is_some() {
             received[i] = bitmap;
@@ -84,7 +87,13 @@ impl Hyp {
     }
 
     /// The checks of a slot being created, moved or given new flags.
-    fn check_new_slot(&self, slots: &Slots, i: usize, args: &[u64; 6]) -> Result<(), HypError> {
+    fn check_new_slot(
+        &self,
+        vm: &Vm,
+        slots: &Slots,
+        i: usize,
+        args: &[u64; 6],
+    ) -> Result<(), HypError> {
         let [_, _, ipa, size, backing, page_size] = *args;
         if ![check::PAGE, 2 << 20, 1 << 30].contains(&page_size) {
             return Err(HypError::BadArgument);
@@ -104,6 +113,10 @@ impl Hyp {
             if Region::new(s.backing, s.size).overlaps(backing, size) {
                 return Err(HypError::BackingOverlap);
             }
+        }
+        // A new slot's backing may not hold a page another's moved to.
+        if slots[i].is_none() && vm.host.target_in(Region::new(backing, size)) {
+            return Err(HypError::BackingOverlap);
         }
         Ok(())
     }

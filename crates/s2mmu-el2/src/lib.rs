@@ -42,6 +42,7 @@ pub mod heap;
 mod hyp;
 mod hyp_dirty;
 mod hyp_postcopy;
+mod hyp_remap;
 mod hyp_slots;
 pub mod platform;
 pub mod pool;

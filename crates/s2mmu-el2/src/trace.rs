@@ -13,6 +13,8 @@
 //! drops further records and counts them ([`dropped`]): a replay of a
 //! ring that dropped any is incomplete.
 
+use crate::abi::HypError;
+use crate::check::Layout;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use s2mmu::bbm::{Event, Flush};
 use s2mmu::TlbInvalidate;
@@ -122,10 +124,54 @@ pub fn decode_all(bytes: &[u8], count: usize) -> Result<alloc::vec::Vec<Record>,
         .collect()
 }
 
+/// Checks a host's request to start (`[ring PA, records, 0, ..]`) or stop
+/// (all zero) a trace into `layout`'s shared area, in this order: extra
+/// arguments ([`HypError::BadArgument`]), no records
+/// ([`HypError::BadSize`]), a size that wraps ([`HypError::Overflow`]),
+/// then the buffer ([`Layout::check_shared`]). `None` asks to stop;
+/// otherwise the ring's offset in the shared area and its records.
+///
+/// # Errors
+/// As listed.
+pub fn check_ring(layout: &Layout, args: &[u64; 6]) -> Result<Option<(usize, usize)>, HypError> {
+    if args[2..] != [0; 4] {
+        return Err(HypError::BadArgument);
+    }
+    let [pa, records, ..] = *args;
+    if (pa, records) == (0, 0) {
+        return Ok(None);
+    }
+    if records == 0 {
+        return Err(HypError::BadSize);
+    }
+    let bytes = records
+        .checked_mul(WORDS as u64 * 8)
+        .ok_or(HypError::Overflow)?;
+    let n = usize::try_from(records).map_err(|_| HypError::Overflow)?;
+    Ok(Some((layout.check_shared(pa, bytes, bytes)?, n)))
+}
+
+/// Checks a host's request to withhold invalidations (`[1, 0, ..]`) or
+/// issue them again (all zero): [`HypError::BadArgument`] for anything
+/// else.
+///
+/// # Errors
+/// As listed.
+pub fn withhold_arg(args: &[u64; 6]) -> Result<bool, HypError> {
+    match args {
+        [1, 0, 0, 0, 0, 0] => Ok(true),
+        [0, 0, 0, 0, 0, 0] => Ok(false),
+        _ => Err(HypError::BadArgument),
+    }
+}
+
 static RING: AtomicPtr<u64> = AtomicPtr::new(core::ptr::null_mut());
 static CAPACITY: AtomicUsize = AtomicUsize::new(0);
 static NEXT: AtomicUsize = AtomicUsize::new(0);
+static WRITTEN: AtomicUsize = AtomicUsize::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Set in `NEXT` by [`stop`]: no record is claimed any more.
+const CLOSED: usize = 1 << (usize::BITS - 1);
 
 /// Starts recording into `records` records at `ring` and, with the
 /// `bbm-export` feature, installs the engine's sink.
@@ -135,8 +181,10 @@ static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// the program, aligned, and nothing else writes it.
 pub unsafe fn install(ring: *mut u64, records: usize) {
     CAPACITY.store(records, Ordering::Relaxed);
-    NEXT.store(0, Ordering::Relaxed);
+    WRITTEN.store(0, Ordering::Relaxed);
+    DROPPED.store(0, Ordering::Relaxed);
     RING.store(ring, Ordering::Release);
+    NEXT.store(0, Ordering::Release);
     #[cfg(feature = "bbm-export")]
     s2mmu::bbm::export::set_sink(|e| record(&Record::Event(*e)));
 }
@@ -149,6 +197,9 @@ pub fn record(r: &Record) {
         return;
     }
     let i = NEXT.fetch_add(1, Ordering::AcqRel);
+    if i & CLOSED != 0 {
+        return;
+    }
     if i >= CAPACITY.load(Ordering::Relaxed) {
         DROPPED.fetch_add(1, Ordering::Relaxed);
         return;
@@ -158,16 +209,31 @@ pub fn record(r: &Record) {
         // `install`'s caller vouched for; record `i` is this call's alone.
         unsafe { ring.add(i * WORDS + j).write_volatile(w) };
     }
+    WRITTEN.fetch_add(1, Ordering::Release);
 }
 
 /// Records written so far (at most the capacity).
 pub fn recorded() -> usize {
-    NEXT.load(Ordering::Acquire)
-        .min(CAPACITY.load(Ordering::Relaxed))
+    (NEXT.load(Ordering::Acquire) & !CLOSED).min(CAPACITY.load(Ordering::Relaxed))
+}
+
+/// Stops recording: no record is claimed from now on, and once every one
+/// claimed before is written, returns how many the ring holds (the ring
+/// is then the host's to read; [`install`] starts again).
+pub fn stop() -> usize {
+    let n =
+        (NEXT.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED).min(CAPACITY.load(Ordering::Relaxed));
+    // Later records return before claiming (no shared counter touched); one
+    // that loaded the ring before finds it closed.
+    RING.store(core::ptr::null_mut(), Ordering::Release);
+    while WRITTEN.load(Ordering::Acquire) < n {
+        core::hint::spin_loop();
+    }
+    n
 }
 
 /// The ring and the records written so far: the host's view of it
-/// (to read once no CPU records any more).
+/// (to read once no CPU records any more; null after [`stop`]).
 pub fn ring() -> (*const u64, usize) {
     (RING.load(Ordering::Acquire), recorded())
 }
@@ -261,6 +327,47 @@ impl<T: TlbInvalidate> TlbInvalidate for TracedTlb<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::Region;
+
+    #[test]
+    fn trace_requests_check_their_arguments() {
+        let l = Layout {
+            carve_out: Region::new(0x4000_0000, 0x100_0000),
+            ram: Region::new(0x4100_0000, 0x100_0000),
+            shared: Region::new(0x5000_0000, 0x10_0000),
+            shared_va: 0x1000 as *mut u8,
+            ram_va: 0x1000 as *mut u8,
+        };
+        let base = 0x5000_0000;
+        let rec = (WORDS * 8) as u64;
+        assert_eq!(check_ring(&l, &[0; 6]), Ok(None));
+        assert_eq!(check_ring(&l, &[base, 4, 0, 0, 0, 0]), Ok(Some((0, 4))));
+        assert_eq!(
+            check_ring(&l, &[base + 0x800, (0x10_0000 - 0x800) / rec, 0, 0, 0, 0]),
+            Ok(Some((0x800, (0x10_0000 - 0x800) as usize / rec as usize)))
+        );
+        for (args, e) in [
+            ([base, 4, 1, 0, 0, 0], HypError::BadArgument),
+            ([base, 4, 0, 0, 0, 7], HypError::BadArgument),
+            ([base, 0, 0, 0, 0, 0], HypError::BadSize),
+            ([base, u64::MAX / 8, 0, 0, 0, 0], HypError::Overflow),
+            ([base + 4, 4, 0, 0, 0, 0], HypError::Misaligned),
+            ([!7, 4, 0, 0, 0, 0], HypError::Overflow),
+            ([base - 8, 4, 0, 0, 0, 0], HypError::OutsideShared),
+            (
+                [base, 0x10_0000 / rec + 1, 0, 0, 0, 0],
+                HypError::OutsideShared,
+            ),
+            ([0x4000_0000, 4, 0, 0, 0, 0], HypError::OutsideShared),
+        ] {
+            assert_eq!(check_ring(&l, &args), Err(e), "{args:x?}");
+        }
+        assert_eq!(withhold_arg(&[1, 0, 0, 0, 0, 0]), Ok(true));
+        assert_eq!(withhold_arg(&[0; 6]), Ok(false));
+        for args in [[2, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 9]] {
+            assert_eq!(withhold_arg(&args), Err(HypError::BadArgument));
+        }
+    }
 
     #[test]
     fn every_record_decodes_to_itself_and_unknown_kinds_are_refused() {

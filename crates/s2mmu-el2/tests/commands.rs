@@ -12,7 +12,7 @@ const SHARED_END: u64 = SHARED_PA + SHARED_BYTES as u64;
 #[test]
 fn an_unknown_opcode_is_refused() {
     let h = Host::with_slot(LogMode::Manual);
-    for code in [0u32, 13, 0xffff_ffff] {
+    for code in [0u32, 15, 0xffff_ffff] {
         let before = h.state();
         let mut c = Command {
             op: code,

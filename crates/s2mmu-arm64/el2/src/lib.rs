@@ -13,6 +13,10 @@
 //!   the service CPU): one [`s2mmu_el2::Command`] block the host wrote in
 //!   the mailbox's argument words, checked and run by
 //!   [`Hyp::dispatch`]; the first command sets EL2 up ([`OP_SETUP`]).
+//!   Two more are this image's own: [`OP_TRACE`] records the engine's
+//!   descriptor stores and EL2's invalidations into a ring in the shared
+//!   area for the host's break-before-make checker, and [`OP_WITHHOLD`]
+//!   withholds the invalidations (fault injection for that checker).
 //!
 //! Memory (mirrored in `src/hyp/layout.rs`): EL2's carve-out is all RAM
 //! below the guest data (`0x4000_0000..0x6000_0000`: the stub, the
@@ -28,6 +32,7 @@ use alloc::sync::Arc;
 use core::sync::atomic::{AtomicPtr, Ordering};
 use s2mmu_el2::heap::{self, El2Heap};
 use s2mmu_el2::tlb::cpu::{self, Cpu};
+use s2mmu_el2::trace::{self, TracedTlb};
 use s2mmu_el2::{
     AbortOutcome, Command, El2Tlb, Hyp, HypError, Layout, PagePool, Refusal, Region, Stage2Abort,
 };
@@ -48,11 +53,24 @@ const POOL_PAGES: usize = 16384;
 /// The set-up command: args RAM base and bytes (what slots may be backed
 /// by), shared area base and bytes (where the host's buffers lie).
 pub const OP_SETUP: u32 = 0x100;
+/// Starts the break-before-make trace: args ring PA (8-aligned, inside the
+/// shared area) and records ([`trace::WORDS`] words each, at least one).
+/// With both 0, stops it: ret\[0\] the records written, ret\[1\] those
+/// dropped because the ring was full.
+pub const OP_TRACE: u32 = 0x101;
+/// Fault injection: arg 1 withholds every invalidation EL2 would issue
+/// for the VM from now on (marked in the trace), 0 issues them again and
+/// flushes the whole VMID.
+pub const OP_WITHHOLD: u32 = 0x102;
+
+/// EL2's TLB backend: the CPU's instructions, traced.
+type Tlb = TracedTlb<El2Tlb<Cpu>>;
 
 /// The mailbox's argument words (`layout::mb::ARG0`), as words.
 const ARG0_WORD: usize = 0x20 / 8;
 
 static HYP: AtomicPtr<Hyp> = AtomicPtr::new(core::ptr::null_mut());
+static TLB: AtomicPtr<Tlb> = AtomicPtr::new(core::ptr::null_mut());
 
 fn hyp() -> Option<&'static Hyp> {
     let p = HYP.load(Ordering::Acquire);
@@ -110,10 +128,16 @@ pub unsafe extern "C" fn s2mmu_el2_command(mbox: *mut u64) -> i64 {
         args: core::array::from_fn(|i| word(3 + i)),
         ret: [0; 4],
     };
-    if cmd.op == OP_SETUP {
-        cmd.status = match setup(&cmd.args) {
-            Ok(()) => 0,
-            Err(e) => e.status(),
+    let own = match cmd.op {
+        OP_SETUP => Some(setup(&cmd.args).map(|()| [0; 4])),
+        OP_TRACE => Some(trace_command(&cmd.args)),
+        OP_WITHHOLD => Some(withhold(&cmd.args)),
+        _ => None,
+    };
+    if let Some(r) = own {
+        (cmd.status, cmd.ret) = match r {
+            Ok(ret) => (0, ret),
+            Err(e) => (e.status(), [0; 4]),
         };
     } else if let Some(h) = hyp() {
         h.dispatch(&mut cmd);
@@ -151,18 +175,60 @@ fn setup(args: &[u64; 6]) -> Result<(), HypError> {
     // SAFETY: we run at EL2; every invalidation runs on a CPU whose
     // VTTBR_EL2 holds the VM's VMID (a vCPU's, or the service CPU's, which
     // the stub loads for each command).
-    let tlb = Arc::new(El2Tlb::new(unsafe { Cpu::new() }, cpu::features()));
+    let tlb = Arc::new(TracedTlb::new(El2Tlb::new(
+        unsafe { Cpu::new() },
+        cpu::features(),
+    )));
+    TLB.store(Arc::into_raw(tlb.clone()).cast_mut(), Ordering::Release);
     let layout = Layout {
         carve_out: CARVE_OUT,
         ram,
         shared,
         shared_va: shared.base as *mut u8,
+        ram_va: ram.base as *mut u8,
     };
-    // SAFETY: the shared area is RAM the stub maps identically (Normal)
-    // for as long as the machine runs; the pool is in the carve-out.
+    // SAFETY: the shared area and the RAM slots may be backed by are RAM
+    // the stub maps identically (Normal) for as long as the machine runs;
+    // the pool is in the carve-out.
     let h = unsafe { Hyp::new(layout, pool, tlb) }?;
     HYP.store(Box::into_raw(Box::new(h)), Ordering::Release);
     Ok(())
+}
+
+fn tlb() -> Option<&'static Tlb> {
+    let p = TLB.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer is an `Arc` `setup` leaked, never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// [`OP_TRACE`]: the ring checked against the shared area EL2 was given
+/// ([`trace::check_ring`]).
+fn trace_command(args: &[u64; 6]) -> Result<[u64; 4], HypError> {
+    let (h, t) = hyp().zip(tlb()).ok_or(HypError::NoVm)?;
+    let Some((_, records)) = trace::check_ring(h.layout(), args)? else {
+        let n = trace::stop();
+        return Ok([n as u64, trace::dropped(), 0, 0]);
+    };
+    let table = h.with_mmu(|m| m.bbm_id()).ok_or(HypError::NoVm)?;
+    // Stopped first: no CPU writes the old ring while the new one starts.
+    trace::stop();
+    t.set_table(table);
+    // SAFETY: the ring lies inside the shared area (checked above), which
+    // the stub maps identically for as long as the machine runs; EL2
+    // writes it only here, until the next start or stop.
+    unsafe { trace::install(args[0] as *mut u64, records) };
+    Ok([0; 4])
+}
+
+/// [`OP_WITHHOLD`] ([`trace::withhold_arg`]).
+fn withhold(args: &[u64; 6]) -> Result<[u64; 4], HypError> {
+    let t = tlb().ok_or(HypError::NoVm)?;
+    let on = trace::withhold_arg(args)?;
+    t.withhold(on);
+    if !on {
+        s2mmu::TlbInvalidate::flush_vmid(t);
+    }
+    Ok([0; 4])
 }
 
 #[panic_handler]

@@ -57,7 +57,7 @@ mod runs;
 pub use assets::{cpio, debs};
 pub use devices::{bus, console_input, gic, mmio, psci, uart};
 pub use machine::load::{boot, fdt, loader};
-pub use machine::logging::{changes, dirty};
+pub use machine::logging::{changes, dirty, el2_inject};
 pub use machine::state::{vcpu_state, vm_state};
 pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
 pub use migration::{

@@ -50,7 +50,8 @@ fn report(p: &Params, spec: &CompareSpec, c: &EngineComparison) {
             "engine_compare",
             "medians",
             json!({"runs": p.runs, "dirtier_args": spec.dirtier_args, "medians": medians,
-                "ratios": ratios, "samples": c.samples, "note": crate::arm64::EMULATOR_NOTE}),
+                "ratios": ratios, "samples": c.samples, "per_pass_faults": c.per_pass,
+                "per_pass_equal": c.per_pass_equal(), "note": crate::arm64::EMULATOR_NOTE}),
         );
         s2mmu_cli::report::emit(&rep, true);
         return;
@@ -66,5 +67,9 @@ fn report(p: &Params, spec: &CompareSpec, c: &EngineComparison) {
             v.map_or("n/a".into(), |x| format!("{x:.3}"))
         );
     }
+    println!(
+        "fixed-work faults per pass equal in both placements: {:?}",
+        c.per_pass_equal()
+    );
     println!("{}", crate::arm64::EMULATOR_NOTE);
 }

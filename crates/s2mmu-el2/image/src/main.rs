@@ -124,6 +124,7 @@ extern "C" fn el2_main() -> ! {
         ram: RAM,
         shared: SHARED,
         shared_va: SHARED.base as *mut u8,
+        ram_va: RAM.base as *mut u8,
     };
     // SAFETY: the shared area is RAM outside the carve-out, identity
     // mapped for as long as the program runs; the pool is in the carve-out.

@@ -1,6 +1,6 @@
 //! A host-side EL2: the dispatcher over a layout whose shared area and
-//! table pool are this process's memory (the backing addresses are only
-//! numbers in the tables: nothing here touches guest memory).
+//! table pool are this process's memory, and so is its RAM (which only a
+//! remap's copy touches).
 
 #![allow(dead_code)]
 
@@ -50,17 +50,22 @@ impl TlbInvalidate for CountingTlb {
 pub struct Host {
     pub hyp: Hyp,
     pub shared: *mut u8,
+    /// Where this process holds RAM's bytes.
+    pub ram: *mut u8,
     pub tlb: Arc<CountingTlb>,
 }
 
 impl Host {
     pub fn new() -> Host {
         let shared = leak_pages(SHARED_BYTES);
+        // Untouched pages of a zeroed allocation cost nothing.
+        let ram = leak_pages(RAM.size as usize);
         let layout = Layout {
             carve_out: CARVE,
             ram: RAM,
             shared: Region::new(SHARED_PA, SHARED_BYTES as u64),
             shared_va: shared,
+            ram_va: ram,
         };
         let tlb = Arc::new(CountingTlb::default());
         // SAFETY: both buffers are leaked, page aligned, this test's alone.
@@ -72,7 +77,12 @@ impl Host {
             );
             Hyp::new(layout, pool, tlb.clone()).unwrap()
         };
-        Host { hyp, shared, tlb }
+        Host {
+            hyp,
+            shared,
+            ram,
+            tlb,
+        }
     }
 
     /// A host with a VM in `mode` (ring: 256 entries) and slot 0.
@@ -140,6 +150,17 @@ impl Host {
     pub fn shared_word(&self, off: usize) -> u64 {
         // SAFETY: as above; callers pass 8-aligned offsets inside it.
         unsafe { (self.shared.add(off) as *const u64).read_volatile() }
+    }
+
+    /// The word of RAM at physical address `pa` (8-aligned, in RAM).
+    pub fn ram_word(&self, pa: u64) -> u64 {
+        // SAFETY: RAM's buffer is RAM.size long and lives forever.
+        unsafe { (self.ram.add((pa - RAM.base) as usize) as *const u64).read_volatile() }
+    }
+
+    pub fn set_ram_word(&self, pa: u64, w: u64) {
+        // SAFETY: as above.
+        unsafe { (self.ram.add((pa - RAM.base) as usize) as *mut u64).write_volatile(w) }
     }
 
     pub fn set_shared_word(&self, off: usize, w: u64) {

@@ -26,8 +26,13 @@ use std::sync::Arc;
 
 /// Bytes of the area shared with EL2, after the memory slots may use.
 pub const SHARED_BYTES: u64 = 4 << 20;
+/// Bytes after it, shared with EL2 too, for the break-before-make trace.
+pub const TRACE_BYTES: u64 = 16 << 20;
 /// EL2's first command: its heap, pool and layout (`el2/src/lib.rs`).
 const OP_SETUP: u64 = 0x100;
+/// The trace's start and stop, and the withheld invalidations.
+const OP_TRACE: u64 = 0x101;
+const OP_WITHHOLD: u64 = 0x102;
 /// `EL2_OUTCOME` values (`el2/src/lib.rs`).
 const ABORT_NO_SLOT: u64 = 1;
 const ABORT_RING_FULL: u64 = 2;
@@ -40,6 +45,8 @@ pub(crate) struct El2Vm {
     vttbr: u64,
     mode: LogMode,
     ram_bytes: u64,
+    /// The slots EL2 holds: (id, IPA, bytes).
+    slots: std::sync::Mutex<Vec<(u16, u64, u64)>>,
 }
 
 /// EL2's mode for the host's dirty mode (no logging: `wp`, never used).
@@ -79,9 +86,11 @@ impl El2Vm {
             vttbr: 0,
             mode: lm,
             ram_bytes,
+            slots: Default::default(),
         };
         let shared = layout::DATA + ram_bytes;
-        vm.call(OP_SETUP, &[layout::DATA, ram_bytes, shared, SHARED_BYTES])?;
+        let area = SHARED_BYTES + TRACE_BYTES;
+        vm.call(OP_SETUP, &[layout::DATA, ram_bytes, shared, area])?;
         let root = vm.call(Op::VmInit as u64, &[lm as u64, entries, vcpus as u64])?[0];
         vm.vttbr = stage2::vttbr(root, stage2::VMID);
         vm.sink.set_context(vm.vtcr, vm.vttbr);
@@ -134,7 +143,9 @@ impl El2Vm {
     /// Creates memslot `id` (`MEMSLOT_SET`, no flags).
     pub(crate) fn add_slot(&self, id: u16, gpa: u64, pa: u64, size: u64, page: u64) -> Result<()> {
         let args = [u64::from(id), 0, gpa, size, pa, page];
-        self.call(Op::MemslotSet as u64, &args).map(|_| ())
+        self.call(Op::MemslotSet as u64, &args)?;
+        self.slot_changed(id, Some((gpa, size)));
+        Ok(())
     }
 
     /// Turns dirty logging on for `slot` in the VM's mode.
@@ -272,6 +283,8 @@ impl El2Vm {
         e: &Exit,
     ) -> Result<s2mmu::Result<Vec<(u64, u64)>>> {
         match self.machine.mailbox(id).read(EL2_OUTCOME) {
+            // A slot added since EL2 answered covers it: the guest retries.
+            ABORT_NO_SLOT if self.covered(e.ipa()) => Ok(Ok(Vec::new())),
             ABORT_NO_SLOT => Ok(Err(s2mmu::Error::NoSlot {
                 gpa: Gpa::new(e.ipa()),
             })),
@@ -282,5 +295,86 @@ impl El2Vm {
                 e.esr
             ))),
         }
+    }
+}
+
+/// The host changing memory under a running guest, through EL2.
+impl El2Vm {
+    /// `REMAP_PAGE`: the backing page `at` (as its slot names it) moves
+    /// to `to`; EL2 copies it with its faults held. Returns where it was.
+    pub(crate) fn remap_page(&self, at: u64, to: u64) -> Result<u64> {
+        Ok(self.call(Op::RemapPage as u64, &[at, to])?[1])
+    }
+
+    /// `COLLAPSE` of `slot`: logging off, its blocks back in place.
+    /// Returns the blocks collapsed.
+    pub(crate) fn collapse(&self, slot: u16) -> Result<u64> {
+        Ok(self.call(Op::Collapse as u64, &[u64::from(slot)])?[0])
+    }
+
+    /// Deletes `slot` (`MEMSLOT_SET` with size 0).
+    pub(crate) fn delete_slot(&self, slot: u16) -> Result<()> {
+        let args = [u64::from(slot), 0, 0, 0, 0, 0];
+        self.call(Op::MemslotSet as u64, &args)?;
+        self.slot_changed(slot, None);
+        Ok(())
+    }
+
+    /// Records that slot `id` now covers `range` (IPA, bytes), or nothing.
+    fn slot_changed(&self, id: u16, range: Option<(u64, u64)>) {
+        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        s.retain(|x| x.0 != id);
+        s.extend(range.map(|(ipa, size)| (id, ipa, size)));
+    }
+
+    /// Whether a slot covers `ipa` now.
+    fn covered(&self, ipa: u64) -> bool {
+        let s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        s.iter().any(|&(_, b, n)| (b..b + n).contains(&ipa))
+    }
+
+    /// `MEMSLOT_DELETE_LOGGED` of `slot`: its last log into `words` (a bit
+    /// per page), the slot gone.
+    pub(crate) fn delete_logged(&self, slot: u16, words: &mut [u64]) -> Result<()> {
+        let bytes = Self::bitmap_bytes(words)?;
+        let args = [u64::from(slot), self.shared(), bytes];
+        self.call(Op::MemslotDeleteLogged as u64, &args)?;
+        self.slot_changed(slot, None);
+        let ram = self.machine.ram();
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = ram.read(self.shared() + 8 * i as u64);
+        }
+        Ok(())
+    }
+}
+
+/// The break-before-make trace of EL2's stores and invalidations, and its
+/// fault injection.
+impl El2Vm {
+    /// Starts the trace afresh in the [`TRACE_BYTES`] after the shared
+    /// area.
+    pub(crate) fn trace_start(&self) -> Result<()> {
+        let records = TRACE_BYTES / (s2mmu_el2::trace::WORDS as u64 * 8);
+        let at = self.shared() + SHARED_BYTES;
+        self.call(OP_TRACE, &[at, records]).map(|_| ())
+    }
+
+    /// Stops the trace: its records' bytes, and the records dropped
+    /// because the ring was full.
+    pub(crate) fn trace_stop(&self) -> Result<(Vec<u8>, u64)> {
+        let r = self.call(OP_TRACE, &[0, 0])?;
+        let words = r[0] * s2mmu_el2::trace::WORDS as u64;
+        let at = self.shared() + SHARED_BYTES;
+        let ram = self.machine.ram();
+        let bytes = (0..words.min(TRACE_BYTES / 8))
+            .flat_map(|i| ram.read(at + 8 * i).to_le_bytes())
+            .collect();
+        Ok((bytes, r[1]))
+    }
+
+    /// Withholds EL2's invalidations (`on`), or issues them again with a
+    /// whole-VMID flush.
+    pub(crate) fn withhold(&self, on: bool) -> Result<()> {
+        self.call(OP_WITHHOLD, &[u64::from(on)]).map(|_| ())
     }
 }

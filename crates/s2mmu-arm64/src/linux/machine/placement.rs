@@ -179,6 +179,51 @@ impl Host {
     }
 }
 
+/// The host changing memory under a running guest, wherever the engine
+/// runs (`logging/changes.rs`).
+impl Host {
+    /// Moves the guest page backed at `pa` (as its slot names it) to the
+    /// free page `new_pa` through the engine's MMU notifier; the page it
+    /// left holds [`crate::vm::POISON`] afterwards.
+    ///
+    /// # Errors
+    /// The engine's refusal (EL2's, for a page or target it does not take).
+    pub(crate) fn remap_page(&self, pa: u64, new_pa: u64) -> Result<()> {
+        match self {
+            Host::Host(v) => {
+                let hva = v.machine().ram().hva(pa).ok_or_else(|| {
+                    Arm64Error::Config(format!("{pa:#x} is not a guest data page"))
+                })?;
+                v.remap_host_page(hva, new_pa)
+            }
+            Host::El2(v) => {
+                let old = v.remap_page(pa, new_pa)?;
+                let ram = v.machine().ram();
+                for off in (0..4096).step_by(8) {
+                    ram.write(old + off, crate::vm::POISON);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Stops logging on `slot`, its split blocks collapsed back in place;
+    /// returns the blocks collapsed.
+    ///
+    /// # Errors
+    /// The engine's refusal.
+    pub(crate) fn collapse(&self, slot: u16) -> Result<u64> {
+        match self {
+            Host::Host(v) => {
+                let before = v.mmu().vm_stats().collapsed;
+                v.mmu().disable_dirty_logging(slot)?;
+                Ok(v.mmu().vm_stats().collapsed - before)
+            }
+            Host::El2(v) => v.collapse(slot),
+        }
+    }
+}
+
 impl Placement for Host {
     type Vcpu = EngineVcpu;
 

@@ -171,11 +171,6 @@ pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
         .change
         .check(cfg.dirty.mode)
         .map_err(Arm64Error::Config)?;
-    if cfg.engine == Engine::El2 && cfg.dirty.change != Default::default() {
-        return Err(Arm64Error::Config(
-            "host changes under a running guest are not supported with --engine el2 yet".into(),
-        ));
-    }
     Ok(())
 }
 
@@ -301,7 +296,7 @@ fn prepare(cfg: &LinuxConfig) -> Result<(Host, DeviceLayout, BootLayout)> {
         }
         Engine::El2 => {
             let mc = MachineConfig {
-                data_bytes: ram_bytes + el2p::SHARED_BYTES,
+                data_bytes: ram_bytes + el2p::SHARED_BYTES + el2p::TRACE_BYTES,
                 ..mc
             };
             let machine = Arc::new(Machine::start_with(&mc, crate::image_el2()?)?);
@@ -327,9 +322,7 @@ fn prepare(cfg: &LinuxConfig) -> Result<(Host, DeviceLayout, BootLayout)> {
     };
     let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
     f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
-    if let Host::Host(v) = &vm {
-        crate::linux::changes::add_framebuffer(v, cfg.dirty.change, cfg.mem, &mut f)?;
-    }
+    crate::linux::changes::add_framebuffer(&vm, cfg.dirty.change, cfg.mem, &mut f)?;
     let files = LinuxAssets {
         image: cfg.kernel.clone(),
         initramfs: cfg.initrd.clone(),

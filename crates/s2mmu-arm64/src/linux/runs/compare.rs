@@ -3,9 +3,13 @@
 //! logging mode of [`COMPARED_MODES`] (its write rate, the stage-2 fault
 //! cost from the abort to the return to the guest, the faults and logged
 //! pages per harvest), with QEMU booting the same kernel alone as the
-//! outside reference. [`EngineComparison`] keeps every sample; its medians
-//! and ratios are what a report prints.
+//! outside reference; and per mode a fixed amount of work
+//! ([`HostChange::Paced`]: [`PACED_PASSES`] passes over a framebuffer
+//! slot only the dirtier writes), whose per-pass fault counts must be the
+//! same in both placements. [`EngineComparison`] keeps every sample; its
+//! medians and ratios are what a report prints.
 
+use crate::linux::changes::{HostChange, FB_IPA, FB_SIZE};
 use crate::linux::dirty;
 use crate::linux::run::{dirtier_rate, verdict};
 use crate::linux::vm::{self, Engine, LinuxConfig, LinuxReport};
@@ -23,6 +27,9 @@ pub const COMPARED_MODES: [(&str, DirtyMode); 3] = [
 
 /// The dirtier's arguments when the caller names none.
 pub const DIRTIER_ARGS: &str = "mem=48,file=8,secs=10";
+
+/// Passes of the fixed-work run.
+pub const PACED_PASSES: u64 = 8;
 
 /// What [`engine_compare`] runs.
 #[derive(Clone, Debug)]
@@ -44,6 +51,11 @@ pub struct CompareSpec {
 pub struct EngineComparison {
     /// The samples, one per run.
     pub samples: BTreeMap<String, Vec<f64>>,
+    /// The fixed-work run's faults per pass, keyed `placement.mode`, one
+    /// list per run: the framebuffer pages each pass got logged, which
+    /// under write protection are its write faults (each page faults once
+    /// a pass, the pass after a harvest re-protected it).
+    pub per_pass: BTreeMap<String, Vec<Vec<u64>>>,
 }
 
 impl EngineComparison {
@@ -58,6 +70,20 @@ impl EngineComparison {
         self.samples
             .iter()
             .filter_map(|(k, v)| s2mmu_stats::median(v).map(|m| (k.clone(), m)))
+            .collect()
+    }
+
+    /// Per mode: whether every run's per-pass fault counts were the same
+    /// in both placements (`false` where a placement has none).
+    pub fn per_pass_equal(&self) -> BTreeMap<String, bool> {
+        COMPARED_MODES
+            .iter()
+            .map(|(mn, _)| {
+                let h = self.per_pass.get(&format!("host.{mn}"));
+                let e = self.per_pass.get(&format!("el2.{mn}"));
+                let same = h.zip(e).is_some_and(|(h, e)| !h.is_empty() && h == e);
+                (mn.to_string(), same)
+            })
             .collect()
     }
 
@@ -163,6 +189,69 @@ fn one_mode(
     Ok(())
 }
 
+/// The fixed-work run of mode `mn` on `boot`'s placement: the framebuffer
+/// pages logged per pass.
+///
+/// # Errors
+/// As [`fixed_passes`].
+fn one_paced(
+    spec: &CompareSpec,
+    boot: &LinuxConfig,
+    (mn, mode): (&str, DirtyMode),
+    out: &mut EngineComparison,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), String> {
+    let per = fixed_passes(spec, boot, mode)?;
+    let en = engine_name(boot.engine);
+    progress(&format!("  {en} {mn} fixed work: faults per pass {per:?}"));
+    out.per_pass
+        .entry(format!("{en}.{mn}"))
+        .or_default()
+        .push(per);
+    Ok(())
+}
+
+/// Runs the dirtier's fixed amount of work ([`PACED_PASSES`] passes over
+/// the framebuffer, [`HostChange::Paced`]) on `boot`'s placement under
+/// `mode`, harvested every `spec.harvest`: the framebuffer pages logged
+/// in each pass.
+///
+/// # Errors
+/// A run that fails, does not power off or fails its verdict; a dirtier
+/// that does not report its fixed passes done, or a pass count short.
+pub fn fixed_passes(
+    spec: &CompareSpec,
+    boot: &LinuxConfig,
+    mode: DirtyMode,
+) -> Result<Vec<u64>, String> {
+    let mut cfg = boot.clone();
+    cfg.cmdline = format!(
+        "{} s2mmu.run=dirtier s2mmu.args=fb={FB_IPA:#x}:{FB_SIZE:#x},paced={PACED_PASSES},secs=300",
+        spec.cmdline
+    );
+    cfg.dirty.mode = Some(mode);
+    cfg.dirty.period = spec.harvest;
+    cfg.dirty.change = HostChange::Paced {
+        passes: PACED_PASSES,
+    };
+    let r = run_one(&cfg)?;
+    if !r.console.contains("s2mmu-dirtier: ok fb") {
+        return Err(format!(
+            "{:?}: the fixed-work dirtier did not finish:\n{}",
+            cfg.engine, r.console
+        ));
+    }
+    let per = r.dirty.map(|d| d.per_pass).unwrap_or_default();
+    if per.len() as u64 != PACED_PASSES {
+        return Err(format!(
+            "{:?}: {} of {PACED_PASSES} fixed passes recorded: {per:?}",
+            cfg.engine,
+            per.len()
+        ));
+    }
+    Ok(per)
+}
+
 /// Runs both placements `spec.runs` times from `base` (its engine and
 /// logging are replaced), with `qemu_alone` (QEMU booting the same kernel
 /// alone, its boot-to-init seconds) once per run. `progress` gets a line
@@ -192,6 +281,7 @@ pub fn engine_compare(
             out.add(format!("{}.boot_to_init_s", engine_name(e)), r.init_s);
             for m in COMPARED_MODES {
                 one_mode(spec, &boot, m, &mut out, progress)?;
+                one_paced(spec, &boot, m, &mut out, progress)?;
             }
         }
         out.add("qemu_alone.boot_to_init_s".into(), Some(qemu_alone()?));
@@ -223,5 +313,25 @@ mod tests {
         assert_eq!(r["wp.fault_cost_el2_over_host"], None);
         assert_eq!(r["host.boot_over_qemu_alone"], None);
         assert!(!c.samples.contains_key("host.wp.fault_us"));
+    }
+
+    #[test]
+    fn per_pass_counts_are_equal_only_when_every_run_matches() {
+        let mut c = EngineComparison::default();
+        let runs = |a: &[u64], b: &[u64]| vec![a.to_vec(), b.to_vec()];
+        c.per_pass
+            .insert("host.wp".into(), runs(&[256, 256], &[256, 256]));
+        c.per_pass
+            .insert("el2.wp".into(), runs(&[256, 256], &[256, 256]));
+        c.per_pass
+            .insert("host.ring".into(), runs(&[256, 256], &[256, 256]));
+        c.per_pass
+            .insert("el2.ring".into(), runs(&[256, 256], &[256, 255]));
+        c.per_pass
+            .insert("host.wp-get".into(), runs(&[256], &[256]));
+        let eq = c.per_pass_equal();
+        assert!(eq["wp"]);
+        assert!(!eq["ring"], "one pass of one run differs");
+        assert!(!eq["wp-get"], "no EL2 runs");
     }
 }

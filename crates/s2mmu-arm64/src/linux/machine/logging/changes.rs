@@ -7,8 +7,8 @@
 
 use crate::layout;
 use crate::linux::fdt::FdtConfig;
+use crate::linux::placement::Host;
 use crate::linux::vm::{Shared, RAM_SLOT};
-use crate::vm::Arm64Vm;
 use crate::Result;
 use s2mmu::memslot::{SlotFlags, UserMemoryRegion};
 use s2mmu::mmu::DirtyMode;
@@ -49,6 +49,17 @@ pub enum HostChange {
         /// The harvest that moves it.
         at: u64,
     },
+    /// A fixed amount of work: the framebuffer's memslot (as for
+    /// [`HostChange::MoveSlot`], never moved) written by the dirtier in
+    /// `passes` passes (`fb=...,paced=N`), each page once a pass. The host
+    /// starts each pass after the harvest that collected the last, so each
+    /// pass's pages are logged once each, and records how many per pass
+    /// ([`crate::linux::dirty::HarvestReport::per_pass`]): under write
+    /// protection, the write faults the pass took on the slot.
+    Paced {
+        /// Passes the host starts.
+        passes: u64,
+    },
 }
 
 /// The framebuffer's guest-physical address (below RAM, clear of the
@@ -70,12 +81,12 @@ pub(crate) fn in_fb(ipa: u64) -> bool {
 /// # Errors
 /// The engine's memslot errors.
 pub(crate) fn add_framebuffer(
-    vm: &Arm64Vm,
+    vm: &Host,
     change: HostChange,
     mem: u64,
     f: &mut FdtConfig,
 ) -> Result<()> {
-    if let HostChange::MoveSlot { .. } = change {
+    if change.fb_pages() > 0 {
         vm.add_slot(FB_SLOT, FB_IPA, layout::DATA + mem, FB_SIZE, 4096)?;
         f.framebuffer = Some((FB_IPA, FB_SIZE));
     }
@@ -96,6 +107,7 @@ impl HostChange {
         let bad = match self {
             HostChange::None => false,
             HostChange::MoveSlot { .. } => mode.is_none_or(DirtyMode::hardware),
+            HostChange::Paced { passes } => mode.is_none() || !(1..=1000).contains(&passes),
             _ => mode.is_none(),
         };
         if bad {
@@ -108,7 +120,7 @@ impl HostChange {
     /// Pages of the framebuffer, if the change has one.
     pub fn fb_pages(self) -> u64 {
         match self {
-            HostChange::MoveSlot { .. } => FB_SIZE / 4096,
+            HostChange::MoveSlot { .. } | HostChange::Paced { .. } => FB_SIZE / 4096,
             _ => 0,
         }
     }
@@ -117,7 +129,8 @@ impl HostChange {
     pub fn spare_bytes(self) -> u64 {
         match self {
             HostChange::Remap { .. } => SPARE_BYTES,
-            HostChange::MoveSlot { .. } => 2 * FB_SIZE,
+            // Whole 2 MiB: the machine's data region is made of them.
+            HostChange::MoveSlot { .. } | HostChange::Paced { .. } => 2 * FB_SIZE,
             _ => 0,
         }
     }
@@ -140,6 +153,13 @@ pub(crate) struct Changer {
     pub(crate) moves: u64,
     resume_at: Option<u64>,
     cursor: u64,
+    /// [`HostChange::Paced`]: the pass started last (0: none yet), the
+    /// last pass the dirtier had finished before this harvest, the pages
+    /// logged since the pass started, and each finished pass's.
+    go: u64,
+    done: u64,
+    acc: u64,
+    pub(crate) per_pass: Vec<u64>,
 }
 
 impl Changer {
@@ -157,6 +177,10 @@ impl Changer {
             moves: 0,
             resume_at: None,
             cursor: 0,
+            go: 0,
+            done: 0,
+            acc: 0,
+            per_pass: Vec::new(),
         }
     }
 
@@ -178,36 +202,112 @@ impl Changer {
         }
     }
 
+    /// Under [`HostChange::Paced`]: whether the pass the host started last
+    /// is still running. The harvester then skips the harvest, so that no
+    /// harvest re-protects a page in the middle of its pass: each page of
+    /// a pass is logged once, whatever the timing.
+    pub(crate) fn pass_running(&mut self, sh: &Shared) -> bool {
+        if let HostChange::Paced { .. } = self.change {
+            self.done = sh.vm.machine().ram().read(self.control() + 8);
+            return self.go > 0 && self.done < self.go;
+        }
+        false
+    }
+
+    /// The paced framebuffer's control page: word 0 the pass the host
+    /// started, word 1 the last the dirtier finished.
+    fn control(&self) -> u64 {
+        let last = *self.loc.last().expect("the framebuffer has pages");
+        layout::DATA + last * 4096
+    }
+
+    /// After a harvest under [`HostChange::Paced`] that logged `fb_logged`
+    /// of the framebuffer's pages: a pass finished before it is recorded
+    /// and the next one started.
+    fn pace(&mut self, sh: &Shared, passes: u64, fb_logged: u64) {
+        self.acc += fb_logged;
+        if self.go > 0 && self.done < self.go {
+            return;
+        }
+        if self.go > 0 && (self.per_pass.len() as u64) < self.go {
+            self.per_pass.push(self.acc);
+        }
+        self.acc = 0;
+        if self.go < passes {
+            self.go += 1;
+            sh.vm.machine().ram().write(self.control(), self.go);
+        }
+    }
+
+    /// The page the host itself wrote after the last harvest (the paced
+    /// framebuffer's control page): the check hashes it afresh.
+    pub(crate) fn host_written(&self) -> Option<usize> {
+        match self.change {
+            HostChange::Paced { .. } => Some(self.loc.len() - 1),
+            _ => None,
+        }
+    }
+
     /// After the harvest collected the framebuffer's log (no guest write
     /// reached it since: faults on it wait, and the harvest re-protected
     /// it): deletes its slot, copies it to the other backing, adds it again
-    /// logging, and lets the faults go on. `npages`: guest RAM's pages.
+    /// logging, and lets the faults go on. `npages`: guest RAM's pages;
+    /// `bitmap`: the harvest's log (bit `npages` the framebuffer's first).
+    ///
+    /// With the engine at EL2, faults on the framebuffer are answered there
+    /// until its slot is gone, so the delete hands back the log of the
+    /// writes since the harvest (`MEMSLOT_DELETE_LOGGED`), added to this
+    /// one; in ring mode those writes are in the rings for the next.
     ///
     /// # Errors
     /// The engine's memslot errors.
-    pub(crate) fn move_framebuffer(&mut self, sh: &Shared, npages: u64) -> Result<()> {
+    pub(crate) fn move_framebuffer(
+        &mut self,
+        sh: &Shared,
+        npages: u64,
+        mode: Option<DirtyMode>,
+        bitmap: &mut [u64],
+    ) -> Result<()> {
         if !sh.fb_moving.load(Ordering::Acquire) {
             return Ok(());
         }
         let ram = sh.vm.machine().ram();
-        let mmu = sh.vm.mmu("host changes under a running guest")?;
         let from = layout::DATA + self.loc[npages as usize] * 4096;
         let to = if from == layout::DATA + (npages << 12) {
             from + FB_SIZE
         } else {
             layout::DATA + (npages << 12)
         };
-        let hva = ram
-            .hva(from)
-            .expect("the framebuffer lies in the data region");
-        let gone =
-            UserMemoryRegion::new(FB_SLOT, SlotFlags::NONE, Gpa::new(FB_IPA), 0, Hva::new(hva));
-        mmu.set_memory_region(&gone, 4096)?;
+        match &sh.vm {
+            Host::Host(v) => {
+                let hva = ram
+                    .hva(from)
+                    .expect("the framebuffer lies in the data region");
+                let gone = UserMemoryRegion::new(
+                    FB_SLOT,
+                    SlotFlags::NONE,
+                    Gpa::new(FB_IPA),
+                    0,
+                    Hva::new(hva),
+                );
+                v.mmu().set_memory_region(&gone, 4096)?;
+            }
+            Host::El2(v) if mode.is_some_and(|m| m.ring_entries().is_none()) => {
+                let first = (npages / 64) as usize;
+                let words = &mut bitmap[first..first + (FB_SIZE / 4096 / 64) as usize];
+                let mut last = vec![0u64; words.len()];
+                v.delete_logged(FB_SLOT, &mut last)?;
+                for (w, l) in words.iter_mut().zip(last) {
+                    *w |= l;
+                }
+            }
+            Host::El2(v) => v.delete_slot(FB_SLOT)?,
+        }
         for off in (0..FB_SIZE).step_by(8) {
             ram.write(to + off, ram.read(from + off));
         }
         sh.vm.add_slot(FB_SLOT, FB_IPA, to, FB_SIZE, 4096)?;
-        mmu.enable_dirty_logging(FB_SLOT)?;
+        sh.vm.enable_dirty_logging(FB_SLOT)?;
         for (i, l) in self.loc[npages as usize..].iter_mut().enumerate() {
             *l = (to - layout::DATA) / 4096 + i as u64;
         }
@@ -234,22 +334,17 @@ impl Changer {
     ) -> Result<()> {
         match self.change {
             HostChange::None | HostChange::MoveSlot { .. } => Ok(()),
+            HostChange::Paced { passes } => {
+                let first = self.loc.len() as u64 - FB_SIZE / 4096;
+                let fb = (first..self.loc.len() as u64)
+                    .filter(|&p| bitmap[(p / 64) as usize] >> (p % 64) & 1 == 1)
+                    .count() as u64;
+                self.pace(sh, passes, fb);
+                Ok(())
+            }
             HostChange::Remap { pages } => self.remap(sh, pages, bitmap),
             HostChange::Collapse { at, after } if harvests == at => {
-                let before = sh
-                    .vm
-                    .mmu("host changes under a running guest")?
-                    .vm_stats()
-                    .collapsed;
-                sh.vm
-                    .mmu("host changes under a running guest")?
-                    .disable_dirty_logging(RAM_SLOT)?;
-                self.collapsed += sh
-                    .vm
-                    .mmu("host changes under a running guest")?
-                    .vm_stats()
-                    .collapsed
-                    - before;
+                self.collapsed += sh.vm.collapse(RAM_SLOT)?;
                 self.resume_at = Some(after);
                 self.pauses += 1;
                 Ok(())
@@ -266,9 +361,7 @@ impl Changer {
     pub(crate) fn tick_paused(&mut self, sh: &Shared) -> Result<bool> {
         match self.resume_at {
             Some(0) | None => {
-                sh.vm
-                    .mmu("host changes under a running guest")?
-                    .enable_dirty_logging(RAM_SLOT)?;
+                sh.vm.enable_dirty_logging(RAM_SLOT)?;
                 self.resume_at = None;
                 Ok(true)
             }
@@ -280,7 +373,6 @@ impl Changer {
     }
 
     fn remap(&mut self, sh: &Shared, pages: u32, bitmap: &[u64]) -> Result<()> {
-        let ram = sh.vm.machine().ram();
         let mut left = pages;
         let n = self.loc.len() as u64;
         // From where the last harvest's moves stopped, so that the moves
@@ -293,13 +385,8 @@ impl Changer {
             if bitmap[(p / 64) as usize] >> (p % 64) & 1 == 0 {
                 continue;
             }
-            let hva = ram
-                .hva(layout::DATA + p * 4096)
-                .expect("guest RAM lies inside the machine's data region");
             let new_pa = layout::DATA + self.next_spare * 4096;
-            sh.vm
-                .host("host changes under a running guest")?
-                .remap_host_page(hva, new_pa)?;
+            sh.vm.remap_page(layout::DATA + p * 4096, new_pa)?;
             self.loc[p as usize] = self.next_spare;
             self.next_spare += 1;
             self.remapped += 1;

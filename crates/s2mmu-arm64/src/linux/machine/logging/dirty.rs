@@ -7,6 +7,7 @@
 
 use crate::layout;
 use crate::linux::changes::{Changer, HostChange};
+use crate::linux::el2_inject::{El2Inject, El2Trace};
 use crate::linux::placement::Host;
 use crate::linux::vm::{Shared, RAM_IPA};
 use crate::Result;
@@ -64,7 +65,10 @@ pub struct HarvestConfig {
     /// Time between harvests.
     pub period: Duration,
     /// Fault injection: drop the invalidations host threads issue from
-    /// this harvest on (see [`HarvestReport::dropped`]).
+    /// this harvest on (see [`HarvestReport::dropped`]). With the engine at
+    /// EL2, EL2 withholds its own for this harvest and a collapse and
+    /// split after it, recording them in [`HarvestReport::el2_trace`]
+    /// (`el2_inject.rs`).
     pub drop_invalidations_from: Option<u64>,
     /// Fault injection: discard this harvest's log, as a harvest that lost
     /// its result would (the check must then report lost pages).
@@ -132,6 +136,11 @@ pub struct HarvestReport {
     /// Each harvest's end in microseconds since logging started, and the
     /// pages it logged (the first [`MAX_HARVEST_POINTS`] harvests).
     pub per_harvest: Vec<(u64, u64)>,
+    /// EL2's break-before-make trace around its withheld invalidations.
+    pub el2_trace: Option<El2Trace>,
+    /// Framebuffer pages logged in each finished pass of
+    /// [`HostChange::Paced`].
+    pub per_pass: Vec<u64>,
 }
 
 /// The most harvests [`HarvestReport::per_harvest`] keeps.
@@ -230,6 +239,7 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
     let ram_pages = mem / 4096;
     let words = ram_words(sh, mem + cfg.change.spare_bytes());
     let mut changer = Changer::new(cfg.change, ram_pages);
+    let mut inject = El2Inject::new(sh, cfg.drop_invalidations_from);
     let slots = changer.slots(ram_pages);
     // Guest RAM's pages, then the framebuffer's.
     let npages = ram_pages + cfg.change.fb_pages();
@@ -261,17 +271,21 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
             }
             continue;
         }
+        if changer.pass_running(sh) {
+            continue;
+        }
         if cfg.drop_invalidations_from == Some(rep.harvests) {
             sh.vm.sink().drop_host_sequences(u64::MAX);
         }
         changer.before_harvest(sh, rep.harvests);
+        inject.before_harvest(sh, rep.harvests)?;
         let t = Instant::now();
         match cfg.mode {
             Some(mode) => harvest(sh, mode, &slots, &mut bitmap, &mut ring)?,
             None => bitmap.fill(0),
         }
         rep.harvest_ns += t.elapsed().as_nanos() as u64;
-        changer.move_framebuffer(sh, ram_pages)?;
+        changer.move_framebuffer(sh, ram_pages, cfg.mode, &mut bitmap)?;
         if cfg.discard_log == Some(rep.harvests) {
             bitmap.fill(0);
         }
@@ -288,18 +302,29 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
         );
         rep.hash_ns += t.elapsed().as_nanos() as u64;
         changer.after_harvest(sh, rep.harvests, &bitmap)?;
+        if let Some(p) = changer.host_written() {
+            hash_pages(words, &changer.loc[p..=p], &mut prev[p..=p]);
+        }
+        rep.el2_trace = inject.after_harvest(sh)?.or(rep.el2_trace.take());
         if changer.paused() {
             // Pages carried to the next log cannot be judged: no next log.
             carry.clear();
         }
     }
+    finish(sh, changer, &mut rep);
+    Ok(rep)
+}
+
+/// The harvester's end: the host's dropped invalidations and what
+/// `changer` did, into `rep`.
+fn finish(sh: &Shared, changer: Changer, rep: &mut HarvestReport) {
     sh.vm.sink().drop_host_sequences(0);
     rep.dropped = sh.vm.sink().counters().dropped;
     rep.remapped = changer.remapped;
     rep.collapsed = changer.collapsed;
     rep.pauses = changer.pauses;
     rep.moves = changer.moves;
-    Ok(rep)
+    rep.per_pass = changer.per_pass;
 }
 
 /// The guest-physical address of bit `p`: guest RAM's `ram_pages`, then
