@@ -10,11 +10,29 @@
 //! that changes an entry, an entry count or the table's policy, and no way
 //! back to the table or its allocator.
 //!
-//! ```compile_fail
+//! ```compile_fail,E0599
 //! use s2mmu::{mmu::Mmu, memslot::MemslotStore, sync::Platform};
 //! use s2mmu::{MmOps, Prot, PteFormat};
 //! fn relax<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform>(m: &Mmu<F, M, S, P>) {
 //!     let _ = m.with_table(|pt| pt.relax_perms(0x4000_0000, Prot::RW));
+//! }
+//! ```
+//!
+//! Nor do the other writers that take `&self`:
+//!
+//! ```compile_fail,E0599
+//! use s2mmu::{mmu::Mmu, memslot::MemslotStore, sync::Platform};
+//! use s2mmu::{MmOps, Prot, PteFormat};
+//! fn relax<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform>(m: &Mmu<F, M, S, P>) {
+//!     let _ = m.with_table(|pt| pt.relax_perms_at_level(0x4000_0000, Prot::RW, 3));
+//! }
+//! ```
+//!
+//! ```compile_fail,E0599
+//! use s2mmu::{mmu::Mmu, memslot::MemslotStore, sync::Platform};
+//! use s2mmu::{MmOps, PteFormat};
+//! fn young<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform>(m: &Mmu<F, M, S, P>) {
+//!     let _ = m.with_table(|pt| pt.mkyoung(0x4000_0000));
 //! }
 //! ```
 //!

@@ -161,9 +161,15 @@ impl Log {
 /// `s2mmu migrate --guest linux -v 1 --mem MEM ARGS` with `qemu` as its
 /// QEMU; its stderr in the log (stdout too, after it).
 pub fn migrate(qemu: &Qemu, mem: &str, args: &[&str]) -> (Child, Log) {
+    migrate_env(qemu, mem, args, &[])
+}
+
+/// [`migrate`] with `env` set too.
+pub fn migrate_env(qemu: &Qemu, mem: &str, args: &[&str], env: &[(&str, &str)]) -> (Child, Log) {
     let mut c = Command::new(bin())
         .args(["migrate", "--guest", "linux", "-v", "1", "--mem", mem])
         .args(args)
+        .envs(env.iter().copied())
         .env("S2MMU_QEMU", qemu.wrapper())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -177,11 +183,22 @@ pub fn migrate(qemu: &Qemu, mem: &str, args: &[&str]) -> (Child, Log) {
 
 /// A listening destination and the address it bound.
 pub fn listen(qemu: &Qemu, mem: &str, args: &[&str]) -> (Child, String, Log) {
+    listen_env(qemu, mem, args, &[])
+}
+
+/// [`listen`] with `env` set too.
+pub fn listen_env(
+    qemu: &Qemu,
+    mem: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Child, String, Log) {
     let (mut c, addr, err) = spawn_listening(
         Command::new(bin())
             .args(["migrate", "--guest", "linux", "-v", "1", "--mem", mem])
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
+            .envs(env.iter().copied())
             .env("S2MMU_QEMU", qemu.wrapper())
             .stdout(Stdio::piped()),
     );

@@ -190,22 +190,9 @@ impl Shared {
         }
     }
 
-    /// The maintenance that kicks every vCPU in `targets` that runs its
-    /// guest with no kick on the way, for the answer to the exit of the
-    /// vCPU that raised their interrupt: its own CPU sends the kick at EL2
-    /// as it returns to its guest ([`INSN_KICK`]), no round trip to the
-    /// service CPU, as KVM's sender sends its IPI from its own CPU.
-    pub(crate) fn kick_insns(&self, targets: impl IntoIterator<Item = usize>) -> Vec<(u64, u64)> {
-        let mut lists = std::collections::BTreeMap::<u64, u64>::new();
-        for t in targets {
-            if self.watch.claim_kick(t) {
-                *lists.entry(t as u64 / 16).or_default() |= 1 << (t % 16);
-            }
-        }
-        lists
-            .into_iter()
-            .map(|(aff1, list)| (INSN_KICK, KICK_SGI << 24 | aff1 << 16 | list))
-            .collect()
+    /// A write of ICC_SGI1R_EL1 by vCPU `from` ([`sgi_write`]).
+    pub(crate) fn sgi_write(&self, from: usize, v: u64) -> Vec<(u64, u64)> {
+        sgi_write(&self.gic, &self.watch, from, v)
     }
 
     /// While vCPU `id`'s thread waits for an exit: after a stop, kicks
@@ -259,4 +246,142 @@ pub(crate) fn spawn_watchdog(sh: &Arc<Shared>) -> Result<(), String> {
     watch::spawn(sh, &sh.watch, sh.deadline, |sh: &Shared| {
         sh.stop(StopReason::Timeout)
     })
+}
+
+/// The maintenance that kicks every vCPU in `targets` that runs its guest
+/// with no kick on the way, for the answer to the exit of the vCPU that
+/// raised their interrupt: its own CPU sends the kick at EL2 as it
+/// returns to its guest ([`INSN_KICK`]), no round trip to the service
+/// CPU, as KVM's sender sends its IPI from its own CPU. A vCPU outside
+/// its guest, or with a kick on the way, gets none.
+pub(crate) fn kick_insns(
+    watch: &Watch,
+    targets: impl IntoIterator<Item = usize>,
+) -> Vec<(u64, u64)> {
+    let mut lists = std::collections::BTreeMap::<u64, u64>::new();
+    for t in targets {
+        if watch.claim_kick(t) {
+            *lists.entry(t as u64 / 16).or_default() |= 1 << (t % 16);
+        }
+    }
+    lists
+        .into_iter()
+        .map(|(aff1, list)| (INSN_KICK, KICK_SGI << 24 | aff1 << 16 | list))
+        .collect()
+}
+
+/// A write of `v` to ICC_SGI1R_EL1 by vCPU `from`: the SGI is pending for
+/// every target (a vCPU outside its guest loads it at its next entry:
+/// queued, no kick), and the maintenance returned kicks only the targets
+/// that run their guest with no kick on the way. A vCPU that is not a
+/// target is never touched, a broadcast's sender included.
+pub(crate) fn sgi_write(gic: &Gic, watch: &Watch, from: usize, v: u64) -> Vec<(u64, u64)> {
+    let (intid, targets) = gic.sgi_targets(from, v);
+    let raised: Vec<usize> = targets
+        .into_iter()
+        .filter_map(|t| gic.raise(t, intid))
+        .collect();
+    kick_insns(watch, raised)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linux::gic::{GicAccess, GICR_STRIDE};
+
+    /// ICC_SGI1R_EL1's IRM: every vCPU but the sender.
+    const IRM: u64 = 1 << 40;
+
+    /// A GIC of `n` vCPUs with every SGI enabled on each.
+    fn gic(n: usize) -> Gic {
+        let g = Gic::new(n);
+        for v in 0..n as u64 {
+            g.redist_access(GicAccess {
+                offset: v * GICR_STRIDE + 0x1_0100,
+                size: 4,
+                write: Some(0xffff),
+            });
+        }
+        g
+    }
+
+    /// The vCPUs a maintenance list kicks.
+    fn kicked(insns: &[(u64, u64)]) -> Vec<usize> {
+        let mut v = Vec::new();
+        for &(insn, sgi1r) in insns {
+            assert_eq!(insn, INSN_KICK);
+            assert_eq!(sgi1r >> 24 & 0xf, KICK_SGI);
+            let aff1 = (sgi1r >> 16 & 0xff) as usize;
+            v.extend(
+                (0..16)
+                    .filter(|b| sgi1r & 1 << b != 0)
+                    .map(|b| aff1 * 16 + b),
+            );
+        }
+        v
+    }
+
+    /// What is pending and enabled for each vCPU.
+    fn pending(g: &Gic) -> Vec<bool> {
+        (0..g.vcpus()).map(|v| g.has_pending(v)).collect()
+    }
+
+    #[test]
+    fn a_listed_sgi_kicks_only_its_target_and_leaves_the_others_in_their_guest() {
+        let (g, w) = (gic(4), Watch::new(4));
+        for v in 0..4 {
+            w.enter(v);
+        }
+        assert_eq!(kicked(&sgi_write(&g, &w, 0, 3 << 24 | 0b0100)), [2]);
+        assert_eq!(pending(&g), [false, false, true, false]);
+        // vCPUs 0, 1 and 3 were not stopped: each still needs its own kick.
+        for v in [0, 1, 3] {
+            assert!(w.claim_kick(v), "vCPU {v} was kicked");
+        }
+        assert!(!w.claim_kick(2), "vCPU 2's kick is on the way");
+    }
+
+    #[test]
+    fn a_broadcast_kicks_its_running_targets_once_and_queues_for_the_others() {
+        let (g, w) = (gic(4), Watch::new(4));
+        // vCPUs 0 (the sender) and 2 run their guest; 1 and 3 are in the host.
+        w.enter(0);
+        w.enter(2);
+        assert_eq!(kicked(&sgi_write(&g, &w, 0, IRM | 5 << 24)), [2]);
+        assert_eq!(pending(&g), [false, true, true, true], "queued for 1 and 3");
+        assert!(w.claim_kick(0), "the sender, no target, was not kicked");
+        // A second broadcast while vCPU 2's kick is on the way: none more.
+        assert_eq!(
+            kicked(&sgi_write(&g, &w, 0, IRM | 6 << 24)),
+            Vec::<usize>::new()
+        );
+        // vCPU 3 enters its guest: the next SGI to it needs a kick, and
+        // the one queued is in its list registers at that entry.
+        w.enter(3);
+        assert_eq!(kicked(&sgi_write(&g, &w, 1, IRM | 7 << 24)), [3]);
+        let mut lrs = [0; crate::linux::gic::NR_LRS];
+        g.sync_lrs(3, &mut lrs);
+        let mut ids: Vec<u64> = lrs
+            .iter()
+            .filter(|&&l| l != 0)
+            .map(|l| l & 0xffff_ffff)
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [5, 6, 7], "every SGI queued for vCPU 3 arrived once");
+    }
+
+    #[test]
+    fn an_sgi_to_no_vcpu_kicks_nothing() {
+        let (g, w) = (gic(2), Watch::new(2));
+        w.enter(0);
+        w.enter(1);
+        // Another cluster (Aff1 = 1), and a list naming only vCPUs beyond 2.
+        assert_eq!(
+            kicked(&sgi_write(&g, &w, 0, 1 << 16 | 0b11)),
+            Vec::<usize>::new()
+        );
+        assert_eq!(kicked(&sgi_write(&g, &w, 0, 0b1100)), Vec::<usize>::new());
+        assert_eq!(pending(&g), [false, false]);
+        assert!(w.claim_kick(0) && w.claim_kick(1));
+    }
 }

@@ -284,12 +284,7 @@ fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Vec<(u64, u64
     // Pending for every target, then a kick, sent by this vCPU's CPU as
     // it resumes, for those in their guest with none on the way; the
     // others load it at their next entry.
-    let (intid, targets) = sh.gic.sgi_targets(id, mbox.gpr(rt));
-    let raised: Vec<usize> = targets
-        .into_iter()
-        .filter_map(|t| sh.gic.raise(t, intid))
-        .collect();
-    sh.kick_insns(raised)
+    sh.sgi_write(id, mbox.gpr(rt))
 }
 
 fn abort(

@@ -182,6 +182,7 @@ impl DestGuest for LinuxDestGuest {
         copy.try_reserve_exact(body.len())
             .map_err(|e| refuse(format!("STATE of {} bytes: {e}", body.len())))?;
         copy.extend_from_slice(body);
+        fault_at_state(&self.vm);
         Ok(CheckedState(copy))
     }
 
@@ -201,6 +202,39 @@ impl DestGuest for LinuxDestGuest {
         Ok(LinuxRunning {
             vm: self.vm.clone(),
         })
+    }
+}
+
+/// The environment variable that makes a destination fail on purpose
+/// once its whole stream has arrived (every channel's END, so after the
+/// source paused its guest for the stop-and-copy) and before its guest
+/// resumes: `exit` ends this process with SIGKILL, `kill-qemu` kills the
+/// destination's QEMU machine. The tests of a failure timed into the
+/// stop-and-copy set it; another value is logged and ignored.
+const FAULT_AT_STATE: &str = "S2MMU_TEST_DEST_FAULT_AT_STATE";
+
+/// The fault [`FAULT_AT_STATE`] asks for, if any.
+fn fault_at_state(vm: &LinuxSessionVm) {
+    let Some(v) = std::env::var_os(FAULT_AT_STATE) else {
+        return;
+    };
+    match v.to_str() {
+        Some("exit") => {
+            eprintln!("s2mmu: {FAULT_AT_STATE}=exit: the destination process is killed at STATE");
+            // SAFETY: kill(2) on this process has no memory effects; the
+            // process ends at once, as a kill from outside would end it.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            std::process::exit(137);
+        }
+        Some("kill-qemu") => {
+            eprintln!(
+                "s2mmu: {FAULT_AT_STATE}=kill-qemu: the destination's QEMU machine is killed at STATE"
+            );
+            vm.lock().machine.kill_qemu();
+        }
+        _ => eprintln!("s2mmu: {FAULT_AT_STATE}={v:?} is neither exit nor kill-qemu: ignored"),
     }
 }
 

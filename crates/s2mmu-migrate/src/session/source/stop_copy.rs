@@ -140,7 +140,31 @@ fn read_resumed<G: SourceGuest>(
             at_byte,
         }) => parse_digests(&body, at_byte),
         Ok(other) => Err(unexpected_reply(other, "RESUMED")),
-        Err(e) => Err(e),
+        Err(e) => Err(no_resumed(e)),
+    }
+}
+
+/// What the source waited for when RESUMED did not come.
+const AWAITING_RESUMED: &str =
+    "waiting for the destination's RESUMED after the last pages and the vCPU state were sent";
+
+/// A reply that broke off is named for what happened: the destination
+/// closed the connection (it ended, or failed, before its guest resumed)
+/// or the connection failed, while the source's guest was paused for the
+/// stop-and-copy; not a truncated stream.
+fn no_resumed(e: MigrateError) -> MigrateError {
+    match e {
+        MigrateError::Truncated { at_byte: 0, .. } => MigrateError::Io {
+            what: AWAITING_RESUMED.into(),
+            error: "the destination closed the connection without a reply: it ended or \
+                    failed before its guest resumed"
+                .into(),
+        },
+        MigrateError::Io { what, error } => MigrateError::Io {
+            what: format!("{AWAITING_RESUMED} ({what})"),
+            error,
+        },
+        e => e,
     }
 }
 
@@ -201,4 +225,40 @@ fn send_last<G: SourceGuest>(
         ));
     }
     Ok([harvested, pages_sent, saved, t1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_that_broke_off_names_the_wait_for_resumed() {
+        let closed = no_resumed(MigrateError::Truncated {
+            at_byte: 0,
+            inside: "the next record's tag",
+        })
+        .to_string();
+        assert!(closed.starts_with(AWAITING_RESUMED), "{closed}");
+        assert!(
+            closed.contains("closed the connection without a reply"),
+            "{closed}"
+        );
+        assert!(!closed.contains("truncated"), "{closed}");
+        let reset = no_resumed(MigrateError::Io {
+            what: "reading a reply".into(),
+            error: "connection reset by peer".into(),
+        })
+        .to_string();
+        assert!(reset.starts_with(AWAITING_RESUMED), "{reset}");
+        assert!(
+            reset.ends_with("(reading a reply): connection reset by peer"),
+            "{reset}"
+        );
+        // A reply cut inside a record, or another failure, keeps its own name.
+        let cut = MigrateError::Truncated {
+            at_byte: 9,
+            inside: "RESUMED",
+        };
+        assert_eq!(no_resumed(cut.clone()), cut);
+    }
 }
