@@ -11,6 +11,7 @@
 //! what it wrote) printed its next steps in order: no step lost. Real
 //! QEMU machines and processes. Behaviour only: no timing is asserted.
 
+mod cli_common;
 mod fail_common;
 
 use fail_common::{
