@@ -4,8 +4,8 @@
 
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_cli::snapshot::format::{Header, SlotGeom, SnapshotError, SnapshotWriter};
-use s2mmu_cli::snapshot::restore::{differing_pages, file_name, restore};
-use s2mmu_cli::snapshot::taker::{SnapshotLoop, Snapshotter};
+use s2mmu_cli::snapshot::restore::{file_name, restore};
+use s2mmu_migrate::sim::snapshot_taker::{differing_pages, SnapshotLoop, Snapshotter};
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

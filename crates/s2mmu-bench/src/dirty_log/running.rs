@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::spec::RunSpec;
 use super::{EngineIteration, EngineRun};
-use crate::lost_write as lost;
+use s2mmu_migrate::sim::lost_write as lost;
 
 /// The run's label: fault path, split policy, memslots and dirty tracking.
 pub fn label(policy: &MmuPolicy, memslots: &str) -> String {

@@ -155,7 +155,7 @@ pub fn resume<R: Read + Write + Send, G: DestGuest>(
         verify_mismatches: None,
         verify_error: None,
         resumed_write_rate,
-        resumed_passes: wl.passes(),
+        resumed_progress: wl.progress(),
         postcopy: Some(figures),
         recv_stages: Default::default(),
         resume_parts: Default::default(),
