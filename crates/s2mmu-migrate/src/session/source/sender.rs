@@ -7,7 +7,7 @@ use super::super::replies::{read_reply, unexpected_reply};
 use super::harvest::Harvester;
 use super::SourceConfig;
 use crate::bandwidth::TokenBucket;
-use crate::stages::{SendStages, StageClock};
+use crate::stages::{ReadTiming, SendStages, StageClock, StageObserver};
 use crate::stream_error::MigrateError;
 use crate::transport::{BoxConn, Connection};
 use crate::vm::SessionVm;
@@ -20,9 +20,6 @@ use std::time::{Duration, Instant};
 pub(super) struct Chan {
     pub(super) wire: WireWriter<BoxConn>,
     batch: Batch,
-    /// Time in `flush_batch` during the current job (to tell reading
-    /// guest memory from the rest).
-    flushing_ns: u64,
 }
 
 impl Chan {
@@ -33,15 +30,16 @@ impl Chan {
             true => Batch::sealed(),
             false => Batch::new(),
         };
-        Chan {
-            wire,
-            batch,
-            flushing_ns: 0,
-        }
+        Chan { wire, batch }
     }
 
-    /// Sends the batch (paced by the bandwidth limit).
-    fn flush_batch(&mut self, bucket: &Mutex<TokenBucket>) -> Result<(), MigrateError> {
+    /// Sends the batch (paced by the bandwidth limit); `obs` is told how
+    /// long it took.
+    fn flush_batch(
+        &mut self,
+        bucket: &Mutex<TokenBucket>,
+        obs: &mut impl StageObserver<SendStages>,
+    ) -> Result<(), MigrateError> {
         if self.batch.is_empty() {
             return Ok(());
         }
@@ -51,62 +49,51 @@ impl Chan {
             .unwrap_or_else(|p| p.into_inner())
             .take(self.batch.wire_bytes());
         let r = self.wire.sealed_batch(&mut self.batch);
-        self.flushing_ns += t.elapsed().as_nanos() as u64;
+        obs.inner(t.elapsed().as_nanos() as u64);
         r
     }
 
-    /// [`Chan::send_job`], its reading of guest memory timed: the job's
-    /// time less its flushes'.
-    fn send_job_timed<V: SessionVm>(
-        &mut self,
-        vm: &V,
-        bucket: &Mutex<TokenBucket>,
-        c: u16,
-        n: u16,
-        job: &Job,
-    ) -> Result<(), MigrateError> {
-        let t = Instant::now();
-        self.flushing_ns = 0;
-        let r = self.send_job(vm, bucket, c, n, job);
-        let took = t.elapsed().as_nanos() as u64;
-        self.wire.stages.read_ns += took.saturating_sub(self.flushing_ns);
-        r
-    }
-
-    /// Sends the pages of `job` that channel `c` of `n` owns.
+    /// Sends the pages of `job` that channel `c` of `n` owns; `obs`
+    /// watches the job (the stream's passes book its time, less the
+    /// flushes', as reading guest memory: [`ReadTiming`]).
     fn send_job<V: SessionVm>(
         &mut self,
         vm: &V,
         bucket: &Mutex<TokenBucket>,
-        c: u16,
-        n: u16,
+        (c, n): (u16, u16),
         job: &Job,
+        obs: &mut impl StageObserver<SendStages>,
     ) -> Result<(), MigrateError> {
         let s = vm.slots()[job.slot];
         let first_index = s.mem_offset / PAGE_SIZE as u64;
         let ram = &**vm.ram();
-        for (wi, &word) in job.words.iter().enumerate() {
-            let mut m = word;
-            while m != 0 {
-                let b = u64::from(m.trailing_zeros());
-                m &= m - 1;
-                let i = job.first + wi as u64 * 64 + b;
-                if n > 1 && channel_of(first_index + i, n) != c {
-                    continue;
-                }
-                let off = s.mem_offset + i * PAGE_SIZE as u64;
-                self.batch
-                    .push_known(s.gpa + i * PAGE_SIZE as u64, |p| copy_page(ram, off, p));
-                // The batch's pages are hashed when it is written, all at
-                // once: hashing every 8 pages as they were copied (while in
-                // L1) was slower in a microbenchmark and no faster in whole
-                // migrations.
-                if self.batch.is_full() {
-                    self.flush_batch(bucket)?;
+        obs.begin(&self.wire.stages);
+        let r = (|| -> Result<(), MigrateError> {
+            for (wi, &word) in job.words.iter().enumerate() {
+                let mut m = word;
+                while m != 0 {
+                    let b = u64::from(m.trailing_zeros());
+                    m &= m - 1;
+                    let i = job.first + wi as u64 * 64 + b;
+                    if n > 1 && channel_of(first_index + i, n) != c {
+                        continue;
+                    }
+                    let off = s.mem_offset + i * PAGE_SIZE as u64;
+                    self.batch
+                        .push_known(s.gpa + i * PAGE_SIZE as u64, |p| copy_page(ram, off, p));
+                    // The batch's pages are hashed when it is written, all
+                    // at once: hashing every 8 pages as they were copied
+                    // (while in L1) was slower in a microbenchmark and no
+                    // faster in whole migrations.
+                    if self.batch.is_full() {
+                        self.flush_batch(bucket, &mut *obs)?;
+                    }
                 }
             }
-        }
-        Ok(())
+            Ok(())
+        })();
+        obs.end(&mut self.wire.stages);
+        r
     }
 }
 
@@ -246,11 +233,12 @@ impl<'a, V: SessionVm> Sender<'a, V> {
         &mut self,
         next: &mut impl FnMut(&mut Self) -> Result<Option<Job>, MigrateError>,
     ) -> Result<(), MigrateError> {
+        let mut timing = ReadTiming::default();
         while let Some(job) = next(self)? {
-            self.chans[0].send_job_timed(&**self.vm, &self.bucket, 0, 1, &job)?;
+            self.chans[0].send_job(&**self.vm, &self.bucket, (0, 1), &job, &mut timing)?;
             self.reap_if_full()?;
         }
-        self.chans[0].flush_batch(&self.bucket)?;
+        self.chans[0].flush_batch(&self.bucket, &mut ())?;
         self.chans[0].wire.flush()
     }
 
@@ -281,11 +269,12 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                 let (vm, bucket) = (&vm, &bucket);
                 handles.push(sc.spawn(move || {
                     let cpu = StageClock::start_with_cpu();
-                    let r = (|| {
+                    let r = (|| -> Result<(), MigrateError> {
+                        let mut timing = ReadTiming::default();
                         for job in rx {
-                            chan.send_job_timed(&**vm, bucket, c as u16, n, &job)?;
+                            chan.send_job(&**vm, bucket, (c as u16, n), &job, &mut timing)?;
                         }
-                        chan.flush_batch(bucket)?;
+                        chan.flush_batch(bucket, &mut ())?;
                         chan.wire.flush()
                     })();
                     chan.wire.stages.cpu_ns += cpu.cpu_ns();
@@ -425,11 +414,12 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                     first,
                     words: all_pages(n),
                 };
-                self.chans[0].send_job(&*vm, &self.bucket, 0, 1, &job)?;
+                // Not one of the stream's stages: nothing watches it.
+                self.chans[0].send_job(&*vm, &self.bucket, (0, 1), &job, &mut ())?;
                 first += n;
             }
         }
-        self.chans[0].flush_batch(&self.bucket)?;
+        self.chans[0].flush_batch(&self.bucket, &mut ())?;
         self.chans[0].wire.flush()
     }
 
