@@ -40,6 +40,26 @@ fn slot_bitmaps<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Vec<Vec<u64>> {
         .collect()
 }
 
+/// The engine's fault injection: its next `n` dirty marks are dropped (the
+/// bug the lost-write check must catch).
+#[cfg(feature = "test-hooks")]
+fn inject_lost_marks<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>, n: u64) -> Result<(), String> {
+    vm.mmu().inject_lost_marks(n);
+    Ok(())
+}
+
+/// Without the engine's test hooks, a run that asks for dropped dirty
+/// marks is refused.
+#[cfg(not(feature = "test-hooks"))]
+fn inject_lost_marks<S: MemslotStore, F: VmFormat>(_: &Vm<S, F>, n: u64) -> Result<(), String> {
+    match n {
+        0 => Ok(()),
+        _ => Err(format!(
+            "inject_lost_marks = {n} needs feature `test-hooks` of s2mmu-bench (a build for tests)"
+        )),
+    }
+}
+
 /// Runs the selftest flow on the engine.
 fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
     spec: RunSpec<impl Copy>,
@@ -70,7 +90,7 @@ fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
         .check
         .then(|| lost::LostWriteCheck::new(&vm))
         .transpose()?;
-    mmu.inject_lost_marks(spec.inject_lost_marks);
+    inject_lost_marks(&vm, spec.inject_lost_marks)?;
     for _ in 0..spec.iterations {
         let mut it = EngineIteration::default();
         // With rings, a reaper harvests and resets whenever a vCPU stops on
