@@ -11,7 +11,7 @@
 //! `migrate --snapshot-every` takes the same snapshots while a migration
 //! runs on its own view.
 
-pub use s2mmu_migrate::session::snapshot::{format, restore};
+use s2mmu_migrate::session::snapshot::{format, restore};
 
 use crate::migrate::parse_duration;
 use crate::report::{human, human_bytes, parse_size, verdict, Report, Summary};
