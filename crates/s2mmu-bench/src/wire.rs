@@ -7,7 +7,7 @@
 //! what round 0 could reach at best), then the migration, which first
 //! measures plain TCP between its own endpoints. A [`WireCell`] holds a
 //! cell's runs and their medians. The two references beside the
-//! migration are this module's probes: [`iperf`] and [`memory_floor`].
+//! migration are this module's probes: [`iperf`] and [`memory_floor`](mod@memory_floor).
 
 use s2mmu_migrate::sim::dest::SimDestConfig;
 use s2mmu_migrate::sim::in_process::migrate_in_process;
