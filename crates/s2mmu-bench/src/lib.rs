@@ -42,7 +42,6 @@ pub mod dirty_log;
 pub mod dirty_mode;
 pub mod harvest;
 pub mod host;
-pub use s2mmu_migrate::session::lost_write;
 pub mod memslot;
 pub mod report;
 pub mod split;

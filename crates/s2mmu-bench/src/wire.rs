@@ -6,15 +6,20 @@
 //! kernel's copies alone, and for TLS ring's AES-128-GCM records alone:
 //! what round 0 could reach at best), then the migration, which first
 //! measures plain TCP between its own endpoints. A [`WireCell`] holds a
-//! cell's runs and their medians.
+//! cell's runs and their medians. The two references beside the
+//! migration are this module's probes: [`iperf`] and [`memory_floor`](mod@memory_floor).
 
 use s2mmu_migrate::sim::dest::SimDestConfig;
 use s2mmu_migrate::sim::in_process::migrate_in_process;
 use s2mmu_migrate::sim::source::SimRun;
-use s2mmu_migrate::transport::{ephemeral_tls, iperf, NetConfig, Security};
-use s2mmu_migrate::transport::{memory_floor, FloorCipher};
+use s2mmu_migrate::transport::{ephemeral_tls, NetConfig, Security};
 use s2mmu_migrate::wire::PAGE_SIZE;
 use std::time::Duration;
+
+pub mod iperf;
+pub mod memory_floor;
+
+use memory_floor::{memory_floor, FloorCipher};
 
 /// The most bytes the memory floor moves: it holds two regions of its
 /// size, and 2 GiB is far beyond any cache, so a larger guest's floor

@@ -18,7 +18,6 @@
 pub use s2mmu_bench::dirty_mode;
 pub mod flags;
 pub mod limits;
-pub use s2mmu_migrate::session::lost_write;
 pub mod migrate;
 pub mod plot;
 pub mod progress;

@@ -15,7 +15,7 @@ use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
 use s2mmu::format::FormatId;
 pub use s2mmu::format::WithFormat;
-pub use s2mmu_migrate::wire::WireFormat;
+use s2mmu_migrate::wire::WireFormat;
 use std::fmt;
 
 /// The stage-2 format of the simulated VM, as `--format` names it.

@@ -51,7 +51,7 @@ fn destination(addr: &str, log: KvmDirtyLog) -> Result<(), String> {
         .map_err(|_| "poisoned")?
         .take()
         .ok_or("no start")?;
-    let passes = got.resumed_passes.first().copied().unwrap_or(0);
+    let passes = got.resumed_progress.first().copied().unwrap_or(0);
     let hex: Vec<String> = hashes.iter().map(|h| format!("{h:x}")).collect();
     let _ = writeln!(out, "RESUMED {counter} {passes}\nHASHES {}", hex.join(","));
     Ok(())

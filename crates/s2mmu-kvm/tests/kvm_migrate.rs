@@ -49,7 +49,7 @@ fn destination(log: KvmDirtyLog) {
     let cfg = DestConfig::with_run_after(Duration::from_millis(500));
     let out = serve_with(&*listener, &factory, &cfg, &net()).expect("the destination's migration");
     let (hashes, counter) = started.lock().unwrap().take().expect("the guest started");
-    let passes = out.resumed_passes.first().copied().unwrap_or(0);
+    let passes = out.resumed_progress.first().copied().unwrap_or(0);
     let hashes: Vec<String> = hashes.iter().map(|h| format!("{h:x}")).collect();
     say(&format!("STARTED {counter} PASSES {passes}"));
     say(&format!("HASHES {}", hashes.join(",")));

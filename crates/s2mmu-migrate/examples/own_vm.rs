@@ -194,7 +194,7 @@ impl ResumedGuest for Vcpu {
     fn final_state(&self) -> Vec<u8> {
         self.counter.load(SeqCst).to_le_bytes().to_vec()
     }
-    fn passes(&self) -> Vec<u64> {
+    fn progress(&self) -> Vec<u64> {
         vec![self.counter.load(SeqCst)]
     }
 }
@@ -262,7 +262,7 @@ fn main() -> Result<(), String> {
     let differ = here.iter().zip(&hashes).filter(|(a, b)| a != b).count();
     let (stopped_at, went_on) = (
         guest.counter.load(SeqCst),
-        dst.resumed_passes.first().copied().unwrap_or(0),
+        dst.resumed_progress.first().copied().unwrap_or(0),
     );
     let (rounds, ms) = (src.rounds.len(), src.downtime.as_secs_f64() * 1e3);
     println!(

@@ -122,6 +122,72 @@ impl RecvStages {
     }
 }
 
+/// Watches one stretch of the page path (a job of pages sent, a record of
+/// pages taken) and books its time to a stage. The path tells it where the
+/// stretch begins and ends, and how long work inside it that is booked
+/// elsewhere took; the path itself keeps no clock. `()` watches nothing
+/// (a pass outside the stream's stages, such as the verification pass).
+pub(crate) trait StageObserver<S> {
+    /// A stretch begins; `stages` as they stand.
+    fn begin(&mut self, _stages: &S) {}
+    /// `ns` of the stretch went to work booked elsewhere.
+    fn inner(&mut self, _ns: u64) {}
+    /// The stretch ended; its time goes to `stages`.
+    fn end(&mut self, _stages: &mut S) {}
+}
+
+impl<S> StageObserver<S> for () {}
+
+/// The sender's reading of guest memory: a job's time less its flushes'
+/// (hashing and writing, booked by the writer).
+#[derive(Default)]
+pub(crate) struct ReadTiming {
+    t0: Option<Instant>,
+    inner_ns: u64,
+}
+
+impl StageObserver<SendStages> for ReadTiming {
+    fn begin(&mut self, _: &SendStages) {
+        self.t0 = Some(Instant::now());
+        self.inner_ns = 0;
+    }
+
+    fn inner(&mut self, ns: u64) {
+        self.inner_ns += ns;
+    }
+
+    fn end(&mut self, stages: &mut SendStages) {
+        if let Some(t0) = self.t0.take() {
+            let took = t0.elapsed().as_nanos() as u64;
+            stages.read_ns += took.saturating_sub(self.inner_ns);
+        }
+    }
+}
+
+/// The receiver's checks: everything in taking a record of pages but the
+/// reads, which the reader books itself (the pages' hashes, which it times
+/// as it reads them, included).
+#[derive(Default)]
+pub(crate) struct CheckTiming {
+    t0: Option<Instant>,
+    read0: u64,
+    check0: u64,
+}
+
+impl StageObserver<RecvStages> for CheckTiming {
+    fn begin(&mut self, stages: &RecvStages) {
+        self.t0 = Some(Instant::now());
+        (self.read0, self.check0) = (stages.read_ns, stages.check_ns);
+    }
+
+    fn end(&mut self, stages: &mut RecvStages) {
+        if let Some(t0) = self.t0.take() {
+            let read = stages.read_ns - self.read0;
+            stages.check_ns = self.check0 + (t0.elapsed().as_nanos() as u64).saturating_sub(read);
+        }
+    }
+}
+
 /// Times a stretch of one thread's work: its wall time, its socket time
 /// and its CPU time.
 #[derive(Clone, Copy, Debug)]

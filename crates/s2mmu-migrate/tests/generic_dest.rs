@@ -172,7 +172,7 @@ impl ResumedGuest for Writer {
     fn final_state(&self) -> Vec<u8> {
         encode_vcpus(&self.vcpus)
     }
-    fn passes(&self) -> Vec<u64> {
+    fn progress(&self) -> Vec<u64> {
         self.vcpus.iter().map(|v| v.pass).collect()
     }
 }
@@ -216,7 +216,7 @@ fn the_destination_resumes_a_vm_that_is_not_the_simulated_one() {
         Some(&s.slot_digests),
         "the test VM's own RAM held the source's memory when it started"
     );
-    assert_eq!(d.resumed_passes.len(), 1, "one vCPU resumed");
+    assert_eq!(d.resumed_progress.len(), 1, "one vCPU resumed");
     assert!(d.resumed_write_rate > 0.0, "the resumed guest ran");
 }
 

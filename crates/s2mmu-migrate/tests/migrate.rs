@@ -49,7 +49,7 @@ fn check_equal_over(cfg: &SimRun, net: &NetConfig) {
     assert!(s.rounds.last().unwrap().final_round);
     assert_eq!(s.rounds[0].pages, cfg.guest.mem_size / PAGE_SIZE as u64);
     // The destination's guest went on from where the source's stopped.
-    assert!(d.resumed_passes.iter().all(|&p| p >= 1));
+    assert!(d.resumed_progress.iter().all(|&p| p >= 1));
 }
 
 #[test]

@@ -59,7 +59,7 @@ fn precopy_on_ept_verifies_byte_for_byte_with_no_lost_write() {
     let c = s.extras.check.expect("checked");
     assert_eq!(c.lost, 0);
     assert!(c.changed > 0, "the guest wrote while logged");
-    assert!(d.resumed_passes.iter().all(|&p| p >= 1));
+    assert!(d.resumed_progress.iter().all(|&p| p >= 1));
 }
 
 #[test]

@@ -62,7 +62,7 @@ fn check_postcopy_run(
     assert!(f.reference_samples >= 1);
     assert_eq!(s.slot_digests.len(), cfg.guest.slots as usize);
     assert_eq!(s.slot_digests, d.slot_digests, "memory verified");
-    assert!(d.resumed_passes.iter().all(|&p| p >= 1));
+    assert!(d.resumed_progress.iter().all(|&p| p >= 1));
 }
 
 fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SimRun) {

@@ -4,7 +4,7 @@
 use s2mmu::mmu::FaultStats;
 use std::time::Duration;
 
-use crate::lost_write as lost;
+use s2mmu_migrate::sim::lost_write as lost;
 
 /// One dirty iteration of the engine run.
 #[derive(Clone, Debug, Default)]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::spec::RunSpec;
 use super::{EngineIteration, EngineRun};
-use crate::lost_write as lost;
+use s2mmu_migrate::sim::lost_write as lost;
 
 /// The run's label: fault path, split policy, memslots and dirty tracking.
 pub fn label(policy: &MmuPolicy, memslots: &str) -> String {
@@ -38,6 +38,26 @@ fn slot_bitmaps<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Vec<Vec<u64>> {
         .iter()
         .map(|s| vec![0u64; (s.size / 4096).div_ceil(64) as usize])
         .collect()
+}
+
+/// The engine's fault injection: its next `n` dirty marks are dropped (the
+/// bug the lost-write check must catch).
+#[cfg(feature = "test-hooks")]
+fn inject_lost_marks<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>, n: u64) -> Result<(), String> {
+    vm.mmu().inject_lost_marks(n);
+    Ok(())
+}
+
+/// Without the engine's test hooks, a run that asks for dropped dirty
+/// marks is refused.
+#[cfg(not(feature = "test-hooks"))]
+fn inject_lost_marks<S: MemslotStore, F: VmFormat>(_: &Vm<S, F>, n: u64) -> Result<(), String> {
+    match n {
+        0 => Ok(()),
+        _ => Err(format!(
+            "inject_lost_marks = {n} needs feature `test-hooks` of s2mmu-bench (a build for tests)"
+        )),
+    }
 }
 
 /// Runs the selftest flow on the engine.
@@ -70,7 +90,7 @@ fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
         .check
         .then(|| lost::LostWriteCheck::new(&vm))
         .transpose()?;
-    mmu.inject_lost_marks(spec.inject_lost_marks);
+    inject_lost_marks(&vm, spec.inject_lost_marks)?;
     for _ in 0..spec.iterations {
         let mut it = EngineIteration::default();
         // With rings, a reaper harvests and resets whenever a vCPU stops on

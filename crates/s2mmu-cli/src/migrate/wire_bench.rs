@@ -9,7 +9,7 @@
 //! from one memory region into another over as many loopback connections
 //! with the kernel's copies alone (and, for TLS, ring's AES-128-GCM records
 //! alone): the memory floor, what round 0 could reach at best
-//! (`s2mmu_migrate::transport::memory_floor`). Rounds interleave the
+//! (`s2mmu_bench::wire::memory_floor`). Rounds interleave the
 //! cells, so the machine's other load
 //! falls on all of them alike. Medians of every figure, round 0 as a share
 //! of plain TCP and of iperf3, TLS against no TLS per channel count, and
@@ -18,8 +18,8 @@
 use super::params::{channels_name, set_channels, Params, AUTO_CHANNELS};
 use super::report_text::MIB;
 use crate::report::Report;
+use s2mmu_bench::wire::iperf;
 use s2mmu_bench::wire::{WireCase, WireCell as Cell, WireRun as Run};
-use s2mmu_migrate::transport::iperf;
 use serde_json::json;
 
 pub use s2mmu_bench::wire::FLOOR_CAP;

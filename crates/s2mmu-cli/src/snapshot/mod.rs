@@ -11,7 +11,7 @@
 //! `migrate --snapshot-every` takes the same snapshots while a migration
 //! runs on its own view.
 
-pub use s2mmu_migrate::session::snapshot::{format, restore, taker};
+use s2mmu_migrate::session::snapshot::{format, restore};
 
 use crate::migrate::parse_duration;
 use crate::report::{human, human_bytes, parse_size, verdict, Report, Summary};
@@ -152,7 +152,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
 
 fn report(
     p: &Params,
-    taken: &[taker::TakeStat],
+    taken: &[s2mmu_migrate::sim::snapshot_taker::TakeStat],
     restore_time: Duration,
     differ: u64,
     first: Option<u64>,

@@ -204,7 +204,7 @@ impl ResumedGuest for WriterGuest {
         let regs = self.vcpus.save().unwrap_or_default();
         encode_vcpus(&regs).unwrap_or_default()
     }
-    fn passes(&self) -> Vec<u64> {
+    fn progress(&self) -> Vec<u64> {
         self.vcpus.passes()
     }
 }

@@ -1,7 +1,7 @@
 //! What the source runs beside the migration, each optional:
-//! `check`, the lost-write check of every round (`checks`, with feature `sim`), and
+//! `check`, the lost-write check of every round, and
 //! `snapshot_every`, incremental snapshots of the running guest taken
-//! from a dirty view of their own (`snapshot`, with feature `sim`) while the migration
+//! from a dirty view of their own while the migration
 //! harvests through the slot's own log, one consumer beside the view.
 //!
 //! This module holds their settings and findings; a guest runs them as its

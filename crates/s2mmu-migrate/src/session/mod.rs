@@ -30,12 +30,6 @@ pub mod source;
 pub mod timeline;
 
 pub mod dest;
-// Still bound to the simulated VM (s2mmu-vm): the lost-write check
-// reads its engine's dirty views directly.
-#[cfg(feature = "sim")]
-pub mod checks;
-#[cfg(feature = "sim")]
-pub mod lost_write;
 pub mod snapshot;
 
 pub use progress::{Progress, ProgressEvent};

@@ -24,6 +24,7 @@ mod auto_channels;
 mod channel_choice;
 pub mod config;
 mod figures;
+mod harvest;
 pub mod outcome;
 mod postcopy_switch;
 mod precopy;
@@ -36,6 +37,7 @@ pub use auto_channels::{AutoChannels, MAX_AUTO_CANDIDATES, MAX_AUTO_PROBE_BYTES}
 pub use channel_choice::{ChannelChoice, ChannelProbe, AUTO_MARGIN_PCT};
 pub use config::{validate, validate_shape, Converge, Harvest, SourceConfig};
 use figures::{counters, MIB};
+use harvest::Harvester;
 pub use outcome::{DowntimeParts, Phase, RoundStat, SourceOutcome};
 use precopy::Precopy;
 use precopy_end::PrecopyEnd;
@@ -109,7 +111,8 @@ fn run_source_with<G: SourceGuest>(
 
     // Connect, be accepted, join the further channels, measure the link.
     let (session, chans, pc_conns) = connect_channels(cfg, guest, connect)?;
-    let mut s = Sender::new(vm, chans, cfg, shape.vcpus as usize);
+    let harvester = Harvester::new(cfg.harvest, cfg.clear_chunk, shape.vcpus as usize);
+    let mut s = Sender::new(vm, chans, cfg, harvester);
     let (link_bytes, link) = probe_link(&mut s, cfg, shape.mem_size)?;
 
     // Pre-copy.

@@ -129,7 +129,7 @@ impl<F: VmFormat> ResumedGuest for Workload<TreeMemslots, F> {
         encode_vcpus(&self.vcpu_states())
     }
 
-    fn passes(&self) -> Vec<u64> {
+    fn progress(&self) -> Vec<u64> {
         self.vcpu_states().iter().map(|s| s.pass).collect()
     }
 }

@@ -3,12 +3,12 @@
 //! snapshots from a dirty view of their own) as the session's
 //! [`RoundHook`].
 
+use super::lost_check::{CheckSummary, RunningLostCheck};
+use super::snapshot_taker::{differing_pages, SnapshotLoop, Snapshotter};
 use super::SimVm;
-use crate::session::checks::{CheckSummary, RunningLostCheck};
 use crate::session::extras::{ExtrasOutcome, SnapshotSummary, SourceExtras};
 use crate::session::guest::RoundHook;
-use crate::session::snapshot::restore::{differing_pages, restore};
-use crate::session::snapshot::taker::{SnapshotLoop, Snapshotter};
+use crate::session::snapshot::restore::restore;
 use crate::stream_error::MigrateError;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu_vm::{Vm, VmFormat};

@@ -4,14 +4,18 @@
 //! Besides the mapping from the interface to the simulated VM's calls:
 //! the simulated guest's own parts of a migration, which no other guest
 //! has ([`source`]: building and running it, its STATE ([`state`]) and
-//! post-copy's replay of its writes; [`extras`]: the lost-write check and
-//! snapshots beside pre-copy). The session's logic is in
+//! post-copy's replay of its writes; [`extras`]: the lost-write check
+//! ([`lost_write`], [`lost_check`]) and snapshots ([`snapshot_taker`])
+//! beside pre-copy). The session's logic is in
 //! [`crate::session`].
 
 pub mod dest;
 pub mod extras;
 pub mod in_process;
+pub mod lost_check;
+pub mod lost_write;
 pub mod snapshot_run;
+pub mod snapshot_taker;
 pub mod source;
 pub mod state;
 

@@ -4,10 +4,10 @@
 //! `duration` the guest pauses, the last snapshot is taken, and the chain
 //! is restored and compared with the guest's memory page for page.
 
+use super::snapshot_taker::{differing_pages, SnapshotLoop, Snapshotter, TakeStat};
 use crate::session::progress::Progress;
 use crate::session::snapshot::format::{SnapshotError, PAGE};
-use crate::session::snapshot::restore::{differing_pages, restore};
-use crate::session::snapshot::taker::{SnapshotLoop, Snapshotter, TakeStat};
+use crate::session::snapshot::restore::restore;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_vm::{Backing, Pattern, Vm, VmConfig, Workload, WorkloadConfig};

@@ -4,8 +4,9 @@
 //! shut down from any thread). Two transports implement them: TCP
 //! ([`tcp`]: keepalive, `TCP_NODELAY`, a user timeout) and Unix sockets
 //! ([`unix`]: same-host upgrades). TLS and the pre-shared key are layered
-//! over any connection. [`plain_probe`] and [`iperf`] measure the wire
-//! beside them (plain TCP; iperf3).
+//! over any connection. [`plain_probe`] measures plain TCP between the
+//! same endpoints beside a migration (the wire bench's other references,
+//! iperf3 and the memory floor, are the benchmark crate's).
 //!
 //! Three ways to secure a connection:
 //! - [`Security::Tls`]: mutual TLS 1.3 with certificates from files (or an
@@ -30,9 +31,6 @@ use crate::stream_error::MigrateError;
 mod admit;
 mod config;
 mod conn;
-pub mod iperf;
-#[allow(unsafe_code)] // madvise(MADV_HUGEPAGE) on the regions
-pub mod memory_floor;
 pub mod plain_probe;
 mod psk;
 mod records;
@@ -54,7 +52,6 @@ pub(crate) use conn::record_plaintexts;
 pub use conn::SharedSink;
 pub use conn::{sealed_len, sealed_offset, SEAL_AFTER, SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN};
 pub use conn::{transient, BoxConn, Connection, Duplex, Listener, ShutdownHandle};
-pub use memory_floor::{memory_floor, FloorCipher, FloorLink, MAX_FLOOR_BYTES};
 pub use plain_probe::{plain_link_beside, plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
 pub use psk::{psk, psk_from_file};
 #[cfg(any(test, feature = "fuzzing"))]

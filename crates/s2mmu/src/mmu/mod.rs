@@ -281,10 +281,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// a last-level table's worth of its words to be cleaned in one masked
     /// walk: more than `runs` runs of set bits among them (default
     /// [`SPARSE_CLEAR_RUNS`]); fewer are cleaned by a walk per run, which
-    /// joins runs across words. `u32::MAX` never takes the masked walk (the
-    /// CLEAR before it existed): benchmarks compare the two with it (the
-    /// `test-hooks` feature only).
-    #[cfg(feature = "test-hooks")]
+    /// joins runs across words. `u32::MAX` never takes the masked walk:
+    /// benchmarks compare the two with it. A tuning knob, not fault
+    /// injection: every value cleans exactly the pages asked for.
     #[must_use]
     pub fn with_sparse_clear_runs(mut self, runs: u32) -> Self {
         self.sparse_clear_runs = runs;

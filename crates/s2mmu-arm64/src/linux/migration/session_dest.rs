@@ -300,8 +300,4 @@ impl ResumedGuest for LinuxRunning {
             Err(_) => Vec::new(),
         }
     }
-
-    fn passes(&self) -> Vec<u64> {
-        Vec::new()
-    }
 }

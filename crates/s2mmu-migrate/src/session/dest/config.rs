@@ -203,8 +203,9 @@ pub struct DestOutcome {
     pub verify_error: Option<String>,
     /// Guest writes per second after the resume.
     pub resumed_write_rate: f64,
-    /// Passes each vCPU had reached when the destination stopped it.
-    pub resumed_passes: Vec<u64>,
+    /// Each vCPU's progress count ([`super::ResumedGuest::progress`]) when
+    /// the destination stopped it.
+    pub resumed_progress: Vec<u64>,
     /// Post-copy's figures (None: pre-copy only).
     pub postcopy: Option<crate::session::postcopy::PostcopyFigures>,
     /// Where the receiving time went up to END, over all channels.

@@ -64,6 +64,9 @@ pub trait ResumedGuest: GuestRun {
     /// paused).
     fn final_state(&self) -> Vec<u8>;
 
-    /// Passes (or another progress count) each vCPU had reached.
-    fn passes(&self) -> Vec<u64>;
+    /// A count of each vCPU's own work so far, in the guest's unit (a
+    /// guest that keeps none reports none: the default).
+    fn progress(&self) -> Vec<u64> {
+        Vec::new()
+    }
 }

@@ -4,7 +4,6 @@
 //! verifies every page and the whole, and resumes the guest only from a
 //! complete, valid stream.
 
-use super::postcopy;
 use crate::stream_error::MigrateError;
 use crate::transport::{self, BoxConn, Connection, Duplex, Listener, NetConfig};
 use crate::vm::{GuestRam, SessionVm};
@@ -18,6 +17,7 @@ mod checks;
 pub mod config;
 pub mod guest;
 mod join;
+pub mod postcopy;
 // Writes received pages straight into guest memory.
 #[allow(unsafe_code)]
 mod receive;
@@ -293,7 +293,7 @@ fn receive_guest<C: Connection, G: DestGuest>(
             ));
         };
         let main_socket = rd.get_mut().shutdown_handle().ok();
-        return postcopy::dest::resume(postcopy::dest::Resume {
+        return postcopy::resume(postcopy::Resume {
             guest,
             main: &mut rd,
             main_socket,

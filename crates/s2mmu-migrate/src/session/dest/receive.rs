@@ -4,7 +4,7 @@
 
 use crate::hash::{page_hash, ZERO_PAGE};
 use crate::session::postcopy;
-use crate::stages::StageClock;
+use crate::stages::{CheckTiming, RecvStages, StageClock, StageObserver};
 use crate::stream_error::MigrateError;
 use crate::transport::{BoxConn, Connection, ShutdownHandle};
 use crate::vm::{GuestRam, SessionVm};
@@ -58,33 +58,33 @@ pub(super) struct ReceiveState<'a, V: SessionVm> {
 impl<V: SessionVm> ReceiveState<'_, V> {
     /// Takes the data of the PAGES record just read on `channel` into
     /// guest memory (one vectored read for all its pages), checking each
-    /// page.
+    /// page; `obs` watches the record (the stream books its time, less
+    /// the reads', as checks: [`CheckTiming`]).
     pub(super) fn take_pages<R: Read>(
         &self,
         rd: &mut WireReader<R>,
         channel: u16,
         at_byte: u64,
+        obs: &mut impl StageObserver<RecvStages>,
     ) -> Result<(), MigrateError> {
-        let (t, read_before, check_before) =
-            (Instant::now(), rd.stages.read_ns, rd.stages.check_ns);
-        let r = self.take_pages_untimed(rd, channel, at_byte);
-        // Everything but the reads is checks (the pages' hashes, timed by
-        // the reader as it read them, included).
-        let read = rd.stages.read_ns - read_before;
-        rd.stages.check_ns = check_before + (t.elapsed().as_nanos() as u64).saturating_sub(read);
+        obs.begin(&rd.stages);
+        let r = self
+            .entry_offsets(rd, channel, at_byte)
+            .and_then(|(offs, n)| self.land_pages(rd, &offs[..n], at_byte));
+        obs.end(&mut rd.stages);
         rd.stages.pages += rd.entries().len() as u64;
         r
     }
 
-    fn take_pages_untimed<R: Read>(
+    /// Where each entry of the record just read lands, checked before any
+    /// byte does: in guest memory, on its own channel, and not twice in
+    /// the record (each page becomes its own slice).
+    fn entry_offsets<R: Read>(
         &self,
-        rd: &mut WireReader<R>,
+        rd: &WireReader<R>,
         channel: u16,
         at_byte: u64,
-    ) -> Result<(), MigrateError> {
-        // Every entry is checked before any byte lands: in guest memory,
-        // on its own channel, and not twice in the record (each page
-        // becomes its own slice).
+    ) -> Result<([u64; MAX_BATCH], usize), MigrateError> {
         let mut offs = [0u64; MAX_BATCH];
         let n = rd.entries().len();
         for (k, e) in rd.entries().iter().enumerate() {
@@ -111,6 +111,18 @@ impl<V: SessionVm> ReceiveState<'_, V> {
                 why: format!("the page at offset {:#x} twice in one record", w[0]),
             });
         }
+        Ok((offs, n))
+    }
+
+    /// Reads the record's pages into guest memory at `offs` (checked by
+    /// [`Self::entry_offsets`]), checking each page's hash as it lands.
+    fn land_pages<R: Read>(
+        &self,
+        rd: &mut WireReader<R>,
+        offs: &[u64],
+        at_byte: u64,
+    ) -> Result<(), MigrateError> {
+        let n = offs.len();
         let mut pages: Vec<&mut [u8]> = Vec::with_capacity(n);
         for (k, e) in rd.entries().iter().enumerate() {
             if !e.zero {
@@ -125,10 +137,10 @@ impl<V: SessionVm> ReceiveState<'_, V> {
         let r = rd.read_checked_pages(&mut pages, at_byte);
         drop(pages);
         if let Err(e) = r {
-            self.forget(&offs[..n]);
+            self.forget(offs);
             return Err(e);
         }
-        self.mark_received(rd, &offs[..n]);
+        self.mark_received(rd, offs);
         Ok(())
     }
 
@@ -155,7 +167,7 @@ impl<V: SessionVm> ReceiveState<'_, V> {
             let bit = 1u64 << (i % 64);
             let seen = self.received[(i / 64) as usize].load(Ordering::Relaxed) & bit != 0;
             // SAFETY: `off` is a page of guest memory that only this
-            // thread touches (take_pages_untimed's checks); the slices
+            // thread touches (take_pages's checks); the slices
             // given to the read are gone.
             let page = unsafe { self.raw.page(off) };
             let hash = if e.zero {
@@ -218,10 +230,11 @@ pub(super) fn channel_loop<V: SessionVm>(
     if failed {
         return p.map(|_| ());
     }
+    let mut timing = CheckTiming::default();
     loop {
         let at_byte = rd.pos;
         match rd.next_record()? {
-            Record::Pages { .. } => sh.take_pages(rd, channel, at_byte)?,
+            Record::Pages { .. } => sh.take_pages(rd, channel, at_byte, &mut timing)?,
             Record::Control {
                 tag: tag::END,
                 body,
@@ -345,10 +358,11 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
     let mut state = None;
     let mut state_at = None;
     let mut postcopy_missing = None;
+    let mut timing = CheckTiming::default();
     loop {
         let at_byte = rd.pos;
         match rd.next_record()? {
-            Record::Pages { .. } => sh.take_pages(rd, 0, at_byte)?,
+            Record::Pages { .. } => sh.take_pages(rd, 0, at_byte, &mut timing)?,
             Record::Control {
                 tag: t,
                 body,

@@ -51,13 +51,13 @@ fn a_page_that_fails_its_check_is_no_longer_received() {
         rd.next_record().unwrap(),
         Record::Pages { count: 1, .. }
     ));
-    sh.take_pages(&mut rd, 0, 0).unwrap();
+    sh.take_pages(&mut rd, 0, 0, &mut ()).unwrap();
     assert!(received(&sh), "the good copy is received");
     assert!(matches!(
         rd.next_record().unwrap(),
         Record::Pages { count: 1, .. }
     ));
-    match sh.take_pages(&mut rd, 0, first as u64) {
+    match sh.take_pages(&mut rd, 0, first as u64, &mut ()) {
         Err(MigrateError::PageChecksum { gpa: g, .. }) => assert_eq!(g, gpa),
         other => panic!("the damaged copy was not refused: {other:?}"),
     }
@@ -100,13 +100,13 @@ fn receive_damaged(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> (MigrateError
     let (stream, second) = full_record_stream(damage);
     let mut rd = WireReader::replies(std::io::Cursor::new(stream));
     assert!(matches!(rd.next_record().unwrap(), Record::Pages { .. }));
-    sh.take_pages(&mut rd, 0, 0).unwrap();
+    sh.take_pages(&mut rd, 0, 0, &mut ()).unwrap();
     assert!(matches!(
         rd.next_record().unwrap(),
         Record::Pages { count: 256, .. }
     ));
     let e = sh
-        .take_pages(&mut rd, 0, second)
+        .take_pages(&mut rd, 0, second, &mut ())
         .expect_err("a damaged record is refused");
     let bit = |i: u64| sh.received[(i / 64) as usize].load(Ordering::Relaxed) & (1 << (i % 64));
     assert_ne!(bit(500), 0, "the page received before stays received");

@@ -87,7 +87,7 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
         }
     }
     let resumed_write_rate = run_resumed(&wl, writes0, cfg.run_after, resumed_at);
-    let resumed_passes = wl.passes();
+    let resumed_progress = wl.progress();
     drop(wl);
     Ok(DestOutcome {
         page_records,
@@ -101,7 +101,7 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
         verify_mismatches,
         verify_error,
         resumed_write_rate,
-        resumed_passes,
+        resumed_progress,
         postcopy: None,
         recv_stages: Default::default(),
         resume_parts,

@@ -17,60 +17,60 @@ use std::time::{Duration, Instant};
 /// Remote-fault waits kept for the percentiles at most.
 const MAX_LATENCIES: usize = 1 << 20;
 /// Sequential one-page requests timed for the reference.
-pub(super) const REFERENCE_PINGS: u64 = 64;
+pub(crate) const REFERENCE_PINGS: u64 = 64;
 
 /// The missing pages of a post-copy destination and the way to ask for
 /// them: the [`PageFetch`] hook of its VM.
 pub struct Fetcher<M: GuestRam> {
-    pub(super) slots: Vec<RamSlot>,
-    pub(super) memory: Arc<M>,
-    pub(super) pages: u64,
+    pub(crate) slots: Vec<RamSlot>,
+    pub(crate) memory: Arc<M>,
+    pub(crate) pages: u64,
     /// Missing when the guest resumed (never changes).
-    pub(super) missing: Vec<u64>,
+    pub(crate) missing: Vec<u64>,
     /// Landed in guest memory (set once the page's data is checked).
-    pub(super) present: Vec<AtomicU64>,
+    pub(crate) present: Vec<AtomicU64>,
     /// Claimed by the thread writing it (the first copy to arrive).
-    pub(super) claimed: Vec<AtomicU64>,
+    pub(crate) claimed: Vec<AtomicU64>,
     /// Asked for by a vCPU.
-    pub(super) requested: Vec<AtomicU64>,
+    pub(crate) requested: Vec<AtomicU64>,
     /// Missing pages not landed yet.
-    pub(super) left: AtomicU64,
-    pub(super) last_landed: Mutex<Option<Instant>>,
+    pub(crate) left: AtomicU64,
+    pub(crate) last_landed: Mutex<Option<Instant>>,
     /// The request connection (only its sending half is used).
-    pub(super) req: Mutex<WireReader<BoxConn>>,
-    pub(super) lock: Mutex<()>,
-    pub(super) cv: Condvar,
-    pub(super) failed: AtomicBool,
+    pub(crate) req: Mutex<WireReader<BoxConn>>,
+    pub(crate) lock: Mutex<()>,
+    pub(crate) cv: Condvar,
+    pub(crate) failed: AtomicBool,
     /// The current connections broke (a recovery may follow).
-    pub(super) broken: AtomicBool,
-    pub(super) why: Mutex<String>,
-    pub(super) io_timeout: Duration,
-    pub(super) latencies: Mutex<Vec<u64>>,
+    pub(crate) broken: AtomicBool,
+    pub(crate) why: Mutex<String>,
+    pub(crate) io_timeout: Duration,
+    pub(crate) latencies: Mutex<Vec<u64>>,
     /// The waits of the faults whose page landed as an answer (not from
     /// the background stream): a request's round trip as the vCPU saw it.
-    pub(super) answered_latencies: Mutex<Vec<u64>>,
+    pub(crate) answered_latencies: Mutex<Vec<u64>>,
     /// Pages that landed as answers.
-    pub(super) by_answer: Vec<AtomicU64>,
-    pub(super) remote_faults: AtomicU64,
-    pub(super) requests: AtomicU64,
+    pub(crate) by_answer: Vec<AtomicU64>,
+    pub(crate) remote_faults: AtomicU64,
+    pub(crate) requests: AtomicU64,
     /// Answer records received (pings wait for the next one).
-    pub(super) answers: AtomicU64,
-    pub(super) background_pages: AtomicU64,
-    pub(super) answered_pages: AtomicU64,
-    pub(super) dropped: AtomicU64,
+    pub(crate) answers: AtomicU64,
+    pub(crate) background_pages: AtomicU64,
+    pub(crate) answered_pages: AtomicU64,
+    pub(crate) dropped: AtomicU64,
 }
 
-pub(super) fn bit(v: &[AtomicU64], i: u64) -> bool {
+pub(crate) fn bit(v: &[AtomicU64], i: u64) -> bool {
     v[(i / 64) as usize].load(Ordering::SeqCst) & (1 << (i % 64)) != 0
 }
 
-pub(super) fn set(v: &[AtomicU64], i: u64) -> bool {
+pub(crate) fn set(v: &[AtomicU64], i: u64) -> bool {
     let b = 1u64 << (i % 64);
     v[(i / 64) as usize].fetch_or(b, Ordering::SeqCst) & b != 0
 }
 
 impl<M: GuestRam> Fetcher<M> {
-    pub(super) fn new<V: SessionVm<Ram = M>>(
+    pub(crate) fn new<V: SessionVm<Ram = M>>(
         vm: &V,
         missing: Vec<u64>,
         req: WireReader<BoxConn>,
@@ -121,7 +121,7 @@ impl<M: GuestRam> Fetcher<M> {
     }
 
     /// The page index of `gpa` in guest memory.
-    pub(super) fn index(&self, gpa: u64) -> Option<u64> {
+    pub(crate) fn index(&self, gpa: u64) -> Option<u64> {
         self.slots
             .iter()
             .find(|s| gpa >= s.gpa && gpa - s.gpa < s.size)
@@ -129,7 +129,7 @@ impl<M: GuestRam> Fetcher<M> {
             .filter(|&i| i < self.pages)
     }
 
-    pub(super) fn gpa_of(&self, index: u64) -> u64 {
+    pub(crate) fn gpa_of(&self, index: u64) -> u64 {
         let off = index * PAGE_SIZE as u64;
         self.slots
             .iter()
@@ -137,17 +137,17 @@ impl<M: GuestRam> Fetcher<M> {
             .map_or(off, |s| s.gpa + off - s.mem_offset)
     }
 
-    pub(super) fn is_missing(&self, i: u64) -> bool {
+    pub(crate) fn is_missing(&self, i: u64) -> bool {
         self.missing[(i / 64) as usize] & (1 << (i % 64)) != 0
     }
 
-    pub(super) fn wake(&self) {
+    pub(crate) fn wake(&self) {
         drop(self.lock.lock().unwrap_or_else(|p| p.into_inner()));
         self.cv.notify_all();
     }
 
     /// Post-copy broke: every waiting vCPU gives up.
-    pub(super) fn fail(&self, why: &str) {
+    pub(crate) fn fail(&self, why: &str) {
         {
             let mut w = self.why.lock().unwrap_or_else(|p| p.into_inner());
             if w.is_empty() {
@@ -158,7 +158,7 @@ impl<M: GuestRam> Fetcher<M> {
         self.wake();
     }
 
-    pub(super) fn send(&self, t: u8, body: &[u8]) -> Result<(), MigrateError> {
+    pub(crate) fn send(&self, t: u8, body: &[u8]) -> Result<(), MigrateError> {
         let mut g = self.req.lock().unwrap_or_else(|p| p.into_inner());
         let mut w = WireWriter::replies(g.get_mut());
         w.control(t, body)?;
@@ -170,7 +170,7 @@ impl<M: GuestRam> Fetcher<M> {
     /// passes. A vCPU's wait is not bounded: it ends when its page lands
     /// or post-copy is given up (every socket operation has a deadline),
     /// so it outlasts a recovery.
-    pub(super) fn wait_until(
+    pub(crate) fn wait_until(
         &self,
         what: &str,
         bounded: bool,
@@ -203,7 +203,7 @@ impl<M: GuestRam> Fetcher<M> {
     /// Takes the PAGES record just read: each missing page lands unless a
     /// copy of it already has (then this one is read, checked and
     /// dropped). `answers` says which connection it came on.
-    pub(super) fn take<R: Read>(
+    pub(crate) fn take<R: Read>(
         &self,
         rd: &mut WireReader<R>,
         at_byte: u64,
@@ -315,7 +315,7 @@ impl<M: GuestRam> Fetcher<M> {
     /// After a break, with no receiving thread running: the new request
     /// connection; a page claimed but not landed (its copy was cut short)
     /// is unclaimed. Returns the pages still missing (POSTCOPY's form).
-    pub(super) fn after_break(&self, req: WireReader<BoxConn>) -> Vec<u64> {
+    pub(crate) fn after_break(&self, req: WireReader<BoxConn>) -> Vec<u64> {
         *self.req.lock().unwrap_or_else(|p| p.into_inner()) = req;
         let mut out = Vec::with_capacity(self.present.len());
         for (w, (p, c)) in self.present.iter().zip(&self.claimed).enumerate() {
@@ -328,7 +328,7 @@ impl<M: GuestRam> Fetcher<M> {
 
     /// Sends again every request whose page has not landed (it may have
     /// been lost with the broken connection).
-    pub(super) fn rerequest(&self) -> Result<(), MigrateError> {
+    pub(crate) fn rerequest(&self) -> Result<(), MigrateError> {
         for i in 0..self.pages {
             if bit(&self.requested, i) && !bit(&self.present, i) {
                 self.send(tag::REQUEST, &self.gpa_of(i).to_le_bytes())?;
@@ -339,7 +339,7 @@ impl<M: GuestRam> Fetcher<M> {
 
     /// One timed request for a page that is here already: a round trip
     /// plus one page's transfer on the request and answer connections.
-    pub(super) fn ping(&self, gpa: u64) -> Result<u64, MigrateError> {
+    pub(crate) fn ping(&self, gpa: u64) -> Result<u64, MigrateError> {
         let a0 = self.answers.load(Ordering::SeqCst);
         let t0 = Instant::now();
         self.send(tag::REQUEST, &gpa.to_le_bytes())?;
@@ -354,7 +354,7 @@ impl<M: GuestRam> Fetcher<M> {
     /// I/O error and a silent one a timeout, both of which a recovery can
     /// mend (the pages are all here, or will be resent; only the
     /// connections are gone); anything else (post-copy was failed) is not.
-    pub(super) fn wait_failed(&self, why: String) -> MigrateError {
+    pub(crate) fn wait_failed(&self, why: String) -> MigrateError {
         if self.failed.load(Ordering::SeqCst) {
             MigrateError::Setup(why)
         } else if self.broken.load(Ordering::SeqCst) {

@@ -26,6 +26,11 @@
 //! and requires the same digests: destination memory is the source's at
 //! the stop plus exactly the destination guest's writes.
 //!
+//! This module holds what both ends share (the protocol's records, the
+//! fetcher, the keepalives, the control socket) and the source's half;
+//! the destination's half is [`crate::session::dest::postcopy`], which
+//! imports this module and is imported by nothing here.
+//!
 //! Recovery: a connection that breaks during post-copy leaves the memory
 //! split. Both sides say so and keep their guest paused; with `RecoveryMode::Auto`
 //! auto` they reconnect at once (at most [`source::MAX_RECOVERIES`] times),
@@ -41,7 +46,6 @@ mod control_guard;
 #[cfg(test)]
 #[allow(unsafe_code)]
 mod control_guard_tests;
-pub mod dest;
 // Writes an answered page straight into guest memory.
 #[allow(unsafe_code)]
 pub mod fetch;

@@ -4,10 +4,6 @@
 //! one guest geometry).
 
 use super::format::{io, read_into, SlotGeom, SnapshotError};
-#[cfg(feature = "sim")]
-use s2mmu::memslot::MemslotStore;
-#[cfg(feature = "sim")]
-use s2mmu_vm::{Vm, VmFormat};
 use std::path::{Path, PathBuf};
 
 /// The most snapshot files one chain may have.
@@ -106,34 +102,4 @@ pub fn restore(dir: &Path, max_mem: u64) -> Result<Restored, SnapshotError> {
         snapshots: files.len() as u64,
         pages,
     })
-}
-
-/// Pages of `r` that differ from `vm`'s memory now, and the guest address
-/// of the first; a slot of one missing from the other counts all its pages.
-#[cfg(feature = "sim")]
-pub fn differing_pages<S: MemslotStore, F: VmFormat>(
-    r: &Restored,
-    vm: &Vm<S, F>,
-) -> (u64, Option<u64>) {
-    let page = super::format::PAGE;
-    let mut buf = vec![0u8; page as usize];
-    let (mut n, mut first) = (0, None);
-    for (geom, mem) in r.slots.iter().zip(&r.memory) {
-        let info = vm
-            .slots()
-            .iter()
-            .find(|s| s.id == geom.id && s.gpa == geom.gpa && s.size == geom.size);
-        for p in 0..geom.size / page {
-            let at = (p * page) as usize;
-            let same = info.is_some_and(|s| {
-                vm.memory().read_into(s.mem_offset + p * page, &mut buf)
-                    && buf[..] == mem[at..at + page as usize]
-            });
-            if !same {
-                n += 1;
-                first.get_or_insert(geom.gpa + p * page);
-            }
-        }
-    }
-    (n, first)
 }

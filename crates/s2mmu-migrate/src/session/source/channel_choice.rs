@@ -18,7 +18,8 @@
 //! the source's pipeline's best count.
 
 use super::auto_channels::AutoChannels;
-use super::config::SourceConfig;
+use super::config::{Harvest, SourceConfig};
+use super::harvest::Harvester;
 use super::sender::{Chan, Sender};
 use crate::stream_error::MigrateError;
 use crate::transport::{self, NetConfig, Security};
@@ -139,8 +140,10 @@ fn probe_count<V: SessionVm>(
             let c = transport::client(c, net)?;
             chans.push(Chan::new(WireWriter::replies(c)));
         }
-        let mut sender = Sender::new(vm, chans, cfg, vcpus);
-        sender.ring = false;
+        // Logging is not on yet: there is nothing to reap while the probe
+        // sends, whatever the migration's harvest.
+        let harvester = Harvester::new(Harvest::Bitmap, cfg.clear_chunk, vcpus);
+        let mut sender = Sender::new(vm, chans, cfg, harvester);
         let t = Instant::now();
         let mut sent = sender.send_first(max_pages, t + per_count);
         for c in &mut sender.chans {

@@ -1,15 +1,16 @@
 //! The source's sending half: pages out of guest memory onto the
 //! channels (paced by the bandwidth limit), the link probe, and the dirty
-//! set harvested from the bitmap or the rings.
+//! set its harvest strategy ([`Harvester`]) collects.
 
 use super::super::page_copy::copy_page;
 use super::super::replies::{read_reply, unexpected_reply};
-use super::{Harvest, SourceConfig};
+use super::harvest::Harvester;
+use super::SourceConfig;
 use crate::bandwidth::TokenBucket;
-use crate::stages::{SendStages, StageClock};
+use crate::stages::{ReadTiming, SendStages, StageClock, StageObserver};
 use crate::stream_error::MigrateError;
 use crate::transport::{BoxConn, Connection};
-use crate::vm::{RingEntry, SessionVm};
+use crate::vm::SessionVm;
 use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -19,9 +20,6 @@ use std::time::{Duration, Instant};
 pub(super) struct Chan {
     pub(super) wire: WireWriter<BoxConn>,
     batch: Batch,
-    /// Time in `flush_batch` during the current job (to tell reading
-    /// guest memory from the rest).
-    flushing_ns: u64,
 }
 
 impl Chan {
@@ -32,15 +30,16 @@ impl Chan {
             true => Batch::sealed(),
             false => Batch::new(),
         };
-        Chan {
-            wire,
-            batch,
-            flushing_ns: 0,
-        }
+        Chan { wire, batch }
     }
 
-    /// Sends the batch (paced by the bandwidth limit).
-    fn flush_batch(&mut self, bucket: &Mutex<TokenBucket>) -> Result<(), MigrateError> {
+    /// Sends the batch (paced by the bandwidth limit); `obs` is told how
+    /// long it took.
+    fn flush_batch(
+        &mut self,
+        bucket: &Mutex<TokenBucket>,
+        obs: &mut impl StageObserver<SendStages>,
+    ) -> Result<(), MigrateError> {
         if self.batch.is_empty() {
             return Ok(());
         }
@@ -50,62 +49,51 @@ impl Chan {
             .unwrap_or_else(|p| p.into_inner())
             .take(self.batch.wire_bytes());
         let r = self.wire.sealed_batch(&mut self.batch);
-        self.flushing_ns += t.elapsed().as_nanos() as u64;
+        obs.inner(t.elapsed().as_nanos() as u64);
         r
     }
 
-    /// [`Chan::send_job`], its reading of guest memory timed: the job's
-    /// time less its flushes'.
-    fn send_job_timed<V: SessionVm>(
-        &mut self,
-        vm: &V,
-        bucket: &Mutex<TokenBucket>,
-        c: u16,
-        n: u16,
-        job: &Job,
-    ) -> Result<(), MigrateError> {
-        let t = Instant::now();
-        self.flushing_ns = 0;
-        let r = self.send_job(vm, bucket, c, n, job);
-        let took = t.elapsed().as_nanos() as u64;
-        self.wire.stages.read_ns += took.saturating_sub(self.flushing_ns);
-        r
-    }
-
-    /// Sends the pages of `job` that channel `c` of `n` owns.
+    /// Sends the pages of `job` that channel `c` of `n` owns; `obs`
+    /// watches the job (the stream's passes book its time, less the
+    /// flushes', as reading guest memory: [`ReadTiming`]).
     fn send_job<V: SessionVm>(
         &mut self,
         vm: &V,
         bucket: &Mutex<TokenBucket>,
-        c: u16,
-        n: u16,
+        (c, n): (u16, u16),
         job: &Job,
+        obs: &mut impl StageObserver<SendStages>,
     ) -> Result<(), MigrateError> {
         let s = vm.slots()[job.slot];
         let first_index = s.mem_offset / PAGE_SIZE as u64;
         let ram = &**vm.ram();
-        for (wi, &word) in job.words.iter().enumerate() {
-            let mut m = word;
-            while m != 0 {
-                let b = u64::from(m.trailing_zeros());
-                m &= m - 1;
-                let i = job.first + wi as u64 * 64 + b;
-                if n > 1 && channel_of(first_index + i, n) != c {
-                    continue;
-                }
-                let off = s.mem_offset + i * PAGE_SIZE as u64;
-                self.batch
-                    .push_known(s.gpa + i * PAGE_SIZE as u64, |p| copy_page(ram, off, p));
-                // The batch's pages are hashed when it is written, all at
-                // once: hashing every 8 pages as they were copied (while in
-                // L1) was slower in a microbenchmark and no faster in whole
-                // migrations.
-                if self.batch.is_full() {
-                    self.flush_batch(bucket)?;
+        obs.begin(&self.wire.stages);
+        let r = (|| -> Result<(), MigrateError> {
+            for (wi, &word) in job.words.iter().enumerate() {
+                let mut m = word;
+                while m != 0 {
+                    let b = u64::from(m.trailing_zeros());
+                    m &= m - 1;
+                    let i = job.first + wi as u64 * 64 + b;
+                    if n > 1 && channel_of(first_index + i, n) != c {
+                        continue;
+                    }
+                    let off = s.mem_offset + i * PAGE_SIZE as u64;
+                    self.batch
+                        .push_known(s.gpa + i * PAGE_SIZE as u64, |p| copy_page(ram, off, p));
+                    // The batch's pages are hashed when it is written, all
+                    // at once: hashing every 8 pages as they were copied
+                    // (while in L1) was slower in a microbenchmark and no
+                    // faster in whole migrations.
+                    if self.batch.is_full() {
+                        self.flush_batch(bucket, &mut *obs)?;
+                    }
                 }
             }
-        }
-        Ok(())
+            Ok(())
+        })();
+        obs.end(&mut self.wire.stages);
+        r
     }
 }
 
@@ -136,16 +124,19 @@ pub(super) struct Sender<'a, V: SessionVm> {
     pub(super) bucket: Mutex<TokenBucket>,
     /// Pages to send, one bitmap per slot (bit i = page i of the slot).
     pub(super) pending: Vec<Vec<u64>>,
-    pub(super) ring: bool,
-    pub(super) vcpus: usize,
-    /// Pages per `clear_dirty_log` call (a multiple of 64).
-    pub(super) chunk_pages: u64,
-    pub(super) gfns: Vec<RingEntry>,
+    /// How the dirty set is collected.
+    pub(super) harvester: Harvester,
 }
 
 impl<'a, V: SessionVm> Sender<'a, V> {
-    /// A sender over `chans` for `vm`, with nothing pending yet.
-    pub(super) fn new(vm: &'a Arc<V>, chans: Vec<Chan>, cfg: &SourceConfig, vcpus: usize) -> Self {
+    /// A sender over `chans` for `vm` that collects the dirty set with
+    /// `harvester`, with nothing pending yet.
+    pub(super) fn new(
+        vm: &'a Arc<V>,
+        chans: Vec<Chan>,
+        cfg: &SourceConfig,
+        harvester: Harvester,
+    ) -> Self {
         let page = PAGE_SIZE as u64;
         Sender {
             vm,
@@ -156,10 +147,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                 .iter()
                 .map(|s| vec![0u64; (s.size / page).div_ceil(64) as usize])
                 .collect(),
-            ring: cfg.harvest == Harvest::Ring,
-            vcpus,
-            chunk_pages: (cfg.clear_chunk / page / 64 * 64).max(64),
-            gfns: Vec::new(),
+            harvester,
         }
     }
 
@@ -245,19 +233,18 @@ impl<'a, V: SessionVm> Sender<'a, V> {
         &mut self,
         next: &mut impl FnMut(&mut Self) -> Result<Option<Job>, MigrateError>,
     ) -> Result<(), MigrateError> {
+        let mut timing = ReadTiming::default();
         while let Some(job) = next(self)? {
-            self.chans[0].send_job_timed(&**self.vm, &self.bucket, 0, 1, &job)?;
-            if self.ring {
-                self.reap_if_full()?;
-            }
+            self.chans[0].send_job(&**self.vm, &self.bucket, (0, 1), &job, &mut timing)?;
+            self.reap_if_full()?;
         }
-        self.chans[0].flush_batch(&self.bucket)?;
+        self.chans[0].flush_batch(&self.bucket, &mut ())?;
         self.chans[0].wire.flush()
     }
 
     /// Sends `jobs` over the channels (each page on the channel owning its
     /// stripe), then flushes every channel. `next` makes the next job
-    /// (and may clear its dirty bits first); with rings, they are reaped
+    /// (and may clear its dirty bits first); the harvester may reap
     /// between jobs.
     fn run(
         &mut self,
@@ -282,11 +269,12 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                 let (vm, bucket) = (&vm, &bucket);
                 handles.push(sc.spawn(move || {
                     let cpu = StageClock::start_with_cpu();
-                    let r = (|| {
+                    let r = (|| -> Result<(), MigrateError> {
+                        let mut timing = ReadTiming::default();
                         for job in rx {
-                            chan.send_job_timed(&**vm, bucket, c as u16, n, &job)?;
+                            chan.send_job(&**vm, bucket, (c as u16, n), &job, &mut timing)?;
                         }
-                        chan.flush_batch(bucket)?;
+                        chan.flush_batch(bucket, &mut ())?;
                         chan.wire.flush()
                     })();
                     chan.wire.stages.cpu_ns += cpu.cpu_ns();
@@ -295,7 +283,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
             }
             let mut fed = self.feed(&txs, &mut next);
             drop(txs);
-            while self.ring && handles.iter().any(|h| !h.is_finished()) {
+            while self.harvester.reaps_while_sending() && handles.iter().any(|h| !h.is_finished()) {
                 if let Err(e) = self.reap_if_full() {
                     fed = fed.and(Err(e));
                     break;
@@ -328,9 +316,9 @@ impl<'a, V: SessionVm> Sender<'a, V> {
             let job = Arc::new(job);
             for tx in txs {
                 let mut j = job.clone();
-                // Without rings there is nothing to do while a queue is
-                // full: block instead of waking every 50 us.
-                if !self.ring {
+                // With nothing to reap while a queue is full, block
+                // instead of waking every 50 us.
+                if !self.harvester.reaps_while_sending() {
                     if tx.send(j).is_err() {
                         // The worker failed: its error is reported by the
                         // caller.
@@ -358,7 +346,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
 
     /// Round 0: every page.
     pub(super) fn send_all(&mut self) -> Result<(), MigrateError> {
-        let step = if self.ring { 256 } else { self.chunk_pages };
+        let step = self.harvester.job_pages();
         let mut at = (0usize, 0u64);
         self.run(|s| {
             let slots = s.vm.slots();
@@ -426,11 +414,12 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                     first,
                     words: all_pages(n),
                 };
-                self.chans[0].send_job(&*vm, &self.bucket, 0, 1, &job)?;
+                // Not one of the stream's stages: nothing watches it.
+                self.chans[0].send_job(&*vm, &self.bucket, (0, 1), &job, &mut ())?;
                 first += n;
             }
         }
-        self.chans[0].flush_batch(&self.bucket)?;
+        self.chans[0].flush_batch(&self.bucket, &mut ())?;
         self.chans[0].wire.flush()
     }
 
@@ -442,11 +431,12 @@ impl<'a, V: SessionVm> Sender<'a, V> {
             .sum()
     }
 
-    /// Sends the pending pages. With bitmaps each chunk's dirty bits are
-    /// cleared (and its pages write-protected) just before its pages are
-    /// handed to the channels, so a write after the clear is logged again.
+    /// Sends the pending pages. Just before each job's pages are handed to
+    /// the channels the harvester is told ([`Harvester::before_send`]:
+    /// with bitmaps, their dirty bits are cleared and the pages
+    /// write-protected, so a write after the clear is logged again).
     pub(super) fn send_dirty(&mut self) -> Result<(), MigrateError> {
-        let step = if self.ring { 256 } else { self.chunk_pages };
+        let step = self.harvester.job_pages();
         let mut at = (0usize, 0u64);
         self.run(|s| {
             while at.0 < s.pending.len() {
@@ -460,10 +450,13 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                     if s.pending[slot][w0..w1].iter().all(|&w| w == 0) {
                         continue;
                     }
-                    if !s.ring {
-                        s.vm.clear_dirty_log(info.id, first, n, &s.pending[slot][w0..w1])
-                            .map_err(|e| MigrateError::Setup(e.what))?;
-                    }
+                    s.harvester.before_send(
+                        &**s.vm,
+                        info.id,
+                        first,
+                        n,
+                        &s.pending[slot][w0..w1],
+                    )?;
                     let words: Vec<u64> = s.pending[slot][w0..w1]
                         .iter_mut()
                         .map(std::mem::take)
@@ -479,65 +472,18 @@ impl<'a, V: SessionVm> Sender<'a, V> {
     /// End of a round: what the guest dirtied since the pages were last
     /// protected. Returns the number of pending pages.
     pub(super) fn harvest(&mut self) -> Result<u64, MigrateError> {
-        if self.ring {
-            self.reap()?;
-        } else {
-            for (slot, bm) in self.vm.slots().iter().zip(self.pending.iter_mut()) {
-                self.vm
-                    .get_dirty_log(slot.id, bm)
-                    .map_err(|e| MigrateError::Setup(e.what))?;
-            }
-        }
+        self.harvester.harvest(&**self.vm, &mut self.pending)?;
         Ok(self.dirty_count())
     }
 
     /// With the vCPUs paused: everything still dirty (nothing is
     /// re-protected; the guest will not run here again).
     pub(super) fn final_harvest(&mut self) -> Result<(), MigrateError> {
-        if self.ring {
-            self.gfns.clear();
-            self.vm
-                .harvest_rings(&mut self.gfns)
-                .map_err(|e| MigrateError::Setup(e.what))?;
-            self.mark_gfns();
-            Ok(())
-        } else {
-            self.harvest().map(|_| ())
-        }
+        self.harvester.final_harvest(&**self.vm, &mut self.pending)
     }
 
+    /// While pages are sent: lets the harvester reap a full ring.
     fn reap_if_full(&mut self) -> Result<(), MigrateError> {
-        if (0..self.vcpus).any(|v| self.vm.ring_soft_full(v)) {
-            self.reap()?;
-        }
-        Ok(())
-    }
-
-    /// Harvests every ring into the pending set, then resets them (which
-    /// re-protects the pages: they are read only after this).
-    fn reap(&mut self) -> Result<(), MigrateError> {
-        self.gfns.clear();
-        self.vm
-            .harvest_rings(&mut self.gfns)
-            .and_then(|()| self.vm.reset_rings())
-            .map_err(|e| MigrateError::Setup(format!("reaping the dirty rings: {e}")))?;
-        self.mark_gfns();
-        Ok(())
-    }
-
-    fn mark_gfns(&mut self) {
-        for g in &self.gfns {
-            let Some(slot) = self
-                .vm
-                .slots()
-                .iter()
-                .position(|s| u32::from(s.id) == g.slot)
-            else {
-                continue;
-            };
-            if let Some(w) = self.pending[slot].get_mut((g.offset / 64) as usize) {
-                *w |= 1 << (g.offset % 64);
-            }
-        }
+        self.harvester.reap_if_full(&**self.vm, &mut self.pending)
     }
 }

@@ -8,8 +8,8 @@
 //! from a span of time); one taken with the vCPUs paused completes the
 //! chain to exactly the guest's memory at that point.
 
-use super::format::{io, Header, SlotGeom, SnapshotError, SnapshotWriter, PAGE};
-use super::restore::{file_name, snapshot_files, MAX_SNAPSHOTS};
+use crate::session::snapshot::format::{io, Header, SlotGeom, SnapshotError, SnapshotWriter, PAGE};
+use crate::session::snapshot::restore::{file_name, snapshot_files, Restored, MAX_SNAPSHOTS};
 use crate::vm::RamSlot;
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
@@ -214,4 +214,33 @@ impl<S: MemslotStore + 'static, F: VmFormat> SnapshotLoop<S, F> {
             .join()
             .unwrap_or_else(|_| Err(SnapshotError::Engine("the snapshot thread panicked".into())))
     }
+}
+
+/// Pages of `r` that differ from `vm`'s memory now, and the guest address
+/// of the first; a slot of one missing from the other counts all its pages.
+pub fn differing_pages<S: MemslotStore, F: VmFormat>(
+    r: &Restored,
+    vm: &Vm<S, F>,
+) -> (u64, Option<u64>) {
+    let page = PAGE;
+    let mut buf = vec![0u8; page as usize];
+    let (mut n, mut first) = (0, None);
+    for (geom, mem) in r.slots.iter().zip(&r.memory) {
+        let info = vm
+            .slots()
+            .iter()
+            .find(|s| s.id == geom.id && s.gpa == geom.gpa && s.size == geom.size);
+        for p in 0..geom.size / page {
+            let at = (p * page) as usize;
+            let same = info.is_some_and(|s| {
+                vm.memory().read_into(s.mem_offset + p * page, &mut buf)
+                    && buf[..] == mem[at..at + page as usize]
+            });
+            if !same {
+                n += 1;
+                first.get_or_insert(geom.gpa + p * page);
+            }
+        }
+    }
+    (n, first)
 }

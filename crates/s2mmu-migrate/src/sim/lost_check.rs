@@ -1,7 +1,7 @@
 //! `SourceExtras::check`: the lost-write check of a migration, whose guest
 //! runs while the source harvests.
 //!
-//! Every page is hashed after each harvest ([`crate::session::lost_write`]). With
+//! Every page is hashed after each harvest ([`super::lost_write`]). With
 //! the guest running, a write lands in the log of the round whose window
 //! it falls in or of the next one (a write between a GET and the hashing
 //! that follows it is logged by the next GET; a write to a page reported
@@ -13,8 +13,8 @@
 //! writable and never logged again, so a workload that rewrites it shows
 //! it changed and unlogged within two rounds.
 
-pub use super::extras::CheckSummary;
-use crate::session::lost_write::LostWriteCheck;
+use super::lost_write::LostWriteCheck;
+pub use crate::session::extras::CheckSummary;
 use crate::stream_error::MigrateError;
 use s2mmu::memslot::MemslotStore;
 use s2mmu_vm::{Vm, VmFormat};

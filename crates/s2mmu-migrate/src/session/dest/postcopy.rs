@@ -3,13 +3,13 @@
 //! page-fetch hook), its answer and the background stream are written
 //! into guest memory by whichever copy lands first.
 
-use super::super::dest::config::{DestConfig, DestOutcome};
-use super::super::dest::{check_end, run_resumed, DestGuest, ResumedGuest};
-use super::super::digests::source_digests;
-use super::control::{self, Phase, RecoveryMode};
-use super::fetch::{bit, Fetcher, REFERENCE_PINGS};
-use super::keepalive::Keepalives;
-use super::{encode_missing, median_p99, Final, PostcopyFigures};
+use super::config::{DestConfig, DestOutcome};
+use super::{check_end, run_resumed, DestGuest, ResumedGuest};
+use crate::session::digests::source_digests;
+use crate::session::postcopy::control::{self, Phase, RecoveryMode};
+use crate::session::postcopy::fetch::{bit, Fetcher, REFERENCE_PINGS};
+use crate::session::postcopy::keepalive::Keepalives;
+use crate::session::postcopy::{encode_missing, median_p99, Final, PostcopyFigures};
 use crate::stream_error::MigrateError;
 use crate::transport::BoxConn;
 use crate::transport::{Connection, ShutdownHandle};
@@ -155,7 +155,7 @@ pub fn resume<R: Read + Write + Send, G: DestGuest>(
         verify_mismatches: None,
         verify_error: None,
         resumed_write_rate,
-        resumed_passes: wl.passes(),
+        resumed_progress: wl.progress(),
         postcopy: Some(figures),
         recv_stages: Default::default(),
         resume_parts: Default::default(),
@@ -179,7 +179,7 @@ struct Links {
 /// Receives the missing pages until DONE; after a break it can mend,
 /// accepts the source again: at once (`RecoveryMode::Auto`, at most
 /// [`MAX_RECOVERIES`] times), then (or at once with `manual`) when the
-/// operator says `recover` on the control socket ([`super::control`]).
+/// operator says `recover` on the control socket ([`crate::session::postcopy::control`]).
 /// Returns the reference round trip (nanoseconds, samples).
 fn receive_missing<M: Read + Write + Send, G: GuestRam, W: GuestRun>(
     first: &mut WireReader<M>,

@@ -6,7 +6,7 @@
 //! propolis #233). `dirty-log-perf` harvests with the guest between passes
 //! ([`LostWriteCheck::round`]); a migration harvests while it runs, and
 //! judges the changed pages itself ([`LostWriteCheck::changed`],
-//! `migrate::checks`).
+//! [`super::lost_check`]).
 
 use s2mmu_vm::{Vm, VmFormat};
 use xxhash_rust::xxh3::xxh3_64;
