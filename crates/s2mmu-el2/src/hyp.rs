@@ -52,6 +52,17 @@ pub struct SlotRecord {
 /// `slots_lock`), so no two of them interleave.
 pub(crate) type Slots = [Option<SlotRecord>; MAX_SLOTS];
 
+/// Slot `id`'s index and record: [`HypError::SlotOutOfRange`],
+/// [`HypError::NoSuchSlot`].
+pub(crate) fn slot_arg(slots: &Slots, id: u64) -> Result<(u16, SlotRecord), HypError> {
+    let i = usize::try_from(id)
+        .ok()
+        .filter(|&i| i < MAX_SLOTS)
+        .ok_or(HypError::SlotOutOfRange)?;
+    let rec = slots[i].ok_or(HypError::NoSuchSlot)?;
+    Ok((i as u16, rec))
+}
+
 pub(crate) struct Vm {
     pub(crate) mmu: El2Mmu,
     /// Each vCPU's engine state, taken by its CPU's abort handler.
