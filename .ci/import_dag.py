@@ -346,9 +346,8 @@ KNOWN = {
     ),
     "crates/s2mmu-cli/src/main.rs": (
         "all",
-        "each subcommand's root (dirty_log_perf, linux, split_perf, tlb_perf) "
-        "defines the Params its files use; they move out with the flag "
-        "vocabulary's rework of those subcommands",
+        "dirty_log_perf's and linux's roots define the Params (and helpers) "
+        "their files use; they move out with the rework of those subcommands",
     ),
 }
 
