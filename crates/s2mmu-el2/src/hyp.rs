@@ -10,7 +10,7 @@ use s2mmu::{Error, Gpa, TlbInvalidate};
 use crate::abi::{Command, Counters, HypError, LogMode, Op};
 use crate::abort::{AbortOutcome, Refusal, Stage2Abort};
 use crate::check::{Layout, IPA_BITS};
-use crate::hyp_remap::El2Host;
+use crate::el2_host::El2Host;
 use crate::platform::{El2Platform, RawMutex, RawRwLock};
 use crate::pool::{PagePool, PoolMmOps};
 use core::sync::atomic::{AtomicU64, Ordering};
