@@ -13,19 +13,34 @@ from it back is a circle even when no two files form one (`a::x` uses
 `b::y` while `b::z` uses `a::w`).
 
 Prints every cycle found (one per strongly connected component) and exits
-1 when there is any. Usage: .ci/import_dag.py [SRC_DIR]
-(default crates/s2mmu-migrate/src); `--only a,b::c` reports only the cycles
-through modules under those paths; `--files-only` leaves the folder-level
-circles out; .ci/import_dag.py --selftest shows the check fails on a cycle
-(file- or folder-level) and passes without one."""
+1 when there is any. Test code is no layer: a module declared for tests
+only (`#[cfg(test)] mod tests;`, as an inline test module) is left out.
+
+Usage: .ci/import_dag.py --workspace checks every crate of the cargo
+workspace (its libraries and binaries, from `cargo metadata`; the few
+crates with known cycles are listed in KNOWN, with why);
+.ci/import_dag.py [SRC_DIR] checks one crate's folder (default
+crates/s2mmu-migrate/src); `--only a,b::c` reports only the cycles through
+modules under those paths; `--files-only` leaves the folder-level circles
+out; .ci/import_dag.py --selftest shows the check fails on a cycle (file-
+or folder-level) and passes without one."""
+import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
 ITEM_RE = re.compile(
     r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:unsafe\s+)?(?:const\s+)?(?:async\s+)?"
     r"(?:fn|struct|enum|trait|type|const|static|union|macro_rules!)\s+(\w+)"
+)
+# A module declared for tests only (`#[cfg(test)] mod tests;`, or
+# `#[cfg(all(test, ...))]`): its file is test code, as an inline
+# `#[cfg(test)] mod tests { ... }` is.
+TEST_MOD_RE = re.compile(
+    r"#\[cfg\((?:test|all\(test\b[^\]]*)\)\]\s*(?:#\[[^\]]*\]\s*)*"
+    r"(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;"
 )
 MOD_RE = re.compile(r"^\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;")
 # (Not the stem of a use group, `super::dest::{a, b}`: its leaves count.)
@@ -35,8 +50,10 @@ PATH_RE = re.compile(r"(?<![\w:])((?:crate|super|self)(?:::\w+)+)(?!\w|::)")
 NAME_PATH_RE = re.compile(r"(?<![\w:])([a-z_]\w*(?:::\w+)+)(?!\w|::)")
 
 
-def modules(root):
-    """Module path (tuple) -> file, for every .rs under root."""
+def modules(root, root_file=None):
+    """Module path (tuple) -> file, for every .rs under root. With
+    `root_file` (a crate root in a folder that holds two, `lib.rs` and
+    `main.rs`), only the modules its `mod` declarations reach."""
     out = {}
     for d, _, files in os.walk(root):
         for f in files:
@@ -46,8 +63,21 @@ def modules(root):
             rel = os.path.relpath(p, root)[:-3].split(os.sep)
             if rel[-1] in ("lib", "main", "mod"):
                 rel = rel[:-1]
-            out[tuple(rel)] = p
-    return out
+            if rel or root_file is None:
+                out[tuple(rel)] = p
+    if root_file is None:
+        return out
+    out[()] = root_file
+    reached, todo = {()}, [()]
+    while todo:
+        m = todo.pop()
+        text = re.sub(r"//[^\n]*", "", open(out[m], encoding="utf-8").read())
+        for x in re.finditer(MOD_RE.pattern, text, flags=re.M):
+            kid = m + (x.group(1),)
+            if kid in out and kid not in reached:
+                reached.add(kid)
+                todo.append(kid)
+    return {m: out[m] for m in reached}
 
 
 def strip_code(text):
@@ -109,9 +139,23 @@ def use_leaves(tree, prefix=()):
     return [(segs, name or segs[-1])]
 
 
+def test_modules(files):
+    """The modules declared for tests only, and every module below them."""
+    roots = set()
+    for m, p in files.items():
+        text = re.sub(r"//[^\n]*", "", open(p, encoding="utf-8").read())
+        roots |= {m + (x.group(1),) for x in TEST_MOD_RE.finditer(text)}
+    return {m for m in files if any(m[: len(r)] == r for r in roots)}
+
+
 class Crate:
-    def __init__(self, root):
-        self.files = modules(root)
+    def __init__(self, root, root_file=None):
+        files = modules(root, root_file)
+        # Test code is no layer: a test module may use any module of its
+        # crate, and no module uses it.
+        tests = test_modules(files)
+        self.files = {m: p for m, p in files.items() if m not in tests}
+        self.tests = tests
         self.text = {m: strip_code(open(p, encoding="utf-8").read()) for m, p in self.files.items()}
         self.items = {
             m: {x.group(1) for x in (ITEM_RE.match(l) for l in t.split("\n")) if x}
@@ -155,6 +199,9 @@ class Crate:
         seen.add(path)
         for k in range(len(path), -1, -1):
             mod = path[:k]
+            if mod in self.tests:
+                # Test code that only test code reaches: no edge.
+                return None
             if mod in self.files:
                 rest = path[k:]
                 if not rest:
@@ -257,8 +304,9 @@ def folder_cycles(files, edges):
     return out
 
 
-def check(root, only=None, files_only=False):
-    c = Crate(root)
+def check(root, only=None, files_only=False, root_file=None):
+    where = root_file or root
+    c = Crate(root, root_file)
     e = c.edges()
     comps = cycles(e)
     folder = [] if files_only else folder_cycles(c.files, e)
@@ -269,21 +317,101 @@ def check(root, only=None, files_only=False):
     if only:
         folder = [(k, up) for k, up in folder if any(m[: len(p)] == p for m in k for p in only)]
     for comp in comps:
-        print(f"import cycle in {root}: " + ", ".join(name(m) for m in comp))
+        print(f"import cycle in {where}: " + ", ".join(name(m) for m in comp))
         for m in comp:
             inner = sorted(name(d) for d in e[m] if d in comp)
             print(f"  {name(m)} -> {', '.join(inner)}")
     for comp, up in folder:
-        print(f"folder import cycle in {root}: " + ", ".join(name(m) for m in comp))
+        print(f"folder import cycle in {where}: " + ", ".join(name(m) for m in comp))
         for m in comp:
             inner = sorted(name(d) for d in up[m] if d in comp)
             print(f"  {name(m)} -> {', '.join(inner)}")
     n_edges = sum(len(v) for v in e.values())
     print(
-        f"{root}: {len(e)} modules, {n_edges} import edges, {len(comps)} cycle(s), "
+        f"{where}: {len(e)} modules, {n_edges} import edges, {len(comps)} cycle(s), "
         f"{len(folder)} folder cycle(s)"
     )
     return 1 if comps or folder else 0
+
+
+# Crates with known cycles, by crate root, each with the cycles left out
+# of its check ("folder": its folder-level circles; "all": every cycle,
+# still printed) and why. `--workspace` fails on every other cycle, and on
+# a known crate that no longer has such a cycle (so the list shrinks).
+KNOWN = {
+    "crates/s2mmu-migrate/src/lib.rs": (
+        "folder",
+        "its folders are being restructured: session <-> sim, "
+        "session::dest <-> session::postcopy",
+    ),
+    "crates/s2mmu-cli/src/main.rs": (
+        "all",
+        "dirty_log_perf's and linux's roots define the Params (and helpers) "
+        "their files use; they move out with the rework of those subcommands",
+    ),
+}
+
+
+def workspace_targets():
+    """(crate root file, source folder, root file to start from or None)
+    for the library and binary of every workspace member, from `cargo
+    metadata`. Where one folder holds two roots (`lib.rs` and `main.rs`),
+    each crate is its root's `mod` tree."""
+    meta = json.loads(
+        subprocess.run(
+            ["cargo", "metadata", "--no-deps", "--format-version", "1", "--offline"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    members = set(meta["workspace_members"])
+    out = []
+    for pkg in sorted(meta["packages"], key=lambda p: p["name"]):
+        if pkg["id"] not in members:
+            continue
+        roots = [
+            os.path.relpath(t["src_path"])
+            for t in pkg["targets"]
+            if set(t["kind"]) & {"lib", "rlib", "bin", "proc-macro"}
+        ]
+        for r in sorted(roots):
+            d = os.path.dirname(r)
+            shared = sum(1 for x in roots if os.path.dirname(x) == d) > 1
+            out.append((r, d, r if shared else None))
+    return out
+
+
+def workspace():
+    """Checks every crate of the workspace; 1 when a cycle was found that
+    KNOWN does not list, or a KNOWN entry has none left."""
+    bad, seen = [], set()
+    for where, d, root_file in workspace_targets():
+        kind, why = KNOWN.get(where, (None, None))
+        seen.add(where)
+        rc = check(d, files_only=kind == "folder", root_file=root_file)
+        if kind is None:
+            if rc:
+                bad.append(where)
+            continue
+        c = Crate(d, root_file)
+        e = c.edges()
+        left = folder_cycles(c.files, e) if kind == "folder" else rc
+        if left:
+            what = "folder-level cycles" if kind == "folder" else "cycles"
+            print(f"  known, not failing: its {what} ({why})")
+        else:
+            print(f"  {where} has no such cycle left: remove it from KNOWN")
+            bad.append(where)
+    for where in sorted(set(KNOWN) - seen):
+        print(f"{where} is in KNOWN but no workspace crate")
+        bad.append(where)
+    if bad:
+        print("import cycles (or a stale KNOWN entry) in: " + ", ".join(bad))
+        return 1
+    n = len(set(KNOWN) & seen)
+    print(f"{len(seen)} crates: no import cycle but in the {n} known ones listed above")
+    return 0
 
 
 def selftest():
@@ -330,11 +458,31 @@ def selftest():
         for f, t in files.items():
             open(os.path.join(d, f), "w").write(t)
         assert check(d) == 0, "one folder using its sibling was reported as a cycle"
+        # A test-only module file (`#[cfg(test)] mod tests;`) is test code:
+        # its use of the sibling folder is no edge back.
+        open(os.path.join(d, "y/mod.rs"), "w").write(
+            "pub mod one;\npub mod two;\n#[cfg(test)]\nmod tests;\n")
+        open(os.path.join(d, "y/tests.rs"), "w").write("use crate::x::two::h;\n")
+        assert check(d) == 0, "a test module's import was reported as a folder cycle"
         open(os.path.join(d, "y/two.rs"), "w").write("pub fn k() { crate::x::two::h() }\n")
         assert check(d) == 1, "a cycle between sibling folders was not found"
+    with tempfile.TemporaryDirectory() as d:
+        # A library and a binary in one folder: each is its root's tree.
+        files = {
+            "lib.rs": "pub mod a;\n",
+            "a.rs": "pub fn f() {}\n",
+            "main.rs": "mod b;\npub fn g() {}\nfn main() { b::h() }\n",
+            "b.rs": "pub fn h() { crate::g() }\n",
+        }
+        for f, t in files.items():
+            open(os.path.join(d, f), "w").write(t)
+        lib, main = os.path.join(d, "lib.rs"), os.path.join(d, "main.rs")
+        assert check(d, root_file=lib) == 0, "the library was given the binary's modules"
+        assert check(d, root_file=main) == 1, "a cycle in the binary's tree was not found"
     print(
-        "selftest: a DAG passes; a parent/child cycle, a sibling cycle and a "
-        "sibling-folder cycle fail"
+        "selftest: a DAG passes, test modules are no edges; a parent/child "
+        "cycle, a sibling cycle, a sibling-folder cycle and a cycle in a "
+        "binary beside its library fail"
     )
     return 0
 
@@ -342,6 +490,8 @@ def selftest():
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--selftest":
         sys.exit(selftest())
+    if len(sys.argv) > 1 and sys.argv[1] == "--workspace":
+        sys.exit(workspace())
     args = sys.argv[1:]
     only = None
     files_only = "--files-only" in args

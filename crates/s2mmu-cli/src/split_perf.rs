@@ -18,51 +18,19 @@
 //! plain stores, the least work any split of that backing must do.
 
 use crate::dirty_log_perf::FormatArg;
-use crate::limits;
 use crate::progress::Progress;
 use crate::report::Report;
-use crate::stats::Summary;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::{HostMmOps, PteFormat, SplitPolicy};
-use s2mmu_bench::split::{cases, measure, Backing, Case, Mode, Sample, POLICIES};
+use s2mmu::{HostMmOps, PteFormat};
+use s2mmu_bench::split::{cases, measure, POLICIES};
 use s2mmu_cli::vm_format::WithFormat;
 use s2mmu_vm::VmFormat;
 use serde_json::json;
 
+mod params;
 mod report;
 
-/// Options of `split-perf`.
-#[derive(Clone, Debug, clap::Args)]
-// "-1" is a value (refused naming its flag), not an unknown flag.
-#[command(allow_negative_numbers = true)]
-pub struct Params {
-    /// Slot size (e.g. 1G, 512M): a multiple of the granule's largest block, at most 255T
-    /// (the IPA space above the slot's base) and what the host's free memory can hold
-    /// split to pages (about 1/128 of the size with 4K pages), checked before allocating.
-    #[arg(short = 'm', long = "mem", alias = "size", default_value = "1G", value_parser = limits::size_in(1..=MAX_SIZE))]
-    pub size: u64,
-    /// Repetitions per backing and policy, 1 to 1000.
-    #[arg(long, default_value_t = 7, value_parser = limits::count_in(1..=1000))]
-    pub runs: usize,
-    /// Translation granule: 4k, 16k or 64k.
-    #[arg(long, default_value = "4k", value_parser = parse_granule)]
-    pub granule: Granule,
-    /// The table's format: arm64 (the granule above) or x86 EPT (4-level,
-    /// 4 KiB pages only).
-    #[arg(long, value_enum, default_value = "arm64")]
-    pub format: FormatArg,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    pub json: bool,
-    /// No progress on stderr.
-    #[arg(long, short)]
-    pub quiet: bool,
-}
-
-fn parse_granule(s: &str) -> Result<Granule, String> {
-    let bytes = crate::report::parse_size(s)?;
-    Granule::from_bytes(bytes).map_err(|e| e.to_string())
-}
+pub use params::Params;
 
 /// Runs `split-perf` from the command line.
 ///
@@ -73,9 +41,6 @@ pub fn main(p: Params) -> Result<(), String> {
     crate::report::emit(&r, p.json);
     Ok(())
 }
-
-/// The largest `--mem`: the slot sits at 1 TiB in a 48-bit IPA space.
-use s2mmu_bench::split::MAX_SIZE;
 
 /// The format for `--granule`, once `--mem` and `--runs` are checked
 /// against it and against the host's memory, before anything is allocated.
@@ -155,20 +120,6 @@ fn run_on<F: PteFormat>(p: &Params, fmt: F, progress: bool) -> Result<Report, St
     report::finish(&mut report, p, &fmt, &rows, &floor);
     Ok(report)
 }
-
-/// One case measured under one policy.
-struct Row {
-    name: String,
-    policy: SplitPolicy,
-    sum: Summary,
-    last: Sample,
-    /// Each run's time in seconds, in run order (runs are paired: every
-    /// run measures every policy).
-    secs: Vec<f64>,
-}
-
-/// A row's median, last sample and per-run times.
-type Measured = (Summary, Sample, Vec<f64>);
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,7 @@ use s2mmu::{Error, Gpa, TlbInvalidate};
 use crate::abi::{Command, Counters, HypError, LogMode, Op};
 use crate::abort::{AbortOutcome, Refusal, Stage2Abort};
 use crate::check::{Layout, IPA_BITS};
-use crate::hyp_remap::El2Host;
+use crate::el2_host::El2Host;
 use crate::platform::{El2Platform, RawMutex, RawRwLock};
 use crate::pool::{PagePool, PoolMmOps};
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -51,6 +51,17 @@ pub struct SlotRecord {
 /// their lock from their checks to their record update (KVM's
 /// `slots_lock`), so no two of them interleave.
 pub(crate) type Slots = [Option<SlotRecord>; MAX_SLOTS];
+
+/// Slot `id`'s index and record: [`HypError::SlotOutOfRange`],
+/// [`HypError::NoSuchSlot`].
+pub(crate) fn slot_arg(slots: &Slots, id: u64) -> Result<(u16, SlotRecord), HypError> {
+    let i = usize::try_from(id)
+        .ok()
+        .filter(|&i| i < MAX_SLOTS)
+        .ok_or(HypError::SlotOutOfRange)?;
+    let rec = slots[i].ok_or(HypError::NoSuchSlot)?;
+    Ok((i as u16, rec))
+}
 
 pub(crate) struct Vm {
     pub(crate) mmu: El2Mmu,

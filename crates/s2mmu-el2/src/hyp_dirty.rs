@@ -8,8 +8,7 @@ use s2mmu::dirty::DirtyGfn;
 
 use crate::abi::{Counters, HypError, LogMode, RingEntry};
 use crate::check::{self, PAGE};
-use crate::hyp::{Hyp, Vm, FLAG_LOG};
-use crate::hyp_slots::slot_arg;
+use crate::hyp::{slot_arg, Hyp, Vm, FLAG_LOG};
 
 /// `n` copies of `v`, or [`HypError::OutOfMemory`] where EL2's heap cannot
 /// hold them (a size from the host must not abort EL2).

@@ -8,8 +8,7 @@ use alloc::vec::Vec;
 
 use crate::abi::HypError;
 use crate::check::PAGE;
-use crate::hyp::{engine_error, Hyp, Slots, Vm, FLAG_POSTCOPY};
-use crate::hyp_slots::slot_arg;
+use crate::hyp::{engine_error, slot_arg, Hyp, Slots, Vm, FLAG_POSTCOPY};
 
 impl Vm {
     /// Whether `ipa` lies in a post-copy slot and its page has not been

@@ -4,59 +4,16 @@
 //! (a logging slot deleted with its last dirty log, as a VMM moving a
 //! framebuffer needs it). Both hold the slot records' lock throughout.
 
-use alloc::collections::BTreeMap;
-use s2mmu::mmu::HostMemory;
-use s2mmu::{Hva, Pa};
+use s2mmu::Hva;
 
 use crate::abi::{HypError, LogMode};
 use crate::check::{self, Region, PAGE};
-use crate::hyp::{engine_error, Hyp, Slots, Vm, FLAG_LOG};
+use crate::hyp::{engine_error, slot_arg, Hyp, Slots, Vm, FLAG_LOG};
 use crate::hyp_dirty::try_vec;
-use crate::hyp_slots::slot_arg;
-use crate::platform::RawMutex;
 
 /// Pages that may be moved away from their slot's backing at once (each
 /// costs EL2 a map entry on its heap).
 pub const MAX_MOVED: usize = 65536;
-
-/// The engine's view of the memory behind slots at EL2: a slot's backing
-/// address is the physical address ([`s2mmu::mmu::IdentityHost`]), except
-/// for the pages `REMAP_PAGE` moved.
-#[derive(Default)]
-pub(crate) struct El2Host {
-    moved: lock_api::Mutex<RawMutex, BTreeMap<u64, u64>>,
-}
-
-impl HostMemory for El2Host {
-    fn host_to_phys(&self, hva: Hva, size: u64) -> Option<Pa> {
-        let hva = hva.raw();
-        let moved = self.moved.lock();
-        let mut inside = moved.range(hva..hva.saturating_add(size));
-        match inside.next() {
-            None => Some(Pa::new(hva)),
-            // A moved page is contiguous only with itself.
-            Some((&at, &pa)) if at == hva && size == PAGE => Some(Pa::new(pa)),
-            Some(_) => None,
-        }
-    }
-}
-
-impl El2Host {
-    /// Where the backing page `at` is now.
-    fn current(&self, at: u64) -> u64 {
-        self.moved.lock().get(&at).copied().unwrap_or(at)
-    }
-
-    /// Whether a page some backing page moved to lies in `r`.
-    pub(crate) fn target_in(&self, r: Region) -> bool {
-        self.moved.lock().values().any(|&pa| r.overlaps(pa, PAGE))
-    }
-
-    /// Forgets the moves of the backing pages in `r` (its slot is gone).
-    pub(crate) fn forget(&self, r: Region) {
-        self.moved.lock().retain(|&at, _| !r.overlaps(at, PAGE));
-    }
-}
 
 /// The slot whose backing holds page `at`.
 fn backing_slot(slots: &Slots, at: u64) -> Option<usize> {
@@ -87,7 +44,7 @@ impl Hyp {
             return Err(HypError::BackingOverlap);
         }
         let from = vm.host.current(at);
-        if from == at && vm.host.moved.lock().len() >= MAX_MOVED {
+        if from == at && vm.host.moved_pages() >= MAX_MOVED {
             return Err(HypError::OutOfMemory);
         }
         let m = &vm.mmu;
@@ -96,7 +53,7 @@ impl Hyp {
             .invalidate_hva_range_start(Hva::new(at), PAGE)
             .map_err(engine_error)?;
         self.copy_page(from, to);
-        vm.host.moved.lock().insert(at, to);
+        vm.host.record_move(at, to);
         m.invalidate_hva_range_end(Hva::new(at), PAGE)
             .map_err(engine_error)?;
         Ok([n, from, 0, 0])

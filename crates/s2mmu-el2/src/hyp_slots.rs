@@ -7,20 +7,10 @@ use s2mmu::{Gpa, Hva};
 use crate::abi::{HypError, LogMode};
 use crate::check::{self, Region};
 use crate::hyp::{
-    engine_error, Hyp, SlotRecord, Slots, Vm, FLAG_LOG, FLAG_POSTCOPY, FLAG_READONLY, MAX_SLOTS,
+    engine_error, slot_arg, Hyp, SlotRecord, Slots, Vm, FLAG_LOG, FLAG_POSTCOPY, FLAG_READONLY,
+    MAX_SLOTS,
 };
 use crate::hyp_postcopy::check_postcopy;
-
-/// Slot `id`'s index and record: [`HypError::SlotOutOfRange`],
-/// [`HypError::NoSuchSlot`].
-pub(crate) fn slot_arg(slots: &Slots, id: u64) -> Result<(u16, SlotRecord), HypError> {
-    let i = usize::try_from(id)
-        .ok()
-        .filter(|&i| i < MAX_SLOTS)
-        .ok_or(HypError::SlotOutOfRange)?;
-    let rec = slots[i].ok_or(HypError::NoSuchSlot)?;
-    Ok((i as u16, rec))
-}
 
 /// `rec` with the log flag `on`.
 pub(crate) fn with_log(rec: SlotRecord, on: bool) -> SlotRecord {

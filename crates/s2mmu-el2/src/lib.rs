@@ -38,6 +38,7 @@ extern crate alloc;
 pub mod abi;
 pub mod abort;
 pub mod check;
+mod el2_host;
 pub mod heap;
 mod hyp;
 mod hyp_dirty;

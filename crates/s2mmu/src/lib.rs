@@ -45,6 +45,7 @@ pub mod sync;
 pub mod table;
 mod table_view;
 pub mod tlb;
+mod tlbi;
 #[cfg(feature = "vm-memory")]
 pub mod vmm_bitmap;
 pub mod walk;

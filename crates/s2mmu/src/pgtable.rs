@@ -104,7 +104,7 @@ impl<F: PteFormat, M: MmOps> PageTable<F, M> {
             .zalloc_pages_exact(fmt.root_pages())
             .ok_or(Error::OutOfMemory)?;
         let tlb_policy = TlbPolicy::new(fmt.page_shift());
-        let tlb = crate::bbm::traced_tlb(mm.phys_to_virt(root) as usize, tlb);
+        let tlb = crate::tlb::traced::traced(mm.phys_to_virt(root) as usize, tlb);
         Ok(PageTable {
             core: Arc::new(TableCore {
                 fmt,

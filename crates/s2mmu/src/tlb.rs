@@ -14,6 +14,7 @@
 //! replaced by one whole-VMID flush.
 
 pub mod arm64;
+pub(crate) mod traced;
 
 /// The invalidation primitives a backend implements.
 pub trait TlbInvalidate: Send + Sync {

@@ -7,10 +7,12 @@
 
 use super::params::{channels_name, set_channels, Params};
 use super::plot;
-use super::report_text::{dest_json, digests_text, params_json, report, MIB};
+use super::report_text::{
+    dest_json, digests_text, harvest_name, params_json, policy_label, rate_text, report, MIB,
+};
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
-use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy};
+use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::postcopy::control::{Control, ControlSocket};
 use s2mmu_migrate::session::source::SourceOutcome;
@@ -214,34 +216,6 @@ fn progress_to(bar: Progress) -> SessionProgress {
         ProgressEvent::Line(l) => bar.line(l),
         ProgressEvent::Step => bar.step(),
     })
-}
-
-pub(super) fn rate_text(r: u64) -> String {
-    if r == 0 {
-        "as fast as they can".into()
-    } else {
-        format!("{:.1} MiB/s", r as f64 / MIB)
-    }
-}
-
-pub(super) fn harvest_name(h: DirtyMode) -> &'static str {
-    // The engine's words, shorter for the hardware modes; a mode added
-    // later is named by the engine with no change here.
-    match h {
-        DirtyMode::Hardware { .. } => "hardware dirty state",
-        DirtyMode::Pml { .. } => "PML",
-        mode => mode.title(),
-    }
-}
-
-/// A policy in words.
-pub fn policy_label(p: &MmuPolicy) -> &'static str {
-    match (p.fault_path, p.eager_split_chunk.is_some()) {
-        (FaultPath::ReadLockFastPath, true) => "read-lock fast path + eager split",
-        (FaultPath::ReadLockFastPath, false) => "read-lock fast path, split on fault",
-        (FaultPath::WriteLock, true) => "write-lock faults, eager split",
-        (FaultPath::WriteLock, false) => "write-lock faults, split on fault (baseline)",
-    }
 }
 
 fn listen(p: &Params, addr: &str) -> Result<(), String> {

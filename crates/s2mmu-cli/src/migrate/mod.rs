@@ -28,8 +28,9 @@ mod drivers;
 mod params;
 mod report_text;
 
-pub use drivers::{main, policy_label};
+pub use drivers::main;
 pub use params::{
     default_channels, parse_channels, parse_duration, ChannelCounts, ConvergeArg, Params,
     PatternArg, PostcopyArg, RecoveryArg, SplitArg, MAX_RATE, MAX_ROUNDS, MIN_CLEAR_CHUNK,
 };
+pub use report_text::policy_label;

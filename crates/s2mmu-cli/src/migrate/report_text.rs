@@ -1,11 +1,10 @@
 //! What a migration run reports: the JSON rows and the summary text.
 
-use super::drivers::{harvest_name, policy_label, rate_text};
 pub(super) use super::outcome_json::dest_json;
 use super::outcome_json::{per_page, source_json};
 use super::params::{ConvergeArg, Params};
 use crate::report::{human_bytes, verdict, Report};
-use s2mmu::mmu::MmuPolicy;
+use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy};
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::extras::ExtrasOutcome;
 use s2mmu_migrate::session::source::{ChannelChoice, SourceOutcome};
@@ -457,4 +456,32 @@ pub(super) fn resume_parts_text(d: &s2mmu_migrate::session::dest::ResumeParts) -
         ms(d.digests),
         ms(d.reply)
     )
+}
+
+pub(super) fn rate_text(r: u64) -> String {
+    if r == 0 {
+        "as fast as they can".into()
+    } else {
+        format!("{:.1} MiB/s", r as f64 / MIB)
+    }
+}
+
+pub(super) fn harvest_name(h: DirtyMode) -> &'static str {
+    // The engine's words, shorter for the hardware modes; a mode added
+    // later is named by the engine with no change here.
+    match h {
+        DirtyMode::Hardware { .. } => "hardware dirty state",
+        DirtyMode::Pml { .. } => "PML",
+        mode => mode.title(),
+    }
+}
+
+/// A policy in words.
+pub fn policy_label(p: &MmuPolicy) -> &'static str {
+    match (p.fault_path, p.eager_split_chunk.is_some()) {
+        (FaultPath::ReadLockFastPath, true) => "read-lock fast path + eager split",
+        (FaultPath::ReadLockFastPath, false) => "read-lock fast path, split on fault",
+        (FaultPath::WriteLock, true) => "write-lock faults, eager split",
+        (FaultPath::WriteLock, false) => "write-lock faults, split on fault (baseline)",
+    }
 }

@@ -2,12 +2,27 @@
 //! comparisons against the full walk and between the two versions, the
 //! floor line, and the table.
 
-use super::{cases, Backing, Case, Measured, Mode, Params, Row, Sample, POLICIES};
+use super::params::Params;
 use crate::report::{human, human_bytes, merge, verdict, Report};
-use crate::stats::{paired_ratios, Samples};
+use crate::stats::{paired_ratios, Samples, Summary};
 use s2mmu::{PteFormat, SplitPolicy};
+use s2mmu_bench::split::{cases, Backing, Case, Mode, Sample, POLICIES};
 use serde_json::json;
 use std::time::Duration;
+
+/// One case measured under one policy.
+pub(super) struct Row {
+    pub(super) name: String,
+    pub(super) policy: SplitPolicy,
+    pub(super) sum: Summary,
+    pub(super) last: Sample,
+    /// Each run's time in seconds, in run order (runs are paired: every
+    /// run measures every policy).
+    pub(super) secs: Vec<f64>,
+}
+
+/// A row's median, last sample and per-run times.
+pub(super) type Measured = (Summary, Sample, Vec<f64>);
 
 /// One case's JSON rows (raw samples included) and table rows.
 pub(super) fn case_rows(report: &mut Report, case: &Case, samples: &[Vec<Sample>]) -> Vec<Row> {

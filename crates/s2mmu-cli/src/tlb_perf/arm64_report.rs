@@ -3,8 +3,8 @@
 //! medians, the TLBI counts and the wait for EL2. QEMU's timings are an
 //! emulator's: the counts are the result, the times are read as ratios.
 
+use super::params::{check, Params};
 use super::report::{build_kind, fill, median_of, open, table, Common, ModelRows, SlotFacts};
-use super::{check, Mode, Params, PAGE, POLICIES};
 use crate::progress::Progress;
 use crate::report::{human, human_bytes, Report};
 use s2mmu::tlb::LargeRangePolicy;
@@ -12,6 +12,7 @@ use s2mmu_arm64::effect::ProtectEffect;
 use s2mmu_arm64::walk_cache::{AfterMove, WalkCacheReport};
 use s2mmu_bench::arm64 as a64;
 use s2mmu_bench::tlb::arm64::Arm64Run;
+use s2mmu_bench::tlb::{Mode, PAGE, POLICIES};
 use serde_json::json;
 use std::time::Duration;
 

@@ -4,11 +4,12 @@
 //! the seed's targets, and the table. Each model adds its own columns and
 //! JSON fields (the simulated VM's TLB refills, the arm64 model's TLBIs).
 
-use super::{policy_name, Mode, Params, PAGE, POLICIES};
+use super::params::{policy_name, Params};
 use crate::report::{human, human_bytes, merge, verdict, Comparison, Report};
 use crate::stats::{self, Samples};
 use s2mmu::tlb::LargeRangePolicy;
 pub(super) use s2mmu_bench::tlb::cycle::{CycleTimes, SlotFacts};
+use s2mmu_bench::tlb::{Mode, PAGE, POLICIES};
 use serde_json::{json, Value};
 use std::time::Duration;
 

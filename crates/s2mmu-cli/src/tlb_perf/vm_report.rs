@@ -3,14 +3,15 @@
 //! flush costs the vCPUs (entries removed, TLB refills) against what it
 //! saves the clearing thread.
 
+use super::params::{check, Params};
 use super::report::{
     build_kind, fill, median_f_of, median_of, open, table, Common, ModelRows, SlotFacts,
 };
-use super::{check, Mode, Params, PAGE, POLICIES};
 use crate::progress::Progress;
 use crate::report::{human, human_bytes, Report};
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu_bench::tlb::vm::VmRun;
+use s2mmu_bench::tlb::{Mode, PAGE, POLICIES};
 use s2mmu_vm::VmFormat;
 use serde_json::json;
 use std::time::Duration;

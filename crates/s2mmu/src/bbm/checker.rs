@@ -1,13 +1,45 @@
 //! The checker behind the trace points: per-entry records of what still
 //! needs an invalidation, replayed against each store, free and report.
 
-use super::{Deferred, Desc, Rule, Scope, Violation};
+use super::event::Flush;
+use super::rule::{Rule, Violation};
 use crate::format::PteFormat;
-use crate::tlb::arm64::{Barrier, Insn, TlbiOp};
-use crate::tlb::TlbInvalidate;
+use crate::tlbi::{Barrier, Insn, TlbiOp};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::sync::{Mutex, MutexGuard, Once};
+
+/// What the monitor needs of a descriptor, decoded by its format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Desc {
+    valid: bool,
+    table: bool,
+    oa: u64,
+    writable: bool,
+    dirty: bool,
+}
+
+impl Desc {
+    fn of<F: PteFormat>(fmt: &F, pte: u64, level: u32) -> Desc {
+        if !fmt.is_valid(pte) {
+            return Desc::default();
+        }
+        let table = fmt.is_table(pte, level);
+        Desc {
+            valid: true,
+            table,
+            oa: fmt.output_address(pte),
+            writable: !table && pte & fmt.write_bit() != 0,
+            dirty: !table && fmt.hw_dirty_bits().is_some_and(|h| h.is_dirty(pte)),
+        }
+    }
+
+    /// Whether `to` translates differently from `self` (another output
+    /// address, or a table where a leaf was or back).
+    fn remaps(&self, to: &Desc) -> bool {
+        self.table != to.table || self.oa != to.oa
+    }
+}
 
 /// What an entry still needs a completed invalidation for.
 #[derive(Clone, Copy, Debug)]
@@ -19,7 +51,7 @@ enum Pending {
 }
 
 impl Pending {
-    fn covered_by(&self, start: u64, s: Scope) -> bool {
+    fn covered_by(&self, start: u64, s: Flush) -> bool {
         let (size, table) = match *self {
             Pending::Break { prev, size } => (size, prev.table),
             Pending::Protect { size } => (size, false),
@@ -48,12 +80,12 @@ struct Unlinked {
 /// Whether invalidation `s` removes every cached translation of the entry
 /// at `[start, start + size)`: any address of a leaf, the whole range of a
 /// table (its walk-cache entries and the leaves below it).
-fn covers(s: Scope, start: u64, size: u64, table: bool) -> bool {
+fn covers(s: Flush, start: u64, size: u64, table: bool) -> bool {
     let end = start.saturating_add(size);
     match s {
-        Scope::All => true,
-        Scope::Ipa(a) => !table && a >= start && a < end,
-        Scope::Range(a, n) => {
+        Flush::All => true,
+        Flush::Ipa(a) => !table && a >= start && a < end,
+        Flush::Range(a, n) => {
             let e = a.saturating_add(n);
             if table {
                 a <= start && e >= end
@@ -79,7 +111,7 @@ static EXIT_HOOK: Once = Once::new();
 
 thread_local! {
     /// Invalidations held by [`defer`] on this thread.
-    static DEFERRED: RefCell<Option<Vec<(usize, Scope)>>> = const { RefCell::new(None) };
+    static DEFERRED: RefCell<Option<Vec<(usize, Flush)>>> = const { RefCell::new(None) };
     /// The arm64 sequence being built on this thread.
     static SEQUENCE: RefCell<Vec<Insn>> = const { RefCell::new(Vec::new()) };
 }
@@ -162,7 +194,7 @@ impl Checker {
         EXIT_HOOK.call_once(register_exit_check);
     }
 
-    fn invalidate(&mut self, table: usize, s: Scope) {
+    fn invalidate(&mut self, table: usize, s: Flush) {
         self.entries
             .retain(|&(t, start, _), p| t != table || !p.covered_by(start, s));
         for (_, u) in self.unlinked.range_mut((table, 0)..=(table, u64::MAX)) {
@@ -240,7 +272,7 @@ pub(super) fn store<F: PteFormat>(
     });
 }
 
-pub(super) fn invalidated(table: usize, s: Scope) {
+pub(super) fn invalidated(table: usize, s: Flush) {
     let held = DEFERRED.with(|d| {
         d.borrow_mut()
             .as_mut()
@@ -294,19 +326,16 @@ pub(super) fn teardown(table: usize, gone: bool) {
     });
 }
 
-pub(super) fn defer<R>(f: impl FnOnce() -> R) -> (R, Deferred) {
+/// Runs `f` with this thread's completed invalidations held; returns
+/// `f`'s result and what was held.
+pub(super) fn defer<R>(f: impl FnOnce() -> R) -> (R, Vec<(usize, Flush)>) {
     let outer = DEFERRED.with(|d| d.borrow_mut().replace(Vec::new()));
     let r = f();
     let events = DEFERRED.with(|d| core::mem::replace(&mut *d.borrow_mut(), outer));
-    (
-        r,
-        Deferred {
-            events: events.unwrap_or_default(),
-        },
-    )
+    (r, events.unwrap_or_default())
 }
 
-pub(super) fn complete(events: Vec<(usize, Scope)>) {
+pub(super) fn complete(events: Vec<(usize, Flush)>) {
     for (table, s) in events {
         invalidated(table, s);
     }
@@ -371,30 +400,4 @@ extern "C" fn exit_check() {
     // exit handlers, which is what a failing check at exit wants (calling
     // `exit` again from a handler is undefined).
     unsafe { _exit(101) }
-}
-
-/// The table's invalidation backend, with each completed call traced.
-pub(crate) struct TracedTlb {
-    pub(crate) inner: Arc<dyn TlbInvalidate>,
-    pub(crate) table: usize,
-}
-
-impl TlbInvalidate for TracedTlb {
-    fn flush_ipa(&self, ipa: u64, level: Option<u32>) {
-        self.inner.flush_ipa(ipa, level);
-        invalidated(self.table, Scope::Ipa(ipa));
-    }
-    fn flush_ipa_local(&self, ipa: u64, level: Option<u32>) {
-        // This CPU only: it covers no break or protection other CPUs may
-        // hold, so it is not traced as an invalidation.
-        self.inner.flush_ipa_local(ipa, level);
-    }
-    fn flush_range(&self, ipa: u64, size: u64) {
-        self.inner.flush_range(ipa, size);
-        invalidated(self.table, Scope::Range(ipa, size));
-    }
-    fn flush_vmid(&self) {
-        self.inner.flush_vmid();
-        invalidated(self.table, Scope::All);
-    }
 }

@@ -3,63 +3,7 @@
 //! (`bbm-trace`), so the rules are checked for an engine that runs where
 //! no checker can (at EL2).
 
-/// The kind of invalidation an [`Event::Invalidate`] completed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Flush {
-    /// The translation of one address (`TLBI IPAS2E1IS`).
-    Ipa(u64),
-    /// Every translation of `[start, start + size)` (`TLBI RIPAS2E1IS`).
-    Range(u64, u64),
-    /// The whole VMID (`TLBI VMALLS12E1IS`).
-    All,
-}
-
-/// One trace point's event. `table` is the table's id
-/// ([`crate::PageTable::bbm_id`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Event {
-    /// The entry at `level` whose range starts at `start` went from `old`
-    /// to `new`.
-    Store {
-        /// The table.
-        table: usize,
-        /// First address of the entry's range.
-        start: u64,
-        /// Level of the entry.
-        level: u32,
-        /// The descriptor before.
-        old: u64,
-        /// The descriptor after.
-        new: u64,
-    },
-    /// An invalidation completed (barriers included). Recorded by the
-    /// embedder's backend, never by the engine.
-    Invalidate {
-        /// The table whose VMID it covered.
-        table: usize,
-        /// What it covered.
-        flush: Flush,
-    },
-    /// The table page at physical address `pa` is about to be freed.
-    FreeTable {
-        /// The table.
-        table: usize,
-        /// The page.
-        pa: u64,
-    },
-    /// GET or CLEAR is about to report pages clean.
-    ReportClean {
-        /// The table.
-        table: usize,
-    },
-    /// The table is being torn down (`gone` false) or is gone (`gone`).
-    Teardown {
-        /// The table.
-        table: usize,
-        /// Whether it is gone.
-        gone: bool,
-    },
-}
+pub use super::event::{Event, Flush};
 
 #[cfg(feature = "bbm-export")]
 static SINK: core::sync::atomic::AtomicPtr<()> =
@@ -93,7 +37,7 @@ pub(crate) fn emit(e: &Event) {
 /// they happened.
 #[cfg(feature = "bbm-trace")]
 pub fn replay<F: crate::format::PteFormat>(fmt: &F, e: &Event) {
-    use super::{checker, Scope};
+    use super::checker;
     match *e {
         Event::Store {
             table,
@@ -102,14 +46,7 @@ pub fn replay<F: crate::format::PteFormat>(fmt: &F, e: &Event) {
             old,
             new,
         } => checker::store(table, fmt, start, level, old, new),
-        Event::Invalidate { table, flush } => {
-            let s = match flush {
-                Flush::Ipa(a) => Scope::Ipa(a),
-                Flush::Range(a, n) => Scope::Range(a, n),
-                Flush::All => Scope::All,
-            };
-            checker::invalidated(table, s);
-        }
+        Event::Invalidate { table, flush } => checker::invalidated(table, flush),
         Event::FreeTable { table, pa } => checker::free_tables(table, &[pa]),
         Event::ReportClean { table } => checker::report_clean(table),
         Event::Teardown { table, gone } => checker::teardown(table, gone),

@@ -45,124 +45,15 @@
 
 #[cfg(feature = "bbm-trace")]
 mod checker;
+mod event;
 pub mod export;
+mod rule;
 #[cfg(all(test, feature = "bbm-trace"))]
 mod tests;
 
 #[cfg(feature = "bbm-trace")]
 use crate::format::PteFormat;
-use crate::tlb::TlbInvalidate;
-use alloc::sync::Arc;
-use core::fmt;
-
-/// The rule a violation broke.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Rule {
-    /// A valid entry was overwritten by a valid one with another output
-    /// address or block size, without a break.
-    ChangeWithoutBreak,
-    /// An entry was made with another output address or block size while
-    /// its break had not been covered by a completed invalidation.
-    MakeBeforeInvalidate,
-    /// A table page was freed before an invalidation covered the range its
-    /// unlinked entry had mapped.
-    FreeBeforeInvalidate,
-    /// GET or CLEAR reported pages clean while a write protection (or
-    /// clean, or unmap) of one of them was not yet invalidated.
-    ReportBeforeInvalidate,
-    /// An arm64 invalidation sequence lacks its barriers: a DSB that makes
-    /// the table stores visible before the first TLBI (`DSB ISHST`), or one
-    /// that waits for the TLBIs to complete after the last (`DSB ISH`; the
-    /// `NSH` forms for a sequence of local TLBIs only). Reported with
-    /// table 0 and the first TLBI's operand as the address.
-    BarrierMissing,
-}
-
-/// One broken rule.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Violation {
-    /// The rule.
-    pub rule: Rule,
-    /// The table ([`crate::PageTable::bbm_id`]).
-    pub table: usize,
-    /// First address of the entry (or of the freed table's range).
-    pub ipa: u64,
-    /// Level of the entry (of the freed table's parent entry).
-    pub level: u32,
-}
-
-impl fmt::Display for Violation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self.rule {
-            Rule::ChangeWithoutBreak => {
-                "valid entry changed output address or size without a break"
-            }
-            Rule::MakeBeforeInvalidate => {
-                "entry made before the invalidation of its break completed"
-            }
-            Rule::FreeBeforeInvalidate => "table page freed before the invalidation of its range",
-            Rule::ReportBeforeInvalidate => {
-                "page reported clean before its write protection was invalidated"
-            }
-            Rule::BarrierMissing => {
-                "TLBI sequence without a DSB before its first or after its last TLBI"
-            }
-        };
-        write!(
-            f,
-            "break-before-make: {what} (table {:#x}, IPA {:#x}, level {})",
-            self.table, self.ipa, self.level
-        )
-    }
-}
-
-/// What an invalidation covers.
-#[cfg(feature = "bbm-trace")]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Scope {
-    /// The translation of one address (`TLBI IPAS2E1IS`): the leaf that
-    /// maps it, whatever its size.
-    Ipa(u64),
-    /// Every translation in `[start, start + size)` (`TLBI RIPAS2E1IS`),
-    /// walk caches included.
-    Range(u64, u64),
-    /// The whole VMID.
-    All,
-}
-
-/// What the monitor needs of a descriptor, decoded by its format.
-#[cfg(feature = "bbm-trace")]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Desc {
-    pub(crate) valid: bool,
-    pub(crate) table: bool,
-    pub(crate) oa: u64,
-    pub(crate) writable: bool,
-    pub(crate) dirty: bool,
-}
-
-#[cfg(feature = "bbm-trace")]
-impl Desc {
-    pub(crate) fn of<F: PteFormat>(fmt: &F, pte: u64, level: u32) -> Desc {
-        if !fmt.is_valid(pte) {
-            return Desc::default();
-        }
-        let table = fmt.is_table(pte, level);
-        Desc {
-            valid: true,
-            table,
-            oa: fmt.output_address(pte),
-            writable: !table && pte & fmt.write_bit() != 0,
-            dirty: !table && fmt.hw_dirty_bits().is_some_and(|h| h.is_dirty(pte)),
-        }
-    }
-
-    /// Whether `to` translates differently from `self` (another output
-    /// address, or a table where a leaf was or back).
-    pub(crate) fn remaps(&self, to: &Desc) -> bool {
-        self.table != to.table || self.oa != to.oa
-    }
-}
+pub use rule::{Rule, Violation};
 
 /// Whether this build carries the monitor (the `bbm-trace` feature).
 pub const ENABLED: bool = cfg!(feature = "bbm-trace");
@@ -217,7 +108,7 @@ pub(crate) fn teardown(table: usize, gone: bool) {
 /// Trace point: the arm64 backend emitted `insn` in the sequence it is
 /// building on this thread.
 #[inline(always)]
-pub(crate) fn sequence_insn(insn: crate::tlb::arm64::Insn) {
+pub(crate) fn sequence_insn(insn: crate::tlbi::Insn) {
     #[cfg(feature = "bbm-trace")]
     checker::sequence_insn(insn);
     #[cfg(not(feature = "bbm-trace"))]
@@ -232,19 +123,12 @@ pub(crate) fn sequence_end() {
     checker::sequence_end();
 }
 
-/// The table's invalidation backend, with its completions traced (itself
-/// when the monitor is off).
+/// Trace point: an invalidation of `table` completed (its backend's call
+/// returned, barriers included; held while [`defer_invalidations`] runs).
+#[cfg(feature = "bbm-trace")]
 #[inline(always)]
-pub(crate) fn traced_tlb(table: usize, tlb: Arc<dyn TlbInvalidate>) -> Arc<dyn TlbInvalidate> {
-    #[cfg(feature = "bbm-trace")]
-    {
-        Arc::new(checker::TracedTlb { inner: tlb, table })
-    }
-    #[cfg(not(feature = "bbm-trace"))]
-    {
-        let _ = table;
-        tlb
-    }
+pub(crate) fn invalidated(table: usize, flush: Flush) {
+    checker::invalidated(table, flush);
 }
 
 /// Invalidations the engine issued inside [`defer_invalidations`], held
@@ -253,7 +137,7 @@ pub(crate) fn traced_tlb(table: usize, tlb: Arc<dyn TlbInvalidate>) -> Arc<dyn T
 #[derive(Debug, Default)]
 pub struct Deferred {
     #[cfg(feature = "bbm-trace")]
-    events: alloc::vec::Vec<(usize, Scope)>,
+    events: alloc::vec::Vec<(usize, Flush)>,
 }
 
 impl Deferred {
@@ -272,7 +156,8 @@ impl Deferred {
 pub fn defer_invalidations<R>(f: impl FnOnce() -> R) -> (R, Deferred) {
     #[cfg(feature = "bbm-trace")]
     {
-        checker::defer(f)
+        let (r, events) = checker::defer(f);
+        (r, Deferred { events })
     }
     #[cfg(not(feature = "bbm-trace"))]
     {

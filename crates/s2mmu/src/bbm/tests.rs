@@ -317,7 +317,7 @@ fn rules_of(table: usize) -> Vec<Rule> {
 
 #[test]
 fn a_tlbi_sequence_without_its_barriers_is_caught() {
-    use crate::tlb::arm64::{Barrier::*, Insn, TlbiOp::*};
+    use crate::tlbi::{Barrier::*, Insn, TlbiOp::*};
     let t = |op, operand| Insn::Tlbi { op, operand };
     let b = Insn::Barrier;
     let check = super::checker::check_sequence;

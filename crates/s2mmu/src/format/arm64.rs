@@ -18,7 +18,8 @@
 //! | 58:55 | software bits |
 //! | 63:60 | invalid-entry type (1 = locked for break-before-make) |
 
-use super::{KnownFormat, Prot, PteFormat};
+use super::known::KnownFormat;
+use super::pte::{HwDirtyBits, Prot, PteFormat};
 use crate::{Error, Result};
 
 /// Valid bit.
@@ -337,8 +338,8 @@ unsafe impl PteFormat for Arm64Stage2 {
         pte & !XN_MASK
     }
     #[inline]
-    fn hw_dirty_bits(&self) -> Option<super::HwDirtyBits> {
-        Some(super::HwDirtyBits::ARM64_DBM)
+    fn hw_dirty_bits(&self) -> Option<HwDirtyBits> {
+        Some(HwDirtyBits::ARM64_DBM)
     }
     #[inline]
     fn relevel_leaf(&self, pte: u64, _from_level: u32, to_level: u32) -> u64 {

@@ -8,7 +8,7 @@
 //! `formats!`, and runs them all.
 
 use super::arm64::{Arm64Stage2, Granule};
-use super::{Prot, PteFormat};
+use super::pte::{Prot, PteFormat};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use proptest::prelude::*;
@@ -30,7 +30,7 @@ impl<F: PteFormat + core::fmt::Debug> Check for F {
 
 /// Every format the engine ships, in every configuration it accepts.
 fn formats() -> Vec<Box<dyn Check>> {
-    super::conformance_formats()
+    super::id::conformance_formats()
 }
 
 /// The geometry obligations, and that every address of the IPA space

@@ -23,7 +23,8 @@
 //! (the EPTP's A/D enable, bit 6, makes the CPU set it otherwise); the
 //! dirty flag (bit 9) is the hardware's.
 
-use super::{KnownFormat, Prot, PteFormat};
+use super::known::KnownFormat;
+use super::pte::{HwDirtyBits, Prot, PteFormat};
 use crate::{Error, Result};
 
 /// Read access (bit 0).
@@ -246,8 +247,8 @@ unsafe impl PteFormat for EptFormat {
         pte | EXEC
     }
     #[inline]
-    fn hw_dirty_bits(&self) -> Option<super::HwDirtyBits> {
-        Some(super::HwDirtyBits::EPT_AD)
+    fn hw_dirty_bits(&self) -> Option<HwDirtyBits> {
+        Some(HwDirtyBits::EPT_AD)
     }
     #[inline]
     fn relevel_leaf(&self, pte: u64, _from_level: u32, to_level: u32) -> u64 {

@@ -1,8 +1,11 @@
-//! The dirty log through bitmaps: `KVM_GET_DIRTY_LOG`, and
+//! The dirty log: through bitmaps (`KVM_GET_DIRTY_LOG`, and
 //! `KVM_CLEAR_DIRTY_LOG` with manual protect, hardware dirty state scanned
-//! into the bitmap.
+//! into the bitmap), through the vCPUs' dirty rings (harvest and reset)
+//! and through their page-modification logs (the exit handler's flush),
+//! and what the modes' hooks ask of the MMU ([`StrategyHost`]).
 
 use super::sparse_clear::ClearGroup;
+use super::strategy::{PmlLog, Rings, StrategyHost, PML_LOG_ENTRIES};
 use super::*;
 use crate::dirty::DirtyConsumer;
 
@@ -298,5 +301,195 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             };
         }
         Ok(())
+    }
+}
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
+    /// The ring strategy.
+    ///
+    /// # Errors
+    /// [`Error::WrongDirtyMode`] when rings are off.
+    fn rings(&self) -> Result<&Rings<P>> {
+        match &self.strategy {
+            Strategy::Ring(r) => Ok(r),
+            _ => Err(Error::WrongDirtyMode {
+                needs: "dirty rings",
+            }),
+        }
+    }
+}
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
+    /// Whether `vcpu`'s dirty ring is soft-full: the vCPU must not enter the
+    /// guest until the ring is harvested and reset.
+    pub fn ring_soft_full(&self, vcpu: usize) -> bool {
+        self.rings()
+            .is_ok_and(|r| r.rings.read().get(vcpu).is_some_and(|r| r.soft_full()))
+    }
+
+    /// Harvests every vCPU's ring into `out`; returns the number of entries.
+    ///
+    /// # Errors
+    /// [`Error::WrongDirtyMode`] when rings are off.
+    pub fn harvest_rings(&self, out: &mut Vec<DirtyGfn>) -> Result<usize> {
+        let rings = self.rings()?;
+        Ok(rings.rings.read().iter().map(|r| r.harvest(out)).sum())
+    }
+
+    /// `KVM_RESET_DIRTY_RINGS`: re-protects every harvested page and frees
+    /// its ring entry, then flushes the whole VM's TLBs once if anything
+    /// was reset; returns the number of entries reset.
+    ///
+    /// # Errors
+    /// [`Error::WrongDirtyMode`] when rings are off.
+    pub fn reset_rings(&self) -> Result<u64> {
+        let rings = self.rings()?;
+        let _u = self.update.lock();
+        let snap = self.slots.snapshot();
+        let rings = rings.rings.read().clone();
+        let mut st = FaultStats::default();
+        let mut pt = self.write_lock(&mut st);
+        let tlb = self.stage2.tlb.clone();
+        let mut batch = TlbBatch::new(&*tlb, pt.tlb_policy());
+        let mut total = 0;
+        let mut result = Ok(());
+        for r in rings.iter() {
+            total += r.reset(|slot, offset, mask| {
+                let Ok(id) = u16::try_from(slot) else { return };
+                let Some(s) = snap.id_to_slot(id) else { return };
+                // Entries beyond the slot (a stale ring entry of a moved
+                // slot) are ignored, as KVM does.
+                if offset + 64 - u64::from(mask.leading_zeros()) > s.npages() {
+                    return;
+                }
+                let base = s.base_gfn().raw() << self.page_shift;
+                if let Err(e) = self.protect_mask(&mut pt, base, offset, mask, &mut batch) {
+                    result = Err(e);
+                }
+            });
+        }
+        drop(pt);
+        drop(snap);
+        // KVM flushes the whole VM after a reset.
+        if total > 0 {
+            batch.add_whole_vmid();
+        }
+        batch.finish();
+        self.bbm_report_clean();
+        self.vm_stats.lock().add(&st);
+        result.map(|_| total)
+    }
+}
+
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
+    /// The exit handler's PML flush (`vmx_flush_pml_buffer`): records every
+    /// page in `vcpu`'s log as dirty in its slot's bitmap and empties the
+    /// log. Call it on the "log-full" exit ([`PmlWriteError::Full`]) before retrying
+    /// the write, and on every other exit of the vCPU; a harvest
+    /// ([`Mmu::get_dirty_log`]) flushes every vCPU's log itself. Returns
+    /// the number of entries flushed (a page of a slot that no longer
+    /// exists or no longer logs is dropped, as in KVM).
+    ///
+    /// # Errors
+    /// [`Error::ForeignVcpu`] for a vCPU of another MMU.
+    pub fn flush_pml(&self, vcpu: &mut VcpuMmu<M>) -> Result<usize> {
+        if vcpu.mmu_id != self.id {
+            return Err(Error::ForeignVcpu { vcpu: vcpu.id });
+        }
+        let Some(log) = vcpu.pml.clone() else {
+            return Ok(0);
+        };
+        let mut st = FaultStats::default();
+        let n = self.flush_pml_log(&log, &mut st, None);
+        vcpu.stats.dirtied += st.dirtied;
+        vcpu.stats.pml_entries += st.pml_entries;
+        Ok(n)
+    }
+
+    fn flush_pml_log(
+        &self,
+        log: &PmlLog,
+        st: &mut FaultStats,
+        old: Option<(u16, u64, u64)>,
+    ) -> usize {
+        let mut gpas = Vec::with_capacity(PML_LOG_ENTRIES);
+        let n = log.drain(&mut gpas);
+        if n == 0 {
+            return 0;
+        }
+        st.pml_entries += n as u64;
+        let snap = self.slots.snapshot();
+        // The slot of the previous entry, its gfn range and bitmap: a log
+        // mostly holds runs of pages of one slot.
+        let mut last: Option<(u16, u64, u64, Arc<DirtyBitmap>)> = None;
+        for gpa in gpas {
+            let gfn = gpa >> self.page_shift;
+            if !last
+                .as_ref()
+                .is_some_and(|(_, lo, hi, _)| (*lo..*hi).contains(&gfn))
+            {
+                let range = match old {
+                    Some((id, lo, hi)) if (lo..hi).contains(&gfn) => Some((id, lo, hi)),
+                    _ => snap
+                        .search(Gfn::new(gfn))
+                        .filter(|s| s.dirty_logging() && !s.is_invalid())
+                        .map(|s| (s.id(), s.base_gfn().raw(), s.end_gfn().raw())),
+                };
+                last = range.and_then(|(id, lo, hi)| {
+                    let b = self.side.get(usize::from(id))?.dirty.load_full()?;
+                    Some((id, lo, hi, b))
+                });
+            }
+            let Some((id, base_gfn, _, bitmap)) = &last else {
+                continue;
+            };
+            if self.drop_injected_mark() {
+                continue;
+            }
+            // The page lies inside the slot, which the bitmap covers.
+            let tracker: &dyn DirtyTracker = &**bitmap;
+            if let Ok(true) = tracker.mark(log.vcpu(), u32::from(*id), gfn - base_gfn) {
+                st.dirtied += 1;
+            }
+        }
+        n
+    }
+}
+
+/// What the dirty-log modes' hooks ask of the MMU (`mmu/strategy`).
+impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> StrategyHost for Mmu<F, M, S, P> {
+    fn page_shift(&self) -> u32 {
+        self.page_shift
+    }
+
+    fn slot_bitmap(&self, id: u16) -> Option<Arc<DirtyBitmap>> {
+        self.side
+            .get(usize::from(id))
+            .and_then(|s| s.dirty.load_full())
+    }
+
+    /// The scan KVM's DBM series does before it copies the bitmap. Runs
+    /// under the MMU lock for reading: the hardware updates leaves
+    /// concurrently, and only protection, under the write lock, cleans
+    /// them.
+    fn scan_hw_dirty(&self, id: u16, b: &DirtyBitmap) -> Result<()> {
+        let (base, size) = self.slot_range(id)?;
+        let mut st = FaultStats::default();
+        let pt = self.read_lock(&mut st, None);
+        pt.scan_hw_dirty_into(base, size, base, b)?;
+        drop(pt);
+        self.vm_stats.lock().add(&st);
+        Ok(())
+    }
+
+    /// What KVM's kick before `KVM_GET_DIRTY_LOG` achieves: no leaf is
+    /// read. As KVM flushes the logs before a slot moves, the pages of
+    /// `old` go to that slot's bitmap (the memslots no longer name it).
+    fn flush_pml_logs(&self, logs: &[Arc<PmlLog>], old: Option<(u16, u64, u64)>) {
+        let mut st = FaultStats::default();
+        for log in logs {
+            self.flush_pml_log(log, &mut st, old);
+        }
+        self.vm_stats.lock().add(&st);
     }
 }

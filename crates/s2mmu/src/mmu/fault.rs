@@ -1,84 +1,8 @@
-//! The fault path: what the hardware reports about a stage-2 fault, the
-//! vCPU's state in the MMU, the read-lock fast path and the
-//! write-lock slow path, and the one place a fault marks a page dirty.
+//! The fault path: the read-lock fast path and the write-lock slow path,
+//! and the one place a fault marks a page dirty (what the hardware reports
+//! and the vCPU's state are in `mmu/handles.rs`).
 
 use super::*;
-
-/// What the hardware reports about a stage-2 fault besides its address
-/// (arm64: ESR_EL2's fault status code and level).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FaultKind {
-    /// No valid entry translates the address.
-    Translation,
-    /// A valid leaf at `level` translates it without the permission the
-    /// access needs.
-    Permission {
-        /// The leaf's level.
-        level: u32,
-    },
-    /// A valid leaf already allows the access (a fault raised before
-    /// another vCPU fixed the entry): nothing to do.
-    Spurious,
-}
-
-/// What a fault did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FaultOutcome {
-    /// Fixed under the read lock.
-    Fast,
-    /// Fixed under the write lock.
-    Slow,
-    /// Nothing to do: the mapping already allowed the access.
-    Spurious,
-    /// Lost a race; the guest retries the access.
-    Retry,
-}
-
-/// A vCPU's state in the MMU: its memslot cache, its page cache and its
-/// counters.
-pub struct VcpuMmu<M: MmOps> {
-    pub(super) id: usize,
-    /// The [`Mmu`] that made it ([`Mmu::new_vcpu`]): a handle is used only
-    /// with its own MMU, whose reader slot and ring it owns.
-    pub(super) mmu_id: u64,
-    /// Its dirty ring, when the VM logs to rings (read without the ring
-    /// list's lock on every fault).
-    pub(super) ring: Option<Arc<DirtyRing>>,
-    pub(super) lock_slot: Option<usize>,
-    /// The dirty bitmap of the slot this vCPU last marked, for the memslot
-    /// state (store id, generation) and slot id it was read in: within one
-    /// state a logging slot's bitmap never changes, so marking needs no
-    /// atomic load of the side table (KVM reads `memslot->dirty_bitmap`).
-    pub(super) dirty_cache: Option<((u64, u64), u16, Arc<DirtyBitmap>)>,
-    pub(super) slot_cache: VcpuSlotCache,
-    pub(super) cache: PageCache<M>,
-    /// Its page-modification log, with [`DirtyMode::Pml`].
-    pub(super) pml: Option<Arc<PmlLog>>,
-    /// Counters of this vCPU's faults.
-    pub stats: FaultStats,
-}
-
-impl<M: MmOps> VcpuMmu<M> {
-    /// The vCPU's index.
-    pub fn id(&self) -> usize {
-        self.id
-    }
-
-    /// Whether the vCPU's dirty ring is soft-full: its faults are refused
-    /// with [`Error::RingFull`] until the rings are harvested and reset
-    /// (read without a lock, for a vCPU loop's check before entering the
-    /// guest).
-    pub fn ring_soft_full(&self) -> bool {
-        self.ring.as_ref().is_some_and(|r| r.soft_full())
-    }
-
-    /// Its page-modification log, where the VM tracks dirty pages with
-    /// [`DirtyMode::Pml`]: the simulated CPU writes through it
-    /// ([`PmlLog::hw_write`]).
-    pub fn pml(&self) -> Option<&Arc<PmlLog>> {
-        self.pml.as_ref()
-    }
-}
 
 /// What a fault found about its memslot, in the memslot state it holds.
 pub(super) struct FaultSlot {

@@ -12,7 +12,7 @@
 //!   `baselines` feature);
 //! - eager split when logging starts, in chunks that drop the lock between
 //!   them, or split on fault;
-//! - the split walk ([`SplitPolicy`]);
+//! - the split walk ([`SplitPolicy`](crate::SplitPolicy));
 //! - large TLB ranges as one whole-VMID flush or split calls;
 //! - memslots as the tree or the array, through the store type.
 //!
@@ -33,19 +33,19 @@
 //! input is an [`Error`]), and every structure they guard is consistent
 //! between the steps that take them.
 
-use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyRing, DirtyTracker, SlotViews};
+use crate::dirty::{check_clear_args, DirtyBitmap, DirtyGfn, DirtyTracker, SlotViews};
 use crate::format::{Prot, PteFormat};
 use crate::memcache::PageCache;
 use crate::memslot::{
     MemslotChange, MemslotStore, SlotFlags, SlotLookup, Stage2Invalidate, UserMemoryRegion,
     VcpuSlotCache,
 };
-use crate::ops::{MapOptions, SplitPolicy};
+use crate::ops::MapOptions;
 use crate::pgtable::{PageTable, TableReader};
-use crate::sync::{ArcOptionCell, DefaultPlatform, Mutex, Platform, RwLock, Stopwatch};
+use crate::sync::{ArcOptionCell, DefaultPlatform, Mutex, Platform, Stopwatch};
 use crate::table::MmOps;
 use crate::table_view::TableView;
-use crate::tlb::{LargeRangePolicy, TlbBatch, TlbInvalidate, TlbPolicy};
+use crate::tlb::{TlbBatch, TlbInvalidate, TlbPolicy};
 use crate::{Error, Gfn, Gpa, Hva, Pa, Result};
 use alloc::boxed::Box;
 use alloc::sync::Arc;
@@ -56,6 +56,7 @@ use stage2::Stage2;
 
 mod dirty_log;
 mod fault;
+mod handles;
 mod host;
 mod host_dirty;
 pub mod lock;
@@ -71,16 +72,15 @@ mod strategy;
 mod tests;
 mod views;
 
-pub use fault::{FaultKind, FaultOutcome, VcpuMmu};
+pub use handles::{DirtyView, FaultKind, FaultOutcome, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
 pub use policy::{
     DirtyMode, FaultPath, HugePageRecovery, HwDirtyBlocks, MmuPolicy, ParseDirtyModeError, Protect,
     EAGER_SPLIT_CHUNK, LOCK_CHUNK, MAX_EAGER_SPLIT_CHUNK, MAX_VCPUS, SPARSE_CLEAR_RUNS,
 };
 pub use stats::FaultStats;
-pub use strategy::pml::{PmlLog, PmlWriteError, PML_LOG_ENTRIES};
+pub use strategy::{PmlLog, PmlWriteError, PML_LOG_ENTRIES};
 use strategy::{Strategy, VcpuLog};
-pub use views::DirtyView;
 
 /// A memslot's state that the MMU keeps beside the memslot store.
 struct SlotSide<P: Platform> {

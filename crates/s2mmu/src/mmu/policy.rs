@@ -1,7 +1,8 @@
-//! The switchable policies of an [`Mmu`]: every seed's optimisation and
+//! The switchable policies of an [`Mmu`](super::Mmu): every seed's optimisation and
 //! its baseline, one typed field each.
 
-use super::*;
+use crate::ops::SplitPolicy;
+use crate::tlb::{LargeRangePolicy, TlbPolicy};
 
 /// How faults take the MMU lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -16,10 +17,10 @@ pub enum FaultPath {
     WriteLock,
 }
 
-/// The switchable policies of an [`Mmu`]. Every field is independent of
+/// The switchable policies of an [`Mmu`](super::Mmu). Every field is independent of
 /// the others: a choice that only makes sense with another lives inside
 /// it ([`DirtyMode`] carries its protection and block rule), so no
-/// combination can be written that [`Mmu::new`] would have to refuse.
+/// combination can be written that [`Mmu::new`](super::Mmu::new) would have to refuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmuPolicy {
     /// How faults take the lock.
@@ -42,7 +43,7 @@ pub struct MmuPolicy {
     /// logging stops.
     pub huge_page_recovery: HugePageRecovery,
     /// vCPUs (by index) whose fault-path reads of the MMU lock go through
-    /// a reader slot of their own while no writer is around ([`lock`]),
+    /// a reader slot of their own while no writer is around ([`lock`](super::lock)),
     /// instead of the rwlock's shared reader count; 0 keeps KVM's plain
     /// rwlock for every reader. At most [`MAX_VCPUS`].
     pub reader_slots: usize,
@@ -99,7 +100,7 @@ impl Protect {
 /// How dirty pages are tracked while a slot logs: one value per mode,
 /// each carrying the choices that exist for it only (the one dirty-mode
 /// type of the workspace: the CLI parses it with [`DirtyMode::from_str`]).
-/// The engine runs it as one strategy object ([`Mmu::new`]).
+/// The engine runs it as one strategy object ([`Mmu::new`](super::Mmu::new)).
 ///
 /// Choices of one mode cannot be given to another: PML has no block rule,
 /// rings no protection choice.
@@ -140,13 +141,13 @@ pub enum DirtyMode {
         /// What happens to huge mappings when logging starts.
         blocks: HwDirtyBlocks,
     },
-    /// Hardware dirty state with x86 Page-Modification Logging ([`PmlLog`],
+    /// Hardware dirty state with x86 Page-Modification Logging ([`PmlLog`](super::PmlLog),
     /// Intel SDM 29.3.6): as [`DirtyMode::Hardware`] (logged leaves tracked
     /// and clean, no write fault, protection cleans the dirty flags of the
     /// pages harvested), but the CPU also appends each page whose dirty flag
     /// it sets to its vCPU's 512-entry log, and a GET flushes those logs
     /// into the slots' bitmaps instead of scanning the leaves. A full log
-    /// exits to [`Mmu::flush_pml`]. Logs drain into bitmaps only. Huge
+    /// exits to [`Mmu::flush_pml`](super::Mmu::flush_pml). Logs drain into bitmaps only. Huge
     /// mappings are always split first: PML logs the 4 KiB page written,
     /// not the block whose dirty flag the write set, so it has no block
     /// rule. On arm64 the nearest equivalent is FEAT_HDBSS (Armv9.5), which
@@ -304,7 +305,7 @@ impl core::str::FromStr for DirtyMode {
     /// `ring:N`, `hw`, `hw-blocks`, `pml`; bitmap modes with manual
     /// protect and bitmaps that start clear ([`DirtyMode::with_protect`]
     /// changes that). The ring size is checked here for being a number
-    /// only; [`Mmu::new`] checks its range.
+    /// only; [`Mmu::new`](super::Mmu::new) checks its range.
     fn from_str(s: &str) -> core::result::Result<Self, Self::Err> {
         Ok(match s {
             "wp" | "bitmap" => DirtyMode::WP,
@@ -363,14 +364,14 @@ pub enum HugePageRecovery {
 /// the chunk size userspace sets, QEMU 1 GiB).
 pub const EAGER_SPLIT_CHUNK: u64 = 1 << 30;
 
-/// The largest eager-split chunk [`Mmu::new`] accepts, 1 GiB: a chunk's
+/// The largest eager-split chunk [`Mmu::new`](super::Mmu::new) accepts, 1 GiB: a chunk's
 /// split is done under one hold of the MMU write lock with the table pages
 /// topped up for it first, so the chunk bounds both the lock hold and that
 /// allocation (KVM arm64 accepts block sizes only, 1 GiB at most with 4 KiB
 /// pages).
 pub const MAX_EAGER_SPLIT_CHUNK: u64 = 1 << 30;
 
-/// The most vCPUs an [`Mmu`] may have ([`Mmu::new_vcpu`]) and the most
+/// The most vCPUs an [`Mmu`](super::Mmu) may have ([`Mmu::new_vcpu`](super::Mmu::new_vcpu)) and the most
 /// reader slots its lock may have ([`MmuPolicy::reader_slots`]): x86 KVM's
 /// `KVM_MAX_VCPUS`.
 pub const MAX_VCPUS: usize = 4096;

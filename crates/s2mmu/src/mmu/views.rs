@@ -18,23 +18,6 @@
 use super::*;
 use crate::dirty::{DirtyConsumer, DirtyViewStats, SlotViews, MAX_DIRTY_VIEWS_PER_SLOT};
 
-/// An open dirty view of a slot, from [`Mmu::open_dirty_view`]. Ids are
-/// never reused within an MMU, so a closed view's id stays unknown; the
-/// handle also names its MMU, which alone accepts it (ids of different
-/// MMUs overlap).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DirtyView {
-    mmu: u64,
-    id: u64,
-}
-
-impl DirtyView {
-    /// The view's id (unique within its MMU).
-    pub fn id(self) -> u64 {
-        self.id
-    }
-}
-
 impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// Opens a dirty view of slot `id`: a consumer with a bitmap of its
     /// own, all pages dirty at first (it cannot know what changed before

@@ -1,9 +1,16 @@
-//! Hardware dirty state scanned from the leaves ([`DirtyMode::Hardware`]):
+//! Hardware dirty state scanned from the leaves ([`DirtyMode::Hardware`](crate::mmu::DirtyMode::Hardware)):
 //! logged leaves are left tracked and clean, the hardware dirties them
 //! without a fault, a GET scans them into the slot's bitmap, protection
 //! cleans them, and leaves about to be unmapped give up their state first.
 
-use super::*;
+use super::mode::{DirtyStrategy, StrategyHost};
+use crate::dirty::DirtyBitmap;
+use crate::format::PteFormat;
+use crate::mmu::policy::{HwDirtyBlocks, Protect, EAGER_SPLIT_CHUNK};
+use crate::pgtable::PageTable;
+use crate::table::MmOps;
+use crate::tlb::TlbBatch;
+use crate::Result;
 
 /// The hardware-scan strategy.
 pub(in crate::mmu) struct HwScan {
@@ -21,42 +28,20 @@ pub(super) fn hw_split_chunk(blocks: HwDirtyBlocks, eager: Option<u64>) -> Optio
     }
 }
 
-/// Hardware dirty state: records the leaves of slot `id` the hardware
-/// dirtied in its bitmap `b` (the scan KVM's DBM series does before it
-/// copies the bitmap). Runs under the MMU lock for reading: the hardware
-/// updates leaves concurrently, and only protection, under the write lock,
-/// cleans them.
-fn scan<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform>(
-    mmu: &Mmu<F, M, S, P>,
-    id: u16,
-    b: &DirtyBitmap,
-) -> Result<()> {
-    let (base, size) = mmu.slot_range(id)?;
-    let mut st = FaultStats::default();
-    let pt = mmu.read_lock(&mut st, None);
-    pt.scan_hw_dirty_into(base, size, base, b)?;
-    drop(pt);
-    mmu.vm_stats.lock().add(&st);
-    Ok(())
-}
-
 /// Freezes the leaves of `[ipa, ipa + len)` (slot `id`, whose guest range
 /// starts at `slot_base`) so the hardware can no longer dirty them, and
 /// marks in the slot's bitmap the pages of those it had dirtied, before
 /// they are unmapped.
-pub(super) fn salvage_leaves<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform>(
-    mmu: &Mmu<F, M, S, P>,
+pub(super) fn salvage_leaves<H: StrategyHost, F: PteFormat, M: MmOps>(
+    host: &H,
     pt: &PageTable<F, M>,
     id: u16,
     slot_base: u64,
     ipa: u64,
     len: u64,
 ) -> Result<()> {
-    let bitmap = mmu
-        .side
-        .get(usize::from(id))
-        .and_then(|s| s.dirty.load_full());
-    let shift = mmu.page_shift;
+    let bitmap = host.slot_bitmap(id);
+    let shift = host.page_shift();
     pt.freeze_hw_dirty(ipa, len, |leaf, size| {
         if let Some(b) = &bitmap {
             let first = (leaf.max(slot_base) - slot_base) >> shift;
@@ -68,7 +53,7 @@ pub(super) fn salvage_leaves<F: PteFormat, M: MmOps, S: MemslotStore, P: Platfor
     Ok(())
 }
 
-impl<P: Platform> DirtyStrategy<P> for HwScan {
+impl DirtyStrategy for HwScan {
     fn protect(&self) -> Option<Protect> {
         Some(self.protect)
     }
@@ -96,24 +81,19 @@ impl<P: Platform> DirtyStrategy<P> for HwScan {
         true
     }
 
-    fn sync<F: PteFormat, M: MmOps, S: MemslotStore>(
-        &self,
-        mmu: &Mmu<F, M, S, P>,
-        id: u16,
-        b: &DirtyBitmap,
-    ) -> Result<()> {
-        scan(mmu, id, b)
+    fn sync<H: StrategyHost>(&self, host: &H, id: u16, b: &DirtyBitmap) -> Result<()> {
+        host.scan_hw_dirty(id, b)
     }
 
-    fn salvage<F: PteFormat, M: MmOps, S: MemslotStore>(
+    fn salvage<H: StrategyHost, F: PteFormat, M: MmOps>(
         &self,
-        mmu: &Mmu<F, M, S, P>,
+        host: &H,
         pt: &PageTable<F, M>,
         id: u16,
         slot_base: u64,
         ipa: u64,
         len: u64,
     ) -> Result<()> {
-        salvage_leaves(mmu, pt, id, slot_base, ipa, len)
+        salvage_leaves(host, pt, id, slot_base, ipa, len)
     }
 }

@@ -1,4 +1,4 @@
-//! x86 Page-Modification Logging ([`DirtyMode::Pml`]): a per-vCPU log of
+//! x86 Page-Modification Logging ([`DirtyMode::Pml`](crate::mmu::DirtyMode::Pml)): a per-vCPU log of
 //! the guest-physical pages whose EPT dirty flag the CPU set, so a harvest
 //! reads the log instead of scanning the slot's leaves.
 //!
@@ -28,8 +28,18 @@
 //! entry, as KVM sees a vCPU's log only at an instruction boundary.
 
 use super::hw_scan::{hw_split_chunk, salvage_leaves};
-use super::*;
-use crate::pgtable::Translation;
+use super::mode::{DirtyStrategy, StrategyHost, VcpuLog};
+use super::pml_log::PmlLog;
+use crate::dirty::DirtyBitmap;
+use crate::format::PteFormat;
+use crate::mmu::policy::{HwDirtyBlocks, Protect};
+use crate::pgtable::PageTable;
+use crate::sync::{Platform, RwLock};
+use crate::table::MmOps;
+use crate::tlb::TlbBatch;
+use crate::{Error, Result};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
 
 /// The PML strategy: hardware dirty state as [`super::hw_scan`] has it
 /// (leaves cleaned, salvaged before unmapping), harvested from every
@@ -37,7 +47,7 @@ use crate::pgtable::Translation;
 pub(in crate::mmu) struct PmlLogs<P: Platform> {
     protect: Protect,
     /// Every vCPU's log, by vCPU index.
-    logs: RwLock<P, Vec<Arc<PmlLog>>>,
+    pub(in crate::mmu) logs: RwLock<P, Vec<Arc<PmlLog>>>,
 }
 
 impl<P: Platform> PmlLogs<P> {
@@ -49,7 +59,7 @@ impl<P: Platform> PmlLogs<P> {
     }
 }
 
-impl<P: Platform> DirtyStrategy<P> for PmlLogs<P> {
+impl<P: Platform> DirtyStrategy for PmlLogs<P> {
     fn protect(&self) -> Option<Protect> {
         Some(self.protect)
     }
@@ -90,243 +100,26 @@ impl<P: Platform> DirtyStrategy<P> for PmlLogs<P> {
     }
 
     /// The logs hold what a scan would find: no leaf is read.
-    fn sync<F: PteFormat, M: MmOps, S: MemslotStore>(
-        &self,
-        mmu: &Mmu<F, M, S, P>,
-        _id: u16,
-        _b: &DirtyBitmap,
-    ) -> Result<()> {
-        mmu.flush_all_pml_with(self, None);
+    fn sync<H: StrategyHost>(&self, host: &H, _id: u16, _b: &DirtyBitmap) -> Result<()> {
+        host.flush_pml_logs(&self.logs.read().clone(), None);
         Ok(())
     }
 
-    fn salvage<F: PteFormat, M: MmOps, S: MemslotStore>(
+    fn salvage<H: StrategyHost, F: PteFormat, M: MmOps>(
         &self,
-        mmu: &Mmu<F, M, S, P>,
+        host: &H,
         pt: &PageTable<F, M>,
         id: u16,
         slot_base: u64,
         ipa: u64,
         len: u64,
     ) -> Result<()> {
-        salvage_leaves(mmu, pt, id, slot_base, ipa, len)
+        salvage_leaves(host, pt, id, slot_base, ipa, len)
     }
 
     /// The PML entries of the slot's pages go into its bitmap: their flush
     /// would look the old addresses up in the new memslots and drop them.
-    fn before_slot_unmap<F: PteFormat, M: MmOps, S: MemslotStore>(
-        &self,
-        mmu: &Mmu<F, M, S, P>,
-        id: u16,
-        base_gfn: u64,
-        end_gfn: u64,
-    ) {
-        mmu.flush_all_pml_with(self, Some((id, base_gfn, end_gfn)));
-    }
-}
-
-/// Entries of a PML log: one 4 KiB page of 8-byte addresses
-/// (`PML_LOG_NR_ENTRIES`).
-pub const PML_LOG_ENTRIES: usize = 512;
-
-/// The index of an empty log, where the first entry is written
-/// (`PML_HEAD_INDEX`).
-const PML_HEAD_INDEX: u16 = (PML_LOG_ENTRIES - 1) as u16;
-
-/// Why [`PmlLog::hw_write`] made no write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PmlWriteError {
-    /// The log is full: the write that would set a dirty flag needs the
-    /// "log-full" exit ([`Mmu::flush_pml`]) first, and then a retry.
-    Full,
-    /// The reader is not of the table of the MMU whose vCPU owns the log
-    /// (a log records the writes to its own VM's table only).
-    ForeignReader,
-}
-
-struct PmlState {
-    entries: Box<[u64; PML_LOG_ENTRIES]>,
-    /// The next entry to write; 0xFFFF (out of range) when full.
-    index: u16,
-}
-
-impl PmlState {
-    fn len(&self) -> usize {
-        usize::from(PML_HEAD_INDEX.wrapping_sub(self.index))
-    }
-}
-
-/// One vCPU's page-modification log ([`VcpuMmu::pml`]).
-pub struct PmlLog {
-    vcpu: usize,
-    /// The [`TableReader::table_id`] of its MMU's table.
-    table: u64,
-    state: Mutex<DefaultPlatform, PmlState>,
-}
-
-impl PmlLog {
-    fn new(vcpu: usize, table: u64) -> Self {
-        PmlLog {
-            vcpu,
-            table,
-            state: lock_api::Mutex::new(PmlState {
-                entries: Box::new([0; PML_LOG_ENTRIES]),
-                index: PML_HEAD_INDEX,
-            }),
-        }
-    }
-
-    /// The vCPU whose log this is.
-    pub fn vcpu(&self) -> usize {
-        self.vcpu
-    }
-
-    /// Entries logged and not flushed yet (0 to [`PML_LOG_ENTRIES`]).
-    pub fn len(&self) -> usize {
-        self.state.lock().len()
-    }
-
-    /// Whether the log holds no entry.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// What a CPU with EPT A/D flags and PML does on a guest write to
-    /// `ipa` that missed its TLB: as [`TableReader::hw_dirty_update`], and
-    /// when that sets the leaf's dirty flag, the page's address is logged.
-    /// `None`: nothing maps `ipa` (a translation fault).
-    ///
-    /// # Errors
-    /// [`PmlWriteError::Full`] when the write would set a dirty flag and
-    /// the log is full; [`PmlWriteError::ForeignReader`] for a reader of
-    /// another MMU's table. Nothing was changed then.
-    pub fn hw_write<F: PteFormat, M: MmOps>(
-        &self,
-        reader: &TableReader<F, M>,
-        ipa: u64,
-    ) -> core::result::Result<Option<Translation>, PmlWriteError> {
-        if reader.table_id() != self.table {
-            return Err(PmlWriteError::ForeignReader);
-        }
-        let mut st = self.state.lock();
-        if st.index > PML_HEAD_INDEX {
-            // Full: the SDM checks the index only for a write that would
-            // set a dirty flag; others go on.
-            let t = reader.translate(ipa);
-            let hw = reader.format().hw_dirty_bits();
-            return match (t, hw) {
-                (Some(t), Some(h)) if t.pte & h.update_mask == h.update_match => {
-                    Err(PmlWriteError::Full)
-                }
-                (t, _) => Ok(t),
-            };
-        }
-        let Some((t, dirtied)) = reader.hw_dirty_update_reporting(ipa) else {
-            return Ok(None);
-        };
-        if dirtied {
-            let i = usize::from(st.index);
-            st.entries[i] = ipa & !0xfff;
-            st.index = st.index.wrapping_sub(1);
-        }
-        Ok(Some(t))
-    }
-
-    /// Moves the entries into `out`, oldest first, and empties the log.
-    fn drain(&self, out: &mut Vec<u64>) -> usize {
-        let mut st = self.state.lock();
-        let n = st.len();
-        out.extend(st.entries[PML_LOG_ENTRIES - n..].iter().rev());
-        st.index = PML_HEAD_INDEX;
-        n
-    }
-}
-
-impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
-    /// The exit handler's PML flush (`vmx_flush_pml_buffer`): records every
-    /// page in `vcpu`'s log as dirty in its slot's bitmap and empties the
-    /// log. Call it on the "log-full" exit ([`PmlWriteError::Full`]) before retrying
-    /// the write, and on every other exit of the vCPU; a harvest
-    /// ([`Mmu::get_dirty_log`]) flushes every vCPU's log itself. Returns
-    /// the number of entries flushed (a page of a slot that no longer
-    /// exists or no longer logs is dropped, as in KVM).
-    ///
-    /// # Errors
-    /// [`Error::ForeignVcpu`] for a vCPU of another MMU.
-    pub fn flush_pml(&self, vcpu: &mut VcpuMmu<M>) -> Result<usize> {
-        if vcpu.mmu_id != self.id {
-            return Err(Error::ForeignVcpu { vcpu: vcpu.id });
-        }
-        let Some(log) = vcpu.pml.clone() else {
-            return Ok(0);
-        };
-        let mut st = FaultStats::default();
-        let n = self.flush_pml_log(&log, &mut st, None);
-        vcpu.stats.dirtied += st.dirtied;
-        vcpu.stats.pml_entries += st.pml_entries;
-        Ok(n)
-    }
-
-    /// Flushes every vCPU's log of `pml`: what KVM's kick before
-    /// `KVM_GET_DIRTY_LOG` achieves. No leaf is read. `old` (slot id,
-    /// first gfn, end gfn) is the range a slot being deleted or moved had:
-    /// its pages are marked in that slot's bitmap (the memslots no longer
-    /// name it), as KVM flushes the logs before a slot moves.
-    fn flush_all_pml_with(&self, pml: &PmlLogs<P>, old: Option<(u16, u64, u64)>) {
-        let logs = pml.logs.read().clone();
-        let mut st = FaultStats::default();
-        for log in &logs {
-            self.flush_pml_log(log, &mut st, old);
-        }
-        self.vm_stats.lock().add(&st);
-    }
-
-    fn flush_pml_log(
-        &self,
-        log: &PmlLog,
-        st: &mut FaultStats,
-        old: Option<(u16, u64, u64)>,
-    ) -> usize {
-        let mut gpas = Vec::with_capacity(PML_LOG_ENTRIES);
-        let n = log.drain(&mut gpas);
-        if n == 0 {
-            return 0;
-        }
-        st.pml_entries += n as u64;
-        let snap = self.slots.snapshot();
-        // The slot of the previous entry, its gfn range and bitmap: a log
-        // mostly holds runs of pages of one slot.
-        let mut last: Option<(u16, u64, u64, Arc<DirtyBitmap>)> = None;
-        for gpa in gpas {
-            let gfn = gpa >> self.page_shift;
-            if !last
-                .as_ref()
-                .is_some_and(|(_, lo, hi, _)| (*lo..*hi).contains(&gfn))
-            {
-                let range = match old {
-                    Some((id, lo, hi)) if (lo..hi).contains(&gfn) => Some((id, lo, hi)),
-                    _ => snap
-                        .search(Gfn::new(gfn))
-                        .filter(|s| s.dirty_logging() && !s.is_invalid())
-                        .map(|s| (s.id(), s.base_gfn().raw(), s.end_gfn().raw())),
-                };
-                last = range.and_then(|(id, lo, hi)| {
-                    let b = self.side.get(usize::from(id))?.dirty.load_full()?;
-                    Some((id, lo, hi, b))
-                });
-            }
-            let Some((id, base_gfn, _, bitmap)) = &last else {
-                continue;
-            };
-            if self.drop_injected_mark() {
-                continue;
-            }
-            // The page lies inside the slot, which the bitmap covers.
-            let tracker: &dyn DirtyTracker = &**bitmap;
-            if let Ok(true) = tracker.mark(log.vcpu, u32::from(*id), gfn - base_gfn) {
-                st.dirtied += 1;
-            }
-        }
-        n
+    fn before_slot_unmap<H: StrategyHost>(&self, host: &H, id: u16, base_gfn: u64, end_gfn: u64) {
+        host.flush_pml_logs(&self.logs.read().clone(), Some((id, base_gfn, end_gfn)));
     }
 }

@@ -8,7 +8,7 @@ mod views;
 use super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::{MemslotConfig, TreeMemslots};
-use crate::tlb::NoTlb;
+use crate::tlb::{LargeRangePolicy, NoTlb};
 use crate::{Gpa, HostMmOps, Hva};
 
 type TestMmu = Mmu<Arm64Stage2, HostMmOps, TreeMemslots>;
