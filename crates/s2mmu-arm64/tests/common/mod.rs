@@ -114,5 +114,6 @@ pub fn run_settings(
         },
         attempts: 1,
         ram_pages: Default::default(),
+        engine: Default::default(),
     }
 }

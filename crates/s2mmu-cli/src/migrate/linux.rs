@@ -56,6 +56,7 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
         dest: p.dest_config(),
         attempts: p.attempts,
         ram_pages: RamPages::parse(&p.linux_ram)?,
+        engine: p.engine,
     })
 }
 
@@ -264,6 +265,7 @@ pub const LINUX_ONLY: &[&str] = &[
     "runs",
     "linux_run",
     "linux_ram",
+    "engine",
     "kernel",
     "initrd",
     "cmdline",
@@ -417,6 +419,7 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
         let v = serde_json::json!({
             "guest": "linux", "program": p.linux_run, "mode": mode, "vcpus": p.vcpus,
             "ram_pages": p.linux_ram,
+            "engine": format!("{:?}", p.engine).to_lowercase(),
             "mem": p.mem, "runs": p.runs,
             "downtime_ms": {"median": down.0, "min": down.1, "max": down.2},
             "round0_pages_per_s": {"median": rate.0, "min": rate.1, "max": rate.2},
