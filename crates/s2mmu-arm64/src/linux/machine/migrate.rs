@@ -42,9 +42,10 @@ use vm_superio::serial::SerialState;
 
 mod clock;
 mod engine;
+mod engine_log;
 mod restore;
 pub use clock::RestoreClock;
-pub(crate) use engine::EngineLog;
+pub(crate) use engine_log::EngineLog;
 
 /// How long a pause may take (a loaded 2-core host runs QEMU slowly).
 const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
