@@ -358,9 +358,13 @@ impl El2Vm {
         let mut g = self.postcopy.lock().unwrap_or_else(|p| p.into_inner());
         let id64 = u64::from(id);
         self.call(Op::MemslotSet as u64, &[id64, 0, gpa, 0, pa, 0])?;
-        let flags = FLAG_POSTCOPY | if logging { FLAG_LOG } else { 0 };
-        let args = [id64, flags, gpa, size, pa, PAGE];
-        self.call(Op::MemslotSet as u64, &args)?;
+        let log = if logging { FLAG_LOG } else { 0 };
+        let args = [id64, FLAG_POSTCOPY | log, gpa, size, pa, PAGE];
+        if let Err(e) = self.call(Op::MemslotSet as u64, &args) {
+            // The slot as it was (nothing was mapped in it), then the error.
+            let _ = self.call(Op::MemslotSet as u64, &[id64, log, gpa, size, pa, PAGE]);
+            return Err(e);
+        }
         *g = Some(PostcopySlot {
             id,
             gpa,
