@@ -59,7 +59,7 @@ rows = []
 for i in range(1, n + 1):
     sj = json.load(open(f"{d}/sim{i}.json"))
     s, sp = sj["results"][0], sj["params"]
-    lrun = json.load(open(f"{d}/linux{i}.json"))["per_run"][0]
+    lrun = next(r for r in json.load(open(f"{d}/linux{i}.json"))["results"] if r["case"] == "run 1")
     l = lrun["details"]
     rams.add(f"A's {lrun['ram_a']}, B's {lrun['ram_b']}")
     if l["channels"] != 1 or s["channels"] != 1:

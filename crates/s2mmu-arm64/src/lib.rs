@@ -27,6 +27,45 @@
 //! Without QEMU or the aarch64 assembler the crate still builds;
 //! [`machine::Machine::start`] then returns [`Arm64Error::Unavailable`],
 //! and the test runner reports the tests as ignored with that reason.
+//!
+//! Where to start:
+//! - [`machine::Machine`]: a QEMU machine with the EL2 program on every
+//!   CPU; [`vm::Arm64Vm`]: the engine's stage 2 over it, a guest at EL1;
+//! - [`workload::run_dirty_log`]: dirty logging of a running guest, every
+//!   pass checked against what the guest wrote;
+//! - [`linux`]: Debian's arm64 Linux as the guest: [`linux::vm::run`]
+//!   boots it, [`linux::migrate::LinuxVm`] pauses, saves and restores it,
+//!   [`linux::session_run`] migrates it through `s2mmu-migrate`'s session;
+//! - [`available`]: whether the model can run here, and why not.
+//!
+//! Dirty logging on the model (QEMU and the EL2 image needed, so not run
+//! here):
+//!
+//! ```no_run
+//! use s2mmu_arm64::machine::{Machine, MachineConfig};
+//! use s2mmu_arm64::vm::{Arm64Vm, VmConfig};
+//! use s2mmu_arm64::workload::{run_dirty_log, DirtyConfig};
+//! use std::sync::Arc;
+//!
+//! // Two vCPUs and one CPU more for the TLB maintenance host threads queue.
+//! let m = Machine::start(&MachineConfig {
+//!     cpus: 3,
+//!     data_bytes: 16 << 20,
+//!     ram_pages: Default::default(),
+//! })?;
+//! let vm = Arm64Vm::new(Arc::new(m), &VmConfig::default())?;
+//! let cfg = DirtyConfig {
+//!     vcpus: 2,
+//!     bytes_per_vcpu: 4 << 20,
+//!     ..DirtyConfig::default()
+//! };
+//! let r = run_dirty_log(&vm, &cfg)?;
+//! for p in &r.passes {
+//!     // Every page the guest wrote was logged, and nothing else.
+//!     assert_eq!((p.missing, p.extra), (0, 0));
+//! }
+//! # Ok::<(), s2mmu_arm64::Arm64Error>(())
+//! ```
 #![warn(missing_docs)]
 
 pub mod effect;

@@ -3,26 +3,15 @@
 //! back, `Ctrl-A x` stops the VM, and the terminal is out of raw mode
 //! afterwards.
 
+mod cli_common;
+
+use cli_common::require_linux;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-fn require_linux() {
-    let why = match s2mmu_arm64::available() {
-        Err(e) => e.to_string(),
-        Ok(()) => {
-            let opts = s2mmu_arm64::linux::assets::AssetOptions::from_env();
-            match s2mmu_arm64::linux::assets::ensure(&opts) {
-                Ok(_) => return,
-                Err(e) => e.to_string(),
-            }
-        }
-    };
-    panic!("the build found the Linux guest but it cannot run now: {why}");
-}
 
 /// A pseudo-terminal: (master, slave).
 fn openpty() -> (OwnedFd, OwnedFd) {

@@ -7,9 +7,10 @@
 //! reaches stderr unescaped. Every peer is on 127.0.0.1; each test bounds
 //! its own time. Behaviour only: no timing is asserted.
 
+mod cli_common;
 mod recover_common;
 
-use recover_common::{bin, spawn_listener, wait_exit};
+use recover_common::{bin, quick_and, spawn_listener, wait_exit};
 use s2mmu_cli::vm_format::FormatArg;
 use s2mmu_migrate::hash::checksum;
 use s2mmu_migrate::wire::{tag, Header, WireReader, WireWriter};
@@ -18,18 +19,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SMALL: [&str; 10] = [
-    "--mem",
-    "16M",
-    "--warmup",
-    "20ms",
-    "--run-after",
-    "20ms",
-    "-s",
-    "anonymous",
-    "--io-timeout",
-    "1s",
-];
+const SMALL: [&str; 10] = quick_and("--io-timeout", "1s");
 
 /// How long a process may take before the test calls it hung.
 const LIMIT: Duration = Duration::from_secs(30);

@@ -10,6 +10,7 @@
 //! 0 lasts while a machine or process is killed. Behaviour only: no timing
 //! is asserted.
 
+mod cli_common;
 mod fail_common;
 
 use fail_common::{listen, migrate, require_linux, source_resumed, wait_exit, Qemu};

@@ -13,30 +13,17 @@
 //! reason, where the build found that QEMU, the EL2 image or the kernel
 //! are missing.
 
+mod cli_common;
+
+use cli_common::{require_linux, spawn_listening};
 use s2mmu_arm64::linux::session_run;
 use s2mmu_migrate::transport as net;
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_s2mmu")
-}
-
-/// Fails the test, with the reason, when the Linux guest cannot run (the
-/// tests are ignored by their cfg where the build found it cannot).
-fn require_linux() {
-    let why = match s2mmu_arm64::available() {
-        Err(e) => e.to_string(),
-        Ok(()) => {
-            let opts = s2mmu_arm64::linux::assets::AssetOptions::from_env();
-            match s2mmu_arm64::linux::assets::ensure(&opts) {
-                Ok(_) => return,
-                Err(e) => e.to_string(),
-            }
-        }
-    };
-    panic!("the build found the Linux guest but it cannot run now: {why}");
 }
 
 /// A CA and a certificate for localhost it signed, as files in `dir`.
@@ -94,27 +81,14 @@ fn two_processes_with(dest_args: &[&str], src_args: &[&str]) -> TwoRuns {
     std::fs::create_dir_all(&dir).unwrap();
     let tls = write_pki(&dir);
     let common = ["migrate", "--guest", "linux", "--mem", "256M", "-v", "1"];
-    let mut dest = Command::new(bin())
-        .args(common)
-        .args(["--listen", "127.0.0.1:0"])
-        .args(&tls)
-        .args(dest_args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the destination starts");
-    let mut err = BufReader::new(dest.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "the destination exited early"
-        );
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
+    let (dest, addr, err) = spawn_listening(
+        Command::new(bin())
+            .args(common)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&tls)
+            .args(dest_args)
+            .stdout(Stdio::piped()),
+    );
     let dest_err = std::thread::spawn(move || {
         let mut s = String::new();
         for l in err.lines().map_while(Result::ok) {
@@ -287,9 +261,10 @@ fn linux_guest_migrates_at_el2_in_one_process() {
         String::from_utf8_lossy(&o.stderr),
     );
     assert!(o.status.success(), "{out}\n{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
-    assert_eq!(v["engine"], "el2", "{v}");
-    assert_eq!(v["runs"], 1, "{v}");
-    let run = &v["per_run"][0];
+    let v: serde_json::Value = serde_json::from_str(&out).expect("the JSON envelope");
+    assert_eq!(v["params"]["engine"], "el2", "{v}");
+    assert_eq!(v["params"]["runs"], 1, "{v}");
+    let run = &v["results"][0];
+    assert_eq!(run["case"], "run 1", "{v}");
     assert!(run["rounds"].as_u64().is_some_and(|n| n >= 1), "{v}");
 }

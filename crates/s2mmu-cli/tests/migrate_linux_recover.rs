@@ -13,8 +13,10 @@
 //! QEMU, the EL2 image or the kernel are missing; fails there under
 //! `S2MMU_REQUIRE_ARM64`.
 
+mod cli_common;
 mod recover_common;
 
+use cli_common::{require_linux, spawn_listening};
 use recover_common::{bin, collect, ctl, proxy, wait_exit, wait_phase_within, PSK};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -22,22 +24,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// Fails the test, with the reason, when the Linux guest cannot run (the
-/// tests are ignored by their cfg where the build found it cannot).
-fn require_linux() {
-    let why = match s2mmu_arm64::available() {
-        Err(e) => e.to_string(),
-        Ok(()) => {
-            let opts = s2mmu_arm64::linux::assets::AssetOptions::from_env();
-            match s2mmu_arm64::linux::assets::ensure(&opts) {
-                Ok(_) => return,
-                Err(e) => e.to_string(),
-            }
-        }
-    };
-    panic!("the build found the Linux guest but it cannot run now: {why}");
-}
 
 /// Bytes through the proxy before the cut: before the switch the source
 /// sends a few KiB of records (no link probe unless asked for) but no
@@ -81,25 +67,12 @@ fn collected(err: impl BufRead + Send + 'static) -> Arc<Mutex<String>> {
 /// The destination (`--listen`), its address and its stderr.
 #[allow(clippy::zombie_processes)]
 fn start_dest(key: &Path, sock: &Path) -> (Child, String, Arc<Mutex<String>>) {
-    let mut dest = Command::new(bin())
-        .args(side_args(key, sock))
-        .args(["--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the destination starts");
-    let mut err = BufReader::new(dest.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "the destination exited early"
-        );
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
+    let (dest, addr, err) = spawn_listening(
+        Command::new(bin())
+            .args(side_args(key, sock))
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped()),
+    );
     (dest, addr, collected(err))
 }
 

@@ -8,8 +8,9 @@
 //! the cross compiler, dtc or the kernel packages missing); a test that
 //! then finds it cannot run fails with the reason.
 
+mod cli_common;
+
 use s2mmu_arm64::linux::assets::{ensure, AssetOptions, LinuxAssets};
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 fn bin() -> &'static str {
@@ -85,29 +86,16 @@ fn a_destination_given_another_initramfs_refuses_the_guest_by_name() {
     std::fs::create_dir_all(&dir).unwrap();
     let other = dir.join("other.cpio");
     std::fs::write(&other, b"another initramfs").unwrap();
-    let mut dest = Command::new(bin())
-        .args(SMALL)
-        .args(["--listen", "127.0.0.1:0", "--io-timeout", "20s"])
-        .arg("--kernel")
-        .arg(&a.image)
-        .arg("--initrd")
-        .arg(&other)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut derr = BufReader::new(dest.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(
-            derr.read_line(&mut line).unwrap() > 0,
-            "the destination ended"
-        );
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
+    let (mut dest, addr, _derr) = cli_common::spawn_listening(
+        Command::new(bin())
+            .args(SMALL)
+            .args(["--listen", "127.0.0.1:0", "--io-timeout", "20s"])
+            .arg("--kernel")
+            .arg(&a.image)
+            .arg("--initrd")
+            .arg(&other)
+            .stdout(Stdio::piped()),
+    );
     let src = Command::new(bin())
         .args(SMALL)
         .args(user_guest(&a))

@@ -3,12 +3,13 @@
 //! processes, and the channel sweep's table. Every peer is on 127.0.0.1.
 //! Behaviour only: no timing is asserted.
 
+mod cli_common;
 mod recover_common;
 
-use recover_common::{bin, spawn_listener, wait_exit};
+use recover_common::{bin, quick_and, spawn_listener, wait_exit};
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 fn rest_of(mut r: impl Read) -> String {
@@ -20,18 +21,17 @@ fn rest_of(mut r: impl Read) -> String {
 /// A small, quick run. Its socket deadline (5 s, 1 s before) is what the
 /// stopped-destination test waits for; 1 s expired under load elsewhere
 /// (`migrate_strangers`: 4 of 12 loaded runs) where no peer had stopped.
-const SMALL: [&str; 10] = [
-    "--mem",
-    "16M",
-    "--warmup",
-    "20ms",
-    "--run-after",
-    "20ms",
-    "-s",
-    "anonymous",
-    "--io-timeout",
-    "5s",
-];
+const SMALL: [&str; 10] = quick_and("--io-timeout", "5s");
+
+/// `s2mmu migrate --to ADDR` with [`SMALL`] and `extra`, run to its end.
+fn source(addr: &str, extra: &[&str]) -> Output {
+    Command::new(bin())
+        .args(["migrate", "--to", addr, "--plot", ""])
+        .args(extra)
+        .args(SMALL)
+        .output()
+        .unwrap()
+}
 
 #[test]
 fn a_killed_source_process_ends_the_destination_which_then_serves_the_next() {
@@ -59,11 +59,7 @@ fn a_killed_source_process_ends_the_destination_which_then_serves_the_next() {
     src.kill().unwrap();
     src.wait().unwrap();
     // The next source completes; the destination exits 0 after it.
-    let out = Command::new(bin())
-        .args(["migrate", "--to", &addr, "--plot", ""])
-        .args(SMALL)
-        .output()
-        .unwrap();
+    let out = source(&addr, &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -85,11 +81,7 @@ fn garbage_before_the_opening_is_refused_and_the_destination_serves_the_real_sou
     let (mut dest, addr, derr) = spawn_listener(&SMALL);
     let mut s = TcpStream::connect(&addr).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
-    let out = Command::new(bin())
-        .args(["migrate", "--to", &addr, "--plot", ""])
-        .args(SMALL)
-        .output()
-        .unwrap();
+    let out = source(&addr, &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -116,22 +108,13 @@ fn a_plain_source_refused_at_its_opening_says_so() {
     std::fs::write(&key, "0123456789abcdef0123456789abcdef\n").unwrap();
     let psk = ["--psk", key.to_str().unwrap()];
     let (mut dest, addr, derr) = spawn_listener(&[&SMALL[..], &psk].concat());
-    let out = Command::new(bin())
-        .args(["migrate", "--to", &addr, "--plot", ""])
-        .args(SMALL)
-        .output()
-        .unwrap();
+    let out = source(&addr, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("refuses a plain-TCP source"), "{err}");
     assert!(!err.contains("corrupt stream"), "{err}");
     assert!(!err.contains("truncated stream"), "{err}");
-    let out = Command::new(bin())
-        .args(["migrate", "--to", &addr, "--plot", ""])
-        .args(psk)
-        .args(SMALL)
-        .output()
-        .unwrap();
+    let out = source(&addr, &psk);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     let st = wait_exit(&mut dest, Duration::from_secs(60));
@@ -262,14 +245,7 @@ fn a_channel_sweep_prints_its_table() {
 fn a_destination_on_ept_refuses_an_arm64_source_by_name_then_takes_an_ept_one() {
     let (mut dest, addr, derr) =
         spawn_listener(&[&SMALL[..], &["--format", "ept", "--attempts", "2"]].concat());
-    let source = |format: &str| {
-        Command::new(bin())
-            .args(["migrate", "--to", &addr, "--plot", "", "--json"])
-            .args(["--format", format])
-            .args(SMALL)
-            .output()
-            .unwrap()
-    };
+    let source = |format: &str| source(&addr, &["--json", "--format", format]);
     let out = source("arm64");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
@@ -376,12 +352,7 @@ fn over_a_unix_socket_plain_tcp_is_not_measured_and_the_migration_runs() {
         assert!(derr.read_line(&mut line).unwrap() > 0, "{head}");
         head.push_str(&line);
     }
-    let out = Command::new(bin())
-        .args(["migrate", "--to", &addr, "--plot", "", "--json"])
-        .arg("--link-probe")
-        .args(SMALL)
-        .output()
-        .unwrap();
+    let out = source(&addr, &["--json", "--link-probe"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(wait_exit(&mut dest, Duration::from_secs(60)).success());

@@ -10,6 +10,7 @@
 //! Linux guest cannot run (cfg `s2mmu_linux_runnable`); a test that then
 //! finds it cannot run fails with the reason.
 
+mod cli_common;
 mod recover_common;
 
 use recover_common::{collect, ctl, wait_exit, wait_phase_within};
@@ -93,25 +94,12 @@ fn in_ns(ns: &str) -> Command {
 /// address, its stderr collected.
 #[allow(clippy::zombie_processes)]
 fn listen(l: &Link, args: &[String]) -> (Child, String, Arc<Mutex<String>>) {
-    let mut d = in_ns(&l.ns("d"))
-        .args(["migrate", "--listen", &format!("{}:0", l.dest_ip)])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(d.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "the destination ended"
-        );
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
+    let (d, addr, err) = cli_common::spawn_listening(
+        in_ns(&l.ns("d"))
+            .args(["migrate", "--listen", &format!("{}:0", l.dest_ip)])
+            .args(args)
+            .stdout(Stdio::piped()),
+    );
     let log = Arc::new(Mutex::new(String::new()));
     let l2 = log.clone();
     std::thread::spawn(move || collect(err, &l2, None));

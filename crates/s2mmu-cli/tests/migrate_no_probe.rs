@@ -4,6 +4,7 @@
 //! With `--link-probe` the same count shows the probe (as many bytes as
 //! guest memory), so the count can see one. Every peer is on 127.0.0.1.
 
+mod cli_common;
 mod recover_common;
 
 use recover_common::{bin, spawn_listener, wait_exit};

@@ -8,6 +8,7 @@
 //! `status`'s `last_error`, and the correct recovery after them succeeds.
 //! Every peer is on 127.0.0.1. Behaviour only: no timing is asserted.
 
+mod cli_common;
 mod recover_common;
 
 use recover_common::*;

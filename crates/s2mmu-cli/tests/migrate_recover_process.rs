@@ -6,6 +6,7 @@
 //! cancels them. Every peer is on 127.0.0.1, secured by a pre-shared key.
 //! Behaviour only: no timing is asserted.
 
+mod cli_common;
 mod recover_common;
 
 use recover_common::*;
@@ -81,6 +82,14 @@ fn raw(sock: &Path, line: &[u8]) -> String {
 fn cancel_exits_saying_the_memory_is_split_and_bad_commands_change_nothing() {
     let mut p = run_until_paused("cancel", 64 << 10, "manual", &[]);
     let before = status(&p.dsock);
+    // `--json`: the answer inside the envelope every subcommand prints.
+    let o = ctl(&p.dsock, &["--json", "status"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let env: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON envelope");
+    assert_eq!(env["command"], "migrate-ctl");
+    assert_eq!(env["params"]["request"], "status");
+    assert_eq!(env["results"][0]["answer"], before);
+    assert_eq!(env["results"][0]["answer"]["side"], "destination");
     // Bad input: a clear error, and the side stays paused as it was.
     assert!(raw(&p.dsock, b"resume now\n").starts_with("error: unknown command"));
     let long = [b'x'; 600];

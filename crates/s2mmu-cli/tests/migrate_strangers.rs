@@ -7,9 +7,10 @@
 //! destination exits 0 after it. Every peer is on 127.0.0.1; each test
 //! bounds its own time. Behaviour only: no timing is asserted.
 
+mod cli_common;
 mod recover_common;
 
-use recover_common::{bin, spawn_listener, wait_exit, write_pki};
+use recover_common::{bin, spawn_listener, wait_exit, write_pki, QUICK};
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -18,16 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-const SMALL: [&str; 8] = [
-    "--mem",
-    "16M",
-    "--warmup",
-    "20ms",
-    "--run-after",
-    "20ms",
-    "-s",
-    "anonymous",
-];
+const SMALL: [&str; 8] = QUICK;
 
 /// The destination's --io-timeout: the deadline that cuts silent and
 /// dripping strangers (short, so that the tests see it act), and its reads

@@ -27,6 +27,27 @@
 //! [`guest_code`] (the memstress guest program), [`page_tables`], [`cpu_mode`] (GDT and
 //! sregs), [`sys`] (`KVM_CLEAR_DIRTY_LOG`, manual protect, binary stats) and
 //! [`dirty_ring`].
+//!
+//! `dirty_log_perf_test` on 2 real vCPUs, where `/dev/kvm` is usable:
+//!
+//! ```no_run
+//! use s2mmu_kvm::{dirty_log_perf, kvm_unusable_reason, DirtyLogParams};
+//!
+//! if let Some(why) = kvm_unusable_reason() {
+//!     eprintln!("no KVM guest can run here: {why}");
+//!     return Ok(());
+//! }
+//! let report = dirty_log_perf::run(&DirtyLogParams {
+//!     vcpus: 2,
+//!     bytes_per_vcpu: 64 << 20,
+//!     manual_protect: true,
+//!     ..DirtyLogParams::default()
+//! })?;
+//! for line in report.selftest_lines() {
+//!     println!("{line}");
+//! }
+//! # Ok::<(), s2mmu_kvm::Error>(())
+//! ```
 
 pub mod asm;
 pub mod cpu_mode;

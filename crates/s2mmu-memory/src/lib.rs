@@ -20,6 +20,21 @@
 //! VM needs its guest-address regions (the engine's memslots and KVM's
 //! slots translate). A VMM that wants `vm-memory` keeps the engine's
 //! `vm-memory` feature (`s2mmu::vmm_bitmap`) over its own `GuestMemoryMmap`.
+//!
+//! ```
+//! use s2mmu_memory::{Backing, GuestMemory, MemoryError};
+//!
+//! let mem = GuestMemory::new(2 << 20, Backing::Anonymous)?;
+//! assert!(mem.write_u64(4096, 0xfeed));
+//! assert_eq!(mem.read_u64(4096), Some(0xfeed));
+//! // Past the end: refused, nothing written.
+//! assert!(!mem.write_u64(2 << 20, 1));
+//! assert_eq!(mem.read_u64(2 << 20), None);
+//! // The host gives a range back: it reads as zero again.
+//! mem.discard(0, 2 << 20)?;
+//! assert_eq!(mem.read_u64(4096), Some(0));
+//! # Ok::<(), MemoryError>(())
+//! ```
 
 mod access;
 mod backing;

@@ -14,6 +14,12 @@
 //! - [`state::State`]: a versioned, checksummed, bounded encoding for the
 //!   VM's state, whose refusals name what was wrong.
 //!
+//! To start: `examples/own_vm.rs` (`cargo run -p s2mmu-migrate --example
+//! own_vm`) defines a VM of its own, 16 MiB of RAM and a vCPU thread
+//! writing into it, and live-migrates it over TCP with the public API
+//! alone: the traits above, with `GuestRam` (its RAM), `ResumedGuest` and
+//! `DestGuest` (the destination's guest, blank then resumed).
+//!
 //! - the network stream's parts: [`wire`] (the versioned, checksummed
 //!   format), [`transport`] (connections and listeners: TCP, Unix
 //!   sockets, TLS and a pre-shared key over either), [`hash`] (its

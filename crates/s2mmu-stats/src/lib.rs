@@ -3,6 +3,29 @@
 //! median of an even count is the mean of the two middle values (rounded
 //! half up for whole counts); percentiles interpolate between ranks. One
 //! definition, so a figure means the same everywhere.
+//!
+//! The crate has no dependencies and no types: functions over slices.
+//! - [`median`] and [`percentile`] of `f64`s (NaNs ignored, `None` for
+//!   none);
+//! - [`median_u64`] of whole counts and [`median_duration`] of
+//!   [`Duration`]s, which stay whole;
+//! - [`sorted`], the order the others rank in.
+//!
+//! ```
+//! use s2mmu_stats::{median, median_duration, median_u64, percentile};
+//! use std::time::Duration;
+//!
+//! // Five runs' downtimes in milliseconds, one of them an outlier.
+//! let runs = [6.4, 4.5, 16.8, 5.9, 6.1];
+//! assert_eq!(median(&runs), Some(6.1));
+//! assert_eq!(percentile(&runs, 0.0), Some(4.5));
+//! assert_eq!(percentile(&[1.0, 2.0], 50.0), Some(1.5));
+//! // Whole counts: the mean of the middle two, rounded half up.
+//! assert_eq!(median_u64(&[3, 4]), Some(4));
+//! let d = [Duration::from_millis(2), Duration::from_millis(3)];
+//! assert_eq!(median_duration(&d), Some(Duration::from_micros(2500)));
+//! assert_eq!(median(&[]), None);
+//! ```
 
 #![warn(missing_docs)]
 

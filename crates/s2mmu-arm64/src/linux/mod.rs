@@ -60,7 +60,9 @@ pub use machine::load::{boot, fdt, loader};
 pub use machine::logging::{changes, dirty};
 pub use machine::state::{vcpu_state, vm_state};
 pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
-pub use migration::{run_error, session_dest, session_postcopy, session_run, session_source};
+pub use migration::{
+    console_gap, run_error, session_dest, session_postcopy, session_run, session_source,
+};
 pub use runs::{baseline, compare, ipi, reboot, run};
 
 use devices::{console_echo, timer};

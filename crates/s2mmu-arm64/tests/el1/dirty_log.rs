@@ -4,10 +4,10 @@
 use crate::common;
 
 use s2mmu::mmu::{DirtyMode, HugePageRecovery, MmuPolicy, Protect};
-use s2mmu_arm64::vm::{Arm64Vm, VmConfig};
+use s2mmu_arm64::vm::VmConfig;
 use s2mmu_arm64::workload::{run_dirty_log, DirtyConfig, DirtyReport, Pattern};
 
-fn run(vcpus: usize, policy: MmuPolicy, cfg: DirtyConfig) -> Option<DirtyReport> {
+fn run(vcpus: usize, policy: MmuPolicy, cfg: DirtyConfig) -> DirtyReport {
     run_on(
         vcpus,
         VmConfig {
@@ -18,11 +18,8 @@ fn run(vcpus: usize, policy: MmuPolicy, cfg: DirtyConfig) -> Option<DirtyReport>
     )
 }
 
-fn run_on(vcpus: usize, vm_cfg: VmConfig, cfg: DirtyConfig) -> Option<DirtyReport> {
-    let _one = common::serial();
-    let data = cfg.bytes_per_vcpu * vcpus as u64 + s2mmu_arm64::workload::spare_bytes(&cfg, 4096);
-    let m = common::machine(vcpus + 1, data.next_multiple_of(2 << 20))?;
-    let vm = Arm64Vm::new(m, &vm_cfg).unwrap();
+fn run_on(vcpus: usize, vm_cfg: VmConfig, cfg: DirtyConfig) -> DirtyReport {
+    let (_one, vm) = common::dirty_log_vm(vcpus, &cfg, &vm_cfg);
     let r = run_dirty_log(&vm, &DirtyConfig { vcpus, ..cfg }).unwrap();
     for p in &r.passes {
         eprintln!(
@@ -38,7 +35,7 @@ fn run_on(vcpus: usize, vm_cfg: VmConfig, cfg: DirtyConfig) -> Option<DirtyRepor
         r.engine_us(),
         r.tlbi
     );
-    Some(r)
+    r
 }
 
 fn assert_exact(r: &DirtyReport) {
@@ -78,9 +75,7 @@ fn small() -> DirtyConfig {
 )]
 fn write_protect_bitmap_1_2_4_vcpus() {
     for vcpus in [1, 2, 4] {
-        let Some(r) = run(vcpus, MmuPolicy::default(), small()) else {
-            return;
-        };
+        let r = run(vcpus, MmuPolicy::default(), small());
         assert_exact(&r);
         assert!(r.faults.fast > 0, "the read-lock fast path ran");
     }
@@ -96,9 +91,7 @@ fn random_pattern_and_write_lock_baseline() {
         pattern: Pattern::Random { writes: 700 },
         ..small()
     };
-    let Some(r) = run(2, MmuPolicy::default(), cfg) else {
-        return;
-    };
+    let r = run(2, MmuPolicy::default(), cfg);
     assert_exact(&r);
     let written: Vec<u64> = r.passes.iter().filter_map(|p| p.written).collect();
     assert!(
@@ -109,7 +102,7 @@ fn random_pattern_and_write_lock_baseline() {
         fault_path: s2mmu::mmu::FaultPath::WriteLock,
         ..MmuPolicy::default()
     };
-    let Some(r) = run(2, policy, cfg) else { return };
+    let r = run(2, policy, cfg);
     assert_exact(&r);
     assert_eq!(
         r.faults.fast, 0,
@@ -129,9 +122,7 @@ fn get_without_manual_protect() {
         },
         ..MmuPolicy::default()
     };
-    let Some(r) = run(2, policy, small()) else {
-        return;
-    };
+    let r = run(2, policy, small());
     assert_exact(&r);
 }
 
@@ -146,9 +137,7 @@ fn dirty_rings_1_2_4_vcpus() {
         ..MmuPolicy::default()
     };
     for vcpus in [1, 2, 4] {
-        let Some(r) = run(vcpus, policy, small()) else {
-            return;
-        };
+        let r = run(vcpus, policy, small());
         assert_exact(&r);
     }
 }
@@ -169,9 +158,7 @@ fn split_on_fault_of_2m_blocks() {
         ..small()
     };
     for vcpus in [1, 2, 4] {
-        let Some(r) = run(vcpus, policy, cfg) else {
-            return;
-        };
+        let r = run(vcpus, policy, cfg);
         assert_exact(&r);
         assert_eq!(
             r.faults.splits_on_fault,
@@ -197,9 +184,7 @@ fn eager_split_racing_the_guest_keeps_translations_whole() {
         ..small()
     };
     for vcpus in [1, 2, 4] {
-        let Some(r) = run(vcpus, MmuPolicy::default(), cfg) else {
-            return;
-        };
+        let r = run(vcpus, MmuPolicy::default(), cfg);
         assert_exact(&r);
         assert_eq!(
             r.faults.splits_on_fault, 0,
@@ -230,9 +215,7 @@ fn a_dropped_invalidation_loses_writes() {
         drop_invalidations_after: Some(1),
         ..base
     };
-    let Some(r) = run(2, MmuPolicy::default(), cfg) else {
-        return;
-    };
+    let r = run(2, MmuPolicy::default(), cfg);
     assert!(r.tlbi.dropped > 0, "the injection dropped something");
     let p2 = &r.passes[1];
     assert_eq!(p2.written, Some(2));
@@ -245,9 +228,7 @@ fn a_dropped_invalidation_loses_writes() {
     // nothing: the stale entry keeps losing writes, as on hardware.
     assert_eq!(r.passes[2].missing, 2);
     // Without the injection the same run is exact.
-    let Some(r) = run(2, MmuPolicy::default(), base) else {
-        return;
-    };
+    let r = run(2, MmuPolicy::default(), base);
     assert_exact(&r);
 }
 
@@ -269,9 +250,7 @@ fn a_page_logged_but_not_written_is_extra() {
         log_unwritten_after: Some(2),
         ..base
     };
-    let Some(r) = run(1, policy, cfg) else {
-        return;
-    };
+    let r = run(1, policy, cfg);
     let p2 = &r.passes[1];
     assert!(
         p2.written.is_some_and(|w| w < 1024),
@@ -279,9 +258,7 @@ fn a_page_logged_but_not_written_is_extra() {
     );
     assert_eq!((p2.missing, p2.extra), (0, 1), "{p2:?}");
     assert_eq!((r.passes[0].missing, r.passes[0].extra), (0, 0));
-    let Some(r) = run(1, policy, base) else {
-        return;
-    };
+    let r = run(1, policy, base);
     assert_exact(&r);
 }
 
@@ -302,9 +279,7 @@ fn hardware_dirty_state_logs_without_faults() {
         ..MmuPolicy::default()
     };
     for vcpus in [1, 2, 4] {
-        let Some(r) = run(vcpus, policy, small()) else {
-            return;
-        };
+        let r = run(vcpus, policy, small());
         assert_exact(&r);
         assert_eq!(
             r.faults.permission, 0,
@@ -322,7 +297,7 @@ fn hardware_dirty_state_logs_without_faults() {
         pattern: Pattern::Random { writes: 500 },
         ..small()
     };
-    let Some(r) = run(2, policy, cfg) else { return };
+    let r = run(2, policy, cfg);
     assert_exact(&r);
     assert_eq!(r.faults.permission, 0);
 }
@@ -355,9 +330,7 @@ fn pages_remapped_while_the_guest_writes_stay_coherent() {
         (2, MmuPolicy::default()),
         (2, hw),
     ] {
-        let Some(r) = run(vcpus, policy, cfg) else {
-            return;
-        };
+        let r = run(vcpus, policy, cfg);
         assert_exact(&r);
         assert!(r.remaps > 0);
         eprintln!("{} remaps", r.remaps);
@@ -367,9 +340,7 @@ fn pages_remapped_while_the_guest_writes_stay_coherent() {
         host_page: 2 << 20,
         ..cfg
     };
-    let Some(r) = run(2, MmuPolicy::default(), cfg) else {
-        return;
-    };
+    let r = run(2, MmuPolicy::default(), cfg);
     assert_exact(&r);
 }
 
@@ -404,9 +375,7 @@ fn granules_16k_and_64k() {
                 verify_tags: true,
                 ..small()
             };
-            let Some(r) = run_on(2, vm_cfg, cfg) else {
-                return;
-            };
+            let r = run_on(2, vm_cfg, cfg);
             assert_exact(&r);
             eprintln!(
                 "{granule:?} host page {:#x} hw {hw_dirty}: ok",
@@ -437,9 +406,7 @@ fn huge_pages_collapse_back_in_place_under_a_running_guest() {
         ..small()
     };
     for vcpus in [1, 2] {
-        let Some(r) = run(vcpus, policy, cfg) else {
-            return;
-        };
+        let r = run(vcpus, policy, cfg);
         assert_exact(&r);
         let (written, pages) = r.after_logging.expect("passes after logging ran");
         assert_eq!(written, pages, "every page holds the last pass's stamp");

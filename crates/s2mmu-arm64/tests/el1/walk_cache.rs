@@ -9,7 +9,7 @@
 
 use crate::common;
 
-use s2mmu_arm64::vm::{Arm64Vm, VmConfig};
+use s2mmu_arm64::vm::VmConfig;
 use s2mmu_arm64::walk_cache::{
     change_stage1_table, AfterMove, Stage2Change, WalkCacheReport, DATA_WORD,
 };
@@ -29,10 +29,8 @@ enum Inject {
     NoSequences,
 }
 
-fn run(inject: Inject, change: Stage2Change) -> Option<WalkCacheReport> {
-    let _one = common::serial();
-    let m = common::machine(2, 2 << 20)?;
-    let vm = Arm64Vm::new(m, &VmConfig::default()).unwrap();
+fn run(inject: Inject, change: Stage2Change) -> WalkCacheReport {
+    let (_one, vm) = common::vm(2, 2 << 20, &VmConfig::default());
     match inject {
         Inject::Nothing => {}
         Inject::OperandOnePageOff => vm.sink().skew_ipa_operands(1),
@@ -48,7 +46,7 @@ fn run(inject: Inject, change: Stage2Change) -> Option<WalkCacheReport> {
             "the change invalidated: {r:?}"
         );
     }
-    Some(r)
+    r
 }
 
 #[test]
@@ -57,9 +55,7 @@ fn run(inject: Inject, change: Stage2Change) -> Option<WalkCacheReport> {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn a_moved_stage1_table_is_walked_again_through_stage2() {
-    let Some(r) = run(Inject::Nothing, MOVE) else {
-        return;
-    };
+    let r = run(Inject::Nothing, MOVE);
     assert_eq!(r.after, AfterMove::WalkFault { ipa: GPA }, "{r:x?}");
 }
 
@@ -69,9 +65,7 @@ fn a_moved_stage1_table_is_walked_again_through_stage2() {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn an_ipa_operand_one_page_off_leaves_the_old_table_walkable() {
-    let Some(r) = run(Inject::OperandOnePageOff, MOVE) else {
-        return;
-    };
+    let r = run(Inject::OperandOnePageOff, MOVE);
     assert_eq!(r.after, AfterMove::Read(DATA_WORD), "{r:x?}");
 }
 
@@ -81,9 +75,7 @@ fn an_ipa_operand_one_page_off_leaves_the_old_table_walkable() {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn a_sequence_without_its_stage1_flush_leaves_the_combined_entry() {
-    let Some(r) = run(Inject::NoStage1Flush, MOVE) else {
-        return;
-    };
+    let r = run(Inject::NoStage1Flush, MOVE);
     assert_eq!(r.after, AfterMove::Read(DATA_WORD), "{r:x?}");
 }
 
@@ -95,11 +87,7 @@ fn a_sequence_without_its_stage1_flush_leaves_the_combined_entry() {
 #[test]
 #[ignore = "an observation of QEMU, run by hand: cargo test -p s2mmu-arm64 --test el1 walk_cache -- --ignored"]
 fn qemu_7_2_does_not_judge_the_vmid() {
-    let _one = common::serial();
-    let Some(m) = common::machine(2, 2 << 20) else {
-        return;
-    };
-    let vm = Arm64Vm::new(m, &VmConfig::default()).unwrap();
+    let (_one, vm) = common::vm(2, 2 << 20, &VmConfig::default());
     let (vtcr, vttbr) = vm.stage2_regs();
     let other_vmid = (vttbr & ((1 << 48) - 1)) | (stage2::VMID + 1) << 48;
     vm.sink().set_context(vtcr, other_vmid);
@@ -114,9 +102,7 @@ fn qemu_7_2_does_not_judge_the_vmid() {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn an_unmapped_range_is_walked_again_through_stage2() {
-    let Some(r) = run(Inject::Nothing, Stage2Change::UnmapSlot) else {
-        return;
-    };
+    let r = run(Inject::Nothing, Stage2Change::UnmapSlot);
     assert_eq!(r.after, AfterMove::WalkFault { ipa: GPA }, "{r:x?}");
 }
 
@@ -126,9 +112,7 @@ fn an_unmapped_range_is_walked_again_through_stage2() {
     ignore = "needs qemu-system-aarch64 and the EL2 image (apt-get install qemu-system-arm binutils-aarch64-linux-gnu)"
 )]
 fn an_unmapped_range_left_uninvalidated_stays_walkable() {
-    let Some(r) = run(Inject::NoSequences, Stage2Change::UnmapSlot) else {
-        return;
-    };
+    let r = run(Inject::NoSequences, Stage2Change::UnmapSlot);
     assert_eq!(r.after, AfterMove::Read(DATA_WORD), "{r:x?}");
 }
 
@@ -142,8 +126,6 @@ fn an_unmapped_range_left_uninvalidated_stays_walkable() {
 #[test]
 #[ignore = "an observation of QEMU, run by hand: cargo test -p s2mmu-arm64 --test el1 walk_cache -- --ignored"]
 fn qemu_7_2_does_not_judge_range_operands() {
-    let Some(r) = run(Inject::OperandOnePageOff, Stage2Change::UnmapSlot) else {
-        return;
-    };
+    let r = run(Inject::OperandOnePageOff, Stage2Change::UnmapSlot);
     assert_eq!(r.after, AfterMove::WalkFault { ipa: GPA }, "{r:x?}");
 }

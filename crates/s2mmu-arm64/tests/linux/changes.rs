@@ -16,41 +16,24 @@ use std::time::Duration;
 /// Runs the dirtier for 10 s on anonymous memory and tmpfs under `change`
 /// and returns the harvester's report once the guest's check passed and
 /// nothing was lost.
-fn run(mode: Option<DirtyMode>, change: HostChange) -> Option<HarvestReport> {
-    let d = run_args(mode, change, "mem=48,file=8,secs=10", "ok")?;
+fn run(mode: Option<DirtyMode>, change: HostChange) -> HarvestReport {
+    let d = run_args(mode, change, "mem=48,file=8,secs=10", "ok");
     assert!(d.changed > 1000, "the guest changed {} pages", d.changed);
-    Some(d)
+    d
 }
 
 /// Runs the dirtier with `args` under `change`; its line
 /// `s2mmu-dirtier: {ok}` must show and no page may be lost.
-fn run_args(
-    mode: Option<DirtyMode>,
-    change: HostChange,
-    args: &str,
-    ok: &str,
-) -> Option<HarvestReport> {
+fn run_args(mode: Option<DirtyMode>, change: HostChange, args: &str, ok: &str) -> HarvestReport {
     let _one = common::serial();
-    let a = common::linux_assets()?;
-    let r = vm::run(&LinuxConfig {
-        vcpus: 2,
-        mem: 256 << 20,
-        kernel: a.image,
-        initrd: a.initramfs,
-        cmdline: format!("quiet s2mmu.run=dirtier s2mmu.args={args}"),
-        echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
-        timeout: Duration::from_secs(600),
-        dirty: HarvestConfig {
+    let r = vm::run(&common::dirtier(
+        args,
+        HarvestConfig {
             mode,
-            period: Duration::from_millis(100),
-            drop_invalidations_from: None,
-            discard_log: None,
             change,
-            cut_after: None,
+            ..HarvestConfig::default()
         },
-        ram_pages: Default::default(),
-        engine: Default::default(),
-    })
+    ))
     .expect("the Linux VM runs");
     let d = r.dirty.clone().expect("the harvester ran");
     eprintln!("{mode:?} {change:?}: {:.1} s; dirty {d:?}", r.total_s);
@@ -62,7 +45,7 @@ fn run_args(
     );
     assert!(d.changed > 0, "the guest changed no page");
     assert_eq!(d.lost, 0, "lost pages: {:x?}", d.lost_examples);
-    Some(d)
+    d
 }
 
 /// The MMU notifier moves 32 of the pages each harvest logged (the
@@ -76,9 +59,7 @@ fn run_args(
 )]
 fn linux_pages_remapped_under_the_dirtier() {
     for mode in [Some(dirty::WP), Some(dirty::HW)] {
-        let Some(d) = run(mode, HostChange::Remap { pages: 32 }) else {
-            return;
-        };
+        let d = run(mode, HostChange::Remap { pages: 32 });
         assert!(d.remapped >= 100, "{} pages remapped", d.remapped);
     }
 }
@@ -92,9 +73,7 @@ fn linux_pages_remapped_under_the_dirtier() {
     ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_blocks_collapsed_in_place_when_logging_stops() {
-    let Some(d) = run(Some(dirty::WP), HostChange::Collapse { at: 5, after: 5 }) else {
-        return;
-    };
+    let d = run(Some(dirty::WP), HostChange::Collapse { at: 5, after: 5 });
     assert_eq!(d.pauses, 1);
     assert!(d.collapsed > 0, "no block collapsed: {d:?}");
     assert!(d.harvests > 10, "{} harvests", d.harvests);
@@ -116,9 +95,7 @@ fn linux_blocks_collapsed_in_place_when_logging_stops() {
 fn linux_framebuffer_slot_moved_while_logged() {
     for mode in [Some(dirty::WP), Some(dirty::RING)] {
         let args = format!("fb={FB_IPA:#x}:{FB_SIZE:#x},secs=8");
-        let Some(d) = run_args(mode, HostChange::MoveSlot { at: 20 }, &args, "ok fb") else {
-            return;
-        };
+        let d = run_args(mode, HostChange::MoveSlot { at: 20 }, &args, "ok fb");
         assert_eq!(d.moves, 1, "{d:?}");
     }
 }
@@ -143,11 +120,8 @@ fn changes_the_mode_cannot_hold_are_refused() {
             timeout: Duration::from_secs(1),
             dirty: HarvestConfig {
                 mode,
-                period: Duration::from_millis(100),
-                drop_invalidations_from: None,
-                discard_log: None,
                 change,
-                cut_after: None,
+                ..HarvestConfig::default()
             },
             ram_pages: Default::default(),
             engine: Default::default(),

@@ -8,47 +8,31 @@ use crate::common;
 
 use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::dirty::{self, HarvestConfig};
-use s2mmu_arm64::linux::vm::{self, LinuxConfig, LinuxReport, StopReason};
+use s2mmu_arm64::linux::vm::{self, LinuxReport, StopReason};
 use std::time::Duration;
 
-fn run(mode: Option<DirtyMode>, args: &str, discard: Option<u64>) -> Option<LinuxReport> {
+fn run(mode: Option<DirtyMode>, args: &str, discard: Option<u64>) -> LinuxReport {
     let _one = common::serial();
-    let a = common::linux_assets()?;
-    let r = vm::run(&LinuxConfig {
-        vcpus: 2,
-        mem: 256 << 20,
-        kernel: a.image,
-        initrd: a.initramfs,
-        cmdline: format!("quiet s2mmu.run=dirtier s2mmu.args={args}"),
-        echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
-        // A bound for a hung guest, not a speed: under stress-ng --cpu 8
-        // on this 2-core machine the boot alone took 111 s and a run
-        // passed 240 s.
-        timeout: Duration::from_secs(600),
-        dirty: HarvestConfig {
+    let r = vm::run(&common::dirtier(
+        args,
+        HarvestConfig {
             mode,
             period: Duration::from_millis(50),
-            drop_invalidations_from: None,
             discard_log: discard,
-            change: Default::default(),
-            cut_after: None,
+            ..HarvestConfig::default()
         },
-        ram_pages: Default::default(),
-        engine: Default::default(),
-    })
+    ))
     .expect("the Linux VM runs");
     eprintln!(
         "{mode:?}: init after {:?} s, {:.1} s in all ({:?}); exits {:?}; dirty {:?}",
         r.init_s, r.total_s, r.reason, r.exits, r.dirty
     );
     assert_eq!(r.reason, StopReason::PowerOff, "console:\n{}", r.console);
-    Some(r)
+    r
 }
 
 fn no_page_lost(mode: Option<DirtyMode>) {
-    let Some(r) = run(mode, "mem=48,file=8,secs=20", None) else {
-        return;
-    };
+    let r = run(mode, "mem=48,file=8,secs=20", None);
     let d = r.dirty.expect("the harvester ran");
     assert!(
         r.console.contains("s2mmu-dirtier: ok"),
@@ -111,9 +95,7 @@ fn linux_hardware_dirty_logging_loses_no_page() {
     ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn a_discarded_harvest_shows_as_lost_pages() {
-    let Some(r) = run(Some(dirty::WP), "mem=48,file=8,secs=8", Some(3)) else {
-        return;
-    };
+    let r = run(Some(dirty::WP), "mem=48,file=8,secs=8", Some(3));
     let d = r.dirty.expect("the harvester ran");
     assert!(d.lost > 0, "no lost page reported: {d:?}");
 }
@@ -142,9 +124,6 @@ fn a_discarded_harvest_shows_as_lost_pages() {
 )]
 fn dropped_harvest_invalidations_show_as_lost_pages() {
     let _one = common::serial();
-    let Some(a) = common::linux_assets() else {
-        return;
-    };
     // Every run found lost pages (5 quiet, 4 under stress-ng --cpu 2: 39
     // to 563 a run; 3 more quiet here, 85 to 984). Under stress-ng --cpu 4
     // (load 19, boot 71 to 117 s) the guest stalled until the cut in each
@@ -154,26 +133,17 @@ fn dropped_harvest_invalidations_show_as_lost_pages() {
     // takes about a second, and the drops start at the 5th.
     let mut seen = Vec::new();
     for _ in 0..5 {
-        let r = vm::run(&LinuxConfig {
-            vcpus: 2,
-            mem: 256 << 20,
-            kernel: a.image.clone(),
-            initrd: a.initramfs.clone(),
-            cmdline: "quiet s2mmu.run=dirtier s2mmu.args=pages=16,file=0,threads=1,secs=20".into(),
-            echo: false,
-            timeout: Duration::from_secs(600),
-            dirty: HarvestConfig {
+        let mut cfg = common::dirtier(
+            "pages=16,file=0,threads=1,secs=20",
+            HarvestConfig {
                 mode: Some(dirty::WP),
-                period: Duration::from_millis(100),
                 drop_invalidations_from: Some(5),
-                discard_log: None,
-                change: Default::default(),
                 cut_after: Some(Duration::from_secs(60)),
+                ..HarvestConfig::default()
             },
-            ram_pages: Default::default(),
-            engine: Default::default(),
-        })
-        .expect("the Linux VM runs");
+        );
+        cfg.echo = false;
+        let r = vm::run(&cfg).expect("the Linux VM runs");
         let d = r.dirty.expect("the harvester ran");
         eprintln!(
             "init after {:?} s, {:.1} s in all ({:?}); {d:?} {:?}",

@@ -117,16 +117,12 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
         Some(n) => two_processes(spec, n, &args, &lines, tmp, &mut procs, deadline)?,
     };
     let all = console::snapshot(&lines);
-    let report = console::snapshot(&report_lines)
-        .iter()
-        .rev()
-        .find_map(|l| {
-            // The report may follow a console line the switch cut short.
-            let at = l.line.find("{\"downtime_ms\"")?;
-            serde_json::from_str::<Value>(&l.line[at..]).ok()
-        })
-        .ok_or("our side printed no JSON report")?;
-    let r = &report["per_run"][0];
+    let report = envelope(&console::snapshot(&report_lines))
+        .ok_or("our side printed no JSON report (the `migrate` envelope)")?;
+    let r = report["results"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|row| row["case"] == "run 1"))
+        .ok_or("our side's report has no result for run 1")?;
     let d = &r["details"];
     let postcopy_ms = d["postcopy_ms"].as_f64().unwrap_or(0.0);
     let mut m = Measured {
@@ -139,6 +135,30 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
     let started = console::first(&all, "s2mmu-dirtier: start").ok_or("no dirtier start line")?;
     m.read_console(&all, started + WARMUP_S);
     Ok(m)
+}
+
+/// The last `migrate` JSON envelope in `lines` (printed pretty, over
+/// several lines, after the consoles): parsed from each line that opens
+/// an object, the last first. The envelope's first line may follow a
+/// console line the switch cut short, so it is the line's last `{` that
+/// opens it.
+fn envelope(lines: &[console::Stamped]) -> Option<Value> {
+    (0..lines.len()).rev().find_map(|i| {
+        let first = lines[i].line.trim_end();
+        if !first.ends_with('{') {
+            return None;
+        }
+        let mut text = first[first.rfind('{')?..].to_string();
+        for l in &lines[i + 1..] {
+            text.push('\n');
+            text.push_str(&l.line);
+        }
+        let v: Value = serde_json::Deserializer::from_str(&text)
+            .into_iter()
+            .next()?
+            .ok()?;
+        (v["command"] == "migrate" && v["results"].is_array()).then_some(v)
+    })
 }
 
 /// A destination in `n`'s destination namespace and a source in its
@@ -195,4 +215,42 @@ fn two_processes(
     all.extend(console::snapshot(&src_lines));
     *lines.lock().unwrap_or_else(|p| p.into_inner()) = all;
     Ok(src_lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Report;
+    use console::Stamped;
+
+    fn stamped(text: &str) -> Vec<Stamped> {
+        text.lines()
+            .map(|l| Stamped {
+                at: 0.0,
+                line: l.to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_envelope_is_found_after_the_consoles_even_behind_a_cut_line() {
+        let mut rep = Report::new("migrate", serde_json::json!({"guest": "linux"}));
+        rep.result(
+            "run 1",
+            "s2mmu",
+            serde_json::json!({"downtime_ms": 12.5, "details": {"channels": 1}}),
+        );
+        let pretty = serde_json::to_string_pretty(&rep.to_json()).unwrap();
+        let text = format!(
+            "s2mmu-dirtier: t=0.002s passes=0 pages=10\nguest {{\n}}\n\
+             s2mmu-dirtier: t=0.0{pretty}\n"
+        );
+        let v = envelope(&stamped(&text)).expect("the envelope");
+        assert_eq!(v["results"][0]["case"], "run 1");
+        assert_eq!(v["results"][0]["downtime_ms"], 12.5);
+        // Consoles alone, or an object that is not the envelope: none.
+        assert!(envelope(&stamped("guest {\n \"command\": \"x\"\n}\n")).is_none());
+        assert!(envelope(&stamped(&pretty.replace("\"migrate\"", "\"linux\""))).is_none());
+        assert!(envelope(&stamped(&pretty[..pretty.len() / 2])).is_none());
+    }
 }

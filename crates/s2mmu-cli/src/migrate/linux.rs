@@ -18,7 +18,9 @@ use super::params::PostcopyArg;
 use super::report_text::{parts_text, resume_parts_text};
 use super::Params;
 use crate::flags::flag;
+use crate::report::{emit, Report};
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
+use s2mmu_arm64::linux::console_gap::ConsoleGap;
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::migrate::RestoreClock;
 use s2mmu_arm64::linux::session_run::{
@@ -218,6 +220,18 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The largest gap between the guest programs' console lines, where it
+/// falls, and how many lines there were.
+fn gap_json(g: &ConsoleGap) -> serde_json::Value {
+    let largest = g.largest();
+    serde_json::json!({
+        "lines": g.lines.len(),
+        "largest_ms": largest.map(|(l, _)| l.gap_ms),
+        "largest_ends_at_s": largest.map(|(l, _)| l.at_s),
+        "largest_where": largest.map(|(_, at)| at.describe()),
+    })
+}
+
 /// Median, least and most.
 fn summary(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
@@ -374,7 +388,7 @@ pub fn main(p: &Params) -> Result<(), String> {
     s.session.recovery.control = control.as_ref().map(|c| c.0.clone());
     s.dest.recovery.control = s.session.recovery.control.clone();
     if let Some(addr) = &p.listen {
-        return linux_net::listen(&s, &cfg, addr, &p.linux_guest);
+        return linux_net::listen(&s, &cfg, addr, &p.linux_guest, p.json);
     }
     let mut runs = Vec::new();
     for i in 0..p.runs {
@@ -415,46 +429,61 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
         Some(PostcopyArg::Start) => "post-copy from the start",
         Some(PostcopyArg::Auto) => "pre-copy, post-copy if it does not converge",
     };
-    if p.json {
-        let v = serde_json::json!({
-            "guest": "linux", "program": p.linux_run, "mode": mode, "vcpus": p.vcpus,
-            "ram_pages": p.linux_ram,
-            "engine": format!("{:?}", p.engine).to_lowercase(),
-            "mem": p.mem, "runs": p.runs,
-            "downtime_ms": {"median": down.0, "min": down.1, "max": down.2},
-            "round0_pages_per_s": {"median": rate.0, "min": rate.1, "max": rate.2},
-            "per_run": runs.iter().map(|r| serde_json::json!({
+    let params = serde_json::json!({
+        "guest": "linux", "program": p.linux_run, "mode": mode, "vcpus": p.vcpus,
+        "ram_pages": p.linux_ram, "mem_bytes": p.mem, "runs": p.runs,
+        "engine": format!("{:?}", p.engine).to_lowercase(),
+    });
+    let mut rep = Report::new("migrate", params);
+    for (i, r) in runs.iter().enumerate() {
+        rep.result(
+            &format!("run {}", i + 1),
+            "s2mmu",
+            serde_json::json!({
                 "downtime_ms": ms(r.downtime), "rounds": r.round_pages.len(),
                 "total_ms": ms(r.total), "precopy_ms": ms(r.precopy),
                 "stream_bytes": r.stream_bytes,
                 "round_pages": r.round_pages, "round_ms": r.round_ms,
                 "final_pages": r.final_pages, "state_bytes": r.state_bytes,
                 "ram_a": r.ram_a.describe(), "ram_b": r.ram_b.as_ref().map(|b| b.describe()),
-                "details": described(s, r).0,
-            })).collect::<Vec<_>>(),
-        });
-        println!("{v}");
-    } else {
-        println!(
-            "Linux guest ({}, {mode}), {} vCPU(s), {} MiB, {} run(s): downtime median {:.1} ms \
-             (min {:.1}, max {:.1}); round 0 median {:.0} pages/s",
-            p.linux_run,
-            p.vcpus,
-            p.mem >> 20,
-            p.runs,
-            down.0,
-            down.1,
-            down.2,
-            rate.0
-        );
-        if let Some(r) = runs.first() {
-            println!("QEMU's RAM: A's {}", r.ram_a.describe());
-            if let Some(b) = &r.ram_b {
-                println!("QEMU's RAM: B's {}", b.describe());
-            }
-        }
-        println!(
-            "note: QEMU timings are an emulator's (TCG), on this machine: read them as ratios"
+                "details": described(s, r).0, "console_gap": gap_json(&r.console_gap),
+            }),
         );
     }
+    rep.result(
+        "all runs",
+        "s2mmu",
+        serde_json::json!({
+            "downtime_ms": {"median": down.0, "min": down.1, "max": down.2},
+            "round0_pages_per_s": {"median": rate.0, "min": rate.1, "max": rate.2},
+        }),
+    );
+    let mut text = format!(
+        "Linux guest ({}, {mode}), {} vCPU(s), {} MiB, {} run(s): downtime median {:.1} ms \
+         (min {:.1}, max {:.1}); round 0 median {:.0} pages/s\n",
+        p.linux_run,
+        p.vcpus,
+        p.mem >> 20,
+        p.runs,
+        down.0,
+        down.1,
+        down.2,
+        rate.0
+    );
+    if let Some(r) = runs.first() {
+        text += &format!("QEMU's RAM: A's {}\n", r.ram_a.describe());
+        if let Some(b) = &r.ram_b {
+            text += &format!("QEMU's RAM: B's {}\n", b.describe());
+        }
+    }
+    let gaps: Vec<String> = (runs.iter().enumerate())
+        .filter_map(|(i, r)| r.console_gap.largest().map(|g| (i, g)))
+        .map(|(i, (l, at))| format!("run {} {:.1} ms {}", i + 1, l.gap_ms, at.describe()))
+        .collect();
+    if !gaps.is_empty() {
+        text += &format!("largest console gap (host clock): {}\n", gaps.join("; "));
+    }
+    text += "note: QEMU timings are an emulator's (TCG), on this machine: read them as ratios\n";
+    rep.set_text(text);
+    emit(&rep, p.json);
 }

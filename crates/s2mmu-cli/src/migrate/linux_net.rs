@@ -33,7 +33,8 @@ pub fn source_to(s: &RunSettings, addr: &str, a: LinuxVm) -> Result<LinuxRun, St
 }
 
 /// `--listen ADDR`: serves one migration (up to `--attempts` sources) and
-/// prints what the destination received and how its guest went on.
+/// prints what the destination received and how its guest went on (in
+/// the JSON envelope with `json`).
 ///
 /// # Errors
 /// Binding, every attempt failing, the guest not going on.
@@ -42,6 +43,7 @@ pub fn listen(
     cfg: &LinuxConfig,
     addr: &str,
     guest: &super::linux_guest::LinuxGuestArgs,
+    json: bool,
 ) -> Result<(), String> {
     let l = session_run::listen(s, cfg, addr, &mut |ev| match ev {
         ListenEvent::Listening { addr, dest } => eprintln!(
@@ -63,11 +65,12 @@ pub fn listen(
         .iter()
         .map(|(id, v)| format!("slot {id}: {v:#018x}"))
         .collect();
+    let mut text = String::new();
     if let Some(f) = &l.outcome.postcopy {
-        println!(
+        text += &format!(
             "destination: post-copy: {} pages missing at the resume, {} requests (stage-2 \
              faults), {} pages answered and {} streamed, the last {:.1} ms after the resume, \
-             {} recoveries",
+             {} recoveries\n",
             f.missing_pages,
             f.requests,
             f.answered_pages,
@@ -86,12 +89,22 @@ pub fn listen(
             format!("the destination's guest printed \"{ok}\"")
         }
     };
-    println!(
+    text += &format!(
         "destination: received {} page records over {} channel(s), resumed the Linux guest \
-         (memory digests {}); {went_on}",
+         (memory digests {}); {went_on}\n",
         l.outcome.page_records,
         l.outcome.channels,
         digests.join(", "),
     );
+    let params = serde_json::json!({"guest": "linux", "listen": addr, "vcpus": s.vcpus,
+        "mem_bytes": s.mem});
+    let mut rep = crate::report::Report::new("migrate", params);
+    let mut row = super::outcome_json::dest_json(&l.outcome);
+    if let Some(m) = row.as_object_mut() {
+        m.insert("went_on".into(), went_on.into());
+    }
+    rep.result("destination", "s2mmu", row);
+    rep.set_text(text);
+    crate::report::emit(&rep, json);
     guest.show(None, Some(&l.console))
 }

@@ -1,8 +1,11 @@
 //! `migrate --guest linux --plot FILE`: each run's pre-copy rounds (pages
-//! and milliseconds) and its downtime's parts, stacked in one figure
-//! through [`crate::plot`] (SVG, and PNG beside it).
+//! and milliseconds), its downtime's parts and the guest's console gap
+//! (the time between the guest programs' lines as the host saw them, the
+//! largest gap shaded), stacked in one figure through [`crate::plot`]
+//! (SVG, and PNG beside it).
 
-use crate::plot::{stacked_png, stacked_svg, BarChart, Chart};
+use crate::plot::{stacked_png, stacked_svg, BarChart, Chart, LineChart, Phase, Series};
+use s2mmu_arm64::linux::console_gap::Printer;
 use s2mmu_arm64::linux::session_run::{LinuxRun, RunDetails};
 use std::path::Path;
 
@@ -90,5 +93,47 @@ fn charts(runs: &[LinuxRun]) -> Vec<Chart> {
             downtime,
         ));
     }
+    charts.extend(console_gap(runs));
     charts
+}
+
+/// Each run's gaps between the guest programs' console lines, source and
+/// destination apart, each run's largest gap shaded and named with where
+/// it falls; none when no run printed two lines.
+fn console_gap(runs: &[LinuxRun]) -> Option<Chart> {
+    let mut chart = LineChart {
+        title: "the guest's console gap (host clock)".into(),
+        x_label: "s since the guest program's first line".into(),
+        y_label: "ms since the line before".into(),
+        ..LineChart::default()
+    };
+    for (i, r) in runs.iter().enumerate() {
+        let Some((l, place)) = r.console_gap.largest() else {
+            continue;
+        };
+        for (who, machine) in [
+            ("source", Printer::Source),
+            ("destination", Printer::Destination),
+        ] {
+            let points: Vec<(f64, f64)> = (r.console_gap.lines.iter())
+                .filter(|l| l.machine == machine)
+                .map(|l| (l.at_s, l.gap_ms))
+                .collect();
+            if !points.is_empty() {
+                let name = format!("run {}, {who}", i + 1);
+                chart.series.push(Series { name, points });
+            }
+        }
+        chart.phases.push(Phase {
+            name: format!(
+                "run {}: largest gap {:.1} ms, {}",
+                i + 1,
+                l.gap_ms,
+                place.describe()
+            ),
+            start: l.at_s - l.gap_ms / 1e3,
+            end: l.at_s,
+        });
+    }
+    (!chart.series.is_empty()).then_some(Chart::Line(chart))
 }

@@ -3,9 +3,9 @@
 
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -203,4 +203,45 @@ pub fn fails_naming(args: &[&str], named: &str) {
     assert!(!out.status.success(), "{args:?} accepted");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(named), "{args:?}: names {named}: {err}");
+}
+
+/// Fails the test, with the reason, when the Linux guest cannot run (the
+/// tests are ignored by their cfg where the build found it cannot).
+pub fn require_linux() {
+    let why = match s2mmu_arm64::available() {
+        Err(e) => e.to_string(),
+        Ok(()) => {
+            let opts = s2mmu_arm64::linux::assets::AssetOptions::from_env();
+            match s2mmu_arm64::linux::assets::ensure(&opts) {
+                Ok(_) => return,
+                Err(e) => e.to_string(),
+            }
+        }
+    };
+    panic!("the build found the Linux guest but it cannot run now: {why}");
+}
+
+/// Starts `c`, an `s2mmu migrate --listen ADDR`, with its stderr piped,
+/// and reads that stderr until the destination says the address it
+/// listens on. Returns the child, the address and the rest of its stderr
+/// for the caller to read. The caller waits for the child.
+#[allow(clippy::zombie_processes)]
+pub fn spawn_listening(c: &mut Command) -> (Child, String, BufReader<ChildStderr>) {
+    let mut child = c
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the destination starts");
+    let mut err = BufReader::new(child.stderr.take().expect("its stderr"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).expect("its stderr reads") > 0,
+            "the destination exited early"
+        );
+        if let Some(rest) = line.split("destination listening on ").nth(1) {
+            let addr = rest.split_whitespace().next().unwrap_or_default();
+            return (child, addr.to_string(), err);
+        }
+    }
 }

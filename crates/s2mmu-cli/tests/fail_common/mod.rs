@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub use super::cli_common::{require_linux, spawn_listening};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -14,22 +15,6 @@ use std::time::{Duration, Instant};
 
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_s2mmu")
-}
-
-/// Fails the test, with the reason, when the Linux guest cannot run (the
-/// tests are ignored by their cfg where the build found it cannot).
-pub fn require_linux() {
-    let why = match s2mmu_arm64::available() {
-        Err(e) => e,
-        Ok(()) => {
-            let opts = s2mmu_arm64::linux::assets::AssetOptions::from_env();
-            match s2mmu_arm64::linux::assets::ensure(&opts) {
-                Ok(_) => return,
-                Err(e) => e.to_string(),
-            }
-        }
-    };
-    panic!("the build found the Linux guest but it cannot run now: {why}");
 }
 
 /// One process's QEMU machines, through a wrapper script: machine `n`
@@ -192,27 +177,14 @@ pub fn migrate(qemu: &Qemu, mem: &str, args: &[&str]) -> (Child, Log) {
 
 /// A listening destination and the address it bound.
 pub fn listen(qemu: &Qemu, mem: &str, args: &[&str]) -> (Child, String, Log) {
-    let mut c = Command::new(bin())
-        .args(["migrate", "--guest", "linux", "-v", "1", "--mem", mem])
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .env("S2MMU_QEMU", qemu.wrapper())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("s2mmu starts");
-    let mut err = BufReader::new(c.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "the destination exited early"
-        );
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
+    let (mut c, addr, err) = spawn_listening(
+        Command::new(bin())
+            .args(["migrate", "--guest", "linux", "-v", "1", "--mem", mem])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("S2MMU_QEMU", qemu.wrapper())
+            .stdout(Stdio::piped()),
+    );
     let log = Log::default();
     log.collect(err);
     log.collect(BufReader::new(c.stdout.take().unwrap()));

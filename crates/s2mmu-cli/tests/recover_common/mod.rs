@@ -20,10 +20,9 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_s2mmu")
 }
 
-/// A 16 MiB guest whose link is limited to 8 MiB/s: round 0 and the
-/// post-copy background stream take about 2 s each, so a cut armed when
-/// post-copy starts lands inside it.
-pub const SMALL: [&str; 10] = [
+/// A quick run of a small guest: 16 MiB of anonymous memory, 20 ms of
+/// warm-up and of running after the switch.
+pub const QUICK: [&str; 8] = [
     "--mem",
     "16M",
     "--warmup",
@@ -32,9 +31,18 @@ pub const SMALL: [&str; 10] = [
     "20ms",
     "-s",
     "anonymous",
-    "--bandwidth",
-    "8M",
 ];
+
+/// [`QUICK`] and one more option with its value.
+pub const fn quick_and(flag: &'static str, value: &'static str) -> [&'static str; 10] {
+    let q = QUICK;
+    [q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7], flag, value]
+}
+
+/// A 16 MiB guest whose link is limited to 8 MiB/s: round 0 and the
+/// post-copy background stream take about 2 s each, so a cut armed when
+/// post-copy starts lands inside it.
+pub const SMALL: [&str; 10] = quick_and("--bandwidth", "8M");
 
 /// The I/O deadline: 5 s where the operator recovers (the cut shuts the
 /// connections down, so it is seen at once; at 1 s a loaded CI machine's
@@ -131,28 +139,13 @@ pub fn forward(mut from: TcpStream, mut into: TcpStream, cuttable: bool, at: u64
 /// Starts `s2mmu migrate --listen 127.0.0.1:0 ARGS` and returns it with
 /// the address it listens on and the rest of its stderr. The caller waits
 /// for it.
-#[allow(clippy::zombie_processes)]
 pub fn spawn_listener(args: &[&str]) -> (Child, String, BufReader<ChildStderr>) {
-    let mut c = Command::new(bin())
-        .args(["migrate", "--listen", "127.0.0.1:0", "--plot", ""])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(c.stderr.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "the destination exited early"
-        );
-        if let Some(rest) = line.split("destination listening on ").nth(1) {
-            let addr = rest.split_whitespace().next().unwrap().to_string();
-            return (c, addr, err);
-        }
-    }
+    super::cli_common::spawn_listening(
+        Command::new(bin())
+            .args(["migrate", "--listen", "127.0.0.1:0", "--plot", ""])
+            .args(args)
+            .stdout(Stdio::null()),
+    )
 }
 
 /// Starts the destination ([`spawn_listener`]) with its stderr collected

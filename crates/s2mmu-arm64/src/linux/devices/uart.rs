@@ -42,8 +42,12 @@ impl Trigger for CallbackTrigger {
     }
 }
 
+/// Line ends whose arrival a [`ConsoleBuffer`] remembers at most.
+pub const MAX_STAMPED_LINES: usize = 1 << 16;
+
 /// A bounded in-memory console: keeps the last `cap` bytes, wakes waiters
-/// on every write.
+/// on every write, and stamps each line with the host's clock when its
+/// newline arrives ([`ConsoleBuffer::stamped_lines`]).
 #[derive(Clone)]
 pub struct ConsoleBuffer {
     inner: Arc<(Mutex<BufInner>, Condvar)>,
@@ -54,6 +58,11 @@ struct BufInner {
     cap: usize,
     /// Bytes ever written (dropped ones included).
     total: u64,
+    /// `total` just past each newline, and when it arrived (at most
+    /// [`MAX_STAMPED_LINES`], the oldest dropped first).
+    stamps: VecDeque<(u64, Instant)>,
+    /// `total` past the newest newline dropped from `stamps`.
+    dropped_end: u64,
 }
 
 impl ConsoleBuffer {
@@ -63,6 +72,8 @@ impl ConsoleBuffer {
             bytes: VecDeque::new(),
             cap: cap.max(1),
             total: 0,
+            stamps: VecDeque::new(),
+            dropped_end: 0,
         };
         ConsoleBuffer {
             inner: Arc::new((Mutex::new(inner), Condvar::new())),
@@ -81,6 +92,27 @@ impl ConsoleBuffer {
         let mut v = a.to_vec();
         v.extend_from_slice(b);
         String::from_utf8_lossy(&v).into_owned()
+    }
+
+    /// The whole lines the buffer still holds, each with the host's
+    /// clock when its newline arrived, its end (`\r`, `\n`) cut.
+    pub fn stamped_lines(&self) -> Vec<(Instant, String)> {
+        let g = self.lock();
+        let held = g.total - g.bytes.len() as u64;
+        let mut begin = g.dropped_end;
+        let mut out = Vec::new();
+        for &(end, at) in &g.stamps {
+            if begin >= held {
+                let line: Vec<u8> = g
+                    .bytes
+                    .range((begin - held) as usize..(end - held) as usize)
+                    .copied()
+                    .collect();
+                out.push((at, String::from_utf8_lossy(&line).trim_end().to_string()));
+            }
+            begin = end;
+        }
+        out
     }
 
     /// Bytes ever written, including those the bound dropped.
@@ -114,14 +146,22 @@ impl ConsoleBuffer {
     }
 
     fn push(&self, data: &[u8]) {
+        let now = data.contains(&b'\n').then(Instant::now);
         let mut g = self.lock();
         for &b in data {
             if g.bytes.len() == g.cap {
                 g.bytes.pop_front();
             }
             g.bytes.push_back(b);
+            g.total += 1;
+            if let (b'\n', Some(at)) = (b, now) {
+                if g.stamps.len() == MAX_STAMPED_LINES {
+                    g.dropped_end = g.stamps.pop_front().map_or(0, |s| s.0);
+                }
+                let end = g.total;
+                g.stamps.push_back((end, at));
+            }
         }
-        g.total += data.len() as u64;
         drop(g);
         self.inner.1.notify_all();
     }
@@ -408,6 +448,34 @@ mod tests {
         drop(u);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "console\n");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn lines_are_stamped_in_order_and_only_whole_held_lines_return() {
+        let buf = ConsoleBuffer::new(16);
+        buf.push(b"one\r\ntw");
+        buf.push(b"o\n");
+        buf.push(b"three\npart");
+        let l = buf.stamped_lines();
+        let text: Vec<&str> = l.iter().map(|(_, s)| s.as_str()).collect();
+        // 16 bytes hold the end of "one", then "two", "three" and "part":
+        // only lines whose start is held and whose end came back.
+        assert_eq!(text, ["two", "three"]);
+        let big = ConsoleBuffer::new(1 << 20);
+        big.push(b"a\nb\n");
+        let l = big.stamped_lines();
+        assert_eq!(l.len(), 2);
+        assert!(l[0].0 <= l[1].0);
+        assert_eq!((l[0].1.as_str(), l[1].1.as_str()), ("a", "b"));
+        for _ in 0..MAX_STAMPED_LINES {
+            big.push(b"x\n");
+        }
+        let l = big.stamped_lines();
+        assert_eq!(l.len(), MAX_STAMPED_LINES);
+        assert!(
+            l.iter().all(|(_, s)| s == "x"),
+            "the oldest stamps go first"
+        );
     }
 
     #[test]

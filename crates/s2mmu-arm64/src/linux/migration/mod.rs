@@ -1,5 +1,6 @@
 //! The Linux VM behind the migration library's session.
 
+pub mod console_gap;
 pub(crate) mod console_watch;
 pub mod run_error;
 pub mod session_dest;

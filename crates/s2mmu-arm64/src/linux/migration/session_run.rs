@@ -11,6 +11,7 @@ use crate::linux::assets::LinuxAssets;
 use crate::linux::dirty::HarvestConfig;
 use crate::linux::dirty_limit::DirtyLimitCounters;
 use crate::linux::migrate::{LinuxVm, RestoreClock};
+use crate::linux::migration::console_gap::{printed, ConsoleGap};
 use crate::linux::migration::source_resume;
 pub use crate::linux::run_error::LinuxRunError;
 use crate::linux::session_dest::LinuxDest;
@@ -161,6 +162,8 @@ pub struct LinuxRun {
     pub ram_b: Option<RamBacking>,
     /// A's console, and B's when B ran in this process.
     pub consoles: (String, Option<String>),
+    /// The guest programs' lines on A's and B's consoles, host-stamped.
+    pub console_gap: ConsoleGap,
 }
 
 /// What a listening destination received and saw.
@@ -293,6 +296,7 @@ fn session_run(
         ram_a: ram.0,
         ram_b: ram.1,
         consoles: (String::new(), None),
+        console_gap: ConsoleGap::default(),
     }
 }
 
@@ -357,17 +361,6 @@ fn dirtier_ok(vm: &LinuxVm, what: &'static str) -> Result<WentOn, LinuxRunError>
     Ok(WentOn::DirtierOk(ok.trim().to_string()))
 }
 
-/// The first whole line of the guest's programs in a console's `text`:
-/// not empty, not a kernel message (`[ seconds] ...`).
-fn printed(text: &str) -> Option<String> {
-    let kernel = |l: &str| l.starts_with('[') && l[1..].trim_start().starts_with(char::is_numeric);
-    text[..text.rfind('\n').map_or(0, |i| i + 1)]
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty() && !kernel(l))
-        .map(str::to_string)
-}
-
 /// Checks that B's guest goes on from where A's stopped, and A's not.
 fn goes_on(
     s: &RunSettings,
@@ -401,6 +394,7 @@ fn goes_on(
         ));
     }
     run.consoles = (a_text, Some(b.console().contents()));
+    run.console_gap = ConsoleGap::of_machines(a, Some(&*b));
     b.shut_down().map_err(|e| machine("machine B", e))?;
     Ok(run)
 }
@@ -467,10 +461,12 @@ pub fn source_to(
         ));
     }
     let state_bytes = a.guest_state().map_or(0, |v| v.len());
+    let gap = ConsoleGap::of_machines(&a, None);
     let ram = (a.ram_backing().clone(), None);
     drop(a);
     let mut run = session_run(ram, &o, state_bytes, src.limit_counters(), None);
     run.consoles.0 = text;
+    run.console_gap = gap;
     Ok(run)
 }
 
