@@ -29,6 +29,7 @@ fn bad_options_are_refused_by_name() {
     // The guest programs are named, fill among them.
     refused(&["--linux-run", "nope"], "nope");
     refused(&["--linux-run", "nope"], "counter, dirtier, fill");
+    refused(&["--engine", "kvm"], "expected host or el2");
 }
 
 #[test]

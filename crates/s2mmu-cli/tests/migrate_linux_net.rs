@@ -5,8 +5,13 @@
 //! destination's guest must begin exactly the step after the last one the
 //! source's guest began, and go on in order; the source's guest must not
 //! print after the switch. The same with `--postcopy start`: the
-//! destination resumes with every page missing and fetches them. Skips (saying why) where QEMU, the EL2 image
-//! or the kernel are missing; fails there under `S2MMU_REQUIRE_ARM64`.
+//! destination resumes with every page missing and fetches them. The
+//! same again with `--engine el2` on both sides (the engine linked into
+//! each machine's EL2 image: the source's dirty log and the destination's
+//! post-copy maps at EL2), with the host placement on one side and EL2
+//! on the other, and `--engine el2` in one process. Ignored, with the
+//! reason, where the build found that QEMU, the EL2 image or the kernel
+//! are missing.
 
 mod cli_common;
 
@@ -60,13 +65,18 @@ struct TwoRuns {
 
 /// Runs `--listen` and `--to` with mutual TLS from files, `src_args` added
 /// to the source's; both must succeed.
-#[allow(clippy::zombie_processes)]
 fn two_processes(src_args: &[&str]) -> TwoRuns {
+    two_processes_with(&[], src_args)
+}
+
+/// As [`two_processes`], `dest_args` added to the destination's.
+#[allow(clippy::zombie_processes)]
+fn two_processes_with(dest_args: &[&str], src_args: &[&str]) -> TwoRuns {
     let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
     let dir = std::env::temp_dir().join(format!(
         "s2mmu-linux-net-{}-{}",
         std::process::id(),
-        src_args.len()
+        src_args.len() + 10 * dest_args.len()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let tls = write_pki(&dir);
@@ -76,6 +86,7 @@ fn two_processes(src_args: &[&str]) -> TwoRuns {
             .args(common)
             .args(["--listen", "127.0.0.1:0"])
             .args(&tls)
+            .args(dest_args)
             .stdout(Stdio::piped()),
     );
     let dest_err = std::thread::spawn(move || {
@@ -189,4 +200,71 @@ fn linux_guest_moves_by_postcopy_between_two_processes() {
         "the source checked FINAL: {all}"
     );
     goes_on(&r);
+}
+
+/// `--engine el2` on both sides, pre-copy then post-copy from the start:
+/// the source's rounds come from the dirty log at EL2, the destination's
+/// EL2 engine maps each page that arrives.
+#[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
+fn linux_guest_migrates_between_two_el2_processes() {
+    require_linux();
+    let el2 = ["--engine", "el2"];
+    let r = two_processes_with(&el2, &el2);
+    assert!(!r.d_out.contains("post-copy"), "{}", r.all);
+    goes_on(&r);
+    let r = two_processes_with(&el2, &["--engine", "el2", "--postcopy", "start"]);
+    let missing = number_after(&r.d_out, "destination: post-copy: ")
+        .expect("the destination's post-copy line");
+    assert!(missing > 0, "pages were missing at the resume: {}", r.all);
+    assert!(
+        r.src_err.contains("did not write equal the source's"),
+        "the source checked FINAL: {}",
+        r.all
+    );
+    goes_on(&r);
+}
+
+/// A host-placement source into an EL2 destination: the stream names no
+/// placement.
+#[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
+fn host_source_migrates_into_an_el2_destination_process() {
+    require_linux();
+    let r = two_processes_with(&["--engine", "el2"], &["--engine", "host"]);
+    goes_on(&r);
+}
+
+/// `--engine el2` in one process: both machines at EL2, the run's JSON
+/// says so, and B's guest went on.
+#[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
+fn linux_guest_migrates_at_el2_in_one_process() {
+    require_linux();
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    let o = Command::new(bin())
+        .args(["migrate", "--guest", "linux", "-m", "256M", "-v", "2"])
+        .args(["--engine", "el2", "--no-tls", "--json", "-q"])
+        .output()
+        .expect("s2mmu runs");
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("the JSON envelope");
+    assert_eq!(v["params"]["engine"], "el2", "{v}");
+    assert_eq!(v["params"]["runs"], 1, "{v}");
+    let run = &v["results"][0];
+    assert_eq!(run["case"], "run 1", "{v}");
+    assert!(run["rounds"].as_u64().is_some_and(|n| n >= 1), "{v}");
 }

@@ -158,5 +158,6 @@ pub fn run_settings(
         },
         attempts: 1,
         ram_pages: Default::default(),
+        engine: Default::default(),
     }
 }

@@ -58,6 +58,7 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
         dest: p.dest_config(),
         attempts: p.attempts,
         ram_pages: RamPages::parse(&p.linux_ram)?,
+        engine: p.engine,
     })
 }
 
@@ -278,6 +279,7 @@ pub const LINUX_ONLY: &[&str] = &[
     "runs",
     "linux_run",
     "linux_ram",
+    "engine",
     "kernel",
     "initrd",
     "cmdline",
@@ -430,6 +432,7 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
     let params = serde_json::json!({
         "guest": "linux", "program": p.linux_run, "mode": mode, "vcpus": p.vcpus,
         "ram_pages": p.linux_ram, "mem_bytes": p.mem, "runs": p.runs,
+        "engine": format!("{:?}", p.engine).to_lowercase(),
     });
     let mut rep = Report::new("migrate", params);
     for (i, r) in runs.iter().enumerate() {

@@ -220,6 +220,9 @@ pub struct Params {
     /// With --guest linux: the host pages under both QEMU machines' RAM, auto (2 MiB pages of a private huge tmpfs where this process may mount one, as root may; else /dev/shm) or shm (/dev/shm: 4 KiB pages under the kernel's default shmem policy).
     #[arg(long, default_value = "auto", value_parser = ["auto", "shm"])]
     pub linux_ram: String,
+    /// With --guest linux: where both machines' stage-2 engine runs, host (a host thread answers every stage-2 abort) or el2 (linked into the EL2 stub: RAM faults, the dirty log's write faults and post-copy's maps answered there); with --listen, this destination's own.
+    #[arg(long, default_value = "host")]
+    pub engine: s2mmu_arm64::linux::vm::Engine,
     /// With --guest linux: the user's kernel, initramfs and command line, and where the consoles go.
     #[command(flatten)]
     pub linux_guest: super::linux_guest::LinuxGuestArgs,

@@ -36,8 +36,11 @@ const OP_WITHHOLD: u64 = 0x102;
 /// `EL2_OUTCOME` values (`el2/src/lib.rs`).
 const ABORT_NO_SLOT: u64 = 1;
 const ABORT_RING_FULL: u64 = 2;
+const ABORT_PAGE_MISSING: u64 = 3;
 
-/// The Linux VM's engine at EL2, as the host drives it.
+/// The Linux VM's engine at EL2, as the host drives it (a clone drives
+/// the same engine: a migration's session holds one for the dirty log).
+#[derive(Clone)]
 pub(crate) struct El2Vm {
     machine: Arc<Machine>,
     sink: Arc<HypSink>,
@@ -46,7 +49,9 @@ pub(crate) struct El2Vm {
     mode: LogMode,
     ram_bytes: u64,
     /// The slots EL2 holds: (id, IPA, bytes).
-    slots: std::sync::Mutex<Vec<(u16, u64, u64)>>,
+    slots: Arc<std::sync::Mutex<Vec<(u16, u64, u64)>>>,
+    /// Post-copy's slot and the pages made ready on it ([`El2Vm::set_postcopy`]).
+    pub(crate) postcopy: Arc<std::sync::Mutex<Option<PostcopySlot>>>,
 }
 
 /// EL2's mode for the host's dirty mode (no logging: `wp`, never used).
@@ -87,6 +92,7 @@ impl El2Vm {
             mode: lm,
             ram_bytes,
             slots: Default::default(),
+            postcopy: Arc::default(),
         };
         let shared = layout::DATA + ram_bytes;
         let area = SHARED_BYTES + TRACE_BYTES;
@@ -98,7 +104,7 @@ impl El2Vm {
     }
 
     /// One command block: its result words, or EL2's refusal.
-    fn call(&self, op: u64, args: &[u64]) -> Result<[u64; 4]> {
+    pub(crate) fn call(&self, op: u64, args: &[u64]) -> Result<[u64; 4]> {
         let mut a = [0u64; 9];
         a[0] = self.vtcr;
         a[1] = self.vttbr;
@@ -182,14 +188,21 @@ impl El2Vm {
         Ok(())
     }
 
-    /// `CLEAR_DIRTY` of the pages `words` names in `slot`'s `n` pages.
-    pub(crate) fn clear_dirty_log(&self, slot: u16, n: u64, words: &[u64]) -> Result<()> {
+    /// `CLEAR_DIRTY` of the pages `words` names in `slot`'s pages
+    /// `first..first + n` (`first` a multiple of 64).
+    pub(crate) fn clear_dirty_log(
+        &self,
+        slot: u16,
+        first: u64,
+        n: u64,
+        words: &[u64],
+    ) -> Result<()> {
         let bytes = Self::bitmap_bytes(words)?;
         let ram = self.machine.ram();
         for (i, w) in words.iter().enumerate() {
             ram.write(self.shared() + 8 * i as u64, *w);
         }
-        let args = [u64::from(slot), 0, n, self.shared(), bytes];
+        let args = [u64::from(slot), first, n, self.shared(), bytes];
         self.call(Op::ClearDirty as u64, &args).map(|_| ())
     }
 
@@ -236,7 +249,7 @@ impl El2Vm {
             let words = &mut bitmap[(first / 64) as usize..(first + n).div_ceil(64) as usize];
             self.get_dirty_log(slot, words)?;
             if mode.manual_protect() {
-                self.clear_dirty_log(slot, n, words)?;
+                self.clear_dirty_log(slot, 0, n, words)?;
             }
         }
         Ok(())
@@ -289,6 +302,7 @@ impl El2Vm {
                 gpa: Gpa::new(e.ipa()),
             })),
             ABORT_RING_FULL => Ok(Err(s2mmu::Error::RingFull { vcpu: id })),
+            ABORT_PAGE_MISSING => self.page_arrived(e.ipa()).map(|()| Ok(Vec::new())),
             o => Err(Arm64Error::Config(format!(
                 "EL2 left vCPU {id}'s abort at IPA {:#x} (ESR {:#x}) to the host ({o})",
                 e.ipa(),
@@ -376,5 +390,109 @@ impl El2Vm {
     /// whole-VMID flush.
     pub(crate) fn withhold(&self, on: bool) -> Result<()> {
         self.call(OP_WITHHOLD, &[u64::from(on)]).map(|_| ())
+    }
+}
+
+/// Post-copy's slot at EL2 ([`El2Vm::set_postcopy`]): its id, where it
+/// lies, and a bit per page the host has made ready, so that each page
+/// gets one `PAGE_READY` (two vCPUs may take the same missing page).
+pub(crate) struct PostcopySlot {
+    id: u16,
+    gpa: u64,
+    pages: u64,
+    ready: Vec<u64>,
+}
+
+/// The page EL2 maps a post-copy slot with.
+const PAGE: u64 = 4096;
+/// The largest post-copy slot the host tracks (the Linux guest's most RAM).
+const MAX_POSTCOPY_BYTES: u64 = 4 << 30;
+/// `MEMSLOT_SET`'s post-copy flag (`s2mmu_el2`'s `FLAG_POSTCOPY`).
+const FLAG_POSTCOPY: u64 = s2mmu_el2::FLAG_POSTCOPY;
+/// `MEMSLOT_SET`'s logging flag.
+const FLAG_LOG: u64 = s2mmu_el2::FLAG_LOG;
+
+impl El2Vm {
+    /// Turns dirty logging off for `slot`.
+    ///
+    /// # Errors
+    /// EL2's refusal (no such slot).
+    pub(crate) fn disable_dirty_logging(&self, slot: u16) -> Result<()> {
+        self.call(Op::LogSet as u64, &[u64::from(slot), 0, 0])
+            .map(|_| ())
+    }
+
+    /// Makes memslot `id` (`size` bytes at `gpa`, backed at `pa`, no page
+    /// of it mapped yet) a post-copy slot: EL2 maps none of its pages
+    /// until [`El2Vm::page_arrived`] says it is here. The slot is created
+    /// again with 4 KiB pages, logging if `logging`.
+    ///
+    /// # Errors
+    /// EL2's refusal; a size over what the host tracks.
+    pub(crate) fn set_postcopy(
+        &self,
+        id: u16,
+        gpa: u64,
+        pa: u64,
+        size: u64,
+        logging: bool,
+    ) -> Result<()> {
+        let pages = size / PAGE;
+        if size > MAX_POSTCOPY_BYTES || !size.is_multiple_of(PAGE) || size == 0 {
+            return Err(Arm64Error::Config(format!(
+                "a post-copy slot of {size} bytes: whole 4 KiB pages up to {} bytes",
+                MAX_POSTCOPY_BYTES
+            )));
+        }
+        let mut ready = Vec::new();
+        ready
+            .try_reserve_exact(pages.div_ceil(64) as usize)
+            .map_err(|e| Arm64Error::Config(format!("post-copy's page bitmap: {e}")))?;
+        ready.resize(pages.div_ceil(64) as usize, 0);
+        let mut g = self.postcopy.lock().unwrap_or_else(|p| p.into_inner());
+        let id64 = u64::from(id);
+        self.call(Op::MemslotSet as u64, &[id64, 0, gpa, 0, pa, 0])?;
+        let log = if logging { FLAG_LOG } else { 0 };
+        let args = [id64, FLAG_POSTCOPY | log, gpa, size, pa, PAGE];
+        if let Err(e) = self.call(Op::MemslotSet as u64, &args) {
+            // The slot as it was (nothing was mapped in it), then the error.
+            let _ = self.call(Op::MemslotSet as u64, &[id64, log, gpa, size, pa, PAGE]);
+            return Err(e);
+        }
+        *g = Some(PostcopySlot {
+            id,
+            gpa,
+            pages,
+            ready,
+        });
+        Ok(())
+    }
+
+    /// A post-copy page EL2 left to the host (`ipa` in it) is here (the
+    /// vCPU's host thread fetched it first): EL2 maps it (`PAGE_READY`),
+    /// once.
+    ///
+    /// # Errors
+    /// No post-copy slot covers `ipa`; EL2's refusal.
+    fn page_arrived(&self, ipa: u64) -> Result<()> {
+        let mut g = self.postcopy.lock().unwrap_or_else(|p| p.into_inner());
+        let p = g
+            .as_mut()
+            .filter(|p| ipa >= p.gpa && (ipa - p.gpa) / PAGE < p.pages)
+            .ok_or_else(|| {
+                Arm64Error::Config(format!(
+                    "EL2 reported a missing post-copy page at IPA {ipa:#x}, which no post-copy \
+                     slot covers"
+                ))
+            })?;
+        let page = (ipa - p.gpa) / PAGE;
+        let (w, bit) = ((page / 64) as usize, 1u64 << (page % 64));
+        if p.ready[w] & bit != 0 {
+            // Another vCPU's fault made it ready meanwhile.
+            return Ok(());
+        }
+        self.call(Op::PageReady as u64, &[u64::from(p.id), page])?;
+        p.ready[w] |= bit;
+        Ok(())
     }
 }

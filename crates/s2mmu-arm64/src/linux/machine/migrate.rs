@@ -24,15 +24,14 @@ use crate::linux::gic::{Gic, GICR_STRIDE};
 use crate::linux::memory::LinuxRam;
 use crate::linux::mig_vcpu::{self, Ctl};
 use crate::linux::page_fetch::PageFetch;
-use crate::linux::placement::{Host, Placement, HOST_ONLY};
+use crate::linux::placement::{Engine, Host, Placement};
 use crate::linux::psci::PowerState;
 use crate::linux::timer;
 use crate::linux::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
 use crate::linux::vcpu_state::{VcpuState, CMD_STATE};
 use crate::linux::vm::{self, DeviceLayout, LinuxConfig, Power, Shared, SlotRam, StopReason};
 use crate::linux::vm_state::{LinuxState, VcpuPart};
-use crate::machine::{Machine, MachineConfig, RamBacking, RamPages};
-use crate::vm::{Arm64Vm, VmConfig};
+use crate::machine::{Machine, RamBacking, RamPages};
 use crate::{Arm64Error, Result};
 use s2mmu_migrate::{VmError, PAGE_SIZE};
 use std::sync::atomic::AtomicBool;
@@ -42,8 +41,11 @@ use std::time::{Duration, Instant};
 use vm_superio::serial::SerialState;
 
 mod clock;
+mod engine;
+mod engine_log;
 mod restore;
 pub use clock::RestoreClock;
+pub(crate) use engine_log::EngineLog;
 
 /// How long a pause may take (a loaded 2-core host runs QEMU slowly).
 const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
@@ -74,7 +76,9 @@ pub struct LinuxVm {
     timeout: Duration,
     layout: DeviceLayout,
     /// The engine's VM while no vCPU thread holds it.
-    idle: Option<Arm64Vm>,
+    idle: Option<Host>,
+    /// Where the engine runs.
+    engine: Engine,
     run: Option<Running>,
     pub(in crate::linux) paused: bool,
     /// The guest's virtual count at the last pause.
@@ -127,14 +131,8 @@ impl LinuxVm {
     /// where it can (4 KiB or 2 MiB).
     fn blank_with(cfg: &LinuxConfig, granule: u64) -> Result<LinuxVm> {
         vm::check(cfg)?;
-        vm::host_placement_only(cfg, "migration")?;
-        let machine = Arc::new(Machine::start(&MachineConfig {
-            cpus: cfg.vcpus + 1,
-            data_bytes: cfg.mem,
-            ram_pages: cfg.ram_pages,
-        })?);
-        let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
-        avm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, cfg.mem, granule)?;
+        let (machine, avm) =
+            LinuxVm::start_engine(cfg.vcpus, cfg.mem, cfg.ram_pages, cfg.engine, granule)?;
         let f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
         let ram = LinuxRam::new(machine.ram().clone(), layout::DATA, cfg.mem, vm::RAM_IPA)?;
         let written = Some(ram.fresh_hashes()?);
@@ -152,6 +150,7 @@ impl LinuxVm {
                 uart_spi: f.uart.2,
             },
             idle: Some(avm),
+            engine: cfg.engine,
             run: None,
             paused: true,
             paused_vct: 0,
@@ -284,7 +283,7 @@ impl LinuxVm {
         bus.insert("uart", self.layout.uart, UART_REGS, uart.clone())
             .expect("the first device on an empty bus");
         let sh = Arc::new(Shared {
-            vm: Host::Host(avm),
+            vm: avm,
             gic,
             bus,
             layout: self.layout,
@@ -346,41 +345,8 @@ impl LinuxVm {
         r.sh.watch.join();
         let sh = Arc::try_unwrap(r.sh)
             .map_err(|_| Arm64Error::Guest("the VM is still shared after its threads".into()))?;
-        self.idle = sh.vm.into_host();
+        self.idle = Some(sh.vm);
         first.map_or(Ok(()), Err)
-    }
-
-    /// Replaces this VM's QEMU with a new one of the same size, before a
-    /// guest comes back to it. QEMU caches the code it has translated by
-    /// guest-physical page and notices changes only through its own
-    /// stores: pages the host writes into the shared RAM behind its back
-    /// (a migration's copies) would run stale translations of the old
-    /// guest code. A new QEMU has none.
-    ///
-    /// # Errors
-    /// As [`LinuxVm::blank`].
-    pub(in crate::linux) fn renew(&mut self) -> Result<()> {
-        self.take_down()?;
-        self.idle = None;
-        let machine = Arc::new(Machine::start(&MachineConfig {
-            cpus: self.vcpus + 1,
-            data_bytes: self.mem,
-            ram_pages: self.ram_pages,
-        })?);
-        let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
-        avm.add_slot(
-            vm::RAM_SLOT,
-            vm::RAM_IPA,
-            layout::DATA,
-            self.mem,
-            self.granule,
-        )?;
-        self.ram = LinuxRam::new(machine.ram().clone(), layout::DATA, self.mem, vm::RAM_IPA)?;
-        self.written = Some(self.ram.fresh_hashes()?);
-        self.machine = machine;
-        self.idle = Some(avm);
-        self.ran = false;
-        Ok(())
     }
 
     /// Stops the guest (if it runs) and its threads.
@@ -400,29 +366,6 @@ impl LinuxVm {
     /// vCPUs.
     pub fn vcpu_count(&self) -> usize {
         self.vcpus
-    }
-
-    /// The engine's MMU of this machine (the same until a guest comes
-    /// back to it and it starts a new QEMU, see `renew`).
-    pub(in crate::linux) fn engine_mmu(&self) -> &Arc<crate::vm::Arm64Mmu> {
-        self.mmu()
-    }
-
-    /// The engine's TLBI sink (its service CPU).
-    pub(in crate::linux) fn engine_sink(&self) -> &Arc<crate::tlbi::HypSink> {
-        match (&self.run, &self.idle) {
-            (Some(r), _) => r.sh.vm.sink(),
-            (None, Some(v)) => v.sink(),
-            (None, None) => unreachable!("the engine's VM is either idle or running"),
-        }
-    }
-
-    fn mmu(&self) -> &Arc<crate::vm::Arm64Mmu> {
-        match (&self.run, &self.idle) {
-            (Some(r), _) => r.sh.vm.host_vm().expect(HOST_ONLY).mmu(),
-            (None, Some(v)) => v.mmu(),
-            (None, None) => unreachable!("the engine's VM is either idle or running"),
-        }
     }
 }
 

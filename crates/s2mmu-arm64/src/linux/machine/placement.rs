@@ -89,9 +89,6 @@ pub(crate) enum Host {
     El2(El2Vm),
 }
 
-/// Why a migration's VM has the host placement: `LinuxVm` makes no other.
-pub(crate) const HOST_ONLY: &str = "a migration's VM runs the host placement";
-
 /// What a vCPU thread keeps of the engine under [`Host`].
 pub(crate) enum EngineVcpu {
     /// The host placement's vCPU state (boxed: the EL2 one is an id).
@@ -127,22 +124,6 @@ impl Host {
             Host::El2(_) => Err(Arm64Error::Config(format!(
                 "{what} is not supported with the engine at EL2 (--engine el2)"
             ))),
-        }
-    }
-
-    /// The host placement's VM, if this is it.
-    pub(crate) fn host_vm(&self) -> Option<&Arm64Vm> {
-        match self {
-            Host::Host(v) => Some(v),
-            Host::El2(_) => None,
-        }
-    }
-
-    /// The host placement's VM back, if this is it.
-    pub(crate) fn into_host(self) -> Option<Arm64Vm> {
-        match self {
-            Host::Host(v) => Some(v),
-            Host::El2(_) => None,
         }
     }
 

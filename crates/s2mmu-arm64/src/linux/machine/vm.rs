@@ -174,19 +174,6 @@ pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
     Ok(())
 }
 
-/// Refuses the EL2 placement for `what`, which only the host one runs.
-///
-/// # Errors
-/// [`Arm64Error::Config`] naming `what`.
-pub(crate) fn host_placement_only(cfg: &LinuxConfig, what: &str) -> Result<()> {
-    if cfg.engine != Engine::Host {
-        return Err(Arm64Error::Config(format!(
-            "{what} is not supported with the engine at EL2 (--engine el2) yet"
-        )));
-    }
-    Ok(())
-}
-
 /// Boots the guest and runs it until it powers off, resets, fails or runs
 /// out of time (`reboot::run_rebooting` boots it again on a reset).
 ///

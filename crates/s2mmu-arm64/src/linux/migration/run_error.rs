@@ -160,6 +160,7 @@ mod tests {
             net: NetConfig::plain(Duration::from_secs(1)),
             attempts: 1,
             ram_pages: Default::default(),
+            engine: Default::default(),
         };
         let cfg = LinuxConfig {
             vcpus: 1,

@@ -9,7 +9,7 @@ use crate::linux::dirty::HarvestConfig;
 use crate::linux::migrate::LinuxVm;
 use crate::linux::session_postcopy::{untouched_digest, LinuxFinal};
 use crate::linux::session_source::{LinuxSessionVm, LINUX_BACKING};
-use crate::linux::vm::{self, LinuxConfig};
+use crate::linux::vm::{self, Engine, LinuxConfig};
 use crate::linux::vm_state::LinuxState;
 use crate::machine::RamPages;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
@@ -30,6 +30,9 @@ pub struct LinuxDest {
     /// Which host pages back each machine's RAM ([`RamPages::Auto`] from
     /// [`LinuxDest::new`]).
     pub ram_pages: RamPages,
+    /// Where each machine's engine runs ([`Engine::Host`] from
+    /// [`LinuxDest::new`]).
+    pub engine: Engine,
     built: Mutex<Option<Arc<LinuxSessionVm>>>,
     /// A blank machine started before the stream ([`LinuxDest::prestart`]):
     /// its vCPU count, RAM size and the machine.
@@ -44,6 +47,7 @@ impl LinuxDest {
             echo,
             timeout,
             ram_pages: RamPages::Auto,
+            engine: Engine::Host,
             built: Mutex::new(None),
             ready: Mutex::new(None),
         }
@@ -104,7 +108,7 @@ impl LinuxDest {
             timeout: self.timeout,
             dirty: HarvestConfig::default(),
             ram_pages: self.ram_pages,
-            engine: Default::default(),
+            engine: self.engine,
         }
     }
 }

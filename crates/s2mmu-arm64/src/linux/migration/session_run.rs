@@ -97,6 +97,8 @@ pub struct RunSettings {
     pub attempts: u32,
     /// Which host pages back both machines' RAM.
     pub ram_pages: RamPages,
+    /// Where both machines' engines run (a listening destination: its own).
+    pub engine: crate::linux::vm::Engine,
 }
 
 /// What one run measured, beyond the common figures.
@@ -174,9 +176,8 @@ pub struct Listened {
     pub went_on: WentOn,
     /// Counter steps begun after the first, in order (0 for the dirtier).
     pub more_steps: usize,
-    /// The first line of the destination's console, `'\r'` dropped: the
-    /// end of a line the switch cut, when it cut one (see
-    /// [`unfinished_line`]).
+    /// The destination console's first line, `'\r'` dropped: the end of
+    /// a line the switch cut, when it cut one ([`unfinished_line`]).
     pub first_line: String,
     /// The destination's console once its guest went on.
     pub console: String,
@@ -220,7 +221,7 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
         timeout: Duration::from_secs(3600),
         dirty: HarvestConfig::default(),
         ram_pages: s.ram_pages,
-        engine: Default::default(),
+        engine: s.engine,
     }
 }
 
@@ -238,8 +239,7 @@ pub fn session_config(s: &RunSettings) -> SourceConfig {
     cfg
 }
 
-/// The destination's settings of `s`: no prefault, as the Linux
-/// destination's RAM is QEMU's file, mapped already.
+/// The destination's settings of `s`: no prefault (its RAM is QEMU's file).
 pub fn dest_config(s: &RunSettings) -> DestConfig {
     let mut d = s.dest.clone();
     d.prefault = false;
@@ -261,7 +261,7 @@ fn session(side: &'static str, error: MigrateError) -> LinuxRunError {
 
 fn dest_factory(cfg: &LinuxConfig) -> Arc<LinuxDest> {
     let mut dest = LinuxDest::new(cfg.echo, cfg.timeout);
-    dest.ram_pages = cfg.ram_pages;
+    (dest.ram_pages, dest.engine) = (cfg.ram_pages, cfg.engine);
     Arc::new(dest)
 }
 

@@ -7,9 +7,9 @@
 
 use crate::linux::dirty_limit::{DirtyLimit, DirtyLimitCounters};
 use crate::linux::memory::LinuxRam;
+use crate::linux::migrate::EngineLog;
 use crate::linux::migrate::LinuxVm;
 use crate::linux::vm;
-use crate::vm::Arm64Mmu;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::postcopy::Final;
 use s2mmu_migrate::stream_error::MigrateError;
@@ -37,7 +37,9 @@ pub const LINUX_BACKING: &str = "qemu-shared";
 pub struct LinuxSessionVm {
     vm: Mutex<LinuxVm>,
     ram: Arc<LinuxRam>,
-    mmu: Arc<Arm64Mmu>,
+    log: EngineLog,
+    /// The log is on (a post-copy slot at EL2 is made again with it).
+    logging: AtomicBool,
     slots: [RamSlot; 1],
     vcpus: usize,
     limit: Arc<DirtyLimit>,
@@ -57,7 +59,7 @@ impl LinuxSessionVm {
     /// `vm` (booted, or blank for a destination) behind the interface.
     pub fn new(vm: LinuxVm) -> LinuxSessionVm {
         let ram = Arc::new(vm.ram().clone());
-        let mmu = vm.engine_mmu().clone();
+        let log = vm.engine_log();
         let slots = [RamSlot {
             id: vm::RAM_SLOT,
             gpa: ram.gpa(),
@@ -69,7 +71,8 @@ impl LinuxSessionVm {
         LinuxSessionVm {
             vm: Mutex::new(vm),
             ram,
-            mmu,
+            log,
+            logging: AtomicBool::new(false),
             slots,
             vcpus,
             limit,
@@ -93,9 +96,8 @@ impl LinuxSessionVm {
             .map_err(|e| VmError::new(format!("written-pages bitmap: {e}")))?;
         bm.resize(self.ram.pages().div_ceil(64) as usize, 0u64);
         self.get_dirty_log(vm::RAM_SLOT, &mut bm)?;
-        self.mmu
-            .disable_dirty_logging(vm::RAM_SLOT)
-            .map_err(vmerr)?;
+        self.log.disable(vm::RAM_SLOT).map_err(vmerr)?;
+        self.logging.store(false, Ordering::SeqCst);
         Ok(bm)
     }
 
@@ -122,7 +124,7 @@ impl LinuxSessionVm {
     /// more vCPUs it carries their IPIs, with splits on fault their
     /// invalidations). Whether it parked.
     pub(crate) fn park_service_while_logging(&self) -> bool {
-        if self.vcpus != 1 || self.mmu.policy().eager_split_chunk.is_none() {
+        if self.vcpus != 1 || !self.log.service_idle_while_logging() {
             return false;
         }
         let parked = self.lock().engine_sink().park_service(LOGGING_PARK).is_ok();
@@ -182,10 +184,9 @@ impl SessionVm for LinuxSessionVm {
     fn enable_dirty_logging(&self) -> Result<(), VmError> {
         // The session stops the log whenever a migration ends, failed or
         // not: a log already on here is an error of its own.
-        self.mmu
-            .enable_dirty_logging(vm::RAM_SLOT)
-            .map(|_| ())
-            .map_err(vmerr)
+        self.log.enable(vm::RAM_SLOT).map_err(vmerr)?;
+        self.logging.store(true, Ordering::SeqCst);
+        Ok(())
     }
 
     fn disable_dirty_logging(&self) -> Result<(), VmError> {
@@ -195,7 +196,9 @@ impl SessionVm for LinuxSessionVm {
             // goes on until FINAL takes the guest's writes from it.
             return Ok(());
         }
-        self.mmu.disable_dirty_logging(vm::RAM_SLOT).map_err(vmerr)
+        self.log.disable(vm::RAM_SLOT).map_err(vmerr)?;
+        self.logging.store(false, Ordering::SeqCst);
+        Ok(())
     }
 
     fn get_dirty_log(&self, slot: u16, bitmap: &mut [u64]) -> Result<(), VmError> {
@@ -209,9 +212,7 @@ impl SessionVm for LinuxSessionVm {
             .try_reserve_exact(bitmap.len())
             .map_err(|e| VmError::new(format!("dirty bitmap: {e}")))?;
         taken.resize(bitmap.len(), 0u64);
-        self.mmu
-            .get_dirty_log(vm::RAM_SLOT, &mut taken)
-            .map_err(vmerr)?;
+        self.log.get(vm::RAM_SLOT, &mut taken).map_err(vmerr)?;
         for (w, t) in bitmap.iter_mut().zip(&taken) {
             *w |= *t;
         }
@@ -226,26 +227,30 @@ impl SessionVm for LinuxSessionVm {
         bitmap: &[u64],
     ) -> Result<(), VmError> {
         self.slot_ok(slot)?;
-        if !self.mmu.policy().dirty.manual_protect() {
+        if !self.log.manual_protect() {
             // GET re-armed the pages it reported already.
             return Ok(());
         }
         // Manual protect: the bits stay set and the pages writable until
         // cleared here (before the session reads them), so that a page
         // the guest writes again is logged again.
-        self.mmu
-            .clear_dirty_log(vm::RAM_SLOT, first_page, num_pages, bitmap)
-            .map(|_| ())
+        self.log
+            .clear(vm::RAM_SLOT, first_page, num_pages, bitmap)
             .map_err(vmerr)
     }
 
     fn set_page_fetch(&self, fetch: Option<Arc<dyn PageFetch>>) -> Result<(), VmError> {
+        let mut vm = self.lock();
         if fetch.is_some() {
+            // At EL2 the slot maps no page until the host says it is
+            // here (its first touch exits to the hook, then `PAGE_READY`).
+            vm.el2_postcopy(self.logging.load(Ordering::SeqCst))
+                .map_err(vmerr)?;
             // Set before the resume, with the log just turned on: from
             // here every page the guest writes is in the log.
             self.tracking.store(true, Ordering::SeqCst);
         }
-        self.lock().set_page_fetch(fetch);
+        vm.set_page_fetch(fetch);
         Ok(())
     }
 }
