@@ -7,6 +7,8 @@
 pub const VERSION: u32 = 0x8400_0000;
 /// CPU_SUSPEND (64-bit).
 pub const CPU_SUSPEND: u32 = 0xc400_0001;
+/// CPU_SUSPEND (32-bit).
+pub const CPU_SUSPEND_32: u32 = 0x8400_0001;
 /// CPU_OFF.
 pub const CPU_OFF: u32 = 0x8400_0002;
 /// CPU_ON (64-bit).
@@ -108,6 +110,12 @@ pub fn decode(x: [u64; 4]) -> PsciCall {
     let (x1, x2, x3) = (narrow(x[1]), narrow(x[2]), narrow(x[3]));
     match id {
         VERSION => PsciCall::Answer(VERSION_1_1),
+        // A suspend is served as a WFI, whatever its power state, as KVM
+        // serves it (`kvm_psci_vcpu_suspend`): PSCI lets a power-down
+        // state be taken as standby, which keeps every register, and the
+        // wake-up is the caller's next interrupt. A trapped WFI here ends
+        // at once (a WFI may), so the call answers SUCCESS at once.
+        CPU_SUSPEND | CPU_SUSPEND_32 => PsciCall::Answer(RET_SUCCESS as u64),
         CPU_ON | CPU_ON_32 => PsciCall::CpuOn {
             target: x1,
             entry: x2,
@@ -127,8 +135,10 @@ pub fn decode(x: [u64; 4]) -> PsciCall {
 
 fn features(id: u32) -> i64 {
     match id {
-        VERSION | CPU_OFF | CPU_ON | CPU_ON_32 | AFFINITY_INFO | AFFINITY_INFO_32
-        | MIGRATE_INFO_TYPE | SYSTEM_OFF | SYSTEM_RESET | FEATURES => RET_SUCCESS,
+        VERSION | CPU_SUSPEND | CPU_SUSPEND_32 | CPU_OFF | CPU_ON | CPU_ON_32 | AFFINITY_INFO
+        | AFFINITY_INFO_32 | MIGRATE_INFO_TYPE | SYSTEM_OFF | SYSTEM_RESET | FEATURES => {
+            RET_SUCCESS
+        }
         _ => RET_NOT_SUPPORTED,
     }
 }

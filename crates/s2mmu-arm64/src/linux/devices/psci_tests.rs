@@ -94,6 +94,8 @@ fn features_checks_the_whole_function_id() {
     let ok = PsciCall::Answer(RET_SUCCESS as u64);
     for id in [
         VERSION,
+        CPU_SUSPEND,
+        CPU_SUSPEND_32,
         CPU_OFF,
         CPU_ON,
         CPU_ON_32,
@@ -111,14 +113,18 @@ fn features_checks_the_whole_function_id() {
             "{id:#x} with the upper half set"
         );
     }
-    assert_eq!(call(FEATURES, CPU_SUSPEND as u64, 0, 0), UNSUPPORTED);
+    assert_eq!(
+        call(FEATURES, 0xc400_0002, 0, 0),
+        UNSUPPORTED,
+        "no 64-bit CPU_OFF"
+    );
     assert_eq!(call(FEATURES, 0x8000_0000, 0, 0), UNSUPPORTED);
 }
 
 #[test]
 fn unknown_calls_are_not_supported_and_x0s_upper_half_is_ignored() {
-    assert_eq!(call(CPU_SUSPEND, 0, 0, 0), UNSUPPORTED);
     assert_eq!(call(0x8000_0000, 0, 0, 0), UNSUPPORTED);
+    assert_eq!(call(0xc400_0002, 0, 0, 0), UNSUPPORTED, "no 64-bit CPU_OFF");
     // The function ID is W0: VERSION whatever x0's upper half holds.
     for upper in [1u64 << 32, 0xffff_ffff << 32] {
         assert_eq!(
@@ -184,4 +190,17 @@ fn serve_asks_the_vm_and_answers_with_what_it_says() {
     assert_eq!(vm.system.get(), Some(true));
     assert_eq!(serve([SYSTEM_OFF as u64, 0, 0, 0], 0, &vm), Served::Off);
     assert_eq!(vm.system.get(), Some(false));
+}
+
+/// CPU_SUSPEND, in either convention and for any power state (standby or
+/// power-down, any state ID), is served as a WFI: SUCCESS, every register
+/// kept, as KVM serves it.
+#[test]
+fn cpu_suspend_is_served_as_a_wfi_whatever_its_power_state() {
+    let ok = PsciCall::Answer(RET_SUCCESS as u64);
+    for id in [CPU_SUSPEND, CPU_SUSPEND_32] {
+        for state in [0, 1, 1 << 16, 0x0101_0000, u64::MAX] {
+            assert_eq!(call(id, state, 0x4008_0000, 7), ok, "{id:#x} {state:#x}");
+        }
+    }
 }
