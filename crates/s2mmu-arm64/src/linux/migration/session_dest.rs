@@ -14,7 +14,7 @@ use crate::linux::vm_state::LinuxState;
 use crate::machine::RamPages;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
+use s2mmu_migrate::vm::{GuestCounters, GuestRun, PageFetch, SessionVm};
 use s2mmu_migrate::wire::{Header, WireFormat};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -214,8 +214,52 @@ impl DestGuest for LinuxDestGuest {
 /// source paused its guest for the stop-and-copy) and before its guest
 /// resumes: `exit` ends this process with SIGKILL, `kill-qemu` kills the
 /// destination's QEMU machine. The tests of a failure timed into the
-/// stop-and-copy set it; another value is logged and ignored.
+/// stop-and-copy set it. `exit-in-postcopy` ends this process with
+/// SIGKILL in post-copy instead, once its resumed guest's first missing
+/// page was fetched from the source (the memory is split then: see
+/// [`with_postcopy_fault`]). Another value is logged and ignored.
 const FAULT_AT_STATE: &str = "S2MMU_TEST_DEST_FAULT_AT_STATE";
+
+/// [`FAULT_AT_STATE`]'s value that fires in post-copy.
+const EXIT_IN_POSTCOPY: &str = "exit-in-postcopy";
+
+/// Ends this process as a kill from outside would.
+fn kill_self() -> ! {
+    // SAFETY: kill(2) on this process has no memory effects; the
+    // process ends at once, as a kill from outside would end it.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    std::process::exit(137);
+}
+
+/// `fetch`, or with `S2MMU_TEST_DEST_FAULT_AT_STATE=exit-in-postcopy` a
+/// hook that kills this process right after the first page it had to
+/// fetch from the source has arrived: the guest has resumed here and
+/// runs on pages only this host holds.
+pub(super) fn with_postcopy_fault(fetch: Arc<dyn PageFetch>) -> Arc<dyn PageFetch> {
+    match std::env::var(FAULT_AT_STATE) {
+        Ok(v) if v == EXIT_IN_POSTCOPY => Arc::new(ExitAfterFetch(fetch)),
+        _ => fetch,
+    }
+}
+
+/// The hook [`with_postcopy_fault`] makes.
+struct ExitAfterFetch(Arc<dyn PageFetch>);
+
+impl PageFetch for ExitAfterFetch {
+    fn fetch(&self, vcpu: usize, gpa: u64) -> Result<bool, String> {
+        let waited = self.0.fetch(vcpu, gpa)?;
+        if waited {
+            eprintln!(
+                "s2mmu: {FAULT_AT_STATE}={EXIT_IN_POSTCOPY}: the destination process is killed \
+                 in post-copy, after its first fetched page (IPA {gpa:#x})"
+            );
+            kill_self();
+        }
+        Ok(waited)
+    }
+}
 
 /// The fault [`FAULT_AT_STATE`] asks for, if any.
 fn fault_at_state(vm: &LinuxSessionVm) {
@@ -225,12 +269,7 @@ fn fault_at_state(vm: &LinuxSessionVm) {
     match v.to_str() {
         Some("exit") => {
             eprintln!("s2mmu: {FAULT_AT_STATE}=exit: the destination process is killed at STATE");
-            // SAFETY: kill(2) on this process has no memory effects; the
-            // process ends at once, as a kill from outside would end it.
-            unsafe {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
-            std::process::exit(137);
+            kill_self();
         }
         Some("kill-qemu") => {
             eprintln!(
@@ -238,7 +277,11 @@ fn fault_at_state(vm: &LinuxSessionVm) {
             );
             vm.lock().machine.kill_qemu();
         }
-        _ => eprintln!("s2mmu: {FAULT_AT_STATE}={v:?} is neither exit nor kill-qemu: ignored"),
+        // Fires later, in the page-fetch hook.
+        Some(EXIT_IN_POSTCOPY) => {}
+        _ => eprintln!(
+            "s2mmu: {FAULT_AT_STATE}={v:?} is neither exit, kill-qemu nor {EXIT_IN_POSTCOPY}: ignored"
+        ),
     }
 }
 

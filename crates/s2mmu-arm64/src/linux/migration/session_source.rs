@@ -250,7 +250,7 @@ impl SessionVm for LinuxSessionVm {
             // here every page the guest writes is in the log.
             self.tracking.store(true, Ordering::SeqCst);
         }
-        vm.set_page_fetch(fetch);
+        vm.set_page_fetch(fetch.map(super::session_dest::with_postcopy_fault));
         Ok(())
     }
 }
