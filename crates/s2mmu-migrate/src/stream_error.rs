@@ -155,9 +155,16 @@ impl MigrateError {
                 why: e.to_string(),
             };
         }
+        let error = if e.kind() == std::io::ErrorKind::ConnectionRefused {
+            // Only a connect is refused: the peer is not there any more
+            // (a destination process that ended, in a recovery).
+            format!("{e}: nothing listens there (the peer's process has ended or closed its port)")
+        } else {
+            e.to_string()
+        };
         MigrateError::Io {
             what: what.into(),
-            error: e.to_string(),
+            error,
         }
     }
 }

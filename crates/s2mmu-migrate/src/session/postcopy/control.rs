@@ -440,7 +440,7 @@ pub fn await_operator<T>(
     let mut why = first.clone();
     loop {
         eprintln!(
-            "{side}: POST-COPY PAUSED ({why}): the guest's memory is split between the two hosts ({pages} pages missing on the destination as far as this side knows); the guest stays paused here; waiting up to {:?} for `recover` or `cancel` on the control socket {}",
+            "{side}: POST-COPY PAUSED ({why}): the guest's memory is split between the two hosts ({pages} pages missing on the destination as far as this side knows); the guest stays paused here and this side's memory is kept for a recovery; waiting up to {:?} for `recover` or `cancel` on the control socket {}",
             rec.wait,
             ctl.path.display()
         );
