@@ -13,8 +13,12 @@
 //! post-copy broke with the memory split, find the destination gone,
 //! keep its guest paused and wait for the operator on its control socket;
 //! an operator's `cancel` then ends it with the error that names the
-//! split. Real QEMU machines and processes. Behaviour only: no timing is
-//! asserted.
+//! split. With `kill-qemu-in-postcopy` the destination's QEMU machine is
+//! killed at the same point instead: its guest's vCPU state dies with it,
+//! so nothing is left to recover against; the destination ends naming its
+//! machine, and the source ends without resuming its older copy, naming a
+//! guest lost on the destination (not a memory that differs). Real QEMU
+//! machines and processes. Behaviour only: no timing is asserted.
 
 mod cli_common;
 mod fail_common;
@@ -23,7 +27,7 @@ mod recover_common;
 use fail_common::{listen_env, migrate, require_linux, wait_exit, Log, Qemu};
 use recover_common::ctl;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -56,18 +60,13 @@ fn wait_paused(sock: &Path, c: &mut Child, log: &Log, limit: Duration) -> serde_
     }
 }
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn a_destination_process_killed_in_postcopy_leaves_the_source_paused_with_its_pages() {
-    require_linux();
-    let (qd, qs) = (Qemu::new("fail-pc-dproc-d"), Qemu::new("fail-pc-dproc-s"));
+/// A listening destination with `fault` and a post-copy source (`--to`,
+/// `--postcopy start`, `--control`) to it; the source's control socket.
+fn start(qd: &Qemu, qs: &Qemu, fault: &str) -> (Child, Log, Child, Log, PathBuf) {
     let sock = qs.dir.join("src.sock");
-    let (mut d, addr, dlog) = listen_env(&qd, "256M", &[], &[(FAULT, "exit-in-postcopy")]);
-    let (mut s, slog) = migrate(
-        &qs,
+    let (d, addr, dlog) = listen_env(qd, "256M", &[], &[(FAULT, fault)]);
+    let (s, slog) = migrate(
+        qs,
         "256M",
         &[
             "--to",
@@ -78,17 +77,14 @@ fn a_destination_process_killed_in_postcopy_leaves_the_source_paused_with_its_pa
             sock.to_str().unwrap(),
         ],
     );
-    let st = wait_exit(&mut d, &dlog, Duration::from_secs(900));
-    assert_eq!(st.signal(), Some(9), "killed:\n{}", dlog.text());
-    assert!(
-        dlog.text()
-            .contains("destination process is killed in post-copy, after its first fetched page"),
-        "the fault came in post-copy:\n{}",
-        dlog.text()
-    );
+    (d, dlog, s, slog, sock)
+}
 
-    // The source keeps its guest paused and its pages, and waits.
-    let v = wait_paused(&sock, &mut s, &slog, Duration::from_secs(300));
+/// The source paused with its memory, naming what failed (`what`), its
+/// guest not resumed and its QEMU machine alive; then the operator's
+/// `cancel` ends it with the error that names the split.
+fn source_kept_its_half(s: &mut Child, slog: &Log, sock: &Path, qs: &Qemu, what: &[&str]) {
+    let v = wait_paused(sock, s, slog, Duration::from_secs(300));
     eprintln!("the source's status: {v}");
     assert!(
         v["pages_missing"].as_u64().unwrap() > 0,
@@ -98,24 +94,17 @@ fn a_destination_process_killed_in_postcopy_leaves_the_source_paused_with_its_pa
     for what in [
         "source: POST-COPY BROKE (",
         "the guest's memory is split between the two hosts",
-        "the recovery failed: ",
         "source: POST-COPY PAUSED (",
-        "connecting to 127.0.0.1:",
-        "nothing listens there (the peer's process has ended or closed its port)",
         "the guest stays paused here and this side's memory is kept for a recovery",
-    ] {
+    ]
+    .iter()
+    .chain(what)
+    {
         assert!(text.contains(what), "the source says {what:?}:\n{text}");
     }
     assert!(
         !text.contains("the source's guest was resumed"),
         "the source resumed a guest whose newer pages are lost:\n{text}"
-    );
-    assert!(
-        v["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("nothing listens there"),
-        "the status names the destination gone: {v}"
     );
     let qemu = qs.pid(1).expect("the source's machine started");
     assert!(
@@ -124,9 +113,9 @@ fn a_destination_process_killed_in_postcopy_leaves_the_source_paused_with_its_pa
     );
 
     // The operator gives up: the source ends, naming the split.
-    let o = ctl(&sock, &["cancel"]);
+    let o = ctl(sock, &["cancel"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let st = wait_exit(&mut s, &slog, Duration::from_secs(60));
+    let st = wait_exit(s, slog, Duration::from_secs(60));
     let text = slog.text();
     eprintln!("the source:\n{text}");
     assert!(!st.success(), "the source succeeded:\n{text}");
@@ -136,4 +125,73 @@ fn a_destination_process_killed_in_postcopy_leaves_the_source_paused_with_its_pa
     ] {
         assert!(text.contains(what), "the source says {what:?}:\n{text}");
     }
+}
+
+/// The source's words for a destination that is gone: its reconnect
+/// refused.
+const GONE: [&str; 3] = [
+    "the recovery failed: ",
+    "connecting to 127.0.0.1:",
+    "nothing listens there (the peer's process has ended or closed its port)",
+];
+
+#[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
+fn a_destination_process_killed_in_postcopy_leaves_the_source_paused_with_its_pages() {
+    require_linux();
+    let (qd, qs) = (Qemu::new("fail-pc-dproc-d"), Qemu::new("fail-pc-dproc-s"));
+    let (mut d, dlog, mut s, slog, sock) = start(&qd, &qs, "exit-in-postcopy");
+    let st = wait_exit(&mut d, &dlog, Duration::from_secs(900));
+    assert_eq!(st.signal(), Some(9), "killed:\n{}", dlog.text());
+    assert!(
+        dlog.text()
+            .contains("destination process is killed in post-copy, after its first fetched page"),
+        "the fault came in post-copy:\n{}",
+        dlog.text()
+    );
+    source_kept_its_half(&mut s, &slog, &sock, &qs, &GONE);
+}
+
+#[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
+fn a_destinations_qemu_killed_in_postcopy_ends_the_source_paused_naming_the_lost_guest() {
+    require_linux();
+    let (qd, qs) = (Qemu::new("fail-pc-dqemu-d"), Qemu::new("fail-pc-dqemu-s"));
+    let (mut d, dlog, mut s, slog, _sock) = start(&qd, &qs, "kill-qemu-in-postcopy");
+    let st = wait_exit(&mut d, &dlog, Duration::from_secs(900));
+    let dtext = dlog.text();
+    assert!(!st.success(), "the destination succeeded:\n{dtext}");
+    for what in [
+        "QEMU machine is killed in post-copy, after its first fetched page",
+        "the guest stopped",
+        "QEMU exited (signal: 9 (SIGKILL))",
+    ] {
+        assert!(
+            dtext.contains(what),
+            "the destination says {what:?}:\n{dtext}"
+        );
+    }
+    // The destination's vCPU state died with its machine: nothing is
+    // left to recover against, and the source must not resume its older
+    // copy. It ends, naming the guest lost on the destination.
+    let st = wait_exit(&mut s, &slog, Duration::from_secs(300));
+    let text = slog.text();
+    eprintln!("the source:\n{text}");
+    assert!(!st.success(), "the source succeeded:\n{text}");
+    for what in [
+        "POST-COPY BROKE: the destination's FINAL carries no guest state: its guest failed",
+        "the source does not resume its own older copy",
+    ] {
+        assert!(text.contains(what), "the source says {what:?}:\n{text}");
+    }
+    assert!(
+        !text.contains("the source's guest was resumed"),
+        "the source resumed a guest whose newer pages are lost:\n{text}"
+    );
 }

@@ -145,12 +145,27 @@ pub fn untouched_digest(ram: &LinuxRam, written: &[u64]) -> Result<u64, String> 
 /// that agreed.
 ///
 /// # Errors
-/// [`MigrateError::MemoryMismatch`] naming what differs.
+/// [`MigrateError::MemoryMismatch`] naming what differs;
+/// [`MigrateError::PostcopyBroken`] when FINAL carries no state (the
+/// destination's guest could not be saved: its machine failed after the
+/// resume).
 pub fn verify_final(
     ram: &LinuxRam,
     vcpus: usize,
     fin: &Final,
 ) -> Result<Vec<(u16, u64)>, MigrateError> {
+    if fin.state.is_empty() {
+        // `LinuxRunning::final_state` sends nothing when the guest's
+        // state cannot be had: not a memory that differs, a guest lost.
+        return Err(MigrateError::PostcopyBroken {
+            why: "the destination's FINAL carries no guest state: its guest failed after it \
+                  resumed there (its QEMU machine or a vCPU stopped; the destination's log \
+                  says which), and the vCPU state and the pages it wrote since the resume are \
+                  lost with it; the source does not resume its own older copy"
+                .into(),
+            missing_pages: None,
+        });
+    }
     let mismatch = |detail: String| MigrateError::MemoryMismatch {
         slot: vm::RAM_SLOT,
         detail,

@@ -250,7 +250,8 @@ impl SessionVm for LinuxSessionVm {
             // here every page the guest writes is in the log.
             self.tracking.store(true, Ordering::SeqCst);
         }
-        vm.set_page_fetch(fetch.map(super::session_dest::with_postcopy_fault));
+        let machine = vm.machine.clone();
+        vm.set_page_fetch(fetch.map(|f| super::session_dest::with_postcopy_fault(f, &machine)));
         Ok(())
     }
 }
