@@ -2,6 +2,7 @@
 
 pub mod console_gap;
 pub(crate) mod console_watch;
+mod fault_hook;
 pub mod run_error;
 pub mod session_dest;
 pub mod session_postcopy;

@@ -5,19 +5,19 @@
 //! with CNTVOFF set so that its virtual time goes on without a jump
 //! (`LinuxVm::load_guest_state`).
 
+use super::fault_hook::{kill_self, EXIT_IN_POSTCOPY, FAULT_AT_STATE, KILL_QEMU_IN_POSTCOPY};
 use crate::linux::dirty::HarvestConfig;
 use crate::linux::migrate::LinuxVm;
 use crate::linux::session_postcopy::{untouched_digest, LinuxFinal};
 use crate::linux::session_source::{LinuxSessionVm, LINUX_BACKING};
 use crate::linux::vm::{self, Engine, LinuxConfig};
 use crate::linux::vm_state::LinuxState;
-use crate::machine::{Machine, RamPages};
+use crate::machine::RamPages;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::vm::{GuestCounters, GuestRun, PageFetch, SessionVm};
+use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
 use s2mmu_migrate::wire::{Header, WireFormat};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -210,83 +210,7 @@ impl DestGuest for LinuxDestGuest {
     }
 }
 
-/// The environment variable that makes a destination fail on purpose
-/// once its whole stream has arrived (every channel's END, so after the
-/// source paused its guest for the stop-and-copy) and before its guest
-/// resumes: `exit` ends this process with SIGKILL, `kill-qemu` kills the
-/// destination's QEMU machine. The tests of a failure timed into the
-/// stop-and-copy set it. `exit-in-postcopy` and `kill-qemu-in-postcopy`
-/// do the same in post-copy instead, once the resumed guest's first
-/// missing page was fetched from the source (the memory is split then:
-/// see [`with_postcopy_fault`]). Another value is logged and ignored.
-const FAULT_AT_STATE: &str = "S2MMU_TEST_DEST_FAULT_AT_STATE";
-
-/// [`FAULT_AT_STATE`]'s values that fire in post-copy.
-const EXIT_IN_POSTCOPY: &str = "exit-in-postcopy";
-const KILL_QEMU_IN_POSTCOPY: &str = "kill-qemu-in-postcopy";
-
-/// Ends this process as a kill from outside would.
-fn kill_self() -> ! {
-    // SAFETY: kill(2) on this process has no memory effects; the
-    // process ends at once, as a kill from outside would end it.
-    unsafe {
-        libc::kill(libc::getpid(), libc::SIGKILL);
-    }
-    std::process::exit(137);
-}
-
-/// `fetch`, or with [`FAULT_AT_STATE`] set to `exit-in-postcopy` or
-/// `kill-qemu-in-postcopy` a hook that kills this process or `machine`'s
-/// QEMU right after the first page it had to fetch from the source has
-/// arrived: the guest has resumed here and runs on pages only this host
-/// holds.
-pub(super) fn with_postcopy_fault(
-    fetch: Arc<dyn PageFetch>,
-    machine: &Arc<Machine>,
-) -> Arc<dyn PageFetch> {
-    let kill_qemu = match std::env::var(FAULT_AT_STATE).as_deref() {
-        Ok(EXIT_IN_POSTCOPY) => None,
-        Ok(KILL_QEMU_IN_POSTCOPY) => Some(machine.clone()),
-        _ => return fetch,
-    };
-    Arc::new(FaultAfterFetch {
-        fetch,
-        kill_qemu,
-        fired: AtomicBool::new(false),
-    })
-}
-
-/// The hook [`with_postcopy_fault`] makes: kills the QEMU machine if
-/// given, else this process.
-struct FaultAfterFetch {
-    fetch: Arc<dyn PageFetch>,
-    kill_qemu: Option<Arc<Machine>>,
-    fired: AtomicBool,
-}
-
-impl PageFetch for FaultAfterFetch {
-    fn fetch(&self, vcpu: usize, gpa: u64) -> Result<bool, String> {
-        let waited = self.fetch.fetch(vcpu, gpa)?;
-        if !waited || self.fired.swap(true, Ordering::SeqCst) {
-            return Ok(waited);
-        }
-        let Some(m) = &self.kill_qemu else {
-            eprintln!(
-                "s2mmu: {FAULT_AT_STATE}={EXIT_IN_POSTCOPY}: the destination process is killed \
-                 in post-copy, after its first fetched page (IPA {gpa:#x})"
-            );
-            kill_self();
-        };
-        eprintln!(
-            "s2mmu: {FAULT_AT_STATE}={KILL_QEMU_IN_POSTCOPY}: the destination's QEMU machine is \
-             killed in post-copy, after its first fetched page (IPA {gpa:#x})"
-        );
-        m.kill_qemu();
-        Ok(waited)
-    }
-}
-
-/// The fault [`FAULT_AT_STATE`] asks for, if any.
+/// The fault [`FAULT_AT_STATE`] asks for at STATE, if any.
 fn fault_at_state(vm: &LinuxSessionVm) {
     let Some(v) = std::env::var_os(FAULT_AT_STATE) else {
         return;

@@ -251,7 +251,7 @@ impl SessionVm for LinuxSessionVm {
             self.tracking.store(true, Ordering::SeqCst);
         }
         let machine = vm.machine.clone();
-        vm.set_page_fetch(fetch.map(|f| super::session_dest::with_postcopy_fault(f, &machine)));
+        vm.set_page_fetch(fetch.map(|f| super::fault_hook::with_postcopy_fault(f, &machine)));
         Ok(())
     }
 }
