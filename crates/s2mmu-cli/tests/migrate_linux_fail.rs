@@ -11,6 +11,7 @@
 //! is asserted.
 
 mod cli_common;
+#[macro_use]
 mod fail_common;
 
 use fail_common::{listen, migrate, require_linux, source_resumed, wait_exit, Qemu};
@@ -21,20 +22,6 @@ use std::time::Duration;
 const SLOW: [&str; 2] = ["--bandwidth", "2M"];
 
 const BOOT: Duration = Duration::from_secs(900);
-
-macro_rules! linux_test {
-    ($name:ident, $body:block) => {
-        #[test]
-        #[cfg_attr(
-            not(s2mmu_linux_runnable),
-            ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-        )]
-        fn $name() {
-            require_linux();
-            $body
-        }
-    };
-}
 
 linux_test!(one_process_machine_b_that_cannot_start_leaves_a_running, {
     let q = Qemu::new("fail-b-start");

@@ -12,6 +12,7 @@
 //! QEMU machines and processes. Behaviour only: no timing is asserted.
 
 mod cli_common;
+#[macro_use]
 mod fail_common;
 
 use fail_common::{
@@ -26,20 +27,6 @@ const FAULT: &str = "S2MMU_TEST_DEST_FAULT_AT_STATE";
 /// its last pages and the vCPU state (its guest paused).
 const NO_RESUMED: &str = "waiting for the destination's RESUMED after the last pages and the \
                           vCPU state were sent: the destination closed the connection";
-
-macro_rules! linux_test {
-    ($name:ident, $body:block) => {
-        #[test]
-        #[cfg_attr(
-            not(s2mmu_linux_runnable),
-            ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-        )]
-        fn $name() {
-            require_linux();
-            $body
-        }
-    };
-}
 
 linux_test!(
     one_process_machine_b_killed_in_stop_and_copy_leaves_a_running,

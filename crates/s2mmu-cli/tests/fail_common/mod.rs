@@ -244,3 +244,20 @@ pub fn source_resumed(c: &mut Child, log: &Log, what: &str) {
         "the steps in order:\n{text}"
     );
 }
+
+/// A test of the Linux guest: ignored, with the reason, where the guest
+/// cannot run; failing where `S2MMU_REQUIRE_LINUX` says it must.
+#[allow(unused_macros)] // a file that writes its tests out in full
+macro_rules! linux_test {
+    ($name:ident, $body:block) => {
+        #[test]
+        #[cfg_attr(
+            not(s2mmu_linux_runnable),
+            ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+        )]
+        fn $name() {
+            require_linux();
+            $body
+        }
+    };
+}
