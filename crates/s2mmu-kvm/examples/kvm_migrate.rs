@@ -1,9 +1,10 @@
 //! A guest on the host's real KVM live-migrated to another process over
 //! TCP with the migration library (`s2mmu-migrate`), under KVM's own dirty
 //! log. The guest is `s2mmu_kvm::migrate::writer` (RAM in three regions,
-//! a vCPU writing a counter into every page without end); a VMM swaps in
-//! its own machine and keeps the rest: `KvmRam` (its regions),
-//! `KvmVm` (memslots and the dirty log), `KvmVcpus` (vCPU threads).
+//! a vCPU writing a counter into every page without end, checking its SSE
+//! state and TSC); a VMM swaps in its own machine and keeps the rest:
+//! `KvmRam` (its regions), `KvmVm` (memslots, the in-kernel APIC, the
+//! dirty log), `KvmVcpus` (vCPU threads, their full state, the throttle).
 //!
 //! ```sh
 //! cargo run -p s2mmu-kvm --example kvm_migrate                 # dirty bitmap + CLEAR
@@ -43,14 +44,19 @@ fn destination(addr: &str, log: KvmDirtyLog) -> Result<(), String> {
     let factory = WriterDest {
         log,
         started: started.clone(),
+        drop_xsave: false,
     };
     let cfg = DestConfig::with_run_after(Duration::from_millis(500));
     let got = serve_with(&*listener, &factory, &cfg, &net()).map_err(|e| e.to_string())?;
-    let (hashes, counter) = started
+    let r = started
         .lock()
         .map_err(|_| "poisoned")?
         .take()
         .ok_or("no start")?;
+    if !r.errors.is_empty() {
+        return Err(format!("the guest's checks failed: {:?}", r.errors));
+    }
+    let (hashes, counter) = (r.hashes, r.state.vcpus[0].regs.rax);
     let passes = got.resumed_progress.first().copied().unwrap_or(0);
     let hex: Vec<String> = hashes.iter().map(|h| format!("{h:x}")).collect();
     let _ = writeln!(out, "RESUMED {counter} {passes}\nHASHES {}", hex.join(","));
@@ -61,7 +67,7 @@ fn destination(addr: &str, log: KvmDirtyLog) -> Result<(), String> {
 /// page hashes and counter as it stopped.
 fn source(addr: &str, log: KvmDirtyLog) -> Result<(Vec<u64>, u64), String> {
     let kvm = s2mmu_kvm::open_kvm().map_err(|e| e.to_string())?;
-    let guest = WriterGuest::start(&kvm, log).map_err(|e| e.to_string())?;
+    let guest = WriterGuest::start(&kvm, log, 1).map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_millis(200));
     let harvest = match log {
         KvmDirtyLog::Bitmap => Harvest::Bitmap,
@@ -79,8 +85,8 @@ fn source(addr: &str, log: KvmDirtyLog) -> Result<(Vec<u64>, u64), String> {
         out.rounds.len(),
         out.downtime.as_secs_f64() * 1e3
     );
-    let regs = guest.registers().map_err(|e| e.to_string())?; // paused since the switch
-    Ok((guest.kvm_vm().ram().page_hashes(), regs[0].regs.rax))
+    let st = guest.registers().map_err(|e| e.to_string())?; // paused since the switch
+    Ok((guest.kvm_vm().ram().page_hashes(), st.vcpus[0].regs.rax))
 }
 
 /// Both ends: the destination as a child process of this program.

@@ -28,6 +28,10 @@ pub const CR0_WP: u64 = 1 << 16;
 pub const CR0_PG: u64 = 1 << 31;
 /// CR4.PAE: needed for long mode.
 pub const CR4_PAE: u64 = 1 << 5;
+/// CR4.OSFXSR: SSE instructions and FXSAVE enabled.
+pub const CR4_OSFXSR: u64 = 1 << 9;
+/// CR4.OSXMMEXCPT: unmasked SSE exceptions raise #XM.
+pub const CR4_OSXMMEXCPT: u64 = 1 << 10;
 /// EFER.LME: long mode enable.
 pub const EFER_LME: u64 = 1 << 8;
 /// EFER.LMA: long mode active.

@@ -8,14 +8,22 @@
 //!   `KVM_CLEAR_DIRTY_LOG` (manual protect) or per-vCPU dirty rings (the
 //!   library's `SessionVm`);
 //! - [`vcpus::KvmVcpus`]: vCPU threads that pause at an instruction
-//!   boundary and whose registers are read and written while paused (the
-//!   library's `GuestRun`); [`cpu_state`]: the registers as STATE bytes;
+//!   boundary and whose state is read and written while paused (the
+//!   library's `GuestRun`), throttled for auto-converge as QEMU's
+//!   `cpu_throttle` does ([`throttle`]); [`cpu_state`] and [`cpu_parts`]:
+//!   a vCPU's full x86 state and the VM's clock as STATE bytes;
+//!   [`vcpu_io`]: that state read from KVM and restored in KVM's order;
 //! - [`writer`]: a tiny guest that writes every page of two regions without
-//!   end, with the source's and destination's traits, what the tests and
+//!   end and checks its SSE state and TSC, with the source's traits, and
+//!   [`writer_dest`], its destination's: what the tests and
 //!   `examples/kvm_migrate.rs` move between processes.
 
+pub mod cpu_parts;
 pub mod cpu_state;
 pub mod ram;
 pub mod session_vm;
+pub mod throttle;
+pub mod vcpu_io;
 pub mod vcpus;
 pub mod writer;
+pub mod writer_dest;

@@ -2,16 +2,22 @@
 //! region, and KVM's own dirty log in either form, the bitmap with manual
 //! protect (`KVM_GET_DIRTY_LOG` copies, `KVM_CLEAR_DIRTY_LOG` re-protects)
 //! or the per-vCPU dirty rings (`KVM_RESET_DIRTY_RINGS` re-protects).
+//! The VM has KVM's in-kernel interrupt controllers (`KVM_CREATE_IRQCHIP`:
+//! a local APIC per vCPU, an IOAPIC, a PIC), as a VMM's VM does, so a
+//! vCPU's local APIC is part of its state.
 
+use super::cpu_state::ClockState;
 use super::ram::KvmRam;
+use super::vcpu_io::StateCaps;
 use crate::dirty_ring::{self, DirtyRing, RingResetter};
 use crate::{sys, Error};
 use kvm_bindings::{
-    kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MEM_LOG_DIRTY_PAGES,
+    kvm_clock_data, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
+    KVM_MEM_LOG_DIRTY_PAGES,
 };
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use s2mmu_migrate::vm::{RamSlot, RingEntry, SessionVm, VmError};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Which of KVM's dirty logs the VM keeps.
@@ -56,6 +62,9 @@ pub struct KvmVm {
     log: KvmDirtyLog,
     first_slot: u32,
     slots: Vec<RamSlot>,
+    caps: StateCaps,
+    /// Dirty pages the log reported, summed over harvests.
+    dirty_pages: AtomicU64,
     ram: Arc<KvmRam>,
 }
 
@@ -86,6 +95,8 @@ impl KvmVm {
         let vm = kvm
             .create_vm()
             .map_err(|e| Error::from_errno("KVM_CREATE_VM", e))?;
+        vm.create_irq_chip()
+            .map_err(|e| Error::from_errno("KVM_CREATE_IRQCHIP", e))?;
         match log {
             KvmDirtyLog::Bitmap => {
                 sys::enable_manual_protect(&vm, false)?;
@@ -93,7 +104,7 @@ impl KvmVm {
             KvmDirtyLog::Ring { entries } => dirty_ring::enable(&vm, entries)?,
         }
         let slots = ram.regions().slots().to_vec();
-        let this = KvmVm {
+        let mut this = KvmVm {
             resetter: match log {
                 KvmDirtyLog::Ring { .. } => Some(RingResetter::new(&vm)?),
                 KvmDirtyLog::Bitmap => None,
@@ -104,6 +115,8 @@ impl KvmVm {
             log,
             first_slot,
             slots,
+            caps: StateCaps::default(),
+            dirty_pages: AtomicU64::new(0),
             ram,
         };
         this.set_logging(false)?;
@@ -123,6 +136,7 @@ impl KvmVm {
             }
             fds.push(fd);
         }
+        this.caps = StateCaps::probe(kvm, &this.vm, &fds[0])?;
         let vm = Arc::new(this);
         Ok((vm.clone(), NewVcpus { fds, vm }))
     }
@@ -141,6 +155,44 @@ impl KvmVm {
     /// The VM fd.
     pub fn vm_fd(&self) -> &VmFd {
         &self.vm
+    }
+
+    /// What a vCPU's state carries on this host.
+    pub fn state_caps(&self) -> &StateCaps {
+        &self.caps
+    }
+
+    /// Dirty pages the log reported so far, summed over harvests (a page
+    /// dirty in two harvests counts twice).
+    pub fn dirty_pages(&self) -> u64 {
+        self.dirty_pages.load(Ordering::Relaxed)
+    }
+
+    /// The KVM clock (`KVM_GET_CLOCK`; the TSC frequency is the vCPUs').
+    ///
+    /// # Errors
+    /// KVM's refusal.
+    pub fn clock_ns(&self) -> Result<u64, Error> {
+        let c = self
+            .vm
+            .get_clock()
+            .map_err(|e| Error::from_errno("KVM_GET_CLOCK", e))?;
+        Ok(c.clock)
+    }
+
+    /// Sets the KVM clock to `clock.clock_ns` (`KVM_SET_CLOCK`), before
+    /// any vCPU runs.
+    ///
+    /// # Errors
+    /// KVM's refusal.
+    pub fn set_clock(&self, clock: &ClockState) -> Result<(), Error> {
+        let data = kvm_clock_data {
+            clock: clock.clock_ns,
+            ..Default::default()
+        };
+        self.vm
+            .set_clock(&data)
+            .map_err(|e| Error::from_errno("KVM_SET_CLOCK", e))
     }
 
     fn lock_rings(&self) -> std::sync::MutexGuard<'_, Vec<DirtyRing>> {
@@ -216,6 +268,8 @@ impl SessionVm for KvmVm {
                 bitmap.len()
             )));
         }
+        let n: u32 = got.iter().map(|w| w.count_ones()).sum();
+        self.dirty_pages.fetch_add(u64::from(n), Ordering::Relaxed);
         for (b, g) in bitmap.iter_mut().zip(&got) {
             *b |= g;
         }
@@ -236,6 +290,7 @@ impl SessionVm for KvmVm {
             ));
         }
         let (first, n) = (self.first_slot, self.slots.len() as u32);
+        let before = out.len();
         for ring in self.lock_rings().iter_mut() {
             ring.harvest(|slot, offset| {
                 // Address space 0 only; other slots are not guest RAM.
@@ -244,6 +299,8 @@ impl SessionVm for KvmVm {
                 }
             });
         }
+        let n = (out.len() - before) as u64;
+        self.dirty_pages.fetch_add(n, Ordering::Relaxed);
         Ok(())
     }
 

@@ -1,15 +1,17 @@
 //! A KVM guest's vCPUs as the migration library's [`GuestRun`]: one
 //! thread per vCPU in `KVM_RUN`, stopped at an instruction boundary by a
-//! signal that makes `KVM_RUN` return (`EINTR`), their registers read and
-//! written through `KVM_GET/SET_REGS` and `KVM_GET/SET_SREGS` while they
-//! are stopped.
+//! signal that makes `KVM_RUN` return (`EINTR`), their full state read
+//! and written ([`super::vcpu_io`]) while they are stopped, and throttled
+//! for auto-converge ([`super::throttle`]).
 //!
 //! The kick is the real-time signal [`kick_signal`], whose handler (set
 //! once per process) does nothing: a process that uses it for something
 //! else cannot use this runner.
 
-use super::cpu_state::VcpuState;
+use super::cpu_state::{ClockState, KvmState};
 use super::session_vm::{KvmVm, NewVcpus};
+use super::throttle::{Throttle, TIMESLICE};
+use super::vcpu_io;
 use crate::Error;
 use kvm_bindings::KVM_EXIT_DIRTY_RING_FULL;
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -18,7 +20,7 @@ use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the VMM does with an exit of vCPU `i` the runner does not handle
 /// itself (it handles interruptions and full dirty rings): `Ok(n)` runs
@@ -62,6 +64,11 @@ struct Shared {
     cv: Condvar,
     fds: Vec<Mutex<VcpuFd>>,
     passes: Vec<AtomicU64>,
+    /// Nanoseconds each vCPU spent in `KVM_RUN`.
+    run_ns: Vec<AtomicU64>,
+    /// The vCPU threads, to kick (set once they are spawned).
+    pthreads: Mutex<Vec<libc::pthread_t>>,
+    throttle: Throttle,
     ring_full: Arc<[AtomicBool]>,
     handler: Arc<ExitHandler>,
 }
@@ -78,35 +85,27 @@ pub struct KvmVcpus {
     threads: Vec<JoinHandle<()>>,
     /// Dropped after the threads are joined: the memory the vCPUs write
     /// outlives them.
-    _vm: Arc<KvmVm>,
+    vm: Arc<KvmVm>,
 }
 
 impl KvmVcpus {
-    /// Loads `state` into the vCPUs (one each; none: the registers as
-    /// set) and starts a thread per vCPU, paused when `paused`; `handler`
-    /// takes the exits the runner does not.
+    /// Loads `state` into the VM and its vCPUs (the clock, then each
+    /// vCPU in KVM's order; none: the registers as set) and starts a
+    /// thread per vCPU, paused when `paused`, and the throttle's ticker;
+    /// `handler` takes the exits the runner does not.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a state per vCPU that does not
-    /// match; `KVM_SET_REGS`/`KVM_SET_SREGS` refused.
+    /// [`Error::InvalidArgument`] for a state whose vCPU count does not
+    /// match or that this host cannot take; KVM's refusals, by ioctl.
     pub fn start(
         vcpus: NewVcpus,
-        state: Option<&[VcpuState]>,
+        state: Option<&KvmState>,
         handler: Arc<ExitHandler>,
         paused: bool,
     ) -> Result<KvmVcpus, Error> {
         let NewVcpus { fds, vm } = vcpus;
         if let Some(st) = state {
-            if st.len() != fds.len() {
-                let why = format!("{} states for {} vCPUs", st.len(), fds.len());
-                return Err(Error::invalid("state", why));
-            }
-            for (fd, s) in fds.iter().zip(st) {
-                fd.set_sregs(&s.sregs)
-                    .map_err(|e| Error::from_errno("KVM_SET_SREGS", e))?;
-                fd.set_regs(&s.regs)
-                    .map_err(|e| Error::from_errno("KVM_SET_REGS", e))?;
-            }
+            restore(&vm, &fds, st)?;
         }
         install_kick();
         let shared = Arc::new(Shared {
@@ -116,21 +115,32 @@ impl KvmVcpus {
             }),
             cv: Condvar::new(),
             passes: fds.iter().map(|_| AtomicU64::new(0)).collect(),
+            run_ns: fds.iter().map(|_| AtomicU64::new(0)).collect(),
+            pthreads: Mutex::new(Vec::new()),
+            throttle: Throttle::default(),
             fds: fds.into_iter().map(Mutex::new).collect(),
             ring_full: vm.ring_full_flags(),
             handler,
         });
-        let threads = (0..shared.fds.len())
+        let mut threads: Vec<JoinHandle<()>> = (0..shared.fds.len())
             .map(|i| {
                 let sh = shared.clone();
                 std::thread::spawn(move || vcpu_loop(&sh, i))
             })
             .collect();
+        *lock(&shared.pthreads) = threads.iter().map(|t| t.as_pthread_t()).collect();
+        let sh = shared.clone();
+        threads.push(std::thread::spawn(move || ticker(&sh)));
         Ok(KvmVcpus {
             shared,
             threads,
-            _vm: vm,
+            vm,
         })
+    }
+
+    /// The throttle: its percentage, and the sleeps it made.
+    pub fn throttle(&self) -> &Throttle {
+        &self.shared.throttle
     }
 
     /// Each vCPU's progress: the units its exits counted.
@@ -148,40 +158,40 @@ impl KvmVcpus {
         self.shared.ctl().errors.clone()
     }
 
-    /// Every vCPU's registers. Pauses the vCPUs first (they stay paused).
+    /// Every vCPU's state and the VM's clock. Pauses the vCPUs first
+    /// (they stay paused).
     ///
     /// # Errors
-    /// `KVM_GET_REGS`/`KVM_GET_SREGS` refused.
-    pub fn save(&self) -> Result<Vec<VcpuState>, Error> {
+    /// The KVM ioctl that refused.
+    pub fn save(&self) -> Result<KvmState, Error> {
         self.pause();
-        self.shared
+        let caps = self.vm.state_caps();
+        let mut tsc_khz = 0;
+        let vcpus = self
+            .shared
             .fds
             .iter()
             .map(|fd| {
-                let fd = fd.lock().unwrap_or_else(|p| p.into_inner());
-                Ok(VcpuState {
-                    regs: fd
-                        .get_regs()
-                        .map_err(|e| Error::from_errno("KVM_GET_REGS", e))?,
-                    sregs: fd
-                        .get_sregs()
-                        .map_err(|e| Error::from_errno("KVM_GET_SREGS", e))?,
-                })
+                let fd = lock(fd);
+                if tsc_khz == 0 {
+                    tsc_khz = fd.get_tsc_khz().unwrap_or(0);
+                }
+                vcpu_io::save(&fd, caps)
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        let clock_ns = self.vm.clock_ns()?;
+        Ok(KvmState {
+            vcpus,
+            clock: ClockState { clock_ns, tsc_khz },
+        })
     }
 
     /// Kicks every thread not yet parked until all are.
     fn wait_parked(&self) {
-        let n = self.threads.len();
+        let n = self.shared.fds.len();
         let mut c = self.shared.ctl();
         while c.parked < n {
-            for t in &self.threads {
-                // SAFETY: the thread is not joined yet (joined only in
-                // drop), so its pthread_t is valid; the signal's handler
-                // does nothing.
-                unsafe { libc::pthread_kill(t.as_pthread_t(), kick_signal()) };
-            }
+            kick_all(&self.shared);
             c = self
                 .shared
                 .cv
@@ -192,8 +202,80 @@ impl KvmVcpus {
     }
 }
 
-/// One vCPU's thread: runs until paused or stopped, parks meanwhile.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Kicks every vCPU thread out of `KVM_RUN`.
+fn kick_all(sh: &Shared) {
+    for t in lock(&sh.pthreads).iter() {
+        // SAFETY: every kick happens under the control lock before `stop`
+        // is set (the ticker checks it under that lock; drop sets it
+        // before joining any thread), so each pthread_t is of a thread
+        // not yet joined; the signal's handler does nothing.
+        unsafe { libc::pthread_kill(*t, kick_signal()) };
+    }
+}
+
+/// While the throttle is on, kicks the vCPUs once per timeslice, so that
+/// a vCPU that does not exit on its own takes its sleep.
+fn ticker(sh: &Shared) {
+    let mut c = sh.ctl();
+    while !c.stop {
+        c = sh
+            .cv
+            .wait_timeout(c, TIMESLICE)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+        if !c.stop && !c.pause && sh.throttle.pct() > 0 {
+            kick_all(sh);
+        }
+    }
+}
+
+/// Sleeps the throttle's share of `ran` (returns how long it slept), or
+/// less when a pause or stop comes meanwhile.
+fn throttle_sleep(sh: &Shared, ran: Duration) -> Duration {
+    let due = sh.throttle.due(ran);
+    if due.is_zero() {
+        return due;
+    }
+    let t0 = Instant::now();
+    let mut c = sh.ctl();
+    while !c.pause && !c.stop && t0.elapsed() < due {
+        c = sh
+            .cv
+            .wait_timeout(c, due - t0.elapsed())
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    let slept = t0.elapsed();
+    sh.throttle.slept(slept);
+    slept
+}
+
+/// Loads `st` into the VM's clock and its vCPUs, the TSC frequency first.
+fn restore(vm: &KvmVm, fds: &[VcpuFd], st: &KvmState) -> Result<(), Error> {
+    if st.vcpus.len() != fds.len() {
+        let why = format!("{} states for {} vCPUs", st.vcpus.len(), fds.len());
+        return Err(Error::invalid("state", why));
+    }
+    vm.set_clock(&st.clock)?;
+    for (fd, v) in fds.iter().zip(&st.vcpus) {
+        let khz = st.clock.tsc_khz;
+        if khz != 0 && fd.get_tsc_khz().ok() != Some(khz) {
+            fd.set_tsc_khz(khz)
+                .map_err(|e| Error::from_errno("KVM_SET_TSC_KHZ", e))?;
+        }
+        vcpu_io::restore(fd, v, vm.state_caps())?;
+    }
+    Ok(())
+}
+
+/// One vCPU's thread: runs until paused or stopped, parks meanwhile,
+/// sleeps while throttled.
 fn vcpu_loop(sh: &Shared, i: usize) {
+    let mut ran = Duration::ZERO;
     loop {
         {
             let mut c = sh.ctl();
@@ -209,12 +291,21 @@ fn vcpu_loop(sh: &Shared, i: usize) {
                 c.parked -= 1;
             }
         }
-        if let Err(why) = run_once(sh, i) {
+        let t0 = Instant::now();
+        let r = run_once(sh, i);
+        let took = t0.elapsed();
+        sh.run_ns[i].fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        if let Err(why) = r {
             let mut c = sh.ctl();
             c.errors.push(format!("vCPU {i}: {why}"));
             c.parked += 1; // for good: pause() must not wait for it
             sh.cv.notify_all();
             return;
+        }
+        ran += took;
+        if ran >= TIMESLICE {
+            throttle_sleep(sh, ran);
+            ran = Duration::ZERO;
         }
     }
 }
@@ -246,11 +337,13 @@ fn run_once(sh: &Shared, i: usize) -> Result<(), String> {
 impl GuestRun for KvmVcpus {
     fn pause(&self) {
         self.shared.ctl().pause = true;
+        self.shared.cv.notify_all(); // ends a throttle's sleep
         self.wait_parked();
     }
 
     fn request_pause(&self) {
         self.shared.ctl().pause = true;
+        self.shared.cv.notify_all();
     }
 
     fn resume(&self) {
@@ -258,14 +351,25 @@ impl GuestRun for KvmVcpus {
         self.shared.cv.notify_all();
     }
 
-    /// Unknown here (zeros): KVM does not count the guest's writes.
+    /// `writes`: the dirty pages KVM's log reported (KVM does not count
+    /// the guest's writes); `guest_ns`: the vCPUs' time in `KVM_RUN`.
     fn counters(&self) -> GuestCounters {
-        GuestCounters::default()
+        let writes = self.vm.dirty_pages();
+        let guest_ns = self
+            .shared
+            .run_ns
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .sum();
+        self.shared.throttle.sample(writes, guest_ns);
+        GuestCounters { writes, guest_ns }
     }
 
-    /// Not supported: KVM has no per-write delay, so auto-converge does
-    /// nothing for this guest.
-    fn set_throttle_ns(&self, _ns: u64) {}
+    /// Auto-converge: the delay per page as a throttle percentage
+    /// ([`Throttle::set_ns_per_page`]).
+    fn set_throttle_ns(&self, ns: u64) {
+        self.shared.throttle.set_ns_per_page(ns);
+    }
 
     /// Unpaced (0): no dirty limit.
     fn pace(&self) -> u64 {
@@ -284,6 +388,7 @@ impl Drop for KvmVcpus {
         }
         self.shared.cv.notify_all();
         self.wait_parked();
+        // The vCPU threads first, the ticker (pushed last) after them.
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

@@ -1,33 +1,48 @@
-//! A tiny guest to migrate: one vCPU at CPL 3 in 64-bit mode writing a
+//! A tiny guest to migrate: vCPUs at CPL 3 in 64-bit mode writing a
 //! counter into every page of two RAM regions (below and above a hole)
 //! without end, ringing the doorbell after each pass. Its RAM is three
 //! regions: the system region (GDT, code, stack, page tables), 6 MiB at
-//! 2 MiB and 8 MiB at 4 GiB, which the guest sees as one virtual range.
-//! Each page's first word holds the counter's value when it was last
-//! written, so a write the dirty log lost shows up as a page that
-//! differs.
+//! 2 MiB and 8 MiB at 4 GiB, which the guest sees as one virtual range;
+//! with `n` vCPUs, vCPU `i` writes every `n`-th page from page `i`. Each
+//! page's first word holds the counter's value when it was last written,
+//! so a write the dirty log lost shows up as a page that differs.
 //!
-//! Registers: `rdi` the range's virtual base, `rsi` its pages, `r8` the
-//! doorbell, `rax` the counter (incremented before every store).
+//! The guest depends on state beyond its general registers, and checks
+//! it: it keeps a copy of its counter in `xmm0` and compares the two
+//! before every store (a lost XSAVE area fails it), and it reads the TSC
+//! after every pass and compares it with the last (a TSC that went back
+//! fails it). A failed check stores to [`SSE_FAULT_GPA`] or
+//! [`TSC_FAULT_GPA`], which stops the vCPU with the reason. The VMM's side
+//! sets values the guest does not read and the test reads back through
+//! KVM after the move: `IA32_KERNEL_GS_BASE`, the APIC's task priority,
+//! DR0 ([`VMM_MARKS`]).
+//!
+//! Registers: `rdi` the first page, `rsi` pages per pass, `r11` the
+//! stride, `r8` the doorbell, `rax` the counter (incremented before every
+//! store), `r9` the last TSC.
 
-use super::cpu_state::{decode_vcpus, encode_vcpus, VcpuState};
+use super::cpu_state::{KvmState, VcpuState};
 use super::ram::KvmRam;
 use super::session_vm::{KvmDirtyLog, KvmVm, NewVcpus};
+use super::vcpu_io;
 use super::vcpus::{ExitHandler, KvmVcpus};
 use crate::asm::{Assembler, Cond, Reg};
+use crate::cpu_mode::{self, CR4_OSFXSR, CR4_OSXMMEXCPT};
 use crate::memory::Backing;
 use crate::page_tables::GuestPageTables;
 use crate::vm::{CODE_GPA, GDT_GPA, MMIO_DOORBELL_GPA, PAGE_TABLES_GPA, STACK_TOP_GPA};
-use crate::{cpu_mode, Error};
+use crate::Error;
+use kvm_bindings::KVM_MP_STATE_RUNNABLE;
 use kvm_ioctls::{Kvm, VcpuExit};
 use s2mmu::format::ept::EptFormat;
 use s2mmu::format::FormatId;
-use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
-use s2mmu_migrate::wire::{Header, WireFormat};
+use s2mmu_migrate::wire::WireFormat;
 use std::sync::{Arc, Mutex};
+
+pub use super::writer_dest::{BlankWriter, DestReport, Started, WriterDest};
 
 /// Bytes of the system region at guest-physical 0.
 pub const SYSTEM_SIZE: u64 = 2 << 20;
@@ -37,10 +52,42 @@ pub const LOW: (u64, u64) = (2 << 20, 6 << 20);
 pub const HIGH: (u64, u64) = (1 << 32, 8 << 20);
 /// The guest-virtual base of the range the guest writes.
 pub const DATA_GVA: u64 = 0x4000_0000;
-/// Pages the guest writes per pass.
+/// Pages the guest writes per pass (all vCPUs together).
 pub const DATA_PAGES: u64 = (LOW.1 + HIGH.1) / 4096;
 /// KVM memslot of the first region.
 pub const FIRST_SLOT: u32 = 0;
+/// The most vCPUs of this guest (each writes a share of the pages).
+pub const MAX_WRITER_VCPUS: u32 = 8;
+/// Where a vCPU stores when `xmm0` lost its copy of the counter.
+pub const SSE_FAULT_GPA: u64 = MMIO_DOORBELL_GPA + 8;
+/// Where a vCPU stores when the TSC went back.
+pub const TSC_FAULT_GPA: u64 = MMIO_DOORBELL_GPA + 16;
+/// `IA32_KERNEL_GS_BASE`.
+pub const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+/// The local APIC's task priority register (byte offset).
+pub const APIC_TPR: usize = 0x80;
+
+/// The values the VMM's side sets on vCPU `i` before it runs (the guest
+/// neither reads nor changes them): `IA32_KERNEL_GS_BASE`, the APIC's
+/// task priority, DR0.
+pub fn vmm_marks(i: usize) -> (u64, u8, u64) {
+    let i = i as u64;
+    (
+        0x5eed_0000_0000 + i,
+        0x20 + 0x10 * (i as u8 & 7),
+        0xd0_0000 + i * 8,
+    )
+}
+
+/// The marks as KVM holds them in `v` (`None` where one is missing).
+pub fn marks_of(v: &VcpuState) -> Option<(u64, u8, u64)> {
+    let gs = v.msrs.iter().find(|(i, _)| *i == MSR_KERNEL_GS_BASE)?.1;
+    let tpr = v.lapic.as_ref()?.regs[APIC_TPR] as u8;
+    Some((gs, tpr, v.debugregs.as_ref()?.db[0]))
+}
+
+/// The names of [`vmm_marks`] in the module's text.
+pub const VMM_MARKS: &str = "IA32_KERNEL_GS_BASE, APIC TPR, DR0";
 
 /// The guest's RAM layout: (gpa, size) per region.
 pub fn layout() -> [(u64, u64); 3] {
@@ -51,46 +98,128 @@ pub fn layout() -> [(u64, u64); 3] {
 pub fn writer_program() -> Vec<u8> {
     let mut a = Assembler::new();
     let (pass, page) = (a.label(), a.label());
+    let (sse_fault, tsc_fault) = (a.label(), a.label());
     a.bind(pass);
     a.mov_rr(Reg::Rcx, Reg::Rdi);
     a.mov_rr(Reg::Rdx, Reg::Rsi);
     a.bind(page);
+    a.movq_from_xmm(Reg::Rbx, 0);
+    a.cmp_rr(Reg::Rbx, Reg::Rax);
+    a.jcc(Cond::NotEqual, sse_fault);
     a.add_ri(Reg::Rax, 1);
+    a.movq_to_xmm(0, Reg::Rax);
     a.store(Reg::Rcx, 0, Reg::Rax);
-    a.add_ri(Reg::Rcx, 4096);
+    a.add_rr(Reg::Rcx, Reg::R11);
     a.dec(Reg::Rdx);
     a.jcc(Cond::NotEqual, page);
+    a.mov_rr(Reg::R10, Reg::Rax);
+    a.rdtsc();
+    a.shl_ri(Reg::Rdx, 32);
+    a.or_rr(Reg::Rax, Reg::Rdx);
+    a.cmp_rr(Reg::Rax, Reg::R9);
+    a.jcc(Cond::Below, tsc_fault);
+    a.mov_rr(Reg::R9, Reg::Rax);
+    a.mov_rr(Reg::Rax, Reg::R10);
     a.store(Reg::R8, 0, Reg::Rax); // the doorbell: KVM_EXIT_MMIO
     a.jmp(pass);
+    a.bind(sse_fault);
+    a.store(
+        Reg::R8,
+        (SSE_FAULT_GPA - MMIO_DOORBELL_GPA) as i32,
+        Reg::Rax,
+    );
+    a.jmp(sse_fault);
+    a.bind(tsc_fault);
+    a.store(
+        Reg::R8,
+        (TSC_FAULT_GPA - MMIO_DOORBELL_GPA) as i32,
+        Reg::Rax,
+    );
+    a.jmp(tsc_fault);
     a.finish().unwrap_or_default() // every label is bound
 }
 
-/// Counts a pass per doorbell; any other exit stops the vCPU.
-fn exits() -> Arc<ExitHandler> {
+/// Counts a pass per doorbell; a failed check or any other exit stops
+/// the vCPU with the reason.
+pub(super) fn exits() -> Arc<ExitHandler> {
     Arc::new(|_, exit: &VcpuExit<'_>| match exit {
         VcpuExit::MmioWrite(addr, _) if *addr == MMIO_DOORBELL_GPA => Ok(1),
+        VcpuExit::MmioWrite(addr, _) if *addr == SSE_FAULT_GPA => {
+            Err("state check: xmm0 lost the counter (the XSAVE area was not restored)".into())
+        }
+        VcpuExit::MmioWrite(addr, _) if *addr == TSC_FAULT_GPA => {
+            Err("state check: the TSC went back".into())
+        }
         other => Err(format!("unexpected exit {other:?}")),
     })
 }
 
 /// The guest on either end: its VM and its running vCPUs.
 pub struct WriterGuest {
-    vm: Arc<KvmVm>,
-    vcpus: KvmVcpus,
+    pub(super) vm: Arc<KvmVm>,
+    pub(super) vcpus: KvmVcpus,
+    /// The state the last STATE carried.
+    pub(super) sent: Mutex<Option<KvmState>>,
 }
 
-fn fresh_vm(kvm: &Kvm, log: KvmDirtyLog) -> Result<(Arc<KvmVm>, NewVcpus), Error> {
+pub(super) fn fresh_vm(
+    kvm: &Kvm,
+    log: KvmDirtyLog,
+    vcpus: u32,
+) -> Result<(Arc<KvmVm>, NewVcpus), Error> {
+    if vcpus == 0 || vcpus > MAX_WRITER_VCPUS || !DATA_PAGES.is_multiple_of(u64::from(vcpus)) {
+        let why = format!("{vcpus}: 1..={MAX_WRITER_VCPUS}, dividing {DATA_PAGES} pages");
+        return Err(Error::invalid("vcpus", why));
+    }
     let ram = Arc::new(KvmRam::new(&layout(), Backing::Anonymous)?);
-    KvmVm::create(kvm, ram, 1, log, FIRST_SLOT)
+    KvmVm::create(kvm, ram, vcpus, log, FIRST_SLOT)
+}
+
+/// vCPU `i` of `n` as it starts: its registers, SSE on, the VMM's marks.
+fn initial_vcpu(fds: &NewVcpus, i: usize, root: u64) -> Result<VcpuState, Error> {
+    let fd = &fds.fds()[i];
+    let n = fds.fds().len() as u64;
+    let mut sregs = fd
+        .get_sregs()
+        .map_err(|e| Error::from_errno("KVM_GET_SREGS", e))?;
+    cpu_mode::set_user_long_mode(&mut sregs, GDT_GPA, root);
+    sregs.cr4 |= CR4_OSFXSR | CR4_OSXMMEXCPT;
+    let mut regs = fd
+        .get_regs()
+        .map_err(|e| Error::from_errno("KVM_GET_REGS", e))?;
+    (regs.rip, regs.rsp, regs.rflags) = (CODE_GPA, STACK_TOP_GPA - 256 * i as u64, 2);
+    (regs.rdi, regs.rsi, regs.r11) = (DATA_GVA + 4096 * i as u64, DATA_PAGES / n, 4096 * n);
+    (regs.r8, regs.rax, regs.r9) = (MMIO_DOORBELL_GPA, 0, 0);
+    let (gs, tpr, dr0) = vmm_marks(i);
+    let mut lapic = fd
+        .get_lapic()
+        .map_err(|e| Error::from_errno("KVM_GET_LAPIC", e))?;
+    lapic.regs[APIC_TPR] = tpr as std::os::raw::c_char;
+    let mut debugregs = fd
+        .get_debug_regs()
+        .map_err(|e| Error::from_errno("KVM_GET_DEBUGREGS", e))?;
+    debugregs.db[0] = dr0;
+    Ok(VcpuState {
+        regs,
+        sregs,
+        msrs: vec![(MSR_KERNEL_GS_BASE, gs)],
+        lapic: Some(lapic),
+        debugregs: Some(debugregs),
+        // With an in-kernel APIC only vCPU 0 starts runnable; the others
+        // would wait for a startup IPI.
+        mp_state: Some(KVM_MP_STATE_RUNNABLE),
+        ..VcpuState::default()
+    })
 }
 
 impl WriterGuest {
-    /// A fresh guest, loaded and running from counter 0.
+    /// A fresh guest of `vcpus` vCPUs, loaded and running from counter 0.
     ///
     /// # Errors
-    /// KVM's, the layout's.
-    pub fn start(kvm: &Kvm, log: KvmDirtyLog) -> Result<WriterGuest, Error> {
-        let (vm, fds) = fresh_vm(kvm, log)?;
+    /// KVM's, the layout's; [`Error::InvalidArgument`] for a vCPU count
+    /// outside 1..=[`MAX_WRITER_VCPUS`] or not dividing [`DATA_PAGES`].
+    pub fn start(kvm: &Kvm, log: KvmDirtyLog, vcpus: u32) -> Result<WriterGuest, Error> {
+        let (vm, fds) = fresh_vm(kvm, log, vcpus)?;
         let mut tables = GuestPageTables::new(PAGE_TABLES_GPA)?;
         tables.map(0, 0, PAGE_TABLES_GPA)?;
         tables.map(MMIO_DOORBELL_GPA, MMIO_DOORBELL_GPA, 4096)?;
@@ -103,19 +232,17 @@ impl WriterGuest {
         ram.write_gpa(GDT_GPA, &cpu_mode::gdt_bytes())?;
         ram.write_gpa(CODE_GPA, &writer_program())?;
         ram.write_gpa(PAGE_TABLES_GPA, &tables.bytes())?;
-        let fd = &fds.fds()[0];
-        let mut sregs = fd
-            .get_sregs()
-            .map_err(|e| Error::from_errno("KVM_GET_SREGS", e))?;
-        cpu_mode::set_user_long_mode(&mut sregs, GDT_GPA, tables.root_gpa());
-        let mut regs = fd
-            .get_regs()
-            .map_err(|e| Error::from_errno("KVM_GET_REGS", e))?;
-        (regs.rip, regs.rsp, regs.rflags) = (CODE_GPA, STACK_TOP_GPA, 2);
-        (regs.rdi, regs.rsi, regs.r8, regs.rax) = (DATA_GVA, DATA_PAGES, MMIO_DOORBELL_GPA, 0);
-        let state = [VcpuState { regs, sregs }];
-        let vcpus = KvmVcpus::start(fds, Some(&state), exits(), false)?;
-        Ok(WriterGuest { vm, vcpus })
+        let caps = vm.state_caps();
+        for i in 0..vcpus as usize {
+            let st = initial_vcpu(&fds, i, tables.root_gpa())?;
+            vcpu_io::restore(&fds.fds()[i], &st, caps)?;
+        }
+        let vcpus = KvmVcpus::start(fds, None, exits(), false)?;
+        Ok(WriterGuest {
+            vm,
+            vcpus,
+            sent: Mutex::new(None),
+        })
     }
 
     /// Its VM.
@@ -123,12 +250,22 @@ impl WriterGuest {
         &self.vm
     }
 
-    /// The vCPUs' registers (pauses them).
+    /// Its vCPUs (the throttle, the progress).
+    pub fn vcpus(&self) -> &KvmVcpus {
+        &self.vcpus
+    }
+
+    /// Every vCPU's state and the clock (pauses the vCPUs).
     ///
     /// # Errors
     /// KVM's.
-    pub fn registers(&self) -> Result<Vec<VcpuState>, Error> {
+    pub fn registers(&self) -> Result<KvmState, Error> {
         self.vcpus.save()
+    }
+
+    /// The state the migration's STATE carried, once it was sent.
+    pub fn sent_state(&self) -> Option<KvmState> {
+        self.sent.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Why a vCPU stopped on its own, if one did.
@@ -161,7 +298,7 @@ impl GuestRun for WriterGuest {
     }
 }
 
-fn state_err(e: impl std::fmt::Display) -> MigrateError {
+pub(super) fn state_err(e: impl std::fmt::Display) -> MigrateError {
     MigrateError::BadState { why: e.to_string() }
 }
 
@@ -182,7 +319,7 @@ impl SourceGuest for WriterGuest {
         GuestShape {
             mem_size,
             slots,
-            vcpus: 1,
+            vcpus: self.vcpus.passes().len() as u32,
             backing,
             format,
         }
@@ -191,93 +328,12 @@ impl SourceGuest for WriterGuest {
         Arc::new(GuestCounters::default)
     }
     fn state(&self, _pace: u64) -> Result<Vec<u8>, MigrateError> {
-        let regs = self.vcpus.save().map_err(state_err)?;
-        encode_vcpus(&regs).map_err(state_err)
+        let st = self.vcpus.save().map_err(state_err)?;
+        let body = st.encode().map_err(state_err)?;
+        *self.sent.lock().unwrap_or_else(|p| p.into_inner()) = Some(st);
+        Ok(body)
     }
     fn begin_hook(&self) -> Result<NoHook, MigrateError> {
         Ok(NoHook)
-    }
-}
-
-impl ResumedGuest for WriterGuest {
-    fn final_state(&self) -> Vec<u8> {
-        let regs = self.vcpus.save().unwrap_or_default();
-        encode_vcpus(&regs).unwrap_or_default()
-    }
-    fn progress(&self) -> Vec<u64> {
-        self.vcpus.passes()
-    }
-}
-
-/// What a destination's guest started from: every page's hash and the
-/// counter (`rax`).
-pub type Started = Arc<Mutex<Option<(Vec<u64>, u64)>>>;
-
-/// The destination's factory: a blank guest of the same layout.
-pub struct WriterDest {
-    /// The dirty log the destination's VM keeps (for a later migration).
-    pub log: KvmDirtyLog,
-    /// Filled when the guest starts.
-    pub started: Started,
-}
-
-/// A blank guest waiting for the stream.
-pub struct BlankWriter {
-    vm: Arc<KvmVm>,
-    fds: Mutex<Option<NewVcpus>>,
-    started: Started,
-}
-
-impl DestFactory for WriterDest {
-    type Guest = BlankWriter;
-    fn build(&self, h: &Header) -> Result<BlankWriter, MigrateError> {
-        let size: u64 = layout().iter().map(|r| r.1).sum();
-        if h.mem_size != size || h.slots != 3 || h.vcpus != 1 || h.gpa_base != 0 {
-            return Err(MigrateError::Setup(format!(
-                "not the writer guest's shape: {h:?}"
-            )));
-        }
-        if h.format != wire_format() {
-            return Err(MigrateError::Setup(format!(
-                "tables {:?}, not EPT",
-                h.format
-            )));
-        }
-        let kvm = crate::open_kvm().map_err(|e| MigrateError::Setup(e.to_string()))?;
-        let (vm, fds) = fresh_vm(&kvm, self.log).map_err(|e| MigrateError::Setup(e.to_string()))?;
-        Ok(BlankWriter {
-            vm,
-            fds: Mutex::new(Some(fds)),
-            started: self.started.clone(),
-        })
-    }
-}
-
-impl DestGuest for BlankWriter {
-    type Vm = KvmVm;
-    type State = Vec<VcpuState>;
-    type Running = WriterGuest;
-    fn vm(&self) -> &Arc<KvmVm> {
-        &self.vm
-    }
-    fn decode_state(
-        &self,
-        body: &[u8],
-        h: &Header,
-        _: u64,
-    ) -> Result<Vec<VcpuState>, MigrateError> {
-        decode_vcpus(body, h.vcpus as usize).map_err(state_err)
-    }
-    fn start(&self, state: &Vec<VcpuState>) -> Result<WriterGuest, MigrateError> {
-        let fds = self.fds.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let fds = fds.ok_or_else(|| state_err("the guest was started already"))?;
-        let counter = state.first().map_or(0, |s| s.regs.rax);
-        *self.started.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((self.vm.ram().page_hashes(), counter));
-        let vcpus = KvmVcpus::start(fds, Some(state), exits(), false).map_err(state_err)?;
-        Ok(WriterGuest {
-            vm: self.vm.clone(),
-            vcpus,
-        })
     }
 }
