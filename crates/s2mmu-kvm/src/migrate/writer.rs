@@ -17,6 +17,10 @@
 //! KVM after the move: `IA32_KERNEL_GS_BASE`, the APIC's task priority,
 //! DR0 ([`VMM_MARKS`]).
 //!
+//! A guest may write fewer pages per pass than its share (its working
+//! set); every data page holds its index, written by the host before the
+//! guest runs, until the guest writes it.
+//!
 //! Registers: `rdi` the first page, `rsi` pages per pass, `r11` the
 //! stride, `r8` the doorbell, `rax` the counter (incremented before every
 //! store), `r9` the last TSC.
@@ -176,7 +180,7 @@ pub(super) fn fresh_vm(
 }
 
 /// vCPU `i` of `n` as it starts: its registers, SSE on, the VMM's marks.
-fn initial_vcpu(fds: &NewVcpus, i: usize, root: u64) -> Result<VcpuState, Error> {
+fn initial_vcpu(fds: &NewVcpus, i: usize, root: u64, pages: u64) -> Result<VcpuState, Error> {
     let fd = &fds.fds()[i];
     let n = fds.fds().len() as u64;
     let mut sregs = fd
@@ -188,7 +192,7 @@ fn initial_vcpu(fds: &NewVcpus, i: usize, root: u64) -> Result<VcpuState, Error>
         .get_regs()
         .map_err(|e| Error::from_errno("KVM_GET_REGS", e))?;
     (regs.rip, regs.rsp, regs.rflags) = (CODE_GPA, STACK_TOP_GPA - 256 * i as u64, 2);
-    (regs.rdi, regs.rsi, regs.r11) = (DATA_GVA + 4096 * i as u64, DATA_PAGES / n, 4096 * n);
+    (regs.rdi, regs.rsi, regs.r11) = (DATA_GVA + 4096 * i as u64, pages, 4096 * n);
     (regs.r8, regs.rax, regs.r9) = (MMIO_DOORBELL_GPA, 0, 0);
     let (gs, tpr, dr0) = vmm_marks(i);
     let mut lapic = fd
@@ -219,7 +223,28 @@ impl WriterGuest {
     /// KVM's, the layout's; [`Error::InvalidArgument`] for a vCPU count
     /// outside 1..=[`MAX_WRITER_VCPUS`] or not dividing [`DATA_PAGES`].
     pub fn start(kvm: &Kvm, log: KvmDirtyLog, vcpus: u32) -> Result<WriterGuest, Error> {
+        let share = DATA_PAGES / u64::from(vcpus.max(1));
+        Self::start_with_working_set(kvm, log, vcpus, share)
+    }
+
+    /// As [`WriterGuest::start`], each vCPU writing only the first
+    /// `pages` of its share per pass.
+    ///
+    /// # Errors
+    /// As [`WriterGuest::start`]; [`Error::InvalidArgument`] for `pages`
+    /// outside 1..=its share.
+    pub fn start_with_working_set(
+        kvm: &Kvm,
+        log: KvmDirtyLog,
+        vcpus: u32,
+        pages: u64,
+    ) -> Result<WriterGuest, Error> {
         let (vm, fds) = fresh_vm(kvm, log, vcpus)?;
+        let share = DATA_PAGES / u64::from(vcpus);
+        if pages == 0 || pages > share {
+            let why = format!("{pages} pages per pass: 1..={share}");
+            return Err(Error::invalid("working set", why));
+        }
         let mut tables = GuestPageTables::new(PAGE_TABLES_GPA)?;
         tables.map(0, 0, PAGE_TABLES_GPA)?;
         tables.map(MMIO_DOORBELL_GPA, MMIO_DOORBELL_GPA, 4096)?;
@@ -232,9 +257,15 @@ impl WriterGuest {
         ram.write_gpa(GDT_GPA, &cpu_mode::gdt_bytes())?;
         ram.write_gpa(CODE_GPA, &writer_program())?;
         ram.write_gpa(PAGE_TABLES_GPA, &tables.bytes())?;
+        for (gpa, size) in [LOW, HIGH] {
+            for p in 0..size / 4096 {
+                let index = (gpa + p * 4096) / 4096;
+                ram.write_gpa(gpa + p * 4096, &index.to_le_bytes())?;
+            }
+        }
         let caps = vm.state_caps();
         for i in 0..vcpus as usize {
-            let st = initial_vcpu(&fds, i, tables.root_gpa())?;
+            let st = initial_vcpu(&fds, i, tables.root_gpa(), pages)?;
             vcpu_io::restore(&fds.fds()[i], &st, caps)?;
         }
         let vcpus = KvmVcpus::start(fds, None, exits(), false)?;
