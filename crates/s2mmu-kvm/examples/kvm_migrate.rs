@@ -19,7 +19,8 @@
 //! as the paused source's, and the guest runs on there from its counter.
 
 use s2mmu_kvm::migrate::session_vm::KvmDirtyLog;
-use s2mmu_kvm::migrate::writer::{Started, WriterDest, WriterGuest};
+use s2mmu_kvm::migrate::writer::WriterGuest;
+use s2mmu_kvm::migrate::writer_dest::{Started, WriterDest};
 use s2mmu_migrate::session::dest::{serve_with, DestConfig};
 use s2mmu_migrate::session::policy::Harvest;
 use s2mmu_migrate::session::source::{run_source, SourceConfig};

@@ -16,7 +16,8 @@
 
 use s2mmu_kvm::migrate::cpu_state::{KvmState, VcpuState};
 use s2mmu_kvm::migrate::session_vm::KvmDirtyLog;
-use s2mmu_kvm::migrate::writer::{marks_of, vmm_marks, Started, WriterDest, WriterGuest};
+use s2mmu_kvm::migrate::writer::{marks_of, vmm_marks, WriterGuest};
+use s2mmu_kvm::migrate::writer_dest::{Started, WriterDest};
 use s2mmu_migrate::session::dest::{serve_with, DestConfig};
 use s2mmu_migrate::session::policy::Harvest;
 use s2mmu_migrate::session::source::{run_source, SourceConfig};

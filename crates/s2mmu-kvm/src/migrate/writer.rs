@@ -46,8 +46,6 @@ use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
 use s2mmu_migrate::wire::WireFormat;
 use std::sync::{Arc, Mutex};
 
-pub use super::writer_dest::{BlankWriter, DestReport, Started, WriterDest};
-
 /// Bytes of the system region at guest-physical 0.
 pub const SYSTEM_SIZE: u64 = 2 << 20;
 /// The region below the hole.
