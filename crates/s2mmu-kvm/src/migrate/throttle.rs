@@ -65,7 +65,7 @@ impl Throttle {
     }
 
     /// Records the counters the library just read.
-    pub fn sample(&self, dirty_pages: u64, run_ns: u64) {
+    pub(crate) fn sample(&self, dirty_pages: u64, run_ns: u64) {
         let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
         w.0 = [w.0[1], (dirty_pages, run_ns)];
     }
@@ -92,7 +92,7 @@ impl Throttle {
 
     /// How long a vCPU that ran `ran` since its last sleep sleeps now
     /// (zero: it runs on).
-    pub fn due(&self, ran: Duration) -> Duration {
+    pub(crate) fn due(&self, ran: Duration) -> Duration {
         let pct = self.pct();
         if pct == 0 || ran < TIMESLICE {
             return Duration::ZERO;
@@ -101,7 +101,7 @@ impl Throttle {
     }
 
     /// Counts a sleep of `d`.
-    pub fn slept(&self, d: Duration) {
+    pub(crate) fn slept(&self, d: Duration) {
         self.sleeps.fetch_add(1, Ordering::Relaxed);
         self.slept_ns
             .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);

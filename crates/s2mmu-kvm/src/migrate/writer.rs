@@ -15,7 +15,7 @@
 //! [`TSC_FAULT_GPA`], which stops the vCPU with the reason. The VMM's side
 //! sets values the guest does not read and the test reads back through
 //! KVM after the move: `IA32_KERNEL_GS_BASE`, the APIC's task priority,
-//! DR0 ([`VMM_MARKS`]).
+//! DR0 ([`vmm_marks`]).
 //!
 //! A guest may write fewer pages per pass than its share (its working
 //! set); every data page holds its index, written by the host before the
@@ -87,9 +87,6 @@ pub fn marks_of(v: &VcpuState) -> Option<(u64, u8, u64)> {
     let tpr = v.lapic.as_ref()?.regs[APIC_TPR] as u8;
     Some((gs, tpr, v.debugregs.as_ref()?.db[0]))
 }
-
-/// The names of [`vmm_marks`] in the module's text.
-pub const VMM_MARKS: &str = "IA32_KERNEL_GS_BASE, APIC TPR, DR0";
 
 /// The guest's RAM layout: (gpa, size) per region.
 pub fn layout() -> [(u64, u64); 3] {
