@@ -11,8 +11,6 @@ use crate::Error;
 use kvm_bindings::{kvm_mp_state, kvm_msr_entry, kvm_xsave, kvm_xsave2, Msrs, Xsave};
 use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 
-/// `IA32_TSC`.
-pub const MSR_TSC: u32 = 0x10;
 /// `IA32_TSC_DEADLINE`: set after the local APIC.
 pub const MSR_TSC_DEADLINE: u32 = 0x6e0;
 
@@ -196,15 +194,6 @@ pub fn restore(fd: &VcpuFd, st: &VcpuState, caps: &StateCaps) -> Result<(), Erro
     let (deadline, msrs): (Vec<_>, Vec<_>) =
         st.msrs.iter().partition(|(i, _)| *i == MSR_TSC_DEADLINE);
     set_msrs(fd, &msrs)?;
-    // KVM takes a VM's first TSC written from the host within a second of
-    // its own as a request to synchronise the vCPUs' TSCs and keeps its
-    // own; the second write is taken as the value.
-    let tsc: Vec<_> = msrs
-        .iter()
-        .copied()
-        .filter(|(i, _)| *i == MSR_TSC)
-        .collect();
-    set_msrs(fd, &tsc)?;
     if let Some(l) = &st.lapic {
         ioctl("KVM_SET_LAPIC", fd.set_lapic(l))?;
     }
