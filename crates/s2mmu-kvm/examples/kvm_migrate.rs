@@ -34,7 +34,7 @@ fn net() -> NetConfig {
     NetConfig::plain(Duration::from_secs(20))
 }
 
-/// Serves one migration on `addr`, runs the guest for half a second,
+/// Serves one migration on `addr`, runs the guest for two seconds,
 /// and prints what it started from (`DIGEST` of every page's hash, the
 /// counter) and the passes it made.
 fn destination(addr: &str, log: KvmDirtyLog) -> Result<(), String> {
@@ -47,7 +47,7 @@ fn destination(addr: &str, log: KvmDirtyLog) -> Result<(), String> {
         started: started.clone(),
         drop_xsave: false,
     };
-    let cfg = DestConfig::with_run_after(Duration::from_millis(500));
+    let cfg = DestConfig::with_run_after(Duration::from_secs(2));
     let got = serve_with(&*listener, &factory, &cfg, &net()).map_err(|e| e.to_string())?;
     let r = started
         .lock()

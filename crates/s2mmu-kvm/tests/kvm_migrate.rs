@@ -57,9 +57,9 @@ fn destination(log: KvmDirtyLog, drop_xsave: bool) {
         started: started.clone(),
         drop_xsave,
     };
-    // Long enough for a pass on a loaded host (its first touch of each
-    // page is a shadow-MMU fault).
-    let cfg = DestConfig::with_run_after(Duration::from_millis(1500));
+    // Long enough for a pass on a host loaded many times over (its first
+    // touch of each page is a shadow-MMU fault).
+    let cfg = DestConfig::with_run_after(Duration::from_secs(3));
     let out = serve_with(&*listener, &factory, &cfg, &net()).expect("the destination's migration");
     let r = started.lock().unwrap().take().expect("the guest started");
     let passes = out.resumed_progress.iter().sum::<u64>();
