@@ -16,8 +16,6 @@ use std::sync::Mutex;
 pub const NR_SPIS: u32 = 64;
 /// All INTIDs the distributor knows (SGIs, PPIs, SPIs).
 pub const NR_IRQS: u32 = 32 + NR_SPIS;
-pub use crate::linux::devices::gic_frames::{GicDistributor, GicRedistributors};
-pub use crate::linux::devices::gic_snapshot::{DistState, GicState, GicStateError, RedistState};
 pub use crate::linux::devices::timer::VTIMER_INTID;
 /// Bytes of the distributor's frame.
 pub const GICD_SIZE: u64 = 0x1_0000;

@@ -188,9 +188,9 @@ mod tests {
     fn states_no_gic_holds_are_refused() {
         let mut s = Gic::new(1).state();
         s.dist.ctlr = 1 << 4;
-        assert!(Gic::from_state(&s).unwrap_err().0.contains("GICD_CTLR"));
+        assert!(Gic::from_state(&s).err().unwrap().0.contains("GICD_CTLR"));
         let mut s = Gic::new(1).state();
         s.redists[0].pending = 1 << 100;
-        assert!(Gic::from_state(&s).unwrap_err().0.contains("vCPU 0"));
+        assert!(Gic::from_state(&s).err().unwrap().0.contains("vCPU 0"));
     }
 }

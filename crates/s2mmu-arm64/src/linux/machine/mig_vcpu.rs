@@ -171,7 +171,7 @@ fn next_start(sh: &Shared, ctl: &Ctl, id: usize) -> Option<Start> {
             if let Some(s) = g.restore[id].take() {
                 return Some(Start::State(Box::new(s)));
             }
-            let on = sh.cpus.power.lock().unwrap_or_else(|p| p.into_inner()).start[id].take();
+            let on = sh.cpus.take_start(id);
             if let Some((entry, x0)) = on {
                 return Some(Start::Boot(entry, x0));
             }
@@ -196,6 +196,7 @@ fn run_one(
     let mbox = sh.vm.machine().mailbox(id);
     let mut last = mbox.read(mb::EXIT_SEQ);
     let (vtcr, vttbr) = Placement::stage2_regs(&sh.vm);
+    let voff = sh.devices.timer.cntvoff();
     let run = match start {
         Start::Boot(entry, x0) => {
             let args = [
@@ -208,14 +209,14 @@ fn run_one(
                 0,
                 0,
                 ICH_HCR_EN,
-                sh.devices.timer.cntvoff(),
+                voff,
                 CNTHCTL_LINUX,
             ];
             mbox.post(layout::CMD_LINUX, &args)
         }
         Start::State(s) => {
             s.write(&mbox);
-            let args = [vtcr, vttbr, HCR_LINUX, 1, sh.devices.timer.cntvoff(), CNTHCTL_LINUX];
+            let args = [vtcr, vttbr, HCR_LINUX, 1, voff, CNTHCTL_LINUX];
             mbox.post(CMD_STATE, &args)
         }
     };

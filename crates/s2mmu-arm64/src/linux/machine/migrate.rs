@@ -24,8 +24,8 @@ use crate::linux::memory::LinuxRam;
 use crate::linux::mig_vcpu::{self, Ctl};
 use crate::linux::page_fetch::PageFetch;
 use crate::linux::placement::{Engine, Host, Placement};
-use crate::linux::psci::PowerState;
 use crate::linux::power::VcpuControl;
+use crate::linux::psci::PowerState;
 use crate::linux::set::DeviceSet;
 use crate::linux::shared::{HostLog, RamFaults};
 use crate::linux::timer::{TimerState, VirtualTimer};
@@ -197,7 +197,14 @@ impl LinuxVm {
         power.state[0] = PowerState::OnPending;
         power.start[0] = Some((boot.entry, boot.dtb));
         let gic = Gic::new(cfg.vcpus);
-        me.start_threads(gic, None, power, VirtualTimer::new(), vec![None; cfg.vcpus], false)?;
+        me.start_threads(
+            gic,
+            None,
+            power,
+            VirtualTimer::new(),
+            vec![None; cfg.vcpus],
+            false,
+        )?;
         me.paused = false;
         me.ran = true;
         me.written = None;
@@ -231,13 +238,8 @@ impl LinuxVm {
     /// Why the guest stopped, once it has.
     pub fn stopped(&self) -> Option<StopReason> {
         let r = self.run.as_ref()?;
-        r.sh.stopping().then(|| {
-            r.sh.cpus.reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-                .unwrap_or(StopReason::PowerOff)
-        })
+        r.sh.stopping()
+            .then(|| r.sh.cpus.stop_reason().unwrap_or(StopReason::PowerOff))
     }
 
     /// The physical counter of this machine now (the service CPU reads
@@ -400,7 +402,14 @@ impl LinuxVm {
         if let Some(StopReason::Error(e)) = self.stopped() {
             return Err(VmError::new(format!("the guest stopped: {e}")));
         }
-        let saved = r.ctl.lock().saved.iter().flatten().map(|s| s.cntvct).collect::<Vec<_>>();
+        let saved = r
+            .ctl
+            .lock()
+            .saved
+            .iter()
+            .flatten()
+            .map(|s| s.cntvct)
+            .collect::<Vec<_>>();
         let vct = r.sh.devices.timer.save(saved.into_iter()).vct;
         self.paused_vct = vct;
         self.paused = true;

@@ -63,7 +63,11 @@ impl VcpuControl {
 
     /// How many vCPUs the VM has.
     pub(crate) fn vcpus(&self) -> usize {
-        self.power.lock().unwrap_or_else(|p| p.into_inner()).state.len()
+        self.power
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .state
+            .len()
     }
 
     pub(crate) fn stopping(&self) -> bool {
@@ -77,6 +81,14 @@ impl VcpuControl {
         self.stopping.store(true, Ordering::SeqCst);
         self.power_cv.notify_all();
         self.watch.stopped();
+    }
+
+    /// Why the VM stopped, once it has.
+    pub(crate) fn stop_reason(&self) -> Option<StopReason> {
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Whether the deadline has passed with the VM not yet stopped.
@@ -120,6 +132,12 @@ impl VcpuControl {
             *s = PowerState::Off;
         }
         p.state.iter().all(|s| *s == PowerState::Off)
+    }
+
+    /// Where vCPU `v` is to start (its entry and x0), if CPU_ON or the
+    /// boot asked for it; taken, so it starts once.
+    pub(crate) fn take_start(&self, v: usize) -> Option<(u64, u64)> {
+        self.power.lock().unwrap_or_else(|p| p.into_inner()).start[v].take()
     }
 
     /// Blocks until vCPU `v` is to start (its entry and x0), or the VM

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-pub use crate::linux::power::StopReason;
 pub(crate) use crate::linux::power::Power;
+pub use crate::linux::power::StopReason;
 pub use crate::linux::set::DeviceLayout;
 
 /// HCR_EL2 of a Linux guest: stage 2 (VM), interrupts and SErrors to EL2
@@ -92,6 +92,14 @@ impl HostLog {
             eprintln!("s2mmu linux: {line}");
             l.push(line);
         }
+    }
+
+    /// Each vCPU's exits by kind, now.
+    pub(crate) fn exits(&self) -> Vec<[u64; 5]> {
+        self.stats
+            .iter()
+            .map(|s| std::array::from_fn(|k| s.exits[k].load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// The lines kept.

@@ -6,13 +6,13 @@
 //! is turned off or the VM stops.
 
 use crate::layout::{self, mb};
-use crate::linux::inject::Injection;
 use crate::linux::bus::Served;
+use crate::linux::inject::Injection;
 use crate::linux::mmio::{self, MmioDecode};
 use crate::linux::placement::{EngineVcpu, Placement};
 use crate::linux::psci::{self, PowerState};
-use crate::linux::timer;
 use crate::linux::shared::{ExitKind, Shared, StopReason};
+use crate::linux::timer;
 use crate::machine::{Exit, Mailbox};
 use crate::Result;
 use std::cell::Cell;
@@ -137,7 +137,9 @@ pub(crate) fn reply_inject(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit,
 /// Answers an exit the host cannot serve with an exception for the
 /// guest's kernel, as KVM: logs it (capped) and counts it.
 fn inject(sh: &Shared, id: usize, e: &Exit, inj: Injection, what: &str) -> Next {
-    sh.host_log.stats[id].injected.fetch_add(1, Ordering::Relaxed);
+    sh.host_log.stats[id]
+        .injected
+        .fetch_add(1, Ordering::Relaxed);
     sh.log(format!(
         "vCPU {id}: {what} (ESR_EL2 {:#x}, FAR {:#x}, ELR {:#x}): injected ESR_EL1 {:#x}",
         e.esr, e.far, e.elr, inj.esr

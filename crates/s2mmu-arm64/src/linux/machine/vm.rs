@@ -24,10 +24,10 @@ pub use crate::linux::devices::timer::CNTHCTL_LINUX;
 use crate::linux::el2::{self as el2p, El2Vm};
 pub use crate::linux::placement::Engine;
 use crate::linux::placement::Host;
-pub use crate::linux::shared::{DeviceLayout, StopReason, HCR_LINUX, RAM_IPA, RAM_SLOT};
-pub(crate) use crate::linux::shared::{HostLog, Power, RamFaults, Shared};
 use crate::linux::power::VcpuControl;
 use crate::linux::set::DeviceSet;
+pub use crate::linux::shared::{DeviceLayout, StopReason, HCR_LINUX, RAM_IPA, RAM_SLOT};
+pub(crate) use crate::linux::shared::{HostLog, Power, RamFaults, Shared};
 use crate::linux::timer::VirtualTimer;
 /// Most vCPUs.
 pub const MAX_VCPUS: usize = 4;
@@ -499,23 +499,12 @@ pub(crate) fn report(
         .unwrap_or(62_500_000)
         .max(1);
     LinuxReport {
-        reason: sh
-            .cpus
-            .reason
-            .lock()
-            .unwrap()
-            .clone()
-            .unwrap_or(StopReason::PowerOff),
+        reason: sh.cpus.stop_reason().unwrap_or(StopReason::PowerOff),
         init_s: *init_at.lock().unwrap(),
         total_s,
         cpus_online,
         exits,
-        vcpu_exits: sh
-            .host_log
-            .stats
-            .iter()
-            .map(|s| std::array::from_fn(|k| s.exits[k].load(Ordering::Relaxed)))
-            .collect(),
+        vcpu_exits: sh.host_log.exits(),
         engine_ns,
         device_ns,
         host_ns,
@@ -542,7 +531,8 @@ pub(crate) fn report(
 /// Every vCPU's exits by kind, now.
 fn exits_now(sh: &Shared) -> [u64; 5] {
     std::array::from_fn(|k| {
-        sh.host_log.stats
+        sh.host_log
+            .stats
             .iter()
             .map(|s| s.exits[k].load(Ordering::Relaxed))
             .sum()
