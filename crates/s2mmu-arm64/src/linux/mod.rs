@@ -1,7 +1,8 @@
 //! A Linux guest on the arm64 model, in folders by concern:
 //!
 //! - `devices/`: what the guest's MMIO and HVC exits reach on the host
-//!   ([`bus`], [`mmio`], [`gic`], [`psci`], [`uart`]);
+//!   ([`bus`], [`mmio`], [`gic`] with its bus frames in [`gic_frames`] and its
+//!   state in [`gic_snapshot`], [`psci`], [`timer`], [`uart`]);
 //! - `machine/`: the VM itself ([`vm`], [`migrate`]'s [`migrate::LinuxVm`],
 //!   the vCPU threads, what they share, the engine's placement, its RAM in
 //!   [`memory`], [`inject`]ed exceptions, post-copy's [`page_fetch`]); in
@@ -55,7 +56,7 @@ mod migration;
 mod runs;
 
 pub use assets::{cpio, debs};
-pub use devices::{bus, console_input, gic, mmio, psci, uart};
+pub use devices::{bus, console_input, gic, gic_frames, gic_snapshot, mmio, psci, timer, uart};
 pub use machine::load::{boot, fdt, loader};
 pub use machine::logging::{changes, dirty, el2_inject};
 pub use machine::state::{vcpu_state, vm_state};
@@ -65,6 +66,6 @@ pub use migration::{
 };
 pub use runs::{baseline, compare, ipi, reboot, run};
 
-use devices::{console_echo, timer};
-use machine::{el2, mig_vcpu, placement, shared, vcpu, watch};
+use devices::{console_echo, set};
+use machine::{el2, mig_vcpu, placement, power, shared, vcpu, watch};
 use migration::console_watch;

@@ -23,6 +23,23 @@ pub trait MmioDevice: Send + Sync {
     fn read(&self, offset: u64, data: &mut [u8]);
     /// A guest store of `data` at `offset`.
     fn write(&self, offset: u64, data: &[u8]);
+    /// Whether an access may leave an interrupt pending for a vCPU other
+    /// than the one that made it (an interrupt controller's registers):
+    /// the caller then kicks the vCPUs that have one. `false` unless the
+    /// device says so.
+    fn routes_interrupts(&self) -> bool {
+        false
+    }
+}
+
+/// What an access the bus delivered leaves for the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// A device whose registers route interrupts (the GIC's frames): the
+    /// caller kicks the vCPUs that now have one pending.
+    Interrupts,
+    /// Any other device.
+    Plain,
 }
 
 /// Why a range could not be registered (the bus is unchanged).
@@ -225,20 +242,65 @@ impl MmioBus {
     /// # Errors
     /// [`Unclaimed`] when no device takes the whole access; `data` is then
     /// left as it was, for the caller to answer.
-    pub fn read(&self, addr: u64, data: &mut [u8]) -> Result<(), Unclaimed> {
+    pub fn read(&self, addr: u64, data: &mut [u8]) -> Result<Served, Unclaimed> {
         let (e, offset) = self.find(addr, data.len())?;
         e.device.read(offset, data);
-        Ok(())
+        Ok(served(&*e.device))
     }
 
     /// A guest store at `addr` of `data`.
     ///
     /// # Errors
     /// [`Unclaimed`] when no device takes the whole access.
-    pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), Unclaimed> {
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<Served, Unclaimed> {
         let (e, offset) = self.find(addr, data.len())?;
         e.device.write(offset, data);
-        Ok(())
+        Ok(served(&*e.device))
+    }
+
+    /// A guest access of `size` bytes at `addr` as a data abort gives it:
+    /// a store of `write`'s low bytes, or a load whose value (zero above
+    /// `size`) comes back with who served it.
+    ///
+    /// # Errors
+    /// [`Unclaimed`] when no device takes the whole access (a `size`
+    /// other than 1, 2, 4 or 8 included): the caller logs it and answers
+    /// read-as-zero/write-ignored.
+    pub fn access(
+        &self,
+        addr: u64,
+        size: u64,
+        write: Option<u64>,
+    ) -> Result<(u64, Served), Unclaimed> {
+        let n = match size {
+            1 | 2 | 4 | 8 => size as usize,
+            _ => {
+                return Err(Unclaimed {
+                    addr,
+                    len: usize::try_from(size).unwrap_or(usize::MAX),
+                    reason: UnclaimedReason::BadWidth,
+                })
+            }
+        };
+        let mut buf = [0u8; 8];
+        let s = match write {
+            Some(w) => {
+                buf[..n].copy_from_slice(&w.to_le_bytes()[..n]);
+                let s = self.write(addr, &buf[..n])?;
+                buf = [0; 8];
+                s
+            }
+            None => self.read(addr, &mut buf[..n])?,
+        };
+        Ok((u64::from_le_bytes(buf), s))
+    }
+}
+
+fn served(d: &dyn MmioDevice) -> Served {
+    if d.routes_interrupts() {
+        Served::Interrupts
+    } else {
+        Served::Plain
     }
 }
 

@@ -1,15 +1,12 @@
-//! A guest's MMIO exit, decoded and dispatched without QEMU: the syndrome
-//! (ESR_EL2's ISS for a data abort), the device models it reaches (the
-//! vGIC's distributor and redistributors, then the bus), and the value a
-//! load puts in the guest's register.
+//! A guest's MMIO exit, decoded without QEMU: the syndrome (ESR_EL2's ISS
+//! for a data abort) and the value a load puts in the guest's register.
+//! The access itself goes to the bus ([`crate::linux::bus::MmioBus::access`]),
+//! where every device model sits, the vGIC's frames included.
 //!
 //! Every field here comes from the guest: the IPA, the width, the
 //! register, the value, the sign extension, the PC. The functions are
 //! total over them (no panic, no overflow, no access outside a model's
 //! registers), which `fuzz/fuzz_targets/devices.rs` checks.
-
-use crate::linux::bus::{MmioBus, Unclaimed};
-use crate::linux::gic::{Gic, GicAccess, GICD_SIZE, GICR_STRIDE};
 
 /// ESR_EL2.EC of an instruction abort from a lower EL.
 const EC_IABT_LOW: u64 = 0x20;
@@ -105,72 +102,6 @@ pub fn load_value(esr: u64, size: u64, v: u64) -> u64 {
     v
 }
 
-/// Which model served an access.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Served {
-    /// The vGIC (the caller kicks vCPUs that now have work).
-    Gic,
-    /// A device on the bus.
-    Bus,
-}
-
-/// The models behind the guest's MMIO space.
-pub struct Devices<'a> {
-    /// The interrupt controller.
-    pub gic: &'a Gic,
-    /// The other devices.
-    pub bus: &'a MmioBus,
-    /// The distributor's base.
-    pub gicd: u64,
-    /// The first redistributor's base.
-    pub gicr: u64,
-}
-
-/// Whether `[ipa, ipa + size)` lies in `[base, base + len)`, without
-/// overflow whatever the values.
-fn within(ipa: u64, size: u64, base: u64, len: u64) -> Option<u64> {
-    let off = ipa.checked_sub(base)?;
-    (off < len && size <= len - off).then_some(off)
-}
-
-impl Devices<'_> {
-    /// Serves a `size`-byte access at `ipa` (a store when `write`);
-    /// returns a load's value (zero above `size`) and who served it.
-    ///
-    /// # Errors
-    /// [`Unclaimed`] when no model takes the whole access: the caller
-    /// logs it and answers read-as-zero/write-ignored.
-    pub fn access(
-        &self,
-        ipa: u64,
-        size: u64,
-        write: Option<u64>,
-    ) -> Result<(u64, Served), Unclaimed> {
-        let a = |offset| GicAccess {
-            offset,
-            size,
-            write,
-        };
-        if let Some(off) = within(ipa, size, self.gicd, GICD_SIZE) {
-            return Ok((self.gic.dist_access(a(off)) & mask(size), Served::Gic));
-        }
-        let rsize = GICR_STRIDE * self.gic.vcpus() as u64;
-        if let Some(off) = within(ipa, size, self.gicr, rsize) {
-            return Ok((self.gic.redist_access(a(off)) & mask(size), Served::Gic));
-        }
-        let mut buf = [0u8; 8];
-        let n = (size as usize).min(8);
-        match write {
-            Some(w) => {
-                buf[..n].copy_from_slice(&w.to_le_bytes()[..n]);
-                self.bus.write(ipa, &buf[..n])?;
-            }
-            None => self.bus.read(ipa, &mut buf[..n])?,
-        }
-        Ok((u64::from_le_bytes(buf), Served::Bus))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,25 +147,5 @@ mod tests {
         assert_eq!(load_value(1 << 21, 1, 0x80), 0xffff_ff80);
         assert_eq!(load_value(1 << 15, 2, 0x1_8000), 0x8000);
         assert_eq!(load_value(1 << 15, 8, u64::MAX), u64::MAX);
-    }
-
-    #[test]
-    fn accesses_at_the_top_of_the_address_space_are_unclaimed_not_a_panic() {
-        let gic = Gic::new(2);
-        let bus = MmioBus::new();
-        // A distributor placed at the very top: `ipa + size` overflows.
-        let d = Devices {
-            gic: &gic,
-            bus: &bus,
-            gicd: u64::MAX - 0xffff,
-            gicr: 0x80a_0000,
-        };
-        assert!(d.access(u64::MAX - 3, 8, None).is_err());
-        assert_eq!(d.access(u64::MAX - 7, 8, Some(1)).unwrap().1, Served::Gic);
-        assert!(d.access(u64::MAX, 1, None).is_ok());
-        let e = d.access(0x80a_0000 + 2 * GICR_STRIDE, 4, None).unwrap_err();
-        assert_eq!(e.reason, crate::linux::bus::UnclaimedReason::NoDevice);
-        let (v, s) = d.access(0x80a_0000 + GICR_STRIDE + 0x0c, 4, None).unwrap();
-        assert_eq!((v, s), (1, Served::Gic), "GICR_TYPER's processor number");
     }
 }

@@ -1,7 +1,10 @@
-//! What a Linux guest's exits reach on the host: the MMIO bus and its
-//! dispatch, the GICv3, PSCI over HVC, the timer and the console UART. A device with
-//! state that a migration carries saves and loads it itself
-//! ([`DeviceState`]: `gic_state`, `uart_state`).
+//! What a Linux guest's exits reach on the host: the MMIO bus, where every
+//! MMIO device sits behind one trait ([`bus::MmioDevice`]: the GICv3's
+//! frames and the console UART), a data abort's decoding, PSCI over HVC
+//! behind the machine's power control, and the timer. A device with state
+//! reads it out and is built again from it as plain values (`Gic::state`,
+//! `Uart::state`, `VirtualTimer::save`); `gic_state` and `uart_state`
+//! encode those as a migration's sections ([`DeviceState`]).
 
 use s2mmu_migrate::state::StateError;
 
@@ -9,10 +12,13 @@ pub mod bus;
 pub(crate) mod console_echo;
 pub mod console_input;
 pub mod gic;
+pub mod gic_frames;
+pub mod gic_snapshot;
 mod gic_state;
 pub mod mmio;
 pub mod psci;
-pub(crate) mod timer;
+pub(crate) mod set;
+pub mod timer;
 pub mod uart;
 mod uart_state;
 

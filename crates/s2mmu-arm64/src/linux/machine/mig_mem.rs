@@ -93,7 +93,7 @@ impl LinuxVm {
     pub fn set_page_fetch(&mut self, hook: Option<Arc<dyn PageFetch>>) {
         self.hook = hook;
         if let Ok(r) = self.running() {
-            r.sh.page_fetch.set(self.hook_range());
+            r.sh.faults.page_fetch.set(self.hook_range());
         }
     }
 

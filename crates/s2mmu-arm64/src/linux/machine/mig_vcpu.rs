@@ -137,9 +137,9 @@ pub(crate) fn vcpu_main(sh: &Shared, ctl: &Ctl, id: usize) -> Result<()> {
                 g.parked[id] = true;
                 ctl.cv.notify_all();
             }
-            Ok(None) => sh.set_power(id, PowerState::Off),
+            Ok(None) => sh.cpus.set_power(id, PowerState::Off),
             Err(e) => {
-                sh.set_power(id, PowerState::Off);
+                sh.cpus.set_power(id, PowerState::Off);
                 sh.stop(StopReason::Error(e.to_string()));
                 let mut g = ctl.lock();
                 g.parked[id] = true;
@@ -171,7 +171,7 @@ fn next_start(sh: &Shared, ctl: &Ctl, id: usize) -> Option<Start> {
             if let Some(s) = g.restore[id].take() {
                 return Some(Start::State(Box::new(s)));
             }
-            let on = sh.power.lock().unwrap_or_else(|p| p.into_inner()).start[id].take();
+            let on = sh.cpus.take_start(id);
             if let Some((entry, x0)) = on {
                 return Some(Start::Boot(entry, x0));
             }
@@ -196,6 +196,7 @@ fn run_one(
     let mbox = sh.vm.machine().mailbox(id);
     let mut last = mbox.read(mb::EXIT_SEQ);
     let (vtcr, vttbr) = Placement::stage2_regs(&sh.vm);
+    let voff = sh.devices.timer.cntvoff();
     let run = match start {
         Start::Boot(entry, x0) => {
             let args = [
@@ -208,18 +209,18 @@ fn run_one(
                 0,
                 0,
                 ICH_HCR_EN,
-                sh.cntvoff,
+                voff,
                 CNTHCTL_LINUX,
             ];
             mbox.post(layout::CMD_LINUX, &args)
         }
         Start::State(s) => {
             s.write(&mbox);
-            let args = [vtcr, vttbr, HCR_LINUX, 1, sh.cntvoff, CNTHCTL_LINUX];
+            let args = [vtcr, vttbr, HCR_LINUX, 1, voff, CNTHCTL_LINUX];
             mbox.post(CMD_STATE, &args)
         }
     };
-    sh.set_power(id, PowerState::On);
+    sh.cpus.set_power(id, PowerState::On);
     loop {
         let Some(e) = vcpu::wait_exit(sh, id, &mbox, last, run)? else {
             return Ok(None);
@@ -234,7 +235,7 @@ fn run_one(
             Next::Resume(elr, insns) => {
                 // A write fault's throttle or pace, before the answer; a
                 // pause or a stop cuts it short.
-                sh.limit.serve(id, &|| {
+                sh.faults.limit.serve(id, &|| {
                     ctl.pause_flag.load(Ordering::Acquire) || sh.stopping()
                 });
                 vcpu::sync_lrs(sh, id, &mbox);

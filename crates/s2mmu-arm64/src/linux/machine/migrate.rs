@@ -17,7 +17,6 @@
 use crate::layout;
 use crate::linux::assets::LinuxAssets;
 use crate::linux::boot;
-use crate::linux::bus::MmioBus;
 use crate::linux::dirty_limit::DirtyLimit;
 use crate::linux::fdt::FdtConfig;
 use crate::linux::gic::{Gic, GICR_STRIDE};
@@ -25,17 +24,19 @@ use crate::linux::memory::LinuxRam;
 use crate::linux::mig_vcpu::{self, Ctl};
 use crate::linux::page_fetch::PageFetch;
 use crate::linux::placement::{Engine, Host, Placement};
+use crate::linux::power::VcpuControl;
 use crate::linux::psci::PowerState;
-use crate::linux::timer;
-use crate::linux::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput, UART_REGS};
+use crate::linux::set::DeviceSet;
+use crate::linux::shared::{HostLog, RamFaults};
+use crate::linux::timer::{TimerState, VirtualTimer};
+use crate::linux::uart::{ConsoleBuffer, IrqCallback, Uart, UartOutput};
 use crate::linux::vcpu_state::{VcpuState, CMD_STATE};
 use crate::linux::vm::{self, DeviceLayout, LinuxConfig, Power, Shared, SlotRam, StopReason};
 use crate::linux::vm_state::{LinuxState, VcpuPart};
 use crate::machine::{Machine, RamBacking, RamPages};
 use crate::{Arm64Error, Result};
 use s2mmu_migrate::{VmError, PAGE_SIZE};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vm_superio::serial::SerialState;
@@ -196,7 +197,14 @@ impl LinuxVm {
         power.state[0] = PowerState::OnPending;
         power.start[0] = Some((boot.entry, boot.dtb));
         let gic = Gic::new(cfg.vcpus);
-        me.start_threads(gic, None, power, 0, vec![None; cfg.vcpus], false)?;
+        me.start_threads(
+            gic,
+            None,
+            power,
+            VirtualTimer::new(),
+            vec![None; cfg.vcpus],
+            false,
+        )?;
         me.paused = false;
         me.ran = true;
         me.written = None;
@@ -230,13 +238,8 @@ impl LinuxVm {
     /// Why the guest stopped, once it has.
     pub fn stopped(&self) -> Option<StopReason> {
         let r = self.run.as_ref()?;
-        r.sh.stopping().then(|| {
-            r.sh.reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-                .unwrap_or(StopReason::PowerOff)
-        })
+        r.sh.stopping()
+            .then(|| r.sh.cpus.stop_reason().unwrap_or(StopReason::PowerOff))
     }
 
     /// The physical counter of this machine now (the service CPU reads
@@ -255,7 +258,7 @@ impl LinuxVm {
         gic: Gic,
         uart_state: Option<SerialState>,
         power: Power,
-        cntvoff: u64,
+        timer: VirtualTimer,
         restore: Vec<Option<VcpuState>>,
         paused: bool,
     ) -> Result<()> {
@@ -279,28 +282,16 @@ impl LinuxVm {
             }
             None => Uart::new(irq, out),
         });
-        let mut bus = MmioBus::new();
-        bus.insert("uart", self.layout.uart, UART_REGS, uart.clone())
-            .expect("the first device on an empty bus");
+        let devices = DeviceSet::new(self.layout, gic, uart.clone(), timer)
+            .map_err(|e| Arm64Error::Config(e.to_string()))?;
         let sh = Arc::new(Shared {
             vm: avm,
-            gic,
-            bus,
-            layout: self.layout,
-            stats: (0..self.vcpus).map(|_| Default::default()).collect(),
-            cntvoff,
-            power: Mutex::new(power),
-            power_cv: Condvar::new(),
-            stopping: AtomicBool::new(false),
-            fb_moving: AtomicBool::new(false),
-            reason: Mutex::new(None),
-            deadline: Instant::now() + self.timeout,
-            log: Mutex::new(Vec::new()),
-            page_fetch: Default::default(),
-            limit: self.limit.clone(),
-            watch: crate::linux::watch::Watch::new(self.vcpus),
+            devices,
+            cpus: VcpuControl::new(power, Instant::now() + self.timeout),
+            faults: RamFaults::new(self.limit.clone()),
+            host_log: HostLog::new(self.vcpus),
         });
-        sh.page_fetch.set(self.hook_range());
+        sh.faults.page_fetch.set(self.hook_range());
         let _ = me.set(Arc::downgrade(&sh));
         crate::linux::shared::spawn_watchdog(&sh).map_err(Arm64Error::Io)?;
         let ctl = Arc::new(Ctl::new(self.vcpus, paused));
@@ -342,7 +333,7 @@ impl LinuxVm {
             }
         }
         drop(r.uart);
-        r.sh.watch.join();
+        r.sh.cpus.watch.join();
         let sh = Arc::try_unwrap(r.sh)
             .map_err(|_| Arm64Error::Guest("the VM is still shared after its threads".into()))?;
         self.idle = Some(sh.vm);
@@ -397,7 +388,7 @@ impl LinuxVm {
                 let on: Vec<usize> = running
                     .iter()
                     .copied()
-                    .filter(|&v| sh.power(v) == PowerState::On)
+                    .filter(|&v| sh.cpus.power(v) == PowerState::On)
                     .collect();
                 // A kick that fails (QEMU gone) ends with the vCPU
                 // threads, which stop with that error and park.
@@ -411,7 +402,15 @@ impl LinuxVm {
         if let Some(StopReason::Error(e)) = self.stopped() {
             return Err(VmError::new(format!("the guest stopped: {e}")));
         }
-        let vct = timer::paused_count(r.ctl.lock().saved.iter().flatten().map(|s| s.cntvct));
+        let saved = r
+            .ctl
+            .lock()
+            .saved
+            .iter()
+            .flatten()
+            .map(|s| s.cntvct)
+            .collect::<Vec<_>>();
+        let vct = r.sh.devices.timer.save(saved.into_iter()).vct;
         self.paused_vct = vct;
         self.paused = true;
         Ok(())
@@ -479,7 +478,7 @@ impl LinuxVm {
             return Err(VmError::new("the VM must be paused to save its state"));
         }
         let g = r.ctl.lock();
-        let p = r.sh.power.lock().unwrap_or_else(|p| p.into_inner());
+        let p = r.sh.cpus.power.lock().unwrap_or_else(|p| p.into_inner());
         let cpus = (0..self.vcpus)
             .map(|v| VcpuPart {
                 power: p.state[v],
@@ -492,7 +491,7 @@ impl LinuxVm {
             vcpus: self.vcpus,
             mem: self.mem,
             vct: self.paused_vct,
-            gic: crate::linux::vm_state::gic_copy(&r.sh.gic),
+            gic: crate::linux::vm_state::gic_copy(&r.sh.devices.gic),
             uart: r.uart.state(),
             cpus,
         };
@@ -524,13 +523,13 @@ impl LinuxVm {
         let t0 = Instant::now();
         let now = self.counter().map_err(vmerr)?;
         let t1 = Instant::now();
-        let cntvoff = timer::offset_for(now, st.vct);
+        let timer = VirtualTimer::restore(&TimerState { vct: st.vct }, now);
         let power = Power {
             state: st.cpus.iter().map(|c| c.power).collect(),
             start: st.cpus.iter().map(|c| c.start).collect(),
         };
         let restore = st.cpus.iter().map(|c| c.regs.clone()).collect();
-        self.start_threads(st.gic, Some(st.uart), power, cntvoff, restore, true)
+        self.start_threads(st.gic, Some(st.uart), power, timer, restore, true)
             .map_err(vmerr)?;
         self.paused_vct = st.vct;
         self.restore_clock = RestoreClock {

@@ -15,7 +15,7 @@ pub(crate) mod mig_vcpu;
 pub mod migrate;
 pub mod page_fetch;
 pub(crate) mod placement;
-mod power;
+pub(crate) mod power;
 pub(crate) mod shared;
 pub mod state;
 pub(crate) mod vcpu;

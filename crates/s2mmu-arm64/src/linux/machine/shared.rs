@@ -1,21 +1,28 @@
-//! What a Linux VM's vCPU threads share: the engine in its placement, the
-//! devices, each vCPU's counters and power state, the stop and its
-//! reason, the host's log, post-copy's hook and the dirty limit; and the
-//! guest's fixed places (HCR_EL2, where RAM sits). The modules that act on
-//! a running VM (the vCPU loop, the harvester, the host's changes) import
-//! this one; it imports none of them.
+//! What a Linux VM's vCPU threads share, grouped by the room that owns
+//! each part: the engine in its placement, the devices
+//! ([`DeviceSet`]), the vCPUs' power and the stop ([`VcpuControl`]), what
+//! a RAM fault consults besides the engine ([`RamFaults`]), and the
+//! host's log and counters ([`HostLog`]); and the guest's fixed places
+//! (HCR_EL2, where RAM sits). The modules that act on a running VM (the
+//! vCPU loop, the harvester, the host's changes) import this one; it
+//! imports none of them.
 
-use crate::linux::bus::MmioBus;
 use crate::linux::dirty_limit::DirtyLimit;
 use crate::linux::gic::Gic;
 use crate::linux::page_fetch::HookSlot;
 use crate::linux::placement::{Host, Placement};
-use crate::linux::psci::PowerState;
+use crate::linux::power::VcpuControl;
+use crate::linux::psci::{self, PowerState};
+use crate::linux::set::DeviceSet;
 use crate::linux::watch::{self, Watch, INSN_KICK, KICK_SGI, STOP_GRACE, STOP_REKICK};
 use crate::stage2;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+pub(crate) use crate::linux::power::Power;
+pub use crate::linux::power::StopReason;
+pub use crate::linux::set::DeviceLayout;
 
 /// HCR_EL2 of a Linux guest: stage 2 (VM), interrupts and SErrors to EL2
 /// (IMO, FMO, AMO: the guest sees the virtual CPU interface), broadcast
@@ -38,38 +45,6 @@ pub const HCR_LINUX: u64 = stage2::HCR_VM
 pub const RAM_IPA: u64 = 0x4000_0000;
 /// The memslot of guest RAM.
 pub const RAM_SLOT: u16 = 1;
-/// The guest-physical places of the emulated devices.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceLayout {
-    /// The distributor's base.
-    pub gicd: u64,
-    /// The first redistributor's base.
-    pub gicr: u64,
-    /// The 16550's base.
-    pub uart: u64,
-    /// The 16550's SPI number (INTID - 32).
-    pub uart_spi: u32,
-}
-
-/// Why the guest stopped.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// PSCI SYSTEM_OFF.
-    PowerOff,
-    /// PSCI SYSTEM_RESET (the VM stops; `reboot::run_rebooting` may boot it
-    /// again).
-    Reset,
-    /// PSCI CPU_OFF on the last vCPU that was on: no CPU is left to run.
-    CpusOff,
-    /// The run's time limit passed.
-    Timeout,
-    /// A vCPU met an error (its text).
-    Error(String),
-    /// The operator typed the console's escape, `Ctrl-A x`
-    /// ([`crate::linux::vm::run_interactive`]).
-    Escape,
-}
-
 /// Exit kinds counted per vCPU.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum ExitKind {
@@ -90,34 +65,78 @@ pub(crate) struct VcpuCounters {
     pub(crate) injected: AtomicU64,
 }
 
-pub(crate) struct Power {
-    pub(crate) state: Vec<PowerState>,
-    pub(crate) start: Vec<Option<(u64, u64)>>,
+/// The host's log of a run and its per-vCPU counters.
+pub(crate) struct HostLog {
+    pub(crate) stats: Vec<VcpuCounters>,
+    lines: Mutex<Vec<String>>,
+}
+
+impl HostLog {
+    /// An empty log with counters for `vcpus` vCPUs.
+    pub(crate) fn new(vcpus: usize) -> HostLog {
+        HostLog {
+            stats: (0..vcpus).map(|_| VcpuCounters::default()).collect(),
+            lines: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Counts an exit of kind `k` for vCPU `id`.
+    pub(crate) fn count(&self, id: usize, k: ExitKind) {
+        self.stats[id].exits[k as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Prints `line` and keeps it, up to [`LOG_CAP`] lines.
+    pub(crate) fn line(&self, line: String) {
+        let mut l = self.lines.lock().unwrap();
+        if l.len() < LOG_CAP {
+            eprintln!("s2mmu linux: {line}");
+            l.push(line);
+        }
+    }
+
+    /// Each vCPU's exits by kind, now.
+    pub(crate) fn exits(&self) -> Vec<[u64; 5]> {
+        self.stats
+            .iter()
+            .map(|s| std::array::from_fn(|k| s.exits[k].load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// The lines kept.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+/// What a guest's stage-2 fault in RAM consults besides the engine.
+pub(crate) struct RamFaults {
+    /// The framebuffer's memslot is moving: faults on it wait.
+    pub(crate) fb_moving: AtomicBool,
+    /// Post-copy's hook: called on a translation fault in RAM first.
+    pub(crate) page_fetch: HookSlot,
+    /// Throttle and pace, served at the guest's write faults.
+    pub(crate) limit: Arc<DirtyLimit>,
+}
+
+impl RamFaults {
+    /// No move, no hook, and `limit`'s brakes.
+    pub(crate) fn new(limit: Arc<DirtyLimit>) -> RamFaults {
+        RamFaults {
+            fb_moving: AtomicBool::new(false),
+            page_fetch: HookSlot::default(),
+            limit,
+        }
+    }
 }
 
 /// What the vCPU threads share.
 pub(crate) struct Shared {
     /// The engine, in its placement.
     pub(crate) vm: Host,
-    pub(crate) gic: Gic,
-    pub(crate) bus: MmioBus,
-    pub(crate) layout: DeviceLayout,
-    pub(crate) stats: Vec<VcpuCounters>,
-    pub(crate) cntvoff: u64,
-    pub(crate) power: Mutex<Power>,
-    pub(crate) power_cv: Condvar,
-    pub(crate) stopping: AtomicBool,
-    /// The framebuffer's memslot is moving: faults on it wait.
-    pub(crate) fb_moving: AtomicBool,
-    pub(crate) reason: Mutex<Option<StopReason>>,
-    pub(crate) deadline: Instant,
-    pub(crate) log: Mutex<Vec<String>>,
-    /// Post-copy's hook: called on a translation fault in RAM first.
-    pub(crate) page_fetch: HookSlot,
-    /// Throttle and pace, served at the guest's write faults.
-    pub(crate) limit: Arc<DirtyLimit>,
-    /// The vCPUs' modes, the stop's time and the deadline's thread.
-    pub(crate) watch: Arc<Watch>,
+    pub(crate) devices: DeviceSet,
+    pub(crate) cpus: VcpuControl,
+    pub(crate) faults: RamFaults,
+    pub(crate) host_log: HostLog,
 }
 
 /// Lines of the host's log kept (the rest are counted).
@@ -125,34 +144,27 @@ const LOG_CAP: usize = 256;
 
 impl Shared {
     pub(crate) fn count(&self, id: usize, k: ExitKind) {
-        self.stats[id].exits[k as usize].fetch_add(1, Ordering::Relaxed);
+        self.host_log.count(id, k);
     }
 
     pub(crate) fn log(&self, line: String) {
-        let mut l = self.log.lock().unwrap();
-        if l.len() < LOG_CAP {
-            eprintln!("s2mmu linux: {line}");
-            l.push(line);
-        }
+        self.host_log.line(line);
     }
 
     pub(crate) fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::Acquire)
+        self.cpus.stopping()
     }
 
     /// Stops the VM: every vCPU in its guest is kicked (its caller's
     /// included) and leaves it at that exit, and threads waiting for
     /// CPU_ON give up.
     pub(crate) fn stop(&self, why: StopReason) {
-        self.reason.lock().unwrap().get_or_insert(why);
-        self.stopping.store(true, Ordering::SeqCst);
-        self.power_cv.notify_all();
-        self.watch.stopped();
-        self.kick_claimed(0..self.gic.vcpus());
+        self.cpus.mark_stopped(why);
+        self.kick_claimed(0..self.devices.gic.vcpus());
     }
 
     pub(crate) fn check_deadline(&self) {
-        if !self.stopping() && Instant::now() > self.deadline {
+        if self.cpus.past_deadline() {
             self.stop(StopReason::Timeout);
         }
     }
@@ -160,14 +172,15 @@ impl Shared {
     /// Makes `intid` pending for `vcpu` and kicks it if it runs its guest
     /// with no kick on the way.
     pub(crate) fn raise(&self, vcpu: usize, intid: u32) {
-        self.kick_claimed(self.gic.raise(vcpu, intid));
+        self.kick_claimed(self.devices.gic.raise(vcpu, intid));
     }
 
     /// After a GIC register write: kicks the other vCPUs that now have an
     /// enabled interrupt pending.
     pub(crate) fn kick_pending(&self) {
-        for v in 0..self.gic.vcpus() {
-            if self.gic.has_pending(v) {
+        let gic = &self.devices.gic;
+        for v in 0..gic.vcpus() {
+            if gic.has_pending(v) {
                 self.kick_claimed([v]);
             }
         }
@@ -180,7 +193,7 @@ impl Shared {
     pub(crate) fn kick_claimed(&self, targets: impl IntoIterator<Item = usize>) {
         let list: Vec<usize> = targets
             .into_iter()
-            .filter(|&t| self.watch.claim_kick(t))
+            .filter(|&t| self.cpus.watch.claim_kick(t))
             .collect();
         if list.is_empty() {
             return;
@@ -192,7 +205,7 @@ impl Shared {
 
     /// A write of ICC_SGI1R_EL1 by vCPU `from` ([`sgi_write`]).
     pub(crate) fn sgi_write(&self, from: usize, v: u64) -> Vec<(u64, u64)> {
-        sgi_write(&self.gic, &self.watch, from, v)
+        sgi_write(&self.devices.gic, &self.cpus.watch, from, v)
     }
 
     /// While vCPU `id`'s thread waits for an exit: after a stop, kicks
@@ -200,7 +213,7 @@ impl Shared {
     /// thread resumed it found it in the host); `false` once
     /// [`STOP_GRACE`] has passed without the exit.
     pub(crate) fn wait_after_stop(&self, id: usize, kicked: &mut Option<Instant>) -> bool {
-        let Some(since) = self.watch.stopped_for() else {
+        let Some(since) = self.cpus.watch.stopped_for() else {
             return true;
         };
         if since > STOP_GRACE {
@@ -222,18 +235,37 @@ impl Shared {
     /// stops ([`StopReason::CpusOff`]) if no vCPU is left on or about to
     /// start, as KVM reports the VM stopped when its last CPU is off.
     pub(crate) fn cpu_off(&self, id: usize) {
-        let all_off = {
-            let mut p = self.power.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(s) = p.state.get_mut(id) {
-                *s = crate::linux::psci::PowerState::Off;
-            }
-            p.state
-                .iter()
-                .all(|s| *s == crate::linux::psci::PowerState::Off)
-        };
-        if all_off {
+        if self.cpus.cpu_off(id) {
             self.stop(StopReason::CpusOff);
         }
+    }
+}
+
+/// PSCI served against the VM's power states (see [`psci::serve`]): the
+/// vCPU control answers, and the VM stops for the calls that end it.
+impl psci::PowerControl for Shared {
+    fn vcpus(&self) -> usize {
+        self.cpus.vcpus()
+    }
+
+    fn cpu_on(&self, target: u64, entry: u64, context: u64) -> i64 {
+        self.cpus.cpu_on(target, entry, context)
+    }
+
+    fn power(&self, v: usize) -> PowerState {
+        self.cpus.power(v)
+    }
+
+    fn cpu_off(&self, id: usize) {
+        Shared::cpu_off(self, id);
+    }
+
+    fn system_off(&self, reset: bool) {
+        self.stop(if reset {
+            StopReason::Reset
+        } else {
+            StopReason::PowerOff
+        });
     }
 }
 
@@ -243,7 +275,7 @@ impl Shared {
 /// # Errors
 /// The thread could not be made (the text says why).
 pub(crate) fn spawn_watchdog(sh: &Arc<Shared>) -> Result<(), String> {
-    watch::spawn(sh, &sh.watch, sh.deadline, |sh: &Shared| {
+    watch::spawn(sh, &sh.cpus.watch, sh.cpus.deadline, |sh: &Shared| {
         sh.stop(StopReason::Timeout)
     })
 }

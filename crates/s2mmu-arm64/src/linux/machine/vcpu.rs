@@ -6,12 +6,13 @@
 //! is turned off or the VM stops.
 
 use crate::layout::{self, mb};
+use crate::linux::bus::Served;
 use crate::linux::inject::Injection;
-use crate::linux::mmio::{self, Devices, MmioDecode, Served};
+use crate::linux::mmio::{self, MmioDecode};
 use crate::linux::placement::{EngineVcpu, Placement};
 use crate::linux::psci::{self, PowerState};
+use crate::linux::shared::{ExitKind, Shared, StopReason};
 use crate::linux::timer;
-use crate::linux::vm::{ExitKind, Shared, StopReason};
 use crate::machine::{Exit, Mailbox};
 use crate::Result;
 use std::cell::Cell;
@@ -46,9 +47,9 @@ const EC_SYSREG: u64 = 0x18;
 pub(crate) fn vcpu_thread(sh: &Shared, id: usize) -> Result<()> {
     CURRENT.with(|c| c.set(Some(id)));
     let mut vcpu = sh.vm.new_vcpu(id)?;
-    while let Some((entry, x0)) = sh.wait_power_on(id) {
+    while let Some((entry, x0)) = sh.cpus.wait_power_on(id) {
         let r = run_vcpu(sh, id, &mut vcpu, entry, x0);
-        sh.set_power(id, PowerState::Off);
+        sh.cpus.set_power(id, PowerState::Off);
         if let Err(e) = r {
             sh.stop(StopReason::Error(e.to_string()));
             return Err(e);
@@ -71,11 +72,11 @@ fn run_vcpu(sh: &Shared, id: usize, vcpu: &mut EngineVcpu, entry: u64, x0: u64) 
         0,
         0,
         crate::linux::gic::ICH_HCR_EN,
-        sh.cntvoff,
+        sh.devices.timer.cntvoff(),
         timer::CNTHCTL_LINUX,
     ];
     let run = mbox.post(layout::CMD_LINUX, &args);
-    sh.set_power(id, PowerState::On);
+    sh.cpus.set_power(id, PowerState::On);
     loop {
         let Some(e) = wait_exit(sh, id, &mbox, last, run)? else {
             return Ok(());
@@ -91,7 +92,7 @@ fn run_vcpu(sh: &Shared, id: usize, vcpu: &mut EngineVcpu, entry: u64, x0: u64) 
             Next::Resume(elr, insns) => {
                 sync_lrs(sh, id, &mbox);
                 mbox.write(mb::NEW_ELR, elr);
-                sh.stats[id]
+                sh.host_log.stats[id]
                     .host_ns
                     .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 mbox.reply(&e, layout::ACT_LINUX, [0, 0], &insns);
@@ -112,12 +113,12 @@ fn run_vcpu(sh: &Shared, id: usize, vcpu: &mut EngineVcpu, entry: u64, x0: u64) 
 pub(crate) fn sync_lrs(sh: &Shared, id: usize, mbox: &Mailbox<'_>) {
     // In the guest before the pending interrupts are read: one raised
     // after the read finds the vCPU there and kicks it.
-    sh.watch.enter(id);
+    sh.cpus.watch.enter(id);
     let mut lrs = [0u64; crate::linux::gic::NR_LRS];
     for (i, lr) in lrs.iter_mut().enumerate() {
         *lr = mbox.read(mb::LR0 + 8 * i as u64);
     }
-    let hcr = sh.gic.sync_lrs(id, &mut lrs);
+    let hcr = sh.devices.gic.sync_lrs(id, &mut lrs);
     for (i, lr) in lrs.iter().enumerate() {
         mbox.write(mb::LR0 + 8 * i as u64, *lr);
     }
@@ -136,7 +137,9 @@ pub(crate) fn reply_inject(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit,
 /// Answers an exit the host cannot serve with an exception for the
 /// guest's kernel, as KVM: logs it (capped) and counts it.
 fn inject(sh: &Shared, id: usize, e: &Exit, inj: Injection, what: &str) -> Next {
-    sh.stats[id].injected.fetch_add(1, Ordering::Relaxed);
+    sh.host_log.stats[id]
+        .injected
+        .fetch_add(1, Ordering::Relaxed);
     sh.log(format!(
         "vCPU {id}: {what} (ESR_EL2 {:#x}, FAR {:#x}, ELR {:#x}): injected ESR_EL1 {:#x}",
         e.esr, e.far, e.elr, inj.esr
@@ -168,7 +171,7 @@ pub(crate) fn wait_exit(
     let mut kicked = None;
     loop {
         if let Some(e) = mbox.poll_exit(last) {
-            sh.watch.exited(id);
+            sh.cpus.watch.exited(id);
             return Ok(Some(e));
         }
         if mbox.done(run) {
@@ -186,7 +189,7 @@ pub(crate) fn wait_exit(
                 return Ok(None);
             }
             if let Some(e) = mbox.sleep_until_exit(last, EXIT_SLEEP) {
-                sh.watch.exited(id);
+                sh.cpus.watch.exited(id);
                 return Ok(Some(e));
             }
         }
@@ -215,8 +218,8 @@ pub(crate) fn handle(
         layout::EXIT_IRQ => {
             sh.count(id, ExitKind::Irq);
             let intid = mbox.read(mb::INTID) as u32;
-            if let Some(ppi) = timer::virtual_ppi(intid) {
-                sh.gic.raise(id, ppi);
+            if let Some(ppi) = sh.devices.timer.interrupt(intid) {
+                sh.devices.gic.raise(id, ppi);
             }
             Ok(Next::Resume(e.elr, Vec::new()))
         }
@@ -294,7 +297,7 @@ fn abort(
     mbox: &Mailbox<'_>,
     e: &Exit,
 ) -> Result<Next> {
-    if sh.fb_moving.load(Ordering::Acquire) && crate::linux::changes::in_fb(e.ipa()) {
+    if sh.faults.fb_moving.load(Ordering::Acquire) && crate::linux::changes::in_fb(e.ipa()) {
         // The framebuffer's slot is being moved: as KVM with an invalid
         // slot, the guest retries the access once the move is done.
         std::thread::sleep(Duration::from_micros(100));
@@ -307,15 +310,15 @@ fn abort(
         let what = format!("stage-2 abort at IPA {:#x}: external abort", e.ipa());
         return Ok(inject(sh, id, e, a, &what));
     }
-    sh.page_fetch.before_fault(id, e)?;
+    sh.faults.page_fetch.before_fault(id, e)?;
     let t0 = Instant::now();
     let r = sh.vm.stage2_abort(vcpu, e)?;
-    let st = &sh.stats[id];
+    let st = &sh.host_log.stats[id];
     match r {
         Ok(insns) => {
             sh.count(id, ExitKind::Stage2Fault);
             if crate::linux::dirty_limit::dirties(e) {
-                sh.limit.on_write_fault(id);
+                sh.faults.limit.on_write_fault(id);
             }
             st.engine_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -338,8 +341,8 @@ fn abort(
     }
 }
 
-/// An access to an IPA no memslot covers: the GIC's frames, the bus, or a
-/// logged read-as-zero/write-ignored.
+/// An access to an IPA no memslot covers: a device on the bus (the GIC's
+/// frames among them), or a logged read-as-zero/write-ignored.
 fn mmio(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
     let ipa = e.ipa();
     let op = match mmio::decode(e.esr, ipa, |n| mbox.gpr(n)) {
@@ -362,18 +365,12 @@ fn mmio(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
             return Ok(inject(sh, id, e, a, &what));
         }
     };
-    let devices = Devices {
-        gic: &sh.gic,
-        bus: &sh.bus,
-        gicd: sh.layout.gicd,
-        gicr: sh.layout.gicr,
-    };
-    let v = match devices.access(ipa, op.size, op.write) {
-        Ok((v, Served::Gic)) => {
+    let v = match sh.devices.bus.access(ipa, op.size, op.write) {
+        Ok((v, Served::Interrupts)) => {
             sh.kick_pending();
             v
         }
-        Ok((v, Served::Bus)) => v,
+        Ok((v, Served::Plain)) => v,
         Err(u) => {
             sh.log(format!(
                 "vCPU {id}: {} of {} bytes at IPA {ipa:#x} claimed by no device ({u:?}): \

@@ -5,28 +5,30 @@
 use crate::layout;
 use crate::linux::assets::LinuxAssets;
 use crate::linux::boot;
-use crate::linux::bus::MmioBus;
 use crate::linux::dirty::{self, HarvestConfig, HarvestReport};
 use crate::linux::fdt::FdtConfig;
 use crate::linux::gic::{Gic, GICR_STRIDE};
 use crate::linux::loader::{BootLayout, LoadTarget};
 use crate::linux::psci::PowerState;
-use crate::linux::uart::{ConsoleBuffer, Uart, UartOutput, UART_REGS};
+use crate::linux::uart::{ConsoleBuffer, Uart, UartOutput};
 use crate::linux::vcpu;
 use crate::machine::{Machine, MachineConfig, RamPages, SharedRam};
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use crate::linux::devices::timer::CNTHCTL_LINUX;
 use crate::linux::el2::{self as el2p, El2Vm};
 pub use crate::linux::placement::Engine;
 use crate::linux::placement::Host;
+use crate::linux::power::VcpuControl;
+use crate::linux::set::DeviceSet;
 pub use crate::linux::shared::{DeviceLayout, StopReason, HCR_LINUX, RAM_IPA, RAM_SLOT};
-pub(crate) use crate::linux::shared::{ExitKind, Power, Shared, VcpuCounters};
+pub(crate) use crate::linux::shared::{HostLog, Power, RamFaults, Shared};
+use crate::linux::timer::VirtualTimer;
 /// Most vCPUs.
 pub const MAX_VCPUS: usize = 4;
 /// Least guest RAM.
@@ -241,7 +243,7 @@ fn run_with(cfg: &LinuxConfig, interactive: bool) -> Result<LinuxReport> {
             first_err.get_or_insert(e);
         }
     }
-    sh.watch.join();
+    sh.cpus.watch.join();
     if let Some(t) = input {
         let _ = t.join();
     }
@@ -345,30 +347,19 @@ fn shared(
         };
         let uart = Arc::new(Uart::new(irq, out));
         made = Some(uart.clone());
-        let mut bus = MmioBus::new();
-        bus.insert("uart", dl.uart, UART_REGS, uart)
-            .expect("the first device on an empty bus");
+        let devices = DeviceSet::new(dl, Gic::new(cfg.vcpus), uart, VirtualTimer::new())
+            .expect("the virt machine's device ranges are apart");
         let mut start = vec![None; cfg.vcpus];
         start[0] = Some((boot.entry, boot.dtb));
         let mut state = vec![PowerState::Off; cfg.vcpus];
         state[0] = PowerState::OnPending;
+        let limit = Arc::new(crate::linux::dirty_limit::DirtyLimit::new(cfg.vcpus));
         Shared {
             vm,
-            gic: Gic::new(cfg.vcpus),
-            bus,
-            layout: dl,
-            stats: (0..cfg.vcpus).map(|_| VcpuCounters::default()).collect(),
-            cntvoff: 0,
-            power: Mutex::new(Power { state, start }),
-            power_cv: Condvar::new(),
-            stopping: AtomicBool::new(false),
-            fb_moving: AtomicBool::new(false),
-            reason: Mutex::new(None),
-            deadline: Instant::now() + cfg.timeout,
-            log: Mutex::new(Vec::new()),
-            page_fetch: Default::default(),
-            limit: Arc::new(crate::linux::dirty_limit::DirtyLimit::new(cfg.vcpus)),
-            watch: crate::linux::watch::Watch::new(cfg.vcpus),
+            devices,
+            cpus: VcpuControl::new(Power { state, start }, Instant::now() + cfg.timeout),
+            faults: RamFaults::new(limit),
+            host_log: HostLog::new(cfg.vcpus),
         }
     });
     (sh, made.expect("the UART is made with the VM"))
@@ -482,7 +473,7 @@ pub(crate) fn report(
     let (mut stub_exits, mut stub_ticks) = (0, 0);
     let (mut el2_faults, mut el2_ticks) = (0, 0);
     let (mut s2_trips, mut s2_ticks) = (0, 0);
-    for (id, s) in sh.stats.iter().enumerate() {
+    for (id, s) in sh.host_log.stats.iter().enumerate() {
         for (k, e) in exits.iter_mut().enumerate() {
             *e += s.exits[k].load(Ordering::Relaxed);
         }
@@ -503,26 +494,17 @@ pub(crate) fn report(
     let freq = sh
         .vm
         .machine()
-        .mailbox(sh.gic.vcpus())
+        .mailbox(sh.devices.gic.vcpus())
         .command(layout::CMD_PING, &[])
         .unwrap_or(62_500_000)
         .max(1);
     LinuxReport {
-        reason: sh
-            .reason
-            .lock()
-            .unwrap()
-            .clone()
-            .unwrap_or(StopReason::PowerOff),
+        reason: sh.cpus.stop_reason().unwrap_or(StopReason::PowerOff),
         init_s: *init_at.lock().unwrap(),
         total_s,
         cpus_online,
         exits,
-        vcpu_exits: sh
-            .stats
-            .iter()
-            .map(|s| std::array::from_fn(|k| s.exits[k].load(Ordering::Relaxed)))
-            .collect(),
+        vcpu_exits: sh.host_log.exits(),
         engine_ns,
         device_ns,
         host_ns,
@@ -538,7 +520,7 @@ pub(crate) fn report(
             Host::Host(_) => None,
         },
         console: text,
-        log: sh.log.lock().unwrap().clone(),
+        log: sh.host_log.lines(),
         dirty: None,
         tlbi: sh.vm.sink().counters(),
         exit_samples: Vec::new(),
@@ -549,7 +531,8 @@ pub(crate) fn report(
 /// Every vCPU's exits by kind, now.
 fn exits_now(sh: &Shared) -> [u64; 5] {
     std::array::from_fn(|k| {
-        sh.stats
+        sh.host_log
+            .stats
             .iter()
             .map(|s| s.exits[k].load(Ordering::Relaxed))
             .sum()

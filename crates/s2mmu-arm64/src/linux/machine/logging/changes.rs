@@ -198,7 +198,7 @@ impl Changer {
     /// framebuffer, holds guest faults on it from now on.
     pub(crate) fn before_harvest(&self, sh: &Shared, harvests: u64) {
         if self.change == (HostChange::MoveSlot { at: harvests + 1 }) {
-            sh.fb_moving.store(true, Ordering::Release);
+            sh.faults.fb_moving.store(true, Ordering::Release);
         }
     }
 
@@ -268,7 +268,7 @@ impl Changer {
         mode: Option<DirtyMode>,
         bitmap: &mut [u64],
     ) -> Result<()> {
-        if !sh.fb_moving.load(Ordering::Acquire) {
+        if !sh.faults.fb_moving.load(Ordering::Acquire) {
             return Ok(());
         }
         let ram = sh.vm.machine().ram();
@@ -312,7 +312,7 @@ impl Changer {
             *l = (to - layout::DATA) / 4096 + i as u64;
         }
         self.moves += 1;
-        sh.fb_moving.store(false, Ordering::Release);
+        sh.faults.fb_moving.store(false, Ordering::Release);
         Ok(())
     }
 
