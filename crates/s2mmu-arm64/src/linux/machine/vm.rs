@@ -329,6 +329,8 @@ fn shared(
     boot: &BootLayout,
     console: &ConsoleBuffer,
 ) -> (Arc<Shared>, Arc<Uart>) {
+    let limit = Arc::new(crate::linux::dirty_limit::DirtyLimit::new(cfg.vcpus));
+    limit.attach(&vm);
     let mut made = None;
     let sh = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
         let w = weak.clone();
@@ -367,7 +369,7 @@ fn shared(
             deadline: Instant::now() + cfg.timeout,
             log: Mutex::new(Vec::new()),
             page_fetch: Default::default(),
-            limit: Arc::new(crate::linux::dirty_limit::DirtyLimit::new(cfg.vcpus)),
+            limit,
             watch: crate::linux::watch::Watch::new(cfg.vcpus),
         }
     });
