@@ -149,7 +149,10 @@ fn host_and_el2_placements_migrate_into_each_other() {
     let Some(a) = common::linux_assets() else {
         return;
     };
-    let cfg = config(&a, 1);
+    let cfg = LinuxConfig {
+        engine: Engine::Host,
+        ..config(&a, 1)
+    };
     let vm_a = LinuxVm::boot(&cfg).expect("A boots");
     assert_eq!(vm_a.engine(), Engine::Host);
     wait_lines(&vm_a, 0, 3, "A");

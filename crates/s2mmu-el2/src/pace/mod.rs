@@ -17,8 +17,6 @@
 
 use crate::abi::HypError;
 
-mod hyp;
-
 /// The largest throttle `PACE` takes: ten minutes a page.
 pub const MAX_THROTTLE_NS: u64 = 600_000_000_000;
 /// The fastest pace `PACE` takes: a page a nanosecond.
