@@ -12,7 +12,7 @@
 //! guest mode, in short slices, so a pause or a stop never waits for a
 //! whole delay. A vCPU that does not write is never slowed.
 //!
-//! With the engine at EL2 ([`DirtyLimit::attach`]) the write faults never
+//! With the engine at EL2 (`DirtyLimit::attach`) the write faults never
 //! reach the host: the throttle and the pace go to EL2 (its `PACE`
 //! command), which counts each vCPU's dirtied pages in its fault path and
 //! works out the same delays; a fault that owes one exits to the host,
