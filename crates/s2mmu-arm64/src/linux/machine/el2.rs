@@ -57,6 +57,10 @@ pub(crate) struct El2Vm {
     /// Each vCPU's wait that EL2's brakes handed over and its host thread
     /// has not served yet: throttle and pace, in nanoseconds.
     waits: Arc<[[AtomicU64; 2]]>,
+    /// Held from a command that writes the shared area to the host's read
+    /// of what it wrote: the session's harvests and the counters' readers
+    /// run on different threads.
+    shared_use: Arc<Mutex<()>>,
 }
 
 /// EL2's mode for the host's dirty mode (no logging: `wp`, never used).
@@ -99,6 +103,7 @@ impl El2Vm {
             slots: Default::default(),
             postcopy: Arc::default(),
             waits: (0..vcpus).map(|_| Default::default()).collect(),
+            shared_use: Arc::default(),
         };
         let shared = layout::DATA + ram_bytes;
         let area = SHARED_BYTES + TRACE_BYTES;
@@ -170,6 +175,11 @@ impl El2Vm {
         layout::DATA + self.ram_bytes
     }
 
+    /// The shared area, this thread's until the guard drops.
+    fn shared_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.shared_use.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn bitmap_bytes(words: &[u64]) -> Result<u64> {
         let bytes = (words.len() as u64) * 8;
         if bytes > SHARED_BYTES {
@@ -182,6 +192,7 @@ impl El2Vm {
 
     /// `GET_DIRTY` of `slot` into `words` (through the shared area).
     pub(crate) fn get_dirty_log(&self, slot: u16, words: &mut [u64]) -> Result<()> {
+        let _shared = self.shared_lock();
         let bytes = Self::bitmap_bytes(words)?;
         self.call(
             Op::GetDirty as u64,
@@ -203,6 +214,7 @@ impl El2Vm {
         n: u64,
         words: &[u64],
     ) -> Result<()> {
+        let _shared = self.shared_lock();
         let bytes = Self::bitmap_bytes(words)?;
         let ram = self.machine.ram();
         for (i, w) in words.iter().enumerate() {
@@ -214,6 +226,7 @@ impl El2Vm {
 
     /// `RING_HARVEST` into `out`.
     pub(crate) fn harvest_rings(&self, out: &mut Vec<DirtyGfn>) -> Result<()> {
+        let _shared = self.shared_lock();
         let size = std::mem::size_of::<RingEntry>() as u64;
         let n = self.call(Op::RingHarvest as u64, &[self.shared(), SHARED_BYTES])?[0];
         let ram = self.machine.ram();
@@ -268,6 +281,7 @@ impl El2Vm {
 
     /// EL2's counters (`COUNTERS` through the shared area).
     pub(crate) fn counters(&self) -> Result<Counters> {
+        let _shared = self.shared_lock();
         let bytes = std::mem::size_of::<Counters>() as u64;
         self.call(Op::Counters as u64, &[self.shared(), bytes])?;
         let ram = self.machine.ram();
@@ -356,6 +370,7 @@ impl El2Vm {
     /// `MEMSLOT_DELETE_LOGGED` of `slot`: its last log into `words` (a bit
     /// per page), the slot gone.
     pub(crate) fn delete_logged(&self, slot: u16, words: &mut [u64]) -> Result<()> {
+        let _shared = self.shared_lock();
         let bytes = Self::bitmap_bytes(words)?;
         let args = [u64::from(slot), self.shared(), bytes];
         self.call(Op::MemslotDeleteLogged as u64, &args)?;
@@ -528,6 +543,7 @@ impl El2Vm {
             slots: Arc::downgrade(&self.slots),
             postcopy: Arc::downgrade(&self.postcopy),
             waits: self.waits.clone(),
+            shared_use: self.shared_use.clone(),
         }
     }
 }
@@ -545,6 +561,7 @@ pub(crate) struct WeakEl2Vm {
     slots: Weak<Mutex<Vec<(u16, u64, u64)>>>,
     postcopy: Weak<Mutex<Option<PostcopySlot>>>,
     waits: Arc<[[AtomicU64; 2]]>,
+    shared_use: Arc<Mutex<()>>,
 }
 
 impl WeakEl2Vm {
@@ -560,6 +577,7 @@ impl WeakEl2Vm {
             slots: self.slots.upgrade()?,
             postcopy: self.postcopy.upgrade()?,
             waits: self.waits.clone(),
+            shared_use: self.shared_use.clone(),
         })
     }
 
