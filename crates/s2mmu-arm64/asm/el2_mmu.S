@@ -46,7 +46,9 @@ el2_bss_done:
         // in the frame at sp): the engine answers it on this CPU. Handled:
         // counted, timed from the vector's entry, and the guest resumes
         // without an exit. Otherwise the outcome stays in MB_EL2_OUTCOME
-        // for the host and the abort is posted (x1 = ESR_EL2 again). The
+        // for the host and the abort is posted (x1 = ESR_EL2 again); a
+        // paced one (answered, a wait owed) has its wait in the mailbox
+        // words the engine wrote (x4 = the mailbox). The
         // guest's FP/SIMD registers are saved around the call: Rust may
         // use them.
         .macro  el2_answer_abort
@@ -74,6 +76,7 @@ el2_bss_done:
         ldr     x0, [x28, #MB_ID]
         mrs     x2, far_el2
         mrs     x3, hpfar_el2
+        mov     x4, x28
         bl      s2mmu_el2_abort
         ldr     x9, [sp, #512]
         ldr     x10, [sp, #520]

@@ -28,7 +28,7 @@ use s2mmu_arm64::linux::session_run::{
     self, GuestProgram, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
 use s2mmu_arm64::linux::session_source::LinuxSource;
-use s2mmu_arm64::linux::vm::{StopReason, RAM_SLOT};
+use s2mmu_arm64::linux::vm::{Engine, LinuxConfig, StopReason, RAM_SLOT};
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::session::postcopy::Postcopy;
@@ -131,7 +131,13 @@ fn missing_page_that_cannot_come_stops_the_destination() {
     let Some(a) = common::linux_assets() else {
         return;
     };
-    let cfg = config(&a, 1);
+    // The host placement: `set_page_fetch` alone (no session) does not make
+    // EL2's RAM slot a post-copy one, so at EL2 B's pages would be mapped
+    // from its empty backing.
+    let cfg = LinuxConfig {
+        engine: Engine::Host,
+        ..config(&a, 1)
+    };
     let mut vm_a = LinuxVm::boot(&cfg).expect("A boots");
     let a1 = wait_lines(&vm_a, 0, 2, "A");
     vm_a.pause_vcpus().expect("A pauses");

@@ -82,7 +82,7 @@ pub struct Params {
     #[arg(long)]
     pub engine_compare: bool,
     /// Where the stage-2 engine runs: host (a host thread answers every stage-2 abort) or el2 (linked into the EL2 stub, RAM faults answered there).
-    #[arg(long, default_value = "host")]
+    #[arg(long, default_value = "el2")]
     pub engine: vm::Engine,
     /// Print one JSON object instead of text.
     #[arg(long)]

@@ -22,6 +22,7 @@
 //! | `PAGE_READY` 12 | slot (post-copy), page offset in the slot | pages mapped (1) |
 //! | `REMAP_PAGE` 13 | a page of a slot's backing (as `MEMSLOT_SET` named it), new PA | leaves unmapped, the PA the page was at |
 //! | `MEMSLOT_DELETE_LOGGED` 14 | slot (logging, bitmap modes), bitmap PA, bitmap bytes | pages dirty |
+//! | `PACE` 15 | throttle in ns per page dirtied (at most 600 s), pace in pages a second per vCPU (at most 10^9); 0 turns each off | - |
 //!
 //! Every PA argument that EL2 writes to or reads from must lie inside the
 //! shared area; backing PAs must lie in guest RAM and outside the carve-out.
@@ -91,12 +92,16 @@ pub enum Op {
     /// is read: no write between the host's last harvest and the delete
     /// goes unlogged.
     MemslotDeleteLogged = 14,
+    /// Sets the brakes on the guest's dirtying: auto-converge's throttle
+    /// and the dirty limit's pace, applied in EL2's write-fault path
+    /// ([`crate::pace`]).
+    Pace = 15,
 }
 
 impl Op {
     /// The operation with code `code`, if any.
     pub fn from_code(code: u32) -> Option<Op> {
-        const ALL: [Op; 14] = [
+        const ALL: [Op; 15] = [
             Op::VmInit,
             Op::VmDestroy,
             Op::MemslotSet,
@@ -111,6 +116,7 @@ impl Op {
             Op::PageReady,
             Op::RemapPage,
             Op::MemslotDeleteLogged,
+            Op::Pace,
         ];
         ALL.into_iter().find(|o| *o as u32 == code)
     }
@@ -257,4 +263,55 @@ pub struct Counters {
     pub commands_refused: u64,
     /// Table pages in use.
     pub table_pages: u64,
+    /// Aborts answered at EL2 and then passed to the host for the vCPU to
+    /// wait out its throttle or pace ([`crate::AbortOutcome::Paced`]).
+    pub paced_exits: u64,
+    /// Pages dirtied by a vCPU ahead of its pace.
+    pub paced_pages: u64,
+    /// Nanoseconds of throttle handed to the host to wait.
+    pub throttle_ns: u64,
+    /// Nanoseconds of lead over the pace handed to the host to wait.
+    pub pace_ns: u64,
+}
+
+impl Counters {
+    /// The words `COUNTERS` writes, in field order.
+    pub fn to_words(&self) -> [u64; 14] {
+        [
+            self.aborts_handled,
+            self.aborts_refused,
+            self.aborts_to_host,
+            self.translation,
+            self.permission,
+            self.dirtied,
+            self.collapsed,
+            self.commands_ok,
+            self.commands_refused,
+            self.table_pages,
+            self.paced_exits,
+            self.paced_pages,
+            self.throttle_ns,
+            self.pace_ns,
+        ]
+    }
+
+    /// The counters from the words `COUNTERS` wrote.
+    pub fn from_words(w: &[u64; 14]) -> Counters {
+        Counters {
+            aborts_handled: w[0],
+            aborts_refused: w[1],
+            aborts_to_host: w[2],
+            translation: w[3],
+            permission: w[4],
+            dirtied: w[5],
+            collapsed: w[6],
+            commands_ok: w[7],
+            commands_refused: w[8],
+            table_pages: w[9],
+            paced_exits: w[10],
+            paced_pages: w[11],
+            throttle_ns: w[12],
+            pace_ns: w[13],
+        }
+    }
 }

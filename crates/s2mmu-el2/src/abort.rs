@@ -113,6 +113,16 @@ pub enum AbortOutcome {
     },
     /// Needs the host: an engine error, or no VM or vCPU for the abort.
     ToHost,
+    /// Mapped or marked dirty as [`AbortOutcome::Handled`], and the vCPU
+    /// owes a wait for the pages it dirtied ([`crate::pace`]): it exits to
+    /// the host, which waits this long before it resumes the guest; the
+    /// access is then retried and goes on.
+    Paced {
+        /// Auto-converge's throttle owed, in nanoseconds.
+        throttle_ns: u64,
+        /// The lead over the dirty limit's pace, in nanoseconds.
+        pace_ns: u64,
+    },
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use crate::abi::{Command, Counters, HypError, LogMode, Op};
 use crate::abort::{AbortOutcome, Refusal, Stage2Abort};
 use crate::check::{Layout, IPA_BITS};
 use crate::el2_host::El2Host;
+use crate::pace::{now_ns, Brakes, VcpuBrake};
 use crate::platform::{El2Platform, RawMutex, RawRwLock};
 use crate::pool::{PagePool, PoolMmOps};
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -74,16 +75,24 @@ pub(crate) struct Vm {
     pub(crate) received: lock_api::Mutex<RawMutex, [Option<Vec<u64>>; MAX_SLOTS]>,
     /// Where slots' backing pages are (`hyp_remap.rs`).
     pub(crate) host: Arc<El2Host>,
+    /// The throttle and pace the host set (`hyp_pace.rs`).
+    pub(crate) brakes: lock_api::Mutex<RawMutex, Brakes>,
+    /// Each vCPU's brake state, taken by its CPU's abort handler.
+    pub(crate) vcpu_brakes: Vec<lock_api::Mutex<RawMutex, VcpuBrake>>,
 }
 
 /// Counters kept by EL2 itself (the engine keeps the rest).
 #[derive(Default)]
-struct HypCounters {
+pub(crate) struct HypCounters {
     handled: AtomicU64,
     refused: AtomicU64,
     to_host: AtomicU64,
     commands_ok: AtomicU64,
     commands_refused: AtomicU64,
+    pub(crate) paced_exits: AtomicU64,
+    pub(crate) paced_pages: AtomicU64,
+    pub(crate) throttle_ns: AtomicU64,
+    pub(crate) pace_ns: AtomicU64,
 }
 
 /// EL2's state: the machine's layout, the carve-out's table pool, the TLB
@@ -98,7 +107,7 @@ pub struct Hyp {
     pool: Arc<PagePool>,
     tlb: Arc<dyn TlbInvalidate>,
     pub(crate) vm: lock_api::RwLock<RawRwLock, Option<Vm>>,
-    counters: HypCounters,
+    pub(crate) counters: HypCounters,
 }
 
 // SAFETY: the only fields that are neither Send nor Sync are the shared
@@ -180,6 +189,10 @@ impl Hyp {
             commands_ok: n.commands_ok.load(Ordering::Relaxed),
             commands_refused: n.commands_refused.load(Ordering::Relaxed),
             table_pages: self.pool.used_pages() as u64,
+            paced_exits: n.paced_exits.load(Ordering::Relaxed),
+            paced_pages: n.paced_pages.load(Ordering::Relaxed),
+            throttle_ns: n.throttle_ns.load(Ordering::Relaxed),
+            pace_ns: n.pace_ns.load(Ordering::Relaxed),
             ..Counters::default()
         };
         if let Some(vm) = self.vm.read().as_ref() {
@@ -243,6 +256,7 @@ impl Hyp {
             Op::PageReady => self.page_ready(vm, args).map(one),
             Op::RemapPage => self.remap_page(vm, args),
             Op::MemslotDeleteLogged => self.memslot_delete_logged(vm, args).map(one),
+            Op::Pace => self.pace(vm, args).map(|()| [0; 4]),
             Op::VmInit | Op::VmDestroy | Op::Counters => Err(HypError::UnknownOp),
         }
     }
@@ -293,6 +307,7 @@ impl Hyp {
             .collect::<Result<Vec<_>, _>>()
             .map_err(engine_error)?;
         let root = mmu.with_table(|pt| pt.root_pa());
+        let vcpu_brakes = vcpus.iter().map(|_| Default::default()).collect();
         *slot = Some(Vm {
             mmu,
             vcpus,
@@ -301,6 +316,8 @@ impl Hyp {
             slots: lock_api::Mutex::new([None; MAX_SLOTS]),
             received: lock_api::Mutex::new(core::array::from_fn(|_| None)),
             host,
+            brakes: Default::default(),
+            vcpu_brakes,
         });
         Ok(root)
     }
@@ -325,7 +342,7 @@ impl Hyp {
         let out = self.abort_outcome(vcpu, abort);
         let c = &self.counters;
         let n = match out {
-            AbortOutcome::Handled { .. } => &c.handled,
+            AbortOutcome::Handled { .. } | AbortOutcome::Paced { .. } => &c.handled,
             AbortOutcome::Refused(_) => &c.refused,
             AbortOutcome::RingFull | AbortOutcome::PageMissing { .. } | AbortOutcome::ToHost => {
                 &c.to_host
@@ -355,17 +372,66 @@ impl Hyp {
             };
         }
         let mut v = v.lock();
+        let dirtied = v.stats.dirtied;
         match vm
             .mmu
             .handle_stage2_fault(&mut v, Gpa::new(ipa), abort.is_write(), kind)
         {
             Ok(FaultOutcome::Fast | FaultOutcome::Slow | FaultOutcome::Spurious)
-            | Ok(FaultOutcome::Retry) => AbortOutcome::Handled { permission },
+            | Ok(FaultOutcome::Retry) => {
+                let pages = v.stats.dirtied.saturating_sub(dirtied);
+                drop(v);
+                self.brake(vm, vcpu, pages, permission)
+            }
             Err(Error::NoSlot { .. }) if carve => AbortOutcome::Refused(Refusal::CarveOut),
             Err(Error::NoSlot { .. }) => AbortOutcome::Refused(Refusal::NoSlot),
             Err(Error::WriteToReadOnly { .. }) => AbortOutcome::Refused(Refusal::ReadOnly),
             Err(Error::RingFull { .. }) => AbortOutcome::RingFull,
             Err(_) => AbortOutcome::ToHost,
+        }
+    }
+}
+
+/// The `PACE` command and the brakes in the abort path ([`crate::pace`]).
+impl Hyp {
+    /// `PACE`: throttle ns per page dirtied, pace pages a second per vCPU
+    /// ([`Brakes::from_args`]). Each vCPU's next dirtying fault works
+    /// under the new brakes.
+    pub(crate) fn pace(&self, vm: &Vm, args: &[u64; 6]) -> Result<(), HypError> {
+        let b = Brakes::from_args(args)?;
+        *vm.brakes.lock() = b;
+        Ok(())
+    }
+
+    /// vCPU `vcpu`'s abort was answered, dirtying `pages` pages: what the
+    /// guest does next, [`AbortOutcome::Handled`] or, when a wait is due,
+    /// [`AbortOutcome::Paced`] (counted).
+    pub(crate) fn brake(&self, vm: &Vm, vcpu: usize, pages: u64, permission: bool) -> AbortOutcome {
+        let handled = AbortOutcome::Handled { permission };
+        if pages == 0 {
+            return handled;
+        }
+        let b = *vm.brakes.lock();
+        if !b.on() {
+            return handled;
+        }
+        let Some(v) = vm.vcpu_brakes.get(vcpu) else {
+            return handled;
+        };
+        let (w, ahead) = v.lock().on_dirty(b, pages, now_ns());
+        let c = &self.counters;
+        if ahead {
+            c.paced_pages.fetch_add(pages, Ordering::Relaxed);
+        }
+        if !w.any() {
+            return handled;
+        }
+        c.paced_exits.fetch_add(1, Ordering::Relaxed);
+        c.throttle_ns.fetch_add(w.throttle_ns, Ordering::Relaxed);
+        c.pace_ns.fetch_add(w.pace_ns, Ordering::Relaxed);
+        AbortOutcome::Paced {
+            throttle_ns: w.throttle_ns,
+            pace_ns: w.pace_ns,
         }
     }
 }

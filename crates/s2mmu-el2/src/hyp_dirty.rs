@@ -135,19 +135,7 @@ impl Hyp {
     pub(crate) fn write_counters(&self, args: &[u64; 6]) -> Result<(), HypError> {
         let need = core::mem::size_of::<Counters>() as u64;
         let off = self.layout.check_shared(args[0], args[1], need)?;
-        let c = self.counters();
-        let words = [
-            c.aborts_handled,
-            c.aborts_refused,
-            c.aborts_to_host,
-            c.translation,
-            c.permission,
-            c.dirtied,
-            c.collapsed,
-            c.commands_ok,
-            c.commands_refused,
-            c.table_pages,
-        ];
+        let words = self.counters().to_words();
         self.put_words(off, &words);
         Ok(())
     }

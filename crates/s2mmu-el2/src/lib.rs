@@ -45,6 +45,7 @@ mod hyp_dirty;
 mod hyp_postcopy;
 mod hyp_remap;
 mod hyp_slots;
+pub mod pace;
 pub mod platform;
 pub mod pool;
 pub mod tlb;

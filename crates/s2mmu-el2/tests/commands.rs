@@ -12,7 +12,7 @@ const SHARED_END: u64 = SHARED_PA + SHARED_BYTES as u64;
 #[test]
 fn an_unknown_opcode_is_refused() {
     let h = Host::with_slot(LogMode::Manual);
-    for code in [0u32, 15, 0xffff_ffff] {
+    for code in [0u32, 16, 0xffff_ffff] {
         let before = h.state();
         let mut c = Command {
             op: code,
@@ -203,7 +203,11 @@ fn get_and_clear_bitmaps_must_lie_in_the_shared_area() {
     h.refused(Op::ClearDirty, &[0, 64, u64::MAX, SHARED_PA, 16], Overflow);
     h.refused(Op::ClearDirty, &[0, 0, 128, SHARED_PA, 8], TooSmall);
     h.refused(Op::ClearDirty, &[0, 0, 64, SHARED_END, 8], OutsideShared);
-    h.refused(Op::Counters, &[SHARED_END - 8, 80], OutsideShared);
+    h.refused(
+        Op::Counters,
+        &[SHARED_END - 8, COUNTERS_BYTES],
+        OutsideShared,
+    );
     h.refused(Op::Counters, &[SHARED_PA, 8], TooSmall);
 }
 

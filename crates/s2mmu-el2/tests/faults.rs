@@ -67,7 +67,7 @@ fn first_touch_maps_from_the_backing_and_wp_faults_mark_dirty() {
         .prot
         .contains(Prot::W));
 
-    h.ok(Op::Counters, &[SHARED_PA + 8192, 80]);
+    h.ok(Op::Counters, &[SHARED_PA + 8192, COUNTERS_BYTES]);
     let c = h.hyp.counters();
     assert_eq!(h.shared_word(8192), c.aborts_handled);
     assert_eq!(c.aborts_handled, 7);

@@ -88,20 +88,49 @@ pub const ABORT_RING_FULL: u64 = 2;
 pub const ABORT_PAGE_MISSING: u64 = 3;
 /// Anything else (a write to a read-only slot, an engine error, no VM).
 pub const ABORT_OTHER: u64 = 4;
+/// Answered, and the vCPU owes a wait for the pages it dirtied: the host
+/// waits the throttle and pace the mailbox's words [`MB_THROTTLE_NS`] and
+/// [`MB_PACE_NS`] hold before it resumes the guest.
+pub const ABORT_PACED: u64 = 5;
+/// The mailbox's word (`layout::mb::EL2_THROTTLE_NS`) for a paced abort's
+/// throttle, in nanoseconds.
+const MB_THROTTLE_NS: usize = 0x3e8 / 8;
+/// The mailbox's word (`layout::mb::EL2_PACE_NS`) for its pace's lead.
+const MB_PACE_NS: usize = 0x3f0 / 8;
 
 /// A stage-2 abort vCPU `cpu` took: [`ABORT_HANDLED`] or why the host
 /// must see it.
 ///
 /// # Safety
 /// Called by the stub at EL2 on the faulting CPU, with its MMU on and the
-/// abort's `ESR_EL2`, `FAR_EL2`, `HPFAR_EL2`.
+/// abort's `ESR_EL2`, `FAR_EL2`, `HPFAR_EL2`; `mbox` is the CPU's mailbox,
+/// mapped.
 #[no_mangle]
-pub unsafe extern "C" fn s2mmu_el2_abort(cpu: u64, esr: u64, far: u64, hpfar: u64) -> u64 {
+pub unsafe extern "C" fn s2mmu_el2_abort(
+    cpu: u64,
+    esr: u64,
+    far: u64,
+    hpfar: u64,
+    mbox: *mut u64,
+) -> u64 {
     let Some(h) = hyp() else {
         return ABORT_OTHER;
     };
     match h.handle_abort(cpu as usize, &Stage2Abort { esr, far, hpfar }) {
         AbortOutcome::Handled { .. } => ABORT_HANDLED,
+        AbortOutcome::Paced {
+            throttle_ns,
+            pace_ns,
+        } => {
+            // SAFETY: both words lie inside this CPU's mailbox (the
+            // caller's contract), which the host reads only once the
+            // abort is posted.
+            unsafe {
+                mbox.add(MB_THROTTLE_NS).write_volatile(throttle_ns);
+                mbox.add(MB_PACE_NS).write_volatile(pace_ns);
+            }
+            ABORT_PACED
+        }
         AbortOutcome::Refused(Refusal::NoSlot | Refusal::CarveOut) => ABORT_NO_SLOT,
         AbortOutcome::RingFull => ABORT_RING_FULL,
         AbortOutcome::PageMissing { .. } => ABORT_PAGE_MISSING,

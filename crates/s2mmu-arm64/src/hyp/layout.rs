@@ -164,7 +164,8 @@ pub mod mb {
     pub const KICKS_TAKEN: u64 = 0x1d8;
     /// What EL2's engine did with an abort the stub then posted (the EL2
     /// placement, `asm/el2_mmu.S`): 1 no slot, 2 ring full, 3 page
-    /// missing, 4 anything else.
+    /// missing, 4 anything else, 5 answered with a wait owed
+    /// ([`EL2_THROTTLE_NS`], [`EL2_PACE_NS`]).
     pub const EL2_OUTCOME: u64 = 0x3c0;
     /// Stage-2 aborts answered at EL2 without an exit (EL2 placement).
     pub const EL2_FAULTS: u64 = 0x3c8;
@@ -175,6 +176,11 @@ pub mod mb {
     pub const S2_EXITS: u64 = 0x3d8;
     /// Their counter ticks, from the vector's entry to the `ERET`.
     pub const S2_TICKS: u64 = 0x3e0;
+    /// A paced abort's throttle owed, in nanoseconds (EL2 placement: the
+    /// engine at EL2 writes it with outcome 5).
+    pub const EL2_THROTTLE_NS: u64 = 0x3e8;
+    /// A paced abort's lead over the pace, in nanoseconds.
+    pub const EL2_PACE_NS: u64 = 0x3f0;
     /// The new PSTATE for [`super::ACT_INJECT`], less the bits the stub
     /// adds from SCTLR_EL1 (the last word before the reply's instructions,
     /// away from the fields other work adds after [`BELLS`]).

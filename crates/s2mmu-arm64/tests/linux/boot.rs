@@ -1,11 +1,13 @@
 //! Debian's arm64 Linux boots under the EL2 stub with every byte of its
 //! RAM mapped by the engine's fault path: `/init` counts every vCPU
-//! online, and the guest powers off through PSCI SYSTEM_OFF.
+//! online, and the guest powers off through PSCI SYSTEM_OFF. The engine
+//! on the host, each fault an exit (`tests/linux_el2.rs` boots it at
+//! EL2, the default).
 
 use crate::common;
 
 use s2mmu_arm64::linux::dirty::HarvestConfig;
-use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
+use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig, StopReason};
 use std::time::Duration;
 
 fn boot(vcpus: usize) {
@@ -23,7 +25,7 @@ fn boot(vcpus: usize) {
         timeout: Duration::from_secs(600),
         dirty: HarvestConfig::default(),
         ram_pages: Default::default(),
-        engine: Default::default(),
+        engine: Engine::Host,
     })
     .expect("the Linux VM runs");
     eprintln!(

@@ -3,14 +3,15 @@
 //! harvests (write protection, every 100 ms) and hashes every page: pages
 //! moved by the MMU notifier, and logging stopped (blocks collapsed back in
 //! place) and started again. The dirtier's own check must pass and no page
-//! may be lost.
+//! may be lost. The engine on the host (`tests/linux_el2.rs` makes the same
+//! changes at EL2, the default).
 
 use crate::common;
 
 use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::changes::{HostChange, FB_IPA, FB_SIZE};
 use s2mmu_arm64::linux::dirty::{self, HarvestConfig, HarvestReport};
-use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
+use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig, StopReason};
 use std::time::Duration;
 
 /// Runs the dirtier for 10 s on anonymous memory and tmpfs under `change`
@@ -26,14 +27,17 @@ fn run(mode: Option<DirtyMode>, change: HostChange) -> HarvestReport {
 /// `s2mmu-dirtier: {ok}` must show and no page may be lost.
 fn run_args(mode: Option<DirtyMode>, change: HostChange, args: &str, ok: &str) -> HarvestReport {
     let _one = common::serial();
-    let r = vm::run(&common::dirtier(
-        args,
-        HarvestConfig {
-            mode,
-            change,
-            ..HarvestConfig::default()
-        },
-    ))
+    let r = vm::run(&LinuxConfig {
+        engine: Engine::Host,
+        ..common::dirtier(
+            args,
+            HarvestConfig {
+                mode,
+                change,
+                ..HarvestConfig::default()
+            },
+        )
+    })
     .expect("the Linux VM runs");
     let d = r.dirty.clone().expect("the harvester ran");
     eprintln!("{mode:?} {change:?}: {:.1} s; dirty {d:?}", r.total_s);

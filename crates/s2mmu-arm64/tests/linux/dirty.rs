@@ -2,26 +2,30 @@
 //! anonymous memory and tmpfs files on every vCPU (20 s), the host harvests every
 //! 50 ms (at least one harvest a second of the dirtier's run) and checks every guest
 //! page's content against the logs. A changed page in no log is a lost page; the
-//! dirtier checks its own data.
+//! dirtier checks its own data. The engine on the host (`tests/linux_el2.rs`
+//! runs the same at EL2, the default).
 
 use crate::common;
 
 use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::dirty::{self, HarvestConfig};
-use s2mmu_arm64::linux::vm::{self, LinuxReport, StopReason};
+use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig, LinuxReport, StopReason};
 use std::time::Duration;
 
 fn run(mode: Option<DirtyMode>, args: &str, discard: Option<u64>) -> LinuxReport {
     let _one = common::serial();
-    let r = vm::run(&common::dirtier(
-        args,
-        HarvestConfig {
-            mode,
-            period: Duration::from_millis(50),
-            discard_log: discard,
-            ..HarvestConfig::default()
-        },
-    ))
+    let r = vm::run(&LinuxConfig {
+        engine: Engine::Host,
+        ..common::dirtier(
+            args,
+            HarvestConfig {
+                mode,
+                period: Duration::from_millis(50),
+                discard_log: discard,
+                ..HarvestConfig::default()
+            },
+        )
+    })
     .expect("the Linux VM runs");
     eprintln!(
         "{mode:?}: init after {:?} s, {:.1} s in all ({:?}); exits {:?}; dirty {:?}",
@@ -143,6 +147,7 @@ fn dropped_harvest_invalidations_show_as_lost_pages() {
             },
         );
         cfg.echo = false;
+        cfg.engine = Engine::Host;
         let r = vm::run(&cfg).expect("the Linux VM runs");
         let d = r.dirty.expect("the harvester ran");
         eprintln!(

@@ -7,7 +7,10 @@
 //! before and after, the guest dirties more than either allows. The
 //! counters show the paced faults and the throttle's sleep. A pause does
 //! not wait for a throttle's whole delay. The guest's own check of every
-//! page passes.
+//! page passes. Both placements of the engine: with the engine at EL2 the
+//! guest's write faults never reach the host, and EL2 applies the brakes
+//! in its fault path, handing each wait it works out to the host (the
+//! counters show those exits).
 //!
 //! No check compares two windows of fixed length: a window lasts until
 //! what it shows has happened (at least a second), so a guest that a
@@ -21,7 +24,7 @@ use common::counter::config;
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::session_source::LinuxSource;
-use s2mmu_arm64::linux::vm::RAM_SLOT;
+use s2mmu_arm64::linux::vm::{Engine, RAM_SLOT};
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::vm::{GuestRun, SessionVm};
 use std::time::{Duration, Instant};
@@ -124,17 +127,60 @@ fn no_fail(vm: &LinuxVm) {
     );
 }
 
+/// The brakes as `engine`'s placement applies them, seen in the counters:
+/// the exits EL2 handed a wait to the host are counted at EL2 only.
+fn check_placement(engine: Engine, before: &DirtyLimitCounters, now: &DirtyLimitCounters) {
+    assert_eq!(now.el2_refused, 0, "EL2 took every brake: {now:?}");
+    match engine {
+        Engine::El2 => assert!(
+            now.el2_paced_exits > before.el2_paced_exits,
+            "EL2 handed no wait to the host: {now:?}"
+        ),
+        Engine::Host => assert_eq!(now.el2_paced_exits, 0, "{now:?}"),
+    }
+}
+
+/// A throttle of 120 s a page: a pause (its deadline is 60 s) stops the
+/// vCPUs asleep in it without waiting for the rest.
+fn pause_cuts_a_throttle_short(src: &LinuxSource) {
+    let c = src.limit_counters();
+    src.set_throttle_ns(120_000_000_000);
+    std::thread::sleep(Duration::from_millis(500));
+    src.vm()
+        .lock()
+        .pause_vcpus()
+        .expect("the pause cuts the throttle's sleep short");
+    src.set_throttle_ns(0);
+    let slept = src.limit_counters().throttled_ns - c.throttled_ns;
+    assert!(slept < 60_000_000_000, "slept {slept} ns");
+    src.vm().lock().resume_vcpus().expect("resume");
+}
+
 #[test]
 #[cfg_attr(
     not(s2mmu_linux_runnable),
     ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn pace_and_throttle_slow_a_linux_guests_dirtying() {
+    brakes_slow_the_dirtier(Engine::Host);
+}
+
+#[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
+fn pace_and_throttle_slow_a_linux_guests_dirtying_at_el2() {
+    brakes_slow_the_dirtier(Engine::El2);
+}
+
+fn brakes_slow_the_dirtier(engine: Engine) {
     let _one = common::serial();
     let Some(a) = common::linux_assets() else {
         return;
     };
     let mut cfg = config(&a, VCPUS as usize);
+    cfg.engine = engine;
     cfg.cmdline = "quiet s2mmu.run=dirtier s2mmu.args=mem=16,file=0,rate=0,secs=3600".into();
     let vm = LinuxVm::boot(&cfg).expect("the guest boots");
     let t = Instant::now();
@@ -150,6 +196,7 @@ fn pace_and_throttle_slow_a_linux_guests_dirtying() {
     let free = unbraked(&src, words, "unbraked");
     let before = src.limit_counters();
     assert_eq!((before.paced_faults, before.throttled_ns), (0, 0));
+    assert_eq!(before.el2_paced_exits, 0);
 
     // The dirty limit: the window lasts until a fault found its vCPU
     // ahead of the pace and the vCPU slept for it.
@@ -163,6 +210,7 @@ fn pace_and_throttle_slow_a_linux_guests_dirtying() {
     let most = paced_most(secs);
     assert!(paced <= most, "paced {paced} pages, at most {most} allowed");
     assert_eq!(c.throttled_ns, 0, "no throttle: no throttle's sleep");
+    check_placement(engine, &before, &c);
     src.set_pace(0);
 
     // Auto-converge's throttle: the window lasts until a vCPU slept for it.
@@ -176,19 +224,9 @@ fn pace_and_throttle_slow_a_linux_guests_dirtying() {
         "throttled {throttled} pages, at most {most}"
     );
     assert_eq!(c2.paced_faults, c.paced_faults, "no pace: no paced fault");
+    check_placement(engine, &c, &c2);
 
-    // A throttle of 120 s a page: a pause (its deadline is 60 s) stops the
-    // vCPUs asleep in it without waiting for the rest.
-    src.set_throttle_ns(120_000_000_000);
-    std::thread::sleep(Duration::from_millis(500));
-    src.vm()
-        .lock()
-        .pause_vcpus()
-        .expect("the pause cuts the throttle's sleep short");
-    src.set_throttle_ns(0);
-    let slept = src.limit_counters().throttled_ns - c2.throttled_ns;
-    assert!(slept < 60_000_000_000, "slept {slept} ns");
-    src.vm().lock().resume_vcpus().expect("resume");
+    pause_cuts_a_throttle_short(&src);
 
     // Unbraked again: the guest dirties faster than either brake allows
     // (`unbraked` waits for it), and its check passes.

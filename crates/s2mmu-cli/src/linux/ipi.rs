@@ -1,5 +1,6 @@
 //! `s2mmu linux --run ipi`: SGIs a second between the Linux VM's vCPUs
-//! with 1, 2 and 4 vCPUs (those up to `-v`), `--runs` runs each, against
+//! with 1, 2 and 4 vCPUs (those up to `-v`), the engine where `--engine`
+//! says, `--runs` runs each, against
 //! the same EL1 guest under QEMU alone (its writes not trapped), run
 //! back to back; medians. The guest and its figures are the arm64
 //! crate's ([`s2mmu_arm64::linux::ipi`]).
@@ -25,15 +26,10 @@ struct Row {
 /// A flag this run does not take (before anything else), the arm64
 /// model or the image missing, a run failing.
 pub fn main(p: &Params) -> Result<(), String> {
-    if p.dirty.is_some()
-        || p.vs_qemu
-        || p.kernel.is_some()
-        || p.initrd.is_some()
-        || p.engine != s2mmu_arm64::linux::vm::Engine::Host
-    {
+    if p.dirty.is_some() || p.vs_qemu || p.kernel.is_some() || p.initrd.is_some() {
         return Err(
             "--run ipi runs its own EL1 guest against QEMU alone: no --dirty, --vs-qemu, \
-             --kernel, --initrd or --engine el2"
+             --kernel or --initrd"
                 .into(),
         );
     }
@@ -52,7 +48,7 @@ pub fn main(p: &Params) -> Result<(), String> {
         };
         for _ in 0..p.runs {
             let r = f
-                .run(vcpus, timeout)
+                .run(vcpus, p.engine, timeout)
                 .map_err(|e| format!("{vcpus} vCPUs: {e}"))?;
             row.ours.push(r.sgis_per_s);
             row.kicked.push(r.kicked_exits as f64);

@@ -164,6 +164,7 @@ fn session_json(
         "throttled_ns": l.throttled_ns,
         "paced_faults": l.paced_faults,
         "paced_ns": l.paced_ns,
+        "el2_paced_exits": l.el2_paced_exits,
     });
     match v {
         serde_json::Value::Object(m) => m,

@@ -221,7 +221,7 @@ pub struct Params {
     #[arg(long, default_value = "auto", value_parser = ["auto", "shm"])]
     pub linux_ram: String,
     /// With --guest linux: where both machines' stage-2 engine runs, host (a host thread answers every stage-2 abort) or el2 (linked into the EL2 stub: RAM faults, the dirty log's write faults and post-copy's maps answered there); with --listen, this destination's own.
-    #[arg(long, default_value = "host")]
+    #[arg(long, default_value = "el2")]
     pub engine: s2mmu_arm64::linux::vm::Engine,
     /// With --guest linux: the user's kernel, initramfs and command line, and where the consoles go.
     #[command(flatten)]

@@ -282,6 +282,8 @@ fn abort(cpu: usize, frame: &Frame, esr: u64) {
             None => fail(format_args!("a missing page before the driver started")),
         },
         AbortOutcome::ToHost => fail(format_args!("abort at {:#x} needs a host", a.ipa())),
+        // This program sets no brakes (`PACE`).
+        AbortOutcome::Paced { .. } => fail(format_args!("abort at {:#x} paced", a.ipa())),
     }
 }
 
@@ -397,7 +399,8 @@ impl Driver {
     }
 
     fn counters(&mut self) -> Counters {
-        self.must(Op::Counters, &[SHARED.base + OFF_COUNTERS, 80]);
+        let bytes = core::mem::size_of::<Counters>() as u64;
+        self.must(Op::Counters, &[SHARED.base + OFF_COUNTERS, bytes]);
         hyp().counters()
     }
 

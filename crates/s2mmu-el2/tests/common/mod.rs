@@ -188,3 +188,6 @@ pub fn iabt(ipa: u64) -> Stage2Abort {
         hpfar: (ipa >> 12) << 4,
     }
 }
+
+/// Bytes `COUNTERS` writes.
+pub const COUNTERS_BYTES: u64 = std::mem::size_of::<s2mmu_el2::Counters>() as u64;

@@ -11,11 +11,22 @@
 //! delay (`DirtyLimit::serve`) before it answers the fault, outside
 //! guest mode, in short slices, so a pause or a stop never waits for a
 //! whole delay. A vCPU that does not write is never slowed.
+//!
+//! With the engine at EL2 (`DirtyLimit::attach`) the write faults never
+//! reach the host: the throttle and the pace go to EL2 (its `PACE`
+//! command), which counts each vCPU's dirtied pages in its fault path and
+//! works out the same delays; a fault that owes one exits to the host,
+//! and the vCPU's thread sleeps it here as it does for the host
+//! placement. The pages dirtied and those found ahead of the pace are
+//! then EL2's counts.
 
+use crate::linux::el2::WeakEl2Vm;
+use crate::linux::placement::Host;
 use crate::machine::Exit;
 use crate::vm::fault_kind;
 use s2mmu::mmu::FaultKind;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -42,6 +53,12 @@ pub struct DirtyLimitCounters {
     pub paced_faults: u64,
     /// Nanoseconds the vCPUs slept for their pace.
     pub paced_ns: u64,
+    /// Faults the engine at EL2 answered and then passed to the host for
+    /// their vCPU to wait its throttle or pace (0 with the engine here).
+    pub el2_paced_exits: u64,
+    /// Brakes the engine at EL2 did not take (its machine gone, or its
+    /// refusal).
+    pub el2_refused: u64,
 }
 
 /// One vCPU's state (touched by its own thread only; atomics so the
@@ -67,6 +84,22 @@ pub struct DirtyLimit {
     throttled_ns: AtomicU64,
     paced_faults: AtomicU64,
     paced_ns: AtomicU64,
+    /// The engine at EL2 applies the brakes ([`DirtyLimit::attach`]).
+    at_el2: AtomicBool,
+    el2: Mutex<El2Link>,
+    el2_refused: AtomicU64,
+}
+
+/// The engine at EL2 this VM's brakes go to, and its counts: EL2's counters
+/// start at 0 on each machine, so those of the machines before are kept.
+#[derive(Default)]
+struct El2Link {
+    vm: Option<WeakEl2Vm>,
+    /// Write faults, paced faults and paced exits counted on earlier
+    /// machines.
+    base: [u64; 3],
+    /// The last counts read from the current machine.
+    last: [u64; 3],
 }
 
 impl DirtyLimit {
@@ -81,12 +114,54 @@ impl DirtyLimit {
             throttled_ns: AtomicU64::new(0),
             paced_faults: AtomicU64::new(0),
             paced_ns: AtomicU64::new(0),
+            at_el2: AtomicBool::new(false),
+            el2: Mutex::new(El2Link::default()),
+            el2_refused: AtomicU64::new(0),
+        }
+    }
+
+    /// The brakes apply where `host` runs the engine: for the EL2
+    /// placement, EL2 gets the throttle and pace set now and each one
+    /// set later; for the host placement, the host's fault path. Called
+    /// whenever the VM's vCPUs start on a machine.
+    pub(crate) fn attach(&self, host: &Host) {
+        let mut l = self.el2.lock().unwrap_or_else(|p| p.into_inner());
+        let vm = match host {
+            Host::El2(v) => Some(v.downgrade()),
+            Host::Host(_) => None,
+        };
+        let same = matches!((&l.vm, &vm), (Some(a), Some(b)) if a.same_machine(b));
+        if !same {
+            let last = std::mem::take(&mut l.last);
+            for (b, x) in l.base.iter_mut().zip(last) {
+                *b += x;
+            }
+        }
+        l.vm = vm;
+        self.at_el2.store(l.vm.is_some(), Ordering::Release);
+        drop(l);
+        self.push_to_el2();
+    }
+
+    /// Sends the brakes to EL2, if the engine runs there.
+    fn push_to_el2(&self) {
+        if !self.at_el2.load(Ordering::Acquire) {
+            return;
+        }
+        let vm = {
+            let l = self.el2.lock().unwrap_or_else(|p| p.into_inner());
+            l.vm.as_ref().and_then(WeakEl2Vm::upgrade)
+        };
+        let sent = vm.map(|v| v.set_brakes(self.throttle_ns(), self.pace()));
+        if !matches!(sent, Some(Ok(()))) {
+            self.el2_refused.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Auto-converge: each write fault owes `ns` of sleep (0: none).
     pub fn set_throttle_ns(&self, ns: u64) {
         self.throttle_ns.store(ns, Ordering::Relaxed);
+        self.push_to_el2();
     }
 
     /// The throttle per write fault, in nanoseconds.
@@ -98,6 +173,7 @@ impl DirtyLimit {
     /// (0: unpaced).
     pub fn set_pace(&self, pages_per_sec: u64) {
         self.pace.store(pages_per_sec, Ordering::Relaxed);
+        self.push_to_el2();
     }
 
     /// Each vCPU's pace in pages per second (0: unpaced).
@@ -105,20 +181,40 @@ impl DirtyLimit {
         self.pace.load(Ordering::Relaxed)
     }
 
-    /// The counters so far.
+    /// The counters so far. With the engine at EL2 the write faults and
+    /// the paced ones are EL2's counts (a `COUNTERS` command; the last
+    /// ones read once its machine is gone).
     pub fn counters(&self) -> DirtyLimitCounters {
-        DirtyLimitCounters {
+        let mut c = DirtyLimitCounters {
             write_faults: self.write_faults.load(Ordering::Relaxed),
             throttled_ns: self.throttled_ns.load(Ordering::Relaxed),
             paced_faults: self.paced_faults.load(Ordering::Relaxed),
             paced_ns: self.paced_ns.load(Ordering::Relaxed),
+            el2_paced_exits: 0,
+            el2_refused: self.el2_refused.load(Ordering::Relaxed),
+        };
+        if self.at_el2.load(Ordering::Acquire) {
+            let mut l = self.el2.lock().unwrap_or_else(|p| p.into_inner());
+            let now = l.vm.as_ref().and_then(WeakEl2Vm::upgrade);
+            if let Some(Ok(e)) = now.map(|v| v.counters()) {
+                l.last = [e.dirtied, e.paced_pages, e.paced_exits];
+            }
+            let n: Vec<u64> = l.base.iter().zip(l.last).map(|(b, x)| b + x).collect();
+            c.write_faults += n[0];
+            c.paced_faults += n[1];
+            c.el2_paced_exits = n[2];
         }
+        c
     }
 
     /// vCPU `id` dirtied a page (its write fault was answered by the
     /// engine): counts it and adds what it owes. An `id` out of range is
     /// counted only.
     pub(crate) fn on_write_fault(&self, id: usize) {
+        if self.at_el2.load(Ordering::Relaxed) {
+            // EL2 counted it, and owes its delays itself.
+            return;
+        }
         let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.on_write_fault_at(id, now);
     }
@@ -162,6 +258,9 @@ impl DirtyLimit {
         let Some(v) = self.vcpus.get(id) else {
             return;
         };
+        if self.at_el2.load(Ordering::Relaxed) {
+            self.take_el2_wait(id, v);
+        }
         if self.throttle_ns() == 0 {
             v.owed_ns.store(0, Ordering::Relaxed);
         }
@@ -175,6 +274,24 @@ impl DirtyLimit {
         if lead >= PACE_SLACK_NS && self.pace() > 0 {
             let slept = nap(lead, interrupted);
             self.paced_ns.fetch_add(slept, Ordering::Relaxed);
+        }
+    }
+}
+
+impl DirtyLimit {
+    /// Adds the wait EL2's paced aborts handed vCPU `id` to what it owes:
+    /// the throttle to its debt, the pace's lead as its lead.
+    fn take_el2_wait(&self, id: usize, v: &VcpuLimit) {
+        let (t, p) = {
+            let l = self.el2.lock().unwrap_or_else(|p| p.into_inner());
+            l.vm.as_ref().map_or((0, 0), |vm| vm.take_wait(id))
+        };
+        if t > 0 {
+            let owed = v.owed_ns.load(Ordering::Relaxed).saturating_add(t);
+            v.owed_ns.store(owed, Ordering::Relaxed);
+        }
+        if p > 0 {
+            v.lead_ns.fetch_max(p, Ordering::Relaxed);
         }
     }
 }

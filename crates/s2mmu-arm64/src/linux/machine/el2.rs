@@ -16,13 +16,14 @@ use crate::machine::{Exit, Machine};
 use crate::stage2;
 use crate::tlbi::HypSink;
 use crate::{Arm64Error, Result};
-use mb::{EL2_FAULTS, EL2_OUTCOME, EL2_TICKS};
+use mb::{EL2_FAULTS, EL2_OUTCOME, EL2_PACE_NS, EL2_THROTTLE_NS, EL2_TICKS};
 use s2mmu::dirty::DirtyGfn;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::mmu::DirtyMode;
 use s2mmu::Gpa;
 use s2mmu_el2::{Counters, HypError, LogMode, Op, RingEntry};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Bytes of the area shared with EL2, after the memory slots may use.
 pub const SHARED_BYTES: u64 = 4 << 20;
@@ -37,6 +38,7 @@ const OP_WITHHOLD: u64 = 0x102;
 const ABORT_NO_SLOT: u64 = 1;
 const ABORT_RING_FULL: u64 = 2;
 const ABORT_PAGE_MISSING: u64 = 3;
+const ABORT_PACED: u64 = 5;
 
 /// The Linux VM's engine at EL2, as the host drives it (a clone drives
 /// the same engine: a migration's session holds one for the dirty log).
@@ -52,6 +54,13 @@ pub(crate) struct El2Vm {
     slots: Arc<std::sync::Mutex<Vec<(u16, u64, u64)>>>,
     /// Post-copy's slot and the pages made ready on it ([`El2Vm::set_postcopy`]).
     pub(crate) postcopy: Arc<std::sync::Mutex<Option<PostcopySlot>>>,
+    /// Each vCPU's wait that EL2's brakes handed over and its host thread
+    /// has not served yet: throttle and pace, in nanoseconds.
+    waits: Arc<[[AtomicU64; 2]]>,
+    /// Held from a command that writes the shared area to the host's read
+    /// of what it wrote: the session's harvests and the counters' readers
+    /// run on different threads.
+    shared_use: Arc<Mutex<()>>,
 }
 
 /// EL2's mode for the host's dirty mode (no logging: `wp`, never used).
@@ -93,6 +102,8 @@ impl El2Vm {
             ram_bytes,
             slots: Default::default(),
             postcopy: Arc::default(),
+            waits: (0..vcpus).map(|_| Default::default()).collect(),
+            shared_use: Arc::default(),
         };
         let shared = layout::DATA + ram_bytes;
         let area = SHARED_BYTES + TRACE_BYTES;
@@ -164,6 +175,11 @@ impl El2Vm {
         layout::DATA + self.ram_bytes
     }
 
+    /// The shared area, this thread's until the guard drops.
+    fn shared_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.shared_use.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn bitmap_bytes(words: &[u64]) -> Result<u64> {
         let bytes = (words.len() as u64) * 8;
         if bytes > SHARED_BYTES {
@@ -176,6 +192,7 @@ impl El2Vm {
 
     /// `GET_DIRTY` of `slot` into `words` (through the shared area).
     pub(crate) fn get_dirty_log(&self, slot: u16, words: &mut [u64]) -> Result<()> {
+        let _shared = self.shared_lock();
         let bytes = Self::bitmap_bytes(words)?;
         self.call(
             Op::GetDirty as u64,
@@ -197,6 +214,7 @@ impl El2Vm {
         n: u64,
         words: &[u64],
     ) -> Result<()> {
+        let _shared = self.shared_lock();
         let bytes = Self::bitmap_bytes(words)?;
         let ram = self.machine.ram();
         for (i, w) in words.iter().enumerate() {
@@ -208,6 +226,7 @@ impl El2Vm {
 
     /// `RING_HARVEST` into `out`.
     pub(crate) fn harvest_rings(&self, out: &mut Vec<DirtyGfn>) -> Result<()> {
+        let _shared = self.shared_lock();
         let size = std::mem::size_of::<RingEntry>() as u64;
         let n = self.call(Op::RingHarvest as u64, &[self.shared(), SHARED_BYTES])?[0];
         let ram = self.machine.ram();
@@ -262,24 +281,15 @@ impl El2Vm {
 
     /// EL2's counters (`COUNTERS` through the shared area).
     pub(crate) fn counters(&self) -> Result<Counters> {
+        let _shared = self.shared_lock();
         let bytes = std::mem::size_of::<Counters>() as u64;
         self.call(Op::Counters as u64, &[self.shared(), bytes])?;
         let ram = self.machine.ram();
-        let w: Vec<u64> = (0..bytes / 8)
-            .map(|i| ram.read(self.shared() + 8 * i))
-            .collect();
-        Ok(Counters {
-            aborts_handled: w[0],
-            aborts_refused: w[1],
-            aborts_to_host: w[2],
-            translation: w[3],
-            permission: w[4],
-            dirtied: w[5],
-            collapsed: w[6],
-            commands_ok: w[7],
-            commands_refused: w[8],
-            table_pages: w[9],
-        })
+        let mut w = [0u64; 14];
+        for (i, x) in w.iter_mut().enumerate() {
+            *x = ram.read(self.shared() + 8 * i as u64);
+        }
+        Ok(Counters::from_words(&w))
     }
 
     /// Aborts CPU `cpu` answered at EL2, and their counter ticks.
@@ -303,6 +313,16 @@ impl El2Vm {
             })),
             ABORT_RING_FULL => Ok(Err(s2mmu::Error::RingFull { vcpu: id })),
             ABORT_PAGE_MISSING => self.page_arrived(e.ipa()).map(|()| Ok(Vec::new())),
+            ABORT_PACED => {
+                // Answered at EL2; the wait it owes is served before the
+                // guest resumes (`DirtyLimit::serve`).
+                let m = self.machine.mailbox(id);
+                if let Some(w) = self.waits.get(id) {
+                    w[0].fetch_add(m.read(EL2_THROTTLE_NS), Ordering::Relaxed);
+                    w[1].fetch_add(m.read(EL2_PACE_NS), Ordering::Relaxed);
+                }
+                Ok(Ok(Vec::new()))
+            }
             o => Err(Arm64Error::Config(format!(
                 "EL2 left vCPU {id}'s abort at IPA {:#x} (ESR {:#x}) to the host ({o})",
                 e.ipa(),
@@ -350,6 +370,7 @@ impl El2Vm {
     /// `MEMSLOT_DELETE_LOGGED` of `slot`: its last log into `words` (a bit
     /// per page), the slot gone.
     pub(crate) fn delete_logged(&self, slot: u16, words: &mut [u64]) -> Result<()> {
+        let _shared = self.shared_lock();
         let bytes = Self::bitmap_bytes(words)?;
         let args = [u64::from(slot), self.shared(), bytes];
         self.call(Op::MemslotDeleteLogged as u64, &args)?;
@@ -494,5 +515,85 @@ impl El2Vm {
         self.call(Op::PageReady as u64, &[u64::from(p.id), page])?;
         p.ready[w] |= bit;
         Ok(())
+    }
+}
+
+/// The brakes at EL2 (`crate::linux::dirty_limit`): auto-converge's
+/// throttle and the dirty limit's pace, applied in EL2's write-fault path.
+impl El2Vm {
+    /// `PACE`: `throttle_ns` per page dirtied and `pace` pages a second per
+    /// vCPU (0: off), each cut to what EL2 takes.
+    pub(crate) fn set_brakes(&self, throttle_ns: u64, pace: u64) -> Result<()> {
+        let args = [
+            throttle_ns.min(s2mmu_el2::pace::MAX_THROTTLE_NS),
+            pace.min(s2mmu_el2::pace::MAX_PACE),
+        ];
+        self.call(Op::Pace as u64, &args).map(|_| ())
+    }
+
+    /// A handle that does not keep the machine alive.
+    pub(crate) fn downgrade(&self) -> WeakEl2Vm {
+        WeakEl2Vm {
+            machine: Arc::downgrade(&self.machine),
+            sink: Arc::downgrade(&self.sink),
+            vtcr: self.vtcr,
+            vttbr: self.vttbr,
+            mode: self.mode,
+            ram_bytes: self.ram_bytes,
+            slots: Arc::downgrade(&self.slots),
+            postcopy: Arc::downgrade(&self.postcopy),
+            waits: self.waits.clone(),
+            shared_use: self.shared_use.clone(),
+        }
+    }
+}
+
+/// An [`El2Vm`] held without keeping its machine alive
+/// ([`El2Vm::downgrade`]).
+#[derive(Clone)]
+pub(crate) struct WeakEl2Vm {
+    machine: Weak<Machine>,
+    sink: Weak<HypSink>,
+    vtcr: u64,
+    vttbr: u64,
+    mode: LogMode,
+    ram_bytes: u64,
+    slots: Weak<Mutex<Vec<(u16, u64, u64)>>>,
+    postcopy: Weak<Mutex<Option<PostcopySlot>>>,
+    waits: Arc<[[AtomicU64; 2]]>,
+    shared_use: Arc<Mutex<()>>,
+}
+
+impl WeakEl2Vm {
+    /// The VM, while its machine lives.
+    pub(crate) fn upgrade(&self) -> Option<El2Vm> {
+        Some(El2Vm {
+            machine: self.machine.upgrade()?,
+            sink: self.sink.upgrade()?,
+            vtcr: self.vtcr,
+            vttbr: self.vttbr,
+            mode: self.mode,
+            ram_bytes: self.ram_bytes,
+            slots: self.slots.upgrade()?,
+            postcopy: self.postcopy.upgrade()?,
+            waits: self.waits.clone(),
+            shared_use: self.shared_use.clone(),
+        })
+    }
+
+    /// Whether both name the same machine.
+    pub(crate) fn same_machine(&self, other: &WeakEl2Vm) -> bool {
+        Weak::ptr_eq(&self.machine, &other.machine)
+    }
+
+    /// The wait vCPU `id` owes from EL2's paced aborts, taken: throttle
+    /// and pace, in nanoseconds.
+    pub(crate) fn take_wait(&self, id: usize) -> (u64, u64) {
+        self.waits.get(id).map_or((0, 0), |w| {
+            (
+                w[0].swap(0, Ordering::Relaxed),
+                w[1].swap(0, Ordering::Relaxed),
+            )
+        })
     }
 }

@@ -263,6 +263,7 @@ impl LinuxVm {
         paused: bool,
     ) -> Result<()> {
         let avm = self.idle.take().expect("no vCPU threads run");
+        self.limit.attach(&avm);
         let me: Arc<OnceLock<Weak<Shared>>> = Arc::new(OnceLock::new());
         let intid = 32 + self.layout.uart_spi;
         let m2 = me.clone();

@@ -331,6 +331,8 @@ fn shared(
     boot: &BootLayout,
     console: &ConsoleBuffer,
 ) -> (Arc<Shared>, Arc<Uart>) {
+    let limit = Arc::new(crate::linux::dirty_limit::DirtyLimit::new(cfg.vcpus));
+    limit.attach(&vm);
     let mut made = None;
     let sh = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
         let w = weak.clone();
@@ -353,7 +355,6 @@ fn shared(
         start[0] = Some((boot.entry, boot.dtb));
         let mut state = vec![PowerState::Off; cfg.vcpus];
         state[0] = PowerState::OnPending;
-        let limit = Arc::new(crate::linux::dirty_limit::DirtyLimit::new(cfg.vcpus));
         Shared {
             vm,
             devices,

@@ -31,7 +31,7 @@ pub struct LinuxDest {
     /// Which host pages back each machine's RAM ([`RamPages::Auto`] from
     /// [`LinuxDest::new`]).
     pub ram_pages: RamPages,
-    /// Where each machine's engine runs ([`Engine::Host`] from
+    /// Where each machine's engine runs (the default, [`Engine::El2`], from
     /// [`LinuxDest::new`]).
     pub engine: Engine,
     built: Mutex<Option<Arc<LinuxSessionVm>>>,
@@ -48,7 +48,7 @@ impl LinuxDest {
             echo,
             timeout,
             ram_pages: RamPages::Auto,
-            engine: Engine::Host,
+            engine: Engine::default(),
             built: Mutex::new(None),
             ready: Mutex::new(None),
         }

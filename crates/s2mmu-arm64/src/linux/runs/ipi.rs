@@ -3,11 +3,13 @@
 //! kernel turns every vCPU on, each waiting in WFI with its SGIs enabled;
 //! vCPU 0 then sends 20,000 SGIs, each to every vCPU (itself included),
 //! and prints the counter ticks they took. Each write is trapped, raised
-//! for every target and kicked only to those in their guest that need it.
-//! The same image under QEMU alone (its own GICv3 and PSCI, no EL2: the
+//! for every target and kicked only to those in their guest that need it,
+//! whichever placement runs the engine (the SGI writes trap to the host's
+//! GIC in both; with the engine at EL2 its stage-2 faults on the image's
+//! RAM are answered there). The same image under QEMU alone (its own GICv3 and PSCI, no EL2: the
 //! writes are not trapped) is the outside reference.
 
-use crate::linux::vm::{self, LinuxConfig};
+use crate::linux::vm::{self, Engine, LinuxConfig};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -74,12 +76,13 @@ impl IpiFiles {
         })
     }
 
-    /// One run on the Linux VM with `vcpus` vCPUs (1..=[`vm::MAX_VCPUS`]),
-    /// stopped after `timeout` at most.
+    /// One run on the Linux VM with `vcpus` vCPUs (1..=[`vm::MAX_VCPUS`])
+    /// and its engine where `engine` says, stopped after `timeout` at
+    /// most.
     ///
     /// # Errors
     /// The VM failed, or the guest printed no well-formed result.
-    pub fn run(&self, vcpus: usize, timeout: Duration) -> Result<IpiRun, String> {
+    pub fn run(&self, vcpus: usize, engine: Engine, timeout: Duration) -> Result<IpiRun, String> {
         let r = vm::run(&LinuxConfig {
             vcpus,
             mem: vm::MIN_MEM,
@@ -90,7 +93,7 @@ impl IpiFiles {
             timeout,
             dirty: Default::default(),
             ram_pages: Default::default(),
-            engine: Default::default(),
+            engine,
         })
         .map_err(|e| format!("the VM: {e}"))?;
         Ok(IpiRun {
