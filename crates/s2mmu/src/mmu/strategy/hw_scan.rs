@@ -9,7 +9,6 @@ use crate::format::PteFormat;
 use crate::mmu::policy::{HwDirtyBlocks, Protect, EAGER_SPLIT_CHUNK};
 use crate::pgtable::PageTable;
 use crate::table::MmOps;
-use crate::tlb::TlbBatch;
 use crate::Result;
 
 /// The hardware-scan strategy.
@@ -67,33 +66,11 @@ impl DirtyStrategy for HwScan {
         self.blocks == HwDirtyBlocks::SplitFirst
     }
 
-    fn protect_range<F: PteFormat, M: MmOps>(
-        &self,
-        pt: &mut PageTable<F, M>,
-        ipa: u64,
-        size: u64,
-        batch: &mut TlbBatch<'_>,
-    ) -> Result<u64> {
-        pt.clean_hw_dirty_batched(ipa, size, batch)
-    }
-
-    fn masked_clear(&self) -> bool {
+    fn hardware_dirty(&self) -> bool {
         true
     }
 
     fn sync<H: StrategyHost>(&self, host: &H, id: u16, b: &DirtyBitmap) -> Result<()> {
         host.scan_hw_dirty(id, b)
-    }
-
-    fn salvage<H: StrategyHost, F: PteFormat, M: MmOps>(
-        &self,
-        host: &H,
-        pt: &PageTable<F, M>,
-        id: u16,
-        slot_base: u64,
-        ipa: u64,
-        len: u64,
-    ) -> Result<()> {
-        salvage_leaves(host, pt, id, slot_base, ipa, len)
     }
 }
