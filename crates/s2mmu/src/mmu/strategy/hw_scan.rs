@@ -5,10 +5,7 @@
 
 use super::mode::{DirtyStrategy, StrategyHost};
 use crate::dirty::DirtyBitmap;
-use crate::format::PteFormat;
 use crate::mmu::policy::{HwDirtyBlocks, Protect, EAGER_SPLIT_CHUNK};
-use crate::pgtable::PageTable;
-use crate::table::MmOps;
 use crate::Result;
 
 /// The hardware-scan strategy.
@@ -25,31 +22,6 @@ pub(super) fn hw_split_chunk(blocks: HwDirtyBlocks, eager: Option<u64>) -> Optio
         HwDirtyBlocks::SplitFirst => Some(eager.unwrap_or(EAGER_SPLIT_CHUNK)),
         HwDirtyBlocks::LogWholeBlocks => None,
     }
-}
-
-/// Freezes the leaves of `[ipa, ipa + len)` (slot `id`, whose guest range
-/// starts at `slot_base`) so the hardware can no longer dirty them, and
-/// marks in the slot's bitmap the pages of those it had dirtied, before
-/// they are unmapped.
-pub(super) fn salvage_leaves<H: StrategyHost, F: PteFormat, M: MmOps>(
-    host: &H,
-    pt: &PageTable<F, M>,
-    id: u16,
-    slot_base: u64,
-    ipa: u64,
-    len: u64,
-) -> Result<()> {
-    let bitmap = host.slot_bitmap(id);
-    let shift = host.page_shift();
-    pt.freeze_hw_dirty(ipa, len, |leaf, size| {
-        if let Some(b) = &bitmap {
-            let first = (leaf.max(slot_base) - slot_base) >> shift;
-            for p in first..first + (size >> shift) {
-                b.mark(p);
-            }
-        }
-    })?;
-    Ok(())
 }
 
 impl DirtyStrategy for HwScan {

@@ -181,7 +181,19 @@ impl<P: Platform> Strategy<P> {
         if !self.hardware_dirty() {
             return Ok(());
         }
-        hw_scan::salvage_leaves(host, pt, id, slot_base, ipa, len)
+        // Frozen, the hardware can no longer dirty them; the pages of
+        // those it had dirtied go into the slot's bitmap.
+        let bitmap = host.slot_bitmap(id);
+        let shift = host.page_shift();
+        pt.freeze_hw_dirty(ipa, len, |leaf, size| {
+            if let Some(b) = &bitmap {
+                let first = (leaf.max(slot_base) - slot_base) >> shift;
+                for p in first..first + (size >> shift) {
+                    b.mark(p);
+                }
+            }
+        })?;
+        Ok(())
     }
 
     /// See [`DirtyStrategy::before_slot_unmap`].
