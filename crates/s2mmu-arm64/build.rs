@@ -27,6 +27,7 @@ fn main() {
     println!("cargo:rerun-if-changed=asm/hyp.ld");
     println!("cargo:rerun-if-changed=asm/el1_tests.S");
     println!("cargo:rerun-if-changed=asm/el2_mmu.S");
+    println!("cargo:rerun-if-changed=../s2mmu-el2/asm/el2_macros.S");
     println!("cargo:rerun-if-changed=asm/hyp_el2.ld");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=S2MMU_ARM64_NO_IMAGE");

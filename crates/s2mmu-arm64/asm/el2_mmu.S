@@ -10,36 +10,24 @@
 // inner-shareable (RAM: the carve-out and the guest data).
 
 .ifdef EL2_ENGINE
-        .macro  el2_mmu_on
-        // MAIR_EL2: attr0 Device-nGnRnE, attr1 Normal WB RW-allocate.
-        mov     x0, #0xff00
-        msr     mair_el2, x0
-        // TCR_EL2: T0SZ 25, IRGN0/ORGN0 WB, SH0 inner, TG0 4K, PS 40 bits,
-        // RES1 bits 31 and 23.
-        ldr     x0, =(25 | (1 << 8) | (1 << 10) | (3 << 12) | (2 << 16) | (1 << 23) | (1 << 31))
-        msr     tcr_el2, x0
-        ldr     x0, =el2_l1
-        msr     ttbr0_el2, x0
-        tlbi    alle2
-        dsb     ish
-        isb
-        // SCTLR_EL2: M, C, I and the RES1 bits.
-        ldr     x0, =(0x30c50830 | 1 | (1 << 2) | (1 << 12))
-        msr     sctlr_el2, x0
-        isb
-        .endm
-
-        // The boot CPU, before the others start: the library's .bss is
-        // zero (the ELF loader does not promise it for a NOLOAD section).
-        .macro  el2_zero_bss
-        ldr     x0, =__bss_start
-        ldr     x1, =__bss_end
-el2_bss_loop:
-        cmp     x0, x1
-        b.hs    el2_bss_done
-        str     xzr, [x0], #8
-        b       el2_bss_loop
-el2_bss_done:
+        // q0-q31 to or from 512 bytes at sp: `stp` saves, `ldp` loads.
+        .macro  fp_q0_q31 pair
+        \pair   q0, q1, [sp, #0]
+        \pair   q2, q3, [sp, #32]
+        \pair   q4, q5, [sp, #64]
+        \pair   q6, q7, [sp, #96]
+        \pair   q8, q9, [sp, #128]
+        \pair   q10, q11, [sp, #160]
+        \pair   q12, q13, [sp, #192]
+        \pair   q14, q15, [sp, #224]
+        \pair   q16, q17, [sp, #256]
+        \pair   q18, q19, [sp, #288]
+        \pair   q20, q21, [sp, #320]
+        \pair   q22, q23, [sp, #352]
+        \pair   q24, q25, [sp, #384]
+        \pair   q26, q27, [sp, #416]
+        \pair   q28, q29, [sp, #448]
+        \pair   q30, q31, [sp, #480]
         .endm
 
         // A stage-2 abort (x28 the mailbox, x1 ESR_EL2, the guest's x0-x30
@@ -53,22 +41,7 @@ el2_bss_done:
         // use them.
         .macro  el2_answer_abort
         sub     sp, sp, #528
-        stp     q0, q1, [sp, #0]
-        stp     q2, q3, [sp, #32]
-        stp     q4, q5, [sp, #64]
-        stp     q6, q7, [sp, #96]
-        stp     q8, q9, [sp, #128]
-        stp     q10, q11, [sp, #160]
-        stp     q12, q13, [sp, #192]
-        stp     q14, q15, [sp, #224]
-        stp     q16, q17, [sp, #256]
-        stp     q18, q19, [sp, #288]
-        stp     q20, q21, [sp, #320]
-        stp     q22, q23, [sp, #352]
-        stp     q24, q25, [sp, #384]
-        stp     q26, q27, [sp, #416]
-        stp     q28, q29, [sp, #448]
-        stp     q30, q31, [sp, #480]
+        fp_q0_q31 stp
         mrs     x9, fpsr
         mrs     x10, fpcr
         str     x9, [sp, #512]
@@ -82,22 +55,7 @@ el2_bss_done:
         ldr     x10, [sp, #520]
         msr     fpsr, x9
         msr     fpcr, x10
-        ldp     q0, q1, [sp, #0]
-        ldp     q2, q3, [sp, #32]
-        ldp     q4, q5, [sp, #64]
-        ldp     q6, q7, [sp, #96]
-        ldp     q8, q9, [sp, #128]
-        ldp     q10, q11, [sp, #160]
-        ldp     q12, q13, [sp, #192]
-        ldp     q14, q15, [sp, #224]
-        ldp     q16, q17, [sp, #256]
-        ldp     q18, q19, [sp, #288]
-        ldp     q20, q21, [sp, #320]
-        ldp     q22, q23, [sp, #352]
-        ldp     q24, q25, [sp, #384]
-        ldp     q26, q27, [sp, #416]
-        ldp     q28, q29, [sp, #448]
-        ldp     q30, q31, [sp, #480]
+        fp_q0_q31 ldp
         add     sp, sp, #528
         str     x0, [x28, #MB_EL2_OUTCOME]
         mrs     x1, esr_el2
@@ -106,12 +64,7 @@ el2_bss_done:
         mrs     x3, cntpct_el0
         ldr     x4, [x28, #MB_T_ENTRY]
         sub     x3, x3, x4
-        ldr     x4, [x28, #MB_EL2_TICKS]
-        add     x4, x4, x3
-        str     x4, [x28, #MB_EL2_TICKS]
-        ldr     x4, [x28, #MB_EL2_FAULTS]
-        add     x4, x4, #1
-        str     x4, [x28, #MB_EL2_FAULTS]
+        tally   MB_EL2_TICKS, MB_EL2_FAULTS
         b       restore_guest
 el2_abort_to_host:
         .endm

@@ -152,6 +152,41 @@
         .equ    EXIT_SHORT_WAITS, 4
         .equ    EXIT_BACKOFF_SHIFT, 4
 
+        .include "../s2mmu-el2/asm/el2_macros.S"
+
+        // Adds x3 (ticks) to the mailbox's `ticks` and one to its `count`.
+        // Clobbers x4.
+        .macro  tally ticks, count
+        ldr     x4, [x28, #\ticks]
+        add     x4, x4, x3
+        str     x4, [x28, #\ticks]
+        ldr     x4, [x28, #\count]
+        add     x4, x4, #1
+        str     x4, [x28, #\count]
+        .endm
+
+        // The host's answer to a Linux vCPU's exit, from the mailbox: the
+        // list registers and ICH_HCR_EL2. Clobbers x3 and x4.
+        .macro  load_list_regs
+        ldp     x3, x4, [x28, #MB_LR0]
+        msr     ich_lr0_el2, x3
+        msr     ich_lr1_el2, x4
+        ldp     x3, x4, [x28, #MB_LR0 + 16]
+        msr     ich_lr2_el2, x3
+        msr     ich_lr3_el2, x4
+        ldr     x3, [x28, #MB_ICH_HCR]
+        msr     ich_hcr_el2, x3
+        .endm
+
+        // A vector entry from the guest: x0-x30 into a frame on EL2's
+        // stack, then on to `target`.
+        .macro  save_guest target
+        sub     sp, sp, #FRAME
+        stp     x0, x1, [sp, #0]
+        frame_x2_x30 stp, str, sp
+        b       \target
+        .endm
+
         .section .text.hyp, "ax"
         .include "asm/state.S"          // migration: vCPU state save/restore
         .include "asm/inject.S"         // exceptions injected into the guest
@@ -164,7 +199,7 @@ _start:
 .ifdef EL2_ENGINE
         // The engine runs here (Rust, its atomics and spin locks): EL2's
         // stage-1 MMU on before anything else, as asm/el2_mmu.S says.
-        el2_mmu_on
+        el2_stage1_on el2_l1
 .endif
         mrs     x0, mpidr_el1
         and     x1, x0, #0xff
@@ -241,7 +276,7 @@ _start:
         mov     w2, #UART_CR_ON
         str     w2, [x1, #UART_CR]
 .ifdef EL2_ENGINE
-        el2_zero_bss
+        zero_bss
 .endif
         ldr     x21, =CTL
         ldr     x2, =0x733232756d6d6d73
@@ -740,12 +775,7 @@ post_exit:
 4:      mrs     x3, cntpct_el0
         ldr     x4, [x28, #MB_T_ENTRY]
         sub     x3, x3, x4
-        ldr     x4, [x28, #MB_STAT_TICKS]
-        add     x4, x4, x3
-        str     x4, [x28, #MB_STAT_TICKS]
-        ldr     x4, [x28, #MB_STAT_EXITS]
-        add     x4, x4, #1
-        str     x4, [x28, #MB_STAT_EXITS]
+        tally   MB_STAT_TICKS, MB_STAT_EXITS
         // A stage-2 abort the engine answered (not an emulated MMIO
         // access, not an injected exception): its round trip on its own,
         // the fault cost the placements are compared by.
@@ -756,29 +786,10 @@ post_exit:
         b.eq    restore_guest
         cmp     x2, #ACT_INJECT
         b.eq    restore_guest
-        ldr     x4, [x28, #MB_S2_TICKS]
-        add     x4, x4, x3
-        str     x4, [x28, #MB_S2_TICKS]
-        ldr     x4, [x28, #MB_S2_EXITS]
-        add     x4, x4, #1
-        str     x4, [x28, #MB_S2_EXITS]
+        tally   MB_S2_TICKS, MB_S2_EXITS
 restore_guest:
         ldp     x0, x1, [sp, #0]
-        ldp     x2, x3, [sp, #16]
-        ldp     x4, x5, [sp, #32]
-        ldp     x6, x7, [sp, #48]
-        ldp     x8, x9, [sp, #64]
-        ldp     x10, x11, [sp, #80]
-        ldp     x12, x13, [sp, #96]
-        ldp     x14, x15, [sp, #112]
-        ldp     x16, x17, [sp, #128]
-        ldp     x18, x19, [sp, #144]
-        ldp     x20, x21, [sp, #160]
-        ldp     x22, x23, [sp, #176]
-        ldp     x24, x25, [sp, #192]
-        ldp     x26, x27, [sp, #208]
-        ldp     x28, x29, [sp, #224]
-        ldr     x30, [sp, #240]
+        frame_x2_x30 ldp, ldr, sp
         add     sp, sp, #FRAME
         eret
 
@@ -790,14 +801,7 @@ run_stopped:
 // and the return address from the mailbox; general registers from the
 // frame (the host edits them there).
 linux_resume:
-        ldp     x3, x4, [x28, #MB_LR0]
-        msr     ich_lr0_el2, x3
-        msr     ich_lr1_el2, x4
-        ldp     x3, x4, [x28, #MB_LR0 + 16]
-        msr     ich_lr2_el2, x3
-        msr     ich_lr3_el2, x4
-        ldr     x3, [x28, #MB_ICH_HCR]
-        msr     ich_hcr_el2, x3
+        load_list_regs
         ldr     x3, [x28, #MB_NEW_ELR]
         msr     elr_el2, x3
         isb
@@ -875,44 +879,10 @@ vectors:
         .balign 128
         .endr
         // Lower EL, AArch64: synchronous.
-        sub     sp, sp, #FRAME
-        stp     x0, x1, [sp, #0]
-        stp     x2, x3, [sp, #16]
-        stp     x4, x5, [sp, #32]
-        stp     x6, x7, [sp, #48]
-        stp     x8, x9, [sp, #64]
-        stp     x10, x11, [sp, #80]
-        stp     x12, x13, [sp, #96]
-        stp     x14, x15, [sp, #112]
-        stp     x16, x17, [sp, #128]
-        stp     x18, x19, [sp, #144]
-        stp     x20, x21, [sp, #160]
-        stp     x22, x23, [sp, #176]
-        stp     x24, x25, [sp, #192]
-        stp     x26, x27, [sp, #208]
-        stp     x28, x29, [sp, #224]
-        str     x30, [sp, #240]
-        b       lower_sync
+        save_guest lower_sync
         .balign 128
         // Lower EL, AArch64: IRQ.
-        sub     sp, sp, #FRAME
-        stp     x0, x1, [sp, #0]
-        stp     x2, x3, [sp, #16]
-        stp     x4, x5, [sp, #32]
-        stp     x6, x7, [sp, #48]
-        stp     x8, x9, [sp, #64]
-        stp     x10, x11, [sp, #80]
-        stp     x12, x13, [sp, #96]
-        stp     x14, x15, [sp, #112]
-        stp     x16, x17, [sp, #128]
-        stp     x18, x19, [sp, #144]
-        stp     x20, x21, [sp, #160]
-        stp     x22, x23, [sp, #176]
-        stp     x24, x25, [sp, #192]
-        stp     x26, x27, [sp, #208]
-        stp     x28, x29, [sp, #224]
-        str     x30, [sp, #240]
-        b       lower_irq
+        save_guest lower_irq
         .balign 128
         // Lower EL FIQ, SError and the AArch32 entries: impossible here.
         .rept   6

@@ -48,14 +48,7 @@
 // the frame), but instead of resuming, the stub stores the vCPU's state
 // in the area and ends the vCPU's command. The guest stays stopped.
 linux_save:
-        ldp     x3, x4, [x28, #MB_LR0]
-        msr     ich_lr0_el2, x3
-        msr     ich_lr1_el2, x4
-        ldp     x3, x4, [x28, #MB_LR0 + 16]
-        msr     ich_lr2_el2, x3
-        msr     ich_lr3_el2, x4
-        ldr     x3, [x28, #MB_ICH_HCR]
-        msr     ich_hcr_el2, x3
+        load_list_regs
         isb
         add     x2, x28, #MB_CMD_INSNS
         mov     x3, #0
@@ -147,20 +140,6 @@ do_state:
         str     x1, [x3]
         mov     x30, x2
         ldp     x0, x1, [x30, #0]
-        ldp     x2, x3, [x30, #16]
-        ldp     x4, x5, [x30, #32]
-        ldp     x6, x7, [x30, #48]
-        ldp     x8, x9, [x30, #64]
-        ldp     x10, x11, [x30, #80]
-        ldp     x12, x13, [x30, #96]
-        ldp     x14, x15, [x30, #112]
-        ldp     x16, x17, [x30, #128]
-        ldp     x18, x19, [x30, #144]
-        ldp     x20, x21, [x30, #160]
-        ldp     x22, x23, [x30, #176]
-        ldp     x24, x25, [x30, #192]
-        ldp     x26, x27, [x30, #208]
-        ldp     x28, x29, [x30, #224]
-        ldr     x30, [x30, #240]
+        frame_x2_x30 ldp, ldr, x30
         eret
         .subsection 0

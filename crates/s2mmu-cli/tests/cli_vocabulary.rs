@@ -52,6 +52,27 @@ fn envelope(command: &str, args: &[&str]) -> serde_json::Value {
     v
 }
 
+/// A quick simulated migration's flags (8 MiB, one vCPU, no warm-up and
+/// no run after the switch, plain TCP), then `$more`.
+macro_rules! quick_sim {
+    ($($more:expr),* $(,)?) => {
+        [
+            "--guest",
+            "sim",
+            "--no-tls",
+            "-m",
+            "8M",
+            "-v",
+            "1",
+            "--warmup",
+            "0ms",
+            "--run-after",
+            "0ms",
+            $($more),*
+        ]
+    };
+}
+
 /// The same run spelled the new way and the old way (hidden aliases):
 /// both run and print the envelope.
 const NEW_AND_OLD: &[(&str, &[&str], &[&str])] = &[
@@ -181,18 +202,7 @@ const NEW_AND_OLD: &[(&str, &[&str], &[&str])] = &[
     ),
     (
         "migrate",
-        &[
-            "--guest",
-            "sim",
-            "--no-tls",
-            "-m",
-            "8M",
-            "-v",
-            "1",
-            "--warmup",
-            "0ms",
-            "--run-after",
-            "0ms",
+        &quick_sim![
             "--backing",
             "anonymous",
             "--slots",
@@ -202,18 +212,7 @@ const NEW_AND_OLD: &[(&str, &[&str], &[&str])] = &[
             "--policy",
             "baseline",
         ],
-        &[
-            "--guest",
-            "sim",
-            "--no-tls",
-            "--mem",
-            "8M",
-            "-v",
-            "1",
-            "--warmup",
-            "0ms",
-            "--run-after",
-            "0ms",
+        &quick_sim![
             "-s",
             "anonymous",
             "-x",
@@ -241,56 +240,27 @@ fn old_spellings_run_as_the_new_ones_and_every_json_is_the_envelope() {
 fn snapshot_prints_the_envelope_and_writes_into_no_current_directory() {
     let chain = empty_dir("snapshot-chain").join("chain");
     let chain = chain.to_str().expect("utf-8");
-    envelope(
-        "snapshot",
-        &[
-            "-m",
-            "4M",
-            "-v",
-            "1",
-            "--duration",
-            "20ms",
-            "--every",
-            "10ms",
-            "--dir",
-            chain,
-        ],
-    );
+    let args = [
+        "-m",
+        "4M",
+        "-v",
+        "1",
+        "--duration",
+        "20ms",
+        "--every",
+        "10ms",
+    ];
+    envelope("snapshot", &[&args[..], &["--dir", chain]].concat());
     // Without --dir, the chain goes to a fresh directory under the
     // temporary one, not into the current directory.
-    envelope(
-        "snapshot",
-        &[
-            "-m",
-            "4M",
-            "-v",
-            "1",
-            "--duration",
-            "20ms",
-            "--every",
-            "10ms",
-        ],
-    );
+    envelope("snapshot", &args);
 }
 
 #[test]
 fn migrate_draws_a_plot_only_when_asked() {
     let dir = empty_dir("plot");
-    let args = [
-        "migrate",
-        "--guest",
-        "sim",
-        "--no-tls",
-        "-m",
-        "8M",
-        "-v",
-        "1",
-        "--warmup",
-        "0ms",
-        "--run-after",
-        "0ms",
-        "-q",
-    ];
+    let args = quick_sim!["-q"];
+    let args = [&["migrate"][..], &args].concat();
     s2mmu(&dir, &args).success();
     assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 0);
     let mut with = args.to_vec();

@@ -5,24 +5,19 @@ mod cli_common;
 
 use cli_common::{fails_naming, json_of, output, succeeds, with};
 
-/// A short `dirty-log-perf` run on hardware dirty state: 3 logged passes.
-const HW_RUN: &[&str] = &[
-    "dirty-log-perf",
-    "-v",
-    "1",
-    "-b",
-    "16M",
-    "-i",
-    "3",
-    "--dirty",
-    "hw",
-];
+/// A short `dirty-log-perf` run: one vCPU, 16 MiB, 3 logged passes.
+const SHORT_RUN: &[&str] = &["dirty-log-perf", "-v", "1", "-b", "16M", "-i", "3"];
+
+/// [`SHORT_RUN`] on hardware dirty state.
+fn hw_run() -> Vec<&'static str> {
+    with(SHORT_RUN, &["--dirty", "hw"])
+}
 
 #[test]
 fn hardware_dirty_state_takes_no_write_faults() {
-    let v = json_of(&with(HW_RUN, &["--json"]));
+    let v = json_of(&with(&hw_run(), &["--json"]));
     assert_eq!(v["params"]["dirty"], serde_json::json!(["hw"]), "{v}");
-    let text = String::from_utf8_lossy(&output(HW_RUN).stdout).into_owned();
+    let text = String::from_utf8_lossy(&output(&hw_run()).stdout).into_owned();
     let faults: Vec<&str> = text.lines().filter(|l| l.contains(" faults: ")).collect();
     assert_eq!(faults.len(), 3, "{text}");
     for l in faults {
@@ -147,22 +142,10 @@ fn lost_write_check_passes_clean_runs_and_catches_dropped_marks() {
 
 #[test]
 fn the_modes_side_by_side_count_faults_exits_and_pages() {
-    let v = json_of(&[
-        "dirty-log-perf",
-        "-v",
-        "1",
-        "-b",
-        "16M",
-        "-i",
-        "3",
-        "-r",
-        "2",
-        "--dirty",
-        "all",
-        "--format",
-        "ept",
-        "--json",
-    ]);
+    let v = json_of(&with(
+        SHORT_RUN,
+        &["-r", "2", "--dirty", "all", "--format", "ept", "--json"],
+    ));
     let rows = v["results"].as_array().expect("results");
     let row = |mode: &str| {
         rows.iter()

@@ -9,13 +9,30 @@ mod recover_common;
 use recover_common::{bin, quick_and, spawn_listener, wait_exit};
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 fn rest_of(mut r: impl Read) -> String {
     let mut s = String::new();
     let _ = r.read_to_string(&mut s);
     s
+}
+
+/// Asserts that the process behind `out` succeeded, showing its stderr
+/// otherwise.
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits up to `secs` seconds for the destination `dest` to exit: its exit
+/// status and the rest of its stderr `derr`.
+fn finish(dest: &mut Child, derr: impl Read, secs: u64) -> (ExitStatus, String) {
+    let st = wait_exit(dest, Duration::from_secs(secs));
+    (st, rest_of(derr))
 }
 
 /// A small, quick run. Its socket deadline (5 s, 1 s before) is what the
@@ -60,13 +77,8 @@ fn a_killed_source_process_ends_the_destination_which_then_serves_the_next() {
     src.wait().unwrap();
     // The next source completes; the destination exits 0 after it.
     let out = source(&addr, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let st = wait_exit(&mut dest, Duration::from_secs(60));
-    let log = rest_of(derr);
+    assert_ok(&out);
+    let (st, log) = finish(&mut dest, derr, 60);
     assert!(st.success(), "{log}");
     assert!(
         log.contains("the migration failed (1 of --attempts 2)"),
@@ -82,13 +94,8 @@ fn garbage_before_the_opening_is_refused_and_the_destination_serves_the_real_sou
     let mut s = TcpStream::connect(&addr).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     let out = source(&addr, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let st = wait_exit(&mut dest, Duration::from_secs(30));
-    let log = rest_of(derr);
+    assert_ok(&out);
+    let (st, log) = finish(&mut dest, derr, 30);
     assert!(st.success(), "{log}");
     assert!(log.contains("not an s2mmu migration stream"), "{log}");
     assert!(!log.contains("the migration failed"), "{log}");
@@ -117,8 +124,7 @@ fn a_plain_source_refused_at_its_opening_says_so() {
     let out = source(&addr, &psk);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    let st = wait_exit(&mut dest, Duration::from_secs(60));
-    let log = rest_of(derr);
+    let (st, log) = finish(&mut dest, derr, 60);
     assert!(st.success(), "{log}");
     assert!(log.contains("refused a connection"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -135,8 +141,7 @@ fn an_authenticated_source_that_fails_ends_a_single_attempt_destination_with_an_
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let st = wait_exit(&mut dest, Duration::from_secs(30));
-    let log = rest_of(derr);
+    let (st, log) = finish(&mut dest, derr, 30);
     assert!(!st.success(), "{log}");
     assert!(
         log.contains("the migration failed (1 of --attempts 1)"),
@@ -180,45 +185,16 @@ fn psk_between_two_processes_and_a_wrong_key_is_refused() {
     let (mut dest, addr, derr) =
         spawn_listener(&[&SMALL[..], &["--psk", good.to_str().unwrap()]].concat());
     // The wrong key: refused, and the destination keeps listening.
-    let out = Command::new(bin())
-        .args([
-            "migrate",
-            "--to",
-            &addr,
-            "--plot",
-            "",
-            "--psk",
-            bad.to_str().unwrap(),
-        ])
-        .args(SMALL)
-        .output()
-        .unwrap();
+    let out = source(&addr, &["--psk", bad.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("authentication failed"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = Command::new(bin())
-        .args([
-            "migrate",
-            "--to",
-            &addr,
-            "--plot",
-            "",
-            "--psk",
-            good.to_str().unwrap(),
-        ])
-        .args(SMALL)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let st = wait_exit(&mut dest, Duration::from_secs(60));
-    let log = rest_of(derr);
+    let out = source(&addr, &["--psk", good.to_str().unwrap()]);
+    assert_ok(&out);
+    let (st, log) = finish(&mut dest, derr, 60);
     assert!(st.success(), "{log}");
     assert!(log.contains("refused a connection"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -232,11 +208,7 @@ fn a_channel_sweep_prints_its_table() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert!(stdout.contains("Round 0 by channel count"), "{stdout}");
     assert!(stdout.contains("% of link"), "{stdout}");
 }
@@ -258,15 +230,10 @@ fn a_destination_on_ept_refuses_an_arm64_source_by_name_then_takes_an_ept_one() 
     // The refusal counted as one failed attempt: the destination serves
     // the next source, on its own format.
     let out = source("ept");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["params"]["format"], "ept", "{report}");
-    let st = wait_exit(&mut dest, Duration::from_secs(60));
-    let log = rest_of(derr);
+    let (st, log) = finish(&mut dest, derr, 60);
     assert!(st.success(), "{log}");
     assert!(log.contains("stage-2 format mismatch"), "{log}");
 }
@@ -302,27 +269,13 @@ fn listening_ports(pid: u32) -> Vec<u16> {
 /// measured against a port the destination opened unasked.
 #[test]
 fn a_listening_destination_opens_only_the_port_it_was_given() {
-    let (mut dest, addr, mut derr) = spawn_listener(&SMALL);
+    let (mut dest, addr, derr) = spawn_listener(&SMALL);
     let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
     assert_eq!(listening_ports(dest.id()), vec![port], "{addr}");
-    let out = Command::new(bin())
-        .args([
-            "migrate",
-            "--to",
-            &addr,
-            "--plot",
-            "",
-            "--json",
-            "--link-probe",
-        ])
-        .args(SMALL)
-        .output()
-        .unwrap();
+    let out = source(&addr, &["--json", "--link-probe"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    let st = wait_exit(&mut dest, Duration::from_secs(60));
-    let mut log = String::new();
-    let _ = derr.read_to_string(&mut log);
+    let (st, log) = finish(&mut dest, derr, 60);
     assert!(st.success(), "{log}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let pt = &v["results"][0]["plain_tcp"];

@@ -5,6 +5,10 @@
 //! where namespaces then cannot be made the test fails, saying why. The addresses live only in
 //! those namespaces.
 
+mod cli_common;
+mod recover_common;
+
+use recover_common::ns_guest;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -87,27 +91,12 @@ fn migration_between_two_network_namespaces() {
     let key = dir.join("psk");
     std::fs::write(&key, "a pre-shared key for the netns test\n").unwrap();
     let key = key.to_str().unwrap().to_string();
-    let common = [
-        "--mem",
-        "32M",
-        "-s",
-        "anonymous",
-        "--warmup",
-        "50ms",
-        "--run-after",
-        "50ms",
-        "--plot",
-        "",
-        "--io-timeout",
-        "3s",
-        "--psk",
-        &key,
-    ];
+    let common = [&ns_guest("32M", "3s")[..], &["--psk", &key]].concat();
     let (mut dest, mut err, addr) = start_dest(&dest_ns, &common);
     assert!(addr.starts_with(DEST_IP), "{addr}");
     let src = Command::new("ip")
         .args(["netns", "exec", &src_ns, bin, "migrate", "--to", &addr])
-        .args(common)
+        .args(&common)
         .output()
         .unwrap();
     let status = wait_bounded(&mut dest);
@@ -193,22 +182,7 @@ fn a_peer_that_vanishes_from_the_network_ends_both_sides() {
         make("b").unwrap_or_else(|why| panic!("cannot make network namespaces here: {why}"));
     // Plain TCP (the warning is expected), slowed so the cut lands
     // mid-stream.
-    let common = [
-        "--mem",
-        "64M",
-        "-s",
-        "anonymous",
-        "--warmup",
-        "50ms",
-        "--run-after",
-        "50ms",
-        "--plot",
-        "",
-        "--io-timeout",
-        "2s",
-        "--bandwidth",
-        "4M",
-    ];
+    let common = [&ns_guest("64M", "2s")[..], &["--bandwidth", "4M"]].concat();
     let (mut dest, mut derr, addr) = start_dest(&dest_ns, &common);
     let mut src = Command::new("ip")
         .args([
@@ -220,7 +194,7 @@ fn a_peer_that_vanishes_from_the_network_ends_both_sides() {
             "--to",
             &addr,
         ])
-        .args(common)
+        .args(&common)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

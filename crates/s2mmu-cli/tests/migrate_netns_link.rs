@@ -13,7 +13,7 @@
 mod cli_common;
 mod recover_common;
 
-use recover_common::{collect, ctl, wait_exit, wait_phase_within};
+use recover_common::{collect, ctl, ns_guest, wait_exit, wait_phase_within};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -138,24 +138,9 @@ fn strings(a: &[&str]) -> Vec<String> {
 
 /// The simulated guest's flags on both sides.
 fn sim(key: &str, extra: &[&str]) -> Vec<String> {
-    let mut v = strings(&[
-        "--guest",
-        "sim",
-        "--mem",
-        "32M",
-        "-s",
-        "anonymous",
-        "--warmup",
-        "50ms",
-        "--run-after",
-        "50ms",
-        "--plot",
-        "",
-        "--io-timeout",
-        "5s",
-        "--psk",
-        key,
-    ]);
+    let mut v = strings(&["--guest", "sim"]);
+    v.extend(strings(&ns_guest("32M", "5s")));
+    v.extend(strings(&["--psk", key]));
     v.extend(strings(extra));
     v
 }

@@ -4,4 +4,5 @@ fn main() {
     println!("cargo:rustc-link-arg-bins=-T{dir}/link.ld");
     println!("cargo:rerun-if-changed=link.ld");
     println!("cargo:rerun-if-changed=src/boot.S");
+    println!("cargo:rerun-if-changed=../asm/el2_macros.S");
 }

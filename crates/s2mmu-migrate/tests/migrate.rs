@@ -4,7 +4,7 @@
 
 mod migrate_common;
 
-use migrate_common::{dest_cfg, plain, small};
+use migrate_common::{dest_cfg, plain, reply_tags, small};
 use s2mmu::mmu::DirtyMode;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::dest::DestOutcome;
@@ -14,7 +14,7 @@ use s2mmu_migrate::sim::in_process::migrate_in_process;
 use s2mmu_migrate::sim::source::{migrate_source, session_harvest, SimRun};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self as net, BoxConn, NetConfig};
-use s2mmu_migrate::wire::{tag, Record, WireReader, PAGE_SIZE};
+use s2mmu_migrate::wire::{tag, PAGE_SIZE};
 use s2mmu_vm::Pattern;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -204,15 +204,6 @@ fn replay(stream: &[u8]) -> (Result<DestOutcome, MigrateError>, Vec<u8>) {
     let mut reply = Vec::new();
     let r = receive_from(stream, &mut reply, &dest_cfg());
     (r, reply)
-}
-
-fn reply_tags(reply: &[u8]) -> Vec<u8> {
-    let mut rd = WireReader::replies(reply);
-    let mut tags = Vec::new();
-    while let Ok(Record::Control { tag, .. }) = rd.next_record() {
-        tags.push(tag);
-    }
-    tags
 }
 
 fn assert_rejected(stream: &[u8], check: impl Fn(&MigrateError) -> bool) {

@@ -5,18 +5,21 @@
 //! short so that the tests end soon). The same between two processes:
 //! `migrate_net_process.rs`.
 
+mod migrate_common;
+
+use migrate_common::reply_tags;
+
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::dest::{DestOutcome, Limits};
 use s2mmu_migrate::session::source::SourceOutcome;
-use s2mmu_migrate::session::Progress;
 use s2mmu_migrate::sim::dest::{receive_from, serve, SimDestConfig};
 use s2mmu_migrate::sim::source::{migrate_source, SimRun};
 use s2mmu_migrate::sim::state::GuestState;
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self as net, NetConfig, Security};
-use s2mmu_migrate::wire::{tag, Batch, Header, Record, WireReader, WireWriter, PAGE_SIZE};
-use s2mmu_vm::{Backing, VcpuState};
+use s2mmu_migrate::wire::{tag, Batch, Header, WireReader, WireWriter, PAGE_SIZE};
+use s2mmu_vm::VcpuState;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -31,16 +34,9 @@ const TIMEOUT: Duration = Duration::from_millis(400);
 /// took more than 400 ms, and a refusal test saw `Timeout`, not `Auth`).
 const SLOW: Duration = Duration::from_secs(20);
 
+/// A guest of `mem` bytes in one anonymous slot, 20 ms of warm-up.
 fn small(mem: u64) -> SimRun {
-    SimRun::default().with(|g, s| {
-        g.mem_size = mem;
-        g.backing = Backing::Anonymous;
-        g.slots = 1;
-        s.clear_chunk = 1 << 20;
-        s.warmup = Duration::from_millis(20);
-        s.sample_every = Duration::from_millis(20);
-        s.progress = Progress::off();
-    })
+    migrate_common::anonymous(mem, 1, Duration::from_millis(20))
 }
 
 /// A destination that gives up waiting for an authenticated source after
@@ -256,15 +252,6 @@ fn stream_with_state(vcpus_in_header: u32, state: &GuestState) -> Vec<u8> {
     std::mem::take(w.get_mut())
 }
 
-fn reply_tags(reply: &[u8]) -> Vec<u8> {
-    let mut rd = WireReader::replies(reply);
-    let mut tags = Vec::new();
-    while let Ok(Record::Control { tag, .. }) = rd.next_record() {
-        tags.push(tag);
-    }
-    tags
-}
-
 fn vcpu(pass: u64, next_page: u64) -> VcpuState {
     VcpuState {
         pass,
@@ -420,42 +407,33 @@ fn a_source_that_stalls_or_vanishes_mid_stream_ends_the_destination() {
 
 #[test]
 fn a_destination_that_stops_answering_or_reading_ends_the_source() {
-    // Each fake destination holds its connection until the source ended
-    // (not for a fixed time, which a loaded machine could outlast and turn
-    // the timeout into a reset; 60 s: a hang).
-    let hold = |done: &std::sync::mpsc::Receiver<()>| {
-        let _ = done.recv_timeout(Duration::from_secs(60));
-    };
     // Accepts, never answers.
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    let (ended, done) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || {
-        let (s, _) = l.accept().unwrap();
-        hold(&done);
-        drop(s);
-    });
-    let r = run_source(&small(8 << 20), &addr, &impatient_net(Security::Plain));
-    ended.send(()).unwrap();
-    match r {
-        Err(MigrateError::Timeout { .. }) => {}
-        other => panic!("expected a timeout, got {other:?}"),
-    }
-    t.join().unwrap();
-
+    source_times_out_against(8 << 20, |_| {});
     // Accepts the stream, then stops reading it (the socket buffers fill).
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    let (ended, done) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let (mut rd, _) = WireReader::new(&mut s).unwrap();
+    source_times_out_against(64 << 20, |s| {
+        let (mut rd, _) = WireReader::new(s).unwrap();
         let mut w = WireWriter::replies(rd.get_mut());
         w.control(tag::ACCEPT, &[0u8; 16]).unwrap();
         w.flush().unwrap();
-        hold(&done);
     });
-    let r = run_source(&small(64 << 20), &addr, &impatient_net(Security::Plain));
+}
+
+/// Runs a source of `mem` bytes with the short deadline against a fake
+/// destination that accepts, does what `serve` does with the connection,
+/// then holds it until the source ended (not for a fixed time, which a
+/// loaded machine could outlast and turn the timeout into a reset; 60 s: a
+/// hang): the source times out.
+fn source_times_out_against(mem: u64, serve: impl FnOnce(&mut TcpStream) + Send + 'static) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (ended, done) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        serve(&mut s);
+        let _ = done.recv_timeout(Duration::from_secs(60));
+        drop(s);
+    });
+    let r = run_source(&small(mem), &addr, &impatient_net(Security::Plain));
     ended.send(()).unwrap();
     match r {
         Err(MigrateError::Timeout { .. }) => {}

@@ -56,7 +56,13 @@ pub use memory::{Backing, GuestMemory, MemoryError};
 pub use replay::replay_writes;
 pub use tlb::{ShootdownStats, SoftTlb, TlbShootdown, TlbStats};
 pub use vcpu::{PageFetch, Vcpu, VcpuExit};
-pub use vm::{SlotInfo, Vm, VmConfig, VmError, VmFormat, VmMmu};
+pub use vm::{Error, SlotInfo, Vm, VmConfig, VmFormat, VmMmu};
+
+/// The simulated VM's error, by its old name.
+#[deprecated(
+    note = "renamed to `s2mmu_vm::Error`: `s2mmu_migrate::VmError` is another type (what a `SessionVm` reports)"
+)]
+pub type VmError = Error;
 pub use workload::{
     stamp, Control, LiveCounters, Pattern, VcpuState, Workload, WorkloadConfig, LIVE_EVERY,
 };

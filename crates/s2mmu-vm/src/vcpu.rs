@@ -56,21 +56,10 @@ pub enum VcpuExit {
     },
 }
 
-/// Where a stage-2 translation fault on a page that is not on this host
-/// yet is resolved: post-copy migration's page request. The vCPU that
-/// faults calls it before the engine maps the page, outside guest mode,
-/// and only that vCPU waits; the others run on.
-pub trait PageFetch: Send + Sync {
-    /// Returns once the page at `gpa` is in guest memory: at once when it
-    /// is already there, otherwise after asking for it and waiting for it.
-    /// `vcpu` is the faulting vCPU's index. Returns whether it had to wait
-    /// (a remote fault).
-    ///
-    /// # Errors
-    /// A reason when the page cannot be had (the connection to its source
-    /// broke); the vCPU then exits with [`VcpuExit::PageUnavailable`].
-    fn fetch(&self, vcpu: usize, gpa: u64) -> Result<bool, String>;
-}
+/// Where a fault on a page not on this host yet is resolved (post-copy's
+/// page request): the engine's trait, the one every VM calls. A fetch that
+/// fails makes the vCPU exit with [`VcpuExit::PageUnavailable`].
+pub use s2mmu::mmu::PageFetch;
 
 impl fmt::Display for VcpuExit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -56,7 +56,7 @@ impl Default for VmConfig {
 
 /// Why a VM could not be built or used.
 #[derive(Debug)]
-pub enum VmError {
+pub enum Error {
     /// Guest memory.
     Memory(MemoryError),
     /// The engine refused something.
@@ -65,27 +65,27 @@ pub enum VmError {
     Config(String),
 }
 
-impl fmt::Display for VmError {
+impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            VmError::Memory(e) => write!(f, "{e}"),
-            VmError::Engine(e) => write!(f, "{e}"),
-            VmError::Config(s) => write!(f, "{s}"),
+            Error::Memory(e) => write!(f, "{e}"),
+            Error::Engine(e) => write!(f, "{e}"),
+            Error::Config(s) => write!(f, "{s}"),
         }
     }
 }
 
-impl std::error::Error for VmError {}
+impl std::error::Error for Error {}
 
-impl From<MemoryError> for VmError {
+impl From<MemoryError> for Error {
     fn from(e: MemoryError) -> Self {
-        VmError::Memory(e)
+        Error::Memory(e)
     }
 }
 
-impl From<s2mmu::Error> for VmError {
+impl From<s2mmu::Error> for Error {
     fn from(e: s2mmu::Error) -> Self {
-        VmError::Engine(e)
+        Error::Engine(e)
     }
 }
 
@@ -123,10 +123,10 @@ impl<S: MemslotStore, F: VmFormat> Vm<S, F> {
     /// (each a multiple of the backing's page size), creates the MMU.
     ///
     /// # Errors
-    /// [`VmError::Config`] for a size that cannot be divided or a vCPU TLB
+    /// [`Error::Config`] for a size that cannot be divided or a vCPU TLB
     /// size outside 1..=[`Self::MAX_TLB_ENTRIES`],
-    /// [`VmError::Memory`], [`VmError::Engine`].
-    pub fn new(config: VmConfig) -> Result<Self, VmError> {
+    /// [`Error::Memory`], [`Error::Engine`].
+    pub fn new(config: VmConfig) -> Result<Self, Error> {
         let fmt = F::for_vm(config.ipa_bits)?;
         let host_page = config.backing.page_size();
         let unit = host_page.max(fmt.page_size());
@@ -136,7 +136,7 @@ impl<S: MemslotStore, F: VmFormat> Vm<S, F> {
                 .mem_size
                 .is_multiple_of(unit * u64::from(config.slots))
         {
-            return Err(VmError::Config(format!(
+            return Err(Error::Config(format!(
                 "guest memory of {} bytes cannot be divided into {} slots of whole {}-byte pages",
                 config.mem_size, config.slots, unit
             )));
@@ -147,13 +147,13 @@ impl<S: MemslotStore, F: VmFormat> Vm<S, F> {
                 .checked_add(config.mem_size)
                 .is_none_or(|end| end > fmt.ipa_limit())
         {
-            return Err(VmError::Config(format!(
+            return Err(Error::Config(format!(
                 "guest-physical base {:#x} must be aligned to {unit:#x} and the memory must fit {} IPA bits",
                 config.gpa_base, config.ipa_bits
             )));
         }
         if config.tlb_entries == 0 || config.tlb_entries > Self::MAX_TLB_ENTRIES {
-            return Err(VmError::Config(format!(
+            return Err(Error::Config(format!(
                 "a vCPU TLB of {} entries: it must hold 1 to {} entries",
                 config.tlb_entries,
                 Self::MAX_TLB_ENTRIES
@@ -170,7 +170,7 @@ impl<S: MemslotStore, F: VmFormat> Vm<S, F> {
         let per = config.mem_size / u64::from(config.slots);
         let mut slots = Vec::new();
         for i in 0..config.slots {
-            let id = u16::try_from(i).map_err(|_| VmError::Config("too many slots".into()))?;
+            let id = u16::try_from(i).map_err(|_| Error::Config("too many slots".into()))?;
             let off = u64::from(i) * per;
             let region = UserMemoryRegion::new(
                 id,
@@ -225,8 +225,8 @@ impl<S: MemslotStore, F: VmFormat> Vm<S, F> {
     /// Creates a vCPU.
     ///
     /// # Errors
-    /// [`VmError::Engine`].
-    pub fn new_vcpu(&self) -> Result<Vcpu<S, F>, VmError> {
+    /// [`Error::Engine`].
+    pub fn new_vcpu(&self) -> Result<Vcpu<S, F>, Error> {
         let vmmu = self.mmu.new_vcpu()?;
         let tlb = self.shootdown.register(self.config.tlb_entries);
         let fetch = self.fetch.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -250,8 +250,8 @@ impl<S: MemslotStore, F: VmFormat> Vm<S, F> {
     /// Enables dirty logging on every slot.
     ///
     /// # Errors
-    /// [`VmError::Engine`].
-    pub fn enable_dirty_logging(&self) -> Result<(), VmError> {
+    /// [`Error::Engine`].
+    pub fn enable_dirty_logging(&self) -> Result<(), Error> {
         for s in &self.slots {
             self.mmu.enable_dirty_logging(s.id)?;
         }
@@ -261,8 +261,8 @@ impl<S: MemslotStore, F: VmFormat> Vm<S, F> {
     /// Disables dirty logging on every slot.
     ///
     /// # Errors
-    /// [`VmError::Engine`].
-    pub fn disable_dirty_logging(&self) -> Result<(), VmError> {
+    /// [`Error::Engine`].
+    pub fn disable_dirty_logging(&self) -> Result<(), Error> {
         for s in &self.slots {
             self.mmu.disable_dirty_logging(s.id)?;
         }
@@ -293,7 +293,7 @@ mod tests {
         };
         assert!(matches!(
             Vm::<TreeMemslots>::new(config),
-            Err(VmError::Config(_))
+            Err(Error::Config(_))
         ));
     }
 
@@ -306,7 +306,7 @@ mod tests {
                 ..VmConfig::default()
             };
             assert!(
-                matches!(Vm::<TreeMemslots>::new(config), Err(VmError::Config(_))),
+                matches!(Vm::<TreeMemslots>::new(config), Err(Error::Config(_))),
                 "{tlb_entries} entries accepted"
             );
         }

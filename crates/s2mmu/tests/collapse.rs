@@ -6,7 +6,7 @@ mod common;
 use common::fixture;
 use s2mmu::format::arm64::Granule;
 use s2mmu::tlb::TlbCall;
-use s2mmu::{MapOptions, Prot};
+use s2mmu::Prot;
 
 const MIB: u64 = 1 << 20;
 
@@ -17,32 +17,13 @@ const MIB: u64 = 1 << 20;
 fn collapse_makes_blocks_of_contiguous_pages_in_place() {
     let mut fx = fixture(Granule::K4, 40);
     let base = 1u64 << 32;
-    let force = MapOptions { force_pages: true };
     fx.cache.top_up(64).unwrap();
     // 6 MiB of pages at a 2 MiB-aligned PA; logging left some read-only.
-    fx.pt
-        .map(
-            base,
-            6 * MIB,
-            0x80_0000_0000,
-            Prot::RW,
-            &mut fx.cache,
-            force,
-        )
-        .unwrap();
+    fx.map_pages(base, 6 * MIB, 0x80_0000_0000);
     fx.pt.wrprotect(base + 0x5000, 0x3000).unwrap();
     // The third 2 MiB: one page maps elsewhere (not contiguous).
     fx.pt.unmap(base + 4 * MIB + 0x1000, 0x1000).unwrap();
-    fx.pt
-        .map(
-            base + 4 * MIB + 0x1000,
-            0x1000,
-            0x99_0000_0000,
-            Prot::RW,
-            &mut fx.cache,
-            force,
-        )
-        .unwrap();
+    fx.map_pages(base + 4 * MIB + 0x1000, 0x1000, 0x99_0000_0000);
     fx.tlb.take();
     let st = fx.pt.collapse(base, 6 * MIB, 2 * MIB, Prot::RWX).unwrap();
     assert_eq!((st.blocks, st.flushes), (2, 1));
@@ -80,17 +61,7 @@ fn collapse_climbs_to_1g_blocks_in_two_passes() {
     let mut fx = fixture(Granule::K4, 40);
     let base = 1u64 << 30;
     fx.cache.top_up(fx.pt.split_capacity(1 << 30) + 8).unwrap();
-    let force = MapOptions { force_pages: true };
-    fx.pt
-        .map(
-            base,
-            1 << 30,
-            0x40_0000_0000,
-            Prot::RW,
-            &mut fx.cache,
-            force,
-        )
-        .unwrap();
+    fx.map_pages(base, 1 << 30, 0x40_0000_0000);
     let st = fx.pt.collapse(base, 1 << 30, 1 << 30, Prot::RW).unwrap();
     assert_eq!((st.blocks, st.flushes), (512 + 1, 2));
     let t = fx.pt.translate(base + 12345).unwrap();
@@ -101,16 +72,7 @@ fn collapse_climbs_to_1g_blocks_in_two_passes() {
     // pages only becomes 2 MiB blocks.
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(fx.pt.split_capacity(4 * MIB) + 8).unwrap();
-    fx.pt
-        .map(
-            base,
-            4 * MIB,
-            0x40_0000_0000,
-            Prot::RW,
-            &mut fx.cache,
-            force,
-        )
-        .unwrap();
+    fx.map_pages(base, 4 * MIB, 0x40_0000_0000);
     let st = fx.pt.collapse(base, 4 * MIB, 2 * MIB, Prot::RW).unwrap();
     assert_eq!((st.blocks, st.flushes), (2, 1));
 }

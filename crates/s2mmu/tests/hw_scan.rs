@@ -37,9 +37,7 @@ fn mixed<F: PteFormat>(fx: &mut Fixture<F>) -> Mixed {
     let pages_at = 2 * GIB - 6 * MIB;
     let block = 2 * GIB + 2 * MIB;
     let hpa = 0x80_0000_0000;
-    fx.pt
-        .map(pages_at, 8 * MIB, hpa, Prot::RW, &mut fx.cache, force)
-        .unwrap();
+    fx.map_pages(pages_at, 8 * MIB, hpa);
     fx.pt
         .map(
             block,

@@ -202,10 +202,7 @@ fn map_refuses_when_the_cache_is_short() {
 fn unmap_frees_emptied_tables_and_invalidates() {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(8).unwrap();
-    let opts = MapOptions { force_pages: true };
-    fx.pt
-        .map(GIB, 4 * MIB, 0, Prot::RW, &mut fx.cache, opts)
-        .unwrap();
+    fx.map_pages(GIB, 4 * MIB, 0);
     assert_eq!(fx.pt.table_pages(), 3, "one level-2 and two level-3 tables");
     fx.tlb.take();
     let st = fx.pt.unmap(GIB, 2 * MIB).unwrap();
@@ -233,16 +230,7 @@ fn unmap_frees_emptied_tables_and_invalidates() {
 fn write_protect_then_relax() {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(8).unwrap();
-    fx.pt
-        .map(
-            GIB,
-            2 * MIB,
-            0,
-            Prot::RW,
-            &mut fx.cache,
-            MapOptions { force_pages: true },
-        )
-        .unwrap();
+    fx.map_pages(GIB, 2 * MIB, 0);
     fx.tlb.take();
     assert_eq!(fx.pt.wrprotect(GIB, 2 * MIB).unwrap(), 512);
     assert_eq!(
@@ -476,17 +464,7 @@ fn fast_hardware_dirty_scan_matches_the_per_leaf_scan() {
     let base = 1u64 << 32;
     fx.cache.top_up(64).unwrap();
     // 6 MiB of pages, then a 2 MiB block.
-    let force = MapOptions { force_pages: true };
-    fx.pt
-        .map(
-            base,
-            6 * MIB,
-            0x80_0000_0000,
-            Prot::RW,
-            &mut fx.cache,
-            force,
-        )
-        .unwrap();
+    fx.map_pages(base, 6 * MIB, 0x80_0000_0000);
     let block = base + 6 * MIB;
     fx.pt
         .map(

@@ -16,10 +16,7 @@ const MIB: u64 = 1 << 20;
 fn mapped_4k(size: u64) -> common::Fixture {
     let mut fx = fixture(Granule::K4, 40);
     fx.cache.top_up(2 + (size >> 21) as usize).unwrap();
-    let opts = MapOptions { force_pages: true };
-    fx.pt
-        .map(GIB, size, 0x10_0000_0000, Prot::RW, &mut fx.cache, opts)
-        .unwrap();
+    fx.map_pages(GIB, size, 0x10_0000_0000);
     fx
 }
 

@@ -39,6 +39,27 @@ pub const fn quick_and(flag: &'static str, value: &'static str) -> [&'static str
     [q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7], flag, value]
 }
 
+/// The flags of the small simulated guest both sides of a test between
+/// network namespaces take: `mem` of anonymous memory, 50 ms of warm-up
+/// and of running after the switch, no plot, and `io_timeout` as the I/O
+/// deadline.
+pub const fn ns_guest(mem: &'static str, io_timeout: &'static str) -> [&'static str; 12] {
+    [
+        "--mem",
+        mem,
+        "-s",
+        "anonymous",
+        "--warmup",
+        "50ms",
+        "--run-after",
+        "50ms",
+        "--plot",
+        "",
+        "--io-timeout",
+        io_timeout,
+    ]
+}
+
 /// A 16 MiB guest whose link is limited to 8 MiB/s: round 0 and the
 /// post-copy background stream take about 2 s each, so a cut armed when
 /// post-copy starts lands inside it.

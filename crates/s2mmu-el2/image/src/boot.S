@@ -7,25 +7,10 @@
 
         // EL2's own translation and traps, the same on every CPU.
         .macro  el2_setup
-        // MAIR_EL2: attr0 Device-nGnRnE, attr1 Normal WB RW-allocate.
-        mov     x0, #0xff00
-        msr     mair_el2, x0
-        // TCR_EL2: T0SZ 25, IRGN0/ORGN0 WB, SH0 inner, TG0 4K, PS 40 bits,
-        // RES1 bits 31 and 23.
-        ldr     x0, =(25 | (1 << 8) | (1 << 10) | (3 << 12) | (2 << 16) | (1 << 23) | (1 << 31))
-        msr     tcr_el2, x0
-        adrp    x0, el2_l1
-        msr     ttbr0_el2, x0
+        el2_stage1_on el2_l1
         // CPTR_EL2: no FP/SIMD trap (Rust uses the registers), RES1 bits.
         mov     x0, #0x33ff
         msr     cptr_el2, x0
-        tlbi    alle2
-        dsb     ish
-        isb
-        // SCTLR_EL2: M, C, I and the RES1 bits.
-        ldr     x0, =(0x30c50830 | 1 | (1 << 2) | (1 << 12))
-        msr     sctlr_el2, x0
-        isb
         adr     x0, el2_vectors
         msr     vbar_el2, x0
         isb
@@ -41,13 +26,8 @@ _start:
         mov     sp, x0
         msr     tpidr_el2, xzr          // CPU 0
         el2_setup
-        ldr     x0, =__bss_start
-        ldr     x1, =__bss_end
-1:      cmp     x0, x1
-        b.hs    2f
-        str     xzr, [x0], #8
-        b       1b
-2:      bl      el2_main
+        zero_bss
+        bl      el2_main
         b       .
 
 // A secondary CPU from PSCI CPU_ON, at EL2 with x0 = its index: a stack
@@ -82,42 +62,14 @@ el2_enter_guest:
         isb
         mrs     x0, cntvct_el0
         str     x0, [sp, #248]
-        stp     x2, x3, [sp, #16]
-        stp     x4, x5, [sp, #32]
-        stp     x6, x7, [sp, #48]
-        stp     x8, x9, [sp, #64]
-        stp     x10, x11, [sp, #80]
-        stp     x12, x13, [sp, #96]
-        stp     x14, x15, [sp, #112]
-        stp     x16, x17, [sp, #128]
-        stp     x18, x19, [sp, #144]
-        stp     x20, x21, [sp, #160]
-        stp     x22, x23, [sp, #176]
-        stp     x24, x25, [sp, #192]
-        stp     x26, x27, [sp, #208]
-        stp     x28, x29, [sp, #224]
-        str     x30, [sp, #240]
+        frame_x2_x30 stp, str, sp
         .endm
 
 lower_sync:
         save_frame
         mov     x0, sp
         bl      el2_trap
-        ldp     x2, x3, [sp, #16]
-        ldp     x4, x5, [sp, #32]
-        ldp     x6, x7, [sp, #48]
-        ldp     x8, x9, [sp, #64]
-        ldp     x10, x11, [sp, #80]
-        ldp     x12, x13, [sp, #96]
-        ldp     x14, x15, [sp, #112]
-        ldp     x16, x17, [sp, #128]
-        ldp     x18, x19, [sp, #144]
-        ldp     x20, x21, [sp, #160]
-        ldp     x22, x23, [sp, #176]
-        ldp     x24, x25, [sp, #192]
-        ldp     x26, x27, [sp, #208]
-        ldp     x28, x29, [sp, #224]
-        ldr     x30, [sp, #240]
+        frame_x2_x30 ldp, ldr, sp
         // The counter just before the ERET, for the fault-cost samples:
         // EL2_EXIT_TICKS[this CPU] (TPIDR_EL2 holds its index).
         adrp    x1, EL2_EXIT_TICKS

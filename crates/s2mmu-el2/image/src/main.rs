@@ -30,7 +30,10 @@ use s2mmu_el2::tlb::cpu::{self, Cpu};
 use s2mmu_el2::trace::{self, TracedTlb};
 use s2mmu_el2::{El2Tlb, Hyp, Layout, PagePool, Region};
 
-global_asm!(include_str!("boot.S"));
+global_asm!(
+    include_str!("../../asm/el2_macros.S"),
+    include_str!("boot.S")
+);
 
 #[global_allocator]
 static HEAP: El2Heap = El2Heap::empty();

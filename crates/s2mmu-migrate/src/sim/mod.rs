@@ -86,15 +86,6 @@ fn engine(what: &str) -> impl FnOnce(s2mmu::Error) -> VmError + '_ {
     move |e| VmError::new(format!("{what}: {e}"))
 }
 
-/// The session's fetch hook as the simulated vCPUs call it.
-struct FetchHook(Arc<dyn PageFetch>);
-
-impl s2mmu_vm::PageFetch for FetchHook {
-    fn fetch(&self, vcpu: usize, gpa: u64) -> Result<bool, String> {
-        self.0.fetch(vcpu, gpa)
-    }
-}
-
 impl<F: VmFormat> SessionVm for SimVm<F> {
     type Ram = GuestMemory;
 
@@ -166,8 +157,7 @@ impl<F: VmFormat> SessionVm for SimVm<F> {
     }
 
     fn set_page_fetch(&self, fetch: Option<Arc<dyn PageFetch>>) -> Result<(), VmError> {
-        self.vm
-            .set_page_fetch(fetch.map(|f| Arc::new(FetchHook(f)) as Arc<dyn s2mmu_vm::PageFetch>));
+        self.vm.set_page_fetch(fetch);
         Ok(())
     }
 }

@@ -96,16 +96,9 @@ pub unsafe trait GuestRam: Send + Sync {
 }
 
 /// Post-copy's page request: what a destination vCPU calls on a fault on
-/// a page that has not arrived.
-pub trait PageFetch: Send + Sync {
-    /// Returns once the page at `gpa` is in guest memory (at once when it
-    /// is there, else after asking for it and waiting). `vcpu` is the
-    /// faulting vCPU. Returns whether it had to wait (a remote fault).
-    ///
-    /// # Errors
-    /// A reason when the page cannot be had (the connection broke).
-    fn fetch(&self, vcpu: usize, gpa: u64) -> Result<bool, String>;
-}
+/// a page that has not arrived. The engine's trait, which the simulated and
+/// the arm64 VMs call too.
+pub use s2mmu::mmu::PageFetch;
 
 /// What the network session ([`crate::session`]) needs of a VM's memory
 /// and dirty log. Shared by the sending threads, so every method takes

@@ -8,6 +8,7 @@ use s2mmu_migrate::session::Progress;
 use s2mmu_migrate::sim::dest::SimDestConfig;
 use s2mmu_migrate::sim::source::SimRun;
 use s2mmu_migrate::transport::NetConfig;
+use s2mmu_migrate::wire::{Record, WireReader};
 use s2mmu_vm::Backing;
 use std::time::Duration;
 
@@ -19,15 +20,31 @@ pub fn plain() -> NetConfig {
 /// A guest of `mem` bytes in two anonymous slots, short warm-up, no
 /// progress output.
 pub fn small(mem: u64) -> SimRun {
+    anonymous(mem, 2, Duration::from_millis(50))
+}
+
+/// A guest of `mem` bytes in `slots` anonymous slots, `warmup` of warm-up,
+/// a sample every 20 ms and no progress output.
+pub fn anonymous(mem: u64, slots: u32, warmup: Duration) -> SimRun {
     SimRun::default().with(|g, s| {
         g.mem_size = mem;
         g.backing = Backing::Anonymous;
-        g.slots = 2;
+        g.slots = slots;
         s.clear_chunk = 1 << 20;
-        s.warmup = Duration::from_millis(50);
+        s.warmup = warmup;
         s.sample_every = Duration::from_millis(20);
         s.progress = Progress::off();
     })
+}
+
+/// The tags of the control records in a destination's `reply` stream.
+pub fn reply_tags(reply: &[u8]) -> Vec<u8> {
+    let mut rd = WireReader::replies(reply);
+    let mut tags = Vec::new();
+    while let Ok(Record::Control { tag, .. }) = rd.next_record() {
+        tags.push(tag);
+    }
+    tags
 }
 
 /// A destination that lets the stream back the memory (no prefault)

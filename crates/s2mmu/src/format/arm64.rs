@@ -19,6 +19,7 @@
 //! | 63:60 | invalid-entry type (1 = locked for break-before-make) |
 
 use super::known::KnownFormat;
+use super::leaf::{decoded_prot, leaf_mem_type, rw_bits, MemCodes};
 use super::pte::{HwDirtyBits, Prot, PteFormat};
 use crate::{Error, Result};
 
@@ -194,6 +195,13 @@ impl Arm64Stage2 {
     }
 }
 
+/// The `MemAttr` codes of the memory types.
+const MEMATTR_CODES: MemCodes = MemCodes {
+    normal: MEMATTR_NORMAL,
+    device: MEMATTR_DEVICE,
+    normal_nc: MEMATTR_NORMAL_NC,
+};
+
 const fn genmask(hi: u32, lo: u32) -> u64 {
     (u64::MAX >> (63 - hi)) & !((1u64 << lo) - 1)
 }
@@ -247,26 +255,7 @@ unsafe impl PteFormat for Arm64Stage2 {
     }
 
     fn leaf_pte(&self, pa: u64, level: u32, prot: Prot) -> Result<u64> {
-        if pa >> self.pa_bits() != 0 {
-            return Err(Error::PhysOutOfRange {
-                pa,
-                pa_bits: self.pa_bits(),
-            });
-        }
-        let device = prot.contains(Prot::DEVICE);
-        let nc = prot.contains(Prot::NORMAL_NC);
-        // KVM's stage2_set_prot_attr: device and NC exclude each other and
-        // neither may be executable.
-        if (device && nc) || ((device || nc) && prot.contains(Prot::X)) {
-            return Err(Error::InvalidProt { bits: prot.bits() });
-        }
-        let memattr = if device {
-            MEMATTR_DEVICE
-        } else if nc {
-            MEMATTR_NORMAL_NC
-        } else {
-            MEMATTR_NORMAL
-        };
+        let memattr = MEMATTR_CODES.encode(leaf_mem_type(pa, self.pa_bits(), prot)?);
         let mut pte = self.encode_oa(pa) | (memattr << MEMATTR_SHIFT) | AF | VALID;
         if level == 3 {
             pte |= TYPE;
@@ -292,34 +281,17 @@ unsafe impl PteFormat for Arm64Stage2 {
     }
 
     fn prot(&self, pte: u64) -> Prot {
-        let mut p = Prot::NONE;
-        if pte & S2AP_R != 0 {
-            p = p | Prot::R;
-        }
-        if pte & S2AP_W != 0 {
-            p = p | Prot::W;
-        }
-        if pte & XN_MASK != XN_NONE_EXEC {
-            p = p | Prot::X;
-        }
-        match (pte & MEMATTR_MASK) >> MEMATTR_SHIFT {
-            MEMATTR_DEVICE => p = p | Prot::DEVICE,
-            MEMATTR_NORMAL_NC => p = p | Prot::NORMAL_NC,
-            _ => {}
-        }
-        p
+        decoded_prot(
+            pte & S2AP_R != 0,
+            pte & S2AP_W != 0,
+            pte & XN_MASK != XN_NONE_EXEC,
+            MEMATTR_CODES.decode((pte & MEMATTR_MASK) >> MEMATTR_SHIFT),
+        )
     }
 
     #[inline]
     fn perm_bits(&self, prot: Prot) -> u64 {
-        let mut bits = 0;
-        if prot.contains(Prot::R) {
-            bits |= S2AP_R;
-        }
-        if prot.contains(Prot::W) {
-            bits |= S2AP_W;
-        }
-        bits
+        rw_bits(prot, S2AP_R, S2AP_W)
     }
     #[inline]
     fn write_bit(&self) -> u64 {

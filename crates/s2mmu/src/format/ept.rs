@@ -24,6 +24,7 @@
 //! dirty flag (bit 9) is the hardware's.
 
 use super::known::KnownFormat;
+use super::leaf::{decoded_prot, leaf_mem_type, rw_bits, MemCodes};
 use super::pte::{HwDirtyBits, Prot, PteFormat};
 use crate::{Error, Result};
 
@@ -64,6 +65,13 @@ pub const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 /// 0x5a0`: not present (no read, write or execute bit), never a table, and
 /// not a value the CPU or the engine writes otherwise.
 pub const FROZEN: u64 = SUPPRESS_VE | 0x5a0;
+
+/// The EPT memory types of the engine's memory types.
+const MEMTYPE_CODES: MemCodes = MemCodes {
+    normal: MT_WB,
+    device: MT_UC,
+    normal_nc: MT_WC,
+};
 
 /// EPT with 4 or 5 levels of 4 KiB tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,31 +160,14 @@ unsafe impl PteFormat for EptFormat {
     }
 
     fn leaf_pte(&self, pa: u64, level: u32, prot: Prot) -> Result<u64> {
-        if pa >> self.pa_bits() != 0 {
-            return Err(Error::PhysOutOfRange {
-                pa,
-                pa_bits: self.pa_bits(),
-            });
-        }
-        let device = prot.contains(Prot::DEVICE);
-        let nc = prot.contains(Prot::NORMAL_NC);
-        let no_access = !prot.contains(Prot::R) && !prot.contains(Prot::X);
+        let mem = leaf_mem_type(pa, self.pa_bits(), prot)?;
         // Write without read is an EPT misconfiguration (29.3.3.1), and a
         // leaf with no access bit would not be present.
-        if (device && nc)
-            || ((device || nc) && prot.contains(Prot::X))
-            || (prot.contains(Prot::W) && !prot.contains(Prot::R))
-            || no_access
-        {
+        let no_access = !prot.contains(Prot::R) && !prot.contains(Prot::X);
+        if (prot.contains(Prot::W) && !prot.contains(Prot::R)) || no_access {
             return Err(Error::InvalidProt { bits: prot.bits() });
         }
-        let mt = if device {
-            MT_UC
-        } else if nc {
-            MT_WC
-        } else {
-            MT_WB
-        };
+        let mt = MEMTYPE_CODES.encode(mem);
         let mut pte = (pa & ADDR_MASK) | mt << MEMTYPE_SHIFT | IPAT | ACCESSED;
         if level < self.last_level() {
             pte |= PAGE_SIZE;
@@ -201,34 +192,17 @@ unsafe impl PteFormat for EptFormat {
     }
 
     fn prot(&self, pte: u64) -> Prot {
-        let mut p = Prot::NONE;
-        if pte & READ != 0 {
-            p = p | Prot::R;
-        }
-        if pte & WRITE != 0 {
-            p = p | Prot::W;
-        }
-        if pte & EXEC != 0 {
-            p = p | Prot::X;
-        }
-        match (pte & MEMTYPE_MASK) >> MEMTYPE_SHIFT {
-            MT_UC => p = p | Prot::DEVICE,
-            MT_WC => p = p | Prot::NORMAL_NC,
-            _ => {}
-        }
-        p
+        decoded_prot(
+            pte & READ != 0,
+            pte & WRITE != 0,
+            pte & EXEC != 0,
+            MEMTYPE_CODES.decode((pte & MEMTYPE_MASK) >> MEMTYPE_SHIFT),
+        )
     }
 
     #[inline]
     fn perm_bits(&self, prot: Prot) -> u64 {
-        let mut bits = 0;
-        if prot.contains(Prot::R) {
-            bits |= READ;
-        }
-        if prot.contains(Prot::W) {
-            bits |= WRITE;
-        }
-        bits
+        rw_bits(prot, READ, WRITE)
     }
     #[inline]
     fn write_bit(&self) -> u64 {

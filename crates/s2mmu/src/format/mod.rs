@@ -11,6 +11,7 @@ mod conformance;
 pub mod ept;
 mod id;
 mod known;
+mod leaf;
 mod pte;
 
 pub use id::FormatId;

@@ -218,19 +218,6 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         Ok(cleared)
     }
 
-    /// Protects a range for the next round of dirty logging, as the
-    /// strategy does it (clears write permission, or with hardware dirty
-    /// state cleans the leaves).
-    pub(super) fn protect(
-        &self,
-        pt: &mut PageTable<F, M>,
-        ipa: u64,
-        size: u64,
-        batch: &mut TlbBatch<'_>,
-    ) -> Result<u64> {
-        self.strategy.protect_range(pt, ipa, size, batch)
-    }
-
     /// As [`Mmu::protect_mask`], but a run of bits that starts where
     /// `run` (start page, pages) ends extends it, and the rest go through
     /// `run` too: only the runs it cannot extend are protected here; the
@@ -274,7 +261,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         let (start, pages) = core::mem::take(run);
         if pages > 0 {
             let ipa = base + (start << self.page_shift);
-            self.protect(pt, ipa, pages << self.page_shift, batch)?;
+            self.strategy
+                .protect_range(pt, ipa, pages << self.page_shift, batch)?;
         }
         Ok(())
     }
@@ -293,7 +281,8 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
             let lo = mask.trailing_zeros();
             let run = (!(mask >> lo)).trailing_zeros();
             let start = base + ((page0 + u64::from(lo)) << self.page_shift);
-            self.protect(pt, start, u64::from(run) << self.page_shift, batch)?;
+            self.strategy
+                .protect_range(pt, start, u64::from(run) << self.page_shift, batch)?;
             mask = if lo + run >= 64 {
                 0
             } else {

@@ -1,7 +1,8 @@
 //! What an [`Mmu`](super::Mmu) hands out and answers with: a vCPU's state in
 //! the MMU ([`VcpuMmu`]), what the hardware reports about a fault and what
-//! the fault did ([`FaultKind`], [`FaultOutcome`]), and an open dirty view
-//! ([`DirtyView`]).
+//! the fault did ([`FaultKind`], [`FaultOutcome`]), an open dirty view
+//! ([`DirtyView`]), and what resolves a fault on a page that is not on this
+//! host yet ([`PageFetch`]).
 
 use super::stats::FaultStats;
 use super::strategy::PmlLog;
@@ -9,7 +10,26 @@ use crate::dirty::{DirtyBitmap, DirtyRing};
 use crate::memcache::PageCache;
 use crate::memslot::VcpuSlotCache;
 use crate::table::MmOps;
+use alloc::string::String;
 use alloc::sync::Arc;
+
+/// Where a stage-2 translation fault on a page that is not on this host
+/// yet is resolved: post-copy migration's page request. The vCPU that
+/// faults calls it before the engine maps the page, outside guest mode,
+/// and only that vCPU waits; the others run on. One trait for every VM
+/// that takes pages late: the migration session implements it, the VMs
+/// (simulated, arm64) call it.
+pub trait PageFetch: Send + Sync {
+    /// Returns once the page at `gpa` is in guest memory: at once when it
+    /// is already there, otherwise after asking for it and waiting for it.
+    /// `vcpu` is the faulting vCPU's index. Returns whether it had to wait
+    /// (a remote fault).
+    ///
+    /// # Errors
+    /// A reason when the page cannot be had (the connection to its source
+    /// broke); the vCPU then cannot go on.
+    fn fetch(&self, vcpu: usize, gpa: u64) -> Result<bool, String>;
+}
 
 /// What the hardware reports about a stage-2 fault besides its address
 /// (arm64: ESR_EL2's fault status code and level).

@@ -348,7 +348,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
         while a < base + size {
             let n = (((a / chunk) + 1) * chunk).min(base + size) - a;
             let mut pt = self.write_lock(&mut st);
-            self.protect(&mut pt, a, n, &mut batch)?;
+            self.strategy.protect_range(&mut pt, a, n, &mut batch)?;
             drop(pt);
             a += n;
         }

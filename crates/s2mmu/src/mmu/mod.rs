@@ -72,7 +72,7 @@ mod strategy;
 mod tests;
 mod views;
 
-pub use handles::{DirtyView, FaultKind, FaultOutcome, VcpuMmu};
+pub use handles::{DirtyView, FaultKind, FaultOutcome, PageFetch, VcpuMmu};
 pub use host::{HostMemory, IdentityHost};
 pub use policy::{
     DirtyMode, FaultPath, HugePageRecovery, HwDirtyBlocks, MmuPolicy, ParseDirtyModeError, Protect,

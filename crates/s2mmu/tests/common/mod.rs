@@ -5,7 +5,7 @@ pub mod model;
 
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::tlb::TlbRecorder;
-use s2mmu::{HostMmOps, PageCache, PageTable, PteFormat};
+use s2mmu::{HostMmOps, MapOptions, PageCache, PageTable, Prot, PteFormat};
 use std::sync::Arc;
 
 /// A table with a recording TLB backend.
@@ -30,6 +30,15 @@ pub fn fixture_for<F: PteFormat>(fmt: F) -> Fixture<F> {
 }
 
 impl<F: PteFormat> Fixture<F> {
+    /// Maps `[ipa, ipa + size)` read-write to `pa` in pages only (no
+    /// block), tables from the fixture's cache.
+    pub fn map_pages(&mut self, ipa: u64, size: u64, pa: u64) {
+        let force = MapOptions { force_pages: true };
+        self.pt
+            .map(ipa, size, pa, Prot::RW, &mut self.cache, force)
+            .unwrap();
+    }
+
     /// Table pages allocated and not freed or waiting for reclamation must
     /// be exactly those reachable from the root plus those in the cache.
     pub fn assert_no_leak(&self) {

@@ -5,11 +5,7 @@
 
 use super::mode::{DirtyStrategy, StrategyHost};
 use crate::dirty::DirtyBitmap;
-use crate::format::PteFormat;
 use crate::mmu::policy::{HwDirtyBlocks, Protect, EAGER_SPLIT_CHUNK};
-use crate::pgtable::PageTable;
-use crate::table::MmOps;
-use crate::tlb::TlbBatch;
 use crate::Result;
 
 /// The hardware-scan strategy.
@@ -28,31 +24,6 @@ pub(super) fn hw_split_chunk(blocks: HwDirtyBlocks, eager: Option<u64>) -> Optio
     }
 }
 
-/// Freezes the leaves of `[ipa, ipa + len)` (slot `id`, whose guest range
-/// starts at `slot_base`) so the hardware can no longer dirty them, and
-/// marks in the slot's bitmap the pages of those it had dirtied, before
-/// they are unmapped.
-pub(super) fn salvage_leaves<H: StrategyHost, F: PteFormat, M: MmOps>(
-    host: &H,
-    pt: &PageTable<F, M>,
-    id: u16,
-    slot_base: u64,
-    ipa: u64,
-    len: u64,
-) -> Result<()> {
-    let bitmap = host.slot_bitmap(id);
-    let shift = host.page_shift();
-    pt.freeze_hw_dirty(ipa, len, |leaf, size| {
-        if let Some(b) = &bitmap {
-            let first = (leaf.max(slot_base) - slot_base) >> shift;
-            for p in first..first + (size >> shift) {
-                b.mark(p);
-            }
-        }
-    })?;
-    Ok(())
-}
-
 impl DirtyStrategy for HwScan {
     fn protect(&self) -> Option<Protect> {
         Some(self.protect)
@@ -67,33 +38,11 @@ impl DirtyStrategy for HwScan {
         self.blocks == HwDirtyBlocks::SplitFirst
     }
 
-    fn protect_range<F: PteFormat, M: MmOps>(
-        &self,
-        pt: &mut PageTable<F, M>,
-        ipa: u64,
-        size: u64,
-        batch: &mut TlbBatch<'_>,
-    ) -> Result<u64> {
-        pt.clean_hw_dirty_batched(ipa, size, batch)
-    }
-
-    fn masked_clear(&self) -> bool {
+    fn hardware_dirty(&self) -> bool {
         true
     }
 
     fn sync<H: StrategyHost>(&self, host: &H, id: u16, b: &DirtyBitmap) -> Result<()> {
         host.scan_hw_dirty(id, b)
-    }
-
-    fn salvage<H: StrategyHost, F: PteFormat, M: MmOps>(
-        &self,
-        host: &H,
-        pt: &PageTable<F, M>,
-        id: u16,
-        slot_base: u64,
-        ipa: u64,
-        len: u64,
-    ) -> Result<()> {
-        salvage_leaves(host, pt, id, slot_base, ipa, len)
     }
 }

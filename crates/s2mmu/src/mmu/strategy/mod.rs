@@ -127,7 +127,17 @@ impl<P: Platform> Strategy<P> {
         dispatch!(self, s => DirtyStrategy::splits_on_clear(s, eager))
     }
 
-    /// See [`DirtyStrategy::protect_range`].
+    /// See [`DirtyStrategy::hardware_dirty`].
+    fn hardware_dirty(&self) -> bool {
+        dispatch!(self, s => DirtyStrategy::hardware_dirty(s))
+    }
+
+    /// Protects `[ipa, ipa + size)` for the next round of logging: cleans
+    /// the leaves with hardware dirty state, clears write permission
+    /// otherwise.
+    ///
+    /// # Errors
+    /// The table's error.
     pub(super) fn protect_range<F: PteFormat, M: MmOps>(
         &self,
         pt: &mut PageTable<F, M>,
@@ -135,12 +145,17 @@ impl<P: Platform> Strategy<P> {
         size: u64,
         batch: &mut TlbBatch<'_>,
     ) -> Result<u64> {
-        dispatch!(self, s => DirtyStrategy::protect_range(s, pt, ipa, size, batch))
+        if self.hardware_dirty() {
+            pt.clean_hw_dirty_batched(ipa, size, batch)
+        } else {
+            pt.wrprotect_batched(ipa, size, batch)
+        }
     }
 
-    /// See [`DirtyStrategy::masked_clear`].
+    /// Whether a CLEAR may protect a last-level table's worth of pages in
+    /// one masked walk ([`PageTable::clean_hw_dirty_masked`]).
     pub(super) fn masked_clear(&self) -> bool {
-        dispatch!(self, s => DirtyStrategy::masked_clear(s))
+        self.hardware_dirty()
     }
 
     /// See [`DirtyStrategy::sync`].
@@ -148,7 +163,12 @@ impl<P: Platform> Strategy<P> {
         dispatch!(self, s => DirtyStrategy::sync(s, host, id, b))
     }
 
-    /// See [`DirtyStrategy::salvage`].
+    /// Before the leaves of `[ipa, ipa + len)` (slot `id`, whose guest
+    /// range starts at `slot_base`) are unmapped: with hardware dirty
+    /// state, moves what only they hold into the slot's bitmap.
+    ///
+    /// # Errors
+    /// The table's error.
     pub(super) fn salvage<H: StrategyHost, F: PteFormat, M: MmOps>(
         &self,
         host: &H,
@@ -158,7 +178,22 @@ impl<P: Platform> Strategy<P> {
         ipa: u64,
         len: u64,
     ) -> Result<()> {
-        dispatch!(self, s => DirtyStrategy::salvage(s, host, pt, id, slot_base, ipa, len))
+        if !self.hardware_dirty() {
+            return Ok(());
+        }
+        // Frozen, the hardware can no longer dirty them; the pages of
+        // those it had dirtied go into the slot's bitmap.
+        let bitmap = host.slot_bitmap(id);
+        let shift = host.page_shift();
+        pt.freeze_hw_dirty(ipa, len, |leaf, size| {
+            if let Some(b) = &bitmap {
+                let first = (leaf.max(slot_base) - slot_base) >> shift;
+                for p in first..first + (size >> shift) {
+                    b.mark(p);
+                }
+            }
+        })?;
+        Ok(())
     }
 
     /// See [`DirtyStrategy::before_slot_unmap`].

@@ -4,16 +4,12 @@
 
 use super::pml_log::PmlLog;
 use crate::dirty::{DirtyBitmap, DirtyRing};
-use crate::format::PteFormat;
 use crate::mmu::policy::Protect;
-use crate::pgtable::PageTable;
-use crate::table::MmOps;
-use crate::tlb::TlbBatch;
 use crate::Result;
 use alloc::sync::Arc;
 
 /// What a mode's hooks ([`DirtyStrategy::sync`],
-/// [`DirtyStrategy::salvage`], [`DirtyStrategy::before_slot_unmap`]) need
+/// [`DirtyStrategy::before_slot_unmap`]) need
 /// of the MMU they serve: the MMU implements it, so a mode depends on this
 /// trait rather than on the MMU's type.
 pub(in crate::mmu) trait StrategyHost {
@@ -75,23 +71,15 @@ pub(super) trait DirtyStrategy {
         eager.is_some()
     }
 
-    /// Protects `[ipa, ipa + size)` for the next round of logging.
+    /// Whether the mode tracks writes by the hardware's dirty state in the
+    /// leaves: then protecting cleans the leaves instead of clearing write
+    /// permission, a CLEAR may protect a last-level table's worth of pages
+    /// in one masked walk ([`PageTable::clean_hw_dirty_masked`]), and the
+    /// dirty state only the leaves hold is salvaged before they are
+    /// unmapped.
     ///
-    /// # Errors
-    /// The table's error.
-    fn protect_range<F: PteFormat, M: MmOps>(
-        &self,
-        pt: &mut PageTable<F, M>,
-        ipa: u64,
-        size: u64,
-        batch: &mut TlbBatch<'_>,
-    ) -> Result<u64> {
-        pt.wrprotect_batched(ipa, size, batch)
-    }
-
-    /// Whether a CLEAR may protect a last-level table's worth of pages in
-    /// one masked walk ([`PageTable::clean_hw_dirty_masked`]).
-    fn masked_clear(&self) -> bool {
+    /// [`PageTable::clean_hw_dirty_masked`]: crate::pgtable::PageTable::clean_hw_dirty_masked
+    fn hardware_dirty(&self) -> bool {
         false
     }
 
@@ -104,26 +92,8 @@ pub(super) trait DirtyStrategy {
         Ok(())
     }
 
-    /// Before the leaves of `[ipa, ipa + len)` (slot `id`, whose guest
-    /// range starts at `slot_base`) are unmapped: moves the dirty state
-    /// only they hold into the slot's bitmap.
-    ///
-    /// # Errors
-    /// The table's error.
-    fn salvage<H: StrategyHost, F: PteFormat, M: MmOps>(
-        &self,
-        _host: &H,
-        _pt: &PageTable<F, M>,
-        _id: u16,
-        _slot_base: u64,
-        _ipa: u64,
-        _len: u64,
-    ) -> Result<()> {
-        Ok(())
-    }
-
     /// Before slot `id` (gfns `base_gfn..end_gfn`) is deleted or moved,
-    /// after [`DirtyStrategy::salvage`] of its range: records what is
+    /// after the dirty state of its leaves is salvaged: records what is
     /// logged elsewhere for its old range.
     fn before_slot_unmap<H: StrategyHost>(
         &self,

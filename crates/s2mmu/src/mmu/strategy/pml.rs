@@ -27,16 +27,12 @@
 //! kick: a flush sees a flag set by the hardware only together with its
 //! entry, as KVM sees a vCPU's log only at an instruction boundary.
 
-use super::hw_scan::{hw_split_chunk, salvage_leaves};
+use super::hw_scan::hw_split_chunk;
 use super::mode::{DirtyStrategy, StrategyHost, VcpuLog};
 use super::pml_log::PmlLog;
 use crate::dirty::DirtyBitmap;
-use crate::format::PteFormat;
 use crate::mmu::policy::{HwDirtyBlocks, Protect};
-use crate::pgtable::PageTable;
 use crate::sync::{Platform, RwLock};
-use crate::table::MmOps;
-use crate::tlb::TlbBatch;
 use crate::{Error, Result};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -85,17 +81,7 @@ impl<P: Platform> DirtyStrategy for PmlLogs<P> {
         true
     }
 
-    fn protect_range<F: PteFormat, M: MmOps>(
-        &self,
-        pt: &mut PageTable<F, M>,
-        ipa: u64,
-        size: u64,
-        batch: &mut TlbBatch<'_>,
-    ) -> Result<u64> {
-        pt.clean_hw_dirty_batched(ipa, size, batch)
-    }
-
-    fn masked_clear(&self) -> bool {
+    fn hardware_dirty(&self) -> bool {
         true
     }
 
@@ -103,18 +89,6 @@ impl<P: Platform> DirtyStrategy for PmlLogs<P> {
     fn sync<H: StrategyHost>(&self, host: &H, _id: u16, _b: &DirtyBitmap) -> Result<()> {
         host.flush_pml_logs(&self.logs.read().clone(), None);
         Ok(())
-    }
-
-    fn salvage<H: StrategyHost, F: PteFormat, M: MmOps>(
-        &self,
-        host: &H,
-        pt: &PageTable<F, M>,
-        id: u16,
-        slot_base: u64,
-        ipa: u64,
-        len: u64,
-    ) -> Result<()> {
-        salvage_leaves(host, pt, id, slot_base, ipa, len)
     }
 
     /// The PML entries of the slot's pages go into its bitmap: their flush

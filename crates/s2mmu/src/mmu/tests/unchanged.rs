@@ -196,11 +196,10 @@ fn logging_on_without_split_memory_succeeds_and_logs() {
     assert_eq!(bm[0], 1 << 3);
 }
 
-/// A CLEAR that runs out of table memory in its second chunk, after the
-/// first chunk's bits were cleared and its pages protected: the bits come
-/// back, so the bitmap is as before and no dirty page is lost.
-#[test]
-fn a_clear_that_fails_in_a_later_chunk_puts_its_bits_back() {
+/// A manually protected, initially set slot of 1 GiB (one CLEAR chunk) of
+/// 2 MiB blocks and one block beyond it, every block mapped and the slot
+/// logging: the MMU, its table-memory budget and the slot's size.
+fn logging_blocks_past_one_chunk() -> (BudgetMmu, Arc<AtomicUsize>, u64) {
     let (m, budget) = mmu(MmuPolicy {
         dirty: DirtyMode::Bitmap {
             protect: Protect::Manual {
@@ -209,7 +208,6 @@ fn a_clear_that_fails_in_a_later_chunk_puts_its_bits_back() {
         },
         ..MmuPolicy::default()
     });
-    // 1 GiB (one CLEAR chunk) of 2 MiB blocks, and one block beyond it.
     let size = (1 << 30) + (2 << 20);
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), size, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
@@ -219,17 +217,38 @@ fn a_clear_that_fails_in_a_later_chunk_puts_its_bits_back() {
             .unwrap();
     }
     m.enable_dirty_logging(0).unwrap();
+    (m, budget, size)
+}
+
+/// A CLEAR of all `size` bytes of slot 0 with `before` as its mask, given
+/// exactly the table memory the first chunk's top-up takes (splitting its
+/// 512 blocks uses it all, and the second chunk's top-up finds none): it
+/// fails for memory, and the bitmap after it is returned.
+fn clear_failing_in_second_chunk(
+    m: &BudgetMmu,
+    budget: &AtomicUsize,
+    size: u64,
+    before: &[u64],
+) -> Vec<u64> {
+    let first = m.with_table(|pt| pt.split_capacity(1 << 30));
+    budget.store(first, Ordering::Relaxed);
+    let r = m.clear_dirty_log(0, 0, size >> 12, before);
+    assert_eq!(r, Err(Error::OutOfMemory), "capacity {first}");
+    let mut after = vec![0u64; before.len()];
+    m.get_dirty_log(0, &mut after).unwrap();
+    after
+}
+
+/// A CLEAR that runs out of table memory in its second chunk, after the
+/// first chunk's bits were cleared and its pages protected: the bits come
+/// back, so the bitmap is as before and no dirty page is lost.
+#[test]
+fn a_clear_that_fails_in_a_later_chunk_puts_its_bits_back() {
+    let (m, budget, size) = logging_blocks_past_one_chunk();
     let words = (size >> 12) as usize / 64;
     let mut before = vec![0u64; words];
     m.get_dirty_log(0, &mut before).unwrap();
-    // Exactly what the first chunk's top-up takes: splitting its 512
-    // blocks uses it all, and the second chunk's top-up finds none.
-    let first = m.with_table(|pt| pt.split_capacity(1 << 30));
-    budget.store(first, Ordering::Relaxed);
-    let r = m.clear_dirty_log(0, 0, size >> 12, &before);
-    assert_eq!(r, Err(Error::OutOfMemory), "capacity {first}");
-    let mut after = vec![0u64; words];
-    m.get_dirty_log(0, &mut after).unwrap();
+    let after = clear_failing_in_second_chunk(&m, &budget, size, &before);
     assert_eq!(after, before, "the first chunk's bits came back");
     // Its pages were split and protected (they fault and log again); the
     // second chunk's block is as it was.
@@ -244,35 +263,14 @@ fn a_clear_that_fails_in_a_later_chunk_puts_its_bits_back() {
 /// log and for the view, which the CLEAR did not touch.
 #[test]
 fn a_clear_beside_views_that_fails_in_a_later_chunk_puts_its_bits_back() {
-    let (m, budget) = mmu(MmuPolicy {
-        dirty: DirtyMode::Bitmap {
-            protect: Protect::Manual {
-                initially_set: true,
-            },
-        },
-        ..MmuPolicy::default()
-    });
-    let size = (1 << 30) + (2 << 20);
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), size, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
-    for b in 0..size / (2 << 20) {
-        m.handle_fault(&mut v, Gpa::new(GPA + b * (2 << 20)), true)
-            .unwrap();
-    }
-    m.enable_dirty_logging(0).unwrap();
+    let (m, budget, size) = logging_blocks_past_one_chunk();
     let view = m.open_dirty_view(0).unwrap();
     let words = (size >> 12) as usize / 64;
     let mut before = vec![0u64; words];
     m.get_dirty_log(0, &mut before).unwrap();
     let mut view_before = vec![0u64; words];
     m.get_dirty_view(view, &mut view_before).unwrap();
-    let first = m.with_table(|pt| pt.split_capacity(1 << 30));
-    budget.store(first, Ordering::Relaxed);
-    let r = m.clear_dirty_log(0, 0, size >> 12, &before);
-    assert_eq!(r, Err(Error::OutOfMemory), "capacity {first}");
-    let mut after = vec![0u64; words];
-    m.get_dirty_log(0, &mut after).unwrap();
+    let mut after = clear_failing_in_second_chunk(&m, &budget, size, &before);
     let lost = before
         .iter()
         .zip(&after)
