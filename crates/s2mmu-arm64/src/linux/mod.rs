@@ -13,8 +13,7 @@
 //! - [`assets`]: the kernel, the initramfs ([`cpio`]) and the Debian
 //!   packages ([`debs`]);
 //! - `runs/`: `s2mmu linux`'s runs ([`run`]), its SGI rate ([`ipi`]) and QEMU's own boot of the
-//!   same guest ([`baseline`]);
-//! - `migration/`: the VM behind the migration library's session.
+//!   same guest ([`baseline`]).
 //!
 //! Each module keeps its path under `linux::` whichever room holds it.
 //!
@@ -39,19 +38,13 @@
 //!   stage-2 fault on a page that has not arrived as its request.
 //! - [`run`]: `s2mmu linux`'s runs from plain settings (the guest's
 //!   configuration, the baseline, the verdict, the dirtier's rate per mode).
-//! - [`session_source`] and [`session_dest`]: the same VM behind the
-//!   migration library's session (`s2mmu_migrate::session`), source and
-//!   destination, over any connection (TLS by default in the CLI);
-//!   [`session_run`] a whole run of `s2mmu migrate --guest linux` with
-//!   them: boot, migrate, check that the guest went on ([`run_error`]
-//!   why it failed);
-//!   [`session_postcopy`] what a post-copy destination reports in FINAL
-//!   and the source's check of it.
+//!
+//! The same VM behind the migration library's session is the
+//! `s2mmu-arm64-migrate` crate's.
 
 pub mod assets;
 mod devices;
 mod machine;
-mod migration;
 mod runs;
 
 pub use assets::{cpio, debs};
@@ -60,11 +53,7 @@ pub use machine::load::{boot, fdt, loader};
 pub use machine::logging::{changes, dirty, el2_inject};
 pub use machine::state::{vcpu_state, vm_state};
 pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
-pub use migration::{
-    console_gap, run_error, session_dest, session_postcopy, session_run, session_source,
-};
 pub use runs::{baseline, compare, ipi, reboot, run};
 
 use devices::{console_echo, timer};
 use machine::{el2, mig_vcpu, placement, shared, vcpu, watch};
-use migration::console_watch;

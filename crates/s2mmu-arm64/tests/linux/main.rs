@@ -1,8 +1,7 @@
 //! The Linux guest under the engine: its host-side pieces against the real
-//! tools (`guest`), its boot (`boot`), dirty logging in each mode (`dirty`),
-//! the page changes it makes (`changes`) and the dirty-rate limit
-//! (`dirty_limit`). One binary: its tests take QEMU one at a time
-//! (`common::serial`).
+//! tools (`guest`), its boot (`boot`), dirty logging in each mode (`dirty`)
+//! and the page changes it makes (`changes`). One binary: its tests take
+//! QEMU one at a time (`common::serial`).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -10,5 +9,4 @@ mod common;
 mod boot;
 mod changes;
 mod dirty;
-mod dirty_limit;
 mod guest;

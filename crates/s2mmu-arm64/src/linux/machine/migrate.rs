@@ -45,7 +45,7 @@ mod engine;
 mod engine_log;
 mod restore;
 pub use clock::RestoreClock;
-pub(crate) use engine_log::EngineLog;
+pub use engine_log::EngineLog;
 
 /// How long a pause may take (a loaded 2-core host runs QEMU slowly).
 const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
@@ -361,6 +361,17 @@ impl LinuxVm {
         self.run
             .as_ref()
             .ok_or_else(|| VmError::new("the VM has no state yet (never booted or restored)"))
+    }
+
+    /// The QEMU machine the VM runs on now (a VM that takes a guest back
+    /// starts a new one at its first write).
+    pub fn machine(&self) -> &Arc<Machine> {
+        &self.machine
+    }
+
+    /// Whether the vCPUs are paused (or have never run).
+    pub fn is_paused(&self) -> bool {
+        self.paused
     }
 
     /// vCPUs.

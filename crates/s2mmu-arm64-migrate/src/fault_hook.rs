@@ -4,7 +4,7 @@
 //! sides' session code uses it (the source's VM wraps its page fetch in
 //! post-copy, the destination reads it at STATE), so it sits below both.
 
-use crate::machine::Machine;
+use s2mmu_arm64::machine::Machine;
 use s2mmu_migrate::vm::PageFetch;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

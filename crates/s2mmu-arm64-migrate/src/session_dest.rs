@@ -5,14 +5,14 @@
 //! with CNTVOFF set so that its virtual time goes on without a jump
 //! (`LinuxVm::load_guest_state`).
 
-use super::fault_hook::{kill_self, EXIT_IN_POSTCOPY, FAULT_AT_STATE, KILL_QEMU_IN_POSTCOPY};
-use crate::linux::dirty::HarvestConfig;
-use crate::linux::migrate::LinuxVm;
-use crate::linux::session_postcopy::{untouched_digest, LinuxFinal};
-use crate::linux::session_source::{LinuxSessionVm, LINUX_BACKING};
-use crate::linux::vm::{self, Engine, LinuxConfig};
-use crate::linux::vm_state::LinuxState;
-use crate::machine::RamPages;
+use crate::fault_hook::{kill_self, EXIT_IN_POSTCOPY, FAULT_AT_STATE, KILL_QEMU_IN_POSTCOPY};
+use crate::session_postcopy::{untouched_digest, LinuxFinal};
+use crate::session_source::{LinuxSessionVm, LINUX_BACKING};
+use s2mmu_arm64::linux::dirty::HarvestConfig;
+use s2mmu_arm64::linux::migrate::LinuxVm;
+use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig};
+use s2mmu_arm64::linux::vm_state::LinuxState;
+use s2mmu_arm64::machine::RamPages;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
@@ -196,7 +196,7 @@ impl DestGuest for LinuxDestGuest {
             let mut vm = self.vm.lock();
             // A machine whose QEMU is gone takes no state: that is what
             // failed, not the state.
-            vm.machine
+            vm.machine()
                 .check_alive()
                 .map_err(|e| refuse(format!("its QEMU machine: {e}")))?;
             vm.load_guest_state(&state.0)
@@ -224,7 +224,7 @@ fn fault_at_state(vm: &LinuxSessionVm) {
             eprintln!(
                 "s2mmu: {FAULT_AT_STATE}=kill-qemu: the destination's QEMU machine is killed at STATE"
             );
-            vm.lock().machine.kill_qemu();
+            vm.lock().machine().kill_qemu();
         }
         // These fire later, in the page-fetch hook.
         Some(EXIT_IN_POSTCOPY | KILL_QEMU_IN_POSTCOPY) => {}

@@ -14,9 +14,9 @@
 //! memory with the destination's bitmap and requires it equal
 //! ([`verify_final`]).
 
-use crate::linux::memory::{digest_of, LinuxRam};
-use crate::linux::vm;
-use crate::linux::vm_state::LinuxState;
+use s2mmu_arm64::linux::memory::{digest_of, LinuxRam};
+use s2mmu_arm64::linux::vm;
+use s2mmu_arm64::linux::vm_state::LinuxState;
 use s2mmu_migrate::session::postcopy::Final;
 use s2mmu_migrate::stream_error::MigrateError;
 

@@ -23,12 +23,12 @@ use common::counter::{config, wait_lines};
 use common::pure_postcopy::{check_b_goes_on, PurePostcopy};
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::page_fetch::PageFetch;
-use s2mmu_arm64::linux::session_dest::LinuxDest;
-use s2mmu_arm64::linux::session_run::{
+use s2mmu_arm64::linux::vm::{StopReason, RAM_SLOT};
+use s2mmu_arm64_migrate::session_dest::LinuxDest;
+use s2mmu_arm64_migrate::session_run::{
     self, GuestProgram, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
-use s2mmu_arm64::linux::session_source::LinuxSource;
-use s2mmu_arm64::linux::vm::{StopReason, RAM_SLOT};
+use s2mmu_arm64_migrate::session_source::LinuxSource;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::session::postcopy::Postcopy;
