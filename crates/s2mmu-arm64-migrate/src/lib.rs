@@ -1,7 +1,7 @@
 //! The arm64 model's Linux guest ([`s2mmu_arm64::linux::migrate::LinuxVm`])
-//! behind the migration library's session (`s2mmu_migrate::session`): the
-//! adapters between the two crates, so that the platform crate knows
-//! nothing of migration and the library nothing of arm64.
+//! behind the migration library's session (`s2mmu_migrate::session`): what
+//! joins the two crates, so that the platform crate knows nothing of
+//! migration and the library nothing of arm64.
 //!
 //! - [`session_source`] and [`session_dest`]: the VM as the session's
 //!   source and destination, over any connection (TLS by default in the
@@ -9,6 +9,8 @@
 //!   FINAL and the source's check of it;
 //! - [`session_run`]: a whole run of `s2mmu migrate --guest linux`: boot,
 //!   migrate, check that the guest went on ([`run_error`] why it failed);
+//! - [`state`]: the VM's state in the migration encoding (a STATE body);
+//!   [`ram`]: its guest RAM as the session's `GuestRam`;
 //! - [`console_gap`]: the guest's console across a migration, and its
 //!   largest gap.
 //!
@@ -32,9 +34,11 @@
 pub mod console_gap;
 mod console_watch;
 mod fault_hook;
+pub mod ram;
 pub mod run_error;
 pub mod session_dest;
 pub mod session_postcopy;
 pub mod session_run;
 pub mod session_source;
 mod source_resume;
+pub mod state;

@@ -11,7 +11,6 @@ use crate::session_source::{LinuxSessionVm, LINUX_BACKING};
 use s2mmu_arm64::linux::dirty::HarvestConfig;
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig};
-use s2mmu_arm64::linux::vm_state::LinuxState;
 use s2mmu_arm64::machine::RamPages;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::stream_error::MigrateError;
@@ -175,10 +174,12 @@ impl DestGuest for LinuxDestGuest {
         at_byte: u64,
     ) -> Result<CheckedState, MigrateError> {
         let vcpus = usize::try_from(header.vcpus).unwrap_or(usize::MAX);
-        LinuxState::decode(body, vcpus, header.mem_size).map_err(|e| MigrateError::Malformed {
-            record: "STATE",
-            at_byte,
-            why: format!("the Linux guest's state: {e}"),
+        crate::state::linux::decode(body, vcpus, header.mem_size).map_err(|e| {
+            MigrateError::Malformed {
+                record: "STATE",
+                at_byte,
+                why: format!("the Linux guest's state: {e}"),
+            }
         })?;
         // The resume comes next: the blank machine's CPUs leave their park
         // now, while the digests are made.
@@ -199,10 +200,11 @@ impl DestGuest for LinuxDestGuest {
             vm.machine()
                 .check_alive()
                 .map_err(|e| refuse(format!("its QEMU machine: {e}")))?;
-            vm.load_guest_state(&state.0)
+            crate::state::load(&mut vm, &state.0)
                 .map_err(|e| MigrateError::BadState { why: e.to_string() })?;
-            vm.resume_vcpus()
-                .map_err(|e| MigrateError::BadState { why: e.to_string() })?;
+            vm.resume_vcpus().map_err(|e| MigrateError::BadState {
+                why: crate::state::vm_error(e).to_string(),
+            })?;
         }
         Ok(LinuxRunning {
             vm: self.vm.clone(),
@@ -282,7 +284,7 @@ impl ResumedGuest for LinuxRunning {
         // The guest is paused: its whole state, the pages it wrote since
         // the resume and the digest of the others (empty if any cannot be
         // had; the source's check of FINAL then refuses it by name).
-        let state = self.vm.lock().guest_state();
+        let state = crate::state::save(&mut self.vm.lock());
         let written = self.vm.take_written();
         let (Ok(state), Ok(written)) = (state, written) else {
             return Vec::new();

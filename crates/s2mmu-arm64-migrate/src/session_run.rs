@@ -338,7 +338,7 @@ pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, Linu
     let resumed = |e| source_resume::after_failure(s.program.counts(), &src, e);
     let (o, d, b) = in_process(s, &src, cfg).map_err(resumed)?;
     let mut a = src.vm().lock();
-    let state_bytes = a.guest_state().map_or(0, |v| v.len());
+    let state_bytes = crate::state::save(&mut a).map_or(0, |v| v.len());
     let mut b = b.lock();
     let dest = Some((d, b.restore_clock()));
     let ram = (a.ram_backing().clone(), Some(b.ram_backing().clone()));
@@ -460,7 +460,7 @@ pub fn source_to(
             "the source's guest printed after the switch".into(),
         ));
     }
-    let state_bytes = a.guest_state().map_or(0, |v| v.len());
+    let state_bytes = crate::state::save(&mut a).map_or(0, |v| v.len());
     let gap = ConsoleGap::of_machines(&a, None);
     let ram = (a.ram_backing().clone(), None);
     drop(a);

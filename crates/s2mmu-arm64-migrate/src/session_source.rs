@@ -5,8 +5,8 @@
 //! checksummed Linux state of `vm_state`). The destination side is
 //! `session_dest`.
 
+use crate::ram::LinuxGuestRam;
 use s2mmu_arm64::linux::dirty_limit::{DirtyLimit, DirtyLimitCounters};
-use s2mmu_arm64::linux::memory::LinuxRam;
 use s2mmu_arm64::linux::migrate::EngineLog;
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::vm;
@@ -36,7 +36,7 @@ pub const LINUX_BACKING: &str = "qemu-shared";
 /// sending threads never wait for the lock.
 pub struct LinuxSessionVm {
     vm: Mutex<LinuxVm>,
-    ram: Arc<LinuxRam>,
+    ram: Arc<LinuxGuestRam>,
     log: EngineLog,
     /// The log is on (a post-copy slot at EL2 is made again with it).
     logging: AtomicBool,
@@ -58,7 +58,7 @@ fn vmerr(e: impl std::fmt::Display) -> VmError {
 impl LinuxSessionVm {
     /// `vm` (booted, or blank for a destination) behind the interface.
     pub fn new(vm: LinuxVm) -> LinuxSessionVm {
-        let ram = Arc::new(vm.ram().clone());
+        let ram = Arc::new(LinuxGuestRam::new(vm.ram().clone()));
         let log = vm.engine_log();
         let slots = [RamSlot {
             id: vm::RAM_SLOT,
@@ -147,14 +147,14 @@ impl LinuxSessionVm {
     pub(crate) fn pause_vcpus(&self) {
         self.wake_service();
         if let Err(e) = self.lock().pause_vcpus() {
-            eprintln!("linux guest: pause: {e}");
+            eprintln!("linux guest: pause: {}", crate::state::vm_error(e));
         }
     }
 
     /// Runs the vCPUs again.
     pub(crate) fn resume_vcpus(&self) {
         if let Err(e) = self.lock().resume_vcpus() {
-            eprintln!("linux guest: resume: {e}");
+            eprintln!("linux guest: resume: {}", crate::state::vm_error(e));
         }
     }
 
@@ -171,9 +171,9 @@ impl LinuxSessionVm {
 }
 
 impl SessionVm for LinuxSessionVm {
-    type Ram = LinuxRam;
+    type Ram = LinuxGuestRam;
 
-    fn ram(&self) -> &Arc<LinuxRam> {
+    fn ram(&self) -> &Arc<LinuxGuestRam> {
         &self.ram
     }
 
@@ -373,8 +373,7 @@ impl SourceGuest for LinuxSource {
                 },
             });
         }
-        guest
-            .guest_state()
+        crate::state::save(&mut guest)
             .map_err(|e| MigrateError::Setup(format!("the Linux guest's state: {e}")))
     }
 

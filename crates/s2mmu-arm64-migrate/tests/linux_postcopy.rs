@@ -135,9 +135,9 @@ fn missing_page_that_cannot_come_stops_the_destination() {
     let mut vm_a = LinuxVm::boot(&cfg).expect("A boots");
     let a1 = wait_lines(&vm_a, 0, 2, "A");
     vm_a.pause_vcpus().expect("A pauses");
-    let state = vm_a.guest_state().expect("A's state");
+    let state = s2mmu_arm64_migrate::state::save(&mut vm_a).expect("A's state");
     let mut vm_b = LinuxVm::blank(&cfg).expect("B starts");
-    vm_b.load_guest_state(&state).expect("B takes A's state");
+    s2mmu_arm64_migrate::state::load(&mut vm_b, &state).expect("B takes A's state");
     let gone = Arc::new(Gone(AtomicU64::new(0)));
     vm_b.set_page_fetch(Some(gone.clone()));
     vm_b.resume_vcpus().expect("B starts its vCPU");

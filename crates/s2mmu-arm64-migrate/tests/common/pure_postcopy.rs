@@ -6,7 +6,7 @@
 //! them; with every page missing, B's guest faults on pages that have
 //! not come yet.
 
-use s2mmu_arm64::linux::memory::LinuxRam;
+use s2mmu_arm64_migrate::ram::LinuxGuestRam;
 use s2mmu_arm64_migrate::session_source::{LinuxSessionVm, LinuxSource};
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::postcopy::Final;
@@ -20,8 +20,8 @@ use std::sync::Arc;
 pub struct EveryPageDirty(Arc<LinuxSessionVm>);
 
 impl SessionVm for EveryPageDirty {
-    type Ram = LinuxRam;
-    fn ram(&self) -> &Arc<LinuxRam> {
+    type Ram = LinuxGuestRam;
+    fn ram(&self) -> &Arc<LinuxGuestRam> {
         self.0.ram()
     }
     fn slots(&self) -> &[RamSlot] {

@@ -48,7 +48,7 @@ mod machine;
 mod runs;
 
 pub use assets::{cpio, debs};
-pub use devices::{bus, console_input, gic, mmio, psci, uart};
+pub use devices::{bus, console_input, gic, gic_state, mmio, psci, uart};
 pub use machine::load::{boot, fdt, loader};
 pub use machine::logging::{changes, dirty, el2_inject};
 pub use machine::state::{vcpu_state, vm_state};
