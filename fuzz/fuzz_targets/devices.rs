@@ -20,7 +20,7 @@ use s2mmu_arm64::linux::gic_frames::{GicDistributor, GicRedistributors};
 use s2mmu_arm64::linux::mmio::{self, MmioDecode};
 use s2mmu_arm64::linux::psci::{self, PsciCall};
 use s2mmu_arm64::linux::uart::{Uart, UartOutput, UART_REGS};
-use s2mmu_arm64::linux::vm_state::{gic_load, gic_save, LinuxState};
+use s2mmu_arm64_migrate::state::linux::{decode, gic_load, gic_save};
 use std::sync::Arc;
 
 const GICD: u64 = 0x0800_0000;
@@ -160,6 +160,6 @@ fuzz_target!(|data: &[u8]| {
     gic_save(&loaded, &mut again);
     assert_eq!(saved, again);
     // The input as a migrated state: refused or loaded, never a panic.
-    let _ = LinuxState::decode(data, vcpus, 64 << 20);
+    let _ = decode(data, vcpus, 64 << 20);
     let _ = gic_load(data, vcpus);
 });

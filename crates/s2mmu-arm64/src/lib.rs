@@ -34,8 +34,9 @@
 //! - [`workload::run_dirty_log`]: dirty logging of a running guest, every
 //!   pass checked against what the guest wrote;
 //! - [`linux`]: Debian's arm64 Linux as the guest: [`linux::vm::run`]
-//!   boots it, [`linux::migrate::LinuxVm`] pauses, saves and restores it,
-//!   [`linux::session_run`] migrates it through `s2mmu-migrate`'s session;
+//!   boots it, [`linux::migrate::LinuxVm`] pauses, saves and restores it
+//!   (the `s2mmu-arm64-migrate` crate migrates it through `s2mmu-migrate`'s
+//!   session);
 //! - [`available`]: whether the model can run here, and why not.
 //!
 //! Dirty logging on the model (QEMU and the EL2 image needed, so not run

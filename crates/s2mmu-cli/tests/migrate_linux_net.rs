@@ -16,7 +16,7 @@
 mod cli_common;
 
 use cli_common::{require_linux, spawn_listening};
-use s2mmu_arm64::linux::session_run;
+use s2mmu_arm64_migrate::session_run;
 use s2mmu_migrate::transport as net;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

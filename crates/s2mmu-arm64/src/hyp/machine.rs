@@ -196,7 +196,7 @@ impl Machine {
 
     /// Kills QEMU (SIGKILL) and reaps it, as a crash would end it: every
     /// later [`Machine::check_alive`] fails by name.
-    pub(crate) fn kill_qemu(&self) {
+    pub fn kill_qemu(&self) {
         let mut c = self.child.lock().unwrap_or_else(|p| p.into_inner());
         let _ = c.kill();
         let _ = c.wait();

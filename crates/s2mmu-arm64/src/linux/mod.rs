@@ -9,13 +9,12 @@
 //!   `machine/load/`, what puts a guest in its RAM ([`boot`], [`loader`],
 //!   [`fdt`]); in `machine/logging/`, [`dirty`] logging and the
 //!   [`changes`] the host makes; the brakes of [`dirty_limit`]; in
-//!   `machine/state/`, its state in the migration encoding
+//!   `machine/state/`, its state as plain values
 //!   ([`vcpu_state`], [`vm_state`]);
 //! - [`assets`]: the kernel, the initramfs ([`cpio`]) and the Debian
 //!   packages ([`debs`]);
 //! - `runs/`: `s2mmu linux`'s runs ([`run`]), its SGI rate ([`ipi`]) and QEMU's own boot of the
-//!   same guest ([`baseline`]);
-//! - `migration/`: the VM behind the migration library's session.
+//!   same guest ([`baseline`]).
 //!
 //! Each module keeps its path under `linux::` whichever room holds it.
 //!
@@ -35,24 +34,18 @@
 //! - [`vm`]: the Linux VM ([`vm::run`]), its vCPU threads in `vcpu`.
 //! - [`migrate`]: the same VM paused, saved and restored (its own
 //!   `pause_vcpus`, `guest_state`, ...); [`vcpu_state`] and [`vm_state`]
-//!   are its state in the migration encoding; [`memory`] its RAM as one
+//!   are its state as plain values; [`memory`] its RAM as one
 //!   mapping (bulk copies, the parallel digest); [`page_fetch`] the
 //!   stage-2 fault on a page that has not arrived as its request.
 //! - [`run`]: `s2mmu linux`'s runs from plain settings (the guest's
 //!   configuration, the baseline, the verdict, the dirtier's rate per mode).
-//! - [`session_source`] and [`session_dest`]: the same VM behind the
-//!   migration library's session (`s2mmu_migrate::session`), source and
-//!   destination, over any connection (TLS by default in the CLI);
-//!   [`session_run`] a whole run of `s2mmu migrate --guest linux` with
-//!   them: boot, migrate, check that the guest went on ([`run_error`]
-//!   why it failed);
-//!   [`session_postcopy`] what a post-copy destination reports in FINAL
-//!   and the source's check of it.
+//!
+//! The same VM behind the migration library's session is the
+//! `s2mmu-arm64-migrate` crate's.
 
 pub mod assets;
 mod devices;
 mod machine;
-mod migration;
 mod runs;
 
 pub use assets::{cpio, debs};
@@ -61,11 +54,7 @@ pub use machine::load::{boot, fdt, loader};
 pub use machine::logging::{changes, dirty, el2_inject};
 pub use machine::state::{vcpu_state, vm_state};
 pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
-pub use migration::{
-    console_gap, run_error, session_dest, session_postcopy, session_run, session_source,
-};
 pub use runs::{baseline, compare, ipi, reboot, run};
 
 use devices::{console_echo, set};
 use machine::{el2, mig_vcpu, placement, power, shared, vcpu, watch};
-use migration::console_watch;

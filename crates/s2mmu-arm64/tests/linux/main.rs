@@ -1,7 +1,7 @@
 //! The Linux guest under the engine: its host-side pieces against the real
 //! tools (`guest`), its boot (`boot`), dirty logging in each mode (`dirty`),
-//! the page changes it makes (`changes`), the dirty-rate limit
-//! (`dirty_limit`) and SGIs between its vCPUs (`ipi`). One binary: its tests take QEMU one at a time
+//! the page changes it makes (`changes`) and SGIs between its vCPUs
+//! (`ipi`). One binary: its tests take QEMU one at a time
 //! (`common::serial`).
 
 #[path = "../common/mod.rs"]
@@ -10,6 +10,5 @@ mod common;
 mod boot;
 mod changes;
 mod dirty;
-mod dirty_limit;
 mod guest;
 mod ipi;

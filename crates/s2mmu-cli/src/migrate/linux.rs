@@ -10,7 +10,7 @@
 //! small step a second: the destination must print the next step) or
 //! `dirtier` (`--linux-run dirtier`: writes as fast as it can and
 //! re-checks every page: the destination must print its `ok`). The run
-//! itself is the arm64 crate's ([`s2mmu_arm64::linux::session_run`]);
+//! itself is the arm64 migration crate's ([`s2mmu_arm64_migrate::session_run`]);
 //! this module holds the flags' checks, the guest's choice and the report.
 
 use super::linux_net;
@@ -20,13 +20,13 @@ use super::Params;
 use crate::flags::flag;
 use crate::report::{emit, Report};
 use s2mmu_arm64::linux::assets::{self, AssetOptions};
-use s2mmu_arm64::linux::console_gap::ConsoleGap;
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::migrate::RestoreClock;
-use s2mmu_arm64::linux::session_run::{
+use s2mmu_arm64::machine::RamPages;
+use s2mmu_arm64_migrate::console_gap::ConsoleGap;
+use s2mmu_arm64_migrate::session_run::{
     self, GuestProgram, LinuxRun, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
-use s2mmu_arm64::machine::RamPages;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::source::SourceOutcome;
 use std::time::Duration;

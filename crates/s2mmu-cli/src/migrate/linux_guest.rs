@@ -3,8 +3,8 @@
 //! identity in the HEADER (a destination given the same files refuses any
 //! other guest), and both machines' consoles kept and shown.
 
-use s2mmu_arm64::linux::session_run::{GuestProgram, RunSettings};
 use s2mmu_arm64::linux::vm::LinuxConfig;
+use s2mmu_arm64_migrate::session_run::{GuestProgram, RunSettings};
 use s2mmu_migrate::wire::IMAGE_ID_LEN;
 use std::io::Read;
 use std::path::{Path, PathBuf};

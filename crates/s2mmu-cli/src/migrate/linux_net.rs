@@ -1,14 +1,14 @@
 //! `s2mmu migrate --guest linux` in two processes: `--listen ADDR` starts
 //! its own QEMU machine from the HEADER; `--to ADDR` boots the guest and
 //! sends it, secured as the simulated guest's two processes are. The run
-//! is the arm64 crate's ([`s2mmu_arm64::linux::session_run`]); this module
+//! is the arm64 migration crate's ([`s2mmu_arm64_migrate::session_run`]); this module
 //! prints what each side saw.
 
 use s2mmu_arm64::linux::migrate::LinuxVm;
-use s2mmu_arm64::linux::session_run::{
+use s2mmu_arm64::linux::vm::LinuxConfig;
+use s2mmu_arm64_migrate::session_run::{
     self, GuestProgram, LinuxRun, ListenEvent, RunSettings, WentOn,
 };
-use s2mmu_arm64::linux::vm::LinuxConfig;
 
 /// `--to ADDR`: migrates the guest `a` (booted here) to `addr`.
 ///

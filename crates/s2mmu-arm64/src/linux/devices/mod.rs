@@ -3,10 +3,8 @@
 //! frames and the console UART), a data abort's decoding, PSCI over HVC
 //! behind the machine's power control, and the timer. A device with state
 //! reads it out and is built again from it as plain values (`Gic::state`,
-//! `Uart::state`, `VirtualTimer::save`); `gic_state` and `uart_state`
-//! encode those as a migration's sections ([`DeviceState`]).
-
-use s2mmu_migrate::state::StateError;
+//! `Uart::state`, `VirtualTimer::save`); a migration encodes them in a
+//! crate above this one.
 
 pub mod bus;
 pub(crate) mod console_echo;
@@ -14,25 +12,8 @@ pub mod console_input;
 pub mod gic;
 pub mod gic_frames;
 pub mod gic_snapshot;
-mod gic_state;
 pub mod mmio;
 pub mod psci;
 pub(crate) mod set;
 pub mod timer;
 pub mod uart;
-mod uart_state;
-
-/// A device that saves its own state as the bytes of one section and
-/// builds itself again from them.
-pub(crate) trait DeviceState: Sized {
-    /// What the device is built for besides its bytes (the GIC: its vCPUs).
-    type Shape;
-    /// Appends the device's state.
-    fn save(&self, out: &mut Vec<u8>);
-    /// The device with the state `bytes` hold, for section `tag`.
-    ///
-    /// # Errors
-    /// Truncated or left-over bytes, or a value the device cannot hold
-    /// ([`StateError::BadSection`] naming `tag`).
-    fn load(bytes: &[u8], shape: Self::Shape, tag: u32) -> Result<Self, StateError>;
-}

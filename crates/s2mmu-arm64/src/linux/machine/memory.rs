@@ -7,6 +7,7 @@
 use crate::machine::SharedRam;
 use crate::{Arm64Error, Result};
 use std::sync::Arc;
+use twox_hash::XxHash3_64;
 
 /// Bytes of a guest page.
 pub const PAGE: usize = 4096;
@@ -18,15 +19,29 @@ const CHUNK_PAGES: usize = 16;
 /// Most threads a digest uses.
 const MAX_THREADS: usize = 16;
 
-/// The hash of one page: the migration stream's (XXH3-64 seeded with
-/// the page's guest-physical address), so a Linux VM's digest is the one
-/// the network session computes.
-pub use s2mmu_migrate::hash::page_hash;
+/// The hash of one page: XXH3-64 of its bytes seeded with the page's
+/// guest-physical address. It is the migration stream's page hash, so a
+/// Linux VM's digest is the one a migration computes (the
+/// `s2mmu-arm64-migrate` crate's tests hold the two equal).
+pub fn page_hash(data: &[u8], gpa: u64) -> u64 {
+    XxHash3_64::oneshot_with_seed(gpa, data)
+}
 
-/// The digest of a memory from its page hashes in page order: the
-/// migration stream's, so a Linux VM's digest is the one the network
-/// session computes.
-pub use s2mmu_migrate::hash::digest_of;
+/// The digest of a memory from its page hashes in page order: XXH3-64 of
+/// their little-endian bytes (the migration stream's slot digest).
+pub fn digest_of(page_hashes: &[u64]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = XxHash3_64::with_seed(0);
+    // 4 KiB of hashes at a time: no copy of them all is made.
+    for chunk in page_hashes.chunks(512) {
+        let mut buf = [0u8; 512 * 8];
+        for (b, v) in buf.chunks_exact_mut(8).zip(chunk) {
+            b.copy_from_slice(&v.to_le_bytes());
+        }
+        h.write(&buf[..chunk.len() * 8]);
+    }
+    h.finish()
+}
 
 /// A Linux VM's guest RAM: `size` bytes of the machine's shared RAM from
 /// physical address `base`, which the guest sees at `gpa`.
@@ -212,25 +227,5 @@ impl LinuxRam {
         hashes.resize(self.pages() as usize, 0);
         self.page_hashes(0, &mut hashes);
         Ok(digest_of(&hashes))
-    }
-}
-
-// SAFETY: the mapping is page-aligned (checked in `new`), `size` bytes
-// long, and lives as long as `self.ram`; the guest's accesses through
-// QEMU are its CPUs' loads and stores (naturally aligned accesses of at
-// most 8 bytes, single-copy atomic on the host), and this crate's own are
-// atomic words or byte copies.
-unsafe impl s2mmu_migrate::vm::GuestRam for LinuxRam {
-    fn size(&self) -> u64 {
-        self.size
-    }
-    fn host_span(&self, offset: u64) -> Option<(u64, u64)> {
-        (offset < self.size).then(|| (self.ptr as u64 + offset, self.size - offset))
-    }
-    fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
-        LinuxRam::read_into(self, offset, out)
-    }
-    fn write_from(&self, offset: u64, data: &[u8]) -> bool {
-        LinuxRam::write_from(self, offset, data)
     }
 }

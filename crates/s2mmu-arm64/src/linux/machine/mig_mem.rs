@@ -8,11 +8,11 @@ use crate::linux::migrate::LinuxVm;
 use crate::linux::page_fetch::PageFetch;
 use crate::linux::vm;
 
-use s2mmu_migrate::VmError;
+use crate::{Arm64Error, Result};
 use std::sync::Arc;
 
-fn range_err(first: u64, bytes: usize, pages: u64) -> VmError {
-    VmError::new(format!(
+fn range_err(first: u64, bytes: usize, pages: u64) -> Arm64Error {
+    Arm64Error::Guest(format!(
         "pages {first}..+{} (of {bytes} bytes, whole pages only) outside the guest's {pages} \
          pages",
         bytes.div_ceil(PAGE)
@@ -31,7 +31,7 @@ impl LinuxVm {
     ///
     /// # Errors
     /// A length that is not whole pages, or pages outside guest RAM.
-    pub fn read_pages(&self, first: u64, out: &mut [u8]) -> std::result::Result<(), VmError> {
+    pub fn read_pages(&self, first: u64, out: &mut [u8]) -> Result<()> {
         let ok = out.len().is_multiple_of(PAGE)
             && first
                 .checked_mul(PAGE as u64)
@@ -47,9 +47,11 @@ impl LinuxVm {
     /// # Errors
     /// A running VM, a length that is not whole pages, pages outside guest
     /// RAM, or the new QEMU failing to start; nothing is written then.
-    pub fn write_pages(&mut self, first: u64, data: &[u8]) -> std::result::Result<(), VmError> {
+    pub fn write_pages(&mut self, first: u64, data: &[u8]) -> Result<()> {
         if !self.paused {
-            return Err(VmError::new("pages are written into a paused VM only"));
+            return Err(Arm64Error::Guest(
+                "pages are written into a paused VM only".into(),
+            ));
         }
         let n = (data.len() / PAGE) as u64;
         let fits = data.len().is_multiple_of(PAGE)
@@ -60,7 +62,7 @@ impl LinuxVm {
             return Err(range_err(first, data.len(), self.ram.pages()));
         }
         if self.ran {
-            self.renew().map_err(|e| VmError::new(e.to_string()))?;
+            self.renew()?;
         }
         let ok = self.ram.write_from(first * PAGE as u64, data);
         debug_assert!(ok, "checked above");
@@ -80,10 +82,10 @@ impl LinuxVm {
     ///
     /// # Errors
     /// The hashes' memory cannot be had.
-    pub fn digest(&self) -> std::result::Result<u64, VmError> {
+    pub fn digest(&self) -> Result<u64> {
         match &self.written {
             Some(h) if !self.ran => Ok(digest_of(h)),
-            _ => self.ram.digest().map_err(|e| VmError::new(e.to_string())),
+            _ => self.ram.digest(),
         }
     }
 

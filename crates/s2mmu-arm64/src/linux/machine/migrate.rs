@@ -3,8 +3,8 @@
 //! every RAM page through the engine's fault path), driven step by step:
 //! [`LinuxVm::pause_vcpus`], [`LinuxVm::guest_state`],
 //! [`LinuxVm::load_guest_state`], [`LinuxVm::resume_vcpus`]. The
-//! migration library's session reaches it through `session_source` and
-//! `session_dest`.
+//! `s2mmu-arm64-migrate` crate puts it behind the migration library's
+//! session.
 //!
 //! A pause kicks every running vCPU; at its next exit the host answers
 //! as usual but with ACT_SAVE, and the stub stores the vCPU's registers
@@ -35,7 +35,6 @@ use crate::linux::vm::{self, DeviceLayout, LinuxConfig, Power, Shared, SlotRam, 
 use crate::linux::vm_state::{LinuxState, VcpuPart};
 use crate::machine::{Machine, RamBacking, RamPages};
 use crate::{Arm64Error, Result};
-use s2mmu_migrate::{VmError, PAGE_SIZE};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -46,7 +45,7 @@ mod engine;
 mod engine_log;
 mod restore;
 pub use clock::RestoreClock;
-pub(crate) use engine_log::EngineLog;
+pub use engine_log::EngineLog;
 
 /// How long a pause may take (a loaded 2-core host runs QEMU slowly).
 const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
@@ -103,10 +102,6 @@ pub struct LinuxVm {
     restore_clock: RestoreClock,
 }
 
-fn vmerr(e: impl std::fmt::Display) -> VmError {
-    VmError::new(e.to_string())
-}
-
 impl LinuxVm {
     /// A VM of `cfg.vcpus` vCPUs and `cfg.mem` bytes on a new QEMU that
     /// has not run (a migration's or a snapshot's destination). Its RAM is
@@ -116,7 +111,7 @@ impl LinuxVm {
     /// # Errors
     /// As [`vm::run`] before the guest starts.
     pub fn blank(cfg: &LinuxConfig) -> Result<LinuxVm> {
-        let vm = LinuxVm::blank_with(cfg, PAGE_SIZE as u64)?;
+        let vm = LinuxVm::blank_with(cfg, crate::linux::memory::PAGE as u64)?;
         // Nothing runs here until a state is loaded: the CPUs park (their
         // timer waits cost QEMU's threads CPU that a migration's stream
         // into this machine needs) until `unpark_cpus`. Not in
@@ -349,10 +344,21 @@ impl LinuxVm {
         self.take_down()
     }
 
-    pub(in crate::linux) fn running(&self) -> std::result::Result<&Running, VmError> {
-        self.run
-            .as_ref()
-            .ok_or_else(|| VmError::new("the VM has no state yet (never booted or restored)"))
+    pub(in crate::linux) fn running(&self) -> Result<&Running> {
+        self.run.as_ref().ok_or_else(|| {
+            Arm64Error::Guest("the VM has no state yet (never booted or restored)".into())
+        })
+    }
+
+    /// The QEMU machine the VM runs on now (a VM that takes a guest back
+    /// starts a new one at its first write).
+    pub fn machine(&self) -> &Arc<Machine> {
+        &self.machine
+    }
+
+    /// Whether the vCPUs are paused (or have never run).
+    pub fn is_paused(&self) -> bool {
+        self.paused
     }
 
     /// vCPUs.
@@ -374,7 +380,7 @@ impl LinuxVm {
     /// # Errors
     /// The VM never ran, a vCPU did not stop in time, or the guest
     /// stopped with an error.
-    pub fn pause_vcpus(&mut self) -> std::result::Result<(), VmError> {
+    pub fn pause_vcpus(&mut self) -> Result<()> {
         let r = self.running()?;
         if self.paused {
             return Ok(());
@@ -399,9 +405,9 @@ impl LinuxVm {
                     }
                 }
             })
-            .map_err(VmError::new)?;
+            .map_err(Arm64Error::Guest)?;
         if let Some(StopReason::Error(e)) = self.stopped() {
-            return Err(VmError::new(format!("the guest stopped: {e}")));
+            return Err(Arm64Error::Guest(format!("the guest stopped: {e}")));
         }
         let saved = r
             .ctl
@@ -423,7 +429,7 @@ impl LinuxVm {
     ///
     /// # Errors
     /// The VM has no state, a vCPU did not start, or QEMU died.
-    pub fn resume_vcpus(&mut self) -> std::result::Result<(), VmError> {
+    pub fn resume_vcpus(&mut self) -> Result<()> {
         let r = self.running()?;
         if !self.paused {
             return Ok(());
@@ -454,9 +460,9 @@ impl LinuxVm {
         if let Some(v) = first {
             while VcpuState::entered_at(&mbox[v]) == 0 {
                 if t0.elapsed() > PAUSE_DEADLINE {
-                    return Err(VmError::new(format!("vCPU {v} did not start")));
+                    return Err(Arm64Error::Guest(format!("vCPU {v} did not start")));
                 }
-                self.machine.check_alive().map_err(vmerr)?;
+                self.machine.check_alive()?;
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
@@ -468,15 +474,17 @@ impl LinuxVm {
 }
 
 impl LinuxVm {
-    /// The vCPU and device state of the paused VM: the versioned,
-    /// checksummed Linux state of `vm_state` (a migration's STATE body).
+    /// The vCPU and device state of the paused VM ([`LinuxState`]; the
+    /// `s2mmu-arm64-migrate` crate encodes it as a migration's STATE body).
     ///
     /// # Errors
-    /// The VM is not paused, or the state does not encode.
-    pub fn guest_state(&mut self) -> std::result::Result<Vec<u8>, VmError> {
+    /// The VM has no state or is not paused.
+    pub fn guest_state(&mut self) -> Result<LinuxState> {
         let r = self.running()?;
         if !self.paused {
-            return Err(VmError::new("the VM must be paused to save its state"));
+            return Err(Arm64Error::Guest(
+                "the VM must be paused to save its state".into(),
+            ));
         }
         let g = r.ctl.lock();
         let p = r.sh.cpus.power.lock().unwrap_or_else(|p| p.into_inner());
@@ -488,41 +496,43 @@ impl LinuxVm {
             })
             .collect();
         drop((g, p));
-        let st = LinuxState {
+        Ok(LinuxState {
             vcpus: self.vcpus,
             mem: self.mem,
             vct: self.paused_vct,
             gic: crate::linux::vm_state::gic_copy(&r.sh.devices.gic),
             uart: r.uart.state(),
             cpus,
-        };
-        st.encode().map_err(vmerr)
+        })
     }
 
     /// Loads a state [`LinuxVm::guest_state`] made into this paused VM,
     /// which has not run guest code; it runs from it on
-    /// [`LinuxVm::resume_vcpus`]. Damaged or foreign state is refused
+    /// [`LinuxVm::resume_vcpus`]. State of another VM size is refused
     /// (naming what is wrong) with the VM unchanged.
     ///
     /// # Errors
-    /// The state's decoding error, a VM that is not paused or has run, or
-    /// its vCPU threads not starting.
-    pub fn load_guest_state(&mut self, bytes: &[u8]) -> std::result::Result<(), VmError> {
+    /// A state for another VM size, a VM that is not paused or has run,
+    /// or its vCPU threads not starting.
+    pub fn load_guest_state(&mut self, st: LinuxState) -> Result<()> {
         if !self.paused {
-            return Err(VmError::new("state is restored into a paused VM only"));
+            return Err(Arm64Error::Guest(
+                "state is restored into a paused VM only".into(),
+            ));
         }
         // Every check first: a refused state leaves the VM as it was.
-        let st = LinuxState::decode(bytes, self.vcpus, self.mem).map_err(vmerr)?;
+        st.fits(self.vcpus, self.mem)?;
         if self.ran {
-            return Err(VmError::new(
+            return Err(Arm64Error::Guest(
                 "this QEMU has run guest code: write the guest's memory first (it then \
-                 starts a new QEMU, whose translated-code cache is empty)",
+                 starts a new QEMU, whose translated-code cache is empty)"
+                    .into(),
             ));
         }
         self.unpark_cpus();
-        self.take_down().map_err(vmerr)?;
+        self.take_down()?;
         let t0 = Instant::now();
-        let now = self.counter().map_err(vmerr)?;
+        let now = self.counter()?;
         let t1 = Instant::now();
         let timer = VirtualTimer::restore(&TimerState { vct: st.vct }, now);
         let power = Power {
@@ -530,8 +540,7 @@ impl LinuxVm {
             start: st.cpus.iter().map(|c| c.start).collect(),
         };
         let restore = st.cpus.iter().map(|c| c.regs.clone()).collect();
-        self.start_threads(st.gic, Some(st.uart), power, timer, restore, true)
-            .map_err(vmerr)?;
+        self.start_threads(st.gic, Some(st.uart), power, timer, restore, true)?;
         self.paused_vct = st.vct;
         self.restore_clock = RestoreClock {
             counter: t1 - t0,

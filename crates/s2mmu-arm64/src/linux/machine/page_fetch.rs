@@ -2,8 +2,8 @@
 //! have not arrived are not mapped at stage 2 (a destination maps 4 KiB
 //! pages, so mapping one page never maps a missing neighbour); the
 //! engine's stage-2 translation fault on such a page is its request. The
-//! faulting vCPU's host thread calls the [`PageFetch`] (the migration
-//! session's `Fetcher`) before the engine maps the page and waits there
+//! faulting vCPU's host thread calls the [`PageFetch`] (a migration's
+//! request for the page) before the engine maps the page and waits there
 //! while the other vCPUs run on.
 
 use crate::linux::memory::PAGE;
@@ -14,8 +14,16 @@ use s2mmu::mmu::FaultKind;
 use std::sync::{Arc, RwLock};
 
 /// Where a destination vCPU's translation fault in guest RAM goes first:
-/// the migration library's post-copy hook.
-pub use s2mmu_migrate::vm::PageFetch;
+/// a post-copy migration's request for the page.
+pub trait PageFetch: Send + Sync {
+    /// Returns once the page at `gpa` is in guest memory (at once when it
+    /// is there, else after asking for it and waiting). `vcpu` is the
+    /// faulting vCPU. Returns whether it had to wait (a remote fault).
+    ///
+    /// # Errors
+    /// A reason when the page cannot be had (the connection broke).
+    fn fetch(&self, vcpu: usize, gpa: u64) -> std::result::Result<bool, String>;
+}
 
 /// A hook and the guest-physical range it covers (base, bytes).
 pub(crate) type RangeHook = (Arc<dyn PageFetch>, u64, u64);

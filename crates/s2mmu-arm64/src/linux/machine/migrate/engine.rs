@@ -101,15 +101,12 @@ impl LinuxVm {
 
     /// The engine's dirty log of this machine (the same until a guest
     /// comes back to it and it starts a new QEMU, see `renew`).
-    pub(in crate::linux) fn engine_log(&self) -> EngineLog {
-        match self.placement() {
-            Host::Host(v) => EngineLog::Host(v.mmu().clone()),
-            Host::El2(v) => EngineLog::El2(v.clone()),
-        }
+    pub fn engine_log(&self) -> EngineLog {
+        EngineLog::of(self.placement())
     }
 
     /// The engine's TLBI sink (its service CPU).
-    pub(in crate::linux) fn engine_sink(&self) -> &Arc<HypSink> {
+    pub fn engine_sink(&self) -> &Arc<HypSink> {
         self.placement().sink()
     }
 
@@ -119,7 +116,7 @@ impl LinuxVm {
     ///
     /// # Errors
     /// EL2's refusal.
-    pub(in crate::linux) fn el2_postcopy(&self, logging: bool) -> Result<()> {
+    pub fn el2_postcopy(&self, logging: bool) -> Result<()> {
         match self.placement() {
             Host::Host(_) => Ok(()),
             Host::El2(v) => {

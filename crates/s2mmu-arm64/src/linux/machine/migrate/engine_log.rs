@@ -2,6 +2,7 @@
 //! its dirty log, wherever the engine runs.
 
 use crate::linux::el2::El2Vm;
+use crate::linux::placement::Host;
 use crate::vm::Arm64Mmu;
 use crate::Result;
 use std::sync::Arc;
@@ -10,7 +11,10 @@ use std::sync::Arc;
 /// dirty log: the host placement's MMU, or a handle on the engine at EL2
 /// (whose log runs in manual-protect mode: GET copies, CLEAR protects).
 #[derive(Clone)]
-pub(crate) enum EngineLog {
+pub struct EngineLog(Log);
+
+#[derive(Clone)]
+enum Log {
     /// The engine in this process.
     Host(Arc<Arm64Mmu>),
     /// The engine at EL2.
@@ -18,54 +22,62 @@ pub(crate) enum EngineLog {
 }
 
 impl EngineLog {
+    /// The log of the engine `host` places.
+    pub(super) fn of(host: &Host) -> EngineLog {
+        EngineLog(match host {
+            Host::Host(v) => Log::Host(v.mmu().clone()),
+            Host::El2(v) => Log::El2(v.clone()),
+        })
+    }
+
     /// Turns logging on for `slot`.
-    pub(crate) fn enable(&self, slot: u16) -> Result<()> {
-        match self {
-            EngineLog::Host(m) => Ok(m.enable_dirty_logging(slot).map(|_| ())?),
-            EngineLog::El2(v) => v.enable_dirty_logging(slot),
+    pub fn enable(&self, slot: u16) -> Result<()> {
+        match &self.0 {
+            Log::Host(m) => Ok(m.enable_dirty_logging(slot).map(|_| ())?),
+            Log::El2(v) => v.enable_dirty_logging(slot),
         }
     }
 
     /// Turns logging off for `slot`.
-    pub(crate) fn disable(&self, slot: u16) -> Result<()> {
-        match self {
-            EngineLog::Host(m) => Ok(m.disable_dirty_logging(slot)?),
-            EngineLog::El2(v) => v.disable_dirty_logging(slot),
+    pub fn disable(&self, slot: u16) -> Result<()> {
+        match &self.0 {
+            Log::Host(m) => Ok(m.disable_dirty_logging(slot)?),
+            Log::El2(v) => v.disable_dirty_logging(slot),
         }
     }
 
     /// GET of `slot`'s log into `words` (a bit per page of the slot).
-    pub(crate) fn get(&self, slot: u16, words: &mut [u64]) -> Result<()> {
-        match self {
-            EngineLog::Host(m) => Ok(m.get_dirty_log(slot, words).map(|_| ())?),
-            EngineLog::El2(v) => v.get_dirty_log(slot, words),
+    pub fn get(&self, slot: u16, words: &mut [u64]) -> Result<()> {
+        match &self.0 {
+            Log::Host(m) => Ok(m.get_dirty_log(slot, words).map(|_| ())?),
+            Log::El2(v) => v.get_dirty_log(slot, words),
         }
     }
 
     /// CLEAR of the pages `words` names in `slot`'s pages
     /// `first..first + n`.
-    pub(crate) fn clear(&self, slot: u16, first: u64, n: u64, words: &[u64]) -> Result<()> {
-        match self {
-            EngineLog::Host(m) => Ok(m.clear_dirty_log(slot, first, n, words).map(|_| ())?),
-            EngineLog::El2(v) => v.clear_dirty_log(slot, first, n, words),
+    pub fn clear(&self, slot: u16, first: u64, n: u64, words: &[u64]) -> Result<()> {
+        match &self.0 {
+            Log::Host(m) => Ok(m.clear_dirty_log(slot, first, n, words).map(|_| ())?),
+            Log::El2(v) => v.clear_dirty_log(slot, first, n, words),
         }
     }
 
     /// Whether GET leaves the pages writable until a CLEAR.
-    pub(crate) fn manual_protect(&self) -> bool {
-        match self {
-            EngineLog::Host(m) => m.policy().dirty.manual_protect(),
-            EngineLog::El2(_) => true,
+    pub fn manual_protect(&self) -> bool {
+        match &self.0 {
+            Log::Host(m) => m.policy().dirty.manual_protect(),
+            Log::El2(_) => true,
         }
     }
 
     /// Whether nothing but a harvest's invalidations and a pause's kick
     /// needs the service CPU while the log runs (the host placement with
     /// eager splits): at EL2 the service CPU carries every GET and CLEAR.
-    pub(crate) fn service_idle_while_logging(&self) -> bool {
-        match self {
-            EngineLog::Host(m) => m.policy().eager_split_chunk.is_some(),
-            EngineLog::El2(_) => false,
+    pub fn service_idle_while_logging(&self) -> bool {
+        match &self.0 {
+            Log::Host(m) => m.policy().eager_split_chunk.is_some(),
+            Log::El2(_) => false,
         }
     }
 }

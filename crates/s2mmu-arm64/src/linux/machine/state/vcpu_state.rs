@@ -1,10 +1,9 @@
 //! One Linux vCPU's architectural state as the stub's STATE command and
-//! ACT_SAVE answer move it (asm/state.S), and its bytes in a migration.
+//! ACT_SAVE answer move it (asm/state.S).
 
 use crate::layout::mb;
 use crate::linux::gic::{ICH_HCR_EN, ICH_HCR_UIE, LR_HW, LR_STATE_MASK, NR_IRQS, NR_LRS};
 use crate::machine::Mailbox;
-use s2mmu_migrate::state::{Fields, StateError};
 
 /// The stub's STATE command (asm/state.S).
 pub const CMD_STATE: u64 = 0x20;
@@ -71,9 +70,6 @@ pub const SYSREG_NAMES: [&str; 46] = [
 
 /// Index of CNTV_CTL_EL0 in [`VcpuState::sys`].
 pub const SYS_CNTV_CTL: usize = 37;
-
-/// Bytes of one encoded [`VcpuState`].
-pub const VCPU_STATE_LEN: usize = 8 * (31 + 2 + SYSREG_NAMES.len() + 2) + 16 * 32;
 
 /// A stopped vCPU's registers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,58 +139,21 @@ impl VcpuState {
         mbox.write(AREA + ST_CNTPCT, 0);
     }
 
-    /// The encoded bytes.
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        let words = self.x.iter().chain([&self.pc, &self.pstate]);
-        let words = words
-            .chain(self.sys.iter())
-            .chain([&self.cntvct, &self.cntpct]);
-        for v in words {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for q in &self.q {
-            out.extend_from_slice(&q.to_le_bytes());
-        }
-    }
-
-    /// Decodes one vCPU's state (`tag`: the section, for errors). Checks
-    /// PSTATE: the vCPU must resume in AArch64 EL1 or EL0.
+    /// Whether the stub can load this state: PSTATE must resume AArch64
+    /// EL1 or EL0, and the EL2 interrupt registers must hold what a
+    /// running vCPU's do.
     ///
     /// # Errors
-    /// [`StateError::Truncated`] or [`StateError::BadSection`].
-    pub fn decode(f: &mut Fields<'_>, tag: u32) -> Result<VcpuState, StateError> {
-        let mut s = VcpuState {
-            x: [0; 31],
-            pc: 0,
-            pstate: 0,
-            sys: [0; SYSREG_NAMES.len()],
-            cntvct: 0,
-            cntpct: 0,
-            q: [0; 32],
-        };
-        for (i, v) in s.x.iter_mut().enumerate() {
-            *v = f.u64(&format!("x{i}"))?;
-        }
-        s.pc = f.u64("PC")?;
-        s.pstate = f.u64("PSTATE")?;
-        for (v, name) in s.sys.iter_mut().zip(SYSREG_NAMES) {
-            *v = f.u64(name)?;
-        }
-        s.cntvct = f.u64("CNTVCT")?;
-        s.cntpct = f.u64("CNTPCT")?;
-        for (i, v) in s.q.iter_mut().enumerate() {
-            *v = u128::from_le_bytes(f.array(&format!("q{i}"))?);
-        }
+    /// What is wrong, named.
+    pub fn check(&self) -> Result<(), String> {
         // M[4] = 0 (AArch64), M[3:0] one of EL0t, EL1t, EL1h.
-        if s.pstate & 0x10 != 0 || !matches!(s.pstate & 0xf, 0 | 4 | 5) {
-            return Err(StateError::BadSection {
-                tag,
-                what: format!("PSTATE {:#x} is not AArch64 EL0 or EL1", s.pstate),
-            });
+        if self.pstate & 0x10 != 0 || !matches!(self.pstate & 0xf, 0 | 4 | 5) {
+            return Err(format!(
+                "PSTATE {:#x} is not AArch64 EL0 or EL1",
+                self.pstate
+            ));
         }
-        s.check_ich()
-            .map_err(|what| StateError::BadSection { tag, what })?;
-        Ok(s)
+        self.check_ich()
     }
 
     /// The EL2 interrupt registers the stub loads as they are: list
@@ -230,9 +189,9 @@ impl VcpuState {
 }
 
 /// Index of ICH_LR0_EL2 in [`VcpuState::sys`].
-const SYS_ICH_LR0: usize = 41;
+pub const SYS_ICH_LR0: usize = 41;
 /// Index of ICH_HCR_EL2 in [`VcpuState::sys`].
-const SYS_ICH_HCR: usize = 45;
+pub const SYS_ICH_HCR: usize = 45;
 /// The ICH_HCR_EL2 bits a saved vCPU may hold: En and UIE (the host
 /// sets them) and EOIcount (the hardware counts the guest's EOIs).
 const ICH_HCR_SAVED: u64 = ICH_HCR_EN | ICH_HCR_UIE | 0x1f << 27;
@@ -256,14 +215,6 @@ mod tests {
         s
     }
 
-    fn decoded(s: &VcpuState) -> Result<VcpuState, StateError> {
-        let mut b = Vec::new();
-        s.encode(&mut b);
-        assert_eq!(b.len(), VCPU_STATE_LEN);
-        let mut f = Fields::new(&b, "vCPU");
-        VcpuState::decode(&mut f, 0x100)
-    }
-
     #[test]
     fn names_match_the_indices() {
         assert_eq!(SYSREG_NAMES[SYS_ICH_LR0], "ICH_LR0_EL2");
@@ -274,23 +225,30 @@ mod tests {
     #[test]
     fn el2_interrupt_registers_no_running_vcpu_holds_are_refused() {
         let good = state();
-        assert_eq!(decoded(&good).unwrap(), good);
+        assert_eq!(good.check(), Ok(()));
         let mut hw = good.clone();
         hw.sys[SYS_ICH_LR0 + 2] = 1 << 62 | LR_HW | 27 << 32 | 27;
         let mut big = good.clone();
         big.sys[SYS_ICH_LR0 + 3] = 1 << 62 | 1023;
         let mut tall = good.clone();
         tall.sys[SYS_ICH_HCR] |= 1 << 12; // TALL1
-        for bad in [hw, big, tall] {
-            let e = decoded(&bad).unwrap_err();
-            assert!(
-                matches!(e, StateError::BadSection { tag: 0x100, .. }),
-                "{e}"
-            );
+        let mut aarch32 = good.clone();
+        aarch32.pstate = 0x10;
+        let mut el2 = good.clone();
+        el2.pstate = 9;
+        for (bad, names) in [
+            (hw, "ICH_LR2_EL2"),
+            (big, "ICH_LR3_EL2"),
+            (tall, "ICH_HCR_EL2"),
+            (aarch32, "PSTATE"),
+            (el2, "PSTATE"),
+        ] {
+            let e = bad.check().unwrap_err();
+            assert!(e.contains(names), "{e}");
         }
         // An invalid list register's other bits are not looked at.
         let mut idle = good.clone();
         idle.sys[SYS_ICH_LR0] = LR_HW | 5000;
-        assert!(decoded(&idle).is_ok());
+        assert_eq!(idle.check(), Ok(()));
     }
 }

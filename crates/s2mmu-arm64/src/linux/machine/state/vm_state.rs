@@ -1,27 +1,14 @@
-//! The Linux VM's device state in the migration encoding: the emulated
-//! GICv3 (distributor, redistributors, pending interrupts), the 16550's
-//! registers and FIFO (vm-superio's `SerialState`), each vCPU's PSCI
-//! power state and saved registers, and the guest's virtual time.
+//! The Linux VM's state besides memory as plain values: the emulated
+//! GICv3, the 16550's registers and FIFO (vm-superio's `SerialState`),
+//! each vCPU's PSCI power state and saved registers, and the guest's
+//! virtual time ([`LinuxState`]). The `s2mmu-arm64-migrate` crate encodes
+//! it as a migration's STATE body.
 
-use crate::linux::devices::DeviceState;
 use crate::linux::gic::Gic;
 use crate::linux::psci::PowerState;
-use crate::linux::vcpu_state::{VcpuState, VCPU_STATE_LEN};
-use s2mmu_migrate::state::{Fields, State, StateError};
+use crate::linux::vcpu_state::VcpuState;
+use crate::{Arm64Error, Result};
 use vm_superio::serial::SerialState;
-
-/// The VM kind of a Linux guest on the arm64 model ("LXA6").
-pub const LINUX_KIND: u32 = 0x4c58_4136;
-/// vCPUs and RAM size.
-pub const TAG_CONFIG: u32 = 1;
-/// The guest's virtual count at the pause.
-pub const TAG_TIMER: u32 = 2;
-/// The interrupt controller.
-pub const TAG_GIC: u32 = 3;
-/// The UART.
-pub const TAG_UART: u32 = 4;
-/// vCPU n's power state and registers: `TAG_VCPU + n`.
-pub const TAG_VCPU: u32 = 0x100;
 
 /// A vCPU's part of the state.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,7 +29,7 @@ pub struct LinuxState {
     pub mem: u64,
     /// The guest's virtual count at the pause (the latest any vCPU saw).
     pub vct: u64,
-    /// The GIC (its bytes: [`gic_save`]).
+    /// The GIC.
     pub gic: Gic,
     /// The UART.
     pub uart: SerialState,
@@ -50,182 +37,31 @@ pub struct LinuxState {
     pub cpus: Vec<VcpuPart>,
 }
 
-/// Appends the GIC's registers (the GIC saves its own state).
-pub fn gic_save(g: &Gic, out: &mut Vec<u8>) {
-    g.save(out);
-}
-
-/// A copy of `g` (through its bytes).
+/// A copy of `g` (through its state).
 pub fn gic_copy(g: &Gic) -> Gic {
-    let mut b = Vec::new();
-    g.save(&mut b);
-    gic_load(&b, g.vcpus()).expect("a GIC's own bytes load")
-}
-
-/// A GIC for `vcpus` vCPUs with the registers [`gic_save`] wrote.
-///
-/// # Errors
-/// Truncated or left-over bytes, a pending INTID beyond the GIC's.
-pub fn gic_load(bytes: &[u8], vcpus: usize) -> Result<Gic, StateError> {
-    Gic::load(bytes, vcpus, TAG_GIC)
-}
-
-fn vcpu_save(c: &VcpuPart, out: &mut Vec<u8>) {
-    out.extend_from_slice(&(c.power.code() as u32).to_le_bytes());
-    let (flag, e, x) = c.start.map_or((0u64, 0, 0), |(e, x)| (1, e, x));
-    [flag, e, x]
-        .iter()
-        .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
-    out.push(u8::from(c.regs.is_some()));
-    if let Some(r) = &c.regs {
-        r.encode(out);
-    }
-}
-
-fn vcpu_load(bytes: &[u8], tag: u32) -> Result<VcpuPart, StateError> {
-    let mut f = Fields::new(bytes, "vCPU");
-    let bad = |what: String| StateError::BadSection { tag, what };
-    let power = match f.u32("the power state")? {
-        0 => PowerState::On,
-        1 => PowerState::Off,
-        2 => PowerState::OnPending,
-        p => return Err(bad(format!("power state {p} (0 on, 1 off, 2 pending)"))),
-    };
-    let (flag, e, x) = (f.u64("start")?, f.u64("entry")?, f.u64("x0")?);
-    let start = (flag != 0).then_some((e, x));
-    let regs = match f.array::<1>("the registers' flag")?[0] {
-        0 => None,
-        _ => Some(VcpuState::decode(&mut f, tag)?),
-    };
-    f.finish(tag)?;
-    // A running vCPU has registers; a pending one an entry.
-    let consistent = match power {
-        PowerState::On => regs.is_some() && start.is_none(),
-        PowerState::OnPending => regs.is_none() && start.is_some(),
-        PowerState::Off => regs.is_none() && start.is_none(),
-    };
-    if !consistent {
-        return Err(bad(format!(
-            "power state {power:?} with registers {} and entry {start:?}",
-            regs.is_some()
-        )));
-    }
-    Ok(VcpuPart { power, start, regs })
+    Gic::from_state(&g.state()).expect("a GIC's own state loads")
 }
 
 impl LinuxState {
-    /// The encoded state.
+    /// Whether the state is one a VM of `vcpus` vCPUs and `mem` bytes
+    /// can load: its size, a GIC and a part for every vCPU.
     ///
     /// # Errors
-    /// A section over the encoding's bounds.
-    pub fn encode(&self) -> Result<Vec<u8>, StateError> {
-        let mut st = State::new(LINUX_KIND);
-        let mut c = (self.vcpus as u32).to_le_bytes().to_vec();
-        c.extend_from_slice(&self.mem.to_le_bytes());
-        st.push(TAG_CONFIG, c)?;
-        st.push(TAG_TIMER, self.vct.to_le_bytes().to_vec())?;
-        let mut g = Vec::new();
-        gic_save(&self.gic, &mut g);
-        st.push(TAG_GIC, g)?;
-        let mut u = Vec::new();
-        self.uart.save(&mut u);
-        st.push(TAG_UART, u)?;
-        for (i, cpu) in self.cpus.iter().enumerate() {
-            let mut b = Vec::with_capacity(40 + VCPU_STATE_LEN);
-            vcpu_save(cpu, &mut b);
-            st.push(TAG_VCPU + i as u32, b)?;
+    /// [`Arm64Error::Guest`] naming what does not fit.
+    pub fn fits(&self, vcpus: usize, mem: u64) -> Result<()> {
+        if self.vcpus != vcpus || self.mem != mem {
+            return Err(Arm64Error::Guest(format!(
+                "a VM of {} vCPUs and {} bytes, this one has {vcpus} and {mem}",
+                self.vcpus, self.mem
+            )));
         }
-        Ok(st.encode())
-    }
-
-    /// Decodes a state for a VM of `vcpus` vCPUs and `mem` bytes.
-    ///
-    /// # Errors
-    /// The encoding's refusals; [`StateError::BadSection`] for another
-    /// VM size or inconsistent contents.
-    pub fn decode(bytes: &[u8], vcpus: usize, mem: u64) -> Result<LinuxState, StateError> {
-        let st = State::decode(bytes, LINUX_KIND)?;
-        let mut f = Fields::new(st.section(TAG_CONFIG)?, "config");
-        let (v, m) = (f.u32("vCPUs")? as usize, f.u64("RAM bytes")?);
-        f.finish(TAG_CONFIG)?;
-        if v != vcpus || m != mem {
-            return Err(StateError::BadSection {
-                tag: TAG_CONFIG,
-                what: format!(
-                    "a VM of {v} vCPUs and {m} bytes, the destination has {vcpus} and {mem}"
-                ),
-            });
+        if self.cpus.len() != vcpus || self.gic.vcpus() != vcpus {
+            return Err(Arm64Error::Guest(format!(
+                "state for {} vCPUs with a GIC for {}, the VM has {vcpus}",
+                self.cpus.len(),
+                self.gic.vcpus()
+            )));
         }
-        let mut f = Fields::new(st.section(TAG_TIMER)?, "timer");
-        let vct = f.u64("the virtual count")?;
-        f.finish(TAG_TIMER)?;
-        let cpus = (0..vcpus)
-            .map(|i| vcpu_load(st.section(TAG_VCPU + i as u32)?, TAG_VCPU + i as u32))
-            .collect::<Result<Vec<_>, _>>()?;
-        if !cpus.iter().any(|c| c.regs.is_some()) {
-            return Err(StateError::BadSection {
-                tag: TAG_VCPU,
-                what: "no vCPU was running".into(),
-            });
-        }
-        if st.tags().len() != 4 + vcpus {
-            return Err(StateError::BadSection {
-                tag: 0,
-                what: format!(
-                    "{} sections, a {vcpus}-vCPU VM has {}",
-                    st.tags().len(),
-                    4 + vcpus
-                ),
-            });
-        }
-        Ok(LinuxState {
-            vcpus,
-            mem,
-            vct,
-            gic: gic_load(st.section(TAG_GIC)?, vcpus)?,
-            uart: SerialState::load(st.section(TAG_UART)?, (), TAG_UART)?,
-            cpus,
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::linux::gic::GicAccess;
-
-    #[test]
-    fn a_gic_round_trips_and_values_no_guest_can_write_are_refused() {
-        let g = Gic::new(2);
-        let w = |offset, v| {
-            g.dist_access(GicAccess {
-                offset,
-                size: 4,
-                write: Some(v),
-            })
-        };
-        w(0, 0xffff_ffff);
-        w(0x104, 1 << 1);
-        g.raise(1, 5);
-        let mut b = Vec::new();
-        gic_save(&g, &mut b);
-        let h = gic_load(&b, 2).unwrap();
-        let mut b2 = Vec::new();
-        gic_save(&h, &mut b2);
-        assert_eq!(b, b2);
-        assert_eq!(h.dist.lock().unwrap().ctlr, 3, "the guest's write kept 1:0");
-        let mut bad = b.clone();
-        bad[0] |= 1 << 4; // GICD_CTLR.ARE is fixed, not stored
-        let e = gic_load(&bad, 2).err().expect("refused");
-        assert!(
-            matches!(e, StateError::BadSection { tag: TAG_GIC, .. }),
-            "{e}"
-        );
-        // vCPU 1's pending set is the section's last 16 bytes.
-        let mut bad = b.clone();
-        let n = bad.len();
-        bad[n - 4] = 0x80; // INTID 103
-        assert!(gic_load(&bad, 2).is_err());
-        assert!(gic_load(&b[..n - 1], 2).is_err());
+        Ok(())
     }
 }

@@ -5,14 +5,13 @@
 //! with CNTVOFF set so that its virtual time goes on without a jump
 //! (`LinuxVm::load_guest_state`).
 
-use super::fault_hook::{kill_self, EXIT_IN_POSTCOPY, FAULT_AT_STATE, KILL_QEMU_IN_POSTCOPY};
-use crate::linux::dirty::HarvestConfig;
-use crate::linux::migrate::LinuxVm;
-use crate::linux::session_postcopy::{untouched_digest, LinuxFinal};
-use crate::linux::session_source::{LinuxSessionVm, LINUX_BACKING};
-use crate::linux::vm::{self, Engine, LinuxConfig};
-use crate::linux::vm_state::LinuxState;
-use crate::machine::RamPages;
+use crate::fault_hook::{kill_self, EXIT_IN_POSTCOPY, FAULT_AT_STATE, KILL_QEMU_IN_POSTCOPY};
+use crate::session_postcopy::{untouched_digest, LinuxFinal};
+use crate::session_source::{LinuxSessionVm, LINUX_BACKING};
+use s2mmu_arm64::linux::dirty::HarvestConfig;
+use s2mmu_arm64::linux::migrate::LinuxVm;
+use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig};
+use s2mmu_arm64::machine::RamPages;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
@@ -175,10 +174,12 @@ impl DestGuest for LinuxDestGuest {
         at_byte: u64,
     ) -> Result<CheckedState, MigrateError> {
         let vcpus = usize::try_from(header.vcpus).unwrap_or(usize::MAX);
-        LinuxState::decode(body, vcpus, header.mem_size).map_err(|e| MigrateError::Malformed {
-            record: "STATE",
-            at_byte,
-            why: format!("the Linux guest's state: {e}"),
+        crate::state::linux::decode(body, vcpus, header.mem_size).map_err(|e| {
+            MigrateError::Malformed {
+                record: "STATE",
+                at_byte,
+                why: format!("the Linux guest's state: {e}"),
+            }
         })?;
         // The resume comes next: the blank machine's CPUs leave their park
         // now, while the digests are made.
@@ -196,13 +197,14 @@ impl DestGuest for LinuxDestGuest {
             let mut vm = self.vm.lock();
             // A machine whose QEMU is gone takes no state: that is what
             // failed, not the state.
-            vm.machine
+            vm.machine()
                 .check_alive()
                 .map_err(|e| refuse(format!("its QEMU machine: {e}")))?;
-            vm.load_guest_state(&state.0)
+            crate::state::load(&mut vm, &state.0)
                 .map_err(|e| MigrateError::BadState { why: e.to_string() })?;
-            vm.resume_vcpus()
-                .map_err(|e| MigrateError::BadState { why: e.to_string() })?;
+            vm.resume_vcpus().map_err(|e| MigrateError::BadState {
+                why: crate::state::vm_error(e).to_string(),
+            })?;
         }
         Ok(LinuxRunning {
             vm: self.vm.clone(),
@@ -224,7 +226,7 @@ fn fault_at_state(vm: &LinuxSessionVm) {
             eprintln!(
                 "s2mmu: {FAULT_AT_STATE}=kill-qemu: the destination's QEMU machine is killed at STATE"
             );
-            vm.lock().machine.kill_qemu();
+            vm.lock().machine().kill_qemu();
         }
         // These fire later, in the page-fetch hook.
         Some(EXIT_IN_POSTCOPY | KILL_QEMU_IN_POSTCOPY) => {}
@@ -282,7 +284,7 @@ impl ResumedGuest for LinuxRunning {
         // The guest is paused: its whole state, the pages it wrote since
         // the resume and the digest of the others (empty if any cannot be
         // had; the source's check of FINAL then refuses it by name).
-        let state = self.vm.lock().guest_state();
+        let state = crate::state::save(&mut self.vm.lock());
         let written = self.vm.take_written();
         let (Ok(state), Ok(written)) = (state, written) else {
             return Vec::new();

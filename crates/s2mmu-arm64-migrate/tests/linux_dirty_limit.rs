@@ -1,5 +1,5 @@
 //! The brakes a migration puts on a Linux guest that dirties memory
-//! faster than it is sent (`linux/machine/dirty_limit.rs`), on a real guest: the
+//! faster than it is sent (`s2mmu_arm64::linux::dirty_limit`), on a real guest: the
 //! `dirtier` writing as fast as it can under dirty logging, harvested
 //! through the session's `SessionVm`. With a pace (the dirty limit) or a
 //! throttle (auto-converge) set, the pages dirtied in a window stay within
@@ -18,13 +18,13 @@
 //! Its bounds are rates over the window's own measured length, which the
 //! brakes keep to however little the guest runs.
 
-use crate::common;
+mod common;
 
 use common::counter::config;
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::migrate::LinuxVm;
-use s2mmu_arm64::linux::session_source::LinuxSource;
 use s2mmu_arm64::linux::vm::{Engine, RAM_SLOT};
+use s2mmu_arm64_migrate::session_source::LinuxSource;
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::vm::{GuestRun, SessionVm};
 use std::time::{Duration, Instant};

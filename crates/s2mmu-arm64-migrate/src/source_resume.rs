@@ -6,9 +6,9 @@
 //! A guest the session kept paused on purpose (the memory split by
 //! post-copy, or resumed on the destination) is left so.
 
-use crate::linux::console_watch::{begun_steps, steps, wait_for};
-use crate::linux::run_error::LinuxRunError;
-use crate::linux::session_source::LinuxSource;
+use crate::console_watch::{begun_steps, steps, wait_for};
+use crate::run_error::LinuxRunError;
+use crate::session_source::LinuxSource;
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::stream_error::MigrateError;
 
@@ -35,7 +35,7 @@ pub(crate) fn after_failure(
     }
     let text = {
         let a = src.vm().lock();
-        if a.paused {
+        if a.is_paused() {
             return error;
         }
         a.console().contents()

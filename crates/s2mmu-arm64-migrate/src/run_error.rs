@@ -1,4 +1,4 @@
-//! Why a run of `s2mmu migrate --guest linux` ([`crate::linux::session_run`])
+//! Why a run of `s2mmu migrate --guest linux` ([`crate::session_run`])
 //! failed: which step, on which machine, and the underlying error (the
 //! session's own [`MigrateError`] kept whole, so a caller can tell a
 //! refused peer from a broken post-copy).
@@ -138,9 +138,9 @@ impl From<LinuxRunError> for String {
 #[cfg(test)]
 mod tests {
     use super::LinuxRunError;
-    use crate::linux::dirty::HarvestConfig;
-    use crate::linux::session_run::{self, GuestProgram, ListenEvent, RunSettings};
-    use crate::linux::vm::LinuxConfig;
+    use crate::session_run::{self, GuestProgram, ListenEvent, RunSettings};
+    use s2mmu_arm64::linux::dirty::HarvestConfig;
+    use s2mmu_arm64::linux::vm::LinuxConfig;
     use s2mmu_migrate::session::dest::DestConfig;
     use s2mmu_migrate::session::source::SourceConfig;
     use s2mmu_migrate::transport::NetConfig;

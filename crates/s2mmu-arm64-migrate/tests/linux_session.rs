@@ -11,8 +11,8 @@ mod common;
 
 use common::counter::{check_lives, config, counter_lines, wait_lines};
 use s2mmu_arm64::linux::migrate::LinuxVm;
-use s2mmu_arm64::linux::session_dest::LinuxDest;
-use s2mmu_arm64::linux::session_source::{LinuxSessionVm, LinuxSource};
+use s2mmu_arm64_migrate::session_dest::LinuxDest;
+use s2mmu_arm64_migrate::session_source::{LinuxSessionVm, LinuxSource};
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::source::{SourceConfig, SourceOutcome};

@@ -8,9 +8,9 @@
 //! guest's own clock does not show the downtime (its virtual counter
 //! continues from the pause).
 //!
-//! [`ConsoleBuffer::stamped_lines`]: crate::linux::uart::ConsoleBuffer::stamped_lines
+//! [`ConsoleBuffer::stamped_lines`]: s2mmu_arm64::linux::uart::ConsoleBuffer::stamped_lines
 
-use crate::linux::migrate::LinuxVm;
+use s2mmu_arm64::linux::migrate::LinuxVm;
 use std::time::Instant;
 
 /// Which machine printed a line.

@@ -5,11 +5,11 @@
 //! checksummed Linux state of `vm_state`). The destination side is
 //! `session_dest`.
 
-use crate::linux::dirty_limit::{DirtyLimit, DirtyLimitCounters};
-use crate::linux::memory::LinuxRam;
-use crate::linux::migrate::EngineLog;
-use crate::linux::migrate::LinuxVm;
-use crate::linux::vm;
+use crate::ram::LinuxGuestRam;
+use s2mmu_arm64::linux::dirty_limit::{DirtyLimit, DirtyLimitCounters};
+use s2mmu_arm64::linux::migrate::EngineLog;
+use s2mmu_arm64::linux::migrate::LinuxVm;
+use s2mmu_arm64::linux::vm;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::postcopy::Final;
 use s2mmu_migrate::stream_error::MigrateError;
@@ -36,7 +36,7 @@ pub const LINUX_BACKING: &str = "qemu-shared";
 /// sending threads never wait for the lock.
 pub struct LinuxSessionVm {
     vm: Mutex<LinuxVm>,
-    ram: Arc<LinuxRam>,
+    ram: Arc<LinuxGuestRam>,
     log: EngineLog,
     /// The log is on (a post-copy slot at EL2 is made again with it).
     logging: AtomicBool,
@@ -58,7 +58,7 @@ fn vmerr(e: impl std::fmt::Display) -> VmError {
 impl LinuxSessionVm {
     /// `vm` (booted, or blank for a destination) behind the interface.
     pub fn new(vm: LinuxVm) -> LinuxSessionVm {
-        let ram = Arc::new(vm.ram().clone());
+        let ram = Arc::new(LinuxGuestRam::new(vm.ram().clone()));
         let log = vm.engine_log();
         let slots = [RamSlot {
             id: vm::RAM_SLOT,
@@ -87,7 +87,7 @@ impl LinuxSessionVm {
     ///
     /// # Errors
     /// Not a post-copy destination, or the engine's log failed.
-    pub(in crate::linux) fn take_written(&self) -> Result<Vec<u64>, VmError> {
+    pub(crate) fn take_written(&self) -> Result<Vec<u64>, VmError> {
         if !self.tracking.swap(false, Ordering::SeqCst) {
             return Err(VmError::new("no post-copy ran into this guest"));
         }
@@ -144,17 +144,17 @@ impl LinuxSessionVm {
 
     /// Stops every vCPU (a failure is reported and the vCPUs that did
     /// stop stay so).
-    pub(in crate::linux) fn pause_vcpus(&self) {
+    pub(crate) fn pause_vcpus(&self) {
         self.wake_service();
         if let Err(e) = self.lock().pause_vcpus() {
-            eprintln!("linux guest: pause: {e}");
+            eprintln!("linux guest: pause: {}", crate::state::vm_error(e));
         }
     }
 
     /// Runs the vCPUs again.
-    pub(in crate::linux) fn resume_vcpus(&self) {
+    pub(crate) fn resume_vcpus(&self) {
         if let Err(e) = self.lock().resume_vcpus() {
-            eprintln!("linux guest: resume: {e}");
+            eprintln!("linux guest: resume: {}", crate::state::vm_error(e));
         }
     }
 
@@ -171,9 +171,9 @@ impl LinuxSessionVm {
 }
 
 impl SessionVm for LinuxSessionVm {
-    type Ram = LinuxRam;
+    type Ram = LinuxGuestRam;
 
-    fn ram(&self) -> &Arc<LinuxRam> {
+    fn ram(&self) -> &Arc<LinuxGuestRam> {
         &self.ram
     }
 
@@ -250,8 +250,8 @@ impl SessionVm for LinuxSessionVm {
             // here every page the guest writes is in the log.
             self.tracking.store(true, Ordering::SeqCst);
         }
-        let machine = vm.machine.clone();
-        vm.set_page_fetch(fetch.map(|f| super::fault_hook::with_postcopy_fault(f, &machine)));
+        let machine = vm.machine().clone();
+        vm.set_page_fetch(fetch.map(|f| crate::fault_hook::with_postcopy_fault(f, &machine)));
         Ok(())
     }
 }
@@ -373,8 +373,7 @@ impl SourceGuest for LinuxSource {
                 },
             });
         }
-        guest
-            .guest_state()
+        crate::state::save(&mut guest)
             .map_err(|e| MigrateError::Setup(format!("the Linux guest's state: {e}")))
     }
 
@@ -391,6 +390,6 @@ impl SourceGuest for LinuxSource {
     fn verify_final(&self, _state: &[u8], fin: &Final) -> Result<Vec<(u16, u64)>, MigrateError> {
         // The guest stays paused after the switch: its memory is the
         // frozen memory the check needs.
-        crate::linux::session_postcopy::verify_final(&self.vm.ram, self.vm.vcpus, fin)
+        crate::session_postcopy::verify_final(&self.vm.ram, self.vm.vcpus, fin)
     }
 }

@@ -17,10 +17,10 @@ mod common;
 
 use common::counter::{check_lives, check_sequence, config, counter_lines, next_hash, wait_lines};
 use s2mmu_arm64::linux::migrate::LinuxVm;
-use s2mmu_arm64::linux::session_dest::LinuxDest;
-use s2mmu_arm64::linux::session_source::{LinuxSessionVm, LinuxSource};
 use s2mmu_arm64::linux::vm::Engine;
-use s2mmu_arm64::linux::vm_state::LINUX_KIND;
+use s2mmu_arm64_migrate::session_dest::LinuxDest;
+use s2mmu_arm64_migrate::session_source::{LinuxSessionVm, LinuxSource};
+use s2mmu_arm64_migrate::state::linux::LINUX_KIND;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::session::snapshot::format::SnapshotError;

@@ -4,8 +4,9 @@
 //! sides' session code uses it (the source's VM wraps its page fetch in
 //! post-copy, the destination reads it at STATE), so it sits below both.
 
-use crate::machine::Machine;
-use s2mmu_migrate::vm::PageFetch;
+use s2mmu_arm64::linux::page_fetch::PageFetch;
+use s2mmu_arm64::machine::Machine;
+use s2mmu_migrate::vm::PageFetch as SessionFetch;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -35,42 +36,45 @@ pub(super) fn kill_self() -> ! {
     std::process::exit(137);
 }
 
-/// `fetch`, or with [`FAULT_AT_STATE`] set to `exit-in-postcopy` or
-/// `kill-qemu-in-postcopy` a hook that kills this process or `machine`'s
-/// QEMU right after the first page it had to fetch from the source has
-/// arrived: the guest has resumed here and runs on pages only this host
-/// holds.
+/// The session's `fetch` as the VM's post-copy hook; with
+/// [`FAULT_AT_STATE`] set to `exit-in-postcopy` or `kill-qemu-in-postcopy`
+/// a hook that kills this process or `machine`'s QEMU right after the
+/// first page it had to fetch from the source has arrived: the guest has
+/// resumed here and runs on pages only this host holds.
 pub(super) fn with_postcopy_fault(
-    fetch: Arc<dyn PageFetch>,
+    fetch: Arc<dyn SessionFetch>,
     machine: &Arc<Machine>,
 ) -> Arc<dyn PageFetch> {
-    let kill_qemu = match std::env::var(FAULT_AT_STATE).as_deref() {
-        Ok(EXIT_IN_POSTCOPY) => None,
-        Ok(KILL_QEMU_IN_POSTCOPY) => Some(machine.clone()),
-        _ => return fetch,
+    let fault = match std::env::var(FAULT_AT_STATE).as_deref() {
+        Ok(EXIT_IN_POSTCOPY) => Some(None),
+        Ok(KILL_QEMU_IN_POSTCOPY) => Some(Some(machine.clone())),
+        _ => None,
     };
     Arc::new(FaultAfterFetch {
         fetch,
-        kill_qemu,
+        fault,
         fired: AtomicBool::new(false),
     })
 }
 
-/// The hook [`with_postcopy_fault`] makes: kills the QEMU machine if
-/// given, else this process.
+/// The hook [`with_postcopy_fault`] makes: with a fault asked for, kills
+/// the QEMU machine if given, else this process.
 struct FaultAfterFetch {
-    fetch: Arc<dyn PageFetch>,
-    kill_qemu: Option<Arc<Machine>>,
+    fetch: Arc<dyn SessionFetch>,
+    fault: Option<Option<Arc<Machine>>>,
     fired: AtomicBool,
 }
 
 impl PageFetch for FaultAfterFetch {
     fn fetch(&self, vcpu: usize, gpa: u64) -> Result<bool, String> {
         let waited = self.fetch.fetch(vcpu, gpa)?;
+        let Some(kill_qemu) = &self.fault else {
+            return Ok(waited);
+        };
         if !waited || self.fired.swap(true, Ordering::SeqCst) {
             return Ok(waited);
         }
-        let Some(m) = &self.kill_qemu else {
+        let Some(m) = kill_qemu else {
             eprintln!(
                 "s2mmu: {FAULT_AT_STATE}={EXIT_IN_POSTCOPY}: the destination process is killed \
                  in post-copy, after its first fetched page (IPA {gpa:#x})"

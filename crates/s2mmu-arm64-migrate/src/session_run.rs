@@ -7,17 +7,17 @@
 //! The settings are plain values ([`RunSettings`]); the caller parses
 //! flags into them and prints what it gets back ([`LinuxRun`], [`Listened`]).
 
-use crate::linux::assets::LinuxAssets;
-use crate::linux::dirty::HarvestConfig;
-use crate::linux::dirty_limit::DirtyLimitCounters;
-use crate::linux::migrate::{LinuxVm, RestoreClock};
-use crate::linux::migration::console_gap::{printed, ConsoleGap};
-use crate::linux::migration::source_resume;
-pub use crate::linux::run_error::LinuxRunError;
-use crate::linux::session_dest::LinuxDest;
-use crate::linux::session_source::{LinuxSessionVm, LinuxSource};
-use crate::linux::vm::LinuxConfig;
-use crate::machine::{RamBacking, RamPages};
+use crate::console_gap::{printed, ConsoleGap};
+pub use crate::run_error::LinuxRunError;
+use crate::session_dest::LinuxDest;
+use crate::session_source::{LinuxSessionVm, LinuxSource};
+use crate::source_resume;
+use s2mmu_arm64::linux::assets::LinuxAssets;
+use s2mmu_arm64::linux::dirty::HarvestConfig;
+use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
+use s2mmu_arm64::linux::migrate::{LinuxVm, RestoreClock};
+use s2mmu_arm64::linux::vm::LinuxConfig;
+use s2mmu_arm64::machine::{RamBacking, RamPages};
 use s2mmu_migrate::session::both_ends::run_both_ends;
 use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::SourceGuest;
@@ -28,7 +28,7 @@ use s2mmu_migrate::transport::{self as net, NetConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::linux::console_watch::{begun_steps, steps, unfinished_line, wait_for};
+pub use crate::console_watch::{begun_steps, steps, unfinished_line, wait_for};
 
 /// The dirtier's arguments: 64 MiB of anonymous memory and 8 of tmpfs,
 /// written as fast as it can (rate 0) for 30 s.
@@ -98,7 +98,7 @@ pub struct RunSettings {
     /// Which host pages back both machines' RAM.
     pub ram_pages: RamPages,
     /// Where both machines' engines run (a listening destination: its own).
-    pub engine: crate::linux::vm::Engine,
+    pub engine: s2mmu_arm64::linux::vm::Engine,
 }
 
 /// What one run measured, beyond the common figures.
@@ -338,7 +338,7 @@ pub fn migrate_once(s: &RunSettings, cfg: &LinuxConfig) -> Result<LinuxRun, Linu
     let resumed = |e| source_resume::after_failure(s.program.counts(), &src, e);
     let (o, d, b) = in_process(s, &src, cfg).map_err(resumed)?;
     let mut a = src.vm().lock();
-    let state_bytes = a.guest_state().map_or(0, |v| v.len());
+    let state_bytes = crate::state::save(&mut a).map_or(0, |v| v.len());
     let mut b = b.lock();
     let dest = Some((d, b.restore_clock()));
     let ram = (a.ram_backing().clone(), Some(b.ram_backing().clone()));
@@ -460,7 +460,7 @@ pub fn source_to(
             "the source's guest printed after the switch".into(),
         ));
     }
-    let state_bytes = a.guest_state().map_or(0, |v| v.len());
+    let state_bytes = crate::state::save(&mut a).map_or(0, |v| v.len());
     let gap = ConsoleGap::of_machines(&a, None);
     let ram = (a.ram_backing().clone(), None);
     drop(a);

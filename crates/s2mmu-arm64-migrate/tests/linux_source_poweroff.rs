@@ -11,7 +11,7 @@
 
 mod common;
 
-use s2mmu_arm64::linux::session_run::{self, GuestProgram, LinuxRunError, RunSettings};
+use s2mmu_arm64_migrate::session_run::{self, GuestProgram, LinuxRunError, RunSettings};
 use s2mmu_migrate::session::source::SourceConfig;
 use s2mmu_migrate::stream_error::MigrateError;
 

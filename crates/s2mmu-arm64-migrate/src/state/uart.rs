@@ -1,7 +1,7 @@
 //! The 16550's own state: vm-superio's `SerialState` (its registers and
 //! receive FIFO) saved and loaded as one section's bytes.
 
-use crate::linux::devices::DeviceState;
+use super::device::DeviceState;
 use s2mmu_migrate::state::{Fields, StateError};
 use vm_superio::serial::SerialState;
 
@@ -9,8 +9,6 @@ use vm_superio::serial::SerialState;
 const UART_FIFO: usize = 64;
 
 impl DeviceState for SerialState {
-    type Shape = ();
-
     /// Appends the 16550's registers and its receive FIFO.
     fn save(&self, out: &mut Vec<u8>) {
         let s = self;
@@ -31,7 +29,7 @@ impl DeviceState for SerialState {
 
     /// The registers and FIFO [`DeviceState::save`] wrote; a FIFO longer
     /// than the device's is refused.
-    fn load(bytes: &[u8], _: (), tag: u32) -> Result<SerialState, StateError> {
+    fn load(bytes: &[u8], _vcpus: usize, tag: u32) -> Result<SerialState, StateError> {
         let mut f = Fields::new(bytes, "UART");
         let r: [u8; 9] = f.array("the 16550's registers")?;
         let n = f.u32("the receive FIFO's length")? as usize;

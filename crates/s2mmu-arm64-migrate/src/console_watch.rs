@@ -1,8 +1,8 @@
 //! Watching a Linux guest's console during a migration: the counter's
 //! steps on it, the line a switch cut in two, and waiting for a line.
 
-use crate::linux::migrate::LinuxVm;
-use crate::linux::run_error::LinuxRunError;
+use crate::run_error::LinuxRunError;
+use s2mmu_arm64::linux::migrate::LinuxVm;
 use std::time::{Duration, Instant};
 
 /// How long [`wait_for`] waits for a console line.

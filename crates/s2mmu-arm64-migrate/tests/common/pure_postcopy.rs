@@ -6,8 +6,8 @@
 //! them; with every page missing, B's guest faults on pages that have
 //! not come yet.
 
-use s2mmu_arm64::linux::memory::LinuxRam;
-use s2mmu_arm64::linux::session_source::{LinuxSessionVm, LinuxSource};
+use s2mmu_arm64_migrate::ram::LinuxGuestRam;
+use s2mmu_arm64_migrate::session_source::{LinuxSessionVm, LinuxSource};
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::postcopy::Final;
 use s2mmu_migrate::stream_error::MigrateError;
@@ -20,8 +20,8 @@ use std::sync::Arc;
 pub struct EveryPageDirty(Arc<LinuxSessionVm>);
 
 impl SessionVm for EveryPageDirty {
-    type Ram = LinuxRam;
-    fn ram(&self) -> &Arc<LinuxRam> {
+    type Ram = LinuxGuestRam;
+    fn ram(&self) -> &Arc<LinuxGuestRam> {
         self.0.ram()
     }
     fn slots(&self) -> &[RamSlot] {
@@ -141,7 +141,7 @@ impl SourceGuest for PurePostcopy {
 /// were at the switch.
 pub fn check_b_goes_on(a: &LinuxSessionVm, b: &LinuxSessionVm) {
     use super::counter::{counter_lines, wait_lines};
-    use s2mmu_arm64::linux::session_run::steps;
+    use s2mmu_arm64_migrate::session_run::steps;
     let (a_text, a_exits) = {
         let a = a.lock();
         (a.console().contents(), a.stub_exits())

@@ -23,12 +23,13 @@ use common::counter::{config, wait_lines};
 use common::pure_postcopy::{check_b_goes_on, PurePostcopy};
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::page_fetch::PageFetch;
-use s2mmu_arm64::linux::session_dest::LinuxDest;
-use s2mmu_arm64::linux::session_run::{
+use s2mmu_arm64::linux::vm::{Engine, LinuxConfig};
+use s2mmu_arm64::linux::vm::{StopReason, RAM_SLOT};
+use s2mmu_arm64_migrate::session_dest::LinuxDest;
+use s2mmu_arm64_migrate::session_run::{
     self, GuestProgram, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
-use s2mmu_arm64::linux::session_source::LinuxSource;
-use s2mmu_arm64::linux::vm::{Engine, LinuxConfig, StopReason, RAM_SLOT};
+use s2mmu_arm64_migrate::session_source::LinuxSource;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::session::postcopy::Postcopy;
@@ -141,9 +142,9 @@ fn missing_page_that_cannot_come_stops_the_destination() {
     let mut vm_a = LinuxVm::boot(&cfg).expect("A boots");
     let a1 = wait_lines(&vm_a, 0, 2, "A");
     vm_a.pause_vcpus().expect("A pauses");
-    let state = vm_a.guest_state().expect("A's state");
+    let state = s2mmu_arm64_migrate::state::save(&mut vm_a).expect("A's state");
     let mut vm_b = LinuxVm::blank(&cfg).expect("B starts");
-    vm_b.load_guest_state(&state).expect("B takes A's state");
+    s2mmu_arm64_migrate::state::load(&mut vm_b, &state).expect("B takes A's state");
     let gone = Arc::new(Gone(AtomicU64::new(0)));
     vm_b.set_page_fetch(Some(gone.clone()));
     vm_b.resume_vcpus().expect("B starts its vCPU");

@@ -14,9 +14,8 @@
 //! memory with the destination's bitmap and requires it equal
 //! ([`verify_final`]).
 
-use crate::linux::memory::{digest_of, LinuxRam};
-use crate::linux::vm;
-use crate::linux::vm_state::LinuxState;
+use s2mmu_arm64::linux::memory::{digest_of, LinuxRam};
+use s2mmu_arm64::linux::vm;
 use s2mmu_migrate::session::postcopy::Final;
 use s2mmu_migrate::stream_error::MigrateError;
 
@@ -172,7 +171,7 @@ pub fn verify_final(
     };
     let f = LinuxFinal::decode(&fin.state, ram.pages())
         .map_err(|e| mismatch(format!("FINAL's Linux state: {e}")))?;
-    LinuxState::decode(&f.state, vcpus, ram.size())
+    crate::state::linux::decode(&f.state, vcpus, ram.size())
         .map_err(|e| mismatch(format!("FINAL's Linux guest state: {e}")))?;
     let mine = untouched_digest(ram, &f.written).map_err(mismatch)?;
     if mine != f.untouched {
