@@ -15,7 +15,7 @@ mod reproduce;
 mod split_perf;
 mod tlb_perf;
 
-use s2mmu_cli::{limits, migrate, plot, progress, report, snapshot, stats};
+use s2mmu_cli::{limits, migrate, progress, report, snapshot, stats};
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;

@@ -4,9 +4,9 @@
 //! largest gap shaded), stacked in one figure through [`crate::plot`]
 //! (SVG, and PNG beside it).
 
-use crate::plot::{stacked_png, stacked_svg, BarChart, Chart, LineChart, Phase, Series};
 use s2mmu_arm64::linux::console_gap::Printer;
 use s2mmu_arm64::linux::session_run::{LinuxRun, RunDetails};
+use s2mmu_plot::{stacked_png, stacked_svg, BarChart, Chart, LineChart, Phase, Series};
 use std::path::Path;
 
 /// Writes the figure of `runs` to `file` (SVG) and beside it (PNG).
