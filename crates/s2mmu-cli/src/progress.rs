@@ -159,3 +159,8 @@ mod tests {
         assert!(!Progress::lines_only().is_drawn());
     }
 }
+
+/// The engines' [`s2mmu_bench::Bars`]: a bar per phase, drawn when `enabled`.
+pub fn bars(enabled: bool) -> impl Fn(&str, u64) -> Box<dyn s2mmu_bench::Progress> {
+    move |what, steps| Box::new(Progress::new(what, steps, enabled))
+}
