@@ -6,6 +6,7 @@
 pub mod arm64;
 mod bounds;
 mod engine_run;
+pub mod rows;
 mod running;
 pub mod schedule;
 mod spec;

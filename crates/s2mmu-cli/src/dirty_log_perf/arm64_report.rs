@@ -8,13 +8,15 @@
 //! worth reading are the counts (faults, aborts, maintenance, pages) and
 //! ratios (the host's and the engine's share of an abort's round trip).
 
-use super::{capitalise, policy_for, secs, EngineRun, Params, PolicyArg};
+use super::engine::policy_for;
+use super::params::{Params, PolicyArg};
 use crate::report::{human, human_bytes, merge, Report, Summary};
 use s2mmu::mmu::{FaultPath, Protect};
 use s2mmu_arm64::workload::DirtyReport;
 use s2mmu_bench::arm64 as a64;
 use s2mmu_bench::dirty_log::arm64::round_trip;
 pub(super) use s2mmu_bench::dirty_log::arm64::{as_engine_run, run_one, Plan};
+use s2mmu_bench::dirty_log::{capitalise, secs, EngineRun};
 use s2mmu_vm::Backing;
 use serde_json::json;
 use std::time::Duration;
