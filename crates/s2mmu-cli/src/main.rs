@@ -83,7 +83,7 @@ fn main() -> ExitCode {
         Cmd::MigrateBench(p) => migrate_bench::main(p),
         Cmd::MigrateCtl(p) => migrate_ctl::main(p),
         Cmd::Snapshot(p) => snapshot::main(p),
-        Cmd::Linux(p) => linux::main(*p),
+        Cmd::Linux(p) => linux::command::main(*p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
