@@ -1,7 +1,7 @@
 //! `migrate --guest linux --plot FILE`: each run's pre-copy rounds (pages
 //! and milliseconds), its downtime's parts and the guest's console gap
 //! (the time between the guest programs' lines as the host saw them, the
-//! largest gap shaded), stacked in one figure through [`crate::plot`]
+//! largest gap shaded), stacked in one figure through [`s2mmu_plot`]
 //! (SVG, and PNG beside it).
 
 use s2mmu_arm64::linux::console_gap::Printer;
