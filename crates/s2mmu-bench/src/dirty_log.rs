@@ -4,6 +4,7 @@
 //! the comparisons run it in ([`schedule`]).
 
 pub mod arm64;
+pub mod arm64_rows;
 mod bounds;
 mod engine_run;
 pub mod rows;
