@@ -344,11 +344,6 @@ KNOWN = {
         "session <-> sim: two of the session's unit tests run over the "
         "simulated VM",
     ),
-    "crates/s2mmu-cli/src/main.rs": (
-        "all",
-        "dirty_log_perf's and linux's roots define the Params (and helpers) "
-        "their files use; they move out with the rework of those subcommands",
-    ),
 }
 
 

@@ -4,8 +4,10 @@
 //! the comparisons run it in ([`schedule`]).
 
 pub mod arm64;
+pub mod arm64_rows;
 mod bounds;
 mod engine_run;
+pub mod rows;
 mod running;
 pub mod schedule;
 mod spec;

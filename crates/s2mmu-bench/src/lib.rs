@@ -20,7 +20,8 @@
 //!
 //! What they share: [`report::Report`], the one JSON envelope every
 //! `--json` prints (`command`, `version`, `params`, `host`, `results`,
-//! `comparisons`); [`stats`], the medians; [`dirty_mode`], the names of
+//! `comparisons`); [`text`], the units and verdicts of the text reports;
+//! [`stats`], the medians; [`dirty_mode`], the names of
 //! the engine's dirty-logging modes on the command line; [`host`], facts
 //! about the host's memory a run may use.
 //!
@@ -46,6 +47,7 @@ pub mod memslot;
 pub mod report;
 pub mod split;
 pub mod stats;
+pub mod text;
 pub mod tlb;
 pub mod views;
 pub mod vs_qemu;

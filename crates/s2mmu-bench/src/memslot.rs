@@ -16,6 +16,7 @@
 use std::time::Duration;
 
 mod guest;
+pub mod report;
 mod scenarios;
 
 use guest::*;

@@ -3,12 +3,16 @@
 //! chunks) under both large-range policies, on the simulated VM with vCPU
 //! threads running ([`vm`]) or on QEMU's arm64 model where every TLB call
 //! is a round trip to EL2 ([`arm64`]). Each returns the raw samples of
-//! every cycle; the command reduces them to medians and reports.
+//! every cycle; [`vm_report`] and [`arm64_report`] run them and reduce
+//! them to medians, JSON rows and the report's text.
 
 pub mod arm64;
+pub mod arm64_report;
 pub mod cycle;
 pub mod guest;
+pub mod report;
 pub mod vm;
+pub mod vm_report;
 
 use crate::{human_bytes, Bars};
 use s2mmu::tlb::LargeRangePolicy;

@@ -8,36 +8,33 @@
 //! protect clears) the log; finally logging is disabled.
 //!
 //! The parts, one file each: the flags ([`params`]), the engine's
-//! settings and its `--format` dispatch (here; the run and its figures are
+//! settings and its `--format` dispatch (`engine`; the run and its figures are
 //! `s2mmu_bench::dirty_log`), single-run rows and lines
-//! (`reporting`), real KVM (`kvm`), `--policy both` (`policy_table`), `-e`
+//! (`s2mmu_bench::dirty_log::rows`), real KVM (`kvm`), `--policy both` (`policy_table`), `-e`
 //! (`eager`), `--compare` (`compare`), the side-by-side `--dirty` table
 //! (`modes`), `--arm64` (`arm64_report`; its run is the bench crate's) and
 //! the flag bounds (`bounds`).
 
 use crate::report::Report;
-use s2mmu::mmu::{DirtyMode, FaultPath, HugePageRecovery, MmuPolicy, Protect};
-use s2mmu::SplitPolicy;
-use s2mmu_cli::vm_format::WithFormat;
-use s2mmu_vm::{Backing, VmFormat};
+use s2mmu::mmu::FaultPath;
+use s2mmu_vm::Backing;
 use serde_json::json;
 
 mod arm64_report;
 mod bounds;
 mod compare;
 mod eager;
+mod engine;
 mod kvm;
 mod modes;
 pub mod params;
 mod policy_table;
-mod reporting;
 
 pub use modes::FormatArg;
-pub use params::{Params, PolicyArg, ReadLockArg, RecoverArg};
-pub use s2mmu_bench::dirty_log::EngineRun;
+pub use params::{Params, PolicyArg};
 
-use reporting::{count_rows, lost_rows, phase_rows, single_target};
-use s2mmu_bench::dirty_log::{capitalise, median_dirty, secs};
+use engine::{engine, policy_for, RunSpec};
+use s2mmu_bench::dirty_log::rows::{count_rows, lost_rows, phase_rows, single_target};
 
 /// Runs `dirty-log-perf` from the command line.
 ///
@@ -169,54 +166,4 @@ fn run_single(
         lost_rows(report, &r, v);
     }
     Ok(text)
-}
-
-/// Engine-run settings derived from the options, with the `--format` the
-/// run dispatches on.
-type RunSpec = s2mmu_bench::dirty_log::RunSpec<FormatArg>;
-
-/// The engine's policy for the flags, a fault path and eager split or not.
-fn policy_for(p: &Params, fault_path: FaultPath, eager: bool) -> MmuPolicy {
-    MmuPolicy {
-        fault_path,
-        eager_split_chunk: eager.then_some(1 << 30),
-        split_walk: SplitPolicy::SkipReturns,
-        // As the selftest: with manual protect it also asks for
-        // INITIALLY_SET (KVM offers it on x86 and arm64), so enabling
-        // logging protects nothing and iteration 1 takes no faults.
-        dirty: match p.ring() {
-            Some(entries) => DirtyMode::Ring { entries },
-            None if p.no_manual_protect => p.dirty_modes()[0].with_protect(Protect::OnGet),
-            None => p.dirty_modes()[0].with_protect(Protect::Manual {
-                initially_set: true,
-            }),
-        },
-        huge_page_recovery: match p.recover {
-            RecoverArg::Off => HugePageRecovery::Off,
-            RecoverArg::Zap => HugePageRecovery::Unmap,
-            RecoverArg::InPlace => HugePageRecovery::Collapse,
-        },
-        reader_slots: p.read_lock.reader_slots(),
-        ..MmuPolicy::default()
-    }
-}
-
-/// Runs the flow on the memslot store and stage-2 format the flags name.
-fn engine(spec: RunSpec, memslots: &str) -> Result<EngineRun, String> {
-    let format = spec.format;
-    format.with(EngineOn { spec, memslots })
-}
-
-/// [`s2mmu_bench::dirty_log::run`] on the format type [`FormatArg::with`]
-/// gives.
-struct EngineOn<'a> {
-    spec: RunSpec,
-    memslots: &'a str,
-}
-
-impl WithFormat for EngineOn<'_> {
-    type Output = Result<EngineRun, String>;
-    fn call<F: VmFormat>(self) -> Result<EngineRun, String> {
-        s2mmu_bench::dirty_log::run::<F, FormatArg>(self.spec, self.memslots)
-    }
 }

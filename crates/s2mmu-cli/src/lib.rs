@@ -12,14 +12,13 @@
 //! - [`migrate`]: `s2mmu migrate`'s options, guest choice and reports;
 //!   [`snapshot`]: `s2mmu snapshot`;
 //! - [`report`]: the JSON envelope every `--json` prints, and the text
-//!   helpers; [`plot`]: the SVG and PNG figures of `--plot FILE`;
+//!   helpers (the SVG and PNG figures of `--plot FILE` are `s2mmu-plot`'s);
 //!   [`progress`]: the progress line on a terminal.
 
 pub use s2mmu_bench::dirty_mode;
 pub mod flags;
 pub mod limits;
 pub mod migrate;
-pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod snapshot;

@@ -15,7 +15,7 @@ mod reproduce;
 mod split_perf;
 mod tlb_perf;
 
-use s2mmu_cli::{limits, migrate, plot, progress, report, snapshot, stats};
+use s2mmu_cli::{limits, migrate, progress, report, snapshot, stats};
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
@@ -83,7 +83,7 @@ fn main() -> ExitCode {
         Cmd::MigrateBench(p) => migrate_bench::main(p),
         Cmd::MigrateCtl(p) => migrate_ctl::main(p),
         Cmd::Snapshot(p) => snapshot::main(p),
-        Cmd::Linux(p) => linux::main(*p),
+        Cmd::Linux(p) => linux::command::main(*p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,13 +1,8 @@
-//! `s2mmu memslot-perf`: its flags, and the report of what
-//! [`s2mmu_bench::memslot`] measured (the scenarios of KVM's
+//! `s2mmu memslot-perf`: its flags; the run and its report are
+//! [`s2mmu_bench::memslot::report`]'s (the scenarios of KVM's
 //! `memslot_perf_test` on the engine's two memslot policies).
 
-mod report;
-
-use report::*;
-
-use crate::progress::Progress;
-use s2mmu_bench::memslot::{check, kvm_rows, run_with, MemslotPerfParams, SCENARIO_TABLE};
+use s2mmu_bench::memslot::MemslotPerfParams;
 
 /// Options of `memslot-perf`.
 #[derive(Clone, Debug, clap::Args)]
@@ -83,35 +78,8 @@ pub fn main(args: Args) -> Result<(), String> {
 /// `--kvm`), and builds the report with its target lines.
 ///
 /// # Errors
-/// Bad options, guest memory that cannot be mapped, or wrong data seen by a guest.
-/// Real KVM being unusable is not an error: the column is left out with a note.
+/// As [`s2mmu_bench::memslot::report::run_report`].
 pub fn run_report(args: &Args) -> Result<crate::report::Report, String> {
-    let params = args.params();
-    check(&params)?;
-    // Each scenario runs `runs` times on each policy, at each slot count.
-    let steps = (params.slots.len() * SCENARIO_TABLE.len() * 2) as u64 * u64::from(params.runs);
-    let bar = Progress::new("memslot-perf", steps, !args.quiet);
-    let mut report = run_with(&params, &bar)?;
-    drop(bar);
-    let mut notes = Vec::new();
-    if args.kvm {
-        match kvm_rows(&params) {
-            Ok(rows) => report.kvm = Some(rows),
-            Err(e) => notes.push(format!("KVM column left out: {e}")),
-        }
-    }
-    let mut text = tables(&report);
-    let mut out = crate::report::Report::new("memslot-perf", params_json(&params, args.kvm));
-    fill(&mut out, &report);
-    text.push('\n');
-    for line in targets(&report) {
-        text.push_str(&line);
-        text.push('\n');
-    }
-    for n in notes {
-        text.push_str(&n);
-        text.push('\n');
-    }
-    out.set_text(text);
-    Ok(out)
+    let bars = crate::progress::bars(!args.quiet);
+    s2mmu_bench::memslot::report::run_report(&args.params(), args.kvm, &bars)
 }

@@ -143,6 +143,11 @@ impl Drop for Progress {
     }
 }
 
+/// The engines' [`s2mmu_bench::Bars`]: a bar per phase, drawn when `enabled`.
+pub fn bars(enabled: bool) -> impl Fn(&str, u64) -> Box<dyn s2mmu_bench::Progress> {
+    move |what, steps| Box::new(Progress::new(what, steps, enabled))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

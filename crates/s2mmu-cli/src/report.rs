@@ -7,27 +7,7 @@ pub use s2mmu_bench::report::{
     cpu_model, host, kernel_release, merge, set_revision, Comparison, Report,
 };
 pub use s2mmu_bench::stats::{paired_ratio, paired_ratios, Samples, Summary};
-use std::time::Duration;
-
-/// Seconds with nine decimals, as the KVM selftests print them.
-#[allow(dead_code)]
-pub fn secs(d: Duration) -> String {
-    format!("{}.{:09}s", d.as_secs(), d.subsec_nanos())
-}
-
-/// A duration in the most readable unit.
-pub fn human(d: Duration) -> String {
-    let ns = d.as_nanos() as f64;
-    if ns < 1e3 {
-        format!("{ns:.0} ns")
-    } else if ns < 1e6 {
-        format!("{:.2} us", ns / 1e3)
-    } else if ns < 1e9 {
-        format!("{:.3} ms", ns / 1e6)
-    } else {
-        format!("{:.3} s", ns / 1e9)
-    }
-}
+pub use s2mmu_bench::text::{human, secs, verdict};
 
 /// Parses a size such as `4096`, `64K`, `2M`, `1G`, `1GiB`, `64g`, `1P`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -51,15 +31,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 pub use s2mmu_bench::human_bytes;
-
-/// "PASS"/"MISS" for a target line.
-pub fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "MISS"
-    }
-}
 
 /// Prints a report: its text, or its JSON envelope with `json`. A closed
 /// pipe (`| head`) is not an error worth a panic.

@@ -3,9 +3,9 @@
 //! ones measured on this machine, with plots (SVG and PNG files beside the report)
 //! of seed 002's vCPU scaling and seed 004's comparison.
 
-use crate::plot::write_svg_and_png;
 use crate::progress::Progress;
 use crate::report::{host, Report};
+use s2mmu_plot::write_svg_and_png;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

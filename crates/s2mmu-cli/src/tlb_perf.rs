@@ -19,10 +19,7 @@
 
 use crate::report::Report;
 
-mod arm64_report;
 mod params;
-mod report;
-mod vm_report;
 
 pub use params::Params;
 
@@ -42,7 +39,7 @@ pub fn main(p: Params) -> Result<(), String> {
 /// A message naming what failed (bad options, address space, engine).
 pub fn run(p: &Params, progress: bool) -> Result<Report, String> {
     if p.arm64 {
-        arm64_report::run(p, progress)
+        s2mmu_bench::tlb::arm64_report::run(&p.config(), &crate::progress::bars(progress))
     } else {
         p.format.with(OnVm { p, progress })
     }
@@ -57,16 +54,20 @@ struct OnVm<'a> {
 impl s2mmu_cli::vm_format::WithFormat for OnVm<'_> {
     type Output = Result<Report, String>;
     fn call<F: s2mmu_vm::VmFormat>(self) -> Self::Output {
-        vm_report::run::<F>(self.p, self.progress)
+        let bars = crate::progress::bars(self.progress);
+        s2mmu_bench::tlb::vm_report::run::<F>(&self.p.config(), &bars)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::params::check;
     use super::*;
     use crate::dirty_log_perf::FormatArg;
     use s2mmu_bench::tlb::PAGE;
+
+    fn check(p: &Params) -> Result<(), String> {
+        s2mmu_bench::tlb::check(&p.config())
+    }
 
     fn params(size: &str, chunk: &str) -> Params {
         Params {

@@ -2,22 +2,23 @@
 //! engine as its stage-2 MMU (`s2mmu-arm64`; the run is
 //! [`s2mmu_bench::dirty_log::arm64`]). Every pass can be checked against
 //! the guest's own record of what it wrote (`--check`). Here: the flags
-//! checked against the model's limits, the lines and the JSON rows.
+//! checked against the model's limits and the run (its lines and JSON rows
+//! are `s2mmu_bench::dirty_log::arm64_rows`').
 //!
 //! QEMU's timings are an emulator's: the lines say so, and the figures
 //! worth reading are the counts (faults, aborts, maintenance, pages) and
 //! ratios (the host's and the engine's share of an abort's round trip).
 
-use super::{capitalise, policy_for, secs, EngineRun, Params, PolicyArg};
-use crate::report::{human, human_bytes, merge, Report, Summary};
+use super::engine::policy_for;
+use super::params::{Params, PolicyArg};
+use crate::report::{human_bytes, Report};
 use s2mmu::mmu::{FaultPath, Protect};
-use s2mmu_arm64::workload::DirtyReport;
 use s2mmu_bench::arm64 as a64;
-use s2mmu_bench::dirty_log::arm64::round_trip;
 pub(super) use s2mmu_bench::dirty_log::arm64::{as_engine_run, run_one, Plan};
+use s2mmu_bench::dirty_log::arm64_rows::{medians_text, run_lines};
+pub(super) use s2mmu_bench::dirty_log::arm64_rows::{round_trip_lines, rows};
 use s2mmu_vm::Backing;
 use serde_json::json;
-use std::time::Duration;
 
 /// Bytes per page of the model's granule (4K).
 const PAGE: u64 = 4096;
@@ -152,112 +153,6 @@ fn check_ring(n: u32, pages: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// `Abort round trip: ...` and the maintenance line.
-pub(super) fn round_trip_lines(r: &DirtyReport) -> Vec<String> {
-    let (rt, host, eng, aborts) = round_trip(r);
-    let pct = |x: f64| if rt > 0.0 { x / rt * 100.0 } else { 0.0 };
-    let t = &r.tlbi;
-    vec![
-        format!(
-            "Abort round trip: {:.1} us (host {:.1} us of it, engine {:.1} us), mean of {aborts} aborts (EL2 entry to ERET, as the stub counts; host {:.0} %, engine {:.0} % of it)",
-            rt / 1e3,
-            host / 1e3,
-            eng / 1e3,
-            pct(host),
-            pct(eng)
-        ),
-        format!(
-            "TLB maintenance: {} sequences in abort answers; {} from host threads in {} round trips to the EL2 service CPU ({} waiting); {} TLBI instructions",
-            t.fault_sequences,
-            t.host_sequences,
-            t.service_calls,
-            human(Duration::from_nanos(t.service_ns)),
-            t.tlbis
-        ),
-    ]
-}
-
-/// The selftest's lines for one run, the check of each pass, the faults
-/// and the round trip.
-fn lines(r: &DirtyReport, e: &EngineRun, ring: bool, check: bool) -> Vec<String> {
-    let s = secs;
-    let (g, c) = if ring {
-        ("harvest dirty ring", "reset dirty ring")
-    } else {
-        ("get dirty log", "clear dirty log")
-    };
-    let mut out = vec![
-        format!("Test iterations: {}", e.iterations.len()),
-        format!(
-            "Machine: QEMU's arm64 model, {} CPUs ({} vCPU(s) + 1 service CPU at EL2), 4K granule",
-            e.vcpus + 1,
-            e.vcpus
-        ),
-        format!("Engine: {}", e.label),
-        format!(
-            "guest physical test memory: [{:#x}, {:#x})",
-            e.test_gpa.0, e.test_gpa.1
-        ),
-        format!("Populate memory time: {}", s(e.populate)),
-        format!("Enabling dirty logging time: {}", s(e.enable)),
-        String::new(),
-    ];
-    for (it, p) in e.iterations.iter().zip(&r.passes) {
-        let n = p.iteration;
-        out.push(format!(
-            "Iteration {n} dirty memory time: {}",
-            s(it.dirty_memory)
-        ));
-        out.push(format!("Iteration {n} {g} time: {}", s(it.get)));
-        if let Some(cl) = it.clear {
-            out.push(format!("Iteration {n} {c} time: {}", s(cl)));
-        }
-        if check {
-            out.push(match p.written {
-                Some(w) => format!(
-                    "arm64 check: logged {}, written {w}, unwritten {}, missing {}, extra {}",
-                    p.logged,
-                    ((e.test_gpa.1 - e.test_gpa.0) / PAGE).saturating_sub(w),
-                    p.missing,
-                    p.extra
-                ),
-                None => format!("arm64 check: logged {}, pass not checked", p.logged),
-            });
-        }
-    }
-    out.push(format!("Disabling dirty logging time: {}", s(e.disable)));
-    let n = e.iterations.len().max(1) as u32;
-    let gt: Duration = e.iterations.iter().map(|i| i.get).sum();
-    out.push(format!(
-        "{} over {} iterations took {}. (Avg {}/iteration)",
-        capitalise(g),
-        e.iterations.len(),
-        s(gt),
-        s(gt / n)
-    ));
-    if e.iterations.iter().any(|i| i.clear.is_some()) {
-        let ct: Duration = e.iterations.iter().filter_map(|i| i.clear).sum();
-        out.push(format!(
-            "{} over {} iterations took {}. (Avg {}/iteration)",
-            capitalise(c),
-            e.iterations.len(),
-            s(ct),
-            s(ct / n)
-        ));
-    }
-    let f = &r.faults;
-    out.push(format!(
-        "Faults, all passes: {} ({} fast, {} slow, {} split on fault), lock contentions {}",
-        f.permission + f.translation,
-        f.fast,
-        f.slow,
-        f.splits_on_fault,
-        f.contentions()
-    ));
-    out.extend(round_trip_lines(r));
-    out
-}
-
 /// Runs `dirty-log-perf --arm64`: every vCPU count, `-r` runs each.
 /// A pass with missing or extra pages marks the report failed.
 ///
@@ -297,7 +192,7 @@ pub(super) fn run(
             if plan.runs > 1 {
                 text += &format!("\n-- {v} vCPU(s), run {} of {}\n", k + 1, plan.runs);
             }
-            for l in lines(&r, &e, ring, p.check) {
+            for l in run_lines(&r, &e, ring, p.check) {
                 text += &l;
                 text.push('\n');
             }
@@ -335,100 +230,4 @@ pub(super) fn run(
         }
     }
     Ok(text)
-}
-
-/// JSON rows of one vCPU count: every phase with its samples, the round
-/// trip, the fault and maintenance counters of each run.
-pub(super) fn rows(report: &mut Report, v: usize, runs: &[(DirtyReport, EngineRun)], ring: bool) {
-    let Some((_, first)) = runs.first() else {
-        return;
-    };
-    for (i, (name, _)) in first.phases(ring).iter().enumerate() {
-        let samples: Vec<Duration> = runs
-            .iter()
-            .filter_map(|(_, e)| e.phases(ring).get(i).map(|x| x.1))
-            .collect();
-        report.result(
-            name,
-            "arm64",
-            merge(
-                Summary::of(&samples).json(),
-                json!({"vcpus": v, "samples_ns": samples.iter().map(|d| d.as_nanos() as u64).collect::<Vec<_>>()}),
-            ),
-        );
-    }
-    let rt: Vec<(f64, f64, f64, u64)> = runs.iter().map(|(r, _)| round_trip(r)).collect();
-    let ns = |f: fn(&(f64, f64, f64, u64)) -> f64| {
-        Summary::of(
-            &rt.iter()
-                .map(|x| Duration::from_nanos(f(x) as u64))
-                .collect::<Vec<_>>(),
-        )
-    };
-    report.result(
-        "abort_round_trip",
-        "arm64",
-        merge(
-            ns(|x| x.0).json(),
-            json!({
-                "vcpus": v,
-                "samples_ns": rt.iter().map(|x| x.0 as u64).collect::<Vec<_>>(),
-                "host_median_ns": ns(|x| x.1).median.as_nanos() as u64,
-                "host_samples_ns": rt.iter().map(|x| x.1 as u64).collect::<Vec<_>>(),
-                "engine_median_ns": ns(|x| x.2).median.as_nanos() as u64,
-                "engine_samples_ns": rt.iter().map(|x| x.2 as u64).collect::<Vec<_>>(),
-                "aborts": rt.iter().map(|x| x.3).collect::<Vec<_>>(),
-            }),
-        ),
-    );
-    for (k, (r, _)) in runs.iter().enumerate() {
-        let (f, t) = (&r.faults, &r.tlbi);
-        report.result(
-            "counters",
-            "arm64",
-            json!({
-                "vcpus": v, "run": k + 1,
-                "faults": f.permission + f.translation, "fast_faults": f.fast, "slow_faults": f.slow,
-                "splits_on_fault": f.splits_on_fault, "contentions": f.contentions(),
-                "fault_sequences": t.fault_sequences, "host_sequences": t.host_sequences,
-                "service_calls": t.service_calls, "service_ns": t.service_ns, "tlbis": t.tlbis,
-                "el2_exits": r.el2_exits,
-            }),
-        );
-    }
-}
-
-/// With `-r` > 1: the medians of the dirty passes and the round trip.
-fn medians_text(v: usize, runs: &[(DirtyReport, EngineRun)], ring: bool) -> String {
-    let n = runs.len();
-    let Some((_, first)) = runs.first() else {
-        return String::new();
-    };
-    let mut s = format!("\n{v} vCPU(s), medians of {n} runs (each on a fresh QEMU):\n");
-    for (i, (name, _)) in first.phases(ring).iter().enumerate() {
-        let d: Vec<Duration> = runs
-            .iter()
-            .filter_map(|(_, e)| e.phases(ring).get(i).map(|x| x.1))
-            .collect();
-        s += &format!("  {name:<34} {}\n", secs(Summary::of(&d).median));
-    }
-    let rt: Vec<Duration> = runs
-        .iter()
-        .map(|(r, _)| Duration::from_nanos((r.round_trip_us() * 1e3) as u64))
-        .collect();
-    let host: Vec<Duration> = runs
-        .iter()
-        .map(|(r, _)| Duration::from_nanos((r.host_us() * 1e3) as u64))
-        .collect();
-    let eng: Vec<Duration> = runs
-        .iter()
-        .map(|(r, _)| Duration::from_nanos((r.engine_us() * 1e3) as u64))
-        .collect();
-    s += &format!(
-        "  abort round trip {} (host {}, engine {})\n",
-        human(Summary::of(&rt).median),
-        human(Summary::of(&host).median),
-        human(Summary::of(&eng).median)
-    );
-    s
 }

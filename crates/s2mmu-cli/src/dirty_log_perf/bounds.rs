@@ -3,7 +3,7 @@
 //! refusals name internal quantities such as IPA bits, which a user did not
 //! type).
 
-use super::Params;
+use super::params::Params;
 use crate::limits::{approx_bytes, check_memory};
 use crate::report::human_bytes;
 

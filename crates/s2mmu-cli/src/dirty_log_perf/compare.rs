@@ -7,7 +7,11 @@ use std::time::Duration;
 
 use s2mmu::mmu::FaultPath;
 
-use super::{arm64_report, engine, kvm::kvm_params, phase_rows, secs, EngineRun, Params, RunSpec};
+use super::engine::{engine, RunSpec};
+use super::params::Params;
+use super::{arm64_report, kvm::kvm_params};
+use s2mmu_bench::dirty_log::rows::phase_rows;
+use s2mmu_bench::dirty_log::{secs, EngineRun};
 
 /// Runs the three columns that can run here (the engine always) for `v`
 /// vCPUs and returns the comparison's text.

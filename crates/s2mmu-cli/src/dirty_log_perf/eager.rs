@@ -6,8 +6,10 @@ use s2mmu::mmu::FaultPath;
 use serde_json::json;
 use std::time::Duration;
 
-use super::{engine, policy_for, EngineRun, Params, RunSpec};
+use super::engine::{engine, policy_for, RunSpec};
+use super::params::Params;
 use s2mmu_bench::dirty_log::schedule::rotated;
+use s2mmu_bench::dirty_log::EngineRun;
 
 /// One figure of an engine run.
 type RunMetric<'a> = dyn Fn(&EngineRun) -> Duration + 'a;

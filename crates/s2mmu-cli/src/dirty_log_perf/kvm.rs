@@ -4,7 +4,8 @@
 use crate::report::Report;
 use serde_json::json;
 
-use super::{phase_rows, Params};
+use super::params::Params;
+use s2mmu_bench::dirty_log::rows::phase_rows;
 
 /// The selftest's parameters for real KVM from the flags.
 pub(super) fn kvm_params(

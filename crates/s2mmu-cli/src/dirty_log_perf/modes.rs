@@ -3,7 +3,8 @@
 //! logging off, in alternating order; and `--format`, the stage-2 format
 //! the simulated VM's vCPUs walk.
 
-use super::{engine, Params, PolicyArg, RunSpec};
+use super::engine::{engine, RunSpec};
+use super::params::{Params, PolicyArg};
 use crate::report::{human, human_bytes, verdict, Report, Summary};
 use s2mmu::mmu::{DirtyMode, FaultPath, HwDirtyBlocks};
 use s2mmu_bench::dirty_log::schedule::{middle_f64, middle_u64, ModeSamples};

@@ -6,7 +6,7 @@ use s2mmu::mmu::MmuPolicy;
 use s2mmu_cli::dirty_mode::{parse_dirty_modes, DirtyModes};
 use s2mmu_vm::Backing;
 
-use super::FormatArg;
+use s2mmu_cli::vm_format::FormatArg;
 
 /// Which fault-path policy to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -7,8 +7,10 @@ use s2mmu_vm::Backing;
 use serde_json::json;
 use std::time::Duration;
 
-use super::{engine, median_dirty, EngineRun, Params, ReadLockArg, RunSpec};
+use super::engine::{engine, RunSpec};
+use super::params::{Params, ReadLockArg};
 use s2mmu_bench::dirty_log::schedule::rotated;
+use s2mmu_bench::dirty_log::{median_dirty, EngineRun};
 
 /// The three policies in alternating runs per vCPU count; returns the table.
 pub(super) fn both_table(

@@ -31,7 +31,7 @@ pub(super) fn engine_compare(
         },
         harvest: p.harvest(),
     };
-    let mut qemu_alone = || super::spec(p).baseline(a).map(|b| b.init_s);
+    let mut qemu_alone = || p.spec().baseline(a).map(|b| b.init_s);
     let mut progress = |line: &str| {
         if !p.json && !p.quiet {
             println!("{line}");
@@ -45,7 +45,7 @@ pub(super) fn engine_compare(
 fn report(p: &Params, spec: &CompareSpec, c: &EngineComparison) {
     let (medians, ratios) = (c.medians(), c.ratios());
     if p.json {
-        let mut rep = Report::new("linux", super::params_json(p));
+        let mut rep = Report::new("linux", p.params_json());
         rep.result(
             "engine_compare",
             "medians",

@@ -65,7 +65,7 @@ pub fn main(p: &Params) -> Result<(), String> {
 
 fn report(p: &Params, rows: &[Row]) {
     let one = rows.first().and_then(|r| median(&r.ours));
-    let mut rep = Report::new("linux", super::params_json(p));
+    let mut rep = Report::new("linux", p.params_json());
     for r in rows {
         let (m, q, k) = (median(&r.ours), median(&r.qemu), median(&r.kicked));
         let of_one = m.zip(one).map(|(m, o)| m / o);

@@ -2,8 +2,8 @@
 //! and the dirty rate at each harvest (pages logged per second since the
 //! one before), stacked in one figure (SVG, and PNG beside it).
 
-use crate::plot::{stacked_png, stacked_svg, Chart, LineChart, Series};
 use s2mmu_arm64::linux::vm::{LinuxReport, EXIT_NAMES};
+use s2mmu_plot::{stacked_png, stacked_svg, Chart, LineChart, Series};
 use std::path::Path;
 
 /// Writes the figure of `r` to `file` (SVG) and beside it (PNG).

@@ -33,7 +33,7 @@ fn report(p: &Params, rows: &[ModeRates]) {
     let base = median(&rows[0].pages_per_s);
     let ratio = |r: &ModeRates| median(&r.pages_per_s).zip(base).map(|(m, b)| m / b);
     if p.json {
-        let mut rep = Report::new("linux", super::params_json(p));
+        let mut rep = Report::new("linux", p.params_json());
         for r in rows {
             rep.result(
                 &format!("dirtier under {}", r.name),

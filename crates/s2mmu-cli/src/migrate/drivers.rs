@@ -6,7 +6,6 @@
 //! and reports.
 
 use super::params::{channels_name, set_channels, Params};
-use super::plot;
 use super::report_text::{
     dest_json, digests_text, harvest_name, params_json, policy_label, rate_text, report, MIB,
 };
@@ -22,6 +21,7 @@ use s2mmu_migrate::sim::in_process::migrate_in_process;
 use s2mmu_migrate::sim::source::{migrate_source_to, plain_link_to, SimRun};
 use s2mmu_migrate::transport as net;
 use s2mmu_migrate::transport::NetConfig;
+use s2mmu_plot::migration as plot;
 
 /// One run: its name, the source's and the destination's outcomes, the
 /// policy it ran with.

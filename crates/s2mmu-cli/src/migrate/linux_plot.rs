@@ -1,12 +1,12 @@
 //! `migrate --guest linux --plot FILE`: each run's pre-copy rounds (pages
 //! and milliseconds), its downtime's parts and the guest's console gap
 //! (the time between the guest programs' lines as the host saw them, the
-//! largest gap shaded), stacked in one figure through [`crate::plot`]
+//! largest gap shaded), stacked in one figure through [`s2mmu_plot`]
 //! (SVG, and PNG beside it).
 
-use crate::plot::{stacked_png, stacked_svg, BarChart, Chart, LineChart, Phase, Series};
 use s2mmu_arm64_migrate::console_gap::Printer;
 use s2mmu_arm64_migrate::session_run::{LinuxRun, RunDetails};
+use s2mmu_plot::{stacked_png, stacked_svg, BarChart, Chart, LineChart, Phase, Series};
 use std::path::Path;
 
 /// Writes the figure of `runs` to `file` (SVG) and beside it (PNG).

@@ -20,7 +20,6 @@ pub mod linux_guest;
 pub mod linux_net;
 pub mod linux_plot;
 pub mod outcome_json;
-pub mod plot;
 pub mod postcopy_report;
 pub mod wire_bench;
 

@@ -2,7 +2,7 @@
 //! dirty-memory time against the vCPU count per fault policy, and seed
 //! 004's eager split against split on fault, case by case.
 
-use crate::plot::{BarChart, LineChart, Series};
+use s2mmu_plot::{BarChart, LineChart, Series};
 use serde_json::Value;
 
 /// A row's time in milliseconds: its median, or its one value.

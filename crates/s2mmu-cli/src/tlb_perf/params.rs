@@ -2,7 +2,6 @@
 //! make.
 
 use crate::dirty_log_perf::FormatArg;
-use s2mmu::tlb::LargeRangePolicy;
 use s2mmu::TlbPolicy;
 use s2mmu_bench::tlb::Config;
 
@@ -96,15 +95,4 @@ impl Params {
             settle_us: self.settle_us,
         }
     }
-}
-
-pub(super) fn policy_name(p: LargeRangePolicy) -> &'static str {
-    match p {
-        LargeRangePolicy::SplitCalls => "split_calls",
-        LargeRangePolicy::WholeVmid => "whole_vmid",
-    }
-}
-
-pub(super) fn check(p: &Params) -> Result<(), String> {
-    s2mmu_bench::tlb::check(&p.config())
 }

@@ -1,17 +1,19 @@
-//! `tlb-perf` on the simulated VM, the report: the engine's cycles
-//! ([`s2mmu_bench::tlb::vm`]) reduced to medians, and what the whole-VMID
+//! The harvest cycles on the simulated VM (`s2mmu tlb-perf`), the report: the engine's cycles
+//! ([`super::vm`]) reduced to medians, and what the whole-VMID
 //! flush costs the vCPUs (entries removed, TLB refills) against what it
 //! saves the clearing thread.
 
-use super::params::{check, Params};
 use super::report::{
     build_kind, fill, median_f_of, median_of, open, table, Common, ModelRows, SlotFacts,
 };
-use crate::progress::Progress;
-use crate::report::{human, human_bytes, Report};
+use super::vm::VmRun;
+use super::{check, Config};
+use super::{Mode, PAGE, POLICIES};
+use crate::human_bytes;
+use crate::report::Report;
+use crate::text::human;
+use crate::Bars;
 use s2mmu::tlb::LargeRangePolicy;
-use s2mmu_bench::tlb::vm::VmRun;
-use s2mmu_bench::tlb::{Mode, PAGE, POLICIES};
 use s2mmu_vm::VmFormat;
 use serde_json::json;
 use std::time::Duration;
@@ -25,8 +27,8 @@ struct Row {
 }
 
 /// Options with `--vcpus 0` resolved to the machine's CPUs.
-fn resolve(p: &Params) -> Params {
-    let mut resolved = p.clone();
+fn resolve(p: &Config) -> Config {
+    let mut resolved = *p;
     if resolved.vcpus == 0 {
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         resolved.vcpus = cpus.saturating_sub(1).clamp(1, 8);
@@ -34,18 +36,20 @@ fn resolve(p: &Params) -> Params {
     resolved
 }
 
-/// Runs `tlb-perf` on the simulated VM and returns its report.
+/// Runs the harvest cycles on the simulated VM with format `F` and
+/// returns their report (its text and JSON); `vcpus` 0 is one per logical
+/// CPU but one (at least 1, at most 8). `bars` draws the progress of each
+/// phase.
 ///
 /// # Errors
-/// A message naming the flag or the step that failed.
-pub(super) fn run<F: VmFormat>(p: &Params, progress: bool) -> Result<Report, String> {
+/// A message naming the setting (the flag of the same name) or the step
+/// that failed.
+pub fn run<F: VmFormat>(p: &Config, bars: Bars<'_>) -> Result<Report, String> {
     check(p)?;
     let p = &resolve(p);
-    let bars = |what: &str, steps: u64| -> Box<dyn s2mmu_bench::Progress> {
-        Box::new(Progress::new(what, steps, progress))
-    };
-    let r = s2mmu_bench::tlb::vm::run::<F>(&p.config(), &bars)?;
+    let r = super::vm::run::<F>(p, bars)?;
     let facts = Facts {
+        format: F::NAME,
         slot: r.slot,
         walk_ns: r.walk_ns,
         base_miss_rate: r.base_miss_rate,
@@ -72,6 +76,8 @@ fn rows(r: &VmRun) -> Vec<Row> {
 
 /// What the report says besides the rows.
 struct Facts {
+    /// The format's name (`VmFormat::NAME`).
+    format: &'static str,
     slot: SlotFacts,
     /// The cost of one TLB refill (a table walk).
     walk_ns: f64,
@@ -79,13 +85,13 @@ struct Facts {
     base_miss_rate: f64,
 }
 
-fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
+fn report(p: &Config, rows: &[Row], f: &Facts) -> Result<Report, String> {
     let mut report = open(
         p,
         json!({
             "vcpus": p.vcpus,
             "vcpu_mem_bytes": p.vcpu_mem,
-            "format": p.format.name(),
+            "format": f.format,
             "settle_us": p.settle_us,
             "idle_us": p.idle_us,
         }),
@@ -124,7 +130,7 @@ fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
 
 /// What the whole-VMID flush costs the vCPUs in `mode`, against what it
 /// saves the clearing thread.
-fn tradeoff_lines(p: &Params, rows: &[Row], mode: Mode, f: &Facts) -> Result<Vec<String>, String> {
+fn tradeoff_lines(p: &Config, rows: &[Row], mode: Mode, f: &Facts) -> Result<Vec<String>, String> {
     let find = |pol: LargeRangePolicy| {
         rows.iter()
             .find(|r| r.common.mode == mode && r.common.policy == pol)
@@ -163,7 +169,7 @@ fn tradeoff_lines(p: &Params, rows: &[Row], mode: Mode, f: &Facts) -> Result<Vec
 }
 
 /// The human-readable report.
-fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
+fn text(p: &Config, rows: &[Row], f: &Facts, lines: &[String]) -> String {
     let mut s = format!(
         "tlb-perf: {} slot of {} pages ({} of stage-2 tables, mapped in {}, logging enabled in {}), range limit {} pages ({}), {} vCPUs writing {} each, 1 page in {} dirtied per cycle, {} runs ({} build)\n",
         human_bytes(p.size),
@@ -218,4 +224,52 @@ fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use s2mmu::format::arm64::Arm64Stage2;
+
+    fn config() -> Config {
+        Config {
+            size: 1 << 30,
+            chunk: 256 << 20,
+            runs: 1,
+            vcpus: 1,
+            vcpu_mem: 2 << 20,
+            dirty_every: 64,
+            limit_pages: s2mmu::TlbPolicy::DEFAULT_LIMIT_PAGES,
+            idle_us: 0,
+            settle_us: 100,
+        }
+    }
+
+    #[test]
+    fn a_run_reports_both_modes_under_both_policies() {
+        let report = run::<Arm64Stage2>(&config(), &crate::no_bars).unwrap();
+        let v = report.to_json();
+        assert_eq!(v["params"]["format"], Arm64Stage2::NAME);
+        assert_eq!(v["params"]["size_bytes"], 1u64 << 30);
+        let rows = v["results"].as_array().unwrap();
+        // The setup row, then each mode under each policy.
+        assert_eq!(rows.len(), 1 + 2 * POLICIES.len(), "{rows:?}");
+        for pol in POLICIES {
+            let name = super::super::report::policy_name(pol);
+            assert_eq!(rows.iter().filter(|r| r["policy"] == name).count(), 2);
+        }
+        assert!(report.text().contains("whole_slot"), "{}", report.text());
+    }
+
+    #[test]
+    fn a_bad_setting_is_refused_by_name() {
+        let bad = Config {
+            chunk: 4096,
+            ..config()
+        };
+        let Err(e) = run::<Arm64Stage2>(&bad, &crate::no_bars) else {
+            panic!("a 4 KiB chunk was taken");
+        };
+        assert!(e.contains("chunk"), "{e}");
+    }
 }

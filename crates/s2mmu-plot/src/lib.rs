@@ -9,7 +9,7 @@
 //! bytes by `ttf-noto-sans` and registered with plotters' `ab_glyph`
 //! renderer, so no system font or font library is needed; `png` encodes
 //! the buffer. [`write_svg_and_png`] writes both files of any
-//! [`Chart`].
+//! [`Chart`]. [`migration`] draws a migration's time series and rounds.
 
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
@@ -575,6 +575,8 @@ pub fn write_svg_and_png(chart: &impl Figure, svg_path: &Path) -> Result<PathBuf
     }
     Ok(png_path)
 }
+
+pub mod migration;
 
 #[cfg(test)]
 mod tests;

@@ -1,15 +1,18 @@
-//! The reporting both `tlb-perf` models share: the figures every cycle
+//! The reporting both models of the harvest cycles share ([`super::vm_report`],
+//! [`super::arm64_report`]): the figures every cycle
 //! measures (get, clear, invalidation time, calls, pages cleared) reduced
 //! to medians, their JSON rows and comparisons, the lines judged against
-//! the seed's targets, and the table. Each model adds its own columns and
+//! their targets, and the table. Each model adds its own columns and
 //! JSON fields (the simulated VM's TLB refills, the arm64 model's TLBIs).
 
-use super::params::{policy_name, Params};
-use crate::report::{human, human_bytes, merge, verdict, Comparison, Report};
+pub(super) use super::cycle::{CycleTimes, SlotFacts};
+use super::Config;
+use super::{Mode, PAGE, POLICIES};
+use crate::human_bytes;
+use crate::report::{merge, Comparison, Report};
 use crate::stats::{self, Samples};
+use crate::text::{human, verdict};
 use s2mmu::tlb::LargeRangePolicy;
-pub(super) use s2mmu_bench::tlb::cycle::{CycleTimes, SlotFacts};
-use s2mmu_bench::tlb::{Mode, PAGE, POLICIES};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -17,7 +20,7 @@ use std::time::Duration;
 /// with the model's own (`model_params`) merged in, and the setup row
 /// (`setup_case`) with the model's own setup figures (`setup_extra`).
 pub(super) fn open(
-    p: &Params,
+    p: &Config,
     model_params: Value,
     setup_case: &str,
     f: &SlotFacts,
@@ -167,7 +170,7 @@ fn pair<'a>(m: &ModelRows<'a>, mode: Mode) -> Result<(&'a Common, &'a Common), S
 /// A mode without both policies' rows (a bug in the caller).
 pub(super) fn fill(
     report: &mut Report,
-    p: &Params,
+    p: &Config,
     npages: u64,
     m: &ModelRows,
 ) -> Result<Vec<Vec<String>>, String> {
@@ -249,6 +252,14 @@ pub(super) fn table(rows: &[(&Common, String)], extra_headers: &str) -> String {
         s.push('\n');
     }
     s
+}
+
+/// A range policy's name in the report.
+pub fn policy_name(p: LargeRangePolicy) -> &'static str {
+    match p {
+        LargeRangePolicy::SplitCalls => "split_calls",
+        LargeRangePolicy::WholeVmid => "whole_vmid",
+    }
 }
 
 /// Which build measured: a debug build's times mean little.

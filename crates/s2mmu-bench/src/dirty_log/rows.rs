@@ -1,17 +1,20 @@
-//! The JSON rows and text lines of single engine runs: phases, the
-//! lost-write check and the single-run target.
+//! The JSON rows and text lines of single engine runs (`s2mmu
+//! dirty-log-perf` with one policy): phases, counts, the lost-write check
+//! and the single-run target.
 
-use crate::report::{human, verdict, Report};
+use crate::report::Report;
+use crate::stats::Samples;
+use crate::text::{human, verdict};
 use serde_json::json;
 use std::time::Duration;
 
 use super::EngineRun;
 
 /// One JSON row per phase of a single run (`runs: 1`).
-pub(super) fn phase_rows(report: &mut Report, phases: &[(String, Duration)], policy: &str) {
+pub fn phase_rows(report: &mut Report, phases: &[(String, Duration)], policy: &str) {
     for (name, d) in phases {
         // One sample: `value_ns` and `runs: 1`, not a distribution.
-        report.result(name, policy, crate::stats::Samples::of(&[*d]).json());
+        report.result(name, policy, Samples::of(&[*d]).json());
     }
 }
 
@@ -19,7 +22,7 @@ pub(super) fn phase_rows(report: &mut Report, phases: &[(String, Duration)], pol
 /// (fast, slow, split on fault), lock contentions and pages dirtied, the
 /// pass after logging stopped, and the per-fault time of the pass the text
 /// quotes.
-pub(super) fn count_rows(report: &mut Report, r: &EngineRun, vcpus: usize, policy: &str) {
+pub fn count_rows(report: &mut Report, r: &EngineRun, vcpus: usize, policy: &str) {
     for (i, it) in r.iterations.iter().enumerate() {
         report.result(
             &format!("iteration_{}_faults", i + 1),
@@ -76,7 +79,7 @@ fn per_fault(r: &EngineRun) -> Option<(u64, f64)> {
 }
 
 /// The lost-write check's rows, and the run's failure if a write was lost.
-pub(super) fn lost_rows(report: &mut Report, r: &EngineRun, vcpus: usize) {
+pub fn lost_rows(report: &mut Report, r: &EngineRun, vcpus: usize) {
     let mut total = 0;
     for (i, it) in r.iterations.iter().enumerate() {
         if let Some(l) = it.lost_writes {
@@ -95,9 +98,9 @@ pub(super) fn lost_rows(report: &mut Report, r: &EngineRun, vcpus: usize) {
     }
 }
 
-/// The single-run target: 1 vCPU, 256 MiB, a dirty pass of 65536
+/// The single-run target: 1 vCPU, 256 MiB, a dirty pass of 65536
 /// write-protection faults within 50 ms.
-pub(super) fn single_target(r: &EngineRun, vcpus: usize, bytes: u64) -> String {
+pub fn single_target(r: &EngineRun, vcpus: usize, bytes: u64) -> String {
     let (Some(it), Some((faults, per))) = (
         r.iterations
             .iter()

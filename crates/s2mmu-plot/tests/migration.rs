@@ -1,10 +1,10 @@
 //! The migration's plots: every chart, series and phase named, post-copy
 //! and several runs included.
-use s2mmu_cli::migrate::plot::*;
 use s2mmu_migrate::session::postcopy::{PostcopyFigures, PostcopyOutcome};
 use s2mmu_migrate::session::source::RoundStat;
 use s2mmu_migrate::session::source::SourceOutcome;
 use s2mmu_migrate::session::timeline::Sample;
+use s2mmu_plot::migration::*;
 
 fn outcome() -> SourceOutcome {
     SourceOutcome {

@@ -1,12 +1,19 @@
-//! `memslot-perf`'s tables, target lines, JSON rows and comparisons, and the
-//! real-KVM rows (the reporting part).
+//! The report of a memslot run: the cover letter's tables, the target
+//! lines, and the JSON rows and comparisons (array against tree, real KVM
+//! against tree), with [`run_report`] running it all as `s2mmu
+//! memslot-perf` does.
 
-use super::*;
-use s2mmu_bench::memslot::{CaseResult, MemslotPerfReport, PAGE_SIZE};
+use super::{
+    check, kvm_rows, run_with, CaseResult, MemslotPerfParams, MemslotPerfReport, PAGE_SIZE,
+    SCENARIO_TABLE,
+};
+use crate::report::Report;
+use crate::text::verdict;
+use crate::Bars;
 use serde_json::{json, Value};
 
 /// Table rows in the cover letter's order, with their printed names.
-pub(super) const TABLE_ROWS: [(&str, &str); 12] = [
+const TABLE_ROWS: [(&str, &str); 12] = [
     ("map", "Map"),
     ("unmap", "Unmap"),
     ("unmap_chunked", "Unmap 2M"),
@@ -21,7 +28,7 @@ pub(super) const TABLE_ROWS: [(&str, &str); 12] = [
     ("lookup_gfn_snapshot", "Gfn lookup+snap"),
 ];
 
-pub(super) fn find<'a>(
+fn find<'a>(
     rows: &'a [CaseResult],
     case: &str,
     slots: u32,
@@ -32,7 +39,7 @@ pub(super) fn find<'a>(
 }
 
 /// Seconds the way the cover letter prints them: three significant digits.
-pub(super) fn seconds(ns: f64) -> String {
+fn seconds(ns: f64) -> String {
     if !ns.is_finite() {
         return "-".into();
     }
@@ -46,7 +53,7 @@ pub(super) fn seconds(ns: f64) -> String {
 }
 
 /// The cover letter's "Improvement": how much less time the tree takes, or "None".
-pub(super) fn improvement(before: f64, after: f64) -> String {
+fn improvement(before: f64, after: f64) -> String {
     let pct = (before - after) / before * 100.0;
     if !pct.is_finite() || pct < 1.0 {
         "None".into()
@@ -114,9 +121,8 @@ pub fn tables(report: &MemslotPerfReport) -> String {
     out
 }
 
-/// The targets, each a line with what was measured and PASS or MISS.
-pub(super) fn targets(report: &MemslotPerfReport) -> Vec<String> {
-    use crate::report::verdict;
+/// The targets, each a line with what was measured and PASS or MISS.
+pub fn targets(report: &MemslotPerfReport) -> Vec<String> {
     let mut lines = Vec::new();
     let kvm = report.kvm.as_deref().unwrap_or(&[]);
     let median = |rows: &[CaseResult], case: &str, n: u32, policy: &str| {
@@ -190,7 +196,9 @@ pub(super) fn targets(report: &MemslotPerfReport) -> Vec<String> {
     lines
 }
 
-pub(super) fn params_json(p: &MemslotPerfParams, kvm: bool) -> Value {
+/// The parameters of a run as the report's `params`; `kvm` says whether
+/// real KVM's column was asked for.
+pub fn params_json(p: &MemslotPerfParams, kvm: bool) -> Value {
     json!({
         "slots": p.slots,
         "mem_bytes": p.mem_bytes,
@@ -207,7 +215,7 @@ pub(super) fn params_json(p: &MemslotPerfParams, kvm: bool) -> Value {
 
 /// One row's metrics: one run is a value, not a distribution (`value_ns`); a median
 /// whose runs were not kept (real KVM's repeated operations) has no minimum or maximum.
-pub(super) fn row_metrics(r: &CaseResult) -> Value {
+fn row_metrics(r: &CaseResult) -> Value {
     let finite = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
     let mut m = json!({
         "slots": r.slots,
@@ -231,7 +239,7 @@ pub(super) fn row_metrics(r: &CaseResult) -> Value {
 
 /// Results and comparisons (array against tree for every case; real KVM against tree
 /// where KVM rows exist) into the JSON envelope.
-pub(super) fn fill(out: &mut crate::report::Report, report: &MemslotPerfReport) {
+pub fn fill(out: &mut Report, report: &MemslotPerfReport) {
     let kvm = report.kvm.as_deref().unwrap_or(&[]);
     for r in report.results.iter().chain(kvm) {
         out.result(
@@ -262,5 +270,105 @@ pub(super) fn fill(out: &mut crate::report::Report, report: &MemslotPerfReport) 
                 );
             }
         }
+    }
+}
+
+/// Runs every scenario at every slot count on both policies (and on real
+/// KVM with `kvm`), and builds the report: the tables, the target lines,
+/// and the JSON rows and comparisons. `bars` draws the progress of the
+/// scenario runs.
+///
+/// # Errors
+/// Bad parameters (as [`check`]), guest memory that cannot be mapped, or
+/// wrong data seen by a guest. Real KVM being unusable is not an error:
+/// its column is left out with a note in the text.
+pub fn run_report(params: &MemslotPerfParams, kvm: bool, bars: Bars<'_>) -> Result<Report, String> {
+    check(params)?;
+    // Each scenario runs `runs` times on each policy, at each slot count.
+    let steps = (params.slots.len() * SCENARIO_TABLE.len() * 2) as u64 * u64::from(params.runs);
+    let bar = bars("memslot-perf", steps);
+    let mut report = run_with(params, bar.as_ref())?;
+    drop(bar);
+    let mut notes = Vec::new();
+    if kvm {
+        match kvm_rows(params) {
+            Ok(rows) => report.kvm = Some(rows),
+            Err(e) => notes.push(format!("KVM column left out: {e}")),
+        }
+    }
+    let mut text = tables(&report);
+    let mut out = Report::new("memslot-perf", params_json(params, kvm));
+    fill(&mut out, &report);
+    text.push('\n');
+    for line in targets(&report).into_iter().chain(notes) {
+        text.push_str(&line);
+        text.push('\n');
+    }
+    out.set_text(text);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(case: &'static str, policy: &str, median_ns: f64) -> CaseResult {
+        CaseResult {
+            case,
+            slots: 10,
+            slots_used: 10,
+            policy: policy.into(),
+            median_ns,
+            min_ns: median_ns,
+            max_ns: median_ns,
+            runs: 1,
+            samples_ns: vec![median_ns],
+            iterations: 0,
+            paired_ratio: None,
+        }
+    }
+
+    #[test]
+    fn tables_rows_and_comparisons_follow_the_results() {
+        let params = MemslotPerfParams {
+            slots: vec![10],
+            ..MemslotPerfParams::default()
+        };
+        let report = MemslotPerfReport {
+            params: params.clone(),
+            results: vec![
+                row("move_slot", "array", 200.0),
+                row("move_slot", "tree", 100.0),
+            ],
+            kvm: Some(vec![row("move_slot", "kvm", 400.0)]),
+        };
+        let text = tables(&report);
+        let line = text.lines().find(|l| l.starts_with("One move")).unwrap();
+        assert!(line.contains("50%"), "tree half the array's time: {line}");
+        assert!(line.ends_with("0.000000400s"), "the KVM column: {line}");
+        let mut out = Report::new("memslot-perf", params_json(&params, true));
+        fill(&mut out, &report);
+        let v = out.to_json();
+        assert_eq!(v["results"].as_array().unwrap().len(), 3);
+        let names: Vec<&str> = v["comparisons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["case"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["move_slot@10 array vs tree", "move_slot@10 kvm vs tree"]
+        );
+        assert_eq!(v["results"][0]["value_ns"], 200.0);
+    }
+
+    #[test]
+    fn a_run_with_bad_parameters_is_refused_before_it_starts() {
+        let params = MemslotPerfParams {
+            runs: 0,
+            ..MemslotPerfParams::default()
+        };
+        assert!(run_report(&params, false, &crate::no_bars).is_err());
     }
 }

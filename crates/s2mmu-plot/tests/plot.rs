@@ -1,5 +1,5 @@
 //! The plots' tests: every chart, series and phase named, PNGs decoded.
-use s2mmu_cli::plot::*;
+use s2mmu_plot::*;
 
 /// Decodes a PNG, checking its signature and IHDR by hand first:
 /// returns (width, height, RGB pixels).

@@ -1,4 +1,4 @@
-//! The migration drawn through [`crate::plot`] (plotters, SVG): three
+//! The migration drawn through [`crate`] (plotters, SVG): three
 //! charts stacked in one figure. The guest's write rate over time and its
 //! execution time per write (log scale; dirty-log-perf's per-interval
 //! degradation while dirty logging is on), each over the shaded phases of
@@ -6,7 +6,7 @@
 //! migration's phase on the destination from the resume to the last
 //! page); then the pages sent in every round.
 
-use crate::plot::{stacked_png, stacked_svg, BarChart, Chart, LineChart, Phase, Series};
+use crate::{stacked_png, stacked_svg, BarChart, Chart, LineChart, Phase, Series};
 use s2mmu_migrate::session::source::SourceOutcome;
 use s2mmu_migrate::session::timeline::intervals;
 

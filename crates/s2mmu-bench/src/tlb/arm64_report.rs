@@ -1,18 +1,21 @@
-//! `tlb-perf --arm64`, the flags' limits on the model and the report: the
-//! engine's cycles and checks ([`s2mmu_bench::tlb::arm64`]) reduced to
+//! The harvest cycles on the arm64 model (`s2mmu tlb-perf --arm64`), the
+//! limits on the model and the report: the
+//! engine's cycles and checks ([`super::arm64`]) reduced to
 //! medians, the TLBI counts and the wait for EL2. QEMU's timings are an
 //! emulator's: the counts are the result, the times are read as ratios.
 
-use super::params::{check, Params};
+use super::arm64::Arm64Run;
 use super::report::{build_kind, fill, median_of, open, table, Common, ModelRows, SlotFacts};
-use crate::progress::Progress;
-use crate::report::{human, human_bytes, Report};
+use super::{check, Config};
+use super::{Mode, PAGE, POLICIES};
+use crate::arm64 as a64;
+use crate::human_bytes;
+use crate::report::Report;
+use crate::text::human;
+use crate::Bars;
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu_arm64::effect::ProtectEffect;
 use s2mmu_arm64::walk_cache::{AfterMove, WalkCacheReport};
-use s2mmu_bench::arm64 as a64;
-use s2mmu_bench::tlb::arm64::Arm64Run;
-use s2mmu_bench::tlb::{Mode, PAGE, POLICIES};
 use serde_json::json;
 use std::time::Duration;
 
@@ -28,28 +31,28 @@ struct Row {
     pickup_ns: u64,
 }
 
-/// Checks what only the arm64 mode limits, before QEMU starts.
+/// Checks the settings and what only the arm64 model limits, before QEMU
+/// starts.
 ///
 /// # Errors
-/// A message naming the flag and its limit.
-pub(super) fn check_arm64(p: &Params) -> Result<(), String> {
+/// A message naming the setting (the flag of the same name) and its limit.
+pub fn check_arm64(p: &Config) -> Result<(), String> {
     check(p)?;
-    s2mmu_bench::tlb::arm64::check(&p.config())
+    super::arm64::check(p)
 }
 
-/// Runs `tlb-perf --arm64` and returns its report.
+/// Runs the harvest cycles on the arm64 model and returns their report
+/// (its text and JSON); `bars` draws the progress of each phase.
 ///
 /// # Errors
-/// Bad options (before QEMU starts), the model's or the engine's errors.
-pub(super) fn run(p: &Params, progress: bool) -> Result<Report, String> {
+/// Bad settings (before QEMU starts), QEMU unavailable (`--arm64: why`),
+/// the model's or the engine's errors.
+pub fn run(p: &Config, bars: Bars<'_>) -> Result<Report, String> {
     check_arm64(p)?;
     if let Some(why) = a64::unavailable() {
         return Err(format!("--arm64: {why}"));
     }
-    let bars = |what: &str, steps: u64| -> Box<dyn s2mmu_bench::Progress> {
-        Box::new(Progress::new(what, steps, progress))
-    };
-    let r = s2mmu_bench::tlb::arm64::run(&p.config(), &bars)?;
+    let r = super::arm64::run(p, bars)?;
     let rows = rows(&r);
     let facts = Facts {
         slot: r.slot,
@@ -91,7 +94,7 @@ struct Facts {
     operand: WalkCacheReport,
 }
 
-fn report(p: &Params, rows: &[Row], f: &Facts) -> Result<Report, String> {
+fn report(p: &Config, rows: &[Row], f: &Facts) -> Result<Report, String> {
     let mut report = open(
         p,
         json!({ "arm64": true, "qemu_cpus": 2 }),
@@ -175,7 +178,7 @@ fn tlbi_line(rows: &[Row], mode: Mode, report: &mut Report) -> Option<String> {
 }
 
 /// The human-readable report.
-fn text(p: &Params, rows: &[Row], f: &Facts, lines: &[String]) -> String {
+fn text(p: &Config, rows: &[Row], f: &Facts, lines: &[String]) -> String {
     let mut s = format!(
         "tlb-perf --arm64: {} slot of {} 4K pages on QEMU's arm64 model (2 CPUs: one idle at EL2, one serving the host's TLB maintenance at EL2, so every TLB call is a round trip to EL2); {} of stage-2 tables in the shared RAM, QEMU up in {}, mapped in {}, logging enabled in {}; range limit {} pages ({}); {} dirtied per cycle; {} runs ({} build)\n{}\n",
         human_bytes(p.size),
