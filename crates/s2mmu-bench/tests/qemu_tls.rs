@@ -73,9 +73,8 @@ fn migrate(name: &str, src_key: &str, dst_key: &str) -> String {
     s.cmd("migrate", json!({ "uri": addr })).unwrap();
     let status = loop {
         let st = s.cmd("query-migrate", json!({})).unwrap();
-        match st["status"].as_str() {
-            Some(x @ ("completed" | "failed" | "cancelled")) => break x.to_string(),
-            _ => {}
+        if let Some(x @ ("completed" | "failed" | "cancelled")) = st["status"].as_str() {
+            break x.to_string();
         }
         assert!(Instant::now() < deadline, "no end by the deadline: {st}");
         std::thread::sleep(Duration::from_millis(50));

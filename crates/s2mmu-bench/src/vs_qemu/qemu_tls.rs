@@ -29,7 +29,7 @@ impl PskDir {
     /// file could not be written.
     pub fn write(dir: &Path, key_hex: &str) -> Result<PskDir, String> {
         if key_hex.is_empty()
-            || key_hex.len() % 2 != 0
+            || !key_hex.len().is_multiple_of(2)
             || !key_hex.bytes().all(|b| b.is_ascii_hexdigit())
         {
             return Err(format!(
