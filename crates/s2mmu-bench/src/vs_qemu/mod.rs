@@ -15,6 +15,7 @@ pub mod console;
 pub mod link;
 pub mod ours;
 pub mod qemu;
+pub mod qemu_tls;
 pub mod qmp;
 pub mod report;
 

@@ -3,7 +3,8 @@
 //! loopback both machines run in one process over TCP (plain, as QEMU's);
 //! across namespaces a destination `--listen`s in one and a source goes
 //! `--to` it from the other, authenticated by a pre-shared key (TLS: the
-//! two-process form takes no plain TCP).
+//! two-process form takes no plain TCP; QEMU's side is then TLS with a
+//! pre-shared key too, [`super::qemu_tls`]).
 
 use super::cell::{Cell, Measured, Spec, WARMUP_S};
 use super::console::{self, Lines};

@@ -5,11 +5,15 @@
 //! lifted (`max-bandwidth` 1 TiB/s), `auto-converge` on for pre-copy (ours
 //! throttles by default) and `postcopy-ram` on both sides for post-copy
 //! (`migrate-start-postcopy` right after `migrate`: QEMU switches after
-//! its first pass, as ours does after round 0).
+//! its first pass, as ours does after round 0). Over the namespaced
+//! links, where ours runs two processes with `--psk`, QEMU's connection is
+//! TLS with a pre-shared key too ([`super::qemu_tls`]); on loopback both
+//! are plain TCP (ours runs `--no-tls`).
 
 use super::cell::{Cell, Measured, Spec, WARMUP_S};
 use super::console::{self, Lines};
 use super::link::{Net, Procs};
+use super::qemu_tls::{self, PskDir};
 use super::qmp::Qmp;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -20,14 +24,23 @@ use std::time::{Duration, Instant};
 pub const SETTINGS: &str = "max-bandwidth 1 TiB/s (the 128 MiB/s default cap lifted), \
      downtime-limit 300 ms (its default; ours --max-downtime 300ms), auto-converge on for \
      pre-copy, postcopy-ram on both sides and migrate-start-postcopy after migrate for \
-     post-copy; plain TCP";
+     post-copy; over the namespaced links TLS with a pre-shared key (tls-creds-psk, \
+     GnuTLS; ours: --psk, TLS 1.3), on loopback plain TCP (ours: --no-tls)";
 
 /// How long a run may take beyond the guest program's own time.
 const SLACK: Duration = Duration::from_secs(180);
 /// How long after its own end the guest program's last line may come.
 const END_SLACK_S: f64 = 30.0;
 
-fn qemu(spec: &Spec, cell: Cell, qmp: &Path, incoming: Option<&str>) -> Command {
+/// QEMU's command line; `psk` adds its TLS credentials (the server's
+/// where it listens, `incoming`).
+fn qemu(
+    spec: &Spec,
+    cell: Cell,
+    qmp: &Path,
+    incoming: Option<&str>,
+    psk: Option<&PskDir>,
+) -> Command {
     let mut c = Command::new("qemu-system-aarch64");
     c.args(["-M", "virt,gic-version=3", "-cpu", "max,pauth-impdef=on"])
         .args(["-smp", &spec.vcpus.to_string()])
@@ -45,6 +58,9 @@ fn qemu(spec: &Spec, cell: Cell, qmp: &Path, incoming: Option<&str>) -> Command 
         .args(["-serial", "stdio"])
         .arg("-qmp")
         .arg(format!("unix:{},server=on,wait=off", qmp.display()));
+    if let Some(p) = psk {
+        c.arg("-object").arg(p.object(incoming.is_some()));
+    }
     if let Some(i) = incoming {
         c.args(["-incoming", i]);
     }
@@ -118,9 +134,14 @@ pub fn run(
     };
     let addr = format!("{host}:{port}");
     let incoming = format!("tcp:{addr}");
-    let dc = qemu(spec, cell, &dq, Some(&incoming));
+    // TLS where ours uses it: over the namespaced links.
+    let psk = match net {
+        None => None,
+        Some(_) => Some(PskDir::random(&tmp.join(format!("q-psk{i}")))?),
+    };
+    let dc = qemu(spec, cell, &dq, Some(&incoming), psk.as_ref());
     start(dc, net.map(|n| (n, "d")), &dst_lines, &mut procs)?;
-    let sc = qemu(spec, cell, &sq, None);
+    let sc = qemu(spec, cell, &sq, None, psk.as_ref());
     start(sc, net.map(|n| (n, "s")), &src_lines, &mut procs)?;
     let mut s = Qmp::connect(&sq, deadline)?;
     let mut d = Qmp::connect(&dq, deadline)?;
@@ -137,6 +158,10 @@ pub fn run(
     s.cmd("migrate-set-capabilities", json!({ "capabilities": caps }))?;
     if cell.postcopy() {
         d.cmd("migrate-set-capabilities", json!({ "capabilities": caps }))?;
+    }
+    if psk.is_some() {
+        // The destination reads its parameter when the source connects.
+        qemu_tls::use_creds(&mut d).and_then(|()| qemu_tls::use_creds(&mut s))?;
     }
     s.cmd(
         "migrate-set-parameters",
