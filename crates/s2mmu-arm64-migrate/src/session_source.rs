@@ -251,8 +251,8 @@ impl SessionVm for LinuxSessionVm {
             self.tracking.store(true, Ordering::SeqCst);
         }
         let machine = vm.machine().clone();
-        vm.set_page_fetch(fetch.map(|f| crate::fault_hook::with_postcopy_fault(f, &machine)));
-        Ok(())
+        vm.set_page_fetch(fetch.map(|f| crate::fault_hook::with_postcopy_fault(f, &machine)))
+            .map_err(vmerr)
     }
 }
 

@@ -128,15 +128,30 @@ impl PageFetch for Gone {
     ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn missing_page_that_cannot_come_stops_the_destination() {
+    missing_page_stops(Engine::El2);
+}
+
+/// The same with the engine on the host, whose fault path asks the hook
+/// itself.
+#[test]
+#[cfg_attr(
+    not(s2mmu_linux_runnable),
+    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
+)]
+fn missing_page_that_cannot_come_stops_the_destination_on_the_host() {
+    missing_page_stops(Engine::Host);
+}
+
+/// `set_page_fetch` alone, without a session: at EL2 it makes the RAM
+/// slot a post-copy one itself, so B's missing pages reach the hook
+/// instead of being mapped from B's empty backing.
+fn missing_page_stops(engine: Engine) {
     let _one = common::serial();
     let Some(a) = common::linux_assets() else {
         return;
     };
-    // The host placement: `set_page_fetch` alone (no session) does not make
-    // EL2's RAM slot a post-copy one, so at EL2 B's pages would be mapped
-    // from its empty backing.
     let cfg = LinuxConfig {
-        engine: Engine::Host,
+        engine,
         ..config(&a, 1)
     };
     let mut vm_a = LinuxVm::boot(&cfg).expect("A boots");
@@ -146,7 +161,8 @@ fn missing_page_that_cannot_come_stops_the_destination() {
     let mut vm_b = LinuxVm::blank(&cfg).expect("B starts");
     s2mmu_arm64_migrate::state::load(&mut vm_b, &state).expect("B takes A's state");
     let gone = Arc::new(Gone(AtomicU64::new(0)));
-    vm_b.set_page_fetch(Some(gone.clone()));
+    vm_b.set_page_fetch(Some(gone.clone()))
+        .expect("B takes the hook");
     vm_b.resume_vcpus().expect("B starts its vCPU");
     let t = Instant::now();
     let why = loop {

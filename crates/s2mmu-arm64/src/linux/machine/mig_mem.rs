@@ -92,11 +92,24 @@ impl LinuxVm {
     /// Sets (or with `None` removes) post-copy's hook: every vCPU's
     /// translation fault in guest RAM calls it before the engine maps the
     /// page. Set it on a destination before [`crate::linux::migrate::LinuxVm::resume_vcpus`].
-    pub fn set_page_fetch(&mut self, hook: Option<Arc<dyn PageFetch>>) {
+    ///
+    /// With the engine at EL2, a hook needs the RAM slot to be a post-copy
+    /// slot there (else EL2 would map a page that has not arrived without
+    /// asking): if [`crate::linux::migrate::LinuxVm::el2_postcopy`] has not
+    /// made it one, this does, without logging.
+    ///
+    /// # Errors
+    /// EL2 refuses the post-copy slot (for example, the machine has already
+    /// run guest code); the hook is then left as it was.
+    pub fn set_page_fetch(&mut self, hook: Option<Arc<dyn PageFetch>>) -> Result<()> {
+        if hook.is_some() && !self.el2_postcopy_armed() {
+            self.el2_postcopy(false)?;
+        }
         self.hook = hook;
         if let Ok(r) = self.running() {
             r.sh.faults.page_fetch.set(self.hook_range());
         }
+        Ok(())
     }
 
     /// The hook with the range it covers (all guest RAM).

@@ -110,6 +110,19 @@ impl LinuxVm {
         self.placement().sink()
     }
 
+    /// Whether the RAM slot is a post-copy slot at EL2 (always true with
+    /// the host placement, whose fault path asks the hook itself).
+    pub(crate) fn el2_postcopy_armed(&self) -> bool {
+        match self.placement() {
+            Host::Host(_) => true,
+            Host::El2(v) => v
+                .postcopy
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some(),
+        }
+    }
+
     /// Makes the RAM slot a post-copy slot at EL2 (logging if `logging`):
     /// EL2 maps none of its pages until the host has it. The host
     /// placement's fault path asks the hook itself: nothing to do there.
