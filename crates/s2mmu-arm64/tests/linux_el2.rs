@@ -108,9 +108,13 @@ fn no_page_lost(mode: DirtyMode) {
         "the guest's own check; console:\n{}",
         r.console
     );
-    assert!(d.harvests >= 20, "{} harvests", d.harvests);
+    assert!(d.harvests >= 100, "{} harvests", d.harvests);
     assert!(d.changed > 1000, "the guest changed {} pages", d.changed);
     assert_eq!(d.lost, 0, "lost pages: {:x?}", d.lost_examples);
+    eprintln!(
+        "{mode:?}: {} harvests, {} pages changed, 0 lost",
+        d.harvests, d.changed
+    );
     let c = r
         .el2_counters
         .expect("EL2's counters")
