@@ -98,7 +98,7 @@ fn no_page_lost(mode: DirtyMode) {
         change: Default::default(),
         cut_after: None,
     };
-    let cmdline = "quiet s2mmu.run=dirtier s2mmu.args=mem=48,file=8,secs=20";
+    let cmdline = "quiet s2mmu.run=dirtier s2mmu.args=mem=48,file=8,secs=30";
     let Some(r) = run(2, cfg, cmdline) else {
         return;
     };
