@@ -30,10 +30,9 @@ use s2mmu_migrate::vm::{GuestRun, SessionVm};
 use std::time::{Duration, Instant};
 
 const VCPUS: u64 = 2;
-/// The dirty limit: pages a second per vCPU. Far below the unbraked guest
-/// even on a loaded machine: under stress-ng --cpu 4 (load 17) the dirtier
-/// managed only 71 pages a second (each page written is a stage-2 fault
-/// through QEMU), under the 40 of a pace of 20 plus its slack.
+/// The dirty limit: pages a second per vCPU. Far below what the unbraked
+/// dirtier writes even on a heavily loaded machine, where each page it
+/// writes under the host placement is a stage-2 fault through QEMU.
 const PACE: u64 = 4;
 /// Auto-converge's throttle: nanoseconds slept per page written (at most
 /// 4 pages a second per vCPU).

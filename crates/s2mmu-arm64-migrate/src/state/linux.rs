@@ -72,19 +72,9 @@ fn vcpu_load(bytes: &[u8], tag: u32) -> Result<VcpuPart, StateError> {
         _ => Some(vcpu::decode(&mut f, tag)?),
     };
     f.finish(tag)?;
-    // A running vCPU has registers; a pending one an entry.
-    let consistent = match power {
-        PowerState::On => regs.is_some() && start.is_none(),
-        PowerState::OnPending => regs.is_none() && start.is_some(),
-        PowerState::Off => regs.is_none() && start.is_none(),
-    };
-    if !consistent {
-        return Err(bad(format!(
-            "power state {power:?} with registers {} and entry {start:?}",
-            regs.is_some()
-        )));
-    }
-    Ok(VcpuPart { power, start, regs })
+    let part = VcpuPart { power, start, regs };
+    part.check().map_err(bad)?;
+    Ok(part)
 }
 
 /// The encoded state of `state`.

@@ -5,8 +5,7 @@ use super::device::DeviceState;
 use s2mmu_migrate::state::{Fields, StateError};
 use vm_superio::serial::SerialState;
 
-/// The receive FIFO's size in the 16550.
-const UART_FIFO: usize = 64;
+use s2mmu_arm64::linux::vm_state::UART_FIFO_BYTES as UART_FIFO;
 
 impl DeviceState for SerialState {
     /// Appends the 16550's registers and its receive FIFO.
