@@ -27,7 +27,7 @@ fn main() {
     println!("cargo:rerun-if-changed=asm/hyp.ld");
     println!("cargo:rerun-if-changed=asm/el1_tests.S");
     println!("cargo:rerun-if-changed=asm/el2_mmu.S");
-    println!("cargo:rerun-if-changed=../s2mmu-el2/asm/el2_macros.S");
+    println!("cargo:rerun-if-changed={}/el2_macros.S", el2_asm_dir());
     println!("cargo:rerun-if-changed=asm/hyp_el2.ld");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=S2MMU_ARM64_NO_IMAGE");
@@ -174,6 +174,12 @@ fn linux_guest() -> Result<(), String> {
     }
 }
 
+/// Where `s2mmu-el2`'s shared assembly macros are (`hyp.S` includes
+/// `el2_macros.S`): that crate's build script says, through `links`.
+fn el2_asm_dir() -> String {
+    std::env::var("DEP_S2MMU_EL2_ASM_DIR").unwrap_or_else(|_| "../s2mmu-el2/asm".into())
+}
+
 fn run(cmd: &mut Command) -> Result<Vec<u8>, String> {
     let o = cmd
         .output()
@@ -212,8 +218,13 @@ fn el1_tests(out: &Path, tools: bool) {
 fn assemble(out: &Path) -> Result<String, String> {
     let obj = out.join("hyp.o");
     let elf = out.join("hyp.elf");
-    run(Command::new(AS).arg("asm/hyp.S").arg("-o").arg(&obj))
-        .map_err(|e| format!("{AS} (binutils-aarch64-linux-gnu) not usable: {e}"))?;
+    run(Command::new(AS)
+        .arg("-I")
+        .arg(el2_asm_dir())
+        .arg("asm/hyp.S")
+        .arg("-o")
+        .arg(&obj))
+    .map_err(|e| format!("{AS} (binutils-aarch64-linux-gnu) not usable: {e}"))?;
     run(Command::new(LD)
         .arg("-T")
         .arg("asm/hyp.ld")

@@ -120,6 +120,8 @@ fn build(out: &Path) -> Result<PathBuf, String> {
     let elf = out.join("hyp_el2.elf");
     super::run(
         Command::new(super::AS)
+            .arg("-I")
+            .arg(super::el2_asm_dir())
             .args(["--defsym", "EL2_ENGINE=1", "asm/hyp.S", "-o"])
             .arg(&obj),
     )?;

@@ -9,6 +9,12 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    // The stage-1 set-up and register-frame macros the EL2 stub of
+    // `s2mmu-arm64` shares with this crate's image: its build script reads
+    // this as `DEP_S2MMU_EL2_ASM_DIR`, so it assembles from a package as
+    // from the repository.
+    let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    println!("cargo:asm_dir={dir}/asm");
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo:rerun-if-env-changed=S2MMU_QEMU");
     println!("cargo:rerun-if-env-changed=S2MMU_REQUIRE_ARM64");

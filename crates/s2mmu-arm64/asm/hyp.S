@@ -152,7 +152,7 @@
         .equ    EXIT_SHORT_WAITS, 4
         .equ    EXIT_BACKOFF_SHIFT, 4
 
-        .include "../s2mmu-el2/asm/el2_macros.S"
+        .include "el2_macros.S"
 
         // Adds x3 (ticks) to the mailbox's `ticks` and one to its `count`.
         // Clobbers x4.
