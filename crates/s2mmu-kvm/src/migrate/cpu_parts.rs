@@ -64,13 +64,37 @@ fn count(f: &mut Fields<'_>, what: &str, max: usize, each: usize) -> Result<usiz
     Ok(n)
 }
 
+/// `value` of `what`, refused past `max` as the decoder would.
+fn bounded(what: &str, value: usize, max: usize) -> Result<u32, StateError> {
+    if value > max {
+        return Err(StateError::TooLarge {
+            what: what.into(),
+            value: value as u64,
+            max: max as u64,
+        });
+    }
+    Ok(value as u32)
+}
+
 /// The FPU section's bytes.
-pub fn encode_fpu(fpu: &FpuState) -> Vec<u8> {
+///
+/// # Errors
+/// The decoder's bounds: [`StateError::TooLarge`] for an XSAVE area over
+/// [`MAX_XSAVE_BYTES`], [`StateError::BadSection`] (with `tag`) for one
+/// under [`XSAVE_LEGACY_BYTES`].
+pub fn encode_fpu(fpu: &FpuState, tag: u32) -> Result<Vec<u8>, StateError> {
     let mut out = Vec::new();
     match fpu {
         FpuState::Xsave(words) => {
+            let n = bounded("xsave words", words.len(), MAX_XSAVE_BYTES / 4)?;
+            if words.len() * 4 < XSAVE_LEGACY_BYTES {
+                return Err(StateError::BadSection {
+                    tag,
+                    what: format!("xsave area of {} bytes, less than 4096", words.len() * 4),
+                });
+            }
             out.push(0);
-            put_u32(&mut out, words.len() as u32);
+            put_u32(&mut out, n);
             for w in words {
                 put_u32(&mut out, *w);
             }
@@ -91,7 +115,7 @@ pub fn encode_fpu(fpu: &FpuState) -> Vec<u8> {
             put_u32(&mut out, f.mxcsr);
         }
     }
-    out
+    Ok(out)
 }
 
 /// Parses the FPU section of tag `tag`.
@@ -145,8 +169,11 @@ pub fn decode_fpu(bytes: &[u8], tag: u32) -> Result<FpuState, StateError> {
 }
 
 /// The XCR section's bytes.
-pub fn encode_xcrs(x: &kvm_xcrs) -> Vec<u8> {
-    let n = (x.nr_xcrs as usize).min(MAX_XCRS);
+///
+/// # Errors
+/// [`StateError::TooLarge`] for more than [`MAX_XCRS`].
+pub fn encode_xcrs(x: &kvm_xcrs) -> Result<Vec<u8>, StateError> {
+    let n = bounded("xcrs", x.nr_xcrs as usize, MAX_XCRS)? as usize;
     let mut out = Vec::with_capacity(8 + n * 12);
     put_u32(&mut out, n as u32);
     put_u32(&mut out, x.flags);
@@ -154,7 +181,7 @@ pub fn encode_xcrs(x: &kvm_xcrs) -> Vec<u8> {
         put_u32(&mut out, r.xcr);
         put_u64s(&mut out, &[r.value]);
     }
-    out
+    Ok(out)
 }
 
 /// Parses the XCR section of tag `tag`.
@@ -181,14 +208,26 @@ pub fn decode_xcrs(bytes: &[u8], tag: u32) -> Result<kvm_xcrs, StateError> {
 }
 
 /// The MSR section's bytes: (index, value) pairs.
-pub fn encode_msrs(msrs: &[(u32, u64)]) -> Vec<u8> {
+///
+/// # Errors
+/// The decoder's bounds: [`StateError::TooLarge`] past [`MAX_MSRS`];
+/// [`StateError::BadSection`] (with `tag`) for an index twice.
+pub fn encode_msrs(msrs: &[(u32, u64)], tag: u32) -> Result<Vec<u8>, StateError> {
+    let n = bounded("msrs", msrs.len(), MAX_MSRS)?;
     let mut out = Vec::with_capacity(4 + msrs.len() * 12);
-    put_u32(&mut out, msrs.len() as u32);
+    put_u32(&mut out, n);
+    let mut seen = std::collections::HashSet::with_capacity(msrs.len());
     for (i, v) in msrs {
+        if !seen.insert(*i) {
+            return Err(StateError::BadSection {
+                tag,
+                what: format!("msr {i:#x} twice"),
+            });
+        }
         put_u32(&mut out, *i);
         put_u64s(&mut out, &[*v]);
     }
-    out
+    Ok(out)
 }
 
 /// Parses the MSR section of tag `tag`.
@@ -319,19 +358,22 @@ mod tests {
     #[test]
     fn each_part_round_trips() {
         let xs = FpuState::Xsave((0..1100).collect());
-        assert_eq!(decode_fpu(&encode_fpu(&xs), 1).unwrap(), xs);
+        assert_eq!(decode_fpu(&encode_fpu(&xs, 1).unwrap(), 1).unwrap(), xs);
         let mut fpu = kvm_fpu::default();
         (fpu.fcw, fpu.xmm[15][3], fpu.mxcsr, fpu.last_dp) = (0x37f, 9, 0x1f80, 7);
         let fp = FpuState::Fpu(Box::new(fpu));
-        assert_eq!(decode_fpu(&encode_fpu(&fp), 1).unwrap(), fp);
+        assert_eq!(decode_fpu(&encode_fpu(&fp, 1).unwrap(), 1).unwrap(), fp);
         let mut x = kvm_xcrs {
             nr_xcrs: 1,
             ..Default::default()
         };
         x.xcrs[0].value = 7;
-        assert_eq!(decode_xcrs(&encode_xcrs(&x), 1).unwrap(), x);
+        assert_eq!(decode_xcrs(&encode_xcrs(&x).unwrap(), 1).unwrap(), x);
         let msrs = vec![(0x10, 1 << 40), (0xc000_0102, 5)];
-        assert_eq!(decode_msrs(&encode_msrs(&msrs), 1).unwrap(), msrs);
+        assert_eq!(
+            decode_msrs(&encode_msrs(&msrs, 1).unwrap(), 1).unwrap(),
+            msrs
+        );
         let mut l = kvm_lapic_state::default();
         (l.regs[0x80], l.regs[1023]) = (0x20, -1);
         assert_eq!(decode_lapic(&encode_lapic(&l), 1).unwrap(), l);
@@ -377,7 +419,11 @@ mod tests {
         let e = decode_xcrs(&17u32.to_le_bytes(), 7).unwrap_err();
         assert!(matches!(e, StateError::TooLarge { .. }));
         // An MSR twice, a section cut, bytes left over.
-        let twice = encode_msrs(&[(0x10, 1), (0x10, 2)]);
+        let mut twice = 2u32.to_le_bytes().to_vec();
+        for v in [1u64, 2] {
+            twice.extend_from_slice(&0x10u32.to_le_bytes());
+            twice.extend_from_slice(&v.to_le_bytes());
+        }
         assert!(matches!(
             decode_msrs(&twice, 7),
             Err(StateError::BadSection { tag: 7, .. })
@@ -393,5 +439,37 @@ mod tests {
             decode_debugregs(&long, 7),
             Err(StateError::BadSection { tag: 7, .. })
         ));
+    }
+
+    #[test]
+    fn the_encoder_refuses_what_the_decoder_would() {
+        let many: Vec<(u32, u64)> = (0..=MAX_MSRS as u32).map(|i| (i, 0)).collect();
+        let e = encode_msrs(&many, 7).unwrap_err();
+        assert!(
+            matches!(e, StateError::TooLarge { ref what, value, max }
+                if what == "msrs" && value == MAX_MSRS as u64 + 1 && max == MAX_MSRS as u64),
+            "{e:?}"
+        );
+        assert!(encode_msrs(&many[..MAX_MSRS], 7).is_ok());
+        let e = encode_msrs(&[(0x10, 1), (0x10, 2)], 7).unwrap_err();
+        assert_eq!(
+            e,
+            StateError::BadSection {
+                tag: 7,
+                what: "msr 0x10 twice".into()
+            }
+        );
+        let big = FpuState::Xsave(vec![0; MAX_XSAVE_BYTES / 4 + 1]);
+        let e = encode_fpu(&big, 7).unwrap_err();
+        assert!(matches!(e, StateError::TooLarge { ref what, .. } if what == "xsave words"));
+        let small = FpuState::Xsave(vec![0; XSAVE_LEGACY_BYTES / 4 - 1]);
+        let e = encode_fpu(&small, 7).unwrap_err();
+        assert!(matches!(e, StateError::BadSection { tag: 7, ref what } if what.contains("xsave")));
+        let x = kvm_xcrs {
+            nr_xcrs: MAX_XCRS as u32 + 1,
+            ..Default::default()
+        };
+        let e = encode_xcrs(&x).unwrap_err();
+        assert!(matches!(e, StateError::TooLarge { ref what, .. } if what == "xcrs"));
     }
 }

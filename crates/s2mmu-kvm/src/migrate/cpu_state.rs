@@ -48,8 +48,8 @@ pub const PART_MP_STATE: u32 = 8;
 /// The most vCPUs one state may carry.
 pub const MAX_STATE_VCPUS: usize = 128;
 
-/// One vCPU's state. A part that is `None` is neither carried nor set
-/// on restore; decoding demands every part but the XCRs.
+/// One vCPU's state. A part that is `None` is not set on restore;
+/// encoding and decoding demand every part but the XCRs.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct VcpuState {
     /// `KVM_GET_REGS`.
@@ -235,31 +235,39 @@ pub fn part_name(part: u32) -> &'static str {
 }
 
 impl VcpuState {
-    /// The vCPU's section: each part present as (part, length, bytes).
-    pub fn encode(&self) -> Vec<u8> {
+    /// The vCPU's section of tag `tag`: each part as (part, length,
+    /// bytes), the XCRs where present.
+    ///
+    /// # Errors
+    /// What [`VcpuState::decode`] would refuse, named, before anything is
+    /// sent: [`StateError::BadSection`] for a missing part (every part but
+    /// the XCRs), the parts' bounds ([`parts::encode_fpu`],
+    /// [`parts::encode_xcrs`], [`parts::encode_msrs`]).
+    pub fn encode(&self, tag: u32) -> Result<Vec<u8>, StateError> {
+        let missing = |p: u32| bad(tag, format!("no {} part", part_name(p)));
+        let fpu = self.fpu.as_ref().ok_or_else(|| missing(PART_FPU))?;
+        let lapic = self.lapic.as_ref().ok_or_else(|| missing(PART_LAPIC))?;
+        let events = self.events.as_ref().ok_or_else(|| missing(PART_EVENTS))?;
+        let debugregs = self.debugregs.as_ref();
+        let debugregs = debugregs.ok_or_else(|| missing(PART_DEBUGREGS))?;
+        let mp_state = self.mp_state.ok_or_else(|| missing(PART_MP_STATE))?;
         let mut out = Vec::with_capacity(8 << 10);
-        let mut add = |part: u32, bytes: Option<Vec<u8>>| {
-            if let Some(b) = bytes {
-                out.extend_from_slice(&part.to_le_bytes());
-                out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-                out.extend_from_slice(&b);
-            }
+        let mut add = |part: u32, b: Vec<u8>| {
+            out.extend_from_slice(&part.to_le_bytes());
+            out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+            out.extend_from_slice(&b);
         };
-        add(PART_CORE, Some(encode_core(&self.regs, &self.sregs)));
-        add(PART_FPU, self.fpu.as_ref().map(parts::encode_fpu));
-        add(PART_XCRS, self.xcrs.as_ref().map(parts::encode_xcrs));
-        add(PART_MSRS, Some(parts::encode_msrs(&self.msrs)));
-        add(PART_LAPIC, self.lapic.as_ref().map(parts::encode_lapic));
-        add(PART_EVENTS, self.events.as_ref().map(parts::encode_events));
-        add(
-            PART_DEBUGREGS,
-            self.debugregs.as_ref().map(parts::encode_debugregs),
-        );
-        add(
-            PART_MP_STATE,
-            self.mp_state.map(|m| m.to_le_bytes().to_vec()),
-        );
-        out
+        add(PART_CORE, encode_core(&self.regs, &self.sregs));
+        add(PART_FPU, parts::encode_fpu(fpu, tag)?);
+        if let Some(x) = &self.xcrs {
+            add(PART_XCRS, parts::encode_xcrs(x)?);
+        }
+        add(PART_MSRS, parts::encode_msrs(&self.msrs, tag)?);
+        add(PART_LAPIC, parts::encode_lapic(lapic));
+        add(PART_EVENTS, parts::encode_events(events));
+        add(PART_DEBUGREGS, parts::encode_debugregs(debugregs));
+        add(PART_MP_STATE, mp_state.to_le_bytes().to_vec());
+        Ok(out)
     }
 
     /// Parses the section of tag `tag`.
@@ -320,7 +328,8 @@ impl KvmState {
     ///
     /// # Errors
     /// [`StateError::TooLarge`] past [`MAX_STATE_VCPUS`] or a bound of the
-    /// encoding.
+    /// encoding; a vCPU's [`VcpuState::encode`] error (a part missing or
+    /// over its bound, named with that vCPU's tag).
     pub fn encode(&self) -> Result<Vec<u8>, StateError> {
         let n = self.vcpus.len();
         if n > MAX_STATE_VCPUS {
@@ -338,7 +347,8 @@ impl KvmState {
         vm.extend_from_slice(&self.clock.tsc_khz.to_le_bytes());
         st.push(VM_TAG, vm)?;
         for (i, v) in self.vcpus.iter().enumerate() {
-            st.push(VCPU_TAG + i as u32, v.encode())?;
+            let tag = VCPU_TAG + i as u32;
+            st.push(tag, v.encode(tag)?)?;
         }
         Ok(st.encode())
     }
@@ -393,6 +403,7 @@ impl KvmState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::migrate::cpu_parts::{MAX_MSRS, MAX_XSAVE_BYTES};
 
     pub(crate) fn sample(seed: u64) -> VcpuState {
         let mut v = VcpuState::default();
@@ -471,21 +482,34 @@ mod tests {
             );
         }
         // A state without vCPU 1's XSAVE section names that section.
-        let mut dropped = two();
-        dropped.vcpus[1].fpu = None;
-        let e = KvmState::decode(&dropped.encode().unwrap(), 2).unwrap_err();
-        assert_eq!(e, bad(VCPU_TAG + 1, "no xsave/fpu part".into()));
+        let mut st = State::decode(&body, KVM_X86_STATE_KIND).unwrap();
+        let one = VCPU_TAG + 1;
+        let mut section = st.section(one).unwrap().to_vec();
+        let core = 8 + encode_core(&sample(9).regs, &sample(9).sregs).len();
+        let fpu_len = u32::from_le_bytes(section[core + 4..core + 8].try_into().unwrap());
+        section.drain(core..core + 8 + fpu_len as usize);
+        let mut dropped = State::new(KVM_X86_STATE_KIND);
+        for tag in st.tags() {
+            let bytes = if tag == one {
+                section.clone()
+            } else {
+                st.section(tag).unwrap().to_vec()
+            };
+            dropped.push(tag, bytes).unwrap();
+        }
+        let e = KvmState::decode(&dropped.encode(), 2).unwrap_err();
+        assert_eq!(e, bad(one, "no xsave/fpu part".into()));
         // A part this layout does not have, a part twice, a section more.
-        let mut extra = sample(1).encode();
+        let mut extra = sample(1).encode(VCPU_TAG).unwrap();
         extra.extend_from_slice(&[9, 0, 0, 0, 1, 0, 0, 0, 7]);
         let e = VcpuState::decode(&extra, VCPU_TAG).unwrap_err();
         assert!(matches!(e, StateError::BadSection { ref what, .. } if what.contains("part 9")));
-        let mut twice = sample(1).encode();
+        let mut twice = sample(1).encode(VCPU_TAG).unwrap();
         twice.extend_from_slice(&[8, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0]);
         let e = VcpuState::decode(&twice, VCPU_TAG).unwrap_err();
         assert_eq!(e, bad(VCPU_TAG, "mp state twice".into()));
-        let mut st = State::decode(&body, KVM_X86_STATE_KIND).unwrap();
-        st.push(VCPU_TAG + 7, sample(1).encode()).unwrap();
+        st.push(VCPU_TAG + 7, sample(1).encode(VCPU_TAG + 7).unwrap())
+            .unwrap();
         let e = KvmState::decode(&st.encode(), 2).unwrap_err();
         assert!(
             matches!(e, StateError::BadSection { tag: VM_TAG, .. }),
@@ -517,5 +541,36 @@ mod tests {
             ..KvmState::default()
         };
         assert!(many.encode().is_err());
+    }
+
+    #[test]
+    fn a_state_missing_a_part_or_over_a_bound_is_refused_when_encoded() {
+        type Drop = fn(&mut VcpuState);
+        let drops: [(Drop, &str); 5] = [
+            (|v| v.fpu = None, "no xsave/fpu part"),
+            (|v| v.lapic = None, "no lapic part"),
+            (|v| v.events = None, "no events part"),
+            (|v| v.debugregs = None, "no debugregs part"),
+            (|v| v.mp_state = None, "no mp state part"),
+        ];
+        for (drop, what) in drops {
+            let mut st = two();
+            drop(&mut st.vcpus[1]);
+            assert_eq!(st.encode().unwrap_err(), bad(VCPU_TAG + 1, what.into()));
+        }
+        let mut st = two();
+        st.vcpus[0].msrs = (0..=MAX_MSRS as u32).map(|i| (i, 0)).collect();
+        let e = st.encode().unwrap_err();
+        assert!(
+            matches!(e, StateError::TooLarge { ref what, .. } if what == "msrs"),
+            "{e:?}"
+        );
+        let mut st = two();
+        st.vcpus[1].fpu = Some(FpuState::Xsave(vec![0; MAX_XSAVE_BYTES / 4 + 1]));
+        let e = st.encode().unwrap_err();
+        assert!(
+            matches!(e, StateError::TooLarge { ref what, .. } if what == "xsave words"),
+            "{e:?}"
+        );
     }
 }

@@ -115,7 +115,7 @@ impl KvmVm {
             log,
             first_slot,
             slots,
-            caps: StateCaps::default(),
+            caps: StateCaps::none(),
             dirty_pages: AtomicU64::new(0),
             ram,
         };

@@ -12,7 +12,10 @@
 //! the rate is the dirty rate, and the delay per page over the time a
 //! page took unthrottled is the percentage: `p = ns / (ns + t)`, `t` the
 //! vCPUs' run time per dirty page over the round before the throttle
-//! came on (the window the library measured it over).
+//! came on (the window the library measured it over). The throttle keeps
+//! that window itself, one snapshot per harvest of the dirty log (the
+//! first `counters()` call that sees a new dirty-page count), so other
+//! readers of the counters (a timeline's sampler) do not narrow it.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -23,7 +26,8 @@ pub const TIMESLICE: Duration = Duration::from_millis(10);
 /// The highest throttle (QEMU's `max-cpu-throttle` default).
 pub const MAX_THROTTLE_PCT: u32 = 99;
 
-/// The counters at one `counters()` call: (dirty pages, run ns).
+/// The counters at the first `counters()` call after a harvest: (dirty
+/// pages, run ns).
 type Sample = (u64, u64);
 
 /// The throttle's settings and what it did.
@@ -33,8 +37,8 @@ pub struct Throttle {
     max_pct: AtomicU32,
     sleeps: AtomicU64,
     slept_ns: AtomicU64,
-    /// The two latest samples (older, newer), and the run time per dirty
-    /// page the current throttle was derived from.
+    /// The snapshots of the two latest harvests (older, newer), and the
+    /// run time per dirty page the current throttle was derived from.
     window: Mutex<([Sample; 2], Option<f64>)>,
 }
 
@@ -64,10 +68,14 @@ impl Throttle {
         self.max_pct.fetch_max(pct, Ordering::Relaxed);
     }
 
-    /// Records the counters the library just read.
+    /// Records the counters just read: a new snapshot where the dirty
+    /// log was harvested since the last one (its count moved), none
+    /// otherwise, however often the counters are read between harvests.
     pub(crate) fn sample(&self, dirty_pages: u64, run_ns: u64) {
         let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
-        w.0 = [w.0[1], (dirty_pages, run_ns)];
+        if dirty_pages != w.0[1].0 {
+            w.0 = [w.0[1], (dirty_pages, run_ns)];
+        }
     }
 
     /// The library's delay per dirty page as a percentage (see the
@@ -132,6 +140,9 @@ mod tests {
         // 1000 dirty pages in 10 ms of running: 10 us per page.
         t.sample(5_000, 1_000_000);
         t.sample(6_000, 11_000_000);
+        // Readers between harvests (the same count) leave the window.
+        t.sample(6_000, 11_500_000);
+        t.sample(6_000, 11_900_000);
         // QEMU's first step, 20 %: a delay of a quarter of that per page.
         t.set_ns_per_page(2_500);
         assert_eq!(t.pct(), 20);

@@ -1,9 +1,19 @@
-//! A vCPU's full state read from KVM and written back, in the order KVM
-//! needs (QEMU's `kvm_arch_put_registers`): special registers before the
-//! general ones and before the MSRs (EFER, the APIC base), the XSAVE area
-//! and XCRs, the MSRs, then the local APIC, then the TSC deadline (it
-//! arms the APIC's timer), the run state, the debug registers, and the
-//! pending events last (they are checked against all of the above).
+//! A vCPU's full state read from KVM and written back.
+//!
+//! Read: the pending events and the run state first (`KVM_GET_MP_STATE`
+//! delivers a pending INIT or SIPI, which changes CS and RIP), then the
+//! general registers, the XSAVE area and XCRs, the special registers, the
+//! MSRs, the local APIC and the debug registers.
+//!
+//! Written in the order of QEMU's x86 `kvm_arch_put_registers`, with the
+//! local APIC added (QEMU sets it from its APIC device before that
+//! function runs): the special registers first (EFER and the APIC base,
+//! which the MSRs and the APIC depend on), the general registers, the
+//! XSAVE area and XCRs, the MSRs but the TSC deadline, the local APIC
+//! (after the APIC base), the pending events, the run state (KVM checks
+//! a run state of INIT or SIPI received against the SMM state the events
+//! carry, so they come first), the TSC deadline (it arms the APIC's
+//! timer, so after the APIC), and the debug registers.
 
 use super::cpu_parts::{FpuState, MAX_MSRS, MAX_XSAVE_BYTES, XSAVE_LEGACY_BYTES};
 use super::cpu_state::VcpuState;
@@ -15,24 +25,63 @@ use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 pub const MSR_TSC_DEADLINE: u32 = 0x6e0;
 
 /// What the host's KVM lets a vCPU's state carry, found once per VM.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// Only [`StateCaps::probe`] builds one with an XSAVE area, from KVM's own
+/// answer: [`save`] and [`restore`] size the buffer KVM writes and reads
+/// from it, so a caller cannot choose that size:
+///
+/// ```compile_fail
+/// let caps = s2mmu_kvm::migrate::vcpu_io::StateCaps {
+///     xsave_bytes: 64,
+///     xcrs: false,
+///     msrs: Vec::new(),
+/// };
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StateCaps {
-    /// Bytes of the XSAVE area: `KVM_CAP_XSAVE2`'s size, 4096 with only
-    /// `KVM_CAP_XSAVE`, 0 without either (the FPU is carried then).
-    pub xsave_bytes: usize,
-    /// `KVM_CAP_XCRS`.
-    pub xcrs: bool,
-    /// The MSRs of `KVM_GET_MSR_INDEX_LIST` that a vCPU of the VM reads.
-    pub msrs: Vec<u32>,
+    xsave_bytes: usize,
+    xcrs: bool,
+    msrs: Vec<u32>,
 }
 
 impl StateCaps {
+    /// Nothing to carry but the registers and the FPU (`KVM_GET_FPU`):
+    /// a VM's caps before [`StateCaps::probe`] has run.
+    pub(crate) fn none() -> StateCaps {
+        StateCaps {
+            xsave_bytes: 0,
+            xcrs: false,
+            msrs: Vec::new(),
+        }
+    }
+
+    /// Bytes of the XSAVE area: `KVM_CAP_XSAVE2`'s size, 4096 with only
+    /// `KVM_CAP_XSAVE`, 0 without either (the FPU is carried then).
+    pub fn xsave_bytes(&self) -> usize {
+        self.xsave_bytes
+    }
+
+    /// `KVM_CAP_XCRS`.
+    pub fn xcrs(&self) -> bool {
+        self.xcrs
+    }
+
+    /// The MSRs of `KVM_GET_MSR_INDEX_LIST` that a vCPU of the VM reads.
+    pub fn msrs(&self) -> &[u32] {
+        &self.msrs
+    }
+
     /// The host's, with the MSR list filtered by reading it on `probe`
     /// (a vCPU of `vm` that has not run).
     ///
+    /// `probe` existing matters for the XSAVE size: KVM locks the
+    /// process's guest XSTATE permissions when its first vCPU is created,
+    /// so the `KVM_CAP_XSAVE2` size read here bounds every vCPU's area in
+    /// this process from then on.
+    ///
     /// # Errors
     /// `KVM_GET_MSR_INDEX_LIST` or `KVM_GET_MSRS` refused; an XSAVE area
-    /// over [`MAX_XSAVE_BYTES`].
+    /// under [`XSAVE_LEGACY_BYTES`] (but not 0) or over [`MAX_XSAVE_BYTES`].
     pub fn probe(kvm: &Kvm, vm: &VmFd, probe: &VcpuFd) -> Result<StateCaps, Error> {
         let xsave2 = usize::try_from(vm.check_extension_int(Cap::Xsave2)).unwrap_or(0);
         let xsave_bytes = if xsave2 > 0 {
@@ -42,10 +91,7 @@ impl StateCaps {
         } else {
             0
         };
-        if xsave_bytes > MAX_XSAVE_BYTES {
-            let why = format!("{xsave_bytes} bytes, more than {MAX_XSAVE_BYTES}");
-            return Err(Error::invalid("xsave area", why));
-        }
+        check_xsave_bytes(xsave_bytes)?;
         let list = kvm
             .get_msr_index_list()
             .map_err(|e| Error::from_errno("KVM_GET_MSR_INDEX_LIST", e))?;
@@ -67,6 +113,20 @@ impl StateCaps {
             msrs,
         })
     }
+}
+
+/// An XSAVE size `save` and `restore` can use: 0 (no XSAVE), or from
+/// [`XSAVE_LEGACY_BYTES`] to [`MAX_XSAVE_BYTES`].
+fn check_xsave_bytes(n: usize) -> Result<(), Error> {
+    if n != 0 && n < XSAVE_LEGACY_BYTES {
+        let why = format!("{n} bytes, less than {XSAVE_LEGACY_BYTES}");
+        return Err(Error::invalid("xsave area", why));
+    }
+    if n > MAX_XSAVE_BYTES {
+        let why = format!("{n} bytes, more than {MAX_XSAVE_BYTES}");
+        return Err(Error::invalid("xsave area", why));
+    }
+    Ok(())
 }
 
 fn msr_list(entries: impl Iterator<Item = (u32, u64)>) -> Result<Msrs, Error> {
@@ -107,39 +167,50 @@ fn save_fpu(fd: &VcpuFd, caps: &StateCaps) -> Result<FpuState, Error> {
     }
     let extra = (caps.xsave_bytes - XSAVE_LEGACY_BYTES).div_ceil(4);
     let mut x = Xsave::new(extra).map_err(|_| Error::invalid("xsave area", "too large"))?;
-    // SAFETY: `x` holds `KVM_CAP_XSAVE2`'s size (region plus `extra`
-    // words), which is what KVM_GET_XSAVE2 writes; this crate enables no
-    // XSTATE feature with arch_prctl after that size was read.
+    // SAFETY: KVM_GET_XSAVE2 writes the vCPU's uABI XSAVE size, which is
+    // at most the `KVM_CAP_XSAVE2` size of this process's guest XSTATE
+    // permissions. `caps` can only come from `StateCaps::probe` (its
+    // fields are private), which read that size while a vCPU existed, so
+    // after KVM had locked those permissions for the process: no vCPU's
+    // area can outgrow it. `probe` checked it is at least the legacy
+    // 4096 bytes, and `x` holds the legacy region plus `extra` words,
+    // i.e. at least `caps.xsave_bytes`.
     ioctl("KVM_GET_XSAVE2", unsafe { fd.get_xsave2(&mut x) })?;
     let mut words = x.as_fam_struct_ref().xsave.region.to_vec();
     words.extend_from_slice(x.as_slice());
     Ok(FpuState::Xsave(words))
 }
 
-/// Every part of `fd`'s state.
+/// Every part of `fd`'s state, read in the order of the module's text.
 ///
 /// # Errors
 /// The KVM ioctl that refused.
 pub fn save(fd: &VcpuFd, caps: &StateCaps) -> Result<VcpuState, Error> {
+    let events = ioctl("KVM_GET_VCPU_EVENTS", fd.get_vcpu_events())?;
+    let mp_state = ioctl("KVM_GET_MP_STATE", fd.get_mp_state())?.mp_state;
+    let regs = ioctl("KVM_GET_REGS", fd.get_regs())?;
+    let fpu = save_fpu(fd, caps)?;
+    let xcrs = if caps.xcrs {
+        Some(ioctl("KVM_GET_XCRS", fd.get_xcrs())?)
+    } else {
+        None
+    };
+    let sregs = ioctl("KVM_GET_SREGS", fd.get_sregs())?;
     let msrs = read_msrs(fd, &caps.msrs)?;
     if msrs.len() != caps.msrs.len() {
         let i = caps.msrs[msrs.len()];
         return Err(Error::invalid("msrs", format!("KVM read no MSR {i:#x}")));
     }
     Ok(VcpuState {
-        regs: ioctl("KVM_GET_REGS", fd.get_regs())?,
-        sregs: ioctl("KVM_GET_SREGS", fd.get_sregs())?,
-        fpu: Some(save_fpu(fd, caps)?),
-        xcrs: if caps.xcrs {
-            Some(ioctl("KVM_GET_XCRS", fd.get_xcrs())?)
-        } else {
-            None
-        },
+        regs,
+        sregs,
+        fpu: Some(fpu),
+        xcrs,
         msrs,
         lapic: Some(ioctl("KVM_GET_LAPIC", fd.get_lapic())?),
-        events: Some(ioctl("KVM_GET_VCPU_EVENTS", fd.get_vcpu_events())?),
+        events: Some(events),
         debugregs: Some(ioctl("KVM_GET_DEBUGREGS", fd.get_debug_regs())?),
-        mp_state: Some(ioctl("KVM_GET_MP_STATE", fd.get_mp_state())?.mp_state),
+        mp_state: Some(mp_state),
     })
 }
 
@@ -170,9 +241,12 @@ fn restore_fpu(fd: &VcpuFd, fpu: &FpuState, caps: &StateCaps) -> Result<(), Erro
         x.push(tail.get(i).copied().unwrap_or(0))
             .map_err(|_| Error::invalid("xsave area", "too large"))?;
     }
-    // SAFETY: `x` holds the host's whole XSAVE area (`KVM_CAP_XSAVE2`'s
-    // size, or the legacy 4 KiB where the host has no XSAVE2), which is
-    // what KVM_SET_XSAVE reads.
+    // SAFETY: KVM_SET_XSAVE reads the vCPU's uABI XSAVE size, at most the
+    // `KVM_CAP_XSAVE2` size that `StateCaps::probe` (the only builder of
+    // `caps`) read after KVM had locked this process's guest XSTATE
+    // permissions; `caps.xsave_bytes` is at least 4096 here (0 returned
+    // above, `probe` refuses 1..4096) and `x` holds the legacy region
+    // plus `extra` words: at least that many bytes.
     ioctl("KVM_SET_XSAVE", unsafe { fd.set_xsave2(&x) })
 }
 
@@ -197,18 +271,18 @@ pub fn restore(fd: &VcpuFd, st: &VcpuState, caps: &StateCaps) -> Result<(), Erro
     if let Some(l) = &st.lapic {
         ioctl("KVM_SET_LAPIC", fd.set_lapic(l))?;
     }
-    set_msrs(fd, &deadline)?;
+    if let Some(e) = &st.events {
+        ioctl("KVM_SET_VCPU_EVENTS", fd.set_vcpu_events(e))?;
+    }
     if let Some(m) = st.mp_state {
         ioctl(
             "KVM_SET_MP_STATE",
             fd.set_mp_state(kvm_mp_state { mp_state: m }),
         )?;
     }
+    set_msrs(fd, &deadline)?;
     if let Some(d) = &st.debugregs {
         ioctl("KVM_SET_DEBUGREGS", fd.set_debug_regs(d))?;
-    }
-    if let Some(e) = &st.events {
-        ioctl("KVM_SET_VCPU_EVENTS", fd.set_vcpu_events(e))?;
     }
     Ok(())
 }
@@ -225,4 +299,23 @@ fn set_msrs(fd: &VcpuFd, msrs: &[&(u32, u64)]) -> Result<(), Error> {
         return Err(Error::invalid("msrs", why));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_xsave_size_under_the_legacy_area_is_refused() {
+        for ok in [0, XSAVE_LEGACY_BYTES, 11008, MAX_XSAVE_BYTES] {
+            assert!(check_xsave_bytes(ok).is_ok(), "{ok}");
+        }
+        for bad in [1, 64, XSAVE_LEGACY_BYTES - 1, MAX_XSAVE_BYTES + 1] {
+            let e = check_xsave_bytes(bad).unwrap_err();
+            assert!(e.to_string().contains("xsave area"), "{bad}: {e}");
+        }
+        let none = StateCaps::none();
+        assert_eq!((none.xsave_bytes(), none.xcrs()), (0, false));
+        assert!(none.msrs().is_empty());
+    }
 }

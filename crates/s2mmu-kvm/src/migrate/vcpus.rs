@@ -209,10 +209,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Kicks every vCPU thread out of `KVM_RUN`.
 fn kick_all(sh: &Shared) {
     for t in lock(&sh.pthreads).iter() {
-        // SAFETY: every kick happens under the control lock before `stop`
-        // is set (the ticker checks it under that lock; drop sets it
-        // before joining any thread), so each pthread_t is of a thread
-        // not yet joined; the signal's handler does nothing.
+        // SAFETY: each pthread_t is of a thread not yet joined, so it is
+        // still valid (an exited thread's stays valid until it is
+        // joined). Only two callers kick, both holding the control lock:
+        // the ticker, which kicks only after seeing `stop` clear under
+        // that lock, and `wait_parked`, which `Drop` calls after setting
+        // `stop` and before joining any thread; `Drop` joins only once
+        // `wait_parked` has returned, and the ticker kicks no more once
+        // `stop` is set. The signal's handler does nothing.
         unsafe { libc::pthread_kill(*t, kick_signal()) };
     }
 }

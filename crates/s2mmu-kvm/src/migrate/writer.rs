@@ -159,6 +159,8 @@ pub struct WriterGuest {
     pub(super) vcpus: KvmVcpus,
     /// The state the last STATE carried.
     pub(super) sent: Mutex<Option<KvmState>>,
+    /// Where a destination reports why its FINAL state failed.
+    pub(super) report: Option<Arc<dyn Fn(String) + Send + Sync>>,
 }
 
 pub(super) fn fresh_vm(
@@ -268,6 +270,7 @@ impl WriterGuest {
             vm,
             vcpus,
             sent: Mutex::new(None),
+            report: None,
         })
     }
 

@@ -117,16 +117,72 @@ impl DestGuest for BlankWriter {
             vm: self.vm.clone(),
             vcpus,
             sent: Mutex::new(None),
+            report: Some(reporter(self.started.clone())),
         })
     }
 }
 
 impl ResumedGuest for WriterGuest {
+    /// The state KVM holds now; a failure to read or encode it goes to
+    /// the destination's report ([`DestReport::errors`]), naming the
+    /// ioctl or part, and the FINAL carries no state.
     fn final_state(&self) -> Vec<u8> {
-        let st = self.vcpus.save().unwrap_or_default();
-        st.encode().unwrap_or_default()
+        let st = self.vcpus.save().map_err(|e| e.to_string());
+        final_bytes(st, self.report.as_deref())
     }
     fn progress(&self) -> Vec<u64> {
         self.vcpus.passes()
+    }
+}
+
+/// Pushes a reason into `started`'s errors.
+fn reporter(started: Started) -> Arc<dyn Fn(String) + Send + Sync> {
+    Arc::new(move |why| {
+        let mut s = started.lock().unwrap_or_else(|p| p.into_inner());
+        s.get_or_insert_with(DestReport::default).errors.push(why);
+    })
+}
+
+/// `st` encoded, or nothing with the reason given to `report` (as
+/// "final state: ...").
+fn final_bytes(
+    st: Result<KvmState, String>,
+    report: Option<&(dyn Fn(String) + Send + Sync)>,
+) -> Vec<u8> {
+    match st.and_then(|s| s.encode().map_err(|e| e.to_string())) {
+        Ok(b) => b,
+        Err(why) => {
+            if let Some(report) = report {
+                report(format!("final state: {why}"));
+            }
+            Vec::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::migrate::cpu_state::VcpuState;
+
+    #[test]
+    fn a_final_state_that_fails_reports_its_cause() {
+        let started: Started = Arc::default();
+        let ioctl = Err("KVM_GET_LAPIC failed: Invalid argument".to_string());
+        let report = reporter(started.clone());
+        assert!(final_bytes(ioctl, Some(&*report)).is_empty());
+        let partless = KvmState {
+            vcpus: vec![VcpuState::default()],
+            ..KvmState::default()
+        };
+        assert!(final_bytes(Ok(partless), Some(&*report)).is_empty());
+        let errors = started.lock().unwrap().take().unwrap().errors;
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].contains("KVM_GET_LAPIC"), "{errors:?}");
+        assert!(errors[1].contains("no xsave/fpu part"), "{errors:?}");
+        // A state that encodes is the FINAL's, and reports nothing.
+        let ok = final_bytes(Ok(KvmState::default()), Some(&*report));
+        assert!(KvmState::decode(&ok, 0).is_ok());
+        assert!(started.lock().unwrap().is_none());
     }
 }
