@@ -189,11 +189,14 @@ pub enum HypError {
     OutOfMemory = 19,
     /// The engine refused for another reason (its checks, a ring full).
     Engine = 20,
+    /// A pace needs a clock, and EL2 has none (the counter's frequency,
+    /// `CNTFRQ_EL0`, is not set).
+    NoClock = 21,
 }
 
 impl HypError {
     /// Every error, in code order.
-    pub const ALL: [HypError; 20] = [
+    pub const ALL: [HypError; 21] = [
         HypError::UnknownOp,
         HypError::BadArgument,
         HypError::BadSize,
@@ -214,6 +217,7 @@ impl HypError {
         HypError::NotLogging,
         HypError::OutOfMemory,
         HypError::Engine,
+        HypError::NoClock,
     ];
 
     /// The `status` value: the negated code.

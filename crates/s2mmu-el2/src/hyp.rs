@@ -11,7 +11,7 @@ use crate::abi::{Command, Counters, HypError, LogMode, Op};
 use crate::abort::{AbortOutcome, Refusal, Stage2Abort};
 use crate::check::{Layout, IPA_BITS};
 use crate::el2_host::El2Host;
-use crate::pace::{now_ns, Brakes, VcpuBrake};
+use crate::pace::{Brakes, VcpuBrake};
 use crate::platform::{El2Platform, RawMutex, RawRwLock};
 use crate::pool::{PagePool, PoolMmOps};
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -75,7 +75,7 @@ pub(crate) struct Vm {
     pub(crate) received: lock_api::Mutex<RawMutex, [Option<Vec<u64>>; MAX_SLOTS]>,
     /// Where slots' backing pages are (`hyp_remap.rs`).
     pub(crate) host: Arc<El2Host>,
-    /// The throttle and pace the host set (`hyp_pace.rs`).
+    /// The throttle and pace the host set (`pace/mod.rs`).
     pub(crate) brakes: lock_api::Mutex<RawMutex, Brakes>,
     /// Each vCPU's brake state, taken by its CPU's abort handler.
     pub(crate) vcpu_brakes: Vec<lock_api::Mutex<RawMutex, VcpuBrake>>,
@@ -108,6 +108,8 @@ pub struct Hyp {
     tlb: Arc<dyn TlbInvalidate>,
     pub(crate) vm: lock_api::RwLock<RawRwLock, Option<Vm>>,
     pub(crate) counters: HypCounters,
+    /// The brakes' clock, in nanoseconds (`None`: no clock).
+    clock: fn() -> Option<u64>,
 }
 
 // SAFETY: the only fields that are neither Send nor Sync are the shared
@@ -159,7 +161,17 @@ impl Hyp {
             tlb,
             vm: lock_api::RwLock::new(None),
             counters: HypCounters::default(),
+            clock: crate::pace::now_ns,
         })
+    }
+
+    /// The same EL2 with `clock` as the brakes' clock (nanoseconds, `None`
+    /// where there is none) instead of the physical counter
+    /// ([`crate::pace::now_ns`]): a host's tests give it a fixed one.
+    #[must_use]
+    pub fn with_clock(mut self, clock: fn() -> Option<u64>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The layout.
@@ -395,11 +407,23 @@ impl Hyp {
 /// The `PACE` command and the brakes in the abort path ([`crate::pace`]).
 impl Hyp {
     /// `PACE`: throttle ns per page dirtied, pace pages a second per vCPU
-    /// ([`Brakes::from_args`]). Each vCPU's next dirtying fault works
-    /// under the new brakes.
+    /// ([`Brakes::from_args`]; a nonzero pace without a clock,
+    /// [`HypError::NoClock`]). Each vCPU's next dirtying fault works under
+    /// the new brakes; a new pace restarts each vCPU's pace clock.
     pub(crate) fn pace(&self, vm: &Vm, args: &[u64; 6]) -> Result<(), HypError> {
         let b = Brakes::from_args(args)?;
-        *vm.brakes.lock() = b;
+        if b.pace != 0 && (self.clock)().is_none() {
+            return Err(HypError::NoClock);
+        }
+        // Set first, then each clock restarted under its vCPU's lock (which
+        // `brake` holds while it reads the brakes): a fault after the
+        // restart works under the new pace from a fresh clock.
+        let old = core::mem::replace(&mut *vm.brakes.lock(), b);
+        if old.pace != b.pace {
+            for v in &vm.vcpu_brakes {
+                v.lock().restart_pace();
+            }
+        }
         Ok(())
     }
 
@@ -411,14 +435,22 @@ impl Hyp {
         if pages == 0 {
             return handled;
         }
+        let Some(v) = vm.vcpu_brakes.get(vcpu) else {
+            return handled;
+        };
+        let mut v = v.lock();
         let b = *vm.brakes.lock();
         if !b.on() {
             return handled;
         }
-        let Some(v) = vm.vcpu_brakes.get(vcpu) else {
-            return handled;
+        // A pace is only set with a clock (`pace`); the throttle needs none.
+        let now = if b.pace == 0 {
+            0
+        } else {
+            (self.clock)().unwrap_or(0)
         };
-        let (w, ahead) = v.lock().on_dirty(b, pages, now_ns());
+        let (w, ahead) = v.on_dirty(b, pages, now);
+        drop(v);
         let c = &self.counters;
         if ahead {
             c.paced_pages.fetch_add(pages, Ordering::Relaxed);

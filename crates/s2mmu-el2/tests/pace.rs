@@ -2,8 +2,9 @@
 //! limit's pace, applied in the abort path to the pages a fault dirties.
 //! Bad arguments are refused with their code, the brakes unchanged; a
 //! dirtying fault that owes a wait is answered and handed to the host
-//! with it (`AbortOutcome::Paced`), counted. Off aarch64 EL2's clock
-//! stands still at 0, so the pace's lead grows one interval per page.
+//! with it (`AbortOutcome::Paced`), counted. The brakes' clock here is a
+//! fixed instant (`Hyp::with_clock`), so the pace's lead grows one
+//! interval per page; without a clock a pace is refused (`NoClock`).
 
 mod common;
 
@@ -14,8 +15,21 @@ use s2mmu_el2::AbortOutcome;
 
 const IPA: u64 = 0x8000_0000;
 
-/// A VM logging slot 0 (`manual`), its block mapped before logging.
+/// The brakes' clock in these tests: it stands still at 5 ms.
+fn fixed_clock() -> Option<u64> {
+    Some(5_000_000)
+}
+
+/// A VM logging slot 0 (`manual`), its block mapped before logging, the
+/// brakes on the fixed clock.
 fn logging() -> Host {
+    let mut h = unclocked();
+    h.hyp = h.hyp.with_clock(fixed_clock);
+    h
+}
+
+/// As [`logging`], the brakes without a clock.
+fn unclocked() -> Host {
     let mut h = Host::with_slot(LogMode::Manual);
     h.hyp.handle_abort(0, &iabt(IPA));
     h.ok(Op::LogSet, &[0, 1, LogMode::Manual as u64]);
@@ -57,6 +71,54 @@ fn pace_refuses_bad_arguments_and_keeps_its_brakes() {
     // The largest values are taken.
     h2.ok(Op::Pace, &[MAX_THROTTLE_NS, MAX_PACE]);
     drop(h);
+}
+
+#[test]
+fn without_a_clock_a_pace_is_refused_and_the_throttle_taken() {
+    let mut h = unclocked();
+    h.ok(Op::Pace, &[2_000_000, 0]);
+    h.refused(Op::Pace, &[0, 1000], NoClock);
+    h.refused(Op::Pace, &[2_000_000, 1], NoClock);
+    // The throttle set before still holds, unpaced.
+    assert_eq!(
+        write(&h, 1),
+        AbortOutcome::Paced {
+            throttle_ns: 2_000_000,
+            pace_ns: 0
+        }
+    );
+    assert_eq!(h.hyp.counters().paced_pages, 0);
+    h.ok(Op::Pace, &[0, 0]);
+    assert_eq!(write(&h, 2), handled());
+}
+
+#[test]
+fn a_new_pace_restarts_each_vcpus_clock() {
+    let mut h = logging();
+    // 100 pages a second: 10 ms a page. Four pages at one instant put the
+    // vCPU 30 ms ahead.
+    h.ok(Op::Pace, &[0, 100]);
+    for p in 1..5 {
+        write(&h, p);
+    }
+    let lead = |pace_ns| AbortOutcome::Paced {
+        throttle_ns: 0,
+        pace_ns,
+    };
+    assert_eq!(write(&h, 5), lead(40_000_000));
+    // Loosened to 1,000 a second: the lead built under the old pace is
+    // not owed; the clock starts again from now.
+    h.ok(Op::Pace, &[0, 1000]);
+    assert_eq!(write(&h, 6), handled());
+    assert_eq!(write(&h, 7), lead(1_000_000));
+    // The same pace again changes nothing: the lead stays.
+    h.ok(Op::Pace, &[0, 1000]);
+    assert_eq!(write(&h, 8), lead(2_000_000));
+    // Off, then on again: no lead from before.
+    h.ok(Op::Pace, &[0, 0]);
+    assert_eq!(write(&h, 9), handled());
+    h.ok(Op::Pace, &[0, 1000]);
+    assert_eq!(write(&h, 10), handled());
 }
 
 #[test]

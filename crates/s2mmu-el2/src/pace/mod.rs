@@ -13,7 +13,11 @@
 //! space, which sleeps.
 //!
 //! Time is the physical counter (`CNTPCT_EL0`), which no guest's virtual
-//! offset moves; off aarch64 (the host's tests) it stands still at 0.
+//! offset moves ([`now_ns`]; a [`crate::Hyp`] may be given another clock,
+//! as the host's tests do). Without a clock, where the counter's frequency
+//! is unknown (off aarch64, or firmware that left `CNTFRQ_EL0` 0), `PACE`
+//! refuses a pace ([`HypError::NoClock`]): time standing still would put
+//! every vCPU further ahead of its pace with each page, without bound.
 
 use crate::abi::HypError;
 
@@ -115,11 +119,17 @@ impl VcpuBrake {
         }
         (w, lead > 0)
     }
+
+    /// The pace changed: the vCPU's clock restarts from its next fault,
+    /// so no lead built under the old pace is owed under the new one.
+    pub fn restart_pace(&mut self) {
+        self.next_ns = 0;
+    }
 }
 
-/// Nanoseconds of the physical counter now (0 off aarch64, or where the
-/// counter's frequency is not set).
-pub fn now_ns() -> u64 {
+/// Nanoseconds of the physical counter now: `None` off aarch64, or where
+/// the counter's frequency is not set.
+pub fn now_ns() -> Option<u64> {
     #[cfg(target_arch = "aarch64")]
     {
         use crate::platform::GenericTimer;
@@ -127,10 +137,10 @@ pub fn now_ns() -> u64 {
         use aarch64_cpu::registers::{Readable, CNTPCT_EL0};
         barrier::isb(barrier::SY);
         let ticks = CNTPCT_EL0.get();
-        GenericTimer::frequency().map_or(0, |hz| GenericTimer::ticks_to_ns(ticks, hz))
+        GenericTimer::frequency().map(|hz| GenericTimer::ticks_to_ns(ticks, hz))
     }
     #[cfg(not(target_arch = "aarch64"))]
-    0
+    None
 }
 
 #[cfg(test)]
@@ -201,5 +211,33 @@ mod tests {
         assert_eq!(v.on_dirty(fast, 1, 2_000_000_000), (Wait::default(), true));
         let (w, _) = v.on_dirty(fast, 1, 2_000_000_000);
         assert_eq!(w.pace_ns, 200_000);
+    }
+
+    #[test]
+    fn a_new_pace_restarts_the_clock() {
+        let slow = Brakes {
+            throttle_ns: 0,
+            pace: 100,
+        };
+        let mut v = VcpuBrake::default();
+        // Five pages at one instant at 10 ms a page: the clock is 50 ms on.
+        for _ in 0..5 {
+            v.on_dirty(slow, 1, 7_000_000);
+        }
+        assert_eq!(v.next_ns, 57_000_000);
+        // Loosened to 10,000 a second: the old lead is not owed.
+        v.restart_pace();
+        let fast = Brakes {
+            throttle_ns: 0,
+            pace: 10_000,
+        };
+        assert_eq!(v.on_dirty(fast, 1, 7_000_000), (Wait::default(), false));
+        assert_eq!(v.next_ns, 7_100_000);
+    }
+
+    #[cfg(not(target_arch = "aarch64"))]
+    #[test]
+    fn off_aarch64_there_is_no_clock() {
+        assert_eq!(now_ns(), None);
     }
 }

@@ -26,7 +26,7 @@ use crate::machine::Exit;
 use crate::vm::fault_kind;
 use s2mmu::mmu::FaultKind;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -86,7 +86,16 @@ pub struct DirtyLimit {
     paced_ns: AtomicU64,
     /// The engine at EL2 applies the brakes ([`DirtyLimit::attach`]).
     at_el2: AtomicBool,
+    /// Never held across a command to EL2, except by `attach` for the
+    /// old machine's last counts.
     el2: Mutex<El2Link>,
+    /// The current EL2 machine's per-vCPU waits (throttle and pace, ns),
+    /// which each vCPU's thread takes after every resume at EL2; written
+    /// only by `attach`, so those threads never wait behind a command.
+    el2_waits: RwLock<Option<Arc<[[AtomicU64; 2]]>>>,
+    /// Held from reading the brakes to sending them (`PACE`), so the last
+    /// one sent carries the last ones set.
+    push: Mutex<()>,
     el2_refused: AtomicU64,
 }
 
@@ -100,6 +109,34 @@ struct El2Link {
     base: [u64; 3],
     /// The last counts read from the current machine.
     last: [u64; 3],
+}
+
+impl El2Link {
+    /// Counts read from the current machine (they only grow, so an older
+    /// read that lands late changes nothing).
+    fn note(&mut self, now: [u64; 3]) {
+        for (l, n) in self.last.iter_mut().zip(now) {
+            *l = (*l).max(n);
+        }
+    }
+
+    /// The current machine is left: its counts join the earlier ones'.
+    fn fold(&mut self) {
+        let last = std::mem::take(&mut self.last);
+        for (b, x) in self.base.iter_mut().zip(last) {
+            *b += x;
+        }
+    }
+
+    /// Every EL2 machine's counts: write faults, paced faults, exits.
+    fn sums(&self) -> [u64; 3] {
+        std::array::from_fn(|i| self.base[i] + self.last[i])
+    }
+}
+
+/// EL2's counts as the link keeps them.
+fn el2_counts(e: &s2mmu_el2::abi::Counters) -> [u64; 3] {
+    [e.dirtied, e.paced_pages, e.paced_exits]
 }
 
 impl DirtyLimit {
@@ -116,6 +153,8 @@ impl DirtyLimit {
             paced_ns: AtomicU64::new(0),
             at_el2: AtomicBool::new(false),
             el2: Mutex::new(El2Link::default()),
+            el2_waits: RwLock::new(None),
+            push: Mutex::new(()),
             el2_refused: AtomicU64::new(0),
         }
     }
@@ -123,35 +162,41 @@ impl DirtyLimit {
     /// The brakes apply where `host` runs the engine: for the EL2
     /// placement, EL2 gets the throttle and pace set now and each one
     /// set later; for the host placement, the host's fault path. Called
-    /// whenever the VM's vCPUs start on a machine.
+    /// whenever the VM's vCPUs start on a machine. Leaving an EL2 machine
+    /// reads its counts a last time, if it still lives.
     pub(crate) fn attach(&self, host: &Host) {
-        let mut l = self.el2.lock().unwrap_or_else(|p| p.into_inner());
         let vm = match host {
             Host::El2(v) => Some(v.downgrade()),
             Host::Host(_) => None,
         };
+        let mut l = self.link();
         let same = matches!((&l.vm, &vm), (Some(a), Some(b)) if a.same_machine(b));
         if !same {
-            let last = std::mem::take(&mut l.last);
-            for (b, x) in l.base.iter_mut().zip(last) {
-                *b += x;
+            let old = l.vm.as_ref().and_then(WeakEl2Vm::upgrade);
+            if let Some(Ok(e)) = old.map(|v| v.counters()) {
+                l.note(el2_counts(&e));
             }
+            l.fold();
         }
+        *self.el2_waits.write().unwrap_or_else(|p| p.into_inner()) =
+            vm.as_ref().map(|v| v.waits.clone());
         l.vm = vm;
         self.at_el2.store(l.vm.is_some(), Ordering::Release);
         drop(l);
         self.push_to_el2();
     }
 
+    fn link(&self) -> MutexGuard<'_, El2Link> {
+        self.el2.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Sends the brakes to EL2, if the engine runs there.
     fn push_to_el2(&self) {
+        let _push = self.push.lock().unwrap_or_else(|p| p.into_inner());
         if !self.at_el2.load(Ordering::Acquire) {
             return;
         }
-        let vm = {
-            let l = self.el2.lock().unwrap_or_else(|p| p.into_inner());
-            l.vm.as_ref().and_then(WeakEl2Vm::upgrade)
-        };
+        let vm = self.link().vm.as_ref().and_then(WeakEl2Vm::upgrade);
         let sent = vm.map(|v| v.set_brakes(self.throttle_ns(), self.pace()));
         if !matches!(sent, Some(Ok(()))) {
             self.el2_refused.fetch_add(1, Ordering::Relaxed);
@@ -170,9 +215,14 @@ impl DirtyLimit {
     }
 
     /// Dirty limit: at most `pages_per_sec` write faults a second per vCPU
-    /// (0: unpaced).
+    /// (0: unpaced). A new pace restarts each vCPU's clock, so no lead
+    /// built under the old one is owed under the new one.
     pub fn set_pace(&self, pages_per_sec: u64) {
-        self.pace.store(pages_per_sec, Ordering::Relaxed);
+        if self.pace.swap(pages_per_sec, Ordering::Relaxed) != pages_per_sec {
+            for v in &self.vcpus {
+                v.next_ns.store(0, Ordering::Relaxed);
+            }
+        }
         self.push_to_el2();
     }
 
@@ -181,9 +231,10 @@ impl DirtyLimit {
         self.pace.load(Ordering::Relaxed)
     }
 
-    /// The counters so far. With the engine at EL2 the write faults and
-    /// the paced ones are EL2's counts (a `COUNTERS` command; the last
-    /// ones read once its machine is gone).
+    /// The counters so far. The write faults and the paced ones add EL2's
+    /// counts on each machine the engine ran on there (on the current one
+    /// a `COUNTERS` command, sent without holding what a vCPU's exit takes;
+    /// on those before, their last counts).
     pub fn counters(&self) -> DirtyLimitCounters {
         let mut c = DirtyLimitCounters {
             write_faults: self.write_faults.load(Ordering::Relaxed),
@@ -194,16 +245,20 @@ impl DirtyLimit {
             el2_refused: self.el2_refused.load(Ordering::Relaxed),
         };
         if self.at_el2.load(Ordering::Acquire) {
-            let mut l = self.el2.lock().unwrap_or_else(|p| p.into_inner());
-            let now = l.vm.as_ref().and_then(WeakEl2Vm::upgrade);
-            if let Some(Ok(e)) = now.map(|v| v.counters()) {
-                l.last = [e.dirtied, e.paced_pages, e.paced_exits];
+            let weak = self.link().vm.clone();
+            let read = weak.as_ref().and_then(WeakEl2Vm::upgrade);
+            if let (Some(Ok(e)), Some(w)) = (read.map(|v| v.counters()), weak) {
+                let mut l = self.link();
+                // Only if `attach` did not move to another machine since.
+                if l.vm.as_ref().is_some_and(|v| v.same_machine(&w)) {
+                    l.note(el2_counts(&e));
+                }
             }
-            let n: Vec<u64> = l.base.iter().zip(l.last).map(|(b, x)| b + x).collect();
-            c.write_faults += n[0];
-            c.paced_faults += n[1];
-            c.el2_paced_exits = n[2];
         }
+        let n = self.link().sums();
+        c.write_faults += n[0];
+        c.paced_faults += n[1];
+        c.el2_paced_exits = n[2];
         c
     }
 
@@ -283,8 +338,14 @@ impl DirtyLimit {
     /// the throttle to its debt, the pace's lead as its lead.
     fn take_el2_wait(&self, id: usize, v: &VcpuLimit) {
         let (t, p) = {
-            let l = self.el2.lock().unwrap_or_else(|p| p.into_inner());
-            l.vm.as_ref().map_or((0, 0), |vm| vm.take_wait(id))
+            let waits = self.el2_waits.read().unwrap_or_else(|p| p.into_inner());
+            let w = waits.as_ref().and_then(|w| w.get(id));
+            w.map_or((0, 0), |w| {
+                (
+                    w[0].swap(0, Ordering::Relaxed),
+                    w[1].swap(0, Ordering::Relaxed),
+                )
+            })
         };
         if t > 0 {
             let owed = v.owed_ns.load(Ordering::Relaxed).saturating_add(t);
@@ -385,6 +446,60 @@ mod tests {
         l.serve(0, &|| false);
         assert_eq!(l.counters().paced_ns, 19_000_000);
         assert_eq!(l.vcpus[0].next_ns.load(Ordering::Relaxed), 2_000_200_000);
+    }
+
+    #[test]
+    fn a_new_pace_restarts_the_clock() {
+        let l = DirtyLimit::new(2);
+        // 100 a second: 10 ms a page. Five faults at one instant put the
+        // clock 50 ms on.
+        l.set_pace(100);
+        for _ in 0..5 {
+            l.on_write_fault_at(1, 3_000_000);
+        }
+        assert_eq!(l.vcpus[1].next_ns.load(Ordering::Relaxed), 53_000_000);
+        // Loosened: the lead built under the old pace is not owed.
+        l.set_pace(1000);
+        l.on_write_fault_at(1, 3_000_000);
+        assert_eq!(l.vcpus[1].lead_ns.load(Ordering::Relaxed), 0);
+        l.on_write_fault_at(1, 3_000_000);
+        assert_eq!(l.vcpus[1].lead_ns.load(Ordering::Relaxed), 1_000_000);
+        // The same pace again keeps the clock.
+        l.set_pace(1000);
+        l.on_write_fault_at(1, 3_000_000);
+        assert_eq!(l.vcpus[1].lead_ns.load(Ordering::Relaxed), 2_000_000);
+        // Off, then on: no lead from before.
+        l.set_pace(0);
+        l.set_pace(1000);
+        l.on_write_fault_at(1, 3_000_000);
+        assert_eq!(l.vcpus[1].lead_ns.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn el2_counts_sum_over_machines_and_a_late_read_changes_nothing() {
+        let mut k = El2Link::default();
+        k.note([10, 2, 1]);
+        // An older read landing after a newer one.
+        k.note([7, 1, 1]);
+        assert_eq!(k.sums(), [10, 2, 1]);
+        // Leaving the machine keeps its counts; the next starts at 0.
+        k.fold();
+        assert_eq!((k.base, k.last), ([10, 2, 1], [0; 3]));
+        k.note([5, 0, 3]);
+        assert_eq!(k.sums(), [15, 2, 4]);
+        k.fold();
+        assert_eq!(k.sums(), [15, 2, 4]);
+    }
+
+    #[test]
+    fn counters_keep_el2_counts_after_a_move_to_the_host() {
+        let l = DirtyLimit::new(1);
+        // Counts from EL2 machines before, the engine on the host now.
+        l.link().base = [40, 6, 3];
+        l.on_write_fault(0);
+        let c = l.counters();
+        assert_eq!((c.write_faults, c.paced_faults), (41, 6));
+        assert_eq!(c.el2_paced_exits, 3);
     }
 
     #[test]

@@ -560,7 +560,8 @@ pub(crate) struct WeakEl2Vm {
     ram_bytes: u64,
     slots: Weak<Mutex<Vec<(u16, u64, u64)>>>,
     postcopy: Weak<Mutex<Option<PostcopySlot>>>,
-    waits: Arc<[[AtomicU64; 2]]>,
+    /// The waits EL2's paced aborts hand each vCPU: throttle and pace, ns.
+    pub(crate) waits: Arc<[[AtomicU64; 2]]>,
     shared_use: Arc<Mutex<()>>,
 }
 
@@ -584,16 +585,5 @@ impl WeakEl2Vm {
     /// Whether both name the same machine.
     pub(crate) fn same_machine(&self, other: &WeakEl2Vm) -> bool {
         Weak::ptr_eq(&self.machine, &other.machine)
-    }
-
-    /// The wait vCPU `id` owes from EL2's paced aborts, taken: throttle
-    /// and pace, in nanoseconds.
-    pub(crate) fn take_wait(&self, id: usize) -> (u64, u64) {
-        self.waits.get(id).map_or((0, 0), |w| {
-            (
-                w[0].swap(0, Ordering::Relaxed),
-                w[1].swap(0, Ordering::Relaxed),
-            )
-        })
     }
 }
