@@ -20,7 +20,18 @@ pub use crate::mmu::VmMmu;
 /// nothing per format, so a new format needs no change here.
 pub use s2mmu::format::KnownFormat;
 
-/// The engine's [`KnownFormat`], by the name this crate gave it.
+/// The engine's [`KnownFormat`], by the name this crate gave it: every
+/// `KnownFormat` implements it, so a bound spelled with it still compiles.
+///
+/// ```
+/// # #![allow(deprecated)]
+/// use s2mmu::memslot::TreeMemslots;
+/// fn name<F: s2mmu_vm::VmFormat>(_: &s2mmu_vm::Vm<TreeMemslots, F>) -> &'static str {
+///     F::NAME
+/// }
+/// let vm: s2mmu_vm::Vm = s2mmu_vm::Vm::new(s2mmu_vm::VmConfig::default()).unwrap();
+/// assert_eq!(name(&vm), "arm64");
+/// ```
 #[deprecated(
     note = "use `s2mmu::format::KnownFormat` (also re-exported as `s2mmu_vm::KnownFormat`)"
 )]

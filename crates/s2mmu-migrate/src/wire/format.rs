@@ -40,4 +40,13 @@ mod tests {
         assert_eq!(FormatId::of::<Arm64Stage2>().name(), "arm64");
         assert!(known_codes().starts_with("0: arm64, 1: ept"));
     }
+
+    /// The old name still builds a header's format.
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_name_is_the_engines_id() {
+        let old: WireFormat = WireFormat::of::<EptFormat>();
+        assert_eq!(old, FormatId::of::<EptFormat>());
+        assert_eq!(old.code(), 1);
+    }
 }
