@@ -7,10 +7,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use s2mmu::format::FormatId;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::sim::dest::{receive_from, SimDestConfig};
 use s2mmu_migrate::wire::{tag, Header, WireWriter, PAGE_SIZE};
-use s2mmu_migrate::wire::WireFormat;
 use std::time::Duration;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
     let mut next = || bytes.next().unwrap_or(0);
     // A tiny guest: 0 to 4 pages of 4 KiB, one or two slots.
     let pages = u64::from(next() % 5);
-    let formats: Vec<WireFormat> = WireFormat::all().collect();
+    let formats = FormatId::ALL;
     let header = Header {
         mem_size: pages * PAGE_SIZE as u64,
         slots: u32::from(next() % 3),

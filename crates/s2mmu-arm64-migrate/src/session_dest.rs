@@ -8,6 +8,7 @@
 use crate::fault_hook::{kill_self, EXIT_IN_POSTCOPY, FAULT_AT_STATE, KILL_QEMU_IN_POSTCOPY};
 use crate::session_postcopy::{untouched_digest, LinuxFinal};
 use crate::session_source::{LinuxSessionVm, LINUX_BACKING};
+use s2mmu::format::FormatId;
 use s2mmu_arm64::linux::dirty::HarvestConfig;
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig};
@@ -15,7 +16,7 @@ use s2mmu_arm64::machine::RamPages;
 use s2mmu_migrate::session::dest::{DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
-use s2mmu_migrate::wire::{Header, WireFormat};
+use s2mmu_migrate::wire::Header;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -121,10 +122,10 @@ impl DestFactory for LinuxDest {
     type Guest = LinuxDestGuest;
 
     fn build(&self, h: &Header) -> Result<LinuxDestGuest, MigrateError> {
-        if h.format != WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>() {
+        if h.format != FormatId::of::<s2mmu::format::arm64::Arm64Stage2>() {
             return Err(MigrateError::FormatMismatch {
                 stream: h.format.name(),
-                destination: WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>().name(),
+                destination: FormatId::of::<s2mmu::format::arm64::Arm64Stage2>().name(),
             });
         }
         if h.backing != LINUX_BACKING || h.slots != 1 || h.gpa_base != vm::RAM_IPA {

@@ -6,6 +6,7 @@
 //! `session_dest`.
 
 use crate::ram::LinuxGuestRam;
+use s2mmu::format::FormatId;
 use s2mmu_arm64::linux::dirty_limit::{DirtyLimit, DirtyLimitCounters};
 use s2mmu_arm64::linux::migrate::EngineLog;
 use s2mmu_arm64::linux::migrate::LinuxVm;
@@ -14,7 +15,6 @@ use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::postcopy::Final;
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, PageFetch, RamSlot, SessionVm, VmError};
-use s2mmu_migrate::wire::WireFormat;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -339,7 +339,7 @@ impl SourceGuest for LinuxSource {
             slots: 1,
             vcpus: u32::try_from(self.vm.vcpus).unwrap_or(u32::MAX),
             backing: LINUX_BACKING.into(),
-            format: WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>(),
+            format: FormatId::of::<s2mmu::format::arm64::Arm64Stage2>(),
         }
     }
 

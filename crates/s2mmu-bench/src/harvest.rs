@@ -19,7 +19,7 @@ use s2mmu::dirty::DirtyBitmap;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy};
 use s2mmu::{Gpa, HostMmOps, Hva, NoTlb};
-use s2mmu_vm::VmFormat;
+use s2mmu_vm::KnownFormat;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,7 +80,7 @@ type HwMmu<F> = Mmu<F, HostMmOps, TreeMemslots>;
 /// The slot mapped, logged with hardware dirty state (every leaf
 /// writable-clean), its CLEAR taking the masked walk above `sparse_runs`
 /// runs per table.
-fn setup<F: VmFormat>(p: &Config, sparse_runs: u32) -> Result<(HwMmu<F>, Duration), String> {
+fn setup<F: KnownFormat>(p: &Config, sparse_runs: u32) -> Result<(HwMmu<F>, Duration), String> {
     let e = |e: s2mmu::Error| e.to_string();
     let policy = MmuPolicy {
         dirty: DirtyMode::HW,
@@ -104,7 +104,7 @@ fn setup<F: VmFormat>(p: &Config, sparse_runs: u32) -> Result<(HwMmu<F>, Duratio
 }
 
 /// Dirties one page in `every` as the hardware would (not timed).
-fn dirty<F: VmFormat>(mmu: &HwMmu<F>, size: u64, every: u64) -> u64 {
+fn dirty<F: KnownFormat>(mmu: &HwMmu<F>, size: u64, every: u64) -> u64 {
     let reader = mmu.reader();
     let mut n = 0;
     for page in (0..size / 4096).step_by(every as usize) {
@@ -131,7 +131,7 @@ pub struct Measured {
 /// One harvest of `mmu`: dirties, times the per-leaf scan (into
 /// `s.leaf`, if `leaf`) and the engine's GET (into `s.word`, if `leaf`),
 /// checks both found every dirtied page, and returns the CLEAR's time.
-fn harvest<F: VmFormat>(
+fn harvest<F: KnownFormat>(
     p: &Config,
     mmu: &HwMmu<F>,
     bitmap: &mut [u64],
@@ -175,7 +175,7 @@ fn harvest<F: VmFormat>(
 /// `p.runs` harvests of `mmu` (the engine's CLEAR) and of `runs_only` (a
 /// walk per run), alternately, the first of each pair swapped every run so
 /// that neither always follows the other.
-fn measure<F: VmFormat>(
+fn measure<F: KnownFormat>(
     p: &Config,
     mmu: &HwMmu<F>,
     runs_only: &HwMmu<F>,
@@ -209,7 +209,7 @@ fn measure<F: VmFormat>(
 /// # Errors
 /// A message naming the step that failed (the table, a scan that missed
 /// a dirtied page).
-pub fn setup_and_measure<F: VmFormat>(
+pub fn setup_and_measure<F: KnownFormat>(
     p: &Config,
     bar: &dyn Progress,
 ) -> Result<(Measured, Duration), String> {

@@ -8,7 +8,7 @@ use crate::progress::Progress;
 use crate::report::{human, human_bytes, verdict, Report};
 use crate::stats::Samples;
 use s2mmu_bench::harvest::{setup_and_measure, Config, Measured};
-use s2mmu_vm::VmFormat;
+use s2mmu_vm::KnownFormat;
 use serde_json::json;
 use std::time::Duration;
 
@@ -86,7 +86,7 @@ struct Measure<'a> {
 
 impl s2mmu_cli::vm_format::WithFormat for Measure<'_> {
     type Output = Result<(Measured, Duration), String>;
-    fn call<F: VmFormat>(self) -> Self::Output {
+    fn call<F: KnownFormat>(self) -> Self::Output {
         setup_and_measure::<F>(&self.p, self.bar)
     }
 }
@@ -144,7 +144,7 @@ pub fn run(p: &Params, bar: &Progress) -> Result<Report, String> {
          CLEAR vs a walk per run: {:.2}x time\n\
          Word scan vs per-leaf walk: {:.1}x faster\n\
          [target: harvest under {} for {} (20 ms per 64 GiB, half the DBM RFC's ~40 ms): {}]\n",
-        p.format.hardware_dirty(),
+        p.format.hardware_dirty_name(),
         human_bytes(p.size),
         p.dirty_every,
         s.found,

@@ -24,7 +24,7 @@ use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::{HostMmOps, PteFormat};
 use s2mmu_bench::split::{cases, measure, POLICIES};
 use s2mmu_cli::vm_format::WithFormat;
-use s2mmu_vm::VmFormat;
+use s2mmu_vm::KnownFormat;
 use serde_json::json;
 
 mod params;
@@ -80,7 +80,7 @@ struct SplitOn<'a> {
 
 impl WithFormat for SplitOn<'_> {
     type Output = Result<Report, String>;
-    fn call<F: VmFormat>(self) -> Result<Report, String> {
+    fn call<F: KnownFormat>(self) -> Result<Report, String> {
         run_on(
             self.p,
             F::for_vm(48).map_err(|e| e.to_string())?,

@@ -53,7 +53,7 @@ struct OnVm<'a> {
 
 impl s2mmu_cli::vm_format::WithFormat for OnVm<'_> {
     type Output = Result<Report, String>;
-    fn call<F: s2mmu_vm::VmFormat>(self) -> Self::Output {
+    fn call<F: s2mmu_vm::KnownFormat>(self) -> Self::Output {
         let bars = crate::progress::bars(self.progress);
         s2mmu_bench::tlb::vm_report::run::<F>(&self.p.config(), &bars)
     }

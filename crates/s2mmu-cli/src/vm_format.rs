@@ -1,21 +1,22 @@
 //! `--format`, the stage-2 format a simulated guest's tables are in: the
 //! benchmarks and `migrate` take it, and dispatch once on it to code
-//! generic over [`s2mmu_vm::VmFormat`].
+//! generic over [`s2mmu::format::KnownFormat`].
 //!
-//! This is the one place a command line's format name becomes a type
-//! ([`FormatArg::with`]); the names, the words reports use
-//! ([`FormatArg::title`], [`FormatArg::hardware_dirty`]) and the list
-//! (`--format`'s values, [`FormatArg::all`]) are the engine's
-//! ([`s2mmu::format::FormatId`], made from each format's
+//! [`FormatArg`] is the engine's [`FormatId`] as the command line parses
+//! it: a type of its own only because clap's `ValueEnum` cannot be
+//! implemented on the engine's type. This is the one place a command
+//! line's format name becomes a type ([`FormatArg::with`]); the names, the
+//! words reports use ([`FormatArg::title`],
+//! [`FormatArg::hardware_dirty_name`]) and the list (`--format`'s values,
+//! [`FormatArg::all`]) are the engine's (made from each format's
 //! [`s2mmu::format::KnownFormat`] consts). The migration stream carries a
-//! format as a [`WireFormat`] code (s2mmu-migrate's), which the command
-//! line's spelling cannot change. Adding a format changes nothing here.
+//! format as its [`FormatId::code`], which the command line's spelling
+//! cannot change. Adding a format changes nothing here.
 
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
 use s2mmu::format::FormatId;
 pub use s2mmu::format::WithFormat;
-use s2mmu_migrate::wire::WireFormat;
 use std::fmt;
 
 /// The stage-2 format of the simulated VM, as `--format` names it.
@@ -46,7 +47,7 @@ impl FormatArg {
     pub const Ept: FormatArg = FormatArg::of::<EptFormat>();
 
     /// Format `F`'s.
-    pub const fn of<F: s2mmu_vm::VmFormat>() -> FormatArg {
+    pub const fn of<F: s2mmu::format::KnownFormat>() -> FormatArg {
         FormatArg(FormatId::of::<F>())
     }
 
@@ -55,7 +56,7 @@ impl FormatArg {
         self.0.with(code)
     }
 
-    /// The name the option takes (the type's [`s2mmu_vm::VmFormat::NAME`]).
+    /// The name the option takes (the type's [`s2mmu::format::KnownFormat::NAME`]).
     pub fn name(self) -> &'static str {
         self.0.name()
     }
@@ -71,7 +72,7 @@ impl FormatArg {
     }
 
     /// What reports call the format's hardware dirty state ("arm64 DBM").
-    pub fn hardware_dirty(self) -> &'static str {
+    pub fn hardware_dirty_name(self) -> &'static str {
         self.0.hardware_dirty_name()
     }
 }
@@ -92,15 +93,15 @@ impl clap::ValueEnum for FormatArg {
     }
 }
 
-impl From<WireFormat> for FormatArg {
-    fn from(w: WireFormat) -> FormatArg {
-        FormatArg(w.id())
+impl From<FormatId> for FormatArg {
+    fn from(f: FormatId) -> FormatArg {
+        FormatArg(f)
     }
 }
 
-impl From<FormatArg> for WireFormat {
-    fn from(f: FormatArg) -> WireFormat {
-        WireFormat::from(f.0)
+impl From<FormatArg> for FormatId {
+    fn from(f: FormatArg) -> FormatId {
+        f.0
     }
 }
 
@@ -113,17 +114,17 @@ mod tests {
     fn names_and_codes_round_trip() {
         assert_eq!(FormatArg::all().len(), FormatId::ALL.len());
         for &f in FormatArg::all() {
-            let w = WireFormat::from(f);
-            assert_eq!(WireFormat::of_code(w.code()), Some(w));
-            assert_eq!(FormatArg::from(w), f);
-            assert_eq!(w.name(), f.name());
+            let id = FormatId::from(f);
+            assert_eq!(FormatId::from_code(id.code()), Some(id));
+            assert_eq!(FormatArg::from(id), f);
+            assert_eq!(id.name(), f.name());
             assert_eq!(FormatArg::from_str(f.name(), false), Ok(f));
         }
         assert_eq!(FormatArg::Arm64.name(), "arm64");
         assert_eq!(FormatArg::Ept.name(), "ept");
-        assert_eq!(WireFormat::from(FormatArg::Ept).code(), 1);
+        assert_eq!(FormatId::from(FormatArg::Ept).code(), 1);
         assert!(FormatArg::from_str("riscv", false).is_err());
         assert_eq!(FormatArg::Ept.title(), "x86 EPT");
-        assert_eq!(FormatArg::Arm64.hardware_dirty(), "arm64 DBM");
+        assert_eq!(FormatArg::Arm64.hardware_dirty_name(), "arm64 DBM");
     }
 }

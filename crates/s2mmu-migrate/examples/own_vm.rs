@@ -10,13 +10,14 @@
 #![allow(unsafe_code)] // GuestRam is an unsafe trait: the library reads and writes it
 
 use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::FormatId;
 use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestFactory, DestGuest, ResumedGuest};
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::source::{run_source, SourceConfig};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self, NetConfig};
 use s2mmu_migrate::vm::{GuestCounters, GuestRam, GuestRun, RamSlot, SessionVm, VmError};
-use s2mmu_migrate::wire::{Header, WireFormat};
+use s2mmu_migrate::wire::Header;
 use std::hash::{DefaultHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -170,7 +171,7 @@ impl SourceGuest for Vcpu {
         &self.vm
     }
     fn shape(&self) -> GuestShape {
-        let (format, backing) = (WireFormat::of::<Arm64Stage2>(), "anonymous".into());
+        let (format, backing) = (FormatId::of::<Arm64Stage2>(), "anonymous".into());
         GuestShape {
             mem_size: MEM,
             slots: 1,

@@ -10,6 +10,7 @@ mod common;
 
 use common::{over_loopback, Digests, Words};
 use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::FormatId;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
@@ -18,7 +19,6 @@ use s2mmu_migrate::sim::dest::SimDestConfig;
 use s2mmu_migrate::sim::state::GuestState;
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, RamSlot, SessionVm, VmError};
-use s2mmu_migrate::wire::WireFormat;
 use s2mmu_vm::VcpuState;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -185,7 +185,7 @@ impl SourceGuest for Guest {
             slots: 1,
             vcpus: 1,
             backing: "anonymous".into(),
-            format: WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>(),
+            format: FormatId::of::<s2mmu::format::arm64::Arm64Stage2>(),
         }
     }
     fn counter_source(&self) -> Arc<dyn Fn() -> GuestCounters + Send + Sync> {

@@ -8,6 +8,7 @@ mod migrate_common;
 use migrate_common::{dest_cfg, plain, small};
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
+use s2mmu::format::FormatId;
 use s2mmu::mmu::DirtyMode;
 use s2mmu_migrate::session::extras::SourceExtras;
 use s2mmu_migrate::session::postcopy::Postcopy;
@@ -15,14 +16,13 @@ use s2mmu_migrate::sim::dest::{receive_from, SimDestConfig};
 use s2mmu_migrate::sim::in_process::migrate_in_process;
 use s2mmu_migrate::sim::source::{session_harvest, SimRun};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::wire::WireFormat;
 use s2mmu_migrate::wire::{tag, Header, Record, WireReader, WireWriter, PAGE_SIZE};
 use std::time::Duration;
 
 /// x86 EPT.
-const EPT: WireFormat = WireFormat::of::<EptFormat>();
+const EPT: FormatId = FormatId::of::<EptFormat>();
 /// arm64 stage 2.
-const ARM64: WireFormat = WireFormat::of::<Arm64Stage2>();
+const ARM64: FormatId = FormatId::of::<Arm64Stage2>();
 
 /// A small EPT guest dirtying at full speed.
 fn ept(mem: u64) -> SimRun {
@@ -32,7 +32,7 @@ fn ept(mem: u64) -> SimRun {
     })
 }
 
-fn dest_on(format: WireFormat) -> SimDestConfig {
+fn dest_on(format: FormatId) -> SimDestConfig {
     SimDestConfig {
         format,
         ..dest_cfg()
@@ -133,7 +133,7 @@ fn a_source_on_another_format_is_refused_and_keeps_its_guest() {
 
 /// The opening of a stream from a source on `format` (a 16-page guest):
 /// all a destination reads before it must refuse another format.
-fn opening_on(format: WireFormat) -> Vec<u8> {
+fn opening_on(format: FormatId) -> Vec<u8> {
     let h = Header {
         mem_size: 16 * PAGE_SIZE as u64,
         slots: 1,

@@ -237,7 +237,7 @@ fn stream_with_state(vcpus_in_header: u32, state: &GuestState) -> Vec<u8> {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: s2mmu_migrate::wire::WireFormat::of::<Arm64Stage2>(),
+        format: s2mmu::format::FormatId::of::<Arm64Stage2>(),
         image: None,
     };
     let mut w = WireWriter::new(Vec::new(), &h).unwrap();
@@ -368,7 +368,7 @@ fn header(mem: u64) -> Header {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: s2mmu_migrate::wire::WireFormat::of::<Arm64Stage2>(),
+        format: s2mmu::format::FormatId::of::<Arm64Stage2>(),
         image: None,
     }
 }

@@ -7,10 +7,10 @@ mod migrate_common;
 
 use migrate_common::{dest_cfg, plain, small};
 use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::FormatId;
 use s2mmu_migrate::sim::in_process::migrate_in_process;
 use s2mmu_migrate::sim::source::SimRun;
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::wire::WireFormat;
 use s2mmu_migrate::wire::{Header, IMAGE_ID_LEN, PAGE_SIZE};
 
 const A: [u8; IMAGE_ID_LEN] = [0xa1; IMAGE_ID_LEN];
@@ -66,7 +66,7 @@ fn the_header_carries_the_image_and_refuses_a_short_one() {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: true,
-        format: WireFormat::of::<Arm64Stage2>(),
+        format: FormatId::of::<Arm64Stage2>(),
         image: Some(A),
     };
     let body = h.encode();

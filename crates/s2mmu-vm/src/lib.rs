@@ -56,7 +56,9 @@ pub use memory::{Backing, GuestMemory, MemoryError};
 pub use replay::replay_writes;
 pub use tlb::{ShootdownStats, SoftTlb, TlbShootdown, TlbStats};
 pub use vcpu::{PageFetch, Vcpu, VcpuExit};
-pub use vm::{Error, SlotInfo, Vm, VmConfig, VmFormat, VmMmu};
+#[allow(deprecated)]
+pub use vm::VmFormat;
+pub use vm::{Error, KnownFormat, SlotInfo, Vm, VmConfig, VmMmu};
 
 /// The simulated VM's error, by its old name.
 #[deprecated(

@@ -4,7 +4,7 @@
 use crate::memory::GuestMemory;
 use crate::mmu::VmMmu;
 use crate::tlb::SoftTlb;
-use crate::vm::VmFormat;
+use crate::vm::KnownFormat;
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::{FaultKind, FaultOutcome, FaultStats, PmlLog, PmlWriteError, VcpuMmu};
@@ -85,7 +85,7 @@ impl fmt::Display for VcpuExit {
 }
 
 /// A vCPU of a [`crate::Vm`]. Owned by the thread that runs it.
-pub struct Vcpu<S: MemslotStore, F: VmFormat = Arm64Stage2> {
+pub struct Vcpu<S: MemslotStore, F: KnownFormat = Arm64Stage2> {
     mmu: Arc<VmMmu<S, F>>,
     reader: TableReader<F, HostMmOps>,
     // Keeps guest memory mapped while this vCPU can reach it; the software
@@ -115,7 +115,7 @@ pub struct Vcpu<S: MemslotStore, F: VmFormat = Arm64Stage2> {
     pub accesses: u64,
 }
 
-impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
+impl<S: MemslotStore, F: KnownFormat> Vcpu<S, F> {
     pub(crate) fn new(
         mmu: Arc<VmMmu<S, F>>,
         memory: Arc<GuestMemory>,
@@ -332,7 +332,7 @@ impl<S: MemslotStore, F: VmFormat> Vcpu<S, F> {
     }
 }
 
-impl<S: MemslotStore, F: VmFormat> Drop for Vcpu<S, F> {
+impl<S: MemslotStore, F: KnownFormat> Drop for Vcpu<S, F> {
     fn drop(&mut self) {
         self.exit();
     }

@@ -13,13 +13,32 @@ use std::sync::{Arc, Mutex};
 
 pub use crate::mmu::VmMmu;
 
-/// A descriptor format a simulated VM runs on: one the engine ships
-/// ([`s2mmu::format::KnownFormat`]), its vCPUs walking its tables with
-/// 4 KiB pages as that architecture's hardware does (arm64's walker and
-/// DBM, or x86's EPT walker with A/D flags and PML). The name is the
-/// engine's trait's: this crate adds nothing per format, so a new format
-/// needs no change here.
-pub use s2mmu::format::KnownFormat as VmFormat;
+/// A descriptor format a simulated VM runs on: one the engine ships, its
+/// vCPUs walking its tables with 4 KiB pages as that architecture's
+/// hardware does (arm64's walker and DBM, or x86's EPT walker with A/D
+/// flags and PML). Re-exported under the engine's name: this crate adds
+/// nothing per format, so a new format needs no change here.
+pub use s2mmu::format::KnownFormat;
+
+/// The engine's [`KnownFormat`], by the name this crate gave it: every
+/// `KnownFormat` implements it, so a bound spelled with it still compiles.
+///
+/// ```
+/// # #![allow(deprecated)]
+/// use s2mmu::memslot::TreeMemslots;
+/// fn name<F: s2mmu_vm::VmFormat>(_: &s2mmu_vm::Vm<TreeMemslots, F>) -> &'static str {
+///     F::NAME
+/// }
+/// let vm: s2mmu_vm::Vm = s2mmu_vm::Vm::new(s2mmu_vm::VmConfig::default()).unwrap();
+/// assert_eq!(name(&vm), "arm64");
+/// ```
+#[deprecated(
+    note = "use `s2mmu::format::KnownFormat` (also re-exported as `s2mmu_vm::KnownFormat`)"
+)]
+pub trait VmFormat: KnownFormat {}
+
+#[allow(deprecated)]
+impl<F: KnownFormat> VmFormat for F {}
 
 /// How to build a [`Vm`].
 #[derive(Clone, Debug)]
@@ -103,7 +122,7 @@ pub struct SlotInfo {
 }
 
 /// A simulated VM whose vCPUs walk tables of format `F`.
-pub struct Vm<S: MemslotStore = TreeMemslots, F: VmFormat = Arm64Stage2> {
+pub struct Vm<S: MemslotStore = TreeMemslots, F: KnownFormat = Arm64Stage2> {
     // Field order matters for drop: vCPU-facing parts first, memory last.
     mmu: Arc<VmMmu<S, F>>,
     shootdown: Arc<TlbShootdown>,
@@ -115,7 +134,7 @@ pub struct Vm<S: MemslotStore = TreeMemslots, F: VmFormat = Arm64Stage2> {
     memory: Arc<GuestMemory>,
 }
 
-impl<S: MemslotStore, F: VmFormat> Vm<S, F> {
+impl<S: MemslotStore, F: KnownFormat> Vm<S, F> {
     /// The largest software TLB a vCPU may have.
     pub const MAX_TLB_ENTRIES: usize = TlbShootdown::MAX_ENTRIES;
 

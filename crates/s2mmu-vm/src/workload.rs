@@ -3,7 +3,7 @@
 //! in lockstep with the host) and a random-access pattern, with a throttle
 //! for migration's convergence help.
 
-use crate::vm::{Vm, VmFormat};
+use crate::vm::{KnownFormat, Vm};
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::FaultStats;
@@ -25,14 +25,14 @@ pub use pass::{stamp, LiveCounters, Pattern, VcpuState, WorkloadConfig, LIVE_EVE
 use vcpu_loop::vcpu_thread;
 
 /// vCPU threads running a workload on a VM.
-pub struct Workload<S: MemslotStore + 'static, F: VmFormat = Arm64Stage2> {
+pub struct Workload<S: MemslotStore + 'static, F: KnownFormat = Arm64Stage2> {
     vm: Arc<Vm<S, F>>,
     control: Arc<Control>,
     threads: Vec<JoinHandle<()>>,
     config: WorkloadConfig,
 }
 
-impl<S: MemslotStore + 'static, F: VmFormat> Workload<S, F> {
+impl<S: MemslotStore + 'static, F: KnownFormat> Workload<S, F> {
     /// Starts `vcpus` vCPU threads, each owning the region
     /// `[gpa_base + i * bytes_per_vcpu, +bytes_per_vcpu)`; they wait for
     /// [`Workload::run_pass`] or [`Workload::run_free`].
@@ -236,14 +236,14 @@ impl<S: MemslotStore + 'static, F: VmFormat> Workload<S, F> {
     }
 }
 
-impl<S: MemslotStore + 'static, F: VmFormat> Drop for Workload<S, F> {
+impl<S: MemslotStore + 'static, F: KnownFormat> Drop for Workload<S, F> {
     fn drop(&mut self) {
         self.shutdown();
     }
 }
 
 /// The host's pause and free-running switches.
-impl<S: MemslotStore + 'static, F: VmFormat> Workload<S, F> {
+impl<S: MemslotStore + 'static, F: KnownFormat> Workload<S, F> {
     /// Lets vCPUs run passes back to back until [`Workload::pause`].
     pub fn run_free(&self) {
         self.control.free_running.store(true, Ordering::Release);

@@ -4,7 +4,9 @@ use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::ept::EptFormat;
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy, Protect, PML_LOG_ENTRIES};
-use s2mmu_vm::{Backing, GuestMemory, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
+use s2mmu_vm::{
+    Backing, GuestMemory, KnownFormat, Pattern, Vm, VmConfig, Workload, WorkloadConfig,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,7 @@ fn vm<S: MemslotStore>(mem: u64, backing: Backing, slots: u32, policy: MmuPolicy
 }
 
 /// A VM whose vCPUs walk tables of format `F`.
-fn vm_on<S: MemslotStore, F: VmFormat>(
+fn vm_on<S: MemslotStore, F: KnownFormat>(
     mem: u64,
     backing: Backing,
     slots: u32,
@@ -33,7 +35,7 @@ fn vm_on<S: MemslotStore, F: VmFormat>(
     )
 }
 
-fn workload<S: MemslotStore + 'static, F: VmFormat>(
+fn workload<S: MemslotStore + 'static, F: KnownFormat>(
     vm: &Arc<Vm<S, F>>,
     vcpus: usize,
     pattern: Pattern,
@@ -53,7 +55,7 @@ fn workload<S: MemslotStore + 'static, F: VmFormat>(
 }
 
 /// Dirty pages of every slot, through GET (+ CLEAR with manual protect).
-fn harvest<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Vec<u64> {
+fn harvest<S: MemslotStore, F: KnownFormat>(vm: &Vm<S, F>) -> Vec<u64> {
     let mmu = vm.mmu();
     let mut gpas = Vec::new();
     for s in vm.slots() {
@@ -85,7 +87,7 @@ fn every_written_page_is_logged_and_nothing_else_on_ept() {
     logs_every_written_page::<EptFormat>();
 }
 
-fn logs_every_written_page<F: VmFormat>() {
+fn logs_every_written_page<F: KnownFormat>() {
     for (manual, dirty) in [
         (true, DirtyMode::WP),
         (false, DirtyMode::WP),
@@ -345,7 +347,7 @@ fn stress_env(vcpus: usize) -> (f64, usize) {
 struct Mirror(Vec<u64>);
 
 impl Mirror {
-    fn copy_page<S: MemslotStore, F: VmFormat>(&mut self, vm: &Vm<S, F>, gpa: u64) {
+    fn copy_page<S: MemslotStore, F: KnownFormat>(&mut self, vm: &Vm<S, F>, gpa: u64) {
         let (_, off) = vm.locate(gpa).expect("harvested gpa is in a slot");
         for i in 0..512u64 {
             self.0[(off / 8 + i) as usize] = vm.memory().read_u64(off + i * 8).unwrap();
@@ -367,7 +369,7 @@ impl Mirror {
     /// One harvest copied: with rings KVM's protocol (harvest, reset so the
     /// pages are protected again, then copy), else GET (and CLEAR). Returns
     /// the pages copied.
-    fn harvest<S: MemslotStore, F: VmFormat>(
+    fn harvest<S: MemslotStore, F: KnownFormat>(
         &mut self,
         vm: &Vm<S, F>,
         ring: &mut Vec<s2mmu::dirty::DirtyGfn>,
@@ -414,7 +416,7 @@ fn check_stamps(memory: &GuestMemory, vcpus: usize, pattern: Pattern) {
     }
 }
 
-fn stress_on<S: MemslotStore + 'static, F: VmFormat>(
+fn stress_on<S: MemslotStore + 'static, F: KnownFormat>(
     policy: MmuPolicy,
     backing: Backing,
     vcpus: usize,

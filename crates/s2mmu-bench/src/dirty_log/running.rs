@@ -3,7 +3,7 @@
 
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{DirtyMode, FaultPath, FaultStats, MmuPolicy};
-use s2mmu_vm::{Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
+use s2mmu_vm::{KnownFormat, Pattern, Vm, VmConfig, Workload, WorkloadConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ pub fn label(policy: &MmuPolicy, memslots: &str) -> String {
 }
 
 /// One empty dirty bitmap per memslot of `vm` (a bit per 4 KiB page).
-fn slot_bitmaps<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Vec<Vec<u64>> {
+fn slot_bitmaps<S: MemslotStore, F: KnownFormat>(vm: &Vm<S, F>) -> Vec<Vec<u64>> {
     vm.slots()
         .iter()
         .map(|s| vec![0u64; (s.size / 4096).div_ceil(64) as usize])
@@ -43,7 +43,7 @@ fn slot_bitmaps<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Vec<Vec<u64>> {
 /// The engine's fault injection: its next `n` dirty marks are dropped (the
 /// bug the lost-write check must catch).
 #[cfg(feature = "test-hooks")]
-fn inject_lost_marks<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>, n: u64) -> Result<(), String> {
+fn inject_lost_marks<S: MemslotStore, F: KnownFormat>(vm: &Vm<S, F>, n: u64) -> Result<(), String> {
     vm.mmu().inject_lost_marks(n);
     Ok(())
 }
@@ -51,7 +51,7 @@ fn inject_lost_marks<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>, n: u64) -> Res
 /// Without the engine's test hooks, a run that asks for dropped dirty
 /// marks is refused.
 #[cfg(not(feature = "test-hooks"))]
-fn inject_lost_marks<S: MemslotStore, F: VmFormat>(_: &Vm<S, F>, n: u64) -> Result<(), String> {
+fn inject_lost_marks<S: MemslotStore, F: KnownFormat>(_: &Vm<S, F>, n: u64) -> Result<(), String> {
     match n {
         0 => Ok(()),
         _ => Err(format!(
@@ -61,7 +61,7 @@ fn inject_lost_marks<S: MemslotStore, F: VmFormat>(_: &Vm<S, F>, n: u64) -> Resu
 }
 
 /// Runs the selftest flow on the engine.
-fn run_engine<S: MemslotStore + 'static, F: VmFormat>(
+fn run_engine<S: MemslotStore + 'static, F: KnownFormat>(
     spec: RunSpec<impl Copy>,
     memslots: &str,
 ) -> Result<EngineRun, String> {
@@ -146,7 +146,7 @@ type Populated<S, F> = (Workload<S, F>, Duration, Option<Duration>);
 /// Starts the workload and times its populate pass; then sets the pattern
 /// of the logged passes and, when asked, times passes with logging off
 /// (their median).
-fn populate<S: MemslotStore + 'static, F: VmFormat>(
+fn populate<S: MemslotStore + 'static, F: KnownFormat>(
     vm: &Arc<Vm<S, F>>,
     spec: &RunSpec<impl Copy>,
 ) -> Result<Populated<S, F>, String> {
@@ -186,7 +186,7 @@ fn populate<S: MemslotStore + 'static, F: VmFormat>(
 }
 
 /// The simulated VM of `spec.vcpus * spec.bytes` bytes at `gpa_base`.
-fn new_vm<S: MemslotStore + 'static, F: VmFormat>(
+fn new_vm<S: MemslotStore + 'static, F: KnownFormat>(
     spec: &RunSpec<impl Copy>,
     gpa_base: u64,
 ) -> Result<Vm<S, F>, String> {
@@ -203,7 +203,7 @@ fn new_vm<S: MemslotStore + 'static, F: VmFormat>(
 
 /// One iteration's GET and CLEAR (or ring harvest and reset), timed into
 /// `it` with the pages the log reported.
-fn harvest<S: MemslotStore + 'static, F: VmFormat>(
+fn harvest<S: MemslotStore + 'static, F: KnownFormat>(
     vm: &Vm<S, F>,
     ring: bool,
     manual_protect: bool,
@@ -257,7 +257,7 @@ fn diff(a: &FaultStats, b: &FaultStats) -> FaultStats {
 /// Settings [`super::check`] refuses (before anything is allocated), or a
 /// message naming what failed: the VM or its memory, logging, a harvest,
 /// or a lost write that `spec.check` found.
-pub fn run<F: VmFormat, Fmt: Copy>(
+pub fn run<F: KnownFormat, Fmt: Copy>(
     spec: RunSpec<Fmt>,
     memslots: &str,
 ) -> Result<EngineRun, String> {

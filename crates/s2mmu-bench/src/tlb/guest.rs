@@ -5,7 +5,7 @@
 use super::PAGE;
 use crate::human_bytes;
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Vcpu, VmFormat};
+use s2mmu_vm::{KnownFormat, Vcpu};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -85,7 +85,7 @@ pub fn sum_live(live: &[Live]) -> LiveSum {
 
 /// A vCPU writing random words of its region until `stop`, staying in
 /// guest mode (so every invalidation waits for it).
-pub fn vcpu_loop<F: VmFormat>(
+pub fn vcpu_loop<F: KnownFormat>(
     mut v: Vcpu<TreeMemslots, F>,
     idx: usize,
     base: u64,

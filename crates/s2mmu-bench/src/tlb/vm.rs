@@ -11,7 +11,7 @@ use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::MmuPolicy;
 use s2mmu::tlb::LargeRangePolicy;
 use s2mmu::{Gpa, Hva};
-use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat};
+use s2mmu_vm::{Backing, KnownFormat, Vm, VmConfig};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,7 @@ pub struct Sample {
     pub refill_misses: f64,
 }
 
-struct Bench<'a, F: VmFormat> {
+struct Bench<'a, F: KnownFormat> {
     vm: &'a Vm<TreeMemslots, F>,
     live: &'a [Live],
     npages: u64,
@@ -43,7 +43,7 @@ struct Bench<'a, F: VmFormat> {
     bitmap: Vec<u64>,
 }
 
-impl<F: VmFormat> Bench<'_, F> {
+impl<F: KnownFormat> Bench<'_, F> {
     fn cycle(&mut self, mode: Mode, policy: LargeRangePolicy) -> Result<Sample, String> {
         let mmu = self.vm.mmu();
         let e = |e: s2mmu::Error| e.to_string();
@@ -100,7 +100,7 @@ impl<F: VmFormat> Bench<'_, F> {
 }
 
 /// The VM with the big slot mapped and logged, and what setting it up took.
-struct Setup<F: VmFormat> {
+struct Setup<F: KnownFormat> {
     /// Declared before `reservation`, so dropped first: its table holds
     /// addresses into the reservation.
     vm: Vm<TreeMemslots, F>,
@@ -110,7 +110,7 @@ struct Setup<F: VmFormat> {
 
 /// Builds the VM: the vCPUs' small slot of real memory and the big slot,
 /// mapped with 4K pages and dirty-logged.
-fn setup<F: VmFormat>(p: &Config, progress: &dyn Progress) -> Result<Setup<F>, String> {
+fn setup<F: KnownFormat>(p: &Config, progress: &dyn Progress) -> Result<Setup<F>, String> {
     let e = |e: s2mmu::Error| e.to_string();
     let too_big = || {
         format!(
@@ -165,7 +165,7 @@ fn setup<F: VmFormat>(p: &Config, progress: &dyn Progress) -> Result<Setup<F>, S
 }
 
 /// Starts the vCPU threads, measures while they run, stops them.
-fn with_vcpus<F: VmFormat>(p: &Config, st: &Setup<F>, bars: Bars) -> Result<Measured, String> {
+fn with_vcpus<F: KnownFormat>(p: &Config, st: &Setup<F>, bars: Bars) -> Result<Measured, String> {
     let live: Vec<Live> = (0..p.vcpus).map(|_| Live::default()).collect();
     let stop = AtomicBool::new(false);
     let vcpu_pages = p.vcpu_mem / PAGE;
@@ -219,7 +219,7 @@ pub struct VmRun {
 /// # Errors
 /// Settings [`super::check`] refuses, `vcpus` 0, or a message naming the
 /// step that failed.
-pub fn run<F: VmFormat>(p: &Config, bars: Bars) -> Result<VmRun, String> {
+pub fn run<F: KnownFormat>(p: &Config, bars: Bars) -> Result<VmRun, String> {
     super::check(p)?;
     if p.vcpus == 0 {
         return Err(
@@ -250,7 +250,7 @@ type Measured = (Vec<ModeSamples<Sample>>, f64, f64);
 
 /// Waits for the vCPUs to run, measures the cost of a TLB refill, then the
 /// harvest cycles of both modes and policies.
-fn measure<F: VmFormat>(
+fn measure<F: KnownFormat>(
     p: &Config,
     vm: &Vm<TreeMemslots, F>,
     live: &[Live],

@@ -14,7 +14,7 @@ use crate::report::Report;
 use crate::text::human;
 use crate::Bars;
 use s2mmu::tlb::LargeRangePolicy;
-use s2mmu_vm::VmFormat;
+use s2mmu_vm::KnownFormat;
 use serde_json::json;
 use std::time::Duration;
 
@@ -44,7 +44,7 @@ fn resolve(p: &Config) -> Config {
 /// # Errors
 /// A message naming the setting (the flag of the same name) or the step
 /// that failed.
-pub fn run<F: VmFormat>(p: &Config, bars: Bars<'_>) -> Result<Report, String> {
+pub fn run<F: KnownFormat>(p: &Config, bars: Bars<'_>) -> Result<Report, String> {
     check(p)?;
     let p = &resolve(p);
     let r = super::vm::run::<F>(p, bars)?;
@@ -76,7 +76,7 @@ fn rows(r: &VmRun) -> Vec<Row> {
 
 /// What the report says besides the rows.
 struct Facts {
-    /// The format's name (`VmFormat::NAME`).
+    /// The format's name (`KnownFormat::NAME`).
     format: &'static str,
     slot: SlotFacts,
     /// The cost of one TLB refill (a table walk).

@@ -6,7 +6,7 @@ use s2mmu::mmu::{DirtyMode, FaultPath, HugePageRecovery, MmuPolicy, Protect};
 use s2mmu::SplitPolicy;
 use s2mmu_bench::dirty_log::EngineRun;
 use s2mmu_cli::vm_format::{FormatArg, WithFormat};
-use s2mmu_vm::VmFormat;
+use s2mmu_vm::KnownFormat;
 
 /// Engine-run settings derived from the options, with the `--format` the
 /// run dispatches on.
@@ -53,7 +53,7 @@ struct EngineOn<'a> {
 
 impl WithFormat for EngineOn<'_> {
     type Output = Result<EngineRun, String>;
-    fn call<F: VmFormat>(self) -> Result<EngineRun, String> {
+    fn call<F: KnownFormat>(self) -> Result<EngineRun, String> {
         s2mmu_bench::dirty_log::run::<F, FormatArg>(self.spec, self.memslots)
     }
 }

@@ -43,7 +43,6 @@ use s2mmu::format::FormatId;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::vm::{GuestCounters, GuestRun, SessionVm};
-use s2mmu_migrate::wire::WireFormat;
 use std::sync::{Arc, Mutex};
 
 /// Bytes of the system region at guest-physical 0.
@@ -332,8 +331,8 @@ pub(super) fn state_err(e: impl std::fmt::Display) -> MigrateError {
 }
 
 /// The header's format: KVM's x86 tables are EPT's.
-pub fn wire_format() -> WireFormat {
-    WireFormat::from(FormatId::of::<EptFormat>())
+pub fn wire_format() -> FormatId {
+    FormatId::of::<EptFormat>()
 }
 
 impl SourceGuest for WriterGuest {

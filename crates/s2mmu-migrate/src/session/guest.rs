@@ -7,7 +7,7 @@ use super::extras::ExtrasOutcome;
 use super::postcopy::Final;
 use crate::stream_error::MigrateError;
 use crate::vm::{GuestCounters, GuestRun, SessionVm};
-use crate::wire::WireFormat;
+use s2mmu::format::FormatId;
 use std::sync::Arc;
 
 /// What the stream's header tells the destination about the guest, so
@@ -23,7 +23,7 @@ pub struct GuestShape {
     /// How its memory is backed (a name the destination knows).
     pub backing: String,
     /// The stage-2 format of its tables.
-    pub format: WireFormat,
+    pub format: FormatId,
 }
 
 /// Work that runs beside pre-copy and sees every harvest (the lost-write

@@ -11,11 +11,12 @@ use crate::session::dest::{
 };
 use crate::stream_error::MigrateError;
 use crate::transport::{Listener, NetConfig};
-use crate::wire::{Header, WireFormat, PAGE_SIZE};
+use crate::wire::{Header, PAGE_SIZE};
+use s2mmu::format::FormatId;
 use s2mmu::format::WithFormat;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, MmuPolicy};
-use s2mmu_vm::{Backing, Vm, VmConfig, VmFormat, Workload};
+use s2mmu_vm::{Backing, KnownFormat, Vm, VmConfig, Workload};
 use std::io::{Read, Write};
 use std::marker::PhantomData;
 use std::net::TcpStream;
@@ -25,17 +26,17 @@ use std::time::Duration;
 
 /// Builds the simulated destination guest on stage-2 format `F` with the
 /// destination's own MMU policy.
-pub struct SimDest<F: VmFormat> {
+pub struct SimDest<F: KnownFormat> {
     /// The destination MMU's policies.
     pub policy: MmuPolicy,
     /// `F`'s code on the wire: a stream from another format is refused.
-    pub format: WireFormat,
+    pub format: FormatId,
     _format: PhantomData<fn() -> F>,
 }
 
-impl<F: VmFormat> SimDest<F> {
+impl<F: KnownFormat> SimDest<F> {
     /// A factory for guests on `F` (whose wire code is `format`).
-    pub fn new(policy: MmuPolicy, format: WireFormat) -> Self {
+    pub fn new(policy: MmuPolicy, format: FormatId) -> Self {
         SimDest {
             policy,
             format,
@@ -52,7 +53,7 @@ pub struct SimDestConfig {
     pub policy: MmuPolicy,
     /// The stage-2 format the guest runs on: a stream from a source on
     /// another one is refused ([`MigrateError::FormatMismatch`]).
-    pub format: WireFormat,
+    pub format: FormatId,
     /// The session's settings.
     pub dest: DestConfig,
 }
@@ -64,24 +65,24 @@ impl SimDestConfig {
     pub fn new(policy: MmuPolicy, run_after: Duration) -> Self {
         SimDestConfig {
             policy,
-            format: WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>(),
+            format: FormatId::of::<s2mmu::format::arm64::Arm64Stage2>(),
             dest: DestConfig::with_run_after(run_after),
         }
     }
 
     /// The factory that builds this guest on `F`.
-    pub fn factory<F: VmFormat>(&self) -> SimDest<F> {
+    pub fn factory<F: KnownFormat>(&self) -> SimDest<F> {
         SimDest::new(self.policy, self.format)
     }
 }
 
 /// The simulated destination guest: its VM, not running until
 /// [`DestGuest::start`].
-pub struct SimDestGuest<F: VmFormat> {
+pub struct SimDestGuest<F: KnownFormat> {
     vm: Arc<SimVm<F>>,
 }
 
-impl<F: VmFormat> DestFactory for SimDest<F> {
+impl<F: KnownFormat> DestFactory for SimDest<F> {
     type Guest = SimDestGuest<F>;
 
     fn build(&self, header: &Header) -> Result<SimDestGuest<F>, MigrateError> {
@@ -99,7 +100,7 @@ impl<F: VmFormat> DestFactory for SimDest<F> {
     }
 }
 
-impl<F: VmFormat> DestGuest for SimDestGuest<F> {
+impl<F: KnownFormat> DestGuest for SimDestGuest<F> {
     type Vm = SimVm<F>;
     type State = GuestState;
     type Running = Workload<TreeMemslots, F>;
@@ -124,7 +125,7 @@ impl<F: VmFormat> DestGuest for SimDestGuest<F> {
     }
 }
 
-impl<F: VmFormat> ResumedGuest for Workload<TreeMemslots, F> {
+impl<F: KnownFormat> ResumedGuest for Workload<TreeMemslots, F> {
     fn final_state(&self) -> Vec<u8> {
         encode_vcpus(&self.vcpu_states())
     }
@@ -148,7 +149,7 @@ pub fn serve(
     struct Serve<'a>(&'a dyn Listener, &'a SimDestConfig, &'a NetConfig);
     impl WithFormat for Serve<'_> {
         type Output = Result<DestOutcome, MigrateError>;
-        fn call<F: VmFormat>(self) -> Self::Output {
+        fn call<F: KnownFormat>(self) -> Self::Output {
             let Serve(listener, cfg, net) = self;
             serve_with(listener, &cfg.factory::<F>(), &cfg.dest, net)
         }
@@ -169,7 +170,7 @@ pub fn receive_from<R: Read + Send, W: Write + Send>(
     struct ReceiveFrom<'a, R, W>(R, W, &'a SimDestConfig);
     impl<R: Read + Send, W: Write + Send> WithFormat for ReceiveFrom<'_, R, W> {
         type Output = Result<DestOutcome, MigrateError>;
-        fn call<F: VmFormat>(self) -> Self::Output {
+        fn call<F: KnownFormat>(self) -> Self::Output {
             let ReceiveFrom(input, reply, cfg) = self;
             receive_from_with(input, reply, &cfg.factory::<F>(), &cfg.dest)
         }
@@ -186,7 +187,7 @@ pub fn receive(stream: TcpStream, cfg: &SimDestConfig) -> Result<DestOutcome, Mi
     struct Receive<'a>(TcpStream, &'a SimDestConfig);
     impl WithFormat for Receive<'_> {
         type Output = Result<DestOutcome, MigrateError>;
-        fn call<F: VmFormat>(self) -> Self::Output {
+        fn call<F: KnownFormat>(self) -> Self::Output {
             let Receive(stream, cfg) = self;
             receive_with(stream, &cfg.factory::<F>(), &cfg.dest)
         }
@@ -199,7 +200,7 @@ pub fn receive(stream: TcpStream, cfg: &SimDestConfig) -> Result<DestOutcome, Mi
 ///
 /// # Errors
 /// [`MigrateError::Setup`].
-pub fn build_vm<F: VmFormat>(
+pub fn build_vm<F: KnownFormat>(
     h: &Header,
     policy: MmuPolicy,
 ) -> Result<Vm<TreeMemslots, F>, MigrateError> {
@@ -268,7 +269,7 @@ fn check_state(s: &GuestState, h: &Header) -> Result<(), MigrateError> {
 
 /// Resume: the vCPUs continue from the transferred state, paced as on the
 /// source.
-pub(crate) fn start_workload<F: VmFormat>(
+pub(crate) fn start_workload<F: KnownFormat>(
     vm: &Arc<Vm<TreeMemslots, F>>,
     state: &GuestState,
 ) -> Result<Workload<TreeMemslots, F>, MigrateError> {

@@ -11,13 +11,13 @@ use crate::session::guest::RoundHook;
 use crate::session::snapshot::restore::restore;
 use crate::stream_error::MigrateError;
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Vm, VmFormat};
+use s2mmu_vm::{KnownFormat, Vm};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// The extras of one migration in progress.
-pub struct ExtrasRun<F: VmFormat> {
+pub struct ExtrasRun<F: KnownFormat> {
     check: Option<RunningLostCheck>,
     snaps: Option<SnapshotLoop<TreeMemslots, F>>,
     dir: Option<PathBuf>,
@@ -28,7 +28,7 @@ pub struct ExtrasRun<F: VmFormat> {
 ///
 /// # Errors
 /// [`MigrateError::Setup`], [`MigrateError::Snapshot`].
-pub fn begin<F: VmFormat>(
+pub fn begin<F: KnownFormat>(
     x: &SourceExtras,
     vm: &Arc<Vm<TreeMemslots, F>>,
 ) -> Result<ExtrasRun<F>, MigrateError> {
@@ -51,7 +51,7 @@ pub fn begin<F: VmFormat>(
     })
 }
 
-impl<F: VmFormat> RoundHook<SimVm<F>> for ExtrasRun<F> {
+impl<F: KnownFormat> RoundHook<SimVm<F>> for ExtrasRun<F> {
     /// After a pre-copy harvest whose log is `pending`.
     ///
     /// # Errors
@@ -119,7 +119,7 @@ impl<F: VmFormat> RoundHook<SimVm<F>> for ExtrasRun<F> {
 /// The harness's lost-mark injection (the engine's `test-hooks`, turned
 /// on by this crate's feature of the same name).
 #[cfg(feature = "test-hooks")]
-fn inject_lost_marks<F: VmFormat>(vm: &Vm<TreeMemslots, F>, n: u64) -> Result<(), MigrateError> {
+fn inject_lost_marks<F: KnownFormat>(vm: &Vm<TreeMemslots, F>, n: u64) -> Result<(), MigrateError> {
     vm.mmu().inject_lost_marks(n);
     Ok(())
 }
@@ -127,7 +127,10 @@ fn inject_lost_marks<F: VmFormat>(vm: &Vm<TreeMemslots, F>, n: u64) -> Result<()
 /// Without the engine's test hooks nothing can lose a mark: asking for it
 /// is refused by name rather than ignored.
 #[cfg(not(feature = "test-hooks"))]
-fn inject_lost_marks<F: VmFormat>(_vm: &Vm<TreeMemslots, F>, n: u64) -> Result<(), MigrateError> {
+fn inject_lost_marks<F: KnownFormat>(
+    _vm: &Vm<TreeMemslots, F>,
+    n: u64,
+) -> Result<(), MigrateError> {
     if n == 0 {
         return Ok(());
     }

@@ -11,7 +11,7 @@ use crate::session::source::SourceOutcome;
 use crate::stream_error::MigrateError;
 use crate::transport::{self, Listener, NetConfig, PlainLink};
 use s2mmu::format::WithFormat;
-use s2mmu_vm::VmFormat;
+use s2mmu_vm::KnownFormat;
 use std::sync::Arc;
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -68,7 +68,7 @@ pub fn migrate_in_process(
     );
     impl WithFormat for Source<'_> {
         type Output = Result<BothEnds, MigrateError>;
-        fn call<F: VmFormat>(self) -> Self::Output {
+        fn call<F: KnownFormat>(self) -> Self::Output {
             let Source(listener, run, dest, net) = self;
             let guest = SimSource::<F>::start(&run.guest, &run.session)?;
             dest.format.with(Dest(listener, &guest, run, dest, net))
@@ -84,7 +84,7 @@ pub fn migrate_in_process(
     );
     impl<G: SourceGuest> WithFormat for Dest<'_, G> {
         type Output = Result<BothEnds, MigrateError>;
-        fn call<F: VmFormat>(self) -> Self::Output {
+        fn call<F: KnownFormat>(self) -> Self::Output {
             let Dest(listener, guest, run, dest, net) = self;
             let factory = Arc::new(dest.factory::<F>());
             run_both_ends(listener, factory, guest, &run.session, &dest.dest, net)

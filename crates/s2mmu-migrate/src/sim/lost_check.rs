@@ -17,7 +17,7 @@ use super::lost_write::LostWriteCheck;
 pub use crate::session::extras::CheckSummary;
 use crate::stream_error::MigrateError;
 use s2mmu::memslot::MemslotStore;
-use s2mmu_vm::{Vm, VmFormat};
+use s2mmu_vm::{KnownFormat, Vm};
 
 /// The check across rounds.
 pub struct RunningLostCheck {
@@ -43,7 +43,7 @@ impl RunningLostCheck {
     ///
     /// # Errors
     /// [`MigrateError::Setup`] if a slot lies outside guest memory.
-    pub fn new<S: MemslotStore, F: VmFormat>(vm: &Vm<S, F>) -> Result<Self, MigrateError> {
+    pub fn new<S: MemslotStore, F: KnownFormat>(vm: &Vm<S, F>) -> Result<Self, MigrateError> {
         let zero: Vec<Vec<u64>> = vm
             .slots()
             .iter()
@@ -63,7 +63,7 @@ impl RunningLostCheck {
     ///
     /// # Errors
     /// [`MigrateError::Setup`] if a slot lies outside guest memory.
-    pub fn round<S: MemslotStore, F: VmFormat>(
+    pub fn round<S: MemslotStore, F: KnownFormat>(
         &mut self,
         vm: &Vm<S, F>,
         log: &[Vec<u64>],

@@ -8,7 +8,7 @@
 //! judges the changed pages itself ([`LostWriteCheck::changed`],
 //! [`super::lost_check`]).
 
-use s2mmu_vm::{Vm, VmFormat};
+use s2mmu_vm::{KnownFormat, Vm};
 use xxhash_rust::xxh3::xxh3_64;
 
 const PAGE: u64 = 4096;
@@ -27,7 +27,7 @@ pub struct Round {
     pub lost: u64,
 }
 
-fn hash_slots<S: s2mmu::memslot::MemslotStore, F: VmFormat>(
+fn hash_slots<S: s2mmu::memslot::MemslotStore, F: KnownFormat>(
     vm: &Vm<S, F>,
 ) -> Result<Vec<Vec<u64>>, String> {
     let mem = vm.memory();
@@ -52,7 +52,7 @@ impl LostWriteCheck {
     ///
     /// # Errors
     /// A slot outside guest memory.
-    pub fn new<S: s2mmu::memslot::MemslotStore, F: VmFormat>(
+    pub fn new<S: s2mmu::memslot::MemslotStore, F: KnownFormat>(
         vm: &Vm<S, F>,
     ) -> Result<Self, String> {
         Ok(LostWriteCheck {
@@ -65,7 +65,7 @@ impl LostWriteCheck {
     ///
     /// # Errors
     /// A slot outside guest memory.
-    pub fn changed<S: s2mmu::memslot::MemslotStore, F: VmFormat>(
+    pub fn changed<S: s2mmu::memslot::MemslotStore, F: KnownFormat>(
         &mut self,
         vm: &Vm<S, F>,
     ) -> Result<Vec<Vec<u64>>, String> {
@@ -95,7 +95,7 @@ impl LostWriteCheck {
     ///
     /// # Errors
     /// A slot outside guest memory.
-    pub fn round<S: s2mmu::memslot::MemslotStore, F: VmFormat>(
+    pub fn round<S: s2mmu::memslot::MemslotStore, F: KnownFormat>(
         &mut self,
         vm: &Vm<S, F>,
         logs: &[Vec<u64>],

@@ -23,7 +23,7 @@ use crate::vm::{
     GuestCounters, GuestRam, GuestRun, PageFetch, RamSlot, RingEntry, SessionVm, VmError,
 };
 use s2mmu::memslot::TreeMemslots;
-use s2mmu_vm::{Control, GuestMemory, SlotInfo, Vm, VmFormat, Workload};
+use s2mmu_vm::{Control, GuestMemory, KnownFormat, SlotInfo, Vm, Workload};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -52,7 +52,7 @@ unsafe impl GuestRam for GuestMemory {
 }
 
 /// A simulated VM (tables of format `F`) as the session sees it.
-pub struct SimVm<F: VmFormat> {
+pub struct SimVm<F: KnownFormat> {
     vm: Arc<Vm<TreeMemslots, F>>,
     slots: Vec<RamSlot>,
 }
@@ -69,7 +69,7 @@ impl From<&SlotInfo> for RamSlot {
     }
 }
 
-impl<F: VmFormat> SimVm<F> {
+impl<F: KnownFormat> SimVm<F> {
     /// The session's view of `vm`.
     pub fn new(vm: Arc<Vm<TreeMemslots, F>>) -> Self {
         let slots = vm.slots().iter().map(RamSlot::from).collect();
@@ -86,7 +86,7 @@ fn engine(what: &str) -> impl FnOnce(s2mmu::Error) -> VmError + '_ {
     move |e| VmError::new(format!("{what}: {e}"))
 }
 
-impl<F: VmFormat> SessionVm for SimVm<F> {
+impl<F: KnownFormat> SessionVm for SimVm<F> {
     type Ram = GuestMemory;
 
     fn ram(&self) -> &Arc<GuestMemory> {
@@ -179,7 +179,7 @@ fn counters_of(control: &Control) -> GuestCounters {
     }
 }
 
-impl<F: VmFormat> GuestRun for Workload<TreeMemslots, F> {
+impl<F: KnownFormat> GuestRun for Workload<TreeMemslots, F> {
     fn pause(&self) {
         Workload::pause(self);
     }

@@ -14,7 +14,7 @@ use crate::vm::RamSlot;
 use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::DirtyView;
-use s2mmu_vm::{Vm, VmFormat};
+use s2mmu_vm::{KnownFormat, Vm};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -36,7 +36,7 @@ pub struct TakeStat {
 
 /// A guest's snapshot taker: one dirty view per slot, a directory, the
 /// chain so far. Dropping it closes its views.
-pub struct Snapshotter<S: MemslotStore, F: VmFormat = Arm64Stage2> {
+pub struct Snapshotter<S: MemslotStore, F: KnownFormat = Arm64Stage2> {
     vm: Arc<Vm<S, F>>,
     views: Vec<DirtyView>,
     dir: PathBuf,
@@ -45,7 +45,7 @@ pub struct Snapshotter<S: MemslotStore, F: VmFormat = Arm64Stage2> {
     pub taken: Vec<TakeStat>,
 }
 
-impl<S: MemslotStore, F: VmFormat> Snapshotter<S, F> {
+impl<S: MemslotStore, F: KnownFormat> Snapshotter<S, F> {
     /// Opens a dirty view of every slot of `vm` (which must log) and
     /// takes `dir` (created if missing) for its files.
     ///
@@ -162,7 +162,7 @@ impl<S: MemslotStore, F: VmFormat> Snapshotter<S, F> {
     }
 }
 
-impl<S: MemslotStore, F: VmFormat> Drop for Snapshotter<S, F> {
+impl<S: MemslotStore, F: KnownFormat> Drop for Snapshotter<S, F> {
     fn drop(&mut self) {
         for v in self.views.drain(..) {
             // Unknown already if the slot stopped logging: nothing to free.
@@ -172,12 +172,12 @@ impl<S: MemslotStore, F: VmFormat> Drop for Snapshotter<S, F> {
 }
 
 /// A thread taking a snapshot every period while the guest runs.
-pub struct SnapshotLoop<S: MemslotStore + 'static, F: VmFormat = Arm64Stage2> {
+pub struct SnapshotLoop<S: MemslotStore + 'static, F: KnownFormat = Arm64Stage2> {
     stop: mpsc::Sender<()>,
     thread: JoinHandle<Result<Snapshotter<S, F>, SnapshotError>>,
 }
 
-impl<S: MemslotStore + 'static, F: VmFormat> SnapshotLoop<S, F> {
+impl<S: MemslotStore + 'static, F: KnownFormat> SnapshotLoop<S, F> {
     /// Takes the base now, then a snapshot every `every` on a thread of
     /// its own.
     ///
@@ -218,7 +218,7 @@ impl<S: MemslotStore + 'static, F: VmFormat> SnapshotLoop<S, F> {
 
 /// Pages of `r` that differ from `vm`'s memory now, and the guest address
 /// of the first; a slot of one missing from the other counts all its pages.
-pub fn differing_pages<S: MemslotStore, F: VmFormat>(
+pub fn differing_pages<S: MemslotStore, F: KnownFormat>(
     r: &Restored,
     vm: &Vm<S, F>,
 ) -> (u64, Option<u64>) {

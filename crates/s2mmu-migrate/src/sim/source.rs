@@ -12,12 +12,15 @@ use crate::session::replies::Connect;
 use crate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
 use crate::stream_error::MigrateError;
 use crate::vm::{GuestCounters, GuestRun, SessionVm};
-use crate::wire::{WireFormat, PAGE_SIZE};
+use crate::wire::PAGE_SIZE;
 use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::FormatId;
 use s2mmu::format::WithFormat;
 use s2mmu::memslot::TreeMemslots;
 use s2mmu::mmu::{DirtyMode, MmuPolicy, Protect};
-use s2mmu_vm::{replay_writes, Backing, Pattern, Vm, VmConfig, VmFormat, Workload, WorkloadConfig};
+use s2mmu_vm::{
+    replay_writes, Backing, KnownFormat, Pattern, Vm, VmConfig, Workload, WorkloadConfig,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -46,7 +49,7 @@ pub struct SimGuestConfig {
     /// The guest's access pattern.
     pub pattern: Pattern,
     /// The stage-2 format of the guest's tables (arm64 or x86 EPT).
-    pub format: WireFormat,
+    pub format: FormatId,
     /// The lost-write check and snapshots this guest runs beside its
     /// migration (its [`crate::session::guest::RoundHook`]).
     pub extras: SourceExtras,
@@ -63,7 +66,7 @@ impl Default for SimGuestConfig {
             dirty: DirtyMode::WP,
             dirty_rate: 64 << 20,
             pattern: Pattern::Sequential,
-            format: WireFormat::of::<Arm64Stage2>(),
+            format: FormatId::of::<Arm64Stage2>(),
             extras: SourceExtras::default(),
         }
     }
@@ -124,7 +127,7 @@ impl SimRun {
 }
 
 /// A running simulated source guest.
-pub struct SimSource<F: VmFormat> {
+pub struct SimSource<F: KnownFormat> {
     vm: Arc<SimVm<F>>,
     wl: Workload<TreeMemslots, F>,
     wl_cfg: WorkloadConfig,
@@ -148,7 +151,7 @@ pub fn migrate_source(
     struct Source<'a, 'c>(&'a SimGuestConfig, &'a SourceConfig, &'a mut Connect<'c>);
     impl WithFormat for Source<'_, '_> {
         type Output = Result<SourceOutcome, MigrateError>;
-        fn call<F: VmFormat>(self) -> Self::Output {
+        fn call<F: KnownFormat>(self) -> Self::Output {
             let Source(guest, cfg, connect) = self;
             SimSource::<F>::start(guest, cfg).and_then(|g| run_source(&g, cfg, connect))
         }
@@ -172,7 +175,7 @@ pub(crate) fn validate_run(run: &SimRun) -> Result<(), MigrateError> {
     x.validate(run.session.harvest)
 }
 
-impl<F: VmFormat> SimSource<F> {
+impl<F: KnownFormat> SimSource<F> {
     /// Creates the guest and its workload, touches every page once (the
     /// guest has been running) and lets it run free at its pace.
     ///
@@ -225,7 +228,7 @@ impl<F: VmFormat> SimSource<F> {
     }
 }
 
-impl<F: VmFormat> GuestRun for SimSource<F> {
+impl<F: KnownFormat> GuestRun for SimSource<F> {
     fn pause(&self) {
         GuestRun::pause(&self.wl);
     }
@@ -255,7 +258,7 @@ impl<F: VmFormat> GuestRun for SimSource<F> {
     }
 }
 
-impl<F: VmFormat> SourceGuest for SimSource<F> {
+impl<F: KnownFormat> SourceGuest for SimSource<F> {
     type Vm = SimVm<F>;
     type Hook = super::extras::ExtrasRun<F>;
 
@@ -302,7 +305,7 @@ impl<F: VmFormat> SourceGuest for SimSource<F> {
 ///
 /// # Errors
 /// [`MigrateError::MemoryMismatch`].
-pub fn verify<F: VmFormat>(
+pub fn verify<F: KnownFormat>(
     vm: &SimVm<F>,
     state: &GuestState,
     fin: &Final,

@@ -1,67 +1,25 @@
-//! The stage-2 format of the source's tables as HEADER carries it: a code
-//! fixed on the wire, separate from any command line's spelling (a CLI
-//! maps its own names to it). Each format states its code
-//! ([`s2mmu::format::KnownFormat::WIRE_CODE`], in its file); nothing here
+//! The stage-2 format of the source's tables as HEADER carries it: the
+//! engine's [`FormatId`], written as its code ([`FormatId::code`], each
+//! format's [`s2mmu::format::KnownFormat::WIRE_CODE`], in its file), fixed
+//! on the wire and separate from any command line's spelling. Nothing here
 //! changes when a format is added.
 
-use s2mmu::format::{FormatId, KnownFormat, WithFormat};
+use s2mmu::format::FormatId;
 
-/// A stage-2 format as the migration stream's HEADER carries it: one the
-/// engine ships, so it always has a code and dispatches
-/// ([`WireFormat::with`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WireFormat(FormatId);
-
-impl WireFormat {
-    /// Format `F`'s.
-    pub const fn of<F: KnownFormat>() -> WireFormat {
-        WireFormat(FormatId::of::<F>())
-    }
-
-    /// Every format this build knows, in the engine's list's order.
-    pub fn all() -> impl Iterator<Item = WireFormat> {
-        FormatId::ALL.iter().map(|&f| WireFormat(f))
-    }
-
-    /// The code on the wire.
-    pub fn code(self) -> u8 {
-        self.0.code()
-    }
-
-    /// The format of a code (`None`: one this build does not know).
-    pub fn of_code(code: u8) -> Option<WireFormat> {
-        FormatId::from_code(code).map(WireFormat)
-    }
-
-    /// Its name, as messages spell it.
-    pub fn name(self) -> &'static str {
-        self.0.name()
-    }
-
-    /// The engine's id of the format.
-    pub fn id(self) -> FormatId {
-        self.0
-    }
-
-    /// Runs `code` on the format's type.
-    pub fn with<W: WithFormat>(self, code: W) -> W::Output {
-        self.0.with(code)
-    }
-
-    /// The known codes, as an error message lists them (`0: arm64, 1: ept`).
-    pub fn known_codes() -> String {
-        let codes: Vec<String> = Self::all()
-            .map(|w| format!("{}: {}", w.code(), w.name()))
-            .collect();
-        codes.join(", ")
-    }
+/// The known codes, as an error message lists them (`0: arm64, 1: ept`).
+pub(crate) fn known_codes() -> String {
+    let codes: Vec<String> = FormatId::ALL
+        .iter()
+        .map(|f| format!("{}: {}", f.code(), f.name()))
+        .collect();
+    codes.join(", ")
 }
 
-impl From<FormatId> for WireFormat {
-    fn from(f: FormatId) -> WireFormat {
-        WireFormat(f)
-    }
-}
+/// The engine's [`FormatId`], by the name this crate gave it.
+#[deprecated(
+    note = "use `s2mmu::format::FormatId`: `of_code` is `FormatId::from_code`, `all()` is `FormatId::ALL`"
+)]
+pub type WireFormat = FormatId;
 
 #[cfg(test)]
 mod tests {
@@ -72,14 +30,23 @@ mod tests {
     /// The released codes: streams written by older builds use them.
     #[test]
     fn released_codes_stay_and_unknown_codes_are_refused() {
-        assert_eq!(WireFormat::of::<Arm64Stage2>().code(), 0);
-        assert_eq!(WireFormat::of::<EptFormat>().code(), 1);
-        assert_eq!(WireFormat::of_code(1), Some(WireFormat::of::<EptFormat>()));
-        for w in WireFormat::all() {
-            assert_eq!(WireFormat::of_code(w.code()), Some(w));
+        assert_eq!(FormatId::of::<Arm64Stage2>().code(), 0);
+        assert_eq!(FormatId::of::<EptFormat>().code(), 1);
+        assert_eq!(FormatId::from_code(1), Some(FormatId::of::<EptFormat>()));
+        for &f in FormatId::ALL {
+            assert_eq!(FormatId::from_code(f.code()), Some(f));
         }
-        assert_eq!(WireFormat::of_code(u8::MAX), None);
-        assert_eq!(WireFormat::of::<Arm64Stage2>().name(), "arm64");
-        assert!(WireFormat::known_codes().starts_with("0: arm64, 1: ept"));
+        assert_eq!(FormatId::from_code(u8::MAX), None);
+        assert_eq!(FormatId::of::<Arm64Stage2>().name(), "arm64");
+        assert!(known_codes().starts_with("0: arm64, 1: ept"));
+    }
+
+    /// The old name still builds a header's format.
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_name_is_the_engines_id() {
+        let old: WireFormat = WireFormat::of::<EptFormat>();
+        assert_eq!(old, FormatId::of::<EptFormat>());
+        assert_eq!(old.code(), 1);
     }
 }

@@ -2,9 +2,9 @@
 //! builds) and the opening of a connection.
 
 use super::codec::{Dec, Enc};
-use super::format::WireFormat;
 use super::limits::{MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE, SESSION_LEN};
 use crate::stream_error::MigrateError;
+use s2mmu::format::FormatId;
 
 /// What the destination needs to build the same guest.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub struct Header {
     pub postcopy: bool,
     /// The stage-2 format of the source's tables: the destination builds
     /// its guest on the same one, or refuses the stream.
-    pub format: WireFormat,
+    pub format: FormatId,
     /// The guest image's identity (a digest of its kernel and initramfs,
     /// say), when the guest has one: a destination told to expect one
     /// refuses any other.
@@ -104,8 +104,8 @@ impl Header {
             return Err(d.malformed(format!("unknown flags {flags:#04x}")));
         }
         let code = d.u8()?;
-        let format = WireFormat::of_code(code).ok_or_else(|| {
-            let known = WireFormat::known_codes();
+        let format = FormatId::from_code(code).ok_or_else(|| {
+            let known = super::format::known_codes();
             d.malformed(format!("unknown stage-2 format {code} ({known})"))
         })?;
         let image = match flags & 4 {

@@ -71,6 +71,7 @@ mod reader;
 mod writer;
 
 pub use codec::{Dec, Enc};
+#[allow(deprecated)]
 pub use format::WireFormat;
 pub use header::{Header, Opening, IMAGE_ID_LEN};
 pub use limits::{

@@ -1,5 +1,6 @@
 use super::*;
 use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::FormatId;
 
 fn header() -> Header {
     Header {
@@ -11,14 +12,14 @@ fn header() -> Header {
         backing: "anonymous".into(),
         verify_full: true,
         postcopy: false,
-        format: WireFormat::of::<Arm64Stage2>(),
+        format: FormatId::of::<Arm64Stage2>(),
         image: None,
     }
 }
 
 #[test]
 fn the_header_carries_the_stage2_format() {
-    for format in WireFormat::all() {
+    for &format in FormatId::ALL {
         let h = Header { format, ..header() };
         let body = h.encode();
         assert_eq!(Header::decode(&body, 0).unwrap(), h);

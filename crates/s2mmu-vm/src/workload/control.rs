@@ -5,7 +5,7 @@
 
 use super::pass::{LiveCounters, VcpuState};
 use crate::vcpu::Vcpu;
-use crate::vm::VmFormat;
+use crate::vm::KnownFormat;
 use s2mmu::memslot::MemslotStore;
 use s2mmu::mmu::FaultStats;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -142,7 +142,7 @@ impl Pacer {
 
 /// Marks the vCPU running unless the host paused it; while paused, waits
 /// outside guest mode. Returns false if the workload is stopping.
-pub(super) fn park<S: MemslotStore, F: VmFormat>(
+pub(super) fn park<S: MemslotStore, F: KnownFormat>(
     vcpu: &mut Vcpu<S, F>,
     idx: usize,
     c: &Control,

@@ -3,7 +3,7 @@
 //! publishes while it runs and the state a pass resumes from.
 
 use crate::vcpu::Vcpu;
-use crate::vm::VmFormat;
+use crate::vm::KnownFormat;
 use s2mmu::memslot::MemslotStore;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -62,7 +62,7 @@ pub struct LiveCounters {
 }
 
 impl LiveCounters {
-    pub(super) fn publish<S: MemslotStore, F: VmFormat>(
+    pub(super) fn publish<S: MemslotStore, F: KnownFormat>(
         &self,
         vcpu: &Vcpu<S, F>,
         writes: u64,

@@ -6,13 +6,13 @@
 use super::control::{park, Control, Pacer};
 use super::pass::{stamp, Rng, VcpuState, WorkloadConfig, LIVE_EVERY};
 use crate::vcpu::{Vcpu, VcpuExit};
-use crate::vm::VmFormat;
+use crate::vm::KnownFormat;
 use s2mmu::memslot::MemslotStore;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// A vCPU thread's state between and within passes.
-struct VcpuLoop<'a, S: MemslotStore, F: VmFormat> {
+struct VcpuLoop<'a, S: MemslotStore, F: KnownFormat> {
     vcpu: &'a mut Vcpu<S, F>,
     idx: usize,
     c: &'a Control,
@@ -39,7 +39,7 @@ struct VcpuLoop<'a, S: MemslotStore, F: VmFormat> {
 
 /// Runs vCPU `idx` over its region at `base` until the host stops it;
 /// `resume` continues a saved state (a migrated or restored guest).
-pub(super) fn vcpu_thread<S: MemslotStore, F: VmFormat>(
+pub(super) fn vcpu_thread<S: MemslotStore, F: KnownFormat>(
     vcpu: &mut Vcpu<S, F>,
     idx: usize,
     base: u64,
@@ -81,7 +81,7 @@ pub(super) fn vcpu_thread<S: MemslotStore, F: VmFormat>(
     }
 }
 
-impl<S: MemslotStore, F: VmFormat> VcpuLoop<'_, S, F> {
+impl<S: MemslotStore, F: KnownFormat> VcpuLoop<'_, S, F> {
     /// Waits (outside guest mode) until the host asks for another pass;
     /// false when it asks the thread to stop instead.
     fn wait_for_pass(&mut self) -> bool {

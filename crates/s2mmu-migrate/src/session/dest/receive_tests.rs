@@ -4,8 +4,9 @@
 use super::super::shared_for;
 use crate::sim::SimVm;
 use crate::stream_error::MigrateError;
-use crate::wire::{Header, Record, WireFormat, WireReader, WireWriter, PAGE_SIZE};
+use crate::wire::{Header, Record, WireReader, WireWriter, PAGE_SIZE};
 use s2mmu::format::arm64::Arm64Stage2;
+use s2mmu::format::FormatId;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ fn one_slot_vm(mem_size: u64) -> (Header, SimVm<Arm64Stage2>) {
         backing: "anonymous".into(),
         verify_full: false,
         postcopy: false,
-        format: WireFormat::of::<Arm64Stage2>(),
+        format: FormatId::of::<Arm64Stage2>(),
         image: None,
     };
     let vm = crate::sim::dest::build_vm::<Arm64Stage2>(&header, Default::default()).unwrap();

@@ -22,7 +22,8 @@ use crate::session::dest::{DestFactory, DestGuest, Limits};
 use crate::session::digests::source_digests;
 use crate::session::guest::{GuestShape, SourceGuest};
 use crate::vm::{GuestRam, SessionVm};
-use crate::wire::{self, WireFormat};
+use crate::wire;
+use s2mmu::format::FormatId;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -254,7 +255,7 @@ fn decode_state(path: &Path, b: &[u8], backing_len: usize) -> Result<SavedState,
     let code = le_u32(b, 28);
     let format = u8::try_from(code)
         .ok()
-        .and_then(WireFormat::of_code)
+        .and_then(FormatId::from_code)
         .ok_or_else(|| {
             bad(format!(
                 "stage-2 format code {code}: not one this build knows"
@@ -389,7 +390,7 @@ mod tests {
                 slots: 1,
                 vcpus: 2,
                 backing: "qemu-shared".into(),
-                format: WireFormat::of::<s2mmu::format::arm64::Arm64Stage2>(),
+                format: FormatId::of::<s2mmu::format::arm64::Arm64Stage2>(),
             },
             body: (0..1000u32).map(|i| (i * 7) as u8).collect(),
         }
@@ -480,7 +481,7 @@ mod tests {
         write_state(&state_path(&dir), &s).unwrap();
         let f = crate::sim::dest::SimDest::<Arm64Stage2>::new(
             s2mmu::mmu::MmuPolicy::default(),
-            WireFormat::of::<Arm64Stage2>(),
+            FormatId::of::<Arm64Stage2>(),
         );
         match restore_guest(&f, &dir, 1 << 30) {
             Err(SnapshotError::Guest { why, .. }) => {

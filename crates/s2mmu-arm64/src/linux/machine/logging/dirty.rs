@@ -21,19 +21,21 @@ use std::time::{Duration, Instant};
 /// default of 4096 entries per vCPU between harvests.
 pub const RING_ENTRIES: u32 = 16384;
 
-/// Write protection, GET re-protects (`KVM_GET_DIRTY_LOG` alone): `--dirty wp`.
+/// Write protection, GET re-protects (`KVM_GET_DIRTY_LOG` alone): reports
+/// call it `wp-get`; no `--dirty` name selects it (`--dirty wp` is [`MANUAL`]).
 pub const WP: DirtyMode = DirtyMode::Bitmap {
     protect: Protect::OnGet,
 };
 /// Write protection, GET then CLEAR (manual protect, the engine's
-/// [`DirtyMode::WP`]): `--dirty manual`.
+/// [`DirtyMode::WP`]): `--dirty wp`, also spelled `--dirty manual`.
 pub const MANUAL: DirtyMode = DirtyMode::WP;
 /// Write protection into per-vCPU dirty rings of [`RING_ENTRIES`]: `--dirty ring`.
 pub const RING: DirtyMode = DirtyMode::Ring {
     entries: RING_ENTRIES,
 };
 /// Hardware dirty state (FEAT_HAFDBS: VTCR_EL2.HA/HD, DBM leaves), GET
-/// cleans, huge mappings split first: `--dirty hw`.
+/// cleans, huge mappings split first: reports call it `hw-get`; `--dirty hw`
+/// is the engine's [`DirtyMode::HW`] (manual protect: GET copies, CLEAR cleans).
 pub const HW: DirtyMode = DirtyMode::Hardware {
     protect: Protect::OnGet,
     blocks: HwDirtyBlocks::SplitFirst,
