@@ -9,7 +9,8 @@ drift of the machine's speed falls on both sides alike. Each run's JSON
 b.K.json. Then every numeric figure the two sides share is printed with its
 median on each side, the median of B/A over the runs paired in order, and
 the range of those ratios; `--keys` keeps the figures whose path matches
-a regular expression. `--summary-only` re-reads DIR instead of running.
+a regular expression; `--rename-a REGEX=REPLACEMENT` moves A's paths where
+an older build nests its figures elsewhere. `--summary-only` re-reads DIR instead of running.
 
 A list of objects is keyed by the object's `case` (and `policy`, `mode`,
 `run` where present), so "results[iteration 1 dirty memory/fast_path]" names
@@ -82,7 +83,17 @@ def load(out_dir, side):
     return runs
 
 
-def summarise(a_runs, b_runs, keys):
+def renamed(flat, renames):
+    """Applies (regex, replacement) pairs to every path of one run."""
+    out = {}
+    for key, value in flat.items():
+        for pattern, repl in renames:
+            key = pattern.sub(repl, key)
+        out[key] = value
+    return out
+
+
+def summarise(a_runs, b_runs, keys, renames=()):
     """Prints the shared figures: medians, paired ratios B/A."""
     pattern = re.compile(keys) if keys else None
     flat_a = []
@@ -93,7 +104,7 @@ def summarise(a_runs, b_runs, keys):
         fa, fb = {}, {}
         flatten(a, "", fa)
         flatten(b, "", fb)
-        flat_a.append(fa)
+        flat_a.append(renamed(fa, renames))
         flat_b.append(fb)
     print(f"pairs with both runs complete: {len(flat_a)}")
     if not flat_a:
@@ -123,6 +134,13 @@ def main():
     parser.add_argument("--keys", help="regular expression: figures to print")
     parser.add_argument("--timeout", type=int, default=900, help="seconds a run")
     parser.add_argument("--summary-only", action="store_true")
+    parser.add_argument(
+        "--rename-a",
+        action="append",
+        default=[],
+        metavar="REGEX=REPLACEMENT",
+        help="rename A's figure paths (an older build that nests them elsewhere)",
+    )
     args = parser.parse_args()
     if not 1 <= args.n <= 50:
         parser.error("-n is 1 to 50")
@@ -136,7 +154,13 @@ def main():
                 cmd = args.a if side == "a" else args.b
                 print(f"run {k + 1}/{args.n} {side.upper()}", file=sys.stderr)
                 run_once(cmd, os.path.join(args.out, f"{side}.{k}.json"), args.timeout)
-    summarise(load(args.out, "a"), load(args.out, "b"), args.keys)
+    renames = []
+    for rule in args.rename_a:
+        if "=" not in rule:
+            parser.error(f"--rename-a needs REGEX=REPLACEMENT, got {rule!r}")
+        regex, repl = rule.split("=", 1)
+        renames.append((re.compile(regex), repl))
+    summarise(load(args.out, "a"), load(args.out, "b"), args.keys, renames)
 
 
 if __name__ == "__main__":
