@@ -23,7 +23,7 @@ pub const RING_ENTRIES: u32 = 16384;
 
 /// Write protection, GET re-protects (`KVM_GET_DIRTY_LOG` alone): reports
 /// call it `wp-get`; no `--dirty` name selects it (`--dirty wp` is [`MANUAL`]).
-pub const WP: DirtyMode = DirtyMode::Bitmap {
+pub const WP_GET: DirtyMode = DirtyMode::Bitmap {
     protect: Protect::OnGet,
 };
 /// Write protection, GET then CLEAR (manual protect, the engine's
@@ -36,7 +36,7 @@ pub const RING: DirtyMode = DirtyMode::Ring {
 /// Hardware dirty state (FEAT_HAFDBS: VTCR_EL2.HA/HD, DBM leaves), GET
 /// cleans, huge mappings split first: reports call it `hw-get`; `--dirty hw`
 /// is the engine's [`DirtyMode::HW`] (manual protect: GET copies, CLEAR cleans).
-pub const HW: DirtyMode = DirtyMode::Hardware {
+pub const HW_GET: DirtyMode = DirtyMode::Hardware {
     protect: Protect::OnGet,
     blocks: HwDirtyBlocks::SplitFirst,
 };
@@ -48,7 +48,7 @@ pub fn policy_for(mode: Option<DirtyMode>, change: HostChange) -> MmuPolicy {
     let mut p = MmuPolicy {
         // With no logging the mode is never used; GET re-protecting keeps
         // the policy what it was when "off" had a type of its own.
-        dirty: mode.unwrap_or(WP),
+        dirty: mode.unwrap_or(WP_GET),
         ..MmuPolicy::default()
     };
     if let HostChange::Collapse { .. } = change {
