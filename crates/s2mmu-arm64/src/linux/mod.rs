@@ -57,4 +57,5 @@ pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
 pub use runs::{baseline, compare, ipi, reboot, run};
 
 use devices::{console_echo, set};
-use machine::{el2, mig_vcpu, placement, power, shared, vcpu, watch};
+use machine::lifecycle::{self, config, spec, start};
+use machine::{el2, placement, power, shared, vcpu, watch};
