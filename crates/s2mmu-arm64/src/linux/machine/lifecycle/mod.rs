@@ -26,7 +26,7 @@ use std::time::Duration;
 
 mod clock;
 pub(in crate::linux) mod config;
-pub(in crate::linux) mod engine;
+mod engine;
 mod load_guest;
 pub(in crate::linux) mod spec;
 pub(in crate::linux) mod start;
@@ -50,7 +50,7 @@ pub(in crate::linux) struct Running {
     pub(in crate::linux) sh: Arc<Shared>,
     pub(in crate::linux) uart: Arc<Uart>,
     pub(in crate::linux) ctl: Arc<Ctl>,
-    pub(in crate::linux) threads: Vec<JoinHandle<Result<()>>>,
+    threads: Vec<JoinHandle<Result<()>>>,
 }
 
 /// A Linux VM on its own QEMU machine, which can be paused, saved,
