@@ -134,7 +134,7 @@ fn no_page_lost(mode: DirtyMode) {
     ignore = "needs the Linux guest (scripts/setup.sh) and the aarch64-unknown-none target (rustup target add aarch64-unknown-none)"
 )]
 fn hardware_dirty_logging_at_el2_loses_no_page() {
-    no_page_lost(dirty::HW);
+    no_page_lost(dirty::HW_GET);
 }
 
 #[test]
@@ -143,7 +143,7 @@ fn hardware_dirty_logging_at_el2_loses_no_page() {
     ignore = "needs the Linux guest (scripts/setup.sh) and the aarch64-unknown-none target (rustup target add aarch64-unknown-none)"
 )]
 fn write_protect_logging_at_el2_loses_no_page() {
-    no_page_lost(dirty::WP);
+    no_page_lost(dirty::WP_GET);
 }
 
 #[test]
@@ -210,7 +210,7 @@ fn changed(
     ignore = "needs the Linux guest (scripts/setup.sh) and the aarch64-unknown-none target (rustup target add aarch64-unknown-none)"
 )]
 fn pages_remapped_through_el2_under_the_dirtier() {
-    for mode in [dirty::WP, dirty::HW] {
+    for mode in [dirty::WP_GET, dirty::HW_GET] {
         let args = "mem=48,file=8,secs=10";
         let Some((d, _)) = changed(mode, HostChange::Remap { pages: 32 }, args, "ok") else {
             return;
@@ -229,7 +229,7 @@ fn pages_remapped_through_el2_under_the_dirtier() {
 )]
 fn blocks_collapsed_at_el2_when_logging_stops() {
     let change = HostChange::Collapse { at: 5, after: 5 };
-    let Some((d, c)) = changed(dirty::WP, change, "mem=48,file=8,secs=10", "ok") else {
+    let Some((d, c)) = changed(dirty::WP_GET, change, "mem=48,file=8,secs=10", "ok") else {
         return;
     };
     assert_eq!(d.pauses, 1);
@@ -249,7 +249,7 @@ fn blocks_collapsed_at_el2_when_logging_stops() {
     ignore = "needs the Linux guest (scripts/setup.sh) and the aarch64-unknown-none target (rustup target add aarch64-unknown-none)"
 )]
 fn framebuffer_slot_moved_through_el2_while_logged() {
-    for mode in [dirty::WP, dirty::RING] {
+    for mode in [dirty::WP_GET, dirty::RING] {
         let args = format!("fb={FB_IPA:#x}:{FB_SIZE:#x},secs=8");
         let change = HostChange::MoveSlot { at: 20 };
         let Some((d, _)) = changed(mode, change, &args, "ok fb") else {
@@ -276,7 +276,7 @@ fn withheld_invalidations_at_el2_are_caught_by_the_replay() {
     use s2mmu_el2::trace::{self, Record};
     let _one = common::serial();
     let cfg = HarvestConfig {
-        mode: Some(dirty::WP),
+        mode: Some(dirty::WP_GET),
         period: Duration::from_millis(100),
         drop_invalidations_from: Some(4),
         discard_log: None,
@@ -359,7 +359,7 @@ fn fixed_work_faults_per_pass_are_the_same_in_both_placements() {
         dirtier_args: String::new(),
         harvest: Duration::from_millis(100),
     };
-    for mode in [dirty::WP, dirty::RING] {
+    for mode in [dirty::WP_GET, dirty::RING] {
         let mut per = Vec::new();
         for engine in [Engine::Host, Engine::El2] {
             let boot = LinuxConfig {

@@ -62,7 +62,7 @@ fn run_args(mode: Option<DirtyMode>, change: HostChange, args: &str, ok: &str) -
     ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_pages_remapped_under_the_dirtier() {
-    for mode in [Some(dirty::WP), Some(dirty::HW)] {
+    for mode in [Some(dirty::WP_GET), Some(dirty::HW_GET)] {
         let d = run(mode, HostChange::Remap { pages: 32 });
         assert!(d.remapped >= 100, "{} pages remapped", d.remapped);
     }
@@ -77,7 +77,10 @@ fn linux_pages_remapped_under_the_dirtier() {
     ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_blocks_collapsed_in_place_when_logging_stops() {
-    let d = run(Some(dirty::WP), HostChange::Collapse { at: 5, after: 5 });
+    let d = run(
+        Some(dirty::WP_GET),
+        HostChange::Collapse { at: 5, after: 5 },
+    );
     assert_eq!(d.pauses, 1);
     assert!(d.collapsed > 0, "no block collapsed: {d:?}");
     assert!(d.harvests > 10, "{} harvests", d.harvests);
@@ -97,7 +100,7 @@ fn linux_blocks_collapsed_in_place_when_logging_stops() {
     ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_framebuffer_slot_moved_while_logged() {
-    for mode in [Some(dirty::WP), Some(dirty::RING)] {
+    for mode in [Some(dirty::WP_GET), Some(dirty::RING)] {
         let args = format!("fb={FB_IPA:#x}:{FB_SIZE:#x},secs=8");
         let d = run_args(mode, HostChange::MoveSlot { at: 20 }, &args, "ok fb");
         assert_eq!(d.moves, 1, "{d:?}");
@@ -110,7 +113,7 @@ fn linux_framebuffer_slot_moved_while_logged() {
 #[test]
 fn changes_the_mode_cannot_hold_are_refused() {
     for (mode, change) in [
-        (Some(dirty::HW), HostChange::MoveSlot { at: 1 }),
+        (Some(dirty::HW_GET), HostChange::MoveSlot { at: 1 }),
         (None, HostChange::MoveSlot { at: 1 }),
         (None, HostChange::Remap { pages: 1 }),
     ] {

@@ -59,7 +59,7 @@ fn no_page_lost(mode: Option<DirtyMode>) {
     ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_write_protect_logging_loses_no_page() {
-    no_page_lost(Some(dirty::WP));
+    no_page_lost(Some(dirty::WP_GET));
 }
 
 #[test]
@@ -86,7 +86,7 @@ fn linux_ring_logging_loses_no_page() {
     ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn linux_hardware_dirty_logging_loses_no_page() {
-    no_page_lost(Some(dirty::HW));
+    no_page_lost(Some(dirty::HW_GET));
 }
 
 /// The check can fail: one harvest's log discarded (as a harvest that lost
@@ -99,7 +99,7 @@ fn linux_hardware_dirty_logging_loses_no_page() {
     ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
 )]
 fn a_discarded_harvest_shows_as_lost_pages() {
-    let r = run(Some(dirty::WP), "mem=48,file=8,secs=8", Some(3));
+    let r = run(Some(dirty::WP_GET), "mem=48,file=8,secs=8", Some(3));
     let d = r.dirty.expect("the harvester ran");
     assert!(d.lost > 0, "no lost page reported: {d:?}");
 }
@@ -140,7 +140,7 @@ fn dropped_harvest_invalidations_show_as_lost_pages() {
         let mut cfg = common::dirtier(
             "pages=16,file=0,threads=1,secs=20",
             HarvestConfig {
-                mode: Some(dirty::WP),
+                mode: Some(dirty::WP_GET),
                 drop_invalidations_from: Some(5),
                 cut_after: Some(Duration::from_secs(60)),
                 ..HarvestConfig::default()
