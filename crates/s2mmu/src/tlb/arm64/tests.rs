@@ -40,6 +40,22 @@ fn ipa_operand_carries_the_level_hint() {
     assert_eq!(ipa_operand(0x4020_1000, Some(2), 12, false) >> 44, 0);
 }
 
+/// KVM's broadcast sequence around one stage-2 TLBI: store barrier, the
+/// TLBI, its completion, then the stage-1 flush of the VMID.
+fn broadcast_sequence(op: TlbiOp, operand: u64) -> Vec<Insn> {
+    vec![
+        Insn::Barrier(Barrier::DsbIshst),
+        Insn::Tlbi { op, operand },
+        Insn::Barrier(Barrier::DsbIsh),
+        Insn::Tlbi {
+            op: TlbiOp::Vmalle1is,
+            operand: 0,
+        },
+        Insn::Barrier(Barrier::DsbIsh),
+        Insn::Barrier(Barrier::Isb),
+    ]
+}
+
 /// The TLBI of each sequence, in order.
 fn tlbis(seqs: &[Vec<Insn>]) -> Vec<(TlbiOp, u64)> {
     seqs.iter()
@@ -59,20 +75,7 @@ fn a_leaf_is_invalidated_at_the_last_level_with_its_ttl() {
     let page = (ipa >> 12) | ((1 << 2) | 3) << 44;
     assert_eq!(
         b.sink().take(),
-        [vec![
-            Insn::Barrier(Barrier::DsbIshst),
-            Insn::Tlbi {
-                op: TlbiOp::Ipas2le1is,
-                operand: page
-            },
-            Insn::Barrier(Barrier::DsbIsh),
-            Insn::Tlbi {
-                op: TlbiOp::Vmalle1is,
-                operand: 0
-            },
-            Insn::Barrier(Barrier::DsbIsh),
-            Insn::Barrier(Barrier::Isb),
-        ]]
+        [broadcast_sequence(TlbiOp::Ipas2le1is, page)]
     );
     // A 2 MiB block is a leaf too: last level, TTL level 2.
     b.flush_ipa(0x8020_0000, Some(2));
@@ -144,23 +147,7 @@ fn an_8g_range_is_one_range_tlbi() {
         ((1u64 << 33) >> 12) | 31 << 39 | 3 << 44 | 1 << 46,
         "BADDR, NUM 31, SCALE 3, TG 4K"
     );
-    assert_eq!(
-        s.as_slice(),
-        &[
-            Insn::Barrier(Barrier::DsbIshst),
-            Insn::Tlbi {
-                op: TlbiOp::Ripas2e1is,
-                operand: want
-            },
-            Insn::Barrier(Barrier::DsbIsh),
-            Insn::Tlbi {
-                op: TlbiOp::Vmalle1is,
-                operand: 0
-            },
-            Insn::Barrier(Barrier::DsbIsh),
-            Insn::Barrier(Barrier::Isb),
-        ]
-    );
+    assert_eq!(*s, broadcast_sequence(TlbiOp::Ripas2e1is, want));
 }
 
 #[test]
