@@ -99,6 +99,8 @@ pub struct RunSettings {
     pub ram_pages: RamPages,
     /// Where both machines' engines run (a listening destination: its own).
     pub engine: s2mmu_arm64::linux::vm::Engine,
+    /// The source logs by hardware dirty state instead of write protection.
+    pub hardware_dirty: bool,
 }
 
 /// What one run measured, beyond the common figures.
@@ -203,7 +205,7 @@ pub enum ListenEvent<'a> {
 }
 
 /// The machine's settings for `s`: the guest program on the kernel
-/// command line, dirty logging off until the session turns it on.
+/// command line, the log `s.hardware_dirty` picks off until the session turns it on.
 pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
     let run = match s.program {
         GuestProgram::Dirtier => format!("s2mmu.run=dirtier s2mmu.args={DIRTIER_ARGS}"),
@@ -211,6 +213,8 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
         GuestProgram::Fill => "s2mmu.run=fill s2mmu.args=pct=90,ms=1000".to_string(),
         GuestProgram::User => String::new(),
     };
+    let mut dirty = HarvestConfig::default();
+    dirty.mode = s.hardware_dirty.then_some(s2mmu::mmu::DirtyMode::HW);
     LinuxConfig {
         vcpus: s.vcpus,
         mem: s.mem,
@@ -219,7 +223,7 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
         cmdline: format!("quiet {run}"),
         echo: false,
         timeout: Duration::from_secs(3600),
-        dirty: HarvestConfig::default(),
+        dirty,
         ram_pages: s.ram_pages,
         engine: s.engine,
     }

@@ -35,6 +35,7 @@ use crate::linux::vm::{self, DeviceLayout, LinuxConfig, Power, Shared, SlotRam, 
 use crate::linux::vm_state::{LinuxState, VcpuPart};
 use crate::machine::{Machine, RamBacking, RamPages};
 use crate::{Arm64Error, Result};
+use s2mmu::mmu::DirtyMode;
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -79,6 +80,9 @@ pub struct LinuxVm {
     idle: Option<Host>,
     /// Where the engine runs.
     engine: Engine,
+    /// The dirty mode asked for a migration's log (each machine it starts
+    /// logs in the engine's mode for it: hardware, or write protection).
+    log: Option<DirtyMode>,
     run: Option<Running>,
     pub(in crate::linux) paused: bool,
     /// The guest's virtual count at the last pause.
@@ -127,8 +131,11 @@ impl LinuxVm {
     /// where it can (4 KiB or 2 MiB).
     fn blank_with(cfg: &LinuxConfig, granule: u64) -> Result<LinuxVm> {
         vm::check(cfg)?;
+        // No harvester of its own: `cfg.dirty.mode` picks the log a
+        // migration's session drives.
+        let log = cfg.dirty.mode;
         let (machine, avm) =
-            LinuxVm::start_engine(cfg.vcpus, cfg.mem, cfg.ram_pages, cfg.engine, granule)?;
+            LinuxVm::start_engine(cfg.vcpus, cfg.mem, cfg.ram_pages, cfg.engine, granule, log)?;
         let f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
         let ram = LinuxRam::new(machine.ram().clone(), layout::DATA, cfg.mem, vm::RAM_IPA)?;
         let written = Some(ram.fresh_hashes()?);
@@ -147,6 +154,7 @@ impl LinuxVm {
             },
             idle: Some(avm),
             engine: cfg.engine,
+            log,
             run: None,
             paused: true,
             paused_vct: 0,

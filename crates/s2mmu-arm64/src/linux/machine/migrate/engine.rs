@@ -17,10 +17,22 @@ use crate::{Arm64Error, Result};
 use s2mmu::mmu::DirtyMode;
 use std::sync::Arc;
 
+/// The engine's dirty mode for a migration's log when the machine's
+/// settings ask for `mode`: hardware dirty state ([`DirtyMode::HW`]) for
+/// any hardware mode, else write protection ([`DirtyMode::WP`]); both with
+/// manual protect, as the session GETs, then CLEARs what it will send.
+fn migration_log(mode: Option<DirtyMode>) -> DirtyMode {
+    match mode {
+        Some(m) if m.hardware() => DirtyMode::HW,
+        _ => DirtyMode::WP,
+    }
+}
+
 impl LinuxVm {
     /// Starts a QEMU machine for `vcpus` vCPUs and `mem` bytes of guest
-    /// RAM with the engine where `engine` says, and makes the RAM slot
-    /// (mapped with `granule`-byte pages where it can).
+    /// RAM with the engine where `engine` says, logging in the mode
+    /// [`migration_log`] picks for `log`, and makes the RAM slot (mapped with
+    /// `granule`-byte pages where it can).
     ///
     /// # Errors
     /// QEMU, the EL2 image or EL2's set-up failing; the engine's refusal.
@@ -30,7 +42,9 @@ impl LinuxVm {
         ram_pages: RamPages,
         engine: Engine,
         granule: u64,
+        log: Option<DirtyMode>,
     ) -> Result<(Arc<Machine>, Host)> {
+        let log = migration_log(log);
         let mc = MachineConfig {
             cpus: vcpus + 1,
             data_bytes: mem,
@@ -39,7 +53,9 @@ impl LinuxVm {
         let (machine, vm) = match engine {
             Engine::Host => {
                 let machine = Arc::new(Machine::start(&mc)?);
-                let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
+                let mut vc = VmConfig::default();
+                vc.policy.dirty = log;
+                let avm = Arm64Vm::new_bare(machine.clone(), &vc)?;
                 (machine, Host::Host(avm))
             }
             Engine::El2 => {
@@ -48,9 +64,7 @@ impl LinuxVm {
                     ..mc
                 };
                 let machine = Arc::new(Machine::start_with(&mc, crate::image_el2()?)?);
-                // Manual protect, as the host placement's default policy:
-                // the session GETs, then CLEARs what it will send.
-                let v = El2Vm::new(machine.clone(), Some(DirtyMode::WP), vcpus, mem)?;
+                let v = El2Vm::new(machine.clone(), Some(log), vcpus, mem)?;
                 (machine, Host::El2(v))
             }
         };
@@ -76,6 +90,7 @@ impl LinuxVm {
             self.ram_pages,
             self.engine,
             self.granule,
+            self.log,
         )?;
         self.ram = LinuxRam::new(machine.ram().clone(), layout::DATA, self.mem, vm::RAM_IPA)?;
         self.written = Some(self.ram.fresh_hashes()?);
@@ -88,6 +103,12 @@ impl LinuxVm {
     /// Where this VM's engine runs.
     pub fn engine(&self) -> Engine {
         self.engine
+    }
+
+    /// Whether the engine logs with hardware dirty state (no write faults:
+    /// auto-converge then throttles by a share of time).
+    pub fn hardware_dirty(&self) -> bool {
+        migration_log(self.log).hardware()
     }
 
     /// The engine's placement, whether the vCPU threads hold it or not.
