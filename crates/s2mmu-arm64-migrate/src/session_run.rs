@@ -13,7 +13,6 @@ use crate::session_dest::LinuxDest;
 use crate::session_source::{LinuxSessionVm, LinuxSource};
 use crate::source_resume;
 use s2mmu_arm64::linux::assets::LinuxAssets;
-use s2mmu_arm64::linux::dirty::HarvestConfig;
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::migrate::{LinuxVm, RestoreClock};
 use s2mmu_arm64::linux::vm::LinuxConfig;
@@ -204,8 +203,7 @@ pub enum ListenEvent<'a> {
     },
 }
 
-/// The machine's settings for `s`: the guest program on the kernel
-/// command line, the log `s.hardware_dirty` picks off until the session turns it on.
+/// The machine's settings for `s`: its program on the kernel command line, its log off.
 pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
     let run = match s.program {
         GuestProgram::Dirtier => format!("s2mmu.run=dirtier s2mmu.args={DIRTIER_ARGS}"),
@@ -213,8 +211,10 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
         GuestProgram::Fill => "s2mmu.run=fill s2mmu.args=pct=90,ms=1000".to_string(),
         GuestProgram::User => String::new(),
     };
-    let mut dirty = HarvestConfig::default();
-    dirty.mode = s.hardware_dirty.then_some(s2mmu::mmu::DirtyMode::HW);
+    let dirty = s2mmu_arm64::linux::dirty::HarvestConfig {
+        mode: s.hardware_dirty.then_some(s2mmu::mmu::DirtyMode::HW),
+        ..Default::default()
+    };
     LinuxConfig {
         vcpus: s.vcpus,
         mem: s.mem,
