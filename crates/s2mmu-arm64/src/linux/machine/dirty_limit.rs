@@ -227,7 +227,7 @@ impl DirtyLimit {
 
     /// Auto-converge as QEMU's: each vCPU sleeps `pct` % of its time (0:
     /// none, at most 99), owed for the time it ran between its exits and
-    /// slept at them ([`DirtyLimit::serve`]). For a log whose writes the
+    /// slept at them (the vCPU thread serves it). For a log whose writes the
     /// host does not see (hardware dirty state), where no write fault
     /// would carry a throttle per page.
     pub fn set_throttle_pct(&self, pct: u32) {
