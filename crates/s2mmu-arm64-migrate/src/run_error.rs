@@ -161,6 +161,7 @@ mod tests {
             attempts: 1,
             ram_pages: Default::default(),
             engine: Default::default(),
+            hardware_dirty: false,
         };
         let cfg = LinuxConfig {
             vcpus: 1,

@@ -13,7 +13,6 @@ use crate::session_dest::LinuxDest;
 use crate::session_source::{LinuxSessionVm, LinuxSource};
 use crate::source_resume;
 use s2mmu_arm64::linux::assets::LinuxAssets;
-use s2mmu_arm64::linux::dirty::HarvestConfig;
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::migrate::{LinuxVm, RestoreClock};
 use s2mmu_arm64::linux::vm::LinuxConfig;
@@ -99,6 +98,8 @@ pub struct RunSettings {
     pub ram_pages: RamPages,
     /// Where both machines' engines run (a listening destination: its own).
     pub engine: s2mmu_arm64::linux::vm::Engine,
+    /// The source logs by hardware dirty state instead of write protection.
+    pub hardware_dirty: bool,
 }
 
 /// What one run measured, beyond the common figures.
@@ -202,14 +203,17 @@ pub enum ListenEvent<'a> {
     },
 }
 
-/// The machine's settings for `s`: the guest program on the kernel
-/// command line, dirty logging off until the session turns it on.
+/// The machine's settings for `s`: its program on the kernel command line, its log off.
 pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
     let run = match s.program {
         GuestProgram::Dirtier => format!("s2mmu.run=dirtier s2mmu.args={DIRTIER_ARGS}"),
         GuestProgram::Counter => "s2mmu.run=counter s2mmu.args=kib=4,ms=1000".to_string(),
         GuestProgram::Fill => "s2mmu.run=fill s2mmu.args=pct=90,ms=1000".to_string(),
         GuestProgram::User => String::new(),
+    };
+    let dirty = s2mmu_arm64::linux::dirty::HarvestConfig {
+        mode: s.hardware_dirty.then_some(s2mmu::mmu::DirtyMode::HW),
+        ..Default::default()
     };
     LinuxConfig {
         vcpus: s.vcpus,
@@ -219,7 +223,7 @@ pub fn linux_config(s: &RunSettings, a: &LinuxAssets) -> LinuxConfig {
         cmdline: format!("quiet {run}"),
         echo: false,
         timeout: Duration::from_secs(3600),
-        dirty: HarvestConfig::default(),
+        dirty,
         ram_pages: s.ram_pages,
         engine: s.engine,
     }

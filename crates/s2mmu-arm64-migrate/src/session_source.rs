@@ -43,6 +43,9 @@ pub struct LinuxSessionVm {
     slots: [RamSlot; 1],
     vcpus: usize,
     limit: Arc<DirtyLimit>,
+    /// The log is hardware dirty state: the guest's writes fault nowhere,
+    /// so auto-converge throttles by a share of time.
+    hardware: bool,
     /// A post-copy destination: its dirty log stays on from the resume
     /// until FINAL, which reports the pages its guest wrote
     /// ([`LinuxSessionVm::take_written`]).
@@ -68,6 +71,7 @@ impl LinuxSessionVm {
         }];
         let vcpus = vm.vcpu_count();
         let limit = vm.dirty_limit().clone();
+        let hardware = vm.hardware_dirty();
         LinuxSessionVm {
             vm: Mutex::new(vm),
             ram,
@@ -76,6 +80,7 @@ impl LinuxSessionVm {
             slots,
             vcpus,
             limit,
+            hardware,
             tracking: AtomicBool::new(false),
             service_parked: AtomicBool::new(false),
         }
@@ -294,8 +299,20 @@ impl GuestRun for LinuxSource {
     }
 
     // Both are served at the guest's stage-2 write faults (dirty_limit).
+    // Under hardware dirty state the only such faults are first touches:
+    // the throttle is the share of time below instead.
     fn set_throttle_ns(&self, ns: u64) {
-        self.vm.limit.set_throttle_ns(ns);
+        self.vm
+            .limit
+            .set_throttle_ns(if self.vm.hardware { 0 } else { ns });
+    }
+
+    // Under hardware dirty state no write faults: the throttle is a share
+    // of each vCPU's time, served at its exits.
+    fn set_throttle_pct(&self, pct: u32) {
+        if self.vm.hardware || pct == 0 {
+            self.vm.limit.set_throttle_pct(pct);
+        }
     }
 
     fn pace(&self) -> u64 {

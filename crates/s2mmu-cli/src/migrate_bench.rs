@@ -41,6 +41,9 @@ pub struct Params {
     /// How long the guest program runs (5s to 600s; it must outlast boot, warm-up and the migration).
     #[arg(long, default_value = "12s", value_parser = parse_duration)]
     guest_time: Duration,
+    /// Our side's dirty log: hw (hardware dirty state) or wp (write protection).
+    #[arg(long, default_value = "hw", value_parser = ["hw", "wp"])]
+    dirty: String,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -82,6 +85,7 @@ pub fn main(p: Params) -> Result<(), String> {
         mem_mib: p.mem >> 20,
         vcpus: p.vcpus as u32,
         guest_secs: secs,
+        ours_dirty: p.dirty.clone(),
         s2mmu: std::env::current_exe().map_err(|e| e.to_string())?,
         kernel: a.image,
         initrd: a.initramfs,
@@ -97,6 +101,7 @@ pub fn main(p: Params) -> Result<(), String> {
         let settings = serde_json::json!({
             "mem_mib": spec.mem_mib, "vcpus": spec.vcpus, "runs": spec.runs,
             "guest_secs": secs, "kernel": spec.kernel, "initrd": spec.initrd,
+            "ours_dirty": spec.ours_dirty,
             "program": "dirtier (tick=2: a line every 2 ms; checks every page it wrote)",
         });
         println!("{}", vs_qemu::report::json(&out, settings));

@@ -30,6 +30,8 @@ fn bad_options_are_refused_by_name() {
     refused(&["--linux-run", "nope"], "nope");
     refused(&["--linux-run", "nope"], "counter, dirtier, fill");
     refused(&["--engine", "kvm"], "expected host or el2");
+    // Its source logs by write protection or hardware dirty state only.
+    refused(&["--dirty", "ring"], "logs with wp or hw");
 }
 
 #[test]

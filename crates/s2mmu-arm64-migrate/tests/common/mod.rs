@@ -84,5 +84,6 @@ pub fn run_settings(
         attempts: 1,
         ram_pages: Default::default(),
         engine: Default::default(),
+        hardware_dirty: false,
     }
 }

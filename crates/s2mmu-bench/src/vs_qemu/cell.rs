@@ -11,9 +11,11 @@ use std::path::PathBuf;
 pub const WARMUP_S: f64 = 2.0;
 /// The window before the migration the guest's own rate is taken over.
 pub const BEFORE_S: f64 = 1.5;
-/// The shortest window the rate during the migration is taken over: a
-/// paced guest writes in bursts of 64 pages, so a shorter window of a
-/// slow one measures its bursts, not its rate.
+/// The shortest window the rate during the migration is taken over for
+/// the idle cell, whose guest writes in bursts of 64 pages (a shorter
+/// window measures its bursts, not its rate). The writing cells take the
+/// migration's own window: padding it with time after the end would
+/// favour the side whose migration is shorter.
 pub const MIN_DURING_S: f64 = 1.0;
 
 /// A cell of the matrix: what the guest does, and how it is moved.
@@ -79,6 +81,9 @@ pub struct Spec {
     pub vcpus: u32,
     /// How long the guest program runs (it must outlast the migration).
     pub guest_secs: u64,
+    /// Our side's `--dirty`: `hw` (hardware dirty state) or `wp` (write
+    /// protection).
+    pub ours_dirty: String,
     /// The `s2mmu` binary our side runs.
     pub s2mmu: PathBuf,
     /// The kernel `Image` and initramfs both sides boot.
@@ -120,14 +125,19 @@ impl Measured {
         }
     }
 
-    /// The console figures of a run whose migration started at `t0` and
-    /// took `total_ms`, from its stamped lines.
-    pub fn read_console(&mut self, lines: &[console::Stamped], t0: f64) {
+    /// The console figures of a run of `cell` whose migration started at
+    /// `t0` and took `total_ms`, from its stamped lines.
+    pub fn read_console(&mut self, cell: Cell, lines: &[console::Stamped], t0: f64) {
         let ticks = console::ticks(lines);
         let end = t0 + self.total_ms / 1e3;
         self.gap_ms = console::largest_gap(&ticks, t0, end + 1.0).map(|g| g * 1e3);
         self.rate_before = console::rate(&ticks, t0 - BEFORE_S, t0);
-        self.rate_during = console::rate(&ticks, t0, end.max(t0 + MIN_DURING_S));
+        let window = if cell == Cell::Idle {
+            end.max(t0 + MIN_DURING_S)
+        } else {
+            end
+        };
+        self.rate_during = console::rate(&ticks, t0, window);
         self.pages_lost = console::pages_lost(lines);
     }
 }

@@ -93,9 +93,18 @@ pub fn largest_gap(ticks: &[(f64, u64)], from: f64, to: f64) -> Option<f64> {
         .max_by(f64::total_cmp)
 }
 
-/// Pages the program had done at `t`: the last tick at or before it.
-fn pages_at(ticks: &[(f64, u64)], t: f64) -> Option<u64> {
-    ticks.iter().rev().find(|p| p.0 <= t).map(|p| p.1)
+/// Pages the program had done at `t`: interpolated between the last tick
+/// at or before it and the next one (the last tick's count where none
+/// follows). Taking the last tick alone would undercount a window's end
+/// and overcount its start by up to a tick interval, which differs
+/// between the two emulations (a trapped UART line costs ours more).
+fn pages_at(ticks: &[(f64, u64)], t: f64) -> Option<f64> {
+    let i = ticks.iter().rposition(|p| p.0 <= t)?;
+    let (t0, n0) = (ticks[i].0, ticks[i].1 as f64);
+    Some(match ticks.get(i + 1) {
+        Some(&(t1, n1)) if t1 > t0 => n0 + (n1 as f64 - n0) * (t - t0) / (t1 - t0),
+        _ => n0,
+    })
 }
 
 /// The program's pages per second over `[from, to]`, from its ticks.
@@ -104,7 +113,7 @@ pub fn rate(ticks: &[(f64, u64)], from: f64, to: f64) -> Option<f64> {
         return None;
     }
     let (a, b) = (pages_at(ticks, from)?, pages_at(ticks, to)?);
-    Some(b.saturating_sub(a) as f64 / (to - from))
+    Some((b - a).max(0.0) / (to - from))
 }
 
 /// What the dirtier's own check said: `Some(0)` for its `ok` line, the
@@ -154,6 +163,10 @@ mod tests {
         let r = rate(&t, 1.002, 1.108).unwrap();
         assert!((r - 530.0 / 0.106).abs() < 1e-6, "{r}");
         assert_eq!(rate(&t, 0.5, 1.1), None);
+        // Between ticks the count is interpolated: half way from 20 (at
+        // 1.004) to 520 (at 1.104) is 270; past the last tick, its count.
+        let r = rate(&t, 1.054, 1.2).unwrap();
+        assert!((r - (540.0 - 270.0) / 0.146).abs() < 1e-6, "{r}");
         assert_eq!(pages_lost(&lines), Some(0));
         assert_eq!(first(&lines, "dirtier: start"), Some(1.0));
         let mut bad = lines.clone();

@@ -40,6 +40,7 @@ fn common(spec: &Spec, cell: Cell) -> Vec<String> {
     v.extend(["--linux-args".into(), cell.program_args(spec.guest_secs)]);
     v.extend(["--mem".into(), format!("{}M", spec.mem_mib)]);
     v.extend(["-v".into(), spec.vcpus.to_string()]);
+    v.extend(["--dirty".into(), spec.ours_dirty.clone()]);
     if cell.postcopy() {
         v.push("--postcopy".into());
     }
@@ -134,7 +135,7 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
         ..Measured::default()
     };
     let started = console::first(&all, "s2mmu-dirtier: start").ok_or("no dirtier start line")?;
-    m.read_console(&all, started + WARMUP_S);
+    m.read_console(cell, &all, started + WARMUP_S);
     Ok(m)
 }
 

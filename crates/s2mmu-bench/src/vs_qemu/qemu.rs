@@ -193,7 +193,7 @@ pub fn run(
     };
     let mut all = console::snapshot(&src_lines);
     all.extend(console::snapshot(&dst_lines));
-    m.read_console(&all, t0);
+    m.read_console(cell, &all, t0);
     end?;
     Ok(m)
 }

@@ -59,7 +59,25 @@ pub fn settings(p: &Params) -> Result<RunSettings, String> {
         attempts: p.attempts,
         ram_pages: RamPages::parse(&p.linux_ram)?,
         engine: p.engine,
+        hardware_dirty: linux_dirty(p.harvest)?,
     })
+}
+
+/// Whether `--dirty` asks the Linux guest's source for hardware dirty
+/// state (`hw`) or write protection (`wp`), the two logs its session
+/// drives by GET and CLEAR.
+///
+/// # Errors
+/// Any other mode.
+fn linux_dirty(m: s2mmu::mmu::DirtyMode) -> Result<bool, String> {
+    use s2mmu::mmu::DirtyMode;
+    match m {
+        DirtyMode::HW => Ok(true),
+        DirtyMode::WP => Ok(false),
+        other => Err(format!(
+            "--dirty {other:?}: the Linux guest's migration logs with wp or hw"
+        )),
+    }
 }
 
 /// A run's `details` in the JSON report and its summary line.
@@ -434,6 +452,7 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
         "guest": "linux", "program": p.linux_run, "mode": mode, "vcpus": p.vcpus,
         "ram_pages": p.linux_ram, "mem_bytes": p.mem, "runs": p.runs,
         "engine": format!("{:?}", p.engine).to_lowercase(),
+        "dirty": if p.harvest.hardware() { "hw" } else { "wp" },
     });
     let mut rep = Report::new("migrate", params);
     for (i, r) in runs.iter().enumerate() {

@@ -144,6 +144,7 @@ fn run_source_with<G: SourceGuest>(
             // The guest stays here: unthrottled while the destination's
             // reason is awaited.
             guest.set_throttle_ns(0);
+            guest.set_throttle_pct(0);
             break 'run Err(abort_and_reason(e, &mut s.chans[0].wire));
         }
         let end = PrecopyEnd {
@@ -196,6 +197,7 @@ fn check_run<G: SourceGuest>(guest: &G, cfg: &SourceConfig) -> Result<GuestShape
 /// before and a later migration can start logging afresh.
 fn stand_down<G: SourceGuest>(guest: &G, pace: u64) {
     guest.set_throttle_ns(0);
+    guest.set_throttle_pct(0);
     if guest.pace() != pace {
         guest.set_pace(pace);
     }

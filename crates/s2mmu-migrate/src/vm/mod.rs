@@ -215,6 +215,15 @@ pub trait GuestRun: Send + Sync {
     /// Auto-converge: a delay of `ns` per guest page written (0: none).
     fn set_throttle_ns(&self, ns: u64);
 
+    /// Auto-converge as a share of each vCPU's time: asleep `pct` % of it
+    /// (0: none; at most 99), as QEMU's throttle. Set with every
+    /// [`GuestRun::set_throttle_ns`]: a guest whose writes the host does
+    /// not see one by one (hardware dirty state) throttles by this one,
+    /// the others by the delay per page. The default ignores it.
+    fn set_throttle_pct(&self, pct: u32) {
+        let _ = pct;
+    }
+
     /// Dirty-limit: each vCPU's pace in pages per second (0: unpaced).
     fn pace(&self) -> u64;
 

@@ -19,6 +19,8 @@
 //! and the vCPU's thread sleeps it here as it does for the host
 //! placement. The pages dirtied and those found ahead of the pace are
 //! then EL2's counts.
+//! Under hardware dirty state no write faults at all: auto-converge then
+//! takes a share of each vCPU's time, owed at its exits (`set_throttle_pct`).
 
 use crate::linux::el2::WeakEl2Vm;
 use crate::linux::placement::Host;
@@ -38,6 +40,9 @@ const THROTTLE_BATCH_NS: u64 = 1_000_000;
 const PACE_SLACK_NS: u64 = 200_000;
 /// The longest single sleep between checks for a pause or a stop.
 const SLICE: Duration = Duration::from_millis(2);
+/// The most run time one exit accrues a time share for (QEMU's throttle
+/// timeslice): a vCPU paused or idle between two exits owes no more.
+const SHARE_SLICE_NS: u64 = 10_000_000;
 
 /// What the brakes did so far, summed over the vCPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,12 +77,17 @@ struct VcpuLimit {
     next_ns: AtomicU64,
     /// The lead over the pace found at the last fault, to sleep.
     lead_ns: AtomicU64,
+    /// When the vCPU last left the host under a time share (ns since the
+    /// epoch; 0: not yet).
+    mark_ns: AtomicU64,
 }
 
 /// Throttle and pace of one VM's vCPUs, and their counters.
 pub struct DirtyLimit {
     epoch: Instant,
     throttle_ns: AtomicU64,
+    /// Auto-converge as a share of time, percent.
+    share_pct: AtomicU64,
     pace: AtomicU64,
     vcpus: Vec<VcpuLimit>,
     write_faults: AtomicU64,
@@ -145,6 +155,7 @@ impl DirtyLimit {
         DirtyLimit {
             epoch: Instant::now(),
             throttle_ns: AtomicU64::new(0),
+            share_pct: AtomicU64::new(0),
             pace: AtomicU64::new(0),
             vcpus: (0..vcpus).map(|_| VcpuLimit::default()).collect(),
             write_faults: AtomicU64::new(0),
@@ -214,6 +225,41 @@ impl DirtyLimit {
         self.throttle_ns.load(Ordering::Relaxed)
     }
 
+    /// Auto-converge as QEMU's: each vCPU sleeps `pct` % of its time (0:
+    /// none, at most 99), owed for the time it ran between its exits and
+    /// slept at them (the vCPU thread serves it). For a log whose writes the
+    /// host does not see (hardware dirty state), where no write fault
+    /// would carry a throttle per page.
+    pub fn set_throttle_pct(&self, pct: u32) {
+        self.share_pct
+            .store(u64::from(pct.min(99)), Ordering::Relaxed);
+        for v in &self.vcpus {
+            v.mark_ns.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The time share, percent.
+    pub fn throttle_pct(&self) -> u32 {
+        self.share_pct.load(Ordering::Relaxed) as u32
+    }
+
+    /// Adds to what `v` owes the time share of its run since it last left
+    /// the host (at most [`SHARE_SLICE_NS`] of it), at `now`.
+    fn accrue_share(&self, v: &VcpuLimit, now: u64) {
+        let pct = self.share_pct.load(Ordering::Relaxed);
+        let mark = v.mark_ns.swap(now, Ordering::Relaxed);
+        if pct == 0 || mark == 0 {
+            return;
+        }
+        let ran = now.saturating_sub(mark).min(SHARE_SLICE_NS);
+        v.owed_ns
+            .fetch_add(ran * pct / (100 - pct), Ordering::Relaxed);
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// Dirty limit: at most `pages_per_sec` write faults a second per vCPU
     /// (0: unpaced). A new pace restarts each vCPU's clock, so no lead
     /// built under the old one is owed under the new one.
@@ -270,8 +316,7 @@ impl DirtyLimit {
             // EL2 counted it, and owes its delays itself.
             return;
         }
-        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.on_write_fault_at(id, now);
+        self.on_write_fault_at(id, self.now_ns());
     }
 
     /// [`DirtyLimit::on_write_fault`] at `now` (ns since the epoch).
@@ -316,14 +361,22 @@ impl DirtyLimit {
         if self.at_el2.load(Ordering::Relaxed) {
             self.take_el2_wait(id, v);
         }
-        if self.throttle_ns() == 0 {
+        let share = self.throttle_pct() > 0;
+        if self.throttle_ns() == 0 && !share {
             v.owed_ns.store(0, Ordering::Relaxed);
+        }
+        if share {
+            self.accrue_share(v, self.now_ns());
         }
         let owed = v.owed_ns.load(Ordering::Relaxed);
         if owed >= THROTTLE_BATCH_NS {
             let slept = nap(owed, interrupted);
             v.owed_ns.store(owed - slept, Ordering::Relaxed);
             self.throttled_ns.fetch_add(slept, Ordering::Relaxed);
+            if share {
+                // The sleep is not run time.
+                v.mark_ns.store(self.now_ns(), Ordering::Relaxed);
+            }
         }
         let lead = v.lead_ns.swap(0, Ordering::Relaxed);
         if lead >= PACE_SLACK_NS && self.pace() > 0 {
@@ -414,6 +467,38 @@ mod tests {
         l.set_throttle_ns(0);
         l.serve(0, &|| false);
         assert_eq!(l.counters().throttled_ns, 1_200_000);
+    }
+
+    #[test]
+    fn a_time_share_is_owed_per_run_time_and_capped_per_exit() {
+        let l = DirtyLimit::new(1);
+        let v = &l.vcpus[0];
+        l.set_throttle_pct(50);
+        // The first exit only marks; 2 ms of run at 50 % owes 2 ms.
+        l.accrue_share(v, 1_000_000);
+        assert_eq!(v.owed_ns.load(Ordering::Relaxed), 0);
+        l.accrue_share(v, 3_000_000);
+        assert_eq!(v.owed_ns.load(Ordering::Relaxed), 2_000_000);
+        // A second away (paused, idle) owes one slice's share at most.
+        l.accrue_share(v, 1_003_000_000);
+        assert_eq!(v.owed_ns.load(Ordering::Relaxed), 12_000_000);
+        // 20 %: a quarter of the run; 99 % at most.
+        l.set_throttle_pct(20);
+        l.accrue_share(v, 2_000_000_000);
+        l.accrue_share(v, 2_004_000_000);
+        assert_eq!(v.owed_ns.load(Ordering::Relaxed), 13_000_000);
+        l.set_throttle_pct(150);
+        assert_eq!(l.throttle_pct(), 99);
+        // Off: nothing accrues, and serving forgives what was owed.
+        l.set_throttle_pct(0);
+        l.accrue_share(v, 3_000_000_000);
+        l.accrue_share(v, 3_005_000_000);
+        assert_eq!(v.owed_ns.load(Ordering::Relaxed), 13_000_000);
+        l.serve(0, &|| false);
+        assert_eq!(
+            (v.owed_ns.load(Ordering::Relaxed), l.counters().throttled_ns),
+            (0, 0)
+        );
     }
 
     #[test]

@@ -39,6 +39,26 @@ pub(super) struct Precopy<'a> {
     pub switch: bool,
 }
 
+/// Rounds a migration that shrinks on its own may still need before the
+/// throttle starts.
+const CONVERGING_ROUNDS: f64 = 2.0;
+
+/// Whether pre-copy converges without help: the next round sends `next`
+/// bytes where this one sent `sent`, so each round sends `next / sent` of
+/// the one before (the guest's dirtying against the link), and at that
+/// ratio what is left now (`est` to send) fits `budget` within
+/// [`CONVERGING_ROUNDS`] more rounds. Never for rounds that do not shrink.
+pub(super) fn converging(est: Duration, budget: Duration, next: u64, sent: u64) -> bool {
+    if sent == 0 || next >= sent {
+        return false;
+    }
+    if est <= budget {
+        return true;
+    }
+    let r = next as f64 / sent as f64;
+    (budget.as_secs_f64() / est.as_secs_f64()).ln() / r.ln() <= CONVERGING_ROUNDS
+}
+
 /// What one round measured that the decision after it needs.
 struct RoundEnd {
     bytes: u64,
@@ -235,8 +255,14 @@ impl<'a> Precopy<'a> {
             });
         }
         // Convergence help, QEMU's trigger: the round dirtied more than
-        // half of what it sent.
-        if round > 0 && end.dirty * PAGE_SIZE as u64 * 2 > end.bytes {
+        // half of what it sent; unless the rounds shrink fast enough to
+        // fit the budget within a few more (QEMU's one-second periods
+        // never count a migration that short).
+        let budget = cfg.max_downtime / 2;
+        if round > 0
+            && end.dirty * PAGE_SIZE as u64 * 2 > end.bytes
+            && !converging(end.est, budget, end.remaining, end.bytes)
+        {
             self.high_rounds += 1;
             if cfg.postcopy == Postcopy::Auto && self.high_rounds >= 2 {
                 // Not converging: post-copy instead of a throttle.
@@ -267,6 +293,7 @@ impl<'a> Precopy<'a> {
                 let p = f64::from(self.throttle_pct) / 100.0;
                 let ns = self.unthrottled_ns_per_page * p / (1.0 - p);
                 self.guest.set_throttle_ns(ns as u64);
+                self.guest.set_throttle_pct(self.throttle_pct);
             }
             Converge::DirtyLimit => {
                 let cur = self.guest.pace();
@@ -280,5 +307,34 @@ impl<'a> Precopy<'a> {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn shrinking_rounds_that_fit_soon_need_no_help() {
+        // 64 MiB/s over a 110 MiB/s link: each round 0.6 of the last; 345
+        // ms left fits 150 ms in under two rounds.
+        assert!(converging(MS(345), MS(150), 38 << 20, 64 << 20));
+        // Already inside the budget.
+        assert!(converging(MS(100), MS(150), 60, 100));
+    }
+
+    #[test]
+    fn rounds_that_do_not_shrink_or_shrink_slowly_get_help() {
+        // A writer as fast as the link: never converging on its own.
+        assert!(!converging(MS(600), MS(150), 64 << 20, 64 << 20));
+        assert!(!converging(MS(600), MS(150), 70 << 20, 64 << 20));
+        // 0.9 a round from 600 ms: 14 rounds to 150 ms.
+        assert!(!converging(MS(600), MS(150), 90, 100));
+        // 0.6 a round from 2 s: 5 rounds.
+        assert!(!converging(MS(2000), MS(150), 60, 100));
+        // Nothing sent: nothing to judge by.
+        assert!(!converging(MS(600), MS(150), 10, 0));
     }
 }

@@ -84,6 +84,12 @@ impl LinuxVm {
         self.spec.engine
     }
 
+    /// Whether the engine logs with hardware dirty state (no write faults:
+    /// auto-converge then throttles by a share of time).
+    pub fn hardware_dirty(&self) -> bool {
+        self.spec.hardware_dirty()
+    }
+
     /// The engine's placement, whether the vCPU threads hold it or not.
     pub(in crate::linux) fn placement(&self) -> &Host {
         match (&self.run, &self.idle) {

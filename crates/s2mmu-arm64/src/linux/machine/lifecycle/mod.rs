@@ -96,8 +96,12 @@ impl LinuxVm {
     /// # Errors
     /// As [`crate::linux::vm::run`] before the guest starts.
     pub fn blank(cfg: &LinuxConfig) -> Result<LinuxVm> {
-        let spec =
-            EngineSpec::migratable(cfg.engine, cfg.ram_pages, crate::linux::memory::PAGE as u64);
+        let spec = EngineSpec::migratable(
+            cfg.engine,
+            cfg.ram_pages,
+            crate::linux::memory::PAGE as u64,
+            cfg.dirty.mode,
+        );
         let mut vm = LinuxVm::new_blank(cfg, spec)?;
         vm.written = Some(vm.ram.fresh_hashes()?);
         // Nothing runs here until a state is loaded: the CPUs park (their
@@ -117,7 +121,7 @@ impl LinuxVm {
     /// # Errors
     /// As [`crate::linux::vm::run`].
     pub fn boot(cfg: &LinuxConfig) -> Result<LinuxVm> {
-        let spec = EngineSpec::migratable(cfg.engine, cfg.ram_pages, 2 << 20);
+        let spec = EngineSpec::migratable(cfg.engine, cfg.ram_pages, 2 << 20, cfg.dirty.mode);
         let mut me = LinuxVm::new_blank(cfg, spec)?;
         me.load_and_start(cfg)?;
         Ok(me)

@@ -28,19 +28,47 @@ pub(in crate::linux) struct EngineSpec {
     pub(in crate::linux) change: HostChange,
 }
 
+/// The engine's dirty mode for a migration's log when the machine's
+/// settings ask for `mode`: hardware dirty state ([`DirtyMode::HW`]) for
+/// any hardware mode, else write protection ([`DirtyMode::WP`]); both with
+/// manual protect, as the session GETs, then CLEARs what it will send.
+fn migration_log(mode: Option<DirtyMode>) -> DirtyMode {
+    match mode {
+        Some(m) if m.hardware() => DirtyMode::HW,
+        _ => DirtyMode::WP,
+    }
+}
+
 impl EngineSpec {
     /// A VM whose log a migration's session drives: the host placement's
-    /// default policy, EL2's log in manual protect (as that policy: the
-    /// session GETs, then CLEARs what it will send), no host change; RAM
-    /// mapped with `granule`-byte pages.
-    pub(in crate::linux) fn migratable(engine: Engine, ram_pages: RamPages, granule: u64) -> Self {
+    /// default policy, both placements logging in the mode
+    /// [`migration_log`] picks for `log`, no host change; RAM mapped with
+    /// `granule`-byte pages.
+    pub(in crate::linux) fn migratable(
+        engine: Engine,
+        ram_pages: RamPages,
+        granule: u64,
+        log: Option<DirtyMode>,
+    ) -> Self {
+        let mode = migration_log(log);
+        let mut policy = VmConfig::default().policy;
+        policy.dirty = mode;
         EngineSpec {
             engine,
             ram_pages,
             granule,
-            policy: VmConfig::default().policy,
-            el2_mode: Some(DirtyMode::WP),
+            policy,
+            el2_mode: Some(mode),
             change: HostChange::None,
+        }
+    }
+
+    /// Whether the engine logs with hardware dirty state where it runs (no
+    /// write faults: auto-converge then throttles by a share of time).
+    pub(in crate::linux) fn hardware_dirty(&self) -> bool {
+        match self.engine {
+            Engine::Host => self.policy.dirty.hardware(),
+            Engine::El2 => self.el2_mode.is_some_and(|m| m.hardware()),
         }
     }
 
