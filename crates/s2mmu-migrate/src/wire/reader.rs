@@ -339,8 +339,8 @@ impl<R: Read> WireReader<R> {
     /// which could as well have sent any data with its true hash; the
     /// per-slot digests compared at the switch (the destination's stored
     /// hashes against the source's frozen memory) still catch a peer
-    /// whose hashes are wrong. Without that, hashing every page again
-    /// cost the TLS destination about a tenth of its CPU.
+    /// whose hashes are wrong. Hashing every page again cost the TLS
+    /// destination about a tenth of its CPU in round 0.
     ///
     /// # Errors
     /// [`MigrateError::PageChecksum`] for the first page whose data does
