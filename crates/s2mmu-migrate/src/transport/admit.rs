@@ -367,6 +367,10 @@ impl Connection for Heard {
         self.conn.seals_in_place()
     }
 
+    fn authenticates(&self) -> bool {
+        self.conn.authenticates()
+    }
+
     fn write_sealed(
         &mut self,
         head: &[u8],

@@ -48,6 +48,13 @@ pub trait Connection: Read + Write + Send {
         false
     }
 
+    /// Whether every byte read from the connection was authenticated
+    /// by it (a TLS record's AEAD tag): damage on the way is then refused
+    /// by the connection, before the stream sees the bytes.
+    fn authenticates(&self) -> bool {
+        false
+    }
+
     /// Writes `head`, then the first `plain` bytes of the stream laid
     /// out in `frames` as [`sealed_offset`] says (room left for each
     /// record's header before and its content type and tag after). A
@@ -163,6 +170,9 @@ macro_rules! forward_connection {
             }
             fn seals_in_place(&self) -> bool {
                 (**self).seals_in_place()
+            }
+            fn authenticates(&self) -> bool {
+                (**self).authenticates()
             }
             fn write_sealed(
                 &mut self,

@@ -395,6 +395,11 @@ impl Connection for RecordConn {
     fn seals_in_place(&self) -> bool {
         true
     }
+    /// Every record is opened with its AEAD tag checked before a byte of
+    /// it is read.
+    fn authenticates(&self) -> bool {
+        true
+    }
     /// Seals `head` into the send buffer and `frames` where they lie, and
     /// writes both, in one system call when the socket takes them.
     fn write_sealed(

@@ -384,6 +384,25 @@ fn a_damaged_page_is_refused_before_its_record_ends() {
     }
 }
 
+/// Over a connection that authenticates every byte the data is not
+/// hashed again: a page whose data does not match its hash lands as it
+/// came (its hash is kept as sent, for the digests compared at the
+/// switch), and no time is booked as checks.
+#[test]
+fn an_authenticated_read_does_not_hash_the_pages_again() {
+    let (mut stream, at) = full_record();
+    stream[at[40] + 17] ^= 0x10;
+    let mut r = feed(stream);
+    r.set_authenticated(true);
+    assert!(matches!(r.next_record().unwrap(), Record::Pages { .. }));
+    let mut pages = vec![[0u8; PAGE_SIZE]; MAX_BATCH];
+    let mut bufs: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
+    r.read_checked_pages(&mut bufs, 0).unwrap();
+    assert_eq!(pages[40][17], 41 ^ 0x10);
+    assert!(pages[41].iter().all(|&b| b == 42), "the page after it");
+    assert_eq!(r.stages.check_ns, 0);
+}
+
 /// Buffers that are not one page for each data page of the record are
 /// refused before anything is read.
 #[test]

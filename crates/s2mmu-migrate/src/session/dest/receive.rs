@@ -231,6 +231,8 @@ pub(super) fn channel_loop<V: SessionVm>(
         return p.map(|_| ());
     }
     let mut timing = CheckTiming::default();
+    let authenticated = rd.get_mut().authenticates();
+    rd.set_authenticated(authenticated);
     loop {
         let at_byte = rd.pos;
         match rd.next_record()? {
@@ -359,6 +361,8 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
     let mut state_at = None;
     let mut postcopy_missing = None;
     let mut timing = CheckTiming::default();
+    let authenticated = rd.get_mut().authenticates();
+    rd.set_authenticated(authenticated);
     loop {
         let at_byte = rd.pos;
         match rd.next_record()? {
