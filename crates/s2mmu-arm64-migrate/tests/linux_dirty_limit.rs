@@ -157,13 +157,8 @@ fn pause_cuts_a_throttle_short(src: &LinuxSource) {
 }
 
 s2mmu_arm64::linux_test! {
-    fn pace_and_throttle_slow_a_linux_guests_dirtying(a) {
-        brakes_slow_the_dirtier(&a, Engine::Host);
-    }
-
-    fn pace_and_throttle_slow_a_linux_guests_dirtying_at_el2(a) {
-        brakes_slow_the_dirtier(&a, Engine::El2);
-    }
+    fn pace_and_throttle_slow_a_linux_guests_dirtying(a) { brakes_slow_the_dirtier(&a, Engine::Host) }
+    fn pace_and_throttle_slow_a_linux_guests_dirtying_at_el2(a) { brakes_slow_the_dirtier(&a, Engine::El2) }
 }
 
 fn brakes_slow_the_dirtier(a: &LinuxAssets, engine: Engine) {

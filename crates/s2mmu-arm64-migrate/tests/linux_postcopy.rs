@@ -108,15 +108,10 @@ impl PageFetch for Gone {
 }
 
 s2mmu_arm64::linux_test! {
-    fn missing_page_that_cannot_come_stops_the_destination(a) {
-        missing_page_stops(&a, Engine::El2);
-    }
-
+    fn missing_page_that_cannot_come_stops_the_destination(a) { missing_page_stops(&a, Engine::El2) }
     /// The same with the engine on the host, whose fault path asks the hook
     /// itself.
-    fn missing_page_that_cannot_come_stops_the_destination_on_the_host(a) {
-        missing_page_stops(&a, Engine::Host);
-    }
+    fn missing_page_that_cannot_come_stops_the_destination_on_the_host(a) { missing_page_stops(&a, Engine::Host) }
 }
 
 /// `set_page_fetch` alone, without a session: at EL2 it makes the RAM

@@ -3,8 +3,8 @@
 
 pub mod el1;
 
-use s2mmu_arm64::linux::dirty::HarvestConfig;
-use s2mmu_arm64::linux::vm::LinuxConfig;
+use s2mmu_arm64::linux::dirty::{HarvestConfig, HarvestReport};
+use s2mmu_arm64::linux::vm::{self as linux_vm, Engine, LinuxConfig, LinuxReport};
 use s2mmu_arm64::machine::{Machine, MachineConfig};
 use s2mmu_arm64::vm::{Arm64Vm, VmConfig};
 use s2mmu_arm64::workload::{spare_bytes, DirtyConfig};
@@ -74,4 +74,27 @@ pub fn dirtier(args: &str, dirty: HarvestConfig) -> LinuxConfig {
         dirty,
         ..s2mmu_arm64::test_support::linux_config(&a, 2, &cmdline)
     }
+}
+
+/// Runs [`dirtier`] with `args` and `dirty` with the engine on the host.
+pub fn run_on_host(args: &str, dirty: HarvestConfig) -> LinuxReport {
+    linux_vm::run(&LinuxConfig {
+        engine: Engine::Host,
+        ..dirtier(args, dirty)
+    })
+    .expect("the Linux VM runs")
+}
+
+/// Checks a run of the dirtier: its line `s2mmu-dirtier: {ok}` (its own
+/// check passed), pages changed and none lost. Its harvester's report.
+pub fn check_dirtier(r: &LinuxReport, ok: &str) -> HarvestReport {
+    let d = r.dirty.clone().expect("the harvester ran");
+    assert!(
+        r.console.contains(&format!("s2mmu-dirtier: {ok}")),
+        "the guest's own check; console:\n{}",
+        r.console
+    );
+    assert!(d.changed > 0, "the guest changed no page");
+    assert_eq!(d.lost, 0, "lost pages: {:x?}", d.lost_examples);
+    d
 }

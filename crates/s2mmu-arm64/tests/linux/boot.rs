@@ -29,13 +29,6 @@ fn boot(vcpus: usize) {
 }
 
 s2mmu_arm64::linux_test! {
-    fn linux_boots_to_init_on_one_vcpu_and_powers_off() {
-        boot(1);
-    }
-}
-
-s2mmu_arm64::linux_test! {
-    fn linux_boots_to_init_on_two_vcpus_and_powers_off() {
-        boot(2);
-    }
+    fn linux_boots_to_init_on_one_vcpu_and_powers_off() { boot(1) }
+    fn linux_boots_to_init_on_two_vcpus_and_powers_off() { boot(2) }
 }

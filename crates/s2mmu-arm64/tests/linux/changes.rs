@@ -11,7 +11,7 @@ use crate::common;
 use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::changes::{HostChange, FB_IPA, FB_SIZE};
 use s2mmu_arm64::linux::dirty::{self, HarvestConfig, HarvestReport};
-use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig, StopReason};
+use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
 
 /// Runs the dirtier for 10 s on anonymous memory and tmpfs under `change`
 /// and returns the harvester's report once the guest's check passed and
@@ -25,29 +25,18 @@ fn run(mode: Option<DirtyMode>, change: HostChange) -> HarvestReport {
 /// Runs the dirtier with `args` under `change`; its line
 /// `s2mmu-dirtier: {ok}` must show and no page may be lost.
 fn run_args(mode: Option<DirtyMode>, change: HostChange, args: &str, ok: &str) -> HarvestReport {
-    let r = vm::run(&LinuxConfig {
-        engine: Engine::Host,
-        ..common::dirtier(
-            args,
-            HarvestConfig {
-                mode,
-                change,
-                ..HarvestConfig::default()
-            },
-        )
-    })
-    .expect("the Linux VM runs");
-    let d = r.dirty.clone().expect("the harvester ran");
-    eprintln!("{mode:?} {change:?}: {:.1} s; dirty {d:?}", r.total_s);
-    assert_eq!(r.reason, StopReason::PowerOff, "console:\n{}", r.console);
-    assert!(
-        r.console.contains(&format!("s2mmu-dirtier: {ok}")),
-        "the guest's own check; console:\n{}",
-        r.console
+    let harvest = HarvestConfig {
+        mode,
+        change,
+        ..HarvestConfig::default()
+    };
+    let r = common::run_on_host(args, harvest);
+    eprintln!(
+        "{mode:?} {change:?}: {:.1} s; dirty {:?}",
+        r.total_s, r.dirty
     );
-    assert!(d.changed > 0, "the guest changed no page");
-    assert_eq!(d.lost, 0, "lost pages: {:x?}", d.lost_examples);
-    d
+    assert_eq!(r.reason, StopReason::PowerOff, "console:\n{}", r.console);
+    common::check_dirtier(&r, ok)
 }
 
 s2mmu_arm64::linux_test! {

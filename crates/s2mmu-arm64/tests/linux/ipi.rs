@@ -18,13 +18,6 @@ fn sgis_reach_every_vcpu(engine: Engine) {
 }
 
 s2mmu_arm64::linux_test! {
-    fn sgis_reach_every_vcpu_with_the_engine_at_el2() {
-        sgis_reach_every_vcpu(Engine::El2);
-    }
-}
-
-s2mmu_arm64::linux_test! {
-    fn sgis_reach_every_vcpu_with_the_engine_on_the_host() {
-        sgis_reach_every_vcpu(Engine::Host);
-    }
+    fn sgis_reach_every_vcpu_with_the_engine_at_el2() { sgis_reach_every_vcpu(Engine::El2) }
+    fn sgis_reach_every_vcpu_with_the_engine_on_the_host() { sgis_reach_every_vcpu(Engine::Host) }
 }
