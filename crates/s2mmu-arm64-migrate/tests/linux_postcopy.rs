@@ -66,10 +66,7 @@ s2mmu_arm64::linux_test! {
         dest.prestart(cfg.vcpus, cfg.mem).expect("B's QEMU starts");
 
         let (s, d) = migrate_by_postcopy(&src, &dest);
-        let pc = s
-            .postcopy
-            .clone()
-            .expect("the source switched to post-copy");
+        let pc = s.postcopy.clone().expect("the source switched to post-copy");
         let f = &pc.figures;
         eprintln!(
             "A -> B by post-copy after round {}: downtime {:?}, {f:?}",
