@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/api}
 status=0
-for crate in s2mmu-stats s2mmu s2mmu-memory s2mmu-vm s2mmu-kvm s2mmu-migrate s2mmu-arm64 s2mmu-arm64-migrate; do
+for crate in s2mmu-stats s2mmu s2mmu-memory s2mmu-vm s2mmu-kvm s2mmu-el2 s2mmu-migrate s2mmu-arm64 s2mmu-arm64-migrate s2mmu-plot s2mmu-bench; do
   # The listing needs rustdoc's JSON only: no EL2 image is built or run,
   # so the nightly toolchain need not have the aarch64-unknown-none target.
   env -u S2MMU_REQUIRE_ARM64 cargo +nightly rustdoc -q -p "$crate" --lib --all-features -- \

@@ -617,8 +617,16 @@ exec_insns:
         tlbi    vmalle1
         b       8f
 15:     cmp     x2, #0x15
-        b.ne    17f
+        b.ne    18f
         tlbi    vmalls12e1is
+        b       8f
+18:     cmp     x2, #0x16
+        b.ne    19f
+        tlbi    ipas2le1is, x3
+        b       8f
+19:     cmp     x2, #0x17
+        b.ne    17f
+        tlbi    ipas2le1, x3
         b       8f
 17:     cmp     x2, #0x20                       // a kick: SGI x3 at EL2
         b.ne    16f

@@ -4,12 +4,13 @@
 //! With the guest's stage 1 off, QEMU 7.2 holds only combined translations
 //! (its EL1&0 TLB, tagged by the guest's address), and the `TLBI VMALLE1IS`
 //! that ends every sequence of [`s2mmu::tlb::arm64`] drops them all, so the
-//! IPA named by `TLBI IPAS2E1IS` never matters. With stage 1 on, QEMU's
-//! stage-1 walker reads the guest's descriptors through a second TLB, of
-//! stage-2 translations tagged by IPA (the mmu index QEMU calls `Stage2`,
-//! filled by the descriptor loads of stage-1 walks): `TLBI IPAS2E1IS` of
-//! that IPA drops its entry, `VMALLE1IS` does not. So when the host moves
-//! the page that holds the guest's stage-1 root table (the MMU notifier
+//! IPA named by `TLBI IPAS2E1IS` (or `IPAS2LE1IS`) never matters. With
+//! stage 1 on, QEMU's stage-1 walker reads the guest's descriptors through
+//! a second TLB, of stage-2 translations tagged by IPA (the mmu index QEMU
+//! calls `Stage2`, filled by the descriptor loads of stage-1 walks): `TLBI
+//! IPAS2E1IS` of that IPA drops its entry (as does `IPAS2LE1IS`, which
+//! QEMU treats alike), `VMALLE1IS` does not. So when the host moves the
+//! page that holds the guest's stage-1 root table (the MMU notifier
 //! unmaps it: break, invalidate, then faults map the new page), the
 //! guest's next access must walk stage 1 again, and that walk must reach
 //! stage 2 for the table page, which is unmapped now: a stage-2 abort on a

@@ -96,8 +96,8 @@ fn no_page_lost(mode: DirtyMode) {
 
 s2mmu_arm64::linux_test! {
     el2
-    fn hardware_dirty_logging_at_el2_loses_no_page() { no_page_lost(dirty::HW) }
-    fn write_protect_logging_at_el2_loses_no_page() { no_page_lost(dirty::WP) }
+    fn hardware_dirty_logging_at_el2_loses_no_page() { no_page_lost(dirty::HW_GET) }
+    fn write_protect_logging_at_el2_loses_no_page() { no_page_lost(dirty::WP_GET) }
     fn manual_protect_logging_at_el2_loses_no_page() { no_page_lost(dirty::MANUAL) }
     fn ring_logging_at_el2_loses_no_page() { no_page_lost(dirty::RING) }
 }
@@ -137,7 +137,7 @@ s2mmu_arm64::linux_test! {
     /// old ones: a stale translation would make the dirtier read poison, a
     /// dropped dirty mark would show as a lost page.
     fn pages_remapped_through_el2_under_the_dirtier() {
-        for mode in [dirty::WP, dirty::HW] {
+        for mode in [dirty::WP_GET, dirty::HW_GET] {
             let args = "mem=48,file=8,secs=10";
             let Some((d, _)) = changed(mode, HostChange::Remap { pages: 32 }, args, "ok") else {
                 return;
@@ -154,7 +154,7 @@ s2mmu_arm64::linux_test! {
     /// back in place; 5 periods later it starts again and the check goes on.
     fn blocks_collapsed_at_el2_when_logging_stops() {
         let change = HostChange::Collapse { at: 5, after: 5 };
-        let Some((d, c)) = changed(dirty::WP, change, "mem=48,file=8,secs=10", "ok") else {
+        let Some((d, c)) = changed(dirty::WP_GET, change, "mem=48,file=8,secs=10", "ok") else {
             return;
         };
         assert_eq!(d.pauses, 1);
@@ -172,7 +172,7 @@ s2mmu_arm64::linux_test! {
     /// added again logging. The dirtier's check passes and every changed page
     /// is in a log.
     fn framebuffer_slot_moved_through_el2_while_logged() {
-        for mode in [dirty::WP, dirty::RING] {
+        for mode in [dirty::WP_GET, dirty::RING] {
             let args = format!("fb={FB_IPA:#x}:{FB_SIZE:#x},secs=8");
             let change = HostChange::MoveSlot { at: 20 };
             let Some((d, _)) = changed(mode, change, &args, "ok fb") else {
@@ -196,7 +196,7 @@ s2mmu_arm64::linux_test! {
         use s2mmu::format::arm64::{Arm64Stage2, Granule};
         use s2mmu_el2::trace::{self, Record};
         let cfg = HarvestConfig {
-            mode: Some(dirty::WP),
+            mode: Some(dirty::WP_GET),
             period: Duration::from_millis(100),
             drop_invalidations_from: Some(4),
             discard_log: None,
@@ -273,7 +273,7 @@ s2mmu_arm64::linux_test! {
             dirtier_args: String::new(),
             harvest: Duration::from_millis(100),
         };
-        for mode in [dirty::WP, dirty::RING] {
+        for mode in [dirty::WP_GET, dirty::RING] {
             let mut per = Vec::new();
             for engine in [Engine::Host, Engine::El2] {
                 let boot = LinuxConfig {

@@ -9,10 +9,12 @@
 //! - [`PagePool`]: stage-2 table pages from a carve-out of RAM that no
 //!   guest mapping can reach, and [`heap`], the global allocator's heap over
 //!   the same carve-out (`linked_list_allocator`);
-//! - [`El2Tlb`]: the TLB backend that issues the invalidation sequences on
-//!   the CPU running the operation (`DSB ISHST`, `TLBI IPAS2E1IS` or
-//!   `IPAS2LE1IS` with the level hint, `RIPAS2E1IS` where the CPU has
-//!   FEAT_TLBIRANGE, `VMALLS12E1IS` for the whole VMID, `DSB ISH`, `ISB`).
+//! - [`El2Tlb`]: the sink of the engine's arm64 TLB backend
+//!   ([`El2Tlbi`]), executing its invalidation sequences on the CPU
+//!   running the operation and counting them (`DSB ISHST`, `TLBI
+//!   IPAS2LE1IS` with the level hint for a leaf, `IPAS2E1IS`, `RIPAS2E1IS`
+//!   where the CPU has FEAT_TLBIRANGE, `VMALLS12E1IS` for the whole VMID,
+//!   `DSB ISH`, `ISB`).
 //!
 //! Above the platform, [`Hyp`] is EL2's state for one VM and its command
 //! interface, in the spirit of pKVM's host hypercalls: the host fills a
@@ -57,4 +59,4 @@ pub use check::{Layout, Region};
 pub use hyp::{El2Mmu, Hyp, SlotRecord, FLAG_LOG, FLAG_POSTCOPY, FLAG_READONLY, MAX_SLOTS};
 pub use platform::{El2Platform, GenericTimer};
 pub use pool::{PagePool, PoolMmOps};
-pub use tlb::{El2Tlb, TlbFeatures, TlbiCounts};
+pub use tlb::{El2Tlb, El2Tlbi, TlbiCounts};

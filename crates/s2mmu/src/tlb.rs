@@ -3,9 +3,10 @@
 //! The engine never touches a TLB itself. It calls a [`TlbInvalidate`]
 //! backend: a hypervisor's stage-2 invalidation instructions, the simulated
 //! vCPUs' software TLBs, or [`TlbRecorder`] in tests. Every invalidation is a
-//! stage-2 one, by IPA (a hypervisor backend must use `TLBI IPAS2E1IS`
-//! followed by `VMALLE1IS`, or `VMALLS12E1IS` for a whole VMID: never a
-//! stage-1 by-VA invalidation, which would leave stale stage-2 entries).
+//! stage-2 one, by IPA (a hypervisor backend must use `TLBI IPAS2E1IS`, or
+//! `IPAS2LE1IS` for a leaf, followed by `VMALLE1IS`, or `VMALLS12E1IS` for
+//! a whole VMID: never a stage-1 by-VA invalidation, which would leave
+//! stale stage-2 entries).
 //!
 //! Range invalidations are gathered in a [`TlbBatch`]: ranges issued during
 //! one operation coalesce, and the batch is flushed when it is finished or
@@ -18,8 +19,14 @@ pub(crate) mod traced;
 
 /// The invalidation primitives a backend implements.
 pub trait TlbInvalidate: Send + Sync {
-    /// Invalidates the stage-2 translation of `ipa`; `level` is the level of
-    /// the entry that mapped it when known (arm64's TTL hint).
+    /// Invalidates the stage-2 translation of `ipa`.
+    ///
+    /// `Some(level)`: the entry that changed is the leaf (page or block) at
+    /// `level` that mapped `ipa`, and no table entry changed, so a
+    /// last-level invalidation with `level` as its hint is enough (arm64's
+    /// `TLBI IPAS2LE1IS` with TTL). `None`: the level is unknown, and every
+    /// level is invalidated. The engine invalidates a changed table entry
+    /// by range ([`TlbInvalidate::flush_range`]), never through this call.
     fn flush_ipa(&self, ipa: u64, level: Option<u32>);
     /// Like [`TlbInvalidate::flush_ipa`] but only on the calling CPU (after a
     /// permission relaxation, where other CPUs at worst take a spurious fault).

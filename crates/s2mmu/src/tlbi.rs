@@ -11,6 +11,12 @@ pub enum TlbiOp {
     Ipas2e1is,
     /// Stage-2 by IPA, this CPU only.
     Ipas2e1,
+    /// Stage-2 by IPA, last level only, Inner Shareable: the leaf (page or
+    /// block) entry, not the table entries above it. Enough when only a
+    /// leaf changed.
+    Ipas2le1is,
+    /// Stage-2 by IPA, last level only, this CPU only.
+    Ipas2le1,
     /// Stage-2 by IPA range, Inner Shareable (FEAT_TLBIRANGE).
     Ripas2e1is,
     /// All stage-1 entries of the current VMID, Inner Shareable.
@@ -37,7 +43,11 @@ impl TlbiOp {
     /// What the operation invalidates.
     pub const fn scope(self) -> TlbiScope {
         match self {
-            TlbiOp::Ipas2e1is | TlbiOp::Ipas2e1 | TlbiOp::Ripas2e1is => TlbiScope::Stage2ByIpa,
+            TlbiOp::Ipas2e1is
+            | TlbiOp::Ipas2e1
+            | TlbiOp::Ipas2le1is
+            | TlbiOp::Ipas2le1
+            | TlbiOp::Ripas2e1is => TlbiScope::Stage2ByIpa,
             TlbiOp::Vmalle1is | TlbiOp::Vmalle1 => TlbiScope::Stage1WholeVmid,
             TlbiOp::Vmalls12e1is => TlbiScope::WholeVmid,
         }
@@ -45,7 +55,13 @@ impl TlbiOp {
 
     /// Whether it is broadcast to every CPU of the Inner Shareable domain.
     pub const fn broadcast(self) -> bool {
-        !matches!(self, TlbiOp::Ipas2e1 | TlbiOp::Vmalle1)
+        !matches!(self, TlbiOp::Ipas2e1 | TlbiOp::Ipas2le1 | TlbiOp::Vmalle1)
+    }
+
+    /// Whether it invalidates last-level (leaf) entries only, leaving
+    /// cached table entries in place.
+    pub const fn last_level(self) -> bool {
+        matches!(self, TlbiOp::Ipas2le1is | TlbiOp::Ipas2le1)
     }
 
     /// The assembler mnemonic.
@@ -53,6 +69,8 @@ impl TlbiOp {
         match self {
             TlbiOp::Ipas2e1is => "ipas2e1is",
             TlbiOp::Ipas2e1 => "ipas2e1",
+            TlbiOp::Ipas2le1is => "ipas2le1is",
+            TlbiOp::Ipas2le1 => "ipas2le1",
             TlbiOp::Ripas2e1is => "ripas2e1is",
             TlbiOp::Vmalle1is => "vmalle1is",
             TlbiOp::Vmalle1 => "vmalle1",

@@ -262,17 +262,20 @@ fn table_operations_issue_stage2_tlbis_only() {
     )
     .unwrap();
     assert!(tlb.sink().take().is_empty());
-    // Split: break-before-make of a valid block, by IPA with a level hint.
+    // Split: break-before-make of a valid block, a leaf: by IPA at the
+    // last level, with the block's level (2) as the TTL hint.
     pt.split(base, 2 << 20, &mut cache, SplitPolicy::SkipReturns)
         .unwrap();
     let seqs = tlb.sink().take();
     assert_stage2_only(&seqs);
+    let ttl2 = ((1 << 2) | 2) << 44;
     assert!(
-        seqs.iter().flatten().any(|i| matches!(
-            i,
-            Insn::Tlbi { op: TlbiOp::Ipas2e1is, operand } if operand >> 44 != 0
-        )),
-        "BBM carries the TTL level hint"
+        seqs.iter().flatten().any(|i| *i
+            == Insn::Tlbi {
+                op: TlbiOp::Ipas2le1is,
+                operand: base >> 12 | ttl2
+            }),
+        "BBM of a block is last-level with its TTL: {seqs:?}"
     );
     pt.wrprotect(base, 4 << 20).unwrap();
     let seqs = tlb.sink().take();

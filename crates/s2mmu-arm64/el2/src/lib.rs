@@ -34,7 +34,8 @@ use s2mmu_el2::heap::{self, El2Heap};
 use s2mmu_el2::tlb::cpu::{self, Cpu};
 use s2mmu_el2::trace::{self, TracedTlb};
 use s2mmu_el2::{
-    AbortOutcome, Command, El2Tlb, Hyp, HypError, Layout, PagePool, Refusal, Region, Stage2Abort,
+    AbortOutcome, Command, El2Tlb, El2Tlbi, Hyp, HypError, Layout, PagePool, Refusal, Region,
+    Stage2Abort,
 };
 
 #[global_allocator]
@@ -64,7 +65,7 @@ pub const OP_TRACE: u32 = 0x101;
 pub const OP_WITHHOLD: u32 = 0x102;
 
 /// EL2's TLB backend: the CPU's instructions, traced.
-type Tlb = TracedTlb<El2Tlb<Cpu>>;
+type Tlb = TracedTlb<El2Tlbi<Cpu>>;
 
 /// The mailbox's argument words (`layout::mb::ARG0`), as words.
 const ARG0_WORD: usize = 0x20 / 8;
@@ -204,7 +205,7 @@ fn setup(args: &[u64; 6]) -> Result<(), HypError> {
     // SAFETY: we run at EL2; every invalidation runs on a CPU whose
     // VTTBR_EL2 holds the VM's VMID (a vCPU's, or the service CPU's, which
     // the stub loads for each command).
-    let tlb = Arc::new(TracedTlb::new(El2Tlb::new(
+    let tlb = Arc::new(TracedTlb::new(El2Tlb::backend(
         unsafe { Cpu::new() },
         cpu::features(),
     )));

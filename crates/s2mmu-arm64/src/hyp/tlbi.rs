@@ -10,7 +10,7 @@
 //! and its invalidation must complete before the engine makes the table
 //! (break, DSB, TLBI, DSB, make), which an answer the stub runs after the
 //! host wrote the table cannot give. Only a sequence that is local to the
-//! faulting CPU (the `TLBI IPAS2E1; VMALLE1` after a permission relaxation,
+//! faulting CPU (the `TLBI IPAS2LE1; VMALLE1` after a permission relaxation,
 //! which needs no break) goes into the abort's answer, executed on that
 //! CPU before it returns to the guest, as KVM's fault path does on the
 //! vCPU's own CPU.
@@ -45,6 +45,8 @@ pub fn encode(insn: Insn) -> (u64, u64) {
                 TlbiOp::Vmalle1is => 0x13,
                 TlbiOp::Vmalle1 => 0x14,
                 TlbiOp::Vmalls12e1is => 0x15,
+                TlbiOp::Ipas2le1is => 0x16,
+                TlbiOp::Ipas2le1 => 0x17,
             },
             operand,
         ),
@@ -55,11 +57,11 @@ pub fn encode(insn: Insn) -> (u64, u64) {
 const WHOLE_VMID: [(u64, u64); 3] = [(1, 0), (0x15, 0), (2, 0)];
 
 /// Whether every instruction of a sequence acts on the issuing CPU only
-/// (`DSB NSH*`, `ISB`, `TLBI IPAS2E1`, `TLBI VMALLE1`).
+/// (`DSB NSH*`, `ISB`, `TLBI IPAS2E1`, `TLBI IPAS2LE1`, `TLBI VMALLE1`).
 fn is_local(insns: &[(u64, u64)]) -> bool {
     insns
         .iter()
-        .all(|&(code, _)| matches!(code, 3..=5 | 0x11 | 0x14))
+        .all(|&(code, _)| matches!(code, 3..=5 | 0x11 | 0x14 | 0x17))
 }
 
 thread_local! {
@@ -168,8 +170,9 @@ impl HypSink {
 
     /// Fault injection for the checks that judge a TLBI's operand
     /// ([`crate::walk_cache`]): from now on every by-IPA operand
-    /// (`TLBI IPAS2E1IS`, `IPAS2E1`, the base of `RIPAS2E1IS`) has `by`
-    /// added to its address field (4 KiB units in an `IPAS2E1*` operand,
+    /// (`TLBI IPAS2E1IS`, `IPAS2LE1IS`, their local forms, the base of
+    /// `RIPAS2E1IS`) has `by`
+    /// added to its address field (4 KiB units in an `IPAS2*` operand,
     /// granules in a range's base: one page either way with 4K pages), so
     /// it names another page than the one the engine asked for (0: as
     /// asked). Never use outside such a test.
@@ -193,7 +196,12 @@ impl HypSink {
                 ..
             } if self.drop_stage1.load(Ordering::Acquire) => None,
             Insn::Tlbi {
-                op: op @ (TlbiOp::Ipas2e1is | TlbiOp::Ipas2e1 | TlbiOp::Ripas2e1is),
+                op:
+                    op @ (TlbiOp::Ipas2e1is
+                    | TlbiOp::Ipas2e1
+                    | TlbiOp::Ipas2le1is
+                    | TlbiOp::Ipas2le1
+                    | TlbiOp::Ripas2e1is),
                 operand,
             } => Some(Insn::Tlbi {
                 op,
@@ -399,3 +407,48 @@ impl TlbiSink for HypSink {
 
 /// The engine's TLB backend on the arm64 model.
 pub type HypTlbi = Arm64Tlbi<Arc<HypSink>>;
+
+#[cfg(test)]
+mod tests {
+    use super::{encode, is_local};
+    use s2mmu::tlb::arm64::{Arm64Tlbi, Arm64TlbiFeatures, InsnRecorder, TlbiOp};
+    use s2mmu::TlbInvalidate;
+
+    /// Every operation has a code of its own, the stub's (`asm/hyp.S`).
+    #[test]
+    fn every_tlbi_op_has_its_own_stub_code() {
+        let ops = [
+            (TlbiOp::Ipas2e1is, 0x10),
+            (TlbiOp::Ipas2e1, 0x11),
+            (TlbiOp::Ripas2e1is, 0x12),
+            (TlbiOp::Vmalle1is, 0x13),
+            (TlbiOp::Vmalle1, 0x14),
+            (TlbiOp::Vmalls12e1is, 0x15),
+            (TlbiOp::Ipas2le1is, 0x16),
+            (TlbiOp::Ipas2le1, 0x17),
+        ];
+        for (op, code) in ops {
+            let insn = s2mmu::tlb::arm64::Insn::Tlbi { op, operand: 7 };
+            assert_eq!(encode(insn), (code, 7), "{op:?}");
+        }
+    }
+
+    /// A relaxation's sequence (last level, this CPU) stays in the fault's
+    /// answer; a break's (last level, broadcast) goes to the service CPU.
+    #[test]
+    fn only_the_local_last_level_sequence_is_local() {
+        let tlb = Arm64Tlbi::new(InsnRecorder::new(), 12, Arm64TlbiFeatures::default());
+        tlb.flush_ipa_local(0x4000_0000, Some(3));
+        tlb.flush_ipa(0x4000_0000, Some(3));
+        let seqs: Vec<Vec<(u64, u64)>> = tlb
+            .sink()
+            .take()
+            .into_iter()
+            .map(|s| s.into_iter().map(encode).collect())
+            .collect();
+        assert_eq!(seqs[0][1].0, 0x17, "IPAS2LE1");
+        assert!(is_local(&seqs[0]));
+        assert_eq!(seqs[1][1].0, 0x16, "IPAS2LE1IS");
+        assert!(!is_local(&seqs[1]));
+    }
+}

@@ -3,8 +3,10 @@
 //! - `devices/`: what the guest's MMIO and HVC exits reach on the host
 //!   ([`bus`], [`mmio`], [`gic`] with its bus frames in [`gic_frames`] and its
 //!   state in [`gic_snapshot`], [`psci`], [`timer`], [`uart`]);
-//! - `machine/`: the VM itself ([`vm`], [`migrate`]'s [`migrate::LinuxVm`],
-//!   the vCPU threads, what they share, the engine's placement, its RAM in
+//! - `machine/`: the VM itself ([`migrate::LinuxVm`], made in one
+//!   lifecycle in `machine/lifecycle/`: blank, loaded, started; [`vm`]'s
+//!   report run, [`migrate`]'s pause, save and restore; the vCPU
+//!   threads, what they share, the engine's placement, its RAM in
 //!   [`memory`], [`inject`]ed exceptions, post-copy's [`page_fetch`]); in
 //!   `machine/load/`, what puts a guest in its RAM ([`boot`], [`loader`],
 //!   [`fdt`]); in `machine/logging/`, [`dirty`] logging and the
@@ -31,7 +33,8 @@
 //! - [`baseline`]: the same kernel booted by QEMU itself, for comparison.
 //! - [`gic`]: the GICv3 distributor and redistributors, list registers.
 //! - [`psci`]: PSCI 1.1 over HVC.
-//! - [`vm`]: the Linux VM ([`vm::run`]), its vCPU threads in `vcpu`.
+//! - [`vm`]: the Linux VM's report run ([`vm::run`]), its exits answered
+//!   in `vcpu`.
 //! - [`migrate`]: the same VM paused, saved and restored (its own
 //!   `pause_vcpus`, `guest_state`, ...); [`vcpu_state`] and [`vm_state`]
 //!   are its state as plain values; [`memory`] its RAM as one
@@ -57,4 +60,5 @@ pub use machine::{dirty_limit, inject, memory, migrate, page_fetch, vm};
 pub use runs::{baseline, compare, ipi, reboot, run};
 
 use devices::{console_echo, set};
-use machine::{el2, mig_vcpu, placement, power, shared, vcpu, watch};
+use machine::lifecycle::{self, config, spec, start};
+use machine::{el2, placement, power, shared, vcpu, watch};

@@ -45,7 +45,7 @@ s2mmu_arm64::linux_test! {
     /// stale translation would make the dirtier read poison, a dropped dirty
     /// mark would show as a lost page.
     fn linux_pages_remapped_under_the_dirtier() {
-        for mode in [Some(dirty::WP), Some(dirty::HW)] {
+        for mode in [Some(dirty::WP_GET), Some(dirty::HW_GET)] {
             let d = run(mode, HostChange::Remap { pages: 32 });
             assert!(d.remapped >= 100, "{} pages remapped", d.remapped);
         }
@@ -57,7 +57,7 @@ s2mmu_arm64::linux_test! {
     /// blocks back in place (no fault to get them back); 5 periods later it
     /// starts again (split again) and the check goes on.
     fn linux_blocks_collapsed_in_place_when_logging_stops() {
-        let d = run(Some(dirty::WP), HostChange::Collapse { at: 5, after: 5 });
+        let d = run(Some(dirty::WP_GET), HostChange::Collapse { at: 5, after: 5 });
         assert_eq!(d.pauses, 1);
         assert!(d.collapsed > 0, "no block collapsed: {d:?}");
         assert!(d.harvests > 10, "{} harvests", d.harvests);
@@ -74,7 +74,7 @@ s2mmu_arm64::linux_test! {
     /// hardware dirty state a write needs no fault, so the move would have to
     /// stop the vCPUs, which this host side does not do yet.)
     fn linux_framebuffer_slot_moved_while_logged() {
-        for mode in [Some(dirty::WP), Some(dirty::RING)] {
+        for mode in [Some(dirty::WP_GET), Some(dirty::RING)] {
             let args = format!("fb={FB_IPA:#x}:{FB_SIZE:#x},secs=8");
             let d = run_args(mode, HostChange::MoveSlot { at: 20 }, &args, "ok fb");
             assert_eq!(d.moves, 1, "{d:?}");
@@ -88,7 +88,7 @@ s2mmu_arm64::linux_test! {
 #[test]
 fn changes_the_mode_cannot_hold_are_refused() {
     for (mode, change) in [
-        (Some(dirty::HW), HostChange::MoveSlot { at: 1 }),
+        (Some(dirty::HW_GET), HostChange::MoveSlot { at: 1 }),
         (None, HostChange::MoveSlot { at: 1 }),
         (None, HostChange::Remap { pages: 1 }),
     ] {

@@ -41,10 +41,10 @@ fn no_page_lost(mode: Option<DirtyMode>) {
 }
 
 s2mmu_arm64::linux_test! {
-    fn linux_write_protect_logging_loses_no_page() { no_page_lost(Some(dirty::WP)) }
+    fn linux_write_protect_logging_loses_no_page() { no_page_lost(Some(dirty::WP_GET)) }
     fn linux_manual_protect_logging_loses_no_page() { no_page_lost(Some(dirty::MANUAL)) }
     fn linux_ring_logging_loses_no_page() { no_page_lost(Some(dirty::RING)) }
-    fn linux_hardware_dirty_logging_loses_no_page() { no_page_lost(Some(dirty::HW)) }
+    fn linux_hardware_dirty_logging_loses_no_page() { no_page_lost(Some(dirty::HW_GET)) }
 }
 
 s2mmu_arm64::linux_test! {
@@ -53,7 +53,7 @@ s2mmu_arm64::linux_test! {
     /// harvest's (the 21st before: under load a harvest takes about a second,
     /// and the 8 s dirtier ended with fewer than 21).
     fn a_discarded_harvest_shows_as_lost_pages() {
-        let r = run(Some(dirty::WP), "mem=48,file=8,secs=8", Some(3));
+        let r = run(Some(dirty::WP_GET), "mem=48,file=8,secs=8", Some(3));
         let d = r.dirty.expect("the harvester ran");
         assert!(d.lost > 0, "no lost page reported: {d:?}");
     }
@@ -90,7 +90,7 @@ s2mmu_arm64::linux_test! {
             let mut cfg = common::dirtier(
                 "pages=16,file=0,threads=1,secs=20",
                 HarvestConfig {
-                    mode: Some(dirty::WP),
+                    mode: Some(dirty::WP_GET),
                     drop_invalidations_from: Some(5),
                     cut_after: Some(Duration::from_secs(60)),
                     ..HarvestConfig::default()

@@ -43,7 +43,7 @@ use s2mmu::TlbInvalidate;
 use s2mmu_el2::abi::{Command, Counters, HypError, LogMode, Op};
 use s2mmu_el2::tlb::cpu::Cpu;
 use s2mmu_el2::trace::TracedTlb;
-use s2mmu_el2::{AbortOutcome, El2Tlb, Hyp, Refusal, Stage2Abort};
+use s2mmu_el2::{AbortOutcome, El2Tlbi, Hyp, Refusal, Stage2Abort};
 use spin::mutex::SpinMutex;
 
 use crate::{semihosting, sysreg, Frame, SHARED};
@@ -76,7 +76,7 @@ struct Stage2Regs {
 }
 
 /// EL2's TLB backend, each invalidation recorded for the host's replay.
-pub type Tlb = TracedTlb<El2Tlb<Cpu>>;
+pub type Tlb = TracedTlb<El2Tlbi<Cpu>>;
 
 struct Driver {
     tlb: Arc<Tlb>,

@@ -117,7 +117,10 @@ extern "C" fn el2_main() -> ! {
     let pool = unsafe { PagePool::new(POOL_BASE, POOL_BASE as *mut u8, POOL_PAGES) };
     // SAFETY: we run at EL2; VTTBR_EL2 holds the VM's VMID before the
     // guest runs or any invalidation is issued for it.
-    let tlb = Arc::new(TracedTlb::new(El2Tlb::new(unsafe { Cpu::new() }, features)));
+    let tlb = Arc::new(TracedTlb::new(El2Tlb::backend(
+        unsafe { Cpu::new() },
+        features,
+    )));
     let ring = alloc::vec![0u64; TRACE_RECORDS * trace::WORDS].leak();
     // SAFETY: the ring is leaked, so it lives for the rest of the program,
     // and only the trace writes it.

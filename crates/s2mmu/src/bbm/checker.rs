@@ -144,9 +144,7 @@ pub(crate) fn check_sequence(seq: &[Insn]) -> Result<(), u64> {
     let (Some(&(first, _, operand)), Some(&(last, ..))) = (tlbis.first(), tlbis.last()) else {
         return Ok(());
     };
-    let local = tlbis
-        .iter()
-        .all(|&(_, op, _)| matches!(op, TlbiOp::Ipas2e1 | TlbiOp::Vmalle1));
+    let local = tlbis.iter().all(|&(_, op, _)| !op.broadcast());
     let orders_stores = |b: Barrier| match b {
         Barrier::DsbIshst | Barrier::DsbIsh => true,
         Barrier::DsbNshst | Barrier::DsbNsh => local,

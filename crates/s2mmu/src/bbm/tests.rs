@@ -354,6 +354,19 @@ fn a_tlbi_sequence_without_its_barriers_is_caught() {
     assert_eq!(check(&no_completion), Err(0));
     let local_dsb = [b(DsbNshst), t(Ipas2e1is, 0x80), b(DsbNsh), b(Isb)];
     assert_eq!(check(&local_dsb), Err(0x80));
+    // The last-level forms keep their domain: local with local DSBs,
+    // broadcast needing the Inner Shareable ones.
+    let local_leaf = [
+        b(DsbNshst),
+        t(Ipas2le1, 0x40),
+        b(DsbNsh),
+        t(Vmalle1, 0),
+        b(DsbNsh),
+        b(Isb),
+    ];
+    assert_eq!(check(&local_leaf), Ok(()));
+    let leaf_local_dsb = [b(DsbNshst), t(Ipas2le1is, 0xc0), b(DsbNsh), b(Isb)];
+    assert_eq!(check(&leaf_local_dsb), Err(0xc0));
 }
 
 #[test]

@@ -9,8 +9,9 @@
 //!
 //! | engine call | sequence |
 //! |---|---|
-//! | [`TlbInvalidate::flush_ipa`] | `DSB ISHST; TLBI IPAS2E1IS, ipa; DSB ISH; TLBI VMALLE1IS; DSB ISH; ISB` |
-//! | [`TlbInvalidate::flush_ipa_local`] | `DSB NSHST; TLBI IPAS2E1, ipa; DSB NSH; TLBI VMALLE1; DSB NSH; ISB` |
+//! | [`TlbInvalidate::flush_ipa`], a leaf at a known level | `DSB ISHST; TLBI IPAS2LE1IS, ipa+TTL; DSB ISH; TLBI VMALLE1IS; DSB ISH; ISB` |
+//! | [`TlbInvalidate::flush_ipa`], level unknown | the same with `IPAS2E1IS` |
+//! | [`TlbInvalidate::flush_ipa_local`] | `DSB NSHST; TLBI IPAS2LE1 / IPAS2E1, ipa; DSB NSH; TLBI VMALLE1; DSB NSH; ISB` |
 //! | [`TlbInvalidate::flush_range`] | `DSB ISHST; TLBI RIPAS2E1IS, range...; DSB ISH; TLBI VMALLE1IS; DSB ISH; ISB` |
 //! | [`TlbInvalidate::flush_vmid`] | `DSB ISHST; TLBI VMALLS12E1IS; DSB ISH; ISB` |
 //!
@@ -20,6 +21,15 @@
 //! entries of the VMID, issued after the stage-2 invalidation has completed
 //! (a `DSB`), because a combined stage-1+2 entry could otherwise be refilled
 //! from the old stage-2 entry (the ordering rule in KVM's source).
+//!
+//! A level passed with an IPA names the leaf (page or block) that changed,
+//! and no table entry above it changed ([`TlbInvalidate::flush_ipa`]'s
+//! contract): the last-level form (`IPAS2LE1IS`) is enough and leaves the
+//! cached table entries of the walk in place; the level goes into the
+//! operand's TTL field where the CPU has FEAT_TTL. KVM passes the level as
+//! the TTL hint of the every-level form (`__kvm_tlb_flush_vmid_ipa`); a
+//! changed table entry is invalidated by range here, every level, as it is
+//! there. Without a level the every-level form is used.
 //!
 //! Without FEAT_TLBIRANGE a range flush is a whole-VMID flush, as
 //! `kvm_tlb_flush_vmid_range` does.
@@ -164,6 +174,11 @@ impl<S: TlbiSink> Arm64Tlbi<S> {
         &self.sink
     }
 
+    /// The operand of a by-IPA TLBI: the level hint only with FEAT_TTL.
+    fn ipa_operand(&self, ipa: u64, level: Option<u32>) -> u64 {
+        ipa_operand(ipa, level, self.page_shift, self.features.ttl)
+    }
+
     fn tlbi(&self, op: TlbiOp, operand: u64) {
         crate::bbm::sequence_insn(Insn::Tlbi { op, operand });
         self.sink.emit(Insn::Tlbi { op, operand });
@@ -192,10 +207,7 @@ impl<S: TlbiSink> Arm64Tlbi<S> {
             while left > 0 {
                 let unaligned = self.features.lpa2 && start & 0xffff != 0;
                 if !self.features.range || left == 1 || unaligned || scale < 0 {
-                    self.tlbi(
-                        TlbiOp::Ipas2e1is,
-                        ipa_operand(start, None, shift, self.features.ttl),
-                    );
+                    self.tlbi(TlbiOp::Ipas2e1is, self.ipa_operand(start, None));
                     start += 1 << shift;
                     left -= 1;
                     continue;
@@ -220,10 +232,11 @@ impl<S: TlbiSink> TlbInvalidate for Arm64Tlbi<S> {
     fn flush_ipa(&self, ipa: u64, level: Option<u32>) {
         self.sink.begin();
         self.barrier(Barrier::DsbIshst);
-        self.tlbi(
-            TlbiOp::Ipas2e1is,
-            ipa_operand(ipa, level, self.page_shift, self.features.ttl),
-        );
+        let op = match level {
+            Some(_) => TlbiOp::Ipas2le1is,
+            None => TlbiOp::Ipas2e1is,
+        };
+        self.tlbi(op, self.ipa_operand(ipa, level));
         self.barrier(Barrier::DsbIsh);
         self.tlbi(TlbiOp::Vmalle1is, 0);
         self.barrier(Barrier::DsbIsh);
@@ -234,10 +247,11 @@ impl<S: TlbiSink> TlbInvalidate for Arm64Tlbi<S> {
     fn flush_ipa_local(&self, ipa: u64, level: Option<u32>) {
         self.sink.begin();
         self.barrier(Barrier::DsbNshst);
-        self.tlbi(
-            TlbiOp::Ipas2e1,
-            ipa_operand(ipa, level, self.page_shift, self.features.ttl),
-        );
+        let op = match level {
+            Some(_) => TlbiOp::Ipas2le1,
+            None => TlbiOp::Ipas2e1,
+        };
+        self.tlbi(op, self.ipa_operand(ipa, level));
         self.barrier(Barrier::DsbNsh);
         self.tlbi(TlbiOp::Vmalle1, 0);
         self.barrier(Barrier::DsbNsh);
@@ -324,147 +338,4 @@ mod recorder {
 }
 
 #[cfg(all(test, feature = "std"))]
-mod tests {
-    use super::*;
-
-    fn backend(f: Arm64TlbiFeatures) -> Arm64Tlbi<InsnRecorder> {
-        Arm64Tlbi::new(InsnRecorder::new(), 12, f)
-    }
-
-    fn ranges(seq: &[Insn]) -> Vec<(u64, u64)> {
-        seq.iter()
-            .filter_map(|i| match *i {
-                Insn::Tlbi {
-                    op: TlbiOp::Ripas2e1is,
-                    operand,
-                } => Some(decode_range(operand, 12, false)),
-                Insn::Tlbi {
-                    op: TlbiOp::Ipas2e1is,
-                    operand,
-                } => Some(((operand & ((1 << 44) - 1)) << 12, 4096)),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn limits_match_the_kernel() {
-        assert_eq!(MAX_TLBI_RANGE_PAGES, 1 << 21);
-        assert_eq!(range_num(1 << 21, 3), Some(31));
-        assert_eq!(range_num(1 << 15, 3), None);
-        assert_eq!(range_num(3, 0), Some(0));
-    }
-
-    #[test]
-    fn ipa_operand_carries_the_level_hint() {
-        let op = ipa_operand(0x4020_1000, Some(3), 12, true);
-        assert_eq!(op & ((1 << 44) - 1), 0x0004_0201);
-        assert_eq!(op >> 44, (1 << 2) | 3);
-        assert_eq!(ipa_operand(0x4020_1000, None, 12, true) >> 44, 0);
-        assert_eq!(ipa_operand(0x4020_1000, Some(2), 12, false) >> 44, 0);
-    }
-
-    #[test]
-    fn an_8g_range_is_one_range_tlbi() {
-        let b = backend(Arm64TlbiFeatures::default());
-        b.flush_range(1 << 33, 8 << 30);
-        let seqs = b.sink().take();
-        assert_eq!(seqs.len(), 1);
-        let s = &seqs[0];
-        let want = range_operand(1 << 33, 31, 3, 12, false);
-        assert_eq!(
-            want,
-            ((1u64 << 33) >> 12) | 31 << 39 | 3 << 44 | 1 << 46,
-            "BADDR, NUM 31, SCALE 3, TG 4K"
-        );
-        assert_eq!(
-            s.as_slice(),
-            &[
-                Insn::Barrier(Barrier::DsbIshst),
-                Insn::Tlbi {
-                    op: TlbiOp::Ripas2e1is,
-                    operand: want
-                },
-                Insn::Barrier(Barrier::DsbIsh),
-                Insn::Tlbi {
-                    op: TlbiOp::Vmalle1is,
-                    operand: 0
-                },
-                Insn::Barrier(Barrier::DsbIsh),
-                Insn::Barrier(Barrier::Isb),
-            ]
-        );
-    }
-
-    #[test]
-    fn odd_ranges_are_covered_exactly() {
-        let b = backend(Arm64TlbiFeatures::default());
-        for pages in [1u64, 2, 3, 63, 64, 65, 1000, 123_457, (1 << 21) + 5] {
-            let start = 0x1_0000_0000 + 7 * 4096;
-            b.flush_range(start, pages << 12);
-            let seqs = b.sink().take();
-            assert_eq!(seqs.len(), 1);
-            let mut r = ranges(&seqs[0]);
-            r.sort();
-            let mut at = start;
-            for (s, n) in r {
-                assert_eq!(s, at, "contiguous, no overlap ({pages} pages)");
-                at += n;
-            }
-            assert_eq!(at, start + (pages << 12), "{pages} pages covered");
-        }
-    }
-
-    #[test]
-    fn without_range_ops_a_range_is_a_whole_vmid_flush() {
-        let b = backend(Arm64TlbiFeatures {
-            range: false,
-            ..Arm64TlbiFeatures::default()
-        });
-        b.flush_range(0x1000, 0x3000);
-        let seqs = b.sink().take();
-        assert_eq!(
-            seqs[0][1],
-            Insn::Tlbi {
-                op: TlbiOp::Vmalls12e1is,
-                operand: 0
-            }
-        );
-    }
-
-    #[test]
-    fn lpa2_uses_single_tlbis_until_64k_aligned() {
-        let b = Arm64Tlbi::new(
-            InsnRecorder::new(),
-            12,
-            Arm64TlbiFeatures {
-                lpa2: true,
-                ..Arm64TlbiFeatures::default()
-            },
-        );
-        b.flush_range(0x1_0000_3000, 64 << 12);
-        let seqs = b.sink().take();
-        let singles = seqs[0]
-            .iter()
-            .take_while(|i| {
-                !matches!(
-                    i,
-                    Insn::Tlbi {
-                        op: TlbiOp::Ripas2e1is,
-                        ..
-                    }
-                )
-            })
-            .filter(|i| {
-                matches!(
-                    i,
-                    Insn::Tlbi {
-                        op: TlbiOp::Ipas2e1is,
-                        ..
-                    }
-                )
-            })
-            .count();
-        assert_eq!(singles, 13, "pages 3..16 of the first 64 KiB one by one");
-    }
-}
+mod tests;

@@ -7,8 +7,8 @@
 use crate::linux::psci::{self, PowerState};
 use crate::linux::watch::Watch;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Why the guest stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +38,6 @@ pub(crate) struct Power {
 /// The vCPUs' power states and the VM's stop.
 pub(crate) struct VcpuControl {
     pub(crate) power: Mutex<Power>,
-    pub(crate) power_cv: Condvar,
     stopping: AtomicBool,
     pub(crate) reason: Mutex<Option<StopReason>>,
     pub(crate) deadline: Instant,
@@ -53,7 +52,6 @@ impl VcpuControl {
         let n = power.state.len();
         VcpuControl {
             power: Mutex::new(power),
-            power_cv: Condvar::new(),
             stopping: AtomicBool::new(false),
             reason: Mutex::new(None),
             deadline,
@@ -79,7 +77,6 @@ impl VcpuControl {
     pub(crate) fn mark_stopped(&self, why: StopReason) {
         self.reason.lock().unwrap().get_or_insert(why);
         self.stopping.store(true, Ordering::SeqCst);
-        self.power_cv.notify_all();
         self.watch.stopped();
     }
 
@@ -117,7 +114,6 @@ impl VcpuControl {
             PowerState::Off => {
                 p.state[t] = PowerState::OnPending;
                 p.start[t] = Some((entry, context));
-                self.power_cv.notify_all();
                 psci::RET_SUCCESS
             }
         }
@@ -139,30 +135,12 @@ impl VcpuControl {
     pub(crate) fn take_start(&self, v: usize) -> Option<(u64, u64)> {
         self.power.lock().unwrap_or_else(|p| p.into_inner()).start[v].take()
     }
-
-    /// Blocks until vCPU `v` is to start (its entry and x0), or the VM
-    /// stops (`None`).
-    pub(crate) fn wait_power_on(&self, v: usize) -> Option<(u64, u64)> {
-        let mut p = self.power.lock().unwrap();
-        loop {
-            if self.stopping() {
-                return None;
-            }
-            if let Some(s) = p.start[v].take() {
-                return Some(s);
-            }
-            p = self
-                .power_cv
-                .wait_timeout(p, Duration::from_millis(50))
-                .unwrap()
-                .0;
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn control(n: usize) -> VcpuControl {
         let mut state = vec![PowerState::Off; n];
@@ -182,7 +160,8 @@ mod tests {
         assert_eq!(c.cpu_on(1, 0x8000, 7), psci::RET_ON_PENDING);
         assert_eq!(c.cpu_on(0, 0x8000, 7), psci::RET_ALREADY_ON);
         assert_eq!(c.cpu_on(2, 0x8000, 7), psci::RET_INVALID_PARAMS);
-        assert_eq!(c.wait_power_on(1), Some((0x8000, 7)));
+        assert_eq!(c.take_start(1), Some((0x8000, 7)));
+        assert_eq!(c.take_start(1), None, "a start is taken once");
         c.set_power(1, PowerState::On);
         assert!(!c.cpu_off(0), "vCPU 1 is still on");
         assert!(c.cpu_off(1), "the last vCPU is off");
@@ -191,6 +170,5 @@ mod tests {
         c.mark_stopped(StopReason::Timeout);
         assert!(c.stopping() && !c.past_deadline());
         assert_eq!(*c.reason.lock().unwrap(), Some(StopReason::CpusOff));
-        assert_eq!(c.wait_power_on(1), None, "a stopped VM starts no vCPU");
     }
 }

@@ -1,18 +1,15 @@
-//! One Linux vCPU's host thread: it waits for the vCPU to be powered on
-//! (PSCI CPU_ON, or the boot vCPU at start), starts it on its QEMU CPU and
-//! answers every exit the stub posts — stage-2 aborts with the engine's
-//! fault path or a device model, HVCs with PSCI, the SGI register trap
-//! with the vGIC, physical interrupts with list registers — until the vCPU
-//! is turned off or the VM stops.
+//! A Linux vCPU's exits as its host thread (`lifecycle/vcpu_thread.rs`)
+//! answers them: stage-2 aborts with the engine's fault path or a device
+//! model, HVCs with PSCI, the SGI register trap with the vGIC, physical
+//! interrupts with list registers.
 
 use crate::layout::{self, mb};
 use crate::linux::bus::Served;
 use crate::linux::inject::Injection;
 use crate::linux::mmio::{self, MmioDecode};
 use crate::linux::placement::{EngineVcpu, Placement};
-use crate::linux::psci::{self, PowerState};
-use crate::linux::shared::{ExitKind, Shared, StopReason};
-use crate::linux::timer;
+use crate::linux::psci;
+use crate::linux::shared::{ExitKind, Shared};
 use crate::machine::{Exit, Mailbox};
 use crate::Result;
 use std::cell::Cell;
@@ -39,75 +36,6 @@ pub(crate) enum Next {
 const EC_WFX: u64 = 0x01;
 const EC_SMC: u64 = 0x17;
 const EC_SYSREG: u64 = 0x18;
-
-/// Runs vCPU `id` until the VM stops.
-///
-/// # Errors
-/// The engine's errors, an exit the host cannot answer, QEMU exiting.
-pub(crate) fn vcpu_thread(sh: &Shared, id: usize) -> Result<()> {
-    CURRENT.with(|c| c.set(Some(id)));
-    let mut vcpu = sh.vm.new_vcpu(id)?;
-    while let Some((entry, x0)) = sh.cpus.wait_power_on(id) {
-        let r = run_vcpu(sh, id, &mut vcpu, entry, x0);
-        sh.cpus.set_power(id, PowerState::Off);
-        if let Err(e) = r {
-            sh.stop(StopReason::Error(e.to_string()));
-            return Err(e);
-        }
-    }
-    Ok(())
-}
-
-fn run_vcpu(sh: &Shared, id: usize, vcpu: &mut EngineVcpu, entry: u64, x0: u64) -> Result<()> {
-    let mbox = sh.vm.machine().mailbox(id);
-    let mut last = mbox.read(mb::EXIT_SEQ);
-    let (vtcr, vttbr) = Placement::stage2_regs(&sh.vm);
-    let args = [
-        vtcr,
-        vttbr,
-        crate::linux::vm::HCR_LINUX,
-        entry,
-        x0,
-        0,
-        0,
-        0,
-        crate::linux::gic::ICH_HCR_EN,
-        sh.devices.timer.cntvoff(),
-        timer::CNTHCTL_LINUX,
-    ];
-    let run = mbox.post(layout::CMD_LINUX, &args);
-    sh.cpus.set_power(id, PowerState::On);
-    loop {
-        let Some(e) = wait_exit(sh, id, &mbox, last, run)? else {
-            return Ok(());
-        };
-        last = e.seq;
-        let t0 = Instant::now();
-        let next = if sh.stopping() {
-            Next::Off
-        } else {
-            handle(sh, id, vcpu, &mbox, &e)?
-        };
-        match next {
-            Next::Resume(elr, insns) => {
-                sync_lrs(sh, id, &mbox);
-                mbox.write(mb::NEW_ELR, elr);
-                sh.host_log.stats[id]
-                    .host_ns
-                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                mbox.reply(&e, layout::ACT_LINUX, [0, 0], &insns);
-            }
-            Next::Inject(inj) => reply_inject(sh, id, &mbox, &e, &inj),
-            Next::Off => {
-                mbox.reply(&e, layout::ACT_STOP, [0, 0], &[]);
-                sh.vm
-                    .machine()
-                    .wait("a stopped vCPU", Instant::now(), || mbox.done(run))?;
-                return Ok(());
-            }
-        }
-    }
-}
 
 /// The list registers and ICH_HCR_EL2 the stub loads at the answer.
 pub(crate) fn sync_lrs(sh: &Shared, id: usize, mbox: &Mailbox<'_>) {

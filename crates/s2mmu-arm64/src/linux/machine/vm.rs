@@ -1,86 +1,28 @@
 //! A Linux VM on the arm64 model: Debian's kernel at EL1 under the EL2
 //! stub, every byte of its RAM mapped by the engine's fault path, its
-//! interrupt controller, UART and PSCI on the host.
+//! interrupt controller, UART and PSCI on the host. [`run`] boots one
+//! ([`LinuxVm`]'s lifecycle: blank, load, start), watches it until it
+//! stops (the dirty-log harvester, the exit sampler, the console's input)
+//! and reports what it measured.
 
 use crate::layout;
-use crate::linux::assets::LinuxAssets;
-use crate::linux::boot;
-use crate::linux::dirty::{self, HarvestConfig, HarvestReport};
-use crate::linux::fdt::FdtConfig;
-use crate::linux::gic::{Gic, GICR_STRIDE};
-use crate::linux::loader::{BootLayout, LoadTarget};
-use crate::linux::psci::PowerState;
-use crate::linux::uart::{ConsoleBuffer, Uart, UartOutput};
-use crate::linux::vcpu;
-use crate::machine::{Machine, MachineConfig, RamPages, SharedRam};
-use crate::vm::{Arm64Vm, VmConfig};
+use crate::linux::dirty::{self, HarvestConfig, HarvestReport, RunState};
+use crate::linux::lifecycle::LinuxVm;
+use crate::linux::placement::Host;
+use crate::linux::spec::EngineSpec;
+use crate::linux::uart::{ConsoleBuffer, Uart};
 use crate::{Arm64Error, Result};
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use crate::linux::config::{LinuxConfig, MAX_MEM, MAX_VCPUS, MIN_MEM};
 pub use crate::linux::devices::timer::CNTHCTL_LINUX;
-use crate::linux::el2::{self as el2p, El2Vm};
 pub use crate::linux::placement::Engine;
-use crate::linux::placement::Host;
-use crate::linux::power::VcpuControl;
-use crate::linux::set::DeviceSet;
+pub(crate) use crate::linux::shared::Shared;
 pub use crate::linux::shared::{DeviceLayout, StopReason, HCR_LINUX, RAM_IPA, RAM_SLOT};
-pub(crate) use crate::linux::shared::{HostLog, Power, RamFaults, Shared};
-use crate::linux::timer::VirtualTimer;
-/// Most vCPUs.
-pub const MAX_VCPUS: usize = 4;
-/// Least guest RAM.
-pub const MIN_MEM: u64 = 128 << 20;
-/// Most guest RAM.
-pub const MAX_MEM: u64 = 4 << 30;
 /// The console line `/init` prints once every CPU it counts is online.
 pub const INIT_LINE: &str = "s2mmu-init: cpus online ";
-
-/// How to run a Linux guest.
-#[derive(Clone)]
-pub struct LinuxConfig {
-    /// vCPUs, 1..=[`MAX_VCPUS`].
-    pub vcpus: usize,
-    /// Guest RAM bytes, [`MIN_MEM`]..=[`MAX_MEM`], a multiple of 2 MiB.
-    pub mem: u64,
-    /// The uncompressed arm64 `Image`.
-    pub kernel: PathBuf,
-    /// The initramfs.
-    pub initrd: PathBuf,
-    /// Kernel command line after the console settings.
-    pub cmdline: String,
-    /// Where the console goes besides the buffer the report reads.
-    pub echo: bool,
-    /// Longest the guest may run before the host stops it.
-    pub timeout: Duration,
-    /// Dirty logging once `/init` runs, checked against page hashes.
-    pub dirty: HarvestConfig,
-    /// Which host pages back the machine's RAM.
-    pub ram_pages: RamPages,
-    /// Where the stage-2 engine runs.
-    pub engine: Engine,
-}
-
-/// Guest RAM as the loader writes it: the shared RAM behind the memslot.
-pub(crate) struct SlotRam<'a> {
-    pub(crate) ram: &'a SharedRam,
-    pub(crate) size: u64,
-}
-
-impl LoadTarget for SlotRam<'_> {
-    fn range(&self) -> (u64, u64) {
-        (RAM_IPA, self.size)
-    }
-    fn write(&mut self, gpa: u64, data: &[u8]) {
-        // The loader writes only inside `range`, which the RAM holds.
-        let pa = layout::DATA + (gpa - RAM_IPA);
-        self.ram
-            .write_bytes(pa, data)
-            .expect("guest RAM lies inside the machine's data region");
-    }
-}
 
 /// What a run measured.
 #[derive(Clone, Debug)]
@@ -154,28 +96,6 @@ pub const MAX_EXIT_SAMPLES: usize = 36_000;
 /// Exit kind names in [`LinuxReport::exits`] order.
 pub const EXIT_NAMES: [&str; 5] = ["stage2_fault", "mmio", "hvc", "sysreg", "irq"];
 
-pub(crate) fn check(cfg: &LinuxConfig) -> Result<()> {
-    if !(1..=MAX_VCPUS).contains(&cfg.vcpus) {
-        return Err(Arm64Error::Config(format!(
-            "vCPUs {} outside 1..={MAX_VCPUS}",
-            cfg.vcpus
-        )));
-    }
-    if !(MIN_MEM..=MAX_MEM).contains(&cfg.mem) || !cfg.mem.is_multiple_of(2 << 20) {
-        return Err(Arm64Error::Config(format!(
-            "guest RAM of {} bytes: must be a multiple of 2 MiB in {}M..={}G",
-            cfg.mem,
-            MIN_MEM >> 20,
-            MAX_MEM >> 30
-        )));
-    }
-    cfg.dirty
-        .change
-        .check(cfg.dirty.mode)
-        .map_err(Arm64Error::Config)?;
-    Ok(())
-}
-
 /// Boots the guest and runs it until it powers off, resets, fails or runs
 /// out of time (`reboot::run_rebooting` boots it again on a reset).
 ///
@@ -201,169 +121,123 @@ pub fn run_interactive(cfg: &LinuxConfig) -> Result<LinuxReport> {
 }
 
 fn run_with(cfg: &LinuxConfig, interactive: bool) -> Result<LinuxReport> {
-    check(cfg)?;
+    crate::linux::config::check(cfg)?;
     for p in [&cfg.kernel, &cfg.initrd] {
         std::fs::metadata(p).map_err(|e| Arm64Error::Io(format!("{}: {e}", p.display())))?;
     }
     let t0 = Instant::now();
-    let (vm, dl, boot) = prepare(cfg)?;
-    let console = ConsoleBuffer::new(4 << 20);
-    let (sh, uart) = shared(cfg, vm, dl, &boot, &console);
-    let input = if interactive {
-        Some(spawn_input(sh.clone(), uart).map_err(Arm64Error::Io)?)
-    } else {
-        None
+    let spec = EngineSpec::harvested(cfg.engine, cfg.ram_pages, &cfg.dirty);
+    let mut lv = LinuxVm::new_blank(cfg, spec)?;
+    lv.load_and_start(cfg)?;
+    let console = lv.console().clone();
+    let (sh, uart) = {
+        let r = lv.running()?;
+        (r.sh.clone(), r.uart.clone())
     };
     let init_at = watch_init(&console, t0);
-    let sampler = spawn_exit_sampler(sh.clone(), t0).map_err(Arm64Error::Io)?;
-    crate::linux::shared::spawn_watchdog(&sh).map_err(Arm64Error::Io)?;
-    let harvester = cfg
-        .dirty
-        .mode
-        .is_some()
-        .then(|| spawn_harvester(sh.clone(), console.clone(), cfg.dirty, cfg.mem));
-    let mut threads = Vec::new();
-    let mut first_err = None;
-    for id in 0..cfg.vcpus {
-        let s = sh.clone();
-        match std::thread::Builder::new()
-            .name(format!("linux-vcpu{id}"))
-            .spawn(move || vcpu::vcpu_thread(&s, id))
-        {
-            Ok(t) => threads.push(t),
-            Err(e) => {
-                sh.stop(StopReason::Error(format!("vCPU thread: {e}")));
-                first_err = Some(Arm64Error::Io(format!("vCPU thread: {e}")));
-                break;
-            }
-        }
-    }
-    for t in threads {
-        if let Err(e) = t.join().expect("vCPU thread panicked") {
-            first_err.get_or_insert(e);
-        }
-    }
-    sh.cpus.watch.join();
-    if let Some(t) = input {
-        let _ = t.join();
-    }
+    let watchers = Watchers::spawn(&sh, uart, &console, cfg, interactive, t0);
+    let stopped = lv.wait_stopped();
     let total_s = t0.elapsed().as_secs_f64();
-    let dirty = match harvester.map(|h| h.join().expect("harvester panicked")) {
-        Some(Ok(r)) => Some(r),
-        Some(Err(e)) => return Err(e),
-        None => None,
-    };
-    if let Some(e) = first_err {
-        return Err(e);
-    }
+    let (dirty, samples) = watchers.join(&sh)?;
+    stopped?;
     let mut r = report(&sh, &console, &init_at, total_s);
     r.dirty = dirty;
-    r.exit_samples = sampler.join().unwrap_or_default();
+    r.exit_samples = samples;
     Ok(r)
 }
 
-/// Starts the machine, makes the VM with its RAM slot, and loads the
-/// kernel, initramfs and device tree.
-fn prepare(cfg: &LinuxConfig) -> Result<(Host, DeviceLayout, BootLayout)> {
-    let ram_bytes = cfg.mem + cfg.dirty.change.spare_bytes();
-    let mc = MachineConfig {
-        cpus: cfg.vcpus + 1,
-        data_bytes: ram_bytes,
-        ram_pages: cfg.ram_pages,
-    };
-    let (machine, vm) = match cfg.engine {
-        Engine::Host => {
-            let machine = Arc::new(Machine::start(&mc)?);
-            let vm = Arm64Vm::new_bare(
-                machine.clone(),
-                &VmConfig {
-                    policy: cfg.dirty.policy(),
-                    ..VmConfig::default()
-                },
-            )?;
-            (machine, Host::Host(vm))
-        }
-        Engine::El2 => {
-            let mc = MachineConfig {
-                data_bytes: ram_bytes + el2p::SHARED_BYTES + el2p::TRACE_BYTES,
-                ..mc
-            };
-            let machine = Arc::new(Machine::start_with(&mc, crate::image_el2()?)?);
-            let vm = El2Vm::new(machine.clone(), cfg.dirty.mode, cfg.vcpus, ram_bytes)?;
-            (machine, Host::El2(vm))
-        }
-    };
-    vm.add_slot(RAM_SLOT, RAM_IPA, layout::DATA, cfg.mem, 2 << 20)?;
-    let fdt_base = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, "");
-    let dl = DeviceLayout {
-        gicd: fdt_base.gicd.0,
-        gicr: fdt_base.gicr.0,
-        uart: fdt_base.uart.0,
-        uart_spi: fdt_base.uart.2,
-    };
-    let bootargs = format!(
-        "console=ttyS0 earlycon=uart8250,mmio,{:#x} {}",
-        dl.uart, cfg.cmdline
-    );
-    let mut ram = SlotRam {
-        ram: machine.ram(),
-        size: cfg.mem,
-    };
-    let mut f = FdtConfig::virt(cfg.mem, cfg.vcpus as u32, &bootargs);
-    f.gicr.1 = GICR_STRIDE * cfg.vcpus as u64;
-    crate::linux::changes::add_framebuffer(&vm, cfg.dirty.change, cfg.mem, &mut f)?;
-    let files = LinuxAssets {
-        image: cfg.kernel.clone(),
-        initramfs: cfg.initrd.clone(),
-        kernel_version: String::new(),
-    };
-    let boot = boot::load_linux(&mut ram, &files, &f)
-        .map_err(|e| Arm64Error::Config(format!("loading the kernel: {e}")))?;
-    Ok((vm, dl, boot))
+/// The threads that watch a run beside its vCPUs.
+struct Watchers {
+    input: Option<std::thread::JoinHandle<()>>,
+    sampler: Option<std::thread::JoinHandle<Vec<ExitSample>>>,
+    harvester: Option<std::thread::JoinHandle<Result<HarvestReport>>>,
+    /// A thread that did not start (the VM is stopped with it).
+    failed: Option<Arm64Error>,
 }
 
-/// What the vCPU threads share: the UART on the bus, its interrupt raised
-/// in the GIC, vCPU 0 about to start at the kernel's entry.
-fn shared(
-    cfg: &LinuxConfig,
-    vm: Host,
-    dl: DeviceLayout,
-    boot: &BootLayout,
-    console: &ConsoleBuffer,
-) -> (Arc<Shared>, Arc<Uart>) {
-    let limit = Arc::new(crate::linux::dirty_limit::DirtyLimit::new(cfg.vcpus));
-    limit.attach(&vm);
-    let mut made = None;
-    let sh = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
-        let w = weak.clone();
-        let intid = 32 + dl.uart_spi;
-        let irq: crate::linux::uart::IrqCallback = Arc::new(move || {
-            if let Some(sh) = w.upgrade() {
-                sh.raise(0, intid);
-            }
-        });
-        let out = if cfg.echo {
-            UartOutput::BufferAndStdout(console.clone())
+impl Watchers {
+    /// The console's input (`interactive`), the exit sampler and the
+    /// dirty-log harvester (if `cfg` logs); one that does not start stops
+    /// the VM.
+    fn spawn(
+        sh: &Arc<Shared>,
+        uart: Arc<Uart>,
+        console: &ConsoleBuffer,
+        cfg: &LinuxConfig,
+        interactive: bool,
+        t0: Instant,
+    ) -> Watchers {
+        let mut failed = None;
+        let input = if interactive {
+            started(sh, &mut failed, spawn_input(sh.clone(), uart))
         } else {
-            UartOutput::Buffer(console.clone())
+            None
         };
-        let uart = Arc::new(Uart::new(irq, out));
-        made = Some(uart.clone());
-        let devices = DeviceSet::new(dl, Gic::new(cfg.vcpus), uart, VirtualTimer::new())
-            .expect("the virt machine's device ranges are apart");
-        let mut start = vec![None; cfg.vcpus];
-        start[0] = Some((boot.entry, boot.dtb));
-        let mut state = vec![PowerState::Off; cfg.vcpus];
-        state[0] = PowerState::OnPending;
-        Shared {
-            vm,
-            devices,
-            cpus: VcpuControl::new(Power { state, start }, Instant::now() + cfg.timeout),
-            faults: RamFaults::new(limit),
-            host_log: HostLog::new(cfg.vcpus),
+        let sampler = started(sh, &mut failed, spawn_exit_sampler(sh.clone(), t0));
+        let harvester = cfg
+            .dirty
+            .mode
+            .is_some()
+            .then(|| spawn_harvester(sh.clone(), console.clone(), cfg.dirty, cfg.mem));
+        Watchers {
+            input,
+            sampler,
+            harvester,
+            failed,
         }
-    });
-    (sh, made.expect("the UART is made with the VM"))
+    }
+
+    /// Joins them once the VM has stopped: the harvests and the exit
+    /// samples.
+    ///
+    /// # Errors
+    /// The harvester's error; a thread that did not start.
+    fn join(self, sh: &Shared) -> Result<(Option<HarvestReport>, Vec<ExitSample>)> {
+        debug_assert!(sh.stopping());
+        if let Some(t) = self.input {
+            let _ = t.join();
+        }
+        let samples = self
+            .sampler
+            .map(|t| t.join().unwrap_or_default())
+            .unwrap_or_default();
+        let dirty = match self.harvester.map(|h| h.join()) {
+            Some(Ok(Ok(r))) => Some(r),
+            Some(Ok(Err(e))) => return Err(e),
+            Some(Err(_)) => return Err(Arm64Error::Guest("the harvester panicked".into())),
+            None => None,
+        };
+        match self.failed {
+            Some(e) => Err(e),
+            None => Ok((dirty, samples)),
+        }
+    }
+}
+
+/// A watcher's thread, or `None` with the VM stopped and the first
+/// such failure kept in `failed`.
+fn started<T>(
+    sh: &Shared,
+    failed: &mut Option<Arm64Error>,
+    r: std::result::Result<T, String>,
+) -> Option<T> {
+    match r {
+        Ok(t) => Some(t),
+        Err(e) => {
+            sh.stop(StopReason::Error(e.clone()));
+            failed.get_or_insert(Arm64Error::Io(e));
+            None
+        }
+    }
+}
+
+impl RunState for Shared {
+    fn stopping(&self) -> bool {
+        Shared::stopping(self)
+    }
+    fn stop(&self, why: StopReason) {
+        Shared::stop(self, why)
+    }
 }
 
 /// The console's input thread: stdin to the UART until the VM stops;
@@ -419,7 +293,7 @@ fn spawn_harvester(
                 return Ok(HarvestReport::default());
             }
         }
-        let r = dirty::run_harvester(&sh, &hc, mem);
+        let r = dirty::run_harvester(&sh.vm, &sh.faults, &*sh, &hc, mem);
         if let Err(e) = &r {
             sh.stop(StopReason::Error(format!("harvester: {e}")));
         }

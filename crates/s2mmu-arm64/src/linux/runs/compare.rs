@@ -20,7 +20,7 @@ use std::time::Duration;
 /// The logging modes compared, by the command's names: `wp-get` re-protects
 /// on GET, `wp` is GET then CLEAR, `ring` the dirty ring.
 pub const COMPARED_MODES: [(&str, DirtyMode); 3] = [
-    ("wp-get", dirty::WP),
+    ("wp-get", dirty::WP_GET),
     ("wp", dirty::MANUAL),
     ("ring", dirty::RING),
 ];

@@ -155,10 +155,10 @@ pub fn dirtier_rate(console: &str) -> Option<f64> {
 /// alone).
 pub const RATE_MODES: [(Option<DirtyMode>, &str); 5] = [
     (None, "off"),
-    (Some(dirty::WP), "wp-get"),
+    (Some(dirty::WP_GET), "wp-get"),
     (Some(dirty::MANUAL), "wp"),
     (Some(dirty::RING), "ring"),
-    (Some(dirty::HW), "hw-get"),
+    (Some(dirty::HW_GET), "hw-get"),
 ];
 
 /// One mode's runs of the dirtier.

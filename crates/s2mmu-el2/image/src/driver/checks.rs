@@ -166,7 +166,7 @@ impl Driver {
             c.commands_ok,
             c.commands_refused,
             c.table_pages,
-            self.tlb.inner().sequences()
+            self.tlb.inner().sink().sequences()
         ));
         let per_cpu: Vec<u64> = PER_CPU
             .iter()
@@ -181,7 +181,7 @@ impl Driver {
         if per_cpu.contains(&0) {
             self.failures += 1;
         }
-        let t = self.tlb.inner().counts();
+        let t = self.tlb.inner().sink().counts();
         println(format_args!(
             "el2: tlbi last_level={} all_levels={} range={} vmid={}",
             t.last_level, t.all_levels, t.range, t.vmid

@@ -8,7 +8,7 @@
 use crate::layout;
 use crate::linux::fdt::FdtConfig;
 use crate::linux::placement::Host;
-use crate::linux::vm::{Shared, RAM_SLOT};
+use crate::linux::shared::{RamFaults, RAM_SLOT};
 use crate::Result;
 use s2mmu::memslot::{SlotFlags, UserMemoryRegion};
 use s2mmu::mmu::DirtyMode;
@@ -196,9 +196,9 @@ impl Changer {
 
     /// Before harvest number `harvests + 1`: where this harvest moves the
     /// framebuffer, holds guest faults on it from now on.
-    pub(crate) fn before_harvest(&self, sh: &Shared, harvests: u64) {
+    pub(crate) fn before_harvest(&self, faults: &RamFaults, harvests: u64) {
         if self.change == (HostChange::MoveSlot { at: harvests + 1 }) {
-            sh.faults.fb_moving.store(true, Ordering::Release);
+            faults.fb_moving.store(true, Ordering::Release);
         }
     }
 
@@ -206,9 +206,9 @@ impl Changer {
     /// is still running. The harvester then skips the harvest, so that no
     /// harvest re-protects a page in the middle of its pass: each page of
     /// a pass is logged once, whatever the timing.
-    pub(crate) fn pass_running(&mut self, sh: &Shared) -> bool {
+    pub(crate) fn pass_running(&mut self, vm: &Host) -> bool {
         if let HostChange::Paced { .. } = self.change {
-            self.done = sh.vm.machine().ram().read(self.control() + 8);
+            self.done = vm.machine().ram().read(self.control() + 8);
             return self.go > 0 && self.done < self.go;
         }
         false
@@ -224,7 +224,7 @@ impl Changer {
     /// After a harvest under [`HostChange::Paced`] that logged `fb_logged`
     /// of the framebuffer's pages: a pass finished before it is recorded
     /// and the next one started.
-    fn pace(&mut self, sh: &Shared, passes: u64, fb_logged: u64) {
+    fn pace(&mut self, vm: &Host, passes: u64, fb_logged: u64) {
         self.acc += fb_logged;
         if self.go > 0 && self.done < self.go {
             return;
@@ -235,7 +235,7 @@ impl Changer {
         self.acc = 0;
         if self.go < passes {
             self.go += 1;
-            sh.vm.machine().ram().write(self.control(), self.go);
+            vm.machine().ram().write(self.control(), self.go);
         }
     }
 
@@ -263,22 +263,23 @@ impl Changer {
     /// The engine's memslot errors.
     pub(crate) fn move_framebuffer(
         &mut self,
-        sh: &Shared,
+        vm: &Host,
+        faults: &RamFaults,
         npages: u64,
         mode: Option<DirtyMode>,
         bitmap: &mut [u64],
     ) -> Result<()> {
-        if !sh.faults.fb_moving.load(Ordering::Acquire) {
+        if !faults.fb_moving.load(Ordering::Acquire) {
             return Ok(());
         }
-        let ram = sh.vm.machine().ram();
+        let ram = vm.machine().ram();
         let from = layout::DATA + self.loc[npages as usize] * 4096;
         let to = if from == layout::DATA + (npages << 12) {
             from + FB_SIZE
         } else {
             layout::DATA + (npages << 12)
         };
-        match &sh.vm {
+        match vm {
             Host::Host(v) => {
                 let hva = ram
                     .hva(from)
@@ -306,13 +307,13 @@ impl Changer {
         for off in (0..FB_SIZE).step_by(8) {
             ram.write(to + off, ram.read(from + off));
         }
-        sh.vm.add_slot(FB_SLOT, FB_IPA, to, FB_SIZE, 4096)?;
-        sh.vm.enable_dirty_logging(FB_SLOT)?;
+        vm.add_slot(FB_SLOT, FB_IPA, to, FB_SIZE, 4096)?;
+        vm.enable_dirty_logging(FB_SLOT)?;
         for (i, l) in self.loc[npages as usize..].iter_mut().enumerate() {
             *l = (to - layout::DATA) / 4096 + i as u64;
         }
         self.moves += 1;
-        sh.faults.fb_moving.store(false, Ordering::Release);
+        faults.fb_moving.store(false, Ordering::Release);
         Ok(())
     }
 
@@ -326,12 +327,7 @@ impl Changer {
     ///
     /// # Errors
     /// The engine's and the remap's errors.
-    pub(crate) fn after_harvest(
-        &mut self,
-        sh: &Shared,
-        harvests: u64,
-        bitmap: &[u64],
-    ) -> Result<()> {
+    pub(crate) fn after_harvest(&mut self, vm: &Host, harvests: u64, bitmap: &[u64]) -> Result<()> {
         match self.change {
             HostChange::None | HostChange::MoveSlot { .. } => Ok(()),
             HostChange::Paced { passes } => {
@@ -339,12 +335,12 @@ impl Changer {
                 let fb = (first..self.loc.len() as u64)
                     .filter(|&p| bitmap[(p / 64) as usize] >> (p % 64) & 1 == 1)
                     .count() as u64;
-                self.pace(sh, passes, fb);
+                self.pace(vm, passes, fb);
                 Ok(())
             }
-            HostChange::Remap { pages } => self.remap(sh, pages, bitmap),
+            HostChange::Remap { pages } => self.remap(vm, pages, bitmap),
             HostChange::Collapse { at, after } if harvests == at => {
-                self.collapsed += sh.vm.collapse(RAM_SLOT)?;
+                self.collapsed += vm.collapse(RAM_SLOT)?;
                 self.resume_at = Some(after);
                 self.pauses += 1;
                 Ok(())
@@ -358,10 +354,10 @@ impl Changer {
     ///
     /// # Errors
     /// The engine's errors.
-    pub(crate) fn tick_paused(&mut self, sh: &Shared) -> Result<bool> {
+    pub(crate) fn tick_paused(&mut self, vm: &Host) -> Result<bool> {
         match self.resume_at {
             Some(0) | None => {
-                sh.vm.enable_dirty_logging(RAM_SLOT)?;
+                vm.enable_dirty_logging(RAM_SLOT)?;
                 self.resume_at = None;
                 Ok(true)
             }
@@ -372,7 +368,7 @@ impl Changer {
         }
     }
 
-    fn remap(&mut self, sh: &Shared, pages: u32, bitmap: &[u64]) -> Result<()> {
+    fn remap(&mut self, vm: &Host, pages: u32, bitmap: &[u64]) -> Result<()> {
         let mut left = pages;
         let n = self.loc.len() as u64;
         // From where the last harvest's moves stopped, so that the moves
@@ -386,7 +382,7 @@ impl Changer {
                 continue;
             }
             let new_pa = layout::DATA + self.next_spare * 4096;
-            sh.vm.remap_page(layout::DATA + p * 4096, new_pa)?;
+            vm.remap_page(layout::DATA + p * 4096, new_pa)?;
             self.loc[p as usize] = self.next_spare;
             self.next_spare += 1;
             self.remapped += 1;

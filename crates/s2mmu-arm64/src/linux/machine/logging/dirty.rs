@@ -9,7 +9,7 @@ use crate::layout;
 use crate::linux::changes::{Changer, HostChange};
 use crate::linux::el2_inject::{El2Inject, El2Trace};
 use crate::linux::placement::Host;
-use crate::linux::vm::{Shared, RAM_IPA};
+use crate::linux::shared::{RamFaults, StopReason, RAM_IPA};
 use crate::Result;
 use s2mmu::dirty::DirtyGfn;
 use s2mmu::mmu::{DirtyMode, HugePageRecovery, HwDirtyBlocks, MmuPolicy, Protect};
@@ -23,7 +23,7 @@ pub const RING_ENTRIES: u32 = 16384;
 
 /// Write protection, GET re-protects (`KVM_GET_DIRTY_LOG` alone): reports
 /// call it `wp-get`; no `--dirty` name selects it (`--dirty wp` is [`MANUAL`]).
-pub const WP: DirtyMode = DirtyMode::Bitmap {
+pub const WP_GET: DirtyMode = DirtyMode::Bitmap {
     protect: Protect::OnGet,
 };
 /// Write protection, GET then CLEAR (manual protect, the engine's
@@ -36,7 +36,7 @@ pub const RING: DirtyMode = DirtyMode::Ring {
 /// Hardware dirty state (FEAT_HAFDBS: VTCR_EL2.HA/HD, DBM leaves), GET
 /// cleans, huge mappings split first: reports call it `hw-get`; `--dirty hw`
 /// is the engine's [`DirtyMode::HW`] (manual protect: GET copies, CLEAR cleans).
-pub const HW: DirtyMode = DirtyMode::Hardware {
+pub const HW_GET: DirtyMode = DirtyMode::Hardware {
     protect: Protect::OnGet,
     blocks: HwDirtyBlocks::SplitFirst,
 };
@@ -48,7 +48,7 @@ pub fn policy_for(mode: Option<DirtyMode>, change: HostChange) -> MmuPolicy {
     let mut p = MmuPolicy {
         // With no logging the mode is never used; GET re-protecting keeps
         // the policy what it was when "off" had a type of its own.
-        dirty: mode.unwrap_or(WP),
+        dirty: mode.unwrap_or(WP_GET),
         ..MmuPolicy::default()
     };
     if let HostChange::Collapse { .. } = change {
@@ -165,15 +165,14 @@ impl HarvestReport {
 }
 
 /// The guest RAM as words shared with QEMU.
-fn ram_words(sh: &Shared, bytes: u64) -> &[AtomicU64] {
-    let p = sh
-        .vm
+fn ram_words(vm: &Host, bytes: u64) -> &[AtomicU64] {
+    let p = vm
         .machine()
         .ram()
         .ptr(layout::DATA, bytes)
         .expect("guest RAM lies inside the machine's data region");
     // SAFETY: `p` points at `bytes` bytes of the shared mapping, 8-byte
-    // aligned (DATA is), valid for the `Shared`'s lifetime (the machine
+    // aligned (DATA is), valid for the engine's VM's lifetime (the machine
     // owns it); QEMU and this process only access it with
     // single-copy-atomic loads and stores, which AtomicU64 is.
     unsafe { std::slice::from_raw_parts(p.cast::<AtomicU64>(), (bytes / 8) as usize) }
@@ -195,16 +194,16 @@ fn hash_pages(words: &[AtomicU64], loc: &[u64], out: &mut [u64]) {
 /// One harvest into `bitmap`: of each logged slot (memslot, first bit,
 /// pages; each slot's first bit a multiple of 64).
 fn harvest(
-    sh: &Shared,
+    vm: &Host,
     mode: DirtyMode,
     slots: &[(u16, u64, u64)],
     bitmap: &mut [u64],
     ring: &mut Vec<DirtyGfn>,
 ) -> Result<()> {
-    if let Host::El2(v) = &sh.vm {
+    if let Host::El2(v) = vm {
         return v.harvest(mode, slots, bitmap, ring);
     }
-    let mmu = sh.vm.mmu("dirty logging")?;
+    let mmu = vm.mmu("dirty logging")?;
     if mode.ring_entries().is_some() {
         ring.clear();
         mmu.harvest_rings(ring)?;
@@ -231,63 +230,74 @@ fn harvest(
     Ok(())
 }
 
+/// The running VM as the harvester sees it besides the engine and the
+/// fault path: whether it stops, and its stop (which takes every vCPU out
+/// of its guest).
+pub(crate) trait RunState {
+    /// Whether the VM stops (or has stopped).
+    fn stopping(&self) -> bool;
+    /// Stops the VM for `why`.
+    fn stop(&self, why: StopReason);
+}
+
 /// Turns logging on for guest RAM and harvests every `cfg.period` until
 /// the VM stops, checking every page's content against the logs, and
 /// making `cfg.change` between harvests.
 ///
 /// # Errors
 /// The engine's errors.
-pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Result<HarvestReport> {
+pub(crate) fn run_harvester(
+    vm: &Host,
+    faults: &RamFaults,
+    run: &dyn RunState,
+    cfg: &HarvestConfig,
+    mem: u64,
+) -> Result<HarvestReport> {
     let ram_pages = mem / 4096;
-    let words = ram_words(sh, mem + cfg.change.spare_bytes());
+    let words = ram_words(vm, mem + cfg.change.spare_bytes());
     let mut changer = Changer::new(cfg.change, ram_pages);
-    let mut inject = El2Inject::new(sh, cfg.drop_invalidations_from);
+    let mut inject = El2Inject::new(vm, cfg.drop_invalidations_from);
     let slots = changer.slots(ram_pages);
-    // Guest RAM's pages, then the framebuffer's.
-    let npages = ram_pages + cfg.change.fb_pages();
+    let npages = ram_pages + cfg.change.fb_pages(); // RAM's, then the framebuffer's
     let mut rep = HarvestReport::default();
-    let mut prev = vec![0u64; npages as usize];
-    let mut now = vec![0u64; npages as usize];
+    let (mut prev, mut now) = (vec![0u64; npages as usize], vec![0u64; npages as usize]);
     let mut bitmap = vec![0u64; npages.div_ceil(64) as usize];
-    let mut ring = Vec::new();
-    let mut carry: Vec<u64> = Vec::new();
-    if cfg.mode.is_some() {
-        for &(slot, _, _) in &slots {
-            sh.vm.enable_dirty_logging(slot)?;
-        }
+    let (mut ring, mut carry) = (Vec::new(), Vec::<u64>::new());
+    for &(slot, _, _) in slots.iter().filter(|_| cfg.mode.is_some()) {
+        vm.enable_dirty_logging(slot)?;
     }
     // The hashes the first window starts from: taken after logging is on,
     // so every later write is either logged or a loss.
     hash_pages(words, &changer.loc, &mut prev);
     let logging_since = Instant::now();
-    while !sh.stopping() {
+    while !run.stopping() {
         std::thread::sleep(cfg.period);
         if cfg.cut_after.is_some_and(|c| logging_since.elapsed() > c) {
-            sh.stop(crate::linux::vm::StopReason::Timeout);
+            run.stop(StopReason::Timeout);
             break;
         }
         if changer.paused() {
-            if changer.tick_paused(sh)? {
+            if changer.tick_paused(vm)? {
                 // Logging is on again: a fresh start, as at the beginning.
                 hash_pages(words, &changer.loc, &mut prev);
             }
             continue;
         }
-        if changer.pass_running(sh) {
+        if changer.pass_running(vm) {
             continue;
         }
         if cfg.drop_invalidations_from == Some(rep.harvests) {
-            sh.vm.sink().drop_host_sequences(u64::MAX);
+            vm.sink().drop_host_sequences(u64::MAX);
         }
-        changer.before_harvest(sh, rep.harvests);
-        inject.before_harvest(sh, rep.harvests)?;
+        changer.before_harvest(faults, rep.harvests);
+        inject.before_harvest(vm, rep.harvests)?;
         let t = Instant::now();
         match cfg.mode {
-            Some(mode) => harvest(sh, mode, &slots, &mut bitmap, &mut ring)?,
+            Some(mode) => harvest(vm, mode, &slots, &mut bitmap, &mut ring)?,
             None => bitmap.fill(0),
         }
         rep.harvest_ns += t.elapsed().as_nanos() as u64;
-        changer.move_framebuffer(sh, ram_pages, cfg.mode, &mut bitmap)?;
+        changer.move_framebuffer(vm, faults, ram_pages, cfg.mode, &mut bitmap)?;
         if cfg.discard_log == Some(rep.harvests) {
             bitmap.fill(0);
         }
@@ -303,25 +313,25 @@ pub(crate) fn run_harvester(sh: &Shared, cfg: &HarvestConfig, mem: u64) -> Resul
             &mut now,
         );
         rep.hash_ns += t.elapsed().as_nanos() as u64;
-        changer.after_harvest(sh, rep.harvests, &bitmap)?;
+        changer.after_harvest(vm, rep.harvests, &bitmap)?;
         if let Some(p) = changer.host_written() {
             hash_pages(words, &changer.loc[p..=p], &mut prev[p..=p]);
         }
-        rep.el2_trace = inject.after_harvest(sh)?.or(rep.el2_trace.take());
+        rep.el2_trace = inject.after_harvest(vm)?.or(rep.el2_trace.take());
         if changer.paused() {
             // Pages carried to the next log cannot be judged: no next log.
             carry.clear();
         }
     }
-    finish(sh, changer, &mut rep);
+    finish(vm, changer, &mut rep);
     Ok(rep)
 }
 
 /// The harvester's end: the host's dropped invalidations and what
 /// `changer` did, into `rep`.
-fn finish(sh: &Shared, changer: Changer, rep: &mut HarvestReport) {
-    sh.vm.sink().drop_host_sequences(0);
-    rep.dropped = sh.vm.sink().counters().dropped;
+fn finish(vm: &Host, changer: Changer, rep: &mut HarvestReport) {
+    vm.sink().drop_host_sequences(0);
+    rep.dropped = vm.sink().counters().dropped;
     rep.remapped = changer.remapped;
     rep.collapsed = changer.collapsed;
     rep.pauses = changer.pauses;

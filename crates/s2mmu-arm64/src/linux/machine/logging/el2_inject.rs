@@ -17,7 +17,7 @@
 //! the mark.
 
 use crate::linux::placement::Host;
-use crate::linux::vm::{Shared, RAM_SLOT};
+use crate::linux::shared::RAM_SLOT;
 use crate::Result;
 
 /// What EL2 recorded for the break-before-make checker.
@@ -42,8 +42,8 @@ pub(crate) struct El2Inject {
 
 impl El2Inject {
     /// Injection from harvest `from`, if the engine runs at EL2.
-    pub(crate) fn new(sh: &Shared, from: Option<u64>) -> El2Inject {
-        let at = match sh.vm {
+    pub(crate) fn new(vm: &Host, from: Option<u64>) -> El2Inject {
+        let at = match vm {
             Host::El2(_) => from,
             Host::Host(_) => None,
         };
@@ -57,8 +57,8 @@ impl El2Inject {
     ///
     /// # Errors
     /// EL2's refusal.
-    pub(crate) fn before_harvest(&mut self, sh: &Shared, harvests: u64) -> Result<()> {
-        let (Some(at), Host::El2(v)) = (self.at, &sh.vm) else {
+    pub(crate) fn before_harvest(&mut self, vm: &Host, harvests: u64) -> Result<()> {
+        let (Some(at), Host::El2(v)) = (self.at, vm) else {
             return Ok(());
         };
         if harvests == at.saturating_sub(2) {
@@ -77,8 +77,8 @@ impl El2Inject {
     ///
     /// # Errors
     /// EL2's refusal.
-    pub(crate) fn after_harvest(&mut self, sh: &Shared) -> Result<Option<El2Trace>> {
-        let Host::El2(v) = &sh.vm else {
+    pub(crate) fn after_harvest(&mut self, vm: &Host) -> Result<Option<El2Trace>> {
+        let Host::El2(v) = vm else {
             return Ok(None);
         };
         if !std::mem::take(&mut self.withheld) {

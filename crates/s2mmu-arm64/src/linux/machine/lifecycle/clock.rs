@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 /// Where a restore's time went on this machine, from
-/// [`LinuxVm::load_guest_state`](super::LinuxVm::load_guest_state) to the
+/// [`LinuxVm::load_guest_state`](crate::linux::migrate::LinuxVm::load_guest_state) to the
 /// first guest instruction after
-/// [`LinuxVm::resume_vcpus`](super::LinuxVm::resume_vcpus) (the
+/// [`LinuxVm::resume_vcpus`](crate::linux::migrate::LinuxVm::resume_vcpus) (the
 /// destination's `start` part of the downtime, broken down).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RestoreClock {

@@ -1,60 +1,60 @@
-//! Where a migratable Linux VM's engine runs: a new QEMU machine with
-//! the engine in this process ([`Engine::Host`]) or linked into its EL2
-//! image ([`Engine::El2`]), its one RAM slot made, and the handle a
-//! migration's session drives the dirty log through (`EngineLog`).
+//! Where a Linux VM's engine runs: a new QEMU machine with the engine in
+//! this process ([`Engine::Host`]) or linked into its EL2 image
+//! ([`Engine::El2`]), its one RAM slot made, as [`EngineSpec`] says;
+//! and what the rest of the VM asks of the engine wherever it runs.
 
-use super::engine_log::EngineLog;
+use super::spec::EngineSpec;
 use super::LinuxVm;
 use crate::layout;
-use crate::linux::el2::{El2Vm, SHARED_BYTES};
+use crate::linux::el2::{El2Vm, SHARED_BYTES, TRACE_BYTES};
 use crate::linux::memory::LinuxRam;
 use crate::linux::placement::{Engine, Host};
-use crate::linux::vm;
-use crate::machine::{Machine, MachineConfig, RamPages};
+use crate::linux::shared::{RAM_IPA, RAM_SLOT};
+use crate::machine::{Machine, MachineConfig};
 use crate::tlbi::HypSink;
 use crate::vm::{Arm64Vm, VmConfig};
 use crate::{Arm64Error, Result};
-use s2mmu::mmu::DirtyMode;
 use std::sync::Arc;
 
 impl LinuxVm {
     /// Starts a QEMU machine for `vcpus` vCPUs and `mem` bytes of guest
-    /// RAM with the engine where `engine` says, and makes the RAM slot
-    /// (mapped with `granule`-byte pages where it can).
+    /// RAM (and the host memory `spec`'s change needs past it) with the
+    /// engine as `spec` says, and makes the RAM slot.
     ///
     /// # Errors
     /// QEMU, the EL2 image or EL2's set-up failing; the engine's refusal.
     pub(super) fn start_engine(
         vcpus: usize,
         mem: u64,
-        ram_pages: RamPages,
-        engine: Engine,
-        granule: u64,
+        spec: &EngineSpec,
     ) -> Result<(Arc<Machine>, Host)> {
+        let ram_bytes = mem + spec.change.spare_bytes();
         let mc = MachineConfig {
             cpus: vcpus + 1,
-            data_bytes: mem,
-            ram_pages,
+            data_bytes: ram_bytes,
+            ram_pages: spec.ram_pages,
         };
-        let (machine, vm) = match engine {
+        let (machine, vm) = match spec.engine {
             Engine::Host => {
                 let machine = Arc::new(Machine::start(&mc)?);
-                let avm = Arm64Vm::new_bare(machine.clone(), &VmConfig::default())?;
+                let vc = VmConfig {
+                    policy: spec.policy,
+                    ..VmConfig::default()
+                };
+                let avm = Arm64Vm::new_bare(machine.clone(), &vc)?;
                 (machine, Host::Host(avm))
             }
             Engine::El2 => {
                 let mc = MachineConfig {
-                    data_bytes: mem + SHARED_BYTES,
+                    data_bytes: ram_bytes + SHARED_BYTES + TRACE_BYTES,
                     ..mc
                 };
                 let machine = Arc::new(Machine::start_with(&mc, crate::image_el2()?)?);
-                // Manual protect, as the host placement's default policy:
-                // the session GETs, then CLEARs what it will send.
-                let v = El2Vm::new(machine.clone(), Some(DirtyMode::WP), vcpus, mem)?;
+                let v = El2Vm::new(machine.clone(), spec.el2_mode, vcpus, ram_bytes)?;
                 (machine, Host::El2(v))
             }
         };
-        vm.add_slot(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, mem, granule)?;
+        vm.add_slot(RAM_SLOT, RAM_IPA, layout::DATA, mem, spec.granule)?;
         Ok((machine, vm))
     }
 
@@ -70,14 +70,8 @@ impl LinuxVm {
     pub(in crate::linux) fn renew(&mut self) -> Result<()> {
         self.take_down()?;
         self.idle = None;
-        let (machine, v) = LinuxVm::start_engine(
-            self.vcpus,
-            self.mem,
-            self.ram_pages,
-            self.engine,
-            self.granule,
-        )?;
-        self.ram = LinuxRam::new(machine.ram().clone(), layout::DATA, self.mem, vm::RAM_IPA)?;
+        let (machine, v) = LinuxVm::start_engine(self.vcpus, self.mem, &self.spec)?;
+        self.ram = LinuxRam::new(machine.ram().clone(), layout::DATA, self.mem, RAM_IPA)?;
         self.written = Some(self.ram.fresh_hashes()?);
         self.machine = machine;
         self.idle = Some(v);
@@ -87,22 +81,16 @@ impl LinuxVm {
 
     /// Where this VM's engine runs.
     pub fn engine(&self) -> Engine {
-        self.engine
+        self.spec.engine
     }
 
     /// The engine's placement, whether the vCPU threads hold it or not.
-    fn placement(&self) -> &Host {
+    pub(in crate::linux) fn placement(&self) -> &Host {
         match (&self.run, &self.idle) {
             (Some(r), _) => &r.sh.vm,
             (None, Some(v)) => v,
             (None, None) => unreachable!("the engine's VM is either idle or running"),
         }
-    }
-
-    /// The engine's dirty log of this machine (the same until a guest
-    /// comes back to it and it starts a new QEMU, see `renew`).
-    pub fn engine_log(&self) -> EngineLog {
-        EngineLog::of(self.placement())
     }
 
     /// The engine's TLBI sink (its service CPU).
@@ -138,7 +126,7 @@ impl LinuxVm {
                         "post-copy into a machine that has run guest code".into(),
                     ));
                 }
-                v.set_postcopy(vm::RAM_SLOT, vm::RAM_IPA, layout::DATA, self.mem, logging)
+                v.set_postcopy(RAM_SLOT, RAM_IPA, layout::DATA, self.mem, logging)
             }
         }
     }

@@ -3,10 +3,10 @@
 //! digest (on a destination that has not run, from the hashes of what was
 //! written; else every page hashed on every CPU), and post-copy's hook.
 
+use crate::linux::lifecycle::LinuxVm;
 use crate::linux::memory::{digest_of, page_hash, LinuxRam, PAGE};
-use crate::linux::migrate::LinuxVm;
 use crate::linux::page_fetch::PageFetch;
-use crate::linux::vm;
+use crate::linux::shared::RAM_IPA;
 
 use crate::{Arm64Error, Result};
 use std::sync::Arc;
@@ -69,7 +69,7 @@ impl LinuxVm {
         if let Some(h) = self.written.as_mut() {
             for (i, page) in data.chunks_exact(PAGE).enumerate() {
                 let p = first + i as u64;
-                h[p as usize] = page_hash(page, vm::RAM_IPA + p * PAGE as u64);
+                h[p as usize] = page_hash(page, RAM_IPA + p * PAGE as u64);
             }
         }
         Ok(())

@@ -1,16 +1,18 @@
-//! The vCPU threads of a migratable Linux VM ([`crate::linux::migrate`]): the
-//! same exit handling as [`crate::linux::vcpu`], plus a pause that stops each
-//! vCPU at its next exit with its whole state saved by the stub
-//! (ACT_SAVE), and a start from a saved state (the STATE command).
+//! A Linux VM's vCPU threads: each waits for its vCPU to be powered on
+//! (PSCI CPU_ON, or the boot vCPU at start) or for a saved state to
+//! resume from (the STATE command), starts it on its QEMU CPU and answers
+//! its exits ([`crate::linux::vcpu`]) until the vCPU turns off or the VM
+//! stops; a pause stops each vCPU at its next exit with its whole state
+//! saved by the stub (ACT_SAVE).
 
 use crate::layout::{self, mb};
 use crate::linux::gic::ICH_HCR_EN;
 use crate::linux::placement::{EngineVcpu, Placement};
 use crate::linux::psci::PowerState;
+use crate::linux::shared::{Shared, StopReason, HCR_LINUX};
 use crate::linux::timer::CNTHCTL_LINUX;
 use crate::linux::vcpu::{self, Next, CURRENT};
 use crate::linux::vcpu_state::{VcpuState, ACT_SAVE, CMD_STATE};
-use crate::linux::vm::{Shared, StopReason, HCR_LINUX};
 use crate::Result;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -226,6 +228,7 @@ fn run_one(
             return Ok(None);
         };
         last = e.seq;
+        let t0 = Instant::now();
         let next = if sh.stopping() {
             Next::Off
         } else {
@@ -233,13 +236,16 @@ fn run_one(
         };
         match next {
             Next::Resume(elr, insns) => {
+                let handled = t0.elapsed();
                 // A write fault's throttle or pace, before the answer; a
-                // pause or a stop cuts it short.
+                // pause or a stop cuts it short (not the host's time).
                 sh.faults.limit.serve(id, &|| {
                     ctl.pause_flag.load(Ordering::Acquire) || sh.stopping()
                 });
+                let t1 = Instant::now();
                 vcpu::sync_lrs(sh, id, &mbox);
                 mbox.write(mb::NEW_ELR, elr);
+                add_host_ns(sh, id, handled + t1.elapsed());
                 if ctl.pause_flag.load(Ordering::Acquire) {
                     mbox.reply(&e, ACT_SAVE, [0, 0], &insns);
                     sh.vm
@@ -261,4 +267,11 @@ fn run_one(
             }
         }
     }
+}
+
+/// Adds `d` to the host's time answering vCPU `id`'s exits.
+fn add_host_ns(sh: &Shared, id: usize, d: Duration) {
+    sh.host_log.stats[id]
+        .host_ns
+        .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
 }

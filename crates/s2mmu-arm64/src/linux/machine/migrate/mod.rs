@@ -1,0 +1,218 @@
+//! A Linux VM paused, saved, restored and migrated ([`LinuxVm`], made by
+//! the one lifecycle of `machine/lifecycle/`), driven step by step:
+//! [`LinuxVm::pause_vcpus`], [`LinuxVm::guest_state`],
+//! [`LinuxVm::load_guest_state`], [`LinuxVm::resume_vcpus`]. The
+//! `s2mmu-arm64-migrate` crate puts it behind the migration library's
+//! session.
+//!
+//! A pause kicks every running vCPU; at its next exit the host answers
+//! as usual but with ACT_SAVE, and the stub stores the vCPU's registers
+//! (asm/state.S). Resume (on the same machine or another) starts each
+//! vCPU with the STATE command from those registers. On a new machine
+//! CNTVOFF_EL2 is set so that the guest's virtual count continues from
+//! the value it had at the pause: the downtime is invisible to the
+//! guest's clock.
+
+use crate::linux::placement::Placement;
+use crate::linux::psci::PowerState;
+use crate::linux::shared::{Power, StopReason};
+use crate::linux::start::StartState;
+use crate::linux::timer::{TimerState, VirtualTimer};
+use crate::linux::vcpu_state::VcpuState;
+use crate::linux::vm_state::{LinuxState, VcpuPart};
+use crate::{Arm64Error, Result};
+use std::time::{Duration, Instant};
+
+mod engine_log;
+mod ram;
+mod restore;
+pub use crate::linux::lifecycle::{LinuxVm, RestoreClock, BLANK_PARK};
+pub use engine_log::EngineLog;
+
+/// How long a pause may take (a loaded 2-core host runs QEMU slowly).
+const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
+
+impl LinuxVm {
+    /// Stops every vCPU at an instruction boundary (their registers
+    /// saved); memory and state are then stable.
+    ///
+    /// # Errors
+    /// The VM never ran, a vCPU did not stop in time, or the guest
+    /// stopped with an error.
+    pub fn pause_vcpus(&mut self) -> Result<()> {
+        let r = self.running()?;
+        if self.paused {
+            return Ok(());
+        }
+        {
+            let mut g = r.ctl.lock();
+            r.ctl.set_pause(&mut g, true);
+        }
+        let sh = r.sh.clone();
+        r.ctl
+            .wait_parked(Instant::now() + PAUSE_DEADLINE, |running| {
+                let on: Vec<usize> = running
+                    .iter()
+                    .copied()
+                    .filter(|&v| sh.cpus.power(v) == PowerState::On)
+                    .collect();
+                // A kick that fails (QEMU gone) ends with the vCPU
+                // threads, which stop with that error and park.
+                if !on.is_empty() {
+                    if let Err(e) = Placement::kick_all(&sh.vm, &on) {
+                        eprintln!("linux guest: pause: kick {on:?}: {e}");
+                    }
+                }
+            })
+            .map_err(Arm64Error::Guest)?;
+        if let Some(StopReason::Error(e)) = self.stopped() {
+            return Err(Arm64Error::Guest(format!("the guest stopped: {e}")));
+        }
+        let saved = r
+            .ctl
+            .lock()
+            .saved
+            .iter()
+            .flatten()
+            .map(|s| s.cntvct)
+            .collect::<Vec<_>>();
+        let vct = r.sh.devices.timer.save(saved.into_iter()).vct;
+        self.paused_vct = vct;
+        self.paused = true;
+        Ok(())
+    }
+
+    /// Runs the vCPUs again (after a pause, or for the first time after
+    /// [`LinuxVm::load_guest_state`]); returns once the first one executes
+    /// guest code.
+    ///
+    /// # Errors
+    /// The VM has no state, a vCPU did not start, or QEMU died.
+    pub fn resume_vcpus(&mut self) -> Result<()> {
+        let r = self.running()?;
+        if !self.paused {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        // The first resume after a load ends a restore; later ones are
+        // not timed.
+        let restoring = !self.ran;
+        let mbox: Vec<_> = (0..self.vcpus).map(|v| self.machine.mailbox(v)).collect();
+        let first = {
+            let mut g = r.ctl.lock();
+            for v in 0..self.vcpus {
+                if let Some(s) = g.saved[v].take() {
+                    g.restore[v] = Some(s);
+                }
+            }
+            let first = (0..self.vcpus).find(|&v| g.restore[v].is_some());
+            if let Some(v) = first {
+                VcpuState::clear_entered(&mbox[v]);
+            }
+            r.ctl.set_pause(&mut g, false);
+            first
+        };
+        self.paused = false;
+        self.ran = true;
+        self.written = None;
+        // Returns at the first guest instruction: the stub marks its ERET.
+        if let Some(v) = first {
+            while VcpuState::entered_at(&mbox[v]) == 0 {
+                if t0.elapsed() > PAUSE_DEADLINE {
+                    return Err(Arm64Error::Guest(format!("vCPU {v} did not start")));
+                }
+                self.machine.check_alive()?;
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        if restoring {
+            self.restore_clock.first_instruction = t0.elapsed();
+        }
+        Ok(())
+    }
+}
+
+impl LinuxVm {
+    /// The vCPU and device state of the paused VM ([`LinuxState`]; the
+    /// `s2mmu-arm64-migrate` crate encodes it as a migration's STATE body).
+    ///
+    /// # Errors
+    /// The VM has no state or is not paused.
+    pub fn guest_state(&mut self) -> Result<LinuxState> {
+        let r = self.running()?;
+        if !self.paused {
+            return Err(Arm64Error::Guest(
+                "the VM must be paused to save its state".into(),
+            ));
+        }
+        let g = r.ctl.lock();
+        let p = r.sh.cpus.power.lock().unwrap_or_else(|p| p.into_inner());
+        let cpus = (0..self.vcpus)
+            .map(|v| VcpuPart {
+                power: p.state[v],
+                start: p.start[v],
+                regs: g.saved[v].clone(),
+            })
+            .collect();
+        drop((g, p));
+        Ok(LinuxState {
+            vcpus: self.vcpus,
+            mem: self.mem,
+            vct: self.paused_vct,
+            gic: crate::linux::vm_state::gic_copy(&r.sh.devices.gic),
+            uart: r.uart.state(),
+            cpus,
+        })
+    }
+
+    /// Loads a state [`LinuxVm::guest_state`] made into this paused VM,
+    /// which has not run guest code; it runs from it on
+    /// [`LinuxVm::resume_vcpus`]. State of another VM size is refused
+    /// (naming what is wrong) with the VM unchanged.
+    ///
+    /// # Errors
+    /// A state for another VM size, a VM that is not paused or has run,
+    /// or its vCPU threads not starting.
+    pub fn load_guest_state(&mut self, st: LinuxState) -> Result<()> {
+        if !self.paused {
+            return Err(Arm64Error::Guest(
+                "state is restored into a paused VM only".into(),
+            ));
+        }
+        // Every check first: a refused state leaves the VM as it was.
+        st.fits(self.vcpus, self.mem)?;
+        if self.ran {
+            return Err(Arm64Error::Guest(
+                "this QEMU has run guest code: write the guest's memory first (it then \
+                 starts a new QEMU, whose translated-code cache is empty)"
+                    .into(),
+            ));
+        }
+        self.unpark_cpus();
+        self.take_down()?;
+        let t0 = Instant::now();
+        let now = self.counter()?;
+        let t1 = Instant::now();
+        let timer = VirtualTimer::restore(&TimerState { vct: st.vct }, now);
+        let power = Power {
+            state: st.cpus.iter().map(|c| c.power).collect(),
+            start: st.cpus.iter().map(|c| c.start).collect(),
+        };
+        let restore = st.cpus.iter().map(|c| c.regs.clone()).collect();
+        self.start(StartState {
+            gic: st.gic,
+            uart: Some(st.uart),
+            power,
+            timer,
+            restore,
+            paused: true,
+        })?;
+        self.paused_vct = st.vct;
+        self.restore_clock = RestoreClock {
+            counter: t1 - t0,
+            threads: t1.elapsed(),
+            first_instruction: Duration::ZERO,
+        };
+        Ok(())
+    }
+}
