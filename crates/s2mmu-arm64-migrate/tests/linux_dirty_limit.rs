@@ -21,6 +21,7 @@
 mod common;
 
 use common::counter::config;
+use s2mmu_arm64::linux::assets::LinuxAssets;
 use s2mmu_arm64::linux::dirty_limit::DirtyLimitCounters;
 use s2mmu_arm64::linux::migrate::LinuxVm;
 use s2mmu_arm64::linux::vm::{Engine, RAM_SLOT};
@@ -155,30 +156,13 @@ fn pause_cuts_a_throttle_short(src: &LinuxSource) {
     src.vm().lock().resume_vcpus().expect("resume");
 }
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn pace_and_throttle_slow_a_linux_guests_dirtying() {
-    brakes_slow_the_dirtier(Engine::Host);
+s2mmu_arm64::linux_test! {
+    fn pace_and_throttle_slow_a_linux_guests_dirtying(a) { brakes_slow_the_dirtier(&a, Engine::Host) }
+    fn pace_and_throttle_slow_a_linux_guests_dirtying_at_el2(a) { brakes_slow_the_dirtier(&a, Engine::El2) }
 }
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn pace_and_throttle_slow_a_linux_guests_dirtying_at_el2() {
-    brakes_slow_the_dirtier(Engine::El2);
-}
-
-fn brakes_slow_the_dirtier(engine: Engine) {
-    let _one = common::serial();
-    let Some(a) = common::linux_assets() else {
-        return;
-    };
-    let mut cfg = config(&a, VCPUS as usize);
+fn brakes_slow_the_dirtier(a: &LinuxAssets, engine: Engine) {
+    let mut cfg = config(a, VCPUS as usize);
     cfg.engine = engine;
     cfg.cmdline = "quiet s2mmu.run=dirtier s2mmu.args=mem=16,file=0,rate=0,secs=3600".into();
     let vm = LinuxVm::boot(&cfg).expect("the guest boots");

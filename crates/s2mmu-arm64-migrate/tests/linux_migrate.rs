@@ -70,10 +70,7 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
         s.slot_digests, d.slot_digests,
         "{what}: memories at the switch"
     );
-    let (text, exits) = {
-        let vm = src.vm().lock();
-        (vm.console().contents(), vm.stub_exits())
-    };
+    let mark = common::at_switch(src.vm());
     let to = dest.built().expect("the destination's machine");
     assert!(
         !to.lock().cpus_parked(),
@@ -98,163 +95,132 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
     // The session let it run for its run_after, then paused it: run on.
     to.lock().resume_vcpus().expect("it runs on");
     wait_lines(&to.lock(), 0, 5, what);
-    let vm = src.vm().lock();
-    assert_eq!(
-        vm.console().contents(),
-        text,
-        "{what}: the source printed after"
-    );
-    assert_eq!(vm.stub_exits(), exits, "{what}: the source ran after");
-    (to, text)
+    common::check_silent(src.vm(), &mark, what);
+    (to, mark.0)
 }
 
-/// A blank machine (a destination's before its stream) parks every CPU
-/// until it is told a state comes.
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn a_blank_machine_parks_until_unparked() {
-    let _one = common::serial();
-    let cfg = s2mmu_arm64::linux::vm::LinuxConfig {
-        vcpus: 1,
-        mem: s2mmu_arm64::linux::vm::MIN_MEM,
-        kernel: PathBuf::new(),
-        initrd: PathBuf::new(),
-        cmdline: String::new(),
-        echo: false,
-        timeout: Duration::from_secs(60),
-        dirty: Default::default(),
-        ram_pages: Default::default(),
-        engine: Default::default(),
-    };
-    let vm = LinuxVm::blank(&cfg).expect("a blank machine");
-    assert!(vm.cpus_parked(), "a blank machine's CPUs are parked");
-    // What a blank machine does to its RAM before a stream: the kernel
-    // takes the advice over the guest's whole RAM.
-    assert!(vm.ram().populate_for_writes());
-    vm.unpark_cpus();
-    assert!(!vm.cpus_parked());
-}
-
-/// A one-vCPU source's service CPU parks while round 0 runs (from the
-/// session's hook after the log starts) and is awake again, with nothing
-/// left of the park, at the first harvest, a pause and the log's end; a
-/// two-vCPU source's never parks (it carries their IPIs). The host
-/// placement's: at EL2 the source's service CPU does not park.
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn a_one_vcpu_source_parks_its_service_cpu_while_logging() {
-    let _one = common::serial();
-    let Some(a) = common::linux_assets() else {
-        return;
-    };
-    for vcpus in [1, 2] {
-        let mut cfg = config(&a, vcpus);
-        cfg.engine = Engine::Host;
-        let vm = LinuxVm::boot(&cfg).expect("A boots");
-        let src = LinuxSource::new(vm);
-        let v = src.vm();
-        let parked = || v.lock().cpus_parked();
-        let mut bitmap = vec![0u64; (cfg.mem / 4096).div_ceil(64) as usize];
-        let slot = s2mmu_arm64::linux::vm::RAM_SLOT;
-        v.enable_dirty_logging().unwrap();
-        src.begin_hook().unwrap();
-        assert_eq!(parked(), vcpus == 1, "{vcpus} vCPUs: parked in round 0");
-        v.get_dirty_log(slot, &mut bitmap).unwrap();
-        assert!(!parked(), "{vcpus} vCPUs: parked after the first harvest");
-        src.begin_hook().unwrap();
-        src.pause();
-        assert!(!parked(), "{vcpus} vCPUs: parked after a pause");
-        src.resume();
-        src.begin_hook().unwrap();
-        v.disable_dirty_logging().unwrap();
-        assert!(!parked(), "{vcpus} vCPUs: parked after the log ended");
-        v.lock().shut_down().expect("the threads end cleanly");
+s2mmu_arm64::linux_test! {
+    /// A blank machine (a destination's before its stream) parks every CPU
+    /// until it is told a state comes.
+    fn a_blank_machine_parks_until_unparked() {
+        let cfg = s2mmu_arm64::linux::vm::LinuxConfig {
+            vcpus: 1,
+            mem: s2mmu_arm64::linux::vm::MIN_MEM,
+            kernel: PathBuf::new(),
+            initrd: PathBuf::new(),
+            cmdline: String::new(),
+            echo: false,
+            timeout: Duration::from_secs(60),
+            dirty: Default::default(),
+            ram_pages: Default::default(),
+            engine: Default::default(),
+        };
+        let vm = LinuxVm::blank(&cfg).expect("a blank machine");
+        assert!(vm.cpus_parked(), "a blank machine's CPUs are parked");
+        // What a blank machine does to its RAM before a stream: the kernel
+        // takes the advice over the guest's whole RAM.
+        assert!(vm.ram().populate_for_writes());
+        vm.unpark_cpus();
+        assert!(!vm.cpus_parked());
     }
 }
 
-/// Two vCPUs (one runs the counter, one idles in WFI): both stop at the
-/// pause with their state, and B runs both.
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn linux_guest_with_two_vcpus_migrates() {
-    let _one = common::serial();
-    let Some(a) = common::linux_assets() else {
-        return;
-    };
-    let cfg = config(&a, 2);
-    let vm_a = LinuxVm::boot(&cfg).expect("A boots");
-    // A booted machine's CPUs serve its harvests and pauses: not parked.
-    assert!(!vm_a.cpus_parked(), "a booted machine's CPUs are parked");
-    wait_lines(&vm_a, 0, 3, "A");
-    let src = LinuxSource::new(vm_a);
-    let dest = Arc::new(LinuxDest::new(cfg.echo, cfg.timeout));
-    let (b, a_text) = hop(&src, &dest, "A -> B, 2 vCPUs");
-    let b_text = b.lock().console().contents();
-    check_lives(&[&a_text, &b_text]);
-    assert!(
-        a_text.contains("cpus online 2"),
-        "A booted 2 vCPUs:\n{a_text}"
-    );
-    b.lock().shut_down().expect("B's threads end cleanly");
+s2mmu_arm64::linux_test! {
+    /// A one-vCPU source's service CPU parks while round 0 runs (from the
+    /// session's hook after the log starts) and is awake again, with nothing
+    /// left of the park, at the first harvest, a pause and the log's end; a
+    /// two-vCPU source's never parks (it carries their IPIs). The host
+    /// placement's: at EL2 the source's service CPU does not park.
+    fn a_one_vcpu_source_parks_its_service_cpu_while_logging(a) {
+        for vcpus in [1, 2] {
+            let mut cfg = config(&a, vcpus);
+            cfg.engine = Engine::Host;
+            let vm = LinuxVm::boot(&cfg).expect("A boots");
+            let src = LinuxSource::new(vm);
+            let v = src.vm();
+            let parked = || v.lock().cpus_parked();
+            let mut bitmap = vec![0u64; (cfg.mem / 4096).div_ceil(64) as usize];
+            let slot = s2mmu_arm64::linux::vm::RAM_SLOT;
+            v.enable_dirty_logging().unwrap();
+            src.begin_hook().unwrap();
+            assert_eq!(parked(), vcpus == 1, "{vcpus} vCPUs: parked in round 0");
+            v.get_dirty_log(slot, &mut bitmap).unwrap();
+            assert!(!parked(), "{vcpus} vCPUs: parked after the first harvest");
+            src.begin_hook().unwrap();
+            src.pause();
+            assert!(!parked(), "{vcpus} vCPUs: parked after a pause");
+            src.resume();
+            src.begin_hook().unwrap();
+            v.disable_dirty_logging().unwrap();
+            assert!(!parked(), "{vcpus} vCPUs: parked after the log ended");
+            v.lock().shut_down().expect("the threads end cleanly");
+        }
+    }
 }
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn linux_guest_goes_there_and_back_and_restores_from_a_snapshot() {
-    let _one = common::serial();
-    let Some(a) = common::linux_assets() else {
-        return;
-    };
-    let cfg = config(&a, 1);
-    let vm_a = LinuxVm::boot(&cfg).expect("A boots");
-    wait_lines(&vm_a, 0, 3, "A");
-    let dest = Arc::new(LinuxDest::new(cfg.echo, cfg.timeout));
+s2mmu_arm64::linux_test! {
+    /// Two vCPUs (one runs the counter, one idles in WFI): both stop at the
+    /// pause with their state, and B runs both.
+    fn linux_guest_with_two_vcpus_migrates(a) {
+        let cfg = config(&a, 2);
+        let vm_a = LinuxVm::boot(&cfg).expect("A boots");
+        // A booted machine's CPUs serve its harvests and pauses: not parked.
+        assert!(!vm_a.cpus_parked(), "a booted machine's CPUs are parked");
+        wait_lines(&vm_a, 0, 3, "A");
+        let src = LinuxSource::new(vm_a);
+        let dest = Arc::new(LinuxDest::new(cfg.echo, cfg.timeout));
+        let (b, a_text) = hop(&src, &dest, "A -> B, 2 vCPUs");
+        let b_text = b.lock().console().contents();
+        check_lives(&[&a_text, &b_text]);
+        assert!(
+            a_text.contains("cpus online 2"),
+            "A booted 2 vCPUs:\n{a_text}"
+        );
+        b.lock().shut_down().expect("B's threads end cleanly");
+    }
+}
 
-    // A -> B, then B -> A's side.
-    let src_a = LinuxSource::new(vm_a);
-    let (b, a_text) = hop(&src_a, &dest, "A -> B");
-    let src_b = LinuxSource::from_session_vm(b);
-    let (a2, b_text) = hop(&src_b, &dest, "B -> A");
-    drop((src_a, src_b));
+s2mmu_arm64::linux_test! {
+    fn linux_guest_goes_there_and_back_and_restores_from_a_snapshot(a) {
+        let cfg = config(&a, 1);
+        let vm_a = LinuxVm::boot(&cfg).expect("A boots");
+        wait_lines(&vm_a, 0, 3, "A");
+        let dest = Arc::new(LinuxDest::new(cfg.echo, cfg.timeout));
 
-    // A snapshot of the guest, paused, through the session's code.
-    let dir = std::env::temp_dir().join(format!("s2mmu-linux-snap-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let src = LinuxSource::from_session_vm(a2);
-    src.pause();
-    let saved = save_paused(&src, &dir.join("good")).expect("the snapshot");
-    eprintln!("snapshot: {saved:?}");
-    let a2_text = src.vm().lock().console().contents();
-    src.vm()
-        .lock()
-        .shut_down()
-        .expect("A's threads end cleanly");
-    drop(src);
+        // A -> B, then B -> A's side.
+        let src_a = LinuxSource::new(vm_a);
+        let (b, a_text) = hop(&src_a, &dest, "A -> B");
+        let src_b = LinuxSource::from_session_vm(b);
+        let (a2, b_text) = hop(&src_b, &dest, "B -> A");
+        drop((src_a, src_b));
 
-    refusals(&dir, &cfg);
-    let d_dest = LinuxDest::new(cfg.echo, cfg.timeout);
-    let d = restore_guest(&d_dest, &dir.join("good"), MAX_MEM).expect("restore into D");
-    assert_eq!(
-        d.slot_digests, saved.slot_digests,
-        "D's memory is the snapshot's"
-    );
-    let d_vm = d_dest.built().expect("D");
-    let d_text = wait_lines(&d_vm.lock(), 0, 5, "D");
-    check_lives(&[&a_text, &b_text, &a2_text, &d_text]);
-    d_vm.lock().shut_down().expect("D's threads end cleanly");
-    std::fs::remove_dir_all(&dir).unwrap();
+        // A snapshot of the guest, paused, through the session's code.
+        let dir = std::env::temp_dir().join(format!("s2mmu-linux-snap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let src = LinuxSource::from_session_vm(a2);
+        src.pause();
+        let saved = save_paused(&src, &dir.join("good")).expect("the snapshot");
+        eprintln!("snapshot: {saved:?}");
+        let a2_text = src.vm().lock().console().contents();
+        src.vm()
+            .lock()
+            .shut_down()
+            .expect("A's threads end cleanly");
+        drop(src);
+
+        refusals(&dir, &cfg);
+        let d_dest = LinuxDest::new(cfg.echo, cfg.timeout);
+        let d = restore_guest(&d_dest, &dir.join("good"), MAX_MEM).expect("restore into D");
+        assert_eq!(
+            d.slot_digests, saved.slot_digests,
+            "D's memory is the snapshot's"
+        );
+        let d_vm = d_dest.built().expect("D");
+        let d_text = wait_lines(&d_vm.lock(), 0, 5, "D");
+        check_lives(&[&a_text, &b_text, &a2_text, &d_text]);
+        d_vm.lock().shut_down().expect("D's threads end cleanly");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 /// A copy of the snapshot `dir/good` as `dir/name`, changed by `change`

@@ -26,10 +26,9 @@ use s2mmu_arm64_migrate::session_source::LinuxSource;
 use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::SourceGuest;
 use s2mmu_migrate::session::postcopy::control::{self, Control, Recovery, RecoveryMode};
-use s2mmu_migrate::session::postcopy::Postcopy;
-use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
+use s2mmu_migrate::session::source::{run_source, SourceConfig, SourceOutcome};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::transport::{self, Listener, NetConfig};
+use s2mmu_migrate::transport::{self, Listener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -72,15 +71,10 @@ fn migrate_through(
     to: &str,
     (src_rec, dest_rec): (Recovery, Recovery),
 ) -> Ends {
-    let net = NetConfig {
-        io_timeout: Duration::from_secs(120),
-        security: transport::ephemeral_tls().expect("an ephemeral identity"),
-    };
+    let net = common::tls();
     let scfg = SourceConfig {
-        harvest: Harvest::Bitmap,
-        postcopy: Postcopy::On,
         recovery: src_rec,
-        ..SourceConfig::default()
+        ..common::postcopy_on()
     };
     let dcfg = DestConfig {
         prefault: false,
@@ -132,25 +126,18 @@ fn counter_config(a: &s2mmu_arm64::linux::assets::LinuxAssets) -> LinuxConfig {
     cfg
 }
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn a_cut_postcopy_connection_is_recovered_automatically_and_the_guest_goes_on() {
-    let _one = common::serial();
-    let Some(a) = common::linux_assets() else {
-        return;
-    };
-    let cfg = counter_config(&a);
-    let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
-    let proxy = cut_proxy::start(listener.local(), CUT_AFTER, false);
-    let (src, dest) = machines(&cfg, &proxy);
-    let auto = Recovery::default();
-    assert_eq!(auto.mode, RecoveryMode::Auto);
-    let ends = migrate_through(&src, &dest, listener, &proxy.addr, (auto.clone(), auto));
-    assert!(proxy.cut_done.load(Ordering::SeqCst), "the proxy never cut");
-    completed_after_one_recovery(ends, &src, &dest, cfg.mem / 4096);
+s2mmu_arm64::linux_test! {
+    fn a_cut_postcopy_connection_is_recovered_automatically_and_the_guest_goes_on(a) {
+        let cfg = counter_config(&a);
+        let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
+        let proxy = cut_proxy::start(listener.local(), CUT_AFTER, false);
+        let (src, dest) = machines(&cfg, &proxy);
+        let auto = Recovery::default();
+        assert_eq!(auto.mode, RecoveryMode::Auto);
+        let ends = migrate_through(&src, &dest, listener, &proxy.addr, (auto.clone(), auto));
+        assert!(proxy.cut_done.load(Ordering::SeqCst), "the proxy never cut");
+        completed_after_one_recovery(ends, &src, &dest, cfg.mem / 4096);
+    }
 }
 
 /// A control socket's path for `side` in the system's temporary
@@ -187,70 +174,63 @@ fn until_paused(path: &Path) -> String {
     }
 }
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn a_cut_postcopy_waits_for_the_operator_whose_recover_addr_resumes_it() {
-    let _one = common::serial();
-    let Some(a) = common::linux_assets() else {
-        return;
-    };
-    let cfg = counter_config(&a);
-    let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
-    let direct = listener.local();
-    // Closed to new connections after the cut: only `recover ADDR` to the
-    // destination's own address gets through.
-    let proxy = cut_proxy::start(direct.clone(), CUT_AFTER, true);
-    let (src_sock, dest_sock) = (sock("source"), sock("destination"));
-    let manual = |path: &Path, side| Recovery {
-        mode: RecoveryMode::Manual,
-        wait: Duration::from_secs(300),
-        control: Some(Control::start(path, side).expect("a control socket")),
-    };
-    let (src_rec, dest_rec) = (
-        manual(&src_sock, "source"),
-        manual(&dest_sock, "destination"),
-    );
-    let (src, dest) = machines(&cfg, &proxy);
-    let operator = {
-        let (s, d) = (src_sock.clone(), dest_sock.clone());
-        std::thread::spawn(move || {
-            let (ds, ss) = (until_paused(&d), until_paused(&s));
-            let dest_ok = control::request(&d, "recover").expect("the destination answers");
-            let src_ok =
-                control::request(&s, &format!("recover {direct}")).expect("the source answers");
-            (ds, ss, dest_ok, src_ok)
-        })
-    };
-    let ends = migrate_through(
-        &src,
-        &dest,
-        listener,
-        &proxy.addr,
-        (src_rec.clone(), dest_rec.clone()),
-    );
-    let (ds, ss, dest_ok, src_ok) = operator.join().expect("the operator's thread");
-    eprintln!("paused: {ds} / {ss}; answers: {dest_ok} / {src_ok}");
-    assert!(proxy.cut_done.load(Ordering::SeqCst), "the proxy never cut");
-    assert!(
-        pages_missing(&ds) > 0,
-        "the destination lacked no page at the cut: {ds}"
-    );
-    assert!(
-        !dest_ok.starts_with("error") && !src_ok.starts_with("error"),
-        "{dest_ok} / {src_ok}"
-    );
-    completed_after_one_recovery(ends, &src, &dest, cfg.mem / 4096);
-    for r in [&src_rec, &dest_rec] {
-        let st = r.control.as_ref().unwrap().status_json();
-        assert!(
-            st.contains("\"phase\":\"done\"") && st.contains("\"recoveries\":1"),
-            "{st}"
+s2mmu_arm64::linux_test! {
+    fn a_cut_postcopy_waits_for_the_operator_whose_recover_addr_resumes_it(a) {
+        let cfg = counter_config(&a);
+        let listener = transport::bind("127.0.0.1:0").expect("a loopback listener");
+        let direct = listener.local();
+        // Closed to new connections after the cut: only `recover ADDR` to the
+        // destination's own address gets through.
+        let proxy = cut_proxy::start(direct.clone(), CUT_AFTER, true);
+        let (src_sock, dest_sock) = (sock("source"), sock("destination"));
+        let manual = |path: &Path, side| Recovery {
+            mode: RecoveryMode::Manual,
+            wait: Duration::from_secs(300),
+            control: Some(Control::start(path, side).expect("a control socket")),
+        };
+        let (src_rec, dest_rec) = (
+            manual(&src_sock, "source"),
+            manual(&dest_sock, "destination"),
         );
-    }
-    for r in [src_rec, dest_rec] {
-        r.control.unwrap().stop();
+        let (src, dest) = machines(&cfg, &proxy);
+        let operator = {
+            let (s, d) = (src_sock.clone(), dest_sock.clone());
+            std::thread::spawn(move || {
+                let (ds, ss) = (until_paused(&d), until_paused(&s));
+                let dest_ok = control::request(&d, "recover").expect("the destination answers");
+                let src_ok =
+                    control::request(&s, &format!("recover {direct}")).expect("the source answers");
+                (ds, ss, dest_ok, src_ok)
+            })
+        };
+        let ends = migrate_through(
+            &src,
+            &dest,
+            listener,
+            &proxy.addr,
+            (src_rec.clone(), dest_rec.clone()),
+        );
+        let (ds, ss, dest_ok, src_ok) = operator.join().expect("the operator's thread");
+        eprintln!("paused: {ds} / {ss}; answers: {dest_ok} / {src_ok}");
+        assert!(proxy.cut_done.load(Ordering::SeqCst), "the proxy never cut");
+        assert!(
+            pages_missing(&ds) > 0,
+            "the destination lacked no page at the cut: {ds}"
+        );
+        assert!(
+            !dest_ok.starts_with("error") && !src_ok.starts_with("error"),
+            "{dest_ok} / {src_ok}"
+        );
+        completed_after_one_recovery(ends, &src, &dest, cfg.mem / 4096);
+        for r in [&src_rec, &dest_rec] {
+            let st = r.control.as_ref().unwrap().status_json();
+            assert!(
+                st.contains("\"phase\":\"done\"") && st.contains("\"recoveries\":1"),
+                "{st}"
+            );
+        }
+        for r in [src_rec, dest_rec] {
+            r.control.unwrap().stop();
+        }
     }
 }

@@ -17,18 +17,8 @@ use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::session::source::{SourceConfig, SourceOutcome};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::transport::{self, NetConfig};
 use s2mmu_migrate::vm::{GuestCounters, GuestRun};
 use std::sync::Arc;
-use std::time::Duration;
-
-/// Mutual TLS with an identity made for this test.
-fn tls() -> NetConfig {
-    NetConfig {
-        io_timeout: Duration::from_secs(120),
-        security: transport::ephemeral_tls().expect("an ephemeral identity"),
-    }
-}
 
 type Outcomes = (
     Result<SourceOutcome, MigrateError>,
@@ -38,7 +28,7 @@ type Outcomes = (
 /// One migration of `guest` into a Linux destination built by `dest`,
 /// both ends in this process over loopback TLS.
 fn migrate<G: SourceGuest>(guest: &G, dest: &Arc<LinuxDest>) -> Outcomes {
-    let ends = common::migrate_here(guest, dest, &SourceConfig::default(), &tls());
+    let ends = common::migrate_here(guest, dest, &SourceConfig::default(), &common::tls());
     (ends.source, ends.dest)
 }
 
@@ -90,65 +80,58 @@ impl SourceGuest for DamagedState<'_> {
     }
 }
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn linux_guest_migrates_through_the_session_over_tls() {
-    let _one = common::serial();
-    let Some(a) = common::linux_assets() else {
-        return;
-    };
-    let cfg = config(&a, 1);
-    let vm_a = LinuxVm::boot(&cfg).expect("A boots");
-    wait_lines(&vm_a, 0, 3, "A");
-    let src = LinuxSource::new(vm_a);
-    let dest = Arc::new(LinuxDest::new(cfg.echo, cfg.timeout));
+s2mmu_arm64::linux_test! {
+    fn linux_guest_migrates_through_the_session_over_tls(a) {
+        let cfg = config(&a, 1);
+        let vm_a = LinuxVm::boot(&cfg).expect("A boots");
+        wait_lines(&vm_a, 0, 3, "A");
+        let src = LinuxSource::new(vm_a);
+        let dest = Arc::new(LinuxDest::new(cfg.echo, cfg.timeout));
 
-    // Damaged STATE: refused by name at the destination, A goes on.
-    let (s, d) = migrate(&DamagedState(&src), &dest);
-    let d_err = d.expect_err("the destination refuses a damaged STATE");
-    eprintln!("damaged STATE: destination {d_err}; source {s:?}");
-    assert!(s.is_err(), "the source reports the refusal");
-    assert!(
-        matches!(&d_err, MigrateError::Malformed { record: "STATE", why, .. }
-            if why.contains("Linux guest's state")),
-        "{d_err}"
-    );
-    let refused = dest.built().expect("C was built");
-    assert_eq!(
-        refused.lock().stub_exits(),
-        0,
-        "C's vCPUs never ran the refused guest"
-    );
-    drop(refused);
-    let n0 = counter_lines(&src.vm().lock().console().contents()).len();
-    wait_lines(&src.vm().lock(), 0, n0 + 2, "A after the refusal");
+        // Damaged STATE: refused by name at the destination, A goes on.
+        let (s, d) = migrate(&DamagedState(&src), &dest);
+        let d_err = d.expect_err("the destination refuses a damaged STATE");
+        eprintln!("damaged STATE: destination {d_err}; source {s:?}");
+        assert!(s.is_err(), "the source reports the refusal");
+        assert!(
+            matches!(&d_err, MigrateError::Malformed { record: "STATE", why, .. }
+                if why.contains("Linux guest's state")),
+            "{d_err}"
+        );
+        let refused = dest.built().expect("C was built");
+        assert_eq!(
+            refused.lock().stub_exits(),
+            0,
+            "C's vCPUs never ran the refused guest"
+        );
+        drop(refused);
+        let n0 = counter_lines(&src.vm().lock().console().contents()).len();
+        wait_lines(&src.vm().lock(), 0, n0 + 2, "A after the refusal");
 
-    // The real migration, A -> B.
-    let (s, d) = migrate(&src, &dest);
-    let (s, d) = (s.expect("the source's side"), d.expect("B's side"));
-    eprintln!(
-        "A -> B through the session: downtime {:?}, {} rounds, {} page records",
-        s.downtime,
-        s.rounds.len(),
-        s.page_records
-    );
-    assert_eq!(s.slot_digests, d.slot_digests, "the memories at the switch");
-    assert!(!s.slot_digests.is_empty());
-    let (a_text, a_exits) = {
+        // The real migration, A -> B.
+        let (s, d) = migrate(&src, &dest);
+        let (s, d) = (s.expect("the source's side"), d.expect("B's side"));
+        eprintln!(
+            "A -> B through the session: downtime {:?}, {} rounds, {} page records",
+            s.downtime,
+            s.rounds.len(),
+            s.page_records
+        );
+        assert_eq!(s.slot_digests, d.slot_digests, "the memories at the switch");
+        assert!(!s.slot_digests.is_empty());
+        let (a_text, a_exits) = {
+            let a = src.vm().lock();
+            (a.console().contents(), a.stub_exits())
+        };
+        let b = dest.built().expect("B was built");
+        // The session let B run for its run_after, then paused it: run it on.
+        let mut bvm = b.lock();
+        bvm.resume_vcpus().expect("B runs on");
+        let b1 = wait_lines(&bvm, 0, 5, "B");
+        check_lives(&[&a_text, &b1]);
         let a = src.vm().lock();
-        (a.console().contents(), a.stub_exits())
-    };
-    let b = dest.built().expect("B was built");
-    // The session let B run for its run_after, then paused it: run it on.
-    let mut bvm = b.lock();
-    bvm.resume_vcpus().expect("B runs on");
-    let b1 = wait_lines(&bvm, 0, 5, "B");
-    check_lives(&[&a_text, &b1]);
-    let a = src.vm().lock();
-    assert_eq!(a.console().contents(), a_text, "A printed after the switch");
-    assert_eq!(a.stub_exits(), a_exits, "A's guest ran after the switch");
-    bvm.shut_down().expect("B's threads end cleanly");
+        assert_eq!(a.console().contents(), a_text, "A printed after the switch");
+        assert_eq!(a.stub_exits(), a_exits, "A's guest ran after the switch");
+        bvm.shut_down().expect("B's threads end cleanly");
+    }
 }

@@ -15,36 +15,29 @@ use s2mmu_arm64_migrate::session_run::{self, GuestProgram, LinuxRunError, RunSet
 use s2mmu_migrate::session::source::SourceConfig;
 use s2mmu_migrate::stream_error::MigrateError;
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn a_source_guest_that_powers_off_mid_migration_is_named_as_the_cause() {
-    let _one = common::serial();
-    let Some(a) = common::linux_assets() else {
-        return;
-    };
-    let s = RunSettings {
-        session: SourceConfig {
-            bandwidth: 8 << 20,
-            ..SourceConfig::default()
-        },
-        ..common::run_settings(1, 128 << 20, GuestProgram::Counter)
-    };
-    let mut cfg = session_run::linux_config(&s, &a);
-    // Counting for 5 s, then /init powers the guest off.
-    cfg.cmdline = "quiet s2mmu.run=counter s2mmu.args=kib=4,ms=1000,secs=5".into();
-    let r = session_run::migrate_once(&s, &cfg);
-    match r {
-        Err(LinuxRunError::Session {
-            side: "source",
-            error: MigrateError::SourceGuestStopped { why },
-        }) => {
-            eprintln!("the source said: {why}");
-            assert!(why.contains("powered off"), "{why}");
+s2mmu_arm64::linux_test! {
+    fn a_source_guest_that_powers_off_mid_migration_is_named_as_the_cause(a) {
+        let s = RunSettings {
+            session: SourceConfig {
+                bandwidth: 8 << 20,
+                ..SourceConfig::default()
+            },
+            ..common::run_settings(1, 128 << 20, GuestProgram::Counter)
+        };
+        let mut cfg = session_run::linux_config(&s, &a);
+        // Counting for 5 s, then /init powers the guest off.
+        cfg.cmdline = "quiet s2mmu.run=counter s2mmu.args=kib=4,ms=1000,secs=5".into();
+        let r = session_run::migrate_once(&s, &cfg);
+        match r {
+            Err(LinuxRunError::Session {
+                side: "source",
+                error: MigrateError::SourceGuestStopped { why },
+            }) => {
+                eprintln!("the source said: {why}");
+                assert!(why.contains("powered off"), "{why}");
+            }
+            Err(e) => panic!("the source did not name its guest's power-off: {e}"),
+            Ok(r) => panic!("migrated a guest that powered off: {r:?}"),
         }
-        Err(e) => panic!("the source did not name its guest's power-off: {e}"),
-        Ok(r) => panic!("migrated a guest that powered off: {r:?}"),
     }
 }

@@ -74,6 +74,8 @@ mod hyp;
 pub mod linux;
 mod passes;
 pub mod probe;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 pub mod vm;
 pub mod walk_cache;
 pub mod workload;

@@ -10,13 +10,12 @@
 mod cli_common;
 mod recover_common;
 
-use recover_common::{bin, quick_and, spawn_listener, wait_exit};
+use recover_common::{exit_and_log, quick_and, rest_of, spawn_listener, spawn_source, wait_exit};
 use s2mmu_cli::vm_format::FormatArg;
 use s2mmu_migrate::hash::checksum;
 use s2mmu_migrate::wire::{tag, Header, WireReader, WireWriter};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const SMALL: [&str; 10] = quick_and("--io-timeout", "1s");
@@ -24,26 +23,11 @@ const SMALL: [&str; 10] = quick_and("--io-timeout", "1s");
 /// How long a process may take before the test calls it hung.
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn rest_of(mut r: impl Read) -> String {
-    let mut s = String::new();
-    let _ = r.read_to_string(&mut s);
-    s
-}
-
 /// Runs a source to `addr` (plain TCP unless `extra` says otherwise): whether it succeeded, its stderr.
 fn source(addr: &str, extra: &[&str]) -> (bool, String) {
-    let mut c = Command::new(bin())
-        .args(["migrate", "--to", addr, "--plot", ""])
-        .args(SMALL)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = c.stderr.take().unwrap();
-    let log = std::thread::spawn(move || rest_of(err));
-    let st = wait_exit(&mut c, LIMIT);
-    (st.success(), log.join().unwrap())
+    let mut c = spawn_source(addr, &[&SMALL[..], extra].concat());
+    let (st, log) = exit_and_log(&mut c, LIMIT);
+    (st.success(), log)
 }
 
 /// A destination written here: reads the source's opening, then runs

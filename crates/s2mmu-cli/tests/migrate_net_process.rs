@@ -6,17 +6,13 @@
 mod cli_common;
 mod recover_common;
 
-use recover_common::{bin, quick_and, spawn_listener, wait_exit};
+use recover_common::{
+    bin, exit_and_log, quick_and, rest_of, spawn_listener, spawn_source, wait_exit,
+};
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
-
-fn rest_of(mut r: impl Read) -> String {
-    let mut s = String::new();
-    let _ = r.read_to_string(&mut s);
-    s
-}
 
 /// Asserts that the process behind `out` succeeded, showing its stderr
 /// otherwise.
@@ -158,16 +154,8 @@ fn a_stopped_destination_process_ends_the_source_with_a_timeout() {
         .status()
         .unwrap()
         .success());
-    let mut src = Command::new(bin())
-        .args(["migrate", "--to", &addr, "--plot", ""])
-        .args(SMALL)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let serr = src.stderr.take().unwrap();
-    let st = wait_exit(&mut src, Duration::from_secs(60));
-    let log = rest_of(serr);
+    let mut src = spawn_source(&addr, &SMALL);
+    let (st, log) = exit_and_log(&mut src, Duration::from_secs(60));
     let _ = Command::new("kill").args(["-CONT", &pid]).status();
     let _ = dest.kill();
     let _ = dest.wait();

@@ -7,7 +7,7 @@
 mod cli_common;
 mod recover_common;
 
-use recover_common::{bin, spawn_listener, wait_exit};
+use recover_common::{bin, spawn_listener, wait_exit, QUICK};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::Command;
@@ -66,25 +66,13 @@ fn pump(mut from: TcpStream, mut into: TcpStream, count: Option<&AtomicU64>) {
 /// One two-process migration through the relay: the bytes relayed towards
 /// the destination and the source's JSON result.
 fn migrate_counted(extra: &[&str]) -> (u64, serde_json::Value) {
-    let args = [
-        "--mem",
-        "64M",
-        "--warmup",
-        "20ms",
-        "--run-after",
-        "20ms",
-        "-s",
-        "anonymous",
-        "--io-timeout",
-        "10s",
-        "--channels",
-        "2",
-    ];
+    let more = ["--io-timeout", "10s", "--channels", "2"];
+    let args = [&["--mem", "64M"][..], &QUICK[2..], &more].concat();
     let (mut dest, addr, _derr) = spawn_listener(&args);
     let (relay, count) = counting_relay(addr);
     let out = Command::new(bin())
         .args(["migrate", "--to", &relay, "--plot", "", "--json", "-q"])
-        .args(args)
+        .args(&args)
         .args(extra)
         .output()
         .unwrap();

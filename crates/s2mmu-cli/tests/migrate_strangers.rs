@@ -10,11 +10,13 @@
 mod cli_common;
 mod recover_common;
 
-use recover_common::{bin, spawn_listener, wait_exit, write_pki, QUICK};
-use std::io::{BufReader, Read, Write};
+use recover_common::{
+    exit_and_log, rest_of, spawn_listener, spawn_source, wait_exit, write_pki, QUICK,
+};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, ChildStderr, Command, Stdio};
+use std::process::{Child, ChildStderr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,12 +65,6 @@ fn auth(mode: &str, d: &std::path::Path) -> Vec<String> {
     }
 }
 
-fn rest_of(mut r: impl Read) -> String {
-    let mut s = String::new();
-    let _ = r.read_to_string(&mut s);
-    s
-}
-
 /// A destination with `auth` and `extra`; its address and stderr.
 fn destination(auth: &[String], extra: &[&str]) -> (Child, String, BufReader<ChildStderr>) {
     let a: Vec<&str> = auth.iter().map(String::as_str).collect();
@@ -78,20 +74,12 @@ fn destination(auth: &[String], extra: &[&str]) -> (Child, String, BufReader<Chi
 
 /// Runs the real source to `addr`; its stderr when it failed.
 fn real_source(addr: &str, auth: &[String], extra: &[&str]) -> Result<(), String> {
-    let mut c = Command::new(bin())
-        .args(["migrate", "--to", addr, "--plot", ""])
-        .args(SMALL)
-        .args(["--io-timeout", SOURCE_IO])
-        .args(auth)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = c.stderr.take().unwrap();
-    let log = std::thread::spawn(move || rest_of(err));
-    let st = wait_exit(&mut c, LIMIT);
-    let log = log.join().unwrap();
+    let a: Vec<&str> = auth.iter().map(String::as_str).collect();
+    let mut c = spawn_source(
+        addr,
+        &[&SMALL[..], &["--io-timeout", SOURCE_IO], &a[..], extra].concat(),
+    );
+    let (st, log) = exit_and_log(&mut c, LIMIT);
     if st.success() {
         Ok(())
     } else {

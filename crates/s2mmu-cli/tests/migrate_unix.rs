@@ -2,6 +2,9 @@
 //! The transport itself is tested with the migration library
 //! (crates/s2mmu-migrate/tests/migrate_unix.rs).
 
+mod cli_common;
+mod recover_common;
+
 use std::time::Duration;
 
 /// A fresh socket path in the test's temporary directory.
@@ -18,23 +21,11 @@ fn two_processes_migrate_over_a_unix_socket_with_a_key() {
     let path = socket_path("process");
     let key = path.with_file_name("key");
     std::fs::write(&key, "a key of at least sixteen bytes\n").unwrap();
-    let small = [
-        "--mem",
-        "16M",
-        "--warmup",
-        "20ms",
-        "--run-after",
-        "20ms",
-        "-s",
-        "anonymous",
-        "--plot",
-        "",
-        "--psk",
-    ];
+    let small = [&recover_common::QUICK[..], &["--plot", "", "--psk"]].concat();
     let addr = format!("unix:{}", path.display());
     let dest = Command::new(env!("CARGO_BIN_EXE_s2mmu"))
         .args(["migrate", "--listen", &addr])
-        .args(small)
+        .args(&small)
         .arg(&key)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -50,7 +41,7 @@ fn two_processes_migrate_over_a_unix_socket_with_a_key() {
     }
     let src = Command::new(env!("CARGO_BIN_EXE_s2mmu"))
         .args(["migrate", "--to", &addr])
-        .args(small)
+        .args(&small)
         .arg(&key)
         .output()
         .unwrap();

@@ -4,7 +4,7 @@
 
 mod migrate_common;
 
-use migrate_common::{dest_cfg, plain, reply_tags, small};
+use migrate_common::{dest_cfg, plain, reply_tags, small, tls};
 use s2mmu::mmu::DirtyMode;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::dest::DestOutcome;
@@ -13,7 +13,7 @@ use s2mmu_migrate::sim::dest::{receive, receive_from};
 use s2mmu_migrate::sim::in_process::migrate_in_process;
 use s2mmu_migrate::sim::source::{migrate_source, session_harvest, SimRun};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::transport::{self as net, BoxConn, NetConfig};
+use s2mmu_migrate::transport::{BoxConn, NetConfig};
 use s2mmu_migrate::wire::{tag, PAGE_SIZE};
 use s2mmu_vm::Pattern;
 use std::io::{Read, Write};
@@ -94,10 +94,7 @@ fn every_engine_dirty_mode_migrates_with_equal_memory() {
 fn three_channels_over_tls_leave_equal_memory() {
     // Each page on the channel owning its stripe, every channel its own
     // mutual-TLS connection.
-    let net = NetConfig {
-        io_timeout: Duration::from_secs(10),
-        security: net::ephemeral_tls().unwrap(),
-    };
+    let net = tls();
     check_equal_over(
         &small(16 << 20).with(|_, s| {
             s.channels = 3;

@@ -229,16 +229,8 @@ fn a_stream_asking_for_more_than_the_destination_allows_is_rejected() {
 /// `state` (all pages sent as zero pages).
 fn stream_with_state(vcpus_in_header: u32, state: &GuestState) -> Vec<u8> {
     let h = Header {
-        mem_size: 16 * PAGE_SIZE as u64,
-        slots: 1,
-        gpa_base: 1 << 32,
         vcpus: vcpus_in_header,
-        channels: 1,
-        backing: "anonymous".into(),
-        verify_full: false,
-        postcopy: false,
-        format: s2mmu::format::FormatId::of::<Arm64Stage2>(),
-        image: None,
+        ..header(16 * PAGE_SIZE as u64)
     };
     let mut w = WireWriter::new(Vec::new(), &h).unwrap();
     w.probe(0, &[1], &mut |_| {}).unwrap();
@@ -261,15 +253,21 @@ fn vcpu(pass: u64, next_page: u64) -> VcpuState {
     }
 }
 
-#[test]
-fn vcpu_state_that_does_not_fit_guest_memory_is_rejected_before_any_vcpu_starts() {
-    let good = GuestState {
+/// The sim guest's state with `vcpus`: 8 pages each, every access a
+/// write, no pace.
+fn guest_state(vcpus: Vec<VcpuState>) -> GuestState {
+    GuestState {
         bytes_per_vcpu: 8 * PAGE_SIZE as u64,
         write_percent: 100,
         pattern: 0,
         pace_pages_per_sec: 0,
-        vcpus: vec![vcpu(1, 0), vcpu(1, 3)],
-    };
+        vcpus,
+    }
+}
+
+#[test]
+fn vcpu_state_that_does_not_fit_guest_memory_is_rejected_before_any_vcpu_starts() {
+    let good = guest_state(vec![vcpu(1, 0), vcpu(1, 3)]);
     let mut reply = Vec::new();
     receive_from(&stream_with_state(2, &good)[..], &mut reply, &dest_cfg())
         .expect("a state that fits resumes");
@@ -458,13 +456,7 @@ fn stream_of(records: &[Vec<(u64, Option<u8>)>]) -> Vec<u8> {
         }
         w.batch(&mut b).unwrap();
     }
-    let state = GuestState {
-        bytes_per_vcpu: 8 * PAGE_SIZE as u64,
-        write_percent: 100,
-        pattern: 0,
-        pace_pages_per_sec: 0,
-        vcpus: vec![vcpu(1, 0), vcpu(1, 0)],
-    };
+    let state = guest_state(vec![vcpu(1, 0), vcpu(1, 0)]);
     w.control(tag::STATE, &state.encode()).unwrap();
     w.end().unwrap();
     std::mem::take(w.get_mut())

@@ -7,7 +7,7 @@
 
 mod migrate_common;
 
-use migrate_common::{dest_cfg, plain};
+use migrate_common::{dest_cfg, plain, tls};
 use s2mmu::mmu::DirtyMode;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::postcopy::Postcopy;
@@ -16,7 +16,7 @@ use s2mmu_migrate::sim::dest::serve;
 use s2mmu_migrate::sim::in_process::migrate_in_process;
 use s2mmu_migrate::sim::source::{migrate_source, session_harvest, SimRun};
 use s2mmu_migrate::stream_error::MigrateError;
-use s2mmu_migrate::transport::{self as net, BoxConn, Connection, NetConfig, ShutdownHandle};
+use s2mmu_migrate::transport::{self as net, BoxConn, Connection, ShutdownHandle};
 use s2mmu_migrate::wire::{tag, PAGE_SIZE};
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -91,10 +91,7 @@ fn postcopy_with_dirty_rings_and_two_channels_over_tls() {
         s.channels = 2;
         s.bandwidth = 16 << 20; // as above: a request must come first
     });
-    let net = NetConfig {
-        security: net::ephemeral_tls().unwrap(),
-        ..plain()
-    };
+    let net = tls();
     let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &net).expect("post-copy succeeds");
     check_postcopy(&s, &d, &cfg);
 }

@@ -7,10 +7,10 @@
 
 mod migrate_common;
 
-use migrate_common::{dest_cfg, plain, small};
+use migrate_common::{dest_cfg, plain, small, tls};
 use s2mmu_migrate::sim::in_process::migrate_in_process;
 use s2mmu_migrate::sim::source::SimRun;
-use s2mmu_migrate::transport::{self as net, NetConfig};
+use s2mmu_migrate::transport::NetConfig;
 use std::time::Duration;
 
 fn check(cfg: &SimRun, net: &NetConfig, tls: bool) {
@@ -80,10 +80,7 @@ fn plain_tcp_and_the_stages_are_measured_without_tls() {
 
 #[test]
 fn plain_tcp_and_the_stages_are_measured_with_tls_over_two_channels() {
-    let net = NetConfig {
-        io_timeout: Duration::from_secs(10),
-        security: net::ephemeral_tls().unwrap(),
-    };
+    let net = tls();
     check(
         &small(16 << 20).with(|_, s| {
             s.channels = 2;
@@ -168,11 +165,4 @@ fn channels_auto_refuses_settings_out_of_bounds() {
         assert!(e.to_string().contains("auto_channels"), "{a:?}: {e}");
     }
     assert!(AutoChannels::default().validate().is_ok());
-}
-
-fn tls() -> NetConfig {
-    NetConfig {
-        io_timeout: Duration::from_secs(10),
-        security: net::ephemeral_tls().unwrap(),
-    }
 }

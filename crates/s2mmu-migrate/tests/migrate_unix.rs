@@ -6,7 +6,7 @@
 
 mod migrate_common;
 
-use migrate_common::{dest_cfg, plain, small};
+use migrate_common::{dest_cfg, plain, small, tls};
 use s2mmu_migrate::sim::dest::serve;
 use s2mmu_migrate::sim::source::{migrate_source, SimRun};
 use s2mmu_migrate::stream_error::MigrateError;
@@ -56,10 +56,7 @@ fn plain_migration_over_a_unix_socket() {
 
 #[test]
 fn mutual_tls_over_a_unix_socket() {
-    let net = NetConfig {
-        io_timeout: Duration::from_secs(10),
-        security: net::ephemeral_tls().unwrap(),
-    };
+    let net = tls();
     migrate_over_unix(
         "tls",
         &small(16 << 20).with(|_, s| {

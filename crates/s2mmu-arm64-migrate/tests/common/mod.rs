@@ -5,31 +5,7 @@ pub mod counter;
 pub mod cut_proxy;
 pub mod pure_postcopy;
 
-use s2mmu_arm64::linux::assets::{ensure, AssetOptions, LinuxAssets};
-use std::sync::{Arc, Mutex, MutexGuard};
-
-/// One QEMU at a time per test binary: the machine has 2 cores.
-static ONE: Mutex<()> = Mutex::new(());
-
-/// Serialises the tests of one binary.
-pub fn serial() -> MutexGuard<'static, ()> {
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The Linux guest's kernel and initramfs. Each test that needs them is
-/// `#[cfg_attr(not(s2mmu_linux_runnable), ignore = ...)]`: where the build
-/// found no model, no cross compiler or no kernel packages
-/// (`scripts/setup.sh`) the runner reports it as ignored; where it found
-/// them, a failure here fails the test with the reason. Always `Some`.
-pub fn linux_assets() -> Option<LinuxAssets> {
-    if let Err(why) = s2mmu_arm64::available() {
-        panic!("the build found the arm64 model but it cannot run now: {why}");
-    }
-    match ensure(&AssetOptions::from_env()) {
-        Ok(a) => Some(a),
-        Err(e) => panic!("the Linux guest's kernel and initramfs: {e}"),
-    }
-}
+use std::sync::Arc;
 
 /// One migration of `guest` into a machine `dest` builds, both ends in
 /// this process over loopback secured as `net` says (the library's
@@ -68,7 +44,6 @@ pub fn run_settings(
     mem: u64,
     program: s2mmu_arm64_migrate::session_run::GuestProgram,
 ) -> s2mmu_arm64_migrate::session_run::RunSettings {
-    use s2mmu_migrate::transport::{self, NetConfig};
     use std::time::Duration;
     s2mmu_arm64_migrate::session_run::RunSettings {
         vcpus,
@@ -77,13 +52,52 @@ pub fn run_settings(
         postcopy: None,
         session: s2mmu_migrate::session::source::SourceConfig::default(),
         dest: s2mmu_migrate::session::dest::DestConfig::with_run_after(Duration::from_millis(300)),
-        net: NetConfig {
-            io_timeout: Duration::from_secs(120),
-            security: transport::ephemeral_tls().expect("an ephemeral identity"),
-        },
+        net: tls(),
         attempts: 1,
         ram_pages: Default::default(),
         engine: Default::default(),
         hardware_dirty: false,
     }
+}
+
+/// Mutual TLS with an identity made for this test, a 120 s deadline on
+/// every read and write.
+pub fn tls() -> s2mmu_migrate::transport::NetConfig {
+    s2mmu_migrate::transport::NetConfig {
+        io_timeout: std::time::Duration::from_secs(120),
+        security: s2mmu_migrate::transport::ephemeral_tls().expect("an ephemeral identity"),
+    }
+}
+
+/// The source's settings of the post-copy checks: a bitmap harvest and
+/// post-copy after round 0.
+pub fn postcopy_on() -> s2mmu_migrate::session::source::SourceConfig {
+    s2mmu_migrate::session::source::SourceConfig {
+        harvest: s2mmu_migrate::session::source::Harvest::Bitmap,
+        postcopy: s2mmu_migrate::session::postcopy::Postcopy::On,
+        ..Default::default()
+    }
+}
+
+/// What a source's machine had printed and run at the switch: its console
+/// and its stub's exit count.
+pub fn at_switch(vm: &s2mmu_arm64_migrate::session_source::LinuxSessionVm) -> (String, u64) {
+    let vm = vm.lock();
+    (vm.console().contents(), vm.stub_exits())
+}
+
+/// Checks that a source's machine stayed silent after the switch: it
+/// printed nothing and ran nothing since [`at_switch`] gave `before`.
+pub fn check_silent(
+    vm: &s2mmu_arm64_migrate::session_source::LinuxSessionVm,
+    before: &(String, u64),
+    what: &str,
+) {
+    let vm = vm.lock();
+    assert_eq!(
+        vm.console().contents(),
+        before.0,
+        "{what}: the source printed after"
+    );
+    assert_eq!(vm.stub_exits(), before.1, "{what}: the source ran after");
 }

@@ -3,21 +3,14 @@
 
 pub mod el1;
 
-use s2mmu_arm64::linux::assets::{ensure, AssetOptions, LinuxAssets};
-use s2mmu_arm64::linux::dirty::HarvestConfig;
-use s2mmu_arm64::linux::vm::LinuxConfig;
+use s2mmu_arm64::linux::dirty::{HarvestConfig, HarvestReport};
+use s2mmu_arm64::linux::vm::{self as linux_vm, Engine, LinuxConfig, LinuxReport};
 use s2mmu_arm64::machine::{Machine, MachineConfig};
 use s2mmu_arm64::vm::{Arm64Vm, VmConfig};
 use s2mmu_arm64::workload::{spare_bytes, DirtyConfig};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
-/// One QEMU at a time per test binary: the machine has 2 cores.
-static ONE: Mutex<()> = Mutex::new(());
-
-/// Serialises the tests of one binary.
-pub fn serial() -> MutexGuard<'static, ()> {
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub use s2mmu_arm64::test_support::serial;
 
 /// A machine with `cpus` CPUs (the last serves maintenance). Each test
 /// that needs one is `#[cfg_attr(not(s2mmu_arm64_runnable), ignore =
@@ -69,36 +62,39 @@ pub fn machine_unavailable() -> bool {
     false
 }
 
-/// The Linux guest's kernel and initramfs. Each test that needs them is
-/// `#[cfg_attr(not(s2mmu_linux_runnable), ignore = ...)]`: where the build
-/// found no cross compiler or no kernel packages (`scripts/setup.sh`) the
-/// runner reports it as ignored; where it found them, a failure here fails
-/// the test with the reason. Always `Some`.
-pub fn linux_assets() -> Option<LinuxAssets> {
-    machine_unavailable();
-    match ensure(&AssetOptions::from_env()) {
-        Ok(a) => Some(a),
-        Err(e) => panic!("the Linux guest's kernel and initramfs: {e}"),
-    }
-}
-
 /// The Linux guest on 2 vCPUs and 256 MiB running the dirtier with `args`
 /// (its `s2mmu.args`), harvested as `dirty` says, its console echoed where
 /// `S2MMU_LINUX_ECHO` is set. The 600 s limit bounds a hung guest, not a
 /// speed: under stress-ng --cpu 8 on a 2-core machine the boot alone took
 /// 111 s and a run passed 240 s.
 pub fn dirtier(args: &str, dirty: HarvestConfig) -> LinuxConfig {
-    let a = linux_assets().expect("the Linux guest's kernel and initramfs");
+    let a = s2mmu_arm64::test_support::linux_assets();
+    let cmdline = format!("quiet s2mmu.run=dirtier s2mmu.args={args}");
     LinuxConfig {
-        vcpus: 2,
-        mem: 256 << 20,
-        kernel: a.image,
-        initrd: a.initramfs,
-        cmdline: format!("quiet s2mmu.run=dirtier s2mmu.args={args}"),
-        echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
-        timeout: std::time::Duration::from_secs(600),
         dirty,
-        ram_pages: Default::default(),
-        engine: Default::default(),
+        ..s2mmu_arm64::test_support::linux_config(&a, 2, &cmdline)
     }
+}
+
+/// Runs [`dirtier`] with `args` and `dirty` with the engine on the host.
+pub fn run_on_host(args: &str, dirty: HarvestConfig) -> LinuxReport {
+    linux_vm::run(&LinuxConfig {
+        engine: Engine::Host,
+        ..dirtier(args, dirty)
+    })
+    .expect("the Linux VM runs")
+}
+
+/// Checks a run of the dirtier: its line `s2mmu-dirtier: {ok}` (its own
+/// check passed), pages changed and none lost. Its harvester's report.
+pub fn check_dirtier(r: &LinuxReport, ok: &str) -> HarvestReport {
+    let d = r.dirty.clone().expect("the harvester ran");
+    assert!(
+        r.console.contains(&format!("s2mmu-dirtier: {ok}")),
+        "the guest's own check; console:\n{}",
+        r.console
+    );
+    assert!(d.changed > 0, "the guest changed no page");
+    assert_eq!(d.lost, 0, "lost pages: {:x?}", d.lost_examples);
+    d
 }

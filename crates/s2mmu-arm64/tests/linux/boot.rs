@@ -4,28 +4,14 @@
 //! on the host, each fault an exit (`tests/linux_el2.rs` boots it at
 //! EL2, the default).
 
-use crate::common;
-
-use s2mmu_arm64::linux::dirty::HarvestConfig;
 use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig, StopReason};
-use std::time::Duration;
 
 fn boot(vcpus: usize) {
-    let _one = common::serial();
-    let Some(a) = common::linux_assets() else {
-        return;
-    };
+    let a = s2mmu_arm64::test_support::linux_assets();
+    let cmdline = std::env::var("S2MMU_LINUX_CMDLINE").unwrap_or_else(|_| "quiet".into());
     let r = vm::run(&LinuxConfig {
-        vcpus,
-        mem: 256 << 20,
-        kernel: a.image,
-        initrd: a.initramfs,
-        cmdline: std::env::var("S2MMU_LINUX_CMDLINE").unwrap_or_else(|_| "quiet".into()),
-        echo: std::env::var_os("S2MMU_LINUX_ECHO").is_some(),
-        timeout: Duration::from_secs(600),
-        dirty: HarvestConfig::default(),
-        ram_pages: Default::default(),
         engine: Engine::Host,
+        ..s2mmu_arm64::test_support::linux_config(&a, vcpus, &cmdline)
     })
     .expect("the Linux VM runs");
     eprintln!(
@@ -42,20 +28,7 @@ fn boot(vcpus: usize) {
     assert!(r.exits[0] > 0, "RAM came through stage-2 faults");
 }
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn linux_boots_to_init_on_one_vcpu_and_powers_off() {
-    boot(1);
-}
-
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn linux_boots_to_init_on_two_vcpus_and_powers_off() {
-    boot(2);
+s2mmu_arm64::linux_test! {
+    fn linux_boots_to_init_on_one_vcpu_and_powers_off() { boot(1) }
+    fn linux_boots_to_init_on_two_vcpus_and_powers_off() { boot(2) }
 }

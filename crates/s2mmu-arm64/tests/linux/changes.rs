@@ -11,8 +11,7 @@ use crate::common;
 use s2mmu::mmu::DirtyMode;
 use s2mmu_arm64::linux::changes::{HostChange, FB_IPA, FB_SIZE};
 use s2mmu_arm64::linux::dirty::{self, HarvestConfig, HarvestReport};
-use s2mmu_arm64::linux::vm::{self, Engine, LinuxConfig, StopReason};
-use std::time::Duration;
+use s2mmu_arm64::linux::vm::{self, LinuxConfig, StopReason};
 
 /// Runs the dirtier for 10 s on anonymous memory and tmpfs under `change`
 /// and returns the harvester's report once the guest's check passed and
@@ -26,84 +25,60 @@ fn run(mode: Option<DirtyMode>, change: HostChange) -> HarvestReport {
 /// Runs the dirtier with `args` under `change`; its line
 /// `s2mmu-dirtier: {ok}` must show and no page may be lost.
 fn run_args(mode: Option<DirtyMode>, change: HostChange, args: &str, ok: &str) -> HarvestReport {
-    let _one = common::serial();
-    let r = vm::run(&LinuxConfig {
-        engine: Engine::Host,
-        ..common::dirtier(
-            args,
-            HarvestConfig {
-                mode,
-                change,
-                ..HarvestConfig::default()
-            },
-        )
-    })
-    .expect("the Linux VM runs");
-    let d = r.dirty.clone().expect("the harvester ran");
-    eprintln!("{mode:?} {change:?}: {:.1} s; dirty {d:?}", r.total_s);
-    assert_eq!(r.reason, StopReason::PowerOff, "console:\n{}", r.console);
-    assert!(
-        r.console.contains(&format!("s2mmu-dirtier: {ok}")),
-        "the guest's own check; console:\n{}",
-        r.console
+    let harvest = HarvestConfig {
+        mode,
+        change,
+        ..HarvestConfig::default()
+    };
+    let r = common::run_on_host(args, harvest);
+    eprintln!(
+        "{mode:?} {change:?}: {:.1} s; dirty {:?}",
+        r.total_s, r.dirty
     );
-    assert!(d.changed > 0, "the guest changed no page");
-    assert_eq!(d.lost, 0, "lost pages: {:x?}", d.lost_examples);
-    d
+    assert_eq!(r.reason, StopReason::PowerOff, "console:\n{}", r.console);
+    common::check_dirtier(&r, ok)
 }
 
-/// The MMU notifier moves 32 of the pages each harvest logged (the
-/// dirtier's, mostly) to other host pages and poisons the old ones: a
-/// stale translation would make the dirtier read poison, a dropped dirty
-/// mark would show as a lost page.
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn linux_pages_remapped_under_the_dirtier() {
-    for mode in [Some(dirty::WP_GET), Some(dirty::HW_GET)] {
-        let d = run(mode, HostChange::Remap { pages: 32 });
-        assert!(d.remapped >= 100, "{} pages remapped", d.remapped);
+s2mmu_arm64::linux_test! {
+    /// The MMU notifier moves 32 of the pages each harvest logged (the
+    /// dirtier's, mostly) to other host pages and poisons the old ones: a
+    /// stale translation would make the dirtier read poison, a dropped dirty
+    /// mark would show as a lost page.
+    fn linux_pages_remapped_under_the_dirtier() {
+        for mode in [Some(dirty::WP_GET), Some(dirty::HW_GET)] {
+            let d = run(mode, HostChange::Remap { pages: 32 });
+            assert!(d.remapped >= 100, "{} pages remapped", d.remapped);
+        }
     }
 }
 
-/// Logging stops after the 5th harvest: the engine collapses the split
-/// blocks back in place (no fault to get them back); 5 periods later it
-/// starts again (split again) and the check goes on.
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn linux_blocks_collapsed_in_place_when_logging_stops() {
-    let d = run(
-        Some(dirty::WP_GET),
-        HostChange::Collapse { at: 5, after: 5 },
-    );
-    assert_eq!(d.pauses, 1);
-    assert!(d.collapsed > 0, "no block collapsed: {d:?}");
-    assert!(d.harvests > 10, "{} harvests", d.harvests);
+s2mmu_arm64::linux_test! {
+    /// Logging stops after the 5th harvest: the engine collapses the split
+    /// blocks back in place (no fault to get them back); 5 periods later it
+    /// starts again (split again) and the check goes on.
+    fn linux_blocks_collapsed_in_place_when_logging_stops() {
+        let d = run(Some(dirty::WP_GET), HostChange::Collapse { at: 5, after: 5 });
+        assert_eq!(d.pauses, 1);
+        assert!(d.collapsed > 0, "no block collapsed: {d:?}");
+        assert!(d.harvests > 10, "{} harvests", d.harvests);
+    }
 }
 
-/// A logged memslot outside RAM moves: the dirtier writes and checks a
-/// framebuffer it maps through `/dev/mem` (a device-tree region at
-/// `FB_IPA`); at the 20th harvest the host deletes its slot, copies it to
-/// other host memory and adds it again at the same IPA, logging. The
-/// dirtier's check passes, and every changed page of it is in a log.
-/// (Write-protection modes: faults on the slot wait during the move; with
-/// hardware dirty state a write needs no fault, so the move would have to
-/// stop the vCPUs, which this host side does not do yet.)
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn linux_framebuffer_slot_moved_while_logged() {
-    for mode in [Some(dirty::WP_GET), Some(dirty::RING)] {
-        let args = format!("fb={FB_IPA:#x}:{FB_SIZE:#x},secs=8");
-        let d = run_args(mode, HostChange::MoveSlot { at: 20 }, &args, "ok fb");
-        assert_eq!(d.moves, 1, "{d:?}");
+s2mmu_arm64::linux_test! {
+    /// A logged memslot outside RAM moves: the dirtier writes and checks a
+    /// framebuffer it maps through `/dev/mem` (a device-tree region at
+    /// `FB_IPA`); at the 20th harvest the host deletes its slot, copies it to
+    /// other host memory and adds it again at the same IPA, logging. The
+    /// dirtier's check passes, and every changed page of it is in a log.
+    /// (Write-protection modes: faults on the slot wait during the move; with
+    /// hardware dirty state a write needs no fault, so the move would have to
+    /// stop the vCPUs, which this host side does not do yet.)
+    fn linux_framebuffer_slot_moved_while_logged() {
+        for mode in [Some(dirty::WP_GET), Some(dirty::RING)] {
+            let args = format!("fb={FB_IPA:#x}:{FB_SIZE:#x},secs=8");
+            let d = run_args(mode, HostChange::MoveSlot { at: 20 }, &args, "ok fb");
+            assert_eq!(d.moves, 1, "{d:?}");
+        }
     }
 }
 
@@ -118,20 +93,12 @@ fn changes_the_mode_cannot_hold_are_refused() {
         (None, HostChange::Remap { pages: 1 }),
     ] {
         let e = vm::run(&LinuxConfig {
-            vcpus: 1,
-            mem: 256 << 20,
-            kernel: "/nonexistent/Image".into(),
-            initrd: "/nonexistent/initrd".into(),
-            cmdline: String::new(),
-            echo: false,
-            timeout: Duration::from_secs(1),
             dirty: HarvestConfig {
                 mode,
                 change,
                 ..HarvestConfig::default()
             },
-            ram_pages: Default::default(),
-            engine: Default::default(),
+            ..s2mmu_arm64::test_support::unbootable_config()
         })
         .expect_err("refused");
         assert!(

@@ -88,43 +88,40 @@ fn config() -> FdtConfig {
     c
 }
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn the_device_tree_reads_back_with_dtc_and_has_what_qemu_gives_linux() {
-    require("dtc");
-    require("qemu-system-aarch64");
-    let ours = decompile(&fdt::build(&config()).unwrap());
-    let n = |p: &str| {
-        ours.get(p)
-            .unwrap_or_else(|| panic!("no node {p} in {ours:#?}"))
-    };
-    assert_eq!(
-        n("/memory@40000000")["reg"],
-        "<0x00 0x40000000 0x00 0x40000000>"
-    );
-    assert_eq!(n("/cpus/cpu@1")["reg"], "<0x01>");
-    assert_eq!(n("/cpus/cpu@1")["enable-method"], "\"psci\"");
-    assert!(!ours.contains_key("/cpus/cpu@2"));
-    assert_eq!(n("/psci")["method"], "\"hvc\"");
-    assert_eq!(n("/intc@8000000")["interrupts"], "<0x01 0x09 0x04>");
-    assert_eq!(
-        n("/timer")["interrupts"],
-        "<0x01 0x0d 0x04 0x01 0x0e 0x04 0x01 0x0b 0x04 0x01 0x0a 0x04>"
-    );
-    assert_eq!(n("/uart@9000000")["compatible"], "\"ns16550a\"");
-    assert_eq!(n("/uart@9000000")["clock-frequency"], "<0x1c2000>");
-    assert_eq!(n("/uart@9000000")["interrupts"], "<0x00 0x01 0x04>");
-    assert_eq!(n("/chosen")["stdout-path"], "\"/uart@9000000\"");
-    assert_eq!(n("/chosen")["linux,initrd-start"], "<0x00 0x70000000>");
-    assert_eq!(n("/chosen")["linux,initrd-end"], "<0x00 0x70400000>");
-    assert_eq!(
-        n("/s2mmu-region@10000000")["reg"],
-        "<0x00 0x10000000 0x00 0x100000>"
-    );
-    compare_with_qemus_virt_tree(&ours);
+s2mmu_arm64::linux_test! {
+    fn the_device_tree_reads_back_with_dtc_and_has_what_qemu_gives_linux() {
+        require("dtc");
+        require("qemu-system-aarch64");
+        let ours = decompile(&fdt::build(&config()).unwrap());
+        let n = |p: &str| {
+            ours.get(p)
+                .unwrap_or_else(|| panic!("no node {p} in {ours:#?}"))
+        };
+        assert_eq!(
+            n("/memory@40000000")["reg"],
+            "<0x00 0x40000000 0x00 0x40000000>"
+        );
+        assert_eq!(n("/cpus/cpu@1")["reg"], "<0x01>");
+        assert_eq!(n("/cpus/cpu@1")["enable-method"], "\"psci\"");
+        assert!(!ours.contains_key("/cpus/cpu@2"));
+        assert_eq!(n("/psci")["method"], "\"hvc\"");
+        assert_eq!(n("/intc@8000000")["interrupts"], "<0x01 0x09 0x04>");
+        assert_eq!(
+            n("/timer")["interrupts"],
+            "<0x01 0x0d 0x04 0x01 0x0e 0x04 0x01 0x0b 0x04 0x01 0x0a 0x04>"
+        );
+        assert_eq!(n("/uart@9000000")["compatible"], "\"ns16550a\"");
+        assert_eq!(n("/uart@9000000")["clock-frequency"], "<0x1c2000>");
+        assert_eq!(n("/uart@9000000")["interrupts"], "<0x00 0x01 0x04>");
+        assert_eq!(n("/chosen")["stdout-path"], "\"/uart@9000000\"");
+        assert_eq!(n("/chosen")["linux,initrd-start"], "<0x00 0x70000000>");
+        assert_eq!(n("/chosen")["linux,initrd-end"], "<0x00 0x70400000>");
+        assert_eq!(
+            n("/s2mmu-region@10000000")["reg"],
+            "<0x00 0x10000000 0x00 0x100000>"
+        );
+        compare_with_qemus_virt_tree(&ours);
+    }
 }
 
 fn compare_with_qemus_virt_tree(ours: &BTreeMap<String, BTreeMap<String, String>>) {
@@ -308,122 +305,113 @@ fn field(line: &str, key: &str) -> u64 {
     }
 }
 
-/// Two vCPUs: both online at init; the dirtier (two threads, anonymous
-/// memory and tmpfs files) re-checks its data over several passes and
-/// passes; the counter prints consecutive values and checks its buffer;
-/// PSCI SYSTEM_OFF ends QEMU.
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn the_initramfs_boots_on_qemu_and_the_programs_pass() {
-    let Some(console) = boot(2, "dirtier+counter", "mem=32,file=4,secs=4+secs=2", "") else {
-        return;
-    };
-    let ok = console.lines().find(|l| l.starts_with("s2mmu-dirtier: ok"));
-    let ok = ok.unwrap_or_else(|| panic!("no dirtier ok line:\n{console}"));
-    assert!(
-        field(ok, "passes=") >= 2,
-        "the data was re-checked at least once: {ok}"
-    );
-    assert!(
-        console.contains("s2mmu-init: dirtier exited 0"),
-        "{console}"
-    );
-    let counts: Vec<u64> = console
-        .lines()
-        .filter(|l| l.starts_with("s2mmu-counter: n="))
-        .map(|l| field(l, "n="))
-        .collect();
-    assert!(counts.len() >= 5, "about ten lines in 2 s:\n{console}");
-    assert!(counts.windows(2).all(|w| w[1] == w[0] + 1), "{counts:?}");
-    let last = console
-        .lines()
-        .find(|l| l.starts_with("s2mmu-counter: ok"))
-        .unwrap();
-    assert_eq!(field(last, "n="), *counts.last().unwrap());
-    assert!(
-        console.contains("s2mmu-init: counter exited 0"),
-        "{console}"
-    );
+s2mmu_arm64::linux_test! {
+    /// Two vCPUs: both online at init; the dirtier (two threads, anonymous
+    /// memory and tmpfs files) re-checks its data over several passes and
+    /// passes; the counter prints consecutive values and checks its buffer;
+    /// PSCI SYSTEM_OFF ends QEMU.
+    fn the_initramfs_boots_on_qemu_and_the_programs_pass() {
+        let Some(console) = boot(2, "dirtier+counter", "mem=32,file=4,secs=4+secs=2", "") else {
+            return;
+        };
+        let ok = console.lines().find(|l| l.starts_with("s2mmu-dirtier: ok"));
+        let ok = ok.unwrap_or_else(|| panic!("no dirtier ok line:\n{console}"));
+        assert!(
+            field(ok, "passes=") >= 2,
+            "the data was re-checked at least once: {ok}"
+        );
+        assert!(
+            console.contains("s2mmu-init: dirtier exited 0"),
+            "{console}"
+        );
+        let counts: Vec<u64> = console
+            .lines()
+            .filter(|l| l.starts_with("s2mmu-counter: n="))
+            .map(|l| field(l, "n="))
+            .collect();
+        assert!(counts.len() >= 5, "about ten lines in 2 s:\n{console}");
+        assert!(counts.windows(2).all(|w| w[1] == w[0] + 1), "{counts:?}");
+        let last = console
+            .lines()
+            .find(|l| l.starts_with("s2mmu-counter: ok"))
+            .unwrap();
+        assert_eq!(field(last, "n="), *counts.last().unwrap());
+        assert!(
+            console.contains("s2mmu-init: counter exited 0"),
+            "{console}"
+        );
+    }
 }
 
-/// The dirtier's check can fail: told to corrupt one of its own pages
-/// after a pass (as a lost write would), it reports FAIL, not ok. Then its
-/// framebuffer mode, on 64 MiB of QEMU's RAM that the kernel was told is
-/// not RAM (`mem=448M` of 512), mapped through `/dev/mem`.
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn the_dirtier_reports_a_lost_write_and_checks_a_dev_mem_region() {
-    let args = "mem=8,file=0,secs=30,corrupt=1+fb=0x5c000000:0x100000,secs=2";
-    let Some(console) = boot(1, "dirtier+dirtier", args, "mem=448M") else {
-        return;
-    };
-    assert!(console.contains("s2mmu-dirtier: FAIL memory"), "{console}");
-    assert!(
-        console.contains("s2mmu-init: dirtier exited 1"),
-        "{console}"
-    );
-    let fb = console
-        .lines()
-        .find(|l| l.starts_with("s2mmu-dirtier: ok fb"));
-    let fb = fb.unwrap_or_else(|| panic!("no fb ok line:\n{console}"));
-    assert!(field(fb, "passes=") >= 2, "{fb}");
-    assert!(
-        console.contains("s2mmu-init: dirtier exited 0"),
-        "{console}"
-    );
+s2mmu_arm64::linux_test! {
+    /// The dirtier's check can fail: told to corrupt one of its own pages
+    /// after a pass (as a lost write would), it reports FAIL, not ok. Then its
+    /// framebuffer mode, on 64 MiB of QEMU's RAM that the kernel was told is
+    /// not RAM (`mem=448M` of 512), mapped through `/dev/mem`.
+    fn the_dirtier_reports_a_lost_write_and_checks_a_dev_mem_region() {
+        let args = "mem=8,file=0,secs=30,corrupt=1+fb=0x5c000000:0x100000,secs=2";
+        let Some(console) = boot(1, "dirtier+dirtier", args, "mem=448M") else {
+            return;
+        };
+        assert!(console.contains("s2mmu-dirtier: FAIL memory"), "{console}");
+        assert!(
+            console.contains("s2mmu-init: dirtier exited 1"),
+            "{console}"
+        );
+        let fb = console
+            .lines()
+            .find(|l| l.starts_with("s2mmu-dirtier: ok fb"));
+        let fb = fb.unwrap_or_else(|| panic!("no fb ok line:\n{console}"));
+        assert!(field(fb, "passes=") >= 2, "{fb}");
+        assert!(
+            console.contains("s2mmu-init: dirtier exited 0"),
+            "{console}"
+        );
+    }
 }
 
-/// The real kernel and initramfs placed in a RAM image: the bytes are
-/// where the layout says, and the device tree written there names the
-/// initrd's final range (read back by dtc).
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn the_real_kernel_and_initramfs_load_with_their_device_tree() {
-    let Some(a) = assets() else { return };
-    require("dtc");
-    let base = 0x4000_0000;
-    let mut mem = vec![0u8; 256 << 20];
-    let cfg = FdtConfig::virt(256 << 20, 2, "console=ttyS0 quiet");
-    let mut ram = SliceRam {
-        base,
-        mem: &mut mem,
-    };
-    let l = load_linux(&mut ram, &a, &cfg).unwrap();
-    let image = std::fs::read(&a.image).unwrap();
-    let initrd = std::fs::read(&a.initramfs).unwrap();
-    let hdr = loader::parse_header(&image).unwrap();
-    assert_eq!(l.entry, base + hdr.text_offset);
-    assert!(hdr.image_size >= image.len() as u64);
-    let at = |gpa: u64, len: usize| &mem[(gpa - base) as usize..(gpa - base) as usize + len];
-    assert_eq!(at(l.entry, image.len()), &image[..]);
-    let (s, e) = l.initrd.unwrap();
-    assert_eq!(at(s, initrd.len()), &initrd[..]);
-    assert_eq!(e - s, initrd.len() as u64);
-    let tree = decompile(at(l.dtb, l.dtb_size as usize));
-    assert_eq!(
-        tree["/chosen"]["linux,initrd-start"],
-        format!("<0x00 {s:#x}>")
-    );
-    assert_eq!(
-        tree["/chosen"]["linux,initrd-end"],
-        format!("<0x00 {e:#x}>")
-    );
-    let mut other = vec![0u8; 128 << 20];
-    let mut ram = SliceRam {
-        base,
-        mem: &mut other,
-    };
-    assert!(matches!(
-        load_linux(&mut ram, &a, &cfg),
-        Err(BootError::RamMismatch { .. })
-    ));
+s2mmu_arm64::linux_test! {
+    /// The real kernel and initramfs placed in a RAM image: the bytes are
+    /// where the layout says, and the device tree written there names the
+    /// initrd's final range (read back by dtc).
+    fn the_real_kernel_and_initramfs_load_with_their_device_tree() {
+        let Some(a) = assets() else { return };
+        require("dtc");
+        let base = 0x4000_0000;
+        let mut mem = vec![0u8; 256 << 20];
+        let cfg = FdtConfig::virt(256 << 20, 2, "console=ttyS0 quiet");
+        let mut ram = SliceRam {
+            base,
+            mem: &mut mem,
+        };
+        let l = load_linux(&mut ram, &a, &cfg).unwrap();
+        let image = std::fs::read(&a.image).unwrap();
+        let initrd = std::fs::read(&a.initramfs).unwrap();
+        let hdr = loader::parse_header(&image).unwrap();
+        assert_eq!(l.entry, base + hdr.text_offset);
+        assert!(hdr.image_size >= image.len() as u64);
+        let at = |gpa: u64, len: usize| &mem[(gpa - base) as usize..(gpa - base) as usize + len];
+        assert_eq!(at(l.entry, image.len()), &image[..]);
+        let (s, e) = l.initrd.unwrap();
+        assert_eq!(at(s, initrd.len()), &initrd[..]);
+        assert_eq!(e - s, initrd.len() as u64);
+        let tree = decompile(at(l.dtb, l.dtb_size as usize));
+        assert_eq!(
+            tree["/chosen"]["linux,initrd-start"],
+            format!("<0x00 {s:#x}>")
+        );
+        assert_eq!(
+            tree["/chosen"]["linux,initrd-end"],
+            format!("<0x00 {e:#x}>")
+        );
+        let mut other = vec![0u8; 128 << 20];
+        let mut ram = SliceRam {
+            base,
+            mem: &mut other,
+        };
+        assert!(matches!(
+            load_linux(&mut ram, &a, &cfg),
+            Err(BootError::RamMismatch { .. })
+        ));
+    }
 }

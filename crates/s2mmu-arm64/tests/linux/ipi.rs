@@ -3,14 +3,11 @@
 //! every vCPU, all taken by vCPU 0 (the guest's own check of its count),
 //! a rate read from the guest's line, and kicks that woke the other vCPU.
 
-use crate::common;
-
 use s2mmu_arm64::linux::ipi::IpiFiles;
 use s2mmu_arm64::linux::vm::Engine;
 use std::time::Duration;
 
 fn sgis_reach_every_vcpu(engine: Engine) {
-    let _one = common::serial();
     let f = IpiFiles::new().expect("the EL1 image");
     let r = f
         .run(2, engine, Duration::from_secs(300))
@@ -20,20 +17,7 @@ fn sgis_reach_every_vcpu(engine: Engine) {
     assert!(r.kicked_exits > 0, "no kick woke vCPU 1: {r:?}");
 }
 
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn sgis_reach_every_vcpu_with_the_engine_at_el2() {
-    sgis_reach_every_vcpu(Engine::El2);
-}
-
-#[test]
-#[cfg_attr(
-    not(s2mmu_linux_runnable),
-    ignore = "needs the Linux guest: QEMU, the EL2 image, the cross compiler, dtc and the kernel packages (scripts/setup.sh)"
-)]
-fn sgis_reach_every_vcpu_with_the_engine_on_the_host() {
-    sgis_reach_every_vcpu(Engine::Host);
+s2mmu_arm64::linux_test! {
+    fn sgis_reach_every_vcpu_with_the_engine_at_el2() { sgis_reach_every_vcpu(Engine::El2) }
+    fn sgis_reach_every_vcpu_with_the_engine_on_the_host() { sgis_reach_every_vcpu(Engine::Host) }
 }

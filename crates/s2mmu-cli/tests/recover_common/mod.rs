@@ -258,6 +258,34 @@ pub fn wait_phase_within(
     }
 }
 
+/// Everything `r` gives until its end (a process's stderr).
+pub fn rest_of(mut r: impl Read) -> String {
+    let mut s = String::new();
+    let _ = r.read_to_string(&mut s);
+    s
+}
+
+/// Starts `s2mmu migrate --to addr --plot "" ARGS`: its stdout dropped,
+/// its stderr piped.
+pub fn spawn_source(addr: &str, args: &[&str]) -> Child {
+    Command::new(bin())
+        .args(["migrate", "--to", addr, "--plot", ""])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `c` (see [`wait_exit`]) while a thread reads its stderr:
+/// its exit status and what it wrote there.
+pub fn exit_and_log(c: &mut Child, limit: Duration) -> (std::process::ExitStatus, String) {
+    let err = c.stderr.take().unwrap();
+    let log = std::thread::spawn(move || rest_of(err));
+    let st = wait_exit(c, limit);
+    (st, log.join().unwrap())
+}
+
 pub fn wait_exit(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let t0 = Instant::now();
     loop {

@@ -17,6 +17,14 @@ pub fn plain() -> NetConfig {
     NetConfig::plain(Duration::from_secs(10))
 }
 
+/// Mutual TLS with an identity made for the test, a 10 s I/O deadline.
+pub fn tls() -> NetConfig {
+    NetConfig {
+        security: s2mmu_migrate::transport::ephemeral_tls().unwrap(),
+        ..plain()
+    }
+}
+
 /// A guest of `mem` bytes in two anonymous slots, short warm-up, no
 /// progress output.
 pub fn small(mem: u64) -> SimRun {
