@@ -5,7 +5,9 @@
 //! emulator's: the counts are the result, the times are read as ratios.
 
 use super::arm64::Arm64Run;
-use super::report::{build_kind, fill, median_of, open, table, Common, ModelRows, SlotFacts};
+use super::report::{
+    build_kind, fill, median_of, open, rows_of, table, Common, ModelRows, SlotFacts,
+};
 use super::{check, Config};
 use super::{Mode, PAGE, POLICIES};
 use crate::arm64 as a64;
@@ -65,21 +67,18 @@ pub fn run(p: &Config, bars: Bars<'_>) -> Result<Report, String> {
 
 /// The medians of each mode and policy.
 fn rows(r: &Arm64Run) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for (mode, case, samples) in &r.modes {
-        for (pi, pol) in POLICIES.iter().enumerate() {
-            let s = &samples[pi];
-            rows.push(Row {
-                common: Common::of(case, *mode, *pol, s.iter().map(|x| &x.times)),
-                tlbis: median_of(s, |x| x.tlbis),
-                sequences: median_of(s, |x| x.sequences),
-                tlbi_samples: s.iter().map(|x| x.tlbis).collect(),
-                work_ns: median_of(s, |x| x.work.as_nanos() as u64),
-                pickup_ns: median_of(s, |x| x.times.inv.saturating_sub(x.work).as_nanos() as u64),
-            });
-        }
-    }
-    rows
+    rows_of(
+        &r.modes,
+        |x| &x.times,
+        |common, s| Row {
+            common,
+            tlbis: median_of(s, |x| x.tlbis),
+            sequences: median_of(s, |x| x.sequences),
+            tlbi_samples: s.iter().map(|x| x.tlbis).collect(),
+            work_ns: median_of(s, |x| x.work.as_nanos() as u64),
+            pickup_ns: median_of(s, |x| x.times.inv.saturating_sub(x.work).as_nanos() as u64),
+        },
+    )
 }
 
 /// What the report says besides the rows.

@@ -4,7 +4,7 @@
 //! saves the clearing thread.
 
 use super::report::{
-    build_kind, fill, median_f_of, median_of, open, table, Common, ModelRows, SlotFacts,
+    build_kind, fill, median_f_of, median_of, open, rows_of, table, Common, ModelRows, SlotFacts,
 };
 use super::vm::VmRun;
 use super::{check, Config};
@@ -59,19 +59,16 @@ pub fn run<F: KnownFormat>(p: &Config, bars: Bars<'_>) -> Result<Report, String>
 
 /// The medians of each mode and policy.
 fn rows(r: &VmRun) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for (mode, case, samples) in &r.modes {
-        for (pi, pol) in POLICIES.iter().enumerate() {
-            let s = &samples[pi];
-            rows.push(Row {
-                common: Common::of(case, *mode, *pol, s.iter().map(|x| &x.times)),
-                vmid_flushes: median_of(s, |x| x.vmid_flushes),
-                removed: median_of(s, |x| x.removed),
-                refill_misses: median_f_of(s, |x| x.refill_misses),
-            });
-        }
-    }
-    rows
+    rows_of(
+        &r.modes,
+        |x| &x.times,
+        |common, s| Row {
+            common,
+            vmid_flushes: median_of(s, |x| x.vmid_flushes),
+            removed: median_of(s, |x| x.removed),
+            refill_misses: median_f_of(s, |x| x.refill_misses),
+        },
+    )
 }
 
 /// What the report says besides the rows.
@@ -233,15 +230,10 @@ mod tests {
 
     fn config() -> Config {
         Config {
-            size: 1 << 30,
-            chunk: 256 << 20,
-            runs: 1,
-            vcpus: 1,
             vcpu_mem: 2 << 20,
-            dirty_every: 64,
             limit_pages: s2mmu::TlbPolicy::DEFAULT_LIMIT_PAGES,
             idle_us: 0,
-            settle_us: 100,
+            ..crate::tlb::tests::config()
         }
     }
 
