@@ -169,12 +169,12 @@ pub fn alternate<S>(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use s2mmu::format::arm64::Arm64Stage2;
 
     /// A small run: a 1 GiB slot in 256 MiB chunks, one vCPU, one round.
-    pub(crate) fn config() -> Config {
+    pub(super) fn config() -> Config {
         Config {
             size: 1 << 30,
             chunk: 256 << 20,
