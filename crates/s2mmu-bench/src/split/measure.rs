@@ -12,6 +12,33 @@ use std::time::{Duration, Instant};
 
 pub use super::bounds::BASE;
 
+/// The sum of no splits: complete, nothing done.
+fn no_splits() -> s2mmu::SplitStats {
+    s2mmu::SplitStats {
+        complete: true,
+        ..Default::default()
+    }
+}
+
+/// Splits the range `(start, len)` and adds what the split did to `total`.
+fn split_adding<F: PteFormat>(
+    pt: &mut Table<F>,
+    cache: &mut PageCache<HostMmOps>,
+    (start, len): (u64, u64),
+    policy: SplitPolicy,
+    total: &mut s2mmu::SplitStats,
+) -> Result<(), String> {
+    let st = pt
+        .split(start, len, cache, policy)
+        .map_err(|e| e.to_string())?;
+    total.blocks_split += st.blocks_split;
+    total.tables += st.tables;
+    total.entries += st.entries;
+    total.visits += st.visits;
+    total.complete &= st.complete;
+    Ok(())
+}
+
 /// The engine's `Mmu::clear_dirty_log` on the table for an all-ones bitmap
 /// with initially-set bitmaps: per 64-page word, split the word's range and
 /// write-protect it; the cache is topped up before each lock chunk. Timed
@@ -26,25 +53,15 @@ fn clear_like_engine<F: PteFormat>(
     let word = 64 * pt.format().page_size();
     let chunk = s2mmu::mmu::LOCK_CHUNK.min(size);
     let capacity = pt.split_capacity(chunk);
-    let mut total = s2mmu::SplitStats {
-        complete: true,
-        ..Default::default()
-    };
+    let mut total = no_splits();
     let t0 = Instant::now();
     let mut c = base;
     while c < base + size {
         cache.top_up(capacity).map_err(|e| e.to_string())?;
         let mut a = c;
         while a < (c + chunk).min(base + size) {
-            let st = pt
-                .split(a, word, cache, policy)
-                .map_err(|e| e.to_string())?;
+            split_adding(pt, cache, (a, word), policy, &mut total)?;
             pt.wrprotect(a, word).map_err(|e| e.to_string())?;
-            total.blocks_split += st.blocks_split;
-            total.tables += st.tables;
-            total.entries += st.entries;
-            total.visits += st.visits;
-            total.complete &= st.complete;
             a += word;
         }
         c += chunk;
@@ -64,22 +81,12 @@ fn split_chunked<F: PteFormat>(
     policy: SplitPolicy,
 ) -> Result<(Duration, s2mmu::SplitStats), String> {
     let capacity = pt.split_capacity(chunk);
-    let mut total = s2mmu::SplitStats {
-        complete: true,
-        ..Default::default()
-    };
+    let mut total = no_splits();
     let t0 = Instant::now();
     let mut a = base;
     while a < base + size {
         cache.top_up(capacity).map_err(|e| e.to_string())?;
-        let st = pt
-            .split(a, chunk, cache, policy)
-            .map_err(|e| e.to_string())?;
-        total.blocks_split += st.blocks_split;
-        total.tables += st.tables;
-        total.entries += st.entries;
-        total.visits += st.visits;
-        total.complete &= st.complete;
+        split_adding(pt, cache, (a, chunk), policy, &mut total)?;
         a += chunk;
     }
     Ok((t0.elapsed(), total))

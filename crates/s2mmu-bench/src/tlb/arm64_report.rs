@@ -9,7 +9,7 @@ use super::report::{
     build_kind, fill, median_of, open, rows_of, table, Common, ModelRows, SlotFacts,
 };
 use super::{check, Config};
-use super::{Mode, PAGE, POLICIES};
+use super::{Mode, PAGE};
 use crate::arm64 as a64;
 use crate::human_bytes;
 use crate::report::Report;

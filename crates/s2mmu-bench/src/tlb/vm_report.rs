@@ -8,7 +8,7 @@ use super::report::{
 };
 use super::vm::VmRun;
 use super::{check, Config};
-use super::{Mode, PAGE, POLICIES};
+use super::{Mode, PAGE};
 use crate::human_bytes;
 use crate::report::Report;
 use crate::text::human;
@@ -226,6 +226,7 @@ fn text(p: &Config, rows: &[Row], f: &Facts, lines: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tlb::POLICIES;
     use s2mmu::format::arm64::Arm64Stage2;
 
     fn config() -> Config {
