@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use s2mmu::mmu::FaultPath;
 
-use super::engine::{engine, RunSpec};
+use super::engine::{engine, Job};
 use super::params::Params;
 use super::{arm64_report, kvm::kvm_params};
 use s2mmu_bench::dirty_log::rows::phase_rows;
@@ -15,13 +15,8 @@ use s2mmu_bench::dirty_log::{secs, EngineRun};
 
 /// Runs the three columns that can run here (the engine always) for `v`
 /// vCPUs and returns the comparison's text.
-pub(super) fn run(
-    p: &Params,
-    v: usize,
-    bytes: u64,
-    spec: impl Fn(usize, FaultPath, bool) -> RunSpec,
-    report: &mut Report,
-) -> Result<String, String> {
+pub(super) fn run(job: &Job<'_>, report: &mut Report) -> Result<String, String> {
+    let (p, v, bytes, spec) = (job.p, job.vcpus[0], job.bytes, job.spec);
     // Which columns can run, decided before anything runs.
     // -r means nothing to --compare: one run of each column.
     let one_run = Params {
