@@ -33,6 +33,21 @@ struct Row {
     pickup_ns: u64,
 }
 
+impl Row {
+    /// The row's JSON fields beside the common ones.
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "model": "arm64",
+            "service_calls": self.common.calls,
+            "tlbi_instructions": self.tlbis,
+            "tlbi_samples": self.tlbi_samples,
+            "host_sequences": self.sequences,
+            "tlb_work_ns": self.work_ns,
+            "tlb_pickup_ns": self.pickup_ns,
+        })
+    }
+}
+
 /// Checks the settings and what only the arm64 model limits, before QEMU
 /// starts.
 ///
@@ -114,21 +129,7 @@ fn report(p: &Config, rows: &[Row], f: &Facts) -> Result<Report, String> {
         }),
     );
     let model = ModelRows {
-        rows: rows
-            .iter()
-            .map(|r| {
-                let extra = json!({
-                    "model": "arm64",
-                    "service_calls": r.common.calls,
-                    "tlbi_instructions": r.tlbis,
-                    "tlbi_samples": r.tlbi_samples,
-                    "host_sequences": r.sequences,
-                    "tlb_work_ns": r.work_ns,
-                    "tlb_pickup_ns": r.pickup_ns,
-                });
-                (&r.common, extra)
-            })
-            .collect(),
+        rows: rows.iter().map(|r| (&r.common, r.json())).collect(),
         call_noun: "round trip(s) to EL2",
         judge_chunked_calls: true,
     };

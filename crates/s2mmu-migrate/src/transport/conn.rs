@@ -164,13 +164,8 @@ macro_rules! forward_connection {
             fn seals_in_place(&self) -> bool {
                 (**self).seals_in_place()
             }
-            fn write_sealed(
-                &mut self,
-                head: &[u8],
-                frames: &mut [u8],
-                plain: usize,
-            ) -> std::io::Result<()> {
-                (**self).write_sealed(head, frames, plain)
+            fn write_sealed(&mut self, h: &[u8], f: &mut [u8], n: usize) -> std::io::Result<()> {
+                (**self).write_sealed(h, f, n)
             }
         }
     };
@@ -204,13 +199,8 @@ macro_rules! connection_via {
         fn seals_in_place(&self) -> bool {
             self.$field.seals_in_place()
         }
-        fn write_sealed(
-            &mut self,
-            head: &[u8],
-            frames: &mut [u8],
-            plain: usize,
-        ) -> std::io::Result<()> {
-            self.$field.write_sealed(head, frames, plain)
+        fn write_sealed(&mut self, h: &[u8], f: &mut [u8], n: usize) -> std::io::Result<()> {
+            self.$field.write_sealed(h, f, n)
         }
     };
 }
