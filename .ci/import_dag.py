@@ -455,21 +455,22 @@ def selftest():
         assert check(d) == 0, "one folder using its sibling was reported as a cycle"
         # A test-only module file (`#[cfg(test)] mod tests;`) is test code:
         # its use of the sibling folder is no edge back.
-        write_tree(d, {"y/mod.rs":
-            "pub mod one;\npub mod two;\n#[cfg(test)]\nmod tests;\n"})
-        write_tree(d, {"y/tests.rs": "use crate::x::two::h;\n"})
+        write_tree(d, {
+            "y/mod.rs": "pub mod one;\npub mod two;\n#[cfg(test)]\nmod tests;\n",
+            "y/tests.rs": "use crate::x::two::h;\n",
+        })
         assert check(d) == 0, "a test module's import was reported as a folder cycle"
         write_tree(d, {"y/two.rs": "pub fn k() { crate::x::two::h() }\n"})
         assert check(d) == 1, "a cycle between sibling folders was not found"
     with tempfile.TemporaryDirectory() as d:
         # A library and a binary in one folder: each is its root's tree.
+        lib, main = os.path.join(d, "lib.rs"), os.path.join(d, "main.rs")
         write_tree(d, {
             "lib.rs": "pub mod a;\n",
             "a.rs": "pub fn f() {}\n",
             "main.rs": "mod b;\npub fn g() {}\nfn main() { b::h() }\n",
             "b.rs": "pub fn h() { crate::g() }\n",
         })
-        lib, main = os.path.join(d, "lib.rs"), os.path.join(d, "main.rs")
         assert check(d, root_file=lib) == 0, "the library was given the binary's modules"
         assert check(d, root_file=main) == 1, "a cycle in the binary's tree was not found"
     print(
