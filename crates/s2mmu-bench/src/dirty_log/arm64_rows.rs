@@ -58,14 +58,8 @@ pub fn run_lines(r: &DirtyReport, e: &EngineRun, ring: bool, check: bool) -> Vec
             e.vcpus
         ),
         format!("Engine: {}", e.label),
-        format!(
-            "guest physical test memory: [{:#x}, {:#x})",
-            e.test_gpa.0, e.test_gpa.1
-        ),
-        format!("Populate memory time: {}", s(e.populate)),
-        format!("Enabling dirty logging time: {}", s(e.enable)),
-        String::new(),
     ];
+    out.extend(e.setup_lines());
     for (it, p) in e.iterations.iter().zip(&r.passes) {
         let n = p.iteration;
         out.push(format!(

@@ -118,20 +118,28 @@ impl EngineRun {
         }
     }
 
+    /// The selftest's lines on the setup: the test memory, populating it
+    /// and enabling the log, then a blank line.
+    pub(super) fn setup_lines(&self) -> [String; 4] {
+        [
+            format!(
+                "guest physical test memory: [{:#x}, {:#x})",
+                self.test_gpa.0, self.test_gpa.1
+            ),
+            format!("Populate memory time: {}", secs(self.populate)),
+            format!("Enabling dirty logging time: {}", secs(self.enable)),
+            String::new(),
+        ]
+    }
+
     /// The selftest's lines plus the engine's counters.
     pub fn lines(&self, ring: bool) -> Vec<String> {
         let s = secs;
         let mut out = vec![
             format!("Test iterations: {}", self.iterations.len()),
             format!("Engine: {}, {} vCPUs", self.label, self.vcpus),
-            format!(
-                "guest physical test memory: [{:#x}, {:#x})",
-                self.test_gpa.0, self.test_gpa.1
-            ),
-            format!("Populate memory time: {}", s(self.populate)),
-            format!("Enabling dirty logging time: {}", s(self.enable)),
-            String::new(),
         ];
+        out.extend(self.setup_lines());
         let (g, c) = harvest_names(ring);
         for (i, it) in self.iterations.iter().enumerate() {
             let n = i + 1;

@@ -39,6 +39,32 @@ fn split_adding<F: PteFormat>(
     Ok(())
 }
 
+/// Times `each` on every `chunk` of `[base, base + size)` (its start
+/// given), the cache topped up for a chunk's split before each, top-ups
+/// inside the timed region; returns the time and the splits' sum.
+fn timed_chunks<F: PteFormat>(
+    pt: &mut Table<F>,
+    cache: &mut PageCache<HostMmOps>,
+    (base, size, chunk): (u64, u64, u64),
+    mut each: impl FnMut(
+        &mut Table<F>,
+        &mut PageCache<HostMmOps>,
+        u64,
+        &mut s2mmu::SplitStats,
+    ) -> Result<(), String>,
+) -> Result<(Duration, s2mmu::SplitStats), String> {
+    let capacity = pt.split_capacity(chunk);
+    let mut total = no_splits();
+    let t0 = Instant::now();
+    let mut c = base;
+    while c < base + size {
+        cache.top_up(capacity).map_err(|e| e.to_string())?;
+        each(pt, cache, c, &mut total)?;
+        c += chunk;
+    }
+    Ok((t0.elapsed(), total))
+}
+
 /// The engine's `Mmu::clear_dirty_log` on the table for an all-ones bitmap
 /// with initially-set bitmaps: per 64-page word, split the word's range and
 /// write-protect it; the cache is topped up before each lock chunk. Timed
@@ -46,27 +72,20 @@ fn split_adding<F: PteFormat>(
 fn clear_like_engine<F: PteFormat>(
     pt: &mut Table<F>,
     cache: &mut PageCache<HostMmOps>,
-    base: u64,
-    size: u64,
+    (base, size): (u64, u64),
     policy: SplitPolicy,
 ) -> Result<(Duration, s2mmu::SplitStats), String> {
     let word = 64 * pt.format().page_size();
     let chunk = s2mmu::mmu::LOCK_CHUNK.min(size);
-    let capacity = pt.split_capacity(chunk);
-    let mut total = no_splits();
-    let t0 = Instant::now();
-    let mut c = base;
-    while c < base + size {
-        cache.top_up(capacity).map_err(|e| e.to_string())?;
+    timed_chunks(pt, cache, (base, size, chunk), |pt, cache, c, total| {
         let mut a = c;
         while a < (c + chunk).min(base + size) {
-            split_adding(pt, cache, (a, word), policy, &mut total)?;
+            split_adding(pt, cache, (a, word), policy, total)?;
             pt.wrprotect(a, word).map_err(|e| e.to_string())?;
             a += word;
         }
-        c += chunk;
-    }
-    Ok((t0.elapsed(), total))
+        Ok(())
+    })
 }
 
 /// Splits `[base, base + size)` chunk by chunk, topping the cache up before
@@ -75,21 +94,12 @@ fn clear_like_engine<F: PteFormat>(
 fn split_chunked<F: PteFormat>(
     pt: &mut Table<F>,
     cache: &mut PageCache<HostMmOps>,
-    base: u64,
-    size: u64,
-    chunk: u64,
+    (base, size, chunk): (u64, u64, u64),
     policy: SplitPolicy,
 ) -> Result<(Duration, s2mmu::SplitStats), String> {
-    let capacity = pt.split_capacity(chunk);
-    let mut total = no_splits();
-    let t0 = Instant::now();
-    let mut a = base;
-    while a < base + size {
-        cache.top_up(capacity).map_err(|e| e.to_string())?;
-        split_adding(pt, cache, (a, chunk), policy, &mut total)?;
-        a += chunk;
-    }
-    Ok((t0.elapsed(), total))
+    timed_chunks(pt, cache, (base, size, chunk), |pt, cache, a, total| {
+        split_adding(pt, cache, (a, chunk), policy, total)
+    })
 }
 
 pub fn build<F: PteFormat>(
@@ -178,10 +188,10 @@ fn one<F: PteFormat>(
         Mode::SplitTopup => {
             cache.release_all();
             let chunk = pt.format().granule(2);
-            split_chunked(pt, cache, base, size, chunk, policy)?
+            split_chunked(pt, cache, (base, size, chunk), policy)?
         }
         // The engine keeps its split cache across CLEARs.
-        Mode::Clear => clear_like_engine(pt, cache, base, size, policy)?,
+        Mode::Clear => clear_like_engine(pt, cache, (base, size), policy)?,
         Mode::Split => {
             cache
                 .top_up(pt.split_capacity(size))
