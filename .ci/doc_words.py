@@ -218,13 +218,18 @@ def run(root, which, out=sys.stdout):
     return 1 if n else 0
 
 
+def write_tree(d, files):
+    """Writes each of `files` (a path under `d`: its text), folders made as needed."""
+    for f, t in files.items():
+        os.makedirs(os.path.dirname(os.path.join(d, f)), exist_ok=True)
+        open(os.path.join(d, f), "w").write(t)
+
+
 def selftest():
     quiet = open(os.devnull, "w")
     with tempfile.TemporaryDirectory() as d:
         git = lambda *a: subprocess.run(["git", "-C", d, *a], capture_output=True, check=True)
         git("init", "-q", "-b", "main")
-        os.makedirs(os.path.join(d, "crates/x/src"))
-        os.makedirs(os.path.join(d, "docs/measurements"))
         real = {
             "crates/x/src/lib.rs": "//! Round 0 sends every page; the TLS session's exporter.\n"
                                    "//! The vCPU's last stop; see `src/lib.rs` and `docs/a.md`.\n"
@@ -234,8 +239,7 @@ def selftest():
             "docs/measurements/m.md": "issue 41, seed 002, session 3: history is kept here.\n",
             "CHANGELOG.md": "- issue 41: history is kept here too.\n",
         }
-        for f, t in real.items():
-            open(os.path.join(d, f), "w").write(t)
+        write_tree(d, real)
         git("add", "-A")
         git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "t")
         assert run(d, "both", quiet) == 0, "real code and history records were flagged"

@@ -409,39 +409,41 @@ def workspace():
     return 0
 
 
+def write_tree(d, files):
+    """Writes each of `files` (a path under `d`: its text), folders made as needed."""
+    for f, t in files.items():
+        os.makedirs(os.path.dirname(os.path.join(d, f)), exist_ok=True)
+        open(os.path.join(d, f), "w").write(t)
+
+
 def selftest():
     with tempfile.TemporaryDirectory() as d:
-        os.makedirs(os.path.join(d, "a"))
-        files = {
+        write_tree(d, {
             "lib.rs": "pub mod a;\npub mod b;\n",
             "a/mod.rs": "mod inner;\npub use inner::Thing;\npub fn helper() {}\n",
             "a/inner.rs": "pub struct Thing;\n",
             "b.rs": "use crate::a::Thing;\npub fn f(_: Thing) {}\n",
-        }
-        for f, t in files.items():
-            open(os.path.join(d, f), "w").write(t)
+        })
         assert check(d) == 0, "a DAG (with a re-export) was reported as a cycle"
         # A test module (`cfg(test)` or `cfg(all(test, ...))`) is no dependency.
-        open(os.path.join(d, "a/inner.rs"), "w").write(
+        write_tree(d, {"a/inner.rs":
             "pub struct Thing;\n#[cfg(all(test, feature = \"std\"))]\n"
-            "mod tests {\n    use super::super::helper;\n}\n")
+            "mod tests {\n    use super::super::helper;\n}\n"})
         assert check(d) == 0, "a test module's import was reported as a cycle"
         # The child now uses its parent's helper while the parent uses it.
-        open(os.path.join(d, "a/inner.rs"), "w").write(
-            "pub struct Thing;\npub fn g() { super::helper() }\n")
+        write_tree(d, {"a/inner.rs":
+            "pub struct Thing;\npub fn g() { super::helper() }\n"})
         assert check(d) == 1, "a parent/child cycle was not found"
-        open(os.path.join(d, "a/inner.rs"), "w").write("pub struct Thing;\n")
-        open(os.path.join(d, "b.rs"), "w").write(
-            "pub fn f() { crate::a::helper() }\npub fn h() {}\n")
-        open(os.path.join(d, "a/mod.rs"), "w").write(
-            "mod inner;\npub use inner::Thing;\npub fn helper() { crate::b::h() }\n")
+        write_tree(d, {"a/inner.rs": "pub struct Thing;\n"})
+        write_tree(d, {"b.rs":
+            "pub fn f() { crate::a::helper() }\npub fn h() {}\n"})
+        write_tree(d, {"a/mod.rs":
+            "mod inner;\npub use inner::Thing;\npub fn helper() { crate::b::h() }\n"})
         assert check(d) == 1, "a cycle between sibling modules was not found"
     with tempfile.TemporaryDirectory() as d:
         # Two folders, each with two files: x's first file uses y's first,
         # y's second uses x's second. No file-level cycle; a folder one.
-        for f in ("x", "y"):
-            os.makedirs(os.path.join(d, f))
-        files = {
+        write_tree(d, {
             "lib.rs": "pub mod x;\npub mod y;\n",
             "x/mod.rs": "pub mod one;\npub mod two;\n",
             "y/mod.rs": "pub mod one;\npub mod two;\n",
@@ -449,29 +451,26 @@ def selftest():
             "x/two.rs": "pub fn h() {}\n",
             "y/one.rs": "pub fn g() {}\n",
             "y/two.rs": "pub fn k() {}\n",
-        }
-        for f, t in files.items():
-            open(os.path.join(d, f), "w").write(t)
+        })
         assert check(d) == 0, "one folder using its sibling was reported as a cycle"
         # A test-only module file (`#[cfg(test)] mod tests;`) is test code:
         # its use of the sibling folder is no edge back.
-        open(os.path.join(d, "y/mod.rs"), "w").write(
-            "pub mod one;\npub mod two;\n#[cfg(test)]\nmod tests;\n")
-        open(os.path.join(d, "y/tests.rs"), "w").write("use crate::x::two::h;\n")
+        write_tree(d, {
+            "y/mod.rs": "pub mod one;\npub mod two;\n#[cfg(test)]\nmod tests;\n",
+            "y/tests.rs": "use crate::x::two::h;\n",
+        })
         assert check(d) == 0, "a test module's import was reported as a folder cycle"
-        open(os.path.join(d, "y/two.rs"), "w").write("pub fn k() { crate::x::two::h() }\n")
+        write_tree(d, {"y/two.rs": "pub fn k() { crate::x::two::h() }\n"})
         assert check(d) == 1, "a cycle between sibling folders was not found"
     with tempfile.TemporaryDirectory() as d:
         # A library and a binary in one folder: each is its root's tree.
-        files = {
+        lib, main = os.path.join(d, "lib.rs"), os.path.join(d, "main.rs")
+        write_tree(d, {
             "lib.rs": "pub mod a;\n",
             "a.rs": "pub fn f() {}\n",
             "main.rs": "mod b;\npub fn g() {}\nfn main() { b::h() }\n",
             "b.rs": "pub fn h() { crate::g() }\n",
-        }
-        for f, t in files.items():
-            open(os.path.join(d, f), "w").write(t)
-        lib, main = os.path.join(d, "lib.rs"), os.path.join(d, "main.rs")
+        })
         assert check(d, root_file=lib) == 0, "the library was given the binary's modules"
         assert check(d, root_file=main) == 1, "a cycle in the binary's tree was not found"
     print(

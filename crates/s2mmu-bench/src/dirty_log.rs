@@ -12,7 +12,9 @@ mod running;
 pub mod schedule;
 mod spec;
 
-pub use bounds::{check, GPA_BASE, IPA_BITS, MAX_ITERATIONS, MAX_SLOTS, MAX_VCPUS};
+pub use bounds::{
+    check, check_guest_memory, GPA_BASE, IPA_BITS, MAX_ITERATIONS, MAX_SLOTS, MAX_VCPUS,
+};
 pub use engine_run::{capitalise, median_dirty, secs, EngineIteration, EngineRun};
 pub use running::{label, run};
 pub use spec::RunSpec;

@@ -173,7 +173,8 @@ mod tests {
     use super::*;
     use s2mmu::format::arm64::Arm64Stage2;
 
-    fn config() -> Config {
+    /// A small run: a 1 GiB slot in 256 MiB chunks, one vCPU, one round.
+    pub(super) fn config() -> Config {
         Config {
             size: 1 << 30,
             chunk: 256 << 20,

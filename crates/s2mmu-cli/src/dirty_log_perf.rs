@@ -33,7 +33,7 @@ mod policy_table;
 pub use modes::FormatArg;
 pub use params::{Params, PolicyArg};
 
-use engine::{engine, policy_for, RunSpec};
+use engine::{engine, policy_for, Job, RunSpec};
 use s2mmu_bench::dirty_log::rows::{count_rows, lost_rows, phase_rows, single_target};
 
 /// Runs `dirty-log-perf` from the command line.
@@ -102,21 +102,27 @@ pub fn run(p: &Params) -> Result<Report, String> {
         off_pass: false,
     };
     let huge = p.backing != Backing::Anonymous;
+    let job = Job {
+        p,
+        vcpus: &vcpus_list,
+        bytes,
+        spec: &spec,
+    };
 
     if p.dirty_modes().len() > 1 {
-        text += &modes::table(p, vcpus_list[0], bytes, spec, &mut report)?;
+        text += &modes::table(&job, &mut report)?;
     } else if p.arm64 {
-        text += &arm64_report::run(p, &vcpus_list, bytes, &mut report)?;
+        text += &arm64_report::run(&job, &mut report)?;
     } else if p.kvm && !p.compare {
-        text += &kvm::run(p, &vcpus_list, bytes, &mut report)?;
+        text += &kvm::run(&job, &mut report)?;
     } else if p.compare {
-        text += &compare::run(p, vcpus_list[0], bytes, spec, &mut report)?;
+        text += &compare::run(&job, &mut report)?;
     } else if p.policy == PolicyArg::Both {
-        text += &policy_table::both_table(p, &vcpus_list, bytes, spec, &mut report)?;
+        text += &policy_table::both_table(&job, &mut report)?;
     } else if p.eager_split && huge {
-        text += &eager::eager_vs_fault(p, vcpus_list[0], bytes, spec, &mut report)?;
+        text += &eager::eager_vs_fault(&job, &mut report)?;
     } else {
-        text += &run_single(p, &vcpus_list, bytes, spec, &mut report)?;
+        text += &run_single(&job, &mut report)?;
     }
     report.set_text(text);
     Ok(report)
@@ -135,13 +141,8 @@ fn params_json(p: &Params, vcpus_list: &[usize], bytes: u64) -> serde_json::Valu
 }
 
 /// One policy's engine run per vCPU count, with the selftest's lines.
-fn run_single(
-    p: &Params,
-    vcpus_list: &[usize],
-    bytes: u64,
-    spec: impl Fn(usize, FaultPath, bool) -> RunSpec,
-    report: &mut Report,
-) -> Result<String, String> {
+fn run_single(job: &Job<'_>, report: &mut Report) -> Result<String, String> {
+    let (p, vcpus_list, bytes, spec) = (job.p, job.vcpus, job.bytes, job.spec);
     let ring = p.ring().is_some();
     let mut text = String::new();
     let fp = if p.policy == PolicyArg::Baseline {

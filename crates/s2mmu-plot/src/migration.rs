@@ -8,7 +8,7 @@
 
 use crate::{stacked_png, stacked_svg, BarChart, Chart, LineChart, Phase, Series};
 use s2mmu_migrate::session::source::SourceOutcome;
-use s2mmu_migrate::session::timeline::intervals;
+use s2mmu_migrate::session::timeline::{intervals, Interval};
 
 /// One migration to draw.
 pub struct PlotRun<'a> {
@@ -34,6 +34,22 @@ pub fn png(title: &str, runs: &[PlotRun<'_>]) -> Result<Vec<u8>, String> {
     stacked_png(&charts(title, runs))
 }
 
+/// One series per run, named by its label: `point` of each of its
+/// timeline intervals `ivs` that has one.
+fn series_of(
+    runs: &[PlotRun<'_>],
+    ivs: &[Vec<Interval>],
+    point: impl Fn(&Interval) -> Option<(f64, f64)>,
+) -> Vec<Series> {
+    runs.iter()
+        .zip(ivs)
+        .map(|(r, iv)| Series {
+            name: r.label.to_string(),
+            points: iv.iter().filter_map(&point).collect(),
+        })
+        .collect()
+}
+
 /// The figure's charts, top to bottom.
 fn charts(title: &str, runs: &[PlotRun<'_>]) -> Vec<Chart> {
     let phases: Vec<Phase> = runs.iter().flat_map(|r| phases_of(r, runs.len())).collect();
@@ -43,17 +59,9 @@ fn charts(title: &str, runs: &[PlotRun<'_>]) -> Vec<Chart> {
         title: format!("{title}: guest dirty rate"),
         x_label: "time (s)".into(),
         y_label: "guest dirty rate (MiB/s, wall time)".into(),
-        series: runs
-            .iter()
-            .zip(&ivs)
-            .map(|(r, iv)| Series {
-                name: r.label.to_string(),
-                points: iv
-                    .iter()
-                    .map(|i| (i.t_s, i.write_rate * 4096.0 / (1u64 << 20) as f64))
-                    .collect(),
-            })
-            .collect(),
+        series: series_of(runs, &ivs, |i| {
+            Some((i.t_s, i.write_rate * 4096.0 / (1u64 << 20) as f64))
+        }),
         phases: phases.clone(),
         log_y: false,
     };
@@ -61,17 +69,7 @@ fn charts(title: &str, runs: &[PlotRun<'_>]) -> Vec<Chart> {
         title: "guest execution time per write".into(),
         x_label: "time (s)".into(),
         y_label: "ns per write (log scale; faults included)".into(),
-        series: runs
-            .iter()
-            .zip(&ivs)
-            .map(|(r, iv)| Series {
-                name: r.label.to_string(),
-                points: iv
-                    .iter()
-                    .filter_map(|i| i.speed.map(|v| (i.t_s, 1e9 / v)))
-                    .collect(),
-            })
-            .collect(),
+        series: series_of(runs, &ivs, |i| i.speed.map(|v| (i.t_s, 1e9 / v))),
         phases,
         log_y: true,
     };

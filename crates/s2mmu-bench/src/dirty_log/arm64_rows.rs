@@ -7,7 +7,8 @@
 //! the engine's share of an abort's round trip).
 
 use super::arm64::round_trip;
-use super::{capitalise, secs, EngineRun};
+use super::engine_run::harvest_names;
+use super::{secs, EngineRun};
 use crate::report::{merge, Report};
 use crate::stats::Summary;
 use crate::text::human;
@@ -48,11 +49,7 @@ pub fn round_trip_lines(r: &DirtyReport) -> Vec<String> {
 /// ring's.
 pub fn run_lines(r: &DirtyReport, e: &EngineRun, ring: bool, check: bool) -> Vec<String> {
     let s = secs;
-    let (g, c) = if ring {
-        ("harvest dirty ring", "reset dirty ring")
-    } else {
-        ("get dirty log", "clear dirty log")
-    };
+    let (g, c) = harvest_names(ring);
     let mut out = vec![
         format!("Test iterations: {}", e.iterations.len()),
         format!(
@@ -61,14 +58,8 @@ pub fn run_lines(r: &DirtyReport, e: &EngineRun, ring: bool, check: bool) -> Vec
             e.vcpus
         ),
         format!("Engine: {}", e.label),
-        format!(
-            "guest physical test memory: [{:#x}, {:#x})",
-            e.test_gpa.0, e.test_gpa.1
-        ),
-        format!("Populate memory time: {}", s(e.populate)),
-        format!("Enabling dirty logging time: {}", s(e.enable)),
-        String::new(),
     ];
+    out.extend(e.setup_lines());
     for (it, p) in e.iterations.iter().zip(&r.passes) {
         let n = p.iteration;
         out.push(format!(
@@ -93,25 +84,7 @@ pub fn run_lines(r: &DirtyReport, e: &EngineRun, ring: bool, check: bool) -> Vec
         }
     }
     out.push(format!("Disabling dirty logging time: {}", s(e.disable)));
-    let n = e.iterations.len().max(1) as u32;
-    let gt: Duration = e.iterations.iter().map(|i| i.get).sum();
-    out.push(format!(
-        "{} over {} iterations took {}. (Avg {}/iteration)",
-        capitalise(g),
-        e.iterations.len(),
-        s(gt),
-        s(gt / n)
-    ));
-    if e.iterations.iter().any(|i| i.clear.is_some()) {
-        let ct: Duration = e.iterations.iter().filter_map(|i| i.clear).sum();
-        out.push(format!(
-            "{} over {} iterations took {}. (Avg {}/iteration)",
-            capitalise(c),
-            e.iterations.len(),
-            s(ct),
-            s(ct / n)
-        ));
-    }
+    e.push_totals((g, c), &mut out);
     let f = &r.faults;
     out.push(format!(
         "Faults, all passes: {} ({} fast, {} slow, {} split on fault), lock contentions {}",

@@ -57,9 +57,24 @@ pub fn check<Fmt>(spec: &RunSpec<Fmt>) -> Result<(), String> {
             human_bytes(bytes)
         ));
     }
-    let room = (1u64 << IPA_BITS) - GPA_BASE;
     let what = format!("{} vCPUs x {}", spec.vcpus, human_bytes(bytes));
-    let total = (spec.vcpus as u64)
+    check_guest_memory(&what, spec.vcpus as u64, bytes, ("slots", spec.slots))
+}
+
+/// Checks that `vcpus` x `bytes` of guest memory (`what` in messages)
+/// fits the IPA space above [`GPA_BASE`], holds a page for each of `slots`
+/// memslots (`slots_name`: the setting's name), and fits the host's memory.
+///
+/// # Errors
+/// A message naming what does not fit and its limit.
+pub fn check_guest_memory(
+    what: &str,
+    vcpus: u64,
+    bytes: u64,
+    (slots_name, slots): (&str, u32),
+) -> Result<(), String> {
+    let room = (1u64 << IPA_BITS) - GPA_BASE;
+    let total = vcpus
         .checked_mul(bytes)
         .filter(|&t| t <= room)
         .ok_or_else(|| {
@@ -69,14 +84,13 @@ pub fn check<Fmt>(spec: &RunSpec<Fmt>) -> Result<(), String> {
                 human_bytes(GPA_BASE)
             )
         })?;
-    if u64::from(spec.slots) > total / PAGE {
+    if u64::from(slots) > total / PAGE {
         return Err(format!(
-            "slots {}: more memslots than the guest's {} pages ({what})",
-            spec.slots,
+            "{slots_name} {slots}: more memslots than the guest's {} pages ({what})",
             total / PAGE
         ));
     }
-    check_memory(&what, total)
+    check_memory(what, total)
 }
 
 #[cfg(test)]

@@ -59,11 +59,7 @@ pub struct EngineRun {
 impl EngineRun {
     /// Phases named as `s2mmu_kvm::DirtyLogReport::phases` names them.
     pub fn phases(&self, ring: bool) -> Vec<(String, Duration)> {
-        let (g, c) = if ring {
-            ("harvest dirty ring", "reset dirty ring")
-        } else {
-            ("get dirty log", "clear dirty log")
-        };
+        let (g, c) = harvest_names(ring);
         let mut v = vec![
             ("populate memory".to_string(), self.populate),
             ("enabling dirty logging".to_string(), self.enable),
@@ -99,25 +95,52 @@ impl EngineRun {
         t
     }
 
+    /// The selftest's totals of the harvests `g` and of the clears `c`
+    /// (when any pass cleared) over every iteration, appended to `out`.
+    pub(super) fn push_totals(&self, (g, c): (&str, &str), out: &mut Vec<String>) {
+        let s = secs;
+        let n = self.iterations.len().max(1) as u32;
+        let total = |name: &str, t: Duration| {
+            format!(
+                "{} over {} iterations took {}. (Avg {}/iteration)",
+                capitalise(name),
+                self.iterations.len(),
+                s(t),
+                s(t / n)
+            )
+        };
+        out.push(total(g, self.iterations.iter().map(|i| i.get).sum()));
+        if self.iterations.iter().any(|i| i.clear.is_some()) {
+            out.push(total(
+                c,
+                self.iterations.iter().filter_map(|i| i.clear).sum(),
+            ));
+        }
+    }
+
+    /// The selftest's lines on the setup: the test memory, populating it
+    /// and enabling the log, then a blank line.
+    pub(super) fn setup_lines(&self) -> [String; 4] {
+        [
+            format!(
+                "guest physical test memory: [{:#x}, {:#x})",
+                self.test_gpa.0, self.test_gpa.1
+            ),
+            format!("Populate memory time: {}", secs(self.populate)),
+            format!("Enabling dirty logging time: {}", secs(self.enable)),
+            String::new(),
+        ]
+    }
+
     /// The selftest's lines plus the engine's counters.
     pub fn lines(&self, ring: bool) -> Vec<String> {
         let s = secs;
         let mut out = vec![
             format!("Test iterations: {}", self.iterations.len()),
             format!("Engine: {}, {} vCPUs", self.label, self.vcpus),
-            format!(
-                "guest physical test memory: [{:#x}, {:#x})",
-                self.test_gpa.0, self.test_gpa.1
-            ),
-            format!("Populate memory time: {}", s(self.populate)),
-            format!("Enabling dirty logging time: {}", s(self.enable)),
-            String::new(),
         ];
-        let (g, c) = if ring {
-            ("harvest dirty ring", "reset dirty ring")
-        } else {
-            ("get dirty log", "clear dirty log")
-        };
+        out.extend(self.setup_lines());
+        let (g, c) = harvest_names(ring);
         for (i, it) in self.iterations.iter().enumerate() {
             let n = i + 1;
             out.push(format!(
@@ -156,30 +179,22 @@ impl EngineRun {
                 self.vm_stats.collapsed
             ));
         }
-        let n = self.iterations.len().max(1) as u32;
-        let gt: Duration = self.iterations.iter().map(|i| i.get).sum();
-        out.push(format!(
-            "{} over {} iterations took {}. (Avg {}/iteration)",
-            capitalise(g),
-            self.iterations.len(),
-            s(gt),
-            s(gt / n)
-        ));
-        if self.iterations.iter().any(|i| i.clear.is_some()) {
-            let ct: Duration = self.iterations.iter().filter_map(|i| i.clear).sum();
-            out.push(format!(
-                "{} over {} iterations took {}. (Avg {}/iteration)",
-                capitalise(c),
-                self.iterations.len(),
-                s(ct),
-                s(ct / n)
-            ));
-        }
+        self.push_totals((g, c), &mut out);
         out
     }
 }
 
 /// The phase name with its first letter in upper case.
+/// The names of a harvest and of its clear, as the selftest prints them:
+/// a dirty ring's (`ring`) or a dirty log's.
+pub(super) fn harvest_names(ring: bool) -> (&'static str, &'static str) {
+    if ring {
+        ("harvest dirty ring", "reset dirty ring")
+    } else {
+        ("get dirty log", "clear dirty log")
+    }
+}
+
 pub fn capitalise(s: &str) -> String {
     let mut c = s.chars();
     c.next()

@@ -196,6 +196,27 @@ impl<S: MemslotStore> Vm<S> {
         }
     }
 
+    /// The guest of a two-phase scenario: `first`, a sync with the host,
+    /// `second`, a sync, over and over with one slot cache, until a sync
+    /// says the host stopped.
+    pub(super) fn in_turns(
+        &self,
+        mut first: impl FnMut(&Self, &mut VcpuSlotCache),
+        mut second: impl FnMut(&Self, &mut VcpuSlotCache),
+    ) {
+        let mut cache = VcpuSlotCache::new();
+        loop {
+            first(self, &mut cache);
+            if !self.guest_sync() {
+                return;
+            }
+            second(self, &mut cache);
+            if !self.guest_sync() {
+                return;
+            }
+        }
+    }
+
     /// Runs `guest` on its own thread and `iteration` on this one until `seconds` pass;
     /// returns the iterations done and their total time.
     pub(super) fn run_loop(

@@ -16,21 +16,15 @@ pub(super) fn scenario_map<S: MemslotStore>(
     vm.run_loop(
         seconds,
         |vm| {
-            let mut cache = VcpuSlotCache::new();
-            loop {
-                for page in 0..half {
-                    vm.guest_access::<0>(&mut cache, vm.base_gfn() + page, Some(VAL_1));
+            let write = |vm: &Vm<S>, cache: &mut VcpuSlotCache, pages: std::ops::Range<u64>| {
+                for page in pages {
+                    vm.guest_access::<0>(cache, vm.base_gfn() + page, Some(VAL_1));
                 }
-                if !vm.guest_sync() {
-                    return;
-                }
-                for page in half..vm.pages {
-                    vm.guest_access::<0>(&mut cache, vm.base_gfn() + page, Some(VAL_1));
-                }
-                if !vm.guest_sync() {
-                    return;
-                }
-            }
+            };
+            vm.in_turns(
+                |vm, cache| write(vm, cache, 0..half),
+                |vm, cache| write(vm, cache, half..vm.pages),
+            );
         },
         |vm| {
             vm.host_discard(vm.page_hva(half), (vm.pages - half) * PAGE_SIZE)?;
@@ -50,21 +44,14 @@ pub(super) fn scenario_unmap_common<S: MemslotStore>(
     chunk: u64,
 ) -> Result<(u64, Duration), String> {
     let half = vm.pages / 2;
+    let touch = move |page: u64| {
+        move |vm: &Vm<S>, cache: &mut VcpuSlotCache| {
+            vm.guest_access::<0>(cache, vm.base_gfn() + page, Some(VAL_1));
+        }
+    };
     vm.run_loop(
         seconds,
-        |vm| {
-            let mut cache = VcpuSlotCache::new();
-            loop {
-                vm.guest_access::<0>(&mut cache, vm.base_gfn(), Some(VAL_1));
-                if !vm.guest_sync() {
-                    return;
-                }
-                vm.guest_access::<0>(&mut cache, vm.base_gfn() + half, Some(VAL_1));
-                if !vm.guest_sync() {
-                    return;
-                }
-            }
-        },
+        |vm| vm.in_turns(touch(0), touch(half)),
         |vm| {
             vm.host_sync();
             for (first, end) in [(0, half), (half, vm.pages)] {
@@ -158,25 +145,22 @@ pub(super) fn scenario_rw<S: MemslotStore>(
     let result = vm.run_loop(
         seconds,
         |vm| {
-            let mut cache = VcpuSlotCache::new();
-            loop {
-                for page in 0..vm.pages {
-                    vm.guest_access::<0>(&mut cache, vm.base_gfn() + page, Some(VAL_1));
-                }
-                if !vm.guest_sync() {
-                    return;
-                }
-                for page in 0..vm.pages {
-                    let gfn = vm.base_gfn() + page;
-                    if vm.guest_access::<HALF_PAGE_WORD>(&mut cache, gfn, None) != Some(VAL_2) {
-                        guest_errors.fetch_add(1, Ordering::Relaxed);
+            vm.in_turns(
+                |vm, cache| {
+                    for page in 0..vm.pages {
+                        vm.guest_access::<0>(cache, vm.base_gfn() + page, Some(VAL_1));
                     }
-                    vm.guest_access::<HALF_PAGE_WORD>(&mut cache, gfn, Some(0));
-                }
-                if !vm.guest_sync() {
-                    return;
-                }
-            }
+                },
+                |vm, cache| {
+                    for page in 0..vm.pages {
+                        let gfn = vm.base_gfn() + page;
+                        if vm.guest_access::<HALF_PAGE_WORD>(cache, gfn, None) != Some(VAL_2) {
+                            guest_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        vm.guest_access::<HALF_PAGE_WORD>(cache, gfn, Some(0));
+                    }
+                },
+            )
         },
         |vm| {
             // Every page of the area, as 4 KiB pages of words whose bounds

@@ -12,6 +12,59 @@ use std::time::{Duration, Instant};
 
 pub use super::bounds::BASE;
 
+/// The sum of no splits: complete, nothing done.
+fn no_splits() -> s2mmu::SplitStats {
+    s2mmu::SplitStats {
+        complete: true,
+        ..Default::default()
+    }
+}
+
+/// Splits the range `(start, len)` and adds what the split did to `total`.
+fn split_adding<F: PteFormat>(
+    pt: &mut Table<F>,
+    cache: &mut PageCache<HostMmOps>,
+    (start, len): (u64, u64),
+    policy: SplitPolicy,
+    total: &mut s2mmu::SplitStats,
+) -> Result<(), String> {
+    let st = pt
+        .split(start, len, cache, policy)
+        .map_err(|e| e.to_string())?;
+    total.blocks_split += st.blocks_split;
+    total.tables += st.tables;
+    total.entries += st.entries;
+    total.visits += st.visits;
+    total.complete &= st.complete;
+    Ok(())
+}
+
+/// Times `each` on every `chunk` of `[base, base + size)` (its start
+/// given), the cache topped up for a chunk's split before each, top-ups
+/// inside the timed region; returns the time and the splits' sum.
+fn timed_chunks<F: PteFormat>(
+    pt: &mut Table<F>,
+    cache: &mut PageCache<HostMmOps>,
+    (base, size, chunk): (u64, u64, u64),
+    mut each: impl FnMut(
+        &mut Table<F>,
+        &mut PageCache<HostMmOps>,
+        u64,
+        &mut s2mmu::SplitStats,
+    ) -> Result<(), String>,
+) -> Result<(Duration, s2mmu::SplitStats), String> {
+    let capacity = pt.split_capacity(chunk);
+    let mut total = no_splits();
+    let t0 = Instant::now();
+    let mut c = base;
+    while c < base + size {
+        cache.top_up(capacity).map_err(|e| e.to_string())?;
+        each(pt, cache, c, &mut total)?;
+        c += chunk;
+    }
+    Ok((t0.elapsed(), total))
+}
+
 /// The engine's `Mmu::clear_dirty_log` on the table for an all-ones bitmap
 /// with initially-set bitmaps: per 64-page word, split the word's range and
 /// write-protect it; the cache is topped up before each lock chunk. Timed
@@ -19,37 +72,20 @@ pub use super::bounds::BASE;
 fn clear_like_engine<F: PteFormat>(
     pt: &mut Table<F>,
     cache: &mut PageCache<HostMmOps>,
-    base: u64,
-    size: u64,
+    (base, size): (u64, u64),
     policy: SplitPolicy,
 ) -> Result<(Duration, s2mmu::SplitStats), String> {
     let word = 64 * pt.format().page_size();
     let chunk = s2mmu::mmu::LOCK_CHUNK.min(size);
-    let capacity = pt.split_capacity(chunk);
-    let mut total = s2mmu::SplitStats {
-        complete: true,
-        ..Default::default()
-    };
-    let t0 = Instant::now();
-    let mut c = base;
-    while c < base + size {
-        cache.top_up(capacity).map_err(|e| e.to_string())?;
+    timed_chunks(pt, cache, (base, size, chunk), |pt, cache, c, total| {
         let mut a = c;
         while a < (c + chunk).min(base + size) {
-            let st = pt
-                .split(a, word, cache, policy)
-                .map_err(|e| e.to_string())?;
+            split_adding(pt, cache, (a, word), policy, total)?;
             pt.wrprotect(a, word).map_err(|e| e.to_string())?;
-            total.blocks_split += st.blocks_split;
-            total.tables += st.tables;
-            total.entries += st.entries;
-            total.visits += st.visits;
-            total.complete &= st.complete;
             a += word;
         }
-        c += chunk;
-    }
-    Ok((t0.elapsed(), total))
+        Ok(())
+    })
 }
 
 /// Splits `[base, base + size)` chunk by chunk, topping the cache up before
@@ -58,31 +94,12 @@ fn clear_like_engine<F: PteFormat>(
 fn split_chunked<F: PteFormat>(
     pt: &mut Table<F>,
     cache: &mut PageCache<HostMmOps>,
-    base: u64,
-    size: u64,
-    chunk: u64,
+    (base, size, chunk): (u64, u64, u64),
     policy: SplitPolicy,
 ) -> Result<(Duration, s2mmu::SplitStats), String> {
-    let capacity = pt.split_capacity(chunk);
-    let mut total = s2mmu::SplitStats {
-        complete: true,
-        ..Default::default()
-    };
-    let t0 = Instant::now();
-    let mut a = base;
-    while a < base + size {
-        cache.top_up(capacity).map_err(|e| e.to_string())?;
-        let st = pt
-            .split(a, chunk, cache, policy)
-            .map_err(|e| e.to_string())?;
-        total.blocks_split += st.blocks_split;
-        total.tables += st.tables;
-        total.entries += st.entries;
-        total.visits += st.visits;
-        total.complete &= st.complete;
-        a += chunk;
-    }
-    Ok((t0.elapsed(), total))
+    timed_chunks(pt, cache, (base, size, chunk), |pt, cache, a, total| {
+        split_adding(pt, cache, (a, chunk), policy, total)
+    })
 }
 
 pub fn build<F: PteFormat>(
@@ -171,10 +188,10 @@ fn one<F: PteFormat>(
         Mode::SplitTopup => {
             cache.release_all();
             let chunk = pt.format().granule(2);
-            split_chunked(pt, cache, base, size, chunk, policy)?
+            split_chunked(pt, cache, (base, size, chunk), policy)?
         }
         // The engine keeps its split cache across CLEARs.
-        Mode::Clear => clear_like_engine(pt, cache, base, size, policy)?,
+        Mode::Clear => clear_like_engine(pt, cache, (base, size), policy)?,
         Mode::Split => {
             cache
                 .top_up(pt.split_capacity(size))

@@ -5,9 +5,11 @@
 //! emulator's: the counts are the result, the times are read as ratios.
 
 use super::arm64::Arm64Run;
-use super::report::{build_kind, fill, median_of, open, table, Common, ModelRows, SlotFacts};
+use super::report::{
+    build_kind, fill, median_of, open, rows_of, table, Common, ModelRows, SlotFacts,
+};
 use super::{check, Config};
-use super::{Mode, PAGE, POLICIES};
+use super::{Mode, PAGE};
 use crate::arm64 as a64;
 use crate::human_bytes;
 use crate::report::Report;
@@ -29,6 +31,21 @@ struct Row {
     /// (pickup and answer), in ns.
     work_ns: u64,
     pickup_ns: u64,
+}
+
+impl Row {
+    /// The row's JSON fields beside the common ones.
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "model": "arm64",
+            "service_calls": self.common.calls,
+            "tlbi_instructions": self.tlbis,
+            "tlbi_samples": self.tlbi_samples,
+            "host_sequences": self.sequences,
+            "tlb_work_ns": self.work_ns,
+            "tlb_pickup_ns": self.pickup_ns,
+        })
+    }
 }
 
 /// Checks the settings and what only the arm64 model limits, before QEMU
@@ -65,21 +82,18 @@ pub fn run(p: &Config, bars: Bars<'_>) -> Result<Report, String> {
 
 /// The medians of each mode and policy.
 fn rows(r: &Arm64Run) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for (mode, case, samples) in &r.modes {
-        for (pi, pol) in POLICIES.iter().enumerate() {
-            let s = &samples[pi];
-            rows.push(Row {
-                common: Common::of(case, *mode, *pol, s.iter().map(|x| &x.times)),
-                tlbis: median_of(s, |x| x.tlbis),
-                sequences: median_of(s, |x| x.sequences),
-                tlbi_samples: s.iter().map(|x| x.tlbis).collect(),
-                work_ns: median_of(s, |x| x.work.as_nanos() as u64),
-                pickup_ns: median_of(s, |x| x.times.inv.saturating_sub(x.work).as_nanos() as u64),
-            });
-        }
-    }
-    rows
+    rows_of(
+        &r.modes,
+        |x| &x.times,
+        |common, s| Row {
+            common,
+            tlbis: median_of(s, |x| x.tlbis),
+            sequences: median_of(s, |x| x.sequences),
+            tlbi_samples: s.iter().map(|x| x.tlbis).collect(),
+            work_ns: median_of(s, |x| x.work.as_nanos() as u64),
+            pickup_ns: median_of(s, |x| x.times.inv.saturating_sub(x.work).as_nanos() as u64),
+        },
+    )
 }
 
 /// What the report says besides the rows.
@@ -115,21 +129,7 @@ fn report(p: &Config, rows: &[Row], f: &Facts) -> Result<Report, String> {
         }),
     );
     let model = ModelRows {
-        rows: rows
-            .iter()
-            .map(|r| {
-                let extra = json!({
-                    "model": "arm64",
-                    "service_calls": r.common.calls,
-                    "tlbi_instructions": r.tlbis,
-                    "tlbi_samples": r.tlbi_samples,
-                    "host_sequences": r.sequences,
-                    "tlb_work_ns": r.work_ns,
-                    "tlb_pickup_ns": r.pickup_ns,
-                });
-                (&r.common, extra)
-            })
-            .collect(),
+        rows: rows.iter().map(|r| (&r.common, r.json())).collect(),
         call_noun: "round trip(s) to EL2",
         judge_chunked_calls: true,
     };

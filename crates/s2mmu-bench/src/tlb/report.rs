@@ -6,7 +6,7 @@
 //! JSON fields (the simulated VM's TLB refills, the arm64 model's TLBIs).
 
 pub(super) use super::cycle::{CycleTimes, SlotFacts};
-use super::Config;
+use super::{Config, ModeSamples};
 use super::{Mode, PAGE, POLICIES};
 use crate::human_bytes;
 use crate::report::{merge, Comparison, Report};
@@ -126,6 +126,24 @@ impl Common {
             human(self.get.median()),
         )
     }
+}
+
+/// One row per mode and policy of `modes`, in their order: the common
+/// figures of the policy's samples (`times` picks a sample's cycle times)
+/// and what `row` makes of them with the samples.
+pub(super) fn rows_of<S, R>(
+    modes: &[ModeSamples<S>],
+    times: fn(&S) -> &CycleTimes,
+    row: impl Fn(Common, &[S]) -> R,
+) -> Vec<R> {
+    let mut rows = Vec::new();
+    for (mode, case, samples) in modes {
+        for (pi, pol) in POLICIES.iter().enumerate() {
+            let s = &samples[pi];
+            rows.push(row(Common::of(case, *mode, *pol, s.iter().map(times)), s));
+        }
+    }
+    rows
 }
 
 /// The median of a per-cycle count (zero when there are no cycles).

@@ -4,11 +4,11 @@
 //! saves the clearing thread.
 
 use super::report::{
-    build_kind, fill, median_f_of, median_of, open, table, Common, ModelRows, SlotFacts,
+    build_kind, fill, median_f_of, median_of, open, rows_of, table, Common, ModelRows, SlotFacts,
 };
-use super::vm::VmRun;
+use super::vm::{Sample, VmRun};
 use super::{check, Config};
-use super::{Mode, PAGE, POLICIES};
+use super::{Mode, PAGE};
 use crate::human_bytes;
 use crate::report::Report;
 use crate::text::human;
@@ -24,6 +24,19 @@ struct Row {
     vmid_flushes: u64,
     removed: u64,
     refill_misses: f64,
+}
+
+impl Row {
+    /// The row's JSON fields beside the common ones; `walk_ns`: the cost
+    /// of one TLB refill.
+    fn json(&self, walk_ns: f64) -> serde_json::Value {
+        json!({
+            "tlb_vmid_flushes": self.vmid_flushes,
+            "tlb_entries_removed": self.removed,
+            "refill_misses": self.refill_misses,
+            "refill_walk_ns": self.refill_misses * walk_ns,
+        })
+    }
 }
 
 /// Options with `--vcpus 0` resolved to the machine's CPUs.
@@ -59,19 +72,16 @@ pub fn run<F: KnownFormat>(p: &Config, bars: Bars<'_>) -> Result<Report, String>
 
 /// The medians of each mode and policy.
 fn rows(r: &VmRun) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for (mode, case, samples) in &r.modes {
-        for (pi, pol) in POLICIES.iter().enumerate() {
-            let s = &samples[pi];
-            rows.push(Row {
-                common: Common::of(case, *mode, *pol, s.iter().map(|x| &x.times)),
-                vmid_flushes: median_of(s, |x| x.vmid_flushes),
-                removed: median_of(s, |x| x.removed),
-                refill_misses: median_f_of(s, |x| x.refill_misses),
-            });
+    let row = |common: Common, s: &[Sample]| {
+        let count = |f: fn(&Sample) -> u64| median_of(s, f);
+        Row {
+            common,
+            vmid_flushes: count(|x| x.vmid_flushes),
+            removed: count(|x| x.removed),
+            refill_misses: median_f_of(s, |x| x.refill_misses),
         }
-    }
-    rows
+    };
+    rows_of(&r.modes, |x| &x.times, row)
 }
 
 /// What the report says besides the rows.
@@ -105,15 +115,7 @@ fn report(p: &Config, rows: &[Row], f: &Facts) -> Result<Report, String> {
     let model = ModelRows {
         rows: rows
             .iter()
-            .map(|r| {
-                let extra = json!({
-                    "tlb_vmid_flushes": r.vmid_flushes,
-                    "tlb_entries_removed": r.removed,
-                    "refill_misses": r.refill_misses,
-                    "refill_walk_ns": r.refill_misses * f.walk_ns,
-                });
-                (&r.common, extra)
-            })
+            .map(|r| (&r.common, r.json(f.walk_ns)))
             .collect(),
         call_noun: "call(s)",
         judge_chunked_calls: false,
@@ -229,19 +231,15 @@ fn text(p: &Config, rows: &[Row], f: &Facts, lines: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tlb::POLICIES;
     use s2mmu::format::arm64::Arm64Stage2;
 
     fn config() -> Config {
         Config {
-            size: 1 << 30,
-            chunk: 256 << 20,
-            runs: 1,
-            vcpus: 1,
             vcpu_mem: 2 << 20,
-            dirty_every: 64,
             limit_pages: s2mmu::TlbPolicy::DEFAULT_LIMIT_PAGES,
             idle_us: 0,
-            settle_us: 100,
+            ..crate::tlb::tests::config()
         }
     }
 

@@ -9,7 +9,7 @@
 //! worth reading are the counts (faults, aborts, maintenance, pages) and
 //! ratios (the host's and the engine's share of an abort's round trip).
 
-use super::engine::policy_for;
+use super::engine::{policy_for, Job};
 use super::params::{Params, PolicyArg};
 use crate::report::{human_bytes, Report};
 use s2mmu::mmu::{FaultPath, Protect};
@@ -158,12 +158,8 @@ fn check_ring(n: u32, pages: u64) -> Result<(), String> {
 ///
 /// # Errors
 /// A bad option (before QEMU starts), or a run that failed.
-pub(super) fn run(
-    p: &Params,
-    vcpus_list: &[usize],
-    bytes: u64,
-    report: &mut Report,
-) -> Result<String, String> {
+pub(super) fn run(job: &Job<'_>, report: &mut Report) -> Result<String, String> {
+    let (p, vcpus_list, bytes) = (job.p, job.vcpus, job.bytes);
     let plan = plan(p, vcpus_list, bytes)?;
     if let Some(why) = a64::unavailable() {
         return Err(format!("--arm64: {why}"));

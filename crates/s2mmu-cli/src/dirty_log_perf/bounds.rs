@@ -4,10 +4,9 @@
 //! type).
 
 use super::params::Params;
-use crate::limits::{approx_bytes, check_memory};
 use crate::report::human_bytes;
 
-use s2mmu_bench::dirty_log::{GPA_BASE, IPA_BITS};
+use s2mmu_bench::dirty_log::check_guest_memory;
 pub use s2mmu_bench::dirty_log::{MAX_ITERATIONS, MAX_SLOTS, MAX_VCPUS};
 /// The most runs of each policy in a comparison.
 pub const MAX_RUNS: u32 = 1_000;
@@ -61,29 +60,9 @@ pub fn check(p: &Params, vcpus: &[usize], bytes_per_vcpu: u64) -> Result<(), Str
         ));
     }
     let most = vcpus.iter().copied().max().unwrap_or(1);
-    let total = (most as u64).checked_mul(bytes_per_vcpu);
-    let room = (1u64 << IPA_BITS) - GPA_BASE;
     let what = format!("-v {most} x -b {}", human_bytes(bytes_per_vcpu));
-    match total {
-        Some(t) if t <= room => {}
-        _ => {
-            return Err(format!(
-                "{what}: the guest holds at most {} ({IPA_BITS}-bit IPA space above {})",
-                approx_bytes(room),
-                human_bytes(GPA_BASE)
-            ))
-        }
-    }
-    let total = total.unwrap_or(u64::MAX);
-    if u64::from(p.slots) > total / PAGE {
-        return Err(format!(
-            "-x {}: more memslots than the guest's {} pages ({what})",
-            p.slots,
-            total / PAGE
-        ));
-    }
     // --kvm backs the same memory.
-    check_memory(&what, total)
+    check_guest_memory(&what, most as u64, bytes_per_vcpu, ("-x", p.slots))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use s2mmu::mmu::FaultPath;
 
-use super::engine::{engine, RunSpec};
+use super::engine::{engine, Job};
 use super::params::Params;
 use super::{arm64_report, kvm::kvm_params};
 use s2mmu_bench::dirty_log::rows::phase_rows;
@@ -15,13 +15,8 @@ use s2mmu_bench::dirty_log::{secs, EngineRun};
 
 /// Runs the three columns that can run here (the engine always) for `v`
 /// vCPUs and returns the comparison's text.
-pub(super) fn run(
-    p: &Params,
-    v: usize,
-    bytes: u64,
-    spec: impl Fn(usize, FaultPath, bool) -> RunSpec,
-    report: &mut Report,
-) -> Result<String, String> {
+pub(super) fn run(job: &Job<'_>, report: &mut Report) -> Result<String, String> {
+    let (p, v, bytes, spec) = (job.p, job.vcpus[0], job.bytes, job.spec);
     // Which columns can run, decided before anything runs.
     // -r means nothing to --compare: one run of each column.
     let one_run = Params {
@@ -55,22 +50,24 @@ pub(super) fn run(
         }
         Err(why) => Err(why),
     };
-    Ok(compare_text(p, v, bytes, &e, &k, &a, report))
+    Ok(compare_text(job, &Columns { e, k, a }, report))
 }
 
 /// A column of `--compare`: its run, or why it was skipped.
 type Column<T> = Result<T, String>;
 
+/// The three columns: the engine's run, real KVM's, the arm64 model's.
+struct Columns {
+    e: EngineRun,
+    k: Column<s2mmu_kvm::DirtyLogReport>,
+    a: Column<(s2mmu_arm64::workload::DirtyReport, EngineRun)>,
+}
+
 /// The comparison's title: the run's shape, the host, and what each column
 /// is or why it was skipped.
-fn compare_header(
-    p: &Params,
-    vcpus: usize,
-    bytes: u64,
-    e: &EngineRun,
-    k: &Column<s2mmu_kvm::DirtyLogReport>,
-    a: &Column<(s2mmu_arm64::workload::DirtyReport, EngineRun)>,
-) -> String {
+fn compare_header(job: &Job<'_>, c: &Columns) -> String {
+    let (p, vcpus, bytes) = (job.p, job.vcpus[0], job.bytes);
+    let Columns { e, k, a } = c;
     let host = s2mmu_kvm::HostInfo::detect();
     let mut s = format!(
         "dirty_log_perf: s2mmu engine vs host KVM vs QEMU's arm64 model, {vcpus} vCPU(s) x {}, {}, {} slot(s), {} iterations{}\n",
@@ -93,15 +90,9 @@ fn compare_header(
 }
 
 /// The comparison's rows and text from the three columns.
-fn compare_text(
-    p: &Params,
-    vcpus: usize,
-    bytes: u64,
-    e: &EngineRun,
-    k: &Column<s2mmu_kvm::DirtyLogReport>,
-    a: &Column<(s2mmu_arm64::workload::DirtyReport, EngineRun)>,
-    report: &mut Report,
-) -> String {
+fn compare_text(job: &Job<'_>, c: &Columns, report: &mut Report) -> String {
+    let (p, vcpus) = (job.p, job.vcpus[0]);
+    let Columns { e, k, a } = c;
     let ring = p.ring().is_some();
     let ep = e.phases(ring);
     let kp = k.as_ref().map(|k| k.phases()).unwrap_or_default();
@@ -115,7 +106,7 @@ fn compare_text(
     if let Err(why) = k {
         report.result("column_skipped", "kvm", json!({"reason": why}));
     }
-    let mut s = compare_header(p, vcpus, bytes, e, k, a);
+    let mut s = compare_header(job, c);
     s += &format!(
         "\n{:<34} {:>16} {:>16} {:>16} {:>10} {:>12}\n",
         "phase", "s2mmu engine", "KVM", "arm64 (QEMU)", "KVM/engine", "arm64/engine"

@@ -6,7 +6,7 @@ use s2mmu::mmu::FaultPath;
 use serde_json::json;
 use std::time::Duration;
 
-use super::engine::{engine, policy_for, RunSpec};
+use super::engine::{engine, policy_for, Job, RunSpec};
 use super::params::Params;
 use s2mmu_bench::dirty_log::schedule::rotated;
 use s2mmu_bench::dirty_log::EngineRun;
@@ -15,13 +15,8 @@ use s2mmu_bench::dirty_log::EngineRun;
 type RunMetric<'a> = dyn Fn(&EngineRun) -> Duration + 'a;
 
 /// Eager split against split on fault in alternating runs; returns the table.
-pub(super) fn eager_vs_fault(
-    p: &Params,
-    vcpus: usize,
-    bytes: u64,
-    spec: impl Fn(usize, FaultPath, bool) -> RunSpec,
-    report: &mut Report,
-) -> Result<String, String> {
+pub(super) fn eager_vs_fault(job: &Job<'_>, report: &mut Report) -> Result<String, String> {
+    let (p, vcpus, bytes, spec) = (job.p, job.vcpus[0], job.bytes, job.spec);
     // The pass that meets the write protection: the first after enabling, or with
     // KVM_DIRTY_LOG_INITIALLY_SET (manual protect, the default) the first after a CLEAR,
     // which is where KVM then write-protects and eagerly splits.

@@ -8,6 +8,17 @@ use s2mmu_bench::dirty_log::EngineRun;
 use s2mmu_cli::vm_format::{FormatArg, WithFormat};
 use s2mmu_vm::KnownFormat;
 
+/// What each way of running `dirty-log-perf` takes: the options, the vCPU
+/// counts (the first alone where one count is measured), the bytes per
+/// vCPU and the spec of one engine run for a vCPU count, fault path and
+/// eager split.
+pub(super) struct Job<'a> {
+    pub p: &'a Params,
+    pub vcpus: &'a [usize],
+    pub bytes: u64,
+    pub spec: &'a dyn Fn(usize, FaultPath, bool) -> RunSpec,
+}
+
 /// Engine-run settings derived from the options, with the `--format` the
 /// run dispatches on.
 pub(super) type RunSpec = s2mmu_bench::dirty_log::RunSpec<FormatArg>;

@@ -4,6 +4,7 @@
 use crate::report::Report;
 use serde_json::json;
 
+use super::engine::Job;
 use super::params::Params;
 use s2mmu_bench::dirty_log::rows::phase_rows;
 
@@ -29,12 +30,8 @@ pub(super) fn kvm_params(
 }
 
 /// Runs each vCPU count on real KVM and returns the selftest's text.
-pub(super) fn run(
-    p: &Params,
-    vcpus_list: &[usize],
-    bytes: u64,
-    report: &mut Report,
-) -> Result<String, String> {
+pub(super) fn run(job: &Job<'_>, report: &mut Report) -> Result<String, String> {
+    let (p, vcpus_list, bytes) = (job.p, job.vcpus, job.bytes);
     let mut text = String::new();
     for &v in vcpus_list {
         let kp = kvm_params(p, v, bytes)?;

@@ -3,7 +3,7 @@
 //! logging off, in alternating order; and `--format`, the stage-2 format
 //! the simulated VM's vCPUs walk.
 
-use super::engine::{engine, RunSpec};
+use super::engine::{engine, Job, RunSpec};
 use super::params::{Params, PolicyArg};
 use crate::report::{human, human_bytes, verdict, Report, Summary};
 use s2mmu::mmu::{DirtyMode, FaultPath, HwDirtyBlocks};
@@ -90,13 +90,8 @@ fn ns(v: &[Duration]) -> Vec<u64> {
 /// table: faults per pass, dirty memory time, slowdown against the pass
 /// with logging off, harvest time per GiB and the harvesting thread's CPU
 /// time.
-pub(super) fn table(
-    p: &Params,
-    vcpus: usize,
-    bytes: u64,
-    spec: impl Fn(usize, FaultPath, bool) -> RunSpec,
-    report: &mut Report,
-) -> Result<String, String> {
+pub(super) fn table(job: &Job<'_>, report: &mut Report) -> Result<String, String> {
+    let (p, vcpus, bytes, spec) = (job.p, job.vcpus[0], job.bytes, job.spec);
     let modes = p.dirty_modes();
     let runs = p.runs.unwrap_or(3).max(1) as usize;
     let samples = sample_modes(p, vcpus, runs, &modes, &spec)?;

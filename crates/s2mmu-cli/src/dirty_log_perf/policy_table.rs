@@ -7,19 +7,14 @@ use s2mmu_vm::Backing;
 use serde_json::json;
 use std::time::Duration;
 
-use super::engine::{engine, RunSpec};
+use super::engine::{engine, Job, RunSpec};
 use super::params::{Params, ReadLockArg};
 use s2mmu_bench::dirty_log::schedule::rotated;
 use s2mmu_bench::dirty_log::{median_dirty, EngineRun};
 
 /// The three policies in alternating runs per vCPU count; returns the table.
-pub(super) fn both_table(
-    p: &Params,
-    vcpus_list: &[usize],
-    bytes: u64,
-    spec: impl Fn(usize, FaultPath, bool) -> RunSpec,
-    report: &mut Report,
-) -> Result<String, String> {
+pub(super) fn both_table(job: &Job<'_>, report: &mut Report) -> Result<String, String> {
+    let (p, vcpus_list, bytes, spec) = (job.p, job.vcpus, job.bytes, job.spec);
     let runs = p.runs.unwrap_or(3).max(1) as usize;
     let mut s = header(p, bytes, runs);
     // The three policies, in the order of the table's column groups.

@@ -123,24 +123,18 @@ pub(super) fn report(
     }
     if p.compare_policies && runs.len() == 2 {
         let (a, b) = (&runs[0].1, &runs[1].1);
-        r.compare(
-            "migrate",
-            "guest_ns_per_write_logging",
-            b.during.ns_per_write,
-            a.during.ns_per_write,
-        );
-        r.compare(
-            "migrate",
-            "downtime_ns",
-            b.downtime.as_nanos() as f64,
-            a.downtime.as_nanos() as f64,
-        );
-        r.compare(
-            "migrate",
-            "total_ns",
-            b.total.as_nanos() as f64,
-            a.total.as_nanos() as f64,
-        );
+        let ns = |d: std::time::Duration| d.as_nanos() as f64;
+        for (metric, base, ours) in [
+            (
+                "guest_ns_per_write_logging",
+                b.during.ns_per_write,
+                a.during.ns_per_write,
+            ),
+            ("downtime_ns", ns(b.downtime), ns(a.downtime)),
+            ("total_ns", ns(b.total), ns(a.total)),
+        ] {
+            r.compare("migrate", metric, base, ours);
+        }
         text.push_str(&format!(
             "\nGuest slowdown while logging, side by side\n  {:<46} {:>12} {:>12} {:>10} {:>10} {:>7}\n",
             "policy", "ns/write pre", "ns/write log", "slowdown", "downtime", "rounds"

@@ -193,14 +193,7 @@ impl<F: KnownFormat> GuestRun for Workload<TreeMemslots, F> {
     }
 
     fn counters(&self) -> GuestCounters {
-        let live = &self.control().live;
-        GuestCounters {
-            writes: live.iter().map(|l| l.writes.load(Ordering::Relaxed)).sum(),
-            guest_ns: live
-                .iter()
-                .map(|l| l.guest_ns.load(Ordering::Relaxed))
-                .sum(),
-        }
+        counters_of(self.control())
     }
 
     fn set_throttle_ns(&self, ns: u64) {

@@ -22,7 +22,7 @@
 //! has been read and checked.
 
 use super::config::{NetConfig, Security};
-use super::conn::{transient, BoxConn, Connection, Listener, ShutdownHandle};
+use super::conn::{connection_via, transient, BoxConn, Connection, Listener, ShutdownHandle};
 use super::secure::server;
 use crate::stream_error::MigrateError;
 use std::collections::VecDeque;
@@ -343,40 +343,5 @@ impl Write for Heard {
 }
 
 impl Connection for Heard {
-    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
-        self.conn.set_io_timeout(timeout)
-    }
-
-    fn io_timeout(&self) -> Option<Duration> {
-        self.conn.io_timeout()
-    }
-
-    fn configure(&self, io_timeout: Duration) -> std::io::Result<()> {
-        self.conn.configure(io_timeout)
-    }
-
-    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
-        self.conn.shutdown_handle()
-    }
-
-    fn peer(&self) -> String {
-        self.conn.peer()
-    }
-
-    fn seals_in_place(&self) -> bool {
-        self.conn.seals_in_place()
-    }
-
-    fn authenticates(&self) -> bool {
-        self.conn.authenticates()
-    }
-
-    fn write_sealed(
-        &mut self,
-        head: &[u8],
-        frames: &mut [u8],
-        plain: usize,
-    ) -> std::io::Result<()> {
-        self.conn.write_sealed(head, frames, plain)
-    }
+    connection_via!(conn, all);
 }

@@ -174,19 +174,50 @@ macro_rules! forward_connection {
             fn authenticates(&self) -> bool {
                 (**self).authenticates()
             }
-            fn write_sealed(
-                &mut self,
-                head: &[u8],
-                frames: &mut [u8],
-                plain: usize,
-            ) -> std::io::Result<()> {
-                (**self).write_sealed(head, frames, plain)
+            fn write_sealed(&mut self, h: &[u8], f: &mut [u8], n: usize) -> std::io::Result<()> {
+                (**self).write_sealed(h, f, n)
             }
         }
     };
 }
 forward_connection!(impl<C: Connection + ?Sized> Connection for Box<C>);
 forward_connection!(impl<C: Connection + ?Sized> Connection for &mut C);
+
+/// Writes, inside an `impl Connection`, the methods that pass straight to
+/// the connection in field `$field`: the deadline, the shutdown handle and
+/// the peer's name (`all` adds the rest, for a wrapper that changes none).
+macro_rules! connection_via {
+    ($field:ident) => {
+        fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+            self.$field.set_io_timeout(timeout)
+        }
+        fn io_timeout(&self) -> Option<Duration> {
+            self.$field.io_timeout()
+        }
+        fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
+            self.$field.shutdown_handle()
+        }
+        fn peer(&self) -> String {
+            self.$field.peer()
+        }
+    };
+    ($field:ident, all) => {
+        $crate::transport::conn::connection_via!($field);
+        fn configure(&self, io_timeout: Duration) -> std::io::Result<()> {
+            self.$field.configure(io_timeout)
+        }
+        fn seals_in_place(&self) -> bool {
+            self.$field.seals_in_place()
+        }
+        fn authenticates(&self) -> bool {
+            self.$field.authenticates()
+        }
+        fn write_sealed(&mut self, h: &[u8], f: &mut [u8], n: usize) -> std::io::Result<()> {
+            self.$field.write_sealed(h, f, n)
+        }
+    };
+}
+pub(super) use connection_via;
 
 /// Ends a connection or a listener from any thread: what a thread blocked
 /// on it waits for returns at once with an error or the end of the

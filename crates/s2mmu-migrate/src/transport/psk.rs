@@ -9,7 +9,9 @@ use crate::stream_error::MigrateError;
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use rustls::pki_types::PrivateKeyDer;
-use rustls::{ClientConfig, ClientConnection, ServerConfig, ServerConnection, StreamOwned};
+use rustls::{
+    ClientConfig, ClientConnection, ConnectionCommon, ServerConfig, ServerConnection, StreamOwned,
+};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -45,6 +47,34 @@ fn nonce() -> Result<[u8; 32], MigrateError> {
     Ok(n)
 }
 
+/// The TLS session's exporter value that both proofs cover.
+fn exporter_of<D>(conn: &ConnectionCommon<D>) -> Result<[u8; 32], MigrateError> {
+    let mut exporter = [0u8; 32];
+    conn.export_keying_material(&mut exporter, EXPORTER_LABEL, None)
+        .map_err(|e| setup("TLS exporter", e))?;
+    Ok(exporter)
+}
+
+/// Checks the peer's proof `theirs` that it holds the key, made in `role`
+/// (`source` or `destination`, the peer's own role).
+fn check_proof(
+    key: &hmac::Key,
+    role: &'static [u8],
+    exporter: &[u8; 32],
+    nd: &[u8; 32],
+    ns: &[u8; 32],
+    theirs: &[u8; 32],
+) -> Result<(), MigrateError> {
+    let expect = psk_mac(key, role, exporter, nd, ns);
+    if hmac_equal(expect.as_ref(), theirs) {
+        return Ok(());
+    }
+    let who = String::from_utf8_lossy(role);
+    Err(MigrateError::Auth {
+        why: format!("the {who} does not hold the pre-shared key"),
+    })
+}
+
 fn exchange_io(what: &str, e: &std::io::Error) -> MigrateError {
     if e.kind() == std::io::ErrorKind::UnexpectedEof {
         MigrateError::Auth {
@@ -59,10 +89,7 @@ pub(super) fn psk_client(
     c: &mut StreamOwned<ClientConnection, SockBuf>,
     key: &hmac::Key,
 ) -> Result<(), MigrateError> {
-    let mut exporter = [0u8; 32];
-    c.conn
-        .export_keying_material(&mut exporter, EXPORTER_LABEL, None)
-        .map_err(|e| setup("TLS exporter", e))?;
+    let exporter = exporter_of(&c.conn)?;
     let mut nd = [0u8; 32];
     c.read_exact(&mut nd)
         .map_err(|e| exchange_io("reading the destination's nonce", &e))?;
@@ -75,23 +102,14 @@ pub(super) fn psk_client(
     let mut theirs = [0u8; 32];
     c.read_exact(&mut theirs)
         .map_err(|e| exchange_io("reading the destination's proof of the key", &e))?;
-    let mine = psk_mac(key, b"destination", &exporter, &nd, &ns);
-    if !hmac_equal(mine.as_ref(), &theirs) {
-        return Err(MigrateError::Auth {
-            why: "the destination does not hold the pre-shared key".into(),
-        });
-    }
-    Ok(())
+    check_proof(key, b"destination", &exporter, &nd, &ns, &theirs)
 }
 
 pub(super) fn psk_server(
     c: &mut StreamOwned<ServerConnection, SockBuf>,
     key: &hmac::Key,
 ) -> Result<(), MigrateError> {
-    let mut exporter = [0u8; 32];
-    c.conn
-        .export_keying_material(&mut exporter, EXPORTER_LABEL, None)
-        .map_err(|e| setup("TLS exporter", e))?;
+    let exporter = exporter_of(&c.conn)?;
     let nd = nonce()?;
     c.write_all(&nd)
         .and_then(|_| c.flush())
@@ -101,12 +119,7 @@ pub(super) fn psk_server(
     c.read_exact(&mut ns)
         .and_then(|_| c.read_exact(&mut theirs))
         .map_err(|e| exchange_io("reading the source's proof of the key", &e))?;
-    let expect = psk_mac(key, b"source", &exporter, &nd, &ns);
-    if !hmac_equal(expect.as_ref(), &theirs) {
-        return Err(MigrateError::Auth {
-            why: "the source does not hold the pre-shared key".into(),
-        });
-    }
+    check_proof(key, b"source", &exporter, &nd, &ns, &theirs)?;
     let mac = psk_mac(key, b"destination", &exporter, &nd, &ns);
     c.write_all(mac.as_ref())
         .and_then(|_| c.flush())

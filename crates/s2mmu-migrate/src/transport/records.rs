@@ -15,8 +15,8 @@
 #[cfg(any(test, feature = "fuzzing"))]
 use super::conn::BoxConn;
 use super::conn::{
-    frames_checked, record_plain, Connection, ShutdownHandle, SEAL_AFTER, SEAL_BEFORE, SEAL_PLAIN,
-    SEAL_SPAN,
+    connection_via, frames_checked, record_plain, Connection, ShutdownHandle, SEAL_AFTER,
+    SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN,
 };
 use super::sockbuf::SockBuf;
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
@@ -380,18 +380,7 @@ impl Write for RecordConn {
 }
 
 impl Connection for RecordConn {
-    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
-        self.sock.set_io_timeout(timeout)
-    }
-    fn io_timeout(&self) -> Option<Duration> {
-        self.sock.io_timeout()
-    }
-    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
-        self.sock.shutdown_handle()
-    }
-    fn peer(&self) -> String {
-        self.sock.peer()
-    }
+    connection_via!(sock);
     fn seals_in_place(&self) -> bool {
         true
     }

@@ -3,7 +3,7 @@
 //! [`Connection`].
 
 use super::config::{NetConfig, Security, TLS_SEND_BUFFER};
-use super::conn::{BoxConn, Connection, ShutdownHandle};
+use super::conn::{connection_via, BoxConn, Connection, ShutdownHandle};
 use super::psk::{psk_client, psk_server};
 use super::records::{server_can_take_over, take_over};
 use super::sockbuf::{plain, SockBuf};
@@ -18,18 +18,7 @@ impl<C: Send> Connection for StreamOwned<C, SockBuf>
 where
     StreamOwned<C, SockBuf>: Read + Write,
 {
-    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
-        self.sock.set_io_timeout(timeout)
-    }
-    fn io_timeout(&self) -> Option<Duration> {
-        self.sock.io_timeout()
-    }
-    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
-        self.sock.shutdown_handle()
-    }
-    fn peer(&self) -> String {
-        self.sock.peer()
-    }
+    connection_via!(sock);
     /// rustls checks every record's AEAD tag before it yields a byte.
     fn authenticates(&self) -> bool {
         true

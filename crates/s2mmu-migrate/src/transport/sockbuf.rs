@@ -2,7 +2,7 @@
 //! handshake's overall deadline and the writes' minimum rate, over any
 //! [`Connection`].
 
-use super::conn::{BoxConn, Connection, ShutdownHandle};
+use super::conn::{connection_via, BoxConn, Connection, ShutdownHandle};
 use crate::stream_error::MigrateError;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -314,18 +314,7 @@ impl Write for SockBuf {
 const DEFAULT_WRITE_GRACE: Duration = Duration::from_secs(5);
 
 impl Connection for SockBuf {
-    fn set_io_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
-        self.sock.set_io_timeout(timeout)
-    }
-    fn io_timeout(&self) -> Option<Duration> {
-        self.sock.io_timeout()
-    }
-    fn shutdown_handle(&self) -> std::io::Result<ShutdownHandle> {
-        self.sock.shutdown_handle()
-    }
-    fn peer(&self) -> String {
-        self.sock.peer()
-    }
+    connection_via!(sock);
 }
 
 /// A bare connection with the writes' minimum rate.

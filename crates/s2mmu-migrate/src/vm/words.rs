@@ -44,6 +44,27 @@ unsafe fn words<'a>(host: u64, bytes: usize) -> &'a [AtomicU64] {
     unsafe { std::slice::from_raw_parts(host as *const AtomicU64, bytes / 8) }
 }
 
+/// Calls `each` with the words of the `len` bytes from RAM offset
+/// `offset`, in order; `false` (nothing visited) where [`pieces`] refuses
+/// the range.
+fn each_word(
+    size: u64,
+    span: impl Fn(u64) -> Option<(u64, u64)>,
+    offset: u64,
+    len: usize,
+    mut each: impl FnMut(&AtomicU64),
+) -> bool {
+    let Some(pieces) = pieces(size, span, offset, len) else {
+        return false;
+    };
+    for (host, bytes) in pieces {
+        // SAFETY: a piece of the caller's GuestRam (borrowed by `span`
+        // for this call), used for this loop only.
+        unsafe { words(host, bytes) }.iter().for_each(&mut each);
+    }
+    true
+}
+
 /// `GuestRam::read_into`'s default, over a `GuestRam`'s `size` and
 /// `host_span` (`span`).
 pub(super) fn read(
@@ -52,20 +73,13 @@ pub(super) fn read(
     offset: u64,
     out: &mut [u8],
 ) -> bool {
-    let Some(pieces) = pieces(size, span, offset, out.len()) else {
-        return false;
-    };
+    let len = out.len();
     let mut chunks = out.chunks_exact_mut(8);
-    for (host, bytes) in pieces {
-        // SAFETY: a piece of the caller's GuestRam (borrowed by `span`
-        // for this call), used for this loop only.
-        for w in unsafe { words(host, bytes) } {
-            if let Some(c) = chunks.next() {
-                c.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-            }
+    each_word(size, span, offset, len, |w| {
+        if let Some(c) = chunks.next() {
+            c.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
         }
-    }
-    true
+    })
 }
 
 /// `GuestRam::write_from`'s default, as [`read`].
@@ -75,20 +89,12 @@ pub(super) fn write(
     offset: u64,
     data: &[u8],
 ) -> bool {
-    let Some(pieces) = pieces(size, span, offset, data.len()) else {
-        return false;
-    };
     let mut chunks = data.chunks_exact(8);
-    for (host, bytes) in pieces {
-        // SAFETY: a piece of the caller's GuestRam (borrowed by `span`
-        // for this call), used for this loop only.
-        for w in unsafe { words(host, bytes) } {
-            if let Some(c) = chunks.next() {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(c);
-                w.store(u64::from_le_bytes(b), Ordering::Relaxed);
-            }
+    each_word(size, span, offset, data.len(), |w| {
+        if let Some(c) = chunks.next() {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            w.store(u64::from_le_bytes(b), Ordering::Relaxed);
         }
-    }
-    true
+    })
 }
