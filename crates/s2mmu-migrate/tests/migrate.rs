@@ -222,12 +222,13 @@ fn assert_rejected(stream: &[u8], check: impl Fn(&MigrateError) -> bool) {
 fn damaged_streams_are_rejected_and_never_resumed() {
     let good = recorded_stream();
     let recs = records(&good);
-    // The untouched stream resumes.
+    // The untouched stream resumes (SYNCED: the source's SYNC before its
+    // pause, answered once every page sent before it was taken).
     let (r, reply) = replay(&good);
     r.expect("the recorded stream is valid");
     assert_eq!(
         reply_tags(&reply),
-        vec![tag::ACCEPT, tag::PROBED, tag::RESUMED]
+        vec![tag::ACCEPT, tag::PROBED, tag::SYNCED, tag::RESUMED]
     );
 
     // A flipped byte in a page's data (the first record's first page is
@@ -289,13 +290,13 @@ fn damaged_streams_are_rejected_and_never_resumed() {
         });
     }
 
-    // A whole PAGES record missing, the stream otherwise intact: END's
-    // counts no longer match.
+    // A whole PAGES record missing, the stream otherwise intact: the
+    // counts of SYNC (before the source's pause) no longer match.
     let next_at = recs.iter().find(|(a, _)| *a > page_at).unwrap().0;
     let mut bad = good[..page_at].to_vec();
     bad.extend_from_slice(&good[next_at..]);
     assert_rejected(&bad, |e| {
-        matches!(e, MigrateError::Malformed { record: "END", .. })
+        matches!(e, MigrateError::Malformed { record: "SYNC", .. })
     });
 }
 

@@ -31,6 +31,7 @@ mod precopy;
 mod precopy_end;
 mod sender;
 mod stop_copy;
+mod sync;
 mod verify;
 
 pub use auto_channels::{AutoChannels, MAX_AUTO_CANDIDATES, MAX_AUTO_PROBE_BYTES};

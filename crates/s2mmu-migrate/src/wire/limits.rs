@@ -44,6 +44,7 @@ pub mod tag {
     pub const HEADER: u8 = 0x08;
     pub const JOIN: u8 = 0x09;
     pub const POSTCOPY: u8 = 0x0a;
+    pub const SYNC: u8 = 0x0b;
     pub const RESUMED: u8 = 0x81;
     pub const REJECTED: u8 = 0x82;
     pub const VERIFIED: u8 = 0x83;
@@ -55,6 +56,7 @@ pub mod tag {
     pub const DONE: u8 = 0x89;
     pub const FINAL: u8 = 0x8a;
     pub const MISSING: u8 = 0x8b;
+    pub const SYNCED: u8 = 0x8c;
 }
 
 /// Name of a record tag, for error messages.
@@ -81,6 +83,8 @@ pub fn tag_name(t: u8) -> &'static str {
         tag::DONE => "DONE",
         tag::FINAL => "FINAL",
         tag::MISSING => "MISSING",
+        tag::SYNC => "SYNC",
+        tag::SYNCED => "SYNCED",
         _ => "unknown",
     }
 }
@@ -93,7 +97,7 @@ pub(super) fn max_body(t: u8) -> Option<usize> {
         tag::JOIN => SESSION_LEN + 2,
         tag::ROUND => 12,
         tag::STATE => 32 + 32 * MAX_VCPUS as usize,
-        tag::VERIFY | tag::PROGRESS | tag::POSTCOPY_RESUMED | tag::DONE => 0,
+        tag::VERIFY | tag::PROGRESS | tag::POSTCOPY_RESUMED | tag::DONE | tag::SYNCED => 0,
         tag::POSTCOPY | tag::MISSING => (MAX_MEM / PAGE_SIZE as u64 / 8) as usize,
         tag::REQUEST => 8,
         tag::FINAL => 64 + 32 * MAX_VCPUS as usize + 10 * MAX_SLOTS as usize,
@@ -101,6 +105,7 @@ pub(super) fn max_body(t: u8) -> Option<usize> {
         tag::ABORT | tag::REJECTED => 4096,
         tag::ACCEPT => SESSION_LEN,
         tag::PROBED => 8,
+        tag::SYNC => 8 * MAX_CHANNELS as usize,
         tag::RESUMED => 4 + 10 * MAX_SLOTS as usize,
         _ => return None,
     })

@@ -21,6 +21,10 @@
 //!                       source's memory follows on the main channel, then END
 //!          0x05 END     page_records:u64 bytes_before_end:u64 (per channel)
 //!          0x06 ABORT   reason (UTF-8)
+//!          0x0b SYNC    pages:u64 per channel (the page records sent on
+//!                       each so far) before the source pauses its guest:
+//!                       the destination answers once it has taken them all
+//!          0x8c SYNCED  (empty)                          destination -> source
 //!          0x84 ACCEPT  session[16]                      destination -> source
 //!          0x85 PROBED  bytes:u64                        destination -> source
 //!          0x86 PROGRESS (empty) while the destination populates its

@@ -22,6 +22,7 @@ pub mod postcopy;
 #[allow(unsafe_code)]
 mod receive;
 mod resume;
+mod sync;
 
 use checks::{check_complete, snapshot_for};
 pub use config::{DestConfig, DestOutcome, Limits, ResumeParts};
@@ -217,7 +218,8 @@ fn receive_inner<C: Connection, D: DestFactory>(
     receive_guest(rd, &guest, &header, cfg, join)
 }
 
-/// What the receiving threads share, for `header`'s guest in `vm`.
+/// What the receiving threads share, for `header`'s guest in `vm`; SYNC
+/// waits up to `sync_wait` at a time for the other channels' pages.
 ///
 /// # Errors
 /// verify-full's snapshot cannot be had, or the guest's RAM is smaller
@@ -225,6 +227,7 @@ fn receive_inner<C: Connection, D: DestFactory>(
 fn shared_for<'a, V: SessionVm>(
     vm: &'a V,
     header: &Header,
+    sync_wait: Duration,
 ) -> Result<ReceiveState<'a, V>, MigrateError> {
     let page_count = header.mem_size / PAGE_SIZE as u64;
     if vm.ram().size() < header.mem_size {
@@ -243,6 +246,9 @@ fn shared_for<'a, V: SessionVm>(
             .collect(),
         hashes: (0..page_count).map(|_| AtomicU64::new(0)).collect(),
         snapshot: snapshot_for(header)?,
+        taken: (0..header.channels).map(|_| AtomicU64::new(0)).collect(),
+        sync_wait,
+        channel_failed: std::sync::atomic::AtomicBool::new(false),
     })
 }
 
@@ -261,7 +267,7 @@ fn receive_guest<C: Connection, G: DestGuest>(
         Duration::ZERO
     };
     let (session, mut extras, pc_conns) = accept_and_join(&mut rd, header, cfg, join)?;
-    let sh = shared_for(vm, header)?;
+    let sh = shared_for(vm, header, cfg.io_timeout)?;
     let got = receive_channels(&mut rd, &mut extras, &sh, header)?;
     let extra_counts = extras.iter().fold((0u64, 0u64, 0u64), |(a, b, z), x| {
         (a + x.pages, b + x.pos, z + x.zero_pages)

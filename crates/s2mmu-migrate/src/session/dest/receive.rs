@@ -13,7 +13,7 @@ use crate::wire::{
     MAX_BATCH, PAGE_SIZE,
 };
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The destination's guest memory, written directly (no vCPU runs before
@@ -53,6 +53,12 @@ pub(super) struct ReceiveState<'a, V: SessionVm> {
     pub(super) hashes: Vec<AtomicU64>,
     /// With verify-full: the memory the guest resumes from.
     pub(super) snapshot: Option<Vec<AtomicU64>>,
+    /// Pages taken so far on each channel, and how long SYNC waits for
+    /// them to grow ([`super::sync`]).
+    pub(super) taken: Vec<AtomicU64>,
+    pub(super) sync_wait: Duration,
+    /// A further channel failed (SYNC stops waiting; its error wins).
+    pub(super) channel_failed: AtomicBool,
 }
 
 impl<V: SessionVm> ReceiveState<'_, V> {
@@ -72,6 +78,9 @@ impl<V: SessionVm> ReceiveState<'_, V> {
             .entry_offsets(rd, channel, at_byte)
             .and_then(|(offs, n)| self.land_pages(rd, &offs[..n], at_byte));
         obs.end(&mut rd.stages);
+        if let (Ok(()), Some(t)) = (&r, self.taken.get(usize::from(channel))) {
+            t.fetch_add(rd.entries().len() as u64, Ordering::Release);
+        }
         rd.stages.pages += rd.entries().len() as u64;
         r
     }
@@ -294,6 +303,7 @@ pub(super) fn receive_channels<C: Connection, V: SessionVm>(
                     let res = channel_loop(r, sh, header, k as u16 + 1, &ptx);
                     r.stages.cpu_ns += cpu.cpu_ns();
                     if res.is_err() {
+                        sh.channel_failed.store(true, Ordering::Release);
                         // The source's sender on this channel fails at
                         // once instead of at its write deadline.
                         if let Ok(s) = r.get_mut().shutdown_handle() {
@@ -325,6 +335,7 @@ pub(super) fn receive_channels<C: Connection, V: SessionVm>(
             // and the main channel's explains the cut channels.
             match (&r, c) {
                 (Ok(_), Err(e)) => r = Err(e),
+                (Err(m), Err(e)) if super::sync::stopped_for_a_channel(m) => r = Err(e),
                 (Err(MigrateError::Aborted { .. }), Err(e))
                     if !matches!(e, MigrateError::Io { .. } | MigrateError::Truncated { .. }) =>
                 {
@@ -373,6 +384,7 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
                 at_byte,
             } => match t {
                 tag::ROUND => {}
+                tag::SYNC => super::sync::answer(rd, sh, &body, at_byte)?,
                 tag::STATE => {
                     state = Some((body, at_byte));
                     state_at = Some(Instant::now());

@@ -9,6 +9,7 @@ use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::format::FormatId;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A simulated destination of one slot of `mem_size` bytes at 0 on the
 /// arm64 format, and the HEADER it was built from.
@@ -36,7 +37,7 @@ fn one_slot_vm(mem_size: u64) -> (Header, SimVm<Arm64Stage2>) {
 #[test]
 fn a_page_that_fails_its_check_is_no_longer_received() {
     let (header, vm) = one_slot_vm(1 << 20);
-    let sh = shared_for(&vm, &header).unwrap();
+    let sh = shared_for(&vm, &header, Duration::from_secs(5)).unwrap();
     let gpa = 3 * PAGE_SIZE as u64;
     let mut w = WireWriter::replies(Vec::new());
     w.page(gpa, &[5u8; PAGE_SIZE]).unwrap();
@@ -97,7 +98,7 @@ fn full_record_stream(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> (Vec<u8>, 
 /// how many of its 256 pages count as received after it.
 fn receive_damaged(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> (MigrateError, u32) {
     let (header, vm) = one_slot_vm(2 << 20);
-    let sh = shared_for(&vm, &header).unwrap();
+    let sh = shared_for(&vm, &header, Duration::from_secs(5)).unwrap();
     let (stream, second) = full_record_stream(damage);
     let mut rd = WireReader::replies(std::io::Cursor::new(stream));
     assert!(matches!(rd.next_record().unwrap(), Record::Pages { .. }));
@@ -168,4 +169,32 @@ fn a_damaged_page_is_refused_before_the_rest_of_its_record() {
         other => panic!("{other:?}"),
     }
     assert_eq!(received, 0);
+}
+
+/// SYNC's wait counts the pages taken on a channel: it returns once
+/// the source's count is here, and a count that stops short of it is
+/// named once it has not grown for the wait.
+#[test]
+fn sync_waits_for_every_page_the_source_sent() {
+    let (header, vm) = one_slot_vm(1 << 20);
+    let sh = shared_for(&vm, &header, Duration::from_millis(50)).unwrap();
+    let mut w = WireWriter::replies(Vec::new());
+    w.page(0, &[5u8; PAGE_SIZE]).unwrap();
+    w.page(PAGE_SIZE as u64, &[7u8; PAGE_SIZE]).unwrap();
+    let mut rd = WireReader::replies(std::io::Cursor::new(w.into_inner()));
+    for _ in 0..2 {
+        assert!(matches!(
+            rd.next_record().unwrap(),
+            Record::Pages { count: 1, .. }
+        ));
+        sh.take_pages(&mut rd, 0, 0, &mut ()).unwrap();
+    }
+    assert_eq!(sh.taken[0].load(Ordering::Relaxed), 2);
+    super::super::sync::wait_for(&sh, 0, 2).expect("both pages are here");
+    match super::super::sync::wait_for(&sh, 0, 3) {
+        Err(MigrateError::Timeout { what }) => {
+            assert!(what.contains("2 of the 3 pages"), "{what}")
+        }
+        other => panic!("a count short of the source's: {other:?}"),
+    }
 }

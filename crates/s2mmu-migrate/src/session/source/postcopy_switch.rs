@@ -28,6 +28,8 @@ pub(super) fn run<G: SourceGuest>(
     connect: &mut Connect<'_>,
     session: [u8; SESSION_LEN],
 ) -> Result<SourceOutcome, MigrateError> {
+    // Pages still in flight arrive while the guest runs.
+    super::sync::before_pause(x.s)?;
     let pause_at = Instant::now();
     let at_pause = counters(x.guest);
     x.guest.pause();

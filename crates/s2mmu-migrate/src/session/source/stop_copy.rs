@@ -25,6 +25,8 @@ pub(super) fn run<G: SourceGuest>(
     throttle_pct: u32,
 ) -> Result<SourceOutcome, MigrateError> {
     let at = x.clock();
+    // Pages still in flight arrive while the guest runs.
+    super::sync::before_pause(x.s)?;
     let pause_at = Instant::now();
     let at_pause = counters(x.guest);
     x.guest.pause();

@@ -1,0 +1,92 @@
+//! SYNC on the main channel: the source asks, before it pauses its guest,
+//! that every page it sent so far (on every channel) be taken here, and
+//! waits for SYNCED. What is still on its way then (socket buffers, a
+//! relay, a destination behind on its checks) arrives while the guest
+//! still runs on the source, not inside the downtime.
+
+use super::receive::ReceiveState;
+use crate::stream_error::MigrateError;
+use crate::transport::Connection;
+use crate::vm::SessionVm;
+use crate::wire::{tag, Dec, WireReader, WireWriter};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// How long the main channel sleeps between looks at the other channels'
+/// counts while it waits.
+const POLL: Duration = Duration::from_micros(50);
+
+/// Answers SYNC (`body`, at `at_byte`, read on the main channel `rd`)
+/// once `sh` has taken the pages it names on each channel, with SYNCED.
+///
+/// # Errors
+/// A malformed body, or a main channel whose count is not the source's
+/// (everything before SYNC on it is here: a record went missing);
+/// [`MigrateError::Timeout`] when another channel's count stops growing
+/// for `sh.sync_wait` short of the source's; the reply's I/O error.
+pub(super) fn answer<C: Connection, V: SessionVm>(
+    rd: &mut WireReader<&mut C>,
+    sh: &ReceiveState<'_, V>,
+    body: &[u8],
+    at_byte: u64,
+) -> Result<(), MigrateError> {
+    let mut d = Dec::new(body, "SYNC", at_byte);
+    let mut sent = Vec::with_capacity(sh.taken.len());
+    for _ in 0..sh.taken.len() {
+        sent.push(d.u64()?);
+    }
+    d.finish()?;
+    if sent[0] != rd.pages {
+        return Err(d.malformed(format!(
+            "the source sent {} pages on the main channel, {} arrived",
+            sent[0], rd.pages
+        )));
+    }
+    for (k, &n) in sent.iter().enumerate().skip(1) {
+        wait_for(sh, k, n)?;
+    }
+    let mut w = WireWriter::replies(rd.get_mut());
+    w.control(tag::SYNCED, &[])?;
+    w.flush()
+}
+
+/// What SYNC's wait ends with when a further channel failed meanwhile
+/// (that channel's own error is the one reported).
+const A_CHANNEL_FAILED: &str = "SYNC: a further channel failed";
+
+/// Whether `e` is SYNC's stop for a failed channel.
+pub(super) fn stopped_for_a_channel(e: &MigrateError) -> bool {
+    matches!(e, MigrateError::Setup(w) if w == A_CHANNEL_FAILED)
+}
+
+/// Waits until `sh` has taken `sent` pages on `channel`, its count
+/// growing at least once every `sh.sync_wait`, unless a further channel
+/// fails.
+pub(super) fn wait_for<V: SessionVm>(
+    sh: &ReceiveState<'_, V>,
+    channel: usize,
+    sent: u64,
+) -> Result<(), MigrateError> {
+    let taken = &sh.taken[channel];
+    let mut last = taken.load(Ordering::Acquire);
+    let mut since = Instant::now();
+    while last < sent {
+        if sh.channel_failed.load(Ordering::Acquire) {
+            return Err(MigrateError::Setup(A_CHANNEL_FAILED.into()));
+        }
+        std::thread::sleep(POLL);
+        let now = taken.load(Ordering::Acquire);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() > sh.sync_wait {
+            return Err(MigrateError::Timeout {
+                what: format!(
+                    "SYNC: {last} of the {sent} pages the source sent on channel {channel} \
+                     were taken here, none more for {:?}",
+                    sh.sync_wait
+                ),
+            });
+        }
+    }
+    Ok(())
+}
