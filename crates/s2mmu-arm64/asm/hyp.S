@@ -178,6 +178,20 @@
         msr     ich_hcr_el2, x3
         .endm
 
+        // VTCR_EL2 and VTTBR_EL2 from the mailbox's args 0 and 1; VTTBR is
+        // written only when it changes (QEMU drops its TLB on a change).
+        // Clobbers x1 and x2.
+        .macro  load_vtcr_vttbr
+        ldr     x1, [x28, #MB_ARG0]
+        msr     vtcr_el2, x1
+        ldr     x1, [x28, #MB_ARG0 + 8]
+        mrs     x2, vttbr_el2
+        cmp     x1, x2
+        b.eq    1f
+        msr     vttbr_el2, x1
+1:
+        .endm
+
         // A vector entry from the guest: x0-x30 into a frame on EL2's
         // stack, then on to `target`.
         .macro  save_guest target
@@ -404,14 +418,8 @@ cmd_done:
 // Load the VM's stage-2 context: args 0..2 = VTCR_EL2, VTTBR_EL2, HCR_EL2.
 // VTTBR is written only when it changes (QEMU drops its TLB on a change).
 load_vm:
-        ldr     x1, [x28, #MB_ARG0]
-        msr     vtcr_el2, x1
-        ldr     x1, [x28, #MB_ARG0 + 8]
-        mrs     x2, vttbr_el2
-        cmp     x1, x2
-        b.eq    1f
-        msr     vttbr_el2, x1
-1:      ldr     x1, [x28, #MB_ARG0 + 16]
+        load_vtcr_vttbr
+        ldr     x1, [x28, #MB_ARG0 + 16]
         msr     hcr_el2, x1
         // Guest stage 1 off (M = 0), RES1 bits set.
         ldr     x1, =0x30d00800

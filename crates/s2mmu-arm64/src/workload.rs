@@ -172,27 +172,25 @@ impl DirtyReport {
 
     /// Mean time of the engine's fault path per abort, in µs.
     pub fn engine_us(&self) -> f64 {
-        let (ns, n) = self
-            .runs
-            .iter()
-            .fold((0, 0), |(ns, n), r| (ns + r.engine_ns, n + r.aborts));
-        if n == 0 {
-            0.0
-        } else {
-            ns as f64 / n as f64 / 1e3
-        }
+        self.per_abort_us(|r| r.engine_ns)
     }
 
     /// Mean host time per abort (seeing it to answering it), in µs.
     pub fn host_us(&self) -> f64 {
-        let (ns, n) = self
+        self.per_abort_us(|r| r.host_ns)
+    }
+
+    /// The nanoseconds `ns` takes from each run, summed over the runs, per
+    /// abort of all of them, in µs (0 without aborts).
+    fn per_abort_us(&self, ns: impl Fn(&RunStats) -> u64) -> f64 {
+        let (sum, n) = self
             .runs
             .iter()
-            .fold((0, 0), |(ns, n), r| (ns + r.host_ns, n + r.aborts));
+            .fold((0, 0), |(sum, n), r| (sum + ns(r), n + r.aborts));
         if n == 0 {
             0.0
         } else {
-            ns as f64 / n as f64 / 1e3
+            sum as f64 / n as f64 / 1e3
         }
     }
 

@@ -35,17 +35,43 @@ fn mmu(policy: MmuPolicy) -> TestMmu {
     Mmu::new(fmt, mm, Arc::new(NoTlb), store, policy).unwrap()
 }
 
+/// A 1 MiB slot `id` at `gpa` with `flags`, backed at [`HVA`].
+fn region(id: u16, flags: SlotFlags, gpa: u64) -> UserMemoryRegion {
+    UserMemoryRegion::new(id, flags, Gpa::new(gpa), 1 << 20, Hva::new(HVA))
+}
+
+/// Maps slot 0 (2 MiB at [`GPA`]) with one 2 MiB block by a write fault,
+/// then turns logging on; returns the vCPU and the leaves that now map
+/// the slot.
+fn block_then_logged<F: PteFormat>(
+    m: &Mmu<F, HostMmOps, TreeMemslots>,
+) -> (VcpuMmu<HostMmOps>, Vec<crate::Leaf>) {
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 2 << 20, Hva::new(HVA));
+    m.set_memory_region(&r, 2 << 20).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
+    assert_eq!(m.reader().translate(GPA).unwrap().size, 2 << 20);
+    m.enable_dirty_logging(0).unwrap();
+    (v, m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap())
+}
+
+/// An MMU over a 4-level EPT table with `policy`.
+fn ept_mmu(policy: MmuPolicy) -> Mmu<crate::format::ept::EptFormat, HostMmOps, TreeMemslots> {
+    Mmu::new(
+        crate::format::ept::EptFormat::new(4).unwrap(),
+        HostMmOps::new(4096).unwrap(),
+        Arc::new(NoTlb),
+        TreeMemslots::with_config(slot_config()),
+        policy,
+    )
+    .unwrap()
+}
+
 #[test]
 fn logged_region_with_bad_id_is_refused_not_a_panic() {
     let m = mmu(MmuPolicy::default());
     let id = m.slots().config().max_user_slots;
-    let r = UserMemoryRegion::new(
-        id,
-        SlotFlags::LOG_DIRTY_PAGES,
-        Gpa::new(GPA),
-        1 << 20,
-        Hva::new(HVA),
-    );
+    let r = region(id, SlotFlags::LOG_DIRTY_PAGES, GPA);
     assert!(matches!(
         m.set_memory_region(&r, 4096),
         Err(Error::Memslot(_))
@@ -102,23 +128,11 @@ fn a_slot_beyond_the_ipa_space_is_refused_at_creation() {
 #[test]
 fn a_move_that_stops_logging_drops_the_bitmap() {
     let m = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(
-        0,
-        SlotFlags::LOG_DIRTY_PAGES,
-        Gpa::new(GPA),
-        1 << 20,
-        Hva::new(HVA),
-    );
+    let r = region(0, SlotFlags::LOG_DIRTY_PAGES, GPA);
     m.set_memory_region(&r, 4096).unwrap();
     let mut bm = vec![0u64; 4];
     m.get_dirty_log(0, &mut bm).unwrap();
-    let moved = UserMemoryRegion::new(
-        0,
-        SlotFlags::NONE,
-        Gpa::new(GPA << 1),
-        1 << 20,
-        Hva::new(HVA),
-    );
+    let moved = region(0, SlotFlags::NONE, GPA << 1);
     m.set_memory_region(&moved, 4096).unwrap();
     assert_eq!(
         m.get_dirty_log(0, &mut bm),
@@ -136,13 +150,7 @@ fn hardware_dirty_state_is_scanned_and_cleaned() {
         dirty: DirtyMode::HW,
         ..MmuPolicy::default()
     });
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 2 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
-    assert_eq!(m.reader().translate(GPA).unwrap().size, 2 << 20);
-    m.enable_dirty_logging(0).unwrap();
-    let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
+    let (v, leaves) = block_then_logged(&m);
     assert_eq!(leaves.len(), 512, "split when logging starts");
     assert!(leaves.iter().all(|l| l.pte & (DBM | S2AP_W) == DBM));
     // The hardware's update of pages 3 and 300.
@@ -407,15 +415,8 @@ fn policy_reports_the_tlb_policy_in_force() {
 /// writes, splits when logging starts, and write-protects with EPT's bits.
 #[test]
 fn an_ept_vm_logs_dirty_pages() {
-    use crate::format::ept::{EptFormat, WRITE};
-    let m = Mmu::new(
-        EptFormat::new(4).unwrap(),
-        HostMmOps::new(4096).unwrap(),
-        Arc::new(NoTlb),
-        TreeMemslots::with_config(slot_config()),
-        MmuPolicy::default(),
-    )
-    .unwrap();
+    use crate::format::ept::WRITE;
+    let m = ept_mmu(MmuPolicy::default());
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
     m.set_memory_region(&r, 2 << 20).unwrap();
     let mut v = m.new_vcpu().unwrap();
@@ -440,24 +441,12 @@ fn an_ept_vm_logs_dirty_pages() {
 /// clears it.
 #[test]
 fn an_ept_vm_logs_with_hardware_dirty_flags() {
-    use crate::format::ept::{EptFormat, DIRTY, WRITE};
-    let m = Mmu::new(
-        EptFormat::new(4).unwrap(),
-        HostMmOps::new(4096).unwrap(),
-        Arc::new(NoTlb),
-        TreeMemslots::with_config(slot_config()),
-        MmuPolicy {
-            dirty: DirtyMode::HW,
-            ..MmuPolicy::default()
-        },
-    )
-    .unwrap();
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 2 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
-    m.enable_dirty_logging(0).unwrap();
-    let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
+    use crate::format::ept::{DIRTY, WRITE};
+    let m = ept_mmu(MmuPolicy {
+        dirty: DirtyMode::HW,
+        ..MmuPolicy::default()
+    });
+    let (v, leaves) = block_then_logged(&m);
     assert_eq!(leaves.len(), 512, "split first");
     assert!(
         leaves.iter().all(|l| l.pte & (WRITE | DIRTY) == WRITE),
