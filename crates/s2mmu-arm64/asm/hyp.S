@@ -165,15 +165,27 @@
         str     x4, [x28, #\count]
         .endm
 
+        // System registers \a and \b to the mailbox's 16 bytes at \off.
+        // Clobbers x4 and x5 (left holding them).
+        .macro  post_pair a, b, off
+        mrs     x4, \a
+        mrs     x5, \b
+        stp     x4, x5, [x28, #\off]
+        .endm
+
+        // System registers \a and \b from the mailbox's 16 bytes at \off.
+        // Clobbers x3 and x4.
+        .macro  take_pair off, a, b
+        ldp     x3, x4, [x28, #\off]
+        msr     \a, x3
+        msr     \b, x4
+        .endm
+
         // The host's answer to a Linux vCPU's exit, from the mailbox: the
         // list registers and ICH_HCR_EL2. Clobbers x3 and x4.
         .macro  load_list_regs
-        ldp     x3, x4, [x28, #MB_LR0]
-        msr     ich_lr0_el2, x3
-        msr     ich_lr1_el2, x4
-        ldp     x3, x4, [x28, #MB_LR0 + 16]
-        msr     ich_lr2_el2, x3
-        msr     ich_lr3_el2, x4
+        take_pair MB_LR0, ich_lr0_el2, ich_lr1_el2
+        take_pair MB_LR0+16, ich_lr2_el2, ich_lr3_el2
         ldr     x3, [x28, #MB_ICH_HCR]
         msr     ich_hcr_el2, x3
         .endm
@@ -680,15 +692,9 @@ el2_abort:
 post_exit:
         str     x3, [x28, #MB_EXIT_KIND]
         str     x1, [x28, #MB_ESR]
-        mrs     x4, ich_lr0_el2
-        mrs     x5, ich_lr1_el2
-        stp     x4, x5, [x28, #MB_LR0]
-        mrs     x4, ich_lr2_el2
-        mrs     x5, ich_lr3_el2
-        stp     x4, x5, [x28, #MB_LR0 + 16]
-        mrs     x4, cntv_ctl_el0
-        mrs     x5, cntv_cval_el0
-        stp     x4, x5, [x28, #MB_CNTV_CTL]
+        post_pair ich_lr0_el2, ich_lr1_el2, MB_LR0
+        post_pair ich_lr2_el2, ich_lr3_el2, MB_LR0+16
+        post_pair cntv_ctl_el0, cntv_cval_el0, MB_CNTV_CTL
         // Mask the guest's virtual timer at its source while this exit
         // waits (restored from MB_CNTV_CTL at the answer): a timer that
         // fires meanwhile would keep its interrupt pending, and with it
@@ -696,9 +702,7 @@ post_exit:
         // loop on this CPU's QEMU thread for as long as the answer takes.
         orr     x4, x4, #2                      // IMASK
         msr     cntv_ctl_el0, x4
-        mrs     x4, ich_misr_el2
-        mrs     x5, ich_vmcr_el2
-        stp     x4, x5, [x28, #MB_ICH_MISR]
+        post_pair ich_misr_el2, ich_vmcr_el2, MB_ICH_MISR
         mrs     x4, spsr_el2
         str     x4, [x28, #MB_SPSR]
         mrs     x4, far_el2
