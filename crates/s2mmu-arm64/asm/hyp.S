@@ -181,6 +181,17 @@
         msr     \b, x4
         .endm
 
+        // A guest's first ERET, from the mailbox: ELR_EL2 the entry (arg 3),
+        // SPSR_EL2 EL1h with DAIF masked, x0..x3 from args 4..7.
+        .macro  guest_entry
+        ldr     x1, [x28, #MB_ARG0 + 24]
+        msr     elr_el2, x1
+        mov     x1, #0x3c5
+        msr     spsr_el2, x1
+        ldp     x0, x1, [x28, #MB_ARG4]
+        ldp     x2, x3, [x28, #MB_ARG4 + 16]
+        .endm
+
         // The host's answer to a Linux vCPU's exit, from the mailbox: the
         // list registers and ICH_HCR_EL2. Clobbers x3 and x4.
         .macro  load_list_regs
@@ -442,12 +453,7 @@ load_vm:
 // RUN: arg3 = guest entry, args 4..11 = guest x0..x7.
 do_run:
         bl      load_vm
-        ldr     x1, [x28, #MB_ARG0 + 24]
-        msr     elr_el2, x1
-        mov     x1, #0x3c5
-        msr     spsr_el2, x1
-        ldp     x0, x1, [x28, #MB_ARG4]
-        ldp     x2, x3, [x28, #MB_ARG4 + 16]
+        guest_entry
         ldp     x4, x5, [x28, #MB_ARG8]
         ldp     x6, x7, [x28, #MB_ARG8 + 16]
         mov     x8, xzr
@@ -472,12 +478,7 @@ do_linux:
         msr     ich_lr2_el2, xzr
         msr     ich_lr3_el2, xzr
         msr     cntv_ctl_el0, xzr
-        ldr     x1, [x28, #MB_ARG0 + 24]
-        msr     elr_el2, x1
-        mov     x1, #0x3c5
-        msr     spsr_el2, x1
-        ldp     x0, x1, [x28, #MB_ARG4]
-        ldp     x2, x3, [x28, #MB_ARG4 + 16]
+        guest_entry
         .irp    r, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30
         mov     x\r, xzr
         .endr
