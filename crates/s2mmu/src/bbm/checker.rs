@@ -218,7 +218,9 @@ impl Checker {
     }
 }
 
-pub(super) fn store<F: PteFormat>(
+/// Trace point: the engine replaced `old` with `new` in the entry at
+/// `level` whose range starts at `start` in table `table`.
+pub(crate) fn store<F: PteFormat>(
     table: usize,
     fmt: &F,
     start: u64,
@@ -292,7 +294,8 @@ pub(super) fn free_tables(table: usize, pages: &[u64]) {
     });
 }
 
-pub(super) fn report_clean(table: usize) {
+/// Trace point: GET or CLEAR is about to report pages of `table` clean.
+pub(crate) fn report_clean(table: usize) {
     with(|c| {
         let stale: Vec<(u64, u32)> = c
             .entries

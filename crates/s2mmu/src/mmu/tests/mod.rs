@@ -40,6 +40,14 @@ fn region(id: u16, flags: SlotFlags, gpa: u64) -> UserMemoryRegion {
     UserMemoryRegion::new(id, flags, Gpa::new(gpa), 1 << 20, Hva::new(HVA))
 }
 
+/// The default policy with hardware dirty state.
+fn hw_policy() -> MmuPolicy {
+    MmuPolicy {
+        dirty: DirtyMode::HW,
+        ..MmuPolicy::default()
+    }
+}
+
 /// Maps slot 0 (2 MiB at [`GPA`]) with one 2 MiB block by a write fault,
 /// then turns logging on; returns the vCPU and the leaves that now map
 /// the slot.
@@ -146,10 +154,7 @@ fn a_move_that_stops_logging_drops_the_bitmap() {
 #[test]
 fn hardware_dirty_state_is_scanned_and_cleaned() {
     use crate::format::arm64::{DBM, S2AP_W};
-    let m = mmu(MmuPolicy {
-        dirty: DirtyMode::HW,
-        ..MmuPolicy::default()
-    });
+    let m = mmu(hw_policy());
     let (v, leaves) = block_then_logged(&m);
     assert_eq!(leaves.len(), 512, "split when logging starts");
     assert!(leaves.iter().all(|l| l.pte & (DBM | S2AP_W) == DBM));
@@ -442,10 +447,7 @@ fn an_ept_vm_logs_dirty_pages() {
 #[test]
 fn an_ept_vm_logs_with_hardware_dirty_flags() {
     use crate::format::ept::{DIRTY, WRITE};
-    let m = ept_mmu(MmuPolicy {
-        dirty: DirtyMode::HW,
-        ..MmuPolicy::default()
-    });
+    let m = ept_mmu(hw_policy());
     let (v, leaves) = block_then_logged(&m);
     assert_eq!(leaves.len(), 512, "split first");
     assert!(

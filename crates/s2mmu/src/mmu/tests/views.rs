@@ -2,7 +2,7 @@
 //! slot, one write protection.
 
 use super::super::*;
-use super::region;
+use super::{hw_policy, region};
 use crate::dirty::MAX_DIRTY_VIEWS_PER_SLOT;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::TreeMemslots;
@@ -241,10 +241,7 @@ fn rings_have_no_bitmap_to_view() {
 /// view, and a clean by one consumer needs none by the other.
 #[test]
 fn hardware_dirty_state_feeds_every_view() {
-    let m = logged(MmuPolicy {
-        dirty: DirtyMode::HW,
-        ..MmuPolicy::default()
-    });
+    let m = logged(hw_policy());
     let (a, b) = (m.open_dirty_view(0).unwrap(), m.open_dirty_view(0).unwrap());
     harvest_view(&m, a);
     harvest_view(&m, b);
