@@ -89,9 +89,7 @@ impl GuestMemory {
     /// one slice and no check per word.
     #[inline]
     fn aligned_words(&self, offset: u64, len: usize) -> Option<&[AtomicU64]> {
-        if !offset.is_multiple_of(8)
-            || !len.is_multiple_of(8)
-            || !self.contains(offset, len as u64)
+        if !offset.is_multiple_of(8) || !len.is_multiple_of(8) || !self.contains(offset, len as u64)
         {
             return None;
         }

@@ -40,6 +40,14 @@ fn region(id: u16, flags: SlotFlags, gpa: u64) -> UserMemoryRegion {
     UserMemoryRegion::new(id, flags, Gpa::new(gpa), 1 << 20, Hva::new(HVA))
 }
 
+/// Adds slot 0, 4 MiB at [`GPA`] backed at [`HVA`] by host pages of
+/// `host_page` bytes, and returns a new vCPU.
+fn slot_4m<F: PteFormat, M: MmOps>(m: &Mmu<F, M, TreeMemslots>, host_page: u64) -> VcpuMmu<M> {
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
+    m.set_memory_region(&r, host_page).unwrap();
+    m.new_vcpu().unwrap()
+}
+
 /// The default policy with hardware dirty state.
 fn hw_policy() -> MmuPolicy {
     MmuPolicy {
@@ -187,9 +195,7 @@ fn hardware_dirty_state_is_scanned_and_cleaned() {
 #[test]
 fn host_range_invalidation_unmaps_and_holds_faults() {
     let m = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 2 << 20);
     m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
     m.handle_fault(&mut v, Gpa::new(GPA + (2 << 20)), true)
         .unwrap();
@@ -247,9 +253,7 @@ fn a_soft_full_ring_refuses_faults_before_any_change() {
         dirty: DirtyMode::Ring { entries: 256 },
         ..MmuPolicy::default()
     });
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 4096).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 4096);
     // More pages mapped than the ring has entries: every write below
     // takes the fast path until the ring is soft-full.
     for p in 0..300u64 {
@@ -286,9 +290,7 @@ fn a_soft_full_ring_refuses_faults_before_any_change() {
 #[test]
 fn a_fault_inside_a_page_still_maps_a_block() {
     let m = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 2 << 20);
     m.handle_stage2_fault(
         &mut v,
         Gpa::new(GPA + 0x1008),
@@ -311,9 +313,7 @@ fn output_addresses_come_from_the_host_memory_hook() {
         }
     }
     let m = mmu(MmuPolicy::default()).with_host_memory(Arc::new(Offset));
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 4096).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 4096);
     m.handle_fault(&mut v, Gpa::new(GPA + 0x3000), true)
         .unwrap();
     assert_eq!(
@@ -422,9 +422,7 @@ fn policy_reports_the_tlb_policy_in_force() {
 fn an_ept_vm_logs_dirty_pages() {
     use crate::format::ept::WRITE;
     let m = ept_mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 2 << 20);
     m.handle_fault(&mut v, Gpa::new(GPA + 0x2008), true)
         .unwrap();
     assert_eq!(m.reader().translate(GPA).unwrap().size, 2 << 20);
@@ -485,9 +483,7 @@ fn logging_stops_with_blocks_collapsed_in_place() {
             },
             ..MmuPolicy::default()
         });
-        let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-        m.set_memory_region(&r, 2 << 20).unwrap();
-        let mut v = m.new_vcpu().unwrap();
+        let mut v = slot_4m(&m, 2 << 20);
         for b in 0..2u64 {
             m.handle_fault(&mut v, Gpa::new(GPA + b * (2 << 20)), true)
                 .unwrap();
