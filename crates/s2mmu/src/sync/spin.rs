@@ -14,7 +14,11 @@ use super::{ArcCell, ArcOptionCell, Clock, Platform};
 /// whose snapshot cells are locked by `M`, with a pause hint while
 /// spinning: what a no_std hypervisor with its own locks and counter
 /// needs. A marker type, as [`Platform`] says: it has no values.
-pub struct LockedPlatform<M, R, C>(Infallible, PhantomData<fn() -> (M, R, C)>);
+pub struct LockedPlatform<M, R, C>(Infallible, Names<M, R, C>);
+
+/// The types a [`LockedPlatform`] names, held as a function's result so
+/// that the marker is `Send` and `Sync` whatever they are.
+type Names<M, R, C> = PhantomData<fn() -> (M, R, C)>;
 
 impl<M, R, C> Platform for LockedPlatform<M, R, C>
 where
