@@ -23,6 +23,13 @@
         .equ STACK, 4096
         .equ IPI_SGIS, 20000
 
+        // Prints x0 in hex, then a space.
+        .macro  puthex_sp
+        bl      puthex
+        mov     x0, #' '
+        bl      putc
+        .endm
+
         .text
         .globl  _head
 _head:
@@ -196,9 +203,7 @@ psci_args:
         adr     x0, s_psci
         bl      puts
         mov     x0, x20
-        bl      puthex
-        mov     x0, #' '
-        bl      putc
+        puthex_sp
         mov     x0, x22
         bl      puthex
         bl      newline
@@ -249,9 +254,7 @@ nisv:
         adr     x0, s_after
         bl      puts
         mov     x0, x21
-        bl      puthex
-        mov     x0, #' '
-        bl      putc
+        puthex_sp
         mov     x0, x22
         bl      puthex
         bl      newline
@@ -344,21 +347,13 @@ ipi:
         adr     x0, s_ipi
         bl      puts
         mov     x0, x21
-        bl      puthex
-        mov     x0, #' '
-        bl      putc
+        puthex_sp
         ldr     x0, =IPI_SGIS
-        bl      puthex
-        mov     x0, #' '
-        bl      putc
+        puthex_sp
         sub     x0, x24, x23
-        bl      puthex
-        mov     x0, #' '
-        bl      putc
+        puthex_sp
         mrs     x0, cntfrq_el0
-        bl      puthex
-        mov     x0, #' '
-        bl      putc
+        puthex_sp
         adr     x1, sgis_seen           // the ones vCPU 0 took
         ldr     x0, [x1]
         bl      puthex
@@ -415,9 +410,7 @@ sgi_targets:
         bl      puts
         adr     x1, sgis_seen
         ldr     x0, [x1, #8]
-        bl      puthex
-        mov     x0, #' '
-        bl      putc
+        puthex_sp
         adr     x1, sgis_seen
         ldr     x0, [x1, #24]
         bl      puthex
@@ -485,9 +478,7 @@ sync_cur:
         adr     x0, s_sync
         bl      puts
         mrs     x0, esr_el1
-        bl      puthex
-        mov     x0, #' '
-        bl      putc
+        puthex_sp
         mrs     x0, far_el1
         bl      puthex
         bl      newline

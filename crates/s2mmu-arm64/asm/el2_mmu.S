@@ -74,14 +74,8 @@ el2_abort_to_host:
 // arguments. The engine writes its result words over args 2..5; x0 is the
 // status (0 or a negative error code).
 do_el2:
-        ldr     x1, [x28, #MB_ARG0]
-        msr     vtcr_el2, x1
-        ldr     x1, [x28, #MB_ARG0 + 8]
-        mrs     x2, vttbr_el2
-        cmp     x1, x2
-        b.eq    1f
-        msr     vttbr_el2, x1
-1:      isb
+        load_vtcr_vttbr
+        isb
         mov     x0, x28
         bl      s2mmu_el2_command
         b       cmd_done

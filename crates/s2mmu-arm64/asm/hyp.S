@@ -165,17 +165,54 @@
         str     x4, [x28, #\count]
         .endm
 
+        // System registers \a and \b to the mailbox's 16 bytes at \off.
+        // Clobbers x4 and x5 (left holding them).
+        .macro  post_pair a, b, off
+        mrs     x4, \a
+        mrs     x5, \b
+        stp     x4, x5, [x28, #\off]
+        .endm
+
+        // System registers \a and \b from the mailbox's 16 bytes at \off.
+        // Clobbers x3 and x4.
+        .macro  take_pair off, a, b
+        ldp     x3, x4, [x28, #\off]
+        msr     \a, x3
+        msr     \b, x4
+        .endm
+
+        // A guest's first ERET, from the mailbox: ELR_EL2 the entry (arg 3),
+        // SPSR_EL2 EL1h with DAIF masked, x0..x3 from args 4..7.
+        .macro  guest_entry
+        ldr     x1, [x28, #MB_ARG0 + 24]
+        msr     elr_el2, x1
+        mov     x1, #0x3c5
+        msr     spsr_el2, x1
+        ldp     x0, x1, [x28, #MB_ARG4]
+        ldp     x2, x3, [x28, #MB_ARG4 + 16]
+        .endm
+
         // The host's answer to a Linux vCPU's exit, from the mailbox: the
         // list registers and ICH_HCR_EL2. Clobbers x3 and x4.
         .macro  load_list_regs
-        ldp     x3, x4, [x28, #MB_LR0]
-        msr     ich_lr0_el2, x3
-        msr     ich_lr1_el2, x4
-        ldp     x3, x4, [x28, #MB_LR0 + 16]
-        msr     ich_lr2_el2, x3
-        msr     ich_lr3_el2, x4
+        take_pair MB_LR0, ich_lr0_el2, ich_lr1_el2
+        take_pair MB_LR0+16, ich_lr2_el2, ich_lr3_el2
         ldr     x3, [x28, #MB_ICH_HCR]
         msr     ich_hcr_el2, x3
+        .endm
+
+        // VTCR_EL2 and VTTBR_EL2 from the mailbox's args 0 and 1; VTTBR is
+        // written only when it changes (QEMU drops its TLB on a change).
+        // Clobbers x1 and x2.
+        .macro  load_vtcr_vttbr
+        ldr     x1, [x28, #MB_ARG0]
+        msr     vtcr_el2, x1
+        ldr     x1, [x28, #MB_ARG0 + 8]
+        mrs     x2, vttbr_el2
+        cmp     x1, x2
+        b.eq    1f
+        msr     vttbr_el2, x1
+1:
         .endm
 
         // A vector entry from the guest: x0-x30 into a frame on EL2's
@@ -404,14 +441,8 @@ cmd_done:
 // Load the VM's stage-2 context: args 0..2 = VTCR_EL2, VTTBR_EL2, HCR_EL2.
 // VTTBR is written only when it changes (QEMU drops its TLB on a change).
 load_vm:
-        ldr     x1, [x28, #MB_ARG0]
-        msr     vtcr_el2, x1
-        ldr     x1, [x28, #MB_ARG0 + 8]
-        mrs     x2, vttbr_el2
-        cmp     x1, x2
-        b.eq    1f
-        msr     vttbr_el2, x1
-1:      ldr     x1, [x28, #MB_ARG0 + 16]
+        load_vtcr_vttbr
+        ldr     x1, [x28, #MB_ARG0 + 16]
         msr     hcr_el2, x1
         // Guest stage 1 off (M = 0), RES1 bits set.
         ldr     x1, =0x30d00800
@@ -422,12 +453,7 @@ load_vm:
 // RUN: arg3 = guest entry, args 4..11 = guest x0..x7.
 do_run:
         bl      load_vm
-        ldr     x1, [x28, #MB_ARG0 + 24]
-        msr     elr_el2, x1
-        mov     x1, #0x3c5
-        msr     spsr_el2, x1
-        ldp     x0, x1, [x28, #MB_ARG4]
-        ldp     x2, x3, [x28, #MB_ARG4 + 16]
+        guest_entry
         ldp     x4, x5, [x28, #MB_ARG8]
         ldp     x6, x7, [x28, #MB_ARG8 + 16]
         mov     x8, xzr
@@ -452,12 +478,7 @@ do_linux:
         msr     ich_lr2_el2, xzr
         msr     ich_lr3_el2, xzr
         msr     cntv_ctl_el0, xzr
-        ldr     x1, [x28, #MB_ARG0 + 24]
-        msr     elr_el2, x1
-        mov     x1, #0x3c5
-        msr     spsr_el2, x1
-        ldp     x0, x1, [x28, #MB_ARG4]
-        ldp     x2, x3, [x28, #MB_ARG4 + 16]
+        guest_entry
         .irp    r, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30
         mov     x\r, xzr
         .endr
@@ -672,15 +693,9 @@ el2_abort:
 post_exit:
         str     x3, [x28, #MB_EXIT_KIND]
         str     x1, [x28, #MB_ESR]
-        mrs     x4, ich_lr0_el2
-        mrs     x5, ich_lr1_el2
-        stp     x4, x5, [x28, #MB_LR0]
-        mrs     x4, ich_lr2_el2
-        mrs     x5, ich_lr3_el2
-        stp     x4, x5, [x28, #MB_LR0 + 16]
-        mrs     x4, cntv_ctl_el0
-        mrs     x5, cntv_cval_el0
-        stp     x4, x5, [x28, #MB_CNTV_CTL]
+        post_pair ich_lr0_el2, ich_lr1_el2, MB_LR0
+        post_pair ich_lr2_el2, ich_lr3_el2, MB_LR0+16
+        post_pair cntv_ctl_el0, cntv_cval_el0, MB_CNTV_CTL
         // Mask the guest's virtual timer at its source while this exit
         // waits (restored from MB_CNTV_CTL at the answer): a timer that
         // fires meanwhile would keep its interrupt pending, and with it
@@ -688,9 +703,7 @@ post_exit:
         // loop on this CPU's QEMU thread for as long as the answer takes.
         orr     x4, x4, #2                      // IMASK
         msr     cntv_ctl_el0, x4
-        mrs     x4, ich_misr_el2
-        mrs     x5, ich_vmcr_el2
-        stp     x4, x5, [x28, #MB_ICH_MISR]
+        post_pair ich_misr_el2, ich_vmcr_el2, MB_ICH_MISR
         mrs     x4, spsr_el2
         str     x4, [x28, #MB_SPSR]
         mrs     x4, far_el2

@@ -13,9 +13,7 @@
         .equ    MB_INJ_PSTATE,  0x3f8
 
 linux_inject:
-        ldp     x3, x4, [x28, #MB_REPLY_X0]
-        msr     esr_el1, x3
-        msr     far_el1, x4
+        take_pair MB_REPLY_X0, esr_el1, far_el1
         mrs     x3, elr_el2
         msr     elr_el1, x3
         mrs     x3, spsr_el2

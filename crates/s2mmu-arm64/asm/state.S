@@ -34,6 +34,16 @@
         \op     \r
         .endr
         .endm
+// q0..q31 to (\op stp) or from (ldp) the 512 bytes at x0, x0 advanced
+// past them.
+        .macro  fpregs op
+        .irp    pair, "0, 1", "2, 3", "4, 5", "6, 7", "8, 9", "10, 11", "12, 13", "14, 15", "16, 17", "18, 19", "20, 21", "22, 23", "24, 25", "26, 27", "28, 29", "30, 31"
+        fp_pair \op, \pair
+        .endr
+        .endm
+        .macro  fp_pair op, a, b
+        \op     q\a, q\b, [x0], #32
+        .endm
         .macro  save1 r
         mrs     x1, \r
         str     x1, [x0], #8
@@ -68,22 +78,7 @@ linux_save:
         add     x3, x2, #ST_CNTVCT
         stp     x4, x5, [x3]
         add     x0, x2, #ST_FP
-        stp     q0, q1, [x0], #32
-        stp     q2, q3, [x0], #32
-        stp     q4, q5, [x0], #32
-        stp     q6, q7, [x0], #32
-        stp     q8, q9, [x0], #32
-        stp     q10, q11, [x0], #32
-        stp     q12, q13, [x0], #32
-        stp     q14, q15, [x0], #32
-        stp     q16, q17, [x0], #32
-        stp     q18, q19, [x0], #32
-        stp     q20, q21, [x0], #32
-        stp     q22, q23, [x0], #32
-        stp     q24, q25, [x0], #32
-        stp     q26, q27, [x0], #32
-        stp     q28, q29, [x0], #32
-        stp     q30, q31, [x0], #32
+        fpregs  stp
         add     sp, sp, #FRAME
         mov     x0, #0
         b       cmd_done
@@ -114,22 +109,7 @@ do_state:
         add     x0, x2, #ST_SYS
         sysregs load1
         add     x0, x2, #ST_FP
-        ldp     q0, q1, [x0], #32
-        ldp     q2, q3, [x0], #32
-        ldp     q4, q5, [x0], #32
-        ldp     q6, q7, [x0], #32
-        ldp     q8, q9, [x0], #32
-        ldp     q10, q11, [x0], #32
-        ldp     q12, q13, [x0], #32
-        ldp     q14, q15, [x0], #32
-        ldp     q16, q17, [x0], #32
-        ldp     q18, q19, [x0], #32
-        ldp     q20, q21, [x0], #32
-        ldp     q22, q23, [x0], #32
-        ldp     q24, q25, [x0], #32
-        ldp     q26, q27, [x0], #32
-        ldp     q28, q29, [x0], #32
-        ldp     q30, q31, [x0], #32
+        fpregs  ldp
         ldr     x1, [x2, #ST_ELR]
         msr     elr_el2, x1
         ldr     x1, [x2, #ST_SPSR]

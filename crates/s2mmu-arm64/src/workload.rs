@@ -172,27 +172,25 @@ impl DirtyReport {
 
     /// Mean time of the engine's fault path per abort, in µs.
     pub fn engine_us(&self) -> f64 {
-        let (ns, n) = self
-            .runs
-            .iter()
-            .fold((0, 0), |(ns, n), r| (ns + r.engine_ns, n + r.aborts));
-        if n == 0 {
-            0.0
-        } else {
-            ns as f64 / n as f64 / 1e3
-        }
+        self.per_abort_us(|r| r.engine_ns)
     }
 
     /// Mean host time per abort (seeing it to answering it), in µs.
     pub fn host_us(&self) -> f64 {
-        let (ns, n) = self
+        self.per_abort_us(|r| r.host_ns)
+    }
+
+    /// The nanoseconds `ns` takes from each run, summed over the runs, per
+    /// abort of all of them, in µs (0 without aborts).
+    fn per_abort_us(&self, ns: impl Fn(&RunStats) -> u64) -> f64 {
+        let (sum, n) = self
             .runs
             .iter()
-            .fold((0, 0), |(ns, n), r| (ns + r.host_ns, n + r.aborts));
+            .fold((0, 0), |(sum, n), r| (sum + ns(r), n + r.aborts));
         if n == 0 {
             0.0
         } else {
-            ns as f64 / n as f64 / 1e3
+            sum as f64 / n as f64 / 1e3
         }
     }
 
@@ -291,7 +289,13 @@ pub fn run_dirty_log(vm: &Arm64Vm, cfg: &DirtyConfig) -> Result<DirtyReport> {
             let ctl = &ctl;
             handles.push(s.spawn(move || vcpu_thread(vm, cfg, ctl, c)));
         }
-        let r = coordinate(vm, cfg, &ctl, npages, &mut report);
+        let co = Coordinator {
+            vm,
+            cfg,
+            ctl: &ctl,
+            npages,
+        };
+        let r = co.run(&mut report);
         ctl.stop();
         for h in handles {
             match h.join() {
@@ -370,77 +374,121 @@ fn vcpu_thread(
     }
 }
 
-fn coordinate(
-    vm: &Arm64Vm,
-    cfg: &DirtyConfig,
-    ctl: &Control,
+/// The host side of a dirty-logging run: the passes it starts, the logs
+/// it harvests and checks.
+struct Coordinator<'a> {
+    vm: &'a Arm64Vm,
+    cfg: &'a DirtyConfig,
+    ctl: &'a Control,
+    /// Pages of the data slot.
     npages: u64,
-    report: &mut DirtyReport,
-) -> Result<()> {
-    let mmu = vm.mmu();
-    ctl.wait_all(0)?;
-    let t = Instant::now();
-    ctl.go(1);
-    ctl.wait_all(1)?;
-    report.populate_time = t.elapsed();
-    if !cfg.enable_during_pass {
+}
+
+impl Coordinator<'_> {
+    /// Populates, turns logging on (before the first logged pass or during
+    /// it), runs the logged passes with their harvests, then the passes after
+    /// logging.
+    fn run(&self, report: &mut DirtyReport) -> Result<()> {
+        let Coordinator {
+            vm,
+            cfg,
+            ctl,
+            npages,
+        } = *self;
+        let mmu = vm.mmu();
+        ctl.wait_all(0)?;
         let t = Instant::now();
-        mmu.enable_dirty_logging(DATA_SLOT)?;
-        report.enable_time = t.elapsed();
-    }
-    let words = npages.div_ceil(64) as usize;
-    let mut bitmap = vec![0u64; words];
-    let mut ring: Vec<DirtyGfn> = Vec::new();
-    for it in 1..=cfg.iterations {
-        let pass = u64::from(it) + 1;
-        let t = Instant::now();
-        ctl.go(pass);
-        let racing = cfg.enable_during_pass && it == 1;
-        if racing {
+        ctl.go(1);
+        ctl.wait_all(1)?;
+        report.populate_time = t.elapsed();
+        if !cfg.enable_during_pass {
             let t = Instant::now();
             mmu.enable_dirty_logging(DATA_SLOT)?;
             report.enable_time = t.elapsed();
         }
-        // Remaps spread over the pass (until it ends or the pass's spare
-        // pages are used), so pages move after the guest touched them.
-        let mut k = 0;
-        while k < cfg.remaps_per_pass && !ctl.all_done(pass) {
-            remap_one(vm, npages, u64::from(it - 1) * cfg.remaps_per_pass + k)?;
-            report.remaps += 1;
-            k += 1;
-            std::thread::sleep(Duration::from_micros(50));
+        let words = npages.div_ceil(64) as usize;
+        let mut bitmap = vec![0u64; words];
+        let mut ring: Vec<DirtyGfn> = Vec::new();
+        for it in 1..=cfg.iterations {
+            let pass = u64::from(it) + 1;
+            let t = Instant::now();
+            ctl.go(pass);
+            let racing = cfg.enable_during_pass && it == 1;
+            if racing {
+                let t = Instant::now();
+                mmu.enable_dirty_logging(DATA_SLOT)?;
+                report.enable_time = t.elapsed();
+            }
+            // Remaps spread over the pass (until it ends or the pass's spare
+            // pages are used), so pages move after the guest touched them.
+            let mut k = 0;
+            while k < cfg.remaps_per_pass && !ctl.all_done(pass) {
+                remap_one(vm, npages, u64::from(it - 1) * cfg.remaps_per_pass + k)?;
+                report.remaps += 1;
+                k += 1;
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            ctl.wait_all(pass)?;
+            let dirty_time = t.elapsed();
+            if cfg.drop_invalidations_after == Some(it) {
+                vm.sink().drop_host_sequences(u64::MAX);
+            }
+            if cfg.log_unwritten_after == Some(it) {
+                let unwritten = (0..npages).find(|&i| !written_in(vm, i, pass));
+                mmu.dirty_pages(DATA_SLOT, unwritten)?;
+            }
+            let (get_time, clear_time) = harvest(vm, npages, &mut bitmap, &mut ring)?;
+            if cfg.drop_invalidations_after == Some(it) {
+                vm.sink().drop_host_sequences(0);
+            }
+            let logged = bitmap.iter().map(|w| u64::from(w.count_ones())).sum();
+            let mut p = PassReport {
+                iteration: it,
+                dirty_time,
+                get_time,
+                clear_time,
+                logged,
+                ..PassReport::default()
+            };
+            if cfg.check && !racing {
+                let (written, missing, extra) = compare(vm, npages, pass, &bitmap);
+                p.written = Some(written);
+                p.missing = missing;
+                p.extra = extra;
+            }
+            report.passes.push(p);
         }
-        ctl.wait_all(pass)?;
-        let dirty_time = t.elapsed();
-        if cfg.drop_invalidations_after == Some(it) {
-            vm.sink().drop_host_sequences(u64::MAX);
-        }
-        if cfg.log_unwritten_after == Some(it) {
-            let unwritten = (0..npages).find(|&i| !written_in(vm, i, pass));
-            mmu.dirty_pages(DATA_SLOT, unwritten)?;
-        }
-        let (get_time, clear_time) = harvest(vm, npages, &mut bitmap, &mut ring)?;
-        if cfg.drop_invalidations_after == Some(it) {
-            vm.sink().drop_host_sequences(0);
-        }
-        let logged = bitmap.iter().map(|w| u64::from(w.count_ones())).sum();
-        let mut p = PassReport {
-            iteration: it,
-            dirty_time,
-            get_time,
-            clear_time,
-            logged,
-            ..PassReport::default()
-        };
-        if cfg.check && !racing {
-            let (written, missing, extra) = compare(vm, npages, pass, &bitmap);
-            p.written = Some(written);
-            p.missing = missing;
-            p.extra = extra;
-        }
-        report.passes.push(p);
+        self.passes_after_logging(report)
     }
-    passes_after_logging(vm, cfg, ctl, npages, report)
+
+    /// Logging off (timed) at the start of the passes after logging, if any,
+    /// which then run; the pages they wrote and whether huge pages came back.
+    fn passes_after_logging(&self, report: &mut DirtyReport) -> Result<()> {
+        let (vm, cfg, npages) = (self.vm, self.cfg, self.npages);
+        let mmu = vm.mmu();
+        if cfg.passes_after_logging == 0 {
+            let t = Instant::now();
+            mmu.disable_dirty_logging(DATA_SLOT)?;
+            report.disable_time = t.elapsed();
+            return Ok(());
+        }
+        let first = u64::from(cfg.iterations) + 2;
+        let last = first + u64::from(cfg.passes_after_logging) - 1;
+        for pass in first..=last {
+            self.ctl.go(pass);
+            if pass == first {
+                let t = Instant::now();
+                mmu.disable_dirty_logging(DATA_SLOT)?;
+                report.disable_time = t.elapsed();
+            }
+            self.ctl.wait_all(pass)?;
+        }
+        report.collapsed = mmu.vm_stats().collapsed;
+        let none = vec![0u64; npages.div_ceil(64) as usize];
+        let (written, _, _) = compare(vm, npages, last, &none);
+        report.after_logging = Some((written, npages));
+        Ok(())
+    }
 }
 
 /// One pass's harvest into `bitmap` (GET and, with manual protect, CLEAR;
@@ -480,40 +528,6 @@ fn harvest(
             (h, t.elapsed())
         }
     })
-}
-
-/// Logging off (timed) at the start of the passes after logging, if any,
-/// which then run; the pages they wrote and whether huge pages came back.
-fn passes_after_logging(
-    vm: &Arm64Vm,
-    cfg: &DirtyConfig,
-    ctl: &Control,
-    npages: u64,
-    report: &mut DirtyReport,
-) -> Result<()> {
-    let mmu = vm.mmu();
-    if cfg.passes_after_logging == 0 {
-        let t = Instant::now();
-        mmu.disable_dirty_logging(DATA_SLOT)?;
-        report.disable_time = t.elapsed();
-        return Ok(());
-    }
-    let first = u64::from(cfg.iterations) + 2;
-    let last = first + u64::from(cfg.passes_after_logging) - 1;
-    for pass in first..=last {
-        ctl.go(pass);
-        if pass == first {
-            let t = Instant::now();
-            mmu.disable_dirty_logging(DATA_SLOT)?;
-            report.disable_time = t.elapsed();
-        }
-        ctl.wait_all(pass)?;
-    }
-    report.collapsed = mmu.vm_stats().collapsed;
-    let none = vec![0u64; npages.div_ceil(64) as usize];
-    let (written, _, _) = compare(vm, npages, last, &none);
-    report.after_logging = Some((written, npages));
-    Ok(())
 }
 
 /// Moves the `k`-th remap's page (chosen by a fixed hash of `k`) to spare

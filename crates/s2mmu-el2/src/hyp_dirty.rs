@@ -8,7 +8,7 @@ use s2mmu::dirty::DirtyGfn;
 
 use crate::abi::{Counters, HypError, LogMode, RingEntry};
 use crate::check::{self, PAGE};
-use crate::hyp::{slot_arg, Hyp, Vm, FLAG_LOG};
+use crate::hyp::{slot_arg, Hyp, SlotRecord, Vm, FLAG_LOG};
 
 /// `n` copies of `v`, or [`HypError::OutOfMemory`] where EL2's heap cannot
 /// hold them (a size from the host must not abort EL2).
@@ -50,6 +50,28 @@ impl Hyp {
     pub(crate) fn get_dirty(&self, vm: &Vm, args: &[u64; 6]) -> Result<u64, HypError> {
         let slots = vm.slots.lock();
         let (id, rec) = slot_arg(&slots, args[0])?;
+        let (off, mut bm) = self.slot_log_buffer(vm, &rec, args[1], args[2])?;
+        let n = vm
+            .mmu
+            .get_dirty_log(id, &mut bm)
+            .map_err(|_| HypError::Engine)?;
+        self.put_words(off, &bm);
+        Ok(n)
+    }
+
+    /// The buffer a whole slot's log is read into (`GET_DIRTY`, a logged
+    /// delete): refused where the VM logs into rings
+    /// ([`HypError::WrongMode`]) or the slot does not log
+    /// ([`HypError::NotLogging`]); then `bytes` at `pa` must hold a bit per
+    /// page of the slot ([`crate::Layout::check_shared`]). Returns the
+    /// buffer's offset in the shared area and a zeroed bitmap of its size.
+    pub(crate) fn slot_log_buffer(
+        &self,
+        vm: &Vm,
+        rec: &SlotRecord,
+        pa: u64,
+        bytes: u64,
+    ) -> Result<(usize, Vec<u64>), HypError> {
         if vm.mode == LogMode::Ring {
             return Err(HypError::WrongMode);
         }
@@ -57,14 +79,8 @@ impl Hyp {
             return Err(HypError::NotLogging);
         }
         let need = check::bitmap_bytes(rec.size / PAGE);
-        let off = self.layout.check_shared(args[1], args[2], need)?;
-        let mut bm = try_vec((need / 8) as usize, 0u64)?;
-        let n = vm
-            .mmu
-            .get_dirty_log(id, &mut bm)
-            .map_err(|_| HypError::Engine)?;
-        self.put_words(off, &bm);
-        Ok(n)
+        let off = self.layout.check_shared(pa, bytes, need)?;
+        Ok((off, try_vec((need / 8) as usize, 0u64)?))
     }
 
     /// `CLEAR_DIRTY`: slot, first page (a multiple of 64), pages, bitmap

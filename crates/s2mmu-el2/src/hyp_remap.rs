@@ -6,10 +6,9 @@
 
 use s2mmu::Hva;
 
-use crate::abi::{HypError, LogMode};
+use crate::abi::HypError;
 use crate::check::{self, Region, PAGE};
-use crate::hyp::{engine_error, slot_arg, Hyp, Slots, Vm, FLAG_LOG};
-use crate::hyp_dirty::try_vec;
+use crate::hyp::{engine_error, slot_arg, Hyp, Slots, Vm};
 
 /// Pages that may be moved away from their slot's backing at once (each
 /// costs EL2 a map entry on its heap).
@@ -90,15 +89,7 @@ impl Hyp {
         }
         let mut slots = vm.slots.lock();
         let (id, rec) = slot_arg(&slots, args[0])?;
-        if vm.mode == LogMode::Ring {
-            return Err(HypError::WrongMode);
-        }
-        if rec.flags & FLAG_LOG == 0 {
-            return Err(HypError::NotLogging);
-        }
-        let need = check::bitmap_bytes(rec.size / PAGE);
-        let off = self.layout.check_shared(args[1], args[2], need)?;
-        let mut bm = try_vec((need / 8) as usize, 0u64)?;
+        let (off, mut bm) = self.slot_log_buffer(vm, &rec, args[1], args[2])?;
         let m = &vm.mmu;
         let hva = Hva::new(rec.backing);
         // No mapping of the slot is left and its faults retry, so the log

@@ -4,7 +4,7 @@
 //! EL2 runs with interrupts masked, so a spin lock is never taken from a
 //! handler that preempted its holder on the same CPU.
 
-use s2mmu::sync::{Clock, LockedArcCell, LockedArcOptionCell, Platform};
+use s2mmu::sync::{Clock, LockedPlatform};
 
 /// `spin`'s test-and-set mutex as a `lock_api` raw mutex.
 pub type RawMutex = spin::mutex::SpinMutex<()>;
@@ -13,20 +13,7 @@ pub type RawRwLock = spin::RwLock<()>;
 
 /// The EL2 platform: [`RawMutex`], [`RawRwLock`], [`GenericTimer`], cells
 /// locked by [`RawMutex`].
-#[derive(Debug, Clone, Copy)]
-pub enum El2Platform {}
-
-impl Platform for El2Platform {
-    type RawMutex = RawMutex;
-    type RawRwLock = RawRwLock;
-    type Clock = GenericTimer;
-    type Cell<T: Send + Sync + 'static> = LockedArcCell<RawMutex, T>;
-    type OptionCell<T: Send + Sync + 'static> = LockedArcOptionCell<RawMutex, T>;
-
-    fn relax() {
-        core::hint::spin_loop();
-    }
-}
+pub type El2Platform = LockedPlatform<RawMutex, RawRwLock, GenericTimer>;
 
 /// The Arm generic timer: `CNTVCT_EL0` ticks at `CNTFRQ_EL0` Hz. Off
 /// aarch64 (the host's unit tests) there is no counter: [`Clock::now_ns`]

@@ -84,20 +84,27 @@ impl GuestMemory {
             .is_some()
     }
 
+    /// The words of the `len` bytes at `offset`, or `None` if the offset or
+    /// length is not a multiple of 8 or the range is outside: in bounds, so
+    /// one slice and no check per word.
+    #[inline]
+    fn aligned_words(&self, offset: u64, len: usize) -> Option<&[AtomicU64]> {
+        if !offset.is_multiple_of(8) || !len.is_multiple_of(8) || !self.contains(offset, len as u64)
+        {
+            return None;
+        }
+        let first = (offset / 8) as usize;
+        Some(&self.words()[first..first + len / 8])
+    }
+
     /// Copies `out.len()` bytes from `offset` (word by word, atomically per
     /// word, as a migration reads memory the guest may be writing).
     /// Returns false, copying nothing, if the offset or length is not a
     /// multiple of 8 or the range is outside.
     pub fn read_into(&self, offset: u64, out: &mut [u8]) -> bool {
-        if !offset.is_multiple_of(8)
-            || !out.len().is_multiple_of(8)
-            || !self.contains(offset, out.len() as u64)
-        {
+        let Some(words) = self.aligned_words(offset, out.len()) else {
             return false;
-        }
-        // In bounds (checked above): one slice, no check per word.
-        let first = (offset / 8) as usize;
-        let words = &self.words()[first..first + out.len() / 8];
+        };
         for (word, chunk) in words.iter().zip(out.chunks_exact_mut(8)) {
             chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
         }
@@ -108,14 +115,9 @@ impl GuestMemory {
     /// nothing, if the offset or length is not a multiple of 8 or the range
     /// is outside.
     pub fn write_from(&self, offset: u64, data: &[u8]) -> bool {
-        if !offset.is_multiple_of(8)
-            || !data.len().is_multiple_of(8)
-            || !self.contains(offset, data.len() as u64)
-        {
+        let Some(words) = self.aligned_words(offset, data.len()) else {
             return false;
-        }
-        let first = (offset / 8) as usize;
-        let words = &self.words()[first..first + data.len() / 8];
+        };
         for (word, chunk) in words.iter().zip(data.chunks_exact(8)) {
             let v = u64::from_le_bytes(chunk.try_into().expect("chunks of 8 bytes"));
             word.store(v, Ordering::Relaxed);

@@ -20,24 +20,11 @@ pub use arena::{Arena, ArenaMmOps};
 pub use ticket::RawTicketLock;
 
 use core::sync::atomic::{AtomicU64, Ordering};
-use s2mmu::sync::{Clock, LockedArcCell, LockedArcOptionCell, Platform, RawSpinRwLock};
+use s2mmu::sync::{Clock, LockedPlatform, RawSpinRwLock};
 
 /// The embedding's platform: ticket-lock mutexes, the engine's spin
 /// reader-writer lock, [`TickClock`], cells locked by ticket locks.
-#[derive(Debug, Clone, Copy)]
-pub enum CheckPlatform {}
-
-impl Platform for CheckPlatform {
-    type RawMutex = RawTicketLock;
-    type RawRwLock = RawSpinRwLock;
-    type Clock = TickClock;
-    type Cell<T: Send + Sync + 'static> = LockedArcCell<RawTicketLock, T>;
-    type OptionCell<T: Send + Sync + 'static> = LockedArcOptionCell<RawTicketLock, T>;
-
-    fn relax() {
-        core::hint::spin_loop();
-    }
-}
+pub type CheckPlatform = LockedPlatform<RawTicketLock, RawSpinRwLock, TickClock>;
 
 /// A clock that advances one nanosecond per reading: monotonic, and
 /// countable ([`TickClock::readings`]), as a stand-in for a hypervisor's

@@ -288,6 +288,13 @@ impl fmt::Display for Error {
 }
 
 impl Error {
+    /// [`Error::NoSuchSlot`] for slot `id`.
+    pub(crate) fn no_such_slot(id: u16) -> Self {
+        Error::NoSuchSlot {
+            slot: u32::from(id),
+        }
+    }
+
     /// The messages of the limits on vCPUs and slot pages.
     fn fmt_limit(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {

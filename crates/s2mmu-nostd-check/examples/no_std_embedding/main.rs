@@ -25,7 +25,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
 use s2mmu::memslot::{MemslotConfig, MemslotStore, SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{FaultOutcome, Mmu, MmuPolicy};
-use s2mmu::sync::{Clock, LockedArcCell, LockedArcOptionCell, Platform, RawSpinRwLock};
+use s2mmu::sync::{Clock, LockedPlatform, RawSpinRwLock};
 use s2mmu::{Gpa, Hva, NoTlb, Prot};
 use s2mmu_nostd_check::{Arena, ArenaMmOps, RawTicketLock};
 use std::process::ExitCode;
@@ -33,20 +33,7 @@ use std::sync::Arc;
 
 /// The embedding's platform: ticket-lock mutexes, the engine's spin
 /// reader-writer lock, [`TickClock`], cells locked by ticket locks.
-#[derive(Debug, Clone, Copy)]
-enum KernelPlatform {}
-
-impl Platform for KernelPlatform {
-    type RawMutex = RawTicketLock;
-    type RawRwLock = RawSpinRwLock;
-    type Clock = TickClock;
-    type Cell<T: Send + Sync + 'static> = LockedArcCell<RawTicketLock, T>;
-    type OptionCell<T: Send + Sync + 'static> = LockedArcOptionCell<RawTicketLock, T>;
-
-    fn relax() {
-        core::hint::spin_loop();
-    }
-}
+type KernelPlatform = LockedPlatform<RawTicketLock, RawSpinRwLock, TickClock>;
 
 /// A clock that advances one nanosecond per reading, standing in for a
 /// hypervisor's counter register (CNTPCT_EL0, the TSC).

@@ -176,6 +176,21 @@ fn with<R>(f: impl FnOnce(&mut Checker) -> R) -> R {
 }
 
 impl Checker {
+    /// Records the table `o` links (where `o` is a table entry) as unlinked
+    /// from the entry at `level` whose range starts at `start` in `table`,
+    /// not yet invalidated.
+    fn unlinked_by(&mut self, table: usize, o: Desc, start: u64, size: u64, level: u32) {
+        if o.table {
+            let u = Unlinked {
+                start,
+                size,
+                level,
+                invalidated: false,
+            };
+            self.unlinked.insert((table, o.oa), u);
+        }
+    }
+
     fn violate(&mut self, rule: Rule, table: usize, ipa: u64, level: u32) {
         let v = Violation {
             rule,
@@ -203,7 +218,9 @@ impl Checker {
     }
 }
 
-pub(super) fn store<F: PteFormat>(
+/// Trace point: the engine replaced `old` with `new` in the entry at
+/// `level` whose range starts at `start` in table `table`.
+pub(crate) fn store<F: PteFormat>(
     table: usize,
     fmt: &F,
     start: u64,
@@ -229,17 +246,7 @@ pub(super) fn store<F: PteFormat>(
             let prev = c.entries.get(&key).copied();
             if o.valid && o.remaps(&n) {
                 c.violate(Rule::ChangeWithoutBreak, table, start, level);
-                if o.table {
-                    c.unlinked.insert(
-                        (table, o.oa),
-                        Unlinked {
-                            start,
-                            size,
-                            level,
-                            invalidated: false,
-                        },
-                    );
-                }
+                c.unlinked_by(table, o, start, size, level);
             } else if let Some(Pending::Break { prev, .. }) = prev.filter(|_| !o.valid) {
                 if prev.remaps(&n) {
                     c.violate(Rule::MakeBeforeInvalidate, table, start, level);
@@ -255,17 +262,7 @@ pub(super) fn store<F: PteFormat>(
             }
         } else if o.valid {
             c.entries.insert(key, Pending::Break { prev: o, size });
-            if o.table {
-                c.unlinked.insert(
-                    (table, o.oa),
-                    Unlinked {
-                        start,
-                        size,
-                        level,
-                        invalidated: false,
-                    },
-                );
-            }
+            c.unlinked_by(table, o, start, size, level);
         }
     });
 }
@@ -297,7 +294,8 @@ pub(super) fn free_tables(table: usize, pages: &[u64]) {
     });
 }
 
-pub(super) fn report_clean(table: usize) {
+/// Trace point: GET or CLEAR is about to report pages of `table` clean.
+pub(crate) fn report_clean(table: usize) {
     with(|c| {
         let stale: Vec<(u64, u32)> = c
             .entries

@@ -51,27 +51,14 @@ mod rule;
 #[cfg(all(test, feature = "bbm-trace"))]
 mod tests;
 
+// Trace points with nothing to do without the checker: a descriptor
+// store, GET or CLEAR about to report pages clean.
 #[cfg(feature = "bbm-trace")]
-use crate::format::PteFormat;
+pub(crate) use checker::{report_clean, store};
 pub use rule::{Rule, Violation};
 
 /// Whether this build carries the monitor (the `bbm-trace` feature).
 pub const ENABLED: bool = cfg!(feature = "bbm-trace");
-
-/// Trace point: the engine replaced `old` with `new` in the entry at
-/// `level` whose range starts at `start` in table `table`.
-#[cfg(feature = "bbm-trace")]
-#[inline(always)]
-pub(crate) fn store<F: PteFormat>(
-    table: usize,
-    fmt: &F,
-    start: u64,
-    level: u32,
-    old: u64,
-    new: u64,
-) {
-    checker::store(table, fmt, start, level, old, new);
-}
 
 /// Trace point: the engine is about to free these table pages of `table`.
 #[inline(always)]
@@ -84,13 +71,6 @@ pub(crate) fn free_tables(table: usize, pages: &[u64]) {
     }
     #[cfg(not(any(feature = "bbm-trace", feature = "bbm-export")))]
     let _ = (table, pages);
-}
-
-/// Trace point: GET or CLEAR is about to report pages of `table` clean.
-#[cfg(feature = "bbm-trace")]
-#[inline(always)]
-pub(crate) fn report_clean(table: usize) {
-    checker::report_clean(table);
 }
 
 /// Trace point: `table` is being torn down (no CPU uses it any more, its

@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use super::config::KVM_MEM_SLOTS_NUM;
-use super::lookup::{sealed, HvaOverlap, SlotLookup};
+use super::lookup::{nonempty, sealed, HvaOverlap, SlotLookup};
 use super::slot::Slot;
 use crate::addr::{Gfn, Hva};
 
@@ -182,10 +182,9 @@ impl SlotLookup for ArraySet {
     }
 
     fn for_each_in_gfn_range<'a, F: FnMut(&'a Slot)>(&'a self, start: Gfn, end: Gfn, mut f: F) {
-        let (start, end) = (start.raw(), end.raw());
-        if start >= end {
+        let Some((start, end)) = nonempty(start.raw(), end.raw()) else {
             return;
-        }
+        };
         let first = self.entries.partition_point(|entry| entry.end_gfn <= start);
         for entry in &self.entries[first..] {
             if entry.base_gfn >= end {
@@ -201,10 +200,9 @@ impl SlotLookup for ArraySet {
         end: Hva,
         mut f: F,
     ) {
-        let (start, end) = (start.raw(), end.raw());
-        if start >= end {
+        let Some((start, end)) = nonempty(start.raw(), end.raw()) else {
             return;
-        }
+        };
         for entry in &self.entries {
             if entry.hva_start < end && start < entry.hva_end {
                 f(HvaOverlap::clamp(&entry.slot, start, end));

@@ -45,6 +45,13 @@ impl<'a> HvaOverlap<'a> {
     }
 }
 
+/// The half-open range `[start, end)` as raw numbers, or `None` where it is
+/// empty: the ranged lookups then visit nothing.
+#[inline]
+pub(crate) fn nonempty(start: u64, end: u64) -> Option<(u64, u64)> {
+    (start < end).then_some((start, end))
+}
+
 /// Lookups on one published memslot state. Implemented by the sets of both policies and
 /// reached through a store's snapshot (which dereferences to the set).
 pub trait SlotLookup: sealed::Sealed {

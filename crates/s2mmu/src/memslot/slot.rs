@@ -96,6 +96,12 @@ impl Slot {
         self.id
     }
 
+    /// Whether pages `[first, first + n)` of the slot (offsets from its
+    /// first page) lie inside it.
+    pub(crate) fn holds_pages(&self, first: u64, n: u64) -> bool {
+        first.checked_add(n).is_some_and(|end| end <= self.npages)
+    }
+
     /// First guest frame number.
     pub const fn base_gfn(&self) -> Gfn {
         Gfn::new(self.base_gfn)

@@ -8,7 +8,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicPtr, Ordering};
 
 use super::hva_index::HvaIndex;
-use super::lookup::{sealed, HvaOverlap, SlotLookup};
+use super::lookup::{nonempty, sealed, HvaOverlap, SlotLookup};
 use super::slot::Slot;
 use super::sorted_map::SortedMap;
 use crate::addr::{Gfn, Hva};
@@ -166,10 +166,9 @@ impl SlotLookup for TreeSet {
     }
 
     fn for_each_in_gfn_range<'a, F: FnMut(&'a Slot)>(&'a self, start: Gfn, end: Gfn, mut f: F) {
-        let (start, end) = (start.raw(), end.raw());
-        if start >= end {
+        let Some((start, end)) = nonempty(start.raw(), end.raw()) else {
             return;
-        }
+        };
         if let Some((_, entry)) = self.gfn_tree.get_le(&start) {
             if entry.end_gfn > start {
                 f(&entry.slot);
@@ -190,10 +189,9 @@ impl SlotLookup for TreeSet {
         end: Hva,
         mut f: F,
     ) {
-        let (start, end) = (start.raw(), end.raw());
-        if start >= end {
+        let Some((start, end)) = nonempty(start.raw(), end.raw()) else {
             return;
-        }
+        };
         self.hva_index.for_each_overlap(start, end - 1, |slot| {
             f(HvaOverlap::clamp(slot, start, end))
         });

@@ -32,14 +32,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub fn mark_dirty_by_host(&self, id: u16, first_page: u64, npages: u64) -> Result<u64> {
         self.strategy.bitmaps()?;
         let snap = self.slots.snapshot();
-        let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
-            slot: u32::from(id),
-        })?;
+        let slot = snap.id_to_slot(id).ok_or(Error::no_such_slot(id))?;
         let shift = self.page_shift;
-        if first_page
-            .checked_add(npages)
-            .is_none_or(|end| end > slot.npages())
-        {
+        if !slot.holds_pages(first_page, npages) {
             return Err(Error::OutOfRange {
                 ipa: slot.base_gfn().raw().saturating_add(first_page) << shift,
                 size: npages.saturating_mul(1 << shift),
@@ -80,9 +75,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub fn is_marked_dirty(&self, id: u16, page: u64) -> Result<bool> {
         self.strategy.bitmaps()?;
         let snap = self.slots.snapshot();
-        let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
-            slot: u32::from(id),
-        })?;
+        let slot = snap.id_to_slot(id).ok_or(Error::no_such_slot(id))?;
         if page >= slot.npages() {
             return Err(Error::OutOfRange {
                 ipa: slot.base_gfn().raw().saturating_add(page) << self.page_shift,

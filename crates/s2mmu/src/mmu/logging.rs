@@ -151,9 +151,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     /// Slot range in bytes.
     pub(super) fn slot_range(&self, id: u16) -> Result<(u64, u64)> {
         let snap = self.slots.snapshot();
-        let s = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
-            slot: u32::from(id),
-        })?;
+        let s = snap.id_to_slot(id).ok_or(Error::no_such_slot(id))?;
         Ok((
             s.base_gfn().raw() << self.page_shift,
             s.npages() << self.page_shift,
@@ -190,9 +188,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
 
     pub(super) fn region_of(&self, id: u16, logging: bool) -> Result<UserMemoryRegion> {
         let snap = self.slots.snapshot();
-        let s = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
-            slot: u32::from(id),
-        })?;
+        let s = snap.id_to_slot(id).ok_or(Error::no_such_slot(id))?;
         let mut flags = s.flags().bits() & SlotFlags::USER_MASK;
         if logging {
             flags |= SlotFlags::LOG_DIRTY_PAGES.bits();

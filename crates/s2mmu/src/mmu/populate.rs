@@ -44,14 +44,9 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     pub fn populate(&self, id: u16, first_page: u64, npages: u64) -> Result<u64> {
         let _u = self.update.lock();
         let snap = self.slots.snapshot();
-        let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
-            slot: u32::from(id),
-        })?;
+        let slot = snap.id_to_slot(id).ok_or(Error::no_such_slot(id))?;
         let shift = self.page_shift;
-        if first_page
-            .checked_add(npages)
-            .is_none_or(|end| end > slot.npages())
-        {
+        if !slot.holds_pages(first_page, npages) {
             return Err(Error::OutsideSlot {
                 slot: u32::from(id),
                 first_page,
@@ -155,9 +150,7 @@ impl<F: PteFormat, M: MmOps, S: MemslotStore, P: Platform> Mmu<F, M, S, P> {
     {
         let pages = pages.into_iter();
         let snap = self.slots.snapshot();
-        let slot = snap.id_to_slot(id).ok_or(Error::NoSuchSlot {
-            slot: u32::from(id),
-        })?;
+        let slot = snap.id_to_slot(id).ok_or(Error::no_such_slot(id))?;
         let (base_gfn, npages, logging) =
             (slot.base_gfn().raw(), slot.npages(), slot.dirty_logging());
         // `snap` is held to the end, as a fault holds it: see handle_fault.

@@ -29,7 +29,8 @@ mod std_platform;
 pub(crate) use platform::{wait_for_readers, Stopwatch};
 pub use platform::{ArcCell, ArcOptionCell, Clock, Mutex, Platform, RwLock};
 pub use spin::{
-    LockedArcCell, LockedArcOptionCell, NoClock, RawSpinMutex, RawSpinRwLock, SpinPlatform,
+    LockedArcCell, LockedArcOptionCell, LockedPlatform, NoClock, RawSpinMutex, RawSpinRwLock,
+    SpinPlatform,
 };
 #[cfg(feature = "std")]
 pub use std_platform::{StdClock, StdPlatform, SwapCell, SwapOptionCell};

@@ -1,29 +1,60 @@
 //! A platform that needs nothing but atomics: spin locks, no clock, and
 //! lock-protected `Arc` cells. The default without `std`; its parts serve an
-//! embedder's own [`Platform`] too (a [`LockedArcCell`] over its own raw
-//! mutex, say).
+//! embedder's own [`Platform`] too ([`LockedPlatform`] over its own raw
+//! locks and clock, or a [`LockedArcCell`] over its own raw mutex).
 
 use alloc::sync::Arc;
+use core::convert::Infallible;
+use core::marker::PhantomData;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::{ArcCell, ArcOptionCell, Clock, Platform};
 
-/// Spin locks, no clock, lock-protected cells, a pause hint while spinning.
-#[derive(Debug, Clone, Copy)]
-pub enum SpinPlatform {}
+/// A platform of raw mutex `M`, raw reader-writer lock `R` and clock `C`,
+/// whose snapshot cells are locked by `M`, with a pause hint while
+/// spinning: what a no_std hypervisor with its own locks and counter
+/// needs. A marker type, as [`Platform`] says: it has no values.
+pub struct LockedPlatform<M, R, C>(Infallible, Names<M, R, C>);
 
-impl Platform for SpinPlatform {
-    type RawMutex = RawSpinMutex;
-    type RawRwLock = RawSpinRwLock;
-    type Clock = NoClock;
-    type Cell<T: Send + Sync + 'static> = LockedArcCell<RawSpinMutex, T>;
-    type OptionCell<T: Send + Sync + 'static> = LockedArcOptionCell<RawSpinMutex, T>;
+/// The types a [`LockedPlatform`] names, held as a function's result so
+/// that the marker is `Send` and `Sync` whatever they are.
+type Names<M, R, C> = PhantomData<fn() -> (M, R, C)>;
+
+impl<M, R, C> Platform for LockedPlatform<M, R, C>
+where
+    M: lock_api::RawMutex + Send + Sync + 'static,
+    R: lock_api::RawRwLock + Send + Sync + 'static,
+    C: Clock + 'static,
+{
+    type RawMutex = M;
+    type RawRwLock = R;
+    type Clock = C;
+    type Cell<T: Send + Sync + 'static> = LockedArcCell<M, T>;
+    type OptionCell<T: Send + Sync + 'static> = LockedArcOptionCell<M, T>;
 
     #[inline]
     fn relax() {
         core::hint::spin_loop();
     }
 }
+
+// By hand: derives would ask the same of `M`, `R` and `C`.
+impl<M, R, C> Clone for LockedPlatform<M, R, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M, R, C> Copy for LockedPlatform<M, R, C> {}
+
+impl<M, R, C> core::fmt::Debug for LockedPlatform<M, R, C> {
+    fn fmt(&self, _: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {}
+    }
+}
+
+/// Spin locks, no clock, lock-protected cells, a pause hint while spinning.
+pub type SpinPlatform = LockedPlatform<RawSpinMutex, RawSpinRwLock, NoClock>;
 
 /// No clock: every duration is reported as 0.
 #[derive(Debug, Clone, Copy)]

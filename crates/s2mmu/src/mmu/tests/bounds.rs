@@ -4,6 +4,7 @@
 //! state changed.
 
 use super::super::*;
+use super::{ept_mmu, region};
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::format::ept::EptFormat;
 use crate::memslot::{MemslotConfig, MemslotError, TreeMemslots};
@@ -24,13 +25,7 @@ fn mmu(policy: MmuPolicy) -> Result<TestMmu> {
 }
 
 fn logged(m: &TestMmu) {
-    let r = UserMemoryRegion::new(
-        0,
-        SlotFlags::LOG_DIRTY_PAGES,
-        Gpa::new(GPA),
-        1 << 20,
-        Hva::new(HVA),
-    );
+    let r = region(0, SlotFlags::LOG_DIRTY_PAGES, GPA);
     m.set_memory_region(&r, 4096).unwrap();
 }
 
@@ -63,17 +58,7 @@ fn a_pml_log_refuses_the_reader_of_another_mmu() {
         dirty: DirtyMode::PML,
         ..MmuPolicy::default()
     };
-    let ept = || {
-        Mmu::new(
-            EptFormat::new(4).unwrap(),
-            HostMmOps::new(4096).unwrap(),
-            Arc::new(NoTlb),
-            TreeMemslots::with_config(super::tests::slot_config()),
-            policy,
-        )
-        .unwrap()
-    };
-    let (a, b) = (ept(), ept());
+    let (a, b) = (ept_mmu(policy), ept_mmu(policy));
     let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 1 << 20, Hva::new(HVA));
     b.set_memory_region(&r, 4096).unwrap();
     let mut vb = b.new_vcpu().unwrap();
@@ -243,13 +228,7 @@ fn a_memslot_change_while_holding_a_snapshot_is_refused() {
     // A snapshot of another store does not count.
     let other = mmu(MmuPolicy::default()).unwrap();
     let snap = other.slots().snapshot();
-    let moved = UserMemoryRegion::new(
-        0,
-        SlotFlags::NONE,
-        Gpa::new(GPA << 1),
-        1 << 20,
-        Hva::new(HVA),
-    );
+    let moved = region(0, SlotFlags::NONE, GPA << 1);
     m.set_memory_region(&moved, 4096).unwrap();
     drop(snap);
 }

@@ -35,17 +35,59 @@ fn mmu(policy: MmuPolicy) -> TestMmu {
     Mmu::new(fmt, mm, Arc::new(NoTlb), store, policy).unwrap()
 }
 
+/// A 1 MiB slot `id` at `gpa` with `flags`, backed at [`HVA`].
+fn region(id: u16, flags: SlotFlags, gpa: u64) -> UserMemoryRegion {
+    UserMemoryRegion::new(id, flags, Gpa::new(gpa), 1 << 20, Hva::new(HVA))
+}
+
+/// Adds slot 0, 4 MiB at [`GPA`] backed at [`HVA`] by host pages of
+/// `host_page` bytes, and returns a new vCPU.
+fn slot_4m<F: PteFormat, M: MmOps>(m: &Mmu<F, M, TreeMemslots>, host_page: u64) -> VcpuMmu<M> {
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
+    m.set_memory_region(&r, host_page).unwrap();
+    m.new_vcpu().unwrap()
+}
+
+/// The default policy with hardware dirty state.
+fn hw_policy() -> MmuPolicy {
+    MmuPolicy {
+        dirty: DirtyMode::HW,
+        ..MmuPolicy::default()
+    }
+}
+
+/// Maps slot 0 (2 MiB at [`GPA`]) with one 2 MiB block by a write fault,
+/// then turns logging on; returns the vCPU and the leaves that now map
+/// the slot.
+fn block_then_logged<F: PteFormat>(
+    m: &Mmu<F, HostMmOps, TreeMemslots>,
+) -> (VcpuMmu<HostMmOps>, Vec<crate::Leaf>) {
+    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 2 << 20, Hva::new(HVA));
+    m.set_memory_region(&r, 2 << 20).unwrap();
+    let mut v = m.new_vcpu().unwrap();
+    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
+    assert_eq!(m.reader().translate(GPA).unwrap().size, 2 << 20);
+    m.enable_dirty_logging(0).unwrap();
+    (v, m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap())
+}
+
+/// An MMU over a 4-level EPT table with `policy`.
+fn ept_mmu(policy: MmuPolicy) -> Mmu<crate::format::ept::EptFormat, HostMmOps, TreeMemslots> {
+    Mmu::new(
+        crate::format::ept::EptFormat::new(4).unwrap(),
+        HostMmOps::new(4096).unwrap(),
+        Arc::new(NoTlb),
+        TreeMemslots::with_config(slot_config()),
+        policy,
+    )
+    .unwrap()
+}
+
 #[test]
 fn logged_region_with_bad_id_is_refused_not_a_panic() {
     let m = mmu(MmuPolicy::default());
     let id = m.slots().config().max_user_slots;
-    let r = UserMemoryRegion::new(
-        id,
-        SlotFlags::LOG_DIRTY_PAGES,
-        Gpa::new(GPA),
-        1 << 20,
-        Hva::new(HVA),
-    );
+    let r = region(id, SlotFlags::LOG_DIRTY_PAGES, GPA);
     assert!(matches!(
         m.set_memory_region(&r, 4096),
         Err(Error::Memslot(_))
@@ -102,23 +144,11 @@ fn a_slot_beyond_the_ipa_space_is_refused_at_creation() {
 #[test]
 fn a_move_that_stops_logging_drops_the_bitmap() {
     let m = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(
-        0,
-        SlotFlags::LOG_DIRTY_PAGES,
-        Gpa::new(GPA),
-        1 << 20,
-        Hva::new(HVA),
-    );
+    let r = region(0, SlotFlags::LOG_DIRTY_PAGES, GPA);
     m.set_memory_region(&r, 4096).unwrap();
     let mut bm = vec![0u64; 4];
     m.get_dirty_log(0, &mut bm).unwrap();
-    let moved = UserMemoryRegion::new(
-        0,
-        SlotFlags::NONE,
-        Gpa::new(GPA << 1),
-        1 << 20,
-        Hva::new(HVA),
-    );
+    let moved = region(0, SlotFlags::NONE, GPA << 1);
     m.set_memory_region(&moved, 4096).unwrap();
     assert_eq!(
         m.get_dirty_log(0, &mut bm),
@@ -132,17 +162,8 @@ fn a_move_that_stops_logging_drops_the_bitmap() {
 #[test]
 fn hardware_dirty_state_is_scanned_and_cleaned() {
     use crate::format::arm64::{DBM, S2AP_W};
-    let m = mmu(MmuPolicy {
-        dirty: DirtyMode::HW,
-        ..MmuPolicy::default()
-    });
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 2 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
-    assert_eq!(m.reader().translate(GPA).unwrap().size, 2 << 20);
-    m.enable_dirty_logging(0).unwrap();
-    let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
+    let m = mmu(hw_policy());
+    let (v, leaves) = block_then_logged(&m);
     assert_eq!(leaves.len(), 512, "split when logging starts");
     assert!(leaves.iter().all(|l| l.pte & (DBM | S2AP_W) == DBM));
     // The hardware's update of pages 3 and 300.
@@ -174,9 +195,7 @@ fn hardware_dirty_state_is_scanned_and_cleaned() {
 #[test]
 fn host_range_invalidation_unmaps_and_holds_faults() {
     let m = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 2 << 20);
     m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
     m.handle_fault(&mut v, Gpa::new(GPA + (2 << 20)), true)
         .unwrap();
@@ -234,9 +253,7 @@ fn a_soft_full_ring_refuses_faults_before_any_change() {
         dirty: DirtyMode::Ring { entries: 256 },
         ..MmuPolicy::default()
     });
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 4096).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 4096);
     // More pages mapped than the ring has entries: every write below
     // takes the fast path until the ring is soft-full.
     for p in 0..300u64 {
@@ -273,9 +290,7 @@ fn a_soft_full_ring_refuses_faults_before_any_change() {
 #[test]
 fn a_fault_inside_a_page_still_maps_a_block() {
     let m = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 2 << 20);
     m.handle_stage2_fault(
         &mut v,
         Gpa::new(GPA + 0x1008),
@@ -298,9 +313,7 @@ fn output_addresses_come_from_the_host_memory_hook() {
         }
     }
     let m = mmu(MmuPolicy::default()).with_host_memory(Arc::new(Offset));
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 4096).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 4096);
     m.handle_fault(&mut v, Gpa::new(GPA + 0x3000), true)
         .unwrap();
     assert_eq!(
@@ -407,18 +420,9 @@ fn policy_reports_the_tlb_policy_in_force() {
 /// writes, splits when logging starts, and write-protects with EPT's bits.
 #[test]
 fn an_ept_vm_logs_dirty_pages() {
-    use crate::format::ept::{EptFormat, WRITE};
-    let m = Mmu::new(
-        EptFormat::new(4).unwrap(),
-        HostMmOps::new(4096).unwrap(),
-        Arc::new(NoTlb),
-        TreeMemslots::with_config(slot_config()),
-        MmuPolicy::default(),
-    )
-    .unwrap();
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    use crate::format::ept::WRITE;
+    let m = ept_mmu(MmuPolicy::default());
+    let mut v = slot_4m(&m, 2 << 20);
     m.handle_fault(&mut v, Gpa::new(GPA + 0x2008), true)
         .unwrap();
     assert_eq!(m.reader().translate(GPA).unwrap().size, 2 << 20);
@@ -440,24 +444,9 @@ fn an_ept_vm_logs_dirty_pages() {
 /// clears it.
 #[test]
 fn an_ept_vm_logs_with_hardware_dirty_flags() {
-    use crate::format::ept::{EptFormat, DIRTY, WRITE};
-    let m = Mmu::new(
-        EptFormat::new(4).unwrap(),
-        HostMmOps::new(4096).unwrap(),
-        Arc::new(NoTlb),
-        TreeMemslots::with_config(slot_config()),
-        MmuPolicy {
-            dirty: DirtyMode::HW,
-            ..MmuPolicy::default()
-        },
-    )
-    .unwrap();
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 2 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
-    m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
-    m.enable_dirty_logging(0).unwrap();
-    let leaves = m.with_table(|pt| pt.leaves(GPA, 2 << 20)).unwrap();
+    use crate::format::ept::{DIRTY, WRITE};
+    let m = ept_mmu(hw_policy());
+    let (v, leaves) = block_then_logged(&m);
     assert_eq!(leaves.len(), 512, "split first");
     assert!(
         leaves.iter().all(|l| l.pte & (WRITE | DIRTY) == WRITE),
@@ -494,9 +483,7 @@ fn logging_stops_with_blocks_collapsed_in_place() {
             },
             ..MmuPolicy::default()
         });
-        let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-        m.set_memory_region(&r, 2 << 20).unwrap();
-        let mut v = m.new_vcpu().unwrap();
+        let mut v = slot_4m(&m, 2 << 20);
         for b in 0..2u64 {
             m.handle_fault(&mut v, Gpa::new(GPA + b * (2 << 20)), true)
                 .unwrap();

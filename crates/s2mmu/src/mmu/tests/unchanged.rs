@@ -4,6 +4,7 @@
 //! was before (slots, table contents through translate, bitmaps).
 
 use super::super::*;
+use super::slot_4m;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::TreeMemslots;
 use crate::tlb::NoTlb;
@@ -108,9 +109,7 @@ fn a_clear_that_cannot_split_leaves_bitmap_and_table_unchanged() {
         },
         ..MmuPolicy::default()
     });
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 2 << 20);
     m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
     m.enable_dirty_logging(0).unwrap();
     let mut before = vec![0u64; 16];
@@ -175,9 +174,7 @@ fn a_populate_that_fails_part_way_unmaps_what_it_mapped() {
 #[test]
 fn logging_on_without_split_memory_succeeds_and_logs() {
     let (m, budget) = mmu(MmuPolicy::default());
-    let r = UserMemoryRegion::new(0, SlotFlags::NONE, Gpa::new(GPA), 4 << 20, Hva::new(HVA));
-    m.set_memory_region(&r, 2 << 20).unwrap();
-    let mut v = m.new_vcpu().unwrap();
+    let mut v = slot_4m(&m, 2 << 20);
     m.handle_fault(&mut v, Gpa::new(GPA), true).unwrap();
     budget.store(0, Ordering::Relaxed);
     m.enable_dirty_logging(0).unwrap();

@@ -2,6 +2,7 @@
 //! slot, one write protection.
 
 use super::super::*;
+use super::{hw_policy, region};
 use crate::dirty::MAX_DIRTY_VIEWS_PER_SLOT;
 use crate::format::arm64::{Arm64Stage2, Granule};
 use crate::memslot::TreeMemslots;
@@ -216,13 +217,7 @@ fn bad_calls_are_typed_errors_and_change_nothing() {
         m.open_dirty_view(0),
         Err(Error::TooManyDirtyViews { .. })
     ));
-    let off = UserMemoryRegion::new(
-        1,
-        SlotFlags::NONE,
-        Gpa::new(GPA << 1),
-        1 << 20,
-        Hva::new(HVA),
-    );
+    let off = region(1, SlotFlags::NONE, GPA << 1);
     m.set_memory_region(&off, 4096).unwrap();
     assert_eq!(
         m.open_dirty_view(1),
@@ -246,10 +241,7 @@ fn rings_have_no_bitmap_to_view() {
 /// view, and a clean by one consumer needs none by the other.
 #[test]
 fn hardware_dirty_state_feeds_every_view() {
-    let m = logged(MmuPolicy {
-        dirty: DirtyMode::HW,
-        ..MmuPolicy::default()
-    });
+    let m = logged(hw_policy());
     let (a, b) = (m.open_dirty_view(0).unwrap(), m.open_dirty_view(0).unwrap());
     harvest_view(&m, a);
     harvest_view(&m, b);
