@@ -14,7 +14,7 @@
 //! cannot change. Adding a format changes nothing here.
 
 use s2mmu::format::arm64::Arm64Stage2;
-use s2mmu::format::ept::EptFormat;
+use s2mmu::format::ept::EptStage2;
 use s2mmu::format::FormatId;
 pub use s2mmu::format::WithFormat;
 use std::fmt;
@@ -44,7 +44,7 @@ impl FormatArg {
     /// read the same.
     pub const Arm64: FormatArg = FormatArg::of::<Arm64Stage2>();
     /// x86 EPT, for the tests that pick it.
-    pub const Ept: FormatArg = FormatArg::of::<EptFormat>();
+    pub const Ept: FormatArg = FormatArg::of::<EptStage2>();
 
     /// Format `F`'s.
     pub const fn of<F: s2mmu::format::KnownFormat>() -> FormatArg {

@@ -7,7 +7,7 @@ mod migrate_common;
 
 use migrate_common::{dest_cfg, plain, small};
 use s2mmu::format::arm64::Arm64Stage2;
-use s2mmu::format::ept::EptFormat;
+use s2mmu::format::ept::EptStage2;
 use s2mmu::format::FormatId;
 use s2mmu::mmu::DirtyMode;
 use s2mmu_migrate::session::extras::SourceExtras;
@@ -20,7 +20,7 @@ use s2mmu_migrate::wire::{tag, Header, Record, WireReader, WireWriter, PAGE_SIZE
 use std::time::Duration;
 
 /// x86 EPT.
-const EPT: FormatId = FormatId::of::<EptFormat>();
+const EPT: FormatId = FormatId::of::<EptStage2>();
 /// arm64 stage 2.
 const ARM64: FormatId = FormatId::of::<Arm64Stage2>();
 

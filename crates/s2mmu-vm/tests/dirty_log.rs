@@ -1,7 +1,7 @@
 //! Dirty logging end to end on simulated vCPUs.
 
 use s2mmu::format::arm64::Arm64Stage2;
-use s2mmu::format::ept::EptFormat;
+use s2mmu::format::ept::EptStage2;
 use s2mmu::memslot::{ArrayMemslots, MemslotStore, TreeMemslots};
 use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy, Protect, PML_LOG_ENTRIES};
 use s2mmu_vm::{
@@ -84,7 +84,7 @@ fn every_written_page_is_logged_and_nothing_else() {
 
 #[test]
 fn every_written_page_is_logged_and_nothing_else_on_ept() {
-    logs_every_written_page::<EptFormat>();
+    logs_every_written_page::<EptStage2>();
 }
 
 fn logs_every_written_page<F: KnownFormat>() {
@@ -151,7 +151,7 @@ fn a_pml_full_exit_mid_pass_loses_nothing() {
         dirty: DirtyMode::PML,
         ..MmuPolicy::default()
     };
-    let vm = vm_on::<TreeMemslots, EptFormat>(4 * MIB, Backing::Anonymous, 1, policy);
+    let vm = vm_on::<TreeMemslots, EptStage2>(4 * MIB, Backing::Anonymous, 1, policy);
     let mut vcpu = vm.new_vcpu().unwrap();
     let base = vm.slots()[0].gpa;
     for p in 0..1024u64 {
@@ -524,7 +524,7 @@ fn stress_hardware_dirty_flags_on_ept() {
         dirty: DirtyMode::HW,
         ..MmuPolicy::default()
     };
-    stress_on::<TreeMemslots, EptFormat>(policy, Backing::AnonymousThp, 2, Pattern::Random);
+    stress_on::<TreeMemslots, EptStage2>(policy, Backing::AnonymousThp, 2, Pattern::Random);
 }
 
 #[test]
@@ -536,12 +536,12 @@ fn stress_pml() {
         dirty: DirtyMode::PML,
         ..MmuPolicy::default()
     };
-    stress_on::<TreeMemslots, EptFormat>(policy, Backing::AnonymousThp, 2, Pattern::Random);
+    stress_on::<TreeMemslots, EptStage2>(policy, Backing::AnonymousThp, 2, Pattern::Random);
 }
 
 #[test]
 fn stress_write_protection_on_ept() {
-    stress_on::<TreeMemslots, EptFormat>(
+    stress_on::<TreeMemslots, EptStage2>(
         MmuPolicy::default(),
         Backing::Anonymous,
         2,

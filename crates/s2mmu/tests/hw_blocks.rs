@@ -3,7 +3,7 @@
 //! block reports all its pages), for both formats.
 
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::format::ept::EptFormat;
+use s2mmu::format::ept::EptStage2;
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, HwDirtyBlocks, Mmu, MmuPolicy, Protect};
 use s2mmu::{Error, Gpa, HostMmOps, Hva, NoTlb, PteFormat};
@@ -109,13 +109,13 @@ fn arm64_dbm_blocks_logged_whole_or_split() {
 
 #[test]
 fn ept_blocks_logged_whole_or_split() {
-    blocks_logged_whole_or_split(EptFormat::new(4).unwrap());
+    blocks_logged_whole_or_split(EptStage2::new(4).unwrap());
 }
 
 #[test]
 fn get_without_manual_protect_cleans_a_whole_block() {
     let m = logged(
-        EptFormat::new(4).unwrap(),
+        EptStage2::new(4).unwrap(),
         HwDirtyBlocks::LogWholeBlocks,
         false,
     );
@@ -145,7 +145,7 @@ fn initially_set_bitmaps_split_on_clear_without_eager_split() {
             eager_split_chunk: None,
             ..MmuPolicy::default()
         };
-        let m = mmu(EptFormat::new(4).unwrap(), policy).unwrap();
+        let m = mmu(EptStage2::new(4).unwrap(), policy).unwrap();
         map_blocks_and_log(&m);
         let mut bm = vec![0u64; (PAGES / 64) as usize];
         assert_eq!(m.get_dirty_log(0, &mut bm).unwrap(), PAGES, "initially set");

@@ -9,7 +9,7 @@ mod common;
 use common::{fixture_for, Fixture};
 use s2mmu::dirty::DirtyBitmap;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::format::ept::EptFormat;
+use s2mmu::format::ept::EptStage2;
 use s2mmu::tlb::TlbBatch;
 use s2mmu::{MapOptions, Prot, PteFormat};
 
@@ -149,7 +149,7 @@ fn table_scan_matches_per_leaf_scan_arm64() {
 
 #[test]
 fn table_scan_matches_per_leaf_scan_ept() {
-    mixed_tables_scan_alike(EptFormat::new(4).unwrap());
+    mixed_tables_scan_alike(EptStage2::new(4).unwrap());
 }
 
 /// Which pages of a clean's range a test cleans: every page as one range
@@ -314,7 +314,7 @@ fn clean_by_table_matches_clean_by_page_arm64() {
 #[test]
 fn clean_by_table_matches_clean_by_page_ept() {
     for pick in PICKS {
-        clean_by_table_matches_clean_by_page(EptFormat::new(4).unwrap(), pick);
+        clean_by_table_matches_clean_by_page(EptStage2::new(4).unwrap(), pick);
     }
 }
 
@@ -322,7 +322,7 @@ fn clean_by_table_matches_clean_by_page_ept() {
 /// unchanged.
 #[test]
 fn masked_clean_refuses_a_short_bitmap() {
-    let mut fx = fixture_for(EptFormat::new(4).unwrap());
+    let mut fx = fixture_for(EptStage2::new(4).unwrap());
     let m = mixed(&mut fx);
     let before = fx.pt.leaves(m.start, m.len).unwrap();
     let tlb = fx.pt.tlb().clone();
@@ -417,5 +417,5 @@ fn clear_alike_whatever_the_strategy_arm64() {
 
 #[test]
 fn clear_alike_whatever_the_strategy_ept() {
-    clear_alike_whatever_the_strategy(EptFormat::new(4).unwrap());
+    clear_alike_whatever_the_strategy(EptStage2::new(4).unwrap());
 }

@@ -8,7 +8,7 @@ mod common;
 use common::model::{apply, block_pages, Model, Op};
 use proptest::prelude::*;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};
-use s2mmu::format::ept::EptFormat;
+use s2mmu::format::ept::EptStage2;
 use s2mmu::PteFormat;
 
 fn op_strategy(window_pages: u64, block: u64) -> impl Strategy<Value = Op> {
@@ -71,12 +71,12 @@ proptest! {
 
     #[test]
     fn random_ops_ept_4_level(ops in prop::collection::vec(op_strategy(4 * 512, 512), 1..40)) {
-        run_format(EptFormat::new(4).unwrap(), 512, &ops);
+        run_format(EptStage2::new(4).unwrap(), 512, &ops);
     }
 
     #[test]
     fn random_ops_ept_5_level(ops in prop::collection::vec(op_strategy(4 * 512, 512), 1..40)) {
-        run_format(EptFormat::new(5).unwrap(), 512, &ops);
+        run_format(EptStage2::new(5).unwrap(), 512, &ops);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! log, its "log-full" exit, the flush into the bitmap, and a harvest that
 //! reads the logs and not the leaves.
 
-use s2mmu::format::ept::{EptFormat, DIRTY};
+use s2mmu::format::ept::{EptStage2, DIRTY};
 use s2mmu::memslot::{SlotFlags, TreeMemslots, UserMemoryRegion};
 use s2mmu::mmu::{DirtyMode, Mmu, MmuPolicy, PmlWriteError, Protect, PML_LOG_ENTRIES};
 use s2mmu::{Gpa, HostMmOps, Hva, NoTlb};
@@ -15,11 +15,11 @@ const HVA: u64 = 0x7000_0000_0000;
 const SIZE: u64 = 4 << 20;
 const PAGES: u64 = SIZE / 4096;
 
-type EptMmu = Mmu<EptFormat, HostMmOps, TreeMemslots>;
+type EptMmu = Mmu<EptStage2, HostMmOps, TreeMemslots>;
 
 fn logged_mmu(dirty: DirtyMode, manual_protect: bool) -> EptMmu {
     let m = Mmu::new(
-        EptFormat::new(4).unwrap(),
+        EptStage2::new(4).unwrap(),
         HostMmOps::new(4096).unwrap(),
         Arc::new(NoTlb),
         TreeMemslots::new(),

@@ -38,7 +38,7 @@ use crate::vm::{CODE_GPA, GDT_GPA, MMIO_DOORBELL_GPA, PAGE_TABLES_GPA, STACK_TOP
 use crate::Error;
 use kvm_bindings::KVM_MP_STATE_RUNNABLE;
 use kvm_ioctls::{Kvm, VcpuExit};
-use s2mmu::format::ept::EptFormat;
+use s2mmu::format::ept::EptStage2;
 use s2mmu::format::FormatId;
 use s2mmu_migrate::session::guest::{GuestShape, NoHook, SourceGuest};
 use s2mmu_migrate::stream_error::MigrateError;
@@ -332,7 +332,7 @@ pub(super) fn state_err(e: impl std::fmt::Display) -> MigrateError {
 
 /// The header's format: KVM's x86 tables are EPT's.
 pub fn wire_format() -> FormatId {
-    FormatId::of::<EptFormat>()
+    FormatId::of::<EptStage2>()
 }
 
 impl SourceGuest for WriterGuest {

@@ -25,14 +25,14 @@ pub type WireFormat = FormatId;
 mod tests {
     use super::*;
     use s2mmu::format::arm64::Arm64Stage2;
-    use s2mmu::format::ept::EptFormat;
+    use s2mmu::format::ept::EptStage2;
 
     /// The released codes: streams written by older builds use them.
     #[test]
     fn released_codes_stay_and_unknown_codes_are_refused() {
         assert_eq!(FormatId::of::<Arm64Stage2>().code(), 0);
-        assert_eq!(FormatId::of::<EptFormat>().code(), 1);
-        assert_eq!(FormatId::from_code(1), Some(FormatId::of::<EptFormat>()));
+        assert_eq!(FormatId::of::<EptStage2>().code(), 1);
+        assert_eq!(FormatId::from_code(1), Some(FormatId::of::<EptStage2>()));
         for &f in FormatId::ALL {
             assert_eq!(FormatId::from_code(f.code()), Some(f));
         }
@@ -45,8 +45,8 @@ mod tests {
     #[test]
     #[allow(deprecated)]
     fn the_old_name_is_the_engines_id() {
-        let old: WireFormat = WireFormat::of::<EptFormat>();
-        assert_eq!(old, FormatId::of::<EptFormat>());
+        let old: WireFormat = WireFormat::of::<EptStage2>();
+        assert_eq!(old, FormatId::of::<EptStage2>());
         assert_eq!(old.code(), 1);
     }
 }

@@ -5,7 +5,7 @@
 
 use super::{defer_invalidations, expect_violations, take_table_violations, Rule};
 use crate::format::arm64::{Arm64Stage2, Granule};
-use crate::format::ept::EptFormat;
+use crate::format::ept::EptStage2;
 use crate::tlb::TlbRecorder;
 use crate::walk::{Visit, VisitCtx, WalkAction, WalkFlags};
 use crate::{HostMmOps, MapOptions, PageCache, PageTable, Prot, PteFormat};
@@ -192,7 +192,7 @@ fn a_report_before_the_protection_is_invalidated_is_caught() {
             want,
             "arm64, flush {flush}"
         );
-        let ept = EptFormat::new(4).unwrap();
+        let ept = EptStage2::new(4).unwrap();
         assert_eq!(protect_then_report(ept, flush), want, "EPT, flush {flush}");
     }
 }
@@ -201,7 +201,7 @@ fn a_report_before_the_protection_is_invalidated_is_caught() {
 fn a_hardware_dirty_clean_is_a_protection() {
     // EPT with A/D flags: a clean clears the dirty flag and keeps the write
     // permission; a cached dirty translation would hide the next write.
-    let (mut pt, _c) = table(EptFormat::new(4).unwrap(), false);
+    let (mut pt, _c) = table(EptStage2::new(4).unwrap(), false);
     let hw = pt.format().hw_dirty_bits().unwrap();
     assert!(pt.reader().hw_dirty_update(IPA).is_some());
     at_leaf(&mut pt, 3, |ctx| ctx.try_set(hw.clean(ctx.old)).unwrap());

@@ -15,7 +15,7 @@
 //! An entry is present when any of its read, write and execute bits is set
 //! (29.3.2); a table entry is present without the page-size bit (7), a
 //! leaf above the last level has it. Write without read is a
-//! misconfiguration (29.3.3.1), so [`EptFormat`] refuses it. Leaves carry
+//! misconfiguration (29.3.3.1), so [`EptStage2`] refuses it. Leaves carry
 //! the EPT memory type in bits 5:3 with "ignore PAT" (bit 6) set, as KVM
 //! sets it for a VM without non-coherent DMA: write-back for memory,
 //! uncacheable for devices, write-combining for non-cacheable normal
@@ -75,11 +75,26 @@ const MEMTYPE_CODES: MemCodes = MemCodes {
 
 /// EPT with 4 or 5 levels of 4 KiB tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EptFormat {
+pub struct EptStage2 {
     levels: u32,
 }
 
-impl EptFormat {
+/// The former name of [`EptStage2`], named now as
+/// [`Arm64Stage2`](super::arm64::Arm64Stage2) is; code that spells it still
+/// builds the same format.
+///
+/// ```
+/// # #![allow(deprecated)]
+/// use s2mmu::format::{ept::EptFormat, KnownFormat};
+/// assert_eq!(<EptFormat as KnownFormat>::NAME, "ept");
+/// ```
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed to EptStage2, as Arm64Stage2 is named"
+)]
+pub type EptFormat = EptStage2;
+
+impl EptStage2 {
     /// EPT with `levels` levels: 4 (48-bit guest-physical addresses) or 5
     /// (57-bit).
     ///
@@ -92,7 +107,7 @@ impl EptFormat {
                 value: u64::from(levels),
             });
         }
-        Ok(EptFormat { levels })
+        Ok(EptStage2 { levels })
     }
 
     /// The number of levels.
@@ -116,7 +131,7 @@ impl EptFormat {
 // accessed and dirty bits never clear PAGE_SIZE or set RWX on a non-present
 // value (relevel and advance keep the address in bits 51:12);
 // `output_address` inverts `table_pte`.
-unsafe impl PteFormat for EptFormat {
+unsafe impl PteFormat for EptStage2 {
     #[inline]
     fn page_shift(&self) -> u32 {
         12
@@ -234,7 +249,7 @@ unsafe impl PteFormat for EptFormat {
     }
 }
 
-impl KnownFormat for EptFormat {
+impl KnownFormat for EptStage2 {
     const NAME: &'static str = "ept";
     const TITLE: &'static str = "x86 EPT";
     const HARDWARE_DIRTY_NAME: &'static str = "x86 EPT dirty flags";
@@ -243,8 +258,8 @@ impl KnownFormat for EptFormat {
     /// 4-level EPT up to 48 bits, 5-level up to 57 (Intel SDM 29.3.2).
     fn for_vm(ipa_bits: u32) -> Result<Self> {
         match ipa_bits {
-            0..=48 => EptFormat::new(4),
-            49..=57 => EptFormat::new(5),
+            0..=48 => EptStage2::new(4),
+            49..=57 => EptStage2::new(5),
             _ => Err(Error::InvalidConfig {
                 what: "EPT guest-physical address bits (at most 57)",
                 value: u64::from(ipa_bits),
@@ -256,10 +271,10 @@ impl KnownFormat for EptFormat {
 /// Every configuration the format accepts (4 and 5 levels), for the
 /// conformance suite (`format/conformance.rs`).
 #[cfg(all(test, feature = "std"))]
-pub(super) fn conformance_configs() -> alloc::vec::Vec<EptFormat> {
+pub(super) fn conformance_configs() -> alloc::vec::Vec<EptStage2> {
     [4, 5]
         .into_iter()
-        .map(|levels| EptFormat::new(levels).expect("EPT has 4 and 5 levels"))
+        .map(|levels| EptStage2::new(levels).expect("EPT has 4 and 5 levels"))
         .collect()
 }
 
@@ -269,7 +284,7 @@ mod tests {
 
     #[test]
     fn geometry_of_4_and_5_levels() {
-        let f4 = EptFormat::new(4).unwrap();
+        let f4 = EptStage2::new(4).unwrap();
         assert_eq!(
             (f4.ipa_bits(), f4.last_level(), f4.root_pages()),
             (48, 3, 1)
@@ -282,16 +297,16 @@ mod tests {
             (0..4).map(|l| f4.leaf_allowed(l)).collect::<Vec<_>>(),
             [false, true, true, true]
         );
-        let f5 = EptFormat::new(5).unwrap();
+        let f5 = EptStage2::new(5).unwrap();
         assert_eq!((f5.ipa_bits(), f5.last_level()), (57, 4));
         assert_eq!(f5.granule(2), 1 << 30);
         assert!(!f5.leaf_allowed(1) && f5.leaf_allowed(2));
-        assert!(EptFormat::new(3).is_err());
+        assert!(EptStage2::new(3).is_err());
     }
 
     #[test]
     fn leaves_tables_and_the_frozen_marker() {
-        let f = EptFormat::new(4).unwrap();
+        let f = EptStage2::new(4).unwrap();
         let t = f.table_pte(0x1234_5000);
         assert!(f.is_table(t, 0) && f.is_table(t, 2) && !f.is_table(t, 3));
         assert_eq!(f.output_address(t), 0x1234_5000);
@@ -313,7 +328,7 @@ mod tests {
 
     #[test]
     fn misconfigurations_are_refused() {
-        let f = EptFormat::new(4).unwrap();
+        let f = EptStage2::new(4).unwrap();
         assert!(
             f.leaf_pte(0x1000, 3, Prot::W).is_err(),
             "write without read"
@@ -325,10 +340,10 @@ mod tests {
 
     #[test]
     fn eptp_encodes_walk_length_and_ad() {
-        let f = EptFormat::new(4).unwrap();
+        let f = EptStage2::new(4).unwrap();
         assert_eq!(f.eptp(0x5000, true), 0x5000 | 6 | 3 << 3 | 1 << 6);
         assert_eq!(
-            EptFormat::new(5).unwrap().eptp(0x5000, false),
+            EptStage2::new(5).unwrap().eptp(0x5000, false),
             0x5000 | 6 | 4 << 3
         );
     }

@@ -65,7 +65,7 @@ macro_rules! formats {
     };
 }
 
-formats!(arm64::Arm64Stage2, ept::EptFormat);
+formats!(arm64::Arm64Stage2, ept::EptStage2);
 
 /// One of the formats the engine ships, chosen at run time. Made only from
 /// a listed format ([`FormatId::of`], [`FormatId::from_name`],
@@ -160,14 +160,14 @@ const fn same(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
     use crate::format::arm64::Arm64Stage2;
-    use crate::format::ept::EptFormat;
+    use crate::format::ept::EptStage2;
 
     /// The released codes and names: a stream or a script written against
     /// them must keep working.
     #[test]
     fn released_codes_and_names_stay() {
         let arm64 = FormatId::of::<Arm64Stage2>();
-        let ept = FormatId::of::<EptFormat>();
+        let ept = FormatId::of::<EptStage2>();
         assert_eq!((arm64.code(), arm64.name()), (0, "arm64"));
         assert_eq!((ept.code(), ept.name()), (1, "ept"));
         assert_eq!(arm64.title(), "arm64 stage 2");
@@ -204,7 +204,7 @@ mod tests {
         }
         let arm64 = FormatId::of::<Arm64Stage2>().with(Geometry);
         assert_eq!(arm64, (16, 4, "arm64"));
-        let ept = FormatId::of::<EptFormat>().with(Geometry);
+        let ept = FormatId::of::<EptStage2>().with(Geometry);
         assert_eq!(ept, (1, 5, "ept"));
     }
 

@@ -6,7 +6,7 @@
 use super::super::*;
 use super::{ept_mmu, region};
 use crate::format::arm64::{Arm64Stage2, Granule};
-use crate::format::ept::EptFormat;
+use crate::format::ept::EptStage2;
 use crate::memslot::{MemslotConfig, MemslotError, TreeMemslots};
 use crate::tlb::NoTlb;
 use crate::{Gpa, HostMmOps, Hva};
@@ -153,7 +153,7 @@ fn a_bitmap_too_big_to_allocate_is_an_error() {
         ..super::tests::slot_config()
     };
     let m = Mmu::new(
-        EptFormat::new(5).unwrap(),
+        EptStage2::new(5).unwrap(),
         HostMmOps::new(4096).unwrap(),
         Arc::new(NoTlb),
         TreeMemslots::with_config(config),
@@ -188,7 +188,7 @@ fn a_huge_top_up_fails_at_once() {
 #[test]
 fn a_huge_map_with_an_empty_cache_says_what_it_needs() {
     let mm = HostMmOps::new(4096).unwrap();
-    let mut pt = PageTable::new(EptFormat::new(5).unwrap(), mm.clone(), Arc::new(NoTlb)).unwrap();
+    let mut pt = PageTable::new(EptStage2::new(5).unwrap(), mm.clone(), Arc::new(NoTlb)).unwrap();
     let mut cache = PageCache::new(mm);
     let opts = MapOptions { force_pages: true };
     let size = 1u64 << 52;

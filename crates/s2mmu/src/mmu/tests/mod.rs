@@ -72,9 +72,9 @@ fn block_then_logged<F: PteFormat>(
 }
 
 /// An MMU over a 4-level EPT table with `policy`.
-fn ept_mmu(policy: MmuPolicy) -> Mmu<crate::format::ept::EptFormat, HostMmOps, TreeMemslots> {
+fn ept_mmu(policy: MmuPolicy) -> Mmu<crate::format::ept::EptStage2, HostMmOps, TreeMemslots> {
     Mmu::new(
-        crate::format::ept::EptFormat::new(4).unwrap(),
+        crate::format::ept::EptStage2::new(4).unwrap(),
         HostMmOps::new(4096).unwrap(),
         Arc::new(NoTlb),
         TreeMemslots::with_config(slot_config()),

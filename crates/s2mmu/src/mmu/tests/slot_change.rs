@@ -8,7 +8,7 @@
 
 use super::super::*;
 use crate::format::arm64::{Arm64Stage2, Granule};
-use crate::format::ept::EptFormat;
+use crate::format::ept::EptStage2;
 use crate::memslot::TreeMemslots;
 use crate::tlb::NoTlb;
 use crate::{Gpa, HostMmOps, Hva};
@@ -197,7 +197,7 @@ fn every_mark_survives_every_slot_change_in_every_mode() {
     for (name, policy) in modes() {
         for change in [Change::Move, Change::DeleteRecreate, Change::LoggingRestart] {
             let arm = case(Arm64Stage2::new(Granule::K4, 40).unwrap(), policy, change);
-            let ept = case(EptFormat::new(4).unwrap(), policy, change);
+            let ept = case(EptStage2::new(4).unwrap(), policy, change);
             for (fmt, r) in [("arm64", arm), ("ept", ept)] {
                 if let Some(why) = r {
                     failures.push(format!("{fmt} {name} {change:?}: {why}"));
