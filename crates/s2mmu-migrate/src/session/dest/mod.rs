@@ -246,9 +246,7 @@ fn shared_for<'a, V: SessionVm>(
             .collect(),
         hashes: (0..page_count).map(|_| AtomicU64::new(0)).collect(),
         snapshot: snapshot_for(header)?,
-        taken: (0..header.channels).map(|_| AtomicU64::new(0)).collect(),
-        sync_wait,
-        channel_failed: std::sync::atomic::AtomicBool::new(false),
+        sync: sync::SyncProgress::new(header.channels, sync_wait),
     })
 }
 

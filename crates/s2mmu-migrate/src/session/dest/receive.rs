@@ -2,6 +2,7 @@
 //! into guest memory (each checked against its channel, its address and
 //! its hash), probes, and the population of memory before the stream.
 
+use super::sync::SyncProgress;
 use crate::hash::{page_hash, ZERO_PAGE};
 use crate::session::postcopy;
 use crate::stages::{CheckTiming, RecvStages, StageClock, StageObserver};
@@ -13,7 +14,7 @@ use crate::wire::{
     MAX_BATCH, PAGE_SIZE,
 };
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The destination's guest memory, written directly (no vCPU runs before
@@ -53,12 +54,8 @@ pub(super) struct ReceiveState<'a, V: SessionVm> {
     pub(super) hashes: Vec<AtomicU64>,
     /// With verify-full: the memory the guest resumes from.
     pub(super) snapshot: Option<Vec<AtomicU64>>,
-    /// Pages taken so far on each channel, and how long SYNC waits for
-    /// them to grow ([`super::sync`]).
-    pub(super) taken: Vec<AtomicU64>,
-    pub(super) sync_wait: Duration,
-    /// A further channel failed (SYNC stops waiting; its error wins).
-    pub(super) channel_failed: AtomicBool,
+    /// Pages taken so far on each channel, for SYNC.
+    pub(super) sync: SyncProgress,
 }
 
 impl<V: SessionVm> ReceiveState<'_, V> {
@@ -78,7 +75,7 @@ impl<V: SessionVm> ReceiveState<'_, V> {
             .entry_offsets(rd, channel, at_byte)
             .and_then(|(offs, n)| self.land_pages(rd, &offs[..n], at_byte));
         obs.end(&mut rd.stages);
-        if let (Ok(()), Some(t)) = (&r, self.taken.get(usize::from(channel))) {
+        if let (Ok(()), Some(t)) = (&r, self.sync.taken.get(usize::from(channel))) {
             t.fetch_add(rd.entries().len() as u64, Ordering::Release);
         }
         rd.stages.pages += rd.entries().len() as u64;
@@ -303,7 +300,7 @@ pub(super) fn receive_channels<C: Connection, V: SessionVm>(
                     let res = channel_loop(r, sh, header, k as u16 + 1, &ptx);
                     r.stages.cpu_ns += cpu.cpu_ns();
                     if res.is_err() {
-                        sh.channel_failed.store(true, Ordering::Release);
+                        sh.sync.channel_failed.store(true, Ordering::Release);
                         // The source's sender on this channel fails at
                         // once instead of at its write deadline.
                         if let Ok(s) = r.get_mut().shutdown_handle() {
@@ -384,7 +381,7 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
                 at_byte,
             } => match t {
                 tag::ROUND => {}
-                tag::SYNC => super::sync::answer(rd, sh, &body, at_byte)?,
+                tag::SYNC => super::sync::answer(rd, &sh.sync, &body, at_byte)?,
                 tag::STATE => {
                     state = Some((body, at_byte));
                     state_at = Some(Instant::now());

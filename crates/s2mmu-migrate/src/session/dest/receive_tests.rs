@@ -189,9 +189,9 @@ fn sync_waits_for_every_page_the_source_sent() {
         ));
         sh.take_pages(&mut rd, 0, 0, &mut ()).unwrap();
     }
-    assert_eq!(sh.taken[0].load(Ordering::Relaxed), 2);
-    super::super::sync::wait_for(&sh, 0, 2).expect("both pages are here");
-    match super::super::sync::wait_for(&sh, 0, 3) {
+    assert_eq!(sh.sync.taken[0].load(Ordering::Relaxed), 2);
+    super::super::sync::wait_for(&sh.sync, 0, 2).expect("both pages are here");
+    match super::super::sync::wait_for(&sh.sync, 0, 3) {
         Err(MigrateError::Timeout { what }) => {
             assert!(what.contains("2 of the 3 pages"), "{what}")
         }

@@ -4,13 +4,32 @@
 //! relay, a destination behind on its checks) arrives while the guest
 //! still runs on the source, not inside the downtime.
 
-use super::receive::ReceiveState;
 use crate::stream_error::MigrateError;
 use crate::transport::Connection;
-use crate::vm::SessionVm;
 use crate::wire::{tag, Dec, WireReader, WireWriter};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// What SYNC's wait reads of the receiving threads.
+pub(super) struct SyncProgress {
+    /// Pages taken so far on each channel.
+    pub(super) taken: Vec<AtomicU64>,
+    /// How long the wait lets a channel's count stand still.
+    pub(super) wait: Duration,
+    /// A further channel failed (SYNC stops waiting; its error wins).
+    pub(super) channel_failed: AtomicBool,
+}
+
+impl SyncProgress {
+    /// Nothing taken yet on any of `channels`; waits up to `wait` at a time.
+    pub(super) fn new(channels: u16, wait: Duration) -> Self {
+        SyncProgress {
+            taken: (0..channels).map(|_| AtomicU64::new(0)).collect(),
+            wait,
+            channel_failed: AtomicBool::new(false),
+        }
+    }
+}
 
 /// How long the main channel sleeps between looks at the other channels'
 /// counts while it waits.
@@ -23,10 +42,10 @@ const POLL: Duration = Duration::from_micros(50);
 /// A malformed body, or a main channel whose count is not the source's
 /// (everything before SYNC on it is here: a record went missing);
 /// [`MigrateError::Timeout`] when another channel's count stops growing
-/// for `sh.sync_wait` short of the source's; the reply's I/O error.
-pub(super) fn answer<C: Connection, V: SessionVm>(
+/// for `sh.wait` short of the source's; the reply's I/O error.
+pub(super) fn answer<C: Connection>(
     rd: &mut WireReader<&mut C>,
-    sh: &ReceiveState<'_, V>,
+    sh: &SyncProgress,
     body: &[u8],
     at_byte: u64,
 ) -> Result<(), MigrateError> {
@@ -60,13 +79,9 @@ pub(super) fn stopped_for_a_channel(e: &MigrateError) -> bool {
 }
 
 /// Waits until `sh` has taken `sent` pages on `channel`, its count
-/// growing at least once every `sh.sync_wait`, unless a further channel
+/// growing at least once every `sh.wait`, unless a further channel
 /// fails.
-pub(super) fn wait_for<V: SessionVm>(
-    sh: &ReceiveState<'_, V>,
-    channel: usize,
-    sent: u64,
-) -> Result<(), MigrateError> {
+pub(super) fn wait_for(sh: &SyncProgress, channel: usize, sent: u64) -> Result<(), MigrateError> {
     let taken = &sh.taken[channel];
     let mut last = taken.load(Ordering::Acquire);
     let mut since = Instant::now();
@@ -78,12 +93,12 @@ pub(super) fn wait_for<V: SessionVm>(
         let now = taken.load(Ordering::Acquire);
         if now != last {
             (last, since) = (now, Instant::now());
-        } else if since.elapsed() > sh.sync_wait {
+        } else if since.elapsed() > sh.wait {
             return Err(MigrateError::Timeout {
                 what: format!(
                     "SYNC: {last} of the {sent} pages the source sent on channel {channel} \
                      were taken here, none more for {:?}",
-                    sh.sync_wait
+                    sh.wait
                 ),
             });
         }
