@@ -1,4 +1,4 @@
-//! The migration destination against hostile streams (format version 3):
+//! The migration destination against hostile streams (format version 4):
 //! records are generated from the fuzzer's bytes and written with valid
 //! checksums (so they get past the checksum checks and reach the decoders),
 //! then optionally damaged. The

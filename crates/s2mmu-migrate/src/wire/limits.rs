@@ -5,7 +5,7 @@
 /// First bytes of every connection.
 pub const MAGIC: [u8; 8] = *b"S2MMIGR\0";
 /// The format version this build writes and reads.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Guest page size of the stream.
 pub const PAGE_SIZE: usize = 4096;
 /// The largest guest this build migrates (the destination keeps a hash

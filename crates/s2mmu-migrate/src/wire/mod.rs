@@ -1,4 +1,4 @@
-//! The migration stream, format version 3. All integers little-endian.
+//! The migration stream, format version 4. All integers little-endian.
 //!
 //! ```text
 //! opening  "S2MMIGR\0" version:u16, then HEADER (the main connection) or
