@@ -200,30 +200,12 @@ s2mmu_arm64::linux_test! {
     }
 }
 
-/// The link's cap for the dirtier against auto-converge: a quarter of
-/// what the dirtier writes at EL2 unbraked (about 230 MiB/s here, 200
-/// MiB/s or more in every run seen), so pre-copy alone cannot converge.
-const CAPPED_LINK: u64 = 64 << 20;
-
-/// The dirtier at EL2 over [`CAPPED_LINK`] with `converge` and at most
-/// `max_rounds` rounds.
-fn capped(converge: Converge, max_rounds: u32) -> RunSettings {
-    let mut s = RunSettings {
-        engine: Engine::El2,
-        ..common::run_settings(2, 256 << 20, GuestProgram::Dirtier)
-    };
-    s.session.bandwidth = CAPPED_LINK;
-    s.session.converge = converge;
-    s.session.max_rounds = max_rounds;
-    s
-}
-
 s2mmu_arm64::linux_test! {
     /// Auto-converge with the engine at EL2: the dirtier writes faster than
     /// the link drains, EL2 throttles its write faults (its paced exits
     /// counted), pre-copy converges, and the dirtier's check passes on B.
     fn auto_converge_throttles_the_dirtier_at_el2_over_a_capped_link(a) {
-        let s = capped(Converge::Auto, 30);
+        let s = common::capped(Converge::Auto, 30, false);
         let cfg = session_run::linux_config(&s, &a);
         let r = session_run::migrate_once(&s, &cfg).expect("auto-converge moves the dirtier");
         let RunDetails::Session { outcome, limit, .. } = &r.details else {
@@ -251,7 +233,7 @@ s2mmu_arm64::linux_test! {
     /// The same dirtier and link with no convergence help: pre-copy gives up
     /// at the round limit, so the run above converged by its throttle.
     fn without_help_the_dirtier_at_el2_does_not_converge_over_the_capped_link(a) {
-        let s = capped(Converge::None, 6);
+        let s = common::capped(Converge::None, 6, false);
         let cfg = session_run::linux_config(&s, &a);
         let e = session_run::migrate_once(&s, &cfg).expect_err("no help: no convergence");
         let text = e.to_string();

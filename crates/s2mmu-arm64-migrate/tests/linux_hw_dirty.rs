@@ -9,27 +9,8 @@
 
 mod common;
 
-use s2mmu_arm64::linux::vm::Engine;
-use s2mmu_arm64_migrate::session_run::{self, GuestProgram, RunDetails, RunSettings, WentOn};
+use s2mmu_arm64_migrate::session_run::{self, RunDetails, WentOn};
 use s2mmu_migrate::session::source::Converge;
-
-/// The capped link, bytes a second: the dirtier's 72 MiB working set takes
-/// over a second a round, in which it writes all of it again.
-const CAPPED_LINK: u64 = 64 << 20;
-
-/// The dirtier at EL2 under hardware dirty state over [`CAPPED_LINK`] with
-/// `converge` and at most `max_rounds` rounds.
-fn capped(converge: Converge, max_rounds: u32) -> RunSettings {
-    let mut s = RunSettings {
-        engine: Engine::El2,
-        hardware_dirty: true,
-        ..common::run_settings(2, 256 << 20, GuestProgram::Dirtier)
-    };
-    s.session.bandwidth = CAPPED_LINK;
-    s.session.converge = converge;
-    s.session.max_rounds = max_rounds;
-    s
-}
 
 s2mmu_arm64::linux_test! {
     /// Without help the hardware-logged dirtier does not converge over the
@@ -37,13 +18,13 @@ s2mmu_arm64::linux_test! {
     fn a_hardware_dirty_log_converges_by_a_share_of_time_and_not_without_help(a) {
         // No convergence help: pre-copy gives up at the round limit, so the
         // run below converges by its throttle.
-        let s = capped(Converge::None, 6);
+        let s = common::capped(Converge::None, 6, true);
         let cfg = session_run::linux_config(&s, &a);
         let e = session_run::migrate_once(&s, &cfg).expect_err("no help: no convergence");
         let text = e.to_string();
         assert!(text.contains("did not converge"), "{text}");
 
-        let s = capped(Converge::Auto, 30);
+        let s = common::capped(Converge::Auto, 30, true);
         let cfg = session_run::linux_config(&s, &a);
         assert!(cfg.dirty.mode.is_some_and(|m| m.hardware()));
         let r = session_run::migrate_once(&s, &cfg).expect("auto-converge moves the dirtier");

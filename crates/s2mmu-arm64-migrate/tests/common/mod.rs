@@ -101,3 +101,31 @@ pub fn check_silent(
     );
     assert_eq!(vm.stub_exits(), before.1, "{what}: the source ran after");
 }
+
+/// The capped link of the auto-converge checks, bytes a second: the
+/// dirtier's working set takes over a second a round at it, in which the
+/// dirtier writes all of it again, so pre-copy alone cannot converge.
+pub const CAPPED_LINK: u64 = 64 << 20;
+
+/// The dirtier on 2 vCPUs and 256 MiB with the engine at EL2, logging by
+/// hardware dirty state where `hardware_dirty`, over [`CAPPED_LINK`] with
+/// `converge` and at most `max_rounds` rounds.
+pub fn capped(
+    converge: s2mmu_migrate::session::source::Converge,
+    max_rounds: u32,
+    hardware_dirty: bool,
+) -> s2mmu_arm64_migrate::session_run::RunSettings {
+    let mut s = s2mmu_arm64_migrate::session_run::RunSettings {
+        engine: s2mmu_arm64::linux::vm::Engine::El2,
+        hardware_dirty,
+        ..run_settings(
+            2,
+            256 << 20,
+            s2mmu_arm64_migrate::session_run::GuestProgram::Dirtier,
+        )
+    };
+    s.session.bandwidth = CAPPED_LINK;
+    s.session.converge = converge;
+    s.session.max_rounds = max_rounds;
+    s
+}
