@@ -6,7 +6,6 @@
 
 use s2mmu_arm64::linux::page_fetch::PageFetch;
 use s2mmu_arm64::machine::Machine;
-use s2mmu_migrate::vm::PageFetch as SessionFetch;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -42,7 +41,7 @@ pub(super) fn kill_self() -> ! {
 /// first page it had to fetch from the source has arrived: the guest has
 /// resumed here and runs on pages only this host holds.
 pub(super) fn with_postcopy_fault(
-    fetch: Arc<dyn SessionFetch>,
+    fetch: Arc<dyn PageFetch>,
     machine: &Arc<Machine>,
 ) -> Arc<dyn PageFetch> {
     let fault = match std::env::var(FAULT_AT_STATE).as_deref() {
@@ -60,7 +59,7 @@ pub(super) fn with_postcopy_fault(
 /// The hook [`with_postcopy_fault`] makes: with a fault asked for, kills
 /// the QEMU machine if given, else this process.
 struct FaultAfterFetch {
-    fetch: Arc<dyn SessionFetch>,
+    fetch: Arc<dyn PageFetch>,
     fault: Option<Option<Arc<Machine>>>,
     fired: AtomicBool,
 }

@@ -14,16 +14,9 @@ use s2mmu::mmu::FaultKind;
 use std::sync::{Arc, RwLock};
 
 /// Where a destination vCPU's translation fault in guest RAM goes first:
-/// a post-copy migration's request for the page.
-pub trait PageFetch: Send + Sync {
-    /// Returns once the page at `gpa` is in guest memory (at once when it
-    /// is there, else after asking for it and waiting). `vcpu` is the
-    /// faulting vCPU. Returns whether it had to wait (a remote fault).
-    ///
-    /// # Errors
-    /// A reason when the page cannot be had (the connection broke).
-    fn fetch(&self, vcpu: usize, gpa: u64) -> std::result::Result<bool, String>;
-}
+/// a post-copy migration's request for the page. The engine's one trait
+/// for it, which the migration session implements and every VM calls.
+pub use s2mmu::mmu::PageFetch;
 
 /// A hook and the guest-physical range it covers (base, bytes).
 pub(crate) type RangeHook = (Arc<dyn PageFetch>, u64, u64);
