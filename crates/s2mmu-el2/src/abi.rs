@@ -126,20 +126,23 @@ impl Op {
 #[repr(u64)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LogMode {
-    /// Write protection, a GET protects what it reports.
-    Wp = 0,
-    /// Write protection, manual protect (GET copies, CLEAR protects).
+    /// Write protection, a GET protects what it reports (`wp-get`, the
+    /// engine's `DirtyMode::Bitmap` with `Protect::OnGet`).
+    WpGet = 0,
+    /// Write protection, manual protect (GET copies, CLEAR protects): the
+    /// engine's `DirtyMode::WP` (`wp`, also called `manual`).
     Manual = 1,
     /// Write protection into per-vCPU rings.
     Ring = 2,
-    /// Hardware dirty state (DBM), manual protect.
+    /// Hardware dirty state (DBM), manual protect: the engine's
+    /// `DirtyMode::HW` (`hw`).
     Hw = 3,
 }
 
 impl LogMode {
     /// The mode with code `code`, if any.
     pub fn from_code(code: u64) -> Option<LogMode> {
-        [LogMode::Wp, LogMode::Manual, LogMode::Ring, LogMode::Hw]
+        [LogMode::WpGet, LogMode::Manual, LogMode::Ring, LogMode::Hw]
             .into_iter()
             .find(|m| *m as u64 == code)
     }

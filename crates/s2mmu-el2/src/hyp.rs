@@ -290,7 +290,7 @@ impl Hyp {
             return Err(HypError::BadArgument);
         }
         let dirty = match mode {
-            LogMode::Wp => DirtyMode::Bitmap {
+            LogMode::WpGet => DirtyMode::Bitmap {
                 protect: Protect::OnGet,
             },
             LogMode::Manual => DirtyMode::WP,

@@ -67,12 +67,12 @@ fn vm_init_checks_mode_ring_size_and_vcpus() {
     h.refused(Op::VmInit, &[9, 0, 1], BadArgument);
     h.refused(Op::VmInit, &[LogMode::Ring as u64, 100, 1], BadArgument);
     h.refused(Op::VmInit, &[LogMode::Ring as u64, 1 << 17, 1], BadArgument);
-    h.refused(Op::VmInit, &[LogMode::Wp as u64, 256, 1], BadArgument);
-    h.refused(Op::VmInit, &[LogMode::Wp as u64, 0, 0], BadArgument);
-    h.refused(Op::VmInit, &[LogMode::Wp as u64, 0, 9], BadArgument);
-    h.refused(Op::VmInit, &[LogMode::Wp as u64, 0, 1, 7], BadArgument);
-    h.ok(Op::VmInit, &[LogMode::Wp as u64, 0, 1]);
-    h.refused(Op::VmInit, &[LogMode::Wp as u64, 0, 1], VmExists);
+    h.refused(Op::VmInit, &[LogMode::WpGet as u64, 256, 1], BadArgument);
+    h.refused(Op::VmInit, &[LogMode::WpGet as u64, 0, 0], BadArgument);
+    h.refused(Op::VmInit, &[LogMode::WpGet as u64, 0, 9], BadArgument);
+    h.refused(Op::VmInit, &[LogMode::WpGet as u64, 0, 1, 7], BadArgument);
+    h.ok(Op::VmInit, &[LogMode::WpGet as u64, 0, 1]);
+    h.refused(Op::VmInit, &[LogMode::WpGet as u64, 0, 1], VmExists);
 }
 
 #[test]
@@ -213,8 +213,8 @@ fn get_and_clear_bitmaps_must_lie_in_the_shared_area() {
 
 #[test]
 fn mode_specific_commands_need_their_mode() {
-    let mut h = Host::with_slot(LogMode::Wp);
-    h.ok(Op::LogSet, &[0, 1, LogMode::Wp as u64]);
+    let mut h = Host::with_slot(LogMode::WpGet);
+    h.ok(Op::LogSet, &[0, 1, LogMode::WpGet as u64]);
     h.refused(Op::ClearDirty, &[0, 0, 64, SHARED_PA, 8], WrongMode);
     h.refused(Op::RingHarvest, &[SHARED_PA, 4096], WrongMode);
     h.refused(Op::RingReset, &[], WrongMode);

@@ -102,7 +102,7 @@ fn delete_logged_checks_its_arguments() {
 
 #[test]
 fn delete_logged_hands_back_the_last_log_and_deletes_the_slot() {
-    for mode in [LogMode::Wp, LogMode::Manual] {
+    for mode in [LogMode::WpGet, LogMode::Manual] {
         let mut h = Host::with_slot(mode);
         h.ok(Op::MemslotSet, &S1);
         h.ok(Op::LogSet, &[1, 1, mode as u64]);

@@ -66,12 +66,12 @@ pub(crate) struct El2Vm {
 /// EL2's mode for the host's dirty mode (no logging: `wp`, never used).
 fn log_mode(mode: Option<DirtyMode>) -> Result<(LogMode, u64)> {
     match mode {
-        None => Ok((LogMode::Wp, 0)),
+        None => Ok((LogMode::WpGet, 0)),
         Some(m) if m.hardware() => Ok((LogMode::Hw, 0)),
         Some(m) => match m.ring_entries() {
             Some(n) => Ok((LogMode::Ring, u64::from(n))),
             None if m.manual_protect() => Ok((LogMode::Manual, 0)),
-            None => Ok((LogMode::Wp, 0)),
+            None => Ok((LogMode::WpGet, 0)),
         },
     }
 }

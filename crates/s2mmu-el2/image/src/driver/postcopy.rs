@@ -55,7 +55,7 @@ impl Driver {
         }
         self.sent = alloc::vec![0; PAGES as usize];
         self.mark_faults();
-        self.new_vm_flags(LogMode::Wp, 0, 4096, FLAG_POSTCOPY);
+        self.new_vm_flags(LogMode::WpGet, 0, 4096, FLAG_POSTCOPY);
         self.write_pass(1, GUEST_VALUE);
     }
 
