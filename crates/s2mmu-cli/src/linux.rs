@@ -76,7 +76,7 @@ pub struct Params {
     /// Only make sure the kernel and initramfs are in the cache (downloads with S2MMU_LINUX_FETCH=1).
     #[arg(long)]
     pub fetch_only: bool,
-    /// Both placements back to back, --runs times (with QEMU booting the same kernel alone): boot to init, the dirtier under wp, manual and ring logging (its write rate, the stage-2 fault cost, faults per harvest), its fixed work (faults per pass, compared), medians and ratios.
+    /// Both placements back to back, --runs times (with QEMU booting the same kernel alone): boot to init, the dirtier under wp-get, wp and ring logging (its write rate, the stage-2 fault cost, faults per harvest), its fixed work (faults per pass, compared), medians and ratios.
     #[arg(long)]
     pub engine_compare: bool,
     /// Where the stage-2 engine runs: host (a host thread answers every stage-2 abort) or el2 (linked into the EL2 stub, RAM faults answered there).
