@@ -46,8 +46,8 @@ pub const HW_GET: DirtyMode = DirtyMode::Hardware {
 /// default chunk; a collapse needs [`HugePageRecovery::Collapse`].
 pub fn policy_for(mode: Option<DirtyMode>, change: HostChange) -> MmuPolicy {
     let mut p = MmuPolicy {
-        // With no logging the mode is never used; GET re-protecting keeps
-        // the policy what it was when "off" had a type of its own.
+        // With no logging nothing harvests: the plainest bitmap mode (GET
+        // re-protects; no rings, no CLEAR) serves.
         dirty: mode.unwrap_or(WP_GET),
         ..MmuPolicy::default()
     };
