@@ -222,7 +222,9 @@ fn main() {
             })
             .collect();
         ns.sort_by(f64::total_cmp);
-        let (med, min, max) = (ns[ns.len() / 2], ns[0], ns[ns.len() - 1]);
+        // `reps` is at least 1, so every figure exists.
+        let med = s2mmu_stats::median(&ns).unwrap_or(0.0);
+        let (min, max) = (ns[0], ns[ns.len() - 1]);
         if !json {
             println!("{med:8.1} ns a page (min {min:.1}, max {max:.1})  {name}");
         }
