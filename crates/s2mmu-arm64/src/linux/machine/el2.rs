@@ -2,9 +2,10 @@
 //! stub assembled with `EL2_ENGINE`). Each vCPU's stage-2 aborts on RAM
 //! are answered at EL2 on its own CPU, the guest resuming without an exit;
 //! only what the engine leaves to the host (an IPA no memslot covers:
-//! MMIO; a full dirty ring) is posted to the vCPU's mailbox as before. The
-//! host drives the engine with `s2mmu_el2` command blocks the service CPU
-//! hands it (the mailbox's `EL2` command), which EL2 checks.
+//! MMIO; a full dirty ring) is posted to the vCPU's mailbox, as the host
+//! placement posts every abort. The host drives the engine with
+//! `s2mmu_el2` command blocks the service CPU hands it (the mailbox's
+//! `EL2` command), which EL2 checks.
 //!
 //! Memory: EL2's carve-out is everything below [`layout::DATA`] (the stub,
 //! mailboxes, stacks, the engine's code, heap and table pool); slots may be

@@ -83,11 +83,11 @@ fn inject(sh: &Shared, id: usize, e: &Exit, inj: Injection, what: &str) -> Next 
 ///
 /// It spins and yields briefly (a guest's faults after a harvest come in
 /// bursts), then sleeps until the stub rings the CPU's doorbell
-/// ([`Mailbox::sleep_until_exit`]). It used to poll in naps of 20 to
-/// 200 µs: a near-idle guest's thread woke thousands of times a second,
-/// and the stub, waiting for an answer that came only after a nap, woke
-/// QEMU's main loop on a 20 µs timer the while, all of it taken from the
-/// migration's threads on 2 cores.
+/// ([`Mailbox::sleep_until_exit`]). Polling in naps of 20 to 200 µs
+/// instead would wake a near-idle guest's thread thousands of times a
+/// second, and the stub, waiting for an answer that comes only after a
+/// nap, would wake QEMU's main loop on a 20 µs timer the while, all of it
+/// taken from a migration's threads on 2 cores.
 pub(crate) fn wait_exit(
     sh: &Shared,
     id: usize,
