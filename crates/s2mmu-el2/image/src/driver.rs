@@ -46,7 +46,8 @@ use s2mmu_el2::trace::TracedTlb;
 use s2mmu_el2::{AbortOutcome, El2Tlbi, Hyp, Refusal, Stage2Abort};
 use spin::mutex::SpinMutex;
 
-use crate::{semihosting, sysreg, Frame, SHARED};
+use crate::board::{sysreg, Frame, SHARED};
+use crate::semihosting;
 
 /// CPUs, one vCPU each.
 pub const CPUS: usize = 2;

@@ -19,16 +19,18 @@
 
 extern crate alloc;
 
+mod board;
 mod driver;
 mod semihosting;
 
 use alloc::sync::Arc;
+use board::{sysreg, Frame, CARVE_OUT, HEAP_BASE, HEAP_BYTES, POOL_BASE, POOL_PAGES, RAM, SHARED};
 use core::arch::{asm, global_asm};
 use core::sync::atomic::{AtomicU64, Ordering};
 use s2mmu_el2::heap::{self, El2Heap};
 use s2mmu_el2::tlb::cpu::{self, Cpu};
 use s2mmu_el2::trace::{self, TracedTlb};
-use s2mmu_el2::{El2Tlb, Hyp, Layout, PagePool, Region};
+use s2mmu_el2::{El2Tlb, Hyp, Layout, PagePool};
 
 global_asm!(
     include_str!("../../asm/el2_macros.S"),
@@ -38,30 +40,12 @@ global_asm!(
 #[global_allocator]
 static HEAP: El2Heap = El2Heap::empty();
 
-/// EL2's carve-out: no guest mapping may reach it.
-const CARVE_OUT: Region = Region::new(0x4000_0000, 32 << 20);
-const HEAP_BASE: usize = 0x4100_0000;
-const HEAP_BYTES: usize = 8 << 20;
-const POOL_BASE: u64 = 0x4180_0000;
-const POOL_PAGES: usize = 2048;
-/// The guest's RAM (what a slot may be backed by): the rest of `-m 256M`.
-const RAM: Region = Region::new(0x4000_0000, 256 << 20);
-const SHARED: Region = Region::new(0x4300_0000, 256 << 10);
 /// Records of the break-before-make trace ring (in the heap).
 const TRACE_RECORDS: usize = 32768;
 
 /// Per CPU, the counter just before its last ERET to the guest (`boot.S`).
 #[no_mangle]
 static EL2_EXIT_TICKS: [AtomicU64; driver::CPUS] = [const { AtomicU64::new(0) }; driver::CPUS];
-
-/// The registers a trap saved (`boot.S`'s frame).
-#[repr(C)]
-pub struct Frame {
-    /// x0-x30.
-    pub x: [u64; 31],
-    /// `CNTVCT_EL0` at the vector's entry.
-    pub entry_ticks: u64,
-}
 
 extern "C" {
     fn el2_enter_guest(entry: u64, stack_top: u64) -> !;
@@ -93,18 +77,6 @@ fn cpu_on(cpu: usize) -> i64 {
     };
     r
 }
-
-/// Reads a system register.
-macro_rules! sysreg {
-    ($name:literal) => {{
-        let v: u64;
-        // SAFETY: reading an EL2-accessible system register has no side
-        // effect.
-        unsafe { asm!(concat!("mrs {}, ", $name), out(reg) v, options(nomem, nostack)) };
-        v
-    }};
-}
-pub(crate) use sysreg;
 
 #[no_mangle]
 extern "C" fn el2_main() -> ! {

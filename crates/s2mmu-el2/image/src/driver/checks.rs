@@ -9,8 +9,8 @@ use super::{
     hyp, Driver, CARVE_PROBE, CPUS, DATA_BACKING, OFF_BITMAP, OFF_RING, PAGES, PER_CPU,
     RING_ENTRIES,
 };
+use crate::board::{CARVE_OUT, SHARED};
 use crate::semihosting::{exit, println};
-use crate::{CARVE_OUT, SHARED};
 
 fn shared_word(off: u64) -> u64 {
     // SAFETY: `off` lies inside the shared area, mapped and 8-aligned.

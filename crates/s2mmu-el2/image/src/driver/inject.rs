@@ -10,8 +10,8 @@ use s2mmu_el2::abi::{LogMode, Op};
 use s2mmu_el2::trace;
 
 use super::{hyp, Driver, OFF_BITMAP, PAGES};
+use crate::board::SHARED;
 use crate::semihosting::println;
-use crate::SHARED;
 
 /// The host's file the trace is written to (in QEMU's working directory).
 const TRACE_FILE: &str = "el2-bbm.trace";
