@@ -1,47 +1,30 @@
 //! A Linux guest on the arm64 model, in folders by concern:
 //!
-//! - `devices/`: what the guest's MMIO and HVC exits reach on the host
-//!   ([`bus`], [`mmio`], [`gic`] with its bus frames in [`gic_frames`] and its
-//!   state in [`gic_snapshot`], [`psci`], [`timer`], [`uart`]);
+//! - `devices/`: what the guest's MMIO and HVC exits reach on the host:
+//!   the [`bus`] every MMIO device model sits on, a data abort's syndrome
+//!   decoded in [`mmio`], the GICv3's distributor and redistributors
+//!   ([`gic`], on the bus through [`gic_frames`], its state in
+//!   [`gic_snapshot`]), PSCI 1.1 over HVC ([`psci`]), the virtual
+//!   [`timer`] and a 16550 ([`uart`], rust-vmm `vm-superio`);
 //! - `machine/`: the VM itself ([`migrate::LinuxVm`], made in one
 //!   lifecycle in `machine/lifecycle/`: blank, loaded, started; [`vm`]'s
 //!   report run, [`migrate`]'s pause, save and restore; the vCPU
-//!   threads, what they share, the engine's placement, its RAM in
-//!   [`memory`], [`inject`]ed exceptions, post-copy's [`page_fetch`]); in
-//!   `machine/load/`, what puts a guest in its RAM ([`boot`], [`loader`],
-//!   [`fdt`]); in `machine/logging/`, [`dirty`] logging and the
-//!   [`changes`] the host makes; the brakes of [`dirty_limit`]; in
-//!   `machine/state/`, its state as plain values
+//!   threads, what they share, the engine's placement, its RAM as one
+//!   mapping in [`memory`], [`inject`]ed exceptions, post-copy's
+//!   [`page_fetch`]); in `machine/load/`, what puts a guest in its RAM
+//!   ([`boot`], the boot protocol's [`loader`], the device tree in
+//!   [`fdt`], rust-vmm `vm-fdt`); in `machine/logging/`, [`dirty`]
+//!   logging and the [`changes`] the host makes; the brakes of
+//!   [`dirty_limit`]; in `machine/state/`, its state as plain values
 //!   ([`vcpu_state`], [`vm_state`]);
-//! - [`assets`]: the kernel, the initramfs ([`cpio`]) and the Debian
-//!   packages ([`debs`]);
-//! - `runs/`: `s2mmu linux`'s runs ([`run`]), its SGI rate ([`ipi`]) and QEMU's own boot of the
-//!   same guest ([`baseline`]).
+//! - [`assets`]: the kernel and the initramfs ([`cpio`]), from Debian
+//!   packages fetched with apt ([`debs`]), kept in a cache directory;
+//! - `runs/`: `s2mmu linux`'s runs from plain settings ([`run`]), the two
+//!   placements compared ([`compare`]), the reboot policy ([`reboot`]),
+//!   the SGI rate ([`ipi`]) and QEMU's own boot of the same guest
+//!   ([`baseline`]).
 //!
 //! Each module keeps its path under `linux::` whichever room holds it.
-//!
-//! - [`assets`]: the kernel `Image` and initramfs, fetched with apt and
-//!   built in a cache directory ([`debs`] unpacks the packages, [`cpio`]
-//!   writes the archive).
-//! - [`fdt`]: the device tree (rust-vmm `vm-fdt`).
-//! - [`loader`]: the arm64 boot protocol's placement; [`boot`] loads the
-//!   asset files and the device tree in one call.
-//! - [`bus`]: guest-physical MMIO ranges and their device models;
-//!   [`mmio`] a data abort's syndrome decoded and dispatched to the vGIC
-//!   or the bus.
-//! - [`uart`]: a 16550 (rust-vmm `vm-superio`).
-//! - [`baseline`]: the same kernel booted by QEMU itself, for comparison.
-//! - [`gic`]: the GICv3 distributor and redistributors, list registers.
-//! - [`psci`]: PSCI 1.1 over HVC.
-//! - [`vm`]: the Linux VM's report run ([`vm::run`]), its exits answered
-//!   in `vcpu`.
-//! - [`migrate`]: the same VM paused, saved and restored (its own
-//!   `pause_vcpus`, `guest_state`, ...); [`vcpu_state`] and [`vm_state`]
-//!   are its state as plain values; [`memory`] its RAM as one
-//!   mapping (bulk copies, the parallel digest); [`page_fetch`] the
-//!   stage-2 fault on a page that has not arrived as its request.
-//! - [`run`]: `s2mmu linux`'s runs from plain settings (the guest's
-//!   configuration, the baseline, the verdict, the dirtier's rate per mode).
 //!
 //! The same VM behind the migration library's session is the
 //! `s2mmu-arm64-migrate` crate's.
