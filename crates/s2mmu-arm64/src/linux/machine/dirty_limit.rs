@@ -23,7 +23,7 @@
 //! takes a share of each vCPU's time, owed at its exits (`set_throttle_pct`).
 
 use crate::linux::el2::WeakEl2Vm;
-use crate::linux::placement::Host;
+use crate::linux::placement::EngineVm;
 use crate::machine::Exit;
 use crate::vm::fault_kind;
 use s2mmu::mmu::FaultKind;
@@ -175,10 +175,10 @@ impl DirtyLimit {
     /// set later; for the host placement, the host's fault path. Called
     /// whenever the VM's vCPUs start on a machine. Leaving an EL2 machine
     /// reads its counts a last time, if it still lives.
-    pub(crate) fn attach(&self, host: &Host) {
+    pub(crate) fn attach(&self, host: &EngineVm) {
         let vm = match host {
-            Host::El2(v) => Some(v.downgrade()),
-            Host::Host(_) => None,
+            EngineVm::El2(v) => Some(v.downgrade()),
+            EngineVm::Host(_) => None,
         };
         let mut l = self.link();
         let same = matches!((&l.vm, &vm), (Some(a), Some(b)) if a.same_machine(b));

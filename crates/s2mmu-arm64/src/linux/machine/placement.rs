@@ -14,7 +14,7 @@
 //!   full dirty ring) reach [`Placement::stage2_abort`]; the host drives
 //!   the engine by command blocks EL2 checks.
 //!
-//! The machine holds its placement as [`Host`], either of the two, chosen
+//! The machine holds its placement as [`EngineVm`], either of the two, chosen
 //! when the VM is made (`LinuxConfig::engine`); code that answers exits
 //! goes through this trait, not through the host placement's engine.
 
@@ -84,14 +84,14 @@ impl std::str::FromStr for Engine {
 }
 
 /// The placement a Linux VM runs with.
-pub(crate) enum Host {
+pub(crate) enum EngineVm {
     /// The engine in this process.
     Host(Arm64Vm),
     /// The engine at EL2.
     El2(El2Vm),
 }
 
-/// What a vCPU thread keeps of the engine under [`Host`].
+/// What a vCPU thread keeps of the engine under [`EngineVm`].
 pub(crate) enum EngineVcpu {
     /// The host placement's vCPU state (boxed: the EL2 one is an id).
     Host(Box<VcpuMmu<ArenaMmOps>>),
@@ -99,20 +99,20 @@ pub(crate) enum EngineVcpu {
     El2(usize),
 }
 
-impl Host {
+impl EngineVm {
     /// The machine.
     pub(crate) fn machine(&self) -> &Arc<Machine> {
         match self {
-            Host::Host(v) => v.machine(),
-            Host::El2(v) => v.machine(),
+            EngineVm::Host(v) => v.machine(),
+            EngineVm::El2(v) => v.machine(),
         }
     }
 
     /// The service CPU's sink.
     pub(crate) fn sink(&self) -> &Arc<HypSink> {
         match self {
-            Host::Host(v) => v.sink(),
-            Host::El2(v) => v.sink(),
+            EngineVm::Host(v) => v.sink(),
+            EngineVm::El2(v) => v.sink(),
         }
     }
 
@@ -122,17 +122,17 @@ impl Host {
     /// [`Arm64Error::Config`] under the EL2 placement.
     pub(crate) fn host(&self, what: &str) -> Result<&Arm64Vm> {
         match self {
-            Host::Host(v) => Ok(v),
-            Host::El2(_) => Err(Arm64Error::Config(format!(
+            EngineVm::Host(v) => Ok(v),
+            EngineVm::El2(_) => Err(Arm64Error::Config(format!(
                 "{what} is not supported with the engine at EL2 (--engine el2)"
             ))),
         }
     }
 
-    /// The host placement's engine; see [`Host::host`].
+    /// The host placement's engine; see [`EngineVm::host`].
     ///
     /// # Errors
-    /// As [`Host::host`].
+    /// As [`EngineVm::host`].
     pub(crate) fn mmu(&self, what: &str) -> Result<&Arc<Arm64Mmu>> {
         self.host(what).map(|v| v.mmu())
     }
@@ -143,28 +143,28 @@ impl Host {
     /// The engine's refusal.
     pub(crate) fn add_slot(&self, id: u16, gpa: u64, pa: u64, size: u64, page: u64) -> Result<()> {
         match self {
-            Host::Host(v) => v.add_slot(id, gpa, pa, size, page),
-            Host::El2(v) => v.add_slot(id, gpa, pa, size, page),
+            EngineVm::Host(v) => v.add_slot(id, gpa, pa, size, page),
+            EngineVm::El2(v) => v.add_slot(id, gpa, pa, size, page),
         }
     }
 }
 
-impl Host {
+impl EngineVm {
     /// Turns dirty logging on for `slot`, wherever the engine runs.
     ///
     /// # Errors
     /// The engine's refusal.
     pub(crate) fn enable_dirty_logging(&self, slot: u16) -> Result<()> {
         match self {
-            Host::Host(v) => Ok(v.mmu().enable_dirty_logging(slot)?),
-            Host::El2(v) => v.enable_dirty_logging(slot),
+            EngineVm::Host(v) => Ok(v.mmu().enable_dirty_logging(slot)?),
+            EngineVm::El2(v) => v.enable_dirty_logging(slot),
         }
     }
 }
 
 /// The host changing memory under a running guest, wherever the engine
 /// runs (`logging/changes.rs`).
-impl Host {
+impl EngineVm {
     /// Moves the guest page backed at `pa` (as its slot names it) to the
     /// free page `new_pa` through the engine's MMU notifier; the page it
     /// left holds [`crate::vm::POISON`] afterwards.
@@ -173,13 +173,13 @@ impl Host {
     /// The engine's refusal (EL2's, for a page or target it does not take).
     pub(crate) fn remap_page(&self, pa: u64, new_pa: u64) -> Result<()> {
         match self {
-            Host::Host(v) => {
+            EngineVm::Host(v) => {
                 let hva = v.machine().ram().hva(pa).ok_or_else(|| {
                     Arm64Error::Config(format!("{pa:#x} is not a guest data page"))
                 })?;
                 v.remap_host_page(hva, new_pa)
             }
-            Host::El2(v) => {
+            EngineVm::El2(v) => {
                 let old = v.remap_page(pa, new_pa)?;
                 let ram = v.machine().ram();
                 for off in (0..4096).step_by(8) {
@@ -197,30 +197,30 @@ impl Host {
     /// The engine's refusal.
     pub(crate) fn collapse(&self, slot: u16) -> Result<u64> {
         match self {
-            Host::Host(v) => {
+            EngineVm::Host(v) => {
                 let before = v.mmu().vm_stats().collapsed;
                 v.mmu().disable_dirty_logging(slot)?;
                 Ok(v.mmu().vm_stats().collapsed - before)
             }
-            Host::El2(v) => v.collapse(slot),
+            EngineVm::El2(v) => v.collapse(slot),
         }
     }
 }
 
-impl Placement for Host {
+impl Placement for EngineVm {
     type Vcpu = EngineVcpu;
 
     fn new_vcpu(&self, id: usize) -> Result<Self::Vcpu> {
         match self {
-            Host::Host(v) => Ok(EngineVcpu::Host(Box::new(v.mmu().new_vcpu()?))),
-            Host::El2(_) => Ok(EngineVcpu::El2(id)),
+            EngineVm::Host(v) => Ok(EngineVcpu::Host(Box::new(v.mmu().new_vcpu()?))),
+            EngineVm::El2(_) => Ok(EngineVcpu::El2(id)),
         }
     }
 
     fn stage2_regs(&self) -> (u64, u64) {
         match self {
-            Host::Host(v) => v.stage2_regs(),
-            Host::El2(v) => v.stage2_regs(),
+            EngineVm::Host(v) => v.stage2_regs(),
+            EngineVm::El2(v) => v.stage2_regs(),
         }
     }
 
@@ -230,8 +230,8 @@ impl Placement for Host {
         e: &Exit,
     ) -> Result<s2mmu::Result<Vec<(u64, u64)>>> {
         match (self, vcpu) {
-            (Host::Host(v), EngineVcpu::Host(c)) => v.fault(c, e),
-            (Host::El2(v), EngineVcpu::El2(id)) => v.stage2_abort(*id, e),
+            (EngineVm::Host(v), EngineVcpu::Host(c)) => v.fault(c, e),
+            (EngineVm::El2(v), EngineVcpu::El2(id)) => v.stage2_abort(*id, e),
             _ => Err(Arm64Error::Config(
                 "a vCPU of one placement ran under the other".into(),
             )),

@@ -10,7 +10,7 @@
 use crate::linux::dirty_limit::DirtyLimit;
 use crate::linux::gic::Gic;
 use crate::linux::page_fetch::HookSlot;
-use crate::linux::placement::{Host, Placement};
+use crate::linux::placement::{EngineVm, Placement};
 use crate::linux::power::VcpuControl;
 use crate::linux::psci::{self, PowerState};
 use crate::linux::set::DeviceSet;
@@ -132,7 +132,7 @@ impl RamFaults {
 /// What the vCPU threads share.
 pub(crate) struct Shared {
     /// The engine, in its placement.
-    pub(crate) vm: Host,
+    pub(crate) vm: EngineVm,
     pub(crate) devices: DeviceSet,
     pub(crate) cpus: VcpuControl,
     pub(crate) faults: RamFaults,

@@ -8,7 +8,7 @@
 use crate::layout;
 use crate::linux::dirty::{self, HarvestConfig, HarvestReport, RunState};
 use crate::linux::lifecycle::LinuxVm;
-use crate::linux::placement::Host;
+use crate::linux::placement::EngineVm;
 use crate::linux::spec::EngineSpec;
 use crate::linux::uart::{ConsoleBuffer, Uart};
 use crate::{Arm64Error, Result};
@@ -320,8 +320,8 @@ pub(crate) fn watch_init(console: &ConsoleBuffer, t0: Instant) -> Arc<Mutex<Opti
 fn fault_ticks(sh: &Shared, id: usize) -> [u64; 4] {
     let m = sh.vm.machine().mailbox(id);
     let (n, t) = match &sh.vm {
-        Host::El2(v) => v.el2_faults(id),
-        Host::Host(_) => (0, 0),
+        EngineVm::El2(v) => v.el2_faults(id),
+        EngineVm::Host(_) => (0, 0),
     };
     [
         m.read(layout::mb::S2_EXITS),
@@ -391,8 +391,8 @@ pub(crate) fn report(
         el2_faults,
         el2_fault_ns: (el2_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
         el2_counters: match &sh.vm {
-            Host::El2(v) => Some(v.counters().map_err(|e| e.to_string())),
-            Host::Host(_) => None,
+            EngineVm::El2(v) => Some(v.counters().map_err(|e| e.to_string())),
+            EngineVm::Host(_) => None,
         },
         console: text,
         log: sh.host_log.lines(),

@@ -8,7 +8,7 @@ use super::LinuxVm;
 use crate::layout;
 use crate::linux::el2::{El2Vm, SHARED_BYTES, TRACE_BYTES};
 use crate::linux::memory::LinuxRam;
-use crate::linux::placement::{Engine, Host};
+use crate::linux::placement::{Engine, EngineVm};
 use crate::linux::shared::{RAM_IPA, RAM_SLOT};
 use crate::machine::{Machine, MachineConfig};
 use crate::tlbi::HypSink;
@@ -27,7 +27,7 @@ impl LinuxVm {
         vcpus: usize,
         mem: u64,
         spec: &EngineSpec,
-    ) -> Result<(Arc<Machine>, Host)> {
+    ) -> Result<(Arc<Machine>, EngineVm)> {
         let ram_bytes = mem + spec.change.spare_bytes();
         let mc = MachineConfig {
             cpus: vcpus + 1,
@@ -42,7 +42,7 @@ impl LinuxVm {
                     ..VmConfig::default()
                 };
                 let avm = Arm64Vm::new_bare(machine.clone(), &vc)?;
-                (machine, Host::Host(avm))
+                (machine, EngineVm::Host(avm))
             }
             Engine::El2 => {
                 let mc = MachineConfig {
@@ -51,7 +51,7 @@ impl LinuxVm {
                 };
                 let machine = Arc::new(Machine::start_with(&mc, crate::image_el2()?)?);
                 let v = El2Vm::new(machine.clone(), spec.el2_mode, vcpus, ram_bytes)?;
-                (machine, Host::El2(v))
+                (machine, EngineVm::El2(v))
             }
         };
         vm.add_slot(RAM_SLOT, RAM_IPA, layout::DATA, mem, spec.granule)?;
@@ -91,7 +91,7 @@ impl LinuxVm {
     }
 
     /// The engine's placement, whether the vCPU threads hold it or not.
-    pub(in crate::linux) fn placement(&self) -> &Host {
+    pub(in crate::linux) fn placement(&self) -> &EngineVm {
         match (&self.run, &self.idle) {
             (Some(r), _) => &r.sh.vm,
             (None, Some(v)) => v,
@@ -108,8 +108,8 @@ impl LinuxVm {
     /// the host placement, whose fault path asks the hook itself).
     pub(crate) fn el2_postcopy_armed(&self) -> bool {
         match self.placement() {
-            Host::Host(_) => true,
-            Host::El2(v) => v
+            EngineVm::Host(_) => true,
+            EngineVm::El2(v) => v
                 .postcopy
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -125,8 +125,8 @@ impl LinuxVm {
     /// EL2's refusal.
     pub fn el2_postcopy(&self, logging: bool) -> Result<()> {
         match self.placement() {
-            Host::Host(_) => Ok(()),
-            Host::El2(v) => {
+            EngineVm::Host(_) => Ok(()),
+            EngineVm::El2(v) => {
                 if self.ran {
                     return Err(Arm64Error::Config(
                         "post-copy into a machine that has run guest code".into(),

@@ -13,7 +13,7 @@ use crate::linux::dirty_limit::DirtyLimit;
 use crate::linux::fdt::FdtConfig;
 use crate::linux::memory::LinuxRam;
 use crate::linux::page_fetch::PageFetch;
-use crate::linux::placement::Host;
+use crate::linux::placement::EngineVm;
 use crate::linux::set::DeviceLayout;
 use crate::linux::shared::{Shared, StopReason, RAM_IPA};
 use crate::linux::uart::{ConsoleBuffer, Uart};
@@ -64,7 +64,7 @@ pub struct LinuxVm {
     timeout: Duration,
     pub(in crate::linux) layout: DeviceLayout,
     /// The engine's VM while no vCPU thread holds it.
-    pub(in crate::linux) idle: Option<Host>,
+    pub(in crate::linux) idle: Option<EngineVm>,
     /// How the engine of every QEMU this VM starts is made.
     pub(in crate::linux) spec: EngineSpec,
     pub(in crate::linux) run: Option<Running>,

@@ -7,7 +7,7 @@
 
 use crate::layout;
 use crate::linux::fdt::FdtConfig;
-use crate::linux::placement::Host;
+use crate::linux::placement::EngineVm;
 use crate::linux::shared::{RamFaults, RAM_SLOT};
 use crate::Result;
 use s2mmu::memslot::{SlotFlags, UserMemoryRegion};
@@ -81,7 +81,7 @@ pub(crate) fn in_fb(ipa: u64) -> bool {
 /// # Errors
 /// The engine's memslot errors.
 pub(crate) fn add_framebuffer(
-    vm: &Host,
+    vm: &EngineVm,
     change: HostChange,
     mem: u64,
     f: &mut FdtConfig,
@@ -206,7 +206,7 @@ impl Changer {
     /// is still running. The harvester then skips the harvest, so that no
     /// harvest re-protects a page in the middle of its pass: each page of
     /// a pass is logged once, whatever the timing.
-    pub(crate) fn pass_running(&mut self, vm: &Host) -> bool {
+    pub(crate) fn pass_running(&mut self, vm: &EngineVm) -> bool {
         if let HostChange::Paced { .. } = self.change {
             self.done = vm.machine().ram().read(self.control() + 8);
             return self.go > 0 && self.done < self.go;
@@ -224,7 +224,7 @@ impl Changer {
     /// After a harvest under [`HostChange::Paced`] that logged `fb_logged`
     /// of the framebuffer's pages: a pass finished before it is recorded
     /// and the next one started.
-    fn pace(&mut self, vm: &Host, passes: u64, fb_logged: u64) {
+    fn pace(&mut self, vm: &EngineVm, passes: u64, fb_logged: u64) {
         self.acc += fb_logged;
         if self.go > 0 && self.done < self.go {
             return;
@@ -263,7 +263,7 @@ impl Changer {
     /// The engine's memslot errors.
     pub(crate) fn move_framebuffer(
         &mut self,
-        vm: &Host,
+        vm: &EngineVm,
         faults: &RamFaults,
         npages: u64,
         mode: Option<DirtyMode>,
@@ -280,7 +280,7 @@ impl Changer {
             layout::DATA + (npages << 12)
         };
         match vm {
-            Host::Host(v) => {
+            EngineVm::Host(v) => {
                 let hva = ram
                     .hva(from)
                     .expect("the framebuffer lies in the data region");
@@ -293,7 +293,7 @@ impl Changer {
                 );
                 v.mmu().set_memory_region(&gone, 4096)?;
             }
-            Host::El2(v) if mode.is_some_and(|m| m.ring_entries().is_none()) => {
+            EngineVm::El2(v) if mode.is_some_and(|m| m.ring_entries().is_none()) => {
                 let first = (npages / 64) as usize;
                 let words = &mut bitmap[first..first + (FB_SIZE / 4096 / 64) as usize];
                 let mut last = vec![0u64; words.len()];
@@ -302,7 +302,7 @@ impl Changer {
                     *w |= l;
                 }
             }
-            Host::El2(v) => v.delete_slot(FB_SLOT)?,
+            EngineVm::El2(v) => v.delete_slot(FB_SLOT)?,
         }
         for off in (0..FB_SIZE).step_by(8) {
             ram.write(to + off, ram.read(from + off));
@@ -327,7 +327,12 @@ impl Changer {
     ///
     /// # Errors
     /// The engine's and the remap's errors.
-    pub(crate) fn after_harvest(&mut self, vm: &Host, harvests: u64, bitmap: &[u64]) -> Result<()> {
+    pub(crate) fn after_harvest(
+        &mut self,
+        vm: &EngineVm,
+        harvests: u64,
+        bitmap: &[u64],
+    ) -> Result<()> {
         match self.change {
             HostChange::None | HostChange::MoveSlot { .. } => Ok(()),
             HostChange::Paced { passes } => {
@@ -354,7 +359,7 @@ impl Changer {
     ///
     /// # Errors
     /// The engine's errors.
-    pub(crate) fn tick_paused(&mut self, vm: &Host) -> Result<bool> {
+    pub(crate) fn tick_paused(&mut self, vm: &EngineVm) -> Result<bool> {
         match self.resume_at {
             Some(0) | None => {
                 vm.enable_dirty_logging(RAM_SLOT)?;
@@ -368,7 +373,7 @@ impl Changer {
         }
     }
 
-    fn remap(&mut self, vm: &Host, pages: u32, bitmap: &[u64]) -> Result<()> {
+    fn remap(&mut self, vm: &EngineVm, pages: u32, bitmap: &[u64]) -> Result<()> {
         let mut left = pages;
         let n = self.loc.len() as u64;
         // From where the last harvest's moves stopped, so that the moves

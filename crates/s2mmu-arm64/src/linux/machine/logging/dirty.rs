@@ -8,7 +8,7 @@
 use crate::layout;
 use crate::linux::changes::{Changer, HostChange};
 use crate::linux::el2_inject::{El2Inject, El2Trace};
-use crate::linux::placement::Host;
+use crate::linux::placement::EngineVm;
 use crate::linux::shared::{RamFaults, StopReason, RAM_IPA};
 use crate::Result;
 use s2mmu::dirty::DirtyGfn;
@@ -165,7 +165,7 @@ impl HarvestReport {
 }
 
 /// The guest RAM as words shared with QEMU.
-fn ram_words(vm: &Host, bytes: u64) -> &[AtomicU64] {
+fn ram_words(vm: &EngineVm, bytes: u64) -> &[AtomicU64] {
     let p = vm
         .machine()
         .ram()
@@ -194,13 +194,13 @@ fn hash_pages(words: &[AtomicU64], loc: &[u64], out: &mut [u64]) {
 /// One harvest into `bitmap`: of each logged slot (memslot, first bit,
 /// pages; each slot's first bit a multiple of 64).
 fn harvest(
-    vm: &Host,
+    vm: &EngineVm,
     mode: DirtyMode,
     slots: &[(u16, u64, u64)],
     bitmap: &mut [u64],
     ring: &mut Vec<DirtyGfn>,
 ) -> Result<()> {
-    if let Host::El2(v) = vm {
+    if let EngineVm::El2(v) = vm {
         return v.harvest(mode, slots, bitmap, ring);
     }
     let mmu = vm.mmu("dirty logging")?;
@@ -247,7 +247,7 @@ pub(crate) trait RunState {
 /// # Errors
 /// The engine's errors.
 pub(crate) fn run_harvester(
-    vm: &Host,
+    vm: &EngineVm,
     faults: &RamFaults,
     run: &dyn RunState,
     cfg: &HarvestConfig,
@@ -329,7 +329,7 @@ pub(crate) fn run_harvester(
 
 /// The harvester's end: the host's dropped invalidations and what
 /// `changer` did, into `rep`.
-fn finish(vm: &Host, changer: Changer, rep: &mut HarvestReport) {
+fn finish(vm: &EngineVm, changer: Changer, rep: &mut HarvestReport) {
     vm.sink().drop_host_sequences(0);
     rep.dropped = vm.sink().counters().dropped;
     rep.remapped = changer.remapped;

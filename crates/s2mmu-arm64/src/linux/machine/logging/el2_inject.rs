@@ -16,7 +16,7 @@
 //! invalidation and a table page freed before its invalidation, all after
 //! the mark.
 
-use crate::linux::placement::Host;
+use crate::linux::placement::EngineVm;
 use crate::linux::shared::RAM_SLOT;
 use crate::Result;
 
@@ -42,10 +42,10 @@ pub(crate) struct El2Inject {
 
 impl El2Inject {
     /// Injection from harvest `from`, if the engine runs at EL2.
-    pub(crate) fn new(vm: &Host, from: Option<u64>) -> El2Inject {
+    pub(crate) fn new(vm: &EngineVm, from: Option<u64>) -> El2Inject {
         let at = match vm {
-            Host::El2(_) => from,
-            Host::Host(_) => None,
+            EngineVm::El2(_) => from,
+            EngineVm::Host(_) => None,
         };
         El2Inject {
             at,
@@ -57,8 +57,8 @@ impl El2Inject {
     ///
     /// # Errors
     /// EL2's refusal.
-    pub(crate) fn before_harvest(&mut self, vm: &Host, harvests: u64) -> Result<()> {
-        let (Some(at), Host::El2(v)) = (self.at, vm) else {
+    pub(crate) fn before_harvest(&mut self, vm: &EngineVm, harvests: u64) -> Result<()> {
+        let (Some(at), EngineVm::El2(v)) = (self.at, vm) else {
             return Ok(());
         };
         if harvests == at.saturating_sub(2) {
@@ -77,8 +77,8 @@ impl El2Inject {
     ///
     /// # Errors
     /// EL2's refusal.
-    pub(crate) fn after_harvest(&mut self, vm: &Host) -> Result<Option<El2Trace>> {
-        let Host::El2(v) = vm else {
+    pub(crate) fn after_harvest(&mut self, vm: &EngineVm) -> Result<Option<El2Trace>> {
+        let EngineVm::El2(v) = vm else {
             return Ok(None);
         };
         if !std::mem::take(&mut self.withheld) {

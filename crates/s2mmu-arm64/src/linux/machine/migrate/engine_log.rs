@@ -3,7 +3,7 @@
 
 use crate::linux::el2::El2Vm;
 use crate::linux::lifecycle::LinuxVm;
-use crate::linux::placement::Host;
+use crate::linux::placement::EngineVm;
 use crate::vm::Arm64Mmu;
 use crate::Result;
 use std::sync::Arc;
@@ -24,10 +24,10 @@ enum Log {
 
 impl EngineLog {
     /// The log of the engine `host` places.
-    pub(super) fn of(host: &Host) -> EngineLog {
+    pub(super) fn of(host: &EngineVm) -> EngineLog {
         EngineLog(match host {
-            Host::Host(v) => Log::Host(v.mmu().clone()),
-            Host::El2(v) => Log::El2(v.clone()),
+            EngineVm::Host(v) => Log::Host(v.mmu().clone()),
+            EngineVm::El2(v) => Log::El2(v.clone()),
         })
     }
 
