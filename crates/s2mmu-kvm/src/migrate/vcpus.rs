@@ -59,7 +59,8 @@ struct Ctl {
     errors: Vec<String>,
 }
 
-struct Shared {
+/// What the KVM vCPU threads of a migrating VM and their controller share.
+struct VcpuShared {
     ctl: Mutex<Ctl>,
     cv: Condvar,
     fds: Vec<Mutex<VcpuFd>>,
@@ -73,7 +74,7 @@ struct Shared {
     handler: Arc<ExitHandler>,
 }
 
-impl Shared {
+impl VcpuShared {
     fn ctl(&self) -> MutexGuard<'_, Ctl> {
         self.ctl.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -81,7 +82,7 @@ impl Shared {
 
 /// Running vCPUs: created paused or running, stopped for good on drop.
 pub struct KvmVcpus {
-    shared: Arc<Shared>,
+    shared: Arc<VcpuShared>,
     threads: Vec<JoinHandle<()>>,
     /// Dropped after the threads are joined: the memory the vCPUs write
     /// outlives them.
@@ -108,7 +109,7 @@ impl KvmVcpus {
             restore(&vm, &fds, st)?;
         }
         install_kick();
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(VcpuShared {
             ctl: Mutex::new(Ctl {
                 pause: paused,
                 ..Ctl::default()
@@ -207,7 +208,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Kicks every vCPU thread out of `KVM_RUN`.
-fn kick_all(sh: &Shared) {
+fn kick_all(sh: &VcpuShared) {
     for t in lock(&sh.pthreads).iter() {
         // SAFETY: each pthread_t is of a thread not yet joined, so it is
         // still valid (an exited thread's stays valid until it is
@@ -223,7 +224,7 @@ fn kick_all(sh: &Shared) {
 
 /// While the throttle is on, kicks the vCPUs once per timeslice, so that
 /// a vCPU that does not exit on its own takes its sleep.
-fn ticker(sh: &Shared) {
+fn ticker(sh: &VcpuShared) {
     let mut c = sh.ctl();
     while !c.stop {
         c = sh
@@ -239,7 +240,7 @@ fn ticker(sh: &Shared) {
 
 /// Sleeps the throttle's share of `ran` (returns how long it slept), or
 /// less when a pause or stop comes meanwhile.
-fn throttle_sleep(sh: &Shared, ran: Duration) -> Duration {
+fn throttle_sleep(sh: &VcpuShared, ran: Duration) -> Duration {
     let due = sh.throttle.due(ran);
     if due.is_zero() {
         return due;
@@ -278,7 +279,7 @@ fn restore(vm: &KvmVm, fds: &[VcpuFd], st: &KvmState) -> Result<(), Error> {
 
 /// One vCPU's thread: runs until paused or stopped, parks meanwhile,
 /// sleeps while throttled.
-fn vcpu_loop(sh: &Shared, i: usize) {
+fn vcpu_loop(sh: &VcpuShared, i: usize) {
     let mut ran = Duration::ZERO;
     loop {
         {
@@ -315,7 +316,7 @@ fn vcpu_loop(sh: &Shared, i: usize) {
 }
 
 /// One `KVM_RUN` and its exit.
-fn run_once(sh: &Shared, i: usize) -> Result<(), String> {
+fn run_once(sh: &VcpuShared, i: usize) -> Result<(), String> {
     let mut fd = sh.fds[i].lock().unwrap_or_else(|p| p.into_inner());
     match fd.run() {
         Ok(VcpuExit::Unsupported(r)) if r == KVM_EXIT_DIRTY_RING_FULL => {
