@@ -4,16 +4,13 @@
 //! and a `main` that runs it and prints its report.
 
 use s2mmu_bench::arm64;
-mod dirty_log_perf;
-mod dirty_views;
-mod harvest_perf;
 mod linux;
-mod memslot_perf;
 mod migrate_bench;
 mod migrate_ctl;
+mod perf;
 mod reproduce;
-mod split_perf;
-mod tlb_perf;
+
+use perf::{dirty_log_perf, dirty_views, harvest_perf, memslot_perf, split_perf, tlb_perf};
 
 use s2mmu_cli::{limits, migrate, progress, report, snapshot, stats};
 

@@ -2,7 +2,7 @@
 //! published for it, and the benchmark called through its parameter struct
 //! (clap's defaults, then the few options the seed needs set as fields).
 
-use crate::dirty_log_perf::FormatArg;
+use crate::perf::dirty_log_perf::FormatArg;
 use crate::report::Report;
 use clap::Parser;
 use s2mmu_cli::dirty_mode::{DirtyModes, ALL};
@@ -84,7 +84,7 @@ pub(super) fn all(quick: bool, no_kvm: bool) -> Result<Vec<Experiment>, String> 
 }
 
 fn seed_000(q: bool) -> Result<Experiment, String> {
-    let mut p: crate::split_perf::Params = defaults()?;
+    let mut p: crate::perf::split_perf::Params = defaults()?;
     p.runs = if q { 3 } else { 7 };
     p.quiet = true;
     Ok(Experiment {
@@ -94,12 +94,12 @@ fn seed_000(q: bool) -> Result<Experiment, String> {
         title: TITLE_000,
         published: PUBLISHED_000,
         command: format!("s2mmu split-perf --runs {}", p.runs),
-        run: Box::new(move || crate::split_perf::run(&p, false)),
+        run: Box::new(move || crate::perf::split_perf::run(&p, false)),
     })
 }
 
 fn seed_001(q: bool, no_kvm: bool) -> Result<Experiment, String> {
-    let mut a: crate::memslot_perf::Args = defaults()?;
+    let mut a: crate::perf::memslot_perf::Args = defaults()?;
     if q {
         a.slots = vec![10, 509, 32764];
         a.runs = 1;
@@ -128,12 +128,12 @@ fn seed_001(q: bool, no_kvm: bool) -> Result<Experiment, String> {
         title: TITLE_001,
         published: PUBLISHED_001,
         command,
-        run: Box::new(move || crate::memslot_perf::run_report(&a)),
+        run: Box::new(move || crate::perf::memslot_perf::run_report(&a)),
     })
 }
 
 fn seed_002(q: bool) -> Result<Experiment, String> {
-    use crate::dirty_log_perf::{Params, PolicyArg};
+    use crate::perf::dirty_log_perf::{Params, PolicyArg};
     let mut d: Params = defaults()?;
     d.policy = PolicyArg::Both;
     d.vcpus = if q {
@@ -157,7 +157,7 @@ fn seed_002(q: bool) -> Result<Experiment, String> {
         title: TITLE_002,
         published: PUBLISHED_002,
         command,
-        run: Box::new(move || crate::dirty_log_perf::run(&d)),
+        run: Box::new(move || crate::perf::dirty_log_perf::run(&d)),
     })
 }
 
@@ -165,7 +165,7 @@ fn seed_003(q: bool) -> Result<Experiment, String> {
     // The seed's 64 GiB even with --quick: a smaller slot needs fewer than 8
     // range calls and so cannot show the target. Mapping it takes well under
     // a second.
-    let mut t: crate::tlb_perf::Params = defaults()?;
+    let mut t: crate::perf::tlb_perf::Params = defaults()?;
     t.runs = if q { 5 } else { 11 };
     t.quiet = true;
     Ok(Experiment {
@@ -175,12 +175,12 @@ fn seed_003(q: bool) -> Result<Experiment, String> {
         title: TITLE_003,
         published: PUBLISHED_003,
         command: format!("s2mmu tlb-perf --runs {}", t.runs),
-        run: Box::new(move || crate::tlb_perf::run(&t, false)),
+        run: Box::new(move || crate::perf::tlb_perf::run(&t, false)),
     })
 }
 
 fn seed_004(q: bool) -> Result<Experiment, String> {
-    let mut d: crate::dirty_log_perf::Params = defaults()?;
+    let mut d: crate::perf::dirty_log_perf::Params = defaults()?;
     d.quiet = true;
     d.eager_split = true;
     d.backing = s2mmu_vm::Backing::parse("anonymous_thp")?;
@@ -197,7 +197,7 @@ fn seed_004(q: bool) -> Result<Experiment, String> {
         title: TITLE_004,
         published: PUBLISHED_004,
         command,
-        run: Box::new(move || crate::dirty_log_perf::run(&d)),
+        run: Box::new(move || crate::perf::dirty_log_perf::run(&d)),
     })
 }
 
@@ -208,7 +208,7 @@ const PUBLISHED_MODES: &str = "No published head-to-head on one workload. Keqian
 
 /// The dirty tracking modes side by side on one format.
 fn dirty_modes(q: bool, format: FormatArg) -> Result<Experiment, String> {
-    let mut d: crate::dirty_log_perf::Params = defaults()?;
+    let mut d: crate::perf::dirty_log_perf::Params = defaults()?;
     d.quiet = true;
     d.dirty = DirtyModes(ALL.to_vec());
     d.format = format;
@@ -229,12 +229,12 @@ fn dirty_modes(q: bool, format: FormatArg) -> Result<Experiment, String> {
         title: TITLE_MODES,
         published: PUBLISHED_MODES,
         command,
-        run: Box::new(move || crate::dirty_log_perf::run(&d)),
+        run: Box::new(move || crate::perf::dirty_log_perf::run(&d)),
     })
 }
 
 fn seed_kvm(q: bool) -> Result<Experiment, String> {
-    let mut d: crate::dirty_log_perf::Params = defaults()?;
+    let mut d: crate::perf::dirty_log_perf::Params = defaults()?;
     d.quiet = true;
     d.compare = true;
     d.bytes_per_vcpu = Some(if q { 64 << 20 } else { 256 << 20 });
@@ -249,6 +249,6 @@ fn seed_kvm(q: bool) -> Result<Experiment, String> {
         title: TITLE_KVM,
         published: PUBLISHED_KVM,
         command,
-        run: Box::new(move || crate::dirty_log_perf::run(&d)),
+        run: Box::new(move || crate::perf::dirty_log_perf::run(&d)),
     })
 }

@@ -5,7 +5,9 @@
 //! where namespaces then cannot be made the test fails, saying why. The addresses live only in
 //! those namespaces.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
+#[path = "../recover_common/mod.rs"]
 mod recover_common;
 
 use recover_common::ns_guest;

@@ -1,7 +1,7 @@
 //! The options of `split-perf`.
 
-use crate::dirty_log_perf::FormatArg;
 use crate::limits;
+use crate::perf::dirty_log_perf::FormatArg;
 use s2mmu::format::arm64::Granule;
 /// The largest `--mem`: the slot sits at 1 TiB in a 48-bit IPA space.
 use s2mmu_bench::split::MAX_SIZE;

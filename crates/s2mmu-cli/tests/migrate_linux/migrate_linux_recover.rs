@@ -13,7 +13,9 @@
 //! QEMU, the EL2 image or the kernel are missing; fails there under
 //! `S2MMU_REQUIRE_ARM64`.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
+#[path = "../recover_common/mod.rs"]
 mod recover_common;
 
 use cli_common::{require_linux, spawn_listening};

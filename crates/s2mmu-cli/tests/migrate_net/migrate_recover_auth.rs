@@ -8,7 +8,9 @@
 //! `status`'s `last_error`, and the correct recovery after them succeeds.
 //! Every peer is on 127.0.0.1. Behaviour only: no timing is asserted.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
+#[path = "../recover_common/mod.rs"]
 mod recover_common;
 
 use recover_common::*;

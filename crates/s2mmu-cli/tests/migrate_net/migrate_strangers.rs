@@ -7,7 +7,9 @@
 //! destination exits 0 after it. Every peer is on 127.0.0.1; each test
 //! bounds its own time. Behaviour only: no timing is asserted.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
+#[path = "../recover_common/mod.rs"]
 mod recover_common;
 
 use recover_common::{

@@ -62,7 +62,7 @@ impl s2mmu_cli::vm_format::WithFormat for OnVm<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dirty_log_perf::FormatArg;
+    use crate::perf::dirty_log_perf::FormatArg;
     use s2mmu_bench::tlb::PAGE;
 
     fn check(p: &Params) -> Result<(), String> {

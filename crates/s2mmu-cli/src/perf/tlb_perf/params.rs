@@ -1,7 +1,7 @@
 //! The options of `tlb-perf`, their checks, and the engine's settings they
 //! make.
 
-use crate::dirty_log_perf::FormatArg;
+use crate::perf::dirty_log_perf::FormatArg;
 use s2mmu::TlbPolicy;
 use s2mmu_bench::tlb::Config;
 

@@ -10,8 +10,10 @@
 //! 0 lasts while a machine or process is killed. Behaviour only: no timing
 //! is asserted.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
 #[macro_use]
+#[path = "../fail_common/mod.rs"]
 mod fail_common;
 
 use fail_common::{listen, migrate, require_linux, source_resumed, wait_exit, Qemu};

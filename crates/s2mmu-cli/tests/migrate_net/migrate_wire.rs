@@ -4,6 +4,7 @@
 //! figures are tested with it (crates/s2mmu-migrate/tests/migrate_stages.rs).
 //! Behaviour only: no timing is compared.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
 
 use cli_common::json_of;

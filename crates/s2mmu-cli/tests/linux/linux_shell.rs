@@ -3,6 +3,7 @@
 //! back, `Ctrl-A x` stops the VM, and the terminal is out of raw mode
 //! afterwards.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
 
 use cli_common::require_linux;

@@ -6,7 +6,9 @@
 //! cancels them. Every peer is on 127.0.0.1, secured by a pre-shared key.
 //! Behaviour only: no timing is asserted.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
+#[path = "../recover_common/mod.rs"]
 mod recover_common;
 
 use recover_common::*;

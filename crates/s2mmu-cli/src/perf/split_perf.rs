@@ -17,7 +17,7 @@
 //! differs (the `entries` column counts the split walk's reads only). A floor is measured too: writing the new last-level tables with
 //! plain stores, the least work any split of that backing must do.
 
-use crate::dirty_log_perf::FormatArg;
+use crate::perf::dirty_log_perf::FormatArg;
 use crate::progress::Progress;
 use crate::report::Report;
 use s2mmu::format::arm64::{Arm64Stage2, Granule};

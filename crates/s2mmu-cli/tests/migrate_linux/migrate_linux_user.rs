@@ -8,6 +8,7 @@
 //! the cross compiler, dtc or the kernel packages missing); a test that
 //! then finds it cannot run fails with the reason.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
 
 use s2mmu_arm64::linux::assets::{ensure, AssetOptions, LinuxAssets};

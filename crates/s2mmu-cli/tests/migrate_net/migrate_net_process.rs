@@ -3,7 +3,9 @@
 //! processes, and the channel sweep's table. Every peer is on 127.0.0.1.
 //! Behaviour only: no timing is asserted.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
+#[path = "../recover_common/mod.rs"]
 mod recover_common;
 
 use recover_common::{

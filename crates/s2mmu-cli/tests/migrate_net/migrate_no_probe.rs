@@ -4,7 +4,9 @@
 //! With `--link-probe` the same count shows the probe (as many bytes as
 //! guest memory), so the count can see one. Every peer is on 127.0.0.1.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
+#[path = "../recover_common/mod.rs"]
 mod recover_common;
 
 use recover_common::{bin, spawn_listener, wait_exit, QUICK};

@@ -3,7 +3,7 @@
 //! on a large slot: the engine's word scan against a per-leaf walk, and its
 //! CLEAR against a walk per run of dirty pages).
 
-use crate::dirty_log_perf::FormatArg;
+use crate::perf::dirty_log_perf::FormatArg;
 use crate::progress::Progress;
 use crate::report::{human, human_bytes, verdict, Report};
 use crate::stats::Samples;

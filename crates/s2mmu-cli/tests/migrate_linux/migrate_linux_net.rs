@@ -13,6 +13,7 @@
 //! reason, where the build found that QEMU, the EL2 image or the kernel
 //! are missing.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
 
 use cli_common::{require_linux, spawn_listening};

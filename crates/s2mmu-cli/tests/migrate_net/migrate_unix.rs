@@ -2,7 +2,9 @@
 //! The transport itself is tested with the migration library
 //! (crates/s2mmu-migrate/tests/migrate_unix.rs).
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
+#[path = "../recover_common/mod.rs"]
 mod recover_common;
 
 use std::time::Duration;

@@ -10,7 +10,9 @@
 //! Linux guest cannot run (cfg `s2mmu_linux_runnable`); a test that then
 //! finds it cannot run fails with the reason.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
+#[path = "../recover_common/mod.rs"]
 mod recover_common;
 
 use recover_common::{collect, ctl, ns_guest, wait_exit, wait_phase_within};

@@ -20,8 +20,11 @@
 //! guest lost on the destination (not a memory that differs). Real QEMU
 //! machines and processes. Behaviour only: no timing is asserted.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
+#[path = "../fail_common/mod.rs"]
 mod fail_common;
+#[path = "../recover_common/mod.rs"]
 mod recover_common;
 
 use fail_common::{listen_env, migrate, require_linux, wait_exit, Log, Qemu};

@@ -11,8 +11,10 @@
 //! what it wrote) printed its next steps in order: no step lost. Real
 //! QEMU machines and processes. Behaviour only: no timing is asserted.
 
+#[path = "../cli_common/mod.rs"]
 mod cli_common;
 #[macro_use]
+#[path = "../fail_common/mod.rs"]
 mod fail_common;
 
 use fail_common::{
