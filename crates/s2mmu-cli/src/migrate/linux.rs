@@ -251,15 +251,13 @@ fn gap_json(g: &ConsoleGap) -> serde_json::Value {
     })
 }
 
-/// Median, least and most.
-fn summary(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let mid = if v.len() % 2 == 1 {
-        v[v.len() / 2]
-    } else {
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
-    (mid, v[0], v[v.len() - 1])
+/// Median, least and most (all 0 for no runs).
+fn summary(v: Vec<f64>) -> (f64, f64, f64) {
+    let v = crate::stats::sorted(&v);
+    match (crate::stats::median(&v), v.first(), v.last()) {
+        (Some(mid), Some(&lo), Some(&hi)) => (mid, lo, hi),
+        _ => (0.0, 0.0, 0.0),
+    }
 }
 
 /// Round 0's pages per second.

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// How long a command may stay silent: the bound.
+/// How long a command may stay silent before the test calls it stuck.
 pub const FIRST_OUTPUT: Duration = Duration::from_secs(5);
 
 /// A scratch directory for the files commands write (reports, plots).

@@ -154,7 +154,7 @@ fn first_pass_lines(
 ) -> String {
     let mut s = String::new();
     let all = paired_ratios(&run_secs(eager, first), &run_secs(lazy, first));
-    let ratio = all.get(all.len() / 2).copied().unwrap_or(0.0);
+    let ratio = crate::stats::median(&all).unwrap_or(0.0);
     s += &format!(
         "first-pass ratio per run: {}\n",
         all.iter()

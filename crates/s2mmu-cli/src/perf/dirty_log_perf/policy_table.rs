@@ -146,9 +146,8 @@ type Medians = (Summary, u64, u64);
 fn medians(v: &[(Duration, FaultStats)]) -> Medians {
     let d = Summary::of(&v.iter().map(|x| x.0).collect::<Vec<_>>());
     let median = |f: fn(&FaultStats) -> u64| {
-        let mut x: Vec<u64> = v.iter().map(|r| f(&r.1)).collect();
-        x.sort_unstable();
-        x[x.len() / 2]
+        let x: Vec<u64> = v.iter().map(|r| f(&r.1)).collect();
+        crate::stats::median_u64(&x).unwrap_or(0)
     };
     (
         d,
