@@ -315,3 +315,54 @@ fn finished(s: &mut Qmp, deadline: Instant) -> Result<Value, String> {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn spec(qemu_precopy_tls: bool) -> Spec {
+        Spec {
+            cells: Cell::ALL.to_vec(),
+            links: Vec::new(),
+            runs: 1,
+            mem_mib: 256,
+            vcpus: 1,
+            guest_secs: 12,
+            ours_dirty: "hw".into(),
+            s2mmu: PathBuf::new(),
+            kernel: PathBuf::new(),
+            initrd: PathBuf::new(),
+            scripts: PathBuf::new(),
+            qemu_precopy_tls,
+            logs: PathBuf::new(),
+        }
+    }
+
+    #[test]
+    fn pre_copy_across_namespaces_is_plain_tcp_unless_asked_post_copy_is_tls() {
+        let (plain, asked) = (spec(false), spec(true));
+        for c in [Cell::Idle, Cell::Write64, Cell::WriteMax] {
+            assert!(!tls(&plain, c, true), "{c:?}");
+            assert!(tls(&asked, c, true), "{c:?}");
+            assert!(!tls(&asked, c, false), "{c:?} on loopback");
+        }
+        assert!(tls(&plain, Cell::Postcopy, true));
+        assert!(!tls(&plain, Cell::Postcopy, false));
+    }
+
+    #[test]
+    fn progress_names_what_query_migrate_said() {
+        let st = json!({"status": "active", "total-time": 11186,
+            "cpu-throttle-percentage": 20,
+            "ram": {"mbps": 176.2, "remaining": 29_779_968u64,
+                    "transferred": 253_231_104u64, "dirty-sync-count": 4}});
+        assert_eq!(
+            progress(&st),
+            "status \"active\", 11186 ms in, 176 Mbit/s, cpu throttle 20 %, 28.4 MiB \
+             remaining, 241.5 MiB sent, 4 dirty syncs"
+        );
+        // An answer without figures says so rather than inventing them.
+        assert!(progress(&json!({"status": "setup"})).contains("- Mbit/s"));
+    }
+}
