@@ -167,34 +167,43 @@ mod tests {
         std::env::temp_dir().join(format!("s2mmu-qproc-{name}-{}", std::process::id()))
     }
 
+    /// A stand-in for QEMU: `sh -c script` as `role`, kept under `d`.
+    fn sh(script: &str, role: &'static str, d: &Path, lines: &Lines) -> QemuProc {
+        let mut c = Command::new("sh");
+        c.args(["-c", script]);
+        QemuProc::start(c, role, d, lines).expect("started")
+    }
+
+    /// The status file written for `role` under `d` says each of `words`;
+    /// `d` is removed after.
+    fn status_says(d: &Path, role: &str, words: &[&str]) {
+        let st = std::fs::read_to_string(d.join(format!("{role}.status"))).expect("kept");
+        let _ = std::fs::remove_dir_all(d);
+        for w in words {
+            assert!(st.contains(w), "{role}: {st:?} lacks {w:?}");
+        }
+    }
+
     #[test]
     fn a_failed_run_names_how_each_process_ended_and_its_stderr() {
         let d = dir("failed");
         let lines = Lines::default();
-        let mut c = Command::new("sh");
-        c.args([
-            "-c",
-            "echo 'power off'; echo boom >&2; echo boom >&2; echo why >&2; exit 3",
-        ]);
-        let mut procs = vec![QemuProc::start(c, "source", &d, &lines).expect("started")];
+        let script = "echo 'power off'; echo boom >&2; echo boom >&2; echo why >&2; exit 3";
+        let mut procs = vec![sh(script, "source", &d, &lines)];
         let e = failure("QMP query-migrate: Broken pipe", &mut procs, &lines);
         assert!(e.starts_with("QMP query-migrate: Broken pipe; "), "{e}");
         assert!(e.contains("QEMU's source exited (exit status: 3)"), "{e}");
         assert!(e.contains("\"boom\" (x2) | \"why\""), "{e}");
         assert!(e.contains("last console line: \"power off\""), "{e}");
         drop(procs);
-        let status = std::fs::read_to_string(d.join("source.status")).expect("status kept");
-        assert!(status.contains("exit status: 3") && status.contains("by itself"));
-        let _ = std::fs::remove_dir_all(&d);
+        status_says(&d, "source", &["exit status: 3", "by itself"]);
     }
 
     #[test]
     fn a_process_still_running_is_killed_and_its_status_kept() {
         let d = dir("killed");
         let lines = Lines::default();
-        let mut c = Command::new("sh");
-        c.args(["-c", "echo started >&2; exec sleep 60"]);
-        let mut p = QemuProc::start(c, "destination", &d, &lines).expect("started");
+        let mut p = sh("echo started >&2; exec sleep 60", "destination", &d, &lines);
         // Its stderr line arrives while it runs.
         let by = Instant::now() + Duration::from_secs(10);
         while first_lines(&p.stderr).is_none() && Instant::now() < by {
@@ -203,9 +212,7 @@ mod tests {
         let e = p.describe(Duration::ZERO);
         assert_eq!(e, "QEMU's destination still runs, its stderr: \"started\"");
         p.finish();
-        let status = std::fs::read_to_string(d.join("destination.status")).expect("kept");
-        assert!(status.contains("signal: 9") && status.contains("killed by the benchmark"));
-        let _ = std::fs::remove_dir_all(&d);
+        status_says(&d, "destination", &["signal: 9", "killed by the benchmark"]);
     }
 
     #[test]
