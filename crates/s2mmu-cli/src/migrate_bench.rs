@@ -44,7 +44,7 @@ pub struct Params {
     /// Our side's dirty log: hw (hardware dirty state) or wp (write protection).
     #[arg(long, default_value = "hw", value_parser = ["hw", "wp"])]
     dirty: String,
-    /// QEMU's pre-copy across the namespaces over TLS with a pre-shared key, as ours (default: plain TCP; QEMU 7.2's TLS pre-copy does not converge under the writers on a loaded host).
+    /// QEMU's pre-copy across the namespaces over TLS with a pre-shared key, as ours (default: plain TCP; on a loaded host QEMU 7.2's TLS pre-copy can outlast the guest program: raise --guest-time).
     #[arg(long)]
     qemu_precopy_tls: bool,
     /// Folder for each QEMU's stderr and exit status (default: a new folder under the temp dir).

@@ -11,9 +11,9 @@
 //! is plain TCP unless [`Spec::qemu_precopy_tls`] asks for TLS: QEMU 7.2's
 //! TLS channel writes each element of a write vector as its own TLS record
 //! (a page and its header apart), and on a loaded host its pre-copy over
-//! TLS moves too little to converge under a 64 MiB/s writer before the
+//! TLS can move too little to converge under a 64 MiB/s writer before the
 //! guest program ends (the source guest then powers off and its QEMU
-//! exits). On loopback both sides are plain TCP (ours runs `--no-tls`).
+//! exits): give the guest time to outlast it (`Spec::guest_secs`). On loopback both sides are plain TCP (ours runs `--no-tls`).
 //! Each QEMU's stderr and exit status are kept ([`super::qemu_proc`]).
 
 use super::cell::{Cell, Measured, Spec, WARMUP_S};
@@ -33,8 +33,8 @@ pub const SETTINGS: &str = "max-bandwidth 1 TiB/s (the 128 MiB/s default cap lif
      pre-copy, postcopy-ram on both sides and migrate-start-postcopy after migrate for \
      post-copy; over the namespaced links post-copy with TLS and a pre-shared key \
      (tls-creds-psk, GnuTLS; ours: --psk, TLS 1.3) and pre-copy over plain TCP unless \
-     --qemu-precopy-tls (QEMU 7.2's TLS pre-copy does not converge under the writers on a \
-     loaded host; each cell's transport says which ran), on loopback plain TCP \
+     --qemu-precopy-tls (on a loaded host QEMU 7.2's TLS pre-copy can take longer than the \
+     guest program runs; each cell's transport says which ran), on loopback plain TCP \
      (ours: --no-tls)";
 
 /// How long a run may take beyond the guest program's own time.
