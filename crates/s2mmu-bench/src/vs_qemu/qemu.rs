@@ -160,9 +160,9 @@ pub fn run(
             let mut e = qemu_proc::failure(&e, &mut qemus, &src_lines);
             if console::first(&console::snapshot(&src_lines), POWER_OFF).is_some() {
                 e += &format!(
-                    "; the guest program ran to its end on the source, which powered off \
-                     before QEMU's migration completed (it did not converge in the guest's \
-                     {} s)",
+                    "; the guest program ran to its end on the source (its init powered \
+                     off) before QEMU's migration completed: the migration took longer than \
+                     the guest's {} s",
                     spec.guest_secs
                 );
             }
