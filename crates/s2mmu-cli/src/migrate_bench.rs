@@ -44,6 +44,12 @@ pub struct Params {
     /// Our side's dirty log: hw (hardware dirty state) or wp (write protection).
     #[arg(long, default_value = "hw", value_parser = ["hw", "wp"])]
     dirty: String,
+    /// QEMU's pre-copy across the namespaces over TLS with a pre-shared key, as ours (default: plain TCP; on a loaded host QEMU 7.2's TLS pre-copy can outlast the guest program: raise --guest-time).
+    #[arg(long)]
+    qemu_precopy_tls: bool,
+    /// Folder for each QEMU's stderr and exit status (default: a new folder under the temp dir).
+    #[arg(long)]
+    logs: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -90,6 +96,10 @@ pub fn main(p: Params) -> Result<(), String> {
         kernel: a.image,
         initrd: a.initramfs,
         scripts: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts")),
+        qemu_precopy_tls: p.qemu_precopy_tls,
+        logs: p.logs.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("s2mmu-vsqemu-logs-{}", std::process::id()))
+        }),
     };
     let quiet = p.json;
     let out = vs_qemu::run(&spec, &|l: &str| {
@@ -102,11 +112,13 @@ pub fn main(p: Params) -> Result<(), String> {
             "mem_mib": spec.mem_mib, "vcpus": spec.vcpus, "runs": spec.runs,
             "guest_secs": secs, "kernel": spec.kernel, "initrd": spec.initrd,
             "ours_dirty": spec.ours_dirty,
+            "qemu_precopy_tls": spec.qemu_precopy_tls, "qemu_logs": spec.logs,
             "program": "dirtier (tick=2: a line every 2 ms; checks every page it wrote)",
         });
         println!("{}", vs_qemu::report::json(&out, settings));
     } else {
         print!("{}", vs_qemu::report::text(&out));
+        println!("QEMU's stderr and exit status: {}", spec.logs.display());
     }
     Ok(())
 }

@@ -92,6 +92,12 @@ pub struct Spec {
     pub initrd: PathBuf,
     /// `scripts/` (netns-link.sh, netns_delay_relay.py).
     pub scripts: PathBuf,
+    /// QEMU's pre-copy across namespaces over TLS with a pre-shared key
+    /// (as ours); plain TCP when false. Its post-copy there is always TLS.
+    pub qemu_precopy_tls: bool,
+    /// Where each QEMU's stderr and exit status are kept, a folder per
+    /// link, cell and run.
+    pub logs: PathBuf,
 }
 
 /// One side's run.
@@ -114,6 +120,8 @@ pub struct Measured {
     pub rate_during: Option<f64>,
     /// Why the run failed, if it did (its figures are then zero).
     pub error: Option<String>,
+    /// Where the run's process logs (QEMU's stderr and exit status) are.
+    pub logs: Option<String>,
 }
 
 impl Measured {
@@ -149,6 +157,8 @@ pub struct CellRuns {
     pub link: &'static str,
     /// How its RTT was made ("netem", "relay", "none").
     pub latency: &'static str,
+    /// How each side's stream travelled ("TLS-PSK" or "plain TCP").
+    pub transport: String,
     /// The cell.
     pub cell: Cell,
     /// Our runs.

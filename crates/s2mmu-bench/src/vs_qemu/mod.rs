@@ -15,6 +15,7 @@ pub mod console;
 pub mod link;
 pub mod ours;
 pub mod qemu;
+pub mod qemu_proc;
 pub mod qemu_tls;
 pub mod qmp;
 pub mod report;
@@ -41,9 +42,15 @@ pub fn run(spec: &Spec, say: &dyn Fn(&str)) -> Result<Vec<CellRuns>, String> {
         };
         let latency = net.as_ref().map_or("none", |n| n.latency);
         for &cell in &spec.cells {
+            let name = |tls: bool| if tls { "TLS-PSK" } else { "plain TCP" };
             let mut c = CellRuns {
                 link: l.name,
                 latency,
+                transport: format!(
+                    "ours {}, QEMU {}",
+                    name(net.is_some()),
+                    name(qemu::tls(spec, cell, net.is_some()))
+                ),
                 cell,
                 ours: Vec::new(),
                 qemu: Vec::new(),
@@ -52,8 +59,9 @@ pub fn run(spec: &Spec, say: &dyn Fn(&str)) -> Result<Vec<CellRuns>, String> {
                 let o = ours::run(spec, cell, net.as_ref(), &tmp).unwrap_or_else(Measured::failed);
                 say(&report::run_line(l.name, cell, "ours", i, &o));
                 c.ours.push(o);
-                let q =
-                    qemu::run(spec, cell, net.as_ref(), &tmp, i).unwrap_or_else(Measured::failed);
+                let logs = spec.logs.join(format!("{}-{}", l.name, cell.name()));
+                let q = qemu::run(spec, cell, net.as_ref(), &tmp, &logs, i)
+                    .unwrap_or_else(Measured::failed);
                 say(&report::run_line(l.name, cell, "qemu", i, &q));
                 c.qemu.push(q);
             }

@@ -128,6 +128,7 @@ pub fn json(cells: &[CellRuns], settings: Value) -> Value {
         "qemu_settings": super::qemu::SETTINGS,
         "cells": cells.iter().map(|c| json!({
             "link": c.link, "latency": c.latency, "cell": c.cell.name(),
+            "transport": c.transport,
             "ours": side(&c.ours), "qemu": side(&c.qemu),
             "targets": targets(c),
             "per_run": {"ours": c.ours, "qemu": c.qemu},
@@ -142,10 +143,12 @@ pub fn text(cells: &[CellRuns]) -> String {
     for c in cells {
         let (o, q) = (side(&c.ours), side(&c.qemu));
         s += &format!(
-            "\n{} over {} (latency: {}), medians over {} of {} runs (ours) and {} of {} (QEMU):\n",
+            "\n{} over {} (latency: {}; {}), medians over {} of {} runs (ours) and {} of {} \
+             (QEMU):\n",
             c.cell.name(),
             c.link,
             c.latency,
+            c.transport,
             o["runs_ok"],
             o["runs"],
             q["runs_ok"],
