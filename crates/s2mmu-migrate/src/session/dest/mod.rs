@@ -288,6 +288,7 @@ fn receive_guest<C: Connection, G: DestGuest>(
         state_at: got.state_at.unwrap_or(drained),
         drained,
         decoded: Instant::now(),
+        logging: got.logging,
     };
     if let Some(missing) = got.postcopy_missing {
         let mut pc = pc_conns.into_iter();
@@ -305,6 +306,7 @@ fn receive_guest<C: Connection, G: DestGuest>(
             answers,
             state: &state,
             missing,
+            logging: got.logging,
             cfg,
             extra_counts,
             channels: header.channels,

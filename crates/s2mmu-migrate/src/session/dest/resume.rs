@@ -22,6 +22,10 @@ pub(super) struct Clock {
     pub(super) drained: Instant,
     /// The guest checked the state.
     pub(super) decoded: Instant,
+    /// The dirty log is on (turned on at SYNC for a post-copy switch that
+    /// did not come): it goes off once RESUMED is out, outside the
+    /// downtime.
+    pub(super) logging: bool,
 }
 
 /// Resumes the guest here after a complete pre-copy stream: per-slot
@@ -65,6 +69,10 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
         let mut w = WireWriter::replies(rd.get_mut());
         w.control(tag::RESUMED, &e.0)?;
         w.flush()?;
+    }
+    if clock.logging {
+        vm.disable_dirty_logging()
+            .map_err(|e| MigrateError::Setup(format!("destination logging off: {e}")))?;
     }
     let resume_parts = ResumeParts {
         drain: clock.drained.saturating_duration_since(clock.state_at),

@@ -6,6 +6,7 @@
 
 use crate::stream_error::MigrateError;
 use crate::transport::Connection;
+use crate::vm::SessionVm;
 use crate::wire::{tag, Dec, WireReader, WireWriter};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -67,6 +68,34 @@ pub(super) fn answer<C: Connection>(
     let mut w = WireWriter::replies(rd.get_mut());
     w.control(tag::SYNCED, &[])?;
     w.flush()
+}
+
+/// Answers SYNC ([`answer`]); then, where the stream may switch to
+/// post-copy (`postcopy`: the HEADER's flag), turns `vm`'s dirty log on
+/// (once: `logging` says whether it is). The source pauses its guest
+/// right after SYNCED, so the log's set-up, which the post-copy resume
+/// needs, runs while the source's guest still runs instead of inside
+/// the downtime. A stream that ends without the switch turns it off again
+/// after its resume (its guest never ran under it before).
+///
+/// # Errors
+/// As [`answer`]; the VM refusing the log.
+pub(super) fn answer_then_log<C: Connection, V: SessionVm>(
+    rd: &mut WireReader<&mut C>,
+    sh: &SyncProgress,
+    vm: &V,
+    postcopy: bool,
+    body: &[u8],
+    at_byte: u64,
+    logging: &mut bool,
+) -> Result<(), MigrateError> {
+    answer(rd, sh, body, at_byte)?;
+    if postcopy && !*logging {
+        vm.enable_dirty_logging()
+            .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
+        *logging = true;
+    }
+    Ok(())
 }
 
 /// What SYNC's wait ends with when a further channel failed meanwhile
