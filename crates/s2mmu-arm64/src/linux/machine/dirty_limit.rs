@@ -173,8 +173,9 @@ impl DirtyLimit {
     /// The brakes apply where `host` runs the engine: for the EL2
     /// placement, EL2 gets the throttle and pace set now and each one
     /// set later; for the host placement, the host's fault path. Called
-    /// whenever the VM's vCPUs start on a machine. Leaving an EL2 machine
-    /// reads its counts a last time, if it still lives.
+    /// when a VM's machine is made and whenever its vCPUs start on a
+    /// machine (again on the same one: nothing to do). Leaving an EL2
+    /// machine reads its counts a last time, if it still lives.
     pub(crate) fn attach(&self, host: &Host) {
         let vm = match host {
             Host::El2(v) => Some(v.downgrade()),
@@ -182,13 +183,18 @@ impl DirtyLimit {
         };
         let mut l = self.link();
         let same = matches!((&l.vm, &vm), (Some(a), Some(b)) if a.same_machine(b));
-        if !same {
-            let old = l.vm.as_ref().and_then(WeakEl2Vm::upgrade);
-            if let Some(Ok(e)) = old.map(|v| v.counters()) {
-                l.note(el2_counts(&e));
-            }
-            l.fold();
+        if same {
+            // Attached to this machine already (a new VM's, as it was
+            // made): its brakes are there and each change since was sent
+            // as it was set. Nothing goes to EL2 here, so a migration's
+            // destination sends nothing at its start, inside the downtime.
+            return;
         }
+        let old = l.vm.as_ref().and_then(WeakEl2Vm::upgrade);
+        if let Some(Ok(e)) = old.map(|v| v.counters()) {
+            l.note(el2_counts(&e));
+        }
+        l.fold();
         *self.el2_waits.write().unwrap_or_else(|p| p.into_inner()) =
             vm.as_ref().map(|v| v.waits.clone());
         l.vm = vm;
