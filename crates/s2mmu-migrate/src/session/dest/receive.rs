@@ -274,9 +274,6 @@ pub(super) struct Received {
     pub(super) state_at: Option<Instant>,
     /// Post-copy: the pages still missing (a bitmap).
     pub(super) postcopy_missing: Option<Vec<u64>>,
-    /// Whether the guest's dirty log is on (turned on at SYNC for a
-    /// post-copy switch, [`super::sync::answer_then_log`]).
-    pub(super) logging: bool,
 }
 
 /// Receives every channel at once, the further ones on their own threads,
@@ -371,7 +368,6 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
     let mut state = None;
     let mut state_at = None;
     let mut postcopy_missing = None;
-    let mut logging = false;
     let mut timing = CheckTiming::default();
     let authenticated = rd.get_mut().authenticates();
     rd.set_authenticated(authenticated);
@@ -385,18 +381,7 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
                 at_byte,
             } => match t {
                 tag::ROUND => {}
-                tag::SYNC => {
-                    let pc = header.postcopy;
-                    super::sync::answer_then_log(
-                        rd,
-                        &sh.sync,
-                        sh.vm,
-                        pc,
-                        &body,
-                        at_byte,
-                        &mut logging,
-                    )?
-                }
+                tag::SYNC => super::sync::answer_then_log(rd, &sh.sync, sh.vm, &body, at_byte)?,
                 tag::STATE => {
                     state = Some((body, at_byte));
                     state_at = Some(Instant::now());
@@ -432,7 +417,6 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
         state,
         state_at,
         postcopy_missing,
-        logging,
     })
 }
 
