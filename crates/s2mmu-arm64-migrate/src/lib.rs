@@ -36,6 +36,7 @@ mod console_watch;
 mod fault_hook;
 pub mod ram;
 pub mod run_error;
+mod run_figures;
 pub mod session_dest;
 pub mod session_postcopy;
 pub mod session_run;

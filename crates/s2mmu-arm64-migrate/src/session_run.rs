@@ -9,6 +9,7 @@
 
 use crate::console_gap::{printed, ConsoleGap};
 pub use crate::run_error::LinuxRunError;
+pub use crate::run_figures::{LinuxRun, RunDetails, WentOn};
 use crate::session_dest::LinuxDest;
 use crate::session_source::{LinuxSessionVm, LinuxSource};
 use crate::source_resume;
@@ -20,12 +21,12 @@ use s2mmu_arm64::machine::{RamBacking, RamPages};
 use s2mmu_migrate::session::both_ends::run_both_ends;
 use s2mmu_migrate::session::dest::{serve_with, DestConfig, DestOutcome};
 use s2mmu_migrate::session::guest::SourceGuest;
-use s2mmu_migrate::session::postcopy::{Postcopy, PostcopyOutcome};
+use s2mmu_migrate::session::postcopy::Postcopy;
 use s2mmu_migrate::session::source::{run_source, Harvest, SourceConfig, SourceOutcome};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self as net, NetConfig};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use crate::console_watch::{begun_steps, steps, unfinished_line, wait_for};
 
@@ -100,71 +101,6 @@ pub struct RunSettings {
     pub engine: s2mmu_arm64::linux::vm::Engine,
     /// The source logs by hardware dirty state instead of write protection.
     pub hardware_dirty: bool,
-}
-
-/// What one run measured, beyond the common figures.
-#[derive(Clone, Debug)]
-pub enum RunDetails {
-    /// Through the session (pre-copy).
-    Session {
-        /// The session's whole outcome (channels, the link's figure, page
-        /// records and zero pages, rounds, throttle and pace, the sender's
-        /// stage costs).
-        outcome: Box<SourceOutcome>,
-        /// What the guest's throttle and pace did.
-        limit: DirtyLimitCounters,
-        /// The destination's outcome and its machine's restore clock,
-        /// when it ran in this process.
-        dest: Option<Box<(DestOutcome, RestoreClock)>>,
-    },
-    /// Through the session, ending in post-copy: the session's figures
-    /// of it (the destination's FINAL among them).
-    Postcopy(PostcopyOutcome),
-}
-
-/// How the destination's guest showed it went on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WentOn {
-    /// The counter went on at this step (A's last plus one), every step
-    /// once and in order across the switch.
-    CounterStep(u64),
-    /// The dirtier's `ok` line on B's console.
-    DirtierOk(String),
-    /// The user's guest printed this first whole line on B's console.
-    Printed(String),
-}
-
-/// One run's figures.
-#[derive(Clone, Debug)]
-pub struct LinuxRun {
-    /// From the pause on A to the resume on B.
-    pub downtime: Duration,
-    /// From logging on to the resume on B (not a post-copy's later pages).
-    pub total: Duration,
-    /// From logging on to the pause on A.
-    pub precopy: Duration,
-    /// Stream bytes the source sent up to the resume on B.
-    pub stream_bytes: u64,
-    /// Pages of each pre-copy round.
-    pub round_pages: Vec<u64>,
-    /// Milliseconds of each pre-copy round.
-    pub round_ms: Vec<f64>,
-    /// Pages sent while the guest was paused.
-    pub final_pages: u64,
-    /// Bytes of the guest's vCPU and device state.
-    pub state_bytes: usize,
-    /// Figures of the way it was moved.
-    pub details: RunDetails,
-    /// How B's guest went on; `None` when B is another process's.
-    pub went_on: Option<WentOn>,
-    /// Which host pages backed A's RAM.
-    pub ram_a: RamBacking,
-    /// Which host pages backed B's RAM; `None` when B is another process's.
-    pub ram_b: Option<RamBacking>,
-    /// A's console, and B's when B ran in this process.
-    pub consoles: (String, Option<String>),
-    /// The guest programs' lines on A's and B's consoles, host-stamped.
-    pub console_gap: ConsoleGap,
 }
 
 /// What a listening destination received and saw.
@@ -279,8 +215,13 @@ fn session_run(
     dest: Option<(DestOutcome, RestoreClock)>,
 ) -> LinuxRun {
     let (pre, fin): (Vec<_>, Vec<_>) = s.rounds.iter().partition(|r| !r.final_round);
+    let to_first_instruction = dest
+        .as_ref()
+        .and_then(|(d, _)| Some(d.resumed_at?.saturating_duration_since(s.pause_at?)));
     LinuxRun {
         downtime: s.downtime,
+        to_first_instruction,
+        pause_unix_ns: s.pause_at.map_or(0, unix_ns),
         total: s.total,
         precopy: Duration::from_secs_f64((s.pause_s - s.log_start_s).max(0.0)),
         stream_bytes: s.bytes,
@@ -302,6 +243,16 @@ fn session_run(
         consoles: (String::new(), None),
         console_gap: ConsoleGap::default(),
     }
+}
+
+/// `at` on the host's real-time clock, in nanoseconds since the Unix
+/// epoch (the clock the two processes of a migration share).
+pub fn unix_ns(at: Instant) -> u64 {
+    let wall = std::time::SystemTime::now()
+        .checked_sub(at.elapsed())
+        .unwrap_or(std::time::UNIX_EPOCH);
+    wall.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Boots machine A and waits until its guest program runs.

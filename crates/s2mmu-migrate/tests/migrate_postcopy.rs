@@ -115,6 +115,24 @@ fn postcopy_auto_switches_when_precopy_does_not_converge() {
     assert_eq!(s.rounds.len() as u32, after + 1);
 }
 
+/// A stream that may switch (`--postcopy auto`, so the destination turns
+/// its dirty log on at SYNC) but converges ends by stop-and-copy: the
+/// destination resumes from END, its log turned off again, and the
+/// memories agree.
+#[test]
+fn postcopy_auto_that_converges_ends_by_stop_and_copy() {
+    let cfg = migrate_common::small(8 << 20).with(|g, s| {
+        g.dirty_rate = 1 << 20;
+        s.postcopy = Postcopy::Auto;
+    });
+    let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &plain()).expect("the migration succeeds");
+    assert!(s.postcopy.is_none(), "pre-copy converged: no switch");
+    assert!(d.postcopy.is_none());
+    assert!(d.resumed_at.is_some(), "the destination resumed from END");
+    assert_eq!(s.slot_digests, d.slot_digests, "memory verified");
+    assert!(s.pause_at.is_some(), "the source paused its guest");
+}
+
 /// What a [`Tamper`] does once armed.
 #[derive(Clone, Copy)]
 enum Harm {

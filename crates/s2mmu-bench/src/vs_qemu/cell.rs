@@ -103,8 +103,13 @@ pub struct Spec {
 /// One side's run.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Measured {
-    /// Pause on the source to the guest running on the destination, ms.
+    /// Pause on the source to the guest running on the destination, ms
+    /// (ours: to the destination's first guest instruction, on the
+    /// host's one clock).
     pub downtime_ms: f64,
+    /// Ours only: the pause to the destination's RESUMED read back at the
+    /// source (the reply's way back included), ms.
+    pub downtime_resumed_ms: Option<f64>,
     /// Start of the migration to its end (post-copy's last page), ms.
     pub total_ms: f64,
     /// Bytes the side's migration stream carried.

@@ -119,16 +119,15 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
         Some(n) => two_processes(spec, n, &args, &lines, tmp, &mut procs, deadline)?,
     };
     let all = console::snapshot(&lines);
-    let report = envelope(&console::snapshot(&report_lines))
+    let report = envelope(&console::snapshot(&report_lines), "run 1")
         .ok_or("our side printed no JSON report (the `migrate` envelope)")?;
-    let r = report["results"]
-        .as_array()
-        .and_then(|rows| rows.iter().find(|row| row["case"] == "run 1"))
-        .ok_or("our side's report has no result for run 1")?;
+    let r = &report["results"][row_of(&report, "run 1")?];
     let d = &r["details"];
     let postcopy_ms = d["postcopy_ms"].as_f64().unwrap_or(0.0);
+    let resumed_ms = r["downtime_ms"].as_f64().unwrap_or(0.0);
     let mut m = Measured {
-        downtime_ms: r["downtime_ms"].as_f64().unwrap_or(0.0),
+        downtime_ms: to_first_instruction(r, net.and_then(|_| envelope(&all, "destination")))?,
+        downtime_resumed_ms: Some(resumed_ms),
         total_ms: r["total_ms"].as_f64().unwrap_or(0.0) + postcopy_ms,
         wire_bytes: r["stream_bytes"].as_u64().unwrap_or(0)
             + d["postcopy_bytes"].as_u64().unwrap_or(0),
@@ -139,12 +138,40 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
     Ok(m)
 }
 
-/// The last `migrate` JSON envelope in `lines` (printed pretty, over
-/// several lines, after the consoles): parsed from each line that opens
-/// an object, the last first. The envelope's first line may follow a
-/// console line the switch cut short, so it is the line's last `{` that
-/// opens it.
-fn envelope(lines: &[console::Stamped]) -> Option<Value> {
+/// The index of `report`'s result row `case`.
+fn row_of(report: &Value, case: &str) -> Result<usize, String> {
+    report["results"]
+        .as_array()
+        .and_then(|rows| rows.iter().position(|row| row["case"] == case))
+        .ok_or_else(|| format!("our side's report has no result for {case}"))
+}
+
+/// The downtime as the pause on the source to the first guest
+/// instruction on the destination, ms: the source's `row` has it when
+/// both ends ran in its process; else its pause and the destination's
+/// first instruction (`dest`'s envelope), both on the host's real-time
+/// clock, which the two namespaces share.
+fn to_first_instruction(row: &Value, dest: Option<Value>) -> Result<f64, String> {
+    if let Some(ms) = row["downtime_first_instruction_ms"].as_f64() {
+        return Ok(ms);
+    }
+    let dest = dest.ok_or("our destination printed no JSON report")?;
+    let first = dest["results"][row_of(&dest, "destination")?]["first_instruction_unix_ns"]
+        .as_u64()
+        .ok_or("our destination did not report its first guest instruction")?;
+    let pause = row["pause_unix_ns"]
+        .as_u64()
+        .filter(|&p| p > 0)
+        .ok_or("our source did not report its pause")?;
+    Ok(first.saturating_sub(pause) as f64 / 1e6)
+}
+
+/// The last `migrate` JSON envelope in `lines` with a result row `case`
+/// (printed pretty, over several lines, after the consoles): parsed from
+/// each line that opens an object, the last first. The envelope's first
+/// line may follow a console line the switch cut short, so it is the
+/// line's last `{` that opens it.
+fn envelope(lines: &[console::Stamped], case: &str) -> Option<Value> {
     (0..lines.len()).rev().find_map(|i| {
         let first = lines[i].line.trim_end();
         if !first.ends_with('{') {
@@ -159,7 +186,10 @@ fn envelope(lines: &[console::Stamped]) -> Option<Value> {
             .into_iter()
             .next()?
             .ok()?;
-        (v["command"] == "migrate" && v["results"].is_array()).then_some(v)
+        let has = v["results"]
+            .as_array()
+            .is_some_and(|rows| rows.iter().any(|r| r["case"] == case));
+        (v["command"] == "migrate" && has).then_some(v)
     })
 }
 
@@ -247,12 +277,45 @@ mod tests {
             "s2mmu-dirtier: t=0.002s passes=0 pages=10\nguest {{\n}}\n\
              s2mmu-dirtier: t=0.0{pretty}\n"
         );
-        let v = envelope(&stamped(&text)).expect("the envelope");
+        let v = envelope(&stamped(&text), "run 1").expect("the envelope");
         assert_eq!(v["results"][0]["case"], "run 1");
         assert_eq!(v["results"][0]["downtime_ms"], 12.5);
         // Consoles alone, or an object that is not the envelope: none.
-        assert!(envelope(&stamped("guest {\n \"command\": \"x\"\n}\n")).is_none());
-        assert!(envelope(&stamped(&pretty.replace("\"migrate\"", "\"linux\""))).is_none());
-        assert!(envelope(&stamped(&pretty[..pretty.len() / 2])).is_none());
+        assert!(envelope(&stamped("guest {\n \"command\": \"x\"\n}\n"), "run 1").is_none());
+        assert!(envelope(
+            &stamped(&pretty.replace("\"migrate\"", "\"linux\"")),
+            "run 1"
+        )
+        .is_none());
+        assert!(envelope(&stamped(&pretty[..pretty.len() / 2]), "run 1").is_none());
+        // Another side's envelope is not this one.
+        assert!(envelope(&stamped(&pretty), "destination").is_none());
+    }
+
+    #[test]
+    fn the_downtime_ends_at_the_destinations_first_instruction() {
+        // One process: the source's row has it.
+        let one = serde_json::json!({"downtime_ms": 30.0, "downtime_first_instruction_ms": 21.5});
+        assert_eq!(to_first_instruction(&one, None), Ok(21.5));
+        // Two: the destination's first instruction less the source's pause.
+        let src = serde_json::json!({"downtime_ms": 30.0, "pause_unix_ns": 1_000_000_000u64});
+        let mut rep = Report::new("migrate", serde_json::json!({}));
+        rep.result(
+            "destination",
+            "s2mmu",
+            serde_json::json!({"first_instruction_unix_ns": 1_012_500_000u64}),
+        );
+        assert_eq!(to_first_instruction(&src, Some(rep.to_json())), Ok(12.5));
+        // A side that did not say is an error, not a zero.
+        assert!(to_first_instruction(&src, None).is_err());
+        let mut none = Report::new("migrate", serde_json::json!({}));
+        none.result(
+            "destination",
+            "s2mmu",
+            serde_json::json!({"first_instruction_unix_ns": null}),
+        );
+        assert!(to_first_instruction(&src, Some(none.to_json())).is_err());
+        let no_pause = serde_json::json!({"pause_unix_ns": 0});
+        assert!(to_first_instruction(&no_pause, Some(rep.to_json())).is_err());
     }
 }

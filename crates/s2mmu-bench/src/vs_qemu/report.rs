@@ -48,6 +48,7 @@ pub fn side(runs: &[Measured]) -> Value {
     json!({
         "runs": runs.len(), "runs_ok": ok,
         "downtime_ms": med(runs, |m| Some(m.downtime_ms)),
+        "downtime_resumed_ms": med(runs, |m| m.downtime_resumed_ms),
         "total_ms": med(runs, |m| Some(m.total_ms)),
         "wire_mib": med(runs, |m| Some(m.wire_bytes as f64 / (1u64 << 20) as f64)),
         "largest_gap_ms": med(runs, |m| m.gap_ms),

@@ -415,10 +415,14 @@ pub fn main(p: &Params) -> Result<(), String> {
         };
         if !p.quiet {
             eprintln!(
-                "run {}: downtime {:.1} ms, round 0 {:.0} pages/s, {} rounds, {} pages at the \
-                 switch, {} state bytes; {}",
+                "run {}: downtime {:.1} ms to RESUMED back at the source{}, round 0 {:.0} \
+                 pages/s, {} rounds, {} pages at the switch, {} state bytes; {}",
                 i + 1,
                 ms(r.downtime),
+                r.to_first_instruction.map_or(String::new(), |d| format!(
+                    ", {:.1} ms to the destination's first guest instruction",
+                    ms(d)
+                )),
                 round0_rate(&r),
                 r.round_pages.len(),
                 r.final_pages,
@@ -459,6 +463,8 @@ fn report(p: &Params, s: &RunSettings, runs: &[LinuxRun]) {
             "s2mmu",
             serde_json::json!({
                 "downtime_ms": ms(r.downtime), "rounds": r.round_pages.len(),
+                "downtime_first_instruction_ms": r.to_first_instruction.map(ms),
+                "pause_unix_ns": r.pause_unix_ns,
                 "total_ms": ms(r.total), "precopy_ms": ms(r.precopy),
                 "stream_bytes": r.stream_bytes,
                 "round_pages": r.round_pages, "round_ms": r.round_ms,

@@ -102,6 +102,10 @@ pub fn listen(
     let mut row = super::outcome_json::dest_json(&l.outcome);
     if let Some(m) = row.as_object_mut() {
         m.insert("went_on".into(), went_on.into());
+        // Its guest's first instruction on the host's one real-time clock:
+        // the source's `pause_unix_ns` subtracted gives the downtime.
+        let first = l.outcome.resumed_at.map(session_run::unix_ns);
+        m.insert("first_instruction_unix_ns".into(), first.into());
     }
     rep.result("destination", "s2mmu", row);
     rep.set_text(text);

@@ -17,9 +17,8 @@
 //! command), which counts each vCPU's dirtied pages in its fault path and
 //! works out the same delays; a fault that owes one exits to the host,
 //! and the vCPU's thread sleeps it here as it does for the host
-//! placement. The pages dirtied and those found ahead of the pace are
-//! then EL2's counts.
-//! Under hardware dirty state no write faults at all: auto-converge then
+//! placement; EL2 then counts the pages dirtied and those ahead of the
+//! pace. Under hardware dirty state no write faults at all: auto-converge
 //! takes a share of each vCPU's time, owed at its exits (`set_throttle_pct`).
 
 use crate::linux::el2::WeakEl2Vm;
@@ -173,8 +172,8 @@ impl DirtyLimit {
     /// The brakes apply where `host` runs the engine: for the EL2
     /// placement, EL2 gets the throttle and pace set now and each one
     /// set later; for the host placement, the host's fault path. Called
-    /// whenever the VM's vCPUs start on a machine. Leaving an EL2 machine
-    /// reads its counts a last time, if it still lives.
+    /// as a VM's machine is made and as its vCPUs start on a machine.
+    /// Leaving an EL2 machine reads its counts a last time, if it lives.
     pub(crate) fn attach(&self, host: &EngineVm) {
         let vm = match host {
             EngineVm::El2(v) => Some(v.downgrade()),
@@ -182,13 +181,14 @@ impl DirtyLimit {
         };
         let mut l = self.link();
         let same = matches!((&l.vm, &vm), (Some(a), Some(b)) if a.same_machine(b));
-        if !same {
-            let old = l.vm.as_ref().and_then(WeakEl2Vm::upgrade);
-            if let Some(Ok(e)) = old.map(|v| v.counters()) {
-                l.note(el2_counts(&e));
-            }
-            l.fold();
+        if same {
+            return; // Its brakes are there: a start sends EL2 nothing.
         }
+        let old = l.vm.as_ref().and_then(WeakEl2Vm::upgrade);
+        if let Some(Ok(e)) = old.map(|v| v.counters()) {
+            l.note(el2_counts(&e));
+        }
+        l.fold();
         *self.el2_waits.write().unwrap_or_else(|p| p.into_inner()) =
             vm.as_ref().map(|v| v.waits.clone());
         l.vm = vm;

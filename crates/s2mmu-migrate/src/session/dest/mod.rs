@@ -246,7 +246,7 @@ fn shared_for<'a, V: SessionVm>(
             .collect(),
         hashes: (0..page_count).map(|_| AtomicU64::new(0)).collect(),
         snapshot: snapshot_for(header)?,
-        sync: sync::SyncProgress::new(header.channels, sync_wait),
+        sync: sync::SyncProgress::new(header.channels, sync_wait, header.postcopy),
     })
 }
 
@@ -288,6 +288,7 @@ fn receive_guest<C: Connection, G: DestGuest>(
         state_at: got.state_at.unwrap_or(drained),
         drained,
         decoded: Instant::now(),
+        logging: sh.sync.logging.load(Ordering::Acquire),
     };
     if let Some(missing) = got.postcopy_missing {
         let mut pc = pc_conns.into_iter();
@@ -305,6 +306,7 @@ fn receive_guest<C: Connection, G: DestGuest>(
             answers,
             state: &state,
             missing,
+            logging: sh.sync.logging.load(Ordering::Acquire),
             cfg,
             extra_counts,
             channels: header.channels,

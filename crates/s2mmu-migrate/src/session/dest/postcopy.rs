@@ -43,6 +43,10 @@ pub struct Resume<'a, R: Read + Write, G: DestGuest> {
     pub state: &'a G::State,
     /// POSTCOPY's bitmap.
     pub missing: Vec<u64>,
+    /// Whether the dirty log is on already (turned on when SYNC came,
+    /// before the source paused its guest): the resume then only sets the
+    /// page-fetch hook.
+    pub logging: bool,
     pub cfg: &'a DestConfig,
     /// Page records, bytes and zero pages of the further data channels.
     pub extra_counts: (u64, u64, u64),
@@ -97,8 +101,10 @@ pub fn resume<R: Read + Write + Send, G: DestGuest>(
     let fetcher = Arc::new(Fetcher::new(&**vm, r.missing, req, r.cfg.io_timeout));
     // Page-wide mappings only while pages are missing: a block must not
     // map a page that has not landed.
-    vm.enable_dirty_logging()
-        .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
+    if !r.logging {
+        vm.enable_dirty_logging()
+            .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
+    }
     vm.set_page_fetch(Some(fetcher.clone()))
         .map_err(|e| MigrateError::Setup(format!("destination page fetch: {e}")))?;
     let wl = r.guest.start(r.state)?;

@@ -22,6 +22,10 @@ pub(super) struct Clock {
     pub(super) drained: Instant,
     /// The guest checked the state.
     pub(super) decoded: Instant,
+    /// The dirty log is on (turned on at SYNC for a post-copy switch that
+    /// did not come): it goes off once RESUMED is out, outside the
+    /// downtime.
+    pub(super) logging: bool,
 }
 
 /// Resumes the guest here after a complete pre-copy stream: per-slot
@@ -56,15 +60,10 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
     });
     let (wl, resumed_at) = started?;
     let writes0 = wl.counters().writes;
-    let mut e = Enc::default();
-    e.u32(slot_digests.len() as u32);
-    for (id, d) in &slot_digests {
-        e.u16(*id).u64(*d);
-    }
-    {
-        let mut w = WireWriter::replies(rd.get_mut());
-        w.control(tag::RESUMED, &e.0)?;
-        w.flush()?;
+    send_resumed(rd, &slot_digests)?;
+    if clock.logging {
+        vm.disable_dirty_logging()
+            .map_err(|e| MigrateError::Setup(format!("destination logging off: {e}")))?;
     }
     let resume_parts = ResumeParts {
         drain: clock.drained.saturating_duration_since(clock.state_at),
@@ -106,6 +105,21 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
         recv_stages: Default::default(),
         resume_parts,
     })
+}
+
+/// RESUMED with the per-slot digests, written and flushed.
+fn send_resumed<C: Connection>(
+    rd: &mut WireReader<&mut C>,
+    slot_digests: &[(u16, u64)],
+) -> Result<(), MigrateError> {
+    let mut e = Enc::default();
+    e.u32(slot_digests.len() as u32);
+    for (id, d) in slot_digests {
+        e.u16(*id).u64(*d);
+    }
+    let mut w = WireWriter::replies(rd.get_mut());
+    w.control(tag::RESUMED, &e.0)?;
+    w.flush()
 }
 
 /// verify-full's byte comparison, and VERIFIED with its result.

@@ -6,6 +6,7 @@
 
 use crate::stream_error::MigrateError;
 use crate::transport::Connection;
+use crate::vm::SessionVm;
 use crate::wire::{tag, Dec, WireReader, WireWriter};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -18,15 +19,22 @@ pub(super) struct SyncProgress {
     pub(super) wait: Duration,
     /// A further channel failed (SYNC stops waiting; its error wins).
     pub(super) channel_failed: AtomicBool,
+    /// The HEADER allows post-copy: SYNC turns the dirty log on.
+    pub(super) postcopy: bool,
+    /// The dirty log is on (turned on at SYNC, [`answer_then_log`]).
+    pub(super) logging: AtomicBool,
 }
 
 impl SyncProgress {
-    /// Nothing taken yet on any of `channels`; waits up to `wait` at a time.
-    pub(super) fn new(channels: u16, wait: Duration) -> Self {
+    /// Nothing taken yet on any of `channels`; waits up to `wait` at a
+    /// time; `postcopy`: the HEADER allows the switch.
+    pub(super) fn new(channels: u16, wait: Duration, postcopy: bool) -> Self {
         SyncProgress {
             taken: (0..channels).map(|_| AtomicU64::new(0)).collect(),
             wait,
             channel_failed: AtomicBool::new(false),
+            postcopy,
+            logging: AtomicBool::new(false),
         }
     }
 }
@@ -67,6 +75,32 @@ pub(super) fn answer<C: Connection>(
     let mut w = WireWriter::replies(rd.get_mut());
     w.control(tag::SYNCED, &[])?;
     w.flush()
+}
+
+/// Answers SYNC ([`answer`]); then, where the stream may switch to
+/// post-copy (the HEADER's flag), turns `vm`'s dirty log on (once: see
+/// `sh.logging`). The source pauses its guest
+/// right after SYNCED, so the log's set-up, which the post-copy resume
+/// needs, runs while the source's guest still runs instead of inside
+/// the downtime. A stream that ends without the switch turns it off again
+/// after its resume (its guest never ran under it before).
+///
+/// # Errors
+/// As [`answer`]; the VM refusing the log.
+pub(super) fn answer_then_log<C: Connection, V: SessionVm>(
+    rd: &mut WireReader<&mut C>,
+    sh: &SyncProgress,
+    vm: &V,
+    body: &[u8],
+    at_byte: u64,
+) -> Result<(), MigrateError> {
+    answer(rd, sh, body, at_byte)?;
+    if sh.postcopy && !sh.logging.load(Ordering::Acquire) {
+        vm.enable_dirty_logging()
+            .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
+        sh.logging.store(true, Ordering::Release);
+    }
+    Ok(())
 }
 
 /// What SYNC's wait ends with when a further channel failed meanwhile

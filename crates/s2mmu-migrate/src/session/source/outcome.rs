@@ -92,6 +92,12 @@ pub struct SourceOutcome {
     /// Where the downtime went (pre-copy; all zero after a switch to
     /// post-copy, whose downtime is not broken down).
     pub downtime_parts: DowntimeParts,
+    /// When the source asked its guest to pause (the downtime's start),
+    /// on this process's monotonic clock; `None` without a pause. With the
+    /// destination's [`crate::session::dest::DestOutcome::resumed_at`] (its
+    /// guest's first instruction) it gives the downtime as the pause to
+    /// the first guest instruction on the destination.
+    pub pause_at: Option<std::time::Instant>,
     /// Page records sent (the verification pass not included).
     pub page_records: u64,
     /// Of those, zero pages.

@@ -122,6 +122,7 @@ fn outcome<G: SourceGuest>(
         total: done.background_end - x.log_start,
         downtime: resumed_at - pause_at,
         downtime_parts: Default::default(),
+        pause_at: Some(pause_at),
         page_records: p0 + done.answered_pages,
         zero_pages: z0,
         bytes: x.rounds.iter().map(|r| r.bytes).sum::<u64>() + done.bytes,

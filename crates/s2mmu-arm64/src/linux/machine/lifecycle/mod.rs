@@ -142,6 +142,10 @@ impl LinuxVm {
         config::check(cfg)?;
         let (machine, avm) = LinuxVm::start_engine(cfg.vcpus, cfg.mem, &spec)?;
         let ram = LinuxRam::new(machine.ram().clone(), layout::DATA, cfg.mem, RAM_IPA)?;
+        // The brakes go to the engine now, with the machine, not at the
+        // start (a migration's destination starts inside the downtime).
+        let limit = Arc::new(DirtyLimit::new(cfg.vcpus));
+        limit.attach(&avm);
         Ok(LinuxVm {
             machine,
             vcpus: cfg.vcpus,
@@ -159,7 +163,7 @@ impl LinuxVm {
             ram,
             written: None,
             hook: None,
-            limit: Arc::new(DirtyLimit::new(cfg.vcpus)),
+            limit,
             restore_clock: RestoreClock::default(),
         })
     }
