@@ -4,11 +4,14 @@
 use super::codec::Dec;
 use super::header::{Header, Opening};
 use super::limits::{max_body, tag, tag_name, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN, VERSION};
-use crate::hash::{checksum, page_hash};
+use crate::hash::checksum;
 use crate::stages::{RecvStages, StageClock};
 use crate::stream_error::MigrateError;
 use std::io::{IoSliceMut, Read};
 use std::time::{Duration, Instant};
+
+#[allow(unsafe_code)] // streaming stores (SSE2) into guest memory
+mod through;
 
 /// The slowest a peer may send a record once its first byte came: below
 /// it the record's deadline passes. A real peer sends hundreds of MiB/s;
@@ -322,12 +325,13 @@ impl<R: Read> WireReader<R> {
     /// Reads the data of the last PAGES record into `pages` (one page
     /// each, for its entries that are not zero pages, in order), asking
     /// the connection for all of them at once (as few system calls as it
-    /// allows), and checks each page's hash as soon as a read has brought
-    /// its last byte, while the copy that just wrote it may still be in
-    /// the cache, rather than once the whole 1 MiB record is in. Reading
-    /// 128 KiB at a time to keep every page in a core's L2 was measured
-    /// and cost the plain-TCP destination more in system calls than it
-    /// saved. The hashing is timed as
+    /// allows). Each page is checked against its hash as soon as a read
+    /// has brought its last byte: the read lands in a buffer of the
+    /// reader's, the page is hashed there while the read's copy is still
+    /// in the cache, and only then copied into `pages` (a page whose hash
+    /// does not match is not copied). Reading 128 KiB at a time was
+    /// measured and cost the plain-TCP destination more in system calls
+    /// than it saved. The hashing and the copies into place are timed as
     /// [`RecvStages::check_ns`], the rest as the read.
     ///
     /// Over a connection that [authenticates every
@@ -375,9 +379,16 @@ impl<R: Read> WireReader<R> {
         at_byte: u64,
         check_ns: &mut u64,
     ) -> Result<(), MigrateError> {
-        // The next entry to look at for a data page's hash.
-        let mut want = 0usize;
-        // Pages wholly read (and checked), and bytes read of the next one.
+        if !self.authenticated {
+            let mut buf = std::mem::take(&mut self.scratch);
+            if buf.len() < MAX_BATCH * PAGE_SIZE {
+                buf = vec![0u8; MAX_BATCH * PAGE_SIZE];
+            }
+            let r = self.read_through(&mut buf, pages, at_byte, check_ns);
+            self.scratch = buf;
+            return r;
+        }
+        // Pages wholly read, and bytes read of the next one.
         let (mut done, mut part) = (0usize, 0usize);
         while done < pages.len() {
             let mut iov = Vec::with_capacity(pages.len() - done);
@@ -386,28 +397,8 @@ impl<R: Read> WireReader<R> {
             iov.extend(rest.iter_mut().map(|p| IoSliceMut::new(p)));
             let got = self.read_page_data(&mut iov)?;
             drop(iov);
-            let complete = done + (part + got) / PAGE_SIZE;
+            done += (part + got) / PAGE_SIZE;
             part = (part + got) % PAGE_SIZE;
-            if self.authenticated {
-                done = complete;
-                continue;
-            }
-            let t = Instant::now();
-            for page in pages[done..complete].iter() {
-                while self.entries[want].zero {
-                    want += 1;
-                }
-                let e = self.entries[want];
-                want += 1;
-                if page_hash(page, e.gpa) != e.hash {
-                    return Err(MigrateError::PageChecksum {
-                        gpa: e.gpa,
-                        at_byte,
-                    });
-                }
-            }
-            *check_ns += t.elapsed().as_nanos() as u64;
-            done = complete;
         }
         Ok(())
     }

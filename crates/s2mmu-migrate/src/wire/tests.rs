@@ -366,7 +366,8 @@ fn a_checked_read_takes_a_record_through_partial_reads() {
 
 /// A damaged page is refused as soon as it is in, before the rest of its
 /// record arrives: a stream cut after page 41 of a record whose page 40 is
-/// damaged is a checksum error at page 40, not a truncated record.
+/// damaged is a checksum error at page 40, not a truncated record. The
+/// pages before it are in place; it and those after it were not copied.
 #[test]
 fn a_damaged_page_is_refused_before_its_record_ends() {
     let (mut stream, at) = full_record();
@@ -381,6 +382,10 @@ fn a_damaged_page_is_refused_before_its_record_ends() {
             assert_eq!(gpa, 40 * PAGE_SIZE as u64)
         }
         other => panic!("{other:?}"),
+    }
+    for (i, p) in pages.iter().enumerate() {
+        let want = if i < 40 { (i % 250) as u8 + 1 } else { 0 };
+        assert!(p.iter().all(|&b| b == want), "page {i}");
     }
 }
 
