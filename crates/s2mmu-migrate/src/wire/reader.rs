@@ -279,13 +279,14 @@ impl<R: Read> WireReader<R> {
     /// [`MigrateError::Timeout`].
     pub fn read_pages(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<(), MigrateError> {
         let clock = StageClock::start();
-        let r = self.read_pages_untimed(bufs);
+        let r = self.fill_pages(bufs);
         self.stages.read_ns += clock.wall_ns();
         self.stages.socket_ns += clock.socket_ns().1;
         r
     }
 
-    fn read_pages_untimed(&mut self, mut bufs: &mut [IoSliceMut<'_>]) -> Result<(), MigrateError> {
+    /// [`Self::read_pages`]'s reads; the caller books their time.
+    fn fill_pages(&mut self, mut bufs: &mut [IoSliceMut<'_>]) -> Result<(), MigrateError> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut got = 0usize;
         while got < total {
@@ -366,14 +367,16 @@ impl<R: Read> WireReader<R> {
         }
         let clock = StageClock::start();
         let mut check_ns = 0;
-        let r = self.read_checked_untimed(pages, at_byte, &mut check_ns);
+        let r = self.read_and_check(pages, at_byte, &mut check_ns);
         self.stages.read_ns += clock.wall_ns().saturating_sub(check_ns);
         self.stages.check_ns += check_ns;
         self.stages.socket_ns += clock.socket_ns().1;
         r
     }
 
-    fn read_checked_untimed(
+    /// [`Self::read_checked_pages`]'s reads and checks; the caller books
+    /// their time, `check_ns` of it in the checks.
+    fn read_and_check(
         &mut self,
         pages: &mut [&mut [u8]],
         at_byte: u64,
