@@ -110,10 +110,16 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
                     .map_or(String::new(), |d| dest_text(&d.0, &d.1))
             ),
         ),
-        RunDetails::Postcopy(pc) => {
+        RunDetails::Postcopy {
+            figures: pc,
+            parts,
+            dest,
+        } => {
             let f = &pc.figures;
             (
                 serde_json::json!({"security": s.net.security.describe(),
+                "downtime_parts_ns": super::outcome_json::downtime_parts_json(parts),
+                "destination": dest.as_ref().map(|d| dest_json(&d.0, &d.1)),
                 "after_round": pc.after_round, "missing": f.missing_pages,
                 "requests": f.requests, "remote_faults": f.remote_faults,
                 "answered_pages": f.answered_pages, "background_pages": f.background_pages,
@@ -131,7 +137,7 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
                          the resume, {} requests (stage-2 faults; a faulting vCPU waited {:.2} \
                          ms median, {:.2} ms p99), {} pages answered and {} streamed in {:.1} \
                          ms; {} recoveries; the pages B's guest did not write equal the \
-                         source's",
+                         source's; downtime: {}{}",
                     s.net.security.describe(),
                     if s.postcopy == Some(PostcopyMode::Start) {
                         "from the start".to_string()
@@ -145,7 +151,10 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
                     f.answered_pages,
                     f.background_pages,
                     f.time_to_last_page_ns as f64 / 1e6,
-                    pc.recoveries
+                    pc.recoveries,
+                    parts_text(parts),
+                    dest.as_ref()
+                        .map_or(String::new(), |d| dest_text(&d.0, &d.1))
                 ),
             )
         }

@@ -8,7 +8,7 @@ use super::super::postcopy::{self, PostcopyOutcome};
 use super::super::replies::{abort_and_reason, Connect};
 use super::figures::{counters, phase};
 use super::precopy_end::PrecopyEnd;
-use super::{MigrateError, SourceOutcome};
+use super::{DowntimeParts, MigrateError, SourceOutcome};
 use crate::transport::BoxConn;
 use crate::vm::SessionVm;
 use crate::wire::{WireWriter, SESSION_LEN};
@@ -28,11 +28,14 @@ pub(super) fn run<G: SourceGuest>(
     connect: &mut Connect<'_>,
     session: [u8; SESSION_LEN],
 ) -> Result<SourceOutcome, MigrateError> {
-    // Pages still in flight arrive while the guest runs.
+    // Pages still in flight arrive while the guest runs; what the pause
+    // would do first is done before it.
+    x.guest.prepare_pause();
     super::sync::before_pause(x.s)?;
     let pause_at = Instant::now();
     let at_pause = counters(x.guest);
     x.guest.pause();
+    let paused_at = Instant::now();
     let state = match x.guest_state() {
         Ok(s) => s,
         Err(e) => {
@@ -40,6 +43,7 @@ pub(super) fn run<G: SourceGuest>(
             return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
         }
     };
+    let saved_at = Instant::now();
     let mut pc = pc_conns.into_iter();
     let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
         return Err(MigrateError::Setup("post-copy's connections".into()));
@@ -62,6 +66,7 @@ pub(super) fn run<G: SourceGuest>(
             &mut x.s.pending,
         );
     }
+    let harvested_at = Instant::now();
     let switched = {
         let sw = postcopy::source::Switch {
             vm: x.guest.vm(),
@@ -73,7 +78,7 @@ pub(super) fn run<G: SourceGuest>(
         };
         postcopy::source::switch(&sw, &mut x.s.chans[0].wire).map(|at| (sw, at))
     };
-    let (sw, resumed_at) = match switched {
+    let (sw, [sent_at, resumed_at]) = match switched {
         Ok(x) => x,
         Err(e) => {
             // The destination did not resume: the guest goes on here.
@@ -94,24 +99,33 @@ pub(super) fn run<G: SourceGuest>(
         &x.cfg.recovery,
     )?;
     let slot_digests = x.guest.verify_final(&state, &done.fin)?;
+    let parts = DowntimeParts {
+        pause: paused_at - pause_at,
+        state_save: saved_at - paused_at,
+        harvest: harvested_at - saved_at,
+        // No page is sent while the guest is paused.
+        last_pages: Duration::ZERO,
+        state_send: sent_at - harvested_at,
+        until_resumed: resumed_at - sent_at,
+    };
     Ok(outcome(
         x,
         done,
         slot_digests,
-        (pause_at, at_pause, resumed_at),
+        (pause_at, at_pause, resumed_at, parts),
     ))
 }
 
 /// The source's outcome of a post-copy run that ended with `done` and
-/// checked `slot_digests`; `times`: the pause, the counters then, and the
-/// destination's resume.
+/// checked `slot_digests`; `times`: the pause, the counters then, the
+/// destination's resume, and the downtime's parts.
 fn outcome<G: SourceGuest>(
     x: PrecopyEnd<'_, '_, G>,
     done: postcopy::source::Done,
     slot_digests: Vec<(u16, u64)>,
-    times: (Instant, (Instant, u64, u64), Instant),
+    times: (Instant, (Instant, u64, u64), Instant, DowntimeParts),
 ) -> SourceOutcome {
-    let (pause_at, at_pause, resumed_at) = times;
+    let (pause_at, at_pause, resumed_at, parts) = times;
     let at = x.clock();
     let samples = x.timeline.finish();
     let pause_s = at(pause_at);
@@ -121,7 +135,7 @@ fn outcome<G: SourceGuest>(
         extras: Default::default(),
         total: done.background_end - x.log_start,
         downtime: resumed_at - pause_at,
-        downtime_parts: Default::default(),
+        downtime_parts: parts,
         pause_at: Some(pause_at),
         page_records: p0 + done.answered_pages,
         zero_pages: z0,
