@@ -81,6 +81,22 @@ fn recoverable(e: &MigrateError) -> bool {
     )
 }
 
+/// Turns the dirty log on (unless `logging` says it is) and sets
+/// `fetcher` as the page fetch: page-wide mappings only while pages are
+/// missing, since a block must not map a page that has not landed.
+fn set_fetch<V: SessionVm>(
+    vm: &V,
+    logging: bool,
+    fetcher: Arc<dyn crate::vm::PageFetch>,
+) -> Result<(), MigrateError> {
+    if !logging {
+        vm.enable_dirty_logging()
+            .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
+    }
+    vm.set_page_fetch(Some(fetcher))
+        .map_err(|e| MigrateError::Setup(format!("destination page fetch: {e}")))
+}
+
 /// Resumes the guest with the missing pages unmapped, receives them
 /// (accepting the source again after a connection breaks, up to
 /// [`MAX_RECOVERIES`] times), runs the guest on, and sends FINAL.
@@ -100,14 +116,7 @@ pub fn resume<R: Read + Write + Send, G: DestGuest>(
     let sockets = sockets_of(r.main_socket.as_ref(), [&mut req, &mut answers]);
     let fetcher = Arc::new(Fetcher::new(&**vm, r.missing, req, r.cfg.io_timeout));
     let t0 = Instant::now();
-    // Page-wide mappings only while pages are missing: a block must not
-    // map a page that has not landed.
-    if !r.logging {
-        vm.enable_dirty_logging()
-            .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
-    }
-    vm.set_page_fetch(Some(fetcher.clone()))
-        .map_err(|e| MigrateError::Setup(format!("destination page fetch: {e}")))?;
+    set_fetch(&**vm, r.logging, fetcher.clone())?;
     let fetch_set = Instant::now();
     let wl = r.guest.start(r.state)?;
     let resumed_at = Instant::now();

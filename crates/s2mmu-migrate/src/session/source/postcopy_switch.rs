@@ -23,13 +23,12 @@ use std::time::{Duration, Instant};
 /// and answer connections; a recovery opens new ones with `connect`,
 /// joining `session`.
 pub(super) fn run<G: SourceGuest>(
-    x: PrecopyEnd<'_, '_, G>,
+    mut x: PrecopyEnd<'_, '_, G>,
     pc_conns: Vec<WireWriter<BoxConn>>,
     connect: &mut Connect<'_>,
     session: [u8; SESSION_LEN],
 ) -> Result<SourceOutcome, MigrateError> {
-    // Pages still in flight arrive while the guest runs; what the pause
-    // would do first is done before it.
+    // In-flight pages land, and the pause's first step is done, before it.
     x.guest.prepare_pause();
     super::sync::before_pause(x.s)?;
     let pause_at = Instant::now();
@@ -48,24 +47,7 @@ pub(super) fn run<G: SourceGuest>(
     let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
         return Err(MigrateError::Setup("post-copy's connections".into()));
     };
-    // Before POSTCOPY goes out the destination still waits on the main
-    // connection: a failure here (a further channel cut) is told to it
-    // with ABORT, as in stop-and-copy, so that its reason comes back.
-    let ended =
-        x.s.final_harvest()
-            .and_then(|()| x.s.chans.iter_mut().skip(1).try_for_each(|c| c.wire.end()));
-    if let Err(e) = ended {
-        x.guest.resume();
-        return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
-    }
-    if x.cfg.postcopy == postcopy::Postcopy::Start {
-        // No page was sent: every page is missing, whatever the dirty log
-        // (which only saw what was written since logging began) says.
-        every_page_pending(
-            &x.s.vm.slots().iter().map(|i| i.size).collect::<Vec<_>>(),
-            &mut x.s.pending,
-        );
-    }
+    harvest_missing(&mut x)?;
     let harvested_at = Instant::now();
     let switched = {
         let sw = postcopy::source::Switch {
@@ -99,21 +81,63 @@ pub(super) fn run<G: SourceGuest>(
         &x.cfg.recovery,
     )?;
     let slot_digests = x.guest.verify_final(&state, &done.fin)?;
-    let parts = DowntimeParts {
-        pause: paused_at - pause_at,
-        state_save: saved_at - paused_at,
-        harvest: harvested_at - saved_at,
-        // No page is sent while the guest is paused.
-        last_pages: Duration::ZERO,
-        state_send: sent_at - harvested_at,
-        until_resumed: resumed_at - sent_at,
-    };
+    let parts = switch_parts([
+        pause_at,
+        paused_at,
+        saved_at,
+        harvested_at,
+        sent_at,
+        resumed_at,
+    ]);
     Ok(outcome(
         x,
         done,
         slot_digests,
         (pause_at, at_pause, resumed_at, parts),
     ))
+}
+
+/// With the guest paused and its state saved: the last harvest and the
+/// end of every data channel; with `--postcopy start` every page is
+/// missing. A failure resumes the guest here and tells the destination.
+///
+/// # Errors
+/// The harvest's or a channel's, with the destination's reason.
+fn harvest_missing<G: SourceGuest>(x: &mut PrecopyEnd<'_, '_, G>) -> Result<(), MigrateError> {
+    // Before POSTCOPY goes out the destination still waits on the main
+    // connection: a failure here (a further channel cut) is told to it
+    // with ABORT, as in stop-and-copy, so that its reason comes back.
+    let ended =
+        x.s.final_harvest()
+            .and_then(|()| x.s.chans.iter_mut().skip(1).try_for_each(|c| c.wire.end()));
+    if let Err(e) = ended {
+        x.guest.resume();
+        return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
+    }
+    if x.cfg.postcopy == postcopy::Postcopy::Start {
+        // No page was sent: every page is missing, whatever the dirty log
+        // (which only saw what was written since logging began) says.
+        every_page_pending(
+            &x.s.vm.slots().iter().map(|i| i.size).collect::<Vec<_>>(),
+            &mut x.s.pending,
+        );
+    }
+    Ok(())
+}
+
+/// The switch's downtime parts from the instants that end each: the pause
+/// asked, the guest stopped, the state saved, the harvest, STATE and
+/// POSTCOPY flushed, POSTCOPY_RESUMED read. No page is sent while the
+/// guest is paused.
+fn switch_parts(t: [Instant; 6]) -> DowntimeParts {
+    DowntimeParts {
+        pause: t[1] - t[0],
+        state_save: t[2] - t[1],
+        harvest: t[3] - t[2],
+        last_pages: Duration::ZERO,
+        state_send: t[4] - t[3],
+        until_resumed: t[5] - t[4],
+    }
 }
 
 /// The source's outcome of a post-copy run that ended with `done` and

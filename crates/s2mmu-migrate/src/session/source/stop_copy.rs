@@ -25,8 +25,7 @@ pub(super) fn run<G: SourceGuest>(
     throttle_pct: u32,
 ) -> Result<SourceOutcome, MigrateError> {
     let at = x.clock();
-    // Pages still in flight arrive while the guest runs; what the pause
-    // would do first is done before it.
+    // In-flight pages land, and the pause's first step is done, before it.
     x.guest.prepare_pause();
     super::sync::before_pause(x.s)?;
     let pause_at = Instant::now();
