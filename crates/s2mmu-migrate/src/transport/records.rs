@@ -87,8 +87,7 @@ impl Direction {
     }
 
     /// The next record's nonce (the IV XOR the sequence number), counting
-    /// the record. Built as two whole words, not byte by byte: a nonce
-    /// stored in byte pieces and read back in words stalls the read.
+    /// the record: the IV's last 8 bytes XOR the number, as one word.
     #[inline(always)]
     fn next_nonce(&mut self) -> std::io::Result<Nonce> {
         if self.seq >= MAX_RECORDS {
