@@ -10,7 +10,7 @@
 use crate::linux::dirty_limit::DirtyLimit;
 use crate::linux::gic::Gic;
 use crate::linux::page_fetch::HookSlot;
-use crate::linux::placement::{EngineVm, Placement};
+use crate::linux::placement::Placement;
 use crate::linux::power::VcpuControl;
 use crate::linux::psci::{self, PowerState};
 use crate::linux::set::DeviceSet;
@@ -132,7 +132,7 @@ impl RamFaults {
 /// What the vCPU threads share.
 pub(crate) struct Shared {
     /// The engine, in its placement.
-    pub(crate) vm: EngineVm,
+    pub(crate) vm: Box<dyn Placement>,
     pub(crate) devices: DeviceSet,
     pub(crate) cpus: VcpuControl,
     pub(crate) faults: RamFaults,
@@ -198,7 +198,7 @@ impl Shared {
         if list.is_empty() {
             return;
         }
-        if let Err(e) = Placement::kick_all(&self.vm, &list) {
+        if let Err(e) = self.vm.kick_all(&list) {
             self.log(format!("kicking vCPUs {list:?} failed: {e}"));
         }
     }
@@ -223,7 +223,7 @@ impl Shared {
             return false;
         }
         if kicked.is_none_or(|k| k.elapsed() >= STOP_REKICK) {
-            if let Err(e) = Placement::kick_all(&self.vm, &[id]) {
+            if let Err(e) = self.vm.kick_all(&[id]) {
                 self.log(format!("kicking vCPU {id} after the stop failed: {e}"));
             }
             *kicked = Some(Instant::now());

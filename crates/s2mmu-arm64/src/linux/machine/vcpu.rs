@@ -7,7 +7,7 @@ use crate::layout::{self, mb};
 use crate::linux::bus::Served;
 use crate::linux::inject::Injection;
 use crate::linux::mmio::{self, MmioDecode};
-use crate::linux::placement::{EngineVcpu, Placement};
+use crate::linux::placement::PlacedVcpu;
 use crate::linux::psci;
 use crate::linux::shared::{ExitKind, Shared};
 use crate::machine::{Exit, Mailbox};
@@ -136,7 +136,7 @@ const EXIT_SLEEP: Duration = Duration::from_millis(10);
 pub(crate) fn handle(
     sh: &Shared,
     id: usize,
-    vcpu: &mut EngineVcpu,
+    vcpu: &mut dyn PlacedVcpu,
     mbox: &Mailbox<'_>,
     e: &Exit,
 ) -> Result<Next> {
@@ -221,7 +221,7 @@ fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Vec<(u64, u64
 fn abort(
     sh: &Shared,
     id: usize,
-    vcpu: &mut EngineVcpu,
+    vcpu: &mut dyn PlacedVcpu,
     mbox: &Mailbox<'_>,
     e: &Exit,
 ) -> Result<Next> {
@@ -240,7 +240,7 @@ fn abort(
     }
     sh.faults.page_fetch.before_fault(id, e)?;
     let t0 = Instant::now();
-    let r = sh.vm.stage2_abort(vcpu, e)?;
+    let r = vcpu.stage2_abort(e)?;
     let st = &sh.host_log.stats[id];
     match r {
         Ok(insns) => {

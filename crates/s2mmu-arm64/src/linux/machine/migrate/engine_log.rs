@@ -3,7 +3,7 @@
 
 use crate::linux::el2::El2Vm;
 use crate::linux::lifecycle::LinuxVm;
-use crate::linux::placement::EngineVm;
+
 use crate::vm::Arm64Mmu;
 use crate::Result;
 use std::sync::Arc;
@@ -23,12 +23,14 @@ enum Log {
 }
 
 impl EngineLog {
-    /// The log of the engine `host` places.
-    pub(super) fn of(host: &EngineVm) -> EngineLog {
-        EngineLog(match host {
-            EngineVm::Host(v) => Log::Host(v.mmu().clone()),
-            EngineVm::El2(v) => Log::El2(v.clone()),
-        })
+    /// The log of the host placement's engine.
+    pub(crate) fn host(mmu: Arc<Arm64Mmu>) -> EngineLog {
+        EngineLog(Log::Host(mmu))
+    }
+
+    /// The log of the engine at EL2.
+    pub(crate) fn el2(vm: El2Vm) -> EngineLog {
+        EngineLog(Log::El2(vm))
     }
 
     /// Turns logging on for `slot`.
@@ -87,6 +89,6 @@ impl LinuxVm {
     /// The engine's dirty log of this machine (the same until a guest
     /// comes back to it and it starts a new QEMU, see `renew`).
     pub fn engine_log(&self) -> EngineLog {
-        EngineLog::of(self.placement())
+        self.placement().dirty_log()
     }
 }

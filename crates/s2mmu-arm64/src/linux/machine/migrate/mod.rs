@@ -13,7 +13,6 @@
 //! the value it had at the pause: the downtime is invisible to the
 //! guest's clock.
 
-use crate::linux::placement::Placement;
 use crate::linux::psci::PowerState;
 use crate::linux::shared::{Power, StopReason};
 use crate::linux::start::StartState;
@@ -59,7 +58,7 @@ impl LinuxVm {
                 // A kick that fails (QEMU gone) ends with the vCPU
                 // threads, which stop with that error and park.
                 if !on.is_empty() {
-                    if let Err(e) = Placement::kick_all(&sh.vm, &on) {
+                    if let Err(e) = sh.vm.kick_all(&on) {
                         eprintln!("linux guest: pause: kick {on:?}: {e}");
                     }
                 }
