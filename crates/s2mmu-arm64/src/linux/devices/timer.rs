@@ -9,9 +9,12 @@
 //!
 //! So the timer has no registers on the MMIO bus: [`VirtualTimer`] is the
 //! host's part of it, the count's offset each vCPU enters its guest with
-//! and the PPI its expiry raises. It saves its state as the guest's count
+//! and the PPI its expiry raises; on the bus it claims its expiry's
+//! physical interrupt. It saves its state as the guest's count
 //! at a pause ([`VirtualTimer::save`]) and is built again from it on
 //! any host ([`VirtualTimer::restore`]).
+
+use crate::linux::devices::device::{Claim, Device, DeviceState};
 
 /// The virtual timer's PPI (INTID 27 on the `virt` machine).
 pub const VTIMER_INTID: u32 = 27;
@@ -84,6 +87,26 @@ impl VirtualTimer {
         VirtualTimer {
             cntvoff: offset_for(now, s.vct),
         }
+    }
+}
+
+/// The timer as the bus's device: it takes the physical interrupt of its
+/// expiry, and saves the guest's count.
+impl Device for VirtualTimer {
+    fn name(&self) -> &'static str {
+        "virtual timer"
+    }
+
+    fn claims(&self) -> Vec<Claim> {
+        vec![Claim::Interrupt(VTIMER_INTID)]
+    }
+
+    fn interrupt(&self, intid: u32) -> Option<u32> {
+        VirtualTimer::interrupt(self, intid)
+    }
+
+    fn save(&self, vcts: &[u64]) -> DeviceState {
+        DeviceState::Timer(VirtualTimer::save(self, vcts.iter().copied()))
     }
 }
 

@@ -8,7 +8,6 @@
 //! imports none of them.
 
 use crate::linux::dirty_limit::DirtyLimit;
-use crate::linux::gic::Gic;
 use crate::linux::page_fetch::HookSlot;
 use crate::linux::placement::Placement;
 use crate::linux::power::VcpuControl;
@@ -203,11 +202,6 @@ impl Shared {
         }
     }
 
-    /// A write of ICC_SGI1R_EL1 by vCPU `from` ([`sgi_write`]).
-    pub(crate) fn sgi_write(&self, from: usize, v: u64) -> Vec<(u64, u64)> {
-        sgi_write(&self.devices.gic, &self.cpus.watch, from, v)
-    }
-
     /// While vCPU `id`'s thread waits for an exit: after a stop, kicks
     /// the vCPU again every [`STOP_REKICK`] (a stop that came as its
     /// thread resumed it found it in the host); `false` once
@@ -302,24 +296,15 @@ pub(crate) fn kick_insns(
         .collect()
 }
 
-/// A write of `v` to ICC_SGI1R_EL1 by vCPU `from`: the SGI is pending for
-/// every target (a vCPU outside its guest loads it at its next entry:
-/// queued, no kick), and the maintenance returned kicks only the targets
-/// that run their guest with no kick on the way. A vCPU that is not a
-/// target is never touched, a broadcast's sender included.
-pub(crate) fn sgi_write(gic: &Gic, watch: &Watch, from: usize, v: u64) -> Vec<(u64, u64)> {
-    let (intid, targets) = gic.sgi_targets(from, v);
-    let raised: Vec<usize> = targets
-        .into_iter()
-        .filter_map(|t| gic.raise(t, intid))
-        .collect();
-    kick_insns(watch, raised)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::linux::gic::{GicAccess, GICR_STRIDE};
+
+    /// A write `v` of ICC_SGI1R_EL1 by vCPU `from`: the kicks it needs.
+    fn sgi_write(gic: &Gic, watch: &Watch, from: usize, v: u64) -> Vec<(u64, u64)> {
+        kick_insns(watch, crate::linux::gic_frames::raise_sgi(gic, from, v))
+    }
+    use crate::linux::gic::{Gic, GicAccess, GICR_STRIDE};
 
     /// ICC_SGI1R_EL1's IRM: every vCPU but the sender.
     const IRM: u64 = 1 << 40;

@@ -13,6 +13,8 @@
 //! the value it had at the pause: the downtime is invisible to the
 //! guest's clock.
 
+use crate::linux::devices::device::DeviceState;
+use crate::linux::gic::Gic;
 use crate::linux::psci::PowerState;
 use crate::linux::shared::{Power, StopReason};
 use crate::linux::start::StartState;
@@ -145,6 +147,7 @@ impl LinuxVm {
             ));
         }
         let g = r.ctl.lock();
+        let vcts: Vec<u64> = g.saved.iter().flatten().map(|s| s.cntvct).collect();
         let p = r.sh.cpus.power.lock().unwrap_or_else(|p| p.into_inner());
         let cpus = (0..self.vcpus)
             .map(|v| VcpuPart {
@@ -154,12 +157,23 @@ impl LinuxVm {
             })
             .collect();
         drop((g, p));
+        let (mut gic, mut uart) = (None, None);
+        for s in r.sh.devices.save(&vcts) {
+            match s {
+                DeviceState::Gic(s) => gic = Some(s),
+                DeviceState::Uart(s) => uart = Some(s),
+                DeviceState::Timer(_) | DeviceState::Stateless => {}
+            }
+        }
+        let missing = |what: &str| Arm64Error::Guest(format!("no device saved the {what}'s state"));
+        let gic = Gic::from_state(&*gic.ok_or_else(|| missing("GIC"))?)
+            .map_err(|e| Arm64Error::Guest(e.to_string()))?;
         Ok(LinuxState {
             vcpus: self.vcpus,
             mem: self.mem,
             vct: self.paused_vct,
-            gic: crate::linux::vm_state::gic_copy(&r.sh.devices.gic),
-            uart: r.uart.state(),
+            gic,
+            uart: uart.ok_or_else(|| missing("UART"))?,
             cpus,
         })
     }
