@@ -18,6 +18,7 @@ pub mod gic;
 pub mod gic_frames;
 pub mod gic_snapshot;
 pub mod mmio;
+mod no_address;
 pub mod psci;
 pub(crate) mod set;
 pub mod timer;

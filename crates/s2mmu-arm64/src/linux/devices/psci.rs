@@ -1,10 +1,8 @@
 //! PSCI 1.1 over HVC, as Linux's `arch/arm64/kvm/psci.c` serves it: the
 //! guest's power state calls, decoded into what the VM must do
 //! ([`decode`]) and served against the VM's power states (`serve`, over
-//! the VM's `PowerControl`), as the bus's device `Psci` whose calls these
-//! are.
-
-use crate::linux::devices::device::{CallDone, Claim, Conduit, Device, DeviceHost};
+//! the VM's `PowerControl`), as the bus's device `Psci` (in `no_address.rs`)
+//! whose calls these are.
 
 /// PSCI_VERSION.
 pub const VERSION: u32 = 0x8400_0000;
@@ -205,34 +203,6 @@ pub(crate) fn serve(x: [u64; 4], id: usize, vm: &(impl PowerControl + ?Sized)) -
         PsciCall::SystemReset => {
             vm.system_off(true);
             Served::Off
-        }
-    }
-}
-
-/// PSCI as the bus's device: the SMCCC function IDs PSCI owns (0x00 to
-/// 0x1f of the standard service, 32- and 64-bit) over HVC, the conduit
-/// the device tree names.
-pub(crate) struct Psci;
-
-impl Device for Psci {
-    fn name(&self) -> &'static str {
-        "PSCI"
-    }
-
-    fn claims(&self) -> Vec<Claim> {
-        [VERSION, VERSION | SMC64]
-            .into_iter()
-            .map(|first| Claim::Call {
-                conduit: Conduit::Hvc,
-                ids: first..=first + 0x1f,
-            })
-            .collect()
-    }
-
-    fn call(&self, vcpu: usize, x: [u64; 4], host: &DeviceHost) -> CallDone {
-        match serve(x, vcpu, host) {
-            Served::Resume(x0) => CallDone::Resume(x0),
-            Served::Off => CallDone::Off,
         }
     }
 }

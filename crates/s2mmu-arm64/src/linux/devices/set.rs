@@ -9,7 +9,7 @@ use crate::linux::devices::device::{
     CallDone, Claim, Conduit, Device, DeviceHost, DeviceState, SysReg, SysRegDone,
 };
 use crate::linux::devices::gic_frames::GicDevice;
-use crate::linux::devices::psci::Psci;
+use crate::linux::devices::no_address::Psci;
 use crate::linux::devices::timer::VirtualTimer;
 use crate::linux::devices::uart::UartDevice;
 use crate::linux::gic::Gic;

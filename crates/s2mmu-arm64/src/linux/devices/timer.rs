@@ -14,8 +14,6 @@
 //! at a pause ([`VirtualTimer::save`]) and is built again from it on
 //! any host ([`VirtualTimer::restore`]).
 
-use crate::linux::devices::device::{Claim, Device, DeviceState};
-
 /// The virtual timer's PPI (INTID 27 on the `virt` machine).
 pub const VTIMER_INTID: u32 = 27;
 
@@ -87,26 +85,6 @@ impl VirtualTimer {
         VirtualTimer {
             cntvoff: offset_for(now, s.vct),
         }
-    }
-}
-
-/// The timer as the bus's device: it takes the physical interrupt of its
-/// expiry, and saves the guest's count.
-impl Device for VirtualTimer {
-    fn name(&self) -> &'static str {
-        "virtual timer"
-    }
-
-    fn claims(&self) -> Vec<Claim> {
-        vec![Claim::Interrupt(VTIMER_INTID)]
-    }
-
-    fn interrupt(&self, intid: u32) -> Option<u32> {
-        VirtualTimer::interrupt(self, intid)
-    }
-
-    fn save(&self, vcts: &[u64]) -> DeviceState {
-        DeviceState::Timer(VirtualTimer::save(self, vcts.iter().copied()))
     }
 }
 

@@ -24,11 +24,10 @@ use crate::linux::vm_state::{LinuxState, VcpuPart};
 use crate::{Arm64Error, Result};
 use std::time::{Duration, Instant};
 
-mod engine_log;
 mod ram;
 mod restore;
 pub use crate::linux::lifecycle::{LinuxVm, RestoreClock, BLANK_PARK};
-pub use engine_log::EngineLog;
+pub use crate::linux::placement::EngineLog;
 
 /// How long a pause may take (a loaded 2-core host runs QEMU slowly).
 const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
@@ -227,5 +226,13 @@ impl LinuxVm {
             first_instruction: Duration::ZERO,
         };
         Ok(())
+    }
+}
+
+impl LinuxVm {
+    /// The engine's dirty log of this machine (the same until a guest
+    /// comes back to it and it starts a new QEMU, see `renew`).
+    pub fn engine_log(&self) -> EngineLog {
+        self.placement().dirty_log()
     }
 }

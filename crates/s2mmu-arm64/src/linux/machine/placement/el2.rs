@@ -2,9 +2,9 @@
 //! command blocks; only the aborts it leaves to the host reach a vCPU's
 //! thread.
 
+use super::EngineLog;
 use super::{PlacedVcpu, Placement};
 use crate::linux::el2::{El2Vm, WeakEl2Vm};
-use crate::linux::migrate::EngineLog;
 use crate::machine::{Exit, Machine};
 use crate::tlbi::HypSink;
 use crate::Result;

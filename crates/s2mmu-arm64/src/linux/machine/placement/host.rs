@@ -1,10 +1,10 @@
 //! The host placement: the engine in this process, every stage-2 abort
 //! answered by the faulting vCPU's host thread.
 
+use super::EngineLog;
 use super::{PlacedVcpu, Placement};
 use crate::arena::ArenaMmOps;
 use crate::linux::el2::{El2Vm, WeakEl2Vm};
-use crate::linux::migrate::EngineLog;
 use crate::machine::{Exit, Machine};
 use crate::tlbi::HypSink;
 use crate::vm::Arm64Vm;

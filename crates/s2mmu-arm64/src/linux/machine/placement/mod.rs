@@ -21,10 +21,12 @@
 //! round trip through the stub's mailbox), and a harvest one per slot.
 
 mod el2;
+mod engine_log;
 mod host;
 
+pub use engine_log::EngineLog;
+
 use crate::linux::el2::{El2Vm, WeakEl2Vm};
-use crate::linux::migrate::EngineLog;
 use crate::machine::{Exit, Machine};
 use crate::tlbi::HypSink;
 use crate::Result;

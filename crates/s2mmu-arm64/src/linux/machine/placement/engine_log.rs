@@ -2,8 +2,6 @@
 //! its dirty log, wherever the engine runs.
 
 use crate::linux::el2::El2Vm;
-use crate::linux::lifecycle::LinuxVm;
-
 use crate::vm::Arm64Mmu;
 use crate::Result;
 use std::sync::Arc;
@@ -82,13 +80,5 @@ impl EngineLog {
             Log::Host(m) => m.policy().eager_split_chunk.is_some(),
             Log::El2(_) => false,
         }
-    }
-}
-
-impl LinuxVm {
-    /// The engine's dirty log of this machine (the same until a guest
-    /// comes back to it and it starts a new QEMU, see `renew`).
-    pub fn engine_log(&self) -> EngineLog {
-        self.placement().dirty_log()
     }
 }
