@@ -6,7 +6,7 @@
 //! interrupt pending for another vCPU ([`MmioDevice::routes_interrupts`]),
 //! so the vCPU loop kicks the vCPUs that now have one.
 //!
-//! [`GicDevice`] is the GIC as the bus's device: both frames, and the SGI
+//! `GicDevice` is the GIC as the bus's device: both frames, and the SGI
 //! registers whose writes trap to EL2.
 
 use crate::linux::bus::MmioDevice;
