@@ -85,7 +85,7 @@ impl Placement for El2Vm {
     }
 
     fn dirty_log(&self) -> EngineLog {
-        EngineLog::el2(self.clone())
+        EngineLog::new(Arc::new(self.clone()))
     }
 
     fn brakes(&self) -> Option<WeakEl2Vm> {

@@ -114,7 +114,7 @@ impl Placement for Arm64Vm {
     }
 
     fn dirty_log(&self) -> EngineLog {
-        EngineLog::host(self.mmu().clone())
+        EngineLog::new(self.mmu().clone())
     }
 
     fn brakes(&self) -> Option<WeakEl2Vm> {
