@@ -3,13 +3,11 @@
 //! thread.
 
 use super::EngineLog;
-use super::{PlacedVcpu, Placement};
+use super::{PlacedLog, PlacedVcpu, Placement};
 use crate::linux::el2::{El2Vm, WeakEl2Vm};
 use crate::machine::{Exit, Machine};
 use crate::tlbi::HypSink;
 use crate::Result;
-use s2mmu::dirty::DirtyGfn;
-use s2mmu::mmu::DirtyMode;
 use std::sync::Arc;
 
 /// A vCPU of the EL2 placement: EL2 keeps its state; the host knows its id.
@@ -74,14 +72,8 @@ impl Placement for El2Vm {
         Ok(())
     }
 
-    fn harvest(
-        &self,
-        mode: DirtyMode,
-        slots: &[(u16, u64, u64)],
-        bitmap: &mut [u64],
-        ring: &mut Vec<DirtyGfn>,
-    ) -> Result<()> {
-        El2Vm::harvest(self, mode, slots, bitmap, ring)
+    fn log(&self) -> &dyn PlacedLog {
+        self
     }
 
     fn dirty_log(&self) -> EngineLog {

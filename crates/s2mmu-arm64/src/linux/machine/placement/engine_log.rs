@@ -5,6 +5,8 @@
 use crate::linux::el2::El2Vm;
 use crate::vm::Arm64Mmu;
 use crate::Result;
+use s2mmu::dirty::DirtyGfn;
+use s2mmu::mmu::DirtyMode;
 use std::sync::Arc;
 
 /// A placement's dirty log, as a migration's session drives it. Each call
@@ -23,6 +25,46 @@ pub(crate) trait PlacedLog: Send + Sync {
     /// Whether nothing but a harvest's invalidations and a pause's kick
     /// needs the service CPU while the log runs.
     fn service_idle_while_logging(&self) -> bool;
+    /// Every vCPU's dirty ring's entries, appended to `out`.
+    fn ring_entries(&self, out: &mut Vec<DirtyGfn>) -> Result<()>;
+    /// Re-protects the pages the harvested entries name and empties the
+    /// rings.
+    fn reset_ring_entries(&self) -> Result<()>;
+}
+
+/// One harvest of `log` under `mode` into `bitmap`: of each logged slot
+/// `(memslot, first bit, pages)`, each slot's first bit a multiple of 64;
+/// `ring` is scratch for the rings' entries.
+pub(crate) fn harvest(
+    log: &dyn PlacedLog,
+    mode: DirtyMode,
+    slots: &[(u16, u64, u64)],
+    bitmap: &mut [u64],
+    ring: &mut Vec<DirtyGfn>,
+) -> Result<()> {
+    if mode.ring_entries().is_some() {
+        ring.clear();
+        log.ring_entries(ring)?;
+        bitmap.fill(0);
+        for g in ring.iter() {
+            let at = slots
+                .iter()
+                .find(|s| u32::from(s.0) == g.slot && g.offset < s.2);
+            if let Some(&(_, first, _)) = at {
+                let b = first + g.offset;
+                bitmap[(b / 64) as usize] |= 1 << (b % 64);
+            }
+        }
+        return log.reset_ring_entries();
+    }
+    for &(slot, first, n) in slots {
+        let words = &mut bitmap[(first / 64) as usize..(first + n).div_ceil(64) as usize];
+        log.get(slot, words)?;
+        if mode.manual_protect() {
+            log.clear(slot, 0, n, words)?;
+        }
+    }
+    Ok(())
 }
 
 /// The engine of a migratable VM as a migration's session drives its
@@ -96,6 +138,16 @@ impl PlacedLog for Arm64Mmu {
     fn service_idle_while_logging(&self) -> bool {
         self.policy().eager_split_chunk.is_some()
     }
+
+    fn ring_entries(&self, out: &mut Vec<DirtyGfn>) -> Result<()> {
+        self.harvest_rings(out)?;
+        Ok(())
+    }
+
+    fn reset_ring_entries(&self) -> Result<()> {
+        self.reset_rings()?;
+        Ok(())
+    }
 }
 
 /// The EL2 placement's log, by command blocks.
@@ -122,5 +174,13 @@ impl PlacedLog for El2Vm {
 
     fn service_idle_while_logging(&self) -> bool {
         false
+    }
+
+    fn ring_entries(&self, out: &mut Vec<DirtyGfn>) -> Result<()> {
+        self.harvest_rings(out)
+    }
+
+    fn reset_ring_entries(&self) -> Result<()> {
+        self.reset_rings()
     }
 }

@@ -2,16 +2,15 @@
 //! answered by the faulting vCPU's host thread.
 
 use super::EngineLog;
-use super::{PlacedVcpu, Placement};
+use super::{PlacedLog, PlacedVcpu, Placement};
 use crate::arena::ArenaMmOps;
 use crate::linux::el2::{El2Vm, WeakEl2Vm};
 use crate::machine::{Exit, Machine};
 use crate::tlbi::HypSink;
 use crate::vm::Arm64Vm;
 use crate::{Arm64Error, Result};
-use s2mmu::dirty::DirtyGfn;
 use s2mmu::memslot::{SlotFlags, UserMemoryRegion};
-use s2mmu::mmu::{DirtyMode, VcpuMmu};
+use s2mmu::mmu::VcpuMmu;
 use s2mmu::{Gpa, Hva};
 use std::sync::Arc;
 
@@ -79,38 +78,8 @@ impl Placement for Arm64Vm {
         self.remap_host_page(hva, new_pa)
     }
 
-    fn harvest(
-        &self,
-        mode: DirtyMode,
-        slots: &[(u16, u64, u64)],
-        bitmap: &mut [u64],
-        ring: &mut Vec<DirtyGfn>,
-    ) -> Result<()> {
-        let mmu = self.mmu();
-        if mode.ring_entries().is_some() {
-            ring.clear();
-            mmu.harvest_rings(ring)?;
-            bitmap.fill(0);
-            for g in ring.iter() {
-                let at = slots
-                    .iter()
-                    .find(|s| u32::from(s.0) == g.slot && g.offset < s.2);
-                if let Some(&(_, first, _)) = at {
-                    let b = first + g.offset;
-                    bitmap[(b / 64) as usize] |= 1 << (b % 64);
-                }
-            }
-            mmu.reset_rings()?;
-            return Ok(());
-        }
-        for &(slot, first, n) in slots {
-            let words = &mut bitmap[(first / 64) as usize..(first + n).div_ceil(64) as usize];
-            mmu.get_dirty_log(slot, words)?;
-            if mode.manual_protect() {
-                mmu.clear_dirty_log(slot, 0, n, words)?;
-            }
-        }
-        Ok(())
+    fn log(&self) -> &dyn PlacedLog {
+        &**self.mmu()
     }
 
     fn dirty_log(&self) -> EngineLog {

@@ -25,6 +25,7 @@ mod engine_log;
 mod host;
 
 pub use engine_log::EngineLog;
+pub(crate) use engine_log::PlacedLog;
 
 use crate::linux::el2::{El2Vm, WeakEl2Vm};
 use crate::machine::{Exit, Machine};
@@ -107,6 +108,9 @@ pub(crate) trait Placement: Send + Sync {
     /// The engine's refusal (EL2's, for a page or target it does not take).
     fn remap_page(&self, pa: u64, new_pa: u64) -> Result<()>;
 
+    /// The engine's dirty log as the harvester reads it.
+    fn log(&self) -> &dyn PlacedLog;
+
     /// One harvest under `mode` into `bitmap`: of each logged slot
     /// `(memslot, first bit, pages)`, each slot's first bit a multiple of
     /// 64; `ring` is scratch for the rings' entries.
@@ -119,7 +123,9 @@ pub(crate) trait Placement: Send + Sync {
         slots: &[(u16, u64, u64)],
         bitmap: &mut [u64],
         ring: &mut Vec<DirtyGfn>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        engine_log::harvest(self.log(), mode, slots, bitmap, ring)
+    }
 
     /// The engine's dirty log, as a migration's session drives it.
     fn dirty_log(&self) -> EngineLog;
