@@ -115,7 +115,6 @@ fn run_source_with<G: SourceGuest>(
     std::thread::sleep(cfg.warmup);
     let warm_end = counters(guest);
     let warm_end_s = timeline.at(warm_end.0);
-
     // Connect, be accepted, join the further channels, measure the link.
     let connect_start = Instant::now();
     let (session, chans, pc_conns) = connect_channels(cfg, guest, connect)?;
@@ -123,14 +122,9 @@ fn run_source_with<G: SourceGuest>(
     let harvester = Harvester::new(cfg.harvest, cfg.clear_chunk, shape.vcpus as usize);
     let mut s = Sender::new(vm, chans, cfg, harvester);
     let (link_bytes, link) = probe_link(&mut s, cfg, shape.mem_size)?;
-
     // Pre-copy.
     let log_start = Instant::now();
-    let setup = SetupParts {
-        channel_probe: std::time::Duration::ZERO,
-        connect: connected - connect_start,
-        link_probe: log_start - connected,
-    };
+    let setup = SetupParts::between(connect_start, connected, log_start);
     let log_start_s = timeline.at(log_start);
     let at_log = counters(guest);
     vm.enable_dirty_logging()

@@ -3,7 +3,7 @@
 
 use super::super::postcopy::PostcopyOutcome;
 use super::super::timeline::Sample;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One pre-copy round (round 0 sends all memory; the last is the
 /// stop-and-copy with the vCPUs paused).
@@ -98,6 +98,16 @@ pub struct SetupParts {
 }
 
 impl SetupParts {
+    /// Connecting from `start` to `connected`, the link probe from there
+    /// to `logging` (no channel-count probe).
+    pub fn between(start: Instant, connected: Instant, logging: Instant) -> SetupParts {
+        SetupParts {
+            channel_probe: Duration::ZERO,
+            connect: connected - start,
+            link_probe: logging - connected,
+        }
+    }
+
     /// The parts' sum.
     pub fn total(&self) -> Duration {
         self.channel_probe + self.connect + self.link_probe
@@ -113,7 +123,9 @@ pub struct SourceOutcome {
     /// last page sent (post-copy).
     pub total: Duration,
     /// Before logging on: the channel-count probe, connecting, the link
-    /// probe ([`SourceOutcome::total`] does not include it).
+    /// probe ([`SourceOutcome::total`] does not include it). Timed by
+    /// [`super::run_source`] around the run, so a run's own ending leaves
+    /// it zero.
     pub setup: SetupParts,
     /// From the pause to the destination's resume (as the source saw it).
     pub downtime: Duration,

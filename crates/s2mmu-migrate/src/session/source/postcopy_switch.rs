@@ -121,7 +121,6 @@ fn outcome<G: SourceGuest>(
         extras: Default::default(),
         total: done.background_end - x.log_start,
         downtime: resumed_at - pause_at,
-        // Filled in by the caller, which timed it.
         setup: Default::default(),
         downtime_parts: Default::default(),
         pause_at: Some(pause_at),

@@ -74,7 +74,6 @@ pub(super) fn run<G: SourceGuest>(
         rounds,
         total: resumed_at - x.log_start,
         downtime,
-        // Filled in by the caller, which timed it.
         setup: Default::default(),
         downtime_parts: parts(pause_at, paused_at, sent, resumed_at),
         pause_at: Some(pause_at),
