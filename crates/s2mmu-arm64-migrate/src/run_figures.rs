@@ -68,6 +68,13 @@ pub struct LinuxRun {
     pub pause_unix_ns: u64,
     /// From logging on to the resume on B (not a post-copy's later pages).
     pub total: Duration,
+    /// Before logging on: connecting (TCP, TLS, HEADER, ACCEPT, JOINs),
+    /// the link probe, `--channels auto`'s probe.
+    pub setup: s2mmu_migrate::session::source::SetupParts,
+    /// From the migration's start (the setup included) to A's last byte
+    /// of it sent: the span of QEMU's `total-time`
+    /// ([`s2mmu_migrate::session::source::SourceOutcome::to_last_byte_sent`]).
+    pub to_last_byte_sent: Duration,
     /// From logging on to the pause on A.
     pub precopy: Duration,
     /// Stream bytes the source sent up to the resume on B.

@@ -223,6 +223,8 @@ fn session_run(
         to_first_instruction,
         pause_unix_ns: s.pause_at.map_or(0, unix_ns),
         total: s.total,
+        setup: s.setup,
+        to_last_byte_sent: s.to_last_byte_sent(),
         precopy: Duration::from_secs_f64((s.pause_s - s.log_start_s).max(0.0)),
         stream_bytes: s.bytes,
         round_pages: pre.iter().map(|r| r.pages).collect(),

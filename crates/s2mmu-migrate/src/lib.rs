@@ -27,10 +27,10 @@
 //!   [`stages`] (where the stream's time goes) and [`stream_error`] (why
 //!   a stream failed).
 //!
-//! Import graph (a DAG): `state`, `vm`, `bandwidth`, `stages` and
-//! `stream_error` import nothing of this crate; `hash` imports `vm`;
-//! `wire` imports `hash`, `stages` and `stream_error`; `transport` imports
-//! `stages` and `stream_error`. No clap,
+//! Import graph (a DAG): `state`, `vm`, `bandwidth`, `stages`,
+//! `stream_error` and `stream_store` import nothing of this crate; `hash` imports `vm`;
+//! `wire` imports `hash`, `stages`, `stream_error` and `stream_store`;
+//! `transport` imports `stages`, `stream_error` and `stream_store`. No clap,
 //! plotting, progress bars or KVM here.
 
 // Unsafe code only where a module allows it (below: the unsafe trait
@@ -50,6 +50,8 @@ pub mod sim;
 pub mod stages;
 pub mod state;
 pub mod stream_error;
+#[allow(unsafe_code)] // streaming stores (SSE2) into guest memory
+mod stream_store;
 pub mod transport;
 #[allow(unsafe_code)] // declares the unsafe trait GuestRam
 pub mod vm;

@@ -49,6 +49,23 @@ fn check(cfg: &SimRun, net: &NetConfig, tls: bool) {
     }
     let p = s.downtime_parts;
     assert_eq!(p.total(), s.downtime, "the downtime's parts add up: {p:?}");
+    // The setup before round 0 is timed, outside `total`; the span to the
+    // last byte sent adds it and leaves out the wait for RESUMED.
+    let u = s.setup;
+    assert!(
+        u.connect > Duration::ZERO && u.link_probe > Duration::ZERO,
+        "{u:?}"
+    );
+    assert_eq!(
+        u.channel_probe,
+        Duration::ZERO,
+        "no channel-count probe asked"
+    );
+    assert_eq!(
+        s.to_last_byte_sent(),
+        u.total() + s.total - p.until_resumed,
+        "{u:?} {p:?}"
+    );
     assert!(
         p.last_pages > Duration::ZERO
             && p.state_send > Duration::ZERO
@@ -120,6 +137,10 @@ fn channels_auto_probes_every_count_and_migrates_with_the_one_chosen() {
             }
         }
         assert_eq!(c.chosen, best.channels, "the rule over {:?}", c.probes);
+        // The probe is part of the migration's setup, each count's included.
+        let spent: Duration = c.probes.iter().map(|p| p.elapsed).sum();
+        assert!(s.setup.channel_probe >= spent, "{:?} {c:?}", s.setup);
+        assert!(s.setup.connect > Duration::ZERO, "{:?}", s.setup);
         assert_eq!(s.channels, c.chosen, "the migration ran with the choice");
         assert_eq!(d.channels, c.chosen, "and the destination saw as many");
     }

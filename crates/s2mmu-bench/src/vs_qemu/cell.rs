@@ -110,8 +110,19 @@ pub struct Measured {
     /// Ours only: the pause to the destination's RESUMED read back at the
     /// source (the reply's way back included), ms.
     pub downtime_resumed_ms: Option<f64>,
-    /// Start of the migration to its end (post-copy's last page), ms.
+    /// The migration's start (connecting included) to the source's last
+    /// byte of it sent (the vCPU state, or post-copy's last page), ms:
+    /// QEMU's `total-time`, and ours over the same span. The destination's
+    /// load and start after that byte are in neither.
     pub total_ms: f64,
+    /// The migration's start to the guest running on the destination, ms
+    /// (QEMU's: the `migrate` command to the destination's RESUME event;
+    /// ours: the setup, pre-copy and the downtime to the destination's
+    /// first guest instruction).
+    pub to_running_ms: Option<f64>,
+    /// Ours only: the part of [`Measured::total_ms`] before round 0
+    /// (connecting, TLS, HEADER, ACCEPT, JOINs, the link probe), ms.
+    pub setup_ms: Option<f64>,
     /// Bytes the side's migration stream carried.
     pub wire_bytes: u64,
     /// The largest gap between the guest's console lines during the

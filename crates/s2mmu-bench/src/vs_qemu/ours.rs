@@ -123,12 +123,15 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
         .ok_or("our side printed no JSON report (the `migrate` envelope)")?;
     let r = &report["results"][row_of(&report, "run 1")?];
     let d = &r["details"];
-    let postcopy_ms = d["postcopy_ms"].as_f64().unwrap_or(0.0);
     let resumed_ms = r["downtime_ms"].as_f64().unwrap_or(0.0);
+    let downtime_ms = to_first_instruction(r, net.and_then(|_| envelope(&all, "destination")))?;
+    let (total_ms, to_running_ms, setup_ms) = spans(r, downtime_ms)?;
     let mut m = Measured {
-        downtime_ms: to_first_instruction(r, net.and_then(|_| envelope(&all, "destination")))?,
+        downtime_ms,
         downtime_resumed_ms: Some(resumed_ms),
-        total_ms: r["total_ms"].as_f64().unwrap_or(0.0) + postcopy_ms,
+        total_ms,
+        to_running_ms: Some(to_running_ms),
+        setup_ms: Some(setup_ms),
         wire_bytes: r["stream_bytes"].as_u64().unwrap_or(0)
             + d["postcopy_bytes"].as_u64().unwrap_or(0),
         ..Measured::default()
@@ -136,6 +139,24 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
     let started = console::first(&all, "s2mmu-dirtier: start").ok_or("no dirtier start line")?;
     m.read_console(cell, &all, started + WARMUP_S);
     Ok(m)
+}
+
+/// The source's `row`'s spans, ms: its start to its last byte sent (the
+/// span of QEMU's `total-time`; a post-copy's last page included), its
+/// start to the guest running on the destination (`downtime_ms` after the
+/// pause), and the setup before round 0.
+fn spans(row: &Value, downtime_ms: f64) -> Result<(f64, f64, f64), String> {
+    let f = |k: &str| {
+        row[k]
+            .as_f64()
+            .ok_or_else(|| format!("our source did not report {k}"))
+    };
+    let setup = f("setup_ms")?;
+    Ok((
+        f("to_last_byte_sent_ms")?,
+        setup + f("precopy_ms")? + downtime_ms,
+        setup,
+    ))
 }
 
 /// The index of `report`'s result row `case`.
@@ -290,6 +311,18 @@ mod tests {
         assert!(envelope(&stamped(&pretty[..pretty.len() / 2]), "run 1").is_none());
         // Another side's envelope is not this one.
         assert!(envelope(&stamped(&pretty), "destination").is_none());
+    }
+
+    #[test]
+    fn our_total_spans_the_setup_to_the_last_byte_sent() {
+        let row = serde_json::json!({"setup_ms": 4.0, "precopy_ms": 40.0,
+            "to_last_byte_sent_ms": 50.0, "total_ms": 60.0});
+        // The span of QEMU's total-time is the source's; the way to the
+        // guest running adds the setup and pre-copy to the downtime.
+        assert_eq!(spans(&row, 13.0), Ok((50.0, 57.0, 4.0)));
+        // A source that did not report its setup is an error, not a zero.
+        let old = serde_json::json!({"precopy_ms": 40.0, "total_ms": 60.0});
+        assert!(spans(&old, 13.0).unwrap_err().contains("setup_ms"));
     }
 
     #[test]

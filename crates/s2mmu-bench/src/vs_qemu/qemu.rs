@@ -233,6 +233,9 @@ fn migrate(
     let mut m = Measured {
         downtime_ms: (resume - stop) * 1e3,
         total_ms: st["total-time"].as_f64().unwrap_or(0.0),
+        // `t0` was taken as the `migrate` command went out; RESUME is
+        // stamped by the destination on the host's one real-time clock.
+        to_running_ms: Some((resume - t0) * 1e3),
         wire_bytes: st["ram"]["transferred"].as_u64().unwrap_or(0),
         ..Measured::default()
     };

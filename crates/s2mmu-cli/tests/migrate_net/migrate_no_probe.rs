@@ -92,6 +92,20 @@ fn a_migration_sends_no_probe_of_the_guests_size() {
     assert_eq!(r["link_bytes"].as_u64(), Some(0), "{r}");
     assert!(r["link_bytes_per_s"].is_null(), "{r}");
     assert!(r["plain_tcp"]["plain_tcp_bytes"].is_null(), "{r}");
+    // The empty probe is still answered, and timed with the connections
+    // as the setup before round 0, which the span to the last byte holds.
+    let setup = &r["setup_parts_ns"];
+    let ns = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{r}"));
+    assert!(
+        ns(&setup["connect"]) > 0 && ns(&setup["link_probe"]) > 0,
+        "{r}"
+    );
+    assert_eq!(ns(&setup["channel_probe"]), 0, "{r}");
+    let to_last = ns(&r["to_last_byte_sent_ns"]);
+    assert!(
+        to_last > ns(&setup["connect"]) + ns(&setup["link_probe"]),
+        "{r}"
+    );
     assert!(
         relayed >= stream && relayed <= stream + SLACK,
         "{relayed} bytes relayed for {stream} stream bytes of a {MEM}-byte guest"

@@ -39,7 +39,7 @@ pub use channel_choice::{ChannelChoice, ChannelProbe, AUTO_MARGIN_PCT};
 pub use config::{validate, validate_shape, Converge, Harvest, SourceConfig};
 use figures::{counters, MIB};
 use harvest::Harvester;
-pub use outcome::{DowntimeParts, Phase, RoundStat, SourceOutcome};
+pub use outcome::{DowntimeParts, Phase, RoundStat, SetupParts, SourceOutcome};
 use precopy::Precopy;
 use precopy_end::PrecopyEnd;
 use sender::{Chan, Sender};
@@ -64,7 +64,9 @@ pub fn run_source<G: SourceGuest>(
     // The guest runs during the probe; the warm-up (the reference of its
     // speed) follows it, so the probe's load is not in the reference.
     let vcpus = guest.shape().vcpus as usize;
+    let probe_start = Instant::now();
     let choice = channel_choice::choose(guest.vm(), cfg, auto, vcpus)?;
+    let channel_probe = probe_start.elapsed();
     if cfg.progress.is_on() {
         let probes: Vec<String> = choice
             .probes
@@ -91,6 +93,10 @@ pub fn run_source<G: SourceGuest>(
     };
     run_source_with(guest, &chosen, connect).map(|o| SourceOutcome {
         channel_choice: Some(choice),
+        setup: SetupParts {
+            channel_probe,
+            ..o.setup
+        },
         ..o
     })
 }
@@ -109,15 +115,16 @@ fn run_source_with<G: SourceGuest>(
     std::thread::sleep(cfg.warmup);
     let warm_end = counters(guest);
     let warm_end_s = timeline.at(warm_end.0);
-
     // Connect, be accepted, join the further channels, measure the link.
+    let connect_start = Instant::now();
     let (session, chans, pc_conns) = connect_channels(cfg, guest, connect)?;
+    let connected = Instant::now();
     let harvester = Harvester::new(cfg.harvest, cfg.clear_chunk, shape.vcpus as usize);
     let mut s = Sender::new(vm, chans, cfg, harvester);
     let (link_bytes, link) = probe_link(&mut s, cfg, shape.mem_size)?;
-
     // Pre-copy.
     let log_start = Instant::now();
+    let setup = SetupParts::between(connect_start, connected, log_start);
     let log_start_s = timeline.at(log_start);
     let at_log = counters(guest);
     vm.enable_dirty_logging()
@@ -173,7 +180,7 @@ fn run_source_with<G: SourceGuest>(
         }
     };
     stand_down(guest, pace);
-    ended
+    ended.map(|o| SourceOutcome { setup, ..o })
 }
 
 /// Checks the settings and the guest's shape before anything starts.

@@ -19,6 +19,7 @@ use super::conn::{
     SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN,
 };
 use super::sockbuf::SockBuf;
+use crate::stream_store::{copy_streaming, fence_streaming};
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use rustls::{ConnectionTrafficSecrets, ExtractedSecrets};
 use std::io::{Error, ErrorKind, Read, Write};
@@ -44,6 +45,11 @@ const TAG: usize = 16;
 pub const MAX_RECORDS: u64 = 1 << 24;
 /// Bytes of the receive buffer: the socket is read in chunks this large.
 const RECV_BUF: usize = 512 << 10;
+/// A vectored read asking for this many bytes or more is bulk data (a
+/// PAGES record's pages, each 4 KiB, into guest memory that is not read
+/// again before the guest runs): its plaintext is copied with streaming
+/// stores. The stream's other reads ask for a record head or less.
+const BULK: usize = 64 << 10;
 /// Plaintext sealed per write call at most (64 records, one system call).
 const SEND_CHUNK: usize = 64 * MAX_PLAIN;
 
@@ -81,17 +87,19 @@ impl Direction {
     }
 
     /// The next record's nonce (the IV XOR the sequence number), counting
-    /// the record.
+    /// the record: the IV's last 8 bytes XOR the number, as one word.
+    #[inline(always)]
     fn next_nonce(&mut self) -> std::io::Result<Nonce> {
         if self.seq >= MAX_RECORDS {
             return Err(Error::other(
                 "TLS record limit of one key reached (no key update here)",
             ));
         }
-        let mut n = self.iv;
-        for (b, s) in n[4..].iter_mut().zip(self.seq.to_be_bytes()) {
-            *b ^= s;
-        }
+        let (head, tail) = self.iv.split_at(4);
+        let tail = u64::from_be_bytes(tail.try_into().map_err(|_| Error::other("IV length"))?);
+        let mut n = [0u8; aead::NONCE_LEN];
+        n[..4].copy_from_slice(head);
+        n[4..].copy_from_slice(&(tail ^ self.seq).to_be_bytes());
         self.seq += 1;
         Ok(Nonce::assume_unique_for_key(n))
     }
@@ -241,8 +249,19 @@ impl RecordConn {
 
     /// Copies the opened plaintext into `out`; the bytes copied.
     fn take(&mut self, out: &mut [u8]) -> usize {
+        self.take_into(out, false, &mut false)
+    }
+
+    /// [`Self::take`], with streaming stores where `bulk` (`streamed` is
+    /// set when they were used: a fence is owed).
+    fn take_into(&mut self, out: &mut [u8], bulk: bool, streamed: &mut bool) -> usize {
         let n = out.len().min(self.plain.1 - self.plain.0);
-        out[..n].copy_from_slice(&self.rbuf[self.plain.0..self.plain.0 + n]);
+        let src = &self.rbuf[self.plain.0..self.plain.0 + n];
+        if bulk {
+            *streamed |= copy_streaming(&mut out[..n], src);
+        } else {
+            out[..n].copy_from_slice(src);
+        }
         self.plain.0 += n;
         n
     }
@@ -337,25 +356,35 @@ impl Read for RecordConn {
     }
 
     /// Fills as many of `bufs` as the records already here allow, blocking
-    /// only while nothing was copied.
+    /// only while nothing was copied. A read of [`BULK`] bytes or more
+    /// (a PAGES record's data, landing in guest memory) copies the
+    /// plaintext with streaming stores, fenced before it returns.
     fn read_vectored(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> std::io::Result<usize> {
         if self.pending_at < self.pending.len() {
             let first = bufs.iter_mut().find(|b| !b.is_empty());
             return first.map_or(Ok(0), |b| self.read(b));
         }
+        let bulk = bufs.iter().map(|b| b.len()).sum::<usize>() >= BULK;
+        let mut streamed = false;
         let mut got = 0;
-        for b in bufs.iter_mut() {
-            let mut at = 0;
-            while at < b.len() {
-                if !self.ready(got == 0)? {
-                    return Ok(got);
+        let r = (|| {
+            for b in bufs.iter_mut() {
+                let mut at = 0;
+                while at < b.len() {
+                    if !self.ready(got == 0)? {
+                        return Ok(());
+                    }
+                    let n = self.take_into(&mut b[at..], bulk, &mut streamed);
+                    at += n;
+                    got += n;
                 }
-                let n = self.take(&mut b[at..]);
-                at += n;
-                got += n;
             }
+            Ok(())
+        })();
+        if streamed {
+            fence_streaming();
         }
-        Ok(got)
+        r.map(|()| got)
     }
 }
 

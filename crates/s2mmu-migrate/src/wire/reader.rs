@@ -10,7 +10,6 @@ use crate::stream_error::MigrateError;
 use std::io::{IoSliceMut, Read};
 use std::time::{Duration, Instant};
 
-#[allow(unsafe_code)] // streaming stores (SSE2) into guest memory
 mod through;
 
 /// The slowest a peer may send a record once its first byte came: below

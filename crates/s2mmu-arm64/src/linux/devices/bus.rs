@@ -76,6 +76,15 @@ pub enum BusError {
         /// Its size.
         existing_size: u64,
     },
+    /// A system register, call or interrupt another device claims.
+    Claimed {
+        /// The new device's name.
+        name: String,
+        /// What it claims.
+        what: String,
+        /// The device that holds it.
+        existing: String,
+    },
 }
 
 impl fmt::Display for BusError {
@@ -100,6 +109,11 @@ impl fmt::Display for BusError {
                 "MMIO device {name} [{base:#x}, +{size:#x}) overlaps {existing} \
                  [{existing_base:#x}, +{existing_size:#x})"
             ),
+            BusError::Claimed {
+                name,
+                what,
+                existing,
+            } => write!(f, "device {name} claims {what}, which {existing} holds"),
         }
     }
 }

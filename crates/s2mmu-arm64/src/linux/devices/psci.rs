@@ -1,7 +1,8 @@
 //! PSCI 1.1 over HVC, as Linux's `arch/arm64/kvm/psci.c` serves it: the
 //! guest's power state calls, decoded into what the VM must do
 //! ([`decode`]) and served against the VM's power states (`serve`, over
-//! the VM's `PowerControl`).
+//! the VM's `PowerControl`), as the bus's device `Psci` (in `no_address.rs`)
+//! whose calls these are.
 
 /// PSCI_VERSION.
 pub const VERSION: u32 = 0x8400_0000;
@@ -179,7 +180,7 @@ pub(crate) enum Served {
 }
 
 /// Serves vCPU `id`'s HVC with `x0..x3` against `vm`.
-pub(crate) fn serve(x: [u64; 4], id: usize, vm: &impl PowerControl) -> Served {
+pub(crate) fn serve(x: [u64; 4], id: usize, vm: &(impl PowerControl + ?Sized)) -> Served {
     match decode(x) {
         PsciCall::Answer(v) => Served::Resume(v),
         PsciCall::CpuOn {

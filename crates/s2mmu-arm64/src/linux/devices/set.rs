@@ -1,13 +1,21 @@
-//! The devices of one Linux VM, as its vCPU threads reach them: the GIC
-//! (whose frames sit on the bus beside the UART), the bus and the timer. PSCI is no device here: an HVC has no address, so the
-//! vCPU loop serves it through [`crate::linux::psci::PowerControl`],
-//! the machine's power states.
+//! The devices of one Linux VM and the bus that dispatches every exit
+//! kind to the device that claims it ([`DeviceSet`]): the GIC (its two
+//! frames and its SGI registers), the UART, the timer (its expiry's
+//! interrupt) and PSCI (its calls over HVC), each behind
+//! [`crate::linux::devices::device::Device`].
 
 use crate::linux::bus::{BusError, MmioBus};
-use crate::linux::devices::gic_frames::{GicDistributor, GicRedistributors};
+use crate::linux::devices::device::{
+    CallDone, Claim, Conduit, Device, DeviceHost, DeviceState, SysReg, SysRegDone,
+};
+use crate::linux::devices::gic_frames::GicDevice;
+use crate::linux::devices::no_address::Psci;
 use crate::linux::devices::timer::VirtualTimer;
+use crate::linux::devices::uart::UartDevice;
 use crate::linux::gic::Gic;
-use crate::linux::uart::{Uart, UART_REGS};
+use crate::linux::uart::Uart;
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 /// The guest-physical places of the emulated devices.
@@ -23,20 +31,25 @@ pub struct DeviceLayout {
     pub uart_spi: u32,
 }
 
-/// What a VM's vCPU threads reach besides its memory.
+/// What a VM's vCPU threads reach besides its memory: every device, and
+/// which of them takes each exit.
 pub(crate) struct DeviceSet {
-    /// The interrupt controller, also on the bus (its two frames).
+    /// The interrupt controller (also a device on the bus): the vCPU
+    /// threads load its list registers and raise its interrupts.
     pub(crate) gic: Arc<Gic>,
-    /// Every MMIO device, at its place in the layout: the GIC's frames
-    /// and the UART.
+    /// The MMIO ranges the devices claim: the GIC's frames and the UART.
     pub(crate) bus: MmioBus,
-    /// The timer's offset and interrupt.
+    /// The timer's offset, which every vCPU enters its guest with.
     pub(crate) timer: VirtualTimer,
+    devices: Vec<Arc<dyn Device>>,
+    sysregs: BTreeMap<SysReg, usize>,
+    calls: Vec<(Conduit, RangeInclusive<u32>, usize)>,
+    interrupts: BTreeMap<u32, usize>,
 }
 
 impl DeviceSet {
-    /// `gic`'s distributor and redistributors and `uart` on a bus at
-    /// `layout`'s places, with `timer`.
+    /// `gic` (its distributor and redistributors at `layout`'s places),
+    /// `uart` at its place, `timer` and PSCI, each on the bus.
     ///
     /// # Errors
     /// Ranges in `layout` that overlap or overflow ([`BusError`]).
@@ -47,14 +60,118 @@ impl DeviceSet {
         timer: VirtualTimer,
     ) -> Result<DeviceSet, BusError> {
         let gic = Arc::new(gic);
-        let mut bus = MmioBus::new();
-        let dist = GicDistributor(gic.clone());
-        bus.insert("GIC distributor", layout.gicd, dist.size(), Arc::new(dist))?;
-        let redist = GicRedistributors(gic.clone());
-        let size = redist.size();
-        bus.insert("GIC redistributors", layout.gicr, size, Arc::new(redist))?;
-        bus.insert("uart", layout.uart, UART_REGS, uart)?;
-        Ok(DeviceSet { gic, bus, timer })
+        let mut set = DeviceSet {
+            gic: gic.clone(),
+            bus: MmioBus::new(),
+            timer,
+            devices: Vec::new(),
+            sysregs: BTreeMap::new(),
+            calls: Vec::new(),
+            interrupts: BTreeMap::new(),
+        };
+        let (gicd, gicr) = (layout.gicd, layout.gicr);
+        set.attach(Arc::new(GicDevice { gic, gicd, gicr }))?;
+        let base = layout.uart;
+        set.attach(Arc::new(UartDevice { uart, base }))?;
+        set.attach(Arc::new(timer))?;
+        set.attach(Arc::new(Psci))?;
+        Ok(set)
+    }
+
+    /// Puts `dev` on the bus for every exit it claims.
+    ///
+    /// # Errors
+    /// A claim another device holds, or an MMIO range that overlaps or
+    /// overflows; the device's earlier claims stay.
+    pub(crate) fn attach(&mut self, dev: Arc<dyn Device>) -> Result<(), BusError> {
+        let at = self.devices.len();
+        let name = dev.name();
+        let taken = |what: String, by: usize| BusError::Claimed {
+            name: name.to_string(),
+            what,
+            existing: self.devices[by].name().to_string(),
+        };
+        for c in dev.claims() {
+            match c {
+                Claim::Mmio {
+                    range,
+                    base,
+                    size,
+                    regs,
+                } => self.bus.insert(range, base, size, regs)?,
+                Claim::SysReg(r) => {
+                    if let Some(&by) = self.sysregs.get(&r) {
+                        return Err(taken(format!("system register {r}"), by));
+                    }
+                    self.sysregs.insert(r, at);
+                }
+                Claim::Call { conduit, ids } => {
+                    let clash = self.calls.iter().find(|(c, r, _)| {
+                        *c == conduit && r.start() <= ids.end() && ids.start() <= r.end()
+                    });
+                    if let Some(&(_, _, by)) = clash {
+                        let what = format!("{conduit:?} calls {ids:#x?}");
+                        return Err(taken(what, by));
+                    }
+                    self.calls.push((conduit, ids, at));
+                }
+                Claim::Interrupt(i) => {
+                    if let Some(&by) = self.interrupts.get(&i) {
+                        return Err(taken(format!("interrupt {i}"), by));
+                    }
+                    self.interrupts.insert(i, at);
+                }
+            }
+        }
+        self.devices.push(dev);
+        Ok(())
+    }
+
+    /// vCPU `vcpu`'s access to system register `reg` (`write` for an MSR):
+    /// `None` when no device claims it.
+    pub(crate) fn sysreg(
+        &self,
+        vcpu: usize,
+        reg: SysReg,
+        write: Option<u64>,
+    ) -> Option<SysRegDone> {
+        let &d = self.sysregs.get(&reg)?;
+        Some(self.devices[d].sysreg(vcpu, reg, write))
+    }
+
+    /// vCPU `vcpu`'s SMCCC call over `conduit` with `x0..x3`: `None` when
+    /// no device claims its function ID (W0).
+    pub(crate) fn call(
+        &self,
+        conduit: Conduit,
+        vcpu: usize,
+        x: [u64; 4],
+        host: &DeviceHost,
+    ) -> Option<CallDone> {
+        let id = x[0] as u32;
+        let &(_, _, d) = self
+            .calls
+            .iter()
+            .find(|(c, r, _)| *c == conduit && r.contains(&id))?;
+        Some(self.devices[d].call(vcpu, x, host))
+    }
+
+    /// The physical interrupt `intid` ended vCPU `vcpu`'s run: the
+    /// interrupt the device that claims it asks for is made pending for
+    /// the vCPU at the GIC (any other interrupt is only a kick).
+    pub(crate) fn interrupt(&self, vcpu: usize, intid: u32) {
+        let Some(&d) = self.interrupts.get(&intid) else {
+            return;
+        };
+        if let Some(ppi) = self.devices[d].interrupt(intid) {
+            self.gic.raise(vcpu, ppi);
+        }
+    }
+
+    /// Every device's state, each as it reads it out (`vcts`: the virtual
+    /// counts the paused vCPUs saw).
+    pub(crate) fn save(&self, vcts: &[u64]) -> Vec<DeviceState> {
+        self.devices.iter().map(|d| d.save(vcts)).collect()
     }
 }
 
@@ -121,5 +238,92 @@ mod tests {
             d.bus.access(VIRT.gicd, 3, None).unwrap_err().reason,
             UnclaimedReason::BadWidth
         );
+    }
+
+    /// A VM of `n` vCPUs whose power states PSCI reads: all on.
+    struct AllOn(usize);
+
+    impl crate::linux::psci::PowerControl for AllOn {
+        fn vcpus(&self) -> usize {
+            self.0
+        }
+        fn cpu_on(&self, _: u64, _: u64, _: u64) -> i64 {
+            crate::linux::psci::RET_ALREADY_ON
+        }
+        fn power(&self, _: usize) -> crate::linux::psci::PowerState {
+            crate::linux::psci::PowerState::On
+        }
+        fn cpu_off(&self, _: usize) {}
+        fn system_off(&self, _: bool) {}
+    }
+
+    #[test]
+    fn every_exit_kind_reaches_the_device_that_claims_it() {
+        use crate::linux::psci;
+        use crate::linux::timer::VTIMER_INTID;
+        let d = DeviceSet::new(VIRT, Gic::new(2), uart(), VirtualTimer::new()).unwrap();
+        let host = AllOn(2);
+        // PSCI over HVC; W0 alone names the function.
+        let v = d.call(
+            Conduit::Hvc,
+            0,
+            [u64::from(psci::VERSION) | 1 << 32, 0, 0, 0],
+            &host,
+        );
+        assert_eq!(v, Some(CallDone::Resume(psci::VERSION_1_1)));
+        let aff = [u64::from(psci::AFFINITY_INFO), 1, 0, 0];
+        assert_eq!(
+            d.call(Conduit::Hvc, 0, aff, &host),
+            Some(CallDone::Resume(0))
+        );
+        // Another service's call, or PSCI over SMC: no device takes it.
+        assert_eq!(d.call(Conduit::Hvc, 0, [0x8600_0000, 0, 0, 0], &host), None);
+        assert_eq!(
+            d.call(Conduit::Smc, 0, [u64::from(psci::VERSION), 0, 0, 0], &host),
+            None
+        );
+        // The timer's expiry makes its PPI pending for that vCPU only;
+        // another interrupt is only a kick.
+        d.interrupt(1, VTIMER_INTID);
+        d.interrupt(0, 30);
+        let gic = d.save(&[]).into_iter().find_map(|s| match s {
+            DeviceState::Gic(g) => Some(g),
+            _ => None,
+        });
+        let gic = gic.expect("the GIC saves its state");
+        assert_eq!(gic.redists[1].pending, 1 << VTIMER_INTID);
+        assert_eq!(gic.redists[0].pending, 0);
+        // ICC_SGI1R_EL1 reaches the GIC; another register no device.
+        let sgi1r = SysReg::new(3, 0, 12, 11, 5);
+        let done = d.sysreg(0, sgi1r, Some(1 << 40 | 3 << 24)).unwrap();
+        assert_eq!((done.value, done.raised), (0, vec![1]));
+        assert!(d.sysreg(0, SysReg::new(3, 0, 12, 12, 5), Some(1)).is_none());
+    }
+
+    #[test]
+    fn a_claim_another_device_holds_is_refused_and_each_device_saves_its_state() {
+        let mut d = DeviceSet::new(VIRT, Gic::new(1), uart(), VirtualTimer::new()).unwrap();
+        let e = d.attach(Arc::new(Psci)).unwrap_err();
+        assert!(
+            matches!(&e, BusError::Claimed { existing, .. } if existing == "PSCI"),
+            "{e}"
+        );
+        let e = d.attach(Arc::new(VirtualTimer::new())).unwrap_err();
+        assert!(e.to_string().contains("interrupt 27"), "{e}");
+        let t = VirtualTimer::new();
+        let kinds: Vec<&str> = d
+            .save(&[5, 9])
+            .iter()
+            .map(|s| match s {
+                DeviceState::Gic(_) => "gic",
+                DeviceState::Uart(_) => "uart",
+                DeviceState::Timer(v) => {
+                    assert_eq!(*v, t.save([5, 9].into_iter()));
+                    "timer"
+                }
+                DeviceState::Stateless => "none",
+            })
+            .collect();
+        assert_eq!(kinds, ["gic", "uart", "timer", "none"]);
     }
 }

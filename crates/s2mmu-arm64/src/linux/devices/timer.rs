@@ -9,7 +9,8 @@
 //!
 //! So the timer has no registers on the MMIO bus: [`VirtualTimer`] is the
 //! host's part of it, the count's offset each vCPU enters its guest with
-//! and the PPI its expiry raises. It saves its state as the guest's count
+//! and the PPI its expiry raises; on the bus it claims its expiry's
+//! physical interrupt. It saves its state as the guest's count
 //! at a pause ([`VirtualTimer::save`]) and is built again from it on
 //! any host ([`VirtualTimer::restore`]).
 

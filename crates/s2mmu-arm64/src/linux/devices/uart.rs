@@ -22,6 +22,7 @@ use vm_superio::{Serial, Trigger};
 
 use crate::linux::bus::MmioDevice;
 use crate::linux::console_echo::{stdout_echo, ECHO_DRAIN};
+use crate::linux::devices::device::{Claim, Device, DeviceState};
 
 /// The UART's register window in bytes (eight byte-wide registers).
 pub const UART_REGS: u64 = 8;
@@ -367,6 +368,33 @@ impl MmioDevice for Uart {
         if let (true, Some(&low)) = (offset < UART_REGS, data.first()) {
             let _lost = self.lock().write(offset as u8, low);
         }
+    }
+}
+
+/// The 16550 as the bus's device, at `base`.
+pub(crate) struct UartDevice {
+    /// The UART.
+    pub(crate) uart: Arc<Uart>,
+    /// Its registers' base.
+    pub(crate) base: u64,
+}
+
+impl Device for UartDevice {
+    fn name(&self) -> &'static str {
+        "uart"
+    }
+
+    fn claims(&self) -> Vec<Claim> {
+        vec![Claim::Mmio {
+            range: "uart",
+            base: self.base,
+            size: UART_REGS,
+            regs: self.uart.clone(),
+        }]
+    }
+
+    fn save(&self, _vcts: &[u64]) -> DeviceState {
+        DeviceState::Uart(self.uart.state())
     }
 }
 

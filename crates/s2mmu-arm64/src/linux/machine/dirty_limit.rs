@@ -22,7 +22,7 @@
 //! takes a share of each vCPU's time, owed at its exits (`set_throttle_pct`).
 
 use crate::linux::el2::WeakEl2Vm;
-use crate::linux::placement::EngineVm;
+use crate::linux::placement::Placement;
 use crate::machine::Exit;
 use crate::vm::fault_kind;
 use s2mmu::mmu::FaultKind;
@@ -174,11 +174,8 @@ impl DirtyLimit {
     /// set later; for the host placement, the host's fault path. Called
     /// as a VM's machine is made and as its vCPUs start on a machine.
     /// Leaving an EL2 machine reads its counts a last time, if it lives.
-    pub(crate) fn attach(&self, host: &EngineVm) {
-        let vm = match host {
-            EngineVm::El2(v) => Some(v.downgrade()),
-            EngineVm::Host(_) => None,
-        };
+    pub(crate) fn attach(&self, host: &dyn Placement) {
+        let vm = host.brakes();
         let mut l = self.link();
         let same = matches!((&l.vm, &vm), (Some(a), Some(b)) if a.same_machine(b));
         if same {

@@ -241,40 +241,6 @@ impl El2Vm {
         Ok(())
     }
 
-    /// One harvest into `bitmap`, as the host placement's harvester makes
-    /// it (`logging/dirty.rs`): each slot `(id, first bit, pages)`.
-    pub(crate) fn harvest(
-        &self,
-        mode: DirtyMode,
-        slots: &[(u16, u64, u64)],
-        bitmap: &mut [u64],
-        ring: &mut Vec<DirtyGfn>,
-    ) -> Result<()> {
-        if mode.ring_entries().is_some() {
-            ring.clear();
-            self.harvest_rings(ring)?;
-            bitmap.fill(0);
-            for g in ring.iter() {
-                let at = slots
-                    .iter()
-                    .find(|s| u32::from(s.0) == g.slot && g.offset < s.2);
-                if let Some(&(_, first, _)) = at {
-                    let b = first + g.offset;
-                    bitmap[(b / 64) as usize] |= 1 << (b % 64);
-                }
-            }
-            return self.reset_rings();
-        }
-        for &(slot, first, n) in slots {
-            let words = &mut bitmap[(first / 64) as usize..(first + n).div_ceil(64) as usize];
-            self.get_dirty_log(slot, words)?;
-            if mode.manual_protect() {
-                self.clear_dirty_log(slot, 0, n, words)?;
-            }
-        }
-        Ok(())
-    }
-
     /// `RING_RESET`.
     pub(crate) fn reset_rings(&self) -> Result<()> {
         self.call(Op::RingReset as u64, &[]).map(|_| ())

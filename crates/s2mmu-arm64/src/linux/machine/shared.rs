@@ -8,9 +8,8 @@
 //! imports none of them.
 
 use crate::linux::dirty_limit::DirtyLimit;
-use crate::linux::gic::Gic;
 use crate::linux::page_fetch::HookSlot;
-use crate::linux::placement::{EngineVm, Placement};
+use crate::linux::placement::Placement;
 use crate::linux::power::VcpuControl;
 use crate::linux::psci::{self, PowerState};
 use crate::linux::set::DeviceSet;
@@ -132,7 +131,7 @@ impl RamFaults {
 /// What the vCPU threads share.
 pub(crate) struct Shared {
     /// The engine, in its placement.
-    pub(crate) vm: EngineVm,
+    pub(crate) vm: Box<dyn Placement>,
     pub(crate) devices: DeviceSet,
     pub(crate) cpus: VcpuControl,
     pub(crate) faults: RamFaults,
@@ -198,14 +197,9 @@ impl Shared {
         if list.is_empty() {
             return;
         }
-        if let Err(e) = Placement::kick_all(&self.vm, &list) {
+        if let Err(e) = self.vm.kick_all(&list) {
             self.log(format!("kicking vCPUs {list:?} failed: {e}"));
         }
-    }
-
-    /// A write of ICC_SGI1R_EL1 by vCPU `from` ([`sgi_write`]).
-    pub(crate) fn sgi_write(&self, from: usize, v: u64) -> Vec<(u64, u64)> {
-        sgi_write(&self.devices.gic, &self.cpus.watch, from, v)
     }
 
     /// While vCPU `id`'s thread waits for an exit: after a stop, kicks
@@ -223,7 +217,7 @@ impl Shared {
             return false;
         }
         if kicked.is_none_or(|k| k.elapsed() >= STOP_REKICK) {
-            if let Err(e) = Placement::kick_all(&self.vm, &[id]) {
+            if let Err(e) = self.vm.kick_all(&[id]) {
                 self.log(format!("kicking vCPU {id} after the stop failed: {e}"));
             }
             *kicked = Some(Instant::now());
@@ -302,24 +296,15 @@ pub(crate) fn kick_insns(
         .collect()
 }
 
-/// A write of `v` to ICC_SGI1R_EL1 by vCPU `from`: the SGI is pending for
-/// every target (a vCPU outside its guest loads it at its next entry:
-/// queued, no kick), and the maintenance returned kicks only the targets
-/// that run their guest with no kick on the way. A vCPU that is not a
-/// target is never touched, a broadcast's sender included.
-pub(crate) fn sgi_write(gic: &Gic, watch: &Watch, from: usize, v: u64) -> Vec<(u64, u64)> {
-    let (intid, targets) = gic.sgi_targets(from, v);
-    let raised: Vec<usize> = targets
-        .into_iter()
-        .filter_map(|t| gic.raise(t, intid))
-        .collect();
-    kick_insns(watch, raised)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::linux::gic::{GicAccess, GICR_STRIDE};
+
+    /// A write `v` of ICC_SGI1R_EL1 by vCPU `from`: the kicks it needs.
+    fn sgi_write(gic: &Gic, watch: &Watch, from: usize, v: u64) -> Vec<(u64, u64)> {
+        kick_insns(watch, crate::linux::gic_frames::raise_sgi(gic, from, v))
+    }
+    use crate::linux::gic::{Gic, GicAccess, GICR_STRIDE};
 
     /// ICC_SGI1R_EL1's IRM: every vCPU but the sender.
     const IRM: u64 = 1 << 40;

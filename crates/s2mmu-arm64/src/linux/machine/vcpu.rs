@@ -1,15 +1,18 @@
 //! A Linux vCPU's exits as its host thread (`lifecycle/vcpu_thread.rs`)
 //! answers them: stage-2 aborts with the engine's fault path or a device
-//! model, HVCs with PSCI, the SGI register trap with the vGIC, physical
-//! interrupts with list registers.
+//! model on the bus, and every other exit the bus dispatches to the device
+//! that claims it: HVCs (PSCI), trapped system registers (the vGIC's SGI
+//! registers), physical interrupts (the timer's); the list registers at
+//! each answer.
 
 use crate::layout::{self, mb};
 use crate::linux::bus::Served;
+use crate::linux::devices::device::{CallDone, Conduit, SysRegAccess};
 use crate::linux::inject::Injection;
 use crate::linux::mmio::{self, MmioDecode};
-use crate::linux::placement::{EngineVcpu, Placement};
+use crate::linux::placement::PlacedVcpu;
 use crate::linux::psci;
-use crate::linux::shared::{ExitKind, Shared};
+use crate::linux::shared::{kick_insns, ExitKind, Shared};
 use crate::machine::{Exit, Mailbox};
 use crate::Result;
 use std::cell::Cell;
@@ -136,7 +139,7 @@ const EXIT_SLEEP: Duration = Duration::from_millis(10);
 pub(crate) fn handle(
     sh: &Shared,
     id: usize,
-    vcpu: &mut EngineVcpu,
+    vcpu: &mut dyn PlacedVcpu,
     mbox: &Mailbox<'_>,
     e: &Exit,
 ) -> Result<Next> {
@@ -146,14 +149,13 @@ pub(crate) fn handle(
         layout::EXIT_IRQ => {
             sh.count(id, ExitKind::Irq);
             let intid = mbox.read(mb::INTID) as u32;
-            if let Some(ppi) = sh.devices.timer.interrupt(intid) {
-                sh.devices.gic.raise(id, ppi);
-            }
+            sh.devices.interrupt(id, intid);
             Ok(Next::Resume(e.elr, Vec::new()))
         }
         layout::EXIT_HVC => {
             sh.count(id, ExitKind::Hvc);
-            hvc(sh, id, mbox, e)
+            Ok(call(sh, id, mbox, Conduit::Hvc)
+                .map_or(Next::Off, |()| Next::Resume(e.elr, Vec::new())))
         }
         _ if ec == EC_SYSREG => {
             sh.count(id, ExitKind::Sysreg);
@@ -162,9 +164,10 @@ pub(crate) fn handle(
         }
         _ if ec == EC_WFX => Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new())),
         _ if ec == EC_SMC => {
-            // SMC is not this VM's conduit (the device tree says HVC).
-            mbox.set_gpr(0, psci::RET_NOT_SUPPORTED as u64);
-            Ok(Next::Resume(mmio::next_insn(e.elr), Vec::new()))
+            // The stub leaves ELR at the SMC itself.
+            Ok(call(sh, id, mbox, Conduit::Smc).map_or(Next::Off, |()| {
+                Next::Resume(mmio::next_insn(e.elr), Vec::new())
+            }))
         }
         _ => {
             let u = Injection::undef(e.esr, mbox.read(mb::SPSR));
@@ -174,54 +177,54 @@ pub(crate) fn handle(
     }
 }
 
-fn hvc(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Result<Next> {
+/// An SMCCC call over `conduit`, served by the device that claims its
+/// function ID; one no device claims answers NOT_SUPPORTED, as SMCCC
+/// asks (SMC is not this VM's conduit: the device tree says HVC).
+/// `None` when the call leaves the vCPU off.
+fn call(sh: &Shared, id: usize, mbox: &Mailbox<'_>, conduit: Conduit) -> Option<()> {
     let x = [mbox.gpr(0), mbox.gpr(1), mbox.gpr(2), mbox.gpr(3)];
-    match psci::serve(x, id, sh) {
-        psci::Served::Resume(x0) => {
+    let not_supported = CallDone::Resume(psci::RET_NOT_SUPPORTED as u64);
+    match sh.devices.call(conduit, id, x, sh).unwrap_or(not_supported) {
+        CallDone::Resume(x0) => {
             mbox.set_gpr(0, x0);
-            Ok(Next::Resume(e.elr, Vec::new()))
+            Some(())
         }
-        psci::Served::Off => Ok(Next::Off),
+        CallDone::Off => None,
     }
 }
 
-/// A trapped system register access (EC 0x18): the SGI registers, which
-/// EL1 writes trap while HCR_EL2.IMO is set. Anything else reads as zero.
-/// Returns the answer's maintenance: the kicks an SGI needs.
+/// A trapped system register access (EC 0x18), served by the device that
+/// claims the register (the GIC's SGI registers, which EL1 writes trap
+/// while HCR_EL2.IMO is set). Any other reads as zero; a write to it is
+/// logged and ignored. Returns the answer's maintenance: the kicks for the
+/// vCPUs the access left an interrupt pending for.
 fn sysreg(sh: &Shared, id: usize, mbox: &Mailbox<'_>, e: &Exit) -> Vec<(u64, u64)> {
-    let iss = e.esr & 0x1ff_ffff;
-    let read = iss & 1 != 0;
-    let rt = (iss >> 5) & 0x1f;
-    let crm = (iss >> 1) & 0xf;
-    let crn = (iss >> 10) & 0xf;
-    let op1 = (iss >> 14) & 7;
-    let op2 = (iss >> 17) & 7;
-    let op0 = (iss >> 20) & 3;
-    if read {
-        mbox.set_gpr(rt, 0);
+    let a = SysRegAccess::decode(e.esr);
+    let write = (!a.read).then(|| mbox.gpr(a.rt));
+    let Some(done) = sh.devices.sysreg(id, a.reg, write) else {
+        if a.read {
+            mbox.set_gpr(a.rt, 0);
+        } else {
+            sh.log(format!(
+                "vCPU {id}: write to trapped system register {} at {:#x} ignored",
+                a.reg, e.elr
+            ));
+        }
         return Vec::new();
-    }
-    // ICC_SGI1R_EL1 (3,0,12,11,5); ICC_ASGI1R_EL1 (3,1,12,11,6) is group
-    // 1 for the other security state, the same with one security state.
-    let sgi = op0 == 3 && crn == 12 && crm == 11 && matches!((op1, op2), (0, 5) | (1, 6));
-    if !sgi {
-        sh.log(format!(
-            "vCPU {id}: write to trapped system register ({op0},{op1},{crn},{crm},{op2}) \
-             at {:#x} ignored",
-            e.elr
-        ));
-        return Vec::new();
+    };
+    if a.read {
+        mbox.set_gpr(a.rt, done.value);
     }
     // Pending for every target, then a kick, sent by this vCPU's CPU as
     // it resumes, for those in their guest with none on the way; the
     // others load it at their next entry.
-    sh.sgi_write(id, mbox.gpr(rt))
+    kick_insns(&sh.cpus.watch, done.raised)
 }
 
 fn abort(
     sh: &Shared,
     id: usize,
-    vcpu: &mut EngineVcpu,
+    vcpu: &mut dyn PlacedVcpu,
     mbox: &Mailbox<'_>,
     e: &Exit,
 ) -> Result<Next> {
@@ -240,7 +243,7 @@ fn abort(
     }
     sh.faults.page_fetch.before_fault(id, e)?;
     let t0 = Instant::now();
-    let r = sh.vm.stage2_abort(vcpu, e)?;
+    let r = vcpu.stage2_abort(e)?;
     let st = &sh.host_log.stats[id];
     match r {
         Ok(insns) => {

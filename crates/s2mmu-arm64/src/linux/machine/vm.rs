@@ -8,7 +8,6 @@
 use crate::layout;
 use crate::linux::dirty::{self, HarvestConfig, HarvestReport, RunState};
 use crate::linux::lifecycle::LinuxVm;
-use crate::linux::placement::EngineVm;
 use crate::linux::spec::EngineSpec;
 use crate::linux::uart::{ConsoleBuffer, Uart};
 use crate::{Arm64Error, Result};
@@ -293,7 +292,7 @@ fn spawn_harvester(
                 return Ok(HarvestReport::default());
             }
         }
-        let r = dirty::run_harvester(&sh.vm, &sh.faults, &*sh, &hc, mem);
+        let r = dirty::run_harvester(&*sh.vm, &sh.faults, &*sh, &hc, mem);
         if let Err(e) = &r {
             sh.stop(StopReason::Error(format!("harvester: {e}")));
         }
@@ -319,10 +318,7 @@ pub(crate) fn watch_init(console: &ConsoleBuffer, t0: Instant) -> Arc<Mutex<Opti
 /// then those answered at EL2.
 fn fault_ticks(sh: &Shared, id: usize) -> [u64; 4] {
     let m = sh.vm.machine().mailbox(id);
-    let (n, t) = match &sh.vm {
-        EngineVm::El2(v) => v.el2_faults(id),
-        EngineVm::Host(_) => (0, 0),
-    };
+    let (n, t) = sh.vm.el2().map_or((0, 0), |v| v.el2_faults(id));
     [
         m.read(layout::mb::S2_EXITS),
         m.read(layout::mb::S2_TICKS),
@@ -390,10 +386,7 @@ pub(crate) fn report(
         s2_round_trip_ns: (s2_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
         el2_faults,
         el2_fault_ns: (el2_ticks as u128 * 1_000_000_000 / freq as u128) as u64,
-        el2_counters: match &sh.vm {
-            EngineVm::El2(v) => Some(v.counters().map_err(|e| e.to_string())),
-            EngineVm::Host(_) => None,
-        },
+        el2_counters: sh.vm.el2().map(|v| v.counters().map_err(|e| e.to_string())),
         console: text,
         log: sh.host_log.lines(),
         dirty: None,

@@ -3,7 +3,7 @@
 
 use super::super::postcopy::PostcopyOutcome;
 use super::super::timeline::Sample;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One pre-copy round (round 0 sends all memory; the last is the
 /// stop-and-copy with the vCPUs paused).
@@ -84,13 +84,53 @@ impl DowntimeParts {
     }
 }
 
+/// Where the time before round 0 went: from the migration's start (the
+/// guest warm, nothing connected: where a user's request starts it) to
+/// dirty logging on. The parts follow each other without a gap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetupParts {
+    /// `--channels auto`'s probe of the candidate counts (zero without
+    /// [`super::SourceConfig::auto_channels`]).
+    pub channel_probe: Duration,
+    /// Every connection the run needs: TCP, TLS's handshake, the HEADER
+    /// and the destination's ACCEPT, the further channels' JOINs and
+    /// post-copy's two connections.
+    pub connect: Duration,
+    /// The link probe and its answer (one round trip when empty, without
+    /// [`super::SourceConfig::link_probe`]).
+    pub link_probe: Duration,
+}
+
+impl SetupParts {
+    /// Connecting from `start` to `connected`, the link probe from there
+    /// to `logging` (no channel-count probe).
+    pub fn between(start: Instant, connected: Instant, logging: Instant) -> SetupParts {
+        SetupParts {
+            channel_probe: Duration::ZERO,
+            connect: connected - start,
+            link_probe: logging - connected,
+        }
+    }
+
+    /// The parts' sum.
+    pub fn total(&self) -> Duration {
+        self.channel_probe + self.connect + self.link_probe
+    }
+}
+
 /// What the source did.
 #[derive(Clone, Debug, Default)]
 pub struct SourceOutcome {
     /// Every round.
     pub rounds: Vec<RoundStat>,
-    /// From logging on to the destination's resume.
+    /// From logging on to the destination's resume (pre-copy), or to the
+    /// last page sent (post-copy).
     pub total: Duration,
+    /// Before logging on: the channel-count probe, connecting, the link
+    /// probe ([`SourceOutcome::total`] does not include it). Timed by
+    /// [`super::run_source`] around the run, so a run's own ending leaves
+    /// it zero.
+    pub setup: SetupParts,
     /// From the pause to the destination's resume (as the source saw it).
     pub downtime: Duration,
     /// Where the downtime went. After a switch to post-copy: the pause,
@@ -149,6 +189,16 @@ pub struct SourceOutcome {
 }
 
 impl SourceOutcome {
+    /// From the migration's start ([`SetupParts`] included) to the
+    /// source's last byte of the migration sent: the vCPU state and every
+    /// channel's end (pre-copy), or the last page (post-copy). The
+    /// destination's load and start after it are not in it. This is the
+    /// span QEMU's `query-migrate` calls `total-time` (its `migrate`
+    /// command, connecting included, to the source's completion).
+    pub fn to_last_byte_sent(&self) -> Duration {
+        self.setup.total() + self.total.saturating_sub(self.downtime_parts.until_resumed)
+    }
+
     /// How much slower the guest executed per write while logging, in
     /// percent of its speed before.
     pub fn slowdown_pct(&self) -> f64 {

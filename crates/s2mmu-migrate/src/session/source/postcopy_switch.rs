@@ -159,6 +159,7 @@ fn outcome<G: SourceGuest>(
         extras: Default::default(),
         total: done.background_end - x.log_start,
         downtime: resumed_at - pause_at,
+        setup: Default::default(),
         downtime_parts: parts,
         pause_at: Some(pause_at),
         page_records: p0 + done.answered_pages,

@@ -171,7 +171,12 @@ impl<'a, V: SessionVm> Sender<'a, V> {
     /// (paced like pages), until the destination says it has them all.
     pub(super) fn probe(&mut self, total: u64) -> Result<(u64, Duration), MigrateError> {
         let n = self.chans.len() as u64;
-        let filler: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 1) as u8).collect();
+        // An empty probe (no link figure asked for) needs no filler and no
+        // thread: each channel's PROBE header in turn, then the answer.
+        let filler: Vec<u8> = match total {
+            0 => Vec::new(),
+            _ => (0..1u32 << 20).map(|i| (i * 7 + 1) as u8).collect(),
+        };
         let bucket = &self.bucket;
         let t0 = Instant::now();
         let per = total / n;
@@ -188,7 +193,7 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                             bucket.lock().unwrap_or_else(|p| p.into_inner()).take(b)
                         })
                     };
-                    if i == 0 || n == 1 {
+                    if i == 0 || n == 1 || total == 0 {
                         Err(f)
                     } else {
                         Ok(sc.spawn(f))

@@ -75,6 +75,7 @@ pub(super) fn run<G: SourceGuest>(
         rounds,
         total: resumed_at - x.log_start,
         downtime,
+        setup: Default::default(),
         downtime_parts: parts(pause_at, paused_at, sent, resumed_at),
         pause_at: Some(pause_at),
         page_records,

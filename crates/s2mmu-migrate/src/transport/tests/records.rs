@@ -422,3 +422,57 @@ fn a_record_sealed_in_place_and_damaged_is_refused() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
     assert_eq!(out.bytes().len(), before);
 }
+
+/// What the fixed-key session opens of `stream` after `skip` bytes read
+/// alone, in vectored reads of 4 KiB buffers asking for `ask` bytes each
+/// (the destination's reads of a PAGES record's data), and the error
+/// that ended it.
+fn opened_in_pages(stream: Vec<u8>, skip: usize, ask: usize) -> (Vec<u8>, std::io::Error) {
+    let sock = Duplex {
+        input: std::io::Cursor::new(stream),
+        output: std::io::sink(),
+    };
+    let mut r = fixed_key_session(Box::new(sock), KEY, IV, false, 0).unwrap();
+    let mut got = vec![0u8; skip];
+    r.read_exact(&mut got).unwrap();
+    loop {
+        let mut pages = vec![0u8; ask];
+        let mut iov: Vec<IoSliceMut> = pages.chunks_mut(4096).map(IoSliceMut::new).collect();
+        match r.read_vectored(&mut iov) {
+            Ok(0) => panic!("the stream ended without an error (no close_notify was sent)"),
+            Ok(n) => got.extend_from_slice(&pages[..n]),
+            Err(e) => return (got, e),
+        }
+    }
+}
+
+#[test]
+fn bulk_vectored_reads_land_every_byte_and_stop_at_damage() {
+    let head = pattern(4107, 9);
+    let plain = pattern(40 * MAX_PLAIN + 6144, 4);
+    let (good, err) = sealed(&[&head, &plain], 0);
+    assert!(err.is_none());
+    let whole = [&head[..], &plain].concat();
+    // Reads small and large enough to take the streaming copy, starting
+    // at record and page boundaries and off them.
+    for (skip, ask) in [
+        (4107, 64 << 10),
+        (4107, 1 << 20),
+        (5000, 256 << 10),
+        (0, 4096),
+    ] {
+        let (got, e) = opened_in_pages(good.clone(), skip, ask);
+        assert!(got == whole, "skip {skip}, ask {ask}: not the bytes sealed");
+        assert!(e.to_string().contains("close_notify"), "{e}");
+    }
+    // A flipped bit in the tenth record: the bytes before it arrive, none
+    // of it or after it.
+    let tenth = split(&good)[..9].iter().map(Vec::len).sum::<usize>();
+    let mut bad = good.clone();
+    bad[tenth + 5 + 3000] ^= 0x01;
+    let (got, e) = opened_in_pages(bad, 4107, 1 << 20);
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+    let before = head.len() + 8 * MAX_PLAIN;
+    assert!(got.len() <= before, "{} bytes: past the damage", got.len());
+    assert!(got[..] == whole[..got.len()], "the bytes before the damage");
+}

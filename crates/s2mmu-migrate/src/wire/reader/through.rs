@@ -4,6 +4,7 @@
 
 use super::{MigrateError, WireReader, PAGE_SIZE};
 use crate::hash::page_hash;
+use crate::stream_store::{copy_streaming, fence_streaming};
 use std::io::{IoSliceMut, Read};
 use std::time::Instant;
 
@@ -55,44 +56,5 @@ impl<R: Read> WireReader<R> {
             done = complete;
         }
         Ok(())
-    }
-}
-
-/// Copies `src` into `dst` (of the same length) with stores that bypass
-/// the cache where the CPU has them and `dst` allows (x86-64, 16-byte
-/// aligned, a multiple of 64 bytes): guest memory written on arrival is
-/// not read again before the guest runs, and ordinary stores would first
-/// read each of its cold lines from memory. Elsewhere a plain copy.
-/// [`fence_streaming`] orders these stores before later ones.
-fn copy_streaming(dst: &mut [u8], src: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if dst.len() == src.len()
-        && dst.len().is_multiple_of(64)
-        && (dst.as_ptr() as usize).is_multiple_of(16)
-    {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        for (d, s) in dst.chunks_exact_mut(16).zip(src.chunks_exact(16)) {
-            // SAFETY: SSE2 is part of every x86-64 CPU; `s` is 16 bytes
-            // (an unaligned load), `d` is 16 bytes of `dst`, 16-byte
-            // aligned as `dst` is (checked) and each chunk is 16 bytes;
-            // both are ordinary exclusive or shared borrows.
-            unsafe {
-                let v = _mm_loadu_si128(s.as_ptr().cast::<__m128i>());
-                _mm_stream_si128(d.as_mut_ptr().cast::<__m128i>(), v);
-            }
-        }
-        return;
-    }
-    dst.copy_from_slice(src);
-}
-
-/// Orders the streaming stores of [`copy_streaming`] before every later
-/// store and load (they are weakly ordered otherwise). Miri, which runs
-/// them as ordinary stores and has no SFENCE, skips it.
-fn fence_streaming() {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: SFENCE only orders stores; SSE is part of every x86-64 CPU.
-    unsafe {
-        std::arch::x86_64::_mm_sfence();
     }
 }

@@ -8,7 +8,7 @@ use super::LinuxVm;
 use crate::layout;
 use crate::linux::el2::{El2Vm, SHARED_BYTES, TRACE_BYTES};
 use crate::linux::memory::LinuxRam;
-use crate::linux::placement::{Engine, EngineVm};
+use crate::linux::placement::{Engine, Placement};
 use crate::linux::shared::{RAM_IPA, RAM_SLOT};
 use crate::machine::{Machine, MachineConfig};
 use crate::tlbi::HypSink;
@@ -27,7 +27,7 @@ impl LinuxVm {
         vcpus: usize,
         mem: u64,
         spec: &EngineSpec,
-    ) -> Result<(Arc<Machine>, EngineVm)> {
+    ) -> Result<(Arc<Machine>, Box<dyn Placement>)> {
         let ram_bytes = mem + spec.change.spare_bytes();
         let mc = MachineConfig {
             cpus: vcpus + 1,
@@ -42,7 +42,7 @@ impl LinuxVm {
                     ..VmConfig::default()
                 };
                 let avm = Arm64Vm::new_bare(machine.clone(), &vc)?;
-                (machine, EngineVm::Host(avm))
+                (machine, Box::new(avm) as Box<dyn Placement>)
             }
             Engine::El2 => {
                 let mc = MachineConfig {
@@ -51,7 +51,7 @@ impl LinuxVm {
                 };
                 let machine = Arc::new(Machine::start_with(&mc, crate::image_el2()?)?);
                 let v = El2Vm::new(machine.clone(), spec.el2_mode, vcpus, ram_bytes)?;
-                (machine, EngineVm::El2(v))
+                (machine, Box::new(v) as Box<dyn Placement>)
             }
         };
         vm.add_slot(RAM_SLOT, RAM_IPA, layout::DATA, mem, spec.granule)?;
@@ -93,10 +93,10 @@ impl LinuxVm {
     }
 
     /// The engine's placement, whether the vCPU threads hold it or not.
-    pub(in crate::linux) fn placement(&self) -> &EngineVm {
+    pub(in crate::linux) fn placement(&self) -> &dyn Placement {
         match (&self.run, &self.idle) {
-            (Some(r), _) => &r.sh.vm,
-            (None, Some(v)) => v,
+            (Some(r), _) => &*r.sh.vm,
+            (None, Some(v)) => &**v,
             (None, None) => unreachable!("the engine's VM is either idle or running"),
         }
     }
@@ -109,14 +109,7 @@ impl LinuxVm {
     /// Whether the RAM slot is a post-copy slot at EL2 (always true with
     /// the host placement, whose fault path asks the hook itself).
     pub(crate) fn el2_postcopy_armed(&self) -> bool {
-        match self.placement() {
-            EngineVm::Host(_) => true,
-            EngineVm::El2(v) => v
-                .postcopy
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_some(),
-        }
+        self.placement().postcopy_armed()
     }
 
     /// Makes the RAM slot a post-copy slot at EL2 (logging if `logging`):
@@ -126,16 +119,12 @@ impl LinuxVm {
     /// # Errors
     /// EL2's refusal.
     pub fn el2_postcopy(&self, logging: bool) -> Result<()> {
-        match self.placement() {
-            EngineVm::Host(_) => Ok(()),
-            EngineVm::El2(v) => {
-                if self.ran {
-                    return Err(Arm64Error::Config(
-                        "post-copy into a machine that has run guest code".into(),
-                    ));
-                }
-                v.set_postcopy(RAM_SLOT, RAM_IPA, layout::DATA, self.mem, logging)
-            }
+        let p = self.placement();
+        if self.ran && p.postcopy_at_engine() {
+            return Err(Arm64Error::Config(
+                "post-copy into a machine that has run guest code".into(),
+            ));
         }
+        p.arm_postcopy(RAM_SLOT, RAM_IPA, layout::DATA, self.mem, logging)
     }
 }

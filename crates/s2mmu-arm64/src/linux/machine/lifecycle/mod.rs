@@ -13,7 +13,7 @@ use crate::linux::dirty_limit::DirtyLimit;
 use crate::linux::fdt::FdtConfig;
 use crate::linux::memory::LinuxRam;
 use crate::linux::page_fetch::PageFetch;
-use crate::linux::placement::EngineVm;
+use crate::linux::placement::Placement;
 use crate::linux::set::DeviceLayout;
 use crate::linux::shared::{Shared, StopReason, RAM_IPA};
 use crate::linux::uart::{ConsoleBuffer, Uart};
@@ -65,7 +65,7 @@ pub struct LinuxVm {
     timeout: Duration,
     pub(in crate::linux) layout: DeviceLayout,
     /// The engine's VM while no vCPU thread holds it.
-    pub(in crate::linux) idle: Option<EngineVm>,
+    pub(in crate::linux) idle: Option<Box<dyn Placement>>,
     /// How the engine of every QEMU this VM starts is made.
     pub(in crate::linux) spec: EngineSpec,
     pub(in crate::linux) run: Option<Running>,
@@ -153,7 +153,7 @@ impl LinuxVm {
         // The brakes go to the engine now, with the machine, not at the
         // start (a migration's destination starts inside the downtime).
         let limit = Arc::new(DirtyLimit::new(cfg.vcpus));
-        limit.attach(&avm);
+        limit.attach(&*avm);
         Ok(LinuxVm {
             machine,
             vcpus: cfg.vcpus,

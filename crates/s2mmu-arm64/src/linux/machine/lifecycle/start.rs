@@ -91,7 +91,7 @@ impl LinuxVm {
         let devices = DeviceSet::new(self.layout, st.gic, uart.clone(), st.timer)
             .map_err(|e| Arm64Error::Config(e.to_string()))?;
         let avm = self.idle.take().expect("no vCPU threads run");
-        self.limit.attach(&avm);
+        self.limit.attach(&*avm);
         let sh = Arc::new(Shared {
             vm: avm,
             devices,

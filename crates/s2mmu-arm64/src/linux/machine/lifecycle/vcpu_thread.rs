@@ -7,7 +7,7 @@
 
 use crate::layout::{self, mb};
 use crate::linux::gic::ICH_HCR_EN;
-use crate::linux::placement::{EngineVcpu, Placement};
+use crate::linux::placement::PlacedVcpu;
 use crate::linux::psci::PowerState;
 use crate::linux::shared::{Shared, StopReason, HCR_LINUX};
 use crate::linux::timer::CNTHCTL_LINUX;
@@ -135,7 +135,7 @@ pub(crate) fn vcpu_main(sh: &Shared, ctl: &Ctl, id: usize) -> Result<()> {
     CURRENT.with(|c| c.set(Some(id)));
     let mut vcpu = sh.vm.new_vcpu(id)?;
     while let Some(start) = next_start(sh, ctl, id) {
-        match run_one(sh, ctl, id, &mut vcpu, start) {
+        match run_one(sh, ctl, id, &mut *vcpu, start) {
             Ok(Some(state)) => {
                 let mut g = ctl.lock();
                 g.saved[id] = Some(state);
@@ -195,12 +195,12 @@ fn run_one(
     sh: &Shared,
     ctl: &Ctl,
     id: usize,
-    vcpu: &mut EngineVcpu,
+    vcpu: &mut dyn PlacedVcpu,
     start: Start,
 ) -> Result<Option<VcpuState>> {
     let mbox = sh.vm.machine().mailbox(id);
     let mut last = mbox.read(mb::EXIT_SEQ);
-    let (vtcr, vttbr) = Placement::stage2_regs(&sh.vm);
+    let (vtcr, vttbr) = sh.vm.stage2_regs();
     let voff = sh.devices.timer.cntvoff();
     let run = match start {
         Start::Boot(entry, x0) => {

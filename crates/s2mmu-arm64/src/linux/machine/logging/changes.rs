@@ -7,12 +7,10 @@
 
 use crate::layout;
 use crate::linux::fdt::FdtConfig;
-use crate::linux::placement::EngineVm;
+use crate::linux::placement::Placement;
 use crate::linux::shared::{RamFaults, RAM_SLOT};
 use crate::Result;
-use s2mmu::memslot::{SlotFlags, UserMemoryRegion};
 use s2mmu::mmu::DirtyMode;
-use s2mmu::{Gpa, Hva};
 use std::sync::atomic::Ordering;
 
 /// What the host changes under the guest while it logs.
@@ -81,7 +79,7 @@ pub(crate) fn in_fb(ipa: u64) -> bool {
 /// # Errors
 /// The engine's memslot errors.
 pub(crate) fn add_framebuffer(
-    vm: &EngineVm,
+    vm: &dyn Placement,
     change: HostChange,
     mem: u64,
     f: &mut FdtConfig,
@@ -206,7 +204,7 @@ impl Changer {
     /// is still running. The harvester then skips the harvest, so that no
     /// harvest re-protects a page in the middle of its pass: each page of
     /// a pass is logged once, whatever the timing.
-    pub(crate) fn pass_running(&mut self, vm: &EngineVm) -> bool {
+    pub(crate) fn pass_running(&mut self, vm: &dyn Placement) -> bool {
         if let HostChange::Paced { .. } = self.change {
             self.done = vm.machine().ram().read(self.control() + 8);
             return self.go > 0 && self.done < self.go;
@@ -224,7 +222,7 @@ impl Changer {
     /// After a harvest under [`HostChange::Paced`] that logged `fb_logged`
     /// of the framebuffer's pages: a pass finished before it is recorded
     /// and the next one started.
-    fn pace(&mut self, vm: &EngineVm, passes: u64, fb_logged: u64) {
+    fn pace(&mut self, vm: &dyn Placement, passes: u64, fb_logged: u64) {
         self.acc += fb_logged;
         if self.go > 0 && self.done < self.go {
             return;
@@ -263,7 +261,7 @@ impl Changer {
     /// The engine's memslot errors.
     pub(crate) fn move_framebuffer(
         &mut self,
-        vm: &EngineVm,
+        vm: &dyn Placement,
         faults: &RamFaults,
         npages: u64,
         mode: Option<DirtyMode>,
@@ -279,31 +277,11 @@ impl Changer {
         } else {
             layout::DATA + (npages << 12)
         };
-        match vm {
-            EngineVm::Host(v) => {
-                let hva = ram
-                    .hva(from)
-                    .expect("the framebuffer lies in the data region");
-                let gone = UserMemoryRegion::new(
-                    FB_SLOT,
-                    SlotFlags::NONE,
-                    Gpa::new(FB_IPA),
-                    0,
-                    Hva::new(hva),
-                );
-                v.mmu().set_memory_region(&gone, 4096)?;
-            }
-            EngineVm::El2(v) if mode.is_some_and(|m| m.ring_entries().is_none()) => {
-                let first = (npages / 64) as usize;
-                let words = &mut bitmap[first..first + (FB_SIZE / 4096 / 64) as usize];
-                let mut last = vec![0u64; words.len()];
-                v.delete_logged(FB_SLOT, &mut last)?;
-                for (w, l) in words.iter_mut().zip(last) {
-                    *w |= l;
-                }
-            }
-            EngineVm::El2(v) => v.delete_slot(FB_SLOT)?,
-        }
+        // Without rings the slot's last log joins this harvest's.
+        let first = (npages / 64) as usize;
+        let words = &mut bitmap[first..first + (FB_SIZE / 4096 / 64) as usize];
+        let last = mode.is_some_and(|m| m.ring_entries().is_none());
+        vm.delete_slot(FB_SLOT, FB_IPA, from, last.then_some(words))?;
         for off in (0..FB_SIZE).step_by(8) {
             ram.write(to + off, ram.read(from + off));
         }
@@ -329,7 +307,7 @@ impl Changer {
     /// The engine's and the remap's errors.
     pub(crate) fn after_harvest(
         &mut self,
-        vm: &EngineVm,
+        vm: &dyn Placement,
         harvests: u64,
         bitmap: &[u64],
     ) -> Result<()> {
@@ -359,7 +337,7 @@ impl Changer {
     ///
     /// # Errors
     /// The engine's errors.
-    pub(crate) fn tick_paused(&mut self, vm: &EngineVm) -> Result<bool> {
+    pub(crate) fn tick_paused(&mut self, vm: &dyn Placement) -> Result<bool> {
         match self.resume_at {
             Some(0) | None => {
                 vm.enable_dirty_logging(RAM_SLOT)?;
@@ -373,7 +351,7 @@ impl Changer {
         }
     }
 
-    fn remap(&mut self, vm: &EngineVm, pages: u32, bitmap: &[u64]) -> Result<()> {
+    fn remap(&mut self, vm: &dyn Placement, pages: u32, bitmap: &[u64]) -> Result<()> {
         let mut left = pages;
         let n = self.loc.len() as u64;
         // From where the last harvest's moves stopped, so that the moves

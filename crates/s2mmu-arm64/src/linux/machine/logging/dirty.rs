@@ -8,10 +8,9 @@
 use crate::layout;
 use crate::linux::changes::{Changer, HostChange};
 use crate::linux::el2_inject::{El2Inject, El2Trace};
-use crate::linux::placement::EngineVm;
+use crate::linux::placement::Placement;
 use crate::linux::shared::{RamFaults, StopReason, RAM_IPA};
 use crate::Result;
-use s2mmu::dirty::DirtyGfn;
 use s2mmu::mmu::{DirtyMode, HugePageRecovery, HwDirtyBlocks, MmuPolicy, Protect};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -165,7 +164,7 @@ impl HarvestReport {
 }
 
 /// The guest RAM as words shared with QEMU.
-fn ram_words(vm: &EngineVm, bytes: u64) -> &[AtomicU64] {
+fn ram_words(vm: &dyn Placement, bytes: u64) -> &[AtomicU64] {
     let p = vm
         .machine()
         .ram()
@@ -191,45 +190,6 @@ fn hash_pages(words: &[AtomicU64], loc: &[u64], out: &mut [u64]) {
     }
 }
 
-/// One harvest into `bitmap`: of each logged slot (memslot, first bit,
-/// pages; each slot's first bit a multiple of 64).
-fn harvest(
-    vm: &EngineVm,
-    mode: DirtyMode,
-    slots: &[(u16, u64, u64)],
-    bitmap: &mut [u64],
-    ring: &mut Vec<DirtyGfn>,
-) -> Result<()> {
-    if let EngineVm::El2(v) = vm {
-        return v.harvest(mode, slots, bitmap, ring);
-    }
-    let mmu = vm.mmu("dirty logging")?;
-    if mode.ring_entries().is_some() {
-        ring.clear();
-        mmu.harvest_rings(ring)?;
-        bitmap.fill(0);
-        for g in ring.iter() {
-            let at = slots
-                .iter()
-                .find(|s| u32::from(s.0) == g.slot && g.offset < s.2);
-            if let Some(&(_, first, _)) = at {
-                let b = first + g.offset;
-                bitmap[(b / 64) as usize] |= 1 << (b % 64);
-            }
-        }
-        mmu.reset_rings()?;
-        return Ok(());
-    }
-    for &(slot, first, n) in slots {
-        let words = &mut bitmap[(first / 64) as usize..(first + n).div_ceil(64) as usize];
-        mmu.get_dirty_log(slot, words)?;
-        if mode.manual_protect() {
-            mmu.clear_dirty_log(slot, 0, n, words)?;
-        }
-    }
-    Ok(())
-}
-
 /// The running VM as the harvester sees it besides the engine and the
 /// fault path: whether it stops, and its stop (which takes every vCPU out
 /// of its guest).
@@ -247,7 +207,7 @@ pub(crate) trait RunState {
 /// # Errors
 /// The engine's errors.
 pub(crate) fn run_harvester(
-    vm: &EngineVm,
+    vm: &dyn Placement,
     faults: &RamFaults,
     run: &dyn RunState,
     cfg: &HarvestConfig,
@@ -293,7 +253,7 @@ pub(crate) fn run_harvester(
         inject.before_harvest(vm, rep.harvests)?;
         let t = Instant::now();
         match cfg.mode {
-            Some(mode) => harvest(vm, mode, &slots, &mut bitmap, &mut ring)?,
+            Some(mode) => vm.harvest(mode, &slots, &mut bitmap, &mut ring)?,
             None => bitmap.fill(0),
         }
         rep.harvest_ns += t.elapsed().as_nanos() as u64;
@@ -329,7 +289,7 @@ pub(crate) fn run_harvester(
 
 /// The harvester's end: the host's dropped invalidations and what
 /// `changer` did, into `rep`.
-fn finish(vm: &EngineVm, changer: Changer, rep: &mut HarvestReport) {
+fn finish(vm: &dyn Placement, changer: Changer, rep: &mut HarvestReport) {
     vm.sink().drop_host_sequences(0);
     rep.dropped = vm.sink().counters().dropped;
     rep.remapped = changer.remapped;

@@ -16,7 +16,7 @@
 //! invalidation and a table page freed before its invalidation, all after
 //! the mark.
 
-use crate::linux::placement::EngineVm;
+use crate::linux::placement::Placement;
 use crate::linux::shared::RAM_SLOT;
 use crate::Result;
 
@@ -42,11 +42,8 @@ pub(crate) struct El2Inject {
 
 impl El2Inject {
     /// Injection from harvest `from`, if the engine runs at EL2.
-    pub(crate) fn new(vm: &EngineVm, from: Option<u64>) -> El2Inject {
-        let at = match vm {
-            EngineVm::El2(_) => from,
-            EngineVm::Host(_) => None,
-        };
+    pub(crate) fn new(vm: &dyn Placement, from: Option<u64>) -> El2Inject {
+        let at = vm.el2().and(from);
         El2Inject {
             at,
             withheld: false,
@@ -57,8 +54,8 @@ impl El2Inject {
     ///
     /// # Errors
     /// EL2's refusal.
-    pub(crate) fn before_harvest(&mut self, vm: &EngineVm, harvests: u64) -> Result<()> {
-        let (Some(at), EngineVm::El2(v)) = (self.at, vm) else {
+    pub(crate) fn before_harvest(&mut self, vm: &dyn Placement, harvests: u64) -> Result<()> {
+        let (Some(at), Some(v)) = (self.at, vm.el2()) else {
             return Ok(());
         };
         if harvests == at.saturating_sub(2) {
@@ -77,8 +74,8 @@ impl El2Inject {
     ///
     /// # Errors
     /// EL2's refusal.
-    pub(crate) fn after_harvest(&mut self, vm: &EngineVm) -> Result<Option<El2Trace>> {
-        let EngineVm::El2(v) = vm else {
+    pub(crate) fn after_harvest(&mut self, vm: &dyn Placement) -> Result<Option<El2Trace>> {
+        let Some(v) = vm.el2() else {
             return Ok(None);
         };
         if !std::mem::take(&mut self.withheld) {

@@ -13,7 +13,8 @@
 //! the value it had at the pause: the downtime is invisible to the
 //! guest's clock.
 
-use crate::linux::placement::Placement;
+use crate::linux::devices::device::DeviceState;
+use crate::linux::gic::Gic;
 use crate::linux::psci::PowerState;
 use crate::linux::shared::{Power, StopReason};
 use crate::linux::start::StartState;
@@ -23,11 +24,10 @@ use crate::linux::vm_state::{LinuxState, VcpuPart};
 use crate::{Arm64Error, Result};
 use std::time::{Duration, Instant};
 
-mod engine_log;
 mod ram;
 mod restore;
 pub use crate::linux::lifecycle::{LinuxVm, RestoreClock, BLANK_PARK};
-pub use engine_log::EngineLog;
+pub use crate::linux::placement::EngineLog;
 
 /// How long a pause may take (a loaded 2-core host runs QEMU slowly).
 const PAUSE_DEADLINE: Duration = Duration::from_secs(60);
@@ -59,7 +59,7 @@ impl LinuxVm {
                 // A kick that fails (QEMU gone) ends with the vCPU
                 // threads, which stop with that error and park.
                 if !on.is_empty() {
-                    if let Err(e) = Placement::kick_all(&sh.vm, &on) {
+                    if let Err(e) = sh.vm.kick_all(&on) {
                         eprintln!("linux guest: pause: kick {on:?}: {e}");
                     }
                 }
@@ -146,6 +146,7 @@ impl LinuxVm {
             ));
         }
         let g = r.ctl.lock();
+        let vcts: Vec<u64> = g.saved.iter().flatten().map(|s| s.cntvct).collect();
         let p = r.sh.cpus.power.lock().unwrap_or_else(|p| p.into_inner());
         let cpus = (0..self.vcpus)
             .map(|v| VcpuPart {
@@ -155,12 +156,23 @@ impl LinuxVm {
             })
             .collect();
         drop((g, p));
+        let (mut gic, mut uart) = (None, None);
+        for s in r.sh.devices.save(&vcts) {
+            match s {
+                DeviceState::Gic(s) => gic = Some(s),
+                DeviceState::Uart(s) => uart = Some(s),
+                DeviceState::Timer(_) | DeviceState::Stateless => {}
+            }
+        }
+        let missing = |what: &str| Arm64Error::Guest(format!("no device saved the {what}'s state"));
+        let gic = Gic::from_state(&*gic.ok_or_else(|| missing("GIC"))?)
+            .map_err(|e| Arm64Error::Guest(e.to_string()))?;
         Ok(LinuxState {
             vcpus: self.vcpus,
             mem: self.mem,
             vct: self.paused_vct,
-            gic: crate::linux::vm_state::gic_copy(&r.sh.devices.gic),
-            uart: r.uart.state(),
+            gic,
+            uart: uart.ok_or_else(|| missing("UART"))?,
             cpus,
         })
     }
@@ -214,5 +226,13 @@ impl LinuxVm {
             first_instruction: Duration::ZERO,
         };
         Ok(())
+    }
+}
+
+impl LinuxVm {
+    /// The engine's dirty log of this machine (the same until a guest
+    /// comes back to it and it starts a new QEMU, see `renew`).
+    pub fn engine_log(&self) -> EngineLog {
+        self.placement().dirty_log()
     }
 }
