@@ -28,8 +28,7 @@ pub(super) fn run<G: SourceGuest>(
     // In-flight pages land, and the pause's first step is done, before it.
     x.guest.prepare_pause();
     super::sync::before_pause(x.s)?;
-    let pause_at = Instant::now();
-    let at_pause = counters(x.guest);
+    let (pause_at, at_pause) = (Instant::now(), counters(x.guest));
     x.guest.pause();
     let paused_at = Instant::now();
     let sent = match send_last(&mut x, &mut hook, throttle_pct) {
