@@ -5,9 +5,10 @@
 //! memory region into another over as many loopback connections by the
 //! kernel's copies alone, and for TLS ring's AES-128-GCM records alone:
 //! what round 0 could reach at best), then the migration, which first
-//! measures plain TCP between its own endpoints. A [`WireCell`] holds a
-//! cell's runs and their medians. The two references beside the
-//! migration are this module's probes: [`iperf`] and [`memory_floor`](mod@memory_floor).
+//! is preceded by plain TCP between the same endpoints. A [`WireCell`]
+//! holds a cell's runs and their medians. The references beside the
+//! migration are this module's probes: [`iperf`], [`memory_floor`](mod@memory_floor)
+//! and [`plain_probe`].
 
 use s2mmu_migrate::sim::dest::SimDestConfig;
 use s2mmu_migrate::sim::in_process::migrate_in_process;
@@ -18,8 +19,10 @@ use std::time::Duration;
 
 pub mod iperf;
 pub mod memory_floor;
+pub mod plain_probe;
 
 use memory_floor::{memory_floor, FloorCipher};
+use plain_probe::plain_link_in_process;
 
 /// The most bytes the memory floor moves: it holds two regions of its
 /// size, and 2 GiB is far beyond any cache, so a larger guest's floor
@@ -33,7 +36,8 @@ pub const FLOOR_CAP: u64 = 2 << 30;
 pub struct WireRun {
     /// iperf3's bytes a second (None where it did not run).
     pub iperf3: Option<f64>,
-    /// The migration's own plain-TCP probe, bytes a second.
+    /// Plain TCP between the migration's endpoints ([`plain_probe`]),
+    /// bytes a second.
     pub plain: f64,
     /// The memory floor: bytes a second, and its CPU a page on each side.
     pub floor: f64,
@@ -138,8 +142,8 @@ pub struct WireCase<'a> {
     pub iperf3: bool,
 }
 
-/// One run of one cell: iperf3 (when asked), the memory floor, then the
-/// migration with its plain-TCP probe; `configs` builds the migration's
+/// One run of one cell: iperf3 (when asked), the memory floor, plain TCP
+/// between the migration's endpoints, then the migration; `configs` builds the migration's
 /// source and destination just before it runs.
 ///
 /// # Errors
@@ -182,10 +186,10 @@ pub fn measure(
         },
     };
     let (cfg, dcfg) = configs()?;
+    // Back to back with the migration: loopback, the same socket settings
+    // and connection count, as many bytes as the stack's own link probe.
+    let plain = plain_link_in_process(&cfg, &net).map_err(|e| format!("{what}: plain TCP: {e}"))?;
     let (s, d) = migrate_in_process(&cfg, &dcfg, &net).map_err(|e| format!("{what}: {e}"))?;
-    let plain = s
-        .plain_link
-        .ok_or_else(|| format!("{what}: plain TCP was not measured"))?;
     let per_page = |ns: u64, pages: u64| ns as f64 / pages.max(1) as f64;
     Ok(WireRun {
         iperf3,

@@ -123,67 +123,110 @@ impl RecvStages {
 }
 
 /// Watches one stretch of the page path (a job of pages sent, a record of
-/// pages taken) and books its time to a stage. The path tells it where the
-/// stretch begins and ends, and how long work inside it that is booked
-/// elsewhere took; the path itself keeps no clock. `()` watches nothing
-/// (a pass outside the stream's stages, such as the verification pass).
+/// pages taken) and books its time to the stages. The path tells it where
+/// the stretch begins and ends, and where work inside it that is booked
+/// apart begins and ends (the sender's flushes, the receiver's reads); the
+/// path itself keeps no clock. `()` watches nothing and costs nothing (a
+/// pass outside the stream's stages, such as the verification pass).
 pub(crate) trait StageObserver<S> {
     /// A stretch begins; `stages` as they stand.
     fn begin(&mut self, _stages: &S) {}
-    /// `ns` of the stretch went to work booked elsewhere.
-    fn inner(&mut self, _ns: u64) {}
+    /// Work booked apart begins inside the stretch.
+    fn inner_begin(&mut self) {}
+    /// That work ended.
+    fn inner_end(&mut self) {}
     /// The stretch ended; its time goes to `stages`.
     fn end(&mut self, _stages: &mut S) {}
 }
 
 impl<S> StageObserver<S> for () {}
 
-/// The sender's reading of guest memory: a job's time less its flushes'
-/// (hashing and writing, booked by the writer).
+/// A stretch's clock and the time of the work inside it booked apart.
 #[derive(Default)]
-pub(crate) struct ReadTiming {
+struct Stretch {
     t0: Option<Instant>,
+    inner_t0: Option<Instant>,
     inner_ns: u64,
 }
 
-impl StageObserver<SendStages> for ReadTiming {
-    fn begin(&mut self, _: &SendStages) {
+impl Stretch {
+    fn begin(&mut self) {
         self.t0 = Some(Instant::now());
         self.inner_ns = 0;
     }
 
-    fn inner(&mut self, ns: u64) {
-        self.inner_ns += ns;
+    fn inner_begin(&mut self) {
+        self.inner_t0 = Some(Instant::now());
+    }
+
+    fn inner_end(&mut self) {
+        if let Some(t) = self.inner_t0.take() {
+            self.inner_ns += t.elapsed().as_nanos() as u64;
+        }
+    }
+
+    /// The stretch's whole time and its inner work's, once it ended (None
+    /// for a stretch that never began).
+    fn end(&mut self) -> Option<(u64, u64)> {
+        let took = self.t0.take()?.elapsed().as_nanos() as u64;
+        Some((took, self.inner_ns.min(took)))
+    }
+}
+
+/// The sender's reading of guest memory: a job's time less its flushes'
+/// (hashing and writing, booked by the writer).
+#[derive(Default)]
+pub(crate) struct ReadTiming(Stretch);
+
+impl StageObserver<SendStages> for ReadTiming {
+    fn begin(&mut self, _: &SendStages) {
+        self.0.begin();
+    }
+
+    fn inner_begin(&mut self) {
+        self.0.inner_begin();
+    }
+
+    fn inner_end(&mut self) {
+        self.0.inner_end();
     }
 
     fn end(&mut self, stages: &mut SendStages) {
-        if let Some(t0) = self.t0.take() {
-            let took = t0.elapsed().as_nanos() as u64;
-            stages.read_ns += took.saturating_sub(self.inner_ns);
+        if let Some((took, flushes)) = self.0.end() {
+            stages.read_ns += took - flushes;
         }
     }
 }
 
-/// The receiver's checks: everything in taking a record of pages but the
-/// reads, which the reader books itself (the pages' hashes, which it times
-/// as it reads them, included).
+/// The receiver's taking of a record of pages: the reads of its data (the
+/// reader marks each as inner work) go to the reads, with the socket's
+/// system calls among them; the rest (the entries' checks, the pages'
+/// hashes and their copies into place) to the checks.
 #[derive(Default)]
-pub(crate) struct CheckTiming {
-    t0: Option<Instant>,
-    read0: u64,
-    check0: u64,
+pub(crate) struct RecvTiming {
+    stretch: Stretch,
+    socket0: u64,
 }
 
-impl StageObserver<RecvStages> for CheckTiming {
-    fn begin(&mut self, stages: &RecvStages) {
-        self.t0 = Some(Instant::now());
-        (self.read0, self.check0) = (stages.read_ns, stages.check_ns);
+impl StageObserver<RecvStages> for RecvTiming {
+    fn begin(&mut self, _: &RecvStages) {
+        self.stretch.begin();
+        self.socket0 = socket_ns().1;
+    }
+
+    fn inner_begin(&mut self) {
+        self.stretch.inner_begin();
+    }
+
+    fn inner_end(&mut self) {
+        self.stretch.inner_end();
     }
 
     fn end(&mut self, stages: &mut RecvStages) {
-        if let Some(t0) = self.t0.take() {
-            let read = stages.read_ns - self.read0;
-            stages.check_ns = self.check0 + (t0.elapsed().as_nanos() as u64).saturating_sub(read);
+        if let Some((took, reads)) = self.stretch.end() {
+            stages.read_ns += reads;
+            stages.check_ns += took - reads;
+            stages.socket_ns += socket_ns().1.saturating_sub(self.socket0);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The floor under a migration's round 0: plain TCP moving one memory
 //! region into another, over loopback, with nothing else in the path.
 //!
-//! The plain-TCP probe (`s2mmu_migrate::transport::plain_probe`) and iperf3 write from a
+//! The plain-TCP probe ([`super::plain_probe`]) and iperf3 write from a
 //! 128 KiB buffer that stays in the cache and read into another. A
 //! migration cannot: it reads every page of the guest's memory once (cold)
 //! and writes every page of the destination's once (cold). This probe

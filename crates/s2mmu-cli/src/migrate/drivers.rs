@@ -7,25 +7,21 @@
 
 use super::params::{channels_name, set_channels, Params};
 use super::report_text::{
-    dest_json, digests_text, harvest_name, params_json, policy_label, rate_text, report, MIB,
+    dest_json, digests_text, harvest_name, params_json, policy_label, rate_text, report, Run, MIB,
 };
 use crate::progress::Progress;
 use crate::report::{human_bytes, Report};
-use s2mmu::mmu::MmuPolicy;
+use s2mmu_bench::wire::plain_probe::{plain_link_in_process, plain_link_to, PlainLink};
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::postcopy::control::{Control, ControlSocket};
 use s2mmu_migrate::session::source::SourceOutcome;
 use s2mmu_migrate::session::{Progress as SessionProgress, ProgressEvent};
 use s2mmu_migrate::sim::dest::serve_attempts;
 use s2mmu_migrate::sim::in_process::migrate_in_process;
-use s2mmu_migrate::sim::source::{migrate_source_to, plain_link_to, SimRun};
+use s2mmu_migrate::sim::source::{migrate_source_to, SimRun};
 use s2mmu_migrate::transport as net;
 use s2mmu_migrate::transport::NetConfig;
 use s2mmu_plot::migration as plot;
-
-/// One run: its name, the source's and the destination's outcomes, the
-/// policy it ran with.
-type Run = (String, SourceOutcome, Option<DestOutcome>, MmuPolicy);
 
 /// `s2mmu migrate`.
 ///
@@ -85,13 +81,13 @@ pub fn main(p: Params) -> Result<(), String> {
             }
             cfg.session.progress = progress_to(bar);
             cfg.session.recovery.control = control.as_ref().map(|c| c.0.clone());
-            let (s, d) = run_one(&p, &cfg, *baseline, &net)?;
+            let (s, d, plain) = run_one(&p, &cfg, *baseline, &net)?;
             let name = if channel_list.len() > 1 {
                 format!("{name}_channels_{}", channels_name(channels))
             } else {
                 name.to_string()
             };
-            runs.push((name, s, d, policy));
+            runs.push((name, s, d, policy, plain));
         }
     }
     if let Some(file) = p.plot_file() {
@@ -102,9 +98,9 @@ pub fn main(p: Params) -> Result<(), String> {
     report.failure().map_or(Ok(()), |why| Err(why.to_string()))
 }
 
-/// One migration of `cfg`: to `--to`'s address (with `--link-probe`,
-/// after plain TCP's figure to its sink), or to a destination in this
-/// process.
+/// One migration of `cfg`: to `--to`'s address, or to a destination in
+/// this process; with `--link-probe`, after plain TCP's figure (to the
+/// sink beside `--to`'s address, or over loopback).
 ///
 /// # Errors
 /// The migration failed.
@@ -113,7 +109,7 @@ fn run_one(
     cfg: &SimRun,
     baseline: bool,
     net: &NetConfig,
-) -> Result<(SourceOutcome, Option<DestOutcome>), String> {
+) -> Result<(SourceOutcome, Option<DestOutcome>, Option<PlainLink>), String> {
     match &p.to {
         // A `--listen` destination listens on the one port it was given;
         // `--link-probe` measures plain TCP only where a sink listens on
@@ -124,16 +120,20 @@ fn run_one(
                     .map_err(|e| eprintln!("{}{e}: not measured", cfg.session.label))
                     .ok()
             });
-            let plain = plain.flatten();
-            let mut s = migrate_source_to(cfg, addr, net).map_err(|e| e.to_string())?;
-            s.plain_link = plain;
-            Ok((s, None))
+            let s = migrate_source_to(cfg, addr, net).map_err(|e| e.to_string())?;
+            Ok((s, None, plain.flatten()))
         }
         None => {
             let mut dcfg = p.sim_dest_config(baseline);
             dcfg.dest.progress = false;
+            // Plain TCP over loopback with the same socket settings and
+            // connection count, back to back with the migration.
+            let plain = cfg
+                .session
+                .link_probe
+                .then(|| plain_link_in_process(cfg, net).ok());
             let (s, d) = migrate_in_process(cfg, &dcfg, net).map_err(|e| e.to_string())?;
-            Ok((s, Some(d)))
+            Ok((s, Some(d), plain.flatten()))
         }
     }
 }
@@ -145,7 +145,7 @@ fn run_one(
 fn write_plot(p: &Params, file: &str, runs: &[Run]) -> Result<(), String> {
     let plot_runs: Vec<plot::PlotRun<'_>> = runs
         .iter()
-        .map(|(_, s, _, pol)| plot::PlotRun {
+        .map(|(_, s, _, pol, _)| plot::PlotRun {
             label: policy_label(pol),
             outcome: s,
         })

@@ -4,6 +4,7 @@
 //! command (the simulated guest's report and the Linux guest's both take
 //! the stages and post-copy from here).
 
+use s2mmu_bench::wire::plain_probe::PlainLink;
 use s2mmu_migrate::session::dest::{DestOutcome, ResumeParts};
 use s2mmu_migrate::session::postcopy::{PostcopyFigures, PostcopyOutcome};
 use s2mmu_migrate::session::source::{DowntimeParts, SourceOutcome};
@@ -143,12 +144,12 @@ pub fn resume_parts_json(p: &ResumeParts) -> Value {
 
 /// Round 0, the stack's own link and plain TCP, each as a percentage of
 /// plain TCP (None where plain TCP was not measured).
-fn plain_json(s: &SourceOutcome) -> Value {
-    let plain = s.plain_link.map(|l| l.bytes_per_s());
+fn plain_json(s: &SourceOutcome, link: Option<PlainLink>) -> Value {
+    let plain = link.map(|l| l.bytes_per_s());
     let pct = |x: f64| plain.map(|p| 100.0 * x / p.max(1.0));
     json!({
         "plain_tcp_bytes_per_s": plain,
-        "plain_tcp_bytes": s.plain_link.map(|l| l.bytes),
+        "plain_tcp_bytes": link.map(|l| l.bytes),
         "round0_pct_of_plain_tcp": s.rounds.first().and_then(|r| pct(r.bandwidth)),
         "link_pct_of_plain_tcp": (s.link_bytes > 0).then(|| pct(s.link)).flatten(),
     })
@@ -170,8 +171,9 @@ fn choice_json(s: &SourceOutcome) -> Value {
 }
 
 /// The source's whole outcome: rounds, link, guest, checks, post-copy,
-/// plain TCP, stages, the channel choice.
-pub fn source_json(s: &SourceOutcome) -> Value {
+/// plain TCP (`plain`, measured beside the migration), stages, the
+/// channel choice.
+pub fn source_json(s: &SourceOutcome, plain: Option<PlainLink>) -> Value {
     // Without the link probe there is no link figure to compare with.
     let measured = s.link_bytes > 0;
     let of_link = |bw: f64| measured.then(|| 100.0 * bw / s.link.max(1.0));
@@ -209,7 +211,7 @@ pub fn source_json(s: &SourceOutcome) -> Value {
         "verified_full": s.verified_full,
         "slot_digests": digests_json(&s.slot_digests),
         "postcopy": s.postcopy.as_ref().map(|pc| postcopy_json(pc, s)),
-        "plain_tcp": plain_json(s),
+        "plain_tcp": plain_json(s, plain),
         "stages": send_stages_json(&s.send_stages),
         "channel_choice": choice_json(s),
     })

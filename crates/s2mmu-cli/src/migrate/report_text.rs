@@ -5,6 +5,7 @@ use super::outcome_json::{per_page, source_json};
 use super::params::{ConvergeArg, Params};
 use crate::report::{human_bytes, verdict, Report};
 use s2mmu::mmu::{DirtyMode, FaultPath, MmuPolicy};
+use s2mmu_bench::wire::plain_probe::PlainLink;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::extras::ExtrasOutcome;
 use s2mmu_migrate::session::source::{ChannelChoice, SourceOutcome};
@@ -13,6 +14,16 @@ use serde_json::json;
 use std::time::Duration;
 
 pub(super) const MIB: f64 = (1u64 << 20) as f64;
+
+/// One run: its name, the source's and the destination's outcomes, the
+/// policy it ran with, plain TCP's figure before it (with `--link-probe`).
+pub(super) type Run = (
+    String,
+    SourceOutcome,
+    Option<DestOutcome>,
+    MmuPolicy,
+    Option<PlainLink>,
+);
 
 pub(super) fn digests_text(d: &[(u16, u64)]) -> String {
     d.iter()
@@ -81,18 +92,15 @@ fn choice_probes(c: &ChannelChoice) -> Vec<String> {
 }
 
 /// Round 0 per channel count against plain TCP over the same loopback.
-fn channel_table(
-    runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)],
-    text: &mut String,
-) {
+fn channel_table(runs: &[Run], text: &mut String) {
     text.push_str(&format!(
         "\nRound 0 by channel count (measured on this machine, {} CPUs, this run; % of plain TCP over the same loopback)\n  {:>8} {:>15} {:>16} {:>14} {:>10} {:>10} {:>8}\n",
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         "channels", "plain TCP MiB/s", "stack link MiB/s", "round 0 MiB/s", "% of plain", "downtime", "memory"
     ));
-    for (_, s, _, _) in runs {
+    for (_, s, _, _, plain) in runs {
         let r0 = s.rounds.first().map_or(0.0, |r| r.bandwidth);
-        let plain = s.plain_link.map_or(0.0, |l| l.bytes_per_s());
+        let plain = plain.map_or(0.0, |l| l.bytes_per_s());
         text.push_str(&format!(
             "  {:>8} {:>15.0} {:>16.0} {:>14.0} {:>9.0}% {:>8.1}ms {:>8}\n",
             s.channels,
@@ -106,19 +114,16 @@ fn channel_table(
     }
 }
 
-pub(super) fn report(
-    p: &Params,
-    runs: &[(String, SourceOutcome, Option<DestOutcome>, MmuPolicy)],
-) -> Report {
+pub(super) fn report(p: &Params, runs: &[Run]) -> Report {
     let mut r = Report::new("migrate", params_json(p));
     let mut text = String::new();
-    for (name, s, d, pol) in runs {
-        let mut row = source_json(s);
+    for (name, s, d, pol, plain) in runs {
+        let mut row = source_json(s, *plain);
         if let (Some(d), serde_json::Value::Object(m)) = (d, &mut row) {
             m.insert("destination".into(), dest_json(d));
         }
         r.result("migrate", name, row);
-        text.push_str(&summary(p, s, d.as_ref(), pol));
+        text.push_str(&summary(p, s, d.as_ref(), pol, *plain));
         extras_report(&s.extras, &mut r, &mut text);
     }
     if p.compare_policies && runs.len() == 2 {
@@ -139,7 +144,7 @@ pub(super) fn report(
             "\nGuest slowdown while logging, side by side\n  {:<46} {:>12} {:>12} {:>10} {:>10} {:>7}\n",
             "policy", "ns/write pre", "ns/write log", "slowdown", "downtime", "rounds"
         ));
-        for (_, s, _, pol) in runs {
+        for (_, s, _, pol, _) in runs {
             text.push_str(&format!(
                 "  {:<46} {:>12.0} {:>12.0} {:>9.0}% {:>8.1}ms {:>7}\n",
                 policy_label(pol),
@@ -175,6 +180,7 @@ pub(super) fn summary(
     s: &SourceOutcome,
     d: Option<&DestOutcome>,
     pol: &MmuPolicy,
+    plain: Option<PlainLink>,
 ) -> String {
     let precopy = s.rounds.iter().filter(|r| !r.final_round).count();
     let mut t = format!(
@@ -221,7 +227,7 @@ pub(super) fn summary(
     ));
     t.push_str(&link_text(s));
     t.push_str(&choice_text(s));
-    t.push_str(&plain_and_stages(s, d));
+    t.push_str(&plain_and_stages(s, d, plain));
     t.push_str(&guest_and_checks(p, s, d));
     t
 }
@@ -263,9 +269,13 @@ fn link_text(s: &SourceOutcome) -> String {
 
 /// The summary's lines on plain TCP (the honest link) and on where the
 /// time went, stage by stage, on each side.
-fn plain_and_stages(s: &SourceOutcome, d: Option<&DestOutcome>) -> String {
+fn plain_and_stages(
+    s: &SourceOutcome,
+    d: Option<&DestOutcome>,
+    plain: Option<PlainLink>,
+) -> String {
     let mut t = String::new();
-    match (s.plain_link, s.rounds.first()) {
+    match (plain, s.rounds.first()) {
         (Some(l), Some(r0)) => t.push_str(&format!(
             "  plain TCP            {:.1} MiB/s over {} connection(s), same endpoints, nothing else in the path (what iperf3 measures): round 0 = {:.0}% of it, the stack's own link = {:.0}%\n",
             l.bytes_per_s() / MIB,

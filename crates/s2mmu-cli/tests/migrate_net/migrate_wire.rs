@@ -65,6 +65,27 @@ fn the_report_breaks_the_downtime_down() {
     );
 }
 
+/// `--link-probe` in one process: plain TCP over loopback is measured
+/// just before the migration, with the guest's bytes over the run's
+/// connections, and round 0 and the stack's link are quoted against it.
+#[test]
+fn a_link_probe_in_one_process_measures_plain_tcp_with_the_guests_bytes() {
+    let v = small_sim_json(&["--link-probe", "--channels", "2"]);
+    let r = &v["results"][0];
+    let pt = &r["plain_tcp"];
+    assert_eq!(pt["plain_tcp_bytes"].as_u64(), Some(16 << 20), "{r}");
+    assert!(pt["plain_tcp_bytes_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(pt["round0_pct_of_plain_tcp"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(pt["link_pct_of_plain_tcp"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["link_bytes"].as_u64(), Some(16 << 20), "{r}");
+    // Without it, none is made up.
+    let v = small_sim_json(&[]);
+    assert!(
+        v["results"][0]["plain_tcp"]["plain_tcp_bytes"].is_null(),
+        "{v}"
+    );
+}
+
 /// `--wire-bench`: every cell measured, the memory floor in each run,
 /// iperf3's figures wherever iperf3 runs (and required where CI installed
 /// it), none made up where not.

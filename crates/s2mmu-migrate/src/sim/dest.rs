@@ -311,26 +311,3 @@ pub fn serve_attempts(
         }
     }
 }
-
-/// The plain-TCP sink beside a destination listening on `local` (its
-/// next port: [`crate::transport::sink_addr_for`]) for the source's honest
-/// link figure, taking at most `max_len` bytes a connection; with the
-/// address it listens on.
-///
-/// # Errors
-/// `local` is no TCP address (a Unix socket), or the port cannot be
-/// bound, in words.
-pub fn plain_sink_beside(
-    local: &str,
-    max_len: u64,
-    net: &NetConfig,
-) -> Result<(std::net::SocketAddr, crate::transport::PlainSink), String> {
-    let at = local
-        .parse::<std::net::SocketAddr>()
-        .ok()
-        .and_then(crate::transport::sink_addr_for)
-        .ok_or_else(|| format!("no plain-TCP sink beside {local}"))?;
-    crate::transport::PlainSink::start_bounded(&at.to_string(), net.io_timeout, max_len)
-        .map(|s| (at, s))
-        .map_err(|e| format!("no plain-TCP sink on {at} ({e})"))
-}

@@ -9,41 +9,14 @@ use crate::session::dest::DestOutcome;
 use crate::session::guest::SourceGuest;
 use crate::session::source::SourceOutcome;
 use crate::stream_error::MigrateError;
-use crate::transport::{self, Listener, NetConfig, PlainLink};
+use crate::transport::{self, Listener, NetConfig};
 use s2mmu::format::WithFormat;
 use s2mmu_vm::KnownFormat;
 use std::sync::Arc;
 
-const MIB: f64 = (1u64 << 20) as f64;
-
-/// Plain TCP over loopback with the run's channel count and as many bytes
-/// as the migration's own link probe sends.
-fn plain_link(run: &SimRun, net: &NetConfig) -> Result<PlainLink, MigrateError> {
-    let cfg = &run.session;
-    let sink = transport::PlainSink::start("127.0.0.1:0", net.io_timeout)?;
-    let l = transport::plain_tcp_link(
-        sink.addr(),
-        cfg.channels,
-        run.guest.mem_size,
-        net.io_timeout,
-    )?;
-    if cfg.progress.is_on() {
-        cfg.progress.line(&format!(
-            "{}plain TCP: {:.1} MiB in {:.1} ms at {:.1} MiB/s over {} connection(s) (no TLS, no framing, no checksum: what iperf3 measures)",
-            cfg.label,
-            l.bytes as f64 / MIB,
-            l.elapsed.as_secs_f64() * 1e3,
-            l.bytes_per_s() / MIB,
-            l.channels
-        ));
-    }
-    Ok(l)
-}
-
 /// Runs `run` from a source in this thread to a destination thread
 /// configured by `dest`, over loopback TCP secured as `net` says: both
-/// ends through [`run_both_ends`]; with the session's `link_probe`,
-/// after plain TCP's figure between the same endpoints.
+/// ends through [`run_both_ends`].
 ///
 /// # Errors
 /// The source's error when it failed (the destination's then follows from
@@ -55,10 +28,6 @@ pub fn migrate_in_process(
 ) -> Result<(SourceOutcome, DestOutcome), MigrateError> {
     validate_run(run)?;
     let listener = transport::bind("127.0.0.1:0")?;
-    // The honest link figure first, when asked for: plain TCP between the
-    // same endpoints (loopback, the same socket settings and connection
-    // count), nothing else in the path, back to back with the migration.
-    let plain = run.session.link_probe.then(|| plain_link(run, net));
     /// The simulated source on its format's type.
     struct Source<'a>(
         Box<dyn Listener>,
@@ -92,10 +61,7 @@ pub fn migrate_in_process(
     }
     let both = run.guest.format.with(Source(listener, run, dest, net))?;
     match (both.source, both.dest) {
-        (Ok(mut s), Ok(d)) => {
-            s.plain_link = plain.and_then(Result::ok);
-            Ok((s, d))
-        }
+        (Ok(s), Ok(d)) => Ok((s, d)),
         (Err(e), _) | (Ok(_), Err(e)) => Err(e),
     }
 }

@@ -404,31 +404,3 @@ pub fn migrate_source_to(
         client(connect(to.as_deref().unwrap_or(addr), net)?, net)
     })
 }
-
-/// A two-process source's honest link figure, before the migration: plain TCP to
-/// the destination's sink at `addr`'s next port
-/// ([`crate::transport::sink_addr_for`]) with the run's connection count
-/// and guest memory's bytes, said on the run's progress.
-///
-/// # Errors
-/// It cannot be measured (a Unix socket, no sink there), in words.
-pub fn plain_link_to(
-    run: &SimRun,
-    addr: &str,
-    net: &crate::transport::NetConfig,
-) -> Result<crate::transport::PlainLink, String> {
-    let (channels, mem) = (run.session.channels, run.guest.mem_size);
-    let l = crate::transport::plain_link_beside(addr, channels, mem, net.io_timeout)?;
-    let p = &run.session.progress;
-    if p.is_on() {
-        const MIB: f64 = (1u64 << 20) as f64;
-        p.line(&format!(
-            "{}plain TCP: {:.1} MiB at {:.1} MiB/s over {} connection(s) to the destination's sink (no TLS, no framing, no checksum: what iperf3 measures)",
-            run.session.label,
-            l.bytes as f64 / MIB,
-            l.bytes_per_s() / MIB,
-            l.channels
-        ));
-    }
-    Ok(l)
-}

@@ -4,9 +4,9 @@
 //! shut down from any thread). Two transports implement them: TCP
 //! ([`tcp`]: keepalive, `TCP_NODELAY`, a user timeout) and Unix sockets
 //! ([`unix`]: same-host upgrades). TLS and the pre-shared key are layered
-//! over any connection. [`plain_probe`] measures plain TCP between the
-//! same endpoints beside a migration (the wire bench's other references,
-//! iperf3 and the memory floor, are the benchmark crate's).
+//! over any connection. The wire bench's references (plain TCP between
+//! the same endpoints, iperf3, the memory floor) are the benchmark
+//! crate's.
 //!
 //! Three ways to secure a connection:
 //! - [`Security::Tls`]: mutual TLS 1.3 with certificates from files (or an
@@ -31,7 +31,6 @@ use crate::stream_error::MigrateError;
 mod admit;
 mod config;
 mod conn;
-pub mod plain_probe;
 mod psk;
 mod records;
 mod secure;
@@ -52,7 +51,6 @@ pub(crate) use conn::record_plaintexts;
 pub use conn::SharedSink;
 pub use conn::{sealed_len, sealed_offset, SEAL_AFTER, SEAL_BEFORE, SEAL_PLAIN, SEAL_SPAN};
 pub use conn::{transient, BoxConn, Connection, Duplex, Listener, ShutdownHandle};
-pub use plain_probe::{plain_link_beside, plain_tcp_link, sink_addr_for, PlainLink, PlainSink};
 pub use psk::{psk, psk_from_file};
 #[cfg(any(test, feature = "fuzzing"))]
 pub use records::fixed_key_session;

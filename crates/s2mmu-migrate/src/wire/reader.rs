@@ -5,7 +5,7 @@ use super::codec::Dec;
 use super::header::{Header, Opening};
 use super::limits::{max_body, tag, tag_name, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN, VERSION};
 use crate::hash::checksum;
-use crate::stages::{RecvStages, StageClock};
+use crate::stages::{RecvStages, StageObserver};
 use crate::stream_error::MigrateError;
 use std::io::{IoSliceMut, Read};
 use std::time::{Duration, Instant};
@@ -112,7 +112,9 @@ pub struct WireReader<R: Read> {
     raw: Vec<u8>,
     scratch: Vec<u8>,
     pace: Pace,
-    /// Time spent reading page data (the checks are the caller's to add).
+    /// Where the time of taking page data went, booked by the caller's
+    /// observer (the reader tells it where each read begins and ends; it
+    /// keeps no clock itself).
     pub stages: RecvStages,
     /// The connection authenticates every byte (an AEAD record layer):
     /// page data is not hashed again on arrival (see
@@ -271,25 +273,17 @@ impl<R: Read> WireReader<R> {
 
     /// Reads the data of several pages at once into `bufs` (one page
     /// each), with as few system calls as the connection allows; the
-    /// caller checks their hashes.
+    /// caller checks their hashes (and times the reads, when it wants
+    /// their time).
     ///
     /// # Errors
     /// [`MigrateError::Truncated`], [`MigrateError::Io`],
     /// [`MigrateError::Timeout`].
-    pub fn read_pages(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<(), MigrateError> {
-        let clock = StageClock::start();
-        let r = self.fill_pages(bufs);
-        self.stages.read_ns += clock.wall_ns();
-        self.stages.socket_ns += clock.socket_ns().1;
-        r
-    }
-
-    /// [`Self::read_pages`]'s reads; the caller books their time.
-    fn fill_pages(&mut self, mut bufs: &mut [IoSliceMut<'_>]) -> Result<(), MigrateError> {
+    pub fn read_pages(&mut self, mut bufs: &mut [IoSliceMut<'_>]) -> Result<(), MigrateError> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut got = 0usize;
         while got < total {
-            let n = self.read_page_data(bufs)?;
+            let n = self.read_page_data(bufs, &mut ())?;
             got += n;
             IoSliceMut::advance_slices(&mut bufs, n);
         }
@@ -298,28 +292,36 @@ impl<R: Read> WireReader<R> {
 
     /// One vectored read of a PAGES record's data into `bufs` (retried
     /// when interrupted, paced like every read of a record): the bytes it
-    /// brought, at least one, counted in the stream's position.
+    /// brought, at least one, counted in the stream's position. `obs` is
+    /// told where the read begins and ends (inner work of its stretch).
     ///
     /// # Errors
     /// [`MigrateError::Truncated`] at the stream's end,
     /// [`MigrateError::Io`], [`MigrateError::Timeout`].
-    fn read_page_data(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, MigrateError> {
-        loop {
+    fn read_page_data(
+        &mut self,
+        bufs: &mut [IoSliceMut<'_>],
+        obs: &mut impl StageObserver<RecvStages>,
+    ) -> Result<usize, MigrateError> {
+        obs.inner_begin();
+        let r = loop {
             match self.pace.read(&mut self.r, |r| r.read_vectored(bufs)) {
                 Ok(0) => {
-                    return Err(MigrateError::Truncated {
+                    break Err(MigrateError::Truncated {
                         at_byte: self.pos,
                         inside: "a PAGES record's data",
                     })
                 }
                 Ok(n) => {
                     self.pos += n as u64;
-                    return Ok(n);
+                    break Ok(n);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(MigrateError::io("receiving the migration stream", &e)),
+                Err(e) => break Err(MigrateError::io("receiving the migration stream", &e)),
             }
-        }
+        };
+        obs.inner_end();
+        r
     }
 
     /// Reads the data of the last PAGES record into `pages` (one page
@@ -331,8 +333,9 @@ impl<R: Read> WireReader<R> {
     /// in the cache, and only then copied into `pages` (a page whose hash
     /// does not match is not copied). Reading 128 KiB at a time was
     /// measured and cost the plain-TCP destination more in system calls
-    /// than it saved. The hashing and the copies into place are timed as
-    /// [`RecvStages::check_ns`], the rest as the read.
+    /// than it saved. `obs` is told where each read begins and ends: a
+    /// caller's [`StageObserver`] books the reads apart from the hashing
+    /// and the copies into place (`()` books nothing and costs nothing).
     ///
     /// Over a connection that [authenticates every
     /// byte](WireReader::set_authenticated) the data is not hashed: the
@@ -356,6 +359,7 @@ impl<R: Read> WireReader<R> {
         &mut self,
         pages: &mut [&mut [u8]],
         at_byte: u64,
+        obs: &mut impl StageObserver<RecvStages>,
     ) -> Result<(), MigrateError> {
         let data = self.entries.iter().filter(|e| !e.zero).count();
         if data != pages.len() || pages.iter().any(|p| p.len() != PAGE_SIZE) {
@@ -364,29 +368,12 @@ impl<R: Read> WireReader<R> {
                 pages.len()
             )));
         }
-        let clock = StageClock::start();
-        let mut check_ns = 0;
-        let r = self.read_and_check(pages, at_byte, &mut check_ns);
-        self.stages.read_ns += clock.wall_ns().saturating_sub(check_ns);
-        self.stages.check_ns += check_ns;
-        self.stages.socket_ns += clock.socket_ns().1;
-        r
-    }
-
-    /// [`Self::read_checked_pages`]'s reads and checks; the caller books
-    /// their time, `check_ns` of it in the checks.
-    fn read_and_check(
-        &mut self,
-        pages: &mut [&mut [u8]],
-        at_byte: u64,
-        check_ns: &mut u64,
-    ) -> Result<(), MigrateError> {
         if !self.authenticated {
             let mut buf = std::mem::take(&mut self.scratch);
             if buf.len() < MAX_BATCH * PAGE_SIZE {
                 buf = vec![0u8; MAX_BATCH * PAGE_SIZE];
             }
-            let r = self.read_through(&mut buf, pages, at_byte, check_ns);
+            let r = self.read_through(&mut buf, pages, at_byte, obs);
             self.scratch = buf;
             return r;
         }
@@ -397,7 +384,7 @@ impl<R: Read> WireReader<R> {
             let (first, rest) = pages[done..].split_at_mut(1);
             iov.push(IoSliceMut::new(&mut first[0][part..]));
             iov.extend(rest.iter_mut().map(|p| IoSliceMut::new(p)));
-            let got = self.read_page_data(&mut iov)?;
+            let got = self.read_page_data(&mut iov, obs)?;
             drop(iov);
             done += (part + got) / PAGE_SIZE;
             part = (part + got) % PAGE_SIZE;

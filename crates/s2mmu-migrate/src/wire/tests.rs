@@ -334,9 +334,31 @@ fn feed(data: Vec<u8>) -> WireReader<Feed> {
     })
 }
 
+/// Counts the reads a reader tells its observer of, each begun before it
+/// ends and none inside another.
+#[derive(Default)]
+struct Reads {
+    open: bool,
+    n: usize,
+}
+
+impl crate::stages::StageObserver<crate::stages::RecvStages> for Reads {
+    fn inner_begin(&mut self) {
+        assert!(!self.open, "a read begun inside another");
+        self.open = true;
+    }
+
+    fn inner_end(&mut self) {
+        assert!(self.open, "a read ended that never began");
+        self.open = false;
+        self.n += 1;
+    }
+}
+
 /// A checked read asks the connection for the whole record's data at
 /// once, delivers every byte in order across reads that end inside pages,
-/// and counts the hashing as checks, not as the read.
+/// and tells its observer of each read (the hashing between them is not
+/// inside one).
 #[test]
 fn a_checked_read_takes_a_record_through_partial_reads() {
     let (stream, _) = full_record();
@@ -347,7 +369,8 @@ fn a_checked_read_takes_a_record_through_partial_reads() {
     ));
     let mut pages = vec![[0u8; PAGE_SIZE]; MAX_BATCH];
     let mut bufs: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
-    r.read_checked_pages(&mut bufs, 0).unwrap();
+    let mut reads = Reads::default();
+    r.read_checked_pages(&mut bufs, 0, &mut reads).unwrap();
     for (i, p) in pages.iter().enumerate() {
         assert!(p.iter().all(|&b| b == (i % 250) as u8 + 1), "page {i}");
     }
@@ -358,10 +381,9 @@ fn a_checked_read_takes_a_record_through_partial_reads() {
         "the first read asks for it all"
     );
     assert_eq!(asked.len(), (MAX_BATCH * PAGE_SIZE).div_ceil(5000));
-    assert!(
-        r.stages.check_ns > 0,
-        "the hashing is not counted as checks"
-    );
+    assert_eq!(reads.n, asked.len(), "every read told, and only reads");
+    assert!(!reads.open);
+    assert_eq!(r.stages, Default::default(), "the reader keeps no clock");
 }
 
 /// A damaged page is refused as soon as it is in, before the rest of its
@@ -377,7 +399,7 @@ fn a_damaged_page_is_refused_before_its_record_ends() {
     assert!(matches!(r.next_record().unwrap(), Record::Pages { .. }));
     let mut pages = vec![[0u8; PAGE_SIZE]; MAX_BATCH];
     let mut bufs: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
-    match r.read_checked_pages(&mut bufs, 7) {
+    match r.read_checked_pages(&mut bufs, 7, &mut ()) {
         Err(MigrateError::PageChecksum { gpa, at_byte: 7 }) => {
             assert_eq!(gpa, 40 * PAGE_SIZE as u64)
         }
@@ -392,7 +414,7 @@ fn a_damaged_page_is_refused_before_its_record_ends() {
 /// Over a connection that authenticates every byte the data is not
 /// hashed again: a page whose data does not match its hash lands as it
 /// came (its hash is kept as sent, for the digests compared at the
-/// switch), and no time is booked as checks.
+/// switch), and its observer is told of each read.
 #[test]
 fn an_authenticated_read_does_not_hash_the_pages_again() {
     let (mut stream, at) = full_record();
@@ -402,10 +424,12 @@ fn an_authenticated_read_does_not_hash_the_pages_again() {
     assert!(matches!(r.next_record().unwrap(), Record::Pages { .. }));
     let mut pages = vec![[0u8; PAGE_SIZE]; MAX_BATCH];
     let mut bufs: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
-    r.read_checked_pages(&mut bufs, 0).unwrap();
+    let mut reads = Reads::default();
+    r.read_checked_pages(&mut bufs, 0, &mut reads).unwrap();
     assert_eq!(pages[40][17], 41 ^ 0x10);
     assert!(pages[41].iter().all(|&b| b == 42), "the page after it");
-    assert_eq!(r.stages.check_ns, 0);
+    assert_eq!(reads.n, r.get_mut().asked.len());
+    assert!(reads.n > 1 && !reads.open);
 }
 
 /// Buffers that are not one page for each data page of the record are
@@ -419,7 +443,7 @@ fn a_checked_read_needs_a_page_for_each_data_page() {
     let mut pages = vec![[0u8; PAGE_SIZE]; MAX_BATCH - 1];
     let mut bufs: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
     assert!(matches!(
-        r.read_checked_pages(&mut bufs, 0),
+        r.read_checked_pages(&mut bufs, 0, &mut ()),
         Err(MigrateError::Setup(_))
     ));
     let mut short = [0u8; 100];
@@ -427,7 +451,7 @@ fn a_checked_read_needs_a_page_for_each_data_page() {
     let mut bufs: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
     bufs.push(&mut short);
     assert!(matches!(
-        r.read_checked_pages(&mut bufs, 0),
+        r.read_checked_pages(&mut bufs, 0, &mut ()),
         Err(MigrateError::Setup(_))
     ));
     assert_eq!(r.pos, pos, "bytes were read");

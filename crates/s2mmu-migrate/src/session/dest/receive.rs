@@ -5,7 +5,7 @@
 use super::sync::SyncProgress;
 use crate::hash::{page_hash, ZERO_PAGE};
 use crate::session::postcopy;
-use crate::stages::{CheckTiming, RecvStages, StageClock, StageObserver};
+use crate::stages::{RecvStages, RecvTiming, StageClock, StageObserver};
 use crate::stream_error::MigrateError;
 use crate::transport::{BoxConn, Connection, ShutdownHandle};
 use crate::vm::{GuestRam, SessionVm};
@@ -61,8 +61,9 @@ pub(super) struct ReceiveState<'a, V: SessionVm> {
 impl<V: SessionVm> ReceiveState<'_, V> {
     /// Takes the data of the PAGES record just read on `channel` into
     /// guest memory (one vectored read for all its pages), checking each
-    /// page; `obs` watches the record (the stream books its time, less
-    /// the reads', as checks: [`CheckTiming`]).
+    /// page; `obs` watches the record, the reader telling it where each
+    /// read of the data begins and ends (the stream books the reads and
+    /// the rest apart: [`RecvTiming`]).
     pub(super) fn take_pages<R: Read>(
         &self,
         rd: &mut WireReader<R>,
@@ -73,7 +74,7 @@ impl<V: SessionVm> ReceiveState<'_, V> {
         obs.begin(&rd.stages);
         let r = self
             .entry_offsets(rd, channel, at_byte)
-            .and_then(|(offs, n)| self.land_pages(rd, &offs[..n], at_byte));
+            .and_then(|(offs, n)| self.land_pages(rd, &offs[..n], at_byte, obs));
         obs.end(&mut rd.stages);
         if let (Ok(()), Some(t)) = (&r, self.sync.taken.get(usize::from(channel))) {
             t.fetch_add(rd.entries().len() as u64, Ordering::Release);
@@ -121,12 +122,14 @@ impl<V: SessionVm> ReceiveState<'_, V> {
     }
 
     /// Reads the record's pages into guest memory at `offs` (checked by
-    /// [`Self::entry_offsets`]), checking each page's hash as it lands.
+    /// [`Self::entry_offsets`]), checking each page's hash as it lands;
+    /// `obs` is told of each read.
     fn land_pages<R: Read>(
         &self,
         rd: &mut WireReader<R>,
         offs: &[u64],
         at_byte: u64,
+        obs: &mut impl StageObserver<RecvStages>,
     ) -> Result<(), MigrateError> {
         let n = offs.len();
         let mut pages: Vec<&mut [u8]> = Vec::with_capacity(n);
@@ -140,7 +143,7 @@ impl<V: SessionVm> ReceiveState<'_, V> {
             }
         }
         // Each page's hash is checked as it arrives (while in the cache).
-        let r = rd.read_checked_pages(&mut pages, at_byte);
+        let r = rd.read_checked_pages(&mut pages, at_byte, obs);
         drop(pages);
         if let Err(e) = r {
             self.forget(offs);
@@ -236,7 +239,7 @@ pub(super) fn channel_loop<V: SessionVm>(
     if failed {
         return p.map(|_| ());
     }
-    let mut timing = CheckTiming::default();
+    let mut timing = RecvTiming::default();
     let authenticated = rd.get_mut().authenticates();
     rd.set_authenticated(authenticated);
     loop {
@@ -368,7 +371,7 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
     let mut state = None;
     let mut state_at = None;
     let mut postcopy_missing = None;
-    let mut timing = CheckTiming::default();
+    let mut timing = RecvTiming::default();
     let authenticated = rd.get_mut().authenticates();
     rd.set_authenticated(authenticated);
     loop {

@@ -189,7 +189,7 @@ fn receive(s: std::net::TcpStream, net: &NetConfig) -> Result<u64, MigrateError>
                 let data = rd.entries().iter().filter(|e| !e.zero).count();
                 let mut pages: Vec<&mut [u8]> =
                     scratch.chunks_exact_mut(PAGE_SIZE).take(data).collect();
-                rd.read_checked_pages(&mut pages, at_byte)?;
+                rd.read_checked_pages(&mut pages, at_byte, &mut ())?;
             }
             Record::Control { tag: tag::END, .. } => return Ok(rd.pages),
             other => {

@@ -180,9 +180,6 @@ pub struct SourceOutcome {
     pub postcopy: Option<PostcopyOutcome>,
     /// Where the sending time went, over every round and channel.
     pub send_stages: crate::stages::SendStages,
-    /// Plain TCP between the same endpoints just before the migration
-    /// (what iperf3 measures; None where it was not measured).
-    pub plain_link: Option<crate::transport::PlainLink>,
     /// With `SourceConfig::auto_channels`: each candidate count's probe and the count
     /// chosen (which [`SourceOutcome::channels`] also says).
     pub channel_choice: Option<super::channel_choice::ChannelChoice>,

@@ -189,7 +189,6 @@ fn outcome<G: SourceGuest>(
             recoveries: done.recoveries,
         }),
         send_stages: x.s.stages(),
-        plain_link: None,
         channel_choice: None,
     }
 }

@@ -33,8 +33,8 @@ impl Chan {
         Chan { wire, batch }
     }
 
-    /// Sends the batch (paced by the bandwidth limit); `obs` is told how
-    /// long it took.
+    /// Sends the batch (paced by the bandwidth limit); `obs` is told where
+    /// it began and ended.
     fn flush_batch(
         &mut self,
         bucket: &Mutex<TokenBucket>,
@@ -43,13 +43,13 @@ impl Chan {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let t = Instant::now();
+        obs.inner_begin();
         bucket
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take(self.batch.wire_bytes());
         let r = self.wire.sealed_batch(&mut self.batch);
-        obs.inner(t.elapsed().as_nanos() as u64);
+        obs.inner_end();
         r
     }
 

@@ -95,7 +95,6 @@ pub(super) fn run<G: SourceGuest>(
         final_pace: x.final_pace,
         postcopy: None,
         send_stages: x.s.stages(),
-        plain_link: None,
         channel_choice: None,
     })
 }

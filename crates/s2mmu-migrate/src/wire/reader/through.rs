@@ -4,9 +4,9 @@
 
 use super::{MigrateError, WireReader, PAGE_SIZE};
 use crate::hash::page_hash;
+use crate::stages::{RecvStages, StageObserver};
 use crate::stream_store::{copy_streaming, fence_streaming};
 use std::io::{IoSliceMut, Read};
-use std::time::Instant;
 
 impl<R: Read> WireReader<R> {
     /// The data of the record's pages read through `buf` (the reader's own
@@ -17,14 +17,13 @@ impl<R: Read> WireReader<R> {
     /// memory and hashing the pages there read each page back from
     /// memory; the same copy with ordinary stores cost more than that
     /// (each cold line of guest memory is read before it is written).
-    /// The hashing and the copies into place are timed as the check
-    /// (`check_ns`).
+    /// `obs` is told where each read begins and ends.
     pub(super) fn read_through(
         &mut self,
         buf: &mut [u8],
         pages: &mut [&mut [u8]],
         at_byte: u64,
-        check_ns: &mut u64,
+        obs: &mut impl StageObserver<RecvStages>,
     ) -> Result<(), MigrateError> {
         let total = pages.len() * PAGE_SIZE;
         // The next entry to look at for a data page's hash.
@@ -32,9 +31,8 @@ impl<R: Read> WireReader<R> {
         // Bytes read, and pages of them checked and copied into place.
         let (mut got, mut done) = (0usize, 0usize);
         while done < pages.len() {
-            got += self.read_page_data(&mut [IoSliceMut::new(&mut buf[got..total])])?;
+            got += self.read_page_data(&mut [IoSliceMut::new(&mut buf[got..total])], obs)?;
             let complete = got / PAGE_SIZE;
-            let t = Instant::now();
             for (k, page) in pages.iter_mut().enumerate().take(complete).skip(done) {
                 while self.entries[want].zero {
                     want += 1;
@@ -52,7 +50,6 @@ impl<R: Read> WireReader<R> {
                 copy_streaming(page, data);
             }
             fence_streaming();
-            *check_ns += t.elapsed().as_nanos() as u64;
             done = complete;
         }
         Ok(())

@@ -3,6 +3,11 @@
 //! framing, no checksum, no guest. The migration's own figures are quoted
 //! against it.
 //!
+//! The migration library carries none of it: a migration needs no
+//! plain-TCP figure, and a run that wants one measures it here,
+//! back to back with its migration ([`plain_link_in_process`],
+//! [`plain_link_to`]).
+//!
 //! A [`PlainSink`] listens on its own port; [`plain_tcp_link`] opens
 //! `channels` connections to it at once (iperf3's `-P`). On each it runs
 //! two phases, each an 8-byte length, then that many bytes from one
@@ -20,8 +25,9 @@
 //! about half of the next one (fresh buffers and socket memory); 128 KiB
 //! and the warm-up fix both.
 
-use super::tcp::configure;
-use crate::stream_error::MigrateError;
+use s2mmu_migrate::sim::source::SimRun;
+use s2mmu_migrate::stream_error::MigrateError;
+use s2mmu_migrate::transport::{configure, NetConfig};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -324,6 +330,75 @@ fn send_phase(s: &mut TcpStream, len: u64, filler: &[u8]) -> std::io::Result<u64
     Ok(u64::from_le_bytes(got))
 }
 
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// Says `l` on `run`'s progress, `to` naming where it went.
+fn say(run: &SimRun, l: &PlainLink, to: &str) {
+    let p = &run.session.progress;
+    if p.is_on() {
+        p.line(&format!(
+            "{}plain TCP: {:.1} MiB in {:.1} ms at {:.1} MiB/s over {} connection(s){to} (no TLS, no framing, no checksum: what iperf3 measures)",
+            run.session.label,
+            l.bytes as f64 / MIB,
+            l.elapsed.as_secs_f64() * 1e3,
+            l.bytes_per_s() / MIB,
+            l.channels
+        ));
+    }
+}
+
+/// An in-process run's honest link figure, just before the migration:
+/// plain TCP over loopback to a sink of its own with the run's connection
+/// count and guest memory's bytes (the stack's own link probe sends as
+/// many), said on the run's progress.
+///
+/// # Errors
+/// As [`plain_tcp_link`], and binding the sink.
+pub fn plain_link_in_process(run: &SimRun, net: &NetConfig) -> Result<PlainLink, MigrateError> {
+    let sink = PlainSink::start("127.0.0.1:0", net.io_timeout)?;
+    let (channels, mem) = (run.session.channels, run.guest.mem_size);
+    let l = plain_tcp_link(sink.addr(), channels, mem, net.io_timeout)?;
+    say(run, &l, "");
+    Ok(l)
+}
+
+/// A two-process source's honest link figure, before the migration: plain
+/// TCP to the destination's sink at `addr`'s next port ([`sink_addr_for`])
+/// with the run's connection count and guest memory's bytes, said on the
+/// run's progress.
+///
+/// # Errors
+/// It cannot be measured (a Unix socket, no sink there), in words.
+pub fn plain_link_to(run: &SimRun, addr: &str, net: &NetConfig) -> Result<PlainLink, String> {
+    let (channels, mem) = (run.session.channels, run.guest.mem_size);
+    let l = plain_link_beside(addr, channels, mem, net.io_timeout)?;
+    say(run, &l, " to the destination's sink");
+    Ok(l)
+}
+
+/// The plain-TCP sink beside a destination listening on `local` (its
+/// next port: [`sink_addr_for`]) for a source's honest link figure,
+/// taking at most `max_len` bytes a phase on a connection (a
+/// destination's limit on guest memory); with the address it listens on.
+///
+/// # Errors
+/// `local` is no TCP address (a Unix socket), or the port cannot be
+/// bound, in words.
+pub fn plain_sink_beside(
+    local: &str,
+    max_len: u64,
+    net: &NetConfig,
+) -> Result<(SocketAddr, PlainSink), String> {
+    let at = local
+        .parse::<SocketAddr>()
+        .ok()
+        .and_then(sink_addr_for)
+        .ok_or_else(|| format!("no plain-TCP sink beside {local}"))?;
+    PlainSink::start_bounded(&at.to_string(), net.io_timeout, max_len)
+        .map(|s| (at, s))
+        .map_err(|e| format!("no plain-TCP sink on {at} ({e})"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,5 +538,33 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300));
         let l = plain_tcp_link(sink.addr(), 2, 1 << 20, Duration::from_secs(10)).unwrap();
         assert_eq!(l.bytes, 1 << 20);
+    }
+
+    #[test]
+    fn a_run_s_probe_sends_its_guest_memory_over_its_channels() {
+        let net = NetConfig {
+            io_timeout: Duration::from_secs(10),
+            security: s2mmu_migrate::transport::Security::Plain,
+        };
+        let run = SimRun::default().with(|g, s| {
+            g.mem_size = (4 << 20) + 4096;
+            s.channels = 3;
+            s.progress = s2mmu_migrate::session::Progress::off();
+        });
+        let l = plain_link_in_process(&run, &net).unwrap();
+        assert_eq!((l.bytes, l.channels), ((4 << 20) + 4096, 3));
+        // Beside a destination: its next port (free a moment ago).
+        let free = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let local = format!("127.0.0.1:{}", free.port() - 1);
+        let (at, _sink) = plain_sink_beside(&local, 1 << 30, &net).unwrap();
+        assert_eq!(at, free);
+        let l = plain_link_to(&run, &local, &net).unwrap();
+        assert_eq!((l.bytes, l.channels), ((4 << 20) + 4096, 3));
+        let e = plain_link_to(&run, "unix:/tmp/nowhere", &net).unwrap_err();
+        assert!(e.contains("no TCP port"), "{e}");
+        assert!(plain_sink_beside("unix:/tmp/nowhere", 1, &net).is_err());
     }
 }
