@@ -7,7 +7,7 @@ use s2mmu_arm64::linux::migrate::RestoreClock;
 use s2mmu_arm64::machine::RamBacking;
 use s2mmu_migrate::session::dest::DestOutcome;
 use s2mmu_migrate::session::postcopy::PostcopyOutcome;
-use s2mmu_migrate::session::source::SourceOutcome;
+use s2mmu_migrate::session::source::{DowntimeParts, SourceOutcome};
 use std::time::Duration;
 
 /// What one run measured, beyond the common figures.
@@ -25,9 +25,18 @@ pub enum RunDetails {
         /// when it ran in this process.
         dest: Option<Box<(DestOutcome, RestoreClock)>>,
     },
-    /// Through the session, ending in post-copy: the session's figures
-    /// of it (the destination's FINAL among them).
-    Postcopy(PostcopyOutcome),
+    /// Through the session, ending in post-copy.
+    Postcopy {
+        /// The session's figures of post-copy (the destination's FINAL
+        /// among them).
+        figures: PostcopyOutcome,
+        /// Where the switch's downtime went, as the source saw it.
+        parts: DowntimeParts,
+        /// The destination's outcome (its part of the downtime among
+        /// it) and its machine's restore clock, when it ran in this
+        /// process.
+        dest: Option<Box<(DestOutcome, RestoreClock)>>,
+    },
 }
 
 /// How the destination's guest showed it went on.

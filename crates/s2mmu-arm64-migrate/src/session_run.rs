@@ -232,7 +232,11 @@ fn session_run(
         final_pages: fin.iter().map(|r| r.pages).sum(),
         state_bytes,
         details: match &s.postcopy {
-            Some(pc) => RunDetails::Postcopy(pc.clone()),
+            Some(pc) => RunDetails::Postcopy {
+                figures: pc.clone(),
+                parts: s.downtime_parts,
+                dest: dest.map(Box::new),
+            },
             None => RunDetails::Session {
                 outcome: Box::new(s.clone()),
                 limit,

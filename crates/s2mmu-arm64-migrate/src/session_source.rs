@@ -141,7 +141,7 @@ impl LinuxSessionVm {
     /// (for up to [`LOGGING_PARK`]) until the service CPU has left its
     /// park's wait, so that a harvest's invalidations or a pause's kick
     /// after it do not wait for that.
-    fn wake_service(&self) {
+    pub(crate) fn wake_service(&self) {
         if self.service_parked.swap(false, Ordering::SeqCst) {
             self.lock().engine_sink().wake_service();
         }
@@ -288,6 +288,13 @@ impl LinuxSource {
 impl GuestRun for LinuxSource {
     fn pause(&self) {
         self.vm.pause_vcpus();
+    }
+
+    // The service CPU, parked while the log runs, serves the pause's
+    // kick: waking it is a round trip through it, outside the downtime
+    // here.
+    fn prepare_pause(&self) {
+        self.vm.wake_service();
     }
 
     fn resume(&self) {

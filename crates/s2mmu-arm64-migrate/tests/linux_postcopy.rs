@@ -181,7 +181,7 @@ s2mmu_arm64::linux_test! {
         let cfg = session_run::linux_config(&s, &a);
         let r = session_run::migrate_once(&s, &cfg).expect("the migration and the dirtier's check");
         eprintln!("dirtier, --postcopy auto: {r:?}");
-        let RunDetails::Postcopy(pc) = &r.details else {
+        let RunDetails::Postcopy { figures: pc, .. } = &r.details else {
             panic!("pre-copy converged within 1 µs of downtime: {r:?}");
         };
         assert!(
@@ -219,7 +219,7 @@ s2mmu_arm64::linux_test! {
         let r = session_run::migrate_once(&s, &cfg).expect("the migration and fill's checks");
         eprintln!("fill, --postcopy start: {r:?}");
         assert_eq!(r.round_pages, vec![0], "no page was sent before the switch");
-        let RunDetails::Postcopy(pc) = &r.details else {
+        let RunDetails::Postcopy { figures: pc, .. } = &r.details else {
             panic!("no post-copy: {r:?}");
         };
         let f = &pc.figures;

@@ -63,6 +63,15 @@ fn check_postcopy_run(
     assert_eq!(s.slot_digests.len(), cfg.guest.slots as usize);
     assert_eq!(s.slot_digests, d.slot_digests, "memory verified");
     assert!(d.resumed_progress.iter().all(|&p| p >= 1));
+    // The switch's downtime is broken down on both sides: the source's
+    // parts add up to it, no page is sent while paused and no digests
+    // are made at a post-copy resume; the sends, the waits, the
+    // destination's start and its reply each took time.
+    let (p, q) = (s.downtime_parts, d.resume_parts);
+    assert_eq!(p.total(), s.downtime, "the switch's parts add up: {p:?}");
+    assert_eq!((p.last_pages, q.digests), (Duration::ZERO, Duration::ZERO));
+    let each = [p.state_send, p.until_resumed, q.start, q.reply];
+    assert!(each.iter().all(|t| !t.is_zero()), "{p:?} {q:?}");
 }
 
 fn check_postcopy(s: &SourceOutcome, d: &DestOutcome, cfg: &SimRun) {

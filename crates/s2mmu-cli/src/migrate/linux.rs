@@ -28,7 +28,8 @@ use s2mmu_arm64_migrate::session_run::{
     self, GuestProgram, LinuxRun, PostcopyMode, RunDetails, RunSettings, WentOn,
 };
 use s2mmu_migrate::session::dest::DestOutcome;
-use s2mmu_migrate::session::source::SourceOutcome;
+use s2mmu_migrate::session::postcopy::PostcopyOutcome;
+use s2mmu_migrate::session::source::{DowntimeParts, SourceOutcome};
 use std::time::Duration;
 
 /// Most `--runs`.
@@ -110,28 +111,20 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
                     .map_or(String::new(), |d| dest_text(&d.0, &d.1))
             ),
         ),
-        RunDetails::Postcopy(pc) => {
+        RunDetails::Postcopy {
+            figures: pc,
+            parts,
+            dest,
+        } => {
             let f = &pc.figures;
             (
-                serde_json::json!({"security": s.net.security.describe(),
-                "after_round": pc.after_round, "missing": f.missing_pages,
-                "requests": f.requests, "remote_faults": f.remote_faults,
-                "answered_pages": f.answered_pages, "background_pages": f.background_pages,
-                "dropped_duplicates": f.dropped_duplicates, "recoveries": pc.recoveries,
-                "postcopy_bytes": pc.bytes,
-                "postcopy_ms": f.time_to_last_page_ns as f64 / 1e6,
-                "fault_wait_ms": {"median": f.fault_median_ns as f64 / 1e6,
-                    "p99": f.fault_p99_ns as f64 / 1e6},
-                "answered_fault_wait_ms": {"faults": f.answered_faults,
-                    "median": f.answered_median_ns as f64 / 1e6,
-                    "p99": f.answered_p99_ns as f64 / 1e6},
-                "request_reference_ms": f.reference_ns as f64 / 1e6}),
+                postcopy_json(s, pc, parts, dest.as_deref()),
                 format!(
                     "through the session, {}; post-copy {}: {} pages missing at \
                          the resume, {} requests (stage-2 faults; a faulting vCPU waited {:.2} \
                          ms median, {:.2} ms p99), {} pages answered and {} streamed in {:.1} \
                          ms; {} recoveries; the pages B's guest did not write equal the \
-                         source's",
+                         source's; downtime: {}{}",
                     s.net.security.describe(),
                     if s.postcopy == Some(PostcopyMode::Start) {
                         "from the start".to_string()
@@ -145,7 +138,10 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
                     f.answered_pages,
                     f.background_pages,
                     f.time_to_last_page_ns as f64 / 1e6,
-                    pc.recoveries
+                    pc.recoveries,
+                    parts_text(parts),
+                    dest.as_ref()
+                        .map_or(String::new(), |d| dest_text(&d.0, &d.1))
                 ),
             )
         }
@@ -157,6 +153,33 @@ fn described(s: &RunSettings, r: &LinuxRun) -> (serde_json::Value, String) {
         None => {}
     }
     (extra, line)
+}
+
+/// A post-copy run's `details`: the switch's downtime parts, the
+/// destination's outcome (when it ran in this process) and post-copy's
+/// figures.
+fn postcopy_json(
+    s: &RunSettings,
+    pc: &PostcopyOutcome,
+    parts: &DowntimeParts,
+    dest: Option<&(DestOutcome, RestoreClock)>,
+) -> serde_json::Value {
+    let f = &pc.figures;
+    serde_json::json!({"security": s.net.security.describe(),
+                "downtime_parts_ns": super::outcome_json::downtime_parts_json(parts),
+                "destination": dest.map(|d| dest_json(&d.0, &d.1)),
+                "after_round": pc.after_round, "missing": f.missing_pages,
+                "requests": f.requests, "remote_faults": f.remote_faults,
+                "answered_pages": f.answered_pages, "background_pages": f.background_pages,
+                "dropped_duplicates": f.dropped_duplicates, "recoveries": pc.recoveries,
+                "postcopy_bytes": pc.bytes,
+                "postcopy_ms": f.time_to_last_page_ns as f64 / 1e6,
+                "fault_wait_ms": {"median": f.fault_median_ns as f64 / 1e6,
+                    "p99": f.fault_p99_ns as f64 / 1e6},
+                "answered_fault_wait_ms": {"faults": f.answered_faults,
+                    "median": f.answered_median_ns as f64 / 1e6,
+                    "p99": f.answered_p99_ns as f64 / 1e6},
+                "request_reference_ms": f.reference_ns as f64 / 1e6})
 }
 
 /// Round 0's pages, zero pages and data pages per second, the sender's

@@ -64,35 +64,30 @@ fn charts(runs: &[LinuxRun]) -> Vec<Chart> {
         "state sent",
         "until resumed",
     ];
-    let downtime = per_run(&|r| match &r.details {
-        RunDetails::Session { outcome, .. } => {
-            let d = &outcome.downtime_parts;
-            [
-                d.pause,
-                d.harvest,
-                d.last_pages,
-                d.state_save,
-                d.state_send,
-                d.until_resumed,
-            ]
-            .iter()
-            .map(|t| t.as_secs_f64() * 1e3)
-            .collect()
-        }
-        RunDetails::Postcopy(_) => vec![0.0; 6],
-    });
-    if runs
+    let downtime = per_run(&|r| {
+        let d = match &r.details {
+            RunDetails::Session { outcome, .. } => &outcome.downtime_parts,
+            RunDetails::Postcopy { parts, .. } => parts,
+        };
+        [
+            d.pause,
+            d.harvest,
+            d.last_pages,
+            d.state_save,
+            d.state_send,
+            d.until_resumed,
+        ]
         .iter()
-        .any(|r| matches!(r.details, RunDetails::Session { .. }))
-    {
-        let names = parts.iter().map(|s| s.to_string()).collect();
-        charts.push(bars(
-            "the downtime's parts (source's clock)",
-            "ms",
-            names,
-            downtime,
-        ));
-    }
+        .map(|t| t.as_secs_f64() * 1e3)
+        .collect()
+    });
+    let names = parts.iter().map(|s| s.to_string()).collect();
+    charts.push(bars(
+        "the downtime's parts (source's clock)",
+        "ms",
+        names,
+        downtime,
+    ));
     charts.extend(console_gap(runs));
     charts
 }

@@ -135,6 +135,7 @@ pub fn resume_parts_json(p: &ResumeParts) -> Value {
     json!({
         "drain": ns(p.drain),
         "decode": ns(p.decode),
+        "page_fetch": ns(p.page_fetch),
         "start": ns(p.start),
         "digests": ns(p.digests),
         "reply": ns(p.reply),

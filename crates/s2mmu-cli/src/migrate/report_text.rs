@@ -453,9 +453,11 @@ fn downtime_lines(s: &SourceOutcome, d: Option<&DestOutcome>) -> String {
 pub(super) fn resume_parts_text(d: &s2mmu_migrate::session::dest::ResumeParts) -> String {
     let ms = |x: std::time::Duration| x.as_secs_f64() * 1e3;
     format!(
-        "from STATE: drain {:.1}, decode {:.1}, start {:.1}, digests after it {:.1}, reply {:.1} ms",
+        "from STATE: drain {:.1}, decode {:.1}, page fetch {:.1}, start {:.1}, digests after \
+         it {:.1}, reply {:.1} ms",
         ms(d.drain),
         ms(d.decode),
+        ms(d.page_fetch),
         ms(d.start),
         ms(d.digests),
         ms(d.reply)

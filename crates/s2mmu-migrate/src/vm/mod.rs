@@ -206,6 +206,13 @@ pub trait GuestRun: Send + Sync {
         self.pause();
     }
 
+    /// Readies the guest for the pause that comes next, before the
+    /// downtime starts (a migration's source calls it before it pauses
+    /// for the stop-and-copy or the switch to post-copy): work a pause
+    /// would otherwise do first, such as waking what serves the kick.
+    /// Nothing by default.
+    fn prepare_pause(&self) {}
+
     /// Runs the vCPUs again.
     fn resume(&self);
 

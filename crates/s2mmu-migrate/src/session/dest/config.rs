@@ -135,10 +135,10 @@ impl DestConfig {
     }
 }
 
-/// The destination's part of a pre-copy downtime, on its own clock: from
-/// the STATE record's arrival (the source sends it right after the last
-/// pages) to RESUMED sent. The parts follow each other and add up to
-/// [`ResumeParts::total`].
+/// The destination's part of a downtime, on its own clock: from the
+/// STATE record's arrival (the source sends it right after the last
+/// pages, or right before POSTCOPY) to RESUMED (POSTCOPY_RESUMED) sent.
+/// The parts follow each other and add up to [`ResumeParts::total`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ResumeParts {
     /// From STATE to every channel's END, and the check that every page
@@ -146,6 +146,9 @@ pub struct ResumeParts {
     pub drain: Duration,
     /// The guest checking the state (`DestGuest::decode_state`).
     pub decode: Duration,
+    /// Post-copy only (zero after a complete stream): the dirty log and
+    /// the page fetch set up for the missing pages (`SessionVm::set_page_fetch`).
+    pub page_fetch: Duration,
     /// Loading the state and starting the guest (`DestGuest::start`,
     /// which returns at its first instruction). The per-slot digests of
     /// the memory the guest resumes from are made on another thread
@@ -155,7 +158,7 @@ pub struct ResumeParts {
     /// took beyond the start (zero, or near it, where the start took
     /// longer).
     pub digests: Duration,
-    /// RESUMED written and flushed. Its end is read after the write, so
+    /// RESUMED (POSTCOPY_RESUMED) written and flushed. Its end is read after the write, so
     /// the source may have read RESUMED before it: of the parts, only
     /// this one can outlast the source's view of the downtime.
     pub reply: Duration,
@@ -172,7 +175,7 @@ impl ResumeParts {
     /// [`ResumeParts::total`], this lies inside the source's view of the
     /// downtime.
     pub fn until_reply(&self) -> Duration {
-        self.drain + self.decode + self.start + self.digests
+        self.drain + self.decode + self.page_fetch + self.start + self.digests
     }
 }
 

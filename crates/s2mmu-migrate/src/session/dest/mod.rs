@@ -316,6 +316,8 @@ fn receive_guest<C: Connection, G: DestGuest>(
         })
         .map(|mut o| {
             o.recv_stages = recv_stages;
+            o.resume_parts.drain = clock.drained.saturating_duration_since(clock.state_at);
+            o.resume_parts.decode = clock.decoded.saturating_duration_since(clock.drained);
             o
         });
     }

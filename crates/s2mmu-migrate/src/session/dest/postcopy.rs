@@ -3,7 +3,7 @@
 //! page-fetch hook), its answer and the background stream are written
 //! into guest memory by whichever copy lands first.
 
-use super::config::{DestConfig, DestOutcome};
+use super::config::{DestConfig, DestOutcome, ResumeParts};
 use super::{check_end, run_resumed, DestGuest, ResumedGuest};
 use crate::session::digests::source_digests;
 use crate::session::postcopy::control::{self, Phase, RecoveryMode};
@@ -81,6 +81,22 @@ fn recoverable(e: &MigrateError) -> bool {
     )
 }
 
+/// Turns the dirty log on (unless `logging` says it is) and sets
+/// `fetcher` as the page fetch: page-wide mappings only while pages are
+/// missing, since a block must not map a page that has not landed.
+fn set_fetch<V: SessionVm>(
+    vm: &V,
+    logging: bool,
+    fetcher: Arc<dyn crate::vm::PageFetch>,
+) -> Result<(), MigrateError> {
+    if !logging {
+        vm.enable_dirty_logging()
+            .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
+    }
+    vm.set_page_fetch(Some(fetcher))
+        .map_err(|e| MigrateError::Setup(format!("destination page fetch: {e}")))
+}
+
 /// Resumes the guest with the missing pages unmapped, receives them
 /// (accepting the source again after a connection breaks, up to
 /// [`MAX_RECOVERIES`] times), runs the guest on, and sends FINAL.
@@ -99,14 +115,9 @@ pub fn resume<R: Read + Write + Send, G: DestGuest>(
     let mut answers = r.answers;
     let sockets = sockets_of(r.main_socket.as_ref(), [&mut req, &mut answers]);
     let fetcher = Arc::new(Fetcher::new(&**vm, r.missing, req, r.cfg.io_timeout));
-    // Page-wide mappings only while pages are missing: a block must not
-    // map a page that has not landed.
-    if !r.logging {
-        vm.enable_dirty_logging()
-            .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
-    }
-    vm.set_page_fetch(Some(fetcher.clone()))
-        .map_err(|e| MigrateError::Setup(format!("destination page fetch: {e}")))?;
+    let t0 = Instant::now();
+    set_fetch(&**vm, r.logging, fetcher.clone())?;
+    let fetch_set = Instant::now();
     let wl = r.guest.start(r.state)?;
     let resumed_at = Instant::now();
     let writes0 = wl.counters().writes;
@@ -116,6 +127,13 @@ pub fn resume<R: Read + Write + Send, G: DestGuest>(
         w.control(tag::POSTCOPY_RESUMED, &[])?;
         w.flush()?;
     }
+    // Drain and decode come from the caller's clock.
+    let resume_parts = ResumeParts {
+        page_fetch: fetch_set - t0,
+        start: resumed_at - fetch_set,
+        reply: resumed_at.elapsed(),
+        ..ResumeParts::default()
+    };
     let mut links = Links {
         answers,
         sockets,
@@ -164,7 +182,7 @@ pub fn resume<R: Read + Write + Send, G: DestGuest>(
         resumed_progress: wl.progress(),
         postcopy: Some(figures),
         recv_stages: Default::default(),
-        resume_parts: Default::default(),
+        resume_parts,
     })
 }
 

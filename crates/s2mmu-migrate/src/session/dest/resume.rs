@@ -68,6 +68,7 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
     let resume_parts = ResumeParts {
         drain: clock.drained.saturating_duration_since(clock.state_at),
         decode: clock.decoded.saturating_duration_since(clock.drained),
+        page_fetch: Duration::ZERO,
         start: resumed_at.saturating_duration_since(clock.decoded),
         digests: digested.saturating_duration_since(resumed_at),
         reply: digested.elapsed(),

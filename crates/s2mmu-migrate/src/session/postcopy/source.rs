@@ -56,7 +56,8 @@ pub struct Done {
     pub recoveries: u32,
 }
 
-/// Sends STATE and POSTCOPY and waits for the resume.
+/// Sends STATE and POSTCOPY and waits for the resume. Returns when both
+/// were flushed and when POSTCOPY_RESUMED was read.
 ///
 /// # Errors
 /// The stream's or the destination's error; the destination has not
@@ -64,15 +65,16 @@ pub struct Done {
 pub fn switch<V: SessionVm>(
     sw: &Switch<'_, V>,
     main: &mut WireWriter<BoxConn>,
-) -> Result<Instant, MigrateError> {
+) -> Result<[Instant; 2], MigrateError> {
     main.control(tag::STATE, sw.state)?;
     main.control(tag::POSTCOPY, &encode_missing(&sw.missing))?;
     main.flush()?;
+    let sent = Instant::now();
     match read_reply(main, 0)? {
         Record::Control {
             tag: tag::POSTCOPY_RESUMED,
             ..
-        } => Ok(Instant::now()),
+        } => Ok([sent, Instant::now()]),
         other => Err(unexpected_reply(other, "POSTCOPY_RESUMED")),
     }
 }

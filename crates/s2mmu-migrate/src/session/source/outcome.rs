@@ -46,21 +46,25 @@ pub struct Phase {
     pub ns_per_write: f64,
 }
 
-/// Where a pre-copy migration's downtime went, as the source's clock saw
-/// it, the guest paused throughout. The parts follow each other without a
-/// gap, so they add up to [`SourceOutcome::downtime`].
+/// Where a migration's downtime went, as the source's clock saw it, the
+/// guest paused throughout. The parts follow each other without a gap,
+/// so they add up to [`SourceOutcome::downtime`] (a switch to post-copy
+/// saves the state before its harvest and sends no last pages).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DowntimeParts {
     /// Stopping the guest ([`crate::vm::SessionVm`]'s pause, until every
     /// vCPU has stopped).
     pub pause: Duration,
-    /// The last harvest of the dirty log.
+    /// The last harvest of the dirty log (after a switch to post-copy:
+    /// with the end of every data channel and the bitmap of what is
+    /// missing).
     pub harvest: Duration,
     /// The last dirty pages on the wire.
     pub last_pages: Duration,
     /// Saving the vCPU and device state.
     pub state_save: Duration,
-    /// The state and the end of every channel on the wire.
+    /// The state and the end of every channel on the wire (after a switch
+    /// to post-copy: STATE and POSTCOPY).
     pub state_send: Duration,
     /// From the last byte sent to the destination's RESUMED: the
     /// destination receiving the rest, checking and loading the state, and
@@ -129,8 +133,9 @@ pub struct SourceOutcome {
     pub setup: SetupParts,
     /// From the pause to the destination's resume (as the source saw it).
     pub downtime: Duration,
-    /// Where the downtime went (pre-copy; all zero after a switch to
-    /// post-copy, whose downtime is not broken down).
+    /// Where the downtime went. After a switch to post-copy: the pause,
+    /// the state saved, the harvest of what is missing, STATE and
+    /// POSTCOPY sent (no last pages), and the wait for POSTCOPY_RESUMED.
     pub downtime_parts: DowntimeParts,
     /// When the source asked its guest to pause (the downtime's start),
     /// on this process's monotonic clock; `None` without a pause. With the

@@ -8,7 +8,7 @@ use super::super::postcopy::{self, PostcopyOutcome};
 use super::super::replies::{abort_and_reason, Connect};
 use super::figures::{counters, phase};
 use super::precopy_end::PrecopyEnd;
-use super::{MigrateError, SourceOutcome};
+use super::{DowntimeParts, MigrateError, SourceOutcome};
 use crate::transport::BoxConn;
 use crate::vm::SessionVm;
 use crate::wire::{WireWriter, SESSION_LEN};
@@ -23,16 +23,18 @@ use std::time::{Duration, Instant};
 /// and answer connections; a recovery opens new ones with `connect`,
 /// joining `session`.
 pub(super) fn run<G: SourceGuest>(
-    x: PrecopyEnd<'_, '_, G>,
+    mut x: PrecopyEnd<'_, '_, G>,
     pc_conns: Vec<WireWriter<BoxConn>>,
     connect: &mut Connect<'_>,
     session: [u8; SESSION_LEN],
 ) -> Result<SourceOutcome, MigrateError> {
-    // Pages still in flight arrive while the guest runs.
+    // In-flight pages land, and the pause's first step is done, before it.
+    x.guest.prepare_pause();
     super::sync::before_pause(x.s)?;
     let pause_at = Instant::now();
     let at_pause = counters(x.guest);
     x.guest.pause();
+    let paused_at = Instant::now();
     let state = match x.guest_state() {
         Ok(s) => s,
         Err(e) => {
@@ -40,28 +42,13 @@ pub(super) fn run<G: SourceGuest>(
             return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
         }
     };
+    let saved_at = Instant::now();
     let mut pc = pc_conns.into_iter();
     let (Some(req), Some(answers)) = (pc.next(), pc.next()) else {
         return Err(MigrateError::Setup("post-copy's connections".into()));
     };
-    // Before POSTCOPY goes out the destination still waits on the main
-    // connection: a failure here (a further channel cut) is told to it
-    // with ABORT, as in stop-and-copy, so that its reason comes back.
-    let ended =
-        x.s.final_harvest()
-            .and_then(|()| x.s.chans.iter_mut().skip(1).try_for_each(|c| c.wire.end()));
-    if let Err(e) = ended {
-        x.guest.resume();
-        return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
-    }
-    if x.cfg.postcopy == postcopy::Postcopy::Start {
-        // No page was sent: every page is missing, whatever the dirty log
-        // (which only saw what was written since logging began) says.
-        every_page_pending(
-            &x.s.vm.slots().iter().map(|i| i.size).collect::<Vec<_>>(),
-            &mut x.s.pending,
-        );
-    }
+    harvest_missing(&mut x)?;
+    let harvested_at = Instant::now();
     let switched = {
         let sw = postcopy::source::Switch {
             vm: x.guest.vm(),
@@ -73,7 +60,7 @@ pub(super) fn run<G: SourceGuest>(
         };
         postcopy::source::switch(&sw, &mut x.s.chans[0].wire).map(|at| (sw, at))
     };
-    let (sw, resumed_at) = match switched {
+    let (sw, [sent_at, resumed_at]) = match switched {
         Ok(x) => x,
         Err(e) => {
             // The destination did not resume: the guest goes on here.
@@ -94,24 +81,75 @@ pub(super) fn run<G: SourceGuest>(
         &x.cfg.recovery,
     )?;
     let slot_digests = x.guest.verify_final(&state, &done.fin)?;
+    let parts = switch_parts([
+        pause_at,
+        paused_at,
+        saved_at,
+        harvested_at,
+        sent_at,
+        resumed_at,
+    ]);
     Ok(outcome(
         x,
         done,
         slot_digests,
-        (pause_at, at_pause, resumed_at),
+        (pause_at, at_pause, resumed_at, parts),
     ))
 }
 
+/// With the guest paused and its state saved: the last harvest and the
+/// end of every data channel; with `--postcopy start` every page is
+/// missing. A failure resumes the guest here and tells the destination.
+///
+/// # Errors
+/// The harvest's or a channel's, with the destination's reason.
+fn harvest_missing<G: SourceGuest>(x: &mut PrecopyEnd<'_, '_, G>) -> Result<(), MigrateError> {
+    // Before POSTCOPY goes out the destination still waits on the main
+    // connection: a failure here (a further channel cut) is told to it
+    // with ABORT, as in stop-and-copy, so that its reason comes back.
+    let ended =
+        x.s.final_harvest()
+            .and_then(|()| x.s.chans.iter_mut().skip(1).try_for_each(|c| c.wire.end()));
+    if let Err(e) = ended {
+        x.guest.resume();
+        return Err(abort_and_reason(e, &mut x.s.chans[0].wire));
+    }
+    if x.cfg.postcopy == postcopy::Postcopy::Start {
+        // No page was sent: every page is missing, whatever the dirty log
+        // (which only saw what was written since logging began) says.
+        every_page_pending(
+            &x.s.vm.slots().iter().map(|i| i.size).collect::<Vec<_>>(),
+            &mut x.s.pending,
+        );
+    }
+    Ok(())
+}
+
+/// The switch's downtime parts from the instants that end each: the pause
+/// asked, the guest stopped, the state saved, the harvest, STATE and
+/// POSTCOPY flushed, POSTCOPY_RESUMED read. No page is sent while the
+/// guest is paused.
+fn switch_parts(t: [Instant; 6]) -> DowntimeParts {
+    DowntimeParts {
+        pause: t[1] - t[0],
+        state_save: t[2] - t[1],
+        harvest: t[3] - t[2],
+        last_pages: Duration::ZERO,
+        state_send: t[4] - t[3],
+        until_resumed: t[5] - t[4],
+    }
+}
+
 /// The source's outcome of a post-copy run that ended with `done` and
-/// checked `slot_digests`; `times`: the pause, the counters then, and the
-/// destination's resume.
+/// checked `slot_digests`; `times`: the pause, the counters then, the
+/// destination's resume, and the downtime's parts.
 fn outcome<G: SourceGuest>(
     x: PrecopyEnd<'_, '_, G>,
     done: postcopy::source::Done,
     slot_digests: Vec<(u16, u64)>,
-    times: (Instant, (Instant, u64, u64), Instant),
+    times: (Instant, (Instant, u64, u64), Instant, DowntimeParts),
 ) -> SourceOutcome {
-    let (pause_at, at_pause, resumed_at) = times;
+    let (pause_at, at_pause, resumed_at, parts) = times;
     let at = x.clock();
     let samples = x.timeline.finish();
     let pause_s = at(pause_at);
@@ -122,7 +160,7 @@ fn outcome<G: SourceGuest>(
         total: done.background_end - x.log_start,
         downtime: resumed_at - pause_at,
         setup: Default::default(),
-        downtime_parts: Default::default(),
+        downtime_parts: parts,
         pause_at: Some(pause_at),
         page_records: p0 + done.answered_pages,
         zero_pages: z0,

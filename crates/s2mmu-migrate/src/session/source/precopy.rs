@@ -149,7 +149,7 @@ impl<'a> Precopy<'a> {
         } else if round == 0 {
             s.send_all()?;
         } else {
-            s.send_dirty()?;
+            s.send_dirty(false)?;
         }
         let t1 = Instant::now();
         let (p1, b1, z1) = s.counts();

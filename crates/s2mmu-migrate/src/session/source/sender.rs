@@ -440,7 +440,10 @@ impl<'a, V: SessionVm> Sender<'a, V> {
     /// the channels the harvester is told ([`Harvester::before_send`]:
     /// with bitmaps, their dirty bits are cleared and the pages
     /// write-protected, so a write after the clear is logged again).
-    pub(super) fn send_dirty(&mut self) -> Result<(), MigrateError> {
+    /// With `paused` (the last round: the vCPUs stopped here for good)
+    /// nothing is protected again: no write can come, and each clear is a
+    /// command to the engine inside the downtime.
+    pub(super) fn send_dirty(&mut self, paused: bool) -> Result<(), MigrateError> {
         let step = self.harvester.job_pages();
         let mut at = (0usize, 0u64);
         self.run(|s| {
@@ -455,13 +458,15 @@ impl<'a, V: SessionVm> Sender<'a, V> {
                     if s.pending[slot][w0..w1].iter().all(|&w| w == 0) {
                         continue;
                     }
-                    s.harvester.before_send(
-                        &**s.vm,
-                        info.id,
-                        first,
-                        n,
-                        &s.pending[slot][w0..w1],
-                    )?;
+                    if !paused {
+                        s.harvester.before_send(
+                            &**s.vm,
+                            info.id,
+                            first,
+                            n,
+                            &s.pending[slot][w0..w1],
+                        )?;
+                    }
                     let words: Vec<u64> = s.pending[slot][w0..w1]
                         .iter_mut()
                         .map(std::mem::take)

@@ -25,10 +25,10 @@ pub(super) fn run<G: SourceGuest>(
     throttle_pct: u32,
 ) -> Result<SourceOutcome, MigrateError> {
     let at = x.clock();
-    // Pages still in flight arrive while the guest runs.
+    // In-flight pages land, and the pause's first step is done, before it.
+    x.guest.prepare_pause();
     super::sync::before_pause(x.s)?;
-    let pause_at = Instant::now();
-    let at_pause = counters(x.guest);
+    let (pause_at, at_pause) = (Instant::now(), counters(x.guest));
     x.guest.pause();
     let paused_at = Instant::now();
     let sent = match send_last(&mut x, &mut hook, throttle_pct) {
@@ -189,7 +189,7 @@ fn send_last<G: SourceGuest>(
     let mut e = Enc::default();
     e.u32(x.round + 1).u64(s.dirty_count());
     s.chans[0].wire.control(tag::ROUND, &e.0)?;
-    s.send_dirty()?;
+    s.send_dirty(true)?;
     let pages_sent = Instant::now();
     let state = x.guest_state()?;
     let saved = Instant::now();

@@ -9,8 +9,9 @@ use std::time::Duration;
 /// destination's `start` part of the downtime, broken down).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RestoreClock {
-    /// Reading this machine's counter through its service CPU (for
-    /// CNTVOFF): the wait for the CPU to pick the command up included.
+    /// This machine's counter (for CNTVOFF): carried forward from the read
+    /// made with the blank VM (microseconds), or read through its service
+    /// CPU, the wait for the CPU to pick the command up included.
     pub counter: Duration,
     /// Starting the vCPU threads around the loaded state.
     pub threads: Duration,

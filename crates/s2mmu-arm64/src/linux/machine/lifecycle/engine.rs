@@ -74,6 +74,8 @@ impl LinuxVm {
         self.ram = LinuxRam::new(machine.ram().clone(), layout::DATA, self.mem, RAM_IPA)?;
         self.written = Some(self.ram.fresh_hashes()?);
         self.machine = machine;
+        // The anchor was the old machine's count.
+        self.counter_anchor = None;
         self.idle = Some(v);
         self.ran = false;
         Ok(())

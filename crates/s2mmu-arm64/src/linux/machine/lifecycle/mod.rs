@@ -26,6 +26,7 @@ use std::time::Duration;
 
 mod clock;
 pub(in crate::linux) mod config;
+mod counter;
 mod engine;
 mod load_guest;
 pub(in crate::linux) mod spec;
@@ -85,6 +86,9 @@ pub struct LinuxVm {
     pub(in crate::linux) limit: Arc<DirtyLimit>,
     /// The last restore's clock.
     pub(in crate::linux) restore_clock: RestoreClock,
+    /// A blank VM's counter, read when it was made: its restore places
+    /// the guest's count from it without a command.
+    pub(in crate::linux) counter_anchor: Option<counter::CounterAnchor>,
 }
 
 impl LinuxVm {
@@ -104,6 +108,10 @@ impl LinuxVm {
         );
         let mut vm = LinuxVm::new_blank(cfg, spec)?;
         vm.written = Some(vm.ram.fresh_hashes()?);
+        // Read once now, outside any downtime (see `counter_now`).
+        let count = vm.counter()?;
+        let hz = vm.machine.mailbox(vm.vcpus).read(layout::mb::CNTFRQ);
+        vm.counter_anchor = counter::CounterAnchor::new(count, std::time::Instant::now(), hz);
         // Nothing runs here until a state is loaded: the CPUs park (their
         // timer waits cost QEMU's threads CPU that a migration's stream
         // into this machine needs) until `unpark_cpus`. Not in
@@ -165,6 +173,7 @@ impl LinuxVm {
             hook: None,
             limit,
             restore_clock: RestoreClock::default(),
+            counter_anchor: None,
         })
     }
 
@@ -206,6 +215,16 @@ impl LinuxVm {
         self.machine
             .mailbox(self.vcpus)
             .command_ringing(CMD_STATE, &[0, 0, 0, 0])
+    }
+
+    /// The physical counter now: carried forward from the blank VM's read
+    /// where there was one (no command; at most the read's round trip
+    /// below the machine's count), else read by the service CPU.
+    pub(in crate::linux) fn counter_now(&self) -> Result<u64> {
+        match self.counter_anchor {
+            Some(a) => Ok(a.count_at(std::time::Instant::now())),
+            None => self.counter(),
+        }
     }
 
     /// Stops the guest (if it runs) and its threads.

@@ -203,7 +203,7 @@ impl LinuxVm {
         self.unpark_cpus();
         self.take_down()?;
         let t0 = Instant::now();
-        let now = self.counter()?;
+        let now = self.counter_now()?;
         let t1 = Instant::now();
         let timer = VirtualTimer::restore(&TimerState { vct: st.vct }, now);
         let power = Power {
