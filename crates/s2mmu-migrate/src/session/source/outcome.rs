@@ -193,7 +193,15 @@ impl SourceOutcome {
     /// span QEMU's `query-migrate` calls `total-time` (its `migrate`
     /// command, connecting included, to the source's completion).
     pub fn to_last_byte_sent(&self) -> Duration {
-        self.setup.total() + self.total.saturating_sub(self.downtime_parts.until_resumed)
+        // A pre-copy run's `total` ends at RESUMED, after its last byte;
+        // a post-copy run's ends at its last page, and the wait for
+        // POSTCOPY_RESUMED its parts hold lies inside it.
+        let after_last_byte = if self.postcopy.is_some() {
+            Duration::ZERO
+        } else {
+            self.downtime_parts.until_resumed
+        };
+        self.setup.total() + self.total.saturating_sub(after_last_byte)
     }
 
     /// How much slower the guest executed per write while logging, in
@@ -204,5 +212,34 @@ impl SourceOutcome {
         } else {
             0.0
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_span_to_the_last_byte_leaves_out_only_what_follows_it() {
+        let ms = Duration::from_millis;
+        let mut s = SourceOutcome {
+            total: ms(100),
+            setup: SetupParts {
+                connect: ms(3),
+                link_probe: ms(1),
+                ..Default::default()
+            },
+            downtime_parts: DowntimeParts {
+                until_resumed: ms(7),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        // Pre-copy: the wait for RESUMED comes after the last byte.
+        assert_eq!(s.to_last_byte_sent(), ms(97));
+        // Post-copy: the wait for POSTCOPY_RESUMED is inside the span
+        // that runs to the last page.
+        s.postcopy = Some(PostcopyOutcome::default());
+        assert_eq!(s.to_last_byte_sent(), ms(104));
     }
 }
