@@ -11,10 +11,28 @@ round-trip time on top of the veth's. It prints "relay: listening on
 HOST:PORT, rtt MS ms (each direction held MS/2 ms)" once bound, and
 serves until killed. Bytes are forwarded in order; a connection's end (or
 reset) ends its other side once the bytes before it are delivered.
+
+What it charges is what a link of that RTT charges, no more:
+- The event loop waits on select(2), whose timeout has microsecond
+  resolution. epoll's (asyncio's default on Linux) has milliseconds, and
+  asyncio rounds a shorter wait up to a whole one, so a hold of 0.1 ms
+  took 1 ms or more and each round trip through a 0.2 ms relay about
+  2.5 ms: a protocol with round trips paid ten times the RTT promised,
+  a one-way stream almost nothing. The process's timer slack is 1 ns
+  (the default 50 us is late on every hold).
+- The kernel completes a connection to the relay at once, where a link
+  of that RTT takes one round trip (SYN, SYN-ACK) before the client's
+  first bytes leave. So the client's bytes are delivered no earlier than
+  1.5 RTT after the connection was accepted (the handshake's round trip
+  and their own half), the server's no earlier than 2 RTT after it (the
+  server's accept needs the handshake's last ACK): every connection
+  pays its handshake, as it would over netem.
 """
 
 import argparse
 import asyncio
+import ctypes
+import selectors
 import sys
 import time
 
@@ -26,9 +44,10 @@ def hostport(s):
     return host, int(port)
 
 
-async def pump(reader, writer, delay):
+async def pump(reader, writer, delay, not_before):
     """Copies reader into writer, each chunk delivered `delay` seconds
-    after it arrived (chunks keep their order)."""
+    after it arrived and not before the monotonic time `not_before` (the
+    connection's handshake; chunks keep their order)."""
     queue = asyncio.Queue()
 
     async def deliver():
@@ -37,7 +56,7 @@ async def pump(reader, writer, delay):
             if item is None:
                 break
             at, data = item
-            wait = at + delay - time.monotonic()
+            wait = max(at + delay, not_before) - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
             writer.write(data)
@@ -64,13 +83,19 @@ async def pump(reader, writer, delay):
 
 
 async def handle(cr, cw, to, delay):
+    accepted = time.monotonic()
     try:
         ur, uw = await asyncio.open_connection(*to)
     except OSError as e:
         print(f"relay: {to[0]}:{to[1]}: {e}", file=sys.stderr)
         cw.close()
         return
-    await asyncio.gather(pump(cr, uw, delay), pump(ur, cw, delay))
+    # The handshake a link of this RTT would take (see the module's text):
+    # the client's bytes arrive 1.5 RTT after it began, the server's 2 RTT.
+    await asyncio.gather(
+        pump(cr, uw, delay, accepted + 3 * delay),
+        pump(ur, cw, delay, accepted + 4 * delay),
+    )
     for w in (cw, uw):
         w.close()
 
@@ -97,8 +122,24 @@ async def main():
         await server.serve_forever()
 
 
-if __name__ == "__main__":
+def precise_timers():
+    """Timer slack of 1 ns (prctl PR_SET_TIMERSLACK): each hold ends when
+    it is due, not up to 50 us later. Nothing happens where prctl is not
+    there."""
     try:
-        asyncio.run(main())
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":
+    precise_timers()
+    # select(2): a timeout of microseconds (epoll's is whole milliseconds).
+    loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(main())
     except KeyboardInterrupt:
         pass
+    finally:
+        loop.close()

@@ -1,6 +1,8 @@
 //! `scripts/netns_delay_relay.py`, the latency of the shaped links where
 //! the kernel has no netem: a ping-pong through it takes at least the RTT
-//! it was given, and a stream through it arrives whole and in order.
+//! it was given and, at its fastest, not a whole millisecond more; a new
+//! connection's first exchange pays the TCP handshake's round trip too;
+//! a stream through it arrives whole and in order.
 //! Needs python3 (the test fails, saying so, without it).
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -86,6 +88,33 @@ fn a_ping_pong_through_the_relay_takes_at_least_its_rtt() {
     // Each direction is held 10 ms: no round trip can be shorter than 20.
     let best = min_round_trip(&mut s, 10);
     assert!(best >= Duration::from_millis(20), "{best:?}");
+}
+
+#[test]
+fn a_short_rtt_is_held_for_that_long_not_for_a_millisecond_tick() {
+    let e = echo();
+    let r = relay(&e, "0.2");
+    let mut s = connect(&r.1);
+    // 0.1 ms each way. A relay whose timer ticks in whole milliseconds
+    // holds each direction 1 ms or more: no round trip under 2 ms.
+    let best = min_round_trip(&mut s, 100);
+    assert!(best < Duration::from_millis(1), "{best:?}");
+}
+
+#[test]
+fn a_new_connection_pays_the_handshakes_round_trip() {
+    let e = echo();
+    let r = relay(&e, "20");
+    // Over a link of 20 ms RTT: SYN and SYN-ACK (20 ms), the byte out
+    // (10) and back (10), from the start of the connect.
+    let t = Instant::now();
+    let mut s = connect(&r.1);
+    s.write_all(&[7]).unwrap();
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).unwrap();
+    let first = t.elapsed();
+    assert_eq!(b[0], 7);
+    assert!(first >= Duration::from_millis(40), "{first:?}");
 }
 
 #[test]
