@@ -15,14 +15,17 @@
 //! - [`Security::Psk`]: rustls has no external-PSK support, so TLS runs
 //!   with an ephemeral self-signed certificate (encryption and integrity,
 //!   not identity) and both sides then prove knowledge of the key:
-//!   HMAC-SHA256 over fresh 32-byte nonces from both sides and the TLS
-//!   exporter value of this session (RFC 5705/8446 keying material), each
-//!   side with its own label. A peer without the key cannot answer; a
-//!   relay between two TLS sessions cannot forward the answers, because
-//!   the exporter differs per session; fresh nonces stop replays. The
-//!   destination checks the source's answer before it answers itself or
-//!   reads anything else, and the source checks the destination's before it
-//!   sends anything of the guest.
+//!   HMAC-SHA256 over the TLS exporter value of this session (RFC
+//!   5705/8446 keying material), each side with its own label. A peer
+//!   without the key cannot answer; a relay between two TLS sessions
+//!   cannot forward the answers, because the exporter differs per
+//!   session; and since both sides' random values and key shares go into
+//!   the exporter, it is fresh in every session, so an answer cannot be
+//!   replayed (no nonces needed: the source's proof leaves with its TLS
+//!   Finished, one round trip less). The destination checks the source's
+//!   answer before it answers itself or reads anything else, and the
+//!   source checks the destination's before it sends anything else (the
+//!   HEADER or a JOIN included).
 //! - [`Security::Plain`]: bare TCP, for a trusted network only (said
 //!   loudly by the command).
 

@@ -1,5 +1,6 @@
 //! The pre-shared key: each side proves it knows the key with an HMAC over
-//! both sides' nonces and the TLS session's exporter value.
+//! its role and the TLS session's exporter value, the source first (in
+//! the flight of its TLS Finished), the destination once it checked it.
 
 use super::config::{setup, Security};
 use super::records::allow_take_over;
@@ -7,7 +8,6 @@ use super::sockbuf::SockBuf;
 use super::tls::{provider, AnyCert};
 use crate::stream_error::MigrateError;
 use ring::hmac;
-use ring::rand::{SecureRandom, SystemRandom};
 use rustls::pki_types::PrivateKeyDer;
 use rustls::{
     ClientConfig, ClientConnection, ConnectionCommon, ServerConfig, ServerConnection, StreamOwned,
@@ -16,35 +16,28 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-const EXPORTER_LABEL: &[u8] = b"EXPORTER-s2mmu-migrate-psk-v1";
+const EXPORTER_LABEL: &[u8] = b"EXPORTER-s2mmu-migrate-psk-v2";
 
-fn psk_mac(
-    key: &hmac::Key,
-    role: &[u8],
-    exporter: &[u8; 32],
-    nd: &[u8; 32],
-    ns: &[u8; 32],
-) -> hmac::Tag {
+/// Bytes of each side's proof (an HMAC-SHA256 tag).
+const PROOF_LEN: usize = 32;
+
+/// One side's proof that it holds `key`: an HMAC over its `role` and the
+/// TLS session's exporter value. The exporter comes from the session's
+/// secrets, which both sides' random values and key shares went into, so
+/// it is fresh in every session and differs on each side of a relay
+/// between two sessions: a proof cannot be replayed or forwarded, and no
+/// nonce of either side's is needed.
+fn psk_mac(key: &hmac::Key, role: &[u8], exporter: &[u8; 32]) -> hmac::Tag {
     let mut ctx = hmac::Context::with_key(key);
-    ctx.update(b"s2mmu migrate psk v1 ");
+    ctx.update(b"s2mmu migrate psk v2 ");
     ctx.update(role);
     ctx.update(exporter);
-    ctx.update(nd);
-    ctx.update(ns);
     ctx.sign()
 }
 
 /// Compares two MACs in time independent of where they differ.
 fn hmac_equal(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn nonce() -> Result<[u8; 32], MigrateError> {
-    let mut n = [0u8; 32];
-    SystemRandom::new()
-        .fill(&mut n)
-        .map_err(|_| MigrateError::Setup("no random numbers for a nonce".into()))?;
-    Ok(n)
 }
 
 /// The TLS session's exporter value that both proofs cover.
@@ -61,11 +54,9 @@ fn check_proof(
     key: &hmac::Key,
     role: &'static [u8],
     exporter: &[u8; 32],
-    nd: &[u8; 32],
-    ns: &[u8; 32],
-    theirs: &[u8; 32],
+    theirs: &[u8; PROOF_LEN],
 ) -> Result<(), MigrateError> {
-    let expect = psk_mac(key, role, exporter, nd, ns);
+    let expect = psk_mac(key, role, exporter);
     if hmac_equal(expect.as_ref(), theirs) {
         return Ok(());
     }
@@ -85,42 +76,37 @@ fn exchange_io(what: &str, e: &std::io::Error) -> MigrateError {
     }
 }
 
+/// The source's side: its proof goes out right behind its TLS Finished
+/// (no round trip of its own), then the destination's is read and
+/// checked before anything else is sent.
 pub(super) fn psk_client(
     c: &mut StreamOwned<ClientConnection, SockBuf>,
     key: &hmac::Key,
 ) -> Result<(), MigrateError> {
     let exporter = exporter_of(&c.conn)?;
-    let mut nd = [0u8; 32];
-    c.read_exact(&mut nd)
-        .map_err(|e| exchange_io("reading the destination's nonce", &e))?;
-    let ns = nonce()?;
-    let mac = psk_mac(key, b"source", &exporter, &nd, &ns);
-    c.write_all(&ns)
-        .and_then(|_| c.write_all(mac.as_ref()))
+    let mac = psk_mac(key, b"source", &exporter);
+    c.write_all(mac.as_ref())
         .and_then(|_| c.flush())
         .map_err(|e| MigrateError::io("sending the key's proof", &e))?;
-    let mut theirs = [0u8; 32];
+    let mut theirs = [0u8; PROOF_LEN];
     c.read_exact(&mut theirs)
         .map_err(|e| exchange_io("reading the destination's proof of the key", &e))?;
-    check_proof(key, b"destination", &exporter, &nd, &ns, &theirs)
+    check_proof(key, b"destination", &exporter, &theirs)
 }
 
+/// The destination's side: the source's proof is read and checked before
+/// the destination answers with its own (a peer without the key learns
+/// nothing from it).
 pub(super) fn psk_server(
     c: &mut StreamOwned<ServerConnection, SockBuf>,
     key: &hmac::Key,
 ) -> Result<(), MigrateError> {
     let exporter = exporter_of(&c.conn)?;
-    let nd = nonce()?;
-    c.write_all(&nd)
-        .and_then(|_| c.flush())
-        .map_err(|e| MigrateError::io("sending a nonce", &e))?;
-    let mut ns = [0u8; 32];
-    let mut theirs = [0u8; 32];
-    c.read_exact(&mut ns)
-        .and_then(|_| c.read_exact(&mut theirs))
+    let mut theirs = [0u8; PROOF_LEN];
+    c.read_exact(&mut theirs)
         .map_err(|e| exchange_io("reading the source's proof of the key", &e))?;
-    check_proof(key, b"source", &exporter, &nd, &ns, &theirs)?;
-    let mac = psk_mac(key, b"destination", &exporter, &nd, &ns);
+    check_proof(key, b"source", &exporter, &theirs)?;
+    let mac = psk_mac(key, b"destination", &exporter);
     c.write_all(mac.as_ref())
         .and_then(|_| c.flush())
         .map_err(|e| MigrateError::io("sending the key's proof", &e))?;
@@ -185,4 +171,85 @@ pub fn psk(key: &[u8]) -> Result<Security, MigrateError> {
         client: Arc::new(client),
         key: Arc::new(hmac::Key::new(hmac::HMAC_SHA256, key)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tls::tls_server;
+    use super::*;
+    use crate::transport::{client, BoxConn, Connection};
+    use std::os::unix::net::UnixStream;
+    use std::time::{Duration, Instant};
+
+    /// The destination's side done by hand: the TLS handshake, then the
+    /// source's proof read before anything is written (a source that waited
+    /// for a nonce of the destination's would send nothing: the read times
+    /// out), checked, and `answer` written back.
+    fn by_hand(
+        b: UnixStream,
+        sec: &Security,
+        answer: impl FnOnce(&hmac::Key, &[u8; 32]) -> Vec<u8>,
+    ) -> Result<(), MigrateError> {
+        let Security::Psk { server, key, .. } = sec else {
+            unreachable!("a pre-shared key's security")
+        };
+        let t = Duration::from_secs(10);
+        let b: BoxConn = Box::new(b);
+        b.set_io_timeout(Some(t)).unwrap();
+        let mut c = tls_server(b, server, Some(Instant::now() + t))?;
+        c.sock.end_handshake(t)?;
+        let exporter = exporter_of(&c.conn)?;
+        let mut theirs = [0u8; PROOF_LEN];
+        c.read_exact(&mut theirs)
+            .map_err(|e| MigrateError::io("the source's proof, unasked", &e))?;
+        check_proof(key, b"source", &exporter, &theirs)?;
+        c.write_all(&answer(key, &exporter))
+            .and_then(|_| c.flush())
+            .map_err(|e| MigrateError::io("answering", &e))
+    }
+
+    fn net(sec: &Security) -> crate::transport::NetConfig {
+        crate::transport::NetConfig {
+            io_timeout: Duration::from_secs(10),
+            security: sec.clone(),
+        }
+    }
+
+    #[test]
+    fn the_source_proves_the_key_unasked_and_checks_the_answer() {
+        let sec = psk(b"a key of sixteen bytes or more").unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
+        let s = sec.clone();
+        let d = std::thread::spawn(move || {
+            by_hand(b, &s, |k, e| {
+                psk_mac(k, b"destination", e).as_ref().to_vec()
+            })
+        });
+        let c = client(a, &net(&sec));
+        d.join().unwrap().expect("the destination's side");
+        c.expect("the source's side");
+    }
+
+    #[test]
+    fn the_source_refuses_an_answer_made_for_the_wrong_role_or_key() {
+        let sec = psk(b"a key of sixteen bytes or more").unwrap();
+        let other = hmac::Key::new(hmac::HMAC_SHA256, b"another key, sixteen bytes+");
+        type Answer = fn(&hmac::Key, &[u8; 32], &hmac::Key) -> Vec<u8>;
+        let answers: [Answer; 3] = [
+            // The source's own proof sent back (a reflection).
+            |k, e, _| psk_mac(k, b"source", e).as_ref().to_vec(),
+            // The right role with another key.
+            |_, e, o| psk_mac(o, b"destination", e).as_ref().to_vec(),
+            // Another session's exporter.
+            |k, _, _| psk_mac(k, b"destination", &[7u8; 32]).as_ref().to_vec(),
+        ];
+        for answer in answers {
+            let (a, b) = UnixStream::pair().unwrap();
+            let (s, o) = (sec.clone(), other.clone());
+            let d = std::thread::spawn(move || by_hand(b, &s, |k, e| answer(k, e, &o)));
+            let c = client(a, &net(&sec));
+            d.join().unwrap().expect("the destination's side");
+            assert!(matches!(c, Err(MigrateError::Auth { .. })), "{:?}", c.err());
+        }
+    }
 }
