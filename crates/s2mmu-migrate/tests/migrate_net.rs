@@ -371,6 +371,56 @@ fn header(mem: u64) -> Header {
     }
 }
 
+/// The destination's next reply on `s`, its tag and body.
+fn reply(s: &mut TcpStream) -> (u8, Vec<u8>) {
+    match WireReader::replies(s).next_record().unwrap() {
+        s2mmu_migrate::wire::Record::Control { tag, body, .. } => (tag, body),
+        other => panic!(
+            "expected a reply, got {}",
+            s2mmu_migrate::wire::record_name(&other)
+        ),
+    }
+}
+
+#[test]
+fn a_channel_connected_before_the_header_joins_and_another_sessions_join_is_refused() {
+    let (addr, d) = start_dest(dest_cfg(), netcfg(Security::Plain));
+    // The further channel's connection comes first: the destination
+    // accepts it while it waits for the main one's HEADER, and must keep
+    // it for the JOIN that follows ACCEPT.
+    let early = TcpStream::connect(&addr).unwrap();
+    let mut main = TcpStream::connect(&addr).unwrap();
+    main.set_read_timeout(Some(SLOW)).unwrap();
+    let mut h = header(1 << 20);
+    h.channels = 2;
+    main.write_all(&opening(&h)).unwrap();
+    let (t, body) = reply(&mut main);
+    assert_eq!(t, tag::ACCEPT);
+    let session: [u8; 16] = body.as_slice().try_into().unwrap();
+    // A JOIN of another session's id is refused: the connection is closed.
+    let mut other = session;
+    other[0] ^= 1;
+    let stranger = TcpStream::connect(&addr).unwrap();
+    stranger.set_read_timeout(Some(SLOW)).unwrap();
+    let mut stranger = WireWriter::join(stranger, &other, 1).unwrap().into_inner();
+    let mut b = [0u8; 1];
+    assert!(matches!(stranger.read(&mut b), Ok(0) | Err(_)));
+    // The early connection joins; with both channels' (empty) probes in,
+    // the destination answers PROBED: the session has its two channels.
+    let mut early = WireWriter::join(early, &session, 1).unwrap();
+    early.probe(0, &[], &mut |_| {}).unwrap();
+    let mut w = WireWriter::replies(&mut main);
+    w.probe(0, &[], &mut |_| {}).unwrap();
+    let (t, body) = reply(&mut main);
+    assert_eq!(t, tag::PROBED);
+    assert_eq!(body, 0u64.to_le_bytes());
+    drop((main, early));
+    assert!(
+        d.join().unwrap().is_err(),
+        "the stream ended after the probe"
+    );
+}
+
 #[test]
 fn a_source_that_stalls_or_vanishes_mid_stream_ends_the_destination() {
     // Stalls inside the probe.

@@ -183,6 +183,20 @@ fn run_source_with<G: SourceGuest>(
     ended.map(|o| SourceOutcome { setup, ..o })
 }
 
+/// A further connection failed before ACCEPT was read: the destination's
+/// REJECTED of the HEADER (it may have stopped listening after it) is the
+/// better error where it sent one.
+fn refusal_or(e: MigrateError, main: &mut WireWriter<BoxConn>, mem_size: u64) -> MigrateError {
+    match read_opening_reply(main, mem_size) {
+        Ok(
+            r @ Record::Control {
+                tag: tag::REJECTED, ..
+            },
+        ) => unexpected_reply(r, "ACCEPT"),
+        _ => e,
+    }
+}
+
 /// Checks the settings and the guest's shape before anything starts.
 ///
 /// # Errors
@@ -249,7 +263,9 @@ fn probe_link<V: SessionVm>(
 /// connections after them when post-copy is on.
 type Connected = ([u8; SESSION_LEN], Vec<Chan>, Vec<WireWriter<BoxConn>>);
 
-/// Opens and joins every connection the run needs.
+/// Opens and joins every connection the run needs: the main one and its
+/// HEADER, then the others while the destination answers, each JOINed
+/// once ACCEPT gave the session id.
 ///
 /// # Errors
 /// Connecting or the handshake failed, or the destination did not accept.
@@ -274,6 +290,21 @@ fn connect_channels<G: SourceGuest>(
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;
     main.flush()?;
+    // The further connections (their TCP, TLS and key exchange) open
+    // while the destination checks the HEADER and answers: only their
+    // JOINs wait for ACCEPT's session id. Post-copy's request and answer
+    // connections come after the data channels.
+    let mut numbers: Vec<u16> = (1..cfg.channels).collect();
+    if cfg.postcopy != Postcopy::Off {
+        numbers.extend([cfg.channels, cfg.channels + 1]);
+    }
+    let mut further = Vec::with_capacity(numbers.len());
+    for &c in &numbers {
+        match connect(c) {
+            Ok(conn) => further.push((c, conn)),
+            Err(e) => return Err(refusal_or(e, &mut main, shape.mem_size)),
+        }
+    }
     let session = match read_opening_reply(&mut main, shape.mem_size)? {
         Record::Control {
             tag: tag::ACCEPT,
@@ -289,16 +320,13 @@ fn connect_channels<G: SourceGuest>(
         other => return Err(unexpected_reply(other, "ACCEPT")),
     };
     let mut chans = vec![Chan::new(main)];
-    for c in 1..cfg.channels {
-        let conn = connect(c)?;
-        chans.push(Chan::new(WireWriter::join(conn, &session, c)?));
-    }
-    // Post-copy's request and answer connections, after the data channels.
     let mut pc_conns = Vec::new();
-    if cfg.postcopy != Postcopy::Off {
-        for c in [cfg.channels, cfg.channels + 1] {
-            let conn = connect(c)?;
-            pc_conns.push(WireWriter::join(conn, &session, c)?);
+    for (c, conn) in further {
+        let w = WireWriter::join(conn, &session, c)?;
+        if c < cfg.channels {
+            chans.push(Chan::new(w));
+        } else {
+            pc_conns.push(w);
         }
     }
     Ok((session, chans, pc_conns))

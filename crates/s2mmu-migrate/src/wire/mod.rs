@@ -50,6 +50,13 @@
 //!                  hash:u64 (xxh3(data, seed=gpa); 0 for a zero page)
 //! probe    0x07 len:u64 xxh3(len, seed=0x07):u64 len bytes of filler
 //! ```
+//! The source opens the main connection and sends its HEADER, then opens
+//! the further connections (their TCP, TLS and key exchange) while the
+//! destination answers; each sends its JOIN once ACCEPT gave the session
+//! id. So a destination admits further connections while the main one
+//! opens, and keeps those that authenticated before ACCEPT for their JOIN
+//! (a JOIN read before ACCEPT names no session and is refused).
+//!
 //! A migration over N channels (connections) sends each page on the
 //! channel that owns its 2 MiB stripe (`page index / 512 mod N`), so a page
 //! sent in two rounds arrives in order and no two channels ever write the

@@ -3,7 +3,7 @@
 
 use super::config::DestConfig;
 use crate::stream_error::MigrateError;
-use crate::transport::{Admission, BoxConn, Connection, Listener, NetConfig, Opener, Refused};
+use crate::transport::{Admission, BoxConn, Connection, Listener, Opener, Refused};
 use crate::wire::{tag, Header, Opening, WireReader, WireWriter, SESSION_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 use std::sync::Arc;
@@ -97,9 +97,13 @@ fn place(
 /// Accepts the source's connections that join `session` with the channel
 /// numbers `wanted` (its further channels; post-copy's recovery): each
 /// must authenticate and join with a wanted number not seen yet. Each
-/// authenticates on a thread of its own ([`Admission`]: strangers have a
+/// authenticates on a thread of its own (`admission`: strangers have a
 /// budget of their own, the oldest evicted first), so a peer that stalls
-/// cannot hold the source's back. Others are
+/// cannot hold the source's back. `admission` may be the one that admitted
+/// the main connection: a source opens its further connections while the
+/// main one is still in its setup (their TLS and key exchange run then;
+/// each JOIN comes after ACCEPT), and those accepted before ACCEPT are
+/// still in it. Others are
 /// refused (dropped, each named to `refused`: a failed authentication,
 /// another session's id, garbage, a stall past the I/O deadline) and the
 /// wait goes on; it ends after `wait`. Returns them in `wanted`'s order.
@@ -110,7 +114,7 @@ fn place(
 /// passed with none at all, [`MigrateError::Io`] when accepting failed.
 pub(super) fn join_channels(
     listener: &dyn Listener,
-    net: &NetConfig,
+    admission: &mut Admission<Opened>,
     wait: Duration,
     session: &[u8; SESSION_LEN],
     wanted: &[u16],
@@ -118,7 +122,6 @@ pub(super) fn join_channels(
 ) -> Result<Vec<WireReader<BoxConn>>, MigrateError> {
     let mut got: Vec<Option<WireReader<BoxConn>>> = wanted.iter().map(|_| None).collect();
     let deadline = Instant::now() + wait;
-    let mut admission = Admission::new(net, opener(net.io_timeout));
     let mut no = Refusals::default();
     loop {
         if got.iter().all(Option::is_some) {

@@ -53,7 +53,10 @@ pub fn serve_with<D: DestFactory>(
     cfg: &DestConfig,
     net: &NetConfig,
 ) -> Result<DestOutcome, MigrateError> {
-    let (peer, rd, header) = admit_source(listener, cfg, net)?;
+    // One admission for the whole session: the source's further
+    // connections may arrive (and authenticate) while the main one opens.
+    let mut admission = transport::Admission::new(net, opener(net.io_timeout));
+    let (peer, rd, header) = admit_source(listener, &mut admission, cfg)?;
     if cfg.progress {
         eprintln!("source connected from {peer}");
     }
@@ -77,23 +80,33 @@ pub fn serve_with<D: DestFactory>(
                 Some(addr) => {
                     let l = transport::bind(&addr)?;
                     eprintln!("destination: accepting the recovery on {}", l.local());
-                    join_channels(&*l, net, wait, session, wanted, &mut refused)
+                    let mut fresh = transport::Admission::new(net, opener(net.io_timeout));
+                    join_channels(&*l, &mut fresh, wait, session, wanted, &mut refused)
                 }
-                None => join_channels(listener, net, wait, session, wanted, &mut refused),
+                None => join_channels(
+                    listener,
+                    &mut admission,
+                    wait,
+                    session,
+                    wanted,
+                    &mut refused,
+                ),
             }
         },
     )
 }
 
 /// The first connection that authenticates and opens a migration
-/// (HEADER); every other is refused and logged.
+/// (HEADER); every other that finished its opening is refused and logged.
+/// Connections still in their handshake or waiting to send their opening
+/// stay in `admission` (a source's further channels, whose JOIN follows
+/// ACCEPT).
 fn admit_source(
     listener: &dyn Listener,
+    admission: &mut transport::Admission<join::Opened>,
     cfg: &DestConfig,
-    net: &NetConfig,
 ) -> Result<(String, WireReader<BoxConn>, Header), MigrateError> {
     let deadline = cfg.accept_wait.map(|w| Instant::now() + w);
-    let mut admission = transport::Admission::new(net, opener(net.io_timeout));
     let mut no = Refusals::default();
     let quiet = &mut |_: &str| {};
     loop {
