@@ -182,9 +182,9 @@ impl DestGuest for LinuxDestGuest {
                 why: format!("the Linux guest's state: {e}"),
             }
         })?;
-        // The resume comes next: the blank machine's CPUs leave their park
-        // now, while the digests are made.
-        self.vm.lock().unpark_cpus();
+        // The blank machine's CPUs leave their park at the state's load,
+        // each vCPU's CPU kicked once its STATE command is posted
+        // (`LinuxVm::load_guest_state`).
         let mut copy = Vec::new();
         copy.try_reserve_exact(body.len())
             .map_err(|e| refuse(format!("STATE of {} bytes: {e}", body.len())))?;

@@ -29,6 +29,10 @@ pub(in crate::linux) struct StartState {
     pub(in crate::linux) timer: VirtualTimer,
     /// Each vCPU's registers to resume from (`None`: its power says).
     pub(in crate::linux) restore: Vec<Option<VcpuState>>,
+    /// The vCPUs whose CPU is to be kicked once its first command is
+    /// posted (a blank machine's, whose park ended without a kick:
+    /// [`LinuxVm::unpark_for_restore`]).
+    pub(in crate::linux) kick: Vec<bool>,
     /// Whether the threads start parked (until a resume).
     pub(in crate::linux) paused: bool,
 }
@@ -43,6 +47,7 @@ impl StartState {
             power,
             timer: VirtualTimer::new(),
             restore: vec![None; vcpus],
+            kick: vec![false; vcpus],
             paused: false,
         }
     }
@@ -102,7 +107,11 @@ impl LinuxVm {
         sh.faults.page_fetch.set(self.hook_range());
         let _ = me.set(Arc::downgrade(&sh));
         let ctl = Arc::new(Ctl::new(self.vcpus, st.paused));
-        ctl.lock().restore = st.restore;
+        {
+            let mut g = ctl.lock();
+            g.restore = st.restore;
+            g.kick = st.kick;
+        }
         let mut threads = Vec::with_capacity(self.vcpus);
         let mut failed = crate::linux::shared::spawn_watchdog(&sh)
             .map_err(Arm64Error::Io)

@@ -35,6 +35,9 @@ pub(crate) struct CtlState {
     pub(crate) saved: Vec<Option<VcpuState>>,
     /// States to start from on resume.
     pub(crate) restore: Vec<Option<VcpuState>>,
+    /// vCPUs whose CPU the thread kicks after posting its first command
+    /// (see [`Start`]).
+    pub(crate) kick: Vec<bool>,
 }
 
 impl Ctl {
@@ -47,6 +50,7 @@ impl Ctl {
                 parked: vec![false; vcpus],
                 saved: vec![None; vcpus],
                 restore: vec![None; vcpus],
+                kick: vec![false; vcpus],
             }),
             cv: Condvar::new(),
         }
@@ -118,12 +122,17 @@ impl Ctl {
 /// milliseconds, before any second kick.
 const REKICK: Duration = Duration::from_millis(10);
 
-/// How a vCPU starts.
+/// How a vCPU starts, and whether its CPU is kicked once the command is
+/// posted: a blank machine's CPU whose park ended without a kick may be
+/// in a wait of up to the park's length, and one kick after the command
+/// (a round trip through the service CPU, rung by the host's bell) wakes
+/// it to find the command, where a kick before the command (as the park
+/// ended) left it to wait out the usual 640 us idle wait for it.
 enum Start {
     /// From its reset state at an entry point with x0 (PSCI CPU_ON, boot).
-    Boot(u64, u64),
+    Boot(u64, u64, bool),
     /// From a saved state.
-    State(Box<VcpuState>),
+    State(Box<VcpuState>, bool),
 }
 
 /// Runs vCPU `id` until the VM stops: waits for a start, runs, parks at
@@ -174,11 +183,13 @@ fn next_start(sh: &Shared, ctl: &Ctl, id: usize) -> Option<Start> {
         } else {
             g.parked[id] = false;
             if let Some(s) = g.restore[id].take() {
-                return Some(Start::State(Box::new(s)));
+                let kick = std::mem::take(&mut g.kick[id]);
+                return Some(Start::State(Box::new(s), kick));
             }
             let on = sh.cpus.take_start(id);
             if let Some((entry, x0)) = on {
-                return Some(Start::Boot(entry, x0));
+                let kick = std::mem::take(&mut g.kick[id]);
+                return Some(Start::Boot(entry, x0, kick));
             }
         }
         g = ctl
@@ -202,8 +213,8 @@ fn run_one(
     let mut last = mbox.read(mb::EXIT_SEQ);
     let (vtcr, vttbr) = sh.vm.stage2_regs();
     let voff = sh.devices.timer.cntvoff();
-    let run = match start {
-        Start::Boot(entry, x0) => {
+    let (run, kick) = match start {
+        Start::Boot(entry, x0, kick) => {
             let args = [
                 vtcr,
                 vttbr,
@@ -217,14 +228,18 @@ fn run_one(
                 voff,
                 CNTHCTL_LINUX,
             ];
-            mbox.post(layout::CMD_LINUX, &args)
+            (mbox.post(layout::CMD_LINUX, &args), kick)
         }
-        Start::State(s) => {
+        Start::State(s, kick) => {
             s.write(&mbox);
             let args = [vtcr, vttbr, HCR_LINUX, 1, voff, CNTHCTL_LINUX];
-            mbox.post(CMD_STATE, &args)
+            (mbox.post(CMD_STATE, &args), kick)
         }
     };
+    if kick {
+        // A kick that fails (QEMU gone) is found by the exit wait below.
+        let _ = sh.vm.kick_all(&[id]);
+    }
     sh.cpus.set_power(id, PowerState::On);
     loop {
         let Some(e) = vcpu::wait_exit(sh, id, &mbox, last, run)? else {

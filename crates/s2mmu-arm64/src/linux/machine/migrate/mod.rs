@@ -200,7 +200,7 @@ impl LinuxVm {
                     .into(),
             ));
         }
-        self.unpark_cpus();
+        let kick = self.unpark_for_restore();
         self.take_down()?;
         let t0 = Instant::now();
         let now = self.counter_now()?;
@@ -217,6 +217,7 @@ impl LinuxVm {
             power,
             timer,
             restore,
+            kick,
             paused: true,
         })?;
         self.paused_vct = st.vct;
