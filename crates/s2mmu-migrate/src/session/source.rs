@@ -273,6 +273,7 @@ fn connect_channels<G: SourceGuest>(
     };
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;
+    main.set_compression(cfg.compression);
     main.flush()?;
     let session = match read_opening_reply(&mut main, shape.mem_size)? {
         Record::Control {
@@ -291,14 +292,18 @@ fn connect_channels<G: SourceGuest>(
     let mut chans = vec![Chan::new(main)];
     for c in 1..cfg.channels {
         let conn = connect(c)?;
-        chans.push(Chan::new(WireWriter::join(conn, &session, c)?));
+        let mut w = WireWriter::join(conn, &session, c)?;
+        w.set_compression(cfg.compression);
+        chans.push(Chan::new(w));
     }
     // Post-copy's request and answer connections, after the data channels.
     let mut pc_conns = Vec::new();
     if cfg.postcopy != Postcopy::Off {
         for c in [cfg.channels, cfg.channels + 1] {
             let conn = connect(c)?;
-            pc_conns.push(WireWriter::join(conn, &session, c)?);
+            let mut w = WireWriter::join(conn, &session, c)?;
+            w.set_compression(cfg.compression);
+            pc_conns.push(w);
         }
     }
     Ok((session, chans, pc_conns))
