@@ -22,7 +22,11 @@
 //!
 //! A batch is compressed when the time its expected savings would take
 //! on the link is more than twice (the destination decompresses too)
-//! what compressing it is expected to cost. Pages that stop compressing
+//! what compressing it is expected to cost, or when the connection says
+//! its unsent queue holds at least [`BEHIND_BYTES`] (the sender is ahead
+//! of the link before any write has had to wait: the socket's buffer
+//! takes the first megabytes) and recent pages saved at least
+//! [`WORTH_PER_PAGE`] bytes each. Pages that stop compressing
 //! (random data, encrypted pages) make the expected saving fall below
 //! that and compression stops; while it is off, one batch in
 //! [`SAMPLE_EVERY`] has its first [`SAMPLE_PAGES`] pages compressed as a
@@ -55,6 +59,16 @@ pub const SAMPLE_PAGES: usize = 8;
 
 /// While `auto` is not compressing, one batch in this many is sampled.
 pub const SAMPLE_EVERY: u32 = 32;
+
+/// Unsent bytes on the connection from which `auto` takes the link to be
+/// behind (the socket's queue grows: the sender is ahead of the link)
+/// before a write has waited for it: a socket's buffer takes megabytes
+/// before its writes block.
+pub const BEHIND_BYTES: u64 = 1 << 20;
+
+/// Bytes a page must save on average (its length word counted) for
+/// `auto` to compress while the link is behind.
+pub const WORTH_PER_PAGE: f64 = 256.0;
 
 /// A compressed page is sent only when it saves at least this many
 /// bytes (its length word included); otherwise it goes raw.
@@ -202,8 +216,9 @@ impl Compressor {
     }
 
     /// How much of the next batch (`data_pages` pages that are not zero
-    /// pages) to try compressing.
-    pub(crate) fn plan(&mut self, data_pages: usize) -> Plan {
+    /// pages) to try compressing; `unsent`: the bytes the connection has
+    /// not sent yet, where it says.
+    pub(crate) fn plan(&mut self, data_pages: usize, unsent: Option<u64>) -> Plan {
         if data_pages == 0 {
             return Plan::None;
         }
@@ -211,25 +226,30 @@ impl Compressor {
             Compression::Off => Plan::None,
             Compression::Lz4 => Plan::All,
             Compression::Auto => {
-                let Some(link) = self.wire_ns_per_byte else {
-                    return Plan::None;
-                };
-                // Not even a page compressed to nothing would pay.
-                if link * PAGE_SIZE as f64 <= 2.0 * self.ns_per_page {
+                let behind = unsent.is_some_and(|u| u >= BEHIND_BYTES);
+                // Even a page compressed to nothing would not pay.
+                let slow = self
+                    .wire_ns_per_byte
+                    .is_some_and(|l| l * PAGE_SIZE as f64 > 2.0 * self.ns_per_page);
+                if !behind && !slow {
                     return Plan::None;
                 }
-                match self.saved_per_page {
-                    Some(s) if link * s > 2.0 * self.ns_per_page => Plan::All,
-                    None => Plan::Sample(SAMPLE_PAGES.min(data_pages)),
-                    Some(_) => {
-                        self.since_sample += 1;
-                        if self.since_sample >= SAMPLE_EVERY {
-                            self.since_sample = 0;
-                            Plan::Sample(SAMPLE_PAGES.min(data_pages))
-                        } else {
-                            Plan::None
-                        }
-                    }
+                let sample = Plan::Sample(SAMPLE_PAGES.min(data_pages));
+                let Some(saved) = self.saved_per_page else {
+                    return sample;
+                };
+                let link = self.wire_ns_per_byte.unwrap_or(0.0);
+                let pays = link * saved > 2.0 * self.ns_per_page;
+                if pays || (behind && saved >= WORTH_PER_PAGE) {
+                    self.since_sample = 0;
+                    return Plan::All;
+                }
+                self.since_sample += 1;
+                if self.since_sample >= SAMPLE_EVERY {
+                    self.since_sample = 0;
+                    sample
+                } else {
+                    Plan::None
                 }
             }
         }
@@ -303,10 +323,10 @@ mod tests {
     fn off_never_and_lz4_always() {
         let mut off = Compressor::new(Compression::Off);
         off.wrote(1 << 20, 1 << 40);
-        assert_eq!(off.plan(256), Plan::None);
+        assert_eq!(off.plan(256, Some(1 << 30)), Plan::None);
         let mut on = Compressor::new(Compression::Lz4);
-        assert_eq!(on.plan(256), Plan::All);
-        assert_eq!(on.plan(0), Plan::None);
+        assert_eq!(on.plan(256, None), Plan::All);
+        assert_eq!(on.plan(0, None), Plan::None);
     }
 
     /// A link that takes 8 ns a byte (1 Gbit/s) with pages that save 3 KiB
@@ -315,15 +335,15 @@ mod tests {
     #[test]
     fn auto_compresses_only_behind_a_slow_link() {
         let mut slow = Compressor::new(Compression::Auto);
-        assert_eq!(slow.plan(256), Plan::None, "nothing measured yet");
+        assert_eq!(slow.plan(256, None), Plan::None, "nothing measured yet");
         slow.wrote(1 << 20, 8 << 20);
-        assert_eq!(slow.plan(256), Plan::Sample(SAMPLE_PAGES));
+        assert_eq!(slow.plan(256, None), Plan::Sample(SAMPLE_PAGES));
         slow.tried(
             SAMPLE_PAGES,
             3072 * SAMPLE_PAGES as u64,
             1000 * SAMPLE_PAGES as u64,
         );
-        assert_eq!(slow.plan(256), Plan::All);
+        assert_eq!(slow.plan(256, None), Plan::All);
 
         let mut fast = Compressor::new(Compression::Auto);
         fast.wrote(1 << 20, 100 << 10);
@@ -333,7 +353,7 @@ mod tests {
             1000 * SAMPLE_PAGES as u64,
         );
         for _ in 0..100 {
-            assert_eq!(fast.plan(256), Plan::None);
+            assert_eq!(fast.plan(256, Some(0)), Plan::None);
         }
     }
 
@@ -345,7 +365,7 @@ mod tests {
         let mut c = Compressor::new(Compression::Auto);
         c.wrote(1 << 20, 8 << 20);
         c.tried(256, 0, 256 * 1500);
-        let plans: Vec<Plan> = (0..2 * SAMPLE_EVERY).map(|_| c.plan(256)).collect();
+        let plans: Vec<Plan> = (0..2 * SAMPLE_EVERY).map(|_| c.plan(256, None)).collect();
         let samples = plans.iter().filter(|p| **p != Plan::None).count();
         assert_eq!(samples, 2);
         assert!(plans.iter().all(|p| *p != Plan::All));
@@ -356,7 +376,30 @@ mod tests {
                 1000 * SAMPLE_PAGES as u64,
             );
         }
-        assert_eq!(c.plan(256), Plan::All);
+        assert_eq!(c.plan(256, None), Plan::All);
+    }
+
+    /// A queue of unsent bytes says the link is behind before any write
+    /// waited: a sample, then every page while they save enough; none
+    /// below the threshold.
+    #[test]
+    fn auto_compresses_when_the_socket_queue_grows() {
+        let mut c = Compressor::new(Compression::Auto);
+        c.wrote(1 << 20, 100 << 10);
+        assert_eq!(c.plan(256, Some(BEHIND_BYTES - 1)), Plan::None);
+        assert_eq!(c.plan(256, Some(BEHIND_BYTES)), Plan::Sample(SAMPLE_PAGES));
+        c.tried(
+            SAMPLE_PAGES,
+            1000 * SAMPLE_PAGES as u64,
+            3000 * SAMPLE_PAGES as u64,
+        );
+        assert_eq!(c.plan(256, Some(BEHIND_BYTES)), Plan::All);
+        assert_eq!(c.plan(256, Some(0)), Plan::None);
+        for _ in 0..10 {
+            c.tried(256, 10 * 256, 3000 * 256);
+        }
+        assert!(c.saved_per_page.unwrap() < WORTH_PER_PAGE);
+        assert_ne!(c.plan(256, Some(BEHIND_BYTES)), Plan::All);
     }
 
     #[test]

@@ -290,7 +290,7 @@ impl<W: Write> WireWriter<W> {
     /// # Errors
     /// [`MigrateError::Io`], [`MigrateError::Timeout`].
     pub fn batch(&mut self, b: &mut Batch) -> Result<(), MigrateError> {
-        self.send(b, &mut |_| {}, None)
+        self.send(b, &mut |_| {}, None, None)
     }
 
     /// As [`WireWriter::batch`], calling `pace` first with the bytes the
@@ -304,23 +304,25 @@ impl<W: Write> WireWriter<W> {
         b: &mut Batch,
         pace: &mut dyn FnMut(u64),
     ) -> Result<(), MigrateError> {
-        self.send(b, pace, None)
+        self.send(b, pace, None, None)
     }
 
     /// Writes the batch: its head finished (hashes, compression, check),
     /// `pace` told its bytes on the wire, then its head and data, the
     /// data sealed in place by `seal` when given and the batch is
-    /// [sealed](Batch::sealed) and went uncompressed.
+    /// [sealed](Batch::sealed) and went uncompressed; `unsent`: the
+    /// connection's unsent bytes, for the compression policy.
     fn send(
         &mut self,
         b: &mut Batch,
         pace: &mut dyn FnMut(u64),
         seal: Option<SealFn<W>>,
+        unsent: Option<u64>,
     ) -> Result<(), MigrateError> {
         if b.is_empty() {
             return Ok(());
         }
-        let packed = self.finish_head(b);
+        let packed = self.finish_head(b, unsent);
         let plain = b.data_pages * PAGE_SIZE;
         let data_len = if packed { self.packed.len() } else { plain };
         let wire = (b.head.len() + data_len) as u64;
@@ -356,11 +358,11 @@ impl<W: Write> WireWriter<W> {
     /// those the policy says into `packed` (true when at least one went
     /// compressed: `packed` then holds the record's whole data) and
     /// completes its head (count, check).
-    fn finish_head(&mut self, b: &mut Batch) -> bool {
+    fn finish_head(&mut self, b: &mut Batch, unsent: Option<u64>) -> bool {
         let t = Instant::now();
         b.hash_pages();
         self.stages.hash_ns += t.elapsed().as_nanos() as u64;
-        let packed = self.compress(b);
+        let packed = self.compress(b, unsent);
         let count = b.count as u16;
         b.head[1..3].copy_from_slice(&count.to_le_bytes());
         let check = checksum(&b.head[1..], u64::from(tag::PAGES));
@@ -371,8 +373,8 @@ impl<W: Write> WireWriter<W> {
     /// Tries to compress the batch's data pages as the policy plans; when
     /// some page compressed, flags its entry and lays the record's data
     /// out in `packed` (each page compressed or raw, in order).
-    fn compress(&mut self, b: &mut Batch) -> bool {
-        let tries = match self.compressor.plan(b.data_pages) {
+    fn compress(&mut self, b: &mut Batch, unsent: Option<u64>) -> bool {
+        let tries = match self.compressor.plan(b.data_pages, unsent) {
             Plan::None => return false,
             Plan::Sample(k) => k.min(b.data_pages),
             Plan::All => b.data_pages,
@@ -539,7 +541,8 @@ impl<W: Connection> WireWriter<W> {
     }
 
     /// As [`WireWriter::sealed_batch`], paced as
-    /// [`WireWriter::batch_paced`] says.
+    /// [`WireWriter::batch_paced`] says; `auto` compression also looks at
+    /// the connection's [unsent bytes](Connection::unsent_bytes).
     ///
     /// # Errors
     /// [`MigrateError::Io`], [`MigrateError::Timeout`].
@@ -554,6 +557,7 @@ impl<W: Connection> WireWriter<W> {
             }),
             false => None,
         };
-        self.send(b, pace, seal)
+        let unsent = self.w.unsent_bytes();
+        self.send(b, pace, seal, unsent)
     }
 }

@@ -338,13 +338,13 @@ fn background<V: SessionVm>(
             batch.push_known(gpa, |p| copy_page(memory, off, p));
             if batch.is_full() {
                 // The limit counts the bytes on the wire, after compression.
-                main.batch_paced(&mut batch, &mut |bytes| {
+                main.sealed_batch_paced(&mut batch, &mut |bytes| {
                     bucket.lock().unwrap_or_else(|p| p.into_inner()).take(bytes)
                 })?;
             }
         }
     }
-    main.batch(&mut batch)?;
+    main.sealed_batch(&mut batch)?;
     main.end()?;
     Ok((main.pages - p0, main.pos - b0, Instant::now()))
 }
@@ -377,7 +377,7 @@ fn serve_requests<V: SessionVm>(
                 };
                 claim(sent, off / PAGE_SIZE as u64);
                 batch.push_known(gpa, |p| copy_page(&**vm.ram(), off, p));
-                answers.batch(&mut batch)?;
+                answers.sealed_batch(&mut batch)?;
                 answers.flush()?;
             }
             Record::Control {
