@@ -85,8 +85,8 @@ mod writer;
 
 pub use codec::{Dec, Enc};
 pub use compress::{
-    CompressStats, Compression, COMPRESSED_LEN_BYTES, MAX_COMPRESSED, MIN_SAVING, SAMPLE_EVERY,
-    SAMPLE_PAGES,
+    CompressStats, Compression, BEHIND_BYTES, COMPRESSED_LEN_BYTES, MAX_COMPRESSED, MIN_SAVING,
+    SAMPLE_EVERY, SAMPLE_PAGES, WORTH_PER_PAGE,
 };
 #[allow(deprecated)]
 pub use format::WireFormat;
