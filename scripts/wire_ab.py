@@ -6,7 +6,9 @@ keeps each sitting's JSON under OUTDIR, and prints per binary and policy
 (TLS, no TLS): the median over sittings of each sitting's median round 0
 as % of plain TCP, the pooled median round 0 (all runs), the median CPU
 a page on the source and the destination, the median downtime, and the
-load average at each sitting's start; then, per policy, p-values of B
+load average at each sitting's start (and the pooled median of guest
+memory round 0 moved a second, which differs from the stream's rate when
+pages went compressed); then, per policy, p-values of B
 against A (a permutation test of the difference of medians, over the
 runs) for the source's and destination's CPU a page and round 0's rate.
 
@@ -40,27 +42,33 @@ def summary(outdir):
         load = float(open(os.path.join(outdir, name + ".load")).read())
         for r in d["results"]:
             k = (who, "TLS" if r["tls"] else "no TLS")
-            e = rows.setdefault(k, {"pct": [], "rate": [], "src": [], "dst": [],
-                                    "down": [], "load": []})
+            e = rows.setdefault(k, {"pct": [], "rate": [], "mem": [], "src": [],
+                                    "dst": [], "down": [], "load": []})
             e["pct"].append(r["round0_pct_of_plain_tcp"]["median"])
             e["rate"] += r["round0_bytes_per_s"]["each_run"]
+            # Guest memory moved a second (the stream's bytes, less what
+            # compression saved); builds before it: the stream's rate.
+            e["mem"] += r.get("round0_memory_bytes_per_s",
+                              r["round0_bytes_per_s"])["each_run"]
             e["src"] += r["source_cpu_ns_per_page"]["each_run"]
             e["dst"] += r["destination_cpu_ns_per_page"]["each_run"]
             e["down"] += r["downtime_ms"]["each_run"]
             e["load"].append(load)
     print("| binary | policy | sittings | % of plain TCP (median of sittings) "
-          "| pooled round 0 GB/s | source CPU ns/page | destination CPU ns/page "
-          "| downtime ms | load (min-max) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| pooled round 0 GB/s | pooled round 0 memory GB/s | source CPU ns/page "
+          "| destination CPU ns/page | downtime ms | load (min-max) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (who, pol), e in sorted(rows.items(), key=lambda x: (x[0][1], x[0][0])):
         print(f"| {who} | {pol} | {len(e['pct'])} | {st.median(e['pct']):.1f} "
-              f"| {st.median(e['rate']) / 1e9:.3f} | {st.median(e['src']):.0f} "
+              f"| {st.median(e['rate']) / 1e9:.3f} | {st.median(e['mem']) / 1e9:.3f} "
+              f"| {st.median(e['src']):.0f} "
               f"| {st.median(e['dst']):.0f} | {st.median(e['down']):.1f} "
               f"| {min(e['load']):.1f}-{max(e['load']):.1f} |")
     for pol in ("TLS", "no TLS"):
         a, b = rows.get(("a", pol)), rows.get(("b", pol))
         if a and b:
-            ps = ", ".join(f"{k} p={perm_p(a[k], b[k]):.3f}" for k in ("src", "dst", "rate"))
+            ps = ", ".join(f"{k} p={perm_p(a[k], b[k]):.3f}"
+                           for k in ("src", "dst", "rate", "mem"))
             print(f"{pol}: B against A over {len(a['src'])}/{len(b['src'])} runs: {ps}")
 
 

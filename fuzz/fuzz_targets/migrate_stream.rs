@@ -1,7 +1,8 @@
-//! The migration destination against hostile streams (format version 4):
+//! The migration destination against hostile streams (format version 5):
 //! records are generated from the fuzzer's bytes and written with valid
 //! checksums (so they get past the checksum checks and reach the decoders),
-//! then optionally damaged. The
+//! then optionally damaged; pages go raw or LZ4-compressed (a flipped
+//! byte then lands in a compressed page's length or bytes too). The
 //! destination may reject a stream, but it must never panic, and it must
 //! never resume a guest from a stream that lacked a page or the vCPU state.
 #![no_main]
@@ -10,7 +11,7 @@ use libfuzzer_sys::fuzz_target;
 use s2mmu::format::FormatId;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::sim::dest::{receive_from, SimDestConfig};
-use s2mmu_migrate::wire::{tag, Header, WireWriter, PAGE_SIZE};
+use s2mmu_migrate::wire::{tag, Compression, Header, WireWriter, PAGE_SIZE};
 use std::time::Duration;
 
 fuzz_target!(|data: &[u8]| {
@@ -38,6 +39,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(mut w) = WireWriter::new(&mut stream, &header) else {
         return;
     };
+    if next() & 1 == 1 {
+        w.set_compression(Compression::Lz4);
+    }
     // The link probe (a destination expects it first).
     if next() & 1 == 1 {
         let _ = w.probe(u64::from(next() % 64), &[0x55; 64], &mut |_| {});
@@ -48,8 +52,15 @@ fuzz_target!(|data: &[u8]| {
             0 => {
                 let page = u64::from(next() % 6);
                 let gpa = header.gpa_base + page * PAGE_SIZE as u64 + u64::from(next() & 1);
-                let fill = next();
-                let _ = w.page(gpa, &[fill; PAGE_SIZE]);
+                // A page of runs (compresses) or of the fuzzer's bytes
+                // (compresses or not, as they come).
+                let mut data = [next(); PAGE_SIZE];
+                if next() & 1 == 1 {
+                    for b in data.iter_mut().step_by(61) {
+                        *b = next();
+                    }
+                }
+                let _ = w.page(gpa, &data);
             }
             1 => {
                 let t = [

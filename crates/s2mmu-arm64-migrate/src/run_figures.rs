@@ -79,6 +79,10 @@ pub struct LinuxRun {
     pub precopy: Duration,
     /// Stream bytes the source sent up to the resume on B.
     pub stream_bytes: u64,
+    /// The source's compression setting, and what compression did
+    /// (pages sent compressed, their bytes raw and on the wire).
+    pub compression: s2mmu_migrate::wire::Compression,
+    pub compressed: s2mmu_migrate::wire::CompressStats,
     /// Pages of each pre-copy round.
     pub round_pages: Vec<u64>,
     /// Milliseconds of each pre-copy round.

@@ -227,6 +227,8 @@ fn session_run(
         to_last_byte_sent: s.to_last_byte_sent(),
         precopy: Duration::from_secs_f64((s.pause_s - s.log_start_s).max(0.0)),
         stream_bytes: s.bytes,
+        compression: s.compression,
+        compressed: s.compressed,
         round_pages: pre.iter().map(|r| r.pages).collect(),
         round_ms: pre.iter().map(|r| (r.end_s - r.start_s) * 1e3).collect(),
         final_pages: fin.iter().map(|r| r.pages).sum(),

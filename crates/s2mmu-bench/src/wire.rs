@@ -49,6 +49,12 @@ pub struct WireRun {
     pub link: f64,
     /// Round 0's bandwidth, bytes a second.
     pub round0: f64,
+    /// Guest memory round 0 moved, bytes a second (its pages in full,
+    /// whatever compression made of them on the wire): the figure to set
+    /// against the memory floor when pages went compressed.
+    pub round0_memory: f64,
+    /// Pages the migration sent compressed.
+    pub compressed_pages: u64,
     /// The migration's downtime in ms.
     pub downtime_ms: f64,
     /// The source's stream CPU ns a page.
@@ -199,6 +205,8 @@ pub fn measure(
         floor_recv_ns: floor.recv_ns_per_page(),
         link: s.link,
         round0: s.rounds.first().map_or(0.0, |r| r.bandwidth),
+        round0_memory: s.rounds.first().map_or(0.0, |r| r.page_rate),
+        compressed_pages: s.compressed.pages,
         downtime_ms: s.downtime.as_secs_f64() * 1e3,
         send_cpu_ns: per_page(s.send_stages.cpu_ns, s.send_stages.pages),
         recv_cpu_ns: per_page(d.recv_stages.cpu_ns, d.recv_stages.pages),

@@ -44,6 +44,9 @@ pub struct Params {
     /// Our side's dirty log: hw (hardware dirty state) or wp (write protection).
     #[arg(long, default_value = "hw", value_parser = ["hw", "wp"])]
     dirty: String,
+    /// Our side's page compression (`s2mmu migrate --compress`): auto (its default), lz4 or off. QEMU's stays off, its own default.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "lz4", "off"])]
+    ours_compress: String,
     /// QEMU's pre-copy across the namespaces over TLS with a pre-shared key, as ours (default: plain TCP; on a loaded host QEMU 7.2's TLS pre-copy can outlast the guest program: raise --guest-time).
     #[arg(long)]
     qemu_precopy_tls: bool,
@@ -92,6 +95,7 @@ pub fn main(p: Params) -> Result<(), String> {
         vcpus: p.vcpus as u32,
         guest_secs: secs,
         ours_dirty: p.dirty.clone(),
+        ours_compress: p.ours_compress.clone(),
         s2mmu: std::env::current_exe().map_err(|e| e.to_string())?,
         kernel: a.image,
         initrd: a.initramfs,
@@ -111,13 +115,17 @@ pub fn main(p: Params) -> Result<(), String> {
         let settings = serde_json::json!({
             "mem_mib": spec.mem_mib, "vcpus": spec.vcpus, "runs": spec.runs,
             "guest_secs": secs, "kernel": spec.kernel, "initrd": spec.initrd,
-            "ours_dirty": spec.ours_dirty,
+            "ours_dirty": spec.ours_dirty, "ours_compress": spec.ours_compress,
             "qemu_precopy_tls": spec.qemu_precopy_tls, "qemu_logs": spec.logs,
             "program": "dirtier (tick=2: a line every 2 ms; checks every page it wrote)",
         });
-        println!("{}", vs_qemu::report::json(&out, settings));
+        let ours = vs_qemu::report::ours_settings(&spec);
+        println!("{}", vs_qemu::report::json(&out, settings, &ours));
     } else {
-        print!("{}", vs_qemu::report::text(&out));
+        print!(
+            "{}",
+            vs_qemu::report::text(&out, &vs_qemu::report::ours_settings(&spec))
+        );
         println!("QEMU's stderr and exit status: {}", spec.logs.display());
     }
     Ok(())

@@ -48,6 +48,9 @@ pub enum MigrateError {
     },
     /// A page's checksum does not match its data.
     PageChecksum { gpa: u64, at_byte: u64 },
+    /// A compressed page's bytes are not a page: a length out of bounds,
+    /// bytes that do not decode, or decode to another size.
+    BadCompressedPage { gpa: u64, at_byte: u64, why: String },
     /// A record's checksum does not match its contents.
     RecordChecksum { record: &'static str, at_byte: u64 },
     /// A record tag this format does not have.
@@ -196,6 +199,7 @@ impl fmt::Display for MigrateError {
             | FormatMismatch { .. }
             | ShapeMismatch { .. }
             | PageChecksum { .. }
+            | BadCompressedPage { .. }
             | RecordChecksum { .. }
             | UnknownRecord { .. }
             | Malformed { .. }
@@ -301,6 +305,10 @@ fn fmt_stream_damage(e: &MigrateError, f: &mut fmt::Formatter<'_>) -> fmt::Resul
             PageChecksum { gpa, at_byte } => {
                 write!(f, "checksum mismatch for the page at gpa {gpa:#x} (stream byte {at_byte})")
             }
+            BadCompressedPage { gpa, at_byte, why } => write!(
+                f,
+                "the compressed page at gpa {gpa:#x} (PAGES record at stream byte {at_byte}) is not a page: {why}"
+            ),
             RecordChecksum { record, at_byte } => {
                 write!(f, "checksum mismatch in the {record} record at stream byte {at_byte}")
             }

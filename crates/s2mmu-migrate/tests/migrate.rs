@@ -14,7 +14,7 @@ use s2mmu_migrate::sim::in_process::migrate_in_process;
 use s2mmu_migrate::sim::source::{migrate_source, session_harvest, SimRun};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{BoxConn, NetConfig};
-use s2mmu_migrate::wire::{tag, PAGE_SIZE};
+use s2mmu_migrate::wire::{tag, Compression, PAGE_SIZE};
 use s2mmu_vm::Pattern;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -104,6 +104,41 @@ fn three_channels_over_tls_leave_equal_memory() {
     );
 }
 
+/// With `lz4` every page that compresses goes compressed, over plain TCP
+/// and TLS, one channel and three; every page is compared byte for byte
+/// after the resume (verify-full) and by the per-slot digests.
+#[test]
+fn lz4_compressed_migrations_leave_equal_memory() {
+    for (net, channels) in [(plain(), 1), (tls(), 3), (plain(), 2)] {
+        let cfg = small(16 << 20).with(|_, s| {
+            s.channels = channels;
+            s.verify_full = true;
+            s.compression = Compression::Lz4;
+        });
+        let (s, d) = migrate_in_process(&cfg, &dest_cfg(), &net).expect("migration succeeds");
+        assert_eq!(d.verify_mismatches, Some(0));
+        assert_eq!(s.slot_digests, d.slot_digests);
+        assert_eq!(s.compression, Compression::Lz4);
+        let data_pages = s.page_records - s.zero_pages;
+        let c = s.compressed;
+        assert!(c.pages <= data_pages);
+        assert_eq!(c.raw_bytes, c.pages * PAGE_SIZE as u64);
+        // The simulated guest's pages compress (its writes leave most of
+        // each page as it was).
+        assert!(c.pages > data_pages / 2, "{c:?} of {data_pages}");
+        assert!(c.saved() > 0 && s.bytes < data_pages * PAGE_SIZE as u64);
+    }
+}
+
+/// `off` sends no page compressed.
+#[test]
+fn compression_off_compresses_nothing() {
+    let cfg = small(8 << 20).with(|_, s| s.compression = Compression::Off);
+    let (s, _) = migrate_in_process(&cfg, &dest_cfg(), &plain()).expect("migration succeeds");
+    assert_eq!(s.compressed, Default::default());
+    assert_eq!(s.compression, Compression::Off);
+}
+
 #[test]
 fn ring_harvest_over_two_channels_leaves_equal_memory() {
     check_equal(&small(16 << 20).with(|g, s| {
@@ -162,7 +197,9 @@ fn recorded_stream() -> Vec<u8> {
         receive_from(tee, &s, &dest_cfg())
     });
     let stream = TcpStream::connect(addr).unwrap();
-    migrate_source(&small(8 << 20), &mut once(stream)).expect("source");
+    // The raw form, which `records` parses.
+    let cfg = small(8 << 20).with(|_, s| s.compression = Compression::Off);
+    migrate_source(&cfg, &mut once(stream)).expect("source");
     t.join().unwrap().expect("destination");
     let v = copy.lock().unwrap().clone();
     v
@@ -310,6 +347,9 @@ fn a_migration_that_cannot_converge_fails_cleanly() {
         s.converge = Converge::None;
         s.max_rounds = 2;
         s.max_downtime = Duration::from_millis(50);
+        // The simulated guest's pages compress a hundredfold: compressed,
+        // they would fit the budget.
+        s.compression = Compression::Off;
     });
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -417,10 +457,12 @@ fn wrong_memory_on_the_destination_fails_verification() {
         let _ = tampering_proxy(from, to, (1 << 32) + (8 << 20) - PAGE_SIZE as u64);
     });
     let stream = TcpStream::connect(proxy_addr).unwrap();
-    let cfg = small(8 << 20).with(|g, _| {
+    let cfg = small(8 << 20).with(|g, s| {
         // A guest writing a page per second per vCPU: the tampered page is
         // sent once, so the wrong byte stays on the destination.
         g.dirty_rate = 2 * PAGE_SIZE as u64;
+        // The raw form, which the proxy parses.
+        s.compression = Compression::Off;
     });
     let r = migrate_source(&cfg, &mut once(stream));
     match &r {

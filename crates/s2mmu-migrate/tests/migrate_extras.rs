@@ -24,6 +24,8 @@ fn cfg(extras: SourceExtras) -> SimRun {
         s.clear_chunk = 1 << 20;
         g.dirty_rate = 16 << 20;
         s.bandwidth = 64 << 20;
+        // Raw pages: the simulated guest's compress a hundredfold.
+        s.compression = s2mmu_migrate::wire::Compression::Off;
         s.max_downtime = Duration::from_millis(20);
         g.pattern = Pattern::Sequential;
         s.warmup = Duration::from_millis(50);

@@ -603,7 +603,9 @@ fn a_damaged_page_on_a_further_channel_is_named_and_the_guest_stays_on_the_sourc
     let dr = d.join().unwrap();
     match &r {
         Err(MigrateError::Rejected { reason }) => assert!(
-            reason.contains("checksum") || reason.contains("malformed"),
+            reason.contains("checksum")
+                || reason.contains("malformed")
+                || reason.contains("compressed page"),
             "{reason}"
         ),
         other => panic!("expected the destination's reason, got {other:?} (destination: {dr:?})"),
@@ -611,6 +613,7 @@ fn a_damaged_page_on_a_further_channel_is_named_and_the_guest_stays_on_the_sourc
     match dr {
         Err(
             MigrateError::PageChecksum { .. }
+            | MigrateError::BadCompressedPage { .. }
             | MigrateError::RecordChecksum { .. }
             | MigrateError::Malformed { .. }
             | MigrateError::UnknownRecord { .. },

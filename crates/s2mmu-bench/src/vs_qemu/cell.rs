@@ -84,6 +84,9 @@ pub struct Spec {
     /// Our side's `--dirty`: `hw` (hardware dirty state) or `wp` (write
     /// protection).
     pub ours_dirty: String,
+    /// Our side's `--compress`: `auto` (`migrate`'s default), `lz4` or
+    /// `off`.
+    pub ours_compress: String,
     /// The `s2mmu` binary our side runs.
     pub s2mmu: PathBuf,
     /// The kernel `Image` and initramfs both sides boot.
@@ -125,6 +128,9 @@ pub struct Measured {
     pub setup_ms: Option<f64>,
     /// Bytes the side's migration stream carried.
     pub wire_bytes: u64,
+    /// Ours only: pages sent compressed, and the bytes that saved.
+    pub compressed_pages: Option<u64>,
+    pub saved_bytes: Option<u64>,
     /// The largest gap between the guest's console lines during the
     /// migration (and the second after it), ms.
     pub gap_ms: Option<f64>,

@@ -41,6 +41,7 @@ fn common(spec: &Spec, cell: Cell) -> Vec<String> {
     v.extend(["--mem".into(), format!("{}M", spec.mem_mib)]);
     v.extend(["-v".into(), spec.vcpus.to_string()]);
     v.extend(["--dirty".into(), spec.ours_dirty.clone()]);
+    v.extend(["--compress".into(), spec.ours_compress.clone()]);
     if cell.postcopy() {
         v.push("--postcopy".into());
     }
@@ -134,6 +135,8 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
         setup_ms: Some(setup_ms),
         wire_bytes: r["stream_bytes"].as_u64().unwrap_or(0)
             + d["postcopy_bytes"].as_u64().unwrap_or(0),
+        compressed_pages: r["compression"]["pages"].as_u64(),
+        saved_bytes: r["compression"]["bytes_saved"].as_u64(),
         ..Measured::default()
     };
     let started = console::first(&all, "s2mmu-dirtier: start").ok_or("no dirtier start line")?;

@@ -35,7 +35,8 @@ pub const SETTINGS: &str = "max-bandwidth 1 TiB/s (the 128 MiB/s default cap lif
      (tls-creds-psk, GnuTLS; ours: --psk, TLS 1.3) and pre-copy over plain TCP unless \
      --qemu-precopy-tls (on a loaded host QEMU 7.2's TLS pre-copy can take longer than the \
      guest program runs; each cell's transport says which ran), on loopback plain TCP \
-     (ours: --no-tls)";
+     (ours: --no-tls); no compression (QEMU 7.2's default: multifd-compression none, \
+     xbzrle and compress off; ours: the --ours-compress setting the report states)";
 
 /// How long a run may take beyond the guest program's own time.
 const SLACK: Duration = Duration::from_secs(180);
@@ -333,6 +334,7 @@ mod tests {
             vcpus: 1,
             guest_secs: 12,
             ours_dirty: "hw".into(),
+            ours_compress: "auto".into(),
             s2mmu: PathBuf::new(),
             kernel: PathBuf::new(),
             initrd: PathBuf::new(),

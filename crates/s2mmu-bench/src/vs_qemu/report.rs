@@ -53,6 +53,8 @@ pub fn side(runs: &[Measured]) -> Value {
         "to_running_ms": med(runs, |m| m.to_running_ms),
         "setup_ms": med(runs, |m| m.setup_ms),
         "wire_mib": med(runs, |m| Some(m.wire_bytes as f64 / (1u64 << 20) as f64)),
+        "compressed_pages": med(runs, |m| m.compressed_pages.map(|p| p as f64)),
+        "saved_mib": med(runs, |m| m.saved_bytes.map(|b| b as f64 / (1u64 << 20) as f64)),
         "largest_gap_ms": med(runs, |m| m.gap_ms),
         "rate_before_pages_per_s": med(runs, |m| m.rate_before),
         "rate_during_pages_per_s": med(runs, |m| m.rate_during),
@@ -132,10 +134,11 @@ pub fn targets(c: &CellRuns) -> Vec<Value> {
 }
 
 /// The whole report as JSON.
-pub fn json(cells: &[CellRuns], settings: Value) -> Value {
+pub fn json(cells: &[CellRuns], settings: Value, ours: &str) -> Value {
     json!({
         "settings": settings,
         "qemu_settings": super::qemu::SETTINGS,
+        "ours_settings": ours,
         "cells": cells.iter().map(|c| json!({
             "link": c.link, "latency": c.latency, "cell": c.cell.name(),
             "transport": c.transport,
@@ -153,9 +156,19 @@ pub fn json(cells: &[CellRuns], settings: Value) -> Value {
     })
 }
 
+/// Our side's settings as the report states them, beside QEMU's.
+pub fn ours_settings(spec: &super::Spec) -> String {
+    format!(
+        "--compress {} (page compression, LZ4; `auto`, the default of `s2mmu migrate`, \
+         compresses while the link is the bottleneck and pages compress), --dirty {}, \
+         --max-downtime 300ms",
+        spec.ours_compress, spec.ours_dirty
+    )
+}
+
 /// The report as text: a block per cell.
-pub fn text(cells: &[CellRuns]) -> String {
-    let mut s = format!("QEMU's settings: {}\n", super::qemu::SETTINGS);
+pub fn text(cells: &[CellRuns], ours: &str) -> String {
+    let mut s = format!("QEMU's settings: {}\nOurs: {ours}\n", super::qemu::SETTINGS);
     for c in cells {
         let (o, q) = (side(&c.ours), side(&c.qemu));
         s += &format!(
@@ -176,6 +189,8 @@ pub fn text(cells: &[CellRuns]) -> String {
             ("start to running, ms", "to_running_ms"),
             ("setup before round 0, ms", "setup_ms"),
             ("stream, MiB", "wire_mib"),
+            ("pages sent compressed", "compressed_pages"),
+            ("saved by compression, MiB", "saved_mib"),
             ("largest console gap, ms", "largest_gap_ms"),
             ("guest pages/s before", "rate_before_pages_per_s"),
             ("guest pages/s during", "rate_during_pages_per_s"),

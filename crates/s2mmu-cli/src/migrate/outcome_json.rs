@@ -170,6 +170,14 @@ fn choice_json(s: &SourceOutcome) -> Value {
     })
 }
 
+/// The compression setting and what it did.
+fn compression_json(s: &SourceOutcome) -> Value {
+    let c = &s.compressed;
+    json!({"setting": s.compression.name(), "pages": c.pages, "tried_raw": c.tried_raw,
+        "raw_bytes": c.raw_bytes, "wire_bytes": c.wire_bytes, "bytes_saved": c.saved(),
+        "ns": c.ns})
+}
+
 /// The source's whole outcome: rounds, link, guest, checks, post-copy,
 /// plain TCP (`plain`, measured beside the migration), stages, the
 /// channel choice.
@@ -214,5 +222,6 @@ pub fn source_json(s: &SourceOutcome, plain: Option<PlainLink>) -> Value {
         "plain_tcp": plain_json(s, plain),
         "stages": send_stages_json(&s.send_stages),
         "channel_choice": choice_json(s),
+        "compression": compression_json(s),
     })
 }

@@ -16,6 +16,7 @@ use s2mmu_migrate::sim::source::{session_harvest, SimGuestConfig, SimRun};
 use s2mmu_migrate::transport as net;
 use s2mmu_migrate::transport::{NetConfig, Security};
 use s2mmu_migrate::wire;
+use s2mmu_migrate::wire::Compression;
 use s2mmu_vm::{Backing, Pattern};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -114,6 +115,9 @@ pub struct Params {
     /// Link limit in bytes per second (K/M/G suffixes; 0: none; at most 1T).
     #[arg(long, default_value = "0", value_parser = limits::size_in(0..=MAX_RATE))]
     pub bandwidth: u64,
+    /// Page compression (LZ4) on the stream: auto (when the link is the bottleneck and recent pages compressed well), lz4 (every page that compresses), off.
+    #[arg(long, default_value = "auto", value_name = "WHEN", value_parser = parse_compress)]
+    pub compress: Compression,
     /// Convergence help when the guest dirties faster than the link drains.
     #[arg(long, value_enum, default_value = "auto")]
     pub converge: ConvergeArg,
@@ -234,6 +238,11 @@ pub const MAX_RATE: u64 = 1 << 40;
 pub const MIN_CLEAR_CHUNK: u64 = 64 * wire::PAGE_SIZE as u64;
 /// The most `--max-rounds` takes.
 pub const MAX_ROUNDS: u32 = 1000;
+
+/// `--compress`: auto, lz4 or off.
+pub fn parse_compress(s: &str) -> Result<Compression, String> {
+    s.parse()
+}
 
 /// The channel counts of `--channels` (`AUTO_CHANNELS`, 0, stands for
 /// `auto`).
@@ -411,6 +420,7 @@ impl Params {
                 || self.wire_bench.is_some()
                 || self.channel_list().len() > 1,
             image: None,
+            compression: self.compress,
         };
         let mut session = session;
         set_channels(&mut session, self.channel_list()[0], self.uses_tls());

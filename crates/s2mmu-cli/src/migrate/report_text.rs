@@ -225,6 +225,15 @@ pub(super) fn summary(
         s.zero_pages,
         s.bytes as f64 / MIB
     ));
+    let c = &s.compressed;
+    t.push_str(&format!(
+        "  compression          {}: {} pages sent compressed, {:.1} MiB of them as {:.1} MiB ({:.1} MiB saved)\n",
+        s.compression,
+        c.pages,
+        c.raw_bytes as f64 / MIB,
+        c.wire_bytes as f64 / MIB,
+        c.saved() as f64 / MIB
+    ));
     t.push_str(&link_text(s));
     t.push_str(&choice_text(s));
     t.push_str(&plain_and_stages(s, d, plain));

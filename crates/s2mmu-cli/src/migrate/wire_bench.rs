@@ -98,7 +98,7 @@ fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<
     })?;
     if !p.quiet {
         eprintln!(
-            "{what}: iperf3 {}, plain TCP {:.0} MiB/s, memory floor {:.0} MiB/s, round 0 {:.0} MiB/s = {:.0}% of plain, {:.0}% of the floor, downtime {:.1} ms",
+            "{what}: iperf3 {}, plain TCP {:.0} MiB/s, memory floor {:.0} MiB/s, round 0 {:.0} MiB/s = {:.0}% of plain, {:.0}% of the floor (memory moved {:.0} MiB/s, {} pages compressed), downtime {:.1} ms",
             r.iperf3
                 .map_or("not run".into(), |v| format!("{:.0} MiB/s", v / MIB)),
             r.plain / MIB,
@@ -106,6 +106,8 @@ fn measure(p: &Params, tls: bool, ch: u16, i: u32, with_iperf3: bool) -> Result<
             r.round0 / MIB,
             100.0 * r.round0 / r.plain.max(1.0),
             100.0 * r.round0 / r.floor.max(1.0),
+            r.round0_memory / MIB,
+            r.compressed_pages,
             r.downtime_ms
         );
     }
@@ -128,6 +130,9 @@ fn cell_json(c: &Cell) -> serde_json::Value {
         "round0_pct_of_memory_floor": figures(c.pct_floor()),
         "stack_link_bytes_per_s": each(|r| r.link),
         "round0_bytes_per_s": each(|r| r.round0),
+        "round0_memory_bytes_per_s": each(|r| r.round0_memory),
+        "round0_memory_pct_of_memory_floor": each(|r| 100.0 * r.round0_memory / r.floor.max(1.0)),
+        "compressed_pages": c.runs.iter().map(|r| r.compressed_pages).collect::<Vec<_>>(),
         "round0_pct_of_plain_tcp": figures(c.pct_plain()),
         "round0_pct_of_iperf3": c.pct_iperf3().map(figures),
         "plain_tcp_pct_of_iperf3": c.runs.iter().map(|r| r.iperf3.map(|i| 100.0 * r.plain / i.max(1.0))).collect::<Option<Vec<_>>>().map(figures),

@@ -289,6 +289,7 @@ fn connect_channels<G: SourceGuest>(
     };
     let main = connect(0)?;
     let mut main = WireWriter::new(main, &header)?;
+    main.set_compression(cfg.compression);
     main.flush()?;
     // The further connections (their TCP, TLS and key exchange) open
     // while the destination checks the HEADER and answers: only their
@@ -322,7 +323,8 @@ fn connect_channels<G: SourceGuest>(
     let mut chans = vec![Chan::new(main)];
     let mut pc_conns = Vec::new();
     for (c, conn) in further {
-        let w = WireWriter::join(conn, &session, c)?;
+        let mut w = WireWriter::join(conn, &session, c)?;
+        w.set_compression(cfg.compression);
         if c < cfg.channels {
             chans.push(Chan::new(w));
         } else {

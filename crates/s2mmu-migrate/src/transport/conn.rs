@@ -48,6 +48,13 @@ pub trait Connection: Read + Write + Send {
         false
     }
 
+    /// Bytes written to the connection that its peer has not taken yet
+    /// (the socket's unsent queue), where the transport knows: a sender
+    /// that sees them pile up is ahead of its link.
+    fn unsent_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Whether every byte read from the connection was authenticated
     /// by it (a TLS record's AEAD tag): damage on the way is then refused
     /// by the connection, before the stream sees the bytes.
@@ -168,6 +175,9 @@ macro_rules! forward_connection {
             fn peer(&self) -> String {
                 (**self).peer()
             }
+            fn unsent_bytes(&self) -> Option<u64> {
+                (**self).unsent_bytes()
+            }
             fn seals_in_place(&self) -> bool {
                 (**self).seals_in_place()
             }
@@ -199,6 +209,9 @@ macro_rules! connection_via {
         }
         fn peer(&self) -> String {
             self.$field.peer()
+        }
+        fn unsent_bytes(&self) -> Option<u64> {
+            self.$field.unsent_bytes()
         }
     };
     ($field:ident, all) => {

@@ -34,6 +34,8 @@ use crate::stream_error::MigrateError;
 mod admit;
 mod config;
 mod conn;
+#[allow(unsafe_code)] // ioctl(TIOCOUTQ): a socket's unsent bytes
+mod outq;
 mod psk;
 mod records;
 mod secure;

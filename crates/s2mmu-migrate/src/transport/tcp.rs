@@ -25,6 +25,9 @@ impl Connection for TcpStream {
             let _ = s.shutdown(Shutdown::Both);
         }))
     }
+    fn unsent_bytes(&self) -> Option<u64> {
+        super::outq::unsent(self)
+    }
     fn peer(&self) -> String {
         self.peer_addr()
             .map_or_else(|_| "a TCP peer".into(), |a| a.to_string())

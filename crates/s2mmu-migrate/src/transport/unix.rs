@@ -28,6 +28,9 @@ impl Connection for UnixStream {
             let _ = s.shutdown(Shutdown::Both);
         }))
     }
+    fn unsent_bytes(&self) -> Option<u64> {
+        super::outq::unsent(self)
+    }
     fn peer(&self) -> String {
         match self
             .peer_addr()

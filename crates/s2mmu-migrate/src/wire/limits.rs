@@ -5,7 +5,7 @@
 /// First bytes of every connection.
 pub const MAGIC: [u8; 8] = *b"S2MMIGR\0";
 /// The format version this build writes and reads.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// Guest page size of the stream.
 pub const PAGE_SIZE: usize = 4096;
 /// The largest guest this build migrates (the destination keeps a hash
@@ -19,6 +19,11 @@ pub const MAX_SLOTS: u32 = 4096;
 pub const MAX_CHANNELS: u16 = 64;
 /// Pages per PAGES record at most.
 pub const MAX_BATCH: usize = 256;
+/// A PAGES entry's flag (in its address word): a zero page, no data.
+pub const ENTRY_ZERO: u64 = 1;
+/// A PAGES entry's flag: the page's data is compressed (`len:u16` then
+/// `len` bytes of LZ4 block format, `len` at most a page).
+pub const ENTRY_LZ4: u64 = 2;
 /// Pages of a stripe: the unit of guest memory one channel owns.
 pub const STRIPE_PAGES: u64 = 512;
 /// Bytes of a session id.

@@ -1,4 +1,4 @@
-//! The migration stream, format version 4. All integers little-endian.
+//! The migration stream, format version 5. All integers little-endian.
 //!
 //! ```text
 //! opening  "S2MMIGR\0" version:u16, then HEADER (the main connection) or
@@ -46,8 +46,12 @@
 //!                       after the destination's run         destination -> source
 //! pages    0x01 count:u16 entry[count] xxh3(count, entries; seed=0x01):u64
 //!          data[4096] for each entry that is not a zero page, in order
-//!          entry = gpa_and_flags:u64 (bit 0: zero page, no data follows)
-//!                  hash:u64 (xxh3(data, seed=gpa); 0 for a zero page)
+//!          entry = gpa_and_flags:u64 (bit 0: zero page, no data follows;
+//!                  bit 1: compressed, its data is len:u16 then len bytes
+//!                  of LZ4 block format that decode to exactly one page,
+//!                  1 <= len <= 4096; never with bit 0)
+//!                  hash:u64 (xxh3(data, seed=gpa) of the page itself,
+//!                  after decompression; 0 for a zero page)
 //! probe    0x07 len:u64 xxh3(len, seed=0x07):u64 len bytes of filler
 //! ```
 //! The source opens the main connection and sends its HEADER, then opens
@@ -56,6 +60,10 @@
 //! id. So a destination admits further connections while the main one
 //! opens, and keeps those that authenticated before ACCEPT for their JOIN
 //! (a JOIN read before ACCEPT names no session and is refused).
+//! Version 5 added compressed pages (version 4 had no bit 1) and the
+//! further connections opened before ACCEPT (described above). Whether a
+//! page is compressed is the source's choice, page by page
+//! ([`Compression`]); a destination reads both forms always.
 //!
 //! A migration over N channels (connections) sends each page on the
 //! channel that owns its 2 MiB stripe (`page index / 512 mod N`), so a page
@@ -75,6 +83,7 @@
 //! even at a record boundary, is detected.
 
 mod codec;
+mod compress;
 mod format;
 mod header;
 mod limits;
@@ -82,12 +91,16 @@ mod reader;
 mod writer;
 
 pub use codec::{Dec, Enc};
+pub use compress::{
+    CompressStats, Compression, BEHIND_BYTES, COMPRESSED_LEN_BYTES, MAX_COMPRESSED, MIN_SAVING,
+    SAMPLE_EVERY, SAMPLE_PAGES, WORTH_PER_PAGE,
+};
 #[allow(deprecated)]
 pub use format::WireFormat;
 pub use header::{Header, Opening, IMAGE_ID_LEN};
 pub use limits::{
-    channel_of, tag, tag_name, MAGIC, MAX_BATCH, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS,
-    PAGE_RECORD_BYTES, PAGE_SIZE, SESSION_LEN, STRIPE_PAGES, VERSION,
+    channel_of, tag, tag_name, ENTRY_LZ4, ENTRY_ZERO, MAGIC, MAX_BATCH, MAX_CHANNELS, MAX_MEM,
+    MAX_SLOTS, MAX_VCPUS, PAGE_RECORD_BYTES, PAGE_SIZE, SESSION_LEN, STRIPE_PAGES, VERSION,
 };
 pub use reader::{record_name, Entry, Record, WireReader, DEFAULT_GRACE, MIN_RATE};
 pub use writer::{Batch, WireWriter};
@@ -96,3 +109,5 @@ pub use writer::{Batch, WireWriter};
 use crate::stream_error::MigrateError;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_compress;

@@ -2,8 +2,12 @@
 //! records and probes, every length checked before it is read.
 
 use super::codec::Dec;
+use super::compress::{decompress_page, MAX_COMPRESSED};
 use super::header::{Header, Opening};
-use super::limits::{max_body, tag, tag_name, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN, VERSION};
+use super::limits::{
+    max_body, tag, tag_name, ENTRY_LZ4, ENTRY_ZERO, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN,
+    VERSION,
+};
 use crate::hash::checksum;
 use crate::stages::{RecvStages, StageObserver};
 use crate::stream_error::MigrateError;
@@ -78,8 +82,11 @@ pub struct Entry {
     pub gpa: u64,
     /// A zero page: no data follows for it.
     pub zero: bool,
-    /// The checksum its data must have (0 for a zero page).
+    /// The checksum its data must have (0 for a zero page), the page's
+    /// own (after decompression).
     pub hash: u64,
+    /// Its data is compressed (a length, then LZ4 bytes).
+    pub compressed: bool,
 }
 
 /// One record read from a stream.
@@ -109,6 +116,16 @@ pub struct WireReader<R: Read> {
     /// Of those, zero pages.
     pub zero_pages: u64,
     entries: Vec<Entry>,
+    /// The next entry of the last PAGES record whose data
+    /// [`WireReader::read_page`] reads, where that record began, and
+    /// whether any of its entries is compressed.
+    cursor: usize,
+    record_at: u64,
+    any_compressed: bool,
+    /// A compressed page's bytes, and a page decompressed before it is
+    /// checked and copied into place.
+    lz4: Vec<u8>,
+    bounce: Vec<u8>,
     raw: Vec<u8>,
     scratch: Vec<u8>,
     pace: Pace,
@@ -131,6 +148,11 @@ impl<R: Read> WireReader<R> {
             pages: 0,
             zero_pages: 0,
             entries: Vec::with_capacity(MAX_BATCH),
+            cursor: 0,
+            record_at: 0,
+            any_compressed: false,
+            lz4: Vec::new(),
+            bounce: Vec::new(),
             raw: vec![0u8; 2 + 16 * MAX_BATCH + 8],
             scratch: Vec::new(),
             pace: Pace::new(DEFAULT_GRACE),
@@ -262,13 +284,71 @@ impl<R: Read> WireReader<R> {
     }
 
     /// Reads the next page's data of the last PAGES record into `dst`
-    /// (one page); the caller checks its hash.
+    /// (one page), decompressing a compressed one; the caller checks its
+    /// hash.
     ///
     /// # Errors
     /// [`MigrateError::Truncated`], [`MigrateError::Io`],
-    /// [`MigrateError::Timeout`].
+    /// [`MigrateError::Timeout`]; [`MigrateError::BadCompressedPage`]
+    /// for a compressed page whose length is out of bounds (refused
+    /// before it is read) or whose bytes do not decode to exactly a page
+    /// (`dst` may then hold part of it); [`MigrateError::Setup`] when
+    /// `dst` is not a page or every page of the record was read.
     pub fn read_page(&mut self, dst: &mut [u8]) -> Result<(), MigrateError> {
-        self.fill(dst, "a PAGES record's data")
+        let e = self.next_data_entry()?;
+        if dst.len() != PAGE_SIZE {
+            return Err(MigrateError::Setup(format!(
+                "a buffer of {} bytes for a page of {PAGE_SIZE}",
+                dst.len()
+            )));
+        }
+        if e.compressed {
+            self.read_compressed(e.gpa, dst)
+        } else {
+            self.fill(dst, "a PAGES record's data")
+        }
+    }
+
+    /// The next entry of the last PAGES record that carries data.
+    fn next_data_entry(&mut self) -> Result<Entry, MigrateError> {
+        while let Some(e) = self.entries.get(self.cursor) {
+            self.cursor += 1;
+            if !e.zero {
+                return Ok(*e);
+            }
+        }
+        Err(MigrateError::Setup(
+            "a page read past the last data page of a PAGES record".into(),
+        ))
+    }
+
+    /// A compressed page's length and bytes, decompressed into `dst`.
+    fn read_compressed(&mut self, gpa: u64, dst: &mut [u8]) -> Result<(), MigrateError> {
+        let at_byte = self.record_at;
+        let mut l = [0u8; 2];
+        self.fill(&mut l, "a compressed page's length")?;
+        let len = usize::from(u16::from_le_bytes(l));
+        if len == 0 || len > MAX_COMPRESSED {
+            return Err(MigrateError::BadCompressedPage {
+                gpa,
+                at_byte,
+                why: format!("a length of {len} bytes (1 to {MAX_COMPRESSED})"),
+            });
+        }
+        let mut buf = std::mem::take(&mut self.lz4);
+        if buf.len() < MAX_COMPRESSED {
+            buf = vec![0u8; MAX_COMPRESSED];
+        }
+        let r = self.fill(&mut buf[..len], "a compressed page");
+        let r = r.and_then(|()| {
+            decompress_page(&buf[..len], dst).map_err(|why| MigrateError::BadCompressedPage {
+                gpa,
+                at_byte,
+                why,
+            })
+        });
+        self.lz4 = buf;
+        r
     }
 
     /// Reads the data of several pages at once into `bufs` (one page
@@ -280,6 +360,9 @@ impl<R: Read> WireReader<R> {
     /// [`MigrateError::Truncated`], [`MigrateError::Io`],
     /// [`MigrateError::Timeout`].
     pub fn read_pages(&mut self, mut bufs: &mut [IoSliceMut<'_>]) -> Result<(), MigrateError> {
+        if self.any_compressed {
+            return bufs.iter_mut().try_for_each(|b| self.read_page(b));
+        }
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut got = 0usize;
         while got < total {
@@ -349,10 +432,14 @@ impl<R: Read> WireReader<R> {
     /// whose hashes are wrong. Hashing every page again cost the TLS
     /// destination about a tenth of its CPU in round 0.
     ///
+    /// A record with compressed pages is read page by page (see
+    /// [`WireReader::read_mixed`]).
+    ///
     /// # Errors
     /// [`MigrateError::PageChecksum`] for the first page whose data does
     /// not match its hash (the pages from it on may hold bytes that were
-    /// not checked); [`MigrateError::Truncated`], [`MigrateError::Io`],
+    /// not checked); [`MigrateError::BadCompressedPage`];
+    /// [`MigrateError::Truncated`], [`MigrateError::Io`],
     /// [`MigrateError::Timeout`]; [`MigrateError::Setup`] when `pages` is
     /// not one page for each of those entries.
     pub(crate) fn read_checked_pages(
@@ -367,6 +454,9 @@ impl<R: Read> WireReader<R> {
                 "{} buffers for the {data} pages of a PAGES record",
                 pages.len()
             )));
+        }
+        if self.any_compressed {
+            return self.read_mixed(pages, at_byte, obs);
         }
         if !self.authenticated {
             let mut buf = std::mem::take(&mut self.scratch);
@@ -476,11 +566,16 @@ impl<R: Read> WireReader<R> {
             });
         }
         self.entries.clear();
+        self.cursor = 0;
+        self.record_at = at_byte;
+        self.any_compressed = false;
         for e in entries.chunks_exact(16) {
             let word = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
             let hash = u64::from_le_bytes(e[8..].try_into().expect("8 bytes"));
-            let zero = word & 1 != 0;
-            if word & (PAGE_SIZE as u64 - 2) != 0 || (zero && hash != 0) {
+            let zero = word & ENTRY_ZERO != 0;
+            let compressed = word & ENTRY_LZ4 != 0;
+            let flags = ENTRY_ZERO | ENTRY_LZ4;
+            if word & (PAGE_SIZE as u64 - 1) & !flags != 0 || (zero && (hash != 0 || compressed)) {
                 return Err(MigrateError::Malformed {
                     record: "PAGES",
                     at_byte,
@@ -488,10 +583,12 @@ impl<R: Read> WireReader<R> {
                 });
             }
             self.zero_pages += u64::from(zero);
+            self.any_compressed |= compressed;
             self.entries.push(Entry {
-                gpa: word & !1,
+                gpa: word & !flags,
                 zero,
                 hash,
+                compressed,
             });
         }
         self.pages += count as u64;

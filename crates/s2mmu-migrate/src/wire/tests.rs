@@ -93,7 +93,8 @@ fn records_round_trip() {
         &[Entry {
             gpa: 1 << 32,
             zero: false,
-            hash: h
+            hash: h,
+            compressed: false,
         }]
     );
     let mut got = [0u8; PAGE_SIZE];

@@ -1,8 +1,14 @@
 //! The sending side: PAGES batches, control records, probes and END.
 
 use super::codec::Enc;
+use super::compress::{
+    compress_buffer, compress_page, CompressStats, Compression, Compressor, Plan,
+    COMPRESSED_LEN_BYTES,
+};
 use super::header::Header;
-use super::limits::{tag, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN, VERSION};
+use super::limits::{
+    tag, ENTRY_LZ4, ENTRY_ZERO, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN, VERSION,
+};
 use crate::hash::{checksum, is_zero, page_hash};
 use crate::stages::{SendStages, StageClock};
 use crate::stream_error::MigrateError;
@@ -157,6 +163,10 @@ impl Batch {
     }
 }
 
+/// A connection's write of a head and records sealed in place
+/// ([`Connection::write_sealed`]).
+type SealFn<W> = fn(&mut W, &[u8], &mut [u8], usize) -> std::io::Result<()>;
+
 /// Writes a stream, counting its bytes.
 pub struct WireWriter<W: Write> {
     w: W,
@@ -169,6 +179,14 @@ pub struct WireWriter<W: Write> {
     /// Time spent hashing and writing PAGES records (the reading of
     /// guest memory is the caller's to add).
     pub stages: SendStages,
+    /// When pages go compressed, and what compression did.
+    compressor: Compressor,
+    /// A compressed batch's data as it goes out.
+    packed: Vec<u8>,
+    /// A batch's compressed pages, back to back, and the room one page's
+    /// compression needs.
+    lz4: Vec<u8>,
+    lz4_room: usize,
 }
 
 impl<W: Write> WireWriter<W> {
@@ -180,7 +198,26 @@ impl<W: Write> WireWriter<W> {
             pages: 0,
             zero_pages: 0,
             stages: SendStages::default(),
+            compressor: Compressor::new(Compression::Off),
+            packed: Vec::new(),
+            lz4: Vec::new(),
+            lz4_room: compress_buffer().len(),
         }
+    }
+
+    /// Sets when pages go compressed (a new writer compresses none).
+    pub fn set_compression(&mut self, c: Compression) {
+        self.compressor = Compressor::new(c);
+    }
+
+    /// When pages go compressed.
+    pub fn compression(&self) -> Compression {
+        self.compressor.mode()
+    }
+
+    /// What compression did so far.
+    pub fn compression_stats(&self) -> CompressStats {
+        self.compressor.stats
     }
 
     /// Starts the main connection's stream: the opening and HEADER.
@@ -247,18 +284,64 @@ impl<W: Write> WireWriter<W> {
     }
 
     /// Writes the batch as one PAGES record (nothing when it is empty) and
-    /// empties it.
+    /// empties it, its pages compressed as the writer's
+    /// [`Compression`] says.
     ///
     /// # Errors
     /// [`MigrateError::Io`], [`MigrateError::Timeout`].
     pub fn batch(&mut self, b: &mut Batch) -> Result<(), MigrateError> {
+        self.send(b, &mut |_| {}, None, None)
+    }
+
+    /// As [`WireWriter::batch`], calling `pace` first with the bytes the
+    /// record takes on the wire (after compression): a bandwidth limit's
+    /// wait, counted by `auto` compression as time on the link.
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn batch_paced(
+        &mut self,
+        b: &mut Batch,
+        pace: &mut dyn FnMut(u64),
+    ) -> Result<(), MigrateError> {
+        self.send(b, pace, None, None)
+    }
+
+    /// Writes the batch: its head finished (hashes, compression, check),
+    /// `pace` told its bytes on the wire, then its head and data, the
+    /// data sealed in place by `seal` when given and the batch is
+    /// [sealed](Batch::sealed) and went uncompressed; `unsent`: the
+    /// connection's unsent bytes, for the compression policy.
+    fn send(
+        &mut self,
+        b: &mut Batch,
+        pace: &mut dyn FnMut(u64),
+        seal: Option<SealFn<W>>,
+        unsent: Option<u64>,
+    ) -> Result<(), MigrateError> {
         if b.is_empty() {
             return Ok(());
         }
-        self.finish_head(b);
-        let clock = StageClock::start();
+        let packed = self.finish_head(b, unsent);
         let plain = b.data_pages * PAGE_SIZE;
-        let r = if b.sealed {
+        let data_len = if packed { self.packed.len() } else { plain };
+        let wire = (b.head.len() + data_len) as u64;
+        let t = Instant::now();
+        pace(wire);
+        let clock = StageClock::start();
+        let r = if packed {
+            let data = std::mem::take(&mut self.packed);
+            let r = self.put_pair(&b.head, &data);
+            self.packed = data;
+            r
+        } else if let (true, Some(seal)) = (b.sealed, seal) {
+            let r = seal(&mut self.w, &b.head, &mut b.data, plain)
+                .map_err(|e| MigrateError::io("sending the migration stream", &e));
+            if r.is_ok() {
+                self.pos += wire;
+            }
+            r
+        } else if b.sealed {
             // Not a sealing connection: each record's plaintext as it is.
             self.put(&b.head).and_then(|()| {
                 record_plaintexts(&b.data[..sealed_len(plain)], plain).try_for_each(|p| self.put(p))
@@ -266,20 +349,89 @@ impl<W: Write> WireWriter<W> {
         } else {
             self.put_pair(&b.head, &b.data[..plain])
         };
+        self.compressor.wrote(wire, t.elapsed().as_nanos() as u64);
         self.account(b, &clock);
         r
     }
 
-    /// Hashes the batch's pages and completes its head (count, check),
-    /// timed as the hash stage.
-    fn finish_head(&mut self, b: &mut Batch) {
+    /// Hashes the batch's pages (timed as the hash stage), compresses
+    /// those the policy says into `packed` (true when at least one went
+    /// compressed: `packed` then holds the record's whole data) and
+    /// completes its head (count, check).
+    fn finish_head(&mut self, b: &mut Batch, unsent: Option<u64>) -> bool {
         let t = Instant::now();
         b.hash_pages();
+        self.stages.hash_ns += t.elapsed().as_nanos() as u64;
+        let packed = self.compress(b, unsent);
         let count = b.count as u16;
         b.head[1..3].copy_from_slice(&count.to_le_bytes());
         let check = checksum(&b.head[1..], u64::from(tag::PAGES));
         b.head.extend_from_slice(&check.to_le_bytes());
-        self.stages.hash_ns += t.elapsed().as_nanos() as u64;
+        packed
+    }
+
+    /// Tries to compress the batch's data pages as the policy plans; when
+    /// some page compressed, flags its entry and lays the record's data
+    /// out in `packed` (each page compressed or raw, in order).
+    fn compress(&mut self, b: &mut Batch, unsent: Option<u64>) -> bool {
+        let tries = match self.compressor.plan(b.data_pages, unsent) {
+            Plan::None => return false,
+            Plan::Sample(k) => k.min(b.data_pages),
+            Plan::All => b.data_pages,
+        };
+        let t = Instant::now();
+        // Each compressed page: its data page number, where its bytes
+        // start in `lz4`, and their length.
+        let mut kept: Vec<(usize, usize, usize)> = Vec::new();
+        self.lz4.clear();
+        let mut saved = 0u64;
+        for j in 0..tries {
+            let p = b.page_at(j);
+            let start = self.lz4.len();
+            self.lz4.resize(start + self.lz4_room, 0);
+            match compress_page(&b.data[p..p + PAGE_SIZE], &mut self.lz4[start..]) {
+                Some(n) => {
+                    self.lz4.truncate(start + n);
+                    kept.push((j, start, n));
+                    saved += (PAGE_SIZE - n - COMPRESSED_LEN_BYTES) as u64;
+                }
+                None => self.lz4.truncate(start),
+            }
+        }
+        let ns = t.elapsed().as_nanos() as u64;
+        self.compressor.tried(tries, saved, ns);
+        let st = &mut self.compressor.stats;
+        st.tried_raw += (tries - kept.len()) as u64;
+        if kept.is_empty() {
+            return false;
+        }
+        st.pages += kept.len() as u64;
+        st.raw_bytes += (kept.len() * PAGE_SIZE) as u64;
+        st.wire_bytes += kept.len() as u64 * PAGE_SIZE as u64 - saved;
+        self.packed.clear();
+        let mut next = kept.iter().peekable();
+        let mut j = 0usize;
+        for k in 0..b.count {
+            let at = 3 + 16 * k;
+            let word = u64::from_le_bytes(b.head[at..at + 8].try_into().expect("8 bytes"));
+            if word & ENTRY_ZERO != 0 {
+                continue;
+            }
+            match next.peek() {
+                Some(&&(kj, start, n)) if kj == j => {
+                    next.next();
+                    b.head[at..at + 8].copy_from_slice(&(word | ENTRY_LZ4).to_le_bytes());
+                    self.packed.extend_from_slice(&(n as u16).to_le_bytes());
+                    self.packed.extend_from_slice(&self.lz4[start..start + n]);
+                }
+                _ => {
+                    let p = b.page_at(j);
+                    self.packed.extend_from_slice(&b.data[p..p + PAGE_SIZE]);
+                }
+            }
+            j += 1;
+        }
+        true
     }
 
     /// Counts the written batch's pages and time, and empties it.
@@ -378,25 +530,34 @@ impl<W: Connection> WireWriter<W> {
     /// As [`WireWriter::batch`]; a [sealed](Batch::sealed) batch's pages
     /// are sealed where they lie by a connection that
     /// [seals in place](Connection::seals_in_place) (no copy), its head
-    /// and records written together.
+    /// and records written together. A batch whose pages went compressed
+    /// is written as a plain one (its data is no longer where the records
+    /// would be sealed).
     ///
     /// # Errors
     /// [`MigrateError::Io`], [`MigrateError::Timeout`].
     pub fn sealed_batch(&mut self, b: &mut Batch) -> Result<(), MigrateError> {
-        if b.is_empty() || !b.sealed || !self.w.seals_in_place() {
-            return self.batch(b);
-        }
-        self.finish_head(b);
-        let clock = StageClock::start();
-        let plain = b.data_pages * PAGE_SIZE;
-        let r = self
-            .w
-            .write_sealed(&b.head, &mut b.data, plain)
-            .map_err(|e| MigrateError::io("sending the migration stream", &e));
-        if r.is_ok() {
-            self.pos += (b.head.len() + plain) as u64;
-        }
-        self.account(b, &clock);
-        r
+        self.sealed_batch_paced(b, &mut |_| {})
+    }
+
+    /// As [`WireWriter::sealed_batch`], paced as
+    /// [`WireWriter::batch_paced`] says; `auto` compression also looks at
+    /// the connection's [unsent bytes](Connection::unsent_bytes).
+    ///
+    /// # Errors
+    /// [`MigrateError::Io`], [`MigrateError::Timeout`].
+    pub fn sealed_batch_paced(
+        &mut self,
+        b: &mut Batch,
+        pace: &mut dyn FnMut(u64),
+    ) -> Result<(), MigrateError> {
+        let seal: Option<SealFn<W>> = match self.w.seals_in_place() {
+            true => Some(|w: &mut W, head: &[u8], frames: &mut [u8], plain: usize| {
+                w.write_sealed(head, frames, plain)
+            }),
+            false => None,
+        };
+        let unsent = self.w.unsent_bytes();
+        self.send(b, pace, seal, unsent)
     }
 }

@@ -14,7 +14,8 @@ use crate::stream_error::MigrateError;
 use crate::transport::{BoxConn, Connection};
 use crate::vm::{GuestRam, SessionVm};
 use crate::wire::{
-    record_name, tag, Batch, Dec, Record, WireReader, WireWriter, PAGE_SIZE, SESSION_LEN,
+    record_name, tag, Batch, CompressStats, Compression, Dec, Record, WireReader, WireWriter,
+    PAGE_SIZE, SESSION_LEN,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,6 +55,10 @@ pub struct Done {
     pub fin: Final,
     /// Connections that broke and were replaced.
     pub recoveries: u32,
+    /// What compression did on the connections of post-copy's own: the
+    /// answers, and a recovery's main connection (the first main
+    /// connection's counts are its writer's).
+    pub compression: CompressStats,
 }
 
 /// Sends STATE and POSTCOPY and waits for the resume. Returns when both
@@ -100,6 +105,7 @@ pub fn run<V: SessionVm>(
     let pages = vm.ram().size() / PAGE_SIZE as u64;
     let mut recovered: Option<WireWriter<BoxConn>> = None;
     let mut recoveries = 0;
+    let compression = main.compression();
     let count = |bm: &[u64]| bm.iter().map(|w| u64::from(w.count_ones())).sum::<u64>();
     if let Some(c) = &rec.control {
         c.set(Phase::Postcopy, Some(count(&sw.missing)));
@@ -113,6 +119,9 @@ pub fn run<V: SessionVm>(
         let e = match finish(sw, m, resumed_at) {
             Ok(mut d) => {
                 d.recoveries = recoveries;
+                if let Some(m) = &recovered {
+                    d.compression.add(&m.compression_stats());
+                }
                 if let Some(c) = &rec.control {
                     c.set(Phase::Done, Some(0));
                 }
@@ -121,7 +130,7 @@ pub fn run<V: SessionVm>(
             Err(e) => e,
         };
         let (m, req, answers, still) = recover(e, rec, (recoveries, last_count), &mut || {
-            reconnect(connect, session, channels, pages)
+            reconnect(connect, session, channels, pages, compression)
         })?;
         recoveries += 1;
         // Only pages that were missing: the destination has the rest.
@@ -211,10 +220,13 @@ fn reconnect(
     session: &[u8; SESSION_LEN],
     channels: u16,
     pages: u64,
+    compression: Compression,
 ) -> Result<Reconnected, MigrateError> {
     let mut main = WireWriter::join(connect(0)?, session, 0)?;
+    main.set_compression(compression);
     let req = WireWriter::join(connect(channels)?, session, channels)?;
-    let answers = WireWriter::join(connect(channels + 1)?, session, channels + 1)?;
+    let mut answers = WireWriter::join(connect(channels + 1)?, session, channels + 1)?;
+    answers.set_compression(compression);
     match read_reply(&mut main, 0)? {
         Record::Control {
             tag: tag::MISSING,
@@ -270,7 +282,7 @@ pub fn finish<V: SessionVm>(
             .join()
             .unwrap_or_else(|_| Err(MigrateError::Setup("the request server panicked".into())));
         match (fin, served) {
-            (Ok((pages, bytes, end, fin)), Ok((answered, abytes))) => Ok(Done {
+            (Ok((pages, bytes, end, fin)), Ok((answered, abytes, compression))) => Ok(Done {
                 resumed_at,
                 background_end: end,
                 background_pages: pages,
@@ -278,6 +290,7 @@ pub fn finish<V: SessionVm>(
                 bytes: bytes + abytes,
                 fin,
                 recoveries: 0,
+                compression,
             }),
             (Err(e), _) | (_, Err(e)) => Err(e),
         }
@@ -324,15 +337,14 @@ fn background<V: SessionVm>(
             };
             batch.push_known(gpa, |p| copy_page(memory, off, p));
             if batch.is_full() {
-                bucket
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take(batch.wire_bytes());
-                main.batch(&mut batch)?;
+                // The limit counts the bytes on the wire, after compression.
+                main.sealed_batch_paced(&mut batch, &mut |bytes| {
+                    bucket.lock().unwrap_or_else(|p| p.into_inner()).take(bytes)
+                })?;
             }
         }
     }
-    main.batch(&mut batch)?;
+    main.sealed_batch(&mut batch)?;
     main.end()?;
     Ok((main.pages - p0, main.pos - b0, Instant::now()))
 }
@@ -345,7 +357,7 @@ fn serve_requests<V: SessionVm>(
     req: &mut WireReader<BoxConn>,
     answers: &mut WireWriter<BoxConn>,
     sent: &[AtomicU64],
-) -> Result<(u64, u64), MigrateError> {
+) -> Result<(u64, u64, CompressStats), MigrateError> {
     let (p0, b0) = (answers.pages, answers.pos);
     let mut batch = Batch::new();
     let mut keepalives = Keepalives::request(Instant::now());
@@ -365,7 +377,7 @@ fn serve_requests<V: SessionVm>(
                 };
                 claim(sent, off / PAGE_SIZE as u64);
                 batch.push_known(gpa, |p| copy_page(&**vm.ram(), off, p));
-                answers.batch(&mut batch)?;
+                answers.sealed_batch(&mut batch)?;
                 answers.flush()?;
             }
             Record::Control {
@@ -377,7 +389,11 @@ fn serve_requests<V: SessionVm>(
             }
             Record::Control { tag: tag::DONE, .. } => {
                 answers.end()?;
-                return Ok((answers.pages - p0, answers.pos - b0));
+                return Ok((
+                    answers.pages - p0,
+                    answers.pos - b0,
+                    answers.compression_stats(),
+                ));
             }
             other => {
                 return Err(MigrateError::Malformed {

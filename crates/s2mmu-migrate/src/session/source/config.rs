@@ -6,7 +6,7 @@ pub use super::super::policy::{Converge, Harvest};
 use super::super::postcopy::Postcopy;
 use super::super::progress::Progress;
 use crate::stream_error::MigrateError;
-use crate::wire::{MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
+use crate::wire::{Compression, MAX_CHANNELS, MAX_MEM, MAX_SLOTS, MAX_VCPUS, PAGE_SIZE};
 use std::time::Duration;
 
 /// How the source migrates: policy, presentation, the work beside it.
@@ -56,6 +56,10 @@ pub struct SourceConfig {
     /// The guest image's identity the HEADER carries
     /// ([`crate::wire::Header::image`]), when the guest has one.
     pub image: Option<[u8; crate::wire::IMAGE_ID_LEN]>,
+    /// When pages go compressed on the stream (every data channel and
+    /// post-copy's answers): by default `auto`, when the link is the
+    /// bottleneck and pages compress (see [`Compression`]).
+    pub compression: Compression,
 }
 
 impl Default for SourceConfig {
@@ -78,6 +82,7 @@ impl Default for SourceConfig {
             recovery: super::super::postcopy::control::Recovery::default(),
             link_probe: false,
             image: None,
+            compression: Compression::Auto,
         }
     }
 }

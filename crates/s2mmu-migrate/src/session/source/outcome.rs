@@ -183,6 +183,12 @@ pub struct SourceOutcome {
     /// With `SourceConfig::auto_channels`: each candidate count's probe and the count
     /// chosen (which [`SourceOutcome::channels`] also says).
     pub channel_choice: Option<super::channel_choice::ChannelChoice>,
+    /// The compression setting the run used ([`super::SourceConfig::compression`]).
+    pub compression: crate::wire::Compression,
+    /// What compression did: pages sent compressed, their bytes raw and
+    /// on the wire (every channel, post-copy's answers included; the
+    /// verification pass not included).
+    pub compressed: crate::wire::CompressStats,
 }
 
 impl SourceOutcome {

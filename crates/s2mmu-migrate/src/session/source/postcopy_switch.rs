@@ -190,6 +190,12 @@ fn outcome<G: SourceGuest>(
         }),
         send_stages: x.s.stages(),
         channel_choice: None,
+        compression: x.cfg.compression,
+        compressed: {
+            let mut c = x.s.compression();
+            c.add(&done.compression);
+            c
+        },
     }
 }
 

@@ -133,6 +133,7 @@ impl<'a> Precopy<'a> {
         let page = PAGE_SIZE as u64;
         let t0 = Instant::now();
         let (p0, b0, z0) = s.counts();
+        let c0 = s.compression();
         let mut e = Enc::default();
         let start = round == 0 && self.cfg.postcopy == Postcopy::Start;
         e.u32(round).u64(if start {
@@ -167,7 +168,7 @@ impl<'a> Precopy<'a> {
         self.last_writes = w;
         let dirty_rate = dirty as f64 * page as f64 / dt;
         let bandwidth = self.send_bytes as f64 / self.send_time.as_secs_f64().max(1e-9);
-        let remaining = dirty * PAGE_RECORD_BYTES;
+        let remaining = dirty * record_bytes(pages - (z1 - z0), &s.compression().since(&c0));
         let est = Duration::from_secs_f64(remaining as f64 / bandwidth.max(1.0));
         let stat = RoundStat {
             round,
@@ -336,5 +337,41 @@ mod tests {
         assert!(!converging(MS(2000), MS(150), 60, 100));
         // Nothing sent: nothing to judge by.
         assert!(!converging(MS(600), MS(150), 10, 0));
+    }
+}
+
+/// Bytes a dirty page is expected to take on the wire: a whole record,
+/// less what compression saved per data page in a round of `data_pages`
+/// (zero pages not counted: a page dirtied again is seldom zero).
+fn record_bytes(data_pages: u64, c: &crate::wire::CompressStats) -> u64 {
+    match data_pages {
+        0 => PAGE_RECORD_BYTES,
+        n => PAGE_RECORD_BYTES - (c.saved() / n).min(PAGE_SIZE as u64),
+    }
+}
+
+#[cfg(test)]
+mod record_bytes_tests {
+    use super::*;
+    use crate::wire::CompressStats;
+
+    #[test]
+    fn compression_lowers_the_expected_bytes_of_a_page() {
+        assert_eq!(
+            record_bytes(0, &CompressStats::default()),
+            PAGE_RECORD_BYTES
+        );
+        assert_eq!(
+            record_bytes(10, &CompressStats::default()),
+            PAGE_RECORD_BYTES
+        );
+        let half = CompressStats {
+            pages: 10,
+            raw_bytes: 10 * 4096,
+            wire_bytes: 10 * 2048,
+            ..Default::default()
+        };
+        assert_eq!(record_bytes(20, &half), PAGE_RECORD_BYTES - 1024);
+        assert_eq!(record_bytes(10, &half), 16 + 2048);
     }
 }

@@ -11,7 +11,7 @@ use crate::stages::{ReadTiming, SendStages, StageClock, StageObserver};
 use crate::stream_error::MigrateError;
 use crate::transport::{BoxConn, Connection};
 use crate::vm::SessionVm;
-use crate::wire::{channel_of, tag, Batch, Dec, Record, WireWriter, PAGE_SIZE};
+use crate::wire::{channel_of, tag, Batch, CompressStats, Dec, Record, WireWriter, PAGE_SIZE};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,11 +44,10 @@ impl Chan {
             return Ok(());
         }
         obs.inner_begin();
-        bucket
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(self.batch.wire_bytes());
-        let r = self.wire.sealed_batch(&mut self.batch);
+        // The limit counts the bytes on the wire, after compression.
+        let r = self.wire.sealed_batch_paced(&mut self.batch, &mut |bytes| {
+            bucket.lock().unwrap_or_else(|p| p.into_inner()).take(bytes)
+        });
         obs.inner_end();
         r
     }
@@ -170,6 +169,15 @@ impl<'a, V: SessionVm> Sender<'a, V> {
         self.chans.iter().fold((0, 0, 0), |(p, b, z), c| {
             (p + c.wire.pages, b + c.wire.pos, z + c.wire.zero_pages)
         })
+    }
+
+    /// What compression did so far on all channels.
+    pub(super) fn compression(&self) -> CompressStats {
+        let mut s = CompressStats::default();
+        for c in &self.chans {
+            s.add(&c.wire.compression_stats());
+        }
+        s
     }
 
     /// The link figure: `total` bytes of filler over all channels at once

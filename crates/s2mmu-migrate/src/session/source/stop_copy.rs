@@ -61,6 +61,7 @@ pub(super) fn run<G: SourceGuest>(
     // Verification against the frozen source memory: the byte-for-byte
     // pass first (the destination waits for it under its I/O deadline),
     // then the digests.
+    let compressed = x.s.compression();
     if cfg.verify_full {
         verify_full(x.s)?;
     }
@@ -96,6 +97,8 @@ pub(super) fn run<G: SourceGuest>(
         postcopy: None,
         send_stages: x.s.stages(),
         channel_choice: None,
+        compression: cfg.compression,
+        compressed,
     })
 }
 

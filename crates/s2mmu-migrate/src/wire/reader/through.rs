@@ -54,4 +54,49 @@ impl<R: Read> WireReader<R> {
         }
         Ok(())
     }
+
+    /// The data of a record with compressed pages, page by page: each
+    /// page (its bytes read, decompressed when compressed) lands in the
+    /// reader's page buffer, is hashed there (over any connection: a
+    /// corrupt compressed page fails as a raw one does) and only then is
+    /// copied into place with streaming stores. A page that fails leaves
+    /// its place as it was. `obs` is told where each page's read begins
+    /// and ends (the decompression inside it).
+    pub(super) fn read_mixed(
+        &mut self,
+        pages: &mut [&mut [u8]],
+        at_byte: u64,
+        obs: &mut impl StageObserver<RecvStages>,
+    ) -> Result<(), MigrateError> {
+        let mut bounce = std::mem::take(&mut self.bounce);
+        bounce.resize(PAGE_SIZE, 0);
+        let mut r = Ok(());
+        for page in pages.iter_mut() {
+            let e = self
+                .entries
+                .iter()
+                .skip(self.cursor)
+                .find(|e| !e.zero)
+                .copied();
+            obs.inner_begin();
+            let got = self.read_page(&mut bounce);
+            obs.inner_end();
+            if let Err(err) = got {
+                r = Err(err);
+                break;
+            }
+            let Some(e) = e else { break };
+            if page_hash(&bounce, e.gpa) != e.hash {
+                r = Err(MigrateError::PageChecksum {
+                    gpa: e.gpa,
+                    at_byte,
+                });
+                break;
+            }
+            copy_streaming(page, &bounce);
+        }
+        fence_streaming();
+        self.bounce = bounce;
+        r
+    }
 }
