@@ -160,7 +160,8 @@ pub fn json(cells: &[CellRuns], settings: Value, ours: &str) -> Value {
 pub fn ours_settings(spec: &super::Spec) -> String {
     format!(
         "--compress {} (page compression, LZ4; `auto`, the default of `s2mmu migrate`, \
-         compresses while the link is the bottleneck and pages compress), --dirty {}, \
+         compresses while the link is the bottleneck and pages compress, and is off where the \
+         destination is on this host, as in the loopback cells), --dirty {}, \
          --max-downtime 300ms",
         spec.ours_compress, spec.ours_dirty
     )

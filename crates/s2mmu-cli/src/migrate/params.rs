@@ -115,7 +115,7 @@ pub struct Params {
     /// Link limit in bytes per second (K/M/G suffixes; 0: none; at most 1T).
     #[arg(long, default_value = "0", value_parser = limits::size_in(0..=MAX_RATE))]
     pub bandwidth: u64,
-    /// Page compression (LZ4) on the stream: auto (when the link is the bottleneck and recent pages compressed well), lz4 (every page that compresses), off.
+    /// Page compression (LZ4) on the stream: auto (when the link is the bottleneck and recent pages compressed well; off when the destination is on this host: in this process, a loopback address or a Unix socket), lz4 (every page that compresses), off.
     #[arg(long, default_value = "auto", value_name = "WHEN", value_parser = parse_compress)]
     pub compress: Compression,
     /// Convergence help when the guest dirties faster than the link drains.
@@ -420,11 +420,25 @@ impl Params {
                 || self.wire_bench.is_some()
                 || self.channel_list().len() > 1,
             image: None,
-            compression: self.compress,
+            compression: self.compression(),
         };
         let mut session = session;
         set_channels(&mut session, self.channel_list()[0], self.uses_tls());
         Ok(SimRun { guest, session })
+    }
+
+    /// The source's compression: `--compress`, where `auto` is off when
+    /// the destination is on this host (this process, a loopback address
+    /// or a Unix socket). Such a migration has no link to save bytes on:
+    /// its source and destination share the host's CPUs, so compressing
+    /// only moves work from the socket's copy to LZ4 on both sides, and
+    /// takes CPU time from the guest.
+    fn compression(&self) -> Compression {
+        match (self.compress, self.to.as_deref()) {
+            (Compression::Auto, None) => Compression::Off,
+            (Compression::Auto, Some(to)) if destination_is_local(to) => Compression::Off,
+            (c, _) => c,
+        }
     }
 
     /// When the session switches to post-copy (`--postcopy`).
@@ -568,4 +582,36 @@ pub(super) fn host_of(addr: &str) -> String {
     }
     let h = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
     h.trim_start_matches('[').trim_end_matches(']').to_string()
+}
+
+/// Whether `--to ADDR` names this host: a Unix socket, or a host that
+/// resolves only to loopback addresses (a name that does not resolve is
+/// not taken to be local: the connection reports that error itself).
+fn destination_is_local(to: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    if to.starts_with("unix:") {
+        return true;
+    }
+    match to.to_socket_addrs() {
+        Ok(addrs) => {
+            let addrs: Vec<_> = addrs.collect();
+            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
+        }
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod compression_tests {
+    use super::destination_is_local;
+
+    #[test]
+    fn loopback_and_unix_destinations_are_local_others_are_not() {
+        assert!(destination_is_local("127.0.0.1:4444"));
+        assert!(destination_is_local("[::1]:4444"));
+        assert!(destination_is_local("unix:/tmp/s2mmu.sock"));
+        assert!(!destination_is_local("10.77.0.2:4444"));
+        assert!(!destination_is_local("192.0.2.1:4444"));
+        assert!(!destination_is_local("not an address"));
+    }
 }
