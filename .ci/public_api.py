@@ -132,7 +132,15 @@ def impls(idx, ids, path, out):
         neg = "!" if inner["is_negative"] else ""
         if inner["trait"] is not None:
             unsafe = "unsafe " if inner["is_unsafe"] else ""
-            out.add(f"{unsafe}{head}{neg}{path_ty(inner['trait'])} for {ty(inner['for'])}{where(inner['generics'])}")
+            # An auto trait's impl that rustdoc inferred (Send, Sync, ...)
+            # is listed without its bounds: nightlies spell the bounds they
+            # infer differently (2026-10-29's writes `&'a F: Send` where
+            # earlier ones wrote `F: Send`), so the bounds would make the
+            # listing follow the toolchain instead of the API. Whether the
+            # impl exists is still listed, and the fields and generics the
+            # bounds follow from are listed with their types.
+            bounds = "" if inner.get("is_synthetic") else where(inner["generics"])
+            out.add(f"{unsafe}{head}{neg}{path_ty(inner['trait'])} for {ty(inner['for'])}{bounds}")
             continue
         for j in inner["items"]:
             mi = item(idx, j)
