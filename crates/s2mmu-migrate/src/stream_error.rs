@@ -191,10 +191,8 @@ impl fmt::Display for MigrateError {
             ),
             BadState { why } => write!(f, "the vCPU state does not fit the guest: {why}"),
             Auth { why } => write!(f, "authentication failed: {why}"),
-            Truncated { at_byte, inside } => {
-                write!(f, "truncated stream at byte {at_byte} (inside {inside})")
-            }
-            BadMagic { .. }
+            Truncated { .. }
+            | BadMagic { .. }
             | Version { .. }
             | FormatMismatch { .. }
             | ShapeMismatch { .. }
@@ -278,6 +276,9 @@ fn missing_text(missing_pages: Option<u64>) -> String {
 fn fmt_stream_damage(e: &MigrateError, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     use MigrateError::*;
     match e {
+            Truncated { at_byte, inside } => {
+                write!(f, "truncated stream at byte {at_byte} (inside {inside})")
+            }
             BadMagic { found } => write!(
                 f,
                 "not an s2mmu migration stream: magic {:?}",

@@ -7,9 +7,8 @@
 
 mod migrate_common;
 
-use migrate_common::reply_tags;
+use migrate_common::{header, opening, reply, reply_tags};
 
-use s2mmu::format::arm64::Arm64Stage2;
 use s2mmu::mmu::MmuPolicy;
 use s2mmu_migrate::session::dest::{DestOutcome, Limits};
 use s2mmu_migrate::session::source::SourceOutcome;
@@ -348,37 +347,6 @@ fn a_silent_source_times_out_on_the_destination() {
             Err(MigrateError::Timeout { .. }) => {}
             other => panic!("expected a timeout, got {other:?}"),
         }
-    }
-}
-
-fn opening(h: &Header) -> Vec<u8> {
-    let w = WireWriter::new(Vec::new(), h).unwrap();
-    w.into_inner()
-}
-
-fn header(mem: u64) -> Header {
-    Header {
-        mem_size: mem,
-        slots: 1,
-        gpa_base: 1 << 32,
-        vcpus: 2,
-        channels: 1,
-        backing: "anonymous".into(),
-        verify_full: false,
-        postcopy: false,
-        format: s2mmu::format::FormatId::of::<Arm64Stage2>(),
-        image: None,
-    }
-}
-
-/// The destination's next reply on `s`, its tag and body.
-fn reply(s: &mut TcpStream) -> (u8, Vec<u8>) {
-    match WireReader::replies(s).next_record().unwrap() {
-        s2mmu_migrate::wire::Record::Control { tag, body, .. } => (tag, body),
-        other => panic!(
-            "expected a reply, got {}",
-            s2mmu_migrate::wire::record_name(&other)
-        ),
     }
 }
 

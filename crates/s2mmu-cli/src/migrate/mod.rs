@@ -24,6 +24,7 @@ pub mod postcopy_report;
 pub mod wire_bench;
 
 mod drivers;
+mod local_peer;
 mod params;
 mod report_text;
 

@@ -2,7 +2,6 @@
 //! records and probes, every length checked before it is read.
 
 use super::codec::Dec;
-use super::compress::{decompress_page, MAX_COMPRESSED};
 use super::header::{Header, Opening};
 use super::limits::{
     max_body, tag, tag_name, ENTRY_LZ4, ENTRY_ZERO, MAGIC, MAX_BATCH, PAGE_SIZE, SESSION_LEN,
@@ -12,68 +11,17 @@ use crate::hash::checksum;
 use crate::stages::{RecvStages, StageObserver};
 use crate::stream_error::MigrateError;
 use std::io::{IoSliceMut, Read};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+mod one_page;
+mod pace;
 mod through;
 
-/// The slowest a peer may send a record once its first byte came: below
-/// it the record's deadline passes. A real peer sends hundreds of MiB/s;
-/// one that drips bytes to hold the other side is cut off.
-pub const MIN_RATE: u64 = 256 << 10;
+pub use pace::MIN_RATE;
+use pace::{fill_from, Pace};
 
 /// The grace of a reader not told its peer's I/O timeout.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
-
-/// A record's overall deadline: once its first byte came, the time spent
-/// waiting for the rest may not exceed `grace` plus the bytes received at
-/// [`MIN_RATE`] (a minimum rate, not a deadline per read). The wait for a
-/// record's first byte is the socket's own I/O timeout (an idle peer).
-#[derive(Clone, Copy, Debug)]
-struct Pace {
-    grace: Duration,
-    waited: Duration,
-    bytes: u64,
-    started: bool,
-}
-
-impl Pace {
-    fn new(grace: Duration) -> Self {
-        Pace {
-            grace,
-            waited: Duration::ZERO,
-            bytes: 0,
-            started: false,
-        }
-    }
-
-    /// One read of the record, timed.
-    fn read<R: Read>(
-        &mut self,
-        r: &mut R,
-        f: impl FnOnce(&mut R) -> std::io::Result<usize>,
-    ) -> std::io::Result<usize> {
-        let t = Instant::now();
-        let n = f(r)?;
-        if self.started {
-            self.waited += t.elapsed();
-        }
-        self.started |= n > 0;
-        self.bytes += n as u64;
-        let allowed = self.grace + Duration::from_secs_f64(self.bytes as f64 / MIN_RATE as f64);
-        if self.waited > allowed {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "the peer sent {} bytes of a record in {:?}, slower than {} KiB/s",
-                    self.bytes,
-                    self.waited,
-                    MIN_RATE >> 10
-                ),
-            ));
-        }
-        Ok(n)
-    }
-}
 
 /// One page of a PAGES record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,74 +229,6 @@ impl<R: Read> WireReader<R> {
     /// The entries of the last PAGES record.
     pub fn entries(&self) -> &[Entry] {
         &self.entries
-    }
-
-    /// Reads the next page's data of the last PAGES record into `dst`
-    /// (one page), decompressing a compressed one; the caller checks its
-    /// hash.
-    ///
-    /// # Errors
-    /// [`MigrateError::Truncated`], [`MigrateError::Io`],
-    /// [`MigrateError::Timeout`]; [`MigrateError::BadCompressedPage`]
-    /// for a compressed page whose length is out of bounds (refused
-    /// before it is read) or whose bytes do not decode to exactly a page
-    /// (`dst` may then hold part of it); [`MigrateError::Setup`] when
-    /// `dst` is not a page or every page of the record was read.
-    pub fn read_page(&mut self, dst: &mut [u8]) -> Result<(), MigrateError> {
-        let e = self.next_data_entry()?;
-        if dst.len() != PAGE_SIZE {
-            return Err(MigrateError::Setup(format!(
-                "a buffer of {} bytes for a page of {PAGE_SIZE}",
-                dst.len()
-            )));
-        }
-        if e.compressed {
-            self.read_compressed(e.gpa, dst)
-        } else {
-            self.fill(dst, "a PAGES record's data")
-        }
-    }
-
-    /// The next entry of the last PAGES record that carries data.
-    fn next_data_entry(&mut self) -> Result<Entry, MigrateError> {
-        while let Some(e) = self.entries.get(self.cursor) {
-            self.cursor += 1;
-            if !e.zero {
-                return Ok(*e);
-            }
-        }
-        Err(MigrateError::Setup(
-            "a page read past the last data page of a PAGES record".into(),
-        ))
-    }
-
-    /// A compressed page's length and bytes, decompressed into `dst`.
-    fn read_compressed(&mut self, gpa: u64, dst: &mut [u8]) -> Result<(), MigrateError> {
-        let at_byte = self.record_at;
-        let mut l = [0u8; 2];
-        self.fill(&mut l, "a compressed page's length")?;
-        let len = usize::from(u16::from_le_bytes(l));
-        if len == 0 || len > MAX_COMPRESSED {
-            return Err(MigrateError::BadCompressedPage {
-                gpa,
-                at_byte,
-                why: format!("a length of {len} bytes (1 to {MAX_COMPRESSED})"),
-            });
-        }
-        let mut buf = std::mem::take(&mut self.lz4);
-        if buf.len() < MAX_COMPRESSED {
-            buf = vec![0u8; MAX_COMPRESSED];
-        }
-        let r = self.fill(&mut buf[..len], "a compressed page");
-        let r = r.and_then(|()| {
-            decompress_page(&buf[..len], dst).map_err(|why| MigrateError::BadCompressedPage {
-                gpa,
-                at_byte,
-                why,
-            })
-        });
-        self.lz4 = buf;
-        r
     }
 
     /// Reads the data of several pages at once into `bufs` (one page
@@ -643,32 +523,4 @@ pub fn record_name(r: &Record) -> String {
         Record::Control { tag, .. } => tag_name(*tag).to_string(),
         Record::Probe { .. } => "PROBE".into(),
     }
-}
-
-fn fill_from<R: Read>(
-    r: &mut R,
-    pace: &mut Pace,
-    pos: &mut u64,
-    buf: &mut [u8],
-    inside: &'static str,
-) -> Result<(), MigrateError> {
-    let mut got = 0;
-    while got < buf.len() {
-        match pace.read(r, |r| r.read(&mut buf[got..])) {
-            Ok(0) => {
-                return Err(MigrateError::Truncated {
-                    at_byte: *pos + got as u64,
-                    inside,
-                })
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                *pos += got as u64;
-                return Err(MigrateError::io("receiving the migration stream", &e));
-            }
-        }
-    }
-    *pos += got as u64;
-    Ok(())
 }

@@ -62,3 +62,37 @@ pub fn dest_cfg() -> SimDestConfig {
     c.dest.prefault = false;
     c
 }
+
+/// A stream's opening with the HEADER `h`, as a source writes it.
+pub fn opening(h: &s2mmu_migrate::wire::Header) -> Vec<u8> {
+    let w = s2mmu_migrate::wire::WireWriter::new(Vec::new(), h).unwrap();
+    w.into_inner()
+}
+
+/// A HEADER for a guest of `mem` bytes in one slot at 4 GiB, 2 vCPUs,
+/// one channel.
+pub fn header(mem: u64) -> s2mmu_migrate::wire::Header {
+    s2mmu_migrate::wire::Header {
+        mem_size: mem,
+        slots: 1,
+        gpa_base: 1 << 32,
+        vcpus: 2,
+        channels: 1,
+        backing: "anonymous".into(),
+        verify_full: false,
+        postcopy: false,
+        format: s2mmu::format::FormatId::of::<s2mmu::format::arm64::Arm64Stage2>(),
+        image: None,
+    }
+}
+
+/// The destination's next reply on `s`, its tag and body.
+pub fn reply(s: &mut std::net::TcpStream) -> (u8, Vec<u8>) {
+    match WireReader::replies(s).next_record().unwrap() {
+        s2mmu_migrate::wire::Record::Control { tag, body, .. } => (tag, body),
+        other => panic!(
+            "expected a reply, got {}",
+            s2mmu_migrate::wire::record_name(&other)
+        ),
+    }
+}

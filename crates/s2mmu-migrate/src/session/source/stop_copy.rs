@@ -42,14 +42,8 @@ pub(super) fn run<G: SourceGuest>(
     };
     let digests = read_resumed(&mut x);
     let resumed_at = Instant::now();
-    let dest_digests = match digests {
-        Ok(d) => d,
-        Err(e) => {
-            // Not resumed there: the guest goes on here.
-            x.guest.resume();
-            return Err(e);
-        }
-    };
+    // Not resumed there: the guest goes on here.
+    let dest_digests = digests.inspect_err(|_| x.guest.resume())?;
     let downtime = resumed_at - pause_at;
     let cfg = x.cfg;
     say_resumed(cfg, downtime);

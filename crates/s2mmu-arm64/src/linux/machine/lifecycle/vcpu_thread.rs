@@ -13,6 +13,7 @@ use crate::linux::shared::{Shared, StopReason, HCR_LINUX};
 use crate::linux::timer::CNTHCTL_LINUX;
 use crate::linux::vcpu::{self, Next, CURRENT};
 use crate::linux::vcpu_state::{VcpuState, ACT_SAVE, CMD_STATE};
+use crate::machine::Mailbox;
 use crate::Result;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -200,20 +201,13 @@ fn next_start(sh: &Shared, ctl: &Ctl, id: usize) -> Option<Start> {
     }
 }
 
-/// Runs one start of the vCPU: `Some(state)` if it stopped for a pause,
-/// `None` if it turned off or the VM stopped.
-fn run_one(
-    sh: &Shared,
-    ctl: &Ctl,
-    id: usize,
-    vcpu: &mut dyn PlacedVcpu,
-    start: Start,
-) -> Result<Option<VcpuState>> {
-    let mbox = sh.vm.machine().mailbox(id);
-    let mut last = mbox.read(mb::EXIT_SEQ);
+/// Posts the start's command to the vCPU's mailbox: Linux's entry for a
+/// boot, the saved state for a restore. Returns the command's sequence
+/// and whether the vCPU's CPU is to be kicked.
+fn post_start(sh: &Shared, mbox: &Mailbox<'_>, start: Start) -> (u64, bool) {
     let (vtcr, vttbr) = sh.vm.stage2_regs();
     let voff = sh.devices.timer.cntvoff();
-    let (run, kick) = match start {
+    match start {
         Start::Boot(entry, x0, kick) => {
             let args = [
                 vtcr,
@@ -231,11 +225,25 @@ fn run_one(
             (mbox.post(layout::CMD_LINUX, &args), kick)
         }
         Start::State(s, kick) => {
-            s.write(&mbox);
+            s.write(mbox);
             let args = [vtcr, vttbr, HCR_LINUX, 1, voff, CNTHCTL_LINUX];
             (mbox.post(CMD_STATE, &args), kick)
         }
-    };
+    }
+}
+
+/// Runs one start of the vCPU: `Some(state)` if it stopped for a pause,
+/// `None` if it turned off or the VM stopped.
+fn run_one(
+    sh: &Shared,
+    ctl: &Ctl,
+    id: usize,
+    vcpu: &mut dyn PlacedVcpu,
+    start: Start,
+) -> Result<Option<VcpuState>> {
+    let mbox = sh.vm.machine().mailbox(id);
+    let mut last = mbox.read(mb::EXIT_SEQ);
+    let (run, kick) = post_start(sh, &mbox, start);
     if kick {
         // A kick that fails (QEMU gone) is found by the exit wait below.
         let _ = sh.vm.kick_all(&[id]);

@@ -1,0 +1,92 @@
+//! A record's read under its deadline: the minimum rate a peer must keep
+//! once a record's first byte came, and the paced fill of a buffer.
+
+use crate::stream_error::MigrateError;
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+/// The slowest a peer may send a record once its first byte came: below
+/// it the record's deadline passes. A real peer sends hundreds of MiB/s;
+/// one that drips bytes to hold the other side is cut off.
+pub const MIN_RATE: u64 = 256 << 10;
+
+/// A record's overall deadline: once its first byte came, the time spent
+/// waiting for the rest may not exceed `grace` plus the bytes received at
+/// [`MIN_RATE`] (a minimum rate, not a deadline per read). The wait for a
+/// record's first byte is the socket's own I/O timeout (an idle peer).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pace {
+    pub(super) grace: Duration,
+    waited: Duration,
+    bytes: u64,
+    started: bool,
+}
+
+impl Pace {
+    pub(super) fn new(grace: Duration) -> Self {
+        Pace {
+            grace,
+            waited: Duration::ZERO,
+            bytes: 0,
+            started: false,
+        }
+    }
+
+    /// One read of the record, timed.
+    pub(super) fn read<R: Read>(
+        &mut self,
+        r: &mut R,
+        f: impl FnOnce(&mut R) -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        let t = Instant::now();
+        let n = f(r)?;
+        if self.started {
+            self.waited += t.elapsed();
+        }
+        self.started |= n > 0;
+        self.bytes += n as u64;
+        let allowed = self.grace + Duration::from_secs_f64(self.bytes as f64 / MIN_RATE as f64);
+        if self.waited > allowed {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the peer sent {} bytes of a record in {:?}, slower than {} KiB/s",
+                    self.bytes,
+                    self.waited,
+                    MIN_RATE >> 10
+                ),
+            ));
+        }
+        Ok(n)
+    }
+}
+
+/// Reads `buf` in full from `r`, paced, advancing `pos` by what was read
+/// (also when it fails part-way).
+pub(super) fn fill_from<R: Read>(
+    r: &mut R,
+    pace: &mut Pace,
+    pos: &mut u64,
+    buf: &mut [u8],
+    inside: &'static str,
+) -> Result<(), MigrateError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match pace.read(r, |r| r.read(&mut buf[got..])) {
+            Ok(0) => {
+                return Err(MigrateError::Truncated {
+                    at_byte: *pos + got as u64,
+                    inside,
+                })
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                *pos += got as u64;
+                return Err(MigrateError::io("receiving the migration stream", &e));
+            }
+        }
+    }
+    *pos += got as u64;
+    Ok(())
+}
