@@ -21,6 +21,7 @@ use s2mmu_migrate::session::source::{run_source, SourceConfig, SourceOutcome};
 use s2mmu_migrate::stream_error::MigrateError;
 use s2mmu_migrate::transport::{self, NetConfig};
 use s2mmu_migrate::vm::SessionVm;
+use s2mmu_migrate::wire::Compression;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -79,6 +80,9 @@ fn migrate(converge: Converge) -> Run {
         converge,
         max_rounds: MAX_ROUNDS,
         max_downtime: MAX_DOWNTIME,
+        // The writer's pages compress; the test needs a link the writer
+        // outruns, so every page goes raw and the limit paces raw bytes.
+        compression: Compression::Off,
         ..SourceConfig::default()
     };
     let n = net();
