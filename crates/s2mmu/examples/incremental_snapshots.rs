@@ -70,9 +70,15 @@ impl Ram {
 
 /// The guest: writes a counter into pseudo-random words, a batch of 100 per
 /// hold of `run` (the VMM pauses it by taking `run`) and a batch about
-/// every millisecond; a write to a page the stage-2 table does not let it
-/// write is a fault.
-fn guest(mmu: &Vm, ram: &Ram, run: &Mutex<()>, stop: &AtomicBool) -> Result<u64, Error> {
+/// every millisecond, counting its batches in `batches`; a write to a page
+/// the stage-2 table does not let it write is a fault.
+fn guest(
+    mmu: &Vm,
+    ram: &Ram,
+    run: &Mutex<()>,
+    stop: &AtomicBool,
+    batches: &AtomicU64,
+) -> Result<u64, Error> {
     let mut vcpu = mmu.new_vcpu()?;
     let reader = mmu.reader();
     let (mut x, mut n, mut faults) = (0x2545_f491_4f6c_dd1d_u64, 0u64, 0);
@@ -100,8 +106,25 @@ fn guest(mmu: &Vm, ram: &Ram, run: &Mutex<()>, stop: &AtomicBool) -> Result<u64,
                 }
             }
         }
+        batches.fetch_add(1, Ordering::Release);
     }
     Ok(faults)
+}
+
+/// Waits until the guest has written a batch after `seen` batches, so that
+/// every increment has pages however long a loaded host leaves the guest
+/// thread unscheduled; a guest that writes nothing for 30 s is an error.
+fn await_guest_batch(batches: &AtomicU64, seen: u64) -> Result<(), Error> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if batches.load(Ordering::Acquire) > seen {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err("the guest thread wrote nothing for 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Takes `view`'s dirty pages (GET, then CLEAR) and returns them.
@@ -148,6 +171,47 @@ fn apply_snapshot(path: &Path, ram: &Ram) -> Result<(), Error> {
     Ok(())
 }
 
+/// What the VMM shares with the running guest thread.
+struct Guest<'a> {
+    ram: &'a Ram,
+    run: &'a Mutex<()>,
+    batches: &'a AtomicU64,
+}
+
+/// Snapshots taken: per snapshot its file, its page count and the RAM's
+/// hash; and the working set's page counts.
+type Taken = (Vec<(PathBuf, usize, u64)>, Vec<usize>);
+
+/// Takes [`SNAPSHOTS`] snapshots of the running guest through the view
+/// `snapshots`, one every 20 ms, and the working set through the view
+/// `working_set` every third one.
+fn take_snapshots(
+    mmu: &Vm,
+    guest: &Guest,
+    dir: &Path,
+    [snapshots, working_set]: [DirtyView; 2],
+) -> Result<Taken, Error> {
+    let (mut taken, mut working_sets) = (Vec::new(), Vec::new());
+    let mut seen = 0;
+    for k in 0..SNAPSHOTS {
+        std::thread::sleep(Duration::from_millis(20));
+        // Every snapshot after the first must hold some pages: the guest
+        // has written since the last one was taken.
+        await_guest_batch(guest.batches, seen)?;
+        let paused = guest.run.lock().unwrap();
+        seen = guest.batches.load(Ordering::Acquire);
+        let pages = take(mmu, snapshots)?;
+        let path = dir.join(format!("snapshot-{k}.bin"));
+        write_snapshot(&path, guest.ram, &pages)?;
+        taken.push((path, pages.len(), guest.ram.hash()));
+        if k % 3 == 2 {
+            working_sets.push(take(mmu, working_set)?.len());
+        }
+        drop(paused);
+    }
+    Ok((taken, working_sets))
+}
+
 fn main() -> ExitCode {
     let dir = std::env::temp_dir().join(format!("s2mmu-snapshots-{}", std::process::id()));
     let result = std::fs::create_dir_all(&dir)
@@ -191,25 +255,21 @@ fn run(dir: &Path) -> Result<(), Error> {
     let snapshots = mmu.open_dirty_view(0)?;
     let working_set = mmu.open_dirty_view(0)?;
     take(&mmu, working_set)?; // starts all dirty: not a measurement
-    let (run, stop) = (Mutex::new(()), AtomicBool::new(false));
-    let mut taken: Vec<(PathBuf, usize, u64)> = Vec::new();
-    let mut working_sets = Vec::new();
-    let faults = std::thread::scope(|s| -> Result<u64, Error> {
-        let g = s.spawn(|| guest(&mmu, &ram, &run, &stop).map_err(|e| e.to_string()));
-        for k in 0..SNAPSHOTS {
-            std::thread::sleep(Duration::from_millis(20));
-            let paused = run.lock().unwrap();
-            let pages = take(&mmu, snapshots)?;
-            let path = dir.join(format!("snapshot-{k}.bin"));
-            write_snapshot(&path, &ram, &pages)?;
-            taken.push((path, pages.len(), ram.hash()));
-            if k % 3 == 2 {
-                working_sets.push(take(&mmu, working_set)?.len());
-            }
-            drop(paused);
-        }
+    let run = Mutex::new(());
+    let (stop, batches) = (AtomicBool::new(false), AtomicU64::new(0));
+    let ((taken, working_sets), faults) = std::thread::scope(|s| -> Result<_, Error> {
+        let g = s.spawn(|| guest(&mmu, &ram, &run, &stop, &batches).map_err(|e| e.to_string()));
+        let guest = Guest {
+            ram: &ram,
+            run: &run,
+            batches: &batches,
+        };
+        let snapshotting = take_snapshots(&mmu, &guest, dir, [snapshots, working_set]);
+        // The guest stops whether or not every snapshot was taken, so that
+        // an error ends the run instead of leaving the guest thread going.
         stop.store(true, Ordering::Relaxed);
-        Ok(g.join().expect("guest thread")?)
+        let faults = g.join().expect("guest thread")?;
+        Ok((snapshotting?, faults))
     })?;
     let sizes: Vec<usize> = taken.iter().map(|t| t.1).collect();
     println!(
