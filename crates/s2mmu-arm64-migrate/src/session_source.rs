@@ -52,6 +52,9 @@ pub struct LinuxSessionVm {
     tracking: AtomicBool,
     /// The service CPU is parked for [`LOGGING_PARK`].
     service_parked: AtomicBool,
+    /// The RAM slot is a post-copy slot at EL2 already (made so at the
+    /// SYNC that announced the switch, `SessionVm::prepare_postcopy`).
+    postcopy_armed: AtomicBool,
 }
 
 fn vmerr(e: impl std::fmt::Display) -> VmError {
@@ -83,6 +86,7 @@ impl LinuxSessionVm {
             hardware,
             tracking: AtomicBool::new(false),
             service_parked: AtomicBool::new(false),
+            postcopy_armed: AtomicBool::new(false),
         }
     }
 
@@ -104,6 +108,23 @@ impl LinuxSessionVm {
         self.log.disable(vm::RAM_SLOT).map_err(vmerr)?;
         self.logging.store(false, Ordering::SeqCst);
         Ok(bm)
+    }
+
+    /// Makes the RAM slot a post-copy slot at EL2 (logging if the log is
+    /// on), once: it then maps no page until the host says it is here (its
+    /// first touch exits to the page-fetch hook, then `PAGE_READY`). Two
+    /// EL2 commands through the service CPU.
+    ///
+    /// # Errors
+    /// EL2's refusal.
+    fn arm_postcopy(&self, vm: &LinuxVm) -> Result<(), VmError> {
+        if self.postcopy_armed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        vm.el2_postcopy(self.logging.load(Ordering::SeqCst))
+            .map_err(vmerr)?;
+        self.postcopy_armed.store(true, Ordering::SeqCst);
+        Ok(())
     }
 
     /// The VM (its console, its exits, its shut-down).
@@ -244,13 +265,15 @@ impl SessionVm for LinuxSessionVm {
             .map_err(vmerr)
     }
 
+    fn prepare_postcopy(&self) -> Result<(), VmError> {
+        let vm = self.lock();
+        self.arm_postcopy(&vm)
+    }
+
     fn set_page_fetch(&self, fetch: Option<Arc<dyn PageFetch>>) -> Result<(), VmError> {
         let mut vm = self.lock();
         if fetch.is_some() {
-            // At EL2 the slot maps no page until the host says it is
-            // here (its first touch exits to the hook, then `PAGE_READY`).
-            vm.el2_postcopy(self.logging.load(Ordering::SeqCst))
-                .map_err(vmerr)?;
+            self.arm_postcopy(&vm)?;
             // Set before the resume, with the log just turned on: from
             // here every page the guest writes is in the log.
             self.tracking.store(true, Ordering::SeqCst);

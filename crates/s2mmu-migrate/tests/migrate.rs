@@ -337,6 +337,41 @@ fn damaged_streams_are_rejected_and_never_resumed() {
     });
 }
 
+/// SYNC's last byte names the ending that follows: the recorded
+/// stop-and-copy says 0; one that announces post-copy on a HEADER that
+/// did not allow it, or an ending that does not exist, is refused by
+/// name, with its checksum intact.
+#[test]
+fn a_sync_that_announces_another_ending_is_refused() {
+    use s2mmu_migrate::hash::checksum;
+    use s2mmu_migrate::wire::{SYNC_THEN_POSTCOPY, SYNC_THEN_STOP};
+    let good = recorded_stream();
+    let (sync_at, _) = *records(&good)
+        .iter()
+        .find(|(_, t)| *t == tag::SYNC)
+        .expect("the source sends SYNC before its pause");
+    let len = u32::from_le_bytes(good[sync_at + 1..sync_at + 5].try_into().unwrap()) as usize;
+    let body = sync_at + 5;
+    assert_eq!(
+        good[body + len - 1],
+        SYNC_THEN_STOP,
+        "stop-and-copy follows"
+    );
+    for (then, why) in [
+        (SYNC_THEN_POSTCOPY, "the HEADER did not allow"),
+        (7, "neither 0"),
+    ] {
+        let mut bad = good.clone();
+        bad[body + len - 1] = then;
+        let sum = checksum(&bad[body..body + len], u64::from(tag::SYNC));
+        bad[body + len..body + len + 8].copy_from_slice(&sum.to_le_bytes());
+        assert_rejected(
+            &bad,
+            |e| matches!(e, MigrateError::Malformed { record: "SYNC", why: w, .. } if w.contains(why)),
+        );
+    }
+}
+
 #[test]
 fn a_migration_that_cannot_converge_fails_cleanly() {
     // The guest dirties all of its memory every round and the link is too

@@ -152,10 +152,10 @@ fn postcopy_auto_switches_when_precopy_does_not_converge() {
     assert_eq!(s.rounds.len() as u32, after + 1);
 }
 
-/// A stream that may switch (`--postcopy auto`, so the destination turns
-/// its dirty log on at SYNC) but converges ends by stop-and-copy: the
-/// destination resumes from END, its log turned off again, and the
-/// memories agree.
+/// A stream that may switch (`--postcopy auto`) but converges ends by
+/// stop-and-copy: its SYNC announces the stop-and-copy (so the
+/// destination readies no post-copy resume), the destination resumes from
+/// END, and the memories agree.
 #[test]
 fn postcopy_auto_that_converges_ends_by_stop_and_copy() {
     let cfg = migrate_common::small(8 << 20).with(|g, s| {

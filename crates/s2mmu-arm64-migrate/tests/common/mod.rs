@@ -125,6 +125,9 @@ pub fn capped(
         )
     };
     s.session.bandwidth = CAPPED_LINK;
+    // The raw form: the dirtier's pages compress about tenfold, and a link
+    // that compression widens that much lets pre-copy converge unhelped.
+    s.session.compression = s2mmu_migrate::wire::Compression::Off;
     s.session.converge = converge;
     s.session.max_rounds = max_rounds;
     s

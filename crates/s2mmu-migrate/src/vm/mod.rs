@@ -183,6 +183,21 @@ pub trait SessionVm: Send + Sync + 'static {
     fn set_page_fetch(&self, _fetch: Option<std::sync::Arc<dyn PageFetch>>) -> Result<(), VmError> {
         Err(VmError::new("this VM does not support post-copy"))
     }
+
+    /// Readies a destination VM for a post-copy resume, with its dirty log
+    /// on already: what [`SessionVm::set_page_fetch`] would otherwise do
+    /// first (a VM whose engine runs elsewhere makes its memory a slot
+    /// that maps no page until the host has it). The session calls it at
+    /// SYNC, before SYNCED, when the source announced the switch, so that
+    /// it runs while the source's guest still runs rather than inside the
+    /// downtime; `set_page_fetch` then only sets the hook. Nothing by
+    /// default.
+    ///
+    /// # Errors
+    /// The engine's refusal (the source's guest goes on there).
+    fn prepare_postcopy(&self) -> Result<(), VmError> {
+        Ok(())
+    }
 }
 
 /// The guest's own counters, for the figures of a run.

@@ -5,7 +5,7 @@
 /// First bytes of every connection.
 pub const MAGIC: [u8; 8] = *b"S2MMIGR\0";
 /// The format version this build writes and reads.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Guest page size of the stream.
 pub const PAGE_SIZE: usize = 4096;
 /// The largest guest this build migrates (the destination keeps a hash
@@ -36,6 +36,13 @@ pub const PAGE_RECORD_BYTES: u64 = 16 + PAGE_SIZE as u64;
 pub fn channel_of(index: u64, channels: u16) -> u16 {
     ((index / STRIPE_PAGES) % u64::from(channels.max(1))) as u16
 }
+
+/// SYNC's last byte: the stop-and-copy follows (the last pages, STATE,
+/// END).
+pub const SYNC_THEN_STOP: u8 = 0;
+/// SYNC's last byte: the switch to post-copy follows (STATE, POSTCOPY);
+/// the destination readies its post-copy resume before SYNCED.
+pub const SYNC_THEN_POSTCOPY: u8 = 1;
 
 /// Record tags.
 pub mod tag {
@@ -110,7 +117,7 @@ pub(super) fn max_body(t: u8) -> Option<usize> {
         tag::ABORT | tag::REJECTED => 4096,
         tag::ACCEPT => SESSION_LEN,
         tag::PROBED => 8,
-        tag::SYNC => 8 * MAX_CHANNELS as usize,
+        tag::SYNC => 8 * MAX_CHANNELS as usize + 1,
         tag::RESUMED => 4 + 10 * MAX_SLOTS as usize,
         _ => return None,
     })

@@ -1,4 +1,4 @@
-//! The migration stream, format version 5. All integers little-endian.
+//! The migration stream, format version 6. All integers little-endian.
 //!
 //! ```text
 //! opening  "S2MMIGR\0" version:u16, then HEADER (the main connection) or
@@ -22,8 +22,12 @@
 //!          0x05 END     page_records:u64 bytes_before_end:u64 (per channel)
 //!          0x06 ABORT   reason (UTF-8)
 //!          0x0b SYNC    pages:u64 per channel (the page records sent on
-//!                       each so far) before the source pauses its guest:
-//!                       the destination answers once it has taken them all
+//!                       each so far) then:u8 (0: the stop-and-copy
+//!                       follows, 1: the switch to post-copy, which a
+//!                       HEADER without post-copy refuses) before the
+//!                       source pauses its guest: the destination answers
+//!                       once it has taken them all (and, for post-copy,
+//!                       readied its resume: the dirty log, the page fetch)
 //!          0x8c SYNCED  (empty)                          destination -> source
 //!          0x84 ACCEPT  session[16]                      destination -> source
 //!          0x85 PROBED  bytes:u64                        destination -> source
@@ -61,7 +65,8 @@
 //! opens, and keeps those that authenticated before ACCEPT for their JOIN
 //! (a JOIN read before ACCEPT names no session and is refused).
 //! Version 5 added compressed pages (version 4 had no bit 1) and the
-//! further connections opened before ACCEPT (described above). Whether a
+//! further connections opened before ACCEPT (described above); version 6
+//! added SYNC's last byte, the ending that follows. Whether a
 //! page is compressed is the source's choice, page by page
 //! ([`Compression`]); a destination reads both forms always.
 //!
@@ -100,7 +105,8 @@ pub use format::WireFormat;
 pub use header::{Header, Opening, IMAGE_ID_LEN};
 pub use limits::{
     channel_of, tag, tag_name, ENTRY_LZ4, ENTRY_ZERO, MAGIC, MAX_BATCH, MAX_CHANNELS, MAX_MEM,
-    MAX_SLOTS, MAX_VCPUS, PAGE_RECORD_BYTES, PAGE_SIZE, SESSION_LEN, STRIPE_PAGES, VERSION,
+    MAX_SLOTS, MAX_VCPUS, PAGE_RECORD_BYTES, PAGE_SIZE, SESSION_LEN, STRIPE_PAGES,
+    SYNC_THEN_POSTCOPY, SYNC_THEN_STOP, VERSION,
 };
 pub use reader::{record_name, Entry, Record, WireReader, DEFAULT_GRACE, MIN_RATE};
 pub use writer::{Batch, WireWriter};

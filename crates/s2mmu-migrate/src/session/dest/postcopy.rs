@@ -43,8 +43,9 @@ pub struct Resume<'a, R: Read + Write, G: DestGuest> {
     pub state: &'a G::State,
     /// POSTCOPY's bitmap.
     pub missing: Vec<u64>,
-    /// Whether the dirty log is on already (turned on when SYNC came,
-    /// before the source paused its guest): the resume then only sets the
+    /// Whether the dirty log is on already (turned on, and the VM readied
+    /// for post-copy, when the SYNC that announced the switch came, before
+    /// the source paused its guest): the resume then only sets the
     /// page-fetch hook.
     pub logging: bool,
     pub cfg: &'a DestConfig,

@@ -384,7 +384,7 @@ pub(super) fn main_channel<C: Connection, V: SessionVm>(
                 at_byte,
             } => match t {
                 tag::ROUND => {}
-                tag::SYNC => super::sync::answer_then_log(rd, &sh.sync, sh.vm, &body, at_byte)?,
+                tag::SYNC => super::sync::answer(rd, &sh.sync, sh.vm, &body, at_byte)?,
                 tag::STATE => {
                     state = Some((body, at_byte));
                     state_at = Some(Instant::now());

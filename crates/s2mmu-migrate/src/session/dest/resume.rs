@@ -22,9 +22,9 @@ pub(super) struct Clock {
     pub(super) drained: Instant,
     /// The guest checked the state.
     pub(super) decoded: Instant,
-    /// The dirty log is on (turned on at SYNC for a post-copy switch that
-    /// did not come): it goes off once RESUMED is out, outside the
-    /// downtime.
+    /// The dirty log is on (turned on at a SYNC that announced post-copy,
+    /// which then did not come): it goes off once RESUMED is out, outside
+    /// the downtime.
     pub(super) logging: bool,
 }
 

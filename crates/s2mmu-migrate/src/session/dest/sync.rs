@@ -2,12 +2,14 @@
 //! that every page it sent so far (on every channel) be taken here, and
 //! waits for SYNCED. What is still on its way then (socket buffers, a
 //! relay, a destination behind on its checks) arrives while the guest
-//! still runs on the source, not inside the downtime.
+//! still runs on the source, not inside the downtime. A SYNC that
+//! announces the switch to post-copy has the VM readied for its resume
+//! before SYNCED, for the same reason.
 
 use crate::stream_error::MigrateError;
 use crate::transport::Connection;
 use crate::vm::SessionVm;
-use crate::wire::{tag, Dec, WireReader, WireWriter};
+use crate::wire::{tag, Dec, WireReader, WireWriter, SYNC_THEN_POSTCOPY, SYNC_THEN_STOP};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -19,9 +21,10 @@ pub(super) struct SyncProgress {
     pub(super) wait: Duration,
     /// A further channel failed (SYNC stops waiting; its error wins).
     pub(super) channel_failed: AtomicBool,
-    /// The HEADER allows post-copy: SYNC turns the dirty log on.
+    /// The HEADER allows post-copy (a SYNC may announce the switch).
     pub(super) postcopy: bool,
-    /// The dirty log is on (turned on at SYNC, [`answer_then_log`]).
+    /// The dirty log is on (turned on at a SYNC that announced post-copy,
+    /// [`answer`]).
     pub(super) logging: AtomicBool,
 }
 
@@ -44,16 +47,21 @@ impl SyncProgress {
 const POLL: Duration = Duration::from_micros(50);
 
 /// Answers SYNC (`body`, at `at_byte`, read on the main channel `rd`)
-/// once `sh` has taken the pages it names on each channel, with SYNCED.
+/// once `sh` has taken the pages it names on each channel, with SYNCED;
+/// when SYNC announces the switch to post-copy, `vm` is readied for its
+/// resume first ([`prepare_postcopy`]).
 ///
 /// # Errors
-/// A malformed body, or a main channel whose count is not the source's
-/// (everything before SYNC on it is here: a record went missing);
-/// [`MigrateError::Timeout`] when another channel's count stops growing
-/// for `sh.wait` short of the source's; the reply's I/O error.
-pub(super) fn answer<C: Connection>(
+/// A malformed body (an ending other than the two, or post-copy where
+/// the HEADER did not allow it), or a main channel whose count is not
+/// the source's (everything before SYNC on it is here: a record went
+/// missing); [`MigrateError::Timeout`] when another channel's count stops
+/// growing for `sh.wait` short of the source's; the VM refusing the
+/// post-copy set-up; the reply's I/O error.
+pub(super) fn answer<C: Connection, V: SessionVm>(
     rd: &mut WireReader<&mut C>,
     sh: &SyncProgress,
+    vm: &V,
     body: &[u8],
     at_byte: u64,
 ) -> Result<(), MigrateError> {
@@ -62,6 +70,21 @@ pub(super) fn answer<C: Connection>(
     for _ in 0..sh.taken.len() {
         sent.push(d.u64()?);
     }
+    let postcopy = match d.u8()? {
+        SYNC_THEN_STOP => false,
+        SYNC_THEN_POSTCOPY if sh.postcopy => true,
+        SYNC_THEN_POSTCOPY => {
+            return Err(d.malformed(
+                "it announces the switch to post-copy, which the HEADER did not allow".into(),
+            ))
+        }
+        other => {
+            return Err(d.malformed(format!(
+                "its ending {other} is neither {SYNC_THEN_STOP} (stop-and-copy) nor \
+                 {SYNC_THEN_POSTCOPY} (post-copy)"
+            )))
+        }
+    };
     d.finish()?;
     if sent[0] != rd.pages {
         return Err(d.malformed(format!(
@@ -72,35 +95,30 @@ pub(super) fn answer<C: Connection>(
     for (k, &n) in sent.iter().enumerate().skip(1) {
         wait_for(sh, k, n)?;
     }
+    if postcopy {
+        prepare_postcopy(sh, vm)?;
+    }
     let mut w = WireWriter::replies(rd.get_mut());
     w.control(tag::SYNCED, &[])?;
     w.flush()
 }
 
-/// Answers SYNC ([`answer`]); then, where the stream may switch to
-/// post-copy (the HEADER's flag), turns `vm`'s dirty log on (once: see
-/// `sh.logging`). The source pauses its guest
-/// right after SYNCED, so the log's set-up, which the post-copy resume
-/// needs, runs while the source's guest still runs instead of inside
-/// the downtime. A stream that ends without the switch turns it off again
-/// after its resume (its guest never ran under it before).
+/// Readies `vm` for the post-copy resume SYNC announced: its dirty log on
+/// (once: see `sh.logging`), which the resume needs to keep every mapping
+/// one page wide, then [`SessionVm::prepare_postcopy`]. Both run before
+/// SYNCED, while the source's guest still runs: not inside the downtime,
+/// and not beside the source's pause on a host both ends share.
 ///
 /// # Errors
-/// As [`answer`]; the VM refusing the log.
-pub(super) fn answer_then_log<C: Connection, V: SessionVm>(
-    rd: &mut WireReader<&mut C>,
-    sh: &SyncProgress,
-    vm: &V,
-    body: &[u8],
-    at_byte: u64,
-) -> Result<(), MigrateError> {
-    answer(rd, sh, body, at_byte)?;
-    if sh.postcopy && !sh.logging.load(Ordering::Acquire) {
+/// The VM refusing either.
+fn prepare_postcopy<V: SessionVm>(sh: &SyncProgress, vm: &V) -> Result<(), MigrateError> {
+    if !sh.logging.load(Ordering::Acquire) {
         vm.enable_dirty_logging()
             .map_err(|e| MigrateError::Setup(format!("destination logging: {e}")))?;
         sh.logging.store(true, Ordering::Release);
     }
-    Ok(())
+    vm.prepare_postcopy()
+        .map_err(|e| MigrateError::Setup(format!("destination post-copy set-up: {e}")))
 }
 
 /// What SYNC's wait ends with when a further channel failed meanwhile

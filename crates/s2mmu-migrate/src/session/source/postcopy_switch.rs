@@ -30,7 +30,7 @@ pub(super) fn run<G: SourceGuest>(
 ) -> Result<SourceOutcome, MigrateError> {
     // In-flight pages land, and the pause's first step is done, before it.
     x.guest.prepare_pause();
-    super::sync::before_pause(x.s)?;
+    super::sync::before_pause(x.s, true)?;
     let pause_at = Instant::now();
     let at_pause = counters(x.guest);
     x.guest.pause();

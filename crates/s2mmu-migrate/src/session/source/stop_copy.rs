@@ -27,7 +27,7 @@ pub(super) fn run<G: SourceGuest>(
     let at = x.clock();
     // In-flight pages land, and the pause's first step is done, before it.
     x.guest.prepare_pause();
-    super::sync::before_pause(x.s)?;
+    super::sync::before_pause(x.s, false)?;
     let (pause_at, at_pause) = (Instant::now(), counters(x.guest));
     x.guest.pause();
     let paused_at = Instant::now();
