@@ -5,16 +5,19 @@
 //! `s2mmu-arm64-migrate` crate puts it behind the migration library's
 //! session.
 //!
-//! A pause kicks every running vCPU; at its next exit the host answers
-//! as usual but with ACT_SAVE, and the stub stores the vCPU's registers
-//! (asm/state.S). Resume (on the same machine or another) starts each
-//! vCPU with the STATE command from those registers. On a new machine
+//! A pause kicks every running vCPU; the stub stores the vCPU's
+//! registers (asm/state.S) as it takes the kick, or, for a vCPU that was
+//! in an exit, when the host answers that exit with ACT_SAVE. Resume (on
+//! the same machine or another) starts each vCPU with the STATE command
+//! from those registers. On a new machine
 //! CNTVOFF_EL2 is set so that the guest's virtual count continues from
 //! the value it had at the pause: the downtime is invisible to the
 //! guest's clock.
 
+use crate::layout::mb;
 use crate::linux::devices::device::DeviceState;
 use crate::linux::gic::Gic;
+use crate::linux::lifecycle::vcpu_thread::{take_kick_save, CtlState};
 use crate::linux::psci::PowerState;
 use crate::linux::shared::{Power, StopReason};
 use crate::linux::start::StartState;
@@ -47,23 +50,36 @@ impl LinuxVm {
         {
             let mut g = r.ctl.lock();
             r.ctl.set_pause(&mut g, true);
+            // Before the kick: the stub saves at the kick itself.
+            for v in 0..self.vcpus {
+                self.machine.mailbox(v).write(mb::SAVE_ON_KICK, 1);
+            }
         }
         let sh = r.sh.clone();
+        let take = |g: &mut CtlState| {
+            for v in 0..self.vcpus {
+                take_kick_save(&sh, g, v);
+            }
+        };
         r.ctl
-            .wait_parked(Instant::now() + PAUSE_DEADLINE, |running| {
-                let on: Vec<usize> = running
-                    .iter()
-                    .copied()
-                    .filter(|&v| sh.cpus.power(v) == PowerState::On)
-                    .collect();
-                // A kick that fails (QEMU gone) ends with the vCPU
-                // threads, which stop with that error and park.
-                if !on.is_empty() {
-                    if let Err(e) = sh.vm.kick_all(&on) {
-                        eprintln!("linux guest: pause: kick {on:?}: {e}");
+            .wait_parked(
+                Instant::now() + PAUSE_DEADLINE,
+                |running| {
+                    let on: Vec<usize> = running
+                        .iter()
+                        .copied()
+                        .filter(|&v| sh.cpus.power(v) == PowerState::On)
+                        .collect();
+                    // A kick that fails (QEMU gone) ends with the vCPU
+                    // threads, which stop with that error and park.
+                    if !on.is_empty() {
+                        if let Err(e) = sh.vm.kick_all(&on) {
+                            eprintln!("linux guest: pause: kick {on:?}: {e}");
+                        }
                     }
-                }
-            })
+                },
+                take,
+            )
             .map_err(Arm64Error::Guest)?;
         if let Some(StopReason::Error(e)) = self.stopped() {
             return Err(Arm64Error::Guest(format!("the guest stopped: {e}")));
@@ -109,21 +125,29 @@ impl LinuxVm {
             if let Some(v) = first {
                 VcpuState::clear_entered(&mbox[v]);
             }
+            for m in &mbox {
+                m.write(mb::SAVE_ON_KICK, 0);
+            }
             r.ctl.set_pause(&mut g, false);
             first
         };
+        // A vCPU's thread may still sleep on its doorbell after a save at
+        // the kick (the pausing thread took the state): it starts now.
+        for m in &mbox {
+            m.wake_sleeper();
+        }
         self.paused = false;
         self.ran = true;
         self.written = None;
         // Returns at the first guest instruction: the stub marks its ERET.
+        // Looked for as a command's end is (spins, yields, then 20 us
+        // naps), not in 50 us naps from the start: on a loaded host each
+        // nap's wake-up came late, and the mark was seen up to 3 ms after
+        // the ERET.
         if let Some(v) = first {
-            while VcpuState::entered_at(&mbox[v]) == 0 {
-                if t0.elapsed() > PAUSE_DEADLINE {
-                    return Err(Arm64Error::Guest(format!("vCPU {v} did not start")));
-                }
-                self.machine.check_alive()?;
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            self.machine.wait("a vCPU's first instruction", t0, || {
+                VcpuState::entered_at(&mbox[v]) != 0
+            })?;
         }
         if restoring {
             self.restore_clock.first_instruction = t0.elapsed();
