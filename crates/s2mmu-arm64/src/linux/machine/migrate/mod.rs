@@ -140,14 +140,14 @@ impl LinuxVm {
         self.ran = true;
         self.written = None;
         // Returns at the first guest instruction: the stub marks its ERET.
-        // Looked for as a command's end is (spins, yields, then 20 us
-        // naps), not in 50 us naps from the start: on a loaded host each
-        // nap's wake-up came late, and the mark was seen up to 3 ms after
-        // the ERET.
         if let Some(v) = first {
-            self.machine.wait("a vCPU's first instruction", t0, || {
-                VcpuState::entered_at(&mbox[v]) != 0
-            })?;
+            while VcpuState::entered_at(&mbox[v]) == 0 {
+                if t0.elapsed() > PAUSE_DEADLINE {
+                    return Err(Arm64Error::Guest(format!("vCPU {v} did not start")));
+                }
+                self.machine.check_alive()?;
+                std::thread::sleep(Duration::from_micros(50));
+            }
         }
         if restoring {
             self.restore_clock.first_instruction = t0.elapsed();
