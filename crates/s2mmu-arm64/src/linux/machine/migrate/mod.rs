@@ -58,7 +58,17 @@ impl LinuxVm {
         let sh = r.sh.clone();
         let take = |g: &mut CtlState| {
             for v in 0..self.vcpus {
-                take_kick_save(&sh, g, v);
+                if g.parked[v] || take_kick_save(&sh, g, v) {
+                    continue;
+                }
+                // A vCPU in an exit its thread sleeps through (the kick
+                // came while the stub waited for an answer): the thread is
+                // woken from here, not by the stub's doorbell through
+                // QEMU's stdout and the console's reader (about 350 us).
+                let m = self.machine.mailbox(v);
+                if m.read(mb::HOST_WAITING) != 0 && m.read(mb::EXIT_SEQ) != m.read(mb::REPLY_SEQ) {
+                    m.wake_sleeper();
+                }
             }
         };
         r.ctl
