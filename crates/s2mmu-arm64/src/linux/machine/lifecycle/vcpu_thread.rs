@@ -173,7 +173,7 @@ pub(crate) fn take_kick_save(sh: &Shared, g: &mut CtlState, id: usize) -> bool {
 /// How a start of a vCPU ended.
 enum Ended {
     /// Stopped by a pause at an exit (ACT_SAVE): its state.
-    Saved(VcpuState),
+    Saved(Box<VcpuState>),
     /// Stopped by a pause's kick: its state is in the control already.
     Parked,
     /// Turned off, or the VM stopped.
@@ -207,7 +207,7 @@ pub(crate) fn vcpu_main(sh: &Shared, ctl: &Ctl, id: usize) -> Result<()> {
         match ended {
             Ok(Ended::Saved(state)) => {
                 let mut g = ctl.lock();
-                g.saved[id] = Some(state);
+                g.saved[id] = Some(*state);
                 g.parked[id] = true;
                 ctl.cv.notify_all();
             }
@@ -346,7 +346,7 @@ fn run_one(
                     sh.vm
                         .machine()
                         .wait("a vCPU saving its state", Instant::now(), || mbox.done(run))?;
-                    return Ok(Ended::Saved(VcpuState::read(&mbox)));
+                    return Ok(Ended::Saved(Box::new(VcpuState::read(&mbox))));
                 }
                 mbox.reply(&e, layout::ACT_LINUX, [0, 0], &insns);
             }
