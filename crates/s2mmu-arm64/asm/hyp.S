@@ -73,7 +73,6 @@
         .equ    MB_BELLS,       0x1c8
         .equ    MB_BELLS_IN,    0x1d0
         .equ    MB_KICKS_TAKEN, 0x1d8
-        .equ    MB_SAVE_ON_KICK, 0x1e0
         .equ    MB_EL2_OUTCOME, 0x3c0
         .equ    MB_EL2_FAULTS,  0x3c8
         .equ    MB_EL2_TICKS,   0x3d0
@@ -849,14 +848,7 @@ lower_irq:
         isb
 1:      msr     icc_eoir1_el1, x1
         isb
-        // A pause's kick (the host set MB_SAVE_ON_KICK before it sent
-        // it): the vCPU's state is saved here, with no exit to the host
-        // and no wait for its answer (asm/state.S).
-        cmp     x1, #KICK_SGI
-        b.ne    2f
-        ldr     x2, [x28, #MB_SAVE_ON_KICK]
-        cbnz    x2, linux_kick_save
-2:      str     x1, [x28, #MB_INTID]
+        str     x1, [x28, #MB_INTID]
         mov     x3, #EXIT_IRQ
         mov     x1, xzr
         b       post_exit

@@ -13,7 +13,6 @@
         .balign 4
         .equ    ACT_SAVE,       0x20
         .equ    CMD_STATE,      0x20
-        .equ    RET_KICK_SAVED, 0x21
         .equ    ST_ELR,         0x0f8
         .equ    ST_SPSR,        0x100
         .equ    ST_SYS,         0x108
@@ -57,26 +56,10 @@
 // ACT_SAVE: the host answered an exit as for ACT_LINUX (list registers,
 // ICH_HCR_EL2 and the return address in the mailbox, registers edited in
 // the frame), but instead of resuming, the stub stores the vCPU's state
-// in the area and ends the vCPU's command (status 0). The guest stays
-// stopped.
+// in the area and ends the vCPU's command. The guest stays stopped.
 linux_save:
         load_list_regs
         isb
-        ldr     x6, [x28, #MB_NEW_ELR]
-        mov     x7, #0
-        b       save_vcpu
-// A pause's kick taken from the guest while MB_SAVE_ON_KICK is set
-// (hyp.S, lower_irq): the state is stored as the CPU holds it, list
-// registers included, with no exit posted and no answer waited for; the
-// command ends with RET_KICK_SAVED, which the host looks for (it merges
-// the pending interrupts into the saved list registers itself). The
-// flag is taken once.
-linux_kick_save:
-        str     xzr, [x28, #MB_SAVE_ON_KICK]
-        mrs     x6, elr_el2
-        mov     x7, #RET_KICK_SAVED
-// x6: the PC to resume at, x7: the command's status.
-save_vcpu:
         add     x2, x28, #MB_CMD_INSNS
         mov     x3, #0
 1:      ldr     x4, [sp, x3]
@@ -84,7 +67,8 @@ save_vcpu:
         add     x3, x3, #8
         cmp     x3, #248
         b.lo    1b
-        str     x6, [x2, #ST_ELR]
+        ldr     x4, [x28, #MB_NEW_ELR]
+        str     x4, [x2, #ST_ELR]
         mrs     x4, spsr_el2
         str     x4, [x2, #ST_SPSR]
         add     x0, x2, #ST_SYS
@@ -96,13 +80,11 @@ save_vcpu:
         add     x0, x2, #ST_FP
         fpregs  stp
         add     sp, sp, #FRAME
-        mov     x0, x7
+        mov     x0, #0
         b       cmd_done
 
 // STATE: arg3 = 0: answer CNTPCT_EL0 (the host's time base for CNTVOFF).
-// arg3 = 1: run a vCPU from the state in the area. arg3 = 2: load it all
-// but do not enter the guest (a blank machine's warm-up: QEMU translates
-// this code at its first run, which is then outside a restore). Args 0..2 as RUN,
+// arg3 = 1: run a vCPU from the state in the area. Args 0..2 as RUN,
 // arg4 = CNTVOFF_EL2, arg5 = CNTHCTL_EL2. CNTPCT at the ERET is stored at
 // ST_CNTPCT (the host's mark of the first guest instruction).
 do_state:
@@ -128,9 +110,6 @@ do_state:
         sysregs load1
         add     x0, x2, #ST_FP
         fpregs  ldp
-        ldr     x1, [x28, #MB_ARG0 + 24]
-        cmp     x1, #2
-        b.eq    2f
         ldr     x1, [x2, #ST_ELR]
         msr     elr_el2, x1
         ldr     x1, [x2, #ST_SPSR]
@@ -143,6 +122,4 @@ do_state:
         ldp     x0, x1, [x30, #0]
         frame_x2_x30 ldp, ldr, x30
         eret
-2:      mov     x0, #0
-        b       cmd_done
         .subsection 0

@@ -51,16 +51,6 @@ impl Bells {
         b.cv.notify_all();
     }
 
-    /// Wakes the thread sleeping on CPU `cpu`'s doorbell, as a ring does,
-    /// without counting a ring (the host's own wake-up, not the stub's).
-    pub(crate) fn nudge(&self, cpu: usize) {
-        let Some(b) = self.bells.get(cpu) else {
-            return;
-        };
-        *b.rung.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        b.cv.notify_all();
-    }
-
     /// Waits until CPU `cpu`'s doorbell rings or `timeout` passes; whether
     /// it rang (a ring before the call counts, once).
     pub(crate) fn wait(&self, cpu: usize, timeout: Duration) -> bool {

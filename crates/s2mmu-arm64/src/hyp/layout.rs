@@ -162,10 +162,6 @@ pub mod mb {
     pub const BELLS_IN: u64 = 0x1d0;
     /// Kicks the stub took in its command loop, outside any guest.
     pub const KICKS_TAKEN: u64 = 0x1d8;
-    /// Non-zero while a pause is pending: a kick the guest takes then has
-    /// the stub save the vCPU's state at once, without an exit to the
-    /// host (`asm/state.S`); the stub clears it as it saves.
-    pub const SAVE_ON_KICK: u64 = 0x1e0;
     /// What EL2's engine did with an abort the stub then posted (the EL2
     /// placement, `asm/el2_mmu.S`): 1 no slot, 2 ring full, 3 page
     /// missing, 4 anything else, 5 answered with a wait owed

@@ -524,12 +524,6 @@ impl Mailbox<'_> {
         e
     }
 
-    /// Wakes the host thread in [`Mailbox::sleep_until_exit`] on this CPU
-    /// (it then looks at the mailbox again), as the stub's doorbell does.
-    pub(crate) fn wake_sleeper(&self) {
-        self.m.bells.nudge(self.cpu);
-    }
-
     /// Doorbell rings the host has received from this CPU's stub.
     pub fn doorbells(&self) -> u64 {
         self.m.bells.count(self.cpu)

@@ -13,7 +13,6 @@ use crate::linux::mmio::{self, MmioDecode};
 use crate::linux::placement::PlacedVcpu;
 use crate::linux::psci;
 use crate::linux::shared::{kick_insns, ExitKind, Shared};
-use crate::linux::vcpu_state::{VcpuState, SYS_ICH_HCR, SYS_ICH_LR0};
 use crate::machine::{Exit, Mailbox};
 use crate::Result;
 use std::cell::Cell;
@@ -55,22 +54,6 @@ pub(crate) fn sync_lrs(sh: &Shared, id: usize, mbox: &Mailbox<'_>) {
         mbox.write(mb::LR0 + 8 * i as u64, *lr);
     }
     mbox.write(mb::ICH_HCR, hcr);
-}
-
-/// [`sync_lrs`] on a state the stub saved by itself at a pause's kick
-/// (`asm/state.S`): the interrupts pending for vCPU `id` are merged into
-/// its saved list registers and ICH_HCR_EL2, as the host's answer to an
-/// exit would have loaded them before an ACT_SAVE. The vCPU is out of
-/// its guest from here on.
-pub(crate) fn sync_saved_lrs(sh: &Shared, id: usize, st: &mut VcpuState) {
-    const N: usize = crate::linux::gic::NR_LRS;
-    let mut lrs = [0u64; N];
-    lrs.copy_from_slice(&st.sys[SYS_ICH_LR0..SYS_ICH_LR0 + N]);
-    let hcr = sh.devices.gic.sync_lrs(id, &mut lrs);
-    st.sys[SYS_ICH_LR0..SYS_ICH_LR0 + N].copy_from_slice(&lrs);
-    // As an answer loads it (EOIcount 0).
-    st.sys[SYS_ICH_HCR] = hcr;
-    sh.cpus.watch.exited(id);
 }
 
 /// Answers exit `e` with [`layout::ACT_INJECT`]: the stub delivers `inj`

@@ -112,7 +112,6 @@ impl LinuxVm {
         let count = vm.counter()?;
         let hz = vm.machine.mailbox(vm.vcpus).read(layout::mb::CNTFRQ);
         vm.counter_anchor = counter::CounterAnchor::new(count, std::time::Instant::now(), hz);
-        vm.warm_restore()?;
         // Nothing runs here until a state is loaded: the CPUs park (their
         // timer waits cost QEMU's threads CPU that a migration's stream
         // into this machine needs) until `unpark_cpus`. Not in

@@ -2,9 +2,8 @@
 //! (PSCI CPU_ON, or the boot vCPU at start) or for a saved state to
 //! resume from (the STATE command), starts it on its QEMU CPU and answers
 //! its exits ([`crate::linux::vcpu`]) until the vCPU turns off or the VM
-//! stops; a pause stops each vCPU with its whole state saved by the stub:
-//! at the pause's kick by the stub itself ([`take_kick_save`]), or at an
-//! exit the host was answering, by its ACT_SAVE answer.
+//! stops; a pause stops each vCPU at its next exit with its whole state
+//! saved by the stub (ACT_SAVE).
 
 use crate::layout::{self, mb};
 use crate::linux::gic::ICH_HCR_EN;
@@ -40,9 +39,6 @@ pub(crate) struct CtlState {
     /// vCPUs whose CPU the thread kicks after posting its first command
     /// (see [`Start`]).
     pub(crate) kick: Vec<bool>,
-    /// The start command of each vCPU while it runs: a state the stub
-    /// saved at a pause's kick ends it ([`take_kick_save`]).
-    pub(crate) runs: Vec<Option<u64>>,
 }
 
 impl Ctl {
@@ -56,7 +52,6 @@ impl Ctl {
                 saved: vec![None; vcpus],
                 restore: vec![None; vcpus],
                 kick: vec![false; vcpus],
-                runs: vec![None; vcpus],
             }),
             cv: Condvar::new(),
         }
@@ -78,11 +73,7 @@ impl Ctl {
     /// them), then again only if [`REKICK`] passes without every one
     /// parked. The lock is not held across a kick: a kick is a round trip
     /// to the service CPU (0.1-7 ms on a loaded host), and a vCPU that
-    /// stopped must take the lock to say it parked. After a kick, `poll`
-    /// looks (under the lock) for states the stub saved at the kick
-    /// ([`take_kick_save`]) every [`POLL`], and every [`POLL_LATE`] once
-    /// [`POLL_FOR`] has passed: such a save rings no doorbell, so nothing
-    /// else would wake the vCPU's thread for it.
+    /// stopped must take the lock to say it parked.
     ///
     /// # Errors
     /// A message naming the vCPUs that did not stop.
@@ -90,14 +81,10 @@ impl Ctl {
         &self,
         deadline: Instant,
         kick: impl Fn(&[usize]),
-        poll: impl Fn(&mut CtlState),
     ) -> std::result::Result<(), String> {
         let mut kicked: Option<Instant> = None;
         let mut g = self.lock();
         loop {
-            if kicked.is_some() {
-                poll(&mut g);
-            }
             let running: Vec<usize> = (0..g.parked.len()).filter(|&v| !g.parked[v]).collect();
             if running.is_empty() {
                 return Ok(());
@@ -109,10 +96,9 @@ impl Ctl {
             let since = kicked.map(|t| now.saturating_duration_since(t));
             match since {
                 Some(since) if since < REKICK => {
-                    let nap = if since < POLL_FOR { POLL } else { POLL_LATE };
                     g = self
                         .cv
-                        .wait_timeout(g, (REKICK - since).min(nap))
+                        .wait_timeout(g, REKICK - since)
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
                 }
@@ -136,49 +122,6 @@ impl Ctl {
 /// costs one service-CPU command; an idle guest's pause ends within
 /// milliseconds, before any second kick.
 const REKICK: Duration = Duration::from_millis(10);
-/// The pause's wait between two looks for a state saved at its kick: a
-/// kicked vCPU of an idle guest saves within 100 to 500 us of the kick.
-const POLL: Duration = Duration::from_micros(20);
-/// How long after a kick the pause looks every [`POLL`].
-const POLL_FOR: Duration = Duration::from_millis(3);
-/// The wait between two looks after that: a vCPU that takes long to stop
-/// costs the pausing thread a look this often.
-const POLL_LATE: Duration = Duration::from_micros(500);
-
-/// What the status of a vCPU's start command says when the stub saved the
-/// vCPU's state at a pause's kick (`asm/state.S`, `RET_KICK_SAVED`).
-const KICK_SAVED: u64 = 0x21;
-
-/// Takes vCPU `id`'s state if its CPU saved it at a pause's kick: merged
-/// with the pending interrupts, into `saved`, the vCPU parked. The
-/// pausing thread and the vCPU's own thread both look; whichever does
-/// first (under the lock) takes it, and the start's command is then no
-/// longer the vCPU's ([`CtlState::runs`]). Returns whether it took it.
-pub(crate) fn take_kick_save(sh: &Shared, g: &mut CtlState, id: usize) -> bool {
-    let Some(run) = g.runs[id] else {
-        return false;
-    };
-    let mbox = sh.vm.machine().mailbox(id);
-    if !mbox.done(run) || mbox.read(mb::RET) != KICK_SAVED {
-        return false;
-    }
-    let mut st = VcpuState::read(&mbox);
-    vcpu::sync_saved_lrs(sh, id, &mut st);
-    g.runs[id] = None;
-    g.saved[id] = Some(st);
-    g.parked[id] = true;
-    true
-}
-
-/// How a start of a vCPU ended.
-enum Ended {
-    /// Stopped by a pause at an exit (ACT_SAVE): its state.
-    Saved(Box<VcpuState>),
-    /// Stopped by a pause's kick: its state is in the control already.
-    Parked,
-    /// Turned off, or the VM stopped.
-    Off,
-}
 
 /// How a vCPU starts, and whether its CPU is kicked once the command is
 /// posted: a blank machine's CPU whose park ended without a kick may be
@@ -202,17 +145,14 @@ pub(crate) fn vcpu_main(sh: &Shared, ctl: &Ctl, id: usize) -> Result<()> {
     CURRENT.with(|c| c.set(Some(id)));
     let mut vcpu = sh.vm.new_vcpu(id)?;
     while let Some(start) = next_start(sh, ctl, id) {
-        let ended = run_one(sh, ctl, id, &mut *vcpu, start);
-        ctl.lock().runs[id] = None;
-        match ended {
-            Ok(Ended::Saved(state)) => {
+        match run_one(sh, ctl, id, &mut *vcpu, start) {
+            Ok(Some(state)) => {
                 let mut g = ctl.lock();
-                g.saved[id] = Some(*state);
+                g.saved[id] = Some(state);
                 g.parked[id] = true;
                 ctl.cv.notify_all();
             }
-            Ok(Ended::Parked) => ctl.cv.notify_all(),
-            Ok(Ended::Off) => sh.cpus.set_power(id, PowerState::Off),
+            Ok(None) => sh.cpus.set_power(id, PowerState::Off),
             Err(e) => {
                 sh.cpus.set_power(id, PowerState::Off);
                 sh.stop(StopReason::Error(e.to_string()));
@@ -265,8 +205,6 @@ fn next_start(sh: &Shared, ctl: &Ctl, id: usize) -> Option<Start> {
 /// boot, the saved state for a restore. Returns the command's sequence
 /// and whether the vCPU's CPU is to be kicked.
 fn post_start(sh: &Shared, mbox: &Mailbox<'_>, start: Start) -> (u64, bool) {
-    // Set only while a pause is pending, which this start is not in.
-    mbox.write(mb::SAVE_ON_KICK, 0);
     let (vtcr, vttbr) = sh.vm.stage2_regs();
     let voff = sh.devices.timer.cntvoff();
     match start {
@@ -294,19 +232,18 @@ fn post_start(sh: &Shared, mbox: &Mailbox<'_>, start: Start) -> (u64, bool) {
     }
 }
 
-/// Runs one start of the vCPU until it stops for a pause or turns off
-/// (or the VM stops).
+/// Runs one start of the vCPU: `Some(state)` if it stopped for a pause,
+/// `None` if it turned off or the VM stopped.
 fn run_one(
     sh: &Shared,
     ctl: &Ctl,
     id: usize,
     vcpu: &mut dyn PlacedVcpu,
     start: Start,
-) -> Result<Ended> {
+) -> Result<Option<VcpuState>> {
     let mbox = sh.vm.machine().mailbox(id);
     let mut last = mbox.read(mb::EXIT_SEQ);
     let (run, kick) = post_start(sh, &mbox, start);
-    ctl.lock().runs[id] = Some(run);
     if kick {
         // A kick that fails (QEMU gone) is found by the exit wait below.
         let _ = sh.vm.kick_all(&[id]);
@@ -314,13 +251,7 @@ fn run_one(
     sh.cpus.set_power(id, PowerState::On);
     loop {
         let Some(e) = vcpu::wait_exit(sh, id, &mbox, last, run)? else {
-            // The command ended without an exit: a save at a pause's kick
-            // (taken here or by the pausing thread already), or a stop.
-            let mut g = ctl.lock();
-            if g.runs[id].is_none() || take_kick_save(sh, &mut g, id) {
-                return Ok(Ended::Parked);
-            }
-            return Ok(Ended::Off);
+            return Ok(None);
         };
         last = e.seq;
         let t0 = Instant::now();
@@ -346,7 +277,7 @@ fn run_one(
                     sh.vm
                         .machine()
                         .wait("a vCPU saving its state", Instant::now(), || mbox.done(run))?;
-                    return Ok(Ended::Saved(Box::new(VcpuState::read(&mbox))));
+                    return Ok(Some(VcpuState::read(&mbox)));
                 }
                 mbox.reply(&e, layout::ACT_LINUX, [0, 0], &insns);
             }
@@ -358,7 +289,7 @@ fn run_one(
                 sh.vm
                     .machine()
                     .wait("a stopped vCPU", Instant::now(), || mbox.done(run))?;
-                return Ok(Ended::Off);
+                return Ok(None);
             }
         }
     }

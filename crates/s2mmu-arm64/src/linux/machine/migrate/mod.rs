@@ -5,19 +5,16 @@
 //! `s2mmu-arm64-migrate` crate puts it behind the migration library's
 //! session.
 //!
-//! A pause kicks every running vCPU; the stub stores the vCPU's
-//! registers (asm/state.S) as it takes the kick, or, for a vCPU that was
-//! in an exit, when the host answers that exit with ACT_SAVE. Resume (on
-//! the same machine or another) starts each vCPU with the STATE command
-//! from those registers. On a new machine
+//! A pause kicks every running vCPU; at its next exit the host answers
+//! as usual but with ACT_SAVE, and the stub stores the vCPU's registers
+//! (asm/state.S). Resume (on the same machine or another) starts each
+//! vCPU with the STATE command from those registers. On a new machine
 //! CNTVOFF_EL2 is set so that the guest's virtual count continues from
 //! the value it had at the pause: the downtime is invisible to the
 //! guest's clock.
 
-use crate::layout::mb;
 use crate::linux::devices::device::DeviceState;
 use crate::linux::gic::Gic;
-use crate::linux::lifecycle::vcpu_thread::{take_kick_save, CtlState};
 use crate::linux::psci::PowerState;
 use crate::linux::shared::{Power, StopReason};
 use crate::linux::start::StartState;
@@ -50,46 +47,23 @@ impl LinuxVm {
         {
             let mut g = r.ctl.lock();
             r.ctl.set_pause(&mut g, true);
-            // Before the kick: the stub saves at the kick itself.
-            for v in 0..self.vcpus {
-                self.machine.mailbox(v).write(mb::SAVE_ON_KICK, 1);
-            }
         }
         let sh = r.sh.clone();
-        let take = |g: &mut CtlState| {
-            for v in 0..self.vcpus {
-                if g.parked[v] || take_kick_save(&sh, g, v) {
-                    continue;
-                }
-                // A vCPU in an exit its thread sleeps through (the kick
-                // came while the stub waited for an answer): the thread is
-                // woken from here, not by the stub's doorbell through
-                // QEMU's stdout and the console's reader (about 350 us).
-                let m = self.machine.mailbox(v);
-                if m.read(mb::HOST_WAITING) != 0 && m.read(mb::EXIT_SEQ) != m.read(mb::REPLY_SEQ) {
-                    m.wake_sleeper();
-                }
-            }
-        };
         r.ctl
-            .wait_parked(
-                Instant::now() + PAUSE_DEADLINE,
-                |running| {
-                    let on: Vec<usize> = running
-                        .iter()
-                        .copied()
-                        .filter(|&v| sh.cpus.power(v) == PowerState::On)
-                        .collect();
-                    // A kick that fails (QEMU gone) ends with the vCPU
-                    // threads, which stop with that error and park.
-                    if !on.is_empty() {
-                        if let Err(e) = sh.vm.kick_all(&on) {
-                            eprintln!("linux guest: pause: kick {on:?}: {e}");
-                        }
+            .wait_parked(Instant::now() + PAUSE_DEADLINE, |running| {
+                let on: Vec<usize> = running
+                    .iter()
+                    .copied()
+                    .filter(|&v| sh.cpus.power(v) == PowerState::On)
+                    .collect();
+                // A kick that fails (QEMU gone) ends with the vCPU
+                // threads, which stop with that error and park.
+                if !on.is_empty() {
+                    if let Err(e) = sh.vm.kick_all(&on) {
+                        eprintln!("linux guest: pause: kick {on:?}: {e}");
                     }
-                },
-                take,
-            )
+                }
+            })
             .map_err(Arm64Error::Guest)?;
         if let Some(StopReason::Error(e)) = self.stopped() {
             return Err(Arm64Error::Guest(format!("the guest stopped: {e}")));
@@ -135,17 +109,9 @@ impl LinuxVm {
             if let Some(v) = first {
                 VcpuState::clear_entered(&mbox[v]);
             }
-            for m in &mbox {
-                m.write(mb::SAVE_ON_KICK, 0);
-            }
             r.ctl.set_pause(&mut g, false);
             first
         };
-        // A vCPU's thread may still sleep on its doorbell after a save at
-        // the kick (the pausing thread took the state): it starts now.
-        for m in &mbox {
-            m.wake_sleeper();
-        }
         self.paused = false;
         self.ran = true;
         self.written = None;

@@ -2,14 +2,6 @@
 //! and where the restore's time went ([`RestoreClock`]).
 
 use super::{LinuxVm, RestoreClock};
-use crate::linux::shared::HCR_LINUX;
-use crate::linux::timer::CNTHCTL_LINUX;
-use crate::linux::vcpu_state::CMD_STATE;
-use crate::Result;
-
-/// The STATE command's argument 3 for a load that does not enter the
-/// guest (`asm/state.S`).
-const STATE_DRY: u64 = 2;
 
 impl LinuxVm {
     /// Ends a blank VM's park ([`BLANK_PARK`](super::BLANK_PARK)) at
@@ -50,27 +42,6 @@ impl LinuxVm {
             self.machine.mailbox(cpu).unpark();
         }
         parked
-    }
-
-    /// Runs the STATE command once on each vCPU's CPU of this blank VM
-    /// without entering the guest (it loads the zeroed state area): QEMU
-    /// translates the command's code at its first run, and that run is
-    /// then not the restore's, inside a migration's downtime (the load
-    /// took about 350 us from its pickup to the guest's first instruction
-    /// in a fresh QEMU). The restore's STATE loads every register again.
-    ///
-    /// # Errors
-    /// As [`crate::machine::Mailbox::command`].
-    pub(in crate::linux) fn warm_restore(&self) -> Result<()> {
-        let Some(p) = self.idle.as_ref() else {
-            return Ok(());
-        };
-        let (vtcr, vttbr) = p.stage2_regs();
-        let args = [vtcr, vttbr, HCR_LINUX, STATE_DRY, 0, CNTHCTL_LINUX];
-        for cpu in 0..self.vcpus {
-            self.machine.mailbox(cpu).command(CMD_STATE, &args)?;
-        }
-        Ok(())
     }
 
     /// Where the last restore's time went ([`RestoreClock`]; all zero
