@@ -1,4 +1,4 @@
-//! The migration destination against hostile streams (format version 5):
+//! The migration destination against hostile streams (format version 6):
 //! records are generated from the fuzzer's bytes and written with valid
 //! checksums (so they get past the checksum checks and reach the decoders),
 //! then optionally damaged; pages go raw or LZ4-compressed (a flipped
