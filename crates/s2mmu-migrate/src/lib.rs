@@ -27,10 +27,10 @@
 //!   [`stages`] (where the stream's time goes) and [`stream_error`] (why
 //!   a stream failed).
 //!
-//! Import graph (a DAG): `state`, `vm`, `bandwidth`, `stages`,
+//! Import graph (a DAG): `state`, `vm`, `bandwidth`, `pace`, `stages`,
 //! `stream_error` and `stream_store` import nothing of this crate; `hash` imports `vm`;
-//! `wire` imports `hash`, `stages`, `stream_error` and `stream_store`;
-//! `transport` imports `stages`, `stream_error` and `stream_store`. No clap,
+//! `wire` imports `hash`, `pace`, `stages`, `stream_error` and `stream_store`;
+//! `transport` imports `pace`, `stages`, `stream_error` and `stream_store`. No clap,
 //! plotting, progress bars or KVM here.
 
 // Unsafe code only where a module allows it (below: the unsafe trait
@@ -42,6 +42,7 @@
 pub mod bandwidth;
 pub mod hash;
 mod host;
+mod pace;
 pub mod session;
 #[cfg(feature = "sim")]
 #[allow(unsafe_code)] // GuestMemory's impl of the unsafe trait GuestRam

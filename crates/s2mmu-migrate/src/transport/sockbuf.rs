@@ -44,18 +44,14 @@ pub const WRITE_WINDOW: u64 = 4 << 20;
 /// The time this side spent blocked writing, against the bytes written.
 #[derive(Clone, Copy, Debug)]
 pub struct WritePace {
-    grace: Duration,
-    waited: Duration,
-    bytes: u64,
+    rate: crate::pace::Pace,
 }
 
 impl WritePace {
     /// An account with `grace` (the I/O timeout).
     pub fn new(grace: Duration) -> Self {
         WritePace {
-            grace,
-            waited: Duration::ZERO,
-            bytes: 0,
+            rate: crate::pace::Pace::new(grace, MIN_WRITE_RATE, "took", "bytes"),
         }
     }
 
@@ -64,23 +60,9 @@ impl WritePace {
     /// # Errors
     /// `TimedOut` once the window's time exceeds its allowance.
     pub fn record(&mut self, n: usize, took: Duration) -> std::io::Result<()> {
-        self.waited += took;
-        self.bytes += n as u64;
-        let allowed =
-            self.grace + Duration::from_secs_f64(self.bytes as f64 / MIN_WRITE_RATE as f64);
-        if self.waited > allowed {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "the peer took {} bytes in {:?}, slower than {} KiB/s",
-                    self.bytes,
-                    self.waited,
-                    MIN_WRITE_RATE >> 10
-                ),
-            ));
-        }
-        if self.bytes >= WRITE_WINDOW {
-            *self = WritePace::new(self.grace);
+        self.rate.record(n, took)?;
+        if self.rate.bytes() >= WRITE_WINDOW {
+            self.rate.restart();
         }
         Ok(())
     }

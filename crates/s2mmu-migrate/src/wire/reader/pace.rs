@@ -16,20 +16,21 @@ pub const MIN_RATE: u64 = 256 << 10;
 /// record's first byte is the socket's own I/O timeout (an idle peer).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Pace {
-    pub(super) grace: Duration,
-    waited: Duration,
-    bytes: u64,
+    rate: crate::pace::Pace,
     started: bool,
 }
 
 impl Pace {
     pub(super) fn new(grace: Duration) -> Self {
         Pace {
-            grace,
-            waited: Duration::ZERO,
-            bytes: 0,
+            rate: crate::pace::Pace::new(grace, MIN_RATE, "sent", "bytes of a record"),
             started: false,
         }
+    }
+
+    /// The grace of the record's deadline.
+    pub(super) fn grace(&self) -> Duration {
+        self.rate.grace()
     }
 
     /// One read of the record, timed.
@@ -40,23 +41,12 @@ impl Pace {
     ) -> std::io::Result<usize> {
         let t = Instant::now();
         let n = f(r)?;
-        if self.started {
-            self.waited += t.elapsed();
-        }
+        let took = match self.started {
+            true => t.elapsed(),
+            false => Duration::ZERO,
+        };
         self.started |= n > 0;
-        self.bytes += n as u64;
-        let allowed = self.grace + Duration::from_secs_f64(self.bytes as f64 / MIN_RATE as f64);
-        if self.waited > allowed {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "the peer sent {} bytes of a record in {:?}, slower than {} KiB/s",
-                    self.bytes,
-                    self.waited,
-                    MIN_RATE >> 10
-                ),
-            ));
-        }
+        self.rate.record(n, took)?;
         Ok(n)
     }
 }
