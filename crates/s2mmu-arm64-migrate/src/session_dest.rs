@@ -267,6 +267,12 @@ impl GuestRun for LinuxRunning {
         self.vm.resume_vcpus();
     }
 
+    // The stub's stamp at the guest's entry, on the host's clock
+    // (`LinuxVm::first_instruction_at`).
+    fn first_instruction_at(&self) -> Option<std::time::Instant> {
+        self.vm.lock().first_instruction_at()
+    }
+
     fn counters(&self) -> GuestCounters {
         GuestCounters::default()
     }

@@ -92,6 +92,17 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
             && rc.counter + rc.threads + rc.first_instruction <= q.start,
         "{what}: {rc:?} in {q:?}"
     );
+    // The first instruction's stamp, placed on the host's clock by the
+    // blank machine's counter anchor, lies after the resume began and
+    // before the host saw it: one placed outside (a stamp of another
+    // clock, an anchor read wrong) is clamped to either end, and fails
+    // here.
+    assert!(
+        rc.first_instruction < rc.first_seen,
+        "{what}: the first instruction at {:?}, seen at {:?}",
+        rc.first_instruction,
+        rc.first_seen
+    );
     // The session let it run for its run_after, then paused it: run on.
     to.lock().resume_vcpus().expect("it runs on");
     wait_lines(&to.lock(), 0, 5, what);

@@ -217,11 +217,14 @@ fn session_json(
 fn dest_text(d: &DestOutcome, r: &RestoreClock) -> String {
     format!(
         "; the destination's part {}; its start: counter {:.1}, threads {:.1}, first \
-         instruction {:.1} ms",
+         instruction {:.1} ms (seen by the host at {:.1} ms; the counter's anchor within \
+         {:.2} ms)",
         resume_parts_text(&d.resume_parts),
         ms(r.counter),
         ms(r.threads),
-        ms(r.first_instruction)
+        ms(r.first_instruction),
+        ms(r.first_seen),
+        ms(r.anchor_round_trip)
     )
 }
 
@@ -236,6 +239,8 @@ fn dest_json(d: &DestOutcome, r: &RestoreClock) -> serde_json::Value {
                 "counter": r.counter.as_nanos() as u64,
                 "threads": r.threads.as_nanos() as u64,
                 "first_instruction": r.first_instruction.as_nanos() as u64,
+                "first_seen": r.first_seen.as_nanos() as u64,
+                "anchor_round_trip": r.anchor_round_trip.as_nanos() as u64,
             }),
         );
     }

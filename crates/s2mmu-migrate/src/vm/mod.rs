@@ -231,6 +231,17 @@ pub trait GuestRun: Send + Sync {
     /// Runs the vCPUs again.
     fn resume(&self);
 
+    /// When the guest's first instruction after its last start or resume
+    /// ran, on this process's monotonic clock, where the VM knows it more
+    /// closely than the caller's clock read after the call returned (a
+    /// stamp the vCPU made as it entered the guest, where the host saw it
+    /// only at its next look). The destination's session takes it as the
+    /// instant its guest resumed, the end of the downtime. `None` (the
+    /// default): the session's clock after the start returned.
+    fn first_instruction_at(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// The guest's counters now.
     fn counters(&self) -> GuestCounters;
 

@@ -120,7 +120,8 @@ pub fn resume<R: Read + Write + Send, G: DestGuest>(
     set_fetch(&**vm, r.logging, fetcher.clone())?;
     let fetch_set = Instant::now();
     let wl = r.guest.start(r.state)?;
-    let resumed_at = Instant::now();
+    let seen = Instant::now();
+    let resumed_at = wl.first_instruction_at().map_or(seen, |t| t.min(seen));
     let writes0 = wl.counters().writes;
     let first = r.main;
     {

@@ -51,7 +51,11 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
             .name("digests".into())
             .spawn_scoped(s, || slot_digests(&**vm, sh))
             .ok();
-        let started = guest.start(state).map(|wl| (wl, Instant::now()));
+        let started = guest.start(state).map(|wl| {
+            let seen = Instant::now();
+            let at = wl.first_instruction_at().map_or(seen, |t| t.min(seen));
+            (wl, at)
+        });
         let digests = match digester {
             Some(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
             None => slot_digests(&**vm, sh),

@@ -15,6 +15,17 @@ pub struct RestoreClock {
     pub counter: Duration,
     /// Starting the vCPU threads around the loaded state.
     pub threads: Duration,
-    /// From the resume's start to the first vCPU's first instruction.
+    /// From the resume's start to the first vCPU's first instruction: the
+    /// stub's counter stamp at the guest's entry placed on the host's
+    /// clock by the blank machine's counter anchor (late by at most
+    /// [`RestoreClock::anchor_round_trip`]), or when the host saw it where
+    /// the machine has no anchor.
     pub first_instruction: Duration,
+    /// From the resume's start to the host seeing the first instruction's
+    /// stamp (it looks in 50 µs naps: later than the instruction by its
+    /// last nap and by however long a loaded host took to run it again).
+    pub first_seen: Duration,
+    /// The round trip of the counter read the blank machine's anchor came
+    /// from (zero without one): how late the anchor may place a stamp.
+    pub anchor_round_trip: Duration,
 }

@@ -37,6 +37,16 @@ impl CounterAnchor {
         self.count
             .saturating_add(u64::try_from(ticks).unwrap_or(u64::MAX))
     }
+
+    /// The host instant of the machine's count `count` (a stamp the stub
+    /// made), never before the true one: the anchor's count was taken at
+    /// or before `at`, so the instant found is late by at most the
+    /// anchor read's round trip. A count before the anchor's gives `at`.
+    pub(in crate::linux) fn instant_of(&self, count: u64) -> Instant {
+        let ticks = u128::from(count.saturating_sub(self.count));
+        let ns = ticks * 1_000_000_000 / u128::from(self.hz);
+        self.at + std::time::Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+    }
 }
 
 #[cfg(test)]
@@ -57,6 +67,21 @@ mod tests {
         let later = CounterAnchor::new(1_000, t0 + Duration::from_millis(1), 62_500_000)
             .expect("a frequency");
         assert_eq!(later.count_at(t0), 1_000);
+    }
+
+    #[test]
+    fn a_stamp_maps_to_the_host_instant_at_the_counters_rate() {
+        let t0 = Instant::now();
+        let a = CounterAnchor::new(1_000, t0, 62_500_000).expect("a frequency");
+        assert_eq!(a.instant_of(1_000), t0);
+        // 62,500 ticks at 62.5 MHz: 1 ms after the anchor.
+        assert_eq!(a.instant_of(63_500), t0 + Duration::from_millis(1));
+        // One tick is 16 ns.
+        assert_eq!(a.instant_of(1_001), t0 + Duration::from_nanos(16));
+        // A stamp before the anchor's count: the anchor's instant.
+        assert_eq!(a.instant_of(10), t0);
+        // The two directions agree.
+        assert_eq!(a.count_at(a.instant_of(5_000_000)), 5_000_000);
     }
 
     #[test]

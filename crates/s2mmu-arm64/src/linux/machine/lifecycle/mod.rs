@@ -26,7 +26,7 @@ use std::time::Duration;
 
 mod clock;
 pub(in crate::linux) mod config;
-mod counter;
+pub(in crate::linux) mod counter;
 mod engine;
 mod load_guest;
 pub(in crate::linux) mod spec;
@@ -45,6 +45,10 @@ use vcpu_thread::Ctl;
 /// for the vCPUs' CPUs, the host's bell for the service CPU), so none of
 /// it lands in a migration's downtime.
 pub const BLANK_PARK: Duration = Duration::from_millis(5);
+
+/// Reads of a blank machine's counter for its anchor (the one with the
+/// shortest round trip is kept).
+const ANCHOR_READS: usize = 3;
 
 /// The running parts: shared with the vCPU threads.
 pub(in crate::linux) struct Running {
@@ -87,8 +91,12 @@ pub struct LinuxVm {
     /// The last restore's clock.
     pub(in crate::linux) restore_clock: RestoreClock,
     /// A blank VM's counter, read when it was made: its restore places
-    /// the guest's count from it without a command.
+    /// the guest's count from it without a command, and the first
+    /// instruction's stamp is placed on the host's clock by it.
     pub(in crate::linux) counter_anchor: Option<counter::CounterAnchor>,
+    /// The first guest instruction after the last resume, on the host's
+    /// clock ([`LinuxVm::first_instruction_at`]).
+    pub(in crate::linux) first_instruction_at: Option<std::time::Instant>,
 }
 
 impl LinuxVm {
@@ -108,10 +116,23 @@ impl LinuxVm {
         );
         let mut vm = LinuxVm::new_blank(cfg, spec)?;
         vm.written = Some(vm.ram.fresh_hashes()?);
-        // Read once now, outside any downtime (see `counter_now`).
-        let count = vm.counter()?;
+        // Read now, outside any downtime (see `counter_now`): the read of
+        // the shortest round trip of three, which bounds how late a stamp
+        // the anchor maps to the host's clock can be placed.
         let hz = vm.machine.mailbox(vm.vcpus).read(layout::mb::CNTFRQ);
-        vm.counter_anchor = counter::CounterAnchor::new(count, std::time::Instant::now(), hz);
+        let mut best: Option<(std::time::Duration, u64, std::time::Instant)> = None;
+        for _ in 0..ANCHOR_READS {
+            let posted = std::time::Instant::now();
+            let count = vm.counter()?;
+            let at = std::time::Instant::now();
+            if best.is_none_or(|(rt, _, _)| at - posted < rt) {
+                best = Some((at - posted, count, at));
+            }
+        }
+        if let Some((rt, count, at)) = best {
+            vm.counter_anchor = counter::CounterAnchor::new(count, at, hz);
+            vm.restore_clock.anchor_round_trip = rt;
+        }
         // Nothing runs here until a state is loaded: the CPUs park (their
         // timer waits cost QEMU's threads CPU that a migration's stream
         // into this machine needs) until `unpark_cpus`. Not in
@@ -174,6 +195,7 @@ impl LinuxVm {
             limit,
             restore_clock: RestoreClock::default(),
             counter_anchor: None,
+            first_instruction_at: None,
         })
     }
 

@@ -13,8 +13,10 @@
 //! the value it had at the pause: the downtime is invisible to the
 //! guest's clock.
 
+use crate::layout::mb;
 use crate::linux::devices::device::DeviceState;
 use crate::linux::gic::Gic;
+use crate::linux::lifecycle::counter::CounterAnchor;
 use crate::linux::psci::PowerState;
 use crate::linux::shared::{Power, StopReason};
 use crate::linux::start::StartState;
@@ -115,9 +117,16 @@ impl LinuxVm {
         self.paused = false;
         self.ran = true;
         self.written = None;
-        // Returns at the first guest instruction: the stub marks its ERET.
+        // Returns at the first guest instruction: the stub marks its ERET
+        // with the counter.
+        let mut stamp = None;
         if let Some(v) = first {
-            while VcpuState::entered_at(&mbox[v]) == 0 {
+            loop {
+                let s = VcpuState::entered_at(&mbox[v]);
+                if s != 0 {
+                    stamp = Some(s);
+                    break;
+                }
                 if t0.elapsed() > PAUSE_DEADLINE {
                     return Err(Arm64Error::Guest(format!("vCPU {v} did not start")));
                 }
@@ -125,14 +134,33 @@ impl LinuxVm {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
+        let seen = Instant::now();
+        // The stamp on the host's clock, never after the host saw it.
+        let at = match (stamp, self.counter_anchor) {
+            (Some(s), Some(a)) => a.instant_of(s).clamp(t0, seen),
+            _ => seen,
+        };
+        self.first_instruction_at = Some(at);
         if restoring {
-            self.restore_clock.first_instruction = t0.elapsed();
+            self.restore_clock.first_instruction = at - t0;
+            self.restore_clock.first_seen = seen - t0;
         }
         Ok(())
     }
 }
 
 impl LinuxVm {
+    /// When the first guest instruction after the last
+    /// [`LinuxVm::resume_vcpus`] ran, on the host's monotonic clock: the
+    /// stub's counter stamp at the guest's entry, placed by the counter
+    /// anchor a blank machine reads when it is made (late by at most that
+    /// read's round trip, [`RestoreClock::anchor_round_trip`]), or when
+    /// the host saw the stamp where there is no anchor. `None` before the
+    /// first resume.
+    pub fn first_instruction_at(&self) -> Option<Instant> {
+        self.first_instruction_at
+    }
+
     /// The vCPU and device state of the paused VM ([`LinuxState`]; the
     /// `s2mmu-arm64-migrate` crate encodes it as a migration's STATE body).
     ///
@@ -203,8 +231,17 @@ impl LinuxVm {
         let kick = self.unpark_for_restore();
         self.take_down()?;
         let t0 = Instant::now();
+        let had_anchor = self.counter_anchor.is_some();
         let now = self.counter_now()?;
         let t1 = Instant::now();
+        if !had_anchor {
+            // Read through the service CPU just now (a machine made anew
+            // for a guest coming back): it anchors the first instruction's
+            // stamp.
+            let hz = self.machine.mailbox(self.vcpus).read(mb::CNTFRQ);
+            self.counter_anchor = CounterAnchor::new(now, t1, hz);
+            self.restore_clock.anchor_round_trip = t1 - t0;
+        }
         let timer = VirtualTimer::restore(&TimerState { vct: st.vct }, now);
         let power = Power {
             state: st.cpus.iter().map(|c| c.power).collect(),
@@ -225,6 +262,8 @@ impl LinuxVm {
             counter: t1 - t0,
             threads: t1.elapsed(),
             first_instruction: Duration::ZERO,
+            first_seen: Duration::ZERO,
+            anchor_round_trip: self.restore_clock.anchor_round_trip,
         };
         Ok(())
     }
