@@ -32,7 +32,7 @@ use join::{accept_and_join, join_channels, opener, Refusals};
 pub(crate) use receive::check_end;
 use receive::{populate, receive_channels, RawMem, ReceiveState};
 use resume::resume_after_end;
-pub(crate) use resume::run_resumed;
+pub(crate) use resume::{resumed_at, run_resumed};
 
 /// Accepts one source on `listener` into the guest `factory` builds,
 /// authenticates it as `net` says,

@@ -4,7 +4,7 @@
 //! into guest memory by whichever copy lands first.
 
 use super::config::{DestConfig, DestOutcome, ResumeParts};
-use super::{check_end, run_resumed, DestGuest, ResumedGuest};
+use super::{check_end, resumed_at, run_resumed, DestGuest, ResumedGuest};
 use crate::session::digests::source_digests;
 use crate::session::postcopy::control::{self, Phase, RecoveryMode};
 use crate::session::postcopy::fetch::{bit, Fetcher, REFERENCE_PINGS};
@@ -120,8 +120,7 @@ pub fn resume<R: Read + Write + Send, G: DestGuest>(
     set_fetch(&**vm, r.logging, fetcher.clone())?;
     let fetch_set = Instant::now();
     let wl = r.guest.start(r.state)?;
-    let seen = Instant::now();
-    let resumed_at = wl.first_instruction_at().map_or(seen, |t| t.min(seen));
+    let resumed_at = resumed_at(&wl);
     let writes0 = wl.counters().writes;
     let first = r.main;
     {

@@ -52,8 +52,7 @@ pub(super) fn resume_after_end<C: Connection, G: DestGuest>(
             .spawn_scoped(s, || slot_digests(&**vm, sh))
             .ok();
         let started = guest.start(state).map(|wl| {
-            let seen = Instant::now();
-            let at = wl.first_instruction_at().map_or(seen, |t| t.min(seen));
+            let at = resumed_at(&wl);
             (wl, at)
         });
         let digests = match digester {
@@ -155,6 +154,14 @@ pub(super) fn slot_digests<V: SessionVm>(vm: &V, sh: &ReceiveState<'_, V>) -> Ve
             (s.id, digest_of_iter(hashes))
         })
         .collect()
+}
+
+/// When the guest `wl`, just started, resumed: its own first instruction
+/// ([`GuestRun::first_instruction_at`]) where it knows it, never after
+/// now; else now.
+pub(crate) fn resumed_at<R: GuestRun>(wl: &R) -> Instant {
+    let seen = Instant::now();
+    wl.first_instruction_at().map_or(seen, |t| t.min(seen))
 }
 
 /// Lets the resumed guest run until `run_after` has passed since

@@ -41,9 +41,11 @@ impl Pace {
     ) -> std::io::Result<usize> {
         let t = Instant::now();
         let n = f(r)?;
-        let took = match self.started {
-            true => t.elapsed(),
-            false => Duration::ZERO,
+        // The wait for the record's first byte is not the peer's rate.
+        let took = if self.started {
+            t.elapsed()
+        } else {
+            Duration::ZERO
         };
         self.started |= n > 0;
         self.rate.record(n, took)?;

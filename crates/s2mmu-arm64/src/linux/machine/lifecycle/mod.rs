@@ -26,7 +26,7 @@ use std::time::Duration;
 
 mod clock;
 pub(in crate::linux) mod config;
-pub(in crate::linux) mod counter;
+mod counter;
 mod engine;
 mod load_guest;
 pub(in crate::linux) mod spec;
@@ -119,19 +119,17 @@ impl LinuxVm {
         // Read now, outside any downtime (see `counter_now`): the read of
         // the shortest round trip of three, which bounds how late a stamp
         // the anchor maps to the host's clock can be placed.
-        let hz = vm.machine.mailbox(vm.vcpus).read(layout::mb::CNTFRQ);
-        let mut best: Option<(std::time::Duration, u64, std::time::Instant)> = None;
+        let mut best: Option<(u64, std::time::Instant, std::time::Instant)> = None;
         for _ in 0..ANCHOR_READS {
             let posted = std::time::Instant::now();
             let count = vm.counter()?;
             let at = std::time::Instant::now();
-            if best.is_none_or(|(rt, _, _)| at - posted < rt) {
-                best = Some((at - posted, count, at));
+            if best.is_none_or(|(_, p, a)| at - posted < a - p) {
+                best = Some((count, posted, at));
             }
         }
-        if let Some((rt, count, at)) = best {
-            vm.counter_anchor = counter::CounterAnchor::new(count, at, hz);
-            vm.restore_clock.anchor_round_trip = rt;
+        if let Some((count, posted, at)) = best {
+            vm.anchor_counter(count, posted, at);
         }
         // Nothing runs here until a state is loaded: the CPUs park (their
         // timer waits cost QEMU's threads CPU that a migration's stream
@@ -237,6 +235,20 @@ impl LinuxVm {
         self.machine
             .mailbox(self.vcpus)
             .command_ringing(CMD_STATE, &[0, 0, 0, 0])
+    }
+
+    /// Anchors the machine's counter ([`counter::CounterAnchor`]) at
+    /// `count`, read by a command posted at `posted` whose answer was seen
+    /// at `at`; the round trip is how late the anchor may place a stamp.
+    pub(in crate::linux) fn anchor_counter(
+        &mut self,
+        count: u64,
+        posted: std::time::Instant,
+        at: std::time::Instant,
+    ) {
+        let hz = self.machine.mailbox(self.vcpus).read(layout::mb::CNTFRQ);
+        self.counter_anchor = counter::CounterAnchor::new(count, at, hz);
+        self.restore_clock.anchor_round_trip = at - posted;
     }
 
     /// The physical counter now: carried forward from the blank VM's read

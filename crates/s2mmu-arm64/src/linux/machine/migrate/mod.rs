@@ -13,10 +13,8 @@
 //! the value it had at the pause: the downtime is invisible to the
 //! guest's clock.
 
-use crate::layout::mb;
 use crate::linux::devices::device::DeviceState;
 use crate::linux::gic::Gic;
-use crate::linux::lifecycle::counter::CounterAnchor;
 use crate::linux::psci::PowerState;
 use crate::linux::shared::{Power, StopReason};
 use crate::linux::start::StartState;
@@ -238,9 +236,7 @@ impl LinuxVm {
             // Read through the service CPU just now (a machine made anew
             // for a guest coming back): it anchors the first instruction's
             // stamp.
-            let hz = self.machine.mailbox(self.vcpus).read(mb::CNTFRQ);
-            self.counter_anchor = CounterAnchor::new(now, t1, hz);
-            self.restore_clock.anchor_round_trip = t1 - t0;
+            self.anchor_counter(now, t0, t1);
         }
         let timer = VirtualTimer::restore(&TimerState { vct: st.vct }, now);
         let power = Power {
