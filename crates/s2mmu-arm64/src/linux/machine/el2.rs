@@ -265,6 +265,13 @@ impl El2Vm {
         (m.read(EL2_FAULTS), m.read(EL2_TICKS))
     }
 
+    /// Whether the abort EL2 left to the host for vCPU `id` as on an IPA
+    /// no slot covers has a slot now: one added since EL2 looked. The
+    /// guest retries, and EL2 answers the fault if it comes again.
+    pub(crate) fn slot_added_since(&self, id: usize, e: &Exit) -> bool {
+        self.machine.mailbox(id).read(EL2_OUTCOME) == ABORT_NO_SLOT && self.covered(e.ipa())
+    }
+
     /// An abort the stub posted for vCPU `id` after EL2 left it to the
     /// host: an IPA no slot covers (the host's devices), a full ring.
     pub(crate) fn stage2_abort(
@@ -273,8 +280,6 @@ impl El2Vm {
         e: &Exit,
     ) -> Result<s2mmu::Result<Vec<(u64, u64)>>> {
         match self.machine.mailbox(id).read(EL2_OUTCOME) {
-            // A slot added since EL2 answered covers it: the guest retries.
-            ABORT_NO_SLOT if self.covered(e.ipa()) => Ok(Ok(Vec::new())),
             ABORT_NO_SLOT => Ok(Err(s2mmu::Error::NoSlot {
                 gpa: Gpa::new(e.ipa()),
             })),

@@ -10,7 +10,7 @@ use crate::linux::bus::Served;
 use crate::linux::devices::device::{CallDone, Conduit, SysRegAccess};
 use crate::linux::inject::Injection;
 use crate::linux::mmio::{self, MmioDecode};
-use crate::linux::placement::PlacedVcpu;
+use crate::linux::placement::{Answer, PlacedVcpu};
 use crate::linux::psci;
 use crate::linux::shared::{kick_insns, ExitKind, Shared};
 use crate::machine::{Exit, Mailbox};
@@ -246,7 +246,9 @@ fn abort(
     let r = vcpu.stage2_abort(e)?;
     let st = &sh.host_log.stats[id];
     match r {
-        Ok(insns) => {
+        // Not counted: the guest's retry is the fault the engine answers.
+        Ok(Answer::Retry) => Ok(Next::Resume(e.elr, Vec::new())),
+        Ok(Answer::Mapped(insns)) => {
             sh.count(id, ExitKind::Stage2Fault);
             if crate::linux::dirty_limit::dirties(e) {
                 sh.faults.limit.on_write_fault(id);

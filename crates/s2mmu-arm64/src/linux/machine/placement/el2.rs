@@ -3,7 +3,7 @@
 //! thread.
 
 use super::EngineLog;
-use super::{PlacedLog, PlacedVcpu, Placement};
+use super::{Answer, PlacedLog, PlacedVcpu, Placement};
 use crate::linux::el2::{El2Vm, WeakEl2Vm};
 use crate::machine::{Exit, Machine};
 use crate::tlbi::HypSink;
@@ -17,8 +17,11 @@ struct El2Vcpu<'a> {
 }
 
 impl PlacedVcpu for El2Vcpu<'_> {
-    fn stage2_abort(&mut self, e: &Exit) -> Result<s2mmu::Result<Vec<(u64, u64)>>> {
-        self.vm.stage2_abort(self.id, e)
+    fn stage2_abort(&mut self, e: &Exit) -> Result<s2mmu::Result<Answer>> {
+        if self.vm.slot_added_since(self.id, e) {
+            return Ok(Ok(Answer::Retry));
+        }
+        Ok(self.vm.stage2_abort(self.id, e)?.map(Answer::Mapped))
     }
 }
 

@@ -2,7 +2,7 @@
 //! answered by the faulting vCPU's host thread.
 
 use super::EngineLog;
-use super::{PlacedLog, PlacedVcpu, Placement};
+use super::{Answer, PlacedLog, PlacedVcpu, Placement};
 use crate::arena::ArenaMmOps;
 use crate::linux::el2::{El2Vm, WeakEl2Vm};
 use crate::machine::{Exit, Machine};
@@ -21,8 +21,8 @@ struct HostVcpu<'a> {
 }
 
 impl PlacedVcpu for HostVcpu<'_> {
-    fn stage2_abort(&mut self, e: &Exit) -> Result<s2mmu::Result<Vec<(u64, u64)>>> {
-        self.vm.fault(&mut self.mmu, e)
+    fn stage2_abort(&mut self, e: &Exit) -> Result<s2mmu::Result<Answer>> {
+        Ok(self.vm.fault(&mut self.mmu, e)?.map(Answer::Mapped))
     }
 }
 

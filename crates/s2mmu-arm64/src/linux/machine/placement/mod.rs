@@ -35,15 +35,27 @@ use s2mmu::dirty::DirtyGfn;
 use s2mmu::mmu::DirtyMode;
 use std::sync::Arc;
 
+/// What the host made of a stage-2 abort the stub reported.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Answered by the host: the TLB maintenance the answer must carry
+    /// before the guest retries.
+    Mapped(Vec<(u64, u64)>),
+    /// Nothing for the host to answer: a memslot added since the abort
+    /// now covers its IPA. The guest retries the access, and the engine
+    /// answers it where it runs.
+    Retry,
+}
+
 /// What a vCPU's host thread keeps of the engine between exits.
 pub(crate) trait PlacedVcpu: Send {
-    /// A stage-2 abort the stub reported for this vCPU: the maintenance
-    /// the answer must carry before the guest retries, or the engine's
-    /// error ([`s2mmu::Error::NoSlot`] for an IPA no memslot covers: MMIO).
+    /// A stage-2 abort the stub reported for this vCPU: the host's
+    /// [`Answer`], or the engine's error ([`s2mmu::Error::NoSlot`] for an
+    /// IPA no memslot covers: MMIO).
     ///
     /// # Errors
     /// A fault status the engine does not handle.
-    fn stage2_abort(&mut self, e: &Exit) -> Result<s2mmu::Result<Vec<(u64, u64)>>>;
+    fn stage2_abort(&mut self, e: &Exit) -> Result<s2mmu::Result<Answer>>;
 }
 
 /// The engine's placement: what the machine needs of its stage-2 engine,
