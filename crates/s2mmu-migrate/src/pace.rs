@@ -40,7 +40,8 @@ impl Pace {
     }
 
     /// The grace before the rate counts.
-    pub(crate) fn grace(&self) -> Duration {
+    #[cfg(test)]
+    fn grace(&self) -> Duration {
         self.grace
     }
 

@@ -155,7 +155,7 @@ impl<R: Read> WireReader<R> {
     /// As [`WireReader::open`].
     pub fn read_opening(self) -> Result<(Self, Opening), MigrateError> {
         let mut s = self;
-        s.pace = Pace::new(s.pace.grace());
+        s.pace.restart();
         let mut magic = [0u8; 8];
         s.fill(&mut magic, "the opening")?;
         if magic != MAGIC {
@@ -392,7 +392,7 @@ impl<R: Read> WireReader<R> {
     /// records: every stream ends with END), [`MigrateError::RecordChecksum`],
     /// [`MigrateError::UnknownRecord`], [`MigrateError::Malformed`].
     pub fn next_record(&mut self) -> Result<Record, MigrateError> {
-        self.pace = Pace::new(self.pace.grace());
+        self.pace.restart();
         self.record()
     }
 

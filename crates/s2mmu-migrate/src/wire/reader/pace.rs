@@ -28,9 +28,11 @@ impl Pace {
         }
     }
 
-    /// The grace of the record's deadline.
-    pub(super) fn grace(&self) -> Duration {
-        self.rate.grace()
+    /// A new record: its bytes and its wait start from nothing, under the
+    /// same grace.
+    pub(super) fn restart(&mut self) {
+        self.rate.restart();
+        self.started = false;
     }
 
     /// One read of the record, timed.
