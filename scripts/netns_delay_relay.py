@@ -27,6 +27,15 @@ What it charges is what a link of that RTT charges, no more:
   and their own half), the server's no earlier than 2 RTT after it (the
   server's accept needs the handshake's last ACK): every connection
   pays its handshake, as it would over netem.
+
+And it holds about what a link of that RTT holds, no more: a direction
+stops reading while --max-held bytes (1 MiB by default) wait for their
+time, so the sender's TCP window closes as it would behind the link (10
+Gbit/s holds 125 KB in a 0.1 ms one-way trip). Without the bound, a
+sender faster than the relay's own delivery on a busy host (QEMU's
+migration at 10 Gbit/s, 2 cores) had up to 36 MiB taken in at once,
+delivered up to 150 ms late: its stream counted as sent long before a
+link could have carried it.
 """
 
 import argparse
@@ -44,11 +53,15 @@ def hostport(s):
     return host, int(port)
 
 
-async def pump(reader, writer, delay, not_before):
+async def pump(reader, writer, delay, not_before, max_held):
     """Copies reader into writer, each chunk delivered `delay` seconds
     after it arrived and not before the monotonic time `not_before` (the
-    connection's handshake; chunks keep their order)."""
+    connection's handshake; chunks keep their order). Reading waits while
+    `max_held` bytes or more are waiting to be delivered."""
     queue = asyncio.Queue()
+    held = [0]
+    room = asyncio.Event()
+    room.set()
 
     async def deliver():
         while True:
@@ -61,6 +74,9 @@ async def pump(reader, writer, delay, not_before):
                 await asyncio.sleep(wait)
             writer.write(data)
             await writer.drain()
+            held[0] -= len(data)
+            if held[0] < max_held:
+                room.set()
         try:
             writer.write_eof()
         except (OSError, RuntimeError):
@@ -69,9 +85,13 @@ async def pump(reader, writer, delay, not_before):
     task = asyncio.ensure_future(deliver())
     try:
         while True:
+            await room.wait()
             data = await reader.read(1 << 16)
             if not data:
                 break
+            held[0] += len(data)
+            if held[0] >= max_held:
+                room.clear()
             await queue.put((time.monotonic(), data))
     except (ConnectionError, OSError):
         pass
@@ -82,7 +102,7 @@ async def pump(reader, writer, delay, not_before):
         pass
 
 
-async def handle(cr, cw, to, delay):
+async def handle(cr, cw, to, delay, max_held):
     accepted = time.monotonic()
     try:
         ur, uw = await asyncio.open_connection(*to)
@@ -93,8 +113,8 @@ async def handle(cr, cw, to, delay):
     # The handshake a link of this RTT would take (see the module's text):
     # the client's bytes arrive 1.5 RTT after it began, the server's 2 RTT.
     await asyncio.gather(
-        pump(cr, uw, delay, accepted + 3 * delay),
-        pump(ur, cw, delay, accepted + 4 * delay),
+        pump(cr, uw, delay, accepted + 3 * delay, max_held),
+        pump(ur, cw, delay, accepted + 4 * delay, max_held),
     )
     for w in (cw, uw):
         w.close()
@@ -105,12 +125,16 @@ async def main():
     ap.add_argument("--listen", type=hostport, required=True)
     ap.add_argument("--to", type=hostport, required=True)
     ap.add_argument("--rtt-ms", type=float, required=True)
+    ap.add_argument("--max-held", type=int, default=1 << 20,
+                    help="bytes a direction holds before it stops reading (default 1 MiB)")
     a = ap.parse_args()
     if not 0 <= a.rtt_ms <= 10_000:
         ap.error("--rtt-ms: 0 to 10000")
+    if not 1 << 16 <= a.max_held <= 1 << 30:
+        ap.error("--max-held: 64 KiB to 1 GiB")
     delay = a.rtt_ms / 2000.0
     server = await asyncio.start_server(
-        lambda r, w: handle(r, w, a.to, delay), a.listen[0], a.listen[1]
+        lambda r, w: handle(r, w, a.to, delay, a.max_held), a.listen[0], a.listen[1]
     )
     port = server.sockets[0].getsockname()[1]
     print(

@@ -2,7 +2,8 @@
 //! the kernel has no netem: a ping-pong through it takes at least the RTT
 //! it was given and, at its fastest, not a whole millisecond more; a new
 //! connection's first exchange pays the TCP handshake's round trip too;
-//! a stream through it arrives whole and in order.
+//! a stream through it arrives whole and in order; behind a receiver
+//! that does not read, it takes in what a link holds, not a whole stream.
 //! Needs python3 (the test fails, saying so, without it).
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -38,10 +39,16 @@ impl Drop for Relay {
 
 /// The relay in front of `to` with `rtt_ms`, and where it listens.
 fn relay(to: &str, rtt_ms: &str) -> Relay {
+    relay_with(to, rtt_ms, &[])
+}
+
+/// [`relay`] with further options.
+fn relay_with(to: &str, rtt_ms: &str, more: &[&str]) -> Relay {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netns_delay_relay.py");
     let mut c = Command::new("python3")
         .arg(script)
         .args(["--listen", "127.0.0.1:0", "--to", to, "--rtt-ms", rtt_ms])
+        .args(more)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("the relay needs python3: {e}"));
@@ -130,4 +137,54 @@ fn a_stream_through_the_relay_arrives_whole_and_in_order() {
     s.read_exact(&mut got).unwrap();
     writer.join().unwrap();
     assert!(got == data, "the relay changed or reordered bytes");
+}
+
+/// A server that accepts and never reads (its connections stay open).
+fn sink() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            kept.push(c);
+        }
+    });
+    addr
+}
+
+/// Bytes a writer gets into a connection through a relay with `more`
+/// options to a receiver that never reads, up to `cap`: it stops at the
+/// first write that waits 300 ms.
+fn taken_before_blocking(more: &[&str], cap: usize) -> usize {
+    let r = relay_with(&sink(), "0.2", more);
+    let mut s = connect(&r.1);
+    s.set_write_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let chunk = vec![0x5a_u8; 64 << 10];
+    let mut taken = 0;
+    while taken < cap {
+        match s.write(&chunk) {
+            Ok(n) => taken += n,
+            Err(_) => break,
+        }
+    }
+    taken
+}
+
+#[test]
+fn behind_a_receiver_that_does_not_read_it_holds_what_a_link_holds() {
+    // The kernel's buffers on the way (the writer's, the relay's both
+    // sockets, the receiver's) take some MiB on loopback; the relay itself
+    // takes at most its 1 MiB. Unbounded (the largest --max-held), it
+    // takes the whole 96 MiB: the check below fails there.
+    let cap = 96 << 20;
+    let unbounded = taken_before_blocking(&["--max-held", "1073741824"], cap);
+    assert_eq!(unbounded, cap, "an unbounded relay takes the whole stream");
+    let bounded = taken_before_blocking(&[], cap);
+    assert!(
+        bounded < 48 << 20,
+        "{} MiB taken with a 1 MiB bound",
+        bounded >> 20
+    );
 }
