@@ -155,12 +155,12 @@ fn sink() -> String {
 
 /// Bytes a writer gets into a connection through a relay with `more`
 /// options to a receiver that never reads, up to `cap`: it stops at the
-/// first write that waits 300 ms.
+/// first write that waits 2 s (a relay that reads on is not that late,
+/// even on a loaded host).
 fn taken_before_blocking(more: &[&str], cap: usize) -> usize {
     let r = relay_with(&sink(), "0.2", more);
     let mut s = connect(&r.1);
-    s.set_write_timeout(Some(Duration::from_millis(300)))
-        .unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
     let chunk = vec![0x5a_u8; 64 << 10];
     let mut taken = 0;
     while taken < cap {
@@ -176,14 +176,19 @@ fn taken_before_blocking(more: &[&str], cap: usize) -> usize {
 fn behind_a_receiver_that_does_not_read_it_holds_what_a_link_holds() {
     // The kernel's buffers on the way (the writer's, the relay's both
     // sockets, the receiver's) take some MiB on loopback; the relay itself
-    // takes at most its 1 MiB. Unbounded (the largest --max-held), it
-    // takes the whole 96 MiB: the check below fails there.
-    let cap = 96 << 20;
+    // takes at most its 1 MiB: 9 MiB in all here. Unbounded (the largest
+    // --max-held), it takes the whole 96 MiB offered, and the check below
+    // fails there.
+    let (cap, bound) = (96 << 20, 48 << 20);
     let unbounded = taken_before_blocking(&["--max-held", "1073741824"], cap);
-    assert_eq!(unbounded, cap, "an unbounded relay takes the whole stream");
+    assert!(
+        unbounded >= bound,
+        "an unbounded relay took only {} MiB",
+        unbounded >> 20
+    );
     let bounded = taken_before_blocking(&[], cap);
     assert!(
-        bounded < 48 << 20,
+        bounded < bound,
         "{} MiB taken with a 1 MiB bound",
         bounded >> 20
     );
