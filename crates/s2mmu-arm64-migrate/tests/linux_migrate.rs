@@ -93,15 +93,21 @@ fn hop(src: &LinuxSource, dest: &Arc<LinuxDest>, what: &str) -> (Arc<LinuxSessio
         "{what}: {rc:?} in {q:?}"
     );
     // The first instruction's stamp, placed on the host's clock by the
-    // blank machine's counter anchor, lies after the resume began and
-    // before the host saw it: one placed outside (a stamp of another
-    // clock, an anchor read wrong) is clamped to either end, and fails
-    // here.
+    // blank machine's counter anchor: never early, late by at most the
+    // anchor's round trip. So the placement lies after the resume began
+    // and at most that round trip after the host saw the stamp (a host
+    // that looked at once sees it placed at its look). A stamp of another
+    // clock, or an anchor read wrong, lands outside and fails here.
     assert!(
-        rc.first_instruction < rc.first_seen,
-        "{what}: the first instruction at {:?}, seen at {:?}",
+        rc.first_placed > Duration::ZERO
+            && rc.first_placed <= rc.first_seen + rc.anchor_round_trip
+            && rc.first_instruction <= rc.first_seen,
+        "{what}: the first instruction placed at {:?} ({:?} kept), seen at {:?}, the anchor's \
+         round trip {:?}",
+        rc.first_placed,
         rc.first_instruction,
-        rc.first_seen
+        rc.first_seen,
+        rc.anchor_round_trip
     );
     // The session let it run for its run_after, then paused it: run on.
     to.lock().resume_vcpus().expect("it runs on");

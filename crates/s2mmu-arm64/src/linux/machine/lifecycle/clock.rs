@@ -25,6 +25,14 @@ pub struct RestoreClock {
     /// stamp (it looks in 50 µs naps: later than the instruction by its
     /// last nap and by however long a loaded host took to run it again).
     pub first_seen: Duration,
+    /// From the resume's start to where the counter anchor placed the
+    /// stamp, before `first_instruction` bounds it by the resume's start
+    /// and `first_seen` (zero without an anchor, or for a placement before
+    /// the start). The anchor places a stamp late by at most its round
+    /// trip and never early, so a placement beyond `first_seen` plus
+    /// [`RestoreClock::anchor_round_trip`] is an anchor or a stamp gone
+    /// wrong.
+    pub first_placed: Duration,
     /// The round trip of the counter read the blank machine's anchor came
     /// from (zero without one): how late the anchor may place a stamp.
     pub anchor_round_trip: Duration,

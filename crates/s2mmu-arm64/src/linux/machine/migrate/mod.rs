@@ -134,14 +134,17 @@ impl LinuxVm {
         }
         let seen = Instant::now();
         // The stamp on the host's clock, never after the host saw it.
-        let at = match (stamp, self.counter_anchor) {
-            (Some(s), Some(a)) => a.instant_of(s).clamp(t0, seen),
-            _ => seen,
+        let placed = match (stamp, self.counter_anchor) {
+            (Some(s), Some(a)) => Some(a.instant_of(s)),
+            _ => None,
         };
+        let at = placed.map_or(seen, |p| p.clamp(t0, seen));
         self.first_instruction_at = Some(at);
         if restoring {
             self.restore_clock.first_instruction = at - t0;
             self.restore_clock.first_seen = seen - t0;
+            self.restore_clock.first_placed =
+                placed.map_or(Duration::ZERO, |p| p.saturating_duration_since(t0));
         }
         Ok(())
     }
@@ -259,6 +262,7 @@ impl LinuxVm {
             threads: t1.elapsed(),
             first_instruction: Duration::ZERO,
             first_seen: Duration::ZERO,
+            first_placed: Duration::ZERO,
             anchor_round_trip: self.restore_clock.anchor_round_trip,
         };
         Ok(())
