@@ -33,7 +33,7 @@ stops reading while --max-held bytes (1 MiB by default) wait for their
 time, so the sender's TCP window closes as it would behind the link (10
 Gbit/s holds 125 KB in a 0.1 ms one-way trip). Without the bound, a
 sender faster than the relay's own delivery on a busy host (QEMU's
-migration at 10 Gbit/s, 2 cores) had up to 36 MiB taken in at once,
+migration at 10 Gbit/s, 2 cores) had up to 35 MiB taken in at once,
 delivered up to 150 ms late: its stream counted as sent long before a
 link could have carried it.
 """
