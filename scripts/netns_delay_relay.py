@@ -31,11 +31,11 @@ What it charges is what a link of that RTT charges, no more:
 And it holds about what a link of that RTT holds, no more: a direction
 stops reading while --max-held bytes (1 MiB by default) wait for their
 time, so the sender's TCP window closes as it would behind the link (10
-Gbit/s holds 125 KB in a 0.1 ms one-way trip). Without the bound, a
-sender faster than the relay's own delivery on a busy host (QEMU's
-migration at 10 Gbit/s, 2 cores) had up to 35 MiB taken in at once,
-delivered up to 150 ms late: its stream counted as sent long before a
-link could have carried it.
+Gbit/s holds 125 KB in a 0.1 ms one-way trip). Unbounded, a relay
+takes in whatever a sender faster than its own delivery writes (35 MiB
+of QEMU's migration at 10 Gbit/s on 2 cores, the last of it delivered
+150 ms late), and the sender counts its stream sent long before a link
+could have carried it.
 """
 
 import argparse
@@ -59,24 +59,30 @@ async def pump(reader, writer, delay, not_before, max_held):
     connection's handshake; chunks keep their order). Reading waits while
     `max_held` bytes or more are waiting to be delivered."""
     queue = asyncio.Queue()
-    held = [0]
+    held = 0
     room = asyncio.Event()
     room.set()
 
     async def deliver():
-        while True:
-            item = await queue.get()
-            if item is None:
-                break
-            at, data = item
-            wait = max(at + delay, not_before) - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            writer.write(data)
-            await writer.drain()
-            held[0] -= len(data)
-            if held[0] < max_held:
-                room.set()
+        nonlocal held
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                at, data = item
+                wait = max(at + delay, not_before) - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                writer.write(data)
+                await writer.drain()
+                held -= len(data)
+                if held < max_held:
+                    room.set()
+        finally:
+            # A delivery that failed (the far side reset) wakes a reader
+            # waiting for room, which then stops.
+            room.set()
         try:
             writer.write_eof()
         except (OSError, RuntimeError):
@@ -86,11 +92,13 @@ async def pump(reader, writer, delay, not_before, max_held):
     try:
         while True:
             await room.wait()
+            if task.done():
+                break
             data = await reader.read(1 << 16)
             if not data:
                 break
-            held[0] += len(data)
-            if held[0] >= max_held:
+            held += len(data)
+            if held >= max_held:
                 room.clear()
             await queue.put((time.monotonic(), data))
     except (ConnectionError, OSError):

@@ -3,7 +3,8 @@
 //! it was given and, at its fastest, not a whole millisecond more; a new
 //! connection's first exchange pays the TCP handshake's round trip too;
 //! a stream through it arrives whole and in order; behind a receiver
-//! that does not read, it takes in what a link holds, not a whole stream.
+//! that does not read, it takes in what a link holds, not a whole stream,
+//! and a receiver's reset ends the writer's connection.
 //! Needs python3 (the test fails, saying so, without it).
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -191,5 +192,36 @@ fn behind_a_receiver_that_does_not_read_it_holds_what_a_link_holds() {
         bounded < bound,
         "{} MiB taken with a 1 MiB bound",
         bounded >> 20
+    );
+}
+
+#[test]
+fn a_reset_behind_the_relay_ends_the_writers_connection() {
+    // A receiver that reads nothing and, after a second, closes: with its
+    // received bytes unread, the close is a reset.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let to = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let Ok((c, _)) = l.accept() else { return };
+        std::thread::sleep(Duration::from_secs(1));
+        drop(c);
+    });
+    let r = relay(&to, "0.2");
+    let mut s = connect(&r.1);
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let chunk = vec![0x5a_u8; 64 << 10];
+    // The relay stops reading with its bound full; a relay that then waits
+    // for room forever leaves the write blocked until its timeout.
+    let err = loop {
+        if let Err(e) = s.write(&chunk) {
+            break e;
+        }
+    };
+    assert!(
+        !matches!(
+            err.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        "the writer waited out its timeout: {err}"
     );
 }
