@@ -5,12 +5,16 @@ use super::console;
 use super::link::LinkSpec;
 use std::path::PathBuf;
 
-/// The migration starts this long after the guest program's first line
-/// (`s2mmu migrate --guest linux` waits so long after the dirtier starts;
-/// the QEMU side is started at the same point).
+/// The migration starts at least this long after the guest program's
+/// first line: QEMU's side is started then, and `s2mmu migrate --guest
+/// linux` waits so long and then for its machine B, so that its own report
+/// says when it started.
 pub const WARMUP_S: f64 = 2.0;
-/// The window before the migration the guest's own rate is taken over.
-pub const BEFORE_S: f64 = 1.5;
+/// The window before the migration the guest's own rate is taken over: a
+/// whole second, as [`MIN_DURING_S`], because the idle guest writes its
+/// pages in one burst a second, and a window of whole seconds (on the
+/// guest's clock) holds as many bursts wherever it starts.
+pub const BEFORE_S: f64 = 1.0;
 /// The shortest window the rate during the migration is taken over for
 /// the idle cell, whose guest writes in bursts of 64 pages (a shorter
 /// window measures its bursts, not its rate). The writing cells take the
@@ -156,19 +160,31 @@ impl Measured {
     }
 
     /// The console figures of a run of `cell` whose migration started at
-    /// `t0` and took `total_ms`, from its stamped lines.
-    pub fn read_console(&mut self, cell: Cell, lines: &[console::Stamped], t0: f64) {
+    /// `t0` and took `total_ms`, from its stamped lines; `paused`: the
+    /// source's pause and the destination's resume (host seconds), if
+    /// known. The work rates are counted on the guest's clock
+    /// ([`console::GuestClock`]), fitted to the lines before `t0`.
+    pub fn read_console(
+        &mut self,
+        cell: Cell,
+        lines: &[console::Stamped],
+        t0: f64,
+        paused: Option<(f64, f64)>,
+    ) {
         let ticks = console::ticks(lines);
         let end = t0 + self.total_ms / 1e3;
         self.gap_ms = console::largest_gap(&ticks, t0, end + 1.0).map(|g| g * 1e3);
-        self.rate_before = console::rate(&ticks, t0 - BEFORE_S, t0);
+        self.pages_lost = console::pages_lost(lines);
+        let Some(clock) = console::GuestClock::fit(&ticks, t0 - BEFORE_S, t0, paused) else {
+            return;
+        };
+        self.rate_before = console::rate(&ticks, &clock, t0 - BEFORE_S, t0);
         let window = if cell == Cell::Idle {
             end.max(t0 + MIN_DURING_S)
         } else {
             end
         };
-        self.rate_during = console::rate(&ticks, t0, window);
-        self.pages_lost = console::pages_lost(lines);
+        self.rate_during = console::rate(&ticks, &clock, t0, window);
     }
 }
 

@@ -68,51 +68,134 @@ pub fn first(lines: &[Stamped], what: &str) -> Option<f64> {
     lines.iter().find(|l| l.line.contains(what)).map(|l| l.at)
 }
 
-/// The dirtier's progress lines (`s2mmu-dirtier: t=... pages=N`): their
-/// stamps and page counts, in time order.
-pub fn ticks(lines: &[Stamped]) -> Vec<(f64, u64)> {
-    let mut v: Vec<(f64, u64)> = lines
+/// One of the dirtier's progress lines (`s2mmu-dirtier: t=S.SSSs ...
+/// pages=N`): when the host read it, and the guest's own clock and page
+/// count as the guest printed it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tick {
+    /// Host wall-clock seconds at the line's arrival.
+    pub at: f64,
+    /// The guest's clock at the print, seconds since the program started.
+    pub guest_s: f64,
+    /// Pages the program had written at the print.
+    pub pages: u64,
+}
+
+/// The dirtier's progress lines, in arrival order.
+pub fn ticks(lines: &[Stamped]) -> Vec<Tick> {
+    let mut v: Vec<Tick> = lines
         .iter()
         .filter_map(|l| {
             let rest = l.line.split("s2mmu-dirtier: t=").nth(1)?;
+            let guest_s = rest.split('s').next()?.parse().ok()?;
             let n = rest.split(" pages=").nth(1)?.split_whitespace().next()?;
-            Some((l.at, n.parse().ok()?))
+            Some(Tick {
+                at: l.at,
+                guest_s,
+                pages: n.parse().ok()?,
+            })
         })
         .collect();
-    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    v.sort_by(|a, b| a.at.total_cmp(&b.at));
     v
 }
 
 /// The largest gap (seconds) between consecutive ticks where the later
-/// tick falls in `[from, to]`.
-pub fn largest_gap(ticks: &[(f64, u64)], from: f64, to: f64) -> Option<f64> {
+/// tick falls in `[from, to]`, as the host read them.
+pub fn largest_gap(ticks: &[Tick], from: f64, to: f64) -> Option<f64> {
     ticks
         .windows(2)
-        .filter(|w| w[1].0 >= from && w[1].0 <= to)
-        .map(|w| w[1].0 - w[0].0)
+        .filter(|w| w[1].at >= from && w[1].at <= to)
+        .map(|w| w[1].at - w[0].at)
         .max_by(f64::total_cmp)
 }
 
-/// Pages the program had done at `t`: interpolated between the last tick
-/// at or before it and the next one (the last tick's count where none
-/// follows). Taking the last tick alone would undercount a window's end
-/// and overcount its start by up to a tick interval, which differs
-/// between the two emulations (a trapped UART line costs ours more).
-fn pages_at(ticks: &[(f64, u64)], t: f64) -> Option<f64> {
-    let i = ticks.iter().rposition(|p| p.0 <= t)?;
-    let (t0, n0) = (ticks[i].0, ticks[i].1 as f64);
+/// How long after the resume the destination's lines fit its clock.
+const FIT_AFTER_S: f64 = 1.0;
+
+/// The guest's clock against the host's, fitted from its progress lines.
+///
+/// The work rate is taken on the guest's clock, not from when the host
+/// read each line: a line reaches the host late by the console's delay,
+/// which differs between the two emulations (each character a trapped
+/// UART write on ours, a few ms more while a migration loads the host)
+/// and would move a short window's count by a line's worth of pages. A
+/// line is never read before it is printed, so the least lag of a span
+/// of lines is the clocks' offset (plus the console's quickest delivery,
+/// the same at both ends of a window). Both migrations stop the guest's
+/// clock while it is paused (CNTVOFF on ours, the stopped virtual clock
+/// on QEMU's): the pause to the resume is time without work, and the
+/// destination's lines are fitted on their own.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GuestClock {
+    /// Host time minus guest time before the pause.
+    before: f64,
+    /// The pause and the resume on the host's clock, and host minus
+    /// guest time after the resume.
+    paused: Option<(f64, f64, f64)>,
+}
+
+impl GuestClock {
+    /// Fits the clock to the lines read in `[from, to]` (before the
+    /// pause), and to the destination's first second after `pause`'s
+    /// resume (`(pause, resume)` on the host's clock). Without lines after
+    /// the resume the guest's clock is taken to have stood still over the
+    /// pause. `None` without lines in `[from, to]`.
+    pub fn fit(
+        ticks: &[Tick],
+        from: f64,
+        to: f64,
+        pause: Option<(f64, f64)>,
+    ) -> Option<GuestClock> {
+        let least_lag = |a: f64, b: f64| {
+            ticks
+                .iter()
+                .filter(|k| k.at >= a && k.at <= b)
+                .map(|k| k.at - k.guest_s)
+                .min_by(f64::total_cmp)
+        };
+        let before = least_lag(from, to)?;
+        let paused = pause.map(|(p, r)| {
+            let r = r.max(p);
+            let after = least_lag(r, r + FIT_AFTER_S).unwrap_or(before + (r - p));
+            (p, r, after)
+        });
+        Some(GuestClock { before, paused })
+    }
+
+    /// The guest's clock at host time `t`: held at the pause until the
+    /// resume, never going back.
+    pub fn guest_at(&self, t: f64) -> f64 {
+        match self.paused {
+            Some((p, r, after)) if t >= r => (t - after).max(p - self.before),
+            Some((p, _, _)) if t >= p => p - self.before,
+            _ => t - self.before,
+        }
+    }
+}
+
+/// Pages the program had written at guest time `g`: interpolated between
+/// the last tick printed at or before it and the next (the last tick's
+/// count where none follows). `ticks` in the guest's time order.
+fn pages_at(ticks: &[Tick], g: f64) -> Option<f64> {
+    let i = ticks.iter().rposition(|k| k.guest_s <= g)?;
+    let (g0, n0) = (ticks[i].guest_s, ticks[i].pages as f64);
     Some(match ticks.get(i + 1) {
-        Some(&(t1, n1)) if t1 > t0 => n0 + (n1 as f64 - n0) * (t - t0) / (t1 - t0),
+        Some(k) if k.guest_s > g0 => n0 + (k.pages as f64 - n0) * (g - g0) / (k.guest_s - g0),
         _ => n0,
     })
 }
 
-/// The program's pages per second over `[from, to]`, from its ticks.
-pub fn rate(ticks: &[(f64, u64)], from: f64, to: f64) -> Option<f64> {
+/// The program's pages per second of host time over `[from, to]` (host
+/// seconds), counted on the guest's clock `clock`.
+pub fn rate(ticks: &[Tick], clock: &GuestClock, from: f64, to: f64) -> Option<f64> {
     if to <= from {
         return None;
     }
-    let (a, b) = (pages_at(ticks, from)?, pages_at(ticks, to)?);
+    let mut by_guest = ticks.to_vec();
+    by_guest.sort_by(|a, b| a.guest_s.total_cmp(&b.guest_s));
+    let a = pages_at(&by_guest, clock.guest_at(from))?;
+    let b = pages_at(&by_guest, clock.guest_at(to))?;
     Some((b - a).max(0.0) / (to - from))
 }
 
@@ -144,6 +227,14 @@ mod tests {
         }
     }
 
+    /// A progress line printed at guest time `g` with `pages`, read at `at`.
+    fn tick(at: f64, g: f64, pages: u64) -> Stamped {
+        l(
+            at,
+            &format!("s2mmu-dirtier: t={g:.3}s passes=0 pages={pages}"),
+        )
+    }
+
     #[test]
     fn ticks_give_the_gap_the_rate_and_the_check() {
         let lines = vec![
@@ -157,22 +248,105 @@ mod tests {
         ];
         let t = ticks(&lines);
         assert_eq!(t.len(), 4);
+        assert_eq!(t[2].guest_s, 0.104);
         let gap = largest_gap(&t, 1.0, 2.0).unwrap();
         assert!((gap - 0.1).abs() < 1e-9, "{gap}");
         assert_eq!(largest_gap(&t, 1.105, 1.2), Some(1.108 - 1.104));
-        let r = rate(&t, 1.002, 1.108).unwrap();
+        let clock = GuestClock::fit(&t, 1.0, 1.2, None).unwrap();
+        let r = rate(&t, &clock, 1.002, 1.108).unwrap();
         assert!((r - 530.0 / 0.106).abs() < 1e-6, "{r}");
-        assert_eq!(rate(&t, 0.5, 1.1), None);
+        assert_eq!(rate(&t, &clock, 0.5, 1.1), None);
         // Between ticks the count is interpolated: half way from 20 (at
-        // 1.004) to 520 (at 1.104) is 270; past the last tick, its count.
-        let r = rate(&t, 1.054, 1.2).unwrap();
+        // 0.004) to 520 (at 0.104) is 270; past the last tick, its count.
+        let r = rate(&t, &clock, 1.054, 1.2).unwrap();
         assert!((r - (540.0 - 270.0) / 0.146).abs() < 1e-6, "{r}");
+        assert_eq!(GuestClock::fit(&t, 2.0, 3.0, None), None);
         assert_eq!(pages_lost(&lines), Some(0));
         assert_eq!(first(&lines, "dirtier: start"), Some(1.0));
         let mut bad = lines.clone();
         bad.push(l(1.3, "s2mmu-dirtier: FAIL memory thread=0 page=3"));
         assert_eq!(pages_lost(&bad), Some(1));
         assert_eq!(pages_lost(&lines[..3]), None);
+    }
+
+    /// A guest writing 1,000 pages a second of its clock, a line every
+    /// 10 ms, read 1 ms after it is printed; its clock is host time
+    /// minus 100 s. `late` holds the lines printed in `[2.0, 2.1)` (host
+    /// time) back until 2.1, as a console that stalls for 100 ms.
+    fn steady(late: bool) -> Vec<Tick> {
+        let lines: Vec<Stamped> = (0..300)
+            .map(|i| {
+                let printed = 1.0 + i as f64 * 0.01;
+                let read = if late && (2.0..2.1).contains(&printed) {
+                    2.1
+                } else {
+                    printed + 0.001
+                };
+                tick(read, printed - 100.0, i * 10)
+            })
+            .collect();
+        ticks(&lines)
+    }
+
+    #[test]
+    fn a_late_console_does_not_move_the_rate() {
+        for late in [false, true] {
+            let t = steady(late);
+            let clock = GuestClock::fit(&t, 1.0, 1.9, None).unwrap();
+            let r = rate(&t, &clock, 2.0, 2.06).unwrap();
+            assert!((r - 1000.0).abs() < 1e-6, "late {late}: {r}");
+        }
+        // The same window read from when the lines arrived: the late lines
+        // put no work in it at all.
+        let t = steady(true);
+        let arrived: Vec<Tick> = t
+            .iter()
+            .map(|k| Tick {
+                guest_s: k.at,
+                ..*k
+            })
+            .collect();
+        let by_arrival = GuestClock::fit(&arrived, 1.0, 1.9, None).unwrap();
+        let r = rate(&arrived, &by_arrival, 2.0, 2.06).unwrap();
+        assert!(r < 500.0, "{r}");
+    }
+
+    #[test]
+    fn a_pause_is_time_without_work_and_a_slow_guest_shows() {
+        // Paused from 2.0 to 2.1 (host time); the destination's clock goes
+        // on from the pause, its lines read 1 ms after their print as before.
+        let mut lines = Vec::new();
+        for i in 0..300 {
+            let host = 1.0 + i as f64 * 0.01;
+            let read = if host < 2.0 {
+                host + 0.001
+            } else {
+                host + 0.1 + 0.001
+            };
+            lines.push(tick(read, host - 1.0, i * 10));
+        }
+        let t = ticks(&lines);
+        let clock = GuestClock::fit(&t, 1.0, 1.9, Some((2.0, 2.1))).unwrap();
+        // Held at the pause: the guest's 1.0, less the console's 1 ms.
+        assert!((clock.guest_at(2.05) - 0.999).abs() < 1e-9);
+        // 0.1 s of work before the pause and 0.1 s after it in 0.3 s.
+        let r = rate(&t, &clock, 1.9, 2.2).unwrap();
+        assert!((r - 200.0 / 0.3).abs() < 1e-6, "{r}");
+        // Without lines after the resume the clock stood still over the
+        // pause, as both migrations keep it.
+        let before: Vec<Tick> = t.iter().copied().filter(|k| k.at < 2.0).collect();
+        let alone = GuestClock::fit(&before, 1.0, 1.9, Some((2.0, 2.1))).unwrap();
+        assert!((alone.guest_at(2.2) - clock.guest_at(2.2)).abs() < 1e-9);
+        // A guest that does half its work per second of its clock.
+        let slow: Vec<Tick> = t
+            .iter()
+            .map(|k| Tick {
+                pages: k.pages / 2,
+                ..*k
+            })
+            .collect();
+        let r = rate(&slow, &clock, 1.9, 2.2).unwrap();
+        assert!((r - 100.0 / 0.3).abs() < 1.0, "{r}");
     }
 
     #[test]

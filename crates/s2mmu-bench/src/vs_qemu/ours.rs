@@ -6,7 +6,7 @@
 //! two-process form takes no plain TCP; QEMU's side is then TLS with a
 //! pre-shared key too, [`super::qemu_tls`]).
 
-use super::cell::{Cell, Measured, Spec, WARMUP_S};
+use super::cell::{Cell, Measured, Spec};
 use super::console::{self, Lines};
 use super::link::{Net, Procs};
 use serde_json::Value;
@@ -127,6 +127,7 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
     let resumed_ms = r["downtime_ms"].as_f64().unwrap_or(0.0);
     let downtime_ms = to_first_instruction(r, net.and_then(|_| envelope(&all, "destination")))?;
     let (total_ms, to_running_ms, setup_ms) = spans(r, downtime_ms)?;
+    let (t0, pause) = start_and_pause(r)?;
     let mut m = Measured {
         downtime_ms,
         downtime_resumed_ms: Some(resumed_ms),
@@ -139,8 +140,7 @@ pub fn run(spec: &Spec, cell: Cell, net: Option<&Net>, tmp: &Path) -> Result<Mea
         saved_bytes: r["compression"]["bytes_saved"].as_u64(),
         ..Measured::default()
     };
-    let started = console::first(&all, "s2mmu-dirtier: start").ok_or("no dirtier start line")?;
-    m.read_console(cell, &all, started + WARMUP_S);
+    m.read_console(cell, &all, t0, Some((pause, pause + downtime_ms / 1e3)));
     Ok(m)
 }
 
@@ -160,6 +160,28 @@ fn spans(row: &Value, downtime_ms: f64) -> Result<(f64, f64, f64), String> {
         setup + f("precopy_ms")? + downtime_ms,
         setup,
     ))
+}
+
+/// The source `row`'s start (its `migrate`'s start, where
+/// [`spans`]' total time starts) and its pause, host seconds: the
+/// migration does not start on the benchmark's clock but once machine B
+/// is up and the source has seen the program's start, which takes a
+/// second or more after the benchmark's own sight of that line.
+fn start_and_pause(row: &Value) -> Result<(f64, f64), String> {
+    let pause = row["pause_unix_ns"]
+        .as_u64()
+        .filter(|&p| p > 0)
+        .ok_or("our source did not report its pause")? as f64
+        / 1e9;
+    let before = ["setup_ms", "precopy_ms"]
+        .iter()
+        .map(|k| {
+            row[*k]
+                .as_f64()
+                .ok_or_else(|| format!("our source did not report {k}"))
+        })
+        .sum::<Result<f64, String>>()?;
+    Ok((pause - before / 1e3, pause))
 }
 
 /// The index of `report`'s result row `case`.
@@ -326,6 +348,22 @@ mod tests {
         // A source that did not report its setup is an error, not a zero.
         let old = serde_json::json!({"precopy_ms": 40.0, "total_ms": 60.0});
         assert!(spans(&old, 13.0).unwrap_err().contains("setup_ms"));
+    }
+
+    #[test]
+    fn the_window_starts_where_our_migration_did() {
+        // Paused at 100 s, after a 4 ms setup and 40 ms of pre-copy: the
+        // migration started at 99.956 s.
+        let row = serde_json::json!({"setup_ms": 4.0, "precopy_ms": 40.0,
+            "pause_unix_ns": 100_000_000_000u64});
+        let (t0, pause) = start_and_pause(&row).unwrap();
+        assert!((t0 - 99.956).abs() < 1e-9, "{t0}");
+        assert_eq!(pause, 100.0);
+        let unpaused = serde_json::json!({"setup_ms": 4.0, "precopy_ms": 40.0,
+            "pause_unix_ns": 0});
+        assert!(start_and_pause(&unpaused).unwrap_err().contains("pause"));
+        let no_setup = serde_json::json!({"precopy_ms": 40.0, "pause_unix_ns": 7});
+        assert!(start_and_pause(&no_setup).unwrap_err().contains("setup_ms"));
     }
 
     #[test]

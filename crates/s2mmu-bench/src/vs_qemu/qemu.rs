@@ -242,7 +242,7 @@ fn migrate(
     };
     let mut all = console::snapshot(src_lines);
     all.extend(console::snapshot(dst_lines));
-    m.read_console(cell, &all, t0);
+    m.read_console(cell, &all, t0, Some((stop, resume)));
     end?;
     Ok(m)
 }

@@ -190,6 +190,12 @@ mod tests {
         let lines = Lines::default();
         let script = "echo 'power off'; echo boom >&2; echo boom >&2; echo why >&2; exit 3";
         let mut procs = vec![sh(script, "source", &d, &lines)];
+        // The console's line is read on its own thread: the message is
+        // looked at once that thread has it.
+        let by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while console::snapshot(&lines).is_empty() && std::time::Instant::now() < by {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let e = failure("QMP query-migrate: Broken pipe", &mut procs, &lines);
         assert!(e.starts_with("QMP query-migrate: Broken pipe; "), "{e}");
         assert!(e.contains("QEMU's source exited (exit status: 3)"), "{e}");
