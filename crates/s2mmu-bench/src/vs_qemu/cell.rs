@@ -178,13 +178,13 @@ impl Measured {
         let Some(clock) = console::GuestClock::fit(&ticks, t0 - BEFORE_S, t0, paused) else {
             return;
         };
-        self.rate_before = console::rate(&ticks, &clock, t0 - BEFORE_S, t0);
+        self.rate_before = clock.rate(t0 - BEFORE_S, t0);
         let window = if cell == Cell::Idle {
             end.max(t0 + MIN_DURING_S)
         } else {
             end
         };
-        self.rate_during = console::rate(&ticks, &clock, t0, window);
+        self.rate_during = clock.rate(t0, window);
     }
 }
 

@@ -126,13 +126,15 @@ const FIT_AFTER_S: f64 = 1.0;
 /// clock while it is paused (CNTVOFF on ours, the stopped virtual clock
 /// on QEMU's): the pause to the resume is time without work, and the
 /// destination's lines are fitted on their own.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct GuestClock {
     /// Host time minus guest time before the pause.
     before: f64,
     /// The pause and the resume on the host's clock, and host minus
     /// guest time after the resume.
     paused: Option<(f64, f64, f64)>,
+    /// The lines it was fitted to, in the guest's time order.
+    by_guest: Vec<Tick>,
 }
 
 impl GuestClock {
@@ -160,7 +162,13 @@ impl GuestClock {
             let after = least_lag(r, r + FIT_AFTER_S).unwrap_or(before + (r - p));
             (p, r, after)
         });
-        Some(GuestClock { before, paused })
+        let mut by_guest = ticks.to_vec();
+        by_guest.sort_by(|a, b| a.guest_s.total_cmp(&b.guest_s));
+        Some(GuestClock {
+            before,
+            paused,
+            by_guest,
+        })
     }
 
     /// The guest's clock at host time `t`: held at the pause until the
@@ -171,6 +179,17 @@ impl GuestClock {
             Some((p, _, _)) if t >= p => p - self.before,
             _ => t - self.before,
         }
+    }
+
+    /// The program's pages per second of host time over `[from, to]`
+    /// (host seconds), counted on this clock.
+    pub fn rate(&self, from: f64, to: f64) -> Option<f64> {
+        if to <= from {
+            return None;
+        }
+        let a = pages_at(&self.by_guest, self.guest_at(from))?;
+        let b = pages_at(&self.by_guest, self.guest_at(to))?;
+        Some((b - a).max(0.0) / (to - from))
     }
 }
 
@@ -184,19 +203,6 @@ fn pages_at(ticks: &[Tick], g: f64) -> Option<f64> {
         Some(k) if k.guest_s > g0 => n0 + (k.pages as f64 - n0) * (g - g0) / (k.guest_s - g0),
         _ => n0,
     })
-}
-
-/// The program's pages per second of host time over `[from, to]` (host
-/// seconds), counted on the guest's clock `clock`.
-pub fn rate(ticks: &[Tick], clock: &GuestClock, from: f64, to: f64) -> Option<f64> {
-    if to <= from {
-        return None;
-    }
-    let mut by_guest = ticks.to_vec();
-    by_guest.sort_by(|a, b| a.guest_s.total_cmp(&b.guest_s));
-    let a = pages_at(&by_guest, clock.guest_at(from))?;
-    let b = pages_at(&by_guest, clock.guest_at(to))?;
-    Some((b - a).max(0.0) / (to - from))
 }
 
 /// What the dirtier's own check said: `Some(0)` for its `ok` line, the
@@ -253,12 +259,12 @@ mod tests {
         assert!((gap - 0.1).abs() < 1e-9, "{gap}");
         assert_eq!(largest_gap(&t, 1.105, 1.2), Some(1.108 - 1.104));
         let clock = GuestClock::fit(&t, 1.0, 1.2, None).unwrap();
-        let r = rate(&t, &clock, 1.002, 1.108).unwrap();
+        let r = clock.rate(1.002, 1.108).unwrap();
         assert!((r - 530.0 / 0.106).abs() < 1e-6, "{r}");
-        assert_eq!(rate(&t, &clock, 0.5, 1.1), None);
+        assert_eq!(clock.rate(0.5, 1.1), None);
         // Between ticks the count is interpolated: half way from 20 (at
         // 0.004) to 520 (at 0.104) is 270; past the last tick, its count.
-        let r = rate(&t, &clock, 1.054, 1.2).unwrap();
+        let r = clock.rate(1.054, 1.2).unwrap();
         assert!((r - (540.0 - 270.0) / 0.146).abs() < 1e-6, "{r}");
         assert_eq!(GuestClock::fit(&t, 2.0, 3.0, None), None);
         assert_eq!(pages_lost(&lines), Some(0));
@@ -293,7 +299,7 @@ mod tests {
         for late in [false, true] {
             let t = steady(late);
             let clock = GuestClock::fit(&t, 1.0, 1.9, None).unwrap();
-            let r = rate(&t, &clock, 2.0, 2.06).unwrap();
+            let r = clock.rate(2.0, 2.06).unwrap();
             assert!((r - 1000.0).abs() < 1e-6, "late {late}: {r}");
         }
         // The same window read from when the lines arrived: the late lines
@@ -307,7 +313,7 @@ mod tests {
             })
             .collect();
         let by_arrival = GuestClock::fit(&arrived, 1.0, 1.9, None).unwrap();
-        let r = rate(&arrived, &by_arrival, 2.0, 2.06).unwrap();
+        let r = by_arrival.rate(2.0, 2.06).unwrap();
         assert!(r < 500.0, "{r}");
     }
 
@@ -330,7 +336,7 @@ mod tests {
         // Held at the pause: the guest's 1.0, less the console's 1 ms.
         assert!((clock.guest_at(2.05) - 0.999).abs() < 1e-9);
         // 0.1 s of work before the pause and 0.1 s after it in 0.3 s.
-        let r = rate(&t, &clock, 1.9, 2.2).unwrap();
+        let r = clock.rate(1.9, 2.2).unwrap();
         assert!((r - 200.0 / 0.3).abs() < 1e-6, "{r}");
         // Without lines after the resume the clock stood still over the
         // pause, as both migrations keep it.
@@ -345,7 +351,9 @@ mod tests {
                 ..*k
             })
             .collect();
-        let r = rate(&slow, &clock, 1.9, 2.2).unwrap();
+        let slow_clock = GuestClock::fit(&slow, 1.0, 1.9, Some((2.0, 2.1))).unwrap();
+        assert_eq!(slow_clock.guest_at(2.2), clock.guest_at(2.2));
+        let r = slow_clock.rate(1.9, 2.2).unwrap();
         assert!((r - 100.0 / 0.3).abs() < 1.0, "{r}");
     }
 

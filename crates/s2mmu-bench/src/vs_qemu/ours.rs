@@ -168,11 +168,7 @@ fn spans(row: &Value, downtime_ms: f64) -> Result<(f64, f64, f64), String> {
 /// is up and the source has seen the program's start, which takes a
 /// second or more after the benchmark's own sight of that line.
 fn start_and_pause(row: &Value) -> Result<(f64, f64), String> {
-    let pause = row["pause_unix_ns"]
-        .as_u64()
-        .filter(|&p| p > 0)
-        .ok_or("our source did not report its pause")? as f64
-        / 1e9;
+    let pause = pause_unix_ns(row)? as f64 / 1e9;
     let before = ["setup_ms", "precopy_ms"]
         .iter()
         .map(|k| {
@@ -205,11 +201,15 @@ fn to_first_instruction(row: &Value, dest: Option<Value>) -> Result<f64, String>
     let first = dest["results"][row_of(&dest, "destination")?]["first_instruction_unix_ns"]
         .as_u64()
         .ok_or("our destination did not report its first guest instruction")?;
-    let pause = row["pause_unix_ns"]
+    Ok(first.saturating_sub(pause_unix_ns(row)?) as f64 / 1e6)
+}
+
+/// The source `row`'s pause, ns since the Unix epoch (0 is no pause).
+fn pause_unix_ns(row: &Value) -> Result<u64, String> {
+    row["pause_unix_ns"]
         .as_u64()
         .filter(|&p| p > 0)
-        .ok_or("our source did not report its pause")?;
-    Ok(first.saturating_sub(pause) as f64 / 1e6)
+        .ok_or_else(|| "our source did not report its pause".to_string())
 }
 
 /// The last `migrate` JSON envelope in `lines` with a result row `case`
